@@ -1,0 +1,28 @@
+/* cmd — subcommands register themselves; `moe2dense help` lists them. */
+#ifndef M2D_CMD_H
+#define M2D_CMD_H
+
+typedef struct {
+    const char *name;     /* "inspect" */
+    const char *summary;  /* one line for `moe2dense help` */
+    const char *usage;    /* full text for `moe2dense help NAME` */
+    int (*run)(int argc, char **argv); /* argv[0] is the command name; returns exit status */
+} m2d_command;
+
+void m2d_command_register(const m2d_command *c);
+const m2d_command *m2d_command_find(const char *name);
+int m2d_command_count(void);
+const m2d_command *m2d_command_at(int i); /* sorted by name */
+
+/* Put at file scope in the command's .c file:
+ *   M2D_COMMAND(inspect, "inspect", "one line", "usage text", cmd_inspect_run) */
+#define M2D_COMMAND(ident, name_, summary_, usage_, run_)                          \
+    static const m2d_command ident##_command = {name_, summary_, usage_, run_};    \
+    __attribute__((constructor)) static void ident##_command_register(void) {      \
+        m2d_command_register(&ident##_command);                                    \
+    }
+
+/* Print m2d_errmsg() as "moe2dense CMD: MSG" and return 1. */
+int m2d_cmd_fail(const char *cmd);
+
+#endif

@@ -1,0 +1,72 @@
+/* util — errors, allocation, files, hashing, progress: the small pieces every module uses. */
+#ifndef M2D_UTIL_H
+#define M2D_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define M2D_VERSION "0.1.0"
+
+/* Errors: a failing function records one line (naming the file and the field)
+ * with m2d_err() and returns -1 (or NULL). The command layer prints it once. */
+int m2d_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *m2d_errmsg(void);
+void m2d_err_clear(void);
+
+/* Allocation that aborts with a message on out-of-memory (the only fatal path). */
+void *m2d_malloc(size_t n);
+void *m2d_calloc(size_t n, size_t size);
+void *m2d_realloc(void *p, size_t n);
+char *m2d_strdup(const char *s);
+char *m2d_strfmt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Whole-file read (NUL-terminated; *len excludes the NUL). NULL + m2d_err on failure. */
+char *m2d_read_file(const char *path, size_t *len);
+/* Atomic write: data goes to PATH.tmp.PID, fsync, rename. */
+int m2d_write_file_atomic(const char *path, const void *data, size_t len);
+int m2d_file_exists(const char *path);
+int m2d_mkdir_p(const char *path);
+char *m2d_path_join(const char *dir, const char *name);
+
+/* SHA-256 (FIPS 180-4), used for cache keys and data checks. */
+typedef struct { uint32_t h[8]; uint64_t len; uint8_t buf[64]; size_t fill; } m2d_sha256;
+void m2d_sha256_init(m2d_sha256 *s);
+void m2d_sha256_update(m2d_sha256 *s, const void *data, size_t n);
+void m2d_sha256_final(m2d_sha256 *s, uint8_t out[32]);
+void m2d_sha256_hex(const void *data, size_t n, char out[65]);
+void m2d_hex(const uint8_t *bytes, size_t n, char *out); /* out holds 2n+1 */
+
+/* Wall clock in seconds (monotonic). */
+double m2d_now(void);
+/* Threads to use: $M2D_THREADS, else the number of online CPUs. */
+int m2d_default_threads(void);
+
+/* Progress with ETA on stderr when it is a terminal and $CI is unset; silent otherwise. */
+typedef struct {
+    const char *label;
+    double total, t0, last_print;
+    int active;
+} m2d_progress;
+void m2d_progress_start(m2d_progress *p, const char *label, double total);
+void m2d_progress_update(m2d_progress *p, double done);
+void m2d_progress_end(m2d_progress *p);
+
+/* Minimal option parser: "--name value", "--name=value", flags, "-K value".
+ * Unknown options and missing values are errors naming the command and option. */
+typedef struct {
+    const char *name;      /* "--model" or "-K" */
+    int takes_value;       /* 1: *value set; 0: *flag set to 1 */
+    const char **value;
+    int *flag;
+} m2d_opt;
+int m2d_parse_opts(const char *cmd, int argc, char **argv, const m2d_opt *opts,
+                   char **positional, int max_positional, int *n_positional);
+int m2d_parse_int(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out);
+int m2d_parse_double(const char *cmd, const char *opt, const char *s, double *out);
+
+#define M2D_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define M2D_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define M2D_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+#endif

@@ -1,0 +1,89 @@
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "util.h"
+
+const char *tu_models_dir(void) {
+    const char *d = getenv("M2D_MODELS");
+    if (!d) d = "../shared/models";
+    struct stat st;
+    return stat(d, &st) == 0 ? d : NULL;
+}
+
+char *tu_data_path(const char *rel) {
+    static _Thread_local char buf[4][4096];
+    static _Thread_local int slot;
+    const char *d = getenv("M2D_DATA");
+    if (!d) d = "data";
+    char *b = buf[slot++ % 4];
+    snprintf(b, sizeof buf[0], "%s/%s", d, rel);
+    return b;
+}
+
+const char *tu_bin(void) {
+    const char *b = getenv("M2D_BIN");
+    return b ? b : "build/moe2dense";
+}
+
+char *tu_tmpdir(void) {
+    char tmpl[] = "/tmp/m2d-test-XXXXXX";
+    char *d = mkdtemp(tmpl);
+    assert_non_null(d);
+    return m2d_strdup(d);
+}
+
+int tu_rm_rf(const char *path) {
+    char *cmd = m2d_strfmt("rm -rf '%s'", path);
+    int rc = system(cmd);
+    free(cmd);
+    return rc;
+}
+
+static char *slurp_and_remove(const char *path) {
+    size_t n;
+    char *s = m2d_read_file(path, &n);
+    unlink(path);
+    return s;
+}
+
+int tu_run(const char *cmd, char **out, char **err) {
+    char *dir = tu_tmpdir();
+    char *o = m2d_path_join(dir, "out"), *e = m2d_path_join(dir, "err");
+    char *full = m2d_strfmt("(%s) >'%s' 2>'%s' </dev/null", cmd, o, e);
+    int rc = system(full);
+    int status = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+    char *os = slurp_and_remove(o), *es = slurp_and_remove(e);
+    if (out) *out = os; else free(os);
+    if (err) *err = es; else free(es);
+    rmdir(dir);
+    free(full); free(o); free(e); free(dir);
+    return status;
+}
+
+void tu_write(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    fclose(f);
+}
+
+uint64_t tu_rand_u64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+double tu_rand_uniform(uint64_t *s) { return (double)(tu_rand_u64(s) >> 11) * 0x1.0p-53; }
+
+double tu_rand_normal(uint64_t *s) {
+    double u1 = tu_rand_uniform(s), u2 = tu_rand_uniform(s);
+    if (u1 < 1e-300) u1 = 1e-300;
+    return sqrt(-2 * log(u1)) * cos(2 * M_PI * u2);
+}

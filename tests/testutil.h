@@ -1,0 +1,31 @@
+/* testutil — shared helpers for the cmocka test binaries. */
+#ifndef M2D_TESTUTIL_H
+#define M2D_TESTUTIL_H
+
+#include <setjmp.h> /* cmocka needs these before cmocka.h */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+/* ../shared/models (or $M2D_MODELS) joined with NAME; NULL when absent. */
+const char *tu_models_dir(void);
+/* data dir ($M2D_DATA, default "data"), joined with a relative path (static buffer per call). */
+char *tu_data_path(const char *rel);
+/* path to the built binary ($M2D_BIN, default build/moe2dense). */
+const char *tu_bin(void);
+/* A fresh temporary directory (removed at exit by the caller's choice: tu_rm_rf). */
+char *tu_tmpdir(void);
+int tu_rm_rf(const char *path);
+/* Run a shell command; capture stdout and stderr (malloc'd, may be NULL); return exit status. */
+int tu_run(const char *cmd, char **out, char **err);
+/* Write bytes to a file (test fixtures). */
+void tu_write(const char *path, const void *data, size_t n);
+/* Deterministic PRNG for test data (splitmix64). */
+uint64_t tu_rand_u64(uint64_t *state);
+double tu_rand_uniform(uint64_t *state);   /* [0, 1) */
+double tu_rand_normal(uint64_t *state);    /* N(0, 1) */
+/* Skip a cmocka test with a printed reason. */
+#define TU_SKIP(why) do { print_message("skipped: %s\n", why); skip(); } while (0)
+
+#endif

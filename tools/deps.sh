@@ -1,0 +1,17 @@
+#!/bin/sh
+# Installs the Debian packages moe2dense needs (as root), or prints the apt-get line.
+PKGS="build-essential pkg-config libopenblas-dev liblapacke-dev libcjson-dev libcsv-dev libpcre2-dev \
+libutf8proc-dev libcmocka-dev gnuplot-nox bzip2 nodejs npm clang libclang-rt-14-dev"
+missing=""
+for p in $PKGS; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -z "$missing" ]; then echo "deps: all installed"; exit 0; fi
+if [ "$(id -u)" = 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends $missing
+else
+  echo "deps: missing:$missing"
+  echo "run: sudo apt-get install -y$missing"
+  exit 1
+fi
