@@ -1,0 +1,26 @@
+/* tokenizer — Hugging Face tokenizer.json: byte-level BPE, Split regex (PCRE2), NFC (utf8proc),
+ * added/special tokens, byte-level decoder. Encode gives exactly HF `tokenizers` ids. */
+#ifndef M2D_TOKENIZER_H
+#define M2D_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct m2d_tokenizer m2d_tokenizer;
+
+/* PATH: a tokenizer.json file or a directory holding one. */
+int m2d_tokenizer_load(const char *path, m2d_tokenizer **out);
+void m2d_tokenizer_free(m2d_tokenizer *tk);
+
+/* Encode UTF-8 text (len bytes; no BOS added: add_special_tokens=False semantics).
+ * *ids is malloc'd; returns 0 or -1 (invalid UTF-8 is an error naming the byte offset). */
+int m2d_tokenizer_encode(const m2d_tokenizer *tk, const char *text, size_t len, int32_t **ids, size_t *n_ids);
+/* Decode ids to UTF-8 (malloc'd, NUL-terminated). Out-of-range id is an error. */
+int m2d_tokenizer_decode(const m2d_tokenizer *tk, const int32_t *ids, size_t n, char **text, size_t *len);
+
+int m2d_tokenizer_vocab_size(const m2d_tokenizer *tk);     /* max id + 1 */
+int m2d_tokenizer_token_id(const m2d_tokenizer *tk, const char *token); /* -1 if absent */
+int m2d_tokenizer_bos_id(const m2d_tokenizer *tk);         /* -1 if none (from tokenizer_config.json when present) */
+int m2d_tokenizer_eos_id(const m2d_tokenizer *tk);         /* -1 if none */
+
+#endif
