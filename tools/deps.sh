@@ -1,7 +1,9 @@
 #!/bin/sh
 # Installs the Debian packages moe2dense needs (as root), or prints the apt-get line.
 PKGS="build-essential pkg-config libopenblas-dev liblapacke-dev libcjson-dev libcsv-dev libpcre2-dev \
-libutf8proc-dev libcmocka-dev gnuplot-nox bzip2 nodejs npm clang libclang-rt-14-dev"
+libutf8proc-dev libcmocka-dev gnuplot-nox bzip2 curl unzip clang libclang-rt-14-dev slurm-wlm"
+# node/npm run the independent tokenizer reference in the tests; any install of them will do
+command -v npm >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
