@@ -30,6 +30,8 @@ void m2d_layer_stats_alloc(m2d_layer_stats *s, int layer, int E, int k, int d) {
     s->sum_f2 = zeros(e);
     s->sum_gf = zeros(e);
     s->sum_g2f2 = zeros(e);
+    s->sum_gf2 = zeros(e);
+    s->sum_g2f = zeros(e);
     s->gram = zeros(e * e);
     s->mu = zeros(ed);
     s->routed_mean = zeros(ed);
@@ -48,7 +50,7 @@ void m2d_layer_stats_alloc(m2d_layer_stats *s, int layer, int E, int k, int d) {
 void m2d_layer_stats_free(m2d_layer_stats *s) {
     if (!s) return;
     double **arrays[] = {&s->n, &s->sum_p, &s->sum_p_sel, &s->sum_g, &s->sum_g2, &s->sum_f,
-                         &s->sum_f2, &s->sum_gf, &s->sum_g2f2, &s->gram, &s->mu, &s->routed_mean,
+                         &s->sum_f2, &s->sum_gf, &s->sum_g2f2, &s->sum_gf2, &s->sum_g2f, &s->gram, &s->mu, &s->routed_mean,
                          &s->routed_var, &s->es_act, &s->es_mag, &s->sum_f_all, &s->sum_f_routed,
                          &s->sum_f_routed_sq, &s->es_act_sum, &s->es_mag_sum, &s->cur_n, &s->cur_f};
     for (size_t i = 0; i < M2D_ARRAY_LEN(arrays); i++) {
@@ -99,6 +101,8 @@ void m2d_layer_stats_add_token(m2d_layer_stats *s, const float *p, const int32_t
         s->sum_f2[e] += norm2;
         s->sum_gf[e] += ge * norm;
         s->sum_g2f2[e] += ge * ge * norm2;
+        s->sum_gf2[e] += ge * norm2;
+        s->sum_g2f[e] += ge * ge * norm;
         double *rm = s->sum_f_routed + (size_t)e * d, *rq = s->sum_f_routed_sq + (size_t)e * d;
         for (int j = 0; j < d; j++) {
             rm[j] += fe[j];
@@ -141,6 +145,8 @@ int m2d_layer_stats_merge(m2d_layer_stats *dst, const m2d_layer_stats *src) {
     add_into(dst->sum_f2, src->sum_f2, e);
     add_into(dst->sum_gf, src->sum_gf, e);
     add_into(dst->sum_g2f2, src->sum_g2f2, e);
+    add_into(dst->sum_gf2, src->sum_gf2, e);
+    add_into(dst->sum_g2f, src->sum_g2f, e);
     add_into(dst->gram, src->gram, e * e);
     add_into(dst->sum_f_all, src->sum_f_all, ed);
     add_into(dst->sum_f_routed, src->sum_f_routed, ed);

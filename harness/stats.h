@@ -16,6 +16,7 @@ typedef struct {
     double *sum_g, *sum_g2; /* Σ_{routed} g_e, g_e² (native gate weight) */
     double *sum_f, *sum_f2; /* Σ_{routed} ‖f_e‖, ‖f_e‖² */
     double *sum_gf, *sum_g2f2; /* Σ_{routed} g‖f‖, g²‖f‖² */
+    double *sum_gf2, *sum_g2f; /* Σ_{routed} g‖f‖², g²‖f‖  (complete the S(b,a,c) grid a,c ∈ {0,1,2}) */
     double *gram;           /* [E*E] G_ij = Σ_t <f_i(t), f_j(t)> over all tokens, row-major */
     double *mu;             /* [E*d] Σ_t f_e(t) / N over all tokens */
     double *routed_mean;    /* [E*d] mean of f_e over routed tokens (0 if n_e = 0) */

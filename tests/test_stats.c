@@ -77,14 +77,14 @@ static double norm_of(const tokens *t, int n, int e) {
 static void check_against_direct(const m2d_layer_stats *s, const tokens *t) {
     assert_close(s->N, NTOK);
     for (int e = 0; e < E; e++) {
-        double n = 0, sp = 0, sps = 0, sg = 0, sg2 = 0, sf = 0, sf2 = 0, sgf = 0, sg2f2 = 0;
+        double n = 0, sp = 0, sps = 0, sg = 0, sg2 = 0, sf = 0, sf2 = 0, sgf = 0, sg2f2 = 0, sgf2 = 0, sg2f = 0;
         for (int i = 0; i < NTOK; i++) {
             sp += t->p[i][e];
             double g = gate_of(t, i, e);
             if (g < 0) continue;
             double nf = norm_of(t, i, e);
             n++, sps += t->p[i][e], sg += g, sg2 += g * g, sf += nf, sf2 += nf * nf, sgf += g * nf;
-            sg2f2 += g * g * nf * nf;
+            sg2f2 += g * g * nf * nf, sgf2 += g * nf * nf, sg2f += g * g * nf;
         }
         assert_close(s->n[e], n);
         assert_close(s->sum_p[e], sp);
@@ -95,6 +95,8 @@ static void check_against_direct(const m2d_layer_stats *s, const tokens *t) {
         assert_close(s->sum_f2[e], sf2);
         assert_close(s->sum_gf[e], sgf);
         assert_close(s->sum_g2f2[e], sg2f2);
+        assert_close(s->sum_gf2[e], sgf2);
+        assert_close(s->sum_g2f[e], sg2f);
         for (int j = 0; j < E; j++) {
             double G = 0;
             for (int i = 0; i < NTOK; i++)
