@@ -3,6 +3,7 @@
 #include "testutil.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -345,6 +346,23 @@ static void registry_lookup_and_validation(void **state) {
     assert_int_equal(p.n, 0);
 }
 
+/* do-X plugins are created on first lookup; concurrent first lookups (sweep workers) agree */
+static void *lookup_do_msan(void *arg) {
+    *(const m2d_plugin **)arg = m2d_plugin_find(M2D_SCORING, "do-msan");
+    return NULL;
+}
+static void derived_lookup_is_thread_safe(void **state) {
+    (void)state;
+    pthread_t th[8];
+    const m2d_plugin *got[8];
+    for (int i = 0; i < 8; i++) assert_int_equal(pthread_create(&th[i], NULL, lookup_do_msan, &got[i]), 0);
+    for (int i = 0; i < 8; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 8; i++) {
+        assert_non_null(got[i]);
+        assert_ptr_equal(got[i], got[0]);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(formulas_match_direct_computation),
@@ -353,6 +371,7 @@ int main(void) {
         cmocka_unit_test(reap_reference_vectors),
         cmocka_unit_test(conmoe_against_brute_force),
         cmocka_unit_test(registry_lookup_and_validation),
+        cmocka_unit_test(derived_lookup_is_thread_safe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
