@@ -162,7 +162,7 @@ static int cmp_begin(const void *a, const void *b) {
 static int check_overlaps(const char *path, st_entry *first, int n) {
     st_entry **order = m2d_malloc((size_t)n * sizeof *order);
     for (int i = 0; i < n; i++) order[i] = &first[i];
-    qsort(order, (size_t)n, sizeof *order, cmp_begin);
+    if (n > 1) qsort(order, (size_t)n, sizeof *order, cmp_begin);
     const st_entry *prev = NULL;
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
@@ -261,7 +261,7 @@ static int cmp_name(const void *a, const void *b) {
 
 /* Sort by name; duplicate names (within one header, or across shards) are errors. */
 static int finish(m2d_st *st) {
-    qsort(st->entries, (size_t)st->n, sizeof *st->entries, cmp_name);
+    if (st->n > 1) qsort(st->entries, (size_t)st->n, sizeof *st->entries, cmp_name);
     for (int i = 1; i < st->n; i++)
         if (strcmp(st->entries[i].t.name, st->entries[i - 1].t.name) == 0) {
             const st_entry *a = &st->entries[i - 1], *b = &st->entries[i];
@@ -767,7 +767,7 @@ out:
 }
 
 static int writer_sort(m2d_st_writer *w) {
-    qsort(w->e, (size_t)w->n, sizeof *w->e, cmp_wr);
+    if (w->n > 1) qsort(w->e, (size_t)w->n, sizeof *w->e, cmp_wr);
     for (int i = 1; i < w->n; i++)
         if (strcmp(w->e[i].name, w->e[i - 1].name) == 0)
             return m2d_err("safetensors writer: tensor '%s': added twice", w->e[i].name);
