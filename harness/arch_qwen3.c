@@ -13,13 +13,13 @@ static int reject_features(const void *json, const char *path) {
     bool b;
     if (m2d_cfg_str(json, path, "hidden_act", 0, "silu", &act) != 0) return -1;
     if (strcmp(act, "silu") != 0)
-        return m2d_err("%s: field 'hidden_act': '%s' is not supported (only silu)", path, act);
+        return m2d_err1("%s: field 'hidden_act': '%s' is not supported (only silu)", path, act);
     if (m2d_cfg_has(json, "rope_scaling"))
-        return m2d_err("%s: field 'rope_scaling': must be null (RoPE scaling is not implemented)", path);
+        return m2d_err1("%s: field 'rope_scaling': must be null (RoPE scaling is not implemented)", path);
     if (m2d_cfg_bool(json, path, "attention_bias", 0, false, &b) != 0) return -1;
-    if (b) return m2d_err("%s: field 'attention_bias': true is not supported (Qwen3 has no attention biases)", path);
+    if (b) return m2d_err1("%s: field 'attention_bias': true is not supported (Qwen3 has no attention biases)", path);
     if (m2d_cfg_bool(json, path, "use_sliding_window", 0, false, &b) != 0) return -1;
-    if (b) return m2d_err("%s: field 'use_sliding_window': true is not supported (full attention only)", path);
+    if (b) return m2d_err1("%s: field 'use_sliding_window': true is not supported (full attention only)", path);
     return 0;
 }
 
@@ -37,7 +37,7 @@ int m2d_qwen3_parse_common(const void *json, const char *path, m2d_config *c) {
     if (m2d_cfg_pos_int(json, path, "num_key_value_heads", 0, c->num_attention_heads, &c->num_key_value_heads) != 0)
         return -1;
     if (!m2d_cfg_has(json, "head_dim") && c->hidden_size % c->num_attention_heads != 0)
-        return m2d_err("%s: field 'head_dim': absent and hidden_size %d is not divisible by num_attention_heads %d",
+        return m2d_err1("%s: field 'head_dim': absent and hidden_size %d is not divisible by num_attention_heads %d",
                        path, c->hidden_size, c->num_attention_heads);
     if (m2d_cfg_pos_int(json, path, "head_dim", 0, c->hidden_size / c->num_attention_heads, &c->head_dim) != 0)
         return -1;
@@ -49,23 +49,23 @@ int m2d_qwen3_parse_common(const void *json, const char *path, m2d_config *c) {
         m2d_cfg_int_or_null(json, path, "eos_token_id", &c->eos_token_id) != 0 ||
         m2d_cfg_torch_dtype(json, path, &c->torch_dtype) != 0)
         return -1;
-    if (!(c->rope_theta > 0)) return m2d_err("%s: field 'rope_theta': must be positive", path);
-    if (!(c->rms_norm_eps > 0)) return m2d_err("%s: field 'rms_norm_eps': must be positive", path);
+    if (!(c->rope_theta > 0)) return m2d_err1("%s: field 'rope_theta': must be positive", path);
+    if (!(c->rms_norm_eps > 0)) return m2d_err1("%s: field 'rms_norm_eps': must be positive", path);
     return 0;
 }
 
 int m2d_qwen3_check_config(const m2d_config *c, const char *path) {
     if (c->num_attention_heads % c->num_key_value_heads != 0)
-        return m2d_err("%s: field 'num_key_value_heads': %d does not divide num_attention_heads %d", path,
+        return m2d_err1("%s: field 'num_key_value_heads': %d does not divide num_attention_heads %d", path,
                        c->num_key_value_heads, c->num_attention_heads);
     if (c->bos_token_id >= c->vocab_size)
-        return m2d_err("%s: field 'bos_token_id': %d outside the vocabulary (%d)", path, c->bos_token_id, c->vocab_size);
+        return m2d_err1("%s: field 'bos_token_id': %d outside the vocabulary (%d)", path, c->bos_token_id, c->vocab_size);
     if (c->eos_token_id >= c->vocab_size)
-        return m2d_err("%s: field 'eos_token_id': %d outside the vocabulary (%d)", path, c->eos_token_id, c->vocab_size);
+        return m2d_err1("%s: field 'eos_token_id': %d outside the vocabulary (%d)", path, c->eos_token_id, c->vocab_size);
     bool any_dense = false;
     for (int l = 0; l < c->num_hidden_layers; l++) any_dense |= !c->layer_is_moe[l];
     if (any_dense && c->intermediate_size <= 0)
-        return m2d_err("%s: field 'intermediate_size': missing or not positive, but some layers are dense", path);
+        return m2d_err1("%s: field 'intermediate_size': missing or not positive, but some layers are dense", path);
     return 0;
 }
 
@@ -82,7 +82,7 @@ int m2d_qwen3_bind_common(m2d_model *m) {
         const m2d_tensor *h = m2d_st_find(m->st, "lm_head.weight");
         if (h && (h->dtype != m->embed->dtype || h->nbytes != m->embed->nbytes ||
                   memcmp(h->data, m->embed->data, h->nbytes) != 0))
-            return m2d_err("%s: tensor 'lm_head.weight': differs from model.embed_tokens.weight but "
+            return m2d_err1("%s: tensor 'lm_head.weight': differs from model.embed_tokens.weight but "
                            "tie_word_embeddings is true", m2d_st_file_of(m->st, "lm_head.weight"));
         m->lm_head = m->embed;
         m->lm_head_stored = h;

@@ -6,6 +6,10 @@
 
 typedef struct m2d_st m2d_st;
 
+/* m2d_err with control characters replaced by '?': for messages quoting names or strings read
+ * from untrusted files, so that an error always stays one line. */
+int m2d_err1(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* PATH is a .safetensors file, a model.safetensors.index.json, or a directory holding
  * model.safetensors or model.safetensors.index.json. Validates every header fully
  * (size cap, JSON, dtype, shape x dtype = byte range, ranges inside the file and not

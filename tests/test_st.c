@@ -92,6 +92,8 @@ static void header_validation(void **state) {
     /* duplicate names */
     expect_bad("{" T1 ",\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", 16, "tensor 'a'",
                "duplicate");
+    /* names from the file are quoted with control characters replaced: one line */
+    expect_bad("{\"a\\nb\":{\"dtype\":\"Q4\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "tensor 'a?b'", "'Q4'");
     /* metadata */
     expect_bad("{\"__metadata__\":{\"format\":1}}", 0, "field '__metadata__'", "'format'");
     expect_bad("{\"__metadata__\":[\"x\"]}", 0, "field '__metadata__'", NULL);
