@@ -481,6 +481,41 @@ static void misaligned_data_is_copied(void **state) {
     free(b);
 }
 
+/* Sampled hashing (large checkpoints): deterministic, sees the first bytes of each tensor,
+ * differs from full mode, and full mode sees every byte. */
+static void hash_modes(void **state) {
+    (void)state;
+    enum { N = 1 << 18 };
+    float *v = m2d_calloc(N, sizeof(float));
+    int64_t s[1] = {N};
+    char *dir = tu_tmpdir(), *p = tmp_path(dir, "h.safetensors");
+    char full[3][65], samp[3][65];
+    for (int variant = 0; variant < 3; variant++) {
+        if (variant == 1) v[0] = 1.0f;          /* inside the first window */
+        if (variant == 2) v[N / 2 + 3] = 2.0f;  /* full mode must see any byte */
+        m2d_st_writer *w = m2d_st_writer_new();
+        assert_int_equal(m2d_st_writer_add_f32(w, "big", M2D_F32, 1, s, v), 0);
+        assert_int_equal(m2d_st_writer_write(w, p), 0);
+        m2d_st_writer_free(w);
+        m2d_st *st;
+        assert_int_equal(m2d_st_open(p, &st), 0);
+        m2d_st_hash(st, M2D_ST_HASH_FULL_MAX, full[variant]);
+        m2d_st_hash(st, 0, samp[variant]);
+        char again[65];
+        m2d_st_hash(st, 0, again);
+        assert_string_equal(again, samp[variant]);
+        m2d_st_close(st);
+    }
+    assert_string_not_equal(full[0], samp[0]);
+    assert_string_not_equal(full[0], full[1]);
+    assert_string_not_equal(full[1], full[2]);
+    assert_string_not_equal(samp[0], samp[1]);
+    free(v);
+    free(p);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(header_validation),
@@ -494,6 +529,7 @@ int main(void) {
         cmocka_unit_test(duplicate_across_shards),
         cmocka_unit_test(bad_files_on_disk),
         cmocka_unit_test(misaligned_data_is_copied),
+        cmocka_unit_test(hash_modes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
