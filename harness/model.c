@@ -77,6 +77,11 @@ int m2d_cfg_pos_int(const void *json, const char *path, const char *name, int re
     return 0;
 }
 
+int m2d_cfg_check_max(const char *path, const char *name, int value, int max) {
+    if (value > max) return m2d_err1("%s: field '%s': %d exceeds the supported maximum %d", path, name, value, max);
+    return 0;
+}
+
 int m2d_cfg_int_or_null(const void *json, const char *path, const char *name, int *out) {
     const cJSON *v = field(json, name);
     if (v && cJSON_IsArray(v)) {
@@ -223,13 +228,13 @@ int m2d_config_derive_layers(m2d_config *cfg, const char *path) {
                            L);
     free(cfg->layer_is_moe);
     cfg->layer_is_moe = m2d_calloc((size_t)L, sizeof(bool));
+    bool *only = m2d_calloc((size_t)L, sizeof(bool));
+    for (int i = 0; i < cfg->n_mlp_only_layers; i++) only[cfg->mlp_only_layers[i]] = true;
     /* HF Qwen3MoeDecoderLayer: sparse iff layer not in mlp_only_layers and num_experts > 0 and
      * (layer_idx + 1) % decoder_sparse_step == 0 (so step 2 makes layers 1, 3, 5, ... sparse). */
-    for (int l = 0; l < L; l++) {
-        bool only = false;
-        for (int i = 0; i < cfg->n_mlp_only_layers; i++) only |= cfg->mlp_only_layers[i] == l;
-        cfg->layer_is_moe[l] = !only && cfg->num_experts > 0 && (l + 1) % cfg->decoder_sparse_step == 0;
-    }
+    for (int l = 0; l < L; l++)
+        cfg->layer_is_moe[l] = !only[l] && cfg->num_experts > 0 && (l + 1) % cfg->decoder_sparse_step == 0;
+    free(only);
     return 0;
 }
 
@@ -342,6 +347,12 @@ int m2d_model_check_unused(m2d_model *m) {
 /* ---------------------------------------------------------------- parameter counts */
 
 m2d_param_counts m2d_model_param_counts(const m2d_config *c) {
+    const m2d_arch *a = m2d_arch_find(c->arch);
+    if (a && a->param_counts) return a->param_counts(c);
+    return m2d_param_counts_qwen3(c);
+}
+
+m2d_param_counts m2d_param_counts_qwen3(const m2d_config *c) {
     int64_t d = c->hidden_size, V = c->vocab_size, hd = c->head_dim;
     int64_t embed = V * d, head = c->tie_word_embeddings ? 0 : V * d;
     int64_t attn = d * c->num_attention_heads * hd * 2 + d * c->num_key_value_heads * hd * 2 + 2 * hd;

@@ -592,10 +592,18 @@ static int writer_push(m2d_st_writer *w, const char *name, m2d_dtype dtype, int 
     return 0;
 }
 
+/* Undo the last push (its data pointer was NULL) and report it. */
+static int writer_pop_err(m2d_st_writer *w, const char *name) {
+    w->n--;
+    free(w->e[w->n].name);
+    return m2d_err1("safetensors writer: tensor '%s': data is NULL", name);
+}
+
 int m2d_st_writer_add(m2d_st_writer *w, const char *name, m2d_dtype dtype, int ndim, const int64_t *shape,
                       const void *data) {
     wr_entry *e;
     if (writer_push(w, name, dtype, ndim, shape, &e) != 0) return -1;
+    if (e->nbytes && !data) return writer_pop_err(w, name);
     e->owned = m2d_malloc(e->nbytes);
     if (e->nbytes) memcpy(e->owned, data, e->nbytes);
     e->data = e->owned;
@@ -606,6 +614,7 @@ int m2d_st_writer_add_ref(m2d_st_writer *w, const char *name, m2d_dtype dtype, i
                           const void *data) {
     wr_entry *e;
     if (writer_push(w, name, dtype, ndim, shape, &e) != 0) return -1;
+    if (e->nbytes && !data) return writer_pop_err(w, name);
     e->data = data;
     return 0;
 }
@@ -616,6 +625,7 @@ int m2d_st_writer_add_f32(m2d_st_writer *w, const char *name, m2d_dtype dtype, i
         return m2d_err1("safetensors writer: tensor '%s': add_f32 stores only F32, F16 or BF16", name);
     wr_entry *e;
     if (writer_push(w, name, dtype, ndim, shape, &e) != 0) return -1;
+    if (e->nbytes && !data) return writer_pop_err(w, name);
     e->owned = m2d_malloc(e->nbytes);
     m2d_from_f32(dtype, data, (int64_t)(e->nbytes / m2d_dtype_size(dtype)), e->owned);
     e->data = e->owned;

@@ -249,6 +249,9 @@ static void writer_rejects(void **state) {
     assert_int_equal(m2d_st_writer_add_f32(w, "", M2D_F32, 1, s, &v), -1);
     assert_int_equal(m2d_st_writer_add_f32(w, "__metadata__", M2D_F32, 1, s, &v), -1);
     assert_int_equal(m2d_st_writer_add_f32(w, "i", M2D_I32, 1, s, &v), -1);
+    assert_int_equal(m2d_st_writer_add(w, "null", M2D_F32, 1, s, NULL), -1);
+    assert_non_null(strstr(m2d_errmsg(), "'null': data is NULL"));
+    assert_int_equal(m2d_st_writer_add_ref(w, "null", M2D_F32, 1, s, NULL), -1);
     char *dir = tu_tmpdir(), *p = tmp_path(dir, "dup.safetensors");
     assert_int_equal(m2d_st_writer_write(w, p), -1);
     assert_non_null(strstr(m2d_errmsg(), "'a': added twice"));
