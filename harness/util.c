@@ -194,6 +194,9 @@ void m2d_sha256_init(m2d_sha256 *s) {
 void m2d_sha256_update(m2d_sha256 *s, const void *data, size_t n) {
     const uint8_t *p = data;
     s->len += n;
+    if (s->fill == 0) { /* hash whole blocks in place, no copy */
+        for (; n >= 64; p += 64, n -= 64) sha256_block(s, p);
+    }
     while (n > 0) {
         size_t take = M2D_MIN(n, 64 - s->fill);
         memcpy(s->buf + s->fill, p, take);
