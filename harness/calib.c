@@ -96,22 +96,12 @@ double m2d_calib_expert_flops(const m2d_config *cfg, double n_tokens) {
 
 /* ------------------------------------------------------------------ accumulation (fast path) */
 
-/* Per MoE layer: the stats being summed plus the raw sums finalised at the end. */
-typedef struct {
-    m2d_layer_stats *s;
-    double *routed_sum, *routed_sq;  /* [E*d] Σ_routed f, Σ_routed f² */
-    double *sample_cnt, *sample_mag; /* [E] this sample's routed count and Σ‖f‖ */
-    double sample_len;               /* tokens of this sample seen at this layer */
-} layer_acc;
-
 typedef struct {
     m2d_engine *eng;
     const m2d_model *m;
-    layer_acc *acc;       /* indexed by model layer (NULL slots for dense layers) */
-    int *slot_of_layer;
-    int reference;
+    m2d_layer_stats **acc; /* indexed by model layer (NULL for dense layers) */
     float *F;             /* [E, nb, d] expert outputs of one token block */
-    double *A;            /* [E, gram_cols] double copy of a column chunk of F (Gram) */
+    double *A;            /* [E, gram_cols] fp64 copy of a column chunk of F (Gram) */
     double *norms;        /* [E, nb] ‖f_e(t)‖ */
     int block_tokens, gram_cols;
     m2d_progress *prog;
@@ -130,8 +120,9 @@ static int run_all_experts(calib_ctx *c, const m2d_moe_event *ev, int t0, int nb
 /* Gram: G += A Aᵀ with A = [f_1 .. f_E] flattened over (token, dim) — one dsyrk per column chunk.
  * Precision: the fp32 expert outputs are converted to fp64 exactly and dsyrk accumulates in fp64,
  * so the only error is fp64 rounding (relative ~1e-16 * sqrt(terms)). Cost: E²·nb·d flops against
- * 6·E·nb·d·d_e for the experts, a ratio of E/(6·d_e) (15% for the tiny teacher, 3% for Qwen3-30B). */
-static void gram_block(calib_ctx *c, layer_acc *a, int E, int nb, int d) {
+ * 6·E·nb·d·d_e for the experts, a ratio of E/(6·d_e) (15% for the tiny teacher, 3% for Qwen3-30B).
+ * dsyrk fills the upper triangle; finalize_gram mirrors it. */
+static void gram_block(calib_ctx *c, m2d_layer_stats *s, int E, int nb, int d) {
     size_t cols = (size_t)nb * d;
     for (size_t c0 = 0; c0 < cols; c0 += (size_t)c->gram_cols) {
         size_t m = M2D_MIN((size_t)c->gram_cols, cols - c0);
@@ -140,24 +131,29 @@ static void gram_block(calib_ctx *c, layer_acc *a, int E, int nb, int d) {
             double *dst = c->A + (size_t)e * m;
             for (size_t j = 0; j < m; j++) dst[j] = src[j];
         }
-        cblas_dsyrk(CblasRowMajor, CblasUpper, CblasNoTrans, E, (int)m, 1.0, c->A, (int)m, 1.0, a->s->gram, E);
+        cblas_dsyrk(CblasRowMajor, CblasUpper, CblasNoTrans, E, (int)m, 1.0, c->A, (int)m, 1.0, s->gram, E);
     }
 }
 
-static void token_stats_block(calib_ctx *c, layer_acc *a, const m2d_moe_event *ev, int t0, int nb) {
+static void finalize_gram(m2d_layer_stats *s) {
+    for (int i = 0; i < s->E; i++)
+        for (int j = 0; j < i; j++) s->gram[(size_t)i * s->E + j] = s->gram[(size_t)j * s->E + i];
+}
+
+/* Everything but the Gram for a block of tokens, in the raw sums of stats.h (the same sums
+ * m2d_layer_stats_add_token keeps; finalize derives means/variances from them). */
+static void token_stats_block(calib_ctx *c, m2d_layer_stats *s, const m2d_moe_event *ev, int t0, int nb) {
     int E = ev->n_experts, k = ev->top_k, d = ev->hidden;
-    m2d_layer_stats *s = a->s;
-    /* norms and Σ_t f_e (all tokens) */
     for (int e = 0; e < E; e++) {
-        double *mu = s->mu + (size_t)e * d;
+        double *sf = s->sum_f_all + (size_t)e * d;
         for (int t = 0; t < nb; t++) {
             const float *f = c->F + ((size_t)e * nb + t) * d;
             double q = 0;
             for (int j = 0; j < d; j++) {
                 q += (double)f[j] * f[j];
-                mu[j] += f[j];
+                sf[j] += f[j];
             }
-            c->norms[(size_t)e * nb + t] = sqrt(q);
+            c->norms[(size_t)e * nb + t] = q;
         }
     }
     for (int t = 0; t < nb; t++) {
@@ -166,19 +162,21 @@ static void token_stats_block(calib_ctx *c, layer_acc *a, const m2d_moe_event *e
         for (int e = 0; e < E; e++) s->sum_p[e] += p[e];
         for (int r = 0; r < k; r++) {
             int e = ev->topk[(size_t)tt * k + r];
-            double g = ev->gates[(size_t)tt * k + r], nf = c->norms[(size_t)e * nb + t];
+            double g = ev->gates[(size_t)tt * k + r], nf2 = c->norms[(size_t)e * nb + t], nf = sqrt(nf2);
             s->n[e] += 1;
             s->sum_p_sel[e] += p[e];
             s->sum_g[e] += g;
             s->sum_g2[e] += g * g;
             s->sum_f[e] += nf;
-            s->sum_f2[e] += nf * nf;
+            s->sum_f2[e] += nf2;
             s->sum_gf[e] += g * nf;
-            s->sum_g2f2[e] += g * g * nf * nf;
-            a->sample_cnt[e] += 1;
-            a->sample_mag[e] += nf;
+            s->sum_g2f2[e] += g * g * nf2;
+            s->sum_gf2[e] += g * nf2;
+            s->sum_g2f[e] += g * g * nf;
+            s->cur_n[e] += 1;
+            s->cur_f[e] += nf;
             const float *f = c->F + ((size_t)e * nb + t) * d;
-            double *rs = a->routed_sum + (size_t)e * d, *rq = a->routed_sq + (size_t)e * d;
+            double *rs = s->sum_f_routed + (size_t)e * d, *rq = s->sum_f_routed_sq + (size_t)e * d;
             for (int j = 0; j < d; j++) {
                 rs[j] += f[j];
                 rq[j] += (double)f[j] * f[j];
@@ -186,13 +184,13 @@ static void token_stats_block(calib_ctx *c, layer_acc *a, const m2d_moe_event *e
         }
     }
     s->N += nb;
-    a->sample_len += nb;
+    s->cur_len += nb;
 }
 
 static int check_event(const calib_ctx *c, const m2d_moe_event *ev) {
     const m2d_config *cfg = &c->m->cfg;
-    if (ev->layer < 0 || ev->layer >= cfg->num_hidden_layers || c->slot_of_layer[ev->layer] < 0 ||
-        ev->n_experts != cfg->num_experts || ev->top_k != cfg->num_experts_per_tok || ev->hidden != cfg->hidden_size)
+    if (ev->layer < 0 || ev->layer >= cfg->num_hidden_layers ||
+        !c->acc[ev->layer] || ev->n_experts != cfg->num_experts || ev->top_k != cfg->num_experts_per_tok || ev->hidden != cfg->hidden_size)
         return m2d_err("calibration: engine reported an unexpected MoE event (layer %d, E %d, k %d, d %d)",
                        ev->layer, ev->n_experts, ev->top_k, ev->hidden);
     return 0;
@@ -201,106 +199,33 @@ static int check_event(const calib_ctx *c, const m2d_moe_event *ev) {
 static int calib_hook_fast(void *user, const m2d_moe_event *ev) {
     calib_ctx *c = user;
     if (check_event(c, ev)) return -1;
-    layer_acc *a = &c->acc[c->slot_of_layer[ev->layer]];
+    m2d_layer_stats *s = c->acc[ev->layer];
     for (int t0 = 0; t0 < ev->n_tokens; t0 += c->block_tokens) {
         int nb = M2D_MIN(c->block_tokens, ev->n_tokens - t0);
         if (run_all_experts(c, ev, t0, nb)) return -1;
-        token_stats_block(c, a, ev, t0, nb);
-        gram_block(c, a, ev->n_experts, nb, ev->hidden);
+        token_stats_block(c, s, ev, t0, nb);
+        gram_block(c, s, ev->n_experts, nb, ev->hidden);
         c->done += nb;
         if (c->prog) m2d_progress_update(c->prog, c->done);
     }
     return 0;
 }
 
-/* Obviously-correct path: one token at a time, every quantity by its definition, scalar loops
- * (Gram entry by entry). Slow; used by tests to check the fast path. */
+/* Obviously-correct path: one token at a time through stats.c's reference accumulator
+ * (scalar loops, Gram entry by entry). Slow; tests compare the fast path against it. */
 static int calib_hook_reference(void *user, const m2d_moe_event *ev) {
     calib_ctx *c = user;
     if (check_event(c, ev)) return -1;
-    layer_acc *a = &c->acc[c->slot_of_layer[ev->layer]];
-    m2d_layer_stats *s = a->s;
     int E = ev->n_experts, k = ev->top_k, d = ev->hidden;
     for (int t = 0; t < ev->n_tokens; t++) {
-        /* f_e(t) for every expert: [E, d] */
         for (int e = 0; e < E; e++)
             if (m2d_engine_expert(c->eng, ev->layer, e, ev->x + (size_t)t * d, 1, c->F + (size_t)e * d)) return -1;
-        const float *p = ev->probs + (size_t)t * E;
-        for (int e = 0; e < E; e++) {
-            const float *fe = c->F + (size_t)e * d;
-            s->sum_p[e] += p[e];
-            for (int j = 0; j < d; j++) s->mu[(size_t)e * d + j] += fe[j];
-            for (int f = 0; f < E; f++) {
-                const float *ff = c->F + (size_t)f * d;
-                double dot = 0;
-                for (int j = 0; j < d; j++) dot += (double)fe[j] * ff[j];
-                s->gram[(size_t)e * E + f] += dot;
-            }
-            int routed = -1;
-            for (int r = 0; r < k; r++)
-                if (ev->topk[(size_t)t * k + r] == e) routed = r;
-            if (routed < 0) continue;
-            double g = ev->gates[(size_t)t * k + routed], q = 0;
-            for (int j = 0; j < d; j++) q += (double)fe[j] * fe[j];
-            double nf = sqrt(q);
-            s->n[e] += 1;
-            s->sum_p_sel[e] += p[e];
-            s->sum_g[e] += g;
-            s->sum_g2[e] += g * g;
-            s->sum_f[e] += nf;
-            s->sum_f2[e] += nf * nf;
-            s->sum_gf[e] += g * nf;
-            s->sum_g2f2[e] += g * g * nf * nf;
-            a->sample_cnt[e] += 1;
-            a->sample_mag[e] += nf;
-            for (int j = 0; j < d; j++) {
-                a->routed_sum[(size_t)e * d + j] += fe[j];
-                a->routed_sq[(size_t)e * d + j] += (double)fe[j] * fe[j];
-            }
-        }
-        s->N += 1;
-        a->sample_len += 1;
+        m2d_layer_stats_add_token(c->acc[ev->layer], ev->probs + (size_t)t * E, ev->topk + (size_t)t * k,
+                                  ev->gates + (size_t)t * k, c->F);
         c->done += 1;
         if (c->prog) m2d_progress_update(c->prog, c->done);
     }
     return 0;
-}
-
-static void end_sample(layer_acc *a) {
-    m2d_layer_stats *s = a->s;
-    if (a->sample_len <= 0) return;
-    for (int e = 0; e < s->E; e++) {
-        s->es_act[e] += a->sample_cnt[e] / a->sample_len;
-        s->es_mag[e] += a->sample_mag[e] / a->sample_len;
-        a->sample_cnt[e] = a->sample_mag[e] = 0;
-    }
-    a->sample_len = 0;
-    s->n_samples++;
-}
-
-/* Sums -> the means/variances stats.h promises; Gram mirrored from its upper triangle. */
-static void finalize_layer(layer_acc *a, int fast) {
-    m2d_layer_stats *s = a->s;
-    int E = s->E, d = s->d;
-    if (fast)
-        for (int i = 0; i < E; i++)
-            for (int j = 0; j < i; j++) s->gram[(size_t)i * E + j] = s->gram[(size_t)j * E + i];
-    for (size_t i = 0; i < (size_t)E * d; i++) s->mu[i] = s->N > 0 ? s->mu[i] / s->N : 0;
-    for (int e = 0; e < E; e++) {
-        double n = s->n[e];
-        for (int j = 0; j < d; j++) {
-            size_t i = (size_t)e * d + j;
-            double mean = n > 0 ? a->routed_sum[i] / n : 0;
-            double var = n > 0 ? a->routed_sq[i] / n - mean * mean : 0;
-            s->routed_mean[i] = mean;
-            s->routed_var[i] = var > 0 ? var : 0; /* cancellation can leave -1e-20 */
-        }
-    }
-    if (s->n_samples > 0)
-        for (int e = 0; e < E; e++) {
-            s->es_act[e] /= s->n_samples;
-            s->es_mag[e] /= s->n_samples;
-        }
 }
 
 int m2d_calib_run(const m2d_model *m, const int32_t *ids, int64_t n_ids, const m2d_calib_opts *o,
@@ -334,21 +259,13 @@ int m2d_calib_run(const m2d_model *m, const int32_t *ids, int64_t n_ids, const m
 
     calib_ctx c = {0};
     c.m = m;
-    c.reference = o->reference;
-    c.slot_of_layer = m2d_malloc((size_t)cfg->num_hidden_layers * sizeof(int));
-    c.acc = m2d_calloc((size_t)st->n_layers, sizeof *c.acc);
+    c.acc = m2d_calloc((size_t)cfg->num_hidden_layers, sizeof *c.acc);
     for (int l = 0, i = 0; l < cfg->num_hidden_layers; l++) {
-        c.slot_of_layer[l] = cfg->layer_is_moe[l] ? i : -1;
         if (!cfg->layer_is_moe[l]) continue;
         m2d_layer_stats_alloc(&st->layers[i], l, E, st->k, d);
-        layer_acc *a = &c.acc[i++];
-        a->s = &st->layers[i - 1];
-        a->routed_sum = m2d_calloc((size_t)E * d, sizeof(double));
-        a->routed_sq = m2d_calloc((size_t)E * d, sizeof(double));
-        a->sample_cnt = m2d_calloc((size_t)E, sizeof(double));
-        a->sample_mag = m2d_calloc((size_t)E, sizeof(double));
+        c.acc[l] = &st->layers[i++];
     }
-    /* Token block: expert outputs [E, nb, d] fp32 capped at 256 MiB (nb large keeps the expert
+    /* Token block: expert outputs [E, nb, d] fp32 capped at 256 MiB (a large nb keeps the expert
      * GEMMs efficient); the fp64 Gram chunk is capped at 32 MiB. */
     size_t per_tok = (size_t)E * d * sizeof(float);
     c.block_tokens = o->reference ? 1 : (int)M2D_MAX((size_t)1, M2D_MIN((size_t)L, ((size_t)256 << 20) / per_tok));
@@ -371,9 +288,9 @@ int m2d_calib_run(const m2d_model *m, const int32_t *ids, int64_t n_ids, const m
         for (int w = 0; w < nw && rc == 0; w++) {
             const int32_t *tok = ids + starts[w];
             memcpy(targets, tok, (size_t)L * sizeof *targets);
-            /* only the last position's log-prob is requested: the forward (and the hook) is what we need */
+            /* only the last position's log-prob is requested: the forward (and its hook) is the point */
             rc = m2d_engine_logprobs(c.eng, tok, L, targets, L - 1, &lp);
-            for (int i = 0; i < st->n_layers; i++) end_sample(&c.acc[i]);
+            for (int i = 0; i < st->n_layers; i++) m2d_layer_stats_end_sample(&st->layers[i]);
         }
         free(targets);
         if (c.prog) m2d_progress_end(&prog);
@@ -385,15 +302,15 @@ int m2d_calib_run(const m2d_model *m, const int32_t *ids, int64_t n_ids, const m
                 rc = m2d_err("calibration: layer %d saw %.0f tokens, expected %lld (engine hook not called?)",
                              st->layers[i].layer, st->layers[i].N, (long long)nw * L);
     if (rc == 0)
-        for (int i = 0; i < st->n_layers; i++) finalize_layer(&c.acc[i], !o->reference);
+        for (int i = 0; i < st->n_layers; i++) {
+            if (!o->reference) finalize_gram(&st->layers[i]);
+            m2d_layer_stats_finalize(&st->layers[i]);
+        }
     st->N = (double)nw * L;
-    for (int i = 0; i < st->n_layers; i++) {
-        free(c.acc[i].routed_sum); free(c.acc[i].routed_sq);
-        free(c.acc[i].sample_cnt); free(c.acc[i].sample_mag);
-    }
-    free(c.acc); free(c.slot_of_layer); free(c.F); free(c.A); free(c.norms);
+    free(c.acc); free(c.F); free(c.A); free(c.norms);
     if (rc) {
         m2d_stats_free(st);
+        free(st);
         return -1;
     }
     *out = st;
@@ -402,18 +319,20 @@ int m2d_calib_run(const m2d_model *m, const int32_t *ids, int64_t n_ids, const m
 
 /* ------------------------------------------------------------------ stats file */
 
+/* Stored arrays: the raw sums of stats.h (so files can be merged later); the derived fields
+ * (mu, routed mean/variance, ES-Act/Mag) are recomputed on read by m2d_layer_stats_finalize. */
 typedef struct { const char *name; int per; } array_desc; /* per: 0 = [E], 1 = [E*E], 2 = [E*d] */
 static const array_desc ARRAYS[] = {
     {"n", 0}, {"sum_p", 0}, {"sum_p_sel", 0}, {"sum_g", 0}, {"sum_g2", 0}, {"sum_f", 0}, {"sum_f2", 0},
-    {"sum_gf", 0}, {"sum_g2f2", 0}, {"es_act", 0}, {"es_mag", 0},
-    {"gram", 1}, {"mu", 2}, {"routed_mean", 2}, {"routed_var", 2},
+    {"sum_gf", 0}, {"sum_g2f2", 0}, {"sum_gf2", 0}, {"sum_g2f", 0}, {"es_act_sum", 0}, {"es_mag_sum", 0},
+    {"gram", 1}, {"sum_f_all", 2}, {"sum_f_routed", 2}, {"sum_f_routed_sq", 2},
 };
 #define N_ARRAYS ((int)M2D_ARRAY_LEN(ARRAYS))
 
 static double **layer_array(m2d_layer_stats *s, int i) {
     double **p[N_ARRAYS] = {&s->n, &s->sum_p, &s->sum_p_sel, &s->sum_g, &s->sum_g2, &s->sum_f, &s->sum_f2,
-                            &s->sum_gf, &s->sum_g2f2, &s->es_act, &s->es_mag, &s->gram, &s->mu,
-                            &s->routed_mean, &s->routed_var};
+                            &s->sum_gf, &s->sum_g2f2, &s->sum_gf2, &s->sum_g2f, &s->es_act_sum, &s->es_mag_sum,
+                            &s->gram, &s->sum_f_all, &s->sum_f_routed, &s->sum_f_routed_sq};
     return p[i];
 }
 
@@ -539,8 +458,9 @@ static int parse_header(const char *path, const cJSON *h, m2d_stats *s, size_t *
     s->d = (int)v;
     if (hdr_int(path, h, "d_e", 1, 1 << 24, &v)) return -1;
     s->d_e = (int)v;
-    if (hdr_int(path, h, "n_layers", 1, 1 << 16, &v)) return -1;
-    s->n_layers = (int)v;
+    /* s->n_layers is set only once s->layers exists (m2d_stats_free walks it) */
+    long nl;
+    if (hdr_int(path, h, "n_layers", 1, 1 << 16, &nl)) return -1;
     if (hdr_int(path, h, "seq_len", 1, 1 << 30, &v)) return -1;
     s->seq_len = (int)v;
     long ns;
@@ -550,8 +470,8 @@ static int parse_header(const char *path, const cJSON *h, m2d_stats *s, size_t *
         return m2d_err("%s: field 'N': missing or not a non-negative integer", path);
     s->N = N->valuedouble;
     const cJSON *layers = cJSON_GetObjectItemCaseSensitive(h, "layers");
-    if (!cJSON_IsArray(layers) || cJSON_GetArraySize(layers) != s->n_layers)
-        return m2d_err("%s: field 'layers': not an array of n_layers (%d) layer indices", path, s->n_layers);
+    if (!cJSON_IsArray(layers) || cJSON_GetArraySize(layers) != nl)
+        return m2d_err("%s: field 'layers': not an array of n_layers (%d) layer indices", path, (int)nl);
     const cJSON *win = cJSON_GetObjectItemCaseSensitive(h, "windows");
     if (!cJSON_IsArray(win)) return m2d_err("%s: field 'windows': missing or not an array", path);
     s->n_windows = cJSON_GetArraySize(win);
@@ -577,13 +497,14 @@ static int parse_header(const char *path, const cJSON *h, m2d_stats *s, size_t *
     const cJSON *dbj = cJSON_GetObjectItemCaseSensitive(h, "data_bytes");
     if (!cJSON_IsNumber(dbj)) return m2d_err("%s: field 'data_bytes': missing or not a number", path);
     db = dbj->valuedouble;
-    *pbytes = payload_bytes(s->n_layers, s->E, s->d);
+    *pbytes = payload_bytes((int)nl, s->E, s->d);
     if (db != (double)*pbytes)
         return m2d_err("%s: field 'data_bytes': %.0f does not match E=%d, d=%d, n_layers=%d (%zu bytes)", path, db,
-                       s->E, s->d, s->n_layers, *pbytes);
+                       s->E, s->d, (int)nl, *pbytes);
     if (hdr_str(path, h, "data_sha256", sha, 65) || !is_hex64(sha))
         return m2d_err("%s: field 'data_sha256': not a sha256 hex string", path);
-    s->layers = m2d_calloc((size_t)s->n_layers, sizeof *s->layers);
+    s->layers = m2d_calloc((size_t)nl, sizeof *s->layers);
+    s->n_layers = (int)nl;
     i = 0;
     for (const cJSON *l = layers->child; l; l = l->next, i++) {
         if (!cJSON_IsNumber(l) || l->valuedouble < 0 || l->valuedouble > 1e6 || l->valuedouble != floor(l->valuedouble))
@@ -620,7 +541,7 @@ int m2d_stats_read(const char *path, m2d_stats **out) {
         m2d_err("%s: field 'header': not a JSON object (garbled file?)", path);
         goto done;
     }
-    size_t pbytes;
+    size_t pbytes = 0;
     char sha[65];
     if (parse_header(path, h, s, &pbytes, sha)) goto done;
     if (len - 16 - hl != pbytes) {
@@ -641,13 +562,24 @@ int m2d_stats_read(const char *path, m2d_stats **out) {
             size_t n = array_len(ARRAYS[i].per, s->E, s->d);
             for (size_t j = 0; j < n; j++, q += 8) a[j] = get_f64(q);
         }
+    for (int l = 0; l < s->n_layers; l++) m2d_layer_stats_finalize(&s->layers[l]);
     rc = 0;
 done:
     cJSON_Delete(h);
     free(buf);
-    if (rc) m2d_stats_free(s);
-    else *out = s;
+    if (rc) {
+        m2d_stats_free(s);
+        free(s);
+    } else {
+        *out = s;
+    }
     return rc;
+}
+
+void m2d_calib_stats_free(m2d_stats *s) {
+    if (!s) return;
+    m2d_stats_free(s);
+    free(s);
 }
 
 int m2d_stats_check_model(const m2d_stats *s, const char *stats_path, const m2d_model *m) {

@@ -25,12 +25,16 @@
  *       "gate_convention", "E", "k", "d", "d_e", "n_layers" (MoE layers), "layers": [model layer
  *       index of each MoE layer], "N": calibration tokens, "n_samples", "seq_len",
  *       "windows": [start token offset of each window], "data_path": the calibration file as
- *       given, "seed": number or null, "arrays": [names, in storage order],
+ *       given, "arrays": [names, in storage order],
  *       "data_bytes": byte length of the payload, "data_sha256": sha256 of the payload.
  *   offset 16+H  payload: for each MoE layer in order, float64 arrays in "arrays" order:
- *       n, sum_p, sum_p_sel, sum_g, sum_g2, sum_f, sum_f2, sum_gf, sum_g2f2, es_act, es_mag  [E] each
- *       gram [E*E] (row-major, symmetric), mu [E*d], routed_mean [E*d], routed_var [E*d]
- *   The file ends exactly after the payload. Meaning of each array: stats.h.
+ *       n, sum_p, sum_p_sel, sum_g, sum_g2, sum_f, sum_f2, sum_gf, sum_g2f2, sum_gf2, sum_g2f,
+ *       es_act_sum, es_mag_sum                                   [E] each
+ *       gram                                                     [E*E] row-major, symmetric
+ *       sum_f_all, sum_f_routed, sum_f_routed_sq                 [E*d] row-major (expert, dim)
+ *   These are the raw sums of stats.h (mergeable); the reader derives mu, routed_mean,
+ *   routed_var, es_act, es_mag with m2d_layer_stats_finalize. Each layer's N and n_samples are
+ *   the header's. The file ends exactly after the payload.
  *   A reader checks magic, version, every header field's type and range, the payload length
  *   (E, d, n_layers) against the file size, and the payload sha256 (truncation, garbling).
  *   The file is written atomically (temp + rename). */
@@ -72,15 +76,16 @@ void m2d_calib_hash(const int32_t *ids, const int64_t *starts, int n_windows, in
                     const char *gate_convention, char out[65]);
 
 /* Full calibration pass of the unmodified teacher over the chosen windows of ids.
- * *out is a finalised m2d_stats (free with m2d_stats_free). */
+ * *out is a finalised m2d_stats (free with m2d_calib_stats_free). */
 int m2d_calib_run(const m2d_model *m, const int32_t *ids, int64_t n_ids, const m2d_calib_opts *o,
                   m2d_stats **out);
 /* FLOPs of the expert evaluations of a calibration pass (2*3*d*d_e per expert per token). */
 double m2d_calib_expert_flops(const m2d_config *cfg, double n_tokens);
 
-/* Stats file. write: atomic. read: full validation (see above). */
+/* Stats file. write: atomic. read: full validation (see above); free with m2d_calib_stats_free. */
 int m2d_stats_write(const m2d_stats *s, const char *path);
 int m2d_stats_read(const char *path, m2d_stats **out);
+void m2d_calib_stats_free(m2d_stats *s); /* m2d_stats_free + free of the struct; NULL ok */
 /* Error unless the stats were computed on this model (weights hash, shapes, layer set). */
 int m2d_stats_check_model(const m2d_stats *s, const char *stats_path, const m2d_model *m);
 
