@@ -140,12 +140,65 @@ static int canonicalize(m2d_layer_plan *lp, const int *group_of, const double *a
     return 0;
 }
 
-static int plan_layer(const m2d_model *t, const m2d_layer_stats *ls, const m2d_convert_opts *o, const m2d_plugin *ps,
-                      const m2d_plugin *pg, const m2d_plugin *pc, m2d_layer_plan *lp) {
+/* The subset of PARAMS that plugin P accepts (each plugin validates its own keys). */
+static void params_for(const m2d_plugin *p, const m2d_params *all, m2d_params *out, const char **keys, double *vals) {
+    int n = 0;
+    for (int i = 0; p && i < all->n; i++) {
+        m2d_params one = {1, &all->keys[i], &all->values[i]};
+        if (m2d_plugin_check_params(p, &one) == 0) {
+            keys[n] = all->keys[i];
+            vals[n++] = all->values[i];
+        }
+    }
+    m2d_err_clear();
+    *out = (m2d_params){n, keys, vals};
+}
+
+typedef struct {
+    const m2d_plugin *p[3];
+    m2d_params params[3];
+    const char **keys[3];
+    double *vals[3];
+} plugin_set;
+
+/* Route each --param key to the plugins that accept it; a key nobody accepts is an error. */
+static int route_params(plugin_set *ps, const m2d_params *all) {
+    for (int k = 0; k < 3; k++) {
+        ps->keys[k] = m2d_calloc((size_t)all->n + 1, sizeof(char *));
+        ps->vals[k] = m2d_calloc((size_t)all->n + 1, sizeof(double));
+        params_for(ps->p[k], all, &ps->params[k], ps->keys[k], ps->vals[k]);
+    }
+    for (int i = 0; i < all->n; i++) {
+        int used = 0;
+        for (int k = 0; k < 3; k++)
+            for (int j = 0; j < ps->params[k].n; j++) used |= ps->params[k].keys[j] == all->keys[i];
+        if (!used) {
+            char acc[512] = "";
+            for (int k = 0; k < 3; k++)
+                if (ps->p[k] && ps->p[k]->params_default && *ps->p[k]->params_default) {
+                    size_t n = strlen(acc);
+                    snprintf(acc + n, sizeof acc - n, "%s%s: %s", n ? "; " : "", ps->p[k]->name, ps->p[k]->params_default);
+                }
+            return m2d_err("convert: --param '%s': no chosen plugin accepts it (accepted: %s)", all->keys[i],
+                           *acc ? acc : "none");
+        }
+    }
+    return 0;
+}
+
+static void plugin_set_free(plugin_set *ps) {
+    for (int k = 0; k < 3; k++) {
+        free((void *)ps->keys[k]);
+        free(ps->vals[k]);
+    }
+}
+
+static int plan_layer(const m2d_model *t, const m2d_layer_stats *ls, const m2d_convert_opts *o, const plugin_set *ps,
+                      m2d_layer_plan *lp) {
     const m2d_config *c = &t->cfg;
     int E = c->num_experts, K = o->K, G = lp->n_groups;
     m2d_layer_view v = {ls, &t->layers[ls->layer], E, c->num_experts_per_tok, K, c->hidden_size,
-                        c->moe_intermediate_size, &o->params};
+                        c->moe_intermediate_size, &ps->params[0]};
     lp->layer = ls->layer;
     lp->K = K;
     lp->scores = m2d_calloc((size_t)E, sizeof(double));
@@ -154,37 +207,21 @@ static int plan_layer(const m2d_model *t, const m2d_layer_stats *ls, const m2d_c
     lp->members = m2d_malloc((size_t)K * sizeof(int));
     lp->merge_w = m2d_malloc((size_t)K * sizeof(double));
     lp->alpha = m2d_malloc((size_t)G * sizeof(double));
-    if (m2d_score_and_select(ps, &v, lp->scores, lp->selected)) return -1;
-    for (int e = 0; e < E; e++)
-        if (!(lp->scores[e] >= 0) || !isfinite(lp->scores[e]))
-            return m2d_err("convert: layer %d: scoring plugin '%s' gave expert %d the score %g (must be finite, >= 0)",
-                           lp->layer, ps->name, e, lp->scores[e]);
-    char *seen = m2d_calloc((size_t)E, 1);
-    for (int i = 0; i < K; i++) {
-        int e = lp->selected[i];
-        if (e < 0 || e >= E || seen[e]) {
-            free(seen);
-            return m2d_err("convert: layer %d: scoring plugin '%s' selected expert %d twice or out of range",
-                           lp->layer, ps->name, e);
-        }
-        seen[e] = 1;
-    }
-    free(seen);
-    /* grouping sees k = the number of groups wanted */
+    if (m2d_score_and_select(ps->p[0], &v, lp->scores, lp->selected)) return -1;
+    /* grouping and scaling see k = the number of groups wanted (k for a dense student) */
     m2d_layer_view vg = v;
     vg.k = G;
+    vg.params = &ps->params[1];
     int *group_of = m2d_malloc((size_t)K * sizeof(int));
     double *alpha = NULL;
-    int rc = pg->group(&vg, lp->selected, lp->scores, group_of);
-    if (rc == 0 && pc) {
+    int rc = m2d_group_run(ps->p[1], &vg, lp->selected, lp->scores, group_of);
+    if (rc == 0 && ps->p[2]) {
         alpha = m2d_malloc((size_t)G * sizeof(double));
-        rc = pc->scale(&vg, lp->selected, lp->scores, group_of, alpha);
-        for (int g = 0; rc == 0 && g < G; g++)
-            if (!isfinite(alpha[g]))
-                rc = m2d_err("convert: layer %d: scaling plugin '%s' gave group %d a non-finite alpha", lp->layer,
-                             pc->name, g);
+        m2d_layer_view vs = vg;
+        vs.params = &ps->params[2];
+        rc = m2d_scale_run(ps->p[2], &vs, lp->selected, lp->scores, group_of, alpha);
     }
-    if (rc == 0) rc = canonicalize(lp, group_of, alpha, E, pg->name);
+    if (rc == 0) rc = canonicalize(lp, group_of, alpha, E, ps->p[1]->name);
     free(group_of);
     free(alpha);
     return rc;
@@ -201,14 +238,18 @@ int m2d_convert_plan_build(const m2d_model *t, const m2d_stats *stats, const m2d
     if (o->target == M2D_TARGET_DENSE && o->n_groups && o->n_groups != k)
         return m2d_err("convert: --groups %d: a dense student has exactly k = %d groups", o->n_groups, k);
     if (G < 1 || G > o->K) return m2d_err("convert: --groups %d is outside [1, K = %d]", G, o->K);
-    const m2d_plugin *ps, *pg, *pc = NULL;
-    if (find_plugin(M2D_SCORING, o->scoring, &ps) || find_plugin(M2D_GROUPING, o->grouping, &pg)) return -1;
-    if (o->target == M2D_TARGET_DENSE && find_plugin(M2D_SCALING, o->scaling, &pc)) return -1;
+    plugin_set ps = {0};
+    if (find_plugin(M2D_SCORING, o->scoring, &ps.p[0]) || find_plugin(M2D_GROUPING, o->grouping, &ps.p[1])) return -1;
+    if (o->target == M2D_TARGET_DENSE && find_plugin(M2D_SCALING, o->scaling, &ps.p[2])) return -1;
+    if (route_params(&ps, &o->params)) {
+        plugin_set_free(&ps);
+        return -1;
+    }
     m2d_convert_plan *p = m2d_calloc(1, sizeof *p);
     p->target = o->target;
     p->scoring = m2d_strdup(o->scoring);
     p->grouping = m2d_strdup(o->grouping);
-    p->scaling = m2d_strdup(pc ? o->scaling : "none");
+    p->scaling = m2d_strdup(ps.p[2] ? o->scaling : "none");
     p->K = o->K;
     p->n_groups = G;
     p->n_params = o->params.n;
@@ -225,8 +266,9 @@ int m2d_convert_plan_build(const m2d_model *t, const m2d_stats *stats, const m2d
     for (int i = 0; i < stats->n_layers && rc == 0; i++) {
         p->n_layers = i + 1;
         p->layers[i].n_groups = G;
-        rc = plan_layer(t, &stats->layers[i], o, ps, pg, pc, &p->layers[i]);
+        rc = plan_layer(t, &stats->layers[i], o, &ps, &p->layers[i]);
     }
+    plugin_set_free(&ps);
     if (rc) {
         m2d_convert_plan_free(p);
         return -1;
