@@ -232,6 +232,7 @@ int m2d_convert_plan_build(const m2d_model *t, const m2d_stats *stats, const m2d
     const m2d_config *c = &t->cfg;
     if (c->num_experts <= 0) return m2d_err("%s: config.json: field 'num_experts': not an MoE model", t->dir);
     int E = c->num_experts, k = c->num_experts_per_tok;
+    if (m2d_stats_check_model(stats, "statistics", t)) return -1;
     if (o->K < k || o->K > E)
         return m2d_err("convert: -K %d is outside [k, E] = [%d, %d] (k = num_experts_per_tok of %s)", o->K, k, E, t->dir);
     int G = o->target == M2D_TARGET_DENSE ? k : (o->n_groups > 0 ? o->n_groups : o->K);
