@@ -250,6 +250,14 @@ static void bad_configs(void **state) {
     expect_config_error("\"architectures\": [\"Qwen3MoeForCausalLM\"],", "", "'architectures'", "missing");
     expect_config_error("\"torch_dtype\": \"bfloat16\"", "\"torch_dtype\": \"int8\"", "'torch_dtype'", NULL);
     expect_config_error("\"eos_token_id\": 63", "\"eos_token_id\": 64", "'eos_token_id'", NULL);
+    expect_config_error("\"use_sliding_window\": false",
+                        "\"use_sliding_window\": false, \"layer_types\": [\"full_attention\", \"sliding_attention\"]",
+                        "'layer_types'", NULL);
+    expect_config_error("\"rope_theta\": 10000,", "\"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4},",
+                        "'rope_parameters'", "yarn");
+    expect_config_error("{", "[", "(root)", NULL);
+    expect_config_error("\"num_experts\": 8,", "\"num_experts\": 100000,", "'num_experts'", "supported maximum");
+    expect_config_error("\"num_hidden_layers\": 2,", "\"num_hidden_layers\": 0,", "'num_hidden_layers'", "positive");
 }
 
 /* head_dim absent -> hidden / heads (HF default); list-valued eos takes the first id. */
@@ -262,11 +270,15 @@ static void config_defaults(void **state) {
     replace_in_file(cfg, "\"head_dim\": 8,", "");
     replace_in_file(cfg, "\"eos_token_id\": 63", "\"eos_token_id\": [62, 63]");
     replace_in_file(cfg, "\"decoder_sparse_step\": 1,", "");
+    replace_in_file(cfg, "\"rope_theta\": 10000,", "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 5e5},");
+    replace_in_file(cfg, "\"norm_topk_prob\": true,", ""); /* HF Qwen3MoeConfig default: false */
     m2d_config c;
     if (m2d_config_load(dir, &c, NULL) != 0) fail_msg("%s", m2d_errmsg());
     assert_int_equal(c.head_dim, 8);
     assert_int_equal(c.eos_token_id, 62);
     assert_int_equal(c.decoder_sparse_step, 1);
+    assert_true(c.rope_theta == 5e5);
+    assert_false(c.norm_topk_prob);
     m2d_config_free(&c);
     tu_rm_rf(dir);
     free(cfg);
@@ -274,6 +286,8 @@ static void config_defaults(void **state) {
 }
 
 /* Rewrite DIR/model.safetensors without tensor DROP, and/or with tensor RESHAPE given a new shape. */
+static const char *retype_name; /* tensor rewritten as I16-sized I32 pairs: same bytes, integer dtype */
+
 static void rewrite_weights(const char *dir, const char *drop, const char *reshape, const char *extra) {
     m2d_st *st;
     if (m2d_st_open(dir, &st) != 0) fail_msg("%s", m2d_errmsg());
@@ -289,7 +303,12 @@ static void rewrite_weights(const char *dir, const char *drop, const char *resha
             shape[0] = shape[1];
             shape[1] = tmp;
         }
-        assert_int_equal(m2d_st_writer_add(w, t->name, t->dtype, nd, shape, t->data), 0);
+        m2d_dtype dt = t->dtype;
+        if (retype_name && strcmp(t->name, retype_name) == 0) { /* BF16 [a, b] -> I32 [a, b/2] */
+            dt = M2D_I32;
+            shape[nd - 1] /= 2;
+        }
+        assert_int_equal(m2d_st_writer_add(w, t->name, dt, nd, shape, t->data), 0);
     }
     if (extra) {
         float z[4] = {0};
@@ -327,6 +346,38 @@ static void bad_weights(void **state) {
                          "expected [8, 32], found [32, 8]");
     expect_weights_error(NULL, NULL, "model.layers.0.mlp.shared_expert_gate.weight", "shared_expert_gate",
                          "not used");
+    retype_name = "model.norm.weight";
+    expect_weights_error(NULL, NULL, NULL, "'model.norm.weight'", "expected [32], found [16]");
+    retype_name = "model.layers.0.self_attn.o_proj.weight"; /* [32, 32] BF16 -> [32, 16] I32 */
+    expect_weights_error(NULL, NULL, NULL, "'model.layers.0.self_attn.o_proj.weight'", "expected [32, 32], found [32, 16]");
+    retype_name = NULL;
+}
+
+/* Right shape, integer dtype: rejected by name. */
+static void integer_weights_rejected(void **state) {
+    (void)state;
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    o.dtype = M2D_F32;
+    char *dir = write_model(&o);
+    m2d_st *st;
+    assert_int_equal(m2d_st_open(dir, &st), 0);
+    m2d_st_writer *w = m2d_st_writer_new();
+    for (int i = 0; i < m2d_st_count(st); i++) {
+        const m2d_tensor *t = m2d_st_at(st, i);
+        m2d_dtype dt = strcmp(t->name, "model.layers.1.mlp.gate.weight") == 0 ? M2D_I32 : t->dtype;
+        assert_int_equal(m2d_st_writer_add(w, t->name, dt, t->ndim, t->shape, t->data), 0);
+    }
+    char *p = m2d_path_join(dir, "model.safetensors");
+    assert_int_equal(m2d_st_writer_write(w, p), 0);
+    m2d_st_writer_free(w);
+    m2d_st_close(st);
+    m2d_model *m;
+    assert_int_equal(m2d_model_open(dir, &m), -1);
+    assert_non_null(strstr(m2d_errmsg(), "'model.layers.1.mlp.gate.weight': field 'dtype': I32"));
+    free(p);
+    tu_rm_rf(dir);
+    free(dir);
 }
 
 static void missing_files(void **state) {
@@ -369,6 +420,7 @@ int main(void) {
         cmocka_unit_test(bad_configs),
         cmocka_unit_test(config_defaults),
         cmocka_unit_test(bad_weights),
+        cmocka_unit_test(integer_weights_rejected),
         cmocka_unit_test(missing_files),
         cmocka_unit_test(arch_registry),
     };
