@@ -467,7 +467,7 @@ static int compile_regex(const loadctx *L, const char *field, const char *patter
     int errcode;
     PCRE2_SIZE erroff;
     char *pat = literal ? m2d_strdup(pattern) : onig_compatible_pattern(pattern);
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, opts, &errcode, &erroff, NULL);
     free(pat);
     if (!re) {
