@@ -487,6 +487,8 @@ static int parse_header(const char *path, const cJSON *h, m2d_stats *s, size_t *
             return m2d_err("%s: field 'windows': entry %d is not a token offset", path, i);
         s->window_starts[i] = (int64_t)w->valuedouble;
     }
+    if (ns != s->n_windows)
+        return m2d_err("%s: field 'n_samples': %ld but %d windows are recorded", path, ns, s->n_windows);
     const cJSON *dp = cJSON_GetObjectItemCaseSensitive(h, "data_path");
     s->data_path = m2d_strdup(cJSON_IsString(dp) ? dp->valuestring : "");
     const cJSON *arr = cJSON_GetObjectItemCaseSensitive(h, "arrays");
