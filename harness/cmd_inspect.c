@@ -4,13 +4,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cmd.h"
 #include "model.h"
 #include "util.h"
 
 #define INSPECT_USAGE                                                                                   \
-    "usage: moe2dense inspect --model DIR [--json]\n"                                                   \
+    "usage: moe2dense inspect --model DIR [--json] [--tensors]\n"                                       \
+    "       moe2dense inspect --model FILE.safetensors [--json] [--tensors]\n"                             \
     "\n"                                                                                                \
     "Opens a Hugging Face checkpoint directory (config.json + model.safetensors, or shards with\n"      \
     "model.safetensors.index.json), validates every safetensors header and every tensor the\n"          \
@@ -26,6 +28,10 @@
     "options:\n"                                                                                        \
     "  --model DIR   checkpoint directory (required)\n"                                                 \
     "  --json        print one JSON object instead of text\n"                                           \
+    "  --tensors     also list every tensor: name, dtype, shape, shard\n"                                \
+    "\n"                                                                                                \
+    "Given a single .safetensors file (or an index.json) instead of a directory, only the\n"          \
+    "safetensors layer is validated and summarised (no config, no architecture).\n"                  \
     "\n"                                                                                                \
     "Supported architectures are listed by an unknown one's error; exit status 1 on any invalid\n"     \
     "input, with one line naming the file and the field.\n"                                             \
@@ -64,6 +70,90 @@ static int count_moe(const m2d_config *c) {
 static void dtype_counts(const m2d_st *st, int counts[M2D_DTYPE_COUNT]) {
     memset(counts, 0, sizeof(int) * M2D_DTYPE_COUNT);
     for (int i = 0; i < m2d_st_count(st); i++) counts[m2d_st_at(st, i)->dtype]++;
+}
+
+static void shape_str(const m2d_tensor *t, char *buf, size_t n) {
+    size_t used = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < t->ndim && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (used < n) snprintf(buf + used, n - used, "]");
+}
+
+static const char *base_name(const char *path) {
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+static void print_tensor_table(const m2d_st *st) {
+    char sh[96];
+    for (int i = 0; i < m2d_st_count(st); i++) {
+        const m2d_tensor *t = m2d_st_at(st, i);
+        shape_str(t, sh, sizeof sh);
+        printf("  %-56s %-5s %-16s %s\n", t->name, m2d_dtype_name(t->dtype), sh, base_name(m2d_st_file_of(st, t->name)));
+    }
+}
+
+static cJSON *tensor_list_json(const m2d_st *st) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < m2d_st_count(st); i++) {
+        const m2d_tensor *t = m2d_st_at(st, i);
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "name", t->name);
+        cJSON_AddStringToObject(e, "dtype", m2d_dtype_name(t->dtype));
+        cJSON *sh = cJSON_AddArrayToObject(e, "shape");
+        for (int d = 0; d < t->ndim; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->shape[d]));
+        cJSON_AddStringToObject(e, "file", base_name(m2d_st_file_of(st, t->name)));
+        cJSON_AddItemToArray(a, e);
+    }
+    return a;
+}
+
+/* A bare safetensors file (or index): header validation and a summary, no architecture. */
+static int inspect_st_only(const char *path, int json, int tensors) {
+    m2d_st *st;
+    if (m2d_st_open(path, &st) != 0) return -1;
+    int counts[M2D_DTYPE_COUNT];
+    memset(counts, 0, sizeof counts);
+    uint64_t bytes = 0, elems = 0;
+    for (int i = 0; i < m2d_st_count(st); i++) {
+        const m2d_tensor *t = m2d_st_at(st, i);
+        counts[t->dtype]++;
+        bytes += t->nbytes;
+        elems += (uint64_t)m2d_tensor_numel(t);
+    }
+    char hash[65];
+    m2d_st_hash(st, M2D_ST_HASH_FULL_MAX, hash);
+    if (json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "file", path);
+        cJSON_AddNumberToObject(j, "tensors", m2d_st_count(st));
+        cJSON_AddNumberToObject(j, "elements", (double)elems);
+        cJSON_AddNumberToObject(j, "bytes", (double)bytes);
+        cJSON *dt = cJSON_AddObjectToObject(j, "dtypes");
+        for (int t = 0; t < M2D_DTYPE_COUNT; t++)
+            if (counts[t]) cJSON_AddNumberToObject(dt, m2d_dtype_name((m2d_dtype)t), counts[t]);
+        cJSON_AddNumberToObject(j, "shards", m2d_st_file_count(st));
+        cJSON_AddBoolToObject(j, "valid", 1);
+        cJSON_AddStringToObject(j, "weights_hash", hash);
+        if (tensors) cJSON_AddItemToObject(j, "tensor_list", tensor_list_json(st));
+        char *s = cJSON_Print(j);
+        puts(s);
+        free(s);
+        cJSON_Delete(j);
+    } else {
+        char be[32], bb[32];
+        printf("file           %s (safetensors only: no config.json, architecture not checked)\n", path);
+        printf("tensors        %d, %s elements, %s bytes, headers valid\n", m2d_st_count(st),
+               commas((int64_t)elems, be, sizeof be), commas((int64_t)bytes, bb, sizeof bb));
+        printf("dtypes        ");
+        for (int t = 0; t < M2D_DTYPE_COUNT; t++)
+            if (counts[t]) printf(" %s %d", m2d_dtype_name((m2d_dtype)t), counts[t]);
+        printf("\nshards         %d\n", m2d_st_file_count(st));
+        printf("weights_hash   %s\n", hash);
+        if (tensors) print_tensor_table(st);
+    }
+    m2d_st_close(st);
+    return 0;
 }
 
 static void print_text(const m2d_model *m) {
@@ -148,7 +238,7 @@ static cJSON *config_json(const m2d_config *c) {
     return j;
 }
 
-static void print_json(const m2d_model *m) {
+static void print_json(const m2d_model *m, int tensors) {
     const m2d_config *c = &m->cfg;
     m2d_param_counts p = m2d_model_param_counts(c);
     cJSON *j = cJSON_CreateObject();
@@ -180,6 +270,7 @@ static void print_json(const m2d_model *m) {
     cJSON_AddNumberToObject(j, "tensors", m2d_st_count(m->st));
     cJSON_AddBoolToObject(j, "valid", 1);
     cJSON_AddStringToObject(j, "weights_hash", m->weights_hash);
+    if (tensors) cJSON_AddItemToObject(j, "tensor_list", tensor_list_json(m->st));
     char *s = cJSON_Print(j);
     puts(s);
     free(s);
@@ -188,17 +279,23 @@ static void print_json(const m2d_model *m) {
 
 static int cmd_inspect_run(int argc, char **argv) {
     const char *model = NULL;
-    int json = 0;
-    m2d_opt opts[] = {{"--model", 1, &model, NULL}, {"--json", 0, NULL, &json}, {0}};
+    int json = 0, tensors = 0;
+    m2d_opt opts[] = {{"--model", 1, &model, NULL}, {"--json", 0, NULL, &json}, {"--tensors", 0, NULL, &tensors}, {0}};
     if (m2d_parse_opts("inspect", argc, argv, opts, NULL, 0, NULL) != 0) return m2d_cmd_fail("inspect");
     if (!model) {
         m2d_err("inspect: option '--model' is required (see 'moe2dense help inspect')");
         return m2d_cmd_fail("inspect");
     }
+    struct stat sb;
+    if (stat(model, &sb) == 0 && !S_ISDIR(sb.st_mode))
+        return inspect_st_only(model, json, tensors) == 0 ? 0 : m2d_cmd_fail("inspect");
     m2d_model *m;
     if (m2d_model_open(model, &m) != 0) return m2d_cmd_fail("inspect");
-    if (json) print_json(m);
-    else print_text(m);
+    if (json) print_json(m, tensors);
+    else {
+        print_text(m);
+        if (tensors) print_tensor_table(m->st);
+    }
     m2d_model_close(m);
     return 0;
 }

@@ -683,12 +683,18 @@ static void sb_fmt_u64(sbuf *b, uint64_t v) {
     sb_str(b, tmp);
 }
 
-/* JSON string literal: escape quote, backslash and control characters; UTF-8 passes through. */
+/* JSON string literal with serde_json's escapes (quote, backslash, \b \f \n \r \t, other
+ * control characters as \u00xx); UTF-8 passes through. */
 static void sb_json_string(sbuf *b, const char *s) {
     sb_put(b, "\"", 1);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         if (*p == '"') sb_str(b, "\\\"");
         else if (*p == '\\') sb_str(b, "\\\\");
+        else if (*p == '\b') sb_str(b, "\\b");
+        else if (*p == '\f') sb_str(b, "\\f");
+        else if (*p == '\n') sb_str(b, "\\n");
+        else if (*p == '\r') sb_str(b, "\\r");
+        else if (*p == '\t') sb_str(b, "\\t");
         else if (*p < 0x20) {
             char tmp[8];
             snprintf(tmp, sizeof tmp, "\\u%04x", *p);
@@ -707,27 +713,6 @@ static char *build_header(const m2d_st_writer *w, int from, int to, size_t *len)
     sbuf b = {0};
     sb_str(&b, "{");
     int first = 1;
-    if (w->n_meta) {
-        /* metadata keys sorted for determinism */
-        int *order = m2d_malloc((size_t)w->n_meta * sizeof(int));
-        for (int i = 0; i < w->n_meta; i++) order[i] = i;
-        for (int i = 1; i < w->n_meta; i++)
-            for (int j = i; j > 0 && strcmp(w->meta_keys[order[j - 1]], w->meta_keys[order[j]]) > 0; j--) {
-                int t = order[j];
-                order[j] = order[j - 1];
-                order[j - 1] = t;
-            }
-        sb_str(&b, "\"__metadata__\":{");
-        for (int i = 0; i < w->n_meta; i++) {
-            if (i) sb_str(&b, ",");
-            sb_json_string(&b, w->meta_keys[order[i]]);
-            sb_str(&b, ":");
-            sb_json_string(&b, w->meta_vals[order[i]]);
-        }
-        sb_str(&b, "}");
-        free(order);
-        first = 0;
-    }
     uint64_t off = 0;
     for (int i = from; i < to; i++) {
         const wr_entry *e = &w->e[i];
@@ -747,6 +732,29 @@ static char *build_header(const m2d_st_writer *w, int from, int to, size_t *len)
         off += e->nbytes;
         sb_fmt_u64(&b, off);
         sb_str(&b, "]}");
+    }
+    /* __metadata__ last, as the reference (Rust) safetensors writer does: a checkpoint of
+     * one dtype round-trips byte for byte */
+    if (w->n_meta) {
+        /* metadata keys sorted for determinism */
+        int *order = m2d_malloc((size_t)w->n_meta * sizeof(int));
+        for (int i = 0; i < w->n_meta; i++) order[i] = i;
+        for (int i = 1; i < w->n_meta; i++)
+            for (int j = i; j > 0 && strcmp(w->meta_keys[order[j - 1]], w->meta_keys[order[j]]) > 0; j--) {
+                int t = order[j];
+                order[j] = order[j - 1];
+                order[j - 1] = t;
+            }
+        if (!first) sb_str(&b, ",");
+        sb_str(&b, "\"__metadata__\":{");
+        for (int i = 0; i < w->n_meta; i++) {
+            if (i) sb_str(&b, ",");
+            sb_json_string(&b, w->meta_keys[order[i]]);
+            sb_str(&b, ":");
+            sb_json_string(&b, w->meta_vals[order[i]]);
+        }
+        sb_str(&b, "}");
+        free(order);
     }
     sb_str(&b, "}");
     while (b.n % 8) sb_str(&b, " ");

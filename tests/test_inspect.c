@@ -193,6 +193,37 @@ static void cli_bad_inputs(void **state) {
     expect_cli_error(wrong_shape_config, "expected [17, 32], found [16, 32]");
 }
 
+/* A bare .safetensors file: header-level summary; --tensors lists every tensor. */
+static void safetensors_file_only(void **state) {
+    (void)state;
+    char *dir = tiny_dir();
+    if (!dir) TU_SKIP("tiny-qwen3moe not found");
+    char *args = m2d_strfmt("--model '%s/model.safetensors' --tensors", dir), *out, *err;
+    int rc = inspect(args, &out, &err);
+    if (rc != 0) fail_msg("rc %d: %s", rc, err);
+    assert_non_null(strstr(out, "807, 14,206,912 elements, 28,413,824 bytes"));
+    assert_non_null(strstr(out, "model.layers.3.mlp.experts.63.down_proj.weight"));
+    assert_non_null(strstr(out, "[192, 72]"));
+    free(out); free(err); free(args);
+    args = m2d_strfmt("--model '%s' --json --tensors", dir);
+    rc = inspect(args, &out, &err);
+    assert_int_equal(rc, 0);
+    cJSON *j = cJSON_Parse(out);
+    assert_non_null(j);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "tensor_list")), 807);
+    cJSON_Delete(j);
+    free(out); free(err); free(args); free(dir);
+    /* a broken file is reported the same way */
+    char *tmp = tu_tmpdir(), *p = m2d_path_join(tmp, "x.safetensors");
+    tu_write(p, "\x02\0\0\0\0\0\0\0{", 9);
+    args = m2d_strfmt("--model '%s'", p);
+    assert_int_equal(inspect(args, &out, &err), 1);
+    assert_non_null(strstr(err, "x.safetensors: field 'header length'"));
+    free(out); free(err); free(args); free(p);
+    tu_rm_rf(tmp);
+    free(tmp);
+}
+
 static void cli_usage(void **state) {
     (void)state;
     char *out, *err;
@@ -215,6 +246,7 @@ int main(void) {
         cmocka_unit_test(tiny_teacher_json),
         cmocka_unit_test(sharded_dense),
         cmocka_unit_test(cli_bad_inputs),
+        cmocka_unit_test(safetensors_file_only),
         cmocka_unit_test(cli_usage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

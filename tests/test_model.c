@@ -401,6 +401,36 @@ static void missing_files(void **state) {
     free(dir);
 }
 
+/* Qwen3-30B-A3B's published config.json (no weights needed). Independent reference for the
+ * total: its model.safetensors.index.json says total_size 61064245248 bytes of BF16 = 30,532,122,624
+ * parameters; the model card says 3.3B activated. */
+static void qwen3_30b_a3b_counts(void **state) {
+    (void)state;
+    const char *cfg =
+        "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0,"
+        " \"bos_token_id\": 151643, \"decoder_sparse_step\": 1, \"eos_token_id\": 151645, \"head_dim\": 128,"
+        " \"hidden_act\": \"silu\", \"hidden_size\": 2048, \"initializer_range\": 0.02, \"intermediate_size\": 6144,"
+        " \"max_position_embeddings\": 40960, \"max_window_layers\": 48, \"mlp_only_layers\": [],"
+        " \"model_type\": \"qwen3_moe\", \"moe_intermediate_size\": 768, \"norm_topk_prob\": true,"
+        " \"num_attention_heads\": 32, \"num_experts\": 128, \"num_experts_per_tok\": 8, \"num_hidden_layers\": 48,"
+        " \"num_key_value_heads\": 4, \"output_router_logits\": false, \"rms_norm_eps\": 1e-06, \"rope_scaling\": null,"
+        " \"rope_theta\": 1000000.0, \"router_aux_loss_coef\": 0.001, \"sliding_window\": null,"
+        " \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\", \"transformers_version\": \"4.51.0\","
+        " \"use_cache\": true, \"use_sliding_window\": false, \"vocab_size\": 151936}";
+    m2d_config c;
+    const m2d_arch *a;
+    if (m2d_config_parse(cfg, strlen(cfg), "config.json", &c, &a) != 0) fail_msg("%s", m2d_errmsg());
+    assert_string_equal(a->name, "Qwen3MoeForCausalLM");
+    m2d_param_counts p = m2d_model_param_counts(&c);
+    assert_int_equal(p.total, 61064245248LL / 2);
+    assert_int_equal(p.active / 100000000, 33); /* the card's "3.3B" (3.35B, truncated) */
+    assert_int_equal(p.active, 3353032704LL);
+    /* dense student: 48 layers of FFN width 8 * 768 = 6144, no routers */
+    int64_t attn = 2048LL * 4096 * 2 + 2048LL * 512 * 2 + 256 + 4096;
+    assert_int_equal(p.dense_student, 2 * 151936LL * 2048 + 2048 + 48 * (attn + 3LL * 2048 * 6144));
+    m2d_config_free(&c);
+}
+
 static void arch_registry(void **state) {
     (void)state;
     assert_non_null(m2d_arch_find("Qwen3MoeForCausalLM"));
@@ -422,6 +452,7 @@ int main(void) {
         cmocka_unit_test(bad_weights),
         cmocka_unit_test(integer_weights_rejected),
         cmocka_unit_test(missing_files),
+        cmocka_unit_test(qwen3_30b_a3b_counts),
         cmocka_unit_test(arch_registry),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,5 +1,6 @@
 /* st: safetensors writer/reader round trips (bit-identical), determinism, sharding, and
  * rejection of every kind of malformed file with a one-line error naming file and field. */
+#define _GNU_SOURCE /* memmem */
 #include "testutil.h"
 
 #include <stdio.h>
@@ -193,11 +194,16 @@ static void writer_roundtrip_all_dtypes(void **state) {
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | b1[i];
     assert_int_equal(hlen % 8, 0);
     assert_true(hlen + 8 <= n1);
-    /* fixed key order: __metadata__ first (sorted keys), tensors sorted by name, no spaces */
-    const char *want_prefix = "{\"__metadata__\":{\"format\":\"pt\",\"z\":\"last\"},\"empty\":{\"dtype\":\"F32\","
-                              "\"shape\":[0,4],\"data_offsets\":[0,0]},\"i.32\":{\"dtype\":\"I32\",\"shape\":[3],"
-                              "\"data_offsets\":[0,12]}";
+    /* fixed key order: tensors sorted by name, then __metadata__ (sorted keys); no whitespace */
+    const char *want_prefix = "{\"empty\":{\"dtype\":\"F32\",\"shape\":[0,4],\"data_offsets\":[0,0]},"
+                              "\"i.32\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[0,12]}";
     assert_memory_equal(b1 + 8, want_prefix, strlen(want_prefix));
+    const char *want_suffix = "\"__metadata__\":{\"format\":\"pt\",\"z\":\"last\"}}";
+    const char *hend = (const char *)b1 + 8 + hlen;
+    while (hend[-1] == ' ') hend--;
+    assert_true(hend - (const char *)b1 - 8 > (long)strlen(want_suffix));
+    assert_memory_equal(hend - strlen(want_suffix), want_suffix, strlen(want_suffix));
+    assert_non_null(memmem(b1 + 8, hlen, "\"u\\\"8\\\\\\n\xc3\xa9\"", 12)); /* serde_json escapes */
     for (uint64_t i = hlen; i > 0 && b1[8 + i - 1] != '}'; i--) assert_int_equal(b1[8 + i - 1], ' ');
 
     m2d_st *st;
@@ -292,10 +298,16 @@ static void tiny_teacher_roundtrip(void **state) {
         assert_int_equal(m2d_st_writer_write(w, pass ? p2 : p1), 0);
         m2d_st_writer_free(w);
     }
-    size_t n1, n2;
+    size_t n1, n2, n0;
     uint8_t *b1 = slurp(p1, &n1), *b2 = slurp(p2, &n2);
     assert_int_equal(n1, n2);
     assert_memory_equal(b1, b2, n1);
+    /* independent reference: the teacher was written by Hugging Face's (Rust) safetensors; for a
+     * single-dtype checkpoint our writer reproduces its file byte for byte */
+    uint8_t *b0 = slurp(src, &n0);
+    assert_int_equal(n0, n1);
+    assert_memory_equal(b0, b1, n1);
+    free(b0);
     free(b1);
     free(b2);
     m2d_st *b;
