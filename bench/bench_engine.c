@@ -4,7 +4,9 @@
  *
  * Each case runs in a fresh process (this binary re-executed with "case ...") so that peak RSS
  * (getrusage) is the case's own. Timings on a shared 2-core machine are noisy: compare ratios
- * from one run. Usage: bench_engine [--quick] (quick: tiny shapes only). */
+ * from one run. Usage: bench_engine [--quick] (quick: tiny shapes only)
+ *        bench_engine write DIR real|tiny moe|dense        (a checkpoint to profile)
+ *        bench_engine case DIR LABEL ppl|pp L REPS CACHE PEAK (one measurement) */
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,6 +146,8 @@ static int write_model(const char *dir, int real, int moe) {
 int main(int argc, char **argv) {
     if (argc == 9 && strcmp(argv[1], "case") == 0)
         return run_case(argv[2], argv[3], argv[4], atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), atof(argv[8]));
+    if (argc == 5 && strcmp(argv[1], "write") == 0) /* keep a checkpoint for profiling */
+        return write_model(argv[2], strcmp(argv[3], "real") == 0, strcmp(argv[4], "moe") == 0) ? 1 : 0;
     int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     char self[4096];
     ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
