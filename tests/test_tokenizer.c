@@ -313,6 +313,43 @@ static void bpe_scan_equals_heap(void **state) {
     m2d_tokenizer_free(tk);
 }
 
+/* NFC of only the stretches that can change == NFC of the whole text (utf8proc), on WikiText,
+ * the hard cases and random mixes of ASCII, Latin-1, combining marks, Hangul jamo and CJK. */
+static void nfc_fast_equals_reference(void **state) {
+    (void)state;
+    if (!tiny_dir()) TU_SKIP("../shared/models/tiny-qwen3moe not present");
+    m2d_tokenizer *tk = load_or_die(tiny_dir());
+    size_t n;
+    char *wiki = slurp(tu_data_path(WIKI_TEST), &n);
+    static const uint32_t alphabet[] = {'a', 'e', 'A', ' ', '\n', '.', 0xE9, 0xC5, 0x300, 0x301, 0x308, 0x327, 0x30A, 0x1E0B,
+                                        0x323, 0x1100, 0x1161, 0x11A8, 0xAC00, 0x4E16, 0x212B, 0x2126, 0x344, 0xFB01, 0x0CD5,
+                                        0x0CBF, 0x0B47, 0x0B3E, 0x1F600};
+    uint64_t rng = 42;
+    for (int t = 0; t < 300 + 1 + (int)M2D_ARRAY_LEN(HARD); t++) {
+        char buf[512];
+        const char *text = buf;
+        size_t len = 0;
+        if (t < 300) {
+            int k = 1 + (int)(tu_rand_u64(&rng) % 40);
+            for (int j = 0; j < k; j++)
+                len += (size_t)utf8proc_encode_char((utf8proc_int32_t)alphabet[tu_rand_u64(&rng) % M2D_ARRAY_LEN(alphabet)],
+                                                    (utf8proc_uint8_t *)buf + len);
+        } else if (t == 300) {
+            text = wiki, len = n;
+        } else {
+            text = HARD[t - 301], len = strlen(text);
+        }
+        m2d_tokenizer_set_reference_nfc(tk, 1);
+        idvec ref = encode(tk, text, len);
+        m2d_tokenizer_set_reference_nfc(tk, 0);
+        idvec fast = encode(tk, text, len);
+        assert_ids_equal(fast, ref, "nfc fast vs reference");
+        free(ref.v), free(fast.v);
+    }
+    free(wiki);
+    m2d_tokenizer_free(tk);
+}
+
 /* Oniguruma's \s (HF's regex engine) is Unicode White_Space: U+0085 yes, U+180E and U+FEFF no.
  * The splits show in the ids: " \u0085x" -> " " | "\u0085x", " \u180Ex" -> " \u180E" | "x". */
 static void whitespace_splits(const m2d_tokenizer *tk, size_t n_cases) {
@@ -775,6 +812,7 @@ int main(void) {
         cmocka_unit_test(tiny_golden_tokens),
         cmocka_unit_test(whitespace_class_like_oniguruma),
         cmocka_unit_test(bpe_scan_equals_heap),
+        cmocka_unit_test(nfc_fast_equals_reference),
         cmocka_unit_test(roundtrip),
         cmocka_unit_test(concurrent_encodes),
         cmocka_unit_test(cli_encode_decode),
