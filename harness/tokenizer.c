@@ -15,9 +15,11 @@
  * used from several threads at once. */
 #include "tokenizer.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -895,15 +897,11 @@ static void build_id_tables(m2d_tokenizer *tk) {
 int m2d_tokenizer_load(const char *path, m2d_tokenizer **out) {
     *out = NULL;
     init_byte_tables();
-    char *json_path = NULL;
-    size_t plen = strlen(path);
-    if (plen >= 5 && !strcmp(path + plen - 5, ".json")) json_path = m2d_strdup(path);
-    else json_path = m2d_path_join(path, "tokenizer.json");
-    if (!m2d_file_exists(json_path)) {
-        m2d_err("%s: no tokenizer.json there", json_path);
-        free(json_path);
-        return -1;
-    }
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return m2d_err("%s: cannot open: %s (want a tokenizer.json or a directory holding one)", path, strerror(errno));
+    /* a directory holds tokenizer.json; anything else is taken as the file itself */
+    char *json_path = S_ISDIR(st.st_mode) ? m2d_path_join(path, "tokenizer.json") : m2d_strdup(path);
     cJSON *root = parse_json_file(json_path);
     if (!root) {
         free(json_path);

@@ -136,6 +136,8 @@ static char *slurp(const char *path, size_t *n) {
     return s;
 }
 
+static char *write_tokenizer(const char *dir, const char *name, const char *json);
+
 /* ---- hard cases ---------------------------------------------------------------------------- */
 
 static const char *HARD[] = {
@@ -156,6 +158,7 @@ static const char *HARD[] = {
     " \xE1\xA0\x8Ex",                                                              /* U+180E is not \s for HF */
     "\xF0\x9F\x98\x80\xF0\x9F\x98\x81 text \xF0\x90\x8D\x88",
     "<think>\nok</think><tool_call>",
+    "<|im_start|>user\n", "e\xCC\x81", "end with spaces  ", "  \t \n\t",
 };
 
 static void write_cases(const char *dir, char **paths) {
@@ -200,6 +203,32 @@ static void wikitext_matches_reference(const char *tokenizer_json, const m2d_tok
     free(got.v);
     free(text);
     free(out);
+}
+
+/* The GPT-2 regex path of the ByteLevel pre-tokenizer (use_regex) with add_prefix_space, which
+ * HF applies to every piece: the tiny tokenizer rewired that way, against the reference. */
+static void bytelevel_regex_variant_matches_reference(void **state) {
+    (void)state;
+    NEED_REF();
+    if (!tiny_dir()) TU_SKIP("../shared/models/tiny-qwen3moe not present");
+    char *src = m2d_path_join(tiny_dir(), "tokenizer.json");
+    size_t n;
+    char *text = slurp(src, &n);
+    const char *key = "\"pre_tokenizer\":";
+    char *at = strstr(text, key), *end = at ? strstr(at, "\"post_processor\":") : NULL;
+    assert_non_null(at);
+    assert_non_null(end);
+    char *json = m2d_strfmt("%.*s\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true, "
+                            "\"trim_offsets\": true, \"use_regex\": true}, %s",
+                            (int)(at - text), text, end);
+    char *dir = tu_tmpdir();
+    char *p = write_tokenizer(dir, "bl", json);
+    m2d_tokenizer *tk = load_or_die(p);
+    hard_cases_match_reference(p, tk);
+    m2d_tokenizer_free(tk);
+    free(p), free(json), free(text), free(src);
+    tu_rm_rf(dir);
+    free(dir);
 }
 
 static void qwen3_wikitext_matches_reference(void **state) {
@@ -562,7 +591,9 @@ static void bad_tokenizer_json(void **state) {
     char *dir = tu_tmpdir();
     m2d_tokenizer *tk = NULL;
     assert_int_equal(m2d_tokenizer_load("/nonexistent/dir", &tk), -1);
-    assert_non_null(strstr(m2d_errmsg(), "/nonexistent/dir/tokenizer.json"));
+    assert_non_null(strstr(m2d_errmsg(), "/nonexistent/dir: cannot open"));
+    assert_int_equal(m2d_tokenizer_load(dir, &tk), -1); /* a directory without tokenizer.json */
+    assert_non_null(strstr(m2d_errmsg(), "/tokenizer.json: cannot open"));
     const char *okm = "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [\"a b\"]}";
     char *j;
     expect_load_error(dir, "e1", "{\"model\": {\"type\": \"BPE\", ", "invalid JSON");
@@ -726,7 +757,7 @@ static void cli_bad_input(void **state) {
     char *broken = write_tokenizer(dir, "broken", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a b\"]}}");
     char *uni = write_tokenizer(dir, "uni", "{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}");
     char *a;
-    cli_expect_fail("--model /nonexistent/x", "/nonexistent/x/tokenizer.json");
+    cli_expect_fail("--model /nonexistent/x", "/nonexistent/x: cannot open");
     cli_expect_fail("--file x", "--model DIR is required");
     cli_expect_fail((a = m2d_strfmt("--model %s --file /nonexistent/in.txt", tiny_dir())), "/nonexistent/in.txt: cannot open");
     free(a);
@@ -819,6 +850,7 @@ int main(void) {
         cmocka_unit_test(cli_bad_input),
         cmocka_unit_test(tiny_wikitext_matches_reference),
         cmocka_unit_test(tiny_hard_cases_match_reference),
+        cmocka_unit_test(bytelevel_regex_variant_matches_reference),
         cmocka_unit_test(qwen3_wikitext_matches_reference),
         cmocka_unit_test(qwen3_hard_cases_match_reference),
     };
