@@ -537,7 +537,9 @@ static void added_token_flags(void **state) {
         "{\"id\": 301, \"content\": \"<r>\", \"single_word\": false, \"lstrip\": false, \"rstrip\": true, \"normalized\": false, \"special\": true},"
         "{\"id\": 302, \"content\": \"[W]\", \"single_word\": true, \"lstrip\": false, \"rstrip\": false, \"normalized\": false, \"special\": false},"
         "{\"id\": 303, \"content\": \"e\xCC\x81\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": true, \"special\": false},"
-        "{\"id\": 304, \"content\": \"q\xCC\x81\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": false, \"special\": false}],"
+        "{\"id\": 304, \"content\": \"q\xCC\x81\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": false, \"special\": false},"
+        "{\"id\": 305, \"content\": \"<a>\", \"normalized\": false, \"special\": true},"
+        "{\"id\": 306, \"content\": \"<a>bc\", \"normalized\": false, \"special\": true}],"
         "\"normalizer\": {\"type\": \"NFC\"}, %s, \"model\": {\"type\": \"BPE\", \"vocab\": %s, \"merges\": [\"\xC4\xA0 x\"]}}",
         BL_PRETOK, vocab);
     char *p = write_tokenizer(dir, "added", json);
@@ -562,6 +564,8 @@ static void added_token_flags(void **state) {
         {"q\xCC\x81", {304}, 1},
         /* "é" precomposed in the input also matches the normalized token */
         {"\xC3\xA9", {303}, 1},
+        /* longest match first */
+        {"<a>bc<a>b", {306, 305, 'b'}, 3},
     };
     for (size_t i = 0; i < M2D_ARRAY_LEN(cases); i++) {
         idvec got = encode_str(tk, cases[i].text);
