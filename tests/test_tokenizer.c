@@ -136,6 +136,8 @@ static char *slurp(const char *path, size_t *n) {
     return s;
 }
 
+static char *write_tokenizer(const char *dir, const char *name, const char *json);
+
 /* ---- hard cases ---------------------------------------------------------------------------- */
 
 static const char *HARD[] = {
@@ -156,6 +158,7 @@ static const char *HARD[] = {
     " \xE1\xA0\x8Ex",                                                              /* U+180E is not \s for HF */
     "\xF0\x9F\x98\x80\xF0\x9F\x98\x81 text \xF0\x90\x8D\x88",
     "<think>\nok</think><tool_call>",
+    "<|im_start|>user\n", "e\xCC\x81", "end with spaces  ", "  \t \n\t",
 };
 
 static void write_cases(const char *dir, char **paths) {
@@ -200,6 +203,32 @@ static void wikitext_matches_reference(const char *tokenizer_json, const m2d_tok
     free(got.v);
     free(text);
     free(out);
+}
+
+/* The GPT-2 regex path of the ByteLevel pre-tokenizer (use_regex) with add_prefix_space, which
+ * HF applies to every piece: the tiny tokenizer rewired that way, against the reference. */
+static void bytelevel_regex_variant_matches_reference(void **state) {
+    (void)state;
+    NEED_REF();
+    if (!tiny_dir()) TU_SKIP("../shared/models/tiny-qwen3moe not present");
+    char *src = m2d_path_join(tiny_dir(), "tokenizer.json");
+    size_t n;
+    char *text = slurp(src, &n);
+    const char *key = "\"pre_tokenizer\":";
+    char *at = strstr(text, key), *end = at ? strstr(at, "\"post_processor\":") : NULL;
+    assert_non_null(at);
+    assert_non_null(end);
+    char *json = m2d_strfmt("%.*s\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true, "
+                            "\"trim_offsets\": true, \"use_regex\": true}, %s",
+                            (int)(at - text), text, end);
+    char *dir = tu_tmpdir();
+    char *p = write_tokenizer(dir, "bl", json);
+    m2d_tokenizer *tk = load_or_die(p);
+    hard_cases_match_reference(p, tk);
+    m2d_tokenizer_free(tk);
+    free(p), free(json), free(text), free(src);
+    tu_rm_rf(dir);
+    free(dir);
 }
 
 static void qwen3_wikitext_matches_reference(void **state) {
@@ -310,6 +339,43 @@ static void bpe_scan_equals_heap(void **state) {
         free(scan.v), free(heap.v);
     }
     free(extra), free(text);
+    m2d_tokenizer_free(tk);
+}
+
+/* NFC of only the stretches that can change == NFC of the whole text (utf8proc), on WikiText,
+ * the hard cases and random mixes of ASCII, Latin-1, combining marks, Hangul jamo and CJK. */
+static void nfc_fast_equals_reference(void **state) {
+    (void)state;
+    if (!tiny_dir()) TU_SKIP("../shared/models/tiny-qwen3moe not present");
+    m2d_tokenizer *tk = load_or_die(tiny_dir());
+    size_t n;
+    char *wiki = slurp(tu_data_path(WIKI_TEST), &n);
+    static const uint32_t alphabet[] = {'a', 'e', 'A', ' ', '\n', '.', 0xE9, 0xC5, 0x300, 0x301, 0x308, 0x327, 0x30A, 0x1E0B,
+                                        0x323, 0x1100, 0x1161, 0x11A8, 0xAC00, 0x4E16, 0x212B, 0x2126, 0x344, 0xFB01, 0x0CD5,
+                                        0x0CBF, 0x0B47, 0x0B3E, 0x1F600};
+    uint64_t rng = 42;
+    for (int t = 0; t < 300 + 1 + (int)M2D_ARRAY_LEN(HARD); t++) {
+        char buf[512];
+        const char *text = buf;
+        size_t len = 0;
+        if (t < 300) {
+            int k = 1 + (int)(tu_rand_u64(&rng) % 40);
+            for (int j = 0; j < k; j++)
+                len += (size_t)utf8proc_encode_char((utf8proc_int32_t)alphabet[tu_rand_u64(&rng) % M2D_ARRAY_LEN(alphabet)],
+                                                    (utf8proc_uint8_t *)buf + len);
+        } else if (t == 300) {
+            text = wiki, len = n;
+        } else {
+            text = HARD[t - 301], len = strlen(text);
+        }
+        m2d_tokenizer_set_reference_nfc(tk, 1);
+        idvec ref = encode(tk, text, len);
+        m2d_tokenizer_set_reference_nfc(tk, 0);
+        idvec fast = encode(tk, text, len);
+        assert_ids_equal(fast, ref, "nfc fast vs reference");
+        free(ref.v), free(fast.v);
+    }
+    free(wiki);
     m2d_tokenizer_free(tk);
 }
 
@@ -471,7 +537,9 @@ static void added_token_flags(void **state) {
         "{\"id\": 301, \"content\": \"<r>\", \"single_word\": false, \"lstrip\": false, \"rstrip\": true, \"normalized\": false, \"special\": true},"
         "{\"id\": 302, \"content\": \"[W]\", \"single_word\": true, \"lstrip\": false, \"rstrip\": false, \"normalized\": false, \"special\": false},"
         "{\"id\": 303, \"content\": \"e\xCC\x81\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": true, \"special\": false},"
-        "{\"id\": 304, \"content\": \"q\xCC\x81\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": false, \"special\": false}],"
+        "{\"id\": 304, \"content\": \"q\xCC\x81\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": false, \"special\": false},"
+        "{\"id\": 305, \"content\": \"<a>\", \"normalized\": false, \"special\": true},"
+        "{\"id\": 306, \"content\": \"<a>bc\", \"normalized\": false, \"special\": true}],"
         "\"normalizer\": {\"type\": \"NFC\"}, %s, \"model\": {\"type\": \"BPE\", \"vocab\": %s, \"merges\": [\"\xC4\xA0 x\"]}}",
         BL_PRETOK, vocab);
     char *p = write_tokenizer(dir, "added", json);
@@ -496,6 +564,8 @@ static void added_token_flags(void **state) {
         {"q\xCC\x81", {304}, 1},
         /* "é" precomposed in the input also matches the normalized token */
         {"\xC3\xA9", {303}, 1},
+        /* longest match first */
+        {"<a>bc<a>b", {306, 305, 'b'}, 3},
     };
     for (size_t i = 0; i < M2D_ARRAY_LEN(cases); i++) {
         idvec got = encode_str(tk, cases[i].text);
@@ -525,7 +595,9 @@ static void bad_tokenizer_json(void **state) {
     char *dir = tu_tmpdir();
     m2d_tokenizer *tk = NULL;
     assert_int_equal(m2d_tokenizer_load("/nonexistent/dir", &tk), -1);
-    assert_non_null(strstr(m2d_errmsg(), "/nonexistent/dir/tokenizer.json"));
+    assert_non_null(strstr(m2d_errmsg(), "/nonexistent/dir: cannot open"));
+    assert_int_equal(m2d_tokenizer_load(dir, &tk), -1); /* a directory without tokenizer.json */
+    assert_non_null(strstr(m2d_errmsg(), "/tokenizer.json: cannot open"));
     const char *okm = "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [\"a b\"]}";
     char *j;
     expect_load_error(dir, "e1", "{\"model\": {\"type\": \"BPE\", ", "invalid JSON");
@@ -689,7 +761,7 @@ static void cli_bad_input(void **state) {
     char *broken = write_tokenizer(dir, "broken", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a b\"]}}");
     char *uni = write_tokenizer(dir, "uni", "{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}");
     char *a;
-    cli_expect_fail("--model /nonexistent/x", "/nonexistent/x/tokenizer.json");
+    cli_expect_fail("--model /nonexistent/x", "/nonexistent/x: cannot open");
     cli_expect_fail("--file x", "--model DIR is required");
     cli_expect_fail((a = m2d_strfmt("--model %s --file /nonexistent/in.txt", tiny_dir())), "/nonexistent/in.txt: cannot open");
     free(a);
@@ -775,12 +847,14 @@ int main(void) {
         cmocka_unit_test(tiny_golden_tokens),
         cmocka_unit_test(whitespace_class_like_oniguruma),
         cmocka_unit_test(bpe_scan_equals_heap),
+        cmocka_unit_test(nfc_fast_equals_reference),
         cmocka_unit_test(roundtrip),
         cmocka_unit_test(concurrent_encodes),
         cmocka_unit_test(cli_encode_decode),
         cmocka_unit_test(cli_bad_input),
         cmocka_unit_test(tiny_wikitext_matches_reference),
         cmocka_unit_test(tiny_hard_cases_match_reference),
+        cmocka_unit_test(bytelevel_regex_variant_matches_reference),
         cmocka_unit_test(qwen3_wikitext_matches_reference),
         cmocka_unit_test(qwen3_hard_cases_match_reference),
     };
