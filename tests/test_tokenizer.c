@@ -161,28 +161,45 @@ static const char *HARD[] = {
     "<|im_start|>user\n", "e\xCC\x81", "end with spaces  ", "  \t \n\t",
 };
 
-static void write_cases(const char *dir, char **paths) {
-    for (size_t i = 0; i < M2D_ARRAY_LEN(HARD); i++) {
-        paths[i] = m2d_strfmt("%s/case%02zu.txt", dir, i);
-        tu_write(paths[i], HARD[i], strlen(HARD[i]));
+#define N_GENERATED 2
+#define N_CASES (M2D_ARRAY_LEN(HARD) + N_GENERATED)
+
+/* Generated cases that stress the merge order: random words of 1..60 letters from a skewed
+ * alphabet, and one 4000-letter word (long enough for the priority-queue merge). */
+static char *generated_case(int k) {
+    uint64_t rng = 7 + (uint64_t)k;
+    size_t cap = 200000, o = 0;
+    char *s = m2d_malloc(cap);
+    if (k == 0) {
+        for (int w = 0; w < 3000; w++) {
+            int len = 1 + (int)(tu_rand_u64(&rng) % 60);
+            for (int j = 0; j < len; j++) s[o++] = "etaoinshrdlucmfwyp"[tu_rand_u64(&rng) % (j % 3 ? 18 : 6)];
+            s[o++] = w % 17 ? ' ' : '\n';
+        }
+    } else {
+        for (int j = 0; j < 4000; j++) s[o++] = "abcab"[tu_rand_u64(&rng) % 5];
     }
+    s[o] = 0;
+    return s;
 }
 
 static void hard_cases_match_reference(const char *tokenizer_json, const m2d_tokenizer *tk) {
     char *dir = tu_tmpdir();
-    char *paths[M2D_ARRAY_LEN(HARD)];
-    write_cases(dir, paths);
-    char *out = reference_ids(tokenizer_json, (const char **)paths, (int)M2D_ARRAY_LEN(HARD));
+    char *paths[N_CASES], *texts[N_CASES];
+    for (size_t i = 0; i < N_CASES; i++) {
+        texts[i] = i < M2D_ARRAY_LEN(HARD) ? m2d_strdup(HARD[i]) : generated_case((int)(i - M2D_ARRAY_LEN(HARD)));
+        paths[i] = m2d_strfmt("%s/case%02zu.txt", dir, i);
+        tu_write(paths[i], texts[i], strlen(texts[i]));
+    }
+    char *out = reference_ids(tokenizer_json, (const char **)paths, (int)N_CASES);
     const char *p = out;
-    for (size_t i = 0; i < M2D_ARRAY_LEN(HARD); i++) {
+    for (size_t i = 0; i < N_CASES; i++) {
         idvec want = parse_line(p, &p);
-        idvec got = encode_str(tk, HARD[i]);
+        idvec got = encode_str(tk, texts[i]);
         char what[64];
         snprintf(what, sizeof what, "hard case %zu", i);
         assert_ids_equal(got, want, what);
-        free(want.v);
-        free(got.v);
-        free(paths[i]);
+        free(want.v), free(got.v), free(paths[i]), free(texts[i]);
     }
     free(out);
     tu_rm_rf(dir);
