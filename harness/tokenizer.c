@@ -30,6 +30,9 @@
 
 #define MAX_STAGES 8
 #define DEFAULT_HEAP_THRESHOLD 48
+/* ids index dense tables: bound them so a corrupt file cannot ask for gigabytes */
+#define MAX_ID 16777215
+#define MAX_ID_STR "16777215"
 
 /* ------------------------------------------------------------------------------------------ */
 /* UTF-8                                                                                        */
@@ -690,9 +693,9 @@ static int load_added_tokens(m2d_tokenizer *tk, const loadctx *L, const cJSON *l
         added_token *a = &tk->added[tk->n_added];
         const cJSON *id = get_field(t, "id"), *content = get_field(t, "content");
         snprintf(f, sizeof f, "added_tokens[%d].id", i);
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > INT32_MAX - 1 ||
+        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > MAX_ID ||
             id->valuedouble != (double)(int32_t)id->valuedouble)
-            return field_err(L, f, "expected a non-negative integer");
+            return field_err(L, f, "expected an integer id in [0, " MAX_ID_STR "]");
         snprintf(f, sizeof f, "added_tokens[%d].content", i);
         if (!cJSON_IsString(content)) return field_err(L, f, "expected a string");
         a->id = (int32_t)id->valuedouble;
@@ -744,11 +747,11 @@ static int load_model(m2d_tokenizer *tk, const loadctx *L, const cJSON *model) {
     int nv = cJSON_GetArraySize(vocab);
     strmap_init(&tk->vocab, (size_t)nv);
     for (const cJSON *v = vocab->child; v; v = v->next) {
-        if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > INT32_MAX - 1 ||
+        if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > MAX_ID ||
             v->valuedouble != (double)(int32_t)v->valuedouble) {
             char f[160];
             snprintf(f, sizeof f, "model.vocab.%.120s", v->string);
-            return field_err(L, f, "expected a non-negative integer id");
+            return field_err(L, f, "expected an integer id in [0, " MAX_ID_STR "]");
         }
         strmap_put(&tk->vocab, v->string, strlen(v->string), (int32_t)v->valuedouble);
     }

@@ -653,6 +653,8 @@ static void bad_tokenizer_json(void **state) {
     expect_load_error(dir, "e13", "{\"model\": {\"type\": \"BPE\", \"dropout\": 0.1, \"vocab\": {}, \"merges\": []}}",
                       "field 'model.dropout'");
     expect_load_error(dir, "e14", "[1, 2]", "expected a JSON object");
+    expect_load_error(dir, "e16", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 2000000000}, \"merges\": []}}",
+                      "field 'model.vocab.a': expected an integer id in [0, 16777215]");
     expect_load_error(dir, "e15", "{}", "field 'model'");
     /* a broken tokenizer_config.json is an error too (it was meant to be read) */
     char *p = write_tokenizer(dir, "cfg", (j = m2d_strfmt("{%s}", okm)));
