@@ -791,7 +791,12 @@ static int load_model(m2d_tokenizer *tk, const loadctx *L, const cJSON *model) {
             return field_err(L, f, "expected \"left right\" or [\"left\", \"right\"]");
         }
         int32_t ia = lookup_model_token(tk, a, alen), ib = lookup_model_token(tk, b, blen);
-        if (ia < 0 || ib < 0 || blen < plen) {
+        if (blen < plen) {
+            free(joined);
+            return m2d_err("%s: field '%s': right token '%.*s' is shorter than model.continuing_subword_prefix", L->path, f,
+                           (int)blen, b);
+        }
+        if (ia < 0 || ib < 0) {
             free(joined);
             return m2d_err("%s: field '%s': token '%.*s' is not in model.vocab", L->path, f,
                            (int)(ia < 0 ? alen : blen), ia < 0 ? a : b);
@@ -1071,9 +1076,9 @@ static size_t bpe_initial_symbols(enc_ctx *c, const char *w, size_t n) {
             size_t len = (first ? 0 : plen) + (size_t)k + (last ? slen : 0);
             ensure_buf(&tmp, &tmp_cap, len);
             size_t o = 0;
-            if (!first) memcpy(tmp, tk->subword_prefix, plen), o = plen;
+            if (!first && plen) memcpy(tmp, tk->subword_prefix, plen), o = plen;
             memcpy(tmp + o, w + i, (size_t)k), o += (size_t)k;
-            if (last) memcpy(tmp + o, tk->word_suffix, slen), o += slen;
+            if (last && slen) memcpy(tmp + o, tk->word_suffix, slen), o += slen;
             id = lookup_model_token(tk, tmp, o);
         }
         if (id >= 0) {

@@ -538,6 +538,45 @@ static void split_behaviours(void **state) {
     free(dir);
 }
 
+/* BPE model options, hand-computed with HF's BPE::merge_word rules (no pre-tokenizer). */
+static void bpe_model_options(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    struct { const char *opts, *vocab, *merges, *text; int32_t want[6]; size_t n; } cases[] = {
+        /* c -> byte fallback <0x63>; d has no byte token -> unk; then a+b merges */
+        {"\"unk_token\": \"<unk>\", \"byte_fallback\": true", "\"a\": 0, \"b\": 1, \"ab\": 2, \"<unk>\": 3, \"<0x63>\": 4",
+         "[\"a b\"]", "abcd", {2, 4, 3}, 3},
+        {"\"unk_token\": \"<unk>\", \"fuse_unk\": true", "\"a\": 0, \"b\": 1, \"ab\": 2, \"<unk>\": 3", "[\"a b\"]", "xyab", {3, 2}, 2},
+        {"\"unk_token\": \"<unk>\", \"fuse_unk\": false", "\"a\": 0, \"b\": 1, \"ab\": 2, \"<unk>\": 3", "[\"a b\"]", "xyab", {3, 3, 2}, 3},
+        /* no unk: unknown characters vanish and their neighbours merge */
+        {"\"unk_token\": null", "\"a\": 0, \"b\": 1, \"ab\": 2", "[\"a b\"]", "axb", {2}, 1},
+        {"\"ignore_merges\": true", "\"a\": 0, \"b\": 1, \"ab\": 2, \"aab\": 3", "[\"a b\"]", "aab", {3}, 1},
+        {"\"ignore_merges\": false", "\"a\": 0, \"b\": 1, \"ab\": 2, \"aab\": 3", "[\"a b\"]", "aab", {0, 2}, 2},
+        /* merged token = left + right without the prefix */
+        {"\"continuing_subword_prefix\": \"##\"", "\"a\": 0, \"##b\": 1, \"ab\": 2", "[\"a ##b\"]", "abb", {2, 1}, 2},
+        {"\"end_of_word_suffix\": \"</w>\"", "\"a\": 0, \"b</w>\": 1, \"ab</w>\": 2", "[\"a b</w>\"]", "ab", {2}, 1},
+        /* two live pairs of the same merge: the leftmost goes first, aaa -> aa a */
+        {"\"unk_token\": null", "\"a\": 0, \"aa\": 1", "[\"a a\"]", "aaa", {1, 0}, 2},
+    };
+    for (size_t i = 0; i < M2D_ARRAY_LEN(cases); i++) {
+        char *json = m2d_strfmt("{\"model\": {\"type\": \"BPE\", %s, \"vocab\": {%s}, \"merges\": %s}}", cases[i].opts,
+                                cases[i].vocab, cases[i].merges);
+        char name[16];
+        snprintf(name, sizeof name, "m%zu", i);
+        char *p = write_tokenizer(dir, name, json);
+        m2d_tokenizer *tk = load_or_die(p);
+        idvec got = encode_str(tk, cases[i].text);
+        char what[160];
+        snprintf(what, sizeof what, "%s on '%s'", cases[i].opts, cases[i].text);
+        assert_ids(got, cases[i].want, cases[i].n, what);
+        free(got.v);
+        m2d_tokenizer_free(tk);
+        free(json), free(p);
+    }
+    tu_rm_rf(dir);
+    free(dir);
+}
+
 /* Added-token flags, with HF's semantics (AddedVocabulary::find_matches), hand-computed:
  *   <m>  lstrip        " x  <m>y"  -> Ġ x <m> y          (the spaces before <m> are eaten)
  *   <r>  rstrip        "<r>  y z"   -> <r> y Ġ z
@@ -860,6 +899,7 @@ int main(void) {
         cmocka_unit_test(merges_both_serialisations),
         cmocka_unit_test(split_behaviours),
         cmocka_unit_test(added_token_flags),
+        cmocka_unit_test(bpe_model_options),
         cmocka_unit_test(bad_tokenizer_json),
         cmocka_unit_test(invalid_utf8_and_bad_ids),
         cmocka_unit_test(special_ids),
