@@ -373,7 +373,6 @@ static void byte_level_alphabet(uint32_t byte_to_cp[256]) {
     }
 }
 
-static uint32_t g_byte_to_cp[256];
 static int16_t g_cp_to_byte[0x144]; /* -1 when the code point is not in the alphabet */
 static char g_byte_utf8[256][2];
 static unsigned char g_byte_utf8_len[256];
@@ -388,7 +387,6 @@ static void init_byte_tables(void) {
     for (int b = 0; b < 256; b++) c2b[b2c[b]] = (int16_t)b;
     /* idempotent: racing initialisers write identical values */
     for (int b = 0; b < 256; b++) {
-        g_byte_to_cp[b] = b2c[b];
         char tmp[4];
         int k = utf8_put(tmp, b2c[b]);
         g_byte_utf8_len[b] = (unsigned char)k;
