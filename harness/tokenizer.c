@@ -436,23 +436,37 @@ static int unsupported(const loadctx *L, const char *field, const char *value, c
     return m2d_err("%s: field '%s': '%s' not supported (supported: %s)", L->path, field, value, supported);
 }
 
-/* Rewrite `\s` / `\S` (outside character classes) and `\s` (inside) to Oniguruma's Unicode
- * whitespace set — U+0009..U+000D, U+0085, Zs, Zl, Zp — which HF's regex engine uses. PCRE2's
- * UCP `\s` additionally matches U+180E; everything else in the pattern is passed through. */
+/* HF compiles patterns with Oniguruma (Ruby syntax, Unicode). Where a PCRE2 (UTF+UCP) escape
+ * means something else, rewrite it to Oniguruma's meaning:
+ *   \s  U+0009..U+000D, U+0085, Zs, Zl, Zp  (PCRE2 adds U+180E)
+ *   \w  Letter, Mark, Number, Connector_Punctuation  (PCRE2 10.42: letters, numbers, '_')
+ *   \h  hexadecimal digit  (PCRE2: horizontal whitespace)
+ * Upper-case forms outside a class become the negated class; inside a class only the
+ * lower-case forms are rewritten. Everything else passes through. */
+static const char *onig_class_body(char d) {
+    switch (d) {
+    case 's': case 'S': return "\\t-\\r\\x{85}\\p{Z}";
+    case 'w': case 'W': return "\\p{L}\\p{M}\\p{N}\\p{Pc}";
+    case 'h': case 'H': return "0-9a-fA-F";
+    default: return NULL;
+    }
+}
+
 static char *onig_compatible_pattern(const char *p) {
-    static const char ws[] = "\\t-\\r\\x{85}\\p{Z}";
     size_t n = strlen(p), cap = n * 4 + 64, o = 0;
     char *out = m2d_malloc(cap);
     int in_class = 0;
     for (size_t i = 0; i < n; i++) {
-        if (o + 32 > cap) out = m2d_realloc(out, cap *= 2);
+        if (o + 40 > cap) out = m2d_realloc(out, cap *= 2);
         char c = p[i];
         if (c == '\\' && i + 1 < n) {
             char d = p[i + 1];
-            if (d == 's' || (d == 'S' && !in_class)) {
-                const char *open = in_class ? "" : (d == 's' ? "[" : "[^");
+            const char *body = onig_class_body(d);
+            int upper = d >= 'A' && d <= 'Z';
+            if (body && !(in_class && upper)) {
+                const char *open = in_class ? "" : (upper ? "[^" : "[");
                 const char *close = in_class ? "" : "]";
-                o += (size_t)snprintf(out + o, cap - o, "%s%s%s", open, ws, close);
+                o += (size_t)snprintf(out + o, cap - o, "%s%s%s", open, body, close);
             } else {
                 out[o++] = c;
                 out[o++] = d;
@@ -468,7 +482,7 @@ static char *onig_compatible_pattern(const char *p) {
             if (i + 1 < n && p[i + 1] == ']') out[o++] = p[++i];
             continue;
         }
-        if (c == '[' && in_class) in_class++; /* nested class (Oniguruma syntax) */
+        if (c == '[' && in_class) in_class++; /* nested class / POSIX [:name:] */
         else if (c == ']' && in_class) in_class--;
         out[o++] = c;
     }

@@ -492,6 +492,38 @@ static void merges_both_serialisations(void **state) {
     free(dir);
 }
 
+/* Regex escapes with Oniguruma's meaning: \w includes marks, \h is a hex digit. */
+static void regex_escapes_like_oniguruma(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    struct { const char *regex, *vocab, *merges, *text; int32_t want[6]; size_t n; } cases[] = {
+        /* \w+ keeps a + U+0301 + b together (one piece; merges to one token) */
+        {"\\\\w+", "\"a\": 0, \"b\": 1, \"\xCC\x81\": 2, \" \": 3, \"a\xCC\x81\": 4, \"a\xCC\x81""b\": 5",
+         "[\"a \xCC\x81\", \"a\xCC\x81 b\"]", "a\xCC\x81""b a", {5, 3, 0}, 3},
+        /* \h+ splits "gab" into "g" | "ab" (with PCRE2's \h it would stay whole and merge g+a) */
+        {"\\\\h+", "\"a\": 0, \"b\": 1, \"g\": 2, \"ga\": 3, \"ab\": 4", "[\"g a\", \"a b\"]", "gab", {2, 4}, 2},
+        /* [^\s]+ inside a class, and \S+ outside: U+180E is not whitespace, so no split at it */
+        {"[^\\\\s]+", "\"x\": 0, \"\xE1\xA0\x8E\": 1, \"x\xE1\xA0\x8E\": 2", "[\"x \xE1\xA0\x8E\"]", "x\xE1\xA0\x8E", {2}, 1},
+        {"\\\\S+", "\"x\": 0, \"\xE1\xA0\x8E\": 1, \"\xE1\xA0\x8Ex\": 2", "[\"\xE1\xA0\x8E x\"]", "\xE1\xA0\x8Ex", {2}, 1},
+    };
+    for (size_t i = 0; i < M2D_ARRAY_LEN(cases); i++) {
+        char *json = m2d_strfmt("{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"%s\"}, \"behavior\": \"Isolated\","
+                                " \"invert\": false}, \"model\": {\"type\": \"BPE\", \"vocab\": {%s}, \"merges\": %s}}",
+                                cases[i].regex, cases[i].vocab, cases[i].merges);
+        char name[16];
+        snprintf(name, sizeof name, "r%zu", i);
+        char *p = write_tokenizer(dir, name, json);
+        m2d_tokenizer *tk = load_or_die(p);
+        idvec got = encode_str(tk, cases[i].text);
+        assert_ids(got, cases[i].want, cases[i].n, cases[i].regex);
+        free(got.v);
+        m2d_tokenizer_free(tk);
+        free(json), free(p);
+    }
+    tu_rm_rf(dir);
+    free(dir);
+}
+
 /* Split behaviours on "a-b-" / "a--b" with pattern "-" (no byte level): the merges make each
  * piece one token where the vocab has it, so the ids show the piece boundaries. */
 static void split_behaviours(void **state) {
@@ -903,6 +935,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(merges_both_serialisations),
         cmocka_unit_test(split_behaviours),
+        cmocka_unit_test(regex_escapes_like_oniguruma),
         cmocka_unit_test(added_token_flags),
         cmocka_unit_test(bpe_model_options),
         cmocka_unit_test(bad_tokenizer_json),
