@@ -1485,7 +1485,7 @@ int m2d_tokenizer_encode(const m2d_tokenizer *tk, const char *text, size_t len, 
     *ids = NULL;
     *n_ids = 0;
     size_t bad = utf8_first_invalid(text, len);
-    if (bad != len) return m2d_err("input text: invalid UTF-8 at byte offset %zu", bad);
+    if (bad != len) return m2d_err("invalid UTF-8 at byte offset %zu", bad);
     enc_ctx c;
     memset(&c, 0, sizeof c);
     c.tk = tk;
@@ -1545,11 +1545,11 @@ int m2d_tokenizer_decode_bytes(const m2d_tokenizer *tk, const int32_t *ids, size
         int32_t id = ids[i];
         if (id < 0 || id >= tk->n_ids) {
             free(b.p);
-            return m2d_err("decode: id %ld (position %zu) out of range [0, %d)", (long)id, i, tk->n_ids);
+            return m2d_err("id %ld (position %zu) out of range [0, %d)", (long)id, i, tk->n_ids);
         }
         if (!tk->id_tok[id]) {
             free(b.p);
-            return m2d_err("decode: id %ld (position %zu) has no token in the vocabulary", (long)id, i);
+            return m2d_err("id %ld (position %zu) has no token in the vocabulary", (long)id, i);
         }
         if (tk->byte_level_decoder) byte_level_token(&b, tk->id_tok[id], tk->id_len[id]);
         else {
