@@ -30,6 +30,9 @@
 
 #define MAX_STAGES 8
 #define DEFAULT_HEAP_THRESHOLD 48
+/* ids index dense tables: bound them so a corrupt file cannot ask for gigabytes */
+#define MAX_ID 16777215
+#define MAX_ID_STR "16777215"
 
 /* ------------------------------------------------------------------------------------------ */
 /* UTF-8                                                                                        */
@@ -370,7 +373,6 @@ static void byte_level_alphabet(uint32_t byte_to_cp[256]) {
     }
 }
 
-static uint32_t g_byte_to_cp[256];
 static int16_t g_cp_to_byte[0x144]; /* -1 when the code point is not in the alphabet */
 static char g_byte_utf8[256][2];
 static unsigned char g_byte_utf8_len[256];
@@ -385,7 +387,6 @@ static void init_byte_tables(void) {
     for (int b = 0; b < 256; b++) c2b[b2c[b]] = (int16_t)b;
     /* idempotent: racing initialisers write identical values */
     for (int b = 0; b < 256; b++) {
-        g_byte_to_cp[b] = b2c[b];
         char tmp[4];
         int k = utf8_put(tmp, b2c[b]);
         g_byte_utf8_len[b] = (unsigned char)k;
@@ -435,23 +436,37 @@ static int unsupported(const loadctx *L, const char *field, const char *value, c
     return m2d_err("%s: field '%s': '%s' not supported (supported: %s)", L->path, field, value, supported);
 }
 
-/* Rewrite `\s` / `\S` (outside character classes) and `\s` (inside) to Oniguruma's Unicode
- * whitespace set — U+0009..U+000D, U+0085, Zs, Zl, Zp — which HF's regex engine uses. PCRE2's
- * UCP `\s` additionally matches U+180E; everything else in the pattern is passed through. */
+/* HF compiles patterns with Oniguruma (Ruby syntax, Unicode). Where a PCRE2 (UTF+UCP) escape
+ * means something else, rewrite it to Oniguruma's meaning:
+ *   \s  U+0009..U+000D, U+0085, Zs, Zl, Zp  (PCRE2 adds U+180E)
+ *   \w  Letter, Mark, Number, Connector_Punctuation  (PCRE2 10.42: letters, numbers, '_')
+ *   \h  hexadecimal digit  (PCRE2: horizontal whitespace)
+ * Upper-case forms outside a class become the negated class; inside a class only the
+ * lower-case forms are rewritten. Everything else passes through. */
+static const char *onig_class_body(char d) {
+    switch (d) {
+    case 's': case 'S': return "\\t-\\r\\x{85}\\p{Z}";
+    case 'w': case 'W': return "\\p{L}\\p{M}\\p{N}\\p{Pc}";
+    case 'h': case 'H': return "0-9a-fA-F";
+    default: return NULL;
+    }
+}
+
 static char *onig_compatible_pattern(const char *p) {
-    static const char ws[] = "\\t-\\r\\x{85}\\p{Z}";
     size_t n = strlen(p), cap = n * 4 + 64, o = 0;
     char *out = m2d_malloc(cap);
     int in_class = 0;
     for (size_t i = 0; i < n; i++) {
-        if (o + 32 > cap) out = m2d_realloc(out, cap *= 2);
+        if (o + 40 > cap) out = m2d_realloc(out, cap *= 2);
         char c = p[i];
         if (c == '\\' && i + 1 < n) {
             char d = p[i + 1];
-            if (d == 's' || (d == 'S' && !in_class)) {
-                const char *open = in_class ? "" : (d == 's' ? "[" : "[^");
+            const char *body = onig_class_body(d);
+            int upper = d >= 'A' && d <= 'Z';
+            if (body && !(in_class && upper)) {
+                const char *open = in_class ? "" : (upper ? "[^" : "[");
                 const char *close = in_class ? "" : "]";
-                o += (size_t)snprintf(out + o, cap - o, "%s%s%s", open, ws, close);
+                o += (size_t)snprintf(out + o, cap - o, "%s%s%s", open, body, close);
             } else {
                 out[o++] = c;
                 out[o++] = d;
@@ -467,7 +482,7 @@ static char *onig_compatible_pattern(const char *p) {
             if (i + 1 < n && p[i + 1] == ']') out[o++] = p[++i];
             continue;
         }
-        if (c == '[' && in_class) in_class++; /* nested class (Oniguruma syntax) */
+        if (c == '[' && in_class) in_class++; /* nested class / POSIX [:name:] */
         else if (c == ']' && in_class) in_class--;
         out[o++] = c;
     }
@@ -690,9 +705,9 @@ static int load_added_tokens(m2d_tokenizer *tk, const loadctx *L, const cJSON *l
         added_token *a = &tk->added[tk->n_added];
         const cJSON *id = get_field(t, "id"), *content = get_field(t, "content");
         snprintf(f, sizeof f, "added_tokens[%d].id", i);
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > INT32_MAX - 1 ||
+        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > MAX_ID ||
             id->valuedouble != (double)(int32_t)id->valuedouble)
-            return field_err(L, f, "expected a non-negative integer");
+            return field_err(L, f, "expected an integer id in [0, " MAX_ID_STR "]");
         snprintf(f, sizeof f, "added_tokens[%d].content", i);
         if (!cJSON_IsString(content)) return field_err(L, f, "expected a string");
         a->id = (int32_t)id->valuedouble;
@@ -744,11 +759,11 @@ static int load_model(m2d_tokenizer *tk, const loadctx *L, const cJSON *model) {
     int nv = cJSON_GetArraySize(vocab);
     strmap_init(&tk->vocab, (size_t)nv);
     for (const cJSON *v = vocab->child; v; v = v->next) {
-        if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > INT32_MAX - 1 ||
+        if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > MAX_ID ||
             v->valuedouble != (double)(int32_t)v->valuedouble) {
             char f[160];
             snprintf(f, sizeof f, "model.vocab.%.120s", v->string);
-            return field_err(L, f, "expected a non-negative integer id");
+            return field_err(L, f, "expected an integer id in [0, " MAX_ID_STR "]");
         }
         strmap_put(&tk->vocab, v->string, strlen(v->string), (int32_t)v->valuedouble);
     }
@@ -788,7 +803,12 @@ static int load_model(m2d_tokenizer *tk, const loadctx *L, const cJSON *model) {
             return field_err(L, f, "expected \"left right\" or [\"left\", \"right\"]");
         }
         int32_t ia = lookup_model_token(tk, a, alen), ib = lookup_model_token(tk, b, blen);
-        if (ia < 0 || ib < 0 || blen < plen) {
+        if (blen < plen) {
+            free(joined);
+            return m2d_err("%s: field '%s': right token '%.*s' is shorter than model.continuing_subword_prefix", L->path, f,
+                           (int)blen, b);
+        }
+        if (ia < 0 || ib < 0) {
             free(joined);
             return m2d_err("%s: field '%s': token '%.*s' is not in model.vocab", L->path, f,
                            (int)(ia < 0 ? alen : blen), ia < 0 ? a : b);
@@ -1068,9 +1088,9 @@ static size_t bpe_initial_symbols(enc_ctx *c, const char *w, size_t n) {
             size_t len = (first ? 0 : plen) + (size_t)k + (last ? slen : 0);
             ensure_buf(&tmp, &tmp_cap, len);
             size_t o = 0;
-            if (!first) memcpy(tmp, tk->subword_prefix, plen), o = plen;
+            if (!first && plen) memcpy(tmp, tk->subword_prefix, plen), o = plen;
             memcpy(tmp + o, w + i, (size_t)k), o += (size_t)k;
-            if (last) memcpy(tmp + o, tk->word_suffix, slen), o += slen;
+            if (last && slen) memcpy(tmp + o, tk->word_suffix, slen), o += slen;
             id = lookup_model_token(tk, tmp, o);
         }
         if (id >= 0) {
@@ -1465,7 +1485,7 @@ int m2d_tokenizer_encode(const m2d_tokenizer *tk, const char *text, size_t len, 
     *ids = NULL;
     *n_ids = 0;
     size_t bad = utf8_first_invalid(text, len);
-    if (bad != len) return m2d_err("input text: invalid UTF-8 at byte offset %zu", bad);
+    if (bad != len) return m2d_err("invalid UTF-8 at byte offset %zu", bad);
     enc_ctx c;
     memset(&c, 0, sizeof c);
     c.tk = tk;
@@ -1525,11 +1545,11 @@ int m2d_tokenizer_decode_bytes(const m2d_tokenizer *tk, const int32_t *ids, size
         int32_t id = ids[i];
         if (id < 0 || id >= tk->n_ids) {
             free(b.p);
-            return m2d_err("decode: id %ld (position %zu) out of range [0, %d)", (long)id, i, tk->n_ids);
+            return m2d_err("id %ld (position %zu) out of range [0, %d)", (long)id, i, tk->n_ids);
         }
         if (!tk->id_tok[id]) {
             free(b.p);
-            return m2d_err("decode: id %ld (position %zu) has no token in the vocabulary", (long)id, i);
+            return m2d_err("id %ld (position %zu) has no token in the vocabulary", (long)id, i);
         }
         if (tk->byte_level_decoder) byte_level_token(&b, tk->id_tok[id], tk->id_len[id]);
         else {

@@ -1,5 +1,6 @@
 /* tokenizer — Hugging Face tokenizer.json: byte-level BPE, Split regex (PCRE2), NFC (utf8proc),
- * added/special tokens, byte-level decoder. Encode gives exactly HF `tokenizers` ids. */
+ * added/special tokens, byte-level decoder. Encode gives exactly HF `tokenizers` ids.
+ * A loaded tokenizer is read-only: encode/decode may run from several threads at once. */
 #ifndef M2D_TOKENIZER_H
 #define M2D_TOKENIZER_H
 

