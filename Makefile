@@ -29,6 +29,14 @@ TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(sort $(wildcard bench/bench_*.c))
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
+# quiet build lines ("CC file"); V=1 shows full commands
+ifneq ($(V),1)
+  Q = @
+  say = @echo "  $(1) $(2)"
+else
+  say = @:
+endif
+
 .PHONY: all deps test test-san data demo bench plots fuzz clean help
 all: moe2dense
 
@@ -46,23 +54,28 @@ moe2dense: $(BUILD)/moe2dense
 	ln -sf $(BUILD)/moe2dense $@
 
 $(BUILD)/moe2dense: $(BUILD)/harness/main.o $(LIB_OBJ)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(call say,LD,$@)
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c -o $@ $<
+	$(call say,CC,$<)
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c -o $@ $<
 
 $(BUILD)/tests/%: tests/%.c $(LIB_OBJ) $(BUILD)/tests/testutil.o
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB_OBJ) $(BUILD)/tests/testutil.o $(LDLIBS) -lcmocka
+	$(call say,LD,$@)
+	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB_OBJ) $(BUILD)/tests/testutil.o $(LDLIBS) -lcmocka
 
 $(BUILD)/tests/testutil.o: tests/testutil.c tests/testutil.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -c -o $@ $<
+	$(call say,CC,$<)
+	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -c -o $@ $<
 
 $(BUILD)/bench/%: bench/%.c $(LIB_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB_OBJ) $(LDLIBS)
+	$(call say,LD,$@)
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB_OBJ) $(LDLIBS)
 
 test: $(TEST_BIN) $(BUILD)/moe2dense
 	@M2D_BIN=$(BUILD)/moe2dense M2D_DATA=$(DATA_DIR) M2D_MODELS=$(MODELS_DIR) M2D_BUILD=$(BUILD) \
