@@ -32,6 +32,7 @@ static void doc_free(m2d_mc_doc *d) {
     for (int i = 0; i < d->n_choices; i++) free(d->choices[i]);
     free(d->choices);
     free(d->target);
+    free(d->key);
 }
 
 void m2d_mc_docs_free(m2d_mc_docs *s) {
@@ -47,6 +48,7 @@ static int str_eq(const char *a, const char *b) {
 
 int m2d_mc_doc_equal(const m2d_mc_doc *a, const m2d_mc_doc *b) {
     if (a == b) return 1;
+    if (a->key && b->key) return strcmp(a->key, b->key) == 0;
     if (a->n_choices != b->n_choices || a->gold != b->gold) return 0;
     if (!str_eq(a->text, b->text) || !str_eq(a->target, b->target)) return 0;
     for (int i = 0; i < a->n_choices; i++)

@@ -19,6 +19,8 @@ typedef struct {
     int n_choices;
     int gold;          /* index into choices */
     char *target;      /* multiple input only: the continuation shared by every option */
+    char *key;         /* identity of the dataset row as lm-eval sees it (its HF dict's fields);
+                        * few-shot draws drop pool docs whose key equals the evaluated doc's */
 } m2d_mc_doc;
 
 typedef struct {
@@ -28,8 +30,8 @@ typedef struct {
 
 void m2d_mc_docs_push(m2d_mc_docs *s, m2d_mc_doc d);   /* takes ownership of d's strings */
 void m2d_mc_docs_free(m2d_mc_docs *s);
-/* Python `doc == other` on the processed documents (lm-eval drops the evaluated doc from its
- * few-shot draw by equality). */
+/* Python `doc == other` (lm-eval drops the evaluated doc from its few-shot draw by dict
+ * equality): compares keys when both have one, else the processed fields. */
 int m2d_mc_doc_equal(const m2d_mc_doc *a, const m2d_mc_doc *b);
 
 typedef enum { M2D_FEWSHOT_RANDOM = 0, M2D_FEWSHOT_FIRST_N = 1 } m2d_fewshot_sampler;
@@ -152,6 +154,8 @@ char *m2d_py_strip(const char *s, size_t len);
 char *m2d_py_replace(const char *s, const char *old, const char *rep);
 /* Load a .jsonl file: calls line_fn for each non-empty line parsed with cJSON; errors name
  * PATH:LINE. */
+/* HellaSwag's utils.preprocess (evals/tasks/hellaswag.c), exposed for tests. */
+char *m2d_hellaswag_preprocess(const char *text);
 int m2d_jsonl_each(const char *path, int (*line_fn)(void *user, const void *json, const char *path, int line),
                    void *user);
 
