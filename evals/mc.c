@@ -548,8 +548,12 @@ static void add_groups(m2d_mc_results *r, const m2d_mc_plugin *p, int first, int
             if (strcmp(p->subtask_group(s), names[k]) == 0) members[m++] = &r->tasks[first + s];
         char name[96];
         snprintf(name, sizeof name, "%s_%s", p->name, names[k]);
+        m2d_mc_task_result tmp_g;
+        memset(&tmp_g, 0, sizeof tmp_g);
+        group_result(&tmp_g, members, m); /* before results_add: its realloc moves the members */
         m2d_mc_task_result *g = results_add(r, name);
-        group_result(g, members, m);
+        memcpy(tmp_g.name, g->name, sizeof tmp_g.name);
+        *g = tmp_g;
     }
     for (int k = 0; k < n_groups; k++) members[k] = &r->tasks[group_first + k];
     m2d_mc_task_result tmp;
@@ -557,8 +561,8 @@ static void add_groups(m2d_mc_results *r, const m2d_mc_plugin *p, int first, int
     group_result(&tmp, members, n_groups);
     free(members);
     /* notes of the family (same for every subject) are carried by the total */
-    const m2d_mc_task_result *first_sub = &r->tasks[first];
     m2d_mc_task_result *tot = results_add(r, p->name);
+    const m2d_mc_task_result *first_sub = &r->tasks[first]; /* after the realloc */
     char keep[96];
     memcpy(keep, tot->name, sizeof keep);
     *tot = tmp;
