@@ -145,9 +145,10 @@ static void cached_equals_naive(void **state) {
     if (!dir) TU_SKIP("tiny-qwen3moe not found");
     if (!have_data()) { free(dir); TU_SKIP("data/ not populated (run make data)"); }
     recorder rec = {0};
-    collect(&rec, "mmlu_anatomy,mmlu_virology", 5, 2);  /* shared description + dev shots, truncated */
-    collect(&rec, "arc_easy,winogrande", 1, 2);
-    collect(&rec, "hellaswag", 0, 2);
+    collect(&rec, "mmlu_anatomy", 5, 2);  /* shared description + dev shots, beyond 512 tokens */
+    collect(&rec, "mmlu_virology", 1, 2); /* the cached prefix is reused from one doc to the next */
+    collect(&rec, "arc_easy,winogrande", 1, 1);
+    collect(&rec, "hellaswag", 0, 1);
     m2d_lm *cached = NULL, *naive = NULL;
     if (m2d_lm_engine_open(dir, 2, M2D_LM_CACHED, 0, &cached)) fail_msg("%s", m2d_errmsg());
     if (m2d_lm_engine_open(dir, 2, M2D_LM_NAIVE, 0, &naive)) fail_msg("%s", m2d_errmsg());
@@ -215,21 +216,29 @@ static void eval_command_smoke(void **state) {
     const char *data = getenv("M2D_DATA") ? getenv("M2D_DATA") : "data";
     char *tmp = tu_tmpdir();
     char *dump = m2d_path_join(tmp, "req.jsonl");
-    /* every task, 1 document each (1 per MMLU subject), 1 shot; JSON out */
-    char *cmd = m2d_strfmt("%s eval --model '%s' --data '%s' --tasks all --shots 1 --limit 1 --json "
-                           "--dump-requests '%s' --threads 2", tu_bin(), dir, data, dump);
+    /* every task on 1 document, 1 shot (MMLU: one subject, to keep CI time low; the full
+     * family and the paper average are covered with a hand-made model in test_mc); JSON out */
+    char *cmd = m2d_strfmt("%s eval --model '%s' --data '%s' --tasks arc_easy,arc_challenge,hellaswag,winogrande,"
+                           "mmlu_anatomy --shots 1 --limit 1 --json --dump-requests '%s' --threads 2",
+                           tu_bin(), dir, data, dump);
     char *out = NULL, *err = NULL;
     int rc = tu_run(cmd, &out, &err);
     if (rc != 0) fail_msg("rc %d: %s", rc, err ? err : "");
     cJSON *j = cJSON_Parse(out);
     assert_non_null(j);
     cJSON *res = cJSON_GetObjectItem(j, "results");
-    const char *tasks[] = {"arc_easy", "arc_challenge", "hellaswag", "winogrande", "mmlu", "mmlu_stem"};
-    for (size_t i = 0; i < M2D_ARRAY_LEN(tasks); i++) assert_non_null(cJSON_GetObjectItem(res, tasks[i]));
-    assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(res, "mmlu"), "n")->valueint, 57);
-    cJSON *pa = cJSON_GetObjectItem(j, "paper_average");
-    assert_true(cJSON_IsNumber(pa) && pa->valuedouble >= 0 && pa->valuedouble <= 1);
-    assert_true(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(res, "hellaswag"), "deviations")) == 2);
+    const char *tasks[] = {"arc_easy", "arc_challenge", "hellaswag", "winogrande", "mmlu_anatomy"};
+    for (size_t i = 0; i < M2D_ARRAY_LEN(tasks); i++) {
+        cJSON *t = cJSON_GetObjectItem(res, tasks[i]);
+        assert_non_null(t);
+        assert_int_equal(cJSON_GetObjectItem(t, "n")->valueint, 1);
+        double acc = cJSON_GetObjectItem(t, "acc")->valuedouble;
+        assert_true(acc == 0 || acc == 1);
+    }
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "paper_average"))); /* needs all five tasks */
+    /* 1-shot: text variant and its missing train split; winogrande's train_l pool */
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(res, "hellaswag"), "deviations")), 2);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(res, "winogrande"), "deviations")), 1);
     /* dump: one JSON line per request, the count the JSON reports */
     size_t n;
     char *d = m2d_read_file(dump, &n);
