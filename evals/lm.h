@@ -18,7 +18,8 @@ typedef struct {
 
 typedef struct {
     double ll;                 /* sum of log p(continuation tokens | context), natural log */
-    int is_greedy;             /* 1 when every continuation token is the argmax */
+    int is_greedy;             /* 1 when every continuation token is the argmax; -1 when the
+                                * scorer does not compute it (engine: only M2D_LM_NAIVE does) */
 } m2d_ll_result;
 
 typedef struct m2d_lm m2d_lm;
@@ -59,7 +60,9 @@ void m2d_ll_tokens_free(m2d_ll_tokens *t);
 
 typedef enum {
     M2D_LM_CACHED = 0,  /* shared prefix once in a KV cache (kept across calls), branches batched */
-    M2D_LM_NAIVE = 1,   /* one full forward per request (reference path for tests and the bench) */
+    M2D_LM_NAIVE = 1,   /* one full forward per request with full logits (lm-eval's way; reference
+                         * path for tests and the bench; the only mode that computes is_greedy) */
+    M2D_LM_NAIVE_LP = 2,/* one forward per request, log-probs streamed at the continuation only */
 } m2d_lm_mode;
 
 /* Open the model in DIR (config, weights, tokenizer.json) as a scorer. max_length <= 0: the

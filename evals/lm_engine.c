@@ -59,6 +59,20 @@ static int score_naive(engine_lm *E, const m2d_ll_tokens *t, m2d_ll_result *out)
     return 0;
 }
 
+/* One forward per request, log-probs only where they are scored (no cache, no full logits). */
+static int score_naive_lp(engine_lm *E, const m2d_ll_tokens *t, m2d_ll_result *out) {
+    int n_in = t->n - 1, first = n_in - t->n_cont;
+    double *lp = m2d_malloc(sizeof(double) * (size_t)t->n_cont);
+    if (m2d_engine_logprobs(E->eng, t->tokens, n_in, t->tokens + 1, first, lp)) { free(lp); return -1; }
+    double ll = 0;
+    for (int i = 0; i < t->n_cont; i++) ll += lp[i];
+    free(lp);
+    E->stats.tokens_forwarded += n_in;
+    out->ll = ll;
+    out->is_greedy = -1;
+    return 0;
+}
+
 static int common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
     int i = 0;
     while (i < na && i < nb && a[i] == b[i]) i++;
@@ -145,9 +159,10 @@ static int engine_loglikelihood(m2d_lm *lm, const m2d_ll_request *reqs, int n, m
     for (int r = 0; r < n && !rc; r++) if (t[r].n_cont) naive_cost += t[r].n - 1;
     int64_t before = E->stats.tokens_forwarded;
     if (!rc) {
-        if (E->mode == M2D_LM_NAIVE) {
+        if (E->mode == M2D_LM_NAIVE || E->mode == M2D_LM_NAIVE_LP) {
             for (int r = 0; r < n && !rc; r++)
-                if (t[r].n_cont) rc = score_naive(E, &t[r], &out[r]);
+                if (t[r].n_cont)
+                    rc = E->mode == M2D_LM_NAIVE ? score_naive(E, &t[r], &out[r]) : score_naive_lp(E, &t[r], &out[r]);
         } else {
             rc = score_cached(E, t, n, out);
         }
