@@ -222,7 +222,7 @@ int m2d_mc_fewshot(const m2d_mc_task *t, m2d_pyrandom *rng, int doc_index, int k
         *n_out = k;
         return 0;
     }
-    int draw = t->pool_is_eval ? k + 1 : k;
+    int draw = t->pool_is_eval || t->draw_extra ? k + 1 : k;
     if (draw > pool->n)
         return m2d_err("%s: %d-shot draws %d few-shot documents, the pool has %d", t->name, k, draw, pool->n);
     int *drawn = m2d_malloc(sizeof(int) * (size_t)draw);
