@@ -37,6 +37,10 @@ void m2d_lm_free(m2d_lm *lm);
 
 /* ---- lm-eval's request → token rules, independent of any model (tested with a toy tokenizer) ---- */
 
+/* Python str.isspace for a code point, and len(s.rstrip()) in bytes (UTF-8). */
+int m2d_py_isspace(int32_t cp);
+size_t m2d_py_rstrip_len(const char *s, size_t len);
+
 /* encode(text, len) -> malloc'd ids; 0 or -1 */
 typedef int (*m2d_encode_fn)(void *user, const char *text, size_t len, int32_t **ids, size_t *n);
 

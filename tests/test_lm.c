@@ -61,6 +61,13 @@ static void tokenize_rules(void **state) {
     assert_int_equal(m2d_ll_tokenize(toy_encode, NULL, 999, 0, &r3, &t), 0);
     expect_tokens(&t, (int32_t[]){'a', 'b', 256 + 'c', 'd'}, 4, 2);
     m2d_ll_tokens_free(&t);
+    /* Python rstrip() is Unicode-aware: a trailing NBSP (U+00A0) moves too */
+    m2d_ll_request r7 = {"Q:\xc2\xa0", "A"};
+    assert_int_equal(m2d_ll_tokenize(toy_encode, NULL, 999, 0, &r7, &t), 0);
+    expect_tokens(&t, (int32_t[]){'Q', ':', 0xc2, 0xa0, 'A'}, 5, 3);
+    m2d_ll_tokens_free(&t);
+    assert_int_equal(m2d_py_rstrip_len("a \t\n\xe3\x80\x80", 7), 1); /* U+3000 ideographic space */
+    assert_int_equal(m2d_py_rstrip_len("a\xc3\xa9", 3), 3);           /* é is not whitespace */
     /* empty context: a single prefix token, continuation encoded alone */
     m2d_ll_request r4 = {"", " Hi"};
     assert_int_equal(m2d_ll_tokenize(toy_encode, NULL, 999, 0, &r4, &t), 0);

@@ -187,6 +187,10 @@ static void hellaswag_preprocess_rules(void **state) {
      * Expected value checked with python3 re.sub / str.replace. */
     assert_string_equal(s, "a. b c  d [unclosed\ne");
     free(s);
+    /* Python str.strip(): Unicode whitespace (U+3000, U+00A0, U+2029, \x1c) on both ends */
+    s = m2d_py_strip("\xe3\x80\x80 x y\xc2\xa0\n\xe2\x80\xa9\x1c", 14);
+    assert_string_equal(s, "x y");
+    free(s);
 }
 
 static void prompt_winogrande_first(void **state) {
