@@ -72,6 +72,11 @@ typedef enum {
 /* Open the model in DIR (config, weights, tokenizer.json) as a scorer. max_length <= 0: the
  * model's max_position_embeddings. */
 int m2d_lm_engine_open(const char *dir, int n_threads, m2d_lm_mode mode, int max_length, m2d_lm **out);
+/* The same scorer over an engine and tokenizer the caller keeps (e.g. a student built in memory
+ * by the sweep); m2d_lm_free releases only the scorer (its KV cache), not ENG or TOK. */
+typedef struct m2d_engine m2d_engine;
+typedef struct m2d_tokenizer m2d_tokenizer;
+int m2d_lm_engine_wrap(m2d_engine *eng, const m2d_tokenizer *tok, m2d_lm_mode mode, int max_length, m2d_lm **out);
 /* Counters of the engine scorer (tokens actually run through the model, cache reuse). */
 typedef struct { int64_t requests, tokens_forwarded, tokens_reused; } m2d_lm_stats;
 int m2d_lm_engine_stats(const m2d_lm *lm, m2d_lm_stats *out);

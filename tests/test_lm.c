@@ -10,8 +10,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "engine.h"
 #include "lm.h"
 #include "mc.h"
+#include "model.h"
+#include "tokenizer.h"
 #include "util.h"
 
 /* ---------------------------------------------------------------- toy tokenizer */
@@ -216,6 +219,21 @@ static void empty_context_uses_eos(void **state) {
         assert_int_equal(a[i].is_greedy, -1);
     }
     assert_true(a[0].ll != a[1].ll);
+    /* the same scorer over an engine and tokenizer owned by the caller (the sweep's way) */
+    m2d_model *m = NULL;
+    m2d_engine *e = NULL;
+    m2d_tokenizer *tk = NULL;
+    m2d_lm *wrapped = NULL;
+    assert_int_equal(m2d_model_open(dir, &m), 0);
+    assert_int_equal(m2d_engine_new(m, 2, &e), 0);
+    assert_int_equal(m2d_tokenizer_load(dir, &tk), 0);
+    assert_int_equal(m2d_lm_engine_wrap(e, tk, M2D_LM_CACHED, 0, &wrapped), 0);
+    assert_int_equal(m2d_lm_loglikelihood(wrapped, r, 2, c), 0);
+    for (int i = 0; i < 2; i++) assert_true(c[i].ll == a[i].ll); /* same path, same numbers */
+    m2d_lm_free(wrapped); /* leaves e, tk, m to us */
+    m2d_engine_free(e);
+    m2d_tokenizer_free(tk);
+    m2d_model_close(m);
     m2d_lm_free(cached);
     m2d_lm_free(naive);
     free(dir);
