@@ -577,6 +577,7 @@ int m2d_mc_run(m2d_lm *lm, const char *tasks, int shots, int limit, const m2d_mc
     if (!cfg) { m2d_mc_config_default(&dflt); cfg = &dflt; }
     memset(out, 0, sizeof *out);
     out->limit = limit > 0 ? limit : 0;
+    out->seed = cfg->seed;
     if (shots < 0 && shots != M2D_MC_SHOTS_PAPER) return m2d_err("--shots: must be >= 0 or 'paper' (got %d)", shots);
     run_list l = {0};
     if (parse_task_list(tasks, &l)) { free(l.items); return -1; }
@@ -703,6 +704,11 @@ char *m2d_mc_results_json(const m2d_mc_results *r) {
     if (r->limit) cJSON_AddNumberToObject(root, "limit", r->limit);
     else cJSON_AddNullToObject(root, "limit");
     cJSON_AddNumberToObject(root, "requests", (double)r->n_requests);
+    cJSON *c = cJSON_AddObjectToObject(root, "config");
+    cJSON_AddNumberToObject(c, "fewshot_random_seed", (double)r->seed);
+    cJSON_AddStringToObject(c, "fewshot_sampler", "python random.Random(seed).sample, one generator per task; mmlu: first_n");
+    cJSON_AddStringToObject(c, "target_delimiter", " ");
+    cJSON_AddStringToObject(c, "fewshot_delimiter", "\n\n");
     char *s = cJSON_Print(root);
     cJSON_Delete(root);
     return s;

@@ -130,6 +130,7 @@ typedef struct {
     int has_paper_average;     /* all five tasks were run */
     double paper_average;
     int limit;                 /* 0: none; else first N documents per task (per subject for MMLU) */
+    int64_t seed;              /* few-shot seed used */
     int64_t n_requests;
 } m2d_mc_results;
 

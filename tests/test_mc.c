@@ -175,6 +175,16 @@ static void prompt_hellaswag_canonical_jsonl(void **state) {
     assert_true(t.pool_is_eval);
     assert_int_equal(t.n_notes, 1);
     m2d_mc_task_free(&t);
+    /* with the train split: the pool is train, k+1 still drawn (draw_extra), nothing to record */
+    char *train = m2d_strfmt("%s/hellaswag_train.jsonl", sub);
+    tu_write(train, line, strlen(line));
+    assert_int_equal(p->load(dir, 0, 1, &t), 0);
+    assert_false(t.pool_is_eval);
+    assert_true(t.draw_extra);
+    assert_int_equal(t.pool_own.n, 2);
+    assert_int_equal(t.n_notes, 0);
+    m2d_mc_task_free(&t);
+    free(train);
     tu_rm_rf(dir);
     free(val); free(sub); free(dir);
 }
@@ -551,6 +561,7 @@ static void run_all_paper_average_and_outputs(void **state) {
     assert_non_null(cJSON_GetObjectItem(r, "mmlu_abstract_algebra"));
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(r, "hellaswag"), "deviations")), 2);
     assert_true(fabs(cJSON_GetObjectItem(j, "paper_average")->valuedouble - want) < 1e-12);
+    assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "config"), "fewshot_random_seed")->valueint, 1234);
     cJSON_Delete(j);
     free(js);
     free(text);
