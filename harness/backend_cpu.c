@@ -59,10 +59,19 @@ typedef struct {
 } conv_job;
 
 static void convert_range(m2d_dtype t, const void *src, int64_t first, int64_t n, float *dst) {
-    if (t == M2D_BF16) { /* bf16 is the top half of an fp32: a shift, which the compiler vectorises */
+    if (t == M2D_BF16) { /* bf16 is the top half of an fp32: widen and shift, 16 lanes at a time */
+        typedef uint16_t v16u16 __attribute__((vector_size(32)));
+        typedef uint32_t v16u32 __attribute__((vector_size(64)));
         const uint16_t *s = (const uint16_t *)src + first;
         uint32_t *d = (uint32_t *)dst;
-        for (int64_t i = 0; i < n; i++) d[i] = (uint32_t)s[i] << 16;
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            v16u16 a;
+            memcpy(&a, s + i, sizeof a);
+            v16u32 b = __builtin_convertvector(a, v16u32) << 16;
+            memcpy(d + i, &b, sizeof b);
+        }
+        for (; i < n; i++) d[i] = (uint32_t)s[i] << 16;
     } else {
         m2d_to_f32(t, src, first, n, dst);
     }
@@ -224,10 +233,61 @@ static void attn_item(void *ctx, int item) {
     free(sc);
 }
 
+/* masked softmax of score rows [r0, r1): row i keeps its first np + i + 1 entries */
+typedef struct { float *S; int nk, np, nq, rows; } smx_job;
+
+static void smx_item(void *ctx, int item) {
+    const smx_job *j = ctx;
+    int r0 = item * j->rows, r1 = M2D_MIN(r0 + j->rows, j->nq);
+    for (int i = r0; i < r1; i++) {
+        float *row = j->S + (size_t)i * j->nk;
+        int valid = j->np + i + 1;
+        m2d_be_softmax(row, valid);
+        memset(row + valid, 0, sizeof(float) * (size_t)(j->nk - valid));
+    }
+}
+
+/* The GEMM formulation: per head S = Q K^T (the full [nq, np+nq] block; the causal upper part is
+ * computed and then zeroed, which costs 2x on the segment part but runs at sgemm speed),
+ * masked softmax, O = P V. */
+static void attention_gemm(const float *q, int ldq, const float *ks, const float *vs, int ldk, int nq,
+                           const float *kp, const float *vp, size_t p_head_stride, int np, int n_heads,
+                           int n_kv, int hd, float *out, int ldo) {
+    int nk = np + nq, grp = n_heads / n_kv;
+    float scale = 1.0f / sqrtf((float)hd);
+    float *S = m2d_malloc(sizeof(float) * (size_t)nq * nk);
+    for (int h = 0; h < n_heads; h++) {
+        int g = h / grp;
+        const float *qh = q + (size_t)h * hd;
+        if (np)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, np, hd, scale, qh, ldq, kp + g * p_head_stride, hd,
+                        0.0f, S, nk);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nq, hd, scale, qh, ldq, ks + (size_t)g * hd, ldk, 0.0f,
+                    S + np, nk);
+        smx_job sj = {S, nk, np, nq, 16};
+        m2d_be_parallel_for((nq + 15) / 16, smx_item, &sj);
+        float *oh = out + (size_t)h * hd;
+        if (np)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, np, 1.0f, S, nk, vp + g * p_head_stride, hd,
+                        0.0f, oh, ldo);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nq, 1.0f, S + np, nk, vs + (size_t)g * hd, ldk,
+                    np ? 1.0f : 0.0f, oh, ldo);
+    }
+    free(S);
+}
+
+static int attn_gemm_min_rows = 64;
+
+void m2d_be_set_attention_gemm_min_rows(int rows) { attn_gemm_min_rows = rows; }
+
 void m2d_be_attention(const float *q, int ldq, const float *ks, const float *vs, int ldk, int nq,
                       const float *kp, const float *vp, size_t p_head_stride, int np,
                       int n_heads, int n_kv, int hd, float *out, int ldo) {
     if (nq <= 0) return;
+    if (nq >= attn_gemm_min_rows) {
+        attention_gemm(q, ldq, ks, vs, ldk, nq, kp, vp, p_head_stride, np, n_heads, n_kv, hd, out, ldo);
+        return;
+    }
     /* row blocks give the threads work when there are few heads; causal rows grow in cost,
      * and the dynamic hand-out balances that */
     int row_block = nq < 64 ? nq : 64;

@@ -149,18 +149,23 @@ static void op_attention_causal_gqa(void **state) {
             memcpy(vp + ((size_t)g * np + t) * hd, v + (size_t)t * KV * hd + g * hd, sizeof(float) * hd);
         }
     m2d_be_set_threads(2);
-    m2d_be_attention(q, H * hd, k + np * KV * hd, v + np * KV * hd, KV * hd, nq, kp, vp, (size_t)np * hd, np, H, KV,
-                     hd, o, H * hd);
-    /* scores are dots of 20 N(0,1) pairs (|s| ~ 5): fp32 error ~ 20 * 6e-8 * 20; weights and
-     * outputs are convex combinations of N(0,1) values: 1e-5 leaves a wide margin */
-    assert_true(max_abs_diff(o, r, (size_t)nq * H * hd) < 1e-5);
-    /* no prefix: the whole sequence as one segment */
     float *o2 = malloc(sizeof(float) * T * H * hd), *r2 = malloc(sizeof(float) * T * H * hd),
           *q2 = malloc(sizeof(float) * T * H * hd);
     fill_normal(&st, q2, (size_t)T * H * hd, 1);
     attention_naive(q2, k, v, 0, T, H, KV, hd, r2);
-    m2d_be_attention(q2, H * hd, k, v, KV * hd, T, NULL, NULL, 0, 0, H, KV, hd, o2, H * hd);
-    assert_true(max_abs_diff(o2, r2, (size_t)T * H * hd) < 1e-5);
+    int mins[2] = {1 << 30, 1}; /* the dot-product kernel, then the GEMM formulation */
+    for (int path = 0; path < 2; path++) {
+        m2d_be_set_attention_gemm_min_rows(mins[path]);
+        m2d_be_attention(q, H * hd, k + np * KV * hd, v + np * KV * hd, KV * hd, nq, kp, vp, (size_t)np * hd, np, H,
+                         KV, hd, o, H * hd);
+        /* scores are dots of 20 N(0,1) pairs (|s| ~ 5): fp32 error ~ 20 * 6e-8 * 20; weights and
+         * outputs are convex combinations of N(0,1) values: 1e-5 leaves a wide margin */
+        assert_true(max_abs_diff(o, r, (size_t)nq * H * hd) < 1e-5);
+        /* no prefix: the whole sequence as one segment */
+        m2d_be_attention(q2, H * hd, k, v, KV * hd, T, NULL, NULL, 0, 0, H, KV, hd, o2, H * hd);
+        assert_true(max_abs_diff(o2, r2, (size_t)T * H * hd) < 1e-5);
+    }
+    m2d_be_set_attention_gemm_min_rows(64);
     free(q); free(k); free(v); free(o); free(r); free(kp); free(vp); free(o2); free(r2); free(q2);
 }
 
