@@ -17,6 +17,8 @@ typedef struct {
 } ctx;
 
 static int key_err(const ctx *c, const m2d_toml *v, const char *key, const char *want) {
+    if (v && v->line == 0) /* a value from --set */
+        return m2d_err("--set %s: must be %s, not %s", key, want, m2d_toml_type_name(v->type));
     if (v) return m2d_err("%s:%d:%d: experiment '%s': '%s' must be %s, not %s", c->file, v->line, v->col, c->exp,
                           key, want, m2d_toml_type_name(v->type));
     return m2d_err("%s: experiment '%s': missing '%s' (%s)", c->file, c->exp, key, want);
@@ -478,4 +480,22 @@ int m2d_grid_shard(const m2d_experiment *x, int i, int n, int **idx) {
     int cnt = 0;
     for (int j = i - 1; j < x->n_configs; j += n) (*idx)[cnt++] = j;
     return cnt;
+}
+
+int m2d_extract_sets(const char *cmd, int *argc, char **argv, char ***sets, int *n_sets) {
+    *sets = m2d_calloc((size_t)*argc + 1, sizeof **sets);
+    *n_sets = 0;
+    int out = 0;
+    for (int i = 0; i < *argc; i++) {
+        if (strcmp(argv[i], "--set") == 0) {
+            if (i + 1 >= *argc) return m2d_err("%s: option '--set' needs a value", cmd);
+            (*sets)[(*n_sets)++] = argv[++i];
+        } else if (strncmp(argv[i], "--set=", 6) == 0) {
+            (*sets)[(*n_sets)++] = argv[i] + 6;
+        } else {
+            argv[out++] = argv[i];
+        }
+    }
+    *argc = out;
+    return 0;
 }

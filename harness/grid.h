@@ -64,6 +64,10 @@ int m2d_grid_resolve_K(const char *expr, int k, int E, int *K);
 /* Stable id of a configuration (hash of its axis values). */
 void m2d_grid_config_id(const m2d_grid_config *c, char id[M2D_ID_LEN + 1]);
 
+/* Remove every "--set key=value" / "--set=key=value" from argv (in place; *argc shrinks) and
+ * return the key=value strings (malloc'd array of pointers into argv). -1 on a missing value. */
+int m2d_extract_sets(const char *cmd, int *argc, char **argv, char ***sets, int *n_sets);
+
 /* "I/N" with 1 <= I <= N. */
 int m2d_parse_shard(const char *s, int *i, int *n);
 /* Configuration indices of shard I of N: every N-th configuration starting at I-1, so each
