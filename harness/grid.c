@@ -475,10 +475,58 @@ int m2d_parse_shard(const char *s, int *i, int *n) {
     return 0;
 }
 
+/* Configurations that may share a student (same scoring, scaling, params and K; at K = k also
+ * across groupings) stay in one shard so dedup still saves their evaluations. These "affinity
+ * groups" are dealt round-robin in the order of their hashes, which mixes cheap and expensive K
+ * into every shard. */
+static void affinity_key(const m2d_experiment *x, const m2d_grid_config *c, char hex[65]) {
+    char *s = m2d_strfmt("%s|%s|%s|%d|%s", c->scoring, c->scaling, c->params, c->K, c->K == x->k ? "*" : c->grouping);
+    m2d_sha256_hex(s, strlen(s), hex);
+    free(s);
+}
+
+typedef struct {
+    char key[65];
+    int first;
+} affinity;
+
+static int cmp_affinity(const void *a, const void *b) {
+    return strcmp(((const affinity *)a)->key, ((const affinity *)b)->key);
+}
+
 int m2d_grid_shard(const m2d_experiment *x, int i, int n, int **idx) {
-    *idx = m2d_malloc((size_t)(x->n_configs / n + 1) * sizeof **idx);
+    affinity *groups = m2d_malloc((size_t)(x->n_configs + 1) * sizeof *groups);
+    int *group_of = m2d_malloc((size_t)(x->n_configs + 1) * sizeof *group_of);
+    int n_groups = 0;
+    for (int c = 0; c < x->n_configs; c++) {
+        char key[65];
+        affinity_key(x, &x->configs[c], key);
+        int g = -1;
+        for (int j = 0; j < n_groups && g < 0; j++)
+            if (strcmp(groups[j].key, key) == 0) g = j;
+        if (g < 0) {
+            g = n_groups++;
+            memcpy(groups[g].key, key, sizeof key);
+            groups[g].first = c;
+        }
+        group_of[c] = g;
+    }
+    affinity *sorted = m2d_malloc((size_t)(n_groups + 1) * sizeof *sorted);
+    memcpy(sorted, groups, (size_t)n_groups * sizeof *sorted);
+    qsort(sorted, (size_t)n_groups, sizeof *sorted, cmp_affinity);
+    int *shard_of_group = m2d_malloc((size_t)(n_groups + 1) * sizeof *shard_of_group);
+    for (int p = 0; p < n_groups; p++) {
+        int g = group_of[sorted[p].first];
+        shard_of_group[g] = p % n;
+    }
+    *idx = m2d_malloc((size_t)(x->n_configs + 1) * sizeof **idx);
     int cnt = 0;
-    for (int j = i - 1; j < x->n_configs; j += n) (*idx)[cnt++] = j;
+    for (int c = 0; c < x->n_configs; c++)
+        if (shard_of_group[group_of[c]] == i - 1) (*idx)[cnt++] = c;
+    free(groups);
+    free(group_of);
+    free(sorted);
+    free(shard_of_group);
     return cnt;
 }
 

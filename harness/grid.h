@@ -70,8 +70,9 @@ int m2d_extract_sets(const char *cmd, int *argc, char **argv, char ***sets, int 
 
 /* "I/N" with 1 <= I <= N. */
 int m2d_parse_shard(const char *s, int *i, int *n);
-/* Configuration indices of shard I of N: every N-th configuration starting at I-1, so each
- * shard gets a similar mix of cheap and expensive K. Returns the count; *idx malloc'd. */
+/* Configuration indices of shard I of N (in grid order). Configurations that can share a student
+ * stay together; groups are dealt round-robin in hash order so each shard mixes cheap and
+ * expensive K. Disjoint, and their union is the grid. Returns the count; *idx malloc'd. */
 int m2d_grid_shard(const m2d_experiment *x, int i, int n, int **idx);
 
 #endif

@@ -553,7 +553,9 @@ int m2d_sweep_dry_run(const m2d_experiment *x, const m2d_sweep_opts *o, FILE *f)
     fprintf(f, "\nconfigurations: %d", n_idx);
     if (o->shard_n) fprintf(f, " (shard %d/%d of %d)", o->shard_i, o->shard_n, x->n_configs);
     if (x->n_excluded) fprintf(f, "; %d excluded by rules", x->n_excluded);
-    if (x->n_duplicate_K) fprintf(f, "; %d dropped because two K expressions give the same K", x->n_duplicate_K);
+    if (x->n_duplicate_K)
+        fprintf(f, "; %d duplicates dropped (K expressions that coincide on this teacher, e.g. 8k = E, run once)",
+                x->n_duplicate_K);
     fprintf(f, "\n");
     if (have_csv) fprintf(f, "already in %s: %d (resume skips them), to run: %d\n", out, done, n_idx - done);
 
