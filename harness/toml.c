@@ -675,6 +675,7 @@ int m2d_toml_set(m2d_toml *root, const char *dotted, const char *value) {
     m2d_toml *val;
     if (parsed) {
         val = parsed->items[0];
+        free(parsed->keys[0]);
         parsed->n = 0;
         m2d_toml_free(parsed);
     } else {
