@@ -3,6 +3,7 @@
 #ifndef M2D_ENGINE_H
 #define M2D_ENGINE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "model.h"
@@ -11,6 +12,11 @@ typedef struct m2d_engine m2d_engine;
 
 int m2d_engine_new(const m2d_model *m, int n_threads, m2d_engine **out);
 void m2d_engine_free(m2d_engine *e);
+/* Convert weights to fp32 once and keep them, up to BUDGET bytes (norms and attention first,
+ * then dense FFN/router, experts, LM head). Weights not kept are converted on use into a
+ * reusable buffer (the default; bounded memory). Also set by $M2D_WEIGHT_CACHE_MB at
+ * m2d_engine_new. Returns the bytes now held. */
+size_t m2d_engine_cache_weights(m2d_engine *e, size_t budget_bytes);
 const m2d_model *m2d_engine_model(const m2d_engine *e);
 
 /* Calibration hook: called at every MoE layer during a forward, after routing and before

@@ -44,6 +44,7 @@ typedef struct {
     const m2d_arch *arch;
     m2d_st *st;
     const m2d_tensor *embed, *final_norm, *lm_head; /* lm_head == embed when tied */
+    const m2d_tensor *lm_head_stored; /* tied checkpoints that also store an identical lm_head.weight */
     m2d_layer *layers;      /* [num_hidden_layers] */
     char weights_hash[65];  /* sha256 over tensor names, shapes, dtypes and bytes (identity for caches) */
 } m2d_model;
@@ -68,8 +69,14 @@ const char *m2d_arch_list(void);
         m2d_arch_register(&ident##_arch);                                        \
     }
 
+/* Registered adapters, sorted by name. */
+int m2d_arch_count(void);
+const m2d_arch *m2d_arch_at(int i);
+
 /* Parse DIR/config.json (needs no weights). */
 int m2d_config_load(const char *dir, m2d_config *cfg, const m2d_arch **arch);
+/* Same from text in memory; PATH names it in errors. */
+int m2d_config_parse(const char *text, size_t len, const char *path, m2d_config *cfg, const m2d_arch **arch);
 void m2d_config_free(m2d_config *cfg);
 /* Open DIR: config.json + safetensors (mmap) + bind + validate. */
 int m2d_model_open(const char *dir, m2d_model **out);
@@ -79,5 +86,28 @@ void m2d_model_close(m2d_model *m);
  * student with K selected experts merged into k groups (width k*d_e per MoE layer). */
 typedef struct { int64_t total, active, dense_student; } m2d_param_counts;
 m2d_param_counts m2d_model_param_counts(const m2d_config *cfg);
+
+/* ---- helpers for architecture adapters ----
+ * config.json fields (JSON is the parsed cJSON* given to parse_config). Absent or null takes
+ * DFLT unless REQUIRED; a wrong JSON type is an error naming PATH and the field. */
+int m2d_cfg_has(const void *json, const char *name); /* present and not null */
+int m2d_cfg_int(const void *json, const char *path, const char *name, int required, int dflt, int *out);
+int m2d_cfg_pos_int(const void *json, const char *path, const char *name, int required, int dflt, int *out);
+int m2d_cfg_int_or_null(const void *json, const char *path, const char *name, int *out); /* null: -1 */
+int m2d_cfg_double(const void *json, const char *path, const char *name, int required, double dflt, double *out);
+int m2d_cfg_bool(const void *json, const char *path, const char *name, int required, bool dflt, bool *out);
+int m2d_cfg_str(const void *json, const char *path, const char *name, int required, const char *dflt,
+                const char **out); /* *out points into JSON */
+int m2d_cfg_int_list(const void *json, const char *path, const char *name, int **out, int *n); /* malloc'd */
+int m2d_cfg_torch_dtype(const void *json, const char *path, m2d_dtype *out); /* torch_dtype or dtype */
+/* Fill cfg->layer_is_moe from num_experts, mlp_only_layers and decoder_sparse_step (HF Qwen3-MoE rule). */
+int m2d_config_derive_layers(m2d_config *cfg, const char *path);
+/* Tensor NAME with shape [d0] (ndim 1) or [d0, d1] (ndim 2) and a float dtype; else NULL and an
+ * error naming the tensor and the expected vs actual shape. */
+const m2d_tensor *m2d_model_expect(m2d_model *m, const char *name, int ndim, int64_t d0, int64_t d1);
+const m2d_tensor *m2d_model_expectf(m2d_model *m, int ndim, int64_t d0, int64_t d1, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+/* Error if the checkpoint holds a tensor the adapter did not bind (nothing is ignored silently). */
+int m2d_model_check_unused(m2d_model *m);
 
 #endif

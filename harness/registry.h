@@ -36,6 +36,9 @@ typedef struct {
     /* SCALING: alpha[g] for each of the k groups */
     int (*scale)(const m2d_layer_view *v, const int *selected, const double *scores,
                  const int *group_of, double *alpha);
+    /* accepted parameters and their defaults, "b=1,a=1,c=1" (NULL: takes none); shown by
+     * `moe2dense list`, and m2d_plugin_check_params rejects keys not named here */
+    const char *params_default;
 } m2d_plugin;
 
 void m2d_plugin_register(const m2d_plugin *p);
@@ -50,9 +53,27 @@ const char *m2d_plugin_kind_name(m2d_plugin_kind kind);
         m2d_plugin_register(&ident##_plugin);                                    \
     }
 
+/* m2d_plugin_find(M2D_SCORING, "do-X") resolves, for any registered scoring X without its own
+ * selection, to X's scores with D-optimal selection (criteria/dopt.h); do-cp and do-acp are also
+ * registered by name so `moe2dense list` shows them. */
+
+/* Parse "k=v,k=v" (empty or NULL: no params). Caller frees with m2d_params_free. */
+int m2d_params_parse(const char *s, m2d_params *out);
+void m2d_params_free(m2d_params *p);
+/* -1 + m2d_err naming the plugin and key if params has a key the plugin does not accept. */
+int m2d_plugin_check_params(const m2d_plugin *p, const m2d_params *params);
+
 /* Run a scoring plugin end to end on one layer: scores[E] and selected[K]. */
 int m2d_score_and_select(const m2d_plugin *scoring, const m2d_layer_view *v, double *scores, int *selected);
 /* Top-K by score, ties -> lower index (the default selection). */
 void m2d_select_topk(const double *scores, int E, int K, int *selected);
+/* Run a grouping plugin: group_of[K] validated (v->k non-empty groups) and canonical
+ * (groups numbered by first appearance in `selected` order, so equal partitions compare equal). */
+int m2d_group_run(const m2d_plugin *grouping, const m2d_layer_view *v, const int *selected,
+                  const double *scores, int *group_of);
+void m2d_groups_canonicalize(int K, int *group_of);
+/* Run a scaling plugin: alpha[k], validated finite and >= 0. */
+int m2d_scale_run(const m2d_plugin *scaling, const m2d_layer_view *v, const int *selected,
+                  const double *scores, const int *group_of, double *alpha);
 
 #endif

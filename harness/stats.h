@@ -16,6 +16,7 @@ typedef struct {
     double *sum_g, *sum_g2; /* Σ_{routed} g_e, g_e² (native gate weight) */
     double *sum_f, *sum_f2; /* Σ_{routed} ‖f_e‖, ‖f_e‖² */
     double *sum_gf, *sum_g2f2; /* Σ_{routed} g‖f‖, g²‖f‖² */
+    double *sum_gf2, *sum_g2f; /* Σ_{routed} g‖f‖², g²‖f‖  (complete the S(b,a,c) grid a,c ∈ {0,1,2}) */
     double *gram;           /* [E*E] G_ij = Σ_t <f_i(t), f_j(t)> over all tokens, row-major */
     double *mu;             /* [E*d] Σ_t f_e(t) / N over all tokens */
     double *routed_mean;    /* [E*d] mean of f_e over routed tokens (0 if n_e = 0) */
@@ -24,6 +25,17 @@ typedef struct {
      * es_act[e] = mean_s (n_e(s) / L_s), es_mag[e] = mean_s (Σ_{t∈s routed to e} ‖f_e(t)‖ / L_s) */
     double *es_act, *es_mag;
     int n_samples;
+    /* ---- raw running sums (stats.c): the derived fields above (mu, routed_mean, routed_var,
+     * es_act, es_mag) are recomputed from these by m2d_layer_stats_finalize(), so shards of
+     * data can be merged (m2d_layer_stats_merge) before or after finalizing. ---- */
+    double *sum_f_all;      /* [E*d] Σ_t f_e(t) over all tokens            (mu = sum_f_all / N) */
+    double *sum_f_routed;   /* [E*d] Σ_{routed} f_e(t)                       (routed_mean)        */
+    double *sum_f_routed_sq;/* [E*d] Σ_{routed} f_e(t)² per dimension        (routed_var)         */
+    double *es_act_sum;     /* [E] Σ over closed samples of n_e(s)/L_s */
+    double *es_mag_sum;     /* [E] Σ over closed samples of Σ_{routed in s} ‖f_e‖ / L_s */
+    /* the calibration sample currently open (tokens added since the last end_sample) */
+    double *cur_n, *cur_f;  /* [E] n_e(s), Σ_{routed in s} ‖f_e‖ */
+    double cur_len;         /* L_s so far */
 } m2d_layer_stats;
 
 typedef struct {
@@ -42,6 +54,22 @@ typedef struct {
 /* Allocate zeroed arrays for one layer (E experts, d hidden). */
 void m2d_layer_stats_alloc(m2d_layer_stats *s, int layer, int E, int k, int d);
 void m2d_layer_stats_free(m2d_layer_stats *s);
+
+/* The reference accumulator (obviously correct, double precision, O(E²d) per token): one token t.
+ *   p[E]     full softmax over all E router logits (fp32)
+ *   topk[k]  the router's top-k set S(t) (distinct expert ids in [0, E))
+ *   g[k]     native gate weight applied to topk[i] (renormalised or raw p, per the model)
+ *   f[E*d]   outputs f_e(t) of ALL experts, row e at f + e*d (before any gate weight) */
+void m2d_layer_stats_add_token(m2d_layer_stats *s, const float *p, const int32_t *topk,
+                               const float *g, const float *f);
+/* Close the current calibration sample (ES-Act / ES-Mag average over samples of per-sample,
+ * length-normalised sums). A sample with no tokens is ignored. */
+void m2d_layer_stats_end_sample(m2d_layer_stats *s);
+/* dst += src (same layer shape E, k, d; src must have no open sample). -1 + m2d_err on mismatch. */
+int m2d_layer_stats_merge(m2d_layer_stats *dst, const m2d_layer_stats *src);
+/* Recompute mu, routed_mean, routed_var, es_act, es_mag from the raw sums. Closes an open
+ * sample first. Idempotent: more tokens or merges may follow, then finalize again. */
+void m2d_layer_stats_finalize(m2d_layer_stats *s);
 void m2d_stats_free(m2d_stats *s);
 
 #endif

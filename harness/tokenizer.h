@@ -23,4 +23,14 @@ int m2d_tokenizer_token_id(const m2d_tokenizer *tk, const char *token); /* -1 if
 int m2d_tokenizer_bos_id(const m2d_tokenizer *tk);         /* -1 if none (from tokenizer_config.json when present) */
 int m2d_tokenizer_eos_id(const m2d_tokenizer *tk);         /* -1 if none */
 
+/* Decode to the raw bytes the ids spell (no U+FFFD substitution; *bytes malloc'd and
+ * NUL-terminated). m2d_tokenizer_decode is this plus Rust's from_utf8_lossy, as HF does. */
+int m2d_tokenizer_decode_bytes(const m2d_tokenizer *tk, const int32_t *ids, size_t n, char **bytes, size_t *len);
+/* The token string of an id (added tokens as written in tokenizer.json), NULL if none. */
+const char *m2d_tokenizer_id_token(const m2d_tokenizer *tk, int32_t id, size_t *len);
+/* Testing hook: words of more than N initial symbols are merged with the priority queue,
+ * shorter ones with the direct O(n^2) scan (both give the same ids; tests compare them).
+ * 0 = always the queue, SIZE_MAX = always the scan. Not thread-safe against encodes. */
+void m2d_tokenizer_set_bpe_heap_threshold(m2d_tokenizer *tk, size_t n);
+
 #endif

@@ -1,0 +1,155 @@
+/* bench_calib — cost of the calibration pass on the tiny teacher, against the sgemm peak.
+ *
+ * Prints: sgemm peak (1024³) and sgemm at the expert shape; a plain teacher forward over the
+ * calibration tokens (no hook); all E experts on all tokens through m2d_engine_expert (the part
+ * calibration cannot avoid); the full calibration (fast path) and its FLOP rate in the experts;
+ * the obviously-correct reference path on a few tokens for the speed-up.
+ * Timings are wall clock, best of R runs; the machine is shared, so expect noise.
+ * Env: M2D_MODELS (default ../shared/models), BENCH_WINDOWS (default 4), BENCH_REPEAT (default 3). */
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "calib.h"
+#include "engine.h"
+#include "model.h"
+#include "util.h"
+
+static double best_of(int r, double (*fn)(void *), void *arg) {
+    double best = 1e300;
+    for (int i = 0; i < r; i++) {
+        double t = fn(arg);
+        if (t < best) best = t;
+    }
+    return best;
+}
+
+typedef struct { int m, n, k; float *a, *b, *c; } gemm_arg;
+static double run_sgemm(void *p) {
+    gemm_arg *g = p;
+    double t0 = m2d_now();
+    int reps = (int)(2e9 / (2.0 * g->m * g->n * g->k)) + 1;
+    for (int i = 0; i < reps; i++)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->m, g->n, g->k, 1.0f, g->a, g->k, g->b, g->k, 0.0f, g->c,
+                    g->n);
+    return (m2d_now() - t0) / reps;
+}
+
+static double sgemm_gflops(int m, int n, int k, int repeat) {
+    gemm_arg g = {m, n, k, m2d_malloc((size_t)m * k * 4), m2d_malloc((size_t)n * k * 4), m2d_malloc((size_t)m * n * 4)};
+    for (size_t i = 0; i < (size_t)m * k; i++) g.a[i] = (float)(i % 7) * 0.1f;
+    for (size_t i = 0; i < (size_t)n * k; i++) g.b[i] = (float)(i % 5) * 0.1f;
+    double t = best_of(repeat, run_sgemm, &g);
+    free(g.a); free(g.b); free(g.c);
+    return 2.0 * m * n * k / t * 1e-9;
+}
+
+typedef struct {
+    const m2d_model *m;
+    const int32_t *ids;
+    int64_t n_ids;
+    m2d_calib_opts o;
+} calib_arg;
+
+static double run_calib(void *p) {
+    calib_arg *a = p;
+    m2d_stats *s;
+    double t0 = m2d_now();
+    if (m2d_calib_run(a->m, a->ids, a->n_ids, &a->o, &s)) {
+        fprintf(stderr, "bench_calib: %s\n", m2d_errmsg());
+        exit(1);
+    }
+    double t = m2d_now() - t0;
+    m2d_calib_stats_free(s);
+    return t;
+}
+
+static double run_forward(void *p) {
+    calib_arg *a = p;
+    m2d_engine *e;
+    if (m2d_engine_new(a->m, m2d_default_threads(), &e)) exit(1);
+    m2d_engine_cache_weights(e, (size_t)4 << 30);
+    int L = a->o.seq_len;
+    double lp, t0 = m2d_now();
+    for (int w = 0; w < a->o.n_samples; w++)
+        if (m2d_engine_logprobs(e, a->ids + (size_t)w * L, L, a->ids + (size_t)w * L, L - 1, &lp)) exit(1);
+    double t = m2d_now() - t0;
+    m2d_engine_free(e);
+    return t;
+}
+
+static double run_experts(void *p) {
+    calib_arg *a = p;
+    const m2d_config *c = &a->m->cfg;
+    m2d_engine *e;
+    if (m2d_engine_new(a->m, m2d_default_threads(), &e)) exit(1);
+    m2d_engine_cache_weights(e, (size_t)4 << 30);
+    int L = a->o.seq_len, d = c->hidden_size;
+    float *x = m2d_malloc((size_t)L * d * 4), *y = m2d_malloc((size_t)L * d * 4);
+    for (size_t i = 0; i < (size_t)L * d; i++) x[i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+    double t0 = m2d_now();
+    for (int w = 0; w < a->o.n_samples; w++)
+        for (int l = 0; l < c->num_hidden_layers; l++) {
+            if (!c->layer_is_moe[l]) continue;
+            for (int ex = 0; ex < c->num_experts; ex++)
+                if (m2d_engine_expert(e, l, ex, x, L, y)) exit(1);
+        }
+    double t = m2d_now() - t0;
+    free(x); free(y);
+    m2d_engine_free(e);
+    return t;
+}
+
+int main(void) {
+    const char *models = getenv("M2D_MODELS");
+    if (!models) models = "../shared/models";
+    char *dir = m2d_path_join(models, "tiny-qwen3moe");
+    int windows = getenv("BENCH_WINDOWS") ? atoi(getenv("BENCH_WINDOWS")) : 4;
+    int repeat = getenv("BENCH_REPEAT") ? atoi(getenv("BENCH_REPEAT")) : 3;
+    m2d_model *m;
+    if (m2d_model_open(dir, &m)) {
+        printf("bench_calib: skipped (%s)\n", m2d_errmsg());
+        free(dir);
+        return 0;
+    }
+    const m2d_config *c = &m->cfg;
+    int L = m2d_calib_default_seq_len(c);
+    int64_t n_ids = (int64_t)windows * L;
+    int32_t *ids = m2d_malloc((size_t)n_ids * sizeof *ids);
+    uint64_t st = 1;
+    for (int64_t i = 0; i < n_ids; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int32_t)((st >> 33) % (uint64_t)c->vocab_size);
+    }
+    calib_arg a = {m, ids, n_ids, {.seq_len = L, .n_samples = windows}};
+    double tokens = (double)n_ids, fl = m2d_calib_expert_flops(c, tokens);
+
+    printf("tiny-qwen3moe: E=%d k=%d d=%d d_e=%d, %d windows x %d tokens, %d threads, best of %d\n", c->num_experts,
+           c->num_experts_per_tok, c->hidden_size, c->moe_intermediate_size, windows, L, m2d_default_threads(), repeat);
+    double peak = sgemm_gflops(1024, 1024, 1024, repeat);
+    double shape = sgemm_gflops(L, c->moe_intermediate_size, c->hidden_size, repeat);
+    printf("%-44s %10.1f GFLOP/s\n", "sgemm 1024^3 (peak reference)", peak);
+    printf("%-44s %10.1f GFLOP/s\n", "sgemm at the expert shape (L x d_e x d)", shape);
+    double tf = best_of(repeat, run_forward, &a);
+    printf("%-44s %10.3f s\n", "teacher forward, no hook", tf);
+    double te = best_of(repeat, run_experts, &a);
+    printf("%-44s %10.3f s  %6.1f GFLOP/s (%4.1f%% of peak)\n", "all experts on all tokens (engine_expert)", te,
+           fl / te * 1e-9, 100 * fl / te * 1e-9 / peak);
+    double tc = best_of(repeat, run_calib, &a);
+    printf("%-44s %10.3f s  %6.1f GFLOP/s in experts (%4.1f%% of peak)\n", "calibrate (fast path, full stats)", tc,
+           fl / tc * 1e-9, 100 * fl / tc * 1e-9 / peak);
+    printf("%-44s %10.3f s  (forward %.0f%%, experts %.0f%%, stats+Gram %.0f%%)\n", "  breakdown estimate", tc,
+           100 * tf / tc, 100 * te / tc, 100 * (tc - tf - te) / tc);
+    printf("%-44s %10.0f tokens/s\n", "calibration throughput", tokens / tc);
+    /* reference path on one short window, scaled per token */
+    calib_arg r = {m, ids, 64, {.seq_len = 64, .n_samples = 1, .reference = 1}};
+    calib_arg f = {m, ids, 64, {.seq_len = 64, .n_samples = 1}};
+    double tr = best_of(1, run_calib, &r), tff = best_of(repeat, run_calib, &f);
+    printf("%-44s %10.3f s vs fast %.3f s: fast path %.0fx faster\n", "reference accumulator, 64 tokens", tr, tff,
+           tr / tff);
+    free(ids);
+    m2d_model_close(m);
+    free(dir);
+    return 0;
+}

@@ -1,0 +1,35 @@
+/* crit — small helpers shared by the criteria plugins (statistics shortcuts, weight access,
+ * cosine / Gram distances). Plugins stay a few lines by leaning on these. */
+#ifndef M2D_CRIT_H
+#define M2D_CRIT_H
+
+#include <stdint.h>
+
+#include "registry.h"
+
+/* sum / n_e over routed tokens; 0 when the expert was never routed (SPEC §2) */
+double m2d_crit_routed_avg(const m2d_layer_stats *s, const double *sum, int e);
+/* CP_e = Σp^sel_e / n_e (0 when n_e = 0) */
+double m2d_crit_cp(const m2d_layer_stats *s, int e);
+
+/* -1 + m2d_err naming the plugin and layer when the view has no statistics / weights */
+int m2d_crit_need_stats(const m2d_layer_view *v, const char *plugin);
+int m2d_crit_need_weights(const m2d_layer_view *v, const char *plugin);
+
+/* Router rows of experts idx[0..n) as fp32 [n*d] (caller frees); NULL + m2d_err on bad shape. */
+float *m2d_crit_router_rows(const m2d_layer_view *v, const int *idx, int n);
+
+/* Which expert matrices: bit 0 gate, bit 1 up, bit 2 down. */
+enum { M2D_W_GATE = 1, M2D_W_UP = 2, M2D_W_DOWN = 4, M2D_W_ALL = 7 };
+/* G[n*n] (double) = inner products of the flattened, concatenated matrices `which` of experts
+ * idx[0..n). Blocked: each block of every expert is converted to fp32 and multiplied with one
+ * SYRK, so memory stays O(n·block) even for 4.7M-weight experts. */
+int m2d_crit_expert_gram(const m2d_layer_view *v, const int *idx, int n, int which, double *G);
+/* Inner products of n rows of length len (fp32) into G[n*n] (double), via blocked SYRK. */
+void m2d_crit_rows_gram(const float *X, int n, int64_t len, double *G);
+
+/* dist[n*n] = 1 − G_ij / sqrt(G_ii G_jj) (cosine distance from a Gram matrix); similarity 0 (distance 1)
+ * when either norm is 0; diagonal 0. */
+void m2d_crit_gram_to_cosine_distance(const double *G, int n, double *dist);
+
+#endif

@@ -1,0 +1,27 @@
+/* WC weight clustering (SPEC §3): average-linkage clustering (criteria/cluster.h) of the selected
+ * experts under cosine distance between their flattened [W_gate; W_up; W_down], cut at k clusters.
+ * The cosines come from one blocked SYRK over the weights (m2d_crit_expert_gram). */
+#include <stdlib.h>
+
+#include "cluster.h"
+#include "crit.h"
+#include "util.h"
+
+static int wc_group(const m2d_layer_view *v, const int *selected, const double *scores, int *group_of) {
+    (void)scores;
+    if (m2d_crit_need_weights(v, "wc") != 0) return -1;
+    size_t n2 = (size_t)v->K * v->K;
+    double *G = m2d_malloc(n2 * sizeof *G), *dist = m2d_malloc(n2 * sizeof *dist);
+    int rc = m2d_crit_expert_gram(v, selected, v->K, M2D_W_ALL, G);
+    if (rc == 0) {
+        m2d_crit_gram_to_cosine_distance(G, v->K, dist);
+        rc = m2d_cluster_average_linkage(dist, v->K, v->k, group_of);
+    }
+    free(G);
+    free(dist);
+    return rc;
+}
+
+M2D_PLUGIN(wc, .name = "wc", .kind = M2D_GROUPING,
+           .summary = "weight clustering: average linkage, cosine distance of flattened [W_gate; W_up; W_down]",
+           .group = wc_group)

@@ -1,0 +1,32 @@
+/* The unified family of paper 004: S(b,a,c) = (1 / n_e^b) Σ_{routed} g^a ‖f‖^c.
+ * Defaults b=1, a=1, c=1 (= REAP). a and c must be in {0,1,2} (the sums kept by calibration);
+ * b is any real (paper: {0,1}). Never-routed experts score 0. Examples: freq (0,0,0),
+ * seer (0,1,0), ean (0,0,1), reap (1,1,1), man (1,0,1), msan (1,0,2). */
+#include <math.h>
+
+#include "crit.h"
+#include "util.h"
+
+/* the routed sum Σ g^a ‖f‖^c for a, c in {0,1,2}; NULL for other exponents */
+static const double *routed_sum(const m2d_layer_stats *s, int a, int c) {
+    const double *tab[3][3] = {{s->n, s->sum_f, s->sum_f2},
+                               {s->sum_g, s->sum_gf, s->sum_gf2},
+                               {s->sum_g2, s->sum_g2f, s->sum_g2f2}};
+    return a >= 0 && a <= 2 && c >= 0 && c <= 2 ? tab[a][c] : NULL;
+}
+
+static int bac_score(const m2d_layer_view *v, double *scores) {
+    if (m2d_crit_need_stats(v, "bac") != 0) return -1;
+    const m2d_layer_stats *s = v->stats;
+    double b = m2d_param(v->params, "b", 1), a = m2d_param(v->params, "a", 1), c = m2d_param(v->params, "c", 1);
+    const double *sum = a == floor(a) && c == floor(c) ? routed_sum(s, (int)a, (int)c) : NULL;
+    if (!sum)
+        return m2d_err("scoring plugin 'bac': layer %d: field 'a'/'c': (a=%g, c=%g) not available; "
+                       "calibration keeps Σ g^a‖f‖^c for a, c in {0,1,2}", s->layer, a, c);
+    for (int e = 0; e < v->E; e++) scores[e] = s->n[e] > 0 ? sum[e] / pow(s->n[e], b) : 0;
+    return 0;
+}
+
+M2D_PLUGIN(bac, .name = "bac", .kind = M2D_SCORING,
+           .summary = "unified family S(b,a,c) = n_e^-b Σ_routed g^a ‖f‖^c (paper 004; a, c in {0,1,2})",
+           .score = bac_score, .params_default = "b=1,a=1,c=1")

@@ -1,0 +1,12 @@
+/* DO-CP (paper): D-optimal selection with base importance I = CP. Registered by name so
+ * `moe2dense list` shows it; any other do-X is resolved on demand by m2d_plugin_find. */
+#include "crit.h"
+#include "dopt.h"
+
+static int do_cp_score(const m2d_layer_view *v, double *scores) {
+    return m2d_plugin_find(M2D_SCORING, "cp")->score(v, scores);
+}
+
+M2D_PLUGIN(do_cp, .name = "do-cp", .kind = M2D_SCORING,
+           .summary = "D-optimal selection (greedy log-det on the Gram kernel) with importance I = cp (paper)",
+           .score = do_cp_score, .select = m2d_dopt_select)

@@ -1,0 +1,62 @@
+/* backend — the compute primitives the engine is written against (CPU: OpenBLAS + pthreads).
+ *
+ * All activations are fp32, row-major, with explicit leading dimensions (elements) so the
+ * engine can address one head or one block of a wider matrix without copying. A second
+ * backend would implement these same functions. Every fast kernel here has an obviously
+ * correct counterpart in tests/test_engine.c (naive loops) that the tests compare against. */
+#ifndef M2D_BACKEND_H
+#define M2D_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tensor.h"
+
+/* Threads for the backend's own parallel loops and for OpenBLAS's GEMMs. */
+void m2d_be_set_threads(int n_threads);
+int m2d_be_threads(void);
+
+/* Run fn(ctx, item) for item in [0, n_items) on up to m2d_be_threads() pthreads
+ * (items are handed out dynamically; fn must be safe to run concurrently). */
+void m2d_be_parallel_for(int n_items, void (*fn)(void *ctx, int item), void *ctx);
+
+/* Convert n elements of a stored weight (F32/F16/BF16/F64) to fp32, in parallel chunks. */
+void m2d_be_convert(m2d_dtype t, const void *src, int64_t first, int64_t n, float *dst);
+
+/* y[n, out] = x[n, in] · W^T + beta * y, W is [out, in] row-major fp32 (an nn.Linear weight).
+ * ldx/ldw/ldy are row strides in elements. fp32 accumulation (cblas_sgemm). */
+void m2d_be_matmul_wt(const float *x, int ldx, int n, int in, const float *w, int ldw, int out,
+                      float *y, int ldy, float beta);
+
+/* RMSNorm over the last dim: y = x / sqrt(mean(x^2) + eps) * w (sum of squares in double).
+ * x and y may alias. rows rows of length d, with row strides ldx / ldy. */
+void m2d_be_rmsnorm(const float *x, int ldx, const float *w, int rows, int d, double eps, float *y, int ldy);
+
+/* Rotary embedding, rotate-half (HF/Qwen): for i < hd/2, with f = pos * theta^(-2i/hd),
+ * (a, b) = (x[i], x[i+hd/2]) -> (a cos f - b sin f, b cos f + a sin f). Angles in double.
+ * x is [n, n_heads * hd] with row stride ldx; pos[n] positions. */
+void m2d_be_rope(float *x, int ldx, int n, int n_heads, int hd, const int *pos, double theta);
+
+/* In-place softmax of one row (max-subtracted, sum in double). */
+void m2d_be_softmax(float *x, int n);
+
+/* h = silu(g) * u elementwise (silu(g) = g / (1 + exp(-g))). h may alias g or u. */
+void m2d_be_swiglu(const float *g, const float *u, int64_t n, float *h);
+
+/* Top-k of p[E]: indices in descending value; equal values -> the lower index first. */
+void m2d_be_topk(const float *p, int E, int k, int32_t *idx);
+
+/* Causal grouped-query attention for one segment of nq query rows.
+ *   q   [nq, n_heads*hd]  (row stride ldq; already normed and rotated)
+ *   ks, vs [nq, n_kv*hd]  this segment's own keys/values (row stride ldk)
+ *   kp, vp                np prefix keys/values visible to every row: head g's rows are
+ *                         kp + g*p_head_stride, [np, hd] contiguous (a KV cache); np may be 0
+ *   out [nq, n_heads*hd]  (row stride ldo)
+ * Row i attends to all np prefix keys and to segment keys 0..i; scale 1/sqrt(hd); query head h
+ * uses kv head h / (n_heads / n_kv). Scores and softmax in fp32 with max subtraction. Parallel
+ * over heads and row blocks on the backend's threads. */
+void m2d_be_attention(const float *q, int ldq, const float *ks, const float *vs, int ldk, int nq,
+                      const float *kp, const float *vp, size_t p_head_stride, int np,
+                      int n_heads, int n_kv, int hd, float *out, int ldo);
+
+#endif

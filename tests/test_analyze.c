@@ -1,0 +1,220 @@
+/* analyze: effective rank and coherence on analytic cases, the analysis over a calibrated test
+ * checkpoint, and the three commands (calibrate, convert, analyze) end to end on the CLI with
+ * their error paths. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "analyze.h"
+#include "calib.h"
+#include "model.h"
+#include "testmodel.h"
+#include "util.h"
+
+static void effective_rank_analytic(void **state) {
+    (void)state;
+    double I3[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1};
+    assert_true(fabs(m2d_effective_rank(I3, 3) - 3) < 1e-12);
+    /* rank one: v vᵀ has a single non-zero singular value */
+    double v[3] = {1, 2, 3}, R1[9];
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 3; j++) R1[i * 3 + j] = v[i] * v[j];
+    assert_true(fabs(m2d_effective_rank(R1, 3) - 1) < 1e-9);
+    /* diag(1, 1, 0): 2; diag(3, 1): exp(H(3/4, 1/4)) */
+    double D[9] = {1, 0, 0, 0, 1, 0, 0, 0, 0};
+    assert_true(fabs(m2d_effective_rank(D, 3) - 2) < 1e-12);
+    double D2[4] = {3, 0, 0, 1};
+    double h = -(0.75 * log(0.75) + 0.25 * log(0.25));
+    assert_true(fabs(m2d_effective_rank(D2, 2) - exp(h)) < 1e-12);
+    /* rotation invariant: Q diag(3,1) Qᵀ, Q a 45° rotation */
+    double c = sqrt(0.5), Q2[4] = {2 * c * c * 2, 2 * c * c * 1, 0, 0};
+    Q2[0] = 3 * c * c + 1 * c * c; Q2[1] = 3 * c * c - 1 * c * c; Q2[2] = Q2[1]; Q2[3] = Q2[0];
+    assert_true(fabs(m2d_effective_rank(Q2, 2) - exp(h)) < 1e-12);
+    double Z[4] = {0, 0, 0, 0};
+    assert_true(m2d_effective_rank(Z, 2) == 0);
+}
+
+static void coherence_analytic(void **state) {
+    (void)state;
+    double A[9] = {4, 1, -3, 1, 1, 0, -3, 0, 9};
+    /* |A01|/sqrt(4·1) = 0.5, |A02|/sqrt(4·9) = 0.5, A12 = 0 */
+    assert_true(fabs(m2d_mutual_coherence(A, 3) - 0.5) < 1e-15);
+    double B[4] = {1, 0.9, 0.9, 1};
+    assert_true(fabs(m2d_mutual_coherence(B, 2) - 0.9) < 1e-15);
+    double Z[4] = {0, 1, 1, 1}; /* a zero diagonal: the pair counts as 0 */
+    assert_true(m2d_mutual_coherence(Z, 2) == 0);
+    assert_true(m2d_mutual_coherence(B, 1) == 0);
+}
+
+static void analysis_on_test_checkpoint(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    assert_int_equal(m2d_testmodel_write(dir, &o), 0);
+    m2d_model *m;
+    assert_int_equal(m2d_model_open(dir, &m), 0);
+    int32_t ids[256];
+    uint64_t st = 2;
+    for (int i = 0; i < 256; i++) ids[i] = (int32_t)(tu_rand_u64(&st) % 64);
+    m2d_calib_opts co = {.seq_len = 64, .n_samples = 4, .n_threads = 1};
+    m2d_stats *s;
+    assert_int_equal(m2d_calib_run(m, ids, 256, &co, &s), 0);
+    const char *names[] = {"sf", "acp", "do-acp", "cp"};
+    m2d_analysis *a;
+    assert_int_equal(m2d_analyze(m, s, 4, names, 4, &a), 0);
+    assert_int_equal(a->n_crit, 4);
+    assert_int_equal(a->n_layers, 2);
+    for (int l = 0; l < 2; l++)
+        for (int x = 0; x < 4; x++) {
+            assert_true(a->overlap[(l * 4 + x) * 4 + x] == 1.0);
+            assert_true(a->erank[l * 4 + x] >= 1 - 1e-9 && a->erank[l * 4 + x] <= 4 + 1e-9);
+            assert_true(a->coherence[l * 4 + x] >= 0 && a->coherence[l * 4 + x] <= 1 + 1e-12);
+            for (int y = 0; y < 4; y++) {
+                double v = a->overlap[(l * 4 + x) * 4 + y];
+                assert_true(v == a->overlap[(l * 4 + y) * 4 + x]);
+                /* brute-force intersection */
+                const int *Sx = a->selected + (l * 4 + x) * 4, *Sy = a->selected + (l * 4 + y) * 4;
+                int common = 0;
+                for (int i = 0; i < 4; i++)
+                    for (int j = 0; j < 4; j++) common += Sx[i] == Sy[j];
+                assert_true(v == common / 4.0);
+            }
+        }
+    m2d_analysis_free(a);
+    const char *bad[] = {"nope"};
+    assert_int_equal(m2d_analyze(m, s, 4, bad, 1, &a), -1);
+    assert_non_null(strstr(m2d_errmsg(), "nope"));
+    m2d_calib_stats_free(s);
+    m2d_model_close(m);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+/* ---------------- the commands end to end (tiny teacher) ---------------- */
+
+static int run(const char *cmd, char **out, char **err) {
+    int rc = tu_run(cmd, out, err);
+    return rc;
+}
+
+static void commands_end_to_end(void **state) {
+    (void)state;
+    const char *models = tu_models_dir();
+    if (!models) TU_SKIP("no ../shared/models");
+    char *dir = tu_tmpdir();
+    char teacher[4096], text[4096];
+    snprintf(teacher, sizeof teacher, "%s/tiny-qwen3moe", models);
+    snprintf(text, sizeof text, "%s", tu_data_path("wikitext-2-raw/wikitext-2-raw/wiki.valid.raw"));
+    if (!m2d_file_exists(text)) {
+        tu_rm_rf(dir);
+        free(dir);
+        TU_SKIP("no data/wikitext-2-raw (run make data)");
+    }
+    const char *bin = tu_bin();
+    char *out = NULL, *err = NULL, *cmd;
+    /* calibrate: 2 windows of 64 tokens */
+    cmd = m2d_strfmt("%s calibrate --model %s --data %s --out %s/s.bin --seq-len 64 --samples 2 --seed 3", bin, teacher,
+                     text, dir);
+    assert_int_equal(run(cmd, &out, &err), 0);
+    assert_non_null(strstr(out, "wrote"));
+    free(out); free(err);
+    /* again: up to date */
+    assert_int_equal(run(cmd, &out, &err), 0);
+    assert_non_null(strstr(out, "up to date"));
+    free(out); free(err); free(cmd);
+    m2d_stats *s;
+    char *sp = m2d_path_join(dir, "s.bin");
+    assert_int_equal(m2d_stats_read(sp, &s), 0);
+    assert_int_equal(s->n_windows, 2);
+    assert_int_equal(s->seq_len, 64);
+    m2d_calib_stats_free(s);
+
+    /* convert: dense student, loads, and carries the tokenizer */
+    cmd = m2d_strfmt("%s convert --model %s --stats %s --scoring do-acp --grouping oc --scaling proportional -K 12 "
+                     "--out %s/student",
+                     bin, teacher, sp, dir);
+    assert_int_equal(run(cmd, &out, &err), 0);
+    assert_non_null(strstr(out, "fingerprint"));
+    free(out); free(err); free(cmd);
+    char *sd = m2d_path_join(dir, "student");
+    m2d_model *m;
+    if (m2d_model_open(sd, &m)) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(m->cfg.intermediate_size, 8 * 72);
+    m2d_model_close(m);
+    char *tj = m2d_path_join(sd, "tokenizer.json");
+    assert_true(m2d_file_exists(tj));
+    free(tj);
+
+    /* bad inputs, each with a clear message */
+    struct { const char *args, *needle; } bad[] = {
+        {"--scoring nope --grouping rr --scaling uniform -K 8", "available: "},
+        {"--scoring acp --grouping rr --scaling uniform -K 4", "-K 4 is outside [k, E] = [8, 64]"},
+        {"--scoring acp --grouping rr --scaling uniform -K 65", "-K 65"},
+        {"--scoring acp --grouping rr --scaling uniform -K 8 --param zz=1", "zz"},
+        {"--scoring acp --grouping rr --scaling uniform -K 8 --param zz", "key=value"},
+        {"--scoring acp --grouping rr --scaling uniform -K 8 --target sparse", "dense or moe"},
+    };
+    for (size_t i = 0; i < M2D_ARRAY_LEN(bad); i++) {
+        cmd = m2d_strfmt("%s convert --model %s --stats %s --out %s/x %s", bin, teacher, sp, dir, bad[i].args);
+        assert_int_not_equal(run(cmd, &out, &err), 0);
+        if (!strstr(err, bad[i].needle)) fail_msg("'%s': stderr '%s' lacks '%s'", bad[i].args, err, bad[i].needle);
+        free(out); free(err); free(cmd);
+    }
+    /* stats of another model (the student is not the teacher) */
+    cmd = m2d_strfmt("%s convert --model %s --stats %s --out %s/x --scoring acp --grouping rr --scaling uniform -K 8",
+                     bin, sd, sp, dir);
+    assert_int_not_equal(run(cmd, &out, &err), 0);
+    assert_non_null(strstr(err, "s.bin"));
+    free(out); free(err); free(cmd);
+    /* a truncated stats file */
+    size_t n;
+    char *bytes = m2d_read_file(sp, &n);
+    char *tp = m2d_path_join(dir, "t.bin");
+    tu_write(tp, bytes, n / 2);
+    cmd = m2d_strfmt("%s analyze --model %s --stats %s", bin, teacher, tp);
+    assert_int_not_equal(run(cmd, &out, &err), 0);
+    assert_non_null(strstr(err, "t.bin"));
+    free(out); free(err); free(cmd); free(bytes); free(tp);
+
+    /* analyze: text and CSV */
+    cmd = m2d_strfmt("%s analyze --model %s --stats %s --criteria sf,acp,do-acp --csv", bin, teacher, sp);
+    assert_int_equal(run(cmd, &out, &err), 0);
+    assert_non_null(strstr(out, "layer,metric,criterion,other,value\n"));
+    assert_non_null(strstr(out, "mean,overlap,sf,sf,1.000000"));
+    assert_non_null(strstr(out, "3,erank,do-acp,,"));
+    free(out); free(err); free(cmd);
+    cmd = m2d_strfmt("%s analyze --model %s --stats %s -K 16", bin, teacher, sp);
+    assert_int_equal(run(cmd, &out, &err), 0);
+    assert_non_null(strstr(out, "K = 16"));
+    free(out); free(err); free(cmd);
+    /* missing options and files */
+    cmd = m2d_strfmt("%s calibrate --model %s --out %s/y.bin", bin, teacher, dir);
+    assert_int_not_equal(run(cmd, &out, &err), 0);
+    assert_non_null(strstr(err, "--data"));
+    free(out); free(err); free(cmd);
+    cmd = m2d_strfmt("%s calibrate --model %s --data /nonexistent.txt --out %s/y.bin", bin, teacher, dir);
+    assert_int_not_equal(run(cmd, &out, &err), 0);
+    assert_non_null(strstr(err, "/nonexistent.txt"));
+    free(out); free(err); free(cmd);
+    char *yp = m2d_path_join(dir, "y.bin");
+    assert_false(m2d_file_exists(yp));
+    free(yp);
+    free(sd);
+    free(sp);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(effective_rank_analytic),
+        cmocka_unit_test(coherence_analytic),
+        cmocka_unit_test(analysis_on_test_checkpoint),
+        cmocka_unit_test(commands_end_to_end),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,378 @@
+/* calib: window choice, calibration hash, fast (BLAS) pass vs the obviously-correct per-token
+ * accumulator (random test checkpoints and the tiny trained teacher), stats file round trip and
+ * every way a stats file can be bad (missing, truncated, garbled, stale). */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "calib.h"
+#include "model.h"
+#include "testmodel.h"
+#include "util.h"
+
+/* ---------------- windows and hash ---------------- */
+
+static void windows_consecutive_and_seeded(void **state) {
+    (void)state;
+    int64_t s[8];
+    int n;
+    assert_int_equal(m2d_calib_windows(1000, 100, 4, 0, 0, s, &n), 0);
+    assert_int_equal(n, 4);
+    for (int i = 0; i < 4; i++) assert_int_equal(s[i], 100 * i);
+    /* fewer windows than asked: all of them */
+    assert_int_equal(m2d_calib_windows(250, 100, 8, 0, 0, s, &n), 0);
+    assert_int_equal(n, 2);
+    /* not even one */
+    assert_int_equal(m2d_calib_windows(99, 100, 8, 0, 0, s, &n), -1);
+    assert_non_null(strstr(m2d_errmsg(), "fewer than one window"));
+    /* seeded: reproducible, distinct, aligned, sorted, in range; another seed differs */
+    int64_t a[8], b[8], c[8];
+    int na, nb, nc;
+    assert_int_equal(m2d_calib_windows(10000, 100, 8, 1, 42, a, &na), 0);
+    assert_int_equal(m2d_calib_windows(10000, 100, 8, 1, 42, b, &nb), 0);
+    assert_int_equal(m2d_calib_windows(10000, 100, 8, 1, 43, c, &nc), 0);
+    assert_int_equal(na, 8);
+    assert_memory_equal(a, b, sizeof a);
+    assert_true(memcmp(a, c, sizeof a) != 0);
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(a[i] % 100, 0);
+        assert_true(a[i] >= 0 && a[i] + 100 <= 10000);
+        if (i) assert_true(a[i] > a[i - 1]);
+    }
+    /* seeded with N = M picks every window */
+    assert_int_equal(m2d_calib_windows(400, 100, 4, 1, 7, a, &na), 0);
+    for (int i = 0; i < 4; i++) assert_int_equal(a[i], 100 * i);
+}
+
+static void calib_hash_changes_with_inputs(void **state) {
+    (void)state;
+    int32_t ids[64];
+    for (int i = 0; i < 64; i++) ids[i] = i;
+    int64_t st[2] = {0, 32};
+    char h0[65], h1[65], h2[65], h3[65];
+    m2d_calib_hash(ids, st, 2, 32, "softmax-topk-renorm", h0);
+    m2d_calib_hash(ids, st, 2, 32, "softmax-topk", h1);
+    m2d_calib_hash(ids, st, 2, 16, "softmax-topk-renorm", h2);
+    ids[40] = 7;
+    m2d_calib_hash(ids, st, 2, 32, "softmax-topk-renorm", h3);
+    assert_string_not_equal(h0, h1);
+    assert_string_not_equal(h0, h2);
+    assert_string_not_equal(h0, h3);
+    ids[40] = 40;
+    m2d_calib_hash(ids, st, 2, 32, "softmax-topk-renorm", h1);
+    assert_string_equal(h0, h1);
+}
+
+/* ---------------- fast path vs reference ---------------- */
+
+static double max_abs(const double *a, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(a[i]));
+    return m;
+}
+
+/* Tolerance: both paths evaluate f_e(t) with the same fp32 engine kernel but on different batch
+ * sizes (1 token vs a block), which may change the fp32 summation order inside the GEMMs; a
+ * d- or d_e-term fp32 dot product then differs by at most ~(d + d_e)·2⁻²⁴ relative (≈1.6e-5 for
+ * the tiny teacher, d + d_e = 264), typically far less. The fp64 sums add nothing visible. So every
+ * array must agree to 2e-5 of its largest entry. Statistics that do not involve f (counts, router
+ * probabilities, gates) see identical inputs in the same order and must agree exactly. */
+static void assert_close(const char *what, int layer, const double *got, const double *ref, size_t n, double rtol) {
+    double scale = max_abs(ref, n), worst = 0;
+    size_t wi = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs(got[i] - ref[i]);
+        if (d > worst) { worst = d; wi = i; }
+    }
+    if (worst > rtol * scale + 1e-300) {
+        print_message("%s layer %d: index %zu got %.17g ref %.17g (scale %.3g)\n", what, layer, wi, got[wi], ref[wi], scale);
+        fail();
+    }
+}
+
+static void compare_stats(const m2d_stats *f, const m2d_stats *r) {
+    assert_int_equal(f->n_layers, r->n_layers);
+    assert_string_equal(f->calib_hash, r->calib_hash);
+    assert_true(f->N == r->N);
+    for (int l = 0; l < f->n_layers; l++) {
+        const m2d_layer_stats *a = &f->layers[l], *b = &r->layers[l];
+        size_t E = (size_t)a->E, Ed = E * a->d;
+        assert_int_equal(a->n_samples, b->n_samples);
+        assert_memory_equal(a->n, b->n, E * sizeof(double));
+        assert_memory_equal(a->sum_p, b->sum_p, E * sizeof(double));
+        assert_memory_equal(a->sum_p_sel, b->sum_p_sel, E * sizeof(double));
+        assert_memory_equal(a->sum_g, b->sum_g, E * sizeof(double));
+        assert_memory_equal(a->sum_g2, b->sum_g2, E * sizeof(double));
+        assert_memory_equal(a->es_act, b->es_act, E * sizeof(double));
+        const double rt = 2e-5;
+        assert_close("sum_f", a->layer, a->sum_f, b->sum_f, E, rt);
+        assert_close("sum_f2", a->layer, a->sum_f2, b->sum_f2, E, rt);
+        assert_close("sum_gf", a->layer, a->sum_gf, b->sum_gf, E, rt);
+        assert_close("sum_g2f2", a->layer, a->sum_g2f2, b->sum_g2f2, E, rt);
+        assert_close("sum_gf2", a->layer, a->sum_gf2, b->sum_gf2, E, rt);
+        assert_close("sum_g2f", a->layer, a->sum_g2f, b->sum_g2f, E, rt);
+        assert_close("es_mag", a->layer, a->es_mag, b->es_mag, E, rt);
+        assert_close("gram", a->layer, a->gram, b->gram, E * E, rt);
+        assert_close("mu", a->layer, a->mu, b->mu, Ed, rt);
+        assert_close("routed_mean", a->layer, a->routed_mean, b->routed_mean, Ed, rt);
+        /* variance = E[x²] − mean²: compare against the scale of E[x²] (the cancellation's input) */
+        double *sq = m2d_malloc(Ed * sizeof(double));
+        for (size_t i = 0; i < Ed; i++) sq[i] = b->routed_var[i] + b->routed_mean[i] * b->routed_mean[i];
+        double s = max_abs(sq, Ed), worst = 0;
+        for (size_t i = 0; i < Ed; i++) worst = fmax(worst, fabs(a->routed_var[i] - b->routed_var[i]));
+        assert_true(worst <= 4e-5 * s);
+        free(sq);
+        /* Gram is symmetric PSD-ish: exact symmetry and diag = Σ_t ‖f_e‖² over all tokens */
+        for (size_t i = 0; i < E; i++)
+            for (size_t j = 0; j < E; j++) assert_true(a->gram[i * E + j] == a->gram[j * E + i]);
+    }
+}
+
+static m2d_model *open_testmodel(const char *dir, uint64_t seed, m2d_dtype dt) {
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    o.seed = seed;
+    o.dtype = dt;
+    if (m2d_testmodel_write(dir, &o)) fail_msg("%s", m2d_errmsg());
+    m2d_model *m;
+    if (m2d_model_open(dir, &m)) fail_msg("%s", m2d_errmsg());
+    return m;
+}
+
+static int32_t *random_ids(int n, int vocab, uint64_t seed) {
+    int32_t *ids = m2d_malloc((size_t)n * sizeof *ids);
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)(tu_rand_u64(&seed) % (uint64_t)vocab);
+    return ids;
+}
+
+static void fast_matches_reference_testmodel(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    m2d_model *m = open_testmodel(dir, 3, M2D_F32);
+    int32_t *ids = random_ids(400, m->cfg.vocab_size, 11);
+    m2d_calib_opts o = {.seq_len = 48, .n_samples = 5, .seeded = 1, .seed = 9, .n_threads = 2, .data_path = "ids"};
+    m2d_stats *fast, *ref;
+    assert_int_equal(m2d_calib_run(m, ids, 400, &o, &fast), 0);
+    o.reference = 1;
+    assert_int_equal(m2d_calib_run(m, ids, 400, &o, &ref), 0);
+    compare_stats(fast, ref);
+    /* windows recorded, model identity recorded */
+    assert_int_equal(fast->n_windows, 5);
+    assert_int_equal(fast->seq_len, 48);
+    int64_t w[5];
+    int n;
+    m2d_calib_windows(400, 48, 5, 1, 9, w, &n);
+    assert_memory_equal(fast->window_starts, w, sizeof w);
+    assert_string_equal(fast->model_hash, m->weights_hash);
+    assert_true(fast->N == 240);
+    for (int l = 0; l < fast->n_layers; l++) {
+        double tot = 0;
+        for (int e = 0; e < fast->E; e++) tot += fast->layers[l].n[e];
+        assert_true(tot == 240.0 * fast->k); /* every token routed to k experts */
+    }
+    m2d_calib_stats_free(fast);
+    m2d_calib_stats_free(ref);
+    free(ids);
+    m2d_model_close(m);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+static int32_t *read_golden_tokens(const char *models, int *n) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tiny-qwen3moe/golden/tokens.txt", models);
+    size_t len;
+    char *text = m2d_read_file(path, &len);
+    if (!text) return NULL;
+    int32_t *ids = m2d_malloc(len * sizeof *ids);
+    int k = 0;
+    char *p = text, *end;
+    for (long v = strtol(p, &end, 10); end != p; p = end, v = strtol(p, &end, 10)) ids[k++] = (int32_t)v;
+    free(text);
+    *n = k;
+    return ids;
+}
+
+static void fast_matches_reference_tiny_teacher(void **state) {
+    (void)state;
+    const char *models = tu_models_dir();
+    if (!models) TU_SKIP("no ../shared/models");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/tiny-qwen3moe", models);
+    m2d_model *m;
+    if (m2d_model_open(dir, &m)) fail_msg("%s", m2d_errmsg());
+    int n = 0;
+    int32_t *ids = read_golden_tokens(models, &n);
+    assert_non_null(ids);
+    assert_int_equal(n, 64);
+    m2d_calib_opts o = {.seq_len = 16, .n_samples = 3, .seeded = 1, .seed = 1, .n_threads = 2};
+    m2d_stats *fast, *ref;
+    assert_int_equal(m2d_calib_run(m, ids, n, &o, &fast), 0);
+    o.reference = 1;
+    assert_int_equal(m2d_calib_run(m, ids, n, &o, &ref), 0);
+    assert_int_equal(fast->n_layers, 4);
+    assert_int_equal(fast->E, 64);
+    assert_string_equal(fast->gate_convention, "softmax-topk-renorm");
+    compare_stats(fast, ref);
+    /* gates renormalised over top-k: Σ_e Σg_e = N exactly up to fp32 rounding of each gate */
+    for (int l = 0; l < fast->n_layers; l++) {
+        double sg = 0;
+        for (int e = 0; e < 64; e++) sg += fast->layers[l].sum_g[e];
+        assert_true(fabs(sg - fast->N) < 1e-5 * fast->N);
+    }
+    m2d_calib_stats_free(fast);
+    m2d_calib_stats_free(ref);
+    free(ids);
+    m2d_model_close(m);
+}
+
+/* ---------------- stats file ---------------- */
+
+typedef struct {
+    char *dir, *path;
+    m2d_model *m;
+    m2d_stats *s;
+} file_fixture;
+
+static int file_setup(void **state) {
+    file_fixture *f = m2d_calloc(1, sizeof *f);
+    f->dir = tu_tmpdir();
+    char *md = m2d_path_join(f->dir, "model");
+    f->m = open_testmodel(md, 5, M2D_BF16);
+    free(md);
+    int32_t *ids = random_ids(200, f->m->cfg.vocab_size, 3);
+    m2d_calib_opts o = {.seq_len = 32, .n_samples = 3, .n_threads = 1, .data_path = "x.txt"};
+    if (m2d_calib_run(f->m, ids, 200, &o, &f->s)) fail_msg("%s", m2d_errmsg());
+    free(ids);
+    f->path = m2d_path_join(f->dir, "stats.bin");
+    if (m2d_stats_write(f->s, f->path)) fail_msg("%s", m2d_errmsg());
+    *state = f;
+    return 0;
+}
+
+static int file_teardown(void **state) {
+    file_fixture *f = *state;
+    m2d_calib_stats_free(f->s);
+    m2d_model_close(f->m);
+    tu_rm_rf(f->dir);
+    free(f->dir);
+    free(f->path);
+    free(f);
+    return 0;
+}
+
+static void stats_file_roundtrip(void **state) {
+    file_fixture *f = *state;
+    m2d_stats *r;
+    assert_int_equal(m2d_stats_read(f->path, &r), 0);
+    assert_int_equal(m2d_stats_check_model(r, f->path, f->m), 0);
+    assert_string_equal(r->model_hash, f->s->model_hash);
+    assert_string_equal(r->calib_hash, f->s->calib_hash);
+    assert_string_equal(r->gate_convention, f->s->gate_convention);
+    assert_string_equal(r->data_path, "x.txt");
+    assert_int_equal(r->n_windows, 3);
+    assert_int_equal(r->seq_len, 32);
+    for (int w = 0; w < 3; w++) assert_int_equal(r->window_starts[w], 32 * w);
+    assert_int_equal(r->E, f->s->E);
+    assert_int_equal(r->d_e, f->s->d_e);
+    assert_true(r->N == 96);
+    for (int l = 0; l < r->n_layers; l++) {
+        const m2d_layer_stats *a = &r->layers[l], *b = &f->s->layers[l];
+        size_t E = (size_t)a->E, Ed = E * a->d;
+        assert_int_equal(a->layer, b->layer);
+        assert_int_equal(a->n_samples, 3);
+        assert_true(a->N == b->N);
+        /* bit-exact: the file stores the raw sums, the reader finalises the same way */
+        assert_memory_equal(a->gram, b->gram, E * E * sizeof(double));
+        assert_memory_equal(a->mu, b->mu, Ed * sizeof(double));
+        assert_memory_equal(a->routed_var, b->routed_var, Ed * sizeof(double));
+        assert_memory_equal(a->es_mag, b->es_mag, E * sizeof(double));
+        assert_memory_equal(a->sum_g2f, b->sum_g2f, E * sizeof(double));
+        assert_memory_equal(a->n, b->n, E * sizeof(double));
+    }
+    m2d_calib_stats_free(r);
+}
+
+static void expect_read_error(const char *path, const char *needle) {
+    m2d_stats *r = NULL;
+    assert_int_equal(m2d_stats_read(path, &r), -1);
+    if (!strstr(m2d_errmsg(), needle)) fail_msg("error '%s' lacks '%s'", m2d_errmsg(), needle);
+    assert_non_null(strstr(m2d_errmsg(), path));
+}
+
+static void stats_file_bad_inputs(void **state) {
+    file_fixture *f = *state;
+    size_t n;
+    char *good = m2d_read_file(f->path, &n);
+    char *bad = m2d_path_join(f->dir, "bad.bin");
+    expect_read_error("/nonexistent/stats.bin", "/nonexistent/stats.bin");
+    /* truncated: inside the payload, inside the header, inside the magic */
+    tu_write(bad, good, n - 8);
+    expect_read_error(bad, "truncated");
+    tu_write(bad, good, 40);
+    expect_read_error(bad, "header");
+    tu_write(bad, good, 5);
+    expect_read_error(bad, "magic");
+    /* one payload byte flipped */
+    char *g2 = m2d_malloc(n);
+    memcpy(g2, good, n);
+    g2[n - 100] ^= 0x01;
+    tu_write(bad, g2, n);
+    expect_read_error(bad, "data_sha256");
+    /* garbled header JSON */
+    memcpy(g2, good, n);
+    g2[16] = '#';
+    tu_write(bad, g2, n);
+    expect_read_error(bad, "header");
+    /* header fields: wrong version, E that does not match the payload */
+    memcpy(g2, good, n);
+    char *v = strstr(g2 + 16, "\"version\":1");
+    assert_non_null(v);
+    v[10] = '7';
+    tu_write(bad, g2, n);
+    expect_read_error(bad, "version");
+    memcpy(g2, good, n);
+    char *e = strstr(g2 + 16, "\"E\":8");
+    assert_non_null(e);
+    e[4] = '9';
+    tu_write(bad, g2, n);
+    expect_read_error(bad, "data_bytes");
+    /* not a stats file at all */
+    tu_write(bad, "{\"hello\": 1}\n", 13);
+    expect_read_error(bad, "magic");
+    free(g2);
+    free(good);
+    free(bad);
+}
+
+static void stats_stale_model_detected(void **state) {
+    file_fixture *f = *state;
+    m2d_stats *r;
+    assert_int_equal(m2d_stats_read(f->path, &r), 0);
+    /* same shapes, other weights: the model hash differs */
+    char *md = m2d_path_join(f->dir, "other");
+    m2d_model *o = open_testmodel(md, 6, M2D_BF16);
+    assert_int_equal(m2d_stats_check_model(r, f->path, o), -1);
+    assert_non_null(strstr(m2d_errmsg(), "model_hash"));
+    assert_non_null(strstr(m2d_errmsg(), f->path));
+    m2d_model_close(o);
+    tu_rm_rf(md);
+    free(md);
+    m2d_calib_stats_free(r);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(windows_consecutive_and_seeded),
+        cmocka_unit_test(calib_hash_changes_with_inputs),
+        cmocka_unit_test(fast_matches_reference_testmodel),
+        cmocka_unit_test(fast_matches_reference_tiny_teacher),
+        cmocka_unit_test_setup_teardown(stats_file_roundtrip, file_setup, file_teardown),
+        cmocka_unit_test_setup_teardown(stats_file_bad_inputs, file_setup, file_teardown),
+        cmocka_unit_test_setup_teardown(stats_stale_model_detected, file_setup, file_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,533 @@
+/* convert: merge / scale / concatenate math, the App. A identity (K = k: dense FFN = Σ α-weighted
+ * experts), student logits vs a hand-built checkpoint of the same merged matrices, the written
+ * checkpoint vs the in-memory student, zero-padding of narrow dense layers, fingerprints, the
+ * --target moe student, and bad input. */
+#include "testutil.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "calib.h"
+#include "convert.h"
+#include "engine.h"
+#include "model.h"
+#include "st.h"
+#include "testmodel.h"
+#include "util.h"
+
+/* ---------------- math on plain arrays ---------------- */
+
+static void merge_weights_sum_to_one_and_uniform_fallback(void **state) {
+    (void)state;
+    double s[4] = {0.5, 1.5, 0.0, 2.0}, w[4];
+    m2d_merge_weights(s, 4, w);
+    assert_true(fabs(w[0] + w[1] + w[2] + w[3] - 1) < 1e-15);
+    assert_true(w[0] == 0.125 && w[1] == 0.375 && w[2] == 0 && w[3] == 0.5);
+    double z[3] = {0, 0, 0}, u[3];
+    m2d_merge_weights(z, 3, u);
+    for (int i = 0; i < 3; i++) assert_true(u[i] == 1.0 / 3);
+    double one = 0, w1;
+    m2d_merge_weights(&one, 1, &w1);
+    assert_true(w1 == 1.0);
+}
+
+static void merge_matrices_weighted_average(void **state) {
+    (void)state;
+    float a[3] = {1, 2, 3}, b[3] = {3, 2, -1};
+    const float *src[2] = {a, b};
+    double w[2] = {0.25, 0.75};
+    float out[3];
+    m2d_merge_matrices(src, w, 2, 3, 1.0, out);
+    assert_true(out[0] == 2.5f && out[1] == 2.0f && out[2] == 0.0f);
+    m2d_merge_matrices(src, w, 2, 3, 0.5, out);
+    assert_true(out[0] == 1.25f && out[1] == 1.0f && out[2] == 0.0f);
+    /* a group of identical copies merges back to the expert, bit for bit, whatever the weights */
+    uint64_t st = 5;
+    float c[50], merged[50];
+    for (int i = 0; i < 50; i++) c[i] = (float)tu_rand_normal(&st);
+    const float *copies[3] = {c, c, c};
+    double w3[3] = {0.2, 0.3, 0.5};
+    m2d_merge_matrices(copies, w3, 3, 50, 1.0, merged);
+    assert_memory_equal(merged, c, sizeof c);
+}
+
+static void concat_layout(void **state) {
+    (void)state;
+    /* k = 2 groups, d = 2, d_e = 3: gate/up stack rows, down stacks column blocks */
+    float g0[6] = {1, 2, 3, 4, 5, 6}, g1[6] = {7, 8, 9, 10, 11, 12};
+    float d0[6] = {1, 2, 3, 4, 5, 6}, d1[6] = {7, 8, 9, 10, 11, 12};
+    const float *gs[2] = {g0, g1}, *ds[2] = {d0, d1};
+    float gate[12], up[12], down[12];
+    m2d_concat_ffn(2, 2, 3, gs, gs, ds, gate, up, down);
+    for (int i = 0; i < 6; i++) assert_true(gate[i] == g0[i] && gate[6 + i] == g1[i] && up[6 + i] == g1[i]);
+    float want_down[12] = {1, 2, 3, 7, 8, 9, 4, 5, 6, 10, 11, 12};
+    assert_memory_equal(down, want_down, sizeof want_down);
+}
+
+/* ---------------- fixtures ---------------- */
+
+typedef struct {
+    char *dir;
+    m2d_model *m;
+    m2d_stats *s;
+} fixture;
+
+static void make_fixture(fixture *f, m2d_testmodel_opts *o) {
+    f->dir = tu_tmpdir();
+    char *md = m2d_path_join(f->dir, "teacher");
+    if (m2d_testmodel_write(md, o)) fail_msg("%s", m2d_errmsg());
+    if (m2d_model_open(md, &f->m)) fail_msg("%s", m2d_errmsg());
+    free(md);
+    uint64_t seed = 17;
+    int n = 256;
+    int32_t *ids = m2d_malloc((size_t)n * sizeof *ids);
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)(tu_rand_u64(&seed) % (uint64_t)f->m->cfg.vocab_size);
+    m2d_calib_opts co = {.seq_len = 64, .n_samples = 4, .n_threads = 1};
+    if (m2d_calib_run(f->m, ids, n, &co, &f->s)) fail_msg("%s", m2d_errmsg());
+    free(ids);
+}
+
+static void free_fixture(fixture *f) {
+    m2d_calib_stats_free(f->s);
+    m2d_model_close(f->m);
+    tu_rm_rf(f->dir);
+    free(f->dir);
+}
+
+static m2d_convert_plan *plan_or_fail(fixture *f, const char *sc, const char *gr, const char *sca, int K, m2d_target t) {
+    m2d_convert_opts o = {sc, gr, sca, K, t, 0, {0, NULL, NULL}};
+    m2d_convert_plan *p;
+    if (m2d_convert_plan_build(f->m, f->s, &o, &p)) fail_msg("%s", m2d_errmsg());
+    return p;
+}
+
+static float *logits_of(const m2d_model *m, const int32_t *tok, int n) {
+    m2d_engine *e;
+    if (m2d_engine_new(m, 1, &e)) fail_msg("%s", m2d_errmsg());
+    float *lg = m2d_malloc((size_t)n * m->cfg.vocab_size * sizeof(float));
+    if (m2d_engine_logits(e, tok, n, lg)) fail_msg("%s", m2d_errmsg());
+    m2d_engine_free(e);
+    return lg;
+}
+
+/* ---------------- App. A identity ---------------- */
+
+/* K = k, every group one expert: the dense FFN equals Σ_g α_g f_{e_g}(x) on any input.
+ * Tolerance: the student side is an fp64 reference on fp32 weights (exact copies of the teacher's
+ * fp32 weights times α = 1/k, exact for k = 2), the teacher side is the engine's fp32 kernel;
+ * with d = 32, d_e = 16 term dot products the fp32 error is ~(d + d_e)·2⁻²⁴ ≈ 3e-6 relative to the
+ * output scale, so 1e-5 of the largest |y| bounds it. */
+static void dense_ffn_equals_alpha_weighted_experts(void **state) {
+    (void)state;
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    o.dtype = M2D_F32;
+    fixture f;
+    make_fixture(&f, &o);
+    const char *groupings[] = {"rr", "wc", "rc", "ab", "oc"};
+    char fp0[65] = "";
+    for (size_t gi = 0; gi < M2D_ARRAY_LEN(groupings); gi++) {
+        m2d_convert_plan *p = plan_or_fail(&f, "acp", groupings[gi], "uniform", 2, M2D_TARGET_DENSE);
+        /* K = k: every grouping yields the same student, so the same fingerprint */
+        if (gi == 0) memcpy(fp0, p->fingerprint, 65);
+        else assert_string_equal(fp0, p->fingerprint);
+        m2d_model *s;
+        assert_int_equal(m2d_convert_build(f.m, p, &s), 0);
+        assert_string_equal(s->cfg.arch, "Qwen3ForCausalLM");
+        assert_int_equal(s->cfg.intermediate_size, 32);
+        m2d_engine *e;
+        assert_int_equal(m2d_engine_new(f.m, 1, &e), 0);
+        int d = 32;
+        uint64_t st = 99;
+        for (int li = 0; li < p->n_layers; li++) {
+            const m2d_layer_plan *lp = &p->layers[li];
+            assert_int_equal(lp->n_groups, 2);
+            for (int g = 0; g < 2; g++) {
+                assert_int_equal(lp->group_start[g + 1] - lp->group_start[g], 1);
+                assert_true(lp->merge_w[g] == 1.0);
+                assert_true(lp->alpha[g] == 0.5);
+            }
+            const m2d_layer *L = &s->layers[lp->layer];
+            float *gate = m2d_tensor_f32(L->gate_proj), *up = m2d_tensor_f32(L->up_proj), *down = m2d_tensor_f32(L->down_proj);
+            for (int trial = 0; trial < 4; trial++) {
+                float x[32], y[32], fe[32], want[32] = {0};
+                for (int j = 0; j < d; j++) x[j] = (float)tu_rand_normal(&st);
+                m2d_swiglu_ref(d, 32, gate, up, down, x, y);
+                for (int g = 0; g < 2; g++) {
+                    assert_int_equal(m2d_engine_expert(e, lp->layer, lp->members[g], x, 1, fe), 0);
+                    for (int j = 0; j < d; j++) want[j] += (float)(lp->alpha[g] * fe[j]);
+                }
+                double scale = 0, worst = 0;
+                for (int j = 0; j < d; j++) {
+                    scale = fmax(scale, fabs(want[j]));
+                    worst = fmax(worst, fabs(y[j] - want[j]));
+                }
+                assert_true(worst <= 1e-5 * scale);
+            }
+            free(gate); free(up); free(down);
+        }
+        m2d_engine_free(e);
+        m2d_convert_student_free(s);
+        m2d_convert_plan_free(p);
+    }
+    free_fixture(&f);
+}
+
+/* ---------------- logits: in memory == written == hand-built ---------------- */
+
+static const m2d_tensor *find_t(const m2d_st *st, const char *name) {
+    const m2d_tensor *t = m2d_st_find(st, name);
+    if (!t) fail_msg("missing tensor %s", name);
+    return t;
+}
+
+/* Independent construction of the dense student from the plan: straight loops, written with the
+ * safetensors writer, config from scratch. */
+static void hand_build(const fixture *f, const m2d_convert_plan *p, const char *dir) {
+    const m2d_config *c = &f->m->cfg;
+    int d = c->hidden_size, de = c->moe_intermediate_size, G = p->n_groups, W = G * de;
+    m2d_st_writer *w = m2d_st_writer_new();
+    for (int i = 0; i < m2d_st_count(f->m->st); i++) {
+        const m2d_tensor *t = m2d_st_at(f->m->st, i);
+        if (strstr(t->name, ".mlp.")) continue;
+        assert_int_equal(m2d_st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data), 0);
+    }
+    for (int li = 0; li < p->n_layers; li++) {
+        const m2d_layer_plan *lp = &p->layers[li];
+        float *gate = m2d_calloc((size_t)W * d, sizeof(float)), *up = m2d_calloc((size_t)W * d, sizeof(float)),
+              *down = m2d_calloc((size_t)W * d, sizeof(float));
+        for (int g = 0; g < G; g++)
+            for (int r = 0; r < de; r++)
+                for (int j = 0; j < d; j++) {
+                    double ag = 0, au = 0, ad = 0, ad2 = 0;
+                    for (int m = lp->group_start[g]; m < lp->group_start[g + 1]; m++) {
+                        char name[128];
+                        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.gate_proj.weight", lp->layer, lp->members[m]);
+                        const m2d_tensor *tg = find_t(f->m->st, name);
+                        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.up_proj.weight", lp->layer, lp->members[m]);
+                        const m2d_tensor *tu = find_t(f->m->st, name);
+                        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.down_proj.weight", lp->layer, lp->members[m]);
+                        const m2d_tensor *td = find_t(f->m->st, name);
+                        float v;
+                        m2d_to_f32(tg->dtype, tg->data, (int64_t)r * d + j, 1, &v);
+                        ag += lp->merge_w[m] * v;
+                        m2d_to_f32(tu->dtype, tu->data, (int64_t)r * d + j, 1, &v);
+                        au += lp->merge_w[m] * v;
+                        /* down is [d, de]: element (j, r) */
+                        m2d_to_f32(td->dtype, td->data, (int64_t)j * de + r, 1, &v);
+                        ad += lp->merge_w[m] * v;
+                    }
+                    ad2 = lp->alpha[g] * ad;
+                    gate[(size_t)(g * de + r) * d + j] = (float)ag;
+                    up[(size_t)(g * de + r) * d + j] = (float)au;
+                    down[(size_t)j * W + g * de + r] = (float)ad2;
+                }
+        char name[128];
+        int64_t sgu[2] = {W, d}, sd[2] = {d, W};
+        snprintf(name, sizeof name, "model.layers.%d.mlp.gate_proj.weight", lp->layer);
+        assert_int_equal(m2d_st_writer_add_f32(w, name, M2D_BF16, 2, sgu, gate), 0);
+        snprintf(name, sizeof name, "model.layers.%d.mlp.up_proj.weight", lp->layer);
+        assert_int_equal(m2d_st_writer_add_f32(w, name, M2D_BF16, 2, sgu, up), 0);
+        snprintf(name, sizeof name, "model.layers.%d.mlp.down_proj.weight", lp->layer);
+        assert_int_equal(m2d_st_writer_add_f32(w, name, M2D_BF16, 2, sd, down), 0);
+        free(gate); free(up); free(down);
+    }
+    m2d_mkdir_p(dir);
+    char *path = m2d_path_join(dir, "model.safetensors");
+    assert_int_equal(m2d_st_writer_write(w, path), 0);
+    m2d_st_writer_free(w);
+    free(path);
+    char *cfg = m2d_strfmt(
+        "{\"architectures\":[\"Qwen3ForCausalLM\"],\"model_type\":\"qwen3\",\"vocab_size\":%d,\"hidden_size\":%d,"
+        "\"intermediate_size\":%d,\"num_hidden_layers\":%d,\"num_attention_heads\":%d,\"num_key_value_heads\":%d,"
+        "\"head_dim\":%d,\"rms_norm_eps\":%g,\"rope_theta\":%g,\"max_position_embeddings\":%d,"
+        "\"tie_word_embeddings\":false,\"bos_token_id\":null,\"eos_token_id\":%d,\"torch_dtype\":\"bfloat16\"}",
+        c->vocab_size, d, W, c->num_hidden_layers, c->num_attention_heads, c->num_key_value_heads, c->head_dim,
+        c->rms_norm_eps, c->rope_theta, c->max_position_embeddings, c->eos_token_id);
+    path = m2d_path_join(dir, "config.json");
+    tu_write(path, cfg, strlen(cfg));
+    free(path);
+    free(cfg);
+}
+
+static void student_logits_written_and_hand_built(void **state) {
+    (void)state;
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    fixture f;
+    make_fixture(&f, &o);
+    m2d_convert_plan *p = plan_or_fail(&f, "do-acp", "oc", "proportional", 6, M2D_TARGET_DENSE);
+    for (int li = 0; li < p->n_layers; li++) {
+        const m2d_layer_plan *lp = &p->layers[li];
+        for (int g = 0; g < lp->n_groups; g++) {
+            double sw = 0;
+            for (int m = lp->group_start[g]; m < lp->group_start[g + 1]; m++) sw += lp->merge_w[m];
+            assert_true(fabs(sw - 1) < 1e-12);
+        }
+    }
+    m2d_model *s;
+    assert_int_equal(m2d_convert_build(f.m, p, &s), 0);
+    int32_t tok[40];
+    uint64_t st = 4;
+    for (int i = 0; i < 40; i++) tok[i] = (int32_t)(tu_rand_u64(&st) % 64);
+    float *mem = logits_of(s, tok, 40);
+
+    char *out = m2d_path_join(f.dir, "student");
+    assert_int_equal(m2d_convert_write(f.m, s, p, "stats.bin", out), 0);
+    m2d_model *w;
+    if (m2d_model_open(out, &w)) fail_msg("%s", m2d_errmsg());
+    assert_string_equal(w->cfg.arch, "Qwen3ForCausalLM");
+    assert_string_equal(w->cfg.model_type, "qwen3");
+    assert_int_equal(w->cfg.intermediate_size, 32);
+    assert_int_equal(w->cfg.num_experts, 0);
+    float *disk = logits_of(w, tok, 40);
+    /* same weights (teacher dtype in memory and on disk), same engine: bit-identical */
+    assert_memory_equal(mem, disk, 40 * 64 * sizeof(float));
+    /* unchanged tensors are bit-exact copies of the teacher's */
+    for (int i = 0; i < m2d_st_count(f.m->st); i++) {
+        const m2d_tensor *t = m2d_st_at(f.m->st, i);
+        if (strstr(t->name, ".mlp.")) continue;
+        const m2d_tensor *u = m2d_st_find(w->st, t->name);
+        assert_non_null(u);
+        assert_int_equal(u->nbytes, t->nbytes);
+        assert_memory_equal(u->data, t->data, t->nbytes);
+    }
+    /* moe2dense.json records the plan */
+    char *mj = m2d_path_join(out, "moe2dense.json");
+    size_t n;
+    char *text = m2d_read_file(mj, &n);
+    assert_non_null(text);
+    cJSON *j = cJSON_Parse(text);
+    assert_string_equal(cJSON_GetObjectItem(j, "fingerprint")->valuestring, p->fingerprint);
+    assert_string_equal(cJSON_GetObjectItem(j, "scoring")->valuestring, "do-acp");
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "layers")), 2);
+    cJSON_Delete(j);
+    free(text);
+    free(mj);
+
+    char *hb = m2d_path_join(f.dir, "hand");
+    hand_build(&f, p, hb);
+    m2d_model *h;
+    if (m2d_model_open(hb, &h)) fail_msg("%s", m2d_errmsg());
+    float *hand = logits_of(h, tok, 40);
+    assert_memory_equal(hand, disk, 40 * 64 * sizeof(float));
+    /* and the student is not the teacher */
+    float *teach = logits_of(f.m, tok, 40);
+    assert_true(memcmp(teach, disk, 40 * 64 * sizeof(float)) != 0);
+
+    /* rewriting into an earlier output is allowed; into a foreign non-empty dir is not */
+    assert_int_equal(m2d_convert_write(f.m, s, p, "stats.bin", out), 0);
+    assert_int_equal(m2d_convert_write(f.m, s, p, "stats.bin", hb), -1);
+    assert_non_null(strstr(m2d_errmsg(), "not empty"));
+
+    free(teach); free(hand); free(mem); free(disk);
+    m2d_model_close(h);
+    m2d_model_close(w);
+    free(hb);
+    free(out);
+    m2d_convert_student_free(s);
+    m2d_convert_plan_free(p);
+    free_fixture(&f);
+}
+
+/* ---------------- zero padding ---------------- */
+
+static void narrow_dense_layer_is_zero_padded(void **state) {
+    (void)state;
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    int only[1] = {0};
+    o.mlp_only_layers = only;
+    o.n_mlp_only_layers = 1;
+    o.intermediate_size = 24; /* narrower than k·d_e = 32 */
+    o.num_hidden_layers = 3;
+    fixture f;
+    make_fixture(&f, &o);
+    assert_int_equal(f.s->n_layers, 2);
+    m2d_convert_plan *p = plan_or_fail(&f, "freq", "rr", "uniform", 4, M2D_TARGET_DENSE);
+    m2d_model *s;
+    assert_int_equal(m2d_convert_build(f.m, p, &s), 0);
+    const m2d_layer *L = &s->layers[0], *T = &f.m->layers[0];
+    assert_int_equal(L->gate_proj->shape[0], 32);
+    assert_int_equal(L->down_proj->shape[1], 32);
+    float *g = m2d_tensor_f32(L->gate_proj), *tg = m2d_tensor_f32(T->gate_proj);
+    float *dn = m2d_tensor_f32(L->down_proj), *td = m2d_tensor_f32(T->down_proj);
+    for (int r = 0; r < 32; r++)
+        for (int j = 0; j < 32; j++) {
+            assert_true(g[r * 32 + j] == (r < 24 ? tg[r * 32 + j] : 0.0f));
+            assert_true(dn[j * 32 + r] == (r < 24 ? td[j * 24 + r] : 0.0f));
+        }
+    /* the padded FFN computes the same function as the original */
+    float *u = m2d_tensor_f32(L->up_proj), *tu = m2d_tensor_f32(T->up_proj);
+    float x[32], y0[32], y1[32];
+    uint64_t st = 8;
+    for (int j = 0; j < 32; j++) x[j] = (float)tu_rand_normal(&st);
+    m2d_swiglu_ref(32, 24, tg, tu, td, x, y0);
+    m2d_swiglu_ref(32, 32, g, u, dn, x, y1);
+    assert_memory_equal(y0, y1, sizeof y0);
+    /* written and reloaded, it runs */
+    char *out = m2d_path_join(f.dir, "student");
+    assert_int_equal(m2d_convert_write(f.m, s, p, NULL, out), 0);
+    m2d_model *w;
+    if (m2d_model_open(out, &w)) fail_msg("%s", m2d_errmsg());
+    int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    float *a = logits_of(s, tok, 8), *b = logits_of(w, tok, 8);
+    assert_memory_equal(a, b, 8 * 64 * sizeof(float));
+    free(a); free(b);
+    m2d_model_close(w);
+    free(out);
+    free(g); free(tg); free(dn); free(td); free(u); free(tu);
+    m2d_convert_student_free(s);
+    m2d_convert_plan_free(p);
+    free_fixture(&f);
+}
+
+/* ---------------- --target moe ---------------- */
+
+static void moe_target_pruned_and_merged(void **state) {
+    (void)state;
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    fixture f;
+    make_fixture(&f, &o);
+    int32_t tok[24];
+    for (int i = 0; i < 24; i++) tok[i] = (i * 7) % 64;
+    /* K = E, pure pruning: every expert kept in order with its own router row = the teacher */
+    m2d_convert_plan *all = plan_or_fail(&f, "reap", "rr", NULL, 8, M2D_TARGET_MOE);
+    m2d_model *s;
+    assert_int_equal(m2d_convert_build(f.m, all, &s), 0);
+    float *a = logits_of(s, tok, 24), *t = logits_of(f.m, tok, 24);
+    assert_memory_equal(a, t, 24 * 64 * sizeof(float));
+    free(a);
+    m2d_convert_student_free(s);
+    m2d_convert_plan_free(all);
+
+    /* K = 4 pruned: router rows of the retained experts, written as Qwen3-MoE with 4 experts */
+    m2d_convert_plan *p = plan_or_fail(&f, "reap", "rr", NULL, 4, M2D_TARGET_MOE);
+    assert_int_equal(m2d_convert_build(f.m, p, &s), 0);
+    assert_int_equal(s->cfg.num_experts, 4);
+    float *rs = m2d_tensor_f32(s->layers[0].router), *rt = m2d_tensor_f32(f.m->layers[0].router);
+    for (int g = 0; g < 4; g++)
+        assert_memory_equal(rs + g * 32, rt + p->layers[0].members[g] * 32, 32 * sizeof(float));
+    free(rs); free(rt);
+    a = logits_of(s, tok, 24);
+    char *out = m2d_path_join(f.dir, "moe");
+    assert_int_equal(m2d_convert_write(f.m, s, p, NULL, out), 0);
+    m2d_model *w;
+    if (m2d_model_open(out, &w)) fail_msg("%s", m2d_errmsg());
+    assert_string_equal(w->cfg.arch, "Qwen3MoeForCausalLM");
+    assert_int_equal(w->cfg.num_experts, 4);
+    assert_int_equal(w->cfg.num_experts_per_tok, 2);
+    float *b = logits_of(w, tok, 24);
+    assert_memory_equal(a, b, 24 * 64 * sizeof(float));
+    free(a); free(b);
+    m2d_model_close(w);
+    m2d_convert_student_free(s);
+    m2d_convert_plan_free(p);
+
+    /* K = 6 merged into 3 experts */
+    m2d_convert_opts mo = {"acp", "oc", NULL, 6, M2D_TARGET_MOE, 3, {0, NULL, NULL}};
+    assert_int_equal(m2d_convert_plan_build(f.m, f.s, &mo, &p), 0);
+    assert_int_equal(m2d_convert_build(f.m, p, &s), 0);
+    assert_int_equal(s->cfg.num_experts, 3);
+    assert_int_equal(m2d_convert_write(f.m, s, p, NULL, out), 0);
+    assert_int_equal(m2d_model_open(out, &w), 0);
+    a = logits_of(s, tok, 24);
+    b = logits_of(w, tok, 24);
+    assert_memory_equal(a, b, 24 * 64 * sizeof(float));
+    free(a); free(b); free(t);
+    m2d_model_close(w);
+    m2d_convert_student_free(s);
+    m2d_convert_plan_free(p);
+    free(out);
+    free_fixture(&f);
+}
+
+/* ---------------- fingerprints and bad input ---------------- */
+
+static void fingerprints_distinguish_students(void **state) {
+    (void)state;
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    fixture f;
+    make_fixture(&f, &o);
+    m2d_convert_plan *a = plan_or_fail(&f, "acp", "rr", "uniform", 4, M2D_TARGET_DENSE);
+    m2d_convert_plan *b = plan_or_fail(&f, "acp", "rr", "uniform", 4, M2D_TARGET_DENSE);
+    m2d_convert_plan *c = plan_or_fail(&f, "acp", "rr", "proportional", 4, M2D_TARGET_DENSE);
+    m2d_convert_plan *d = plan_or_fail(&f, "acp", "rr", "uniform", 6, M2D_TARGET_DENSE);
+    assert_string_equal(a->fingerprint, b->fingerprint);
+    assert_string_not_equal(a->fingerprint, c->fingerprint);
+    assert_string_not_equal(a->fingerprint, d->fingerprint);
+    m2d_convert_plan_free(a); m2d_convert_plan_free(b); m2d_convert_plan_free(c); m2d_convert_plan_free(d);
+    free_fixture(&f);
+}
+
+static void expect_plan_error(fixture *f, m2d_convert_opts *o, const char *needle) {
+    m2d_convert_plan *p = NULL;
+    assert_int_equal(m2d_convert_plan_build(f->m, f->s, o, &p), -1);
+    if (!strstr(m2d_errmsg(), needle)) fail_msg("error '%s' lacks '%s'", m2d_errmsg(), needle);
+}
+
+static void bad_input_rejected(void **state) {
+    (void)state;
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    fixture f;
+    make_fixture(&f, &o);
+    m2d_convert_opts c = {"nope", "rr", "uniform", 4, M2D_TARGET_DENSE, 0, {0, NULL, NULL}};
+    expect_plan_error(&f, &c, "available: ");
+    expect_plan_error(&f, &c, "acp");
+    c.scoring = "acp";
+    c.grouping = "zz";
+    expect_plan_error(&f, &c, "unknown grouping plugin 'zz' (available: ab, oc, rc, rr, wc)");
+    c.grouping = "rr";
+    c.scaling = "zz";
+    expect_plan_error(&f, &c, "uniform");
+    c.scaling = "uniform";
+    c.K = 1;
+    expect_plan_error(&f, &c, "-K 1 is outside [k, E] = [2, 8]");
+    c.K = 9;
+    expect_plan_error(&f, &c, "-K 9");
+    c.K = 4;
+    const char *keys[1] = {"bogus"};
+    double vals[1] = {1};
+    c.params = (m2d_params){1, keys, vals};
+    expect_plan_error(&f, &c, "bogus");
+    c.params = (m2d_params){0, NULL, NULL};
+    char *k;
+    double v;
+    assert_int_equal(m2d_convert_parse_param("b=1.5", &k, &v), 0);
+    assert_string_equal(k, "b");
+    assert_true(v == 1.5);
+    free(k);
+    assert_int_equal(m2d_convert_parse_param("b", &k, &v), -1);
+    assert_int_equal(m2d_convert_parse_param("b=x", &k, &v), -1);
+    assert_int_equal(m2d_convert_parse_param("=1", &k, &v), -1);
+    /* statistics of another model */
+    fixture g;
+    o.seed = 2;
+    make_fixture(&g, &o);
+    m2d_convert_plan *p;
+    assert_int_equal(m2d_convert_plan_build(f.m, g.s, &c, &p), -1);
+    assert_non_null(strstr(m2d_errmsg(), "model_hash"));
+    free_fixture(&g);
+    free_fixture(&f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(merge_weights_sum_to_one_and_uniform_fallback),
+        cmocka_unit_test(merge_matrices_weighted_average),
+        cmocka_unit_test(concat_layout),
+        cmocka_unit_test(dense_ffn_equals_alpha_weighted_experts),
+        cmocka_unit_test(student_logits_written_and_hand_built),
+        cmocka_unit_test(narrow_dense_layer_is_zero_padded),
+        cmocka_unit_test(moe_target_pruned_and_merged),
+        cmocka_unit_test(fingerprints_distinguish_students),
+        cmocka_unit_test(bad_input_rejected),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,222 @@
+/* stats: the reference accumulator against direct per-expert computations from stored tokens,
+ * shard merging, per-sample ES-Act/ES-Mag, and a tiny fully hand-computed case. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "stats.h"
+#include "util.h"
+
+/* Inputs are float32, all sums are double: the only differences between the accumulator and the
+ * direct recomputation below are double rounding in a different summation order, O(N·1e-16)
+ * relative, so 1e-10 relative is generous yet catches any formula error. */
+#define TOL 1e-10
+static void assert_close(double got, double want) {
+    double tol = TOL * (1.0 + fabs(want));
+    if (fabs(got - want) > tol) fail_msg("got %.17g want %.17g", got, want);
+}
+
+enum { E = 5, K_TOP = 2, D = 3, NTOK = 13 };
+static const int sample_len[] = {4, 7, 2};
+
+typedef struct {
+    float p[NTOK][E], g[NTOK][K_TOP], f[NTOK][E * D];
+    int32_t topk[NTOK][K_TOP];
+} tokens;
+
+/* Random logits -> full softmax; top-k by p (ties -> lower index); renormalised gates.
+ * Expert 4 gets a very low logit so it is never routed (tests the n_e = 0 paths). */
+static void make_tokens(tokens *t, uint64_t seed) {
+    uint64_t st = seed;
+    for (int n = 0; n < NTOK; n++) {
+        double logit[E], mx = -1e30, z = 0;
+        for (int e = 0; e < E; e++) {
+            logit[e] = e == 4 ? -50 : 2 * tu_rand_normal(&st);
+            mx = fmax(mx, logit[e]);
+        }
+        for (int e = 0; e < E; e++) z += exp(logit[e] - mx);
+        for (int e = 0; e < E; e++) t->p[n][e] = (float)(exp(logit[e] - mx) / z);
+        int used[E] = {0};
+        float gs = 0;
+        for (int r = 0; r < K_TOP; r++) {
+            int best = -1;
+            for (int e = 0; e < E; e++)
+                if (!used[e] && (best < 0 || t->p[n][e] > t->p[n][best])) best = e;
+            used[best] = 1;
+            t->topk[n][r] = best;
+            gs += t->p[n][best];
+        }
+        for (int r = 0; r < K_TOP; r++) t->g[n][r] = t->p[n][t->topk[n][r]] / gs;
+        for (int i = 0; i < E * D; i++) t->f[n][i] = (float)tu_rand_normal(&st);
+    }
+}
+
+static void feed(m2d_layer_stats *s, const tokens *t, int from, int to) {
+    int n = 0;
+    for (size_t smp = 0; smp < M2D_ARRAY_LEN(sample_len); smp++)
+        for (int i = 0; i < sample_len[smp]; i++, n++) {
+            if (n >= from && n < to) m2d_layer_stats_add_token(s, t->p[n], t->topk[n], t->g[n], t->f[n]);
+            if (i == sample_len[smp] - 1 && n >= from && n < to) m2d_layer_stats_end_sample(s);
+        }
+}
+
+static double gate_of(const tokens *t, int n, int e) {
+    for (int r = 0; r < K_TOP; r++)
+        if (t->topk[n][r] == e) return t->g[n][r];
+    return -1; /* not routed */
+}
+static double norm_of(const tokens *t, int n, int e) {
+    double s = 0;
+    for (int j = 0; j < D; j++) s += (double)t->f[n][e * D + j] * t->f[n][e * D + j];
+    return sqrt(s);
+}
+
+/* Every statistic recomputed per expert straight from the definitions of SPEC §1. */
+static void check_against_direct(const m2d_layer_stats *s, const tokens *t) {
+    assert_close(s->N, NTOK);
+    for (int e = 0; e < E; e++) {
+        double n = 0, sp = 0, sps = 0, sg = 0, sg2 = 0, sf = 0, sf2 = 0, sgf = 0, sg2f2 = 0, sgf2 = 0, sg2f = 0;
+        for (int i = 0; i < NTOK; i++) {
+            sp += t->p[i][e];
+            double g = gate_of(t, i, e);
+            if (g < 0) continue;
+            double nf = norm_of(t, i, e);
+            n++, sps += t->p[i][e], sg += g, sg2 += g * g, sf += nf, sf2 += nf * nf, sgf += g * nf;
+            sg2f2 += g * g * nf * nf, sgf2 += g * nf * nf, sg2f += g * g * nf;
+        }
+        assert_close(s->n[e], n);
+        assert_close(s->sum_p[e], sp);
+        assert_close(s->sum_p_sel[e], sps);
+        assert_close(s->sum_g[e], sg);
+        assert_close(s->sum_g2[e], sg2);
+        assert_close(s->sum_f[e], sf);
+        assert_close(s->sum_f2[e], sf2);
+        assert_close(s->sum_gf[e], sgf);
+        assert_close(s->sum_g2f2[e], sg2f2);
+        assert_close(s->sum_gf2[e], sgf2);
+        assert_close(s->sum_g2f[e], sg2f);
+        for (int j = 0; j < E; j++) {
+            double G = 0;
+            for (int i = 0; i < NTOK; i++)
+                for (int c = 0; c < D; c++) G += (double)t->f[i][e * D + c] * t->f[i][j * D + c];
+            assert_close(s->gram[e * E + j], G);
+            assert_true(s->gram[e * E + j] == s->gram[j * E + e]); /* exactly symmetric */
+        }
+        for (int c = 0; c < D; c++) {
+            double mu = 0, rm = 0, rv = 0;
+            for (int i = 0; i < NTOK; i++) mu += t->f[i][e * D + c];
+            for (int i = 0; i < NTOK; i++)
+                if (gate_of(t, i, e) >= 0) rm += t->f[i][e * D + c];
+            rm = n > 0 ? rm / n : 0;
+            for (int i = 0; i < NTOK; i++) /* two-pass variance: independent of E[x²]−E[x]² */
+                if (gate_of(t, i, e) >= 0) rv += (t->f[i][e * D + c] - rm) * (t->f[i][e * D + c] - rm);
+            rv = n > 0 ? rv / n : 0;
+            assert_close(s->mu[e * D + c], mu / NTOK);
+            assert_close(s->routed_mean[e * D + c], rm);
+            assert_close(s->routed_var[e * D + c], rv);
+        }
+        /* ES: mean over the 3 samples of (routed count / L_s) and (Σ routed ‖f‖ / L_s) */
+        double act = 0, mag = 0;
+        int i0 = 0;
+        for (size_t smp = 0; smp < M2D_ARRAY_LEN(sample_len); smp++) {
+            double a = 0, m = 0;
+            for (int i = i0; i < i0 + sample_len[smp]; i++)
+                if (gate_of(t, i, e) >= 0) a += 1, m += norm_of(t, i, e);
+            act += a / sample_len[smp];
+            mag += m / sample_len[smp];
+            i0 += sample_len[smp];
+        }
+        assert_close(s->es_act[e], act / 3);
+        assert_close(s->es_mag[e], mag / 3);
+    }
+    assert_int_equal(s->n_samples, 3);
+    /* the never-routed expert: zeros, not NaN */
+    assert_true(s->n[4] == 0 && s->routed_mean[4 * D] == 0 && s->routed_var[4 * D] == 0);
+}
+
+static void accumulator_matches_definitions(void **state) {
+    (void)state;
+    tokens t;
+    make_tokens(&t, 42);
+    m2d_layer_stats s;
+    m2d_layer_stats_alloc(&s, 7, E, K_TOP, D);
+    assert_int_equal(s.layer, 7);
+    feed(&s, &t, 0, NTOK);
+    m2d_layer_stats_finalize(&s);
+    check_against_direct(&s, &t);
+    m2d_layer_stats_finalize(&s); /* idempotent */
+    check_against_direct(&s, &t);
+    m2d_layer_stats_free(&s);
+}
+
+static void merge_of_shards_equals_whole(void **state) {
+    (void)state;
+    tokens t;
+    make_tokens(&t, 7);
+    m2d_layer_stats a, b;
+    m2d_layer_stats_alloc(&a, 0, E, K_TOP, D);
+    m2d_layer_stats_alloc(&b, 0, E, K_TOP, D);
+    feed(&a, &t, 0, 4);     /* sample 0 */
+    feed(&b, &t, 4, NTOK);  /* samples 1 and 2 */
+    m2d_layer_stats_finalize(&a); /* merging after finalize is allowed */
+    assert_int_equal(m2d_layer_stats_merge(&a, &b), 0);
+    m2d_layer_stats_finalize(&a);
+    check_against_direct(&a, &t);
+
+    m2d_layer_stats bad;
+    m2d_layer_stats_alloc(&bad, 3, E + 1, K_TOP, D);
+    assert_int_equal(m2d_layer_stats_merge(&a, &bad), -1);
+    assert_non_null(strstr(m2d_errmsg(), "layer 3"));
+    m2d_layer_stats open;
+    m2d_layer_stats_alloc(&open, 0, E, K_TOP, D);
+    m2d_layer_stats_add_token(&open, t.p[0], t.topk[0], t.g[0], t.f[0]);
+    assert_int_equal(m2d_layer_stats_merge(&a, &open), -1);
+    assert_non_null(strstr(m2d_errmsg(), "open sample"));
+    m2d_layer_stats_free(&a);
+    m2d_layer_stats_free(&b);
+    m2d_layer_stats_free(&bad);
+    m2d_layer_stats_free(&open);
+}
+
+/* E=2, k=1, d=2, two samples of lengths 2 and 1, every number by hand. */
+static void tiny_hand_computed(void **state) {
+    (void)state;
+    m2d_layer_stats s;
+    m2d_layer_stats_alloc(&s, 0, 2, 1, 2);
+    const float p1[] = {0.75f, 0.25f}, p2[] = {0.5f, 0.5f}, p3[] = {0.25f, 0.75f};
+    const int32_t s1[] = {0}, s2[] = {0}, s3[] = {1};
+    const float g1[] = {1}, g2[] = {1}, g3[] = {1};
+    const float f1[] = {3, 4, 1, 0}, f2[] = {0, 1, 2, 2}, f3[] = {6, 8, 0, 5};
+    m2d_layer_stats_add_token(&s, p1, s1, g1, f1);
+    m2d_layer_stats_add_token(&s, p2, s2, g2, f2);
+    m2d_layer_stats_end_sample(&s);
+    m2d_layer_stats_add_token(&s, p3, s3, g3, f3);
+    m2d_layer_stats_finalize(&s); /* closes the open second sample */
+    assert_close(s.N, 3);
+    assert_close(s.n[0], 2), assert_close(s.n[1], 1);
+    assert_close(s.sum_p[0], 1.5), assert_close(s.sum_p_sel[0], 1.25), assert_close(s.sum_p_sel[1], 0.75);
+    assert_close(s.sum_f[0], 6), assert_close(s.sum_f2[0], 26), assert_close(s.sum_f[1], 5);
+    /* G00 = 25+1+100, G01 = 3+2+40, G11 = 1+8+25 */
+    assert_close(s.gram[0], 126), assert_close(s.gram[1], 45), assert_close(s.gram[3], 34);
+    assert_close(s.mu[0], 3), assert_close(s.mu[1], 13.0 / 3);
+    assert_close(s.routed_mean[0], 1.5), assert_close(s.routed_mean[1], 2.5);
+    assert_close(s.routed_var[0], 2.25), assert_close(s.routed_var[1], 2.25);
+    assert_close(s.routed_mean[2], 0), assert_close(s.routed_mean[3], 5), assert_close(s.routed_var[3], 0);
+    /* ES-Act: sample 1: e0 2/2, e1 0; sample 2: e0 0, e1 1/1 → [0.5, 0.5]
+     * ES-Mag: sample 1: e0 (5+1)/2 = 3; sample 2: e1 5/1 → [1.5, 2.5] */
+    assert_close(s.es_act[0], 0.5), assert_close(s.es_act[1], 0.5);
+    assert_close(s.es_mag[0], 1.5), assert_close(s.es_mag[1], 2.5);
+    assert_int_equal(s.n_samples, 2);
+    m2d_layer_stats_free(&s);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(accumulator_matches_definitions),
+        cmocka_unit_test(merge_of_shards_equals_whole),
+        cmocka_unit_test(tiny_hand_computed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
