@@ -1,0 +1,189 @@
+/* bench_engine — sgemm peak (the yardstick), then PPL-eval and prompt-processing throughput of the
+ * engine on random checkpoints: the tiny teacher's shape and its dense student, and 2-layer slices
+ * with the real Qwen3-30B-A3B dimensions (MoE and its K=8 dense student), written to /tmp.
+ *
+ * Each case runs in a fresh process (this binary re-executed with "case ...") so that peak RSS
+ * (getrusage) is the case's own. Timings on a shared 2-core machine are noisy: compare ratios
+ * from one run. Usage: bench_engine [--quick] (quick: tiny shapes only). */
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "engine.h"
+#include "testmodel.h"
+#include "util.h"
+
+static double sgemm_peak(int n, int threads) {
+    m2d_be_set_threads(threads);
+    float *a = m2d_malloc(sizeof(float) * (size_t)n * n), *b = m2d_malloc(sizeof(float) * (size_t)n * n),
+          *c = m2d_malloc(sizeof(float) * (size_t)n * n);
+    for (size_t i = 0; i < (size_t)n * n; i++) a[i] = b[i] = (float)((i % 17) * 0.01);
+    double best = 1e30;
+    for (int r = 0; r < 5; r++) {
+        double t0 = m2d_now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1, a, n, b, n, 0, c, n);
+        double t = m2d_now() - t0;
+        if (r && t < best) best = t; /* first call warms up the thread pool */
+    }
+    free(a); free(b); free(c);
+    return 2.0 * n * n * (double)n / best / 1e9;
+}
+
+/* forward FLOPs for n tokens (causal attention) + LM head on `scored` rows */
+static double forward_flops(const m2d_config *c, int n, int scored) {
+    double d = c->hidden_size, qd = (double)c->num_attention_heads * c->head_dim,
+           kvd = (double)c->num_key_value_heads * c->head_dim, f = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        f += 2.0 * n * (d * qd + 2 * d * kvd + qd * d);
+        f += 2.0 * 2.0 * c->head_dim * c->num_attention_heads * ((double)n * (n + 1) / 2);
+        if (c->layer_is_moe[l])
+            f += 2.0 * n * d * c->num_experts + 2.0 * n * c->num_experts_per_tok * 3 * d * c->moe_intermediate_size;
+        else
+            f += 2.0 * n * 3 * d * c->intermediate_size;
+    }
+    return f + 2.0 * scored * d * c->vocab_size;
+}
+
+static long peak_rss_mb(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss / 1024;
+}
+
+/* child: one model, one mode; prints one table row */
+static int run_case(const char *dir, const char *label, const char *mode, int L, int reps, int cache, double peak) {
+    m2d_model *m;
+    if (m2d_model_open(dir, &m)) {
+        fprintf(stderr, "bench: %s\n", m2d_errmsg());
+        return 1;
+    }
+    m2d_engine *e;
+    if (m2d_engine_new(m, 2, &e)) return 1;
+    double tc = m2d_now();
+    size_t cached = cache ? m2d_engine_cache_weights(e, (size_t)64 << 30) : 0;
+    tc = m2d_now() - tc;
+    int32_t *tok = m2d_malloc(sizeof(int32_t) * (size_t)(L + 1));
+    uint64_t s = 12345;
+    for (int i = 0; i <= L; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        tok[i] = (int32_t)((s >> 33) % (uint64_t)m->cfg.vocab_size);
+    }
+    double *lp = m2d_malloc(sizeof(double) * (size_t)L);
+    int pp = strcmp(mode, "pp") == 0;
+    /* ppl: positions 0..L-2 predict 1..L-1 (as `ppl --protocol gptq`); pp: L tokens, last row only */
+    int n = pp ? L : L - 1, first = pp ? L - 1 : 0;
+    double best = 1e30;
+    for (int r = 0; r < reps + 1; r++) { /* +1: the first pass pages the mmap in */
+        double t0 = m2d_now();
+        if (m2d_engine_logprobs(e, tok, n, tok + 1, first, lp)) {
+            fprintf(stderr, "bench: %s\n", m2d_errmsg());
+            return 1;
+        }
+        double t = m2d_now() - t0;
+        if (r && t < best) best = t;
+    }
+    double fl = forward_flops(&m->cfg, n, n - first);
+    printf("| %-28s | %-4s | %5d | %9.1f | %8.1f | %5.0f%% | %7ld | %s |\n", label, mode, L, n / best, fl / best / 1e9,
+           100 * fl / best / 1e9 / peak, peak_rss_mb(),
+           cache ? m2d_strfmt("fp32 cache %.2f GB (%.1f s)", cached / 1e9, tc) : "convert on use");
+    fflush(stdout);
+    free(tok);
+    free(lp);
+    m2d_engine_free(e);
+    m2d_model_close(m);
+    return 0;
+}
+
+static void spawn(const char *self, const char *dir, const char *label, const char *mode, int L, int reps, int cache,
+                  double peak) {
+    char Ls[16], rs[16], cs[16], ps[32];
+    snprintf(Ls, sizeof Ls, "%d", L);
+    snprintf(rs, sizeof rs, "%d", reps);
+    snprintf(cs, sizeof cs, "%d", cache);
+    snprintf(ps, sizeof ps, "%.3f", peak);
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl(self, self, "case", dir, label, mode, Ls, rs, cs, ps, (char *)NULL);
+        _exit(127);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st)) printf("| %-28s | %-4s | FAILED |\n", label, mode);
+}
+
+static int write_model(const char *dir, int real, int moe) {
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    o.moe = moe;
+    o.init_std = 0.02f;
+    o.dtype = M2D_BF16;
+    if (real) { /* Qwen3-30B-A3B layer dimensions, 2 layers */
+        o.vocab_size = 151936; o.hidden_size = 2048; o.num_hidden_layers = 2;
+        o.num_attention_heads = 32; o.num_key_value_heads = 4; o.head_dim = 128;
+        o.num_experts = 128; o.num_experts_per_tok = 8; o.moe_intermediate_size = 768;
+        o.intermediate_size = 8 * 768; o.rope_theta = 1e6; o.max_position_embeddings = 40960;
+        o.eos_token_id = 151645;
+    } else { /* tiny-qwen3moe dimensions */
+        o.vocab_size = 8192; o.hidden_size = 192; o.num_hidden_layers = 4;
+        o.num_attention_heads = 6; o.num_key_value_heads = 2; o.head_dim = 32;
+        o.num_experts = 64; o.num_experts_per_tok = 8; o.moe_intermediate_size = 72;
+        o.intermediate_size = 8 * 72; o.max_position_embeddings = 512; o.eos_token_id = 8189;
+    }
+    if (m2d_testmodel_write(dir, &o)) {
+        fprintf(stderr, "bench: %s\n", m2d_errmsg());
+        return -1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 9 && strcmp(argv[1], "case") == 0)
+        return run_case(argv[2], argv[3], argv[4], atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), atof(argv[8]));
+    int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    char self[4096];
+    ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (sl <= 0) return 1;
+    self[sl] = 0;
+    double peak = sgemm_peak(2048, 2);
+    printf("sgemm peak (n=2048, 2 threads, best of 4): %.1f GFLOP/s\n\n", peak);
+    printf("| model | mode | L | tokens/s | GFLOP/s | of peak | RSS MB | weights |\n");
+    printf("|---|---|---|---|---|---|---|---|\n");
+    fflush(stdout);
+    char tmpl[] = "/tmp/m2d-bench-XXXXXX";
+    char *root = mkdtemp(tmpl);
+    if (!root) return 1;
+    struct { const char *sub, *label; int real, moe; } models[] = {
+        {"tiny-moe", "tiny teacher shape (MoE)", 0, 1},
+        {"tiny-dense", "tiny dense student (K=8)", 0, 0},
+        {"real-moe", "30B-A3B 2-layer slice (MoE)", 1, 1},
+        {"real-dense", "30B-A3B K=8 student, 2 layers", 1, 0},
+    };
+    int rc = 0;
+    for (size_t i = 0; i < M2D_ARRAY_LEN(models) && rc == 0; i++) {
+        if (quick && models[i].real) continue;
+        char *dir = m2d_path_join(root, models[i].sub);
+        double t0 = m2d_now();
+        if (write_model(dir, models[i].real, models[i].moe)) rc = 1;
+        fprintf(stderr, "bench: wrote %s in %.1f s\n", dir, m2d_now() - t0);
+        if (rc == 0) {
+            int reps = models[i].real ? 2 : 5;
+            spawn(self, dir, models[i].label, "ppl", 512, reps, 0, peak);
+            spawn(self, dir, models[i].label, "ppl", 512, reps, 1, peak);
+            spawn(self, dir, models[i].label, "pp", 512, reps, 0, peak);
+            spawn(self, dir, models[i].label, "pp", 512, reps, 1, peak);
+        }
+        char *cmd = m2d_strfmt("rm -rf '%s'", dir);
+        if (system(cmd) != 0) fprintf(stderr, "bench: could not remove %s\n", dir);
+        free(cmd);
+        free(dir);
+    }
+    rmdir(root);
+    printf("\nFLOPs: projections + causal attention + routed experts (k per token) + router + LM head on\n"
+           "the scored rows; pp = 512 tokens with logits for the last one only (llama-bench pp512).\n");
+    return rc;
+}
