@@ -3,6 +3,7 @@
 #include "registry.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,9 +15,11 @@
 static const m2d_plugin *table[M2D_PLUGIN_KINDS][MAX_PLUGINS];
 static int count[M2D_PLUGIN_KINDS];
 
-/* "do-X" plugins made on demand for base scorings X; they live as long as the process */
+/* "do-X" plugins made on demand for base scorings X; they live as long as the process. The sweep
+ * looks plugins up from worker threads, so making one is serialised. */
 static m2d_plugin *derived[MAX_PLUGINS];
 static int n_derived;
+static pthread_mutex_t derived_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void m2d_plugin_register(const m2d_plugin *p) {
     if ((unsigned)p->kind >= M2D_PLUGIN_KINDS || !p->name) {
@@ -48,8 +51,7 @@ static const m2d_plugin *find_registered(m2d_plugin_kind kind, const char *name)
 }
 
 /* do-X over a base scoring X: X's scores, D-optimal selection with I = those scores */
-static const m2d_plugin *find_derived_dopt(const char *name) {
-    if (strncmp(name, "do-", 3) != 0) return NULL;
+static const m2d_plugin *find_derived_dopt_locked(const char *name) {
     for (int i = 0; i < n_derived; i++)
         if (!strcmp(derived[i]->name, name)) return derived[i];
     const m2d_plugin *base = find_registered(M2D_SCORING, name + 3);
@@ -62,6 +64,14 @@ static const m2d_plugin *find_derived_dopt(const char *name) {
     p->select = m2d_dopt_select;
     p->params_default = base->params_default;
     derived[n_derived++] = p;
+    return p;
+}
+
+static const m2d_plugin *find_derived_dopt(const char *name) {
+    if (strncmp(name, "do-", 3) != 0) return NULL;
+    pthread_mutex_lock(&derived_lock);
+    const m2d_plugin *p = find_derived_dopt_locked(name);
+    pthread_mutex_unlock(&derived_lock);
     return p;
 }
 

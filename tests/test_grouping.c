@@ -1,0 +1,371 @@
+/* grouping and scaling plugins: average linkage vs a brute-force implementation, each grouping's
+ * defining property on synthetic weights / statistics, canonical ids, K = k, and the scalings. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cluster.h"
+#include "crit.h"
+#include "crit_fixture.h"
+#include "registry.h"
+
+/* Brute force average linkage: explicit member lists, every linkage recomputed as the mean of
+ * member-pair distances at every step; ties -> lexicographically first (lowest members). */
+static void brute_average_linkage(const double *dist, int n, int k, int *label) {
+    int *cl = m2d_malloc((size_t)n * sizeof *cl); /* cluster id (= lowest member) of each point */
+    for (int i = 0; i < n; i++) cl[i] = i;
+    for (int clusters = n; clusters > k; clusters--) {
+        int ba = -1, bb = -1;
+        double best = INFINITY;
+        for (int a = 0; a < n; a++)
+            for (int b = a + 1; b < n; b++) {
+                if (cl[a] != a || cl[b] != b) continue; /* a, b must name clusters */
+                double s = 0;
+                int cnt = 0;
+                for (int i = 0; i < n; i++)
+                    for (int j = 0; j < n; j++)
+                        if (cl[i] == a && cl[j] == b) s += dist[i * n + j], cnt++;
+                if (s / cnt < best) best = s / cnt, ba = a, bb = b;
+            }
+        for (int i = 0; i < n; i++)
+            if (cl[i] == bb) cl[i] = ba;
+    }
+    int map[64];
+    for (int i = 0; i < n; i++) map[i] = -1;
+    int next = 0;
+    for (int i = 0; i < n; i++) {
+        if (map[cl[i]] < 0) map[cl[i]] = next++;
+        label[i] = map[cl[i]];
+    }
+    free(cl);
+}
+
+static void average_linkage_matches_brute_force(void **state) {
+    (void)state;
+    uint64_t st = 5;
+    for (int trial = 0; trial < 60; trial++) {
+        int n = 2 + trial % 11, dim = 1 + trial % 4;
+        double pts[64 * 4], dist[64 * 64];
+        for (int i = 0; i < n * dim; i++) pts[i] = tu_rand_normal(&st);
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < n; j++) {
+                double s = 0;
+                for (int c = 0; c < dim; c++) s += (pts[i * dim + c] - pts[j * dim + c]) * (pts[i * dim + c] - pts[j * dim + c]);
+                dist[i * n + j] = sqrt(s);
+            }
+        for (int k = 1; k <= n; k++) {
+            int got[64], want[64];
+            assert_int_equal(m2d_cluster_average_linkage(dist, n, k, got), 0);
+            brute_average_linkage(dist, n, k, want);
+            assert_memory_equal(got, want, (size_t)n * sizeof(int));
+        }
+    }
+    /* all distances equal: ties merge the lowest names first → {0,1,2}, {3}, {4} at k = 3 */
+    double flat[25];
+    for (int i = 0; i < 25; i++) flat[i] = i % 6 ? 1 : 0;
+    int lab[5];
+    m2d_cluster_average_linkage(flat, 5, 3, lab);
+    int want[5] = {0, 0, 0, 1, 2};
+    assert_memory_equal(lab, want, sizeof want);
+    assert_int_equal(m2d_cluster_average_linkage(flat, 5, 6, lab), -1);
+}
+
+/* ---- a synthetic layer with planted structure ----
+ * 8 experts, d = 64, d_e = 100 (each flattened expert has 19,200 weights: several SYRK blocks).
+ * Weights, router rows and outputs of experts {0,2,5} share one direction, {1,4,7} another,
+ * {3,6} a third, plus small noise. */
+enum { PE = 8, PD = 64, PDE = 100 };
+static const int family[PE] = {0, 1, 0, 2, 1, 0, 2, 1};
+
+typedef struct {
+    m2d_layer_stats s;
+    fx_weights w;
+    float *router, *wm[3];
+} planted;
+
+static void make_planted(planted *pl, m2d_dtype dt) {
+    uint64_t st = 77;
+    size_t per = (size_t)PDE * PD;
+    float *dir[3][4];
+    for (int f = 0; f < 3; f++)
+        for (int m = 0; m < 4; m++) {
+            size_t n = m == 0 ? PD : per;
+            dir[f][m] = m2d_malloc(n * sizeof(float));
+            for (size_t i = 0; i < n; i++) dir[f][m][i] = (float)tu_rand_normal(&st);
+        }
+    pl->router = m2d_malloc((size_t)PE * PD * sizeof(float));
+    for (int m = 0; m < 3; m++) pl->wm[m] = m2d_malloc(PE * per * sizeof(float));
+    for (int e = 0; e < PE; e++) {
+        for (int i = 0; i < PD; i++) pl->router[e * PD + i] = dir[family[e]][0][i] + 0.2f * (float)tu_rand_normal(&st);
+        for (int m = 0; m < 3; m++)
+            for (size_t i = 0; i < per; i++)
+                pl->wm[m][e * per + i] = (1.0f + 0.1f * e) * dir[family[e]][m + 1][i] + 0.2f * (float)tu_rand_normal(&st);
+    }
+    fx_make_weights(&pl->w, dt, PE, PD, PDE, pl->router, pl->wm[0], pl->wm[1], pl->wm[2]);
+    /* statistics: outputs f_e(t) = (family direction of the token) + noise, via add_token */
+    m2d_layer_stats_alloc(&pl->s, 0, PE, 2, 4);
+    float p[PE], g[2] = {0.5f, 0.5f}, f[PE * 4];
+    for (int t = 0; t < 30; t++) {
+        double c[3] = {tu_rand_normal(&st), tu_rand_normal(&st), tu_rand_normal(&st)};
+        for (int e = 0; e < PE; e++) {
+            p[e] = 1.0f / PE;
+            for (int j = 0; j < 4; j++)
+                f[e * 4 + j] = (float)(c[family[e]] * (j == family[e] ? 1.0 : 0.1) + 0.05 * tu_rand_normal(&st));
+        }
+        int32_t topk[2] = {t % PE, (t + 3) % PE};
+        m2d_layer_stats_add_token(&pl->s, p, topk, g, f);
+    }
+    m2d_layer_stats_finalize(&pl->s);
+    for (int f2 = 0; f2 < 3; f2++)
+        for (int m = 0; m < 4; m++) free(dir[f2][m]);
+}
+
+static void free_planted(planted *pl) {
+    m2d_layer_stats_free(&pl->s);
+    fx_free_weights(&pl->w);
+    free(pl->router);
+    for (int m = 0; m < 3; m++) free(pl->wm[m]);
+}
+
+static void run_group(const char *name, const m2d_layer_view *v, const int *sel, const double *scores, int *groups) {
+    const m2d_plugin *p = m2d_plugin_find(M2D_GROUPING, name);
+    if (!p) fail_msg("no grouping '%s'", name);
+    if (m2d_group_run(p, v, sel, scores, groups) != 0) fail_msg("%s: %s", name, m2d_errmsg());
+}
+
+/* groups are the planted families (canonical numbering by first appearance in `selected`) */
+static void assert_families(const int *sel, const int *groups, int K) {
+    for (int i = 0; i < K; i++)
+        for (int j = 0; j < K; j++)
+            if ((family[sel[i]] == family[sel[j]]) != (groups[i] == groups[j]))
+                fail_msg("experts %d and %d: families %d/%d, groups %d/%d", sel[i], sel[j], family[sel[i]],
+                         family[sel[j]], groups[i], groups[j]);
+}
+
+static void clusterings_recover_planted_families(void **state) {
+    (void)state;
+    const m2d_dtype dts[2] = {M2D_F32, M2D_BF16};
+    for (int di = 0; di < 2; di++) {
+        planted pl;
+        make_planted(&pl, dts[di]);
+        int sel[PE] = {5, 1, 3, 0, 7, 6, 2, 4}; /* an arbitrary selection order */
+        double scores[PE] = {1, 2, 3, 4, 5, 6, 7, 8};
+        m2d_layer_view v = fx_view(&pl.s, &pl.w.layer, PE, PDE, NULL);
+        v.d = PD;
+        v.k = 3;
+        int groups[PE];
+        run_group("wc", &v, sel, scores, groups);
+        assert_families(sel, groups, PE);
+        assert_int_equal(groups[0], 0), assert_int_equal(groups[1], 1), assert_int_equal(groups[2], 2); /* canonical */
+        run_group("rc", &v, sel, scores, groups);
+        assert_families(sel, groups, PE);
+        run_group("oc", &v, sel, scores, groups);
+        assert_families(sel, groups, PE);
+        free_planted(&pl);
+    }
+}
+
+/* WC's GEMM cosine equals a scalar double loop over the flattened [W_gate; W_up; W_down]
+ * (fp32 SYRK blocks of 8192 summed in double: 1e-5 relative on O(1) cosines is ample). */
+static void weight_gram_matches_scalar_loop(void **state) {
+    (void)state;
+    planted pl;
+    make_planted(&pl, M2D_F32);
+    int idx[3] = {6, 0, 3};
+    double G[9], dist[9];
+    m2d_layer_view v = fx_view(&pl.s, &pl.w.layer, 3, PDE, NULL);
+    v.d = PD;
+    assert_int_equal(m2d_crit_expert_gram(&v, idx, 3, M2D_W_ALL, G), 0);
+    m2d_crit_gram_to_cosine_distance(G, 3, dist);
+    size_t per = (size_t)PDE * PD;
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
+            double dot = 0, na = 0, nb = 0;
+            for (int m = 0; m < 3; m++)
+                for (size_t i = 0; i < per; i++) {
+                    double x = pl.wm[m][idx[a] * per + i], y = pl.wm[m][idx[b] * per + i];
+                    dot += x * y, na += x * x, nb += y * y;
+                }
+            /* error scales with the norms, not with the (possibly near-zero) dot itself */
+            if (fabs(G[a * 3 + b] - dot) > 1e-5 * sqrt(na * nb)) fail_msg("gram[%d,%d]: %g vs %g", a, b, G[a * 3 + b], dot);
+            fx_close(dist[a * 3 + b], a == b ? 0 : 1 - dot / sqrt(na * nb), 1e-5, "cosine distance", a * 3 + b);
+        }
+    free_planted(&pl);
+}
+
+static void oc_zero_norm_rule(void **state) {
+    (void)state;
+    /* 4 experts; expert 2 never produces output: similarity 0 with everyone (distance 1) */
+    m2d_layer_stats s;
+    m2d_layer_stats_alloc(&s, 0, 4, 1, 2);
+    float p[4] = {0.25f, 0.25f, 0.25f, 0.25f}, g = 1;
+    const float f1[8] = {1, 0, 1, 0.1f, 0, 0, -1, 0}, f2[8] = {0, 1, 0, 1, 0, 0, 0, -1};
+    int32_t r = 0;
+    m2d_layer_stats_add_token(&s, p, &r, &g, f1);
+    m2d_layer_stats_add_token(&s, p, &r, &g, f2);
+    m2d_layer_stats_finalize(&s);
+    /* by hand: G00 = 2, G11 = 2.01, G01 = 2, G03 = −2, G13 = −2, G22 = 0:
+     * d01 = 1 − 2/sqrt(4.02), d03 = 2, d13 = 1 + 2/sqrt(4.02), d(2, ·) = 1 (zero norm) */
+    double d01 = 1 - 2 / sqrt(4.02), d13 = 1 + 2 / sqrt(4.02);
+    /* average linkage to k=2: merge 0-1 (d01 ≈ 0.0025) first; then {0,1}–{2} and {2}–{3} tie at
+     * exactly 1 and the pair named (0,2) < (2,3) wins → {0,1,2}, {3} */
+    assert_true(d01 < 0.01 && d13 > 1.99);
+    int sel[4] = {0, 1, 2, 3}, groups[4];
+    double scores[4] = {1, 1, 1, 1};
+    m2d_layer_view v = fx_view(&s, NULL, 4, 0, NULL);
+    v.k = 2;
+    run_group("oc", &v, sel, scores, groups);
+    int want[4] = {0, 0, 0, 1};
+    assert_memory_equal(groups, want, sizeof want);
+    m2d_layer_stats_free(&s);
+}
+
+static void rr_rank_order(void **state) {
+    (void)state;
+    m2d_layer_stats s;
+    m2d_layer_stats_alloc(&s, 0, 7, 2, 1);
+    double scores[7] = {0.5, 0.9, 0.1, 0.9, 0.7, 0.3, 0.0};
+    int sel[6] = {4, 0, 1, 3, 5, 2}, groups[6];
+    m2d_layer_view v = fx_view(&s, NULL, 6, 0, NULL);
+    v.k = 3;
+    run_group("rr", &v, sel, scores, groups);
+    /* ranks: e1 (0.9, lower index wins the tie) 0, e3 1, e4 2, e0 3, e5 4, e2 5 → raw groups r mod 3:
+     * e1 0, e3 1, e4 2, e0 0, e5 1, e2 2; in selected order [e4,e0,e1,e3,e5,e2] = [2,0,0,1,1,2],
+     * canonical (first appearance) = [0,1,1,2,2,0] */
+    int want[6] = {0, 1, 1, 2, 2, 0};
+    assert_memory_equal(groups, want, sizeof want);
+    m2d_layer_stats_free(&s);
+}
+
+static void ab_anchors_and_router_cosine(void **state) {
+    (void)state;
+    planted pl;
+    make_planted(&pl, M2D_BF16);
+    int sel[6] = {3, 0, 1, 2, 6, 7};
+    double scores[PE] = {5, 1, 2, 9, 0, 0, 4, 3}; /* top-3 of the selected: e3 (9), e0 (5), e6 (4) */
+    m2d_layer_view v = fx_view(&pl.s, &pl.w.layer, 6, PDE, NULL);
+    v.d = PD;
+    v.k = 3;
+    int groups[6];
+    run_group("ab", &v, sel, scores, groups);
+    /* anchors sit in distinct groups */
+    assert_int_not_equal(groups[0], groups[1]);
+    assert_int_not_equal(groups[0], groups[4]);
+    assert_int_not_equal(groups[1], groups[4]);
+    /* every other expert is with the anchor of highest router cosine (brute force in double) */
+    const int anchors[3] = {0, 1, 4}; /* positions of e3, e0, e6 */
+    float *rows = m2d_crit_router_rows(&v, sel, 6);
+    for (int i = 0; i < 6; i++) {
+        if (i == 0 || i == 1 || i == 4) continue;
+        int best = -1;
+        double bs = -2;
+        for (int a = 0; a < 3; a++) {
+            double dot = 0, n1 = 0, n2 = 0;
+            for (int j = 0; j < PD; j++) {
+                double x = rows[i * PD + j], y = rows[anchors[a] * PD + j];
+                dot += x * y, n1 += x * x, n2 += y * y;
+            }
+            if (dot / sqrt(n1 * n2) > bs) bs = dot / sqrt(n1 * n2), best = anchors[a];
+        }
+        assert_int_equal(groups[i], groups[best]);
+    }
+    free(rows);
+    /* anchors = top-k: a family-0 anchor (e0) attracts e2 (family 0); e7 (family 1) has no
+     * family-1 anchor and goes elsewhere, but never into a new group */
+    assert_int_equal(groups[3], groups[1]);
+    free_planted(&pl);
+}
+
+static void every_grouping_is_identity_at_K_equals_k(void **state) {
+    (void)state;
+    planted pl;
+    make_planted(&pl, M2D_F32);
+    int sel[4] = {7, 2, 5, 0};
+    double scores[PE] = {1, 2, 3, 4, 5, 6, 7, 8};
+    m2d_layer_view v = fx_view(&pl.s, &pl.w.layer, 4, PDE, NULL);
+    v.d = PD;
+    v.k = 4;
+    const int identity[4] = {0, 1, 2, 3};
+    for (int i = 0; i < m2d_plugin_count(M2D_GROUPING); i++) {
+        int groups[4];
+        const char *name = m2d_plugin_at(M2D_GROUPING, i)->name;
+        if (!strncmp(name, "test-", 5)) continue; /* this binary's deliberately broken plugin */
+        run_group(name, &v, sel, scores, groups);
+        assert_memory_equal(groups, identity, sizeof identity);
+    }
+    free_planted(&pl);
+}
+
+static void canonical_ids(void **state) {
+    (void)state;
+    int a[6] = {2, 2, 0, 1, 0, 1}, b[6] = {1, 1, 2, 0, 2, 0}, want[6] = {0, 0, 1, 2, 1, 2};
+    m2d_groups_canonicalize(6, a);
+    m2d_groups_canonicalize(6, b);
+    assert_memory_equal(a, want, sizeof want);
+    assert_memory_equal(b, want, sizeof want);
+}
+
+/* a grouping that leaves a group empty must be rejected by the runner */
+static int bad_group(const m2d_layer_view *v, const int *selected, const double *scores, int *group_of) {
+    (void)selected, (void)scores;
+    for (int i = 0; i < v->K; i++) group_of[i] = 0;
+    return 0;
+}
+M2D_PLUGIN(test_bad_group, .name = "test-bad-group", .kind = M2D_GROUPING, .summary = "test only", .group = bad_group)
+
+static void scalings(void **state) {
+    (void)state;
+    /* stats with known CP: e0 routed twice with p 0.5, 0.7 (CP 0.6); e1 once with p 0.2; e2 never */
+    m2d_layer_stats s;
+    m2d_layer_stats_alloc(&s, 0, 4, 1, 1);
+    const float pa[4] = {0.5f, 0.2f, 0.1f, 0.2f}, pb[4] = {0.7f, 0.1f, 0.1f, 0.1f}, pc[4] = {0.3f, 0.2f, 0.1f, 0.4f};
+    const float f[4] = {1, 1, 1, 1}, g = 1;
+    int32_t r0 = 0, r3 = 3;
+    m2d_layer_stats_add_token(&s, pa, &r0, &g, f);
+    m2d_layer_stats_add_token(&s, pb, &r0, &g, f);
+    m2d_layer_stats_add_token(&s, pc, &r3, &g, f);
+    m2d_layer_stats_finalize(&s);
+    int sel[3] = {0, 2, 3}, groups[3] = {0, 1, 0};
+    double scores[4] = {3, 9, 1, 4}, alpha[2];
+    m2d_layer_view v = fx_view(&s, NULL, 3, 0, NULL);
+    v.k = 2;
+    const m2d_plugin *u = m2d_plugin_find(M2D_SCALING, "uniform"), *pr = m2d_plugin_find(M2D_SCALING, "proportional"),
+                     *ac = m2d_plugin_find(M2D_SCALING, "avg-cp");
+    assert_int_equal(m2d_scale_run(u, &v, sel, scores, groups, alpha), 0);
+    assert_true(alpha[0] == 0.5 && alpha[1] == 0.5);
+    assert_int_equal(m2d_scale_run(pr, &v, sel, scores, groups, alpha), 0);
+    fx_close(alpha[0], 7.0 / 8, 1e-15, "proportional", 0); /* (3+4)/(3+1+4) */
+    fx_close(alpha[1], 1.0 / 8, 1e-15, "proportional", 1);
+    double zero[4] = {0};
+    assert_int_equal(m2d_scale_run(pr, &v, sel, zero, groups, alpha), 0);
+    fx_close(alpha[0], 2.0 / 3, 1e-15, "proportional zero", 0); /* falls back to |g|/K */
+    fx_close(alpha[1], 1.0 / 3, 1e-15, "proportional zero", 1);
+    assert_int_equal(m2d_scale_run(ac, &v, sel, scores, groups, alpha), 0);
+    /* group 0 = {e0: CP 0.6, e3: CP 0.4}, group 1 = {e2: never routed, CP 0}; p went through fp32 */
+    fx_close(alpha[0], 0.5, 1e-7, "avg-cp", 0);
+    assert_true(alpha[1] == 0);
+    /* the runner rejects a grouping with an empty group */
+    assert_int_equal(m2d_group_run(m2d_plugin_find(M2D_GROUPING, "test-bad-group"), &v, sel, scores, groups), -1);
+    assert_non_null(strstr(m2d_errmsg(), "group 1 is empty"));
+    /* weight-based groupings without weights: a clear error, no crash */
+    assert_int_equal(m2d_group_run(m2d_plugin_find(M2D_GROUPING, "wc"), &v, sel, scores, groups), -1);
+    assert_non_null(strstr(m2d_errmsg(), "wc"));
+    m2d_layer_stats_free(&s);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(average_linkage_matches_brute_force),
+        cmocka_unit_test(clusterings_recover_planted_families),
+        cmocka_unit_test(weight_gram_matches_scalar_loop),
+        cmocka_unit_test(oc_zero_norm_rule),
+        cmocka_unit_test(rr_rank_order),
+        cmocka_unit_test(ab_anchors_and_router_cosine),
+        cmocka_unit_test(every_grouping_is_identity_at_K_equals_k),
+        cmocka_unit_test(canonical_ids),
+        cmocka_unit_test(scalings),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
