@@ -1,0 +1,99 @@
+/* lm — scorer interface and lm-eval's (context, continuation) → tokens rules. */
+#include "lm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+int m2d_lm_loglikelihood(m2d_lm *lm, const m2d_ll_request *reqs, int n, m2d_ll_result *out) {
+    if (n <= 0) return 0;
+    return lm->loglikelihood(lm, reqs, n, out);
+}
+
+void m2d_lm_free(m2d_lm *lm) {
+    if (lm && lm->free) lm->free(lm);
+}
+
+/* Python str.isspace on the ASCII range is enough here: lm-eval moves `context[-n_spaces:]`
+ * where n_spaces = len(context) - len(context.rstrip()), and rstrip() also strips Unicode
+ * spaces; handle the multi-byte ones that can end a prompt (NBSP, ideographic space...) by
+ * walking code points. */
+static int is_space_cp(const unsigned char *s, size_t len, size_t *cp_len) {
+    /* returns 1 and the byte length of the whitespace code point ending at s[len-1] */
+    if (len == 0) return 0;
+    unsigned char c = s[len - 1];
+    if (c < 0x80) {
+        *cp_len = 1;
+        return c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f);
+    }
+    size_t st = len - 1;
+    while (st > 0 && (s[st] & 0xC0) == 0x80 && len - st < 4) st--;
+    uint32_t cp = 0;
+    size_t k = len - st;
+    if (k == 2 && (s[st] & 0xE0) == 0xC0) cp = ((uint32_t)(s[st] & 0x1F) << 6) | (s[st + 1] & 0x3F);
+    else if (k == 3 && (s[st] & 0xF0) == 0xE0)
+        cp = ((uint32_t)(s[st] & 0x0F) << 12) | ((uint32_t)(s[st + 1] & 0x3F) << 6) | (s[st + 2] & 0x3F);
+    else return 0;
+    *cp_len = k;
+    return cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 ||
+           cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+}
+
+int m2d_ll_tokenize(m2d_encode_fn enc, void *user, int prefix_token, int max_length,
+                    const m2d_ll_request *req, m2d_ll_tokens *out) {
+    memset(out, 0, sizeof *out);
+    const char *ctx = req->context, *cont = req->continuation;
+    size_t lc = strlen(ctx), lk = strlen(cont);
+    int32_t *ctx_ids = NULL, *cont_ids = NULL;
+    size_t n_ctx = 0, n_cont = 0;
+    if (lc == 0) {
+        /* empty context: a single prefix token (BOS, or EOS without BOS), continuation alone */
+        if (prefix_token < 0) return m2d_err("loglikelihood: empty context and the tokenizer has no BOS/EOS token");
+        if (enc(user, cont, lk, &cont_ids, &n_cont)) return -1;
+        ctx_ids = m2d_malloc(sizeof(int32_t));
+        ctx_ids[0] = prefix_token;
+        n_ctx = 1;
+    } else {
+        /* trailing whitespace of the context goes to the front of the continuation */
+        size_t cut = lc, k;
+        while (is_space_cp((const unsigned char *)ctx, cut, &k)) cut -= k;
+        char *whole = m2d_malloc(lc + lk + 1);
+        memcpy(whole, ctx, lc);
+        memcpy(whole + lc, cont, lk + 1);
+        int32_t *whole_ids = NULL;
+        size_t n_whole = 0;
+        if (enc(user, whole, lc + lk, &whole_ids, &n_whole) || enc(user, ctx, cut, &ctx_ids, &n_ctx)) {
+            free(whole); free(whole_ids); free(ctx_ids);
+            return -1;
+        }
+        free(whole);
+        /* continuation tokens = whole[len(ctx):] (merges across the boundary stay in `whole`) */
+        if (n_ctx > n_whole) n_ctx = n_whole; /* whole is shorter: nothing of the continuation left */
+        n_cont = n_whole - n_ctx;
+        cont_ids = m2d_malloc(sizeof(int32_t) * (n_cont ? n_cont : 1));
+        memcpy(cont_ids, whole_ids + n_ctx, sizeof(int32_t) * n_cont);
+        free(whole_ids);
+        /* ctx_ids stays encode(context[:cut]), which is what lm-eval uses for the context part */
+    }
+    /* left truncation: keep the last max_length + 1 tokens of ctx + cont (the input is all but
+     * the last, so the model sees at most max_length positions) */
+    size_t total = n_ctx + n_cont, keep = total;
+    if (max_length > 0 && keep > (size_t)max_length + 1) keep = (size_t)max_length + 1;
+    /* the first token of the window has no prediction: at most keep - 1 tokens can be scored */
+    if (keep > 0 && n_cont > keep - 1) n_cont = keep - 1;
+    out->tokens = m2d_malloc(sizeof(int32_t) * (total ? total : 1));
+    memcpy(out->tokens, ctx_ids, sizeof(int32_t) * n_ctx);
+    memcpy(out->tokens + n_ctx, cont_ids, sizeof(int32_t) * (total - n_ctx));
+    if (keep < total) memmove(out->tokens, out->tokens + (total - keep), sizeof(int32_t) * keep);
+    out->n = (int)keep;
+    out->n_cont = (int)n_cont;
+    free(ctx_ids);
+    free(cont_ids);
+    return 0;
+}
+
+void m2d_ll_tokens_free(m2d_ll_tokens *t) {
+    free(t->tokens);
+    memset(t, 0, sizeof *t);
+}

@@ -1,0 +1,73 @@
+/* lm — the log-likelihood scorer interface the multiple-choice evaluation is written against,
+ * plus its engine-backed implementation (tokenizer + forward engine with a KV cache).
+ *
+ * A scorer answers lm-eval's `loglikelihood` requests: for each (context, continuation) pair,
+ * the sum of natural-log probabilities of the continuation tokens given the context, and whether
+ * every continuation token is the argmax (is_greedy). Tests plug in a hand-made scorer whose
+ * log-probs are known; the sweep plugs in students. */
+#ifndef M2D_LM_H
+#define M2D_LM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    const char *context;       /* exact strings as lm-eval builds them (NUL-terminated UTF-8) */
+    const char *continuation;
+} m2d_ll_request;
+
+typedef struct {
+    double ll;                 /* sum of log p(continuation tokens | context), natural log */
+    int is_greedy;             /* 1 when every continuation token is the argmax */
+} m2d_ll_result;
+
+typedef struct m2d_lm m2d_lm;
+struct m2d_lm {
+    const char *name;
+    /* Score n requests. The evaluation passes all requests of one document per call (the
+     * choices of one question), so an implementation can share their common prefix. */
+    int (*loglikelihood)(m2d_lm *lm, const m2d_ll_request *reqs, int n, m2d_ll_result *out);
+    void (*free)(m2d_lm *lm);
+    void *impl;
+};
+
+int m2d_lm_loglikelihood(m2d_lm *lm, const m2d_ll_request *reqs, int n, m2d_ll_result *out);
+void m2d_lm_free(m2d_lm *lm);
+
+/* ---- lm-eval's request → token rules, independent of any model (tested with a toy tokenizer) ---- */
+
+/* encode(text, len) -> malloc'd ids; 0 or -1 */
+typedef int (*m2d_encode_fn)(void *user, const char *text, size_t len, int32_t **ids, size_t *n);
+
+typedef struct {
+    int32_t *tokens;   /* the model input window + the last token: scored positions are at the end */
+    int n;             /* total tokens in `tokens` (input is tokens[0..n-2]) */
+    int n_cont;        /* the last n_cont tokens of `tokens` are the continuation (scored) */
+} m2d_ll_tokens;
+
+/* lm-eval's HFLM._encode_pair + the truncation of _loglikelihood_tokens:
+ *  - trailing whitespace of the context moves to the front of the continuation;
+ *  - whole = encode(context + continuation), ctx = encode(context), cont = whole[len(ctx):];
+ *  - empty context -> ctx = [prefix_token] and cont = encode(continuation);
+ *  - the sequence ctx + cont keeps its last max_length + 1 tokens (left truncation).
+ * n_cont may be 0 (the continuation merged into the context's last token); the caller scores 0. */
+int m2d_ll_tokenize(m2d_encode_fn enc, void *user, int prefix_token, int max_length,
+                    const m2d_ll_request *req, m2d_ll_tokens *out);
+void m2d_ll_tokens_free(m2d_ll_tokens *t);
+
+/* ---- engine-backed scorer ---- */
+
+typedef enum {
+    M2D_LM_CACHED = 0,  /* shared prefix once in a KV cache (kept across calls), branches batched */
+    M2D_LM_NAIVE = 1,   /* one full forward per request (reference path for tests and the bench) */
+} m2d_lm_mode;
+
+/* Open the model in DIR (config, weights, tokenizer.json) as a scorer. max_length <= 0: the
+ * model's max_position_embeddings. */
+int m2d_lm_engine_open(const char *dir, int n_threads, m2d_lm_mode mode, int max_length, m2d_lm **out);
+/* Counters of the engine scorer (tokens actually run through the model, cache reuse). */
+typedef struct { int64_t requests, tokens_forwarded, tokens_reused; } m2d_lm_stats;
+int m2d_lm_engine_stats(const m2d_lm *lm, m2d_lm_stats *out);
+void m2d_lm_engine_set_mode(m2d_lm *lm, m2d_lm_mode mode);
+
+#endif

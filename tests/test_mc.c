@@ -1,0 +1,633 @@
+/* mc: prompts to the character (data/LM_EVAL_TASKS.md), few-shot selection against Python's
+ * generator, metrics on a hand-made model whose log-likelihoods are known, MMLU micro groups,
+ * the paper average, deviations, and bad input. The engine is not involved: the model is a
+ * function of the request strings (FNV-1a hash), mirrored in tests/lm_eval_ref.py. */
+#include "testutil.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "lm.h"
+#include "mc.h"
+#include "util.h"
+
+/* ---------------------------------------------------------------- hand-made models */
+
+/* toy: ll = -((FNV-1a64(context NUL continuation) mod 1000003) / 1000), as in lm_eval_ref.py */
+static double toy_ll(const char *ctx, const char *cont) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *p = (const unsigned char *)ctx; *p; p++) h = (h ^ *p) * 0x100000001b3ull;
+    h = (h ^ 0) * 0x100000001b3ull;
+    for (const unsigned char *p = (const unsigned char *)cont; *p; p++) h = (h ^ *p) * 0x100000001b3ull;
+    return -((double)(h % 1000003ull) / 1000.0);
+}
+
+static int toy_loglikelihood(m2d_lm *lm, const m2d_ll_request *r, int n, m2d_ll_result *out) {
+    (void)lm;
+    for (int i = 0; i < n; i++) {
+        out[i].ll = toy_ll(r[i].context, r[i].continuation);
+        out[i].is_greedy = 0;
+    }
+    return 0;
+}
+static m2d_lm toy_lm = {"toy", toy_loglikelihood, NULL, NULL};
+
+/* "letter A" model: prefers the continuation " A" / contexts ending in the first option */
+static int prefer_first_loglikelihood(m2d_lm *lm, const m2d_ll_request *r, int n, m2d_ll_result *out) {
+    (void)lm;
+    for (int i = 0; i < n; i++) {
+        out[i].ll = (strcmp(r[i].continuation, " A") == 0 || strstr(r[i].continuation, "[good]") ||
+                     (strlen(r[i].context) > 3 && strcmp(r[i].context + strlen(r[i].context) - 3, "one") == 0))
+                        ? -1.0
+                        : -2.0;
+        out[i].is_greedy = 0;
+    }
+    return 0;
+}
+static m2d_lm prefer_first_lm = {"prefer-first", prefer_first_loglikelihood, NULL, NULL};
+
+static int have_data(void) {
+    struct stat st;
+    return stat(tu_data_path("arc/ARC-V1-Feb2018-2/ARC-Challenge/ARC-Challenge-Test.jsonl"), &st) == 0;
+}
+#define NEED_DATA() do { if (!have_data()) TU_SKIP("data/ not populated (run make data)"); } while (0)
+
+static const char *data_dir(void) {
+    const char *d = getenv("M2D_DATA");
+    return d ? d : "data";
+}
+
+static void load_task(const char *plugin, int sub, int shots, m2d_mc_task *t) {
+    const m2d_mc_plugin *p = m2d_mc_plugin_find(plugin);
+    assert_non_null(p);
+    memset(t, 0, sizeof *t);
+    if (sub >= 0) snprintf(t->name, sizeof t->name, "%s_%s", plugin, p->subtask_name(sub));
+    else snprintf(t->name, sizeof t->name, "%s", plugin);
+    if (p->load(data_dir(), sub < 0 ? 0 : sub, shots, t) != 0) fail_msg("load %s: %s", plugin, m2d_errmsg());
+}
+
+/* requests of doc `d` with the few-shot examples the task's generator (seeded 1234) gives it */
+static char *doc_context(m2d_mc_task *t, int d, int shots, m2d_ll_request *reqs) {
+    m2d_pyrandom rng;
+    m2d_pyrandom_seed(&rng, 1234);
+    int idx[64], n = 0;
+    for (int i = 0; i <= d; i++) assert_int_equal(m2d_mc_fewshot(t, &rng, i, shots, idx, &n), 0);
+    char *prefix = m2d_mc_fewshot_prefix(t, idx, n);
+    m2d_mc_doc_requests(t, d, prefix, reqs);
+    return prefix;
+}
+
+/* ---------------------------------------------------------------- prompts (LM_EVAL_TASKS.md) */
+
+static void prompt_arc_challenge_first(void **state) {
+    (void)state;
+    NEED_DATA();
+    m2d_mc_task t;
+    load_task("arc_challenge", -1, 0, &t);
+    assert_int_equal(t.eval.n, 1172);
+    assert_int_equal(t.pool_own.n, 1119);
+    m2d_ll_request r[4];
+    free(doc_context(&t, 0, 0, r));
+    const char *ctx = "Question: An astronomer observes that a planet rotates faster after a meteorite impact. "
+                      "Which is the most likely effect of this increase in rotation?\nAnswer:";
+    const char *conts[] = {" Planetary density will decrease.", " Planetary years will become longer.",
+                           " Planetary days will become shorter.", " Planetary gravity will become stronger."};
+    assert_int_equal(t.eval.docs[0].n_choices, 4);
+    assert_int_equal(t.eval.docs[0].gold, 2);
+    for (int c = 0; c < 4; c++) {
+        assert_string_equal(r[c].context, ctx);
+        assert_string_equal(r[c].continuation, conts[c]);
+    }
+    m2d_mc_requests_free(r, 4);
+    /* 25-shot: Random(1234).sample(train, 25) starts with train[902] (see test_pyrandom) */
+    free(doc_context(&t, 0, 25, r));
+    const char *first_ex = "Question: What is the first step of the process in the formation of sedimentary "
+                           "rocks?\nAnswer: erosion\n\n";
+    assert_memory_equal(r[0].context, first_ex, strlen(first_ex));
+    size_t lc = strlen(r[0].context), lq = strlen(ctx);
+    assert_true(lc > lq);
+    assert_string_equal(r[0].context + lc - lq, ctx);
+    assert_memory_equal(r[0].context + lc - lq - 2, "\n\n", 2);
+    m2d_mc_requests_free(r, 4);
+    m2d_mc_task_free(&t);
+}
+
+static void prompt_hellaswag_text_variant_first(void **state) {
+    (void)state;
+    NEED_DATA();
+    m2d_mc_task t;
+    load_task("hellaswag", -1, 10, &t);
+    assert_int_equal(t.eval.n, 10042);
+    assert_true(t.pool_is_eval);
+    assert_int_equal(t.n_notes, 2); /* text variant + no train split */
+    m2d_ll_request r[4];
+    free(doc_context(&t, 0, 0, r));
+    /* lm-eval: "...on a roof. He" (ctx_b.capitalize()); the text variant cannot restore the capital */
+    const char *conts[] = {" is using wrap to wrap a pair of skis.", " is ripping level tiles off.",
+                           " is holding a rubik's cube.", " starts pulling up roofing on a roof."};
+    for (int c = 0; c < 4; c++) {
+        assert_string_equal(r[c].context, "Roof shingle removal: A man is sitting on a roof. he");
+        assert_string_equal(r[c].continuation, conts[c]);
+    }
+    assert_int_equal(t.eval.docs[0].gold, 3);
+    assert_non_null(strstr(t.notes[0], "capitalize"));
+    m2d_mc_requests_free(r, 4);
+    m2d_mc_task_free(&t);
+}
+
+/* The canonical jsonl (when present) gives lm-eval's exact context, capital "He" included. */
+static void prompt_hellaswag_canonical_jsonl(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    char *sub = m2d_strfmt("%s/hellaswag/data", dir);
+    assert_int_equal(m2d_mkdir_p(sub), 0);
+    char *val = m2d_strfmt("%s/hellaswag_val.jsonl", sub);
+    const char *line =
+        "{\"ind\": 24, \"activity_label\": \"Roof shingle removal\", \"ctx_a\": \"A man is sitting on a roof.\", "
+        "\"ctx_b\": \"he\", \"ctx\": \"A man is sitting on a roof. he\", \"endings\": [\"is using wrap to wrap a pair "
+        "of skis.\", \"is ripping level tiles off.\", \"is holding a rubik's cube.\", \"starts pulling up roofing on "
+        "a roof.\"], \"source_id\": \"activitynet~v_-JhWjGDPHMY\", \"split\": \"val\", \"split_type\": \"indomain\", "
+        "\"label\": 3}\n"
+        "{\"ind\": 1, \"activity_label\": \"Making a cake\", \"ctx_a\": \"[header] How to bake [title] Mix it.\", "
+        "\"ctx_b\": \"tHEN  Stir\", \"endings\": [\"  [step] Pour  it. \", \"Bake [substeps] it.\"], \"label\": \"1\"}\n";
+    tu_write(val, line, strlen(line));
+    m2d_mc_task t;
+    memset(&t, 0, sizeof t);
+    const m2d_mc_plugin *p = m2d_mc_plugin_find("hellaswag");
+    assert_int_equal(p->load(dir, 0, 0, &t), 0);
+    assert_int_equal(t.eval.n, 2);
+    assert_int_equal(t.n_notes, 0); /* canonical data at zero shots: no deviation */
+    assert_string_equal(t.eval.docs[0].text, "Roof shingle removal: A man is sitting on a roof. He");
+    assert_string_equal(t.eval.docs[0].choices[3], "starts pulling up roofing on a roof.");
+    assert_int_equal(t.eval.docs[0].gold, 3);
+    /* preprocess: strip; " [title]" -> ". "; drop [..]; "  " -> " " once; capitalize lower-cases the rest */
+    assert_string_equal(t.eval.docs[1].text, "Making a cake: How to bake. Mix it. Then stir");
+    assert_string_equal(t.eval.docs[1].choices[0], " Pour it."); /* strip runs before [step] goes */
+    assert_string_equal(t.eval.docs[1].choices[1], "Bake it.");
+    assert_int_equal(t.eval.docs[1].gold, 1);
+    m2d_mc_task_free(&t);
+    /* few-shot without the train split: pool = validation (recorded) */
+    assert_int_equal(p->load(dir, 0, 1, &t), 0);
+    assert_true(t.pool_is_eval);
+    assert_int_equal(t.n_notes, 1);
+    m2d_mc_task_free(&t);
+    tu_rm_rf(dir);
+    free(val); free(sub); free(dir);
+}
+
+static void hellaswag_preprocess_rules(void **state) {
+    (void)state;
+    char *s = m2d_hellaswag_preprocess("  a [title]b [x] c   d [unclosed\n[y]e ");
+    /* strip -> "a [title]b [x] c   d [unclosed\n[y]e"; " [title]" -> ". "; [..] removed (not across
+     * the newline); "   " -> "  " (one pass of "  " -> " " leaves two of three spaces).
+     * Expected value checked with python3 re.sub / str.replace. */
+    assert_string_equal(s, "a. b c  d [unclosed\ne");
+    free(s);
+}
+
+static void prompt_winogrande_first(void **state) {
+    (void)state;
+    NEED_DATA();
+    m2d_mc_task t;
+    load_task("winogrande", -1, 5, &t);
+    assert_int_equal(t.eval.n, 1267);
+    assert_int_equal(t.pool_own.n, 10234); /* train_l: train_xl is absent here */
+    assert_int_equal(t.n_notes, 1);
+    assert_non_null(strstr(t.notes[0], "train_l"));
+    m2d_ll_request r[2];
+    free(doc_context(&t, 0, 0, r));
+    assert_string_equal(r[0].context, "Sarah was a much better surgeon than Maria so Sarah");
+    assert_string_equal(r[1].context, "Sarah was a much better surgeon than Maria so Maria");
+    assert_string_equal(r[0].continuation, " always got the easier cases.");
+    assert_string_equal(r[1].continuation, " always got the easier cases.");
+    assert_int_equal(t.eval.docs[0].gold, 1);
+    m2d_mc_requests_free(r, 2);
+    m2d_mc_task_free(&t);
+    /* zero-shot needs no pool and records nothing */
+    load_task("winogrande", -1, 0, &t);
+    assert_int_equal(t.n_notes, 0);
+    m2d_mc_task_free(&t);
+}
+
+static void prompt_mmlu_first(void **state) {
+    (void)state;
+    NEED_DATA();
+    m2d_mc_task t;
+    load_task("mmlu", 0, 5, &t);
+    assert_string_equal(t.name, "mmlu_abstract_algebra");
+    assert_int_equal(t.eval.n, 100);
+    assert_int_equal(t.pool_own.n, 5);
+    m2d_ll_request r[4];
+    free(doc_context(&t, 0, 0, r));
+    assert_string_equal(r[0].context, "The following are multiple choice questions (with answers) about abstract "
+                                      "algebra.\n\nFind the degree for the given field extension Q(sqrt(2), "
+                                      "sqrt(3), sqrt(18)) over Q.\nA. 0\nB. 4\nC. 2\nD. 6\nAnswer:");
+    assert_string_equal(r[1].continuation, " B");
+    assert_int_equal(t.eval.docs[0].gold, 1);
+    m2d_mc_requests_free(r, 4);
+    /* 5-shot, as rendered by the independent tests/lm_eval_ref.py (python3 csv module) */
+    free(doc_context(&t, 0, 5, r));
+    assert_string_equal(
+        r[0].context,
+        "The following are multiple choice questions (with answers) about abstract algebra.\n\nFind all c in Z_3 "
+        "such that Z_3[x]/(x^2 + c) is a field.\nA. 0\nB. 1\nC. 2\nD. 3\nAnswer: B\n\nStatement 1 | If aH is an "
+        "element of a factor group, then |aH| divides |a|. Statement 2 | If H and K are subgroups of G then HK is a "
+        "subgroup of G.\nA. True, True\nB. False, False\nC. True, False\nD. False, True\nAnswer: B\n\nStatement 1 | "
+        "Every element of a group generates a cyclic subgroup of the group. Statement 2 | The symmetric group S_10 "
+        "has 10 elements.\nA. True, True\nB. False, False\nC. True, False\nD. False, True\nAnswer: C\n\nStatement 1| "
+        "Every function from a finite set onto itself must be one to one. Statement 2 | Every subgroup of an abelian "
+        "group is abelian.\nA. True, True\nB. False, False\nC. True, False\nD. False, True\nAnswer: A\n\nFind the "
+        "characteristic of the ring 2Z.\nA. 0\nB. 3\nC. 12\nD. 30\nAnswer: A\n\nFind the degree for the given field "
+        "extension Q(sqrt(2), sqrt(3), sqrt(18)) over Q.\nA. 0\nB. 4\nC. 2\nD. 6\nAnswer:");
+    m2d_mc_requests_free(r, 4);
+    m2d_mc_task_free(&t);
+}
+
+/* ---------------------------------------------------------------- against the Python reference */
+
+static int python_ok(void) {
+    return system("python3 -c 'import json, csv, random' >/dev/null 2>&1") == 0;
+}
+
+/* Every request of the first LIMIT docs, few-shot draws included, equals the reference's. */
+static void check_against_reference(const char *task, int shots, int limit) {
+    char *dir = tu_tmpdir();
+    char *dump = m2d_path_join(dir, "req.jsonl");
+    m2d_mc_config cfg;
+    m2d_mc_config_default(&cfg);
+    cfg.data_dir = data_dir();
+    cfg.dump_requests = dump;
+    m2d_mc_results res;
+    if (m2d_mc_run(&toy_lm, task, shots, limit, &cfg, &res) != 0) fail_msg("%s: %s", task, m2d_errmsg());
+    char *cmd = m2d_strfmt("python3 tests/lm_eval_ref.py '%s' %s %d %d", data_dir(), task, shots, limit);
+    char *want = NULL;
+    assert_int_equal(tu_run(cmd, &want, NULL), 0);
+    size_t n;
+    char *got = m2d_read_file(dump, &n);
+    assert_non_null(got);
+    char *sg = NULL, *sw = NULL;
+    char *lg = strtok_r(got, "\n", &sg), *lw = strtok_r(want, "\n", &sw);
+    int lines = 0;
+    while (lg || lw) {
+        if (!lg || !lw) fail_msg("%s: request count differs after %d lines", task, lines);
+        cJSON *a = cJSON_Parse(lg), *b = cJSON_Parse(lw);
+        assert_non_null(a);
+        assert_non_null(b);
+        if (!cJSON_Compare(a, b, 1)) fail_msg("%s: request %d differs:\n  ours: %.300s\n  ref:  %.300s", task, lines, lg, lw);
+        cJSON_Delete(a);
+        cJSON_Delete(b);
+        lines++;
+        lg = strtok_r(NULL, "\n", &sg);
+        lw = strtok_r(NULL, "\n", &sw);
+    }
+    assert_true(lines >= limit * 2);
+    /* metrics: the reference computes acc / acc_norm of the same hand-made model in Python */
+    free(cmd);
+    cmd = m2d_strfmt("REF_SUMMARY=1 python3 tests/lm_eval_ref.py '%s' %s %d %d", data_dir(), task, shots, limit);
+    char *sum = NULL;
+    assert_int_equal(tu_run(cmd, &sum, NULL), 0);
+    cJSON *s = cJSON_Parse(sum);
+    assert_non_null(s);
+    const m2d_mc_task_result *r = m2d_mc_results_find(&res, task);
+    assert_non_null(r);
+    int nn = cJSON_GetObjectItem(s, "n")->valueint;
+    assert_int_equal(r->n, nn);
+    assert_int_equal((int)lround(r->acc * nn), cJSON_GetObjectItem(s, "acc")->valueint);
+    if (r->has_acc_norm) assert_int_equal((int)lround(r->acc_norm * nn), cJSON_GetObjectItem(s, "acc_norm")->valueint);
+    cJSON_Delete(s);
+    free(sum); free(got); free(want); free(cmd);
+    m2d_mc_results_free(&res);
+    tu_rm_rf(dir);
+    free(dump); free(dir);
+}
+
+static void fewshot_and_metrics_match_python(void **state) {
+    (void)state;
+    NEED_DATA();
+    if (!python_ok()) TU_SKIP("python3 not available");
+    check_against_reference("arc_challenge", 25, 4);
+    check_against_reference("arc_challenge", 0, 60);
+    check_against_reference("arc_easy", 25, 20);
+    check_against_reference("winogrande", 5, 20);
+    check_against_reference("hellaswag", 10, 8);
+    check_against_reference("hellaswag", 0, 60);
+    check_against_reference("mmlu_abstract_algebra", 5, 10);
+    check_against_reference("mmlu_high_school_european_history", 5, 2);
+}
+
+/* ---------------------------------------------------------------- metrics, hand-made numbers */
+
+static m2d_mc_doc mkdoc(int n, const char **choices, int gold) {
+    m2d_mc_doc d = {0};
+    d.n_choices = n;
+    d.choices = (char **)choices;
+    d.gold = gold;
+    return d;
+}
+
+static void metrics_acc_and_acc_norm(void **state) {
+    (void)state;
+    int a, an;
+    /* lengths 1, 10, 4: ll/len = -1, -0.5, -0.5 -> acc picks the highest ll (index 0),
+     * acc_norm ties between 1 and 2 and keeps the lower index */
+    const char *c1[] = {"x", "abcdefghij", "abcd"};
+    m2d_mc_doc d = mkdoc(3, c1, 1);
+    m2d_mc_score(&d, (double[]){-1.0, -5.0, -2.0}, &a, &an);
+    assert_int_equal(a, 0);
+    assert_int_equal(an, 1);
+    /* exact ties in ll: numpy argmax takes the first */
+    d.gold = 0;
+    m2d_mc_score(&d, (double[]){-3.0, -3.0, -3.0}, &a, &an);
+    assert_int_equal(a, 1);
+    assert_int_equal(an, 0); /* -3, -0.3, -0.75: index 1 wins acc_norm */
+    /* lengths in code points, not bytes: "é"x4 is 4 code points / 8 bytes, "abcdef" is 6.
+     * ll -4.4 / 4 = -1.1 vs -6 / 6 = -1.0 -> index 1; by bytes it would be -0.55 -> index 0 */
+    const char *c2[] = {"\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9", "abcdef"};
+    d = mkdoc(2, c2, 1);
+    m2d_mc_score(&d, (double[]){-4.4, -6.0}, &a, &an);
+    assert_int_equal(a, 0);
+    assert_int_equal(an, 1);
+    assert_int_equal(m2d_utf8_codepoints("\xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x98\x80"), 4);
+}
+
+static void metrics_stderr(void **state) {
+    (void)state;
+    /* [1,0,1,1]: mean .75, sample var = (3 * .0625 + .5625) / 3 = .25, stderr = .5 / 2 = .25 */
+    assert_true(fabs(m2d_mc_stderr(3, 4) - 0.25) < 1e-15);
+    /* closed form sqrt(p(1-p)/(n-1)) */
+    assert_true(fabs(m2d_mc_stderr(37, 100) - sqrt(0.37 * 0.63 / 99)) < 1e-15);
+    assert_true(isnan(m2d_mc_stderr(1, 1))); /* lm-eval: "N/A" for a single item */
+    assert_true(m2d_mc_stderr(0, 10) == 0);
+    /* pooled (lm-eval pooled_sample_stderr): sizes 4, 100 with stderrs .25 and se(37/100):
+     * var = (3*.0625*4 + 99*se2^2*100) / (104 - 2); result sqrt(var / 104) */
+    double se2 = sqrt(0.37 * 0.63 / 99);
+    double want = sqrt((3 * 0.0625 * 4 + 99 * se2 * se2 * 100) / 102.0 / 104.0);
+    double got = m2d_mc_pooled_stderr((double[]){0.25, se2}, (int[]){4, 100}, 2);
+    assert_true(fabs(got - want) < 1e-15);
+    assert_true(isnan(m2d_mc_pooled_stderr((double[]){NAN, 0.1}, (int[]){1, 10}, 2)));
+}
+
+/* ---------------------------------------------------------------- synthetic data: groups, paper average */
+
+static void put(const char *dir, const char *rel, const char *text) {
+    char *p = m2d_path_join(dir, rel);
+    char *slash = strrchr(p, '/');
+    *slash = 0;
+    assert_int_equal(m2d_mkdir_p(p), 0);
+    *slash = '/';
+    tu_write(p, text, strlen(text));
+    free(p);
+}
+
+/* MMLU: subject s has (s % 4) + 2 test rows; row r's gold is A when r < s % 3 + 1 (else C), so the
+ * "always A" model gets min(s % 3 + 1, rows) right. Dev rows: 5 per subject. */
+static void write_mmlu(const char *dir, int *correct, int *rows) {
+    const m2d_mc_plugin *p = m2d_mc_plugin_find("mmlu");
+    for (int s = 0; s < p->n_subtasks; s++) {
+        rows[s] = s % 4 + 2;
+        correct[s] = 0;
+        char buf[4096] = "";
+        for (int r = 0; r < rows[s]; r++) {
+            int a = r < s % 3 + 1;
+            correct[s] += a;
+            char line[128];
+            snprintf(line, sizeof line, "\"Q %d, \"\"%d\"\"\",x,y, z ,w,%s\n", s, r, a ? "A" : "C");
+            strcat(buf, line);
+        }
+        char *rel = m2d_strfmt("mmlu/data/test/%s_test.csv", p->subtask_name(s));
+        put(dir, rel, buf);
+        free(rel);
+        rel = m2d_strfmt("mmlu/data/dev/%s_dev.csv", p->subtask_name(s));
+        put(dir, rel, "d1,a,b,c,d,A\nd2,a,b,c,d,B\nd3,a,b,c,d,C\nd4,a,b,c,d,D\nd5,a,b,c,d,A\n");
+        free(rel);
+    }
+}
+
+static void mmlu_micro_groups(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    int correct[64], rows[64];
+    write_mmlu(dir, correct, rows);
+    m2d_mc_config cfg;
+    m2d_mc_config_default(&cfg);
+    cfg.data_dir = dir;
+    m2d_mc_results res;
+    if (m2d_mc_run(&prefer_first_lm, "mmlu", 5, 0, &cfg, &res)) fail_msg("%s", m2d_errmsg());
+    const m2d_mc_plugin *p = m2d_mc_plugin_find("mmlu");
+    const char *groups[] = {"stem", "humanities", "social_sciences", "other"};
+    const int group_sizes[] = {19, 13, 12, 13};
+    int tot_c = 0, tot_n = 0;
+    double se[4];
+    int gn[4];
+    for (int g = 0; g < 4; g++) {
+        int c = 0, n = 0, subjects = 0;
+        double ses[64];
+        int sz[64];
+        for (int s = 0; s < p->n_subtasks; s++) {
+            if (strcmp(p->subtask_group(s), groups[g]) != 0) continue;
+            char name[96];
+            snprintf(name, sizeof name, "mmlu_%s", p->subtask_name(s));
+            const m2d_mc_task_result *t = m2d_mc_results_find(&res, name);
+            assert_non_null(t);
+            assert_int_equal(t->n, rows[s]);
+            assert_true(fabs(t->acc - (double)correct[s] / rows[s]) < 1e-15);
+            ses[subjects] = t->acc_stderr;
+            sz[subjects++] = rows[s];
+            c += correct[s];
+            n += rows[s];
+        }
+        assert_int_equal(subjects, group_sizes[g]);
+        char name[96];
+        snprintf(name, sizeof name, "mmlu_%s", groups[g]);
+        const m2d_mc_task_result *t = m2d_mc_results_find(&res, name);
+        assert_non_null(t);
+        assert_true(t->is_group);
+        assert_int_equal(t->n, n);
+        assert_true(fabs(t->acc - (double)c / n) < 1e-12); /* micro, not the mean of subjects */
+        se[g] = m2d_mc_pooled_stderr(ses, sz, subjects);
+        assert_true(fabs(t->acc_stderr - se[g]) < 1e-15);
+        gn[g] = n;
+        tot_c += c;
+        tot_n += n;
+    }
+    const m2d_mc_task_result *all = m2d_mc_results_find(&res, "mmlu");
+    assert_non_null(all);
+    assert_int_equal(all->n, tot_n);
+    assert_true(fabs(all->acc - (double)tot_c / tot_n) < 1e-12);
+    assert_true(fabs(all->acc_stderr - m2d_mc_pooled_stderr(se, gn, 4)) < 1e-15);
+    assert_false(res.has_paper_average);
+    m2d_mc_results_free(&res);
+    /* --limit applies per subject */
+    if (m2d_mc_run(&prefer_first_lm, "mmlu", 0, 2, &cfg, &res)) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(m2d_mc_results_find(&res, "mmlu")->n, 2 * 57);
+    m2d_mc_results_free(&res);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+/* Small versions of all five tasks; the "prefer first" model's scores are known per task. */
+static void write_small_tasks(const char *dir) {
+    /* ARC: 4 test items, gold = 0,1,0,0 (labels A-D and 1-4) -> acc 3/4; the first choice is the
+     * marked "[good]" one so acc_norm agrees (all other choices score lower) */
+    const char *arc =
+        "{\"id\":\"t1\",\"question\":{\"stem\":\"S1\",\"choices\":[{\"text\":\"[good] a\",\"label\":\"A\"},{\"text\":\"b\",\"label\":\"B\"}]},\"answerKey\":\"A\"}\n"
+        "{\"id\":\"t2\",\"question\":{\"stem\":\"S2\",\"choices\":[{\"text\":\"[good] a\",\"label\":\"1\"},{\"text\":\"b\",\"label\":\"2\"}]},\"answerKey\":\"2\"}\n"
+        "{\"id\":\"t3\",\"question\":{\"stem\":\"S3\",\"choices\":[{\"text\":\"[good] a\",\"label\":\"A\"},{\"text\":\"b\",\"label\":\"B\"},{\"text\":\"c\",\"label\":\"C\"}]},\"answerKey\":\"A\"}\n"
+        "{\"id\":\"t4\",\"question\":{\"stem\":\"S4\",\"choices\":[{\"text\":\"[good] a\",\"label\":\"A\"},{\"text\":\"b\",\"label\":\"B\"}]},\"answerKey\":\"A\"}\n";
+    put(dir, "arc/ARC-V1-Feb2018-2/ARC-Easy/ARC-Easy-Test.jsonl", arc);
+    put(dir, "arc/ARC-V1-Feb2018-2/ARC-Easy/ARC-Easy-Train.jsonl", arc);
+    put(dir, "arc/ARC-V1-Feb2018-2/ARC-Challenge/ARC-Challenge-Test.jsonl", arc);
+    put(dir, "arc/ARC-V1-Feb2018-2/ARC-Challenge/ARC-Challenge-Train.jsonl", arc);
+    /* Winogrande: contexts ending in "one" win; gold 0, 1 -> acc 1/2 */
+    const char *wino =
+        "{\"qID\":\"a\",\"sentence\":\"It was _ indeed.\",\"option1\":\"one\",\"option2\":\"two\",\"answer\":\"1\"}\n"
+        "{\"qID\":\"b\",\"sentence\":\"Then _ left.\",\"option1\":\"one\",\"option2\":\"two\",\"answer\":\"2\"}\n";
+    put(dir, "winogrande/winogrande_1.1/dev.jsonl", wino);
+    put(dir, "winogrande/winogrande_1.1/train_l.jsonl", wino);
+    /* HellaSwag text variant: 3 items, gold 0, 0, 2 -> acc 2/3 */
+    put(dir, "hellaswag/derived/klosax-hellaswag_text_data/hellaswag_val_full.txt",
+        "Act: ctx one\n0\n[good] e0\ne1\ne2\ne3\n"
+        "Act: ctx two\n0\n[good] e0\ne1\ne2\ne3\n"
+        "Act: ctx three\n2\n[good] e0\ne1\ne2\ne3\n");
+}
+
+static void run_all_paper_average_and_outputs(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    int correct[64], rows[64];
+    write_mmlu(dir, correct, rows);
+    write_small_tasks(dir);
+    m2d_mc_config cfg;
+    m2d_mc_config_default(&cfg);
+    cfg.data_dir = dir;
+    char *dump = m2d_path_join(dir, "dump.jsonl");
+    cfg.dump_requests = dump;
+    m2d_mc_results res;
+    if (m2d_mc_run(&prefer_first_lm, "all", 1, 0, &cfg, &res)) fail_msg("%s", m2d_errmsg());
+    const m2d_mc_task_result *ae = m2d_mc_results_find(&res, "arc_easy"), *hs = m2d_mc_results_find(&res, "hellaswag");
+    const m2d_mc_task_result *wg = m2d_mc_results_find(&res, "winogrande"), *mm = m2d_mc_results_find(&res, "mmlu");
+    assert_non_null(ae); assert_non_null(hs); assert_non_null(wg); assert_non_null(mm);
+    assert_true(ae->acc == 0.75 && ae->acc_norm == 0.75);
+    assert_true(fabs(hs->acc_norm - 2.0 / 3.0) < 1e-15);
+    assert_true(wg->acc == 0.5);
+    assert_false(wg->has_acc_norm);
+    assert_true(res.has_paper_average);
+    double want = (wg->acc + hs->acc_norm + ae->acc_norm + m2d_mc_results_find(&res, "arc_challenge")->acc_norm + mm->acc) / 5;
+    assert_true(fabs(res.paper_average - want) < 1e-15);
+    /* deviations are in the results, the text and the JSON */
+    assert_int_equal(hs->n_notes, 2);
+    assert_int_equal(wg->n_notes, 1);
+    char *text = NULL;
+    size_t tl = 0;
+    FILE *f = open_memstream(&text, &tl);
+    m2d_mc_results_print(&res, f);
+    fclose(f);
+    assert_non_null(strstr(text, "deviations from lm-evaluation-harness"));
+    assert_non_null(strstr(text, "train_l"));
+    assert_non_null(strstr(text, "paper average"));
+    assert_null(strstr(text, "mmlu_abstract_algebra")); /* subjects only in the JSON */
+    assert_non_null(strstr(text, "mmlu_stem"));
+    char *js = m2d_mc_results_json(&res);
+    cJSON *j = cJSON_Parse(js);
+    assert_non_null(j);
+    cJSON *r = cJSON_GetObjectItem(j, "results");
+    assert_non_null(cJSON_GetObjectItem(r, "mmlu_abstract_algebra"));
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(r, "hellaswag"), "deviations")), 2);
+    assert_true(fabs(cJSON_GetObjectItem(j, "paper_average")->valuedouble - want) < 1e-12);
+    cJSON_Delete(j);
+    free(js);
+    free(text);
+    /* the dump holds every request: 4+4 ARC x (2,2,3,2 choices), 2x2 winogrande, 3x4 hellaswag, mmlu 4 each */
+    size_t n;
+    char *d = m2d_read_file(dump, &n);
+    assert_non_null(d);
+    int lines = 0;
+    for (size_t i = 0; i < n; i++) lines += d[i] == '\n';
+    int mm_rows = 0;
+    for (int s = 0; s < 57; s++) mm_rows += rows[s];
+    assert_int_equal(lines, 2 * 9 + 4 + 12 + 4 * mm_rows);
+    assert_int_equal(res.n_requests, lines);
+    free(d);
+    m2d_mc_results_free(&res);
+    tu_rm_rf(dir);
+    free(dump);
+    free(dir);
+}
+
+/* ---------------------------------------------------------------- bad input */
+
+static void bad_input_messages(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    m2d_mc_config cfg;
+    m2d_mc_config_default(&cfg);
+    cfg.data_dir = dir;
+    m2d_mc_results res;
+    /* unknown task lists what exists */
+    assert_int_equal(m2d_mc_run(&toy_lm, "arc_easy,nonsense", 0, 0, &cfg, &res), -1);
+    assert_non_null(strstr(m2d_errmsg(), "nonsense"));
+    assert_non_null(strstr(m2d_errmsg(), "arc_challenge, arc_easy, hellaswag, mmlu, winogrande"));
+    /* missing data file: named */
+    assert_int_equal(m2d_mc_run(&toy_lm, "arc_easy", 0, 0, &cfg, &res), -1);
+    assert_non_null(strstr(m2d_errmsg(), "ARC-Easy-Test.jsonl"));
+    assert_int_equal(m2d_mc_run(&toy_lm, "hellaswag", 0, 0, &cfg, &res), -1);
+    assert_non_null(strstr(m2d_errmsg(), "hellaswag_val.jsonl"));
+    /* malformed jsonl: file:line; missing field: file:line and the field */
+    put(dir, "winogrande/winogrande_1.1/dev.jsonl",
+        "{\"sentence\":\"a _ b\",\"option1\":\"x\",\"option2\":\"y\",\"answer\":\"1\"}\n{\"sentence\": oops}\n");
+    assert_int_equal(m2d_mc_run(&toy_lm, "winogrande", 0, 0, &cfg, &res), -1);
+    assert_non_null(strstr(m2d_errmsg(), "dev.jsonl:2"));
+    put(dir, "winogrande/winogrande_1.1/dev.jsonl",
+        "{\"sentence\":\"a _ b\",\"option1\":\"x\",\"option2\":\"y\",\"answer\":\"1\"}\n\n{\"sentence\":\"a _ b\",\"option1\":\"x\",\"answer\":\"1\"}\n");
+    assert_int_equal(m2d_mc_run(&toy_lm, "winogrande", 0, 0, &cfg, &res), -1);
+    assert_non_null(strstr(m2d_errmsg(), "dev.jsonl:3"));
+    assert_non_null(strstr(m2d_errmsg(), "'option2'"));
+    put(dir, "arc/ARC-V1-Feb2018-2/ARC-Easy/ARC-Easy-Test.jsonl",
+        "{\"id\":\"t\",\"question\":{\"stem\":\"S\",\"choices\":[{\"text\":\"a\",\"label\":\"A\"},{\"text\":\"b\",\"label\":\"B\"}]},\"answerKey\":\"E\"}\n");
+    assert_int_equal(m2d_mc_run(&toy_lm, "arc_easy", 0, 0, &cfg, &res), -1);
+    assert_non_null(strstr(m2d_errmsg(), "ARC-Easy-Test.jsonl:1"));
+    assert_non_null(strstr(m2d_errmsg(), "'answerKey'"));
+    /* bad CSV row: file:row and field */
+    put(dir, "mmlu/data/test/anatomy_test.csv", "q,a,b,c,d,A\nq2,a,b,c,d\n");
+    put(dir, "mmlu/data/dev/anatomy_dev.csv", "q,a,b,c,d,A\n");
+    assert_int_equal(m2d_mc_run(&toy_lm, "mmlu_anatomy", 0, 0, &cfg, &res), -1);
+    assert_non_null(strstr(m2d_errmsg(), "anatomy_test.csv:row 2"));
+    assert_non_null(strstr(m2d_errmsg(), "field"));
+    put(dir, "mmlu/data/test/anatomy_test.csv", "q,a,b,c,d,A\nq2,a,b,c,d,E\n");
+    assert_int_equal(m2d_mc_run(&toy_lm, "mmlu_anatomy", 0, 0, &cfg, &res), -1);
+    assert_non_null(strstr(m2d_errmsg(), "anatomy_test.csv:row 2: field 'answer'"));
+    /* too few docs for the requested shots */
+    put(dir, "mmlu/data/test/anatomy_test.csv", "q,a,b,c,d,A\n");
+    assert_int_equal(m2d_mc_run(&toy_lm, "mmlu_anatomy", 6, 0, &cfg, &res), -1);
+    assert_non_null(strstr(m2d_errmsg(), "6-shot"));
+    /* a failed run leaves no dump file behind */
+    char *dump = m2d_path_join(dir, "d.jsonl");
+    cfg.dump_requests = dump;
+    assert_int_equal(m2d_mc_run(&toy_lm, "mmlu_anatomy,arc_easy", 0, 0, &cfg, &res), -1);
+    assert_false(m2d_file_exists(dump));
+    free(dump);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(prompt_arc_challenge_first),
+        cmocka_unit_test(prompt_hellaswag_text_variant_first),
+        cmocka_unit_test(prompt_hellaswag_canonical_jsonl),
+        cmocka_unit_test(hellaswag_preprocess_rules),
+        cmocka_unit_test(prompt_winogrande_first),
+        cmocka_unit_test(prompt_mmlu_first),
+        cmocka_unit_test(fewshot_and_metrics_match_python),
+        cmocka_unit_test(metrics_acc_and_acc_norm),
+        cmocka_unit_test(metrics_stderr),
+        cmocka_unit_test(mmlu_micro_groups),
+        cmocka_unit_test(run_all_paper_average_and_outputs),
+        cmocka_unit_test(bad_input_messages),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
