@@ -369,7 +369,7 @@ static int read_experiment(const ctx *c, m2d_experiment *x) {
     if (get_str(c, x->table, "calibration.data", NULL, &x->calib_data) ||
         get_int32(c, x->table, "calibration.seq_len", 2048, 2, 1 << 20, &x->calib_seq_len) ||
         get_int32(c, x->table, "calibration.samples", 512, 1, 1 << 24, &x->calib_samples) ||
-        get_int(c, x->table, "calibration.seed", 0, 0, INT64_MAX, &x->calib_seed))
+        get_int(c, x->table, "calibration.seed", -1, 0, INT64_MAX, &x->calib_seed))
         return -1;
     if (get_str(c, x->table, "ppl.protocol", "gptq", &x->ppl_protocol) ||
         get_str(c, x->table, "ppl.data", NULL, &x->ppl_data) ||

@@ -34,7 +34,7 @@ typedef struct {
     /* calibration */
     char *calib_data;
     int calib_seq_len, calib_samples;
-    int64_t calib_seed;
+    int64_t calib_seed;          /* -1 (absent): the first N windows; else N windows drawn with this seed */
     /* perplexity */
     char *ppl_protocol, *ppl_data;
     int ppl_seq_len, ppl_max_windows; /* max_windows 0: all */

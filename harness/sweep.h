@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "engine.h"
 #include "grid.h"
 
 typedef struct {
@@ -44,6 +45,10 @@ struct m2d_sweep_backend {
 
 int m2d_sweep_backend_fake(const m2d_experiment *x, m2d_sweep_backend *b);
 int m2d_sweep_backend_pipeline(const m2d_experiment *x, m2d_sweep_backend *b);
+/* gptq perplexity on already-encoded text: the windows and sums of m2d_ppl_gptq (which encodes
+ * the text on every call); the pipeline encodes once per sweep. */
+int m2d_sweep_ppl_tokens(m2d_engine *e, const int32_t *ids, size_t n, int L, int max_windows, double *ppl,
+                         int *windows);
 
 typedef struct {
     const char *out;        /* CSV path (default: the experiment's `out`) */
