@@ -420,10 +420,28 @@ int m2d_report_plot_data(const m2d_results *r, const char *dir) {
         fprintf(f, "rows");
         for (int k = 0; k < g.n_K; k++) fprintf(f, " K=%d", g.Ks[k]);
         fprintf(f, "\n");
+        char *bname = m2d_strfmt("best_%s.dat", g.sc.v[s]);
+        FILE *bf = open_in(dir, bname);
+        free(bname);
+        if (!bf) {
+            fclose(f);
+            rc = -1;
+            break;
+        }
+        fprintf(bf, "# column row (0-based, as in the heat matrix) of the best K of each row\n");
+        int row = 0;
         for (int gi = 0; gi < g.gr.n; gi++)
             for (int d = 0; d < g.sl.n; d++)
                 for (int p = 0; p < g.pa.n; p++) {
                     if (!row_present(&g, g.sc.v[s], g.gr.v[gi], g.sl.v[d], g.pa.v[p])) continue;
+                    int best = -1;
+                    double best_v = INFINITY;
+                    for (int k = 0; k < g.n_K; k++) {
+                        const entry *e = cell(&g, g.sc.v[s], g.gr.v[gi], g.sl.v[d], g.pa.v[p], g.Ks[k]);
+                        if (e && !e->failed && e->ppl < best_v) best_v = e->ppl, best = k;
+                    }
+                    if (best >= 0) fprintf(bf, "%d %d\n", best, row);
+                    row++;
                     /* row header without spaces: gnuplot splits on whitespace */
                     fprintf(f, "%s/%s%s%s", g.gr.v[gi], g.sl.v[d], g.pa.v[p][0] ? "/" : "", g.pa.v[p]);
                     for (int k = 0; k < g.n_K; k++) {
@@ -438,6 +456,7 @@ int m2d_report_plot_data(const m2d_results *r, const char *dir) {
                     fprintf(f, "\n");
                 }
         fclose(f);
+        fclose(bf);
     }
     if (list) fclose(list);
     /* marginals: geometric mean over every configuration with that axis value */

@@ -21,8 +21,8 @@ const char *m2d_report_display_name(const char *name);
 
 /* Write the table and the per-criterion summary. */
 int m2d_report_write(const m2d_results *r, m2d_report_format fmt, FILE *f);
-/* Write gnuplot inputs into DIR: heat_<scoring>.dat (log10 PPL matrix, rows grouping/scaling,
- * columns K), marginal_<axis>.dat (per axis value: geometric-mean PPL, median, best, count),
+/* Write gnuplot inputs into DIR: heat_<scoring>.dat (PPL matrix, rows grouping/scaling,
+ * columns K, NaN for failed/absent), best_<scoring>.dat (column, row of each row's best K), marginal_<axis>.dat (per axis value: geometric-mean PPL, median, best, count),
  * scorings.txt (the scoring names, one per line). */
 int m2d_report_plot_data(const m2d_results *r, const char *dir);
 
