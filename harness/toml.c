@@ -228,8 +228,18 @@ static int is_bare(int c) {
     return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
 }
 
-/* key = simple-key ( ws '.' ws simple-key )* ; parts are malloc'd. */
+static void free_parts(char **parts, int n);
+
+/* key = simple-key ( ws '.' ws simple-key )* ; parts are malloc'd (freed here on error). */
+static int parse_key_parts(parser *p, char **parts, int *nparts);
 static int parse_key(parser *p, char **parts, int *nparts) {
+    if (parse_key_parts(p, parts, nparts) == 0) return 0;
+    free_parts(parts, *nparts);
+    *nparts = 0;
+    return -1;
+}
+
+static int parse_key_parts(parser *p, char **parts, int *nparts) {
     *nparts = 0;
     for (;;) {
         skip_ws(p);

@@ -115,6 +115,7 @@ static void strict_errors_name_line_and_column(void **state) {
     expect_error("a = {x = 1,\n y = 2}\n", "single-line");
     expect_error("a = \n", "expected a value");
     expect_error("= 1\n", "expected a key");
+    expect_error("b.,c.d = 1\n", "expected a key"); /* fuzz: parts parsed before the error were leaked */
     expect_error("a 1\n", "expected '='");
     expect_error("[a\n", "expected ']'");
     expect_error("[[a]\n", "expected ']]'");
