@@ -321,8 +321,9 @@ static int read_mc(const ctx *c, m2d_experiment *x) {
     x->mc_configs = m2d_strdup("none");
     if (!mc) return 0;
     if (mc->type != M2D_TOML_TABLE) return key_err(c, mc, "mc", "a table");
-    static const char *const keys[] = {"tasks", "shots", "limit", "configs"};
-    if (check_keys(c, mc, "[mc]", keys, 4)) return -1;
+    static const char *const keys[] = {"tasks", "shots", "limit", "configs", "data_dir"};
+    if (check_keys(c, mc, "[mc]", keys, 5)) return -1;
+    if (get_str(c, mc, "data_dir", "data", &x->mc_data_dir)) return -1;
     const m2d_toml *tasks = m2d_toml_get(mc, "tasks");
     if (!tasks || tasks->type != M2D_TOML_ARRAY) return key_err(c, tasks, "mc.tasks", "an array of task names");
     const m2d_toml *shots = m2d_toml_get(mc, "shots");
@@ -443,6 +444,7 @@ void m2d_experiment_free(m2d_experiment *x) {
     free(x->mc_tasks);
     free(x->mc_shots);
     free(x->mc_configs);
+    free(x->mc_data_dir);
     free(x->configs);
     m2d_toml_free(x->doc);
     memset(x, 0, sizeof *x);

@@ -44,6 +44,7 @@ typedef struct {
     int *mc_shots;
     int mc_limit;                /* items per task, 0: all */
     char *mc_configs;            /* "none" | "all" | "best-per-pair" */
+    char *mc_data_dir;           /* task data (default "data") */
     /* grid */
     int n_configs;
     m2d_grid_config *configs;

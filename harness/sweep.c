@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "report.h"
 #include "results.h"
 #include "util.h"
 
@@ -331,6 +332,132 @@ static void choose_threads(const m2d_sweep_opts *o, int n_todo, int *jobs, int *
     *threads = o->threads > 0 ? o->threads : M2D_MAX(1, cores / *jobs);
 }
 
+/* ---- multiple-choice stage ----
+ * After the perplexity pass, the configurations chosen by [mc].configs ("best-per-pair": for each
+ * scoring x grouping, the (K, scaling) with the lowest PPL, as the paper does; "all": every
+ * evaluated student) are evaluated on the MC tasks. Results are appended crash-safely to the
+ * sidecar OUT.mc.csv (resumable like the main file), then copied into the MC columns of OUT (one
+ * atomic rewrite) for every row whose student has the same fingerprint. */
+
+static int find_config(const m2d_experiment *x, const char *id) {
+    for (int i = 0; i < x->n_configs; i++)
+        if (strcmp(x->configs[i].id, id) == 0) return i;
+    return -1;
+}
+
+static int mc_select(const m2d_experiment *x, const m2d_results *r, int **rows) {
+    if (strcmp(x->mc_configs, "best-per-pair") == 0) return m2d_report_best_per_pair(r, rows);
+    *rows = m2d_malloc((size_t)(r->n_rows + 1) * sizeof **rows);
+    int n = 0;
+    for (int i = 0; i < r->n_rows; i++)
+        if (!strcmp(m2d_results_get(r, i, "status"), "ok") && !m2d_results_get(r, i, "dedup_of")[0]) (*rows)[n++] = i;
+    return n;
+}
+
+/* Copy the sidecar's MC values into the main file's rows (matched by student fingerprint). */
+static int mc_fill_main(const char *out, const char *side, int n_mc) {
+    m2d_results main, mc;
+    if (m2d_results_read(out, &main)) return -1;
+    if (m2d_results_read(side, &mc)) {
+        m2d_results_free(&main);
+        return -1;
+    }
+    int fp_col = m2d_results_col(&main, "fingerprint"), id_col = m2d_results_col(&main, "config_id");
+    int first_mc = m2d_results_col(&main, "fingerprint") - N_TAIL + 1 - n_mc; /* MC columns precede the tail */
+    int changed = 0;
+    for (int j = 0; j < mc.n_rows; j++) {
+        if (strcmp(m2d_results_get(&mc, j, "status"), "ok")) continue;
+        const char *id = mc.rows[j][0], *fp = NULL;
+        for (int i = 0; i < main.n_rows && !fp; i++)
+            if (!strcmp(main.rows[i][id_col], id)) fp = main.rows[i][fp_col];
+        if (!fp || !fp[0]) continue;
+        for (int i = 0; i < main.n_rows; i++) {
+            if (strcmp(main.rows[i][fp_col], fp)) continue;
+            for (int m = 0; m < n_mc; m++) {
+                if (!strcmp(main.rows[i][first_mc + m], mc.rows[j][1 + m])) continue;
+                free(main.rows[i][first_mc + m]);
+                main.rows[i][first_mc + m] = m2d_strdup(mc.rows[j][1 + m]);
+                changed = 1;
+            }
+        }
+    }
+    int rc = changed ? m2d_results_write(out, &main) : 0;
+    m2d_results_free(&main);
+    m2d_results_free(&mc);
+    return rc;
+}
+
+static int mc_stage(const m2d_experiment *x, m2d_sweep_backend *b, const char *out, char **cols, int n_cols,
+                    const meta_list *meta, m2d_sweep_summary *sum) {
+    int n_mc = n_mc_cols(x);
+    m2d_results main;
+    if (m2d_results_read(out, &main)) return -1;
+    int *rows = NULL, n_sel = mc_select(x, &main, &rows);
+    if (n_sel < 0) {
+        m2d_results_free(&main);
+        return -1;
+    }
+    sum->mc_selected = n_sel;
+    /* sidecar columns: config_id, the MC columns, wall_s, status */
+    int n_side = n_mc + 3, j = 0;
+    const char **side_cols = m2d_calloc((size_t)n_side, sizeof *side_cols);
+    side_cols[j++] = "config_id";
+    for (int m = 0; m < n_mc; m++) side_cols[j++] = cols[N_FIXED + m];
+    side_cols[j++] = "wall_s";
+    side_cols[j++] = "status";
+    (void)n_cols;
+    char *side = m2d_strfmt("%s.mc.csv", out);
+    m2d_results_writer w;
+    m2d_results done;
+    int rc = m2d_results_open(side, side_cols, n_side, (const char *const *)meta->items, meta->n, IDENTITY,
+                              (int)M2D_ARRAY_LEN(IDENTITY), &w, &done);
+    m2d_progress prog;
+    m2d_progress_start(&prog, "multiple choice", n_sel);
+    double *mc_buf = m2d_malloc((size_t)(n_mc + 1) * sizeof *mc_buf);
+    for (int s = 0; rc == 0 && s < n_sel; s++) {
+        const char *id = m2d_results_get(&main, rows[s], "config_id");
+        int seen = 0;
+        for (int d = 0; d < done.n_rows && !seen; d++) seen = !strcmp(done.rows[d][0], id);
+        int ci = find_config(x, id);
+        if (seen || ci < 0) continue;
+        double t0 = m2d_now();
+        m2d_sweep_result r;
+        memset(&r, 0, sizeof r);
+        r.ppl = NAN;
+        r.mc = mc_buf;
+        for (int m = 0; m < n_mc; m++) mc_buf[m] = NAN;
+        void *student = NULL;
+        if (b->build(b, &x->configs[ci], &student, &r) == 0) {
+            if (b->evaluate_mc(b, student, &x->configs[ci], &r) != 0 && !r.error[0])
+                snprintf(r.error, sizeof r.error, "%s", m2d_errmsg());
+            b->free_student(b, student);
+        } else if (!r.error[0]) {
+            snprintf(r.error, sizeof r.error, "%s", m2d_errmsg());
+        }
+        char **f = m2d_calloc((size_t)n_side, sizeof *f);
+        int k = 0;
+        f[k++] = m2d_strdup(id);
+        for (int m = 0; m < n_mc; m++) f[k++] = fmt_num(mc_buf[m], "%.6f");
+        f[k++] = m2d_strfmt("%.3f", m2d_now() - t0);
+        f[k++] = r.error[0] ? m2d_strfmt("failed: %s", r.error) : m2d_strdup("ok");
+        rc = m2d_results_append(&w, (const char *const *)f);
+        for (int i = 0; i < n_side; i++) free(f[i]);
+        free(f);
+        sum->mc_evaluated++;
+        m2d_progress_update(&prog, s + 1);
+    }
+    m2d_progress_end(&prog);
+    free(mc_buf);
+    m2d_results_close(&w);
+    m2d_results_free(&done);
+    m2d_results_free(&main);
+    if (rc == 0) rc = mc_fill_main(out, side, n_mc);
+    free(side);
+    free(side_cols);
+    free(rows);
+    return rc;
+}
+
 int m2d_sweep_run(const m2d_experiment *x, const m2d_sweep_opts *o, m2d_sweep_summary *sum) {
     memset(sum, 0, sizeof *sum);
     double t_start = m2d_now();
@@ -369,7 +496,9 @@ int m2d_sweep_run(const m2d_experiment *x, const m2d_sweep_opts *o, m2d_sweep_su
         *slash = 0;
         if (m2d_mkdir_p(dir)) goto done;
     }
+    double t_prep = m2d_now();
     if (b.prepare(&b, x, model_hash, calib_hash)) goto done;
+    sum->prepare_s = m2d_now() - t_prep;
     build_meta(x, o, model_hash, calib_hash, &meta);
     if (o->retry_failed && drop_failed_rows(out)) goto done;
     if (m2d_results_open(out, (const char *const *)cols, n_cols, (const char *const *)meta.items, meta.n, IDENTITY,
@@ -427,6 +556,16 @@ int m2d_sweep_run(const m2d_experiment *x, const m2d_sweep_opts *o, m2d_sweep_su
     pthread_mutex_destroy(&s.write_mu);
     rc = 0;
     if (s.write_failed) rc = m2d_err("%s", s.write_err);
+    m2d_results_close(&w); /* the MC stage may rewrite OUT */
+    if (rc == 0 && x->n_mc && strcmp(x->mc_configs, "none") != 0) {
+        if (o->shard_n > 1)
+            fprintf(stderr, "moe2dense sweep: multiple-choice stage skipped in a shard: it runs on the merged CSV "
+                            "(moe2dense sweep %s --experiment %s --out MERGED.csv)\n", x->file, x->name);
+        else if (!b.evaluate_mc)
+            rc = m2d_err("backend '%s' cannot run multiple-choice tasks", b.name);
+        else
+            rc = mc_stage(x, &b, out, cols, n_cols, &meta, sum);
+    }
 done:
     for (int i = 0; i < s.n_fps; i++) {
         free(s.fps[i].res.mc);
@@ -516,7 +655,8 @@ static double calibration_seconds(const m2d_experiment *x, const shape *sh) {
 }
 
 static void fmt_duration(double s, char *buf, size_t n) {
-    if (s < 120) snprintf(buf, n, "%.0f s", s);
+    if (s < 10) snprintf(buf, n, "%.1f s", s);
+    else if (s < 120) snprintf(buf, n, "%.0f s", s);
     else if (s < 7200) snprintf(buf, n, "%.1f min", s / 60);
     else snprintf(buf, n, "%.1f h", s / 3600);
 }
@@ -567,6 +707,7 @@ int m2d_sweep_dry_run(const m2d_experiment *x, const m2d_sweep_opts *o, FILE *f)
         if (b.destroy) b.destroy(&b);
     }
     m2d_err_clear();
+    int upper = n_idx;
     if (distinct >= 0) {
         fprintf(f, "distinct students: %d (from their fingerprints); %d configurations are recorded as dedup_of\n",
                 distinct, n_idx - distinct);
@@ -586,8 +727,9 @@ int m2d_sweep_dry_run(const m2d_experiment *x, const m2d_sweep_opts *o, FILE *f)
                 }
             }
         }
+        upper = n_idx - collapsed;
         fprintf(f, "distinct students: at most %d (upper bound: groupings coincide at K = k; the exact count needs "
-                   "the calibration statistics, which are computed on the first run)\n", n_idx - collapsed);
+                   "the calibration statistics, which are computed on the first run)\n", upper);
     }
     /* run-time estimate */
     shape sh;
@@ -619,7 +761,7 @@ int m2d_sweep_dry_run(const m2d_experiment *x, const m2d_sweep_opts *o, FILE *f)
                 (long long)ppl_tokens, x->ppl_seq_len);
     }
     if (per >= 0) {
-        int todo = n_idx - done, bound = distinct >= 0 ? distinct : todo;
+        int todo = n_idx - done, bound = distinct >= 0 ? distinct : upper;
         char a[32], c2[32];
         fmt_duration(per, a, sizeof a);
         fmt_duration(per * M2D_MIN(todo, bound), c2, sizeof c2);

@@ -39,6 +39,10 @@ struct m2d_sweep_backend {
     int (*evaluate)(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res);
     void (*free_student)(m2d_sweep_backend *b, void *student);
     void (*destroy)(m2d_sweep_backend *b);
+    /* optional: multiple-choice tasks of the experiment on a built student: res->mc[2t] = acc,
+     * res->mc[2t+1] = acc_norm (NaN when the task has none), res->mc[2 n_tasks] = the average of
+     * each task's paper metric */
+    int (*evaluate_mc)(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res);
     /* optional: exact number of distinct students without running (dry run); -1 when unknown */
     int (*count_distinct)(m2d_sweep_backend *b, const m2d_experiment *x, const int *idx, int n);
 };
@@ -61,7 +65,9 @@ typedef struct {
 typedef struct {
     int total, skipped, evaluated, dedup, failed;
     double wall_s, eval_s;  /* eval_s: time inside build + evaluate, summed over workers */
+    double prepare_s;       /* backend prepare: teacher, calibration (or its cache), data encoding */
     int jobs, threads;
+    int mc_selected, mc_evaluated; /* multiple-choice stage */
 } m2d_sweep_summary;
 
 /* The CSV columns of experiment X (fixed, then MC metric columns, then bookkeeping). */

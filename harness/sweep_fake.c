@@ -62,6 +62,21 @@ static int fake_evaluate(m2d_sweep_backend *b, void *student, const m2d_grid_con
     return 0;
 }
 
+static int fake_evaluate_mc(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res) {
+    (void)c;
+    fake *f = b->self;
+    const char *fp = student;
+    double avg = 0;
+    for (int t = 0; t < f->x->n_mc; t++) {
+        unsigned h = (unsigned)(fp[t % 60] * 31 + fp[(t + 1) % 60]);
+        res->mc[2 * t] = (double)(h % 100) / 100.0;
+        res->mc[2 * t + 1] = (double)((h / 7) % 100) / 100.0;
+        avg += res->mc[2 * t];
+    }
+    if (f->x->n_mc) res->mc[2 * f->x->n_mc] = avg / f->x->n_mc;
+    return 0;
+}
+
 static void fake_free_student(m2d_sweep_backend *b, void *student) {
     (void)b;
     free(student);
@@ -89,7 +104,7 @@ int m2d_sweep_backend_fake(const m2d_experiment *x, m2d_sweep_backend *b) {
     fake *f = m2d_calloc(1, sizeof *f);
     f->x = x;
     *b = (m2d_sweep_backend){.name = "fake", .self = f, .prepare = fake_prepare, .build = fake_build,
-                             .evaluate = fake_evaluate, .free_student = fake_free_student, .destroy = fake_destroy,
+                             .evaluate = fake_evaluate, .evaluate_mc = fake_evaluate_mc, .free_student = fake_free_student, .destroy = fake_destroy,
                              .count_distinct = fake_count_distinct};
     return 0;
 }

@@ -8,13 +8,17 @@
  *
  * PPL (gptq protocol): the evaluation text is encoded ONCE in prepare; each student scores the
  * same windows as m2d_ppl_gptq (tested to agree exactly). lm-eval protocol: m2d_ppl_lmeval. */
+#include <dirent.h>
 #include <math.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "calib.h"
 #include "convert.h"
 #include "engine.h"
+#include "lm.h"
+#include "mc.h"
 #include "ppl.h"
 #include "registry.h"
 #include "sweep.h"
@@ -26,6 +30,7 @@ typedef struct {
     m2d_model *teacher;
     m2d_tokenizer *tk;
     m2d_stats *stats;
+    char *stats_path;       /* the cache file the statistics came from */
     char *ppl_raw;          /* lm-eval: the raw file */
     size_t ppl_raw_len;
     int32_t *ppl_ids;       /* gptq: the joined rows, encoded */
@@ -123,7 +128,7 @@ static int pipe_prepare(m2d_sweep_backend *b, const m2d_experiment *x, char mode
             fprintf(stderr, "moe2dense sweep: calibrated %d windows x %d tokens in %.1f s -> %s\n",
                     p->stats->n_windows, x->calib_seq_len, m2d_now() - t0, path);
     }
-    free(path);
+    p->stats_path = path;
     free(ids);
     if (rc) return -1;
     /* evaluation data, encoded once */
@@ -214,6 +219,62 @@ static int pipe_evaluate(m2d_sweep_backend *b, void *student, const m2d_grid_con
     return rc;
 }
 
+/* Remove a flat directory (the student checkpoint written for the MC scorer). */
+static void remove_flat_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+                char *f = m2d_path_join(dir, e->d_name);
+                unlink(f);
+                free(f);
+            }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+/* MC tasks: the lm-eval scorer opens a checkpoint directory, so the student is written to a
+ * temporary one (the same bits as in memory, see convert.h) and removed afterwards. */
+static int pipe_evaluate_mc(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res) {
+    (void)c;
+    pipe_t *p = b->self;
+    student_t *s = student;
+    const m2d_experiment *x = p->x;
+    char tmpl[] = "/tmp/m2d-mc-XXXXXX";
+    char *dir = mkdtemp(tmpl);
+    if (!dir) return m2d_err("multiple choice: cannot create a temporary directory");
+    m2d_lm *lm = NULL;
+    int rc = m2d_convert_write(p->teacher, s->student, s->plan, p->stats_path, dir);
+    if (rc == 0) rc = m2d_lm_engine_open(dir, b->threads, M2D_LM_CACHED, 0, &lm);
+    m2d_mc_config cfg;
+    m2d_mc_config_default(&cfg);
+    cfg.data_dir = x->mc_data_dir;
+    cfg.progress = 0;
+    double avg = 0;
+    for (int t = 0; rc == 0 && t < x->n_mc; t++) {
+        m2d_mc_results r;
+        memset(&r, 0, sizeof r);
+        rc = m2d_mc_run(lm, x->mc_tasks[t], x->mc_shots[t], x->mc_limit, &cfg, &r);
+        const m2d_mc_task_result *tr = rc == 0 ? m2d_mc_results_find(&r, x->mc_tasks[t]) : NULL;
+        if (rc == 0 && !tr) rc = m2d_err("multiple choice: no result for task '%s'", x->mc_tasks[t]);
+        if (rc == 0) {
+            res->mc[2 * t] = tr->acc;
+            res->mc[2 * t + 1] = tr->has_acc_norm ? tr->acc_norm : NAN;
+            const m2d_mc_plugin *pl = m2d_mc_plugin_find(x->mc_tasks[t]);
+            /* the paper-style average uses each task's paper metric (acc_norm where the paper does) */
+            int norm = pl && pl->paper_metric && !strcmp(pl->paper_metric, "acc_norm") && tr->has_acc_norm;
+            avg += norm ? tr->acc_norm : tr->acc;
+        }
+        m2d_mc_results_free(&r);
+    }
+    if (rc == 0 && x->n_mc) res->mc[2 * x->n_mc] = avg / x->n_mc;
+    if (lm) m2d_lm_free(lm);
+    remove_flat_dir(dir);
+    return rc;
+}
+
 static void pipe_free_student(m2d_sweep_backend *b, void *student) {
     (void)b;
     student_t *s = student;
@@ -230,6 +291,7 @@ static void pipe_destroy(m2d_sweep_backend *b) {
     if (p->teacher) m2d_model_close(p->teacher);
     free(p->ppl_raw);
     free(p->ppl_ids);
+    free(p->stats_path);
     free(p);
 }
 
@@ -269,7 +331,7 @@ int m2d_sweep_backend_pipeline(const m2d_experiment *x, m2d_sweep_backend *b) {
     pipe_t *p = m2d_calloc(1, sizeof *p);
     p->x = x;
     *b = (m2d_sweep_backend){.name = "pipeline", .self = p, .prepare = pipe_prepare, .build = pipe_build,
-                             .evaluate = pipe_evaluate, .free_student = pipe_free_student, .destroy = pipe_destroy,
+                             .evaluate = pipe_evaluate, .evaluate_mc = pipe_evaluate_mc, .free_student = pipe_free_student, .destroy = pipe_destroy,
                              .count_distinct = pipe_count_distinct};
     return 0;
 }
