@@ -92,6 +92,9 @@ static int cmd_sweep_run(int argc, char **argv) {
            x.name, s.total, s.skipped, s.evaluated, s.dedup, s.failed, path);
     printf("sweep %s: %.2f s wall: %.2f s prepare (teacher, calibration, data), %.2f s in build+evaluate "
            "(%d job(s) x %d thread(s))\n", x.name, s.wall_s, s.prepare_s, s.eval_s, s.jobs, s.threads);
+    if (s.mc_selected)
+        printf("sweep %s: multiple choice: %d configuration(s) selected (%s), %d evaluated now -> %s.mc.csv\n",
+               x.name, s.mc_selected, x.mc_configs, s.mc_evaluated, path);
     rc = 0;
     goto done;
 fail:

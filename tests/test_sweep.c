@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "grid.h"
+#include "report.h"
 #include "results.h"
 #include "sweep.h"
 #include "util.h"
@@ -522,6 +523,67 @@ static void cli_dry_run_shards_and_merge(void **state) {
     free_fixture(&fx);
 }
 
+static void mc_stage_best_per_pair_fills_columns_and_resumes(void **state) {
+    (void)state;
+    fixture fx = make_fixture();
+    m2d_experiment x;
+    char *sets[] = {"mc={tasks = ['arc_easy', 'winogrande'], shots = {arc_easy = 25}, configs = 'best-per-pair'}"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 1, &x), 0);
+    assert_int_equal(x.n_mc, 2);
+    assert_int_equal(x.mc_shots[0], 25);
+    assert_int_equal(x.mc_shots[1], 0);
+    m2d_sweep_opts o = {.out = fx.csv, .jobs = 2};
+    m2d_sweep_summary s;
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    assert_int_equal(s.mc_selected, 7 * 5); /* one per scoring x grouping pair */
+    assert_int_equal(s.mc_evaluated, 35);
+    m2d_results r, side;
+    assert_int_equal(m2d_results_read(fx.csv, &r), 0);
+    char *sp = m2d_strfmt("%s.mc.csv", fx.csv);
+    assert_int_equal(m2d_results_read(sp, &side), 0);
+    assert_int_equal(side.n_rows, 35);
+    int *best, nb = m2d_report_best_per_pair(&r, &best);
+    assert_int_equal(nb, 35);
+    /* the selected rows (and rows of the same student) carry the sidecar's values; others are empty */
+    int filled = 0;
+    for (int i = 0; i < r.n_rows; i++) {
+        const char *v = m2d_results_get(&r, i, "arc_easy_acc");
+        int selected = 0, same_student = 0;
+        for (int b = 0; b < nb; b++) {
+            selected |= best[b] == i;
+            same_student |= !strcmp(m2d_results_get(&r, best[b], "fingerprint"), m2d_results_get(&r, i, "fingerprint"));
+        }
+        if (selected) {
+            const char *id = m2d_results_get(&r, i, "config_id");
+            int found = 0;
+            for (int j = 0; j < side.n_rows; j++)
+                if (!strcmp(side.rows[j][0], id)) {
+                    assert_string_equal(m2d_results_get(&side, j, "arc_easy_acc"), v);
+                    assert_string_equal(m2d_results_get(&side, j, "mc_avg"), m2d_results_get(&r, i, "mc_avg"));
+                    found = 1;
+                }
+            assert_true(found);
+        }
+        if (same_student) {
+            assert_true(v[0] != 0);
+            filled++;
+        } else {
+            assert_string_equal(v, "");
+        }
+    }
+    assert_true(filled >= 35);
+    free(best);
+    m2d_results_free(&r);
+    m2d_results_free(&side);
+    /* resume: nothing evaluated again */
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    assert_int_equal(s.mc_evaluated, 0);
+    assert_int_equal(s.skipped, 280);
+    m2d_experiment_free(&x);
+    free(sp);
+    free_fixture(&fx);
+}
+
 static void shipped_experiments_file_is_valid(void **state) {
     (void)state;
     /* experiments.toml at the top of the repository: the paper grid is 350 configurations on a
@@ -552,6 +614,7 @@ int main(void) {
         cmocka_unit_test(sweep_dedups_records_failures_and_resumes),
         cmocka_unit_test(sigkill_at_any_moment_then_resume),
         cmocka_unit_test(cli_dry_run_shards_and_merge),
+        cmocka_unit_test(mc_stage_best_per_pair_fills_columns_and_resumes),
         cmocka_unit_test(shipped_experiments_file_is_valid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -166,10 +166,68 @@ static void small_sweep_dedups_caches_and_matches_convert_then_ppl(void **state)
     free(model);
 }
 
+/* The MC stage on a real student equals `moe2dense eval` on the same student written by convert. */
+static void mc_stage_matches_eval_on_converted_student(void **state) {
+    (void)state;
+    char *model = tiny_dir();
+    if (!model) TU_SKIP("../shared/models/tiny-qwen3moe not found");
+    if (!m2d_file_exists(wiki_test()) || !m2d_file_exists(wiki_train())) TU_SKIP("run 'make data'");
+    const char *arc = tu_data_path("arc");
+    if (!m2d_file_exists(arc)) TU_SKIP("run 'make data' (ARC missing)");
+    char *dir = tu_tmpdir();
+    char *toml = m2d_path_join(dir, "e.toml");
+    char *text = m2d_strfmt("[experiment.t]\nmodel = '%s'\ncache_dir = '%s/cache'\n"
+                            "calibration = { data = '%s', seq_len = 64, samples = 4 }\n"
+                            "ppl = { data = '%s', seq_len = 64, max_windows = 1 }\n"
+                            "mc = { tasks = ['arc_easy'], limit = 4, data_dir = '%s' }\n"
+                            "[experiment.t.axes]\nscoring = ['do-acp']\ngrouping = ['oc']\n"
+                            "scaling = ['proportional']\nK = ['2k']\n",
+                            model, dir, wiki_train(), wiki_test(), tu_data_path(""));
+    tu_write(toml, text, strlen(text));
+    char *csv = m2d_path_join(dir, "r.csv");
+    char *c = m2d_strfmt("%s sweep %s --experiment t --out %s && "
+                         "%s calibrate --model %s --data %s --out %s/s.stats --seq-len 64 --samples 4 && "
+                         "%s convert --model %s --stats %s/s.stats --scoring do-acp --grouping oc "
+                         "--scaling proportional -K 16 --out %s/student && "
+                         "%s eval --model %s/student --tasks arc_easy --limit 4 --data %s --json",
+                         tu_bin(), toml, csv, tu_bin(), model, wiki_train(), dir, tu_bin(), model, dir, dir, tu_bin(),
+                         dir, tu_data_path(""));
+    char *out = NULL, *err = NULL;
+    int rc = tu_run(c, &out, &err);
+    if (rc) print_message("%s\n%s\n", out ? out : "", err ? err : "");
+    assert_int_equal(rc, 0);
+    m2d_results r;
+    assert_int_equal(m2d_results_read(csv, &r), 0);
+    assert_int_equal(r.n_rows, 1);
+    double acc = strtod(m2d_results_get(&r, 0, "arc_easy_acc"), NULL);
+    double acc_norm = strtod(m2d_results_get(&r, 0, "arc_easy_acc_norm"), NULL);
+    /* eval --json: ... "name":"arc_easy", ... "acc":X, ... "acc_norm":Y */
+    const char *t = strstr(out, "\"arc_easy\"");
+    assert_non_null(t);
+    const char *a = strstr(t, "\"acc\":"), *an = strstr(t, "\"acc_norm\":");
+    assert_non_null(a);
+    assert_non_null(an);
+    assert_true(fabs(acc - strtod(a + 6, NULL)) < 1e-6);
+    assert_true(fabs(acc_norm - strtod(an + 11, NULL)) < 1e-6);
+    /* arc_easy's paper metric is acc_norm: the average of one task is that value */
+    assert_true(fabs(strtod(m2d_results_get(&r, 0, "mc_avg"), NULL) - acc_norm) < 1e-6);
+    m2d_results_free(&r);
+    free(c);
+    free(out);
+    free(err);
+    tu_rm_rf(dir);
+    free(csv);
+    free(text);
+    free(toml);
+    free(dir);
+    free(model);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ppl_on_tokens_matches_library_gptq),
         cmocka_unit_test(small_sweep_dedups_caches_and_matches_convert_then_ppl),
+        cmocka_unit_test(mc_stage_matches_eval_on_converted_student),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
