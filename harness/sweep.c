@@ -527,8 +527,7 @@ int m2d_sweep_run(const m2d_experiment *x, const m2d_sweep_opts *o, m2d_sweep_su
     for (int r = 0; r < existing.n_rows; r++) {
         const char *fp = existing.rows[r][fp_col];
         if (!fp[0] || existing.rows[r][dd_col][0] || fp_find(&s, fp)) continue;
-        /* only results that carry everything a dedup row needs (MC columns are not reused) */
-        if (s.n_mc) continue;
+        /* MC columns are not copied here: the MC stage fills them by fingerprint */
         fp_entry *e = fp_add(&s, fp, existing.rows[r][id_col]);
         e->done = 1;
         e->res.ppl = existing.rows[r][ppl_col][0] ? strtod(existing.rows[r][ppl_col], NULL) : NAN;
