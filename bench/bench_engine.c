@@ -67,6 +67,9 @@ static int run_case(const char *dir, const char *label, const char *mode, int L,
     m2d_engine *e;
     if (m2d_engine_new(m, 2, &e)) return 1;
     double tc = m2d_now();
+    /* CACHE bit 0: fp32 weight cache; bit 1: experts one at a time (multi-threaded GEMMs) */
+    if (cache & 2) m2d_engine_set_expert_parallel(e, 0);
+    cache &= 1;
     size_t cached = cache ? m2d_engine_cache_weights(e, (size_t)64 << 30) : 0;
     tc = m2d_now() - tc;
     int32_t *tok = m2d_malloc(sizeof(int32_t) * (size_t)(L + 1));
