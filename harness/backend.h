@@ -20,6 +20,15 @@ int m2d_be_threads(void);
  * (items are handed out dynamically; fn must be safe to run concurrently). */
 void m2d_be_parallel_for(int n_items, void (*fn)(void *ctx, int item), void *ctx);
 
+/* Index of the calling worker inside m2d_be_parallel_for: 0 (the caller) .. threads-1, so
+ * work items can use per-worker scratch. */
+int m2d_be_worker(void);
+/* on: OpenBLAS runs single-threaded (while our own workers each call sgemm); off: restore. */
+void m2d_be_blas_single(int on);
+
+/* Single-threaded conversion (inside a parallel worker). */
+void m2d_be_convert_1t(m2d_dtype t, const void *src, int64_t first, int64_t n, float *dst);
+
 /* Convert n elements of a stored weight (F32/F16/BF16/F64) to fp32, in parallel chunks. */
 void m2d_be_convert(m2d_dtype t, const void *src, int64_t first, int64_t n, float *dst);
 
@@ -53,10 +62,13 @@ void m2d_be_topk(const float *p, int E, int k, int32_t *idx);
  *                         kp + g*p_head_stride, [np, hd] contiguous (a KV cache); np may be 0
  *   out [nq, n_heads*hd]  (row stride ldo)
  * Row i attends to all np prefix keys and to segment keys 0..i; scale 1/sqrt(hd); query head h
- * uses kv head h / (n_heads / n_kv). Scores and softmax in fp32 with max subtraction. Parallel
- * over heads and row blocks on the backend's threads. */
+ * uses kv head h / (n_heads / n_kv). Scores and softmax in fp32 with max subtraction. */
 void m2d_be_attention(const float *q, int ldq, const float *ks, const float *vs, int ldk, int nq,
                       const float *kp, const float *vp, size_t p_head_stride, int np,
                       int n_heads, int n_kv, int hd, float *out, int ldo);
+/* Segments of at least ROWS query rows (default 64) use the GEMM formulation (per head
+ * S = QK^T, masked softmax, O = PV with sgemm); shorter ones use the per-row dot-product
+ * kernel. Both are tested against naive loops; tests switch with this. */
+void m2d_be_set_attention_gemm_min_rows(int rows);
 
 #endif

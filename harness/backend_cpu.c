@@ -28,6 +28,25 @@ typedef struct {
     atomic_int next;
 } pfor_job;
 
+static _Thread_local int worker_id;
+
+int m2d_be_worker(void) { return worker_id; }
+
+void m2d_be_blas_single(int on) { openblas_set_num_threads(on ? 1 : be_threads); }
+
+typedef struct {
+    pfor_job *job;
+    int id;
+} pfor_arg;
+
+static void *pfor_thread(void *arg) {
+    pfor_arg *a = arg;
+    worker_id = a->id;
+    pfor_job *j = a->job;
+    for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) j->fn(j->ctx, i);
+    return NULL;
+}
+
 static void *pfor_worker(void *arg) {
     pfor_job *j = arg;
     for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) j->fn(j->ctx, i);
@@ -42,11 +61,17 @@ void m2d_be_parallel_for(int n_items, void (*fn)(void *ctx, int item), void *ctx
         return;
     }
     pthread_t tid[64];
+    pfor_arg args[64];
     nt = M2D_MIN(nt, 64);
     int started = 0;
-    for (int t = 1; t < nt; t++)
-        if (pthread_create(&tid[started], NULL, pfor_worker, &j) == 0) started++;
+    for (int t = 1; t < nt; t++) {
+        args[started] = (pfor_arg){&j, started + 1};
+        if (pthread_create(&tid[started], NULL, pfor_thread, &args[started]) == 0) started++;
+    }
+    int saved = worker_id;
+    worker_id = 0;
     pfor_worker(&j); /* the calling thread works too; if no thread started it does everything */
+    worker_id = saved;
     for (int t = 0; t < started; t++) pthread_join(tid[t], NULL);
 }
 
@@ -59,13 +84,26 @@ typedef struct {
 } conv_job;
 
 static void convert_range(m2d_dtype t, const void *src, int64_t first, int64_t n, float *dst) {
-    if (t == M2D_BF16) { /* bf16 is the top half of an fp32: a shift, which the compiler vectorises */
+    if (t == M2D_BF16) { /* bf16 is the top half of an fp32: widen and shift, 16 lanes at a time */
+        typedef uint16_t v16u16 __attribute__((vector_size(32)));
+        typedef uint32_t v16u32 __attribute__((vector_size(64)));
         const uint16_t *s = (const uint16_t *)src + first;
         uint32_t *d = (uint32_t *)dst;
-        for (int64_t i = 0; i < n; i++) d[i] = (uint32_t)s[i] << 16;
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            v16u16 a;
+            memcpy(&a, s + i, sizeof a);
+            v16u32 b = __builtin_convertvector(a, v16u32) << 16;
+            memcpy(d + i, &b, sizeof b);
+        }
+        for (; i < n; i++) d[i] = (uint32_t)s[i] << 16;
     } else {
         m2d_to_f32(t, src, first, n, dst);
     }
+}
+
+void m2d_be_convert_1t(m2d_dtype t, const void *src, int64_t first, int64_t n, float *dst) {
+    convert_range(t, src, first, n, dst);
 }
 
 static void conv_item(void *ctx, int item) {
@@ -224,10 +262,61 @@ static void attn_item(void *ctx, int item) {
     free(sc);
 }
 
+/* masked softmax of score rows [r0, r1): row i keeps its first np + i + 1 entries */
+typedef struct { float *S; int nk, np, nq, rows; } smx_job;
+
+static void smx_item(void *ctx, int item) {
+    const smx_job *j = ctx;
+    int r0 = item * j->rows, r1 = M2D_MIN(r0 + j->rows, j->nq);
+    for (int i = r0; i < r1; i++) {
+        float *row = j->S + (size_t)i * j->nk;
+        int valid = j->np + i + 1;
+        m2d_be_softmax(row, valid);
+        memset(row + valid, 0, sizeof(float) * (size_t)(j->nk - valid));
+    }
+}
+
+/* The GEMM formulation: per head S = Q K^T (the full [nq, np+nq] block; the causal upper part is
+ * computed and then zeroed, which costs 2x on the segment part but runs at sgemm speed),
+ * masked softmax, O = P V. */
+static void attention_gemm(const float *q, int ldq, const float *ks, const float *vs, int ldk, int nq,
+                           const float *kp, const float *vp, size_t p_head_stride, int np, int n_heads,
+                           int n_kv, int hd, float *out, int ldo) {
+    int nk = np + nq, grp = n_heads / n_kv;
+    float scale = 1.0f / sqrtf((float)hd);
+    float *S = m2d_malloc(sizeof(float) * (size_t)nq * nk);
+    for (int h = 0; h < n_heads; h++) {
+        int g = h / grp;
+        const float *qh = q + (size_t)h * hd;
+        if (np)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, np, hd, scale, qh, ldq, kp + g * p_head_stride, hd,
+                        0.0f, S, nk);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nq, hd, scale, qh, ldq, ks + (size_t)g * hd, ldk, 0.0f,
+                    S + np, nk);
+        smx_job sj = {S, nk, np, nq, 16};
+        m2d_be_parallel_for((nq + 15) / 16, smx_item, &sj);
+        float *oh = out + (size_t)h * hd;
+        if (np)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, np, 1.0f, S, nk, vp + g * p_head_stride, hd,
+                        0.0f, oh, ldo);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nq, 1.0f, S + np, nk, vs + (size_t)g * hd, ldk,
+                    np ? 1.0f : 0.0f, oh, ldo);
+    }
+    free(S);
+}
+
+static int attn_gemm_min_rows = 64;
+
+void m2d_be_set_attention_gemm_min_rows(int rows) { attn_gemm_min_rows = rows; }
+
 void m2d_be_attention(const float *q, int ldq, const float *ks, const float *vs, int ldk, int nq,
                       const float *kp, const float *vp, size_t p_head_stride, int np,
                       int n_heads, int n_kv, int hd, float *out, int ldo) {
     if (nq <= 0) return;
+    if (nq >= attn_gemm_min_rows) {
+        attention_gemm(q, ldq, ks, vs, ldk, nq, kp, vp, p_head_stride, np, n_heads, n_kv, hd, out, ldo);
+        return;
+    }
     /* row blocks give the threads work when there are few heads; causal rows grow in cost,
      * and the dynamic hand-out balances that */
     int row_block = nq < 64 ? nq : 64;

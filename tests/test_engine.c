@@ -149,18 +149,23 @@ static void op_attention_causal_gqa(void **state) {
             memcpy(vp + ((size_t)g * np + t) * hd, v + (size_t)t * KV * hd + g * hd, sizeof(float) * hd);
         }
     m2d_be_set_threads(2);
-    m2d_be_attention(q, H * hd, k + np * KV * hd, v + np * KV * hd, KV * hd, nq, kp, vp, (size_t)np * hd, np, H, KV,
-                     hd, o, H * hd);
-    /* scores are dots of 20 N(0,1) pairs (|s| ~ 5): fp32 error ~ 20 * 6e-8 * 20; weights and
-     * outputs are convex combinations of N(0,1) values: 1e-5 leaves a wide margin */
-    assert_true(max_abs_diff(o, r, (size_t)nq * H * hd) < 1e-5);
-    /* no prefix: the whole sequence as one segment */
     float *o2 = malloc(sizeof(float) * T * H * hd), *r2 = malloc(sizeof(float) * T * H * hd),
           *q2 = malloc(sizeof(float) * T * H * hd);
     fill_normal(&st, q2, (size_t)T * H * hd, 1);
     attention_naive(q2, k, v, 0, T, H, KV, hd, r2);
-    m2d_be_attention(q2, H * hd, k, v, KV * hd, T, NULL, NULL, 0, 0, H, KV, hd, o2, H * hd);
-    assert_true(max_abs_diff(o2, r2, (size_t)T * H * hd) < 1e-5);
+    int mins[2] = {1 << 30, 1}; /* the dot-product kernel, then the GEMM formulation */
+    for (int path = 0; path < 2; path++) {
+        m2d_be_set_attention_gemm_min_rows(mins[path]);
+        m2d_be_attention(q, H * hd, k + np * KV * hd, v + np * KV * hd, KV * hd, nq, kp, vp, (size_t)np * hd, np, H,
+                         KV, hd, o, H * hd);
+        /* scores are dots of 20 N(0,1) pairs (|s| ~ 5): fp32 error ~ 20 * 6e-8 * 20; weights and
+         * outputs are convex combinations of N(0,1) values: 1e-5 leaves a wide margin */
+        assert_true(max_abs_diff(o, r, (size_t)nq * H * hd) < 1e-5);
+        /* no prefix: the whole sequence as one segment */
+        m2d_be_attention(q2, H * hd, k, v, KV * hd, T, NULL, NULL, 0, 0, H, KV, hd, o2, H * hd);
+        assert_true(max_abs_diff(o2, r2, (size_t)T * H * hd) < 1e-5);
+    }
+    m2d_be_set_attention_gemm_min_rows(64);
     free(q); free(k); free(v); free(o); free(r); free(kp); free(vp); free(o2); free(r2); free(q2);
 }
 
@@ -496,7 +501,7 @@ static void hook_sees_routing_and_can_abort(void **state) {
     mm_free(&mm);
 }
 
-static void weight_cache_gives_identical_results(void **state) {
+static void weight_cache_and_expert_order_give_identical_results(void **state) {
     (void)state;
     mem_model mm = {0};
     build_random_moe(&mm, M2D_BF16);
@@ -504,13 +509,16 @@ static void weight_cache_gives_identical_results(void **state) {
     assert_int_equal(m2d_engine_new(&mm.m, 2, &a), 0);
     assert_int_equal(m2d_engine_new(&mm.m, 2, &b), 0);
     assert_true(m2d_engine_cache_weights(b, (size_t)1 << 30) > 0);
+    m2d_engine_set_expert_parallel(b, 0); /* also: experts one at a time == expert-parallel */
     int32_t tok[30];
     uint64_t st = 8;
     rand_tokens(&st, tok, 30, 300);
     float *la = malloc(sizeof(float) * 30 * 300), *lb = malloc(sizeof(float) * 30 * 300);
     assert_int_equal(m2d_engine_logits(a, tok, 30, la), 0);
     assert_int_equal(m2d_engine_logits(b, tok, 30, lb), 0);
-    assert_memory_equal(la, lb, sizeof(float) * 30 * 300); /* same fp32 values, same kernels */
+    /* same fp32 weights; OpenBLAS splits GEMMs across threads by rows/columns, never along the
+     * reduction, and the scatter-add runs in expert order in both paths: identical */
+    assert_memory_equal(la, lb, sizeof(float) * 30 * 300);
     free(la); free(lb);
     m2d_engine_free(a);
     m2d_engine_free(b);
@@ -821,7 +829,7 @@ int main(void) {
         cmocka_unit_test(streaming_logprobs_match_logits),
         cmocka_unit_test(extend_and_branches_match_full_forward),
         cmocka_unit_test(hook_sees_routing_and_can_abort),
-        cmocka_unit_test(weight_cache_gives_identical_results),
+        cmocka_unit_test(weight_cache_and_expert_order_give_identical_results),
         cmocka_unit_test(golden_tiny_qwen3moe),
         cmocka_unit_test(engine_matches_naive_reference_on_checkpoints),
     };
