@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "util.h"
 
@@ -15,29 +16,23 @@ void m2d_lm_free(m2d_lm *lm) {
     if (lm && lm->free) lm->free(lm);
 }
 
-/* Python str.isspace on the ASCII range is enough here: lm-eval moves `context[-n_spaces:]`
- * where n_spaces = len(context) - len(context.rstrip()), and rstrip() also strips Unicode
- * spaces; handle the multi-byte ones that can end a prompt (NBSP, ideographic space...) by
- * walking code points. */
-static int is_space_cp(const unsigned char *s, size_t len, size_t *cp_len) {
-    /* returns 1 and the byte length of the whitespace code point ending at s[len-1] */
-    if (len == 0) return 0;
-    unsigned char c = s[len - 1];
-    if (c < 0x80) {
-        *cp_len = 1;
-        return c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f);
+/* Python's str.isspace for one code point: bidirectional class WS, B or S, or category Zs. */
+int m2d_py_isspace(int32_t cp) {
+    const utf8proc_property_t *p = utf8proc_get_property(cp);
+    return p->category == UTF8PROC_CATEGORY_ZS || p->bidi_class == UTF8PROC_BIDI_CLASS_WS ||
+           p->bidi_class == UTF8PROC_BIDI_CLASS_B || p->bidi_class == UTF8PROC_BIDI_CLASS_S;
+}
+
+size_t m2d_py_rstrip_len(const char *s, size_t len) {
+    while (len > 0) {
+        size_t st = len - 1; /* back to the first byte of the last code point */
+        while (st > 0 && ((unsigned char)s[st] & 0xC0) == 0x80 && len - st < 4) st--;
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + st, (utf8proc_ssize_t)(len - st), &cp);
+        if (k <= 0 || (size_t)k != len - st || !m2d_py_isspace(cp)) break;
+        len = st;
     }
-    size_t st = len - 1;
-    while (st > 0 && (s[st] & 0xC0) == 0x80 && len - st < 4) st--;
-    uint32_t cp = 0;
-    size_t k = len - st;
-    if (k == 2 && (s[st] & 0xE0) == 0xC0) cp = ((uint32_t)(s[st] & 0x1F) << 6) | (s[st + 1] & 0x3F);
-    else if (k == 3 && (s[st] & 0xF0) == 0xE0)
-        cp = ((uint32_t)(s[st] & 0x0F) << 12) | ((uint32_t)(s[st + 1] & 0x3F) << 6) | (s[st + 2] & 0x3F);
-    else return 0;
-    *cp_len = k;
-    return cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 ||
-           cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+    return len;
 }
 
 int m2d_ll_tokenize(m2d_encode_fn enc, void *user, int prefix_token, int max_length,
@@ -55,9 +50,8 @@ int m2d_ll_tokenize(m2d_encode_fn enc, void *user, int prefix_token, int max_len
         ctx_ids[0] = prefix_token;
         n_ctx = 1;
     } else {
-        /* trailing whitespace of the context goes to the front of the continuation */
-        size_t cut = lc, k;
-        while (is_space_cp((const unsigned char *)ctx, cut, &k)) cut -= k;
+        /* trailing whitespace of the context (Python rstrip) goes to the front of the continuation */
+        size_t cut = m2d_py_rstrip_len(ctx, lc);
         char *whole = m2d_malloc(lc + lk + 1);
         memcpy(whole, ctx, lc);
         memcpy(whole + lc, cont, lk + 1);

@@ -18,7 +18,8 @@ typedef struct {
 
 typedef struct {
     double ll;                 /* sum of log p(continuation tokens | context), natural log */
-    int is_greedy;             /* 1 when every continuation token is the argmax */
+    int is_greedy;             /* 1 when every continuation token is the argmax; -1 when the
+                                * scorer does not compute it (engine: only M2D_LM_NAIVE does) */
 } m2d_ll_result;
 
 typedef struct m2d_lm m2d_lm;
@@ -35,6 +36,10 @@ int m2d_lm_loglikelihood(m2d_lm *lm, const m2d_ll_request *reqs, int n, m2d_ll_r
 void m2d_lm_free(m2d_lm *lm);
 
 /* ---- lm-eval's request → token rules, independent of any model (tested with a toy tokenizer) ---- */
+
+/* Python str.isspace for a code point, and len(s.rstrip()) in bytes (UTF-8). */
+int m2d_py_isspace(int32_t cp);
+size_t m2d_py_rstrip_len(const char *s, size_t len);
 
 /* encode(text, len) -> malloc'd ids; 0 or -1 */
 typedef int (*m2d_encode_fn)(void *user, const char *text, size_t len, int32_t **ids, size_t *n);
@@ -59,12 +64,19 @@ void m2d_ll_tokens_free(m2d_ll_tokens *t);
 
 typedef enum {
     M2D_LM_CACHED = 0,  /* shared prefix once in a KV cache (kept across calls), branches batched */
-    M2D_LM_NAIVE = 1,   /* one full forward per request (reference path for tests and the bench) */
+    M2D_LM_NAIVE = 1,   /* one full forward per request with full logits (lm-eval's way; reference
+                         * path for tests and the bench; the only mode that computes is_greedy) */
+    M2D_LM_NAIVE_LP = 2,/* one forward per request, log-probs streamed at the continuation only */
 } m2d_lm_mode;
 
 /* Open the model in DIR (config, weights, tokenizer.json) as a scorer. max_length <= 0: the
  * model's max_position_embeddings. */
 int m2d_lm_engine_open(const char *dir, int n_threads, m2d_lm_mode mode, int max_length, m2d_lm **out);
+/* The same scorer over an engine and tokenizer the caller keeps (e.g. a student built in memory
+ * by the sweep); m2d_lm_free releases only the scorer (its KV cache), not ENG or TOK. */
+typedef struct m2d_engine m2d_engine;
+typedef struct m2d_tokenizer m2d_tokenizer;
+int m2d_lm_engine_wrap(m2d_engine *eng, const m2d_tokenizer *tok, m2d_lm_mode mode, int max_length, m2d_lm **out);
 /* Counters of the engine scorer (tokens actually run through the model, cache reuse). */
 typedef struct { int64_t requests, tokens_forwarded, tokens_reused; } m2d_lm_stats;
 int m2d_lm_engine_stats(const m2d_lm *lm, m2d_lm_stats *out);

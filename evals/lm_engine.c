@@ -18,9 +18,10 @@
 
 typedef struct {
     m2d_lm lm;
-    m2d_model *model;
+    m2d_model *model;      /* owned only when `owns` (m2d_lm_engine_open) */
     m2d_engine *eng;
-    m2d_tokenizer *tok;
+    const m2d_tokenizer *tok;
+    int owns;
     m2d_lm_mode mode;
     int max_length, prefix_token;
     m2d_kv *kv;            /* holds K/V of cached[0..n_cached) */
@@ -31,6 +32,7 @@ typedef struct {
 } engine_lm;
 
 static int encode(void *user, const char *text, size_t len, int32_t **ids, size_t *n) {
+    /* user is the (const) tokenizer */
     return m2d_tokenizer_encode(user, text, len, ids, n);
 }
 
@@ -56,6 +58,20 @@ static int score_naive(engine_lm *E, const m2d_ll_tokens *t, m2d_ll_result *out)
     E->stats.tokens_forwarded += n_in;
     out->ll = ll;
     out->is_greedy = greedy;
+    return 0;
+}
+
+/* One forward per request, log-probs only where they are scored (no cache, no full logits). */
+static int score_naive_lp(engine_lm *E, const m2d_ll_tokens *t, m2d_ll_result *out) {
+    int n_in = t->n - 1, first = n_in - t->n_cont;
+    double *lp = m2d_malloc(sizeof(double) * (size_t)t->n_cont);
+    if (m2d_engine_logprobs(E->eng, t->tokens, n_in, t->tokens + 1, first, lp)) { free(lp); return -1; }
+    double ll = 0;
+    for (int i = 0; i < t->n_cont; i++) ll += lp[i];
+    free(lp);
+    E->stats.tokens_forwarded += n_in;
+    out->ll = ll;
+    out->is_greedy = -1;
     return 0;
 }
 
@@ -137,7 +153,7 @@ static int engine_loglikelihood(m2d_lm *lm, const m2d_ll_request *reqs, int n, m
     m2d_ll_tokens *t = m2d_calloc((size_t)n, sizeof *t);
     int rc = 0;
     for (int r = 0; r < n && !rc; r++) {
-        rc = m2d_ll_tokenize(encode, E->tok, E->prefix_token, E->max_length, &reqs[r], &t[r]);
+        rc = m2d_ll_tokenize(encode, (void *)E->tok, E->prefix_token, E->max_length, &reqs[r], &t[r]);
         out[r].ll = 0;        /* an empty continuation scores 0 and is trivially greedy */
         out[r].is_greedy = 1;
     }
@@ -145,9 +161,10 @@ static int engine_loglikelihood(m2d_lm *lm, const m2d_ll_request *reqs, int n, m
     for (int r = 0; r < n && !rc; r++) if (t[r].n_cont) naive_cost += t[r].n - 1;
     int64_t before = E->stats.tokens_forwarded;
     if (!rc) {
-        if (E->mode == M2D_LM_NAIVE) {
+        if (E->mode == M2D_LM_NAIVE || E->mode == M2D_LM_NAIVE_LP) {
             for (int r = 0; r < n && !rc; r++)
-                if (t[r].n_cont) rc = score_naive(E, &t[r], &out[r]);
+                if (t[r].n_cont)
+                    rc = E->mode == M2D_LM_NAIVE ? score_naive(E, &t[r], &out[r]) : score_naive_lp(E, &t[r], &out[r]);
         } else {
             rc = score_cached(E, t, n, out);
         }
@@ -165,34 +182,53 @@ static void engine_free(m2d_lm *lm) {
     engine_lm *E = lm->impl;
     m2d_kv_free(E->kv);
     free(E->cached);
-    m2d_engine_free(E->eng);
-    m2d_tokenizer_free(E->tok);
-    m2d_model_close(E->model);
+    if (E->owns) {
+        m2d_engine_free(E->eng);
+        m2d_tokenizer_free((m2d_tokenizer *)E->tok);
+        m2d_model_close(E->model);
+    }
     free(E);
 }
 
-int m2d_lm_engine_open(const char *dir, int n_threads, m2d_lm_mode mode, int max_length, m2d_lm **out) {
-    engine_lm *E = m2d_calloc(1, sizeof *E);
-    if (m2d_model_open(dir, &E->model)) { free(E); return -1; }
-    if (m2d_engine_new(E->model, n_threads, &E->eng) || m2d_tokenizer_load(dir, &E->tok)) {
-        m2d_engine_free(E->eng);
-        m2d_model_close(E->model);
-        free(E);
-        return -1;
-    }
+static void engine_lm_init(engine_lm *E, m2d_lm_mode mode, int max_length) {
     /* lm-eval's max_length: the config's max_position_embeddings; the prefix token for an
      * empty context: BOS, else EOS */
-    int mp = E->model->cfg.max_position_embeddings;
+    const m2d_config *c = &m2d_engine_model(E->eng)->cfg;
+    int mp = c->max_position_embeddings;
     E->max_length = max_length > 0 && max_length < mp ? max_length : mp;
     E->prefix_token = m2d_tokenizer_bos_id(E->tok);
-    if (E->prefix_token < 0) E->prefix_token = E->model->cfg.bos_token_id;
+    if (E->prefix_token < 0) E->prefix_token = c->bos_token_id;
     if (E->prefix_token < 0) E->prefix_token = m2d_tokenizer_eos_id(E->tok);
-    if (E->prefix_token < 0) E->prefix_token = E->model->cfg.eos_token_id;
+    if (E->prefix_token < 0) E->prefix_token = c->eos_token_id;
     E->mode = mode;
     E->lm.name = "engine";
     E->lm.loglikelihood = engine_loglikelihood;
     E->lm.free = engine_free;
     E->lm.impl = E;
+}
+
+int m2d_lm_engine_wrap(m2d_engine *eng, const m2d_tokenizer *tok, m2d_lm_mode mode, int max_length, m2d_lm **out) {
+    engine_lm *E = m2d_calloc(1, sizeof *E);
+    E->eng = eng;
+    E->tok = tok;
+    engine_lm_init(E, mode, max_length);
+    *out = &E->lm;
+    return 0;
+}
+
+int m2d_lm_engine_open(const char *dir, int n_threads, m2d_lm_mode mode, int max_length, m2d_lm **out) {
+    engine_lm *E = m2d_calloc(1, sizeof *E);
+    m2d_tokenizer *tk = NULL;
+    if (m2d_model_open(dir, &E->model)) { free(E); return -1; }
+    if (m2d_engine_new(E->model, n_threads, &E->eng) || m2d_tokenizer_load(dir, &tk)) {
+        m2d_engine_free(E->eng);
+        m2d_model_close(E->model);
+        free(E);
+        return -1;
+    }
+    E->tok = tk;
+    E->owns = 1;
+    engine_lm_init(E, mode, max_length);
     *out = &E->lm;
     return 0;
 }

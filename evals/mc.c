@@ -123,29 +123,15 @@ char *m2d_mc_plugin_list(void) {
 
 /* ---------------------------------------------------------------- text helpers */
 
-/* Python's str.isspace for one code point: bidirectional class WS, B or S, or category Zs. */
-static int py_isspace(utf8proc_int32_t cp) {
-    const utf8proc_property_t *p = utf8proc_get_property(cp);
-    return p->category == UTF8PROC_CATEGORY_ZS || p->bidi_class == UTF8PROC_BIDI_CLASS_WS ||
-           p->bidi_class == UTF8PROC_BIDI_CLASS_B || p->bidi_class == UTF8PROC_BIDI_CLASS_S;
-}
-
 char *m2d_py_strip(const char *s, size_t len) {
     size_t b = 0, e = len;
     while (b < e) {
         utf8proc_int32_t cp;
         utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + b, (utf8proc_ssize_t)(e - b), &cp);
-        if (k <= 0 || !py_isspace(cp)) break;
+        if (k <= 0 || !m2d_py_isspace(cp)) break;
         b += (size_t)k;
     }
-    while (e > b) {
-        size_t st = e - 1; /* back to the start byte of the last code point */
-        while (st > b && ((unsigned char)s[st] & 0xC0) == 0x80) st--;
-        utf8proc_int32_t cp;
-        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + st, (utf8proc_ssize_t)(e - st), &cp);
-        if (k <= 0 || (size_t)k != e - st || !py_isspace(cp)) break;
-        e = st;
-    }
+    e = b + m2d_py_rstrip_len(s + b, e - b);
     char *out = m2d_malloc(e - b + 1);
     memcpy(out, s + b, e - b);
     out[e - b] = 0;
@@ -222,7 +208,7 @@ int m2d_mc_fewshot(const m2d_mc_task *t, m2d_pyrandom *rng, int doc_index, int k
         *n_out = k;
         return 0;
     }
-    int draw = t->pool_is_eval ? k + 1 : k;
+    int draw = t->pool_is_eval || t->draw_extra ? k + 1 : k;
     if (draw > pool->n)
         return m2d_err("%s: %d-shot draws %d few-shot documents, the pool has %d", t->name, k, draw, pool->n);
     int *drawn = m2d_malloc(sizeof(int) * (size_t)draw);

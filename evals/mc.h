@@ -42,7 +42,11 @@ typedef struct {
     char *description;         /* prepended to every prompt ("" if none) */
     m2d_mc_docs eval;
     m2d_mc_docs pool_own;      /* few-shot pool when it is a separate split */
-    int pool_is_eval;          /* the pool is the evaluation split: draw k+1, drop the doc */
+    int pool_is_eval;          /* the pool is the evaluation split itself */
+    /* lm-eval draws k+1 and drops the evaluated doc when `config.fewshot_split ==
+     * config.test_split`; that holds (None == None) for tasks that name neither split --
+     * hellaswag and winogrande -- even though their pool is the train split. */
+    int draw_extra;
     m2d_fewshot_sampler sampler;
     int multiple_input;        /* Winogrande-style partial scoring */
     int has_acc_norm;
@@ -85,8 +89,9 @@ char *m2d_mc_plugin_list(void);                 /* "arc_challenge, arc_easy, ...
 /* ---- prompts and requests ---- */
 
 /* The few-shot examples for document `doc_index` (indices into the pool, *n_out <= k), drawing
- * from `rng` exactly as lm-eval's ContextSampler: random.sample(pool, k (+1 if the pool is the
- * evaluation split)), drop docs equal to the evaluated one, keep the first k; first_n: pool[:k]. */
+ * from `rng` exactly as lm-eval's ContextSampler: random.sample(pool, k + 1 if draw_extra or the
+ * pool is the evaluation split, else k), drop docs equal to the evaluated one, keep the first k;
+ * first_n: pool[:k]. */
 int m2d_mc_fewshot(const m2d_mc_task *t, m2d_pyrandom *rng, int doc_index, int k, int *idx, int *n_out);
 /* description + examples (malloc'd): what precedes doc_to_text / the option contexts. */
 char *m2d_mc_fewshot_prefix(const m2d_mc_task *t, const int *idx, int n);

@@ -86,6 +86,9 @@ def main():
     data, task, shots, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     seed = int(sys.argv[5]) if len(sys.argv) > 5 else 1234
     first_n = task.startswith("mmlu_")
+    # lm-eval: n_samples = k + 1 if config.fewshot_split == config.test_split; hellaswag and
+    # winogrande set neither (None == None), arc has test_split "test", mmlu fewshot_split "dev"
+    draw_extra = task in ("hellaswag", "winogrande")
     if task in ("arc_easy", "arc_challenge"):
         ev, pool, pool_is_eval, desc = arc(data, task)
     elif task == "winogrande":
@@ -104,7 +107,7 @@ def main():
             if first_n:
                 drawn = pool[:shots]
             else:
-                drawn = rnd.sample(pool, shots + 1 if pool_is_eval else shots)
+                drawn = rnd.sample(pool, shots + 1 if (pool_is_eval or draw_extra) else shots)
             chosen = [x for x in drawn if x["raw"] != doc["raw"]][:shots]
             for ex in chosen:
                 if multi:

@@ -187,6 +187,10 @@ static void hellaswag_preprocess_rules(void **state) {
      * Expected value checked with python3 re.sub / str.replace. */
     assert_string_equal(s, "a. b c  d [unclosed\ne");
     free(s);
+    /* Python str.strip(): Unicode whitespace (U+3000, U+00A0, U+2029, \x1c) on both ends */
+    s = m2d_py_strip("\xe3\x80\x80 x y\xc2\xa0\n\xe2\x80\xa9\x1c", 14);
+    assert_string_equal(s, "x y");
+    free(s);
 }
 
 static void prompt_winogrande_first(void **state) {
@@ -205,6 +209,15 @@ static void prompt_winogrande_first(void **state) {
     assert_string_equal(r[0].continuation, " always got the easier cases.");
     assert_string_equal(r[1].continuation, " always got the easier cases.");
     assert_int_equal(t.eval.docs[0].gold, 1);
+    m2d_mc_requests_free(r, 2);
+    /* 5-shot, second doc: lm-eval draws k+1 = 6 per doc for winogrande (fewshot_split ==
+     * test_split, both None), so doc 1 gets Random(1234).sample(pool, 6) called twice ->
+     * [1375, ...]; drawing only 5 would give [572, ...] (a "hangovers" sentence) instead.
+     * train_l[1375] is the Jason/Craig sentence, answer 2; the example is its gold context +
+     * " " + the text after the blank. */
+    free(doc_context(&t, 1, 5, r));
+    const char *ex = "Jason had a pain in their neck but Craig did not. Craig had to make an appointment with a dentist.\n\n";
+    assert_memory_equal(r[0].context, ex, strlen(ex));
     m2d_mc_requests_free(r, 2);
     m2d_mc_task_free(&t);
     /* zero-shot needs no pool and records nothing */

@@ -148,6 +148,7 @@ static int hs_load(const char *data_dir, int sub, int shots, m2d_mc_task *t) {
     t->description = m2d_strdup("");
     t->sampler = M2D_FEWSHOT_RANDOM;
     t->has_acc_norm = 1;
+    t->draw_extra = 1; /* no test_split and no fewshot_split in the yaml: None == None */
     if (m2d_file_exists(val)) {
         rc = m2d_jsonl_each(val, hs_json_line, &t->eval);
     } else if (m2d_file_exists(text)) {

@@ -62,6 +62,7 @@ static int wino_load(const char *data_dir, int sub, int shots, m2d_mc_task *t) {
     t->description = m2d_strdup("");
     t->sampler = M2D_FEWSHOT_RANDOM;
     t->multiple_input = 1;
+    t->draw_extra = 1; /* no test_split and no fewshot_split in the yaml: None == None */
     t->has_acc_norm = 0;
     return rc;
 }
