@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "calib.h"
+#include "convert.h"
 #include "engine.h"
 #include "model.h"
 #include "util.h"
@@ -148,6 +149,33 @@ int main(void) {
     double tr = best_of(1, run_calib, &r), tff = best_of(repeat, run_calib, &f);
     printf("%-44s %10.3f s vs fast %.3f s: fast path %.0fx faster\n", "reference accumulator, 64 tokens", tr, tff,
            tr / tff);
+    /* conversion: plan (plugins) + in-memory build per student, what a sweep pays per configuration */
+    m2d_stats *st_c;
+    a.o.n_samples = 1;
+    if (m2d_calib_run(m, ids, L, &a.o, &st_c)) return 1;
+    const char *scorings[] = {"acp", "do-acp"};
+    for (int i = 0; i < 2; i++) {
+        m2d_convert_opts co = {scorings[i], "oc", "proportional", 2 * c->num_experts_per_tok, M2D_TARGET_DENSE, 0,
+                               {0, NULL, NULL}};
+        double tp = 1e300, tb = 1e300;
+        for (int r = 0; r < repeat; r++) {
+            m2d_convert_plan *p;
+            m2d_model *s;
+            double t0 = m2d_now();
+            if (m2d_convert_plan_build(m, st_c, &co, &p)) return 1;
+            double t1 = m2d_now();
+            if (m2d_convert_build(m, p, &s)) return 1;
+            double t2 = m2d_now();
+            tp = t1 - t0 < tp ? t1 - t0 : tp;
+            tb = t2 - t1 < tb ? t2 - t1 : tb;
+            m2d_convert_student_free(s);
+            m2d_convert_plan_free(p);
+        }
+        char label[96];
+        snprintf(label, sizeof label, "convert %s/oc/proportional K=%d: plan, build", scorings[i], co.K);
+        printf("%-44s %10.4f s, %.4f s per student\n", label, tp, tb);
+    }
+    m2d_calib_stats_free(st_c);
     free(ids);
     m2d_model_close(m);
     free(dir);

@@ -106,6 +106,7 @@ typedef struct {
     int block_tokens, gram_cols;
     m2d_progress *prog;
     double done, total;
+    char err[1024];       /* the hook's own error (the engine reports only that the hook aborted) */
 } calib_ctx;
 
 /* f_e for all E experts on tokens [t0, t0+nb) of the event, into ctx->F as [E, nb, d]. */
@@ -196,7 +197,7 @@ static int check_event(const calib_ctx *c, const m2d_moe_event *ev) {
     return 0;
 }
 
-static int calib_hook_fast(void *user, const m2d_moe_event *ev) {
+static int hook_fast(void *user, const m2d_moe_event *ev) {
     calib_ctx *c = user;
     if (check_event(c, ev)) return -1;
     m2d_layer_stats *s = c->acc[ev->layer];
@@ -213,7 +214,7 @@ static int calib_hook_fast(void *user, const m2d_moe_event *ev) {
 
 /* Obviously-correct path: one token at a time through stats.c's reference accumulator
  * (scalar loops, Gram entry by entry). Slow; tests compare the fast path against it. */
-static int calib_hook_reference(void *user, const m2d_moe_event *ev) {
+static int hook_reference(void *user, const m2d_moe_event *ev) {
     calib_ctx *c = user;
     if (check_event(c, ev)) return -1;
     int E = ev->n_experts, k = ev->top_k, d = ev->hidden;
@@ -226,6 +227,15 @@ static int calib_hook_reference(void *user, const m2d_moe_event *ev) {
         if (c->prog) m2d_progress_update(c->prog, c->done);
     }
     return 0;
+}
+
+static int keep_error(calib_ctx *c, int rc) {
+    if (rc && !c->err[0]) snprintf(c->err, sizeof c->err, "%s", m2d_errmsg());
+    return rc;
+}
+static int calib_hook_fast(void *user, const m2d_moe_event *ev) { return keep_error(user, hook_fast(user, ev)); }
+static int calib_hook_reference(void *user, const m2d_moe_event *ev) {
+    return keep_error(user, hook_reference(user, ev));
 }
 
 int m2d_calib_run(const m2d_model *m, const int32_t *ids, int64_t n_ids, const m2d_calib_opts *o,
@@ -293,6 +303,7 @@ int m2d_calib_run(const m2d_model *m, const int32_t *ids, int64_t n_ids, const m
             memcpy(targets, tok, (size_t)L * sizeof *targets);
             /* only the last position's log-prob is requested: the forward (and its hook) is the point */
             rc = m2d_engine_logprobs(c.eng, tok, L, targets, L - 1, &lp);
+            if (rc && c.err[0]) m2d_err("%s", c.err);
             for (int i = 0; i < st->n_layers; i++) m2d_layer_stats_end_sample(&st->layers[i]);
         }
         free(targets);
@@ -487,6 +498,8 @@ static int parse_header(const char *path, const cJSON *h, m2d_stats *s, size_t *
             return m2d_err("%s: field 'windows': entry %d is not a token offset", path, i);
         s->window_starts[i] = (int64_t)w->valuedouble;
     }
+    if (ns != s->n_windows)
+        return m2d_err("%s: field 'n_samples': %ld but %d windows are recorded", path, ns, s->n_windows);
     const cJSON *dp = cJSON_GetObjectItemCaseSensitive(h, "data_path");
     s->data_path = m2d_strdup(cJSON_IsString(dp) ? dp->valuestring : "");
     const cJSON *arr = cJSON_GetObjectItemCaseSensitive(h, "arrays");

@@ -97,6 +97,13 @@ static int cmd_convert_run(int argc, char **argv) {
         m2d_err("convert: --scaling is required for --target dense (uniform, proportional, avg-cp)");
         goto done;
     }
+    if (t == M2D_TARGET_MOE && scaling)
+        fprintf(stderr, "moe2dense convert: note: --scaling is not used with --target moe (the router weights "
+                        "the experts)\n");
+    if (t == M2D_TARGET_DENSE && groups_s) {
+        m2d_err("convert: --groups is only for --target moe (a dense student has k groups)");
+        goto done;
+    }
     if (m2d_parse_int("convert", "-K", K_s, 1, 1 << 20, &K)) goto done;
     if (groups_s && m2d_parse_int("convert", "--groups", groups_s, 1, 1 << 20, &groups)) goto done;
     if (m2d_params_parse(params_s, &params)) {

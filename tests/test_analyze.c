@@ -157,6 +157,9 @@ static void commands_end_to_end(void **state) {
         {"--scoring acp --grouping rr --scaling uniform -K 8 --param zz=1", "zz"},
         {"--scoring acp --grouping rr --scaling uniform -K 8 --param zz", "key=value"},
         {"--scoring acp --grouping rr --scaling uniform -K 8 --target sparse", "dense or moe"},
+        {"--scoring acp --grouping rr --scaling uniform -K 8 --groups 3", "--groups is only for --target moe"},
+        {"--scoring acp --grouping rr -K 8", "--scaling is required"},
+        {"--scoring acp --grouping rr --target moe -K 8 --groups 9", "--groups 9 is outside [1, K = 8]"},
     };
     for (size_t i = 0; i < M2D_ARRAY_LEN(bad); i++) {
         cmd = m2d_strfmt("%s convert --model %s --stats %s --out %s/x %s", bin, teacher, sp, dir, bad[i].args);

@@ -176,6 +176,92 @@ static void dense_ffn_equals_alpha_weighted_experts(void **state) {
     free_fixture(&f);
 }
 
+/* App. A, "copied experts" case: a group made of copies of one expert merges back to that expert
+ * whatever its merge weights, so the dense FFN again equals Σ_g α_g f_g. The teacher is a test
+ * checkpoint whose experts 1 and 3 are copies of experts 0 and 2; the plan is written by hand
+ * (groups {0,1}, {2,3}, merge weights 0.3/0.7 and 0.6/0.4, α 0.25 and 0.75). Tolerance as above. */
+static void copied_experts_group_equals_expert(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    char *src = m2d_path_join(dir, "src"), *dup = m2d_path_join(dir, "dup");
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    o.dtype = M2D_F32;
+    assert_int_equal(m2d_testmodel_write(src, &o), 0);
+    m2d_model *sm;
+    assert_int_equal(m2d_model_open(src, &sm), 0);
+    m2d_st_writer *w = m2d_st_writer_new();
+    for (int i = 0; i < m2d_st_count(sm->st); i++) {
+        const m2d_tensor *t = m2d_st_at(sm->st, i);
+        const m2d_tensor *from = t;
+        int l, e, n = 0;
+        char rest[64];
+        if (sscanf(t->name, "model.layers.%d.mlp.experts.%d.%63s%n", &l, &e, rest, &n) == 3 && (e == 1 || e == 3)) {
+            char name[160];
+            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.%s", l, e - 1, rest);
+            from = m2d_st_find(sm->st, name);
+            assert_non_null(from);
+        }
+        assert_int_equal(m2d_st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, from->data), 0);
+    }
+    m2d_mkdir_p(dup);
+    char *p = m2d_path_join(dup, "model.safetensors");
+    assert_int_equal(m2d_st_writer_write(w, p), 0);
+    m2d_st_writer_free(w);
+    free(p);
+    char *cs = m2d_path_join(src, "config.json"), *cd = m2d_path_join(dup, "config.json");
+    size_t n;
+    char *cfg = m2d_read_file(cs, &n);
+    tu_write(cd, cfg, n);
+    free(cfg); free(cs); free(cd);
+    m2d_model_close(sm);
+    m2d_model *m;
+    assert_int_equal(m2d_model_open(dup, &m), 0);
+
+    m2d_convert_plan plan = {0};
+    plan.target = M2D_TARGET_DENSE;
+    plan.K = 4;
+    plan.n_groups = 2;
+    plan.n_layers = 2;
+    snprintf(plan.teacher_hash, sizeof plan.teacher_hash, "%s", m->weights_hash);
+    m2d_layer_plan lps[2];
+    int members[4] = {0, 1, 2, 3}, starts[3] = {0, 2, 4};
+    double mw[4] = {0.3, 0.7, 0.6, 0.4}, alpha[2] = {0.25, 0.75};
+    for (int i = 0; i < 2; i++)
+        lps[i] = (m2d_layer_plan){i, 4, 2, NULL, members, starts, members, mw, alpha};
+    plan.layers = lps;
+    m2d_convert_fingerprint(&plan, plan.fingerprint);
+    m2d_model *s;
+    assert_int_equal(m2d_convert_build(m, &plan, &s), 0);
+    m2d_engine *e;
+    assert_int_equal(m2d_engine_new(m, 1, &e), 0);
+    uint64_t st = 31;
+    for (int l = 0; l < 2; l++) {
+        const m2d_layer *L = &s->layers[l];
+        float *gate = m2d_tensor_f32(L->gate_proj), *up = m2d_tensor_f32(L->up_proj), *down = m2d_tensor_f32(L->down_proj);
+        for (int trial = 0; trial < 4; trial++) {
+            float x[32], y[32], f0[32], f2[32];
+            for (int j = 0; j < 32; j++) x[j] = (float)tu_rand_normal(&st);
+            m2d_swiglu_ref(32, 32, gate, up, down, x, y);
+            assert_int_equal(m2d_engine_expert(e, l, 0, x, 1, f0), 0);
+            assert_int_equal(m2d_engine_expert(e, l, 2, x, 1, f2), 0);
+            double scale = 0, worst = 0;
+            for (int j = 0; j < 32; j++) {
+                double want = 0.25 * f0[j] + 0.75 * f2[j];
+                scale = fmax(scale, fabs(want));
+                worst = fmax(worst, fabs(y[j] - want));
+            }
+            assert_true(worst <= 1e-5 * scale);
+        }
+        free(gate); free(up); free(down);
+    }
+    m2d_engine_free(e);
+    m2d_convert_student_free(s);
+    m2d_model_close(m);
+    tu_rm_rf(dir);
+    free(src); free(dup); free(dir);
+}
+
 /* ---------------- logits: in memory == written == hand-built ---------------- */
 
 static const m2d_tensor *find_t(const m2d_st *st, const char *name) {
@@ -523,6 +609,7 @@ int main(void) {
         cmocka_unit_test(merge_matrices_weighted_average),
         cmocka_unit_test(concat_layout),
         cmocka_unit_test(dense_ffn_equals_alpha_weighted_experts),
+        cmocka_unit_test(copied_experts_group_equals_expert),
         cmocka_unit_test(student_logits_written_and_hand_built),
         cmocka_unit_test(narrow_dense_layer_is_zero_padded),
         cmocka_unit_test(moe_target_pruned_and_merged),
