@@ -3,7 +3,7 @@
 set -eu
 secs=${FUZZ_SECONDS:-20}
 mkdir -p build-fuzz
-src=$(ls harness/*.c criteria/*/*.c evals/*.c evals/*/*.c 2>/dev/null | grep -v harness/main.c)
+src=$(ls harness/*.c criteria/*.c criteria/*/*.c evals/*.c evals/*/*.c 2>/dev/null | grep -v harness/main.c)
 for f in fuzz/fuzz_*.c; do
   [ -e "$f" ] || continue
   name=$(basename "$f" .c)

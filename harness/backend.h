@@ -20,6 +20,15 @@ int m2d_be_threads(void);
  * (items are handed out dynamically; fn must be safe to run concurrently). */
 void m2d_be_parallel_for(int n_items, void (*fn)(void *ctx, int item), void *ctx);
 
+/* Index of the calling worker inside m2d_be_parallel_for: 0 (the caller) .. threads-1, so
+ * work items can use per-worker scratch. */
+int m2d_be_worker(void);
+/* on: OpenBLAS runs single-threaded (while our own workers each call sgemm); off: restore. */
+void m2d_be_blas_single(int on);
+
+/* Single-threaded conversion (inside a parallel worker). */
+void m2d_be_convert_1t(m2d_dtype t, const void *src, int64_t first, int64_t n, float *dst);
+
 /* Convert n elements of a stored weight (F32/F16/BF16/F64) to fp32, in parallel chunks. */
 void m2d_be_convert(m2d_dtype t, const void *src, int64_t first, int64_t n, float *dst);
 

@@ -28,6 +28,25 @@ typedef struct {
     atomic_int next;
 } pfor_job;
 
+static _Thread_local int worker_id;
+
+int m2d_be_worker(void) { return worker_id; }
+
+void m2d_be_blas_single(int on) { openblas_set_num_threads(on ? 1 : be_threads); }
+
+typedef struct {
+    pfor_job *job;
+    int id;
+} pfor_arg;
+
+static void *pfor_thread(void *arg) {
+    pfor_arg *a = arg;
+    worker_id = a->id;
+    pfor_job *j = a->job;
+    for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) j->fn(j->ctx, i);
+    return NULL;
+}
+
 static void *pfor_worker(void *arg) {
     pfor_job *j = arg;
     for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) j->fn(j->ctx, i);
@@ -42,11 +61,17 @@ void m2d_be_parallel_for(int n_items, void (*fn)(void *ctx, int item), void *ctx
         return;
     }
     pthread_t tid[64];
+    pfor_arg args[64];
     nt = M2D_MIN(nt, 64);
     int started = 0;
-    for (int t = 1; t < nt; t++)
-        if (pthread_create(&tid[started], NULL, pfor_worker, &j) == 0) started++;
+    for (int t = 1; t < nt; t++) {
+        args[started] = (pfor_arg){&j, started + 1};
+        if (pthread_create(&tid[started], NULL, pfor_thread, &args[started]) == 0) started++;
+    }
+    int saved = worker_id;
+    worker_id = 0;
     pfor_worker(&j); /* the calling thread works too; if no thread started it does everything */
+    worker_id = saved;
     for (int t = 0; t < started; t++) pthread_join(tid[t], NULL);
 }
 
@@ -75,6 +100,10 @@ static void convert_range(m2d_dtype t, const void *src, int64_t first, int64_t n
     } else {
         m2d_to_f32(t, src, first, n, dst);
     }
+}
+
+void m2d_be_convert_1t(m2d_dtype t, const void *src, int64_t first, int64_t n, float *dst) {
+    convert_range(t, src, first, n, dst);
 }
 
 static void conv_item(void *ctx, int item) {

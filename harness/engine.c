@@ -35,6 +35,7 @@ struct m2d_engine {
     void *hook_user;
     float *wbuf[WBUF_SLOTS];
     size_t wcap[WBUF_SLOTS];
+    int expert_parallel; /* MoE experts spread over our threads (1) or one after another (0) */
     wcache_entry *cache; /* open addressing on the tensor pointer */
     int cache_cap;
     size_t cache_bytes;
@@ -133,6 +134,7 @@ int m2d_engine_new(const m2d_model *m, int n_threads, m2d_engine **out) {
     m2d_engine *e = m2d_calloc(1, sizeof *e);
     e->m = m;
     e->n_threads = n_threads > 0 ? n_threads : m2d_default_threads();
+    e->expert_parallel = 1;
     m2d_be_set_threads(e->n_threads);
     const char *env = getenv("M2D_WEIGHT_CACHE_MB");
     if (env && atol(env) > 0) m2d_engine_cache_weights(e, (size_t)atol(env) << 20);
@@ -150,6 +152,8 @@ void m2d_engine_free(m2d_engine *e) {
 }
 
 const m2d_model *m2d_engine_model(const m2d_engine *e) { return e->m; }
+
+void m2d_engine_set_expert_parallel(m2d_engine *e, int on) { e->expert_parallel = on; }
 
 void m2d_engine_set_moe_hook(m2d_engine *e, m2d_moe_hook hook, void *user) {
     e->hook = hook;
@@ -180,6 +184,67 @@ int m2d_engine_expert(m2d_engine *e, int layer, int expert, const float *x, int 
     free(g);
     free(u);
     return 0;
+}
+
+/* fp32 view of a whole tensor for a parallel worker: in place, cached, or converted into BUF
+ * (single-threaded: the workers are the parallelism). */
+static const float *weight_1t(const m2d_engine *e, const m2d_tensor *t, float *buf) {
+    if (t->dtype == M2D_F32 && ((uintptr_t)t->data & 3) == 0) return t->data;
+    const float *c = cache_lookup(e, t);
+    if (c) return c;
+    m2d_be_convert_1t(t->dtype, t->data, 0, m2d_tensor_numel(t), buf);
+    return buf;
+}
+
+/* Expert-parallel MoE: each worker takes whole experts (gather, convert, three single-threaded
+ * sgemms) and writes the outputs to Y in bucket order; the caller scatter-adds afterwards in
+ * expert order, so the result does not depend on the thread count or the schedule. With ~n·k/E
+ * rows per expert (32 for 512 tokens on Qwen3-30B-A3B) the GEMMs are too small to split well
+ * across OpenBLAS threads; whole experts per thread avoid that synchronisation. */
+typedef struct {
+    const m2d_engine *e;
+    const m2d_layer *L;
+    const float *x;
+    const int *count, *pair, *active;
+    int k, d, de;
+    float *Y;
+    float **xs, **g, **u, **w0, **w1, **w2; /* per worker */
+} moe_job;
+
+static void moe_item(void *ctx, int item) {
+    const moe_job *j = ctx;
+    int w = m2d_be_worker(), ex = j->active[item], d = j->d, de = j->de;
+    int m0 = j->count[ex], mn = j->count[ex + 1] - m0;
+    float *xs = j->xs[w], *g = j->g[w], *u = j->u[w];
+    for (int r = 0; r < mn; r++) memcpy(xs + (size_t)r * d, j->x + (size_t)(j->pair[m0 + r] / j->k) * d, sizeof(float) * d);
+    m2d_be_matmul_wt(xs, d, mn, d, weight_1t(j->e, j->L->exp_gate[ex], j->w0[w]), d, de, g, de, 0.0f);
+    m2d_be_matmul_wt(xs, d, mn, d, weight_1t(j->e, j->L->exp_up[ex], j->w1[w]), d, de, u, de, 0.0f);
+    m2d_be_swiglu(g, u, (int64_t)mn * de, g);
+    m2d_be_matmul_wt(g, de, mn, de, weight_1t(j->e, j->L->exp_down[ex], j->w2[w]), de, d, j->Y + (size_t)m0 * d, d, 0.0f);
+}
+
+static void experts_parallel(m2d_engine *e, const m2d_layer *L, const float *x, int n, int k, int d, int de, int E,
+                             const int *count, const int *pair, int maxm, float *Y) {
+    int nt = m2d_be_threads(), na = 0;
+    int *active = m2d_malloc(sizeof(int) * (size_t)E);
+    for (int ex = 0; ex < E; ex++)
+        if (count[ex + 1] > count[ex]) active[na++] = ex;
+    moe_job j = {e, L, x, count, pair, active, k, d, de, Y, NULL, NULL, NULL, NULL, NULL, NULL};
+    float **bufs = m2d_calloc((size_t)nt * 6, sizeof(float *));
+    j.xs = bufs; j.g = bufs + nt; j.u = bufs + 2 * nt; j.w0 = bufs + 3 * nt; j.w1 = bufs + 4 * nt; j.w2 = bufs + 5 * nt;
+    for (int t = 0; t < nt; t++) {
+        j.xs[t] = m2d_malloc(sizeof(float) * (size_t)maxm * d);
+        j.g[t] = m2d_malloc(sizeof(float) * (size_t)maxm * de);
+        j.u[t] = m2d_malloc(sizeof(float) * (size_t)maxm * de);
+        for (int s = 0; s < 3; s++) j.w0[t + s * nt] = m2d_malloc(sizeof(float) * (size_t)de * d);
+    }
+    (void)n;
+    m2d_be_blas_single(1);
+    m2d_be_parallel_for(na, moe_item, &j);
+    m2d_be_blas_single(0);
+    for (int t = 0; t < 6 * nt; t++) free(bufs[t]);
+    free(bufs);
+    free(active);
 }
 
 /* Router, hook, then each routed expert on the rows sent to it (gather -> GEMMs -> scatter-add
@@ -218,22 +283,35 @@ static int moe_ffn(m2d_engine *e, int layer, const float *x, int n, float *out) 
         for (int i = 0; i < n * k; i++) pair[fill[topk[i]]++] = i;
         int maxm = 0;
         for (int x2 = 0; x2 < E; x2++) maxm = M2D_MAX(maxm, count[x2 + 1] - count[x2]);
-        float *xs = m2d_malloc(sizeof(float) * (size_t)maxm * d), *ys = m2d_malloc(sizeof(float) * (size_t)maxm * d);
-        float *g = m2d_malloc(sizeof(float) * (size_t)maxm * de), *u = m2d_malloc(sizeof(float) * (size_t)maxm * de);
         memset(out, 0, sizeof(float) * (size_t)n * d);
-        for (int ex = 0; ex < E; ex++) {
-            int m0 = count[ex], mn = count[ex + 1] - m0;
-            if (mn == 0) continue;
-            for (int r = 0; r < mn; r++) memcpy(xs + (size_t)r * d, x + (size_t)(pair[m0 + r] / k) * d, sizeof(float) * d);
-            swiglu_ffn(e, L->exp_gate[ex], L->exp_up[ex], L->exp_down[ex], xs, mn, d, de, g, u, ys, 0.0f);
-            for (int r = 0; r < mn; r++) {
-                int i = pair[m0 + r];
-                float gw = gates[i], *o = out + (size_t)(i / k) * d;
-                const float *y = ys + (size_t)r * d;
-                for (int j = 0; j < d; j++) o[j] += gw * y[j];
+        if (e->expert_parallel && m2d_be_threads() > 1) {
+            float *Y = m2d_malloc(sizeof(float) * (size_t)n * k * d); /* expert outputs, bucket order */
+            experts_parallel(e, L, x, n, k, d, de, E, count, pair, maxm, Y);
+            for (int ex = 0; ex < E; ex++)
+                for (int r = count[ex]; r < count[ex + 1]; r++) {
+                    float gw = gates[pair[r]], *o = out + (size_t)(pair[r] / k) * d;
+                    const float *y = Y + (size_t)r * d;
+                    for (int j = 0; j < d; j++) o[j] += gw * y[j];
+                }
+            free(Y);
+        } else { /* one expert at a time, each GEMM on all threads */
+            float *xs = m2d_malloc(sizeof(float) * (size_t)maxm * d), *ys = m2d_malloc(sizeof(float) * (size_t)maxm * d);
+            float *g = m2d_malloc(sizeof(float) * (size_t)maxm * de), *u = m2d_malloc(sizeof(float) * (size_t)maxm * de);
+            for (int ex = 0; ex < E; ex++) {
+                int m0 = count[ex], mn = count[ex + 1] - m0;
+                if (mn == 0) continue;
+                for (int r = 0; r < mn; r++) memcpy(xs + (size_t)r * d, x + (size_t)(pair[m0 + r] / k) * d, sizeof(float) * d);
+                swiglu_ffn(e, L->exp_gate[ex], L->exp_up[ex], L->exp_down[ex], xs, mn, d, de, g, u, ys, 0.0f);
+                for (int r = 0; r < mn; r++) {
+                    int i = pair[m0 + r];
+                    float gw = gates[i], *o = out + (size_t)(i / k) * d;
+                    const float *y = ys + (size_t)r * d;
+                    for (int j = 0; j < d; j++) o[j] += gw * y[j];
+                }
             }
+            free(xs); free(ys); free(g); free(u);
         }
-        free(xs); free(ys); free(g); free(u); free(count); free(fill); free(pair);
+        free(count); free(fill); free(pair);
     }
     free(probs);
     free(topk);

@@ -17,6 +17,9 @@ void m2d_engine_free(m2d_engine *e);
  * reusable buffer (the default; bounded memory). Also set by $M2D_WEIGHT_CACHE_MB at
  * m2d_engine_new. Returns the bytes now held. */
 size_t m2d_engine_cache_weights(m2d_engine *e, size_t budget_bytes);
+/* MoE experts spread over the engine's threads, each GEMM single-threaded (1, the default), or
+ * one expert after another with multi-threaded GEMMs (0). Same result either way (tested). */
+void m2d_engine_set_expert_parallel(m2d_engine *e, int on);
 const m2d_model *m2d_engine_model(const m2d_engine *e);
 
 /* Calibration hook: called at every MoE layer during a forward, after routing and before

@@ -1,0 +1,178 @@
+/* report: the Table 10/11 layout and summary against a hand-written CSV (values checked by hand:
+ * best K per row, en dash for the failed cell, empty for absent cells, 3.3m / 736k notation,
+ * paper order of scorings although the file lists do-cp first, mean ranks 1.33 / 1.67 over the
+ * three cells where both scorings ran). */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "report.h"
+#include "results.h"
+#include "util.h"
+
+static const char *HAND_CSV =
+    "# moe2dense-results=1\n"
+    "# experiment=hand\n"
+    "# ppl=gptq L=2048\n"
+    "config_id,scoring,grouping,scaling,K_expr,K,params,ppl,status,dedup_of\n"
+    "g,do-cp,rr,uniform,k,8,,3837,ok,\n"
+    "h,do-cp,rr,uniform,2k,16,,5137,ok,\n"
+    "i,do-cp,rr,uniform,E,128,,3300000,ok,\n"
+    "j,do-cp,ab,uniform,k,8,,3837,ok,g\n"
+    "k,do-cp,ab,uniform,2k,16,,2840.4,ok,\n"
+    "l,do-cp,ab,proportional,E,128,,736000,ok,\n"
+    "a,sf,rr,uniform,k,8,,20633,ok,\n"
+    "b,sf,rr,uniform,2k,16,,21112,ok,\n"
+    "c,sf,rr,uniform,E,128,,22799,ok,\n"
+    "d,sf,rr,proportional,k,8,,21074,ok,\n"
+    "e,sf,rr,proportional,2k,16,,19440,ok,\n"
+    "f,sf,rr,proportional,E,128,,,failed: non-finite perplexity,\n";
+
+static const char *EXPECTED_MD =
+    "## Perplexity by configuration — experiment hand — gptq L=2048\n"
+    "\n"
+    "| Scoring | Grouping | Scaling | K=8 | K=16 | K=128 |\n"
+    "|---|---|---|---:|---:|---:|\n"
+    "| Selection Frequency | Round-Robin | Uniform | **20,633** | 21,112 | 22,799 |\n"
+    "|  |  | Proportional | 21,074 | **19,440** | – |\n"
+    "| D-Optimal + CP | Round-Robin | Uniform | **3,837** | 5,137 | 3.3m |\n"
+    "|  | Anchor-Based | Uniform | 3,837 | **2,840** |  |\n"
+    "|  |  | Proportional |  |  | **736k** |\n"
+    "\n"
+    "## Per-criterion summary\n"
+    "\n"
+    "Ranked by best PPL. Mean rank: average rank among the 2 scorings over the 3 cells (grouping, scaling, K) where all of them ran.\n"
+    "\n"
+    "| Rank | Scoring | Best PPL | at (grouping, scaling, K) | Mean rank | Configurations | Failed |\n"
+    "|---:|---|---:|---|---:|---:|---:|\n"
+    "| 1 | D-Optimal + CP | 2,840 | ab, uniform, K=16 | 1.33 | 6 | 0 |\n"
+    "| 2 | Selection Frequency | 19,440 | rr, proportional, K=16 | 1.67 | 6 | 1 |\n";
+
+static char *write_hand(char **dir) {
+    *dir = tu_tmpdir();
+    char *p = m2d_path_join(*dir, "hand.csv");
+    tu_write(p, HAND_CSV, strlen(HAND_CSV));
+    return p;
+}
+
+static char *render(const m2d_results *r, m2d_report_format fmt) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_int_equal(m2d_report_write(r, fmt, f), 0);
+    fclose(f);
+    return buf;
+}
+
+static void compact_ppl_notation(void **state) {
+    (void)state;
+    struct { double v; const char *want; } cases[] = {
+        {12.5, "12.50"},     {99.994, "99.99"},   {99.996, "100.0"},  {999.94, "999.9"},
+        {999.96, "1,000"},   {20633, "20,633"},   {99999.4, "99,999"}, {99999.6, "100k"},
+        {120000, "120k"},    {999499, "999k"},    {999600, "1.0m"},    {21.8e6, "21.8m"},
+        {2.34e9, "2.3b"},    {NAN, "\xe2\x80\x93"}, {INFINITY, "\xe2\x80\x93"},
+    };
+    for (size_t i = 0; i < M2D_ARRAY_LEN(cases); i++) {
+        char buf[32];
+        m2d_report_format_ppl(cases[i].v, buf, sizeof buf);
+        if (strcmp(buf, cases[i].want)) fail_msg("%g -> '%s', want '%s'", cases[i].v, buf, cases[i].want);
+    }
+    assert_string_equal(m2d_report_display_name("do-acp"), "D-Optimal + ACP");
+    assert_string_equal(m2d_report_display_name("my-plugin"), "my-plugin");
+}
+
+static void markdown_table_and_summary(void **state) {
+    (void)state;
+    char *dir, *p = write_hand(&dir);
+    m2d_results r;
+    assert_int_equal(m2d_results_read(p, &r), 0);
+    char *md = render(&r, M2D_REPORT_MD);
+    assert_string_equal(md, EXPECTED_MD);
+    free(md);
+    char *tex = render(&r, M2D_REPORT_TEX);
+    assert_non_null(strstr(tex, "Selection Frequency & Round-Robin & Uniform & \\textbf{20,633} & 21,112 & 22,799 \\\\\n"));
+    assert_non_null(strstr(tex, " &  & Proportional & 21,074 & \\textbf{19,440} & -- \\\\\n"));
+    assert_non_null(strstr(tex, "\\end{tabular}"));
+    free(tex);
+    char *csv = render(&r, M2D_REPORT_CSV);
+    assert_non_null(strstr(csv, "scoring,grouping,scaling,K=8,K=16,K=128,best_K\n"));
+    assert_non_null(strstr(csv, "sf,rr,proportional,21074.0000,19440.0000,failed,16\n"));
+    assert_non_null(strstr(csv, "do-cp,ab,proportional,,,736000.0000,128\n"));
+    free(csv);
+    int *rows, n = m2d_report_best_per_pair(&r, &rows);
+    assert_int_equal(n, 3);
+    assert_string_equal(r.rows[rows[0]][0], "e"); /* sf x rr: proportional, K = 16 */
+    assert_string_equal(r.rows[rows[1]][0], "g"); /* do-cp x rr: uniform, K = 8 */
+    assert_string_equal(r.rows[rows[2]][0], "k"); /* do-cp x ab: uniform, K = 16 */
+    free(rows);
+    m2d_results_free(&r);
+    tu_rm_rf(dir);
+    free(dir);
+    free(p);
+}
+
+static void plot_data_files(void **state) {
+    (void)state;
+    char *dir, *p = write_hand(&dir);
+    m2d_results r;
+    assert_int_equal(m2d_results_read(p, &r), 0);
+    char *pd = m2d_path_join(dir, "plotdata");
+    assert_int_equal(m2d_report_plot_data(&r, pd), 0);
+    char *heat = m2d_path_join(pd, "heat_do-cp.dat");
+    char *s = m2d_read_file(heat, NULL);
+    assert_string_equal(s, "rows K=8 K=16 K=128\nrr/uniform 3837 5137 3.3e+06\nab/uniform 3837 2840.4 NaN\n"
+                           "ab/proportional NaN NaN 736000\n");
+    free(s);
+    char *marg = m2d_path_join(pd, "marginal_scaling.dat");
+    s = m2d_read_file(marg, NULL);
+    /* proportional: 21074, 19440, 736000 -> geometric mean 67056.4, median 21074, best 19440 */
+    assert_non_null(strstr(s, "\"proportional\" 67056.4 21074 19440 3\n"));
+    free(s);
+    free(heat);
+    free(marg);
+    free(pd);
+    m2d_results_free(&r);
+    tu_rm_rf(dir);
+    free(dir);
+    free(p);
+}
+
+static void cli_formats_and_errors(void **state) {
+    (void)state;
+    char *dir, *p = write_hand(&dir);
+    char *out = NULL, *err = NULL;
+    char *c = m2d_strfmt("%s report %s", tu_bin(), p);
+    assert_int_equal(tu_run(c, &out, &err), 0);
+    assert_string_equal(out, EXPECTED_MD);
+    free(c);
+    free(out);
+    free(err);
+    c = m2d_strfmt("%s report %s --format pdf", tu_bin(), p);
+    assert_int_not_equal(tu_run(c, &out, &err), 0);
+    assert_non_null(strstr(err, "--format"));
+    free(c);
+    free(out);
+    free(err);
+    c = m2d_strfmt("%s report %s/missing.csv", tu_bin(), dir);
+    assert_int_not_equal(tu_run(c, &out, &err), 0);
+    assert_non_null(strstr(err, "missing.csv"));
+    free(c);
+    free(out);
+    free(err);
+    tu_rm_rf(dir);
+    free(dir);
+    free(p);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(compact_ppl_notation),
+        cmocka_unit_test(markdown_table_and_summary),
+        cmocka_unit_test(plot_data_files),
+        cmocka_unit_test(cli_formats_and_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

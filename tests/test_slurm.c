@@ -1,0 +1,183 @@
+/* slurm: a real single-node Slurm (slurmctld + slurmd on localhost, AuthType=auth/none, generated
+ * slurm.conf in a temp dir) runs the job array written by `moe2dense slurm` on a fake-backend
+ * experiment; the shard CSVs are merged and checked against the grid. Installs slurm-wlm when
+ * missing and running as root; skips (with the reason) only if the daemons cannot start.
+ * Bounded: daemons get 30 s to come up, the array 120 s to finish. */
+#include "testutil.h"
+
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "grid.h"
+#include "results.h"
+#include "util.h"
+
+static pid_t spawn(const char *const argv[], const char *log) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        FILE *f = freopen(log, "w", stdout);
+        (void)f;
+        dup2(fileno(stdout), 2);
+        execvp(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static void stop(pid_t pid) {
+    if (pid <= 0) return;
+    kill(pid, SIGTERM);
+    for (int i = 0; i < 50; i++) {
+        if (waitpid(pid, NULL, WNOHANG) == pid) return;
+        usleep(100000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+/* the daemons are stopped by the teardown even when an assertion fails mid-test */
+static pid_t g_ctld, g_d;
+
+static int stop_daemons(void **state) {
+    (void)state;
+    stop(g_d);
+    stop(g_ctld);
+    g_d = g_ctld = 0;
+    return 0;
+}
+
+static int have_slurm(void) {
+    return tu_run("command -v slurmctld && command -v slurmd && command -v sbatch && command -v sinfo", NULL,
+                  NULL) == 0;
+}
+
+static void job_array_runs_shards_and_merge_checks_them(void **state) {
+    (void)state;
+    if (!have_slurm() && geteuid() == 0)
+        tu_run("DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq slurm-wlm", NULL, NULL);
+    if (!have_slurm()) TU_SKIP("slurm-wlm is not installed (apt-get install slurm-wlm) and could not be installed");
+    char host[256];
+    gethostname(host, sizeof host);
+    host[sizeof host - 1] = 0;
+    char *dot = strchr(host, '.');
+    if (dot) *dot = 0;
+    char *dir = tu_tmpdir();
+    int port = 20000 + (int)(getpid() % 20000);
+    char *conf = m2d_path_join(dir, "slurm.conf");
+    char *text = m2d_strfmt(
+        "ClusterName=m2dtest\nSlurmctldHost=%s\nAuthType=auth/none\nCredType=cred/none\n"
+        "SlurmUser=%s\nSlurmdUser=root\nSlurmctldPort=%d\nSlurmdPort=%d\n"
+        "StateSaveLocation=%s/state\nSlurmdSpoolDir=%s/spool\nSlurmctldPidFile=%s/ctld.pid\n"
+        "SlurmdPidFile=%s/d.pid\nProctrackType=proctrack/pgid\nTaskPlugin=task/none\nReturnToService=2\n"
+        "SchedulerType=sched/builtin\nSelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n"
+        "MpiDefault=none\nJobCompType=jobcomp/none\nJobAcctGatherType=jobacct_gather/none\n"
+        "AccountingStorageType=accounting_storage/none\nSlurmctldLogFile=%s/ctld.log\nSlurmdLogFile=%s/d.log\n"
+        "NodeName=%s CPUs=%ld State=UNKNOWN\nPartitionName=debug Nodes=%s Default=YES MaxTime=INFINITE State=UP\n",
+        host, getenv("USER") && geteuid() != 0 ? getenv("USER") : "root", port, port + 1, dir, dir, dir, dir, dir,
+        dir, host, sysconf(_SC_NPROCESSORS_ONLN), host);
+    tu_write(conf, text, strlen(text));
+    free(text);
+    char *state_dir = m2d_path_join(dir, "state"), *spool = m2d_path_join(dir, "spool");
+    m2d_mkdir_p(state_dir);
+    m2d_mkdir_p(spool);
+    setenv("SLURM_CONF", conf, 1);
+    char *ctld_log = m2d_path_join(dir, "ctld.out"), *d_log = m2d_path_join(dir, "d.out");
+    const char *ctld_argv[] = {"slurmctld", "-D", "-i", "-f", conf, NULL};
+    const char *d_argv[] = {"slurmd", "-D", "-f", conf, NULL};
+    g_ctld = spawn(ctld_argv, ctld_log);
+    usleep(500000);
+    g_d = spawn(d_argv, d_log);
+    int up = 0;
+    for (int i = 0; i < 60 && !up; i++) {
+        char *out = NULL;
+        if (tu_run("sinfo -h -o %t", &out, NULL) == 0 && out && strstr(out, "idle")) up = 1;
+        free(out);
+        if (!up) usleep(500000);
+    }
+    if (!up) {
+        stop_daemons(NULL);
+        char *log = m2d_read_file(ctld_log, NULL);
+        print_message("slurmctld output:\n%s\n", log ? log : "(none)");
+        free(log);
+        tu_rm_rf(dir);
+        TU_SKIP("the single-node Slurm daemons did not come up within 30 s");
+    }
+
+    /* a small fake-backend experiment: 2 x 2 x 2 x 3 = 24 configurations, 3 shards */
+    char *model = m2d_path_join(dir, "teacher");
+    m2d_mkdir_p(model);
+    char *cfg = m2d_path_join(model, "config.json");
+    const char *json = "{\"num_experts\": 32, \"num_experts_per_tok\": 4}";
+    tu_write(cfg, json, strlen(json));
+    char *toml = m2d_path_join(dir, "experiments.toml");
+    char *exps = m2d_strfmt("[experiment.tiny]\nmodel = '%s'\nbackend = 'fake'\n"
+                            "calibration = { data = 'c.txt' }\nppl = { data = 'p.txt' }\n"
+                            "[experiment.tiny.axes]\nscoring = ['sf', 'cp']\ngrouping = ['rr', 'oc']\n"
+                            "scaling = ['uniform', 'proportional']\nK = ['k', '2k', 'E']\n", model);
+    tu_write(toml, exps, strlen(exps));
+    char bin[PATH_MAX];
+    if (!realpath(tu_bin(), bin)) fail_msg("cannot resolve %s", tu_bin());
+    char *res = m2d_path_join(dir, "res");
+    char *c = m2d_strfmt("cd %s && %s slurm %s --experiment tiny --shards 3 --results-dir %s --time 00:05:00", dir, bin,
+                         toml, res);
+    char *out = NULL, *err = NULL;
+    assert_int_equal(tu_run(c, &out, &err), 0);
+    assert_non_null(strstr(out, "sbatch "));
+    free(c);
+    free(out);
+    free(err);
+    c = m2d_strfmt("timeout 120 sbatch --wait %s/tiny.sbatch", res);
+    int rc = tu_run(c, &out, &err);
+    if (rc != 0) print_message("sbatch: rc %d\n%s\n%s\n", rc, out ? out : "", err ? err : "");
+    assert_int_equal(rc, 0);
+    free(c);
+    free(out);
+    free(err);
+    c = m2d_strfmt("%s merge %s/merged.csv %s/tiny.shard-1-of-3.csv %s/tiny.shard-2-of-3.csv %s/tiny.shard-3-of-3.csv "
+                   "--experiments %s --experiment tiny", bin, dir, res, res, res, toml);
+    rc = tu_run(c, &out, &err);
+    if (rc != 0) print_message("merge: %s\n", err ? err : "");
+    assert_int_equal(rc, 0);
+    free(c);
+    free(out);
+    free(err);
+    m2d_experiment x;
+    assert_int_equal(m2d_experiment_load(toml, "tiny", NULL, 0, &x), 0);
+    assert_int_equal(x.n_configs, 24);
+    char *merged = m2d_path_join(dir, "merged.csv");
+    m2d_results r;
+    assert_int_equal(m2d_results_read(merged, &r), 0);
+    assert_int_equal(r.n_rows, 24);
+    for (int i = 0; i < r.n_rows; i++) {
+        assert_string_equal(m2d_results_get(&r, i, "config_id"), x.configs[i].id);
+        assert_string_equal(m2d_results_get(&r, i, "status"), "ok");
+    }
+    m2d_results_free(&r);
+    m2d_experiment_free(&x);
+    stop_daemons(NULL);
+    tu_rm_rf(dir);
+    free(merged);
+    free(res);
+    free(exps);
+    free(toml);
+    free(cfg);
+    free(model);
+    free(ctld_log);
+    free(d_log);
+    free(state_dir);
+    free(spool);
+    free(conf);
+    free(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(job_array_runs_shards_and_merge_checks_them, stop_daemons),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

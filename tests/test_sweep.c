@@ -1,0 +1,621 @@
+/* sweep: grid expansion, shards, the crash-safe CSV, dedup, failures, resume (incl. kill -9 of a
+ * real sweep process at several moments), merge and the CLI — all on the deterministic "fake"
+ * backend, so no model is needed. */
+#include "testutil.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "grid.h"
+#include "report.h"
+#include "results.h"
+#include "sweep.h"
+#include "util.h"
+
+/* A temp dir with a fake teacher (config.json only: E = 64, k = 8) and an experiments file. */
+typedef struct {
+    char *dir, *toml, *csv;
+} fixture;
+
+static const char *EXPERIMENTS =
+    "[experiment.grid]\n"
+    "description = 'paper grid on a 64-expert, top-8 teacher'\n"
+    "model = 'MODEL'\n"
+    "backend = 'fake'\n"
+    "calibration = { data = 'calib.txt', seq_len = 64, samples = 4 }\n"
+    "ppl = { data = 'ppl.txt', seq_len = 64, max_windows = 2 }\n"
+    "[experiment.grid.axes]\n"
+    "scoring = ['sf', 'pp', 'ps', 'cp', 'acp', 'do-cp', 'do-acp']\n"
+    "grouping = ['rr', 'wc', 'rc', 'ab', 'oc']\n"
+    "scaling = ['uniform', 'proportional']\n"
+    "K = ['k', '2k', '4k', '8k', 'E']\n"
+    "\n"
+    "[experiment.small]\n"
+    "model = 'MODEL'\n"
+    "backend = 'fake'\n"
+    "calibration = { data = 'calib.txt' }\n"
+    "ppl = { data = 'ppl.txt', max_windows = 3 }\n"
+    "[experiment.small.axes]\n"
+    "scoring = ['sf', 'cp', 'failing']\n"
+    "grouping = ['rr', 'oc']\n"
+    "scaling = ['uniform']\n"
+    "K = ['k', 16, 'E/2']\n"
+    "params = ['', 'nan']\n"
+    "[[experiment.small.exclude]]\n"
+    "scoring = 'cp'\n"
+    "K = [16, 'E/2']\n"
+    "[[experiment.small.exclude]]\n"
+    "scoring = 'failing'\n"
+    "params = 'nan'\n"
+    "\n"
+    "[experiment.only]\n"
+    "model = 'MODEL'\n"
+    "backend = 'fake'\n"
+    "calibration = { data = 'calib.txt' }\n"
+    "ppl = { data = 'ppl.txt' }\n"
+    "[experiment.only.axes]\n"
+    "scoring = ['sf', 'cp']\n"
+    "grouping = ['rr']\n"
+    "scaling = ['uniform', 'proportional']\n"
+    "K = ['k', '2k']\n"
+    "[[experiment.only.include]]\n"
+    "scaling = 'proportional'\n"
+    "[[experiment.only.include]]\n"
+    "scoring = 'cp'\n"
+    "K = 'k'\n";
+
+static fixture make_fixture(void) {
+    fixture fx;
+    fx.dir = tu_tmpdir();
+    char *model = m2d_path_join(fx.dir, "teacher");
+    assert_int_equal(m2d_mkdir_p(model), 0);
+    char *cfg = m2d_path_join(model, "config.json");
+    const char *json = "{\"num_experts\": 64, \"num_experts_per_tok\": 8, \"moe_intermediate_size\": 72,"
+                       " \"hidden_size\": 192, \"num_hidden_layers\": 4, \"vocab_size\": 8192,"
+                       " \"num_attention_heads\": 6, \"num_key_value_heads\": 2, \"head_dim\": 32}";
+    tu_write(cfg, json, strlen(json));
+    /* substitute the model path */
+    const char *at = EXPERIMENTS;
+    char *text = m2d_strdup("");
+    for (;;) {
+        const char *m = strstr(at, "MODEL");
+        char *next = m ? m2d_strfmt("%s%.*s%s", text, (int)(m - at), at, model) : m2d_strfmt("%s%s", text, at);
+        free(text);
+        text = next;
+        if (!m) break;
+        at = m + 5;
+    }
+    fx.toml = m2d_path_join(fx.dir, "experiments.toml");
+    tu_write(fx.toml, text, strlen(text));
+    fx.csv = m2d_path_join(fx.dir, "results.csv");
+    free(text);
+    free(cfg);
+    free(model);
+    return fx;
+}
+
+static void free_fixture(fixture *fx) {
+    tu_rm_rf(fx->dir);
+    free(fx->dir);
+    free(fx->toml);
+    free(fx->csv);
+}
+
+static void grid_expands_resolves_and_trims(void **state) {
+    (void)state;
+    fixture fx = make_fixture();
+    m2d_experiment x;
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", NULL, 0, &x), 0);
+    assert_int_equal(x.E, 64);
+    assert_int_equal(x.k, 8);
+    /* 7 x 5 x 2 x {8, 16, 32, 64}: "8k" and "E" are both 64 on this teacher and kept once */
+    assert_int_equal(x.n_configs, 280);
+    assert_int_equal(x.n_duplicate_K, 70);
+    /* K innermost, in axis order; ids distinct */
+    assert_string_equal(x.configs[0].K_expr, "k");
+    assert_int_equal(x.configs[1].K, 16);
+    assert_int_equal(x.configs[3].K, 64);
+    assert_string_equal(x.configs[4].scaling, "proportional");
+    for (int i = 0; i < x.n_configs; i++)
+        for (int j = i + 1; j < x.n_configs; j++) assert_string_not_equal(x.configs[i].id, x.configs[j].id);
+    /* ids are a hash of the axis values, stable across runs */
+    char id[M2D_ID_LEN + 1];
+    m2d_grid_config_id(&x.configs[7], id);
+    assert_string_equal(id, x.configs[7].id);
+    m2d_experiment_free(&x);
+
+    /* exclude rules: cp only at K = k; "failing" only without params */
+    assert_int_equal(m2d_experiment_load(fx.toml, "small", NULL, 0, &x), 0);
+    int cp = 0, failing = 0;
+    for (int i = 0; i < x.n_configs; i++) {
+        if (!strcmp(x.configs[i].scoring, "cp")) {
+            cp++;
+            assert_int_equal(x.configs[i].K, 8);
+        }
+        if (!strcmp(x.configs[i].scoring, "failing")) {
+            failing++;
+            assert_string_equal(x.configs[i].params, "");
+        }
+    }
+    assert_int_equal(cp, 2 * 2);
+    assert_int_equal(failing, 2 * 3);
+    assert_int_equal(x.n_configs, 2 * 3 * 2 + 4 + 6);
+    assert_int_equal(x.n_excluded, 2 * 2 * 2 + 2 * 3);
+    m2d_experiment_free(&x);
+
+    /* include rules: proportional, or (cp, K = k) */
+    assert_int_equal(m2d_experiment_load(fx.toml, "only", NULL, 0, &x), 0);
+    assert_int_equal(x.n_configs, 2 * 2 + 1);
+    m2d_experiment_free(&x);
+
+    /* --set overrides and errors */
+    char *sets[] = {"axes.K=['k', 'E']", "ppl.max_windows=5"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 2, &x), 0);
+    assert_int_equal(x.n_configs, 7 * 5 * 2 * 2);
+    assert_int_equal(x.ppl_max_windows, 5);
+    m2d_experiment_free(&x);
+    char *bad[] = {"axes.K=['9k', 'E']"}; /* 72 > E */
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", bad, 1, &x), -1);
+    assert_non_null(strstr(m2d_errmsg(), "axes.K"));
+    m2d_experiment_free(&x);
+    char *typo[] = {"ppl.max_widows=5"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", typo, 1, &x), -1);
+    assert_non_null(strstr(m2d_errmsg(), "unknown key 'max_widows'"));
+    m2d_experiment_free(&x);
+    assert_int_equal(m2d_experiment_load(fx.toml, "nope", NULL, 0, &x), -1);
+    assert_non_null(strstr(m2d_errmsg(), "have: grid, small, only"));
+    m2d_experiment_free(&x);
+    free_fixture(&fx);
+}
+
+static void resolve_K_expressions(void **state) {
+    (void)state;
+    int K;
+    assert_int_equal(m2d_grid_resolve_K("k", 8, 128, &K), 0);
+    assert_int_equal(K, 8);
+    assert_int_equal(m2d_grid_resolve_K("4k", 8, 128, &K), 0);
+    assert_int_equal(K, 32);
+    assert_int_equal(m2d_grid_resolve_K("E", 8, 128, &K), 0);
+    assert_int_equal(K, 128);
+    assert_int_equal(m2d_grid_resolve_K("E/4", 8, 128, &K), 0);
+    assert_int_equal(K, 32);
+    assert_int_equal(m2d_grid_resolve_K("24", 8, 128, &K), 0);
+    assert_int_equal(K, 24);
+    assert_int_equal(m2d_grid_resolve_K("32k", 8, 128, &K), -1); /* 256 > E */
+    assert_int_equal(m2d_grid_resolve_K("4", 8, 128, &K), -1);   /* < k */
+    assert_int_equal(m2d_grid_resolve_K("E/3", 8, 128, &K), -1);
+    assert_int_equal(m2d_grid_resolve_K("k2", 8, 128, &K), -1);
+    assert_int_equal(m2d_grid_resolve_K("", 8, 128, &K), -1);
+}
+
+static void shards_partition_the_grid(void **state) {
+    (void)state;
+    fixture fx = make_fixture();
+    m2d_experiment x;
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", NULL, 0, &x), 0);
+    m2d_sweep_backend b;
+    assert_int_equal(m2d_sweep_backend_fake(&x, &b), 0);
+    for (int n = 1; n <= 7; n += 3) {
+        int *seen = m2d_calloc((size_t)x.n_configs, sizeof *seen), lo = 1 << 30, hi = 0, students = 0;
+        for (int i = 1; i <= n; i++) {
+            int *idx, cnt = m2d_grid_shard(&x, i, n, &idx);
+            /* the work is the distinct students: dealt evenly, and dedup never crosses shards */
+            int distinct = b.count_distinct(&b, &x, idx, cnt);
+            students += distinct;
+            lo = M2D_MIN(lo, distinct);
+            hi = M2D_MAX(hi, distinct);
+            for (int j = 0; j < cnt; j++) seen[idx[j]]++;
+            free(idx);
+        }
+        for (int c = 0; c < x.n_configs; c++) assert_int_equal(seen[c], 1);
+        assert_int_equal(students, 224);
+        assert_true(hi - lo <= 1);
+        free(seen);
+    }
+    b.destroy(&b);
+    int i, n;
+    assert_int_equal(m2d_parse_shard("3/8", &i, &n), 0);
+    assert_int_equal(i, 3);
+    assert_int_equal(n, 8);
+    assert_int_equal(m2d_parse_shard("0/8", &i, &n), -1);
+    assert_int_equal(m2d_parse_shard("9/8", &i, &n), -1);
+    assert_int_equal(m2d_parse_shard("3", &i, &n), -1);
+    m2d_experiment_free(&x);
+    free_fixture(&fx);
+}
+
+static void results_roundtrip_quoting_and_torn_lines(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    char *path = m2d_path_join(dir, "r.csv");
+    const char *cols[] = {"config_id", "status", "ppl"};
+    const char *meta[] = {"experiment=e", "model_hash=abc", "host=h1"};
+    const char *ident[] = {"experiment", "model_hash"};
+    m2d_results_writer w;
+    m2d_results ex;
+    assert_int_equal(m2d_results_open(path, cols, 3, meta, 3, ident, 2, &w, &ex), 0);
+    assert_int_equal(ex.n_rows, 0);
+    m2d_results_free(&ex);
+    const char *r1[] = {"a1", "failed: bad \"value\", really\nbad", "1.5"};
+    const char *r2[] = {"a2", "ok", ""};
+    assert_int_equal(m2d_results_append(&w, r1), 0);
+    assert_int_equal(m2d_results_append(&w, r2), 0);
+    m2d_results_close(&w);
+    /* a crash mid-row: bytes without a trailing newline */
+    FILE *f = fopen(path, "a");
+    fputs("a3,ok,2.", f);
+    fclose(f);
+    m2d_results r;
+    assert_int_equal(m2d_results_read(path, &r), 0);
+    assert_int_equal(r.n_rows, 2);
+    assert_int_equal(r.torn_bytes, 8);
+    assert_string_equal(m2d_results_get(&r, 0, "status"), "failed: bad \"value\", really bad");
+    assert_string_equal(m2d_results_get(&r, 1, "ppl"), "");
+    assert_string_equal(m2d_results_meta(&r, "host"), "h1");
+    m2d_results_free(&r);
+    /* re-open drops the torn row, then appends cleanly; a different host is fine */
+    const char *meta2[] = {"experiment=e", "model_hash=abc", "host=h2"};
+    assert_int_equal(m2d_results_open(path, cols, 3, meta2, 3, ident, 2, &w, &ex), 0);
+    assert_int_equal(ex.n_rows, 2);
+    m2d_results_free(&ex);
+    const char *r3[] = {"a3", "ok", "2.5"};
+    assert_int_equal(m2d_results_append(&w, r3), 0);
+    m2d_results_close(&w);
+    assert_int_equal(m2d_results_read(path, &r), 0);
+    assert_int_equal(r.n_rows, 3);
+    assert_int_equal(r.torn_bytes, 0);
+    assert_string_equal(m2d_results_get(&r, 2, "ppl"), "2.5");
+    m2d_results_free(&r);
+    /* another model's run must not append here */
+    const char *meta3[] = {"experiment=e", "model_hash=zzz"};
+    assert_int_equal(m2d_results_open(path, cols, 3, meta3, 2, ident, 2, &w, NULL), -1);
+    assert_non_null(strstr(m2d_errmsg(), "model_hash"));
+    const char *cols2[] = {"config_id", "status"};
+    assert_int_equal(m2d_results_open(path, cols2, 2, meta, 3, ident, 2, &w, NULL), -1);
+    assert_non_null(strstr(m2d_errmsg(), "columns"));
+    /* a complete row with the wrong field count is an error naming the line */
+    f = fopen(path, "a");
+    fputs("a4,ok\n", f);
+    fclose(f);
+    assert_int_equal(m2d_results_read(path, &r), -1);
+    assert_non_null(strstr(m2d_errmsg(), "line 8"));
+    m2d_results_free(&r);
+    tu_rm_rf(dir);
+    free(path);
+    free(dir);
+}
+
+/* rows by config id -> row index; every grid configuration exactly once */
+static void check_one_row_per_config(const m2d_experiment *x, const m2d_results *r) {
+    assert_int_equal(r->n_rows, x->n_configs);
+    for (int c = 0; c < x->n_configs; c++) {
+        int n = 0;
+        for (int i = 0; i < r->n_rows; i++) n += strcmp(m2d_results_get(r, i, "config_id"), x->configs[c].id) == 0;
+        if (n != 1) fail_msg("config %s has %d rows", x->configs[c].id, n);
+    }
+}
+
+static int find_row(const m2d_results *r, const char *id) {
+    for (int i = 0; i < r->n_rows; i++)
+        if (strcmp(m2d_results_get(r, i, "config_id"), id) == 0) return i;
+    return -1;
+}
+
+static void sweep_dedups_records_failures_and_resumes(void **state) {
+    (void)state;
+    fixture fx = make_fixture();
+    m2d_experiment x;
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", NULL, 0, &x), 0);
+    m2d_sweep_opts o = {.out = fx.csv, .jobs = 3};
+    m2d_sweep_summary s;
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    assert_int_equal(s.total, 280);
+    /* at K = k the 5 groupings give one student per (scoring, scaling): 7*2*4 dedups */
+    assert_int_equal(s.dedup, 56);
+    assert_int_equal(s.evaluated, 224);
+    m2d_results r;
+    assert_int_equal(m2d_results_read(fx.csv, &r), 0);
+    check_one_row_per_config(&x, &r);
+    assert_string_equal(m2d_results_meta(&r, "experiment"), "grid");
+    assert_non_null(m2d_results_meta(&r, "calib_hash"));
+    int dedups = 0;
+    for (int i = 0; i < r.n_rows; i++) {
+        const char *d = m2d_results_get(&r, i, "dedup_of");
+        if (!d[0]) continue;
+        dedups++;
+        int j = find_row(&r, d);
+        assert_true(j >= 0);
+        assert_string_equal(m2d_results_get(&r, j, "dedup_of"), "");
+        assert_string_equal(m2d_results_get(&r, i, "fingerprint"), m2d_results_get(&r, j, "fingerprint"));
+        assert_string_equal(m2d_results_get(&r, i, "ppl"), m2d_results_get(&r, j, "ppl"));
+        assert_string_equal(m2d_results_get(&r, i, "K"), "8");
+    }
+    assert_int_equal(dedups, 56);
+    m2d_results_free(&r);
+    /* resume: nothing to do */
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    assert_int_equal(s.skipped, 280);
+    assert_int_equal(s.evaluated + s.dedup, 0);
+    m2d_experiment_free(&x);
+
+    /* failures are recorded and the sweep goes on */
+    char *csv2 = m2d_path_join(fx.dir, "small.csv");
+    assert_int_equal(m2d_experiment_load(fx.toml, "small", NULL, 0, &x), 0);
+    m2d_sweep_opts o2 = {.out = csv2, .jobs = 2};
+    assert_int_equal(m2d_sweep_run(&x, &o2, &s), 0);
+    assert_int_equal(s.total, x.n_configs);
+    assert_int_equal(m2d_results_read(csv2, &r), 0);
+    check_one_row_per_config(&x, &r);
+    int failed_build = 0, failed_nan = 0;
+    for (int i = 0; i < r.n_rows; i++) {
+        const char *st = m2d_results_get(&r, i, "status");
+        if (!strcmp(m2d_results_get(&r, i, "scoring"), "failing")) {
+            assert_non_null(strstr(st, "failed: unknown scoring plugin 'failing'"));
+            failed_build++;
+        } else if (!strcmp(m2d_results_get(&r, i, "params"), "nan")) {
+            assert_string_equal(st, "failed: non-finite perplexity");
+            assert_string_equal(m2d_results_get(&r, i, "ppl"), "");
+            failed_nan++;
+        } else {
+            assert_string_equal(st, "ok");
+            assert_string_equal(m2d_results_get(&r, i, "ppl_windows"), "3");
+        }
+    }
+    assert_int_equal(failed_build, 6);
+    assert_int_equal(failed_nan, 2 * 3 + 2); /* sf: 2 groupings x 3 K; cp: 2 groupings at K = k */
+    assert_int_equal(s.failed, failed_build + failed_nan);
+    m2d_results_free(&r);
+    /* --retry-failed re-runs exactly the failed ones (and they fail again, deterministically) */
+    o2.retry_failed = 1;
+    assert_int_equal(m2d_sweep_run(&x, &o2, &s), 0);
+    assert_int_equal(s.total - s.skipped, failed_build + failed_nan);
+    assert_int_equal(m2d_results_read(csv2, &r), 0);
+    check_one_row_per_config(&x, &r);
+    m2d_results_free(&r);
+    m2d_experiment_free(&x);
+    free(csv2);
+    free_fixture(&fx);
+}
+
+/* Kill -9 a real sweep process at several moments; after each, restart; at the end there must be
+ * exactly one row per configuration, whatever moment the kills hit. */
+static void sigkill_at_any_moment_then_resume(void **state) {
+    (void)state;
+    fixture fx = make_fixture();
+    m2d_experiment x;
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", NULL, 0, &x), 0);
+    char *cmd = m2d_strfmt("M2D_FAKE_DELAY_MS=3 exec %s sweep %s --experiment grid --out %s --jobs 2 >/dev/null 2>&1",
+                           tu_bin(), fx.toml, fx.csv);
+    /* kill delays in microseconds: before the header exists, early, and mid-run */
+    const int delays[] = {0, 2000, 30000, 80000, 150000, 250000};
+    for (size_t k = 0; k < M2D_ARRAY_LEN(delays); k++) {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+            _exit(127);
+        }
+        usleep((useconds_t)delays[k]);
+        kill(pid, SIGKILL);
+        int st;
+        waitpid(pid, &st, 0);
+        /* whatever is on disk parses (a torn last line is tolerated and reported) */
+        if (m2d_file_exists(fx.csv)) {
+            m2d_results r;
+            assert_int_equal(m2d_results_read(fx.csv, &r), 0);
+            assert_true(r.n_rows <= x.n_configs);
+            m2d_results_free(&r);
+        }
+    }
+    /* simulate the rarest case too: a torn row left by a crash in the middle of write() */
+    if (m2d_file_exists(fx.csv)) {
+        FILE *f = fopen(fx.csv, "a");
+        fputs("deadbeef0000,sf,rr,uni", f);
+        fclose(f);
+    }
+    char *finish = m2d_strfmt("%s sweep %s --experiment grid --out %s --jobs 2", tu_bin(), fx.toml, fx.csv);
+    char *out = NULL, *err = NULL;
+    assert_int_equal(tu_run(finish, &out, &err), 0);
+    if (m2d_file_exists(fx.csv)) assert_non_null(strstr(out, "configurations"));
+    m2d_results r;
+    assert_int_equal(m2d_results_read(fx.csv, &r), 0);
+    assert_int_equal(r.torn_bytes, 0);
+    check_one_row_per_config(&x, &r);
+    /* resumed dedup rows still point at evaluated rows with the same fingerprint */
+    for (int i = 0; i < r.n_rows; i++) {
+        const char *d = m2d_results_get(&r, i, "dedup_of");
+        if (!d[0]) continue;
+        int j = find_row(&r, d);
+        assert_true(j >= 0);
+        assert_string_equal(m2d_results_get(&r, i, "fingerprint"), m2d_results_get(&r, j, "fingerprint"));
+    }
+    m2d_results_free(&r);
+    free(out);
+    free(err);
+    free(finish);
+    free(cmd);
+    m2d_experiment_free(&x);
+    free_fixture(&fx);
+}
+
+static void cli_dry_run_shards_and_merge(void **state) {
+    (void)state;
+    fixture fx = make_fixture();
+    char *out = NULL, *err = NULL;
+    char *c = m2d_strfmt("%s sweep %s --experiment grid --dry-run", tu_bin(), fx.toml);
+    assert_int_equal(tu_run(c, &out, &err), 0);
+    assert_non_null(strstr(out, "configurations: 280"));
+    assert_non_null(strstr(out, "distinct students: 224"));
+    assert_non_null(strstr(out, "estimated run time"));
+    free(c);
+    free(out);
+    free(err);
+    /* three shards, then merge: same rows as a single run */
+    for (int i = 1; i <= 3; i++) {
+        c = m2d_strfmt("%s sweep %s --experiment grid --shard %d/3 --out %s/s%d.csv", tu_bin(), fx.toml, i, fx.dir, i);
+        assert_int_equal(tu_run(c, NULL, NULL), 0);
+        free(c);
+    }
+    c = m2d_strfmt("%s merge %s/all.csv %s/s1.csv %s/s2.csv %s/s3.csv --experiments %s --experiment grid", tu_bin(),
+                   fx.dir, fx.dir, fx.dir, fx.dir, fx.toml);
+    assert_int_equal(tu_run(c, &out, &err), 0);
+    free(c);
+    free(out);
+    free(err);
+    char *all = m2d_path_join(fx.dir, "all.csv");
+    m2d_results r;
+    m2d_experiment x;
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", NULL, 0, &x), 0);
+    assert_int_equal(m2d_results_read(all, &r), 0);
+    check_one_row_per_config(&x, &r);
+    for (int i = 0; i < r.n_rows; i++) assert_string_equal(m2d_results_get(&r, i, "config_id"), x.configs[i].id);
+    assert_string_equal(m2d_results_meta(&r, "shard"), "all");
+    assert_non_null(strstr(m2d_results_meta(&r, "merged_from"), "s3.csv (shard 3/3"));
+    m2d_results_free(&r);
+    /* a missing shard is a gap; a shard given twice is a duplicate; nothing written */
+    c = m2d_strfmt("%s merge %s/gap.csv %s/s1.csv %s/s3.csv --experiments %s --experiment grid", tu_bin(), fx.dir,
+                   fx.dir, fx.dir, fx.toml);
+    assert_int_not_equal(tu_run(c, &out, &err), 0);
+    assert_non_null(strstr(err, "configurations missing"));
+    assert_non_null(strstr(err, "missing "));
+    free(c);
+    free(out);
+    free(err);
+    c = m2d_strfmt("%s merge %s/dup.csv %s/s1.csv %s/s2.csv %s/s2.csv", tu_bin(), fx.dir, fx.dir, fx.dir, fx.dir);
+    assert_int_not_equal(tu_run(c, &out, &err), 0);
+    assert_non_null(strstr(err, "duplicate"));
+    free(c);
+    free(out);
+    free(err);
+    char *gap = m2d_path_join(fx.dir, "gap.csv"), *dup = m2d_path_join(fx.dir, "dup.csv");
+    assert_false(m2d_file_exists(gap));
+    assert_false(m2d_file_exists(dup));
+    /* a run of a different experiment cannot be appended to this file */
+    c = m2d_strfmt("%s sweep %s --experiment small --out %s", tu_bin(), fx.toml, all);
+    assert_int_not_equal(tu_run(c, &out, &err), 0);
+    assert_non_null(strstr(err, "refusing to mix") ? err : strstr(err, "columns"));
+    free(c);
+    free(out);
+    free(err);
+    /* usage errors */
+    c = m2d_strfmt("%s sweep %s", tu_bin(), fx.toml);
+    assert_int_not_equal(tu_run(c, &out, &err), 0);
+    assert_non_null(strstr(err, "--experiment NAME is required"));
+    free(c);
+    free(out);
+    free(err);
+    c = m2d_strfmt("%s help sweep", tu_bin());
+    assert_int_equal(tu_run(c, &out, &err), 0);
+    assert_non_null(strstr(out, "--shard I/N"));
+    free(c);
+    free(out);
+    free(err);
+    free(gap);
+    free(dup);
+    free(all);
+    m2d_experiment_free(&x);
+    free_fixture(&fx);
+}
+
+static void mc_stage_best_per_pair_fills_columns_and_resumes(void **state) {
+    (void)state;
+    fixture fx = make_fixture();
+    m2d_experiment x;
+    char *sets[] = {"mc={tasks = ['arc_easy', 'winogrande'], shots = {arc_easy = 25}, configs = 'best-per-pair'}"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 1, &x), 0);
+    assert_int_equal(x.n_mc, 2);
+    assert_int_equal(x.mc_shots[0], 25);
+    assert_int_equal(x.mc_shots[1], 0);
+    m2d_sweep_opts o = {.out = fx.csv, .jobs = 2};
+    m2d_sweep_summary s;
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    assert_int_equal(s.mc_selected, 7 * 5); /* one per scoring x grouping pair */
+    assert_int_equal(s.mc_evaluated, 35);
+    m2d_results r, side;
+    assert_int_equal(m2d_results_read(fx.csv, &r), 0);
+    char *sp = m2d_strfmt("%s.mc.csv", fx.csv);
+    assert_int_equal(m2d_results_read(sp, &side), 0);
+    assert_int_equal(side.n_rows, 35);
+    int *best, nb = m2d_report_best_per_pair(&r, &best);
+    assert_int_equal(nb, 35);
+    /* the selected rows (and rows of the same student) carry the sidecar's values; others are empty */
+    int filled = 0;
+    for (int i = 0; i < r.n_rows; i++) {
+        const char *v = m2d_results_get(&r, i, "arc_easy_acc");
+        int selected = 0, same_student = 0;
+        for (int b = 0; b < nb; b++) {
+            selected |= best[b] == i;
+            same_student |= !strcmp(m2d_results_get(&r, best[b], "fingerprint"), m2d_results_get(&r, i, "fingerprint"));
+        }
+        if (selected) {
+            const char *id = m2d_results_get(&r, i, "config_id");
+            int found = 0;
+            for (int j = 0; j < side.n_rows; j++)
+                if (!strcmp(side.rows[j][0], id)) {
+                    assert_string_equal(m2d_results_get(&side, j, "arc_easy_acc"), v);
+                    assert_string_equal(m2d_results_get(&side, j, "mc_avg"), m2d_results_get(&r, i, "mc_avg"));
+                    found = 1;
+                }
+            assert_true(found);
+        }
+        if (same_student) {
+            assert_true(v[0] != 0);
+            filled++;
+        } else {
+            assert_string_equal(v, "");
+        }
+    }
+    assert_true(filled >= 35);
+    free(best);
+    m2d_results_free(&r);
+    m2d_results_free(&side);
+    /* resume: nothing evaluated again */
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    assert_int_equal(s.mc_evaluated, 0);
+    assert_int_equal(s.skipped, 280);
+    m2d_experiment_free(&x);
+    free(sp);
+    free_fixture(&fx);
+}
+
+static void shipped_experiments_file_is_valid(void **state) {
+    (void)state;
+    /* experiments.toml at the top of the repository: the paper grid is 350 configurations on a
+     * k = 8, E = 128 teacher (from the [teacher] hints when the weights are absent) */
+    if (!m2d_file_exists("experiments.toml")) TU_SKIP("experiments.toml not in the working directory");
+    m2d_experiment x;
+    char *sets[] = {"model=/nonexistent/Qwen3-30B-A3B"};
+    assert_int_equal(m2d_experiment_load("experiments.toml", "paper-grid", sets, 1, &x), 0);
+    assert_int_equal(x.n_configs, 350);
+    assert_int_equal(x.E, 128);
+    assert_int_equal(x.n_mc, 5);
+    m2d_experiment_free(&x);
+    assert_int_equal(m2d_experiment_load("experiments.toml", "related-work", sets, 1, &x), 0);
+    assert_int_equal(x.n_configs, 4 * 5 * 2 * 3);
+    m2d_experiment_free(&x);
+    char *tiny[] = {"model=/nonexistent/tiny", "teacher={experts = 64, top_k = 8}"};
+    assert_int_equal(m2d_experiment_load("experiments.toml", "demo", tiny, 2, &x), 0);
+    assert_int_equal(x.n_configs, 280);
+    m2d_experiment_free(&x);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(grid_expands_resolves_and_trims),
+        cmocka_unit_test(resolve_K_expressions),
+        cmocka_unit_test(shards_partition_the_grid),
+        cmocka_unit_test(results_roundtrip_quoting_and_torn_lines),
+        cmocka_unit_test(sweep_dedups_records_failures_and_resumes),
+        cmocka_unit_test(sigkill_at_any_moment_then_resume),
+        cmocka_unit_test(cli_dry_run_shards_and_merge),
+        cmocka_unit_test(mc_stage_best_per_pair_fills_columns_and_resumes),
+        cmocka_unit_test(shipped_experiments_file_is_valid),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

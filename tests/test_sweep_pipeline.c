@@ -1,0 +1,233 @@
+/* sweep_pipeline: the real backend on ../shared/models/tiny-qwen3moe.
+ *  - PPL on once-encoded tokens equals m2d_ppl_gptq (the library path that encodes per call);
+ *  - a small sweep: calibration cached and reused, K = k rows across groupings recorded as
+ *    dedup_of (decided by the plan fingerprint), and one configuration's PPL equals an
+ *    independent path: `moe2dense calibrate` + `convert --out DIR` + `ppl --model DIR`. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "grid.h"
+#include "ppl.h"
+#include "results.h"
+#include "sweep.h"
+#include "tokenizer.h"
+#include "util.h"
+
+static char *tiny_dir(void) {
+    const char *m = tu_models_dir();
+    if (!m) return NULL;
+    char *d = m2d_path_join(m, "tiny-qwen3moe");
+    char *cfg = m2d_path_join(d, "config.json");
+    int ok = m2d_file_exists(cfg);
+    free(cfg);
+    if (!ok) {
+        free(d);
+        return NULL;
+    }
+    return d;
+}
+
+static const char *wiki_test(void) { return tu_data_path("wikitext-2-raw/wikitext-2-raw/wiki.test.raw"); }
+static const char *wiki_train(void) { return tu_data_path("train-text/wikitext-103-train-prefix/wiki.train.tokens"); }
+
+static void ppl_on_tokens_matches_library_gptq(void **state) {
+    (void)state;
+    char *dir = tiny_dir();
+    if (!dir) TU_SKIP("../shared/models/tiny-qwen3moe not found");
+    if (!m2d_file_exists(wiki_test())) TU_SKIP("run 'make data' (WikiText-2 missing)");
+    m2d_model *m;
+    m2d_tokenizer *tk;
+    m2d_engine *e;
+    assert_int_equal(m2d_model_open(dir, &m), 0);
+    assert_int_equal(m2d_tokenizer_load(dir, &tk), 0);
+    assert_int_equal(m2d_engine_new(m, 1, &e), 0);
+    size_t len;
+    char *raw = m2d_read_file(wiki_test(), &len);
+    /* only the first part of the file: enough for 3 windows of 64, keeps the test fast */
+    size_t cut = 20000;
+    while (cut < len && raw[cut] != '\n') cut++;
+    m2d_ppl_result ref;
+    assert_int_equal(m2d_ppl_gptq(e, tk, raw, cut + 1, 64, 3, &ref), 0);
+    size_t jl, n;
+    char *joined = m2d_ppl_gptq_text(raw, cut + 1, &jl);
+    int32_t *ids;
+    assert_int_equal(m2d_tokenizer_encode(tk, joined, jl, &ids, &n), 0);
+    double ppl;
+    int windows;
+    assert_int_equal(m2d_sweep_ppl_tokens(e, ids, n, 64, 3, &ppl, &windows), 0);
+    assert_int_equal(windows, ref.windows);
+    /* the same engine calls on the same tokens in the same order: identical sums */
+    assert_true(ppl == ref.ppl);
+    assert_true(isfinite(ppl) && ppl > 1);
+    free(ids);
+    free(joined);
+    free(raw);
+    m2d_engine_free(e);
+    m2d_tokenizer_free(tk);
+    m2d_model_close(m);
+    free(dir);
+}
+
+static void small_sweep_dedups_caches_and_matches_convert_then_ppl(void **state) {
+    (void)state;
+    char *model = tiny_dir();
+    if (!model) TU_SKIP("../shared/models/tiny-qwen3moe not found");
+    if (!m2d_file_exists(wiki_test()) || !m2d_file_exists(wiki_train())) TU_SKIP("run 'make data'");
+    char *dir = tu_tmpdir();
+    char *toml = m2d_path_join(dir, "e.toml");
+    char *text = m2d_strfmt("[experiment.t]\nmodel = '%s'\ncache_dir = '%s/cache'\n"
+                            "calibration = { data = '%s', seq_len = 64, samples = 4 }\n"
+                            "ppl = { data = '%s', seq_len = 64, max_windows = 2 }\n"
+                            "[experiment.t.axes]\nscoring = ['sf', 'do-acp', 'nonexistent']\n"
+                            "grouping = ['rr', 'oc']\nscaling = ['proportional']\nK = ['k', '2k']\n"
+                            "[[experiment.t.exclude]]\nscoring = 'nonexistent'\ngrouping = 'oc'\n",
+                            model, dir, wiki_train(), wiki_test());
+    tu_write(toml, text, strlen(text));
+    char *csv = m2d_path_join(dir, "r.csv");
+    m2d_experiment x;
+    assert_int_equal(m2d_experiment_load(toml, "t", NULL, 0, &x), 0);
+    assert_int_equal(x.n_configs, 2 * 2 * 2 + 2);
+    m2d_sweep_opts o = {.out = csv, .jobs = 2};
+    m2d_sweep_summary s;
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    /* K = k: rr and oc give one student per scoring (fingerprint) */
+    assert_int_equal(s.dedup, 2);
+    assert_int_equal(s.evaluated, 6);
+    assert_int_equal(s.failed, 2); /* the unknown scoring, recorded, the sweep went on */
+    m2d_results r;
+    assert_int_equal(m2d_results_read(csv, &r), 0);
+    assert_int_equal(r.n_rows, x.n_configs);
+    int checked = 0;
+    for (int i = 0; i < r.n_rows; i++) {
+        const char *st = m2d_results_get(&r, i, "status");
+        if (!strcmp(m2d_results_get(&r, i, "scoring"), "nonexistent")) {
+            assert_non_null(strstr(st, "failed: "));
+            assert_non_null(strstr(st, "nonexistent"));
+            continue;
+        }
+        assert_string_equal(st, "ok");
+        assert_string_equal(m2d_results_get(&r, i, "d_dense"), "576"); /* k * d_e = 8 * 72 */
+        assert_string_equal(m2d_results_get(&r, i, "ppl_windows"), "2");
+        if (m2d_results_get(&r, i, "dedup_of")[0]) assert_string_equal(m2d_results_get(&r, i, "K"), "8");
+        /* one configuration through the independent command-line path */
+        if (!checked && !strcmp(m2d_results_get(&r, i, "scoring"), "do-acp") &&
+            !strcmp(m2d_results_get(&r, i, "K"), "16") && !strcmp(m2d_results_get(&r, i, "grouping"), "oc")) {
+            checked = 1;
+            char *c = m2d_strfmt("%s calibrate --model %s --data %s --out %s/s.stats --seq-len 64 --samples 4 && "
+                                 "%s convert --model %s --stats %s/s.stats --scoring do-acp --grouping oc "
+                                 "--scaling proportional -K 16 --out %s/student && "
+                                 "%s ppl --model %s/student --data %s --seq-len 64 --max-windows 2 --json",
+                                 tu_bin(), model, wiki_train(), dir, tu_bin(), model, dir, dir, tu_bin(), dir,
+                                 wiki_test());
+            char *out = NULL, *err = NULL;
+            int rc = tu_run(c, &out, &err);
+            if (rc) print_message("%s\n%s\n", out ? out : "", err ? err : "");
+            assert_int_equal(rc, 0);
+            const char *p = strstr(out, "\"ppl\":");
+            assert_non_null(p);
+            double want = strtod(p + 6, NULL), got = strtod(m2d_results_get(&r, i, "ppl"), NULL);
+            /* the CSV holds 4 decimals; the student written to disk is the in-memory one */
+            if (fabs(got - want) > 6e-5 * M2D_MAX(1.0, want / 100)) fail_msg("sweep ppl %.6f vs convert+ppl %.6f", got, want);
+            free(c);
+            free(out);
+            free(err);
+        }
+    }
+    assert_true(checked);
+    m2d_results_free(&r);
+    /* the calibration cache is reused: a second run on a fresh CSV does not recalibrate */
+    char *csv2 = m2d_path_join(dir, "r2.csv");
+    char *c = m2d_strfmt("%s sweep %s --experiment t --out %s", tu_bin(), toml, csv2);
+    char *out = NULL, *err = NULL;
+    assert_int_equal(tu_run(c, &out, &err), 0);
+    assert_null(strstr(err, "calibrated"));
+    free(c);
+    free(out);
+    free(err);
+    /* and the dry run now knows the exact number of distinct students */
+    c = m2d_strfmt("%s sweep %s --experiment t --dry-run --out %s", tu_bin(), toml, csv2);
+    assert_int_equal(tu_run(c, &out, &err), 0);
+    assert_non_null(strstr(out, "distinct students: 6 (from their fingerprints)"));
+    free(c);
+    free(out);
+    free(err);
+    free(csv2);
+    m2d_experiment_free(&x);
+    tu_rm_rf(dir);
+    free(csv);
+    free(text);
+    free(toml);
+    free(dir);
+    free(model);
+}
+
+/* The MC stage on a real student equals `moe2dense eval` on the same student written by convert. */
+static void mc_stage_matches_eval_on_converted_student(void **state) {
+    (void)state;
+    char *model = tiny_dir();
+    if (!model) TU_SKIP("../shared/models/tiny-qwen3moe not found");
+    if (!m2d_file_exists(wiki_test()) || !m2d_file_exists(wiki_train())) TU_SKIP("run 'make data'");
+    const char *arc = tu_data_path("arc");
+    if (!m2d_file_exists(arc)) TU_SKIP("run 'make data' (ARC missing)");
+    char *dir = tu_tmpdir();
+    char *toml = m2d_path_join(dir, "e.toml");
+    char *text = m2d_strfmt("[experiment.t]\nmodel = '%s'\ncache_dir = '%s/cache'\n"
+                            "calibration = { data = '%s', seq_len = 64, samples = 4 }\n"
+                            "ppl = { data = '%s', seq_len = 64, max_windows = 1 }\n"
+                            "mc = { tasks = ['arc_easy'], limit = 4, data_dir = '%s' }\n"
+                            "[experiment.t.axes]\nscoring = ['do-acp']\ngrouping = ['oc']\n"
+                            "scaling = ['proportional']\nK = ['2k']\n",
+                            model, dir, wiki_train(), wiki_test(), tu_data_path(""));
+    tu_write(toml, text, strlen(text));
+    char *csv = m2d_path_join(dir, "r.csv");
+    char *c = m2d_strfmt("%s sweep %s --experiment t --out %s && "
+                         "%s calibrate --model %s --data %s --out %s/s.stats --seq-len 64 --samples 4 && "
+                         "%s convert --model %s --stats %s/s.stats --scoring do-acp --grouping oc "
+                         "--scaling proportional -K 16 --out %s/student && "
+                         "%s eval --model %s/student --tasks arc_easy --limit 4 --data %s --json",
+                         tu_bin(), toml, csv, tu_bin(), model, wiki_train(), dir, tu_bin(), model, dir, dir, tu_bin(),
+                         dir, tu_data_path(""));
+    char *out = NULL, *err = NULL;
+    int rc = tu_run(c, &out, &err);
+    if (rc) print_message("%s\n%s\n", out ? out : "", err ? err : "");
+    assert_int_equal(rc, 0);
+    m2d_results r;
+    assert_int_equal(m2d_results_read(csv, &r), 0);
+    assert_int_equal(r.n_rows, 1);
+    double acc = strtod(m2d_results_get(&r, 0, "arc_easy_acc"), NULL);
+    double acc_norm = strtod(m2d_results_get(&r, 0, "arc_easy_acc_norm"), NULL);
+    /* eval --json: ... "name":"arc_easy", ... "acc":X, ... "acc_norm":Y */
+    const char *t = strstr(out, "\"arc_easy\"");
+    assert_non_null(t);
+    const char *a = strstr(t, "\"acc\":"), *an = strstr(t, "\"acc_norm\":");
+    assert_non_null(a);
+    assert_non_null(an);
+    assert_true(fabs(acc - strtod(a + 6, NULL)) < 1e-6);
+    assert_true(fabs(acc_norm - strtod(an + 11, NULL)) < 1e-6);
+    /* arc_easy's paper metric is acc_norm: the average of one task is that value */
+    assert_true(fabs(strtod(m2d_results_get(&r, 0, "mc_avg"), NULL) - acc_norm) < 1e-6);
+    m2d_results_free(&r);
+    free(c);
+    free(out);
+    free(err);
+    tu_rm_rf(dir);
+    free(csv);
+    free(text);
+    free(toml);
+    free(dir);
+    free(model);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(ppl_on_tokens_matches_library_gptq),
+        cmocka_unit_test(small_sweep_dedups_caches_and_matches_convert_then_ppl),
+        cmocka_unit_test(mc_stage_matches_eval_on_converted_student),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,33 @@
+#!/bin/sh
+# make demo: the `demo` experiment end to end on the tiny teacher (../shared/models/tiny-qwen3moe):
+# calibrate (cached) -> sweep (280 configurations) -> report -> analyze -> plots.
+# Outputs: results/demo.csv, results/demo.md, results/demo.tex, results/demo-analyze.csv, plots/*.png|svg.
+# DEMO_ARGS adds sweep options (e.g. DEMO_ARGS="--jobs 2 --threads 1").
+set -eu
+bin=${M2D_BIN:-./moe2dense}
+csv=results/demo.csv
+now() { date +%s.%N; }
+t0=$(now)
+mkdir -p results
+echo "demo: grid (dry run)"
+"$bin" sweep experiments.toml --experiment demo --dry-run | sed -n '/^configurations/,$p'
+echo "demo: sweep (resumes if $csv exists; remove it to start over)"
+"$bin" sweep experiments.toml --experiment demo --out "$csv" ${DEMO_ARGS:-} | tee results/demo-sweep.log
+t1=$(now)
+"$bin" report "$csv" --out results/demo.md
+"$bin" report "$csv" --format tex --out results/demo.tex
+# the statistics the sweep cached: results/cache/<model_hash[:16]>-<calib_hash[:16]>.m2dstats
+mh=$(sed -n 's/^# model_hash=//p' "$csv" | cut -c1-16)
+ch=$(sed -n 's/^# calib_hash=//p' "$csv" | cut -c1-16)
+stats="results/cache/$mh-$ch.m2dstats"
+model=$(sed -n 's/^# model=//p' "$csv")
+k=$(sed -n 's/.*"num_experts_per_tok": *\([0-9]*\).*/\1/p' "$model/config.json")
+{ echo "# K=$k"; "$bin" analyze --stats "$stats" --model "$model" --criteria sf,pp,ps,cp,acp,do-cp,do-acp --csv; } \
+  > results/demo-analyze.csv
+sh tools/plots.sh
+t2=$(now)
+awk -v t0="$t0" -v t1="$t1" -v t2="$t2" 'BEGIN { printf "demo: %.1f s in all (sweep incl. calibration %.1f s, report+analyze+plots %.1f s)\n", t2 - t0, t1 - t0, t2 - t1 }'
+sed -n 's/.* \([0-9.]*\) s wall: \([0-9.]*\) s prepare.*, \([0-9.]*\) s in build+evaluate.*/\1 \2 \3/p' results/demo-sweep.log |
+  awk '{ if ($1 > 0) printf "demo: sweep overhead (not calibration/preparation, not build+evaluate): %.2f s = %.1f%% of the sweep wall time\n", $1 - $2 - $3, 100 * ($1 - $2 - $3) / $1 }'
+echo "demo: table  results/demo.md (LaTeX: results/demo.tex), raw results $csv"
+echo "demo: plots  plots/heatmap_*.png, plots/marginal.png, plots/overlap.png, plots/erank.png"
