@@ -382,8 +382,8 @@ static void streaming_logprobs_match_logits(void **state) {
     mm_free(&mm);
 }
 
-static void extend_and_branches_match_full_forward(void **state) {
-    (void)state;
+static void extend_and_branches_check(int gemm_min_rows) {
+    m2d_be_set_attention_gemm_min_rows(gemm_min_rows);
     mem_model mm = {0};
     build_random_moe(&mm, M2D_BF16);
     m2d_engine *e;
@@ -439,6 +439,14 @@ static void extend_and_branches_match_full_forward(void **state) {
     m2d_kv_free(kv);
     m2d_engine_free(e);
     mm_free(&mm);
+}
+
+/* both attention kernels: per-row dot products (default for these short segments) and GEMMs */
+static void extend_and_branches_match_full_forward(void **state) {
+    (void)state;
+    extend_and_branches_check(64);
+    extend_and_branches_check(1);
+    m2d_be_set_attention_gemm_min_rows(64);
 }
 
 typedef struct { int calls; int expert_checked; m2d_engine *e; double maxdiff; } hook_state;
