@@ -3,9 +3,13 @@
  * Weights stay in their stored dtype (memory-mapped or in memory). A GEMM needs fp32, so each
  * weight matrix is converted right before use into a reusable per-engine buffer; tensors that
  * are already F32 are used in place. Optionally (m2d_engine_cache_weights) tensors are
- * converted once and kept, up to a byte budget (see the benchmark numbers in the report:
- * on-use conversion costs one pass over the weight bytes per forward, i.e. little next to
- * the 2·n FLOP per weight of a window of n tokens, and it bounds memory to the largest matrix).
+ * converted once and kept, up to a byte budget. Chosen by measurement (bench/bench_engine.c,
+ * numbers in BENCHMARKS.md): on-use conversion is one vectorised pass over the weight bytes per
+ * forward, ~5% (dense) to ~10% (MoE, ~32 rows per expert) of a 512-token forward in perf, while
+ * a full fp32 copy doubles the resident weights (Qwen3-30B-A3B: 122 GB) and was not faster on
+ * the 30B-shaped slices: streaming 2x the bytes from DRAM costs about what converting saves.
+ * Memory with on-use conversion: the mapped checkpoint + 3 buffers of the largest matrix (+ per
+ * worker 3 expert matrices in the expert-parallel MoE path).
  *
  * One core (forward_hidden) serves every entry point: a batch of rows split into "segments";
  * each segment attends to an optional cached prefix and causally to itself. A full window is
