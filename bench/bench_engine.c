@@ -65,6 +65,7 @@ static int run_case(const char *dir, const char *label, const char *mode, int L,
         return 1;
     }
     m2d_engine *e;
+    setenv("M2D_WEIGHT_CACHE_MB", "0", 1); /* the policy is chosen explicitly below */
     if (m2d_engine_new(m, 2, &e)) return 1;
     double tc = m2d_now();
     /* CACHE bit 0: fp32 weight cache; bit 1: experts one at a time (multi-threaded GEMMs) */

@@ -14,8 +14,10 @@ int m2d_engine_new(const m2d_model *m, int n_threads, m2d_engine **out);
 void m2d_engine_free(m2d_engine *e);
 /* Convert weights to fp32 once and keep them, up to BUDGET bytes (norms and attention first,
  * then dense FFN/router, experts, LM head). Weights not kept are converted on use into a
- * reusable buffer (the default; bounded memory). Also set by $M2D_WEIGHT_CACHE_MB at
- * m2d_engine_new. Returns the bytes now held. */
+ * reusable buffer (bounded memory). m2d_engine_new applies $M2D_WEIGHT_CACHE_MB when set
+ * (0: convert everything on use), else caches the whole model only if its fp32 copy is at
+ * most 1/8 of physical RAM (tiny models; checkpoints of real size stay as stored).
+ * The embedding is never cached (only looked-up rows are converted). Returns the bytes held. */
 size_t m2d_engine_cache_weights(m2d_engine *e, size_t budget_bytes);
 /* MoE experts spread over the engine's threads, each GEMM single-threaded (1, the default), or
  * one expert after another with multi-threaded GEMMs (0). Same result either way (tested). */

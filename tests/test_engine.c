@@ -825,6 +825,9 @@ static void engine_matches_naive_reference_on_checkpoints(void **state) {
 }
 
 int main(void) {
+    /* tests run the convert-on-use path (the one big checkpoints take); the cache is compared
+     * against it explicitly in weight_cache_and_expert_order_give_identical_results */
+    setenv("M2D_WEIGHT_CACHE_MB", "0", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(op_matmul_matches_loops),
         cmocka_unit_test(op_rmsnorm_analytic),
