@@ -277,9 +277,7 @@ static void experts_parallel(m2d_engine *e, const m2d_layer *L, const float *x, 
         for (int s = 0; s < 3; s++) j.w0[t + s * nt] = m2d_malloc(sizeof(float) * (size_t)de * d);
     }
     (void)n;
-    m2d_be_blas_single(1);
-    m2d_be_parallel_for(na, moe_item, &j);
-    m2d_be_blas_single(0);
+    m2d_be_parallel_for(na, moe_item, &j); /* GEMMs inside an item run on that worker alone */
     for (int t = 0; t < 6 * nt; t++) free(bufs[t]);
     free(bufs);
     free(active);
@@ -332,7 +330,7 @@ static int moe_ffn(m2d_engine *e, int layer, const float *x, int n, float *out) 
                     for (int j = 0; j < d; j++) o[j] += gw * y[j];
                 }
             free(Y);
-        } else { /* one expert at a time, each GEMM on all threads */
+        } else { /* one expert at a time, each GEMM split over all threads */
             float *xs = m2d_malloc(sizeof(float) * (size_t)maxm * d), *ys = m2d_malloc(sizeof(float) * (size_t)maxm * d);
             float *g = m2d_malloc(sizeof(float) * (size_t)maxm * de), *u = m2d_malloc(sizeof(float) * (size_t)maxm * de);
             for (int ex = 0; ex < E; ex++) {
