@@ -12,8 +12,10 @@
 
 #include "tensor.h"
 
-/* Threads for the backend's parallel loops (OpenBLAS itself always runs single-threaded;
- * GEMMs are split across these threads). */
+/* Threads for the backend's parallel loops. Also sets OpenBLAS to ONE thread, process-wide
+ * (m2d_engine_new calls this): GEMMs are split across our threads instead. Measured: toggling
+ * OpenBLAS's count around each engine call instead wakes its pool and halves tiny-model speed.
+ * Code that wants a multi-threaded GEMM should call m2d_be_matmul_wt. */
 void m2d_be_set_threads(int n_threads);
 int m2d_be_threads(void);
 
