@@ -12,12 +12,16 @@
 
 #include "tensor.h"
 
-/* Threads for the backend's parallel loops. Also sets OpenBLAS to ONE thread, process-wide
- * (m2d_engine_new calls this): GEMMs are split across our threads instead. Measured: toggling
- * OpenBLAS's count around each engine call instead wakes its pool and halves tiny-model speed.
- * Code that wants a multi-threaded GEMM should call m2d_be_matmul_wt. */
+/* Threads for the backend's parallel loops (GEMMs are split across them). */
 void m2d_be_set_threads(int n_threads);
 int m2d_be_threads(void);
+/* Bracket a batch of backend calls: OpenBLAS is made single-threaded inside (our threads split
+ * the GEMMs; its own pool next to ours only spins in sched_yield) and restored afterwards, so
+ * other code's direct cblas/LAPACKE calls keep OpenBLAS's threading. Every m2d_engine_* compute
+ * call does this. Measured: same speed as leaving OpenBLAS single-threaded for good.
+ *   int saved = m2d_be_begin(); ...; m2d_be_end(saved); */
+int m2d_be_begin(void);
+void m2d_be_end(int saved);
 
 /* Run fn(ctx, item) for item in [0, n_items) on up to m2d_be_threads() pthreads
  * (items are handed out dynamically; fn must be safe to run concurrently). Called from inside
@@ -36,7 +40,8 @@ void m2d_be_convert(m2d_dtype t, const void *src, int64_t first, int64_t n, floa
 
 /* y[n, out] = x[n, in] · W^T + beta * y, W is [out, in] row-major fp32 (an nn.Linear weight).
  * ldx/ldw/ldy are row strides in elements. fp32 accumulation (cblas_sgemm), split by output
- * columns (or rows) over the threads. */
+ * columns (or rows) over the threads (call it between m2d_be_begin/end, or OpenBLAS's own
+ * threads run underneath ours: correct, but oversubscribed). */
 void m2d_be_matmul_wt(const float *x, int ldx, int n, int in, const float *w, int ldw, int out,
                       float *y, int ldy, float beta);
 

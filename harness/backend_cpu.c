@@ -1,5 +1,6 @@
-/* backend_cpu — OpenBLAS sgemm (always single-threaded) for every matmul; all parallelism is our
- * own pthreads: GEMMs split by output columns (or rows), attention by heads, MoE by experts.
+/* backend_cpu — OpenBLAS sgemm (single-threaded between m2d_be_begin/end) for every matmul; all
+ * parallelism is our own pthreads: GEMMs split by output columns (or rows), attention by heads,
+ * MoE by experts.
  * One kind of thread only: with OpenBLAS's pool threads next to ours, idle pool threads spin in
  * sched_yield and took up to half of the time on tiny shapes (perf). Splitting a GEMM by output
  * columns/rows leaves each element's reduction order unchanged, so results do not depend on the
@@ -19,7 +20,16 @@ static int be_threads = 1;
 
 void m2d_be_set_threads(int n_threads) {
     be_threads = n_threads > 0 ? n_threads : 1;
-    openblas_set_num_threads(1);
+}
+
+int m2d_be_begin(void) {
+    int saved = openblas_get_num_threads();
+    if (saved != 1) openblas_set_num_threads(1);
+    return saved;
+}
+
+void m2d_be_end(int saved) {
+    if (saved != 1) openblas_set_num_threads(saved);
 }
 
 int m2d_be_threads(void) { return be_threads; }

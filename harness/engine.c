@@ -208,7 +208,7 @@ static void swiglu_ffn(m2d_engine *e, const m2d_tensor *gate, const m2d_tensor *
     m2d_be_matmul_wt(g, inter, n, inter, weight(e, down, 2), inter, d, out, d, beta);
 }
 
-int m2d_engine_expert(m2d_engine *e, int layer, int expert, const float *x, int n, float *out) {
+static int expert_impl(m2d_engine *e, int layer, int expert, const float *x, int n, float *out) {
     const m2d_config *c = &e->m->cfg;
     if (layer < 0 || layer >= c->num_hidden_layers || !c->layer_is_moe[layer])
         return m2d_err("engine: layer %d is not an MoE layer", layer);
@@ -499,7 +499,7 @@ static int check_window(const m2d_engine *e, int n) {
 }
 
 /* ---- public entry points ---- */
-int m2d_engine_logits(m2d_engine *e, const int32_t *tokens, int n, float *logits) {
+static int logits_impl(m2d_engine *e, const int32_t *tokens, int n, float *logits) {
     if (check_tokens(e, tokens, n) || check_window(e, n)) return -1;
     int off = 0;
     seg_plan p = {1, &off, &n, NULL, 0, NULL};
@@ -510,7 +510,7 @@ int m2d_engine_logits(m2d_engine *e, const int32_t *tokens, int n, float *logits
     return rc;
 }
 
-int m2d_engine_logprobs(m2d_engine *e, const int32_t *tokens, int n, const int32_t *targets, int first, double *lp) {
+static int logprobs_impl(m2d_engine *e, const int32_t *tokens, int n, const int32_t *targets, int first, double *lp) {
     if (check_tokens(e, tokens, n) || check_window(e, n)) return -1;
     if (first < 0 || first > n) return m2d_err("engine: logprobs: first = %d outside [0, %d]", first, n);
     if (check_targets(e, targets + first, n - first)) return -1;
@@ -564,7 +564,7 @@ void m2d_kv_free(m2d_kv *kv) {
     free(kv);
 }
 
-int m2d_engine_extend(m2d_engine *e, m2d_kv *kv, const int32_t *tokens, int n, const int32_t *targets, double *lp) {
+static int extend_impl(m2d_engine *e, m2d_kv *kv, const int32_t *tokens, int n, const int32_t *targets, double *lp) {
     if (kv->e != e) return m2d_err("engine: extend: KV cache belongs to another engine");
     if (check_tokens(e, tokens, n)) return -1;
     if (kv->len + n > kv->cap)
@@ -582,8 +582,8 @@ int m2d_engine_extend(m2d_engine *e, m2d_kv *kv, const int32_t *tokens, int n, c
     return rc;
 }
 
-int m2d_engine_branches(m2d_engine *e, const m2d_kv *prefix, int n_branches, const int32_t *const *tokens,
-                        const int *lens, const int32_t *const *targets, double *const *lp) {
+static int branches_impl(m2d_engine *e, const m2d_kv *prefix, int n_branches, const int32_t *const *tokens,
+                         const int *lens, const int32_t *const *targets, double *const *lp) {
     if (prefix && prefix->e != e) return m2d_err("engine: branches: KV cache belongs to another engine");
     if (n_branches <= 0) return m2d_err("engine: branches: n_branches = %d", n_branches);
     int np = prefix ? prefix->len : 0, total = 0, maxlen = 0;
@@ -615,5 +615,42 @@ int m2d_engine_branches(m2d_engine *e, const m2d_kv *prefix, int n_branches, con
         free(tmp);
     }
     free(hid); free(off); free(all); free(alltg);
+    return rc;
+}
+
+/* ---- public compute entry points: OpenBLAS single-threaded inside (see m2d_be_begin) ---- */
+int m2d_engine_expert(m2d_engine *e, int layer, int expert, const float *x, int n, float *out) {
+    int saved = m2d_be_begin();
+    int rc = expert_impl(e, layer, expert, x, n, out);
+    m2d_be_end(saved);
+    return rc;
+}
+
+int m2d_engine_logits(m2d_engine *e, const int32_t *tokens, int n, float *logits) {
+    int saved = m2d_be_begin();
+    int rc = logits_impl(e, tokens, n, logits);
+    m2d_be_end(saved);
+    return rc;
+}
+
+int m2d_engine_logprobs(m2d_engine *e, const int32_t *tokens, int n, const int32_t *targets, int first, double *lp) {
+    int saved = m2d_be_begin();
+    int rc = logprobs_impl(e, tokens, n, targets, first, lp);
+    m2d_be_end(saved);
+    return rc;
+}
+
+int m2d_engine_extend(m2d_engine *e, m2d_kv *kv, const int32_t *tokens, int n, const int32_t *targets, double *lp) {
+    int saved = m2d_be_begin();
+    int rc = extend_impl(e, kv, tokens, n, targets, lp);
+    m2d_be_end(saved);
+    return rc;
+}
+
+int m2d_engine_branches(m2d_engine *e, const m2d_kv *prefix, int n_branches, const int32_t *const *tokens,
+                        const int *lens, const int32_t *const *targets, double *const *lp) {
+    int saved = m2d_be_begin();
+    int rc = branches_impl(e, prefix, n_branches, tokens, lens, targets, lp);
+    m2d_be_end(saved);
     return rc;
 }

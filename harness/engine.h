@@ -10,8 +10,7 @@
 
 typedef struct m2d_engine m2d_engine;
 
-/* n_threads <= 0: m2d_default_threads(). Sets the backend's thread count and leaves OpenBLAS
- * single-threaded process-wide (see m2d_be_set_threads in backend.h). */
+/* n_threads <= 0: m2d_default_threads() (sets the backend's thread count). */
 int m2d_engine_new(const m2d_model *m, int n_threads, m2d_engine **out);
 void m2d_engine_free(m2d_engine *e);
 /* Convert weights to fp32 once and keep them, up to BUDGET bytes (norms and attention first,
