@@ -18,6 +18,7 @@
 #include "engine.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -307,7 +308,13 @@ static int moe_ffn(m2d_engine *e, int layer, const float *x, int n, float *out) 
     int rc = 0;
     if (e->hook) {
         m2d_moe_event ev = {layer, n, d, E, k, x, probs, topk, gates};
-        if (e->hook(e->hook_user, &ev)) rc = m2d_err("engine: MoE hook aborted the forward at layer %d", layer);
+        m2d_err_clear();
+        if (e->hook(e->hook_user, &ev)) { /* keep the hook's own message, if it set one */
+            char why[768];
+            snprintf(why, sizeof why, "%s", m2d_errmsg());
+            rc = why[0] ? m2d_err("engine: MoE hook aborted the forward at layer %d: %s", layer, why)
+                        : m2d_err("engine: MoE hook aborted the forward at layer %d", layer);
+        }
     }
     if (rc == 0) {
         /* bucket the (token, slot) pairs by expert, in token order within an expert */

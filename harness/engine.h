@@ -34,7 +34,8 @@ typedef struct {
     const int32_t *topk;  /* [n, k] routed experts, descending probability, ties -> lower index */
     const float *gates;   /* [n, k] native gate weights (renormalised when norm_topk_prob) */
 } m2d_moe_event;
-typedef int (*m2d_moe_hook)(void *user, const m2d_moe_event *ev); /* non-zero aborts the forward */
+/* Non-zero aborts the forward; the engine's error then ends with the hook's m2d_err message. */
+typedef int (*m2d_moe_hook)(void *user, const m2d_moe_event *ev);
 void m2d_engine_set_moe_hook(m2d_engine *e, m2d_moe_hook hook, void *user);
 
 /* f_e(x) of expert E_IDX of LAYER on n token vectors x [n, d] -> out [n, d] (no gate weight). */
