@@ -17,13 +17,19 @@ static int qwen3moe_parse(const void *json, const char *path, m2d_config *c) {
         m2d_cfg_pos_int(json, path, "decoder_sparse_step", 0, 1, &c->decoder_sparse_step) != 0 ||
         m2d_cfg_int_list(json, path, "mlp_only_layers", &c->mlp_only_layers, &c->n_mlp_only_layers) != 0)
         return -1;
+    if (m2d_cfg_check_max(path, "num_experts", c->num_experts, 4096) != 0 ||
+        m2d_cfg_check_max(path, "moe_intermediate_size", c->moe_intermediate_size, 1 << 17) != 0 ||
+        m2d_cfg_check_max(path, "intermediate_size", c->intermediate_size, 1 << 20) != 0)
+        return -1;
+    if (c->intermediate_size < 0)
+        return m2d_err1("%s: field 'intermediate_size': must not be negative", path);
     if (c->num_experts_per_tok > c->num_experts)
-        return m2d_err("%s: field 'num_experts_per_tok': %d exceeds num_experts %d", path, c->num_experts_per_tok,
+        return m2d_err1("%s: field 'num_experts_per_tok': %d exceeds num_experts %d", path, c->num_experts_per_tok,
                        c->num_experts);
     if (m2d_cfg_has(json, "shared_expert_intermediate_size")) {
         int s;
         if (m2d_cfg_int(json, path, "shared_expert_intermediate_size", 0, 0, &s) != 0) return -1;
-        if (s != 0) return m2d_err("%s: field 'shared_expert_intermediate_size': shared experts are not part of "
+        if (s != 0) return m2d_err1("%s: field 'shared_expert_intermediate_size': shared experts are not part of "
                                    "Qwen3-MoE (Qwen2-MoE needs its own adapter)", path);
     }
     if (m2d_config_derive_layers(c, path) != 0) return -1;
@@ -56,4 +62,4 @@ static int qwen3moe_bind(m2d_model *m) {
 }
 
 M2D_ARCH(qwen3moe, "Qwen3MoeForCausalLM", "Qwen3-MoE decoder (routed SwiGLU experts, softmax top-k router)",
-         qwen3moe_parse, qwen3moe_bind)
+         qwen3moe_parse, qwen3moe_bind, NULL)

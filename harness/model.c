@@ -61,19 +61,24 @@ int m2d_cfg_has(const void *json, const char *name) {
 int m2d_cfg_int(const void *json, const char *path, const char *name, int required, int dflt, int *out) {
     const cJSON *v = field(json, name);
     if (!v || cJSON_IsNull(v)) {
-        if (required) return m2d_err("%s: field '%s': missing (required)", path, name);
+        if (required) return m2d_err1("%s: field '%s': missing (required)", path, name);
         *out = dflt;
         return 0;
     }
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 2147483647.0)
-        return m2d_err("%s: field '%s': must be an integer", path, name);
+        return m2d_err1("%s: field '%s': must be an integer", path, name);
     *out = (int)v->valuedouble;
     return 0;
 }
 
 int m2d_cfg_pos_int(const void *json, const char *path, const char *name, int required, int dflt, int *out) {
     if (m2d_cfg_int(json, path, name, required, dflt, out) != 0) return -1;
-    if (*out <= 0) return m2d_err("%s: field '%s': must be positive (got %d)", path, name, *out);
+    if (*out <= 0) return m2d_err1("%s: field '%s': must be positive (got %d)", path, name, *out);
+    return 0;
+}
+
+int m2d_cfg_check_max(const char *path, const char *name, int value, int max) {
+    if (value > max) return m2d_err1("%s: field '%s': %d exceeds the supported maximum %d", path, name, value, max);
     return 0;
 }
 
@@ -87,23 +92,23 @@ int m2d_cfg_int_or_null(const void *json, const char *path, const char *name, in
         }
         v = v->child;
         if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0)
-            return m2d_err("%s: field '%s': must be a token id, a list of ids, or null", path, name);
+            return m2d_err1("%s: field '%s': must be a token id, a list of ids, or null", path, name);
         *out = (int)v->valuedouble;
         return 0;
     }
     if (m2d_cfg_int(json, path, name, 0, -1, out) != 0) return -1;
-    if (*out < -1) return m2d_err("%s: field '%s': must be a token id or null", path, name);
+    if (*out < -1) return m2d_err1("%s: field '%s': must be a token id or null", path, name);
     return 0;
 }
 
 int m2d_cfg_double(const void *json, const char *path, const char *name, int required, double dflt, double *out) {
     const cJSON *v = field(json, name);
     if (!v || cJSON_IsNull(v)) {
-        if (required) return m2d_err("%s: field '%s': missing (required)", path, name);
+        if (required) return m2d_err1("%s: field '%s': missing (required)", path, name);
         *out = dflt;
         return 0;
     }
-    if (!cJSON_IsNumber(v)) return m2d_err("%s: field '%s': must be a number", path, name);
+    if (!cJSON_IsNumber(v)) return m2d_err1("%s: field '%s': must be a number", path, name);
     *out = v->valuedouble;
     return 0;
 }
@@ -111,11 +116,11 @@ int m2d_cfg_double(const void *json, const char *path, const char *name, int req
 int m2d_cfg_bool(const void *json, const char *path, const char *name, int required, bool dflt, bool *out) {
     const cJSON *v = field(json, name);
     if (!v || cJSON_IsNull(v)) {
-        if (required) return m2d_err("%s: field '%s': missing (required)", path, name);
+        if (required) return m2d_err1("%s: field '%s': missing (required)", path, name);
         *out = dflt;
         return 0;
     }
-    if (!cJSON_IsBool(v)) return m2d_err("%s: field '%s': must be true or false", path, name);
+    if (!cJSON_IsBool(v)) return m2d_err1("%s: field '%s': must be true or false", path, name);
     *out = cJSON_IsTrue(v);
     return 0;
 }
@@ -124,11 +129,11 @@ int m2d_cfg_str(const void *json, const char *path, const char *name, int requir
                 const char **out) {
     const cJSON *v = field(json, name);
     if (!v || cJSON_IsNull(v)) {
-        if (required) return m2d_err("%s: field '%s': missing (required)", path, name);
+        if (required) return m2d_err1("%s: field '%s': missing (required)", path, name);
         *out = dflt;
         return 0;
     }
-    if (!cJSON_IsString(v)) return m2d_err("%s: field '%s': must be a string", path, name);
+    if (!cJSON_IsString(v)) return m2d_err1("%s: field '%s': must be a string", path, name);
     *out = v->valuestring;
     return 0;
 }
@@ -138,14 +143,14 @@ int m2d_cfg_int_list(const void *json, const char *path, const char *name, int *
     *out = NULL;
     *n = 0;
     if (!v || cJSON_IsNull(v)) return 0;
-    if (!cJSON_IsArray(v)) return m2d_err("%s: field '%s': must be a list of integers", path, name);
+    if (!cJSON_IsArray(v)) return m2d_err1("%s: field '%s': must be a list of integers", path, name);
     int cnt = cJSON_GetArraySize(v);
     int *a = m2d_malloc((size_t)(cnt ? cnt : 1) * sizeof(int));
     int i = 0;
     for (const cJSON *x = v->child; x; x = x->next, i++) {
         if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || fabs(x->valuedouble) > 2147483647.0) {
             free(a);
-            return m2d_err("%s: field '%s': element %d must be an integer", path, name, i);
+            return m2d_err1("%s: field '%s': element %d must be an integer", path, name, i);
         }
         a[i] = (int)x->valuedouble;
     }
@@ -162,7 +167,7 @@ int m2d_cfg_torch_dtype(const void *json, const char *path, m2d_dtype *out) {
     if (strcmp(s, "float32") == 0) *out = M2D_F32;
     else if (strcmp(s, "bfloat16") == 0) *out = M2D_BF16;
     else if (strcmp(s, "float16") == 0) *out = M2D_F16;
-    else return m2d_err("%s: field '%s': unsupported dtype '%s' (float32, bfloat16, float16)", path, name, s);
+    else return m2d_err1("%s: field '%s': unsupported dtype '%s' (float32, bfloat16, float16)", path, name, s);
     return 0;
 }
 
@@ -179,16 +184,16 @@ int m2d_config_parse(const char *text, size_t len, const char *path, m2d_config 
     memset(cfg, 0, sizeof *cfg);
     if (arch) *arch = NULL;
     cJSON *root = cJSON_ParseWithLength(text, len);
-    if (!root) return m2d_err("%s: field '(root)': malformed JSON", path);
+    if (!root) return m2d_err1("%s: field '(root)': malformed JSON", path);
     int rc = 0;
     const m2d_arch *a = NULL;
     const cJSON *archs_j = cJSON_GetObjectItemCaseSensitive(root, "architectures");
-    if (!cJSON_IsObject(root)) rc = m2d_err("%s: field '(root)': must be a JSON object", path);
-    else if (!archs_j) rc = m2d_err("%s: field 'architectures': missing (required)", path);
+    if (!cJSON_IsObject(root)) rc = m2d_err1("%s: field '(root)': must be a JSON object", path);
+    else if (!archs_j) rc = m2d_err1("%s: field 'architectures': missing (required)", path);
     else if (!cJSON_IsArray(archs_j) || cJSON_GetArraySize(archs_j) < 1 || !cJSON_IsString(archs_j->child))
-        rc = m2d_err("%s: field 'architectures': must be a non-empty list of strings", path);
+        rc = m2d_err1("%s: field 'architectures': must be a non-empty list of strings", path);
     else if (!(a = m2d_arch_find(archs_j->child->valuestring)))
-        rc = m2d_err("%s: field 'architectures': unsupported architecture '%s' (supported: %s)", path,
+        rc = m2d_err1("%s: field 'architectures': unsupported architecture '%s' (supported: %s)", path,
                      archs_j->child->valuestring, m2d_arch_list());
     if (rc == 0) {
         snprintf(cfg->arch, sizeof cfg->arch, "%s", a->name);
@@ -219,17 +224,17 @@ int m2d_config_derive_layers(m2d_config *cfg, const char *path) {
     int L = cfg->num_hidden_layers;
     for (int i = 0; i < cfg->n_mlp_only_layers; i++)
         if (cfg->mlp_only_layers[i] < 0 || cfg->mlp_only_layers[i] >= L)
-            return m2d_err("%s: field 'mlp_only_layers': layer %d out of range [0, %d)", path, cfg->mlp_only_layers[i],
+            return m2d_err1("%s: field 'mlp_only_layers': layer %d out of range [0, %d)", path, cfg->mlp_only_layers[i],
                            L);
     free(cfg->layer_is_moe);
     cfg->layer_is_moe = m2d_calloc((size_t)L, sizeof(bool));
+    bool *only = m2d_calloc((size_t)L, sizeof(bool));
+    for (int i = 0; i < cfg->n_mlp_only_layers; i++) only[cfg->mlp_only_layers[i]] = true;
     /* HF Qwen3MoeDecoderLayer: sparse iff layer not in mlp_only_layers and num_experts > 0 and
      * (layer_idx + 1) % decoder_sparse_step == 0 (so step 2 makes layers 1, 3, 5, ... sparse). */
-    for (int l = 0; l < L; l++) {
-        bool only = false;
-        for (int i = 0; i < cfg->n_mlp_only_layers; i++) only |= cfg->mlp_only_layers[i] == l;
-        cfg->layer_is_moe[l] = !only && cfg->num_experts > 0 && (l + 1) % cfg->decoder_sparse_step == 0;
-    }
+    for (int l = 0; l < L; l++)
+        cfg->layer_is_moe[l] = !only[l] && cfg->num_experts > 0 && (l + 1) % cfg->decoder_sparse_step == 0;
+    free(only);
     return 0;
 }
 
@@ -247,16 +252,16 @@ const m2d_tensor *m2d_model_expect(m2d_model *m, const char *name, int ndim, int
     int64_t want[2] = {d0, d1};
     char ws[64], hs[96];
     format_dims(ndim, want, ws, sizeof ws);
-    if (!t) return m2d_err("%s: tensor '%s': missing (expected shape %s)", m->dir, name, ws), NULL;
+    if (!t) return m2d_err1("%s: tensor '%s': missing (expected shape %s)", m->dir, name, ws), NULL;
     int ok = t->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == want[i];
     if (!ok) {
         format_dims(t->ndim, t->shape, hs, sizeof hs);
-        m2d_err("%s: tensor '%s': field 'shape': expected %s, found %s", m2d_st_file_of(m->st, name), name, ws, hs);
+        m2d_err1("%s: tensor '%s': field 'shape': expected %s, found %s", m2d_st_file_of(m->st, name), name, ws, hs);
         return NULL;
     }
     if (t->dtype != M2D_F32 && t->dtype != M2D_BF16 && t->dtype != M2D_F16) {
-        m2d_err("%s: tensor '%s': field 'dtype': %s is not a floating weight dtype (F32, BF16, F16)",
+        m2d_err1("%s: tensor '%s': field 'dtype': %s is not a floating weight dtype (F32, BF16, F16)",
                 m2d_st_file_of(m->st, name), name, m2d_dtype_name(t->dtype));
         return NULL;
     }
@@ -332,7 +337,7 @@ int m2d_model_check_unused(m2d_model *m) {
     for (int i = 0; i < n && rc == 0; i++)
         if (!used[i]) {
             const m2d_tensor *t = m2d_st_at(m->st, i);
-            rc = m2d_err("%s: tensor '%s': not used by %s (unsupported feature or wrong architecture?)",
+            rc = m2d_err1("%s: tensor '%s': not used by %s (unsupported feature or wrong architecture?)",
                          m2d_st_file_of(m->st, t->name), t->name, m->cfg.arch);
         }
     free(used);
@@ -342,6 +347,12 @@ int m2d_model_check_unused(m2d_model *m) {
 /* ---------------------------------------------------------------- parameter counts */
 
 m2d_param_counts m2d_model_param_counts(const m2d_config *c) {
+    const m2d_arch *a = m2d_arch_find(c->arch);
+    if (a && a->param_counts) return a->param_counts(c);
+    return m2d_param_counts_qwen3(c);
+}
+
+m2d_param_counts m2d_param_counts_qwen3(const m2d_config *c) {
     int64_t d = c->hidden_size, V = c->vocab_size, hd = c->head_dim;
     int64_t embed = V * d, head = c->tie_word_embeddings ? 0 : V * d;
     int64_t attn = d * c->num_attention_heads * hd * 2 + d * c->num_key_value_heads * hd * 2 + 2 * hd;

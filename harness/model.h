@@ -38,6 +38,11 @@ typedef struct {
 
 typedef struct m2d_arch m2d_arch;
 
+/* Parameter counts (elements): total, active per token (top-k experts, embeddings and routers
+ * included), and the dense student with K selected experts merged into k groups (width k*d_e
+ * per MoE layer, no router) -- the same for every K. */
+typedef struct { int64_t total, active, dense_student; } m2d_param_counts;
+
 typedef struct {
     char *dir;
     m2d_config cfg;
@@ -56,6 +61,8 @@ struct m2d_arch {
     int (*parse_config)(const void *json, const char *path, m2d_config *cfg);
     /* bind m->layers etc. from m->st; check every expected tensor's presence and shape */
     int (*bind)(m2d_model *m);
+    /* optional: parameter counts (NULL: the Qwen3-family layout, m2d_param_counts_qwen3) */
+    m2d_param_counts (*param_counts)(const m2d_config *cfg);
 };
 
 void m2d_arch_register(const m2d_arch *a);
@@ -82,10 +89,10 @@ void m2d_config_free(m2d_config *cfg);
 int m2d_model_open(const char *dir, m2d_model **out);
 void m2d_model_close(m2d_model *m);
 
-/* Parameter counts (elements): total, active per token (top-k experts), and the dense
- * student with K selected experts merged into k groups (width k*d_e per MoE layer). */
-typedef struct { int64_t total, active, dense_student; } m2d_param_counts;
+/* Parameter counts (elements) of CFG via its adapter: see m2d_param_counts above. */
 m2d_param_counts m2d_model_param_counts(const m2d_config *cfg);
+/* Qwen3 family: GQA attention with q/k RMSNorm, two norms per layer, SwiGLU FFN/experts, router [E, d]. */
+m2d_param_counts m2d_param_counts_qwen3(const m2d_config *cfg);
 
 /* ---- helpers for architecture adapters ----
  * config.json fields (JSON is the parsed cJSON* given to parse_config). Absent or null takes
@@ -93,6 +100,8 @@ m2d_param_counts m2d_model_param_counts(const m2d_config *cfg);
 int m2d_cfg_has(const void *json, const char *name); /* present and not null */
 int m2d_cfg_int(const void *json, const char *path, const char *name, int required, int dflt, int *out);
 int m2d_cfg_pos_int(const void *json, const char *path, const char *name, int required, int dflt, int *out);
+/* Error naming PATH and NAME when VALUE > MAX (keeps size arithmetic far from int64 overflow). */
+int m2d_cfg_check_max(const char *path, const char *name, int value, int max);
 int m2d_cfg_int_or_null(const void *json, const char *path, const char *name, int *out); /* null: -1 */
 int m2d_cfg_double(const void *json, const char *path, const char *name, int required, double dflt, double *out);
 int m2d_cfg_bool(const void *json, const char *path, const char *name, int required, bool dflt, bool *out);

@@ -7,6 +7,8 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +46,20 @@ struct m2d_st {
     st_entry *entries;     /* sorted by name after open */
     int n, cap;
 };
+
+/* ---------------------------------------------------------------- errors */
+
+int m2d_err1(const char *fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    /* names come from untrusted files: keep the message one printable line */
+    for (unsigned char *p = (unsigned char *)buf; *p; p++)
+        if (*p < 0x20 || *p == 0x7f) *p = '?';
+    return m2d_err("%s", buf);
+}
 
 /* ---------------------------------------------------------------- header parsing */
 
@@ -83,13 +99,13 @@ static void format_shape(const m2d_tensor *t, char *buf, size_t n) {
 }
 
 static int parse_metadata(const char *path, const cJSON *meta, st_file *sf) {
-    if (!cJSON_IsObject(meta)) return m2d_err("%s: field '__metadata__': must be an object of strings", path);
+    if (!cJSON_IsObject(meta)) return m2d_err1("%s: field '__metadata__': must be an object of strings", path);
     int n = cJSON_GetArraySize(meta);
     sf->meta_keys = m2d_calloc((size_t)n, sizeof(char *));
     sf->meta_vals = m2d_calloc((size_t)n, sizeof(char *));
     for (const cJSON *kv = meta->child; kv; kv = kv->next) {
         if (!cJSON_IsString(kv))
-            return m2d_err("%s: field '__metadata__': value of '%s' must be a string", path, kv->string);
+            return m2d_err1("%s: field '__metadata__': value of '%s' must be a string", path, kv->string);
         sf->meta_keys[sf->n_meta] = m2d_strdup(kv->string);
         sf->meta_vals[sf->n_meta] = m2d_strdup(kv->valuestring);
         sf->n_meta++;
@@ -100,20 +116,20 @@ static int parse_metadata(const char *path, const cJSON *meta, st_file *sf) {
 /* Fill e from one header entry; checks types, dtype, dims and shape x dtype == byte range. */
 static int parse_entry(const char *path, const cJSON *j, uint64_t data_len, st_entry *e) {
     const char *name = j->string;
-    if (!cJSON_IsObject(j)) return m2d_err("%s: tensor '%s': must be an object", path, name);
+    if (!cJSON_IsObject(j)) return m2d_err1("%s: tensor '%s': must be an object", path, name);
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(j, "dtype");
     const cJSON *sh = cJSON_GetObjectItemCaseSensitive(j, "shape");
     const cJSON *off = cJSON_GetObjectItemCaseSensitive(j, "data_offsets");
-    if (!dt) return m2d_err("%s: tensor '%s': field 'dtype': missing", path, name);
-    if (!cJSON_IsString(dt)) return m2d_err("%s: tensor '%s': field 'dtype': must be a string", path, name);
+    if (!dt) return m2d_err1("%s: tensor '%s': field 'dtype': missing", path, name);
+    if (!cJSON_IsString(dt)) return m2d_err1("%s: tensor '%s': field 'dtype': must be a string", path, name);
     if (m2d_dtype_parse(dt->valuestring, &e->t.dtype) != 0)
-        return m2d_err("%s: tensor '%s': field 'dtype': unknown dtype '%s' (supported: F32 F16 BF16 F64 I32 I64 U8)",
+        return m2d_err1("%s: tensor '%s': field 'dtype': unknown dtype '%s' (supported: F32 F16 BF16 F64 I32 I64 U8)",
                        path, name, dt->valuestring);
-    if (!sh) return m2d_err("%s: tensor '%s': field 'shape': missing", path, name);
-    if (!cJSON_IsArray(sh)) return m2d_err("%s: tensor '%s': field 'shape': must be an array", path, name);
+    if (!sh) return m2d_err1("%s: tensor '%s': field 'shape': missing", path, name);
+    if (!cJSON_IsArray(sh)) return m2d_err1("%s: tensor '%s': field 'shape': must be an array", path, name);
     int nd = cJSON_GetArraySize(sh);
     if (nd > M2D_MAX_DIMS)
-        return m2d_err("%s: tensor '%s': field 'shape': %d dimensions (at most %d supported)", path, name, nd,
+        return m2d_err1("%s: tensor '%s': field 'shape': %d dimensions (at most %d supported)", path, name, nd,
                        M2D_MAX_DIMS);
     e->t.ndim = nd;
     uint64_t numel = 1;
@@ -121,31 +137,31 @@ static int parse_entry(const char *path, const cJSON *j, uint64_t data_len, st_e
     for (const cJSON *d = sh->child; d; d = d->next, i++) {
         uint64_t v;
         if (json_exact_u64(d, &v) != 0)
-            return m2d_err("%s: tensor '%s': field 'shape': dimension %d is not a non-negative integer", path, name, i);
+            return m2d_err1("%s: tensor '%s': field 'shape': dimension %d is not a non-negative integer", path, name, i);
         e->t.shape[i] = (int64_t)v;
         if (v && numel > UINT64_MAX / v) overflow = 1;
         numel *= v;
     }
-    if (!off) return m2d_err("%s: tensor '%s': field 'data_offsets': missing", path, name);
+    if (!off) return m2d_err1("%s: tensor '%s': field 'data_offsets': missing", path, name);
     if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2)
-        return m2d_err("%s: tensor '%s': field 'data_offsets': must be an array [begin, end]", path, name);
+        return m2d_err1("%s: tensor '%s': field 'data_offsets': must be an array [begin, end]", path, name);
     if (json_exact_u64(off->child, &e->begin) != 0 || json_exact_u64(off->child->next, &e->end) != 0)
-        return m2d_err("%s: tensor '%s': field 'data_offsets': offsets must be non-negative integers", path, name);
+        return m2d_err1("%s: tensor '%s': field 'data_offsets': offsets must be non-negative integers", path, name);
     if (e->end < e->begin)
-        return m2d_err("%s: tensor '%s': field 'data_offsets': end %llu before begin %llu", path, name,
+        return m2d_err1("%s: tensor '%s': field 'data_offsets': end %llu before begin %llu", path, name,
                        (unsigned long long)e->end, (unsigned long long)e->begin);
     size_t es = m2d_dtype_size(e->t.dtype);
     if (overflow || numel > UINT64_MAX / es || numel * es != e->end - e->begin) {
         char shape[160];
         format_shape(&e->t, shape, sizeof shape);
         if (overflow || numel > UINT64_MAX / es)
-            return m2d_err("%s: tensor '%s': field 'shape': %s x %s overflows", path, name, shape, dt->valuestring);
-        return m2d_err("%s: tensor '%s': field 'data_offsets': range [%llu, %llu) does not match shape %s x %s "
+            return m2d_err1("%s: tensor '%s': field 'shape': %s x %s overflows", path, name, shape, dt->valuestring);
+        return m2d_err1("%s: tensor '%s': field 'data_offsets': range [%llu, %llu) does not match shape %s x %s "
                        "(%llu bytes)", path, name, (unsigned long long)e->begin, (unsigned long long)e->end, shape,
                        dt->valuestring, (unsigned long long)(numel * es));
     }
     if (e->end > data_len)
-        return m2d_err("%s: tensor '%s': field 'data_offsets': range [%llu, %llu) extends past the end of the "
+        return m2d_err1("%s: tensor '%s': field 'data_offsets': range [%llu, %llu) extends past the end of the "
                        "data (%llu bytes)", path, name, (unsigned long long)e->begin, (unsigned long long)e->end,
                        (unsigned long long)data_len);
     e->t.nbytes = (size_t)(e->end - e->begin);
@@ -162,14 +178,14 @@ static int cmp_begin(const void *a, const void *b) {
 static int check_overlaps(const char *path, st_entry *first, int n) {
     st_entry **order = m2d_malloc((size_t)n * sizeof *order);
     for (int i = 0; i < n; i++) order[i] = &first[i];
-    qsort(order, (size_t)n, sizeof *order, cmp_begin);
+    if (n > 1) qsort(order, (size_t)n, sizeof *order, cmp_begin);
     const st_entry *prev = NULL;
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
         const st_entry *e = order[i];
         if (e->begin == e->end) continue;
         if (prev && e->begin < prev->end)
-            rc = m2d_err("%s: tensor '%s': field 'data_offsets': range [%llu, %llu) overlaps tensor '%s' [%llu, %llu)",
+            rc = m2d_err1("%s: tensor '%s': field 'data_offsets': range [%llu, %llu) overlaps tensor '%s' [%llu, %llu)",
                          path, e->t.name, (unsigned long long)e->begin, (unsigned long long)e->end, prev->t.name,
                          (unsigned long long)prev->begin, (unsigned long long)prev->end);
         prev = e;
@@ -191,15 +207,15 @@ static int parse_file(m2d_st *st, int fi) {
     st_file *sf = &st->files[fi];
     const char *path = sf->path;
     if (sf->size < 8)
-        return m2d_err("%s: field 'header length': file is %zu bytes, too short for the 8-byte length prefix",
+        return m2d_err1("%s: field 'header length': file is %zu bytes, too short for the 8-byte length prefix",
                        path, sf->size);
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | sf->base[i];
     if (hlen > ST_HEADER_CAP)
-        return m2d_err("%s: field 'header length': %llu bytes exceeds the %llu-byte cap", path,
+        return m2d_err1("%s: field 'header length': %llu bytes exceeds the %llu-byte cap", path,
                        (unsigned long long)hlen, (unsigned long long)ST_HEADER_CAP);
     if (hlen > sf->size - 8)
-        return m2d_err("%s: field 'header length': %llu bytes but the file has only %zu bytes after the prefix "
+        return m2d_err1("%s: field 'header length': %llu bytes but the file has only %zu bytes after the prefix "
                        "(truncated?)", path, (unsigned long long)hlen, sf->size - 8);
     const char *hdr = (const char *)sf->base + 8;
     const char *end = NULL;
@@ -208,26 +224,26 @@ static int parse_file(m2d_st *st, int fi) {
         size_t at = end ? (size_t)(end - hdr) : 0;
         const char *ep = cJSON_GetErrorPtr();
         if (ep && ep >= hdr && ep <= hdr + hlen) at = (size_t)(ep - hdr);
-        return m2d_err("%s: field 'header': malformed JSON near byte %zu of %llu", path, at,
+        return m2d_err1("%s: field 'header': malformed JSON near byte %zu of %llu", path, at,
                        (unsigned long long)hlen);
     }
     /* trailing bytes may only be padding whitespace */
     for (const char *p = end; p && p < hdr + hlen; p++)
         if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
             cJSON_Delete(root);
-            return m2d_err("%s: field 'header': unexpected byte 0x%02x after the JSON object at byte %zu", path,
+            return m2d_err1("%s: field 'header': unexpected byte 0x%02x after the JSON object at byte %zu", path,
                            (unsigned char)*p, (size_t)(p - hdr));
         }
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return m2d_err("%s: field 'header': must be a JSON object", path);
+        return m2d_err1("%s: field 'header': must be a JSON object", path);
     }
     uint64_t data_len = sf->size - 8 - hlen;
     const uint8_t *data = sf->base + 8 + hlen;
     int first = st->n, rc = 0, seen_meta = 0;
     for (const cJSON *j = root->child; j && rc == 0; j = j->next) {
         if (strcmp(j->string, "__metadata__") == 0) {
-            if (seen_meta++) rc = m2d_err("%s: field '__metadata__': appears twice", path);
+            if (seen_meta++) rc = m2d_err1("%s: field '__metadata__': appears twice", path);
             else rc = parse_metadata(path, j, sf);
             continue;
         }
@@ -261,13 +277,13 @@ static int cmp_name(const void *a, const void *b) {
 
 /* Sort by name; duplicate names (within one header, or across shards) are errors. */
 static int finish(m2d_st *st) {
-    qsort(st->entries, (size_t)st->n, sizeof *st->entries, cmp_name);
+    if (st->n > 1) qsort(st->entries, (size_t)st->n, sizeof *st->entries, cmp_name);
     for (int i = 1; i < st->n; i++)
         if (strcmp(st->entries[i].t.name, st->entries[i - 1].t.name) == 0) {
             const st_entry *a = &st->entries[i - 1], *b = &st->entries[i];
             if (a->file == b->file)
-                return m2d_err("%s: tensor '%s': duplicate name in the header", st->files[a->file].path, a->t.name);
-            return m2d_err("%s: tensor '%s': duplicate name, also in %s", st->files[b->file].path, b->t.name,
+                return m2d_err1("%s: tensor '%s': duplicate name in the header", st->files[a->file].path, a->t.name);
+            return m2d_err1("%s: tensor '%s': duplicate name, also in %s", st->files[b->file].path, b->t.name,
                            st->files[a->file].path);
         }
     return 0;
@@ -283,15 +299,15 @@ static st_file *add_file(m2d_st *st, const char *path) {
 
 static int map_file(st_file *sf) {
     int fd = open(sf->path, O_RDONLY);
-    if (fd < 0) return m2d_err("%s: cannot open: %s", sf->path, strerror(errno));
+    if (fd < 0) return m2d_err1("%s: cannot open: %s", sf->path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         close(fd);
-        return m2d_err("%s: cannot stat: %s", sf->path, strerror(errno));
+        return m2d_err1("%s: cannot stat: %s", sf->path, strerror(errno));
     }
     if (!S_ISREG(sb.st_mode)) {
         close(fd);
-        return m2d_err("%s: not a regular file", sf->path);
+        return m2d_err1("%s: not a regular file", sf->path);
     }
     sf->size = (size_t)sb.st_size;
     if (sf->size == 0) {
@@ -300,7 +316,7 @@ static int map_file(st_file *sf) {
     }
     void *p = mmap(NULL, sf->size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
-    if (p == MAP_FAILED) return m2d_err("%s: cannot mmap: %s", sf->path, strerror(errno));
+    if (p == MAP_FAILED) return m2d_err1("%s: cannot mmap: %s", sf->path, strerror(errno));
     sf->base = p;
     sf->mapped = 1;
     return 0;
@@ -332,24 +348,24 @@ static int open_index(m2d_st *st, const char *index_path) {
     free(text);
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return m2d_err("%s: field 'weight_map': malformed JSON (expected an object with a weight_map)", index_path);
+        return m2d_err1("%s: field 'weight_map': malformed JSON (expected an object with a weight_map)", index_path);
     }
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     int rc = 0;
     char *dir = dir_of(index_path);
     if (!wm || !cJSON_IsObject(wm)) {
-        rc = m2d_err("%s: field 'weight_map': missing or not an object", index_path);
+        rc = m2d_err1("%s: field 'weight_map': missing or not an object", index_path);
         goto out;
     }
     /* open each distinct shard once, in order of first mention */
     for (const cJSON *kv = wm->child; kv && rc == 0; kv = kv->next) {
         if (!cJSON_IsString(kv)) {
-            rc = m2d_err("%s: field 'weight_map': value for '%s' must be a shard file name", index_path, kv->string);
+            rc = m2d_err1("%s: field 'weight_map': value for '%s' must be a shard file name", index_path, kv->string);
             break;
         }
         const char *shard = kv->valuestring;
         if (!shard[0] || shard[0] == '/' || strstr(shard, "..")) {
-            rc = m2d_err("%s: field 'weight_map': shard '%s' for '%s' must be a relative file name", index_path,
+            rc = m2d_err1("%s: field 'weight_map': shard '%s' for '%s' must be a relative file name", index_path,
                          shard, kv->string);
             break;
         }
@@ -358,7 +374,7 @@ static int open_index(m2d_st *st, const char *index_path) {
         for (int f = 0; f < st->n_files; f++) known |= strcmp(st->files[f].path, sp) == 0;
         if (!known) {
             if (!m2d_file_exists(sp))
-                rc = m2d_err("%s: field 'weight_map': shard '%s' (for tensor '%s') does not exist", index_path, shard,
+                rc = m2d_err1("%s: field 'weight_map': shard '%s' (for tensor '%s') does not exist", index_path, shard,
                              kv->string);
             else rc = open_single(st, sp);
         }
@@ -370,17 +386,17 @@ static int open_index(m2d_st *st, const char *index_path) {
         const m2d_tensor *t = m2d_st_find(st, kv->string);
         char *sp = m2d_path_join(dir, kv->valuestring);
         if (!t)
-            rc = m2d_err("%s: field 'weight_map': tensor '%s' is not in shard '%s'", index_path, kv->string,
+            rc = m2d_err1("%s: field 'weight_map': tensor '%s' is not in shard '%s'", index_path, kv->string,
                          kv->valuestring);
         else if (strcmp(m2d_st_file_of(st, kv->string), sp) != 0)
-            rc = m2d_err("%s: field 'weight_map': tensor '%s' is mapped to '%s' but stored in %s", index_path,
+            rc = m2d_err1("%s: field 'weight_map': tensor '%s' is mapped to '%s' but stored in %s", index_path,
                          kv->string, kv->valuestring, m2d_st_file_of(st, kv->string));
         free(sp);
     }
     if (rc == 0 && cJSON_GetArraySize(wm) != st->n)
         for (int i = 0; i < st->n && rc == 0; i++)
             if (!cJSON_GetObjectItemCaseSensitive(wm, st->entries[i].t.name))
-                rc = m2d_err("%s: field 'weight_map': tensor '%s' in %s is not listed", index_path,
+                rc = m2d_err1("%s: field 'weight_map': tensor '%s' in %s is not listed", index_path,
                              st->entries[i].t.name, st->files[st->entries[i].file].path);
 out:
     free(dir);
@@ -391,7 +407,7 @@ out:
 int m2d_st_open(const char *path, m2d_st **out) {
     *out = NULL;
     struct stat sb;
-    if (stat(path, &sb) != 0) return m2d_err("%s: cannot open: %s", path, strerror(errno));
+    if (stat(path, &sb) != 0) return m2d_err1("%s: cannot open: %s", path, strerror(errno));
     m2d_st *st = m2d_calloc(1, sizeof *st);
     int rc;
     if (S_ISDIR(sb.st_mode)) {
@@ -399,7 +415,7 @@ int m2d_st_open(const char *path, m2d_st **out) {
         char *index = m2d_path_join(path, "model.safetensors.index.json");
         if (m2d_file_exists(single)) rc = open_single(st, single) == 0 ? finish(st) : -1;
         else if (m2d_file_exists(index)) rc = open_index(st, index);
-        else rc = m2d_err("%s: no model.safetensors or model.safetensors.index.json in this directory", path);
+        else rc = m2d_err1("%s: no model.safetensors or model.safetensors.index.json in this directory", path);
         free(single);
         free(index);
     } else if (ends_with(path, ".json")) {
@@ -486,13 +502,16 @@ static void hash_u64(m2d_sha256 *s, uint64_t v) {
 }
 
 /* Identity of the weights. Up to MAX_FULL_BYTES of tensor data, every byte is hashed (with
- * names, dtypes and shapes), so the hash does not depend on sharding or header layout. Above
- * that (a 60 GB checkpoint would take minutes to hash), we hash names/dtypes/shapes, the file
- * sizes, and for each tensor up to 16 evenly strided 4 KiB windows plus its first and last
- * 4 KiB: any re-training, conversion or dtype change alters those bytes with overwhelming
- * probability, and the cost is bounded by the tensor count, not the checkpoint size. The mode
- * is part of the hashed input, so the two modes never collide. */
+ * names, dtypes and shapes), so the hash does not depend on sharding or header layout; sha256
+ * runs at ~190 MiB/s here, so the default cap (256 MiB) bounds this at ~1.5 s. Above that (a
+ * 60 GB checkpoint would take minutes), we hash names/dtypes/shapes, the file sizes, and for
+ * each tensor its first and last 1 KiB plus 8 evenly strided 1 KiB windows (whole tensors when
+ * they are at most 10 KiB): any re-training, conversion or dtype change alters those bytes with
+ * overwhelming probability, and the cost is bounded by the tensor count (~10 KiB each, ~180 MB
+ * for the 18k tensors of Qwen3-30B-A3B), not the checkpoint size. The mode is part of the
+ * hashed input, so the two modes never collide. */
 void m2d_st_hash(const m2d_st *st, uint64_t max_full_bytes, char out[65]) {
+    enum { WIN = 1024, INNER = 8 };
     uint64_t total = 0;
     for (int i = 0; i < st->n; i++) total += st->entries[i].t.nbytes;
     int full = total <= max_full_bytes;
@@ -510,15 +529,15 @@ void m2d_st_hash(const m2d_st *st, uint64_t max_full_bytes, char out[65]) {
         hash_u64(&s, (uint64_t)t->ndim);
         for (int d = 0; d < t->ndim; d++) hash_u64(&s, (uint64_t)t->shape[d]);
         const uint8_t *p = t->data;
-        size_t n = t->nbytes, win = 4096;
-        if (full || n <= 18 * win) {
+        size_t n = t->nbytes;
+        if (full || n <= (INNER + 2) * WIN) {
             m2d_sha256_update(&s, p, n);
             continue;
         }
-        m2d_sha256_update(&s, p, win);
-        size_t stride = (n - 2 * win) / 16;
-        for (int k = 0; k < 16; k++) m2d_sha256_update(&s, p + win + (size_t)k * stride, win);
-        m2d_sha256_update(&s, p + n - win, win);
+        m2d_sha256_update(&s, p, WIN);
+        size_t stride = (n - 2 * WIN) / INNER;
+        for (int k = 0; k < INNER; k++) m2d_sha256_update(&s, p + WIN + (size_t)k * stride, WIN);
+        m2d_sha256_update(&s, p + n - WIN, WIN);
     }
     uint8_t d[32];
     m2d_sha256_final(&s, d);
@@ -548,14 +567,14 @@ m2d_st_writer *m2d_st_writer_new(void) { return m2d_calloc(1, sizeof(m2d_st_writ
 
 static int writer_push(m2d_st_writer *w, const char *name, m2d_dtype dtype, int ndim, const int64_t *shape,
                        wr_entry **out) {
-    if (!name || !name[0]) return m2d_err("safetensors writer: tensor name is empty");
-    if (strcmp(name, "__metadata__") == 0) return m2d_err("safetensors writer: tensor name '__metadata__' is reserved");
-    if ((int)dtype < 0 || dtype >= M2D_DTYPE_COUNT) return m2d_err("safetensors writer: tensor '%s': bad dtype", name);
+    if (!name || !name[0]) return m2d_err1("safetensors writer: tensor name is empty");
+    if (strcmp(name, "__metadata__") == 0) return m2d_err1("safetensors writer: tensor name '__metadata__' is reserved");
+    if ((int)dtype < 0 || dtype >= M2D_DTYPE_COUNT) return m2d_err1("safetensors writer: tensor '%s': bad dtype", name);
     if (ndim < 0 || ndim > M2D_MAX_DIMS)
-        return m2d_err("safetensors writer: tensor '%s': %d dimensions (at most %d)", name, ndim, M2D_MAX_DIMS);
+        return m2d_err1("safetensors writer: tensor '%s': %d dimensions (at most %d)", name, ndim, M2D_MAX_DIMS);
     size_t numel = 1;
     for (int i = 0; i < ndim; i++) {
-        if (shape[i] < 0) return m2d_err("safetensors writer: tensor '%s': negative dimension", name);
+        if (shape[i] < 0) return m2d_err1("safetensors writer: tensor '%s': negative dimension", name);
         numel *= (size_t)shape[i];
     }
     if (w->n == w->cap) {
@@ -573,10 +592,18 @@ static int writer_push(m2d_st_writer *w, const char *name, m2d_dtype dtype, int 
     return 0;
 }
 
+/* Undo the last push (its data pointer was NULL) and report it. */
+static int writer_pop_err(m2d_st_writer *w, const char *name) {
+    w->n--;
+    free(w->e[w->n].name);
+    return m2d_err1("safetensors writer: tensor '%s': data is NULL", name);
+}
+
 int m2d_st_writer_add(m2d_st_writer *w, const char *name, m2d_dtype dtype, int ndim, const int64_t *shape,
                       const void *data) {
     wr_entry *e;
     if (writer_push(w, name, dtype, ndim, shape, &e) != 0) return -1;
+    if (e->nbytes && !data) return writer_pop_err(w, name);
     e->owned = m2d_malloc(e->nbytes);
     if (e->nbytes) memcpy(e->owned, data, e->nbytes);
     e->data = e->owned;
@@ -587,6 +614,7 @@ int m2d_st_writer_add_ref(m2d_st_writer *w, const char *name, m2d_dtype dtype, i
                           const void *data) {
     wr_entry *e;
     if (writer_push(w, name, dtype, ndim, shape, &e) != 0) return -1;
+    if (e->nbytes && !data) return writer_pop_err(w, name);
     e->data = data;
     return 0;
 }
@@ -594,9 +622,10 @@ int m2d_st_writer_add_ref(m2d_st_writer *w, const char *name, m2d_dtype dtype, i
 int m2d_st_writer_add_f32(m2d_st_writer *w, const char *name, m2d_dtype dtype, int ndim, const int64_t *shape,
                           const float *data) {
     if (dtype != M2D_F32 && dtype != M2D_F16 && dtype != M2D_BF16)
-        return m2d_err("safetensors writer: tensor '%s': add_f32 stores only F32, F16 or BF16", name);
+        return m2d_err1("safetensors writer: tensor '%s': add_f32 stores only F32, F16 or BF16", name);
     wr_entry *e;
     if (writer_push(w, name, dtype, ndim, shape, &e) != 0) return -1;
+    if (e->nbytes && !data) return writer_pop_err(w, name);
     e->owned = m2d_malloc(e->nbytes);
     m2d_from_f32(dtype, data, (int64_t)(e->nbytes / m2d_dtype_size(dtype)), e->owned);
     e->data = e->owned;
@@ -654,12 +683,18 @@ static void sb_fmt_u64(sbuf *b, uint64_t v) {
     sb_str(b, tmp);
 }
 
-/* JSON string literal: escape quote, backslash and control characters; UTF-8 passes through. */
+/* JSON string literal with serde_json's escapes (quote, backslash, \b \f \n \r \t, other
+ * control characters as \u00xx); UTF-8 passes through. */
 static void sb_json_string(sbuf *b, const char *s) {
     sb_put(b, "\"", 1);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         if (*p == '"') sb_str(b, "\\\"");
         else if (*p == '\\') sb_str(b, "\\\\");
+        else if (*p == '\b') sb_str(b, "\\b");
+        else if (*p == '\f') sb_str(b, "\\f");
+        else if (*p == '\n') sb_str(b, "\\n");
+        else if (*p == '\r') sb_str(b, "\\r");
+        else if (*p == '\t') sb_str(b, "\\t");
         else if (*p < 0x20) {
             char tmp[8];
             snprintf(tmp, sizeof tmp, "\\u%04x", *p);
@@ -678,27 +713,6 @@ static char *build_header(const m2d_st_writer *w, int from, int to, size_t *len)
     sbuf b = {0};
     sb_str(&b, "{");
     int first = 1;
-    if (w->n_meta) {
-        /* metadata keys sorted for determinism */
-        int *order = m2d_malloc((size_t)w->n_meta * sizeof(int));
-        for (int i = 0; i < w->n_meta; i++) order[i] = i;
-        for (int i = 1; i < w->n_meta; i++)
-            for (int j = i; j > 0 && strcmp(w->meta_keys[order[j - 1]], w->meta_keys[order[j]]) > 0; j--) {
-                int t = order[j];
-                order[j] = order[j - 1];
-                order[j - 1] = t;
-            }
-        sb_str(&b, "\"__metadata__\":{");
-        for (int i = 0; i < w->n_meta; i++) {
-            if (i) sb_str(&b, ",");
-            sb_json_string(&b, w->meta_keys[order[i]]);
-            sb_str(&b, ":");
-            sb_json_string(&b, w->meta_vals[order[i]]);
-        }
-        sb_str(&b, "}");
-        free(order);
-        first = 0;
-    }
     uint64_t off = 0;
     for (int i = from; i < to; i++) {
         const wr_entry *e = &w->e[i];
@@ -719,6 +733,29 @@ static char *build_header(const m2d_st_writer *w, int from, int to, size_t *len)
         sb_fmt_u64(&b, off);
         sb_str(&b, "]}");
     }
+    /* __metadata__ last, as the reference (Rust) safetensors writer does: a checkpoint of
+     * one dtype round-trips byte for byte */
+    if (w->n_meta) {
+        /* metadata keys sorted for determinism */
+        int *order = m2d_malloc((size_t)w->n_meta * sizeof(int));
+        for (int i = 0; i < w->n_meta; i++) order[i] = i;
+        for (int i = 1; i < w->n_meta; i++)
+            for (int j = i; j > 0 && strcmp(w->meta_keys[order[j - 1]], w->meta_keys[order[j]]) > 0; j--) {
+                int t = order[j];
+                order[j] = order[j - 1];
+                order[j - 1] = t;
+            }
+        if (!first) sb_str(&b, ",");
+        sb_str(&b, "\"__metadata__\":{");
+        for (int i = 0; i < w->n_meta; i++) {
+            if (i) sb_str(&b, ",");
+            sb_json_string(&b, w->meta_keys[order[i]]);
+            sb_str(&b, ":");
+            sb_json_string(&b, w->meta_vals[order[i]]);
+        }
+        sb_str(&b, "}");
+        free(order);
+    }
     sb_str(&b, "}");
     while (b.n % 8) sb_str(&b, " ");
     *len = b.n;
@@ -732,7 +769,7 @@ static int write_all(int fd, const void *data, size_t n, const char *path) {
         ssize_t k = write(fd, p, chunk);
         if (k < 0) {
             if (errno == EINTR) continue;
-            return m2d_err("%s: write failed: %s", path, strerror(errno));
+            return m2d_err1("%s: write failed: %s", path, strerror(errno));
         }
         p += k;
         n -= (size_t)k;
@@ -748,7 +785,7 @@ static int write_range(const m2d_st_writer *w, int from, int to, const char *pat
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     int rc = 0;
     if (fd < 0) {
-        rc = m2d_err("%s: cannot create: %s", tmp, strerror(errno));
+        rc = m2d_err1("%s: cannot create: %s", tmp, strerror(errno));
         goto out;
     }
     uint8_t pre[8];
@@ -756,9 +793,9 @@ static int write_range(const m2d_st_writer *w, int from, int to, const char *pat
     rc = write_all(fd, pre, 8, tmp);
     if (rc == 0) rc = write_all(fd, hdr, hlen, tmp);
     for (int i = from; i < to && rc == 0; i++) rc = write_all(fd, w->e[i].data, w->e[i].nbytes, tmp);
-    if (rc == 0 && fsync(fd) != 0) rc = m2d_err("%s: fsync failed: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && rc == 0) rc = m2d_err("%s: close failed: %s", tmp, strerror(errno));
-    if (rc == 0 && rename(tmp, path) != 0) rc = m2d_err("%s: cannot rename into place: %s", path, strerror(errno));
+    if (rc == 0 && fsync(fd) != 0) rc = m2d_err1("%s: fsync failed: %s", tmp, strerror(errno));
+    if (close(fd) != 0 && rc == 0) rc = m2d_err1("%s: close failed: %s", tmp, strerror(errno));
+    if (rc == 0 && rename(tmp, path) != 0) rc = m2d_err1("%s: cannot rename into place: %s", path, strerror(errno));
     if (rc != 0) unlink(tmp);
 out:
     free(tmp);
@@ -767,10 +804,10 @@ out:
 }
 
 static int writer_sort(m2d_st_writer *w) {
-    qsort(w->e, (size_t)w->n, sizeof *w->e, cmp_wr);
+    if (w->n > 1) qsort(w->e, (size_t)w->n, sizeof *w->e, cmp_wr);
     for (int i = 1; i < w->n; i++)
         if (strcmp(w->e[i].name, w->e[i - 1].name) == 0)
-            return m2d_err("safetensors writer: tensor '%s': added twice", w->e[i].name);
+            return m2d_err1("safetensors writer: tensor '%s': added twice", w->e[i].name);
     return 0;
 }
 

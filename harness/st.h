@@ -6,6 +6,10 @@
 
 typedef struct m2d_st m2d_st;
 
+/* m2d_err with control characters replaced by '?': for messages quoting names or strings read
+ * from untrusted files, so that an error always stays one line. */
+int m2d_err1(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* PATH is a .safetensors file, a model.safetensors.index.json, or a directory holding
  * model.safetensors or model.safetensors.index.json. Validates every header fully
  * (size cap, JSON, dtype, shape x dtype = byte range, ranges inside the file and not
@@ -29,7 +33,7 @@ size_t m2d_st_file_size(const m2d_st *st, int i);
 int m2d_st_open_buffer(const char *label, const void *buf, size_t len, m2d_st **out);
 /* Identity hash of the weights (hex sha256). Every byte is hashed when the tensor data is at
  * most MAX_FULL_BYTES, else a strided sample (see st.c). M2D_ST_HASH_FULL_MAX is the default. */
-#define M2D_ST_HASH_FULL_MAX ((uint64_t)1 << 30)
+#define M2D_ST_HASH_FULL_MAX ((uint64_t)256 << 20)
 void m2d_st_hash(const m2d_st *st, uint64_t max_full_bytes, char out[65]);
 
 /* Writer: tensors are written sorted by name (deterministic), header padded with spaces

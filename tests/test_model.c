@@ -250,6 +250,14 @@ static void bad_configs(void **state) {
     expect_config_error("\"architectures\": [\"Qwen3MoeForCausalLM\"],", "", "'architectures'", "missing");
     expect_config_error("\"torch_dtype\": \"bfloat16\"", "\"torch_dtype\": \"int8\"", "'torch_dtype'", NULL);
     expect_config_error("\"eos_token_id\": 63", "\"eos_token_id\": 64", "'eos_token_id'", NULL);
+    expect_config_error("\"use_sliding_window\": false",
+                        "\"use_sliding_window\": false, \"layer_types\": [\"full_attention\", \"sliding_attention\"]",
+                        "'layer_types'", NULL);
+    expect_config_error("\"rope_theta\": 10000,", "\"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4},",
+                        "'rope_parameters'", "yarn");
+    expect_config_error("{", "[", "(root)", NULL);
+    expect_config_error("\"num_experts\": 8,", "\"num_experts\": 100000,", "'num_experts'", "supported maximum");
+    expect_config_error("\"num_hidden_layers\": 2,", "\"num_hidden_layers\": 0,", "'num_hidden_layers'", "positive");
 }
 
 /* head_dim absent -> hidden / heads (HF default); list-valued eos takes the first id. */
@@ -262,11 +270,15 @@ static void config_defaults(void **state) {
     replace_in_file(cfg, "\"head_dim\": 8,", "");
     replace_in_file(cfg, "\"eos_token_id\": 63", "\"eos_token_id\": [62, 63]");
     replace_in_file(cfg, "\"decoder_sparse_step\": 1,", "");
+    replace_in_file(cfg, "\"rope_theta\": 10000,", "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 5e5},");
+    replace_in_file(cfg, "\"norm_topk_prob\": true,", ""); /* HF Qwen3MoeConfig default: false */
     m2d_config c;
     if (m2d_config_load(dir, &c, NULL) != 0) fail_msg("%s", m2d_errmsg());
     assert_int_equal(c.head_dim, 8);
     assert_int_equal(c.eos_token_id, 62);
     assert_int_equal(c.decoder_sparse_step, 1);
+    assert_true(c.rope_theta == 5e5);
+    assert_false(c.norm_topk_prob);
     m2d_config_free(&c);
     tu_rm_rf(dir);
     free(cfg);
@@ -274,6 +286,8 @@ static void config_defaults(void **state) {
 }
 
 /* Rewrite DIR/model.safetensors without tensor DROP, and/or with tensor RESHAPE given a new shape. */
+static const char *retype_name; /* tensor rewritten as I16-sized I32 pairs: same bytes, integer dtype */
+
 static void rewrite_weights(const char *dir, const char *drop, const char *reshape, const char *extra) {
     m2d_st *st;
     if (m2d_st_open(dir, &st) != 0) fail_msg("%s", m2d_errmsg());
@@ -289,7 +303,12 @@ static void rewrite_weights(const char *dir, const char *drop, const char *resha
             shape[0] = shape[1];
             shape[1] = tmp;
         }
-        assert_int_equal(m2d_st_writer_add(w, t->name, t->dtype, nd, shape, t->data), 0);
+        m2d_dtype dt = t->dtype;
+        if (retype_name && strcmp(t->name, retype_name) == 0) { /* BF16 [a, b] -> I32 [a, b/2] */
+            dt = M2D_I32;
+            shape[nd - 1] /= 2;
+        }
+        assert_int_equal(m2d_st_writer_add(w, t->name, dt, nd, shape, t->data), 0);
     }
     if (extra) {
         float z[4] = {0};
@@ -327,6 +346,38 @@ static void bad_weights(void **state) {
                          "expected [8, 32], found [32, 8]");
     expect_weights_error(NULL, NULL, "model.layers.0.mlp.shared_expert_gate.weight", "shared_expert_gate",
                          "not used");
+    retype_name = "model.norm.weight";
+    expect_weights_error(NULL, NULL, NULL, "'model.norm.weight'", "expected [32], found [16]");
+    retype_name = "model.layers.0.self_attn.o_proj.weight"; /* [32, 32] BF16 -> [32, 16] I32 */
+    expect_weights_error(NULL, NULL, NULL, "'model.layers.0.self_attn.o_proj.weight'", "expected [32, 32], found [32, 16]");
+    retype_name = NULL;
+}
+
+/* Right shape, integer dtype: rejected by name. */
+static void integer_weights_rejected(void **state) {
+    (void)state;
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    o.dtype = M2D_F32;
+    char *dir = write_model(&o);
+    m2d_st *st;
+    assert_int_equal(m2d_st_open(dir, &st), 0);
+    m2d_st_writer *w = m2d_st_writer_new();
+    for (int i = 0; i < m2d_st_count(st); i++) {
+        const m2d_tensor *t = m2d_st_at(st, i);
+        m2d_dtype dt = strcmp(t->name, "model.layers.1.mlp.gate.weight") == 0 ? M2D_I32 : t->dtype;
+        assert_int_equal(m2d_st_writer_add(w, t->name, dt, t->ndim, t->shape, t->data), 0);
+    }
+    char *p = m2d_path_join(dir, "model.safetensors");
+    assert_int_equal(m2d_st_writer_write(w, p), 0);
+    m2d_st_writer_free(w);
+    m2d_st_close(st);
+    m2d_model *m;
+    assert_int_equal(m2d_model_open(dir, &m), -1);
+    assert_non_null(strstr(m2d_errmsg(), "'model.layers.1.mlp.gate.weight': field 'dtype': I32"));
+    free(p);
+    tu_rm_rf(dir);
+    free(dir);
 }
 
 static void missing_files(void **state) {
@@ -350,6 +401,36 @@ static void missing_files(void **state) {
     free(dir);
 }
 
+/* Qwen3-30B-A3B's published config.json (no weights needed). Independent reference for the
+ * total: its model.safetensors.index.json says total_size 61064245248 bytes of BF16 = 30,532,122,624
+ * parameters; the model card says 3.3B activated. */
+static void qwen3_30b_a3b_counts(void **state) {
+    (void)state;
+    const char *cfg =
+        "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0,"
+        " \"bos_token_id\": 151643, \"decoder_sparse_step\": 1, \"eos_token_id\": 151645, \"head_dim\": 128,"
+        " \"hidden_act\": \"silu\", \"hidden_size\": 2048, \"initializer_range\": 0.02, \"intermediate_size\": 6144,"
+        " \"max_position_embeddings\": 40960, \"max_window_layers\": 48, \"mlp_only_layers\": [],"
+        " \"model_type\": \"qwen3_moe\", \"moe_intermediate_size\": 768, \"norm_topk_prob\": true,"
+        " \"num_attention_heads\": 32, \"num_experts\": 128, \"num_experts_per_tok\": 8, \"num_hidden_layers\": 48,"
+        " \"num_key_value_heads\": 4, \"output_router_logits\": false, \"rms_norm_eps\": 1e-06, \"rope_scaling\": null,"
+        " \"rope_theta\": 1000000.0, \"router_aux_loss_coef\": 0.001, \"sliding_window\": null,"
+        " \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\", \"transformers_version\": \"4.51.0\","
+        " \"use_cache\": true, \"use_sliding_window\": false, \"vocab_size\": 151936}";
+    m2d_config c;
+    const m2d_arch *a;
+    if (m2d_config_parse(cfg, strlen(cfg), "config.json", &c, &a) != 0) fail_msg("%s", m2d_errmsg());
+    assert_string_equal(a->name, "Qwen3MoeForCausalLM");
+    m2d_param_counts p = m2d_model_param_counts(&c);
+    assert_int_equal(p.total, 61064245248LL / 2);
+    assert_int_equal(p.active / 100000000, 33); /* the card's "3.3B" (3.35B, truncated) */
+    assert_int_equal(p.active, 3353032704LL);
+    /* dense student: 48 layers of FFN width 8 * 768 = 6144, no routers */
+    int64_t attn = 2048LL * 4096 * 2 + 2048LL * 512 * 2 + 256 + 4096;
+    assert_int_equal(p.dense_student, 2 * 151936LL * 2048 + 2048 + 48 * (attn + 3LL * 2048 * 6144));
+    m2d_config_free(&c);
+}
+
 static void arch_registry(void **state) {
     (void)state;
     assert_non_null(m2d_arch_find("Qwen3MoeForCausalLM"));
@@ -369,7 +450,9 @@ int main(void) {
         cmocka_unit_test(bad_configs),
         cmocka_unit_test(config_defaults),
         cmocka_unit_test(bad_weights),
+        cmocka_unit_test(integer_weights_rejected),
         cmocka_unit_test(missing_files),
+        cmocka_unit_test(qwen3_30b_a3b_counts),
         cmocka_unit_test(arch_registry),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

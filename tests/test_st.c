@@ -1,0 +1,550 @@
+/* st: safetensors writer/reader round trips (bit-identical), determinism, sharding, and
+ * rejection of every kind of malformed file with a one-line error naming file and field. */
+#define _GNU_SOURCE /* memmem */
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "st.h"
+#include "util.h"
+
+/* ---- raw file construction ---- */
+
+/* 8-byte little-endian length + HEADER + DATA_LEN bytes of data (byte i = i & 255). */
+static uint8_t *raw_file(const char *header, uint64_t claimed_len, size_t data_len, size_t *n) {
+    size_t h = strlen(header);
+    *n = 8 + h + data_len;
+    uint8_t *b = m2d_malloc(*n);
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(claimed_len >> (8 * i));
+    memcpy(b + 8, header, h);
+    for (size_t i = 0; i < data_len; i++) b[8 + h + i] = (uint8_t)i;
+    return b;
+}
+
+/* Parse HEADER (+ data) from memory; expect failure whose message contains all needles. */
+static void expect_bad(const char *header, size_t data_len, const char *n1, const char *n2) {
+    size_t n;
+    uint8_t *b = raw_file(header, strlen(header), data_len, &n);
+    m2d_st *st = (m2d_st *)0x1;
+    m2d_err_clear();
+    int rc = m2d_st_open_buffer("x.safetensors", b, n, &st);
+    const char *msg = m2d_errmsg();
+    if (rc != -1) fail_msg("accepted bad header: %s", header);
+    assert_null(st);
+    if (strncmp(msg, "x.safetensors: ", 15) != 0 || !strstr(msg, n1) || (n2 && !strstr(msg, n2)) || strchr(msg, '\n'))
+        fail_msg("header %s: unexpected message: %s", header, msg);
+    free(b);
+}
+
+static void expect_good(const char *header, size_t data_len, int count) {
+    size_t n;
+    uint8_t *b = raw_file(header, strlen(header), data_len, &n);
+    m2d_st *st;
+    if (m2d_st_open_buffer("x.safetensors", b, n, &st) != 0) fail_msg("%s: %s", header, m2d_errmsg());
+    assert_int_equal(m2d_st_count(st), count);
+    m2d_st_close(st);
+    free(b);
+}
+
+#define T1 "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}"
+
+static void header_validation(void **state) {
+    (void)state;
+    expect_good("{" T1 "}", 8, 1);
+    expect_good("{" T1 "}   ", 8, 1);       /* space padding */
+    expect_good("{}", 0, 0);                 /* empty file is valid */
+    expect_good("{\"__metadata__\":{\"format\":\"pt\"}," T1 "}", 8, 1);
+    expect_good("{\"s\":{\"dtype\":\"F64\",\"shape\":[],\"data_offsets\":[0,8]}}", 8, 1);    /* scalar */
+    expect_good("{\"e\":{\"dtype\":\"F32\",\"shape\":[0,3],\"data_offsets\":[0,0]}," T1 "}", 8, 2); /* empty */
+    expect_bad("{" T1, 8, "field 'header'", "malformed JSON");
+    expect_bad("{" T1 "}xx", 8, "field 'header'", "after the JSON");
+    expect_bad("[1,2]", 0, "field 'header'", "object");
+    expect_bad("{\"a\":3}", 0, "tensor 'a'", "object");
+    expect_bad("{\"a\":{\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "tensor 'a': field 'dtype': missing", NULL);
+    expect_bad("{\"a\":{\"dtype\":7,\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "field 'dtype'", "string");
+    expect_bad("{\"a\":{\"dtype\":\"Q4\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "field 'dtype': unknown dtype 'Q4'",
+               NULL);
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,8]}}", 8, "field 'shape': missing", NULL);
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":2,\"data_offsets\":[0,8]}}", 8, "field 'shape'", "array");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8, "field 'shape'", "dimension 0");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2.5],\"data_offsets\":[0,8]}}", 8, "field 'shape'", NULL);
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[\"2\"],\"data_offsets\":[0,8]}}", 8, "field 'shape'", NULL);
+    expect_bad("{\"a\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1],\"data_offsets\":[0,1]}}", 1, "field 'shape'",
+               "5 dimensions");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, "field 'data_offsets': missing", NULL);
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]}}", 8, "field 'data_offsets'", NULL);
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":\"0,8\"}}", 8, "field 'data_offsets'", NULL);
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[-8,0]}}", 8, "field 'data_offsets'", NULL);
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8, "field 'data_offsets'", "before");
+    /* header lying about sizes */
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 12, "field 'data_offsets'",
+               "does not match shape [3] x F32 (12 bytes)");
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,8]}}", 8,
+               "field 'shape'", "overflows");
+    /* range beyond the file (truncated data) */
+    expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 15, "field 'data_offsets'",
+               "past the end of the data (15 bytes)");
+    /* overlapping ranges */
+    expect_bad("{" T1 ",\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12, "tensor 'b'",
+               "overlaps tensor 'a' [0, 8)");
+    /* duplicate names */
+    expect_bad("{" T1 ",\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", 16, "tensor 'a'",
+               "duplicate");
+    /* names from the file are quoted with control characters replaced: one line */
+    expect_bad("{\"a\\nb\":{\"dtype\":\"Q4\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "tensor 'a?b'", "'Q4'");
+    /* metadata */
+    expect_bad("{\"__metadata__\":{\"format\":1}}", 0, "field '__metadata__'", "'format'");
+    expect_bad("{\"__metadata__\":[\"x\"]}", 0, "field '__metadata__'", NULL);
+    expect_bad("{\"__metadata__\":{},\"__metadata__\":{}}", 0, "field '__metadata__'", "twice");
+}
+
+/* The message format the issue asks for, verbatim. */
+static void exact_mismatch_message(void **state) {
+    (void)state;
+    const char *h = "{\"model.layers.0.mlp.gate.weight\":{\"dtype\":\"BF16\",\"shape\":[64,192],"
+                    "\"data_offsets\":[0,4096]}}";
+    size_t n;
+    uint8_t *b = raw_file(h, strlen(h), 4096, &n);
+    m2d_st *st;
+    assert_int_equal(m2d_st_open_buffer("model.safetensors", b, n, &st), -1);
+    assert_string_equal(m2d_errmsg(), "model.safetensors: tensor 'model.layers.0.mlp.gate.weight': field "
+                                      "'data_offsets': range [0, 4096) does not match shape [64, 192] x BF16 "
+                                      "(24576 bytes)");
+    free(b);
+}
+
+static void length_prefix(void **state) {
+    (void)state;
+    m2d_st *st;
+    uint8_t tiny[5] = {1, 0, 0, 0, 0};
+    assert_int_equal(m2d_st_open_buffer("x.safetensors", tiny, sizeof tiny, &st), -1);
+    assert_non_null(strstr(m2d_errmsg(), "field 'header length'"));
+    assert_non_null(strstr(m2d_errmsg(), "too short"));
+    size_t n;
+    uint8_t *b = raw_file("{}", 1000, 0, &n); /* claims more than the file holds */
+    assert_int_equal(m2d_st_open_buffer("x.safetensors", b, n, &st), -1);
+    assert_non_null(strstr(m2d_errmsg(), "x.safetensors: field 'header length': 1000 bytes"));
+    free(b);
+    b = raw_file("{}", (uint64_t)1 << 40, 0, &n); /* beyond the cap */
+    assert_int_equal(m2d_st_open_buffer("x.safetensors", b, n, &st), -1);
+    assert_non_null(strstr(m2d_errmsg(), "cap"));
+    free(b);
+    b = raw_file("{}", UINT64_MAX, 0, &n);
+    assert_int_equal(m2d_st_open_buffer("x.safetensors", b, n, &st), -1);
+    free(b);
+}
+
+/* ---- writer ---- */
+
+static char *tmp_path(const char *dir, const char *name) { return m2d_path_join(dir, name); }
+
+static uint8_t *slurp(const char *path, size_t *n) {
+    uint8_t *b = (uint8_t *)m2d_read_file(path, n);
+    if (!b) fail_msg("%s", m2d_errmsg());
+    return b;
+}
+
+static void fill_writer(m2d_st_writer *w, int reverse) {
+    static const float f[6] = {1.0f, -2.5f, 3.14159f, 1e-30f, 65504.0f, -0.0f};
+    static const double dd[2] = {1.0 / 3, -7};
+    static const int32_t i32[3] = {-1, 0, 2147483647};
+    static const int64_t i64[2] = {INT64_MIN, 42};
+    static const uint8_t u8[5] = {0, 1, 2, 254, 255};
+    int64_t s23[2] = {2, 3}, s2[1] = {2}, s3[1] = {3}, s5[1] = {5}, s0[2] = {0, 4};
+    for (int k = 0; k < 2; k++) {
+        if ((k == 0) != (reverse != 0)) {
+            assert_int_equal(m2d_st_writer_add_f32(w, "w.f32", M2D_F32, 2, s23, f), 0);
+            assert_int_equal(m2d_st_writer_add_f32(w, "w.bf16", M2D_BF16, 2, s23, f), 0);
+            assert_int_equal(m2d_st_writer_add_f32(w, "w.f16", M2D_F16, 2, s23, f), 0);
+            assert_int_equal(m2d_st_writer_add(w, "w.f64", M2D_F64, 1, s2, dd), 0);
+        } else {
+            assert_int_equal(m2d_st_writer_add(w, "i.32", M2D_I32, 1, s3, i32), 0);
+            assert_int_equal(m2d_st_writer_add(w, "i.64", M2D_I64, 1, s2, i64), 0);
+            assert_int_equal(m2d_st_writer_add(w, "u\"8\\\n\xc3\xa9", M2D_U8, 1, s5, u8), 0);
+            assert_int_equal(m2d_st_writer_add(w, "empty", M2D_F32, 2, s0, NULL), 0);
+            assert_int_equal(m2d_st_writer_add(w, "scalar", M2D_F64, 0, NULL, dd), 0);
+        }
+    }
+    m2d_st_writer_metadata(w, reverse ? "z" : "format", reverse ? "last" : "pt");
+    m2d_st_writer_metadata(w, reverse ? "format" : "z", reverse ? "pt" : "last");
+}
+
+/* All dtypes, a scalar, an empty tensor, escaped names, metadata: written and read back bit-exact;
+ * insertion order does not matter; the header is 8-byte padded with spaces. */
+static void writer_roundtrip_all_dtypes(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    char *p1 = tmp_path(dir, "a.safetensors"), *p2 = tmp_path(dir, "b.safetensors");
+    m2d_st_writer *w = m2d_st_writer_new();
+    fill_writer(w, 0);
+    assert_int_equal(m2d_st_writer_write(w, p1), 0);
+    m2d_st_writer_free(w);
+    w = m2d_st_writer_new();
+    fill_writer(w, 1);
+    assert_int_equal(m2d_st_writer_write(w, p2), 0);
+    m2d_st_writer_free(w);
+    size_t n1, n2;
+    uint8_t *b1 = slurp(p1, &n1), *b2 = slurp(p2, &n2);
+    assert_int_equal(n1, n2);
+    assert_memory_equal(b1, b2, n1);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | b1[i];
+    assert_int_equal(hlen % 8, 0);
+    assert_true(hlen + 8 <= n1);
+    /* fixed key order: tensors sorted by name, then __metadata__ (sorted keys); no whitespace */
+    const char *want_prefix = "{\"empty\":{\"dtype\":\"F32\",\"shape\":[0,4],\"data_offsets\":[0,0]},"
+                              "\"i.32\":{\"dtype\":\"I32\",\"shape\":[3],\"data_offsets\":[0,12]}";
+    assert_memory_equal(b1 + 8, want_prefix, strlen(want_prefix));
+    const char *want_suffix = "\"__metadata__\":{\"format\":\"pt\",\"z\":\"last\"}}";
+    const char *hend = (const char *)b1 + 8 + hlen;
+    while (hend[-1] == ' ') hend--;
+    assert_true(hend - (const char *)b1 - 8 > (long)strlen(want_suffix));
+    assert_memory_equal(hend - strlen(want_suffix), want_suffix, strlen(want_suffix));
+    assert_non_null(memmem(b1 + 8, hlen, "\"u\\\"8\\\\\\n\xc3\xa9\"", 12)); /* serde_json escapes */
+    for (uint64_t i = hlen; i > 0 && b1[8 + i - 1] != '}'; i--) assert_int_equal(b1[8 + i - 1], ' ');
+
+    m2d_st *st;
+    if (m2d_st_open(p1, &st) != 0) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(m2d_st_count(st), 9);
+    assert_string_equal(m2d_st_metadata(st, "format"), "pt");
+    assert_string_equal(m2d_st_metadata(st, "z"), "last");
+    assert_null(m2d_st_metadata(st, "nope"));
+    for (int i = 1; i < m2d_st_count(st); i++)
+        assert_true(strcmp(m2d_st_at(st, i - 1)->name, m2d_st_at(st, i)->name) < 0);
+    const m2d_tensor *t = m2d_st_find(st, "w.bf16");
+    assert_non_null(t);
+    assert_int_equal(t->dtype, M2D_BF16);
+    assert_int_equal(t->ndim, 2);
+    assert_int_equal(t->shape[1], 3);
+    assert_int_equal(t->nbytes, 12);
+    float back[6];
+    m2d_to_f32(t->dtype, t->data, 0, 6, back);
+    assert_true(back[0] == 1.0f && back[1] == -2.5f);
+    t = m2d_st_find(st, "w.f32");
+    assert_memory_equal(t->data, ((const float[]){1.0f, -2.5f, 3.14159f, 1e-30f, 65504.0f, -0.0f}), 24);
+    t = m2d_st_find(st, "i.64");
+    assert_true(((const int64_t *)t->data)[0] == INT64_MIN);
+    t = m2d_st_find(st, "u\"8\\\n\xc3\xa9");
+    assert_non_null(t);
+    assert_memory_equal(t->data, ((const uint8_t[]){0, 1, 2, 254, 255}), 5);
+    t = m2d_st_find(st, "scalar");
+    assert_int_equal(t->ndim, 0);
+    assert_true(((const double *)t->data)[0] == 1.0 / 3);
+    assert_int_equal(m2d_st_find(st, "empty")->nbytes, 0);
+    assert_int_equal(m2d_st_file_count(st), 1);
+    assert_string_equal(m2d_st_file_of(st, "w.f16"), p1);
+    m2d_st_close(st);
+    free(b1);
+    free(b2);
+    free(p1);
+    free(p2);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+static void writer_rejects(void **state) {
+    (void)state;
+    m2d_st_writer *w = m2d_st_writer_new();
+    int64_t s[1] = {1};
+    float v = 0;
+    assert_int_equal(m2d_st_writer_add_f32(w, "a", M2D_F32, 1, s, &v), 0);
+    assert_int_equal(m2d_st_writer_add_f32(w, "a", M2D_F32, 1, s, &v), 0);
+    assert_int_equal(m2d_st_writer_add_f32(w, "", M2D_F32, 1, s, &v), -1);
+    assert_int_equal(m2d_st_writer_add_f32(w, "__metadata__", M2D_F32, 1, s, &v), -1);
+    assert_int_equal(m2d_st_writer_add_f32(w, "i", M2D_I32, 1, s, &v), -1);
+    assert_int_equal(m2d_st_writer_add(w, "null", M2D_F32, 1, s, NULL), -1);
+    assert_non_null(strstr(m2d_errmsg(), "'null': data is NULL"));
+    assert_int_equal(m2d_st_writer_add_ref(w, "null", M2D_F32, 1, s, NULL), -1);
+    char *dir = tu_tmpdir(), *p = tmp_path(dir, "dup.safetensors");
+    assert_int_equal(m2d_st_writer_write(w, p), -1);
+    assert_non_null(strstr(m2d_errmsg(), "'a': added twice"));
+    assert_false(m2d_file_exists(p)); /* nothing partial left behind */
+    m2d_st_writer_free(w);
+    w = m2d_st_writer_new();
+    char *bad = m2d_strfmt("%s/no/such/dir/x.safetensors", dir);
+    assert_int_equal(m2d_st_writer_write(w, bad), -1);
+    m2d_st_writer_free(w);
+    free(bad);
+    free(p);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+/* The tiny teacher: read every tensor, write, re-read, compare bytes; writing twice is identical. */
+static void tiny_teacher_roundtrip(void **state) {
+    (void)state;
+    const char *models = tu_models_dir();
+    char *src = models ? m2d_path_join(models, "tiny-qwen3moe/model.safetensors") : NULL;
+    if (!src || !m2d_file_exists(src)) {
+        free(src);
+        TU_SKIP("tiny-qwen3moe not found");
+    }
+    m2d_st *a;
+    if (m2d_st_open(src, &a) != 0) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(m2d_st_count(a), 807);
+    assert_string_equal(m2d_st_metadata(a, "format"), "pt");
+    char *dir = tu_tmpdir(), *p1 = tmp_path(dir, "1.safetensors"), *p2 = tmp_path(dir, "2.safetensors");
+    for (int pass = 0; pass < 2; pass++) {
+        m2d_st_writer *w = m2d_st_writer_new();
+        m2d_st_writer_metadata(w, "format", "pt");
+        /* add in reverse order: the writer sorts */
+        for (int i = m2d_st_count(a) - 1; i >= 0; i--) {
+            const m2d_tensor *t = m2d_st_at(a, i);
+            assert_int_equal(m2d_st_writer_add_ref(w, t->name, t->dtype, t->ndim, t->shape, t->data), 0);
+        }
+        assert_int_equal(m2d_st_writer_write(w, pass ? p2 : p1), 0);
+        m2d_st_writer_free(w);
+    }
+    size_t n1, n2, n0;
+    uint8_t *b1 = slurp(p1, &n1), *b2 = slurp(p2, &n2);
+    assert_int_equal(n1, n2);
+    assert_memory_equal(b1, b2, n1);
+    /* independent reference: the teacher was written by Hugging Face's (Rust) safetensors; for a
+     * single-dtype checkpoint our writer reproduces its file byte for byte */
+    uint8_t *b0 = slurp(src, &n0);
+    assert_int_equal(n0, n1);
+    assert_memory_equal(b0, b1, n1);
+    free(b0);
+    free(b1);
+    free(b2);
+    m2d_st *b;
+    if (m2d_st_open(p1, &b) != 0) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(m2d_st_count(b), m2d_st_count(a));
+    for (int i = 0; i < m2d_st_count(a); i++) {
+        const m2d_tensor *x = m2d_st_at(a, i), *y = m2d_st_at(b, i);
+        assert_string_equal(x->name, y->name);
+        assert_int_equal(x->dtype, y->dtype);
+        assert_int_equal(x->ndim, y->ndim);
+        assert_memory_equal(x->shape, y->shape, sizeof(int64_t) * (size_t)x->ndim);
+        assert_int_equal(x->nbytes, y->nbytes);
+        assert_memory_equal(x->data, y->data, x->nbytes);
+    }
+    char h1[65], h2[65];
+    m2d_st_hash(a, M2D_ST_HASH_FULL_MAX, h1);
+    m2d_st_hash(b, M2D_ST_HASH_FULL_MAX, h2);
+    assert_string_equal(h1, h2);
+    m2d_st_close(a);
+    m2d_st_close(b);
+    free(p1);
+    free(p2);
+    free(src);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+/* ---- sharded ---- */
+
+static char *sharded_dir(int *n_shards) {
+    char *dir = tu_tmpdir();
+    m2d_st_writer *w = m2d_st_writer_new();
+    float v[64];
+    for (int i = 0; i < 64; i++) v[i] = (float)i;
+    int64_t s[1] = {64};
+    for (int i = 0; i < 6; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "t%d", i);
+        assert_int_equal(m2d_st_writer_add_f32(w, name, M2D_F32, 1, s, v), 0);
+    }
+    assert_int_equal(m2d_st_writer_write_sharded(w, dir, 600, n_shards), 0); /* 2 tensors per shard */
+    m2d_st_writer_free(w);
+    return dir;
+}
+
+static void sharded_roundtrip(void **state) {
+    (void)state;
+    int ns;
+    char *dir = sharded_dir(&ns);
+    assert_int_equal(ns, 3);
+    m2d_st *st;
+    if (m2d_st_open(dir, &st) != 0) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(m2d_st_count(st), 6);
+    assert_int_equal(m2d_st_file_count(st), 3);
+    assert_non_null(strstr(m2d_st_file_of(st, "t5"), "model-00003-of-00003.safetensors"));
+    assert_true(((const float *)m2d_st_find(st, "t4")->data)[63] == 63.0f);
+    m2d_st_close(st);
+    char *idx = m2d_path_join(dir, "model.safetensors.index.json");
+    if (m2d_st_open(idx, &st) != 0) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(m2d_st_count(st), 6);
+    m2d_st_close(st);
+    free(idx);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+static void write_text(const char *dir, const char *name, const char *text) {
+    char *p = m2d_path_join(dir, name);
+    tu_write(p, text, strlen(text));
+    free(p);
+}
+
+static void expect_bad_index(const char *index_json, const char *n1, const char *n2) {
+    int ns;
+    char *dir = sharded_dir(&ns);
+    write_text(dir, "model.safetensors.index.json", index_json);
+    m2d_st *st;
+    assert_int_equal(m2d_st_open(dir, &st), -1);
+    const char *msg = m2d_errmsg();
+    if (!strstr(msg, n1) || (n2 && !strstr(msg, n2))) fail_msg("index %s: unexpected message: %s", index_json, msg);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+#define S1 "\"model-00001-of-00003.safetensors\""
+#define S2 "\"model-00002-of-00003.safetensors\""
+#define S3 "\"model-00003-of-00003.safetensors\""
+
+static void bad_index(void **state) {
+    (void)state;
+    expect_bad_index("{\"weight_map\": {", "index.json: field 'weight_map'", "malformed");
+    expect_bad_index("{\"metadata\": {}}", "field 'weight_map'", "missing");
+    expect_bad_index("{\"weight_map\": {\"t0\": 3}}", "field 'weight_map'", "'t0'");
+    /* missing shard */
+    expect_bad_index("{\"weight_map\": {\"t0\": " S1 ", \"t1\": " S1 ", \"t2\": \"model-00009-of-00009.safetensors\"}}",
+                     "field 'weight_map'", "model-00009-of-00009.safetensors' (for tensor 't2') does not exist");
+    /* weight_map names a tensor not in that shard */
+    expect_bad_index("{\"weight_map\": {\"t0\": " S1 ", \"t1\": " S1 ", \"t2\": " S2 ", \"t3\": " S2 ", \"t4\": " S3
+                     ", \"t5\": " S3 ", \"t9\": " S3 "}}",
+                     "field 'weight_map'", "tensor 't9' is not in shard 'model-00003-of-00003.safetensors'");
+    /* weight_map points at the wrong shard */
+    expect_bad_index("{\"weight_map\": {\"t0\": " S1 ", \"t1\": " S2 ", \"t2\": " S2 ", \"t3\": " S2 ", \"t4\": " S3
+                     ", \"t5\": " S3 "}}",
+                     "tensor 't1' is mapped to 'model-00002-of-00003.safetensors'", "stored in");
+    /* a shard tensor that the map does not list */
+    expect_bad_index("{\"weight_map\": {\"t0\": " S1 ", \"t2\": " S2 ", \"t3\": " S2 ", \"t4\": " S3 ", \"t5\": " S3 "}}",
+                     "tensor 't1'", "not listed");
+    expect_bad_index("{\"weight_map\": {\"t0\": \"../x.safetensors\"}}", "field 'weight_map'", "relative");
+}
+
+/* The same tensor name in two shards is a duplicate. */
+static void duplicate_across_shards(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    for (int s = 0; s < 2; s++) {
+        m2d_st_writer *w = m2d_st_writer_new();
+        float v = (float)s;
+        int64_t shape[1] = {1};
+        assert_int_equal(m2d_st_writer_add_f32(w, "same", M2D_F32, 1, shape, &v), 0);
+        assert_int_equal(m2d_st_writer_add_f32(w, s ? "b" : "a", M2D_F32, 1, shape, &v), 0);
+        char *p = m2d_strfmt("%s/s%d.safetensors", dir, s);
+        assert_int_equal(m2d_st_writer_write(w, p), 0);
+        m2d_st_writer_free(w);
+        free(p);
+    }
+    write_text(dir, "model.safetensors.index.json",
+               "{\"weight_map\": {\"a\": \"s0.safetensors\", \"same\": \"s0.safetensors\", \"b\": \"s1.safetensors\"}}");
+    m2d_st *st;
+    assert_int_equal(m2d_st_open(dir, &st), -1);
+    assert_non_null(strstr(m2d_errmsg(), "tensor 'same': duplicate name, also in"));
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+/* Truncated file on disk, empty file, missing file, directory without weights. */
+static void bad_files_on_disk(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), *p = tmp_path(dir, "m.safetensors");
+    m2d_st_writer *w = m2d_st_writer_new();
+    float v[16] = {0};
+    int64_t s[1] = {16};
+    assert_int_equal(m2d_st_writer_add_f32(w, "x", M2D_F32, 1, s, v), 0);
+    assert_int_equal(m2d_st_writer_write(w, p), 0);
+    m2d_st_writer_free(w);
+    size_t n;
+    uint8_t *b = slurp(p, &n);
+    m2d_st *st;
+    tu_write(p, b, n - 1); /* cut the last byte */
+    assert_int_equal(m2d_st_open(p, &st), -1);
+    assert_non_null(strstr(m2d_errmsg(), "tensor 'x': field 'data_offsets'"));
+    assert_non_null(strstr(m2d_errmsg(), p));
+    tu_write(p, b, 20); /* cut inside the header */
+    assert_int_equal(m2d_st_open(p, &st), -1);
+    assert_non_null(strstr(m2d_errmsg(), "field 'header length'"));
+    tu_write(p, b, 0);
+    assert_int_equal(m2d_st_open(p, &st), -1);
+    assert_non_null(strstr(m2d_errmsg(), "too short"));
+    free(b);
+    assert_int_equal(m2d_st_open("/nonexistent/x.safetensors", &st), -1);
+    assert_non_null(strstr(m2d_errmsg(), "/nonexistent/x.safetensors"));
+    unlink(p);
+    assert_int_equal(m2d_st_open(dir, &st), -1);
+    assert_non_null(strstr(m2d_errmsg(), "no model.safetensors"));
+    free(p);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+/* A header whose length is not a multiple of 8 leaves data misaligned; values must still read. */
+static void misaligned_data_is_copied(void **state) {
+    (void)state;
+    const char *h = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}"; /* odd length */
+    size_t hl = strlen(h), n = 8 + hl + 8;
+    assert_true(hl % 4 != 0);
+    uint8_t *b = m2d_calloc(1, n);
+    b[0] = (uint8_t)hl;
+    memcpy(b + 8, h, hl);
+    float v[2] = {1.5f, -2.0f};
+    memcpy(b + 8 + hl, v, 8);
+    m2d_st *st;
+    assert_int_equal(m2d_st_open_buffer("x", b, n, &st), 0);
+    const m2d_tensor *t = m2d_st_find(st, "a");
+    assert_int_equal((uintptr_t)t->data % 4, 0);
+    assert_true(((const float *)t->data)[0] == 1.5f && ((const float *)t->data)[1] == -2.0f);
+    m2d_st_close(st);
+    free(b);
+}
+
+/* Sampled hashing (large checkpoints): deterministic, sees the first bytes of each tensor,
+ * differs from full mode, and full mode sees every byte. */
+static void hash_modes(void **state) {
+    (void)state;
+    enum { N = 1 << 18 };
+    float *v = m2d_calloc(N, sizeof(float));
+    int64_t s[1] = {N};
+    char *dir = tu_tmpdir(), *p = tmp_path(dir, "h.safetensors");
+    char full[3][65], samp[3][65];
+    for (int variant = 0; variant < 3; variant++) {
+        if (variant == 1) v[0] = 1.0f;          /* inside the first window */
+        if (variant == 2) v[N / 2 + 3] = 2.0f;  /* full mode must see any byte */
+        m2d_st_writer *w = m2d_st_writer_new();
+        assert_int_equal(m2d_st_writer_add_f32(w, "big", M2D_F32, 1, s, v), 0);
+        assert_int_equal(m2d_st_writer_write(w, p), 0);
+        m2d_st_writer_free(w);
+        m2d_st *st;
+        assert_int_equal(m2d_st_open(p, &st), 0);
+        m2d_st_hash(st, M2D_ST_HASH_FULL_MAX, full[variant]);
+        m2d_st_hash(st, 0, samp[variant]);
+        char again[65];
+        m2d_st_hash(st, 0, again);
+        assert_string_equal(again, samp[variant]);
+        m2d_st_close(st);
+    }
+    assert_string_not_equal(full[0], samp[0]);
+    assert_string_not_equal(full[0], full[1]);
+    assert_string_not_equal(full[1], full[2]);
+    assert_string_not_equal(samp[0], samp[1]);
+    free(v);
+    free(p);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(header_validation),
+        cmocka_unit_test(exact_mismatch_message),
+        cmocka_unit_test(length_prefix),
+        cmocka_unit_test(writer_roundtrip_all_dtypes),
+        cmocka_unit_test(writer_rejects),
+        cmocka_unit_test(tiny_teacher_roundtrip),
+        cmocka_unit_test(sharded_roundtrip),
+        cmocka_unit_test(bad_index),
+        cmocka_unit_test(duplicate_across_shards),
+        cmocka_unit_test(bad_files_on_disk),
+        cmocka_unit_test(misaligned_data_is_copied),
+        cmocka_unit_test(hash_modes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
