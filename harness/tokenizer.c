@@ -15,9 +15,11 @@
  * used from several threads at once. */
 #include "tokenizer.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -28,6 +30,9 @@
 
 #define MAX_STAGES 8
 #define DEFAULT_HEAP_THRESHOLD 48
+/* ids index dense tables: bound them so a corrupt file cannot ask for gigabytes */
+#define MAX_ID 16777215
+#define MAX_ID_STR "16777215"
 
 /* ------------------------------------------------------------------------------------------ */
 /* UTF-8                                                                                        */
@@ -109,6 +114,12 @@ static uint32_t utf8_prev(const char *s, size_t end, size_t *start) {
     utf8_next((const unsigned char *)s, end, i, &cp);
     *start = i;
     return cp;
+}
+
+static void ensure_buf(char **buf, size_t *cap, size_t need) {
+    if (need <= *cap) return;
+    *cap = M2D_MAX(need, *cap * 2);
+    *buf = m2d_realloc(*buf, *cap);
 }
 
 /* Unicode White_Space: what Rust regex `\s` and Oniguruma `\s` (Unicode) both match. */
@@ -252,8 +263,11 @@ typedef struct {
 
 static uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t)(uint32_t)a << 32 | (uint32_t)b; }
 static size_t pair_slot(uint64_t k, size_t mask) {
-    k *= 0x9E3779B97F4A7C15ull;
-    return (size_t)(k >> 20) & mask;
+    /* full 64-bit mix: both ids must reach the low bits that the mask keeps */
+    k ^= k >> 33;
+    k *= 0xFF51AFD7ED558CCDull;
+    k ^= k >> 33;
+    return (size_t)k & mask;
 }
 
 static void pairmap_init(pairmap *p, size_t expect) {
@@ -346,6 +360,7 @@ struct m2d_tokenizer {
     int32_t byte_fallback_id[256];
     int32_t bos_id, eos_id;
     size_t heap_threshold;
+    int slow_paths; /* testing: full-text utf8proc NFC instead of nfc_fast */
 };
 
 /* GPT-2 byte <-> unicode alphabet (bytes_to_unicode): printable bytes map to themselves, the
@@ -358,7 +373,6 @@ static void byte_level_alphabet(uint32_t byte_to_cp[256]) {
     }
 }
 
-static uint32_t g_byte_to_cp[256];
 static int16_t g_cp_to_byte[0x144]; /* -1 when the code point is not in the alphabet */
 static char g_byte_utf8[256][2];
 static unsigned char g_byte_utf8_len[256];
@@ -373,7 +387,6 @@ static void init_byte_tables(void) {
     for (int b = 0; b < 256; b++) c2b[b2c[b]] = (int16_t)b;
     /* idempotent: racing initialisers write identical values */
     for (int b = 0; b < 256; b++) {
-        g_byte_to_cp[b] = b2c[b];
         char tmp[4];
         int k = utf8_put(tmp, b2c[b]);
         g_byte_utf8_len[b] = (unsigned char)k;
@@ -423,23 +436,37 @@ static int unsupported(const loadctx *L, const char *field, const char *value, c
     return m2d_err("%s: field '%s': '%s' not supported (supported: %s)", L->path, field, value, supported);
 }
 
-/* Rewrite `\s` / `\S` (outside character classes) and `\s` (inside) to Oniguruma's Unicode
- * whitespace set — U+0009..U+000D, U+0085, Zs, Zl, Zp — which HF's regex engine uses. PCRE2's
- * UCP `\s` additionally matches U+180E; everything else in the pattern is passed through. */
+/* HF compiles patterns with Oniguruma (Ruby syntax, Unicode). Where a PCRE2 (UTF+UCP) escape
+ * means something else, rewrite it to Oniguruma's meaning:
+ *   \s  U+0009..U+000D, U+0085, Zs, Zl, Zp  (PCRE2 adds U+180E)
+ *   \w  Letter, Mark, Number, Connector_Punctuation  (PCRE2 10.42: letters, numbers, '_')
+ *   \h  hexadecimal digit  (PCRE2: horizontal whitespace)
+ * Upper-case forms outside a class become the negated class; inside a class only the
+ * lower-case forms are rewritten. Everything else passes through. */
+static const char *onig_class_body(char d) {
+    switch (d) {
+    case 's': case 'S': return "\\t-\\r\\x{85}\\p{Z}";
+    case 'w': case 'W': return "\\p{L}\\p{M}\\p{N}\\p{Pc}";
+    case 'h': case 'H': return "0-9a-fA-F";
+    default: return NULL;
+    }
+}
+
 static char *onig_compatible_pattern(const char *p) {
-    static const char ws[] = "\\t-\\r\\x{85}\\p{Z}";
     size_t n = strlen(p), cap = n * 4 + 64, o = 0;
     char *out = m2d_malloc(cap);
     int in_class = 0;
     for (size_t i = 0; i < n; i++) {
-        if (o + 32 > cap) out = m2d_realloc(out, cap *= 2);
+        if (o + 40 > cap) out = m2d_realloc(out, cap *= 2);
         char c = p[i];
         if (c == '\\' && i + 1 < n) {
             char d = p[i + 1];
-            if (d == 's' || (d == 'S' && !in_class)) {
-                const char *open = in_class ? "" : (d == 's' ? "[" : "[^");
+            const char *body = onig_class_body(d);
+            int upper = d >= 'A' && d <= 'Z';
+            if (body && !(in_class && upper)) {
+                const char *open = in_class ? "" : (upper ? "[^" : "[");
                 const char *close = in_class ? "" : "]";
-                o += (size_t)snprintf(out + o, cap - o, "%s%s%s", open, ws, close);
+                o += (size_t)snprintf(out + o, cap - o, "%s%s%s", open, body, close);
             } else {
                 out[o++] = c;
                 out[o++] = d;
@@ -455,7 +482,7 @@ static char *onig_compatible_pattern(const char *p) {
             if (i + 1 < n && p[i + 1] == ']') out[o++] = p[++i];
             continue;
         }
-        if (c == '[' && in_class) in_class++; /* nested class (Oniguruma syntax) */
+        if (c == '[' && in_class) in_class++; /* nested class / POSIX [:name:] */
         else if (c == ']' && in_class) in_class--;
         out[o++] = c;
     }
@@ -467,7 +494,7 @@ static int compile_regex(const loadctx *L, const char *field, const char *patter
     int errcode;
     PCRE2_SIZE erroff;
     char *pat = literal ? m2d_strdup(pattern) : onig_compatible_pattern(pattern);
-    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, opts, &errcode, &erroff, NULL);
     free(pat);
     if (!re) {
@@ -578,6 +605,60 @@ static int load_normalizer(m2d_tokenizer *tk, const loadctx *L, const cJSON *nz,
     return unsupported(L, f, type, "NFC, NFD, NFKC, NFKD, Sequence");
 }
 
+static char *utf8proc_normal_form(const char *s, size_t *n, int form) {
+    int opt = UTF8PROC_STABLE;
+    switch (form) {
+    case NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
+    case NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
+    case NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
+    default: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+    }
+    utf8proc_uint8_t *out = NULL;
+    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)*n, &out, (utf8proc_option_t)opt);
+    if (r < 0) { /* cannot happen on valid UTF-8 */
+        free(out);
+        return NULL;
+    }
+    *n = (size_t)r;
+    return (char *)out;
+}
+
+/* NFC touching only what can change. Characters below U+0300 (UTF-8 lead byte < 0xCC) are NFC
+ * on their own, and the text can be cut before any ASCII character: it is a starter that never
+ * composes with what precedes it and blocks canonical reordering. So only the stretches from the
+ * last ASCII character before a character >= U+0300 to the next ASCII character are normalized.
+ * Returns NULL when s is already NFC. */
+static char *nfc_fast(const char *s, size_t *n) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t len = *n, copied = 0, i = 0;
+    char *out = NULL;
+    size_t o = 0, cap = 0;
+    while (i < len) {
+        if (u[i] < 0xCC) {
+            i++;
+            continue;
+        }
+        size_t r = i, e = i;
+        while (r > copied && u[r] >= 0x80) r--; /* back to an ASCII character (or the copied end) */
+        while (e < len && u[e] >= 0x80) e++;    /* on to the next ASCII character */
+        size_t m = e - r;
+        char *norm = utf8proc_normal_form(s + r, &m, NORM_NFC);
+        if (!norm) return out; /* not reached */
+        if (!out) out = m2d_malloc(cap = len + len / 4 + 16);
+        ensure_buf(&out, &cap, o + (r - copied) + m + 1);
+        memcpy(out + o, s + copied, r - copied), o += r - copied;
+        memcpy(out + o, norm, m), o += m;
+        free(norm);
+        copied = i = e;
+    }
+    if (!out) return NULL;
+    ensure_buf(&out, &cap, o + (len - copied) + 1);
+    memcpy(out + o, s + copied, len - copied), o += len - copied;
+    out[o] = 0;
+    *n = o;
+    return out;
+}
+
 /* Apply the normalizers to s[0..n). Returns s itself (*owned = NULL) when nothing changes,
  * else a malloc'd string stored in *owned. */
 static const char *normalize(const m2d_tokenizer *tk, const char *s, size_t *n, char **owned) {
@@ -588,23 +669,11 @@ static const char *normalize(const m2d_tokenizer *tk, const char *s, size_t *n, 
     if (ascii) return s; /* ASCII is invariant under all four normal forms */
     const char *cur = s;
     for (int k = 0; k < tk->n_norms; k++) {
-        int opt = UTF8PROC_STABLE;
-        switch (tk->norms[k]) {
-        case NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
-        case NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
-        case NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-        default: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
-        }
-        utf8proc_uint8_t *out = NULL;
-        utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)cur, (utf8proc_ssize_t)*n, &out, (utf8proc_option_t)opt);
-        if (r < 0) { /* cannot happen on valid UTF-8; keep the text unchanged */
-            free(out);
-            continue;
-        }
+        char *next = tk->norms[k] == NORM_NFC && !tk->slow_paths ? nfc_fast(cur, n) : utf8proc_normal_form(cur, n, tk->norms[k]);
+        if (!next) continue;
         free(*owned);
-        *owned = (char *)out;
-        cur = *owned;
-        *n = (size_t)r;
+        *owned = next;
+        cur = next;
     }
     return cur;
 }
@@ -636,9 +705,9 @@ static int load_added_tokens(m2d_tokenizer *tk, const loadctx *L, const cJSON *l
         added_token *a = &tk->added[tk->n_added];
         const cJSON *id = get_field(t, "id"), *content = get_field(t, "content");
         snprintf(f, sizeof f, "added_tokens[%d].id", i);
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > INT32_MAX - 1 ||
+        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > MAX_ID ||
             id->valuedouble != (double)(int32_t)id->valuedouble)
-            return field_err(L, f, "expected a non-negative integer");
+            return field_err(L, f, "expected an integer id in [0, " MAX_ID_STR "]");
         snprintf(f, sizeof f, "added_tokens[%d].content", i);
         if (!cJSON_IsString(content)) return field_err(L, f, "expected a string");
         a->id = (int32_t)id->valuedouble;
@@ -690,11 +759,11 @@ static int load_model(m2d_tokenizer *tk, const loadctx *L, const cJSON *model) {
     int nv = cJSON_GetArraySize(vocab);
     strmap_init(&tk->vocab, (size_t)nv);
     for (const cJSON *v = vocab->child; v; v = v->next) {
-        if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > INT32_MAX - 1 ||
+        if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > MAX_ID ||
             v->valuedouble != (double)(int32_t)v->valuedouble) {
             char f[160];
             snprintf(f, sizeof f, "model.vocab.%.120s", v->string);
-            return field_err(L, f, "expected a non-negative integer id");
+            return field_err(L, f, "expected an integer id in [0, " MAX_ID_STR "]");
         }
         strmap_put(&tk->vocab, v->string, strlen(v->string), (int32_t)v->valuedouble);
     }
@@ -734,7 +803,12 @@ static int load_model(m2d_tokenizer *tk, const loadctx *L, const cJSON *model) {
             return field_err(L, f, "expected \"left right\" or [\"left\", \"right\"]");
         }
         int32_t ia = lookup_model_token(tk, a, alen), ib = lookup_model_token(tk, b, blen);
-        if (ia < 0 || ib < 0 || blen < plen) {
+        if (blen < plen) {
+            free(joined);
+            return m2d_err("%s: field '%s': right token '%.*s' is shorter than model.continuing_subword_prefix", L->path, f,
+                           (int)blen, b);
+        }
+        if (ia < 0 || ib < 0) {
             free(joined);
             return m2d_err("%s: field '%s': token '%.*s' is not in model.vocab", L->path, f,
                            (int)(ia < 0 ? alen : blen), ia < 0 ? a : b);
@@ -843,15 +917,11 @@ static void build_id_tables(m2d_tokenizer *tk) {
 int m2d_tokenizer_load(const char *path, m2d_tokenizer **out) {
     *out = NULL;
     init_byte_tables();
-    char *json_path = NULL;
-    size_t plen = strlen(path);
-    if (plen >= 5 && !strcmp(path + plen - 5, ".json")) json_path = m2d_strdup(path);
-    else json_path = m2d_path_join(path, "tokenizer.json");
-    if (!m2d_file_exists(json_path)) {
-        m2d_err("%s: no tokenizer.json there", json_path);
-        free(json_path);
-        return -1;
-    }
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return m2d_err("%s: cannot open: %s (want a tokenizer.json or a directory holding one)", path, strerror(errno));
+    /* a directory holds tokenizer.json; anything else is taken as the file itself */
+    char *json_path = S_ISDIR(st.st_mode) ? m2d_path_join(path, "tokenizer.json") : m2d_strdup(path);
     cJSON *root = parse_json_file(json_path);
     if (!root) {
         free(json_path);
@@ -937,6 +1007,7 @@ const char *m2d_tokenizer_id_token(const m2d_tokenizer *tk, int32_t id, size_t *
 }
 
 void m2d_tokenizer_set_bpe_heap_threshold(m2d_tokenizer *tk, size_t n) { tk->heap_threshold = n; }
+void m2d_tokenizer_set_reference_nfc(m2d_tokenizer *tk, int on) { tk->slow_paths = on; }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Encoding                                                                                     */
@@ -978,11 +1049,6 @@ static void emit(enc_ctx *c, int32_t id) {
     c->ids[c->n++] = id;
 }
 
-static void ensure_buf(char **buf, size_t *cap, size_t need) {
-    if (need <= *cap) return;
-    *cap = M2D_MAX(need, *cap * 2);
-    *buf = m2d_realloc(*buf, *cap);
-}
 
 /* -- BPE ----------------------------------------------------------------------------------- */
 
@@ -1022,9 +1088,9 @@ static size_t bpe_initial_symbols(enc_ctx *c, const char *w, size_t n) {
             size_t len = (first ? 0 : plen) + (size_t)k + (last ? slen : 0);
             ensure_buf(&tmp, &tmp_cap, len);
             size_t o = 0;
-            if (!first) memcpy(tmp, tk->subword_prefix, plen), o = plen;
+            if (!first && plen) memcpy(tmp, tk->subword_prefix, plen), o = plen;
             memcpy(tmp + o, w + i, (size_t)k), o += (size_t)k;
-            if (last) memcpy(tmp + o, tk->word_suffix, slen), o += slen;
+            if (last && slen) memcpy(tmp + o, tk->word_suffix, slen), o += slen;
             id = lookup_model_token(tk, tmp, o);
         }
         if (id >= 0) {
@@ -1419,7 +1485,7 @@ int m2d_tokenizer_encode(const m2d_tokenizer *tk, const char *text, size_t len, 
     *ids = NULL;
     *n_ids = 0;
     size_t bad = utf8_first_invalid(text, len);
-    if (bad != len) return m2d_err("input text: invalid UTF-8 at byte offset %zu", bad);
+    if (bad != len) return m2d_err("invalid UTF-8 at byte offset %zu", bad);
     enc_ctx c;
     memset(&c, 0, sizeof c);
     c.tk = tk;
@@ -1479,11 +1545,11 @@ int m2d_tokenizer_decode_bytes(const m2d_tokenizer *tk, const int32_t *ids, size
         int32_t id = ids[i];
         if (id < 0 || id >= tk->n_ids) {
             free(b.p);
-            return m2d_err("decode: id %ld (position %zu) out of range [0, %d)", (long)id, i, tk->n_ids);
+            return m2d_err("id %ld (position %zu) out of range [0, %d)", (long)id, i, tk->n_ids);
         }
         if (!tk->id_tok[id]) {
             free(b.p);
-            return m2d_err("decode: id %ld (position %zu) has no token in the vocabulary", (long)id, i);
+            return m2d_err("id %ld (position %zu) has no token in the vocabulary", (long)id, i);
         }
         if (tk->byte_level_decoder) byte_level_token(&b, tk->id_tok[id], tk->id_len[id]);
         else {

@@ -1,5 +1,6 @@
 /* tokenizer — Hugging Face tokenizer.json: byte-level BPE, Split regex (PCRE2), NFC (utf8proc),
- * added/special tokens, byte-level decoder. Encode gives exactly HF `tokenizers` ids. */
+ * added/special tokens, byte-level decoder. Encode gives exactly HF `tokenizers` ids.
+ * A loaded tokenizer is read-only: encode/decode may run from several threads at once. */
 #ifndef M2D_TOKENIZER_H
 #define M2D_TOKENIZER_H
 
@@ -32,5 +33,8 @@ const char *m2d_tokenizer_id_token(const m2d_tokenizer *tk, int32_t id, size_t *
  * shorter ones with the direct O(n^2) scan (both give the same ids; tests compare them).
  * 0 = always the queue, SIZE_MAX = always the scan. Not thread-safe against encodes. */
 void m2d_tokenizer_set_bpe_heap_threshold(m2d_tokenizer *tk, size_t n);
+/* Testing hook: 1 = NFC the whole text with utf8proc (the reference), 0 = normalize only the
+ * stretches that can change (default; same result). */
+void m2d_tokenizer_set_reference_nfc(m2d_tokenizer *tk, int on);
 
 #endif
