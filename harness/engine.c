@@ -262,7 +262,7 @@ static void moe_item(void *ctx, int item) {
     m2d_be_matmul_wt(g, de, mn, de, weight_1t(j->e, j->L->exp_down[ex], j->w2[w]), de, d, j->Y + (size_t)m0 * d, d, 0.0f);
 }
 
-static void experts_parallel(m2d_engine *e, const m2d_layer *L, const float *x, int n, int k, int d, int de, int E,
+static void experts_parallel(m2d_engine *e, const m2d_layer *L, const float *x, int k, int d, int de, int E,
                              const int *count, const int *pair, int maxm, float *Y) {
     int nt = m2d_be_threads(), na = 0;
     int *active = m2d_malloc(sizeof(int) * (size_t)E);
@@ -277,7 +277,6 @@ static void experts_parallel(m2d_engine *e, const m2d_layer *L, const float *x, 
         j.u[t] = m2d_malloc(sizeof(float) * (size_t)maxm * de);
         for (int s = 0; s < 3; s++) j.w0[t + s * nt] = m2d_malloc(sizeof(float) * (size_t)de * d);
     }
-    (void)n;
     m2d_be_parallel_for(na, moe_item, &j); /* GEMMs inside an item run on that worker alone */
     for (int t = 0; t < 6 * nt; t++) free(bufs[t]);
     free(bufs);
@@ -329,7 +328,7 @@ static int moe_ffn(m2d_engine *e, int layer, const float *x, int n, float *out) 
         memset(out, 0, sizeof(float) * (size_t)n * d);
         if (e->expert_parallel && m2d_be_threads() > 1) {
             float *Y = m2d_malloc(sizeof(float) * (size_t)n * k * d); /* expert outputs, bucket order */
-            experts_parallel(e, L, x, n, k, d, de, E, count, pair, maxm, Y);
+            experts_parallel(e, L, x, k, d, de, E, count, pair, maxm, Y);
             for (int ex = 0; ex < E; ex++)
                 for (int r = count[ex]; r < count[ex + 1]; r++) {
                     float gw = gates[pair[r]], *o = out + (size_t)(pair[r] / k) * d;
