@@ -12,19 +12,25 @@
 
 #include "tensor.h"
 
-/* Threads for the backend's own parallel loops and for OpenBLAS's GEMMs. */
+/* Threads for the backend's parallel loops (GEMMs are split across them). */
 void m2d_be_set_threads(int n_threads);
 int m2d_be_threads(void);
+/* Bracket a batch of backend calls: OpenBLAS is made single-threaded inside (our threads split
+ * the GEMMs; its own pool next to ours only spins in sched_yield) and restored afterwards, so
+ * other code's direct cblas/LAPACKE calls keep OpenBLAS's threading. Every m2d_engine_* compute
+ * call does this. Measured: same speed as leaving OpenBLAS single-threaded for good.
+ *   int saved = m2d_be_begin(); ...; m2d_be_end(saved); */
+int m2d_be_begin(void);
+void m2d_be_end(int saved);
 
 /* Run fn(ctx, item) for item in [0, n_items) on up to m2d_be_threads() pthreads
- * (items are handed out dynamically; fn must be safe to run concurrently). */
+ * (items are handed out dynamically; fn must be safe to run concurrently). Called from inside
+ * an item, it runs serially on the calling worker (so kernels can be nested freely). */
 void m2d_be_parallel_for(int n_items, void (*fn)(void *ctx, int item), void *ctx);
 
 /* Index of the calling worker inside m2d_be_parallel_for: 0 (the caller) .. threads-1, so
  * work items can use per-worker scratch. */
 int m2d_be_worker(void);
-/* on: OpenBLAS runs single-threaded (while our own workers each call sgemm); off: restore. */
-void m2d_be_blas_single(int on);
 
 /* Single-threaded conversion (inside a parallel worker). */
 void m2d_be_convert_1t(m2d_dtype t, const void *src, int64_t first, int64_t n, float *dst);
@@ -33,7 +39,9 @@ void m2d_be_convert_1t(m2d_dtype t, const void *src, int64_t first, int64_t n, f
 void m2d_be_convert(m2d_dtype t, const void *src, int64_t first, int64_t n, float *dst);
 
 /* y[n, out] = x[n, in] · W^T + beta * y, W is [out, in] row-major fp32 (an nn.Linear weight).
- * ldx/ldw/ldy are row strides in elements. fp32 accumulation (cblas_sgemm). */
+ * ldx/ldw/ldy are row strides in elements. fp32 accumulation (cblas_sgemm), split by output
+ * columns (or rows) over the threads (call it between m2d_be_begin/end, or OpenBLAS's own
+ * threads run underneath ours: correct, but oversubscribed). */
 void m2d_be_matmul_wt(const float *x, int ldx, int n, int in, const float *w, int ldw, int out,
                       float *y, int ldy, float beta);
 

@@ -1,4 +1,10 @@
-/* backend_cpu — OpenBLAS sgemm for every matmul, own pthreads for conversion and attention. */
+/* backend_cpu — OpenBLAS sgemm (single-threaded between m2d_be_begin/end) for every matmul; all
+ * parallelism is our own pthreads: GEMMs split by output columns (or rows), attention by heads,
+ * MoE by experts.
+ * One kind of thread only: with OpenBLAS's pool threads next to ours, idle pool threads spin in
+ * sched_yield and took up to half of the time on tiny shapes (perf). Splitting a GEMM by output
+ * columns/rows leaves each element's reduction order unchanged, so results do not depend on the
+ * thread count. */
 #include "backend.h"
 
 #include <cblas.h>
@@ -14,7 +20,16 @@ static int be_threads = 1;
 
 void m2d_be_set_threads(int n_threads) {
     be_threads = n_threads > 0 ? n_threads : 1;
-    openblas_set_num_threads(be_threads);
+}
+
+int m2d_be_begin(void) {
+    int saved = openblas_get_num_threads();
+    if (saved != 1) openblas_set_num_threads(1);
+    return saved;
+}
+
+void m2d_be_end(int saved) {
+    if (saved != 1) openblas_set_num_threads(saved);
 }
 
 int m2d_be_threads(void) { return be_threads; }
@@ -29,10 +44,9 @@ typedef struct {
 } pfor_job;
 
 static _Thread_local int worker_id;
+static _Thread_local int in_parallel; /* inside a parallel_for item: nested loops run serially */
 
 int m2d_be_worker(void) { return worker_id; }
-
-void m2d_be_blas_single(int on) { openblas_set_num_threads(on ? 1 : be_threads); }
 
 typedef struct {
     pfor_job *job;
@@ -42,6 +56,7 @@ typedef struct {
 static void *pfor_thread(void *arg) {
     pfor_arg *a = arg;
     worker_id = a->id;
+    in_parallel = 1;
     pfor_job *j = a->job;
     for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) j->fn(j->ctx, i);
     return NULL;
@@ -56,7 +71,7 @@ static void *pfor_worker(void *arg) {
 void m2d_be_parallel_for(int n_items, void (*fn)(void *ctx, int item), void *ctx) {
     pfor_job j = {fn, ctx, n_items, 0};
     int nt = M2D_MIN(be_threads, n_items);
-    if (nt <= 1) {
+    if (nt <= 1 || in_parallel) {
         for (int i = 0; i < n_items; i++) fn(ctx, i);
         return;
     }
@@ -68,10 +83,10 @@ void m2d_be_parallel_for(int n_items, void (*fn)(void *ctx, int item), void *ctx
         args[started] = (pfor_arg){&j, started + 1};
         if (pthread_create(&tid[started], NULL, pfor_thread, &args[started]) == 0) started++;
     }
-    int saved = worker_id;
     worker_id = 0;
+    in_parallel = 1;
     pfor_worker(&j); /* the calling thread works too; if no thread started it does everything */
-    worker_id = saved;
+    in_parallel = 0;
     for (int t = 0; t < started; t++) pthread_join(tid[t], NULL);
 }
 
@@ -123,10 +138,45 @@ void m2d_be_convert(m2d_dtype t, const void *src, int64_t first, int64_t n, floa
 }
 
 /* ---- dense ops ---- */
+typedef struct {
+    const float *x, *w;
+    float *y, beta;
+    int ldx, n, in, ldw, out, ldy, blk, by_cols;
+} mm_job;
+
+static void mm_item(void *ctx, int item) {
+    const mm_job *j = ctx;
+    int a = item * j->blk;
+    if (j->by_cols) {
+        int nc = M2D_MIN(j->blk, j->out - a);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, nc, j->in, 1.0f, j->x, j->ldx,
+                    j->w + (size_t)a * j->ldw, j->ldw, j->beta, j->y + a, j->ldy);
+    } else {
+        int nr = M2D_MIN(j->blk, j->n - a);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, j->out, j->in, 1.0f, j->x + (size_t)a * j->ldx,
+                    j->ldx, j->w, j->ldw, j->beta, j->y + (size_t)a * j->ldy, j->ldy);
+    }
+}
+
 void m2d_be_matmul_wt(const float *x, int ldx, int n, int in, const float *w, int ldw, int out,
                       float *y, int ldy, float beta) {
     if (n <= 0 || out <= 0) return;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, ldx, w, ldw, beta, y, ldy);
+    int nt = be_threads;
+    if (nt <= 1 || in_parallel || 2.0 * n * out * in < 2e6) { /* small: thread start-up would dominate */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, ldx, w, ldw, beta, y, ldy);
+        return;
+    }
+    mm_job j = {x, w, y, beta, ldx, n, in, ldw, out, ldy, 0, 0};
+    /* split the weight's rows (output columns) in 64-aligned blocks when there are enough, else
+     * the token rows; one block per thread */
+    if (out >= 64 * nt) {
+        j.by_cols = 1;
+        j.blk = ((out + nt - 1) / nt + 63) / 64 * 64;
+        m2d_be_parallel_for((out + j.blk - 1) / j.blk, mm_item, &j);
+    } else {
+        j.blk = (n + nt - 1) / nt;
+        m2d_be_parallel_for((n + j.blk - 1) / j.blk, mm_item, &j);
+    }
 }
 
 void m2d_be_rmsnorm(const float *x, int ldx, const float *w, int rows, int d, double eps, float *y, int ldy) {
@@ -262,47 +312,49 @@ static void attn_item(void *ctx, int item) {
     free(sc);
 }
 
-/* masked softmax of score rows [r0, r1): row i keeps its first np + i + 1 entries */
-typedef struct { float *S; int nk, np, nq, rows; } smx_job;
+typedef struct {
+    const float *q, *ks, *vs, *kp, *vp;
+    int ldq, ldk, nq, np, grp, hd, ldo, nk;
+    size_t p_head_stride;
+    float *out, *S; /* S: one [nq, nk] score block per worker */
+} attg_job;
 
-static void smx_item(void *ctx, int item) {
-    const smx_job *j = ctx;
-    int r0 = item * j->rows, r1 = M2D_MIN(r0 + j->rows, j->nq);
-    for (int i = r0; i < r1; i++) {
-        float *row = j->S + (size_t)i * j->nk;
-        int valid = j->np + i + 1;
+static void attg_item(void *ctx, int h) {
+    const attg_job *j = ctx;
+    int g = h / j->grp, hd = j->hd, nq = j->nq, np = j->np, nk = j->nk;
+    float *S = j->S + (size_t)m2d_be_worker() * nq * nk;
+    float scale = 1.0f / sqrtf((float)hd);
+    const float *qh = j->q + (size_t)h * hd;
+    if (np)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, np, hd, scale, qh, j->ldq, j->kp + g * j->p_head_stride,
+                    hd, 0.0f, S, nk);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nq, hd, scale, qh, j->ldq, j->ks + (size_t)g * hd, j->ldk,
+                0.0f, S + np, nk);
+    for (int i = 0; i < nq; i++) { /* causal mask + softmax */
+        float *row = S + (size_t)i * nk;
+        int valid = np + i + 1;
         m2d_be_softmax(row, valid);
-        memset(row + valid, 0, sizeof(float) * (size_t)(j->nk - valid));
+        memset(row + valid, 0, sizeof(float) * (size_t)(nk - valid));
     }
+    float *oh = j->out + (size_t)h * hd;
+    if (np)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, np, 1.0f, S, nk, j->vp + g * j->p_head_stride, hd,
+                    0.0f, oh, j->ldo);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nq, 1.0f, S + np, nk, j->vs + (size_t)g * hd, j->ldk,
+                np ? 1.0f : 0.0f, oh, j->ldo);
 }
 
-/* The GEMM formulation: per head S = Q K^T (the full [nq, np+nq] block; the causal upper part is
- * computed and then zeroed, which costs 2x on the segment part but runs at sgemm speed),
+/* The GEMM formulation, one head per worker: S = Q K^T (the full [nq, np+nq] block; the causal
+ * upper part is computed and then zeroed, 2x work on the segment part but at sgemm speed),
  * masked softmax, O = P V. */
 static void attention_gemm(const float *q, int ldq, const float *ks, const float *vs, int ldk, int nq,
                            const float *kp, const float *vp, size_t p_head_stride, int np, int n_heads,
                            int n_kv, int hd, float *out, int ldo) {
-    int nk = np + nq, grp = n_heads / n_kv;
-    float scale = 1.0f / sqrtf((float)hd);
-    float *S = m2d_malloc(sizeof(float) * (size_t)nq * nk);
-    for (int h = 0; h < n_heads; h++) {
-        int g = h / grp;
-        const float *qh = q + (size_t)h * hd;
-        if (np)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, np, hd, scale, qh, ldq, kp + g * p_head_stride, hd,
-                        0.0f, S, nk);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nq, hd, scale, qh, ldq, ks + (size_t)g * hd, ldk, 0.0f,
-                    S + np, nk);
-        smx_job sj = {S, nk, np, nq, 16};
-        m2d_be_parallel_for((nq + 15) / 16, smx_item, &sj);
-        float *oh = out + (size_t)h * hd;
-        if (np)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, np, 1.0f, S, nk, vp + g * p_head_stride, hd,
-                        0.0f, oh, ldo);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nq, 1.0f, S + np, nk, vs + (size_t)g * hd, ldk,
-                    np ? 1.0f : 0.0f, oh, ldo);
-    }
-    free(S);
+    int nk = np + nq, nw = M2D_MIN(be_threads, n_heads);
+    attg_job j = {q, ks, vs, kp, vp, ldq, ldk, nq, np, n_heads / n_kv, hd, ldo, nk, p_head_stride, out, NULL};
+    j.S = m2d_malloc(sizeof(float) * (size_t)nq * nk * (size_t)M2D_MAX(nw, 1));
+    m2d_be_parallel_for(n_heads, attg_item, &j);
+    free(j.S);
 }
 
 static int attn_gemm_min_rows = 64;

@@ -3,9 +3,13 @@
  * Weights stay in their stored dtype (memory-mapped or in memory). A GEMM needs fp32, so each
  * weight matrix is converted right before use into a reusable per-engine buffer; tensors that
  * are already F32 are used in place. Optionally (m2d_engine_cache_weights) tensors are
- * converted once and kept, up to a byte budget (see the benchmark numbers in the report:
- * on-use conversion costs one pass over the weight bytes per forward, i.e. little next to
- * the 2·n FLOP per weight of a window of n tokens, and it bounds memory to the largest matrix).
+ * converted once and kept, up to a byte budget. Chosen by measurement (bench/bench_engine.c,
+ * numbers in BENCHMARKS.md): on-use conversion is one vectorised pass over the weight bytes per
+ * forward, ~5% (dense) to ~10% (MoE, ~32 rows per expert) of a 512-token forward in perf, while
+ * a full fp32 copy doubles the resident weights (Qwen3-30B-A3B: 122 GB) and was not faster on
+ * the 30B-shaped slices: streaming 2x the bytes from DRAM costs about what converting saves.
+ * Memory with on-use conversion: the mapped checkpoint + 3 buffers of the largest matrix (+ per
+ * worker 3 expert matrices in the expert-parallel MoE path).
  *
  * One core (forward_hidden) serves every entry point: a batch of rows split into "segments";
  * each segment attends to an optional cached prefix and causally to itself. A full window is
@@ -14,8 +18,10 @@
 #include "engine.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "util.h"
@@ -119,6 +125,29 @@ size_t m2d_engine_cache_weights(m2d_engine *e, size_t budget_bytes) {
     return e->cache_bytes;
 }
 
+/* bytes of an fp32 copy of every tensor that is not already F32 */
+static size_t fp32_copy_bytes(const m2d_model *m) {
+    const m2d_config *c = &m->cfg;
+    size_t b = 0;
+#define ADDT(t) do { if ((t) && (t)->dtype != M2D_F32) b += (size_t)m2d_tensor_numel(t) * sizeof(float); } while (0)
+    ADDT(m->final_norm);
+    if (m->lm_head != m->embed) ADDT(m->lm_head);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const m2d_layer *L = &m->layers[l];
+        const m2d_tensor *ts[] = {L->attn_norm, L->ffn_norm, L->q_norm, L->k_norm, L->q_proj, L->k_proj,
+                                  L->v_proj, L->o_proj, L->router, L->gate_proj, L->up_proj, L->down_proj};
+        for (size_t i = 0; i < M2D_ARRAY_LEN(ts); i++) ADDT(ts[i]);
+        if (c->layer_is_moe[l] && L->exp_gate)
+            for (int x = 0; x < c->num_experts; x++) {
+                ADDT(L->exp_gate[x]);
+                ADDT(L->exp_up[x]);
+                ADDT(L->exp_down[x]);
+            }
+    }
+#undef ADDT
+    return b;
+}
+
 /* ---- lifecycle ---- */
 int m2d_engine_new(const m2d_model *m, int n_threads, m2d_engine **out) {
     *out = NULL;
@@ -136,8 +165,18 @@ int m2d_engine_new(const m2d_model *m, int n_threads, m2d_engine **out) {
     e->n_threads = n_threads > 0 ? n_threads : m2d_default_threads();
     e->expert_parallel = 1;
     m2d_be_set_threads(e->n_threads);
+    /* weight policy: $M2D_WEIGHT_CACHE_MB if set (0 = convert on use); else keep an fp32 copy
+     * only when the whole model's copy is small (<= 1/8 of RAM): +10..30% speed measured,
+     * while big checkpoints stay mmapped in their stored dtype */
     const char *env = getenv("M2D_WEIGHT_CACHE_MB");
-    if (env && atol(env) > 0) m2d_engine_cache_weights(e, (size_t)atol(env) << 20);
+    if (env) {
+        if (atol(env) > 0) m2d_engine_cache_weights(e, (size_t)atol(env) << 20);
+    } else {
+        size_t need = fp32_copy_bytes(m);
+        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        if (need > 0 && pages > 0 && psz > 0 && need <= (size_t)pages * (size_t)psz / 8)
+            m2d_engine_cache_weights(e, need);
+    }
     *out = e;
     return 0;
 }
@@ -170,7 +209,7 @@ static void swiglu_ffn(m2d_engine *e, const m2d_tensor *gate, const m2d_tensor *
     m2d_be_matmul_wt(g, inter, n, inter, weight(e, down, 2), inter, d, out, d, beta);
 }
 
-int m2d_engine_expert(m2d_engine *e, int layer, int expert, const float *x, int n, float *out) {
+static int expert_impl(m2d_engine *e, int layer, int expert, const float *x, int n, float *out) {
     const m2d_config *c = &e->m->cfg;
     if (layer < 0 || layer >= c->num_hidden_layers || !c->layer_is_moe[layer])
         return m2d_err("engine: layer %d is not an MoE layer", layer);
@@ -223,7 +262,7 @@ static void moe_item(void *ctx, int item) {
     m2d_be_matmul_wt(g, de, mn, de, weight_1t(j->e, j->L->exp_down[ex], j->w2[w]), de, d, j->Y + (size_t)m0 * d, d, 0.0f);
 }
 
-static void experts_parallel(m2d_engine *e, const m2d_layer *L, const float *x, int n, int k, int d, int de, int E,
+static void experts_parallel(m2d_engine *e, const m2d_layer *L, const float *x, int k, int d, int de, int E,
                              const int *count, const int *pair, int maxm, float *Y) {
     int nt = m2d_be_threads(), na = 0;
     int *active = m2d_malloc(sizeof(int) * (size_t)E);
@@ -238,10 +277,7 @@ static void experts_parallel(m2d_engine *e, const m2d_layer *L, const float *x, 
         j.u[t] = m2d_malloc(sizeof(float) * (size_t)maxm * de);
         for (int s = 0; s < 3; s++) j.w0[t + s * nt] = m2d_malloc(sizeof(float) * (size_t)de * d);
     }
-    (void)n;
-    m2d_be_blas_single(1);
-    m2d_be_parallel_for(na, moe_item, &j);
-    m2d_be_blas_single(0);
+    m2d_be_parallel_for(na, moe_item, &j); /* GEMMs inside an item run on that worker alone */
     for (int t = 0; t < 6 * nt; t++) free(bufs[t]);
     free(bufs);
     free(active);
@@ -271,7 +307,13 @@ static int moe_ffn(m2d_engine *e, int layer, const float *x, int n, float *out) 
     int rc = 0;
     if (e->hook) {
         m2d_moe_event ev = {layer, n, d, E, k, x, probs, topk, gates};
-        if (e->hook(e->hook_user, &ev)) rc = m2d_err("engine: MoE hook aborted the forward at layer %d", layer);
+        m2d_err_clear();
+        if (e->hook(e->hook_user, &ev)) { /* keep the hook's own message, if it set one */
+            char why[768];
+            snprintf(why, sizeof why, "%s", m2d_errmsg());
+            rc = why[0] ? m2d_err("engine: MoE hook aborted the forward at layer %d: %s", layer, why)
+                        : m2d_err("engine: MoE hook aborted the forward at layer %d", layer);
+        }
     }
     if (rc == 0) {
         /* bucket the (token, slot) pairs by expert, in token order within an expert */
@@ -286,7 +328,7 @@ static int moe_ffn(m2d_engine *e, int layer, const float *x, int n, float *out) 
         memset(out, 0, sizeof(float) * (size_t)n * d);
         if (e->expert_parallel && m2d_be_threads() > 1) {
             float *Y = m2d_malloc(sizeof(float) * (size_t)n * k * d); /* expert outputs, bucket order */
-            experts_parallel(e, L, x, n, k, d, de, E, count, pair, maxm, Y);
+            experts_parallel(e, L, x, k, d, de, E, count, pair, maxm, Y);
             for (int ex = 0; ex < E; ex++)
                 for (int r = count[ex]; r < count[ex + 1]; r++) {
                     float gw = gates[pair[r]], *o = out + (size_t)(pair[r] / k) * d;
@@ -294,7 +336,7 @@ static int moe_ffn(m2d_engine *e, int layer, const float *x, int n, float *out) 
                     for (int j = 0; j < d; j++) o[j] += gw * y[j];
                 }
             free(Y);
-        } else { /* one expert at a time, each GEMM on all threads */
+        } else { /* one expert at a time, each GEMM split over all threads */
             float *xs = m2d_malloc(sizeof(float) * (size_t)maxm * d), *ys = m2d_malloc(sizeof(float) * (size_t)maxm * d);
             float *g = m2d_malloc(sizeof(float) * (size_t)maxm * de), *u = m2d_malloc(sizeof(float) * (size_t)maxm * de);
             for (int ex = 0; ex < E; ex++) {
@@ -463,7 +505,7 @@ static int check_window(const m2d_engine *e, int n) {
 }
 
 /* ---- public entry points ---- */
-int m2d_engine_logits(m2d_engine *e, const int32_t *tokens, int n, float *logits) {
+static int logits_impl(m2d_engine *e, const int32_t *tokens, int n, float *logits) {
     if (check_tokens(e, tokens, n) || check_window(e, n)) return -1;
     int off = 0;
     seg_plan p = {1, &off, &n, NULL, 0, NULL};
@@ -474,7 +516,7 @@ int m2d_engine_logits(m2d_engine *e, const int32_t *tokens, int n, float *logits
     return rc;
 }
 
-int m2d_engine_logprobs(m2d_engine *e, const int32_t *tokens, int n, const int32_t *targets, int first, double *lp) {
+static int logprobs_impl(m2d_engine *e, const int32_t *tokens, int n, const int32_t *targets, int first, double *lp) {
     if (check_tokens(e, tokens, n) || check_window(e, n)) return -1;
     if (first < 0 || first > n) return m2d_err("engine: logprobs: first = %d outside [0, %d]", first, n);
     if (check_targets(e, targets + first, n - first)) return -1;
@@ -528,7 +570,7 @@ void m2d_kv_free(m2d_kv *kv) {
     free(kv);
 }
 
-int m2d_engine_extend(m2d_engine *e, m2d_kv *kv, const int32_t *tokens, int n, const int32_t *targets, double *lp) {
+static int extend_impl(m2d_engine *e, m2d_kv *kv, const int32_t *tokens, int n, const int32_t *targets, double *lp) {
     if (kv->e != e) return m2d_err("engine: extend: KV cache belongs to another engine");
     if (check_tokens(e, tokens, n)) return -1;
     if (kv->len + n > kv->cap)
@@ -546,8 +588,8 @@ int m2d_engine_extend(m2d_engine *e, m2d_kv *kv, const int32_t *tokens, int n, c
     return rc;
 }
 
-int m2d_engine_branches(m2d_engine *e, const m2d_kv *prefix, int n_branches, const int32_t *const *tokens,
-                        const int *lens, const int32_t *const *targets, double *const *lp) {
+static int branches_impl(m2d_engine *e, const m2d_kv *prefix, int n_branches, const int32_t *const *tokens,
+                         const int *lens, const int32_t *const *targets, double *const *lp) {
     if (prefix && prefix->e != e) return m2d_err("engine: branches: KV cache belongs to another engine");
     if (n_branches <= 0) return m2d_err("engine: branches: n_branches = %d", n_branches);
     int np = prefix ? prefix->len : 0, total = 0, maxlen = 0;
@@ -579,5 +621,42 @@ int m2d_engine_branches(m2d_engine *e, const m2d_kv *prefix, int n_branches, con
         free(tmp);
     }
     free(hid); free(off); free(all); free(alltg);
+    return rc;
+}
+
+/* ---- public compute entry points: OpenBLAS single-threaded inside (see m2d_be_begin) ---- */
+int m2d_engine_expert(m2d_engine *e, int layer, int expert, const float *x, int n, float *out) {
+    int saved = m2d_be_begin();
+    int rc = expert_impl(e, layer, expert, x, n, out);
+    m2d_be_end(saved);
+    return rc;
+}
+
+int m2d_engine_logits(m2d_engine *e, const int32_t *tokens, int n, float *logits) {
+    int saved = m2d_be_begin();
+    int rc = logits_impl(e, tokens, n, logits);
+    m2d_be_end(saved);
+    return rc;
+}
+
+int m2d_engine_logprobs(m2d_engine *e, const int32_t *tokens, int n, const int32_t *targets, int first, double *lp) {
+    int saved = m2d_be_begin();
+    int rc = logprobs_impl(e, tokens, n, targets, first, lp);
+    m2d_be_end(saved);
+    return rc;
+}
+
+int m2d_engine_extend(m2d_engine *e, m2d_kv *kv, const int32_t *tokens, int n, const int32_t *targets, double *lp) {
+    int saved = m2d_be_begin();
+    int rc = extend_impl(e, kv, tokens, n, targets, lp);
+    m2d_be_end(saved);
+    return rc;
+}
+
+int m2d_engine_branches(m2d_engine *e, const m2d_kv *prefix, int n_branches, const int32_t *const *tokens,
+                        const int *lens, const int32_t *const *targets, double *const *lp) {
+    int saved = m2d_be_begin();
+    int rc = branches_impl(e, prefix, n_branches, tokens, lens, targets, lp);
+    m2d_be_end(saved);
     return rc;
 }

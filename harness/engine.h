@@ -10,12 +10,15 @@
 
 typedef struct m2d_engine m2d_engine;
 
+/* n_threads <= 0: m2d_default_threads() (sets the backend's thread count). */
 int m2d_engine_new(const m2d_model *m, int n_threads, m2d_engine **out);
 void m2d_engine_free(m2d_engine *e);
 /* Convert weights to fp32 once and keep them, up to BUDGET bytes (norms and attention first,
  * then dense FFN/router, experts, LM head). Weights not kept are converted on use into a
- * reusable buffer (the default; bounded memory). Also set by $M2D_WEIGHT_CACHE_MB at
- * m2d_engine_new. Returns the bytes now held. */
+ * reusable buffer (bounded memory). m2d_engine_new applies $M2D_WEIGHT_CACHE_MB when set
+ * (0: convert everything on use), else caches the whole model only if its fp32 copy is at
+ * most 1/8 of physical RAM (tiny models; checkpoints of real size stay as stored).
+ * The embedding is never cached (only looked-up rows are converted). Returns the bytes held. */
 size_t m2d_engine_cache_weights(m2d_engine *e, size_t budget_bytes);
 /* MoE experts spread over the engine's threads, each GEMM single-threaded (1, the default), or
  * one expert after another with multi-threaded GEMMs (0). Same result either way (tested). */
@@ -31,7 +34,8 @@ typedef struct {
     const int32_t *topk;  /* [n, k] routed experts, descending probability, ties -> lower index */
     const float *gates;   /* [n, k] native gate weights (renormalised when norm_topk_prob) */
 } m2d_moe_event;
-typedef int (*m2d_moe_hook)(void *user, const m2d_moe_event *ev); /* non-zero aborts the forward */
+/* Non-zero aborts the forward; the engine's error then ends with the hook's m2d_err message. */
+typedef int (*m2d_moe_hook)(void *user, const m2d_moe_event *ev);
 void m2d_engine_set_moe_hook(m2d_engine *e, m2d_moe_hook hook, void *user);
 
 /* f_e(x) of expert E_IDX of LAYER on n token vectors x [n, d] -> out [n, d] (no gate weight). */
