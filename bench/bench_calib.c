@@ -155,8 +155,8 @@ int main(void) {
     if (m2d_calib_run(m, ids, L, &a.o, &st_c)) return 1;
     const char *scorings[] = {"acp", "do-acp"};
     for (int i = 0; i < 2; i++) {
-        m2d_convert_opts co = {scorings[i], "oc", "proportional", 2 * c->num_experts_per_tok, M2D_TARGET_DENSE, 0,
-                               {0, NULL, NULL}};
+        m2d_convert_opts co = {.scoring = scorings[i], .grouping = "oc", .scaling = "proportional",
+                               .K = 2 * c->num_experts_per_tok, .target = M2D_TARGET_DENSE};
         double tp = 1e300, tb = 1e300;
         for (int r = 0; r < repeat; r++) {
             m2d_convert_plan *p;

@@ -11,8 +11,8 @@
 
 static const char USAGE[] =
     "usage: moe2dense convert --model DIR --stats STATS --scoring S --grouping G --scaling C -K N\n"
-    "                         --out DIR [--target dense|moe] [--groups M] [--param key=value ...]\n"
-    "                         [--fingerprint]\n"
+    "                         --out DIR [--target dense|moe] [--groups M] [--moe-router shared|average]\n"
+    "                         [--param key=value ...] [--fingerprint]\n"
     "\n"
     "Per MoE layer: the scoring plugin S scores the experts and selects K of them; the grouping\n"
     "plugin G splits them into k groups (k = num_experts_per_tok); each group is merged by\n"
@@ -31,7 +31,10 @@ static const char USAGE[] =
     "  --target T        dense (default): Qwen3ForCausalLM with intermediate_size = k*d_e;\n"
     "                    moe: Qwen3MoeForCausalLM keeping M experts per layer (each group merged into\n"
     "                    one expert, router row = merge-weighted average of its members' rows)\n"
-    "  --groups M        --target moe only: experts kept per layer (default K: pure pruning)\n"
+    "  --groups M        --target moe only: groups per layer (default K: pure pruning)\n"
+    "  --moe-router R    --target moe only: shared (default: every retained expert keeps its router\n"
+    "                    row and points at its group's merged expert; num_experts = K) or average\n"
+    "                    (one expert per group, router row = merge-weighted average of the members')\n"
     "  --param key=value plugin parameter (repeatable, or comma-separated k=v,k=v); each key goes to\n"
     "                    the chosen plugins that accept it, a key none accepts is an error\n"
     "  --fingerprint     print only the student fingerprint (no --out needed, nothing written)\n"
@@ -67,14 +70,15 @@ static int cmd_convert_run(int argc, char **argv) {
     int ac = argc;
     char *params_s = take_params(&ac, av);
     const char *model = NULL, *stats = NULL, *scoring = NULL, *grouping = NULL, *scaling = NULL, *K_s = NULL,
-               *out = NULL, *target = "dense", *groups_s = NULL;
+               *out = NULL, *target = "dense", *groups_s = NULL,
+               *moe_router = NULL;
     int fp_only = 0;
     m2d_opt opts[] = {{"--model", 1, &model, NULL},       {"--stats", 1, &stats, NULL},
                       {"--scoring", 1, &scoring, NULL},   {"--grouping", 1, &grouping, NULL},
                       {"--scaling", 1, &scaling, NULL},   {"-K", 1, &K_s, NULL},
                       {"--out", 1, &out, NULL},           {"--target", 1, &target, NULL},
                       {"--groups", 1, &groups_s, NULL},   {"--fingerprint", 0, NULL, &fp_only},
-                      {0}};
+                      {"--moe-router", 1, &moe_router, NULL}, {0}};
     m2d_params params = {0, NULL, NULL};
     m2d_model *m = NULL, *student = NULL;
     m2d_stats *s = NULL;
@@ -100,6 +104,16 @@ static int cmd_convert_run(int argc, char **argv) {
     if (t == M2D_TARGET_MOE && scaling)
         fprintf(stderr, "moe2dense convert: note: --scaling is not used with --target moe (the router weights "
                         "the experts)\n");
+    m2d_moe_router router = M2D_MOE_ROUTER_SHARED;
+    if (moe_router && t == M2D_TARGET_DENSE) {
+        m2d_err("convert: --moe-router is only for --target moe");
+        goto done;
+    }
+    if (moe_router && !strcmp(moe_router, "average")) router = M2D_MOE_ROUTER_AVERAGE;
+    else if (moe_router && strcmp(moe_router, "shared")) {
+        m2d_err("convert: --moe-router '%s': expected shared or average", moe_router);
+        goto done;
+    }
     if (t == M2D_TARGET_DENSE && groups_s) {
         m2d_err("convert: --groups is only for --target moe (a dense student has k groups)");
         goto done;
@@ -113,7 +127,7 @@ static int cmd_convert_run(int argc, char **argv) {
         goto done;
     }
     if (m2d_model_open(model, &m) || m2d_stats_read(stats, &s) || m2d_stats_check_model(s, stats, m)) goto done;
-    m2d_convert_opts co = {scoring, grouping, scaling, (int)K, t, (int)groups, params};
+    m2d_convert_opts co = {scoring, grouping, scaling, (int)K, t, (int)groups, params, router};
     if (m2d_convert_plan_build(m, s, &co, &plan)) goto done;
     if (fp_only) {
         printf("%s\n", plan->fingerprint);

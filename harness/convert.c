@@ -248,6 +248,7 @@ int m2d_convert_plan_build(const m2d_model *t, const m2d_stats *stats, const m2d
     }
     m2d_convert_plan *p = m2d_calloc(1, sizeof *p);
     p->target = o->target;
+    p->moe_router = o->target == M2D_TARGET_MOE ? o->moe_router : M2D_MOE_ROUTER_SHARED;
     p->scoring = m2d_strdup(o->scoring);
     p->grouping = m2d_strdup(o->grouping);
     p->scaling = m2d_strdup(ps.p[2] ? o->scaling : "none");
@@ -279,6 +280,15 @@ int m2d_convert_plan_build(const m2d_model *t, const m2d_stats *stats, const m2d
     return 0;
 }
 
+int m2d_convert_moe_experts(const m2d_convert_plan *p) {
+    return p->moe_router == M2D_MOE_ROUTER_SHARED ? p->K : p->n_groups;
+}
+
+static const char *target_name(const m2d_convert_plan *p) {
+    if (p->target == M2D_TARGET_DENSE) return "dense";
+    return p->moe_router == M2D_MOE_ROUTER_SHARED ? "moe" : "moe-average";
+}
+
 void m2d_convert_plan_free(m2d_convert_plan *p) {
     if (!p) return;
     for (int i = 0; i < p->n_layers; i++) {
@@ -304,8 +314,7 @@ static void sha_str(m2d_sha256 *s, const char *fmt, ...) {
 void m2d_convert_fingerprint(const m2d_convert_plan *p, char out[65]) {
     m2d_sha256 s;
     m2d_sha256_init(&s);
-    sha_str(&s, "moe2dense-student-v1\nteacher %s\ntarget %s\n", p->teacher_hash,
-            p->target == M2D_TARGET_DENSE ? "dense" : "moe");
+    sha_str(&s, "moe2dense-student-v1\nteacher %s\ntarget %s\n", p->teacher_hash, target_name(p));
     for (int i = 0; i < p->n_layers; i++) {
         const m2d_layer_plan *l = &p->layers[i];
         sha_str(&s, "layer %d groups %d\n", l->layer, l->n_groups);
@@ -401,38 +410,47 @@ static int build_dense_layer(student_owner *o, const m2d_model *t, const m2d_lay
     return 0;
 }
 
-static int build_moe_layer(student_owner *o, const m2d_model *t, const m2d_layer_plan *lp, m2d_layer *dst, int slot) {
+/* --target moe layer. Group g's merged expert goes to one slot (average) or to the slot of
+ * every member (shared: slots follow the canonical member order, each keeping its router row). */
+static int build_moe_layer(student_owner *o, const m2d_model *t, const m2d_convert_plan *plan,
+                           const m2d_layer_plan *lp, m2d_layer *dst, int slot) {
     const m2d_config *c = &t->cfg;
     const m2d_layer *src = &t->layers[lp->layer];
     int d = c->hidden_size, de = c->moe_intermediate_size, G = lp->n_groups;
+    int shared = plan->moe_router == M2D_MOE_ROUTER_SHARED, X = shared ? lp->K : G;
     m2d_dtype dt = src->exp_gate[0]->dtype;
-    const m2d_tensor **arr = m2d_malloc((size_t)3 * G * sizeof *arr);
+    const m2d_tensor **arr = m2d_malloc((size_t)3 * X * sizeof *arr);
     o->ptr_arrays[slot] = arr;
     dst->exp_gate = arr;
-    dst->exp_up = arr + G;
-    dst->exp_down = arr + 2 * G;
-    float *router = m2d_tensor_f32(src->router), *rows = m2d_calloc((size_t)G * d, sizeof(float));
+    dst->exp_up = arr + X;
+    dst->exp_down = arr + 2 * X;
+    float *router = m2d_tensor_f32(src->router), *rows = m2d_calloc((size_t)X * d, sizeof(float));
+    const m2d_tensor *const *mats[3] = {src->exp_gate, src->exp_up, src->exp_down};
+    const char *what[3] = {"gate_proj", "up_proj", "down_proj"};
     char name[160];
     for (int g = 0; g < G; g++) {
-        const int *mem = lp->members + lp->group_start[g];
-        const double *w = lp->merge_w + lp->group_start[g];
-        int n = lp->group_start[g + 1] - lp->group_start[g];
-        const m2d_tensor *const *mats[3] = {src->exp_gate, src->exp_up, src->exp_down};
-        const char *what[3] = {"gate_proj", "up_proj", "down_proj"};
+        int first = lp->group_start[g], n = lp->group_start[g + 1] - first;
+        const int *mem = lp->members + first;
+        const double *w = lp->merge_w + first;
+        int slot0 = shared ? first : g, n_slots = shared ? n : 1;
         for (int m = 0; m < 3; m++) {
             float *merged = merge_tensors(mats[m], mem, w, n, 1.0);
-            snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.%s.weight", lp->layer, g, what[m]);
-            arr[m * G + g] = new_tensor(o, name, dt, m == 2 ? d : de, m == 2 ? de : d, merged);
+            for (int x = slot0; x < slot0 + n_slots; x++) {
+                snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.%s.weight", lp->layer, x, what[m]);
+                arr[m * X + x] = new_tensor(o, name, dt, m == 2 ? d : de, m == 2 ? de : d, merged);
+            }
             free(merged);
         }
-        for (int j = 0; j < d; j++) {
+        for (int i = 0; i < n && shared; i++)
+            memcpy(rows + (size_t)(first + i) * d, router + (size_t)mem[i] * d, (size_t)d * sizeof(float));
+        for (int j = 0; j < d && !shared; j++) {
             double acc = 0;
             for (int i = 0; i < n; i++) acc += w[i] * router[(size_t)mem[i] * d + j];
             rows[(size_t)g * d + j] = (float)acc;
         }
     }
     layer_name(name, sizeof name, lp->layer, "gate");
-    dst->router = new_tensor(o, name, src->router->dtype, G, d, rows);
+    dst->router = new_tensor(o, name, src->router->dtype, X, d, rows);
     free(router);
     free(rows);
     return 0;
@@ -502,15 +520,15 @@ int m2d_convert_build(const m2d_model *t, const m2d_convert_plan *plan, m2d_mode
             memcpy(m->cfg.mlp_only_layers, c->mlp_only_layers, (size_t)c->n_mlp_only_layers * sizeof(int));
             m->cfg.n_mlp_only_layers = c->n_mlp_only_layers;
         }
-        m->cfg.num_experts = plan->n_groups;
-        m->cfg.num_experts_per_tok = M2D_MIN(c->num_experts_per_tok, plan->n_groups);
+        m->cfg.num_experts = m2d_convert_moe_experts(plan);
+        m->cfg.num_experts_per_tok = M2D_MIN(c->num_experts_per_tok, m->cfg.num_experts);
     }
     for (int l = 0, i = 0; l < L && rc == 0; l++) {
         if (c->layer_is_moe[l]) {
             const m2d_layer_plan *lp = &plan->layers[i];
             if (lp->layer != l) rc = m2d_err("convert: plan layer %d does not match MoE layer %d", lp->layer, l);
             else if (plan->target == M2D_TARGET_DENSE) rc = build_dense_layer(o, t, lp, &m->layers[l]);
-            else rc = build_moe_layer(o, t, lp, &m->layers[l], i);
+            else rc = build_moe_layer(o, t, plan, lp, &m->layers[l], i);
             i++;
         } else if (plan->target == M2D_TARGET_DENSE) {
             rc = pad_dense_layer(o, t, l, width, &m->layers[l]);
@@ -616,9 +634,10 @@ static int write_config(const m2d_model *t, const m2d_convert_plan *plan, const 
         for (size_t i = 0; i < M2D_ARRAY_LEN(MOE_KEYS); i++) cJSON_DeleteItemFromObject(j, MOE_KEYS[i]);
     } else {
         cJSON_DeleteItemFromObject(j, "num_experts");
-        cJSON_AddNumberToObject(j, "num_experts", plan->n_groups);
+        int n_experts = m2d_convert_moe_experts(plan);
+        cJSON_AddNumberToObject(j, "num_experts", n_experts);
         cJSON_DeleteItemFromObject(j, "num_experts_per_tok");
-        cJSON_AddNumberToObject(j, "num_experts_per_tok", M2D_MIN(c->num_experts_per_tok, plan->n_groups));
+        cJSON_AddNumberToObject(j, "num_experts_per_tok", M2D_MIN(c->num_experts_per_tok, n_experts));
     }
     char *out = cJSON_Print(j);
     cJSON_Delete(j);
@@ -702,6 +721,8 @@ static int write_manifest(const m2d_model *t, const m2d_convert_plan *p, const c
     cJSON_AddStringToObject(j, "moe2dense_version", M2D_VERSION);
     cJSON_AddStringToObject(j, "fingerprint", p->fingerprint);
     cJSON_AddStringToObject(j, "target", p->target == M2D_TARGET_DENSE ? "dense" : "moe");
+    if (p->target == M2D_TARGET_MOE)
+        cJSON_AddStringToObject(j, "moe_router", p->moe_router == M2D_MOE_ROUTER_SHARED ? "shared" : "average");
     cJSON *te = cJSON_AddObjectToObject(j, "teacher");
     cJSON_AddStringToObject(te, "dir", t->dir);
     cJSON_AddStringToObject(te, "architecture", t->cfg.arch);

@@ -14,13 +14,17 @@
  * fp32, then stored in the teacher's expert dtype (bf16: round-to-nearest-even), both in memory
  * and on disk, so the in-memory student and the written checkpoint are the same model.
  *
- * --target moe (REAP-style smaller MoE): each group becomes one expert (merged as above, α = 1:
- * the router's gate weights do the weighting); its router row is the merge-weighted average of
- * its members' router rows (for a singleton group: the retained expert's own row, unchanged).
- * num_experts = number of groups (default K: pure pruning), num_experts_per_tok = min(k, groups).
- * SPEC §4 allows "keep the router rows of the retained experts, or merge groups"; pointing every
- * member's row at one merged expert is not expressible in the Qwen3-MoE format, hence the
- * averaged row. */
+ * --target moe (REAP-style smaller MoE): each group is merged into one expert as above (α = 1:
+ * the router's gate weights do the weighting). How the router reaches it (SPEC §4):
+ *  - shared (default): every retained expert keeps its own router row, and every member of a
+ *    group points at the group's merged expert. Qwen3-MoE has one expert per router row, so the
+ *    merged weights are stored once per member: num_experts = K. Routing is the teacher's,
+ *    restricted to the K retained rows; two routed members of one group both add the merged
+ *    expert, with their own gate weights.
+ *  - average: one expert per group, whose router row is the merge-weighted average of its
+ *    members' rows: num_experts = number of groups (smaller, but routing changes).
+ * With one expert per group (--groups K, the default: pure pruning) both are the same student.
+ * num_experts_per_tok = min(k, num_experts). */
 #ifndef M2D_CONVERT_H
 #define M2D_CONVERT_H
 
@@ -29,6 +33,7 @@
 #include "stats.h"
 
 typedef enum { M2D_TARGET_DENSE, M2D_TARGET_MOE } m2d_target;
+typedef enum { M2D_MOE_ROUTER_SHARED, M2D_MOE_ROUTER_AVERAGE } m2d_moe_router; /* --target moe only */
 
 typedef struct {
     const char *scoring, *grouping, *scaling; /* plugin names; scaling unused for --target moe */
@@ -36,6 +41,7 @@ typedef struct {
     m2d_target target;
     int n_groups;           /* groups per layer: dense -> must be 0 or k; moe -> 0 means K */
     m2d_params params;      /* passed to every plugin */
+    m2d_moe_router moe_router; /* --target moe: how members reach their merged expert */
 } m2d_convert_opts;
 
 typedef struct {
@@ -52,6 +58,7 @@ typedef struct {
 
 typedef struct {
     m2d_target target;
+    m2d_moe_router moe_router;
     char *scoring, *grouping, *scaling;
     int K, n_groups;
     int n_params; char **param_keys; double *param_values;
@@ -81,6 +88,8 @@ int m2d_convert_parse_param(const char *kv, char **key, double *value);
 int m2d_convert_plan_build(const m2d_model *teacher, const m2d_stats *stats, const m2d_convert_opts *o,
                            m2d_convert_plan **out);
 void m2d_convert_plan_free(m2d_convert_plan *p);
+/* Experts per MoE layer of a --target moe student: K (shared) or the number of groups (average). */
+int m2d_convert_moe_experts(const m2d_convert_plan *p);
 /* Student fingerprint: sha256 of "moe2dense-student-v1", the teacher weights hash, the target and
  * per MoE layer its canonical groups (member ids, merge weights and α as exact hex floats).
  * Equal fingerprints => bit-identical students. Filled into plan->fingerprint by plan_build. */

@@ -154,7 +154,8 @@ static int pipe_prepare(m2d_sweep_backend *b, const m2d_experiment *x, char mode
 static int make_plan(pipe_t *p, const m2d_grid_config *c, m2d_convert_plan **plan) {
     m2d_params params = {0, NULL, NULL};
     if (m2d_params_parse(c->params, &params)) return -1;
-    m2d_convert_opts o = {c->scoring, c->grouping, c->scaling, c->K, M2D_TARGET_DENSE, 0, params};
+    m2d_convert_opts o = {.scoring = c->scoring, .grouping = c->grouping, .scaling = c->scaling, .K = c->K,
+                          .target = M2D_TARGET_DENSE, .params = params};
     int rc = m2d_convert_plan_build(p->teacher, p->stats, &o, plan);
     m2d_params_free(&params);
     return rc;

@@ -160,6 +160,8 @@ static void commands_end_to_end(void **state) {
         {"--scoring acp --grouping rr --scaling uniform -K 8 --groups 3", "--groups is only for --target moe"},
         {"--scoring acp --grouping rr -K 8", "--scaling is required"},
         {"--scoring acp --grouping rr --target moe -K 8 --groups 9", "--groups 9 is outside [1, K = 8]"},
+        {"--scoring acp --grouping rr --target moe -K 8 --moe-router mean", "expected shared or average"},
+        {"--scoring acp --grouping rr --scaling uniform -K 8 --moe-router shared", "only for --target moe"},
     };
     for (size_t i = 0; i < M2D_ARRAY_LEN(bad); i++) {
         cmd = m2d_strfmt("%s convert --model %s --stats %s --out %s/x %s", bin, teacher, sp, dir, bad[i].args);

@@ -98,7 +98,7 @@ static void free_fixture(fixture *f) {
 }
 
 static m2d_convert_plan *plan_or_fail(fixture *f, const char *sc, const char *gr, const char *sca, int K, m2d_target t) {
-    m2d_convert_opts o = {sc, gr, sca, K, t, 0, {0, NULL, NULL}};
+    m2d_convert_opts o = {.scoring = sc, .grouping = gr, .scaling = sca, .K = K, .target = t};
     m2d_convert_plan *p;
     if (m2d_convert_plan_build(f->m, f->s, &o, &p)) fail_msg("%s", m2d_errmsg());
     return p;
@@ -514,11 +514,48 @@ static void moe_target_pruned_and_merged(void **state) {
     m2d_convert_student_free(s);
     m2d_convert_plan_free(p);
 
-    /* K = 6 merged into 3 experts */
-    m2d_convert_opts mo = {"acp", "oc", NULL, 6, M2D_TARGET_MOE, 3, {0, NULL, NULL}};
+    /* K = 6 merged into 3 groups, router "average": one expert per group */
+    m2d_convert_opts mo = {.scoring = "acp", .grouping = "oc", .K = 6, .target = M2D_TARGET_MOE, .n_groups = 3,
+                           .moe_router = M2D_MOE_ROUTER_AVERAGE};
     assert_int_equal(m2d_convert_plan_build(f.m, f.s, &mo, &p), 0);
     assert_int_equal(m2d_convert_build(f.m, p, &s), 0);
     assert_int_equal(s->cfg.num_experts, 3);
+    m2d_model *avg = s;
+    m2d_convert_plan *avg_plan = p;
+    /* router "shared" (default): 6 experts keep their own rows, members of a group carry the
+     * group's merged expert, which is the "average" student's expert bit for bit */
+    mo.moe_router = M2D_MOE_ROUTER_SHARED;
+    assert_int_equal(m2d_convert_plan_build(f.m, f.s, &mo, &p), 0);
+    assert_string_not_equal(p->fingerprint, avg_plan->fingerprint);
+    assert_int_equal(m2d_convert_build(f.m, p, &s), 0);
+    assert_int_equal(s->cfg.num_experts, 6);
+    assert_int_equal(s->cfg.num_experts_per_tok, 2);
+    for (int li = 0; li < p->n_layers; li++) {
+        const m2d_layer_plan *lp = &p->layers[li];
+        const m2d_layer *sl = &s->layers[lp->layer], *al = &avg->layers[lp->layer];
+        rs = m2d_tensor_f32(sl->router);
+        rt = m2d_tensor_f32(f.m->layers[lp->layer].router);
+        for (int g = 0; g < lp->n_groups; g++)
+            for (int x = lp->group_start[g]; x < lp->group_start[g + 1]; x++) {
+                assert_memory_equal(rs + x * 32, rt + lp->members[x] * 32, 32 * sizeof(float));
+                assert_memory_equal(sl->exp_gate[x]->data, al->exp_gate[g]->data, sl->exp_gate[x]->nbytes);
+                assert_memory_equal(sl->exp_up[x]->data, al->exp_up[g]->data, sl->exp_up[x]->nbytes);
+                assert_memory_equal(sl->exp_down[x]->data, al->exp_down[g]->data, sl->exp_down[x]->nbytes);
+            }
+        free(rs); free(rt);
+    }
+    assert_int_equal(m2d_convert_write(f.m, s, p, NULL, out), 0);
+    assert_int_equal(m2d_model_open(out, &w), 0);
+    assert_int_equal(w->cfg.num_experts, 6);
+    a = logits_of(s, tok, 24);
+    b = logits_of(w, tok, 24);
+    assert_memory_equal(a, b, 24 * 64 * sizeof(float));
+    free(a); free(b);
+    m2d_model_close(w);
+    m2d_convert_student_free(s);
+    m2d_convert_plan_free(p);
+    s = avg;
+    p = avg_plan;
     assert_int_equal(m2d_convert_write(f.m, s, p, NULL, out), 0);
     assert_int_equal(m2d_model_open(out, &w), 0);
     a = logits_of(s, tok, 24);
@@ -563,7 +600,7 @@ static void bad_input_rejected(void **state) {
     m2d_testmodel_defaults(&o);
     fixture f;
     make_fixture(&f, &o);
-    m2d_convert_opts c = {"nope", "rr", "uniform", 4, M2D_TARGET_DENSE, 0, {0, NULL, NULL}};
+    m2d_convert_opts c = {.scoring = "nope", .grouping = "rr", .scaling = "uniform", .K = 4, .target = M2D_TARGET_DENSE};
     expect_plan_error(&f, &c, "available: ");
     expect_plan_error(&f, &c, "acp");
     c.scoring = "acp";
