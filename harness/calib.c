@@ -263,6 +263,8 @@ int m2d_calib_run(const m2d_model *m, const int32_t *ids, int64_t n_ids, const m
     snprintf(st->gate_convention, sizeof st->gate_convention, "%s", m2d_calib_gate_convention(cfg));
     m2d_calib_hash(ids, starts, nw, L, st->gate_convention, st->calib_hash);
     st->n_windows = nw; st->seq_len = L; st->window_starts = starts;
+    if (o->seeded) snprintf(st->window_choice, sizeof st->window_choice, "seeded:%llu", (unsigned long long)o->seed);
+    else snprintf(st->window_choice, sizeof st->window_choice, "first");
     st->data_path = m2d_strdup(o->data_path ? o->data_path : "");
     for (int l = 0; l < cfg->num_hidden_layers; l++) st->n_layers += cfg->layer_is_moe[l] ? 1 : 0;
     st->layers = m2d_calloc((size_t)st->n_layers, sizeof *st->layers);
@@ -404,6 +406,7 @@ int m2d_stats_write(const m2d_stats *s, const char *path) {
     cJSON_AddNumberToObject(h, "seq_len", s->seq_len);
     cJSON *win = cJSON_AddArrayToObject(h, "windows");
     for (int w = 0; w < s->n_windows; w++) cJSON_AddItemToArray(win, cJSON_CreateNumber((double)s->window_starts[w]));
+    cJSON_AddStringToObject(h, "window_choice", s->window_choice[0] ? s->window_choice : "first");
     cJSON_AddStringToObject(h, "data_path", s->data_path ? s->data_path : "");
     cJSON *arr = cJSON_AddArrayToObject(h, "arrays");
     for (int i = 0; i < N_ARRAYS; i++) cJSON_AddItemToArray(arr, cJSON_CreateString(ARRAYS[i].name));
@@ -500,6 +503,9 @@ static int parse_header(const char *path, const cJSON *h, m2d_stats *s, size_t *
     }
     if (ns != s->n_windows)
         return m2d_err("%s: field 'n_samples': %ld but %d windows are recorded", path, ns, s->n_windows);
+    const cJSON *wc = cJSON_GetObjectItemCaseSensitive(h, "window_choice");
+    if (wc && !cJSON_IsString(wc)) return m2d_err("%s: field 'window_choice': not a string", path);
+    snprintf(s->window_choice, sizeof s->window_choice, "%s", wc ? wc->valuestring : "first");
     const cJSON *dp = cJSON_GetObjectItemCaseSensitive(h, "data_path");
     s->data_path = m2d_strdup(cJSON_IsString(dp) ? dp->valuestring : "");
     const cJSON *arr = cJSON_GetObjectItemCaseSensitive(h, "arrays");

@@ -48,6 +48,7 @@ typedef struct {
     /* which calibration windows were used: start token offsets into the encoded file */
     int n_windows, seq_len;
     int64_t *window_starts;
+    char window_choice[48]; /* how they were chosen: "first" or "seeded:<seed>" (splitmix64, calib.h) */
     char *data_path;
 } m2d_stats;
 

@@ -159,8 +159,9 @@ static void fast_matches_reference_testmodel(void **state) {
     o.reference = 1;
     assert_int_equal(m2d_calib_run(m, ids, 400, &o, &ref), 0);
     compare_stats(fast, ref);
-    /* windows recorded, model identity recorded */
+    /* windows recorded (and how they were chosen), model identity recorded */
     assert_int_equal(fast->n_windows, 5);
+    assert_string_equal(fast->window_choice, "seeded:9");
     assert_int_equal(fast->seq_len, 48);
     int64_t w[5];
     int n;
@@ -276,6 +277,7 @@ static void stats_file_roundtrip(void **state) {
     assert_int_equal(r->n_windows, 3);
     assert_int_equal(r->seq_len, 32);
     for (int w = 0; w < 3; w++) assert_int_equal(r->window_starts[w], 32 * w);
+    assert_string_equal(r->window_choice, "first");
     assert_int_equal(r->E, f->s->E);
     assert_int_equal(r->d_e, f->s->d_e);
     assert_true(r->N == 96);
