@@ -4,6 +4,8 @@ PKGS="build-essential pkg-config libopenblas-dev liblapacke-dev libcjson-dev lib
 libutf8proc-dev libcmocka-dev gnuplot-nox bzip2 curl unzip clang libclang-rt-14-dev slurm-wlm"
 # node/npm run the independent tokenizer reference in the tests; any install of them will do
 command -v npm >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
+# python3 runs the independent lm-eval request builder (tests/lm_eval_ref.py) and CPython's random
+command -v python3 >/dev/null 2>&1 || PKGS="$PKGS python3"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
