@@ -63,11 +63,7 @@ const m2d_mc_docs *m2d_mc_task_pool(const m2d_mc_task *t) {
 void m2d_mc_task_note(m2d_mc_task *t, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    char *s = m2d_malloc((size_t)n + 1);
-    va_start(ap, fmt);
-    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    char *s = m2d_vstrfmt(fmt, ap);
     va_end(ap);
     t->notes = m2d_realloc(t->notes, sizeof(char *) * (size_t)(t->n_notes + 1));
     t->notes[t->n_notes++] = s;

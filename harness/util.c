@@ -52,24 +52,25 @@ char *m2d_strdup(const char *s) {
     return d;
 }
 
+char *m2d_vstrfmt(const char *fmt, va_list ap) {
+    va_list again; /* AP is consumed by the sizing pass */
+    va_copy(again, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    char *s = m2d_malloc((size_t)n + 1);
+    vsnprintf(s, (size_t)n + 1, fmt, again);
+    va_end(again);
+    return s;
+}
+
 char *m2d_strfmt(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    char *s = m2d_malloc((size_t)n + 1);
-    va_start(ap, fmt);
-    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    char *s = m2d_vstrfmt(fmt, ap);
     va_end(ap);
     return s;
 }
 
-char *m2d_read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        m2d_err("%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
+char *m2d_read_stream(FILE *f, const char *name, size_t *len) {
     size_t cap = 1 << 16, n = 0;
     char *buf = m2d_malloc(cap);
     for (;;) {
@@ -78,15 +79,24 @@ char *m2d_read_file(const char *path, size_t *len) {
         n += got;
         if (got == 0) break;
     }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
+    if (ferror(f)) {
         free(buf);
-        m2d_err("%s: read error", path);
+        m2d_err("%s: read error", name);
         return NULL;
     }
     buf[n] = 0;
     if (len) *len = n;
+    return buf;
+}
+
+char *m2d_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        m2d_err("%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = m2d_read_stream(f, path, len);
+    fclose(f);
     return buf;
 }
 

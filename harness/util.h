@@ -2,6 +2,7 @@
 #ifndef M2D_UTIL_H
 #define M2D_UTIL_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,9 +21,12 @@ void *m2d_calloc(size_t n, size_t size);
 void *m2d_realloc(void *p, size_t n);
 char *m2d_strdup(const char *s);
 char *m2d_strfmt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+char *m2d_vstrfmt(const char *fmt, va_list ap) __attribute__((format(printf, 1, 0)));
 
 /* Whole-file read (NUL-terminated; *len excludes the NUL). NULL + m2d_err on failure. */
 char *m2d_read_file(const char *path, size_t *len);
+/* The same for an open stream read to its end (e.g. stdin); NAME is the file named in errors. */
+char *m2d_read_stream(FILE *f, const char *name, size_t *len);
 /* Atomic write: data goes to PATH.tmp.PID, fsync, rename. */
 int m2d_write_file_atomic(const char *path, const void *data, size_t len);
 int m2d_file_exists(const char *path);
