@@ -91,15 +91,6 @@ static void tokenize_rules(void **state) {
 
 /* ---------------------------------------------------------------- engine on the tiny teacher */
 
-static char *tiny_dir(void) {
-    const char *m = tu_models_dir();
-    if (!m) return NULL;
-    char *d = m2d_path_join(m, "tiny-qwen3moe");
-    struct stat st;
-    if (stat(d, &st) != 0) { free(d); return NULL; }
-    return d;
-}
-
 static int have_data(void) {
     struct stat st;
     return stat(tu_data_path("mmlu/data/dev/anatomy_dev.csv"), &st) == 0;
@@ -151,7 +142,7 @@ static void collect(recorder *rec, const char *tasks, int shots, int limit) {
  * matters (a flip needs two choices within 1e-4 nats). */
 static void cached_equals_naive(void **state) {
     (void)state;
-    char *dir = tiny_dir();
+    char *dir = tu_model_path("tiny-qwen3moe");
     if (!dir) TU_SKIP("tiny-qwen3moe not found");
     if (!have_data()) { free(dir); TU_SKIP("data/ not populated (run make data)"); }
     recorder rec = {0};
@@ -200,7 +191,7 @@ static void cached_equals_naive(void **state) {
  * the prefix token (EOS here: the tiny teacher has no BOS), i.e. naive logprobs of the window. */
 static void empty_context_uses_eos(void **state) {
     (void)state;
-    char *dir = tiny_dir();
+    char *dir = tu_model_path("tiny-qwen3moe");
     if (!dir) TU_SKIP("tiny-qwen3moe not found");
     m2d_lm *cached = NULL, *naive = NULL;
     if (m2d_lm_engine_open(dir, 2, M2D_LM_CACHED, 0, &cached)) fail_msg("%s", m2d_errmsg());
@@ -243,7 +234,7 @@ static void empty_context_uses_eos(void **state) {
 
 static void eval_command_smoke(void **state) {
     (void)state;
-    char *dir = tiny_dir();
+    char *dir = tu_model_path("tiny-qwen3moe");
     if (!dir) TU_SKIP("tiny-qwen3moe not found");
     if (!have_data()) { free(dir); TU_SKIP("data/ not populated (run make data)"); }
     const char *data = getenv("M2D_DATA") ? getenv("M2D_DATA") : "data";
