@@ -80,13 +80,6 @@ static int print_ids(const int32_t *ids, size_t n) {
     return rc;
 }
 
-/* The tokenizer's error names the byte offset or id but not the input: put SRC in front. */
-static void prefix_error(const char *src) {
-    char *msg = m2d_strdup(m2d_errmsg()); /* m2d_err overwrites the buffer it would read */
-    m2d_err("%s: %s", src, msg);
-    free(msg);
-}
-
 static int cmd_tokenize_run(int argc, char **argv) {
     const char *model = NULL, *file = NULL;
     int decode = 0;
@@ -112,7 +105,7 @@ static int cmd_tokenize_run(int argc, char **argv) {
         int r = m2d_tokenizer_decode(tk, ids, n, &text, &tlen);
         free(ids);
         if (r) {
-            prefix_error(src);
+            m2d_err_prefix(src);
             goto done;
         }
         rc = write_all(text, tlen);
@@ -121,7 +114,7 @@ static int cmd_tokenize_run(int argc, char **argv) {
         int32_t *ids;
         size_t n;
         if (m2d_tokenizer_encode(tk, input, len, &ids, &n)) {
-            prefix_error(src);
+            m2d_err_prefix(src);
             goto done;
         }
         rc = print_ids(ids, n);

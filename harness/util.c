@@ -22,6 +22,13 @@ int m2d_err(const char *fmt, ...) {
 const char *m2d_errmsg(void) { return err_buf[0] ? err_buf : "unknown error"; }
 void m2d_err_clear(void) { err_buf[0] = 0; }
 
+int m2d_err_prefix(const char *prefix) {
+    char *msg = m2d_strdup(m2d_errmsg()); /* m2d_err overwrites the buffer it would read */
+    m2d_err("%s: %s", prefix, msg);
+    free(msg);
+    return -1;
+}
+
 static void oom(size_t n) {
     fprintf(stderr, "moe2dense: out of memory allocating %zu bytes\n", n);
     abort();

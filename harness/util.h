@@ -13,6 +13,8 @@
  * with m2d_err() and returns -1 (or NULL). The command layer prints it once. */
 int m2d_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *m2d_errmsg(void);
+/* Put "PREFIX: " in front of the recorded error (e.g. the input file a parser did not know); -1. */
+int m2d_err_prefix(const char *prefix);
 void m2d_err_clear(void);
 
 /* Allocation that aborts with a message on out-of-memory (the only fatal path). */

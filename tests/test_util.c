@@ -74,11 +74,33 @@ static void atomic_write_roundtrip(void **state) {
     free(dir);
 }
 
+/* m2d_err_prefix keeps the whole message behind the prefix; m2d_read_stream reads to the end. */
+static void error_prefix_and_stream_read(void **state) {
+    (void)state;
+    assert_int_equal(m2d_err("id %d out of range", 7), -1);
+    assert_int_equal(m2d_err_prefix("stdin"), -1);
+    assert_string_equal(m2d_errmsg(), "stdin: id 7 out of range");
+    char *big = m2d_strfmt("%0*d", 200000, 5); /* longer than the first read buffer */
+    assert_int_equal(strlen(big), 200000);
+    FILE *f = tmpfile();
+    assert_non_null(f);
+    fputs(big, f);
+    rewind(f);
+    size_t n;
+    char *s = m2d_read_stream(f, "tmp", &n);
+    fclose(f);
+    assert_int_equal(n, 200000);
+    assert_string_equal(s, big);
+    free(s);
+    free(big);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(sha256_known_vectors),
         cmocka_unit_test(options_parse_and_reject),
         cmocka_unit_test(atomic_write_roundtrip),
+        cmocka_unit_test(error_prefix_and_stream_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
