@@ -362,3 +362,28 @@ int m2d_parse_double(const char *cmd, const char *opt, const char *s, double *ou
     *out = v;
     return 0;
 }
+
+static const char *name_at(const m2d_name_table *t, int i) {
+    return *(const char *const *)((const char *)t->items[i] + t->name_offset);
+}
+
+void m2d_name_table_add(m2d_name_table *t, const void *item) {
+    if (t->n == t->cap) {
+        fprintf(stderr, "moe2dense: %s\n", t->full_msg);
+        abort();
+    }
+    int i = t->n++; /* insertion keeps the table sorted by name */
+    t->items[i] = item;
+    const char *name = name_at(t, i);
+    while (i > 0 && strcmp(name_at(t, i - 1), name) > 0) {
+        t->items[i] = t->items[i - 1];
+        i--;
+    }
+    t->items[i] = item;
+}
+
+const void *m2d_name_table_find(const m2d_name_table *t, const char *name) {
+    for (int i = 0; i < t->n; i++)
+        if (strcmp(name_at(t, i), name) == 0) return t->items[i];
+    return NULL;
+}

@@ -71,6 +71,18 @@ int m2d_parse_opts(const char *cmd, int argc, char **argv, const m2d_opt *opts,
 int m2d_parse_int(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out);
 int m2d_parse_double(const char *cmd, const char *opt, const char *s, double *out);
 
+/* The registries (commands, architectures, plugins, tasks): a fixed array of pointers to structs
+ * with a `const char *name` at NAME_OFFSET, kept sorted by name as constructors add to it before
+ * main, so listings come out sorted whatever the link order. */
+typedef struct {
+    const void **items;
+    int n, cap;
+    size_t name_offset;    /* offsetof(T, name) */
+    const char *full_msg;  /* abort message when full, e.g. "too many commands (raise MAX_COMMANDS)" */
+} m2d_name_table;
+void m2d_name_table_add(m2d_name_table *t, const void *item); /* aborts when full */
+const void *m2d_name_table_find(const m2d_name_table *t, const char *name);
+
 #define M2D_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define M2D_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define M2D_MAX(a, b) ((a) > (b) ? (a) : (b))
