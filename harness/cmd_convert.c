@@ -61,21 +61,6 @@ static char *take_params(int *argc, char **argv) {
     return all;
 }
 
-/* --target and the options that only make sense for one of the targets. */
-static int parse_target(const char *target, int have_scaling, int have_groups, m2d_target *t) {
-    if (!strcmp(target, "dense")) *t = M2D_TARGET_DENSE;
-    else if (!strcmp(target, "moe")) *t = M2D_TARGET_MOE;
-    else return m2d_err("convert: --target '%s': expected dense or moe", target);
-    if (*t == M2D_TARGET_DENSE && !have_scaling)
-        return m2d_err("convert: --scaling is required for --target dense (uniform, proportional, avg-cp)");
-    if (*t == M2D_TARGET_MOE && have_scaling)
-        fprintf(stderr, "moe2dense convert: note: --scaling is not used with --target moe (the router weights "
-                        "the experts)\n");
-    if (*t == M2D_TARGET_DENSE && have_groups)
-        return m2d_err("convert: --groups is only for --target moe (a dense student has k groups)");
-    return 0;
-}
-
 static int cmd_convert_run(int argc, char **argv) {
     char **av = m2d_malloc((size_t)(argc + 1) * sizeof *av);
     memcpy(av, argv, (size_t)argc * sizeof *av);
@@ -102,7 +87,23 @@ static int cmd_convert_run(int argc, char **argv) {
         goto done;
     }
     m2d_target t;
-    if (parse_target(target, scaling != NULL, groups_s != NULL, &t)) goto done;
+    if (!strcmp(target, "dense")) t = M2D_TARGET_DENSE;
+    else if (!strcmp(target, "moe")) t = M2D_TARGET_MOE;
+    else {
+        m2d_err("convert: --target '%s': expected dense or moe", target);
+        goto done;
+    }
+    if (t == M2D_TARGET_DENSE && !scaling) {
+        m2d_err("convert: --scaling is required for --target dense (uniform, proportional, avg-cp)");
+        goto done;
+    }
+    if (t == M2D_TARGET_MOE && scaling)
+        fprintf(stderr, "moe2dense convert: note: --scaling is not used with --target moe (the router weights "
+                        "the experts)\n");
+    if (t == M2D_TARGET_DENSE && groups_s) {
+        m2d_err("convert: --groups is only for --target moe (a dense student has k groups)");
+        goto done;
+    }
     if (m2d_parse_int("convert", "-K", K_s, 1, 1 << 20, &K)) goto done;
     if (groups_s && m2d_parse_int("convert", "--groups", groups_s, 1, 1 << 20, &groups)) goto done;
     if (m2d_params_parse(params_s, &params)) {
