@@ -18,32 +18,8 @@
 #include "mc.h"
 #include "util.h"
 
-typedef struct {
-    m2d_ll_request *r;
-    int *group;
-    int n, cap, calls;
-} recorder;
-
-static int record_ll(m2d_lm *lm, const m2d_ll_request *reqs, int n, m2d_ll_result *out) {
-    recorder *rec = lm->impl;
-    for (int i = 0; i < n; i++) {
-        if (rec->n == rec->cap) {
-            rec->cap = rec->cap ? 2 * rec->cap : 256;
-            rec->r = m2d_realloc(rec->r, sizeof *rec->r * (size_t)rec->cap);
-            rec->group = m2d_realloc(rec->group, sizeof(int) * (size_t)rec->cap);
-        }
-        rec->r[rec->n].context = m2d_strdup(reqs[i].context);
-        rec->r[rec->n].continuation = m2d_strdup(reqs[i].continuation);
-        rec->group[rec->n++] = rec->calls;
-        out[i].ll = -1;
-        out[i].is_greedy = 0;
-    }
-    rec->calls++;
-    return 0;
-}
-
-static int collect(recorder *rec, const char *data, const char *tasks, int shots, int limit) {
-    m2d_lm lm = {"recorder", record_ll, NULL, rec};
+static int collect(m2d_ll_recording *rec, const char *data, const char *tasks, int shots, int limit) {
+    m2d_lm lm = m2d_lm_recorder(rec);
     m2d_mc_config cfg;
     m2d_mc_config_default(&cfg);
     cfg.data_dir = data;
@@ -53,23 +29,14 @@ static int collect(recorder *rec, const char *data, const char *tasks, int shots
     return 0;
 }
 
-static void recorder_free(recorder *rec) {
-    for (int i = 0; i < rec->n; i++) {
-        free((char *)rec->r[i].context);
-        free((char *)rec->r[i].continuation);
-    }
-    free(rec->r);
-    free(rec->group);
-}
-
 /* Score every request: per document (cached) or one at a time (naive). Returns seconds. */
-static double score_all(m2d_lm *lm, int per_doc, const recorder *rec, m2d_ll_result *out) {
+static double score_all(m2d_lm *lm, int per_doc, const m2d_ll_recording *rec, m2d_ll_result *out) {
     double t0 = m2d_now();
     for (int i = 0; i < rec->n;) {
         int j = i + 1;
         if (per_doc)
             while (j < rec->n && rec->group[j] == rec->group[i]) j++;
-        if (m2d_lm_loglikelihood(lm, rec->r + i, j - i, out + i)) {
+        if (m2d_lm_loglikelihood(lm, rec->reqs + i, j - i, out + i)) {
             fprintf(stderr, "bench_mc: %s\n", m2d_errmsg());
             exit(1);
         }
@@ -110,10 +77,10 @@ int main(void) {
     printf("%-26s %5s %5s %9s %9s %9s %8s %8s %10s %10s %9s\n", "workload", "docs", "reqs", "naive s", "naiveLP s",
            "cached s", "vs naive", "vs LP", "naive tok", "cached tok", "max|dll|");
     for (size_t w = 0; w < M2D_ARRAY_LEN(loads); w++) {
-        recorder rec = {0};
+        m2d_ll_recording rec = {0};
         if (collect(&rec, data, loads[w].tasks, loads[w].shots, docs)) {
             printf("%-26s skipped: %s\n", loads[w].label, m2d_errmsg());
-            recorder_free(&rec);
+            m2d_ll_recording_free(&rec);
             continue;
         }
         m2d_ll_result *a = m2d_calloc((size_t)rec.n, sizeof *a), *b = m2d_calloc((size_t)rec.n, sizeof *b);
@@ -140,7 +107,7 @@ int main(void) {
         free(c);
         free(a);
         free(b);
-        recorder_free(&rec);
+        m2d_ll_recording_free(&rec);
     }
     printf("(naive = lm-eval's way: one forward with full logits per request; naiveLP = one forward per\n"
            " request with log-probs streamed at the continuation only; cached = shared prefix in\n"

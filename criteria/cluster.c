@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "crit.h"
 #include "util.h"
 
 int m2d_cluster_average_linkage(const double *dist, int n, int k, int *label) {
@@ -47,4 +48,12 @@ int m2d_cluster_average_linkage(const double *dist, int n, int k, int *label) {
     free(size);
     free(name);
     return 0;
+}
+
+int m2d_cluster_gram_cosine(const double *G, int n, int k, int *label) {
+    double *dist = m2d_malloc((size_t)n * n * sizeof *dist);
+    m2d_crit_gram_to_cosine_distance(G, n, dist);
+    int rc = m2d_cluster_average_linkage(dist, n, k, label);
+    free(dist);
+    return rc;
 }

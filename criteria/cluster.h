@@ -9,5 +9,8 @@
 
 /* dist[n*n] symmetric; 1 <= k <= n; label[n] in [0, k). Returns 0 (or -1 + m2d_err on bad k). */
 int m2d_cluster_average_linkage(const double *dist, int n, int k, int *label);
+/* The same under the cosine distance of a Gram matrix G[n*n] (m2d_crit_gram_to_cosine_distance):
+ * the last step of the oc, rc and wc groupings. */
+int m2d_cluster_gram_cosine(const double *G, int n, int k, int *label);
 
 #endif

@@ -91,3 +91,35 @@ void m2d_ll_tokens_free(m2d_ll_tokens *t) {
     free(t->tokens);
     memset(t, 0, sizeof *t);
 }
+
+static int record_ll(m2d_lm *lm, const m2d_ll_request *reqs, int n, m2d_ll_result *out) {
+    m2d_ll_recording *rec = lm->impl;
+    for (int i = 0; i < n; i++) {
+        if (rec->n == rec->cap) {
+            rec->cap = rec->cap ? 2 * rec->cap : 64;
+            rec->reqs = m2d_realloc(rec->reqs, sizeof *rec->reqs * (size_t)rec->cap);
+            rec->group = m2d_realloc(rec->group, sizeof *rec->group * (size_t)rec->cap);
+        }
+        rec->reqs[rec->n].context = m2d_strdup(reqs[i].context);
+        rec->reqs[rec->n].continuation = m2d_strdup(reqs[i].continuation);
+        rec->group[rec->n++] = rec->calls;
+        out[i].ll = -1;
+        out[i].is_greedy = 0;
+    }
+    rec->calls++;
+    return 0;
+}
+
+m2d_lm m2d_lm_recorder(m2d_ll_recording *rec) {
+    return (m2d_lm){"recorder", record_ll, NULL, rec};
+}
+
+void m2d_ll_recording_free(m2d_ll_recording *rec) {
+    for (int i = 0; i < rec->n; i++) {
+        free((char *)rec->reqs[i].context);
+        free((char *)rec->reqs[i].continuation);
+    }
+    free(rec->reqs);
+    free(rec->group);
+    memset(rec, 0, sizeof *rec);
+}

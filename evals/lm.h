@@ -60,6 +60,17 @@ int m2d_ll_tokenize(m2d_encode_fn enc, void *user, int prefix_token, int max_len
                     const m2d_ll_request *req, m2d_ll_tokens *out);
 void m2d_ll_tokens_free(m2d_ll_tokens *t);
 
+/* ---- a scorer that only records the requests it is asked (every ll is -1): the exact requests
+ * an evaluation sends, for tests and benchmarks that replay them through real scorers ---- */
+typedef struct {
+    m2d_ll_request *reqs;   /* owned copies, in the order asked */
+    int *group;             /* call index of each request (one call = the choices of one document) */
+    int n, cap, calls;
+} m2d_ll_recording;
+/* A scorer appending to REC (zero-initialised by the caller); it owns nothing, m2d_lm_free is a no-op. */
+m2d_lm m2d_lm_recorder(m2d_ll_recording *rec);
+void m2d_ll_recording_free(m2d_ll_recording *rec);
+
 /* ---- engine-backed scorer ---- */
 
 typedef enum {

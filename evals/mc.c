@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,11 +64,7 @@ const m2d_mc_docs *m2d_mc_task_pool(const m2d_mc_task *t) {
 void m2d_mc_task_note(m2d_mc_task *t, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    char *s = m2d_malloc((size_t)n + 1);
-    va_start(ap, fmt);
-    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    char *s = m2d_vstrfmt(fmt, ap);
     va_end(ap);
     t->notes = m2d_realloc(t->notes, sizeof(char *) * (size_t)(t->n_notes + 1));
     t->notes[t->n_notes++] = s;
@@ -85,38 +82,22 @@ void m2d_mc_task_free(m2d_mc_task *t) {
 /* ---------------------------------------------------------------- registry */
 
 #define MAX_MC_PLUGINS 32
-static const m2d_mc_plugin *plugins[MAX_MC_PLUGINS];
-static int n_plugins;
+static const void *plugin_items[MAX_MC_PLUGINS];
+static m2d_name_table plugins = {plugin_items, 0, MAX_MC_PLUGINS, offsetof(m2d_mc_plugin, name),
+                                 "too many multiple-choice tasks (raise MAX_MC_PLUGINS)"};
 
-void m2d_mc_plugin_register(const m2d_mc_plugin *p) {
-    if (n_plugins == MAX_MC_PLUGINS) {
-        fprintf(stderr, "moe2dense: too many multiple-choice tasks (raise MAX_MC_PLUGINS)\n");
-        abort();
-    }
-    int i = n_plugins++;
-    while (i > 0 && strcmp(plugins[i - 1]->name, p->name) > 0) {
-        plugins[i] = plugins[i - 1];
-        i--;
-    }
-    plugins[i] = p;
-}
-
-const m2d_mc_plugin *m2d_mc_plugin_find(const char *name) {
-    for (int i = 0; i < n_plugins; i++)
-        if (strcmp(plugins[i]->name, name) == 0) return plugins[i];
-    return NULL;
-}
-
-int m2d_mc_plugin_count(void) { return n_plugins; }
-const m2d_mc_plugin *m2d_mc_plugin_at(int i) { return plugins[i]; }
+void m2d_mc_plugin_register(const m2d_mc_plugin *p) { m2d_name_table_add(&plugins, p); }
+const m2d_mc_plugin *m2d_mc_plugin_find(const char *name) { return m2d_name_table_find(&plugins, name); }
+int m2d_mc_plugin_count(void) { return plugins.n; }
+const m2d_mc_plugin *m2d_mc_plugin_at(int i) { return plugins.items[i]; }
 
 char *m2d_mc_plugin_list(void) {
     size_t n = 1;
-    for (int i = 0; i < n_plugins; i++) n += strlen(plugins[i]->name) + 2;
+    for (int i = 0; i < plugins.n; i++) n += strlen(m2d_mc_plugin_at(i)->name) + 2;
     char *s = m2d_calloc(1, n + 32);
-    for (int i = 0; i < n_plugins; i++) {
+    for (int i = 0; i < plugins.n; i++) {
         if (i) strcat(s, ", ");
-        strcat(s, plugins[i]->name);
+        strcat(s, m2d_mc_plugin_at(i)->name);
     }
     return s;
 }
@@ -345,8 +326,8 @@ static int add_task_name(run_list *l, const char *name) {
         return 0;
     }
     /* a single subtask: "<family>_<subtask>" */
-    for (int i = 0; i < n_plugins; i++) {
-        p = plugins[i];
+    for (int i = 0; i < plugins.n; i++) {
+        p = m2d_mc_plugin_at(i);
         size_t lp = strlen(p->name);
         if (p->n_subtasks <= 1 || strncmp(name, p->name, lp) != 0 || name[lp] != '_') continue;
         for (int s = 0; s < p->n_subtasks; s++)
@@ -629,8 +610,8 @@ const m2d_mc_task_result *m2d_mc_results_find(const m2d_mc_results *r, const cha
 /* A subject of a family whose groups were reported (kept out of the text table). */
 static int is_grouped_subtask(const m2d_mc_results *r, const m2d_mc_task_result *t) {
     if (t->is_group) return 0;
-    for (int i = 0; i < n_plugins; i++) {
-        const m2d_mc_plugin *p = plugins[i];
+    for (int i = 0; i < plugins.n; i++) {
+        const m2d_mc_plugin *p = m2d_mc_plugin_at(i);
         size_t lp = strlen(p->name);
         if (p->n_subtasks > 1 && strncmp(t->name, p->name, lp) == 0 && t->name[lp] == '_' &&
             m2d_mc_results_find(r, p->name))

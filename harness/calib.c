@@ -244,17 +244,19 @@ int m2d_calib_run(const m2d_model *m, const int32_t *ids, int64_t n_ids, const m
     if (cfg->num_experts <= 0) return m2d_err("%s: config.json: field 'num_experts': the model has no MoE layers", m->dir);
     int L = o->seq_len > 0 ? o->seq_len : m2d_calib_default_seq_len(cfg);
     if (cfg->max_position_embeddings > 0 && L > cfg->max_position_embeddings)
-        return m2d_err("calibration: seq_len %d exceeds max_position_embeddings %d", L, cfg->max_position_embeddings);
+        return m2d_err("%s: config.json: field 'max_position_embeddings': %d is shorter than the calibration "
+                       "seq_len %d", m->dir, cfg->max_position_embeddings, L);
     int N = o->n_samples > 0 ? o->n_samples : M2D_CALIB_DEFAULT_SAMPLES;
+    const char *data_name = o->data_path ? o->data_path : "calibration text"; /* named in errors */
     for (int64_t i = 0; i < n_ids; i++)
         if (ids[i] < 0 || ids[i] >= cfg->vocab_size)
-            return m2d_err("calibration: token id %d at position %lld is outside the vocabulary (%d)", ids[i],
-                           (long long)i, cfg->vocab_size);
+            return m2d_err("%s: token id %d at position %lld is outside the vocabulary (%s/config.json field "
+                           "'vocab_size' = %d)", data_name, ids[i], (long long)i, m->dir, cfg->vocab_size);
     int64_t *starts = m2d_malloc((size_t)N * sizeof *starts);
     int nw;
     if (m2d_calib_windows(n_ids, L, N, o->seeded, o->seed, starts, &nw)) {
         free(starts);
-        return -1;
+        return m2d_err_prefix(data_name);
     }
     int E = cfg->num_experts, d = cfg->hidden_size;
     m2d_stats *st = m2d_calloc(1, sizeof *st);

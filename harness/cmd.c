@@ -1,5 +1,6 @@
 #include "cmd.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,31 +8,14 @@
 #include "util.h"
 
 #define MAX_COMMANDS 64
-static const m2d_command *commands[MAX_COMMANDS];
-static int n_commands;
+static const void *command_items[MAX_COMMANDS];
+static m2d_name_table commands = {command_items, 0, MAX_COMMANDS, offsetof(m2d_command, name),
+                                  "too many commands (raise MAX_COMMANDS)"};
 
-void m2d_command_register(const m2d_command *c) {
-    if (n_commands == MAX_COMMANDS) {
-        fprintf(stderr, "moe2dense: too many commands (raise MAX_COMMANDS)\n");
-        abort();
-    }
-    /* insertion keeps the table sorted by name */
-    int i = n_commands++;
-    while (i > 0 && strcmp(commands[i - 1]->name, c->name) > 0) {
-        commands[i] = commands[i - 1];
-        i--;
-    }
-    commands[i] = c;
-}
-
-const m2d_command *m2d_command_find(const char *name) {
-    for (int i = 0; i < n_commands; i++)
-        if (strcmp(commands[i]->name, name) == 0) return commands[i];
-    return NULL;
-}
-
-int m2d_command_count(void) { return n_commands; }
-const m2d_command *m2d_command_at(int i) { return commands[i]; }
+void m2d_command_register(const m2d_command *c) { m2d_name_table_add(&commands, c); }
+const m2d_command *m2d_command_find(const char *name) { return m2d_name_table_find(&commands, name); }
+int m2d_command_count(void) { return commands.n; }
+const m2d_command *m2d_command_at(int i) { return commands.items[i]; }
 
 int m2d_cmd_fail(const char *cmd) {
     const char *msg = m2d_errmsg();

@@ -59,9 +59,7 @@ static int cmd_calibrate_run(int argc, char **argv) {
     if (m2d_model_open(model, &m) || m2d_tokenizer_load(model, &tk)) goto done;
     if (!(text = m2d_read_file(data, &len))) goto done;
     if (m2d_tokenizer_encode(tk, text, len, &ids, &n_ids)) {
-        char *msg = m2d_strfmt("%s: %s", data, m2d_errmsg());
-        m2d_err("%s", msg);
-        free(msg);
+        m2d_err_prefix(data);
         goto done;
     }
     if (L == 0) L = m2d_calib_default_seq_len(&m->cfg);

@@ -121,9 +121,7 @@ static int cmd_convert_run(int argc, char **argv) {
     if (m2d_parse_int("convert", "-K", K_s, 1, 1 << 20, &K)) goto done;
     if (groups_s && m2d_parse_int("convert", "--groups", groups_s, 1, 1 << 20, &groups)) goto done;
     if (m2d_params_parse(params_s, &params)) {
-        char *msg = m2d_strfmt("convert: --param: %s", m2d_errmsg());
-        m2d_err("%s", msg);
-        free(msg);
+        m2d_err_prefix("convert: --param");
         goto done;
     }
     if (m2d_model_open(model, &m) || m2d_stats_read(stats, &s) || m2d_stats_check_model(s, stats, m)) goto done;

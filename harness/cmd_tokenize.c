@@ -29,25 +29,6 @@ static const char TOKENIZE_USAGE[] =
     "  echo 'Hello world' | moe2dense tokenize --model ../shared/models/tiny-qwen3moe\n"
     "  moe2dense tokenize --model tok.json --file ids.txt --decode > text.txt\n";
 
-static char *read_stdin(size_t *len) {
-    size_t cap = 1 << 16, n = 0;
-    char *buf = m2d_malloc(cap);
-    for (;;) {
-        if (n + 1 >= cap) buf = m2d_realloc(buf, cap *= 2);
-        size_t got = fread(buf + n, 1, cap - n - 1, stdin);
-        n += got;
-        if (got == 0) break;
-    }
-    if (ferror(stdin)) {
-        free(buf);
-        m2d_err("stdin: read error");
-        return NULL;
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
-}
-
 /* Whitespace-separated decimal ids; anything else is an error naming the byte offset. */
 static int parse_ids(const char *src, const char *s, size_t n, int32_t **out, size_t *n_out) {
     size_t cap = 1024, k = 0;
@@ -111,7 +92,7 @@ static int cmd_tokenize_run(int argc, char **argv) {
     m2d_tokenizer *tk;
     if (m2d_tokenizer_load(model, &tk)) return m2d_cmd_fail("tokenize");
     size_t len;
-    char *input = file ? m2d_read_file(file, &len) : read_stdin(&len);
+    char *input = file ? m2d_read_file(file, &len) : m2d_read_stream(stdin, "stdin", &len);
     const char *src = file ? file : "stdin";
     int rc = -1;
     if (!input) goto done;
@@ -124,9 +105,7 @@ static int cmd_tokenize_run(int argc, char **argv) {
         int r = m2d_tokenizer_decode(tk, ids, n, &text, &tlen);
         free(ids);
         if (r) {
-            char *msg = m2d_strdup(m2d_errmsg());
-            m2d_err("%s: %s", src, msg);
-            free(msg);
+            m2d_err_prefix(src);
             goto done;
         }
         rc = write_all(text, tlen);
@@ -135,9 +114,7 @@ static int cmd_tokenize_run(int argc, char **argv) {
         int32_t *ids;
         size_t n;
         if (m2d_tokenizer_encode(tk, input, len, &ids, &n)) {
-            char *msg = m2d_strdup(m2d_errmsg());
-            m2d_err("%s: %s", src, msg);
-            free(msg);
+            m2d_err_prefix(src);
             goto done;
         }
         rc = print_ids(ids, n);

@@ -607,6 +607,17 @@ static int prepare_dir(const char *dir) {
     return 0;
 }
 
+/* Print J (which this frees) to DIR/NAME atomically. */
+static int write_json(const char *dir, const char *name, cJSON *j) {
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j);
+    char *path = m2d_path_join(dir, name);
+    int rc = m2d_write_file_atomic(path, text, strlen(text));
+    free(path);
+    free(text);
+    return rc;
+}
+
 static int write_config(const m2d_model *t, const m2d_convert_plan *plan, const char *dir) {
     char *src = m2d_path_join(t->dir, "config.json");
     size_t n;
@@ -639,13 +650,7 @@ static int write_config(const m2d_model *t, const m2d_convert_plan *plan, const 
         cJSON_DeleteItemFromObject(j, "num_experts_per_tok");
         cJSON_AddNumberToObject(j, "num_experts_per_tok", M2D_MIN(c->num_experts_per_tok, n_experts));
     }
-    char *out = cJSON_Print(j);
-    cJSON_Delete(j);
-    char *p = m2d_path_join(dir, "config.json");
-    int rc = m2d_write_file_atomic(p, out, strlen(out));
-    free(p);
-    free(out);
-    return rc;
+    return write_json(dir, "config.json", j);
 }
 
 static int copy_tokenizer_files(const m2d_model *t, const char *dir) {
@@ -754,13 +759,7 @@ static int write_manifest(const m2d_model *t, const m2d_convert_plan *p, const c
         cJSON_AddItemToObject(o, "alpha", dbl_array(l->alpha, l->n_groups));
         cJSON_AddItemToArray(layers, o);
     }
-    char *text = cJSON_Print(j);
-    cJSON_Delete(j);
-    char *path = m2d_path_join(dir, "moe2dense.json");
-    int rc = m2d_write_file_atomic(path, text, strlen(text));
-    free(path);
-    free(text);
-    return rc;
+    return write_json(dir, "moe2dense.json", j);
 }
 
 int m2d_convert_write(const m2d_model *t, const m2d_model *s, const m2d_convert_plan *plan, const char *stats_path,

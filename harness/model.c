@@ -4,6 +4,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,37 +14,21 @@
 /* ---------------------------------------------------------------- registry */
 
 #define MAX_ARCHS 32
-static const m2d_arch *archs[MAX_ARCHS];
-static int n_archs;
+static const void *arch_items[MAX_ARCHS];
+static m2d_name_table archs = {arch_items, 0, MAX_ARCHS, offsetof(m2d_arch, name),
+                               "too many architectures (raise MAX_ARCHS)"};
 
-void m2d_arch_register(const m2d_arch *a) {
-    if (n_archs == MAX_ARCHS) {
-        fprintf(stderr, "moe2dense: too many architectures (raise MAX_ARCHS)\n");
-        abort();
-    }
-    int i = n_archs++;
-    while (i > 0 && strcmp(archs[i - 1]->name, a->name) > 0) {
-        archs[i] = archs[i - 1];
-        i--;
-    }
-    archs[i] = a;
-}
-
-const m2d_arch *m2d_arch_find(const char *name) {
-    for (int i = 0; i < n_archs; i++)
-        if (strcmp(archs[i]->name, name) == 0) return archs[i];
-    return NULL;
-}
-
-int m2d_arch_count(void) { return n_archs; }
-const m2d_arch *m2d_arch_at(int i) { return archs[i]; }
+void m2d_arch_register(const m2d_arch *a) { m2d_name_table_add(&archs, a); }
+const m2d_arch *m2d_arch_find(const char *name) { return m2d_name_table_find(&archs, name); }
+int m2d_arch_count(void) { return archs.n; }
+const m2d_arch *m2d_arch_at(int i) { return archs.items[i]; }
 
 const char *m2d_arch_list(void) {
     static char buf[1024];
     size_t used = 0;
     buf[0] = 0;
-    for (int i = 0; i < n_archs && used < sizeof buf; i++)
-        used += (size_t)snprintf(buf + used, sizeof buf - used, "%s%s", i ? ", " : "", archs[i]->name);
+    for (int i = 0; i < archs.n && used < sizeof buf; i++)
+        used += (size_t)snprintf(buf + used, sizeof buf - used, "%s%s", i ? ", " : "", m2d_arch_at(i)->name);
     return buf;
 }
 

@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,8 +13,11 @@
 #include "util.h"
 
 #define MAX_PLUGINS 128
-static const m2d_plugin *table[M2D_PLUGIN_KINDS][MAX_PLUGINS];
-static int count[M2D_PLUGIN_KINDS];
+static const void *items[M2D_PLUGIN_KINDS][MAX_PLUGINS];
+#define PLUGIN_TABLE(kind) {items[kind], 0, MAX_PLUGINS, offsetof(m2d_plugin, name), "too many plugins (raise MAX_PLUGINS)"}
+static m2d_name_table tables[M2D_PLUGIN_KINDS] = {PLUGIN_TABLE(M2D_SCORING), PLUGIN_TABLE(M2D_GROUPING),
+                                                  PLUGIN_TABLE(M2D_SCALING)};
+_Static_assert(M2D_PLUGIN_KINDS == 3, "one PLUGIN_TABLE per kind");
 
 /* "do-X" plugins made on demand for base scorings X; they live as long as the process. The sweep
  * looks plugins up from worker threads, so making one is serialised. */
@@ -26,28 +30,15 @@ void m2d_plugin_register(const m2d_plugin *p) {
         fprintf(stderr, "moe2dense: plugin with bad kind or no name\n");
         abort();
     }
-    const m2d_plugin **t = table[p->kind];
-    for (int i = 0; i < count[p->kind]; i++)
-        if (!strcmp(t[i]->name, p->name)) {
-            fprintf(stderr, "moe2dense: %s plugin '%s' registered twice\n", m2d_plugin_kind_name(p->kind), p->name);
-            abort();
-        }
-    if (count[p->kind] == MAX_PLUGINS) {
-        fprintf(stderr, "moe2dense: too many plugins (raise MAX_PLUGINS)\n");
+    if (m2d_name_table_find(&tables[p->kind], p->name)) {
+        fprintf(stderr, "moe2dense: %s plugin '%s' registered twice\n", m2d_plugin_kind_name(p->kind), p->name);
         abort();
     }
-    int i = count[p->kind]++; /* insertion keeps the table sorted by name */
-    while (i > 0 && strcmp(t[i - 1]->name, p->name) > 0) {
-        t[i] = t[i - 1];
-        i--;
-    }
-    t[i] = p;
+    m2d_name_table_add(&tables[p->kind], p);
 }
 
 static const m2d_plugin *find_registered(m2d_plugin_kind kind, const char *name) {
-    for (int i = 0; i < count[kind]; i++)
-        if (!strcmp(table[kind][i]->name, name)) return table[kind][i];
-    return NULL;
+    return m2d_name_table_find(&tables[kind], name);
 }
 
 /* do-X over a base scoring X: X's scores, D-optimal selection with I = those scores */
@@ -82,11 +73,11 @@ const m2d_plugin *m2d_plugin_find(m2d_plugin_kind kind, const char *name) {
     return p;
 }
 
-int m2d_plugin_count(m2d_plugin_kind kind) { return (unsigned)kind < M2D_PLUGIN_KINDS ? count[kind] : 0; }
+int m2d_plugin_count(m2d_plugin_kind kind) { return (unsigned)kind < M2D_PLUGIN_KINDS ? tables[kind].n : 0; }
 
 const m2d_plugin *m2d_plugin_at(m2d_plugin_kind kind, int i) {
-    if ((unsigned)kind >= M2D_PLUGIN_KINDS || i < 0 || i >= count[kind]) return NULL;
-    return table[kind][i];
+    if ((unsigned)kind >= M2D_PLUGIN_KINDS || i < 0 || i >= tables[kind].n) return NULL;
+    return tables[kind].items[i];
 }
 
 const char *m2d_plugin_kind_name(m2d_plugin_kind kind) {

@@ -63,6 +63,16 @@ int m2d_err1(const char *fmt, ...) {
 
 /* ---------------------------------------------------------------- header parsing */
 
+/* The __metadata__ string pairs of a file (reader) or of the file to write (writer). */
+static void free_metadata(char **keys, char **vals, int n) {
+    for (int i = 0; i < n; i++) {
+        free(keys[i]);
+        free(vals[i]);
+    }
+    free(keys);
+    free(vals);
+}
+
 static void st_free_contents(m2d_st *st) {
     for (int i = 0; i < st->n; i++) {
         free((char *)st->entries[i].t.name);
@@ -71,12 +81,7 @@ static void st_free_contents(m2d_st *st) {
     for (int f = 0; f < st->n_files; f++) {
         st_file *sf = &st->files[f];
         if (sf->mapped && sf->base) munmap((void *)sf->base, sf->size);
-        for (int k = 0; k < sf->n_meta; k++) {
-            free(sf->meta_keys[k]);
-            free(sf->meta_vals[k]);
-        }
-        free(sf->meta_keys);
-        free(sf->meta_vals);
+        free_metadata(sf->meta_keys, sf->meta_vals, sf->n_meta);
         free(sf->path);
     }
     free(st->files);
@@ -652,12 +657,7 @@ void m2d_st_writer_free(m2d_st_writer *w) {
         free(w->e[i].name);
         free(w->e[i].owned);
     }
-    for (int i = 0; i < w->n_meta; i++) {
-        free(w->meta_keys[i]);
-        free(w->meta_vals[i]);
-    }
-    free(w->meta_keys);
-    free(w->meta_vals);
+    free_metadata(w->meta_keys, w->meta_vals, w->n_meta);
     free(w->e);
     free(w);
 }

@@ -733,27 +733,8 @@ static int32_t lookup_model_token(const m2d_tokenizer *tk, const char *s, size_t
     return strmap_get(&tk->vocab, s, n);
 }
 
-static int load_model(m2d_tokenizer *tk, const loadctx *L, const cJSON *model) {
-    if (!cJSON_IsObject(model)) return field_err(L, "model", "expected an object");
-    const char *type;
-    if (get_opt_string(L, model, "type", "model.type", &type)) return -1;
-    /* HF also accepts an untagged model; one with merges is a BPE */
-    if (type ? strcmp(type, "BPE") != 0 : !get_field(model, "merges"))
-        return unsupported(L, "model.type", type ? type : "(missing)", "BPE");
-    const cJSON *dropout = get_field(model, "dropout");
-    if (dropout && !cJSON_IsNull(dropout) && !(cJSON_IsNumber(dropout) && dropout->valuedouble == 0))
-        return m2d_err("%s: field 'model.dropout': BPE dropout is random and not supported (need null)", L->path);
-    const char *prefix, *suffix, *unk;
-    if (get_opt_string(L, model, "continuing_subword_prefix", "model.continuing_subword_prefix", &prefix) ||
-        get_opt_string(L, model, "end_of_word_suffix", "model.end_of_word_suffix", &suffix) ||
-        get_opt_string(L, model, "unk_token", "model.unk_token", &unk) ||
-        get_bool(L, model, "fuse_unk", "model.fuse_unk", 0, &tk->fuse_unk) ||
-        get_bool(L, model, "byte_fallback", "model.byte_fallback", 0, &tk->byte_fallback) ||
-        get_bool(L, model, "ignore_merges", "model.ignore_merges", 0, &tk->ignore_merges))
-        return -1;
-    if (prefix && *prefix) tk->subword_prefix = m2d_strdup(prefix);
-    if (suffix && *suffix) tk->word_suffix = m2d_strdup(suffix);
-
+/* model.vocab {token: id}, and model.unk_token (UNK, may be NULL) looked up in it. */
+static int load_vocab(m2d_tokenizer *tk, const loadctx *L, const cJSON *model, const char *unk) {
     const cJSON *vocab = get_field(model, "vocab");
     if (!cJSON_IsObject(vocab)) return field_err(L, "model.vocab", "expected an object {token: id}");
     int nv = cJSON_GetArraySize(vocab);
@@ -772,7 +753,11 @@ static int load_model(m2d_tokenizer *tk, const loadctx *L, const cJSON *model) {
         tk->unk_id = lookup_model_token(tk, unk, strlen(unk));
         if (tk->unk_id < 0) return field_err(L, "model.unk_token", "not in model.vocab");
     }
+    return 0;
+}
 
+/* model.merges, in rank order: each pair and its merged token must be in the vocab. */
+static int load_merges(m2d_tokenizer *tk, const loadctx *L, const cJSON *model) {
     const cJSON *merges = get_field(model, "merges");
     if (!cJSON_IsArray(merges)) return field_err(L, "model.merges", "expected an array");
     int nm = cJSON_GetArraySize(merges);
@@ -827,6 +812,29 @@ static int load_model(m2d_tokenizer *tk, const loadctx *L, const cJSON *model) {
     }
     free(joined);
     return 0;
+}
+
+static int load_model(m2d_tokenizer *tk, const loadctx *L, const cJSON *model) {
+    if (!cJSON_IsObject(model)) return field_err(L, "model", "expected an object");
+    const char *type;
+    if (get_opt_string(L, model, "type", "model.type", &type)) return -1;
+    /* HF also accepts an untagged model; one with merges is a BPE */
+    if (type ? strcmp(type, "BPE") != 0 : !get_field(model, "merges"))
+        return unsupported(L, "model.type", type ? type : "(missing)", "BPE");
+    const cJSON *dropout = get_field(model, "dropout");
+    if (dropout && !cJSON_IsNull(dropout) && !(cJSON_IsNumber(dropout) && dropout->valuedouble == 0))
+        return m2d_err("%s: field 'model.dropout': BPE dropout is random and not supported (need null)", L->path);
+    const char *prefix, *suffix, *unk;
+    if (get_opt_string(L, model, "continuing_subword_prefix", "model.continuing_subword_prefix", &prefix) ||
+        get_opt_string(L, model, "end_of_word_suffix", "model.end_of_word_suffix", &suffix) ||
+        get_opt_string(L, model, "unk_token", "model.unk_token", &unk) ||
+        get_bool(L, model, "fuse_unk", "model.fuse_unk", 0, &tk->fuse_unk) ||
+        get_bool(L, model, "byte_fallback", "model.byte_fallback", 0, &tk->byte_fallback) ||
+        get_bool(L, model, "ignore_merges", "model.ignore_merges", 0, &tk->ignore_merges))
+        return -1;
+    if (prefix && *prefix) tk->subword_prefix = m2d_strdup(prefix);
+    if (suffix && *suffix) tk->word_suffix = m2d_strdup(suffix);
+    return load_vocab(tk, L, model, unk) || load_merges(tk, L, model) ? -1 : 0;
 }
 
 static int load_decoder(m2d_tokenizer *tk, const loadctx *L, const cJSON *dec) {

@@ -22,6 +22,13 @@ int m2d_err(const char *fmt, ...) {
 const char *m2d_errmsg(void) { return err_buf[0] ? err_buf : "unknown error"; }
 void m2d_err_clear(void) { err_buf[0] = 0; }
 
+int m2d_err_prefix(const char *prefix) {
+    char *msg = m2d_strdup(m2d_errmsg()); /* m2d_err overwrites the buffer it would read */
+    m2d_err("%s: %s", prefix, msg);
+    free(msg);
+    return -1;
+}
+
 static void oom(size_t n) {
     fprintf(stderr, "moe2dense: out of memory allocating %zu bytes\n", n);
     abort();
@@ -52,24 +59,25 @@ char *m2d_strdup(const char *s) {
     return d;
 }
 
+char *m2d_vstrfmt(const char *fmt, va_list ap) {
+    va_list again; /* AP is consumed by the sizing pass */
+    va_copy(again, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    char *s = m2d_malloc((size_t)n + 1);
+    vsnprintf(s, (size_t)n + 1, fmt, again);
+    va_end(again);
+    return s;
+}
+
 char *m2d_strfmt(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    char *s = m2d_malloc((size_t)n + 1);
-    va_start(ap, fmt);
-    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    char *s = m2d_vstrfmt(fmt, ap);
     va_end(ap);
     return s;
 }
 
-char *m2d_read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        m2d_err("%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
+char *m2d_read_stream(FILE *f, const char *name, size_t *len) {
     size_t cap = 1 << 16, n = 0;
     char *buf = m2d_malloc(cap);
     for (;;) {
@@ -78,15 +86,24 @@ char *m2d_read_file(const char *path, size_t *len) {
         n += got;
         if (got == 0) break;
     }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
+    if (ferror(f)) {
         free(buf);
-        m2d_err("%s: read error", path);
+        m2d_err("%s: read error", name);
         return NULL;
     }
     buf[n] = 0;
     if (len) *len = n;
+    return buf;
+}
+
+char *m2d_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        m2d_err("%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = m2d_read_stream(f, path, len);
+    fclose(f);
     return buf;
 }
 
@@ -344,4 +361,29 @@ int m2d_parse_double(const char *cmd, const char *opt, const char *s, double *ou
     if (errno || end == s || *end) return m2d_err("%s: %s: '%s' is not a number", cmd, opt, s);
     *out = v;
     return 0;
+}
+
+static const char *name_at(const m2d_name_table *t, int i) {
+    return *(const char *const *)((const char *)t->items[i] + t->name_offset);
+}
+
+void m2d_name_table_add(m2d_name_table *t, const void *item) {
+    if (t->n == t->cap) {
+        fprintf(stderr, "moe2dense: %s\n", t->full_msg);
+        abort();
+    }
+    int i = t->n++; /* insertion keeps the table sorted by name */
+    t->items[i] = item;
+    const char *name = name_at(t, i);
+    while (i > 0 && strcmp(name_at(t, i - 1), name) > 0) {
+        t->items[i] = t->items[i - 1];
+        i--;
+    }
+    t->items[i] = item;
+}
+
+const void *m2d_name_table_find(const m2d_name_table *t, const char *name) {
+    for (int i = 0; i < t->n; i++)
+        if (strcmp(name_at(t, i), name) == 0) return t->items[i];
+    return NULL;
 }

@@ -2,6 +2,7 @@
 #ifndef M2D_UTIL_H
 #define M2D_UTIL_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -12,6 +13,8 @@
  * with m2d_err() and returns -1 (or NULL). The command layer prints it once. */
 int m2d_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *m2d_errmsg(void);
+/* Put "PREFIX: " in front of the recorded error (e.g. the input file a parser did not know); -1. */
+int m2d_err_prefix(const char *prefix);
 void m2d_err_clear(void);
 
 /* Allocation that aborts with a message on out-of-memory (the only fatal path). */
@@ -20,9 +23,12 @@ void *m2d_calloc(size_t n, size_t size);
 void *m2d_realloc(void *p, size_t n);
 char *m2d_strdup(const char *s);
 char *m2d_strfmt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+char *m2d_vstrfmt(const char *fmt, va_list ap) __attribute__((format(printf, 1, 0)));
 
 /* Whole-file read (NUL-terminated; *len excludes the NUL). NULL + m2d_err on failure. */
 char *m2d_read_file(const char *path, size_t *len);
+/* The same for an open stream read to its end (e.g. stdin); NAME is the file named in errors. */
+char *m2d_read_stream(FILE *f, const char *name, size_t *len);
 /* Atomic write: data goes to PATH.tmp.PID, fsync, rename. */
 int m2d_write_file_atomic(const char *path, const void *data, size_t len);
 int m2d_file_exists(const char *path);
@@ -64,6 +70,18 @@ int m2d_parse_opts(const char *cmd, int argc, char **argv, const m2d_opt *opts,
                    char **positional, int max_positional, int *n_positional);
 int m2d_parse_int(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out);
 int m2d_parse_double(const char *cmd, const char *opt, const char *s, double *out);
+
+/* The registries (commands, architectures, plugins, tasks): a fixed array of pointers to structs
+ * with a `const char *name` at NAME_OFFSET, kept sorted by name as constructors add to it before
+ * main, so listings come out sorted whatever the link order. */
+typedef struct {
+    const void **items;
+    int n, cap;
+    size_t name_offset;    /* offsetof(T, name) */
+    const char *full_msg;  /* abort message when full, e.g. "too many commands (raise MAX_COMMANDS)" */
+} m2d_name_table;
+void m2d_name_table_add(m2d_name_table *t, const void *item); /* aborts when full */
+const void *m2d_name_table_find(const m2d_name_table *t, const char *name);
 
 #define M2D_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define M2D_MIN(a, b) ((a) < (b) ? (a) : (b))

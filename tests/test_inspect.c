@@ -11,16 +11,6 @@
 #include "testmodel.h"
 #include "util.h"
 
-static char *tiny_dir(void) {
-    const char *m = tu_models_dir();
-    char *d = m ? m2d_path_join(m, "tiny-qwen3moe") : NULL;
-    if (d && !m2d_file_exists(d)) {
-        free(d);
-        d = NULL;
-    }
-    return d;
-}
-
 static int inspect(const char *args, char **out, char **err) {
     char *cmd = m2d_strfmt("'%s' inspect %s", tu_bin(), args);
     int rc = tu_run(cmd, out, err);
@@ -30,7 +20,7 @@ static int inspect(const char *args, char **out, char **err) {
 
 static void tiny_teacher_text(void **state) {
     (void)state;
-    char *dir = tiny_dir();
+    char *dir = tu_model_path("tiny-qwen3moe");
     if (!dir) TU_SKIP("tiny-qwen3moe not found");
     char *args = m2d_strfmt("--model '%s'", dir), *out, *err;
     int rc = inspect(args, &out, &err);
@@ -49,7 +39,7 @@ static void tiny_teacher_text(void **state) {
 
 static void tiny_teacher_json(void **state) {
     (void)state;
-    char *dir = tiny_dir();
+    char *dir = tu_model_path("tiny-qwen3moe");
     if (!dir) TU_SKIP("tiny-qwen3moe not found");
     char *args = m2d_strfmt("--model '%s' --json", dir), *out, *err;
     int rc = inspect(args, &out, &err);
@@ -101,18 +91,6 @@ static void sharded_dense(void **state) {
     free(dir);
 }
 
-static void replace_in_file(const char *path, const char *from, const char *to) {
-    size_t n;
-    char *s = m2d_read_file(path, &n);
-    assert_non_null(s);
-    char *at = strstr(s, from);
-    if (!at) fail_msg("'%s' not in %s", from, path);
-    char *t = m2d_strfmt("%.*s%s%s", (int)(at - s), s, to, at + strlen(from));
-    tu_write(path, t, strlen(t));
-    free(s);
-    free(t);
-}
-
 /* Corrupt a fresh checkpoint with CORRUPT, run inspect, expect exit 1 and one stderr line with NEEDLE. */
 static void expect_cli_error(void (*corrupt)(const char *dir), const char *needle) {
     m2d_testmodel_opts o;
@@ -156,12 +134,12 @@ static void huge_header_len(const char *dir) {
 }
 static void bad_json_config(const char *dir) {
     char *p = m2d_path_join(dir, "config.json");
-    replace_in_file(p, "{", "[");
+    tu_replace_in_file(p, "{", "[");
     free(p);
 }
 static void unknown_arch(const char *dir) {
     char *p = m2d_path_join(dir, "config.json");
-    replace_in_file(p, "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM");
+    tu_replace_in_file(p, "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM");
     free(p);
 }
 static void no_config(const char *dir) {
@@ -176,7 +154,7 @@ static void no_weights(const char *dir) {
 }
 static void wrong_shape_config(const char *dir) {
     char *p = m2d_path_join(dir, "config.json");
-    replace_in_file(p, "\"moe_intermediate_size\": 16", "\"moe_intermediate_size\": 17");
+    tu_replace_in_file(p, "\"moe_intermediate_size\": 16", "\"moe_intermediate_size\": 17");
     free(p);
 }
 
@@ -196,7 +174,7 @@ static void cli_bad_inputs(void **state) {
 /* A bare .safetensors file: header-level summary; --tensors lists every tensor. */
 static void safetensors_file_only(void **state) {
     (void)state;
-    char *dir = tiny_dir();
+    char *dir = tu_model_path("tiny-qwen3moe");
     if (!dir) TU_SKIP("tiny-qwen3moe not found");
     char *args = m2d_strfmt("--model '%s/model.safetensors' --tensors", dir), *out, *err;
     int rc = inspect(args, &out, &err);

@@ -91,48 +91,14 @@ static void tokenize_rules(void **state) {
 
 /* ---------------------------------------------------------------- engine on the tiny teacher */
 
-static char *tiny_dir(void) {
-    const char *m = tu_models_dir();
-    if (!m) return NULL;
-    char *d = m2d_path_join(m, "tiny-qwen3moe");
-    struct stat st;
-    if (stat(d, &st) != 0) { free(d); return NULL; }
-    return d;
-}
-
 static int have_data(void) {
     struct stat st;
     return stat(tu_data_path("mmlu/data/dev/anatomy_dev.csv"), &st) == 0;
 }
 
 /* Requests of the first docs of a few tasks, collected through a recording scorer. */
-typedef struct {
-    m2d_ll_request *r;
-    int n, cap;
-    int *group; /* call index of each request (the choices of one document) */
-    int calls;
-} recorder;
-
-static int record_ll(m2d_lm *lm, const m2d_ll_request *reqs, int n, m2d_ll_result *out) {
-    recorder *rec = lm->impl;
-    for (int i = 0; i < n; i++) {
-        if (rec->n == rec->cap) {
-            rec->cap = rec->cap ? 2 * rec->cap : 64;
-            rec->r = m2d_realloc(rec->r, sizeof *rec->r * (size_t)rec->cap);
-            rec->group = m2d_realloc(rec->group, sizeof(int) * (size_t)rec->cap);
-        }
-        rec->r[rec->n].context = m2d_strdup(reqs[i].context);
-        rec->r[rec->n].continuation = m2d_strdup(reqs[i].continuation);
-        rec->group[rec->n++] = rec->calls;
-        out[i].ll = -1;
-        out[i].is_greedy = 0;
-    }
-    rec->calls++;
-    return 0;
-}
-
-static void collect(recorder *rec, const char *tasks, int shots, int limit) {
-    m2d_lm lm = {"recorder", record_ll, NULL, rec};
+static void collect(m2d_ll_recording *rec, const char *tasks, int shots, int limit) {
+    m2d_lm lm = m2d_lm_recorder(rec);
     m2d_mc_config cfg;
     m2d_mc_config_default(&cfg);
     cfg.data_dir = getenv("M2D_DATA") ? getenv("M2D_DATA") : "data";
@@ -151,10 +117,10 @@ static void collect(recorder *rec, const char *tasks, int shots, int limit) {
  * matters (a flip needs two choices within 1e-4 nats). */
 static void cached_equals_naive(void **state) {
     (void)state;
-    char *dir = tiny_dir();
+    char *dir = tu_model_path("tiny-qwen3moe");
     if (!dir) TU_SKIP("tiny-qwen3moe not found");
     if (!have_data()) { free(dir); TU_SKIP("data/ not populated (run make data)"); }
-    recorder rec = {0};
+    m2d_ll_recording rec = {0};
     collect(&rec, "mmlu_anatomy", 5, 2);  /* shared description + dev shots, beyond 512 tokens */
     collect(&rec, "mmlu_virology", 1, 2); /* the cached prefix is reused from one doc to the next */
     collect(&rec, "arc_easy,winogrande", 1, 1);
@@ -166,8 +132,8 @@ static void cached_equals_naive(void **state) {
     for (int i = 0; i < rec.n;) {
         int j = i;
         while (j < rec.n && rec.group[j] == rec.group[i]) j++;
-        assert_int_equal(m2d_lm_loglikelihood(cached, rec.r + i, j - i, a + i), 0);
-        for (int k = i; k < j; k++) assert_int_equal(m2d_lm_loglikelihood(naive, rec.r + k, 1, b + k), 0);
+        assert_int_equal(m2d_lm_loglikelihood(cached, rec.reqs + i, j - i, a + i), 0);
+        for (int k = i; k < j; k++) assert_int_equal(m2d_lm_loglikelihood(naive, rec.reqs + k, 1, b + k), 0);
         i = j;
     }
     double worst = 0;
@@ -177,7 +143,7 @@ static void cached_equals_naive(void **state) {
         double d = fabs(a[i].ll - b[i].ll);
         if (d > worst) worst = d;
         /* 1e-4 per scored token; byte-level BPE: tokens <= bytes of the continuation */
-        double tol = 1e-4 * (double)strlen(rec.r[i].continuation);
+        double tol = 1e-4 * (double)strlen(rec.reqs[i].continuation);
         if (d > tol) fail_msg("request %d: cached %.9f naive %.9f (tol %.1g)", i, a[i].ll, b[i].ll, tol);
         assert_true(b[i].is_greedy == 0 || b[i].is_greedy == 1);
         greedy += b[i].is_greedy;
@@ -189,18 +155,15 @@ static void cached_equals_naive(void **state) {
     assert_true(st.tokens_reused > 0);
     m2d_lm_free(cached);
     m2d_lm_free(naive);
-    for (int i = 0; i < rec.n; i++) {
-        free((char *)rec.r[i].context);
-        free((char *)rec.r[i].continuation);
-    }
-    free(rec.r); free(rec.group); free(a); free(b); free(dir);
+    m2d_ll_recording_free(&rec);
+    free(a); free(b); free(dir);
 }
 
 /* The engine scorer against a hand computation: an empty context scores the continuation after
  * the prefix token (EOS here: the tiny teacher has no BOS), i.e. naive logprobs of the window. */
 static void empty_context_uses_eos(void **state) {
     (void)state;
-    char *dir = tiny_dir();
+    char *dir = tu_model_path("tiny-qwen3moe");
     if (!dir) TU_SKIP("tiny-qwen3moe not found");
     m2d_lm *cached = NULL, *naive = NULL;
     if (m2d_lm_engine_open(dir, 2, M2D_LM_CACHED, 0, &cached)) fail_msg("%s", m2d_errmsg());
@@ -243,7 +206,7 @@ static void empty_context_uses_eos(void **state) {
 
 static void eval_command_smoke(void **state) {
     (void)state;
-    char *dir = tiny_dir();
+    char *dir = tu_model_path("tiny-qwen3moe");
     if (!dir) TU_SKIP("tiny-qwen3moe not found");
     if (!have_data()) { free(dir); TU_SKIP("data/ not populated (run make data)"); }
     const char *data = getenv("M2D_DATA") ? getenv("M2D_DATA") : "data";
@@ -305,9 +268,36 @@ static void eval_command_smoke(void **state) {
     free(dump); free(tmp); free(dir);
 }
 
+/* The recording scorer keeps copies of every request, in order, with the call each came in. */
+static void recorder_records_calls(void **state) {
+    (void)state;
+    m2d_ll_recording rec = {0};
+    m2d_lm lm = m2d_lm_recorder(&rec);
+    char ctx[] = "Q: 1+1?";
+    m2d_ll_request first[2] = {{ctx, " 2"}, {ctx, " 3"}}, second[1] = {{"", "x"}};
+    m2d_ll_result out[2] = {{0, 1}, {0, 1}};
+    assert_int_equal(m2d_lm_loglikelihood(&lm, first, 2, out), 0);
+    assert_true(out[0].ll == -1 && out[1].ll == -1 && out[0].is_greedy == 0);
+    for (int i = 0; i < 70; i++) assert_int_equal(m2d_lm_loglikelihood(&lm, second, 1, out), 0); /* grows */
+    ctx[0] = 'Z'; /* copies, not pointers into the caller's strings */
+    assert_int_equal(rec.n, 72);
+    assert_int_equal(rec.calls, 71);
+    assert_string_equal(rec.reqs[0].context, "Q: 1+1?");
+    assert_string_equal(rec.reqs[1].continuation, " 3");
+    assert_string_equal(rec.reqs[71].continuation, "x");
+    assert_int_equal(rec.group[1], 0);
+    assert_int_equal(rec.group[2], 1);
+    assert_int_equal(rec.group[71], 70);
+    m2d_lm_free(&lm);
+    m2d_ll_recording_free(&rec);
+    assert_int_equal(rec.n, 0);
+    assert_null(rec.reqs);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(tokenize_rules),
+        cmocka_unit_test(recorder_records_calls),
         cmocka_unit_test(cached_equals_naive),
         cmocka_unit_test(empty_context_uses_eos),
         cmocka_unit_test(eval_command_smoke),

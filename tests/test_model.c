@@ -10,20 +10,9 @@
 #include "testmodel.h"
 #include "util.h"
 
-static char *tiny_dir(void) {
-    const char *m = tu_models_dir();
-    if (!m) return NULL;
-    char *d = m2d_path_join(m, "tiny-qwen3moe");
-    if (!m2d_file_exists(d)) {
-        free(d);
-        return NULL;
-    }
-    return d;
-}
-
 static void tiny_teacher_opens(void **state) {
     (void)state;
-    char *dir = tiny_dir();
+    char *dir = tu_model_path("tiny-qwen3moe");
     if (!dir) TU_SKIP("../shared/models/tiny-qwen3moe not found");
     m2d_model *m;
     int rc = m2d_model_open(dir, &m);
@@ -196,25 +185,13 @@ static void weights_hash_identity(void **state) {
 
 /* ---- bad inputs ---- */
 
-static void replace_in_file(const char *path, const char *from, const char *to) {
-    size_t n;
-    char *s = m2d_read_file(path, &n);
-    assert_non_null(s);
-    char *at = strstr(s, from);
-    if (!at) fail_msg("'%s' not in %s", from, path);
-    char *t = m2d_strfmt("%.*s%s%s", (int)(at - s), s, to, at + strlen(from));
-    tu_write(path, t, strlen(t));
-    free(s);
-    free(t);
-}
-
 /* Write a config edit into a fresh checkpoint; model_open must fail with all NEEDLES in the message. */
 static void expect_config_error(const char *from, const char *to, const char *needle1, const char *needle2) {
     m2d_testmodel_opts o;
     m2d_testmodel_defaults(&o);
     char *dir = write_model(&o);
     char *cfg = m2d_path_join(dir, "config.json");
-    replace_in_file(cfg, from, to);
+    tu_replace_in_file(cfg, from, to);
     m2d_model *m = (m2d_model *)0x1;
     m2d_err_clear();
     assert_int_equal(m2d_model_open(dir, &m), -1);
@@ -267,11 +244,11 @@ static void config_defaults(void **state) {
     m2d_testmodel_defaults(&o);
     char *dir = write_model(&o);
     char *cfg = m2d_path_join(dir, "config.json");
-    replace_in_file(cfg, "\"head_dim\": 8,", "");
-    replace_in_file(cfg, "\"eos_token_id\": 63", "\"eos_token_id\": [62, 63]");
-    replace_in_file(cfg, "\"decoder_sparse_step\": 1,", "");
-    replace_in_file(cfg, "\"rope_theta\": 10000,", "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 5e5},");
-    replace_in_file(cfg, "\"norm_topk_prob\": true,", ""); /* HF Qwen3MoeConfig default: false */
+    tu_replace_in_file(cfg, "\"head_dim\": 8,", "");
+    tu_replace_in_file(cfg, "\"eos_token_id\": 63", "\"eos_token_id\": [62, 63]");
+    tu_replace_in_file(cfg, "\"decoder_sparse_step\": 1,", "");
+    tu_replace_in_file(cfg, "\"rope_theta\": 10000,", "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 5e5},");
+    tu_replace_in_file(cfg, "\"norm_topk_prob\": true,", ""); /* HF Qwen3MoeConfig default: false */
     m2d_config c;
     if (m2d_config_load(dir, &c, NULL) != 0) fail_msg("%s", m2d_errmsg());
     assert_int_equal(c.head_dim, 8);

@@ -21,12 +21,11 @@
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-static char *tiny_dir(void) {
-    static char buf[4096];
-    const char *m = tu_models_dir();
-    if (!m) return NULL;
-    snprintf(buf, sizeof buf, "%s/tiny-qwen3moe", m);
-    return m2d_file_exists(buf) ? buf : NULL;
+/* Looked up once and kept for the whole run (the tests use it many times). */
+static const char *tiny_dir(void) {
+    static char *dir;
+    if (!dir) dir = tu_model_path("tiny-qwen3moe");
+    return dir;
 }
 
 /* Installs the reference (npm ci) on first use. Returns 0 when ready; skips the test when npm is

@@ -1,6 +1,7 @@
 /* util: SHA-256 against FIPS 180-4 vectors, option parsing, atomic writes. */
 #include "testutil.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,11 +75,53 @@ static void atomic_write_roundtrip(void **state) {
     free(dir);
 }
 
+/* m2d_err_prefix keeps the whole message behind the prefix; m2d_read_stream reads to the end. */
+static void error_prefix_and_stream_read(void **state) {
+    (void)state;
+    assert_int_equal(m2d_err("id %d out of range", 7), -1);
+    assert_int_equal(m2d_err_prefix("stdin"), -1);
+    assert_string_equal(m2d_errmsg(), "stdin: id 7 out of range");
+    char *big = m2d_strfmt("%0*d", 200000, 5); /* longer than the first read buffer */
+    assert_int_equal(strlen(big), 200000);
+    FILE *f = tmpfile();
+    assert_non_null(f);
+    fputs(big, f);
+    rewind(f);
+    size_t n;
+    char *s = m2d_read_stream(f, "tmp", &n);
+    fclose(f);
+    assert_int_equal(n, 200000);
+    assert_string_equal(s, big);
+    free(s);
+    free(big);
+}
+
+/* Registries keep their entries sorted by name whatever the registration order. */
+typedef struct { int id; const char *name; } named;
+
+static void name_table_sorted(void **state) {
+    (void)state;
+    static const named b = {1, "beta"}, a = {2, "alpha"}, c = {3, "gamma"};
+    const void *items[3];
+    m2d_name_table t = {items, 0, 3, offsetof(named, name), "full"};
+    m2d_name_table_add(&t, &b);
+    m2d_name_table_add(&t, &c);
+    m2d_name_table_add(&t, &a);
+    assert_int_equal(t.n, 3);
+    assert_ptr_equal(items[0], &a);
+    assert_ptr_equal(items[1], &b);
+    assert_ptr_equal(items[2], &c);
+    assert_ptr_equal(m2d_name_table_find(&t, "gamma"), &c);
+    assert_null(m2d_name_table_find(&t, "gam"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(sha256_known_vectors),
         cmocka_unit_test(options_parse_and_reject),
         cmocka_unit_test(atomic_write_roundtrip),
+        cmocka_unit_test(error_prefix_and_stream_read),
+        cmocka_unit_test(name_table_sorted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

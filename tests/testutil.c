@@ -16,6 +16,17 @@ const char *tu_models_dir(void) {
     return stat(d, &st) == 0 ? d : NULL;
 }
 
+char *tu_model_path(const char *name) {
+    const char *m = tu_models_dir();
+    if (!m) return NULL;
+    char *d = m2d_path_join(m, name);
+    if (!m2d_file_exists(d)) {
+        free(d);
+        return NULL;
+    }
+    return d;
+}
+
 char *tu_data_path(const char *rel) {
     static _Thread_local char buf[4][4096];
     static _Thread_local int slot;
@@ -86,4 +97,16 @@ double tu_rand_normal(uint64_t *s) {
     double u1 = tu_rand_uniform(s), u2 = tu_rand_uniform(s);
     if (u1 < 1e-300) u1 = 1e-300;
     return sqrt(-2 * log(u1)) * cos(2 * M_PI * u2);
+}
+
+void tu_replace_in_file(const char *path, const char *from, const char *to) {
+    size_t n;
+    char *s = m2d_read_file(path, &n);
+    assert_non_null(s);
+    char *at = strstr(s, from);
+    if (!at) fail_msg("'%s' not in %s", from, path);
+    char *t = m2d_strfmt("%.*s%s%s", (int)(at - s), s, to, at + strlen(from));
+    tu_write(path, t, strlen(t));
+    free(s);
+    free(t);
 }

@@ -10,6 +10,8 @@
 
 /* ../shared/models (or $M2D_MODELS) joined with NAME; NULL when absent. */
 const char *tu_models_dir(void);
+/* The shared model NAME (e.g. "tiny-qwen3moe") under tu_models_dir(), malloc'd; NULL when absent. */
+char *tu_model_path(const char *name);
 /* data dir ($M2D_DATA, default "data"), joined with a relative path (static buffer per call). */
 char *tu_data_path(const char *rel);
 /* path to the built binary ($M2D_BIN, default build/moe2dense). */
@@ -21,6 +23,8 @@ int tu_rm_rf(const char *path);
 int tu_run(const char *cmd, char **out, char **err);
 /* Write bytes to a file (test fixtures). */
 void tu_write(const char *path, const void *data, size_t n);
+/* Replace the first FROM in the file at PATH with TO (fails the test when FROM is absent). */
+void tu_replace_in_file(const char *path, const char *from, const char *to);
 /* Deterministic PRNG for test data (splitmix64). */
 uint64_t tu_rand_u64(uint64_t *state);
 double tu_rand_uniform(uint64_t *state);   /* [0, 1) */

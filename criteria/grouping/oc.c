@@ -11,13 +11,11 @@ static int oc_group(const m2d_layer_view *v, const int *selected, const double *
     (void)scores;
     if (m2d_crit_need_stats(v, "oc") != 0) return -1;
     const int K = v->K, E = v->E;
-    double *G = m2d_malloc((size_t)K * K * sizeof *G), *dist = m2d_malloc((size_t)K * K * sizeof *dist);
+    double *G = m2d_malloc((size_t)K * K * sizeof *G);
     for (int i = 0; i < K; i++)
         for (int j = 0; j < K; j++) G[(size_t)i * K + j] = v->stats->gram[(size_t)selected[i] * E + selected[j]];
-    m2d_crit_gram_to_cosine_distance(G, K, dist);
-    int rc = m2d_cluster_average_linkage(dist, K, v->k, group_of);
+    int rc = m2d_cluster_gram_cosine(G, K, v->k, group_of);
     free(G);
-    free(dist);
     return rc;
 }
 

@@ -11,14 +11,11 @@ static int rc_group(const m2d_layer_view *v, const int *selected, const double *
     if (m2d_crit_need_weights(v, "rc") != 0) return -1;
     float *rows = m2d_crit_router_rows(v, selected, v->K);
     if (!rows) return -1;
-    size_t n2 = (size_t)v->K * v->K;
-    double *G = m2d_malloc(n2 * sizeof *G), *dist = m2d_malloc(n2 * sizeof *dist);
+    double *G = m2d_malloc((size_t)v->K * v->K * sizeof *G);
     m2d_crit_rows_gram(rows, v->K, v->d, G);
-    m2d_crit_gram_to_cosine_distance(G, v->K, dist);
-    int rc = m2d_cluster_average_linkage(dist, v->K, v->k, group_of);
+    int rc = m2d_cluster_gram_cosine(G, v->K, v->k, group_of);
     free(rows);
     free(G);
-    free(dist);
     return rc;
 }
 

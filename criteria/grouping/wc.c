@@ -10,15 +10,10 @@
 static int wc_group(const m2d_layer_view *v, const int *selected, const double *scores, int *group_of) {
     (void)scores;
     if (m2d_crit_need_weights(v, "wc") != 0) return -1;
-    size_t n2 = (size_t)v->K * v->K;
-    double *G = m2d_malloc(n2 * sizeof *G), *dist = m2d_malloc(n2 * sizeof *dist);
+    double *G = m2d_malloc((size_t)v->K * v->K * sizeof *G);
     int rc = m2d_crit_expert_gram(v, selected, v->K, M2D_W_ALL, G);
-    if (rc == 0) {
-        m2d_crit_gram_to_cosine_distance(G, v->K, dist);
-        rc = m2d_cluster_average_linkage(dist, v->K, v->k, group_of);
-    }
+    if (rc == 0) rc = m2d_cluster_gram_cosine(G, v->K, v->k, group_of);
     free(G);
-    free(dist);
     return rc;
 }
 
