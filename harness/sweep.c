@@ -154,6 +154,18 @@ static void count_row(run_state *s, const char *status, int dedup) {
     m2d_progress_update(&s->prog, s->finished);
 }
 
+/* Write the row of a configuration that needs no evaluation of its own (build failed, or its
+ * student was evaluated already: DEDUP_OF names that configuration) and count it. */
+static void record_row(run_state *s, int ci, const m2d_sweep_result *r, double wall, const char *dedup_of) {
+    char status[300];
+    status_of(r, status, sizeof status);
+    write_row(s, ci, r, wall, status, dedup_of);
+    pthread_mutex_lock(&s->mu);
+    s->sum->eval_s += wall;
+    count_row(s, status, dedup_of != NULL);
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void *worker(void *arg) {
     run_state *s = arg;
     double *mc_buf = s->n_mc ? m2d_malloc((size_t)s->n_mc * sizeof *mc_buf) : NULL;
@@ -179,13 +191,7 @@ static void *worker(void *arg) {
         char status[300];
         if (s->b->build(s->b, c, &student, &r) != 0) {
             if (!r.error[0]) snprintf(r.error, sizeof r.error, "%s", m2d_errmsg());
-            double wall = m2d_now() - t0;
-            status_of(&r, status, sizeof status);
-            write_row(s, ci, &r, wall, status, NULL);
-            pthread_mutex_lock(&s->mu);
-            s->sum->eval_s += wall;
-            count_row(s, status, 0);
-            pthread_mutex_unlock(&s->mu);
+            record_row(s, ci, &r, m2d_now() - t0, NULL);
             continue;
         }
         pthread_mutex_lock(&s->mu);
@@ -198,13 +204,7 @@ static void *worker(void *arg) {
             pthread_mutex_unlock(&s->mu);
             s->b->free_student(s->b, student);
             copy.mc = e->res.mc;
-            double wall = m2d_now() - t0;
-            status_of(&copy, status, sizeof status);
-            write_row(s, ci, &copy, wall, status, canonical);
-            pthread_mutex_lock(&s->mu);
-            s->sum->eval_s += wall;
-            count_row(s, status, 1);
-            pthread_mutex_unlock(&s->mu);
+            record_row(s, ci, &copy, m2d_now() - t0, canonical);
             continue;
         }
         if (e) {
