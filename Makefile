@@ -9,7 +9,7 @@ DATA_MIRROR ?= ../shared/data
 MODELS_DIR ?= ../shared/models
 
 PKGS     := libcjson libpcre2-8 libutf8proc
-CPPFLAGS += -Iharness -Icriteria -Ievals -I/usr/include/openblas -D_DEFAULT_SOURCE -D_FILE_OFFSET_BITS=64
+CPPFLAGS += -Iharness -I. -I/usr/include/openblas -D_DEFAULT_SOURCE -D_FILE_OFFSET_BITS=64
 CFLAGS   ?= -O2 -march=native -g
 CFLAGS   += -std=c11 -Wall -Wextra -Werror -pthread -fno-strict-aliasing
 LDLIBS   += -lopenblas -llapacke -lcjson -lcsv -lpcre2-8 -lutf8proc -lm -pthread
@@ -21,8 +21,8 @@ ifeq ($(SAN),1)
   LDFLAGS += -fsanitize=address,undefined
 endif
 
-LIB_SRC  := $(sort $(wildcard harness/*.c criteria/*.c criteria/*/*.c evals/*.c evals/*/*.c))
-LIB_SRC  := $(filter-out harness/main.c,$(LIB_SRC))
+LIB_SRC  := $(sort $(wildcard harness/*/*.c criteria/*.c criteria/*/*.c evals/*.c evals/*/*.c))
+LIB_SRC  := $(filter-out harness/cli/main.c,$(LIB_SRC))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
@@ -37,7 +37,7 @@ else
   say = @:
 endif
 
-.PHONY: all deps test test-san data demo bench plots fuzz clean help
+.PHONY: all deps test test-san data demo bench plots fuzz clean help layering
 all: moe2dense
 
 help:
@@ -45,6 +45,7 @@ help:
 	@echo "make deps       install missing Debian packages (root) or print the apt-get line"
 	@echo "make data       populate $(DATA_DIR)/ from DATA_MIRROR=$(DATA_MIRROR) or upstream"
 	@echo "make test       build and run the test suite (SAN=1 for ASan+UBSan)"
+	@echo "make layering   check that every include goes to its own layer or a lower one"
 	@echo "make demo       calibrate, sweep, report and plot the demo experiment"
 	@echo "make bench      run the benchmarks (see BENCHMARKS.md)"
 	@echo "make plots      render plots/*.gp from results/"
@@ -53,7 +54,7 @@ help:
 moe2dense: $(BUILD)/moe2dense
 	ln -sf $(BUILD)/moe2dense $@
 
-$(BUILD)/moe2dense: $(BUILD)/harness/main.o $(LIB_OBJ)
+$(BUILD)/moe2dense: $(BUILD)/harness/cli/main.o $(LIB_OBJ)
 	$(call say,LD,$@)
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
@@ -62,24 +63,32 @@ $(BUILD)/%.o: %.c
 	$(call say,CC,$<)
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c -o $@ $<
 
-$(BUILD)/tests/%: tests/%.c $(LIB_OBJ) $(BUILD)/tests/testutil.o
+# test-only support code (fixtures, test models, fake backends): linked into tests and benches,
+# never into the product binary
+TEST_LIB_SRC := $(filter-out tests/test_%.c,$(sort $(wildcard tests/*.c)))
+TEST_LIB_OBJ := $(TEST_LIB_SRC:%.c=$(BUILD)/%.o)
+
+$(BUILD)/tests/%: tests/%.c $(LIB_OBJ) $(TEST_LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)
-	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB_OBJ) $(BUILD)/tests/testutil.o $(LDLIBS) -lcmocka
+	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB_OBJ) $(TEST_LIB_OBJ) $(LDLIBS) -lcmocka
 
-$(BUILD)/tests/testutil.o: tests/testutil.c tests/testutil.h
+$(BUILD)/tests/%.o: tests/%.c
 	@mkdir -p $(dir $@)
 	$(call say,CC,$<)
-	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -c -o $@ $<
+	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -MMD -MP -c -o $@ $<
 
-$(BUILD)/bench/%: bench/%.c $(LIB_OBJ)
+$(BUILD)/bench/%: bench/%.c $(LIB_OBJ) $(BUILD)/tests/testmodel.o
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)
-	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB_OBJ) $(LDLIBS)
+	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB_OBJ) $(BUILD)/tests/testmodel.o $(LDLIBS)
 
-test: $(TEST_BIN) $(BUILD)/moe2dense
+test: layering $(TEST_BIN) $(BUILD)/moe2dense
 	@M2D_BIN=$(BUILD)/moe2dense M2D_DATA=$(DATA_DIR) M2D_MODELS=$(MODELS_DIR) M2D_BUILD=$(BUILD) \
 	  sh tests/run.sh $(TEST_BIN)
+
+layering:
+	@sh tools/layering.sh
 
 test-san:
 	$(MAKE) SAN=1 test
@@ -105,4 +114,4 @@ fuzz:
 clean:
 	rm -rf build build-san moe2dense
 
--include $(LIB_OBJ:.o=.d) $(BUILD)/harness/main.d
+-include $(LIB_OBJ:.o=.d) $(TEST_LIB_OBJ:.o=.d) $(BUILD)/harness/cli/main.d

@@ -11,11 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "calib.h"
-#include "convert.h"
-#include "engine.h"
-#include "model.h"
-#include "util.h"
+#include "calib/calib.h"
+#include "convert/convert.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "base/util.h"
 
 static double best_of(int r, double (*fn)(void *), void *arg) {
     double best = 1e300;

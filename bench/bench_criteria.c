@@ -7,13 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cluster.h"
-#include "crit.h"
-#include "dopt.h"
-#include "registry.h"
-#include "stats.h"
-#include "tensor.h"
-#include "util.h"
+#include "criteria/cluster.h"
+#include "criteria/crit.h"
+#include "criteria/dopt.h"
+#include "criteria/registry.h"
+#include "calib/stats.h"
+#include "base/tensor.h"
+#include "base/util.h"
 
 static uint64_t rng = 42;
 static double urand(void) {

@@ -15,10 +15,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "backend.h"
-#include "engine.h"
+#include "engine/backend.h"
+#include "engine/engine.h"
 #include "testmodel.h"
-#include "util.h"
+#include "base/util.h"
 
 /* OpenBLAS's own multi-threaded sgemm on square n (the yardstick); the engine then goes back
  * to single-threaded OpenBLAS with its own threads (m2d_be_set_threads) */

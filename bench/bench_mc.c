@@ -14,9 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lm.h"
-#include "mc.h"
-#include "util.h"
+#include "evals/lm.h"
+#include "evals/mc.h"
+#include "base/util.h"
 
 static int collect(m2d_ll_recording *rec, const char *data, const char *tasks, int shots, int limit) {
     m2d_lm lm = m2d_lm_recorder(rec);

@@ -6,9 +6,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "model.h"
-#include "st.h"
-#include "util.h"
+#include "model/model.h"
+#include "io/st.h"
+#include "base/util.h"
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

@@ -7,11 +7,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "grid.h"
-#include "report.h"
-#include "results.h"
-#include "sweep.h"
-#include "util.h"
+#include "sweep/grid.h"
+#include "sweep/report.h"
+#include "io/results.h"
+#include "sweep/sweep.h"
+#include "base/util.h"
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

@@ -4,8 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "tokenizer.h"
-#include "util.h"
+#include "tokenizer/tokenizer.h"
+#include "base/util.h"
 
 #define REPEATS 5
 

@@ -1,12 +1,12 @@
 /* cluster — average linkage by exact pairwise-distance sums between clusters (see cluster.h).
  * O(n³) time, O(n²) memory: n is at most the number of experts of one layer (≤ a few hundred). */
-#include "cluster.h"
+#include "criteria/cluster.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "crit.h"
-#include "util.h"
+#include "criteria/crit.h"
+#include "base/util.h"
 
 int m2d_cluster_average_linkage(const double *dist, int n, int k, int *label) {
     if (n < 1 || k < 1 || k > n) return m2d_err("average linkage: field 'k': need 1 <= k <= n (k=%d, n=%d)", k, n);

@@ -1,12 +1,12 @@
 /* crit — helpers shared by the criteria plugins. */
-#include "crit.h"
+#include "criteria/crit.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "base/util.h"
 
 double m2d_crit_routed_avg(const m2d_layer_stats *s, const double *sum, int e) {
     return s->n[e] > 0 ? sum[e] / s->n[e] : 0.0;

@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-#include "registry.h"
+#include "criteria/registry.h"
 
 /* sum / n_e over routed tokens; 0 when the expert was never routed (SPEC §2) */
 double m2d_crit_routed_avg(const m2d_layer_stats *s, const double *sum, int e);

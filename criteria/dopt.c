@@ -1,12 +1,12 @@
 /* dopt — greedy D-optimal selection with incremental Cholesky (see dopt.h). */
-#include "dopt.h"
+#include "criteria/dopt.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "crit.h"
-#include "util.h"
+#include "criteria/crit.h"
+#include "base/util.h"
 
 void m2d_dopt_greedy(const double *kern, int E, int K, double lambda, int *selected, double *gains) {
     /* resid[e] = 𝒦_ee + λ − ‖c_e‖², where row c_e of L (the Cholesky factor of 𝒦_S + λI extended

@@ -7,7 +7,7 @@
 #ifndef M2D_DOPT_H
 #define M2D_DOPT_H
 
-#include "registry.h"
+#include "criteria/registry.h"
 
 /* Greedy over a symmetric PSD kernel [E*E] with regulariser lambda >= 0. selected[K] in greedy
  * order; gains[K] (may be NULL) = log of the residual at each pick, i.e.

@@ -1,11 +1,11 @@
 /* lm — scorer interface and lm-eval's (context, continuation) → tokens rules. */
-#include "lm.h"
+#include "evals/lm.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
 
-#include "util.h"
+#include "base/util.h"
 
 int m2d_lm_loglikelihood(m2d_lm *lm, const m2d_ll_request *reqs, int n, m2d_ll_result *out) {
     if (n <= 0) return 0;

@@ -10,11 +10,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
-#include "lm.h"
-#include "model.h"
-#include "tokenizer.h"
-#include "util.h"
+#include "engine/engine.h"
+#include "evals/lm.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+#include "base/util.h"
 
 typedef struct {
     m2d_lm lm;

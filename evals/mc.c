@@ -1,5 +1,5 @@
 /* mc — multiple-choice evaluation the lm-evaluation-harness way (data/LM_EVAL_TASKS.md §1). */
-#include "mc.h"
+#include "evals/mc.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -12,7 +12,7 @@
 #include <unistd.h>
 #include <utf8proc.h>
 
-#include "util.h"
+#include "base/util.h"
 
 /* lm-eval defaults shared by the five tasks */
 #define TARGET_DELIM " "

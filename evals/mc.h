@@ -9,8 +9,8 @@
 
 #include <stdio.h>
 
-#include "lm.h"
-#include "pyrandom.h"
+#include "evals/lm.h"
+#include "evals/pyrandom.h"
 
 /* One document after the task's processing (lm-eval's doc_to_text / doc_to_choice / doc_to_target). */
 typedef struct {

@@ -1,5 +1,5 @@
 /* ppl — WikiText-2 perplexity (SPEC §5; lm-eval rules from data/LM_EVAL_TASKS.md §6). */
-#include "ppl.h"
+#include "evals/ppl.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <math.h>
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "base/util.h"
 
 /* Python's `\s` for str patterns is str.isspace(); PCRE2's \s (even with UCP) differs on
  * U+001C..U+001F and U+180E, so the class is spelled out. */

@@ -11,8 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine.h"
-#include "tokenizer.h"
+#include "engine/engine.h"
+#include "tokenizer/tokenizer.h"
 
 typedef struct {
     const char *protocol;   /* "gptq" or "lm-eval" */

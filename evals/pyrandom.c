@@ -1,11 +1,11 @@
 /* pyrandom — MT19937 as in CPython's Modules/_randommodule.c and sample() of Lib/random.py. */
-#include "pyrandom.h"
+#include "evals/pyrandom.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "base/util.h"
 
 #define MT_N 624
 #define MT_M 397

@@ -3,11 +3,11 @@
 set -eu
 secs=${FUZZ_SECONDS:-20}
 mkdir -p build-fuzz
-src=$(ls harness/*.c criteria/*.c criteria/*/*.c evals/*.c evals/*/*.c 2>/dev/null | grep -v harness/main.c)
+src=$(ls harness/*/*.c criteria/*.c criteria/*/*.c evals/*.c evals/*/*.c 2>/dev/null | grep -v harness/cli/main.c)
 for f in fuzz/fuzz_*.c; do
   [ -e "$f" ] || continue
   name=$(basename "$f" .c)
-  clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -Iharness -Icriteria -Ievals \
+  clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -Iharness -I. \
     -I/usr/include/openblas -D_DEFAULT_SOURCE -D_FILE_OFFSET_BITS=64 -pthread \
     -o "build-fuzz/$name" "$f" $src -lopenblas -llapacke -lcjson -lcsv -lpcre2-8 -lutf8proc -lm
   corpus="fuzz/corpus/${name#fuzz_}"

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "st.h"
-#include "util.h"
+#include "io/st.h"
+#include "base/util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -9,8 +9,8 @@
 
 #include <utf8proc.h>
 
-#include "tokenizer.h"
-#include "util.h"
+#include "tokenizer/tokenizer.h"
+#include "base/util.h"
 
 static m2d_tokenizer *tk;
 

@@ -5,8 +5,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "toml.h"
-#include "util.h"
+#include "io/toml.h"
+#include "base/util.h"
 
 static void walk(const m2d_toml *t, int depth) {
     if (!t || depth > 80) return;

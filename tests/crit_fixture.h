@@ -7,11 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "registry.h"
-#include "stats.h"
-#include "tensor.h"
+#include "criteria/registry.h"
+#include "calib/stats.h"
+#include "base/tensor.h"
 #include "testutil.h"
-#include "util.h"
+#include "base/util.h"
 
 /* Tokens of one synthetic layer: full softmax p, top-k set, renormalised gates, all outputs f. */
 typedef struct {

@@ -8,11 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "analyze.h"
-#include "calib.h"
-#include "model.h"
+#include "convert/analyze.h"
+#include "calib/calib.h"
+#include "model/model.h"
 #include "testmodel.h"
-#include "util.h"
+#include "base/util.h"
 
 static void effective_rank_analytic(void **state) {
     (void)state;

@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "calib.h"
-#include "model.h"
+#include "calib/calib.h"
+#include "model/model.h"
 #include "testmodel.h"
-#include "util.h"
+#include "base/util.h"
 
 /* ---------------- windows and hash ---------------- */
 

@@ -10,13 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "calib.h"
-#include "convert.h"
-#include "engine.h"
-#include "model.h"
-#include "st.h"
+#include "calib/calib.h"
+#include "convert/convert.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "io/st.h"
 #include "testmodel.h"
-#include "util.h"
+#include "base/util.h"
 
 /* ---------------- math on plain arrays ---------------- */
 

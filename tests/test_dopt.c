@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "crit_fixture.h"
-#include "dopt.h"
-#include "registry.h"
+#include "criteria/dopt.h"
+#include "criteria/registry.h"
 
 /* log det(𝒦_S + λI) by LAPACK Cholesky (dpotrf) on the |S|×|S| submatrix */
 static double logdet_sub(const double *kern, int E, const int *S, int n, double lambda) {

@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend.h"
-#include "engine.h"
+#include "engine/backend.h"
+#include "engine/engine.h"
 #include "testmodel.h"
-#include "util.h"
+#include "base/util.h"
 
 static void fill_normal(uint64_t *st, float *x, size_t n, double scale) {
     for (size_t i = 0; i < n; i++) x[i] = (float)(tu_rand_normal(st) * scale);

@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cluster.h"
-#include "crit.h"
+#include "criteria/cluster.h"
+#include "criteria/crit.h"
 #include "crit_fixture.h"
-#include "registry.h"
+#include "criteria/registry.h"
 
 /* Brute force average linkage: explicit member lists, every linkage recomputed as the mean of
  * member-pair distances at every step; ties -> lexicographically first (lowest members). */

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "testmodel.h"
-#include "util.h"
+#include "base/util.h"
 
 static int inspect(const char *args, char **out, char **err) {
     char *cmd = m2d_strfmt("'%s' inspect %s", tu_bin(), args);

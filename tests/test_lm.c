@@ -10,12 +10,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "engine.h"
-#include "lm.h"
-#include "mc.h"
-#include "model.h"
-#include "tokenizer.h"
-#include "util.h"
+#include "engine/engine.h"
+#include "evals/lm.h"
+#include "evals/mc.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+#include "base/util.h"
 
 /* ---------------------------------------------------------------- toy tokenizer */
 

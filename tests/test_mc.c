@@ -11,9 +11,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "lm.h"
-#include "mc.h"
-#include "util.h"
+#include "evals/lm.h"
+#include "evals/mc.h"
+#include "base/util.h"
 
 /* ---------------------------------------------------------------- hand-made models */
 

@@ -6,9 +6,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "model.h"
+#include "model/model.h"
 #include "testmodel.h"
-#include "util.h"
+#include "base/util.h"
 
 static void tiny_teacher_opens(void **state) {
     (void)state;

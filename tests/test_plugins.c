@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "registry.h"
-#include "util.h"
+#include "criteria/registry.h"
+#include "base/util.h"
 
 static int is_test_only(const char *name) { return !strncmp(name, "test-", 5); }
 
@@ -94,7 +94,7 @@ static void new_plugin_file_is_picked_up(void **state) {
     (void)state;
     if (tu_run("git rev-parse --is-inside-work-tree", NULL, NULL) != 0) TU_SKIP("not a git checkout");
     const char *build = getenv("M2D_BUILD") ? getenv("M2D_BUILD") : "build";
-    char *objects = m2d_path_join(build, "harness/registry.o");
+    char *objects = m2d_path_join(build, "criteria/registry.o");
     if (!m2d_file_exists(objects)) {
         free(objects);
         TU_SKIP("no built objects to copy (run via make test)");

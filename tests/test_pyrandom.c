@@ -17,8 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pyrandom.h"
-#include "util.h"
+#include "evals/pyrandom.h"
+#include "base/util.h"
 
 static void check_sample(m2d_pyrandom *r, int n, int k, const int *want) {
     int got[64];

@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "report.h"
-#include "results.h"
-#include "util.h"
+#include "sweep/report.h"
+#include "io/results.h"
+#include "base/util.h"
 
 static const char *HAND_CSV =
     "# moe2dense-results=1\n"

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "crit_fixture.h"
-#include "registry.h"
+#include "criteria/registry.h"
 
 /* Statistics are double sums of float inputs; the direct recomputation differs only in summation
  * order (relative ~1e-15 per op), so 1e-9 relative is loose enough yet catches any formula slip. */

@@ -13,9 +13,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "grid.h"
-#include "results.h"
-#include "util.h"
+#include "sweep/grid.h"
+#include "io/results.h"
+#include "base/util.h"
 
 static pid_t spawn(const char *const argv[], const char *log) {
     pid_t pid = fork();

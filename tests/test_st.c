@@ -8,8 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "st.h"
-#include "util.h"
+#include "io/st.h"
+#include "base/util.h"
 
 /* ---- raw file construction ---- */
 

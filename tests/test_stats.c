@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "stats.h"
-#include "util.h"
+#include "calib/stats.h"
+#include "base/util.h"
 
 /* Inputs are float32, all sums are double: the only differences between the accumulator and the
  * direct recomputation below are double rounding in a different summation order, O(N·1e-16)

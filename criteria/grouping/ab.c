@@ -4,8 +4,8 @@
  * higher-ranked anchor). */
 #include <stdlib.h>
 
-#include "crit.h"
-#include "util.h"
+#include "criteria/crit.h"
+#include "base/util.h"
 
 static int ab_group(const m2d_layer_view *v, const int *selected, const double *scores, int *group_of) {
     if (m2d_crit_need_weights(v, "ab") != 0) return -1;

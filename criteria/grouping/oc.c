@@ -3,9 +3,9 @@
  * (similarity 0, distance 1, when a norm is 0), cut at k clusters. */
 #include <stdlib.h>
 
-#include "cluster.h"
-#include "crit.h"
-#include "util.h"
+#include "criteria/cluster.h"
+#include "criteria/crit.h"
+#include "base/util.h"
 
 static int oc_group(const m2d_layer_view *v, const int *selected, const double *scores, int *group_of) {
     (void)scores;

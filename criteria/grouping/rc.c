@@ -2,9 +2,9 @@
  * distance between their router weight rows (d-vectors), cut at k clusters. */
 #include <stdlib.h>
 
-#include "cluster.h"
-#include "crit.h"
-#include "util.h"
+#include "criteria/cluster.h"
+#include "criteria/crit.h"
+#include "base/util.h"
 
 static int rc_group(const m2d_layer_view *v, const int *selected, const double *scores, int *group_of) {
     (void)scores;

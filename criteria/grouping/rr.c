@@ -2,8 +2,8 @@
  * index); the expert of rank r goes to group r mod k. */
 #include <stdlib.h>
 
-#include "crit.h"
-#include "util.h"
+#include "criteria/crit.h"
+#include "base/util.h"
 
 static int rr_group(const m2d_layer_view *v, const int *selected, const double *scores, int *group_of) {
     int *rank_pos = m2d_malloc((size_t)v->K * sizeof *rank_pos); /* positions in selected, by rank */

@@ -3,9 +3,9 @@
  * The cosines come from one blocked SYRK over the weights (m2d_crit_expert_gram). */
 #include <stdlib.h>
 
-#include "cluster.h"
-#include "crit.h"
-#include "util.h"
+#include "criteria/cluster.h"
+#include "criteria/crit.h"
+#include "base/util.h"
 
 static int wc_group(const m2d_layer_view *v, const int *selected, const double *scores, int *group_of) {
     (void)scores;

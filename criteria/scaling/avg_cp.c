@@ -2,8 +2,8 @@
  * the group's experts, CP_e = Σp^sel_e / n_e (0 for a never-routed expert). */
 #include <stdlib.h>
 
-#include "crit.h"
-#include "util.h"
+#include "criteria/crit.h"
+#include "base/util.h"
 
 static int avg_cp_scale(const m2d_layer_view *v, const int *selected, const double *scores, const int *group_of,
                         double *alpha) {

@@ -1,6 +1,6 @@
 /* proportional (SPEC §4): α_g = Σ_{e∈g} s_e / Σ_{e∈S} s_e. When every selected score is 0 the
  * shares fall back to group sizes, |g| / K (matching the uniform average used for merging then). */
-#include "crit.h"
+#include "criteria/crit.h"
 
 static int proportional_scale(const m2d_layer_view *v, const int *selected, const double *scores,
                               const int *group_of, double *alpha) {

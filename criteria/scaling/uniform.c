@@ -1,5 +1,5 @@
 /* uniform (SPEC §4): α_g = 1/k for every group. */
-#include "crit.h"
+#include "criteria/crit.h"
 
 static int uniform_scale(const m2d_layer_view *v, const int *selected, const double *scores, const int *group_of,
                          double *alpha) {

@@ -2,7 +2,7 @@
  * Gram matrix used by D-optimal selection (SPEC §2 default). */
 #include <math.h>
 
-#include "crit.h"
+#include "criteria/crit.h"
 
 static int acp_score(const m2d_layer_view *v, double *scores) {
     if (m2d_crit_need_stats(v, "acp") != 0) return -1;

@@ -1,7 +1,7 @@
 /* ACP variant: the RMS output norm is taken over the tokens routed to e only. */
 #include <math.h>
 
-#include "crit.h"
+#include "criteria/crit.h"
 
 static int acp_routed_score(const m2d_layer_view *v, double *scores) {
     if (m2d_crit_need_stats(v, "acp-routed") != 0) return -1;

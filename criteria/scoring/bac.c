@@ -4,8 +4,8 @@
  * seer (0,1,0), ean (0,0,1), reap (1,1,1), man (1,0,1), msan (1,0,2). */
 #include <math.h>
 
-#include "crit.h"
-#include "util.h"
+#include "criteria/crit.h"
+#include "base/util.h"
 
 /* the routed sum Σ g^a ‖f‖^c for a, c in {0,1,2}; NULL for other exponents */
 static const double *routed_sum(const m2d_layer_stats *s, int a, int c) {

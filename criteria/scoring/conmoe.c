@@ -7,8 +7,8 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "crit.h"
-#include "util.h"
+#include "criteria/crit.h"
+#include "base/util.h"
 
 static void min_max_normalise(double *x, int n, double eps) {
     double lo = x[0], hi = x[0];

@@ -1,5 +1,5 @@
 /* CP: mean router probability of e on the tokens routed to it (0 if never routed). */
-#include "crit.h"
+#include "criteria/crit.h"
 
 static int cp_score(const m2d_layer_view *v, double *scores) {
     if (m2d_crit_need_stats(v, "cp") != 0) return -1;

@@ -1,7 +1,7 @@
 /* DO-ACP (paper): D-optimal selection with base importance I = ACP. Registered by name so
  * `moe2dense list` shows it; any other do-X is resolved on demand by m2d_plugin_find. */
-#include "crit.h"
-#include "dopt.h"
+#include "criteria/crit.h"
+#include "criteria/dopt.h"
 
 static int do_acp_score(const m2d_layer_view *v, double *scores) {
     return m2d_plugin_find(M2D_SCORING, "acp")->score(v, scores);

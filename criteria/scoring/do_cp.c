@@ -1,7 +1,7 @@
 /* DO-CP (paper): D-optimal selection with base importance I = CP. Registered by name so
  * `moe2dense list` shows it; any other do-X is resolved on demand by m2d_plugin_find. */
-#include "crit.h"
-#include "dopt.h"
+#include "criteria/crit.h"
+#include "criteria/dopt.h"
 
 static int do_cp_score(const m2d_layer_view *v, double *scores) {
     return m2d_plugin_find(M2D_SCORING, "cp")->score(v, scores);

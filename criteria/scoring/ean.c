@@ -1,5 +1,5 @@
 /* EAN: expert activation norm summed over routed tokens, S(0,0,1). */
-#include "crit.h"
+#include "criteria/crit.h"
 
 static int ean_score(const m2d_layer_view *v, double *scores) {
     if (m2d_crit_need_stats(v, "ean") != 0) return -1;

@@ -1,6 +1,6 @@
 /* ES-Act (paper 001, App. D): mean over samples s of n_e(s) / (L_s · k), the paper's 1/K included
  * (a constant factor: it changes neither the ranking nor proportional scaling). */
-#include "crit.h"
+#include "criteria/crit.h"
 
 static int es_act_score(const m2d_layer_view *v, double *scores) {
     if (m2d_crit_need_stats(v, "es-act") != 0) return -1;

@@ -1,5 +1,5 @@
 /* ES-Mag (paper 001, App. D): mean over calibration samples s of Σ_{t∈s routed to e} ‖f_e(t)‖ / L_s. */
-#include "crit.h"
+#include "criteria/crit.h"
 
 static int es_mag_score(const m2d_layer_view *v, double *scores) {
     if (m2d_crit_need_stats(v, "es-mag") != 0) return -1;

@@ -1,5 +1,5 @@
 /* Frequency: number of calibration tokens routed to e, S(0,0,0). */
-#include "crit.h"
+#include "criteria/crit.h"
 
 static int freq_score(const m2d_layer_view *v, double *scores) {
     if (m2d_crit_need_stats(v, "freq") != 0) return -1;

@@ -1,5 +1,5 @@
 /* MAN (paper 004): mean activation norm over routed tokens, S(1,0,1). */
-#include "crit.h"
+#include "criteria/crit.h"
 
 static int man_score(const m2d_layer_view *v, double *scores) {
     if (m2d_crit_need_stats(v, "man") != 0) return -1;

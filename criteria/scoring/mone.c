@@ -3,8 +3,8 @@
  * (σ² · n/(n−1); an expert routed once then scores 0). */
 #include <math.h>
 
-#include "crit.h"
-#include "util.h"
+#include "criteria/crit.h"
+#include "base/util.h"
 
 static int mone_score(const m2d_layer_view *v, double *scores) {
     if (m2d_crit_need_stats(v, "mone") != 0) return -1;

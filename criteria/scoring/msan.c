@@ -1,5 +1,5 @@
 /* MSAN (paper 004): mean squared activation norm over routed tokens, S(1,0,2). */
-#include "crit.h"
+#include "criteria/crit.h"
 
 static int msan_score(const m2d_layer_view *v, double *scores) {
     if (m2d_crit_need_stats(v, "msan") != 0) return -1;

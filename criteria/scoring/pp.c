@@ -1,5 +1,5 @@
 /* PP: average full-softmax probability of e over all tokens. */
-#include "crit.h"
+#include "criteria/crit.h"
 
 static int pp_score(const m2d_layer_view *v, double *scores) {
     if (m2d_crit_need_stats(v, "pp") != 0) return -1;

@@ -1,5 +1,5 @@
 /* PS: router probability summed over the tokens routed to e, per calibration token. */
-#include "crit.h"
+#include "criteria/crit.h"
 
 static int ps_score(const m2d_layer_view *v, double *scores) {
     if (m2d_crit_need_stats(v, "ps") != 0) return -1;

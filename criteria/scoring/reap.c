@@ -1,5 +1,5 @@
 /* REAP (paper 003): mean over routed tokens of g_e(t)·‖f_e(t)‖. */
-#include "crit.h"
+#include "criteria/crit.h"
 
 static int reap_score(const m2d_layer_view *v, double *scores) {
     if (m2d_crit_need_stats(v, "reap") != 0) return -1;

@@ -1,5 +1,5 @@
 /* SEER (soft frequency): gate weight summed over routed tokens, S(0,1,0). */
-#include "crit.h"
+#include "criteria/crit.h"
 
 static int seer_score(const m2d_layer_view *v, double *scores) {
     if (m2d_crit_need_stats(v, "seer") != 0) return -1;

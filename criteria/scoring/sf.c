@@ -1,5 +1,5 @@
 /* SF: fraction of calibration tokens routed to e. */
-#include "crit.h"
+#include "criteria/crit.h"
 
 static int sf_score(const m2d_layer_view *v, double *scores) {
     if (m2d_crit_need_stats(v, "sf") != 0) return -1;

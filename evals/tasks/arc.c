@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mc.h"
-#include "util.h"
+#include "evals/mc.h"
+#include "base/util.h"
 
 static int arc_line(void *user, const void *json, const char *path, int line) {
     m2d_mc_docs *docs = user;

@@ -11,8 +11,8 @@
 #include <string.h>
 #include <utf8proc.h>
 
-#include "mc.h"
-#include "util.h"
+#include "evals/mc.h"
+#include "base/util.h"
 
 #define HS_DIR "hellaswag/data"
 #define HS_TEXT "hellaswag/derived/klosax-hellaswag_text_data/hellaswag_val_full.txt"

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mc.h"
-#include "util.h"
+#include "evals/mc.h"
+#include "base/util.h"
 
 static const struct { const char *name, *group; } subjects[] = {
     {"abstract_algebra", "stem"}, {"anatomy", "stem"}, {"astronomy", "stem"},

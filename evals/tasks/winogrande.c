@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mc.h"
-#include "util.h"
+#include "evals/mc.h"
+#include "base/util.h"
 
 static const cJSON *str_field(const cJSON *j, const char *name) {
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(j, name);

@@ -1,0 +1,257 @@
+/* registry — one sorted table per plugin kind, filled by M2D_PLUGIN constructors, plus the
+ * runners that validate what a plugin returns (so a buggy plugin fails loudly, not silently). */
+#include "criteria/registry.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "criteria/dopt.h"
+#include "base/util.h"
+
+#define MAX_PLUGINS 128
+static const void *items[M2D_PLUGIN_KINDS][MAX_PLUGINS];
+#define PLUGIN_TABLE(kind) {items[kind], 0, MAX_PLUGINS, offsetof(m2d_plugin, name), "too many plugins (raise MAX_PLUGINS)"}
+static m2d_name_table tables[M2D_PLUGIN_KINDS] = {PLUGIN_TABLE(M2D_SCORING), PLUGIN_TABLE(M2D_GROUPING),
+                                                  PLUGIN_TABLE(M2D_SCALING)};
+_Static_assert(M2D_PLUGIN_KINDS == 3, "one PLUGIN_TABLE per kind");
+
+/* "do-X" plugins made on demand for base scorings X; they live as long as the process. The sweep
+ * looks plugins up from worker threads, so making one is serialised. */
+static m2d_plugin *derived[MAX_PLUGINS];
+static int n_derived;
+static pthread_mutex_t derived_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void m2d_plugin_register(const m2d_plugin *p) {
+    if ((unsigned)p->kind >= M2D_PLUGIN_KINDS || !p->name) {
+        fprintf(stderr, "moe2dense: plugin with bad kind or no name\n");
+        abort();
+    }
+    if (m2d_name_table_find(&tables[p->kind], p->name)) {
+        fprintf(stderr, "moe2dense: %s plugin '%s' registered twice\n", m2d_plugin_kind_name(p->kind), p->name);
+        abort();
+    }
+    m2d_name_table_add(&tables[p->kind], p);
+}
+
+static const m2d_plugin *find_registered(m2d_plugin_kind kind, const char *name) {
+    return m2d_name_table_find(&tables[kind], name);
+}
+
+/* do-X over a base scoring X: X's scores, D-optimal selection with I = those scores */
+static const m2d_plugin *find_derived_dopt_locked(const char *name) {
+    for (int i = 0; i < n_derived; i++)
+        if (!strcmp(derived[i]->name, name)) return derived[i];
+    const m2d_plugin *base = find_registered(M2D_SCORING, name + 3);
+    if (!base || base->select || n_derived == MAX_PLUGINS) return NULL;
+    m2d_plugin *p = m2d_calloc(1, sizeof *p);
+    p->name = m2d_strdup(name);
+    p->kind = M2D_SCORING;
+    p->summary = m2d_strfmt("D-optimal selection over %s importances (scores stay %s)", base->name, base->name);
+    p->score = base->score;
+    p->select = m2d_dopt_select;
+    p->params_default = base->params_default;
+    derived[n_derived++] = p;
+    return p;
+}
+
+static const m2d_plugin *find_derived_dopt(const char *name) {
+    if (strncmp(name, "do-", 3) != 0) return NULL;
+    pthread_mutex_lock(&derived_lock);
+    const m2d_plugin *p = find_derived_dopt_locked(name);
+    pthread_mutex_unlock(&derived_lock);
+    return p;
+}
+
+const m2d_plugin *m2d_plugin_find(m2d_plugin_kind kind, const char *name) {
+    if ((unsigned)kind >= M2D_PLUGIN_KINDS || !name) return NULL;
+    const m2d_plugin *p = find_registered(kind, name);
+    if (!p && kind == M2D_SCORING) p = find_derived_dopt(name);
+    return p;
+}
+
+int m2d_plugin_count(m2d_plugin_kind kind) { return (unsigned)kind < M2D_PLUGIN_KINDS ? tables[kind].n : 0; }
+
+const m2d_plugin *m2d_plugin_at(m2d_plugin_kind kind, int i) {
+    if ((unsigned)kind >= M2D_PLUGIN_KINDS || i < 0 || i >= tables[kind].n) return NULL;
+    return tables[kind].items[i];
+}
+
+const char *m2d_plugin_kind_name(m2d_plugin_kind kind) {
+    static const char *names[] = {"scoring", "grouping", "scaling"};
+    return (unsigned)kind < M2D_PLUGIN_KINDS ? names[kind] : "?";
+}
+
+double m2d_param(const m2d_params *p, const char *key, double dflt) {
+    if (!p) return dflt;
+    for (int i = 0; i < p->n; i++)
+        if (!strcmp(p->keys[i], key)) return p->values[i];
+    return dflt;
+}
+
+int m2d_params_parse(const char *s, m2d_params *out) {
+    memset(out, 0, sizeof *out);
+    if (!s || !*s) return 0;
+    int cap = 1;
+    for (const char *c = s; *c; c++) cap += *c == ',';
+    char **keys = m2d_calloc((size_t)cap, sizeof *keys);
+    double *values = m2d_calloc((size_t)cap, sizeof *values);
+    char *copy = m2d_strdup(s), *save = NULL;
+    int n = 0;
+    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '='), *end = NULL;
+        if (!eq || eq == tok) {
+            m2d_err("params '%s': field '%s': expected key=value", s, tok);
+            goto fail;
+        }
+        *eq = 0;
+        double v = strtod(eq + 1, &end);
+        if (end == eq + 1 || *end || !isfinite(v)) {
+            m2d_err("params '%s': field '%s': value '%s' is not a finite number", s, tok, eq + 1);
+            goto fail;
+        }
+        for (int i = 0; i < n; i++)
+            if (!strcmp(keys[i], tok)) {
+                m2d_err("params '%s': field '%s': given twice", s, tok);
+                goto fail;
+            }
+        keys[n] = m2d_strdup(tok);
+        values[n++] = v;
+    }
+    free(copy);
+    out->n = n;
+    out->keys = (const char *const *)keys;
+    out->values = values;
+    return 0;
+fail:
+    for (int i = 0; i < n; i++) free(keys[i]);
+    free(keys);
+    free(values);
+    free(copy);
+    return -1;
+}
+
+void m2d_params_free(m2d_params *p) {
+    if (!p) return;
+    for (int i = 0; i < p->n; i++) free((char *)p->keys[i]);
+    free((void *)p->keys);
+    free((void *)p->values);
+    memset(p, 0, sizeof *p);
+}
+
+int m2d_plugin_check_params(const m2d_plugin *p, const m2d_params *params) {
+    if (!params || params->n == 0) return 0;
+    m2d_params accepted;
+    if (m2d_params_parse(p->params_default, &accepted) != 0) return -1;
+    int rc = 0;
+    for (int i = 0; i < params->n && rc == 0; i++) {
+        int ok = 0;
+        for (int j = 0; j < accepted.n; j++) ok |= !strcmp(params->keys[i], accepted.keys[j]);
+        if (!ok)
+            rc = m2d_err("%s plugin '%s': field '%s': unknown parameter (accepted: %s)", m2d_plugin_kind_name(p->kind),
+                         p->name, params->keys[i], p->params_default ? p->params_default : "none");
+    }
+    m2d_params_free(&accepted);
+    return rc;
+}
+
+void m2d_select_topk(const double *scores, int E, int K, int *selected) {
+    /* K passes of arg-max over the unselected: O(E·K), tiny for E <= 256; strict '>' keeps the
+     * lower index on ties */
+    char *used = m2d_calloc((size_t)E, 1);
+    for (int r = 0; r < K; r++) {
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if (!used[e] && (best < 0 || scores[e] > scores[best])) best = e;
+        used[best] = 1;
+        selected[r] = best;
+    }
+    free(used);
+}
+
+static int check_view(const char *what, const m2d_plugin *p, const m2d_layer_view *v) {
+    int layer = v->stats ? v->stats->layer : -1;
+    if (!p) return m2d_err("%s: layer %d: no plugin", what, layer);
+    if (v->E < 1 || v->k < 1 || v->K < v->k || v->K > v->E)
+        return m2d_err("%s plugin '%s': layer %d: field 'K': need k <= K <= E (E=%d, k=%d, K=%d)", what, p->name,
+                       layer, v->E, v->k, v->K);
+    return m2d_plugin_check_params(p, v->params);
+}
+
+int m2d_score_and_select(const m2d_plugin *scoring, const m2d_layer_view *v, double *scores, int *selected) {
+    if (check_view("scoring", scoring, v) != 0) return -1;
+    if (scoring->kind != M2D_SCORING || !scoring->score)
+        return m2d_err("plugin '%s' is not a scoring plugin", scoring->name);
+    int layer = v->stats ? v->stats->layer : -1;
+    if (scoring->score(v, scores) != 0) return -1;
+    for (int e = 0; e < v->E; e++)
+        if (!isfinite(scores[e]) || scores[e] < 0)
+            return m2d_err("scoring plugin '%s': layer %d: field 'scores[%d]': %g is not finite and >= 0",
+                           scoring->name, layer, e, scores[e]);
+    if (!scoring->select) {
+        m2d_select_topk(scores, v->E, v->K, selected);
+        return 0;
+    }
+    if (scoring->select(v, scores, selected) != 0) return -1;
+    char *seen = m2d_calloc((size_t)v->E, 1);
+    int rc = 0;
+    for (int i = 0; i < v->K && rc == 0; i++) {
+        if (selected[i] < 0 || selected[i] >= v->E || seen[selected[i]])
+            rc = m2d_err("scoring plugin '%s': layer %d: field 'selected[%d]': %d is out of range or repeated",
+                         scoring->name, layer, i, selected[i]);
+        else seen[selected[i]] = 1;
+    }
+    free(seen);
+    return rc;
+}
+
+void m2d_groups_canonicalize(int K, int *group_of) {
+    /* old id -> new id in order of first appearance; ids are < K by construction */
+    int *map = m2d_malloc((size_t)(K > 0 ? K : 1) * sizeof *map);
+    for (int i = 0; i < K; i++) map[i] = -1;
+    int next = 0;
+    for (int i = 0; i < K; i++) {
+        int g = group_of[i];
+        if (map[g] < 0) map[g] = next++;
+        group_of[i] = map[g];
+    }
+    free(map);
+}
+
+int m2d_group_run(const m2d_plugin *grouping, const m2d_layer_view *v, const int *selected,
+                  const double *scores, int *group_of) {
+    if (check_view("grouping", grouping, v) != 0) return -1;
+    if (grouping->kind != M2D_GROUPING || !grouping->group)
+        return m2d_err("plugin '%s' is not a grouping plugin", grouping->name);
+    if (grouping->group(v, selected, scores, group_of) != 0) return -1;
+    int *size = m2d_calloc((size_t)v->k, sizeof *size), rc = 0;
+    int layer = v->stats ? v->stats->layer : -1;
+    for (int i = 0; i < v->K && rc == 0; i++) {
+        if (group_of[i] < 0 || group_of[i] >= v->k)
+            rc = m2d_err("grouping plugin '%s': layer %d: field 'group_of[%d]': %d not in [0, %d)", grouping->name,
+                         layer, i, group_of[i], v->k);
+        else size[group_of[i]]++;
+    }
+    for (int g = 0; g < v->k && rc == 0; g++)
+        if (size[g] == 0)
+            rc = m2d_err("grouping plugin '%s': layer %d: field 'group_of': group %d is empty", grouping->name, layer, g);
+    free(size);
+    if (rc == 0) m2d_groups_canonicalize(v->K, group_of);
+    return rc;
+}
+
+int m2d_scale_run(const m2d_plugin *scaling, const m2d_layer_view *v, const int *selected,
+                  const double *scores, const int *group_of, double *alpha) {
+    if (check_view("scaling", scaling, v) != 0) return -1;
+    if (scaling->kind != M2D_SCALING || !scaling->scale)
+        return m2d_err("plugin '%s' is not a scaling plugin", scaling->name);
+    if (scaling->scale(v, selected, scores, group_of, alpha) != 0) return -1;
+    for (int g = 0; g < v->k; g++)
+        if (!isfinite(alpha[g]) || alpha[g] < 0)
+            return m2d_err("scaling plugin '%s': layer %d: field 'alpha[%d]': %g is not finite and >= 0",
+                           scaling->name, v->stats ? v->stats->layer : -1, g, alpha[g]);
+    return 0;
+}

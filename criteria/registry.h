@@ -1,0 +1,79 @@
+/* registry — scoring, grouping and scaling plugins. Each plugin is one file under
+ * criteria/<kind>/ that registers itself with M2D_PLUGIN(...); the Makefile picks it up.
+ * A plugin sees a read-only view of one MoE layer (statistics + teacher weights) and returns
+ * scores / a selection / a grouping / scale factors. It never touches the engine. */
+#ifndef M2D_REGISTRY_H
+#define M2D_REGISTRY_H
+
+#include "model/model.h"
+#include "calib/stats.h"
+
+typedef enum { M2D_SCORING, M2D_GROUPING, M2D_SCALING, M2D_PLUGIN_KINDS } m2d_plugin_kind;
+
+/* key=value plugin parameters, e.g. "b=1,a=1,c=2" for the (b,a,c) family */
+typedef struct { int n; const char *const *keys; const double *values; } m2d_params;
+double m2d_param(const m2d_params *p, const char *key, double dflt);
+
+/* What a plugin may read about one MoE layer. */
+typedef struct {
+    const m2d_layer_stats *stats;
+    const m2d_layer *weights;   /* teacher tensors of this layer (router, experts); may be NULL in tests */
+    int E, k, K, d, d_e;
+    const m2d_params *params;
+} m2d_layer_view;
+
+typedef struct {
+    const char *name;           /* lower case, as on the command line: "do-acp", "rr", "uniform" */
+    m2d_plugin_kind kind;
+    const char *summary;        /* one line for `moe2dense list` */
+    /* SCORING: scores[E] >= 0 (the importances used for merging and proportional scaling) and the
+     * K selected experts in selection order. Plugins that only score set select = NULL and the
+     * registry selects top-K (ties -> lower index). */
+    int (*score)(const m2d_layer_view *v, double *scores);
+    int (*select)(const m2d_layer_view *v, const double *scores, int *selected);
+    /* GROUPING: group_of[i] in [0, k) for selected[i]; every group non-empty */
+    int (*group)(const m2d_layer_view *v, const int *selected, const double *scores, int *group_of);
+    /* SCALING: alpha[g] for each of the k groups */
+    int (*scale)(const m2d_layer_view *v, const int *selected, const double *scores,
+                 const int *group_of, double *alpha);
+    /* accepted parameters and their defaults, "b=1,a=1,c=1" (NULL: takes none); shown by
+     * `moe2dense list`, and m2d_plugin_check_params rejects keys not named here */
+    const char *params_default;
+} m2d_plugin;
+
+void m2d_plugin_register(const m2d_plugin *p);
+const m2d_plugin *m2d_plugin_find(m2d_plugin_kind kind, const char *name);
+int m2d_plugin_count(m2d_plugin_kind kind);
+const m2d_plugin *m2d_plugin_at(m2d_plugin_kind kind, int i); /* sorted by name */
+const char *m2d_plugin_kind_name(m2d_plugin_kind kind);
+
+#define M2D_PLUGIN(ident, ...)                                                   \
+    static const m2d_plugin ident##_plugin = {__VA_ARGS__};                      \
+    __attribute__((constructor)) static void ident##_plugin_register(void) {     \
+        m2d_plugin_register(&ident##_plugin);                                    \
+    }
+
+/* m2d_plugin_find(M2D_SCORING, "do-X") resolves, for any registered scoring X without its own
+ * selection, to X's scores with D-optimal selection (criteria/dopt.h); do-cp and do-acp are also
+ * registered by name so `moe2dense list` shows them. */
+
+/* Parse "k=v,k=v" (empty or NULL: no params). Caller frees with m2d_params_free. */
+int m2d_params_parse(const char *s, m2d_params *out);
+void m2d_params_free(m2d_params *p);
+/* -1 + m2d_err naming the plugin and key if params has a key the plugin does not accept. */
+int m2d_plugin_check_params(const m2d_plugin *p, const m2d_params *params);
+
+/* Run a scoring plugin end to end on one layer: scores[E] and selected[K]. */
+int m2d_score_and_select(const m2d_plugin *scoring, const m2d_layer_view *v, double *scores, int *selected);
+/* Top-K by score, ties -> lower index (the default selection). */
+void m2d_select_topk(const double *scores, int E, int K, int *selected);
+/* Run a grouping plugin: group_of[K] validated (v->k non-empty groups) and canonical
+ * (groups numbered by first appearance in `selected` order, so equal partitions compare equal). */
+int m2d_group_run(const m2d_plugin *grouping, const m2d_layer_view *v, const int *selected,
+                  const double *scores, int *group_of);
+void m2d_groups_canonicalize(int K, int *group_of);
+/* Run a scaling plugin: alpha[k], validated finite and >= 0. */
+int m2d_scale_run(const m2d_plugin *scaling, const m2d_layer_view *v, const int *selected,
+                  const double *scores, const int *group_of, double *alpha);
+
+#endif

@@ -1,0 +1,631 @@
+/* calib — calibration pass and stats file (format documented in calib.h). */
+#include "calib/calib.h"
+
+#include <cblas.h>
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "base/util.h"
+
+/* ------------------------------------------------------------------ windows and hashes */
+
+const char *m2d_calib_gate_convention(const m2d_config *cfg) {
+    return cfg->norm_topk_prob ? "softmax-topk-renorm" : "softmax-topk";
+}
+
+int m2d_calib_default_seq_len(const m2d_config *cfg) {
+    int L = M2D_CALIB_MAX_SEQ;
+    if (cfg->max_position_embeddings > 0 && cfg->max_position_embeddings < L) L = cfg->max_position_embeddings;
+    return L;
+}
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+int m2d_calib_windows(int64_t n_tokens, int seq_len, int n_samples, int seeded, uint64_t seed,
+                      int64_t *starts, int *n_out) {
+    if (seq_len < 2) return m2d_err("calibration: seq_len %d must be at least 2", seq_len);
+    if (n_samples < 1) return m2d_err("calibration: samples %d must be at least 1", n_samples);
+    int64_t M = n_tokens / seq_len;
+    if (M < 1)
+        return m2d_err("calibration: the text has %lld tokens, fewer than one window of %d",
+                       (long long)n_tokens, seq_len);
+    int n = (int)M2D_MIN((int64_t)n_samples, M);
+    if (!seeded) {
+        for (int i = 0; i < n; i++) starts[i] = (int64_t)i * seq_len;
+    } else {
+        int64_t *slot = m2d_malloc((size_t)M * sizeof *slot);
+        for (int64_t i = 0; i < M; i++) slot[i] = i;
+        uint64_t st = seed;
+        for (int i = 0; i < n; i++) {
+            int64_t j = i + (int64_t)(splitmix64(&st) % (uint64_t)(M - i));
+            int64_t t = slot[i]; slot[i] = slot[j]; slot[j] = t;
+        }
+        for (int i = 0; i < n; i++) starts[i] = slot[i] * seq_len;
+        free(slot);
+        qsort(starts, (size_t)n, sizeof *starts, cmp_i64);
+    }
+    *n_out = n;
+    return 0;
+}
+
+static void put_le64(uint8_t *b, uint64_t v) {
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+}
+
+void m2d_calib_hash(const int32_t *ids, const int64_t *starts, int n_windows, int seq_len,
+                    const char *gate_convention, char out[65]) {
+    m2d_sha256 s;
+    m2d_sha256_init(&s);
+    const char *tag = "moe2dense-calib-v1\n";
+    m2d_sha256_update(&s, tag, strlen(tag));
+    uint8_t b[8];
+    put_le64(b, (uint64_t)(int64_t)seq_len);
+    m2d_sha256_update(&s, b, 8);
+    put_le64(b, (uint64_t)(int64_t)n_windows);
+    m2d_sha256_update(&s, b, 8);
+    for (int w = 0; w < n_windows; w++)
+        for (int t = 0; t < seq_len; t++) {
+            uint32_t v = (uint32_t)ids[starts[w] + t];
+            uint8_t le[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+            m2d_sha256_update(&s, le, 4);
+        }
+    m2d_sha256_update(&s, gate_convention, strlen(gate_convention));
+    uint8_t d[32];
+    m2d_sha256_final(&s, d);
+    m2d_hex(d, 32, out);
+}
+
+double m2d_calib_expert_flops(const m2d_config *cfg, double n_tokens) {
+    int n_moe = 0;
+    for (int l = 0; l < cfg->num_hidden_layers; l++) n_moe += cfg->layer_is_moe[l] ? 1 : 0;
+    return 6.0 * cfg->hidden_size * (double)cfg->moe_intermediate_size * cfg->num_experts * n_tokens * n_moe;
+}
+
+/* ------------------------------------------------------------------ accumulation (fast path) */
+
+typedef struct {
+    m2d_engine *eng;
+    const m2d_model *m;
+    m2d_layer_stats **acc; /* indexed by model layer (NULL for dense layers) */
+    float *F;             /* [E, nb, d] expert outputs of one token block */
+    double *A;            /* [E, gram_cols] fp64 copy of a column chunk of F (Gram) */
+    double *norms;        /* [E, nb] ‖f_e(t)‖ */
+    int block_tokens, gram_cols;
+    m2d_progress *prog;
+    double done, total;
+    char err[1024];       /* the hook's own error (the engine reports only that the hook aborted) */
+} calib_ctx;
+
+/* f_e for all E experts on tokens [t0, t0+nb) of the event, into ctx->F as [E, nb, d]. */
+static int run_all_experts(calib_ctx *c, const m2d_moe_event *ev, int t0, int nb) {
+    int d = ev->hidden;
+    for (int e = 0; e < ev->n_experts; e++)
+        if (m2d_engine_expert(c->eng, ev->layer, e, ev->x + (size_t)t0 * d, nb, c->F + (size_t)e * nb * d))
+            return -1;
+    return 0;
+}
+
+/* Gram: G += A Aᵀ with A = [f_1 .. f_E] flattened over (token, dim) — one dsyrk per column chunk.
+ * Precision: the fp32 expert outputs are converted to fp64 exactly and dsyrk accumulates in fp64,
+ * so the only error is fp64 rounding (relative ~1e-16 * sqrt(terms)). Cost: E²·nb·d flops against
+ * 6·E·nb·d·d_e for the experts, a ratio of E/(6·d_e) (15% for the tiny teacher, 3% for Qwen3-30B).
+ * dsyrk fills the upper triangle; finalize_gram mirrors it. */
+static void gram_block(calib_ctx *c, m2d_layer_stats *s, int E, int nb, int d) {
+    size_t cols = (size_t)nb * d;
+    for (size_t c0 = 0; c0 < cols; c0 += (size_t)c->gram_cols) {
+        size_t m = M2D_MIN((size_t)c->gram_cols, cols - c0);
+        for (int e = 0; e < E; e++) {
+            const float *src = c->F + (size_t)e * cols + c0;
+            double *dst = c->A + (size_t)e * m;
+            for (size_t j = 0; j < m; j++) dst[j] = src[j];
+        }
+        cblas_dsyrk(CblasRowMajor, CblasUpper, CblasNoTrans, E, (int)m, 1.0, c->A, (int)m, 1.0, s->gram, E);
+    }
+}
+
+static void finalize_gram(m2d_layer_stats *s) {
+    for (int i = 0; i < s->E; i++)
+        for (int j = 0; j < i; j++) s->gram[(size_t)i * s->E + j] = s->gram[(size_t)j * s->E + i];
+}
+
+/* Everything but the Gram for a block of tokens, in the raw sums of stats.h (the same sums
+ * m2d_layer_stats_add_token keeps; finalize derives means/variances from them). */
+static void token_stats_block(calib_ctx *c, m2d_layer_stats *s, const m2d_moe_event *ev, int t0, int nb) {
+    int E = ev->n_experts, k = ev->top_k, d = ev->hidden;
+    for (int e = 0; e < E; e++) {
+        double *sf = s->sum_f_all + (size_t)e * d;
+        for (int t = 0; t < nb; t++) {
+            const float *f = c->F + ((size_t)e * nb + t) * d;
+            double q = 0;
+            for (int j = 0; j < d; j++) {
+                q += (double)f[j] * f[j];
+                sf[j] += f[j];
+            }
+            c->norms[(size_t)e * nb + t] = q;
+        }
+    }
+    for (int t = 0; t < nb; t++) {
+        int tt = t0 + t;
+        const float *p = ev->probs + (size_t)tt * E;
+        for (int e = 0; e < E; e++) s->sum_p[e] += p[e];
+        for (int r = 0; r < k; r++) {
+            int e = ev->topk[(size_t)tt * k + r];
+            double g = ev->gates[(size_t)tt * k + r], nf2 = c->norms[(size_t)e * nb + t], nf = sqrt(nf2);
+            s->n[e] += 1;
+            s->sum_p_sel[e] += p[e];
+            s->sum_g[e] += g;
+            s->sum_g2[e] += g * g;
+            s->sum_f[e] += nf;
+            s->sum_f2[e] += nf2;
+            s->sum_gf[e] += g * nf;
+            s->sum_g2f2[e] += g * g * nf2;
+            s->sum_gf2[e] += g * nf2;
+            s->sum_g2f[e] += g * g * nf;
+            s->cur_n[e] += 1;
+            s->cur_f[e] += nf;
+            const float *f = c->F + ((size_t)e * nb + t) * d;
+            double *rs = s->sum_f_routed + (size_t)e * d, *rq = s->sum_f_routed_sq + (size_t)e * d;
+            for (int j = 0; j < d; j++) {
+                rs[j] += f[j];
+                rq[j] += (double)f[j] * f[j];
+            }
+        }
+    }
+    s->N += nb;
+    s->cur_len += nb;
+}
+
+static int check_event(const calib_ctx *c, const m2d_moe_event *ev) {
+    const m2d_config *cfg = &c->m->cfg;
+    if (ev->layer < 0 || ev->layer >= cfg->num_hidden_layers ||
+        !c->acc[ev->layer] || ev->n_experts != cfg->num_experts || ev->top_k != cfg->num_experts_per_tok || ev->hidden != cfg->hidden_size)
+        return m2d_err("calibration: engine reported an unexpected MoE event (layer %d, E %d, k %d, d %d)",
+                       ev->layer, ev->n_experts, ev->top_k, ev->hidden);
+    return 0;
+}
+
+static int hook_fast(void *user, const m2d_moe_event *ev) {
+    calib_ctx *c = user;
+    if (check_event(c, ev)) return -1;
+    m2d_layer_stats *s = c->acc[ev->layer];
+    for (int t0 = 0; t0 < ev->n_tokens; t0 += c->block_tokens) {
+        int nb = M2D_MIN(c->block_tokens, ev->n_tokens - t0);
+        if (run_all_experts(c, ev, t0, nb)) return -1;
+        token_stats_block(c, s, ev, t0, nb);
+        gram_block(c, s, ev->n_experts, nb, ev->hidden);
+        c->done += nb;
+        if (c->prog) m2d_progress_update(c->prog, c->done);
+    }
+    return 0;
+}
+
+/* Obviously-correct path: one token at a time through stats.c's reference accumulator
+ * (scalar loops, Gram entry by entry). Slow; tests compare the fast path against it. */
+static int hook_reference(void *user, const m2d_moe_event *ev) {
+    calib_ctx *c = user;
+    if (check_event(c, ev)) return -1;
+    int E = ev->n_experts, k = ev->top_k, d = ev->hidden;
+    for (int t = 0; t < ev->n_tokens; t++) {
+        for (int e = 0; e < E; e++)
+            if (m2d_engine_expert(c->eng, ev->layer, e, ev->x + (size_t)t * d, 1, c->F + (size_t)e * d)) return -1;
+        m2d_layer_stats_add_token(c->acc[ev->layer], ev->probs + (size_t)t * E, ev->topk + (size_t)t * k,
+                                  ev->gates + (size_t)t * k, c->F);
+        c->done += 1;
+        if (c->prog) m2d_progress_update(c->prog, c->done);
+    }
+    return 0;
+}
+
+static int keep_error(calib_ctx *c, int rc) {
+    if (rc && !c->err[0]) snprintf(c->err, sizeof c->err, "%s", m2d_errmsg());
+    return rc;
+}
+static int calib_hook_fast(void *user, const m2d_moe_event *ev) { return keep_error(user, hook_fast(user, ev)); }
+static int calib_hook_reference(void *user, const m2d_moe_event *ev) {
+    return keep_error(user, hook_reference(user, ev));
+}
+
+int m2d_calib_run(const m2d_model *m, const int32_t *ids, int64_t n_ids, const m2d_calib_opts *o,
+                  m2d_stats **out) {
+    const m2d_config *cfg = &m->cfg;
+    if (cfg->num_experts <= 0) return m2d_err("%s: config.json: field 'num_experts': the model has no MoE layers", m->dir);
+    int L = o->seq_len > 0 ? o->seq_len : m2d_calib_default_seq_len(cfg);
+    if (cfg->max_position_embeddings > 0 && L > cfg->max_position_embeddings)
+        return m2d_err("%s: config.json: field 'max_position_embeddings': %d is shorter than the calibration "
+                       "seq_len %d", m->dir, cfg->max_position_embeddings, L);
+    int N = o->n_samples > 0 ? o->n_samples : M2D_CALIB_DEFAULT_SAMPLES;
+    const char *data_name = o->data_path ? o->data_path : "calibration text"; /* named in errors */
+    for (int64_t i = 0; i < n_ids; i++)
+        if (ids[i] < 0 || ids[i] >= cfg->vocab_size)
+            return m2d_err("%s: token id %d at position %lld is outside the vocabulary (%s/config.json field "
+                           "'vocab_size' = %d)", data_name, ids[i], (long long)i, m->dir, cfg->vocab_size);
+    int64_t *starts = m2d_malloc((size_t)N * sizeof *starts);
+    int nw;
+    if (m2d_calib_windows(n_ids, L, N, o->seeded, o->seed, starts, &nw)) {
+        free(starts);
+        return m2d_err_prefix(data_name);
+    }
+    int E = cfg->num_experts, d = cfg->hidden_size;
+    m2d_stats *st = m2d_calloc(1, sizeof *st);
+    st->E = E; st->k = cfg->num_experts_per_tok; st->d = d; st->d_e = cfg->moe_intermediate_size;
+    snprintf(st->model_hash, sizeof st->model_hash, "%s", m->weights_hash);
+    snprintf(st->gate_convention, sizeof st->gate_convention, "%s", m2d_calib_gate_convention(cfg));
+    m2d_calib_hash(ids, starts, nw, L, st->gate_convention, st->calib_hash);
+    st->n_windows = nw; st->seq_len = L; st->window_starts = starts;
+    if (o->seeded) snprintf(st->window_choice, sizeof st->window_choice, "seeded:%llu", (unsigned long long)o->seed);
+    else snprintf(st->window_choice, sizeof st->window_choice, "first");
+    st->data_path = m2d_strdup(o->data_path ? o->data_path : "");
+    for (int l = 0; l < cfg->num_hidden_layers; l++) st->n_layers += cfg->layer_is_moe[l] ? 1 : 0;
+    st->layers = m2d_calloc((size_t)st->n_layers, sizeof *st->layers);
+
+    calib_ctx c = {0};
+    c.m = m;
+    c.acc = m2d_calloc((size_t)cfg->num_hidden_layers, sizeof *c.acc);
+    for (int l = 0, i = 0; l < cfg->num_hidden_layers; l++) {
+        if (!cfg->layer_is_moe[l]) continue;
+        m2d_layer_stats_alloc(&st->layers[i], l, E, st->k, d);
+        c.acc[l] = &st->layers[i++];
+    }
+    /* Token block: expert outputs [E, nb, d] fp32 capped at 256 MiB (a large nb keeps the expert
+     * GEMMs efficient); the fp64 Gram chunk is capped at 32 MiB. */
+    size_t per_tok = (size_t)E * d * sizeof(float);
+    c.block_tokens = o->reference ? 1 : (int)M2D_MAX((size_t)1, M2D_MIN((size_t)L, ((size_t)256 << 20) / per_tok));
+    c.gram_cols = (int)M2D_MAX((size_t)d, ((size_t)32 << 20) / ((size_t)E * sizeof(double)));
+    c.F = m2d_malloc((size_t)E * c.block_tokens * d * sizeof(float));
+    c.A = o->reference ? NULL : m2d_malloc((size_t)E * c.gram_cols * sizeof(double));
+    c.norms = m2d_malloc((size_t)E * c.block_tokens * sizeof(double));
+
+    int rc = m2d_engine_new(m, o->n_threads > 0 ? o->n_threads : m2d_default_threads(), &c.eng);
+    m2d_progress prog;
+    if (rc == 0) {
+        /* every expert runs on every token: keep fp32 copies of the weights (up to 4 GiB) instead of
+         * converting each expert's bf16 weights on every call; $M2D_WEIGHT_CACHE_MB overrides */
+        if (!getenv("M2D_WEIGHT_CACHE_MB")) m2d_engine_cache_weights(c.eng, (size_t)4 << 30);
+        m2d_engine_set_moe_hook(c.eng, o->reference ? calib_hook_reference : calib_hook_fast, &c);
+        c.total = (double)nw * L * st->n_layers;
+        if (o->progress) {
+            m2d_progress_start(&prog, "calibrate (layer-tokens)", c.total);
+            c.prog = &prog;
+        }
+        int32_t *targets = m2d_malloc((size_t)L * sizeof *targets);
+        double lp;
+        for (int w = 0; w < nw && rc == 0; w++) {
+            const int32_t *tok = ids + starts[w];
+            memcpy(targets, tok, (size_t)L * sizeof *targets);
+            /* only the last position's log-prob is requested: the forward (and its hook) is the point */
+            rc = m2d_engine_logprobs(c.eng, tok, L, targets, L - 1, &lp);
+            if (rc && c.err[0]) m2d_err("%s", c.err);
+            for (int i = 0; i < st->n_layers; i++) m2d_layer_stats_end_sample(&st->layers[i]);
+        }
+        free(targets);
+        if (c.prog) m2d_progress_end(&prog);
+        m2d_engine_free(c.eng);
+    }
+    if (rc == 0)
+        for (int i = 0; i < st->n_layers; i++)
+            if (st->layers[i].N != (double)nw * L)
+                rc = m2d_err("calibration: layer %d saw %.0f tokens, expected %lld (engine hook not called?)",
+                             st->layers[i].layer, st->layers[i].N, (long long)nw * L);
+    if (rc == 0)
+        for (int i = 0; i < st->n_layers; i++) {
+            if (!o->reference) finalize_gram(&st->layers[i]);
+            m2d_layer_stats_finalize(&st->layers[i]);
+        }
+    st->N = (double)nw * L;
+    free(c.acc); free(c.F); free(c.A); free(c.norms);
+    if (rc) {
+        m2d_stats_free(st);
+        free(st);
+        return -1;
+    }
+    *out = st;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ stats file */
+
+/* Stored arrays: the raw sums of stats.h (so files can be merged later); the derived fields
+ * (mu, routed mean/variance, ES-Act/Mag) are recomputed on read by m2d_layer_stats_finalize. */
+typedef struct { const char *name; int per; } array_desc; /* per: 0 = [E], 1 = [E*E], 2 = [E*d] */
+static const array_desc ARRAYS[] = {
+    {"n", 0}, {"sum_p", 0}, {"sum_p_sel", 0}, {"sum_g", 0}, {"sum_g2", 0}, {"sum_f", 0}, {"sum_f2", 0},
+    {"sum_gf", 0}, {"sum_g2f2", 0}, {"sum_gf2", 0}, {"sum_g2f", 0}, {"es_act_sum", 0}, {"es_mag_sum", 0},
+    {"gram", 1}, {"sum_f_all", 2}, {"sum_f_routed", 2}, {"sum_f_routed_sq", 2},
+};
+#define N_ARRAYS ((int)M2D_ARRAY_LEN(ARRAYS))
+
+static double **layer_array(m2d_layer_stats *s, int i) {
+    double **p[N_ARRAYS] = {&s->n, &s->sum_p, &s->sum_p_sel, &s->sum_g, &s->sum_g2, &s->sum_f, &s->sum_f2,
+                            &s->sum_gf, &s->sum_g2f2, &s->sum_gf2, &s->sum_g2f, &s->es_act_sum, &s->es_mag_sum,
+                            &s->gram, &s->sum_f_all, &s->sum_f_routed, &s->sum_f_routed_sq};
+    return p[i];
+}
+
+static size_t array_len(int per, int E, int d) {
+    return per == 0 ? (size_t)E : per == 1 ? (size_t)E * E : (size_t)E * d;
+}
+
+static size_t payload_bytes(int n_layers, int E, int d) {
+    size_t per = 0;
+    for (int i = 0; i < N_ARRAYS; i++) per += array_len(ARRAYS[i].per, E, d);
+    return per * n_layers * sizeof(double);
+}
+
+static void put_f64(uint8_t *b, double v) {
+    uint64_t u;
+    memcpy(&u, &v, 8);
+    put_le64(b, u);
+}
+
+static double get_f64(const uint8_t *b) {
+    uint64_t u = 0;
+    for (int i = 0; i < 8; i++) u |= (uint64_t)b[i] << (8 * i);
+    double v;
+    memcpy(&v, &u, 8);
+    return v;
+}
+
+int m2d_stats_write(const m2d_stats *s, const char *path) {
+    size_t pbytes = payload_bytes(s->n_layers, s->E, s->d);
+    uint8_t *payload = m2d_malloc(pbytes ? pbytes : 1), *q = payload;
+    for (int l = 0; l < s->n_layers; l++)
+        for (int i = 0; i < N_ARRAYS; i++) {
+            const double *a = *layer_array(&s->layers[l], i);
+            size_t n = array_len(ARRAYS[i].per, s->E, s->d);
+            for (size_t j = 0; j < n; j++, q += 8) put_f64(q, a[j]);
+        }
+    char sha[65];
+    m2d_sha256_hex(payload, pbytes, sha);
+
+    cJSON *h = cJSON_CreateObject();
+    cJSON_AddStringToObject(h, "magic", "moe2dense-stats");
+    cJSON_AddNumberToObject(h, "version", M2D_STATS_VERSION);
+    cJSON_AddStringToObject(h, "model_hash", s->model_hash);
+    cJSON_AddStringToObject(h, "calib_hash", s->calib_hash);
+    cJSON_AddStringToObject(h, "gate_convention", s->gate_convention);
+    cJSON_AddNumberToObject(h, "E", s->E);
+    cJSON_AddNumberToObject(h, "k", s->k);
+    cJSON_AddNumberToObject(h, "d", s->d);
+    cJSON_AddNumberToObject(h, "d_e", s->d_e);
+    cJSON_AddNumberToObject(h, "n_layers", s->n_layers);
+    cJSON *layers = cJSON_AddArrayToObject(h, "layers");
+    for (int l = 0; l < s->n_layers; l++) cJSON_AddItemToArray(layers, cJSON_CreateNumber(s->layers[l].layer));
+    cJSON_AddNumberToObject(h, "N", s->N);
+    cJSON_AddNumberToObject(h, "n_samples", s->n_layers ? s->layers[0].n_samples : 0);
+    cJSON_AddNumberToObject(h, "seq_len", s->seq_len);
+    cJSON *win = cJSON_AddArrayToObject(h, "windows");
+    for (int w = 0; w < s->n_windows; w++) cJSON_AddItemToArray(win, cJSON_CreateNumber((double)s->window_starts[w]));
+    cJSON_AddStringToObject(h, "window_choice", s->window_choice[0] ? s->window_choice : "first");
+    cJSON_AddStringToObject(h, "data_path", s->data_path ? s->data_path : "");
+    cJSON *arr = cJSON_AddArrayToObject(h, "arrays");
+    for (int i = 0; i < N_ARRAYS; i++) cJSON_AddItemToArray(arr, cJSON_CreateString(ARRAYS[i].name));
+    cJSON_AddNumberToObject(h, "data_bytes", (double)pbytes);
+    cJSON_AddStringToObject(h, "data_sha256", sha);
+    char *js = cJSON_PrintUnformatted(h);
+    cJSON_Delete(h);
+    size_t hl = strlen(js), pad = (8 - (16 + hl) % 8) % 8;
+    size_t total = 16 + hl + pad + pbytes;
+    uint8_t *buf = m2d_malloc(total);
+    memcpy(buf, M2D_STATS_MAGIC, 8);
+    put_le64(buf + 8, hl + pad);
+    memcpy(buf + 16, js, hl);
+    memset(buf + 16 + hl, ' ', pad);
+    memcpy(buf + 16 + hl + pad, payload, pbytes);
+    int rc = m2d_write_file_atomic(path, buf, total);
+    free(js); free(payload); free(buf);
+    return rc;
+}
+
+/* Header field helpers: each failure names the file and the field. */
+static int hdr_int(const char *path, const cJSON *h, const char *field, long lo, long hi, long *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(h, field);
+    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long)v->valuedouble || v->valuedouble < lo || v->valuedouble > hi)
+        return m2d_err("%s: field '%s': missing or not an integer in [%ld, %ld]", path, field, lo, hi);
+    *out = (long)v->valuedouble;
+    return 0;
+}
+
+static int hdr_str(const char *path, const cJSON *h, const char *field, char *out, size_t cap) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(h, field);
+    if (!cJSON_IsString(v) || strlen(v->valuestring) >= cap)
+        return m2d_err("%s: field '%s': missing, not a string, or longer than %zu bytes", path, field, cap - 1);
+    snprintf(out, cap, "%s", v->valuestring);
+    return 0;
+}
+
+static int is_hex64(const char *s) {
+    if (strlen(s) != 64) return 0;
+    for (int i = 0; i < 64; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return 0;
+    return 1;
+}
+
+static int parse_header(const char *path, const cJSON *h, m2d_stats *s, size_t *pbytes, char sha[65]) {
+    char buf[64];
+    long v;
+    if (hdr_str(path, h, "magic", buf, sizeof buf)) return -1;
+    if (strcmp(buf, "moe2dense-stats")) return m2d_err("%s: field 'magic': '%s' is not moe2dense-stats", path, buf);
+    if (hdr_int(path, h, "version", 0, 1000000, &v)) return -1;
+    if (v != M2D_STATS_VERSION)
+        return m2d_err("%s: field 'version': %ld is not supported (this build reads version %d; recalibrate)", path, v,
+                       M2D_STATS_VERSION);
+    if (hdr_str(path, h, "model_hash", s->model_hash, sizeof s->model_hash) || !is_hex64(s->model_hash))
+        return m2d_err("%s: field 'model_hash': not a sha256 hex string", path);
+    if (hdr_str(path, h, "calib_hash", s->calib_hash, sizeof s->calib_hash) || !is_hex64(s->calib_hash))
+        return m2d_err("%s: field 'calib_hash': not a sha256 hex string", path);
+    if (hdr_str(path, h, "gate_convention", s->gate_convention, sizeof s->gate_convention)) return -1;
+    if (strcmp(s->gate_convention, "softmax-topk-renorm") && strcmp(s->gate_convention, "softmax-topk"))
+        return m2d_err("%s: field 'gate_convention': unknown convention '%s'", path, s->gate_convention);
+    if (hdr_int(path, h, "E", 1, 1 << 16, &v)) return -1;
+    s->E = (int)v;
+    if (hdr_int(path, h, "k", 1, s->E, &v)) return -1;
+    s->k = (int)v;
+    if (hdr_int(path, h, "d", 1, 1 << 20, &v)) return -1;
+    s->d = (int)v;
+    if (hdr_int(path, h, "d_e", 1, 1 << 24, &v)) return -1;
+    s->d_e = (int)v;
+    /* s->n_layers is set only once s->layers exists (m2d_stats_free walks it) */
+    long nl;
+    if (hdr_int(path, h, "n_layers", 1, 1 << 16, &nl)) return -1;
+    if (hdr_int(path, h, "seq_len", 1, 1 << 30, &v)) return -1;
+    s->seq_len = (int)v;
+    long ns;
+    if (hdr_int(path, h, "n_samples", 0, 1L << 40, &ns)) return -1;
+    const cJSON *N = cJSON_GetObjectItemCaseSensitive(h, "N");
+    if (!cJSON_IsNumber(N) || N->valuedouble < 0 || N->valuedouble != floor(N->valuedouble))
+        return m2d_err("%s: field 'N': missing or not a non-negative integer", path);
+    s->N = N->valuedouble;
+    const cJSON *layers = cJSON_GetObjectItemCaseSensitive(h, "layers");
+    if (!cJSON_IsArray(layers) || cJSON_GetArraySize(layers) != nl)
+        return m2d_err("%s: field 'layers': not an array of n_layers (%d) layer indices", path, (int)nl);
+    const cJSON *win = cJSON_GetObjectItemCaseSensitive(h, "windows");
+    if (!cJSON_IsArray(win)) return m2d_err("%s: field 'windows': missing or not an array", path);
+    s->n_windows = cJSON_GetArraySize(win);
+    if ((double)s->n_windows * s->seq_len != s->N)
+        return m2d_err("%s: field 'N': %.0f is not windows (%d) x seq_len (%d)", path, s->N, s->n_windows, s->seq_len);
+    s->window_starts = m2d_malloc((size_t)(s->n_windows ? s->n_windows : 1) * sizeof(int64_t));
+    int i = 0;
+    for (const cJSON *w = win->child; w; w = w->next, i++) {
+        if (!cJSON_IsNumber(w) || w->valuedouble < 0 || w->valuedouble != floor(w->valuedouble))
+            return m2d_err("%s: field 'windows': entry %d is not a token offset", path, i);
+        s->window_starts[i] = (int64_t)w->valuedouble;
+    }
+    if (ns != s->n_windows)
+        return m2d_err("%s: field 'n_samples': %ld but %d windows are recorded", path, ns, s->n_windows);
+    const cJSON *wc = cJSON_GetObjectItemCaseSensitive(h, "window_choice");
+    if (wc && !cJSON_IsString(wc)) return m2d_err("%s: field 'window_choice': not a string", path);
+    snprintf(s->window_choice, sizeof s->window_choice, "%s", wc ? wc->valuestring : "first");
+    const cJSON *dp = cJSON_GetObjectItemCaseSensitive(h, "data_path");
+    s->data_path = m2d_strdup(cJSON_IsString(dp) ? dp->valuestring : "");
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(h, "arrays");
+    if (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) != N_ARRAYS)
+        return m2d_err("%s: field 'arrays': expected the %d arrays of version %d", path, N_ARRAYS, M2D_STATS_VERSION);
+    i = 0;
+    for (const cJSON *a = arr->child; a; a = a->next, i++)
+        if (!cJSON_IsString(a) || strcmp(a->valuestring, ARRAYS[i].name))
+            return m2d_err("%s: field 'arrays': entry %d is not '%s'", path, i, ARRAYS[i].name);
+    double db;
+    const cJSON *dbj = cJSON_GetObjectItemCaseSensitive(h, "data_bytes");
+    if (!cJSON_IsNumber(dbj)) return m2d_err("%s: field 'data_bytes': missing or not a number", path);
+    db = dbj->valuedouble;
+    *pbytes = payload_bytes((int)nl, s->E, s->d);
+    if (db != (double)*pbytes)
+        return m2d_err("%s: field 'data_bytes': %.0f does not match E=%d, d=%d, n_layers=%d (%zu bytes)", path, db,
+                       s->E, s->d, (int)nl, *pbytes);
+    if (hdr_str(path, h, "data_sha256", sha, 65) || !is_hex64(sha))
+        return m2d_err("%s: field 'data_sha256': not a sha256 hex string", path);
+    s->layers = m2d_calloc((size_t)nl, sizeof *s->layers);
+    s->n_layers = (int)nl;
+    i = 0;
+    for (const cJSON *l = layers->child; l; l = l->next, i++) {
+        if (!cJSON_IsNumber(l) || l->valuedouble < 0 || l->valuedouble > 1e6 || l->valuedouble != floor(l->valuedouble))
+            return m2d_err("%s: field 'layers': entry %d is not a layer index", path, i);
+        if (i > 0 && l->valuedouble <= s->layers[i - 1].layer)
+            return m2d_err("%s: field 'layers': entry %d is not increasing", path, i);
+        m2d_layer_stats_alloc(&s->layers[i], (int)l->valuedouble, s->E, s->k, s->d);
+        s->layers[i].N = s->N;
+        s->layers[i].n_samples = (int)ns;
+    }
+    return 0;
+}
+
+int m2d_stats_read(const char *path, m2d_stats **out) {
+    size_t len;
+    uint8_t *buf = (uint8_t *)m2d_read_file(path, &len);
+    if (!buf) return -1;
+    m2d_stats *s = m2d_calloc(1, sizeof *s);
+    int rc = -1;
+    cJSON *h = NULL;
+    if (len < 16 || memcmp(buf, M2D_STATS_MAGIC, 8)) {
+        m2d_err("%s: field 'magic': not a moe2dense stats file (expected it to start with %s)", path, M2D_STATS_MAGIC);
+        goto done;
+    }
+    uint64_t hl = 0;
+    for (int i = 0; i < 8; i++) hl |= (uint64_t)buf[8 + i] << (8 * i);
+    if (hl > len - 16 || (16 + hl) % 8) {
+        m2d_err("%s: field 'header_length': %llu is inconsistent with the file size %zu (truncated?)", path,
+                (unsigned long long)hl, len);
+        goto done;
+    }
+    h = cJSON_ParseWithLength((const char *)buf + 16, (size_t)hl);
+    if (!cJSON_IsObject(h)) {
+        m2d_err("%s: field 'header': not a JSON object (garbled file?)", path);
+        goto done;
+    }
+    size_t pbytes = 0;
+    char sha[65];
+    if (parse_header(path, h, s, &pbytes, sha)) goto done;
+    if (len - 16 - hl != pbytes) {
+        m2d_err("%s: field 'data_bytes': the file holds %llu payload bytes, the header says %zu (truncated or "
+                "padded file)", path, (unsigned long long)(len - 16 - hl), pbytes);
+        goto done;
+    }
+    const uint8_t *q = buf + 16 + hl;
+    char got[65];
+    m2d_sha256_hex(q, pbytes, got);
+    if (strcmp(got, sha)) {
+        m2d_err("%s: field 'data_sha256': payload checksum mismatch (corrupted file; recalibrate)", path);
+        goto done;
+    }
+    for (int l = 0; l < s->n_layers; l++)
+        for (int i = 0; i < N_ARRAYS; i++) {
+            double *a = *layer_array(&s->layers[l], i);
+            size_t n = array_len(ARRAYS[i].per, s->E, s->d);
+            for (size_t j = 0; j < n; j++, q += 8) a[j] = get_f64(q);
+        }
+    for (int l = 0; l < s->n_layers; l++) m2d_layer_stats_finalize(&s->layers[l]);
+    rc = 0;
+done:
+    cJSON_Delete(h);
+    free(buf);
+    if (rc) {
+        m2d_stats_free(s);
+        free(s);
+    } else {
+        *out = s;
+    }
+    return rc;
+}
+
+void m2d_calib_stats_free(m2d_stats *s) {
+    if (!s) return;
+    m2d_stats_free(s);
+    free(s);
+}
+
+int m2d_stats_check_model(const m2d_stats *s, const char *stats_path, const m2d_model *m) {
+    const m2d_config *c = &m->cfg;
+    if (strcmp(s->model_hash, m->weights_hash))
+        return m2d_err("%s: field 'model_hash': the statistics were computed on another model (%.12s..., this model "
+                       "%s is %.12s...); recalibrate with 'moe2dense calibrate'", stats_path, s->model_hash, m->dir,
+                       m->weights_hash);
+    if (s->E != c->num_experts || s->k != c->num_experts_per_tok || s->d != c->hidden_size ||
+        s->d_e != c->moe_intermediate_size)
+        return m2d_err("%s: field 'E': shapes (E %d, k %d, d %d, d_e %d) do not match %s", stats_path, s->E, s->k, s->d,
+                       s->d_e, m->dir);
+    if (strcmp(s->gate_convention, m2d_calib_gate_convention(c)))
+        return m2d_err("%s: field 'gate_convention': '%s' but the model uses '%s'", stats_path, s->gate_convention,
+                       m2d_calib_gate_convention(c));
+    int i = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        if (!c->layer_is_moe[l]) continue;
+        if (i >= s->n_layers || s->layers[i].layer != l)
+            return m2d_err("%s: field 'layers': MoE layer %d of %s is missing", stats_path, l, m->dir);
+        i++;
+    }
+    if (i != s->n_layers) return m2d_err("%s: field 'layers': more MoE layers than %s has", stats_path, m->dir);
+    return 0;
+}

@@ -1,0 +1,92 @@
+/* calib — the calibration pass (SPEC §1) and the stats file every later command reads.
+ *
+ * Calibration windows
+ *   The calibration text is encoded whole (no BOS). Window i covers tokens [i*L, (i+1)*L) of the
+ *   encoded file; M = floor(n_tokens / L) windows exist. Without a seed the first N are used.
+ *   With a seed S, N of the M windows are drawn without replacement by a partial Fisher-Yates
+ *   shuffle driven by splitmix64 (state = S; next(): state += 0x9E3779B97F4A7C15, then the
+ *   standard splitmix64 finaliser); step i swaps slot i with slot i + next() % (M - i). The
+ *   chosen windows are then sorted by start offset. Same (text, L, N, S) -> same windows.
+ *   If fewer than N windows exist, all M are used (the stats file records what was used).
+ *
+ * Calibration identity hash (calib_hash)
+ *   sha256( "moe2dense-calib-v1\n" || seq_len as int64 LE || n_windows as int64 LE ||
+ *           the token ids of every chosen window in order, each int32 LE ||
+ *           gate convention string (no terminator) )
+ *   Gate convention: "softmax-topk-renorm" (norm_topk_prob) or "softmax-topk".
+ *
+ * Stats file (version 1), all integers and floats little-endian:
+ *   offset 0   8 bytes   magic "M2DSTATS"
+ *   offset 8   uint64    H = length of the JSON header in bytes (header is padded with spaces
+ *                        so that 16 + H is a multiple of 8)
+ *   offset 16  H bytes   JSON header (UTF-8), an object with:
+ *       "magic": "moe2dense-stats", "version": 1,
+ *       "model_hash": m2d_model.weights_hash of the teacher, "calib_hash": see above,
+ *       "gate_convention", "E", "k", "d", "d_e", "n_layers" (MoE layers), "layers": [model layer
+ *       index of each MoE layer], "N": calibration tokens, "n_samples", "seq_len",
+ *       "windows": [start token offset of each window], "data_path": the calibration file as
+ *       given, "arrays": [names, in storage order],
+ *       "data_bytes": byte length of the payload, "data_sha256": sha256 of the payload.
+ *   offset 16+H  payload: for each MoE layer in order, float64 arrays in "arrays" order:
+ *       n, sum_p, sum_p_sel, sum_g, sum_g2, sum_f, sum_f2, sum_gf, sum_g2f2, sum_gf2, sum_g2f,
+ *       es_act_sum, es_mag_sum                                   [E] each
+ *       gram                                                     [E*E] row-major, symmetric
+ *       sum_f_all, sum_f_routed, sum_f_routed_sq                 [E*d] row-major (expert, dim)
+ *   These are the raw sums of stats.h (mergeable); the reader derives mu, routed_mean,
+ *   routed_var, es_act, es_mag with m2d_layer_stats_finalize. Each layer's N and n_samples are
+ *   the header's. The file ends exactly after the payload.
+ *   A reader checks magic, version, every header field's type and range, the payload length
+ *   (E, d, n_layers) against the file size, and the payload sha256 (truncation, garbling).
+ *   The file is written atomically (temp + rename). */
+#ifndef M2D_CALIB_H
+#define M2D_CALIB_H
+
+#include <stdint.h>
+
+#include "model/model.h"
+#include "calib/stats.h"
+
+#define M2D_STATS_MAGIC "M2DSTATS"
+#define M2D_STATS_VERSION 1
+#define M2D_CALIB_DEFAULT_SAMPLES 32
+#define M2D_CALIB_MAX_SEQ 2048
+
+typedef struct {
+    int seq_len;          /* L; 0 -> min(2048, max_position_embeddings) */
+    int n_samples;        /* N windows; 0 -> M2D_CALIB_DEFAULT_SAMPLES */
+    int seeded;           /* 0: first N windows; 1: seeded random choice */
+    uint64_t seed;
+    int n_threads;        /* 0 -> m2d_default_threads() */
+    int reference;        /* 1: obviously-correct per-token accumulator (tests); 0: BLAS path */
+    const char *data_path;/* recorded in the stats file */
+    int progress;         /* 1: progress with ETA on a terminal */
+} m2d_calib_opts;
+
+/* Gate convention string for a config. */
+const char *m2d_calib_gate_convention(const m2d_config *cfg);
+/* Default L for a config: min(2048, max_position_embeddings). */
+int m2d_calib_default_seq_len(const m2d_config *cfg);
+
+/* Choose windows (see above). starts must hold n_samples entries; *n_out <= n_samples.
+ * Error when not even one window of L tokens fits. */
+int m2d_calib_windows(int64_t n_tokens, int seq_len, int n_samples, int seeded, uint64_t seed,
+                      int64_t *starts, int *n_out);
+/* calib_hash of the chosen windows. */
+void m2d_calib_hash(const int32_t *ids, const int64_t *starts, int n_windows, int seq_len,
+                    const char *gate_convention, char out[65]);
+
+/* Full calibration pass of the unmodified teacher over the chosen windows of ids.
+ * *out is a finalised m2d_stats (free with m2d_calib_stats_free). */
+int m2d_calib_run(const m2d_model *m, const int32_t *ids, int64_t n_ids, const m2d_calib_opts *o,
+                  m2d_stats **out);
+/* FLOPs of the expert evaluations of a calibration pass (2*3*d*d_e per expert per token). */
+double m2d_calib_expert_flops(const m2d_config *cfg, double n_tokens);
+
+/* Stats file. write: atomic. read: full validation (see above); free with m2d_calib_stats_free. */
+int m2d_stats_write(const m2d_stats *s, const char *path);
+int m2d_stats_read(const char *path, m2d_stats **out);
+void m2d_calib_stats_free(m2d_stats *s); /* m2d_stats_free + free of the struct; NULL ok */
+/* Error unless the stats were computed on this model (weights hash, shapes, layer set). */
+int m2d_stats_check_model(const m2d_stats *s, const char *stats_path, const m2d_model *m);
+
+#endif

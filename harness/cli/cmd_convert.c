@@ -1,0 +1,152 @@
+/* moe2dense convert — build a dense (or smaller MoE) student from a teacher and its stats file. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "calib/calib.h"
+#include "cli/cmd.h"
+#include "convert/convert.h"
+#include "model/model.h"
+#include "base/util.h"
+
+static const char USAGE[] =
+    "usage: moe2dense convert --model DIR --stats STATS --scoring S --grouping G --scaling C -K N\n"
+    "                         --out DIR [--target dense|moe] [--groups M] [--moe-router shared|average]\n"
+    "                         [--param key=value ...] [--fingerprint]\n"
+    "\n"
+    "Per MoE layer: the scoring plugin S scores the experts and selects K of them; the grouping\n"
+    "plugin G splits them into k groups (k = num_experts_per_tok); each group is merged by\n"
+    "score-weighted averaging of gate/up/down (uniform if the group's scores sum to 0); the scaling\n"
+    "plugin C gives each group's down projection a factor alpha; the k groups are concatenated into\n"
+    "one dense SwiGLU FFN of width k*d_e. Attention, embeddings, norms and the LM head are copied\n"
+    "bit for bit; dense teacher layers narrower than k*d_e are zero-padded.\n"
+    "\n"
+    "  --model DIR       the teacher (Hugging Face Qwen3-MoE checkpoint)\n"
+    "  --stats STATS     statistics from 'moe2dense calibrate' on this teacher (checked)\n"
+    "  --scoring S       scoring plugin, e.g. acp, do-acp, cp, reap ('moe2dense list')\n"
+    "  --grouping G      grouping plugin: rr, wc, rc, ab, oc\n"
+    "  --scaling C       scaling plugin: uniform, proportional, avg-cp (not used with --target moe)\n"
+    "  -K N              experts selected per layer, k <= N <= E\n"
+    "  --out DIR         output directory: absent, empty, or an earlier convert output\n"
+    "  --target T        dense (default): Qwen3ForCausalLM with intermediate_size = k*d_e;\n"
+    "                    moe: Qwen3MoeForCausalLM keeping M experts per layer (each group merged into\n"
+    "                    one expert, router row = merge-weighted average of its members' rows)\n"
+    "  --groups M        --target moe only: groups per layer (default K: pure pruning)\n"
+    "  --moe-router R    --target moe only: shared (default: every retained expert keeps its router\n"
+    "                    row and points at its group's merged expert; num_experts = K) or average\n"
+    "                    (one expert per group, router row = merge-weighted average of the members')\n"
+    "  --param key=value plugin parameter (repeatable, or comma-separated k=v,k=v); each key goes to\n"
+    "                    the chosen plugins that accept it, a key none accepts is an error\n"
+    "  --fingerprint     print only the student fingerprint (no --out needed, nothing written)\n"
+    "\n"
+    "Writes config.json, model.safetensors (teacher dtype, bf16 round-to-nearest-even), the\n"
+    "tokenizer files and moe2dense.json (configuration, stats hashes, per layer the selected\n"
+    "experts, groups, merge weights and alpha; written last, so its presence marks a complete\n"
+    "output). Prints the student fingerprint: equal fingerprints mean bit-identical students.\n";
+
+/* Collect every --param (repeatable) into one "k=v,k=v" string and drop them from argv. */
+static char *take_params(int *argc, char **argv) {
+    char *all = m2d_strdup("");
+    int j = 1;
+    for (int i = 1; i < *argc; i++) {
+        const char *v = NULL;
+        if (!strcmp(argv[i], "--param") && i + 1 < *argc) v = argv[++i];
+        else if (!strncmp(argv[i], "--param=", 8)) v = argv[i] + 8;
+        if (v) {
+            char *n = m2d_strfmt("%s%s%s", all, *all ? "," : "", v);
+            free(all);
+            all = n;
+            continue;
+        }
+        argv[j++] = argv[i];
+    }
+    *argc = j;
+    return all;
+}
+
+static int cmd_convert_run(int argc, char **argv) {
+    char **av = m2d_malloc((size_t)(argc + 1) * sizeof *av);
+    memcpy(av, argv, (size_t)argc * sizeof *av);
+    int ac = argc;
+    char *params_s = take_params(&ac, av);
+    const char *model = NULL, *stats = NULL, *scoring = NULL, *grouping = NULL, *scaling = NULL, *K_s = NULL,
+               *out = NULL, *target = "dense", *groups_s = NULL,
+               *moe_router = NULL;
+    int fp_only = 0;
+    m2d_opt opts[] = {{"--model", 1, &model, NULL},       {"--stats", 1, &stats, NULL},
+                      {"--scoring", 1, &scoring, NULL},   {"--grouping", 1, &grouping, NULL},
+                      {"--scaling", 1, &scaling, NULL},   {"-K", 1, &K_s, NULL},
+                      {"--out", 1, &out, NULL},           {"--target", 1, &target, NULL},
+                      {"--groups", 1, &groups_s, NULL},   {"--fingerprint", 0, NULL, &fp_only},
+                      {"--moe-router", 1, &moe_router, NULL}, {0}};
+    m2d_params params = {0, NULL, NULL};
+    m2d_model *m = NULL, *student = NULL;
+    m2d_stats *s = NULL;
+    m2d_convert_plan *plan = NULL;
+    int rc = 1;
+    long K = 0, groups = 0;
+    if (m2d_parse_opts("convert", ac, av, opts, NULL, 0, NULL)) goto done;
+    if (!model || !stats || !scoring || !grouping || !K_s || (!out && !fp_only)) {
+        m2d_err("convert: --model, --stats, --scoring, --grouping, -K and --out are required (see 'moe2dense help convert')");
+        goto done;
+    }
+    m2d_target t;
+    if (!strcmp(target, "dense")) t = M2D_TARGET_DENSE;
+    else if (!strcmp(target, "moe")) t = M2D_TARGET_MOE;
+    else {
+        m2d_err("convert: --target '%s': expected dense or moe", target);
+        goto done;
+    }
+    if (t == M2D_TARGET_DENSE && !scaling) {
+        m2d_err("convert: --scaling is required for --target dense (uniform, proportional, avg-cp)");
+        goto done;
+    }
+    if (t == M2D_TARGET_MOE && scaling)
+        fprintf(stderr, "moe2dense convert: note: --scaling is not used with --target moe (the router weights "
+                        "the experts)\n");
+    m2d_moe_router router = M2D_MOE_ROUTER_SHARED;
+    if (moe_router && t == M2D_TARGET_DENSE) {
+        m2d_err("convert: --moe-router is only for --target moe");
+        goto done;
+    }
+    if (moe_router && !strcmp(moe_router, "average")) router = M2D_MOE_ROUTER_AVERAGE;
+    else if (moe_router && strcmp(moe_router, "shared")) {
+        m2d_err("convert: --moe-router '%s': expected shared or average", moe_router);
+        goto done;
+    }
+    if (t == M2D_TARGET_DENSE && groups_s) {
+        m2d_err("convert: --groups is only for --target moe (a dense student has k groups)");
+        goto done;
+    }
+    if (m2d_parse_int("convert", "-K", K_s, 1, 1 << 20, &K)) goto done;
+    if (groups_s && m2d_parse_int("convert", "--groups", groups_s, 1, 1 << 20, &groups)) goto done;
+    if (m2d_params_parse(params_s, &params)) {
+        m2d_err_prefix("convert: --param");
+        goto done;
+    }
+    if (m2d_model_open(model, &m) || m2d_stats_read(stats, &s) || m2d_stats_check_model(s, stats, m)) goto done;
+    m2d_convert_opts co = {scoring, grouping, scaling, (int)K, t, (int)groups, params, router};
+    if (m2d_convert_plan_build(m, s, &co, &plan)) goto done;
+    if (fp_only) {
+        printf("%s\n", plan->fingerprint);
+        rc = 0;
+        goto done;
+    }
+    if (m2d_convert_build(m, plan, &student) || m2d_convert_write(m, student, plan, stats, out)) goto done;
+    printf("wrote %s (%s student, %d MoE layers, K=%d, %d groups) fingerprint %s\n", out,
+           t == M2D_TARGET_DENSE ? "dense" : "moe", plan->n_layers, plan->K, plan->n_groups, plan->fingerprint);
+    rc = 0;
+done:
+    if (rc) m2d_cmd_fail("convert");
+    m2d_convert_student_free(student);
+    m2d_convert_plan_free(plan);
+    m2d_calib_stats_free(s);
+    if (m) m2d_model_close(m);
+    m2d_params_free(&params);
+    free(params_s);
+    free(av);
+    return rc;
+}
+
+M2D_COMMAND(convert, "convert", "build a dense (or smaller MoE) student from a teacher and its stats", USAGE,
+            cmd_convert_run)

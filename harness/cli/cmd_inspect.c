@@ -1,0 +1,304 @@
+/* inspect — what a checkpoint is: architecture, sizes, parameter counts, dtypes, shards;
+ * opening it validates every expected tensor (presence, shape, dtype) and every header. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli/cmd.h"
+#include "model/model.h"
+#include "base/util.h"
+
+#define INSPECT_USAGE                                                                                   \
+    "usage: moe2dense inspect --model DIR [--json] [--tensors]\n"                                       \
+    "       moe2dense inspect --model FILE.safetensors [--json] [--tensors]\n"                             \
+    "\n"                                                                                                \
+    "Opens a Hugging Face checkpoint directory (config.json + model.safetensors, or shards with\n"      \
+    "model.safetensors.index.json), validates every safetensors header and every tensor the\n"          \
+    "architecture expects (name, shape, dtype; unknown extra tensors are errors), and prints:\n"        \
+    "architecture and every config field that changes the computation, which layers are MoE,\n"         \
+    "parameter counts (total; active per token incl. embeddings and routers; the dense student's\n"     \
+    "size for K in {k, 2k, 4k, 8k, E}), tensors per dtype, shards, and the weights hash.\n"             \
+    "\n"                                                                                                \
+    "The dense student merges the K selected experts of each MoE layer into k groups of width\n"        \
+    "d_e, so its FFN width is k*d_e whatever K is: its size is the same for every K (K changes\n"       \
+    "which experts are merged, not how many parameters result). It is printed per K anyway.\n"          \
+    "\n"                                                                                                \
+    "options:\n"                                                                                        \
+    "  --model DIR   checkpoint directory (required)\n"                                                 \
+    "  --json        print one JSON object instead of text\n"                                           \
+    "  --tensors     also list every tensor: name, dtype, shape, shard\n"                                \
+    "\n"                                                                                                \
+    "Given a single .safetensors file (or an index.json) instead of a directory, only the\n"          \
+    "safetensors layer is validated and summarised (no config, no architecture).\n"                  \
+    "\n"                                                                                                \
+    "Supported architectures are listed by an unknown one's error; exit status 1 on any invalid\n"     \
+    "input, with one line naming the file and the field.\n"                                             \
+    "\n"                                                                                                \
+    "example: moe2dense inspect --model ../shared/models/tiny-qwen3moe\n"
+
+/* 14206912 -> "14,206,912" */
+static const char *commas(int64_t v, char *buf, size_t n) {
+    char tmp[32];
+    snprintf(tmp, sizeof tmp, "%lld", (long long)(v < 0 ? -v : v));
+    size_t len = strlen(tmp), o = 0;
+    if (v < 0 && o + 1 < n) buf[o++] = '-';
+    for (size_t i = 0; i < len && o + 2 < n; i++) {
+        if (i && (len - i) % 3 == 0) buf[o++] = ',';
+        buf[o++] = tmp[i];
+    }
+    buf[o] = 0;
+    return buf;
+}
+
+/* K values {k, 2k, 4k, 8k, E}, capped at E, ascending and without repeats. */
+static int k_values(const m2d_config *c, int *out) {
+    int n = 0, cand[5] = {c->num_experts_per_tok, 2 * c->num_experts_per_tok, 4 * c->num_experts_per_tok,
+                          8 * c->num_experts_per_tok, c->num_experts};
+    for (int i = 0; i < 5; i++)
+        if (cand[i] <= c->num_experts && (n == 0 || cand[i] > out[n - 1])) out[n++] = cand[i];
+    return n;
+}
+
+static int count_moe(const m2d_config *c) {
+    int n = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) n += c->layer_is_moe[l];
+    return n;
+}
+
+static void dtype_counts(const m2d_st *st, int counts[M2D_DTYPE_COUNT]) {
+    memset(counts, 0, sizeof(int) * M2D_DTYPE_COUNT);
+    for (int i = 0; i < m2d_st_count(st); i++) counts[m2d_st_at(st, i)->dtype]++;
+}
+
+static void shape_str(const m2d_tensor *t, char *buf, size_t n) {
+    size_t used = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < t->ndim && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (used < n) snprintf(buf + used, n - used, "]");
+}
+
+static const char *base_name(const char *path) {
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+static void print_tensor_table(const m2d_st *st) {
+    char sh[96];
+    for (int i = 0; i < m2d_st_count(st); i++) {
+        const m2d_tensor *t = m2d_st_at(st, i);
+        shape_str(t, sh, sizeof sh);
+        printf("  %-56s %-5s %-16s %s\n", t->name, m2d_dtype_name(t->dtype), sh, base_name(m2d_st_file_of(st, t->name)));
+    }
+}
+
+static cJSON *tensor_list_json(const m2d_st *st) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < m2d_st_count(st); i++) {
+        const m2d_tensor *t = m2d_st_at(st, i);
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "name", t->name);
+        cJSON_AddStringToObject(e, "dtype", m2d_dtype_name(t->dtype));
+        cJSON *sh = cJSON_AddArrayToObject(e, "shape");
+        for (int d = 0; d < t->ndim; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->shape[d]));
+        cJSON_AddStringToObject(e, "file", base_name(m2d_st_file_of(st, t->name)));
+        cJSON_AddItemToArray(a, e);
+    }
+    return a;
+}
+
+/* A bare safetensors file (or index): header validation and a summary, no architecture. */
+static int inspect_st_only(const char *path, int json, int tensors) {
+    m2d_st *st;
+    if (m2d_st_open(path, &st) != 0) return -1;
+    int counts[M2D_DTYPE_COUNT];
+    memset(counts, 0, sizeof counts);
+    uint64_t bytes = 0, elems = 0;
+    for (int i = 0; i < m2d_st_count(st); i++) {
+        const m2d_tensor *t = m2d_st_at(st, i);
+        counts[t->dtype]++;
+        bytes += t->nbytes;
+        elems += (uint64_t)m2d_tensor_numel(t);
+    }
+    char hash[65];
+    m2d_st_hash(st, M2D_ST_HASH_FULL_MAX, hash);
+    if (json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "file", path);
+        cJSON_AddNumberToObject(j, "tensors", m2d_st_count(st));
+        cJSON_AddNumberToObject(j, "elements", (double)elems);
+        cJSON_AddNumberToObject(j, "bytes", (double)bytes);
+        cJSON *dt = cJSON_AddObjectToObject(j, "dtypes");
+        for (int t = 0; t < M2D_DTYPE_COUNT; t++)
+            if (counts[t]) cJSON_AddNumberToObject(dt, m2d_dtype_name((m2d_dtype)t), counts[t]);
+        cJSON_AddNumberToObject(j, "shards", m2d_st_file_count(st));
+        cJSON_AddBoolToObject(j, "valid", 1);
+        cJSON_AddStringToObject(j, "weights_hash", hash);
+        if (tensors) cJSON_AddItemToObject(j, "tensor_list", tensor_list_json(st));
+        char *s = cJSON_Print(j);
+        puts(s);
+        free(s);
+        cJSON_Delete(j);
+    } else {
+        char be[32], bb[32];
+        printf("file           %s (safetensors only: no config.json, architecture not checked)\n", path);
+        printf("tensors        %d, %s elements, %s bytes, headers valid\n", m2d_st_count(st),
+               commas((int64_t)elems, be, sizeof be), commas((int64_t)bytes, bb, sizeof bb));
+        printf("dtypes        ");
+        for (int t = 0; t < M2D_DTYPE_COUNT; t++)
+            if (counts[t]) printf(" %s %d", m2d_dtype_name((m2d_dtype)t), counts[t]);
+        printf("\nshards         %d\n", m2d_st_file_count(st));
+        printf("weights_hash   %s\n", hash);
+        if (tensors) print_tensor_table(st);
+    }
+    m2d_st_close(st);
+    return 0;
+}
+
+static void print_text(const m2d_model *m) {
+    const m2d_config *c = &m->cfg;
+    m2d_param_counts p = m2d_model_param_counts(c);
+    char b1[32];
+    int nmoe = count_moe(c);
+    printf("model          %s\n", m->dir);
+    printf("architecture   %s (model_type %s)\n", c->arch, c->model_type[0] ? c->model_type : "-");
+    printf("layers         %d (%d MoE, %d dense)", c->num_hidden_layers, nmoe, c->num_hidden_layers - nmoe);
+    if (nmoe && nmoe < c->num_hidden_layers) {
+        printf("; MoE layers:");
+        for (int l = 0; l < c->num_hidden_layers; l++)
+            if (c->layer_is_moe[l]) printf(" %d", l);
+    }
+    printf("\n");
+    printf("hidden_size    %d\n", c->hidden_size);
+    printf("attention      %d query / %d kv heads x head_dim %d, rope_theta %g, rms_norm_eps %g\n",
+           c->num_attention_heads, c->num_key_value_heads, c->head_dim, c->rope_theta, c->rms_norm_eps);
+    if (c->num_experts > 0) {
+        printf("experts        %d routed, top-%d, norm_topk_prob %s, expert width d_e %d\n", c->num_experts,
+               c->num_experts_per_tok, c->norm_topk_prob ? "true" : "false", c->moe_intermediate_size);
+        printf("sparse rule    decoder_sparse_step %d, mlp_only_layers [", c->decoder_sparse_step);
+        for (int i = 0; i < c->n_mlp_only_layers; i++) printf("%s%d", i ? ", " : "", c->mlp_only_layers[i]);
+        printf("]\n");
+    }
+    if (c->intermediate_size > 0) printf("dense FFN      intermediate_size %d\n", c->intermediate_size);
+    printf("vocabulary     %d, tie_word_embeddings %s, bos %d, eos %d (-1: none)\n", c->vocab_size,
+           c->tie_word_embeddings ? "true" : "false", c->bos_token_id, c->eos_token_id);
+    printf("context        max_position_embeddings %d\n", c->max_position_embeddings);
+    printf("torch_dtype    %s (stored tensors: see dtypes)\n", m2d_dtype_name(c->torch_dtype));
+    printf("parameters     total %s\n", commas(p.total, b1, sizeof b1));
+    printf("               active per token %s (top-%d experts, incl. embeddings and routers)\n",
+           commas(p.active, b1, sizeof b1), c->num_experts > 0 ? c->num_experts_per_tok : 0);
+    if (c->num_experts > 0) {
+        int ks[5], nk = k_values(c, ks);
+        printf("dense student  FFN width k*d_e = %d*%d = %d in every MoE layer, no router;\n",
+               c->num_experts_per_tok, c->moe_intermediate_size, c->num_experts_per_tok * c->moe_intermediate_size);
+        printf("               same size for every K (K picks which experts merge into the k groups)\n");
+        for (int i = 0; i < nk; i++) printf("               K=%-4d %s\n", ks[i], commas(p.dense_student, b1, sizeof b1));
+    } else {
+        printf("dense student  n/a (already dense)\n");
+    }
+    int counts[M2D_DTYPE_COUNT];
+    dtype_counts(m->st, counts);
+    printf("dtypes        ");
+    for (int t = 0; t < M2D_DTYPE_COUNT; t++)
+        if (counts[t]) printf(" %s %d", m2d_dtype_name((m2d_dtype)t), counts[t]);
+    printf("\n");
+    printf("shards         %d\n", m2d_st_file_count(m->st));
+    printf("tensors        %d, all present with expected shapes\n", m2d_st_count(m->st));
+    printf("weights_hash   %s\n", m->weights_hash);
+}
+
+static cJSON *config_json(const m2d_config *c) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(j, "hidden_size", c->hidden_size);
+    cJSON_AddNumberToObject(j, "intermediate_size", c->intermediate_size);
+    cJSON_AddNumberToObject(j, "moe_intermediate_size", c->moe_intermediate_size);
+    cJSON_AddNumberToObject(j, "num_experts", c->num_experts);
+    cJSON_AddNumberToObject(j, "num_experts_per_tok", c->num_experts_per_tok);
+    cJSON_AddBoolToObject(j, "norm_topk_prob", c->norm_topk_prob);
+    cJSON_AddNumberToObject(j, "decoder_sparse_step", c->decoder_sparse_step);
+    cJSON *mo = cJSON_AddArrayToObject(j, "mlp_only_layers");
+    for (int i = 0; i < c->n_mlp_only_layers; i++) cJSON_AddItemToArray(mo, cJSON_CreateNumber(c->mlp_only_layers[i]));
+    cJSON_AddNumberToObject(j, "num_hidden_layers", c->num_hidden_layers);
+    cJSON_AddNumberToObject(j, "num_attention_heads", c->num_attention_heads);
+    cJSON_AddNumberToObject(j, "num_key_value_heads", c->num_key_value_heads);
+    cJSON_AddNumberToObject(j, "head_dim", c->head_dim);
+    cJSON_AddNumberToObject(j, "rope_theta", c->rope_theta);
+    cJSON_AddNumberToObject(j, "rms_norm_eps", c->rms_norm_eps);
+    cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tie_word_embeddings);
+    cJSON_AddNumberToObject(j, "max_position_embeddings", c->max_position_embeddings);
+    if (c->bos_token_id >= 0) cJSON_AddNumberToObject(j, "bos_token_id", c->bos_token_id);
+    else cJSON_AddNullToObject(j, "bos_token_id");
+    if (c->eos_token_id >= 0) cJSON_AddNumberToObject(j, "eos_token_id", c->eos_token_id);
+    else cJSON_AddNullToObject(j, "eos_token_id");
+    cJSON_AddStringToObject(j, "torch_dtype", c->torch_dtype == M2D_BF16  ? "bfloat16"
+                                              : c->torch_dtype == M2D_F16 ? "float16"
+                                                                          : "float32");
+    return j;
+}
+
+static void print_json(const m2d_model *m, int tensors) {
+    const m2d_config *c = &m->cfg;
+    m2d_param_counts p = m2d_model_param_counts(c);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "model", m->dir);
+    cJSON_AddStringToObject(j, "architecture", c->arch);
+    cJSON_AddStringToObject(j, "model_type", c->model_type);
+    cJSON_AddItemToObject(j, "config", config_json(c));
+    cJSON *moe = cJSON_AddArrayToObject(j, "moe_layers");
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        if (c->layer_is_moe[l]) cJSON_AddItemToArray(moe, cJSON_CreateNumber(l));
+    cJSON *pj = cJSON_AddObjectToObject(j, "parameters");
+    cJSON_AddNumberToObject(pj, "total", (double)p.total);
+    cJSON_AddNumberToObject(pj, "active_per_token", (double)p.active);
+    cJSON *ds = cJSON_AddArrayToObject(pj, "dense_student");
+    int ks[5], nk = c->num_experts > 0 ? k_values(c, ks) : 0;
+    for (int i = 0; i < nk; i++) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "K", ks[i]);
+        cJSON_AddNumberToObject(e, "params", (double)p.dense_student);
+        cJSON_AddNumberToObject(e, "ffn_width", (double)c->num_experts_per_tok * c->moe_intermediate_size);
+        cJSON_AddItemToArray(ds, e);
+    }
+    int counts[M2D_DTYPE_COUNT];
+    dtype_counts(m->st, counts);
+    cJSON *dt = cJSON_AddObjectToObject(j, "dtypes");
+    for (int t = 0; t < M2D_DTYPE_COUNT; t++)
+        if (counts[t]) cJSON_AddNumberToObject(dt, m2d_dtype_name((m2d_dtype)t), counts[t]);
+    cJSON_AddNumberToObject(j, "shards", m2d_st_file_count(m->st));
+    cJSON_AddNumberToObject(j, "tensors", m2d_st_count(m->st));
+    cJSON_AddBoolToObject(j, "valid", 1);
+    cJSON_AddStringToObject(j, "weights_hash", m->weights_hash);
+    if (tensors) cJSON_AddItemToObject(j, "tensor_list", tensor_list_json(m->st));
+    char *s = cJSON_Print(j);
+    puts(s);
+    free(s);
+    cJSON_Delete(j);
+}
+
+static int cmd_inspect_run(int argc, char **argv) {
+    const char *model = NULL;
+    int json = 0, tensors = 0;
+    m2d_opt opts[] = {{"--model", 1, &model, NULL}, {"--json", 0, NULL, &json}, {"--tensors", 0, NULL, &tensors}, {0}};
+    if (m2d_parse_opts("inspect", argc, argv, opts, NULL, 0, NULL) != 0) return m2d_cmd_fail("inspect");
+    if (!model) {
+        m2d_err("inspect: option '--model' is required (see 'moe2dense help inspect')");
+        return m2d_cmd_fail("inspect");
+    }
+    struct stat sb;
+    if (stat(model, &sb) == 0 && !S_ISDIR(sb.st_mode))
+        return inspect_st_only(model, json, tensors) == 0 ? 0 : m2d_cmd_fail("inspect");
+    m2d_model *m;
+    if (m2d_model_open(model, &m) != 0) return m2d_cmd_fail("inspect");
+    if (json) print_json(m, tensors);
+    else {
+        print_text(m);
+        if (tensors) print_tensor_table(m->st);
+    }
+    m2d_model_close(m);
+    return 0;
+}
+
+M2D_COMMAND(inspect, "inspect", "validate a checkpoint and print its architecture, sizes and parameter counts",
+            INSPECT_USAGE, cmd_inspect_run)

@@ -1,0 +1,78 @@
+/* moe2dense report — the paper's Table 10/11 layout and a per-criterion summary from a results CSV. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cmd.h"
+#include "sweep/report.h"
+#include "io/results.h"
+#include "base/util.h"
+
+static const char USAGE[] =
+    "usage: moe2dense report RESULTS.csv [--format md|tex|csv] [--out FILE] [--plot-data DIR]\n"
+    "                        [--best-per-pair]\n"
+    "\n"
+    "Table in the layout of the paper's Tables 10/11: one row per scoring x grouping x scaling, one\n"
+    "column per K; the best K of each row in bold; '–' for failed configurations (e.g. NaN PPL);\n"
+    "PPL >= 100,000 in compact notation (120k, 1.1m). md and tex add a per-criterion summary (best PPL\n"
+    "per scoring, where it was reached, mean rank across the cells where every scoring ran).\n"
+    "\n"
+    "options:\n"
+    "  --format F        md (default), tex (booktabs tabular) or csv (raw numbers, best_K column)\n"
+    "  --out FILE        write there (atomically) instead of stdout\n"
+    "  --plot-data DIR   also write the gnuplot inputs for plots/*.gp (heat_*.dat, marginal_*.dat)\n"
+    "  --best-per-pair   list the configurations the paper evaluates on multiple-choice tasks: per\n"
+    "                    scoring x grouping, the (K, scaling) with the lowest PPL (config ids)\n";
+
+static int cmd_report_run(int argc, char **argv) {
+    const char *format = "md", *out = NULL, *plot = NULL;
+    int best = 0;
+    m2d_opt opts[] = {{"--format", 1, &format, NULL}, {"--out", 1, &out, NULL}, {"--plot-data", 1, &plot, NULL},
+                      {"--best-per-pair", 0, NULL, &best}, {0}};
+    char *pos[1];
+    int npos = 0;
+    if (m2d_parse_opts("report", argc, argv, opts, pos, 1, &npos)) return m2d_cmd_fail("report");
+    if (npos != 1) {
+        m2d_err("report: expected RESULTS.csv (see 'moe2dense help report')");
+        return m2d_cmd_fail("report");
+    }
+    m2d_report_format fmt;
+    if (!strcmp(format, "md")) fmt = M2D_REPORT_MD;
+    else if (!strcmp(format, "tex")) fmt = M2D_REPORT_TEX;
+    else if (!strcmp(format, "csv")) fmt = M2D_REPORT_CSV;
+    else {
+        m2d_err("report: --format: '%s' is not md, tex or csv", format);
+        return m2d_cmd_fail("report");
+    }
+    m2d_results r;
+    if (m2d_results_read(pos[0], &r)) return m2d_cmd_fail("report");
+    if (r.torn_bytes) fprintf(stderr, "moe2dense report: %s: ignoring a torn last line (a sweep is running or was killed)\n", pos[0]);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    int rc = 0;
+    if (best) {
+        int *rows, n = m2d_report_best_per_pair(&r, &rows);
+        if (n < 0) rc = -1;
+        for (int i = 0; i < n; i++)
+            fprintf(f, "%s %s %s %s K=%s ppl=%s\n", m2d_results_get(&r, rows[i], "config_id"),
+                    m2d_results_get(&r, rows[i], "scoring"), m2d_results_get(&r, rows[i], "grouping"),
+                    m2d_results_get(&r, rows[i], "scaling"), m2d_results_get(&r, rows[i], "K"),
+                    m2d_results_get(&r, rows[i], "ppl"));
+        if (n >= 0) free(rows);
+    } else {
+        rc = m2d_report_write(&r, fmt, f);
+    }
+    fclose(f);
+    if (rc == 0 && plot) rc = m2d_report_plot_data(&r, plot);
+    if (rc == 0) {
+        if (out) rc = m2d_write_file_atomic(out, buf, len);
+        else fwrite(buf, 1, len, stdout);
+    }
+    free(buf);
+    m2d_results_free(&r);
+    return rc ? m2d_cmd_fail("report") : 0;
+}
+
+M2D_COMMAND(report, "report", "paper-style PPL tables (md/tex/csv) and a per-criterion summary from a sweep CSV",
+            USAGE, cmd_report_run)

@@ -1,0 +1,115 @@
+/* moe2dense sweep — run an experiment's configuration grid into a resumable CSV. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cmd.h"
+#include "sweep/grid.h"
+#include "sweep/sweep.h"
+#include "base/util.h"
+
+static const char USAGE[] =
+    "usage: moe2dense sweep EXPERIMENTS.toml --experiment NAME [options]\n"
+    "\n"
+    "Runs every configuration of the experiment's grid (scoring x grouping x scaling x K, trimmed by\n"
+    "include/exclude rules): calibration statistics once (cached), then per configuration convert in\n"
+    "memory and evaluate. One CSV row per configuration, appended crash-safely; a re-run resumes.\n"
+    "Configurations whose students have the same fingerprint are evaluated once; the others are\n"
+    "recorded with dedup_of=<config id>. A failing configuration is recorded as 'failed: reason'.\n"
+    "Calibration statistics are cached in the experiment's cache_dir (default results/cache) under\n"
+    "<model hash>-<calibration hash>.m2dstats and reused by every later run and shard.\n"
+    "With an [mc] table, a second stage evaluates the multiple-choice tasks on the configurations\n"
+    "mc.configs selects (best-per-pair: per scoring x grouping the (K, scaling) with the lowest\n"
+    "PPL, as the paper does; or all), into CSV.mc.csv (resumable), then fills the CSV's MC\n"
+    "columns. In a shard it is skipped: run it on the merged CSV (sweep ... --out MERGED.csv).\n"
+    "\n"
+    "options:\n"
+    "  --experiment NAME   experiment table [experiment.NAME] (required)\n"
+    "  --dry-run           print the grid, the number of distinct students and a run-time estimate\n"
+    "  --shard I/N         run only the I-th of N disjoint slices (1 <= I <= N; students are dealt\n"
+    "                      evenly, configurations that may share a student stay in one shard)\n"
+    "  --out CSV           results file (default: the experiment's `out`, results/NAME.csv)\n"
+    "  --set KEY=VALUE     override a key of the experiment (repeatable), e.g. --set model=DIR,\n"
+    "                      --set ppl.max_windows=8, --set axes.K='[\"k\",\"2k\"]'\n"
+    "  --jobs N            configurations evaluated in parallel (default 1)\n"
+    "  --threads N         compute (BLAS/engine) threads per job (default: cores / jobs)\n"
+    "  --retry-failed      run configurations recorded as failed again (their rows are replaced)\n"
+    "  --no-resume         refuse to run if the CSV exists (default: resume, skipping recorded rows)\n"
+    "\n"
+    "CSV: leading '# key=value' lines are the run header (version, experiment, model and calibration\n"
+    "hashes, PPL protocol, shard, host, start time); then the columns config_id, scoring, grouping,\n"
+    "scaling, K_expr, K, params, d_dense, n_params, ppl, ppl_protocol, ppl_seq_len, ppl_windows,\n"
+    "[TASK_acc, TASK_acc_norm..., mc_avg], wall_s, status, dedup_of, fingerprint.\n"
+    "Progress (done/total, current configuration, ETA) is shown on a terminal.\n";
+
+static int cmd_sweep_run(int argc, char **argv) {
+    char **sets = NULL;
+    int n_sets = 0;
+    if (m2d_extract_sets("sweep", &argc, argv, &sets, &n_sets)) {
+        free(sets);
+        return m2d_cmd_fail("sweep");
+    }
+    const char *exp = NULL, *shard = NULL, *out = NULL, *jobs = NULL, *threads = NULL;
+    int dry = 0, retry = 0, no_resume = 0;
+    m2d_opt opts[] = {{"--experiment", 1, &exp, NULL}, {"--shard", 1, &shard, NULL},  {"--out", 1, &out, NULL},
+                      {"--jobs", 1, &jobs, NULL},      {"--threads", 1, &threads, NULL},
+                      {"--dry-run", 0, NULL, &dry},    {"--retry-failed", 0, NULL, &retry},
+                      {"--no-resume", 0, NULL, &no_resume}, {0}};
+    char *pos[1];
+    int npos = 0, rc = 1;
+    m2d_experiment x = {0};
+    m2d_sweep_opts o = {.out = NULL};
+    if (m2d_parse_opts("sweep", argc, argv, opts, pos, 1, &npos)) goto fail;
+    if (npos != 1) {
+        m2d_err("sweep: expected EXPERIMENTS.toml (see 'moe2dense help sweep')");
+        goto fail;
+    }
+    if (!exp) {
+        char *names = m2d_experiment_names(pos[0]);
+        m2d_err("sweep: --experiment NAME is required (%s has: %s)", pos[0], names ? names : "none");
+        free(names);
+        goto fail;
+    }
+    long v;
+    if (jobs) {
+        if (m2d_parse_int("sweep", "--jobs", jobs, 1, 1024, &v)) goto fail;
+        o.jobs = (int)v;
+    }
+    if (threads) {
+        if (m2d_parse_int("sweep", "--threads", threads, 1, 1024, &v)) goto fail;
+        o.threads = (int)v;
+    }
+    if (shard && m2d_parse_shard(shard, &o.shard_i, &o.shard_n)) goto fail;
+    o.out = out;
+    o.retry_failed = retry;
+    if (m2d_experiment_load(pos[0], exp, sets, n_sets, &x)) goto fail;
+    if (dry) {
+        rc = m2d_sweep_dry_run(&x, &o, stdout) ? 1 : 0;
+        if (rc) goto fail;
+        goto done;
+    }
+    const char *path = out ? out : x.out;
+    if (no_resume && m2d_file_exists(path)) {
+        m2d_err("sweep: %s exists and --no-resume was given (move it away or drop --no-resume)", path);
+        goto fail;
+    }
+    m2d_sweep_summary s;
+    if (m2d_sweep_run(&x, &o, &s)) goto fail;
+    printf("sweep %s: %d configurations: %d already done, %d evaluated, %d recorded as dedup_of, %d failed -> %s\n",
+           x.name, s.total, s.skipped, s.evaluated, s.dedup, s.failed, path);
+    printf("sweep %s: %.2f s wall: %.2f s prepare (teacher, calibration, data), %.2f s in build+evaluate "
+           "(%d job(s) x %d thread(s))\n", x.name, s.wall_s, s.prepare_s, s.eval_s, s.jobs, s.threads);
+    if (s.mc_selected)
+        printf("sweep %s: multiple choice: %d configuration(s) selected (%s), %d evaluated now -> %s.mc.csv\n",
+               x.name, s.mc_selected, x.mc_configs, s.mc_evaluated, path);
+    rc = 0;
+    goto done;
+fail:
+    rc = m2d_cmd_fail("sweep");
+done:
+    m2d_experiment_free(&x);
+    free(sets);
+    return rc;
+}
+
+M2D_COMMAND(sweep, "sweep", "run an experiment's configuration grid into a resumable CSV", USAGE, cmd_sweep_run)

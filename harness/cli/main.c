@@ -1,0 +1,51 @@
+/* moe2dense — one binary, many subcommands (each registers itself; see cmd.h). */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cmd.h"
+
+#include "base/util.h"
+
+static void list_commands(FILE *out) {
+    fprintf(out, "usage: moe2dense COMMAND [options]\n\ncommands:\n");
+    for (int i = 0; i < m2d_command_count(); i++) {
+        const m2d_command *c = m2d_command_at(i);
+        fprintf(out, "  %-12s %s\n", c->name, c->summary);
+    }
+    fprintf(out, "  %-12s %s\n", "help", "list commands, or 'help COMMAND' for one");
+    fprintf(out, "\n'moe2dense help COMMAND' explains one command.\n");
+}
+
+static int help(int argc, char **argv) {
+    if (argc < 3) {
+        list_commands(stdout);
+        return 0;
+    }
+    const m2d_command *c = m2d_command_find(argv[2]);
+    if (!c) {
+        fprintf(stderr, "moe2dense help: unknown command '%s'\n", argv[2]);
+        return 2;
+    }
+    printf("moe2dense %s — %s\n\n%s", c->name, c->summary, c->usage);
+    size_t n = strlen(c->usage);
+    if (n == 0 || c->usage[n - 1] != '\n') putchar('\n');
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        list_commands(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) return help(argc, argv);
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        puts("moe2dense " M2D_VERSION);
+        return 0;
+    }
+    const m2d_command *c = m2d_command_find(argv[1]);
+    if (!c) {
+        fprintf(stderr, "moe2dense: unknown command '%s' (run 'moe2dense help')\n", argv[1]);
+        return 2;
+    }
+    return c->run(argc - 1, argv + 1);
+}

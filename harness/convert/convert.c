@@ -1,0 +1,772 @@
+/* convert — plan (plugins), build (in memory) and write (HF checkpoint) the student. See convert.h. */
+#include "convert/convert.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "calib/calib.h"
+#include "base/util.h"
+
+/* ------------------------------------------------------------------ math on plain arrays */
+
+void m2d_merge_weights(const double *s, int n, double *w) {
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += s[i];
+    for (int i = 0; i < n; i++) w[i] = sum > 0 ? s[i] / sum : 1.0 / n;
+}
+
+void m2d_merge_matrices(const float *const *src, const double *w, int n, size_t numel, double scale, float *out) {
+    for (size_t j = 0; j < numel; j++) {
+        double acc = 0;
+        for (int i = 0; i < n; i++) acc += w[i] * src[i][j];
+        out[j] = (float)(scale * acc);
+    }
+}
+
+void m2d_concat_ffn(int k, int d, int d_e, const float *const *gates, const float *const *ups,
+                    const float *const *downs, float *gate, float *up, float *down) {
+    size_t blk = (size_t)d_e * d;
+    for (int g = 0; g < k; g++) {
+        memcpy(gate + g * blk, gates[g], blk * sizeof(float));
+        memcpy(up + g * blk, ups[g], blk * sizeof(float));
+        for (int r = 0; r < d; r++)
+            memcpy(down + (size_t)r * k * d_e + (size_t)g * d_e, downs[g] + (size_t)r * d_e, (size_t)d_e * sizeof(float));
+    }
+}
+
+void m2d_swiglu_ref(int d, int inter, const float *gate, const float *up, const float *down, const float *x, float *y) {
+    double *h = m2d_malloc((size_t)inter * sizeof *h);
+    for (int i = 0; i < inter; i++) {
+        double a = 0, b = 0;
+        for (int j = 0; j < d; j++) {
+            a += (double)gate[(size_t)i * d + j] * x[j];
+            b += (double)up[(size_t)i * d + j] * x[j];
+        }
+        h[i] = a / (1 + exp(-a)) * b;
+    }
+    for (int r = 0; r < d; r++) {
+        double acc = 0;
+        for (int i = 0; i < inter; i++) acc += (double)down[(size_t)r * inter + i] * h[i];
+        y[r] = (float)acc;
+    }
+    free(h);
+}
+
+/* ------------------------------------------------------------------ plan */
+
+int m2d_convert_parse_param(const char *kv, char **key, double *value) {
+    const char *eq = strchr(kv, '=');
+    if (!eq || eq == kv || !eq[1])
+        return m2d_err("convert: --param '%s': expected key=value (e.g. --param b=1)", kv);
+    char *end;
+    errno = 0;
+    double v = strtod(eq + 1, &end);
+    if (errno || *end || !isfinite(v))
+        return m2d_err("convert: --param '%s': value '%s' is not a finite number", kv, eq + 1);
+    *key = m2d_strfmt("%.*s", (int)(eq - kv), kv);
+    *value = v;
+    return 0;
+}
+
+static int find_plugin(m2d_plugin_kind kind, const char *name, const m2d_plugin **out) {
+    if (!name) return m2d_err("convert: no %s plugin given", m2d_plugin_kind_name(kind));
+    *out = m2d_plugin_find(kind, name);
+    if (*out) return 0;
+    size_t cap = 64;
+    int n = m2d_plugin_count(kind);
+    for (int i = 0; i < n; i++) cap += strlen(m2d_plugin_at(kind, i)->name) + 2;
+    char *list = m2d_calloc(cap, 1);
+    for (int i = 0; i < n; i++) {
+        if (i) strcat(list, ", ");
+        strcat(list, m2d_plugin_at(kind, i)->name);
+    }
+    m2d_err("convert: unknown %s plugin '%s' (available: %s)", m2d_plugin_kind_name(kind), name, n ? list : "none");
+    free(list);
+    return -1;
+}
+
+static int cmp_int(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+typedef struct { int first, g; } group_key;
+static int cmp_group_key(const void *a, const void *b) {
+    const group_key *x = a, *y = b;
+    return (x->first > y->first) - (x->first < y->first);
+}
+
+/* Plugin output -> canonical groups (see convert.h), merge weights, α in canonical order. */
+static int canonicalize(m2d_layer_plan *lp, const int *group_of, const double *alpha_plugin, int E,
+                        const char *grouping) {
+    int K = lp->K, G = lp->n_groups;
+    group_key *keys = m2d_malloc((size_t)G * sizeof *keys);
+    for (int g = 0; g < G; g++) keys[g] = (group_key){E, g};
+    for (int i = 0; i < K; i++) {
+        if (group_of[i] < 0 || group_of[i] >= G) {
+            free(keys);
+            return m2d_err("convert: layer %d: grouping plugin '%s' put expert %d in group %d (valid: 0..%d)",
+                           lp->layer, grouping, lp->selected[i], group_of[i], G - 1);
+        }
+        if (lp->selected[i] < keys[group_of[i]].first) keys[group_of[i]].first = lp->selected[i];
+    }
+    for (int g = 0; g < G; g++)
+        if (keys[g].first == E) {
+            free(keys);
+            return m2d_err("convert: layer %d: grouping plugin '%s' left group %d empty", lp->layer, grouping, g);
+        }
+    qsort(keys, (size_t)G, sizeof *keys, cmp_group_key);
+    int pos = 0;
+    for (int cg = 0; cg < G; cg++) {
+        lp->group_start[cg] = pos;
+        for (int i = 0; i < K; i++)
+            if (group_of[i] == keys[cg].g) lp->members[pos++] = lp->selected[i];
+        qsort(lp->members + lp->group_start[cg], (size_t)(pos - lp->group_start[cg]), sizeof(int), cmp_int);
+        int n = pos - lp->group_start[cg];
+        double *s = m2d_malloc((size_t)n * sizeof *s);
+        for (int i = 0; i < n; i++) s[i] = lp->scores[lp->members[lp->group_start[cg] + i]];
+        m2d_merge_weights(s, n, lp->merge_w + lp->group_start[cg]);
+        free(s);
+        lp->alpha[cg] = alpha_plugin ? alpha_plugin[keys[cg].g] : 1.0;
+    }
+    lp->group_start[G] = pos;
+    free(keys);
+    return 0;
+}
+
+/* The subset of PARAMS that plugin P accepts (each plugin validates its own keys). */
+static void params_for(const m2d_plugin *p, const m2d_params *all, m2d_params *out, const char **keys, double *vals) {
+    int n = 0;
+    for (int i = 0; p && i < all->n; i++) {
+        m2d_params one = {1, &all->keys[i], &all->values[i]};
+        if (m2d_plugin_check_params(p, &one) == 0) {
+            keys[n] = all->keys[i];
+            vals[n++] = all->values[i];
+        }
+    }
+    m2d_err_clear();
+    *out = (m2d_params){n, keys, vals};
+}
+
+typedef struct {
+    const m2d_plugin *p[3];
+    m2d_params params[3];
+    const char **keys[3];
+    double *vals[3];
+} plugin_set;
+
+/* Route each --param key to the plugins that accept it; a key nobody accepts is an error. */
+static int route_params(plugin_set *ps, const m2d_params *all) {
+    for (int k = 0; k < 3; k++) {
+        ps->keys[k] = m2d_calloc((size_t)all->n + 1, sizeof(char *));
+        ps->vals[k] = m2d_calloc((size_t)all->n + 1, sizeof(double));
+        params_for(ps->p[k], all, &ps->params[k], ps->keys[k], ps->vals[k]);
+    }
+    for (int i = 0; i < all->n; i++) {
+        int used = 0;
+        for (int k = 0; k < 3; k++)
+            for (int j = 0; j < ps->params[k].n; j++) used |= ps->params[k].keys[j] == all->keys[i];
+        if (!used) {
+            char acc[512] = "";
+            for (int k = 0; k < 3; k++)
+                if (ps->p[k] && ps->p[k]->params_default && *ps->p[k]->params_default) {
+                    size_t n = strlen(acc);
+                    snprintf(acc + n, sizeof acc - n, "%s%s: %s", n ? "; " : "", ps->p[k]->name, ps->p[k]->params_default);
+                }
+            return m2d_err("convert: --param '%s': no chosen plugin accepts it (accepted: %s)", all->keys[i],
+                           *acc ? acc : "none");
+        }
+    }
+    return 0;
+}
+
+static void plugin_set_free(plugin_set *ps) {
+    for (int k = 0; k < 3; k++) {
+        free((void *)ps->keys[k]);
+        free(ps->vals[k]);
+    }
+}
+
+static int plan_layer(const m2d_model *t, const m2d_layer_stats *ls, const m2d_convert_opts *o, const plugin_set *ps,
+                      m2d_layer_plan *lp) {
+    const m2d_config *c = &t->cfg;
+    int E = c->num_experts, K = o->K, G = lp->n_groups;
+    m2d_layer_view v = {ls, &t->layers[ls->layer], E, c->num_experts_per_tok, K, c->hidden_size,
+                        c->moe_intermediate_size, &ps->params[0]};
+    lp->layer = ls->layer;
+    lp->K = K;
+    lp->scores = m2d_calloc((size_t)E, sizeof(double));
+    lp->selected = m2d_malloc((size_t)K * sizeof(int));
+    lp->group_start = m2d_malloc((size_t)(G + 1) * sizeof(int));
+    lp->members = m2d_malloc((size_t)K * sizeof(int));
+    lp->merge_w = m2d_malloc((size_t)K * sizeof(double));
+    lp->alpha = m2d_malloc((size_t)G * sizeof(double));
+    if (m2d_score_and_select(ps->p[0], &v, lp->scores, lp->selected)) return -1;
+    /* grouping and scaling see k = the number of groups wanted (k for a dense student) */
+    m2d_layer_view vg = v;
+    vg.k = G;
+    vg.params = &ps->params[1];
+    int *group_of = m2d_malloc((size_t)K * sizeof(int));
+    double *alpha = NULL;
+    int rc = m2d_group_run(ps->p[1], &vg, lp->selected, lp->scores, group_of);
+    if (rc == 0 && ps->p[2]) {
+        alpha = m2d_malloc((size_t)G * sizeof(double));
+        m2d_layer_view vs = vg;
+        vs.params = &ps->params[2];
+        rc = m2d_scale_run(ps->p[2], &vs, lp->selected, lp->scores, group_of, alpha);
+    }
+    if (rc == 0) rc = canonicalize(lp, group_of, alpha, E, ps->p[1]->name);
+    free(group_of);
+    free(alpha);
+    return rc;
+}
+
+int m2d_convert_plan_build(const m2d_model *t, const m2d_stats *stats, const m2d_convert_opts *o,
+                           m2d_convert_plan **out) {
+    const m2d_config *c = &t->cfg;
+    if (c->num_experts <= 0) return m2d_err("%s: config.json: field 'num_experts': not an MoE model", t->dir);
+    int E = c->num_experts, k = c->num_experts_per_tok;
+    if (m2d_stats_check_model(stats, "statistics", t)) return -1;
+    if (o->K < k || o->K > E)
+        return m2d_err("convert: -K %d is outside [k, E] = [%d, %d] (k = num_experts_per_tok of %s)", o->K, k, E, t->dir);
+    int G = o->target == M2D_TARGET_DENSE ? k : (o->n_groups > 0 ? o->n_groups : o->K);
+    if (o->target == M2D_TARGET_DENSE && o->n_groups && o->n_groups != k)
+        return m2d_err("convert: --groups %d: a dense student has exactly k = %d groups", o->n_groups, k);
+    if (G < 1 || G > o->K) return m2d_err("convert: --groups %d is outside [1, K = %d]", G, o->K);
+    plugin_set ps = {0};
+    if (find_plugin(M2D_SCORING, o->scoring, &ps.p[0]) || find_plugin(M2D_GROUPING, o->grouping, &ps.p[1])) return -1;
+    if (o->target == M2D_TARGET_DENSE && find_plugin(M2D_SCALING, o->scaling, &ps.p[2])) return -1;
+    if (route_params(&ps, &o->params)) {
+        plugin_set_free(&ps);
+        return -1;
+    }
+    m2d_convert_plan *p = m2d_calloc(1, sizeof *p);
+    p->target = o->target;
+    p->moe_router = o->target == M2D_TARGET_MOE ? o->moe_router : M2D_MOE_ROUTER_SHARED;
+    p->scoring = m2d_strdup(o->scoring);
+    p->grouping = m2d_strdup(o->grouping);
+    p->scaling = m2d_strdup(ps.p[2] ? o->scaling : "none");
+    p->K = o->K;
+    p->n_groups = G;
+    p->n_params = o->params.n;
+    p->param_keys = m2d_calloc((size_t)(o->params.n + 1), sizeof(char *));
+    p->param_values = m2d_calloc((size_t)(o->params.n + 1), sizeof(double));
+    for (int i = 0; i < o->params.n; i++) {
+        p->param_keys[i] = m2d_strdup(o->params.keys[i]);
+        p->param_values[i] = o->params.values[i];
+    }
+    snprintf(p->teacher_hash, sizeof p->teacher_hash, "%s", t->weights_hash);
+    snprintf(p->calib_hash, sizeof p->calib_hash, "%s", stats->calib_hash);
+    p->layers = m2d_calloc((size_t)stats->n_layers, sizeof *p->layers);
+    int rc = 0;
+    for (int i = 0; i < stats->n_layers && rc == 0; i++) {
+        p->n_layers = i + 1;
+        p->layers[i].n_groups = G;
+        rc = plan_layer(t, &stats->layers[i], o, &ps, &p->layers[i]);
+    }
+    plugin_set_free(&ps);
+    if (rc) {
+        m2d_convert_plan_free(p);
+        return -1;
+    }
+    m2d_convert_fingerprint(p, p->fingerprint);
+    *out = p;
+    return 0;
+}
+
+int m2d_convert_moe_experts(const m2d_convert_plan *p) {
+    return p->moe_router == M2D_MOE_ROUTER_SHARED ? p->K : p->n_groups;
+}
+
+static const char *target_name(const m2d_convert_plan *p) {
+    if (p->target == M2D_TARGET_DENSE) return "dense";
+    return p->moe_router == M2D_MOE_ROUTER_SHARED ? "moe" : "moe-average";
+}
+
+void m2d_convert_plan_free(m2d_convert_plan *p) {
+    if (!p) return;
+    for (int i = 0; i < p->n_layers; i++) {
+        m2d_layer_plan *l = &p->layers[i];
+        free(l->scores); free(l->selected); free(l->group_start); free(l->members); free(l->merge_w); free(l->alpha);
+    }
+    for (int i = 0; i < p->n_params; i++) free(p->param_keys[i]);
+    free(p->param_keys); free(p->param_values);
+    free(p->layers); free(p->scoring); free(p->grouping); free(p->scaling);
+    free(p);
+}
+
+static void sha_str(m2d_sha256 *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sha_str(m2d_sha256 *s, const char *fmt, ...) {
+    char buf[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    m2d_sha256_update(s, buf, (size_t)M2D_MIN(n, (int)sizeof buf - 1));
+}
+
+void m2d_convert_fingerprint(const m2d_convert_plan *p, char out[65]) {
+    m2d_sha256 s;
+    m2d_sha256_init(&s);
+    sha_str(&s, "moe2dense-student-v1\nteacher %s\ntarget %s\n", p->teacher_hash, target_name(p));
+    for (int i = 0; i < p->n_layers; i++) {
+        const m2d_layer_plan *l = &p->layers[i];
+        sha_str(&s, "layer %d groups %d\n", l->layer, l->n_groups);
+        for (int g = 0; g < l->n_groups; g++) {
+            sha_str(&s, "group alpha=%a", l->alpha[g]);
+            for (int j = l->group_start[g]; j < l->group_start[g + 1]; j++)
+                sha_str(&s, " %d:%a", l->members[j], l->merge_w[j]);
+            sha_str(&s, "\n");
+        }
+    }
+    uint8_t d[32];
+    m2d_sha256_final(&s, d);
+    m2d_hex(d, 32, out);
+}
+
+/* ------------------------------------------------------------------ build */
+
+/* The student owns its new tensors; the rest point into the teacher. */
+typedef struct {
+    m2d_model m;            /* first: the public pointer is &owner->m */
+    m2d_tensor **owned;
+    int n_owned, cap_owned;
+    const m2d_tensor ***ptr_arrays; /* [n_ptr_arrays] per MoE layer expert pointer arrays (moe target) */
+    int n_ptr_arrays;
+} student_owner;
+
+static m2d_tensor *new_tensor(student_owner *o, const char *name, m2d_dtype dt, int rows, int cols, const float *src) {
+    m2d_tensor *t = m2d_calloc(1, sizeof *t);
+    t->name = m2d_strdup(name);
+    t->dtype = dt;
+    t->ndim = cols > 0 ? 2 : 1;
+    t->shape[0] = rows;
+    t->shape[1] = cols > 0 ? cols : 0;
+    int64_t n = (int64_t)rows * (cols > 0 ? cols : 1);
+    t->nbytes = (size_t)n * m2d_dtype_size(dt);
+    void *data = m2d_malloc(t->nbytes ? t->nbytes : 1);
+    m2d_from_f32(dt, src, n, data);
+    t->data = data;
+    if (o->n_owned == o->cap_owned) {
+        o->cap_owned = o->cap_owned ? 2 * o->cap_owned : 64;
+        o->owned = m2d_realloc(o->owned, (size_t)o->cap_owned * sizeof *o->owned);
+    }
+    o->owned[o->n_owned++] = t;
+    return t;
+}
+
+/* Σ_i w_i · W_i (· scale) of teacher tensors, fp64 accumulation, one rounding to fp32. */
+static float *merge_tensors(const m2d_tensor *const *ts, const int *members, const double *w, int n, double scale) {
+    size_t numel = (size_t)m2d_tensor_numel(ts[members[0]]);
+    float **src = m2d_malloc((size_t)n * sizeof *src);
+    for (int i = 0; i < n; i++) src[i] = m2d_tensor_f32(ts[members[i]]);
+    float *out = m2d_malloc(numel * sizeof *out);
+    m2d_merge_matrices((const float *const *)src, w, n, numel, scale, out);
+    for (int i = 0; i < n; i++) free(src[i]);
+    free(src);
+    return out;
+}
+
+static void layer_name(char *buf, size_t cap, int layer, const char *what) {
+    snprintf(buf, cap, "model.layers.%d.mlp.%s.weight", layer, what);
+}
+
+static int build_dense_layer(student_owner *o, const m2d_model *t, const m2d_layer_plan *lp, m2d_layer *dst) {
+    const m2d_config *c = &t->cfg;
+    const m2d_layer *src = &t->layers[lp->layer];
+    int d = c->hidden_size, de = c->moe_intermediate_size, G = lp->n_groups;
+    m2d_dtype dt = src->exp_gate[0]->dtype;
+    float **gs = m2d_malloc((size_t)G * sizeof *gs), **us = m2d_malloc((size_t)G * sizeof *us),
+          **ds = m2d_malloc((size_t)G * sizeof *ds);
+    for (int g = 0; g < G; g++) {
+        const int *mem = lp->members + lp->group_start[g];
+        const double *w = lp->merge_w + lp->group_start[g];
+        int n = lp->group_start[g + 1] - lp->group_start[g];
+        gs[g] = merge_tensors(src->exp_gate, mem, w, n, 1.0);
+        us[g] = merge_tensors(src->exp_up, mem, w, n, 1.0);
+        ds[g] = merge_tensors(src->exp_down, mem, w, n, lp->alpha[g]);
+    }
+    size_t W = (size_t)G * de;
+    float *gate = m2d_malloc(W * d * sizeof(float)), *up = m2d_malloc(W * d * sizeof(float)),
+          *down = m2d_malloc(W * d * sizeof(float));
+    m2d_concat_ffn(G, d, de, (const float *const *)gs, (const float *const *)us, (const float *const *)ds, gate, up, down);
+    char name[128];
+    layer_name(name, sizeof name, lp->layer, "gate_proj");
+    dst->gate_proj = new_tensor(o, name, dt, (int)W, d, gate);
+    layer_name(name, sizeof name, lp->layer, "up_proj");
+    dst->up_proj = new_tensor(o, name, dt, (int)W, d, up);
+    layer_name(name, sizeof name, lp->layer, "down_proj");
+    dst->down_proj = new_tensor(o, name, dt, d, (int)W, down);
+    dst->router = NULL;
+    dst->exp_gate = dst->exp_up = dst->exp_down = NULL;
+    for (int g = 0; g < G; g++) { free(gs[g]); free(us[g]); free(ds[g]); }
+    free(gs); free(us); free(ds); free(gate); free(up); free(down);
+    return 0;
+}
+
+/* --target moe layer. Group g's merged expert goes to one slot (average) or to the slot of
+ * every member (shared: slots follow the canonical member order, each keeping its router row). */
+static int build_moe_layer(student_owner *o, const m2d_model *t, const m2d_convert_plan *plan,
+                           const m2d_layer_plan *lp, m2d_layer *dst, int slot) {
+    const m2d_config *c = &t->cfg;
+    const m2d_layer *src = &t->layers[lp->layer];
+    int d = c->hidden_size, de = c->moe_intermediate_size, G = lp->n_groups;
+    int shared = plan->moe_router == M2D_MOE_ROUTER_SHARED, X = shared ? lp->K : G;
+    m2d_dtype dt = src->exp_gate[0]->dtype;
+    const m2d_tensor **arr = m2d_malloc((size_t)3 * X * sizeof *arr);
+    o->ptr_arrays[slot] = arr;
+    dst->exp_gate = arr;
+    dst->exp_up = arr + X;
+    dst->exp_down = arr + 2 * X;
+    float *router = m2d_tensor_f32(src->router), *rows = m2d_calloc((size_t)X * d, sizeof(float));
+    const m2d_tensor *const *mats[3] = {src->exp_gate, src->exp_up, src->exp_down};
+    const char *what[3] = {"gate_proj", "up_proj", "down_proj"};
+    char name[160];
+    for (int g = 0; g < G; g++) {
+        int first = lp->group_start[g], n = lp->group_start[g + 1] - first;
+        const int *mem = lp->members + first;
+        const double *w = lp->merge_w + first;
+        int slot0 = shared ? first : g, n_slots = shared ? n : 1;
+        for (int m = 0; m < 3; m++) {
+            float *merged = merge_tensors(mats[m], mem, w, n, 1.0);
+            for (int x = slot0; x < slot0 + n_slots; x++) {
+                snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.%s.weight", lp->layer, x, what[m]);
+                arr[m * X + x] = new_tensor(o, name, dt, m == 2 ? d : de, m == 2 ? de : d, merged);
+            }
+            free(merged);
+        }
+        for (int i = 0; i < n && shared; i++)
+            memcpy(rows + (size_t)(first + i) * d, router + (size_t)mem[i] * d, (size_t)d * sizeof(float));
+        for (int j = 0; j < d && !shared; j++) {
+            double acc = 0;
+            for (int i = 0; i < n; i++) acc += w[i] * router[(size_t)mem[i] * d + j];
+            rows[(size_t)g * d + j] = (float)acc;
+        }
+    }
+    layer_name(name, sizeof name, lp->layer, "gate");
+    dst->router = new_tensor(o, name, src->router->dtype, X, d, rows);
+    free(router);
+    free(rows);
+    return 0;
+}
+
+/* Dense teacher layer narrower than the student width: zero-pad (SPEC §4). */
+static int pad_dense_layer(student_owner *o, const m2d_model *t, int l, int width, m2d_layer *dst) {
+    const m2d_layer *src = &t->layers[l];
+    int d = t->cfg.hidden_size, w0 = (int)src->gate_proj->shape[0];
+    if (w0 == width) return 0;
+    if (w0 > width)
+        return m2d_err("convert: dense layer %d is wider (%d) than the student width k*d_e = %d; a Qwen3 dense "
+                       "checkpoint has one intermediate_size", l, w0, width);
+    float *g = m2d_calloc((size_t)width * d, sizeof(float)), *u = m2d_calloc((size_t)width * d, sizeof(float)),
+          *dn = m2d_calloc((size_t)width * d, sizeof(float));
+    m2d_to_f32(src->gate_proj->dtype, src->gate_proj->data, 0, (int64_t)w0 * d, g);
+    m2d_to_f32(src->up_proj->dtype, src->up_proj->data, 0, (int64_t)w0 * d, u);
+    float *row = m2d_malloc((size_t)w0 * sizeof(float));
+    for (int r = 0; r < d; r++) {
+        m2d_to_f32(src->down_proj->dtype, src->down_proj->data, (int64_t)r * w0, w0, row);
+        memcpy(dn + (size_t)r * width, row, (size_t)w0 * sizeof(float));
+    }
+    char name[128];
+    layer_name(name, sizeof name, l, "gate_proj");
+    dst->gate_proj = new_tensor(o, name, src->gate_proj->dtype, width, d, g);
+    layer_name(name, sizeof name, l, "up_proj");
+    dst->up_proj = new_tensor(o, name, src->up_proj->dtype, width, d, u);
+    layer_name(name, sizeof name, l, "down_proj");
+    dst->down_proj = new_tensor(o, name, src->down_proj->dtype, d, width, dn);
+    free(g); free(u); free(dn); free(row);
+    return 0;
+}
+
+int m2d_convert_build(const m2d_model *t, const m2d_convert_plan *plan, m2d_model **student) {
+    const m2d_config *c = &t->cfg;
+    int L = c->num_hidden_layers;
+    int n_moe = 0;
+    for (int l = 0; l < L; l++) n_moe += c->layer_is_moe[l] ? 1 : 0;
+    if (plan->n_layers != n_moe || strcmp(plan->teacher_hash, t->weights_hash))
+        return m2d_err("convert: the plan was made for another model (%.12s..., this is %.12s...)", plan->teacher_hash,
+                       t->weights_hash);
+    student_owner *o = m2d_calloc(1, sizeof *o);
+    m2d_model *m = &o->m;
+    *m = *t; /* shares dir string, st, embeddings, norms, head: replaced/owned below */
+    m->dir = m2d_strfmt("%s (in-memory student %.12s)", t->dir, plan->fingerprint);
+    m->cfg.layer_is_moe = m2d_calloc((size_t)L, sizeof(bool));
+    m->cfg.mlp_only_layers = NULL;
+    m->cfg.n_mlp_only_layers = 0;
+    m->layers = m2d_malloc((size_t)L * sizeof *m->layers);
+    memcpy(m->layers, t->layers, (size_t)L * sizeof *m->layers);
+    o->ptr_arrays = m2d_calloc((size_t)(n_moe ? n_moe : 1), sizeof *o->ptr_arrays);
+    o->n_ptr_arrays = n_moe;
+    int width = plan->n_groups * c->moe_intermediate_size, rc = 0;
+    if (plan->target == M2D_TARGET_DENSE) {
+        snprintf(m->cfg.arch, sizeof m->cfg.arch, "Qwen3ForCausalLM");
+        snprintf(m->cfg.model_type, sizeof m->cfg.model_type, "qwen3");
+        m->cfg.intermediate_size = width;
+        m->cfg.num_experts = m->cfg.num_experts_per_tok = m->cfg.moe_intermediate_size = 0;
+        m->cfg.decoder_sparse_step = 0;
+        m->cfg.norm_topk_prob = false;
+        const m2d_arch *a = m2d_arch_find("Qwen3ForCausalLM");
+        if (a) m->arch = a;
+    } else {
+        memcpy(m->cfg.layer_is_moe, c->layer_is_moe, (size_t)L * sizeof(bool));
+        if (c->n_mlp_only_layers) {
+            m->cfg.mlp_only_layers = m2d_malloc((size_t)c->n_mlp_only_layers * sizeof(int));
+            memcpy(m->cfg.mlp_only_layers, c->mlp_only_layers, (size_t)c->n_mlp_only_layers * sizeof(int));
+            m->cfg.n_mlp_only_layers = c->n_mlp_only_layers;
+        }
+        m->cfg.num_experts = m2d_convert_moe_experts(plan);
+        m->cfg.num_experts_per_tok = M2D_MIN(c->num_experts_per_tok, m->cfg.num_experts);
+    }
+    for (int l = 0, i = 0; l < L && rc == 0; l++) {
+        if (c->layer_is_moe[l]) {
+            const m2d_layer_plan *lp = &plan->layers[i];
+            if (lp->layer != l) rc = m2d_err("convert: plan layer %d does not match MoE layer %d", lp->layer, l);
+            else if (plan->target == M2D_TARGET_DENSE) rc = build_dense_layer(o, t, lp, &m->layers[l]);
+            else rc = build_moe_layer(o, t, plan, lp, &m->layers[l], i);
+            i++;
+        } else if (plan->target == M2D_TARGET_DENSE) {
+            rc = pad_dense_layer(o, t, l, width, &m->layers[l]);
+        }
+    }
+    /* identity of an in-memory student: derived from the teacher and the plan (not a hash of bytes) */
+    char *id = m2d_strfmt("student %s %s", t->weights_hash, plan->fingerprint);
+    m2d_sha256_hex(id, strlen(id), m->weights_hash);
+    free(id);
+    if (rc) {
+        m2d_convert_student_free(m);
+        return -1;
+    }
+    *student = m;
+    return 0;
+}
+
+void m2d_convert_student_free(m2d_model *student) {
+    if (!student) return;
+    student_owner *o = (student_owner *)student;
+    for (int i = 0; i < o->n_owned; i++) {
+        free((void *)o->owned[i]->name);
+        free((void *)o->owned[i]->data);
+        free(o->owned[i]);
+    }
+    free(o->owned);
+    for (int i = 0; i < o->n_ptr_arrays; i++) free(o->ptr_arrays[i]);
+    free(o->ptr_arrays);
+    free(o->m.layers);
+    free(o->m.cfg.layer_is_moe);
+    free(o->m.cfg.mlp_only_layers);
+    free(o->m.dir);
+    free(o);
+}
+
+/* ------------------------------------------------------------------ write */
+
+static const char *const TOKENIZER_FILES[] = {"tokenizer.json", "tokenizer_config.json", "vocab.json",
+                                              "merges.txt", "special_tokens_map.json", "added_tokens.json",
+                                              "generation_config.json"};
+
+/* Keys that only make sense for an MoE (dropped from a dense student's config.json). */
+static const char *const MOE_KEYS[] = {"num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+                                       "decoder_sparse_step", "mlp_only_layers", "output_router_logits",
+                                       "router_aux_loss_coef"};
+
+static int is_moe_ffn_tensor(const m2d_model *t, const char *name, int *layer) {
+    int l, n = 0;
+    if (sscanf(name, "model.layers.%d.mlp.%n", &l, &n) != 1 || n == 0) return 0;
+    if (l < 0 || l >= t->cfg.num_hidden_layers) return 0;
+    *layer = l;
+    return 1;
+}
+
+static int prepare_dir(const char *dir) {
+    if (m2d_mkdir_p(dir)) return -1;
+    DIR *dh = opendir(dir);
+    if (!dh) return m2d_err("%s: cannot open directory: %s", dir, strerror(errno));
+    int other = 0, ours = 0;
+    struct dirent *de;
+    while ((de = readdir(dh))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        if (!strcmp(de->d_name, "moe2dense.json")) ours = 1;
+        else other = 1;
+    }
+    closedir(dh);
+    if (other && !ours)
+        return m2d_err("%s: directory is not empty and holds no moe2dense.json; refusing to write a student there", dir);
+    if (ours) {
+        /* the marker goes first, so an interrupted rewrite never looks complete */
+        char *p = m2d_path_join(dir, "moe2dense.json");
+        int rc = unlink(p);
+        free(p);
+        if (rc) return m2d_err("%s: cannot remove the old moe2dense.json: %s", dir, strerror(errno));
+    }
+    return 0;
+}
+
+/* Print J (which this frees) to DIR/NAME atomically. */
+static int write_json(const char *dir, const char *name, cJSON *j) {
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j);
+    char *path = m2d_path_join(dir, name);
+    int rc = m2d_write_file_atomic(path, text, strlen(text));
+    free(path);
+    free(text);
+    return rc;
+}
+
+static int write_config(const m2d_model *t, const m2d_convert_plan *plan, const char *dir) {
+    char *src = m2d_path_join(t->dir, "config.json");
+    size_t n;
+    char *text = m2d_read_file(src, &n);
+    if (!text) {
+        free(src);
+        return -1;
+    }
+    cJSON *j = cJSON_ParseWithLength(text, n);
+    free(text);
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        int rc = m2d_err("%s: not a JSON object", src);
+        free(src);
+        return rc;
+    }
+    free(src);
+    const m2d_config *c = &t->cfg;
+    if (plan->target == M2D_TARGET_DENSE) {
+        cJSON_ReplaceItemInObject(j, "architectures", cJSON_CreateStringArray((const char *[]){"Qwen3ForCausalLM"}, 1));
+        cJSON_DeleteItemFromObject(j, "model_type");
+        cJSON_AddStringToObject(j, "model_type", "qwen3");
+        cJSON_DeleteItemFromObject(j, "intermediate_size");
+        cJSON_AddNumberToObject(j, "intermediate_size", plan->n_groups * c->moe_intermediate_size);
+        for (size_t i = 0; i < M2D_ARRAY_LEN(MOE_KEYS); i++) cJSON_DeleteItemFromObject(j, MOE_KEYS[i]);
+    } else {
+        cJSON_DeleteItemFromObject(j, "num_experts");
+        int n_experts = m2d_convert_moe_experts(plan);
+        cJSON_AddNumberToObject(j, "num_experts", n_experts);
+        cJSON_DeleteItemFromObject(j, "num_experts_per_tok");
+        cJSON_AddNumberToObject(j, "num_experts_per_tok", M2D_MIN(c->num_experts_per_tok, n_experts));
+    }
+    return write_json(dir, "config.json", j);
+}
+
+static int copy_tokenizer_files(const m2d_model *t, const char *dir) {
+    for (size_t i = 0; i < M2D_ARRAY_LEN(TOKENIZER_FILES); i++) {
+        char *src = m2d_path_join(t->dir, TOKENIZER_FILES[i]);
+        int rc = 0;
+        if (m2d_file_exists(src)) {
+            size_t n;
+            char *data = m2d_read_file(src, &n);
+            char *dst = m2d_path_join(dir, TOKENIZER_FILES[i]);
+            rc = data ? m2d_write_file_atomic(dst, data, n) : -1;
+            free(data);
+            free(dst);
+        }
+        free(src);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+static void add_layer_tensors(m2d_st_writer *w, const m2d_layer *l, const m2d_config *c, int *rc) {
+    const m2d_tensor *ts[3] = {l->gate_proj, l->up_proj, l->down_proj};
+    for (int i = 0; i < 3 && *rc == 0; i++)
+        if (ts[i]) *rc = m2d_st_writer_add(w, ts[i]->name, ts[i]->dtype, ts[i]->ndim, ts[i]->shape, ts[i]->data);
+    if (l->router) {
+        if (*rc == 0) *rc = m2d_st_writer_add(w, l->router->name, l->router->dtype, l->router->ndim, l->router->shape,
+                                              l->router->data);
+        for (int e = 0; e < c->num_experts && *rc == 0; e++) {
+            const m2d_tensor *es[3] = {l->exp_gate[e], l->exp_up[e], l->exp_down[e]};
+            for (int i = 0; i < 3 && *rc == 0; i++)
+                *rc = m2d_st_writer_add(w, es[i]->name, es[i]->dtype, es[i]->ndim, es[i]->shape, es[i]->data);
+        }
+    }
+}
+
+static int write_weights(const m2d_model *t, const m2d_model *s, const char *dir) {
+    m2d_st_writer *w = m2d_st_writer_new();
+    m2d_st_writer_metadata(w, "format", "pt");
+    int rc = 0;
+    char *replaced = m2d_calloc((size_t)t->cfg.num_hidden_layers, 1);
+    for (int l = 0; l < t->cfg.num_hidden_layers; l++)
+        replaced[l] = t->cfg.layer_is_moe[l] || s->layers[l].gate_proj != t->layers[l].gate_proj;
+    for (int i = 0; i < m2d_st_count(t->st) && rc == 0; i++) {
+        const m2d_tensor *x = m2d_st_at(t->st, i);
+        int l;
+        if (is_moe_ffn_tensor(t, x->name, &l) && replaced[l]) continue;
+        rc = m2d_st_writer_add(w, x->name, x->dtype, x->ndim, x->shape, x->data); /* bit-exact copy */
+    }
+    for (int l = 0; l < t->cfg.num_hidden_layers && rc == 0; l++)
+        if (replaced[l]) add_layer_tensors(w, &s->layers[l], &s->cfg, &rc);
+    free(replaced);
+    char *p = m2d_path_join(dir, "model.safetensors");
+    if (rc == 0) rc = m2d_st_writer_write(w, p);
+    free(p);
+    m2d_st_writer_free(w);
+    return rc;
+}
+
+static cJSON *int_array(const int *v, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
+    return a;
+}
+
+static cJSON *dbl_array(const double *v, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
+    return a;
+}
+
+static int write_manifest(const m2d_model *t, const m2d_convert_plan *p, const char *stats_path, const char *dir) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "moe2dense_version", M2D_VERSION);
+    cJSON_AddStringToObject(j, "fingerprint", p->fingerprint);
+    cJSON_AddStringToObject(j, "target", p->target == M2D_TARGET_DENSE ? "dense" : "moe");
+    if (p->target == M2D_TARGET_MOE)
+        cJSON_AddStringToObject(j, "moe_router", p->moe_router == M2D_MOE_ROUTER_SHARED ? "shared" : "average");
+    cJSON *te = cJSON_AddObjectToObject(j, "teacher");
+    cJSON_AddStringToObject(te, "dir", t->dir);
+    cJSON_AddStringToObject(te, "architecture", t->cfg.arch);
+    cJSON_AddStringToObject(te, "weights_hash", t->weights_hash);
+    cJSON *st = cJSON_AddObjectToObject(j, "stats");
+    cJSON_AddStringToObject(st, "path", stats_path ? stats_path : "");
+    cJSON_AddStringToObject(st, "model_hash", p->teacher_hash);
+    cJSON_AddStringToObject(st, "calib_hash", p->calib_hash);
+    cJSON_AddStringToObject(j, "scoring", p->scoring);
+    cJSON_AddStringToObject(j, "grouping", p->grouping);
+    cJSON_AddStringToObject(j, "scaling", p->scaling);
+    cJSON_AddNumberToObject(j, "K", p->K);
+    cJSON_AddNumberToObject(j, "groups", p->n_groups);
+    cJSON *par = cJSON_AddObjectToObject(j, "params");
+    for (int i = 0; i < p->n_params; i++) cJSON_AddNumberToObject(par, p->param_keys[i], p->param_values[i]);
+    cJSON *layers = cJSON_AddArrayToObject(j, "layers");
+    for (int i = 0; i < p->n_layers; i++) {
+        const m2d_layer_plan *l = &p->layers[i];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "layer", l->layer);
+        cJSON_AddItemToObject(o, "selected", int_array(l->selected, l->K));
+        cJSON_AddItemToObject(o, "scores", dbl_array(l->scores, t->cfg.num_experts));
+        cJSON *gs = cJSON_AddArrayToObject(o, "groups"), *ws = cJSON_AddArrayToObject(o, "merge_weights");
+        for (int g = 0; g < l->n_groups; g++) {
+            int a = l->group_start[g], n = l->group_start[g + 1] - a;
+            cJSON_AddItemToArray(gs, int_array(l->members + a, n));
+            cJSON_AddItemToArray(ws, dbl_array(l->merge_w + a, n));
+        }
+        cJSON_AddItemToObject(o, "alpha", dbl_array(l->alpha, l->n_groups));
+        cJSON_AddItemToArray(layers, o);
+    }
+    return write_json(dir, "moe2dense.json", j);
+}
+
+int m2d_convert_write(const m2d_model *t, const m2d_model *s, const m2d_convert_plan *plan, const char *stats_path,
+                      const char *dir) {
+    if (!t->st) return m2d_err("convert: the teacher %s has no safetensors to copy from", t->dir);
+    if (prepare_dir(dir) || write_weights(t, s, dir) || write_config(t, plan, dir) || copy_tokenizer_files(t, dir) ||
+        write_manifest(t, plan, stats_path, dir))
+        return -1;
+    return 0;
+}

@@ -1,0 +1,109 @@
+/* convert — build the student from a teacher, its calibration statistics and three plugins
+ * (SPEC §4): per MoE layer, score + select K experts, group them into k groups, merge each group
+ * by score-weighted averaging, scale each group's down projection by α_g, concatenate into one
+ * dense SwiGLU FFN of width k·d_e. Everything else is the teacher's, bit for bit.
+ *
+ * The plan (what to build: selection, groups, merge weights, α per layer) is separate from the
+ * build (the weights), so a sweep can fingerprint a plan and skip students it has already seen.
+ *
+ * Canonical group order: groups are ordered by their smallest member expert index and members
+ * within a group by expert index; the dense FFN concatenates groups in that order. Two plans
+ * with the same fingerprint therefore produce bit-identical weights.
+ *
+ * Weight precision: every merged matrix is accumulated in fp64 (Σ w_e α W_e), rounded once to
+ * fp32, then stored in the teacher's expert dtype (bf16: round-to-nearest-even), both in memory
+ * and on disk, so the in-memory student and the written checkpoint are the same model.
+ *
+ * --target moe (REAP-style smaller MoE): each group is merged into one expert as above (α = 1:
+ * the router's gate weights do the weighting). How the router reaches it (SPEC §4):
+ *  - shared (default): every retained expert keeps its own router row, and every member of a
+ *    group points at the group's merged expert. Qwen3-MoE has one expert per router row, so the
+ *    merged weights are stored once per member: num_experts = K. Routing is the teacher's,
+ *    restricted to the K retained rows; two routed members of one group both add the merged
+ *    expert, with their own gate weights.
+ *  - average: one expert per group, whose router row is the merge-weighted average of its
+ *    members' rows: num_experts = number of groups (smaller, but routing changes).
+ * With one expert per group (--groups K, the default: pure pruning) both are the same student.
+ * num_experts_per_tok = min(k, num_experts). */
+#ifndef M2D_CONVERT_H
+#define M2D_CONVERT_H
+
+#include "model/model.h"
+#include "criteria/registry.h"
+#include "calib/stats.h"
+
+typedef enum { M2D_TARGET_DENSE, M2D_TARGET_MOE } m2d_target;
+typedef enum { M2D_MOE_ROUTER_SHARED, M2D_MOE_ROUTER_AVERAGE } m2d_moe_router; /* --target moe only */
+
+typedef struct {
+    const char *scoring, *grouping, *scaling; /* plugin names; scaling unused for --target moe */
+    int K;                  /* experts selected per MoE layer, k <= K <= E */
+    m2d_target target;
+    int n_groups;           /* groups per layer: dense -> must be 0 or k; moe -> 0 means K */
+    m2d_params params;      /* passed to every plugin */
+    m2d_moe_router moe_router; /* --target moe: how members reach their merged expert */
+} m2d_convert_opts;
+
+typedef struct {
+    int layer;              /* model layer index */
+    int K, n_groups;
+    double *scores;         /* [E] scoring plugin's importances */
+    int *selected;          /* [K] in the scoring plugin's selection order */
+    /* canonical groups: group g holds members[group_start[g] .. group_start[g+1]) */
+    int *group_start;       /* [n_groups + 1] */
+    int *members;           /* [K] expert ids, grouped, ascending within a group */
+    double *merge_w;        /* [K] merge weight of members[i] within its group (sums to 1 per group) */
+    double *alpha;          /* [n_groups] down-projection scale (1 for --target moe) */
+} m2d_layer_plan;
+
+typedef struct {
+    m2d_target target;
+    m2d_moe_router moe_router;
+    char *scoring, *grouping, *scaling;
+    int K, n_groups;
+    int n_params; char **param_keys; double *param_values;
+    int n_layers;           /* MoE layers */
+    m2d_layer_plan *layers;
+    char teacher_hash[65], calib_hash[65];
+    char fingerprint[65];   /* see m2d_convert_fingerprint */
+} m2d_convert_plan;
+
+/* ---- the math on plain arrays (tested directly) ---- */
+/* w[i] = s[i] / Σ s (uniform 1/n when Σ s = 0; negative scores are an error upstream). */
+void m2d_merge_weights(const double *member_scores, int n, double *w);
+/* out[j] = round_f32(scale · Σ_i w[i] · src[i][j]) with fp64 accumulation. */
+void m2d_merge_matrices(const float *const *src, const double *w, int n, size_t numel, double scale, float *out);
+/* Dense SwiGLU FFN from k groups (each gate/up [d_e, d], down [d, d_e]):
+ * gate/up [k·d_e, d] row-concatenated, down [d, k·d_e] column-concatenated (already scaled). */
+void m2d_concat_ffn(int k, int d, int d_e, const float *const *gates, const float *const *ups,
+                    const float *const *downs, float *gate, float *up, float *down);
+/* y = W_down (silu(W_gate x) ⊙ W_up x) for one vector x [d] -> y [d] (fp64 accumulation). */
+void m2d_swiglu_ref(int d, int inter, const float *gate, const float *up, const float *down, const float *x, float *y);
+
+/* ---- plan ---- */
+/* Parse "key=value" (value a number) into opts->params storage owned by the caller's arrays. */
+int m2d_convert_parse_param(const char *kv, char **key, double *value);
+/* Run the plugins on every MoE layer. Validates K, plugin names (errors list the available
+ * ones), the stats against the model, and every plugin result. */
+int m2d_convert_plan_build(const m2d_model *teacher, const m2d_stats *stats, const m2d_convert_opts *o,
+                           m2d_convert_plan **out);
+void m2d_convert_plan_free(m2d_convert_plan *p);
+/* Experts per MoE layer of a --target moe student: K (shared) or the number of groups (average). */
+int m2d_convert_moe_experts(const m2d_convert_plan *p);
+/* Student fingerprint: sha256 of "moe2dense-student-v1", the teacher weights hash, the target and
+ * per MoE layer its canonical groups (member ids, merge weights and α as exact hex floats).
+ * Equal fingerprints => bit-identical students. Filled into plan->fingerprint by plan_build. */
+void m2d_convert_fingerprint(const m2d_convert_plan *p, char out[65]);
+
+/* ---- student ---- */
+/* Build the student in memory. It shares the teacher's unchanged tensors (attention, norms,
+ * embeddings, LM head): the teacher must stay open while the student is used. */
+int m2d_convert_build(const m2d_model *teacher, const m2d_convert_plan *plan, m2d_model **student);
+void m2d_convert_student_free(m2d_model *student);
+/* Write the student as a Hugging Face checkpoint into DIR (created if needed): config.json,
+ * model.safetensors (teacher dtype), tokenizer files, moe2dense.json (written last: its
+ * presence marks a complete output). DIR must be absent, empty or an earlier moe2dense output. */
+int m2d_convert_write(const m2d_model *teacher, const m2d_model *student, const m2d_convert_plan *plan,
+                      const char *stats_path, const char *dir);
+
+#endif

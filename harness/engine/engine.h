@@ -1,0 +1,66 @@
+/* engine — batched CPU forward for Qwen3-MoE / Qwen3 dense, written against a small backend
+ * interface (backend.h) so another backend can be added without touching model code. */
+#ifndef M2D_ENGINE_H
+#define M2D_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/model.h"
+
+typedef struct m2d_engine m2d_engine;
+
+/* n_threads <= 0: m2d_default_threads() (sets the backend's thread count). */
+int m2d_engine_new(const m2d_model *m, int n_threads, m2d_engine **out);
+void m2d_engine_free(m2d_engine *e);
+/* Convert weights to fp32 once and keep them, up to BUDGET bytes (norms and attention first,
+ * then dense FFN/router, experts, LM head). Weights not kept are converted on use into a
+ * reusable buffer (bounded memory). m2d_engine_new applies $M2D_WEIGHT_CACHE_MB when set
+ * (0: convert everything on use), else caches the whole model only if its fp32 copy is at
+ * most 1/8 of physical RAM (tiny models; checkpoints of real size stay as stored).
+ * The embedding is never cached (only looked-up rows are converted). Returns the bytes held. */
+size_t m2d_engine_cache_weights(m2d_engine *e, size_t budget_bytes);
+/* MoE experts spread over the engine's threads, each GEMM single-threaded (1, the default), or
+ * one expert after another with multi-threaded GEMMs (0). Same result either way (tested). */
+void m2d_engine_set_expert_parallel(m2d_engine *e, int on);
+const m2d_model *m2d_engine_model(const m2d_engine *e);
+
+/* Calibration hook: called at every MoE layer during a forward, after routing and before
+ * the experts run (the residual stream always follows the teacher's real routing). */
+typedef struct {
+    int layer, n_tokens, hidden, n_experts, top_k;
+    const float *x;       /* [n, d] FFN input (after the post-attention RMSNorm) */
+    const float *probs;   /* [n, E] fp32 softmax over all router logits */
+    const int32_t *topk;  /* [n, k] routed experts, descending probability, ties -> lower index */
+    const float *gates;   /* [n, k] native gate weights (renormalised when norm_topk_prob) */
+} m2d_moe_event;
+/* Non-zero aborts the forward; the engine's error then ends with the hook's m2d_err message. */
+typedef int (*m2d_moe_hook)(void *user, const m2d_moe_event *ev);
+void m2d_engine_set_moe_hook(m2d_engine *e, m2d_moe_hook hook, void *user);
+
+/* f_e(x) of expert E_IDX of LAYER on n token vectors x [n, d] -> out [n, d] (no gate weight). */
+int m2d_engine_expert(m2d_engine *e, int layer, int expert, const float *x, int n, float *out);
+
+/* Full window from position 0: logits [n, vocab] (fp32). */
+int m2d_engine_logits(m2d_engine *e, const int32_t *tokens, int n, float *logits);
+/* Streaming: lp[t - first] = log p(targets[t] | tokens[0..t]) for t in [first, n), computed
+ * in row blocks so [n x vocab] is never materialised. */
+int m2d_engine_logprobs(m2d_engine *e, const int32_t *tokens, int n, const int32_t *targets,
+                        int first, double *lp);
+
+/* KV cache for prefix reuse (multiple-choice: a shared context, several continuations). */
+typedef struct m2d_kv m2d_kv;
+m2d_kv *m2d_kv_new(m2d_engine *e, int capacity);
+int m2d_kv_len(const m2d_kv *kv);
+void m2d_kv_truncate(m2d_kv *kv, int len);
+void m2d_kv_free(m2d_kv *kv);
+/* Append n tokens at positions kv_len..; if lp != NULL, lp[i] = log p(targets[i] | all before). */
+int m2d_engine_extend(m2d_engine *e, m2d_kv *kv, const int32_t *tokens, int n,
+                      const int32_t *targets, double *lp);
+/* Several branches that each attend to the cached prefix and to themselves only, run as one
+ * batch (GEMMs, not GEMVs). The cache is left as it was. lp[b][i] as in extend. */
+int m2d_engine_branches(m2d_engine *e, const m2d_kv *prefix, int n_branches,
+                        const int32_t *const *tokens, const int *lens,
+                        const int32_t *const *targets, double *const *lp);
+
+#endif

@@ -1,0 +1,864 @@
+/* st — safetensors reader (mmap, single file or sharded) and deterministic writer.
+ *
+ * Format: u64 little-endian header length N, N bytes of JSON header, then the data block.
+ * Header: {"__metadata__": {str: str}, NAME: {"dtype": "BF16", "shape": [..],
+ * "data_offsets": [begin, end]}, ...}; offsets are relative to the data block. */
+#include "io/st.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/util.h"
+
+/* A header longer than this is rejected before it is parsed (the largest real checkpoints
+ * have headers of a few MiB; the cap stops a lying length prefix from allocating GBs). */
+#define ST_HEADER_CAP ((uint64_t)100 << 20)
+/* JSON numbers are doubles: integers above 2^53 cannot be represented exactly. */
+#define ST_MAX_EXACT_INT 9007199254740992.0
+
+typedef struct {
+    char *path;
+    const uint8_t *base;   /* whole file (mmap) or caller's buffer */
+    size_t size;
+    int mapped;
+    char **meta_keys, **meta_vals;
+    int n_meta;
+} st_file;
+
+typedef struct {
+    m2d_tensor t;          /* t.name is owned */
+    int file;
+    uint64_t begin, end;   /* relative to the file's data block */
+    void *owned;           /* aligned copy when the mapped data is misaligned for its dtype */
+} st_entry;
+
+struct m2d_st {
+    st_file *files;
+    int n_files;
+    st_entry *entries;     /* sorted by name after open */
+    int n, cap;
+};
+
+/* ---------------------------------------------------------------- errors */
+
+int m2d_err1(const char *fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    /* names come from untrusted files: keep the message one printable line */
+    for (unsigned char *p = (unsigned char *)buf; *p; p++)
+        if (*p < 0x20 || *p == 0x7f) *p = '?';
+    return m2d_err("%s", buf);
+}
+
+/* ---------------------------------------------------------------- header parsing */
+
+/* The __metadata__ string pairs of a file (reader) or of the file to write (writer). */
+static void free_metadata(char **keys, char **vals, int n) {
+    for (int i = 0; i < n; i++) {
+        free(keys[i]);
+        free(vals[i]);
+    }
+    free(keys);
+    free(vals);
+}
+
+static void st_free_contents(m2d_st *st) {
+    for (int i = 0; i < st->n; i++) {
+        free((char *)st->entries[i].t.name);
+        free(st->entries[i].owned);
+    }
+    for (int f = 0; f < st->n_files; f++) {
+        st_file *sf = &st->files[f];
+        if (sf->mapped && sf->base) munmap((void *)sf->base, sf->size);
+        free_metadata(sf->meta_keys, sf->meta_vals, sf->n_meta);
+        free(sf->path);
+    }
+    free(st->files);
+    free(st->entries);
+}
+
+static int json_exact_u64(const cJSON *v, uint64_t *out) {
+    if (!cJSON_IsNumber(v)) return -1;
+    double d = v->valuedouble;
+    if (!(d >= 0) || d > ST_MAX_EXACT_INT || d != (double)(uint64_t)d) return -1;
+    *out = (uint64_t)d;
+    return 0;
+}
+
+static void format_shape(const m2d_tensor *t, char *buf, size_t n) {
+    size_t used = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < t->ndim && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (used < n) snprintf(buf + used, n - used, "]");
+}
+
+static int parse_metadata(const char *path, const cJSON *meta, st_file *sf) {
+    if (!cJSON_IsObject(meta)) return m2d_err1("%s: field '__metadata__': must be an object of strings", path);
+    int n = cJSON_GetArraySize(meta);
+    sf->meta_keys = m2d_calloc((size_t)n, sizeof(char *));
+    sf->meta_vals = m2d_calloc((size_t)n, sizeof(char *));
+    for (const cJSON *kv = meta->child; kv; kv = kv->next) {
+        if (!cJSON_IsString(kv))
+            return m2d_err1("%s: field '__metadata__': value of '%s' must be a string", path, kv->string);
+        sf->meta_keys[sf->n_meta] = m2d_strdup(kv->string);
+        sf->meta_vals[sf->n_meta] = m2d_strdup(kv->valuestring);
+        sf->n_meta++;
+    }
+    return 0;
+}
+
+/* Fill e from one header entry; checks types, dtype, dims and shape x dtype == byte range. */
+static int parse_entry(const char *path, const cJSON *j, uint64_t data_len, st_entry *e) {
+    const char *name = j->string;
+    if (!cJSON_IsObject(j)) return m2d_err1("%s: tensor '%s': must be an object", path, name);
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(j, "dtype");
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(j, "shape");
+    const cJSON *off = cJSON_GetObjectItemCaseSensitive(j, "data_offsets");
+    if (!dt) return m2d_err1("%s: tensor '%s': field 'dtype': missing", path, name);
+    if (!cJSON_IsString(dt)) return m2d_err1("%s: tensor '%s': field 'dtype': must be a string", path, name);
+    if (m2d_dtype_parse(dt->valuestring, &e->t.dtype) != 0)
+        return m2d_err1("%s: tensor '%s': field 'dtype': unknown dtype '%s' (supported: F32 F16 BF16 F64 I32 I64 U8)",
+                       path, name, dt->valuestring);
+    if (!sh) return m2d_err1("%s: tensor '%s': field 'shape': missing", path, name);
+    if (!cJSON_IsArray(sh)) return m2d_err1("%s: tensor '%s': field 'shape': must be an array", path, name);
+    int nd = cJSON_GetArraySize(sh);
+    if (nd > M2D_MAX_DIMS)
+        return m2d_err1("%s: tensor '%s': field 'shape': %d dimensions (at most %d supported)", path, name, nd,
+                       M2D_MAX_DIMS);
+    e->t.ndim = nd;
+    uint64_t numel = 1;
+    int overflow = 0, i = 0;
+    for (const cJSON *d = sh->child; d; d = d->next, i++) {
+        uint64_t v;
+        if (json_exact_u64(d, &v) != 0)
+            return m2d_err1("%s: tensor '%s': field 'shape': dimension %d is not a non-negative integer", path, name, i);
+        e->t.shape[i] = (int64_t)v;
+        if (v && numel > UINT64_MAX / v) overflow = 1;
+        numel *= v;
+    }
+    if (!off) return m2d_err1("%s: tensor '%s': field 'data_offsets': missing", path, name);
+    if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2)
+        return m2d_err1("%s: tensor '%s': field 'data_offsets': must be an array [begin, end]", path, name);
+    if (json_exact_u64(off->child, &e->begin) != 0 || json_exact_u64(off->child->next, &e->end) != 0)
+        return m2d_err1("%s: tensor '%s': field 'data_offsets': offsets must be non-negative integers", path, name);
+    if (e->end < e->begin)
+        return m2d_err1("%s: tensor '%s': field 'data_offsets': end %llu before begin %llu", path, name,
+                       (unsigned long long)e->end, (unsigned long long)e->begin);
+    size_t es = m2d_dtype_size(e->t.dtype);
+    if (overflow || numel > UINT64_MAX / es || numel * es != e->end - e->begin) {
+        char shape[160];
+        format_shape(&e->t, shape, sizeof shape);
+        if (overflow || numel > UINT64_MAX / es)
+            return m2d_err1("%s: tensor '%s': field 'shape': %s x %s overflows", path, name, shape, dt->valuestring);
+        return m2d_err1("%s: tensor '%s': field 'data_offsets': range [%llu, %llu) does not match shape %s x %s "
+                       "(%llu bytes)", path, name, (unsigned long long)e->begin, (unsigned long long)e->end, shape,
+                       dt->valuestring, (unsigned long long)(numel * es));
+    }
+    if (e->end > data_len)
+        return m2d_err1("%s: tensor '%s': field 'data_offsets': range [%llu, %llu) extends past the end of the "
+                       "data (%llu bytes)", path, name, (unsigned long long)e->begin, (unsigned long long)e->end,
+                       (unsigned long long)data_len);
+    e->t.nbytes = (size_t)(e->end - e->begin);
+    return 0;
+}
+
+static int cmp_begin(const void *a, const void *b) {
+    const st_entry *x = *(st_entry *const *)a, *y = *(st_entry *const *)b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* Ranges sorted by begin must not overlap (empty tensors occupy no bytes and never overlap). */
+static int check_overlaps(const char *path, st_entry *first, int n) {
+    st_entry **order = m2d_malloc((size_t)n * sizeof *order);
+    for (int i = 0; i < n; i++) order[i] = &first[i];
+    if (n > 1) qsort(order, (size_t)n, sizeof *order, cmp_begin);
+    const st_entry *prev = NULL;
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        const st_entry *e = order[i];
+        if (e->begin == e->end) continue;
+        if (prev && e->begin < prev->end)
+            rc = m2d_err1("%s: tensor '%s': field 'data_offsets': range [%llu, %llu) overlaps tensor '%s' [%llu, %llu)",
+                         path, e->t.name, (unsigned long long)e->begin, (unsigned long long)e->end, prev->t.name,
+                         (unsigned long long)prev->begin, (unsigned long long)prev->end);
+        prev = e;
+    }
+    free(order);
+    return rc;
+}
+
+static void push_entry(m2d_st *st, const st_entry *e) {
+    if (st->n == st->cap) {
+        st->cap = st->cap ? st->cap * 2 : 64;
+        st->entries = m2d_realloc(st->entries, (size_t)st->cap * sizeof *st->entries);
+    }
+    st->entries[st->n++] = *e;
+}
+
+/* Parse and validate the header of file index FI (bytes already in st->files[fi]); append its tensors. */
+static int parse_file(m2d_st *st, int fi) {
+    st_file *sf = &st->files[fi];
+    const char *path = sf->path;
+    if (sf->size < 8)
+        return m2d_err1("%s: field 'header length': file is %zu bytes, too short for the 8-byte length prefix",
+                       path, sf->size);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | sf->base[i];
+    if (hlen > ST_HEADER_CAP)
+        return m2d_err1("%s: field 'header length': %llu bytes exceeds the %llu-byte cap", path,
+                       (unsigned long long)hlen, (unsigned long long)ST_HEADER_CAP);
+    if (hlen > sf->size - 8)
+        return m2d_err1("%s: field 'header length': %llu bytes but the file has only %zu bytes after the prefix "
+                       "(truncated?)", path, (unsigned long long)hlen, sf->size - 8);
+    const char *hdr = (const char *)sf->base + 8;
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(hdr, (size_t)hlen, &end, 0);
+    if (!root) {
+        size_t at = end ? (size_t)(end - hdr) : 0;
+        const char *ep = cJSON_GetErrorPtr();
+        if (ep && ep >= hdr && ep <= hdr + hlen) at = (size_t)(ep - hdr);
+        return m2d_err1("%s: field 'header': malformed JSON near byte %zu of %llu", path, at,
+                       (unsigned long long)hlen);
+    }
+    /* trailing bytes may only be padding whitespace */
+    for (const char *p = end; p && p < hdr + hlen; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            cJSON_Delete(root);
+            return m2d_err1("%s: field 'header': unexpected byte 0x%02x after the JSON object at byte %zu", path,
+                           (unsigned char)*p, (size_t)(p - hdr));
+        }
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return m2d_err1("%s: field 'header': must be a JSON object", path);
+    }
+    uint64_t data_len = sf->size - 8 - hlen;
+    const uint8_t *data = sf->base + 8 + hlen;
+    int first = st->n, rc = 0, seen_meta = 0;
+    for (const cJSON *j = root->child; j && rc == 0; j = j->next) {
+        if (strcmp(j->string, "__metadata__") == 0) {
+            if (seen_meta++) rc = m2d_err1("%s: field '__metadata__': appears twice", path);
+            else rc = parse_metadata(path, j, sf);
+            continue;
+        }
+        st_entry e;
+        memset(&e, 0, sizeof e);
+        e.file = fi;
+        if (parse_entry(path, j, data_len, &e) != 0) {
+            rc = -1;
+            break;
+        }
+        e.t.name = m2d_strdup(j->string);
+        e.t.data = data + e.begin;
+        /* mmap is page-aligned, but a header whose length is not a multiple of 8 leaves data
+         * misaligned for its dtype: keep an aligned copy so consumers may read it as float etc. */
+        size_t es = m2d_dtype_size(e.t.dtype);
+        if (e.t.nbytes && ((uintptr_t)e.t.data % es) != 0) {
+            e.owned = m2d_malloc(e.t.nbytes);
+            memcpy(e.owned, e.t.data, e.t.nbytes);
+            e.t.data = e.owned;
+        }
+        push_entry(st, &e);
+    }
+    cJSON_Delete(root);
+    if (rc == 0) rc = check_overlaps(path, st->entries + first, st->n - first);
+    return rc;
+}
+
+static int cmp_name(const void *a, const void *b) {
+    return strcmp(((const st_entry *)a)->t.name, ((const st_entry *)b)->t.name);
+}
+
+/* Sort by name; duplicate names (within one header, or across shards) are errors. */
+static int finish(m2d_st *st) {
+    if (st->n > 1) qsort(st->entries, (size_t)st->n, sizeof *st->entries, cmp_name);
+    for (int i = 1; i < st->n; i++)
+        if (strcmp(st->entries[i].t.name, st->entries[i - 1].t.name) == 0) {
+            const st_entry *a = &st->entries[i - 1], *b = &st->entries[i];
+            if (a->file == b->file)
+                return m2d_err1("%s: tensor '%s': duplicate name in the header", st->files[a->file].path, a->t.name);
+            return m2d_err1("%s: tensor '%s': duplicate name, also in %s", st->files[b->file].path, b->t.name,
+                           st->files[a->file].path);
+        }
+    return 0;
+}
+
+static st_file *add_file(m2d_st *st, const char *path) {
+    st->files = m2d_realloc(st->files, (size_t)(st->n_files + 1) * sizeof *st->files);
+    st_file *sf = &st->files[st->n_files++];
+    memset(sf, 0, sizeof *sf);
+    sf->path = m2d_strdup(path);
+    return sf;
+}
+
+static int map_file(st_file *sf) {
+    int fd = open(sf->path, O_RDONLY);
+    if (fd < 0) return m2d_err1("%s: cannot open: %s", sf->path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        close(fd);
+        return m2d_err1("%s: cannot stat: %s", sf->path, strerror(errno));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return m2d_err1("%s: not a regular file", sf->path);
+    }
+    sf->size = (size_t)sb.st_size;
+    if (sf->size == 0) {
+        close(fd);
+        return 0; /* parse_file reports "too short" */
+    }
+    void *p = mmap(NULL, sf->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return m2d_err1("%s: cannot mmap: %s", sf->path, strerror(errno));
+    sf->base = p;
+    sf->mapped = 1;
+    return 0;
+}
+
+static int open_single(m2d_st *st, const char *path) {
+    st_file *sf = add_file(st, path);
+    if (map_file(sf) != 0) return -1;
+    return parse_file(st, st->n_files - 1);
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static char *dir_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) return m2d_strdup(".");
+    if (slash == path) return m2d_strdup("/");
+    return m2d_strfmt("%.*s", (int)(slash - path), path);
+}
+
+static int open_index(m2d_st *st, const char *index_path) {
+    size_t len;
+    char *text = m2d_read_file(index_path, &len);
+    if (!text) return -1;
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return m2d_err1("%s: field 'weight_map': malformed JSON (expected an object with a weight_map)", index_path);
+    }
+    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
+    int rc = 0;
+    char *dir = dir_of(index_path);
+    if (!wm || !cJSON_IsObject(wm)) {
+        rc = m2d_err1("%s: field 'weight_map': missing or not an object", index_path);
+        goto out;
+    }
+    /* open each distinct shard once, in order of first mention */
+    for (const cJSON *kv = wm->child; kv && rc == 0; kv = kv->next) {
+        if (!cJSON_IsString(kv)) {
+            rc = m2d_err1("%s: field 'weight_map': value for '%s' must be a shard file name", index_path, kv->string);
+            break;
+        }
+        const char *shard = kv->valuestring;
+        if (!shard[0] || shard[0] == '/' || strstr(shard, "..")) {
+            rc = m2d_err1("%s: field 'weight_map': shard '%s' for '%s' must be a relative file name", index_path,
+                         shard, kv->string);
+            break;
+        }
+        char *sp = m2d_path_join(dir, shard);
+        int known = 0;
+        for (int f = 0; f < st->n_files; f++) known |= strcmp(st->files[f].path, sp) == 0;
+        if (!known) {
+            if (!m2d_file_exists(sp))
+                rc = m2d_err1("%s: field 'weight_map': shard '%s' (for tensor '%s') does not exist", index_path, shard,
+                             kv->string);
+            else rc = open_single(st, sp);
+        }
+        free(sp);
+    }
+    if (rc == 0) rc = finish(st);
+    /* every weight_map entry must be in its shard; every shard tensor must be listed */
+    for (const cJSON *kv = wm->child; kv && rc == 0; kv = kv->next) {
+        const m2d_tensor *t = m2d_st_find(st, kv->string);
+        char *sp = m2d_path_join(dir, kv->valuestring);
+        if (!t)
+            rc = m2d_err1("%s: field 'weight_map': tensor '%s' is not in shard '%s'", index_path, kv->string,
+                         kv->valuestring);
+        else if (strcmp(m2d_st_file_of(st, kv->string), sp) != 0)
+            rc = m2d_err1("%s: field 'weight_map': tensor '%s' is mapped to '%s' but stored in %s", index_path,
+                         kv->string, kv->valuestring, m2d_st_file_of(st, kv->string));
+        free(sp);
+    }
+    if (rc == 0 && cJSON_GetArraySize(wm) != st->n)
+        for (int i = 0; i < st->n && rc == 0; i++)
+            if (!cJSON_GetObjectItemCaseSensitive(wm, st->entries[i].t.name))
+                rc = m2d_err1("%s: field 'weight_map': tensor '%s' in %s is not listed", index_path,
+                             st->entries[i].t.name, st->files[st->entries[i].file].path);
+out:
+    free(dir);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int m2d_st_open(const char *path, m2d_st **out) {
+    *out = NULL;
+    struct stat sb;
+    if (stat(path, &sb) != 0) return m2d_err1("%s: cannot open: %s", path, strerror(errno));
+    m2d_st *st = m2d_calloc(1, sizeof *st);
+    int rc;
+    if (S_ISDIR(sb.st_mode)) {
+        char *single = m2d_path_join(path, "model.safetensors");
+        char *index = m2d_path_join(path, "model.safetensors.index.json");
+        if (m2d_file_exists(single)) rc = open_single(st, single) == 0 ? finish(st) : -1;
+        else if (m2d_file_exists(index)) rc = open_index(st, index);
+        else rc = m2d_err1("%s: no model.safetensors or model.safetensors.index.json in this directory", path);
+        free(single);
+        free(index);
+    } else if (ends_with(path, ".json")) {
+        rc = open_index(st, path);
+    } else {
+        rc = open_single(st, path) == 0 ? finish(st) : -1;
+    }
+    if (rc != 0) {
+        st_free_contents(st);
+        free(st);
+        return -1;
+    }
+    *out = st;
+    return 0;
+}
+
+int m2d_st_open_buffer(const char *label, const void *buf, size_t len, m2d_st **out) {
+    *out = NULL;
+    m2d_st *st = m2d_calloc(1, sizeof *st);
+    st_file *sf = add_file(st, label);
+    sf->base = buf;
+    sf->size = len;
+    if (parse_file(st, 0) != 0 || finish(st) != 0) {
+        st_free_contents(st);
+        free(st);
+        return -1;
+    }
+    *out = st;
+    return 0;
+}
+
+void m2d_st_close(m2d_st *st) {
+    if (!st) return;
+    st_free_contents(st);
+    free(st);
+}
+
+int m2d_st_count(const m2d_st *st) { return st->n; }
+const m2d_tensor *m2d_st_at(const m2d_st *st, int i) { return &st->entries[i].t; }
+
+static const st_entry *find_entry(const m2d_st *st, const char *name) {
+    int lo = 0, hi = st->n - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(st->entries[mid].t.name, name);
+        if (c == 0) return &st->entries[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return NULL;
+}
+
+const m2d_tensor *m2d_st_find(const m2d_st *st, const char *name) {
+    const st_entry *e = find_entry(st, name);
+    return e ? &e->t : NULL;
+}
+
+int m2d_st_index_of(const m2d_st *st, const char *name) {
+    const st_entry *e = find_entry(st, name);
+    return e ? (int)(e - st->entries) : -1;
+}
+
+const char *m2d_st_file_of(const m2d_st *st, const char *name) {
+    const st_entry *e = find_entry(st, name);
+    return e ? st->files[e->file].path : NULL;
+}
+
+const char *m2d_st_metadata(const m2d_st *st, const char *key) {
+    for (int f = 0; f < st->n_files; f++)
+        for (int k = 0; k < st->files[f].n_meta; k++)
+            if (strcmp(st->files[f].meta_keys[k], key) == 0) return st->files[f].meta_vals[k];
+    return NULL;
+}
+
+int m2d_st_file_count(const m2d_st *st) { return st->n_files; }
+const char *m2d_st_file_path(const m2d_st *st, int i) { return st->files[i].path; }
+size_t m2d_st_file_size(const m2d_st *st, int i) { return st->files[i].size; }
+
+/* ---------------------------------------------------------------- hashing */
+
+static void hash_u64(m2d_sha256 *s, uint64_t v) {
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+    m2d_sha256_update(s, b, 8);
+}
+
+/* Identity of the weights. Up to MAX_FULL_BYTES of tensor data, every byte is hashed (with
+ * names, dtypes and shapes), so the hash does not depend on sharding or header layout; sha256
+ * runs at ~190 MiB/s here, so the default cap (256 MiB) bounds this at ~1.5 s. Above that (a
+ * 60 GB checkpoint would take minutes), we hash names/dtypes/shapes, the file sizes, and for
+ * each tensor its first and last 1 KiB plus 8 evenly strided 1 KiB windows (whole tensors when
+ * they are at most 10 KiB): any re-training, conversion or dtype change alters those bytes with
+ * overwhelming probability, and the cost is bounded by the tensor count (~10 KiB each, ~180 MB
+ * for the 18k tensors of Qwen3-30B-A3B), not the checkpoint size. The mode is part of the
+ * hashed input, so the two modes never collide. */
+void m2d_st_hash(const m2d_st *st, uint64_t max_full_bytes, char out[65]) {
+    enum { WIN = 1024, INNER = 8 };
+    uint64_t total = 0;
+    for (int i = 0; i < st->n; i++) total += st->entries[i].t.nbytes;
+    int full = total <= max_full_bytes;
+    m2d_sha256 s;
+    m2d_sha256_init(&s);
+    const char *mode = full ? "m2d-weights-v1-full" : "m2d-weights-v1-sampled";
+    m2d_sha256_update(&s, mode, strlen(mode) + 1);
+    if (!full)
+        for (int f = 0; f < st->n_files; f++) hash_u64(&s, st->files[f].size);
+    for (int i = 0; i < st->n; i++) {
+        const m2d_tensor *t = &st->entries[i].t;
+        m2d_sha256_update(&s, t->name, strlen(t->name) + 1);
+        const char *dt = m2d_dtype_name(t->dtype);
+        m2d_sha256_update(&s, dt, strlen(dt) + 1);
+        hash_u64(&s, (uint64_t)t->ndim);
+        for (int d = 0; d < t->ndim; d++) hash_u64(&s, (uint64_t)t->shape[d]);
+        const uint8_t *p = t->data;
+        size_t n = t->nbytes;
+        if (full || n <= (INNER + 2) * WIN) {
+            m2d_sha256_update(&s, p, n);
+            continue;
+        }
+        m2d_sha256_update(&s, p, WIN);
+        size_t stride = (n - 2 * WIN) / INNER;
+        for (int k = 0; k < INNER; k++) m2d_sha256_update(&s, p + WIN + (size_t)k * stride, WIN);
+        m2d_sha256_update(&s, p + n - WIN, WIN);
+    }
+    uint8_t d[32];
+    m2d_sha256_final(&s, d);
+    m2d_hex(d, 32, out);
+}
+
+/* ---------------------------------------------------------------- writer */
+
+typedef struct {
+    char *name;
+    m2d_dtype dtype;
+    int ndim;
+    int64_t shape[M2D_MAX_DIMS];
+    const void *data;
+    void *owned;
+    size_t nbytes;
+} wr_entry;
+
+struct m2d_st_writer {
+    wr_entry *e;
+    int n, cap;
+    char **meta_keys, **meta_vals;
+    int n_meta;
+};
+
+m2d_st_writer *m2d_st_writer_new(void) { return m2d_calloc(1, sizeof(m2d_st_writer)); }
+
+static int writer_push(m2d_st_writer *w, const char *name, m2d_dtype dtype, int ndim, const int64_t *shape,
+                       wr_entry **out) {
+    if (!name || !name[0]) return m2d_err1("safetensors writer: tensor name is empty");
+    if (strcmp(name, "__metadata__") == 0) return m2d_err1("safetensors writer: tensor name '__metadata__' is reserved");
+    if ((int)dtype < 0 || dtype >= M2D_DTYPE_COUNT) return m2d_err1("safetensors writer: tensor '%s': bad dtype", name);
+    if (ndim < 0 || ndim > M2D_MAX_DIMS)
+        return m2d_err1("safetensors writer: tensor '%s': %d dimensions (at most %d)", name, ndim, M2D_MAX_DIMS);
+    size_t numel = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) return m2d_err1("safetensors writer: tensor '%s': negative dimension", name);
+        numel *= (size_t)shape[i];
+    }
+    if (w->n == w->cap) {
+        w->cap = w->cap ? w->cap * 2 : 64;
+        w->e = m2d_realloc(w->e, (size_t)w->cap * sizeof *w->e);
+    }
+    wr_entry *e = &w->e[w->n++];
+    memset(e, 0, sizeof *e);
+    e->name = m2d_strdup(name);
+    e->dtype = dtype;
+    e->ndim = ndim;
+    for (int i = 0; i < ndim; i++) e->shape[i] = shape[i];
+    e->nbytes = numel * m2d_dtype_size(dtype);
+    *out = e;
+    return 0;
+}
+
+/* Undo the last push (its data pointer was NULL) and report it. */
+static int writer_pop_err(m2d_st_writer *w, const char *name) {
+    w->n--;
+    free(w->e[w->n].name);
+    return m2d_err1("safetensors writer: tensor '%s': data is NULL", name);
+}
+
+int m2d_st_writer_add(m2d_st_writer *w, const char *name, m2d_dtype dtype, int ndim, const int64_t *shape,
+                      const void *data) {
+    wr_entry *e;
+    if (writer_push(w, name, dtype, ndim, shape, &e) != 0) return -1;
+    if (e->nbytes && !data) return writer_pop_err(w, name);
+    e->owned = m2d_malloc(e->nbytes);
+    if (e->nbytes) memcpy(e->owned, data, e->nbytes);
+    e->data = e->owned;
+    return 0;
+}
+
+int m2d_st_writer_add_ref(m2d_st_writer *w, const char *name, m2d_dtype dtype, int ndim, const int64_t *shape,
+                          const void *data) {
+    wr_entry *e;
+    if (writer_push(w, name, dtype, ndim, shape, &e) != 0) return -1;
+    if (e->nbytes && !data) return writer_pop_err(w, name);
+    e->data = data;
+    return 0;
+}
+
+int m2d_st_writer_add_f32(m2d_st_writer *w, const char *name, m2d_dtype dtype, int ndim, const int64_t *shape,
+                          const float *data) {
+    if (dtype != M2D_F32 && dtype != M2D_F16 && dtype != M2D_BF16)
+        return m2d_err1("safetensors writer: tensor '%s': add_f32 stores only F32, F16 or BF16", name);
+    wr_entry *e;
+    if (writer_push(w, name, dtype, ndim, shape, &e) != 0) return -1;
+    if (e->nbytes && !data) return writer_pop_err(w, name);
+    e->owned = m2d_malloc(e->nbytes);
+    m2d_from_f32(dtype, data, (int64_t)(e->nbytes / m2d_dtype_size(dtype)), e->owned);
+    e->data = e->owned;
+    return 0;
+}
+
+void m2d_st_writer_metadata(m2d_st_writer *w, const char *key, const char *value) {
+    for (int i = 0; i < w->n_meta; i++)
+        if (strcmp(w->meta_keys[i], key) == 0) {
+            free(w->meta_vals[i]);
+            w->meta_vals[i] = m2d_strdup(value);
+            return;
+        }
+    w->meta_keys = m2d_realloc(w->meta_keys, (size_t)(w->n_meta + 1) * sizeof(char *));
+    w->meta_vals = m2d_realloc(w->meta_vals, (size_t)(w->n_meta + 1) * sizeof(char *));
+    w->meta_keys[w->n_meta] = m2d_strdup(key);
+    w->meta_vals[w->n_meta] = m2d_strdup(value);
+    w->n_meta++;
+}
+
+void m2d_st_writer_free(m2d_st_writer *w) {
+    if (!w) return;
+    for (int i = 0; i < w->n; i++) {
+        free(w->e[i].name);
+        free(w->e[i].owned);
+    }
+    free_metadata(w->meta_keys, w->meta_vals, w->n_meta);
+    free(w->e);
+    free(w);
+}
+
+/* growable string for the header */
+typedef struct { char *s; size_t n, cap; } sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        while (b->n + n + 1 > b->cap) b->cap = b->cap ? b->cap * 2 : 4096;
+        b->s = m2d_realloc(b->s, b->cap);
+    }
+    memcpy(b->s + b->n, s, n);
+    b->n += n;
+    b->s[b->n] = 0;
+}
+
+static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+
+static void sb_fmt_u64(sbuf *b, uint64_t v) {
+    char tmp[24];
+    snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)v);
+    sb_str(b, tmp);
+}
+
+/* JSON string literal with serde_json's escapes (quote, backslash, \b \f \n \r \t, other
+ * control characters as \u00xx); UTF-8 passes through. */
+static void sb_json_string(sbuf *b, const char *s) {
+    sb_put(b, "\"", 1);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"') sb_str(b, "\\\"");
+        else if (*p == '\\') sb_str(b, "\\\\");
+        else if (*p == '\b') sb_str(b, "\\b");
+        else if (*p == '\f') sb_str(b, "\\f");
+        else if (*p == '\n') sb_str(b, "\\n");
+        else if (*p == '\r') sb_str(b, "\\r");
+        else if (*p == '\t') sb_str(b, "\\t");
+        else if (*p < 0x20) {
+            char tmp[8];
+            snprintf(tmp, sizeof tmp, "\\u%04x", *p);
+            sb_str(b, tmp);
+        } else sb_put(b, (const char *)p, 1);
+    }
+    sb_put(b, "\"", 1);
+}
+
+static int cmp_wr(const void *a, const void *b) {
+    return strcmp(((const wr_entry *)a)->name, ((const wr_entry *)b)->name);
+}
+
+/* Header JSON for entries [from, to) (already sorted), plus metadata, padded to 8 bytes. */
+static char *build_header(const m2d_st_writer *w, int from, int to, size_t *len) {
+    sbuf b = {0};
+    sb_str(&b, "{");
+    int first = 1;
+    uint64_t off = 0;
+    for (int i = from; i < to; i++) {
+        const wr_entry *e = &w->e[i];
+        if (!first) sb_str(&b, ",");
+        first = 0;
+        sb_json_string(&b, e->name);
+        sb_str(&b, ":{\"dtype\":\"");
+        sb_str(&b, m2d_dtype_name(e->dtype));
+        sb_str(&b, "\",\"shape\":[");
+        for (int d = 0; d < e->ndim; d++) {
+            if (d) sb_str(&b, ",");
+            sb_fmt_u64(&b, (uint64_t)e->shape[d]);
+        }
+        sb_str(&b, "],\"data_offsets\":[");
+        sb_fmt_u64(&b, off);
+        sb_str(&b, ",");
+        off += e->nbytes;
+        sb_fmt_u64(&b, off);
+        sb_str(&b, "]}");
+    }
+    /* __metadata__ last, as the reference (Rust) safetensors writer does: a checkpoint of
+     * one dtype round-trips byte for byte */
+    if (w->n_meta) {
+        /* metadata keys sorted for determinism */
+        int *order = m2d_malloc((size_t)w->n_meta * sizeof(int));
+        for (int i = 0; i < w->n_meta; i++) order[i] = i;
+        for (int i = 1; i < w->n_meta; i++)
+            for (int j = i; j > 0 && strcmp(w->meta_keys[order[j - 1]], w->meta_keys[order[j]]) > 0; j--) {
+                int t = order[j];
+                order[j] = order[j - 1];
+                order[j - 1] = t;
+            }
+        if (!first) sb_str(&b, ",");
+        sb_str(&b, "\"__metadata__\":{");
+        for (int i = 0; i < w->n_meta; i++) {
+            if (i) sb_str(&b, ",");
+            sb_json_string(&b, w->meta_keys[order[i]]);
+            sb_str(&b, ":");
+            sb_json_string(&b, w->meta_vals[order[i]]);
+        }
+        sb_str(&b, "}");
+        free(order);
+    }
+    sb_str(&b, "}");
+    while (b.n % 8) sb_str(&b, " ");
+    *len = b.n;
+    return b.s;
+}
+
+static int write_all(int fd, const void *data, size_t n, const char *path) {
+    const char *p = data;
+    while (n > 0) {
+        size_t chunk = n > ((size_t)1 << 30) ? (size_t)1 << 30 : n;
+        ssize_t k = write(fd, p, chunk);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return m2d_err1("%s: write failed: %s", path, strerror(errno));
+        }
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Streamed atomic write of entries [from, to): PATH.tmp.PID, fsync, rename. */
+static int write_range(const m2d_st_writer *w, int from, int to, const char *path) {
+    size_t hlen;
+    char *hdr = build_header(w, from, to, &hlen);
+    char *tmp = m2d_strfmt("%s.tmp.%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int rc = 0;
+    if (fd < 0) {
+        rc = m2d_err1("%s: cannot create: %s", tmp, strerror(errno));
+        goto out;
+    }
+    uint8_t pre[8];
+    for (int i = 0; i < 8; i++) pre[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+    rc = write_all(fd, pre, 8, tmp);
+    if (rc == 0) rc = write_all(fd, hdr, hlen, tmp);
+    for (int i = from; i < to && rc == 0; i++) rc = write_all(fd, w->e[i].data, w->e[i].nbytes, tmp);
+    if (rc == 0 && fsync(fd) != 0) rc = m2d_err1("%s: fsync failed: %s", tmp, strerror(errno));
+    if (close(fd) != 0 && rc == 0) rc = m2d_err1("%s: close failed: %s", tmp, strerror(errno));
+    if (rc == 0 && rename(tmp, path) != 0) rc = m2d_err1("%s: cannot rename into place: %s", path, strerror(errno));
+    if (rc != 0) unlink(tmp);
+out:
+    free(tmp);
+    free(hdr);
+    return rc;
+}
+
+static int writer_sort(m2d_st_writer *w) {
+    if (w->n > 1) qsort(w->e, (size_t)w->n, sizeof *w->e, cmp_wr);
+    for (int i = 1; i < w->n; i++)
+        if (strcmp(w->e[i].name, w->e[i - 1].name) == 0)
+            return m2d_err1("safetensors writer: tensor '%s': added twice", w->e[i].name);
+    return 0;
+}
+
+int m2d_st_writer_write(m2d_st_writer *w, const char *path) {
+    if (writer_sort(w) != 0) return -1;
+    return write_range(w, 0, w->n, path);
+}
+
+int m2d_st_writer_write_sharded(m2d_st_writer *w, const char *dir, size_t max_shard_bytes, int *n_shards) {
+    if (writer_sort(w) != 0) return -1;
+    /* greedy split in name order; a tensor larger than the limit gets a shard of its own */
+    int *start = m2d_malloc((size_t)(w->n + 2) * sizeof(int));
+    int ns = 0;
+    size_t fill = 0;
+    for (int i = 0; i < w->n; i++) {
+        if (ns == 0 || (fill > 0 && fill + w->e[i].nbytes > max_shard_bytes)) {
+            start[ns++] = i;
+            fill = 0;
+        }
+        fill += w->e[i].nbytes;
+    }
+    if (ns == 0) start[ns++] = 0;
+    start[ns] = w->n;
+    int rc = 0;
+    sbuf idx = {0};
+    uint64_t total = 0;
+    for (int i = 0; i < w->n; i++) total += w->e[i].nbytes;
+    sb_str(&idx, "{\n  \"metadata\": {\"total_size\": ");
+    sb_fmt_u64(&idx, total);
+    sb_str(&idx, "},\n  \"weight_map\": {");
+    for (int s = 0; s < ns && rc == 0; s++) {
+        char *fname = m2d_strfmt("model-%05d-of-%05d.safetensors", s + 1, ns);
+        char *p = m2d_path_join(dir, fname);
+        rc = write_range(w, start[s], start[s + 1], p);
+        for (int i = start[s]; i < start[s + 1]; i++) {
+            sb_str(&idx, i ? ",\n    " : "\n    ");
+            sb_json_string(&idx, w->e[i].name);
+            sb_str(&idx, ": ");
+            sb_json_string(&idx, fname);
+        }
+        free(p);
+        free(fname);
+    }
+    sb_str(&idx, "\n  }\n}\n");
+    if (rc == 0) {
+        char *ip = m2d_path_join(dir, "model.safetensors.index.json");
+        rc = m2d_write_file_atomic(ip, idx.s, idx.n);
+        free(ip);
+    }
+    if (n_shards) *n_shards = ns;
+    free(idx.s);
+    free(start);
+    return rc;
+}

@@ -1,0 +1,58 @@
+/* st — safetensors: memory-mapped reader (single file or sharded) and deterministic writer. */
+#ifndef M2D_ST_H
+#define M2D_ST_H
+
+#include "base/tensor.h"
+
+typedef struct m2d_st m2d_st;
+
+/* m2d_err with control characters replaced by '?': for messages quoting names or strings read
+ * from untrusted files, so that an error always stays one line. */
+int m2d_err1(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* PATH is a .safetensors file, a model.safetensors.index.json, or a directory holding
+ * model.safetensors or model.safetensors.index.json. Validates every header fully
+ * (size cap, JSON, dtype, shape x dtype = byte range, ranges inside the file and not
+ * overlapping, no duplicate names across shards). Error names the file and the field. */
+int m2d_st_open(const char *path, m2d_st **out);
+void m2d_st_close(m2d_st *st);
+
+int m2d_st_count(const m2d_st *st);
+const m2d_tensor *m2d_st_at(const m2d_st *st, int i);        /* sorted by name */
+const m2d_tensor *m2d_st_find(const m2d_st *st, const char *name); /* NULL if absent */
+int m2d_st_index_of(const m2d_st *st, const char *name);        /* index for m2d_st_at, -1 if absent */
+const char *m2d_st_file_of(const m2d_st *st, const char *name);    /* shard path of a tensor */
+/* __metadata__ value for KEY (first file that has it), or NULL. */
+const char *m2d_st_metadata(const m2d_st *st, const char *key);
+/* Files behind the view (1 for a single file, the shards otherwise), in order of first mention. */
+int m2d_st_file_count(const m2d_st *st);
+const char *m2d_st_file_path(const m2d_st *st, int i);
+size_t m2d_st_file_size(const m2d_st *st, int i);
+/* Parse a whole safetensors file held in memory (not copied: BUF must outlive the view).
+ * LABEL names it in errors. Same validation as m2d_st_open (used by the fuzzer and tests). */
+int m2d_st_open_buffer(const char *label, const void *buf, size_t len, m2d_st **out);
+/* Identity hash of the weights (hex sha256). Every byte is hashed when the tensor data is at
+ * most MAX_FULL_BYTES, else a strided sample (see st.c). M2D_ST_HASH_FULL_MAX is the default. */
+#define M2D_ST_HASH_FULL_MAX ((uint64_t)256 << 20)
+void m2d_st_hash(const m2d_st *st, uint64_t max_full_bytes, char out[65]);
+
+/* Writer: tensors are written sorted by name (deterministic), header padded with spaces
+ * to a multiple of 8 bytes, data contiguous in that order. Data is copied at add time. */
+typedef struct m2d_st_writer m2d_st_writer;
+m2d_st_writer *m2d_st_writer_new(void);
+int m2d_st_writer_add(m2d_st_writer *w, const char *name, m2d_dtype dtype, int ndim,
+                      const int64_t *shape, const void *data);
+/* Convenience: add fp32 data, stored as DTYPE (F32/F16/BF16) with round-to-nearest-even. */
+int m2d_st_writer_add_f32(m2d_st_writer *w, const char *name, m2d_dtype dtype, int ndim,
+                          const int64_t *shape, const float *data);
+/* Like add, without copying: DATA must stay valid until write/free (for large outputs). */
+int m2d_st_writer_add_ref(m2d_st_writer *w, const char *name, m2d_dtype dtype, int ndim,
+                          const int64_t *shape, const void *data);
+void m2d_st_writer_metadata(m2d_st_writer *w, const char *key, const char *value);
+int m2d_st_writer_write(m2d_st_writer *w, const char *path); /* atomic: temp + rename */
+/* Sharded: DIR/model-0000i-of-0000n.safetensors (split in name order at MAX_SHARD_BYTES,
+ * a larger tensor gets its own shard) + DIR/model.safetensors.index.json. */
+int m2d_st_writer_write_sharded(m2d_st_writer *w, const char *dir, size_t max_shard_bytes, int *n_shards);
+void m2d_st_writer_free(m2d_st_writer *w);
+
+#endif

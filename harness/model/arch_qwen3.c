@@ -1,0 +1,166 @@
+/* arch_qwen3 — dense Qwen3 (Qwen3ForCausalLM), and the attention/embedding parts shared with
+ * Qwen3-MoE. Semantics follow Hugging Face transformers' Qwen3Config / Qwen3MoeConfig: fields
+ * that are absent take the HF default, except sizes that determine tensor shapes (required). */
+#include "model/arch_qwen3.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/util.h"
+
+static int reject_features(const void *json, const char *path) {
+    const char *act;
+    bool b;
+    if (m2d_cfg_str(json, path, "hidden_act", 0, "silu", &act) != 0) return -1;
+    if (strcmp(act, "silu") != 0)
+        return m2d_err1("%s: field 'hidden_act': '%s' is not supported (only silu)", path, act);
+    if (m2d_cfg_has(json, "rope_scaling"))
+        return m2d_err1("%s: field 'rope_scaling': must be null (RoPE scaling is not implemented)", path);
+    if (m2d_cfg_bool(json, path, "attention_bias", 0, false, &b) != 0) return -1;
+    if (b) return m2d_err1("%s: field 'attention_bias': true is not supported (Qwen3 has no attention biases)", path);
+    if (m2d_cfg_bool(json, path, "use_sliding_window", 0, false, &b) != 0) return -1;
+    if (b) return m2d_err1("%s: field 'use_sliding_window': true is not supported (full attention only)", path);
+    /* newer transformers also write layer_types; only full attention is implemented */
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive((const cJSON *)json, "layer_types");
+    if (lt && !cJSON_IsNull(lt)) {
+        if (!cJSON_IsArray(lt)) return m2d_err1("%s: field 'layer_types': must be a list of strings", path);
+        for (const cJSON *x = lt->child; x; x = x->next)
+            if (!cJSON_IsString(x) || strcmp(x->valuestring, "full_attention") != 0)
+                return m2d_err1("%s: field 'layer_types': only \"full_attention\" layers are supported", path);
+    }
+    return 0;
+}
+
+/* rope_theta at the top level (transformers 4.x) or inside rope_parameters (5.x, where
+ * rope_type must be "default": scaled variants change the computation). HF default 10000. */
+static int rope_theta(const void *json, const char *path, double *out) {
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive((const cJSON *)json, "rope_parameters");
+    if (!rp || cJSON_IsNull(rp) || m2d_cfg_has(json, "rope_theta"))
+        return m2d_cfg_double(json, path, "rope_theta", 0, 10000.0, out);
+    if (!cJSON_IsObject(rp)) return m2d_err1("%s: field 'rope_parameters': must be an object", path);
+    const char *type;
+    if (m2d_cfg_str(rp, path, "rope_type", 0, "default", &type) != 0) return -1;
+    if (strcmp(type, "default") != 0)
+        return m2d_err1("%s: field 'rope_parameters': rope_type '%s' is not supported (only default)", path, type);
+    return m2d_cfg_double(rp, path, "rope_theta", 0, 10000.0, out);
+}
+
+int m2d_qwen3_parse_common(const void *json, const char *path, m2d_config *c) {
+    const char *mt;
+    if (reject_features(json, path) != 0) return -1;
+    if (m2d_cfg_str(json, path, "model_type", 0, "", &mt) != 0) return -1;
+    snprintf(c->model_type, sizeof c->model_type, "%s", mt);
+    if (m2d_cfg_pos_int(json, path, "vocab_size", 1, 0, &c->vocab_size) != 0 ||
+        m2d_cfg_pos_int(json, path, "hidden_size", 1, 0, &c->hidden_size) != 0 ||
+        m2d_cfg_pos_int(json, path, "num_hidden_layers", 1, 0, &c->num_hidden_layers) != 0 ||
+        m2d_cfg_pos_int(json, path, "num_attention_heads", 1, 0, &c->num_attention_heads) != 0)
+        return -1;
+    /* HF: num_key_value_heads None -> num_attention_heads; head_dim absent -> hidden / heads */
+    if (m2d_cfg_pos_int(json, path, "num_key_value_heads", 0, c->num_attention_heads, &c->num_key_value_heads) != 0)
+        return -1;
+    if (!m2d_cfg_has(json, "head_dim") && c->hidden_size % c->num_attention_heads != 0)
+        return m2d_err1("%s: field 'head_dim': absent and hidden_size %d is not divisible by num_attention_heads %d",
+                       path, c->hidden_size, c->num_attention_heads);
+    if (m2d_cfg_pos_int(json, path, "head_dim", 0, c->hidden_size / c->num_attention_heads, &c->head_dim) != 0)
+        return -1;
+    if (rope_theta(json, path, &c->rope_theta) != 0 ||
+        m2d_cfg_double(json, path, "rms_norm_eps", 0, 1e-6, &c->rms_norm_eps) != 0 ||
+        m2d_cfg_bool(json, path, "tie_word_embeddings", 0, false, &c->tie_word_embeddings) != 0 ||
+        m2d_cfg_pos_int(json, path, "max_position_embeddings", 0, 32768, &c->max_position_embeddings) != 0 ||
+        m2d_cfg_int_or_null(json, path, "bos_token_id", &c->bos_token_id) != 0 ||
+        m2d_cfg_int_or_null(json, path, "eos_token_id", &c->eos_token_id) != 0 ||
+        m2d_cfg_torch_dtype(json, path, &c->torch_dtype) != 0)
+        return -1;
+    if (!(c->rope_theta > 0)) return m2d_err1("%s: field 'rope_theta': must be positive", path);
+    /* limits far beyond any released model; they keep every parameter count below 2^60 */
+    if (m2d_cfg_check_max(path, "vocab_size", c->vocab_size, 1 << 24) != 0 ||
+        m2d_cfg_check_max(path, "hidden_size", c->hidden_size, 1 << 16) != 0 ||
+        m2d_cfg_check_max(path, "num_hidden_layers", c->num_hidden_layers, 1024) != 0 ||
+        m2d_cfg_check_max(path, "num_attention_heads", c->num_attention_heads, 1024) != 0 ||
+        m2d_cfg_check_max(path, "num_key_value_heads", c->num_key_value_heads, 1024) != 0 ||
+        m2d_cfg_check_max(path, "head_dim", c->head_dim, 4096) != 0)
+        return -1;
+    if (!(c->rms_norm_eps > 0)) return m2d_err1("%s: field 'rms_norm_eps': must be positive", path);
+    return 0;
+}
+
+int m2d_qwen3_check_config(const m2d_config *c, const char *path) {
+    if (c->num_attention_heads % c->num_key_value_heads != 0)
+        return m2d_err1("%s: field 'num_key_value_heads': %d does not divide num_attention_heads %d", path,
+                       c->num_key_value_heads, c->num_attention_heads);
+    if (c->bos_token_id >= c->vocab_size)
+        return m2d_err1("%s: field 'bos_token_id': %d outside the vocabulary (%d)", path, c->bos_token_id, c->vocab_size);
+    if (c->eos_token_id >= c->vocab_size)
+        return m2d_err1("%s: field 'eos_token_id': %d outside the vocabulary (%d)", path, c->eos_token_id, c->vocab_size);
+    bool any_dense = false;
+    for (int l = 0; l < c->num_hidden_layers; l++) any_dense |= !c->layer_is_moe[l];
+    if (any_dense && c->intermediate_size <= 0)
+        return m2d_err1("%s: field 'intermediate_size': missing or not positive, but some layers are dense", path);
+    return 0;
+}
+
+int m2d_qwen3_bind_common(m2d_model *m) {
+    const m2d_config *c = &m->cfg;
+    int64_t d = c->hidden_size, V = c->vocab_size, hd = c->head_dim;
+    int64_t q = (int64_t)c->num_attention_heads * hd, kv = (int64_t)c->num_key_value_heads * hd;
+    if (!(m->embed = m2d_model_expect(m, "model.embed_tokens.weight", 2, V, d))) return -1;
+    if (!(m->final_norm = m2d_model_expect(m, "model.norm.weight", 1, d, 0))) return -1;
+    if (!c->tie_word_embeddings) {
+        if (!(m->lm_head = m2d_model_expect(m, "lm_head.weight", 2, V, d))) return -1;
+    } else {
+        /* tied: HF ignores a stored lm_head.weight; accept it only if it is the embedding */
+        const m2d_tensor *h = m2d_st_find(m->st, "lm_head.weight");
+        if (h && (h->dtype != m->embed->dtype || h->nbytes != m->embed->nbytes ||
+                  memcmp(h->data, m->embed->data, h->nbytes) != 0))
+            return m2d_err1("%s: tensor 'lm_head.weight': differs from model.embed_tokens.weight but "
+                           "tie_word_embeddings is true", m2d_st_file_of(m->st, "lm_head.weight"));
+        m->lm_head = m->embed;
+        m->lm_head_stored = h;
+    }
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        m2d_layer *L = &m->layers[l];
+        const char *p = "model.layers";
+        if (!(L->attn_norm = m2d_model_expectf(m, 1, d, 0, "%s.%d.input_layernorm.weight", p, l)) ||
+            !(L->ffn_norm = m2d_model_expectf(m, 1, d, 0, "%s.%d.post_attention_layernorm.weight", p, l)) ||
+            !(L->q_proj = m2d_model_expectf(m, 2, q, d, "%s.%d.self_attn.q_proj.weight", p, l)) ||
+            !(L->k_proj = m2d_model_expectf(m, 2, kv, d, "%s.%d.self_attn.k_proj.weight", p, l)) ||
+            !(L->v_proj = m2d_model_expectf(m, 2, kv, d, "%s.%d.self_attn.v_proj.weight", p, l)) ||
+            !(L->o_proj = m2d_model_expectf(m, 2, d, q, "%s.%d.self_attn.o_proj.weight", p, l)) ||
+            !(L->q_norm = m2d_model_expectf(m, 1, hd, 0, "%s.%d.self_attn.q_norm.weight", p, l)) ||
+            !(L->k_norm = m2d_model_expectf(m, 1, hd, 0, "%s.%d.self_attn.k_norm.weight", p, l)))
+            return -1;
+    }
+    return 0;
+}
+
+int m2d_qwen3_bind_dense_ffn(m2d_model *m, int l, int inter) {
+    int64_t d = m->cfg.hidden_size;
+    m2d_layer *L = &m->layers[l];
+    if (!(L->gate_proj = m2d_model_expectf(m, 2, inter, d, "model.layers.%d.mlp.gate_proj.weight", l)) ||
+        !(L->up_proj = m2d_model_expectf(m, 2, inter, d, "model.layers.%d.mlp.up_proj.weight", l)) ||
+        !(L->down_proj = m2d_model_expectf(m, 2, d, inter, "model.layers.%d.mlp.down_proj.weight", l)))
+        return -1;
+    return 0;
+}
+
+/* ---- Qwen3ForCausalLM: every layer dense ---- */
+
+static int qwen3_parse(const void *json, const char *path, m2d_config *c) {
+    if (m2d_qwen3_parse_common(json, path, c) != 0) return -1;
+    if (m2d_cfg_pos_int(json, path, "intermediate_size", 1, 0, &c->intermediate_size) != 0 ||
+        m2d_cfg_check_max(path, "intermediate_size", c->intermediate_size, 1 << 20) != 0)
+        return -1;
+    c->decoder_sparse_step = 1;
+    if (m2d_config_derive_layers(c, path) != 0) return -1;
+    return m2d_qwen3_check_config(c, path);
+}
+
+static int qwen3_bind(m2d_model *m) {
+    if (m2d_qwen3_bind_common(m) != 0) return -1;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+        if (m2d_qwen3_bind_dense_ffn(m, l, m->cfg.intermediate_size) != 0) return -1;
+    return 0;
+}
+
+M2D_ARCH(qwen3, "Qwen3ForCausalLM", "Qwen3 dense decoder (GQA, q/k RMSNorm, SwiGLU)", qwen3_parse, qwen3_bind, NULL)

@@ -1,0 +1,364 @@
+/* model — architecture registry, config.json loading, model open/validate, parameter counts. */
+#include "model/model.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/util.h"
+
+/* ---------------------------------------------------------------- registry */
+
+#define MAX_ARCHS 32
+static const void *arch_items[MAX_ARCHS];
+static m2d_name_table archs = {arch_items, 0, MAX_ARCHS, offsetof(m2d_arch, name),
+                               "too many architectures (raise MAX_ARCHS)"};
+
+void m2d_arch_register(const m2d_arch *a) { m2d_name_table_add(&archs, a); }
+const m2d_arch *m2d_arch_find(const char *name) { return m2d_name_table_find(&archs, name); }
+int m2d_arch_count(void) { return archs.n; }
+const m2d_arch *m2d_arch_at(int i) { return archs.items[i]; }
+
+const char *m2d_arch_list(void) {
+    static char buf[1024];
+    size_t used = 0;
+    buf[0] = 0;
+    for (int i = 0; i < archs.n && used < sizeof buf; i++)
+        used += (size_t)snprintf(buf + used, sizeof buf - used, "%s%s", i ? ", " : "", m2d_arch_at(i)->name);
+    return buf;
+}
+
+/* ---------------------------------------------------------------- config field helpers */
+
+static const cJSON *field(const void *json, const char *name) {
+    return cJSON_GetObjectItemCaseSensitive((const cJSON *)json, name);
+}
+
+int m2d_cfg_has(const void *json, const char *name) {
+    const cJSON *v = field(json, name);
+    return v && !cJSON_IsNull(v);
+}
+
+int m2d_cfg_int(const void *json, const char *path, const char *name, int required, int dflt, int *out) {
+    const cJSON *v = field(json, name);
+    if (!v || cJSON_IsNull(v)) {
+        if (required) return m2d_err1("%s: field '%s': missing (required)", path, name);
+        *out = dflt;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 2147483647.0)
+        return m2d_err1("%s: field '%s': must be an integer", path, name);
+    *out = (int)v->valuedouble;
+    return 0;
+}
+
+int m2d_cfg_pos_int(const void *json, const char *path, const char *name, int required, int dflt, int *out) {
+    if (m2d_cfg_int(json, path, name, required, dflt, out) != 0) return -1;
+    if (*out <= 0) return m2d_err1("%s: field '%s': must be positive (got %d)", path, name, *out);
+    return 0;
+}
+
+int m2d_cfg_check_max(const char *path, const char *name, int value, int max) {
+    if (value > max) return m2d_err1("%s: field '%s': %d exceeds the supported maximum %d", path, name, value, max);
+    return 0;
+}
+
+int m2d_cfg_int_or_null(const void *json, const char *path, const char *name, int *out) {
+    const cJSON *v = field(json, name);
+    if (v && cJSON_IsArray(v)) {
+        /* some configs list several eos ids; the first is the one generation stops on by default */
+        if (cJSON_GetArraySize(v) == 0) {
+            *out = -1;
+            return 0;
+        }
+        v = v->child;
+        if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0)
+            return m2d_err1("%s: field '%s': must be a token id, a list of ids, or null", path, name);
+        *out = (int)v->valuedouble;
+        return 0;
+    }
+    if (m2d_cfg_int(json, path, name, 0, -1, out) != 0) return -1;
+    if (*out < -1) return m2d_err1("%s: field '%s': must be a token id or null", path, name);
+    return 0;
+}
+
+int m2d_cfg_double(const void *json, const char *path, const char *name, int required, double dflt, double *out) {
+    const cJSON *v = field(json, name);
+    if (!v || cJSON_IsNull(v)) {
+        if (required) return m2d_err1("%s: field '%s': missing (required)", path, name);
+        *out = dflt;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v)) return m2d_err1("%s: field '%s': must be a number", path, name);
+    *out = v->valuedouble;
+    return 0;
+}
+
+int m2d_cfg_bool(const void *json, const char *path, const char *name, int required, bool dflt, bool *out) {
+    const cJSON *v = field(json, name);
+    if (!v || cJSON_IsNull(v)) {
+        if (required) return m2d_err1("%s: field '%s': missing (required)", path, name);
+        *out = dflt;
+        return 0;
+    }
+    if (!cJSON_IsBool(v)) return m2d_err1("%s: field '%s': must be true or false", path, name);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+int m2d_cfg_str(const void *json, const char *path, const char *name, int required, const char *dflt,
+                const char **out) {
+    const cJSON *v = field(json, name);
+    if (!v || cJSON_IsNull(v)) {
+        if (required) return m2d_err1("%s: field '%s': missing (required)", path, name);
+        *out = dflt;
+        return 0;
+    }
+    if (!cJSON_IsString(v)) return m2d_err1("%s: field '%s': must be a string", path, name);
+    *out = v->valuestring;
+    return 0;
+}
+
+int m2d_cfg_int_list(const void *json, const char *path, const char *name, int **out, int *n) {
+    const cJSON *v = field(json, name);
+    *out = NULL;
+    *n = 0;
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsArray(v)) return m2d_err1("%s: field '%s': must be a list of integers", path, name);
+    int cnt = cJSON_GetArraySize(v);
+    int *a = m2d_malloc((size_t)(cnt ? cnt : 1) * sizeof(int));
+    int i = 0;
+    for (const cJSON *x = v->child; x; x = x->next, i++) {
+        if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || fabs(x->valuedouble) > 2147483647.0) {
+            free(a);
+            return m2d_err1("%s: field '%s': element %d must be an integer", path, name, i);
+        }
+        a[i] = (int)x->valuedouble;
+    }
+    *out = a;
+    *n = cnt;
+    return 0;
+}
+
+int m2d_cfg_torch_dtype(const void *json, const char *path, m2d_dtype *out) {
+    /* newer transformers write "dtype", older "torch_dtype"; absent means float32 (HF default) */
+    const char *name = m2d_cfg_has(json, "torch_dtype") ? "torch_dtype" : "dtype";
+    const char *s;
+    if (m2d_cfg_str(json, path, name, 0, "float32", &s) != 0) return -1;
+    if (strcmp(s, "float32") == 0) *out = M2D_F32;
+    else if (strcmp(s, "bfloat16") == 0) *out = M2D_BF16;
+    else if (strcmp(s, "float16") == 0) *out = M2D_F16;
+    else return m2d_err1("%s: field '%s': unsupported dtype '%s' (float32, bfloat16, float16)", path, name, s);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- config */
+
+void m2d_config_free(m2d_config *cfg) {
+    free(cfg->mlp_only_layers);
+    free(cfg->layer_is_moe);
+    cfg->mlp_only_layers = NULL;
+    cfg->layer_is_moe = NULL;
+}
+
+int m2d_config_parse(const char *text, size_t len, const char *path, m2d_config *cfg, const m2d_arch **arch) {
+    memset(cfg, 0, sizeof *cfg);
+    if (arch) *arch = NULL;
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    if (!root) return m2d_err1("%s: field '(root)': malformed JSON", path);
+    int rc = 0;
+    const m2d_arch *a = NULL;
+    const cJSON *archs_j = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    if (!cJSON_IsObject(root)) rc = m2d_err1("%s: field '(root)': must be a JSON object", path);
+    else if (!archs_j) rc = m2d_err1("%s: field 'architectures': missing (required)", path);
+    else if (!cJSON_IsArray(archs_j) || cJSON_GetArraySize(archs_j) < 1 || !cJSON_IsString(archs_j->child))
+        rc = m2d_err1("%s: field 'architectures': must be a non-empty list of strings", path);
+    else if (!(a = m2d_arch_find(archs_j->child->valuestring)))
+        rc = m2d_err1("%s: field 'architectures': unsupported architecture '%s' (supported: %s)", path,
+                     archs_j->child->valuestring, m2d_arch_list());
+    if (rc == 0) {
+        snprintf(cfg->arch, sizeof cfg->arch, "%s", a->name);
+        rc = a->parse_config(root, path, cfg);
+    }
+    cJSON_Delete(root);
+    if (rc != 0) {
+        m2d_config_free(cfg);
+        return -1;
+    }
+    if (arch) *arch = a;
+    return 0;
+}
+
+int m2d_config_load(const char *dir, m2d_config *cfg, const m2d_arch **arch) {
+    memset(cfg, 0, sizeof *cfg);
+    char *path = m2d_path_join(dir, "config.json");
+    size_t len;
+    char *text = m2d_read_file(path, &len);
+    int rc = -1;
+    if (text) rc = m2d_config_parse(text, len, path, cfg, arch);
+    free(text);
+    free(path);
+    return rc;
+}
+
+int m2d_config_derive_layers(m2d_config *cfg, const char *path) {
+    int L = cfg->num_hidden_layers;
+    for (int i = 0; i < cfg->n_mlp_only_layers; i++)
+        if (cfg->mlp_only_layers[i] < 0 || cfg->mlp_only_layers[i] >= L)
+            return m2d_err1("%s: field 'mlp_only_layers': layer %d out of range [0, %d)", path, cfg->mlp_only_layers[i],
+                           L);
+    free(cfg->layer_is_moe);
+    cfg->layer_is_moe = m2d_calloc((size_t)L, sizeof(bool));
+    bool *only = m2d_calloc((size_t)L, sizeof(bool));
+    for (int i = 0; i < cfg->n_mlp_only_layers; i++) only[cfg->mlp_only_layers[i]] = true;
+    /* HF Qwen3MoeDecoderLayer: sparse iff layer not in mlp_only_layers and num_experts > 0 and
+     * (layer_idx + 1) % decoder_sparse_step == 0 (so step 2 makes layers 1, 3, 5, ... sparse). */
+    for (int l = 0; l < L; l++)
+        cfg->layer_is_moe[l] = !only[l] && cfg->num_experts > 0 && (l + 1) % cfg->decoder_sparse_step == 0;
+    free(only);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- open and bind */
+
+static void format_dims(int ndim, const int64_t *shape, char *buf, size_t n) {
+    size_t used = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < ndim && used < n; i++)
+        used += (size_t)snprintf(buf + used, n - used, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (used < n) snprintf(buf + used, n - used, "]");
+}
+
+const m2d_tensor *m2d_model_expect(m2d_model *m, const char *name, int ndim, int64_t d0, int64_t d1) {
+    const m2d_tensor *t = m2d_st_find(m->st, name);
+    int64_t want[2] = {d0, d1};
+    char ws[64], hs[96];
+    format_dims(ndim, want, ws, sizeof ws);
+    if (!t) return m2d_err1("%s: tensor '%s': missing (expected shape %s)", m->dir, name, ws), NULL;
+    int ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == want[i];
+    if (!ok) {
+        format_dims(t->ndim, t->shape, hs, sizeof hs);
+        m2d_err1("%s: tensor '%s': field 'shape': expected %s, found %s", m2d_st_file_of(m->st, name), name, ws, hs);
+        return NULL;
+    }
+    if (t->dtype != M2D_F32 && t->dtype != M2D_BF16 && t->dtype != M2D_F16) {
+        m2d_err1("%s: tensor '%s': field 'dtype': %s is not a floating weight dtype (F32, BF16, F16)",
+                m2d_st_file_of(m->st, name), name, m2d_dtype_name(t->dtype));
+        return NULL;
+    }
+    return t;
+}
+
+const m2d_tensor *m2d_model_expectf(m2d_model *m, int ndim, int64_t d0, int64_t d1, const char *fmt, ...) {
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    return m2d_model_expect(m, name, ndim, d0, d1);
+}
+
+void m2d_model_close(m2d_model *m) {
+    if (!m) return;
+    if (m->layers) {
+        for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+            free(m->layers[l].exp_gate);
+            free(m->layers[l].exp_up);
+            free(m->layers[l].exp_down);
+        }
+    }
+    free(m->layers);
+    m2d_st_close(m->st);
+    m2d_config_free(&m->cfg);
+    free(m->dir);
+    free(m);
+}
+
+int m2d_model_open(const char *dir, m2d_model **out) {
+    *out = NULL;
+    m2d_model *m = m2d_calloc(1, sizeof *m);
+    m->dir = m2d_strdup(dir);
+    if (m2d_config_load(dir, &m->cfg, &m->arch) != 0) goto fail;
+    if (m2d_st_open(dir, &m->st) != 0) goto fail;
+    m->layers = m2d_calloc((size_t)m->cfg.num_hidden_layers, sizeof *m->layers);
+    if (m->arch->bind(m) != 0) goto fail;
+    /* tensors the adapter did not bind would be silently ignored: refuse them */
+    if (m2d_model_check_unused(m) != 0) goto fail;
+    m2d_st_hash(m->st, M2D_ST_HASH_FULL_MAX, m->weights_hash);
+    *out = m;
+    return 0;
+fail:
+    m2d_model_close(m);
+    return -1;
+}
+
+/* Every checkpoint tensor must be one the adapter bound (an extra tensor usually means a
+ * feature we do not implement, e.g. biases or shared experts). */
+int m2d_model_check_unused(m2d_model *m) {
+    int n = m2d_st_count(m->st);
+    char *used = m2d_calloc((size_t)n + 1, 1);
+#define USE(p) do { if (p) used[m2d_st_index_of(m->st, (p)->name)] = 1; } while (0)
+    USE(m->embed);
+    USE(m->final_norm);
+    USE(m->lm_head);
+    USE(m->lm_head_stored);
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        const m2d_layer *L = &m->layers[l];
+        USE(L->attn_norm); USE(L->q_proj); USE(L->k_proj); USE(L->v_proj); USE(L->o_proj);
+        USE(L->q_norm); USE(L->k_norm); USE(L->ffn_norm);
+        USE(L->gate_proj); USE(L->up_proj); USE(L->down_proj); USE(L->router);
+        for (int e = 0; m->cfg.layer_is_moe && m->cfg.layer_is_moe[l] && e < m->cfg.num_experts; e++) {
+            if (L->exp_gate) USE(L->exp_gate[e]);
+            if (L->exp_up) USE(L->exp_up[e]);
+            if (L->exp_down) USE(L->exp_down[e]);
+        }
+    }
+#undef USE
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++)
+        if (!used[i]) {
+            const m2d_tensor *t = m2d_st_at(m->st, i);
+            rc = m2d_err1("%s: tensor '%s': not used by %s (unsupported feature or wrong architecture?)",
+                         m2d_st_file_of(m->st, t->name), t->name, m->cfg.arch);
+        }
+    free(used);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- parameter counts */
+
+m2d_param_counts m2d_model_param_counts(const m2d_config *c) {
+    const m2d_arch *a = m2d_arch_find(c->arch);
+    if (a && a->param_counts) return a->param_counts(c);
+    return m2d_param_counts_qwen3(c);
+}
+
+m2d_param_counts m2d_param_counts_qwen3(const m2d_config *c) {
+    int64_t d = c->hidden_size, V = c->vocab_size, hd = c->head_dim;
+    int64_t embed = V * d, head = c->tie_word_embeddings ? 0 : V * d;
+    int64_t attn = d * c->num_attention_heads * hd * 2 + d * c->num_key_value_heads * hd * 2 + 2 * hd;
+    int64_t norms = 2 * d;
+    int64_t dense_ffn = 3 * d * c->intermediate_size;
+    int64_t expert = 3 * d * c->moe_intermediate_size;
+    int64_t router = (int64_t)c->num_experts * d;
+    /* the dense student merges K selected experts into k groups: width k * d_e, no router */
+    int64_t student_ffn = 3 * d * (int64_t)c->num_experts_per_tok * c->moe_intermediate_size;
+    m2d_param_counts p = {embed + head + d, embed + head + d, embed + head + d};
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        int64_t base = attn + norms;
+        if (c->layer_is_moe && c->layer_is_moe[l]) {
+            p.total += base + router + expert * c->num_experts;
+            p.active += base + router + expert * c->num_experts_per_tok;
+            p.dense_student += base + student_ffn;
+        } else {
+            p.total += base + dense_ffn;
+            p.active += base + dense_ffn;
+            p.dense_student += base + dense_ffn;
+        }
+    }
+    return p;
+}

@@ -1,0 +1,551 @@
+#include "sweep/grid.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/util.h"
+
+static const char *const AXES[] = {"scoring", "grouping", "scaling", "K", "params"};
+enum { AX_SCORING, AX_GROUPING, AX_SCALING, AX_K, AX_PARAMS, N_AXES };
+
+/* ---- typed look-ups with errors naming file:line and the key ---- */
+
+typedef struct {
+    const char *file, *exp;
+} ctx;
+
+static int key_err(const ctx *c, const m2d_toml *v, const char *key, const char *want) {
+    if (v && v->line == 0) /* a value from --set */
+        return m2d_err("--set %s: must be %s, not %s", key, want, m2d_toml_type_name(v->type));
+    if (v) return m2d_err("%s:%d:%d: experiment '%s': '%s' must be %s, not %s", c->file, v->line, v->col, c->exp,
+                          key, want, m2d_toml_type_name(v->type));
+    return m2d_err("%s: experiment '%s': missing '%s' (%s)", c->file, c->exp, key, want);
+}
+
+static int get_str(const ctx *c, const m2d_toml *t, const char *key, const char *dflt, char **out) {
+    const m2d_toml *v = m2d_toml_path(t, key);
+    if (!v) {
+        if (!dflt) return key_err(c, NULL, key, "a string");
+        *out = m2d_strdup(dflt);
+        return 0;
+    }
+    if (v->type != M2D_TOML_STRING) return key_err(c, v, key, "a string");
+    *out = m2d_strdup(v->str);
+    return 0;
+}
+
+static int get_int(const ctx *c, const m2d_toml *t, const char *key, int64_t dflt, int64_t lo, int64_t hi,
+                   int64_t *out) {
+    const m2d_toml *v = m2d_toml_path(t, key);
+    if (!v) {
+        *out = dflt;
+        return 0;
+    }
+    if (v->type != M2D_TOML_INT) return key_err(c, v, key, "an integer");
+    if (v->i < lo || v->i > hi)
+        return m2d_err("%s:%d:%d: experiment '%s': '%s' = %lld is outside [%lld, %lld]", c->file, v->line, v->col,
+                       c->exp, key, (long long)v->i, (long long)lo, (long long)hi);
+    *out = v->i;
+    return 0;
+}
+
+static int get_int32(const ctx *c, const m2d_toml *t, const char *key, int dflt, int lo, int hi, int *out) {
+    int64_t v = dflt;
+    if (get_int(c, t, key, dflt, lo, hi, &v)) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+/* Unknown keys are errors: a typo must not silently fall back to a default. */
+static int check_keys(const ctx *c, const m2d_toml *t, const char *where, const char *const *allowed, int n) {
+    if (!t) return 0;
+    for (int i = 0; i < t->n; i++) {
+        int ok = 0;
+        for (int j = 0; j < n; j++) ok |= strcmp(t->keys[i], allowed[j]) == 0;
+        if (!ok)
+            return m2d_err("%s:%d:%d: experiment '%s': unknown key '%s' in %s", c->file, t->items[i]->line,
+                           t->items[i]->col, c->exp, t->keys[i], where);
+    }
+    return 0;
+}
+
+/* ---- teacher shape ---- */
+
+static int read_teacher_shape(const char *model, int *E, int *k, int64_t *d_e) {
+    char *path = m2d_path_join(model, "config.json");
+    char *text = m2d_read_file(path, NULL);
+    if (!text) {
+        free(path);
+        return -1;
+    }
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    int rc = 0;
+    const cJSON *ne = j ? cJSON_GetObjectItemCaseSensitive(j, "num_experts") : NULL;
+    const cJSON *nk = j ? cJSON_GetObjectItemCaseSensitive(j, "num_experts_per_tok") : NULL;
+    const cJSON *de = j ? cJSON_GetObjectItemCaseSensitive(j, "moe_intermediate_size") : NULL;
+    if (!j) rc = m2d_err("%s: not valid JSON", path);
+    else if (!cJSON_IsNumber(ne) || ne->valueint < 1) rc = m2d_err("%s: field 'num_experts': missing or < 1", path);
+    else if (!cJSON_IsNumber(nk) || nk->valueint < 1 || nk->valueint > ne->valueint)
+        rc = m2d_err("%s: field 'num_experts_per_tok': missing or not in [1, num_experts]", path);
+    else {
+        *E = ne->valueint;
+        *k = nk->valueint;
+        *d_e = cJSON_IsNumber(de) ? (int64_t)de->valuedouble : 0;
+    }
+    cJSON_Delete(j);
+    free(path);
+    return rc;
+}
+
+int m2d_grid_resolve_K(const char *expr, int k, int E, int *K) {
+    char *end;
+    long v;
+    errno = 0;
+    if (strcmp(expr, "k") == 0) {
+        v = k;
+    } else if (strcmp(expr, "E") == 0) {
+        v = E;
+    } else if (strncmp(expr, "E/", 2) == 0) {
+        long d = strtol(expr + 2, &end, 10);
+        if (*end || d < 1 || E % d) return m2d_err("K '%s': E/N needs N dividing E = %d", expr, E);
+        v = E / d;
+    } else {
+        v = strtol(expr, &end, 10);
+        if (end == expr || errno) return m2d_err("K '%s': expected k, Nk, E, E/N or a number", expr);
+        if (*end == 'k' && end[1] == 0) v *= k;
+        else if (*end) return m2d_err("K '%s': expected k, Nk, E, E/N or a number", expr);
+    }
+    if (v < k || v > E) return m2d_err("K '%s' = %ld is outside [k, E] = [%d, %d]", expr, v, k, E);
+    *K = (int)v;
+    return 0;
+}
+
+void m2d_grid_config_id(const m2d_grid_config *c, char id[M2D_ID_LEN + 1]) {
+    char *s = m2d_strfmt("scoring=%s\ngrouping=%s\nscaling=%s\nK=%d\nparams=%s\n", c->scoring, c->grouping,
+                         c->scaling, c->K, c->params);
+    char hex[65];
+    m2d_sha256_hex(s, strlen(s), hex);
+    memcpy(id, hex, M2D_ID_LEN);
+    id[M2D_ID_LEN] = 0;
+    free(s);
+}
+
+/* ---- axes and rules ---- */
+
+typedef struct {
+    int n;
+    char **vals; /* K: the expressions; others: names */
+} axis;
+
+static void axis_free(axis *a) {
+    for (int i = 0; i < a->n; i++) free(a->vals[i]);
+    free(a->vals);
+}
+
+/* A scalar axis value as text: strings as is, integers printed (K = 16). */
+static int scalar_text(const ctx *c, const m2d_toml *v, const char *key, char *buf, size_t n) {
+    if (v->type == M2D_TOML_STRING) {
+        if (!v->str[0] && strcmp(key, "params") != 0) return key_err(c, v, key, "a non-empty string");
+        if (strlen(v->str) >= n) return key_err(c, v, key, "a shorter string");
+        snprintf(buf, n, "%s", v->str);
+    } else if (v->type == M2D_TOML_INT) {
+        snprintf(buf, n, "%lld", (long long)v->i);
+    } else {
+        return key_err(c, v, key, "a string or an integer");
+    }
+    return 0;
+}
+
+static int read_axis(const ctx *c, const m2d_toml *axes, int which, axis *a) {
+    const char *key = AXES[which];
+    const m2d_toml *v = m2d_toml_get(axes, key);
+    a->n = 0;
+    a->vals = NULL;
+    if (!v && which == AX_PARAMS) {
+        a->n = 1;
+        a->vals = m2d_malloc(sizeof *a->vals);
+        a->vals[0] = m2d_strdup("");
+        return 0;
+    }
+    if (!v) return key_err(c, NULL, key, "an axis list in [axes]");
+    if (v->type != M2D_TOML_ARRAY || v->n == 0) return key_err(c, v, key, "a non-empty array");
+    a->vals = m2d_calloc((size_t)v->n, sizeof *a->vals);
+    for (int i = 0; i < v->n; i++) {
+        char buf[128];
+        size_t cap = which == AX_PARAMS ? 128 : which == AX_K ? 16 : 32; /* the m2d_grid_config field */
+        if (scalar_text(c, v->items[i], key, buf, cap)) return -1;
+        for (int j = 0; j < a->n; j++)
+            if (strcmp(a->vals[j], buf) == 0)
+                return m2d_err("%s:%d:%d: experiment '%s': axis '%s' lists '%s' twice", c->file, v->items[i]->line,
+                               v->items[i]->col, c->exp, key, buf);
+        a->vals[a->n++] = m2d_strdup(buf);
+    }
+    return 0;
+}
+
+/* Does config C match RULE (a table axis -> value or list of values)? */
+static int rule_matches(const ctx *c, const m2d_toml *rule, const m2d_grid_config *cfg, int k, int E, int *match) {
+    *match = 1;
+    for (int i = 0; i < rule->n; i++) {
+        const char *key = rule->keys[i];
+        int which = -1;
+        for (int a = 0; a < N_AXES; a++)
+            if (strcmp(key, AXES[a]) == 0) which = a;
+        if (which < 0)
+            return m2d_err("%s:%d:%d: experiment '%s': rule key '%s' is not an axis (scoring, grouping, scaling, K, "
+                           "params)", c->file, rule->items[i]->line, rule->items[i]->col, c->exp, key);
+        const m2d_toml *v = rule->items[i];
+        int nv = v->type == M2D_TOML_ARRAY ? v->n : 1;
+        int any = 0;
+        for (int j = 0; j < nv; j++) {
+            const m2d_toml *item = v->type == M2D_TOML_ARRAY ? v->items[j] : v;
+            char buf[128];
+            if (scalar_text(c, item, key, buf, sizeof buf)) return -1;
+            switch (which) {
+            case AX_SCORING: any |= strcmp(buf, cfg->scoring) == 0; break;
+            case AX_GROUPING: any |= strcmp(buf, cfg->grouping) == 0; break;
+            case AX_SCALING: any |= strcmp(buf, cfg->scaling) == 0; break;
+            case AX_PARAMS: any |= strcmp(buf, cfg->params) == 0; break;
+            case AX_K: {
+                int K;
+                if (m2d_grid_resolve_K(buf, k, E, &K)) {
+                    char msg[512];
+                    snprintf(msg, sizeof msg, "%s", m2d_errmsg());
+                    return m2d_err("%s:%d:%d: experiment '%s': rule: %s", c->file, item->line, item->col, c->exp, msg);
+                }
+                any |= K == cfg->K;
+                break;
+            }
+            }
+        }
+        if (!any) *match = 0;
+    }
+    return 0;
+}
+
+static int rules_match_any(const ctx *c, const m2d_toml *rules, const m2d_grid_config *cfg, int k, int E,
+                           int *match) {
+    *match = 0;
+    for (int r = 0; r < rules->n; r++) {
+        int m;
+        if (rule_matches(c, rules->items[r], cfg, k, E, &m)) return -1;
+        if (m) {
+            *match = 1;
+            return 0;
+        }
+    }
+    return 0;
+}
+
+static int get_rules(const ctx *c, const m2d_toml *t, const char *key, const m2d_toml **out) {
+    const m2d_toml *v = m2d_toml_get(t, key);
+    *out = NULL;
+    if (!v) return 0;
+    if (v->type != M2D_TOML_ARRAY) return key_err(c, v, key, "an array of tables ([[experiment.NAME." "rules]])");
+    for (int i = 0; i < v->n; i++)
+        if (v->items[i]->type != M2D_TOML_TABLE) return key_err(c, v->items[i], key, "an array of tables");
+    *out = v;
+    return 0;
+}
+
+static int build_grid(const ctx *c, m2d_experiment *x) {
+    const m2d_toml *axes_t = m2d_toml_get(x->table, "axes");
+    if (!axes_t || axes_t->type != M2D_TOML_TABLE) return key_err(c, axes_t, "axes", "a table of axis lists");
+    if (check_keys(c, axes_t, "[axes] (axes are scoring, grouping, scaling, K, params)", AXES, N_AXES)) return -1;
+    axis ax[N_AXES] = {0};
+    int rc = 0;
+    for (int a = 0; a < N_AXES && rc == 0; a++) rc = read_axis(c, axes_t, a, &ax[a]);
+    const m2d_toml *incl = NULL, *excl = NULL;
+    if (rc == 0) rc = get_rules(c, x->table, "include", &incl);
+    if (rc == 0) rc = get_rules(c, x->table, "exclude", &excl);
+    int cap = 0;
+    for (int s = 0; rc == 0 && s < ax[AX_SCORING].n; s++)
+        for (int g = 0; rc == 0 && g < ax[AX_GROUPING].n; g++)
+            for (int d = 0; rc == 0 && d < ax[AX_SCALING].n; d++)
+                for (int kk = 0; rc == 0 && kk < ax[AX_K].n; kk++)
+                    for (int p = 0; rc == 0 && p < ax[AX_PARAMS].n; p++) {
+                        m2d_grid_config cfg = {0};
+                        snprintf(cfg.scoring, sizeof cfg.scoring, "%s", ax[AX_SCORING].vals[s]);
+                        snprintf(cfg.grouping, sizeof cfg.grouping, "%s", ax[AX_GROUPING].vals[g]);
+                        snprintf(cfg.scaling, sizeof cfg.scaling, "%s", ax[AX_SCALING].vals[d]);
+                        snprintf(cfg.K_expr, sizeof cfg.K_expr, "%s", ax[AX_K].vals[kk]);
+                        snprintf(cfg.params, sizeof cfg.params, "%s", ax[AX_PARAMS].vals[p]);
+                        if (m2d_grid_resolve_K(cfg.K_expr, x->k, x->E, &cfg.K)) {
+                            char msg[512];
+                            snprintf(msg, sizeof msg, "%s", m2d_errmsg());
+                            const m2d_toml *kv = m2d_toml_get(axes_t, "K");
+                            rc = m2d_err("%s:%d:%d: experiment '%s': axes.K: %s (teacher k = %d, E = %d)", c->file,
+                                         kv->line, kv->col, c->exp, msg, x->k, x->E);
+                            break;
+                        }
+                        /* two K expressions for the same K (e.g. 8k and E when E = 8k): keep the first */
+                        int dup = 0;
+                        for (int q = 0; q < kk; q++) {
+                            int K2;
+                            if (m2d_grid_resolve_K(ax[AX_K].vals[q], x->k, x->E, &K2) == 0 && K2 == cfg.K) dup = 1;
+                        }
+                        if (dup) {
+                            x->n_duplicate_K++;
+                            continue;
+                        }
+                        int m = 1;
+                        if (incl && (rc = rules_match_any(c, incl, &cfg, x->k, x->E, &m))) break;
+                        if (m && excl) {
+                            int e;
+                            if ((rc = rules_match_any(c, excl, &cfg, x->k, x->E, &e))) break;
+                            m = !e;
+                        }
+                        if (!m) {
+                            x->n_excluded++;
+                            continue;
+                        }
+                        m2d_grid_config_id(&cfg, cfg.id);
+                        cfg.index = x->n_configs;
+                        if (x->n_configs == cap) {
+                            cap = cap ? 2 * cap : 64;
+                            x->configs = m2d_realloc(x->configs, (size_t)cap * sizeof *x->configs);
+                        }
+                        x->configs[x->n_configs++] = cfg;
+                    }
+    for (int a = 0; a < N_AXES; a++) axis_free(&ax[a]);
+    if (rc == 0 && x->n_configs == 0)
+        rc = m2d_err("%s: experiment '%s': the grid is empty (every configuration excluded)", c->file, c->exp);
+    return rc;
+}
+
+static int read_mc(const ctx *c, m2d_experiment *x) {
+    const m2d_toml *mc = m2d_toml_get(x->table, "mc");
+    x->mc_configs = m2d_strdup("none");
+    if (!mc) return 0;
+    if (mc->type != M2D_TOML_TABLE) return key_err(c, mc, "mc", "a table");
+    static const char *const keys[] = {"tasks", "shots", "limit", "configs", "data_dir"};
+    if (check_keys(c, mc, "[mc]", keys, 5)) return -1;
+    if (get_str(c, mc, "data_dir", "data", &x->mc_data_dir)) return -1;
+    const m2d_toml *tasks = m2d_toml_get(mc, "tasks");
+    if (!tasks || tasks->type != M2D_TOML_ARRAY) return key_err(c, tasks, "mc.tasks", "an array of task names");
+    const m2d_toml *shots = m2d_toml_get(mc, "shots");
+    if (shots && shots->type != M2D_TOML_TABLE) return key_err(c, shots, "mc.shots", "a table task = shots");
+    x->mc_tasks = m2d_calloc((size_t)tasks->n, sizeof *x->mc_tasks);
+    x->mc_shots = m2d_calloc((size_t)tasks->n, sizeof *x->mc_shots);
+    for (int i = 0; i < tasks->n; i++) {
+        if (tasks->items[i]->type != M2D_TOML_STRING) return key_err(c, tasks->items[i], "mc.tasks", "strings");
+        x->mc_tasks[x->n_mc] = m2d_strdup(tasks->items[i]->str);
+        const m2d_toml *s = m2d_toml_get(shots, tasks->items[i]->str);
+        if (s && (s->type != M2D_TOML_INT || s->i < 0 || s->i > 100))
+            return key_err(c, s, "mc.shots", "an integer in [0, 100]");
+        x->mc_shots[x->n_mc++] = s ? (int)s->i : 0;
+    }
+    if (get_int32(c, mc, "limit", 0, 0, 1 << 30, &x->mc_limit)) return -1;
+    free(x->mc_configs);
+    x->mc_configs = NULL;
+    if (get_str(c, mc, "configs", "best-per-pair", &x->mc_configs)) return -1;
+    if (strcmp(x->mc_configs, "none") && strcmp(x->mc_configs, "all") && strcmp(x->mc_configs, "best-per-pair"))
+        return key_err(c, m2d_toml_get(mc, "configs"), "mc.configs", "\"none\", \"all\" or \"best-per-pair\"");
+    return 0;
+}
+
+static int read_experiment(const ctx *c, m2d_experiment *x) {
+    static const char *const top[] = {"description", "model", "backend", "out", "cache_dir", "teacher",
+                                      "calibration", "ppl", "mc", "axes", "include", "exclude"};
+    if (check_keys(c, x->table, "the experiment", top, M2D_ARRAY_LEN(top))) return -1;
+    static const char *const calib_keys[] = {"data", "seq_len", "samples", "seed"};
+    static const char *const ppl_keys[] = {"protocol", "data", "seq_len", "max_windows"};
+    static const char *const teacher_keys[] = {"experts", "top_k", "moe_intermediate_size"};
+    if (check_keys(c, m2d_toml_get(x->table, "calibration"), "[calibration]", calib_keys, 4) ||
+        check_keys(c, m2d_toml_get(x->table, "ppl"), "[ppl]", ppl_keys, 4) ||
+        check_keys(c, m2d_toml_get(x->table, "teacher"), "[teacher]", teacher_keys, 3))
+        return -1;
+    if (get_str(c, x->table, "description", "", &x->description) || get_str(c, x->table, "model", NULL, &x->model) ||
+        get_str(c, x->table, "backend", "pipeline", &x->backend))
+        return -1;
+    char *dflt_out = m2d_strfmt("results/%s.csv", x->name);
+    int rc = get_str(c, x->table, "out", dflt_out, &x->out);
+    free(dflt_out);
+    if (rc || get_str(c, x->table, "cache_dir", "results/cache", &x->cache_dir)) return -1;
+    if (strcmp(x->backend, "pipeline") && strcmp(x->backend, "fake"))
+        return key_err(c, m2d_toml_get(x->table, "backend"), "backend", "\"pipeline\" or \"fake\"");
+    if (get_str(c, x->table, "calibration.data", NULL, &x->calib_data) ||
+        get_int32(c, x->table, "calibration.seq_len", 2048, 2, 1 << 20, &x->calib_seq_len) ||
+        get_int32(c, x->table, "calibration.samples", 512, 1, 1 << 24, &x->calib_samples) ||
+        get_int(c, x->table, "calibration.seed", -1, 0, INT64_MAX, &x->calib_seed))
+        return -1;
+    if (get_str(c, x->table, "ppl.protocol", "gptq", &x->ppl_protocol) ||
+        get_str(c, x->table, "ppl.data", NULL, &x->ppl_data) ||
+        get_int32(c, x->table, "ppl.seq_len", 2048, 2, 1 << 20, &x->ppl_seq_len) ||
+        get_int32(c, x->table, "ppl.max_windows", 0, 0, 1 << 30, &x->ppl_max_windows))
+        return -1;
+    if (strcmp(x->ppl_protocol, "gptq") && strcmp(x->ppl_protocol, "lm-eval"))
+        return key_err(c, m2d_toml_path(x->table, "ppl.protocol"), "ppl.protocol", "\"gptq\" or \"lm-eval\"");
+    if (read_mc(c, x)) return -1;
+    /* teacher shape: config.json when the model is here, else the [teacher] hints (dry runs) */
+    if (read_teacher_shape(x->model, &x->E, &x->k, &x->d_e) == 0) {
+        x->shape_from_config = 1;
+    } else {
+        char why[512];
+        snprintf(why, sizeof why, "%s", m2d_errmsg());
+        int E = 0, k = 0, de = 0;
+        if (get_int32(c, x->table, "teacher.experts", 0, 0, 1 << 20, &E) ||
+            get_int32(c, x->table, "teacher.top_k", 0, 0, 1 << 20, &k) ||
+            get_int32(c, x->table, "teacher.moe_intermediate_size", 0, 0, 1 << 30, &de))
+            return -1;
+        if (E < 1 || k < 1 || k > E)
+            return m2d_err("%s: experiment '%s': teacher shape unknown: %s (set --set model=DIR, or give "
+                           "[teacher] experts and top_k)", c->file, c->exp, why);
+        x->E = E;
+        x->k = k;
+        x->d_e = de;
+    }
+    return build_grid(c, x);
+}
+
+int m2d_experiment_load(const char *path, const char *name, char *const *sets, int n_sets, m2d_experiment *x) {
+    memset(x, 0, sizeof *x);
+    x->file = m2d_strdup(path);
+    x->name = m2d_strdup(name);
+    x->doc = m2d_toml_load(path);
+    if (!x->doc) return -1;
+    const m2d_toml *exps = m2d_toml_get(x->doc, "experiment");
+    const m2d_toml *t = m2d_toml_get(exps, name);
+    if (!t || t->type != M2D_TOML_TABLE) {
+        char *names = m2d_experiment_names(path);
+        m2d_err("%s: no experiment '%s' (have: %s)", path, name, names ? names : "none");
+        free(names);
+        return -1;
+    }
+    x->table = t;
+    for (int i = 0; i < n_sets; i++) {
+        char *eq = strchr(sets[i], '=');
+        if (!eq) return m2d_err("--set '%s': expected key=value", sets[i]);
+        char *key = m2d_strdup(sets[i]);
+        key[eq - sets[i]] = 0;
+        int rc = m2d_toml_set((m2d_toml *)t, key, eq + 1);
+        free(key);
+        if (rc) return -1;
+    }
+    ctx c = {path, name};
+    return read_experiment(&c, x);
+}
+
+void m2d_experiment_free(m2d_experiment *x) {
+    free(x->file);
+    free(x->name);
+    free(x->description);
+    free(x->model);
+    free(x->backend);
+    free(x->out);
+    free(x->cache_dir);
+    free(x->calib_data);
+    free(x->ppl_protocol);
+    free(x->ppl_data);
+    for (int i = 0; i < x->n_mc; i++) free(x->mc_tasks[i]);
+    free(x->mc_tasks);
+    free(x->mc_shots);
+    free(x->mc_configs);
+    free(x->mc_data_dir);
+    free(x->configs);
+    m2d_toml_free(x->doc);
+    memset(x, 0, sizeof *x);
+}
+
+char *m2d_experiment_names(const char *path) {
+    m2d_toml *doc = m2d_toml_load(path);
+    if (!doc) return NULL;
+    const m2d_toml *exps = m2d_toml_get(doc, "experiment");
+    char *out = m2d_strdup("");
+    for (int i = 0; exps && exps->type == M2D_TOML_TABLE && i < exps->n; i++) {
+        char *next = m2d_strfmt("%s%s%s", out, i ? ", " : "", exps->keys[i]);
+        free(out);
+        out = next;
+    }
+    m2d_toml_free(doc);
+    return out;
+}
+
+int m2d_parse_shard(const char *s, int *i, int *n) {
+    char *end;
+    long a = strtol(s, &end, 10);
+    if (end == s || *end != '/') return m2d_err("--shard '%s': expected I/N (e.g. 3/8)", s);
+    const char *rest = end + 1;
+    long b = strtol(rest, &end, 10);
+    if (end == rest || *end || b < 1 || b > 100000 || a < 1 || a > b)
+        return m2d_err("--shard '%s': expected I/N with 1 <= I <= N", s);
+    *i = (int)a;
+    *n = (int)b;
+    return 0;
+}
+
+/* Configurations that may share a student (same scoring, scaling, params and K; at K = k also
+ * across groupings) stay in one shard so dedup still saves their evaluations. These "affinity
+ * groups" are dealt round-robin in the order of their hashes, which mixes cheap and expensive K
+ * into every shard. */
+static void affinity_key(const m2d_experiment *x, const m2d_grid_config *c, char hex[65]) {
+    char *s = m2d_strfmt("%s|%s|%s|%d|%s", c->scoring, c->scaling, c->params, c->K, c->K == x->k ? "*" : c->grouping);
+    m2d_sha256_hex(s, strlen(s), hex);
+    free(s);
+}
+
+typedef struct {
+    char key[65];
+    int first;
+} affinity;
+
+static int cmp_affinity(const void *a, const void *b) {
+    return strcmp(((const affinity *)a)->key, ((const affinity *)b)->key);
+}
+
+int m2d_grid_shard(const m2d_experiment *x, int i, int n, int **idx) {
+    affinity *groups = m2d_malloc((size_t)(x->n_configs + 1) * sizeof *groups);
+    int *group_of = m2d_malloc((size_t)(x->n_configs + 1) * sizeof *group_of);
+    int n_groups = 0;
+    for (int c = 0; c < x->n_configs; c++) {
+        char key[65];
+        affinity_key(x, &x->configs[c], key);
+        int g = -1;
+        for (int j = 0; j < n_groups && g < 0; j++)
+            if (strcmp(groups[j].key, key) == 0) g = j;
+        if (g < 0) {
+            g = n_groups++;
+            memcpy(groups[g].key, key, sizeof key);
+            groups[g].first = c;
+        }
+        group_of[c] = g;
+    }
+    affinity *sorted = m2d_malloc((size_t)(n_groups + 1) * sizeof *sorted);
+    memcpy(sorted, groups, (size_t)n_groups * sizeof *sorted);
+    qsort(sorted, (size_t)n_groups, sizeof *sorted, cmp_affinity);
+    int *shard_of_group = m2d_malloc((size_t)(n_groups + 1) * sizeof *shard_of_group);
+    for (int p = 0; p < n_groups; p++) {
+        int g = group_of[sorted[p].first];
+        shard_of_group[g] = p % n;
+    }
+    *idx = m2d_malloc((size_t)(x->n_configs + 1) * sizeof **idx);
+    int cnt = 0;
+    for (int c = 0; c < x->n_configs; c++)
+        if (shard_of_group[group_of[c]] == i - 1) (*idx)[cnt++] = c;
+    free(groups);
+    free(group_of);
+    free(sorted);
+    free(shard_of_group);
+    return cnt;
+}
+
+int m2d_extract_sets(const char *cmd, int *argc, char **argv, char ***sets, int *n_sets) {
+    *sets = m2d_calloc((size_t)*argc + 1, sizeof **sets);
+    *n_sets = 0;
+    int out = 0;
+    for (int i = 0; i < *argc; i++) {
+        if (strcmp(argv[i], "--set") == 0) {
+            if (i + 1 >= *argc) return m2d_err("%s: option '--set' needs a value", cmd);
+            (*sets)[(*n_sets)++] = argv[++i];
+        } else if (strncmp(argv[i], "--set=", 6) == 0) {
+            (*sets)[(*n_sets)++] = argv[i] + 6;
+        } else {
+            argv[out++] = argv[i];
+        }
+    }
+    *argc = out;
+    return 0;
+}

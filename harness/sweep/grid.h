@@ -1,0 +1,79 @@
+/* grid — an experiment from experiments.toml and its configuration grid.
+ *
+ * An experiment is the table [experiment.NAME]; see experiments.toml for the documented schema.
+ * The grid is the product of the axes scoring × grouping × scaling × K (× params), in that
+ * nesting order (K innermost, as the paper's tables read), trimmed by [[...include]] /
+ * [[...exclude]] rules. K may be relative to the teacher: "k", "2k", "E", "E/2", or a number. */
+#ifndef M2D_GRID_H
+#define M2D_GRID_H
+
+#include <stdint.h>
+
+#include "io/toml.h"
+
+#define M2D_ID_LEN 12 /* hex characters of a config id */
+
+typedef struct {
+    char scoring[32], grouping[32], scaling[32];
+    char K_expr[16];        /* as written in the axis: "2k", "E", "16" */
+    int K;                  /* resolved against the teacher */
+    char params[128];       /* plugin parameters "b=1,a=1,c=2"; "" when none */
+    char id[M2D_ID_LEN + 1];/* stable: hash of the axis values (with K resolved) */
+    int index;              /* position in the experiment's grid (0-based) */
+} m2d_grid_config;
+
+typedef struct {
+    char *file, *name, *description;
+    char *model;                 /* teacher directory */
+    char *backend;               /* "pipeline" (default) or "fake" (machinery tests, see sweep.h) */
+    char *out;                   /* default results CSV */
+    char *cache_dir;             /* calibration statistics cache */
+    int E, k;                    /* teacher experts and router top-k */
+    int64_t d_e;                 /* expert intermediate size (0 if unknown) */
+    int shape_from_config;       /* 1: E, k read from MODEL/config.json; 0: from [teacher] hints */
+    /* calibration */
+    char *calib_data;
+    int calib_seq_len, calib_samples;
+    int64_t calib_seed;          /* -1 (absent): the first N windows; else N windows drawn with this seed */
+    /* perplexity */
+    char *ppl_protocol, *ppl_data;
+    int ppl_seq_len, ppl_max_windows; /* max_windows 0: all */
+    /* multiple choice: tasks with shots; which configurations get them */
+    int n_mc;
+    char **mc_tasks;
+    int *mc_shots;
+    int mc_limit;                /* items per task, 0: all */
+    char *mc_configs;            /* "none" | "all" | "best-per-pair" */
+    char *mc_data_dir;           /* task data (default "data") */
+    /* grid */
+    int n_configs;
+    m2d_grid_config *configs;
+    int n_excluded, n_duplicate_K; /* trimmed by rules / K expressions resolving to the same K */
+    m2d_toml *doc;               /* the parsed file (with --set applied) */
+    const m2d_toml *table;       /* [experiment.NAME] inside doc */
+} m2d_experiment;
+
+/* Load experiment NAME from PATH, applying "key=value" overrides (keys relative to the
+ * experiment table, e.g. "model", "ppl.max_windows"). Errors name the file, line and key. */
+int m2d_experiment_load(const char *path, const char *name, char *const *sets, int n_sets, m2d_experiment *out);
+void m2d_experiment_free(m2d_experiment *x);
+/* Names of the experiments in PATH, comma separated (malloc'd), for messages and `help`. */
+char *m2d_experiment_names(const char *path);
+
+/* "k", "2k", "E", "E/4", "16" -> K with k <= K <= E. -1 + m2d_err when invalid. */
+int m2d_grid_resolve_K(const char *expr, int k, int E, int *K);
+/* Stable id of a configuration (hash of its axis values). */
+void m2d_grid_config_id(const m2d_grid_config *c, char id[M2D_ID_LEN + 1]);
+
+/* Remove every "--set key=value" / "--set=key=value" from argv (in place; *argc shrinks) and
+ * return the key=value strings (malloc'd array of pointers into argv). -1 on a missing value. */
+int m2d_extract_sets(const char *cmd, int *argc, char **argv, char ***sets, int *n_sets);
+
+/* "I/N" with 1 <= I <= N. */
+int m2d_parse_shard(const char *s, int *i, int *n);
+/* Configuration indices of shard I of N (in grid order). Configurations that can share a student
+ * stay together; groups are dealt round-robin in hash order so each shard mixes cheap and
+ * expensive K. Disjoint, and their union is the grid. Returns the count; *idx malloc'd. */
+int m2d_grid_shard(const m2d_experiment *x, int i, int n, int **idx);
+
+#endif

@@ -1,0 +1,505 @@
+#include "sweep/report.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/util.h"
+
+/* ---- names and number formatting ---- */
+
+static const char *const NAMES[][2] = {
+    {"sf", "Selection Frequency"},       {"pp", "Pre-Selection Probability"},
+    {"ps", "Post-Selection Probability"}, {"cp", "Conditional Probability"},
+    {"acp", "Activation-Wtd Cond. Prob."}, {"do-cp", "D-Optimal + CP"},
+    {"do-acp", "D-Optimal + ACP"},         {"rr", "Round-Robin"},
+    {"wc", "Weight Cluster"},              {"rc", "Router Cluster"},
+    {"ab", "Anchor-Based"},                {"oc", "Output Cluster"},
+    {"uniform", "Uniform"},                {"proportional", "Proportional"},
+    {"avg-cp", "Avg-CP"},                  {"reap", "REAP"},
+    {"man", "MAN"},                        {"msan", "MSAN"},
+    {"ean", "EAN"},                        {"conmoe", "ConMoE"},
+};
+
+const char *m2d_report_display_name(const char *name) {
+    for (size_t i = 0; i < M2D_ARRAY_LEN(NAMES); i++)
+        if (strcmp(NAMES[i][0], name) == 0) return NAMES[i][1];
+    return name;
+}
+
+/* position in the paper's order (known names first), else a large number */
+static int known_order(const char *name) {
+    for (size_t i = 0; i < M2D_ARRAY_LEN(NAMES); i++)
+        if (strcmp(NAMES[i][0], name) == 0) return (int)i;
+    return 1000;
+}
+
+static void with_thousands(long long v, char *buf, size_t n) {
+    char digits[32];
+    snprintf(digits, sizeof digits, "%lld", v);
+    size_t len = strlen(digits), o = 0;
+    for (size_t i = 0; i < len && o + 2 < n; i++) {
+        if (i && (len - i) % 3 == 0) buf[o++] = ',';
+        buf[o++] = digits[i];
+    }
+    buf[o] = 0;
+}
+
+void m2d_report_format_ppl(double v, char *buf, size_t n) {
+    if (!isfinite(v)) snprintf(buf, n, "\xe2\x80\x93"); /* en dash, as in the paper */
+    else if (v < 99.995) snprintf(buf, n, "%.2f", v);
+    else if (v < 999.95) snprintf(buf, n, "%.1f", v);
+    else if (v < 99999.5) with_thousands(llround(v), buf, n);
+    else if (v < 999500) snprintf(buf, n, "%.0fk", v / 1e3);
+    else if (v < 999.95e6) snprintf(buf, n, "%.1fm", v / 1e6);
+    else snprintf(buf, n, "%.1fb", v / 1e9);
+}
+
+/* ---- the grid view of a results file ---- */
+
+typedef struct {
+    const char *scoring, *grouping, *scaling, *params;
+    int K, failed;
+    double ppl;
+} entry;
+
+typedef struct {
+    int n;
+    const char **v;
+} names;
+
+typedef struct {
+    int n_e;
+    entry *e;
+    names sc, gr, sl, pa;
+    int n_K;
+    int *Ks;
+} grid;
+
+static int names_index(const names *s, const char *v) {
+    for (int i = 0; i < s->n; i++)
+        if (strcmp(s->v[i], v) == 0) return i;
+    return -1;
+}
+
+static void names_add(names *s, const char *v) {
+    if (names_index(s, v) >= 0) return;
+    s->v = m2d_realloc(s->v, (size_t)(s->n + 1) * sizeof *s->v);
+    /* insert keeping the paper's order for known names, first appearance for the others */
+    int pos = s->n;
+    while (pos > 0 && known_order(s->v[pos - 1]) > known_order(v) && known_order(v) < 1000) pos--;
+    memmove(s->v + pos + 1, s->v + pos, (size_t)(s->n - pos) * sizeof *s->v);
+    s->v[pos] = v;
+    s->n++;
+}
+
+static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+static int grid_load(const m2d_results *r, grid *g) {
+    memset(g, 0, sizeof *g);
+    static const char *const need[] = {"config_id", "scoring", "grouping", "scaling", "K", "ppl", "status"};
+    for (size_t i = 0; i < M2D_ARRAY_LEN(need); i++)
+        if (m2d_results_col(r, need[i]) < 0) return m2d_err("results: field '%s': column missing", need[i]);
+    int c_sc = m2d_results_col(r, "scoring"), c_gr = m2d_results_col(r, "grouping"),
+        c_sl = m2d_results_col(r, "scaling"), c_pa = m2d_results_col(r, "params"), c_K = m2d_results_col(r, "K"),
+        c_ppl = m2d_results_col(r, "ppl"), c_st = m2d_results_col(r, "status");
+    g->e = m2d_calloc((size_t)r->n_rows + 1, sizeof *g->e);
+    for (int i = 0; i < r->n_rows; i++) {
+        char **row = r->rows[i];
+        entry *e = &g->e[g->n_e++];
+        e->scoring = row[c_sc];
+        e->grouping = row[c_gr];
+        e->scaling = row[c_sl];
+        e->params = c_pa >= 0 ? row[c_pa] : "";
+        e->K = atoi(row[c_K]);
+        e->failed = strncmp(row[c_st], "ok", 2) != 0;
+        e->ppl = !e->failed && row[c_ppl][0] ? strtod(row[c_ppl], NULL) : NAN;
+        if (!isfinite(e->ppl)) e->failed = 1;
+        names_add(&g->sc, e->scoring);
+        names_add(&g->gr, e->grouping);
+        names_add(&g->sl, e->scaling);
+        names_add(&g->pa, e->params);
+        int seen = 0;
+        for (int k = 0; k < g->n_K; k++) seen |= g->Ks[k] == e->K;
+        if (!seen) {
+            g->Ks = m2d_realloc(g->Ks, (size_t)(g->n_K + 1) * sizeof *g->Ks);
+            g->Ks[g->n_K++] = e->K;
+        }
+    }
+    if (g->Ks) qsort(g->Ks, (size_t)g->n_K, sizeof *g->Ks, cmp_int);
+    return 0;
+}
+
+static void grid_free(grid *g) {
+    free(g->e);
+    free(g->sc.v);
+    free(g->gr.v);
+    free(g->sl.v);
+    free(g->pa.v);
+    free(g->Ks);
+}
+
+/* The entry for one cell (the last row wins if a file holds a configuration twice). */
+static const entry *cell(const grid *g, const char *sc, const char *gr, const char *sl, const char *pa, int K) {
+    const entry *found = NULL;
+    for (int i = 0; i < g->n_e; i++) {
+        const entry *e = &g->e[i];
+        if (e->K == K && !strcmp(e->scoring, sc) && !strcmp(e->grouping, gr) && !strcmp(e->scaling, sl) &&
+            !strcmp(e->params, pa))
+            found = e;
+    }
+    return found;
+}
+
+static int row_present(const grid *g, const char *sc, const char *gr, const char *sl, const char *pa) {
+    for (int k = 0; k < g->n_K; k++)
+        if (cell(g, sc, gr, sl, pa, g->Ks[k])) return 1;
+    return 0;
+}
+
+/* ---- table ---- */
+
+static void tex_escape(FILE *f, const char *s) {
+    for (; *s; s++) {
+        if (strchr("&%$#_{}", *s)) fputc('\\', f);
+        fputc(*s, f);
+    }
+}
+
+static void put_name(FILE *f, m2d_report_format fmt, const char *s) {
+    if (fmt == M2D_REPORT_TEX) tex_escape(f, s);
+    else fputs(s, f);
+}
+
+static void write_table(const grid *g, const m2d_results *r, m2d_report_format fmt, FILE *f) {
+    int with_params = g->pa.n > 1 || (g->pa.n == 1 && g->pa.v[0][0]);
+    const char *exp = m2d_results_meta(r, "experiment"), *ppl = m2d_results_meta(r, "ppl");
+    if (fmt == M2D_REPORT_CSV) {
+        fprintf(f, "scoring,grouping,scaling%s", with_params ? ",params" : "");
+        for (int k = 0; k < g->n_K; k++) fprintf(f, ",K=%d", g->Ks[k]);
+        fprintf(f, ",best_K\n");
+    } else if (fmt == M2D_REPORT_MD) {
+        fprintf(f, "## Perplexity by configuration%s%s%s%s\n\n", exp ? " — experiment " : "", exp ? exp : "",
+                ppl ? " — " : "", ppl ? ppl : "");
+        fprintf(f, "| Scoring | Grouping | Scaling |%s", with_params ? " Params |" : "");
+        for (int k = 0; k < g->n_K; k++) fprintf(f, " K=%d |", g->Ks[k]);
+        fprintf(f, "\n|---|---|---|%s", with_params ? "---|" : "");
+        for (int k = 0; k < g->n_K; k++) fprintf(f, "---:|");
+        fprintf(f, "\n");
+    } else {
+        fprintf(f, "%% Perplexity by configuration%s%s. Bold: best K per row; --: numerical failure.\n",
+                exp ? ", experiment " : "", exp ? exp : "");
+        fprintf(f, "\\begin{tabular}{lll%s", with_params ? "l" : "");
+        for (int k = 0; k < g->n_K; k++) fputc('r', f);
+        fprintf(f, "}\n\\toprule\nScoring & Grouping & DP Scaling%s", with_params ? " & Params" : "");
+        for (int k = 0; k < g->n_K; k++) fprintf(f, " & $K{=}%d$", g->Ks[k]);
+        fprintf(f, " \\\\\n\\midrule\n");
+    }
+    for (int s = 0; s < g->sc.n; s++) {
+        int first_of_scoring = 1;
+        for (int gi = 0; gi < g->gr.n; gi++) {
+            int first_of_group = 1;
+            for (int d = 0; d < g->sl.n; d++)
+                for (int p = 0; p < g->pa.n; p++) {
+                    const char *sc = g->sc.v[s], *gr = g->gr.v[gi], *sl = g->sl.v[d], *pa = g->pa.v[p];
+                    if (!row_present(g, sc, gr, sl, pa)) continue;
+                    int best = -1;
+                    double best_v = INFINITY;
+                    for (int k = 0; k < g->n_K; k++) {
+                        const entry *e = cell(g, sc, gr, sl, pa, g->Ks[k]);
+                        if (e && !e->failed && e->ppl < best_v) best_v = e->ppl, best = k;
+                    }
+                    const char *sep = fmt == M2D_REPORT_CSV ? "," : fmt == M2D_REPORT_MD ? " | " : " & ";
+                    if (fmt == M2D_REPORT_MD) fputs("| ", f);
+                    if (fmt == M2D_REPORT_CSV) fprintf(f, "%s,%s,%s", sc, gr, sl);
+                    else {
+                        if (first_of_scoring) put_name(f, fmt, m2d_report_display_name(sc));
+                        fputs(sep, f);
+                        if (first_of_group) put_name(f, fmt, m2d_report_display_name(gr));
+                        fputs(sep, f);
+                        put_name(f, fmt, m2d_report_display_name(sl));
+                    }
+                    if (with_params) {
+                        fputs(sep, f);
+                        put_name(f, fmt, pa[0] ? pa : "-");
+                    }
+                    first_of_scoring = first_of_group = 0;
+                    for (int k = 0; k < g->n_K; k++) {
+                        const entry *e = cell(g, sc, gr, sl, pa, g->Ks[k]);
+                        fputs(sep, f);
+                        if (!e) continue;
+                        char buf[32];
+                        if (fmt == M2D_REPORT_CSV) {
+                            if (e->failed) fputs("failed", f);
+                            else fprintf(f, "%.4f", e->ppl);
+                            continue;
+                        }
+                        if (e->failed) {
+                            fputs(fmt == M2D_REPORT_TEX ? "--" : "\xe2\x80\x93", f);
+                            continue;
+                        }
+                        m2d_report_format_ppl(e->ppl, buf, sizeof buf);
+                        if (k == best) fprintf(f, fmt == M2D_REPORT_MD ? "**%s**" : "\\textbf{%s}", buf);
+                        else fputs(buf, f);
+                    }
+                    if (fmt == M2D_REPORT_CSV) {
+                        if (best >= 0) fprintf(f, ",%d", g->Ks[best]);
+                        else fputs(",", f);
+                    }
+                    fputs(fmt == M2D_REPORT_MD ? " |\n" : fmt == M2D_REPORT_TEX ? " \\\\\n" : "\n", f);
+                }
+        }
+        if (fmt == M2D_REPORT_TEX && s + 1 < g->sc.n) fputs("\\midrule\n", f);
+    }
+    if (fmt == M2D_REPORT_TEX) fputs("\\bottomrule\n\\end{tabular}\n", f);
+}
+
+/* ---- per-criterion summary ---- */
+
+typedef struct {
+    int s;
+    double best, rank_sum;
+    int n_rank, n, failed;
+    const entry *at;
+} crit;
+
+static int cmp_crit(const void *a, const void *b) {
+    const crit *x = a, *y = b;
+    if (x->best != y->best) return x->best < y->best ? -1 : 1;
+    return x->s - y->s;
+}
+
+static void write_summary(const grid *g, m2d_report_format fmt, FILE *f) {
+    crit *c = m2d_calloc((size_t)g->sc.n, sizeof *c);
+    for (int s = 0; s < g->sc.n; s++) {
+        c[s].s = s;
+        c[s].best = INFINITY;
+    }
+    for (int i = 0; i < g->n_e; i++) {
+        const entry *e = &g->e[i];
+        crit *x = &c[names_index(&g->sc, e->scoring)];
+        x->n++;
+        if (e->failed) x->failed++;
+        else if (e->ppl < x->best) x->best = e->ppl, x->at = e;
+    }
+    /* mean rank: in every cell (grouping, scaling, K, params) where all scorings have a finite
+     * PPL, rank the scorings (1 = lowest PPL; ties share the average rank) */
+    int cells = 0;
+    for (int gi = 0; gi < g->gr.n; gi++)
+        for (int d = 0; d < g->sl.n; d++)
+            for (int p = 0; p < g->pa.n; p++)
+                for (int k = 0; k < g->n_K; k++) {
+                    double *v = m2d_malloc((size_t)g->sc.n * sizeof *v);
+                    int complete = 1;
+                    for (int s = 0; s < g->sc.n && complete; s++) {
+                        const entry *e = cell(g, g->sc.v[s], g->gr.v[gi], g->sl.v[d], g->pa.v[p], g->Ks[k]);
+                        if (!e || e->failed) complete = 0;
+                        else v[s] = e->ppl;
+                    }
+                    if (complete) {
+                        cells++;
+                        for (int s = 0; s < g->sc.n; s++) {
+                            double less = 0, equal = 0;
+                            for (int t = 0; t < g->sc.n; t++) {
+                                if (v[t] < v[s]) less++;
+                                else if (v[t] == v[s]) equal++;
+                            }
+                            c[s].rank_sum += less + (equal + 1) / 2.0;
+                            c[s].n_rank++;
+                        }
+                    }
+                    free(v);
+                }
+    qsort(c, (size_t)g->sc.n, sizeof *c, cmp_crit);
+    if (fmt == M2D_REPORT_MD) {
+        fprintf(f, "\n## Per-criterion summary\n\nRanked by best PPL. Mean rank: average rank among the %d "
+                   "scorings over the %d cells (grouping, scaling, K) where all of them ran.\n\n", g->sc.n, cells);
+        fprintf(f, "| Rank | Scoring | Best PPL | at (grouping, scaling, K) | Mean rank | Configurations | Failed |\n");
+        fprintf(f, "|---:|---|---:|---|---:|---:|---:|\n");
+    } else {
+        fprintf(f, "\n%% Per-criterion summary: ranked by best PPL; mean rank over %d complete cells\n", cells);
+        fprintf(f, "\\begin{tabular}{rlrlrrr}\n\\toprule\nRank & Scoring & Best PPL & at & Mean rank & Configs & "
+                   "Failed \\\\\n\\midrule\n");
+    }
+    for (int i = 0; i < g->sc.n; i++) {
+        char best[32], at[128] = "", mr[32] = "";
+        m2d_report_format_ppl(c[i].best, best, sizeof best);
+        if (c[i].at)
+            snprintf(at, sizeof at, "%s, %s, K=%d", c[i].at->grouping, c[i].at->scaling, c[i].at->K);
+        if (c[i].n_rank) snprintf(mr, sizeof mr, "%.2f", c[i].rank_sum / c[i].n_rank);
+        const char *sep = fmt == M2D_REPORT_MD ? " | " : " & ";
+        fprintf(f, "%s%d%s", fmt == M2D_REPORT_MD ? "| " : "", i + 1, sep);
+        put_name(f, fmt, m2d_report_display_name(g->sc.v[c[i].s]));
+        fprintf(f, "%s%s%s", sep, best, sep);
+        put_name(f, fmt, at);
+        fprintf(f, "%s%s%s%d%s%d%s", sep, mr, sep, c[i].n, sep, c[i].failed,
+                fmt == M2D_REPORT_MD ? " |\n" : " \\\\\n");
+    }
+    if (fmt == M2D_REPORT_TEX) fputs("\\bottomrule\n\\end{tabular}\n", f);
+    free(c);
+}
+
+int m2d_report_write(const m2d_results *r, m2d_report_format fmt, FILE *f) {
+    grid g;
+    if (grid_load(r, &g)) return -1;
+    write_table(&g, r, fmt, f);
+    if (fmt != M2D_REPORT_CSV && g.sc.n) write_summary(&g, fmt, f);
+    grid_free(&g);
+    return 0;
+}
+
+int m2d_report_best_per_pair(const m2d_results *r, int **rows) {
+    grid g;
+    if (grid_load(r, &g)) return -1;
+    *rows = m2d_malloc((size_t)(g.sc.n * g.gr.n + 1) * sizeof **rows);
+    int n = 0;
+    for (int s = 0; s < g.sc.n; s++)
+        for (int gi = 0; gi < g.gr.n; gi++) {
+            int best = -1;
+            for (int i = 0; i < g.n_e; i++) {
+                const entry *e = &g.e[i];
+                if (e->failed || strcmp(e->scoring, g.sc.v[s]) || strcmp(e->grouping, g.gr.v[gi])) continue;
+                if (best < 0 || e->ppl < g.e[best].ppl) best = i;
+            }
+            if (best >= 0) (*rows)[n++] = best; /* entries are in row order */
+        }
+    grid_free(&g);
+    return n;
+}
+
+/* ---- plot data ---- */
+
+static FILE *open_in(const char *dir, const char *name) {
+    char *p = m2d_path_join(dir, name);
+    FILE *f = fopen(p, "w");
+    if (!f) m2d_err("%s: cannot create", p);
+    free(p);
+    return f;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* one line of marginal stats over the finite PPLs matching a predicate */
+static void marginal_line(FILE *f, const char *label, const double *v, int n) {
+    if (n == 0) {
+        fprintf(f, "\"%s\" NaN NaN NaN 0\n", label);
+        return;
+    }
+    double *s = m2d_malloc((size_t)n * sizeof *s), logsum = 0;
+    memcpy(s, v, (size_t)n * sizeof *s);
+    qsort(s, (size_t)n, sizeof *s, cmp_double);
+    for (int i = 0; i < n; i++) logsum += log(s[i]);
+    double median = n % 2 ? s[n / 2] : sqrt(s[n / 2 - 1] * s[n / 2]);
+    fprintf(f, "\"%s\" %.6g %.6g %.6g %d\n", label, exp(logsum / n), median, s[0], n);
+    free(s);
+}
+
+int m2d_report_plot_data(const m2d_results *r, const char *dir) {
+    grid g;
+    if (grid_load(r, &g)) return -1;
+    if (m2d_mkdir_p(dir)) {
+        grid_free(&g);
+        return -1;
+    }
+    int rc = 0;
+    double lo = INFINITY, hi = 0;
+    FILE *list = open_in(dir, "scorings.txt");
+    if (!list) rc = -1;
+    for (int s = 0; s < g.sc.n && rc == 0; s++) {
+        fprintf(list, "%s\t%s\n", g.sc.v[s], m2d_report_display_name(g.sc.v[s]));
+        char *name = m2d_strfmt("heat_%s.dat", g.sc.v[s]);
+        FILE *f = open_in(dir, name);
+        free(name);
+        if (!f) {
+            rc = -1;
+            break;
+        }
+        fprintf(f, "rows");
+        for (int k = 0; k < g.n_K; k++) fprintf(f, " K=%d", g.Ks[k]);
+        fprintf(f, "\n");
+        char *bname = m2d_strfmt("best_%s.dat", g.sc.v[s]);
+        FILE *bf = open_in(dir, bname);
+        free(bname);
+        if (!bf) {
+            fclose(f);
+            rc = -1;
+            break;
+        }
+        fprintf(bf, "# column row (0-based, as in the heat matrix) of the best K of each row\n");
+        int row = 0;
+        for (int gi = 0; gi < g.gr.n; gi++)
+            for (int d = 0; d < g.sl.n; d++)
+                for (int p = 0; p < g.pa.n; p++) {
+                    if (!row_present(&g, g.sc.v[s], g.gr.v[gi], g.sl.v[d], g.pa.v[p])) continue;
+                    int best = -1;
+                    double best_v = INFINITY;
+                    for (int k = 0; k < g.n_K; k++) {
+                        const entry *e = cell(&g, g.sc.v[s], g.gr.v[gi], g.sl.v[d], g.pa.v[p], g.Ks[k]);
+                        if (e && !e->failed && e->ppl < best_v) best_v = e->ppl, best = k;
+                    }
+                    if (best >= 0) fprintf(bf, "%d %d\n", best, row);
+                    row++;
+                    /* row header without spaces: gnuplot splits on whitespace */
+                    fprintf(f, "%s/%s%s%s", g.gr.v[gi], g.sl.v[d], g.pa.v[p][0] ? "/" : "", g.pa.v[p]);
+                    for (int k = 0; k < g.n_K; k++) {
+                        const entry *e = cell(&g, g.sc.v[s], g.gr.v[gi], g.sl.v[d], g.pa.v[p], g.Ks[k]);
+                        if (!e || e->failed) fprintf(f, " NaN");
+                        else {
+                            fprintf(f, " %.6g", e->ppl);
+                            lo = fmin(lo, e->ppl);
+                            hi = fmax(hi, e->ppl);
+                        }
+                    }
+                    fprintf(f, "\n");
+                }
+        fclose(f);
+        fclose(bf);
+    }
+    if (list) fclose(list);
+    /* marginals: geometric mean over every configuration with that axis value */
+    const char *axes[] = {"scoring", "grouping", "scaling", "K"};
+    double *v = m2d_malloc((size_t)(g.n_e + 1) * sizeof *v);
+    for (int a = 0; a < 4 && rc == 0; a++) {
+        char *name = m2d_strfmt("marginal_%s.dat", axes[a]);
+        FILE *f = open_in(dir, name);
+        free(name);
+        if (!f) {
+            rc = -1;
+            break;
+        }
+        fprintf(f, "# value geomean_ppl median_ppl best_ppl n_finite\n");
+        const names *ns = a == 0 ? &g.sc : a == 1 ? &g.gr : &g.sl;
+        int nvals = a == 3 ? g.n_K : ns->n;
+        for (int i = 0; i < nvals; i++) {
+            int n = 0;
+            for (int j = 0; j < g.n_e; j++) {
+                const entry *e = &g.e[j];
+                int match = a == 0 ? !strcmp(e->scoring, ns->v[i])
+                          : a == 1 ? !strcmp(e->grouping, ns->v[i])
+                          : a == 2 ? !strcmp(e->scaling, ns->v[i])
+                                   : e->K == g.Ks[i];
+                if (match && !e->failed) v[n++] = e->ppl;
+            }
+            char label[64];
+            if (a == 3) snprintf(label, sizeof label, "K=%d", g.Ks[i]);
+            else snprintf(label, sizeof label, "%s", ns->v[i]);
+            marginal_line(f, label, v, n);
+        }
+        fclose(f);
+    }
+    free(v);
+    if (rc == 0) {
+        FILE *f = open_in(dir, "range.txt");
+        if (!f) rc = -1;
+        else {
+            if (isfinite(lo)) fprintf(f, "%.6g %.6g\n", lo, hi > lo ? hi : lo * 1.01);
+            else fprintf(f, "1 10\n");
+            fclose(f);
+        }
+    }
+    grid_free(&g);
+    return rc;
+}

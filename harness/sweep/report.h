@@ -1,0 +1,33 @@
+/* report — the paper's Table 10/11 layout from a results CSV, a per-criterion summary, and
+ * gnuplot data files for the plots/ scripts.
+ *
+ * Table: one row per scoring x grouping x scaling (x params), one column per K (ascending); the
+ * best (lowest) PPL of each row is marked (bold); "–" for failed configurations (blow-ups);
+ * empty for configurations not in the file. PPL formatting (as in the paper): < 100 two decimals,
+ * < 1,000 one decimal, < 100,000 an integer with thousands separators, then 120k, 1.1m, 2.3b. */
+#ifndef M2D_REPORT_H
+#define M2D_REPORT_H
+
+#include <stdio.h>
+
+#include "io/results.h"
+
+typedef enum { M2D_REPORT_MD, M2D_REPORT_TEX, M2D_REPORT_CSV } m2d_report_format;
+
+/* Compact PPL text into buf ("–" for NaN / inf). */
+void m2d_report_format_ppl(double ppl, char *buf, size_t n);
+/* Long display name of a plugin ("sf" -> "Selection Frequency"); the name itself when unknown. */
+const char *m2d_report_display_name(const char *name);
+
+/* Write the table and the per-criterion summary. */
+int m2d_report_write(const m2d_results *r, m2d_report_format fmt, FILE *f);
+/* Write gnuplot inputs into DIR: heat_<scoring>.dat (PPL matrix, rows grouping/scaling,
+ * columns K, NaN for failed/absent), best_<scoring>.dat (column, row of each row's best K), marginal_<axis>.dat (per axis value: geometric-mean PPL, median, best, count),
+ * scorings.txt (the scoring names, one per line). */
+int m2d_report_plot_data(const m2d_results *r, const char *dir);
+
+/* Paper-style MC selection: for each scoring x grouping pair, the row (K, scaling) with the
+ * lowest finite PPL. Row indices into r -> *rows (malloc'd); returns the count. */
+int m2d_report_best_per_pair(const m2d_results *r, int **rows);
+
+#endif

@@ -1,0 +1,110 @@
+/* sweep_fake — a deterministic, instant backend for testing the sweep machinery (grid, dedup,
+ * CSV, resume, shards, Slurm) without a model. Its "student" is a hash of what the real pipeline's
+ * fingerprint covers; at K = k every grouping gives the same student, as in the real conversion.
+ * Test hooks: a scoring named "fail..." fails to build; params "nan" gives a non-finite PPL;
+ * $M2D_FAKE_DELAY_MS sleeps in evaluate (so tests can kill a sweep mid-run). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "sweep/sweep.h"
+#include "base/util.h"
+
+typedef struct {
+    const m2d_experiment *x;
+} fake;
+
+static void fake_fingerprint(const m2d_experiment *x, const m2d_grid_config *c, char out[65]) {
+    /* at K = k each group is one expert: the grouping cannot matter */
+    const char *grouping = c->K == x->k ? "*" : c->grouping;
+    char *s = m2d_strfmt("%s|%d|%s|%s|%s", c->scoring, c->K, grouping, c->scaling, c->params);
+    m2d_sha256_hex(s, strlen(s), out);
+    free(s);
+}
+
+static int fake_prepare(m2d_sweep_backend *b, const m2d_experiment *x, char model_hash[65], char calib_hash[65]) {
+    (void)b;
+    char *m = m2d_strfmt("fake-teacher|E=%d|k=%d", x->E, x->k);
+    m2d_sha256_hex(m, strlen(m), model_hash);
+    char *c = m2d_strfmt("%s|%s|%d|%d|%lld", model_hash, x->calib_data, x->calib_seq_len, x->calib_samples,
+                         (long long)x->calib_seed);
+    m2d_sha256_hex(c, strlen(c), calib_hash);
+    free(m);
+    free(c);
+    return 0;
+}
+
+static int fake_build(m2d_sweep_backend *b, const m2d_grid_config *c, void **student, m2d_sweep_result *res) {
+    fake *f = b->self;
+    if (strncmp(c->scoring, "fail", 4) == 0) {
+        snprintf(res->error, sizeof res->error, "unknown scoring plugin '%s'", c->scoring);
+        return -1;
+    }
+    fake_fingerprint(f->x, c, res->fingerprint);
+    res->d_dense = (int64_t)f->x->k * (f->x->d_e ? f->x->d_e : 1);
+    res->n_params = 1000000 + res->d_dense * 1000;
+    *student = m2d_strdup(res->fingerprint);
+    return 0;
+}
+
+static int fake_evaluate(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res) {
+    fake *f = b->self;
+    const char *delay = getenv("M2D_FAKE_DELAY_MS");
+    if (delay && atoi(delay) > 0) {
+        struct timespec ts = {atoi(delay) / 1000, (long)(atoi(delay) % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    const char *fp = student;
+    unsigned h = (unsigned)strtoul((char[9]){fp[0], fp[1], fp[2], fp[3], fp[4], fp[5], fp[6], fp[7], 0}, NULL, 16);
+    res->ppl = strcmp(c->params, "nan") == 0 ? NAN : 10.0 * exp((double)(h % 1000) / 250.0);
+    res->ppl_windows = f->x->ppl_max_windows ? f->x->ppl_max_windows : 1;
+    return 0;
+}
+
+static int fake_evaluate_mc(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res) {
+    (void)c;
+    fake *f = b->self;
+    const char *fp = student;
+    double avg = 0;
+    for (int t = 0; t < f->x->n_mc; t++) {
+        unsigned h = (unsigned)(fp[t % 60] * 31 + fp[(t + 1) % 60]);
+        res->mc[2 * t] = (double)(h % 100) / 100.0;
+        res->mc[2 * t + 1] = (double)((h / 7) % 100) / 100.0;
+        avg += res->mc[2 * t];
+    }
+    if (f->x->n_mc) res->mc[2 * f->x->n_mc] = avg / f->x->n_mc;
+    return 0;
+}
+
+static void fake_free_student(m2d_sweep_backend *b, void *student) {
+    (void)b;
+    free(student);
+}
+
+static void fake_destroy(m2d_sweep_backend *b) { free(b->self); }
+
+static int fake_count_distinct(m2d_sweep_backend *b, const m2d_experiment *x, const int *idx, int n) {
+    (void)b;
+    char(*fps)[65] = m2d_malloc((size_t)(n + 1) * sizeof *fps);
+    int distinct = 0;
+    for (int i = 0; i < n; i++) {
+        if (strncmp(x->configs[idx[i]].scoring, "fail", 4) == 0) continue;
+        char fp[65];
+        fake_fingerprint(x, &x->configs[idx[i]], fp);
+        int seen = 0;
+        for (int j = 0; j < distinct && !seen; j++) seen = strcmp(fps[j], fp) == 0;
+        if (!seen) memcpy(fps[distinct++], fp, 65);
+    }
+    free(fps);
+    return distinct;
+}
+
+int m2d_sweep_backend_fake(const m2d_experiment *x, m2d_sweep_backend *b) {
+    fake *f = m2d_calloc(1, sizeof *f);
+    f->x = x;
+    *b = (m2d_sweep_backend){.name = "fake", .self = f, .prepare = fake_prepare, .build = fake_build,
+                             .evaluate = fake_evaluate, .evaluate_mc = fake_evaluate_mc, .free_student = fake_free_student, .destroy = fake_destroy,
+                             .count_distinct = fake_count_distinct};
+    return 0;
+}

@@ -1,0 +1,338 @@
+/* sweep_pipeline — the real backend: calibrate once (cached by model and calibration hash) ->
+ * per configuration: plan (plugins) -> fingerprint -> build the student in memory -> perplexity.
+ *
+ * Calibration cache: CACHE_DIR/<model_hash[:16]>-<calib_hash[:16]>.m2dstats, where calib_hash is
+ * h-calib's identity of the chosen windows (token ids, L, gate convention). A cache file is used
+ * only if it reads back intact and matches both hashes; otherwise it is recomputed and written
+ * atomically, so concurrent shards at worst compute it twice.
+ *
+ * PPL (gptq protocol): the evaluation text is encoded ONCE in prepare; each student scores the
+ * same windows as m2d_ppl_gptq (tested to agree exactly). lm-eval protocol: m2d_ppl_lmeval. */
+#include <dirent.h>
+#include <math.h>
+#include <unistd.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "calib/calib.h"
+#include "convert/convert.h"
+#include "engine/engine.h"
+#include "evals/lm.h"
+#include "evals/mc.h"
+#include "evals/ppl.h"
+#include "criteria/registry.h"
+#include "sweep/sweep.h"
+#include "tokenizer/tokenizer.h"
+#include "base/util.h"
+
+typedef struct {
+    const m2d_experiment *x;
+    m2d_model *teacher;
+    m2d_tokenizer *tk;
+    m2d_stats *stats;
+    char *stats_path;       /* the cache file the statistics came from */
+    char *ppl_raw;          /* lm-eval: the raw file */
+    size_t ppl_raw_len;
+    int32_t *ppl_ids;       /* gptq: the joined rows, encoded */
+    size_t n_ppl_ids;
+} pipe_t;
+
+typedef struct {
+    m2d_convert_plan *plan;
+    m2d_model *student;
+} student_t;
+
+static int open_teacher(pipe_t *p) {
+    if (p->teacher) return 0;
+    if (m2d_model_open(p->x->model, &p->teacher)) return -1;
+    return m2d_tokenizer_load(p->x->model, &p->tk);
+}
+
+static int encode_file(const m2d_tokenizer *tk, const char *path, int32_t **ids, size_t *n) {
+    size_t len;
+    char *text = m2d_read_file(path, &len);
+    if (!text) return -1;
+    int rc = m2d_tokenizer_encode(tk, text, len, ids, n);
+    free(text);
+    if (rc) {
+        char *msg = m2d_strfmt("%s: %s", path, m2d_errmsg());
+        m2d_err("%s", msg);
+        free(msg);
+    }
+    return rc;
+}
+
+/* The calibration identity of the experiment's windows (without running anything). */
+static int calibration_identity(pipe_t *p, int32_t **ids, size_t *n_ids, char hash[65]) {
+    const m2d_experiment *x = p->x;
+    if (x->calib_seq_len > p->teacher->cfg.max_position_embeddings)
+        return m2d_err("%s: experiment '%s': calibration.seq_len %d exceeds the teacher's max_position_embeddings %d",
+                       x->file, x->name, x->calib_seq_len, p->teacher->cfg.max_position_embeddings);
+    if (encode_file(p->tk, x->calib_data, ids, n_ids)) return -1;
+    int64_t *starts = m2d_malloc((size_t)x->calib_samples * sizeof *starts);
+    int nw;
+    int rc = m2d_calib_windows((int64_t)*n_ids, x->calib_seq_len, x->calib_samples, x->calib_seed >= 0,
+                               (uint64_t)(x->calib_seed >= 0 ? x->calib_seed : 0), starts, &nw);
+    if (rc == 0)
+        m2d_calib_hash(*ids, starts, nw, x->calib_seq_len, m2d_calib_gate_convention(&p->teacher->cfg), hash);
+    free(starts);
+    return rc;
+}
+
+static char *cache_path(const m2d_experiment *x, const char *model_hash, const char *calib_hash) {
+    char *name = m2d_strfmt("%.16s-%.16s.m2dstats", model_hash, calib_hash);
+    char *path = m2d_path_join(x->cache_dir, name);
+    free(name);
+    return path;
+}
+
+/* Cached statistics if intact and matching; NULL (no error) when absent or stale. */
+static m2d_stats *read_cache(pipe_t *p, const char *path, const char *calib_hash) {
+    m2d_stats *s = NULL;
+    if (!m2d_file_exists(path)) return NULL;
+    if (m2d_stats_read(path, &s) == 0 && strcmp(s->calib_hash, calib_hash) == 0 &&
+        m2d_stats_check_model(s, path, p->teacher) == 0)
+        return s;
+    fprintf(stderr, "moe2dense sweep: %s is stale or damaged (%s): recomputing\n", path, m2d_errmsg());
+    m2d_calib_stats_free(s);
+    m2d_err_clear();
+    return NULL;
+}
+
+static int pipe_prepare(m2d_sweep_backend *b, const m2d_experiment *x, char model_hash[65], char calib_hash[65]) {
+    pipe_t *p = b->self;
+    if (open_teacher(p)) return -1;
+    memcpy(model_hash, p->teacher->weights_hash, 65);
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    if (calibration_identity(p, &ids, &n_ids, calib_hash)) {
+        free(ids);
+        return -1;
+    }
+    char *path = cache_path(x, model_hash, calib_hash);
+    p->stats = read_cache(p, path, calib_hash);
+    int rc = 0;
+    if (!p->stats) {
+        /* calibration runs before the pool: all cores */
+        m2d_calib_opts o = {x->calib_seq_len, x->calib_samples, x->calib_seed >= 0,
+                            (uint64_t)(x->calib_seed >= 0 ? x->calib_seed : 0), m2d_default_threads(), 0,
+                            x->calib_data, 1};
+        double t0 = m2d_now();
+        rc = m2d_calib_run(p->teacher, ids, (int64_t)n_ids, &o, &p->stats);
+        if (rc == 0 && strcmp(p->stats->calib_hash, calib_hash) != 0)
+            rc = m2d_err("calibration: windows hash %s differs from the expected %s (internal error)",
+                         p->stats->calib_hash, calib_hash);
+        if (rc == 0) rc = m2d_mkdir_p(x->cache_dir);
+        if (rc == 0) rc = m2d_stats_write(p->stats, path);
+        if (rc == 0)
+            fprintf(stderr, "moe2dense sweep: calibrated %d windows x %d tokens in %.1f s -> %s\n",
+                    p->stats->n_windows, x->calib_seq_len, m2d_now() - t0, path);
+    }
+    p->stats_path = path;
+    free(ids);
+    if (rc) return -1;
+    /* evaluation data, encoded once */
+    if (x->ppl_seq_len > p->teacher->cfg.max_position_embeddings)
+        return m2d_err("%s: experiment '%s': ppl.seq_len %d exceeds the teacher's max_position_embeddings %d",
+                       x->file, x->name, x->ppl_seq_len, p->teacher->cfg.max_position_embeddings);
+    p->ppl_raw = m2d_read_file(x->ppl_data, &p->ppl_raw_len);
+    if (!p->ppl_raw) return -1;
+    if (p->ppl_raw_len == 0) return m2d_err("%s: empty evaluation file", x->ppl_data);
+    if (m2d_ppl_check_utf8(x->ppl_data, p->ppl_raw, p->ppl_raw_len)) return -1;
+    if (strcmp(x->ppl_protocol, "gptq") == 0) {
+        size_t jl;
+        char *joined = m2d_ppl_gptq_text(p->ppl_raw, p->ppl_raw_len, &jl);
+        rc = m2d_tokenizer_encode(p->tk, joined, jl, &p->ppl_ids, &p->n_ppl_ids);
+        free(joined);
+        if (rc) return -1;
+        if (p->n_ppl_ids / (size_t)x->ppl_seq_len == 0)
+            return m2d_err("%s: %zu tokens is less than one window of %d", x->ppl_data, p->n_ppl_ids, x->ppl_seq_len);
+    }
+    return 0;
+}
+
+static int make_plan(pipe_t *p, const m2d_grid_config *c, m2d_convert_plan **plan) {
+    m2d_params params = {0, NULL, NULL};
+    if (m2d_params_parse(c->params, &params)) return -1;
+    m2d_convert_opts o = {.scoring = c->scoring, .grouping = c->grouping, .scaling = c->scaling, .K = c->K,
+                          .target = M2D_TARGET_DENSE, .params = params};
+    int rc = m2d_convert_plan_build(p->teacher, p->stats, &o, plan);
+    m2d_params_free(&params);
+    return rc;
+}
+
+static int pipe_build(m2d_sweep_backend *b, const m2d_grid_config *c, void **out, m2d_sweep_result *res) {
+    pipe_t *p = b->self;
+    student_t *s = m2d_calloc(1, sizeof *s);
+    if (make_plan(p, c, &s->plan) || m2d_convert_build(p->teacher, s->plan, &s->student)) {
+        snprintf(res->error, sizeof res->error, "%s", m2d_errmsg());
+        if (s->plan) m2d_convert_plan_free(s->plan);
+        free(s);
+        return -1;
+    }
+    memcpy(res->fingerprint, s->plan->fingerprint, 65);
+    res->d_dense = s->student->cfg.intermediate_size;
+    res->n_params = m2d_model_param_counts(&s->student->cfg).total;
+    *out = s;
+    return 0;
+}
+
+int m2d_sweep_ppl_tokens(m2d_engine *e, const int32_t *ids, size_t n, int L, int max_windows, double *ppl,
+                         int *windows) {
+    int nw = (int)(n / (size_t)L);
+    if (max_windows > 0) nw = M2D_MIN(nw, max_windows);
+    if (nw == 0) return m2d_err("ppl: %zu tokens is less than one window of %d", n, L);
+    double *lp = m2d_malloc(sizeof(double) * (size_t)L), nll = 0;
+    int rc = 0;
+    for (int w = 0; w < nw && rc == 0; w++) {
+        const int32_t *t = ids + (size_t)w * L;
+        /* as m2d_ppl_gptq: positions 0..L-2 predict tokens 1..L-1 */
+        rc = m2d_engine_logprobs(e, t, L - 1, t + 1, 0, lp);
+        for (int i = 0; rc == 0 && i < L - 1; i++) nll -= lp[i];
+    }
+    free(lp);
+    if (rc) return -1;
+    *windows = nw;
+    *ppl = exp(nll / ((double)nw * (L - 1)));
+    return 0;
+}
+
+static int pipe_evaluate(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res) {
+    (void)c;
+    pipe_t *p = b->self;
+    student_t *s = student;
+    const m2d_experiment *x = p->x;
+    m2d_engine *e = NULL;
+    if (m2d_engine_new(s->student, b->threads, &e)) return -1;
+    int rc;
+    if (strcmp(x->ppl_protocol, "gptq") == 0) {
+        rc = m2d_sweep_ppl_tokens(e, p->ppl_ids, p->n_ppl_ids, x->ppl_seq_len, x->ppl_max_windows, &res->ppl,
+                                  &res->ppl_windows);
+    } else {
+        m2d_ppl_result r;
+        rc = m2d_ppl_lmeval(e, p->tk, p->ppl_raw, p->ppl_raw_len, x->ppl_seq_len, x->ppl_max_windows, &r);
+        if (rc == 0) {
+            res->ppl = r.word_perplexity;
+            res->ppl_windows = r.windows;
+        }
+    }
+    m2d_engine_free(e);
+    return rc;
+}
+
+/* Remove a flat directory (the student checkpoint written for the MC scorer). */
+static void remove_flat_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+                char *f = m2d_path_join(dir, e->d_name);
+                unlink(f);
+                free(f);
+            }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+/* MC tasks: the lm-eval scorer opens a checkpoint directory, so the student is written to a
+ * temporary one (the same bits as in memory, see convert.h) and removed afterwards. */
+static int pipe_evaluate_mc(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res) {
+    (void)c;
+    pipe_t *p = b->self;
+    student_t *s = student;
+    const m2d_experiment *x = p->x;
+    char tmpl[] = "/tmp/m2d-mc-XXXXXX";
+    char *dir = mkdtemp(tmpl);
+    if (!dir) return m2d_err("multiple choice: cannot create a temporary directory");
+    m2d_lm *lm = NULL;
+    int rc = m2d_convert_write(p->teacher, s->student, s->plan, p->stats_path, dir);
+    if (rc == 0) rc = m2d_lm_engine_open(dir, b->threads, M2D_LM_CACHED, 0, &lm);
+    m2d_mc_config cfg;
+    m2d_mc_config_default(&cfg);
+    cfg.data_dir = x->mc_data_dir;
+    cfg.progress = 0;
+    double avg = 0;
+    for (int t = 0; rc == 0 && t < x->n_mc; t++) {
+        m2d_mc_results r;
+        memset(&r, 0, sizeof r);
+        rc = m2d_mc_run(lm, x->mc_tasks[t], x->mc_shots[t], x->mc_limit, &cfg, &r);
+        const m2d_mc_task_result *tr = rc == 0 ? m2d_mc_results_find(&r, x->mc_tasks[t]) : NULL;
+        if (rc == 0 && !tr) rc = m2d_err("multiple choice: no result for task '%s'", x->mc_tasks[t]);
+        if (rc == 0) {
+            res->mc[2 * t] = tr->acc;
+            res->mc[2 * t + 1] = tr->has_acc_norm ? tr->acc_norm : NAN;
+            const m2d_mc_plugin *pl = m2d_mc_plugin_find(x->mc_tasks[t]);
+            /* the paper-style average uses each task's paper metric (acc_norm where the paper does) */
+            int norm = pl && pl->paper_metric && !strcmp(pl->paper_metric, "acc_norm") && tr->has_acc_norm;
+            avg += norm ? tr->acc_norm : tr->acc;
+        }
+        m2d_mc_results_free(&r);
+    }
+    if (rc == 0 && x->n_mc) res->mc[2 * x->n_mc] = avg / x->n_mc;
+    if (lm) m2d_lm_free(lm);
+    remove_flat_dir(dir);
+    return rc;
+}
+
+static void pipe_free_student(m2d_sweep_backend *b, void *student) {
+    (void)b;
+    student_t *s = student;
+    if (!s) return;
+    m2d_convert_student_free(s->student);
+    m2d_convert_plan_free(s->plan);
+    free(s);
+}
+
+static void pipe_destroy(m2d_sweep_backend *b) {
+    pipe_t *p = b->self;
+    m2d_calib_stats_free(p->stats);
+    if (p->tk) m2d_tokenizer_free(p->tk);
+    if (p->teacher) m2d_model_close(p->teacher);
+    free(p->ppl_raw);
+    free(p->ppl_ids);
+    free(p->stats_path);
+    free(p);
+}
+
+/* Exact distinct-student count for --dry-run: needs the cached statistics (else -1); plans only,
+ * no weights are built. */
+static int pipe_count_distinct(m2d_sweep_backend *b, const m2d_experiment *x, const int *idx, int n) {
+    pipe_t *p = b->self;
+    if (open_teacher(p)) return -1;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    char calib_hash[65];
+    if (calibration_identity(p, &ids, &n_ids, calib_hash)) {
+        free(ids);
+        return -1;
+    }
+    free(ids);
+    char *path = cache_path(x, p->teacher->weights_hash, calib_hash);
+    p->stats = read_cache(p, path, calib_hash);
+    free(path);
+    if (!p->stats) return -1;
+    char(*fps)[65] = m2d_malloc((size_t)(n + 1) * sizeof *fps);
+    int distinct = 0;
+    for (int i = 0; i < n; i++) {
+        m2d_convert_plan *plan;
+        if (make_plan(p, &x->configs[idx[i]], &plan)) continue; /* fails at run time too */
+        int seen = 0;
+        for (int j = 0; j < distinct && !seen; j++) seen = strcmp(fps[j], plan->fingerprint) == 0;
+        if (!seen) memcpy(fps[distinct++], plan->fingerprint, 65);
+        m2d_convert_plan_free(plan);
+    }
+    free(fps);
+    m2d_err_clear();
+    return distinct;
+}
+
+int m2d_sweep_backend_pipeline(const m2d_experiment *x, m2d_sweep_backend *b) {
+    pipe_t *p = m2d_calloc(1, sizeof *p);
+    p->x = x;
+    *b = (m2d_sweep_backend){.name = "pipeline", .self = p, .prepare = pipe_prepare, .build = pipe_build,
+                             .evaluate = pipe_evaluate, .evaluate_mc = pipe_evaluate_mc, .free_student = pipe_free_student, .destroy = pipe_destroy,
+                             .count_distinct = pipe_count_distinct};
+    return 0;
+}

@@ -1,0 +1,1605 @@
+/* tokenizer — Hugging Face tokenizer.json (BPE model) reimplemented to give exactly the ids of
+ * Hugging Face `tokenizers` (Rust) with add_special_tokens=False.
+ *
+ * Pipeline (as HF runs it):
+ *   1. added tokens with normalized=false are cut out of the RAW text (leftmost-longest match,
+ *      honouring single_word / lstrip / rstrip);
+ *   2. every remaining segment is normalized (NFC/NFD/NFKC/NFKD via utf8proc), then added tokens
+ *      with normalized=true are cut out of the normalized segment the same way;
+ *   3. the pre-tokenizers (Split with a PCRE2 regex, ByteLevel) split the rest into pieces;
+ *   4. each piece goes through BPE (rank-ordered merges over symbol ids, memoised per call).
+ * Decoding maps ids back to token strings, undoes the byte-level alphabet, and replaces invalid
+ * UTF-8 like Rust's String::from_utf8_lossy.
+ *
+ * All mutable state of an encode lives in a per-call context, so one loaded tokenizer can be
+ * used from several threads at once. */
+#include "tokenizer/tokenizer.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cjson/cJSON.h>
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <utf8proc.h>
+
+#include "base/util.h"
+
+#define MAX_STAGES 8
+#define DEFAULT_HEAP_THRESHOLD 48
+/* ids index dense tables: bound them so a corrupt file cannot ask for gigabytes */
+#define MAX_ID 16777215
+#define MAX_ID_STR "16777215"
+
+/* ------------------------------------------------------------------------------------------ */
+/* UTF-8                                                                                        */
+
+/* Length of the valid UTF-8 sequence at s[i..n) (1..4, with *cp set), or minus the length of
+ * the maximal invalid subpart there (Unicode "substitution of maximal subparts", which is what
+ * Rust's from_utf8_lossy replaces by one U+FFFD each). */
+static int utf8_next(const unsigned char *s, size_t n, size_t i, uint32_t *cp) {
+    unsigned b = s[i];
+    if (b < 0x80) {
+        *cp = b;
+        return 1;
+    }
+    int need;
+    unsigned lo = 0x80, hi = 0xBF;
+    uint32_t c;
+    if (b >= 0xC2 && b <= 0xDF) need = 1, c = b & 0x1F;
+    else if (b == 0xE0) need = 2, c = b & 0x0F, lo = 0xA0;
+    else if (b >= 0xE1 && b <= 0xEC) need = 2, c = b & 0x0F;
+    else if (b == 0xED) need = 2, c = b & 0x0F, hi = 0x9F;
+    else if (b >= 0xEE && b <= 0xEF) need = 2, c = b & 0x0F;
+    else if (b == 0xF0) need = 3, c = b & 0x07, lo = 0x90;
+    else if (b >= 0xF1 && b <= 0xF3) need = 3, c = b & 0x07;
+    else if (b == 0xF4) need = 3, c = b & 0x07, hi = 0x8F;
+    else return -1;
+    for (int k = 1; k <= need; k++) {
+        if (i + (size_t)k >= n) return -k;
+        unsigned t = s[i + (size_t)k];
+        if (t < lo || t > hi) return -k;
+        lo = 0x80, hi = 0xBF; /* only the second byte has a narrowed range */
+        c = (c << 6) | (t & 0x3F);
+    }
+    *cp = c;
+    return need + 1;
+}
+
+/* Offset of the first invalid byte, or n when s is valid UTF-8. */
+static size_t utf8_first_invalid(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = 0;
+    uint32_t cp;
+    while (i < n) {
+        if (u[i] < 0x80) {
+            i++;
+            continue;
+        }
+        int k = utf8_next(u, n, i, &cp);
+        if (k < 0) return i;
+        i += (size_t)k;
+    }
+    return n;
+}
+
+static int utf8_put(char *out, uint32_t cp) {
+    if (cp < 0x80) return out[0] = (char)cp, 1;
+    if (cp < 0x800) {
+        out[0] = (char)(0xC0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        out[0] = (char)(0xE0 | (cp >> 12));
+        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        out[2] = (char)(0x80 | (cp & 0x3F));
+        return 3;
+    }
+    out[0] = (char)(0xF0 | (cp >> 18));
+    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+    out[3] = (char)(0x80 | (cp & 0x3F));
+    return 4;
+}
+
+/* Code point ending just before s[end] (s valid UTF-8, end > 0); *start gets its offset. */
+static uint32_t utf8_prev(const char *s, size_t end, size_t *start) {
+    size_t i = end - 1;
+    while (i > 0 && ((unsigned char)s[i] & 0xC0) == 0x80) i--;
+    uint32_t cp = 0;
+    utf8_next((const unsigned char *)s, end, i, &cp);
+    *start = i;
+    return cp;
+}
+
+static void ensure_buf(char **buf, size_t *cap, size_t need) {
+    if (need <= *cap) return;
+    *cap = M2D_MAX(need, *cap * 2);
+    *buf = m2d_realloc(*buf, *cap);
+}
+
+/* Unicode White_Space: what Rust regex `\s` and Oniguruma `\s` (Unicode) both match. */
+static int is_white_space(uint32_t c) {
+    return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+           c == 0x3000;
+}
+
+/* Rust regex `\w`: Alphabetic + Mark + Decimal_Number + Connector_Punctuation + Join_Control.
+ * Alphabetic = letters + Nl + Other_Alphabetic (mostly marks; the So letters are listed). */
+static int is_word_char(uint32_t c) {
+    if (c < 0x80) return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+    if (c == 0x200C || c == 0x200D) return 1;
+    if ((c >= 0x24B6 && c <= 0x24E9) || (c >= 0x1F130 && c <= 0x1F149) || (c >= 0x1F150 && c <= 0x1F169) ||
+        (c >= 0x1F170 && c <= 0x1F189))
+        return 1;
+    switch (utf8proc_category((utf8proc_int32_t)c)) {
+    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME: case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_PC:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Hash maps (open addressing, power-of-two tables, linear probing)                             */
+
+static uint64_t hash_bytes(const void *p, size_t n) {
+    const unsigned char *s = p;
+    uint64_t h = 0x243F6A8885A308D3ull ^ (n * 0x9E3779B97F4A7C15ull);
+    while (n >= 8) {
+        uint64_t v;
+        memcpy(&v, s, 8);
+        h = (h ^ v) * 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 31;
+        s += 8;
+        n -= 8;
+    }
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; i++) v |= (uint64_t)s[i] << (8 * i);
+    h = (h ^ v) * 0x94D049BB133111EBull;
+    h ^= h >> 29;
+    h *= 0xBF58476D1CE4E5B9ull;
+    return h ^ (h >> 32);
+}
+
+typedef struct {
+    uint64_t hash;
+    size_t off;
+    uint32_t len;
+    int32_t val;
+} strmap_entry;
+
+typedef struct {
+    char *keys;
+    size_t keys_len, keys_cap;
+    strmap_entry *e;
+    size_t n, e_cap;
+    uint32_t *slots; /* entry index + 1; 0 = empty */
+    size_t mask;
+} strmap;
+
+static void strmap_init(strmap *m, size_t expect) {
+    memset(m, 0, sizeof *m);
+    size_t cap = 16;
+    while (cap < expect * 2) cap *= 2;
+    m->slots = m2d_calloc(cap, sizeof *m->slots);
+    m->mask = cap - 1;
+}
+
+static void strmap_free(strmap *m) {
+    free(m->keys);
+    free(m->e);
+    free(m->slots);
+    memset(m, 0, sizeof *m);
+}
+
+static const strmap_entry *strmap_find(const strmap *m, const char *k, size_t n, uint64_t h) {
+    for (size_t i = h & m->mask;; i = (i + 1) & m->mask) {
+        uint32_t s = m->slots[i];
+        if (!s) return NULL;
+        const strmap_entry *e = &m->e[s - 1];
+        if (e->hash == h && e->len == n && memcmp(m->keys + e->off, k, n) == 0) return e;
+    }
+}
+
+static int32_t strmap_get(const strmap *m, const char *k, size_t n) {
+    const strmap_entry *e = strmap_find(m, k, n, hash_bytes(k, n));
+    return e ? e->val : -1;
+}
+
+static void strmap_grow(strmap *m) {
+    size_t cap = (m->mask + 1) * 2;
+    free(m->slots);
+    m->slots = m2d_calloc(cap, sizeof *m->slots);
+    m->mask = cap - 1;
+    for (size_t j = 0; j < m->n; j++) {
+        size_t i = m->e[j].hash & m->mask;
+        while (m->slots[i]) i = (i + 1) & m->mask;
+        m->slots[i] = (uint32_t)(j + 1);
+    }
+}
+
+/* Insert or overwrite (later duplicates win, like a JSON object read into a HashMap). */
+static strmap_entry *strmap_put(strmap *m, const char *k, size_t n, int32_t v) {
+    uint64_t h = hash_bytes(k, n);
+    strmap_entry *found = (strmap_entry *)strmap_find(m, k, n, h);
+    if (found) {
+        found->val = v;
+        return found;
+    }
+    if ((m->n + 1) * 2 > m->mask + 1) strmap_grow(m);
+    if (m->n == m->e_cap) {
+        m->e_cap = m->e_cap ? m->e_cap * 2 : 64;
+        m->e = m2d_realloc(m->e, m->e_cap * sizeof *m->e);
+    }
+    if (m->keys_len + n > m->keys_cap) {
+        while (m->keys_len + n > m->keys_cap) m->keys_cap = m->keys_cap ? m->keys_cap * 2 : 4096;
+        m->keys = m2d_realloc(m->keys, m->keys_cap);
+    }
+    if (n) memcpy(m->keys + m->keys_len, k, n);
+    strmap_entry *e = &m->e[m->n];
+    *e = (strmap_entry){h, m->keys_len, (uint32_t)n, v};
+    m->keys_len += n;
+    size_t i = h & m->mask;
+    while (m->slots[i]) i = (i + 1) & m->mask;
+    m->slots[i] = (uint32_t)(++m->n);
+    return e;
+}
+
+/* (left id, right id) -> (merge rank, merged id). */
+typedef struct {
+    uint64_t *keys; /* UINT64_MAX = empty (ids are < 2^31) */
+    int32_t *rank, *merged;
+    size_t mask, n;
+} pairmap;
+
+static uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t)(uint32_t)a << 32 | (uint32_t)b; }
+static size_t pair_slot(uint64_t k, size_t mask) {
+    /* full 64-bit mix: both ids must reach the low bits that the mask keeps */
+    k ^= k >> 33;
+    k *= 0xFF51AFD7ED558CCDull;
+    k ^= k >> 33;
+    return (size_t)k & mask;
+}
+
+static void pairmap_init(pairmap *p, size_t expect) {
+    size_t cap = 16;
+    while (cap < expect * 2) cap *= 2;
+    p->keys = m2d_malloc(cap * sizeof *p->keys);
+    memset(p->keys, 0xFF, cap * sizeof *p->keys);
+    p->rank = m2d_malloc(cap * sizeof *p->rank);
+    p->merged = m2d_malloc(cap * sizeof *p->merged);
+    p->mask = cap - 1;
+    p->n = 0;
+}
+
+static void pairmap_free(pairmap *p) {
+    free(p->keys);
+    free(p->rank);
+    free(p->merged);
+}
+
+/* Later duplicates overwrite earlier ones (HF collects merges into a HashMap). */
+static void pairmap_put(pairmap *p, int32_t a, int32_t b, int32_t rank, int32_t merged) {
+    uint64_t k = pair_key(a, b);
+    size_t i = pair_slot(k, p->mask);
+    while (p->keys[i] != UINT64_MAX && p->keys[i] != k) i = (i + 1) & p->mask;
+    if (p->keys[i] == UINT64_MAX) p->n++;
+    p->keys[i] = k;
+    p->rank[i] = rank;
+    p->merged[i] = merged;
+}
+
+static inline int32_t pairmap_get(const pairmap *p, int32_t a, int32_t b, int32_t *merged) {
+    uint64_t k = pair_key(a, b);
+    for (size_t i = pair_slot(k, p->mask);; i = (i + 1) & p->mask) {
+        if (p->keys[i] == k) {
+            *merged = p->merged[i];
+            return p->rank[i];
+        }
+        if (p->keys[i] == UINT64_MAX) return -1;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The tokenizer                                                                                */
+
+enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD };
+enum { SPLIT_REMOVED, SPLIT_ISOLATED, SPLIT_MERGED_PREV, SPLIT_MERGED_NEXT, SPLIT_CONTIGUOUS };
+enum { STAGE_SPLIT, STAGE_BYTELEVEL };
+
+typedef struct {
+    int kind;
+    pcre2_code *re;       /* Split pattern, or the GPT-2 regex for ByteLevel use_regex */
+    int behavior, invert; /* Split */
+    int add_prefix_space; /* ByteLevel */
+} stage;
+
+typedef struct {
+    char *content; /* as given in tokenizer.json (what id -> token returns) */
+    size_t len;
+    char *match; /* what is searched for: content, normalized when normalized=true */
+    size_t match_len;
+    int32_t id;
+    int single_word, lstrip, rstrip, normalized, special;
+} added_token;
+
+/* Added tokens matched leftmost-longest (HF: Aho-Corasick, MatchKind::LeftmostLongest). */
+typedef struct {
+    int *idx;         /* indices into tk->added, bucketed by first byte */
+    int start[257];   /* bucket b is idx[start[b] .. start[b+1]) */
+    int n;
+} added_set;
+
+struct m2d_tokenizer {
+    char *path;
+    strmap vocab;            /* model vocab: token -> id */
+    pairmap merges;
+    int32_t char_id[0x800];  /* vocab id of each one-character token below U+0800, -1 if none */
+    int32_t n_ids;           /* max id + 1 */
+    char **id_tok;           /* id -> token string (added tokens override), NULL for holes */
+    uint32_t *id_len;
+    added_token *added;
+    int n_added;
+    added_set raw_set, norm_set;
+    int norms[MAX_STAGES], n_norms;
+    stage stages[MAX_STAGES];
+    int n_stages;
+    int byte_level_decoder; /* else tokens are joined with ' ' (HF without a decoder) */
+    int32_t unk_id;         /* -1 when model.unk_token is null */
+    int fuse_unk, byte_fallback, ignore_merges;
+    char *subword_prefix, *word_suffix; /* continuing_subword_prefix / end_of_word_suffix */
+    int32_t byte_fallback_id[256];
+    int32_t bos_id, eos_id;
+    size_t heap_threshold;
+    int slow_paths; /* testing: full-text utf8proc NFC instead of nfc_fast */
+};
+
+/* GPT-2 byte <-> unicode alphabet (bytes_to_unicode): printable bytes map to themselves, the
+ * others to U+0100 onwards in byte order. */
+static void byte_level_alphabet(uint32_t byte_to_cp[256]) {
+    uint32_t next = 256;
+    for (int b = 0; b < 256; b++) {
+        int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        byte_to_cp[b] = printable ? (uint32_t)b : next++;
+    }
+}
+
+static int16_t g_cp_to_byte[0x144]; /* -1 when the code point is not in the alphabet */
+static char g_byte_utf8[256][2];
+static unsigned char g_byte_utf8_len[256];
+
+static void init_byte_tables(void) {
+    static int done;
+    if (__atomic_load_n(&done, __ATOMIC_ACQUIRE)) return;
+    uint32_t b2c[256];
+    int16_t c2b[0x144];
+    byte_level_alphabet(b2c);
+    for (size_t i = 0; i < 0x144; i++) c2b[i] = -1;
+    for (int b = 0; b < 256; b++) c2b[b2c[b]] = (int16_t)b;
+    /* idempotent: racing initialisers write identical values */
+    for (int b = 0; b < 256; b++) {
+        char tmp[4];
+        int k = utf8_put(tmp, b2c[b]);
+        g_byte_utf8_len[b] = (unsigned char)k;
+        memcpy(g_byte_utf8[b], tmp, (size_t)k);
+    }
+    memcpy(g_cp_to_byte, c2b, sizeof c2b);
+    __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Loading                                                                                      */
+
+typedef struct {
+    const char *path;
+} loadctx;
+
+static int field_err(const loadctx *L, const char *field, const char *what) {
+    return m2d_err("%s: field '%s': %s", L->path, field, what);
+}
+
+static const cJSON *get_field(const cJSON *obj, const char *name) {
+    return cJSON_IsObject(obj) ? cJSON_GetObjectItemCaseSensitive(obj, name) : NULL;
+}
+
+static int get_bool(const loadctx *L, const cJSON *obj, const char *name, const char *field, int dflt, int *out) {
+    const cJSON *v = get_field(obj, name);
+    if (!v || cJSON_IsNull(v)) {
+        *out = dflt;
+        return 0;
+    }
+    if (!cJSON_IsBool(v)) return field_err(L, field, "expected true or false");
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+/* Optional string: NULL for absent/null. */
+static int get_opt_string(const loadctx *L, const cJSON *obj, const char *name, const char *field, const char **out) {
+    const cJSON *v = get_field(obj, name);
+    *out = NULL;
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsString(v)) return field_err(L, field, "expected a string");
+    *out = v->valuestring;
+    return 0;
+}
+
+static int unsupported(const loadctx *L, const char *field, const char *value, const char *supported) {
+    return m2d_err("%s: field '%s': '%s' not supported (supported: %s)", L->path, field, value, supported);
+}
+
+/* HF compiles patterns with Oniguruma (Ruby syntax, Unicode). Where a PCRE2 (UTF+UCP) escape
+ * means something else, rewrite it to Oniguruma's meaning:
+ *   \s  U+0009..U+000D, U+0085, Zs, Zl, Zp  (PCRE2 adds U+180E)
+ *   \w  Letter, Mark, Number, Connector_Punctuation  (PCRE2 10.42: letters, numbers, '_')
+ *   \h  hexadecimal digit  (PCRE2: horizontal whitespace)
+ * Upper-case forms outside a class become the negated class; inside a class only the
+ * lower-case forms are rewritten. Everything else passes through. */
+static const char *onig_class_body(char d) {
+    switch (d) {
+    case 's': case 'S': return "\\t-\\r\\x{85}\\p{Z}";
+    case 'w': case 'W': return "\\p{L}\\p{M}\\p{N}\\p{Pc}";
+    case 'h': case 'H': return "0-9a-fA-F";
+    default: return NULL;
+    }
+}
+
+static char *onig_compatible_pattern(const char *p) {
+    size_t n = strlen(p), cap = n * 4 + 64, o = 0;
+    char *out = m2d_malloc(cap);
+    int in_class = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (o + 40 > cap) out = m2d_realloc(out, cap *= 2);
+        char c = p[i];
+        if (c == '\\' && i + 1 < n) {
+            char d = p[i + 1];
+            const char *body = onig_class_body(d);
+            int upper = d >= 'A' && d <= 'Z';
+            if (body && !(in_class && upper)) {
+                const char *open = in_class ? "" : (upper ? "[^" : "[");
+                const char *close = in_class ? "" : "]";
+                o += (size_t)snprintf(out + o, cap - o, "%s%s%s", open, body, close);
+            } else {
+                out[o++] = c;
+                out[o++] = d;
+            }
+            i++;
+            continue;
+        }
+        if (c == '[' && !in_class) {
+            in_class = 1;
+            out[o++] = c;
+            /* a ']' right after '[' or '[^' is a literal */
+            if (i + 1 < n && p[i + 1] == '^') out[o++] = p[++i];
+            if (i + 1 < n && p[i + 1] == ']') out[o++] = p[++i];
+            continue;
+        }
+        if (c == '[' && in_class) in_class++; /* nested class / POSIX [:name:] */
+        else if (c == ']' && in_class) in_class--;
+        out[o++] = c;
+    }
+    out[o] = 0;
+    return out;
+}
+
+static int compile_regex(const loadctx *L, const char *field, const char *pattern, int literal, pcre2_code **out) {
+    int errcode;
+    PCRE2_SIZE erroff;
+    char *pat = literal ? m2d_strdup(pattern) : onig_compatible_pattern(pattern);
+    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, opts, &errcode, &erroff, NULL);
+    free(pat);
+    if (!re) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(errcode, msg, sizeof msg);
+        return m2d_err("%s: field '%s': cannot compile regex: %s", L->path, field, (const char *)msg);
+    }
+    pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* optional speed-up; the interpreter is the fallback */
+    *out = re;
+    return 0;
+}
+
+static const char GPT2_PATTERN[] =
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+static int load_pre_tokenizer(m2d_tokenizer *tk, const loadctx *L, const cJSON *pt, const char *field) {
+    if (!pt || cJSON_IsNull(pt)) return 0;
+    char f[256];
+    snprintf(f, sizeof f, "%s.type", field);
+    const char *type;
+    if (get_opt_string(L, pt, "type", f, &type)) return -1;
+    if (!type) return field_err(L, f, "missing");
+    if (!strcmp(type, "Sequence")) {
+        snprintf(f, sizeof f, "%s.pretokenizers", field);
+        const cJSON *list = get_field(pt, "pretokenizers");
+        if (!cJSON_IsArray(list)) return field_err(L, f, "expected an array");
+        int i = 0;
+        for (const cJSON *c = list->child; c; c = c->next, i++) {
+            char sub[256];
+            snprintf(sub, sizeof sub, "%s.pretokenizers[%d]", field, i);
+            if (load_pre_tokenizer(tk, L, c, sub)) return -1;
+        }
+        return 0;
+    }
+    if (tk->n_stages == MAX_STAGES) return field_err(L, field, "too many pre-tokenizers");
+    stage *st = &tk->stages[tk->n_stages];
+    memset(st, 0, sizeof *st);
+    if (!strcmp(type, "Split")) {
+        st->kind = STAGE_SPLIT;
+        snprintf(f, sizeof f, "%s.pattern", field);
+        const cJSON *pat = get_field(pt, "pattern");
+        const cJSON *rx = get_field(pat, "Regex"), *str = get_field(pat, "String");
+        if (cJSON_IsString(rx)) {
+            snprintf(f, sizeof f, "%s.pattern.Regex", field);
+            if (compile_regex(L, f, rx->valuestring, 0, &st->re)) return -1;
+        } else if (cJSON_IsString(str)) {
+            snprintf(f, sizeof f, "%s.pattern.String", field);
+            /* an empty String pattern never matches: the whole input is one non-match */
+            if (str->valuestring[0] && compile_regex(L, f, str->valuestring, 1, &st->re)) return -1;
+        } else {
+            return field_err(L, f, "expected {\"Regex\": ...} or {\"String\": ...}");
+        }
+        tk->n_stages++; /* owns st->re from here on */
+        snprintf(f, sizeof f, "%s.behavior", field);
+        const char *beh;
+        if (get_opt_string(L, pt, "behavior", f, &beh)) return -1;
+        static const char *names[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
+        st->behavior = -1;
+        for (int i = 0; i < 5; i++)
+            if (beh && !strcmp(beh, names[i])) st->behavior = i;
+        if (st->behavior < 0)
+            return unsupported(L, f, beh ? beh : "(missing)",
+                               "Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous");
+        snprintf(f, sizeof f, "%s.invert", field);
+        return get_bool(L, pt, "invert", f, 0, &st->invert);
+    }
+    if (!strcmp(type, "ByteLevel")) {
+        st->kind = STAGE_BYTELEVEL;
+        int use_regex;
+        snprintf(f, sizeof f, "%s.add_prefix_space", field);
+        if (get_bool(L, pt, "add_prefix_space", f, 1, &st->add_prefix_space)) return -1;
+        snprintf(f, sizeof f, "%s.use_regex", field);
+        if (get_bool(L, pt, "use_regex", f, 1, &use_regex)) return -1;
+        if (use_regex && compile_regex(L, field, GPT2_PATTERN, 0, &st->re)) return -1;
+        tk->n_stages++;
+        return 0;
+    }
+    snprintf(f, sizeof f, "%s.type", field);
+    return unsupported(L, f, type, "Split, ByteLevel, Sequence");
+}
+
+static int load_normalizer(m2d_tokenizer *tk, const loadctx *L, const cJSON *nz, const char *field) {
+    if (!nz || cJSON_IsNull(nz)) return 0;
+    char f[256];
+    snprintf(f, sizeof f, "%s.type", field);
+    const char *type;
+    if (get_opt_string(L, nz, "type", f, &type)) return -1;
+    if (!type) return field_err(L, f, "missing");
+    if (!strcmp(type, "Sequence")) {
+        snprintf(f, sizeof f, "%s.normalizers", field);
+        const cJSON *list = get_field(nz, "normalizers");
+        if (!cJSON_IsArray(list)) return field_err(L, f, "expected an array");
+        int i = 0;
+        for (const cJSON *c = list->child; c; c = c->next, i++) {
+            char sub[256];
+            snprintf(sub, sizeof sub, "%s.normalizers[%d]", field, i);
+            if (load_normalizer(tk, L, c, sub)) return -1;
+        }
+        return 0;
+    }
+    static const char *names[] = {"NFC", "NFD", "NFKC", "NFKD"};
+    for (int i = 0; i < 4; i++) {
+        if (strcmp(type, names[i])) continue;
+        if (tk->n_norms == MAX_STAGES) return field_err(L, field, "too many normalizers");
+        tk->norms[tk->n_norms++] = i;
+        return 0;
+    }
+    return unsupported(L, f, type, "NFC, NFD, NFKC, NFKD, Sequence");
+}
+
+static char *utf8proc_normal_form(const char *s, size_t *n, int form) {
+    int opt = UTF8PROC_STABLE;
+    switch (form) {
+    case NORM_NFC: opt |= UTF8PROC_COMPOSE; break;
+    case NORM_NFD: opt |= UTF8PROC_DECOMPOSE; break;
+    case NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
+    default: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+    }
+    utf8proc_uint8_t *out = NULL;
+    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)*n, &out, (utf8proc_option_t)opt);
+    if (r < 0) { /* cannot happen on valid UTF-8 */
+        free(out);
+        return NULL;
+    }
+    *n = (size_t)r;
+    return (char *)out;
+}
+
+/* NFC touching only what can change. Characters below U+0300 (UTF-8 lead byte < 0xCC) are NFC
+ * on their own, and the text can be cut before any ASCII character: it is a starter that never
+ * composes with what precedes it and blocks canonical reordering. So only the stretches from the
+ * last ASCII character before a character >= U+0300 to the next ASCII character are normalized.
+ * Returns NULL when s is already NFC. */
+static char *nfc_fast(const char *s, size_t *n) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t len = *n, copied = 0, i = 0;
+    char *out = NULL;
+    size_t o = 0, cap = 0;
+    while (i < len) {
+        if (u[i] < 0xCC) {
+            i++;
+            continue;
+        }
+        size_t r = i, e = i;
+        while (r > copied && u[r] >= 0x80) r--; /* back to an ASCII character (or the copied end) */
+        while (e < len && u[e] >= 0x80) e++;    /* on to the next ASCII character */
+        size_t m = e - r;
+        char *norm = utf8proc_normal_form(s + r, &m, NORM_NFC);
+        if (!norm) return out; /* not reached */
+        if (!out) out = m2d_malloc(cap = len + len / 4 + 16);
+        ensure_buf(&out, &cap, o + (r - copied) + m + 1);
+        memcpy(out + o, s + copied, r - copied), o += r - copied;
+        memcpy(out + o, norm, m), o += m;
+        free(norm);
+        copied = i = e;
+    }
+    if (!out) return NULL;
+    ensure_buf(&out, &cap, o + (len - copied) + 1);
+    memcpy(out + o, s + copied, len - copied), o += len - copied;
+    out[o] = 0;
+    *n = o;
+    return out;
+}
+
+/* Apply the normalizers to s[0..n). Returns s itself (*owned = NULL) when nothing changes,
+ * else a malloc'd string stored in *owned. */
+static const char *normalize(const m2d_tokenizer *tk, const char *s, size_t *n, char **owned) {
+    *owned = NULL;
+    if (!tk->n_norms) return s;
+    int ascii = 1;
+    for (size_t i = 0; i < *n && ascii; i++) ascii = (unsigned char)s[i] < 0x80;
+    if (ascii) return s; /* ASCII is invariant under all four normal forms */
+    const char *cur = s;
+    for (int k = 0; k < tk->n_norms; k++) {
+        char *next = tk->norms[k] == NORM_NFC && !tk->slow_paths ? nfc_fast(cur, n) : utf8proc_normal_form(cur, n, tk->norms[k]);
+        if (!next) continue;
+        free(*owned);
+        *owned = next;
+        cur = next;
+    }
+    return cur;
+}
+
+static int build_added_set(m2d_tokenizer *tk, added_set *set, int normalized) {
+    int count[256] = {0};
+    set->n = 0;
+    for (int i = 0; i < tk->n_added; i++)
+        if (tk->added[i].normalized == normalized && tk->added[i].match_len) count[(unsigned char)tk->added[i].match[0]]++, set->n++;
+    set->idx = m2d_malloc((size_t)(set->n ? set->n : 1) * sizeof *set->idx);
+    set->start[0] = 0;
+    for (int b = 0; b < 256; b++) set->start[b + 1] = set->start[b] + count[b];
+    int fill[256];
+    memcpy(fill, set->start, sizeof fill);
+    for (int i = 0; i < tk->n_added; i++)
+        if (tk->added[i].normalized == normalized && tk->added[i].match_len)
+            set->idx[fill[(unsigned char)tk->added[i].match[0]]++] = i;
+    return 0;
+}
+
+static int load_added_tokens(m2d_tokenizer *tk, const loadctx *L, const cJSON *list) {
+    if (!list || cJSON_IsNull(list)) return 0;
+    if (!cJSON_IsArray(list)) return field_err(L, "added_tokens", "expected an array");
+    int n = cJSON_GetArraySize(list);
+    tk->added = m2d_calloc((size_t)(n ? n : 1), sizeof *tk->added);
+    int i = 0;
+    for (const cJSON *t = list->child; t; t = t->next, i++) {
+        char f[96];
+        added_token *a = &tk->added[tk->n_added];
+        const cJSON *id = get_field(t, "id"), *content = get_field(t, "content");
+        snprintf(f, sizeof f, "added_tokens[%d].id", i);
+        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > MAX_ID ||
+            id->valuedouble != (double)(int32_t)id->valuedouble)
+            return field_err(L, f, "expected an integer id in [0, " MAX_ID_STR "]");
+        snprintf(f, sizeof f, "added_tokens[%d].content", i);
+        if (!cJSON_IsString(content)) return field_err(L, f, "expected a string");
+        a->id = (int32_t)id->valuedouble;
+        struct { const char *name; int *dst; int dflt; } flags[] = {
+            {"single_word", &a->single_word, 0}, {"lstrip", &a->lstrip, 0}, {"rstrip", &a->rstrip, 0},
+            {"normalized", &a->normalized, 1}, {"special", &a->special, 0}};
+        for (size_t k = 0; k < M2D_ARRAY_LEN(flags); k++) {
+            snprintf(f, sizeof f, "added_tokens[%d].%s", i, flags[k].name);
+            if (get_bool(L, t, flags[k].name, f, flags[k].dflt, flags[k].dst)) return -1;
+        }
+        size_t len = strlen(content->valuestring);
+        if (utf8_first_invalid(content->valuestring, len) != len) return field_err(L, f, "invalid UTF-8");
+        a->content = m2d_strdup(content->valuestring);
+        a->len = len;
+        a->match = m2d_strdup(content->valuestring);
+        a->match_len = len;
+        tk->n_added++;
+    }
+    return 0;
+}
+
+static int32_t lookup_model_token(const m2d_tokenizer *tk, const char *s, size_t n) {
+    return strmap_get(&tk->vocab, s, n);
+}
+
+/* model.vocab {token: id}, and model.unk_token (UNK, may be NULL) looked up in it. */
+static int load_vocab(m2d_tokenizer *tk, const loadctx *L, const cJSON *model, const char *unk) {
+    const cJSON *vocab = get_field(model, "vocab");
+    if (!cJSON_IsObject(vocab)) return field_err(L, "model.vocab", "expected an object {token: id}");
+    int nv = cJSON_GetArraySize(vocab);
+    strmap_init(&tk->vocab, (size_t)nv);
+    for (const cJSON *v = vocab->child; v; v = v->next) {
+        if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > MAX_ID ||
+            v->valuedouble != (double)(int32_t)v->valuedouble) {
+            char f[160];
+            snprintf(f, sizeof f, "model.vocab.%.120s", v->string);
+            return field_err(L, f, "expected an integer id in [0, " MAX_ID_STR "]");
+        }
+        strmap_put(&tk->vocab, v->string, strlen(v->string), (int32_t)v->valuedouble);
+    }
+    tk->unk_id = -1;
+    if (unk) {
+        tk->unk_id = lookup_model_token(tk, unk, strlen(unk));
+        if (tk->unk_id < 0) return field_err(L, "model.unk_token", "not in model.vocab");
+    }
+    return 0;
+}
+
+/* model.merges, in rank order: each pair and its merged token must be in the vocab. */
+static int load_merges(m2d_tokenizer *tk, const loadctx *L, const cJSON *model) {
+    const cJSON *merges = get_field(model, "merges");
+    if (!cJSON_IsArray(merges)) return field_err(L, "model.merges", "expected an array");
+    int nm = cJSON_GetArraySize(merges);
+    pairmap_init(&tk->merges, (size_t)nm);
+    size_t plen = tk->subword_prefix ? strlen(tk->subword_prefix) : 0;
+    char *joined = NULL;
+    size_t jcap = 0;
+    int rank = 0;
+    for (const cJSON *m = merges->child; m; m = m->next, rank++) {
+        char f[64];
+        snprintf(f, sizeof f, "model.merges[%d]", rank);
+        const char *a, *b;
+        size_t alen, blen;
+        if (cJSON_IsString(m)) { /* legacy "a b" */
+            const char *sp = strchr(m->valuestring, ' ');
+            if (!sp) {
+                free(joined);
+                return field_err(L, f, "expected \"left right\" (two tokens separated by a space)");
+            }
+            a = m->valuestring, alen = (size_t)(sp - a);
+            b = sp + 1, blen = strlen(b);
+        } else if (cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2 && cJSON_IsString(m->child) &&
+                   cJSON_IsString(m->child->next)) { /* ["a", "b"] (tokenizers >= 0.20) */
+            a = m->child->valuestring, alen = strlen(a);
+            b = m->child->next->valuestring, blen = strlen(b);
+        } else {
+            free(joined);
+            return field_err(L, f, "expected \"left right\" or [\"left\", \"right\"]");
+        }
+        int32_t ia = lookup_model_token(tk, a, alen), ib = lookup_model_token(tk, b, blen);
+        if (blen < plen) {
+            free(joined);
+            return m2d_err("%s: field '%s': right token '%.*s' is shorter than model.continuing_subword_prefix", L->path, f,
+                           (int)blen, b);
+        }
+        if (ia < 0 || ib < 0) {
+            free(joined);
+            return m2d_err("%s: field '%s': token '%.*s' is not in model.vocab", L->path, f,
+                           (int)(ia < 0 ? alen : blen), ia < 0 ? a : b);
+        }
+        if (alen + blen + 1 > jcap) joined = m2d_realloc(joined, jcap = (alen + blen) * 2 + 16);
+        memcpy(joined, a, alen);
+        memcpy(joined + alen, b + plen, blen - plen);
+        int32_t im = lookup_model_token(tk, joined, alen + blen - plen);
+        if (im < 0) {
+            m2d_err("%s: field '%s': merged token '%.*s' is not in model.vocab", L->path, f,
+                    (int)(alen + blen - plen), joined);
+            free(joined);
+            return -1;
+        }
+        pairmap_put(&tk->merges, ia, ib, rank, im);
+    }
+    free(joined);
+    return 0;
+}
+
+static int load_model(m2d_tokenizer *tk, const loadctx *L, const cJSON *model) {
+    if (!cJSON_IsObject(model)) return field_err(L, "model", "expected an object");
+    const char *type;
+    if (get_opt_string(L, model, "type", "model.type", &type)) return -1;
+    /* HF also accepts an untagged model; one with merges is a BPE */
+    if (type ? strcmp(type, "BPE") != 0 : !get_field(model, "merges"))
+        return unsupported(L, "model.type", type ? type : "(missing)", "BPE");
+    const cJSON *dropout = get_field(model, "dropout");
+    if (dropout && !cJSON_IsNull(dropout) && !(cJSON_IsNumber(dropout) && dropout->valuedouble == 0))
+        return m2d_err("%s: field 'model.dropout': BPE dropout is random and not supported (need null)", L->path);
+    const char *prefix, *suffix, *unk;
+    if (get_opt_string(L, model, "continuing_subword_prefix", "model.continuing_subword_prefix", &prefix) ||
+        get_opt_string(L, model, "end_of_word_suffix", "model.end_of_word_suffix", &suffix) ||
+        get_opt_string(L, model, "unk_token", "model.unk_token", &unk) ||
+        get_bool(L, model, "fuse_unk", "model.fuse_unk", 0, &tk->fuse_unk) ||
+        get_bool(L, model, "byte_fallback", "model.byte_fallback", 0, &tk->byte_fallback) ||
+        get_bool(L, model, "ignore_merges", "model.ignore_merges", 0, &tk->ignore_merges))
+        return -1;
+    if (prefix && *prefix) tk->subword_prefix = m2d_strdup(prefix);
+    if (suffix && *suffix) tk->word_suffix = m2d_strdup(suffix);
+    return load_vocab(tk, L, model, unk) || load_merges(tk, L, model) ? -1 : 0;
+}
+
+static int load_decoder(m2d_tokenizer *tk, const loadctx *L, const cJSON *dec) {
+    if (!dec || cJSON_IsNull(dec)) return 0;
+    const char *type;
+    if (get_opt_string(L, dec, "type", "decoder.type", &type)) return -1;
+    if (type && !strcmp(type, "ByteLevel")) {
+        tk->byte_level_decoder = 1;
+        return 0;
+    }
+    return unsupported(L, "decoder.type", type ? type : "(missing)", "ByteLevel, null");
+}
+
+/* bos/eos from tokenizer_config.json: a string, null, or {"content": ...} (AddedToken form). */
+static int config_token(m2d_tokenizer *tk, const loadctx *L, const cJSON *cfg, const char *name, int32_t *out) {
+    *out = -1;
+    const cJSON *v = get_field(cfg, name);
+    if (!v || cJSON_IsNull(v)) return 0;
+    const cJSON *content = cJSON_IsObject(v) ? get_field(v, "content") : v;
+    if (!cJSON_IsString(content)) return field_err(L, name, "expected a string, null or {\"content\": ...}");
+    int32_t id = m2d_tokenizer_token_id(tk, content->valuestring);
+    if (id < 0) return m2d_err("%s: field '%s': token '%s' is not in the vocabulary", L->path, name, content->valuestring);
+    *out = id;
+    return 0;
+}
+
+static cJSON *parse_json_file(const char *path) {
+    size_t len;
+    char *text = m2d_read_file(path, &len);
+    if (!text) return NULL;
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    if (!root) {
+        const char *at = cJSON_GetErrorPtr();
+        size_t off = at && at >= text && at <= text + len ? (size_t)(at - text) : 0;
+        m2d_err("%s: invalid JSON near byte offset %zu", path, off);
+    }
+    free(text);
+    return root;
+}
+
+static int load_config(m2d_tokenizer *tk, const char *json_path) {
+    const char *slash = strrchr(json_path, '/');
+    char *dir = slash ? m2d_strfmt("%.*s", (int)(slash - json_path), json_path) : m2d_strdup(".");
+    char *cfg_path = m2d_path_join(dir, "tokenizer_config.json");
+    free(dir);
+    int rc = 0;
+    if (m2d_file_exists(cfg_path)) {
+        cJSON *cfg = parse_json_file(cfg_path);
+        loadctx L = {cfg_path};
+        if (!cfg) rc = -1;
+        else if (!cJSON_IsObject(cfg)) rc = m2d_err("%s: expected a JSON object", cfg_path);
+        else rc = config_token(tk, &L, cfg, "bos_token", &tk->bos_id) || config_token(tk, &L, cfg, "eos_token", &tk->eos_id) ? -1 : 0;
+        cJSON_Delete(cfg);
+    }
+    free(cfg_path);
+    return rc;
+}
+
+/* id -> token table and the one-character lookup table. */
+static void build_id_tables(m2d_tokenizer *tk) {
+    int32_t max_id = -1;
+    for (size_t i = 0; i < tk->vocab.n; i++) max_id = M2D_MAX(max_id, tk->vocab.e[i].val);
+    for (int i = 0; i < tk->n_added; i++) max_id = M2D_MAX(max_id, tk->added[i].id);
+    tk->n_ids = max_id + 1;
+    tk->id_tok = m2d_calloc((size_t)(tk->n_ids ? tk->n_ids : 1), sizeof *tk->id_tok);
+    tk->id_len = m2d_calloc((size_t)(tk->n_ids ? tk->n_ids : 1), sizeof *tk->id_len);
+    for (size_t i = 0; i < tk->vocab.n; i++) {
+        const strmap_entry *e = &tk->vocab.e[i];
+        tk->id_tok[e->val] = tk->vocab.keys + e->off; /* keys arena is final now */
+        tk->id_len[e->val] = e->len;
+    }
+    for (int i = 0; i < tk->n_added; i++) { /* HF looks up added tokens first */
+        tk->id_tok[tk->added[i].id] = tk->added[i].content;
+        tk->id_len[tk->added[i].id] = (uint32_t)tk->added[i].len;
+    }
+    for (uint32_t cp = 0; cp < 0x800; cp++) {
+        char buf[4];
+        int k = utf8_put(buf, cp);
+        tk->char_id[cp] = lookup_model_token(tk, buf, (size_t)k);
+    }
+    for (int b = 0; b < 256; b++) {
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", b);
+        tk->byte_fallback_id[b] = lookup_model_token(tk, name, strlen(name));
+    }
+}
+
+int m2d_tokenizer_load(const char *path, m2d_tokenizer **out) {
+    *out = NULL;
+    init_byte_tables();
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return m2d_err("%s: cannot open: %s (want a tokenizer.json or a directory holding one)", path, strerror(errno));
+    /* a directory holds tokenizer.json; anything else is taken as the file itself */
+    char *json_path = S_ISDIR(st.st_mode) ? m2d_path_join(path, "tokenizer.json") : m2d_strdup(path);
+    cJSON *root = parse_json_file(json_path);
+    if (!root) {
+        free(json_path);
+        return -1;
+    }
+    m2d_tokenizer *tk = m2d_calloc(1, sizeof *tk);
+    tk->path = json_path;
+    tk->bos_id = tk->eos_id = tk->unk_id = -1;
+    tk->heap_threshold = DEFAULT_HEAP_THRESHOLD;
+    loadctx L = {json_path};
+    int rc = -1;
+    if (!cJSON_IsObject(root)) {
+        m2d_err("%s: expected a JSON object", json_path);
+        goto done;
+    }
+    if (load_model(tk, &L, get_field(root, "model")) || load_added_tokens(tk, &L, get_field(root, "added_tokens")) ||
+        load_normalizer(tk, &L, get_field(root, "normalizer"), "normalizer") ||
+        load_pre_tokenizer(tk, &L, get_field(root, "pre_tokenizer"), "pre_tokenizer") ||
+        load_decoder(tk, &L, get_field(root, "decoder")))
+        goto done;
+    /* tokens matched after normalization are themselves normalized first (HF does the same) */
+    for (int i = 0; i < tk->n_added; i++) {
+        added_token *a = &tk->added[i];
+        if (!a->normalized) continue;
+        char *owned;
+        size_t n = a->match_len;
+        const char *s = normalize(tk, a->match, &n, &owned);
+        if (owned) {
+            a->match = m2d_realloc(a->match, n + 1);
+            memcpy(a->match, s, n);
+            a->match[n] = 0;
+            a->match_len = n;
+            free(owned);
+        }
+    }
+    build_added_set(tk, &tk->raw_set, 0);
+    build_added_set(tk, &tk->norm_set, 1);
+    build_id_tables(tk);
+    if (load_config(tk, json_path)) goto done;
+    rc = 0;
+done:
+    cJSON_Delete(root);
+    if (rc) m2d_tokenizer_free(tk);
+    else *out = tk;
+    return rc;
+}
+
+void m2d_tokenizer_free(m2d_tokenizer *tk) {
+    if (!tk) return;
+    strmap_free(&tk->vocab);
+    pairmap_free(&tk->merges);
+    for (int i = 0; i < tk->n_added; i++) {
+        free(tk->added[i].content);
+        free(tk->added[i].match);
+    }
+    free(tk->added);
+    free(tk->raw_set.idx);
+    free(tk->norm_set.idx);
+    for (int i = 0; i < tk->n_stages; i++) pcre2_code_free(tk->stages[i].re);
+    free(tk->id_tok);
+    free(tk->id_len);
+    free(tk->subword_prefix);
+    free(tk->word_suffix);
+    free(tk->path);
+    free(tk);
+}
+
+int m2d_tokenizer_vocab_size(const m2d_tokenizer *tk) { return tk->n_ids; }
+int m2d_tokenizer_bos_id(const m2d_tokenizer *tk) { return tk->bos_id; }
+int m2d_tokenizer_eos_id(const m2d_tokenizer *tk) { return tk->eos_id; }
+
+int m2d_tokenizer_token_id(const m2d_tokenizer *tk, const char *token) {
+    size_t n = strlen(token);
+    for (int i = 0; i < tk->n_added; i++) /* HF: added tokens first, then the model */
+        if (tk->added[i].len == n && !memcmp(tk->added[i].content, token, n)) return tk->added[i].id;
+    return lookup_model_token(tk, token, n);
+}
+
+const char *m2d_tokenizer_id_token(const m2d_tokenizer *tk, int32_t id, size_t *len) {
+    if (id < 0 || id >= tk->n_ids || !tk->id_tok[id]) return NULL;
+    if (len) *len = tk->id_len[id];
+    return tk->id_tok[id];
+}
+
+void m2d_tokenizer_set_bpe_heap_threshold(m2d_tokenizer *tk, size_t n) { tk->heap_threshold = n; }
+void m2d_tokenizer_set_reference_nfc(m2d_tokenizer *tk, int on) { tk->slow_paths = on; }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Encoding                                                                                     */
+
+typedef struct {
+    size_t s, e;
+    int m;
+} span;
+
+typedef struct {
+    char *buf, *buf2;
+    size_t cap, cap2;
+    span *spans;
+    size_t nspans, spans_cap;
+} depth_scratch;
+
+typedef struct {
+    const m2d_tokenizer *tk;
+    int32_t *ids;
+    size_t n, cap;
+    depth_scratch depth[MAX_STAGES + 1];
+    pcre2_match_data *md;
+    /* memo: piece bytes -> ids (value = offset into memo_ids; lengths in memo_len) */
+    strmap memo;
+    int32_t *memo_ids;
+    size_t memo_n, memo_cap;
+    uint32_t *memo_len;
+    size_t memo_len_cap;
+    /* BPE scratch */
+    int32_t *sym, *prev, *next;
+    size_t sym_cap;
+    struct heap_item { int32_t rank, pos; } *heap;
+    size_t heap_cap;
+    int error;
+} enc_ctx;
+
+static void emit(enc_ctx *c, int32_t id) {
+    if (c->n == c->cap) c->ids = m2d_realloc(c->ids, (c->cap = c->cap ? c->cap * 2 : 1024) * sizeof *c->ids);
+    c->ids[c->n++] = id;
+}
+
+
+/* -- BPE ----------------------------------------------------------------------------------- */
+
+static void sym_reserve(enc_ctx *c, size_t n) {
+    if (n <= c->sym_cap) return;
+    c->sym_cap = M2D_MAX(n, c->sym_cap * 2);
+    c->sym = m2d_realloc(c->sym, c->sym_cap * sizeof *c->sym);
+    c->prev = m2d_realloc(c->prev, c->sym_cap * sizeof *c->prev);
+    c->next = m2d_realloc(c->next, c->sym_cap * sizeof *c->next);
+}
+
+static void sym_push(enc_ctx *c, size_t *n, int32_t id) {
+    sym_reserve(c, *n + 1);
+    c->sym[(*n)++] = id;
+}
+
+/* Initial symbols of a word, exactly as HF BPE::merge_word builds them: one per character
+ * (with continuing_subword_prefix / end_of_word_suffix), byte fallback, then unk (fused or not);
+ * a character with no token and no unk is dropped. */
+static size_t bpe_initial_symbols(enc_ctx *c, const char *w, size_t n) {
+    const m2d_tokenizer *tk = c->tk;
+    size_t ns = 0;
+    int32_t unk_pending = -1; /* HF keeps one pending unk to fuse consecutive ones */
+    char *tmp = NULL;
+    size_t tmp_cap = 0;
+    size_t plen = tk->subword_prefix ? strlen(tk->subword_prefix) : 0;
+    size_t slen = tk->word_suffix ? strlen(tk->word_suffix) : 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int k = utf8_next((const unsigned char *)w, n, i, &cp);
+        if (k < 0) k = 1; /* not reached: pieces are valid UTF-8 */
+        int first = i == 0, last = i + (size_t)k == n;
+        int32_t id;
+        if ((!plen || first) && (!slen || !last)) {
+            id = cp < 0x800 ? tk->char_id[cp] : lookup_model_token(tk, w + i, (size_t)k);
+        } else {
+            size_t len = (first ? 0 : plen) + (size_t)k + (last ? slen : 0);
+            ensure_buf(&tmp, &tmp_cap, len);
+            size_t o = 0;
+            if (!first && plen) memcpy(tmp, tk->subword_prefix, plen), o = plen;
+            memcpy(tmp + o, w + i, (size_t)k), o += (size_t)k;
+            if (last && slen) memcpy(tmp + o, tk->word_suffix, slen), o += slen;
+            id = lookup_model_token(tk, tmp, o);
+        }
+        if (id >= 0) {
+            if (unk_pending >= 0) sym_push(c, &ns, unk_pending), unk_pending = -1;
+            sym_push(c, &ns, id);
+        } else {
+            int done = 0;
+            if (tk->byte_fallback) {
+                /* HF formats the byte tokens from the (prefixed/suffixed) symbol string; with
+                 * byte fallback those affixes are empty in practice, so the raw bytes are used */
+                int ok = 1;
+                for (int j = 0; j < k; j++) ok &= tk->byte_fallback_id[(unsigned char)w[i + (size_t)j]] >= 0;
+                if (ok) {
+                    for (int j = 0; j < k; j++) sym_push(c, &ns, tk->byte_fallback_id[(unsigned char)w[i + (size_t)j]]);
+                    done = 1;
+                }
+            }
+            if (!done && tk->unk_id >= 0) {
+                if (unk_pending >= 0 && !tk->fuse_unk) sym_push(c, &ns, unk_pending);
+                unk_pending = tk->unk_id;
+            }
+        }
+        i += (size_t)k;
+    }
+    if (unk_pending >= 0) sym_push(c, &ns, unk_pending);
+    free(tmp);
+    return ns;
+}
+
+/* Obviously-correct merge: repeatedly merge the lowest-rank adjacent pair, leftmost on ties.
+ * O(n^2), fastest for the short words that dominate text. */
+static size_t bpe_merge_scan(const m2d_tokenizer *tk, int32_t *s, size_t n) {
+    for (;;) {
+        int32_t best = INT32_MAX, best_new = -1, merged;
+        size_t at = 0;
+        for (size_t i = 0; i + 1 < n; i++) {
+            int32_t r = pairmap_get(&tk->merges, s[i], s[i + 1], &merged);
+            if (r >= 0 && r < best) best = r, best_new = merged, at = i;
+        }
+        if (best_new < 0) return n;
+        s[at] = best_new;
+        memmove(s + at + 1, s + at + 2, (n - at - 2) * sizeof *s);
+        n--;
+    }
+}
+
+static int heap_less(struct heap_item a, struct heap_item b) {
+    return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos);
+}
+
+static void heap_push(enc_ctx *c, size_t *hn, int32_t rank, int32_t pos) {
+    if (*hn == c->heap_cap) c->heap = m2d_realloc(c->heap, (c->heap_cap = c->heap_cap ? c->heap_cap * 2 : 256) * sizeof *c->heap);
+    struct heap_item it = {rank, pos};
+    size_t i = (*hn)++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!heap_less(it, c->heap[p])) break;
+        c->heap[i] = c->heap[p];
+        i = p;
+    }
+    c->heap[i] = it;
+}
+
+static struct heap_item heap_pop(enc_ctx *c, size_t *hn) {
+    struct heap_item top = c->heap[0], last = c->heap[--(*hn)];
+    size_t i = 0, n = *hn;
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        struct heap_item best = last;
+        if (l < n && heap_less(c->heap[l], best)) m = l, best = c->heap[l];
+        if (r < n && heap_less(c->heap[r], best)) m = r;
+        if (m == i) break;
+        c->heap[i] = c->heap[m];
+        i = m;
+    }
+    if (n) c->heap[i] = last;
+    return top;
+}
+
+/* Priority-queue merge (what HF Word::merge_all does): pops the (rank, position) minimum among
+ * the live adjacent pairs, so it merges in exactly the order of bpe_merge_scan. O(n log n). */
+static size_t bpe_merge_heap(enc_ctx *c, size_t n) {
+    const m2d_tokenizer *tk = c->tk;
+    int32_t *s = c->sym, *prev = c->prev, *next = c->next;
+    size_t hn = 0;
+    int32_t merged = -1;
+    for (size_t i = 0; i < n; i++) {
+        prev[i] = (int32_t)i - 1;
+        next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+    }
+    for (size_t i = 0; i + 1 < n; i++) {
+        int32_t r = pairmap_get(&tk->merges, s[i], s[i + 1], &merged);
+        if (r >= 0) heap_push(c, &hn, r, (int32_t)i);
+    }
+    while (hn) {
+        struct heap_item it = heap_pop(c, &hn);
+        int32_t i = it.pos, j = next[i];
+        if (s[i] < 0 || j < 0) continue; /* merged away, or now the last symbol */
+        int32_t r = pairmap_get(&tk->merges, s[i], s[j], &merged);
+        if (r != it.rank) continue; /* stale: the pair at i changed since it was queued */
+        s[i] = merged;
+        s[j] = -1;
+        next[i] = next[j];
+        if (next[j] >= 0) prev[next[j]] = i;
+        if (prev[i] >= 0 && (r = pairmap_get(&tk->merges, s[prev[i]], s[i], &merged)) >= 0) heap_push(c, &hn, r, prev[i]);
+        if (next[i] >= 0 && (r = pairmap_get(&tk->merges, s[i], s[next[i]], &merged)) >= 0) heap_push(c, &hn, r, i);
+    }
+    size_t o = 0;
+    for (int32_t i = n ? 0 : -1; i >= 0; i = next[i]) s[o++] = s[i];
+    return o;
+}
+
+static void bpe_piece(enc_ctx *c, const char *w, size_t n) {
+    const m2d_tokenizer *tk = c->tk;
+    if (tk->ignore_merges) {
+        int32_t id = lookup_model_token(tk, w, n);
+        if (id >= 0) {
+            emit(c, id);
+            return;
+        }
+    }
+    const strmap_entry *hit = strmap_find(&c->memo, w, n, hash_bytes(w, n));
+    if (hit) {
+        uint32_t len = c->memo_len[hit->val];
+        for (uint32_t i = 0; i < len; i++) emit(c, c->memo_ids[c->memo_len[hit->val + 1] + i]);
+        return;
+    }
+    size_t ns = bpe_initial_symbols(c, w, n);
+    ns = ns > tk->heap_threshold ? bpe_merge_heap(c, ns) : bpe_merge_scan(tk, c->sym, ns);
+    for (size_t i = 0; i < ns; i++) emit(c, c->sym[i]);
+    /* memoise (bounded: a pathological input of only unique words must not grow without end) */
+    if (c->memo.n >= (1u << 22)) return;
+    if (c->memo_n + ns > c->memo_cap) c->memo_ids = m2d_realloc(c->memo_ids, (c->memo_cap = M2D_MAX(c->memo_n + ns, c->memo_cap * 2)) * sizeof *c->memo_ids);
+    if (2 * c->memo.n + 2 > c->memo_len_cap) c->memo_len = m2d_realloc(c->memo_len, (c->memo_len_cap = M2D_MAX(2 * c->memo.n + 2, c->memo_len_cap * 2)) * sizeof *c->memo_len);
+    /* memo_len[2k] = length, memo_len[2k+1] = offset into memo_ids of entry k */
+    int32_t slot = (int32_t)(2 * c->memo.n);
+    c->memo_len[slot] = (uint32_t)ns;
+    c->memo_len[slot + 1] = (uint32_t)c->memo_n;
+    memcpy(c->memo_ids + c->memo_n, c->sym, ns * sizeof *c->sym);
+    c->memo_n += ns;
+    strmap_put(&c->memo, w, n, slot);
+}
+
+/* -- regex splitting -------------------------------------------------------------------------- */
+
+static void span_push(depth_scratch *d, size_t s, size_t e, int m) {
+    if (d->nspans == d->spans_cap) d->spans = m2d_realloc(d->spans, (d->spans_cap = d->spans_cap ? d->spans_cap * 2 : 64) * sizeof *d->spans);
+    d->spans[d->nspans++] = (span){s, e, m};
+}
+
+static int regex_match(enc_ctx *c, const pcre2_code *re, const char *s, size_t n, size_t from, size_t *ms, size_t *me) {
+    int rc = pcre2_match(re, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK, c->md, NULL);
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT) /* deep backtracking: redo with the interpreter */
+        rc = pcre2_match(re, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, c->md, NULL);
+    if (rc == PCRE2_ERROR_NOMATCH) return 0;
+    if (rc < 0) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(rc, msg, sizeof msg);
+        c->error = 1;
+        m2d_err("%s: pre-tokenizer regex failed: %s", c->tk->path, (const char *)msg);
+        return -1;
+    }
+    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(c->md);
+    *ms = ov[0];
+    *me = ov[1];
+    return 1;
+}
+
+/* HF Pattern::find_matches over the onig crate's find_iter: the (offsets, is_match) list that
+ * covers s; an empty match right after the previous match is skipped one character on. */
+static int find_matches(enc_ctx *c, const pcre2_code *re, const char *s, size_t n, depth_scratch *d) {
+    d->nspans = 0;
+    if (!re) {
+        span_push(d, 0, n, 0);
+        return 0;
+    }
+    size_t prev = 0, from = 0;
+    int have_last = 0;
+    size_t last_end = 0;
+    while (from <= n) {
+        size_t ms, me;
+        int r = regex_match(c, re, s, n, from, &ms, &me);
+        if (r < 0) return -1;
+        if (r == 0) break;
+        if (ms == me && have_last && last_end == me) {
+            if (from >= n) break;
+            uint32_t cp;
+            int k = utf8_next((const unsigned char *)s, n, from, &cp);
+            from += (size_t)(k > 0 ? k : 1);
+            continue;
+        }
+        if (prev != ms) span_push(d, prev, ms, 0);
+        span_push(d, ms, me, 1);
+        prev = me;
+        from = me;
+        have_last = 1;
+        last_end = me;
+    }
+    if (prev != n) span_push(d, prev, n, 0);
+    return 0;
+}
+
+/* Apply a SplitDelimiterBehavior to d->spans in place (HF NormalizedString::split); the
+ * resulting span.m is 1 for spans to drop. */
+static void apply_behavior(depth_scratch *d, int behavior, int invert) {
+    span *sp = d->spans;
+    size_t n = d->nspans, o = 0;
+    if (invert)
+        for (size_t i = 0; i < n; i++) sp[i].m = !sp[i].m;
+    switch (behavior) {
+    case SPLIT_REMOVED:
+        return; /* drop the matches: m already says so */
+    case SPLIT_ISOLATED:
+        for (size_t i = 0; i < n; i++) sp[i].m = 0;
+        return;
+    case SPLIT_CONTIGUOUS: {
+        int prev_match = 0;
+        for (size_t i = 0; i < n; i++) {
+            int m = sp[i].m;
+            if (m == prev_match && o > 0) sp[o - 1].e = sp[i].e;
+            else sp[o++] = (span){sp[i].s, sp[i].e, 0};
+            prev_match = m;
+        }
+        break;
+    }
+    case SPLIT_MERGED_PREV: {
+        int prev_match = 0;
+        for (size_t i = 0; i < n; i++) {
+            int m = sp[i].m;
+            if (m && !prev_match && o > 0) sp[o - 1].e = sp[i].e;
+            else sp[o++] = (span){sp[i].s, sp[i].e, 0};
+            prev_match = m;
+        }
+        break;
+    }
+    default: { /* MergedWithNext: the same, walking backwards */
+        int prev_match = 0;
+        size_t w = n; /* write from the back */
+        for (size_t i = n; i-- > 0;) {
+            int m = sp[i].m;
+            if (m && !prev_match && w < n) sp[w].s = sp[i].s;
+            else sp[--w] = (span){sp[i].s, sp[i].e, 0};
+            prev_match = m;
+        }
+        memmove(sp, sp + w, (n - w) * sizeof *sp);
+        o = n - w;
+        break;
+    }
+    }
+    d->nspans = o;
+}
+
+static int run_stage(enc_ctx *c, int depth, const char *s, size_t n);
+
+static int split_and_recurse(enc_ctx *c, int depth, const pcre2_code *re, int behavior, int invert, const char *s, size_t n,
+                             int byte_level) {
+    depth_scratch *d = &c->depth[depth];
+    if (find_matches(c, re, s, n, d)) return -1;
+    apply_behavior(d, behavior, invert);
+    /* deeper stages use their own scratch, so d->spans and d->buf2 survive the recursion */
+    size_t ns = d->nspans;
+    const span *local = d->spans;
+    int rc = 0;
+    for (size_t i = 0; i < ns && !rc; i++) {
+        if (local[i].m || local[i].e == local[i].s) continue;
+        const char *p = s + local[i].s;
+        size_t len = local[i].e - local[i].s;
+        if (!byte_level) {
+            rc = run_stage(c, depth + 1, p, len);
+            continue;
+        }
+        ensure_buf(&d->buf2, &d->cap2, 2 * len);
+        size_t o = 0;
+        for (size_t j = 0; j < len; j++) {
+            unsigned char b = (unsigned char)p[j];
+            d->buf2[o] = g_byte_utf8[b][0];
+            if (g_byte_utf8_len[b] == 2) d->buf2[o + 1] = g_byte_utf8[b][1];
+            o += g_byte_utf8_len[b];
+        }
+        rc = run_stage(c, depth + 1, d->buf2, o);
+    }
+    return rc;
+}
+
+static int run_stage(enc_ctx *c, int depth, const char *s, size_t n) {
+    const m2d_tokenizer *tk = c->tk;
+    if (n == 0) return 0;
+    if (depth == tk->n_stages) {
+        bpe_piece(c, s, n);
+        return 0;
+    }
+    const stage *st = &tk->stages[depth];
+    if (st->kind == STAGE_SPLIT) return split_and_recurse(c, depth, st->re, st->behavior, st->invert, s, n, 0);
+    /* ByteLevel: optional prefix space, optional GPT-2 split, then bytes -> alphabet */
+    depth_scratch *d = &c->depth[depth];
+    if (st->add_prefix_space && s[0] != ' ') {
+        ensure_buf(&d->buf, &d->cap, n + 1);
+        d->buf[0] = ' ';
+        memcpy(d->buf + 1, s, n);
+        s = d->buf;
+        n++;
+    }
+    return split_and_recurse(c, depth, st->re, SPLIT_ISOLATED, 0, s, n, 1);
+}
+
+/* -- added tokens ------------------------------------------------------------------------------ */
+
+/* Leftmost-longest match of the set in s[from..n): returns the added index or -1. */
+static int added_find(const m2d_tokenizer *tk, const added_set *set, const char *s, size_t n, size_t from, size_t *at) {
+    for (size_t i = from; i < n; i++) {
+        unsigned char b = (unsigned char)s[i];
+        int best = -1;
+        size_t best_len = 0;
+        for (int k = set->start[b]; k < set->start[b + 1]; k++) {
+            const added_token *a = &tk->added[set->idx[k]];
+            if (a->match_len > best_len && a->match_len <= n - i && !memcmp(s + i, a->match, a->match_len))
+                best = set->idx[k], best_len = a->match_len;
+        }
+        if (best >= 0) {
+            *at = i;
+            return best;
+        }
+    }
+    return -1;
+}
+
+typedef int (*segment_fn)(enc_ctx *c, const char *s, size_t n);
+
+/* HF AddedVocabulary::find_matches + split: emit added-token ids, pass the text between to fn. */
+static int split_added(enc_ctx *c, const added_set *set, const char *s, size_t n, segment_fn fn) {
+    const m2d_tokenizer *tk = c->tk;
+    if (!set->n) return fn(c, s, n);
+    size_t start_offset = 0, from = 0, at;
+    int k;
+    while (from < n && (k = added_find(tk, set, s, n, from, &at)) >= 0) {
+        const added_token *a = &tk->added[k];
+        size_t start = at, stop = at + a->match_len;
+        from = stop; /* the automaton resumes after the match, whatever happens to it */
+        if (a->single_word) {
+            size_t p;
+            int start_space = start == 0 || !is_word_char(utf8_prev(s, start, &p));
+            uint32_t cp = 0;
+            int stop_space = stop == n || (utf8_next((const unsigned char *)s, n, stop, &cp), !is_word_char(cp));
+            if (!start_space || !stop_space) continue;
+        }
+        if (a->lstrip) {
+            size_t ns = start, p;
+            while (ns > 0 && is_white_space(utf8_prev(s, ns, &p))) ns = p;
+            start = M2D_MAX(ns, start_offset);
+        }
+        if (a->rstrip) {
+            uint32_t cp;
+            int len;
+            while (stop < n && (len = utf8_next((const unsigned char *)s, n, stop, &cp)) > 0 && is_white_space(cp))
+                stop += (size_t)len;
+        }
+        if (start_offset < start && fn(c, s + start_offset, start - start_offset)) return -1;
+        emit(c, a->id);
+        start_offset = stop;
+    }
+    if (start_offset < n) return fn(c, s + start_offset, n - start_offset);
+    return 0;
+}
+
+static int pre_tokenize_segment(enc_ctx *c, const char *s, size_t n) { return run_stage(c, 0, s, n); }
+
+static int normalized_segment(enc_ctx *c, const char *s, size_t n) {
+    char *owned;
+    const char *t = normalize(c->tk, s, &n, &owned);
+    int rc = split_added(c, &c->tk->norm_set, t, n, pre_tokenize_segment);
+    free(owned);
+    return rc;
+}
+
+static void enc_free(enc_ctx *c) {
+    for (int i = 0; i <= MAX_STAGES; i++) {
+        free(c->depth[i].buf);
+        free(c->depth[i].buf2);
+        free(c->depth[i].spans);
+    }
+    pcre2_match_data_free(c->md);
+    strmap_free(&c->memo);
+    free(c->memo_ids);
+    free(c->memo_len);
+    free(c->sym);
+    free(c->prev);
+    free(c->next);
+    free(c->heap);
+}
+
+int m2d_tokenizer_encode(const m2d_tokenizer *tk, const char *text, size_t len, int32_t **ids, size_t *n_ids) {
+    *ids = NULL;
+    *n_ids = 0;
+    size_t bad = utf8_first_invalid(text, len);
+    if (bad != len) return m2d_err("invalid UTF-8 at byte offset %zu", bad);
+    enc_ctx c;
+    memset(&c, 0, sizeof c);
+    c.tk = tk;
+    c.md = pcre2_match_data_create(1, NULL);
+    strmap_init(&c.memo, M2D_MIN(len / 8 + 16, (size_t)1 << 16));
+    int rc = split_added(&c, &tk->raw_set, text, len, normalized_segment);
+    if (rc == 0) {
+        *ids = c.ids ? c.ids : m2d_malloc(sizeof(int32_t));
+        *n_ids = c.n;
+    } else {
+        free(c.ids);
+    }
+    enc_free(&c);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Decoding                                                                                     */
+
+typedef struct {
+    char *p;
+    size_t n, cap;
+} bytebuf;
+
+static void bb_put(bytebuf *b, const void *s, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        b->cap = M2D_MAX(b->n + n + 1, b->cap * 2 + 64);
+        b->p = m2d_realloc(b->p, b->cap);
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+}
+
+/* HF ByteLevel decoder on one token: every character back to its byte, or, when some
+ * character is outside the byte alphabet, the token's own UTF-8 bytes. */
+static void byte_level_token(bytebuf *out, const char *t, size_t n) {
+    size_t mark = out->n;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        int k = utf8_next((const unsigned char *)t, n, i, &cp);
+        if (k < 0 || cp >= 0x144 || g_cp_to_byte[cp] < 0) {
+            out->n = mark;
+            bb_put(out, t, n);
+            return;
+        }
+        char b = (char)g_cp_to_byte[cp];
+        bb_put(out, &b, 1);
+        i += (size_t)k;
+    }
+}
+
+int m2d_tokenizer_decode_bytes(const m2d_tokenizer *tk, const int32_t *ids, size_t n, char **bytes, size_t *len) {
+    *bytes = NULL;
+    *len = 0;
+    bytebuf b = {0};
+    for (size_t i = 0; i < n; i++) {
+        int32_t id = ids[i];
+        if (id < 0 || id >= tk->n_ids) {
+            free(b.p);
+            return m2d_err("id %ld (position %zu) out of range [0, %d)", (long)id, i, tk->n_ids);
+        }
+        if (!tk->id_tok[id]) {
+            free(b.p);
+            return m2d_err("id %ld (position %zu) has no token in the vocabulary", (long)id, i);
+        }
+        if (tk->byte_level_decoder) byte_level_token(&b, tk->id_tok[id], tk->id_len[id]);
+        else {
+            if (i) bb_put(&b, " ", 1);
+            bb_put(&b, tk->id_tok[id], tk->id_len[id]);
+        }
+    }
+    bb_put(&b, "", 0);
+    b.p[b.n] = 0;
+    *bytes = b.p;
+    *len = b.n;
+    return 0;
+}
+
+int m2d_tokenizer_decode(const m2d_tokenizer *tk, const int32_t *ids, size_t n, char **text, size_t *len) {
+    char *raw;
+    size_t rn;
+    *text = NULL;
+    *len = 0;
+    if (m2d_tokenizer_decode_bytes(tk, ids, n, &raw, &rn)) return -1;
+    if (utf8_first_invalid(raw, rn) == rn) {
+        *text = raw;
+        *len = rn;
+        return 0;
+    }
+    /* String::from_utf8_lossy: each maximal invalid subpart becomes U+FFFD */
+    bytebuf b = {0};
+    for (size_t i = 0; i < rn;) {
+        uint32_t cp;
+        int k = utf8_next((const unsigned char *)raw, rn, i, &cp);
+        if (k > 0) {
+            bb_put(&b, raw + i, (size_t)k);
+            i += (size_t)k;
+        } else {
+            bb_put(&b, "\xEF\xBF\xBD", 3);
+            i += (size_t)(-k);
+        }
+    }
+    bb_put(&b, "", 0);
+    b.p[b.n] = 0;
+    free(raw);
+    *text = b.p;
+    *len = b.n;
+    return 0;
+}

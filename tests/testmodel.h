@@ -1,0 +1,37 @@
+/* testmodel — writes a small random Qwen3 / Qwen3-MoE checkpoint directory (config.json +
+ * model.safetensors, or shards + index) for tests of the engine, calibration and conversion.
+ * Weights are deterministic in the seed: N(0, init_std) for matrices, 1 + N(0, 0.1) for norms. */
+#ifndef M2D_TESTMODEL_H
+#define M2D_TESTMODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/tensor.h"
+
+typedef struct {
+    bool moe;                   /* Qwen3MoeForCausalLM (true) or Qwen3ForCausalLM */
+    int vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim;
+    int intermediate_size;      /* dense FFN width (dense model / dense layers of a MoE) */
+    int moe_intermediate_size, num_experts, num_experts_per_tok;
+    bool norm_topk_prob;
+    int decoder_sparse_step;
+    const int *mlp_only_layers; int n_mlp_only_layers;
+    bool tie_word_embeddings;
+    double rope_theta, rms_norm_eps;
+    int max_position_embeddings;
+    int bos_token_id, eos_token_id; /* -1 writes null */
+    m2d_dtype dtype;            /* F32, BF16 or F16 */
+    float init_std;
+    uint64_t seed;
+    size_t shard_bytes;         /* 0: single model.safetensors; else shards of at most this size */
+} m2d_testmodel_opts;
+
+/* Defaults: 2-layer Qwen3-MoE, hidden 32, 4 q / 2 kv heads x head_dim 8, 8 experts top-2 of
+ * width 16, dense intermediate 64, vocab 64, norm_topk_prob true, BF16, seed 1, unsharded. */
+void m2d_testmodel_defaults(m2d_testmodel_opts *o);
+/* Create DIR if needed and write the checkpoint. -1 + m2d_err on failure. */
+int m2d_testmodel_write(const char *dir, const m2d_testmodel_opts *o);
+
+#endif
