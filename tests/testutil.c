@@ -110,3 +110,22 @@ void tu_replace_in_file(const char *path, const char *from, const char *to) {
     free(s);
     free(t);
 }
+
+const char *tu_ref_python(void) {
+    static int setup_done;
+    if (!getenv("M2D_REF_COUNTED") && !setup_done) {
+        setup_done = 1;
+        tu_run("sh tests/ref/setup.sh light", NULL, NULL); /* records the outcome */
+    }
+    char *st = m2d_read_file("tests/ref/.venv.status", NULL);
+    if (!st) fail_msg("tests/ref/.venv.status: %s (tests/ref/setup.sh did not run)", m2d_errmsg());
+    st[strcspn(st, "\n")] = 0;
+    int ok = strcmp(st, "ok") == 0, no_python = strncmp(st, "no-python:", 10) == 0;
+    static char why[512];
+    snprintf(why, sizeof why, "test reference tests/ref/.venv unavailable: %s", st);
+    free(st);
+    if (ok) return "tests/ref/.venv/bin/python";
+    if (no_python || getenv("M2D_REF_COUNTED")) TU_SKIP(why);
+    fail_msg("%s", why);
+    return NULL;
+}

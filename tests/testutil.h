@@ -29,6 +29,13 @@ void tu_replace_in_file(const char *path, const char *from, const char *to);
 uint64_t tu_rand_u64(uint64_t *state);
 double tu_rand_uniform(uint64_t *state);   /* [0, 1) */
 double tu_rand_normal(uint64_t *state);    /* N(0, 1) */
+/* The python3 of the test references' virtual environment (tests/ref/.venv: HF tokenizers,
+ * lm-eval), made by tests/ref/setup.sh. `make test` runs that setup once, before any test, and
+ * tests/run.sh counts a failed install once ("ref-setup"); this only reads the recorded outcome:
+ * ready -> the path; Python missing -> the test is skipped; install failed -> skipped when the
+ * run has already counted it (M2D_REF_COUNTED=1), else the test fails with the recorded reason.
+ * A test binary started by hand runs the setup itself, once per process. */
+const char *tu_ref_python(void);
 /* Skip a cmocka test with a printed reason. */
 #define TU_SKIP(why) do { print_message("skipped: %s\n", why); skip(); } while (0)
 

@@ -2,10 +2,10 @@
 # Installs the Debian packages moe2dense needs (as root), or prints the apt-get line.
 PKGS="build-essential pkg-config libopenblas-dev liblapacke-dev libcjson-dev libcsv-dev libpcre2-dev \
 libutf8proc-dev libcmocka-dev gnuplot-nox bzip2 curl unzip clang libclang-rt-14-dev slurm-wlm"
-# node/npm run the independent tokenizer reference in the tests; any install of them will do
-command -v npm >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
-# python3 runs the independent lm-eval request builder (tests/lm_eval_ref.py) and CPython's random
-command -v python3 >/dev/null 2>&1 || PKGS="$PKGS python3"
+# python3 + venv: the tests' references (Hugging Face tokenizers, lm-eval; transformers and torch
+# for make verify-hf) are pip-installed from PyPI into a git-ignored venv (tests/ref/setup.sh);
+# python3 also checks CPython's random
+PKGS="$PKGS python3 python3-venv"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

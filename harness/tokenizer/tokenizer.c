@@ -542,8 +542,9 @@ static int load_pre_tokenizer(m2d_tokenizer *tk, const loadctx *L, const cJSON *
             if (compile_regex(L, f, rx->valuestring, 0, &st->re)) return -1;
         } else if (cJSON_IsString(str)) {
             snprintf(f, sizeof f, "%s.pattern.String", field);
-            /* an empty String pattern never matches: the whole input is one non-match */
-            if (str->valuestring[0] && compile_regex(L, f, str->valuestring, 1, &st->re)) return -1;
+            /* HF Split compiles the escaped string as a regex: an empty String is the empty regex,
+             * which matches at every character boundary (each character becomes its own piece) */
+            if (compile_regex(L, f, str->valuestring, 1, &st->re)) return -1;
         } else {
             return field_err(L, f, "expected {\"Regex\": ...} or {\"String\": ...}");
         }
