@@ -37,7 +37,7 @@ else
   say = @:
 endif
 
-.PHONY: all deps test test-san data demo bench plots fuzz clean help layering
+.PHONY: all deps test test-san data demo bench plots fuzz clean help layering verify-lm-eval lm-eval-goldens
 all: moe2dense
 
 help:
@@ -46,6 +46,8 @@ help:
 	@echo "make data       populate $(DATA_DIR)/ from DATA_MIRROR=$(DATA_MIRROR) or upstream"
 	@echo "make test       build and run the test suite (SAN=1 for ASan+UBSan)"
 	@echo "make layering   check that every include goes to its own layer or a lower one"
+	@echo "make verify-lm-eval  every MC request against lm-eval's own, live (PyPI venv)"
+	@echo "make lm-eval-goldens rewrite tests/golden/lm_eval_requests.txt from lm-eval"
 	@echo "make demo       calibrate, sweep, report and plot the demo experiment"
 	@echo "make bench      run the benchmarks (see BENCHMARKS.md)"
 	@echo "make plots      render plots/*.gp from results/"
@@ -92,6 +94,23 @@ layering:
 
 test-san:
 	$(MAKE) SAN=1 test
+
+# Live checks against the real references, installed from PyPI into git-ignored venvs by
+# tests/ref/setup.sh (README, Testing). The paper's shots:
+LM_EVAL_PAPER := winogrande:5 arc_challenge:25 arc_easy:25 hellaswag:10 mmlu:5
+LM_EVAL_HASHES = tests/ref/.venv/bin/python tests/ref/lm_eval_requests.py --hashes --jobs 2 $(DATA_DIR) $(LM_EVAL_PAPER)
+
+lm-eval-goldens:
+	@sh tests/ref/setup.sh light
+	$(LM_EVAL_HASHES) > tests/golden/lm_eval_requests.txt.tmp && mv tests/golden/lm_eval_requests.txt.tmp tests/golden/lm_eval_requests.txt
+
+verify-lm-eval: $(BUILD)/tests/test_mc
+	@sh tests/ref/setup.sh light
+	$(LM_EVAL_HASHES) > $(BUILD)/lm_eval_requests.txt
+	M2D_DATA=$(DATA_DIR) M2D_LM_EVAL_GOLDEN=$(BUILD)/lm_eval_requests.txt M2D_LM_EVAL_LIVE=1 \
+	  sh tests/run.sh $(BUILD)/tests/test_mc
+	@cmp -s $(BUILD)/lm_eval_requests.txt tests/golden/lm_eval_requests.txt || \
+	  { echo "verify-lm-eval: tests/golden/lm_eval_requests.txt is not what lm-eval builds now: make lm-eval-goldens"; exit 1; }
 
 deps:
 	@sh tools/deps.sh

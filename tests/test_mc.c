@@ -1,7 +1,8 @@
 /* mc: prompts to the character (data/LM_EVAL_TASKS.md), few-shot selection against Python's
  * generator, metrics on a hand-made model whose log-likelihoods are known, MMLU micro groups,
  * the paper average, deviations, and bad input. The engine is not involved: the model is a
- * function of the request strings (FNV-1a hash), mirrored in tests/lm_eval_ref.py. */
+ * function of the request strings (FNV-1a hash), mirrored in tests/ref/lm_eval_requests.py. Requests
+ * and metrics are checked against lm-evaluation-harness itself (lm-eval, tests/ref/.venv). */
 #include "testutil.h"
 
 #include <cjson/cJSON.h>
@@ -17,7 +18,7 @@
 
 /* ---------------------------------------------------------------- hand-made models */
 
-/* toy: ll = -((FNV-1a64(context NUL continuation) mod 1000003) / 1000), as in lm_eval_ref.py */
+/* toy: ll = -((FNV-1a64(context NUL continuation) mod 1000003) / 1000), as in lm_eval_requests.py */
 static double toy_ll(const char *ctx, const char *cont) {
     uint64_t h = 0xcbf29ce484222325ull;
     for (const unsigned char *p = (const unsigned char *)ctx; *p; p++) h = (h ^ *p) * 0x100000001b3ull;
@@ -252,7 +253,7 @@ static void prompt_mmlu_first(void **state) {
     assert_string_equal(r[1].continuation, " B");
     assert_int_equal(t.eval.docs[0].gold, 1);
     m2d_mc_requests_free(r, 4);
-    /* 5-shot, as rendered by the independent tests/lm_eval_ref.py (python3 csv module) */
+    /* 5-shot, as lm-eval renders it (tests/ref/lm_eval_requests.py) */
     free(doc_context(&t, 0, 5, r));
     assert_string_equal(
         r[0].context,
@@ -270,76 +271,225 @@ static void prompt_mmlu_first(void **state) {
     m2d_mc_task_free(&t);
 }
 
-/* ---------------------------------------------------------------- against the Python reference */
+/* ---------------------------------------------------------------- against lm-eval itself */
 
-static int python_ok(void) {
-    return system("python3 -c 'import json, csv, random' >/dev/null 2>&1") == 0;
+/* tests/ref/lm_eval_requests.py ARGS: lm-eval's own task configs on the same data files (see its
+ * docstring); returns its stdout. */
+static char *lm_eval(const char *args) {
+    char *cmd = m2d_strfmt("%s tests/ref/lm_eval_requests.py %s", tu_ref_python(), args);
+    char *out = NULL, *err = NULL;
+    int rc = tu_run(cmd, &out, &err);
+    if (rc != 0) fail_msg("%s: exit %d: %s", cmd, rc, err ? err : "");
+    free(cmd), free(err);
+    return out;
 }
 
-/* Every request of the first LIMIT docs, few-shot draws included, equals the reference's. */
-static void check_against_reference(const char *task, int shots, int limit) {
-    char *dir = tu_tmpdir();
-    char *dump = m2d_path_join(dir, "req.jsonl");
-    m2d_mc_config cfg;
-    m2d_mc_config_default(&cfg);
-    cfg.data_dir = data_dir();
-    cfg.dump_requests = dump;
-    m2d_mc_results res;
-    if (m2d_mc_run(&toy_lm, task, shots, limit, &cfg, &res) != 0) fail_msg("%s: %s", task, m2d_errmsg());
-    char *cmd = m2d_strfmt("python3 tests/lm_eval_ref.py '%s' %s %d %d", data_dir(), task, shots, limit);
-    char *want = NULL;
-    assert_int_equal(tu_run(cmd, &want, NULL), 0);
-    size_t n;
-    char *got = m2d_read_file(dump, &n);
-    assert_non_null(got);
+/* Fails naming request LINE and showing both strings around their first difference. */
+static void fail_line_diff(int line, const char *ours, const char *ref) {
+    size_t i = 0;
+    while (ours[i] && ours[i] == ref[i]) i++;
+    size_t from = i > 160 ? i - 160 : 0;
+    fail_msg("request %d differs from lm-eval's at byte %zu:\n  ours:    ...%.240s\n  lm-eval: ...%.240s", line, i,
+             ours + from, ref + from);
+}
+
+/* Our requests (what eval --dump-requests writes) for each SPEC "TASK:SHOTS:LIMIT" equal lm-eval's,
+ * line by line; and the hand-made model's acc / acc_norm equal lm-eval's own process_results. */
+static void check_against_lm_eval(const char *data, const char *const *specs, int n_specs) {
+    char *dir = tu_tmpdir(), *args = m2d_strfmt("'%s'", data);
+    size_t cap = 1 << 20, len = 0;
+    char *got = m2d_malloc(cap);
+    m2d_mc_results *res = m2d_calloc((size_t)n_specs, sizeof *res);
+    for (int i = 0; i < n_specs; i++) {
+        char task[96];
+        int shots, limit;
+        if (sscanf(specs[i], "%95[^:]:%d:%d", task, &shots, &limit) != 3) fail_msg("bad spec %s", specs[i]);
+        char *dump = m2d_strfmt("%s/req%d.jsonl", dir, i);
+        m2d_mc_config cfg;
+        m2d_mc_config_default(&cfg);
+        cfg.data_dir = data;
+        cfg.dump_requests = dump;
+        if (m2d_mc_run(&toy_lm, task, shots, limit, &cfg, &res[i]) != 0) fail_msg("%s: %s", specs[i], m2d_errmsg());
+        size_t n;
+        char *part = m2d_read_file(dump, &n);
+        assert_non_null(part);
+        while (len + n + 1 > cap) got = m2d_realloc(got, cap *= 2);
+        memcpy(got + len, part, n + 1);
+        len += n;
+        free(part), free(dump);
+        char *more = m2d_strfmt("%s %s", args, specs[i]);
+        free(args);
+        args = more;
+    }
+    char *want = lm_eval(args);
     char *sg = NULL, *sw = NULL;
     char *lg = strtok_r(got, "\n", &sg), *lw = strtok_r(want, "\n", &sw);
     int lines = 0;
     while (lg || lw) {
-        if (!lg || !lw) fail_msg("%s: request count differs after %d lines", task, lines);
+        if (!lg || !lw) fail_msg("request count differs after %d requests (ours %s)", lines, lg ? "more" : "fewer");
         cJSON *a = cJSON_Parse(lg), *b = cJSON_Parse(lw);
         assert_non_null(a);
         assert_non_null(b);
-        if (!cJSON_Compare(a, b, 1)) fail_msg("%s: request %d differs:\n  ours: %.300s\n  ref:  %.300s", task, lines, lg, lw);
-        cJSON_Delete(a);
-        cJSON_Delete(b);
+        if (!cJSON_Compare(a, b, 1)) fail_line_diff(lines, lg, lw);
+        cJSON_Delete(a), cJSON_Delete(b);
         lines++;
         lg = strtok_r(NULL, "\n", &sg);
         lw = strtok_r(NULL, "\n", &sw);
     }
-    assert_true(lines >= limit * 2);
-    /* metrics: the reference computes acc / acc_norm of the same hand-made model in Python */
-    free(cmd);
-    cmd = m2d_strfmt("REF_SUMMARY=1 python3 tests/lm_eval_ref.py '%s' %s %d %d", data_dir(), task, shots, limit);
-    char *sum = NULL;
-    assert_int_equal(tu_run(cmd, &sum, NULL), 0);
-    cJSON *s = cJSON_Parse(sum);
-    assert_non_null(s);
-    const m2d_mc_task_result *r = m2d_mc_results_find(&res, task);
-    assert_non_null(r);
-    int nn = cJSON_GetObjectItem(s, "n")->valueint;
-    assert_int_equal(r->n, nn);
-    assert_int_equal((int)lround(r->acc * nn), cJSON_GetObjectItem(s, "acc")->valueint);
-    if (r->has_acc_norm) assert_int_equal((int)lround(r->acc_norm * nn), cJSON_GetObjectItem(s, "acc_norm")->valueint);
-    cJSON_Delete(s);
-    free(sum); free(got); free(want); free(cmd);
-    m2d_mc_results_free(&res);
+    print_message("%d requests equal lm-eval's\n", lines);
+    /* metrics: lm-eval's process_results over the same hand-made model */
+    char *more = m2d_strfmt("--summary %s", args);
+    char *sum = lm_eval(more);
+    char *ss = NULL;
+    int tasks = 0;
+    for (char *ls = strtok_r(sum, "\n", &ss); ls; ls = strtok_r(NULL, "\n", &ss), tasks++) {
+        cJSON *j = cJSON_Parse(ls);
+        assert_non_null(j);
+        const char *task = cJSON_GetObjectItem(j, "task")->valuestring;
+        int i = cJSON_GetObjectItem(j, "spec")->valueint;
+        assert_true(i >= 0 && i < n_specs);
+        const m2d_mc_task_result *r = m2d_mc_results_find(&res[i], task);
+        if (!r) fail_msg("%s: no result for %s", specs[i], task);
+        int n = cJSON_GetObjectItem(j, "n")->valueint;
+        assert_int_equal(r->n, n);
+        assert_int_equal((int)lround(r->acc * n), cJSON_GetObjectItem(j, "acc")->valueint);
+        const cJSON *an = cJSON_GetObjectItem(j, "acc_norm");
+        assert_int_equal(r->has_acc_norm, !cJSON_IsNull(an));
+        if (r->has_acc_norm) assert_int_equal((int)lround(r->acc_norm * n), an->valueint);
+        cJSON_Delete(j);
+    }
+    assert_true(tasks >= n_specs);
+    for (int i = 0; i < n_specs; i++) m2d_mc_results_free(&res[i]);
+    free(sum), free(more), free(want), free(got), free(args), free(res);
     tu_rm_rf(dir);
-    free(dump); free(dir);
+    free(dir);
 }
 
-static void fewshot_and_metrics_match_python(void **state) {
+/* The first documents of every task at the paper's shots and at 0 shots (MMLU: the first
+ * document of every subject, and more of two), request by request. */
+static void requests_and_metrics_equal_lm_eval(void **state) {
     (void)state;
     NEED_DATA();
-    if (!python_ok()) TU_SKIP("python3 not available");
-    check_against_reference("arc_challenge", 25, 4);
-    check_against_reference("arc_challenge", 0, 60);
-    check_against_reference("arc_easy", 25, 20);
-    check_against_reference("winogrande", 5, 20);
-    check_against_reference("hellaswag", 10, 8);
-    check_against_reference("hellaswag", 0, 60);
-    check_against_reference("mmlu_abstract_algebra", 5, 10);
-    check_against_reference("mmlu_high_school_european_history", 5, 2);
+    static const char *const specs[] = {
+        "arc_challenge:25:4", "arc_challenge:0:60", "arc_easy:25:20", "arc_easy:0:20", "winogrande:5:20",
+        "winogrande:0:40", "hellaswag:10:8", "hellaswag:0:60", "mmlu:5:1", "mmlu:0:1",
+        "mmlu_abstract_algebra:5:10", "mmlu_high_school_european_history:5:2",
+    };
+    check_against_lm_eval(data_dir(), specs, (int)M2D_ARRAY_LEN(specs));
+}
+
+/* HellaSwag's canonical path against lm-eval's own process_docs (ctx_b.capitalize(), " [title]",
+ * [..] removal, double spaces) and its train pool, on synthetic documents in the HF format. */
+static void hellaswag_canonical_equals_lm_eval(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    char *sub = m2d_strfmt("%s/hellaswag/data", dir);
+    assert_int_equal(m2d_mkdir_p(sub), 0);
+    static const char *labels[] = {"Roof shingle removal", "Making a cake", "[header] Caf\xc3\xa9", "Sports"};
+    static const char *ctx_a[] = {"A man is sitting on a roof.", "[header] How to bake [title] Mix it.",
+                                  " [title]Tea  time   now", "", "\xc3\xa9t\xc3\xa9 [x]at [title] the  [step] park"};
+    static const char *ctx_b[] = {"he", "tHEN  Stir", "", "\xc3\x89MILE runs", "3 kids [y] play", "  leading"};
+    static const char *endings[] = {"is using wrap.", "  [step] Pour  it. ", "Bake [substeps] it.", "[title] x",
+                                    "a  b   c    d", "\xc3\xa9l\xc3\xa8ve [z]", "stops.", " ends [unclosed"};
+    char *files[2] = {m2d_strfmt("%s/hellaswag_val.jsonl", sub), m2d_strfmt("%s/hellaswag_train.jsonl", sub)};
+    uint64_t rng = 11;
+    for (int f = 0; f < 2; f++) {
+        size_t cap = 1 << 16, o = 0;
+        char *buf = m2d_malloc(cap);
+        for (int d = 0; d < (f ? 24 : 12); d++) {
+            int n = 2 + (int)(tu_rand_u64(&rng) % 3), gold = (int)(tu_rand_u64(&rng) % (uint64_t)n);
+            o += (size_t)snprintf(buf + o, cap - o, "{\"ind\": %d, \"activity_label\": \"%s\", \"ctx_a\": \"%s\", "
+                                  "\"ctx_b\": \"%s\", \"endings\": [", 100 * f + d,
+                                  labels[tu_rand_u64(&rng) % M2D_ARRAY_LEN(labels)],
+                                  ctx_a[tu_rand_u64(&rng) % M2D_ARRAY_LEN(ctx_a)],
+                                  ctx_b[tu_rand_u64(&rng) % M2D_ARRAY_LEN(ctx_b)]);
+            for (int e = 0; e < n; e++)
+                o += (size_t)snprintf(buf + o, cap - o, "%s\"%s %d\"", e ? ", " : "",
+                                      endings[tu_rand_u64(&rng) % M2D_ARRAY_LEN(endings)], e);
+            o += (size_t)snprintf(buf + o, cap - o, "], \"label\": %d}\n", gold);
+        }
+        tu_write(files[f], buf, o);
+        free(buf);
+    }
+    static const char *const specs[] = {"hellaswag:0:0", "hellaswag:3:0"};
+    check_against_lm_eval(dir, specs, 2);
+    free(files[0]), free(files[1]), free(sub);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+/* A model that scores nothing and records, per document, the hash of its requests as
+ * tests/ref/lm_eval_requests.py --hashes computes it. */
+typedef struct {
+    char (*hash)[17];
+    int n, cap;
+} hash_record;
+
+static int hashing_loglikelihood(m2d_lm *lm, const m2d_ll_request *r, int n, m2d_ll_result *out) {
+    hash_record *h = lm->impl;
+    m2d_sha256 s;
+    m2d_sha256_init(&s);
+    for (int i = 0; i < n; i++) {
+        m2d_sha256_update(&s, r[i].context, strlen(r[i].context) + 1);
+        m2d_sha256_update(&s, r[i].continuation, strlen(r[i].continuation) + 1);
+        out[i].ll = 0, out[i].is_greedy = 0;
+    }
+    uint8_t d[32];
+    m2d_sha256_final(&s, d);
+    if (h->n == h->cap) h->hash = m2d_realloc(h->hash, (size_t)(h->cap = h->cap ? 2 * h->cap : 1024) * sizeof *h->hash);
+    for (int i = 0; i < 8; i++) snprintf(h->hash[h->n] + 2 * i, 3, "%02x", d[i]);
+    h->n++;
+    return 0;
+}
+
+/* Every document of every task at the paper's shots: the hashes of our requests equal those of
+ * lm-eval's (tests/golden/lm_eval_requests.txt, written by `make lm-eval-goldens` from the
+ * requests lm-eval builds on ../shared/data). No Python needed. `make verify-lm-eval` runs the
+ * same comparison against hashes lm-eval makes now ($M2D_LM_EVAL_GOLDEN) and, with
+ * M2D_LM_EVAL_LIVE=1, shows the first differing request in full. */
+static void requests_equal_lm_eval_golden_hashes(void **state) {
+    (void)state;
+    NEED_DATA();
+    const char *path = getenv("M2D_LM_EVAL_GOLDEN");
+    char *golden = m2d_read_file(path ? path : "tests/golden/lm_eval_requests.txt", NULL);
+    if (!golden) fail_msg("%s", m2d_errmsg());
+    hash_record h = {0};
+    m2d_lm lm = {"hashing", hashing_loglikelihood, NULL, &h};
+    char *save = NULL, task[96] = "";
+    int shots = 0, n_docs = 0, doc = 0, sections = 0, total = 0;
+    for (char *line = strtok_r(golden, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        if (line[0] == '#' && line[1] != '#') continue;
+        if (line[0] == '#') {
+            assert_int_equal(sscanf(line, "## %95s %d %d", task, &shots, &n_docs), 3);
+            m2d_mc_config cfg;
+            m2d_mc_config_default(&cfg);
+            cfg.data_dir = data_dir();
+            m2d_mc_results res;
+            h.n = 0;
+            if (m2d_mc_run(&lm, task, shots, 0, &cfg, &res) != 0) fail_msg("%s: %s", task, m2d_errmsg());
+            m2d_mc_results_free(&res);
+            if (h.n != n_docs) fail_msg("%s %d-shot: %d documents, lm-eval had %d", task, shots, h.n, n_docs);
+            doc = 0;
+            sections++;
+            continue;
+        }
+        assert_true(doc < n_docs);
+        if (strcmp(h.hash[doc], line) != 0) {
+            if (getenv("M2D_LM_EVAL_LIVE")) { /* the requests up to this document, side by side */
+                char *spec = m2d_strfmt("%s:%d:%d", task, shots, doc + 1);
+                const char *const specs[] = {spec};
+                check_against_lm_eval(data_dir(), specs, 1);
+                free(spec);
+            }
+            fail_msg("%s %d-shot document %d: its requests differ from lm-eval's (hash %s, lm-eval %s); "
+                     "`make verify-lm-eval` shows the difference", task, shots, doc, h.hash[doc], line);
+        }
+        doc++, total++;
+    }
+    /* the five tasks, MMLU as its 57 subjects */
+    assert_int_equal(sections, 4 + 57);
+    print_message("%d documents (%d tasks) hash like lm-eval's requests\n", total, sections);
+    free(h.hash), free(golden);
 }
 
 /* ---------------------------------------------------------------- metrics, hand-made numbers */
@@ -646,7 +796,9 @@ int main(void) {
         cmocka_unit_test(hellaswag_preprocess_rules),
         cmocka_unit_test(prompt_winogrande_first),
         cmocka_unit_test(prompt_mmlu_first),
-        cmocka_unit_test(fewshot_and_metrics_match_python),
+        cmocka_unit_test(requests_and_metrics_equal_lm_eval),
+        cmocka_unit_test(hellaswag_canonical_equals_lm_eval),
+        cmocka_unit_test(requests_equal_lm_eval_golden_hashes),
         cmocka_unit_test(metrics_acc_and_acc_norm),
         cmocka_unit_test(metrics_stderr),
         cmocka_unit_test(mmlu_micro_groups),
