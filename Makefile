@@ -37,7 +37,7 @@ else
   say = @:
 endif
 
-.PHONY: all deps test test-san data demo bench plots fuzz clean help layering verify-lm-eval lm-eval-goldens
+.PHONY: all deps test test-san data demo bench plots fuzz clean help layering verify-lm-eval lm-eval-goldens verify-hf hf-goldens
 all: moe2dense
 
 help:
@@ -48,6 +48,8 @@ help:
 	@echo "make layering   check that every include goes to its own layer or a lower one"
 	@echo "make verify-lm-eval  every MC request against lm-eval's own, live (PyPI venv)"
 	@echo "make lm-eval-goldens rewrite tests/golden/lm_eval_requests.txt from lm-eval"
+	@echo "make verify-hf  checkpoints, logits, routing, students against transformers, live"
+	@echo "make hf-goldens rewrite tests/golden/hf/ with transformers (PyPI venv, ~6 GB)"
 	@echo "make demo       calibrate, sweep, report and plot the demo experiment"
 	@echo "make bench      run the benchmarks (see BENCHMARKS.md)"
 	@echo "make plots      render plots/*.gp from results/"
@@ -111,6 +113,19 @@ verify-lm-eval: $(BUILD)/tests/test_mc
 	  sh tests/run.sh $(BUILD)/tests/test_mc
 	@cmp -s $(BUILD)/lm_eval_requests.txt tests/golden/lm_eval_requests.txt || \
 	  { echo "verify-lm-eval: tests/golden/lm_eval_requests.txt is not what lm-eval builds now: make lm-eval-goldens"; exit 1; }
+
+HF_PY := tests/ref/.venv-hf/bin/python
+
+hf-goldens: $(BUILD)/moe2dense
+	@sh tests/ref/setup.sh hf
+	$(HF_PY) tools/hf_goldens.py --bin $(BUILD)/moe2dense --out tests/golden/hf
+
+verify-hf: $(BUILD)/moe2dense $(BUILD)/tests/test_hf
+	@sh tests/ref/setup.sh hf
+	@rm -rf $(BUILD)/hf-goldens
+	$(HF_PY) tools/hf_goldens.py --bin $(BUILD)/moe2dense --out $(BUILD)/hf-goldens
+	M2D_BIN=$(BUILD)/moe2dense M2D_HF_GOLDEN=$(BUILD)/hf-goldens sh tests/run.sh $(BUILD)/tests/test_hf
+	$(HF_PY) tools/hf_goldens.py --compare $(BUILD)/hf-goldens tests/golden/hf
 
 deps:
 	@sh tools/deps.sh

@@ -235,9 +235,14 @@ static void bad_configs(void **state) {
     expect_config_error("{", "[", "(root)", NULL);
     expect_config_error("\"num_experts\": 8,", "\"num_experts\": 100000,", "'num_experts'", "supported maximum");
     expect_config_error("\"num_hidden_layers\": 2,", "\"num_hidden_layers\": 0,", "'num_hidden_layers'", "positive");
+    /* transformers >= 5 spells it num_local_experts; both spellings must agree */
+    expect_config_error("\"num_experts\": 8,", "\"num_experts\": 8, \"num_local_experts\": 6,", "'num_local_experts'",
+                        "disagrees with num_experts 8");
+    expect_config_error("\"num_experts\": 8,", "\"num_local_experts\": 0,", "'num_local_experts'", "positive");
 }
 
-/* head_dim absent -> hidden / heads (HF default); list-valued eos takes the first id. */
+/* head_dim absent -> hidden / heads (HF default); list-valued eos takes the first id; the spelling
+ * of transformers >= 5 (rope_parameters, num_local_experts). */
 static void config_defaults(void **state) {
     (void)state;
     m2d_testmodel_opts o;
@@ -249,6 +254,7 @@ static void config_defaults(void **state) {
     tu_replace_in_file(cfg, "\"decoder_sparse_step\": 1,", "");
     tu_replace_in_file(cfg, "\"rope_theta\": 10000,", "\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 5e5},");
     tu_replace_in_file(cfg, "\"norm_topk_prob\": true,", ""); /* HF Qwen3MoeConfig default: false */
+    tu_replace_in_file(cfg, "\"num_experts\": 8,", "\"num_local_experts\": 8,"); /* transformers >= 5 */
     m2d_config c;
     if (m2d_config_load(dir, &c, NULL) != 0) fail_msg("%s", m2d_errmsg());
     assert_int_equal(c.head_dim, 8);
@@ -256,6 +262,7 @@ static void config_defaults(void **state) {
     assert_int_equal(c.decoder_sparse_step, 1);
     assert_true(c.rope_theta == 5e5);
     assert_false(c.norm_topk_prob);
+    assert_int_equal(c.num_experts, 8);
     m2d_config_free(&c);
     tu_rm_rf(dir);
     free(cfg);

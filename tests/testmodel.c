@@ -47,12 +47,25 @@ static double next_normal(uint64_t *s) {
     return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
+/* the grid generator of testmodel.h */
+static float grid_value(uint64_t x, int is_norm) {
+    return is_norm ? 1.0f + (float)((int)(x >> 59) - 16) / 128.0f : (float)((int)(x >> 56) - 128) / 512.0f;
+}
+
+static uint64_t fnv1a64(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
 static int add_random(m2d_st_writer *w, const m2d_testmodel_opts *o, uint64_t *rng, const char *name, int ndim,
                       int64_t d0, int64_t d1, int is_norm) {
     int64_t shape[2] = {d0, d1}, n = ndim == 1 ? d0 : d0 * d1;
     float *v = m2d_malloc((size_t)n * sizeof(float));
+    uint64_t grid = o->seed ^ fnv1a64(name);
     for (int64_t i = 0; i < n; i++)
-        v[i] = is_norm ? (float)(1.0 + 0.1 * next_normal(rng)) : (float)(o->init_std * next_normal(rng));
+        v[i] = o->grid ? grid_value(next_u64(&grid), is_norm)
+                       : is_norm ? (float)(1.0 + 0.1 * next_normal(rng)) : (float)(o->init_std * next_normal(rng));
     int rc = m2d_st_writer_add_f32(w, name, o->dtype, ndim, shape, v);
     free(v);
     return rc;
@@ -139,7 +152,7 @@ int m2d_testmodel_write(const char *dir, const m2d_testmodel_opts *o) {
     if (o->dtype != M2D_F32 && o->dtype != M2D_BF16 && o->dtype != M2D_F16)
         return m2d_err("testmodel: dtype must be F32, BF16 or F16");
     if (m2d_mkdir_p(dir) != 0) return -1;
-    char *cfg = config_json(o), *cfg_path = m2d_path_join(dir, "config.json");
+    char *cfg = o->config_json ? m2d_strdup(o->config_json) : config_json(o), *cfg_path = m2d_path_join(dir, "config.json");
     int rc = m2d_write_file_atomic(cfg_path, cfg, strlen(cfg));
     free(cfg);
     free(cfg_path);

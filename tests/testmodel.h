@@ -1,6 +1,12 @@
 /* testmodel — writes a small random Qwen3 / Qwen3-MoE checkpoint directory (config.json +
  * model.safetensors, or shards + index) for tests of the engine, calibration and conversion.
- * Weights are deterministic in the seed: N(0, init_std) for matrices, 1 + N(0, 0.1) for norms. */
+ * Weights are deterministic in the seed: N(0, init_std) for matrices, 1 + N(0, 0.1) for norms; or,
+ * with `grid`, the generator that tools/hf_goldens.py reproduces in Python, so that the checkpoint
+ * transformers writes and this one are the same file:
+ *   tensor NAME: state = seed XOR FNV-1a-64(NAME); element i (row-major) takes x = splitmix64(state),
+ *   norm weights (NAME ends in "norm.weight"): 1 + ((x >> 59) - 16) / 128,
+ *   every other tensor:                        ((x >> 56) - 128) / 512,
+ * values that bf16, f16 and f32 all hold exactly. */
 #ifndef M2D_TESTMODEL_H
 #define M2D_TESTMODEL_H
 
@@ -26,6 +32,8 @@ typedef struct {
     float init_std;
     uint64_t seed;
     size_t shard_bytes;         /* 0: single model.safetensors; else shards of at most this size */
+    bool grid;                  /* the generator above instead of normal draws */
+    const char *config_json;    /* written as config.json verbatim; NULL: made from these options */
 } m2d_testmodel_opts;
 
 /* Defaults: 2-layer Qwen3-MoE, hidden 32, 4 q / 2 kv heads x head_dim 8, 8 experts top-2 of

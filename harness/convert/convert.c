@@ -571,9 +571,9 @@ static const char *const TOKENIZER_FILES[] = {"tokenizer.json", "tokenizer_confi
                                               "generation_config.json"};
 
 /* Keys that only make sense for an MoE (dropped from a dense student's config.json). */
-static const char *const MOE_KEYS[] = {"num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
-                                       "decoder_sparse_step", "mlp_only_layers", "output_router_logits",
-                                       "router_aux_loss_coef"};
+static const char *const MOE_KEYS[] = {"num_experts", "num_local_experts", "num_experts_per_tok",
+                                       "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
+                                       "mlp_only_layers", "output_router_logits", "router_aux_loss_coef"};
 
 static int is_moe_ffn_tensor(const m2d_model *t, const char *name, int *layer) {
     int l, n = 0;
@@ -644,9 +644,13 @@ static int write_config(const m2d_model *t, const m2d_convert_plan *plan, const 
         cJSON_AddNumberToObject(j, "intermediate_size", plan->n_groups * c->moe_intermediate_size);
         for (size_t i = 0; i < M2D_ARRAY_LEN(MOE_KEYS); i++) cJSON_DeleteItemFromObject(j, MOE_KEYS[i]);
     } else {
+        /* in the teacher's spelling: num_experts, or num_local_experts (transformers >= 5) */
+        const char *key = cJSON_HasObjectItem(j, "num_local_experts") && !cJSON_HasObjectItem(j, "num_experts")
+                              ? "num_local_experts" : "num_experts";
         cJSON_DeleteItemFromObject(j, "num_experts");
+        cJSON_DeleteItemFromObject(j, "num_local_experts");
         int n_experts = m2d_convert_moe_experts(plan);
-        cJSON_AddNumberToObject(j, "num_experts", n_experts);
+        cJSON_AddNumberToObject(j, key, n_experts);
         cJSON_DeleteItemFromObject(j, "num_experts_per_tok");
         cJSON_AddNumberToObject(j, "num_experts_per_tok", M2D_MIN(c->num_experts_per_tok, n_experts));
     }

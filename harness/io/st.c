@@ -704,20 +704,55 @@ static void sb_json_string(sbuf *b, const char *s) {
     sb_put(b, "\"", 1);
 }
 
-static int cmp_wr(const void *a, const void *b) {
-    return strcmp(((const wr_entry *)a)->name, ((const wr_entry *)b)->name);
+/* The order of the reference (Rust) safetensors writer, which transformers' save_pretrained uses:
+ * dtypes from the widest (its Dtype enum, descending), then names. */
+static int dtype_rank(m2d_dtype t) {
+    switch (t) {
+    case M2D_I64: return 0;
+    case M2D_F64: return 1;
+    case M2D_F32: return 2;
+    case M2D_I32: return 3;
+    case M2D_BF16: return 4;
+    case M2D_F16: return 5;
+    default: return 6; /* U8 */
+    }
 }
 
-/* Header JSON for entries [from, to) (already sorted), plus metadata, padded to 8 bytes. */
+static int cmp_wr(const void *a, const void *b) {
+    const wr_entry *x = a, *y = b;
+    int r = dtype_rank(x->dtype) - dtype_rank(y->dtype);
+    return r ? r : strcmp(x->name, y->name);
+}
+
+/* Header JSON: metadata, then entries [from, to) (already sorted), padded to 8 bytes with spaces,
+ * byte for byte as the reference (Rust) safetensors writer lays it out (metadata keys sorted here,
+ * for determinism; the reference keeps their insertion order, the same for a single key). */
 static char *build_header(const m2d_st_writer *w, int from, int to, size_t *len) {
     sbuf b = {0};
     sb_str(&b, "{");
-    int first = 1;
+    if (w->n_meta) {
+        int *order = m2d_malloc((size_t)w->n_meta * sizeof(int));
+        for (int i = 0; i < w->n_meta; i++) order[i] = i;
+        for (int i = 1; i < w->n_meta; i++)
+            for (int j = i; j > 0 && strcmp(w->meta_keys[order[j - 1]], w->meta_keys[order[j]]) > 0; j--) {
+                int t = order[j];
+                order[j] = order[j - 1];
+                order[j - 1] = t;
+            }
+        sb_str(&b, "\"__metadata__\":{");
+        for (int i = 0; i < w->n_meta; i++) {
+            if (i) sb_str(&b, ",");
+            sb_json_string(&b, w->meta_keys[order[i]]);
+            sb_str(&b, ":");
+            sb_json_string(&b, w->meta_vals[order[i]]);
+        }
+        sb_str(&b, "}");
+        free(order);
+    }
     uint64_t off = 0;
     for (int i = from; i < to; i++) {
         const wr_entry *e = &w->e[i];
-        if (!first) sb_str(&b, ",");
-        first = 0;
+        if (i > from || w->n_meta) sb_str(&b, ",");
         sb_json_string(&b, e->name);
         sb_str(&b, ":{\"dtype\":\"");
         sb_str(&b, m2d_dtype_name(e->dtype));
@@ -732,29 +767,6 @@ static char *build_header(const m2d_st_writer *w, int from, int to, size_t *len)
         off += e->nbytes;
         sb_fmt_u64(&b, off);
         sb_str(&b, "]}");
-    }
-    /* __metadata__ last, as the reference (Rust) safetensors writer does: a checkpoint of
-     * one dtype round-trips byte for byte */
-    if (w->n_meta) {
-        /* metadata keys sorted for determinism */
-        int *order = m2d_malloc((size_t)w->n_meta * sizeof(int));
-        for (int i = 0; i < w->n_meta; i++) order[i] = i;
-        for (int i = 1; i < w->n_meta; i++)
-            for (int j = i; j > 0 && strcmp(w->meta_keys[order[j - 1]], w->meta_keys[order[j]]) > 0; j--) {
-                int t = order[j];
-                order[j] = order[j - 1];
-                order[j - 1] = t;
-            }
-        if (!first) sb_str(&b, ",");
-        sb_str(&b, "\"__metadata__\":{");
-        for (int i = 0; i < w->n_meta; i++) {
-            if (i) sb_str(&b, ",");
-            sb_json_string(&b, w->meta_keys[order[i]]);
-            sb_str(&b, ":");
-            sb_json_string(&b, w->meta_vals[order[i]]);
-        }
-        sb_str(&b, "}");
-        free(order);
     }
     sb_str(&b, "}");
     while (b.n % 8) sb_str(&b, " ");
@@ -818,7 +830,7 @@ int m2d_st_writer_write(m2d_st_writer *w, const char *path) {
 
 int m2d_st_writer_write_sharded(m2d_st_writer *w, const char *dir, size_t max_shard_bytes, int *n_shards) {
     if (writer_sort(w) != 0) return -1;
-    /* greedy split in name order; a tensor larger than the limit gets a shard of its own */
+    /* greedy split in write order (dtype, then name); a tensor larger than the limit gets a shard of its own */
     int *start = m2d_malloc((size_t)(w->n + 2) * sizeof(int));
     int ns = 0;
     size_t fill = 0;

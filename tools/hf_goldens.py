@@ -1,0 +1,284 @@
+"""Golden outputs of Hugging Face transformers for every architecture moe2dense supports, for
+tests/test_hf.c: committed in tests/golden/hf/ (`make hf-goldens`), made afresh and compared live
+by `make verify-hf`. Runs in tests/ref/.venv-hf (torch + transformers, tests/ref/requirements-hf.txt).
+
+usage: hf_goldens.py --bin BUILD/moe2dense --out DIR
+       hf_goldens.py --compare NEW_DIR OLD_DIR
+
+Per model (MODELS below):
+ 1. transformers' own class (Qwen3MoeForCausalLM, Qwen3ForCausalLM) from a small config that keeps
+    the structural features of the real family (GQA, head_dim != hidden / heads, q/k norms, RoPE
+    theta, dense layers among MoE ones, top-k renormalised or not, tied or untied embeddings);
+ 2. its weights from the grid generator of tests/testmodel.h (seeded per tensor name), under the
+    checkpoint names transformers writes, loaded with from_pretrained and written back with
+    save_pretrained: config.json and model.safetensors as transformers writes them. The golden keeps
+    the config.json text and the file's sha256; tests/test_hf.c writes the same config.json,
+    rebuilds model.safetensors with moe2dense's own writer and must get the same sha256;
+ 3. the forward in float64 (eager attention and experts) over TOKENS: full logit rows at a few positions, the
+    log-sum-exp and the next token's logit at every position, and the routing of every MoE layer
+    and token (top-k experts and gate weights, taken from transformers' router modules).
+Students (STUDENTS below): `moe2dense calibrate` + `convert` (the binary given with --bin) on a
+teacher checkpoint; transformers loads the student (goldens as in 3) and writes it back with
+save_pretrained, which must give moe2dense's model.safetensors byte for byte.
+--compare: the goldens in NEW_DIR (made now) must equal those in OLD_DIR (the committed ones):
+checkpoints, tokens and routing exactly, logits to 1e-9.
+"""
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files only
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
+
+VOCAB = 320  # the byte-level tokenizer below has 257 tokens; the rest is padding, as in real models
+N_TOKENS = 48
+POSITIONS = [0, 1, 7, 23, 47]
+
+# name -> (class, config, dtype, seed)
+MODELS = {
+    # Qwen3-30B-A3B's shape in small: bf16, renormalised top-k, untied, a dense layer (mlp_only_layers),
+    # a dense width below k * d_e (zero-padded in the student), head_dim * heads != hidden
+    "qwen3moe": ("Qwen3MoeForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=48, moe_intermediate_size=32, num_experts=8,
+        num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6,
+        max_position_embeddings=256, tie_word_embeddings=False, eos_token_id=256), torch.bfloat16, 1),
+    # the other branches: f32, top-k not renormalised, tied embeddings, decoder_sparse_step 2,
+    # 3 query heads on 1 kv head, eps 1e-5, default theta
+    "qwen3moe-f32": ("Qwen3MoeForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=48, intermediate_size=40, moe_intermediate_size=24, num_experts=6,
+        num_experts_per_tok=3, norm_topk_prob=False, decoder_sparse_step=2, mlp_only_layers=[],
+        num_hidden_layers=4, num_attention_heads=3, num_key_value_heads=1, head_dim=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, rms_norm_eps=1e-5,
+        max_position_embeddings=128, tie_word_embeddings=True, eos_token_id=256), torch.float32, 2),
+    # dense Qwen3 (the student's family), bf16 with tied embeddings as Qwen3-0.6B
+    "qwen3": ("Qwen3ForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=True, eos_token_id=256),
+        torch.bfloat16, 3),
+}
+
+# name -> (teacher, class, calibrate args, convert args). Scores that are counts (freq), round-robin
+# groups and uniform scaling (alpha = 1/2, exact) keep the student independent of float rounding
+# in the calibration, so every build of moe2dense converts to the same bytes.
+CALIBRATE = ["--seq-len", "32", "--samples", "8", "--threads", "1"]
+STUDENTS = {
+    "qwen3moe-student": ("qwen3moe", "Qwen3ForCausalLM", CALIBRATE,
+                         ["--scoring", "freq", "--grouping", "rr", "--scaling", "uniform", "-K", "4"]),
+    "qwen3moe-student-moe": ("qwen3moe", "Qwen3MoeForCausalLM", CALIBRATE,
+                             ["--target", "moe", "--scoring", "freq", "--grouping", "rr", "--scaling",
+                              "uniform", "-K", "6", "--groups", "4"]),
+}
+
+
+# ---- the grid generator of tests/testmodel.h ----------------------------------------------------
+
+M64 = (1 << 64) - 1
+
+
+def fnv1a64(s):
+    h = 0xCBF29CE484222325
+    for b in s.encode("utf-8"):
+        h = ((h ^ b) * 0x100000001B3) & M64
+    return h
+
+
+def splitmix64(state, n):
+    """The first n outputs of splitmix64 started at state (tests/testmodel.c next_u64)."""
+    with np.errstate(over="ignore"):
+        z = np.uint64(state) + np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def grid_tensor(name, shape, seed):
+    x = splitmix64(seed ^ fnv1a64(name), int(np.prod(shape)))
+    if name.endswith("norm.weight"):
+        v = 1.0 + ((x >> np.uint64(59)).astype(np.int64) - 16) / 128.0
+    else:
+        v = ((x >> np.uint64(56)).astype(np.int64) - 128) / 512.0
+    return torch.from_numpy(v.reshape(shape).astype(np.float32))
+
+
+def byte_tokenizer(path):
+    """Byte-level BPE: the 256 byte symbols (ids = byte values) and <|endoftext|> = 256, no merges."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    vocab = {chr(c): b for b, c in zip(bs, cs)}
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tk.decoder = decoders.ByteLevel()
+    tk.add_special_tokens(["<|endoftext|>"])
+    tk.save(path)
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def read_text(path):
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def checkpoint(cls_name, cfg, dtype, seed, out):
+    """transformers' class and save_pretrained, the grid generator's weights: the checkpoint in OUT."""
+    cls = getattr(transformers, cls_name)
+    conf = getattr(transformers, cls_name.replace("ForCausalLM", "Config"))(**cfg)
+    with tempfile.TemporaryDirectory() as tmp:
+        cls(conf).save_pretrained(f"{tmp}/names")  # only for the checkpoint's tensor names and shapes
+        with safe_open(f"{tmp}/names/model.safetensors", "pt") as f:
+            names = {k: f.get_slice(k).get_shape() for k in f.keys()}
+        weights = {k: grid_tensor(k, s, seed).to(dtype) for k, s in names.items()}
+        save_file(weights, f"{tmp}/names/model.safetensors", metadata={"format": "pt"})
+        model = cls.from_pretrained(f"{tmp}/names", dtype=dtype)
+        model.save_pretrained(out)
+    with safe_open(f"{out}/model.safetensors", "pt") as f:  # what it wrote is what it was given
+        assert set(f.keys()) == set(weights), f"{out}: tensors differ from the generated ones"
+        for k in f.keys():
+            assert torch.equal(f.get_tensor(k), weights[k]), f"{out}: {k} differs from the generated tensor"
+
+
+def forward(cls_name, model_dir, tokens):
+    """transformers' forward in float64: logits [n, V] and per MoE layer (ids [n, k], gates [n, k]).
+    Eager attention and experts: the plain code of the modelling file (the fused kernels that
+    transformers picks by default take no float64)."""
+    kw = {"experts_implementation": "eager"} if "Moe" in cls_name else {}
+    model = getattr(transformers, cls_name).from_pretrained(model_dir, dtype=torch.float64,
+                                                            attn_implementation="eager", **kw)
+    model.eval()
+    routing = {}
+    for i, layer in enumerate(model.model.layers):
+        gate = getattr(layer.mlp, "gate", None)
+        if isinstance(gate, torch.nn.Module) and hasattr(gate, "top_k"):  # the MoE router module
+            def hook(_mod, _inp, out, i=i):
+                _, scores, idx = out
+                routing[i] = (idx.tolist(), scores.tolist())
+            gate.register_forward_hook(hook)
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens])).logits[0]
+    return logits, routing
+
+
+def goldens(name, cls_name, model_dir, tokens, extra):
+    logits, routing = forward(cls_name, model_dir, tokens)
+    lse = torch.logsumexp(logits, dim=-1)
+    g = {"name": name, "class": cls_name,
+         "versions": {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0]},
+         **extra,
+         "config_json": read_text(f"{model_dir}/config.json"),
+         "safetensors_sha256": sha256(f"{model_dir}/model.safetensors"),
+         "tokens": tokens,
+         "positions": POSITIONS,
+         "logit_rows": [[float(f"{v:.9g}") for v in logits[p].tolist()] for p in POSITIONS],
+         "logsumexp": [float(f"{v:.12g}") for v in lse.tolist()],
+         "next_logit": [float(f"{logits[t, tokens[t + 1]].item():.12g}") for t in range(len(tokens) - 1)],
+         "routing": [{"layer": l, "experts": routing[l][0],
+                      "gates": [[float(f"{v:.9g}") for v in row] for row in routing[l][1]]}
+                     for l in sorted(routing)]}
+    return g
+
+
+def run(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"hf_goldens.py: {' '.join(cmd)}: exit {r.returncode}: {r.stderr.strip()}")
+
+
+def make_all(binary, out, work):
+    tok_json = f"{out}/tokenizer.json"
+    byte_tokenizer(tok_json)
+    rng = np.random.default_rng(7)
+    result = {}
+    for name, (cls_name, cfg, dtype, seed) in MODELS.items():
+        d = f"{work}/{name}"
+        checkpoint(cls_name, cfg, dtype, seed, d)
+        shutil.copy(tok_json, d)
+        tokens = [int(t) for t in rng.integers(0, 257, N_TOKENS)]
+        result[name] = goldens(name, cls_name, d, tokens, {"seed": seed})
+    words = ["the", "expert", "router", "dense", "of", "and", "model", "token", "layer", "a", "merge", "group"]
+    calib_text = " ".join(words[i] for i in rng.integers(0, len(words), 160)) + "\n"
+    for name, (teacher, cls_name, cal, conv) in STUDENTS.items():
+        t, s = f"{work}/{teacher}", f"{work}/{name}"
+        with open(f"{work}/calib.txt", "w", encoding="utf-8") as f:
+            f.write(calib_text)
+        run([binary, "calibrate", "--model", t, "--data", f"{work}/calib.txt", "--out", f"{work}/{name}.stats", *cal])
+        run([binary, "convert", "--model", t, "--stats", f"{work}/{name}.stats", *conv, "--out", s])
+        resaved = f"{work}/{name}-resaved"
+        getattr(transformers, cls_name).from_pretrained(s, dtype="auto").save_pretrained(resaved)
+        tokens = result[teacher]["tokens"]
+        result[name] = goldens(name, cls_name, s, tokens, {
+            "teacher": teacher, "calibrate": cal, "convert": conv, "calib_text": calib_text,
+            "resaved_sha256": sha256(f"{resaved}/model.safetensors")})
+    for name, g in result.items():
+        with open(f"{out}/{name}.json", "w", encoding="utf-8") as f:
+            json.dump(g, f, indent=1)
+            f.write("\n")
+    return result
+
+
+def compare(new_dir, old_dir):
+    bad = []
+    for name in [*MODELS, *STUDENTS]:
+        with open(f"{new_dir}/{name}.json", encoding="utf-8") as f:
+            g = json.load(f)
+        with open(f"{old_dir}/{name}.json", encoding="utf-8") as f:
+            o = json.load(f)
+        for key in ("config_json", "safetensors_sha256", "tokens", "positions"):
+            if g[key] != o[key]:
+                bad.append(f"{name}: {key} differs")
+        if [r["experts"] for r in g["routing"]] != [r["experts"] for r in o["routing"]]:
+            bad.append(f"{name}: routing differs")
+        rows = zip(g["logit_rows"] + [g["logsumexp"], g["next_logit"]], o["logit_rows"] + [o["logsumexp"], o["next_logit"]])
+        d = max(float(np.max(np.abs(np.array(x) - np.array(y)))) for x, y in rows)
+        if d > 1e-9:
+            bad.append(f"{name}: logits differ by {d:.3g}")
+    return bad
+
+
+def main():
+    ap = argparse.ArgumentParser(usage=__doc__)
+    ap.add_argument("--bin")
+    ap.add_argument("--out")
+    ap.add_argument("--compare", nargs=2, metavar=("NEW_DIR", "OLD_DIR"))
+    a = ap.parse_args()
+    if a.compare:
+        bad = compare(*a.compare)
+        for b in bad:
+            print(f"hf_goldens.py: {b} in {a.compare[0]} and {a.compare[1]}", file=sys.stderr)
+        sys.exit(1 if bad else 0)
+    if not a.bin or not a.out:
+        ap.error("--bin and --out are required")
+    torch.manual_seed(0)
+    os.makedirs(a.out, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="m2d-hf-") as work:
+        result = make_all(os.path.abspath(a.bin), a.out, work)
+    for g in result.values():
+        print(f"{g['name']}: {g['class']}, sha256 {g['safetensors_sha256'][:16]}, "
+              f"{len(g['routing'])} MoE layers" + (f", re-saved {g['resaved_sha256'][:16]}" if "resaved_sha256" in g else ""))
+
+
+if __name__ == "__main__":
+    main()
