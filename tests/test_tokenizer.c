@@ -702,7 +702,7 @@ static void hand_cases_match_reference(void **state) {
     const char **args = m2d_malloc(sizeof(char *) * (2 * g_n_hand + 1));
     args[0] = "--pairs";
     for (size_t i = 0; i < g_n_hand; i++) {
-        char name[16];
+        char name[32];
         snprintf(name, sizeof name, "h%zu", i);
         args[1 + 2 * i] = write_tokenizer(dir, name, g_hand[i].json);
         char *text = m2d_strfmt("%s/%s/text.txt", dir, name);
