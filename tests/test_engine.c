@@ -9,6 +9,7 @@
 
 #include "engine/backend.h"
 #include "engine/engine.h"
+#include "routing.h"
 #include "testmodel.h"
 #include "base/util.h"
 
@@ -537,19 +538,6 @@ static void weight_cache_and_expert_order_give_identical_results(void **state) {
 
 /* ---------------- golden outputs of the tiny Qwen3-MoE ---------------- */
 
-typedef struct { int n_layers, n, k; int32_t *ids; float *gates; } routing_capture;
-
-static int capture_hook(void *user, const m2d_moe_event *ev) {
-    routing_capture *r = user;
-    for (int t = 0; t < ev->n_tokens; t++)
-        for (int j = 0; j < ev->top_k; j++) {
-            size_t o = ((size_t)ev->layer * r->n + t) * r->k + j;
-            r->ids[o] = ev->topk[t * ev->top_k + j];
-            r->gates[o] = ev->gates[t * ev->top_k + j];
-        }
-    return 0;
-}
-
 static void golden_tiny_qwen3moe(void **state) {
     (void)state;
     const char *dir = tu_models_dir();
@@ -574,8 +562,9 @@ static void golden_tiny_qwen3moe(void **state) {
 
     m2d_engine *e;
     assert_int_equal(m2d_engine_new(model, 2, &e), 0);
-    routing_capture rc = {4, 64, 8, malloc(sizeof(int32_t) * 4 * 64 * 8), malloc(sizeof(float) * 4 * 64 * 8)};
-    m2d_engine_set_moe_hook(e, capture_hook, &rc);
+    tu_routing rc;
+    tu_routing_init(&rc, 4, 64, 8);
+    m2d_engine_set_moe_hook(e, tu_routing_hook, &rc);
     float *lg = malloc(sizeof(float) * 64 * 8192);
     assert_int_equal(m2d_engine_logits(e, tok, 64, lg), 0);
 
@@ -627,7 +616,8 @@ static void golden_tiny_qwen3moe(void **state) {
     nll /= 63;
     print_message("golden: mean NLL %.9f (reference 5.395405632827731)\n", nll);
     assert_true(fabs(nll - 5.395405632827731) < 1e-5);
-    free(lg); free(ref); free(rc.ids); free(rc.gates);
+    free(lg); free(ref);
+    tu_routing_free(&rc);
     m2d_engine_free(e);
     m2d_model_close(model);
 }

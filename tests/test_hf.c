@@ -19,6 +19,7 @@
 #include "base/util.h"
 #include "engine/engine.h"
 #include "model/model.h"
+#include "routing.h"
 #include "testmodel.h"
 
 static char *g_work; /* checkpoints built so far: g_work/<name> */
@@ -125,19 +126,6 @@ static char *build_student(const cJSON *g) {
 }
 
 /* Logits and routing of the engine on the golden's tokens against transformers' float64 forward. */
-typedef struct { int n, k, n_layers; int32_t *ids; float *gates; } routing;
-
-static int capture(void *user, const m2d_moe_event *ev) {
-    routing *r = user;
-    for (int t = 0; t < ev->n_tokens; t++)
-        for (int j = 0; j < ev->top_k; j++) {
-            size_t o = ((size_t)ev->layer * r->n + t) * r->k + j;
-            r->ids[o] = ev->topk[t * ev->top_k + j];
-            r->gates[o] = ev->gates[t * ev->top_k + j];
-        }
-    return 0;
-}
-
 static void check_forward(const cJSON *g, const char *dir) {
     const char *name = str(g, "name");
     m2d_model *m;
@@ -148,10 +136,11 @@ static void check_forward(const cJSON *g, const char *dir) {
     int k = m->cfg.num_experts_per_tok > 0 ? m->cfg.num_experts_per_tok : 1;
     int32_t *tok = m2d_malloc(sizeof(int32_t) * (size_t)n);
     for (int t = 0; t < n; t++) tok[t] = cJSON_GetArrayItem(toks, t)->valueint;
-    routing r = {n, k, L, m2d_calloc((size_t)L * n * k, sizeof(int32_t)), m2d_calloc((size_t)L * n * k, sizeof(float))};
+    tu_routing r;
+    tu_routing_init(&r, L, n, k);
     m2d_engine *e;
     assert_int_equal(m2d_engine_new(m, 2, &e), 0);
-    m2d_engine_set_moe_hook(e, capture, &r);
+    m2d_engine_set_moe_hook(e, tu_routing_hook, &r);
     float *lg = m2d_malloc(sizeof(float) * (size_t)n * V);
     if (m2d_engine_logits(e, tok, n, lg) != 0) fail_msg("%s: %s", name, m2d_errmsg());
 
@@ -210,7 +199,8 @@ static void check_forward(const cJSON *g, const char *dir) {
     }
     if (n_moe) print_message("%s: routing identical (%d MoE layers), max |dgate| %.3g\n", name, n_moe, mg);
     assert_true(mg < 1e-5);
-    free(lg), free(tok), free(r.ids), free(r.gates);
+    free(lg), free(tok);
+    tu_routing_free(&r);
     m2d_engine_free(e);
     m2d_model_close(m);
 }

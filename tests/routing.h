@@ -1,0 +1,22 @@
+/* routing — records the engine's routing through its MoE hook, for tests that compare it with a
+ * golden routing: per MoE layer and token, the top-k experts and their gate weights. */
+#ifndef M2D_TEST_ROUTING_H
+#define M2D_TEST_ROUTING_H
+
+#include <stdint.h>
+
+#include "engine/engine.h"
+
+typedef struct {
+    int n, k;      /* tokens, experts per token */
+    int32_t *ids;  /* [layer][token][k], zero for dense layers */
+    float *gates;  /* same layout */
+} tu_routing;
+
+/* Storage for N_LAYERS x N tokens x K; free with tu_routing_free. */
+void tu_routing_init(tu_routing *r, int n_layers, int n, int k);
+void tu_routing_free(tu_routing *r);
+/* An m2d_moe_hook: m2d_engine_set_moe_hook(e, tu_routing_hook, &routing). */
+int tu_routing_hook(void *user, const m2d_moe_event *ev);
+
+#endif
