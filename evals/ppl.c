@@ -255,6 +255,34 @@ static int encode(const m2d_tokenizer *tk, const char *s, size_t n, int32_t **id
     return m2d_tokenizer_encode(tk, s, n, ids, n_ids);
 }
 
+int m2d_ppl_gptq_tokens(m2d_engine *e, const int32_t *ids, size_t n, int L, int max_windows,
+                        const char *progress_label, m2d_ppl_result *out) {
+    int nw = (int)(n / (size_t)L);
+    if (max_windows > 0) nw = M2D_MIN(nw, max_windows);
+    if (nw == 0) return m2d_err("ppl: gptq: %zu tokens is less than one window of %d", n, L);
+    double *lp = m2d_malloc(sizeof(double) * (size_t)L);
+    m2d_progress pr;
+    if (progress_label) m2d_progress_start(&pr, progress_label, nw);
+    double nll = 0;
+    int rc = 0;
+    for (int w = 0; w < nw && rc == 0; w++) {
+        const int32_t *t = ids + (size_t)w * L;
+        /* positions 0..L-2 predict tokens 1..L-1 (the last position predicts nothing) */
+        rc = m2d_engine_logprobs(e, t, L - 1, t + 1, 0, lp);
+        for (int i = 0; rc == 0 && i < L - 1; i++) nll -= lp[i];
+        if (progress_label) m2d_progress_update(&pr, w + 1);
+    }
+    if (progress_label) m2d_progress_end(&pr);
+    free(lp);
+    if (rc) return -1;
+    out->seq_len = L;
+    out->windows = nw;
+    out->tokens_scored = (int64_t)nw * (L - 1);
+    out->nll_sum = nll;
+    out->ppl = exp(nll / (double)out->tokens_scored);
+    return 0;
+}
+
 int m2d_ppl_gptq(m2d_engine *e, const m2d_tokenizer *tk, const char *text, size_t len, int seq_len,
                  int max_windows, m2d_ppl_result *out) {
     memset(out, 0, sizeof *out);
@@ -270,33 +298,9 @@ int m2d_ppl_gptq(m2d_engine *e, const m2d_tokenizer *tk, const char *text, size_
     size_t n = 0;
     int rc = encode(tk, joined, jl, &ids, &n);
     free(joined);
-    if (rc) return -1;
-    int nw = (int)(n / (size_t)L);
-    if (max_windows > 0) nw = M2D_MIN(nw, max_windows);
-    if (nw == 0) {
-        free(ids);
-        return m2d_err("ppl: gptq: %zu tokens is less than one window of %d", n, L);
-    }
-    double *lp = m2d_malloc(sizeof(double) * (size_t)L);
-    m2d_progress pr;
-    m2d_progress_start(&pr, "ppl gptq", nw);
-    double nll = 0;
-    for (int w = 0; w < nw && rc == 0; w++) {
-        const int32_t *t = ids + (size_t)w * L;
-        /* positions 0..L-2 predict tokens 1..L-1 (the last position predicts nothing) */
-        rc = m2d_engine_logprobs(e, t, L - 1, t + 1, 0, lp);
-        for (int i = 0; rc == 0 && i < L - 1; i++) nll -= lp[i];
-        m2d_progress_update(&pr, w + 1);
-    }
-    m2d_progress_end(&pr);
-    free(lp);
+    if (rc == 0) rc = m2d_ppl_gptq_tokens(e, ids, n, L, max_windows, "ppl gptq", out);
     free(ids);
     if (rc) return -1;
-    out->seq_len = L;
-    out->windows = nw;
-    out->tokens_scored = (int64_t)nw * (L - 1);
-    out->nll_sum = nll;
-    out->ppl = exp(nll / (double)out->tokens_scored);
     out->seconds = m2d_now() - t0;
     return 0;
 }
