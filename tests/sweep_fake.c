@@ -1,14 +1,16 @@
-/* sweep_fake — a deterministic, instant backend for testing the sweep machinery (grid, dedup,
- * CSV, resume, shards, Slurm) without a model. Its "student" is a hash of what the real pipeline's
- * fingerprint covers; at K = k every grouping gives the same student, as in the real conversion.
- * Test hooks: a scoring named "fail..." fails to build; params "nan" gives a non-finite PPL;
- * $M2D_FAKE_DELAY_MS sleeps in evaluate (so tests can kill a sweep mid-run). */
+/* sweep_fake — test-only sweep backend "fake": deterministic and instant, for testing the sweep
+ * machinery (grid, dedup, CSV, resume, shards, Slurm) without a model. Its "student" is a hash of
+ * what the real pipeline's fingerprint covers; at K = k every grouping gives the same student, as
+ * in the real conversion. Test hooks: a scoring named "fail..." fails to build; params "nan" gives
+ * a non-finite PPL; $M2D_FAKE_DELAY_MS sleeps in evaluate (so tests can kill a sweep mid-run).
+ * Linked into the tests, the benches and the test CLI (build/tests/moe2dense-test), never into
+ * the product binary; it registers itself like any backend. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "sweep/sweep.h"
+#include "sweep/sweep_backend.h"
 #include "base/util.h"
 
 typedef struct {
@@ -84,27 +86,22 @@ static void fake_free_student(m2d_sweep_backend *b, void *student) {
 
 static void fake_destroy(m2d_sweep_backend *b) { free(b->self); }
 
-static int fake_count_distinct(m2d_sweep_backend *b, const m2d_experiment *x, const int *idx, int n) {
+static int fake_plan_fingerprint(m2d_sweep_backend *b, const m2d_experiment *x, const m2d_grid_config *c,
+                                 char fp[65]) {
     (void)b;
-    char(*fps)[65] = m2d_malloc((size_t)(n + 1) * sizeof *fps);
-    int distinct = 0;
-    for (int i = 0; i < n; i++) {
-        if (strncmp(x->configs[idx[i]].scoring, "fail", 4) == 0) continue;
-        char fp[65];
-        fake_fingerprint(x, &x->configs[idx[i]], fp);
-        int seen = 0;
-        for (int j = 0; j < distinct && !seen; j++) seen = strcmp(fps[j], fp) == 0;
-        if (!seen) memcpy(fps[distinct++], fp, 65);
-    }
-    free(fps);
-    return distinct;
+    if (strncmp(c->scoring, "fail", 4) == 0) return 1; /* fails to build: no student */
+    fake_fingerprint(x, c, fp);
+    return 0;
 }
 
-int m2d_sweep_backend_fake(const m2d_experiment *x, m2d_sweep_backend *b) {
+static int make_fake(const m2d_experiment *x, m2d_sweep_backend *b) {
     fake *f = m2d_calloc(1, sizeof *f);
     f->x = x;
     *b = (m2d_sweep_backend){.name = "fake", .self = f, .prepare = fake_prepare, .build = fake_build,
-                             .evaluate = fake_evaluate, .evaluate_mc = fake_evaluate_mc, .free_student = fake_free_student, .destroy = fake_destroy,
-                             .count_distinct = fake_count_distinct};
+                             .evaluate = fake_evaluate, .evaluate_mc = fake_evaluate_mc,
+                             .free_student = fake_free_student, .destroy = fake_destroy,
+                             .plan_fingerprint = fake_plan_fingerprint};
     return 0;
 }
+
+M2D_SWEEP_BACKEND(fake, "fake", make_fake)

@@ -1,6 +1,7 @@
 /* sweep: grid expansion, shards, the crash-safe CSV, dedup, failures, resume (incl. kill -9 of a
  * real sweep process at several moments), merge and the CLI — all on the deterministic "fake"
- * backend, so no model is needed. */
+ * backend (tests/sweep_fake.c; the CLI runs are of tu_test_bin(), which links it), so no model is
+ * needed. */
 #include "testutil.h"
 
 #include <math.h>
@@ -16,6 +17,7 @@
 #include "sweep/report.h"
 #include "io/results.h"
 #include "sweep/sweep.h"
+#include "sweep/sweep_backend.h"
 #include "base/util.h"
 
 /* A temp dir with a fake teacher (config.json only: E = 64, k = 8) and an experiments file. */
@@ -200,13 +202,13 @@ static void shards_partition_the_grid(void **state) {
     m2d_experiment x;
     assert_int_equal(m2d_experiment_load(fx.toml, "grid", NULL, 0, &x), 0);
     m2d_sweep_backend b;
-    assert_int_equal(m2d_sweep_backend_fake(&x, &b), 0);
+    assert_int_equal(m2d_sweep_backend_make(&x, &b), 0);
     for (int n = 1; n <= 7; n += 3) {
         int *seen = m2d_calloc((size_t)x.n_configs, sizeof *seen), lo = 1 << 30, hi = 0, students = 0;
         for (int i = 1; i <= n; i++) {
             int *idx, cnt = m2d_grid_shard(&x, i, n, &idx);
             /* the work is the distinct students: dealt evenly, and dedup never crosses shards */
-            int distinct = b.count_distinct(&b, &x, idx, cnt);
+            int distinct = m2d_sweep_count_distinct(&b, &x, idx, cnt);
             students += distinct;
             lo = M2D_MIN(lo, distinct);
             hi = M2D_MAX(hi, distinct);
@@ -391,7 +393,7 @@ static void sigkill_at_any_moment_then_resume(void **state) {
     m2d_experiment x;
     assert_int_equal(m2d_experiment_load(fx.toml, "grid", NULL, 0, &x), 0);
     char *cmd = m2d_strfmt("M2D_FAKE_DELAY_MS=3 exec %s sweep %s --experiment grid --out %s --jobs 2 >/dev/null 2>&1",
-                           tu_bin(), fx.toml, fx.csv);
+                           tu_test_bin(), fx.toml, fx.csv);
     /* kill delays in microseconds: before the header exists, early, and mid-run */
     const int delays[] = {0, 2000, 30000, 80000, 150000, 250000};
     for (size_t k = 0; k < M2D_ARRAY_LEN(delays); k++) {
@@ -419,7 +421,7 @@ static void sigkill_at_any_moment_then_resume(void **state) {
         fputs("deadbeef0000,sf,rr,uni", f);
         fclose(f);
     }
-    char *finish = m2d_strfmt("%s sweep %s --experiment grid --out %s --jobs 2", tu_bin(), fx.toml, fx.csv);
+    char *finish = m2d_strfmt("%s sweep %s --experiment grid --out %s --jobs 2", tu_test_bin(), fx.toml, fx.csv);
     char *out = NULL, *err = NULL;
     assert_int_equal(tu_run(finish, &out, &err), 0);
     if (m2d_file_exists(fx.csv)) assert_non_null(strstr(out, "configurations"));
@@ -448,7 +450,7 @@ static void cli_dry_run_shards_and_merge(void **state) {
     (void)state;
     fixture fx = make_fixture();
     char *out = NULL, *err = NULL;
-    char *c = m2d_strfmt("%s sweep %s --experiment grid --dry-run", tu_bin(), fx.toml);
+    char *c = m2d_strfmt("%s sweep %s --experiment grid --dry-run", tu_test_bin(), fx.toml);
     assert_int_equal(tu_run(c, &out, &err), 0);
     assert_non_null(strstr(out, "configurations: 280"));
     assert_non_null(strstr(out, "distinct students: 224"));
@@ -458,11 +460,11 @@ static void cli_dry_run_shards_and_merge(void **state) {
     free(err);
     /* three shards, then merge: same rows as a single run */
     for (int i = 1; i <= 3; i++) {
-        c = m2d_strfmt("%s sweep %s --experiment grid --shard %d/3 --out %s/s%d.csv", tu_bin(), fx.toml, i, fx.dir, i);
+        c = m2d_strfmt("%s sweep %s --experiment grid --shard %d/3 --out %s/s%d.csv", tu_test_bin(), fx.toml, i, fx.dir, i);
         assert_int_equal(tu_run(c, NULL, NULL), 0);
         free(c);
     }
-    c = m2d_strfmt("%s merge %s/all.csv %s/s1.csv %s/s2.csv %s/s3.csv --experiments %s --experiment grid", tu_bin(),
+    c = m2d_strfmt("%s merge %s/all.csv %s/s1.csv %s/s2.csv %s/s3.csv --experiments %s --experiment grid", tu_test_bin(),
                    fx.dir, fx.dir, fx.dir, fx.dir, fx.toml);
     assert_int_equal(tu_run(c, &out, &err), 0);
     free(c);
@@ -479,7 +481,7 @@ static void cli_dry_run_shards_and_merge(void **state) {
     assert_non_null(strstr(m2d_results_meta(&r, "merged_from"), "s3.csv (shard 3/3"));
     m2d_results_free(&r);
     /* a missing shard is a gap; a shard given twice is a duplicate; nothing written */
-    c = m2d_strfmt("%s merge %s/gap.csv %s/s1.csv %s/s3.csv --experiments %s --experiment grid", tu_bin(), fx.dir,
+    c = m2d_strfmt("%s merge %s/gap.csv %s/s1.csv %s/s3.csv --experiments %s --experiment grid", tu_test_bin(), fx.dir,
                    fx.dir, fx.dir, fx.toml);
     assert_int_not_equal(tu_run(c, &out, &err), 0);
     assert_non_null(strstr(err, "configurations missing"));
@@ -497,7 +499,7 @@ static void cli_dry_run_shards_and_merge(void **state) {
     assert_false(m2d_file_exists(gap));
     assert_false(m2d_file_exists(dup));
     /* a run of a different experiment cannot be appended to this file */
-    c = m2d_strfmt("%s sweep %s --experiment small --out %s", tu_bin(), fx.toml, all);
+    c = m2d_strfmt("%s sweep %s --experiment small --out %s", tu_test_bin(), fx.toml, all);
     assert_int_not_equal(tu_run(c, &out, &err), 0);
     assert_non_null(strstr(err, "refusing to mix") ? err : strstr(err, "columns"));
     free(c);
@@ -519,6 +521,32 @@ static void cli_dry_run_shards_and_merge(void **state) {
     free(gap);
     free(dup);
     free(all);
+    m2d_experiment_free(&x);
+    free_fixture(&fx);
+}
+
+/* The fake backend is a test fixture: the product binary does not have it, and says so. */
+static void product_binary_has_no_fake_backend(void **state) {
+    (void)state;
+    fixture fx = make_fixture();
+    char *out = NULL, *err = NULL;
+    char *c = m2d_strfmt("%s sweep %s --experiment grid --dry-run", tu_bin(), fx.toml);
+    assert_int_not_equal(tu_run(c, &out, &err), 0);
+    assert_non_null(strstr(err, "experiments.toml:4:"));
+    assert_non_null(strstr(err, "'backend': 'fake' is not a registered sweep backend (pipeline)"));
+    free(c);
+    free(out);
+    free(err);
+    c = m2d_strfmt("%s sweep %s --experiment grid --dry-run", tu_test_bin(), fx.toml);
+    assert_int_equal(tu_run(c, &out, &err), 0);
+    free(c);
+    free(out);
+    free(err);
+    /* in-process (the tests link the fake backend), an unknown name is refused by the loader too */
+    m2d_experiment x;
+    char *sets[] = {"backend='nope'"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 1, &x), -1);
+    assert_non_null(strstr(m2d_errmsg(), "'nope' is not a registered sweep backend (fake, pipeline)"));
     m2d_experiment_free(&x);
     free_fixture(&fx);
 }
@@ -614,6 +642,7 @@ int main(void) {
         cmocka_unit_test(sweep_dedups_records_failures_and_resumes),
         cmocka_unit_test(sigkill_at_any_moment_then_resume),
         cmocka_unit_test(cli_dry_run_shards_and_merge),
+        cmocka_unit_test(product_binary_has_no_fake_backend),
         cmocka_unit_test(mc_stage_best_per_pair_fills_columns_and_resumes),
         cmocka_unit_test(shipped_experiments_file_is_valid),
     };

@@ -1,5 +1,6 @@
 /* sweep_pipeline: the real backend on ../shared/models/tiny-qwen3moe.
- *  - PPL on once-encoded tokens equals m2d_ppl_gptq (the library path that encodes per call);
+ *  - PPL on once-encoded tokens (m2d_ppl_gptq_tokens, what the pipeline scores with) equals
+ *    m2d_ppl_gptq (the library path that encodes per call);
  *  - a small sweep: calibration cached and reused, K = k rows across groupings recorded as
  *    dedup_of (decided by the plan fingerprint), and one configuration's PPL equals an
  *    independent path: `moe2dense calibrate` + `convert --out DIR` + `ppl --model DIR`. */
@@ -57,10 +58,10 @@ static void ppl_on_tokens_matches_library_gptq(void **state) {
     char *joined = m2d_ppl_gptq_text(raw, cut + 1, &jl);
     int32_t *ids;
     assert_int_equal(m2d_tokenizer_encode(tk, joined, jl, &ids, &n), 0);
-    double ppl;
-    int windows;
-    assert_int_equal(m2d_sweep_ppl_tokens(e, ids, n, 64, 3, &ppl, &windows), 0);
-    assert_int_equal(windows, ref.windows);
+    m2d_ppl_result tok;
+    assert_int_equal(m2d_ppl_gptq_tokens(e, ids, n, 64, 3, NULL, &tok), 0);
+    double ppl = tok.ppl;
+    assert_int_equal(tok.windows, ref.windows);
     /* the same engine calls on the same tokens in the same order: identical sums */
     assert_true(ppl == ref.ppl);
     assert_true(isfinite(ppl) && ppl > 1);

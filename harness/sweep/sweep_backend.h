@@ -1,0 +1,77 @@
+/* sweep_backend — what the sweep runner asks of "evaluate one configuration", and the table of
+ * backends by name (experiments.toml: backend = "NAME").
+ *
+ * The runner (grid, dedup, CSV, resume, shards, worker pool, MC stage) talks only to this
+ * interface, so it is independent of the conversion pipeline:
+ *   prepare  once per run (the pipeline backend calibrates here, cached by hash)
+ *   build    construct the student of one configuration and its fingerprint (a hash of selected
+ *            sets, groups, merge weights and alpha: equal fingerprints = provably the same student)
+ *   evaluate perplexity (and multiple choice when configured) of a built student
+ * A backend registers itself from its own file with M2D_SWEEP_BACKEND (like plugins and
+ * commands): the product registers "pipeline" (sweep_pipeline.c); the tests link a deterministic
+ * "fake" (tests/sweep_fake.c) that the product binary does not contain. */
+#ifndef M2D_SWEEP_BACKEND_H
+#define M2D_SWEEP_BACKEND_H
+
+#include <stdint.h>
+
+#include "sweep/grid.h"
+
+typedef struct {
+    char fingerprint[65];   /* build: hex; equal => same student */
+    int64_t d_dense;        /* build: dense FFN width (k * d_e) */
+    int64_t n_params;       /* build: student parameter count */
+    double ppl;             /* evaluate: NaN when it blew up */
+    int ppl_windows;        /* evaluate: windows actually scored */
+    double *mc;             /* evaluate: [n_mc_cols] (NaN = not run); allocated by the runner */
+    char error[256];        /* why build/evaluate failed */
+} m2d_sweep_result;
+
+typedef struct m2d_sweep_backend m2d_sweep_backend;
+struct m2d_sweep_backend {
+    const char *name;
+    void *self;
+    int threads;            /* compute threads per job, set by the runner before prepare */
+    /* once per run; fill hashes identifying the teacher and the calibration (for the CSV header) */
+    int (*prepare)(m2d_sweep_backend *b, const m2d_experiment *x, char model_hash[65], char calib_hash[65]);
+    /* 0 and *student, or -1 with res->error */
+    int (*build)(m2d_sweep_backend *b, const m2d_grid_config *c, void **student, m2d_sweep_result *res);
+    int (*evaluate)(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res);
+    void (*free_student)(m2d_sweep_backend *b, void *student);
+    void (*destroy)(m2d_sweep_backend *b);
+    /* optional: multiple-choice tasks of the experiment on a built student: res->mc[2t] = acc,
+     * res->mc[2t+1] = acc_norm (NaN when the task has none), res->mc[2 n_tasks] = the average of
+     * each task's paper metric */
+    int (*evaluate_mc)(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res);
+    /* optional (dry run): the fingerprint configuration C's student would have, without building
+     * it: 0 and fp; 1 when C would fail to build (it makes no student); -1 when the backend cannot
+     * tell yet (e.g. no cached calibration statistics) */
+    int (*plan_fingerprint)(m2d_sweep_backend *b, const m2d_experiment *x, const m2d_grid_config *c, char fp[65]);
+};
+
+/* A registered backend: MAKE fills *b for experiment X (0, or -1 + m2d_err). */
+typedef struct {
+    const char *name;       /* as in experiments.toml: "pipeline" */
+    int (*make)(const m2d_experiment *x, m2d_sweep_backend *b);
+} m2d_sweep_backend_def;
+
+void m2d_sweep_backend_register(const m2d_sweep_backend_def *d);
+const m2d_sweep_backend_def *m2d_sweep_backend_find(const char *name);
+/* The registered names, comma separated, sorted (malloc'd), for messages. */
+char *m2d_sweep_backend_names(void);
+/* The backend x->backend names, made for X; -1 + m2d_err naming the registered ones when unknown. */
+int m2d_sweep_backend_make(const m2d_experiment *x, m2d_sweep_backend *b);
+
+/* Exact number of distinct students among configurations idx[0..n) from plan_fingerprint
+ * (configurations that would fail to build are not students); -1 when the backend cannot tell. */
+int m2d_sweep_count_distinct(m2d_sweep_backend *b, const m2d_experiment *x, const int *idx, int n);
+
+/* Put at file scope in the backend's .c file:
+ *   M2D_SWEEP_BACKEND(pipeline, "pipeline", make_pipeline) */
+#define M2D_SWEEP_BACKEND(ident, name_, make_)                                          \
+    static const m2d_sweep_backend_def ident##_sweep_backend = {name_, make_};          \
+    __attribute__((constructor)) static void ident##_sweep_backend_register(void) {     \
+        m2d_sweep_backend_register(&ident##_sweep_backend);                             \
+    }
+
+#endif
