@@ -5,33 +5,17 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "criteria/registry.h"
 
 /* ---- names and number formatting ---- */
 
-static const char *const NAMES[][2] = {
-    {"sf", "Selection Frequency"},       {"pp", "Pre-Selection Probability"},
-    {"ps", "Post-Selection Probability"}, {"cp", "Conditional Probability"},
-    {"acp", "Activation-Wtd Cond. Prob."}, {"do-cp", "D-Optimal + CP"},
-    {"do-acp", "D-Optimal + ACP"},         {"rr", "Round-Robin"},
-    {"wc", "Weight Cluster"},              {"rc", "Router Cluster"},
-    {"ab", "Anchor-Based"},                {"oc", "Output Cluster"},
-    {"uniform", "Uniform"},                {"proportional", "Proportional"},
-    {"avg-cp", "Avg-CP"},                  {"reap", "REAP"},
-    {"man", "MAN"},                        {"msan", "MSAN"},
-    {"ean", "EAN"},                        {"conmoe", "ConMoE"},
-};
+/* names come from the plugin registrations (criteria/registry.h: display, report_rank) */
+const char *m2d_report_display_name(const char *name) { return m2d_plugin_display_name(name); }
 
-const char *m2d_report_display_name(const char *name) {
-    for (size_t i = 0; i < M2D_ARRAY_LEN(NAMES); i++)
-        if (strcmp(NAMES[i][0], name) == 0) return NAMES[i][1];
-    return name;
-}
-
-/* position in the paper's order (known names first), else a large number */
+/* position in the paper's order (ranked plugins first), else a large number */
 static int known_order(const char *name) {
-    for (size_t i = 0; i < M2D_ARRAY_LEN(NAMES); i++)
-        if (strcmp(NAMES[i][0], name) == 0) return (int)i;
-    return 1000;
+    int rank = m2d_plugin_report_rank(name);
+    return rank > 0 ? rank - 1 : 1000;
 }
 
 static void with_thousands(long long v, char *buf, size_t n) {

@@ -16,7 +16,8 @@ typedef enum { M2D_REPORT_MD, M2D_REPORT_TEX, M2D_REPORT_CSV } m2d_report_format
 
 /* Compact PPL text into buf ("–" for NaN / inf). */
 void m2d_report_format_ppl(double ppl, char *buf, size_t n);
-/* Long display name of a plugin ("sf" -> "Selection Frequency"); the name itself when unknown. */
+/* Long display name of a plugin ("sf" -> "Selection Frequency", from its registration); the name
+ * itself when unknown or without one. */
 const char *m2d_report_display_name(const char *name);
 
 /* Write the table and the per-criterion summary. */
