@@ -67,6 +67,7 @@ $(BUILD)/%.o: %.c
 # never into the product binary
 TEST_LIB_SRC := $(filter-out tests/test_%.c,$(sort $(wildcard tests/*.c)))
 TEST_LIB_OBJ := $(TEST_LIB_SRC:%.c=$(BUILD)/%.o)
+.SECONDARY: $(TEST_LIB_OBJ) # built by a pattern rule, but not intermediate: keep them
 
 $(BUILD)/tests/%: tests/%.c $(LIB_OBJ) $(TEST_LIB_OBJ)
 	@mkdir -p $(dir $@)

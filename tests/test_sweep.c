@@ -3,6 +3,7 @@
  * backend (tests/sweep_fake.c; the CLI runs are of tu_test_bin(), which links it), so no model is
  * needed. */
 #include "testutil.h"
+#include "sweep_fixture.h"
 
 #include <math.h>
 #include <signal.h>
@@ -19,11 +20,6 @@
 #include "sweep/sweep.h"
 #include "sweep/sweep_backend.h"
 #include "base/util.h"
-
-/* A temp dir with a fake teacher (config.json only: E = 64, k = 8) and an experiments file. */
-typedef struct {
-    char *dir, *toml, *csv;
-} fixture;
 
 static const char *EXPERIMENTS =
     "[experiment.grid]\n"
@@ -72,42 +68,17 @@ static const char *EXPERIMENTS =
     "scoring = 'cp'\n"
     "K = 'k'\n";
 
+/* A temp dir with a fake teacher (config.json only: E = 64, k = 8) and the experiments above. */
+typedef tu_sweep_fixture fixture;
+
 static fixture make_fixture(void) {
-    fixture fx;
-    fx.dir = tu_tmpdir();
-    char *model = m2d_path_join(fx.dir, "teacher");
-    assert_int_equal(m2d_mkdir_p(model), 0);
-    char *cfg = m2d_path_join(model, "config.json");
     const char *json = "{\"num_experts\": 64, \"num_experts_per_tok\": 8, \"moe_intermediate_size\": 72,"
                        " \"hidden_size\": 192, \"num_hidden_layers\": 4, \"vocab_size\": 8192,"
                        " \"num_attention_heads\": 6, \"num_key_value_heads\": 2, \"head_dim\": 32}";
-    tu_write(cfg, json, strlen(json));
-    /* substitute the model path */
-    const char *at = EXPERIMENTS;
-    char *text = m2d_strdup("");
-    for (;;) {
-        const char *m = strstr(at, "MODEL");
-        char *next = m ? m2d_strfmt("%s%.*s%s", text, (int)(m - at), at, model) : m2d_strfmt("%s%s", text, at);
-        free(text);
-        text = next;
-        if (!m) break;
-        at = m + 5;
-    }
-    fx.toml = m2d_path_join(fx.dir, "experiments.toml");
-    tu_write(fx.toml, text, strlen(text));
-    fx.csv = m2d_path_join(fx.dir, "results.csv");
-    free(text);
-    free(cfg);
-    free(model);
-    return fx;
+    return tu_sweep_fixture_make(json, EXPERIMENTS);
 }
 
-static void free_fixture(fixture *fx) {
-    tu_rm_rf(fx->dir);
-    free(fx->dir);
-    free(fx->toml);
-    free(fx->csv);
-}
+static void free_fixture(fixture *fx) { tu_sweep_fixture_free(fx); }
 
 static void grid_expands_resolves_and_trims(void **state) {
     (void)state;
