@@ -30,5 +30,7 @@ int m2d_report_plot_data(const m2d_results *r, const char *dir);
 /* Paper-style MC selection: for each scoring x grouping pair, the row (K, scaling) with the
  * lowest finite PPL. Row indices into r -> *rows (malloc'd); returns the count. */
 int m2d_report_best_per_pair(const m2d_results *r, int **rows);
+/* Those rows, one a line: "CONFIG_ID SCORING GROUPING SCALING K=K ppl=PPL". */
+int m2d_report_write_best_per_pair(const m2d_results *r, FILE *f);
 
 #endif
