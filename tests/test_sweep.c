@@ -19,6 +19,8 @@
 #include "io/results.h"
 #include "sweep/sweep.h"
 #include "sweep/sweep_backend.h"
+#include "sweep/sweep_csv.h"
+#include "sweep/sweep_mc.h"
 #include "base/util.h"
 
 static const char *EXPERIMENTS =
@@ -583,6 +585,72 @@ static void mc_stage_best_per_pair_fills_columns_and_resumes(void **state) {
     free_fixture(&fx);
 }
 
+/* The run header grows as needed (it was a fixed array of 16 with no bounds check). */
+static void run_header_grows_without_bound(void **state) {
+    (void)state;
+    m2d_sweep_meta m = {0};
+    for (int i = 0; i < 40; i++) m2d_sweep_meta_add(&m, m2d_strfmt("k%d=v%d", i, i));
+    fixture fx = make_fixture();
+    m2d_experiment x;
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", NULL, 0, &x), 0);
+    m2d_sweep_meta_build(&x, 2, 3, "mh", "ch", &m);
+    assert_int_equal(m.n, 40 + 13);
+    assert_string_equal(m.items[0], "k0=v0");
+    assert_string_equal(m.items[39], "k39=v39");
+    assert_string_equal(m.items[40], "moe2dense-results=1");
+    int found = 0;
+    for (int i = 40; i < m.n; i++)
+        found += !strcmp(m.items[i], "experiment=grid") + !strcmp(m.items[i], "shard=2/3") +
+                 !strcmp(m.items[i], "model_hash=mh") + !strcmp(m.items[i], "backend=fake");
+    assert_int_equal(found, 4);
+    m2d_sweep_meta_free(&m);
+    assert_int_equal(m.n, 0);
+    m2d_experiment_free(&x);
+    free_fixture(&fx);
+}
+
+static void write_csv(const char *path, const char *const *cols, int n_cols, const char *const *cells, int n_rows) {
+    m2d_results_writer w;
+    const char *meta[] = {"experiment=e"};
+    assert_int_equal(m2d_results_open(path, cols, n_cols, meta, 1, NULL, 0, &w, NULL), 0);
+    for (int r = 0; r < n_rows; r++) assert_int_equal(m2d_results_append(&w, cells + (size_t)r * n_cols), 0);
+    m2d_results_close(&w);
+}
+
+/* The MC stage copies sidecar values into the main file by column name, whatever the order of
+ * the columns in either file, to every row of the same student; a missing column is an error. */
+static void mc_fill_finds_columns_by_name(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), *out = m2d_path_join(dir, "r.csv"), *side = m2d_path_join(dir, "r.csv.mc.csv");
+    const char *main_cols[] = {"config_id", "ppl", "arc_easy_acc", "mc_avg", "status", "fingerprint"};
+    const char *main_cells[] = {"a", "10", "", "", "ok", "fp1",
+                                "b", "10", "", "", "ok", "fp1",
+                                "c", "12", "", "", "ok", "fp2"};
+    write_csv(out, main_cols, 6, main_cells, 3);
+    const char *side_cols[] = {"status", "mc_avg", "config_id", "wall_s", "arc_easy_acc"};
+    const char *side_cells[] = {"ok", "0.500000", "a", "1.0", "0.250000",
+                                "failed: boom", "0.900000", "c", "1.0", "0.900000"};
+    write_csv(side, side_cols, 5, side_cells, 2);
+    char *mc[] = {"arc_easy_acc", "mc_avg"};
+    assert_int_equal(m2d_sweep_mc_fill(out, side, mc, 2), 0);
+    m2d_results r;
+    assert_int_equal(m2d_results_read(out, &r), 0);
+    for (int i = 0; i < 2; i++) { /* a and its dedup b: the same student */
+        assert_string_equal(m2d_results_get(&r, i, "arc_easy_acc"), "0.250000");
+        assert_string_equal(m2d_results_get(&r, i, "mc_avg"), "0.500000");
+        assert_string_equal(m2d_results_get(&r, i, "ppl"), "10");
+    }
+    assert_string_equal(m2d_results_get(&r, 2, "arc_easy_acc"), ""); /* its MC run failed */
+    m2d_results_free(&r);
+    char *missing[] = {"winogrande_acc"};
+    assert_int_equal(m2d_sweep_mc_fill(out, side, missing, 1), -1);
+    assert_non_null(strstr(m2d_errmsg(), "r.csv: field 'winogrande_acc': column missing"));
+    tu_rm_rf(dir);
+    free(dir);
+    free(out);
+    free(side);
+}
+
 static void shipped_experiments_file_is_valid(void **state) {
     (void)state;
     /* experiments.toml at the top of the repository: the paper grid is 350 configurations on a
@@ -615,6 +683,8 @@ int main(void) {
         cmocka_unit_test(cli_dry_run_shards_and_merge),
         cmocka_unit_test(product_binary_has_no_fake_backend),
         cmocka_unit_test(mc_stage_best_per_pair_fills_columns_and_resumes),
+        cmocka_unit_test(run_header_grows_without_bound),
+        cmocka_unit_test(mc_fill_finds_columns_by_name),
         cmocka_unit_test(shipped_experiments_file_is_valid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
