@@ -3,6 +3,7 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <math.h>
+#include <stdio.h>
 #include <pcre2.h>
 #include <stdlib.h>
 #include <string.h>
@@ -255,6 +256,19 @@ static int encode(const m2d_tokenizer *tk, const char *s, size_t n, int32_t **id
     return m2d_tokenizer_encode(tk, s, n, ids, n_ids);
 }
 
+/* What both protocols do first: OUT reset for PROTOCOL (a literal), the text non-empty and UTF-8,
+ * the window length *L chosen. */
+static int start(m2d_engine *e, const char *protocol, const char *text, size_t len, int seq_len,
+                 m2d_ppl_result *out, int *L) {
+    memset(out, 0, sizeof *out);
+    out->protocol = protocol;
+    if (len == 0) return m2d_err("ppl: %s: empty text", protocol);
+    char what[32];
+    snprintf(what, sizeof what, "ppl: %s text", protocol);
+    if (m2d_ppl_check_utf8(what, text, len)) return -1;
+    return m2d_ppl_seq_len(e, protocol, seq_len, L);
+}
+
 int m2d_ppl_gptq_tokens(m2d_engine *e, const int32_t *ids, size_t n, int L, int max_windows,
                         const char *progress_label, m2d_ppl_result *out) {
     int nw = (int)(n / (size_t)L);
@@ -285,13 +299,9 @@ int m2d_ppl_gptq_tokens(m2d_engine *e, const int32_t *ids, size_t n, int L, int 
 
 int m2d_ppl_gptq(m2d_engine *e, const m2d_tokenizer *tk, const char *text, size_t len, int seq_len,
                  int max_windows, m2d_ppl_result *out) {
-    memset(out, 0, sizeof *out);
-    out->protocol = "gptq";
     double t0 = m2d_now();
-    if (len == 0) return m2d_err("ppl: gptq: empty text");
-    if (m2d_ppl_check_utf8("ppl: gptq text", text, len)) return -1;
     int L;
-    if (m2d_ppl_seq_len(e, "gptq", seq_len, &L)) return -1;
+    if (start(e, "gptq", text, len, seq_len, out, &L)) return -1;
     size_t jl;
     char *joined = m2d_ppl_gptq_text(text, len, &jl);
     int32_t *ids = NULL;
@@ -307,13 +317,9 @@ int m2d_ppl_gptq(m2d_engine *e, const m2d_tokenizer *tk, const char *text, size_
 
 int m2d_ppl_lmeval(m2d_engine *e, const m2d_tokenizer *tk, const char *text, size_t len, int seq_len,
                    int max_windows, m2d_ppl_result *out) {
-    memset(out, 0, sizeof *out);
-    out->protocol = "lm-eval";
     double t0 = m2d_now();
-    if (len == 0) return m2d_err("ppl: lm-eval: empty text");
-    if (m2d_ppl_check_utf8("ppl: lm-eval text", text, len)) return -1;
     int L;
-    if (m2d_ppl_seq_len(e, "lm-eval", seq_len, &L)) return -1;
+    if (start(e, "lm-eval", text, len, seq_len, out, &L)) return -1;
     int P = m2d_tokenizer_bos_id(tk);
     if (P < 0) P = m2d_tokenizer_eos_id(tk);
     const m2d_config *c = &m2d_engine_model(e)->cfg;

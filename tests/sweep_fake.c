@@ -94,14 +94,12 @@ static int fake_plan_fingerprint(m2d_sweep_backend *b, const m2d_experiment *x, 
     return 0;
 }
 
-static int make_fake(const m2d_experiment *x, m2d_sweep_backend *b) {
+static void *fake_open(const m2d_experiment *x) {
     fake *f = m2d_calloc(1, sizeof *f);
     f->x = x;
-    *b = (m2d_sweep_backend){.name = "fake", .self = f, .prepare = fake_prepare, .build = fake_build,
-                             .evaluate = fake_evaluate, .evaluate_mc = fake_evaluate_mc,
-                             .free_student = fake_free_student, .destroy = fake_destroy,
-                             .plan_fingerprint = fake_plan_fingerprint};
-    return 0;
+    return f;
 }
 
-M2D_SWEEP_BACKEND(fake, "fake", make_fake)
+M2D_SWEEP_BACKEND(fake, .name = "fake", .open = fake_open, .destroy = fake_destroy, .prepare = fake_prepare,
+                  .build = fake_build, .evaluate = fake_evaluate, .free_student = fake_free_student,
+                  .evaluate_mc = fake_evaluate_mc, .plan_fingerprint = fake_plan_fingerprint)

@@ -2,6 +2,7 @@
 #include "sweep/sweep_backend.h"
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,19 +10,27 @@
 
 #define MAX_SWEEP_BACKENDS 16
 static const void *backend_items[MAX_SWEEP_BACKENDS];
-static m2d_name_table backends = {backend_items, 0, MAX_SWEEP_BACKENDS, offsetof(m2d_sweep_backend_def, name),
+static m2d_name_table backends = {backend_items, 0, MAX_SWEEP_BACKENDS, offsetof(m2d_sweep_backend, name),
                                   "too many sweep backends (raise MAX_SWEEP_BACKENDS)"};
 
-void m2d_sweep_backend_register(const m2d_sweep_backend_def *d) { m2d_name_table_add(&backends, d); }
+void m2d_sweep_backend_register(const m2d_sweep_backend *template_) {
+    if (!template_->name || !template_->open || !template_->destroy || !template_->prepare || !template_->build ||
+        !template_->evaluate || !template_->free_student) {
+        fprintf(stderr, "moe2dense: sweep backend '%s' lacks a required hook\n",
+                template_->name ? template_->name : "?");
+        abort();
+    }
+    m2d_name_table_add(&backends, template_);
+}
 
-const m2d_sweep_backend_def *m2d_sweep_backend_find(const char *name) {
+const m2d_sweep_backend *m2d_sweep_backend_find(const char *name) {
     return name ? m2d_name_table_find(&backends, name) : NULL;
 }
 
 char *m2d_sweep_backend_names(void) {
     char *s = m2d_strdup("");
     for (int i = 0; i < backends.n; i++) {
-        const m2d_sweep_backend_def *d = backends.items[i];
+        const m2d_sweep_backend *d = backends.items[i];
         char *next = m2d_strfmt("%s%s%s", s, i ? ", " : "", d->name);
         free(s);
         s = next;
@@ -31,7 +40,7 @@ char *m2d_sweep_backend_names(void) {
 
 int m2d_sweep_backend_make(const m2d_experiment *x, m2d_sweep_backend *b) {
     memset(b, 0, sizeof *b);
-    const m2d_sweep_backend_def *d = m2d_sweep_backend_find(x->backend);
+    const m2d_sweep_backend *d = m2d_sweep_backend_find(x->backend);
     if (!d) {
         char *names = m2d_sweep_backend_names();
         m2d_err("%s: experiment '%s': unknown sweep backend '%s' (registered: %s)", x->file, x->name, x->backend,
@@ -39,7 +48,9 @@ int m2d_sweep_backend_make(const m2d_experiment *x, m2d_sweep_backend *b) {
         free(names);
         return -1;
     }
-    return d->make(x, b);
+    *b = *d;
+    b->self = d->open(x);
+    return b->self ? 0 : -1;
 }
 
 int m2d_sweep_count_distinct(m2d_sweep_backend *b, const m2d_experiment *x, const int *idx, int n) {

@@ -27,18 +27,22 @@ typedef struct {
     char error[256];        /* why build/evaluate failed */
 } m2d_sweep_result;
 
+/* A backend: its registration is a template of this struct (name and hooks); a run gets a copy
+ * with SELF from open(). */
 typedef struct m2d_sweep_backend m2d_sweep_backend;
 struct m2d_sweep_backend {
-    const char *name;
-    void *self;
+    const char *name;       /* as in experiments.toml: "pipeline" */
+    void *self;             /* the backend's state for one experiment */
     int threads;            /* compute threads per job, set by the runner before prepare */
+    /* the state for experiment X (cheap: the work is in prepare); NULL + m2d_err on failure */
+    void *(*open)(const m2d_experiment *x);
+    void (*destroy)(m2d_sweep_backend *b); /* frees self */
     /* once per run; fill hashes identifying the teacher and the calibration (for the CSV header) */
     int (*prepare)(m2d_sweep_backend *b, const m2d_experiment *x, char model_hash[65], char calib_hash[65]);
     /* 0 and *student, or -1 with res->error */
     int (*build)(m2d_sweep_backend *b, const m2d_grid_config *c, void **student, m2d_sweep_result *res);
     int (*evaluate)(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res);
     void (*free_student)(m2d_sweep_backend *b, void *student);
-    void (*destroy)(m2d_sweep_backend *b);
     /* optional: multiple-choice tasks of the experiment on a built student: res->mc[2t] = acc,
      * res->mc[2t+1] = acc_norm (NaN when the task has none), res->mc[2 n_tasks] = the average of
      * each task's paper metric */
@@ -49,27 +53,22 @@ struct m2d_sweep_backend {
     int (*plan_fingerprint)(m2d_sweep_backend *b, const m2d_experiment *x, const m2d_grid_config *c, char fp[65]);
 };
 
-/* A registered backend: MAKE fills *b for experiment X (0, or -1 + m2d_err). */
-typedef struct {
-    const char *name;       /* as in experiments.toml: "pipeline" */
-    int (*make)(const m2d_experiment *x, m2d_sweep_backend *b);
-} m2d_sweep_backend_def;
-
-void m2d_sweep_backend_register(const m2d_sweep_backend_def *d);
-const m2d_sweep_backend_def *m2d_sweep_backend_find(const char *name);
+void m2d_sweep_backend_register(const m2d_sweep_backend *template_);
+const m2d_sweep_backend *m2d_sweep_backend_find(const char *name);
 /* The registered names, comma separated, sorted (malloc'd), for messages. */
 char *m2d_sweep_backend_names(void);
-/* The backend x->backend names, made for X; -1 + m2d_err naming the registered ones when unknown. */
+/* The backend x->backend names, opened for X; -1 + m2d_err naming the registered ones when unknown.
+ * b->destroy(b) when done. */
 int m2d_sweep_backend_make(const m2d_experiment *x, m2d_sweep_backend *b);
 
 /* Exact number of distinct students among configurations idx[0..n) from plan_fingerprint
  * (configurations that would fail to build are not students); -1 when the backend cannot tell. */
 int m2d_sweep_count_distinct(m2d_sweep_backend *b, const m2d_experiment *x, const int *idx, int n);
 
-/* Put at file scope in the backend's .c file:
- *   M2D_SWEEP_BACKEND(pipeline, "pipeline", make_pipeline) */
-#define M2D_SWEEP_BACKEND(ident, name_, make_)                                          \
-    static const m2d_sweep_backend_def ident##_sweep_backend = {name_, make_};          \
+/* Put at file scope in the backend's .c file (designated initializers of m2d_sweep_backend):
+ *   M2D_SWEEP_BACKEND(pipeline, .name = "pipeline", .open = pipe_open, .prepare = pipe_prepare, ...) */
+#define M2D_SWEEP_BACKEND(ident, ...)                                                   \
+    static const m2d_sweep_backend ident##_sweep_backend = {__VA_ARGS__};               \
     __attribute__((constructor)) static void ident##_sweep_backend_register(void) {     \
         m2d_sweep_backend_register(&ident##_sweep_backend);                             \
     }

@@ -305,14 +305,12 @@ static int pipe_plan_fingerprint(m2d_sweep_backend *b, const m2d_experiment *x, 
     return 0;
 }
 
-static int make_pipeline(const m2d_experiment *x, m2d_sweep_backend *b) {
+static void *pipe_open(const m2d_experiment *x) {
     pipe_t *p = m2d_calloc(1, sizeof *p);
     p->x = x;
-    *b = (m2d_sweep_backend){.name = "pipeline", .self = p, .prepare = pipe_prepare, .build = pipe_build,
-                             .evaluate = pipe_evaluate, .evaluate_mc = pipe_evaluate_mc,
-                             .free_student = pipe_free_student, .destroy = pipe_destroy,
-                             .plan_fingerprint = pipe_plan_fingerprint};
-    return 0;
+    return p;
 }
 
-M2D_SWEEP_BACKEND(pipeline, "pipeline", make_pipeline)
+M2D_SWEEP_BACKEND(pipeline, .name = "pipeline", .open = pipe_open, .destroy = pipe_destroy, .prepare = pipe_prepare,
+                  .build = pipe_build, .evaluate = pipe_evaluate, .free_student = pipe_free_student,
+                  .evaluate_mc = pipe_evaluate_mc, .plan_fingerprint = pipe_plan_fingerprint)
