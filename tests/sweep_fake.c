@@ -13,10 +13,6 @@
 #include "sweep/sweep_backend.h"
 #include "base/util.h"
 
-typedef struct {
-    const m2d_experiment *x;
-} fake;
-
 static void fake_fingerprint(const m2d_experiment *x, const m2d_grid_config *c, char out[65]) {
     /* at K = k each group is one expert: the grouping cannot matter */
     const char *grouping = c->K == x->k ? "*" : c->grouping;
@@ -38,20 +34,20 @@ static int fake_prepare(m2d_sweep_backend *b, const m2d_experiment *x, char mode
 }
 
 static int fake_build(m2d_sweep_backend *b, const m2d_grid_config *c, void **student, m2d_sweep_result *res) {
-    fake *f = b->self;
+    const m2d_experiment *x = b->x;
     if (strncmp(c->scoring, "fail", 4) == 0) {
         snprintf(res->error, sizeof res->error, "unknown scoring plugin '%s'", c->scoring);
         return -1;
     }
-    fake_fingerprint(f->x, c, res->fingerprint);
-    res->d_dense = (int64_t)f->x->k * (f->x->d_e ? f->x->d_e : 1);
+    fake_fingerprint(x, c, res->fingerprint);
+    res->d_dense = (int64_t)x->k * (x->d_e ? x->d_e : 1);
     res->n_params = 1000000 + res->d_dense * 1000;
     *student = m2d_strdup(res->fingerprint);
     return 0;
 }
 
 static int fake_evaluate(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res) {
-    fake *f = b->self;
+    const m2d_experiment *x = b->x;
     const char *delay = getenv("M2D_FAKE_DELAY_MS");
     if (delay && atoi(delay) > 0) {
         struct timespec ts = {atoi(delay) / 1000, (long)(atoi(delay) % 1000) * 1000000L};
@@ -60,22 +56,22 @@ static int fake_evaluate(m2d_sweep_backend *b, void *student, const m2d_grid_con
     const char *fp = student;
     unsigned h = (unsigned)strtoul((char[9]){fp[0], fp[1], fp[2], fp[3], fp[4], fp[5], fp[6], fp[7], 0}, NULL, 16);
     res->ppl = strcmp(c->params, "nan") == 0 ? NAN : 10.0 * exp((double)(h % 1000) / 250.0);
-    res->ppl_windows = f->x->ppl_max_windows ? f->x->ppl_max_windows : 1;
+    res->ppl_windows = x->ppl_max_windows ? x->ppl_max_windows : 1;
     return 0;
 }
 
 static int fake_evaluate_mc(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res) {
     (void)c;
-    fake *f = b->self;
+    const m2d_experiment *x = b->x;
     const char *fp = student;
     double avg = 0;
-    for (int t = 0; t < f->x->n_mc; t++) {
+    for (int t = 0; t < x->n_mc; t++) {
         unsigned h = (unsigned)(fp[t % 60] * 31 + fp[(t + 1) % 60]);
         res->mc[2 * t] = (double)(h % 100) / 100.0;
         res->mc[2 * t + 1] = (double)((h / 7) % 100) / 100.0;
         avg += res->mc[2 * t];
     }
-    if (f->x->n_mc) res->mc[2 * f->x->n_mc] = avg / f->x->n_mc;
+    if (x->n_mc) res->mc[2 * x->n_mc] = avg / x->n_mc;
     return 0;
 }
 
@@ -83,8 +79,6 @@ static void fake_free_student(m2d_sweep_backend *b, void *student) {
     (void)b;
     free(student);
 }
-
-static void fake_destroy(m2d_sweep_backend *b) { free(b->self); }
 
 static int fake_plan_fingerprint(m2d_sweep_backend *b, const m2d_experiment *x, const m2d_grid_config *c,
                                  char fp[65]) {
@@ -94,12 +88,6 @@ static int fake_plan_fingerprint(m2d_sweep_backend *b, const m2d_experiment *x, 
     return 0;
 }
 
-static void *fake_open(const m2d_experiment *x) {
-    fake *f = m2d_calloc(1, sizeof *f);
-    f->x = x;
-    return f;
-}
-
-M2D_SWEEP_BACKEND(fake, .name = "fake", .open = fake_open, .destroy = fake_destroy, .prepare = fake_prepare,
-                  .build = fake_build, .evaluate = fake_evaluate, .free_student = fake_free_student,
-                  .evaluate_mc = fake_evaluate_mc, .plan_fingerprint = fake_plan_fingerprint)
+M2D_SWEEP_BACKEND(fake, .name = "fake", .prepare = fake_prepare, .build = fake_build, .evaluate = fake_evaluate,
+                  .free_student = fake_free_student, .evaluate_mc = fake_evaluate_mc,
+                  .plan_fingerprint = fake_plan_fingerprint)

@@ -193,7 +193,7 @@ static void shards_partition_the_grid(void **state) {
         assert_true(hi - lo <= 1);
         free(seen);
     }
-    b.destroy(&b);
+    m2d_sweep_backend_close(&b);
     int i, n;
     assert_int_equal(m2d_parse_shard("3/8", &i, &n), 0);
     assert_int_equal(i, 3);

@@ -112,7 +112,7 @@ int m2d_sweep_run(const m2d_experiment *x, const m2d_sweep_opts *o, m2d_sweep_su
     sum->threads = threads;
     int rc = run_with_backend(x, o, out, &b, idx, n_idx, sum);
     free(idx);
-    if (b.destroy) b.destroy(&b);
+    m2d_sweep_backend_close(&b);
     sum->wall_s = m2d_now() - t_start;
     return rc;
 }
@@ -236,7 +236,7 @@ static int print_distinct(const m2d_experiment *x, const int *idx, int n_idx, FI
     int distinct = -1;
     if (m2d_sweep_backend_make(x, &b) == 0) {
         distinct = m2d_sweep_count_distinct(&b, x, idx, n_idx);
-        if (b.destroy) b.destroy(&b);
+        m2d_sweep_backend_close(&b);
     }
     m2d_err_clear();
     if (distinct >= 0) {

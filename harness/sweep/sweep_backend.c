@@ -14,8 +14,8 @@ static m2d_name_table backends = {backend_items, 0, MAX_SWEEP_BACKENDS, offsetof
                                   "too many sweep backends (raise MAX_SWEEP_BACKENDS)"};
 
 void m2d_sweep_backend_register(const m2d_sweep_backend *template_) {
-    if (!template_->name || !template_->open || !template_->destroy || !template_->prepare || !template_->build ||
-        !template_->evaluate || !template_->free_student) {
+    if (!template_->name || !template_->prepare || !template_->build || !template_->evaluate ||
+        !template_->free_student || !template_->open != !template_->destroy) {
         fprintf(stderr, "moe2dense: sweep backend '%s' lacks a required hook\n",
                 template_->name ? template_->name : "?");
         abort();
@@ -49,8 +49,15 @@ int m2d_sweep_backend_make(const m2d_experiment *x, m2d_sweep_backend *b) {
         return -1;
     }
     *b = *d;
+    b->x = x;
+    if (!d->open) return 0;
     b->self = d->open(x);
     return b->self ? 0 : -1;
+}
+
+void m2d_sweep_backend_close(m2d_sweep_backend *b) {
+    if (b->destroy && b->self) b->destroy(b);
+    b->self = NULL;
 }
 
 int m2d_sweep_count_distinct(m2d_sweep_backend *b, const m2d_experiment *x, const int *idx, int n) {

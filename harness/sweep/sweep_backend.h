@@ -28,15 +28,17 @@ typedef struct {
 } m2d_sweep_result;
 
 /* A backend: its registration is a template of this struct (name and hooks); a run gets a copy
- * with SELF from open(). */
+ * with X set and SELF from open(); m2d_sweep_backend_close when done. */
 typedef struct m2d_sweep_backend m2d_sweep_backend;
 struct m2d_sweep_backend {
     const char *name;       /* as in experiments.toml: "pipeline" */
-    void *self;             /* the backend's state for one experiment */
+    const m2d_experiment *x;/* the experiment of this run */
+    void *self;             /* the backend's own state (NULL without open) */
     int threads;            /* compute threads per job, set by the runner before prepare */
-    /* the state for experiment X (cheap: the work is in prepare); NULL + m2d_err on failure */
+    /* optional: the state for experiment X (cheap: the work is in prepare); NULL + m2d_err on
+     * failure; and destroy, which frees it */
     void *(*open)(const m2d_experiment *x);
-    void (*destroy)(m2d_sweep_backend *b); /* frees self */
+    void (*destroy)(m2d_sweep_backend *b);
     /* once per run; fill hashes identifying the teacher and the calibration (for the CSV header) */
     int (*prepare)(m2d_sweep_backend *b, const m2d_experiment *x, char model_hash[65], char calib_hash[65]);
     /* 0 and *student, or -1 with res->error */
@@ -57,9 +59,9 @@ void m2d_sweep_backend_register(const m2d_sweep_backend *template_);
 const m2d_sweep_backend *m2d_sweep_backend_find(const char *name);
 /* The registered names, comma separated, sorted (malloc'd), for messages. */
 char *m2d_sweep_backend_names(void);
-/* The backend x->backend names, opened for X; -1 + m2d_err naming the registered ones when unknown.
- * b->destroy(b) when done. */
+/* The backend x->backend names, opened for X; -1 + m2d_err naming the registered ones when unknown. */
 int m2d_sweep_backend_make(const m2d_experiment *x, m2d_sweep_backend *b);
+void m2d_sweep_backend_close(m2d_sweep_backend *b);
 
 /* Exact number of distinct students among configurations idx[0..n) from plan_fingerprint
  * (configurations that would fail to build are not students); -1 when the backend cannot tell. */
