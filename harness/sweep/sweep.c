@@ -9,7 +9,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "sweep/report.h"
 #include "io/results.h"
 #include "base/util.h"
 #include "sweep/sweep_backend.h"
