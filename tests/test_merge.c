@@ -40,7 +40,10 @@ static void run_shard(const m2d_experiment *x, int i, int n, const char *out) {
 
 static shards make_shards(void) {
     shards sh;
-    sh.fx = tu_sweep_fixture_make("{\"num_experts\": 16, \"num_experts_per_tok\": 4}", EXPERIMENTS);
+    sh.fx = tu_sweep_fixture_make("{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"vocab_size\": 64, "
+                                  "\"hidden_size\": 32, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                                  "\"moe_intermediate_size\": 16, \"num_experts\": 16, \"num_experts_per_tok\": 4}",
+                                  EXPERIMENTS);
     assert_int_equal(m2d_experiment_load(sh.fx.toml, "m", NULL, 0, &sh.x), 0);
     assert_int_equal(sh.x.n_configs, 12);
     for (int i = 0; i < 3; i++) {

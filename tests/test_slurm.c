@@ -54,6 +54,10 @@ static int stop_daemons(void **state) {
     return 0;
 }
 
+/* the fake teacher: only its shape matters (E = 32, k = 4) */
+static const char *TINY_CONFIG = "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"vocab_size\": 64, \"hidden_size\": 32,"
+                                " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"moe_intermediate_size\": 16,"
+                                " \"num_experts\": 32, \"num_experts_per_tok\": 4}";
 static const char *TINY = "[experiment.tiny]\nmodel = 'MODEL'\nbackend = 'fake'\n"
                          "calibration = { data = 'c.txt' }\nppl = { data = 'p.txt' }\n"
                          "[experiment.tiny.axes]\nscoring = ['sf', 'cp']\ngrouping = ['rr', 'oc']\n"
@@ -73,7 +77,7 @@ static void job_array_runs_shards_and_merge_checks_them(void **state) {
     char *dot = strchr(host, '.');
     if (dot) *dot = 0;
     /* a small fake-backend experiment: 2 x 2 x 2 x 3 = 24 configurations, 3 shards */
-    tu_sweep_fixture fx = tu_sweep_fixture_make("{\"num_experts\": 32, \"num_experts_per_tok\": 4}", TINY);
+    tu_sweep_fixture fx = tu_sweep_fixture_make(TINY_CONFIG, TINY);
     const char *dir = fx.dir, *toml = fx.toml;
     int port = 20000 + (int)(getpid() % 20000);
     char *conf = m2d_path_join(dir, "slurm.conf");
@@ -169,7 +173,7 @@ static void job_array_runs_shards_and_merge_checks_them(void **state) {
 /* m2d_slurm_write in-process (no Slurm needed): the script's lines, quoting, paths and errors. */
 static void script_lines_quoting_and_errors(void **state) {
     (void)state;
-    tu_sweep_fixture fx = tu_sweep_fixture_make("{\"num_experts\": 32, \"num_experts_per_tok\": 4}", TINY);
+    tu_sweep_fixture fx = tu_sweep_fixture_make(TINY_CONFIG, TINY);
     char *res = m2d_path_join(fx.dir, "res dir"), *sets[] = {"description=it's", "ppl.max_windows=2"};
     m2d_slurm_opts o = {.experiments = fx.toml, .experiment = "tiny", .sets = sets, .n_sets = 2, .shards = 3,
                         .cpus_per_task = 2, .partition = "debug", .time_limit = "00:05:00", .results_dir = res,

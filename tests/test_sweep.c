@@ -74,7 +74,7 @@ static const char *EXPERIMENTS =
 typedef tu_sweep_fixture fixture;
 
 static fixture make_fixture(void) {
-    const char *json = "{\"num_experts\": 64, \"num_experts_per_tok\": 8, \"moe_intermediate_size\": 72,"
+    const char *json = "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"num_experts\": 64, \"num_experts_per_tok\": 8, \"moe_intermediate_size\": 72,"
                        " \"hidden_size\": 192, \"num_hidden_layers\": 4, \"vocab_size\": 8192,"
                        " \"num_attention_heads\": 6, \"num_key_value_heads\": 2, \"head_dim\": 32}";
     return tu_sweep_fixture_make(json, EXPERIMENTS);
