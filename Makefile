@@ -71,6 +71,7 @@ $(BUILD)/%.o: %.c
 # never into the product binary
 TEST_LIB_SRC := $(filter-out tests/test_%.c,$(sort $(wildcard tests/*.c)))
 TEST_LIB_OBJ := $(TEST_LIB_SRC:%.c=$(BUILD)/%.o)
+.SECONDARY: $(TEST_LIB_OBJ) # built by a pattern rule, but not intermediate: keep them
 
 $(BUILD)/tests/%: tests/%.c $(LIB_OBJ) $(TEST_LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -82,14 +83,26 @@ $(BUILD)/tests/%.o: tests/%.c
 	$(call say,CC,$<)
 	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -MMD -MP -c -o $@ $<
 
-$(BUILD)/bench/%: bench/%.c $(LIB_OBJ) $(BUILD)/tests/testmodel.o
+# the test-only sweep backends ("fake"; they register themselves like "pipeline")
+TEST_BACKEND_OBJ := $(BUILD)/tests/sweep_fake.o
+
+# the product CLI plus the test-only sweep backends: what the tests run where an experiment says
+# backend = "fake" (the product binary has no such backend)
+TEST_CLI := $(BUILD)/tests/moe2dense-test
+$(TEST_CLI): $(BUILD)/harness/cli/main.o $(LIB_OBJ) $(TEST_BACKEND_OBJ)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)
-	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB_OBJ) $(BUILD)/tests/testmodel.o $(LDLIBS)
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-test: layering $(TEST_BIN) $(BUILD)/moe2dense
-	@M2D_BIN=$(BUILD)/moe2dense M2D_DATA=$(DATA_DIR) M2D_MODELS=$(MODELS_DIR) M2D_BUILD=$(BUILD) M2D_REF_SETUP=1 \
-	  sh tests/run.sh $(TEST_BIN)
+BENCH_LIB_OBJ := $(BUILD)/tests/testmodel.o $(TEST_BACKEND_OBJ)
+$(BUILD)/bench/%: bench/%.c $(LIB_OBJ) $(BENCH_LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(call say,LD,$@)
+	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB_OBJ) $(BENCH_LIB_OBJ) $(LDLIBS)
+
+test: layering $(TEST_BIN) $(BUILD)/moe2dense $(TEST_CLI)
+	@M2D_BIN=$(BUILD)/moe2dense M2D_TEST_BIN=$(TEST_CLI) M2D_DATA=$(DATA_DIR) M2D_MODELS=$(MODELS_DIR) \
+	  M2D_BUILD=$(BUILD) M2D_REF_SETUP=1 sh tests/run.sh $(TEST_BIN)
 
 layering:
 	@sh tools/layering.sh

@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "criteria/dopt.h"
 #include "base/util.h"
 
 #define MAX_PLUGINS 128
@@ -19,8 +18,16 @@ static m2d_name_table tables[M2D_PLUGIN_KINDS] = {PLUGIN_TABLE(M2D_SCORING), PLU
                                                   PLUGIN_TABLE(M2D_SCALING)};
 _Static_assert(M2D_PLUGIN_KINDS == 3, "one PLUGIN_TABLE per kind");
 
-/* "do-X" plugins made on demand for base scorings X; they live as long as the process. The sweep
- * looks plugins up from worker threads, so making one is serialised. */
+/* plugin families (see m2d_plugin_factory), one table per kind, sorted by prefix */
+#define MAX_FACTORIES 16
+static const void *factory_items[M2D_PLUGIN_KINDS][MAX_FACTORIES];
+#define FACTORY_TABLE(kind) \
+    {factory_items[kind], 0, MAX_FACTORIES, offsetof(m2d_plugin_factory, prefix), "too many plugin factories (raise MAX_FACTORIES)"}
+static m2d_name_table factories[M2D_PLUGIN_KINDS] = {FACTORY_TABLE(M2D_SCORING), FACTORY_TABLE(M2D_GROUPING),
+                                                     FACTORY_TABLE(M2D_SCALING)};
+
+/* plugins made by factories; they live as long as the process. The sweep looks plugins up from
+ * worker threads, so making one is serialised. */
 static m2d_plugin *derived[MAX_PLUGINS];
 static int n_derived;
 static pthread_mutex_t derived_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -41,36 +48,75 @@ static const m2d_plugin *find_registered(m2d_plugin_kind kind, const char *name)
     return m2d_name_table_find(&tables[kind], name);
 }
 
-/* do-X over a base scoring X: X's scores, D-optimal selection with I = those scores */
-static const m2d_plugin *find_derived_dopt_locked(const char *name) {
+void m2d_plugin_factory_register(const m2d_plugin_factory *f) {
+    if ((unsigned)f->kind >= M2D_PLUGIN_KINDS || !f->prefix || !f->prefix[0] || !f->derive) {
+        fprintf(stderr, "moe2dense: plugin factory with bad kind, no prefix or no derive\n");
+        abort();
+    }
+    m2d_name_table_add(&factories[f->kind], f);
+}
+
+int m2d_plugin_factory_count(m2d_plugin_kind kind) {
+    return (unsigned)kind < M2D_PLUGIN_KINDS ? factories[kind].n : 0;
+}
+
+const m2d_plugin_factory *m2d_plugin_factory_at(m2d_plugin_kind kind, int i) {
+    if ((unsigned)kind >= M2D_PLUGIN_KINDS || i < 0 || i >= factories[kind].n) return NULL;
+    return factories[kind].items[i];
+}
+
+/* NAME made by factory F from its base (under derived_lock): the one made before, or a new one */
+static const m2d_plugin *derive_locked(const m2d_plugin_factory *f, const char *name) {
     for (int i = 0; i < n_derived; i++)
-        if (!strcmp(derived[i]->name, name)) return derived[i];
-    const m2d_plugin *base = find_registered(M2D_SCORING, name + 3);
-    if (!base || base->select || n_derived == MAX_PLUGINS) return NULL;
+        if (derived[i]->kind == f->kind && !strcmp(derived[i]->name, name)) return derived[i];
+    const m2d_plugin *base = find_registered(f->kind, name + strlen(f->prefix));
+    if (!base || n_derived == MAX_PLUGINS) return NULL;
     m2d_plugin *p = m2d_calloc(1, sizeof *p);
+    if (f->derive(base, p) != 0) {
+        free(p);
+        return NULL;
+    }
     p->name = m2d_strdup(name);
-    p->kind = M2D_SCORING;
-    p->summary = m2d_strfmt("D-optimal selection over %s importances (scores stay %s)", base->name, base->name);
-    p->score = base->score;
-    p->select = m2d_dopt_select;
-    p->params_default = base->params_default;
+    p->kind = f->kind;
     derived[n_derived++] = p;
     return p;
 }
 
-static const m2d_plugin *find_derived_dopt(const char *name) {
-    if (strncmp(name, "do-", 3) != 0) return NULL;
-    pthread_mutex_lock(&derived_lock);
-    const m2d_plugin *p = find_derived_dopt_locked(name);
-    pthread_mutex_unlock(&derived_lock);
-    return p;
+static const m2d_plugin *find_derived(m2d_plugin_kind kind, const char *name) {
+    for (int i = 0; i < factories[kind].n; i++) {
+        const m2d_plugin_factory *f = factories[kind].items[i];
+        if (strncmp(name, f->prefix, strlen(f->prefix)) != 0) continue;
+        pthread_mutex_lock(&derived_lock);
+        const m2d_plugin *p = derive_locked(f, name);
+        pthread_mutex_unlock(&derived_lock);
+        if (p) return p;
+    }
+    return NULL;
 }
 
 const m2d_plugin *m2d_plugin_find(m2d_plugin_kind kind, const char *name) {
     if ((unsigned)kind >= M2D_PLUGIN_KINDS || !name) return NULL;
     const m2d_plugin *p = find_registered(kind, name);
-    if (!p && kind == M2D_SCORING) p = find_derived_dopt(name);
-    return p;
+    return p ? p : find_derived(kind, name);
+}
+
+/* the plugin called NAME, of whichever kind has one */
+static const m2d_plugin *find_any_kind(const char *name) {
+    for (int k = 0; k < M2D_PLUGIN_KINDS; k++) {
+        const m2d_plugin *p = m2d_plugin_find((m2d_plugin_kind)k, name);
+        if (p) return p;
+    }
+    return NULL;
+}
+
+const char *m2d_plugin_display_name(const char *name) {
+    const m2d_plugin *p = find_any_kind(name);
+    return p && p->display ? p->display : name;
+}
+
+int m2d_plugin_report_rank(const char *name) {
+    const m2d_plugin *p = find_any_kind(name);
+    return p ? p->report_rank : 0;
 }
 
 int m2d_plugin_count(m2d_plugin_kind kind) { return (unsigned)kind < M2D_PLUGIN_KINDS ? tables[kind].n : 0; }

@@ -39,6 +39,11 @@ typedef struct {
     /* accepted parameters and their defaults, "b=1,a=1,c=1" (NULL: takes none); shown by
      * `moe2dense list`, and m2d_plugin_check_params rejects keys not named here */
     const char *params_default;
+    /* long name in reports ("D-Optimal + ACP"); NULL: the name itself */
+    const char *display;
+    /* position in the paper's tables (1 = first); reports list ranked plugins first, in rank
+     * order, then the others in order of first appearance. 0: not in the paper */
+    int report_rank;
 } m2d_plugin;
 
 void m2d_plugin_register(const m2d_plugin *p);
@@ -53,9 +58,34 @@ const char *m2d_plugin_kind_name(m2d_plugin_kind kind);
         m2d_plugin_register(&ident##_plugin);                                    \
     }
 
-/* m2d_plugin_find(M2D_SCORING, "do-X") resolves, for any registered scoring X without its own
- * selection, to X's scores with D-optimal selection (criteria/dopt.h); do-cp and do-acp are also
- * registered by name so `moe2dense list` shows them. */
+/* A family of plugins made on demand: m2d_plugin_find(kind, PREFIX + X), when no plugin of that
+ * name is registered and X is a registered plugin of the same kind, asks DERIVE to fill a plugin
+ * from base X (e.g. "do-" + any scoring: X's scores with D-optimal selection, registered by
+ * criteria/scoring/do_any.c). The registry sets name and kind, keeps what DERIVE made for the
+ * rest of the process (so lookups of one name return one pointer) and knows no family itself. */
+typedef struct {
+    const char *prefix;         /* "do-" */
+    m2d_plugin_kind kind;
+    const char *pattern;        /* for `moe2dense list`: "do-<scoring>" */
+    const char *summary;        /* one line for `moe2dense list` */
+    /* fill OUT (all but name and kind) from BASE; -1 when BASE cannot be a base (no plugin made) */
+    int (*derive)(const m2d_plugin *base, m2d_plugin *out);
+} m2d_plugin_factory;
+
+void m2d_plugin_factory_register(const m2d_plugin_factory *f);
+int m2d_plugin_factory_count(m2d_plugin_kind kind);
+const m2d_plugin_factory *m2d_plugin_factory_at(m2d_plugin_kind kind, int i); /* in registration order */
+
+#define M2D_PLUGIN_FACTORY(ident, ...)                                                 \
+    static const m2d_plugin_factory ident##_factory = {__VA_ARGS__};                   \
+    __attribute__((constructor)) static void ident##_factory_register(void) {          \
+        m2d_plugin_factory_register(&ident##_factory);                                 \
+    }
+
+/* The report name of plugin NAME of any kind: its display name, else NAME; and its report rank
+ * (0 when unknown or unranked). */
+const char *m2d_plugin_display_name(const char *name);
+int m2d_plugin_report_rank(const char *name);
 
 /* Parse "k=v,k=v" (empty or NULL: no params). Caller frees with m2d_params_free. */
 int m2d_params_parse(const char *s, m2d_params *out);

@@ -3,6 +3,7 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <math.h>
+#include <stdio.h>
 #include <pcre2.h>
 #include <stdlib.h>
 #include <string.h>
@@ -255,61 +256,70 @@ static int encode(const m2d_tokenizer *tk, const char *s, size_t n, int32_t **id
     return m2d_tokenizer_encode(tk, s, n, ids, n_ids);
 }
 
-int m2d_ppl_gptq(m2d_engine *e, const m2d_tokenizer *tk, const char *text, size_t len, int seq_len,
-                 int max_windows, m2d_ppl_result *out) {
+/* What both protocols do first: OUT reset for PROTOCOL (a literal), the text non-empty and UTF-8,
+ * the window length *L chosen. */
+static int start(m2d_engine *e, const char *protocol, const char *text, size_t len, int seq_len,
+                 m2d_ppl_result *out, int *L) {
     memset(out, 0, sizeof *out);
-    out->protocol = "gptq";
-    double t0 = m2d_now();
-    if (len == 0) return m2d_err("ppl: gptq: empty text");
-    if (m2d_ppl_check_utf8("ppl: gptq text", text, len)) return -1;
-    int L;
-    if (m2d_ppl_seq_len(e, "gptq", seq_len, &L)) return -1;
-    size_t jl;
-    char *joined = m2d_ppl_gptq_text(text, len, &jl);
-    int32_t *ids = NULL;
-    size_t n = 0;
-    int rc = encode(tk, joined, jl, &ids, &n);
-    free(joined);
-    if (rc) return -1;
+    out->protocol = protocol;
+    if (len == 0) return m2d_err("ppl: %s: empty text", protocol);
+    char what[32];
+    snprintf(what, sizeof what, "ppl: %s text", protocol);
+    if (m2d_ppl_check_utf8(what, text, len)) return -1;
+    return m2d_ppl_seq_len(e, protocol, seq_len, L);
+}
+
+int m2d_ppl_gptq_tokens(m2d_engine *e, const int32_t *ids, size_t n, int L, int max_windows,
+                        const char *progress_label, m2d_ppl_result *out) {
     int nw = (int)(n / (size_t)L);
     if (max_windows > 0) nw = M2D_MIN(nw, max_windows);
-    if (nw == 0) {
-        free(ids);
-        return m2d_err("ppl: gptq: %zu tokens is less than one window of %d", n, L);
-    }
+    if (nw == 0) return m2d_err("ppl: gptq: %zu tokens is less than one window of %d", n, L);
     double *lp = m2d_malloc(sizeof(double) * (size_t)L);
     m2d_progress pr;
-    m2d_progress_start(&pr, "ppl gptq", nw);
+    if (progress_label) m2d_progress_start(&pr, progress_label, nw);
     double nll = 0;
+    int rc = 0;
     for (int w = 0; w < nw && rc == 0; w++) {
         const int32_t *t = ids + (size_t)w * L;
         /* positions 0..L-2 predict tokens 1..L-1 (the last position predicts nothing) */
         rc = m2d_engine_logprobs(e, t, L - 1, t + 1, 0, lp);
         for (int i = 0; rc == 0 && i < L - 1; i++) nll -= lp[i];
-        m2d_progress_update(&pr, w + 1);
+        if (progress_label) m2d_progress_update(&pr, w + 1);
     }
-    m2d_progress_end(&pr);
+    if (progress_label) m2d_progress_end(&pr);
     free(lp);
-    free(ids);
     if (rc) return -1;
     out->seq_len = L;
     out->windows = nw;
     out->tokens_scored = (int64_t)nw * (L - 1);
     out->nll_sum = nll;
     out->ppl = exp(nll / (double)out->tokens_scored);
+    return 0;
+}
+
+int m2d_ppl_gptq(m2d_engine *e, const m2d_tokenizer *tk, const char *text, size_t len, int seq_len,
+                 int max_windows, m2d_ppl_result *out) {
+    double t0 = m2d_now();
+    int L;
+    if (start(e, "gptq", text, len, seq_len, out, &L)) return -1;
+    size_t jl;
+    char *joined = m2d_ppl_gptq_text(text, len, &jl);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = encode(tk, joined, jl, &ids, &n);
+    free(joined);
+    if (rc == 0) rc = m2d_ppl_gptq_tokens(e, ids, n, L, max_windows, "ppl gptq", out);
+    free(ids);
+    if (rc) return -1;
     out->seconds = m2d_now() - t0;
     return 0;
 }
 
 int m2d_ppl_lmeval(m2d_engine *e, const m2d_tokenizer *tk, const char *text, size_t len, int seq_len,
                    int max_windows, m2d_ppl_result *out) {
-    memset(out, 0, sizeof *out);
-    out->protocol = "lm-eval";
     double t0 = m2d_now();
-    if (len == 0) return m2d_err("ppl: lm-eval: empty text");
-    if (m2d_ppl_check_utf8("ppl: lm-eval text", text, len)) return -1;
     int L;
-    if (m2d_ppl_seq_len(e, "lm-eval", seq_len, &L)) return -1;
+    if (start(e, "lm-eval", text, len, seq_len, out, &L)) return -1;
     int P = m2d_tokenizer_bos_id(tk);
     if (P < 0) P = m2d_tokenizer_eos_id(tk);
     const m2d_config *c = &m2d_engine_model(e)->cfg;

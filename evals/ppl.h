@@ -34,6 +34,13 @@ int m2d_ppl_seq_len(const m2d_engine *e, const char *protocol, int requested, in
 /* TEXT: the raw wiki.*.raw file content (UTF-8, len bytes). max_windows 0 = all. */
 int m2d_ppl_gptq(m2d_engine *e, const m2d_tokenizer *tk, const char *text, size_t len, int seq_len,
                  int max_windows, m2d_ppl_result *out);
+/* The gptq scoring of already-encoded tokens (the core of m2d_ppl_gptq, which encodes the text
+ * on every call; the sweep encodes once): floor(n/L) windows (at most max_windows when > 0);
+ * tokens 1..L-1 of each window are predicted from their prefix. Fills seq_len, windows,
+ * tokens_scored, nll_sum and ppl of OUT (nothing else). PROGRESS_LABEL: shown on a terminal;
+ * NULL: silent (e.g. inside the sweep's own progress). */
+int m2d_ppl_gptq_tokens(m2d_engine *e, const int32_t *ids, size_t n, int L, int max_windows,
+                        const char *progress_label, m2d_ppl_result *out);
 /* max_windows > 0 stops before the first document whose windows would exceed the budget
  * (at least one document is always scored completely). */
 int m2d_ppl_lmeval(m2d_engine *e, const m2d_tokenizer *tk, const char *text, size_t len, int seq_len,

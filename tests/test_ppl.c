@@ -1,6 +1,7 @@
 /* ppl: WikiText document split, detokenizer, rolling windows, gptq rows; the CLI on the tiny
  * teacher (both protocols) against the engine called directly. */
 #include "testutil.h"
+#include "tiny_teacher.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -145,30 +146,15 @@ static void utf8_check(void **state) {
 
 /* ---------------- on the tiny teacher ---------------- */
 
-static char *tiny_dir(void) {
-    const char *d = tu_models_dir();
-    if (!d) return NULL;
-    char *p = m2d_path_join(d, "tiny-qwen3moe");
-    if (!m2d_file_exists(p)) {
-        free(p);
-        return NULL;
-    }
-    return p;
-}
-
 /* gptq through the library == windows cut by hand and scored with the engine directly */
 static void gptq_matches_direct_engine_calls(void **state) {
     (void)state;
-    char *dir = tiny_dir();
     size_t len;
     char *raw = m2d_read_file(tu_data_path("wikitext-2-raw/wikitext-2-raw/wiki.test.raw"), &len);
-    if (!dir || !raw) TU_SKIP("tiny-qwen3moe or WikiText-2 missing");
-    m2d_model *m;
-    m2d_tokenizer *tk;
-    m2d_engine *e;
-    assert_int_equal(m2d_model_open(dir, &m), 0);
-    assert_int_equal(m2d_tokenizer_load(dir, &tk), 0);
-    assert_int_equal(m2d_engine_new(m, 2, &e), 0);
+    tu_tiny_teacher t;
+    if (!raw || tu_tiny_teacher_open(2, &t)) TU_SKIP("tiny-qwen3moe or WikiText-2 missing");
+    m2d_tokenizer *tk = t.tk;
+    m2d_engine *e = t.e;
     /* a prefix of the file keeps the test fast */
     size_t cut = 20000;
     while (raw[cut - 1] != '\n') cut++;
@@ -196,23 +182,17 @@ static void gptq_matches_direct_engine_calls(void **state) {
     /* the extra causal row changes nothing mathematically; sgemm blocking differs with the row
      * count, so fp32 rounding differs (~1e-7 relative per log-prob) */
     assert_true(fabs(nll64 - nll) < 1e-6 * fabs(nll));
-    free(ids); free(joined); free(raw); free(dir);
-    m2d_engine_free(e);
-    m2d_tokenizer_free(tk);
-    m2d_model_close(m);
+    free(ids); free(joined); free(raw);
+    tu_tiny_teacher_close(&t);
 }
 
 /* lm-eval: two short pages (one window each) == [P] + tokens scored by one full forward */
 static void lmeval_matches_direct_engine_calls(void **state) {
     (void)state;
-    char *dir = tiny_dir();
-    if (!dir) TU_SKIP("tiny-qwen3moe missing");
-    m2d_model *m;
-    m2d_tokenizer *tk;
-    m2d_engine *e;
-    assert_int_equal(m2d_model_open(dir, &m), 0);
-    assert_int_equal(m2d_tokenizer_load(dir, &tk), 0);
-    assert_int_equal(m2d_engine_new(m, 2, &e), 0);
+    tu_tiny_teacher t;
+    if (tu_tiny_teacher_open(2, &t)) TU_SKIP("tiny-qwen3moe missing");
+    m2d_tokenizer *tk = t.tk;
+    m2d_engine *e = t.e;
     const char *raw = " \n = Alpha = \n \n The cat 's hat ( red ) , he said . \n \n = Beta = \n \n 3 @.@ 5 km \n";
     m2d_ppl_result r;
     assert_int_equal(m2d_ppl_lmeval(e, tk, raw, strlen(raw), 0, 0, &r), 0);
@@ -249,15 +229,12 @@ static void lmeval_matches_direct_engine_calls(void **state) {
     assert_true(fabs(r.word_perplexity - exp(-ll / words)) < 1e-9 * r.word_perplexity);
     assert_true(fabs(r.bits_per_byte - (-ll / bytes / log(2))) < 1e-12);
     m2d_ppl_free_pages(pages, np);
-    free(dir);
-    m2d_engine_free(e);
-    m2d_tokenizer_free(tk);
-    m2d_model_close(m);
+    tu_tiny_teacher_close(&t);
 }
 
 static void cli_json_and_errors(void **state) {
     (void)state;
-    char *dir = tiny_dir();
+    char *dir = tu_model_path("tiny-qwen3moe");
     const char *wiki = tu_data_path("wikitext-2-raw/wikitext-2-raw/wiki.test.raw");
     if (!dir || !m2d_file_exists(wiki)) TU_SKIP("tiny-qwen3moe or WikiText-2 missing");
     char *tmp = tu_tmpdir(), *out = NULL, *err = NULL;

@@ -9,9 +9,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "criteria/registry.h"
 #include "sweep/report.h"
 #include "io/results.h"
 #include "base/util.h"
+
+/* Two test-only plugins: names, ranks and display names in reports come from registrations. */
+static int zero_score(const m2d_layer_view *v, double *scores) {
+    for (int e = 0; e < v->E; e++) scores[e] = 0;
+    return 0;
+}
+M2D_PLUGIN(test_early, .name = "test-early", .kind = M2D_SCORING, .summary = "test", .score = zero_score,
+           .display = "Early Test Scoring", .report_rank = 1)
+M2D_PLUGIN(test_plain, .name = "test-plain", .kind = M2D_SCORING, .summary = "test", .score = zero_score,
+           .display = "Plain Test Scoring")
 
 static const char *HAND_CSV =
     "# moe2dense-results=1\n"
@@ -140,6 +151,39 @@ static void plot_data_files(void **state) {
     free(p);
 }
 
+/* Scorings in the table: ranked ones by rank (ties: first appearance), then the others by first
+ * appearance; each under the display name its plugin registered (or its own name). */
+static void names_and_order_come_from_registrations(void **state) {
+    (void)state;
+    const char *csv = "# experiment=order\n"
+                      "config_id,scoring,grouping,scaling,K_expr,K,params,ppl,status,dedup_of\n"
+                      "a,test-plain,rr,uniform,k,8,,10,ok,\n"
+                      "b,zz-unregistered,rr,uniform,k,8,,11,ok,\n"
+                      "c,do-cp,rr,uniform,k,8,,12,ok,\n"
+                      "d,sf,rr,uniform,k,8,,13,ok,\n"
+                      "e,test-early,rr,uniform,k,8,,14,ok,\n";
+    char *dir = tu_tmpdir(), *p = m2d_path_join(dir, "order.csv");
+    tu_write(p, csv, strlen(csv));
+    m2d_results r;
+    assert_int_equal(m2d_results_read(p, &r), 0);
+    char *md = render(&r, M2D_REPORT_MD);
+    const char *want[] = {"| Selection Frequency |", "| Early Test Scoring |", "| D-Optimal + CP |",
+                          "| Plain Test Scoring |", "| zz-unregistered |"};
+    const char *at = md;
+    for (size_t i = 0; i < M2D_ARRAY_LEN(want); i++) {
+        const char *hit = strstr(at, want[i]);
+        if (!hit) fail_msg("'%s' missing or out of order in:\n%s", want[i], md);
+        at = hit + 1;
+    }
+    assert_string_equal(m2d_report_display_name("test-plain"), "Plain Test Scoring");
+    assert_string_equal(m2d_report_display_name("do-reap"), "do-reap"); /* made on demand: no display name */
+    free(md);
+    m2d_results_free(&r);
+    tu_rm_rf(dir);
+    free(dir);
+    free(p);
+}
+
 static void cli_formats_and_errors(void **state) {
     (void)state;
     char *dir, *p = write_hand(&dir);
@@ -172,6 +216,7 @@ int main(void) {
         cmocka_unit_test(compact_ppl_notation),
         cmocka_unit_test(markdown_table_and_summary),
         cmocka_unit_test(plot_data_files),
+        cmocka_unit_test(names_and_order_come_from_registrations),
         cmocka_unit_test(cli_formats_and_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

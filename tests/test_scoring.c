@@ -346,6 +346,38 @@ static void registry_lookup_and_validation(void **state) {
     assert_int_equal(p.n, 0);
 }
 
+/* A test-only family: the registry makes "test-x2-S" from any scaling S except proportional, with
+ * no knowledge of the family (the do- family is registered the same way by do_any.c). */
+static int test_x2_derive(const m2d_plugin *base, m2d_plugin *out) {
+    if (!strcmp(base->name, "proportional")) return -1;
+    out->summary = "test only";
+    out->scale = base->scale;
+    return 0;
+}
+M2D_PLUGIN_FACTORY(test_x2, .prefix = "test-x2-", .kind = M2D_SCALING, .pattern = "test-x2-<scaling>",
+                   .summary = "test only", .derive = test_x2_derive)
+
+static void factories_make_plugins_from_registered_bases(void **state) {
+    (void)state;
+    const m2d_plugin *p = m2d_plugin_find(M2D_SCALING, "test-x2-uniform");
+    assert_non_null(p);
+    assert_string_equal(p->name, "test-x2-uniform");
+    assert_int_equal(p->kind, M2D_SCALING);
+    assert_ptr_equal(p->scale, m2d_plugin_find(M2D_SCALING, "uniform")->scale);
+    assert_ptr_equal(p, m2d_plugin_find(M2D_SCALING, "test-x2-uniform"));
+    assert_null(m2d_plugin_find(M2D_SCALING, "test-x2-proportional")); /* derive refused the base */
+    assert_null(m2d_plugin_find(M2D_SCALING, "test-x2-nope"));         /* no such base */
+    assert_null(m2d_plugin_find(M2D_SCORING, "test-x2-sf"));           /* another kind's family */
+    /* the registry lists the families by kind (`moe2dense list` prints pattern and summary) */
+    int found = 0;
+    for (int i = 0; i < m2d_plugin_factory_count(M2D_SCALING); i++)
+        found |= !strcmp(m2d_plugin_factory_at(M2D_SCALING, i)->pattern, "test-x2-<scaling>");
+    assert_true(found);
+    assert_int_equal(m2d_plugin_factory_count(M2D_GROUPING), 0);
+    assert_int_equal(m2d_plugin_factory_count(M2D_SCORING), 1);
+    assert_string_equal(m2d_plugin_factory_at(M2D_SCORING, 0)->prefix, "do-");
+}
+
 /* do-X plugins are created on first lookup; concurrent first lookups (sweep workers) agree */
 static void *lookup_do_msan(void *arg) {
     *(const m2d_plugin **)arg = m2d_plugin_find(M2D_SCORING, "do-msan");
@@ -372,6 +404,7 @@ int main(void) {
         cmocka_unit_test(conmoe_against_brute_force),
         cmocka_unit_test(registry_lookup_and_validation),
         cmocka_unit_test(derived_lookup_is_thread_safe),
+        cmocka_unit_test(factories_make_plugins_from_registered_bases),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

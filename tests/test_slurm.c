@@ -1,9 +1,11 @@
 /* slurm: a real single-node Slurm (slurmctld + slurmd on localhost, AuthType=auth/none, generated
  * slurm.conf in a temp dir) runs the job array written by `moe2dense slurm` on a fake-backend
- * experiment; the shard CSVs are merged and checked against the grid. Installs slurm-wlm when
- * missing and running as root; skips (with the reason) only if the daemons cannot start.
+ * experiment (so the CLI is tu_test_bin(), which links that backend); the shard CSVs are merged
+ * and checked against the grid. slurm-wlm comes from `make deps` (this test installs nothing);
+ * skips (with the reason) only if it is absent or the daemons cannot start.
  * Bounded: daemons get 30 s to come up, the array 120 s to finish. */
 #include "testutil.h"
+#include "sweep_fixture.h"
 
 #include <limits.h>
 #include <signal.h>
@@ -14,6 +16,7 @@
 #include <unistd.h>
 
 #include "sweep/grid.h"
+#include "sweep/slurm.h"
 #include "io/results.h"
 #include "base/util.h"
 
@@ -51,6 +54,15 @@ static int stop_daemons(void **state) {
     return 0;
 }
 
+/* the fake teacher: only its shape matters (E = 32, k = 4) */
+static const char *TINY_CONFIG = "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"vocab_size\": 64, \"hidden_size\": 32,"
+                                " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"moe_intermediate_size\": 16,"
+                                " \"num_experts\": 32, \"num_experts_per_tok\": 4}";
+static const char *TINY = "[experiment.tiny]\nmodel = 'MODEL'\nbackend = 'fake'\n"
+                         "calibration = { data = 'c.txt' }\nppl = { data = 'p.txt' }\n"
+                         "[experiment.tiny.axes]\nscoring = ['sf', 'cp']\ngrouping = ['rr', 'oc']\n"
+                         "scaling = ['uniform', 'proportional']\nK = ['k', '2k', 'E']\n";
+
 static int have_slurm(void) {
     return tu_run("command -v slurmctld && command -v slurmd && command -v sbatch && command -v sinfo", NULL,
                   NULL) == 0;
@@ -58,15 +70,15 @@ static int have_slurm(void) {
 
 static void job_array_runs_shards_and_merge_checks_them(void **state) {
     (void)state;
-    if (!have_slurm() && geteuid() == 0)
-        tu_run("DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -qq slurm-wlm", NULL, NULL);
-    if (!have_slurm()) TU_SKIP("slurm-wlm is not installed (apt-get install slurm-wlm) and could not be installed");
+    if (!have_slurm()) TU_SKIP("slurm-wlm is not installed (make deps installs it)");
     char host[256];
     gethostname(host, sizeof host);
     host[sizeof host - 1] = 0;
     char *dot = strchr(host, '.');
     if (dot) *dot = 0;
-    char *dir = tu_tmpdir();
+    /* a small fake-backend experiment: 2 x 2 x 2 x 3 = 24 configurations, 3 shards */
+    tu_sweep_fixture fx = tu_sweep_fixture_make(TINY_CONFIG, TINY);
+    const char *dir = fx.dir, *toml = fx.toml;
     int port = 20000 + (int)(getpid() % 20000);
     char *conf = m2d_path_join(dir, "slurm.conf");
     char *text = m2d_strfmt(
@@ -104,24 +116,12 @@ static void job_array_runs_shards_and_merge_checks_them(void **state) {
         char *log = m2d_read_file(ctld_log, NULL);
         print_message("slurmctld output:\n%s\n", log ? log : "(none)");
         free(log);
-        tu_rm_rf(dir);
+        tu_sweep_fixture_free(&fx);
         TU_SKIP("the single-node Slurm daemons did not come up within 30 s");
     }
 
-    /* a small fake-backend experiment: 2 x 2 x 2 x 3 = 24 configurations, 3 shards */
-    char *model = m2d_path_join(dir, "teacher");
-    m2d_mkdir_p(model);
-    char *cfg = m2d_path_join(model, "config.json");
-    const char *json = "{\"num_experts\": 32, \"num_experts_per_tok\": 4}";
-    tu_write(cfg, json, strlen(json));
-    char *toml = m2d_path_join(dir, "experiments.toml");
-    char *exps = m2d_strfmt("[experiment.tiny]\nmodel = '%s'\nbackend = 'fake'\n"
-                            "calibration = { data = 'c.txt' }\nppl = { data = 'p.txt' }\n"
-                            "[experiment.tiny.axes]\nscoring = ['sf', 'cp']\ngrouping = ['rr', 'oc']\n"
-                            "scaling = ['uniform', 'proportional']\nK = ['k', '2k', 'E']\n", model);
-    tu_write(toml, exps, strlen(exps));
     char bin[PATH_MAX];
-    if (!realpath(tu_bin(), bin)) fail_msg("cannot resolve %s", tu_bin());
+    if (!realpath(tu_test_bin(), bin)) fail_msg("cannot resolve %s", tu_test_bin());
     char *res = m2d_path_join(dir, "res");
     char *c = m2d_strfmt("cd %s && %s slurm %s --experiment tiny --shards 3 --results-dir %s --time 00:05:00", dir, bin,
                          toml, res);
@@ -160,23 +160,82 @@ static void job_array_runs_shards_and_merge_checks_them(void **state) {
     m2d_results_free(&r);
     m2d_experiment_free(&x);
     stop_daemons(NULL);
-    tu_rm_rf(dir);
+    tu_sweep_fixture_free(&fx);
     free(merged);
     free(res);
-    free(exps);
-    free(toml);
-    free(cfg);
-    free(model);
     free(ctld_log);
     free(d_log);
     free(state_dir);
     free(spool);
     free(conf);
-    free(dir);
+}
+
+/* m2d_slurm_write in-process (no Slurm needed): the script's lines, quoting, paths and errors. */
+static void script_lines_quoting_and_errors(void **state) {
+    (void)state;
+    tu_sweep_fixture fx = tu_sweep_fixture_make(TINY_CONFIG, TINY);
+    char *res = m2d_path_join(fx.dir, "res dir"), *sets[] = {"description=it's", "ppl.max_windows=2"};
+    m2d_slurm_opts o = {.experiments = fx.toml, .experiment = "tiny", .sets = sets, .n_sets = 2, .shards = 3,
+                        .cpus_per_task = 2, .partition = "debug", .time_limit = "00:05:00", .results_dir = res,
+                        .binary = "/opt/m2d's bin/moe2dense"};
+    m2d_slurm_job job;
+    assert_int_equal(m2d_slurm_write(&o, &job), 0);
+    assert_int_equal(job.n_configs, 24);
+    char *want_path = m2d_path_join(res, "tiny.sbatch");
+    assert_string_equal(job.script_path, want_path);
+    char *text = m2d_read_file(job.script_path, NULL);
+    assert_non_null(text);
+    const char *lines[] = {
+        "#!/bin/bash\n", "experiment tiny, 24 configurations in 3 shards.\n", "#SBATCH --array=1-3\n",
+        "#SBATCH --cpus-per-task=2\n", "#SBATCH --partition=debug\n", "#SBATCH --time=00:05:00\n",
+        "export M2D_THREADS=${SLURM_CPUS_PER_TASK:-2}\n",
+        "exec '/opt/m2d'\\''s bin/moe2dense' sweep '", "' --experiment 'tiny' --shard \"$shard/3\" \\\n",
+        "/res dir'/tiny.shard-\"$shard\"-of-3.csv --threads \"$M2D_THREADS\" --set 'description=it'\\''s' "
+        "--set 'ppl.max_windows=2'\n"};
+    for (size_t i = 0; i < M2D_ARRAY_LEN(lines); i++)
+        if (!strstr(text, lines[i])) fail_msg("script lacks '%s':\n%s", lines[i], text);
+    assert_null(strstr(text, "--gpus-per-task")); /* not asked for */
+    char *exec_toml = m2d_strfmt("sweep '%s'", fx.toml); /* absolute already: as given */
+    assert_non_null(strstr(text, exec_toml));
+    assert_non_null(strstr(job.merge_command, "/opt/m2d's bin/moe2dense merge tiny.csv "));
+    assert_non_null(strstr(job.merge_command, "/tiny.shard-*-of-3.csv --experiments "));
+    free(exec_toml);
+    free(text);
+    free(want_path);
+    m2d_slurm_job_free(&job);
+
+    /* values that would reach #SBATCH lines or exceed the grid are refused; nothing is written */
+    char *other = m2d_path_join(fx.dir, "other.sbatch");
+    o.script = other;
+    o.partition = "debug\n#SBATCH --uid=0";
+    assert_int_equal(m2d_slurm_write(&o, &job), -1);
+    assert_non_null(strstr(m2d_errmsg(), "slurm: --partition: "));
+    o.partition = NULL;
+    o.shards = 25;
+    assert_int_equal(m2d_slurm_write(&o, &job), -1);
+    assert_non_null(strstr(m2d_errmsg(), "--shards 25 exceeds the 24 configurations of experiment 'tiny'"));
+    o.shards = 3;
+    o.experiment = "tiny;x";
+    assert_int_equal(m2d_slurm_write(&o, &job), -1);
+    assert_non_null(strstr(m2d_errmsg(), "slurm: --experiment: 'tiny;x'"));
+    o.experiment = "nope";
+    assert_int_equal(m2d_slurm_write(&o, &job), -1);
+    assert_non_null(strstr(m2d_errmsg(), "no experiment 'nope'"));
+    assert_false(m2d_file_exists(other));
+    /* --script puts the script elsewhere */
+    o.experiment = "tiny";
+    assert_int_equal(m2d_slurm_write(&o, &job), 0);
+    assert_string_equal(job.script_path, other);
+    assert_true(m2d_file_exists(other));
+    m2d_slurm_job_free(&job);
+    free(other);
+    free(res);
+    tu_sweep_fixture_free(&fx);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(script_lines_quoting_and_errors),
         cmocka_unit_test_teardown(job_array_runs_shards_and_merge_checks_them, stop_daemons),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

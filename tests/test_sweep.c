@@ -1,7 +1,9 @@
 /* sweep: grid expansion, shards, the crash-safe CSV, dedup, failures, resume (incl. kill -9 of a
  * real sweep process at several moments), merge and the CLI — all on the deterministic "fake"
- * backend, so no model is needed. */
+ * backend (tests/sweep_fake.c; the CLI runs are of tu_test_bin(), which links it), so no model is
+ * needed. */
 #include "testutil.h"
+#include "sweep_fixture.h"
 
 #include <math.h>
 #include <signal.h>
@@ -16,12 +18,10 @@
 #include "sweep/report.h"
 #include "io/results.h"
 #include "sweep/sweep.h"
+#include "sweep/sweep_backend.h"
+#include "sweep/sweep_csv.h"
+#include "sweep/sweep_mc.h"
 #include "base/util.h"
-
-/* A temp dir with a fake teacher (config.json only: E = 64, k = 8) and an experiments file. */
-typedef struct {
-    char *dir, *toml, *csv;
-} fixture;
 
 static const char *EXPERIMENTS =
     "[experiment.grid]\n"
@@ -70,42 +70,17 @@ static const char *EXPERIMENTS =
     "scoring = 'cp'\n"
     "K = 'k'\n";
 
+/* A temp dir with a fake teacher (config.json only: E = 64, k = 8) and the experiments above. */
+typedef tu_sweep_fixture fixture;
+
 static fixture make_fixture(void) {
-    fixture fx;
-    fx.dir = tu_tmpdir();
-    char *model = m2d_path_join(fx.dir, "teacher");
-    assert_int_equal(m2d_mkdir_p(model), 0);
-    char *cfg = m2d_path_join(model, "config.json");
-    const char *json = "{\"num_experts\": 64, \"num_experts_per_tok\": 8, \"moe_intermediate_size\": 72,"
+    const char *json = "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"num_experts\": 64, \"num_experts_per_tok\": 8, \"moe_intermediate_size\": 72,"
                        " \"hidden_size\": 192, \"num_hidden_layers\": 4, \"vocab_size\": 8192,"
                        " \"num_attention_heads\": 6, \"num_key_value_heads\": 2, \"head_dim\": 32}";
-    tu_write(cfg, json, strlen(json));
-    /* substitute the model path */
-    const char *at = EXPERIMENTS;
-    char *text = m2d_strdup("");
-    for (;;) {
-        const char *m = strstr(at, "MODEL");
-        char *next = m ? m2d_strfmt("%s%.*s%s", text, (int)(m - at), at, model) : m2d_strfmt("%s%s", text, at);
-        free(text);
-        text = next;
-        if (!m) break;
-        at = m + 5;
-    }
-    fx.toml = m2d_path_join(fx.dir, "experiments.toml");
-    tu_write(fx.toml, text, strlen(text));
-    fx.csv = m2d_path_join(fx.dir, "results.csv");
-    free(text);
-    free(cfg);
-    free(model);
-    return fx;
+    return tu_sweep_fixture_make(json, EXPERIMENTS);
 }
 
-static void free_fixture(fixture *fx) {
-    tu_rm_rf(fx->dir);
-    free(fx->dir);
-    free(fx->toml);
-    free(fx->csv);
-}
+static void free_fixture(fixture *fx) { tu_sweep_fixture_free(fx); }
 
 static void grid_expands_resolves_and_trims(void **state) {
     (void)state;
@@ -200,13 +175,13 @@ static void shards_partition_the_grid(void **state) {
     m2d_experiment x;
     assert_int_equal(m2d_experiment_load(fx.toml, "grid", NULL, 0, &x), 0);
     m2d_sweep_backend b;
-    assert_int_equal(m2d_sweep_backend_fake(&x, &b), 0);
+    assert_int_equal(m2d_sweep_backend_make(&x, &b), 0);
     for (int n = 1; n <= 7; n += 3) {
         int *seen = m2d_calloc((size_t)x.n_configs, sizeof *seen), lo = 1 << 30, hi = 0, students = 0;
         for (int i = 1; i <= n; i++) {
             int *idx, cnt = m2d_grid_shard(&x, i, n, &idx);
             /* the work is the distinct students: dealt evenly, and dedup never crosses shards */
-            int distinct = b.count_distinct(&b, &x, idx, cnt);
+            int distinct = m2d_sweep_count_distinct(&b, &x, idx, cnt);
             students += distinct;
             lo = M2D_MIN(lo, distinct);
             hi = M2D_MAX(hi, distinct);
@@ -218,7 +193,7 @@ static void shards_partition_the_grid(void **state) {
         assert_true(hi - lo <= 1);
         free(seen);
     }
-    b.destroy(&b);
+    m2d_sweep_backend_close(&b);
     int i, n;
     assert_int_equal(m2d_parse_shard("3/8", &i, &n), 0);
     assert_int_equal(i, 3);
@@ -391,7 +366,7 @@ static void sigkill_at_any_moment_then_resume(void **state) {
     m2d_experiment x;
     assert_int_equal(m2d_experiment_load(fx.toml, "grid", NULL, 0, &x), 0);
     char *cmd = m2d_strfmt("M2D_FAKE_DELAY_MS=3 exec %s sweep %s --experiment grid --out %s --jobs 2 >/dev/null 2>&1",
-                           tu_bin(), fx.toml, fx.csv);
+                           tu_test_bin(), fx.toml, fx.csv);
     /* kill delays in microseconds: before the header exists, early, and mid-run */
     const int delays[] = {0, 2000, 30000, 80000, 150000, 250000};
     for (size_t k = 0; k < M2D_ARRAY_LEN(delays); k++) {
@@ -419,7 +394,7 @@ static void sigkill_at_any_moment_then_resume(void **state) {
         fputs("deadbeef0000,sf,rr,uni", f);
         fclose(f);
     }
-    char *finish = m2d_strfmt("%s sweep %s --experiment grid --out %s --jobs 2", tu_bin(), fx.toml, fx.csv);
+    char *finish = m2d_strfmt("%s sweep %s --experiment grid --out %s --jobs 2", tu_test_bin(), fx.toml, fx.csv);
     char *out = NULL, *err = NULL;
     assert_int_equal(tu_run(finish, &out, &err), 0);
     if (m2d_file_exists(fx.csv)) assert_non_null(strstr(out, "configurations"));
@@ -448,7 +423,7 @@ static void cli_dry_run_shards_and_merge(void **state) {
     (void)state;
     fixture fx = make_fixture();
     char *out = NULL, *err = NULL;
-    char *c = m2d_strfmt("%s sweep %s --experiment grid --dry-run", tu_bin(), fx.toml);
+    char *c = m2d_strfmt("%s sweep %s --experiment grid --dry-run", tu_test_bin(), fx.toml);
     assert_int_equal(tu_run(c, &out, &err), 0);
     assert_non_null(strstr(out, "configurations: 280"));
     assert_non_null(strstr(out, "distinct students: 224"));
@@ -458,11 +433,11 @@ static void cli_dry_run_shards_and_merge(void **state) {
     free(err);
     /* three shards, then merge: same rows as a single run */
     for (int i = 1; i <= 3; i++) {
-        c = m2d_strfmt("%s sweep %s --experiment grid --shard %d/3 --out %s/s%d.csv", tu_bin(), fx.toml, i, fx.dir, i);
+        c = m2d_strfmt("%s sweep %s --experiment grid --shard %d/3 --out %s/s%d.csv", tu_test_bin(), fx.toml, i, fx.dir, i);
         assert_int_equal(tu_run(c, NULL, NULL), 0);
         free(c);
     }
-    c = m2d_strfmt("%s merge %s/all.csv %s/s1.csv %s/s2.csv %s/s3.csv --experiments %s --experiment grid", tu_bin(),
+    c = m2d_strfmt("%s merge %s/all.csv %s/s1.csv %s/s2.csv %s/s3.csv --experiments %s --experiment grid", tu_test_bin(),
                    fx.dir, fx.dir, fx.dir, fx.dir, fx.toml);
     assert_int_equal(tu_run(c, &out, &err), 0);
     free(c);
@@ -479,7 +454,7 @@ static void cli_dry_run_shards_and_merge(void **state) {
     assert_non_null(strstr(m2d_results_meta(&r, "merged_from"), "s3.csv (shard 3/3"));
     m2d_results_free(&r);
     /* a missing shard is a gap; a shard given twice is a duplicate; nothing written */
-    c = m2d_strfmt("%s merge %s/gap.csv %s/s1.csv %s/s3.csv --experiments %s --experiment grid", tu_bin(), fx.dir,
+    c = m2d_strfmt("%s merge %s/gap.csv %s/s1.csv %s/s3.csv --experiments %s --experiment grid", tu_test_bin(), fx.dir,
                    fx.dir, fx.dir, fx.toml);
     assert_int_not_equal(tu_run(c, &out, &err), 0);
     assert_non_null(strstr(err, "configurations missing"));
@@ -497,7 +472,7 @@ static void cli_dry_run_shards_and_merge(void **state) {
     assert_false(m2d_file_exists(gap));
     assert_false(m2d_file_exists(dup));
     /* a run of a different experiment cannot be appended to this file */
-    c = m2d_strfmt("%s sweep %s --experiment small --out %s", tu_bin(), fx.toml, all);
+    c = m2d_strfmt("%s sweep %s --experiment small --out %s", tu_test_bin(), fx.toml, all);
     assert_int_not_equal(tu_run(c, &out, &err), 0);
     assert_non_null(strstr(err, "refusing to mix") ? err : strstr(err, "columns"));
     free(c);
@@ -519,6 +494,32 @@ static void cli_dry_run_shards_and_merge(void **state) {
     free(gap);
     free(dup);
     free(all);
+    m2d_experiment_free(&x);
+    free_fixture(&fx);
+}
+
+/* The fake backend is a test fixture: the product binary does not have it, and says so. */
+static void product_binary_has_no_fake_backend(void **state) {
+    (void)state;
+    fixture fx = make_fixture();
+    char *out = NULL, *err = NULL;
+    char *c = m2d_strfmt("%s sweep %s --experiment grid --dry-run", tu_bin(), fx.toml);
+    assert_int_not_equal(tu_run(c, &out, &err), 0);
+    assert_non_null(strstr(err, "experiments.toml:4:"));
+    assert_non_null(strstr(err, "'backend': 'fake' is not a registered sweep backend (pipeline)"));
+    free(c);
+    free(out);
+    free(err);
+    c = m2d_strfmt("%s sweep %s --experiment grid --dry-run", tu_test_bin(), fx.toml);
+    assert_int_equal(tu_run(c, &out, &err), 0);
+    free(c);
+    free(out);
+    free(err);
+    /* in-process (the tests link the fake backend), an unknown name is refused by the loader too */
+    m2d_experiment x;
+    char *sets[] = {"backend='nope'"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 1, &x), -1);
+    assert_non_null(strstr(m2d_errmsg(), "'nope' is not a registered sweep backend (fake, pipeline)"));
     m2d_experiment_free(&x);
     free_fixture(&fx);
 }
@@ -584,6 +585,72 @@ static void mc_stage_best_per_pair_fills_columns_and_resumes(void **state) {
     free_fixture(&fx);
 }
 
+/* The run header grows as needed (it was a fixed array of 16 with no bounds check). */
+static void run_header_grows_without_bound(void **state) {
+    (void)state;
+    m2d_sweep_meta m = {0};
+    for (int i = 0; i < 40; i++) m2d_sweep_meta_add(&m, m2d_strfmt("k%d=v%d", i, i));
+    fixture fx = make_fixture();
+    m2d_experiment x;
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", NULL, 0, &x), 0);
+    m2d_sweep_meta_build(&x, 2, 3, "mh", "ch", &m);
+    assert_int_equal(m.n, 40 + 13);
+    assert_string_equal(m.items[0], "k0=v0");
+    assert_string_equal(m.items[39], "k39=v39");
+    assert_string_equal(m.items[40], "moe2dense-results=1");
+    int found = 0;
+    for (int i = 40; i < m.n; i++)
+        found += !strcmp(m.items[i], "experiment=grid") + !strcmp(m.items[i], "shard=2/3") +
+                 !strcmp(m.items[i], "model_hash=mh") + !strcmp(m.items[i], "backend=fake");
+    assert_int_equal(found, 4);
+    m2d_sweep_meta_free(&m);
+    assert_int_equal(m.n, 0);
+    m2d_experiment_free(&x);
+    free_fixture(&fx);
+}
+
+static void write_csv(const char *path, const char *const *cols, int n_cols, const char *const *cells, int n_rows) {
+    m2d_results_writer w;
+    const char *meta[] = {"experiment=e"};
+    assert_int_equal(m2d_results_open(path, cols, n_cols, meta, 1, NULL, 0, &w, NULL), 0);
+    for (int r = 0; r < n_rows; r++) assert_int_equal(m2d_results_append(&w, cells + (size_t)r * n_cols), 0);
+    m2d_results_close(&w);
+}
+
+/* The MC stage copies sidecar values into the main file by column name, whatever the order of
+ * the columns in either file, to every row of the same student; a missing column is an error. */
+static void mc_fill_finds_columns_by_name(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), *out = m2d_path_join(dir, "r.csv"), *side = m2d_path_join(dir, "r.csv.mc.csv");
+    const char *main_cols[] = {"config_id", "ppl", "arc_easy_acc", "mc_avg", "status", "fingerprint"};
+    const char *main_cells[] = {"a", "10", "", "", "ok", "fp1",
+                                "b", "10", "", "", "ok", "fp1",
+                                "c", "12", "", "", "ok", "fp2"};
+    write_csv(out, main_cols, 6, main_cells, 3);
+    const char *side_cols[] = {"status", "mc_avg", "config_id", "wall_s", "arc_easy_acc"};
+    const char *side_cells[] = {"ok", "0.500000", "a", "1.0", "0.250000",
+                                "failed: boom", "0.900000", "c", "1.0", "0.900000"};
+    write_csv(side, side_cols, 5, side_cells, 2);
+    char *mc[] = {"arc_easy_acc", "mc_avg"};
+    assert_int_equal(m2d_sweep_mc_fill(out, side, mc, 2), 0);
+    m2d_results r;
+    assert_int_equal(m2d_results_read(out, &r), 0);
+    for (int i = 0; i < 2; i++) { /* a and its dedup b: the same student */
+        assert_string_equal(m2d_results_get(&r, i, "arc_easy_acc"), "0.250000");
+        assert_string_equal(m2d_results_get(&r, i, "mc_avg"), "0.500000");
+        assert_string_equal(m2d_results_get(&r, i, "ppl"), "10");
+    }
+    assert_string_equal(m2d_results_get(&r, 2, "arc_easy_acc"), ""); /* its MC run failed */
+    m2d_results_free(&r);
+    char *missing[] = {"winogrande_acc"};
+    assert_int_equal(m2d_sweep_mc_fill(out, side, missing, 1), -1);
+    assert_non_null(strstr(m2d_errmsg(), "r.csv: field 'winogrande_acc': column missing"));
+    tu_rm_rf(dir);
+    free(dir);
+    free(out);
+    free(side);
+}
+
 static void shipped_experiments_file_is_valid(void **state) {
     (void)state;
     /* experiments.toml at the top of the repository: the paper grid is 350 configurations on a
@@ -614,7 +681,10 @@ int main(void) {
         cmocka_unit_test(sweep_dedups_records_failures_and_resumes),
         cmocka_unit_test(sigkill_at_any_moment_then_resume),
         cmocka_unit_test(cli_dry_run_shards_and_merge),
+        cmocka_unit_test(product_binary_has_no_fake_backend),
         cmocka_unit_test(mc_stage_best_per_pair_fills_columns_and_resumes),
+        cmocka_unit_test(run_header_grows_without_bound),
+        cmocka_unit_test(mc_fill_finds_columns_by_name),
         cmocka_unit_test(shipped_experiments_file_is_valid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

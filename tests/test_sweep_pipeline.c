@@ -1,9 +1,11 @@
 /* sweep_pipeline: the real backend on ../shared/models/tiny-qwen3moe.
- *  - PPL on once-encoded tokens equals m2d_ppl_gptq (the library path that encodes per call);
+ *  - PPL on once-encoded tokens (m2d_ppl_gptq_tokens, what the pipeline scores with) equals
+ *    m2d_ppl_gptq (the library path that encodes per call);
  *  - a small sweep: calibration cached and reused, K = k rows across groupings recorded as
  *    dedup_of (decided by the plan fingerprint), and one configuration's PPL equals an
  *    independent path: `moe2dense calibrate` + `convert --out DIR` + `ppl --model DIR`. */
 #include "testutil.h"
+#include "tiny_teacher.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -18,34 +20,65 @@
 #include "tokenizer/tokenizer.h"
 #include "base/util.h"
 
-static char *tiny_dir(void) {
-    const char *m = tu_models_dir();
-    if (!m) return NULL;
-    char *d = m2d_path_join(m, "tiny-qwen3moe");
-    char *cfg = m2d_path_join(d, "config.json");
-    int ok = m2d_file_exists(cfg);
-    free(cfg);
-    if (!ok) {
-        free(d);
-        return NULL;
-    }
-    return d;
-}
-
 static const char *wiki_test(void) { return tu_data_path("wikitext-2-raw/wikitext-2-raw/wiki.test.raw"); }
 static const char *wiki_train(void) { return tu_data_path("train-text/wikitext-103-train-prefix/wiki.train.tokens"); }
 
+/* A temporary directory with an experiment "t" on the tiny teacher: calibration on 4 windows of
+ * 64 tokens of the WikiText-103 prefix (cached in DIR/cache), PPL on MAX_WINDOWS WikiText-2
+ * windows of 64, then the keys in EXTRA (mc, axes, rules). */
+typedef struct {
+    char *model, *dir, *toml, *csv;
+} sweep_fx;
+
+/* 0 and *fx; -1 when the model or the data is missing (the caller skips) */
+static int sweep_fx_make(int max_windows, const char *extra, sweep_fx *fx) {
+    fx->model = tu_model_path("tiny-qwen3moe");
+    if (!fx->model || !m2d_file_exists(wiki_test()) || !m2d_file_exists(wiki_train())) {
+        free(fx->model);
+        return -1;
+    }
+    fx->dir = tu_tmpdir();
+    fx->toml = m2d_path_join(fx->dir, "e.toml");
+    fx->csv = m2d_path_join(fx->dir, "r.csv");
+    char *text = m2d_strfmt("[experiment.t]\nmodel = '%s'\ncache_dir = '%s/cache'\n"
+                            "calibration = { data = '%s', seq_len = 64, samples = 4 }\n"
+                            "ppl = { data = '%s', seq_len = 64, max_windows = %d }\n%s",
+                            fx->model, fx->dir, wiki_train(), wiki_test(), max_windows, extra);
+    tu_write(fx->toml, text, strlen(text));
+    free(text);
+    return 0;
+}
+
+static void sweep_fx_free(sweep_fx *fx) {
+    tu_rm_rf(fx->dir);
+    free(fx->model);
+    free(fx->dir);
+    free(fx->toml);
+    free(fx->csv);
+}
+
+/* `moe2dense calibrate` + `convert` of do-acp / oc / proportional / K = 16 into DIR/student, then
+ * COMMAND (run in the shell after them); its stdout in *out */
+static void convert_then(const sweep_fx *fx, const char *command, char **out) {
+    char *c = m2d_strfmt("%s calibrate --model %s --data %s --out %s/s.stats --seq-len 64 --samples 4 && "
+                         "%s convert --model %s --stats %s/s.stats --scoring do-acp --grouping oc "
+                         "--scaling proportional -K 16 --out %s/student && %s",
+                         tu_bin(), fx->model, wiki_train(), fx->dir, tu_bin(), fx->model, fx->dir, fx->dir, command);
+    char *err = NULL;
+    int rc = tu_run(c, out, &err);
+    if (rc) print_message("%s\n%s\n", *out ? *out : "", err ? err : "");
+    assert_int_equal(rc, 0);
+    free(err);
+    free(c);
+}
+
 static void ppl_on_tokens_matches_library_gptq(void **state) {
     (void)state;
-    char *dir = tiny_dir();
-    if (!dir) TU_SKIP("../shared/models/tiny-qwen3moe not found");
     if (!m2d_file_exists(wiki_test())) TU_SKIP("run 'make data' (WikiText-2 missing)");
-    m2d_model *m;
-    m2d_tokenizer *tk;
-    m2d_engine *e;
-    assert_int_equal(m2d_model_open(dir, &m), 0);
-    assert_int_equal(m2d_tokenizer_load(dir, &tk), 0);
-    assert_int_equal(m2d_engine_new(m, 1, &e), 0);
+    tu_tiny_teacher t;
+    if (tu_tiny_teacher_open(1, &t)) TU_SKIP("../shared/models/tiny-qwen3moe not found");
+    m2d_tokenizer *tk = t.tk;
+    m2d_engine *e = t.e;
     size_t len;
     char *raw = m2d_read_file(wiki_test(), &len);
     /* only the first part of the file: enough for 3 windows of 64, keeps the test fast */
@@ -57,42 +90,32 @@ static void ppl_on_tokens_matches_library_gptq(void **state) {
     char *joined = m2d_ppl_gptq_text(raw, cut + 1, &jl);
     int32_t *ids;
     assert_int_equal(m2d_tokenizer_encode(tk, joined, jl, &ids, &n), 0);
-    double ppl;
-    int windows;
-    assert_int_equal(m2d_sweep_ppl_tokens(e, ids, n, 64, 3, &ppl, &windows), 0);
-    assert_int_equal(windows, ref.windows);
+    m2d_ppl_result tok;
+    assert_int_equal(m2d_ppl_gptq_tokens(e, ids, n, 64, 3, NULL, &tok), 0);
+    double ppl = tok.ppl;
+    assert_int_equal(tok.windows, ref.windows);
     /* the same engine calls on the same tokens in the same order: identical sums */
     assert_true(ppl == ref.ppl);
     assert_true(isfinite(ppl) && ppl > 1);
     free(ids);
     free(joined);
     free(raw);
-    m2d_engine_free(e);
-    m2d_tokenizer_free(tk);
-    m2d_model_close(m);
-    free(dir);
+    tu_tiny_teacher_close(&t);
 }
 
 static void small_sweep_dedups_caches_and_matches_convert_then_ppl(void **state) {
     (void)state;
-    char *model = tiny_dir();
-    if (!model) TU_SKIP("../shared/models/tiny-qwen3moe not found");
-    if (!m2d_file_exists(wiki_test()) || !m2d_file_exists(wiki_train())) TU_SKIP("run 'make data'");
-    char *dir = tu_tmpdir();
-    char *toml = m2d_path_join(dir, "e.toml");
-    char *text = m2d_strfmt("[experiment.t]\nmodel = '%s'\ncache_dir = '%s/cache'\n"
-                            "calibration = { data = '%s', seq_len = 64, samples = 4 }\n"
-                            "ppl = { data = '%s', seq_len = 64, max_windows = 2 }\n"
-                            "[experiment.t.axes]\nscoring = ['sf', 'do-acp', 'nonexistent']\n"
-                            "grouping = ['rr', 'oc']\nscaling = ['proportional']\nK = ['k', '2k']\n"
-                            "[[experiment.t.exclude]]\nscoring = 'nonexistent'\ngrouping = 'oc'\n",
-                            model, dir, wiki_train(), wiki_test());
-    tu_write(toml, text, strlen(text));
-    char *csv = m2d_path_join(dir, "r.csv");
+    sweep_fx fx;
+    if (sweep_fx_make(2,
+                      "[experiment.t.axes]\nscoring = ['sf', 'do-acp', 'nonexistent']\n"
+                      "grouping = ['rr', 'oc']\nscaling = ['proportional']\nK = ['k', '2k']\n"
+                      "[[experiment.t.exclude]]\nscoring = 'nonexistent'\ngrouping = 'oc'\n",
+                      &fx))
+        TU_SKIP("../shared/models/tiny-qwen3moe or the data not found (run 'make data')");
     m2d_experiment x;
-    assert_int_equal(m2d_experiment_load(toml, "t", NULL, 0, &x), 0);
+    assert_int_equal(m2d_experiment_load(fx.toml, "t", NULL, 0, &x), 0);
     assert_int_equal(x.n_configs, 2 * 2 * 2 + 2);
-    m2d_sweep_opts o = {.out = csv, .jobs = 2};
+    m2d_sweep_opts o = {.out = fx.csv, .jobs = 2};
     m2d_sweep_summary s;
     assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
     /* K = k: rr and oc give one student per scoring (fingerprint) */
@@ -100,7 +123,7 @@ static void small_sweep_dedups_caches_and_matches_convert_then_ppl(void **state)
     assert_int_equal(s.evaluated, 6);
     assert_int_equal(s.failed, 2); /* the unknown scoring, recorded, the sweep went on */
     m2d_results r;
-    assert_int_equal(m2d_results_read(csv, &r), 0);
+    assert_int_equal(m2d_results_read(fx.csv, &r), 0);
     assert_int_equal(r.n_rows, x.n_configs);
     int checked = 0;
     for (int i = 0; i < r.n_rows; i++) {
@@ -118,31 +141,24 @@ static void small_sweep_dedups_caches_and_matches_convert_then_ppl(void **state)
         if (!checked && !strcmp(m2d_results_get(&r, i, "scoring"), "do-acp") &&
             !strcmp(m2d_results_get(&r, i, "K"), "16") && !strcmp(m2d_results_get(&r, i, "grouping"), "oc")) {
             checked = 1;
-            char *c = m2d_strfmt("%s calibrate --model %s --data %s --out %s/s.stats --seq-len 64 --samples 4 && "
-                                 "%s convert --model %s --stats %s/s.stats --scoring do-acp --grouping oc "
-                                 "--scaling proportional -K 16 --out %s/student && "
-                                 "%s ppl --model %s/student --data %s --seq-len 64 --max-windows 2 --json",
-                                 tu_bin(), model, wiki_train(), dir, tu_bin(), model, dir, dir, tu_bin(), dir,
-                                 wiki_test());
-            char *out = NULL, *err = NULL;
-            int rc = tu_run(c, &out, &err);
-            if (rc) print_message("%s\n%s\n", out ? out : "", err ? err : "");
-            assert_int_equal(rc, 0);
+            char *ppl = m2d_strfmt("%s ppl --model %s/student --data %s --seq-len 64 --max-windows 2 --json", tu_bin(),
+                                   fx.dir, wiki_test());
+            char *out = NULL;
+            convert_then(&fx, ppl, &out);
             const char *p = strstr(out, "\"ppl\":");
             assert_non_null(p);
             double want = strtod(p + 6, NULL), got = strtod(m2d_results_get(&r, i, "ppl"), NULL);
             /* the CSV holds 4 decimals; the student written to disk is the in-memory one */
             if (fabs(got - want) > 6e-5 * M2D_MAX(1.0, want / 100)) fail_msg("sweep ppl %.6f vs convert+ppl %.6f", got, want);
-            free(c);
+            free(ppl);
             free(out);
-            free(err);
         }
     }
     assert_true(checked);
     m2d_results_free(&r);
     /* the calibration cache is reused: a second run on a fresh CSV does not recalibrate */
-    char *csv2 = m2d_path_join(dir, "r2.csv");
-    char *c = m2d_strfmt("%s sweep %s --experiment t --out %s", tu_bin(), toml, csv2);
+    char *csv2 = m2d_path_join(fx.dir, "r2.csv");
+    char *c = m2d_strfmt("%s sweep %s --experiment t --out %s", tu_bin(), fx.toml, csv2);
     char *out = NULL, *err = NULL;
     assert_int_equal(tu_run(c, &out, &err), 0);
     assert_null(strstr(err, "calibrated"));
@@ -150,7 +166,7 @@ static void small_sweep_dedups_caches_and_matches_convert_then_ppl(void **state)
     free(out);
     free(err);
     /* and the dry run now knows the exact number of distinct students */
-    c = m2d_strfmt("%s sweep %s --experiment t --dry-run --out %s", tu_bin(), toml, csv2);
+    c = m2d_strfmt("%s sweep %s --experiment t --dry-run --out %s", tu_bin(), fx.toml, csv2);
     assert_int_equal(tu_run(c, &out, &err), 0);
     assert_non_null(strstr(out, "distinct students: 6 (from their fingerprints)"));
     free(c);
@@ -158,46 +174,28 @@ static void small_sweep_dedups_caches_and_matches_convert_then_ppl(void **state)
     free(err);
     free(csv2);
     m2d_experiment_free(&x);
-    tu_rm_rf(dir);
-    free(csv);
-    free(text);
-    free(toml);
-    free(dir);
-    free(model);
+    sweep_fx_free(&fx);
 }
 
 /* The MC stage on a real student equals `moe2dense eval` on the same student written by convert. */
 static void mc_stage_matches_eval_on_converted_student(void **state) {
     (void)state;
-    char *model = tiny_dir();
-    if (!model) TU_SKIP("../shared/models/tiny-qwen3moe not found");
-    if (!m2d_file_exists(wiki_test()) || !m2d_file_exists(wiki_train())) TU_SKIP("run 'make data'");
-    const char *arc = tu_data_path("arc");
-    if (!m2d_file_exists(arc)) TU_SKIP("run 'make data' (ARC missing)");
-    char *dir = tu_tmpdir();
-    char *toml = m2d_path_join(dir, "e.toml");
-    char *text = m2d_strfmt("[experiment.t]\nmodel = '%s'\ncache_dir = '%s/cache'\n"
-                            "calibration = { data = '%s', seq_len = 64, samples = 4 }\n"
-                            "ppl = { data = '%s', seq_len = 64, max_windows = 1 }\n"
-                            "mc = { tasks = ['arc_easy'], limit = 4, data_dir = '%s' }\n"
-                            "[experiment.t.axes]\nscoring = ['do-acp']\ngrouping = ['oc']\n"
-                            "scaling = ['proportional']\nK = ['2k']\n",
-                            model, dir, wiki_train(), wiki_test(), tu_data_path(""));
-    tu_write(toml, text, strlen(text));
-    char *csv = m2d_path_join(dir, "r.csv");
-    char *c = m2d_strfmt("%s sweep %s --experiment t --out %s && "
-                         "%s calibrate --model %s --data %s --out %s/s.stats --seq-len 64 --samples 4 && "
-                         "%s convert --model %s --stats %s/s.stats --scoring do-acp --grouping oc "
-                         "--scaling proportional -K 16 --out %s/student && "
-                         "%s eval --model %s/student --tasks arc_easy --limit 4 --data %s --json",
-                         tu_bin(), toml, csv, tu_bin(), model, wiki_train(), dir, tu_bin(), model, dir, dir, tu_bin(),
-                         dir, tu_data_path(""));
-    char *out = NULL, *err = NULL;
-    int rc = tu_run(c, &out, &err);
-    if (rc) print_message("%s\n%s\n", out ? out : "", err ? err : "");
-    assert_int_equal(rc, 0);
+    if (!m2d_file_exists(tu_data_path("arc"))) TU_SKIP("run 'make data' (ARC missing)");
+    char *extra = m2d_strfmt("mc = { tasks = ['arc_easy'], limit = 4, data_dir = '%s' }\n"
+                             "[experiment.t.axes]\nscoring = ['do-acp']\ngrouping = ['oc']\n"
+                             "scaling = ['proportional']\nK = ['2k']\n",
+                             tu_data_path(""));
+    sweep_fx fx;
+    int missing = sweep_fx_make(1, extra, &fx);
+    free(extra);
+    if (missing) TU_SKIP("../shared/models/tiny-qwen3moe or the data not found (run 'make data')");
+    char *then = m2d_strfmt("%s sweep %s --experiment t --out %s && "
+                            "%s eval --model %s/student --tasks arc_easy --limit 4 --data %s --json",
+                            tu_bin(), fx.toml, fx.csv, tu_bin(), fx.dir, tu_data_path(""));
+    char *out = NULL;
+    convert_then(&fx, then, &out);
     m2d_results r;
-    assert_int_equal(m2d_results_read(csv, &r), 0);
+    assert_int_equal(m2d_results_read(fx.csv, &r), 0);
     assert_int_equal(r.n_rows, 1);
     double acc = strtod(m2d_results_get(&r, 0, "arc_easy_acc"), NULL);
     double acc_norm = strtod(m2d_results_get(&r, 0, "arc_easy_acc_norm"), NULL);
@@ -212,15 +210,9 @@ static void mc_stage_matches_eval_on_converted_student(void **state) {
     /* arc_easy's paper metric is acc_norm: the average of one task is that value */
     assert_true(fabs(strtod(m2d_results_get(&r, 0, "mc_avg"), NULL) - acc_norm) < 1e-6);
     m2d_results_free(&r);
-    free(c);
+    free(then);
     free(out);
-    free(err);
-    tu_rm_rf(dir);
-    free(csv);
-    free(text);
-    free(toml);
-    free(dir);
-    free(model);
+    sweep_fx_free(&fx);
 }
 
 int main(void) {

@@ -42,6 +42,11 @@ const char *tu_bin(void) {
     return b ? b : "build/moe2dense";
 }
 
+const char *tu_test_bin(void) {
+    const char *b = getenv("M2D_TEST_BIN");
+    return b ? b : "build/tests/moe2dense-test";
+}
+
 char *tu_tmpdir(void) {
     char tmpl[] = "/tmp/m2d-test-XXXXXX";
     char *d = mkdtemp(tmpl);

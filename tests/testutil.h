@@ -16,6 +16,9 @@ char *tu_model_path(const char *name);
 char *tu_data_path(const char *rel);
 /* path to the built binary ($M2D_BIN, default build/moe2dense). */
 const char *tu_bin(void);
+/* path to the same CLI linked with the test-only sweep backends, e.g. "fake" ($M2D_TEST_BIN,
+ * default build/tests/moe2dense-test): for experiments with backend = "fake". */
+const char *tu_test_bin(void);
 /* A fresh temporary directory (removed at exit by the caller's choice: tu_rm_rf). */
 char *tu_tmpdir(void);
 int tu_rm_rf(const char *path);

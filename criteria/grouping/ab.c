@@ -50,4 +50,5 @@ static int ab_group(const m2d_layer_view *v, const int *selected, const double *
 
 M2D_PLUGIN(ab, .name = "ab", .kind = M2D_GROUPING,
            .summary = "anchor-based: top-k scores are anchors; others join the anchor with the most similar router row",
-           .group = ab_group)
+           .group = ab_group,
+           .display = "Anchor-Based", .report_rank = 11)

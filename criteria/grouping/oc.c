@@ -21,4 +21,5 @@ static int oc_group(const m2d_layer_view *v, const int *selected, const double *
 
 M2D_PLUGIN(oc, .name = "oc", .kind = M2D_GROUPING,
            .summary = "output clustering: average linkage on 1 − cosine of expert outputs (calibration Gram)",
-           .group = oc_group)
+           .group = oc_group,
+           .display = "Output Cluster", .report_rank = 12)

@@ -21,4 +21,5 @@ static int rc_group(const m2d_layer_view *v, const int *selected, const double *
 
 M2D_PLUGIN(rc, .name = "rc", .kind = M2D_GROUPING,
            .summary = "router clustering: average linkage, cosine distance of router rows",
-           .group = rc_group)
+           .group = rc_group,
+           .display = "Router Cluster", .report_rank = 10)

@@ -25,4 +25,5 @@ static int rr_group(const m2d_layer_view *v, const int *selected, const double *
 
 M2D_PLUGIN(rr, .name = "rr", .kind = M2D_GROUPING,
            .summary = "round-robin: rank r by score (descending) joins group r mod k",
-           .group = rr_group)
+           .group = rr_group,
+           .display = "Round-Robin", .report_rank = 8)

@@ -19,4 +19,5 @@ static int wc_group(const m2d_layer_view *v, const int *selected, const double *
 
 M2D_PLUGIN(wc, .name = "wc", .kind = M2D_GROUPING,
            .summary = "weight clustering: average linkage, cosine distance of flattened [W_gate; W_up; W_down]",
-           .group = wc_group)
+           .group = wc_group,
+           .display = "Weight Cluster", .report_rank = 9)

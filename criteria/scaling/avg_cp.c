@@ -22,4 +22,5 @@ static int avg_cp_scale(const m2d_layer_view *v, const int *selected, const doub
 
 M2D_PLUGIN(avg_cp, .name = "avg-cp", .kind = M2D_SCALING,
            .summary = "α_g = mean CP of the group's experts (non-renormalising routers, e.g. DeepSeek-V2)",
-           .scale = avg_cp_scale)
+           .scale = avg_cp_scale,
+           .display = "Avg-CP", .report_rank = 15)

@@ -13,4 +13,5 @@ static int proportional_scale(const m2d_layer_view *v, const int *selected, cons
 
 M2D_PLUGIN(proportional, .name = "proportional", .kind = M2D_SCALING,
            .summary = "α_g = Σ_g s / Σ_S s (the group's share of the selected scores)",
-           .scale = proportional_scale)
+           .scale = proportional_scale,
+           .display = "Proportional", .report_rank = 14)

@@ -10,4 +10,5 @@ static int uniform_scale(const m2d_layer_view *v, const int *selected, const dou
 
 M2D_PLUGIN(uniform, .name = "uniform", .kind = M2D_SCALING,
            .summary = "α_g = 1/k",
-           .scale = uniform_scale)
+           .scale = uniform_scale,
+           .display = "Uniform", .report_rank = 13)

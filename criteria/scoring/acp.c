@@ -16,4 +16,5 @@ static int acp_score(const m2d_layer_view *v, double *scores) {
 
 M2D_PLUGIN(acp, .name = "acp", .kind = M2D_SCORING,
            .summary = "CP · sqrt(G_ee / N): CP times the RMS output norm over all tokens (paper default)",
-           .score = acp_score)
+           .score = acp_score,
+           .display = "Activation-Wtd Cond. Prob.", .report_rank = 5)

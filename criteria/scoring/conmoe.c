@@ -62,4 +62,5 @@ static int conmoe_score(const m2d_layer_view *v, double *scores) {
 
 M2D_PLUGIN(conmoe, .name = "conmoe", .kind = M2D_SCORING,
            .summary = "ConMoE: Norm(REAP) × Norm(distance to the nearest expert in weight space)",
-           .score = conmoe_score, .params_default = "eps=1e-8")
+           .score = conmoe_score, .params_default = "eps=1e-8",
+           .display = "ConMoE", .report_rank = 20)

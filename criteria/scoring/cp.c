@@ -10,4 +10,5 @@ static int cp_score(const m2d_layer_view *v, double *scores) {
 
 M2D_PLUGIN(cp, .name = "cp", .kind = M2D_SCORING,
            .summary = "conditional probability Σp^sel_e / n_e (paper)",
-           .score = cp_score)
+           .score = cp_score,
+           .display = "Conditional Probability", .report_rank = 4)

@@ -9,4 +9,5 @@ static int do_acp_score(const m2d_layer_view *v, double *scores) {
 
 M2D_PLUGIN(do_acp, .name = "do-acp", .kind = M2D_SCORING,
            .summary = "D-optimal selection (greedy log-det on the Gram kernel) with importance I = acp (paper)",
-           .score = do_acp_score, .select = m2d_dopt_select)
+           .score = do_acp_score, .select = m2d_dopt_select,
+           .display = "D-Optimal + ACP", .report_rank = 7)

@@ -9,4 +9,5 @@ static int do_cp_score(const m2d_layer_view *v, double *scores) {
 
 M2D_PLUGIN(do_cp, .name = "do-cp", .kind = M2D_SCORING,
            .summary = "D-optimal selection (greedy log-det on the Gram kernel) with importance I = cp (paper)",
-           .score = do_cp_score, .select = m2d_dopt_select)
+           .score = do_cp_score, .select = m2d_dopt_select,
+           .display = "D-Optimal + CP", .report_rank = 6)

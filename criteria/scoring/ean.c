@@ -10,4 +10,5 @@ static int ean_score(const m2d_layer_view *v, double *scores) {
 
 M2D_PLUGIN(ean, .name = "ean", .kind = M2D_SCORING,
            .summary = "EAN: summed output norm over routed tokens Σ‖f‖_e",
-           .score = ean_score)
+           .score = ean_score,
+           .display = "EAN", .report_rank = 19)

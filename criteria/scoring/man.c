@@ -10,4 +10,5 @@ static int man_score(const m2d_layer_view *v, double *scores) {
 
 M2D_PLUGIN(man, .name = "man", .kind = M2D_SCORING,
            .summary = "MAN: mean output norm over routed tokens Σ‖f‖_e / n_e",
-           .score = man_score)
+           .score = man_score,
+           .display = "MAN", .report_rank = 17)

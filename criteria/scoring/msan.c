@@ -10,4 +10,5 @@ static int msan_score(const m2d_layer_view *v, double *scores) {
 
 M2D_PLUGIN(msan, .name = "msan", .kind = M2D_SCORING,
            .summary = "MSAN: mean squared output norm over routed tokens Σ‖f‖²_e / n_e",
-           .score = msan_score)
+           .score = msan_score,
+           .display = "MSAN", .report_rank = 18)

@@ -10,4 +10,5 @@ static int pp_score(const m2d_layer_view *v, double *scores) {
 
 M2D_PLUGIN(pp, .name = "pp", .kind = M2D_SCORING,
            .summary = "mean router probability Σp_e / N over all tokens (paper)",
-           .score = pp_score)
+           .score = pp_score,
+           .display = "Pre-Selection Probability", .report_rank = 2)

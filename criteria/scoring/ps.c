@@ -10,4 +10,5 @@ static int ps_score(const m2d_layer_view *v, double *scores) {
 
 M2D_PLUGIN(ps, .name = "ps", .kind = M2D_SCORING,
            .summary = "probability mass on routed tokens Σp^sel_e / N (= SF × CP) (paper)",
-           .score = ps_score)
+           .score = ps_score,
+           .display = "Post-Selection Probability", .report_rank = 3)

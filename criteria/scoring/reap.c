@@ -10,4 +10,5 @@ static int reap_score(const m2d_layer_view *v, double *scores) {
 
 M2D_PLUGIN(reap, .name = "reap", .kind = M2D_SCORING,
            .summary = "REAP: gate-weighted mean output norm Σg‖f‖_e / n_e",
-           .score = reap_score)
+           .score = reap_score,
+           .display = "REAP", .report_rank = 16)

@@ -10,4 +10,5 @@ static int sf_score(const m2d_layer_view *v, double *scores) {
 
 M2D_PLUGIN(sf, .name = "sf", .kind = M2D_SCORING,
            .summary = "selection frequency n_e / N (paper)",
-           .score = sf_score)
+           .score = sf_score,
+           .display = "Selection Frequency", .report_rank = 1)

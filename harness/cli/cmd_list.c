@@ -23,8 +23,10 @@ static void print_text(int kind_filter) {
             if (p->params_default) printf("  [params: %s]", p->params_default);
             putchar('\n');
         }
-        if (k == M2D_SCORING)
-            printf("  %-14s %s\n", "do-<scoring>", "D-optimal selection over any scoring above (e.g. do-reap, do-man)");
+        for (int i = 0; i < m2d_plugin_factory_count((m2d_plugin_kind)k); i++) {
+            const m2d_plugin_factory *f = m2d_plugin_factory_at((m2d_plugin_kind)k, i);
+            printf("  %-14s %s\n", f->pattern, f->summary);
+        }
         putchar('\n');
     }
 }

@@ -50,19 +50,7 @@ static int cmd_report_run(int argc, char **argv) {
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    int rc = 0;
-    if (best) {
-        int *rows, n = m2d_report_best_per_pair(&r, &rows);
-        if (n < 0) rc = -1;
-        for (int i = 0; i < n; i++)
-            fprintf(f, "%s %s %s %s K=%s ppl=%s\n", m2d_results_get(&r, rows[i], "config_id"),
-                    m2d_results_get(&r, rows[i], "scoring"), m2d_results_get(&r, rows[i], "grouping"),
-                    m2d_results_get(&r, rows[i], "scaling"), m2d_results_get(&r, rows[i], "K"),
-                    m2d_results_get(&r, rows[i], "ppl"));
-        if (n >= 0) free(rows);
-    } else {
-        rc = m2d_report_write(&r, fmt, f);
-    }
+    int rc = best ? m2d_report_write_best_per_pair(&r, f) : m2d_report_write(&r, fmt, f);
     fclose(f);
     if (rc == 0 && plot) rc = m2d_report_plot_data(&r, plot);
     if (rc == 0) {

@@ -89,10 +89,7 @@ static int cmd_sweep_run(int argc, char **argv) {
         goto done;
     }
     const char *path = out ? out : x.out;
-    if (no_resume && m2d_file_exists(path)) {
-        m2d_err("sweep: %s exists and --no-resume was given (move it away or drop --no-resume)", path);
-        goto fail;
-    }
+    o.no_resume = no_resume;
     m2d_sweep_summary s;
     if (m2d_sweep_run(&x, &o, &s)) goto fail;
     printf("sweep %s: %d configurations: %d already done, %d evaluated, %d recorded as dedup_of, %d failed -> %s\n",

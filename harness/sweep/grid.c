@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "sweep/sweep_backend.h"
 
 static const char *const AXES[] = {"scoring", "grouping", "scaling", "K", "params"};
 enum { AX_SCORING, AX_GROUPING, AX_SCALING, AX_K, AX_PARAMS, N_AXES };
@@ -347,6 +348,20 @@ static int read_mc(const ctx *c, m2d_experiment *x) {
     return 0;
 }
 
+/* The backend must be registered: the product has "pipeline"; test builds add "fake". */
+static int check_backend(const ctx *c, const m2d_experiment *x) {
+    if (m2d_sweep_backend_find(x->backend)) return 0;
+    const m2d_toml *v = m2d_toml_get(x->table, "backend");
+    char *names = m2d_sweep_backend_names();
+    if (v && v->line)
+        m2d_err("%s:%d:%d: experiment '%s': 'backend': '%s' is not a registered sweep backend (%s)", c->file, v->line,
+                v->col, c->exp, x->backend, names);
+    else
+        m2d_err("--set backend: '%s' is not a registered sweep backend (%s)", x->backend, names);
+    free(names);
+    return -1;
+}
+
 static int read_experiment(const ctx *c, m2d_experiment *x) {
     static const char *const top[] = {"description", "model", "backend", "out", "cache_dir", "teacher",
                                       "calibration", "ppl", "mc", "axes", "include", "exclude"};
@@ -365,8 +380,7 @@ static int read_experiment(const ctx *c, m2d_experiment *x) {
     int rc = get_str(c, x->table, "out", dflt_out, &x->out);
     free(dflt_out);
     if (rc || get_str(c, x->table, "cache_dir", "results/cache", &x->cache_dir)) return -1;
-    if (strcmp(x->backend, "pipeline") && strcmp(x->backend, "fake"))
-        return key_err(c, m2d_toml_get(x->table, "backend"), "backend", "\"pipeline\" or \"fake\"");
+    if (check_backend(c, x)) return -1;
     if (get_str(c, x->table, "calibration.data", NULL, &x->calib_data) ||
         get_int32(c, x->table, "calibration.seq_len", 2048, 2, 1 << 20, &x->calib_seq_len) ||
         get_int32(c, x->table, "calibration.samples", 512, 1, 1 << 24, &x->calib_samples) ||

@@ -25,7 +25,8 @@ typedef struct {
 typedef struct {
     char *file, *name, *description;
     char *model;                 /* teacher directory */
-    char *backend;               /* "pipeline" (default) or "fake" (machinery tests, see sweep.h) */
+    char *backend;               /* a registered sweep backend: "pipeline" (default); test builds add
+                                    "fake" (see sweep_backend.h) */
     char *out;                   /* default results CSV */
     char *cache_dir;             /* calibration statistics cache */
     int E, k;                    /* teacher experts and router top-k */

@@ -5,33 +5,17 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "criteria/registry.h"
 
 /* ---- names and number formatting ---- */
 
-static const char *const NAMES[][2] = {
-    {"sf", "Selection Frequency"},       {"pp", "Pre-Selection Probability"},
-    {"ps", "Post-Selection Probability"}, {"cp", "Conditional Probability"},
-    {"acp", "Activation-Wtd Cond. Prob."}, {"do-cp", "D-Optimal + CP"},
-    {"do-acp", "D-Optimal + ACP"},         {"rr", "Round-Robin"},
-    {"wc", "Weight Cluster"},              {"rc", "Router Cluster"},
-    {"ab", "Anchor-Based"},                {"oc", "Output Cluster"},
-    {"uniform", "Uniform"},                {"proportional", "Proportional"},
-    {"avg-cp", "Avg-CP"},                  {"reap", "REAP"},
-    {"man", "MAN"},                        {"msan", "MSAN"},
-    {"ean", "EAN"},                        {"conmoe", "ConMoE"},
-};
+/* names come from the plugin registrations (criteria/registry.h: display, report_rank) */
+const char *m2d_report_display_name(const char *name) { return m2d_plugin_display_name(name); }
 
-const char *m2d_report_display_name(const char *name) {
-    for (size_t i = 0; i < M2D_ARRAY_LEN(NAMES); i++)
-        if (strcmp(NAMES[i][0], name) == 0) return NAMES[i][1];
-    return name;
-}
-
-/* position in the paper's order (known names first), else a large number */
+/* position in the paper's order (ranked plugins first), else a large number */
 static int known_order(const char *name) {
-    for (size_t i = 0; i < M2D_ARRAY_LEN(NAMES); i++)
-        if (strcmp(NAMES[i][0], name) == 0) return (int)i;
-    return 1000;
+    int rank = m2d_plugin_report_rank(name);
+    return rank > 0 ? rank - 1 : 1000;
 }
 
 static void with_thousands(long long v, char *buf, size_t n) {
@@ -171,8 +155,18 @@ static void put_name(FILE *f, m2d_report_format fmt, const char *s) {
     else fputs(s, f);
 }
 
-static void write_table(const grid *g, const m2d_results *r, m2d_report_format fmt, FILE *f) {
-    int with_params = g->pa.n > 1 || (g->pa.n == 1 && g->pa.v[0][0]);
+/* index into g->Ks of the lowest finite PPL of a table row, -1 when none */
+static int best_k(const grid *g, const char *sc, const char *gr, const char *sl, const char *pa) {
+    int best = -1;
+    double best_v = INFINITY;
+    for (int k = 0; k < g->n_K; k++) {
+        const entry *e = cell(g, sc, gr, sl, pa, g->Ks[k]);
+        if (e && !e->failed && e->ppl < best_v) best_v = e->ppl, best = k;
+    }
+    return best;
+}
+
+static void table_header(const grid *g, const m2d_results *r, m2d_report_format fmt, int with_params, FILE *f) {
     const char *exp = m2d_results_meta(r, "experiment"), *ppl = m2d_results_meta(r, "ppl");
     if (fmt == M2D_REPORT_CSV) {
         fprintf(f, "scoring,grouping,scaling%s", with_params ? ",params" : "");
@@ -195,58 +189,71 @@ static void write_table(const grid *g, const m2d_results *r, m2d_report_format f
         for (int k = 0; k < g->n_K; k++) fprintf(f, " & $K{=}%d$", g->Ks[k]);
         fprintf(f, " \\\\\n\\midrule\n");
     }
+}
+
+/* the PPL cells of one row (each after SEP); the best one in bold */
+static void table_cells(const grid *g, m2d_report_format fmt, const char *const key[4], int best, const char *sep,
+                        FILE *f) {
+    for (int k = 0; k < g->n_K; k++) {
+        const entry *e = cell(g, key[0], key[1], key[2], key[3], g->Ks[k]);
+        fputs(sep, f);
+        if (!e) continue;
+        char buf[32];
+        if (fmt == M2D_REPORT_CSV) {
+            if (e->failed) fputs("failed", f);
+            else fprintf(f, "%.4f", e->ppl);
+            continue;
+        }
+        if (e->failed) {
+            fputs(fmt == M2D_REPORT_TEX ? "--" : "\xe2\x80\x93", f);
+            continue;
+        }
+        m2d_report_format_ppl(e->ppl, buf, sizeof buf);
+        if (k == best) fprintf(f, fmt == M2D_REPORT_MD ? "**%s**" : "\\textbf{%s}", buf);
+        else fputs(buf, f);
+    }
+}
+
+/* one row: KEY = scoring, grouping, scaling, params; the scoring and grouping names are shown on
+ * the first row of their block only */
+static void table_row(const grid *g, m2d_report_format fmt, int with_params, const char *const key[4],
+                      int first_of_scoring, int first_of_group, FILE *f) {
+    int best = best_k(g, key[0], key[1], key[2], key[3]);
+    const char *sep = fmt == M2D_REPORT_CSV ? "," : fmt == M2D_REPORT_MD ? " | " : " & ";
+    if (fmt == M2D_REPORT_MD) fputs("| ", f);
+    if (fmt == M2D_REPORT_CSV) fprintf(f, "%s,%s,%s", key[0], key[1], key[2]);
+    else {
+        if (first_of_scoring) put_name(f, fmt, m2d_report_display_name(key[0]));
+        fputs(sep, f);
+        if (first_of_group) put_name(f, fmt, m2d_report_display_name(key[1]));
+        fputs(sep, f);
+        put_name(f, fmt, m2d_report_display_name(key[2]));
+    }
+    if (with_params) {
+        fputs(sep, f);
+        put_name(f, fmt, key[3][0] ? key[3] : "-");
+    }
+    table_cells(g, fmt, key, best, sep, f);
+    if (fmt == M2D_REPORT_CSV) {
+        if (best >= 0) fprintf(f, ",%d", g->Ks[best]);
+        else fputs(",", f);
+    }
+    fputs(fmt == M2D_REPORT_MD ? " |\n" : fmt == M2D_REPORT_TEX ? " \\\\\n" : "\n", f);
+}
+
+static void write_table(const grid *g, const m2d_results *r, m2d_report_format fmt, FILE *f) {
+    int with_params = g->pa.n > 1 || (g->pa.n == 1 && g->pa.v[0][0]);
+    table_header(g, r, fmt, with_params, f);
     for (int s = 0; s < g->sc.n; s++) {
         int first_of_scoring = 1;
         for (int gi = 0; gi < g->gr.n; gi++) {
             int first_of_group = 1;
             for (int d = 0; d < g->sl.n; d++)
                 for (int p = 0; p < g->pa.n; p++) {
-                    const char *sc = g->sc.v[s], *gr = g->gr.v[gi], *sl = g->sl.v[d], *pa = g->pa.v[p];
-                    if (!row_present(g, sc, gr, sl, pa)) continue;
-                    int best = -1;
-                    double best_v = INFINITY;
-                    for (int k = 0; k < g->n_K; k++) {
-                        const entry *e = cell(g, sc, gr, sl, pa, g->Ks[k]);
-                        if (e && !e->failed && e->ppl < best_v) best_v = e->ppl, best = k;
-                    }
-                    const char *sep = fmt == M2D_REPORT_CSV ? "," : fmt == M2D_REPORT_MD ? " | " : " & ";
-                    if (fmt == M2D_REPORT_MD) fputs("| ", f);
-                    if (fmt == M2D_REPORT_CSV) fprintf(f, "%s,%s,%s", sc, gr, sl);
-                    else {
-                        if (first_of_scoring) put_name(f, fmt, m2d_report_display_name(sc));
-                        fputs(sep, f);
-                        if (first_of_group) put_name(f, fmt, m2d_report_display_name(gr));
-                        fputs(sep, f);
-                        put_name(f, fmt, m2d_report_display_name(sl));
-                    }
-                    if (with_params) {
-                        fputs(sep, f);
-                        put_name(f, fmt, pa[0] ? pa : "-");
-                    }
+                    const char *const key[4] = {g->sc.v[s], g->gr.v[gi], g->sl.v[d], g->pa.v[p]};
+                    if (!row_present(g, key[0], key[1], key[2], key[3])) continue;
+                    table_row(g, fmt, with_params, key, first_of_scoring, first_of_group, f);
                     first_of_scoring = first_of_group = 0;
-                    for (int k = 0; k < g->n_K; k++) {
-                        const entry *e = cell(g, sc, gr, sl, pa, g->Ks[k]);
-                        fputs(sep, f);
-                        if (!e) continue;
-                        char buf[32];
-                        if (fmt == M2D_REPORT_CSV) {
-                            if (e->failed) fputs("failed", f);
-                            else fprintf(f, "%.4f", e->ppl);
-                            continue;
-                        }
-                        if (e->failed) {
-                            fputs(fmt == M2D_REPORT_TEX ? "--" : "\xe2\x80\x93", f);
-                            continue;
-                        }
-                        m2d_report_format_ppl(e->ppl, buf, sizeof buf);
-                        if (k == best) fprintf(f, fmt == M2D_REPORT_MD ? "**%s**" : "\\textbf{%s}", buf);
-                        else fputs(buf, f);
-                    }
-                    if (fmt == M2D_REPORT_CSV) {
-                        if (best >= 0) fprintf(f, ",%d", g->Ks[best]);
-                        else fputs(",", f);
-                    }
-                    fputs(fmt == M2D_REPORT_MD ? " |\n" : fmt == M2D_REPORT_TEX ? " \\\\\n" : "\n", f);
                 }
         }
         if (fmt == M2D_REPORT_TEX && s + 1 < g->sc.n) fputs("\\midrule\n", f);
@@ -269,6 +276,37 @@ static int cmp_crit(const void *a, const void *b) {
     return x->s - y->s;
 }
 
+/* Mean rank: in every cell (grouping, scaling, K, params) where all scorings have a finite PPL,
+ * rank the scorings (1 = lowest PPL; ties share the average rank). Returns the number of cells. */
+static int add_mean_ranks(const grid *g, crit *c) {
+    int cells = 0;
+    double *v = m2d_malloc((size_t)(g->sc.n + 1) * sizeof *v);
+    for (int gi = 0; gi < g->gr.n; gi++)
+        for (int d = 0; d < g->sl.n; d++)
+            for (int p = 0; p < g->pa.n; p++)
+                for (int k = 0; k < g->n_K; k++) {
+                    int complete = 1;
+                    for (int s = 0; s < g->sc.n && complete; s++) {
+                        const entry *e = cell(g, g->sc.v[s], g->gr.v[gi], g->sl.v[d], g->pa.v[p], g->Ks[k]);
+                        if (!e || e->failed) complete = 0;
+                        else v[s] = e->ppl;
+                    }
+                    if (!complete) continue;
+                    cells++;
+                    for (int s = 0; s < g->sc.n; s++) {
+                        double less = 0, equal = 0;
+                        for (int t = 0; t < g->sc.n; t++) {
+                            if (v[t] < v[s]) less++;
+                            else if (v[t] == v[s]) equal++;
+                        }
+                        c[s].rank_sum += less + (equal + 1) / 2.0;
+                        c[s].n_rank++;
+                    }
+                }
+    free(v);
+    return cells;
+}
+
 static void write_summary(const grid *g, m2d_report_format fmt, FILE *f) {
     crit *c = m2d_calloc((size_t)g->sc.n, sizeof *c);
     for (int s = 0; s < g->sc.n; s++) {
@@ -282,34 +320,7 @@ static void write_summary(const grid *g, m2d_report_format fmt, FILE *f) {
         if (e->failed) x->failed++;
         else if (e->ppl < x->best) x->best = e->ppl, x->at = e;
     }
-    /* mean rank: in every cell (grouping, scaling, K, params) where all scorings have a finite
-     * PPL, rank the scorings (1 = lowest PPL; ties share the average rank) */
-    int cells = 0;
-    for (int gi = 0; gi < g->gr.n; gi++)
-        for (int d = 0; d < g->sl.n; d++)
-            for (int p = 0; p < g->pa.n; p++)
-                for (int k = 0; k < g->n_K; k++) {
-                    double *v = m2d_malloc((size_t)g->sc.n * sizeof *v);
-                    int complete = 1;
-                    for (int s = 0; s < g->sc.n && complete; s++) {
-                        const entry *e = cell(g, g->sc.v[s], g->gr.v[gi], g->sl.v[d], g->pa.v[p], g->Ks[k]);
-                        if (!e || e->failed) complete = 0;
-                        else v[s] = e->ppl;
-                    }
-                    if (complete) {
-                        cells++;
-                        for (int s = 0; s < g->sc.n; s++) {
-                            double less = 0, equal = 0;
-                            for (int t = 0; t < g->sc.n; t++) {
-                                if (v[t] < v[s]) less++;
-                                else if (v[t] == v[s]) equal++;
-                            }
-                            c[s].rank_sum += less + (equal + 1) / 2.0;
-                            c[s].n_rank++;
-                        }
-                    }
-                    free(v);
-                }
+    int cells = add_mean_ranks(g, c);
     qsort(c, (size_t)g->sc.n, sizeof *c, cmp_crit);
     if (fmt == M2D_REPORT_MD) {
         fprintf(f, "\n## Per-criterion summary\n\nRanked by best PPL. Mean rank: average rank among the %d "
@@ -367,6 +378,18 @@ int m2d_report_best_per_pair(const m2d_results *r, int **rows) {
     return n;
 }
 
+int m2d_report_write_best_per_pair(const m2d_results *r, FILE *f) {
+    int *rows, n = m2d_report_best_per_pair(r, &rows);
+    if (n < 0) return -1;
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%s %s %s %s K=%s ppl=%s\n", m2d_results_get(r, rows[i], "config_id"),
+                m2d_results_get(r, rows[i], "scoring"), m2d_results_get(r, rows[i], "grouping"),
+                m2d_results_get(r, rows[i], "scaling"), m2d_results_get(r, rows[i], "K"),
+                m2d_results_get(r, rows[i], "ppl"));
+    free(rows);
+    return 0;
+}
+
 /* ---- plot data ---- */
 
 static FILE *open_in(const char *dir, const char *name) {
@@ -397,6 +420,88 @@ static void marginal_line(FILE *f, const char *label, const double *v, int n) {
     free(s);
 }
 
+/* heat_<scoring>.dat (PPL matrix: a row per grouping/scaling/params, a column per K) and
+ * best_<scoring>.dat (the best K of each row); widens [*lo, *hi] to the finite PPLs written. */
+static int write_heat(const grid *g, int s, const char *dir, double *lo, double *hi) {
+    char *name = m2d_strfmt("heat_%s.dat", g->sc.v[s]), *bname = m2d_strfmt("best_%s.dat", g->sc.v[s]);
+    FILE *f = open_in(dir, name), *bf = f ? open_in(dir, bname) : NULL;
+    free(name);
+    free(bname);
+    if (!bf) {
+        if (f) fclose(f);
+        return -1;
+    }
+    fprintf(f, "rows");
+    for (int k = 0; k < g->n_K; k++) fprintf(f, " K=%d", g->Ks[k]);
+    fprintf(f, "\n");
+    fprintf(bf, "# column row (0-based, as in the heat matrix) of the best K of each row\n");
+    int row = 0;
+    for (int gi = 0; gi < g->gr.n; gi++)
+        for (int d = 0; d < g->sl.n; d++)
+            for (int p = 0; p < g->pa.n; p++) {
+                const char *sc = g->sc.v[s], *gr = g->gr.v[gi], *sl = g->sl.v[d], *pa = g->pa.v[p];
+                if (!row_present(g, sc, gr, sl, pa)) continue;
+                int best = best_k(g, sc, gr, sl, pa);
+                if (best >= 0) fprintf(bf, "%d %d\n", best, row);
+                row++;
+                /* row header without spaces: gnuplot splits on whitespace */
+                fprintf(f, "%s/%s%s%s", gr, sl, pa[0] ? "/" : "", pa);
+                for (int k = 0; k < g->n_K; k++) {
+                    const entry *e = cell(g, sc, gr, sl, pa, g->Ks[k]);
+                    if (!e || e->failed) fprintf(f, " NaN");
+                    else {
+                        fprintf(f, " %.6g", e->ppl);
+                        *lo = fmin(*lo, e->ppl);
+                        *hi = fmax(*hi, e->ppl);
+                    }
+                }
+                fprintf(f, "\n");
+            }
+    fclose(f);
+    fclose(bf);
+    return 0;
+}
+
+/* marginal_<axis>.dat: per value of the axis, the geometric mean, median and best of the finite
+ * PPLs of every configuration with that value */
+static int write_marginal(const grid *g, int a, const char *dir, double *v) {
+    static const char *const axes[] = {"scoring", "grouping", "scaling", "K"};
+    char *name = m2d_strfmt("marginal_%s.dat", axes[a]);
+    FILE *f = open_in(dir, name);
+    free(name);
+    if (!f) return -1;
+    fprintf(f, "# value geomean_ppl median_ppl best_ppl n_finite\n");
+    const names *ns = a == 0 ? &g->sc : a == 1 ? &g->gr : &g->sl;
+    int nvals = a == 3 ? g->n_K : ns->n;
+    for (int i = 0; i < nvals; i++) {
+        int n = 0;
+        for (int j = 0; j < g->n_e; j++) {
+            const entry *e = &g->e[j];
+            int match = a == 0 ? !strcmp(e->scoring, ns->v[i])
+                      : a == 1 ? !strcmp(e->grouping, ns->v[i])
+                      : a == 2 ? !strcmp(e->scaling, ns->v[i])
+                               : e->K == g->Ks[i];
+            if (match && !e->failed) v[n++] = e->ppl;
+        }
+        char label[64];
+        if (a == 3) snprintf(label, sizeof label, "K=%d", g->Ks[i]);
+        else snprintf(label, sizeof label, "%s", ns->v[i]);
+        marginal_line(f, label, v, n);
+    }
+    fclose(f);
+    return 0;
+}
+
+/* range.txt: the colour range of the heat maps */
+static int write_range(const char *dir, double lo, double hi) {
+    FILE *f = open_in(dir, "range.txt");
+    if (!f) return -1;
+    if (isfinite(lo)) fprintf(f, "%.6g %.6g\n", lo, hi > lo ? hi : lo * 1.01);
+    else fprintf(f, "1 10\n");
+    fclose(f);
+    return 0;
+}
+
 int m2d_report_plot_data(const m2d_results *r, const char *dir) {
     grid g;
     if (grid_load(r, &g)) return -1;
@@ -404,102 +509,18 @@ int m2d_report_plot_data(const m2d_results *r, const char *dir) {
         grid_free(&g);
         return -1;
     }
-    int rc = 0;
     double lo = INFINITY, hi = 0;
     FILE *list = open_in(dir, "scorings.txt");
-    if (!list) rc = -1;
+    int rc = list ? 0 : -1;
     for (int s = 0; s < g.sc.n && rc == 0; s++) {
         fprintf(list, "%s\t%s\n", g.sc.v[s], m2d_report_display_name(g.sc.v[s]));
-        char *name = m2d_strfmt("heat_%s.dat", g.sc.v[s]);
-        FILE *f = open_in(dir, name);
-        free(name);
-        if (!f) {
-            rc = -1;
-            break;
-        }
-        fprintf(f, "rows");
-        for (int k = 0; k < g.n_K; k++) fprintf(f, " K=%d", g.Ks[k]);
-        fprintf(f, "\n");
-        char *bname = m2d_strfmt("best_%s.dat", g.sc.v[s]);
-        FILE *bf = open_in(dir, bname);
-        free(bname);
-        if (!bf) {
-            fclose(f);
-            rc = -1;
-            break;
-        }
-        fprintf(bf, "# column row (0-based, as in the heat matrix) of the best K of each row\n");
-        int row = 0;
-        for (int gi = 0; gi < g.gr.n; gi++)
-            for (int d = 0; d < g.sl.n; d++)
-                for (int p = 0; p < g.pa.n; p++) {
-                    if (!row_present(&g, g.sc.v[s], g.gr.v[gi], g.sl.v[d], g.pa.v[p])) continue;
-                    int best = -1;
-                    double best_v = INFINITY;
-                    for (int k = 0; k < g.n_K; k++) {
-                        const entry *e = cell(&g, g.sc.v[s], g.gr.v[gi], g.sl.v[d], g.pa.v[p], g.Ks[k]);
-                        if (e && !e->failed && e->ppl < best_v) best_v = e->ppl, best = k;
-                    }
-                    if (best >= 0) fprintf(bf, "%d %d\n", best, row);
-                    row++;
-                    /* row header without spaces: gnuplot splits on whitespace */
-                    fprintf(f, "%s/%s%s%s", g.gr.v[gi], g.sl.v[d], g.pa.v[p][0] ? "/" : "", g.pa.v[p]);
-                    for (int k = 0; k < g.n_K; k++) {
-                        const entry *e = cell(&g, g.sc.v[s], g.gr.v[gi], g.sl.v[d], g.pa.v[p], g.Ks[k]);
-                        if (!e || e->failed) fprintf(f, " NaN");
-                        else {
-                            fprintf(f, " %.6g", e->ppl);
-                            lo = fmin(lo, e->ppl);
-                            hi = fmax(hi, e->ppl);
-                        }
-                    }
-                    fprintf(f, "\n");
-                }
-        fclose(f);
-        fclose(bf);
+        rc = write_heat(&g, s, dir, &lo, &hi);
     }
     if (list) fclose(list);
-    /* marginals: geometric mean over every configuration with that axis value */
-    const char *axes[] = {"scoring", "grouping", "scaling", "K"};
     double *v = m2d_malloc((size_t)(g.n_e + 1) * sizeof *v);
-    for (int a = 0; a < 4 && rc == 0; a++) {
-        char *name = m2d_strfmt("marginal_%s.dat", axes[a]);
-        FILE *f = open_in(dir, name);
-        free(name);
-        if (!f) {
-            rc = -1;
-            break;
-        }
-        fprintf(f, "# value geomean_ppl median_ppl best_ppl n_finite\n");
-        const names *ns = a == 0 ? &g.sc : a == 1 ? &g.gr : &g.sl;
-        int nvals = a == 3 ? g.n_K : ns->n;
-        for (int i = 0; i < nvals; i++) {
-            int n = 0;
-            for (int j = 0; j < g.n_e; j++) {
-                const entry *e = &g.e[j];
-                int match = a == 0 ? !strcmp(e->scoring, ns->v[i])
-                          : a == 1 ? !strcmp(e->grouping, ns->v[i])
-                          : a == 2 ? !strcmp(e->scaling, ns->v[i])
-                                   : e->K == g.Ks[i];
-                if (match && !e->failed) v[n++] = e->ppl;
-            }
-            char label[64];
-            if (a == 3) snprintf(label, sizeof label, "K=%d", g.Ks[i]);
-            else snprintf(label, sizeof label, "%s", ns->v[i]);
-            marginal_line(f, label, v, n);
-        }
-        fclose(f);
-    }
+    for (int a = 0; a < 4 && rc == 0; a++) rc = write_marginal(&g, a, dir, v);
     free(v);
-    if (rc == 0) {
-        FILE *f = open_in(dir, "range.txt");
-        if (!f) rc = -1;
-        else {
-            if (isfinite(lo)) fprintf(f, "%.6g %.6g\n", lo, hi > lo ? hi : lo * 1.01);
-            else fprintf(f, "1 10\n");
-            fclose(f);
-        }
-    }
+    if (rc == 0) rc = write_range(dir, lo, hi);
     grid_free(&g);
     return rc;
 }

@@ -16,7 +16,8 @@ typedef enum { M2D_REPORT_MD, M2D_REPORT_TEX, M2D_REPORT_CSV } m2d_report_format
 
 /* Compact PPL text into buf ("–" for NaN / inf). */
 void m2d_report_format_ppl(double ppl, char *buf, size_t n);
-/* Long display name of a plugin ("sf" -> "Selection Frequency"); the name itself when unknown. */
+/* Long display name of a plugin ("sf" -> "Selection Frequency", from its registration); the name
+ * itself when unknown or without one. */
 const char *m2d_report_display_name(const char *name);
 
 /* Write the table and the per-criterion summary. */
@@ -29,5 +30,7 @@ int m2d_report_plot_data(const m2d_results *r, const char *dir);
 /* Paper-style MC selection: for each scoring x grouping pair, the row (K, scaling) with the
  * lowest finite PPL. Row indices into r -> *rows (malloc'd); returns the count. */
 int m2d_report_best_per_pair(const m2d_results *r, int **rows);
+/* Those rows, one a line: "CONFIG_ID SCORING GROUPING SCALING K=K ppl=PPL". */
+int m2d_report_write_best_per_pair(const m2d_results *r, FILE *f);
 
 #endif

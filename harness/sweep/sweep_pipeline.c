@@ -6,8 +6,9 @@
  * only if it reads back intact and matches both hashes; otherwise it is recomputed and written
  * atomically, so concurrent shards at worst compute it twice.
  *
- * PPL (gptq protocol): the evaluation text is encoded ONCE in prepare; each student scores the
- * same windows as m2d_ppl_gptq (tested to agree exactly). lm-eval protocol: m2d_ppl_lmeval. */
+ * PPL (gptq protocol): the evaluation text is encoded ONCE in prepare; each student is scored by
+ * m2d_ppl_gptq_tokens, the core of m2d_ppl_gptq (which encodes per call). lm-eval protocol:
+ * m2d_ppl_lmeval. Registered as sweep backend "pipeline" (the default). */
 #include <dirent.h>
 #include <math.h>
 #include <unistd.h>
@@ -21,7 +22,7 @@
 #include "evals/mc.h"
 #include "evals/ppl.h"
 #include "criteria/registry.h"
-#include "sweep/sweep.h"
+#include "sweep/sweep_backend.h"
 #include "tokenizer/tokenizer.h"
 #include "base/util.h"
 
@@ -177,26 +178,6 @@ static int pipe_build(m2d_sweep_backend *b, const m2d_grid_config *c, void **out
     return 0;
 }
 
-int m2d_sweep_ppl_tokens(m2d_engine *e, const int32_t *ids, size_t n, int L, int max_windows, double *ppl,
-                         int *windows) {
-    int nw = (int)(n / (size_t)L);
-    if (max_windows > 0) nw = M2D_MIN(nw, max_windows);
-    if (nw == 0) return m2d_err("ppl: %zu tokens is less than one window of %d", n, L);
-    double *lp = m2d_malloc(sizeof(double) * (size_t)L), nll = 0;
-    int rc = 0;
-    for (int w = 0; w < nw && rc == 0; w++) {
-        const int32_t *t = ids + (size_t)w * L;
-        /* as m2d_ppl_gptq: positions 0..L-2 predict tokens 1..L-1 */
-        rc = m2d_engine_logprobs(e, t, L - 1, t + 1, 0, lp);
-        for (int i = 0; rc == 0 && i < L - 1; i++) nll -= lp[i];
-    }
-    free(lp);
-    if (rc) return -1;
-    *windows = nw;
-    *ppl = exp(nll / ((double)nw * (L - 1)));
-    return 0;
-}
-
 static int pipe_evaluate(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res) {
     (void)c;
     pipe_t *p = b->self;
@@ -205,17 +186,17 @@ static int pipe_evaluate(m2d_sweep_backend *b, void *student, const m2d_grid_con
     m2d_engine *e = NULL;
     if (m2d_engine_new(s->student, b->threads, &e)) return -1;
     int rc;
+    m2d_ppl_result r;
+    memset(&r, 0, sizeof r);
     if (strcmp(x->ppl_protocol, "gptq") == 0) {
-        rc = m2d_sweep_ppl_tokens(e, p->ppl_ids, p->n_ppl_ids, x->ppl_seq_len, x->ppl_max_windows, &res->ppl,
-                                  &res->ppl_windows);
+        /* silent: the sweep shows its own progress */
+        rc = m2d_ppl_gptq_tokens(e, p->ppl_ids, p->n_ppl_ids, x->ppl_seq_len, x->ppl_max_windows, NULL, &r);
+        if (rc == 0) res->ppl = r.ppl;
     } else {
-        m2d_ppl_result r;
         rc = m2d_ppl_lmeval(e, p->tk, p->ppl_raw, p->ppl_raw_len, x->ppl_seq_len, x->ppl_max_windows, &r);
-        if (rc == 0) {
-            res->ppl = r.word_perplexity;
-            res->ppl_windows = r.windows;
-        }
+        if (rc == 0) res->ppl = r.word_perplexity;
     }
+    if (rc == 0) res->ppl_windows = r.windows;
     m2d_engine_free(e);
     return rc;
 }
@@ -296,43 +277,40 @@ static void pipe_destroy(m2d_sweep_backend *b) {
     free(p);
 }
 
-/* Exact distinct-student count for --dry-run: needs the cached statistics (else -1); plans only,
- * no weights are built. */
-static int pipe_count_distinct(m2d_sweep_backend *b, const m2d_experiment *x, const int *idx, int n) {
-    pipe_t *p = b->self;
+/* The cached statistics, for the dry run (which never calibrates): 0, or -1 when there are none. */
+static int load_cached_stats(pipe_t *p, const m2d_experiment *x) {
+    if (p->stats) return 0;
     if (open_teacher(p)) return -1;
     int32_t *ids = NULL;
     size_t n_ids = 0;
     char calib_hash[65];
-    if (calibration_identity(p, &ids, &n_ids, calib_hash)) {
-        free(ids);
-        return -1;
-    }
+    int rc = calibration_identity(p, &ids, &n_ids, calib_hash);
     free(ids);
+    if (rc) return -1;
     char *path = cache_path(x, p->teacher->weights_hash, calib_hash);
     p->stats = read_cache(p, path, calib_hash);
     free(path);
-    if (!p->stats) return -1;
-    char(*fps)[65] = m2d_malloc((size_t)(n + 1) * sizeof *fps);
-    int distinct = 0;
-    for (int i = 0; i < n; i++) {
-        m2d_convert_plan *plan;
-        if (make_plan(p, &x->configs[idx[i]], &plan)) continue; /* fails at run time too */
-        int seen = 0;
-        for (int j = 0; j < distinct && !seen; j++) seen = strcmp(fps[j], plan->fingerprint) == 0;
-        if (!seen) memcpy(fps[distinct++], plan->fingerprint, 65);
-        m2d_convert_plan_free(plan);
-    }
-    free(fps);
-    m2d_err_clear();
-    return distinct;
+    return p->stats ? 0 : -1;
 }
 
-int m2d_sweep_backend_pipeline(const m2d_experiment *x, m2d_sweep_backend *b) {
-    pipe_t *p = m2d_calloc(1, sizeof *p);
-    p->x = x;
-    *b = (m2d_sweep_backend){.name = "pipeline", .self = p, .prepare = pipe_prepare, .build = pipe_build,
-                             .evaluate = pipe_evaluate, .evaluate_mc = pipe_evaluate_mc, .free_student = pipe_free_student, .destroy = pipe_destroy,
-                             .count_distinct = pipe_count_distinct};
+/* The plan only (no weights are built): its fingerprint is the student's. */
+static int pipe_plan_fingerprint(m2d_sweep_backend *b, const m2d_experiment *x, const m2d_grid_config *c,
+                                 char fp[65]) {
+    pipe_t *p = b->self;
+    if (load_cached_stats(p, x)) return -1;
+    m2d_convert_plan *plan;
+    if (make_plan(p, c, &plan)) return 1; /* fails at run time too */
+    memcpy(fp, plan->fingerprint, 65);
+    m2d_convert_plan_free(plan);
     return 0;
 }
+
+static void *pipe_open(const m2d_experiment *x) {
+    pipe_t *p = m2d_calloc(1, sizeof *p);
+    p->x = x;
+    return p;
+}
+
+M2D_SWEEP_BACKEND(pipeline, .name = "pipeline", .open = pipe_open, .destroy = pipe_destroy, .prepare = pipe_prepare,
+                  .build = pipe_build, .evaluate = pipe_evaluate, .free_student = pipe_free_student,
+                  .evaluate_mc = pipe_evaluate_mc, .plan_fingerprint = pipe_plan_fingerprint)

@@ -1,19 +1,17 @@
-/* sweep_fake — a deterministic, instant backend for testing the sweep machinery (grid, dedup,
- * CSV, resume, shards, Slurm) without a model. Its "student" is a hash of what the real pipeline's
- * fingerprint covers; at K = k every grouping gives the same student, as in the real conversion.
- * Test hooks: a scoring named "fail..." fails to build; params "nan" gives a non-finite PPL;
- * $M2D_FAKE_DELAY_MS sleeps in evaluate (so tests can kill a sweep mid-run). */
+/* sweep_fake — test-only sweep backend "fake": deterministic and instant, for testing the sweep
+ * machinery (grid, dedup, CSV, resume, shards, Slurm) without a model. Its "student" is a hash of
+ * what the real pipeline's fingerprint covers; at K = k every grouping gives the same student, as
+ * in the real conversion. Test hooks: a scoring named "fail..." fails to build; params "nan" gives
+ * a non-finite PPL; $M2D_FAKE_DELAY_MS sleeps in evaluate (so tests can kill a sweep mid-run).
+ * Linked into the tests, the benches and the test CLI (build/tests/moe2dense-test), never into
+ * the product binary; it registers itself like any backend. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "sweep/sweep.h"
+#include "sweep/sweep_backend.h"
 #include "base/util.h"
-
-typedef struct {
-    const m2d_experiment *x;
-} fake;
 
 static void fake_fingerprint(const m2d_experiment *x, const m2d_grid_config *c, char out[65]) {
     /* at K = k each group is one expert: the grouping cannot matter */
@@ -36,20 +34,20 @@ static int fake_prepare(m2d_sweep_backend *b, const m2d_experiment *x, char mode
 }
 
 static int fake_build(m2d_sweep_backend *b, const m2d_grid_config *c, void **student, m2d_sweep_result *res) {
-    fake *f = b->self;
+    const m2d_experiment *x = b->x;
     if (strncmp(c->scoring, "fail", 4) == 0) {
         snprintf(res->error, sizeof res->error, "unknown scoring plugin '%s'", c->scoring);
         return -1;
     }
-    fake_fingerprint(f->x, c, res->fingerprint);
-    res->d_dense = (int64_t)f->x->k * (f->x->d_e ? f->x->d_e : 1);
+    fake_fingerprint(x, c, res->fingerprint);
+    res->d_dense = (int64_t)x->k * (x->d_e ? x->d_e : 1);
     res->n_params = 1000000 + res->d_dense * 1000;
     *student = m2d_strdup(res->fingerprint);
     return 0;
 }
 
 static int fake_evaluate(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res) {
-    fake *f = b->self;
+    const m2d_experiment *x = b->x;
     const char *delay = getenv("M2D_FAKE_DELAY_MS");
     if (delay && atoi(delay) > 0) {
         struct timespec ts = {atoi(delay) / 1000, (long)(atoi(delay) % 1000) * 1000000L};
@@ -58,22 +56,22 @@ static int fake_evaluate(m2d_sweep_backend *b, void *student, const m2d_grid_con
     const char *fp = student;
     unsigned h = (unsigned)strtoul((char[9]){fp[0], fp[1], fp[2], fp[3], fp[4], fp[5], fp[6], fp[7], 0}, NULL, 16);
     res->ppl = strcmp(c->params, "nan") == 0 ? NAN : 10.0 * exp((double)(h % 1000) / 250.0);
-    res->ppl_windows = f->x->ppl_max_windows ? f->x->ppl_max_windows : 1;
+    res->ppl_windows = x->ppl_max_windows ? x->ppl_max_windows : 1;
     return 0;
 }
 
 static int fake_evaluate_mc(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res) {
     (void)c;
-    fake *f = b->self;
+    const m2d_experiment *x = b->x;
     const char *fp = student;
     double avg = 0;
-    for (int t = 0; t < f->x->n_mc; t++) {
+    for (int t = 0; t < x->n_mc; t++) {
         unsigned h = (unsigned)(fp[t % 60] * 31 + fp[(t + 1) % 60]);
         res->mc[2 * t] = (double)(h % 100) / 100.0;
         res->mc[2 * t + 1] = (double)((h / 7) % 100) / 100.0;
         avg += res->mc[2 * t];
     }
-    if (f->x->n_mc) res->mc[2 * f->x->n_mc] = avg / f->x->n_mc;
+    if (x->n_mc) res->mc[2 * x->n_mc] = avg / x->n_mc;
     return 0;
 }
 
@@ -82,29 +80,14 @@ static void fake_free_student(m2d_sweep_backend *b, void *student) {
     free(student);
 }
 
-static void fake_destroy(m2d_sweep_backend *b) { free(b->self); }
-
-static int fake_count_distinct(m2d_sweep_backend *b, const m2d_experiment *x, const int *idx, int n) {
+static int fake_plan_fingerprint(m2d_sweep_backend *b, const m2d_experiment *x, const m2d_grid_config *c,
+                                 char fp[65]) {
     (void)b;
-    char(*fps)[65] = m2d_malloc((size_t)(n + 1) * sizeof *fps);
-    int distinct = 0;
-    for (int i = 0; i < n; i++) {
-        if (strncmp(x->configs[idx[i]].scoring, "fail", 4) == 0) continue;
-        char fp[65];
-        fake_fingerprint(x, &x->configs[idx[i]], fp);
-        int seen = 0;
-        for (int j = 0; j < distinct && !seen; j++) seen = strcmp(fps[j], fp) == 0;
-        if (!seen) memcpy(fps[distinct++], fp, 65);
-    }
-    free(fps);
-    return distinct;
-}
-
-int m2d_sweep_backend_fake(const m2d_experiment *x, m2d_sweep_backend *b) {
-    fake *f = m2d_calloc(1, sizeof *f);
-    f->x = x;
-    *b = (m2d_sweep_backend){.name = "fake", .self = f, .prepare = fake_prepare, .build = fake_build,
-                             .evaluate = fake_evaluate, .evaluate_mc = fake_evaluate_mc, .free_student = fake_free_student, .destroy = fake_destroy,
-                             .count_distinct = fake_count_distinct};
+    if (strncmp(c->scoring, "fail", 4) == 0) return 1; /* fails to build: no student */
+    fake_fingerprint(x, c, fp);
     return 0;
 }
+
+M2D_SWEEP_BACKEND(fake, .name = "fake", .prepare = fake_prepare, .build = fake_build, .evaluate = fake_evaluate,
+                  .free_student = fake_free_student, .evaluate_mc = fake_evaluate_mc,
+                  .plan_fingerprint = fake_plan_fingerprint)

@@ -1,0 +1,37 @@
+/* slurm — an sbatch script that runs a sweep as a Slurm job array (`moe2dense slurm`).
+ *
+ * Array task I of N runs
+ *   moe2dense sweep EXPERIMENTS.toml --experiment NAME --shard I/N --out DIR/NAME.shard-I-of-N.csv
+ * (each shard resumes if re-submitted). Paths in the script are absolute and every value that
+ * reaches the shell is quoted; #SBATCH values are restricted to characters Slurm accepts there,
+ * so no option smuggles a newline or shell syntax into the script. */
+#ifndef M2D_SLURM_H
+#define M2D_SLURM_H
+
+typedef struct {
+    const char *experiments;      /* EXPERIMENTS.toml as given */
+    const char *experiment;       /* NAME */
+    char *const *sets;            /* --set overrides passed on to every shard */
+    int n_sets;
+    int shards;                   /* array size: 1 .. the experiment's configurations */
+    int cpus_per_task;            /* #SBATCH --cpus-per-task; the sweep's --threads */
+    const char *partition;        /* #SBATCH --partition (NULL: none) */
+    const char *gpus_per_task;    /* #SBATCH --gpus-per-task (NULL: none) */
+    const char *time_limit;       /* #SBATCH --time (NULL: none) */
+    const char *results_dir;      /* shard CSVs and logs (NULL: results/slurm-NAME) */
+    const char *script;           /* the script (NULL: RESULTS_DIR/NAME.sbatch) */
+    const char *binary;           /* the moe2dense the tasks run (NULL: this process's executable) */
+} m2d_slurm_opts;
+
+typedef struct {
+    char *script_path;            /* absolute */
+    char *merge_command;          /* `moe2dense merge ...` joining the shard CSVs when the array is done */
+    int n_configs;
+} m2d_slurm_job;
+
+/* Validate, load the experiment, create the results directory, write the script atomically.
+ * -1 + m2d_err ("slurm: ..." or the experiment's error). */
+int m2d_slurm_write(const m2d_slurm_opts *o, m2d_slurm_job *job);
+void m2d_slurm_job_free(m2d_slurm_job *job);
+
+#endif

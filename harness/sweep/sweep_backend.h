@@ -1,0 +1,78 @@
+/* sweep_backend — what the sweep runner asks of "evaluate one configuration", and the table of
+ * backends by name (experiments.toml: backend = "NAME").
+ *
+ * The runner (grid, dedup, CSV, resume, shards, worker pool, MC stage) talks only to this
+ * interface, so it is independent of the conversion pipeline:
+ *   prepare  once per run (the pipeline backend calibrates here, cached by hash)
+ *   build    construct the student of one configuration and its fingerprint (a hash of selected
+ *            sets, groups, merge weights and alpha: equal fingerprints = provably the same student)
+ *   evaluate perplexity (and multiple choice when configured) of a built student
+ * A backend registers itself from its own file with M2D_SWEEP_BACKEND (like plugins and
+ * commands): the product registers "pipeline" (sweep_pipeline.c); the tests link a deterministic
+ * "fake" (tests/sweep_fake.c) that the product binary does not contain. */
+#ifndef M2D_SWEEP_BACKEND_H
+#define M2D_SWEEP_BACKEND_H
+
+#include <stdint.h>
+
+#include "sweep/grid.h"
+
+typedef struct {
+    char fingerprint[65];   /* build: hex; equal => same student */
+    int64_t d_dense;        /* build: dense FFN width (k * d_e) */
+    int64_t n_params;       /* build: student parameter count */
+    double ppl;             /* evaluate: NaN when it blew up */
+    int ppl_windows;        /* evaluate: windows actually scored */
+    double *mc;             /* evaluate: [n_mc_cols] (NaN = not run); allocated by the runner */
+    char error[256];        /* why build/evaluate failed */
+} m2d_sweep_result;
+
+/* A backend: its registration is a template of this struct (name and hooks); a run gets a copy
+ * with X set and SELF from open(); m2d_sweep_backend_close when done. */
+typedef struct m2d_sweep_backend m2d_sweep_backend;
+struct m2d_sweep_backend {
+    const char *name;       /* as in experiments.toml: "pipeline" */
+    const m2d_experiment *x;/* the experiment of this run */
+    void *self;             /* the backend's own state (NULL without open) */
+    int threads;            /* compute threads per job, set by the runner before prepare */
+    /* optional: the state for experiment X (cheap: the work is in prepare); NULL + m2d_err on
+     * failure; and destroy, which frees it */
+    void *(*open)(const m2d_experiment *x);
+    void (*destroy)(m2d_sweep_backend *b);
+    /* once per run; fill hashes identifying the teacher and the calibration (for the CSV header) */
+    int (*prepare)(m2d_sweep_backend *b, const m2d_experiment *x, char model_hash[65], char calib_hash[65]);
+    /* 0 and *student, or -1 with res->error */
+    int (*build)(m2d_sweep_backend *b, const m2d_grid_config *c, void **student, m2d_sweep_result *res);
+    int (*evaluate)(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res);
+    void (*free_student)(m2d_sweep_backend *b, void *student);
+    /* optional: multiple-choice tasks of the experiment on a built student: res->mc[2t] = acc,
+     * res->mc[2t+1] = acc_norm (NaN when the task has none), res->mc[2 n_tasks] = the average of
+     * each task's paper metric */
+    int (*evaluate_mc)(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res);
+    /* optional (dry run): the fingerprint configuration C's student would have, without building
+     * it: 0 and fp; 1 when C would fail to build (it makes no student); -1 when the backend cannot
+     * tell yet (e.g. no cached calibration statistics) */
+    int (*plan_fingerprint)(m2d_sweep_backend *b, const m2d_experiment *x, const m2d_grid_config *c, char fp[65]);
+};
+
+void m2d_sweep_backend_register(const m2d_sweep_backend *template_);
+const m2d_sweep_backend *m2d_sweep_backend_find(const char *name);
+/* The registered names, comma separated, sorted (malloc'd), for messages. */
+char *m2d_sweep_backend_names(void);
+/* The backend x->backend names, opened for X; -1 + m2d_err naming the registered ones when unknown. */
+int m2d_sweep_backend_make(const m2d_experiment *x, m2d_sweep_backend *b);
+void m2d_sweep_backend_close(m2d_sweep_backend *b);
+
+/* Exact number of distinct students among configurations idx[0..n) from plan_fingerprint
+ * (configurations that would fail to build are not students); -1 when the backend cannot tell. */
+int m2d_sweep_count_distinct(m2d_sweep_backend *b, const m2d_experiment *x, const int *idx, int n);
+
+/* Put at file scope in the backend's .c file (designated initializers of m2d_sweep_backend):
+ *   M2D_SWEEP_BACKEND(pipeline, .name = "pipeline", .open = pipe_open, .prepare = pipe_prepare, ...) */
+#define M2D_SWEEP_BACKEND(ident, ...)                                                   \
+    static const m2d_sweep_backend ident##_sweep_backend = {__VA_ARGS__};               \
+    __attribute__((constructor)) static void ident##_sweep_backend_register(void) {     \
+        m2d_sweep_backend_register(&ident##_sweep_backend);                             \
+    }
+
+#endif

@@ -1,0 +1,174 @@
+/* sweep_mc — multiple-choice stage: select, evaluate into OUT.mc.csv, fill OUT (see sweep_mc.h). */
+#include "sweep/sweep_mc.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/util.h"
+#include "sweep/report.h"
+
+static int find_config(const m2d_experiment *x, const char *id) {
+    for (int i = 0; i < x->n_configs; i++)
+        if (strcmp(x->configs[i].id, id) == 0) return i;
+    return -1;
+}
+
+static int mc_select(const m2d_experiment *x, const m2d_results *r, int **rows) {
+    if (strcmp(x->mc_configs, "best-per-pair") == 0) return m2d_report_best_per_pair(r, rows);
+    *rows = m2d_malloc((size_t)(r->n_rows + 1) * sizeof **rows);
+    int n = 0;
+    for (int i = 0; i < r->n_rows; i++)
+        if (!strcmp(m2d_results_get(r, i, "status"), "ok") && !m2d_results_get(r, i, "dedup_of")[0]) (*rows)[n++] = i;
+    return n;
+}
+
+/* Column indices of NAMES in R (file PATH), or -1 + m2d_err naming the file and the column. */
+static int columns_of(const m2d_results *r, const char *path, char *const *names, int n, int *idx) {
+    for (int i = 0; i < n; i++)
+        if ((idx[i] = m2d_results_col(r, names[i])) < 0)
+            return m2d_err("%s: field '%s': column missing", path, names[i]);
+    return 0;
+}
+
+/* The fingerprint of configuration ID in MAIN ("" when absent). */
+static const char *fingerprint_of(const m2d_results *main, int id_col, int fp_col, const char *id) {
+    for (int i = 0; i < main->n_rows; i++)
+        if (!strcmp(main->rows[i][id_col], id)) return main->rows[i][fp_col];
+    return "";
+}
+
+/* Set the MC cells of every MAIN row with fingerprint FP from sidecar row J; 1 if any changed. */
+static int copy_cells(m2d_results *main, int fp_col, const char *fp, const m2d_results *mc, int j, const int *main_cols,
+                      const int *side_cols, int n_mc) {
+    int changed = 0;
+    for (int i = 0; i < main->n_rows; i++) {
+        if (strcmp(main->rows[i][fp_col], fp)) continue;
+        for (int m = 0; m < n_mc; m++) {
+            char **cell = &main->rows[i][main_cols[m]];
+            const char *v = mc->rows[j][side_cols[m]];
+            if (!strcmp(*cell, v)) continue;
+            free(*cell);
+            *cell = m2d_strdup(v);
+            changed = 1;
+        }
+    }
+    return changed;
+}
+
+int m2d_sweep_mc_fill(const char *out, const char *side, char *const *mc_cols, int n_mc) {
+    m2d_results main, mc;
+    if (m2d_results_read(out, &main)) return -1;
+    if (m2d_results_read(side, &mc)) {
+        m2d_results_free(&main);
+        return -1;
+    }
+    int *main_cols = m2d_calloc((size_t)n_mc + 1, sizeof *main_cols);
+    int *side_cols = m2d_calloc((size_t)n_mc + 1, sizeof *side_cols);
+    static char *const keys[] = {"config_id", "fingerprint"};
+    int key_cols[2] = {-1, -1}, side_id[1] = {-1};
+    int rc = columns_of(&main, out, keys, 2, key_cols);
+    if (rc == 0) rc = columns_of(&main, out, mc_cols, n_mc, main_cols);
+    if (rc == 0) rc = columns_of(&mc, side, keys, 1, side_id);
+    if (rc == 0) rc = columns_of(&mc, side, mc_cols, n_mc, side_cols);
+    int changed = 0;
+    for (int j = 0; rc == 0 && j < mc.n_rows; j++) {
+        if (strcmp(m2d_results_get(&mc, j, "status"), "ok")) continue;
+        const char *fp = fingerprint_of(&main, key_cols[0], key_cols[1], mc.rows[j][side_id[0]]);
+        if (fp[0]) changed |= copy_cells(&main, key_cols[1], fp, &mc, j, main_cols, side_cols, n_mc);
+    }
+    if (rc == 0 && changed) rc = m2d_results_write(out, &main);
+    free(main_cols);
+    free(side_cols);
+    m2d_results_free(&main);
+    m2d_results_free(&mc);
+    return rc;
+}
+
+/* The sidecar row of one configuration: build its student, run the tasks. */
+static int evaluate_one(const m2d_experiment *x, m2d_sweep_backend *b, int ci, double *mc_buf, int n_mc,
+                        m2d_results_writer *w) {
+    double t0 = m2d_now();
+    m2d_sweep_result r;
+    memset(&r, 0, sizeof r);
+    r.ppl = NAN;
+    r.mc = mc_buf;
+    for (int m = 0; m < n_mc; m++) mc_buf[m] = NAN;
+    void *student = NULL;
+    if (b->build(b, &x->configs[ci], &student, &r) == 0) {
+        if (b->evaluate_mc(b, student, &x->configs[ci], &r) != 0 && !r.error[0])
+            snprintf(r.error, sizeof r.error, "%s", m2d_errmsg());
+        b->free_student(b, student);
+    } else if (!r.error[0]) {
+        snprintf(r.error, sizeof r.error, "%s", m2d_errmsg());
+    }
+    int n = n_mc + 3, k = 0;
+    char **f = m2d_calloc((size_t)n, sizeof *f);
+    f[k++] = m2d_strdup(x->configs[ci].id);
+    for (int m = 0; m < n_mc; m++) f[k++] = m2d_sweep_mc_cell(mc_buf[m]);
+    f[k++] = m2d_strfmt("%.3f", m2d_now() - t0);
+    f[k++] = r.error[0] ? m2d_strfmt("failed: %s", r.error) : m2d_strdup("ok");
+    int rc = m2d_results_append(w, (const char *const *)f);
+    m2d_sweep_row_free(f, n);
+    return rc;
+}
+
+/* Evaluate the selected rows of MAIN not yet in the sidecar (DONE: its rows so far). */
+static int evaluate_selected(const m2d_experiment *x, m2d_sweep_backend *b, const m2d_results *main, const int *rows,
+                             int n_sel, const m2d_results *done, int n_mc, m2d_results_writer *w,
+                             m2d_sweep_summary *sum) {
+    int done_id = m2d_results_col(done, "config_id"), rc = 0;
+    double *mc_buf = m2d_malloc((size_t)(n_mc + 1) * sizeof *mc_buf);
+    m2d_progress prog;
+    m2d_progress_start(&prog, "multiple choice", n_sel);
+    for (int s = 0; rc == 0 && s < n_sel; s++) {
+        const char *id = m2d_results_get(main, rows[s], "config_id");
+        int seen = 0;
+        for (int d = 0; d < done->n_rows && !seen; d++) seen = !strcmp(done->rows[d][done_id], id);
+        int ci = find_config(x, id);
+        if (seen || ci < 0) continue;
+        rc = evaluate_one(x, b, ci, mc_buf, n_mc, w);
+        sum->mc_evaluated++;
+        m2d_progress_update(&prog, s + 1);
+    }
+    m2d_progress_end(&prog);
+    free(mc_buf);
+    return rc;
+}
+
+int m2d_sweep_mc_stage(const m2d_experiment *x, m2d_sweep_backend *b, const char *out, const m2d_sweep_meta *meta,
+                       m2d_sweep_summary *sum) {
+    m2d_results main;
+    if (m2d_results_read(out, &main)) return -1;
+    int *rows = NULL, n_sel = mc_select(x, &main, &rows);
+    if (n_sel < 0) {
+        m2d_results_free(&main);
+        return -1;
+    }
+    sum->mc_selected = n_sel;
+    /* sidecar columns: config_id, the MC columns, wall_s, status */
+    char **mc_cols;
+    int n_mc = m2d_sweep_mc_columns(x, &mc_cols), n_side = n_mc + 3, j = 0;
+    const char **side_cols = m2d_calloc((size_t)n_side, sizeof *side_cols);
+    side_cols[j++] = "config_id";
+    for (int m = 0; m < n_mc; m++) side_cols[j++] = mc_cols[m];
+    side_cols[j++] = "wall_s";
+    side_cols[j++] = "status";
+    char *side = m2d_strfmt("%s.mc.csv", out);
+    m2d_results_writer w;
+    m2d_results done;
+    int rc = m2d_results_open(side, side_cols, n_side, (const char *const *)meta->items, meta->n,
+                              m2d_sweep_identity_keys, m2d_sweep_n_identity_keys, &w, &done);
+    if (rc == 0) {
+        rc = evaluate_selected(x, b, &main, rows, n_sel, &done, n_mc, &w, sum);
+        m2d_results_close(&w);
+        m2d_results_free(&done);
+    }
+    m2d_results_free(&main);
+    if (rc == 0) rc = m2d_sweep_mc_fill(out, side, mc_cols, n_mc);
+    m2d_sweep_columns_free(mc_cols, n_mc);
+    free(side);
+    free(side_cols);
+    free(rows);
+    return rc;
+}

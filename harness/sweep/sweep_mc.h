@@ -1,0 +1,27 @@
+/* sweep_mc — the multiple-choice stage of a sweep.
+ *
+ * After the perplexity pass, the configurations chosen by [mc].configs ("best-per-pair": for each
+ * scoring x grouping, the (K, scaling) with the lowest PPL, as the paper does; "all": every
+ * evaluated student) are evaluated on the MC tasks. Results are appended crash-safely to the
+ * sidecar OUT.mc.csv (resumable like the main file), then copied into the MC columns of OUT (one
+ * atomic rewrite) for every row whose student has the same fingerprint. Columns are found by name
+ * in both files. */
+#ifndef M2D_SWEEP_MC_H
+#define M2D_SWEEP_MC_H
+
+#include "sweep/grid.h"
+#include "sweep/sweep.h"
+#include "sweep/sweep_backend.h"
+#include "sweep/sweep_csv.h"
+
+/* Run the stage for the results file OUT of experiment X (whose header is META); sets
+ * sum->mc_selected and sum->mc_evaluated. B must have evaluate_mc. */
+int m2d_sweep_mc_stage(const m2d_experiment *x, m2d_sweep_backend *b, const char *out, const m2d_sweep_meta *meta,
+                       m2d_sweep_summary *sum);
+
+/* Copy the sidecar SIDE's MC values (rows with status ok) into the rows of OUT whose student has
+ * the same fingerprint as the sidecar row's configuration (OUT rewritten atomically if anything
+ * changed). Every column of MC_COLS must be in both files. */
+int m2d_sweep_mc_fill(const char *out, const char *side, char *const *mc_cols, int n_mc);
+
+#endif
