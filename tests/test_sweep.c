@@ -76,7 +76,7 @@ static fixture make_fixture(void) {
     char *model = m2d_path_join(fx.dir, "teacher");
     assert_int_equal(m2d_mkdir_p(model), 0);
     char *cfg = m2d_path_join(model, "config.json");
-    const char *json = "{\"num_experts\": 64, \"num_experts_per_tok\": 8, \"moe_intermediate_size\": 72,"
+    const char *json = "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"num_experts\": 64, \"num_experts_per_tok\": 8, \"moe_intermediate_size\": 72,"
                        " \"hidden_size\": 192, \"num_hidden_layers\": 4, \"vocab_size\": 8192,"
                        " \"num_attention_heads\": 6, \"num_key_value_heads\": 2, \"head_dim\": 32}";
     tu_write(cfg, json, strlen(json));

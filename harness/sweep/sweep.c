@@ -1,7 +1,6 @@
 #include "sweep/sweep.h"
 
 #include <cblas.h>
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -12,6 +11,7 @@
 #include "sweep/report.h"
 #include "io/results.h"
 #include "base/util.h"
+#include "model/model.h"
 
 /* ---- columns ---- */
 
@@ -594,29 +594,12 @@ typedef struct {
 } shape;
 
 static int read_shape(const char *model, shape *sh) {
-    memset(sh, 0, sizeof *sh);
-    char *path = m2d_path_join(model, "config.json");
-    char *text = m2d_read_file(path, NULL);
-    free(path);
-    if (!text) return -1;
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    if (!j) return -1;
-#define NUM(field) (cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j, field)) ? \
-                    (int64_t)cJSON_GetObjectItemCaseSensitive(j, field)->valuedouble : 0)
-    sh->vocab = NUM("vocab_size");
-    sh->hidden = NUM("hidden_size");
-    sh->layers = NUM("num_hidden_layers");
-    sh->heads = NUM("num_attention_heads");
-    sh->kv_heads = NUM("num_key_value_heads");
-    sh->head_dim = NUM("head_dim");
-    sh->d_e = NUM("moe_intermediate_size");
-    sh->E = NUM("num_experts");
-    sh->k = NUM("num_experts_per_tok");
-#undef NUM
-    cJSON_Delete(j);
-    if (!sh->head_dim && sh->heads) sh->head_dim = sh->hidden / sh->heads;
-    return sh->hidden && sh->layers && sh->vocab ? 0 : -1;
+    m2d_config c;
+    if (m2d_config_load(model, &c, NULL) != 0) return -1;
+    *sh = (shape){c.vocab_size, c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
+                  c.head_dim, c.moe_intermediate_size, c.num_experts, c.num_experts_per_tok};
+    m2d_config_free(&c);
+    return 0;
 }
 
 /* Rough seconds per configuration from FLOPs: 2 * (per-token weights) * scored tokens at an assumed
