@@ -112,7 +112,9 @@ static void job_array_runs_shards_and_merge_checks_them(void **state) {
     char *model = m2d_path_join(dir, "teacher");
     m2d_mkdir_p(model);
     char *cfg = m2d_path_join(model, "config.json");
-    const char *json = "{\"num_experts\": 32, \"num_experts_per_tok\": 4}";
+    const char *json = "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"vocab_size\": 64, \"hidden_size\": 32,"
+                       " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"moe_intermediate_size\": 16,"
+                       " \"num_experts\": 32, \"num_experts_per_tok\": 4}";
     tu_write(cfg, json, strlen(json));
     char *toml = m2d_path_join(dir, "experiments.toml");
     char *exps = m2d_strfmt("[experiment.tiny]\nmodel = '%s'\nbackend = 'fake'\n"

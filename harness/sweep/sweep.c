@@ -1,6 +1,5 @@
 #include "sweep/sweep.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -11,6 +10,7 @@
 #include "sweep/report.h"
 #include "io/results.h"
 #include "base/util.h"
+#include "engine/backend.h"
 #include "model/model.h"
 
 /* ---- columns ---- */
@@ -478,7 +478,7 @@ int m2d_sweep_run(const m2d_experiment *x, const m2d_sweep_opts *o, m2d_sweep_su
     int jobs, threads;
     choose_threads(o, n_idx, &jobs, &threads);
     b.threads = threads;
-    openblas_set_num_threads(threads);
+    m2d_backend_host_blas_threads(threads);
     sum->jobs = jobs;
     sum->threads = threads;
     char model_hash[65] = "", calib_hash[65] = "";

@@ -1,0 +1,36 @@
+/* backend — the table of registered backends (see backend.h). */
+#include "engine/backend.h"
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "base/util.h"
+
+#define MAX_BACKENDS 8
+static const void *backend_items[MAX_BACKENDS];
+static m2d_name_table backends = {backend_items, 0, MAX_BACKENDS, offsetof(m2d_backend_kind, name),
+                                  "too many backends (raise MAX_BACKENDS)"};
+
+void m2d_backend_register(const m2d_backend_kind *k) { m2d_name_table_add(&backends, k); }
+
+const char *m2d_backend_list(void) {
+    static char buf[256];
+    size_t used = 0;
+    buf[0] = 0;
+    for (int i = 0; i < backends.n && used < sizeof buf; i++)
+        used += (size_t)snprintf(buf + used, sizeof buf - used, "%s%s", i ? ", " : "",
+                                 ((const m2d_backend_kind *)backends.items[i])->name);
+    return buf;
+}
+
+int m2d_backend_new(const char *name, const m2d_backend_opts *o, m2d_backend **out) {
+    *out = NULL;
+    const m2d_backend_kind *k = m2d_name_table_find(&backends, name ? name : "");
+    if (!k) return m2d_err("backend '%s': unknown (available: %s)", name ? name : "", m2d_backend_list());
+    m2d_backend_opts dflt = {0};
+    return k->create(o ? o : &dflt, out);
+}
+
+void m2d_backend_free(m2d_backend *be) {
+    if (be) be->ops->destroy(be);
+}
