@@ -9,6 +9,7 @@
 
 #include "engine/backend.h"
 #include "engine/engine.h"
+#include "reffwd.h"
 #include "testmodel.h"
 #include "base/util.h"
 
@@ -730,137 +731,7 @@ static void golden_tiny_qwen3moe(void **state) {
 }
 
 
-/* ---------------- naive float64 reference forward ---------------- */
-
-/* Straight loops over the HF Qwen3(-MoE) definition, one token at a time, everything in double:
- * independent of the backend, the batching and the weight conversion of the engine. */
-static double *tf(const m2d_tensor *t) {
-    int64_t n = m2d_tensor_numel(t);
-    float *f = m2d_tensor_f32(t);
-    double *d = malloc(sizeof(double) * (size_t)n);
-    for (int64_t i = 0; i < n; i++) d[i] = f[i];
-    free(f);
-    return d;
-}
-
-static void ref_rms(double *x, int d, const m2d_tensor *wt, double eps) {
-    double *w = tf(wt), ss = 0;
-    for (int i = 0; i < d; i++) ss += x[i] * x[i];
-    double r = 1 / sqrt(ss / d + eps);
-    for (int i = 0; i < d; i++) x[i] = x[i] * r * w[i];
-    free(w);
-}
-
-static void ref_linear(const m2d_tensor *wt, const double *x, int in, int out, double *y) {
-    double *w = tf(wt);
-    for (int o = 0; o < out; o++) {
-        double s = 0;
-        for (int i = 0; i < in; i++) s += w[(size_t)o * in + i] * x[i];
-        y[o] = s;
-    }
-    free(w);
-}
-
-static void ref_swiglu(const m2d_tensor *g, const m2d_tensor *u, const m2d_tensor *dn, const double *x, int d,
-                       int inter, double *y) {
-    double *a = malloc(sizeof(double) * inter), *b = malloc(sizeof(double) * inter);
-    ref_linear(g, x, d, inter, a);
-    ref_linear(u, x, d, inter, b);
-    for (int i = 0; i < inter; i++) a[i] = a[i] / (1 + exp(-a[i])) * b[i];
-    ref_linear(dn, a, inter, d, y);
-    free(a);
-    free(b);
-}
-
-static void ref_rope(double *v, int hd, int pos, double theta) {
-    for (int i = 0; i < hd / 2; i++) {
-        double f = pos * pow(theta, -2.0 * i / hd), a = v[i], b = v[i + hd / 2];
-        v[i] = a * cos(f) - b * sin(f);
-        v[i + hd / 2] = b * cos(f) + a * sin(f);
-    }
-}
-
-/* logits [n, V] in double */
-static void ref_forward(const m2d_model *m, const int32_t *tok, int n, double *logits) {
-    const m2d_config *c = &m->cfg;
-    int d = c->hidden_size, H = c->num_attention_heads, KV = c->num_key_value_heads, hd = c->head_dim, V = c->vocab_size;
-    double *x = calloc((size_t)n * d, sizeof(double)), *K = malloc(sizeof(double) * n * KV * hd),
-           *Vv = malloc(sizeof(double) * n * KV * hd), *q = malloc(sizeof(double) * n * H * hd),
-           *h = malloc(sizeof(double) * d), *att = malloc(sizeof(double) * H * hd), *y = malloc(sizeof(double) * d),
-           *sc = malloc(sizeof(double) * n), *emb = tf(m->embed);
-    for (int t = 0; t < n; t++) memcpy(x + (size_t)t * d, emb + (size_t)tok[t] * d, sizeof(double) * d);
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        const m2d_layer *L = &m->layers[l];
-        for (int t = 0; t < n; t++) {
-            memcpy(h, x + (size_t)t * d, sizeof(double) * d);
-            ref_rms(h, d, L->attn_norm, c->rms_norm_eps);
-            ref_linear(L->q_proj, h, d, H * hd, q + (size_t)t * H * hd);
-            ref_linear(L->k_proj, h, d, KV * hd, K + (size_t)t * KV * hd);
-            ref_linear(L->v_proj, h, d, KV * hd, Vv + (size_t)t * KV * hd);
-            for (int a = 0; a < H; a++) {
-                ref_rms(q + (size_t)t * H * hd + a * hd, hd, L->q_norm, c->rms_norm_eps);
-                ref_rope(q + (size_t)t * H * hd + a * hd, hd, t, c->rope_theta);
-            }
-            for (int a = 0; a < KV; a++) {
-                ref_rms(K + (size_t)t * KV * hd + a * hd, hd, L->k_norm, c->rms_norm_eps);
-                ref_rope(K + (size_t)t * KV * hd + a * hd, hd, t, c->rope_theta);
-            }
-        }
-        for (int t = 0; t < n; t++) {
-            for (int a = 0; a < H; a++) {
-                int g = a / (H / KV);
-                double mx = -INFINITY, z = 0;
-                for (int s2 = 0; s2 <= t; s2++) {
-                    double dd = 0;
-                    for (int i = 0; i < hd; i++) dd += q[(size_t)t * H * hd + a * hd + i] * K[(size_t)s2 * KV * hd + g * hd + i];
-                    sc[s2] = dd / sqrt(hd);
-                    mx = fmax(mx, sc[s2]);
-                }
-                for (int s2 = 0; s2 <= t; s2++) z += (sc[s2] = exp(sc[s2] - mx));
-                for (int i = 0; i < hd; i++) {
-                    double acc = 0;
-                    for (int s2 = 0; s2 <= t; s2++) acc += sc[s2] * Vv[(size_t)s2 * KV * hd + g * hd + i];
-                    att[a * hd + i] = acc / z;
-                }
-            }
-            ref_linear(L->o_proj, att, H * hd, d, y);
-            for (int i = 0; i < d; i++) x[(size_t)t * d + i] += y[i];
-            memcpy(h, x + (size_t)t * d, sizeof(double) * d);
-            ref_rms(h, d, L->ffn_norm, c->rms_norm_eps);
-            if (!c->layer_is_moe[l]) {
-                ref_swiglu(L->gate_proj, L->up_proj, L->down_proj, h, d, c->intermediate_size, y);
-                for (int i = 0; i < d; i++) x[(size_t)t * d + i] += y[i];
-                continue;
-            }
-            int E = c->num_experts, k = c->num_experts_per_tok;
-            double *p = malloc(sizeof(double) * E), mx = -INFINITY, z = 0, sel = 0;
-            ref_linear(L->router, h, d, E, p);
-            for (int e2 = 0; e2 < E; e2++) mx = fmax(mx, p[e2]);
-            for (int e2 = 0; e2 < E; e2++) z += (p[e2] = exp(p[e2] - mx));
-            for (int e2 = 0; e2 < E; e2++) p[e2] /= z;
-            int *taken = calloc((size_t)E, sizeof(int)), *ids = malloc(sizeof(int) * k);
-            for (int j = 0; j < k; j++) {
-                int b = -1;
-                for (int e2 = 0; e2 < E; e2++)
-                    if (!taken[e2] && (b < 0 || p[e2] > p[b])) b = e2;
-                taken[b] = 1;
-                ids[j] = b;
-                sel += p[b];
-            }
-            for (int j = 0; j < k; j++) {
-                double gw = c->norm_topk_prob ? p[ids[j]] / sel : p[ids[j]];
-                ref_swiglu(L->exp_gate[ids[j]], L->exp_up[ids[j]], L->exp_down[ids[j]], h, d, c->moe_intermediate_size, y);
-                for (int i = 0; i < d; i++) x[(size_t)t * d + i] += gw * y[i];
-            }
-            free(p); free(taken); free(ids);
-        }
-    }
-    for (int t = 0; t < n; t++) {
-        ref_rms(x + (size_t)t * d, d, m->final_norm, c->rms_norm_eps);
-        ref_linear(m->lm_head, x + (size_t)t * d, d, V, logits + (size_t)t * V);
-    }
-    free(x); free(K); free(Vv); free(q); free(h); free(att); free(y); free(sc); free(emb);
-}
+/* ---------------- naive float64 reference forward: tests/reffwd.c ---------------- */
 
 /* Checkpoints written by the testmodel helper and opened through m2d_model_open: a MoE with
  * dense layers (mlp_only_layers + decoder_sparse_step), tied embeddings, f16; a dense Qwen3. */
@@ -905,7 +776,7 @@ static void engine_matches_naive_reference_on_checkpoints(void **state) {
         float *lg = malloc(sizeof(float) * n * V);
         double *rl = malloc(sizeof(double) * n * V);
         assert_int_equal(m2d_engine_logits(e, tok, n, lg), 0);
-        ref_forward(m, tok, n, rl);
+        tu_ref_forward(m, tok, n, rl);
         double md = 0;
         for (size_t i = 0; i < (size_t)n * V; i++) md = fmax(md, fabs(lg[i] - rl[i]));
         /* fp32 vs double on dots of length <= 64 of O(1) terms (relative error ~ 8·eps ~ 5e-7 per

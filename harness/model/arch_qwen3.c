@@ -128,7 +128,7 @@ const m2d_tensor_spec m2d_qwen3_tensors[] = {
 
 /* ---- Qwen3ForCausalLM: every layer dense ---- */
 
-static int qwen3_parse(const void *json, const char *path, m2d_config *c) {
+int m2d_qwen3_parse(const void *json, const char *path, m2d_config *c) {
     if (m2d_qwen3_parse_common(json, path, c) != 0) return -1;
     if (m2d_cfg_pos_int(json, path, "intermediate_size", 1, 0, &c->intermediate_size) != 0 ||
         m2d_cfg_check_max(path, "intermediate_size", c->intermediate_size, 1 << 20) != 0)
@@ -139,4 +139,4 @@ static int qwen3_parse(const void *json, const char *path, m2d_config *c) {
 }
 
 M2D_ARCH(qwen3, .name = "Qwen3ForCausalLM", .summary = "Qwen3 dense decoder (GQA, q/k RMSNorm, SwiGLU)",
-         .parse_config = qwen3_parse, .tensors = m2d_qwen3_tensors)
+         .parse_config = m2d_qwen3_parse, .tensors = m2d_qwen3_tensors)

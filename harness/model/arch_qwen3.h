@@ -12,6 +12,8 @@
 int m2d_qwen3_parse_common(const void *json, const char *path, m2d_config *cfg);
 /* Sanity of the parsed sizes (heads divide, positive sizes, k <= E, ...). */
 int m2d_qwen3_check_config(const m2d_config *cfg, const char *path);
+/* Dense Qwen3's config (every layer dense, intermediate_size required). */
+int m2d_qwen3_parse(const void *json, const char *path, m2d_config *cfg);
 /* Qwen3-MoE's config fields on top of the common ones (experts, router, sparse layers). */
 int m2d_qwen3moe_parse(const void *json, const char *path, m2d_config *cfg);
 /* Qwen3-MoE's config.json rewritten for its student: a Qwen3ForCausalLM with
