@@ -11,30 +11,20 @@
 #include "base/util.h"
 #include "model/arch_qwen3.h"
 
-#define LAYER_ "model.layers.%d."
-static const m2d_tensor_spec tensors[] = {
-    {M2D_SCOPE_MODEL, M2D_M_EMBED, "model.embed_tokens.weight", {M2D_DIM_VOCAB, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_MODEL, M2D_M_FINAL_NORM, "model.norm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0},
-    {M2D_SCOPE_MODEL, M2D_M_LM_HEAD, "lm_head.weight", {M2D_DIM_VOCAB, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_ATTN_NORM, LAYER_ "input_layernorm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_FFN_NORM, LAYER_ "post_attention_layernorm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_Q, LAYER_ "self_attn.q_proj.weight", {M2D_DIM_Q, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_K, LAYER_ "self_attn.k_proj.weight", {M2D_DIM_KV, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_V, LAYER_ "self_attn.v_proj.weight", {M2D_DIM_KV, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_O, LAYER_ "self_attn.o_proj.weight", {M2D_DIM_HIDDEN, M2D_DIM_Q}, 0},
-    /* the one difference: norms over the whole projection */
-    {M2D_SCOPE_LAYER, M2D_T_Q_NORM, LAYER_ "self_attn.q_norm.weight", {M2D_DIM_Q, M2D_DIM_NONE}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_K_NORM, LAYER_ "self_attn.k_norm.weight", {M2D_DIM_KV, M2D_DIM_NONE}, 0},
-    {M2D_SCOPE_DENSE, M2D_T_GATE, LAYER_ "mlp.gate_proj.weight", {M2D_DIM_FFN, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_DENSE, M2D_T_UP, LAYER_ "mlp.up_proj.weight", {M2D_DIM_FFN, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_DENSE, M2D_T_DOWN, LAYER_ "mlp.down_proj.weight", {M2D_DIM_HIDDEN, M2D_DIM_FFN}, 0},
-    {M2D_SCOPE_MOE, M2D_T_ROUTER, LAYER_ "mlp.gate.weight", {M2D_DIM_EXPERTS, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_EXPERT, M2D_X_EXP_GATE, LAYER_ "mlp.experts.%d.gate_proj.weight", {M2D_DIM_EXPERT_FFN, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_EXPERT, M2D_X_EXP_UP, LAYER_ "mlp.experts.%d.up_proj.weight", {M2D_DIM_EXPERT_FFN, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_EXPERT, M2D_X_EXP_DOWN, LAYER_ "mlp.experts.%d.down_proj.weight", {M2D_DIM_HIDDEN, M2D_DIM_EXPERT_FFN}, 0},
-    {0},
-};
-#undef LAYER_
+/* Qwen3's tensor table with the one difference: q/k norm weights over the whole projection.
+ * Filled before main (constructors run before any model is opened). */
+static m2d_tensor_spec tensors[32];
+
+__attribute__((constructor)) static void build_tensor_table(void) {
+    int n = 0;
+    for (const m2d_tensor_spec *sp = m2d_qwen3_tensors; sp->name && n + 1 < (int)M2D_ARRAY_LEN(tensors); sp++) {
+        tensors[n] = *sp;
+        if (sp->scope == M2D_SCOPE_LAYER && sp->role == M2D_T_Q_NORM) tensors[n].shape[0] = M2D_DIM_Q;
+        if (sp->scope == M2D_SCOPE_LAYER && sp->role == M2D_T_K_NORM) tensors[n].shape[0] = M2D_DIM_KV;
+        n++;
+    }
+    tensors[n] = (m2d_tensor_spec){0};
+}
 
 static int parse_moe(const void *json, const char *path, m2d_config *c) {
     if (m2d_qwen3moe_parse(json, path, c) != 0) return -1;

@@ -30,6 +30,15 @@ static m2d_model *open_or_fail(const char *dir) {
     return m;
 }
 
+/* a fresh temporary directory holding a checkpoint of the test architecture, opened */
+static m2d_model *write_teacher(char **dir) {
+    *dir = tu_tmpdir();
+    m2d_testmodel_opts o;
+    wholeqk_opts(&o);
+    if (m2d_testmodel_write(*dir, &o)) fail_msg("%s", m2d_errmsg());
+    return open_or_fail(*dir);
+}
+
 static float *engine_logits(const m2d_model *m, const int32_t *tok, int n) {
     m2d_engine *e;
     if (m2d_engine_new(m, 2, &e)) fail_msg("%s", m2d_errmsg());
@@ -67,11 +76,8 @@ static double check_forward(const m2d_model *m, uint64_t seed, double *vs_no_nor
  * with Qwen3's per-head norm shapes is refused naming the tensor. */
 static void adapter_binds_its_table(void **state) {
     (void)state;
-    char *dir = tu_tmpdir();
-    m2d_testmodel_opts o;
-    wholeqk_opts(&o);
-    assert_int_equal(m2d_testmodel_write(dir, &o), 0);
-    m2d_model *m = open_or_fail(dir);
+    char *dir;
+    m2d_model *m = write_teacher(&dir);
     assert_string_equal(m->arch->name, "TestWholeQkNormMoeForCausalLM");
     assert_int_equal(m->cfg.ops.qk_norm, M2D_QK_NORM_WHOLE);
     assert_int_equal(m->layers[1].q_norm->shape[0], 4 * 8);
@@ -81,6 +87,8 @@ static void adapter_binds_its_table(void **state) {
     assert_int_equal(m2d_model_param_counts(&m->cfg).total, numel);
     m2d_model_close(m);
 
+    m2d_testmodel_opts o;
+    wholeqk_opts(&o);
     o.qk_norm_whole = false; /* per-head shapes under the whole-norm architecture */
     char *bad = m2d_path_join(dir, "bad");
     assert_int_equal(m2d_testmodel_write(bad, &o), 0);
@@ -98,11 +106,8 @@ static void adapter_binds_its_table(void **state) {
  * ~1e-6, assert 5e-5. Dropping the q/k norms moves the logits by > 1e-2: the test sees the op. */
 static void engine_runs_whole_qk_norm(void **state) {
     (void)state;
-    char *dir = tu_tmpdir();
-    m2d_testmodel_opts o;
-    wholeqk_opts(&o);
-    assert_int_equal(m2d_testmodel_write(dir, &o), 0);
-    m2d_model *m = open_or_fail(dir);
+    char *dir;
+    m2d_model *m = write_teacher(&dir);
     double control, md = check_forward(m, 5, &control);
     print_message("whole q/k norm teacher: max |dlogit| vs reference %.3g (without the norm: %.3g)\n", md, control);
     assert_true(md < 5e-5);
@@ -131,11 +136,9 @@ static m2d_convert_plan *plan_for(const m2d_model *m, m2d_stats **stats) {
  * TestWholeQkNormForCausalLM and get bit-identical logits. */
 static void converts_to_its_own_student(void **state) {
     (void)state;
-    char *dir = tu_tmpdir(), *tdir = m2d_path_join(dir, "teacher"), *sdir = m2d_path_join(dir, "student");
-    m2d_testmodel_opts o;
-    wholeqk_opts(&o);
-    assert_int_equal(m2d_testmodel_write(tdir, &o), 0);
-    m2d_model *t = open_or_fail(tdir), *s, *w;
+    char *dir;
+    m2d_model *t = write_teacher(&dir), *s, *w;
+    char *sdir = m2d_path_join(dir, "student");
     m2d_stats *stats;
     m2d_convert_plan *p = plan_for(t, &stats);
     if (m2d_convert_build(t, p, &s)) fail_msg("%s", m2d_errmsg());
@@ -167,7 +170,8 @@ static void converts_to_its_own_student(void **state) {
     m2d_calib_stats_free(stats);
     m2d_model_close(t);
     tu_rm_rf(dir);
-    free(dir); free(tdir); free(sdir);
+    free(dir);
+    free(sdir);
 }
 
 int main(void) {
