@@ -12,14 +12,15 @@ static m2d_name_table backends = {backend_items, 0, MAX_BACKENDS, offsetof(m2d_b
                                   "too many backends (raise MAX_BACKENDS)"};
 
 void m2d_backend_register(const m2d_backend_kind *k) { m2d_name_table_add(&backends, k); }
+int m2d_backend_count(void) { return backends.n; }
+const m2d_backend_kind *m2d_backend_kind_at(int i) { return backends.items[i]; }
 
 const char *m2d_backend_list(void) {
     static char buf[256];
     size_t used = 0;
     buf[0] = 0;
     for (int i = 0; i < backends.n && used < sizeof buf; i++)
-        used += (size_t)snprintf(buf + used, sizeof buf - used, "%s%s", i ? ", " : "",
-                                 ((const m2d_backend_kind *)backends.items[i])->name);
+        used += (size_t)snprintf(buf + used, sizeof buf - used, "%s%s", i ? ", " : "", m2d_backend_kind_at(i)->name);
     return buf;
 }
 

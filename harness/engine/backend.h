@@ -173,6 +173,8 @@ void m2d_backend_register(const m2d_backend_kind *k);
 int m2d_backend_new(const char *name, const m2d_backend_opts *o, m2d_backend **out);
 void m2d_backend_free(m2d_backend *be); /* NULL ok */
 const char *m2d_backend_list(void);     /* "cpu" (for messages and --help) */
+int m2d_backend_count(void);            /* registered backends, sorted by name */
+const m2d_backend_kind *m2d_backend_kind_at(int i);
 
 /* Threads the host BLAS/LAPACK library uses for calls made outside the engines (criteria plugins,
  * analysis). The CPU backend owns BLAS threading; nothing else calls OpenBLAS's thread functions. */
