@@ -159,8 +159,9 @@ static void weights_free(m2d_engine *e) {
 
 /* Visit every weight in residency order: small and hot first (each layer's norms, attention,
  * router and dense FFN, then the final norm), then the experts, the LM head last. The embedding
- * is only visited when it is the (tied) LM head: lookups convert just the rows they read. */
-static void for_each_weight(m2d_engine *e, void (*fn)(m2d_engine *, m2d_weight *, void *), void *ctx) {
+ * is visited only as the tied LM head, and only when TIED_HEAD: lookups convert just the rows
+ * they read, and the default policy does not count a tied head. */
+static void for_each_weight(m2d_engine *e, int tied_head, void (*fn)(m2d_engine *, m2d_weight *, void *), void *ctx) {
     const m2d_config *c = &e->m->cfg;
     for (int l = 0; l < c->num_hidden_layers; l++)
         for (int r = 0; r < M2D_T_COUNT; r++)
@@ -169,7 +170,7 @@ static void for_each_weight(m2d_engine *e, void (*fn)(m2d_engine *, m2d_weight *
     for (int l = 0; l < c->num_hidden_layers; l++)
         for (int x = 0; e->lw[l].x[0] && x < c->num_experts; x++)
             for (int r = 0; r < M2D_X_COUNT; r++) fn(e, e->lw[l].x[r][x], ctx);
-    fn(e, e->lm_head, ctx);
+    if (e->lm_head != e->embed || tied_head) fn(e, e->lm_head, ctx);
 }
 
 static void add_bytes(m2d_engine *e, m2d_weight *w, void *ctx) { *(size_t *)ctx += e->B->resident_bytes(e->be, w); }
@@ -182,7 +183,7 @@ static void keep_within(m2d_engine *e, m2d_weight *w, void *ctx) {
 
 size_t m2d_engine_cache_weights(m2d_engine *e, size_t budget_bytes) {
     e->B->enter(e->be);
-    for_each_weight(e, keep_within, &budget_bytes);
+    for_each_weight(e, 1, keep_within, &budget_bytes);
     e->B->leave(e->be);
     return e->resident_bytes;
 }
@@ -196,7 +197,7 @@ static void default_residency(m2d_engine *e) {
         return;
     }
     size_t all = 0;
-    for_each_weight(e, add_bytes, &all);
+    for_each_weight(e, 0, add_bytes, &all);
     if (all > 0 && all <= e->B->resident_budget(e->be)) m2d_engine_cache_weights(e, all);
 }
 
