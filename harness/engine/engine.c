@@ -209,7 +209,7 @@ int m2d_engine_open(const m2d_model *m, const m2d_engine_opts *o, m2d_engine **o
     m2d_backend_opts bo = {o->n_threads};
     m2d_backend *be;
     if (m2d_backend_new(o->backend ? o->backend : "cpu", &bo, &be)) return -1;
-    if (!(be->ops->precisions & (1u << o->precision))) {
+    if ((unsigned)o->precision >= M2D_PREC_COUNT || !(be->ops->precisions & (1u << o->precision))) {
         m2d_backend_free(be);
         return m2d_err("engine: backend %s does not support precision %d", be->ops->name, (int)o->precision);
     }
@@ -323,17 +323,25 @@ static void attention_block(m2d_engine *e, int l, const fwd_ws *w, const seg_pla
     B->gemm(be, &XN, lw->w[M2D_T_K], 0, &K, 0.0f, e->prec);
     B->gemm(be, &XN, lw->w[M2D_T_V], 0, &V, 0.0f, e->prec);
     qk_norm(e, lw, w);
-    m2d_rope_args rope = {c->ops.rope, c->rope_theta};
+    m2d_rope_args rope = {.kind = c->ops.rope, .theta = c->rope_theta};
     B->rope(be, &Q, H, hd, w->pos, &rope);
     B->rope(be, &K, KV, hd, w->pos, &rope);
     const m2d_kv *pre = p->prefix;
     for (int s = 0; s < p->n_seg; s++) {
         size_t o = (size_t)p->seg_off[s];
         int ns = p->seg_len[s];
-        m2d_attn_args a = {m2d_mat_of(w->q, o * qd, ns, qd, qd), m2d_mat_of(w->k, o * kvd, ns, kvd, kvd),
-                           m2d_mat_of(w->v, o * kvd, ns, kvd, kvd), pre ? pre->k : NULL, pre ? pre->v : NULL,
-                           pre ? (size_t)l * KV * pre->cap * hd : 0, pre ? (size_t)pre->cap * hd : 0, p->np, H, KV, hd,
-                           m2d_mat_of(w->att, o * qd, ns, qd, qd)};
+        m2d_attn_args a = {.q = m2d_mat_of(w->q, o * qd, ns, qd, qd),
+                           .k = m2d_mat_of(w->k, o * kvd, ns, kvd, kvd),
+                           .v = m2d_mat_of(w->v, o * kvd, ns, kvd, kvd),
+                           .k_cache = pre ? pre->k : NULL,
+                           .v_cache = pre ? pre->v : NULL,
+                           .cache_off = pre ? (size_t)l * KV * pre->cap * hd : 0,
+                           .head_stride = pre ? (size_t)pre->cap * hd : 0,
+                           .np = p->np,
+                           .n_heads = H,
+                           .n_kv = KV,
+                           .head_dim = hd,
+                           .out = m2d_mat_of(w->att, o * qd, ns, qd, qd)};
         B->attention(be, &a);
     }
     if (p->append) {
@@ -374,12 +382,21 @@ static int moe_block(m2d_engine *e, int l, const fwd_ws *w) {
     int n = w->n, d = c->hidden_size, E = c->num_experts, k = c->num_experts_per_tok;
     m2d_mat XN = m2d_mat_of(w->xn, 0, n, d, d), P = m2d_mat_of(w->probs, 0, n, E, E);
     e->B->gemm(e->be, &XN, lw->w[M2D_T_ROUTER], 0, &P, 0.0f, e->prec);
-    m2d_route_args r = {c->ops.router, c->ops.router_renorm, k};
+    m2d_route_args r = {.kind = c->ops.router, .renorm = c->ops.router_renorm, .k = k};
     e->B->route(e->be, &P, &r, w->topk, w->gates);
     if (e->hook && call_hook(e, l, w)) return -1;
-    m2d_moe_args a = {XN, w->topk, w->gates, k, E, c->moe_intermediate_size, lw->x[M2D_X_EXP_GATE],
-                      lw->x[M2D_X_EXP_UP], lw->x[M2D_X_EXP_DOWN], c->ops.ffn_act, e->prec,
-                      m2d_mat_of(w->ffo, 0, n, d, d)};
+    m2d_moe_args a = {.x = XN,
+                      .topk = w->topk,
+                      .gates = w->gates,
+                      .k = k,
+                      .n_experts = E,
+                      .d_ff = c->moe_intermediate_size,
+                      .gate = lw->x[M2D_X_EXP_GATE],
+                      .up = lw->x[M2D_X_EXP_UP],
+                      .down = lw->x[M2D_X_EXP_DOWN],
+                      .act = c->ops.ffn_act,
+                      .prec = e->prec,
+                      .out = m2d_mat_of(w->ffo, 0, n, d, d)};
     e->B->moe(e->be, &a);
     return 0;
 }
