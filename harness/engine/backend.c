@@ -2,7 +2,6 @@
 #include "engine/backend.h"
 
 #include <stddef.h>
-#include <stdio.h>
 
 #include "base/util.h"
 
@@ -17,11 +16,7 @@ const m2d_backend_kind *m2d_backend_kind_at(int i) { return backends.items[i]; }
 
 const char *m2d_backend_list(void) {
     static char buf[256];
-    size_t used = 0;
-    buf[0] = 0;
-    for (int i = 0; i < backends.n && used < sizeof buf; i++)
-        used += (size_t)snprintf(buf + used, sizeof buf - used, "%s%s", i ? ", " : "", m2d_backend_kind_at(i)->name);
-    return buf;
+    return m2d_name_table_list(&backends, buf, sizeof buf);
 }
 
 int m2d_backend_new(const char *name, const m2d_backend_opts *o, m2d_backend **out) {

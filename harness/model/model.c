@@ -25,11 +25,7 @@ const m2d_arch *m2d_arch_at(int i) { return archs.items[i]; }
 
 const char *m2d_arch_list(void) {
     static char buf[1024];
-    size_t used = 0;
-    buf[0] = 0;
-    for (int i = 0; i < archs.n && used < sizeof buf; i++)
-        used += (size_t)snprintf(buf + used, sizeof buf - used, "%s%s", i ? ", " : "", m2d_arch_at(i)->name);
-    return buf;
+    return m2d_name_table_list(&archs, buf, sizeof buf);
 }
 
 /* ---------------------------------------------------------------- config field helpers */
