@@ -12,8 +12,24 @@
 #include "calib/calib.h"
 #include "convert/convert.h"
 #include "engine/engine.h"
+#include "model/arch_qwen3.h"
 #include "reffwd.h"
 #include "testmodel.h"
+
+/* A second test-only adapter, local to this file: Qwen3-MoE whose table accepts only F32 weights
+ * (the table's dtype rule). */
+static m2d_tensor_spec f32_tensors[32];
+
+__attribute__((constructor)) static void build_f32_table(void) {
+    int n = 0;
+    for (const m2d_tensor_spec *sp = m2d_qwen3_tensors; sp->name && n + 1 < (int)M2D_ARRAY_LEN(f32_tensors); sp++) {
+        f32_tensors[n] = *sp;
+        f32_tensors[n++].dtypes = 1u << M2D_F32;
+    }
+}
+
+M2D_ARCH(test_f32only, .name = "TestF32OnlyMoeForCausalLM", .summary = "test only: Qwen3-MoE, F32 weights only",
+         .parse_config = m2d_qwen3moe_parse, .tensors = f32_tensors)
 
 static void wholeqk_opts(m2d_testmodel_opts *o) {
     m2d_testmodel_defaults(o);
@@ -117,6 +133,27 @@ static void engine_runs_whole_qk_norm(void **state) {
     free(dir);
 }
 
+/* The table's dtype rule: an F32-only table refuses a BF16 checkpoint naming the tensor and dtype. */
+static void table_dtype_rule(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    o.arch = "TestF32OnlyMoeForCausalLM";
+    o.dtype = M2D_BF16;
+    assert_int_equal(m2d_testmodel_write(dir, &o), 0);
+    m2d_model *m;
+    assert_int_equal(m2d_model_open(dir, &m), -1);
+    assert_non_null(strstr(m2d_errmsg(), "tensor 'model.embed_tokens.weight': field 'dtype': BF16 is not accepted by "
+                                         "TestF32OnlyMoeForCausalLM"));
+    o.dtype = M2D_F32;
+    assert_int_equal(m2d_testmodel_write(dir, &o), 0);
+    m = open_or_fail(dir);
+    m2d_model_close(m);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
 static m2d_convert_plan *plan_for(const m2d_model *m, m2d_stats **stats) {
     uint64_t seed = 17;
     int n = 256;
@@ -177,6 +214,7 @@ static void converts_to_its_own_student(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(adapter_binds_its_table),
+        cmocka_unit_test(table_dtype_rule),
         cmocka_unit_test(engine_runs_whole_qk_norm),
         cmocka_unit_test(converts_to_its_own_student),
     };

@@ -15,13 +15,14 @@
 #include "io/st.h"
 
 /* One limit on the attention head size, for the config readers, the engine and every backend
- * (kernels size their per-head scratch by it). 1024 is 4x the largest head of any released model. */
+ * (kernels size their per-head scratch by it): 1024, four times the largest heads (256) of released
+ * models; configs beyond it are refused when parsed. */
 #define M2D_MAX_HEAD_DIM 1024
 
 /* ---- what the layers compute (the adapter's ops description) ----
  * The engine reads these and the tensor roles below, never an architecture name. Adding a
  * variant: a new enum value here, its implementation in engine.c (and each backend op it needs),
- * and m2d_engine_new's check that rejects what the engine does not implement. */
+ * and the engine's creation-time check (check_model) that rejects what it does not implement. */
 typedef enum {
     M2D_QK_NORM_NONE,       /* no q/k norm (Qwen2, Mixtral, DeepSeek-V2) */
     M2D_QK_NORM_PER_HEAD,   /* RMSNorm of each head's q/k vector, weight [head_dim] (Qwen3) */
