@@ -20,10 +20,10 @@
 #include "testmodel.h"
 #include "base/util.h"
 
-/* OpenBLAS's own multi-threaded sgemm on square n (the yardstick); the engine then goes back
- * to single-threaded OpenBLAS with its own threads (m2d_be_set_threads) */
+/* OpenBLAS's own multi-threaded sgemm on square n (the yardstick); the engine's CPU backend makes
+ * OpenBLAS single-threaded inside its calls and splits the work over its own threads */
 static double sgemm_peak(int n, int threads) {
-    openblas_set_num_threads(threads);
+    m2d_backend_host_blas_threads(threads);
     float *a = m2d_malloc(sizeof(float) * (size_t)n * n), *b = m2d_malloc(sizeof(float) * (size_t)n * n),
           *c = m2d_malloc(sizeof(float) * (size_t)n * n);
     for (size_t i = 0; i < (size_t)n * n; i++) a[i] = b[i] = (float)((i % 17) * 0.01);
@@ -35,7 +35,6 @@ static double sgemm_peak(int n, int threads) {
         if (r && t < best) best = t; /* first call warms up the thread pool */
     }
     free(a); free(b); free(c);
-    m2d_be_set_threads(threads);
     return 2.0 * n * n * (double)n / best / 1e9;
 }
 
@@ -99,7 +98,6 @@ static int run_case(const char *dir, const char *label, const char *mode, int L,
     double fl = forward_flops(&m->cfg, n, n - first);
     /* the machine is shared: also compare with an sgemm peak measured right now, in this process */
     double local_peak = sgemm_peak(2048, 2);
-    m2d_be_set_threads(2);
     printf("| %-28s | %-4s | %5d | %9.1f | %8.1f | %5.0f%% | %5.0f%% | %7ld | %s |\n", label, mode, L, n / best,
            fl / best / 1e9, 100 * fl / best / 1e9 / peak, 100 * fl / best / 1e9 / local_peak, peak_rss_mb(),
            cache ? m2d_strfmt("fp32 cache %.2f GB (%.1f s)", cached / 1e9, tc) : "convert on use");

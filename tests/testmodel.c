@@ -103,7 +103,8 @@ static char *config_json(const m2d_testmodel_opts *o) {
         "  \"rope_scaling\": null,\n  \"max_position_embeddings\": %d,\n  \"attention_bias\": false,\n"
         "  \"tie_word_embeddings\": %s,\n  \"bos_token_id\": %s,\n  \"eos_token_id\": %s,\n"
         "  \"torch_dtype\": \"%s\",\n  \"use_sliding_window\": false\n}\n",
-        o->moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM", o->moe ? "qwen3_moe" : "qwen3", o->vocab_size,
+        o->arch ? o->arch : o->moe ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM",
+        o->model_type ? o->model_type : o->moe ? "qwen3_moe" : "qwen3", o->vocab_size,
         o->hidden_size, o->intermediate_size, moe, o->num_hidden_layers, o->num_attention_heads,
         o->num_key_value_heads, o->head_dim, o->rms_norm_eps, o->rope_theta, o->max_position_embeddings,
         o->tie_word_embeddings ? "true" : "false", bos, eos, torch_dtype_name(o->dtype));
@@ -129,8 +130,8 @@ static int add_weights(m2d_st_writer *w, const m2d_testmodel_opts *o) {
         ADD(2, kv, d, 0, "model.layers.%d.self_attn.k_proj.weight", l);
         ADD(2, kv, d, 0, "model.layers.%d.self_attn.v_proj.weight", l);
         ADD(2, d, q, 0, "model.layers.%d.self_attn.o_proj.weight", l);
-        ADD(1, hd, 0, 1, "model.layers.%d.self_attn.q_norm.weight", l);
-        ADD(1, hd, 0, 1, "model.layers.%d.self_attn.k_norm.weight", l);
+        ADD(1, o->qk_norm_whole ? q : hd, 0, 1, "model.layers.%d.self_attn.q_norm.weight", l);
+        ADD(1, o->qk_norm_whole ? kv : hd, 0, 1, "model.layers.%d.self_attn.k_norm.weight", l);
         if (layer_is_moe(o, l)) {
             ADD(2, o->num_experts, d, 0, "model.layers.%d.mlp.gate.weight", l);
             for (int e = 0; e < o->num_experts; e++) {

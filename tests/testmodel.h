@@ -34,6 +34,8 @@ typedef struct {
     size_t shard_bytes;         /* 0: single model.safetensors; else shards of at most this size */
     bool grid;                  /* the generator above instead of normal draws */
     const char *config_json;    /* written as config.json verbatim; NULL: made from these options */
+    const char *arch, *model_type; /* NULL: Qwen3's; else written to config.json as given */
+    bool qk_norm_whole;         /* q/k norm weights over the whole projection (OLMoE-style) */
 } m2d_testmodel_opts;
 
 /* Defaults: 2-layer Qwen3-MoE, hidden 32, 4 q / 2 kv heads x head_dim 8, 8 experts top-2 of

@@ -382,6 +382,14 @@ void m2d_name_table_add(m2d_name_table *t, const void *item) {
     t->items[i] = item;
 }
 
+const char *m2d_name_table_list(const m2d_name_table *t, char *buf, size_t cap) {
+    size_t used = 0;
+    buf[0] = 0;
+    for (int i = 0; i < t->n && used < cap; i++)
+        used += (size_t)snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", name_at(t, i));
+    return buf;
+}
+
 const void *m2d_name_table_find(const m2d_name_table *t, const char *name) {
     for (int i = 0; i < t->n; i++)
         if (strcmp(name_at(t, i), name) == 0) return t->items[i];

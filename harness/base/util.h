@@ -82,6 +82,8 @@ typedef struct {
 } m2d_name_table;
 void m2d_name_table_add(m2d_name_table *t, const void *item); /* aborts when full */
 const void *m2d_name_table_find(const m2d_name_table *t, const char *name);
+/* "a, b, c": the names in order, into BUF (truncated to CAP); returns BUF (for messages). */
+const char *m2d_name_table_list(const m2d_name_table *t, char *buf, size_t cap);
 
 #define M2D_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define M2D_MIN(a, b) ((a) < (b) ? (a) : (b))

@@ -13,7 +13,7 @@
 /* ------------------------------------------------------------------ windows and hashes */
 
 const char *m2d_calib_gate_convention(const m2d_config *cfg) {
-    return cfg->norm_topk_prob ? "softmax-topk-renorm" : "softmax-topk";
+    return cfg->ops.router_renorm ? "softmax-topk-renorm" : "softmax-topk";
 }
 
 int m2d_calib_default_seq_len(const m2d_config *cfg) {
@@ -163,25 +163,8 @@ static void token_stats_block(calib_ctx *c, m2d_layer_stats *s, const m2d_moe_ev
         for (int e = 0; e < E; e++) s->sum_p[e] += p[e];
         for (int r = 0; r < k; r++) {
             int e = ev->topk[(size_t)tt * k + r];
-            double g = ev->gates[(size_t)tt * k + r], nf2 = c->norms[(size_t)e * nb + t], nf = sqrt(nf2);
-            s->n[e] += 1;
-            s->sum_p_sel[e] += p[e];
-            s->sum_g[e] += g;
-            s->sum_g2[e] += g * g;
-            s->sum_f[e] += nf;
-            s->sum_f2[e] += nf2;
-            s->sum_gf[e] += g * nf;
-            s->sum_g2f2[e] += g * g * nf2;
-            s->sum_gf2[e] += g * nf2;
-            s->sum_g2f[e] += g * g * nf;
-            s->cur_n[e] += 1;
-            s->cur_f[e] += nf;
-            const float *f = c->F + ((size_t)e * nb + t) * d;
-            double *rs = s->sum_f_routed + (size_t)e * d, *rq = s->sum_f_routed_sq + (size_t)e * d;
-            for (int j = 0; j < d; j++) {
-                rs[j] += f[j];
-                rq[j] += (double)f[j] * f[j];
-            }
+            m2d_layer_stats_add_routed(s, e, p[e], ev->gates[(size_t)tt * k + r], c->F + ((size_t)e * nb + t) * d,
+                                       c->norms[(size_t)e * nb + t]);
         }
     }
     s->N += nb;
@@ -238,29 +221,31 @@ static int calib_hook_reference(void *user, const m2d_moe_event *ev) {
     return keep_error(user, hook_reference(user, ev));
 }
 
-int m2d_calib_run(const m2d_model *m, const int32_t *ids, int64_t n_ids, const m2d_calib_opts *o,
-                  m2d_stats **out) {
+/* Window length L and count N from the options; every id inside the vocabulary. */
+static int check_inputs(const m2d_model *m, const int32_t *ids, int64_t n_ids, const m2d_calib_opts *o, int *L,
+                        int *N) {
     const m2d_config *cfg = &m->cfg;
     if (cfg->num_experts <= 0) return m2d_err("%s: config.json: field 'num_experts': the model has no MoE layers", m->dir);
-    int L = o->seq_len > 0 ? o->seq_len : m2d_calib_default_seq_len(cfg);
-    if (cfg->max_position_embeddings > 0 && L > cfg->max_position_embeddings)
+    *L = o->seq_len > 0 ? o->seq_len : m2d_calib_default_seq_len(cfg);
+    if (cfg->max_position_embeddings > 0 && *L > cfg->max_position_embeddings)
         return m2d_err("%s: config.json: field 'max_position_embeddings': %d is shorter than the calibration "
-                       "seq_len %d", m->dir, cfg->max_position_embeddings, L);
-    int N = o->n_samples > 0 ? o->n_samples : M2D_CALIB_DEFAULT_SAMPLES;
+                       "seq_len %d", m->dir, cfg->max_position_embeddings, *L);
+    *N = o->n_samples > 0 ? o->n_samples : M2D_CALIB_DEFAULT_SAMPLES;
     const char *data_name = o->data_path ? o->data_path : "calibration text"; /* named in errors */
     for (int64_t i = 0; i < n_ids; i++)
         if (ids[i] < 0 || ids[i] >= cfg->vocab_size)
             return m2d_err("%s: token id %d at position %lld is outside the vocabulary (%s/config.json field "
                            "'vocab_size' = %d)", data_name, ids[i], (long long)i, m->dir, cfg->vocab_size);
-    int64_t *starts = m2d_malloc((size_t)N * sizeof *starts);
-    int nw;
-    if (m2d_calib_windows(n_ids, L, N, o->seeded, o->seed, starts, &nw)) {
-        free(starts);
-        return m2d_err_prefix(data_name);
-    }
-    int E = cfg->num_experts, d = cfg->hidden_size;
+    return 0;
+}
+
+/* The stats object: identity (hashes, windows, data path) and zeroed per-layer sums. Takes STARTS. */
+static m2d_stats *new_stats(const m2d_model *m, const int32_t *ids, int64_t *starts, int nw, int L,
+                            const m2d_calib_opts *o) {
+    const m2d_config *cfg = &m->cfg;
     m2d_stats *st = m2d_calloc(1, sizeof *st);
-    st->E = E; st->k = cfg->num_experts_per_tok; st->d = d; st->d_e = cfg->moe_intermediate_size;
+    st->E = cfg->num_experts; st->k = cfg->num_experts_per_tok; st->d = cfg->hidden_size;
+    st->d_e = cfg->moe_intermediate_size;
     snprintf(st->model_hash, sizeof st->model_hash, "%s", m->weights_hash);
     snprintf(st->gate_convention, sizeof st->gate_convention, "%s", m2d_calib_gate_convention(cfg));
     m2d_calib_hash(ids, starts, nw, L, st->gate_convention, st->calib_hash);
@@ -270,61 +255,85 @@ int m2d_calib_run(const m2d_model *m, const int32_t *ids, int64_t n_ids, const m
     st->data_path = m2d_strdup(o->data_path ? o->data_path : "");
     for (int l = 0; l < cfg->num_hidden_layers; l++) st->n_layers += cfg->layer_is_moe[l] ? 1 : 0;
     st->layers = m2d_calloc((size_t)st->n_layers, sizeof *st->layers);
+    for (int l = 0, i = 0; l < cfg->num_hidden_layers; l++)
+        if (cfg->layer_is_moe[l]) m2d_layer_stats_alloc(&st->layers[i++], l, st->E, st->k, st->d);
+    return st;
+}
 
-    calib_ctx c = {0};
-    c.m = m;
-    c.acc = m2d_calloc((size_t)cfg->num_hidden_layers, sizeof *c.acc);
-    for (int l = 0, i = 0; l < cfg->num_hidden_layers; l++) {
-        if (!cfg->layer_is_moe[l]) continue;
-        m2d_layer_stats_alloc(&st->layers[i], l, E, st->k, d);
-        c.acc[l] = &st->layers[i++];
-    }
-    /* Token block: expert outputs [E, nb, d] fp32 capped at 256 MiB (a large nb keeps the expert
-     * GEMMs efficient); the fp64 Gram chunk is capped at 32 MiB. */
+/* Accumulator buffers. Token block: expert outputs [E, nb, d] fp32 capped at 256 MiB (a large nb
+ * keeps the expert GEMMs efficient); the fp64 Gram chunk is capped at 32 MiB. */
+static void ctx_init(calib_ctx *c, const m2d_model *m, m2d_stats *st, int L, int reference) {
+    const m2d_config *cfg = &m->cfg;
+    int E = cfg->num_experts, d = cfg->hidden_size;
+    memset(c, 0, sizeof *c);
+    c->m = m;
+    c->acc = m2d_calloc((size_t)cfg->num_hidden_layers, sizeof *c->acc);
+    for (int i = 0; i < st->n_layers; i++) c->acc[st->layers[i].layer] = &st->layers[i];
     size_t per_tok = (size_t)E * d * sizeof(float);
-    c.block_tokens = o->reference ? 1 : (int)M2D_MAX((size_t)1, M2D_MIN((size_t)L, ((size_t)256 << 20) / per_tok));
-    c.gram_cols = (int)M2D_MAX((size_t)d, ((size_t)32 << 20) / ((size_t)E * sizeof(double)));
-    c.F = m2d_malloc((size_t)E * c.block_tokens * d * sizeof(float));
-    c.A = o->reference ? NULL : m2d_malloc((size_t)E * c.gram_cols * sizeof(double));
-    c.norms = m2d_malloc((size_t)E * c.block_tokens * sizeof(double));
+    c->block_tokens = reference ? 1 : (int)M2D_MAX((size_t)1, M2D_MIN((size_t)L, ((size_t)256 << 20) / per_tok));
+    c->gram_cols = (int)M2D_MAX((size_t)d, ((size_t)32 << 20) / ((size_t)E * sizeof(double)));
+    c->F = m2d_malloc((size_t)E * c->block_tokens * d * sizeof(float));
+    c->A = reference ? NULL : m2d_malloc((size_t)E * c->gram_cols * sizeof(double));
+    c->norms = m2d_malloc((size_t)E * c->block_tokens * sizeof(double));
+}
 
-    int rc = m2d_engine_new(m, o->n_threads > 0 ? o->n_threads : m2d_default_threads(), &c.eng);
+/* The teacher's forward over every window; the hook accumulates each MoE layer. */
+static int run_windows(calib_ctx *c, m2d_stats *st, const int32_t *ids, int L, const m2d_calib_opts *o) {
+    int rc = m2d_engine_new(c->m, o->n_threads > 0 ? o->n_threads : m2d_default_threads(), &c->eng);
+    if (rc) return -1;
+    /* every expert runs on every token: keep fp32 copies of the weights (up to 4 GiB) instead of
+     * converting each expert's bf16 weights on every call; $M2D_WEIGHT_CACHE_MB overrides */
+    if (!getenv("M2D_WEIGHT_CACHE_MB")) m2d_engine_cache_weights(c->eng, (size_t)4 << 30);
+    m2d_engine_set_moe_hook(c->eng, o->reference ? calib_hook_reference : calib_hook_fast, c);
     m2d_progress prog;
-    if (rc == 0) {
-        /* every expert runs on every token: keep fp32 copies of the weights (up to 4 GiB) instead of
-         * converting each expert's bf16 weights on every call; $M2D_WEIGHT_CACHE_MB overrides */
-        if (!getenv("M2D_WEIGHT_CACHE_MB")) m2d_engine_cache_weights(c.eng, (size_t)4 << 30);
-        m2d_engine_set_moe_hook(c.eng, o->reference ? calib_hook_reference : calib_hook_fast, &c);
-        c.total = (double)nw * L * st->n_layers;
-        if (o->progress) {
-            m2d_progress_start(&prog, "calibrate (layer-tokens)", c.total);
-            c.prog = &prog;
-        }
-        int32_t *targets = m2d_malloc((size_t)L * sizeof *targets);
-        double lp;
-        for (int w = 0; w < nw && rc == 0; w++) {
-            const int32_t *tok = ids + starts[w];
-            memcpy(targets, tok, (size_t)L * sizeof *targets);
-            /* only the last position's log-prob is requested: the forward (and its hook) is the point */
-            rc = m2d_engine_logprobs(c.eng, tok, L, targets, L - 1, &lp);
-            if (rc && c.err[0]) m2d_err("%s", c.err);
-            for (int i = 0; i < st->n_layers; i++) m2d_layer_stats_end_sample(&st->layers[i]);
-        }
-        free(targets);
-        if (c.prog) m2d_progress_end(&prog);
-        m2d_engine_free(c.eng);
+    c->total = (double)st->n_windows * L * st->n_layers;
+    if (o->progress) {
+        m2d_progress_start(&prog, "calibrate (layer-tokens)", c->total);
+        c->prog = &prog;
     }
-    if (rc == 0)
-        for (int i = 0; i < st->n_layers; i++)
-            if (st->layers[i].N != (double)nw * L)
-                rc = m2d_err("calibration: layer %d saw %.0f tokens, expected %lld (engine hook not called?)",
-                             st->layers[i].layer, st->layers[i].N, (long long)nw * L);
-    if (rc == 0)
-        for (int i = 0; i < st->n_layers; i++) {
-            if (!o->reference) finalize_gram(&st->layers[i]);
-            m2d_layer_stats_finalize(&st->layers[i]);
-        }
-    st->N = (double)nw * L;
+    double lp;
+    for (int w = 0; w < st->n_windows && rc == 0; w++) {
+        const int32_t *tok = ids + st->window_starts[w];
+        /* only the last position's log-prob is requested: the forward (and its hook) is the point */
+        rc = m2d_engine_logprobs(c->eng, tok, L, tok, L - 1, &lp);
+        if (rc && c->err[0]) m2d_err("%s", c->err);
+        for (int i = 0; i < st->n_layers; i++) m2d_layer_stats_end_sample(&st->layers[i]);
+    }
+    if (c->prog) m2d_progress_end(&prog);
+    c->prog = NULL;
+    m2d_engine_free(c->eng);
+    return rc;
+}
+
+/* Every MoE layer saw every token; then the derived statistics. */
+static int finish_stats(m2d_stats *st, int reference) {
+    double want = (double)st->n_windows * st->seq_len;
+    for (int i = 0; i < st->n_layers; i++)
+        if (st->layers[i].N != want)
+            return m2d_err("calibration: layer %d saw %.0f tokens, expected %.0f (engine hook not called?)",
+                           st->layers[i].layer, st->layers[i].N, want);
+    for (int i = 0; i < st->n_layers; i++) {
+        if (!reference) finalize_gram(&st->layers[i]);
+        m2d_layer_stats_finalize(&st->layers[i]);
+    }
+    st->N = want;
+    return 0;
+}
+
+int m2d_calib_run(const m2d_model *m, const int32_t *ids, int64_t n_ids, const m2d_calib_opts *o,
+                  m2d_stats **out) {
+    int L = 0, N = 0, nw = 0;
+    if (check_inputs(m, ids, n_ids, o, &L, &N)) return -1;
+    int64_t *starts = m2d_malloc((size_t)N * sizeof *starts);
+    if (m2d_calib_windows(n_ids, L, N, o->seeded, o->seed, starts, &nw)) {
+        free(starts);
+        return m2d_err_prefix(o->data_path ? o->data_path : "calibration text");
+    }
+    m2d_stats *st = new_stats(m, ids, starts, nw, L, o);
+    calib_ctx c;
+    ctx_init(&c, m, st, L, o->reference);
+    int rc = run_windows(&c, st, ids, L, o);
+    if (rc == 0) rc = finish_stats(st, o->reference);
     free(c.acc); free(c.F); free(c.A); free(c.norms);
     if (rc) {
         m2d_stats_free(st);
@@ -453,7 +462,8 @@ static int is_hex64(const char *s) {
     return 1;
 }
 
-static int parse_header(const char *path, const cJSON *h, m2d_stats *s, size_t *pbytes, char sha[65]) {
+/* magic, version, hashes, gate convention and shapes */
+static int parse_identity(const char *path, const cJSON *h, m2d_stats *s) {
     char buf[64];
     long v;
     if (hdr_str(path, h, "magic", buf, sizeof buf)) return -1;
@@ -477,20 +487,19 @@ static int parse_header(const char *path, const cJSON *h, m2d_stats *s, size_t *
     s->d = (int)v;
     if (hdr_int(path, h, "d_e", 1, 1 << 24, &v)) return -1;
     s->d_e = (int)v;
-    /* s->n_layers is set only once s->layers exists (m2d_stats_free walks it) */
-    long nl;
-    if (hdr_int(path, h, "n_layers", 1, 1 << 16, &nl)) return -1;
+    return 0;
+}
+
+/* seq_len, N, the windows (N = windows x seq_len), n_samples, window choice, data path */
+static int parse_windows(const char *path, const cJSON *h, m2d_stats *s, long *ns) {
+    long v;
     if (hdr_int(path, h, "seq_len", 1, 1 << 30, &v)) return -1;
     s->seq_len = (int)v;
-    long ns;
-    if (hdr_int(path, h, "n_samples", 0, 1L << 40, &ns)) return -1;
+    if (hdr_int(path, h, "n_samples", 0, 1L << 40, ns)) return -1;
     const cJSON *N = cJSON_GetObjectItemCaseSensitive(h, "N");
     if (!cJSON_IsNumber(N) || N->valuedouble < 0 || N->valuedouble != floor(N->valuedouble))
         return m2d_err("%s: field 'N': missing or not a non-negative integer", path);
     s->N = N->valuedouble;
-    const cJSON *layers = cJSON_GetObjectItemCaseSensitive(h, "layers");
-    if (!cJSON_IsArray(layers) || cJSON_GetArraySize(layers) != nl)
-        return m2d_err("%s: field 'layers': not an array of n_layers (%d) layer indices", path, (int)nl);
     const cJSON *win = cJSON_GetObjectItemCaseSensitive(h, "windows");
     if (!cJSON_IsArray(win)) return m2d_err("%s: field 'windows': missing or not an array", path);
     s->n_windows = cJSON_GetArraySize(win);
@@ -503,33 +512,41 @@ static int parse_header(const char *path, const cJSON *h, m2d_stats *s, size_t *
             return m2d_err("%s: field 'windows': entry %d is not a token offset", path, i);
         s->window_starts[i] = (int64_t)w->valuedouble;
     }
-    if (ns != s->n_windows)
-        return m2d_err("%s: field 'n_samples': %ld but %d windows are recorded", path, ns, s->n_windows);
+    if (*ns != s->n_windows)
+        return m2d_err("%s: field 'n_samples': %ld but %d windows are recorded", path, *ns, s->n_windows);
     const cJSON *wc = cJSON_GetObjectItemCaseSensitive(h, "window_choice");
     if (wc && !cJSON_IsString(wc)) return m2d_err("%s: field 'window_choice': not a string", path);
     snprintf(s->window_choice, sizeof s->window_choice, "%s", wc ? wc->valuestring : "first");
     const cJSON *dp = cJSON_GetObjectItemCaseSensitive(h, "data_path");
     s->data_path = m2d_strdup(cJSON_IsString(dp) ? dp->valuestring : "");
+    return 0;
+}
+
+/* the array names of this version, the payload size for NL layers and its checksum */
+static int parse_payload(const char *path, const cJSON *h, const m2d_stats *s, long nl, size_t *pbytes, char sha[65]) {
     const cJSON *arr = cJSON_GetObjectItemCaseSensitive(h, "arrays");
     if (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) != N_ARRAYS)
         return m2d_err("%s: field 'arrays': expected the %d arrays of version %d", path, N_ARRAYS, M2D_STATS_VERSION);
-    i = 0;
+    int i = 0;
     for (const cJSON *a = arr->child; a; a = a->next, i++)
         if (!cJSON_IsString(a) || strcmp(a->valuestring, ARRAYS[i].name))
             return m2d_err("%s: field 'arrays': entry %d is not '%s'", path, i, ARRAYS[i].name);
-    double db;
     const cJSON *dbj = cJSON_GetObjectItemCaseSensitive(h, "data_bytes");
     if (!cJSON_IsNumber(dbj)) return m2d_err("%s: field 'data_bytes': missing or not a number", path);
-    db = dbj->valuedouble;
     *pbytes = payload_bytes((int)nl, s->E, s->d);
-    if (db != (double)*pbytes)
-        return m2d_err("%s: field 'data_bytes': %.0f does not match E=%d, d=%d, n_layers=%d (%zu bytes)", path, db,
-                       s->E, s->d, (int)nl, *pbytes);
+    if (dbj->valuedouble != (double)*pbytes)
+        return m2d_err("%s: field 'data_bytes': %.0f does not match E=%d, d=%d, n_layers=%d (%zu bytes)", path,
+                       dbj->valuedouble, s->E, s->d, (int)nl, *pbytes);
     if (hdr_str(path, h, "data_sha256", sha, 65) || !is_hex64(sha))
         return m2d_err("%s: field 'data_sha256': not a sha256 hex string", path);
+    return 0;
+}
+
+/* the MoE layer indices (increasing), each with zeroed sums of the header's shape */
+static int parse_layers(const char *path, const cJSON *layers, m2d_stats *s, long nl, long ns) {
     s->layers = m2d_calloc((size_t)nl, sizeof *s->layers);
     s->n_layers = (int)nl;
-    i = 0;
+    int i = 0;
     for (const cJSON *l = layers->child; l; l = l->next, i++) {
         if (!cJSON_IsNumber(l) || l->valuedouble < 0 || l->valuedouble > 1e6 || l->valuedouble != floor(l->valuedouble))
             return m2d_err("%s: field 'layers': entry %d is not a layer index", path, i);
@@ -540,6 +557,19 @@ static int parse_header(const char *path, const cJSON *h, m2d_stats *s, size_t *
         s->layers[i].n_samples = (int)ns;
     }
     return 0;
+}
+
+static int parse_header(const char *path, const cJSON *h, m2d_stats *s, size_t *pbytes, char sha[65]) {
+    long nl, ns;
+    if (parse_identity(path, h, s)) return -1;
+    /* s->n_layers is set only once s->layers exists (m2d_stats_free walks it) */
+    if (hdr_int(path, h, "n_layers", 1, 1 << 16, &nl)) return -1;
+    if (parse_windows(path, h, s, &ns)) return -1;
+    const cJSON *layers = cJSON_GetObjectItemCaseSensitive(h, "layers");
+    if (!cJSON_IsArray(layers) || cJSON_GetArraySize(layers) != nl)
+        return m2d_err("%s: field 'layers': not an array of n_layers (%d) layer indices", path, (int)nl);
+    if (parse_payload(path, h, s, nl, pbytes, sha)) return -1;
+    return parse_layers(path, layers, s, nl, ns);
 }
 
 int m2d_stats_read(const char *path, m2d_stats **out) {

@@ -88,29 +88,32 @@ void m2d_layer_stats_add_token(m2d_layer_stats *s, const float *p, const int32_t
         }
     }
     for (int r = 0; r < s->k; r++) {
-        int e = topk[r];
-        const float *fe = f + (size_t)e * d;
+        const float *fe = f + (size_t)topk[r] * d;
         double norm2 = 0;
         for (int j = 0; j < d; j++) norm2 += (double)fe[j] * fe[j];
-        double norm = sqrt(norm2), ge = g[r];
-        s->n[e] += 1.0;
-        s->sum_p_sel[e] += p[e];
-        s->sum_g[e] += ge;
-        s->sum_g2[e] += ge * ge;
-        s->sum_f[e] += norm;
-        s->sum_f2[e] += norm2;
-        s->sum_gf[e] += ge * norm;
-        s->sum_g2f2[e] += ge * ge * norm2;
-        s->sum_gf2[e] += ge * norm2;
-        s->sum_g2f[e] += ge * ge * norm;
-        double *rm = s->sum_f_routed + (size_t)e * d, *rq = s->sum_f_routed_sq + (size_t)e * d;
-        for (int j = 0; j < d; j++) {
-            rm[j] += fe[j];
-            rq[j] += (double)fe[j] * fe[j];
-        }
-        s->cur_n[e] += 1.0;
-        s->cur_f[e] += norm;
+        m2d_layer_stats_add_routed(s, topk[r], p[topk[r]], g[r], fe, norm2);
     }
+}
+
+void m2d_layer_stats_add_routed(m2d_layer_stats *s, int e, double p_e, double g, const float *f, double norm2) {
+    double norm = sqrt(norm2);
+    s->n[e] += 1.0;
+    s->sum_p_sel[e] += p_e;
+    s->sum_g[e] += g;
+    s->sum_g2[e] += g * g;
+    s->sum_f[e] += norm;
+    s->sum_f2[e] += norm2;
+    s->sum_gf[e] += g * norm;
+    s->sum_g2f2[e] += g * g * norm2;
+    s->sum_gf2[e] += g * norm2;
+    s->sum_g2f[e] += g * g * norm;
+    double *rm = s->sum_f_routed + (size_t)e * s->d, *rq = s->sum_f_routed_sq + (size_t)e * s->d;
+    for (int j = 0; j < s->d; j++) {
+        rm[j] += f[j];
+        rq[j] += (double)f[j] * f[j];
+    }
+    s->cur_n[e] += 1.0;
+    s->cur_f[e] += norm;
 }
 
 void m2d_layer_stats_end_sample(m2d_layer_stats *s) {

@@ -63,6 +63,11 @@ void m2d_layer_stats_free(m2d_layer_stats *s);
  *   f[E*d]   outputs f_e(t) of ALL experts, row e at f + e*d (before any gate weight) */
 void m2d_layer_stats_add_token(m2d_layer_stats *s, const float *p, const int32_t *topk,
                                const float *g, const float *f);
+/* The routed part of one token's update, for one (token, expert) pair of its top-k: expert E
+ * with router probability P_E, gate weight G, output f [d] of squared norm NORM2 (n, sum_p_sel, the
+ * gate/norm moment sums, the routed per-dimension sums, the open sample's sums). The reference
+ * accumulator and calibration's fast path both use it. */
+void m2d_layer_stats_add_routed(m2d_layer_stats *s, int e, double p_e, double g, const float *f, double norm2);
 /* Close the current calibration sample (ES-Act / ES-Mag average over samples of per-sample,
  * length-normalised sums). A sample with no tokens is ignored. */
 void m2d_layer_stats_end_sample(m2d_layer_stats *s);

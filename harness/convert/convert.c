@@ -373,8 +373,12 @@ static float *merge_tensors(const m2d_tensor *const *ts, const int *members, con
     return out;
 }
 
-static void layer_name(char *buf, size_t cap, int layer, const char *what) {
-    snprintf(buf, cap, "model.layers.%d.mlp.%s.weight", layer, what);
+/* New FFN tensor of role ROLE (SCOPE: DENSE, MOE or EXPERT) named by ARCH's tensor table. */
+static const m2d_tensor *role_tensor(student_owner *o, const m2d_arch *arch, m2d_scope scope, int role, int layer,
+                                     int expert, m2d_dtype dt, int rows, int cols, const float *src) {
+    char name[256];
+    if (m2d_arch_tensor_name(arch, scope, role, layer, expert, name, sizeof name) != 0) return NULL;
+    return new_tensor(o, name, dt, rows, cols, src);
 }
 
 static int build_dense_layer(student_owner *o, const m2d_model *t, const m2d_layer_plan *lp, m2d_layer *dst) {
@@ -396,18 +400,15 @@ static int build_dense_layer(student_owner *o, const m2d_model *t, const m2d_lay
     float *gate = m2d_malloc(W * d * sizeof(float)), *up = m2d_malloc(W * d * sizeof(float)),
           *down = m2d_malloc(W * d * sizeof(float));
     m2d_concat_ffn(G, d, de, (const float *const *)gs, (const float *const *)us, (const float *const *)ds, gate, up, down);
-    char name[128];
-    layer_name(name, sizeof name, lp->layer, "gate_proj");
-    dst->gate_proj = new_tensor(o, name, dt, (int)W, d, gate);
-    layer_name(name, sizeof name, lp->layer, "up_proj");
-    dst->up_proj = new_tensor(o, name, dt, (int)W, d, up);
-    layer_name(name, sizeof name, lp->layer, "down_proj");
-    dst->down_proj = new_tensor(o, name, dt, d, (int)W, down);
+    const m2d_arch *sa = o->m.arch; /* the student's names */
+    dst->gate_proj = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_GATE, lp->layer, 0, dt, (int)W, d, gate);
+    dst->up_proj = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_UP, lp->layer, 0, dt, (int)W, d, up);
+    dst->down_proj = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_DOWN, lp->layer, 0, dt, d, (int)W, down);
     dst->router = NULL;
     dst->exp_gate = dst->exp_up = dst->exp_down = NULL;
     for (int g = 0; g < G; g++) { free(gs[g]); free(us[g]); free(ds[g]); }
     free(gs); free(us); free(ds); free(gate); free(up); free(down);
-    return 0;
+    return dst->gate_proj && dst->up_proj && dst->down_proj ? 0 : -1;
 }
 
 /* --target moe layer. Group g's merged expert goes to one slot (average) or to the slot of
@@ -426,9 +427,9 @@ static int build_moe_layer(student_owner *o, const m2d_model *t, const m2d_conve
     dst->exp_down = arr + 2 * X;
     float *router = m2d_tensor_f32(src->router), *rows = m2d_calloc((size_t)X * d, sizeof(float));
     const m2d_tensor *const *mats[3] = {src->exp_gate, src->exp_up, src->exp_down};
-    const char *what[3] = {"gate_proj", "up_proj", "down_proj"};
-    char name[160];
-    for (int g = 0; g < G; g++) {
+    const int role[3] = {M2D_X_EXP_GATE, M2D_X_EXP_UP, M2D_X_EXP_DOWN};
+    int rc = 0;
+    for (int g = 0; g < G && rc == 0; g++) {
         int first = lp->group_start[g], n = lp->group_start[g + 1] - first;
         const int *mem = lp->members + first;
         const double *w = lp->merge_w + first;
@@ -436,8 +437,9 @@ static int build_moe_layer(student_owner *o, const m2d_model *t, const m2d_conve
         for (int m = 0; m < 3; m++) {
             float *merged = merge_tensors(mats[m], mem, w, n, 1.0);
             for (int x = slot0; x < slot0 + n_slots; x++) {
-                snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.%s.weight", lp->layer, x, what[m]);
-                arr[m * X + x] = new_tensor(o, name, dt, m == 2 ? d : de, m == 2 ? de : d, merged);
+                arr[m * X + x] = role_tensor(o, o->m.arch, M2D_SCOPE_EXPERT, role[m], lp->layer, x, dt, m == 2 ? d : de,
+                                             m == 2 ? de : d, merged);
+                if (!arr[m * X + x]) rc = -1;
             }
             free(merged);
         }
@@ -449,11 +451,11 @@ static int build_moe_layer(student_owner *o, const m2d_model *t, const m2d_conve
             rows[(size_t)g * d + j] = (float)acc;
         }
     }
-    layer_name(name, sizeof name, lp->layer, "gate");
-    dst->router = new_tensor(o, name, src->router->dtype, X, d, rows);
+    if (rc == 0)
+        dst->router = role_tensor(o, o->m.arch, M2D_SCOPE_MOE, M2D_T_ROUTER, lp->layer, 0, src->router->dtype, X, d, rows);
     free(router);
     free(rows);
-    return 0;
+    return rc == 0 && dst->router ? 0 : -1;
 }
 
 /* Dense teacher layer narrower than the student width: zero-pad (SPEC §4). */
@@ -462,8 +464,8 @@ static int pad_dense_layer(student_owner *o, const m2d_model *t, int l, int widt
     int d = t->cfg.hidden_size, w0 = (int)src->gate_proj->shape[0];
     if (w0 == width) return 0;
     if (w0 > width)
-        return m2d_err("convert: dense layer %d is wider (%d) than the student width k*d_e = %d; a Qwen3 dense "
-                       "checkpoint has one intermediate_size", l, w0, width);
+        return m2d_err("convert: dense layer %d is wider (%d) than the student width k*d_e = %d; the dense student "
+                       "(%s) has one intermediate_size for all layers", l, w0, width, o->m.cfg.arch);
     float *g = m2d_calloc((size_t)width * d, sizeof(float)), *u = m2d_calloc((size_t)width * d, sizeof(float)),
           *dn = m2d_calloc((size_t)width * d, sizeof(float));
     m2d_to_f32(src->gate_proj->dtype, src->gate_proj->data, 0, (int64_t)w0 * d, g);
@@ -473,67 +475,71 @@ static int pad_dense_layer(student_owner *o, const m2d_model *t, int l, int widt
         m2d_to_f32(src->down_proj->dtype, src->down_proj->data, (int64_t)r * w0, w0, row);
         memcpy(dn + (size_t)r * width, row, (size_t)w0 * sizeof(float));
     }
-    char name[128];
-    layer_name(name, sizeof name, l, "gate_proj");
-    dst->gate_proj = new_tensor(o, name, src->gate_proj->dtype, width, d, g);
-    layer_name(name, sizeof name, l, "up_proj");
-    dst->up_proj = new_tensor(o, name, src->up_proj->dtype, width, d, u);
-    layer_name(name, sizeof name, l, "down_proj");
-    dst->down_proj = new_tensor(o, name, src->down_proj->dtype, d, width, dn);
+    const m2d_arch *sa = o->m.arch;
+    dst->gate_proj = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_GATE, l, 0, src->gate_proj->dtype, width, d, g);
+    dst->up_proj = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_UP, l, 0, src->up_proj->dtype, width, d, u);
+    dst->down_proj = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_DOWN, l, 0, src->down_proj->dtype, d, width, dn);
     free(g); free(u); free(dn); free(row);
-    return 0;
+    return dst->gate_proj && dst->up_proj && dst->down_proj ? 0 : -1;
+}
+
+/* The student's config: the teacher adapter rewrites the teacher's config.json (m2d_arch_student_config)
+ * and the one config reader parses it, so the in-memory student and the written config.json agree
+ * by construction. The dense student must be the architecture the teacher adapter names. */
+static int student_config(student_owner *o, const m2d_model *t, const m2d_convert_plan *plan) {
+    const m2d_config *c = &t->cfg;
+    m2d_student_shape sh = {plan->target == M2D_TARGET_MOE, plan->n_groups * c->moe_intermediate_size, 0, 0};
+    if (sh.moe) {
+        sh.n_experts = m2d_convert_moe_experts(plan);
+        sh.top_k = M2D_MIN(c->num_experts_per_tok, sh.n_experts);
+    }
+    if (m2d_arch_student_config(t, &sh, &o->m.config_text) != 0) return -1;
+    char *label = m2d_strfmt("%s (student config.json)", t->dir);
+    int rc = m2d_config_parse(o->m.config_text, strlen(o->m.config_text), label, &o->m.cfg, &o->m.arch);
+    const char *want = sh.moe ? t->arch->name : t->arch->student;
+    if (rc == 0 && strcmp(o->m.arch->name, want) != 0)
+        rc = m2d_err("%s: the student config names architecture %s, but %s converts to %s", label, o->m.arch->name,
+                     t->arch->name, want);
+    free(label);
+    return rc;
+}
+
+static int build_layers(student_owner *o, const m2d_model *t, const m2d_convert_plan *plan) {
+    const m2d_config *c = &t->cfg;
+    int width = plan->n_groups * c->moe_intermediate_size, rc = 0;
+    for (int l = 0, i = 0; l < c->num_hidden_layers && rc == 0; l++) {
+        if (c->layer_is_moe[l]) {
+            const m2d_layer_plan *lp = &plan->layers[i];
+            if (lp->layer != l) rc = m2d_err("convert: plan layer %d does not match MoE layer %d", lp->layer, l);
+            else if (plan->target == M2D_TARGET_DENSE) rc = build_dense_layer(o, t, lp, &o->m.layers[l]);
+            else rc = build_moe_layer(o, t, plan, lp, &o->m.layers[l], i);
+            i++;
+        } else if (plan->target == M2D_TARGET_DENSE) {
+            rc = pad_dense_layer(o, t, l, width, &o->m.layers[l]);
+        }
+    }
+    return rc;
 }
 
 int m2d_convert_build(const m2d_model *t, const m2d_convert_plan *plan, m2d_model **student) {
     const m2d_config *c = &t->cfg;
-    int L = c->num_hidden_layers;
-    int n_moe = 0;
+    int L = c->num_hidden_layers, n_moe = 0;
     for (int l = 0; l < L; l++) n_moe += c->layer_is_moe[l] ? 1 : 0;
     if (plan->n_layers != n_moe || strcmp(plan->teacher_hash, t->weights_hash))
         return m2d_err("convert: the plan was made for another model (%.12s..., this is %.12s...)", plan->teacher_hash,
                        t->weights_hash);
     student_owner *o = m2d_calloc(1, sizeof *o);
     m2d_model *m = &o->m;
-    *m = *t; /* shares dir string, st, embeddings, norms, head: replaced/owned below */
+    *m = *t; /* shares st, embeddings, norms, head; dir, config and layers are the student's own */
     m->dir = m2d_strfmt("%s (in-memory student %.12s)", t->dir, plan->fingerprint);
-    m->cfg.layer_is_moe = m2d_calloc((size_t)L, sizeof(bool));
-    m->cfg.mlp_only_layers = NULL;
-    m->cfg.n_mlp_only_layers = 0;
+    memset(&m->cfg, 0, sizeof m->cfg);
+    m->config_text = NULL;
     m->layers = m2d_malloc((size_t)L * sizeof *m->layers);
     memcpy(m->layers, t->layers, (size_t)L * sizeof *m->layers);
     o->ptr_arrays = m2d_calloc((size_t)(n_moe ? n_moe : 1), sizeof *o->ptr_arrays);
     o->n_ptr_arrays = n_moe;
-    int width = plan->n_groups * c->moe_intermediate_size, rc = 0;
-    if (plan->target == M2D_TARGET_DENSE) {
-        snprintf(m->cfg.arch, sizeof m->cfg.arch, "Qwen3ForCausalLM");
-        snprintf(m->cfg.model_type, sizeof m->cfg.model_type, "qwen3");
-        m->cfg.intermediate_size = width;
-        m->cfg.num_experts = m->cfg.num_experts_per_tok = m->cfg.moe_intermediate_size = 0;
-        m->cfg.decoder_sparse_step = 0;
-        m->cfg.norm_topk_prob = false;
-        const m2d_arch *a = m2d_arch_find("Qwen3ForCausalLM");
-        if (a) m->arch = a;
-    } else {
-        memcpy(m->cfg.layer_is_moe, c->layer_is_moe, (size_t)L * sizeof(bool));
-        if (c->n_mlp_only_layers) {
-            m->cfg.mlp_only_layers = m2d_malloc((size_t)c->n_mlp_only_layers * sizeof(int));
-            memcpy(m->cfg.mlp_only_layers, c->mlp_only_layers, (size_t)c->n_mlp_only_layers * sizeof(int));
-            m->cfg.n_mlp_only_layers = c->n_mlp_only_layers;
-        }
-        m->cfg.num_experts = m2d_convert_moe_experts(plan);
-        m->cfg.num_experts_per_tok = M2D_MIN(c->num_experts_per_tok, m->cfg.num_experts);
-    }
-    for (int l = 0, i = 0; l < L && rc == 0; l++) {
-        if (c->layer_is_moe[l]) {
-            const m2d_layer_plan *lp = &plan->layers[i];
-            if (lp->layer != l) rc = m2d_err("convert: plan layer %d does not match MoE layer %d", lp->layer, l);
-            else if (plan->target == M2D_TARGET_DENSE) rc = build_dense_layer(o, t, lp, &m->layers[l]);
-            else rc = build_moe_layer(o, t, plan, lp, &m->layers[l], i);
-            i++;
-        } else if (plan->target == M2D_TARGET_DENSE) {
-            rc = pad_dense_layer(o, t, l, width, &m->layers[l]);
-        }
-    }
+    int rc = student_config(o, t, plan);
+    if (rc == 0) rc = build_layers(o, t, plan);
     /* identity of an in-memory student: derived from the teacher and the plan (not a hash of bytes) */
     char *id = m2d_strfmt("student %s %s", t->weights_hash, plan->fingerprint);
     m2d_sha256_hex(id, strlen(id), m->weights_hash);
@@ -558,8 +564,8 @@ void m2d_convert_student_free(m2d_model *student) {
     for (int i = 0; i < o->n_ptr_arrays; i++) free(o->ptr_arrays[i]);
     free(o->ptr_arrays);
     free(o->m.layers);
-    free(o->m.cfg.layer_is_moe);
-    free(o->m.cfg.mlp_only_layers);
+    m2d_config_free(&o->m.cfg);
+    free(o->m.config_text);
     free(o->m.dir);
     free(o);
 }
@@ -569,19 +575,6 @@ void m2d_convert_student_free(m2d_model *student) {
 static const char *const TOKENIZER_FILES[] = {"tokenizer.json", "tokenizer_config.json", "vocab.json",
                                               "merges.txt", "special_tokens_map.json", "added_tokens.json",
                                               "generation_config.json"};
-
-/* Keys that only make sense for an MoE (dropped from a dense student's config.json). */
-static const char *const MOE_KEYS[] = {"num_experts", "num_local_experts", "num_experts_per_tok",
-                                       "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
-                                       "mlp_only_layers", "output_router_logits", "router_aux_loss_coef"};
-
-static int is_moe_ffn_tensor(const m2d_model *t, const char *name, int *layer) {
-    int l, n = 0;
-    if (sscanf(name, "model.layers.%d.mlp.%n", &l, &n) != 1 || n == 0) return 0;
-    if (l < 0 || l >= t->cfg.num_hidden_layers) return 0;
-    *layer = l;
-    return 1;
-}
 
 static int prepare_dir(const char *dir) {
     if (m2d_mkdir_p(dir)) return -1;
@@ -618,43 +611,13 @@ static int write_json(const char *dir, const char *name, cJSON *j) {
     return rc;
 }
 
-static int write_config(const m2d_model *t, const m2d_convert_plan *plan, const char *dir) {
-    char *src = m2d_path_join(t->dir, "config.json");
-    size_t n;
-    char *text = m2d_read_file(src, &n);
-    if (!text) {
-        free(src);
-        return -1;
-    }
-    cJSON *j = cJSON_ParseWithLength(text, n);
-    free(text);
-    if (!cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        int rc = m2d_err("%s: not a JSON object", src);
-        free(src);
-        return rc;
-    }
-    free(src);
-    const m2d_config *c = &t->cfg;
-    if (plan->target == M2D_TARGET_DENSE) {
-        cJSON_ReplaceItemInObject(j, "architectures", cJSON_CreateStringArray((const char *[]){"Qwen3ForCausalLM"}, 1));
-        cJSON_DeleteItemFromObject(j, "model_type");
-        cJSON_AddStringToObject(j, "model_type", "qwen3");
-        cJSON_DeleteItemFromObject(j, "intermediate_size");
-        cJSON_AddNumberToObject(j, "intermediate_size", plan->n_groups * c->moe_intermediate_size);
-        for (size_t i = 0; i < M2D_ARRAY_LEN(MOE_KEYS); i++) cJSON_DeleteItemFromObject(j, MOE_KEYS[i]);
-    } else {
-        /* in the teacher's spelling: num_experts, or num_local_experts (transformers >= 5) */
-        const char *key = cJSON_HasObjectItem(j, "num_local_experts") && !cJSON_HasObjectItem(j, "num_experts")
-                              ? "num_local_experts" : "num_experts";
-        cJSON_DeleteItemFromObject(j, "num_experts");
-        cJSON_DeleteItemFromObject(j, "num_local_experts");
-        int n_experts = m2d_convert_moe_experts(plan);
-        cJSON_AddNumberToObject(j, key, n_experts);
-        cJSON_DeleteItemFromObject(j, "num_experts_per_tok");
-        cJSON_AddNumberToObject(j, "num_experts_per_tok", M2D_MIN(c->num_experts_per_tok, n_experts));
-    }
-    return write_json(dir, "config.json", j);
+/* The student's config.json: the text its in-memory config was parsed from (student_config). */
+static int write_config(const m2d_model *s, const char *dir) {
+    if (!s->config_text) return m2d_err("convert: the student %s has no config text", s->dir);
+    char *path = m2d_path_join(dir, "config.json");
+    int rc = m2d_write_file_atomic(path, s->config_text, strlen(s->config_text));
+    free(path);
+    return rc;
 }
 
 static int copy_tokenizer_files(const m2d_model *t, const char *dir) {
@@ -675,37 +638,44 @@ static int copy_tokenizer_files(const m2d_model *t, const char *dir) {
     return 0;
 }
 
-static void add_layer_tensors(m2d_st_writer *w, const m2d_layer *l, const m2d_config *c, int *rc) {
-    const m2d_tensor *ts[3] = {l->gate_proj, l->up_proj, l->down_proj};
-    for (int i = 0; i < 3 && *rc == 0; i++)
-        if (ts[i]) *rc = m2d_st_writer_add(w, ts[i]->name, ts[i]->dtype, ts[i]->ndim, ts[i]->shape, ts[i]->data);
-    if (l->router) {
-        if (*rc == 0) *rc = m2d_st_writer_add(w, l->router->name, l->router->dtype, l->router->ndim, l->router->shape,
-                                              l->router->data);
-        for (int e = 0; e < c->num_experts && *rc == 0; e++) {
-            const m2d_tensor *es[3] = {l->exp_gate[e], l->exp_up[e], l->exp_down[e]};
-            for (int i = 0; i < 3 && *rc == 0; i++)
-                *rc = m2d_st_writer_add(w, es[i]->name, es[i]->dtype, es[i]->ndim, es[i]->shape, es[i]->data);
-        }
-    }
+static int add_tensor(m2d_st_writer *w, const m2d_tensor *t) {
+    return m2d_st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data);
+}
+
+/* The FFN block of a student layer: its FFN roles (dense gate/up/down, router), then each expert's. */
+static int add_layer_tensors(m2d_st_writer *w, const m2d_layer *l, const m2d_config *c) {
+    for (int r = 0; r < M2D_T_COUNT; r++)
+        if (m2d_layer_role_is_ffn(r) && l->w[r] && add_tensor(w, l->w[r])) return -1;
+    for (int e = 0; l->router && e < c->num_experts; e++)
+        for (int r = 0; r < M2D_X_COUNT; r++)
+            if (l->x[r] && add_tensor(w, l->x[r][e])) return -1;
+    return 0;
+}
+
+/* Mark the teacher's FFN-block tensors of layer L (the ones the student replaces) in SKIP[st index]. */
+static void mark_ffn_block(const m2d_model *t, int l, char *skip) {
+    const m2d_layer *L = &t->layers[l];
+    for (int r = 0; r < M2D_T_COUNT; r++)
+        if (m2d_layer_role_is_ffn(r) && L->w[r]) skip[m2d_st_index_of(t->st, L->w[r]->name)] = 1;
+    for (int r = 0; r < M2D_X_COUNT; r++)
+        for (int e = 0; L->x[r] && e < t->cfg.num_experts; e++) skip[m2d_st_index_of(t->st, L->x[r][e]->name)] = 1;
 }
 
 static int write_weights(const m2d_model *t, const m2d_model *s, const char *dir) {
     m2d_st_writer *w = m2d_st_writer_new();
     m2d_st_writer_metadata(w, "format", "pt");
-    int rc = 0;
-    char *replaced = m2d_calloc((size_t)t->cfg.num_hidden_layers, 1);
-    for (int l = 0; l < t->cfg.num_hidden_layers; l++)
+    int rc = 0, n = m2d_st_count(t->st);
+    char *replaced = m2d_calloc((size_t)t->cfg.num_hidden_layers, 1), *skip = m2d_calloc((size_t)n + 1, 1);
+    for (int l = 0; l < t->cfg.num_hidden_layers; l++) {
         replaced[l] = t->cfg.layer_is_moe[l] || s->layers[l].gate_proj != t->layers[l].gate_proj;
-    for (int i = 0; i < m2d_st_count(t->st) && rc == 0; i++) {
-        const m2d_tensor *x = m2d_st_at(t->st, i);
-        int l;
-        if (is_moe_ffn_tensor(t, x->name, &l) && replaced[l]) continue;
-        rc = m2d_st_writer_add(w, x->name, x->dtype, x->ndim, x->shape, x->data); /* bit-exact copy */
+        if (replaced[l]) mark_ffn_block(t, l, skip);
     }
+    for (int i = 0; i < n && rc == 0; i++)
+        if (!skip[i]) rc = add_tensor(w, m2d_st_at(t->st, i)); /* bit-exact copy */
     for (int l = 0; l < t->cfg.num_hidden_layers && rc == 0; l++)
-        if (replaced[l]) add_layer_tensors(w, &s->layers[l], &s->cfg, &rc);
+        if (replaced[l]) rc = add_layer_tensors(w, &s->layers[l], &s->cfg);
     free(replaced);
+    free(skip);
     char *p = m2d_path_join(dir, "model.safetensors");
     if (rc == 0) rc = m2d_st_writer_write(w, p);
     free(p);
@@ -769,7 +739,7 @@ static int write_manifest(const m2d_model *t, const m2d_convert_plan *p, const c
 int m2d_convert_write(const m2d_model *t, const m2d_model *s, const m2d_convert_plan *plan, const char *stats_path,
                       const char *dir) {
     if (!t->st) return m2d_err("convert: the teacher %s has no safetensors to copy from", t->dir);
-    if (prepare_dir(dir) || write_weights(t, s, dir) || write_config(t, plan, dir) || copy_tokenizer_files(t, dir) ||
+    if (prepare_dir(dir) || write_weights(t, s, dir) || write_config(s, dir) || copy_tokenizer_files(t, dir) ||
         write_manifest(t, plan, stats_path, dir))
         return -1;
     return 0;

@@ -1,82 +1,183 @@
-/* backend — the compute primitives the engine is written against (CPU: OpenBLAS + pthreads).
+/* backend — the device boundary of the engine: memory, weights and every compute op a forward
+ * pass needs, as a table of function pointers (m2d_backend_ops) on an object held per engine.
  *
- * All activations are fp32, row-major, with explicit leading dimensions (elements) so the
- * engine can address one head or one block of a wider matrix without copying. A second
- * backend would implement these same functions. Every fast kernel here has an obviously
- * correct counterpart in tests/test_engine.c (naive loops) that the tests compare against. */
+ * The engine (engine.c) calls only these ops, on buffers the backend allocated; it never touches
+ * activations itself. A backend is chosen by name ("cpu"; issue 17 adds "cuda") through a small
+ * self-registering table (M2D_BACKEND below), so adding one is one new file plus its build flag.
+ *
+ * Conventions every backend follows (and tests/test_engine.c checks for each registered backend):
+ *  - Activations are fp32, row-major. A matrix operand is an m2d_mat: a window of `rows` rows of
+ *    `cols` elements, row stride `ld` elements, starting `off` elements into a buffer. Index arrays
+ *    (tokens, positions, expert ids) are int32 buffers; log-probabilities are fp64 buffers.
+ *  - Weights stay in their stored dtype (F32/BF16/F16 today); an m2d_weight is the backend's handle
+ *    for one checkpoint tensor (for a GEMM: a row-major [out, in] nn.Linear matrix). make_resident
+ *    asks the backend to keep a prepared copy (CPU: fp32; a GPU: device memory, its own layout);
+ *    otherwise the backend prepares rows on use. Either way the results are bit-identical.
+ *  - Each GEMM carries an m2d_precision (issue 13 adds bf16 with fp32 accumulation; a backend states
+ *    what it supports in `precisions` and the engine refuses others).
+ *  - Results must not depend on the thread count or schedule: reductions run in a fixed order
+ *    (the CPU backend splits GEMMs by output rows/columns only and scatter-adds experts in id order).
+ *  - Ops do not return errors: a backend records its first failure (device OOM, launch error),
+ *    skips later ops, and reports it from leave() with m2d_err. alloc returns NULL on failure.
+ *  - enter()/leave() bracket every engine entry point (the CPU backend makes OpenBLAS
+ *    single-threaded inside: its own threads split the work); they nest.
+ * Training (issue 11) adds backward ops to this table with the same conventions (e.g. a GEMM for
+ * dX and dW, rmsnorm_bwd, attention_bwd, an optimizer step on weight buffers). */
 #ifndef M2D_BACKEND_H
 #define M2D_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "base/tensor.h"
+#include "model/model.h"
 
-/* Threads for the backend's parallel loops (GEMMs are split across them). */
-void m2d_be_set_threads(int n_threads);
-int m2d_be_threads(void);
-/* Bracket a batch of backend calls: OpenBLAS is made single-threaded inside (our threads split
- * the GEMMs; its own pool next to ours only spins in sched_yield) and restored afterwards, so
- * other code's direct cblas/LAPACKE calls keep OpenBLAS's threading. Every m2d_engine_* compute
- * call does this. Measured: same speed as leaving OpenBLAS single-threaded for good.
- *   int saved = m2d_be_begin(); ...; m2d_be_end(saved); */
-int m2d_be_begin(void);
-void m2d_be_end(int saved);
+typedef struct m2d_backend m2d_backend;
+typedef struct m2d_buf m2d_buf;       /* backend memory (opaque) */
+typedef struct m2d_weight m2d_weight; /* a weight tensor as the backend holds it (opaque) */
 
-/* Run fn(ctx, item) for item in [0, n_items) on up to m2d_be_threads() pthreads
- * (items are handed out dynamically; fn must be safe to run concurrently). Called from inside
- * an item, it runs serially on the calling worker (so kernels can be nested freely). */
-void m2d_be_parallel_for(int n_items, void (*fn)(void *ctx, int item), void *ctx);
+typedef enum {
+    M2D_PREC_FP32,          /* fp32 operands, fp32 accumulation */
+    M2D_PREC_COUNT
+} m2d_precision;
 
-/* Index of the calling worker inside m2d_be_parallel_for: 0 (the caller) .. threads-1, so
- * work items can use per-worker scratch. */
-int m2d_be_worker(void);
+/* A rows x cols fp32 window of BUF: element (r, c) at off + r*ld + c. */
+typedef struct {
+    m2d_buf *buf;
+    size_t off;
+    int rows, cols, ld;
+} m2d_mat;
 
-/* Single-threaded conversion (inside a parallel worker). */
-void m2d_be_convert_1t(m2d_dtype t, const void *src, int64_t first, int64_t n, float *dst);
+static inline m2d_mat m2d_mat_of(m2d_buf *buf, size_t off, int rows, int cols, int ld) {
+    m2d_mat m = {buf, off, rows, cols, ld};
+    return m;
+}
 
-/* Convert n elements of a stored weight (F32/F16/BF16/F64) to fp32, in parallel chunks. */
-void m2d_be_convert(m2d_dtype t, const void *src, int64_t first, int64_t n, float *dst);
+/* Causal grouped-query attention of one segment of nq query rows (scale 1/sqrt(head_dim); query
+ * head h uses kv head h / (n_heads / n_kv); scores and softmax in fp32 with max subtraction).
+ * Row i attends to the np cached prefix positions and to segment rows 0..i. */
+typedef struct {
+    m2d_mat q;              /* [nq, n_heads*head_dim], already normed and rotated */
+    m2d_mat k, v;           /* [nq, n_kv*head_dim], this segment's own keys/values (same ld) */
+    const m2d_buf *k_cache, *v_cache; /* prefix: kv head g's np rows start at cache_off + g*head_stride, */
+    size_t cache_off, head_stride;    /*   [np, head_dim] contiguous (the m2d_kv layout); unused if np == 0 */
+    int np;
+    int n_heads, n_kv, head_dim;
+    m2d_mat out;            /* [nq, n_heads*head_dim] */
+} m2d_attn_args;
 
-/* y[n, out] = x[n, in] · W^T + beta * y, W is [out, in] row-major fp32 (an nn.Linear weight).
- * ldx/ldw/ldy are row strides in elements. fp32 accumulation (cblas_sgemm), split by output
- * columns (or rows) over the threads (call it between m2d_be_begin/end, or OpenBLAS's own
- * threads run underneath ours: correct, but oversubscribed). */
-void m2d_be_matmul_wt(const float *x, int ldx, int n, int in, const float *w, int ldw, int out,
-                      float *y, int ldy, float beta);
+/* Routing of n tokens: logits [n, E] in, probabilities out (in place), top-k ids and gate weights. */
+typedef struct {
+    m2d_router_kind kind;   /* model.h: how p is formed and the k chosen (ties -> lower index) */
+    bool renorm;            /* gates = p / sum of the chosen p; else gates = p */
+    int k;
+} m2d_route_args;
 
-/* RMSNorm over the last dim: y = x / sqrt(mean(x^2) + eps) * w (sum of squares in double).
- * x and y may alias. rows rows of length d, with row strides ldx / ldy. */
-void m2d_be_rmsnorm(const float *x, int ldx, const float *w, int rows, int d, double eps, float *y, int ldy);
+/* Routed experts of an MoE layer on n tokens: out[t] = sum_j gates[t,j] * f_{topk[t,j]}(x[t]),
+ * f_e(x) = down_e(act(gate_e x, up_e x)). out is overwritten; the sum runs over experts in id
+ * order (fixed, schedule-independent). */
+typedef struct {
+    m2d_mat x;              /* [n, d] FFN input */
+    const m2d_buf *topk;    /* int32 [n, k] (route's output) */
+    const m2d_buf *gates;   /* fp32 [n, k] */
+    int k, n_experts, d_ff; /* experts per token, experts, expert width d_e */
+    m2d_weight *const *gate, *const *up, *const *down; /* [n_experts] each */
+    m2d_ffn_act act;
+    m2d_precision prec;
+    m2d_mat out;            /* [n, d] */
+} m2d_moe_args;
 
-/* Rotary embedding, rotate-half (HF/Qwen): for i < hd/2, with f = pos * theta^(-2i/hd),
- * (a, b) = (x[i], x[i+hd/2]) -> (a cos f - b sin f, b cos f + a sin f). Angles in double.
- * x is [n, n_heads * hd] with row stride ldx; pos[n] positions. */
-void m2d_be_rope(float *x, int ldx, int n, int n_heads, int hd, const int *pos, double theta);
+typedef struct {
+    m2d_rope_kind kind;
+    double theta;
+} m2d_rope_args;
 
-/* In-place softmax of one row (max-subtracted, sum in double). */
-void m2d_be_softmax(float *x, int n);
+typedef struct {
+    const char *name;       /* "cpu" */
+    unsigned precisions;    /* bit (1u << m2d_precision) for each supported precision */
 
-/* h = silu(g) * u elementwise (silu(g) = g / (1 + exp(-g))). h may alias g or u. */
-void m2d_be_swiglu(const float *g, const float *u, int64_t n, float *h);
+    void (*destroy)(m2d_backend *be);
+    /* backend-specific knobs (CPU: "threads", "expert_parallel", "attention_gemm_min_rows");
+     * -1 + m2d_err for an unknown knob or value */
+    int (*tune)(m2d_backend *be, const char *knob, int value);
+    void (*enter)(m2d_backend *be);
+    int (*leave)(m2d_backend *be); /* -1 + m2d_err if an op failed since the outermost enter */
 
-/* Top-k of p[E]: indices in descending value; equal values -> the lower index first. */
-void m2d_be_topk(const float *p, int E, int k, int32_t *idx);
+    /* ---- memory ---- */
+    m2d_buf *(*alloc)(m2d_backend *be, size_t bytes);  /* contents undefined; NULL + m2d_err on failure */
+    void (*release)(m2d_backend *be, m2d_buf *buf);    /* NULL ok */
+    void (*upload)(m2d_backend *be, m2d_buf *dst, size_t dst_off_bytes, const void *src, size_t bytes);
+    void (*download)(m2d_backend *be, void *dst, const m2d_buf *src, size_t src_off_bytes, size_t bytes);
+    /* src's rows x cols window into host dst with row stride ld_dst */
+    void (*download_mat)(m2d_backend *be, float *dst, int ld_dst, const m2d_mat *src);
 
-/* Causal grouped-query attention for one segment of nq query rows.
- *   q   [nq, n_heads*hd]  (row stride ldq; already normed and rotated)
- *   ks, vs [nq, n_kv*hd]  this segment's own keys/values (row stride ldk)
- *   kp, vp                np prefix keys/values visible to every row: head g's rows are
- *                         kp + g*p_head_stride, [np, hd] contiguous (a KV cache); np may be 0
- *   out [nq, n_heads*hd]  (row stride ldo)
- * Row i attends to all np prefix keys and to segment keys 0..i; scale 1/sqrt(hd); query head h
- * uses kv head h / (n_heads / n_kv). Scores and softmax in fp32 with max subtraction. */
-void m2d_be_attention(const float *q, int ldq, const float *ks, const float *vs, int ldk, int nq,
-                      const float *kp, const float *vp, size_t p_head_stride, int np,
-                      int n_heads, int n_kv, int hd, float *out, int ldo);
-/* Segments of at least ROWS query rows (default 64) use the GEMM formulation (per head
- * S = QK^T, masked softmax, O = PV with sgemm); shorter ones use the per-row dot-product
- * kernel. Both are tested against naive loops; tests switch with this. */
-void m2d_be_set_attention_gemm_min_rows(int rows);
+    /* ---- weights ---- */
+    m2d_weight *(*weight_new)(m2d_backend *be, const m2d_tensor *t); /* t must outlive the handle */
+    void (*weight_free)(m2d_backend *be, m2d_weight *w);
+    size_t (*resident_bytes)(m2d_backend *be, const m2d_weight *w); /* cost of make_resident (0: free/done) */
+    int (*make_resident)(m2d_backend *be, m2d_weight *w);
+    size_t (*resident_budget)(m2d_backend *be);       /* bytes of prepared weights affordable by default */
+    /* elements [first, first+n) of W as fp32 into host dst (tests, debugging) */
+    void (*weight_f32)(m2d_backend *be, const m2d_weight *w, int64_t first, int64_t n, float *dst);
+
+    /* ---- ops ---- */
+    /* x[i] = row tokens[i] of TABLE ([vocab, d] weight), as fp32 */
+    void (*embed)(m2d_backend *be, const m2d_weight *table, const m2d_buf *tokens, int n, m2d_mat *x);
+    /* y = x · W[w_row0 .. w_row0 + y.cols)^T + beta · y  (x.cols = W's columns; y.rows = x.rows) */
+    void (*gemm)(m2d_backend *be, const m2d_mat *x, const m2d_weight *w, int w_row0, m2d_mat *y, float beta,
+                 m2d_precision prec);
+    /* y = x / sqrt(mean(x^2) + eps) * w, per row over x.cols (sum of squares in fp64); y may be x */
+    void (*rmsnorm)(m2d_backend *be, const m2d_mat *x, const m2d_weight *w, double eps, m2d_mat *y);
+    /* rotary embedding of the n_heads heads of each row of x, at positions pos[row] (int32) */
+    void (*rope)(m2d_backend *be, m2d_mat *x, int n_heads, int head_dim, const m2d_buf *pos, const m2d_rope_args *r);
+    void (*attention)(m2d_backend *be, const m2d_attn_args *a);
+    /* rows of k, v (a [n, n_kv*head_dim] segment) to cache positions pos0.. (layout as m2d_attn_args) */
+    void (*kv_append)(m2d_backend *be, m2d_buf *k_cache, m2d_buf *v_cache, size_t cache_off, size_t head_stride,
+                      int pos0, const m2d_mat *k, const m2d_mat *v, int n_kv, int head_dim);
+    /* g = act(g, u) elementwise (SwiGLU: silu(g) * u) */
+    void (*glu)(m2d_backend *be, m2d_ffn_act act, m2d_mat *g, const m2d_mat *u);
+    void (*add)(m2d_backend *be, m2d_mat *y, const m2d_mat *x); /* y += x (residual) */
+    /* topk int32 [n, k], gates fp32 [n, k] (see m2d_route_args) */
+    void (*route)(m2d_backend *be, m2d_mat *logits, const m2d_route_args *r, m2d_buf *topk, m2d_buf *gates);
+    void (*moe)(m2d_backend *be, const m2d_moe_args *a);
+    /* lp[i] = log softmax(hid_i · HEAD^T)[targets[i]] (fp64), over all VOCAB rows of HEAD, without
+     * materialising [n, vocab] (streaming log-sum-exp) */
+    void (*logprobs)(m2d_backend *be, const m2d_mat *hid, const m2d_weight *head, int vocab, const m2d_buf *targets,
+                     m2d_buf *lp, m2d_precision prec);
+} m2d_backend_ops;
+
+/* Every backend object starts with this. */
+struct m2d_backend {
+    const m2d_backend_ops *ops;
+};
+
+typedef struct {
+    int n_threads;          /* host threads (<= 0: m2d_default_threads()) */
+} m2d_backend_opts;
+
+/* ---- the table of backends ---- */
+typedef struct {
+    const char *name;
+    const char *summary;
+    int (*create)(const m2d_backend_opts *o, m2d_backend **out);
+} m2d_backend_kind;
+
+void m2d_backend_register(const m2d_backend_kind *k);
+#define M2D_BACKEND(ident, ...)                                                  \
+    static const m2d_backend_kind ident##_backend_kind = {__VA_ARGS__};          \
+    __attribute__((constructor)) static void ident##_backend_register(void) {    \
+        m2d_backend_register(&ident##_backend_kind);                             \
+    }
+/* Create the backend NAME; an unknown name is an error listing the registered ones. */
+int m2d_backend_new(const char *name, const m2d_backend_opts *o, m2d_backend **out);
+void m2d_backend_free(m2d_backend *be); /* NULL ok */
+const char *m2d_backend_list(void);     /* "cpu" (for messages and --help) */
+int m2d_backend_count(void);            /* registered backends, sorted by name */
+const m2d_backend_kind *m2d_backend_kind_at(int i);
+
+/* Threads the host BLAS/LAPACK library uses for calls made outside the engines (criteria plugins,
+ * analysis). The CPU backend owns BLAS threading; nothing else calls OpenBLAS's thread functions. */
+void m2d_backend_host_blas_threads(int n_threads);
 
 #endif

@@ -1,10 +1,15 @@
-/* backend_cpu — OpenBLAS sgemm (single-threaded between m2d_be_begin/end) for every matmul; all
- * parallelism is our own pthreads: GEMMs split by output columns (or rows), attention by heads,
- * MoE by experts.
+/* backend_cpu — the "cpu" backend: OpenBLAS sgemm (single-threaded between enter/leave) for every
+ * matmul; all parallelism is this backend's own pthreads: GEMMs split by output columns (or rows),
+ * attention by heads, MoE by experts.
  * One kind of thread only: with OpenBLAS's pool threads next to ours, idle pool threads spin in
  * sched_yield and took up to half of the time on tiny shapes (perf). Splitting a GEMM by output
  * columns/rows leaves each element's reduction order unchanged, so results do not depend on the
- * thread count. */
+ * thread count. Thread count and tuning are per backend object (one per engine); this file is the
+ * only one in the product that calls OpenBLAS's threading functions.
+ *
+ * Buffers are host memory; weights are the checkpoint's tensors (mmapped or in memory), used in
+ * place when F32, else converted to fp32 on use into a reusable scratch buffer, or once and kept
+ * (make_resident). Every kernel has an obviously-correct counterpart in tests/test_engine.c. */
 #include "engine/backend.h"
 
 #include <cblas.h>
@@ -13,26 +18,34 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/util.h"
 
-static int be_threads = 1;
+typedef struct {
+    void *p;
+    size_t bytes;
+} cpu_buf;
 
-void m2d_be_set_threads(int n_threads) {
-    be_threads = n_threads > 0 ? n_threads : 1;
-}
+typedef struct {
+    const m2d_tensor *t;
+    float *f32; /* resident fp32 copy, or NULL */
+} cpu_weight;
 
-int m2d_be_begin(void) {
-    int saved = openblas_get_num_threads();
-    if (saved != 1) openblas_set_num_threads(1);
-    return saved;
-}
+typedef struct {
+    m2d_backend base;
+    int threads;
+    int expert_parallel;    /* MoE: whole experts per thread (1) or one expert at a time (0) */
+    int attn_gemm_min_rows; /* segments of at least this many rows use the GEMM attention */
+    int depth, blas_saved;  /* enter/leave nesting and OpenBLAS's thread count outside */
+    float *scratch;         /* weight rows converted for the op in progress */
+    size_t scratch_cap;
+} cpu_be;
 
-void m2d_be_end(int saved) {
-    if (saved != 1) openblas_set_num_threads(saved);
-}
-
-int m2d_be_threads(void) { return be_threads; }
+static cpu_be *CPU(m2d_backend *be) { return (cpu_be *)be; }
+static float *F(const m2d_mat *m) { return (float *)((const cpu_buf *)m->buf)->p + m->off; }
+static void *B(const m2d_buf *b) { return ((const cpu_buf *)b)->p; }
+static const cpu_weight *W(const m2d_weight *w) { return (const cpu_weight *)w; }
 
 /* ---- parallel for: a fresh set of pthreads per call (calls are per layer, so the
  * ~tens of microseconds of thread start-up are negligible next to the work) ---- */
@@ -46,38 +59,34 @@ typedef struct {
 static _Thread_local int worker_id;
 static _Thread_local int in_parallel; /* inside a parallel_for item: nested loops run serially */
 
-int m2d_be_worker(void) { return worker_id; }
-
 typedef struct {
     pfor_job *job;
     int id;
 } pfor_arg;
 
+static void run_items(pfor_job *j) {
+    for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) j->fn(j->ctx, i);
+}
+
 static void *pfor_thread(void *arg) {
     pfor_arg *a = arg;
     worker_id = a->id;
     in_parallel = 1;
-    pfor_job *j = a->job;
-    for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) j->fn(j->ctx, i);
+    run_items(a->job);
     return NULL;
 }
 
-static void *pfor_worker(void *arg) {
-    pfor_job *j = arg;
-    for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) j->fn(j->ctx, i);
-    return NULL;
-}
-
-void m2d_be_parallel_for(int n_items, void (*fn)(void *ctx, int item), void *ctx) {
+/* fn(ctx, item) for item in [0, n_items) on up to c->threads threads (items handed out
+ * dynamically); m2d-style nesting: called from inside an item it runs serially on that worker. */
+static void parallel_for(const cpu_be *c, int n_items, void (*fn)(void *ctx, int item), void *ctx) {
     pfor_job j = {fn, ctx, n_items, 0};
-    int nt = M2D_MIN(be_threads, n_items);
+    int nt = M2D_MIN(M2D_MIN(c->threads, n_items), 64);
     if (nt <= 1 || in_parallel) {
         for (int i = 0; i < n_items; i++) fn(ctx, i);
         return;
     }
     pthread_t tid[64];
     pfor_arg args[64];
-    nt = M2D_MIN(nt, 64);
     int started = 0;
     for (int t = 1; t < nt; t++) {
         args[started] = (pfor_arg){&j, started + 1};
@@ -85,19 +94,12 @@ void m2d_be_parallel_for(int n_items, void (*fn)(void *ctx, int item), void *ctx
     }
     worker_id = 0;
     in_parallel = 1;
-    pfor_worker(&j); /* the calling thread works too; if no thread started it does everything */
+    run_items(&j); /* the calling thread works too; if no thread started it does everything */
     in_parallel = 0;
     for (int t = 0; t < started; t++) pthread_join(tid[t], NULL);
 }
 
-/* ---- conversion ---- */
-typedef struct {
-    m2d_dtype t;
-    const void *src;
-    int64_t first, n, chunk;
-    float *dst;
-} conv_job;
-
+/* ---- dtype conversion ---- */
 static void convert_range(m2d_dtype t, const void *src, int64_t first, int64_t n, float *dst) {
     if (t == M2D_BF16) { /* bf16 is the top half of an fp32: widen and shift, 16 lanes at a time */
         typedef uint16_t v16u16 __attribute__((vector_size(32)));
@@ -117,9 +119,12 @@ static void convert_range(m2d_dtype t, const void *src, int64_t first, int64_t n
     }
 }
 
-void m2d_be_convert_1t(m2d_dtype t, const void *src, int64_t first, int64_t n, float *dst) {
-    convert_range(t, src, first, n, dst);
-}
+typedef struct {
+    m2d_dtype t;
+    const void *src;
+    int64_t first, n, chunk;
+    float *dst;
+} conv_job;
 
 static void conv_item(void *ctx, int item) {
     conv_job *j = ctx;
@@ -127,17 +132,127 @@ static void conv_item(void *ctx, int item) {
     convert_range(j->t, j->src, j->first + a, b - a, j->dst + a);
 }
 
-void m2d_be_convert(m2d_dtype t, const void *src, int64_t first, int64_t n, float *dst) {
+/* n elements from FIRST to fp32, in parallel chunks of 256 Ki elements */
+static void convert_par(const cpu_be *c, m2d_dtype t, const void *src, int64_t first, int64_t n, float *dst) {
     const int64_t chunk = 1 << 18;
-    if (n <= chunk || be_threads <= 1) {
+    if (n <= chunk || c->threads <= 1) {
         convert_range(t, src, first, n, dst);
         return;
     }
     conv_job j = {t, src, first, n, chunk, dst};
-    m2d_be_parallel_for((int)((n + chunk - 1) / chunk), conv_item, &j);
+    parallel_for(c, (int)((n + chunk - 1) / chunk), conv_item, &j);
 }
 
-/* ---- dense ops ---- */
+/* ---- weights ---- */
+static int in_place(const m2d_tensor *t) { return t->dtype == M2D_F32 && ((uintptr_t)t->data & 3) == 0; }
+
+static float *scratch(cpu_be *c, size_t n) {
+    if (n > c->scratch_cap) {
+        free(c->scratch);
+        c->scratch = m2d_malloc(n * sizeof(float));
+        c->scratch_cap = n;
+    }
+    return c->scratch;
+}
+
+/* fp32 view of elements [first, first+n) of W: in place, resident, or converted into the
+ * backend's scratch (valid until the next op) */
+static const float *wrows(cpu_be *c, const m2d_weight *wh, int64_t first, int64_t n) {
+    const cpu_weight *w = W(wh);
+    if (in_place(w->t)) return (const float *)w->t->data + first;
+    if (w->f32) return w->f32 + first;
+    float *s = scratch(c, (size_t)n);
+    convert_par(c, w->t->dtype, w->t->data, first, n, s);
+    return s;
+}
+
+/* the whole of W for a parallel worker: converted single-threaded into BUF (the workers are the
+ * parallelism) unless in place or resident */
+static const float *wall_1t(const m2d_weight *wh, float *buf) {
+    const cpu_weight *w = W(wh);
+    if (in_place(w->t)) return w->t->data;
+    if (w->f32) return w->f32;
+    convert_range(w->t->dtype, w->t->data, 0, m2d_tensor_numel(w->t), buf);
+    return buf;
+}
+
+static m2d_weight *cpu_weight_new(m2d_backend *be, const m2d_tensor *t) {
+    (void)be;
+    cpu_weight *w = m2d_calloc(1, sizeof *w);
+    w->t = t;
+    return (m2d_weight *)w;
+}
+
+static void cpu_weight_free(m2d_backend *be, m2d_weight *wh) {
+    (void)be;
+    if (!wh) return;
+    free(((cpu_weight *)wh)->f32);
+    free(wh);
+}
+
+static size_t cpu_resident_bytes(m2d_backend *be, const m2d_weight *wh) {
+    (void)be;
+    const cpu_weight *w = W(wh);
+    return in_place(w->t) || w->f32 ? 0 : (size_t)m2d_tensor_numel(w->t) * sizeof(float);
+}
+
+static int cpu_make_resident(m2d_backend *be, m2d_weight *wh) {
+    cpu_weight *w = (cpu_weight *)wh;
+    if (in_place(w->t) || w->f32) return 0;
+    int64_t n = m2d_tensor_numel(w->t);
+    w->f32 = m2d_malloc((size_t)n * sizeof(float));
+    convert_par(CPU(be), w->t->dtype, w->t->data, 0, n, w->f32);
+    return 0;
+}
+
+/* default: keep an fp32 copy only when it is small next to RAM (1/8): +10..30% speed measured on
+ * tiny models, while big checkpoints stay mmapped in their stored dtype */
+static size_t cpu_resident_budget(m2d_backend *be) {
+    (void)be;
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz / 8 : 0;
+}
+
+static void cpu_weight_f32(m2d_backend *be, const m2d_weight *wh, int64_t first, int64_t n, float *dst) {
+    const cpu_weight *w = W(wh);
+    if (w->f32) memcpy(dst, w->f32 + first, (size_t)n * sizeof(float));
+    else convert_par(CPU(be), w->t->dtype, w->t->data, first, n, dst);
+}
+
+/* ---- memory ---- */
+static m2d_buf *cpu_alloc(m2d_backend *be, size_t bytes) {
+    (void)be;
+    cpu_buf *b = m2d_calloc(1, sizeof *b);
+    b->p = m2d_malloc(bytes ? bytes : 1);
+    b->bytes = bytes;
+    return (m2d_buf *)b;
+}
+
+static void cpu_release(m2d_backend *be, m2d_buf *b) {
+    (void)be;
+    if (!b) return;
+    free(((cpu_buf *)b)->p);
+    free(b);
+}
+
+static void cpu_upload(m2d_backend *be, m2d_buf *dst, size_t off, const void *src, size_t bytes) {
+    (void)be;
+    if (bytes) memcpy((char *)B(dst) + off, src, bytes);
+}
+
+static void cpu_download(m2d_backend *be, void *dst, const m2d_buf *src, size_t off, size_t bytes) {
+    (void)be;
+    if (bytes) memcpy(dst, (const char *)B(src) + off, bytes);
+}
+
+static void cpu_download_mat(m2d_backend *be, float *dst, int ld_dst, const m2d_mat *src) {
+    (void)be;
+    const float *s = F(src);
+    for (int r = 0; r < src->rows; r++)
+        memcpy(dst + (size_t)r * ld_dst, s + (size_t)r * src->ld, sizeof(float) * (size_t)src->cols);
+}
+
+/* ---- GEMM: y[n, out] = x[n, in] · w[out, in]^T + beta y (row strides ldx/ldw/ldy) ---- */
 typedef struct {
     const float *x, *w;
     float *y, beta;
@@ -158,10 +273,10 @@ static void mm_item(void *ctx, int item) {
     }
 }
 
-void m2d_be_matmul_wt(const float *x, int ldx, int n, int in, const float *w, int ldw, int out,
+static void matmul_wt(const cpu_be *c, const float *x, int ldx, int n, int in, const float *w, int ldw, int out,
                       float *y, int ldy, float beta) {
     if (n <= 0 || out <= 0) return;
-    int nt = be_threads;
+    int nt = c->threads;
     if (nt <= 1 || in_parallel || 2.0 * n * out * in < 2e6) { /* small: thread start-up would dominate */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, ldx, w, ldw, beta, y, ldy);
         return;
@@ -172,14 +287,24 @@ void m2d_be_matmul_wt(const float *x, int ldx, int n, int in, const float *w, in
     if (out >= 64 * nt) {
         j.by_cols = 1;
         j.blk = ((out + nt - 1) / nt + 63) / 64 * 64;
-        m2d_be_parallel_for((out + j.blk - 1) / j.blk, mm_item, &j);
+        parallel_for(c, (out + j.blk - 1) / j.blk, mm_item, &j);
     } else {
         j.blk = (n + nt - 1) / nt;
-        m2d_be_parallel_for((n + j.blk - 1) / j.blk, mm_item, &j);
+        parallel_for(c, (n + j.blk - 1) / j.blk, mm_item, &j);
     }
 }
 
-void m2d_be_rmsnorm(const float *x, int ldx, const float *w, int rows, int d, double eps, float *y, int ldy) {
+static void cpu_gemm(m2d_backend *be, const m2d_mat *x, const m2d_weight *w, int w_row0, m2d_mat *y, float beta,
+                     m2d_precision prec) {
+    (void)prec; /* fp32 only (precisions) */
+    cpu_be *c = CPU(be);
+    int in = x->cols;
+    const float *wr = wrows(c, w, (int64_t)w_row0 * in, (int64_t)y->cols * in);
+    matmul_wt(c, F(x), x->ld, x->rows, in, wr, in, y->cols, F(y), y->ld, beta);
+}
+
+/* ---- elementwise and per-row kernels ---- */
+static void rmsnorm_rows(const float *x, int ldx, const float *w, int rows, int d, double eps, float *y, int ldy) {
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * ldx;
         float *yr = y + (size_t)r * ldy;
@@ -190,19 +315,29 @@ void m2d_be_rmsnorm(const float *x, int ldx, const float *w, int rows, int d, do
     }
 }
 
-void m2d_be_rope(float *x, int ldx, int n, int n_heads, int hd, const int *pos, double theta) {
+static void cpu_rmsnorm(m2d_backend *be, const m2d_mat *x, const m2d_weight *w, double eps, m2d_mat *y) {
+    const float *wv = wrows(CPU(be), w, 0, x->cols);
+    rmsnorm_rows(F(x), x->ld, wv, x->rows, x->cols, eps, F(y), y->ld);
+}
+
+/* rotate-half: for i < hd/2, f = pos * theta^(-2i/hd): (a, b) = (x[i], x[i+hd/2]) ->
+ * (a cos f - b sin f, b cos f + a sin f); angles in double */
+static void cpu_rope(m2d_backend *be, m2d_mat *xm, int n_heads, int hd, const m2d_buf *posb, const m2d_rope_args *r) {
+    (void)be;
+    float *x = F(xm);
+    const int32_t *pos = B(posb);
     int half = hd / 2;
-    double inv_freq[512];
-    for (int i = 0; i < half && i < 512; i++) inv_freq[i] = pow(theta, -2.0 * i / hd);
-    for (int t = 0; t < n; t++) {
-        float cs[512], sn[512];
+    double inv_freq[M2D_MAX_HEAD_DIM / 2];
+    float cs[M2D_MAX_HEAD_DIM / 2], sn[M2D_MAX_HEAD_DIM / 2];
+    for (int i = 0; i < half; i++) inv_freq[i] = pow(r->theta, -2.0 * i / hd);
+    for (int t = 0; t < xm->rows; t++) {
         for (int i = 0; i < half; i++) {
             double f = pos[t] * inv_freq[i];
             cs[i] = (float)cos(f);
             sn[i] = (float)sin(f);
         }
         for (int h = 0; h < n_heads; h++) {
-            float *v = x + (size_t)t * ldx + (size_t)h * hd;
+            float *v = x + (size_t)t * xm->ld + (size_t)h * hd;
             for (int i = 0; i < half; i++) {
                 float a = v[i], b = v[i + half];
                 v[i] = a * cs[i] - b * sn[i];
@@ -212,7 +347,8 @@ void m2d_be_rope(float *x, int ldx, int n, int n_heads, int hd, const int *pos, 
     }
 }
 
-void m2d_be_softmax(float *x, int n) {
+/* in-place softmax of one row (max-subtracted, sum in double) */
+static void softmax_row(float *x, int n) {
     float m = -INFINITY;
     for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
     double s = 0;
@@ -224,25 +360,75 @@ void m2d_be_softmax(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] *= inv;
 }
 
-void m2d_be_swiglu(const float *g, const float *u, int64_t n, float *h) {
+static void swiglu(const float *g, const float *u, int64_t n, float *h) {
     for (int64_t i = 0; i < n; i++) h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
-void m2d_be_topk(const float *p, int E, int k, int32_t *idx) {
-    /* selection by repeated scans: k and E are small (8 of 128); strict '>' keeps the lower
-     * index on ties because indices are scanned in increasing order */
-    uint8_t taken[4096];
-    int big = E > 4096;
-    uint8_t *tk = big ? m2d_calloc((size_t)E, 1) : taken;
-    if (!big) memset(tk, 0, (size_t)E);
+static void cpu_glu(m2d_backend *be, m2d_ffn_act act, m2d_mat *g, const m2d_mat *u) {
+    (void)be;
+    (void)act; /* M2D_ACT_SWIGLU is the only activation */
+    for (int r = 0; r < g->rows; r++)
+        swiglu(F(g) + (size_t)r * g->ld, F(u) + (size_t)r * u->ld, g->cols, F(g) + (size_t)r * g->ld);
+}
+
+static void cpu_add(m2d_backend *be, m2d_mat *y, const m2d_mat *x) {
+    (void)be;
+    for (int r = 0; r < y->rows; r++) {
+        float *yr = F(y) + (size_t)r * y->ld;
+        const float *xr = F(x) + (size_t)r * x->ld;
+        for (int i = 0; i < y->cols; i++) yr[i] += xr[i];
+    }
+}
+
+static void cpu_embed(m2d_backend *be, const m2d_weight *table, const m2d_buf *tokens, int n, m2d_mat *x) {
+    const int32_t *tok = B(tokens);
+    int d = x->cols;
+    for (int i = 0; i < n; i++) cpu_weight_f32(be, table, (int64_t)tok[i] * d, d, F(x) + (size_t)i * x->ld);
+}
+
+static void cpu_kv_append(m2d_backend *be, m2d_buf *kc, m2d_buf *vc, size_t off, size_t head_stride, int pos0,
+                          const m2d_mat *k, const m2d_mat *v, int n_kv, int hd) {
+    (void)be;
+    float *K = (float *)B(kc) + off, *V = (float *)B(vc) + off;
+    for (int g = 0; g < n_kv; g++)
+        for (int i = 0; i < k->rows; i++) {
+            size_t dst = g * head_stride + (size_t)(pos0 + i) * hd;
+            memcpy(K + dst, F(k) + (size_t)i * k->ld + (size_t)g * hd, sizeof(float) * hd);
+            memcpy(V + dst, F(v) + (size_t)i * v->ld + (size_t)g * hd, sizeof(float) * hd);
+        }
+}
+
+/* ---- routing ---- */
+
+/* top-k of p[E] by repeated scans (k and E are small: 8 of 128); strict '>' keeps the lower index
+ * on ties because indices are scanned in increasing order */
+static void topk_row(const float *p, int E, int k, int32_t *idx, uint8_t *taken) {
+    memset(taken, 0, (size_t)E);
     for (int j = 0; j < k; j++) {
         int best = -1;
         for (int e = 0; e < E; e++)
-            if (!tk[e] && (best < 0 || p[e] > p[best])) best = e;
+            if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
         idx[j] = best;
-        tk[best] = 1;
+        taken[best] = 1;
     }
-    if (big) free(tk);
+}
+
+static void cpu_route(m2d_backend *be, m2d_mat *logits, const m2d_route_args *r, m2d_buf *topkb, m2d_buf *gatesb) {
+    (void)be;
+    int E = logits->cols, k = r->k;
+    int32_t *topk = B(topkb);
+    float *gates = B(gatesb);
+    uint8_t *taken = m2d_malloc((size_t)E);
+    for (int t = 0; t < logits->rows; t++) {
+        float *p = F(logits) + (size_t)t * logits->ld;
+        int32_t *id = topk + (size_t)t * k;
+        softmax_row(p, E); /* M2D_ROUTER_SOFTMAX_TOPK is the only router kind */
+        topk_row(p, E, k, id, taken);
+        double s = 0;
+        for (int j = 0; j < k; j++) s += p[id[j]];
+        for (int j = 0; j < k; j++) gates[(size_t)t * k + j] = r->renorm ? (float)(p[id[j]] / s) : p[id[j]];
+    }
+    free(taken);
 }
 
 /* ---- attention ---- */
@@ -271,23 +457,31 @@ static inline void axpy(float a, const float *x, float *y, int n) {
     for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+/* one attention call on host pointers (the op's fields resolved) */
 typedef struct {
     const float *q, *ks, *vs, *kp, *vp;
-    int ldq, ldk, nq, np, n_heads, n_kv, hd, ldo, row_block, n_blocks;
+    int ldq, ldk, nq, np, n_heads, n_kv, hd, ldo;
     size_t p_head_stride;
     float *out;
+} attn_host;
+
+typedef struct {
+    const attn_host *a;
+    int row_block, n_blocks;
 } attn_job;
 
+/* per-row dot products: head h, a block of query rows */
 static void attn_item(void *ctx, int item) {
-    const attn_job *j = ctx;
-    int h = item / j->n_blocks, blk = item % j->n_blocks;
+    const attn_job *jb = ctx;
+    const attn_host *j = jb->a;
+    int h = item / jb->n_blocks, blk = item % jb->n_blocks;
     int g = h / (j->n_heads / j->n_kv), hd = j->hd;
-    int r0 = blk * j->row_block, r1 = M2D_MIN(r0 + j->row_block, j->nq);
+    int r0 = blk * jb->row_block, r1 = M2D_MIN(r0 + jb->row_block, j->nq);
     float scale = 1.0f / sqrtf((float)hd);
     float *sc = m2d_malloc(sizeof(float) * (size_t)(j->np + r1));
     float *acc = m2d_malloc(sizeof(float) * (size_t)hd);
-    const float *kp = j->kp ? j->kp + g * j->p_head_stride : NULL;
-    const float *vp = j->vp ? j->vp + g * j->p_head_stride : NULL;
+    const float *kp = j->np ? j->kp + g * j->p_head_stride : NULL;
+    const float *vp = j->np ? j->vp + g * j->p_head_stride : NULL;
     for (int i = r0; i < r1; i++) {
         const float *qi = j->q + (size_t)i * j->ldq + (size_t)h * hd;
         int nk = j->np + i + 1;
@@ -313,16 +507,19 @@ static void attn_item(void *ctx, int item) {
 }
 
 typedef struct {
-    const float *q, *ks, *vs, *kp, *vp;
-    int ldq, ldk, nq, np, grp, hd, ldo, nk;
-    size_t p_head_stride;
-    float *out, *S; /* S: one [nq, nk] score block per worker */
+    const attn_host *a;
+    int nk;
+    float *S; /* one [nq, nk] score block per worker */
 } attg_job;
 
+/* The GEMM formulation, one head per item: S = Q K^T (the full [nq, np+nq] block; the causal
+ * upper part is computed and then zeroed, 2x work on the segment part but at sgemm speed),
+ * masked softmax, O = P V. */
 static void attg_item(void *ctx, int h) {
-    const attg_job *j = ctx;
-    int g = h / j->grp, hd = j->hd, nq = j->nq, np = j->np, nk = j->nk;
-    float *S = j->S + (size_t)m2d_be_worker() * nq * nk;
+    const attg_job *jb = ctx;
+    const attn_host *j = jb->a;
+    int g = h / (j->n_heads / j->n_kv), hd = j->hd, nq = j->nq, np = j->np, nk = jb->nk;
+    float *S = jb->S + (size_t)worker_id * nq * nk;
     float scale = 1.0f / sqrtf((float)hd);
     const float *qh = j->q + (size_t)h * hd;
     if (np)
@@ -333,7 +530,7 @@ static void attg_item(void *ctx, int h) {
     for (int i = 0; i < nq; i++) { /* causal mask + softmax */
         float *row = S + (size_t)i * nk;
         int valid = np + i + 1;
-        m2d_be_softmax(row, valid);
+        softmax_row(row, valid);
         memset(row + valid, 0, sizeof(float) * (size_t)(nk - valid));
     }
     float *oh = j->out + (size_t)h * hd;
@@ -344,36 +541,275 @@ static void attg_item(void *ctx, int h) {
                 np ? 1.0f : 0.0f, oh, j->ldo);
 }
 
-/* The GEMM formulation, one head per worker: S = Q K^T (the full [nq, np+nq] block; the causal
- * upper part is computed and then zeroed, 2x work on the segment part but at sgemm speed),
- * masked softmax, O = P V. */
-static void attention_gemm(const float *q, int ldq, const float *ks, const float *vs, int ldk, int nq,
-                           const float *kp, const float *vp, size_t p_head_stride, int np, int n_heads,
-                           int n_kv, int hd, float *out, int ldo) {
-    int nk = np + nq, nw = M2D_MIN(be_threads, n_heads);
-    attg_job j = {q, ks, vs, kp, vp, ldq, ldk, nq, np, n_heads / n_kv, hd, ldo, nk, p_head_stride, out, NULL};
-    j.S = m2d_malloc(sizeof(float) * (size_t)nq * nk * (size_t)M2D_MAX(nw, 1));
-    m2d_be_parallel_for(n_heads, attg_item, &j);
-    free(j.S);
-}
-
-static int attn_gemm_min_rows = 64;
-
-void m2d_be_set_attention_gemm_min_rows(int rows) { attn_gemm_min_rows = rows; }
-
-void m2d_be_attention(const float *q, int ldq, const float *ks, const float *vs, int ldk, int nq,
-                      const float *kp, const float *vp, size_t p_head_stride, int np,
-                      int n_heads, int n_kv, int hd, float *out, int ldo) {
+static void cpu_attention(m2d_backend *be, const m2d_attn_args *a) {
+    const cpu_be *c = CPU(be);
+    int nq = a->q.rows;
     if (nq <= 0) return;
-    if (nq >= attn_gemm_min_rows) {
-        attention_gemm(q, ldq, ks, vs, ldk, nq, kp, vp, p_head_stride, np, n_heads, n_kv, hd, out, ldo);
+    attn_host h = {F(&a->q), F(&a->k), F(&a->v), NULL, NULL, a->q.ld, a->k.ld, nq, a->np, a->n_heads, a->n_kv,
+                   a->head_dim, a->out.ld, a->head_stride, F(&a->out)};
+    if (a->np) {
+        h.kp = (const float *)B(a->k_cache) + a->cache_off;
+        h.vp = (const float *)B(a->v_cache) + a->cache_off;
+    }
+    if (nq >= c->attn_gemm_min_rows) {
+        int nk = a->np + nq, nw = M2D_MIN(c->threads, a->n_heads);
+        attg_job j = {&h, nk, m2d_malloc(sizeof(float) * (size_t)nq * nk * (size_t)M2D_MAX(nw, 1))};
+        parallel_for(c, a->n_heads, attg_item, &j);
+        free(j.S);
         return;
     }
-    /* row blocks give the threads work when there are few heads; causal rows grow in cost,
-     * and the dynamic hand-out balances that */
+    /* row blocks give the threads work when there are few heads; causal rows grow in cost, and the
+     * dynamic hand-out balances that */
     int row_block = nq < 64 ? nq : 64;
-    int n_blocks = (nq + row_block - 1) / row_block;
-    attn_job j = {q, ks, vs, kp, vp, ldq, ldk, nq, np, n_heads, n_kv, hd, ldo, row_block, n_blocks,
-                  p_head_stride, out};
-    m2d_be_parallel_for(n_heads * n_blocks, attn_item, &j);
+    attn_job j = {&h, row_block, (nq + row_block - 1) / row_block};
+    parallel_for(c, a->n_heads * j.n_blocks, attn_item, &j);
 }
+
+/* ---- MoE experts ---- */
+
+/* the (token, slot) pairs bucketed by expert, in token order within an expert */
+typedef struct {
+    int *count; /* [E + 1] bucket starts */
+    int *pair;  /* [n*k] pair index t*k + j, bucket order */
+    int maxm;   /* largest bucket */
+} buckets;
+
+static void bucket_by_expert(const int32_t *topk, int nk, int E, buckets *b) {
+    b->count = m2d_calloc((size_t)E + 1, sizeof(int));
+    for (int i = 0; i < nk; i++) b->count[topk[i] + 1]++;
+    for (int e = 0; e < E; e++) b->count[e + 1] += b->count[e];
+    int *fill = m2d_malloc(sizeof(int) * (size_t)E);
+    memcpy(fill, b->count, sizeof(int) * (size_t)E);
+    b->pair = m2d_malloc(sizeof(int) * (size_t)(nk ? nk : 1));
+    for (int i = 0; i < nk; i++) b->pair[fill[topk[i]]++] = i;
+    b->maxm = 0;
+    for (int e = 0; e < E; e++) b->maxm = M2D_MAX(b->maxm, b->count[e + 1] - b->count[e]);
+    free(fill);
+}
+
+static void gather_rows(const float *x, int ldx, const int *pair, int k, int m, int d, float *xs) {
+    for (int r = 0; r < m; r++) memcpy(xs + (size_t)r * d, x + (size_t)(pair[r] / k) * ldx, sizeof(float) * d);
+}
+
+/* out[token of pair] += gate[pair] * y[r] for the m rows of one bucket */
+static void scatter_add_rows(const float *ys, const int *pair, const float *gates, int k, int m, int d, float *out,
+                             int ldo) {
+    for (int r = 0; r < m; r++) {
+        float gw = gates[pair[r]], *o = out + (size_t)(pair[r] / k) * ldo;
+        const float *y = ys + (size_t)r * d;
+        for (int j = 0; j < d; j++) o[j] += gw * y[j];
+    }
+}
+
+/* Expert-parallel: each worker takes whole experts (gather, convert, three single-threaded sgemms)
+ * and writes the outputs to Y in bucket order; the caller scatter-adds afterwards in expert order,
+ * so the result does not depend on the thread count or the schedule. With ~n·k/E rows per expert
+ * (32 for 512 tokens on Qwen3-30B-A3B) the GEMMs are too small to split well across threads;
+ * whole experts per thread avoid that synchronisation. */
+typedef struct {
+    const cpu_be *c;
+    const m2d_moe_args *a;
+    const buckets *b;
+    const int *active;
+    float *Y;
+    float **xs, **g, **u, **w0, **w1, **w2; /* per worker */
+} moe_job;
+
+static void moe_item(void *ctx, int item) {
+    const moe_job *j = ctx;
+    const m2d_moe_args *a = j->a;
+    int w = worker_id, ex = j->active[item], d = a->x.cols, de = a->d_ff, k = a->k;
+    int m0 = j->b->count[ex], mn = j->b->count[ex + 1] - m0;
+    float *xs = j->xs[w], *g = j->g[w], *u = j->u[w];
+    gather_rows(F(&a->x), a->x.ld, j->b->pair + m0, k, mn, d, xs);
+    matmul_wt(j->c, xs, d, mn, d, wall_1t(a->gate[ex], j->w0[w]), d, de, g, de, 0.0f);
+    matmul_wt(j->c, xs, d, mn, d, wall_1t(a->up[ex], j->w1[w]), d, de, u, de, 0.0f);
+    swiglu(g, u, (int64_t)mn * de, g);
+    matmul_wt(j->c, g, de, mn, de, wall_1t(a->down[ex], j->w2[w]), de, d, j->Y + (size_t)m0 * d, d, 0.0f);
+}
+
+static void experts_parallel(const cpu_be *c, const m2d_moe_args *a, const buckets *b, float *Y) {
+    int nt = c->threads, na = 0, E = a->n_experts, d = a->x.cols, de = a->d_ff;
+    int *active = m2d_malloc(sizeof(int) * (size_t)E);
+    for (int ex = 0; ex < E; ex++)
+        if (b->count[ex + 1] > b->count[ex]) active[na++] = ex;
+    moe_job j = {c, a, b, active, Y, NULL, NULL, NULL, NULL, NULL, NULL};
+    float **bufs = m2d_calloc((size_t)nt * 6, sizeof(float *));
+    j.xs = bufs; j.g = bufs + nt; j.u = bufs + 2 * nt; j.w0 = bufs + 3 * nt; j.w1 = bufs + 4 * nt; j.w2 = bufs + 5 * nt;
+    for (int t = 0; t < nt; t++) {
+        j.xs[t] = m2d_malloc(sizeof(float) * (size_t)b->maxm * d);
+        j.g[t] = m2d_malloc(sizeof(float) * (size_t)b->maxm * de);
+        j.u[t] = m2d_malloc(sizeof(float) * (size_t)b->maxm * de);
+        for (int s = 0; s < 3; s++) j.w0[t + s * nt] = m2d_malloc(sizeof(float) * (size_t)de * d);
+    }
+    parallel_for(c, na, moe_item, &j); /* GEMMs inside an item run on that worker alone */
+    for (int t = 0; t < 6 * nt; t++) free(bufs[t]);
+    free(bufs);
+    free(active);
+}
+
+/* one expert at a time, each GEMM split over all threads (weights converted in parallel) */
+static void experts_serial(cpu_be *c, const m2d_moe_args *a, const buckets *b, const float *gates, float *out) {
+    int d = a->x.cols, de = a->d_ff, k = a->k, maxm = b->maxm;
+    float *xs = m2d_malloc(sizeof(float) * (size_t)maxm * d), *ys = m2d_malloc(sizeof(float) * (size_t)maxm * d);
+    float *g = m2d_malloc(sizeof(float) * (size_t)maxm * de), *u = m2d_malloc(sizeof(float) * (size_t)maxm * de);
+    for (int ex = 0; ex < a->n_experts; ex++) {
+        int m0 = b->count[ex], mn = b->count[ex + 1] - m0;
+        if (mn == 0) continue;
+        gather_rows(F(&a->x), a->x.ld, b->pair + m0, k, mn, d, xs);
+        matmul_wt(c, xs, d, mn, d, wrows(c, a->gate[ex], 0, (int64_t)de * d), d, de, g, de, 0.0f);
+        matmul_wt(c, xs, d, mn, d, wrows(c, a->up[ex], 0, (int64_t)de * d), d, de, u, de, 0.0f);
+        swiglu(g, u, (int64_t)mn * de, g);
+        matmul_wt(c, g, de, mn, de, wrows(c, a->down[ex], 0, (int64_t)d * de), de, d, ys, d, 0.0f);
+        scatter_add_rows(ys, b->pair + m0, gates, k, mn, d, out, a->out.ld);
+    }
+    free(xs); free(ys); free(g); free(u);
+}
+
+static void cpu_moe(m2d_backend *be, const m2d_moe_args *a) {
+    cpu_be *c = CPU(be);
+    int n = a->x.rows, d = a->x.cols, k = a->k;
+    const float *gates = B(a->gates);
+    float *out = F(&a->out);
+    buckets b;
+    bucket_by_expert(B(a->topk), n * k, a->n_experts, &b);
+    for (int t = 0; t < n; t++) memset(out + (size_t)t * a->out.ld, 0, sizeof(float) * d);
+    if (c->expert_parallel && c->threads > 1) {
+        float *Y = m2d_malloc(sizeof(float) * (size_t)n * k * d); /* expert outputs, bucket order */
+        experts_parallel(c, a, &b, Y);
+        for (int ex = 0; ex < a->n_experts; ex++) {
+            int m0 = b.count[ex];
+            scatter_add_rows(Y + (size_t)m0 * d, b.pair + m0, gates, k, b.count[ex + 1] - m0, d, out, a->out.ld);
+        }
+        free(Y);
+    } else {
+        experts_serial(c, a, &b, gates, out);
+    }
+    free(b.count);
+    free(b.pair);
+}
+
+/* ---- LM head log-probabilities ---- */
+#define LM_CHUNK 4096 /* vocab rows of the LM head converted and multiplied at a time */
+#define LM_ROWS 256   /* hidden rows per GEMM block */
+
+/* running max / sum of exponentials (double) of row i over one chunk z[nv] of logits at v0 */
+static void lse_update(const float *z, int nv, int v0, int target, double *mx, double *sum, double *tgt) {
+    float cm = z[0];
+    for (int j = 1; j < nv; j++) cm = z[j] > cm ? z[j] : cm;
+    double s = 0;
+    for (int j = 0; j < nv; j++) s += exp((double)z[j] - cm);
+    if (cm > *mx) {
+        *sum = *sum * exp(*mx - cm) + s;
+        *mx = cm;
+    } else {
+        *sum += s * exp(cm - *mx);
+    }
+    if (target >= v0 && target < v0 + nv) *tgt = z[target - v0];
+}
+
+/* streaming over vocab chunks: never more than [LM_ROWS, LM_CHUNK] logits at once */
+static void cpu_logprobs(m2d_backend *be, const m2d_mat *hid, const m2d_weight *head, int V, const m2d_buf *targetsb,
+                         m2d_buf *lpb, m2d_precision prec) {
+    (void)prec;
+    cpu_be *c = CPU(be);
+    int n = hid->rows, d = hid->cols;
+    const int32_t *targets = B(targetsb);
+    double *lp = B(lpb);
+    float *blk = m2d_malloc(sizeof(float) * (size_t)M2D_MIN(LM_ROWS, n) * LM_CHUNK);
+    double *mx = m2d_malloc(sizeof(double) * (size_t)n), *sum = m2d_calloc((size_t)n, sizeof(double));
+    double *tgt = m2d_malloc(sizeof(double) * (size_t)n);
+    for (int i = 0; i < n; i++) mx[i] = -INFINITY;
+    for (int v0 = 0; v0 < V; v0 += LM_CHUNK) {
+        int nv = M2D_MIN(LM_CHUNK, V - v0);
+        const float *w = wrows(c, head, (int64_t)v0 * d, (int64_t)nv * d);
+        for (int r0 = 0; r0 < n; r0 += LM_ROWS) {
+            int nr = M2D_MIN(LM_ROWS, n - r0);
+            matmul_wt(c, F(hid) + (size_t)r0 * hid->ld, hid->ld, nr, d, w, d, nv, blk, nv, 0.0f);
+            for (int r = 0; r < nr; r++)
+                lse_update(blk + (size_t)r * nv, nv, v0, targets[r0 + r], &mx[r0 + r], &sum[r0 + r], &tgt[r0 + r]);
+        }
+    }
+    for (int i = 0; i < n; i++) lp[i] = tgt[i] - mx[i] - log(sum[i]);
+    free(blk); free(mx); free(sum); free(tgt);
+}
+
+/* ---- lifecycle, knobs, OpenBLAS threading ---- */
+
+/* OpenBLAS is made single-threaded inside (our threads split the GEMMs; its own pool next to ours
+ * only spins in sched_yield) and restored afterwards, so other code's direct cblas/LAPACKE calls
+ * keep OpenBLAS's threading. Measured: same speed as leaving OpenBLAS single-threaded for good. */
+static void cpu_enter(m2d_backend *be) {
+    cpu_be *c = CPU(be);
+    if (c->depth++ == 0) {
+        c->blas_saved = openblas_get_num_threads();
+        if (c->blas_saved != 1) openblas_set_num_threads(1);
+    }
+}
+
+static int cpu_leave(m2d_backend *be) {
+    cpu_be *c = CPU(be);
+    if (--c->depth == 0 && c->blas_saved != 1) openblas_set_num_threads(c->blas_saved);
+    return 0;
+}
+
+void m2d_backend_host_blas_threads(int n_threads) { openblas_set_num_threads(n_threads > 0 ? n_threads : 1); }
+
+static int cpu_tune(m2d_backend *be, const char *knob, int value) {
+    cpu_be *c = CPU(be);
+    if (strcmp(knob, "threads") == 0 && value > 0) c->threads = value;
+    else if (strcmp(knob, "expert_parallel") == 0 && (value == 0 || value == 1)) c->expert_parallel = value;
+    else if (strcmp(knob, "attention_gemm_min_rows") == 0 && value > 0) c->attn_gemm_min_rows = value;
+    else return m2d_err("backend cpu: knob '%s' = %d: unknown knob or bad value (threads >= 1, expert_parallel 0|1, "
+                        "attention_gemm_min_rows >= 1)", knob, value);
+    return 0;
+}
+
+static void cpu_destroy(m2d_backend *be) {
+    cpu_be *c = CPU(be);
+    free(c->scratch);
+    free(c);
+}
+
+static const m2d_backend_ops cpu_ops = {
+    .name = "cpu",
+    .precisions = 1u << M2D_PREC_FP32,
+    .destroy = cpu_destroy,
+    .tune = cpu_tune,
+    .enter = cpu_enter,
+    .leave = cpu_leave,
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .upload = cpu_upload,
+    .download = cpu_download,
+    .download_mat = cpu_download_mat,
+    .weight_new = cpu_weight_new,
+    .weight_free = cpu_weight_free,
+    .resident_bytes = cpu_resident_bytes,
+    .make_resident = cpu_make_resident,
+    .resident_budget = cpu_resident_budget,
+    .weight_f32 = cpu_weight_f32,
+    .embed = cpu_embed,
+    .gemm = cpu_gemm,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .attention = cpu_attention,
+    .kv_append = cpu_kv_append,
+    .glu = cpu_glu,
+    .add = cpu_add,
+    .route = cpu_route,
+    .moe = cpu_moe,
+    .logprobs = cpu_logprobs,
+};
+
+static int cpu_create(const m2d_backend_opts *o, m2d_backend **out) {
+    cpu_be *c = m2d_calloc(1, sizeof *c);
+    c->base.ops = &cpu_ops;
+    c->threads = o->n_threads > 0 ? o->n_threads : m2d_default_threads();
+    c->expert_parallel = 1;
+    c->attn_gemm_min_rows = 64;
+    *out = &c->base;
+    return 0;
+}
+
+M2D_BACKEND(cpu, "cpu", "host CPU: OpenBLAS sgemm on fp32 (weights converted on use or kept), pthreads", cpu_create)

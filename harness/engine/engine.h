@@ -1,24 +1,44 @@
-/* engine — batched CPU forward for Qwen3-MoE / Qwen3 dense, written against a small backend
- * interface (backend.h) so another backend can be added without touching model code. */
+/* engine — the batched forward pass (logits, streaming log-probs, KV-cache extend and branches,
+ * one expert's function, a routing hook for calibration) of any architecture an adapter describes
+ * (model.h: tensor roles + cfg.ops), computed by a backend object (backend.h) held per engine.
+ *
+ * Contract: the engine reads only tensor roles and cfg.ops, never an architecture name; it
+ * refuses at creation (one-line error) a model whose ops or tensors it does not implement. All
+ * compute goes through the engine's backend; host memory is touched only for the caller's inputs
+ * and outputs and, when a hook is set, the hook's copy of the routing. An engine is used by one
+ * thread at a time (the sweep gives each worker its own). */
 #ifndef M2D_ENGINE_H
 #define M2D_ENGINE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/backend.h"
 #include "model/model.h"
 
 typedef struct m2d_engine m2d_engine;
 
-/* n_threads <= 0: m2d_default_threads() (sets the backend's thread count). */
+typedef struct {
+    const char *backend;     /* registered backend name (NULL: "cpu"); see m2d_backend_list() */
+    int n_threads;           /* host threads of the backend (<= 0: m2d_default_threads()) */
+    m2d_precision precision; /* of every GEMM; must be one the backend supports */
+} m2d_engine_opts;
+
+/* An engine on a new backend object it owns. The model must outlive the engine. */
+int m2d_engine_open(const m2d_model *m, const m2d_engine_opts *o, m2d_engine **out);
+/* Same with the "cpu" backend, N_THREADS threads, fp32. */
 int m2d_engine_new(const m2d_model *m, int n_threads, m2d_engine **out);
 void m2d_engine_free(m2d_engine *e);
-/* Convert weights to fp32 once and keep them, up to BUDGET bytes (norms and attention first,
- * then dense FFN/router, experts, LM head). Weights not kept are converted on use into a
- * reusable buffer (bounded memory). m2d_engine_new applies $M2D_WEIGHT_CACHE_MB when set
- * (0: convert everything on use), else caches the whole model only if its fp32 copy is at
- * most 1/8 of physical RAM (tiny models; checkpoints of real size stay as stored).
- * The embedding is never cached (only looked-up rows are converted). Returns the bytes held. */
+/* The engine's backend (for tests and tools: tuning, buffers) and its knobs (backend.h tune). */
+m2d_backend *m2d_engine_backend(m2d_engine *e);
+int m2d_engine_tune(m2d_engine *e, const char *knob, int value);
+/* Make weights resident in the backend's prepared form (CPU: an fp32 copy) up to BUDGET bytes
+ * (each layer's norms, attention, router and dense FFN first, then experts, LM head last).
+ * Weights not kept are prepared on use into a reusable buffer (bounded memory). m2d_engine_open
+ * applies $M2D_WEIGHT_CACHE_MB when set (0: prepare everything on use), else keeps the whole model
+ * only if it fits the backend's default budget (CPU: 1/8 of physical RAM; checkpoints of real
+ * size stay as stored). The embedding is never kept (only looked-up rows are converted) unless it
+ * is the tied LM head. Same results either way. Returns the bytes held. */
 size_t m2d_engine_cache_weights(m2d_engine *e, size_t budget_bytes);
 /* MoE experts spread over the engine's threads, each GEMM single-threaded (1, the default), or
  * one expert after another with multi-threaded GEMMs (0). Same result either way (tested). */
@@ -26,13 +46,15 @@ void m2d_engine_set_expert_parallel(m2d_engine *e, int on);
 const m2d_model *m2d_engine_model(const m2d_engine *e);
 
 /* Calibration hook: called at every MoE layer during a forward, after routing and before
- * the experts run (the residual stream always follows the teacher's real routing). */
+ * the experts run (the residual stream always follows the teacher's real routing). The event's
+ * arrays are host copies made for the hook, valid during the call; without a hook nothing is
+ * copied. */
 typedef struct {
     int layer, n_tokens, hidden, n_experts, top_k;
     const float *x;       /* [n, d] FFN input (after the post-attention RMSNorm) */
     const float *probs;   /* [n, E] fp32 softmax over all router logits */
     const int32_t *topk;  /* [n, k] routed experts, descending probability, ties -> lower index */
-    const float *gates;   /* [n, k] native gate weights (renormalised when norm_topk_prob) */
+    const float *gates;   /* [n, k] native gate weights (renormalised when cfg.ops.router_renorm) */
 } m2d_moe_event;
 /* Non-zero aborts the forward; the engine's error then ends with the hook's m2d_err message. */
 typedef int (*m2d_moe_hook)(void *user, const m2d_moe_event *ev);

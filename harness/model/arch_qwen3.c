@@ -79,9 +79,11 @@ int m2d_qwen3_parse_common(const void *json, const char *path, m2d_config *c) {
         m2d_cfg_check_max(path, "num_hidden_layers", c->num_hidden_layers, 1024) != 0 ||
         m2d_cfg_check_max(path, "num_attention_heads", c->num_attention_heads, 1024) != 0 ||
         m2d_cfg_check_max(path, "num_key_value_heads", c->num_key_value_heads, 1024) != 0 ||
-        m2d_cfg_check_max(path, "head_dim", c->head_dim, 4096) != 0)
+        m2d_cfg_check_max(path, "head_dim", c->head_dim, M2D_MAX_HEAD_DIM) != 0)
         return -1;
     if (!(c->rms_norm_eps > 0)) return m2d_err1("%s: field 'rms_norm_eps': must be positive", path);
+    c->ops = (m2d_layer_ops){.qk_norm = M2D_QK_NORM_PER_HEAD, .router = M2D_ROUTER_SOFTMAX_TOPK,
+                             .router_renorm = false, .ffn_act = M2D_ACT_SWIGLU, .rope = M2D_ROPE_NEOX};
     return 0;
 }
 
@@ -100,53 +102,33 @@ int m2d_qwen3_check_config(const m2d_config *c, const char *path) {
     return 0;
 }
 
-int m2d_qwen3_bind_common(m2d_model *m) {
-    const m2d_config *c = &m->cfg;
-    int64_t d = c->hidden_size, V = c->vocab_size, hd = c->head_dim;
-    int64_t q = (int64_t)c->num_attention_heads * hd, kv = (int64_t)c->num_key_value_heads * hd;
-    if (!(m->embed = m2d_model_expect(m, "model.embed_tokens.weight", 2, V, d))) return -1;
-    if (!(m->final_norm = m2d_model_expect(m, "model.norm.weight", 1, d, 0))) return -1;
-    if (!c->tie_word_embeddings) {
-        if (!(m->lm_head = m2d_model_expect(m, "lm_head.weight", 2, V, d))) return -1;
-    } else {
-        /* tied: HF ignores a stored lm_head.weight; accept it only if it is the embedding */
-        const m2d_tensor *h = m2d_st_find(m->st, "lm_head.weight");
-        if (h && (h->dtype != m->embed->dtype || h->nbytes != m->embed->nbytes ||
-                  memcmp(h->data, m->embed->data, h->nbytes) != 0))
-            return m2d_err1("%s: tensor 'lm_head.weight': differs from model.embed_tokens.weight but "
-                           "tie_word_embeddings is true", m2d_st_file_of(m->st, "lm_head.weight"));
-        m->lm_head = m->embed;
-        m->lm_head_stored = h;
-    }
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        m2d_layer *L = &m->layers[l];
-        const char *p = "model.layers";
-        if (!(L->attn_norm = m2d_model_expectf(m, 1, d, 0, "%s.%d.input_layernorm.weight", p, l)) ||
-            !(L->ffn_norm = m2d_model_expectf(m, 1, d, 0, "%s.%d.post_attention_layernorm.weight", p, l)) ||
-            !(L->q_proj = m2d_model_expectf(m, 2, q, d, "%s.%d.self_attn.q_proj.weight", p, l)) ||
-            !(L->k_proj = m2d_model_expectf(m, 2, kv, d, "%s.%d.self_attn.k_proj.weight", p, l)) ||
-            !(L->v_proj = m2d_model_expectf(m, 2, kv, d, "%s.%d.self_attn.v_proj.weight", p, l)) ||
-            !(L->o_proj = m2d_model_expectf(m, 2, d, q, "%s.%d.self_attn.o_proj.weight", p, l)) ||
-            !(L->q_norm = m2d_model_expectf(m, 1, hd, 0, "%s.%d.self_attn.q_norm.weight", p, l)) ||
-            !(L->k_norm = m2d_model_expectf(m, 1, hd, 0, "%s.%d.self_attn.k_norm.weight", p, l)))
-            return -1;
-    }
-    return 0;
-}
-
-int m2d_qwen3_bind_dense_ffn(m2d_model *m, int l, int inter) {
-    int64_t d = m->cfg.hidden_size;
-    m2d_layer *L = &m->layers[l];
-    if (!(L->gate_proj = m2d_model_expectf(m, 2, inter, d, "model.layers.%d.mlp.gate_proj.weight", l)) ||
-        !(L->up_proj = m2d_model_expectf(m, 2, inter, d, "model.layers.%d.mlp.up_proj.weight", l)) ||
-        !(L->down_proj = m2d_model_expectf(m, 2, d, inter, "model.layers.%d.mlp.down_proj.weight", l)))
-        return -1;
-    return 0;
-}
+#define LAYER_ "model.layers.%d."
+const m2d_tensor_spec m2d_qwen3_tensors[] = {
+    {M2D_SCOPE_MODEL, M2D_M_EMBED, "model.embed_tokens.weight", {M2D_DIM_VOCAB, M2D_DIM_HIDDEN}, 0},
+    {M2D_SCOPE_MODEL, M2D_M_FINAL_NORM, "model.norm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0},
+    {M2D_SCOPE_MODEL, M2D_M_LM_HEAD, "lm_head.weight", {M2D_DIM_VOCAB, M2D_DIM_HIDDEN}, 0},
+    {M2D_SCOPE_LAYER, M2D_T_ATTN_NORM, LAYER_ "input_layernorm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0},
+    {M2D_SCOPE_LAYER, M2D_T_FFN_NORM, LAYER_ "post_attention_layernorm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0},
+    {M2D_SCOPE_LAYER, M2D_T_Q, LAYER_ "self_attn.q_proj.weight", {M2D_DIM_Q, M2D_DIM_HIDDEN}, 0},
+    {M2D_SCOPE_LAYER, M2D_T_K, LAYER_ "self_attn.k_proj.weight", {M2D_DIM_KV, M2D_DIM_HIDDEN}, 0},
+    {M2D_SCOPE_LAYER, M2D_T_V, LAYER_ "self_attn.v_proj.weight", {M2D_DIM_KV, M2D_DIM_HIDDEN}, 0},
+    {M2D_SCOPE_LAYER, M2D_T_O, LAYER_ "self_attn.o_proj.weight", {M2D_DIM_HIDDEN, M2D_DIM_Q}, 0},
+    {M2D_SCOPE_LAYER, M2D_T_Q_NORM, LAYER_ "self_attn.q_norm.weight", {M2D_DIM_HEAD, M2D_DIM_NONE}, 0},
+    {M2D_SCOPE_LAYER, M2D_T_K_NORM, LAYER_ "self_attn.k_norm.weight", {M2D_DIM_HEAD, M2D_DIM_NONE}, 0},
+    {M2D_SCOPE_DENSE, M2D_T_GATE, LAYER_ "mlp.gate_proj.weight", {M2D_DIM_FFN, M2D_DIM_HIDDEN}, 0},
+    {M2D_SCOPE_DENSE, M2D_T_UP, LAYER_ "mlp.up_proj.weight", {M2D_DIM_FFN, M2D_DIM_HIDDEN}, 0},
+    {M2D_SCOPE_DENSE, M2D_T_DOWN, LAYER_ "mlp.down_proj.weight", {M2D_DIM_HIDDEN, M2D_DIM_FFN}, 0},
+    {M2D_SCOPE_MOE, M2D_T_ROUTER, LAYER_ "mlp.gate.weight", {M2D_DIM_EXPERTS, M2D_DIM_HIDDEN}, 0},
+    {M2D_SCOPE_EXPERT, M2D_X_EXP_GATE, LAYER_ "mlp.experts.%d.gate_proj.weight", {M2D_DIM_EXPERT_FFN, M2D_DIM_HIDDEN}, 0},
+    {M2D_SCOPE_EXPERT, M2D_X_EXP_UP, LAYER_ "mlp.experts.%d.up_proj.weight", {M2D_DIM_EXPERT_FFN, M2D_DIM_HIDDEN}, 0},
+    {M2D_SCOPE_EXPERT, M2D_X_EXP_DOWN, LAYER_ "mlp.experts.%d.down_proj.weight", {M2D_DIM_HIDDEN, M2D_DIM_EXPERT_FFN}, 0},
+    {0},
+};
+#undef LAYER_
 
 /* ---- Qwen3ForCausalLM: every layer dense ---- */
 
-static int qwen3_parse(const void *json, const char *path, m2d_config *c) {
+int m2d_qwen3_parse(const void *json, const char *path, m2d_config *c) {
     if (m2d_qwen3_parse_common(json, path, c) != 0) return -1;
     if (m2d_cfg_pos_int(json, path, "intermediate_size", 1, 0, &c->intermediate_size) != 0 ||
         m2d_cfg_check_max(path, "intermediate_size", c->intermediate_size, 1 << 20) != 0)
@@ -156,11 +138,5 @@ static int qwen3_parse(const void *json, const char *path, m2d_config *c) {
     return m2d_qwen3_check_config(c, path);
 }
 
-static int qwen3_bind(m2d_model *m) {
-    if (m2d_qwen3_bind_common(m) != 0) return -1;
-    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
-        if (m2d_qwen3_bind_dense_ffn(m, l, m->cfg.intermediate_size) != 0) return -1;
-    return 0;
-}
-
-M2D_ARCH(qwen3, "Qwen3ForCausalLM", "Qwen3 dense decoder (GQA, q/k RMSNorm, SwiGLU)", qwen3_parse, qwen3_bind, NULL)
+M2D_ARCH(qwen3, .name = "Qwen3ForCausalLM", .summary = "Qwen3 dense decoder (GQA, q/k RMSNorm, SwiGLU)",
+         .parse_config = m2d_qwen3_parse, .tensors = m2d_qwen3_tensors)

@@ -2,6 +2,7 @@
  * expert), softmax router with top-k, optionally renormalised (norm_topk_prob). */
 #include "model/arch_qwen3.h"
 
+#include <cjson/cJSON.h>
 #include <stdlib.h>
 
 #include "base/util.h"
@@ -18,7 +19,7 @@ static int parse_num_experts(const void *json, const char *path, int *out) {
     return 0;
 }
 
-static int qwen3moe_parse(const void *json, const char *path, m2d_config *c) {
+int m2d_qwen3moe_parse(const void *json, const char *path, m2d_config *c) {
     if (m2d_qwen3_parse_common(json, path, c) != 0) return -1;
     /* shapes are required; behaviour flags take HF Qwen3MoeConfig defaults when absent */
     if (parse_num_experts(json, path, &c->num_experts) != 0 ||
@@ -44,34 +45,44 @@ static int qwen3moe_parse(const void *json, const char *path, m2d_config *c) {
         if (s != 0) return m2d_err1("%s: field 'shared_expert_intermediate_size': shared experts are not part of "
                                    "Qwen3-MoE (Qwen2-MoE needs its own adapter)", path);
     }
+    c->ops.router_renorm = c->norm_topk_prob;
     if (m2d_config_derive_layers(c, path) != 0) return -1;
     return m2d_qwen3_check_config(c, path);
 }
 
-static int qwen3moe_bind(m2d_model *m) {
-    const m2d_config *c = &m->cfg;
-    int64_t d = c->hidden_size, de = c->moe_intermediate_size, E = c->num_experts;
-    if (m2d_qwen3_bind_common(m) != 0) return -1;
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        if (!c->layer_is_moe[l]) {
-            if (m2d_qwen3_bind_dense_ffn(m, l, c->intermediate_size) != 0) return -1;
-            continue;
-        }
-        m2d_layer *L = &m->layers[l];
-        if (!(L->router = m2d_model_expectf(m, 2, E, d, "model.layers.%d.mlp.gate.weight", l))) return -1;
-        L->exp_gate = m2d_calloc((size_t)E, sizeof *L->exp_gate);
-        L->exp_up = m2d_calloc((size_t)E, sizeof *L->exp_up);
-        L->exp_down = m2d_calloc((size_t)E, sizeof *L->exp_down);
-        for (int e = 0; e < E; e++) {
-            const char *p = "model.layers";
-            if (!(L->exp_gate[e] = m2d_model_expectf(m, 2, de, d, "%s.%d.mlp.experts.%d.gate_proj.weight", p, l, e)) ||
-                !(L->exp_up[e] = m2d_model_expectf(m, 2, de, d, "%s.%d.mlp.experts.%d.up_proj.weight", p, l, e)) ||
-                !(L->exp_down[e] = m2d_model_expectf(m, 2, d, de, "%s.%d.mlp.experts.%d.down_proj.weight", p, l, e)))
-                return -1;
-        }
+/* Keys that only make sense for an MoE (dropped from a dense student's config.json). */
+static const char *const MOE_KEYS[] = {"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+                                       "decoder_sparse_step", "mlp_only_layers", "output_router_logits",
+                                       "router_aux_loss_coef"};
+
+static void set_number(cJSON *j, const char *key, double v) {
+    cJSON_DeleteItemFromObject(j, key);
+    cJSON_AddNumberToObject(j, key, v);
+}
+
+int m2d_qwen3moe_student_config(void *json, const m2d_student_shape *s, const char *path) {
+    (void)path;
+    cJSON *j = json;
+    if (s->moe) {
+        /* in the teacher's spelling: num_experts, or num_local_experts (transformers >= 5) */
+        const char *key = cJSON_HasObjectItem(j, "num_local_experts") && !cJSON_HasObjectItem(j, "num_experts")
+                              ? "num_local_experts" : "num_experts";
+        cJSON_DeleteItemFromObject(j, "num_experts");
+        cJSON_DeleteItemFromObject(j, "num_local_experts");
+        set_number(j, key, s->n_experts);
+        set_number(j, "num_experts_per_tok", s->top_k);
+        return 0;
     }
+    cJSON_ReplaceItemInObject(j, "architectures", cJSON_CreateStringArray((const char *[]){"Qwen3ForCausalLM"}, 1));
+    cJSON_DeleteItemFromObject(j, "model_type");
+    cJSON_AddStringToObject(j, "model_type", "qwen3");
+    set_number(j, "intermediate_size", s->ffn_width);
+    for (size_t i = 0; i < M2D_ARRAY_LEN(MOE_KEYS); i++) cJSON_DeleteItemFromObject(j, MOE_KEYS[i]);
     return 0;
 }
 
-M2D_ARCH(qwen3moe, "Qwen3MoeForCausalLM", "Qwen3-MoE decoder (routed SwiGLU experts, softmax top-k router)",
-         qwen3moe_parse, qwen3moe_bind, NULL)
+M2D_ARCH(qwen3moe, .name = "Qwen3MoeForCausalLM",
+         .summary = "Qwen3-MoE decoder (routed SwiGLU experts, softmax top-k router)",
+         .parse_config = m2d_qwen3moe_parse, .tensors = m2d_qwen3_tensors,
+         .student = "Qwen3ForCausalLM",
+         .student_config = m2d_qwen3moe_student_config)

@@ -25,11 +25,7 @@ const m2d_arch *m2d_arch_at(int i) { return archs.items[i]; }
 
 const char *m2d_arch_list(void) {
     static char buf[1024];
-    size_t used = 0;
-    buf[0] = 0;
-    for (int i = 0; i < archs.n && used < sizeof buf; i++)
-        used += (size_t)snprintf(buf + used, sizeof buf - used, "%s%s", i ? ", " : "", m2d_arch_at(i)->name);
-    return buf;
+    return m2d_name_table_list(&archs, buf, sizeof buf);
 }
 
 /* ---------------------------------------------------------------- config field helpers */
@@ -223,6 +219,76 @@ int m2d_config_derive_layers(m2d_config *cfg, const char *path) {
     return 0;
 }
 
+/* ---------------------------------------------------------------- roles and dimensions */
+
+#define ROLE_NAME_(R, f, ...) #f,
+#define ROLE_PART_(R, f, part) part,
+#define XROLE_NAME_(R, f) #f,
+static const char *const layer_role_names[M2D_T_COUNT] = {M2D_LAYER_ROLES(ROLE_NAME_)};
+static const int layer_role_part[M2D_T_COUNT] = {M2D_LAYER_ROLES(ROLE_PART_)};
+static const char *const expert_role_names[M2D_X_COUNT] = {M2D_EXPERT_ROLES(XROLE_NAME_)};
+static const char *const model_role_names[M2D_M_COUNT] = {"embed_tokens", "final_norm", "lm_head"};
+/* the union in m2d_layer relies on the named fields lining up with the role arrays */
+_Static_assert(sizeof(((m2d_layer *)0)->w) == M2D_T_COUNT * sizeof(void *), "m2d_layer roles");
+_Static_assert(offsetof(m2d_layer, router) == M2D_T_ROUTER * sizeof(void *), "m2d_layer role order");
+_Static_assert(offsetof(m2d_layer, exp_down) - offsetof(m2d_layer, x) == M2D_X_EXP_DOWN * sizeof(void *),
+               "m2d_layer expert role order");
+
+const char *m2d_layer_role_name(int role) { return role >= 0 && role < M2D_T_COUNT ? layer_role_names[role] : "?"; }
+const char *m2d_expert_role_name(int role) { return role >= 0 && role < M2D_X_COUNT ? expert_role_names[role] : "?"; }
+int m2d_layer_role_is_ffn(int role) { return role >= 0 && role < M2D_T_COUNT && layer_role_part[role] == M2D_PART_FFN; }
+
+int64_t m2d_dim_value(const m2d_config *c, m2d_dim dim) {
+    switch (dim) {
+    case M2D_DIM_NONE: return 0;
+    case M2D_DIM_HIDDEN: return c->hidden_size;
+    case M2D_DIM_VOCAB: return c->vocab_size;
+    case M2D_DIM_HEAD: return c->head_dim;
+    case M2D_DIM_Q: return (int64_t)c->num_attention_heads * c->head_dim;
+    case M2D_DIM_KV: return (int64_t)c->num_key_value_heads * c->head_dim;
+    case M2D_DIM_FFN: return c->intermediate_size;
+    case M2D_DIM_EXPERT_FFN: return c->moe_intermediate_size;
+    case M2D_DIM_EXPERTS: return c->num_experts;
+    }
+    return 0;
+}
+
+/* Does a spec of SCOPE occur in layer L? */
+static int scope_in_layer(const m2d_config *c, m2d_scope scope, int l) {
+    switch (scope) {
+    case M2D_SCOPE_LAYER: return 1;
+    case M2D_SCOPE_DENSE: return !c->layer_is_moe[l];
+    case M2D_SCOPE_MOE:
+    case M2D_SCOPE_EXPERT: return c->layer_is_moe[l];
+    case M2D_SCOPE_MODEL: return 0;
+    }
+    return 0;
+}
+
+static void spec_name(const m2d_tensor_spec *sp, int layer, int expert, char *buf, size_t cap) {
+    /* the format takes the layer, then the expert (printf ignores extra arguments) */
+    snprintf(buf, cap, sp->name, layer, expert);
+}
+
+static const m2d_tensor_spec *find_spec(const m2d_arch *a, m2d_scope scope, int role) {
+    for (const m2d_tensor_spec *sp = a ? a->tensors : NULL; sp && sp->name; sp++)
+        if (sp->scope == scope && sp->role == role) return sp;
+    return NULL;
+}
+
+int m2d_arch_tensor_name(const m2d_arch *a, m2d_scope scope, int role, int layer, int expert, char *buf, size_t cap) {
+    const m2d_tensor_spec *sp = find_spec(a, scope, role);
+    if (!sp && (scope == M2D_SCOPE_DENSE || scope == M2D_SCOPE_MOE)) sp = find_spec(a, M2D_SCOPE_LAYER, role);
+    if (!sp) {
+        const char *rn = scope == M2D_SCOPE_EXPERT ? m2d_expert_role_name(role)
+                         : scope == M2D_SCOPE_MODEL ? (role >= 0 && role < M2D_M_COUNT ? model_role_names[role] : "?")
+                                                    : m2d_layer_role_name(role);
+        return m2d_err("architecture %s: its tensor table has no '%s' tensor", a ? a->name : "(none)", rn);
+    }
+    spec_name(sp, layer, expert, buf, cap);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- open and bind */
 
 static void format_dims(int ndim, const int64_t *shape, char *buf, size_t n) {
@@ -253,27 +319,86 @@ const m2d_tensor *m2d_model_expect(m2d_model *m, const char *name, int ndim, int
     return t;
 }
 
-const m2d_tensor *m2d_model_expectf(m2d_model *m, int ndim, int64_t d0, int64_t d1, const char *fmt, ...) {
+/* A table tensor: presence, shape from the config, accepted dtype. */
+static const m2d_tensor *bind_spec(m2d_model *m, const m2d_tensor_spec *sp, int layer, int expert) {
     char name[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    return m2d_model_expect(m, name, ndim, d0, d1);
+    spec_name(sp, layer, expert, name, sizeof name);
+    int ndim = sp->shape[1] == M2D_DIM_NONE ? 1 : 2;
+    const m2d_tensor *t = m2d_model_expect(m, name, ndim, m2d_dim_value(&m->cfg, sp->shape[0]),
+                                           m2d_dim_value(&m->cfg, sp->shape[1]));
+    if (t && sp->dtypes && !(sp->dtypes & (1u << t->dtype))) {
+        m2d_err1("%s: tensor '%s': field 'dtype': %s is not accepted by %s", m2d_st_file_of(m->st, name), name,
+                 m2d_dtype_name(t->dtype), m->cfg.arch);
+        return NULL;
+    }
+    return t;
+}
+
+/* Tied embeddings (HF semantics): lm_head is the embedding; a stored lm_head.weight is accepted
+ * only when it is byte-identical (HF ignores it). */
+static int bind_lm_head(m2d_model *m, const m2d_tensor_spec *sp) {
+    if (!m->cfg.tie_word_embeddings) return (m->lm_head = bind_spec(m, sp, 0, 0)) ? 0 : -1;
+    char name[256];
+    spec_name(sp, 0, 0, name, sizeof name);
+    const m2d_tensor *h = m2d_st_find(m->st, name);
+    if (h && (h->dtype != m->embed->dtype || h->nbytes != m->embed->nbytes ||
+              memcmp(h->data, m->embed->data, h->nbytes) != 0))
+        return m2d_err1("%s: tensor '%s': differs from the embedding '%s' but tie_word_embeddings is true",
+                        m2d_st_file_of(m->st, name), name, m->embed->name);
+    m->lm_head = m->embed;
+    m->lm_head_stored = h;
+    return 0;
+}
+
+/* Model-scope entries, in the order embed, final norm, LM head (the LM head may tie to the embedding). */
+static int bind_model_tensors(m2d_model *m) {
+    const m2d_arch *a = m->arch;
+    for (int role = 0; role < M2D_M_COUNT; role++) {
+        const m2d_tensor_spec *sp = find_spec(a, M2D_SCOPE_MODEL, role);
+        if (!sp) return m2d_err1("architecture %s: its tensor table has no '%s' tensor", a->name, model_role_names[role]);
+        if (role == M2D_M_LM_HEAD) {
+            if (bind_lm_head(m, sp) != 0) return -1;
+        } else if (!(*(role == M2D_M_EMBED ? &m->embed : &m->final_norm) = bind_spec(m, sp, 0, 0))) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int bind_layer(m2d_model *m, int l) {
+    const m2d_arch *a = m->arch;
+    m2d_layer *L = &m->layers[l];
+    int E = m->cfg.num_experts;
+    for (const m2d_tensor_spec *sp = a->tensors; sp && sp->name; sp++) {
+        if (!scope_in_layer(&m->cfg, sp->scope, l)) continue;
+        if (sp->scope != M2D_SCOPE_EXPERT) {
+            if (!(L->w[sp->role] = bind_spec(m, sp, l, 0))) return -1;
+            continue;
+        }
+        L->x[sp->role] = m2d_calloc((size_t)E, sizeof(const m2d_tensor *));
+        for (int e = 0; e < E; e++)
+            if (!(L->x[sp->role][e] = bind_spec(m, sp, l, e))) return -1;
+    }
+    return 0;
+}
+
+/* Bind every entry of the adapter's tensor table. */
+static int bind_table(m2d_model *m) {
+    if (bind_model_tensors(m) != 0) return -1;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+        if (bind_layer(m, l) != 0) return -1;
+    return 0;
 }
 
 void m2d_model_close(m2d_model *m) {
     if (!m) return;
-    if (m->layers) {
-        for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
-            free(m->layers[l].exp_gate);
-            free(m->layers[l].exp_up);
-            free(m->layers[l].exp_down);
-        }
-    }
+    if (m->layers)
+        for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+            for (int r = 0; r < M2D_X_COUNT; r++) free(m->layers[l].x[r]);
     free(m->layers);
     m2d_st_close(m->st);
     m2d_config_free(&m->cfg);
+    free(m->config_text);
     free(m->dir);
     free(m);
 }
@@ -282,10 +407,15 @@ int m2d_model_open(const char *dir, m2d_model **out) {
     *out = NULL;
     m2d_model *m = m2d_calloc(1, sizeof *m);
     m->dir = m2d_strdup(dir);
-    if (m2d_config_load(dir, &m->cfg, &m->arch) != 0) goto fail;
+    char *path = m2d_path_join(dir, "config.json");
+    size_t len = 0;
+    m->config_text = m2d_read_file(path, &len);
+    int rc = m->config_text ? m2d_config_parse(m->config_text, len, path, &m->cfg, &m->arch) : -1;
+    free(path);
+    if (rc != 0) goto fail;
     if (m2d_st_open(dir, &m->st) != 0) goto fail;
     m->layers = m2d_calloc((size_t)m->cfg.num_hidden_layers, sizeof *m->layers);
-    if (m->arch->bind(m) != 0) goto fail;
+    if (bind_table(m) != 0) goto fail;
     /* tensors the adapter did not bind would be silently ignored: refuse them */
     if (m2d_model_check_unused(m) != 0) goto fail;
     m2d_st_hash(m->st, M2D_ST_HASH_FULL_MAX, m->weights_hash);
@@ -308,14 +438,9 @@ int m2d_model_check_unused(m2d_model *m) {
     USE(m->lm_head_stored);
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
         const m2d_layer *L = &m->layers[l];
-        USE(L->attn_norm); USE(L->q_proj); USE(L->k_proj); USE(L->v_proj); USE(L->o_proj);
-        USE(L->q_norm); USE(L->k_norm); USE(L->ffn_norm);
-        USE(L->gate_proj); USE(L->up_proj); USE(L->down_proj); USE(L->router);
-        for (int e = 0; m->cfg.layer_is_moe && m->cfg.layer_is_moe[l] && e < m->cfg.num_experts; e++) {
-            if (L->exp_gate) USE(L->exp_gate[e]);
-            if (L->exp_up) USE(L->exp_up[e]);
-            if (L->exp_down) USE(L->exp_down[e]);
-        }
+        for (int r = 0; r < M2D_T_COUNT; r++) USE(L->w[r]);
+        for (int r = 0; r < M2D_X_COUNT; r++)
+            for (int e = 0; L->x[r] && e < m->cfg.num_experts; e++) USE(L->x[r][e]);
     }
 #undef USE
     int rc = 0;
@@ -334,31 +459,66 @@ int m2d_model_check_unused(m2d_model *m) {
 m2d_param_counts m2d_model_param_counts(const m2d_config *c) {
     const m2d_arch *a = m2d_arch_find(c->arch);
     if (a && a->param_counts) return a->param_counts(c);
-    return m2d_param_counts_qwen3(c);
+    return m2d_param_counts_table(a, c);
 }
 
-m2d_param_counts m2d_param_counts_qwen3(const m2d_config *c) {
-    int64_t d = c->hidden_size, V = c->vocab_size, hd = c->head_dim;
-    int64_t embed = V * d, head = c->tie_word_embeddings ? 0 : V * d;
-    int64_t attn = d * c->num_attention_heads * hd * 2 + d * c->num_key_value_heads * hd * 2 + 2 * hd;
-    int64_t norms = 2 * d;
-    int64_t dense_ffn = 3 * d * c->intermediate_size;
-    int64_t expert = 3 * d * c->moe_intermediate_size;
-    int64_t router = (int64_t)c->num_experts * d;
-    /* the dense student merges K selected experts into k groups: width k * d_e, no router */
-    int64_t student_ffn = 3 * d * (int64_t)c->num_experts_per_tok * c->moe_intermediate_size;
-    m2d_param_counts p = {embed + head + d, embed + head + d, embed + head + d};
+static int64_t spec_numel(const m2d_tensor_spec *sp, const m2d_config *c) {
+    int64_t n = m2d_dim_value(c, sp->shape[0]);
+    return sp->shape[1] == M2D_DIM_NONE ? n : n * m2d_dim_value(c, sp->shape[1]);
+}
+
+/* Elements of the table entries of SCOPE in one layer (EXPERT: per expert). */
+static int64_t scope_numel(const m2d_arch *a, const m2d_config *c, m2d_scope scope) {
+    int64_t n = 0;
+    for (const m2d_tensor_spec *sp = a ? a->tensors : NULL; sp && sp->name; sp++)
+        if (sp->scope == scope) n += spec_numel(sp, c);
+    return n;
+}
+
+m2d_param_counts m2d_param_counts_table(const m2d_arch *a, const m2d_config *c) {
+    int64_t model = 0;
+    for (const m2d_tensor_spec *sp = a ? a->tensors : NULL; sp && sp->name; sp++)
+        if (sp->scope == M2D_SCOPE_MODEL && !(sp->role == M2D_M_LM_HEAD && c->tie_word_embeddings))
+            model += spec_numel(sp, c);
+    int64_t base = scope_numel(a, c, M2D_SCOPE_LAYER), dense = scope_numel(a, c, M2D_SCOPE_DENSE);
+    int64_t router = scope_numel(a, c, M2D_SCOPE_MOE), expert = scope_numel(a, c, M2D_SCOPE_EXPERT);
+    /* the dense student merges K selected experts into k groups: its dense FFN of width k * d_e */
+    const m2d_arch *st = a && a->student ? m2d_arch_find(a->student) : NULL;
+    m2d_config sc = *c;
+    sc.intermediate_size = c->num_experts_per_tok * c->moe_intermediate_size;
+    int64_t student_ffn = scope_numel(st ? st : a, &sc, M2D_SCOPE_DENSE);
+    m2d_param_counts p = {model, model, model};
     for (int l = 0; l < c->num_hidden_layers; l++) {
-        int64_t base = attn + norms;
         if (c->layer_is_moe && c->layer_is_moe[l]) {
             p.total += base + router + expert * c->num_experts;
             p.active += base + router + expert * c->num_experts_per_tok;
             p.dense_student += base + student_ffn;
         } else {
-            p.total += base + dense_ffn;
-            p.active += base + dense_ffn;
-            p.dense_student += base + dense_ffn;
+            p.total += base + dense;
+            p.active += base + dense;
+            p.dense_student += base + dense;
         }
     }
     return p;
+}
+
+/* ---------------------------------------------------------------- student config */
+
+int m2d_arch_student_config(const m2d_model *t, const m2d_student_shape *s, char **json_out) {
+    *json_out = NULL;
+    const m2d_arch *a = t->arch;
+    if (!a || !a->student_config || (!s->moe && !a->student))
+        return m2d_err("%s: architecture %s declares no student to convert to", t->dir, t->cfg.arch);
+    if (!t->config_text) return m2d_err("%s: the teacher's config.json text is not available", t->dir);
+    cJSON *j = cJSON_Parse(t->config_text);
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return m2d_err("%s/config.json: field '(root)': not a JSON object", t->dir);
+    }
+    char *path = m2d_path_join(t->dir, "config.json");
+    int rc = a->student_config(j, s, path);
+    free(path);
+    if (rc == 0) *json_out = cJSON_Print(j);
+    cJSON_Delete(j);
+    return rc;
 }

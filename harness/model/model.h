@@ -1,8 +1,12 @@
 /* model — config.json, architecture adapters, and the loaded model's weight views.
  *
- * An architecture adapter (one file: harness/arch_<name>.c) registers itself with
- * M2D_ARCH(...) and knows (1) how to read its config.json into m2d_config and
- * (2) how to bind checkpoint tensors to m2d_layer slots (with expected shapes). */
+ * An architecture adapter (one file: harness/model/arch_<name>.c) registers itself with
+ * M2D_ARCH(...) and declares (1) how to read its config.json into m2d_config, including the ops
+ * its layers use (m2d_layer_ops), (2) its tensor table (names, shapes, dtypes per role), (3) the
+ * student architecture it converts to and how its config.json is written. Everything generic
+ * (binding, validation, unused-tensor check, parameter counts, student tensor names) is done here
+ * from those declarations; the engine and the converter read only them. ARCHITECTURE.md lists
+ * the exact steps for a new family. */
 #ifndef M2D_MODEL_H
 #define M2D_MODEL_H
 
@@ -10,12 +14,47 @@
 
 #include "io/st.h"
 
+/* One limit on the attention head size, for the config readers, the engine and every backend
+ * (kernels size their per-head scratch by it): 1024, four times the largest heads (256) of released
+ * models; configs beyond it are refused when parsed. */
+#define M2D_MAX_HEAD_DIM 1024
+
+/* ---- what the layers compute (the adapter's ops description) ----
+ * The engine reads these and the tensor roles below, never an architecture name. Adding a
+ * variant: a new enum value here, its implementation in engine.c (and each backend op it needs),
+ * and the engine's creation-time check (check_model) that rejects what it does not implement. */
+typedef enum {
+    M2D_QK_NORM_NONE,       /* no q/k norm (Qwen2, Mixtral, DeepSeek-V2) */
+    M2D_QK_NORM_PER_HEAD,   /* RMSNorm of each head's q/k vector, weight [head_dim] (Qwen3) */
+    M2D_QK_NORM_WHOLE,      /* RMSNorm over the whole q/k projection, weight [heads*head_dim] (OLMoE) */
+} m2d_qk_norm;
+
+typedef enum {
+    M2D_ROUTER_SOFTMAX_TOPK, /* p = softmax over all E router logits; top-k of p (ties -> lower index) */
+} m2d_router_kind;
+
+typedef enum {
+    M2D_ACT_SWIGLU,          /* silu(gate x) * (up x) */
+} m2d_ffn_act;
+
+typedef enum {
+    M2D_ROPE_NEOX,           /* rotate-half (HF default): pairs (i, i + head_dim/2), theta^(-2i/head_dim) */
+} m2d_rope_kind;
+
+typedef struct {
+    m2d_qk_norm qk_norm;
+    m2d_router_kind router;
+    bool router_renorm;     /* gates = p / sum of the k selected p (HF norm_topk_prob) */
+    m2d_ffn_act ffn_act;    /* dense FFN and every expert */
+    m2d_rope_kind rope;
+} m2d_layer_ops;
+
 typedef struct {
     char arch[64];          /* "Qwen3MoeForCausalLM" */
     char model_type[32];    /* "qwen3_moe" */
     int vocab_size, hidden_size, intermediate_size, moe_intermediate_size;
     int num_experts, num_experts_per_tok; /* 0 experts: dense model */
-    bool norm_topk_prob;
+    bool norm_topk_prob;    /* as in config.json; the engine reads ops.router_renorm */
     int decoder_sparse_step;
     int *mlp_only_layers; int n_mlp_only_layers;
     int num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim;
@@ -25,16 +64,98 @@ typedef struct {
     int bos_token_id, eos_token_id; /* -1 when null/absent */
     m2d_dtype torch_dtype;
     bool *layer_is_moe;     /* derived: [num_hidden_layers] */
+    m2d_layer_ops ops;      /* filled by the adapter's parse_config */
 } m2d_config;
 
+/* ---- tensor roles ----
+ * Every tensor the engine or the converter uses has a role. A layer holds one pointer per role
+ * (NULL where its architecture or layer kind has none); which roles exist, their checkpoint
+ * names and shapes come from the adapter's tensor table (m2d_tensor_spec). Each X(...) line is
+ * (ROLE, field, part): part M2D_PART_FFN marks the FFN block that conversion replaces (router,
+ * experts, dense gate/up/down); everything else is copied from the teacher unchanged.
+ * Adding a role (e.g. attention biases, sinks, shared experts for issue 12) is one line here plus
+ * its use in the engine; the union keeps both `L->q_proj` and the loop form `L->w[role]`. */
+#define M2D_PART_LAYER 0
+#define M2D_PART_FFN 1
+#define M2D_LAYER_ROLES(X)                                                                    \
+    X(ATTN_NORM, attn_norm, M2D_PART_LAYER)   /* RMSNorm before attention [d] */             \
+    X(Q, q_proj, M2D_PART_LAYER)              /* [heads*head_dim, d] */                      \
+    X(K, k_proj, M2D_PART_LAYER)              /* [kv_heads*head_dim, d] */                   \
+    X(V, v_proj, M2D_PART_LAYER)              /* [kv_heads*head_dim, d] */                   \
+    X(O, o_proj, M2D_PART_LAYER)              /* [d, heads*head_dim] */                      \
+    X(Q_NORM, q_norm, M2D_PART_LAYER)         /* per ops.qk_norm */                          \
+    X(K_NORM, k_norm, M2D_PART_LAYER)                                                        \
+    X(FFN_NORM, ffn_norm, M2D_PART_LAYER)     /* RMSNorm before the FFN [d] */               \
+    X(GATE, gate_proj, M2D_PART_FFN)          /* dense FFN [inter, d] */                     \
+    X(UP, up_proj, M2D_PART_FFN)              /* dense FFN [inter, d] */                     \
+    X(DOWN, down_proj, M2D_PART_FFN)          /* dense FFN [d, inter] */                     \
+    X(ROUTER, router, M2D_PART_FFN)           /* MoE router [E, d] */
+/* Per-expert roles of an MoE layer: arrays of E tensors. */
+#define M2D_EXPERT_ROLES(X)                                                                   \
+    X(EXP_GATE, exp_gate) /* [d_e, d] */                                                      \
+    X(EXP_UP, exp_up)     /* [d_e, d] */                                                      \
+    X(EXP_DOWN, exp_down) /* [d, d_e] */
+/* Model-level roles (fields of m2d_model). */
+typedef enum { M2D_M_EMBED, M2D_M_FINAL_NORM, M2D_M_LM_HEAD, M2D_M_COUNT } m2d_model_role;
+
+#define M2D_ROLE_ENUM_(R, f, ...) M2D_T_##R,
+#define M2D_XROLE_ENUM_(R, f) M2D_X_##R,
+#define M2D_ROLE_FIELD_(R, f, ...) const m2d_tensor *f;
+#define M2D_XROLE_FIELD_(R, f) const m2d_tensor **f;
+typedef enum { M2D_LAYER_ROLES(M2D_ROLE_ENUM_) M2D_T_COUNT } m2d_layer_role;
+typedef enum { M2D_EXPERT_ROLES(M2D_XROLE_ENUM_) M2D_X_COUNT } m2d_expert_role;
+
 typedef struct {
-    const m2d_tensor *attn_norm, *q_proj, *k_proj, *v_proj, *o_proj, *q_norm, *k_norm, *ffn_norm;
-    /* dense FFN (layer_is_moe false): [inter, d], [inter, d], [d, inter] */
-    const m2d_tensor *gate_proj, *up_proj, *down_proj;
-    /* MoE FFN: router [E, d]; per-expert gate/up [d_e, d], down [d, d_e] (arrays of E) */
-    const m2d_tensor *router;
-    const m2d_tensor **exp_gate, **exp_up, **exp_down;
+    union {
+        const m2d_tensor *w[M2D_T_COUNT];
+        struct { M2D_LAYER_ROLES(M2D_ROLE_FIELD_) };
+    };
+    union {
+        const m2d_tensor **x[M2D_X_COUNT]; /* [role][expert], NULL on dense layers */
+        struct { M2D_EXPERT_ROLES(M2D_XROLE_FIELD_) };
+    };
 } m2d_layer;
+
+/* Role names for messages ("q_proj"), and whether a role is part of the replaced FFN block. */
+const char *m2d_layer_role_name(int role);
+const char *m2d_expert_role_name(int role);
+int m2d_layer_role_is_ffn(int role);
+
+/* ---- the adapter's tensor table ----
+ * One entry per tensor kind: where it occurs (scope), which role it fills, its checkpoint name
+ * (printf format: the layer index, then the expert index) and its shape in config dimensions.
+ * The generic binder (m2d_model_open) instantiates every entry, checks presence, shape and dtype,
+ * and refuses checkpoint tensors no entry claims. */
+typedef enum {
+    M2D_SCOPE_MODEL,        /* once per model; role is an m2d_model_role */
+    M2D_SCOPE_LAYER,        /* every layer; role is an m2d_layer_role */
+    M2D_SCOPE_DENSE,        /* layers with a dense FFN (layer_is_moe false) */
+    M2D_SCOPE_MOE,          /* MoE layers */
+    M2D_SCOPE_EXPERT,       /* each expert of each MoE layer; role is an m2d_expert_role */
+} m2d_scope;
+
+typedef enum {
+    M2D_DIM_NONE,           /* unused second dimension (a vector) */
+    M2D_DIM_HIDDEN,         /* hidden_size */
+    M2D_DIM_VOCAB,          /* vocab_size */
+    M2D_DIM_HEAD,           /* head_dim */
+    M2D_DIM_Q,              /* num_attention_heads * head_dim */
+    M2D_DIM_KV,             /* num_key_value_heads * head_dim */
+    M2D_DIM_FFN,            /* intermediate_size (dense FFN width) */
+    M2D_DIM_EXPERT_FFN,     /* moe_intermediate_size */
+    M2D_DIM_EXPERTS,        /* num_experts */
+} m2d_dim;
+
+typedef struct {
+    m2d_scope scope;
+    int role;
+    const char *name;       /* "model.layers.%d.self_attn.q_proj.weight" */
+    m2d_dim shape[2];       /* shape[1] M2D_DIM_NONE: 1-D */
+    unsigned dtypes;        /* accepted dtypes, bit (1u << m2d_dtype); 0: F32, BF16 or F16 */
+} m2d_tensor_spec;
+
+/* Value of DIM under CFG. */
+int64_t m2d_dim_value(const m2d_config *cfg, m2d_dim dim);
 
 typedef struct m2d_arch m2d_arch;
 
@@ -48,20 +169,36 @@ typedef struct {
     m2d_config cfg;
     const m2d_arch *arch;
     m2d_st *st;
+    char *config_text;      /* config.json as read (the student's config is derived from it) */
     const m2d_tensor *embed, *final_norm, *lm_head; /* lm_head == embed when tied */
     const m2d_tensor *lm_head_stored; /* tied checkpoints that also store an identical lm_head.weight */
     m2d_layer *layers;      /* [num_hidden_layers] */
     char weights_hash[65];  /* sha256 over tensor names, shapes, dtypes and bytes (identity for caches) */
 } m2d_model;
 
+/* What conversion asks of the student's config.json (m2d_arch.student_config). */
+typedef struct {
+    bool moe;               /* false: dense student (arch = the adapter's .student); true: a smaller
+                             * MoE of the teacher's own architecture */
+    int ffn_width;          /* dense: the merged FFN width of every layer, k * d_e */
+    int n_experts, top_k;   /* moe: experts per MoE layer and experts routed per token */
+} m2d_student_shape;
+
 struct m2d_arch {
     const char *name;       /* architectures[0] in config.json */
     const char *summary;
-    /* fill cfg from parsed config.json (a cJSON*); errors name PATH and the field */
+    /* fill cfg (sizes and cfg->ops) from parsed config.json (a cJSON*); errors name PATH and the
+     * field. Must call m2d_config_derive_layers (or set layer_is_moe itself). */
     int (*parse_config)(const void *json, const char *path, m2d_config *cfg);
-    /* bind m->layers etc. from m->st; check every expected tensor's presence and shape */
-    int (*bind)(m2d_model *m);
-    /* optional: parameter counts (NULL: the Qwen3-family layout, m2d_param_counts_qwen3) */
+    /* the tensor table (see m2d_tensor_spec), ending with an entry whose name is NULL */
+    const m2d_tensor_spec *tensors;
+    /* the dense student this architecture converts to: a registered adapter's name (NULL: not
+     * convertible, e.g. a dense architecture), and the rewrite of a copy of the teacher's parsed
+     * config.json (cJSON*) into the student's, for a dense or a smaller-MoE student */
+    const char *student;
+    int (*student_config)(void *json, const m2d_student_shape *s, const char *path);
+    /* optional: parameter counts when the tensor table does not give them (NULL: counted from
+     * the table, m2d_param_counts_table) */
     m2d_param_counts (*param_counts)(const m2d_config *cfg);
 };
 
@@ -91,8 +228,18 @@ void m2d_model_close(m2d_model *m);
 
 /* Parameter counts (elements) of CFG via its adapter: see m2d_param_counts above. */
 m2d_param_counts m2d_model_param_counts(const m2d_config *cfg);
-/* Qwen3 family: GQA attention with q/k RMSNorm, two norms per layer, SwiGLU FFN/experts, router [E, d]. */
-m2d_param_counts m2d_param_counts_qwen3(const m2d_config *cfg);
+/* Counted from ARCH's tensor table (and its student's for dense_student). */
+m2d_param_counts m2d_param_counts_table(const m2d_arch *arch, const m2d_config *cfg);
+
+/* ---- names from the tensor table ----
+ * Checkpoint name of the tensor of ARCH in SCOPE with ROLE at LAYER (and EXPERT) into buf;
+ * -1 + m2d_err when the architecture has no such tensor. */
+int m2d_arch_tensor_name(const m2d_arch *arch, m2d_scope scope, int role, int layer, int expert, char *buf,
+                         size_t cap);
+/* The student's config.json text (cJSON_Print of the teacher's config.json rewritten by the
+ * teacher adapter's student_config); caller frees. -1 + m2d_err when the teacher has no student
+ * or no config text. */
+int m2d_arch_student_config(const m2d_model *teacher, const m2d_student_shape *s, char **json_out);
 
 /* ---- helpers for architecture adapters ----
  * config.json fields (JSON is the parsed cJSON* given to parse_config). Absent or null takes
@@ -114,8 +261,6 @@ int m2d_config_derive_layers(m2d_config *cfg, const char *path);
 /* Tensor NAME with shape [d0] (ndim 1) or [d0, d1] (ndim 2) and a float dtype; else NULL and an
  * error naming the tensor and the expected vs actual shape. */
 const m2d_tensor *m2d_model_expect(m2d_model *m, const char *name, int ndim, int64_t d0, int64_t d1);
-const m2d_tensor *m2d_model_expectf(m2d_model *m, int ndim, int64_t d0, int64_t d1, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
 /* Error if the checkpoint holds a tensor the adapter did not bind (nothing is ignored silently). */
 int m2d_model_check_unused(m2d_model *m);
 

@@ -1,11 +1,11 @@
 #include "sweep/grid.h"
 
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/util.h"
+#include "model/model.h"
 #include "sweep/sweep_backend.h"
 
 static const char *const AXES[] = {"scoring", "grouping", "scaling", "K", "params"};
@@ -75,29 +75,13 @@ static int check_keys(const ctx *c, const m2d_toml *t, const char *where, const 
 /* ---- teacher shape ---- */
 
 static int read_teacher_shape(const char *model, int *E, int *k, int64_t *d_e) {
-    char *path = m2d_path_join(model, "config.json");
-    char *text = m2d_read_file(path, NULL);
-    if (!text) {
-        free(path);
-        return -1;
-    }
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    int rc = 0;
-    const cJSON *ne = j ? cJSON_GetObjectItemCaseSensitive(j, "num_experts") : NULL;
-    const cJSON *nk = j ? cJSON_GetObjectItemCaseSensitive(j, "num_experts_per_tok") : NULL;
-    const cJSON *de = j ? cJSON_GetObjectItemCaseSensitive(j, "moe_intermediate_size") : NULL;
-    if (!j) rc = m2d_err("%s: not valid JSON", path);
-    else if (!cJSON_IsNumber(ne) || ne->valueint < 1) rc = m2d_err("%s: field 'num_experts': missing or < 1", path);
-    else if (!cJSON_IsNumber(nk) || nk->valueint < 1 || nk->valueint > ne->valueint)
-        rc = m2d_err("%s: field 'num_experts_per_tok': missing or not in [1, num_experts]", path);
-    else {
-        *E = ne->valueint;
-        *k = nk->valueint;
-        *d_e = cJSON_IsNumber(de) ? (int64_t)de->valuedouble : 0;
-    }
-    cJSON_Delete(j);
-    free(path);
+    m2d_config c;
+    if (m2d_config_load(model, &c, NULL) != 0) return -1;
+    int rc = c.num_experts < 1 ? m2d_err("%s/config.json: field 'num_experts': %s is not an MoE", model, c.arch) : 0;
+    *E = c.num_experts;
+    *k = c.num_experts_per_tok;
+    *d_e = c.moe_intermediate_size;
+    m2d_config_free(&c);
     return rc;
 }
 

@@ -1,7 +1,5 @@
 #include "sweep/sweep.h"
 
-#include <cblas.h>
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -11,6 +9,8 @@
 
 #include "io/results.h"
 #include "base/util.h"
+#include "engine/backend.h"
+#include "model/model.h"
 #include "sweep/sweep_backend.h"
 #include "sweep/sweep_csv.h"
 #include "sweep/sweep_mc.h"
@@ -106,7 +106,7 @@ int m2d_sweep_run(const m2d_experiment *x, const m2d_sweep_opts *o, m2d_sweep_su
     int jobs, threads;
     choose_threads(o, n_idx, &jobs, &threads);
     b.threads = threads;
-    openblas_set_num_threads(threads);
+    m2d_backend_host_blas_threads(threads);
     sum->jobs = jobs;
     sum->threads = threads;
     int rc = run_with_backend(x, o, out, &b, idx, n_idx, sum);
@@ -123,29 +123,12 @@ typedef struct {
 } shape;
 
 static int read_shape(const char *model, shape *sh) {
-    memset(sh, 0, sizeof *sh);
-    char *path = m2d_path_join(model, "config.json");
-    char *text = m2d_read_file(path, NULL);
-    free(path);
-    if (!text) return -1;
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    if (!j) return -1;
-#define NUM(field) (cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j, field)) ? \
-                    (int64_t)cJSON_GetObjectItemCaseSensitive(j, field)->valuedouble : 0)
-    sh->vocab = NUM("vocab_size");
-    sh->hidden = NUM("hidden_size");
-    sh->layers = NUM("num_hidden_layers");
-    sh->heads = NUM("num_attention_heads");
-    sh->kv_heads = NUM("num_key_value_heads");
-    sh->head_dim = NUM("head_dim");
-    sh->d_e = NUM("moe_intermediate_size");
-    sh->E = NUM("num_experts");
-    sh->k = NUM("num_experts_per_tok");
-#undef NUM
-    cJSON_Delete(j);
-    if (!sh->head_dim && sh->heads) sh->head_dim = sh->hidden / sh->heads;
-    return sh->hidden && sh->layers && sh->vocab ? 0 : -1;
+    m2d_config c;
+    if (m2d_config_load(model, &c, NULL) != 0) return -1;
+    *sh = (shape){c.vocab_size, c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
+                  c.head_dim, c.moe_intermediate_size, c.num_experts, c.num_experts_per_tok};
+    m2d_config_free(&c);
+    return 0;
 }
 
 /* Rough seconds per configuration from FLOPs: 2 * (per-token weights) * scored tokens at an assumed

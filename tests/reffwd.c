@@ -1,0 +1,182 @@
+/* reffwd — naive float64 reference forward (see reffwd.h). */
+#include "reffwd.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/tensor.h"
+
+static double *tf(const m2d_tensor *t) {
+    int64_t n = m2d_tensor_numel(t);
+    float *f = m2d_tensor_f32(t);
+    double *d = malloc(sizeof(double) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) d[i] = f[i];
+    free(f);
+    return d;
+}
+
+static void ref_rms(double *x, int d, const m2d_tensor *wt, double eps) {
+    double *w = tf(wt), ss = 0;
+    for (int i = 0; i < d; i++) ss += x[i] * x[i];
+    double r = 1 / sqrt(ss / d + eps);
+    for (int i = 0; i < d; i++) x[i] = x[i] * r * w[i];
+    free(w);
+}
+
+static void ref_linear(const m2d_tensor *wt, const double *x, int in, int out, double *y) {
+    double *w = tf(wt);
+    for (int o = 0; o < out; o++) {
+        double s = 0;
+        for (int i = 0; i < in; i++) s += w[(size_t)o * in + i] * x[i];
+        y[o] = s;
+    }
+    free(w);
+}
+
+static void ref_swiglu(const m2d_tensor *g, const m2d_tensor *u, const m2d_tensor *dn, const double *x, int d,
+                       int inter, double *y) {
+    double *a = malloc(sizeof(double) * inter), *b = malloc(sizeof(double) * inter);
+    ref_linear(g, x, d, inter, a);
+    ref_linear(u, x, d, inter, b);
+    for (int i = 0; i < inter; i++) a[i] = a[i] / (1 + exp(-a[i])) * b[i];
+    ref_linear(dn, a, inter, d, y);
+    free(a);
+    free(b);
+}
+
+static void ref_rope(double *v, int hd, int pos, double theta) {
+    for (int i = 0; i < hd / 2; i++) {
+        double f = pos * pow(theta, -2.0 * i / hd), a = v[i], b = v[i + hd / 2];
+        v[i] = a * cos(f) - b * sin(f);
+        v[i + hd / 2] = b * cos(f) + a * sin(f);
+    }
+}
+
+/* q/k norm of one token's heads: per head ([head_dim] weight, Qwen3) or over the whole projection
+ * (OLMoE), told apart by the weight's length; then RoPE per head */
+static void ref_qk(double *v, int heads, int hd, const m2d_tensor *norm, const m2d_config *c, int pos) {
+    if (norm && m2d_tensor_numel(norm) == (int64_t)heads * hd && heads > 1) ref_rms(v, heads * hd, norm, c->rms_norm_eps);
+    for (int a = 0; a < heads; a++) {
+        if (norm && m2d_tensor_numel(norm) == hd) ref_rms(v + (size_t)a * hd, hd, norm, c->rms_norm_eps);
+        ref_rope(v + (size_t)a * hd, hd, pos, c->rope_theta);
+    }
+}
+
+typedef struct {
+    int n, d, H, KV, hd;
+    double *x, *q, *K, *V; /* residual stream [n, d]; q [n, H*hd]; keys, values [n, KV*hd] */
+} ref_state;
+
+/* causal GQA of token t: att [H*hd] */
+static void ref_attend(const ref_state *s, int t, double *att) {
+    int H = s->H, KV = s->KV, hd = s->hd;
+    double *sc = malloc(sizeof(double) * (size_t)(t + 1));
+    for (int a = 0; a < H; a++) {
+        int g = a / (H / KV);
+        double mx = -INFINITY, z = 0;
+        for (int s2 = 0; s2 <= t; s2++) {
+            double dd = 0;
+            for (int i = 0; i < hd; i++) dd += s->q[(size_t)t * H * hd + a * hd + i] * s->K[(size_t)s2 * KV * hd + g * hd + i];
+            sc[s2] = dd / sqrt(hd);
+            mx = fmax(mx, sc[s2]);
+        }
+        for (int s2 = 0; s2 <= t; s2++) z += (sc[s2] = exp(sc[s2] - mx));
+        for (int i = 0; i < hd; i++) {
+            double acc = 0;
+            for (int s2 = 0; s2 <= t; s2++) acc += sc[s2] * s->V[(size_t)s2 * KV * hd + g * hd + i];
+            att[a * hd + i] = acc / z;
+        }
+    }
+    free(sc);
+}
+
+static void ref_attention_layer(const m2d_model *m, const m2d_layer *L, ref_state *s, int qk_norm) {
+    const m2d_config *c = &m->cfg;
+    int d = s->d, H = s->H, KV = s->KV, hd = s->hd;
+    double *h = malloc(sizeof(double) * d), *att = malloc(sizeof(double) * H * hd), *y = malloc(sizeof(double) * d);
+    for (int t = 0; t < s->n; t++) {
+        memcpy(h, s->x + (size_t)t * d, sizeof(double) * d);
+        ref_rms(h, d, L->attn_norm, c->rms_norm_eps);
+        ref_linear(L->q_proj, h, d, H * hd, s->q + (size_t)t * H * hd);
+        ref_linear(L->k_proj, h, d, KV * hd, s->K + (size_t)t * KV * hd);
+        ref_linear(L->v_proj, h, d, KV * hd, s->V + (size_t)t * KV * hd);
+        ref_qk(s->q + (size_t)t * H * hd, H, hd, qk_norm ? L->q_norm : NULL, c, t);
+        ref_qk(s->K + (size_t)t * KV * hd, KV, hd, qk_norm ? L->k_norm : NULL, c, t);
+    }
+    for (int t = 0; t < s->n; t++) {
+        ref_attend(s, t, att);
+        ref_linear(L->o_proj, att, H * hd, d, y);
+        for (int i = 0; i < d; i++) s->x[(size_t)t * d + i] += y[i];
+    }
+    free(h); free(att); free(y);
+}
+
+/* softmax router, top-k (ties -> lower index), gates renormalised per norm_topk_prob: y += sum g f_e(h) */
+static void ref_moe(const m2d_model *m, const m2d_layer *L, const double *h, double *x) {
+    const m2d_config *c = &m->cfg;
+    int d = c->hidden_size, E = c->num_experts, k = c->num_experts_per_tok;
+    double *p = malloc(sizeof(double) * E), *y = malloc(sizeof(double) * d), mx = -INFINITY, z = 0, sel = 0;
+    ref_linear(L->router, h, d, E, p);
+    for (int e2 = 0; e2 < E; e2++) mx = fmax(mx, p[e2]);
+    for (int e2 = 0; e2 < E; e2++) z += (p[e2] = exp(p[e2] - mx));
+    for (int e2 = 0; e2 < E; e2++) p[e2] /= z;
+    int *taken = calloc((size_t)E, sizeof(int)), *ids = malloc(sizeof(int) * k);
+    for (int j = 0; j < k; j++) {
+        int b = -1;
+        for (int e2 = 0; e2 < E; e2++)
+            if (!taken[e2] && (b < 0 || p[e2] > p[b])) b = e2;
+        taken[b] = 1;
+        ids[j] = b;
+        sel += p[b];
+    }
+    for (int j = 0; j < k; j++) {
+        double gw = c->norm_topk_prob ? p[ids[j]] / sel : p[ids[j]];
+        ref_swiglu(L->exp_gate[ids[j]], L->exp_up[ids[j]], L->exp_down[ids[j]], h, d, c->moe_intermediate_size, y);
+        for (int i = 0; i < d; i++) x[i] += gw * y[i];
+    }
+    free(p); free(y); free(taken); free(ids);
+}
+
+static void ref_ffn_layer(const m2d_model *m, int l, ref_state *s) {
+    const m2d_config *c = &m->cfg;
+    const m2d_layer *L = &m->layers[l];
+    int d = s->d;
+    double *h = malloc(sizeof(double) * d), *y = malloc(sizeof(double) * d);
+    for (int t = 0; t < s->n; t++) {
+        double *x = s->x + (size_t)t * d;
+        memcpy(h, x, sizeof(double) * d);
+        ref_rms(h, d, L->ffn_norm, c->rms_norm_eps);
+        if (c->layer_is_moe[l]) {
+            ref_moe(m, L, h, x);
+            continue;
+        }
+        ref_swiglu(L->gate_proj, L->up_proj, L->down_proj, h, d, c->intermediate_size, y);
+        for (int i = 0; i < d; i++) x[i] += y[i];
+    }
+    free(h); free(y);
+}
+
+static void forward(const m2d_model *m, const int32_t *tok, int n, double *logits, int qk_norm) {
+    const m2d_config *c = &m->cfg;
+    int d = c->hidden_size, H = c->num_attention_heads, KV = c->num_key_value_heads, hd = c->head_dim;
+    ref_state s = {n, d, H, KV, hd, calloc((size_t)n * d, sizeof(double)), malloc(sizeof(double) * n * H * hd),
+                   malloc(sizeof(double) * n * KV * hd), malloc(sizeof(double) * n * KV * hd)};
+    double *emb = tf(m->embed);
+    for (int t = 0; t < n; t++) memcpy(s.x + (size_t)t * d, emb + (size_t)tok[t] * d, sizeof(double) * d);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        ref_attention_layer(m, &m->layers[l], &s, qk_norm);
+        ref_ffn_layer(m, l, &s);
+    }
+    for (int t = 0; t < n; t++) {
+        ref_rms(s.x + (size_t)t * d, d, m->final_norm, c->rms_norm_eps);
+        ref_linear(m->lm_head, s.x + (size_t)t * d, d, c->vocab_size, logits + (size_t)t * c->vocab_size);
+    }
+    free(s.x); free(s.q); free(s.K); free(s.V); free(emb);
+}
+
+void tu_ref_forward(const m2d_model *m, const int32_t *tok, int n, double *logits) { forward(m, tok, n, logits, 1); }
+
+void tu_ref_forward_no_qk_norm(const m2d_model *m, const int32_t *tok, int n, double *logits) {
+    forward(m, tok, n, logits, 0);
+}

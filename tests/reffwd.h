@@ -1,0 +1,19 @@
+/* reffwd — the naive float64 reference forward every engine test compares against: straight loops
+ * over the Hugging Face definitions (Qwen3 / Qwen3-MoE, and the OLMoE-style q/k norm over the whole
+ * projection), one token at a time, everything in double. Independent of the engine, its backends,
+ * its batching and its weight conversion: it reads the model's tensors and HF config fields only
+ * (q/k norm kind from the norm weight's length, gates from norm_topk_prob), not cfg.ops. */
+#ifndef M2D_REFFWD_H
+#define M2D_REFFWD_H
+
+#include <stdint.h>
+
+#include "model/model.h"
+
+/* logits [n, vocab] in double for tokens tok[0..n) from position 0 */
+void tu_ref_forward(const m2d_model *m, const int32_t *tok, int n, double *logits);
+/* Same, with the q/k norms skipped (a deliberately wrong model: tests show their tolerance is
+ * far below the difference it makes). */
+void tu_ref_forward_no_qk_norm(const m2d_model *m, const int32_t *tok, int n, double *logits);
+
+#endif
