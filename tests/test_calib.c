@@ -66,6 +66,41 @@ static void calib_hash_changes_with_inputs(void **state) {
     assert_string_equal(h0, h1);
 }
 
+/* WikiText articles start at level-1 titles; windows are the documents' first L tokens. */
+static void document_windows(void **state) {
+    (void)state;
+    const char *text = "pre\n = A = \n a a\n = = sub = = \n x\n = B = \n b\n";
+    size_t *cs;
+    int nd;
+    m2d_calib_split_documents(text, strlen(text), &cs, &nd);
+    assert_int_equal(nd, 3); /* the prefix, article A (with its subsection), article B */
+    assert_int_equal(cs[0], 0);
+    assert_string_equal(text + cs[1], " = A = \n a a\n = = sub = = \n x\n = B = \n b\n");
+    assert_string_equal(text + cs[2], " = B = \n b\n");
+    free(cs);
+    /* documents of 5, 1 (skipped: one token), 40 and 3 tokens; L = 16 cuts the long one */
+    int64_t docs[4] = {0, 5, 6, 46}, st[4];
+    int lens[4], n;
+    assert_int_equal(m2d_calib_doc_windows(docs, 4, 49, 16, 8, 0, 0, st, lens, &n), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(st[0], 0), assert_int_equal(lens[0], 5);
+    assert_int_equal(st[1], 6), assert_int_equal(lens[1], 16);
+    assert_int_equal(st[2], 46), assert_int_equal(lens[2], 3);
+    assert_int_equal(m2d_calib_doc_windows(docs, 4, 49, 16, 2, 1, 5, st, lens, &n), 0);
+    assert_int_equal(n, 2);
+    assert_true(st[0] < st[1]);
+    /* the hash sees the lengths */
+    int32_t ids[49];
+    for (int i = 0; i < 49; i++) ids[i] = i;
+    char h0[65], h1[65];
+    int l2[3] = {5, 16, 3};
+    int64_t s2[3] = {0, 6, 46};
+    m2d_calib_hash_windows(ids, s2, l2, 3, 16, "softmax-topk", h0);
+    l2[1] = 15;
+    m2d_calib_hash_windows(ids, s2, l2, 3, 16, "softmax-topk", h1);
+    assert_string_not_equal(h0, h1);
+}
+
 /* ---------------- fast path vs reference ---------------- */
 
 static double max_abs(const double *a, size_t n) {
@@ -115,6 +150,14 @@ static void compare_stats(const m2d_stats *f, const m2d_stats *r) {
         assert_close("sum_gf2", a->layer, a->sum_gf2, b->sum_gf2, E, rt);
         assert_close("sum_g2f", a->layer, a->sum_g2f, b->sum_g2f, E, rt);
         assert_close("es_mag", a->layer, a->es_mag, b->es_mag, E, rt);
+        assert_close("es_mag_gated", a->layer, a->es_mag_gated, b->es_mag_gated, E, rt);
+        assert_memory_equal(a->sum_r, b->sum_r, E * sizeof(double));
+        assert_memory_equal(a->sum_r2, b->sum_r2, E * sizeof(double));
+        assert_close("sum_rf", a->layer, a->sum_rf, b->sum_rf, E, rt);
+        assert_close("sum_r2f2", a->layer, a->sum_r2f2, b->sum_r2f2, E, rt);
+        assert_close("damage", a->layer, a->damage, b->damage, E, rt);
+        /* router logits: fp64 GEMM + SYRK against dot products, both from the same fp64 inputs */
+        assert_close("logit_gram", a->layer, a->logit_gram, b->logit_gram, E * E, 1e-12);
         assert_close("gram", a->layer, a->gram, b->gram, E * E, rt);
         assert_close("mu", a->layer, a->mu, b->mu, Ed, rt);
         assert_close("routed_mean", a->layer, a->routed_mean, b->routed_mean, Ed, rt);
@@ -195,6 +238,49 @@ static int32_t *read_golden_tokens(const char *models, int *n) {
     free(text);
     *n = k;
     return ids;
+}
+
+/* Document windows of different lengths: fast == reference, lengths recorded and read back, and
+ * ES-Act (per-sample length-normalised) no longer equals SF/k, which it does on fixed windows. */
+static void document_windows_calibrate(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    m2d_model *m = open_testmodel(dir, 3, M2D_F32);
+    int32_t *ids = random_ids(120, m->cfg.vocab_size, 5);
+    int64_t docs[3] = {0, 10, 50};
+    m2d_calib_opts o = {.seq_len = 32, .n_samples = 3, .n_threads = 1, .doc_starts = docs, .n_docs = 3};
+    m2d_stats *fast, *ref, *fixed;
+    assert_int_equal(m2d_calib_run(m, ids, 120, &o, &fast), 0);
+    o.reference = 1;
+    assert_int_equal(m2d_calib_run(m, ids, 120, &o, &ref), 0);
+    compare_stats(fast, ref);
+    assert_non_null(fast->window_lens);
+    assert_int_equal(fast->window_lens[0], 10), assert_int_equal(fast->window_lens[1], 32);
+    assert_int_equal(fast->window_lens[2], 32);
+    assert_true(fast->N == 74);
+    const m2d_layer_stats *a = &fast->layers[0];
+    double worst = 0;
+    for (int e = 0; e < a->E; e++) worst = fmax(worst, fabs(a->es_act[e] - a->n[e] / a->N));
+    assert_true(worst > 1e-3);
+    char *path = m2d_path_join(dir, "doc.stats");
+    assert_int_equal(m2d_stats_write(fast, path), 0);
+    m2d_stats *back;
+    assert_int_equal(m2d_stats_read(path, &back), 0);
+    assert_memory_equal(back->window_lens, fast->window_lens, 3 * sizeof(int));
+    assert_string_equal(back->calib_hash, fast->calib_hash);
+    m2d_calib_stats_free(back);
+    o.doc_starts = NULL, o.reference = 0;
+    assert_int_equal(m2d_calib_run(m, ids, 120, &o, &fixed), 0);
+    a = &fixed->layers[0];
+    for (int e = 0; e < a->E; e++) assert_true(fabs(a->es_act[e] - a->n[e] / a->N) < 1e-12);
+    m2d_calib_stats_free(fast);
+    m2d_calib_stats_free(ref);
+    m2d_calib_stats_free(fixed);
+    free(path);
+    free(ids);
+    m2d_model_close(m);
+    tu_rm_rf(dir);
+    free(dir);
 }
 
 static void fast_matches_reference_tiny_teacher(void **state) {
@@ -331,11 +417,14 @@ static void stats_file_bad_inputs(void **state) {
     expect_read_error(bad, "header");
     /* header fields: wrong version, E that does not match the payload */
     memcpy(g2, good, n);
-    char *v = strstr(g2 + 16, "\"version\":1");
+    char *v = strstr(g2 + 16, "\"version\":2");
     assert_non_null(v);
     v[10] = '7';
     tu_write(bad, g2, n);
     expect_read_error(bad, "version");
+    v[10] = '1'; /* a version-1 file (before the renormalised-gate sums): refused, recalibrate */
+    tu_write(bad, g2, n);
+    expect_read_error(bad, "recalibrate");
     memcpy(g2, good, n);
     char *e = strstr(g2 + 16, "\"E\":8");
     assert_non_null(e);
@@ -371,6 +460,8 @@ int main(void) {
         cmocka_unit_test(windows_consecutive_and_seeded),
         cmocka_unit_test(calib_hash_changes_with_inputs),
         cmocka_unit_test(fast_matches_reference_testmodel),
+        cmocka_unit_test(document_windows),
+        cmocka_unit_test(document_windows_calibrate),
         cmocka_unit_test(fast_matches_reference_tiny_teacher),
         cmocka_unit_test_setup_teardown(stats_file_roundtrip, file_setup, file_teardown),
         cmocka_unit_test_setup_teardown(stats_file_bad_inputs, file_setup, file_teardown),

@@ -48,7 +48,8 @@ static void make_tokens(tokens *t, uint64_t seed) {
             t->topk[n][r] = best;
             gs += t->p[n][best];
         }
-        for (int r = 0; r < K_TOP; r++) t->g[n][r] = t->p[n][t->topk[n][r]] / gs;
+        /* odd seeds: a model without renormalisation (native gate = raw p) */
+        for (int r = 0; r < K_TOP; r++) t->g[n][r] = t->p[n][t->topk[n][r]] / (seed % 2 ? 1 : gs);
         for (int i = 0; i < E * D; i++) t->f[n][i] = (float)tu_rand_normal(&st);
     }
 }
@@ -71,6 +72,57 @@ static double norm_of(const tokens *t, int n, int e) {
     double s = 0;
     for (int j = 0; j < D; j++) s += (double)t->f[n][e * D + j] * t->f[n][e * D + j];
     return sqrt(s);
+}
+
+/* The renormalised gate r_e(t) = p_e / Σ_{i∈S(t)} p_i (paper 004 Eq. 1). */
+static double renorm_gate(const tokens *t, int n, int e) {
+    double ps = 0;
+    for (int r = 0; r < K_TOP; r++) ps += t->p[n][t->topk[n][r]];
+    return gate_of(t, n, e) < 0 ? -1 : t->p[n][e] / ps;
+}
+
+/* ‖y − y^(−j)‖ of paper 004 Eqs. 3–5 by brute force: mask j's router row, redo the top-k over the
+ * remaining experts (ties → lower index), renormalise over the new set. */
+static double exact_damage(const tokens *t, int n, int j) {
+    int used[E] = {0};
+    used[j] = 1;
+    int sel[K_TOP];
+    double ps = 0, ps0 = 0;
+    for (int r = 0; r < K_TOP; r++) {
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if (!used[e] && (best < 0 || t->p[n][e] > t->p[n][best])) best = e;
+        used[best] = 1, sel[r] = best, ps += t->p[n][best];
+        ps0 += t->p[n][t->topk[n][r]];
+    }
+    double sq = 0;
+    for (int c = 0; c < D; c++) {
+        double y = 0, y2 = 0;
+        for (int r = 0; r < K_TOP; r++) {
+            y += t->p[n][t->topk[n][r]] / ps0 * t->f[n][t->topk[n][r] * D + c];
+            y2 += t->p[n][sel[r]] / ps * t->f[n][sel[r] * D + c];
+        }
+        sq += (y - y2) * (y - y2);
+    }
+    return sqrt(sq);
+}
+
+static void check_renormalised_and_damage(const m2d_layer_stats *s, const tokens *t, int e) {
+    double sr = 0, sr2 = 0, srf = 0, srf2 = 0, sr2f = 0, sr2f2 = 0, dmg = 0;
+    for (int i = 0; i < NTOK; i++) {
+        double r = renorm_gate(t, i, e);
+        if (r < 0) continue;
+        double nf = norm_of(t, i, e);
+        sr += r, sr2 += r * r, srf += r * nf, srf2 += r * nf * nf, sr2f += r * r * nf, sr2f2 += r * r * nf * nf;
+        dmg += exact_damage(t, i, e);
+    }
+    assert_close(s->sum_r[e], sr);
+    assert_close(s->sum_r2[e], sr2);
+    assert_close(s->sum_rf[e], srf);
+    assert_close(s->sum_rf2[e], srf2);
+    assert_close(s->sum_r2f[e], sr2f);
+    assert_close(s->sum_r2f2[e], sr2f2);
+    assert_close(s->damage[e], dmg);
 }
 
 /* Every statistic recomputed per expert straight from the definitions of SPEC §1. */
@@ -97,6 +149,7 @@ static void check_against_direct(const m2d_layer_stats *s, const tokens *t) {
         assert_close(s->sum_g2f2[e], sg2f2);
         assert_close(s->sum_gf2[e], sgf2);
         assert_close(s->sum_g2f[e], sg2f);
+        check_renormalised_and_damage(s, t, e);
         for (int j = 0; j < E; j++) {
             double G = 0;
             for (int i = 0; i < NTOK; i++)
@@ -118,18 +171,23 @@ static void check_against_direct(const m2d_layer_stats *s, const tokens *t) {
             assert_close(s->routed_var[e * D + c], rv);
         }
         /* ES: mean over the 3 samples of (routed count / L_s) and (Σ routed ‖f‖ / L_s) */
-        double act = 0, mag = 0;
+        double act = 0, mag = 0, magg = 0;
         int i0 = 0;
         for (size_t smp = 0; smp < M2D_ARRAY_LEN(sample_len); smp++) {
-            double a = 0, m = 0;
-            for (int i = i0; i < i0 + sample_len[smp]; i++)
-                if (gate_of(t, i, e) >= 0) a += 1, m += norm_of(t, i, e);
+            double a = 0, m = 0, mg = 0;
+            for (int i = i0; i < i0 + sample_len[smp]; i++) { /* every token: ‖g f‖, g = 0 off the top-k */
+                double g = gate_of(t, i, e);
+                if (g >= 0) a += 1, m += norm_of(t, i, e);
+                mg += (g >= 0 ? g : 0) * norm_of(t, i, e);
+            }
             act += a / sample_len[smp];
             mag += m / sample_len[smp];
+            magg += mg / sample_len[smp];
             i0 += sample_len[smp];
         }
         assert_close(s->es_act[e], act / 3);
         assert_close(s->es_mag[e], mag / 3);
+        assert_close(s->es_mag_gated[e], magg / 3);
     }
     assert_int_equal(s->n_samples, 3);
     /* the never-routed expert: zeros, not NaN */
@@ -148,6 +206,19 @@ static void accumulator_matches_definitions(void **state) {
     check_against_direct(&s, &t);
     m2d_layer_stats_finalize(&s); /* idempotent */
     check_against_direct(&s, &t);
+    m2d_layer_stats_free(&s);
+    make_tokens(&t, 43); /* native gates = raw p: renormalised sums differ from the native ones */
+    m2d_layer_stats_alloc(&s, 7, E, K_TOP, D);
+    feed(&s, &t, 0, NTOK);
+    m2d_layer_stats_finalize(&s);
+    check_against_direct(&s, &t);
+    assert_true(fabs(s.sum_g[0] - s.sum_r[0]) > 1e-3);
+    /* router-logit Gram: Σ_t z_i z_j, exactly symmetric */
+    double z1[E] = {1, -2, 0.5, 3, 0}, z2[E] = {0.25, 1, -1, 2, 4};
+    m2d_layer_stats_add_logits(&s, z1);
+    m2d_layer_stats_add_logits(&s, z2);
+    for (int i = 0; i < E; i++)
+        for (int j = 0; j < E; j++) assert_true(s.logit_gram[i * E + j] == z1[i] * z1[j] + z2[i] * z2[j]);
     m2d_layer_stats_free(&s);
 }
 
@@ -187,7 +258,7 @@ static void tiny_hand_computed(void **state) {
     m2d_layer_stats_alloc(&s, 0, 2, 1, 2);
     const float p1[] = {0.75f, 0.25f}, p2[] = {0.5f, 0.5f}, p3[] = {0.25f, 0.75f};
     const int32_t s1[] = {0}, s2[] = {0}, s3[] = {1};
-    const float g1[] = {1}, g2[] = {1}, g3[] = {1};
+    const float g1[] = {0.75f}, g2[] = {0.5f}, g3[] = {0.75f}; /* native gates of a model without renormalisation */
     const float f1[] = {3, 4, 1, 0}, f2[] = {0, 1, 2, 2}, f3[] = {6, 8, 0, 5};
     m2d_layer_stats_add_token(&s, p1, s1, g1, f1);
     m2d_layer_stats_add_token(&s, p2, s2, g2, f2);
@@ -208,6 +279,15 @@ static void tiny_hand_computed(void **state) {
      * ES-Mag: sample 1: e0 (5+1)/2 = 3; sample 2: e1 5/1 → [1.5, 2.5] */
     assert_close(s.es_act[0], 0.5), assert_close(s.es_act[1], 0.5);
     assert_close(s.es_mag[0], 1.5), assert_close(s.es_mag[1], 2.5);
+    /* ES-Mag of paper 001 (gated output, every token): sample 1: e0 (0.75·5 + 0.5·1)/2 = 2.125;
+     * sample 2: e1 0.75·5/1 = 3.75 → [1.0625, 1.875] */
+    assert_close(s.es_mag_gated[0], 1.0625), assert_close(s.es_mag_gated[1], 1.875);
+    /* k = 1: the renormalised gate is 1 whatever the native one */
+    assert_close(s.sum_g[0], 1.25), assert_close(s.sum_r[0], 2), assert_close(s.sum_rf[0], 6);
+    assert_close(s.sum_r2f2[1], 25);
+    /* exact damage (paper 004 Eq. 7), removing the routed expert promotes the other one (r' = 1):
+     * t1: y = f0 = (3,4), y' = f1 = (1,0): √20; t2: (0,1) vs (2,2): √5; t3: f1 = (0,5) vs f0 = (6,8): √45 */
+    assert_close(s.damage[0], sqrt(20) + sqrt(5)), assert_close(s.damage[1], sqrt(45));
     assert_int_equal(s.n_samples, 2);
     m2d_layer_stats_free(&s);
 }

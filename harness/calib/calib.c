@@ -4,10 +4,12 @@
 #include <cblas.h>
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/engine.h"
+#include "tokenizer/tokenizer.h"
 #include "base/util.h"
 
 /* ------------------------------------------------------------------ windows and hashes */
@@ -88,6 +90,139 @@ void m2d_calib_hash(const int32_t *ids, const int64_t *starts, int n_windows, in
     m2d_hex(d, 32, out);
 }
 
+void m2d_calib_hash_windows(const int32_t *ids, const int64_t *starts, const int *lens, int n_windows, int seq_len,
+                            const char *gate_convention, char out[65]) {
+    if (!lens) {
+        m2d_calib_hash(ids, starts, n_windows, seq_len, gate_convention, out);
+        return;
+    }
+    m2d_sha256 s;
+    m2d_sha256_init(&s);
+    const char *tag = "moe2dense-calib-v2-documents\n";
+    m2d_sha256_update(&s, tag, strlen(tag));
+    uint8_t b[8];
+    put_le64(b, (uint64_t)(int64_t)seq_len);
+    m2d_sha256_update(&s, b, 8);
+    put_le64(b, (uint64_t)(int64_t)n_windows);
+    m2d_sha256_update(&s, b, 8);
+    for (int w = 0; w < n_windows; w++) {
+        put_le64(b, (uint64_t)(int64_t)lens[w]);
+        m2d_sha256_update(&s, b, 8);
+        for (int t = 0; t < lens[w]; t++) {
+            uint32_t v = (uint32_t)ids[starts[w] + t];
+            uint8_t le[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+            m2d_sha256_update(&s, le, 4);
+        }
+    }
+    m2d_sha256_update(&s, gate_convention, strlen(gate_convention));
+    uint8_t d[32];
+    m2d_sha256_final(&s, d);
+    m2d_hex(d, 32, out);
+}
+
+int m2d_calib_doc_windows(const int64_t *doc_starts, int n_docs, int64_t n_ids, int seq_len, int n_samples, int seeded,
+                          uint64_t seed, int64_t *starts, int *lens, int *n_out) {
+    if (seq_len < 2) return m2d_err("calibration: seq_len %d must be at least 2", seq_len);
+    if (n_samples < 1) return m2d_err("calibration: samples %d must be at least 1", n_samples);
+    int64_t *ok = m2d_malloc((size_t)(n_docs > 0 ? n_docs : 1) * sizeof *ok);
+    int M = 0;
+    for (int i = 0; i < n_docs; i++) {
+        int64_t end = i + 1 < n_docs ? doc_starts[i + 1] : n_ids;
+        if (end - doc_starts[i] >= 2) ok[M++] = i; /* a window needs two tokens */
+    }
+    if (M < 1) {
+        free(ok);
+        return m2d_err("calibration: none of the %d documents holds two tokens", n_docs);
+    }
+    int n = M2D_MIN(n_samples, M);
+    if (seeded) { /* the same partial Fisher-Yates as m2d_calib_windows, over documents */
+        uint64_t st = seed;
+        for (int i = 0; i < n; i++) {
+            int j = i + (int)(splitmix64(&st) % (uint64_t)(M - i));
+            int64_t t = ok[i]; ok[i] = ok[j]; ok[j] = t;
+        }
+        qsort(ok, (size_t)n, sizeof *ok, cmp_i64);
+    }
+    for (int i = 0; i < n; i++) {
+        int d = (int)ok[i];
+        int64_t end = d + 1 < n_docs ? doc_starts[d + 1] : n_ids;
+        starts[i] = doc_starts[d];
+        lens[i] = (int)M2D_MIN((int64_t)seq_len, end - doc_starts[d]);
+    }
+    free(ok);
+    *n_out = n;
+    return 0;
+}
+
+/* WikiText's article titles are the level-1 headings " = Title = " on a line of their own. */
+static int is_article_title(const char *line, size_t n) {
+    return n >= 6 && !strncmp(line, " = ", 3) && line[3] != '=' && !strncmp(line + n - 3, " = ", 3) &&
+           line[n - 4] != '=';
+}
+
+int m2d_calib_split_documents(const char *text, size_t len, size_t **starts, int *n) {
+    int cap = 16;
+    *starts = m2d_malloc((size_t)cap * sizeof **starts);
+    *n = 0;
+    (*starts)[(*n)++] = 0;
+    for (size_t pos = 0; pos < len;) {
+        const char *nl = memchr(text + pos, '\n', len - pos);
+        size_t end = nl ? (size_t)(nl - text) : len;
+        if (pos > 0 && is_article_title(text + pos, end - pos)) {
+            if (*n == cap) *starts = m2d_realloc(*starts, (size_t)(cap *= 2) * sizeof **starts);
+            (*starts)[(*n)++] = pos;
+        }
+        pos = end + 1;
+    }
+    return 0;
+}
+
+int m2d_calib_encode_documents(const m2d_tokenizer *tk, const char *text, size_t len, int32_t **ids, size_t *n_ids,
+                               int64_t **doc_starts, int *n_docs) {
+    size_t *cs;
+    int nd;
+    m2d_calib_split_documents(text, len, &cs, &nd);
+    *ids = NULL;
+    *n_ids = 0;
+    *doc_starts = m2d_malloc((size_t)nd * sizeof **doc_starts);
+    *n_docs = nd;
+    int rc = 0;
+    for (int i = 0; i < nd && rc == 0; i++) {
+        size_t end = i + 1 < nd ? cs[i + 1] : len, n = 0;
+        int32_t *part = NULL;
+        rc = m2d_tokenizer_encode(tk, text + cs[i], end - cs[i], &part, &n);
+        (*doc_starts)[i] = (int64_t)*n_ids;
+        if (rc == 0 && n) {
+            *ids = m2d_realloc(*ids, (*n_ids + n) * sizeof **ids);
+            memcpy(*ids + *n_ids, part, n * sizeof *part);
+            *n_ids += n;
+        }
+        free(part);
+    }
+    free(cs);
+    return rc;
+}
+
+int m2d_calib_choose(const m2d_model *m, const int32_t *ids, int64_t n_ids, const m2d_calib_opts *o, int64_t **starts,
+                     int **lens, int *n_windows, char hash[65]) {
+    int L = o->seq_len > 0 ? o->seq_len : m2d_calib_default_seq_len(&m->cfg);
+    int N = o->n_samples > 0 ? o->n_samples : M2D_CALIB_DEFAULT_SAMPLES;
+    *starts = m2d_malloc((size_t)N * sizeof **starts);
+    *lens = o->doc_starts ? m2d_malloc((size_t)N * sizeof **lens) : NULL;
+    int rc = o->doc_starts ? m2d_calib_doc_windows(o->doc_starts, o->n_docs, n_ids, L, N, o->seeded, o->seed, *starts,
+                                                   *lens, n_windows)
+                           : m2d_calib_windows(n_ids, L, N, o->seeded, o->seed, *starts, n_windows);
+    if (rc) {
+        free(*starts);
+        free(*lens);
+        *starts = NULL;
+        *lens = NULL;
+        return m2d_err_prefix(o->data_path ? o->data_path : "calibration text");
+    }
+    if (hash) m2d_calib_hash_windows(ids, *starts, *lens, *n_windows, L, m2d_calib_gate_convention(&m->cfg), hash);
+    return 0;
+}
+
 double m2d_calib_expert_flops(const m2d_config *cfg, double n_tokens) {
     int n_moe = 0;
     for (int l = 0; l < cfg->num_hidden_layers; l++) n_moe += cfg->layer_is_moe[l] ? 1 : 0;
@@ -103,6 +238,8 @@ typedef struct {
     float *F;             /* [E, nb, d] expert outputs of one token block */
     double *A;            /* [E, gram_cols] fp64 copy of a column chunk of F (Gram) */
     double *norms;        /* [E, nb] ‖f_e(t)‖ */
+    double **router;      /* [n_layers] fp64 router rows [E, d] of each MoE layer (made on first use) */
+    double *Xd, *Z;       /* [nb, d] fp64 FFN input, [nb, E] router logits of one token block */
     int block_tokens, gram_cols;
     m2d_progress *prog;
     double done, total;
@@ -138,7 +275,35 @@ static void gram_block(calib_ctx *c, m2d_layer_stats *s, int E, int nb, int d) {
 
 static void finalize_gram(m2d_layer_stats *s) {
     for (int i = 0; i < s->E; i++)
-        for (int j = 0; j < i; j++) s->gram[(size_t)i * s->E + j] = s->gram[(size_t)j * s->E + i];
+        for (int j = 0; j < i; j++) {
+            s->gram[(size_t)i * s->E + j] = s->gram[(size_t)j * s->E + i];
+            s->logit_gram[(size_t)i * s->E + j] = s->logit_gram[(size_t)j * s->E + i];
+        }
+}
+
+/* The layer's router rows in fp64 (converted once per calibration run). */
+static const double *router_rows(calib_ctx *c, int layer) {
+    if (!c->router[layer]) {
+        const m2d_tensor *r = c->m->layers[layer].router;
+        int64_t n = m2d_tensor_numel(r);
+        float *f = m2d_tensor_f32(r);
+        c->router[layer] = m2d_malloc((size_t)n * sizeof(double));
+        for (int64_t i = 0; i < n; i++) c->router[layer][i] = f[i];
+        free(f);
+    }
+    return c->router[layer];
+}
+
+/* Router logits z = W_router x recomputed in fp64 from the FFN input (the engine's own logits are
+ * fp32 and already turned into probabilities); logit_gram += Zᵀ Z (upper triangle, mirrored by
+ * finalize_gram). Cost E·d·nb, small against the experts' 6·E·d·d_e·nb. */
+static void logits_block(calib_ctx *c, m2d_layer_stats *s, const m2d_moe_event *ev, int t0, int nb) {
+    int E = ev->n_experts, d = ev->hidden;
+    const float *x = ev->x + (size_t)t0 * d;
+    for (size_t i = 0; i < (size_t)nb * d; i++) c->Xd[i] = x[i];
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, E, d, 1.0, c->Xd, d, router_rows(c, ev->layer), d, 0.0,
+                c->Z, E);
+    cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, E, nb, 1.0, c->Z, E, 1.0, s->logit_gram, E);
 }
 
 /* Everything but the Gram for a block of tokens, in the raw sums of stats.h (the same sums
@@ -160,12 +325,16 @@ static void token_stats_block(calib_ctx *c, m2d_layer_stats *s, const m2d_moe_ev
     for (int t = 0; t < nb; t++) {
         int tt = t0 + t;
         const float *p = ev->probs + (size_t)tt * E;
+        const int32_t *topk = ev->topk + (size_t)tt * k;
         for (int e = 0; e < E; e++) s->sum_p[e] += p[e];
+        double psel = 0;
+        for (int r = 0; r < k; r++) psel += p[topk[r]];
         for (int r = 0; r < k; r++) {
-            int e = ev->topk[(size_t)tt * k + r];
-            m2d_layer_stats_add_routed(s, e, p[e], ev->gates[(size_t)tt * k + r], c->F + ((size_t)e * nb + t) * d,
-                                       c->norms[(size_t)e * nb + t]);
+            int e = topk[r];
+            m2d_layer_stats_add_routed(s, e, p[e], ev->gates[(size_t)tt * k + r], psel > 0 ? p[e] / psel : 0,
+                                       c->F + ((size_t)e * nb + t) * d, c->norms[(size_t)e * nb + t]);
         }
+        m2d_layer_stats_add_damage(s, p, topk, c->F + (size_t)t * d, (size_t)nb * d);
     }
     s->N += nb;
     s->cur_len += nb;
@@ -189,6 +358,7 @@ static int hook_fast(void *user, const m2d_moe_event *ev) {
         if (run_all_experts(c, ev, t0, nb)) return -1;
         token_stats_block(c, s, ev, t0, nb);
         gram_block(c, s, ev->n_experts, nb, ev->hidden);
+        logits_block(c, s, ev, t0, nb);
         c->done += nb;
         if (c->prog) m2d_progress_update(c->prog, c->done);
     }
@@ -201,11 +371,18 @@ static int hook_reference(void *user, const m2d_moe_event *ev) {
     calib_ctx *c = user;
     if (check_event(c, ev)) return -1;
     int E = ev->n_experts, k = ev->top_k, d = ev->hidden;
+    const double *W = router_rows(c, ev->layer);
     for (int t = 0; t < ev->n_tokens; t++) {
         for (int e = 0; e < E; e++)
             if (m2d_engine_expert(c->eng, ev->layer, e, ev->x + (size_t)t * d, 1, c->F + (size_t)e * d)) return -1;
         m2d_layer_stats_add_token(c->acc[ev->layer], ev->probs + (size_t)t * E, ev->topk + (size_t)t * k,
                                   ev->gates + (size_t)t * k, c->F);
+        for (int e = 0; e < E; e++) { /* router logits, one dot product at a time */
+            double z = 0;
+            for (int j = 0; j < d; j++) z += W[(size_t)e * d + j] * ev->x[(size_t)t * d + j];
+            c->Z[e] = z;
+        }
+        m2d_layer_stats_add_logits(c->acc[ev->layer], c->Z);
         c->done += 1;
         if (c->prog) m2d_progress_update(c->prog, c->done);
     }
@@ -240,7 +417,7 @@ static int check_inputs(const m2d_model *m, const int32_t *ids, int64_t n_ids, c
 }
 
 /* The stats object: identity (hashes, windows, data path) and zeroed per-layer sums. Takes STARTS. */
-static m2d_stats *new_stats(const m2d_model *m, const int32_t *ids, int64_t *starts, int nw, int L,
+static m2d_stats *new_stats(const m2d_model *m, const int32_t *ids, int64_t *starts, int *lens, int nw, int L,
                             const m2d_calib_opts *o) {
     const m2d_config *cfg = &m->cfg;
     m2d_stats *st = m2d_calloc(1, sizeof *st);
@@ -248,8 +425,8 @@ static m2d_stats *new_stats(const m2d_model *m, const int32_t *ids, int64_t *sta
     st->d_e = cfg->moe_intermediate_size;
     snprintf(st->model_hash, sizeof st->model_hash, "%s", m->weights_hash);
     snprintf(st->gate_convention, sizeof st->gate_convention, "%s", m2d_calib_gate_convention(cfg));
-    m2d_calib_hash(ids, starts, nw, L, st->gate_convention, st->calib_hash);
-    st->n_windows = nw; st->seq_len = L; st->window_starts = starts;
+    m2d_calib_hash_windows(ids, starts, lens, nw, L, st->gate_convention, st->calib_hash);
+    st->n_windows = nw; st->seq_len = L; st->window_starts = starts; st->window_lens = lens;
     if (o->seeded) snprintf(st->window_choice, sizeof st->window_choice, "seeded:%llu", (unsigned long long)o->seed);
     else snprintf(st->window_choice, sizeof st->window_choice, "first");
     st->data_path = m2d_strdup(o->data_path ? o->data_path : "");
@@ -275,6 +452,15 @@ static void ctx_init(calib_ctx *c, const m2d_model *m, m2d_stats *st, int L, int
     c->F = m2d_malloc((size_t)E * c->block_tokens * d * sizeof(float));
     c->A = reference ? NULL : m2d_malloc((size_t)E * c->gram_cols * sizeof(double));
     c->norms = m2d_malloc((size_t)E * c->block_tokens * sizeof(double));
+    c->router = m2d_calloc((size_t)cfg->num_hidden_layers, sizeof *c->router);
+    c->Xd = m2d_malloc((size_t)c->block_tokens * d * sizeof(double));
+    c->Z = m2d_malloc((size_t)c->block_tokens * E * sizeof(double));
+}
+
+static void ctx_free(calib_ctx *c) {
+    for (int l = 0; l < c->m->cfg.num_hidden_layers; l++) free(c->router[l]);
+    free(c->router); free(c->Xd); free(c->Z);
+    free(c->acc); free(c->F); free(c->A); free(c->norms);
 }
 
 /* The teacher's forward over every window; the hook accumulates each MoE layer. */
@@ -286,7 +472,7 @@ static int run_windows(calib_ctx *c, m2d_stats *st, const int32_t *ids, int L, c
     if (!getenv("M2D_WEIGHT_CACHE_MB")) m2d_engine_cache_weights(c->eng, (size_t)4 << 30);
     m2d_engine_set_moe_hook(c->eng, o->reference ? calib_hook_reference : calib_hook_fast, c);
     m2d_progress prog;
-    c->total = (double)st->n_windows * L * st->n_layers;
+    c->total = m2d_stats_window_tokens(st) * st->n_layers;
     if (o->progress) {
         m2d_progress_start(&prog, "calibrate (layer-tokens)", c->total);
         c->prog = &prog;
@@ -294,8 +480,9 @@ static int run_windows(calib_ctx *c, m2d_stats *st, const int32_t *ids, int L, c
     double lp;
     for (int w = 0; w < st->n_windows && rc == 0; w++) {
         const int32_t *tok = ids + st->window_starts[w];
+        int n = st->window_lens ? st->window_lens[w] : L;
         /* only the last position's log-prob is requested: the forward (and its hook) is the point */
-        rc = m2d_engine_logprobs(c->eng, tok, L, tok, L - 1, &lp);
+        rc = m2d_engine_logprobs(c->eng, tok, n, tok, n - 1, &lp);
         if (rc && c->err[0]) m2d_err("%s", c->err);
         for (int i = 0; i < st->n_layers; i++) m2d_layer_stats_end_sample(&st->layers[i]);
     }
@@ -307,7 +494,7 @@ static int run_windows(calib_ctx *c, m2d_stats *st, const int32_t *ids, int L, c
 
 /* Every MoE layer saw every token; then the derived statistics. */
 static int finish_stats(m2d_stats *st, int reference) {
-    double want = (double)st->n_windows * st->seq_len;
+    double want = m2d_stats_window_tokens(st);
     for (int i = 0; i < st->n_layers; i++)
         if (st->layers[i].N != want)
             return m2d_err("calibration: layer %d saw %.0f tokens, expected %.0f (engine hook not called?)",
@@ -324,17 +511,19 @@ int m2d_calib_run(const m2d_model *m, const int32_t *ids, int64_t n_ids, const m
                   m2d_stats **out) {
     int L = 0, N = 0, nw = 0;
     if (check_inputs(m, ids, n_ids, o, &L, &N)) return -1;
-    int64_t *starts = m2d_malloc((size_t)N * sizeof *starts);
-    if (m2d_calib_windows(n_ids, L, N, o->seeded, o->seed, starts, &nw)) {
-        free(starts);
-        return m2d_err_prefix(o->data_path ? o->data_path : "calibration text");
-    }
-    m2d_stats *st = new_stats(m, ids, starts, nw, L, o);
+    int64_t *starts;
+    int *lens;
+    if (m2d_calib_choose(m, ids, n_ids, o, &starts, &lens, &nw, NULL)) return -1;
+    if (nw < N) /* loud: a run that silently calibrates on fewer tokens than asked misleads */
+        fprintf(stderr, "moe2dense: WARNING: calibration: %s holds only %d %s of up to %d tokens; %d were asked "
+                "for, %d are used\n", o->data_path ? o->data_path : "the calibration text", nw,
+                o->doc_starts ? "usable documents" : "windows", L, N, nw);
+    m2d_stats *st = new_stats(m, ids, starts, lens, nw, L, o);
     calib_ctx c;
     ctx_init(&c, m, st, L, o->reference);
     int rc = run_windows(&c, st, ids, L, o);
     if (rc == 0) rc = finish_stats(st, o->reference);
-    free(c.acc); free(c.F); free(c.A); free(c.norms);
+    ctx_free(&c);
     if (rc) {
         m2d_stats_free(st);
         free(st);
@@ -351,15 +540,19 @@ int m2d_calib_run(const m2d_model *m, const int32_t *ids, int64_t n_ids, const m
 typedef struct { const char *name; int per; } array_desc; /* per: 0 = [E], 1 = [E*E], 2 = [E*d] */
 static const array_desc ARRAYS[] = {
     {"n", 0}, {"sum_p", 0}, {"sum_p_sel", 0}, {"sum_g", 0}, {"sum_g2", 0}, {"sum_f", 0}, {"sum_f2", 0},
-    {"sum_gf", 0}, {"sum_g2f2", 0}, {"sum_gf2", 0}, {"sum_g2f", 0}, {"es_act_sum", 0}, {"es_mag_sum", 0},
-    {"gram", 1}, {"sum_f_all", 2}, {"sum_f_routed", 2}, {"sum_f_routed_sq", 2},
+    {"sum_gf", 0}, {"sum_g2f2", 0}, {"sum_gf2", 0}, {"sum_g2f", 0}, {"sum_r", 0}, {"sum_r2", 0}, {"sum_rf", 0},
+    {"sum_rf2", 0}, {"sum_r2f", 0}, {"sum_r2f2", 0}, {"damage", 0}, {"es_act_sum", 0}, {"es_mag_sum", 0},
+    {"es_magg_sum", 0}, {"gram", 1}, {"logit_gram", 1}, {"sum_f_all", 2}, {"sum_f_routed", 2},
+    {"sum_f_routed_sq", 2},
 };
 #define N_ARRAYS ((int)M2D_ARRAY_LEN(ARRAYS))
 
 static double **layer_array(m2d_layer_stats *s, int i) {
     double **p[N_ARRAYS] = {&s->n, &s->sum_p, &s->sum_p_sel, &s->sum_g, &s->sum_g2, &s->sum_f, &s->sum_f2,
-                            &s->sum_gf, &s->sum_g2f2, &s->sum_gf2, &s->sum_g2f, &s->es_act_sum, &s->es_mag_sum,
-                            &s->gram, &s->sum_f_all, &s->sum_f_routed, &s->sum_f_routed_sq};
+                            &s->sum_gf, &s->sum_g2f2, &s->sum_gf2, &s->sum_g2f, &s->sum_r, &s->sum_r2,
+                            &s->sum_rf, &s->sum_rf2, &s->sum_r2f, &s->sum_r2f2, &s->damage, &s->es_act_sum,
+                            &s->es_mag_sum, &s->es_magg_sum, &s->gram, &s->logit_gram, &s->sum_f_all,
+                            &s->sum_f_routed, &s->sum_f_routed_sq};
     return p[i];
 }
 
@@ -417,6 +610,10 @@ int m2d_stats_write(const m2d_stats *s, const char *path) {
     cJSON_AddNumberToObject(h, "seq_len", s->seq_len);
     cJSON *win = cJSON_AddArrayToObject(h, "windows");
     for (int w = 0; w < s->n_windows; w++) cJSON_AddItemToArray(win, cJSON_CreateNumber((double)s->window_starts[w]));
+    if (s->window_lens) { /* variable-length (document) windows */
+        cJSON *wl = cJSON_AddArrayToObject(h, "window_lengths");
+        for (int w = 0; w < s->n_windows; w++) cJSON_AddItemToArray(wl, cJSON_CreateNumber(s->window_lens[w]));
+    }
     cJSON_AddStringToObject(h, "window_choice", s->window_choice[0] ? s->window_choice : "first");
     cJSON_AddStringToObject(h, "data_path", s->data_path ? s->data_path : "");
     cJSON *arr = cJSON_AddArrayToObject(h, "arrays");
@@ -503,8 +700,6 @@ static int parse_windows(const char *path, const cJSON *h, m2d_stats *s, long *n
     const cJSON *win = cJSON_GetObjectItemCaseSensitive(h, "windows");
     if (!cJSON_IsArray(win)) return m2d_err("%s: field 'windows': missing or not an array", path);
     s->n_windows = cJSON_GetArraySize(win);
-    if ((double)s->n_windows * s->seq_len != s->N)
-        return m2d_err("%s: field 'N': %.0f is not windows (%d) x seq_len (%d)", path, s->N, s->n_windows, s->seq_len);
     s->window_starts = m2d_malloc((size_t)(s->n_windows ? s->n_windows : 1) * sizeof(int64_t));
     int i = 0;
     for (const cJSON *w = win->child; w; w = w->next, i++) {
@@ -512,6 +707,22 @@ static int parse_windows(const char *path, const cJSON *h, m2d_stats *s, long *n
             return m2d_err("%s: field 'windows': entry %d is not a token offset", path, i);
         s->window_starts[i] = (int64_t)w->valuedouble;
     }
+    const cJSON *wl = cJSON_GetObjectItemCaseSensitive(h, "window_lengths");
+    if (wl) {
+        if (!cJSON_IsArray(wl) || cJSON_GetArraySize(wl) != s->n_windows)
+            return m2d_err("%s: field 'window_lengths': not an array of one length per window", path);
+        s->window_lens = m2d_malloc((size_t)(s->n_windows ? s->n_windows : 1) * sizeof(int));
+        i = 0;
+        for (const cJSON *w = wl->child; w; w = w->next, i++) {
+            if (!cJSON_IsNumber(w) || w->valuedouble < 1 || w->valuedouble > s->seq_len ||
+                w->valuedouble != floor(w->valuedouble))
+                return m2d_err("%s: field 'window_lengths': entry %d is not a length in [1, seq_len]", path, i);
+            s->window_lens[i] = (int)w->valuedouble;
+        }
+    }
+    if (m2d_stats_window_tokens(s) != s->N)
+        return m2d_err("%s: field 'N': %.0f is not the tokens of the %d windows (%.0f)", path, s->N, s->n_windows,
+                       m2d_stats_window_tokens(s));
     if (*ns != s->n_windows)
         return m2d_err("%s: field 'n_samples': %ld but %d windows are recorded", path, *ns, s->n_windows);
     const cJSON *wc = cJSON_GetObjectItemCaseSensitive(h, "window_choice");

@@ -7,34 +7,47 @@
  *   shuffle driven by splitmix64 (state = S; next(): state += 0x9E3779B97F4A7C15, then the
  *   standard splitmix64 finaliser); step i swaps slot i with slot i + next() % (M - i). The
  *   chosen windows are then sorted by start offset. Same (text, L, N, S) -> same windows.
- *   If fewer than N windows exist, all M are used (the stats file records what was used).
+ *   If fewer than N windows exist, all M are used, with a loud warning on stderr naming both
+ *   numbers (the stats file records what was used).
+ *
+ *   Document windows (opts.doc_starts, e.g. from m2d_calib_encode_documents): each document is
+ *   encoded on its own; window i is the first min(L, length) tokens of a document (documents of
+ *   fewer than two tokens are skipped); the N documents are the first N or a seeded choice by
+ *   the same shuffle over documents. Their lengths vary, so ES-Act (per-sample length-normalised)
+ *   differs from SF/k, which it equals on fixed windows (paper 001 App. D).
  *
  * Calibration identity hash (calib_hash)
  *   sha256( "moe2dense-calib-v1\n" || seq_len as int64 LE || n_windows as int64 LE ||
  *           the token ids of every chosen window in order, each int32 LE ||
  *           gate convention string (no terminator) )
  *   Gate convention: "softmax-topk-renorm" (norm_topk_prob) or "softmax-topk".
+ *   Document windows: sha256( "moe2dense-calib-v2-documents\n" || seq_len || n_windows (int64 LE)
+ *   || for each window its length as int64 LE then its token ids (int32 LE) || gate convention ).
  *
- * Stats file (version 1), all integers and floats little-endian:
+ * Stats file (version 2), all integers and floats little-endian:
  *   offset 0   8 bytes   magic "M2DSTATS"
  *   offset 8   uint64    H = length of the JSON header in bytes (header is padded with spaces
  *                        so that 16 + H is a multiple of 8)
  *   offset 16  H bytes   JSON header (UTF-8), an object with:
- *       "magic": "moe2dense-stats", "version": 1,
+ *       "magic": "moe2dense-stats", "version": 2,
  *       "model_hash": m2d_model.weights_hash of the teacher, "calib_hash": see above,
  *       "gate_convention", "E", "k", "d", "d_e", "n_layers" (MoE layers), "layers": [model layer
  *       index of each MoE layer], "N": calibration tokens, "n_samples", "seq_len",
- *       "windows": [start token offset of each window], "data_path": the calibration file as
+ *       "windows": [start token offset of each window], "window_lengths": [tokens of each window]
+ *       (document windows only; absent: every window is seq_len), "data_path": the calibration file as
  *       given, "arrays": [names, in storage order],
  *       "data_bytes": byte length of the payload, "data_sha256": sha256 of the payload.
  *   offset 16+H  payload: for each MoE layer in order, float64 arrays in "arrays" order:
  *       n, sum_p, sum_p_sel, sum_g, sum_g2, sum_f, sum_f2, sum_gf, sum_g2f2, sum_gf2, sum_g2f,
- *       es_act_sum, es_mag_sum                                   [E] each
- *       gram                                                     [E*E] row-major, symmetric
+ *       sum_r, sum_r2, sum_rf, sum_rf2, sum_r2f, sum_r2f2, damage,
+ *       es_act_sum, es_mag_sum, es_magg_sum                      [E] each
+ *       gram, logit_gram                                         [E*E] row-major, symmetric
  *       sum_f_all, sum_f_routed, sum_f_routed_sq                 [E*d] row-major (expert, dim)
  *   These are the raw sums of stats.h (mergeable); the reader derives mu, routed_mean,
- *   routed_var, es_act, es_mag with m2d_layer_stats_finalize. Each layer's N and n_samples are
- *   the header's. The file ends exactly after the payload.
+ *   routed_var, es_act, es_mag, es_mag_gated with m2d_layer_stats_finalize. Each layer's N and
+ *   n_samples are the header's. The file ends exactly after the payload.
+ *   Version 2 added the renormalised-gate sums (sum_r*), damage, es_magg_sum, logit_gram and
+ *   window_lengths; a version-1 file is refused with a one-line error (recalibrate).
  *   A reader checks magic, version, every header field's type and range, the payload length
  *   (E, d, n_layers) against the file size, and the payload sha256 (truncation, garbling).
  *   The file is written atomically (temp + rename). */
@@ -45,9 +58,10 @@
 
 #include "model/model.h"
 #include "calib/stats.h"
+#include "tokenizer/tokenizer.h"
 
 #define M2D_STATS_MAGIC "M2DSTATS"
-#define M2D_STATS_VERSION 1
+#define M2D_STATS_VERSION 2
 #define M2D_CALIB_DEFAULT_SAMPLES 32
 #define M2D_CALIB_MAX_SEQ 2048
 
@@ -60,6 +74,8 @@ typedef struct {
     int reference;        /* 1: obviously-correct per-token accumulator (tests); 0: BLAS path */
     const char *data_path;/* recorded in the stats file */
     int progress;         /* 1: progress with ETA on a terminal */
+    const int64_t *doc_starts; /* document windows: start of each document in ids (increasing); NULL: */
+    int n_docs;                /*   fixed windows of seq_len tokens */
 } m2d_calib_opts;
 
 /* Gate convention string for a config. */
@@ -74,6 +90,23 @@ int m2d_calib_windows(int64_t n_tokens, int seq_len, int n_samples, int seeded, 
 /* calib_hash of the chosen windows. */
 void m2d_calib_hash(const int32_t *ids, const int64_t *starts, int n_windows, int seq_len,
                     const char *gate_convention, char out[65]);
+/* The same for windows of lengths LENS (NULL: fixed windows, = m2d_calib_hash). */
+void m2d_calib_hash_windows(const int32_t *ids, const int64_t *starts, const int *lens, int n_windows, int seq_len,
+                            const char *gate_convention, char out[65]);
+/* Document windows (see above): starts[n], lens[n] (capacity n_samples), *n_out <= n_samples. */
+int m2d_calib_doc_windows(const int64_t *doc_starts, int n_docs, int64_t n_ids, int seq_len, int n_samples, int seeded,
+                          uint64_t seed, int64_t *starts, int *lens, int *n_out);
+/* Byte offsets of WikiText articles (a new one at each level-1 title line " = Title = "; the
+ * text before the first title is a document too). *starts malloc'd, (*starts)[0] = 0. */
+int m2d_calib_split_documents(const char *text, size_t len, size_t **starts, int *n);
+/* Encode each document of TEXT on its own; ids concatenated, doc_starts[i] = first id of document
+ * i. All malloc'd. */
+int m2d_calib_encode_documents(const m2d_tokenizer *tk, const char *text, size_t len, int32_t **ids, size_t *n_ids,
+                               int64_t **doc_starts, int *n_docs);
+/* The windows a run with options O would use (fixed or document windows), *lens NULL for fixed
+ * ones, and their calib_hash (HASH may be NULL). Errors name the data file. */
+int m2d_calib_choose(const m2d_model *m, const int32_t *ids, int64_t n_ids, const m2d_calib_opts *o, int64_t **starts,
+                     int **lens, int *n_windows, char hash[65]);
 
 /* Full calibration pass of the unmodified teacher over the chosen windows of ids.
  * *out is a finalised m2d_stats (free with m2d_calib_stats_free). */

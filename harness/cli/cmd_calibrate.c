@@ -11,20 +11,26 @@
 
 static const char USAGE[] =
     "usage: moe2dense calibrate --model DIR --data FILE --out STATS [--seq-len L] [--samples N]\n"
-    "                           [--seed S] [--threads T] [--force]\n"
+    "                           [--seed S] [--windows fixed|documents] [--threads T] [--force]\n"
     "\n"
     "Runs the unmodified teacher over calibration windows of FILE and, at every MoE layer, records\n"
     "the statistics of SPEC §1 in double precision: routed counts, router probabilities, gate\n"
     "weights, output norms of every expert on every token, the E x E output Gram matrix, output\n"
-    "means and routed mean/variance, per-sample ES-Act/ES-Mag. Every later command reads STATS.\n"
+    "means and routed mean/variance, per-sample ES-Act/ES-Mag, renormalised-gate sums, the exact\n"
+    "single-expert pruning damage (paper 004 Eq. 7) and the router-logit Gram (M-SMoE). Every later\n"
+    "command reads STATS.\n"
     "\n"
     "  --model DIR    the teacher (Hugging Face Qwen3-MoE checkpoint with tokenizer.json)\n"
     "  --data FILE    calibration text (UTF-8); encoded whole, without BOS\n"
     "  --out STATS    stats file to write (atomically)\n"
     "  --seq-len L    window length in tokens (default min(2048, max_position_embeddings))\n"
-    "  --samples N    number of windows (default 32; all windows if the text has fewer)\n"
+    "  --samples N    number of windows (default 32; all windows, with a warning, if the text has fewer)\n"
     "  --seed S       choose the N windows at random among all non-overlapping ones (splitmix64,\n"
     "                 seeded partial Fisher-Yates, see calib.h); default: the first N windows\n"
+    "  --windows W    fixed (default): consecutive blocks of L tokens of the text encoded whole;\n"
+    "                 documents: one window per WikiText article (a line ' = Title = ' starts one),\n"
+    "                 each encoded on its own and cut at L tokens, so windows vary in length\n"
+    "                 (ES-Act then differs from SF/k)\n"
     "  --threads T    threads (default $M2D_THREADS or all cores)\n"
     "  --force        recompute even if STATS is already up to date\n"
     "\n"
@@ -33,17 +39,20 @@ static const char USAGE[] =
     "from the same model weights, windows and gate convention, it is kept ('up to date').\n";
 
 static int cmd_calibrate_run(int argc, char **argv) {
-    const char *model = NULL, *data = NULL, *out = NULL, *L_s = NULL, *N_s = NULL, *seed_s = NULL, *thr_s = NULL;
+    const char *model = NULL, *data = NULL, *out = NULL, *L_s = NULL, *N_s = NULL, *seed_s = NULL, *thr_s = NULL,
+               *win_s = NULL;
     int force = 0;
     m2d_opt opts[] = {{"--model", 1, &model, NULL},  {"--data", 1, &data, NULL},      {"--out", 1, &out, NULL},
                       {"--seq-len", 1, &L_s, NULL},  {"--samples", 1, &N_s, NULL},    {"--seed", 1, &seed_s, NULL},
-                      {"--threads", 1, &thr_s, NULL}, {"--force", 0, NULL, &force},   {0}};
+                      {"--threads", 1, &thr_s, NULL}, {"--force", 0, NULL, &force},   {"--windows", 1, &win_s, NULL},
+                      {0}};
     m2d_model *m = NULL;
     m2d_tokenizer *tk = NULL;
     m2d_stats *s = NULL, *old = NULL;
     char *text = NULL;
     int32_t *ids = NULL;
-    int64_t *starts = NULL;
+    int64_t *starts = NULL, *docs = NULL;
+    int *lens = NULL, n_docs = 0;
     size_t n_ids = 0, len;
     int rc = 1;
     if (m2d_parse_opts("calibrate", argc, argv, opts, NULL, 0, NULL)) goto done;
@@ -56,21 +65,27 @@ static int cmd_calibrate_run(int argc, char **argv) {
     if (N_s && m2d_parse_int("calibrate", "--samples", N_s, 1, 1 << 24, &N)) goto done;
     if (seed_s && m2d_parse_int("calibrate", "--seed", seed_s, 0, 0x7fffffffffffffffL, &seed)) goto done;
     if (thr_s && m2d_parse_int("calibrate", "--threads", thr_s, 1, 4096, &thr)) goto done;
+    int documents = win_s && !strcmp(win_s, "documents");
+    if (win_s && !documents && strcmp(win_s, "fixed")) {
+        m2d_err("calibrate: --windows '%s': expected fixed or documents", win_s);
+        goto done;
+    }
     if (m2d_model_open(model, &m) || m2d_tokenizer_load(model, &tk)) goto done;
     if (!(text = m2d_read_file(data, &len))) goto done;
-    if (m2d_tokenizer_encode(tk, text, len, &ids, &n_ids)) {
+    if (documents ? m2d_calib_encode_documents(tk, text, len, &ids, &n_ids, &docs, &n_docs)
+                  : m2d_tokenizer_encode(tk, text, len, &ids, &n_ids)) {
         m2d_err_prefix(data);
         goto done;
     }
     if (L == 0) L = m2d_calib_default_seq_len(&m->cfg);
-    m2d_calib_opts o = {(int)L, (int)N, seed_s != NULL, (uint64_t)seed, (int)thr, 0, data, 1};
+    m2d_calib_opts o = {.seq_len = (int)L, .n_samples = (int)N, .seeded = seed_s != NULL, .seed = (uint64_t)seed,
+                        .n_threads = (int)thr, .data_path = data, .progress = 1, .doc_starts = docs,
+                        .n_docs = n_docs};
     /* up to date? same model, same windows (same calib hash) */
     if (!force && m2d_file_exists(out) && m2d_stats_read(out, &old) == 0) {
-        starts = m2d_malloc((size_t)N * sizeof *starts);
         int nw;
         char h[65];
-        if (m2d_calib_windows((int64_t)n_ids, (int)L, (int)N, o.seeded, o.seed, starts, &nw) == 0) {
-            m2d_calib_hash(ids, starts, nw, (int)L, m2d_calib_gate_convention(&m->cfg), h);
+        if (m2d_calib_choose(m, ids, (int64_t)n_ids, &o, &starts, &lens, &nw, h) == 0) {
             if (!strcmp(h, old->calib_hash) && m2d_stats_check_model(old, out, m) == 0) {
                 printf("%s is up to date (model %.12s, calibration %.12s, %d windows x %ld tokens)\n", out,
                        old->model_hash, old->calib_hash, old->n_windows, L);
@@ -83,12 +98,10 @@ static int cmd_calibrate_run(int argc, char **argv) {
     double t0 = m2d_now();
     if (m2d_calib_run(m, ids, (int64_t)n_ids, &o, &s)) goto done;
     double dt = m2d_now() - t0;
-    if (s->n_windows < N)
-        fprintf(stderr, "moe2dense calibrate: note: %s holds only %d windows of %ld tokens (asked for %ld)\n", data,
-                s->n_windows, L, N);
     if (m2d_stats_write(s, out)) goto done;
-    printf("wrote %s: %d MoE layers, %d windows x %ld tokens = %.0f tokens, %.1f s (%.1f GFLOP/s in experts)\n", out,
-           s->n_layers, s->n_windows, L, s->N, dt, m2d_calib_expert_flops(&m->cfg, s->N) / dt * 1e-9);
+    printf("wrote %s: %d MoE layers, %d %s x %s%ld tokens = %.0f tokens, %.1f s (%.1f GFLOP/s in experts)\n", out,
+           s->n_layers, s->n_windows, documents ? "documents" : "windows", documents ? "up to " : "", L, s->N, dt,
+           m2d_calib_expert_flops(&m->cfg, s->N) / dt * 1e-9);
     printf("model %s\ncalibration %s\n", s->model_hash, s->calib_hash);
     rc = 0;
 done:
@@ -100,6 +113,8 @@ done:
     free(text);
     free(ids);
     free(starts);
+    free(lens);
+    free(docs);
     return rc;
 }
 

@@ -350,10 +350,10 @@ static int read_experiment(const ctx *c, m2d_experiment *x) {
     static const char *const top[] = {"description", "model", "backend", "out", "cache_dir", "teacher",
                                       "calibration", "ppl", "mc", "axes", "include", "exclude"};
     if (check_keys(c, x->table, "the experiment", top, M2D_ARRAY_LEN(top))) return -1;
-    static const char *const calib_keys[] = {"data", "seq_len", "samples", "seed"};
+    static const char *const calib_keys[] = {"data", "seq_len", "samples", "seed", "windows"};
     static const char *const ppl_keys[] = {"protocol", "data", "seq_len", "max_windows"};
     static const char *const teacher_keys[] = {"experts", "top_k", "moe_intermediate_size"};
-    if (check_keys(c, m2d_toml_get(x->table, "calibration"), "[calibration]", calib_keys, 4) ||
+    if (check_keys(c, m2d_toml_get(x->table, "calibration"), "[calibration]", calib_keys, 5) ||
         check_keys(c, m2d_toml_get(x->table, "ppl"), "[ppl]", ppl_keys, 4) ||
         check_keys(c, m2d_toml_get(x->table, "teacher"), "[teacher]", teacher_keys, 3))
         return -1;
@@ -368,8 +368,12 @@ static int read_experiment(const ctx *c, m2d_experiment *x) {
     if (get_str(c, x->table, "calibration.data", NULL, &x->calib_data) ||
         get_int32(c, x->table, "calibration.seq_len", 2048, 2, 1 << 20, &x->calib_seq_len) ||
         get_int32(c, x->table, "calibration.samples", 512, 1, 1 << 24, &x->calib_samples) ||
-        get_int(c, x->table, "calibration.seed", -1, 0, INT64_MAX, &x->calib_seed))
+        get_int(c, x->table, "calibration.seed", -1, 0, INT64_MAX, &x->calib_seed) ||
+        get_str(c, x->table, "calibration.windows", "fixed", &x->calib_windows))
         return -1;
+    if (strcmp(x->calib_windows, "fixed") && strcmp(x->calib_windows, "documents"))
+        return key_err(c, m2d_toml_path(x->table, "calibration.windows"), "calibration.windows",
+                       "\"fixed\" or \"documents\"");
     if (get_str(c, x->table, "ppl.protocol", "gptq", &x->ppl_protocol) ||
         get_str(c, x->table, "ppl.data", NULL, &x->ppl_data) ||
         get_int32(c, x->table, "ppl.seq_len", 2048, 2, 1 << 20, &x->ppl_seq_len) ||
@@ -436,6 +440,7 @@ void m2d_experiment_free(m2d_experiment *x) {
     free(x->out);
     free(x->cache_dir);
     free(x->calib_data);
+    free(x->calib_windows);
     free(x->ppl_protocol);
     free(x->ppl_data);
     for (int i = 0; i < x->n_mc; i++) free(x->mc_tasks[i]);

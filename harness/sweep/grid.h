@@ -34,6 +34,7 @@ typedef struct {
     int shape_from_config;       /* 1: E, k read from MODEL/config.json; 0: from [teacher] hints */
     /* calibration */
     char *calib_data;
+    char *calib_windows;         /* "fixed" (default) | "documents" (one window per WikiText article) */
     int calib_seq_len, calib_samples;
     int64_t calib_seed;          /* -1 (absent): the first N windows; else N windows drawn with this seed */
     /* perplexity */

@@ -70,6 +70,7 @@ static int run_with_backend(const m2d_experiment *x, const m2d_sweep_opts *o, co
     sum->prepare_s = m2d_now() - t_prep;
     m2d_sweep_meta meta = {0};
     m2d_sweep_meta_build(x, o->shard_i, o->shard_n, model_hash, calib_hash, &meta);
+    if (b->calibration[0]) m2d_sweep_meta_add(&meta, m2d_strfmt("calibration=%s", b->calibration));
     char **cols = NULL;
     int n_cols = m2d_sweep_columns(x, &cols);
     m2d_results existing = {0};

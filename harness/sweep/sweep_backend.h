@@ -35,6 +35,8 @@ struct m2d_sweep_backend {
     const m2d_experiment *x;/* the experiment of this run */
     void *self;             /* the backend's own state (NULL without open) */
     int threads;            /* compute threads per job, set by the runner before prepare */
+    char calibration[256];  /* optional, filled by prepare: the calibration actually used ("windows=323
+                               requested=512 ..."), recorded in the CSV header as calibration=... */
     /* optional: the state for experiment X (cheap: the work is in prepare); NULL + m2d_err on
      * failure; and destroy, which frees it */
     void *(*open)(const m2d_experiment *x);

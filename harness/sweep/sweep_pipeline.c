@@ -36,6 +36,7 @@ typedef struct {
     size_t ppl_raw_len;
     int32_t *ppl_ids;       /* gptq: the joined rows, encoded */
     size_t n_ppl_ids;
+    int calib_windows;      /* windows the calibration uses (may be fewer than asked) */
 } pipe_t;
 
 typedef struct {
@@ -63,21 +64,37 @@ static int encode_file(const m2d_tokenizer *tk, const char *path, int32_t **ids,
     return rc;
 }
 
-/* The calibration identity of the experiment's windows (without running anything). */
-static int calibration_identity(pipe_t *p, int32_t **ids, size_t *n_ids, char hash[65]) {
+/* The experiment's calibration tokens (the text encoded whole, or document by document) and the
+ * options of its calibration run. */
+static int calibration_tokens(pipe_t *p, int32_t **ids, size_t *n_ids, m2d_calib_opts *o) {
     const m2d_experiment *x = p->x;
     if (x->calib_seq_len > p->teacher->cfg.max_position_embeddings)
         return m2d_err("%s: experiment '%s': calibration.seq_len %d exceeds the teacher's max_position_embeddings %d",
                        x->file, x->name, x->calib_seq_len, p->teacher->cfg.max_position_embeddings);
-    if (encode_file(p->tk, x->calib_data, ids, n_ids)) return -1;
-    int64_t *starts = m2d_malloc((size_t)x->calib_samples * sizeof *starts);
-    int nw;
-    int rc = m2d_calib_windows((int64_t)*n_ids, x->calib_seq_len, x->calib_samples, x->calib_seed >= 0,
-                               (uint64_t)(x->calib_seed >= 0 ? x->calib_seed : 0), starts, &nw);
-    if (rc == 0)
-        m2d_calib_hash(*ids, starts, nw, x->calib_seq_len, m2d_calib_gate_convention(&p->teacher->cfg), hash);
+    *o = (m2d_calib_opts){.seq_len = x->calib_seq_len, .n_samples = x->calib_samples, .seeded = x->calib_seed >= 0,
+                          .seed = (uint64_t)(x->calib_seed >= 0 ? x->calib_seed : 0), .data_path = x->calib_data};
+    if (strcmp(x->calib_windows, "documents") != 0) return encode_file(p->tk, x->calib_data, ids, n_ids);
+    size_t len;
+    char *text = m2d_read_file(x->calib_data, &len);
+    if (!text) return -1;
+    int64_t *docs = NULL;
+    int rc = m2d_calib_encode_documents(p->tk, text, len, ids, n_ids, &docs, &o->n_docs);
+    free(text);
+    o->doc_starts = docs;
+    return rc ? m2d_err_prefix(x->calib_data) : 0;
+}
+
+/* The calibration identity of the experiment's windows (without running anything); the windows
+ * used go to p->calib_windows (the CSV header records them). */
+static int calibration_identity(pipe_t *p, int32_t **ids, size_t *n_ids, m2d_calib_opts *o, char hash[65]) {
+    if (calibration_tokens(p, ids, n_ids, o)) return -1;
+    int64_t *starts;
+    int *lens, nw;
+    if (m2d_calib_choose(p->teacher, *ids, (int64_t)*n_ids, o, &starts, &lens, &nw, hash)) return -1;
+    p->calib_windows = nw;
     free(starts);
-    return rc;
+    free(lens);
+    return 0;
 }
 
 static char *cache_path(const m2d_experiment *x, const char *model_hash, const char *calib_hash) {
@@ -106,8 +123,10 @@ static int pipe_prepare(m2d_sweep_backend *b, const m2d_experiment *x, char mode
     memcpy(model_hash, p->teacher->weights_hash, 65);
     int32_t *ids = NULL;
     size_t n_ids = 0;
-    if (calibration_identity(p, &ids, &n_ids, calib_hash)) {
+    m2d_calib_opts o;
+    if (calibration_identity(p, &ids, &n_ids, &o, calib_hash)) {
         free(ids);
+        free((void *)o.doc_starts);
         return -1;
     }
     char *path = cache_path(x, model_hash, calib_hash);
@@ -115,9 +134,8 @@ static int pipe_prepare(m2d_sweep_backend *b, const m2d_experiment *x, char mode
     int rc = 0;
     if (!p->stats) {
         /* calibration runs before the pool: all cores */
-        m2d_calib_opts o = {x->calib_seq_len, x->calib_samples, x->calib_seed >= 0,
-                            (uint64_t)(x->calib_seed >= 0 ? x->calib_seed : 0), m2d_default_threads(), 0,
-                            x->calib_data, 1};
+        o.n_threads = m2d_default_threads();
+        o.progress = 1;
         double t0 = m2d_now();
         rc = m2d_calib_run(p->teacher, ids, (int64_t)n_ids, &o, &p->stats);
         if (rc == 0 && strcmp(p->stats->calib_hash, calib_hash) != 0)
@@ -131,6 +149,13 @@ static int pipe_prepare(m2d_sweep_backend *b, const m2d_experiment *x, char mode
     }
     p->stats_path = path;
     free(ids);
+    free((void *)o.doc_starts);
+    if (rc == 0) {
+        const m2d_stats *st = p->stats;
+        snprintf(b->calibration, sizeof b->calibration, "%s windows=%d requested=%d seq_len=%d tokens=%.0f%s",
+                 x->calib_windows, st->n_windows, x->calib_samples, x->calib_seq_len, st->N,
+                 st->n_windows < x->calib_samples ? " (fewer windows than requested: the data holds no more)" : "");
+    }
     if (rc) return -1;
     /* evaluation data, encoded once */
     if (x->ppl_seq_len > p->teacher->cfg.max_position_embeddings)
@@ -284,8 +309,10 @@ static int load_cached_stats(pipe_t *p, const m2d_experiment *x) {
     int32_t *ids = NULL;
     size_t n_ids = 0;
     char calib_hash[65];
-    int rc = calibration_identity(p, &ids, &n_ids, calib_hash);
+    m2d_calib_opts o;
+    int rc = calibration_identity(p, &ids, &n_ids, &o, calib_hash);
     free(ids);
+    free((void *)o.doc_starts);
     if (rc) return -1;
     char *path = cache_path(x, p->teacher->weights_hash, calib_hash);
     p->stats = read_cache(p, path, calib_hash);
