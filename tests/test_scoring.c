@@ -19,14 +19,22 @@ static const int lens[] = {5, 9, 3, 7};
 
 typedef double (*direct_fn)(const fx_tokens *t, int e);
 
-static double routed_sum(const fx_tokens *t, int e, int a, int c) {
+/* r_e(t) = p_e / Σ_{i∈S(t)} p_i, the gate of paper 004 Eq. 1 (the scorings' default); -1 off the top-k */
+static double renormed(const fx_tokens *t, int n, int e) {
+    double ps = 0;
+    for (int r = 0; r < t->k; r++) ps += t->p[(size_t)n * t->E + t->topk[(size_t)n * t->k + r]];
+    return fx_gate(t, n, e) >= 0 ? t->p[(size_t)n * t->E + e] / ps : -1;
+}
+/* Σ_routed g^a ‖f‖^c with the renormalised gate (NATIVE = 0) or the model's own (NATIVE = 1) */
+static double routed_sum_g(const fx_tokens *t, int e, int a, int c, int native) {
     double s = 0;
     for (int n = 0; n < t->n_tok; n++) {
-        double g = fx_gate(t, n, e);
+        double g = native ? fx_gate(t, n, e) : renormed(t, n, e);
         if (g >= 0) s += pow(g, a) * pow(fx_norm(t, n, e), c);
     }
     return s;
 }
+static double routed_sum(const fx_tokens *t, int e, int a, int c) { return routed_sum_g(t, e, a, c, 0); }
 static double count(const fx_tokens *t, int e) { return routed_sum(t, e, 0, 0); }
 static double ravg(const fx_tokens *t, int e, int a, int c) { return count(t, e) > 0 ? routed_sum(t, e, a, c) / count(t, e) : 0; }
 static double sum_p(const fx_tokens *t, int e, int routed_only) {
@@ -52,13 +60,18 @@ static double d_ean(const fx_tokens *t, int e) { return routed_sum(t, e, 0, 1); 
 static double d_man(const fx_tokens *t, int e) { return ravg(t, e, 0, 1); }
 static double d_msan(const fx_tokens *t, int e) { return ravg(t, e, 0, 2); }
 static double d_seer(const fx_tokens *t, int e) { return routed_sum(t, e, 1, 0); }
+/* mag 0: ES-Act, paper 001 App. D: (1/N_s) Σ_j (1/L_j) Σ_k 1[g > 0] / K; mag 1: ES-Mag over every
+ * token of ‖v‖, v the gated output g·f (g = 0 off the top-k); mag 2: the ungated routed variant */
 static double es(const fx_tokens *t, int e, int mag) {
     double acc = 0;
     int n = 0;
     for (int s = 0; s < t->n_samples; s++) {
         double x = 0;
-        for (int i = 0; i < t->sample_len[s]; i++, n++)
-            if (fx_gate(t, n, e) >= 0) x += mag ? fx_norm(t, n, e) : 1.0 / t->k; /* paper: 1[g>0]/K */
+        for (int i = 0; i < t->sample_len[s]; i++, n++) {
+            double g = fx_gate(t, n, e) >= 0 ? fx_gate(t, n, e) : 0;
+            if (mag == 1) x += g * fx_norm(t, n, e);
+            else if (g > 0) x += mag ? fx_norm(t, n, e) : 1.0 / t->k;
+        }
         acc += x / t->sample_len[s];
     }
     return acc / t->n_samples;
@@ -81,7 +94,7 @@ static double mone(const fx_tokens *t, int e, int ddof) {
     }
     return ravg(t, e, 1, 0) * sqrt(var_sum);
 }
-static double d_mone(const fx_tokens *t, int e) { return mone(t, e, 0); }
+static double d_mone(const fx_tokens *t, int e) { return mone(t, e, 1); } /* paper 004 Table 6: 1/(N_j − 1) */
 
 static const struct { const char *name; direct_fn fn; int routed_avg; } table[] = {
     {"sf", d_sf, 0},     {"pp", d_pp, 0},     {"ps", d_ps, 0},           {"cp", cp, 1},
@@ -169,19 +182,62 @@ static void bac_family_grid(void **state) {
     fx_free_tokens(&t);
 }
 
-static void mone_sample_std_variant(void **state) {
+/* the documented alternatives: MoNE's population std (ddof=0), ES-Mag's ungated variant (gated=0) */
+static void named_variants(void **state) {
     (void)state;
     fx_tokens t = fx_make_tokens(E, KT, D, 4, lens, NEVER, 9);
     m2d_layer_stats s;
     fx_stats_from_tokens(&t, &s);
-    const char *keys[] = {"ddof"};
-    double vals[] = {1};
-    m2d_params prm = {1, keys, vals};
+    const char *keys[] = {"ddof"}, *gkeys[] = {"gated"};
+    double vals[] = {0};
+    m2d_params prm = {1, keys, vals}, gprm = {1, gkeys, vals};
     m2d_layer_view v = fx_view(&s, NULL, 2, 0, &prm);
     double scores[E];
     int sel[E];
     fx_scores("mone", &v, scores, sel);
-    for (int e = 0; e < E; e++) fx_close(scores[e], mone(&t, e, 1), TOL, "mone ddof=1", e);
+    for (int e = 0; e < E; e++) fx_close(scores[e], mone(&t, e, 0), TOL, "mone ddof=0", e);
+    v = fx_view(&s, NULL, 2, 0, &gprm);
+    fx_scores("es-mag", &v, scores, sel);
+    for (int e = 0; e < E; e++) fx_close(scores[e], es(&t, e, 2), TOL, "es-mag gated=0", e);
+    m2d_layer_stats_free(&s);
+    fx_free_tokens(&t);
+}
+
+/* On a model that does not renormalise (native gate = raw p), REAP, SEER, S(b,a,c) and MoNE use
+ * the gate renormalised over the top-k (paper 004 Eq. 1) unless renorm=0. */
+static void renormalised_gate_default(void **state) {
+    (void)state;
+    fx_tokens t = fx_make_tokens(E, KT, D, 4, lens, NEVER, 13);
+    for (int n = 0; n < t.n_tok; n++) /* native gate = raw softmax */
+        for (int r = 0; r < KT; r++) t.g[(size_t)n * KT + r] = t.p[(size_t)n * E + t.topk[(size_t)n * KT + r]];
+    m2d_layer_stats s;
+    fx_stats_from_tokens(&t, &s);
+    double sc[E], sr[E], sn[E];
+    int sel[E];
+    const char *keys[] = {"renorm"};
+    double zero[] = {0};
+    m2d_params native = {1, keys, zero};
+    for (int e = 0; e < E; e++) {
+        double n = count(&t, e), a = 0, b = 0;
+        for (int i = 0; i < t.n_tok; i++)
+            if (fx_gate(&t, i, e) >= 0) a += renormed(&t, i, e) * fx_norm(&t, i, e), b += renormed(&t, i, e);
+        sr[e] = n > 0 ? a / n : 0; /* REAP with r */
+        sn[e] = b;                 /* SEER with r */
+    }
+    m2d_layer_view v = fx_view(&s, NULL, 2, 0, NULL), vn = fx_view(&s, NULL, 2, 0, &native);
+    fx_scores("reap", &v, sc, sel);
+    for (int e = 0; e < E; e++) fx_close(sc[e], sr[e], TOL, "reap renorm", e);
+    fx_scores("bac", &v, sc, sel);
+    for (int e = 0; e < E; e++) fx_close(sc[e], sr[e], TOL, "bac renorm", e);
+    fx_scores("seer", &v, sc, sel);
+    for (int e = 0; e < E; e++) fx_close(sc[e], sn[e], TOL, "seer renorm", e);
+    double native_reap[E];
+    for (int e = 0; e < E; e++) native_reap[e] = count(&t, e) > 0 ? routed_sum_g(&t, e, 1, 1, 1) / count(&t, e) : 0;
+    fx_scores("reap", &vn, sc, sel);
+    for (int e = 0; e < E; e++) fx_close(sc[e], native_reap[e], TOL, "reap native", e);
+    fx_scores("seer", &vn, sc, sel);
+    for (int e = 0; e < E; e++) fx_close(sc[e], routed_sum_g(&t, e, 1, 0, 1), TOL, "seer native", e);
+    assert_true(fabs(sr[0] - native_reap[0]) > 1e-3 * sr[0]); /* the two really differ here */
     m2d_layer_stats_free(&s);
     fx_free_tokens(&t);
 }
@@ -214,11 +270,19 @@ static void reap_reference_vectors(void **state) {
     assert_true(sc[0] == 18 && sc[1] == 0);
     fx_scores("man", &v, sc, pick);
     assert_true(sc[0] == 9 && sc[1] == 0);
-    fx_scores("reap", &v, sc, pick);
-    /* the reference is printed to 6 decimals; p passes through fp32 (rel. 6e-8) */
+    /* REAP's own vectors use the native (not renormalised) softmax gate: renorm=0. The reference
+     * is printed to 6 decimals; p passes through fp32 (rel. 6e-8) */
+    const char *keys[] = {"renorm"};
+    double zero[] = {0};
+    m2d_params native = {1, keys, zero};
+    m2d_layer_view vn = fx_view(&s, NULL, 1, 0, &native);
+    fx_scores("reap", &vn, sc, pick);
     assert_true(fabs(sc[0] - 8.210736) < 5e-7);
     assert_true(sc[1] == 0);
     assert_int_equal(pick[0], 0);
+    /* paper 004 Eq. 1 (the default): with k = 1 the renormalised gate is 1, REAP = MAN = 9 */
+    fx_scores("reap", &v, sc, pick);
+    assert_true(sc[0] == 9 && sc[1] == 0);
     m2d_layer_stats_free(&s);
 }
 
@@ -399,7 +463,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(formulas_match_direct_computation),
         cmocka_unit_test(bac_family_grid),
-        cmocka_unit_test(mone_sample_std_variant),
+        cmocka_unit_test(named_variants),
+        cmocka_unit_test(renormalised_gate_default),
         cmocka_unit_test(reap_reference_vectors),
         cmocka_unit_test(conmoe_against_brute_force),
         cmocka_unit_test(registry_lookup_and_validation),

@@ -1,5 +1,6 @@
-/* The unified family of paper 004: S(b,a,c) = (1 / n_e^b) Σ_{routed} g^a ‖f‖^c.
- * Defaults b=1, a=1, c=1 (= REAP). a and c must be in {0,1,2} (the sums kept by calibration);
+/* The unified family of paper 004: S(b,a,c) = (1 / n_e^b) Σ_{routed} g^a ‖f‖^c, g renormalised
+ * over the top-k as in its Eq. 1 (renorm=0: the model's native gate).
+ * Defaults b=1, a=1, c=1 (= REAP). a and c must be in {0,1,2} (the sums calibration keeps);
  * b is any real (paper: {0,1}). Never-routed experts score 0. Examples: freq (0,0,0),
  * seer (0,1,0), ean (0,0,1), reap (1,1,1), man (1,0,1), msan (1,0,2). */
 #include <math.h>
@@ -7,19 +8,12 @@
 #include "criteria/crit.h"
 #include "base/util.h"
 
-/* the routed sum Σ g^a ‖f‖^c for a, c in {0,1,2}; NULL for other exponents */
-static const double *routed_sum(const m2d_layer_stats *s, int a, int c) {
-    const double *tab[3][3] = {{s->n, s->sum_f, s->sum_f2},
-                               {s->sum_g, s->sum_gf, s->sum_gf2},
-                               {s->sum_g2, s->sum_g2f, s->sum_g2f2}};
-    return a >= 0 && a <= 2 && c >= 0 && c <= 2 ? tab[a][c] : NULL;
-}
-
 static int bac_score(const m2d_layer_view *v, double *scores) {
-    if (m2d_crit_need_stats(v, "bac") != 0) return -1;
+    int renorm;
+    if (m2d_crit_need_stats(v, "bac") != 0 || m2d_crit_renorm_param(v, "bac", &renorm) != 0) return -1;
     const m2d_layer_stats *s = v->stats;
     double b = m2d_param(v->params, "b", 1), a = m2d_param(v->params, "a", 1), c = m2d_param(v->params, "c", 1);
-    const double *sum = a == floor(a) && c == floor(c) ? routed_sum(s, (int)a, (int)c) : NULL;
+    const double *sum = a == floor(a) && c == floor(c) ? m2d_crit_routed_sum(s, (int)a, (int)c, renorm) : NULL;
     if (!sum)
         return m2d_err("scoring plugin 'bac': layer %d: field 'a'/'c': (a=%g, c=%g) not available; "
                        "calibration keeps Σ g^a‖f‖^c for a, c in {0,1,2}", s->layer, a, c);
@@ -29,4 +23,4 @@ static int bac_score(const m2d_layer_view *v, double *scores) {
 
 M2D_PLUGIN(bac, .name = "bac", .kind = M2D_SCORING,
            .summary = "unified family S(b,a,c) = n_e^-b Σ_routed g^a ‖f‖^c (paper 004; a, c in {0,1,2})",
-           .score = bac_score, .params_default = "b=1,a=1,c=1")
+           .score = bac_score, .params_default = "b=1,a=1,c=1,renorm=1")

@@ -1,7 +1,9 @@
-/* ConMoE (paper 002): s_e = Norm(a)_e · Norm(b)_e over the layer, with
- *   a_e = REAP_e (Σg‖f‖_e / n_e),
- *   b_e = min_{e'≠e} d(e,e'),  d(e,e') = (1/3) Σ_{m∈{gate,up,down}} 2‖W_m^e − W_m^e'‖_F / (‖W_m^e‖_F + ‖W_m^e'‖_F + 2ε),
- *   Norm(x)_e = (x_e − min x) / (max x − min x + ε)   (paper App. B.1; ε = param eps, default 1e-8).
+/* ConMoE (paper 002 §4.1, App. B.1): s_e = Norm_G(a)_e · Norm_G(b)_e over the experts of a scope
+ * G (one layer here; conmoe_scope takes a pool of several layers' views), with
+ *   a_e = REAP_e = Σg‖f‖_e / n_e (g the normalised routing weight: renormalised over the top-k,
+ *         paper 004 Eq. 1; renorm=0: the native gate),
+ *   b_e = min_{e'∈E_G, e'≠e} d(e,e'), d the normalised weight distance (m2d_crit_weight_distance),
+ *   Norm_G(x)_e = (x_e − min_G x) / (max_G x − min_G x + ε)   (ε = param eps, default 1e-8).
  * ‖W^e − W^e'‖² is taken from a per-matrix Gram (one blocked SYRK, not E² difference passes):
  * ‖x‖² + ‖y‖² − 2<x,y>, clamped at 0, so near-identical experts have distance ~1e-3 relative noise. */
 #include <math.h>
@@ -16,51 +18,33 @@ static void min_max_normalise(double *x, int n, double eps) {
     for (int i = 0; i < n; i++) x[i] = (x[i] - lo) / (hi - lo + eps);
 }
 
-/* b[e] = min over e' != e of the normalised weight distance */
-static int nearest_weight_distance(const m2d_layer_view *v, double eps, double *b) {
-    const int E = v->E;
-    int *all = m2d_malloc((size_t)E * sizeof *all);
-    for (int e = 0; e < E; e++) all[e] = e;
-    double *G = m2d_malloc((size_t)E * E * sizeof *G), *d = m2d_calloc((size_t)E * E, sizeof *d);
-    int rc = 0;
-    for (int m = 0; m < 3 && rc == 0; m++) {
-        rc = m2d_crit_expert_gram(v, all, E, 1 << m, G);
-        for (int i = 0; i < E && rc == 0; i++)
-            for (int j = 0; j < E; j++) {
-                double gii = G[(size_t)i * E + i], gjj = G[(size_t)j * E + j];
-                double diff = sqrt(fmax(0.0, gii + gjj - 2 * G[(size_t)i * E + j]));
-                d[(size_t)i * E + j] += 2 * diff / (sqrt(gii) + sqrt(gjj) + 2 * eps) / 3;
-            }
-    }
-    for (int e = 0; e < E && rc == 0; e++) {
-        b[e] = INFINITY;
-        for (int o = 0; o < E; o++)
-            if (o != e) b[e] = fmin(b[e], d[(size_t)e * E + o]);
-        if (E == 1) b[e] = 0;
-    }
-    free(all);
-    free(G);
-    free(d);
-    return rc;
-}
-
-static int conmoe_score(const m2d_layer_view *v, double *scores) {
-    if (m2d_crit_need_stats(v, "conmoe") != 0 || m2d_crit_need_weights(v, "conmoe") != 0) return -1;
-    double eps = m2d_param(v->params, "eps", 1e-8);
-    double *b = m2d_malloc((size_t)v->E * sizeof *b);
-    if (nearest_weight_distance(v, eps, b) != 0) {
+static int conmoe_scope(const m2d_layer_view *views, int n, double *scores) {
+    const int E = views[0].E, P = n * E;
+    int renorm;
+    for (int i = 0; i < n; i++)
+        if (m2d_crit_need_stats(&views[i], "conmoe") != 0 || m2d_crit_renorm_param(&views[i], "conmoe", &renorm) != 0)
+            return -1;
+    double eps = m2d_param(views[0].params, "eps", 1e-8);
+    double *b = m2d_malloc((size_t)P * sizeof *b);
+    if (m2d_crit_pool_nearest(views, n, "conmoe", eps, b) != 0) {
         free(b);
         return -1;
     }
-    for (int e = 0; e < v->E; e++) scores[e] = m2d_crit_routed_avg(v->stats, v->stats->sum_gf, e);
-    min_max_normalise(scores, v->E, eps);
-    min_max_normalise(b, v->E, eps);
-    for (int e = 0; e < v->E; e++) scores[e] *= b[e];
+    for (int i = 0; i < n; i++) {
+        const double *sum = m2d_crit_routed_sum(views[i].stats, 1, 1, renorm);
+        for (int e = 0; e < E; e++) scores[(size_t)i * E + e] = m2d_crit_routed_avg(views[i].stats, sum, e);
+    }
+    min_max_normalise(scores, P, eps);
+    min_max_normalise(b, P, eps);
+    for (int e = 0; e < P; e++) scores[e] *= b[e];
     free(b);
     return 0;
 }
 
+static int conmoe_score(const m2d_layer_view *v, double *scores) { return conmoe_scope(v, 1, scores); }
+
 M2D_PLUGIN(conmoe, .name = "conmoe", .kind = M2D_SCORING,
            .summary = "ConMoE: Norm(REAP) × Norm(distance to the nearest expert in weight space)",
-           .score = conmoe_score, .params_default = "eps=1e-8",
+           .score = conmoe_score, .params_default = "eps=1e-8,renorm=1",
            .display = "ConMoE", .report_rank = 20)
+

@@ -1,5 +1,7 @@
 /* ES-Act (paper 001, App. D): mean over samples s of n_e(s) / (L_s · k), the paper's 1/K included
- * (a constant factor: it changes neither the ranking nor proportional scaling). */
+ * (a constant factor: it changes neither the ranking nor proportional scaling). On fixed-length
+ * calibration windows (every L_s = L) this is exactly SF/k; it differs only on windows of varying
+ * length (calibrate --windows documents). */
 #include "criteria/crit.h"
 
 static int es_act_score(const m2d_layer_view *v, double *scores) {
@@ -10,5 +12,5 @@ static int es_act_score(const m2d_layer_view *v, double *scores) {
 }
 
 M2D_PLUGIN(es_act, .name = "es-act", .kind = M2D_SCORING,
-           .summary = "ES-Act: per-sample length-normalised routed fraction / k, averaged over samples",
+           .summary = "ES-Act: per-sample length-normalised routed fraction / k (= SF/k on fixed-length windows)",
            .score = es_act_score)
