@@ -221,8 +221,9 @@ void m2d_select_topk(const double *scores, int E, int K, int *selected) {
 static int check_view(const char *what, const m2d_plugin *p, const m2d_layer_view *v) {
     int layer = v->stats ? v->stats->layer : -1;
     if (!p) return m2d_err("%s: layer %d: no plugin", what, layer);
-    if (v->E < 1 || v->k < 1 || v->K < v->k || v->K > v->E)
-        return m2d_err("%s plugin '%s': layer %d: field 'K': need k <= K <= E (E=%d, k=%d, K=%d)", what, p->name,
+    /* K < k is an MoE student smaller than the router's top-k (the student routes to min(k, K)) */
+    if (v->E < 1 || v->k < 1 || v->K < 1 || v->K > v->E)
+        return m2d_err("%s plugin '%s': layer %d: field 'K': need 1 <= K <= E (E=%d, k=%d, K=%d)", what, p->name,
                        layer, v->E, v->k, v->K);
     return m2d_plugin_check_params(p, v->params);
 }
@@ -300,4 +301,136 @@ int m2d_scale_run(const m2d_plugin *scaling, const m2d_layer_view *v, const int 
             return m2d_err("scaling plugin '%s': layer %d: field 'alpha[%d]': %g is not finite and >= 0",
                            scaling->name, v->stats ? v->stats->layer : -1, g, alpha[g]);
     return 0;
+}
+
+int m2d_score_scope(const m2d_plugin *scoring, const m2d_layer_view *views, int n, double *scores) {
+    if (n < 1) return m2d_err("scoring plugin '%s': an empty pool of layers", scoring ? scoring->name : "?");
+    for (int i = 0; i < n; i++)
+        if (check_view("scoring", scoring, &views[i]) != 0) return -1;
+    if (scoring->kind != M2D_SCORING || !scoring->score)
+        return m2d_err("plugin '%s' is not a scoring plugin", scoring->name);
+    const int E = views[0].E;
+    for (int i = 0; i < n; i++) {
+        if (views[i].E != E) return m2d_err("scoring plugin '%s': layers of a pool differ in E", scoring->name);
+        if (!scoring->score_scope && scoring->score(&views[i], scores + (size_t)i * E) != 0) return -1;
+    }
+    if (scoring->score_scope && scoring->score_scope(views, n, scores) != 0) return -1;
+    for (int i = 0; i < n * E; i++)
+        if (!isfinite(scores[i]) || scores[i] < 0)
+            return m2d_err("scoring plugin '%s': layer %d: field 'scores[%d]': %g is not finite and >= 0",
+                           scoring->name, views[i / E].stats ? views[i / E].stats->layer : -1, i % E, scores[i]);
+    return 0;
+}
+
+void m2d_layer_groups_free(m2d_layer_groups *g, int n_layers) {
+    for (int l = 0; g && l < n_layers; l++) {
+        int n_src = g[l].src_start ? g[l].src_start[g[l].n_groups] : 0;
+        for (int s = 0; g[l].src_perm && s < n_src; s++) free(g[l].src_perm[s]);
+        free(g[l].group_of), free(g[l].src_start), free(g[l].src_layer), free(g[l].src_expert);
+        free(g[l].src_w), free(g[l].src_perm);
+        memset(&g[l], 0, sizeof g[l]);
+    }
+}
+
+static int check_perm(const int *perm, int n) {
+    char *seen = m2d_calloc((size_t)n, 1);
+    int ok = 1;
+    for (int i = 0; i < n && ok; i++) {
+        ok = perm[i] >= 0 && perm[i] < n && !seen[perm[i]];
+        if (ok) seen[perm[i]] = 1;
+    }
+    free(seen);
+    return ok;
+}
+
+/* the sources of layer L's groups: indices in range, weights >= 0 summing to 1, permutations */
+static int check_sources(const m2d_plugin *p, const m2d_model_view *mv, int l, const m2d_layer_groups *g) {
+    int layer = mv->layers[l].stats ? mv->layers[l].stats->layer : l, d_e = mv->layers[l].d_e;
+    if (g->src_start[0] != 0) return m2d_err("grouping plugin '%s': layer %d: field 'src_start[0]' is not 0", p->name, layer);
+    for (int gi = 0; gi < g->n_groups; gi++) {
+        int a = g->src_start[gi], b = g->src_start[gi + 1];
+        double sum = 0;
+        if (b <= a) return m2d_err("grouping plugin '%s': layer %d: group %d holds no source", p->name, layer, gi);
+        for (int s = a; s < b; s++) {
+            if (g->src_layer[s] < 0 || g->src_layer[s] >= mv->n_layers || g->src_expert[s] < 0 ||
+                g->src_expert[s] >= mv->layers[l].E)
+                return m2d_err("grouping plugin '%s': layer %d: field 'src[%d]': (layer %d, expert %d) out of range",
+                               p->name, layer, s, g->src_layer[s], g->src_expert[s]);
+            if (!isfinite(g->src_w[s]) || g->src_w[s] < 0)
+                return m2d_err("grouping plugin '%s': layer %d: field 'src_w[%d]': %g", p->name, layer, s, g->src_w[s]);
+            if (g->src_perm && g->src_perm[s] && !check_perm(g->src_perm[s], d_e))
+                return m2d_err("grouping plugin '%s': layer %d: field 'src_perm[%d]': not a permutation of %d",
+                               p->name, layer, s, d_e);
+            sum += g->src_w[s];
+        }
+        if (fabs(sum - 1) > 1e-9)
+            return m2d_err("grouping plugin '%s': layer %d: group %d: source weights sum to %.17g, not 1", p->name,
+                           layer, gi, sum);
+    }
+    return 0;
+}
+
+/* group ids of selected order -> canonical (first appearance), sources renumbered along */
+static void canonical_groups(m2d_layer_groups *g, int K) {
+    int G = g->n_groups, *map = m2d_malloc((size_t)G * sizeof *map), next = 0;
+    for (int i = 0; i < G; i++) map[i] = -1;
+    for (int i = 0; i < K; i++) {
+        if (map[g->group_of[i]] < 0) map[g->group_of[i]] = next++;
+        g->group_of[i] = map[g->group_of[i]];
+    }
+    if (g->src_start) { /* move each group's sources to its new position */
+        int n_src = g->src_start[G], *st = m2d_malloc((size_t)(G + 1) * sizeof *st), pos = 0;
+        int *ly = m2d_malloc((size_t)n_src * sizeof *ly), *ex = m2d_malloc((size_t)n_src * sizeof *ex);
+        double *w = m2d_malloc((size_t)n_src * sizeof *w);
+        int **pm = m2d_calloc((size_t)n_src, sizeof *pm);
+        for (int ng = 0; ng < G; ng++) {
+            int old = 0;
+            while (map[old] != ng) old++;
+            st[ng] = pos;
+            for (int s = g->src_start[old]; s < g->src_start[old + 1]; s++, pos++) {
+                ly[pos] = g->src_layer[s], ex[pos] = g->src_expert[s], w[pos] = g->src_w[s];
+                pm[pos] = g->src_perm ? g->src_perm[s] : NULL;
+            }
+        }
+        st[G] = pos;
+        free(g->src_start), free(g->src_layer), free(g->src_expert), free(g->src_w), free(g->src_perm);
+        g->src_start = st, g->src_layer = ly, g->src_expert = ex, g->src_w = w, g->src_perm = pm;
+    }
+    free(map);
+}
+
+int m2d_group_model_run(const m2d_plugin *grouping, const m2d_model_view *mv, m2d_layer_groups *out) {
+    if (!grouping || grouping->kind != M2D_GROUPING || !grouping->group_model)
+        return m2d_err("plugin '%s' is not a whole-model grouping plugin", grouping ? grouping->name : "?");
+    if (m2d_plugin_check_params(grouping, mv->params) != 0) return -1;
+    memset(out, 0, (size_t)mv->n_layers * sizeof *out);
+    if (grouping->group_model(mv, out) != 0) {
+        m2d_layer_groups_free(out, mv->n_layers);
+        return -1;
+    }
+    int rc = 0;
+    for (int l = 0; l < mv->n_layers && rc == 0; l++) {
+        m2d_layer_groups *g = &out[l];
+        const m2d_layer_view *v = &mv->layers[l];
+        int layer = v->stats ? v->stats->layer : l;
+        int *size = m2d_calloc((size_t)(g->n_groups > 0 ? g->n_groups : 1), sizeof *size);
+        if (g->n_groups < 1 || g->n_groups > v->K || !g->group_of)
+            rc = m2d_err("grouping plugin '%s': layer %d: field 'n_groups': %d not in [1, K = %d]", grouping->name,
+                         layer, g->n_groups, v->K);
+        for (int i = 0; i < v->K && rc == 0; i++) {
+            if (g->group_of[i] < 0 || g->group_of[i] >= g->n_groups)
+                rc = m2d_err("grouping plugin '%s': layer %d: field 'group_of[%d]': %d not in [0, %d)", grouping->name,
+                             layer, i, g->group_of[i], g->n_groups);
+            else size[g->group_of[i]]++;
+        }
+        for (int gi = 0; gi < g->n_groups && rc == 0; gi++)
+            if (size[gi] == 0)
+                rc = m2d_err("grouping plugin '%s': layer %d: field 'group_of': group %d is empty", grouping->name,
+                             layer, gi);
+        free(size);
+        if (rc == 0 && g->src_start) rc = check_sources(grouping, mv, l, g);
+        if (rc == 0) canonical_groups(g, v->K);
+    }
+    if (rc) m2d_layer_groups_free(out, mv->n_layers);
+    return rc;
 }

@@ -22,7 +22,42 @@ typedef struct {
     const m2d_params *params;
 } m2d_layer_view;
 
+typedef struct m2d_plugin m2d_plugin;
+
+/* One MoE layer's groups, as a whole-model grouping hook (group_model) returns them. Arrays are
+ * malloc'd by the plugin and freed by the caller (m2d_layer_groups_free). */
 typedef struct {
+    int n_groups;               /* >= 1 */
+    int *group_of;              /* [K] group of selected[i], in [0, n_groups); every group non-empty */
+    /* optional (src_start NULL: group g holds the score-weighted merge of its members, as for
+     * .group): group g holds Σ_s src_w[s] · W(layer src_layer[s], expert src_expert[s]) over
+     * s in [src_start[g], src_start[g+1]), each source's intermediate dimension permuted by
+     * src_perm[s] (row a of gate/up and column a of down taken from perm[a]; NULL: identity).
+     * src_layer indexes the model view's layers (another layer of a cross-layer scope). */
+    int *src_start, *src_layer, *src_expert;
+    double *src_w;              /* >= 0, summing to 1 per group */
+    int **src_perm;             /* [n_src]: NULL or a permutation of [0, d_e) */
+} m2d_layer_groups;
+void m2d_layer_groups_free(m2d_layer_groups *g, int n_layers);
+
+/* The whole model, for grouping plugins that decide across layers (M-SMoE's global budget,
+ * ConMoE's cross-layer scopes). */
+typedef struct {
+    int n_layers;
+    const m2d_layer_view *layers;  /* every MoE layer in model order; params: the scoring plugin's */
+    const int *const *selected;    /* [n_layers][K] the scoring plugin's selection */
+    const double *const *scores;   /* [n_layers][E] the scoring plugin's scores (merge weights) */
+    const m2d_plugin *scoring;     /* to score a scope of several layers at once (m2d_score_scope) */
+    int groups;                    /* groups asked for per layer (the average when the budget is global) */
+    double ratio;                  /* fraction of routed experts removed (0: 1 − groups / E) */
+    const m2d_params *params;      /* the grouping plugin's */
+} m2d_model_view;
+
+/* How many groups a grouping makes (m2d_plugin.group_count). */
+enum { M2D_GROUPS_TARGET = 0, /* the target's: k for a dense student, the ratio's for an MoE */
+       M2D_GROUPS_EACH = 1    /* one per selected expert: no merging ("none") */ };
+
+struct m2d_plugin {
     const char *name;           /* lower case, as on the command line: "do-acp", "rr", "uniform" */
     m2d_plugin_kind kind;
     const char *summary;        /* one line for `moe2dense list` */
@@ -31,8 +66,20 @@ typedef struct {
      * registry selects top-K (ties -> lower index). */
     int (*score)(const m2d_layer_view *v, double *scores);
     int (*select)(const m2d_layer_view *v, const double *scores, int *selected);
+    /* SCORING, optional: scores[n*E] of the experts of N layers taken together as one pool (ConMoE's
+     * cross-layer scopes: min-max norms and nearest neighbours over the pool). Without it a pool's
+     * scores are each layer's own. With n = 1 it must equal score. */
+    int (*score_scope)(const m2d_layer_view *views, int n, double *scores);
     /* GROUPING: group_of[i] in [0, k) for selected[i]; every group non-empty */
     int (*group)(const m2d_layer_view *v, const int *selected, const double *scores, int *group_of);
+    /* GROUPING, instead of group: every layer at once (out[n_layers], see m2d_layer_groups) */
+    int (*group_model)(const m2d_model_view *mv, m2d_layer_groups *out);
+    /* GROUPING: M2D_GROUPS_TARGET or M2D_GROUPS_EACH */
+    int group_count;
+    /* GROUPING: 1 = consolidates all E experts of a layer (HC-SMoE, M-SMoE, ConMoE): every expert is
+     * "selected" (K = E) and assigned to one of the groups; an MoE student keeps all E router rows,
+     * each pointing at its group's expert, so the gates of experts in one group add up */
+    int remap;
     /* SCALING: alpha[g] for each of the k groups */
     int (*scale)(const m2d_layer_view *v, const int *selected, const double *scores,
                  const int *group_of, double *alpha);
@@ -44,7 +91,7 @@ typedef struct {
     /* position in the paper's tables (1 = first); reports list ranked plugins first, in rank
      * order, then the others in order of first appearance. 0: not in the paper */
     int report_rank;
-} m2d_plugin;
+};
 
 void m2d_plugin_register(const m2d_plugin *p);
 const m2d_plugin *m2d_plugin_find(m2d_plugin_kind kind, const char *name);
@@ -102,6 +149,12 @@ void m2d_select_topk(const double *scores, int E, int K, int *selected);
 int m2d_group_run(const m2d_plugin *grouping, const m2d_layer_view *v, const int *selected,
                   const double *scores, int *group_of);
 void m2d_groups_canonicalize(int K, int *group_of);
+/* Scores of N layers' experts as one pool (score_scope, else each layer's score), validated
+ * finite and >= 0: scores[n*E], layer i's at scores + i*E. */
+int m2d_score_scope(const m2d_plugin *scoring, const m2d_layer_view *views, int n, double *scores);
+/* Run a whole-model grouping (group_model): out[mv->n_layers] validated (ranges, non-empty groups,
+ * sources, permutations) and canonical (groups numbered by first appearance in selected order). */
+int m2d_group_model_run(const m2d_plugin *grouping, const m2d_model_view *mv, m2d_layer_groups *out);
 /* Run a scaling plugin: alpha[k], validated finite and >= 0. */
 int m2d_scale_run(const m2d_plugin *scaling, const m2d_layer_view *v, const int *selected,
                   const double *scores, const int *group_of, double *alpha);

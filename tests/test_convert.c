@@ -228,7 +228,8 @@ static void copied_experts_group_equals_expert(void **state) {
     int members[4] = {0, 1, 2, 3}, starts[3] = {0, 2, 4};
     double mw[4] = {0.3, 0.7, 0.6, 0.4}, alpha[2] = {0.25, 0.75};
     for (int i = 0; i < 2; i++)
-        lps[i] = (m2d_layer_plan){i, 4, 2, NULL, members, starts, members, mw, alpha};
+        lps[i] = (m2d_layer_plan){.layer = i, .K = 4, .n_groups = 2, .d_e = 32, .selected = members,
+                                  .group_start = starts, .members = members, .merge_w = mw, .alpha = alpha};
     plan.layers = lps;
     m2d_convert_fingerprint(&plan, plan.fingerprint);
     m2d_model *s;
@@ -473,6 +474,13 @@ static void narrow_dense_layer_is_zero_padded(void **state) {
 
 /* ---------------- --target moe ---------------- */
 
+/* the shared-router slot of canonical member I: its expert's rank among the layer's members */
+static int slot_of(const m2d_layer_plan *lp, int i) {
+    int r = 0;
+    for (int j = 0; j < lp->K; j++) r += lp->members[j] < lp->members[i];
+    return r;
+}
+
 static void moe_target_pruned_and_merged(void **state) {
     (void)state;
     m2d_testmodel_opts o;
@@ -496,8 +504,8 @@ static void moe_target_pruned_and_merged(void **state) {
     assert_int_equal(m2d_convert_build(f.m, p, &s), 0);
     assert_int_equal(s->cfg.num_experts, 4);
     float *rs = m2d_tensor_f32(s->layers[0].router), *rt = m2d_tensor_f32(f.m->layers[0].router);
-    for (int g = 0; g < 4; g++)
-        assert_memory_equal(rs + g * 32, rt + p->layers[0].members[g] * 32, 32 * sizeof(float));
+    for (int g = 0; g < 4; g++) /* slots in increasing teacher expert id */
+        assert_memory_equal(rs + slot_of(&p->layers[0], g) * 32, rt + p->layers[0].members[g] * 32, 32 * sizeof(float));
     free(rs); free(rt);
     a = logits_of(s, tok, 24);
     char *out = m2d_path_join(f.dir, "moe");
@@ -536,8 +544,9 @@ static void moe_target_pruned_and_merged(void **state) {
         rs = m2d_tensor_f32(sl->router);
         rt = m2d_tensor_f32(f.m->layers[lp->layer].router);
         for (int g = 0; g < lp->n_groups; g++)
-            for (int x = lp->group_start[g]; x < lp->group_start[g + 1]; x++) {
-                assert_memory_equal(rs + x * 32, rt + lp->members[x] * 32, 32 * sizeof(float));
+            for (int i = lp->group_start[g]; i < lp->group_start[g + 1]; i++) {
+                int x = slot_of(lp, i);
+                assert_memory_equal(rs + x * 32, rt + lp->members[i] * 32, 32 * sizeof(float));
                 assert_memory_equal(sl->exp_gate[x]->data, al->exp_gate[g]->data, sl->exp_gate[x]->nbytes);
                 assert_memory_equal(sl->exp_up[x]->data, al->exp_up[g]->data, sl->exp_up[x]->nbytes);
                 assert_memory_equal(sl->exp_down[x]->data, al->exp_down[g]->data, sl->exp_down[x]->nbytes);
@@ -605,7 +614,7 @@ static void bad_input_rejected(void **state) {
     expect_plan_error(&f, &c, "acp");
     c.scoring = "acp";
     c.grouping = "zz";
-    expect_plan_error(&f, &c, "unknown grouping plugin 'zz' (available: ab, oc, rc, rr, wc)");
+    expect_plan_error(&f, &c, "unknown grouping plugin 'zz' (available: ab, hc-smoe, m-smoe, none, oc, rc, rr, wc)");
     c.grouping = "rr";
     c.scaling = "zz";
     expect_plan_error(&f, &c, "uniform");
@@ -640,6 +649,51 @@ static void bad_input_rejected(void **state) {
     free_fixture(&f);
 }
 
+/* ---------------- related work: pruning by ratio, none + indicator ---------------- */
+
+/* grouping none + scaling indicator: a dense student of width K·d_e holding the K selected experts
+ * side by side with α = 1 (paper 001 §2 (i)); --ratio and --top-k for an MoE student */
+static void none_indicator_ratio_topk(void **state) {
+    (void)state;
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    fixture f;
+    make_fixture(&f, &o);
+    m2d_convert_plan *p = plan_or_fail(&f, "freq", "none", "indicator", 5, M2D_TARGET_DENSE);
+    m2d_model *s;
+    assert_int_equal(m2d_convert_build(f.m, p, &s), 0);
+    assert_int_equal(p->n_groups, 5);
+    assert_int_equal(s->cfg.intermediate_size, 5 * 16);
+    for (int l = 0; l < p->n_layers; l++) {
+        const m2d_layer_plan *lp = &p->layers[l];
+        float *g = m2d_tensor_f32(s->layers[lp->layer].gate_proj);
+        for (int c = 0; c < 5; c++) {
+            assert_int_equal(lp->group_start[c + 1] - lp->group_start[c], 1);
+            assert_true(lp->alpha[c] == 1.0);
+            float *t = m2d_tensor_f32(f.m->layers[lp->layer].exp_gate[lp->members[c]]);
+            assert_memory_equal(g + (size_t)c * 16 * 32, t, 16 * 32 * sizeof(float));
+            free(t);
+        }
+        free(g);
+    }
+    m2d_convert_student_free(s);
+    m2d_convert_plan_free(p);
+    /* --ratio 0.25 of E = 8: K = 6 pruned; --top-k 1: one expert per token */
+    m2d_convert_opts mo = {.scoring = "reap", .grouping = "none", .target = M2D_TARGET_MOE, .ratio = 0.25, .top_k = 1};
+    assert_int_equal(m2d_convert_plan_build(f.m, f.s, &mo, &p), 0);
+    assert_int_equal(p->K, 6);
+    assert_int_equal(m2d_convert_build(f.m, p, &s), 0);
+    assert_int_equal(s->cfg.num_experts, 6);
+    assert_int_equal(s->cfg.num_experts_per_tok, 1);
+    m2d_convert_student_free(s);
+    m2d_convert_plan_free(p);
+    mo.n_groups = 3;
+    expect_plan_error(&f, &mo, "give neither -K nor --groups");
+    mo = (m2d_convert_opts){.scoring = "reap", .grouping = "none", .target = M2D_TARGET_MOE, .K = 6, .n_groups = 3};
+    expect_plan_error(&f, &mo, "groups must be K = 6");
+    free_fixture(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(merge_weights_sum_to_one_and_uniform_fallback),
@@ -652,6 +706,7 @@ int main(void) {
         cmocka_unit_test(moe_target_pruned_and_merged),
         cmocka_unit_test(fingerprints_distinguish_students),
         cmocka_unit_test(bad_input_rejected),
+        cmocka_unit_test(none_indicator_ratio_topk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,7 @@
 
 #include "criteria/cluster.h"
 #include "criteria/crit.h"
+#include "criteria/lsa.h"
 #include "crit_fixture.h"
 #include "criteria/registry.h"
 
@@ -292,10 +293,146 @@ static void every_grouping_is_identity_at_K_equals_k(void **state) {
         int groups[4];
         const char *name = m2d_plugin_at(M2D_GROUPING, i)->name;
         if (!strncmp(name, "test-", 5)) continue; /* this binary's deliberately broken plugin */
+        if (m2d_plugin_at(M2D_GROUPING, i)->group_model) continue; /* whole-model: test_related.c */
         run_group(name, &v, sel, scores, groups);
         assert_memory_equal(groups, identity, sizeof identity);
     }
     free_planted(&pl);
+}
+
+/* ---------------- related-work groupings (paper 003 App. D) ---------------- */
+
+/* HC-SMoE (Eq. 16): average linkage on D_ij = 1 − cos(A_i, A_j), A = μ (mean output over all
+ * tokens), every expert of the layer; against the brute-force linkage on directly computed cosines */
+static void hc_smoe_is_average_linkage_on_mean_outputs(void **state) {
+    (void)state;
+    planted pl;
+    make_planted(&pl, M2D_F32);
+    int sel[PE] = {5, 1, 3, 0, 7, 6, 2, 4};
+    double scores[PE] = {1, 2, 3, 4, 5, 6, 7, 8}, dist[PE * PE];
+    for (int i = 0; i < PE; i++)
+        for (int j = 0; j < PE; j++) {
+            const double *a = pl.s.mu + (size_t)sel[i] * pl.s.d, *b = pl.s.mu + (size_t)sel[j] * pl.s.d;
+            double dot = 0, na = 0, nb = 0;
+            for (int c = 0; c < pl.s.d; c++) dot += a[c] * b[c], na += a[c] * a[c], nb += b[c] * b[c];
+            dist[i * PE + j] = i == j ? 0 : 1 - dot / sqrt(na * nb);
+        }
+    m2d_layer_view v = fx_view(&pl.s, &pl.w.layer, PE, PDE, NULL);
+    v.d = PD;
+    for (int k = 1; k <= PE; k++) {
+        int got[PE], want[PE];
+        v.k = k;
+        run_group("hc-smoe", &v, sel, scores, got);
+        brute_average_linkage(dist, PE, k, want);
+        assert_memory_equal(got, want, sizeof want);
+    }
+    v.k = 3; /* the planted families are the clusters of the mean outputs too */
+    int groups[PE];
+    run_group("hc-smoe", &v, sel, scores, groups);
+    assert_families(sel, groups, PE);
+    free_planted(&pl);
+}
+
+/* LSA: the maximising permutation's total equals the best of all n! permutations */
+static double perm_total(const double *C, int n, const int *perm) {
+    double t = 0;
+    for (int a = 0; a < n; a++) t += C[a * n + perm[a]];
+    return t;
+}
+static double brute_best(const double *C, int n, int *perm, int depth, int used) {
+    if (depth == n) return perm_total(C, n, perm);
+    double best = -INFINITY;
+    for (int b = 0; b < n; b++)
+        if (!(used & (1 << b))) {
+            perm[depth] = b;
+            best = fmax(best, brute_best(C, n, perm, depth + 1, used | (1 << b)));
+        }
+    return best;
+}
+static void lsa_matches_brute_force(void **state) {
+    (void)state;
+    uint64_t st = 9;
+    for (int trial = 0; trial < 40; trial++) {
+        int n = 1 + trial % 7, perm[8], tmp[8];
+        double C[64];
+        for (int i = 0; i < n * n; i++) C[i] = trial % 3 ? tu_rand_normal(&st) : (double)(tu_rand_u64(&st) % 3); /* ties */
+        m2d_lsa_max(C, n, perm);
+        int seen = 0;
+        for (int a = 0; a < n; a++) assert_true(perm[a] >= 0 && perm[a] < n && !(seen & (1 << perm[a]))), seen |= 1 << perm[a];
+        fx_close(perm_total(C, n, perm), brute_best(C, n, tmp, 0, 0), 1e-12, "lsa total", trial);
+    }
+}
+
+/* M-SMoE on a hand-made two-layer model (E = 4, d = 6, d_e = 5):
+ *  usage n: layer 0 {40, 10, 20, 30}, layer 1 {70, 10, 10, 10} → ν with each layer's most used set
+ *  to 1: L0 {1, .1, .2, .3}, L1 {1, 1/7, 1/7, 1/7}; groups = 2 per layer on average → the global
+ *  top 4 are (0,0), (1,0), (0,3), (0,2): layer 0 keeps 3 groups, layer 1 one.
+ *  Router logits: z_1 = z_0 + small noise, so expert 1 of layer 0 joins dominant 0 (Eq. 14).
+ *  Weights: expert 1 of layer 0 is expert 0 with its intermediate neurons permuted by π, so weight
+ *  matching must find π⁻¹ and the aligned merge reproduces expert 0 exactly. */
+enum { ME = 4, MD = 6, MDE = 5 };
+static void m_smoe_planted(void **state) {
+    (void)state;
+    uint64_t st = 31;
+    const double counts[2][ME] = {{40, 10, 20, 30}, {70, 10, 10, 10}};
+    const int pi[MDE] = {3, 0, 4, 1, 2};
+    m2d_layer_stats s[2];
+    fx_weights w[2];
+    float router[ME * MD], wm[3][ME * MDE * MD];
+    double zs[50][ME];
+    for (int l = 0; l < 2; l++) {
+        m2d_layer_stats_alloc(&s[l], l, ME, 2, MD);
+        for (int e = 0; e < ME; e++) s[l].n[e] = counts[l][e];
+        for (int t = 0; t < 50; t++) {
+            for (int e = 0; e < ME; e++) zs[t][e] = tu_rand_normal(&st);
+            zs[t][1] = zs[t][0] + 0.05 * tu_rand_normal(&st);
+            m2d_layer_stats_add_logits(&s[l], zs[t]);
+        }
+        for (int i = 0; i < ME * MD; i++) router[i] = (float)tu_rand_normal(&st);
+        for (int m = 0; m < 3; m++)
+            for (int i = 0; i < ME * MDE * MD; i++) wm[m][i] = (float)tu_rand_normal(&st);
+        if (l == 0) /* expert 1 = expert 0 permuted: gate/up row a = row π[a]; down column a = column π[a] */
+            for (int a = 0; a < MDE; a++)
+                for (int c = 0; c < MD; c++) {
+                    for (int m = 0; m < 2; m++) wm[m][MDE * MD + a * MD + c] = wm[m][pi[a] * MD + c];
+                    wm[2][MDE * MD + c * MDE + a] = wm[2][c * MDE + pi[a]];
+                }
+        fx_make_weights(&w[l], M2D_F32, ME, MD, MDE, router, wm[0], wm[1], wm[2]);
+    }
+    m2d_layer_view views[2] = {fx_view(&s[0], &w[0].layer, ME, MDE, NULL), fx_view(&s[1], &w[1].layer, ME, MDE, NULL)};
+    views[0].d = views[1].d = MD;
+    int ident[ME] = {0, 1, 2, 3};
+    const int *sel[2] = {ident, ident};
+    double sc[ME] = {1, 3, 1, 1};
+    const double *scores[2] = {sc, sc};
+    m2d_model_view mv = {2, views, sel, scores, m2d_plugin_find(M2D_SCORING, "freq"), 2, 0,
+                         &(m2d_params){0, NULL, NULL}};
+    m2d_layer_groups out[2] = {0};
+    assert_int_equal(m2d_group_model_run(m2d_plugin_find(M2D_GROUPING, "m-smoe"), &mv, out), 0);
+    assert_int_equal(out[0].n_groups, 3);
+    assert_int_equal(out[1].n_groups, 1);
+    int want0[ME] = {0, 0, 1, 2}; /* canonical: {0,1}, {2}, {3} */
+    assert_memory_equal(out[0].group_of, want0, sizeof want0);
+    /* group 0 of layer 0: expert 0 (weight 1/4, unpermuted) and expert 1 (3/4, permuted by π⁻¹) */
+    const m2d_layer_groups *g = &out[0];
+    assert_int_equal(g->src_start[1] - g->src_start[0], 2);
+    for (int x = g->src_start[0]; x < g->src_start[1]; x++) {
+        int e = g->src_expert[x];
+        assert_int_equal(g->src_layer[x], 0);
+        fx_close(g->src_w[x], e == 0 ? 0.25 : 0.75, 1e-15, "m-smoe merge weight", e);
+        if (e == 0) assert_null(g->src_perm[x]);
+        else
+            for (int a = 0; a < MDE; a++) assert_int_equal(pi[g->src_perm[x][a]], a);
+    }
+    /* align=0: no permutations */
+    m2d_layer_groups_free(out, 2);
+    const char *keys[] = {"align"};
+    double zero[] = {0};
+    mv.params = &(m2d_params){1, keys, zero};
+    assert_int_equal(m2d_group_model_run(m2d_plugin_find(M2D_GROUPING, "m-smoe"), &mv, out), 0);
+    for (int x = 0; x < out[0].src_start[out[0].n_groups]; x++) assert_null(out[0].src_perm[x]);
+    m2d_layer_groups_free(out, 2);
+    for (int l = 0; l < 2; l++) m2d_layer_stats_free(&s[l]), fx_free_weights(&w[l]);
 }
 
 static void canonical_ids(void **state) {
@@ -364,6 +501,9 @@ int main(void) {
         cmocka_unit_test(rr_rank_order),
         cmocka_unit_test(ab_anchors_and_router_cosine),
         cmocka_unit_test(every_grouping_is_identity_at_K_equals_k),
+        cmocka_unit_test(hc_smoe_is_average_linkage_on_mean_outputs),
+        cmocka_unit_test(lsa_matches_brute_force),
+        cmocka_unit_test(m_smoe_planted),
         cmocka_unit_test(canonical_ids),
         cmocka_unit_test(scalings),
     };

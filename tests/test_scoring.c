@@ -382,9 +382,11 @@ static void registry_lookup_and_validation(void **state) {
     m2d_layer_view v = fx_view(&s, NULL, 2, 0, NULL);
     assert_int_equal(m2d_score_and_select(m2d_plugin_find(M2D_SCORING, "test-negative"), &v, sc, sel), -1);
     assert_non_null(strstr(m2d_errmsg(), "scores[1]"));
-    v.K = 1; /* K < k */
+    v.K = 0;
     assert_int_equal(m2d_score_and_select(m2d_plugin_find(M2D_SCORING, "sf"), &v, sc, sel), -1);
     assert_non_null(strstr(m2d_errmsg(), "'K'"));
+    v.K = 1; /* K < k: an MoE student smaller than the router's top-k (convert refuses it for dense) */
+    assert_int_equal(m2d_score_and_select(m2d_plugin_find(M2D_SCORING, "sf"), &v, sc, sel), 0);
     v.K = E + 1;
     assert_int_equal(m2d_score_and_select(m2d_plugin_find(M2D_SCORING, "sf"), &v, sc, sel), -1);
     m2d_layer_stats_free(&s);

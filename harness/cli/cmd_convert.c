@@ -11,38 +11,49 @@
 
 static const char USAGE[] =
     "usage: moe2dense convert --model DIR --stats STATS --scoring S --grouping G --scaling C -K N\n"
-    "                         --out DIR [--target dense|moe] [--groups M] [--moe-router shared|average]\n"
-    "                         [--param key=value ...] [--fingerprint]\n"
+    "                         --out DIR [--target dense|moe] [--groups M] [--ratio R] [--top-k N]\n"
+    "                         [--moe-router shared|average] [--param key=value ...] [--fingerprint]\n"
     "\n"
     "Per MoE layer: the scoring plugin S scores the experts and selects K of them; the grouping\n"
     "plugin G splits them into k groups (k = num_experts_per_tok); each group is merged by\n"
     "score-weighted averaging of gate/up/down (uniform if the group's scores sum to 0); the scaling\n"
     "plugin C gives each group's down projection a factor alpha; the k groups are concatenated into\n"
     "one dense SwiGLU FFN of width k*d_e. Attention, embeddings, norms and the LM head are copied\n"
-    "bit for bit; dense teacher layers narrower than k*d_e are zero-padded.\n"
+    "bit for bit; dense teacher layers narrower than the dense width are zero-padded.\n"
     "\n"
     "  --model DIR       the teacher (Hugging Face Qwen3-MoE checkpoint)\n"
     "  --stats STATS     statistics from 'moe2dense calibrate' on this teacher (checked)\n"
     "  --scoring S       scoring plugin, e.g. acp, do-acp, cp, reap ('moe2dense list')\n"
-    "  --grouping G      grouping plugin: rr, wc, rc, ab, oc\n"
-    "  --scaling C       scaling plugin: uniform, proportional, avg-cp (not used with --target moe)\n"
-    "  -K N              experts selected per layer, k <= N <= E\n"
+    "  --grouping G      grouping plugin: rr, wc, rc, ab, oc; none (every selected expert on its own);\n"
+    "                    hc-smoe, m-smoe (consolidate all E experts, --target moe)\n"
+    "  --scaling C       scaling plugin: uniform, proportional, avg-cp, indicator (not used with\n"
+    "                    --target moe)\n"
+    "  -K N              experts selected per layer, k <= N <= E (--target moe: 1 <= N <= E; not\n"
+    "                    needed with --ratio)\n"
     "  --out DIR         output directory: absent, empty, or an earlier convert output\n"
-    "  --target T        dense (default): Qwen3ForCausalLM with intermediate_size = k*d_e;\n"
-    "                    moe: Qwen3MoeForCausalLM keeping M experts per layer (each group merged into\n"
-    "                    one expert, router row = merge-weighted average of its members' rows)\n"
-    "  --groups M        --target moe only: groups per layer (default K: pure pruning)\n"
-    "  --moe-router R    --target moe only: shared (default: every retained expert keeps its router\n"
-    "                    row and points at its group's merged expert; num_experts = K) or average\n"
-    "                    (one expert per group, router row = merge-weighted average of the members')\n"
+    "  --target T        dense (default): Qwen3ForCausalLM with intermediate_size = groups*d_e;\n"
+    "                    moe: Qwen3MoeForCausalLM, a smaller MoE (REAP-style): each group merged\n"
+    "                    into one expert, reached as --moe-router says\n"
+    "  --groups M        groups per layer. dense: default k (grouping none: K, every selected expert\n"
+    "                    active, paper 001 §2 (i)); moe: default K (pure pruning)\n"
+    "  --ratio R         --target moe: fraction of routed experts removed per layer (0.25, 0.5);\n"
+    "                    keeps max(1, round((1-R)*E)) experts (the remapping groupings keep all E\n"
+    "                    router rows and make that many groups)\n"
+    "  --top-k N         --target moe: the student's num_experts_per_tok (default min(k, experts);\n"
+    "                    paper 001 §2 (iii): fewer experts per token)\n"
+    "  --moe-router R    --target moe only: shared (default: every retained expert keeps its own\n"
+    "                    router row and points at its group's merged expert; num_experts = K, so\n"
+    "                    routing is the teacher's restricted to the K rows and the gates of routed\n"
+    "                    members of one group add up) or average (one expert per group, router row =\n"
+    "                    merge-weighted average of the members'; num_experts = groups)\n"
     "  --param key=value plugin parameter (repeatable, or comma-separated k=v,k=v); each key goes to\n"
     "                    the chosen plugins that accept it, a key none accepts is an error\n"
     "  --fingerprint     print only the student fingerprint (no --out needed, nothing written)\n"
     "\n"
     "Writes config.json, model.safetensors (teacher dtype, bf16 round-to-nearest-even), the\n"
     "tokenizer files and moe2dense.json (configuration, stats hashes, per layer the selected\n"
-    "experts, groups, merge weights and alpha; written last, so its presence marks a complete\n"
-    "output). Prints the student fingerprint: equal fingerprints mean bit-identical students.\n";
+    "experts, groups, merge weights, sources and alpha; written last, so its presence marks a\n"
+    "complete output). Prints the student fingerprint: equal fingerprints mean bit-identical students.\n";
 
 /* Collect every --param (repeatable) into one "k=v,k=v" string and drop them from argv. */
 static char *take_params(int *argc, char **argv) {
@@ -71,23 +82,26 @@ static int cmd_convert_run(int argc, char **argv) {
     char *params_s = take_params(&ac, av);
     const char *model = NULL, *stats = NULL, *scoring = NULL, *grouping = NULL, *scaling = NULL, *K_s = NULL,
                *out = NULL, *target = "dense", *groups_s = NULL,
-               *moe_router = NULL;
+               *moe_router = NULL, *ratio_s = NULL, *topk_s = NULL;
     int fp_only = 0;
     m2d_opt opts[] = {{"--model", 1, &model, NULL},       {"--stats", 1, &stats, NULL},
                       {"--scoring", 1, &scoring, NULL},   {"--grouping", 1, &grouping, NULL},
                       {"--scaling", 1, &scaling, NULL},   {"-K", 1, &K_s, NULL},
                       {"--out", 1, &out, NULL},           {"--target", 1, &target, NULL},
                       {"--groups", 1, &groups_s, NULL},   {"--fingerprint", 0, NULL, &fp_only},
-                      {"--moe-router", 1, &moe_router, NULL}, {0}};
+                      {"--moe-router", 1, &moe_router, NULL}, {"--ratio", 1, &ratio_s, NULL},
+                      {"--top-k", 1, &topk_s, NULL},      {0}};
     m2d_params params = {0, NULL, NULL};
     m2d_model *m = NULL, *student = NULL;
     m2d_stats *s = NULL;
     m2d_convert_plan *plan = NULL;
     int rc = 1;
-    long K = 0, groups = 0;
+    long K = 0, groups = 0, top_k = 0;
+    double ratio = 0;
     if (m2d_parse_opts("convert", ac, av, opts, NULL, 0, NULL)) goto done;
-    if (!model || !stats || !scoring || !grouping || !K_s || (!out && !fp_only)) {
-        m2d_err("convert: --model, --stats, --scoring, --grouping, -K and --out are required (see 'moe2dense help convert')");
+    if (!model || !stats || !scoring || !grouping || (!K_s && !ratio_s) || (!out && !fp_only)) {
+        m2d_err("convert: --model, --stats, --scoring, --grouping, -K (or --ratio) and --out are required (see "
+                "'moe2dense help convert')");
         goto done;
     }
     m2d_target t;
@@ -114,18 +128,29 @@ static int cmd_convert_run(int argc, char **argv) {
         m2d_err("convert: --moe-router '%s': expected shared or average", moe_router);
         goto done;
     }
-    if (t == M2D_TARGET_DENSE && groups_s) {
-        m2d_err("convert: --groups is only for --target moe (a dense student has k groups)");
+    if (t == M2D_TARGET_DENSE && (ratio_s || topk_s)) {
+        m2d_err("convert: --ratio and --top-k are only for --target moe");
         goto done;
     }
-    if (m2d_parse_int("convert", "-K", K_s, 1, 1 << 20, &K)) goto done;
+    if (ratio_s) {
+        char *end;
+        ratio = strtod(ratio_s, &end);
+        if (end == ratio_s || *end || !(ratio > 0 && ratio < 1)) {
+            m2d_err("convert: --ratio '%s': expected a fraction of experts removed in (0, 1), e.g. 0.25", ratio_s);
+            goto done;
+        }
+    }
+    if (K_s && m2d_parse_int("convert", "-K", K_s, 1, 1 << 20, &K)) goto done;
+    if (topk_s && m2d_parse_int("convert", "--top-k", topk_s, 1, 1 << 20, &top_k)) goto done;
     if (groups_s && m2d_parse_int("convert", "--groups", groups_s, 1, 1 << 20, &groups)) goto done;
     if (m2d_params_parse(params_s, &params)) {
         m2d_err_prefix("convert: --param");
         goto done;
     }
     if (m2d_model_open(model, &m) || m2d_stats_read(stats, &s) || m2d_stats_check_model(s, stats, m)) goto done;
-    m2d_convert_opts co = {scoring, grouping, scaling, (int)K, t, (int)groups, params, router};
+    m2d_convert_opts co = {.scoring = scoring, .grouping = grouping, .scaling = scaling, .K = (int)K, .target = t,
+                           .n_groups = (int)groups, .params = params, .moe_router = router, .ratio = ratio,
+                           .top_k = (int)top_k};
     if (m2d_convert_plan_build(m, s, &co, &plan)) goto done;
     if (fp_only) {
         printf("%s\n", plan->fingerprint);

@@ -102,9 +102,26 @@ static int cmp_group_key(const void *a, const void *b) {
     return (x->first > y->first) - (x->first < y->first);
 }
 
-/* Plugin output -> canonical groups (see convert.h), merge weights, α in canonical order. */
+/* A whole-model grouping's sources of plugin group G -> canonical group CG of LP (model layer ids). */
+static void copy_sources(m2d_layer_plan *lp, const m2d_layer_groups *src, const int *layer_ids, int g, int cg,
+                         int *pos) {
+    lp->src_start[cg] = *pos;
+    for (int s = src->src_start[g]; s < src->src_start[g + 1]; s++, (*pos)++) {
+        lp->src_layer[*pos] = layer_ids[src->src_layer[s]];
+        lp->src_expert[*pos] = src->src_expert[s];
+        lp->src_w[*pos] = src->src_w[s];
+        lp->src_perm[*pos] = NULL;
+        if (src->src_perm && src->src_perm[s]) {
+            lp->src_perm[*pos] = m2d_malloc((size_t)lp->d_e * sizeof(int));
+            memcpy(lp->src_perm[*pos], src->src_perm[s], (size_t)lp->d_e * sizeof(int));
+        }
+    }
+}
+
+/* Plugin output -> canonical groups (see convert.h), merge weights, α in canonical order; SRC (may
+ * be NULL): a whole-model grouping's sources, LAYER_IDS its layer index -> model layer. */
 static int canonicalize(m2d_layer_plan *lp, const int *group_of, const double *alpha_plugin, int E,
-                        const char *grouping) {
+                        const char *grouping, const m2d_layer_groups *src, const int *layer_ids) {
     int K = lp->K, G = lp->n_groups;
     group_key *keys = m2d_malloc((size_t)G * sizeof *keys);
     for (int g = 0; g < G; g++) keys[g] = (group_key){E, g};
@@ -122,7 +139,15 @@ static int canonicalize(m2d_layer_plan *lp, const int *group_of, const double *a
             return m2d_err("convert: layer %d: grouping plugin '%s' left group %d empty", lp->layer, grouping, g);
         }
     qsort(keys, (size_t)G, sizeof *keys, cmp_group_key);
-    int pos = 0;
+    int pos = 0, spos = 0, with_src = src && src->src_start;
+    if (with_src) {
+        int n_src = src->src_start[G];
+        lp->src_start = m2d_malloc((size_t)(G + 1) * sizeof(int));
+        lp->src_layer = m2d_malloc((size_t)n_src * sizeof(int));
+        lp->src_expert = m2d_malloc((size_t)n_src * sizeof(int));
+        lp->src_w = m2d_malloc((size_t)n_src * sizeof(double));
+        lp->src_perm = m2d_calloc((size_t)n_src, sizeof(int *));
+    }
     for (int cg = 0; cg < G; cg++) {
         lp->group_start[cg] = pos;
         for (int i = 0; i < K; i++)
@@ -134,8 +159,13 @@ static int canonicalize(m2d_layer_plan *lp, const int *group_of, const double *a
         m2d_merge_weights(s, n, lp->merge_w + lp->group_start[cg]);
         free(s);
         lp->alpha[cg] = alpha_plugin ? alpha_plugin[keys[cg].g] : 1.0;
+        if (with_src) {
+            copy_sources(lp, src, layer_ids, keys[cg].g, cg, &spos);
+            for (int i = lp->group_start[cg]; i < pos; i++) lp->merge_w[i] = 0; /* the sources say it all */
+        }
     }
     lp->group_start[G] = pos;
+    if (with_src) lp->src_start[G] = spos;
     free(keys);
     return 0;
 }
@@ -193,67 +223,128 @@ static void plugin_set_free(plugin_set *ps) {
     }
 }
 
-static int plan_layer(const m2d_model *t, const m2d_layer_stats *ls, const m2d_convert_opts *o, const plugin_set *ps,
-                      m2d_layer_plan *lp) {
+/* Scores and selection of one MoE layer (K experts), its view kept for the grouping. */
+static int score_layer(const m2d_model *t, const m2d_layer_stats *ls, int K, int G, const plugin_set *ps,
+                       m2d_layer_plan *lp, m2d_layer_view *v) {
     const m2d_config *c = &t->cfg;
-    int E = c->num_experts, K = o->K, G = lp->n_groups;
-    m2d_layer_view v = {ls, &t->layers[ls->layer], E, c->num_experts_per_tok, K, c->hidden_size,
-                        c->moe_intermediate_size, &ps->params[0]};
+    int E = c->num_experts;
+    *v = (m2d_layer_view){ls, &t->layers[ls->layer], E, c->num_experts_per_tok, K, c->hidden_size,
+                          c->moe_intermediate_size, &ps->params[0]};
     lp->layer = ls->layer;
     lp->K = K;
+    lp->n_groups = G;
+    lp->d_e = c->moe_intermediate_size;
     lp->scores = m2d_calloc((size_t)E, sizeof(double));
     lp->selected = m2d_malloc((size_t)K * sizeof(int));
-    lp->group_start = m2d_malloc((size_t)(G + 1) * sizeof(int));
     lp->members = m2d_malloc((size_t)K * sizeof(int));
     lp->merge_w = m2d_malloc((size_t)K * sizeof(double));
+    return m2d_score_and_select(ps->p[0], v, lp->scores, lp->selected);
+}
+
+/* Grouping (GROUP_OF given by a whole-model grouping, else the layer's plugin), scaling, canonical
+ * form. */
+static int group_layer(const m2d_layer_view *v, const plugin_set *ps, m2d_layer_plan *lp, const m2d_layer_groups *mg,
+                       const int *layer_ids) {
+    int K = lp->K, G = mg ? mg->n_groups : lp->n_groups;
+    lp->n_groups = G;
+    lp->group_start = m2d_malloc((size_t)(G + 1) * sizeof(int));
     lp->alpha = m2d_malloc((size_t)G * sizeof(double));
-    if (m2d_score_and_select(ps->p[0], &v, lp->scores, lp->selected)) return -1;
     /* grouping and scaling see k = the number of groups wanted (k for a dense student) */
-    m2d_layer_view vg = v;
+    m2d_layer_view vg = *v;
     vg.k = G;
     vg.params = &ps->params[1];
     int *group_of = m2d_malloc((size_t)K * sizeof(int));
     double *alpha = NULL;
-    int rc = m2d_group_run(ps->p[1], &vg, lp->selected, lp->scores, group_of);
+    int rc = 0;
+    if (mg) memcpy(group_of, mg->group_of, (size_t)K * sizeof(int));
+    else rc = m2d_group_run(ps->p[1], &vg, lp->selected, lp->scores, group_of);
     if (rc == 0 && ps->p[2]) {
         alpha = m2d_malloc((size_t)G * sizeof(double));
         m2d_layer_view vs = vg;
         vs.params = &ps->params[2];
         rc = m2d_scale_run(ps->p[2], &vs, lp->selected, lp->scores, group_of, alpha);
     }
-    if (rc == 0) rc = canonicalize(lp, group_of, alpha, E, ps->p[1]->name);
+    if (rc == 0) rc = canonicalize(lp, group_of, alpha, v->E, ps->p[1]->name, mg, layer_ids);
     free(group_of);
     free(alpha);
     return rc;
 }
 
-int m2d_convert_plan_build(const m2d_model *t, const m2d_stats *stats, const m2d_convert_opts *o,
-                           m2d_convert_plan **out) {
-    const m2d_config *c = &t->cfg;
-    if (c->num_experts <= 0) return m2d_err("%s: config.json: field 'num_experts': not an MoE model", t->dir);
-    int E = c->num_experts, k = c->num_experts_per_tok;
-    if (m2d_stats_check_model(stats, "statistics", t)) return -1;
-    if (o->K < k || o->K > E)
-        return m2d_err("convert: -K %d is outside [k, E] = [%d, %d] (k = num_experts_per_tok of %s)", o->K, k, E, t->dir);
-    int G = o->target == M2D_TARGET_DENSE ? k : (o->n_groups > 0 ? o->n_groups : o->K);
-    if (o->target == M2D_TARGET_DENSE && o->n_groups && o->n_groups != k)
-        return m2d_err("convert: --groups %d: a dense student has exactly k = %d groups", o->n_groups, k);
-    if (G < 1 || G > o->K) return m2d_err("convert: --groups %d is outside [1, K = %d]", G, o->K);
-    plugin_set ps = {0};
-    if (find_plugin(M2D_SCORING, o->scoring, &ps.p[0]) || find_plugin(M2D_GROUPING, o->grouping, &ps.p[1])) return -1;
-    if (o->target == M2D_TARGET_DENSE && find_plugin(M2D_SCALING, o->scaling, &ps.p[2])) return -1;
-    if (route_params(&ps, &o->params)) {
-        plugin_set_free(&ps);
-        return -1;
+/* A whole-model grouping (group_model): every layer scored first, then grouped at once. */
+static int plan_layers_together(const m2d_model *t, const m2d_stats *stats, const m2d_convert_opts *o,
+                                const plugin_set *ps, m2d_convert_plan *p) {
+    int L = stats->n_layers, rc = 0;
+    m2d_layer_view *views = m2d_calloc((size_t)L, sizeof *views);
+    const int **sel = m2d_calloc((size_t)L, sizeof *sel);
+    const double **sc = m2d_calloc((size_t)L, sizeof *sc);
+    int *ids = m2d_malloc((size_t)L * sizeof *ids);
+    for (int i = 0; i < L && rc == 0; i++) {
+        p->n_layers = i + 1;
+        rc = score_layer(t, &stats->layers[i], p->K, p->n_groups, ps, &p->layers[i], &views[i]);
+        sel[i] = p->layers[i].selected, sc[i] = p->layers[i].scores, ids[i] = stats->layers[i].layer;
     }
+    m2d_layer_groups *mg = m2d_calloc((size_t)L, sizeof *mg);
+    if (rc == 0) {
+        m2d_model_view mv = {L, views, sel, sc, ps->p[0], p->n_groups, o->ratio, &ps->params[1]};
+        rc = m2d_group_model_run(ps->p[1], &mv, mg);
+    }
+    for (int i = 0; i < L && rc == 0; i++) rc = group_layer(&views[i], ps, &p->layers[i], &mg[i], ids);
+    int G = 0;
+    for (int i = 0; i < L && rc == 0; i++) G = M2D_MAX(G, p->layers[i].n_groups);
+    if (rc == 0) p->n_groups = G;
+    for (int i = 0; i < L && rc == 0 && o->target == M2D_TARGET_DENSE; i++)
+        if (p->layers[i].n_groups != G)
+            rc = m2d_err("convert: grouping '%s' gives layer %d %d groups and another %d; a dense student has one "
+                         "width in every layer", o->grouping, p->layers[i].layer, p->layers[i].n_groups, G);
+    m2d_layer_groups_free(mg, L);
+    free(mg), free(views), free(sel), free(sc), free(ids);
+    return rc;
+}
+
+/* K and the number of groups per layer (see m2d_convert_opts). */
+static int plan_sizes(const m2d_model *t, const m2d_convert_opts *o, const m2d_plugin *grouping, int *K, int *G) {
+    int E = t->cfg.num_experts, k = t->cfg.num_experts_per_tok, moe = o->target == M2D_TARGET_MOE;
+    *K = o->K;
+    *G = o->n_groups;
+    if (moe && o->ratio > 0 && (o->K || o->n_groups))
+        return m2d_err("convert: --ratio %g sets K and the number of groups: give neither -K nor --groups with it",
+                       o->ratio);
+    if (moe && o->ratio > 0) {
+        if (o->ratio >= 1) return m2d_err("convert: --ratio %g must be below 1 (the fraction of experts removed)", o->ratio);
+        int keep = (int)M2D_MAX(1, lround((1 - o->ratio) * E));
+        *K = grouping->remap ? E : keep;
+        *G = grouping->remap ? keep : 0;
+    }
+    if (moe ? *K < 1 || *K > E : *K < k || *K > E)
+        return m2d_err("convert: -K %d is outside [%s, E] = [%d, %d] (k = num_experts_per_tok of %s)", *K,
+                       moe ? "1" : "k", moe ? 1 : k, E, t->dir);
+    if (grouping->remap && *K != E)
+        return m2d_err("convert: grouping '%s' assigns every one of the E = %d experts to a group: K must be E, not %d",
+                       grouping->name, E, *K);
+    if (*G == 0) *G = !moe && grouping->group_count != M2D_GROUPS_EACH ? k : *K;
+    if (grouping->group_count == M2D_GROUPS_EACH && *G != *K)
+        return m2d_err("convert: grouping '%s' keeps every selected expert on its own: groups must be K = %d, not %d",
+                       grouping->name, *K, *G);
+    if (*G < 1 || *G > *K) return m2d_err("convert: --groups %d is outside [1, K = %d]", *G, *K);
+    if (moe && grouping->remap && o->moe_router != M2D_MOE_ROUTER_SHARED)
+        return m2d_err("convert: grouping '%s' keeps the teacher's router: --router shared, not average", grouping->name);
+    if (moe && o->top_k < 0) return m2d_err("convert: --top-k %d must be positive", o->top_k);
+    return 0;
+}
+
+static m2d_convert_plan *plan_new(const m2d_model *t, const m2d_stats *stats, const m2d_convert_opts *o,
+                                  const plugin_set *ps, int K, int G) {
     m2d_convert_plan *p = m2d_calloc(1, sizeof *p);
     p->target = o->target;
     p->moe_router = o->target == M2D_TARGET_MOE ? o->moe_router : M2D_MOE_ROUTER_SHARED;
     p->scoring = m2d_strdup(o->scoring);
     p->grouping = m2d_strdup(o->grouping);
-    p->scaling = m2d_strdup(ps.p[2] ? o->scaling : "none");
-    p->K = o->K;
+    p->scaling = m2d_strdup(ps->p[2] ? o->scaling : "none");
+    p->K = K;
     p->n_groups = G;
+    p->ratio = o->target == M2D_TARGET_MOE ? o->ratio : 0;
+    int n_exp = p->moe_router == M2D_MOE_ROUTER_SHARED ? K : G;
+    p->top_k = o->target == M2D_TARGET_MOE ? M2D_MIN(o->top_k > 0 ? o->top_k : t->cfg.num_experts_per_tok, n_exp) : 0;
     p->n_params = o->params.n;
     p->param_keys = m2d_calloc((size_t)(o->params.n + 1), sizeof(char *));
     p->param_values = m2d_calloc((size_t)(o->params.n + 1), sizeof(double));
@@ -264,11 +355,34 @@ int m2d_convert_plan_build(const m2d_model *t, const m2d_stats *stats, const m2d
     snprintf(p->teacher_hash, sizeof p->teacher_hash, "%s", t->weights_hash);
     snprintf(p->calib_hash, sizeof p->calib_hash, "%s", stats->calib_hash);
     p->layers = m2d_calloc((size_t)stats->n_layers, sizeof *p->layers);
+    return p;
+}
+
+int m2d_convert_plan_build(const m2d_model *t, const m2d_stats *stats, const m2d_convert_opts *o,
+                           m2d_convert_plan **out) {
+    const m2d_config *c = &t->cfg;
+    if (c->num_experts <= 0) return m2d_err("%s: config.json: field 'num_experts': not an MoE model", t->dir);
+    if (m2d_stats_check_model(stats, "statistics", t)) return -1;
+    plugin_set ps = {0};
+    if (find_plugin(M2D_SCORING, o->scoring, &ps.p[0]) || find_plugin(M2D_GROUPING, o->grouping, &ps.p[1])) return -1;
+    if (o->target == M2D_TARGET_DENSE && find_plugin(M2D_SCALING, o->scaling, &ps.p[2])) return -1;
+    int K, G;
+    if (plan_sizes(t, o, ps.p[1], &K, &G)) return -1;
+    if (route_params(&ps, &o->params)) {
+        plugin_set_free(&ps);
+        return -1;
+    }
+    m2d_convert_plan *p = plan_new(t, stats, o, &ps, K, G);
     int rc = 0;
-    for (int i = 0; i < stats->n_layers && rc == 0; i++) {
-        p->n_layers = i + 1;
-        p->layers[i].n_groups = G;
-        rc = plan_layer(t, &stats->layers[i], o, &ps, &p->layers[i]);
+    if (ps.p[1]->group_model) {
+        rc = plan_layers_together(t, stats, o, &ps, p);
+    } else {
+        for (int i = 0; i < stats->n_layers && rc == 0; i++) {
+            m2d_layer_view v;
+            p->n_layers = i + 1;
+            rc = score_layer(t, &stats->layers[i], K, G, &ps, &p->layers[i], &v);
+            if (rc == 0) rc = group_layer(&v, &ps, &p->layers[i], NULL, NULL);
+        }
     }
     plugin_set_free(&ps);
     if (rc) {
@@ -294,6 +408,9 @@ void m2d_convert_plan_free(m2d_convert_plan *p) {
     for (int i = 0; i < p->n_layers; i++) {
         m2d_layer_plan *l = &p->layers[i];
         free(l->scores); free(l->selected); free(l->group_start); free(l->members); free(l->merge_w); free(l->alpha);
+        int n_src = l->src_start ? l->src_start[l->n_groups] : 0;
+        for (int s = 0; l->src_perm && s < n_src; s++) free(l->src_perm[s]);
+        free(l->src_start); free(l->src_layer); free(l->src_expert); free(l->src_w); free(l->src_perm);
     }
     for (int i = 0; i < p->n_params; i++) free(p->param_keys[i]);
     free(p->param_keys); free(p->param_values);
@@ -311,10 +428,21 @@ static void sha_str(m2d_sha256 *s, const char *fmt, ...) {
     m2d_sha256_update(s, buf, (size_t)M2D_MIN(n, (int)sizeof buf - 1));
 }
 
+/* " src L.E:w[:perm sha]" of source J */
+static void fingerprint_source(m2d_sha256 *s, const m2d_layer_plan *l, int j) {
+    sha_str(s, " src %d.%d:%a", l->src_layer[j], l->src_expert[j], l->src_w[j]);
+    if (l->src_perm[j]) {
+        char h[65];
+        m2d_sha256_hex(l->src_perm[j], (size_t)l->d_e * sizeof(int), h);
+        sha_str(s, ":perm-%.16s", h);
+    }
+}
+
 void m2d_convert_fingerprint(const m2d_convert_plan *p, char out[65]) {
     m2d_sha256 s;
     m2d_sha256_init(&s);
     sha_str(&s, "moe2dense-student-v1\nteacher %s\ntarget %s\n", p->teacher_hash, target_name(p));
+    if (p->target == M2D_TARGET_MOE) sha_str(&s, "top_k %d\n", p->top_k); /* part of the student's config */
     for (int i = 0; i < p->n_layers; i++) {
         const m2d_layer_plan *l = &p->layers[i];
         sha_str(&s, "layer %d groups %d\n", l->layer, l->n_groups);
@@ -322,6 +450,8 @@ void m2d_convert_fingerprint(const m2d_convert_plan *p, char out[65]) {
             sha_str(&s, "group alpha=%a", l->alpha[g]);
             for (int j = l->group_start[g]; j < l->group_start[g + 1]; j++)
                 sha_str(&s, " %d:%a", l->members[j], l->merge_w[j]);
+            for (int j = l->src_start ? l->src_start[g] : 0; l->src_start && j < l->src_start[g + 1]; j++)
+                fingerprint_source(&s, l, j);
             sha_str(&s, "\n");
         }
     }
@@ -336,10 +466,21 @@ void m2d_convert_fingerprint(const m2d_convert_plan *p, char out[65]) {
 typedef struct {
     m2d_model m;            /* first: the public pointer is &owner->m */
     m2d_tensor **owned;
+    char *owns_data;        /* [cap_owned] 0: an alias of another tensor's data (slots of one group) */
     int n_owned, cap_owned;
     const m2d_tensor ***ptr_arrays; /* [n_ptr_arrays] per MoE layer expert pointer arrays (moe target) */
     int n_ptr_arrays;
 } student_owner;
+
+static void keep_tensor(student_owner *o, m2d_tensor *t, int owns_data) {
+    if (o->n_owned == o->cap_owned) {
+        o->cap_owned = o->cap_owned ? 2 * o->cap_owned : 64;
+        o->owned = m2d_realloc(o->owned, (size_t)o->cap_owned * sizeof *o->owned);
+        o->owns_data = m2d_realloc(o->owns_data, (size_t)o->cap_owned);
+    }
+    o->owns_data[o->n_owned] = (char)owns_data;
+    o->owned[o->n_owned++] = t;
+}
 
 static m2d_tensor *new_tensor(student_owner *o, const char *name, m2d_dtype dt, int rows, int cols, const float *src) {
     m2d_tensor *t = m2d_calloc(1, sizeof *t);
@@ -353,11 +494,16 @@ static m2d_tensor *new_tensor(student_owner *o, const char *name, m2d_dtype dt, 
     void *data = m2d_malloc(t->nbytes ? t->nbytes : 1);
     m2d_from_f32(dt, src, n, data);
     t->data = data;
-    if (o->n_owned == o->cap_owned) {
-        o->cap_owned = o->cap_owned ? 2 * o->cap_owned : 64;
-        o->owned = m2d_realloc(o->owned, (size_t)o->cap_owned * sizeof *o->owned);
-    }
-    o->owned[o->n_owned++] = t;
+    keep_tensor(o, t, 1);
+    return t;
+}
+
+/* A tensor named NAME over SRC's data (not copied, not freed with the student). */
+static const m2d_tensor *alias_tensor(student_owner *o, const char *name, const m2d_tensor *src) {
+    m2d_tensor *t = m2d_calloc(1, sizeof *t);
+    *t = *src;
+    t->name = m2d_strdup(name);
+    keep_tensor(o, t, 0);
     return t;
 }
 
@@ -381,6 +527,56 @@ static const m2d_tensor *role_tensor(student_owner *o, const m2d_arch *arch, m2d
     return new_tensor(o, name, dt, rows, cols, src);
 }
 
+/* Expert matrix M (0 gate, 1 up, 2 down) of (LAYER, EXPERT) in fp32, intermediate dimension
+ * permuted by PERM (row a of gate/up, column a of down taken from perm[a]; NULL: as stored). */
+static float *source_matrix(const m2d_model *t, int layer, int expert, int m, const int *perm) {
+    const m2d_layer *L = &t->layers[layer];
+    const m2d_tensor *ts = m == 0 ? L->exp_gate[expert] : m == 1 ? L->exp_up[expert] : L->exp_down[expert];
+    float *w = m2d_tensor_f32(ts);
+    if (!perm) return w;
+    int rows = (int)ts->shape[0], cols = (int)ts->shape[1];
+    float *p = m2d_malloc((size_t)rows * cols * sizeof *p);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            p[(size_t)r * cols + c] = m == 2 ? w[(size_t)r * cols + perm[c]] : w[(size_t)perm[r] * cols + c];
+    free(w);
+    return p;
+}
+
+/* Group G's matrix M times SCALE: its sources' merge, or its members' (fp64 accumulation, one rounding). */
+static float *group_matrix(const m2d_model *t, const m2d_layer_plan *lp, int g, int m, double scale) {
+    const m2d_layer *src = &t->layers[lp->layer];
+    if (!lp->src_start) {
+        const m2d_tensor *const *mats[3] = {src->exp_gate, src->exp_up, src->exp_down};
+        int first = lp->group_start[g];
+        return merge_tensors(mats[m], lp->members + first, lp->merge_w + first, lp->group_start[g + 1] - first, scale);
+    }
+    int a = lp->src_start[g], n = lp->src_start[g + 1] - a;
+    size_t numel = (size_t)m2d_tensor_numel(src->exp_gate[0]);
+    float **w = m2d_malloc((size_t)n * sizeof *w), *out = m2d_malloc(numel * sizeof *out);
+    for (int i = 0; i < n; i++) w[i] = source_matrix(t, lp->src_layer[a + i], lp->src_expert[a + i], m, lp->src_perm[a + i]);
+    m2d_merge_matrices((const float *const *)w, lp->src_w + a, n, numel, scale, out);
+    for (int i = 0; i < n; i++) free(w[i]);
+    free(w);
+    return out;
+}
+
+/* The teacher tensor group G's matrix M is, unchanged (one unpermuted source of weight 1, or one
+ * member), or NULL. */
+static const m2d_tensor *unchanged_source(const m2d_model *t, const m2d_layer_plan *lp, int g, int m) {
+    int layer = lp->layer, expert;
+    if (lp->src_start) {
+        int a = lp->src_start[g];
+        if (lp->src_start[g + 1] - a != 1 || lp->src_w[a] != 1 || lp->src_perm[a]) return NULL;
+        layer = lp->src_layer[a], expert = lp->src_expert[a];
+    } else {
+        if (lp->group_start[g + 1] - lp->group_start[g] != 1) return NULL;
+        expert = lp->members[lp->group_start[g]];
+    }
+    const m2d_layer *L = &t->layers[layer];
+    return m == 0 ? L->exp_gate[expert] : m == 1 ? L->exp_up[expert] : L->exp_down[expert];
+}
+
 static int build_dense_layer(student_owner *o, const m2d_model *t, const m2d_layer_plan *lp, m2d_layer *dst) {
     const m2d_config *c = &t->cfg;
     const m2d_layer *src = &t->layers[lp->layer];
@@ -389,12 +585,9 @@ static int build_dense_layer(student_owner *o, const m2d_model *t, const m2d_lay
     float **gs = m2d_malloc((size_t)G * sizeof *gs), **us = m2d_malloc((size_t)G * sizeof *us),
           **ds = m2d_malloc((size_t)G * sizeof *ds);
     for (int g = 0; g < G; g++) {
-        const int *mem = lp->members + lp->group_start[g];
-        const double *w = lp->merge_w + lp->group_start[g];
-        int n = lp->group_start[g + 1] - lp->group_start[g];
-        gs[g] = merge_tensors(src->exp_gate, mem, w, n, 1.0);
-        us[g] = merge_tensors(src->exp_up, mem, w, n, 1.0);
-        ds[g] = merge_tensors(src->exp_down, mem, w, n, lp->alpha[g]);
+        gs[g] = group_matrix(t, lp, g, 0, 1.0);
+        us[g] = group_matrix(t, lp, g, 1, 1.0);
+        ds[g] = group_matrix(t, lp, g, 2, lp->alpha[g]);
     }
     size_t W = (size_t)G * de;
     float *gate = m2d_malloc(W * d * sizeof(float)), *up = m2d_malloc(W * d * sizeof(float)),
@@ -411,50 +604,70 @@ static int build_dense_layer(student_owner *o, const m2d_model *t, const m2d_lay
     return dst->gate_proj && dst->up_proj && dst->down_proj ? 0 : -1;
 }
 
-/* --target moe layer. Group g's merged expert goes to one slot (average) or to the slot of
- * every member (shared: slots follow the canonical member order, each keeping its router row). */
+/* Slot of each canonical member position in a shared-router layer: the rank of its expert id. */
+static int *member_slots(const m2d_layer_plan *lp) {
+    int *slot = m2d_malloc((size_t)lp->K * sizeof *slot);
+    for (int i = 0; i < lp->K; i++) {
+        slot[i] = 0;
+        for (int j = 0; j < lp->K; j++) slot[i] += lp->members[j] < lp->members[i];
+    }
+    return slot;
+}
+
+/* Group G's matrix M into slots SLOTS[0..n): the first gets the tensor (the teacher's data when
+ * unchanged), the others alias it. */
+static int fill_slots(student_owner *o, const m2d_model *t, const m2d_layer_plan *lp, int g, int m,
+                      const int *slots, int n, const m2d_tensor **arr) {
+    static const int role[3] = {M2D_X_EXP_GATE, M2D_X_EXP_UP, M2D_X_EXP_DOWN};
+    const m2d_config *c = &t->cfg;
+    int d = c->hidden_size, de = c->moe_intermediate_size;
+    const m2d_tensor *first = unchanged_source(t, lp, g, m);
+    for (int i = 0; i < n; i++) {
+        char name[256];
+        if (m2d_arch_tensor_name(o->m.arch, M2D_SCOPE_EXPERT, role[m], lp->layer, slots[i], name, sizeof name)) return -1;
+        if (first) {
+            arr[slots[i]] = alias_tensor(o, name, first);
+            continue;
+        }
+        float *merged = group_matrix(t, lp, g, m, 1.0);
+        first = arr[slots[i]] = new_tensor(o, name, t->layers[lp->layer].exp_gate[0]->dtype, m == 2 ? d : de,
+                                           m == 2 ? de : d, merged);
+        free(merged);
+    }
+    return 0;
+}
+
+/* --target moe layer. Group g's expert goes to one slot (average) or to the slot of every member
+ * (shared: slots in increasing teacher expert id, each keeping its router row). */
 static int build_moe_layer(student_owner *o, const m2d_model *t, const m2d_convert_plan *plan,
                            const m2d_layer_plan *lp, m2d_layer *dst, int slot) {
     const m2d_config *c = &t->cfg;
     const m2d_layer *src = &t->layers[lp->layer];
-    int d = c->hidden_size, de = c->moe_intermediate_size, G = lp->n_groups;
+    int d = c->hidden_size, G = lp->n_groups;
     int shared = plan->moe_router == M2D_MOE_ROUTER_SHARED, X = shared ? lp->K : G;
-    m2d_dtype dt = src->exp_gate[0]->dtype;
-    const m2d_tensor **arr = m2d_malloc((size_t)3 * X * sizeof *arr);
+    const m2d_tensor **arr = m2d_calloc((size_t)3 * X, sizeof *arr);
     o->ptr_arrays[slot] = arr;
     dst->exp_gate = arr;
     dst->exp_up = arr + X;
     dst->exp_down = arr + 2 * X;
     float *router = m2d_tensor_f32(src->router), *rows = m2d_calloc((size_t)X * d, sizeof(float));
-    const m2d_tensor *const *mats[3] = {src->exp_gate, src->exp_up, src->exp_down};
-    const int role[3] = {M2D_X_EXP_GATE, M2D_X_EXP_UP, M2D_X_EXP_DOWN};
-    int rc = 0;
+    int *mslot = member_slots(lp), *slots = m2d_malloc((size_t)lp->K * sizeof *slots), rc = 0;
     for (int g = 0; g < G && rc == 0; g++) {
         int first = lp->group_start[g], n = lp->group_start[g + 1] - first;
         const int *mem = lp->members + first;
-        const double *w = lp->merge_w + first;
-        int slot0 = shared ? first : g, n_slots = shared ? n : 1;
-        for (int m = 0; m < 3; m++) {
-            float *merged = merge_tensors(mats[m], mem, w, n, 1.0);
-            for (int x = slot0; x < slot0 + n_slots; x++) {
-                arr[m * X + x] = role_tensor(o, o->m.arch, M2D_SCOPE_EXPERT, role[m], lp->layer, x, dt, m == 2 ? d : de,
-                                             m == 2 ? de : d, merged);
-                if (!arr[m * X + x]) rc = -1;
-            }
-            free(merged);
-        }
+        for (int i = 0; i < n; i++) slots[i] = shared ? mslot[first + i] : g;
+        for (int m = 0; m < 3 && rc == 0; m++) rc = fill_slots(o, t, lp, g, m, slots, shared ? n : 1, arr + m * X);
         for (int i = 0; i < n && shared; i++)
-            memcpy(rows + (size_t)(first + i) * d, router + (size_t)mem[i] * d, (size_t)d * sizeof(float));
+            memcpy(rows + (size_t)slots[i] * d, router + (size_t)mem[i] * d, (size_t)d * sizeof(float));
         for (int j = 0; j < d && !shared; j++) {
             double acc = 0;
-            for (int i = 0; i < n; i++) acc += w[i] * router[(size_t)mem[i] * d + j];
+            for (int i = 0; i < n; i++) acc += lp->merge_w[first + i] * router[(size_t)mem[i] * d + j];
             rows[(size_t)g * d + j] = (float)acc;
         }
     }
     if (rc == 0)
         dst->router = role_tensor(o, o->m.arch, M2D_SCOPE_MOE, M2D_T_ROUTER, lp->layer, 0, src->router->dtype, X, d, rows);
-    free(router);
-    free(rows);
+    free(router), free(rows), free(mslot), free(slots);
     return rc == 0 && dst->router ? 0 : -1;
 }
 
@@ -491,7 +704,7 @@ static int student_config(student_owner *o, const m2d_model *t, const m2d_conver
     m2d_student_shape sh = {plan->target == M2D_TARGET_MOE, plan->n_groups * c->moe_intermediate_size, 0, 0};
     if (sh.moe) {
         sh.n_experts = m2d_convert_moe_experts(plan);
-        sh.top_k = M2D_MIN(c->num_experts_per_tok, sh.n_experts);
+        sh.top_k = plan->top_k;
     }
     if (m2d_arch_student_config(t, &sh, &o->m.config_text) != 0) return -1;
     char *label = m2d_strfmt("%s (student config.json)", t->dir);
@@ -557,10 +770,11 @@ void m2d_convert_student_free(m2d_model *student) {
     student_owner *o = (student_owner *)student;
     for (int i = 0; i < o->n_owned; i++) {
         free((void *)o->owned[i]->name);
-        free((void *)o->owned[i]->data);
+        if (o->owns_data[i]) free((void *)o->owned[i]->data);
         free(o->owned[i]);
     }
     free(o->owned);
+    free(o->owns_data);
     for (int i = 0; i < o->n_ptr_arrays; i++) free(o->ptr_arrays[i]);
     free(o->ptr_arrays);
     free(o->m.layers);
@@ -695,13 +909,34 @@ static cJSON *dbl_array(const double *v, int n) {
     return a;
 }
 
+/* per group: [[layer, expert, weight, permuted?], ...] */
+static cJSON *sources_json(const m2d_layer_plan *l) {
+    cJSON *a = cJSON_CreateArray();
+    for (int g = 0; g < l->n_groups; g++) {
+        cJSON *grp = cJSON_CreateArray();
+        for (int s = l->src_start[g]; s < l->src_start[g + 1]; s++) {
+            cJSON *one = cJSON_CreateArray();
+            cJSON_AddItemToArray(one, cJSON_CreateNumber(l->src_layer[s]));
+            cJSON_AddItemToArray(one, cJSON_CreateNumber(l->src_expert[s]));
+            cJSON_AddItemToArray(one, cJSON_CreateNumber(l->src_w[s]));
+            cJSON_AddItemToArray(one, cJSON_CreateBool(l->src_perm[s] != NULL));
+            cJSON_AddItemToArray(grp, one);
+        }
+        cJSON_AddItemToArray(a, grp);
+    }
+    return a;
+}
+
 static int write_manifest(const m2d_model *t, const m2d_convert_plan *p, const char *stats_path, const char *dir) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "moe2dense_version", M2D_VERSION);
     cJSON_AddStringToObject(j, "fingerprint", p->fingerprint);
     cJSON_AddStringToObject(j, "target", p->target == M2D_TARGET_DENSE ? "dense" : "moe");
-    if (p->target == M2D_TARGET_MOE)
+    if (p->target == M2D_TARGET_MOE) {
         cJSON_AddStringToObject(j, "moe_router", p->moe_router == M2D_MOE_ROUTER_SHARED ? "shared" : "average");
+        cJSON_AddNumberToObject(j, "ratio", p->ratio);
+        cJSON_AddNumberToObject(j, "top_k", p->top_k);
+    }
     cJSON *te = cJSON_AddObjectToObject(j, "teacher");
     cJSON_AddStringToObject(te, "dir", t->dir);
     cJSON_AddStringToObject(te, "architecture", t->cfg.arch);
@@ -731,6 +966,7 @@ static int write_manifest(const m2d_model *t, const m2d_convert_plan *p, const c
             cJSON_AddItemToArray(ws, dbl_array(l->merge_w + a, n));
         }
         cJSON_AddItemToObject(o, "alpha", dbl_array(l->alpha, l->n_groups));
+        if (l->src_start) cJSON_AddItemToObject(o, "sources", sources_json(l));
         cJSON_AddItemToArray(layers, o);
     }
     return write_json(dir, "moe2dense.json", j);

@@ -18,13 +18,25 @@
  * the router's gate weights do the weighting). How the router reaches it (SPEC §4):
  *  - shared (default): every retained expert keeps its own router row, and every member of a
  *    group points at the group's merged expert. Qwen3-MoE has one expert per router row, so the
- *    merged weights are stored once per member: num_experts = K. Routing is the teacher's,
+ *    merged weights are stored once per member: num_experts = K, slots in increasing teacher
+ *    expert id (so top-k ties still go to the lower teacher index). Routing is the teacher's,
  *    restricted to the K retained rows; two routed members of one group both add the merged
  *    expert, with their own gate weights.
  *  - average: one expert per group, whose router row is the merge-weighted average of its
  *    members' rows: num_experts = number of groups (smaller, but routing changes).
  * With one expert per group (--groups K, the default: pure pruning) both are the same student.
- * num_experts_per_tok = min(k, num_experts). */
+ * Pruning (K < E, one expert per group) is paper 003's Eq. 2: softmax over the K retained rows,
+ * top-k, renormalised when the teacher renormalises — on such a model exactly the teacher's
+ * probabilities restricted to the survivors and renormalised over the new top-k.
+ * Remapping groupings (HC-SMoE, M-SMoE, ConMoE; plugin .remap): all E experts are members
+ * (K = E) and the student keeps every router row, shared mode: the router is the teacher's
+ * unchanged, top-k over the same E logits, and slot e holds its group's expert, so the output is
+ * Σ_{i∈top-k} g_i f_{group(i)} = Σ_groups (Σ_{i in group} g_i) f_group — the gates of routed
+ * experts of one group add up (paper 003 Eq. 3, paper 002 §4.3). Exactly the papers' function; the
+ * only difference is fp32 summation order (g_1 f + g_2 f instead of (g_1 + g_2) f). The
+ * checkpoint stores E slots (paper 002 App. B.2: "materialised"), slots of one group sharing
+ * their data in memory.
+ * num_experts_per_tok = min(top_k or k, num_experts). */
 #ifndef M2D_CONVERT_H
 #define M2D_CONVERT_H
 
@@ -37,16 +49,21 @@ typedef enum { M2D_MOE_ROUTER_SHARED, M2D_MOE_ROUTER_AVERAGE } m2d_moe_router; /
 
 typedef struct {
     const char *scoring, *grouping, *scaling; /* plugin names; scaling unused for --target moe */
-    int K;                  /* experts selected per MoE layer, k <= K <= E */
+    int K;                  /* experts selected per MoE layer: k <= K <= E (dense), 1 <= K <= E (moe) */
     m2d_target target;
-    int n_groups;           /* groups per layer: dense -> must be 0 or k; moe -> 0 means K */
+    int n_groups;           /* groups per layer; 0: k (dense; K for grouping "none"), K (moe) */
     m2d_params params;      /* passed to every plugin */
     m2d_moe_router moe_router; /* --target moe: how members reach their merged expert */
+    double ratio;           /* --target moe, > 0: fraction of routed experts removed per layer; sets
+                               K = max(1, round((1 − ratio)·E)) and groups = K, or for a remapping
+                               grouping K = E and groups = that number (K, n_groups must be 0) */
+    int top_k;              /* --target moe, > 0: the student's num_experts_per_tok (paper 001 §2 (iii)) */
 } m2d_convert_opts;
 
 typedef struct {
     int layer;              /* model layer index */
     int K, n_groups;
+    int d_e;                /* expert width (the length of a permutation) */
     double *scores;         /* [E] scoring plugin's importances */
     int *selected;          /* [K] in the scoring plugin's selection order */
     /* canonical groups: group g holds members[group_start[g] .. group_start[g+1]) */
@@ -54,13 +71,22 @@ typedef struct {
     int *members;           /* [K] expert ids, grouped, ascending within a group */
     double *merge_w;        /* [K] merge weight of members[i] within its group (sums to 1 per group) */
     double *alpha;          /* [n_groups] down-projection scale (1 for --target moe) */
+    /* optional (whole-model groupings: ConMoE prototypes, M-SMoE aligned merges): group g holds
+     * Σ_s src_w[s] · W(model layer src_layer[s], expert src_expert[s]) over s in
+     * [src_start[g], src_start[g+1]), intermediate dimension permuted by src_perm[s] (NULL:
+     * identity); merge_w is then 0 (unused). NULL: groups hold their members' merge. */
+    int *src_start, *src_layer, *src_expert;
+    double *src_w;
+    int **src_perm;
 } m2d_layer_plan;
 
 typedef struct {
     m2d_target target;
     m2d_moe_router moe_router;
     char *scoring, *grouping, *scaling;
-    int K, n_groups;
+    int K, n_groups;        /* n_groups: the largest over layers (whole-model groupings vary per layer) */
+    double ratio;           /* as given (0: none) */
+    int top_k;              /* student num_experts_per_tok for --target moe */
     int n_params; char **param_keys; double *param_values;
     int n_layers;           /* MoE layers */
     m2d_layer_plan *layers;
@@ -91,7 +117,8 @@ void m2d_convert_plan_free(m2d_convert_plan *p);
 /* Experts per MoE layer of a --target moe student: K (shared) or the number of groups (average). */
 int m2d_convert_moe_experts(const m2d_convert_plan *p);
 /* Student fingerprint: sha256 of "moe2dense-student-v1", the teacher weights hash, the target and
- * per MoE layer its canonical groups (member ids, merge weights and α as exact hex floats).
+ * per MoE layer its canonical groups (member ids, merge weights and α as exact hex floats, the
+ * sources and a hash of each permutation when given; the student's top-k when changed).
  * Equal fingerprints => bit-identical students. Filled into plan->fingerprint by plan_build. */
 void m2d_convert_fingerprint(const m2d_convert_plan *p, char out[65]);
 
