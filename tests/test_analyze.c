@@ -148,6 +148,21 @@ static void commands_end_to_end(void **state) {
     char *tj = m2d_path_join(sd, "tokenizer.json");
     assert_true(m2d_file_exists(tj));
     free(tj);
+    /* ConMoE from the command line: 50 % of the experts as prototypes over scopes of 2 layers,
+     * every router row kept (64 experts), the prototypes' sources recorded */
+    cmd = m2d_strfmt("%s convert --model %s --stats %s --target moe --scoring conmoe --grouping remap --ratio 0.5 "
+                     "--param scope=2 --out %s/remap",
+                     bin, teacher, sp, dir);
+    assert_int_equal(run(cmd, &out, &err), 0);
+    free(out); free(err); free(cmd);
+    char *rd = m2d_path_join(dir, "remap");
+    if (m2d_model_open(rd, &m)) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(m->cfg.num_experts, 64);
+    m2d_model_close(m);
+    char *rj = m2d_path_join(rd, "moe2dense.json");
+    char *js = m2d_read_file(rj, NULL);
+    assert_non_null(strstr(js, "\"remap\""));
+    free(js); free(rj); free(rd);
 
     /* bad inputs, each with a clear message */
     struct { const char *args, *needle; } bad[] = {

@@ -614,7 +614,7 @@ static void bad_input_rejected(void **state) {
     expect_plan_error(&f, &c, "acp");
     c.scoring = "acp";
     c.grouping = "zz";
-    expect_plan_error(&f, &c, "unknown grouping plugin 'zz' (available: ab, hc-smoe, m-smoe, none, oc, rc, rr, wc)");
+    expect_plan_error(&f, &c, "unknown grouping plugin 'zz' (available: ab, hc-smoe, m-smoe, none, oc, rc, remap, rr, wc)");
     c.grouping = "rr";
     c.scaling = "zz";
     expect_plan_error(&f, &c, "uniform");
@@ -649,7 +649,175 @@ static void bad_input_rejected(void **state) {
     free_fixture(&f);
 }
 
-/* ---------------- related work: pruning by ratio, none + indicator ---------------- */
+/* ---------------- related work: ConMoE remap, pruning by ratio, none + indicator ---------------- */
+
+/* ConMoE's normalised weight distance (paper 002 App. B.1) straight from its definition:
+ * (1/3) Σ_m 2‖W_m^a − W_m^b‖_F / (‖W_m^a‖_F + ‖W_m^b‖_F + 2ε), fp64 over the fp32 values */
+static double brute_distance(const m2d_model *m, int la, int ea, int lb, int eb, double eps) {
+    double dist = 0;
+    for (int r = 0; r < 3; r++) {
+        const m2d_layer *A = &m->layers[la], *B = &m->layers[lb];
+        const m2d_tensor *ta = r == 0 ? A->exp_gate[ea] : r == 1 ? A->exp_up[ea] : A->exp_down[ea];
+        const m2d_tensor *tb = r == 0 ? B->exp_gate[eb] : r == 1 ? B->exp_up[eb] : B->exp_down[eb];
+        float *x = m2d_tensor_f32(ta), *y = m2d_tensor_f32(tb);
+        double diff = 0, nx = 0, ny = 0;
+        for (int64_t i = 0; i < m2d_tensor_numel(ta); i++)
+            diff += ((double)x[i] - y[i]) * ((double)x[i] - y[i]), nx += (double)x[i] * x[i], ny += (double)y[i] * y[i];
+        dist += 2 * sqrt(diff) / (sqrt(nx) + sqrt(ny) + 2 * eps) / 3;
+        free(x), free(y);
+    }
+    return dist;
+}
+
+/* The remap of paper 002 §3.2 by brute force: prototypes = the top K of the pooled frequency scores
+ * (ties → lower layer, then expert), m(e) = the nearest prototype (ties → lower pool index). */
+static void brute_remap(const fixture *f, int first, int n, double rho, int *proto_of) {
+    const int E = f->m->cfg.num_experts, P = n * E, K = (int)fmax(1, lround((1 - rho) * P));
+    int *is_proto = m2d_calloc((size_t)P, sizeof(int));
+    for (int c = 0; c < K; c++) {
+        int best = -1;
+        for (int i = 0; i < P; i++)
+            if (!is_proto[i] && (best < 0 || f->s->layers[first + i / E].n[i % E] > f->s->layers[first + best / E].n[best % E]))
+                best = i;
+        is_proto[best] = 1;
+    }
+    for (int e = 0; e < P; e++) {
+        int le = f->s->layers[first + e / E].layer, best = -1;
+        double bd = INFINITY;
+        for (int q = 0; q < P && !is_proto[e]; q++) {
+            if (!is_proto[q]) continue;
+            double d = brute_distance(f->m, le, e % E, f->s->layers[first + q / E].layer, q % E, 1e-8);
+            if (d < bd) bd = d, best = q;
+        }
+        proto_of[e] = is_proto[e] ? e : best;
+    }
+    free(is_proto);
+}
+
+/* remap student: the teacher's router unchanged, slot e holding m(e)'s weights bit for bit */
+static int check_remap(const fixture *f, int scope, double rho) {
+    char prm[32];
+    snprintf(prm, sizeof prm, "scope=%d", scope);
+    m2d_params params;
+    if (m2d_params_parse(prm, &params)) fail_msg("%s", m2d_errmsg());
+    m2d_convert_opts o = {.scoring = "freq", .grouping = "remap", .target = M2D_TARGET_MOE, .ratio = rho,
+                          .params = params};
+    m2d_convert_plan *p;
+    if (m2d_convert_plan_build(f->m, f->s, &o, &p)) fail_msg("%s", m2d_errmsg());
+    m2d_model *s;
+    assert_int_equal(m2d_convert_build(f->m, p, &s), 0);
+    const int E = f->m->cfg.num_experts;
+    assert_int_equal(p->K, E);
+    assert_int_equal(s->cfg.num_experts, E);
+    int *proto = m2d_malloc((size_t)scope * E * sizeof *proto), n_proto = 0;
+    for (int first = 0; first < p->n_layers; first += scope) {
+        int n = p->n_layers - first < scope ? p->n_layers - first : scope;
+        brute_remap(f, first, n, rho, proto);
+        for (int i = 0; i < n * E; i++) n_proto += proto[i] == i;
+        for (int i = 0; i < n * E; i++) {
+            const m2d_layer_plan *lp = &p->layers[first + i / E];
+            int e = i % E, g;
+            for (g = 0; g < lp->n_groups; g++) /* the group holding expert e */
+                for (int j = lp->group_start[g]; j < lp->group_start[g + 1]; j++)
+                    if (lp->members[j] == e) goto found;
+            fail_msg("expert %d in no group", e);
+        found:
+            assert_int_equal(lp->src_start[g + 1] - lp->src_start[g], 1);
+            int src = lp->src_start[g];
+            assert_int_equal(lp->src_layer[src], f->s->layers[first + proto[i] / E].layer);
+            assert_int_equal(lp->src_expert[src], proto[i] % E);
+            assert_true(lp->src_w[src] == 1 && lp->src_perm[src] == NULL);
+            const m2d_layer *sl = &s->layers[lp->layer], *tl = &f->m->layers[lp->src_layer[src]];
+            assert_memory_equal(sl->exp_gate[e]->data, tl->exp_gate[proto[i] % E]->data, sl->exp_gate[e]->nbytes);
+            assert_memory_equal(sl->exp_up[e]->data, tl->exp_up[proto[i] % E]->data, sl->exp_up[e]->nbytes);
+            assert_memory_equal(sl->exp_down[e]->data, tl->exp_down[proto[i] % E]->data, sl->exp_down[e]->nbytes);
+            assert_memory_equal(sl->router->data, f->m->layers[lp->layer].router->data, sl->router->nbytes);
+        }
+    }
+    int cross = 0; /* prototypes taken from another layer of the scope */
+    for (int l = 0; l < p->n_layers; l++)
+        for (int g = 0; g < p->layers[l].n_groups; g++) cross += p->layers[l].src_layer[p->layers[l].src_start[g]] != p->layers[l].layer;
+    /* K_G = max(1, round((1 − ρ)|E_G|)) prototypes per scope (scopes here are whole) */
+    assert_int_equal(n_proto, (int)lround((1 - rho) * p->n_layers * E));
+    free(proto);
+    m2d_convert_student_free(s);
+    m2d_convert_plan_free(p);
+    m2d_params_free(&params);
+    return cross;
+}
+
+static void conmoe_remap_against_brute_force(void **state) {
+    (void)state;
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    fixture f;
+    make_fixture(&f, &o);
+    assert_int_equal(f.s->n_layers, 2);
+    assert_int_equal(check_remap(&f, 1, 0.5), 0); /* layer-local */
+    /* one scope of both layers: here some experts' prototypes are in the other layer */
+    assert_true(check_remap(&f, 2, 0.25) > 0);
+    assert_true(check_remap(&f, 2, 0.75) > 0);
+    /* a remap student computes Σ_{i∈top-k} g_i f_{m(i)}: the teacher with expert i's weights
+     * replaced by m(i)'s; with ρ → 0 every expert is its own prototype: the teacher exactly */
+    m2d_convert_opts id = {.scoring = "freq", .grouping = "remap", .target = M2D_TARGET_MOE, .ratio = 0.01};
+    m2d_convert_plan *p;
+    m2d_model *s;
+    assert_int_equal(m2d_convert_plan_build(f.m, f.s, &id, &p), 0);
+    assert_int_equal(m2d_convert_build(f.m, p, &s), 0);
+    int32_t tok[16];
+    for (int i = 0; i < 16; i++) tok[i] = (i * 5) % 64;
+    float *a = logits_of(s, tok, 16), *t = logits_of(f.m, tok, 16);
+    assert_memory_equal(a, t, 16 * 64 * sizeof(float));
+    free(a), free(t);
+    m2d_convert_student_free(s);
+    m2d_convert_plan_free(p);
+    /* remap keeps the router: --moe-router average and a -K other than E are refused */
+    id.moe_router = M2D_MOE_ROUTER_AVERAGE;
+    expect_plan_error(&f, &id, "--router shared");
+    free_fixture(&f);
+}
+
+/* ConMoE's scores over a cross-layer pool (score_scope): Norm_G(REAP) · Norm_G(b) with min/max and
+ * the nearest neighbour taken over both layers' experts; conmoe-dist = b alone. */
+static void conmoe_pooled_scores(void **state) {
+    (void)state;
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    fixture f;
+    make_fixture(&f, &o);
+    const int E = f.m->cfg.num_experts, P = 2 * E;
+    m2d_layer_view views[2];
+    for (int l = 0; l < 2; l++) {
+        const m2d_layer_stats *ls = &f.s->layers[l];
+        views[l] = (m2d_layer_view){ls, &f.m->layers[ls->layer], E, 2, E, 32, 16, NULL};
+    }
+    double a[16], b[16], got[16];
+    for (int i = 0; i < P; i++) {
+        const m2d_layer_stats *ls = &f.s->layers[i / E];
+        int e = i % E;
+        a[i] = ls->n[e] > 0 ? ls->sum_rf[e] / ls->n[e] : 0;
+        b[i] = INFINITY;
+        for (int q = 0; q < P; q++)
+            if (q != i) b[i] = fmin(b[i], brute_distance(f.m, ls->layer, e, f.s->layers[q / E].layer, q % E, 1e-8));
+    }
+    assert_int_equal(m2d_score_scope(m2d_plugin_find(M2D_SCORING, "conmoe-dist"), views, 2, got), 0);
+    /* the Gram form of ‖x − y‖ loses ~1e-7 relative to the direct sum (fp64 of fp32 products) */
+    for (int i = 0; i < P; i++) assert_true(fabs(got[i] - b[i]) < 1e-6 * (1 + b[i]));
+    double alo = INFINITY, ahi = -INFINITY, blo = INFINITY, bhi = -INFINITY;
+    for (int i = 0; i < P; i++) alo = fmin(alo, a[i]), ahi = fmax(ahi, a[i]), blo = fmin(blo, b[i]), bhi = fmax(bhi, b[i]);
+    assert_int_equal(m2d_score_scope(m2d_plugin_find(M2D_SCORING, "conmoe"), views, 2, got), 0);
+    for (int i = 0; i < P; i++) {
+        double want = (a[i] - alo) / (ahi - alo + 1e-8) * (b[i] - blo) / (bhi - blo + 1e-8);
+        if (!(fabs(got[i] - want) < 1e-5)) fail_msg("conmoe[%d]: %.17g want %.17g (a %g b %g)", i, got[i], want, a[i], b[i]);
+    }
+    /* a pool of one layer is the plain score */
+    double one[8];
+    int sel[8];
+    assert_int_equal(m2d_score_scope(m2d_plugin_find(M2D_SCORING, "conmoe"), views, 1, got), 0);
+    assert_int_equal(m2d_score_and_select(m2d_plugin_find(M2D_SCORING, "conmoe"), &views[0], one, sel), 0);
+    assert_memory_equal(got, one, sizeof one);
+    free_fixture(&f);
+}
 
 /* grouping none + scaling indicator: a dense student of width K·d_e holding the K selected experts
  * side by side with α = 1 (paper 001 §2 (i)); --ratio and --top-k for an MoE student */
@@ -706,6 +874,8 @@ int main(void) {
         cmocka_unit_test(moe_target_pruned_and_merged),
         cmocka_unit_test(fingerprints_distinguish_students),
         cmocka_unit_test(bad_input_rejected),
+        cmocka_unit_test(conmoe_remap_against_brute_force),
+        cmocka_unit_test(conmoe_pooled_scores),
         cmocka_unit_test(none_indicator_ratio_topk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,11 +1,13 @@
 /* ConMoE (paper 002 §4.1, App. B.1): s_e = Norm_G(a)_e · Norm_G(b)_e over the experts of a scope
- * G (one layer here; conmoe_scope takes a pool of several layers' views), with
+ * G (one layer for the plain plugin; several neighbouring layers pooled when the remap grouping
+ * scores a cross-layer scope through score_scope), with
  *   a_e = REAP_e = Σg‖f‖_e / n_e (g the normalised routing weight: renormalised over the top-k,
  *         paper 004 Eq. 1; renorm=0: the native gate),
  *   b_e = min_{e'∈E_G, e'≠e} d(e,e'), d the normalised weight distance (m2d_crit_weight_distance),
  *   Norm_G(x)_e = (x_e − min_G x) / (max_G x − min_G x + ε)   (ε = param eps, default 1e-8).
  * ‖W^e − W^e'‖² is taken from a per-matrix Gram (one blocked SYRK, not E² difference passes):
- * ‖x‖² + ‖y‖² − 2<x,y>, clamped at 0, so near-identical experts have distance ~1e-3 relative noise. */
+ * ‖x‖² + ‖y‖² − 2<x,y>, clamped at 0, so near-identical experts have distance ~1e-3 relative noise.
+ * conmoe-dist (its own file) is the distance-only selection of the paper's Table 3 (b_e alone). */
 #include <math.h>
 #include <stdlib.h>
 
@@ -45,6 +47,6 @@ static int conmoe_score(const m2d_layer_view *v, double *scores) { return conmoe
 
 M2D_PLUGIN(conmoe, .name = "conmoe", .kind = M2D_SCORING,
            .summary = "ConMoE: Norm(REAP) × Norm(distance to the nearest expert in weight space)",
-           .score = conmoe_score, .params_default = "eps=1e-8,renorm=1",
+           .score = conmoe_score, .score_scope = conmoe_scope, .params_default = "eps=1e-8,renorm=1",
            .display = "ConMoE", .report_rank = 20)
 

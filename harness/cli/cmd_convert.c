@@ -25,7 +25,7 @@ static const char USAGE[] =
     "  --stats STATS     statistics from 'moe2dense calibrate' on this teacher (checked)\n"
     "  --scoring S       scoring plugin, e.g. acp, do-acp, cp, reap ('moe2dense list')\n"
     "  --grouping G      grouping plugin: rr, wc, rc, ab, oc; none (every selected expert on its own);\n"
-    "                    hc-smoe, m-smoe (consolidate all E experts, --target moe)\n"
+    "                    hc-smoe, m-smoe, remap (consolidate all E experts, --target moe)\n"
     "  --scaling C       scaling plugin: uniform, proportional, avg-cp, indicator (not used with\n"
     "                    --target moe)\n"
     "  -K N              experts selected per layer, k <= N <= E (--target moe: 1 <= N <= E; not\n"
