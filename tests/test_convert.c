@@ -737,6 +737,18 @@ static int check_remap(const fixture *f, int scope, double rho) {
     int cross = 0; /* prototypes taken from another layer of the scope */
     for (int l = 0; l < p->n_layers; l++)
         for (int g = 0; g < p->layers[l].n_groups; g++) cross += p->layers[l].src_layer[p->layers[l].src_start[g]] != p->layers[l].layer;
+    /* parameters: every distinct expert tensor (by its data) counted once */
+    int64_t repeats = 0;
+    for (int l = 0; l < p->n_layers; l++) {
+        const m2d_layer *sl = &s->layers[p->layers[l].layer];
+        for (int e = 0; e < E; e++) {
+            int seen = 0;
+            for (int q = 0; q < e; q++) seen |= sl->exp_gate[q]->data == sl->exp_gate[e]->data;
+            repeats += seen;
+        }
+    }
+    assert_true(m2d_convert_student_params(p, s) ==
+                m2d_model_param_counts(&s->cfg).total - repeats * 3 * s->cfg.hidden_size * s->cfg.moe_intermediate_size);
     /* K_G = max(1, round((1 − ρ)|E_G|)) prototypes per scope (scopes here are whole) */
     assert_int_equal(n_proto, (int)lround((1 - rho) * p->n_layers * E));
     free(proto);

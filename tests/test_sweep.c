@@ -149,6 +149,77 @@ static void grid_expands_resolves_and_trims(void **state) {
     free_fixture(&fx);
 }
 
+/* target axis: MoE students at ratios of experts removed next to the dense grid; dense ids unchanged */
+static void grid_target_axis(void **state) {
+    (void)state;
+    fixture fx = make_fixture();
+    m2d_experiment dense, x;
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", NULL, 0, &dense), 0);
+    char *sets[] = {"axes.target=['dense', 'moe']", "axes.ratio=[0.25, '0.5']"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 2, &x), 0);
+    assert_int_equal(x.n_configs, 280 + 7 * 5 * 2);
+    int n_moe = 0, d = 0;
+    for (int i = 0; i < x.n_configs; i++) {
+        const m2d_grid_config *c = &x.configs[i];
+        if (strcmp(c->target, "moe")) { /* dense: the same configurations, in order, with the same ids */
+            assert_string_equal(c->id, dense.configs[d].id);
+            assert_string_equal(c->scaling, dense.configs[d++].scaling);
+            continue;
+        }
+        n_moe++;
+        assert_string_equal(c->scaling, "none");
+        assert_true((c->ratio_v == 0.25 && c->K == 48 && !strcmp(c->K_expr, "(1-0.25)E")) ||
+                    (c->ratio_v == 0.5 && c->K == 32 && !strcmp(c->K_expr, "(1-0.5)E")));
+        for (int j = 0; j < x.n_configs; j++) assert_true(i == j || strcmp(c->id, x.configs[j].id) != 0);
+    }
+    assert_int_equal(d, 280);
+    assert_int_equal(n_moe, 70);
+    /* the CSV gains target and ratio after params only for such a grid */
+    char **cols;
+    int n = m2d_sweep_columns(&x, &cols);
+    assert_string_equal(cols[6], "params"), assert_string_equal(cols[7], "target"), assert_string_equal(cols[8], "ratio");
+    m2d_sweep_columns_free(cols, n);
+    n = m2d_sweep_columns(&dense, &cols);
+    assert_string_equal(cols[7], "d_dense");
+    m2d_sweep_columns_free(cols, n);
+    m2d_experiment_free(&x);
+    m2d_experiment_free(&dense);
+    /* an MoE-only grid needs neither scaling nor K; rules select on target and ratio */
+    const char *only = "[experiment.r]\nmodel = 'MODEL'\nbackend = 'fake'\n"
+                       "calibration = { data = 'calib.txt', seq_len = 64, samples = 4 }\n"
+                       "ppl = { data = 'ppl.txt', seq_len = 64 }\n[experiment.r.axes]\nscoring = ['reap', 'freq']\n"
+                       "grouping = ['none', 'remap']\ntarget = ['moe']\nratio = [0.25, 0.5]\n"
+                       "[[experiment.r.include]]\ngrouping = 'none'\n"
+                       "[[experiment.r.include]]\ngrouping = 'remap'\nratio = 0.5\n";
+    char *path = m2d_path_join(fx.dir, "r.toml");
+    char *text = m2d_strfmt("%s", only), *at = strstr(text, "MODEL");
+    char *full = m2d_strfmt("%.*s%s%s", (int)(at - text), text, fx.model, at + 5);
+    tu_write(path, full, strlen(full));
+    if (m2d_experiment_load(path, "r", NULL, 0, &x)) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(x.n_configs, 2 * 2 + 2);
+    assert_int_equal(x.n_excluded, 2);
+    for (int i = 0; i < x.n_configs; i++)
+        if (!strcmp(x.configs[i].grouping, "remap")) assert_true(x.configs[i].ratio_v == 0.5);
+    m2d_experiment_free(&x);
+    /* errors */
+    struct { char *set, *needle; } bad[] = {
+        {"axes.target=['sparse']", "not dense or moe"},
+        {"axes.target=['moe']", "missing 'ratio'"},
+        {"axes.ratio=[0.5]", "only for target \"moe\""},
+    };
+    for (size_t i = 0; i < M2D_ARRAY_LEN(bad); i++) {
+        assert_int_equal(m2d_experiment_load(fx.toml, "grid", &bad[i].set, 1, &x), -1);
+        if (!strstr(m2d_errmsg(), bad[i].needle)) fail_msg("'%s': '%s' lacks '%s'", bad[i].set, m2d_errmsg(), bad[i].needle);
+        m2d_experiment_free(&x);
+    }
+    char *ratio_bad[] = {"axes.target=['moe']", "axes.ratio=[1.5]"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", ratio_bad, 2, &x), -1);
+    assert_non_null(strstr(m2d_errmsg(), "'1.5' is not a fraction"));
+    m2d_experiment_free(&x);
+    free(path), free(text), free(full);
+    free_fixture(&fx);
+}
+
 static void resolve_K_expressions(void **state) {
     (void)state;
     int K;
@@ -663,8 +734,20 @@ static void shipped_experiments_file_is_valid(void **state) {
     assert_int_equal(x.E, 128);
     assert_int_equal(x.n_mc, 5);
     m2d_experiment_free(&x);
-    assert_int_equal(m2d_experiment_load("experiments.toml", "related-work", sets, 1, &x), 0);
+    assert_int_equal(m2d_experiment_load("experiments.toml", "related-scorings", sets, 1, &x), 0);
     assert_int_equal(x.n_configs, 4 * 5 * 2 * 3);
+    m2d_experiment_free(&x);
+    /* related work as the papers run it: MoE students at two ratios, 6 + 4 + 2 method rows */
+    assert_int_equal(m2d_experiment_load("experiments.toml", "related-work", sets, 1, &x), 0);
+    assert_int_equal(x.n_configs, (6 + 4 + 2) * 2);
+    for (int i = 0; i < x.n_configs; i++) {
+        assert_string_equal(x.configs[i].target, "moe");
+        assert_true(x.configs[i].K == 96 || x.configs[i].K == 64);
+        assert_int_equal(!strcmp(x.configs[i].grouping, "remap"), !strcmp(x.configs[i].params, "scope=4"));
+    }
+    m2d_experiment_free(&x);
+    assert_int_equal(m2d_experiment_load("experiments.toml", "condenser", sets, 1, &x), 0);
+    assert_int_equal(x.n_configs, 4 * 2 * 3);
     m2d_experiment_free(&x);
     char *tiny[] = {"model=/nonexistent/tiny", "teacher={experts = 64, top_k = 8}"};
     assert_int_equal(m2d_experiment_load("experiments.toml", "demo", tiny, 2, &x), 0);
@@ -675,6 +758,7 @@ static void shipped_experiments_file_is_valid(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(grid_expands_resolves_and_trims),
+        cmocka_unit_test(grid_target_axis),
         cmocka_unit_test(resolve_K_expressions),
         cmocka_unit_test(shards_partition_the_grid),
         cmocka_unit_test(results_roundtrip_quoting_and_torn_lines),

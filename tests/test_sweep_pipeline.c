@@ -15,6 +15,7 @@
 #include "engine/engine.h"
 #include "sweep/grid.h"
 #include "evals/ppl.h"
+#include "model/model.h"
 #include "io/results.h"
 #include "sweep/sweep.h"
 #include "tokenizer/tokenizer.h"
@@ -177,6 +178,64 @@ static void small_sweep_dedups_caches_and_matches_convert_then_ppl(void **state)
     sweep_fx_free(&fx);
 }
 
+/* MoE targets in the sweep (paper 003's comparison): REAP pruning and ConMoE remap at 50 % of the
+ * experts removed; the pruned student's PPL equals `convert --target moe --ratio 0.5` + `ppl`, and
+ * the remap student (64 slots, 32 distinct experts) counts its experts once. */
+static void moe_target_rows_match_convert_then_ppl(void **state) {
+    (void)state;
+    sweep_fx fx;
+    if (sweep_fx_make(2,
+                      "[experiment.t.axes]\nscoring = ['reap']\ngrouping = ['none', 'remap']\n"
+                      "target = ['moe']\nratio = [0.5]\n",
+                      &fx))
+        TU_SKIP("../shared/models/tiny-qwen3moe or the data not found (run 'make data')");
+    m2d_experiment x;
+    assert_int_equal(m2d_experiment_load(fx.toml, "t", NULL, 0, &x), 0);
+    assert_int_equal(x.n_configs, 2);
+    m2d_sweep_opts o = {.out = fx.csv, .jobs = 1};
+    m2d_sweep_summary sum;
+    assert_int_equal(m2d_sweep_run(&x, &o, &sum), 0);
+    m2d_results r;
+    assert_int_equal(m2d_results_read(fx.csv, &r), 0);
+    assert_int_equal(r.n_rows, 2);
+    const char *n_params[2] = {0};
+    double pruned_ppl = NAN;
+    for (int i = 0; i < 2; i++) {
+        assert_string_equal(m2d_results_get(&r, i, "status"), "ok");
+        assert_string_equal(m2d_results_get(&r, i, "target"), "moe");
+        assert_string_equal(m2d_results_get(&r, i, "ratio"), "0.5");
+        assert_string_equal(m2d_results_get(&r, i, "K"), "32");
+        assert_string_equal(m2d_results_get(&r, i, "d_dense"), "");
+        int none = !strcmp(m2d_results_get(&r, i, "grouping"), "none");
+        n_params[!none] = m2d_results_get(&r, i, "n_params");
+        if (none) pruned_ppl = strtod(m2d_results_get(&r, i, "ppl"), NULL);
+    }
+    /* the same 32 distinct experts per layer; remap keeps all 64 router rows of d weights */
+    m2d_config cfg;
+    const m2d_arch *arch;
+    assert_int_equal(m2d_config_load(fx.model, &cfg, &arch), 0);
+    int64_t moe_layers = 0;
+    for (int l = 0; l < cfg.num_hidden_layers; l++) moe_layers += cfg.layer_is_moe[l];
+    assert_true(strtoll(n_params[1], NULL, 10) - strtoll(n_params[0], NULL, 10) == moe_layers * 32 * cfg.hidden_size);
+    m2d_config_free(&cfg);
+    char *c = m2d_strfmt("%s calibrate --model %s --data %s --out %s/s.stats --seq-len 64 --samples 4 && "
+                         "%s convert --model %s --stats %s/s.stats --target moe --scoring reap --grouping none "
+                         "--ratio 0.5 --out %s/pruned && %s ppl --model %s/pruned --data %s --seq-len 64 "
+                         "--max-windows 2 --json",
+                         tu_bin(), fx.model, wiki_train(), fx.dir, tu_bin(), fx.model, fx.dir, fx.dir, tu_bin(),
+                         fx.dir, wiki_test());
+    char *out = NULL, *err = NULL;
+    if (tu_run(c, &out, &err)) fail_msg("%s\n%s", out ? out : "", err ? err : "");
+    const char *p = strstr(out, "\"ppl\":");
+    assert_non_null(p);
+    double want = strtod(p + 6, NULL); /* the CSV holds 4 decimals */
+    if (fabs(pruned_ppl - want) > 6e-5 * M2D_MAX(1.0, want / 100)) fail_msg("sweep ppl %.6f vs convert+ppl %.6f", pruned_ppl, want);
+    free(c), free(out), free(err);
+    m2d_results_free(&r);
+    m2d_experiment_free(&x);
+    sweep_fx_free(&fx);
+}
+
 /* The MC stage on a real student equals `moe2dense eval` on the same student written by convert. */
 static void mc_stage_matches_eval_on_converted_student(void **state) {
     (void)state;
@@ -219,6 +278,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ppl_on_tokens_matches_library_gptq),
         cmocka_unit_test(small_sweep_dedups_caches_and_matches_convert_then_ppl),
+        cmocka_unit_test(moe_target_rows_match_convert_then_ppl),
         cmocka_unit_test(mc_stage_matches_eval_on_converted_student),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -398,6 +398,14 @@ int m2d_convert_moe_experts(const m2d_convert_plan *p) {
     return p->moe_router == M2D_MOE_ROUTER_SHARED ? p->K : p->n_groups;
 }
 
+int64_t m2d_convert_student_params(const m2d_convert_plan *p, const m2d_model *student) {
+    const m2d_config *c = &student->cfg;
+    int64_t total = m2d_model_param_counts(c).total, per_expert = 3 * (int64_t)c->hidden_size * c->moe_intermediate_size;
+    if (p->target != M2D_TARGET_MOE) return total;
+    for (int i = 0; i < p->n_layers; i++) total -= (int64_t)(m2d_convert_moe_experts(p) - p->layers[i].n_groups) * per_expert;
+    return total;
+}
+
 static const char *target_name(const m2d_convert_plan *p) {
     if (p->target == M2D_TARGET_DENSE) return "dense";
     return p->moe_router == M2D_MOE_ROUTER_SHARED ? "moe" : "moe-average";

@@ -116,6 +116,9 @@ int m2d_convert_plan_build(const m2d_model *teacher, const m2d_stats *stats, con
 void m2d_convert_plan_free(m2d_convert_plan *p);
 /* Experts per MoE layer of a --target moe student: K (shared) or the number of groups (average). */
 int m2d_convert_moe_experts(const m2d_convert_plan *p);
+/* Parameters of STUDENT (built from P) counting every distinct expert once: a shared-router MoE
+ * stores a group's expert in each member's slot (the same data), which its config's count repeats. */
+int64_t m2d_convert_student_params(const m2d_convert_plan *p, const m2d_model *student);
 /* Student fingerprint: sha256 of "moe2dense-student-v1", the teacher weights hash, the target and
  * per MoE layer its canonical groups (member ids, merge weights and α as exact hex floats, the
  * sources and a hash of each permutation when given; the student's top-k when changed).

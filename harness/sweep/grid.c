@@ -1,6 +1,7 @@
 #include "sweep/grid.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,8 +9,9 @@
 #include "model/model.h"
 #include "sweep/sweep_backend.h"
 
-static const char *const AXES[] = {"scoring", "grouping", "scaling", "K", "params"};
-enum { AX_SCORING, AX_GROUPING, AX_SCALING, AX_K, AX_PARAMS, N_AXES };
+static const char *const AXES[] = {"scoring", "grouping", "scaling", "K", "params", "target", "ratio"};
+enum { AX_SCORING, AX_GROUPING, AX_SCALING, AX_K, AX_PARAMS, AX_TARGET, AX_RATIO, N_AXES };
+#define AXES_LIST "scoring, grouping, scaling, K, params, target, ratio"
 
 /* ---- typed look-ups with errors naming file:line and the key ---- */
 
@@ -109,8 +111,11 @@ int m2d_grid_resolve_K(const char *expr, int k, int E, int *K) {
 }
 
 void m2d_grid_config_id(const m2d_grid_config *c, char id[M2D_ID_LEN + 1]) {
-    char *s = m2d_strfmt("scoring=%s\ngrouping=%s\nscaling=%s\nK=%d\nparams=%s\n", c->scoring, c->grouping,
-                         c->scaling, c->K, c->params);
+    /* a dense configuration hashes as before the target axis existed (its id stays) */
+    int moe = strcmp(c->target, "moe") == 0;
+    char *s = m2d_strfmt("scoring=%s\ngrouping=%s\nscaling=%s\nK=%d\nparams=%s\n%s%s%s", c->scoring, c->grouping,
+                         c->scaling, c->K, c->params, moe ? "target=moe\nratio=" : "", moe ? c->ratio : "",
+                         moe ? "\n" : "");
     char hex[65];
     m2d_sha256_hex(s, strlen(s), hex);
     memcpy(id, hex, M2D_ID_LEN);
@@ -138,10 +143,19 @@ static int scalar_text(const ctx *c, const m2d_toml *v, const char *key, char *b
         snprintf(buf, n, "%s", v->str);
     } else if (v->type == M2D_TOML_INT) {
         snprintf(buf, n, "%lld", (long long)v->i);
+    } else if (v->type == M2D_TOML_FLOAT && strcmp(key, "ratio") == 0) {
+        snprintf(buf, n, "%.15g", v->f);
     } else {
         return key_err(c, v, key, "a string or an integer");
     }
     return 0;
+}
+
+/* a fraction of experts removed, in (0, 1) */
+static int parse_ratio(const char *s, double *r) {
+    char *end;
+    *r = strtod(s, &end);
+    return end == s || *end || !(*r > 0 && *r < 1) ? -1 : 0;
 }
 
 static int read_axis(const ctx *c, const m2d_toml *axes, int which, axis *a) {
@@ -149,19 +163,27 @@ static int read_axis(const ctx *c, const m2d_toml *axes, int which, axis *a) {
     const m2d_toml *v = m2d_toml_get(axes, key);
     a->n = 0;
     a->vals = NULL;
-    if (!v && which == AX_PARAMS) {
+    if (!v && (which == AX_PARAMS || which == AX_TARGET)) { /* optional: [""] and ["dense"] */
         a->n = 1;
         a->vals = m2d_malloc(sizeof *a->vals);
-        a->vals[0] = m2d_strdup("");
+        a->vals[0] = m2d_strdup(which == AX_TARGET ? "dense" : "");
         return 0;
     }
+    if (!v && (which == AX_RATIO || which == AX_SCALING || which == AX_K)) return 0; /* checked by the grid */
     if (!v) return key_err(c, NULL, key, "an axis list in [axes]");
     if (v->type != M2D_TOML_ARRAY || v->n == 0) return key_err(c, v, key, "a non-empty array");
     a->vals = m2d_calloc((size_t)v->n, sizeof *a->vals);
     for (int i = 0; i < v->n; i++) {
         char buf[128];
-        size_t cap = which == AX_PARAMS ? 128 : which == AX_K ? 16 : 32; /* the m2d_grid_config field */
-        if (scalar_text(c, v->items[i], key, buf, cap)) return -1;
+        size_t cap = which == AX_PARAMS ? 128 : which == AX_K ? 16 : which == AX_TARGET ? 8 : which == AX_RATIO ? 9 : 32;
+        if (scalar_text(c, v->items[i], key, buf, cap)) return -1; /* cap: the m2d_grid_config field */
+        double r;
+        if (which == AX_TARGET && strcmp(buf, "dense") && strcmp(buf, "moe"))
+            return m2d_err("%s:%d:%d: experiment '%s': axis 'target': '%s' is not dense or moe", c->file,
+                           v->items[i]->line, v->items[i]->col, c->exp, buf);
+        if (which == AX_RATIO && parse_ratio(buf, &r))
+            return m2d_err("%s:%d:%d: experiment '%s': axis 'ratio': '%s' is not a fraction of experts removed in "
+                           "(0, 1)", c->file, v->items[i]->line, v->items[i]->col, c->exp, buf);
         for (int j = 0; j < a->n; j++)
             if (strcmp(a->vals[j], buf) == 0)
                 return m2d_err("%s:%d:%d: experiment '%s': axis '%s' lists '%s' twice", c->file, v->items[i]->line,
@@ -180,8 +202,8 @@ static int rule_matches(const ctx *c, const m2d_toml *rule, const m2d_grid_confi
         for (int a = 0; a < N_AXES; a++)
             if (strcmp(key, AXES[a]) == 0) which = a;
         if (which < 0)
-            return m2d_err("%s:%d:%d: experiment '%s': rule key '%s' is not an axis (scoring, grouping, scaling, K, "
-                           "params)", c->file, rule->items[i]->line, rule->items[i]->col, c->exp, key);
+            return m2d_err("%s:%d:%d: experiment '%s': rule key '%s' is not an axis (" AXES_LIST ")", c->file,
+                           rule->items[i]->line, rule->items[i]->col, c->exp, key);
         const m2d_toml *v = rule->items[i];
         int nv = v->type == M2D_TOML_ARRAY ? v->n : 1;
         int any = 0;
@@ -194,6 +216,12 @@ static int rule_matches(const ctx *c, const m2d_toml *rule, const m2d_grid_confi
             case AX_GROUPING: any |= strcmp(buf, cfg->grouping) == 0; break;
             case AX_SCALING: any |= strcmp(buf, cfg->scaling) == 0; break;
             case AX_PARAMS: any |= strcmp(buf, cfg->params) == 0; break;
+            case AX_TARGET: any |= strcmp(buf, cfg->target) == 0; break;
+            case AX_RATIO: {
+                double r;
+                any |= parse_ratio(buf, &r) == 0 && r == cfg->ratio_v;
+                break;
+            }
             case AX_K: {
                 int K;
                 if (m2d_grid_resolve_K(buf, k, E, &K)) {
@@ -236,65 +264,122 @@ static int get_rules(const ctx *c, const m2d_toml *t, const char *key, const m2d
     return 0;
 }
 
+typedef struct {
+    const ctx *c;
+    m2d_experiment *x;
+    const m2d_toml *axes_t, *incl, *excl;
+    int cap;
+} grid_build;
+
+/* K of a dense configuration from its expression (errors name axes.K) */
+static int resolve_dense_K(grid_build *gb, m2d_grid_config *cfg) {
+    if (m2d_grid_resolve_K(cfg->K_expr, gb->x->k, gb->x->E, &cfg->K) == 0) return 0;
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", m2d_errmsg());
+    const m2d_toml *kv = m2d_toml_get(gb->axes_t, "K");
+    return m2d_err("%s:%d:%d: experiment '%s': axes.K: %s (teacher k = %d, E = %d)", gb->c->file, kv->line, kv->col,
+                   gb->c->exp, msg, gb->x->k, gb->x->E);
+}
+
+/* The rules, then the id; kept configurations are appended to the grid. */
+static int add_config(grid_build *gb, m2d_grid_config *cfg) {
+    m2d_experiment *x = gb->x;
+    int m = 1, rc = 0;
+    if (gb->incl && (rc = rules_match_any(gb->c, gb->incl, cfg, x->k, x->E, &m))) return rc;
+    if (m && gb->excl) {
+        int e;
+        if ((rc = rules_match_any(gb->c, gb->excl, cfg, x->k, x->E, &e))) return rc;
+        m = !e;
+    }
+    if (!m) {
+        x->n_excluded++;
+        return 0;
+    }
+    m2d_grid_config_id(cfg, cfg->id);
+    cfg->index = x->n_configs;
+    if (x->n_configs == gb->cap) {
+        gb->cap = gb->cap ? 2 * gb->cap : 64;
+        x->configs = m2d_realloc(x->configs, (size_t)gb->cap * sizeof *x->configs);
+    }
+    x->configs[x->n_configs++] = *cfg;
+    return 0;
+}
+
+/* scaling × K × params of a dense target (BASE: scoring, grouping, target filled) */
+static int add_dense(grid_build *gb, const axis *ax, const m2d_grid_config *base) {
+    int rc = 0;
+    for (int d = 0; rc == 0 && d < ax[AX_SCALING].n; d++)
+        for (int kk = 0; rc == 0 && kk < ax[AX_K].n; kk++)
+            for (int p = 0; rc == 0 && p < ax[AX_PARAMS].n; p++) {
+                m2d_grid_config cfg = *base;
+                snprintf(cfg.scaling, sizeof cfg.scaling, "%s", ax[AX_SCALING].vals[d]);
+                snprintf(cfg.K_expr, sizeof cfg.K_expr, "%s", ax[AX_K].vals[kk]);
+                snprintf(cfg.params, sizeof cfg.params, "%s", ax[AX_PARAMS].vals[p]);
+                if ((rc = resolve_dense_K(gb, &cfg))) break;
+                /* two K expressions for the same K (e.g. 8k and E when E = 8k): keep the first */
+                int dup = 0;
+                for (int q = 0; q < kk; q++) {
+                    int K2;
+                    if (m2d_grid_resolve_K(ax[AX_K].vals[q], gb->x->k, gb->x->E, &K2) == 0 && K2 == cfg.K) dup = 1;
+                }
+                if (dup) gb->x->n_duplicate_K++;
+                if (!dup) rc = add_config(gb, &cfg);
+            }
+    return rc;
+}
+
+/* ratio × params of an MoE target: scaling "none", K = max(1, round((1 − ratio)·E)) */
+static int add_moe(grid_build *gb, const axis *ax, const m2d_grid_config *base) {
+    int rc = 0;
+    for (int r = 0; rc == 0 && r < ax[AX_RATIO].n; r++)
+        for (int p = 0; rc == 0 && p < ax[AX_PARAMS].n; p++) {
+            m2d_grid_config cfg = *base;
+            snprintf(cfg.scaling, sizeof cfg.scaling, "none");
+            snprintf(cfg.ratio, sizeof cfg.ratio, "%s", ax[AX_RATIO].vals[r]);
+            parse_ratio(cfg.ratio, &cfg.ratio_v);
+            snprintf(cfg.K_expr, sizeof cfg.K_expr, "(1-%.8s)E", cfg.ratio); /* the axis caps ratio at 8 */
+            cfg.K = (int)M2D_MAX(1, lround((1 - cfg.ratio_v) * gb->x->E));
+            snprintf(cfg.params, sizeof cfg.params, "%s", ax[AX_PARAMS].vals[p]);
+            rc = add_config(gb, &cfg);
+        }
+    return rc;
+}
+
+/* the axes a target needs: scaling and K for dense, ratio for moe */
+static int check_target_axes(const ctx *c, const m2d_toml *axes_t, const axis *ax) {
+    int dense = 0, moe = 0;
+    for (int t = 0; t < ax[AX_TARGET].n; t++) dense |= !strcmp(ax[AX_TARGET].vals[t], "dense"), moe |= !strcmp(ax[AX_TARGET].vals[t], "moe");
+    if (dense && !ax[AX_SCALING].n) return key_err(c, NULL, "scaling", "an axis list in [axes] (target dense)");
+    if (dense && !ax[AX_K].n) return key_err(c, NULL, "K", "an axis list in [axes] (target dense)");
+    if (moe && !ax[AX_RATIO].n) return key_err(c, NULL, "ratio", "an axis list in [axes] (target moe)");
+    if (!moe && ax[AX_RATIO].n) {
+        const m2d_toml *v = m2d_toml_get(axes_t, "ratio");
+        return m2d_err("%s:%d:%d: experiment '%s': axis 'ratio' is only for target \"moe\"", c->file, v->line, v->col,
+                       c->exp);
+    }
+    return 0;
+}
+
 static int build_grid(const ctx *c, m2d_experiment *x) {
     const m2d_toml *axes_t = m2d_toml_get(x->table, "axes");
     if (!axes_t || axes_t->type != M2D_TOML_TABLE) return key_err(c, axes_t, "axes", "a table of axis lists");
-    if (check_keys(c, axes_t, "[axes] (axes are scoring, grouping, scaling, K, params)", AXES, N_AXES)) return -1;
+    if (check_keys(c, axes_t, "[axes] (axes are " AXES_LIST ")", AXES, N_AXES)) return -1;
     axis ax[N_AXES] = {0};
     int rc = 0;
     for (int a = 0; a < N_AXES && rc == 0; a++) rc = read_axis(c, axes_t, a, &ax[a]);
-    const m2d_toml *incl = NULL, *excl = NULL;
-    if (rc == 0) rc = get_rules(c, x->table, "include", &incl);
-    if (rc == 0) rc = get_rules(c, x->table, "exclude", &excl);
-    int cap = 0;
+    if (rc == 0) rc = check_target_axes(c, axes_t, ax);
+    grid_build gb = {c, x, axes_t, NULL, NULL, 0};
+    if (rc == 0) rc = get_rules(c, x->table, "include", &gb.incl);
+    if (rc == 0) rc = get_rules(c, x->table, "exclude", &gb.excl);
     for (int s = 0; rc == 0 && s < ax[AX_SCORING].n; s++)
         for (int g = 0; rc == 0 && g < ax[AX_GROUPING].n; g++)
-            for (int d = 0; rc == 0 && d < ax[AX_SCALING].n; d++)
-                for (int kk = 0; rc == 0 && kk < ax[AX_K].n; kk++)
-                    for (int p = 0; rc == 0 && p < ax[AX_PARAMS].n; p++) {
-                        m2d_grid_config cfg = {0};
-                        snprintf(cfg.scoring, sizeof cfg.scoring, "%s", ax[AX_SCORING].vals[s]);
-                        snprintf(cfg.grouping, sizeof cfg.grouping, "%s", ax[AX_GROUPING].vals[g]);
-                        snprintf(cfg.scaling, sizeof cfg.scaling, "%s", ax[AX_SCALING].vals[d]);
-                        snprintf(cfg.K_expr, sizeof cfg.K_expr, "%s", ax[AX_K].vals[kk]);
-                        snprintf(cfg.params, sizeof cfg.params, "%s", ax[AX_PARAMS].vals[p]);
-                        if (m2d_grid_resolve_K(cfg.K_expr, x->k, x->E, &cfg.K)) {
-                            char msg[512];
-                            snprintf(msg, sizeof msg, "%s", m2d_errmsg());
-                            const m2d_toml *kv = m2d_toml_get(axes_t, "K");
-                            rc = m2d_err("%s:%d:%d: experiment '%s': axes.K: %s (teacher k = %d, E = %d)", c->file,
-                                         kv->line, kv->col, c->exp, msg, x->k, x->E);
-                            break;
-                        }
-                        /* two K expressions for the same K (e.g. 8k and E when E = 8k): keep the first */
-                        int dup = 0;
-                        for (int q = 0; q < kk; q++) {
-                            int K2;
-                            if (m2d_grid_resolve_K(ax[AX_K].vals[q], x->k, x->E, &K2) == 0 && K2 == cfg.K) dup = 1;
-                        }
-                        if (dup) {
-                            x->n_duplicate_K++;
-                            continue;
-                        }
-                        int m = 1;
-                        if (incl && (rc = rules_match_any(c, incl, &cfg, x->k, x->E, &m))) break;
-                        if (m && excl) {
-                            int e;
-                            if ((rc = rules_match_any(c, excl, &cfg, x->k, x->E, &e))) break;
-                            m = !e;
-                        }
-                        if (!m) {
-                            x->n_excluded++;
-                            continue;
-                        }
-                        m2d_grid_config_id(&cfg, cfg.id);
-                        cfg.index = x->n_configs;
-                        if (x->n_configs == cap) {
-                            cap = cap ? 2 * cap : 64;
-                            x->configs = m2d_realloc(x->configs, (size_t)cap * sizeof *x->configs);
-                        }
-                        x->configs[x->n_configs++] = cfg;
-                    }
+            for (int t = 0; rc == 0 && t < ax[AX_TARGET].n; t++) {
+                m2d_grid_config base = {0};
+                snprintf(base.scoring, sizeof base.scoring, "%s", ax[AX_SCORING].vals[s]);
+                snprintf(base.grouping, sizeof base.grouping, "%s", ax[AX_GROUPING].vals[g]);
+                snprintf(base.target, sizeof base.target, "%s", ax[AX_TARGET].vals[t]);
+                rc = strcmp(base.target, "moe") ? add_dense(&gb, ax, &base) : add_moe(&gb, ax, &base);
+            }
     for (int a = 0; a < N_AXES; a++) axis_free(&ax[a]);
     if (rc == 0 && x->n_configs == 0)
         rc = m2d_err("%s: experiment '%s': the grid is empty (every configuration excluded)", c->file, c->exp);
@@ -485,7 +570,9 @@ int m2d_parse_shard(const char *s, int *i, int *n) {
  * groups" are dealt round-robin in the order of their hashes, which mixes cheap and expensive K
  * into every shard. */
 static void affinity_key(const m2d_experiment *x, const m2d_grid_config *c, char hex[65]) {
-    char *s = m2d_strfmt("%s|%s|%s|%d|%s", c->scoring, c->scaling, c->params, c->K, c->K == x->k ? "*" : c->grouping);
+    int dense = strcmp(c->target, "moe") != 0; /* an MoE student never collapses across groupings */
+    char *s = m2d_strfmt("%s|%s|%s|%d|%s%s%s", c->scoring, c->scaling, c->params, c->K,
+                         dense && c->K == x->k ? "*" : c->grouping, dense ? "" : "|moe|", c->ratio);
     m2d_sha256_hex(s, strlen(s), hex);
     free(s);
 }

@@ -3,7 +3,11 @@
  * An experiment is the table [experiment.NAME]; see experiments.toml for the documented schema.
  * The grid is the product of the axes scoring × grouping × scaling × K (× params), in that
  * nesting order (K innermost, as the paper's tables read), trimmed by [[...include]] /
- * [[...exclude]] rules. K may be relative to the teacher: "k", "2k", "E", "E/2", or a number. */
+ * [[...exclude]] rules. K may be relative to the teacher: "k", "2k", "E", "E/2", or a number.
+ * The optional axis target (["dense"] by default) adds smaller-MoE students: for target "moe" the
+ * axis ratio (fractions of experts removed, e.g. [0.25, 0.5]) takes the place of scaling × K
+ * (scaling "none"), nested as scoring × grouping × target × (scaling × K | ratio) × params.
+ * Dense configurations keep the ids they had before the axis existed. */
 #ifndef M2D_GRID_H
 #define M2D_GRID_H
 
@@ -15,8 +19,11 @@
 
 typedef struct {
     char scoring[32], grouping[32], scaling[32];
-    char K_expr[16];        /* as written in the axis: "2k", "E", "16" */
-    int K;                  /* resolved against the teacher */
+    char target[8];         /* "dense" (the default) | "moe" (a smaller MoE: REAP-style pruning or merging) */
+    char ratio[16];         /* moe: fraction of routed experts removed per layer as written ("0.25"); "" for dense */
+    double ratio_v;         /* its value */
+    char K_expr[16];        /* as written in the axis: "2k", "E", "16"; moe: "ratio" */
+    int K;                  /* resolved against the teacher; moe: max(1, round((1 − ratio)·E)) experts kept */
     char params[128];       /* plugin parameters "b=1,a=1,c=2"; "" when none */
     char id[M2D_ID_LEN + 1];/* stable: hash of the axis values (with K resolved) */
     int index;              /* position in the experiment's grid (0-based) */

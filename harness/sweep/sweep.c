@@ -199,10 +199,10 @@ static int distinct_upper_bound(const m2d_experiment *x, const int *idx, int n_i
     int collapsed = 0;
     for (int i = 0; i < n_idx; i++) {
         const m2d_grid_config *c = &x->configs[idx[i]];
-        if (c->K != x->k) continue;
+        if (c->K != x->k || !strcmp(c->target, "moe")) continue; /* an MoE student: not at K = k */
         for (int j = 0; j < i; j++) {
             const m2d_grid_config *d = &x->configs[idx[j]];
-            if (d->K == c->K && !strcmp(d->scoring, c->scoring) && !strcmp(d->scaling, c->scaling) &&
+            if (d->K == c->K && !strcmp(d->target, c->target) && !strcmp(d->scoring, c->scoring) && !strcmp(d->scaling, c->scaling) &&
                 !strcmp(d->params, c->params)) {
                 collapsed++;
                 break;

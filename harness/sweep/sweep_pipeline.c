@@ -180,8 +180,10 @@ static int pipe_prepare(m2d_sweep_backend *b, const m2d_experiment *x, char mode
 static int make_plan(pipe_t *p, const m2d_grid_config *c, m2d_convert_plan **plan) {
     m2d_params params = {0, NULL, NULL};
     if (m2d_params_parse(c->params, &params)) return -1;
-    m2d_convert_opts o = {.scoring = c->scoring, .grouping = c->grouping, .scaling = c->scaling, .K = c->K,
-                          .target = M2D_TARGET_DENSE, .params = params};
+    int moe = !strcmp(c->target, "moe"); /* MoE: --ratio sets K (and the groups of a remapping grouping) */
+    m2d_convert_opts o = {.scoring = c->scoring, .grouping = c->grouping, .scaling = moe ? NULL : c->scaling,
+                          .K = moe ? 0 : c->K, .target = moe ? M2D_TARGET_MOE : M2D_TARGET_DENSE, .params = params,
+                          .ratio = moe ? c->ratio_v : 0};
     int rc = m2d_convert_plan_build(p->teacher, p->stats, &o, plan);
     m2d_params_free(&params);
     return rc;
@@ -197,8 +199,8 @@ static int pipe_build(m2d_sweep_backend *b, const m2d_grid_config *c, void **out
         return -1;
     }
     memcpy(res->fingerprint, s->plan->fingerprint, 65);
-    res->d_dense = s->student->cfg.intermediate_size;
-    res->n_params = m2d_model_param_counts(&s->student->cfg).total;
+    res->d_dense = s->plan->target == M2D_TARGET_DENSE ? s->student->cfg.intermediate_size : 0;
+    res->n_params = m2d_convert_student_params(s->plan, s->student);
     *out = s;
     return 0;
 }
