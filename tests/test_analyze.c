@@ -47,6 +47,10 @@ static void coherence_analytic(void **state) {
     double Z[4] = {0, 1, 1, 1}; /* a zero diagonal: the pair counts as 0 */
     assert_true(m2d_mutual_coherence(Z, 2) == 0);
     assert_true(m2d_mutual_coherence(B, 1) == 0);
+    /* paper 000 Thm 3.3's bound: K log((1 + (K−1)μ)/(1 − (K−1)μ)); none when (K−1)μ >= 1 */
+    assert_true(fabs(m2d_thm33_gap(0.1, 3) - 3 * log(1.2 / 0.8)) < 1e-15);
+    assert_true(m2d_thm33_gap(0.0, 5) == 0);
+    assert_true(isnan(m2d_thm33_gap(0.5, 3)));
 }
 
 static void analysis_on_test_checkpoint(void **state) {
@@ -68,6 +72,18 @@ static void analysis_on_test_checkpoint(void **state) {
     assert_int_equal(m2d_analyze(m, s, 4, names, 4, &a), 0);
     assert_int_equal(a->n_crit, 4);
     assert_int_equal(a->n_layers, 2);
+    for (int l = 0; l < 2; l++) { /* μ over all E experts of the kernel, by brute force */
+        const m2d_layer_stats *ls = &s->layers[l];
+        double mu = 0, mu_sel_max = 0;
+        for (int i = 0; i < ls->E; i++)
+            for (int j = 0; j < ls->E; j++)
+                if (i != j && ls->gram[i * ls->E + i] > 0 && ls->gram[j * ls->E + j] > 0)
+                    mu = fmax(mu, fabs(ls->gram[i * ls->E + j]) / sqrt(ls->gram[i * ls->E + i] * ls->gram[j * ls->E + j]));
+        assert_true(fabs(a->mu[l] - mu) < 1e-12);
+        for (int x = 0; x < 4; x++) mu_sel_max = fmax(mu_sel_max, a->coherence[l * 4 + x]);
+        assert_true(mu_sel_max <= mu + 1e-12); /* a submatrix's μ_S never exceeds the whole kernel's */
+        assert_true(isnan(a->thm33_gap[l]) || fabs(a->thm33_gap[l] - m2d_thm33_gap(mu, 4)) < 1e-12);
+    }
     for (int l = 0; l < 2; l++)
         for (int x = 0; x < 4; x++) {
             assert_true(a->overlap[(l * 4 + x) * 4 + x] == 1.0);
@@ -209,6 +225,9 @@ static void commands_end_to_end(void **state) {
     assert_int_equal(run(cmd, &out, &err), 0);
     assert_non_null(strstr(out, "layer,metric,criterion,other,value\n"));
     assert_non_null(strstr(out, "mean,overlap,sf,sf,1.000000"));
+    assert_non_null(strstr(out, "mean,mu,,,"));
+    assert_non_null(strstr(out, "mean,thm33_gap,,,"));
+    assert_non_null(strstr(out, ",mu_S,do-acp,,"));
     assert_non_null(strstr(out, "3,erank,do-acp,,"));
     free(out); free(err); free(cmd);
     cmd = m2d_strfmt("%s analyze --model %s --stats %s -K 16", bin, teacher, sp);

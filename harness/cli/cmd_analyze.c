@@ -1,4 +1,5 @@
 /* moe2dense analyze — selection overlap, effective rank and coherence of every criterion's selection. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +20,10 @@ static const char USAGE[] =
     "             values) of the selected output Gram G_S / N (paper Fig. 3; max K)\n"
     "  erank_w    the same for the importance-weighted kernel sqrt(I_i I_j) G_ij / N, I = the\n"
     "             criterion's own scores (the kernel D-optimal selection maximises)\n"
-    "  mu         mutual coherence max_{i!=j} |G_ij| / sqrt(G_ii G_jj) of the selection\n"
+    "  mu         mutual coherence max_{i!=j} |G_ij| / sqrt(G_ii G_jj) of the whole expert kernel\n"
+    "             (all E experts, paper 000 Thm 3.3), per layer, and the theorem's bound\n"
+    "             thm33_gap = K log((1+(K-1)mu)/(1-(K-1)mu)) on F(S_diag)'s loss (n/a if (K-1)mu >= 1)\n"
+    "  mu_S       the same over the selection's submatrix G_S\n"
     "A criterion that cannot run (e.g. it needs parameters) is reported and skipped.\n"
     "\n"
     "  --stats STATS  statistics from 'moe2dense calibrate' (must belong to --model)\n"
@@ -30,7 +34,8 @@ static const char USAGE[] =
     "  --csv          machine-readable output instead of tables, one value per line:\n"
     "                   layer,metric,criterion,other,value\n"
     "                 layer: model layer index, or 'mean' (average over MoE layers);\n"
-    "                 metric: overlap (other = second criterion), erank, erank_w, mu (other empty);\n"
+    "                 metric: overlap (other = second criterion), erank, erank_w, mu_S (other\n"
+    "                 empty); mu and thm33_gap with criterion and other empty (empty value: n/a);\n"
     "                 a header line names the columns.\n";
 
 static double mean_over_layers(const m2d_analysis *a, const double *v, size_t stride, size_t off) {
@@ -46,8 +51,13 @@ static void print_csv(const m2d_analysis *a) {
         char lay[32];
         if (l < 0) snprintf(lay, sizeof lay, "mean");
         else snprintf(lay, sizeof lay, "%d", a->layer_ids[l]);
+        double mu = l < 0 ? mean_over_layers(a, a->mu, 1, 0) : a->mu[l];
+        double gap = l < 0 ? mean_over_layers(a, a->thm33_gap, 1, 0) : a->thm33_gap[l];
+        printf("%s,mu,,,%.6f\n", lay, mu);
+        if (isfinite(gap)) printf("%s,thm33_gap,,,%.6f\n", lay, gap);
+        else printf("%s,thm33_gap,,,\n", lay);
         for (int c = 0; c < C; c++) {
-            const char *metric[3] = {"erank", "erank_w", "mu"};
+            const char *metric[3] = {"erank", "erank_w", "mu_S"};
             const double *arr[3] = {a->erank, a->erank_w, a->coherence};
             for (int k = 0; k < 3; k++) {
                 double v = l < 0 ? mean_over_layers(a, arr[k], (size_t)C, (size_t)c) : arr[k][(size_t)l * C + c];
@@ -87,8 +97,16 @@ static void print_text(const m2d_analysis *a, int per_layer) {
             printf("\nlayer %d overlap:\n", a->layer_ids[l]);
             print_overlap(a, l);
         }
-    printf("\neffective rank of G_S (erank), of the weighted kernel (erank_w), coherence mu; K = %d\n", a->K);
-    printf("%-10s %-6s %8s %8s %8s\n", "criterion", "layer", "erank", "erank_w", "mu");
+    printf("\nmutual coherence mu of the whole expert kernel (paper 000 Thm 3.3) and the theorem's bound on\n"
+           "what the diagonal proxy loses, K log((1+(K-1)mu)/(1-(K-1)mu)) (n/a when (K-1)mu >= 1); K = %d\n", a->K);
+    printf("%-6s %8s %10s\n", "layer", "mu", "thm33_gap");
+    for (int l = 0; l < a->n_layers; l++) {
+        char gap[32] = "n/a";
+        if (isfinite(a->thm33_gap[l])) snprintf(gap, sizeof gap, "%.4f", a->thm33_gap[l]);
+        printf("%-6d %8.4f %10s\n", a->layer_ids[l], a->mu[l], gap);
+    }
+    printf("\neffective rank of G_S (erank), of the weighted kernel (erank_w), coherence of G_S (mu_S); K = %d\n", a->K);
+    printf("%-10s %-6s %8s %8s %8s\n", "criterion", "layer", "erank", "erank_w", "mu_S");
     for (int c = 0; c < C; c++) {
         for (int l = 0; l < a->n_layers; l++)
             printf("%-10s %-6d %8.3f %8.3f %8.4f\n", a->names[c], a->layer_ids[l], a->erank[l * C + c],

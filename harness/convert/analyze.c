@@ -46,6 +46,11 @@ double m2d_mutual_coherence(const double *A, int n) {
     return mu;
 }
 
+double m2d_thm33_gap(double mu, int K) {
+    double x = (K - 1) * mu;
+    return x < 1 ? K * log((1 + x) / (1 - x)) : NAN;
+}
+
 /* Submatrix of G / N on S, optionally weighted by sqrt(I_i I_j). */
 static void kernel_sub(const m2d_layer_stats *ls, const int *S, int K, const double *imp, double *out) {
     int E = ls->E;
@@ -63,7 +68,7 @@ void m2d_analysis_free(m2d_analysis *a) {
     for (int i = 0; i < a->n_crit; i++) free(a->names[i]);
     for (int i = 0; i < a->n_skipped; i++) free(a->skipped[i]);
     free(a->names); free(a->skipped); free(a->layer_ids); free(a->selected);
-    free(a->erank); free(a->erank_w); free(a->coherence); free(a->overlap);
+    free(a->erank); free(a->erank_w); free(a->coherence); free(a->overlap); free(a->mu); free(a->thm33_gap);
     free(a);
 }
 
@@ -118,9 +123,13 @@ int m2d_analyze(const m2d_model *m, const m2d_stats *s, int K, const char *const
     a->erank_w = m2d_calloc((size_t)(L * C + 1), sizeof(double));
     a->coherence = m2d_calloc((size_t)(L * C + 1), sizeof(double));
     a->overlap = m2d_calloc((size_t)(L * C * C + 1), sizeof(double));
+    a->mu = m2d_calloc((size_t)L + 1, sizeof(double));
+    a->thm33_gap = m2d_calloc((size_t)L + 1, sizeof(double));
     double *ker = m2d_malloc((size_t)K * K * sizeof(double));
     for (int l = 0; l < L; l++) {
         const m2d_layer_stats *ls = &s->layers[l];
+        a->mu[l] = m2d_mutual_coherence(ls->gram, E); /* scale invariant: G or G / N */
+        a->thm33_gap[l] = m2d_thm33_gap(a->mu[l], K);
         for (int c = 0; c < C; c++) {
             const int *S = sel_all + ((size_t)c * L + l) * K;
             memcpy(a->selected + ((size_t)l * C + c) * K, S, (size_t)K * sizeof(int));
