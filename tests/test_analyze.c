@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "convert/analyze.h"
+#include "convert/prune_overlap.h"
 #include "calib/calib.h"
 #include "model/model.h"
 #include "testmodel.h"
@@ -105,6 +106,95 @@ static void analysis_on_test_checkpoint(void **state) {
     assert_int_equal(m2d_analyze(m, s, 4, bad, 1, &a), -1);
     assert_non_null(strstr(m2d_errmsg(), "nope"));
     m2d_calib_stats_free(s);
+    m2d_model_close(m);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+/* ---------------- paper 004: pruned-set overlaps ---------------- */
+
+/* the m lowest by a stable sort on (score ascending, index descending): the experts a top-(E − m)
+ * selection with ties → lower index leaves out */
+static void brute_bottom(const double *sc, int E, int m, char *out) {
+    int idx[64];
+    for (int i = 0; i < E; i++) idx[i] = i;
+    for (int i = 0; i < E; i++)
+        for (int j = i + 1; j < E; j++)
+            if (sc[idx[j]] < sc[idx[i]] || (sc[idx[j]] == sc[idx[i]] && idx[j] > idx[i])) {
+                int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
+            }
+    memset(out, 0, (size_t)E);
+    for (int i = 0; i < m; i++) out[idx[i]] = 1;
+}
+
+static double brute_overlap(const double *x, const double *y, int E, double ratio) {
+    int m = (int)lround(ratio * E), c = 0;
+    char a[64], b[64];
+    brute_bottom(x, E, m, a), brute_bottom(y, E, m, b);
+    for (int e = 0; e < E; e++) c += a[e] && b[e];
+    return m ? (double)c / m : 1;
+}
+
+static void pruned_overlaps_against_brute_force(void **state) {
+    (void)state;
+    /* hand case: E = 8, ratio 0.25 → m = 2; ties at the bottom prune the higher index */
+    double x[8] = {5, 1, 1, 7, 0, 3, 9, 2}, y[8] = {5, 0, 4, 7, 1, 3, 9, 0};
+    char pr[8];
+    assert_int_equal(m2d_pruned_set(x, 8, 0.25, pr), 2);
+    assert_true(pr[4] && pr[2] && !pr[1]); /* 0, then the tie 1/1 prunes expert 2 */
+    const double *v[2] = {x, y};
+    /* x prunes {4, 2}; y: 0 at experts 1 and 7 → prunes {7, 1}: no common expert */
+    assert_true(m2d_pruned_overlap(v, 2, 8, 0.25) == 0);
+    assert_true(m2d_pruned_overlap(v, 1, 8, 0.5) == 1);
+    assert_true(m2d_pruned_overlap(v, 2, 8, 0.25) == brute_overlap(x, y, 8, 0.25));
+    /* two calibrations of the test model on different tokens */
+    char *dir = tu_tmpdir();
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    assert_int_equal(m2d_testmodel_write(dir, &o), 0);
+    m2d_model *m;
+    assert_int_equal(m2d_model_open(dir, &m), 0);
+    m2d_stats *st[2];
+    for (int c = 0; c < 2; c++) {
+        int32_t ids[256];
+        uint64_t r = 11 + c;
+        for (int i = 0; i < 256; i++) ids[i] = (int32_t)(tu_rand_u64(&r) % 64);
+        m2d_calib_opts co = {.seq_len = 64, .n_samples = 4, .n_threads = 1};
+        assert_int_equal(m2d_calib_run(m, ids, 256, &co, &st[c]), 0);
+    }
+    m2d_prune_analysis *p;
+    assert_int_equal(m2d_prune_analyze((const m2d_stats *const *)st, 2, &p), 0);
+    int differs = 0;
+    for (int l = 0; l < p->n_layers; l++) {
+        const m2d_layer_stats *a = &st[0]->layers[l], *b = &st[1]->layers[l];
+        double proxy[8], sa[8], sb[8];
+        for (int e = 0; e < 8; e++) proxy[e] = a->sum_rf[e]; /* Eq. 8 with the Eq. 1 gate */
+        for (int r = 0; r < 2; r++)
+            assert_true(p->damage[l * 2 + r] == brute_overlap(proxy, a->damage, 8, m2d_prune_ratios[r]));
+        for (int x2 = 0; x2 < M2D_PRUNE_N_VARIANTS; x2++) {
+            int bb = p->b[x2], aa = p->a[x2], cc = p->c[x2];
+            for (int e = 0; e < 8; e++) { /* S(b,a,c) straight from the token sums it names */
+                const double *ta[3][3] = {{a->n, a->sum_f, a->sum_f2}, {a->sum_r, a->sum_rf, a->sum_rf2},
+                                          {a->sum_r2, a->sum_r2f, a->sum_r2f2}};
+                const double *tb[3][3] = {{b->n, b->sum_f, b->sum_f2}, {b->sum_r, b->sum_rf, b->sum_rf2},
+                                          {b->sum_r2, b->sum_r2f, b->sum_r2f2}};
+                sa[e] = bb ? (a->n[e] > 0 ? ta[aa][cc][e] / a->n[e] : 0) : ta[aa][cc][e];
+                sb[e] = bb ? (b->n[e] > 0 ? tb[aa][cc][e] / b->n[e] : 0) : tb[aa][cc][e];
+            }
+            for (int r = 0; r < 2; r++) {
+                double want = brute_overlap(sa, sb, 8, m2d_prune_ratios[r]);
+                assert_true(p->cross[(l * M2D_PRUNE_N_VARIANTS + x2) * 2 + r] == want);
+                differs |= want < 1;
+            }
+        }
+    }
+    assert_true(differs); /* the two calibrations do disagree somewhere */
+    m2d_prune_analysis_free(p);
+    /* statistics of another model are refused */
+    snprintf(st[1]->model_hash, sizeof st[1]->model_hash, "%s", "0000");
+    assert_int_equal(m2d_prune_analyze((const m2d_stats *const *)st, 2, &p), -1);
+    assert_non_null(strstr(m2d_errmsg(), "model_hash"));
+    for (int c = 0; c < 2; c++) m2d_calib_stats_free(st[c]);
     m2d_model_close(m);
     tu_rm_rf(dir);
     free(dir);
@@ -234,6 +324,21 @@ static void commands_end_to_end(void **state) {
     assert_int_equal(run(cmd, &out, &err), 0);
     assert_non_null(strstr(out, "K = 16"));
     free(out); free(err); free(cmd);
+    /* paper 004: damage overlap, and the overlap across a second calibration (other windows) */
+    cmd = m2d_strfmt("%s calibrate --model %s --data %s --out %s/s2.bin --seq-len 64 --samples 2 --seed 9", bin, teacher,
+                     text, dir);
+    assert_int_equal(run(cmd, &out, &err), 0);
+    free(out); free(err); free(cmd);
+    cmd = m2d_strfmt("%s analyze --model %s --stats %s --criteria sf --compare %s/s2.bin --csv", bin, teacher, sp, dir);
+    assert_int_equal(run(cmd, &out, &err), 0);
+    assert_non_null(strstr(out, "mean,damage_overlap_25,,,"));
+    assert_non_null(strstr(out, "mean,calib_overlap_50,S(1;0;2),,"));
+    assert_non_null(strstr(out, "mean,calib_overlap_50,S(1;0;0),,\n")); /* constant score: n/a */
+    free(out); free(err); free(cmd);
+    cmd = m2d_strfmt("%s analyze --model %s --stats %s --criteria sf --compare %s/nope.bin", bin, teacher, sp, dir);
+    assert_int_not_equal(run(cmd, &out, &err), 0);
+    assert_non_null(strstr(err, "nope.bin"));
+    free(out); free(err); free(cmd);
     /* missing options and files */
     cmd = m2d_strfmt("%s calibrate --model %s --out %s/y.bin", bin, teacher, dir);
     assert_int_not_equal(run(cmd, &out, &err), 0);
@@ -257,6 +362,7 @@ int main(void) {
         cmocka_unit_test(effective_rank_analytic),
         cmocka_unit_test(coherence_analytic),
         cmocka_unit_test(analysis_on_test_checkpoint),
+        cmocka_unit_test(pruned_overlaps_against_brute_force),
         cmocka_unit_test(commands_end_to_end),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

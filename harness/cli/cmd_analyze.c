@@ -5,13 +5,15 @@
 #include <string.h>
 
 #include "convert/analyze.h"
+#include "convert/prune_overlap.h"
 #include "calib/calib.h"
 #include "cli/cmd.h"
 #include "model/model.h"
 #include "base/util.h"
 
 static const char USAGE[] =
-    "usage: moe2dense analyze --stats STATS --model DIR [-K N] [--criteria a,b,...] [--csv] [--layers]\n"
+    "usage: moe2dense analyze --stats STATS --model DIR [-K N] [--criteria a,b,...] [--compare S2[,S3...]]\n"
+    "                         [--csv] [--layers]\n"
     "\n"
     "For every scoring criterion (default: all registered, see 'moe2dense list') select K experts\n"
     "per MoE layer and report:\n"
@@ -25,17 +27,25 @@ static const char USAGE[] =
     "             thm33_gap = K log((1+(K-1)mu)/(1-(K-1)mu)) on F(S_diag)'s loss (n/a if (K-1)mu >= 1)\n"
     "  mu_S       the same over the selection's submatrix G_S\n"
     "A criterion that cannot run (e.g. it needs parameters) is reported and skipped.\n"
+    "Paper 004, at 25 %% and 50 %% of each layer's experts pruned (the lowest-scored m = round(r*E)):\n"
+    "  damage_overlap_R  overlap of the experts pruned by the proxy damage sum g||f|| (Eq. 8) and by\n"
+    "             the exact single-expert damage (Eq. 7) (Fig. 3)\n"
+    "  calib_overlap_R   with --compare: for every S(b,a,c) = n^-b sum g^a||f||^c (b in {0,1}, a, c in\n"
+    "             {0,1,2}) the overlap |B_1 ∩ B_2 ∩ ...| / m of the experts pruned under each\n"
+    "             calibration (Figs. 4-5; S(1,0,0) is constant: n/a)\n"
     "\n"
     "  --stats STATS  statistics from 'moe2dense calibrate' (must belong to --model)\n"
     "  --model DIR    the teacher (some criteria read its weights)\n"
     "  -K N           selection size (default k = num_experts_per_tok, as in the paper's figures)\n"
     "  --criteria L   comma-separated criteria to compare (any scoring name, also do-X)\n"
+    "  --compare L    comma-separated statistics of the same teacher from other calibration data\n"
     "  --layers       text output: also print each layer's overlap matrix\n"
     "  --csv          machine-readable output instead of tables, one value per line:\n"
     "                   layer,metric,criterion,other,value\n"
     "                 layer: model layer index, or 'mean' (average over MoE layers);\n"
     "                 metric: overlap (other = second criterion), erank, erank_w, mu_S (other\n"
-    "                 empty); mu and thm33_gap with criterion and other empty (empty value: n/a);\n"
+    "                 empty); mu, thm33_gap, damage_overlap_25/_50 with criterion and other empty,\n"
+    "                 calib_overlap_25/_50 with criterion S(b,a,c) (empty value: n/a);\n"
     "                 a header line names the columns.\n";
 
 static double mean_over_layers(const m2d_analysis *a, const double *v, size_t stride, size_t off) {
@@ -116,12 +126,75 @@ static void print_text(const m2d_analysis *a, int per_layer) {
     }
 }
 
+static const char *ratio_tag(int r) { return r == 0 ? "25" : "50"; }
+
+static void print_prune_csv(const m2d_prune_analysis *p) {
+    for (int l = -1; l < p->n_layers; l++) {
+        char lay[32];
+        if (l < 0) snprintf(lay, sizeof lay, "mean");
+        else snprintf(lay, sizeof lay, "%d", p->layer_ids[l]);
+        for (int r = 0; r < M2D_PRUNE_N_RATIOS; r++) {
+            double s = 0;
+            for (int k = 0; k < p->n_layers; k++) s += p->damage[k * M2D_PRUNE_N_RATIOS + r];
+            printf("%s,damage_overlap_%s,,,%.6f\n", lay, ratio_tag(r), l < 0 ? s / p->n_layers : p->damage[l * M2D_PRUNE_N_RATIOS + r]);
+        }
+        for (int x = 0; p->cross && x < M2D_PRUNE_N_VARIANTS; x++)
+            for (int r = 0; r < M2D_PRUNE_N_RATIOS; r++) {
+                double s = 0;
+                for (int k = 0; k < p->n_layers; k++) s += p->cross[(k * M2D_PRUNE_N_VARIANTS + x) * M2D_PRUNE_N_RATIOS + r];
+                double v = l < 0 ? s / p->n_layers : p->cross[(l * M2D_PRUNE_N_VARIANTS + x) * M2D_PRUNE_N_RATIOS + r];
+                int na = p->b[x] == 1 && p->a[x] == 0 && p->c[x] == 0; /* S(1,0,0) = 1: constant */
+                printf("%s,calib_overlap_%s,S(%d;%d;%d),,", lay, ratio_tag(r), p->b[x], p->a[x], p->c[x]);
+                if (na) printf("\n");
+                else printf("%.6f\n", v);
+            }
+    }
+}
+
+static void print_prune_text(const m2d_prune_analysis *p) {
+    printf("\npaper 004 Fig. 3: overlap of the experts pruned by the proxy damage (Eq. 8) and the exact damage\n"
+           "(Eq. 7)\n%-6s %8s %8s\n", "layer", "25%", "50%");
+    double m[2] = {0, 0};
+    for (int l = 0; l < p->n_layers; l++) {
+        printf("%-6d %8.3f %8.3f\n", p->layer_ids[l], p->damage[l * 2], p->damage[l * 2 + 1]);
+        m[0] += p->damage[l * 2] / p->n_layers, m[1] += p->damage[l * 2 + 1] / p->n_layers;
+    }
+    printf("%-6s %8.3f %8.3f\n", "mean", m[0], m[1]);
+    if (!p->cross) return;
+    printf("\npaper 004 Figs. 4-5: overlap of the experts pruned under the %d calibrations, mean over layers\n"
+           "%-10s %8s %8s\n", p->n_sets, "S(b,a,c)", "25%", "50%");
+    for (int x = 0; x < M2D_PRUNE_N_VARIANTS; x++) {
+        double v[2] = {0, 0};
+        for (int l = 0; l < p->n_layers; l++)
+            for (int r = 0; r < 2; r++) v[r] += p->cross[(l * M2D_PRUNE_N_VARIANTS + x) * 2 + r] / p->n_layers;
+        char name[16];
+        snprintf(name, sizeof name, "S(%d,%d,%d)", p->b[x], p->a[x], p->c[x]);
+        if (p->b[x] == 1 && p->a[x] == 0 && p->c[x] == 0) printf("%-10s %8s %8s\n", name, "n/a", "n/a");
+        else printf("%-10s %8.3f %8.3f\n", name, v[0], v[1]);
+    }
+}
+
+/* --stats and every --compare statistics, checked against the model */
+static int read_compare(const char *list, const m2d_model *m, m2d_stats **sets, int *n) {
+    char *copy = m2d_strdup(list), *save = NULL;
+    int rc = 0;
+    for (char *t = strtok_r(copy, ",", &save); t && rc == 0; t = strtok_r(NULL, ",", &save)) {
+        if (*n == 8) rc = m2d_err("analyze: --compare: at most 7 statistics");
+        else if ((rc = m2d_stats_read(t, &sets[*n])) == 0 && (rc = m2d_stats_check_model(sets[(*n)++], t, m)) != 0) break;
+    }
+    free(copy);
+    return rc;
+}
+
 static int cmd_analyze_run(int argc, char **argv) {
-    const char *stats = NULL, *model = NULL, *K_s = NULL, *crit = NULL;
+    const char *stats = NULL, *model = NULL, *K_s = NULL, *crit = NULL, *compare = NULL;
     int csv = 0, layers = 0;
     m2d_opt opts[] = {{"--stats", 1, &stats, NULL}, {"--model", 1, &model, NULL}, {"-K", 1, &K_s, NULL},
                       {"--criteria", 1, &crit, NULL}, {"--csv", 0, NULL, &csv}, {"--layers", 0, NULL, &layers},
-                      {0}};
+                      {"--compare", 1, &compare, NULL}, {0}};
+    m2d_stats *sets[8] = {0};
+    int n_sets = 1;
+    m2d_prune_analysis *pa = NULL;
     m2d_model *m = NULL;
     m2d_stats *s = NULL;
     m2d_analysis *a = NULL;
@@ -147,13 +220,18 @@ static int cmd_analyze_run(int argc, char **argv) {
         }
     }
     if (m2d_analyze(m, s, (int)K, names, n_names, &a)) goto done;
+    sets[0] = s;
+    if (compare && read_compare(compare, m, sets, &n_sets)) goto done;
+    if (m2d_prune_analyze((const m2d_stats *const *)sets, n_sets, &pa)) goto done;
     for (int i = 0; i < a->n_skipped; i++) fprintf(stderr, "moe2dense analyze: skipped %s\n", a->skipped[i]);
-    if (csv) print_csv(a);
-    else print_text(a, layers);
+    if (csv) print_csv(a), print_prune_csv(pa);
+    else print_text(a, layers), print_prune_text(pa);
     rc = 0;
 done:
     if (rc) m2d_cmd_fail("analyze");
     m2d_analysis_free(a);
+    m2d_prune_analysis_free(pa);
+    for (int i = 1; i < 8; i++) m2d_calib_stats_free(sets[i]);
     m2d_calib_stats_free(s);
     if (m) m2d_model_close(m);
     free(names);
