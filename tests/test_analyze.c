@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "convert/analyze.h"
+#include "convert/expert_usage.h"
 #include "convert/prune_overlap.h"
 #include "calib/calib.h"
 #include "model/model.h"
@@ -200,6 +201,52 @@ static void pruned_overlaps_against_brute_force(void **state) {
     free(dir);
 }
 
+/* paper 001 App. L / App. I: Gini and Lorenz of activation rates, Pearson of down projections */
+static void gini_lorenz_pearson(void **state) {
+    (void)state;
+    double one[4] = {0, 1, 0, 0}, lin[4] = {4, 1, 3, 2}, lz[5];
+    assert_true(fabs(m2d_gini(one, 4) - 0.75) < 1e-15); /* one expert takes all: (n − 1)/n */
+    assert_true(m2d_gini(lin, 1) == 0);
+    m2d_lorenz(lin, 4, lz);
+    const double want[5] = {0, 0.1, 0.3, 0.6, 1};
+    for (int i = 0; i < 5; i++) assert_true(fabs(lz[i] - want[i]) < 1e-15);
+    uint64_t st = 4;
+    double x[9];
+    for (int i = 0; i < 9; i++) x[i] = (double)(tu_rand_u64(&st) % 100);
+    double num = 0, mean = 0;
+    for (int i = 0; i < 9; i++) {
+        mean += x[i] / 9;
+        for (int j = 0; j < 9; j++) num += fabs(x[i] - x[j]);
+    }
+    assert_true(fabs(m2d_gini(x, 9) - num / (2 * 81 * mean)) < 1e-14); /* the double-sum definition */
+    /* Pearson of the test model's down projections vs a direct fp64 loop */
+    char *dir = tu_tmpdir();
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    assert_int_equal(m2d_testmodel_write(dir, &o), 0);
+    m2d_model *m;
+    assert_int_equal(m2d_model_open(dir, &m), 0);
+    const int E = m->cfg.num_experts;
+    double *C = m2d_malloc((size_t)E * E * sizeof *C);
+    assert_int_equal(m2d_down_pearson(m, 1, C), 0);
+    int64_t n = m2d_tensor_numel(m->layers[1].exp_down[0]);
+    for (int i = 0; i < E; i++)
+        for (int j = 0; j < E; j++) {
+            float *a = m2d_tensor_f32(m->layers[1].exp_down[i]), *b = m2d_tensor_f32(m->layers[1].exp_down[j]);
+            double ma = 0, mb = 0, ab = 0, aa = 0, bb = 0;
+            for (int64_t t = 0; t < n; t++) ma += a[t] / (double)n, mb += b[t] / (double)n;
+            for (int64_t t = 0; t < n; t++)
+                ab += (a[t] - ma) * (b[t] - mb), aa += (a[t] - ma) * (a[t] - ma), bb += (b[t] - mb) * (b[t] - mb);
+            /* fp32 SYRK blocks accumulated in fp64: ~1e-6 relative on O(1) correlations */
+            if (fabs(C[i * E + j] - ab / sqrt(aa * bb)) > 1e-5) fail_msg("C[%d,%d] %g vs %g", i, j, C[i * E + j], ab / sqrt(aa * bb));
+            free(a), free(b);
+        }
+    free(C);
+    m2d_model_close(m);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
 /* ---------------- the commands end to end (tiny teacher) ---------------- */
 
 static int run(const char *cmd, char **out, char **err) {
@@ -334,6 +381,15 @@ static void commands_end_to_end(void **state) {
     assert_non_null(strstr(out, "mean,damage_overlap_25,,,"));
     assert_non_null(strstr(out, "mean,calib_overlap_50,S(1;0;2),,"));
     assert_non_null(strstr(out, "mean,calib_overlap_50,S(1;0;0),,\n")); /* constant score: n/a */
+    assert_non_null(strstr(out, ",gini,,,"));
+    assert_non_null(strstr(out, ",lorenz,0,,0.000000\n"));
+    assert_non_null(strstr(out, ",lorenz,64,,1.000000\n"));
+    assert_non_null(strstr(out, ",pearson_max,,,"));
+    assert_null(strstr(out, ",pearson,"));
+    free(out); free(err); free(cmd);
+    cmd = m2d_strfmt("%s analyze --model %s --stats %s --criteria sf --csv --pearson-matrix", bin, teacher, sp);
+    assert_int_equal(run(cmd, &out, &err), 0);
+    assert_non_null(strstr(out, ",pearson,3,3,1.000000\n")); /* C_ii = 1 */
     free(out); free(err); free(cmd);
     cmd = m2d_strfmt("%s analyze --model %s --stats %s --criteria sf --compare %s/nope.bin", bin, teacher, sp, dir);
     assert_int_not_equal(run(cmd, &out, &err), 0);
@@ -363,6 +419,7 @@ int main(void) {
         cmocka_unit_test(coherence_analytic),
         cmocka_unit_test(analysis_on_test_checkpoint),
         cmocka_unit_test(pruned_overlaps_against_brute_force),
+        cmocka_unit_test(gini_lorenz_pearson),
         cmocka_unit_test(commands_end_to_end),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "convert/analyze.h"
+#include "convert/expert_usage.h"
 #include "convert/prune_overlap.h"
 #include "calib/calib.h"
 #include "cli/cmd.h"
@@ -13,7 +14,7 @@
 
 static const char USAGE[] =
     "usage: moe2dense analyze --stats STATS --model DIR [-K N] [--criteria a,b,...] [--compare S2[,S3...]]\n"
-    "                         [--csv] [--layers]\n"
+    "                         [--csv] [--layers] [--pearson-matrix]\n"
     "\n"
     "For every scoring criterion (default: all registered, see 'moe2dense list') select K experts\n"
     "per MoE layer and report:\n"
@@ -38,7 +39,13 @@ static const char USAGE[] =
     "  --model DIR    the teacher (some criteria read its weights)\n"
     "  -K N           selection size (default k = num_experts_per_tok, as in the paper's figures)\n"
     "  --criteria L   comma-separated criteria to compare (any scoring name, also do-X)\n"
+    "Paper 001 (no training): per layer the Gini coefficient of the experts' activation rates n_e / N\n"
+    "  (gini; CSV: the Lorenz curve, metric lorenz, criterion i = 0..E, value = share of the i least\n"
+    "  used) (App. L, Fig. 5) and the mean / max off-diagonal Pearson correlation of the experts' down\n"
+    "  projections (pearson_mean, pearson_max; App. I, Fig. 4).\n"
+    "\n"
     "  --compare L    comma-separated statistics of the same teacher from other calibration data\n"
+    "  --pearson-matrix  CSV: also every C_ij (metric pearson, criterion i, other j)\n"
     "  --layers       text output: also print each layer's overlap matrix\n"
     "  --csv          machine-readable output instead of tables, one value per line:\n"
     "                   layer,metric,criterion,other,value\n"
@@ -186,12 +193,44 @@ static int read_compare(const char *list, const m2d_model *m, m2d_stats **sets, 
     return rc;
 }
 
+/* paper 001: Gini / Lorenz of the activation rates, Pearson of the down projections */
+static int print_usage_stats(const m2d_model *m, const m2d_stats *s, int csv, int matrix) {
+    const int E = s->E;
+    double *rate = m2d_malloc((size_t)E * sizeof *rate), *lz = m2d_malloc((size_t)(E + 1) * sizeof *lz);
+    double *C = m2d_malloc((size_t)E * E * sizeof *C);
+    int rc = 0;
+    if (!csv) printf("\npaper 001: Gini of the activation rates n_e/N (App. L), Pearson of the down projections (App. I)\n"
+                     "%-6s %8s %13s %12s\n", "layer", "gini", "pearson_mean", "pearson_max");
+    for (int l = 0; l < s->n_layers && rc == 0; l++) {
+        const m2d_layer_stats *ls = &s->layers[l];
+        for (int e = 0; e < E; e++) rate[e] = ls->N > 0 ? ls->n[e] / ls->N : 0;
+        if ((rc = m2d_down_pearson(m, ls->layer, C))) break;
+        double mean = 0, mx = -1;
+        for (int i = 0; i < E; i++)
+            for (int j = 0; j < E; j++)
+                if (i != j) mean += C[(size_t)i * E + j] / ((double)E * (E - 1)), mx = fmax(mx, C[(size_t)i * E + j]);
+        if (E < 2) mean = 0, mx = 0;
+        if (!csv) {
+            printf("%-6d %8.4f %13.4f %12.4f\n", ls->layer, m2d_gini(rate, E), mean, mx);
+            continue;
+        }
+        printf("%d,gini,,,%.6f\n%d,pearson_mean,,,%.6f\n%d,pearson_max,,,%.6f\n", ls->layer, m2d_gini(rate, E), ls->layer,
+               mean, ls->layer, mx);
+        m2d_lorenz(rate, E, lz);
+        for (int i = 0; i <= E; i++) printf("%d,lorenz,%d,,%.6f\n", ls->layer, i, lz[i]);
+        for (int i = 0; matrix && i < E; i++)
+            for (int j = 0; j < E; j++) printf("%d,pearson,%d,%d,%.6f\n", ls->layer, i, j, C[(size_t)i * E + j]);
+    }
+    free(rate), free(lz), free(C);
+    return rc;
+}
+
 static int cmd_analyze_run(int argc, char **argv) {
     const char *stats = NULL, *model = NULL, *K_s = NULL, *crit = NULL, *compare = NULL;
-    int csv = 0, layers = 0;
+    int csv = 0, layers = 0, matrix = 0;
     m2d_opt opts[] = {{"--stats", 1, &stats, NULL}, {"--model", 1, &model, NULL}, {"-K", 1, &K_s, NULL},
                       {"--criteria", 1, &crit, NULL}, {"--csv", 0, NULL, &csv}, {"--layers", 0, NULL, &layers},
-                      {"--compare", 1, &compare, NULL}, {0}};
+                      {"--compare", 1, &compare, NULL}, {"--pearson-matrix", 0, NULL, &matrix}, {0}};
     m2d_stats *sets[8] = {0};
     int n_sets = 1;
     m2d_prune_analysis *pa = NULL;
@@ -226,6 +265,7 @@ static int cmd_analyze_run(int argc, char **argv) {
     for (int i = 0; i < a->n_skipped; i++) fprintf(stderr, "moe2dense analyze: skipped %s\n", a->skipped[i]);
     if (csv) print_csv(a), print_prune_csv(pa);
     else print_text(a, layers), print_prune_text(pa);
+    if (print_usage_stats(m, s, csv, matrix)) goto done;
     rc = 0;
 done:
     if (rc) m2d_cmd_fail("analyze");
