@@ -53,6 +53,11 @@ static const char *EXPECTED_MD =
     "|  | Anchor-Based | Uniform | 3,837 | **2,840** |  |\n"
     "|  |  | Proportional |  |  | **736k** |\n"
     "\n"
+    "Note on the paper's Table 10: at K = k every group holds one expert, so every grouping gives the same student "
+    "(equal fingerprints here, one evaluation); Table 10 nevertheless lists different K = k perplexities for SF, PP, "
+    "PS and CP under AB and OC than under RR, WC and RC, which the paper's method cannot produce. Table 12's CP "
+    "rows are not in Table 10.\n"
+    "\n"
     "## Per-criterion summary\n"
     "\n"
     "Ranked by best PPL. Mean rank: average rank among the 2 scorings over the 3 cells (grouping, scaling, K) where all of them ran.\n"
@@ -107,6 +112,7 @@ static void markdown_table_and_summary(void **state) {
     assert_non_null(strstr(tex, "Selection Frequency & Round-Robin & Uniform & \\textbf{20,633} & 21,112 & 22,799 \\\\\n"));
     assert_non_null(strstr(tex, " &  & Proportional & 21,074 & \\textbf{19,440} & -- \\\\\n"));
     assert_non_null(strstr(tex, "\\end{tabular}"));
+    assert_non_null(strstr(tex, "% Note on the paper's Table 10"));
     free(tex);
     char *csv = render(&r, M2D_REPORT_CSV);
     assert_non_null(strstr(csv, "scoring,grouping,scaling,K=8,K=16,K=128,best_K\n"));

@@ -261,6 +261,20 @@ static void write_table(const grid *g, const m2d_results *r, m2d_report_format f
     if (fmt == M2D_REPORT_TEX) fputs("\\bottomrule\n\\end{tabular}\n", f);
 }
 
+/* Where the paper's own tables disagree with its method, said next to the reproduction so that
+ * nobody hunts for a bug that is the paper's (issue 14). */
+static const char PAPER_TABLE_NOTE[] =
+    "Note on the paper's Table 10: at K = k every group holds one expert, so every grouping gives the "
+    "same student (equal fingerprints here, one evaluation); Table 10 nevertheless lists different K = k "
+    "perplexities for SF, PP, PS and CP under AB and OC than under RR, WC and RC, which the paper's method "
+    "cannot produce. Table 12's CP rows are not in Table 10.";
+
+static void write_table_note(const grid *g, m2d_report_format fmt, FILE *f) {
+    if (g->gr.n < 2 || fmt == M2D_REPORT_CSV) return;
+    if (fmt == M2D_REPORT_MD) fprintf(f, "\n%s\n", PAPER_TABLE_NOTE);
+    else fprintf(f, "%% %s\n", PAPER_TABLE_NOTE);
+}
+
 /* ---- per-criterion summary ---- */
 
 typedef struct {
@@ -354,6 +368,7 @@ int m2d_report_write(const m2d_results *r, m2d_report_format fmt, FILE *f) {
     grid g;
     if (grid_load(r, &g)) return -1;
     write_table(&g, r, fmt, f);
+    write_table_note(&g, fmt, f);
     if (fmt != M2D_REPORT_CSV && g.sc.n) write_summary(&g, fmt, f);
     grid_free(&g);
     return 0;
