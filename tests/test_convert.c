@@ -671,16 +671,18 @@ static double brute_distance(const m2d_model *m, int la, int ea, int lb, int eb,
 
 /* The remap of paper 002 §3.2 by brute force: prototypes = the top K of the pooled frequency scores
  * (ties → lower layer, then expert), m(e) = the nearest prototype (ties → lower pool index). */
-static void brute_remap(const fixture *f, int first, int n, double rho, int *proto_of) {
-    const int E = f->m->cfg.num_experts, P = n * E, K = (int)fmax(1, lround((1 - rho) * P));
+static void brute_remap(const fixture *f, int first, int n, double rho, int fixed, int *proto_of) {
+    const int E = f->m->cfg.num_experts, P = n * E, K = (int)fmax(1, lround((1 - rho) * (fixed ? E : P)));
     int *is_proto = m2d_calloc((size_t)P, sizeof(int));
-    for (int c = 0; c < K; c++) {
-        int best = -1;
-        for (int i = 0; i < P; i++)
-            if (!is_proto[i] && (best < 0 || f->s->layers[first + i / E].n[i % E] > f->s->layers[first + best / E].n[best % E]))
-                best = i;
-        is_proto[best] = 1;
-    }
+    for (int l = 0; l < (fixed ? n : 1); l++) /* fixed: the top K of each layer; else of the pool */
+        for (int c = 0; c < K; c++) {
+            int best = -1, lo = fixed ? l * E : 0, hi = fixed ? (l + 1) * E : P;
+            for (int i = lo; i < hi; i++)
+                if (!is_proto[i] &&
+                    (best < 0 || f->s->layers[first + i / E].n[i % E] > f->s->layers[first + best / E].n[best % E]))
+                    best = i;
+            is_proto[best] = 1;
+        }
     for (int e = 0; e < P; e++) {
         int le = f->s->layers[first + e / E].layer, best = -1;
         double bd = INFINITY;
@@ -695,9 +697,9 @@ static void brute_remap(const fixture *f, int first, int n, double rho, int *pro
 }
 
 /* remap student: the teacher's router unchanged, slot e holding m(e)'s weights bit for bit */
-static int check_remap(const fixture *f, int scope, double rho) {
+static int check_remap(const fixture *f, int scope, double rho, int fixed) {
     char prm[32];
-    snprintf(prm, sizeof prm, "scope=%d", scope);
+    snprintf(prm, sizeof prm, "scope=%d,fixed_k=%d", scope, fixed);
     m2d_params params;
     if (m2d_params_parse(prm, &params)) fail_msg("%s", m2d_errmsg());
     m2d_convert_opts o = {.scoring = "freq", .grouping = "remap", .target = M2D_TARGET_MOE, .ratio = rho,
@@ -712,7 +714,7 @@ static int check_remap(const fixture *f, int scope, double rho) {
     int *proto = m2d_malloc((size_t)scope * E * sizeof *proto), n_proto = 0;
     for (int first = 0; first < p->n_layers; first += scope) {
         int n = p->n_layers - first < scope ? p->n_layers - first : scope;
-        brute_remap(f, first, n, rho, proto);
+        brute_remap(f, first, n, rho, fixed, proto);
         for (int i = 0; i < n * E; i++) n_proto += proto[i] == i;
         for (int i = 0; i < n * E; i++) {
             const m2d_layer_plan *lp = &p->layers[first + i / E];
@@ -765,10 +767,12 @@ static void conmoe_remap_against_brute_force(void **state) {
     fixture f;
     make_fixture(&f, &o);
     assert_int_equal(f.s->n_layers, 2);
-    assert_int_equal(check_remap(&f, 1, 0.5), 0); /* layer-local */
+    assert_int_equal(check_remap(&f, 1, 0.5, 0), 0); /* layer-local */
     /* one scope of both layers: here some experts' prototypes are in the other layer */
-    assert_true(check_remap(&f, 2, 0.25) > 0);
-    assert_true(check_remap(&f, 2, 0.75) > 0);
+    assert_true(check_remap(&f, 2, 0.25, 0) > 0);
+    assert_true(check_remap(&f, 2, 0.75, 0) > 0);
+    /* cross-layer fixed-k (Table 2): the top of each layer, remapped over the whole scope */
+    check_remap(&f, 2, 0.5, 1);
     /* a remap student computes Σ_{i∈top-k} g_i f_{m(i)}: the teacher with expert i's weights
      * replaced by m(i)'s; with ρ → 0 every expert is its own prototype: the teacher exactly */
     m2d_convert_opts id = {.scoring = "freq", .grouping = "remap", .target = M2D_TARGET_MOE, .ratio = 0.01};
@@ -831,6 +835,66 @@ static void conmoe_pooled_scores(void **state) {
     free_fixture(&f);
 }
 
+/* M-SMoE through convert: a merged group is Σ_s w_s · π_s(W_s) with each source's intermediate
+ * neurons permuted (rows of gate/up, columns of down), stored in the slot of every member; the
+ * router is the teacher's. Checked against that sum on the teacher's weights (bf16: one rounding,
+ * so within a bf16 ulp). */
+static void m_smoe_student_holds_aligned_merges(void **state) {
+    (void)state;
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    fixture f;
+    make_fixture(&f, &o);
+    m2d_convert_opts mo = {.scoring = "freq", .grouping = "m-smoe", .target = M2D_TARGET_MOE, .ratio = 0.5};
+    m2d_convert_plan *p;
+    m2d_model *s;
+    assert_int_equal(m2d_convert_plan_build(f.m, f.s, &mo, &p), 0);
+    assert_int_equal(m2d_convert_build(f.m, p, &s), 0);
+    const int d = 32, de = 16;
+    int checked = 0, groups = 0;
+    for (int l = 0; l < p->n_layers; l++) {
+        const m2d_layer_plan *lp = &p->layers[l];
+        groups += lp->n_groups;
+        assert_memory_equal(s->layers[lp->layer].router->data, f.m->layers[lp->layer].router->data,
+                            f.m->layers[lp->layer].router->nbytes);
+        for (int g = 0; g < lp->n_groups; g++) {
+            int a = lp->src_start[g], n = lp->src_start[g + 1] - a;
+            for (int m = 0; m < 3; m++) {
+                double *want = m2d_calloc((size_t)d * de, sizeof *want);
+                for (int x = a; x < a + n; x++) {
+                    const m2d_layer *tl = &f.m->layers[lp->src_layer[x]];
+                    const m2d_tensor *t = m == 0 ? tl->exp_gate[lp->src_expert[x]] : m == 1 ? tl->exp_up[lp->src_expert[x]]
+                                                                                           : tl->exp_down[lp->src_expert[x]];
+                    float *w = m2d_tensor_f32(t);
+                    for (int r = 0; r < (m == 2 ? d : de); r++)
+                        for (int c = 0; c < (m == 2 ? de : d); c++) {
+                            int pr = m != 2 && lp->src_perm[x] ? lp->src_perm[x][r] : r;
+                            int pc = m == 2 && lp->src_perm[x] ? lp->src_perm[x][c] : c;
+                            want[r * (m == 2 ? de : d) + c] += lp->src_w[x] * w[pr * (m == 2 ? de : d) + pc];
+                        }
+                    free(w);
+                    checked += lp->src_perm[x] != NULL;
+                }
+                for (int i = lp->group_start[g]; i < lp->group_start[g + 1]; i++) { /* every member's slot */
+                    const m2d_layer *sl = &s->layers[lp->layer];
+                    int e = lp->members[i];
+                    float *got = m2d_tensor_f32(m == 0 ? sl->exp_gate[e] : m == 1 ? sl->exp_up[e] : sl->exp_down[e]);
+                    for (int q = 0; q < d * de; q++)
+                        if (fabs(got[q] - want[q]) > 0x1p-8 * fabs(want[q]) + 1e-30)
+                            fail_msg("layer %d group %d matrix %d [%d]: %g vs %g", lp->layer, g, m, q, got[q], want[q]);
+                    free(got);
+                }
+                free(want);
+            }
+        }
+    }
+    assert_true(checked > 0); /* some members were aligned by a permutation */
+    assert_int_equal(groups, (int)lround(0.5 * 8) * p->n_layers); /* the global budget: groups·L in all */
+    m2d_convert_student_free(s);
+    m2d_convert_plan_free(p);
+    free_fixture(&f);
+}
+
 /* grouping none + scaling indicator: a dense student of width K·d_e holding the K selected experts
  * side by side with α = 1 (paper 001 §2 (i)); --ratio and --top-k for an MoE student */
 static void none_indicator_ratio_topk(void **state) {
@@ -889,6 +953,7 @@ int main(void) {
         cmocka_unit_test(conmoe_remap_against_brute_force),
         cmocka_unit_test(conmoe_pooled_scores),
         cmocka_unit_test(none_indicator_ratio_topk),
+        cmocka_unit_test(m_smoe_student_holds_aligned_merges),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
