@@ -216,6 +216,33 @@ static void grid_target_axis(void **state) {
     assert_int_equal(m2d_experiment_load(fx.toml, "grid", ratio_bad, 2, &x), -1);
     assert_non_null(strstr(m2d_errmsg(), "'1.5' is not a fraction"));
     m2d_experiment_free(&x);
+    /* top_k (paper 001 §2 (iii)): ratio 0 keeps every expert; top_k = k is the default's id */
+    char *tk[] = {"axes.target=['moe']", "axes.ratio=[0, 0.5]", "axes.top_k=[8, 4]"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", tk, 3, &x), 0);
+    assert_int_equal(x.n_configs, 7 * 5 * 2 * 2);
+    char *tk_default[] = {"axes.target=['moe']", "axes.ratio=[0, 0.5]"};
+    m2d_experiment y;
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", tk_default, 2, &y), 0);
+    assert_string_equal(x.configs[0].K_expr, "(1-0)E");
+    assert_int_equal(x.configs[0].K, 64);
+    assert_int_equal(x.configs[0].top_k, 0), assert_int_equal(x.configs[1].top_k, 4);
+    assert_string_equal(x.configs[0].id, y.configs[0].id);
+    assert_string_not_equal(x.configs[1].id, y.configs[1].id);
+    n = m2d_sweep_columns(&x, &cols);
+    assert_string_equal(cols[9], "top_k");
+    m2d_sweep_columns_free(cols, n);
+    m2d_experiment_free(&x);
+    m2d_experiment_free(&y);
+    struct { char *set[3]; const char *needle; } tbad[] = {
+        {{"axes.target=['moe']", "axes.ratio=[0.5]", "axes.top_k=[0]"}, "not a number of experts"},
+        {{"axes.target=['moe']", "axes.ratio=[0.5]", "axes.top_k=['4']"}, "not a number of experts"},
+        {{"axes.top_k=[4]", "ppl.max_windows=1", "ppl.max_windows=1"}, "only for target \"moe\""},
+    };
+    for (size_t i = 0; i < M2D_ARRAY_LEN(tbad); i++) {
+        assert_int_equal(m2d_experiment_load(fx.toml, "grid", tbad[i].set, 3, &x), -1);
+        if (!strstr(m2d_errmsg(), tbad[i].needle)) fail_msg("%zu: '%s' lacks '%s'", i, m2d_errmsg(), tbad[i].needle);
+        m2d_experiment_free(&x);
+    }
     free(path), free(text), free(full);
     free_fixture(&fx);
 }
@@ -748,6 +775,10 @@ static void shipped_experiments_file_is_valid(void **state) {
     m2d_experiment_free(&x);
     assert_int_equal(m2d_experiment_load("experiments.toml", "condenser", sets, 1, &x), 0);
     assert_int_equal(x.n_configs, 4 * 2 * 3);
+    m2d_experiment_free(&x);
+    assert_int_equal(m2d_experiment_load("experiments.toml", "reduced-topk", sets, 1, &x), 0);
+    assert_int_equal(x.n_configs, 5);
+    assert_int_equal(x.configs[0].K, 128), assert_int_equal(x.configs[0].top_k, 1);
     m2d_experiment_free(&x);
     char *tiny[] = {"model=/nonexistent/tiny", "teacher={experts = 64, top_k = 8}"};
     assert_int_equal(m2d_experiment_load("experiments.toml", "demo", tiny, 2, &x), 0);

@@ -186,23 +186,32 @@ static void moe_target_rows_match_convert_then_ppl(void **state) {
     sweep_fx fx;
     if (sweep_fx_make(2,
                       "[experiment.t.axes]\nscoring = ['reap']\ngrouping = ['none', 'remap']\n"
-                      "target = ['moe']\nratio = [0.5]\n",
+                      "target = ['moe']\nratio = [0.5, 0]\ntop_k = [8, 4]\n"
+                      "[[experiment.t.include]]\nratio = 0.5\ntop_k = 8\n"
+                      "[[experiment.t.include]]\ngrouping = 'none'\nratio = 0\ntop_k = 4\n",
                       &fx))
         TU_SKIP("../shared/models/tiny-qwen3moe or the data not found (run 'make data')");
     m2d_experiment x;
     assert_int_equal(m2d_experiment_load(fx.toml, "t", NULL, 0, &x), 0);
-    assert_int_equal(x.n_configs, 2);
+    assert_int_equal(x.n_configs, 3);
     m2d_sweep_opts o = {.out = fx.csv, .jobs = 1};
     m2d_sweep_summary sum;
     assert_int_equal(m2d_sweep_run(&x, &o, &sum), 0);
     m2d_results r;
     assert_int_equal(m2d_results_read(fx.csv, &r), 0);
-    assert_int_equal(r.n_rows, 2);
+    assert_int_equal(r.n_rows, 3);
     const char *n_params[2] = {0};
-    double pruned_ppl = NAN;
-    for (int i = 0; i < 2; i++) {
+    double pruned_ppl = NAN, topk4_ppl = NAN;
+    for (int i = 0; i < 3; i++) {
         assert_string_equal(m2d_results_get(&r, i, "status"), "ok");
         assert_string_equal(m2d_results_get(&r, i, "target"), "moe");
+        if (!strcmp(m2d_results_get(&r, i, "ratio"), "0")) { /* the teacher with 4 experts per token */
+            assert_string_equal(m2d_results_get(&r, i, "top_k"), "4");
+            assert_string_equal(m2d_results_get(&r, i, "K"), "64");
+            topk4_ppl = strtod(m2d_results_get(&r, i, "ppl"), NULL);
+            continue;
+        }
+        assert_string_equal(m2d_results_get(&r, i, "top_k"), "8");
         assert_string_equal(m2d_results_get(&r, i, "ratio"), "0.5");
         assert_string_equal(m2d_results_get(&r, i, "K"), "32");
         assert_string_equal(m2d_results_get(&r, i, "d_dense"), "");
@@ -230,6 +239,16 @@ static void moe_target_rows_match_convert_then_ppl(void **state) {
     assert_non_null(p);
     double want = strtod(p + 6, NULL); /* the CSV holds 4 decimals */
     if (fabs(pruned_ppl - want) > 6e-5 * M2D_MAX(1.0, want / 100)) fail_msg("sweep ppl %.6f vs convert+ppl %.6f", pruned_ppl, want);
+    free(c), free(out), free(err);
+    c = m2d_strfmt("%s convert --model %s --stats %s/s.stats --target moe --scoring reap --grouping none -K 64 "
+                   "--top-k 4 --out %s/top4 && %s ppl --model %s/top4 --data %s --seq-len 64 --max-windows 2 --json",
+                   tu_bin(), fx.model, fx.dir, fx.dir, tu_bin(), fx.dir, wiki_test());
+    if (tu_run(c, &out, &err)) fail_msg("%s\n%s", out ? out : "", err ? err : "");
+    p = strstr(out, "\"ppl\":");
+    assert_non_null(p);
+    want = strtod(p + 6, NULL);
+    if (fabs(topk4_ppl - want) > 6e-5 * M2D_MAX(1.0, want / 100)) fail_msg("top-4 sweep ppl %.6f vs %.6f", topk4_ppl, want);
+    assert_true(fabs(topk4_ppl - pruned_ppl) > 1e-3); /* a different student */
     free(c), free(out), free(err);
     m2d_results_free(&r);
     m2d_experiment_free(&x);

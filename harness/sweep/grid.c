@@ -9,9 +9,9 @@
 #include "model/model.h"
 #include "sweep/sweep_backend.h"
 
-static const char *const AXES[] = {"scoring", "grouping", "scaling", "K", "params", "target", "ratio"};
-enum { AX_SCORING, AX_GROUPING, AX_SCALING, AX_K, AX_PARAMS, AX_TARGET, AX_RATIO, N_AXES };
-#define AXES_LIST "scoring, grouping, scaling, K, params, target, ratio"
+static const char *const AXES[] = {"scoring", "grouping", "scaling", "K", "params", "target", "ratio", "top_k"};
+enum { AX_SCORING, AX_GROUPING, AX_SCALING, AX_K, AX_PARAMS, AX_TARGET, AX_RATIO, AX_TOP_K, N_AXES };
+#define AXES_LIST "scoring, grouping, scaling, K, params, target, ratio, top_k"
 
 /* ---- typed look-ups with errors naming file:line and the key ---- */
 
@@ -113,9 +113,11 @@ int m2d_grid_resolve_K(const char *expr, int k, int E, int *K) {
 void m2d_grid_config_id(const m2d_grid_config *c, char id[M2D_ID_LEN + 1]) {
     /* a dense configuration hashes as before the target axis existed (its id stays) */
     int moe = strcmp(c->target, "moe") == 0;
-    char *s = m2d_strfmt("scoring=%s\ngrouping=%s\nscaling=%s\nK=%d\nparams=%s\n%s%s%s", c->scoring, c->grouping,
+    char topk[32] = "";
+    if (moe && c->top_k) snprintf(topk, sizeof topk, "top_k=%d\n", c->top_k);
+    char *s = m2d_strfmt("scoring=%s\ngrouping=%s\nscaling=%s\nK=%d\nparams=%s\n%s%s%s%s", c->scoring, c->grouping,
                          c->scaling, c->K, c->params, moe ? "target=moe\nratio=" : "", moe ? c->ratio : "",
-                         moe ? "\n" : "");
+                         moe ? "\n" : "", topk);
     char hex[65];
     m2d_sha256_hex(s, strlen(s), hex);
     memcpy(id, hex, M2D_ID_LEN);
@@ -151,11 +153,11 @@ static int scalar_text(const ctx *c, const m2d_toml *v, const char *key, char *b
     return 0;
 }
 
-/* a fraction of experts removed, in (0, 1) */
+/* a fraction of experts removed, in [0, 1) */
 static int parse_ratio(const char *s, double *r) {
     char *end;
     *r = strtod(s, &end);
-    return end == s || *end || !(*r > 0 && *r < 1) ? -1 : 0;
+    return end == s || *end || !(*r >= 0 && *r < 1) ? -1 : 0;
 }
 
 static int read_axis(const ctx *c, const m2d_toml *axes, int which, axis *a) {
@@ -167,6 +169,12 @@ static int read_axis(const ctx *c, const m2d_toml *axes, int which, axis *a) {
         a->n = 1;
         a->vals = m2d_malloc(sizeof *a->vals);
         a->vals[0] = m2d_strdup(which == AX_TARGET ? "dense" : "");
+        return 0;
+    }
+    if (!v && which == AX_TOP_K) { /* optional: the teacher's k */
+        a->n = 1;
+        a->vals = m2d_malloc(sizeof *a->vals);
+        a->vals[0] = m2d_strdup("0");
         return 0;
     }
     if (!v && (which == AX_RATIO || which == AX_SCALING || which == AX_K)) return 0; /* checked by the grid */
@@ -183,7 +191,12 @@ static int read_axis(const ctx *c, const m2d_toml *axes, int which, axis *a) {
                            v->items[i]->line, v->items[i]->col, c->exp, buf);
         if (which == AX_RATIO && parse_ratio(buf, &r))
             return m2d_err("%s:%d:%d: experiment '%s': axis 'ratio': '%s' is not a fraction of experts removed in "
-                           "(0, 1)", c->file, v->items[i]->line, v->items[i]->col, c->exp, buf);
+                           "[0, 1)", c->file, v->items[i]->line, v->items[i]->col, c->exp, buf);
+        char *end;
+        long tk = which == AX_TOP_K ? strtol(buf, &end, 10) : 1;
+        if (which == AX_TOP_K && (*end || tk < 1 || v->items[i]->type != M2D_TOML_INT))
+            return m2d_err("%s:%d:%d: experiment '%s': axis 'top_k': '%s' is not a number of experts >= 1", c->file,
+                           v->items[i]->line, v->items[i]->col, c->exp, buf);
         for (int j = 0; j < a->n; j++)
             if (strcmp(a->vals[j], buf) == 0)
                 return m2d_err("%s:%d:%d: experiment '%s': axis '%s' lists '%s' twice", c->file, v->items[i]->line,
@@ -217,6 +230,7 @@ static int rule_matches(const ctx *c, const m2d_toml *rule, const m2d_grid_confi
             case AX_SCALING: any |= strcmp(buf, cfg->scaling) == 0; break;
             case AX_PARAMS: any |= strcmp(buf, cfg->params) == 0; break;
             case AX_TARGET: any |= strcmp(buf, cfg->target) == 0; break;
+            case AX_TOP_K: any |= atoi(buf) == (cfg->top_k ? cfg->top_k : k); break;
             case AX_RATIO: {
                 double r;
                 any |= parse_ratio(buf, &r) == 0 && r == cfg->ratio_v;
@@ -328,20 +342,23 @@ static int add_dense(grid_build *gb, const axis *ax, const m2d_grid_config *base
     return rc;
 }
 
-/* ratio × params of an MoE target: scaling "none", K = max(1, round((1 − ratio)·E)) */
+/* ratio × top_k × params of an MoE target: scaling "none", K = max(1, round((1 − ratio)·E)) */
 static int add_moe(grid_build *gb, const axis *ax, const m2d_grid_config *base) {
     int rc = 0;
     for (int r = 0; rc == 0 && r < ax[AX_RATIO].n; r++)
-        for (int p = 0; rc == 0 && p < ax[AX_PARAMS].n; p++) {
-            m2d_grid_config cfg = *base;
-            snprintf(cfg.scaling, sizeof cfg.scaling, "none");
-            snprintf(cfg.ratio, sizeof cfg.ratio, "%s", ax[AX_RATIO].vals[r]);
-            parse_ratio(cfg.ratio, &cfg.ratio_v);
-            snprintf(cfg.K_expr, sizeof cfg.K_expr, "(1-%.8s)E", cfg.ratio); /* the axis caps ratio at 8 */
-            cfg.K = (int)M2D_MAX(1, lround((1 - cfg.ratio_v) * gb->x->E));
-            snprintf(cfg.params, sizeof cfg.params, "%s", ax[AX_PARAMS].vals[p]);
-            rc = add_config(gb, &cfg);
-        }
+        for (int tk = 0; rc == 0 && tk < ax[AX_TOP_K].n; tk++)
+            for (int p = 0; rc == 0 && p < ax[AX_PARAMS].n; p++) {
+                m2d_grid_config cfg = *base;
+                cfg.top_k = atoi(ax[AX_TOP_K].vals[tk]);
+                if (cfg.top_k == gb->x->k) cfg.top_k = 0; /* the teacher's: one id for "k" either way */
+                snprintf(cfg.scaling, sizeof cfg.scaling, "none");
+                snprintf(cfg.ratio, sizeof cfg.ratio, "%s", ax[AX_RATIO].vals[r]);
+                parse_ratio(cfg.ratio, &cfg.ratio_v);
+                snprintf(cfg.K_expr, sizeof cfg.K_expr, "(1-%.8s)E", cfg.ratio); /* the axis caps ratio at 8 */
+                cfg.K = (int)M2D_MAX(1, lround((1 - cfg.ratio_v) * gb->x->E));
+                snprintf(cfg.params, sizeof cfg.params, "%s", ax[AX_PARAMS].vals[p]);
+                rc = add_config(gb, &cfg);
+            }
     return rc;
 }
 
@@ -352,10 +369,11 @@ static int check_target_axes(const ctx *c, const m2d_toml *axes_t, const axis *a
     if (dense && !ax[AX_SCALING].n) return key_err(c, NULL, "scaling", "an axis list in [axes] (target dense)");
     if (dense && !ax[AX_K].n) return key_err(c, NULL, "K", "an axis list in [axes] (target dense)");
     if (moe && !ax[AX_RATIO].n) return key_err(c, NULL, "ratio", "an axis list in [axes] (target moe)");
-    if (!moe && ax[AX_RATIO].n) {
-        const m2d_toml *v = m2d_toml_get(axes_t, "ratio");
-        return m2d_err("%s:%d:%d: experiment '%s': axis 'ratio' is only for target \"moe\"", c->file, v->line, v->col,
-                       c->exp);
+    const char *moe_only[2] = {"ratio", "top_k"};
+    for (int i = 0; i < 2 && !moe; i++) {
+        const m2d_toml *v = m2d_toml_get(axes_t, moe_only[i]);
+        if (v) return m2d_err("%s:%d:%d: experiment '%s': axis '%s' is only for target \"moe\"", c->file, v->line, v->col,
+                              c->exp, moe_only[i]);
     }
     return 0;
 }
@@ -571,8 +589,8 @@ int m2d_parse_shard(const char *s, int *i, int *n) {
  * into every shard. */
 static void affinity_key(const m2d_experiment *x, const m2d_grid_config *c, char hex[65]) {
     int dense = strcmp(c->target, "moe") != 0; /* an MoE student never collapses across groupings */
-    char *s = m2d_strfmt("%s|%s|%s|%d|%s%s%s", c->scoring, c->scaling, c->params, c->K,
-                         dense && c->K == x->k ? "*" : c->grouping, dense ? "" : "|moe|", c->ratio);
+    char *s = m2d_strfmt("%s|%s|%s|%d|%s%s%s|%d", c->scoring, c->scaling, c->params, c->K,
+                         dense && c->K == x->k ? "*" : c->grouping, dense ? "" : "|moe|", c->ratio, c->top_k);
     m2d_sha256_hex(s, strlen(s), hex);
     free(s);
 }

@@ -6,7 +6,8 @@
  * [[...exclude]] rules. K may be relative to the teacher: "k", "2k", "E", "E/2", or a number.
  * The optional axis target (["dense"] by default) adds smaller-MoE students: for target "moe" the
  * axis ratio (fractions of experts removed, e.g. [0.25, 0.5]) takes the place of scaling × K
- * (scaling "none"), nested as scoring × grouping × target × (scaling × K | ratio) × params.
+ * (scaling "none") and the optional axis top_k (experts per token of the MoE student, default the
+ * teacher's k) is nested inside it: scoring × grouping × target × (scaling × K | ratio × top_k) × params.
  * Dense configurations keep the ids they had before the axis existed. */
 #ifndef M2D_GRID_H
 #define M2D_GRID_H
@@ -21,7 +22,8 @@ typedef struct {
     char scoring[32], grouping[32], scaling[32];
     char target[8];         /* "dense" (the default) | "moe" (a smaller MoE: REAP-style pruning or merging) */
     char ratio[16];         /* moe: fraction of routed experts removed per layer as written ("0.25"); "" for dense */
-    double ratio_v;         /* its value */
+    double ratio_v;         /* its value (0: no expert removed, e.g. the teacher with fewer experts per token) */
+    int top_k;              /* moe: the student's experts per token (paper 001 §2 (iii)); 0: the teacher's k */
     char K_expr[16];        /* as written in the axis: "2k", "E", "16"; moe: "ratio" */
     int K;                  /* resolved against the teacher; moe: max(1, round((1 − ratio)·E)) experts kept */
     char params[128];       /* plugin parameters "b=1,a=1,c=2"; "" when none */

@@ -21,7 +21,7 @@ const int m2d_sweep_n_identity_keys = (int)M2D_ARRAY_LEN(m2d_sweep_identity_keys
 
 static int n_mc_cols(const m2d_experiment *x) { return x->n_mc ? 2 * x->n_mc + 1 : 0; }
 
-/* "target" and "ratio" columns (after "params") only when the grid has MoE students, so a dense
+/* "target", "ratio" and "top_k" columns (after "params") only when the grid has MoE students, so a dense
  * experiment's CSV keeps the columns it always had */
 static int has_moe(const m2d_experiment *x) {
     for (int i = 0; i < x->n_configs; i++)
@@ -47,11 +47,12 @@ int m2d_sweep_mc_columns(const m2d_experiment *x, char ***cols) {
 int m2d_sweep_columns(const m2d_experiment *x, char ***cols) {
     char **mc;
     int n_mc = m2d_sweep_mc_columns(x, &mc);
-    int moe = has_moe(x), n = N_FIXED + 2 * moe + n_mc + N_TAIL, j = 0;
+    int moe = has_moe(x), n = N_FIXED + 3 * moe + n_mc + N_TAIL, j = 0;
     char **c = m2d_calloc((size_t)n, sizeof *c);
     for (int i = 0; i < N_FIXED; i++) {
         c[j++] = m2d_strdup(FIXED_COLS[i]);
-        if (moe && i == N_PARAMS_COL - 1) c[j++] = m2d_strdup("target"), c[j++] = m2d_strdup("ratio");
+        if (moe && i == N_PARAMS_COL - 1)
+            c[j++] = m2d_strdup("target"), c[j++] = m2d_strdup("ratio"), c[j++] = m2d_strdup("top_k");
     }
     for (int m = 0; m < n_mc; m++) c[j++] = mc[m]; /* ownership moves */
     for (int i = 0; i < N_TAIL; i++) c[j++] = m2d_strdup(TAIL_COLS[i]);
@@ -129,7 +130,7 @@ static char *fmt_num(double v, const char *fmt) { return isfinite(v) ? m2d_strfm
 
 char **m2d_sweep_row(const m2d_experiment *x, const m2d_grid_config *c, const m2d_sweep_result *r, double wall,
                      const char *status, const char *dedup_of, int *n_fields) {
-    int n_mc = n_mc_cols(x), moe = has_moe(x), n = N_FIXED + 2 * moe + n_mc + N_TAIL, j = 0;
+    int n_mc = n_mc_cols(x), moe = has_moe(x), n = N_FIXED + 3 * moe + n_mc + N_TAIL, j = 0;
     char **f = m2d_calloc((size_t)n, sizeof *f);
     f[j++] = m2d_strdup(c->id);
     f[j++] = m2d_strdup(c->scoring);
@@ -138,7 +139,12 @@ char **m2d_sweep_row(const m2d_experiment *x, const m2d_grid_config *c, const m2
     f[j++] = m2d_strdup(c->K_expr);
     f[j++] = m2d_strfmt("%d", c->K);
     f[j++] = m2d_strdup(c->params);
-    if (moe) f[j++] = m2d_strdup(c->target[0] ? c->target : "dense"), f[j++] = m2d_strdup(c->ratio);
+    if (moe) {
+        int is_moe = !strcmp(c->target, "moe");
+        f[j++] = m2d_strdup(is_moe ? "moe" : "dense");
+        f[j++] = m2d_strdup(c->ratio);
+        f[j++] = is_moe ? m2d_strfmt("%d", c->top_k ? c->top_k : x->k) : m2d_strdup("");
+    }
     f[j++] = r->d_dense ? m2d_strfmt("%lld", (long long)r->d_dense) : m2d_strdup("");
     f[j++] = r->n_params ? m2d_strfmt("%lld", (long long)r->n_params) : m2d_strdup("");
     f[j++] = fmt_num(r->ppl, "%.4f");

@@ -182,8 +182,9 @@ static int make_plan(pipe_t *p, const m2d_grid_config *c, m2d_convert_plan **pla
     if (m2d_params_parse(c->params, &params)) return -1;
     int moe = !strcmp(c->target, "moe"); /* MoE: --ratio sets K (and the groups of a remapping grouping) */
     m2d_convert_opts o = {.scoring = c->scoring, .grouping = c->grouping, .scaling = moe ? NULL : c->scaling,
-                          .K = moe ? 0 : c->K, .target = moe ? M2D_TARGET_MOE : M2D_TARGET_DENSE, .params = params,
-                          .ratio = moe ? c->ratio_v : 0};
+                          .K = moe && c->ratio_v > 0 ? 0 : c->K, /* ratio 0: every expert kept */
+                          .target = moe ? M2D_TARGET_MOE : M2D_TARGET_DENSE, .params = params,
+                          .ratio = moe ? c->ratio_v : 0, .top_k = moe ? c->top_k : 0};
     int rc = m2d_convert_plan_build(p->teacher, p->stats, &o, plan);
     m2d_params_free(&params);
     return rc;
