@@ -30,9 +30,8 @@ static int reject_features(const void *json, const char *path) {
     return 0;
 }
 
-int m2d_qwen3_parse_common(const void *json, const char *path, m2d_config *c) {
+int m2d_decoder_parse(const void *json, const char *path, const m2d_decoder_defaults *d, m2d_config *c) {
     const char *mt;
-    if (reject_features(json, path) != 0) return -1;
     if (m2d_cfg_str(json, path, "model_type", 0, "", &mt) != 0) return -1;
     snprintf(c->model_type, sizeof c->model_type, "%s", mt);
     if (m2d_cfg_pos_int(json, path, "vocab_size", 1, 0, &c->vocab_size) != 0 ||
@@ -48,9 +47,10 @@ int m2d_qwen3_parse_common(const void *json, const char *path, m2d_config *c) {
                        path, c->hidden_size, c->num_attention_heads);
     if (m2d_cfg_pos_int(json, path, "head_dim", 0, c->hidden_size / c->num_attention_heads, &c->head_dim) != 0)
         return -1;
-    if (m2d_cfg_pos_int(json, path, "max_position_embeddings", 0, 32768, &c->max_position_embeddings) != 0 ||
-        m2d_rope_parse(json, path, 10000.0, c->max_position_embeddings, &c->rope_theta, &c->rope_scaling) != 0 ||
-        m2d_cfg_double(json, path, "rms_norm_eps", 0, 1e-6, &c->rms_norm_eps) != 0 ||
+    if (m2d_cfg_pos_int(json, path, "max_position_embeddings", 0, d->max_position_embeddings,
+                        &c->max_position_embeddings) != 0 ||
+        m2d_rope_parse(json, path, d->theta, c->max_position_embeddings, &c->rope_theta, &c->rope_scaling) != 0 ||
+        m2d_cfg_double(json, path, "rms_norm_eps", 0, d->rms_norm_eps, &c->rms_norm_eps) != 0 ||
         m2d_cfg_bool(json, path, "tie_word_embeddings", 0, false, &c->tie_word_embeddings) != 0 ||
         m2d_cfg_int_or_null(json, path, "bos_token_id", &c->bos_token_id) != 0 ||
         m2d_cfg_int_or_null(json, path, "eos_token_id", &c->eos_token_id) != 0 ||
@@ -65,6 +65,12 @@ int m2d_qwen3_parse_common(const void *json, const char *path, m2d_config *c) {
         m2d_cfg_check_max(path, "head_dim", c->head_dim, M2D_MAX_HEAD_DIM) != 0)
         return -1;
     if (!(c->rms_norm_eps > 0)) return m2d_err1("%s: field 'rms_norm_eps': must be positive", path);
+    return 0;
+}
+
+int m2d_qwen3_parse_common(const void *json, const char *path, m2d_config *c) {
+    static const m2d_decoder_defaults qwen3 = {.theta = 10000.0, .rms_norm_eps = 1e-6, .max_position_embeddings = 32768};
+    if (reject_features(json, path) != 0 || m2d_decoder_parse(json, path, &qwen3, c) != 0) return -1;
     c->ops = (m2d_layer_ops){.qk_norm = M2D_QK_NORM_PER_HEAD, .router = M2D_ROUTER_SOFTMAX_TOPK,
                              .router_renorm = false, .ffn_act = M2D_ACT_SWIGLU, .rope = M2D_ROPE_NEOX};
     return 0;
