@@ -8,7 +8,9 @@
 
 #include "testutil.h"
 #include "base/util.h"
+#include "calib/calib.h"
 #include "engine/engine.h"
+#include "io/mxfp4.h"
 #include "model/model.h"
 #include "routing.h"
 
@@ -170,6 +172,129 @@ void hf_check_forward(const cJSON *g, const char *dir) {
     m2d_model_close(m);
 }
 
+/* the golden's tokens as int32 (malloc'd), their count in *N */
+static int32_t *golden_tokens(const cJSON *g, int *n) {
+    const cJSON *toks = hf_item(g, "tokens");
+    *n = cJSON_GetArraySize(toks);
+    int32_t *tok = m2d_malloc(sizeof(int32_t) * (size_t)*n);
+    for (int t = 0; t < *n; t++) tok[t] = cJSON_GetArrayItem(toks, t)->valueint;
+    return tok;
+}
+
+/* max |a[i] - b[i]| / (1 + |b[i]|) over the golden array KEY of layer object O */
+static double rel_diff(const cJSON *o, const char *key, const double *a, int n) {
+    const cJSON *b = hf_item(o, key);
+    if (cJSON_GetArraySize(b) != n) fail_msg("golden: calib field '%s' has %d values, want %d", key, cJSON_GetArraySize(b), n);
+    double m = 0;
+    for (int i = 0; i < n; i++) {
+        double v = cJSON_GetArrayItem(b, i)->valuedouble;
+        m = fmax(m, fabs(a[i] - v) / (1 + fabs(v)));
+    }
+    return m;
+}
+
+void hf_check_calib(const cJSON *g, const char *dir) {
+    const char *name = hf_str(g, "name");
+    m2d_model *m;
+    if (m2d_model_open(dir, &m) != 0) fail_msg("%s: %s", name, m2d_errmsg());
+    int n;
+    int32_t *tok = golden_tokens(g, &n);
+    m2d_calib_opts o = {.seq_len = n, .n_samples = 1, .n_threads = 2};
+    m2d_stats *st;
+    if (m2d_calib_run(m, tok, n, &o, &st) != 0) fail_msg("%s: calibrate: %s", name, m2d_errmsg());
+    const cJSON *cal = hf_item(g, "calib");
+    assert_int_equal(cJSON_GetArraySize(cal), st->n_layers);
+    /* counts exact (the routing is checked identical); sums over the 48 tokens of fp32 router
+     * probabilities / gates (each within ~1e-6 of transformers') and of expert output norms and
+     * inner products (fp32 dots of <= 64 terms on inputs within ~1e-6 relative): relative 1e-4 */
+    double worst = 0;
+    for (int i = 0; i < st->n_layers; i++) {
+        const m2d_layer_stats *ls = &st->layers[i];
+        const cJSON *o2 = cJSON_GetArrayItem(cal, i);
+        assert_int_equal(hf_item(o2, "layer")->valueint, ls->layer);
+        assert_true(rel_diff(o2, "n", ls->n, ls->E) == 0);
+        const char *keys[5] = {"sum_p", "sum_p_sel", "sum_g", "sum_f", "gram"};
+        const double *vals[5] = {ls->sum_p, ls->sum_p_sel, ls->sum_g, ls->sum_f, ls->gram};
+        for (int k = 0; k < 5; k++) {
+            double d = rel_diff(o2, keys[k], vals[k], k == 4 ? ls->E * ls->E : ls->E);
+            if (d > 1e-4) fail_msg("%s: layer %d: calibration '%s' differs from transformers' by %.3g (relative)", name,
+                                   ls->layer, keys[k], d);
+            worst = fmax(worst, d);
+        }
+    }
+    print_message("%s: calibration statistics of %d MoE layers match transformers' (max relative %.3g)\n", name,
+                  st->n_layers, worst);
+    m2d_calib_stats_free(st);
+    free(tok);
+    m2d_model_close(m);
+}
+
+void hf_check_mxfp4(const cJSON *g, const char *dir) {
+    const char *name = hf_str(g, "name");
+    m2d_st *st;
+    if (m2d_st_open(dir, &st) != 0) fail_msg("%s: %s", name, m2d_errmsg());
+    const cJSON *h = hf_item(g, "mxfp4_sha256"), *e;
+    int n = 0;
+    cJSON_ArrayForEach(e, h) {
+        char *nb = m2d_strfmt("%s_blocks", e->string), *ns = m2d_strfmt("%s_scales", e->string);
+        const m2d_tensor *b = m2d_st_find(st, nb), *s = m2d_st_find(st, ns);
+        assert_non_null(b), assert_non_null(s);
+        int64_t rows = m2d_tensor_numel(s) / s->shape[s->ndim - 1], cols = s->shape[s->ndim - 1] * 32;
+        float *v = m2d_malloc(sizeof(float) * (size_t)(rows * cols));
+        for (int64_t r = 0; r < rows; r++)
+            assert_int_equal(m2d_mxfp4_dequant_row((const uint8_t *)b->data + r * cols / 2,
+                                                   (const uint8_t *)s->data + r * cols / 32, cols, v + r * cols), 0);
+        char sha[65];
+        m2d_sha256_hex(v, sizeof(float) * (size_t)(rows * cols), sha);
+        if (strcmp(sha, e->valuestring) != 0)
+            fail_msg("%s: %s: moe2dense dequantises MXFP4 differently from transformers (sha256 %s, want %s)", name,
+                     e->string, sha, e->valuestring);
+        free(v), free(nb), free(ns);
+        n++;
+    }
+    print_message("%s: %d MXFP4 tensors dequantise to transformers' values exactly\n", name, n);
+    m2d_st_close(st);
+}
+
+/* `moe2dense CMD` exits 0; its stdout (malloc'd) */
+static char *run_ok(const char *cmd) {
+    char *out = NULL, *err = NULL;
+    if (tu_run(cmd, &out, &err) != 0) fail_msg("%s: %s", cmd, err ? err : "");
+    free(err);
+    return out;
+}
+
+/* the "ppl" of `moe2dense ppl --json` on DIR (2 windows of 32 tokens of WikiText-2 test) */
+static double ppl_of(const char *dir) {
+    const char *wiki = tu_data_path("wikitext-2-raw/wikitext-2-raw/wiki.test.raw");
+    if (!m2d_file_exists(wiki)) fail_msg("%s missing: run 'make data'", wiki);
+    char *cmd = m2d_strfmt("%s ppl --model '%s' --data '%s' --seq-len 32 --max-windows 2 --json --threads 2", tu_bin(), dir, wiki);
+    char *out = run_ok(cmd), *p = strstr(out, "\"ppl\":");
+    if (!p) fail_msg("%s: no \"ppl\" in %s", cmd, out);
+    double v = strtod(p + 6, NULL);
+    free(out), free(cmd);
+    return v;
+}
+
+void hf_check_pipeline(const char *name, const char *work, hf_build_fn build) {
+    cJSON *g = hf_load_golden(name);
+    char *sub = m2d_path_join(work, "pipeline");
+    if (m2d_mkdir_p(sub) != 0) fail_msg("%s", m2d_errmsg());
+    cJSON *tg = hf_load_golden(hf_str(g, "teacher"));
+    char *teacher = build(tg, sub), *student = hf_build_student(g, sub, build); /* calibrate + convert */
+    /* random teachers over a 320-token vocabulary: each ppl finite and above 1 */
+    double pt = ppl_of(teacher), ps = ppl_of(student);
+    if (!(isfinite(pt) && isfinite(ps) && pt > 1 && ps > 1)) fail_msg("%s: ppl teacher %g, student %g", name, pt, ps);
+    char *cmd = m2d_strfmt("%s eval --model '%s' --tasks arc_easy --limit 4 --data '%s' --json --threads 2", tu_bin(),
+                           student, tu_data_path(""));
+    char *out = run_ok(cmd);
+    if (!strstr(out, "arc_easy")) fail_msg("%s: no arc_easy result in %s", cmd, out);
+    print_message("%s: calibrate -> convert -> ppl (teacher %.4g, student %.4g) -> eval arc_easy: ran end to end\n",
+                  name, pt, ps);
+    free(out), free(cmd), free(teacher), free(student), free(sub);
+    cJSON_Delete(tg), cJSON_Delete(g);
+}
+
 void hf_check_model(const char *name, const char *work, hf_build_fn build) {
     cJSON *g = hf_load_golden(name);
     int student = cJSON_HasObjectItem(g, "teacher");
@@ -190,6 +315,8 @@ void hf_check_model(const char *name, const char *work, hf_build_fn build) {
         free(text), free(cfg);
     }
     hf_check_forward(g, dir);
+    if (cJSON_HasObjectItem(g, "mxfp4_sha256")) hf_check_mxfp4(g, dir);
+    if (cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(g, "calib")) > 0) hf_check_calib(g, dir);
     free(st), free(dir);
     cJSON_Delete(g);
 }

@@ -194,6 +194,12 @@ static void print_text(const m2d_model *m) {
                c->num_experts_per_tok, c->moe_intermediate_size, c->num_experts_per_tok * c->moe_intermediate_size);
         printf("               same size for every K (K picks which experts merge into the k groups)\n");
         for (int i = 0; i < nk; i++) printf("               K=%-4d %s\n", ks[i], commas(p.dense_student, b1, sizeof b1));
+        /* the paper's Table 18 and the model cards count active parameters without the input
+         * embedding (a lookup, not a matmul) */
+        int64_t embed = (int64_t)c->vocab_size * c->hidden_size;
+        char b2[32];
+        printf("               without the input embedding: active %s, dense student %s\n",
+               commas(p.active - embed, b1, sizeof b1), commas(p.dense_student - embed, b2, sizeof b2));
     } else {
         printf("dense student  n/a (already dense)\n");
     }

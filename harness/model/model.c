@@ -562,6 +562,36 @@ m2d_param_counts m2d_param_counts_table(const m2d_arch *a, const m2d_config *c) 
 
 /* ---------------------------------------------------------------- student config */
 
+/* The number literals of JSON TEXT in document order, onto the number nodes of its parse tree
+ * (kept in their unused valuestring, which cJSON_Delete frees): N-th literal, N-th node. */
+static const char *keep_literals(cJSON *node, const char *p) {
+    for (; node; node = node->next) {
+        if (cJSON_IsNumber(node)) {
+            for (; *p && *p != '-' && (*p < '0' || *p > '9'); p++) /* the next number outside a string */
+                if (*p == '"')
+                    for (p++; *p && *p != '"'; p++) p += *p == '\\' && p[1];
+            const char *q = p;
+            while (*q && strchr("+-0123456789.eE", *q)) q++;
+            node->valuestring = m2d_strfmt("%.*s", (int)(q - p), p);
+            p = q;
+        }
+        p = keep_literals(node->child, p);
+    }
+    return p;
+}
+
+/* Numbers still holding the value of their literal print as written (7.0 stays 7.0: transformers'
+ * strict config classes refuse an int where a float is declared); the others as cJSON prints them. */
+static void restore_literals(cJSON *node) {
+    for (; node; node = node->next) {
+        if (cJSON_IsNumber(node) && node->valuestring) {
+            if (strtod(node->valuestring, NULL) == node->valuedouble) node->type = cJSON_Raw;
+            else free(node->valuestring), node->valuestring = NULL;
+        }
+        restore_literals(node->child);
+    }
+}
+
 int m2d_arch_student_config(const m2d_model *t, const m2d_student_shape *s, char **json_out) {
     *json_out = NULL;
     const m2d_arch *a = t->arch;
@@ -573,9 +603,11 @@ int m2d_arch_student_config(const m2d_model *t, const m2d_student_shape *s, char
         cJSON_Delete(j);
         return m2d_err("%s/config.json: field '(root)': not a JSON object", t->dir);
     }
+    keep_literals(j, t->config_text);
     char *path = m2d_path_join(t->dir, "config.json");
     int rc = a->student_config(j, s, path);
     free(path);
+    restore_literals(j);
     if (rc == 0) *json_out = cJSON_Print(j);
     cJSON_Delete(j);
     return rc;

@@ -1,0 +1,126 @@
+/* familyckpt — grid checkpoints of Mixtral and GPT-OSS (see familyckpt.h). */
+#include "familyckpt.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/util.h"
+#include "io/mxfp4.h"
+#include "io/st.h"
+#include "model/model.h"
+#include "testmodel.h"
+
+typedef struct {
+    m2d_st_writer *w;
+    uint64_t seed;
+    m2d_dtype dt;
+} ckpt;
+
+/* the grid tensor NAME of shape SHAPE[NDIM] in the checkpoint's dtype */
+static int grid(ckpt *k, int ndim, const int64_t *shape, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int grid(ckpt *k, int ndim, const int64_t *shape, const char *fmt, ...) {
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    float *v = m2d_malloc(sizeof(float) * (size_t)(n ? n : 1));
+    m2d_testmodel_grid(name, k->seed, n, v);
+    int rc = m2d_st_writer_add_f32(k->w, name, k->dt, ndim, shape, v);
+    free(v);
+    return rc;
+}
+
+/* NAME_blocks + NAME_scales of the grid matrices NAME [E, R, C] (see familyckpt.h) */
+static int mxfp4(ckpt *k, const char *name, int64_t E, int64_t R, int64_t C) {
+    int64_t n = E * R * C;
+    float *v = m2d_malloc(sizeof(float) * (size_t)n);
+    uint8_t *blk = m2d_malloc((size_t)n / 2), *scl = m2d_malloc((size_t)n / 32);
+    m2d_testmodel_grid(name, k->seed, n, v);
+    int rc = 0;
+    for (int64_t r = 0; r < E * R && rc == 0; r++) rc = m2d_mxfp4_pack_row(v + r * C, C, blk + r * C / 2, scl + r * C / 32);
+    char *nb = m2d_strfmt("%s_blocks", name), *ns = m2d_strfmt("%s_scales", name);
+    if (rc == 0) rc = m2d_st_writer_add(k->w, nb, M2D_U8, 4, (int64_t[]){E, R, C / 32, 16}, blk);
+    if (rc == 0) rc = m2d_st_writer_add(k->w, ns, M2D_U8, 3, (int64_t[]){E, R, C / 32}, scl);
+    free(v), free(blk), free(scl), free(nb), free(ns);
+    return rc;
+}
+
+#define L_ "model.layers.%d."
+#define V1(a) ((int64_t[]){a})
+#define V2(a, b) ((int64_t[]){a, b})
+#define V3(a, b, c) ((int64_t[]){a, b, c})
+
+static int embeddings(ckpt *k, const m2d_config *c) {
+    int64_t V = c->vocab_size, d = c->hidden_size;
+    if (grid(k, 2, V2(V, d), "model.embed_tokens.weight") || grid(k, 1, V1(d), "model.norm.weight")) return -1;
+    return c->tie_word_embeddings ? 0 : grid(k, 2, V2(V, d), "lm_head.weight");
+}
+
+/* norms and q/k/v/o (with biases when BIAS) of layer L */
+static int attention(ckpt *k, const m2d_config *c, int l, int bias) {
+    int64_t d = c->hidden_size, q = (int64_t)c->num_attention_heads * c->head_dim;
+    int64_t kv = (int64_t)c->num_key_value_heads * c->head_dim;
+    if (grid(k, 1, V1(d), L_ "input_layernorm.weight", l) || grid(k, 1, V1(d), L_ "post_attention_layernorm.weight", l) ||
+        grid(k, 2, V2(q, d), L_ "self_attn.q_proj.weight", l) || grid(k, 2, V2(kv, d), L_ "self_attn.k_proj.weight", l) ||
+        grid(k, 2, V2(kv, d), L_ "self_attn.v_proj.weight", l) || grid(k, 2, V2(d, q), L_ "self_attn.o_proj.weight", l))
+        return -1;
+    if (!bias) return 0;
+    return grid(k, 1, V1(q), L_ "self_attn.q_proj.bias", l) || grid(k, 1, V1(kv), L_ "self_attn.k_proj.bias", l) ||
+                   grid(k, 1, V1(kv), L_ "self_attn.v_proj.bias", l) || grid(k, 1, V1(d), L_ "self_attn.o_proj.bias", l) ||
+                   grid(k, 1, V1(c->num_attention_heads), L_ "self_attn.sinks", l)
+               ? -1 : 0;
+}
+
+static int mixtral_layer(ckpt *k, const m2d_config *c, int l) {
+    int64_t d = c->hidden_size, de = c->moe_intermediate_size;
+    if (attention(k, c, l, 0) || grid(k, 2, V2(c->num_experts, d), L_ "block_sparse_moe.gate.weight", l)) return -1;
+    for (int e = 0; e < c->num_experts; e++)
+        if (grid(k, 2, V2(de, d), L_ "block_sparse_moe.experts.%d.w1.weight", l, e) ||
+            grid(k, 2, V2(d, de), L_ "block_sparse_moe.experts.%d.w2.weight", l, e) ||
+            grid(k, 2, V2(de, d), L_ "block_sparse_moe.experts.%d.w3.weight", l, e))
+            return -1;
+    return 0;
+}
+
+static int gptoss_layer(ckpt *k, const m2d_config *c, int l) {
+    int moe = c->layer_is_moe[l];
+    int64_t d = c->hidden_size, E = moe ? c->num_experts : 1, de = moe ? c->moe_intermediate_size : c->intermediate_size;
+    if (attention(k, c, l, 1) || grid(k, 2, V2(E, d), L_ "mlp.router.weight", l) || grid(k, 1, V1(E), L_ "mlp.router.bias", l) ||
+        grid(k, 2, V2(E, 2 * de), L_ "mlp.experts.gate_up_proj_bias", l) || grid(k, 2, V2(E, d), L_ "mlp.experts.down_proj_bias", l))
+        return -1;
+    if (!c->quant_method[0])
+        return grid(k, 3, V3(E, d, 2 * de), L_ "mlp.experts.gate_up_proj", l) ||
+                       grid(k, 3, V3(E, de, d), L_ "mlp.experts.down_proj", l)
+                   ? -1 : 0;
+    char gu[128], dn[128];
+    snprintf(gu, sizeof gu, L_ "mlp.experts.gate_up_proj", l);
+    snprintf(dn, sizeof dn, L_ "mlp.experts.down_proj", l);
+    return mxfp4(k, gu, E, 2 * de, d) || mxfp4(k, dn, E, d, de) ? -1 : 0;
+}
+
+int tu_family_checkpoint(const char *dir, const char *config_json, uint64_t seed) {
+    m2d_config c;
+    const m2d_arch *a;
+    if (m2d_config_parse(config_json, strlen(config_json), "config.json", &c, &a) != 0) return -1;
+    int gptoss = strcmp(a->name, "GptOssForCausalLM") == 0;
+    if (!gptoss && strcmp(a->name, "MixtralForCausalLM") != 0) {
+        m2d_config_free(&c);
+        return m2d_err("familyckpt: no layout for %s", a->name);
+    }
+    ckpt k = {m2d_st_writer_new(), seed, c.torch_dtype};
+    m2d_st_writer_metadata(k.w, "format", "pt");
+    int rc = m2d_mkdir_p(dir) || embeddings(&k, &c);
+    for (int l = 0; l < c.num_hidden_layers && rc == 0; l++) rc = gptoss ? gptoss_layer(&k, &c, l) : mixtral_layer(&k, &c, l);
+    char *cfg = m2d_path_join(dir, "config.json"), *st = m2d_path_join(dir, "model.safetensors");
+    if (rc == 0) rc = m2d_write_file_atomic(cfg, config_json, strlen(config_json));
+    if (rc == 0) rc = m2d_st_writer_write(k.w, st);
+    free(cfg), free(st);
+    m2d_st_writer_free(k.w);
+    m2d_config_free(&c);
+    return rc ? -1 : 0;
+}

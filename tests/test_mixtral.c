@@ -1,0 +1,191 @@
+/* mixtral: MixtralForCausalLM and its dense student MistralForCausalLM.
+ *  - against transformers (goldens of tools/hf_goldens_families.py): the checkpoint transformers
+ *    writes rebuilt byte for byte, logits, routing and calibration statistics (bf16 with a sliding
+ *    window shorter than the sequence; f32 without a window, tied embeddings); the student written
+ *    by calibrate + convert loads in transformers' MistralForCausalLM with the same logits;
+ *  - against the naive float64 reference forward, and the KV-cache paths against the full forward
+ *    with the window cutting into the cache;
+ *  - config.json errors and the student's config (Mistral defaults pinned to Mixtral's). */
+#include "testutil.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/util.h"
+#include "engine/engine.h"
+#include "familyckpt.h"
+#include "hfcheck.h"
+#include "model/model.h"
+#include "reffwd.h"
+
+static char *g_work;
+
+/* the teacher of golden G: its config.json and the grid weights (tests/familyckpt.h) */
+static char *build_family(const cJSON *g, const char *work) {
+    char *dir = m2d_path_join(work, hf_str(g, "name"));
+    if (tu_family_checkpoint(dir, hf_str(g, "config_json"), (uint64_t)hf_item(g, "seed")->valuedouble) != 0)
+        fail_msg("%s: %s", hf_str(g, "name"), m2d_errmsg());
+    hf_copy_tokenizer(dir);
+    return dir;
+}
+
+static void golden_bf16_window(void **state) { (void)state; hf_check_model("mixtral", g_work, build_family); }
+static void golden_f32_tied(void **state) { (void)state; hf_check_model("mixtral-f32", g_work, build_family); }
+/* calibrate + convert -> MistralForCausalLM, as transformers loads and re-saves it */
+static void golden_student(void **state) { (void)state; hf_check_model("mixtral-student", g_work, build_family); }
+
+/* the golden teacher's checkpoint, opened */
+static m2d_model *open_golden(const char *name) {
+    cJSON *g = hf_load_golden(name);
+    char *dir = build_family(g, g_work);
+    m2d_model *m;
+    if (m2d_model_open(dir, &m) != 0) fail_msg("%s", m2d_errmsg());
+    free(dir);
+    cJSON_Delete(g);
+    return m;
+}
+
+/* the engine against the float64 reference (window 16 < 40 tokens), and extend in chunks / branches
+ * (keys of the cache fall out of the window) against the full forward */
+static void engine_matches_reference_and_cache_paths(void **state) {
+    (void)state;
+    m2d_model *m = open_golden("mixtral");
+    assert_int_equal(m->cfg.layer_window[0], 16);
+    int n = 40, V = m->cfg.vocab_size;
+    int32_t tok[40], tg[40];
+    for (int i = 0; i < n; i++) tok[i] = (i * 37 + 5) % 257;
+    for (int i = 0; i < n; i++) tg[i] = tok[(i + 1) % n];
+    double *ref = m2d_malloc(sizeof(double) * (size_t)n * V);
+    float *lg = m2d_malloc(sizeof(float) * (size_t)n * V);
+    tu_ref_forward(m, tok, n, ref);
+    m2d_engine *e;
+    assert_int_equal(m2d_engine_new(m, 2, &e), 0);
+    assert_int_equal(m2d_engine_logits(e, tok, n, lg), 0);
+    double md = 0;
+    for (size_t i = 0; i < (size_t)n * V; i++) md = fmax(md, fabs(lg[i] - ref[i]));
+    print_message("mixtral: engine vs float64 reference: max |dlogit| %.3g\n", md);
+    assert_true(md < 2e-5); /* as the transformers goldens (hfcheck.c) */
+    /* full log-probs vs 3 chunks through the KV cache vs a prefix + 2 branches */
+    double full[40], ext[40], b0[40], b1[40];
+    if (m2d_engine_logprobs(e, tok, n, tg, 0, full) != 0) fail_msg("%s", m2d_errmsg());
+    m2d_kv *kv = m2d_kv_new(e, n);
+    assert_int_equal(m2d_engine_extend(e, kv, tok, 7, tg, ext), 0);
+    assert_int_equal(m2d_engine_extend(e, kv, tok + 7, 20, tg + 7, ext + 7), 0);
+    assert_int_equal(m2d_engine_extend(e, kv, tok + 27, 13, tg + 27, ext + 27), 0);
+    m2d_kv_truncate(kv, 25);
+    const int32_t *bt[2] = {tok + 25, tok + 25}, *btg[2] = {tg + 25, tg + 25};
+    int lens[2] = {15, 9};
+    double *lps[2] = {b0, b1};
+    assert_int_equal(m2d_engine_branches(e, kv, 2, bt, lens, btg, lps), 0);
+    for (int i = 0; i < n; i++) assert_true(fabs(ext[i] - full[i]) < 1e-4);
+    for (int i = 0; i < 15; i++) assert_true(fabs(b0[i] - full[25 + i]) < 1e-4);
+    for (int i = 0; i < 9; i++) assert_true(fabs(b1[i] - full[25 + i]) < 1e-4);
+    m2d_kv_free(kv);
+    m2d_engine_free(e);
+    free(ref), free(lg);
+    m2d_model_close(m);
+}
+
+/* a config edited from the golden's: SET (a JSON object's fields) replaces fields, DEL drops one */
+static char *edited_config(const char *golden, const char *set, const char *del) {
+    cJSON *g = hf_load_golden(golden), *j = cJSON_Parse(hf_str(g, "config_json")), *s = set ? cJSON_Parse(set) : NULL;
+    for (cJSON *x = s ? s->child : NULL; x; x = x->next) {
+        cJSON_DeleteItemFromObject(j, x->string);
+        cJSON_AddItemToObject(j, x->string, cJSON_Duplicate(x, 1));
+    }
+    if (del) cJSON_DeleteItemFromObject(j, del);
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j), cJSON_Delete(s), cJSON_Delete(g);
+    return text;
+}
+
+static void expect_config_error(const char *set, const char *del, const char *field) {
+    char *text = edited_config("mixtral", set, del);
+    m2d_config c;
+    assert_int_equal(m2d_config_parse(text, strlen(text), "config.json", &c, NULL), -1);
+    if (!strstr(m2d_errmsg(), field)) fail_msg("error '%s' does not name '%s'", m2d_errmsg(), field);
+    free(text);
+}
+
+static void config_errors_and_defaults(void **state) {
+    (void)state;
+    expect_config_error("{\"sliding_window\": -4}", NULL, "'sliding_window'");
+    expect_config_error("{\"sliding_window\": \"16\"}", NULL, "'sliding_window'");
+    expect_config_error("{\"hidden_act\": \"gelu\"}", NULL, "'hidden_act'");
+    expect_config_error("{\"num_experts_per_tok\": 9}", NULL, "'num_experts_per_tok'");
+    expect_config_error("{\"num_experts\": 4}", NULL, "'num_local_experts'"); /* disagrees with 8 */
+    expect_config_error(NULL, "intermediate_size", "'intermediate_size'");
+    expect_config_error("{\"rope_parameters\": {\"rope_type\": \"dynamic\", \"factor\": 2}}", NULL, "rope_type");
+    /* absent: Mixtral's defaults (no window, eps 1e-5, theta 1e6); null window: full attention */
+    char *text = edited_config("mixtral", "{\"sliding_window\": null}", "rms_norm_eps");
+    m2d_config c;
+    assert_int_equal(m2d_config_parse(text, strlen(text), "config.json", &c, NULL), 0);
+    assert_null(c.layer_window);
+    assert_true(c.rms_norm_eps == 1e-5 && c.num_experts == 8 && c.moe_intermediate_size == 32 && c.ops.router_renorm);
+    assert_int_equal(c.ops.qk_norm, M2D_QK_NORM_NONE);
+    m2d_config_free(&c);
+    free(text);
+}
+
+/* the student's config.json: MistralForCausalLM with Mixtral's values where Mistral's defaults differ */
+static void student_config_pins_mixtral_defaults(void **state) {
+    (void)state;
+    char *text = edited_config("mixtral", "{\"rope_parameters\": {\"rope_type\": \"default\"}}", "sliding_window");
+    char *dir = m2d_path_join(g_work, "pinned");
+    assert_int_equal(tu_family_checkpoint(dir, text, 5), 0);
+    char *cfg = m2d_path_join(dir, "config.json");
+    cJSON *j = cJSON_Parse(text);
+    cJSON_DeleteItemFromObject(j, "rms_norm_eps");
+    free(text);
+    text = cJSON_Print(j);
+    tu_write(cfg, text, strlen(text));
+    m2d_model *m;
+    assert_int_equal(m2d_model_open(dir, &m), 0);
+    char *sj;
+    m2d_student_shape sh = {.moe = false, .ffn_width = 64};
+    assert_int_equal(m2d_arch_student_config(m, &sh, &sj), 0);
+    m2d_config sc;
+    const m2d_arch *sa;
+    assert_int_equal(m2d_config_parse(sj, strlen(sj), "student", &sc, &sa), 0);
+    assert_string_equal(sa->name, "MistralForCausalLM");
+    assert_null(sc.layer_window);             /* not Mistral's 4096 */
+    assert_true(sc.rms_norm_eps == 1e-5);     /* not Mistral's 1e-6 */
+    assert_true(sc.rope_theta == 1000000.0);  /* not Mistral's 1e4 */
+    assert_int_equal(sc.intermediate_size, 64);
+    assert_null(strstr(sj, "num_local_experts"));
+    m2d_config_free(&sc);
+    free(sj), free(text), free(cfg), free(dir);
+    cJSON_Delete(j);
+    m2d_model_close(m);
+}
+
+/* calibrate -> convert -> ppl -> eval through the command line */
+static void pipeline_end_to_end(void **state) { (void)state; hf_check_pipeline("mixtral-student", g_work, build_family); }
+
+static int setup(void **state) {
+    (void)state;
+    g_work = tu_tmpdir();
+    return g_work ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    tu_rm_rf(g_work);
+    free(g_work);
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(golden_bf16_window),
+        cmocka_unit_test(golden_f32_tied),
+        cmocka_unit_test(golden_student),
+        cmocka_unit_test(pipeline_end_to_end),
+        cmocka_unit_test(engine_matches_reference_and_cache_paths),
+        cmocka_unit_test(config_errors_and_defaults),
+        cmocka_unit_test(student_config_pins_mixtral_defaults),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
