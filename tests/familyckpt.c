@@ -6,9 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "testutil.h"
 #include "base/util.h"
 #include "io/mxfp4.h"
 #include "io/st.h"
+#include "hfcheck.h"
 #include "model/model.h"
 #include "testmodel.h"
 
@@ -123,4 +125,33 @@ int tu_family_checkpoint(const char *dir, const char *config_json, uint64_t seed
     m2d_st_writer_free(k.w);
     m2d_config_free(&c);
     return rc ? -1 : 0;
+}
+
+char *tu_family_build(const cJSON *g, const char *work) {
+    char *dir = m2d_path_join(work, hf_str(g, "name"));
+    if (tu_family_checkpoint(dir, hf_str(g, "config_json"), (uint64_t)hf_item(g, "seed")->valuedouble) != 0)
+        fail_msg("%s: %s", hf_str(g, "name"), m2d_errmsg());
+    hf_copy_tokenizer(dir);
+    return dir;
+}
+
+char *tu_family_edited_config(const char *golden, const char *set, const char *del) {
+    cJSON *g = hf_load_golden(golden), *j = cJSON_Parse(hf_str(g, "config_json")), *s = set ? cJSON_Parse(set) : NULL;
+    for (cJSON *x = s ? s->child : NULL; x; x = x->next) {
+        cJSON_DeleteItemFromObject(j, x->string);
+        cJSON_AddItemToObject(j, x->string, cJSON_Duplicate(x, 1));
+    }
+    if (del) cJSON_DeleteItemFromObject(j, del);
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j), cJSON_Delete(s), cJSON_Delete(g);
+    return text;
+}
+
+void tu_family_config_error(const char *golden, const char *set, const char *del, const char *field) {
+    char *text = tu_family_edited_config(golden, set, del);
+    m2d_config c;
+    assert_int_equal(m2d_config_parse(text, strlen(text), "config.json", &c, NULL), -1);
+    if (!strstr(m2d_errmsg(), field)) fail_msg("%s: error '%s' does not name '%s'", golden, m2d_errmsg(), field);
+    assert_null(strchr(m2d_errmsg(), '\n'));
+    free(text);
 }

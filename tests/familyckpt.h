@@ -10,9 +10,19 @@
 #ifndef M2D_TEST_FAMILYCKPT_H
 #define M2D_TEST_FAMILYCKPT_H
 
+#include <cjson/cJSON.h>
 #include <stdint.h>
 
 /* DIR/config.json (CONFIG_JSON verbatim) and DIR/model.safetensors for the architecture it names. */
 int tu_family_checkpoint(const char *dir, const char *config_json, uint64_t seed);
+
+/* WORK/NAME holding golden G's checkpoint (its config_json, seed) and the golden tokenizer (an
+ * hf_build_fn of tests/hfcheck.h; fails the test on error); malloc'd. */
+char *tu_family_build(const cJSON *g, const char *work);
+/* Golden GOLDEN's config.json text with the fields of the JSON object SET replaced (or added) and
+ * field DEL dropped (either may be NULL); malloc'd. */
+char *tu_family_edited_config(const char *golden, const char *set, const char *del);
+/* That edited config fails to parse with an error naming FIELD (fails the test otherwise). */
+void tu_family_config_error(const char *golden, const char *set, const char *del, const char *field);
 
 #endif

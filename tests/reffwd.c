@@ -233,6 +233,23 @@ static void ref_ffn_layer(const m2d_model *m, int l, ref_state *s) {
     free(h); free(y);
 }
 
+void tu_ref_ffn(const m2d_model *m, int layer, int expert, const double *x, double *y) {
+    const m2d_config *c = &m->cfg;
+    const m2d_layer *L = &m->layers[layer];
+    int e = expert;
+    memset(y, 0, sizeof(double) * (size_t)c->hidden_size);
+    if (e < 0) {
+        const m2d_tensor *const w[6] = {L->gate_proj, L->up_proj, L->down_proj, L->gate_bias, L->up_bias, L->down_bias};
+        ref_ffn(c, w, x, c->hidden_size, c->intermediate_size, y);
+        return;
+    }
+#define X_(r) (L->r ? L->r[e] : NULL)
+    const m2d_tensor *const w[6] = {L->exp_gate[e], L->exp_up[e], L->exp_down[e], X_(exp_gate_bias), X_(exp_up_bias),
+                                    X_(exp_down_bias)};
+#undef X_
+    ref_ffn(c, w, x, c->hidden_size, c->moe_intermediate_size, y);
+}
+
 static void forward(const m2d_model *m, const int32_t *tok, int n, double *logits, int qk_norm) {
     const m2d_config *c = &m->cfg;
     int d = c->hidden_size, H = c->num_attention_heads, KV = c->num_key_value_heads, hd = c->head_dim;

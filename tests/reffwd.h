@@ -18,5 +18,8 @@ void tu_ref_forward(const m2d_model *m, const int32_t *tok, int n, double *logit
 /* Same, with the q/k norms skipped (a deliberately wrong model: tests show their tolerance is
  * far below the difference it makes). */
 void tu_ref_forward_no_qk_norm(const m2d_model *m, const int32_t *tok, int n, double *logits);
+/* y [hidden] = the FFN of LAYER on x [hidden] (no norm, no residual): expert EXPERT of an MoE
+ * layer, or the dense FFN when EXPERT < 0; biases and activation as in the forward above. */
+void tu_ref_ffn(const m2d_model *m, int layer, int expert, const double *x, double *y);
 
 #endif

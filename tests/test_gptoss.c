@@ -16,6 +16,8 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "calib/calib.h"
+#include "convert/convert.h"
 #include "engine/engine.h"
 #include "familyckpt.h"
 #include "hfcheck.h"
@@ -25,26 +27,18 @@
 
 static char *g_work;
 
-static char *build_family(const cJSON *g, const char *work) {
-    char *dir = m2d_path_join(work, hf_str(g, "name"));
-    if (tu_family_checkpoint(dir, hf_str(g, "config_json"), (uint64_t)hf_item(g, "seed")->valuedouble) != 0)
-        fail_msg("%s: %s", hf_str(g, "name"), m2d_errmsg());
-    hf_copy_tokenizer(dir);
-    return dir;
-}
-
 /* bf16 experts, limit 0.5 (clamps reached), layers sliding / full / sliding, window 8 < 48, YaRN */
-static void golden_bf16(void **state) { (void)state; hf_check_model("gptoss", g_work, build_family); }
+static void golden_bf16(void **state) { (void)state; hf_check_model("gptoss", g_work, tu_family_build); }
 /* MXFP4 experts, the Hub's config spelling (rope_scaling, quantization_config), limit 7 */
-static void golden_mxfp4(void **state) { (void)state; hf_check_model("gptoss-mxfp4", g_work, build_family); }
+static void golden_mxfp4(void **state) { (void)state; hf_check_model("gptoss-mxfp4", g_work, tu_family_build); }
 /* the dense student of the MXFP4 teacher: one bf16 expert of width k·d_e, routed top-1 */
-static void golden_student(void **state) { (void)state; hf_check_model("gptoss-student", g_work, build_family); }
+static void golden_student(void **state) { (void)state; hf_check_model("gptoss-student", g_work, tu_family_build); }
 /* --target moe: 3 experts (router rows and biases kept), top-2 */
-static void golden_student_moe(void **state) { (void)state; hf_check_model("gptoss-student-moe", g_work, build_family); }
+static void golden_student_moe(void **state) { (void)state; hf_check_model("gptoss-student-moe", g_work, tu_family_build); }
 
 static char *golden_dir_built(const char *name) {
     cJSON *g = hf_load_golden(name);
-    char *dir = build_family(g, g_work);
+    char *dir = tu_family_build(g, g_work);
     cJSON_Delete(g);
     return dir;
 }
@@ -170,25 +164,8 @@ static void checkpoint_errors(void **state) {
     free(dir);
 }
 
-/* a config edited from the golden's */
-static char *edited_config(const char *golden, const char *set, const char *del) {
-    cJSON *g = hf_load_golden(golden), *j = cJSON_Parse(hf_str(g, "config_json")), *s = set ? cJSON_Parse(set) : NULL;
-    for (cJSON *x = s ? s->child : NULL; x; x = x->next) {
-        cJSON_DeleteItemFromObject(j, x->string);
-        cJSON_AddItemToObject(j, x->string, cJSON_Duplicate(x, 1));
-    }
-    if (del) cJSON_DeleteItemFromObject(j, del);
-    char *text = cJSON_Print(j);
-    cJSON_Delete(j), cJSON_Delete(s), cJSON_Delete(g);
-    return text;
-}
-
 static void expect_config_error(const char *set, const char *del, const char *field) {
-    char *text = edited_config("gptoss", set, del);
-    m2d_config c;
-    assert_int_equal(m2d_config_parse(text, strlen(text), "config.json", &c, NULL), -1);
-    if (!strstr(m2d_errmsg(), field)) fail_msg("error '%s' does not name '%s'", m2d_errmsg(), field);
-    free(text);
+    tu_family_config_error("gptoss", set, del, field);
 }
 
 static void config_errors_and_defaults(void **state) {
@@ -204,7 +181,7 @@ static void config_errors_and_defaults(void **state) {
     expect_config_error(NULL, "intermediate_size", "'intermediate_size'");
     /* absent: GptOssConfig's defaults (alternating layers from sliding, window 128, YaRN factor 32,
      * theta 150000, alpha 1.702, limit 7) */
-    char *text = edited_config("gptoss", NULL, "layer_types");
+    char *text = tu_family_edited_config("gptoss", NULL, "layer_types");
     cJSON *j = cJSON_Parse(text);
     const char *drop[] = {"sliding_window", "rope_parameters", "swiglu_limit", "swiglu_alpha"};
     for (int i = 0; i < 4; i++) cJSON_DeleteItemFromObject(j, drop[i]);
@@ -279,8 +256,53 @@ static void student_config_and_inspect(void **state) {
     free(out), free(cmd), free(dir);
 }
 
+/* App. A identity with biases and the clamped SwiGLU: K = k, every group one expert (merge weight
+ * 1, alpha = 1/k = 1/2), so the dense student's FFN -- gate/up and their biases concatenated, down
+ * and its bias scaled by alpha and summed -- equals sum_g alpha_g f_{e_g}(x), biases included, on
+ * any x. Both sides in float64 from the stored bf16 values (tests/reffwd.c); scaling by 1/2 is exact
+ * in bf16, so they agree to float64 rounding (1e-12 of the output scale). */
+static void dense_student_equals_alpha_weighted_experts(void **state) {
+    (void)state;
+    char *dir = golden_dir_built("gptoss");
+    m2d_model *t = open_dir(dir);
+    int32_t tok[48];
+    for (int i = 0; i < 48; i++) tok[i] = (i * 53 + 7) % 257;
+    m2d_calib_opts co = {.seq_len = 48, .n_samples = 1, .n_threads = 2};
+    m2d_stats *st;
+    if (m2d_calib_run(t, tok, 48, &co, &st) != 0) fail_msg("%s", m2d_errmsg());
+    m2d_convert_opts o = {.scoring = "freq", .grouping = "rr", .scaling = "uniform", .K = 2, .target = M2D_TARGET_DENSE};
+    m2d_convert_plan *p;
+    m2d_model *s;
+    if (m2d_convert_plan_build(t, st, &o, &p) != 0 || m2d_convert_build(t, p, &s) != 0) fail_msg("%s", m2d_errmsg());
+    int d = t->cfg.hidden_size;
+    double x[64], y[64], fe[64], want[64];
+    uint64_t rng = 5;
+    for (int li = 0; li < p->n_layers; li++) {
+        const m2d_layer_plan *lp = &p->layers[li];
+        assert_int_equal(lp->n_groups, 2);
+        assert_non_null(s->layers[lp->layer].down_bias);
+        for (int trial = 0; trial < 3; trial++) {
+            for (int j = 0; j < d; j++) x[j] = 2 * tu_rand_normal(&rng), want[j] = 0; /* clamps reached (limit 0.5) */
+            tu_ref_ffn(s, lp->layer, -1, x, y);
+            for (int g = 0; g < 2; g++) {
+                assert_true(lp->merge_w[g] == 1.0 && lp->alpha[g] == 0.5);
+                tu_ref_ffn(t, lp->layer, lp->members[g], x, fe);
+                for (int j = 0; j < d; j++) want[j] += lp->alpha[g] * fe[j];
+            }
+            double scale = 0, worst = 0;
+            for (int j = 0; j < d; j++) scale = fmax(scale, fabs(want[j])), worst = fmax(worst, fabs(y[j] - want[j]));
+            if (!(scale > 0 && worst <= 1e-12 * scale)) fail_msg("layer %d: |student - sum alpha f| %.3g of %.3g", lp->layer, worst, scale);
+        }
+    }
+    m2d_convert_student_free(s);
+    m2d_convert_plan_free(p);
+    m2d_calib_stats_free(st);
+    m2d_model_close(t);
+    free(dir);
+}
+
 /* calibrate -> convert -> ppl -> eval through the command line */
-static void pipeline_end_to_end(void **state) { (void)state; hf_check_pipeline("gptoss-student", g_work, build_family); }
+static void pipeline_end_to_end(void **state) { (void)state; hf_check_pipeline("gptoss-student", g_work, tu_family_build); }
 
 static int setup(void **state) {
     (void)state;
@@ -301,6 +323,7 @@ int main(void) {
         cmocka_unit_test(golden_mxfp4),
         cmocka_unit_test(golden_student),
         cmocka_unit_test(pipeline_end_to_end),
+        cmocka_unit_test(dense_student_equals_alpha_weighted_experts),
         cmocka_unit_test(golden_student_moe),
         cmocka_unit_test(engine_matches_reference),
         cmocka_unit_test(mxfp4_checkpoint_errors),

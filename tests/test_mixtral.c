@@ -22,24 +22,15 @@
 
 static char *g_work;
 
-/* the teacher of golden G: its config.json and the grid weights (tests/familyckpt.h) */
-static char *build_family(const cJSON *g, const char *work) {
-    char *dir = m2d_path_join(work, hf_str(g, "name"));
-    if (tu_family_checkpoint(dir, hf_str(g, "config_json"), (uint64_t)hf_item(g, "seed")->valuedouble) != 0)
-        fail_msg("%s: %s", hf_str(g, "name"), m2d_errmsg());
-    hf_copy_tokenizer(dir);
-    return dir;
-}
-
-static void golden_bf16_window(void **state) { (void)state; hf_check_model("mixtral", g_work, build_family); }
-static void golden_f32_tied(void **state) { (void)state; hf_check_model("mixtral-f32", g_work, build_family); }
+static void golden_bf16_window(void **state) { (void)state; hf_check_model("mixtral", g_work, tu_family_build); }
+static void golden_f32_tied(void **state) { (void)state; hf_check_model("mixtral-f32", g_work, tu_family_build); }
 /* calibrate + convert -> MistralForCausalLM, as transformers loads and re-saves it */
-static void golden_student(void **state) { (void)state; hf_check_model("mixtral-student", g_work, build_family); }
+static void golden_student(void **state) { (void)state; hf_check_model("mixtral-student", g_work, tu_family_build); }
 
 /* the golden teacher's checkpoint, opened */
 static m2d_model *open_golden(const char *name) {
     cJSON *g = hf_load_golden(name);
-    char *dir = build_family(g, g_work);
+    char *dir = tu_family_build(g, g_work);
     m2d_model *m;
     if (m2d_model_open(dir, &m) != 0) fail_msg("%s", m2d_errmsg());
     free(dir);
@@ -88,25 +79,8 @@ static void engine_matches_reference_and_cache_paths(void **state) {
     m2d_model_close(m);
 }
 
-/* a config edited from the golden's: SET (a JSON object's fields) replaces fields, DEL drops one */
-static char *edited_config(const char *golden, const char *set, const char *del) {
-    cJSON *g = hf_load_golden(golden), *j = cJSON_Parse(hf_str(g, "config_json")), *s = set ? cJSON_Parse(set) : NULL;
-    for (cJSON *x = s ? s->child : NULL; x; x = x->next) {
-        cJSON_DeleteItemFromObject(j, x->string);
-        cJSON_AddItemToObject(j, x->string, cJSON_Duplicate(x, 1));
-    }
-    if (del) cJSON_DeleteItemFromObject(j, del);
-    char *text = cJSON_Print(j);
-    cJSON_Delete(j), cJSON_Delete(s), cJSON_Delete(g);
-    return text;
-}
-
 static void expect_config_error(const char *set, const char *del, const char *field) {
-    char *text = edited_config("mixtral", set, del);
-    m2d_config c;
-    assert_int_equal(m2d_config_parse(text, strlen(text), "config.json", &c, NULL), -1);
-    if (!strstr(m2d_errmsg(), field)) fail_msg("error '%s' does not name '%s'", m2d_errmsg(), field);
-    free(text);
+    tu_family_config_error("mixtral", set, del, field);
 }
 
 static void config_errors_and_defaults(void **state) {
@@ -119,7 +93,7 @@ static void config_errors_and_defaults(void **state) {
     expect_config_error(NULL, "intermediate_size", "'intermediate_size'");
     expect_config_error("{\"rope_parameters\": {\"rope_type\": \"dynamic\", \"factor\": 2}}", NULL, "rope_type");
     /* absent: Mixtral's defaults (no window, eps 1e-5, theta 1e6); null window: full attention */
-    char *text = edited_config("mixtral", "{\"sliding_window\": null}", "rms_norm_eps");
+    char *text = tu_family_edited_config("mixtral", "{\"sliding_window\": null}", "rms_norm_eps");
     m2d_config c;
     assert_int_equal(m2d_config_parse(text, strlen(text), "config.json", &c, NULL), 0);
     assert_null(c.layer_window);
@@ -132,7 +106,7 @@ static void config_errors_and_defaults(void **state) {
 /* the student's config.json: MistralForCausalLM with Mixtral's values where Mistral's defaults differ */
 static void student_config_pins_mixtral_defaults(void **state) {
     (void)state;
-    char *text = edited_config("mixtral", "{\"rope_parameters\": {\"rope_type\": \"default\"}}", "sliding_window");
+    char *text = tu_family_edited_config("mixtral", "{\"rope_parameters\": {\"rope_type\": \"default\"}}", "sliding_window");
     char *dir = m2d_path_join(g_work, "pinned");
     assert_int_equal(tu_family_checkpoint(dir, text, 5), 0);
     char *cfg = m2d_path_join(dir, "config.json");
@@ -162,7 +136,7 @@ static void student_config_pins_mixtral_defaults(void **state) {
 }
 
 /* calibrate -> convert -> ppl -> eval through the command line */
-static void pipeline_end_to_end(void **state) { (void)state; hf_check_pipeline("mixtral-student", g_work, build_family); }
+static void pipeline_end_to_end(void **state) { (void)state; hf_check_pipeline("mixtral-student", g_work, tu_family_build); }
 
 static int setup(void **state) {
     (void)state;
