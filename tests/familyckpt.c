@@ -1,6 +1,7 @@
 /* familyckpt — grid checkpoints of Mixtral and GPT-OSS (see familyckpt.h). */
 #include "familyckpt.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,8 +11,10 @@
 #include "base/util.h"
 #include "io/mxfp4.h"
 #include "io/st.h"
+#include "engine/engine.h"
 #include "hfcheck.h"
 #include "model/model.h"
+#include "reffwd.h"
 #include "testmodel.h"
 
 typedef struct {
@@ -154,4 +157,52 @@ void tu_family_config_error(const char *golden, const char *set, const char *del
     if (!strstr(m2d_errmsg(), field)) fail_msg("%s: error '%s' does not name '%s'", golden, m2d_errmsg(), field);
     assert_null(strchr(m2d_errmsg(), '\n'));
     free(text);
+}
+
+/* log-probs of the N tokens through the KV cache (chunks [0, SPLIT), [SPLIT, N)), and of two
+ * branches after truncating the cache to TRUNC, against the full forward FULL */
+static void cache_paths(m2d_engine *e, const int32_t *tok, const int32_t *tg, int n, int split, int trunc,
+                        const double *full) {
+    double *ext = m2d_malloc(sizeof(double) * (size_t)n * 3), *b0 = ext + n, *b1 = ext + 2 * n;
+    m2d_kv *kv = m2d_kv_new(e, n);
+    assert_int_equal(m2d_engine_extend(e, kv, tok, split, tg, ext), 0);
+    assert_int_equal(m2d_engine_extend(e, kv, tok + split, n - split, tg + split, ext + split), 0);
+    m2d_kv_truncate(kv, trunc);
+    const int32_t *bt[2] = {tok + trunc, tok + trunc}, *btg[2] = {tg + trunc, tg + trunc};
+    int lens[2] = {n - trunc, (n - trunc) / 2};
+    double *lps[2] = {b0, b1};
+    assert_int_equal(m2d_engine_branches(e, kv, 2, bt, lens, btg, lps), 0);
+    /* fp32 logits of the same model on a different batching: 1e-4 as the other cache tests */
+    for (int i = 0; i < n; i++) assert_true(fabs(ext[i] - full[i]) < 1e-4);
+    for (int b = 0; b < 2; b++)
+        for (int i = 0; i < lens[b]; i++) assert_true(fabs(lps[b][i] - full[trunc + i]) < 1e-4);
+    m2d_kv_free(kv);
+    free(ext);
+}
+
+void tu_family_engine_check(const char *golden, const char *work, int n, int split, int trunc) {
+    cJSON *g = hf_load_golden(golden);
+    char *dir = tu_family_build(g, work);
+    m2d_model *m;
+    if (m2d_model_open(dir, &m) != 0) fail_msg("%s", m2d_errmsg());
+    int V = m->cfg.vocab_size;
+    int32_t *tok = m2d_malloc(sizeof(int32_t) * (size_t)n * 2), *tg = tok + n;
+    for (int i = 0; i < n; i++) tok[i] = (i * 53 + 11) % 257;
+    for (int i = 0; i < n; i++) tg[i] = tok[(i + 1) % n];
+    double *ref = m2d_malloc(sizeof(double) * (size_t)n * V), *full = m2d_malloc(sizeof(double) * (size_t)n);
+    float *lg = m2d_malloc(sizeof(float) * (size_t)n * V);
+    tu_ref_forward(m, tok, n, ref);
+    m2d_engine *e;
+    assert_int_equal(m2d_engine_new(m, 2, &e), 0);
+    assert_int_equal(m2d_engine_logits(e, tok, n, lg), 0);
+    double md = 0;
+    for (size_t i = 0; i < (size_t)n * V; i++) md = fmax(md, fabs(lg[i] - ref[i]));
+    print_message("%s: engine vs float64 reference: max |dlogit| %.3g\n", golden, md);
+    assert_true(md < 2e-5); /* as the transformers goldens (hfcheck.c) */
+    assert_int_equal(m2d_engine_logprobs(e, tok, n, tg, 0, full), 0);
+    cache_paths(e, tok, tg, n, split, trunc, full);
+    m2d_engine_free(e);
+    free(ref), free(full), free(lg), free(tok), free(dir);
+    m2d_model_close(m);
+    cJSON_Delete(g);
 }

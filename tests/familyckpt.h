@@ -24,5 +24,10 @@ char *tu_family_build(const cJSON *g, const char *work);
 char *tu_family_edited_config(const char *golden, const char *set, const char *del);
 /* That edited config fails to parse with an error naming FIELD (fails the test otherwise). */
 void tu_family_config_error(const char *golden, const char *set, const char *del, const char *field);
+/* Golden GOLDEN's teacher: the engine's logits on N tokens against the float64 reference forward
+ * (tests/reffwd.h, 2e-5), and its log-probs through the KV cache (extend [0, SPLIT), [SPLIT, N);
+ * truncate to TRUNC; two branches) against the full forward (1e-4). Put SPLIT and TRUNC past the
+ * model's sliding window so that the window cuts into the cached keys. */
+void tu_family_engine_check(const char *golden, const char *work, int n, int split, int trunc);
 
 #endif

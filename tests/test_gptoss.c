@@ -49,47 +49,12 @@ static m2d_model *open_dir(const char *dir) {
     return m;
 }
 
-static void engine_vs_reference(const char *name) {
-    char *dir = golden_dir_built(name);
-    m2d_model *m = open_dir(dir);
-    int n = 30, V = m->cfg.vocab_size;
-    int32_t tok[30], tg[30];
-    for (int i = 0; i < n; i++) tok[i] = (i * 53 + 11) % 257;
-    for (int i = 0; i < n; i++) tg[i] = tok[(i + 1) % n];
-    double *ref = m2d_malloc(sizeof(double) * (size_t)n * V);
-    float *lg = m2d_malloc(sizeof(float) * (size_t)n * V);
-    tu_ref_forward(m, tok, n, ref);
-    m2d_engine *e;
-    assert_int_equal(m2d_engine_new(m, 2, &e), 0);
-    assert_int_equal(m2d_engine_logits(e, tok, n, lg), 0);
-    double md = 0;
-    for (size_t i = 0; i < (size_t)n * V; i++) md = fmax(md, fabs(lg[i] - ref[i]));
-    print_message("%s: engine vs float64 reference: max |dlogit| %.3g\n", name, md);
-    assert_true(md < 2e-5); /* as the transformers goldens (hfcheck.c) */
-    /* the KV cache: two chunks (the window of 8 cuts into the cached part), then two branches */
-    double full[30], ext[30], b0[30], b1[30];
-    assert_int_equal(m2d_engine_logprobs(e, tok, n, tg, 0, full), 0);
-    m2d_kv *kv = m2d_kv_new(e, n);
-    assert_int_equal(m2d_engine_extend(e, kv, tok, 13, tg, ext), 0);
-    assert_int_equal(m2d_engine_extend(e, kv, tok + 13, 17, tg + 13, ext + 13), 0);
-    m2d_kv_truncate(kv, 20);
-    const int32_t *bt[2] = {tok + 20, tok + 20}, *btg[2] = {tg + 20, tg + 20};
-    int lens[2] = {10, 3};
-    double *lps[2] = {b0, b1};
-    assert_int_equal(m2d_engine_branches(e, kv, 2, bt, lens, btg, lps), 0);
-    for (int i = 0; i < n; i++) assert_true(fabs(ext[i] - full[i]) < 1e-4);
-    for (int i = 0; i < 10; i++) assert_true(fabs(b0[i] - full[20 + i]) < 1e-4);
-    for (int i = 0; i < 3; i++) assert_true(fabs(b1[i] - full[20 + i]) < 1e-4);
-    m2d_kv_free(kv);
-    m2d_engine_free(e);
-    free(ref), free(lg), free(dir);
-    m2d_model_close(m);
-}
-
+/* the engine against the float64 reference; the KV cache (window 8 cutting into it) against the
+ * full forward */
 static void engine_matches_reference(void **state) {
     (void)state;
-    engine_vs_reference("gptoss");
-    engine_vs_reference("gptoss-mxfp4");
+    tu_family_engine_check("gptoss", g_work, 30, 13, 20);
+    tu_family_engine_check("gptoss-mxfp4", g_work, 30, 13, 20);
 }
 
 /* ---- bad input ---- */
@@ -253,6 +218,11 @@ static void student_config_and_inspect(void **state) {
     assert_int_equal(tu_run(cmd, &out, NULL), 0);
     assert_non_null(strstr(out, "GptOssForCausalLM"));
     assert_non_null(strstr(out, "without the input embedding"));
+    assert_non_null(strstr(out, "windows        0:sliding 8 1:full 2:full\n"));
+    assert_non_null(strstr(out, "yarn, factor 4 over 16"));
+    assert_non_null(strstr(out, "q/k/v/o biases, learned sinks per head"));
+    assert_non_null(strstr(out, "limit 7;"));
+    assert_non_null(strstr(out, "quantization   mxfp4 experts"));
     free(out), free(cmd), free(dir);
 }
 

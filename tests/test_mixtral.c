@@ -27,56 +27,11 @@ static void golden_f32_tied(void **state) { (void)state; hf_check_model("mixtral
 /* calibrate + convert -> MistralForCausalLM, as transformers loads and re-saves it */
 static void golden_student(void **state) { (void)state; hf_check_model("mixtral-student", g_work, tu_family_build); }
 
-/* the golden teacher's checkpoint, opened */
-static m2d_model *open_golden(const char *name) {
-    cJSON *g = hf_load_golden(name);
-    char *dir = tu_family_build(g, g_work);
-    m2d_model *m;
-    if (m2d_model_open(dir, &m) != 0) fail_msg("%s", m2d_errmsg());
-    free(dir);
-    cJSON_Delete(g);
-    return m;
-}
-
 /* the engine against the float64 reference (window 16 < 40 tokens), and extend in chunks / branches
  * (keys of the cache fall out of the window) against the full forward */
 static void engine_matches_reference_and_cache_paths(void **state) {
     (void)state;
-    m2d_model *m = open_golden("mixtral");
-    assert_int_equal(m->cfg.layer_window[0], 16);
-    int n = 40, V = m->cfg.vocab_size;
-    int32_t tok[40], tg[40];
-    for (int i = 0; i < n; i++) tok[i] = (i * 37 + 5) % 257;
-    for (int i = 0; i < n; i++) tg[i] = tok[(i + 1) % n];
-    double *ref = m2d_malloc(sizeof(double) * (size_t)n * V);
-    float *lg = m2d_malloc(sizeof(float) * (size_t)n * V);
-    tu_ref_forward(m, tok, n, ref);
-    m2d_engine *e;
-    assert_int_equal(m2d_engine_new(m, 2, &e), 0);
-    assert_int_equal(m2d_engine_logits(e, tok, n, lg), 0);
-    double md = 0;
-    for (size_t i = 0; i < (size_t)n * V; i++) md = fmax(md, fabs(lg[i] - ref[i]));
-    print_message("mixtral: engine vs float64 reference: max |dlogit| %.3g\n", md);
-    assert_true(md < 2e-5); /* as the transformers goldens (hfcheck.c) */
-    /* full log-probs vs 3 chunks through the KV cache vs a prefix + 2 branches */
-    double full[40], ext[40], b0[40], b1[40];
-    if (m2d_engine_logprobs(e, tok, n, tg, 0, full) != 0) fail_msg("%s", m2d_errmsg());
-    m2d_kv *kv = m2d_kv_new(e, n);
-    assert_int_equal(m2d_engine_extend(e, kv, tok, 7, tg, ext), 0);
-    assert_int_equal(m2d_engine_extend(e, kv, tok + 7, 20, tg + 7, ext + 7), 0);
-    assert_int_equal(m2d_engine_extend(e, kv, tok + 27, 13, tg + 27, ext + 27), 0);
-    m2d_kv_truncate(kv, 25);
-    const int32_t *bt[2] = {tok + 25, tok + 25}, *btg[2] = {tg + 25, tg + 25};
-    int lens[2] = {15, 9};
-    double *lps[2] = {b0, b1};
-    assert_int_equal(m2d_engine_branches(e, kv, 2, bt, lens, btg, lps), 0);
-    for (int i = 0; i < n; i++) assert_true(fabs(ext[i] - full[i]) < 1e-4);
-    for (int i = 0; i < 15; i++) assert_true(fabs(b0[i] - full[25 + i]) < 1e-4);
-    for (int i = 0; i < 9; i++) assert_true(fabs(b1[i] - full[25 + i]) < 1e-4);
-    m2d_kv_free(kv);
-    m2d_engine_free(e);
-    free(ref), free(lg);
-    m2d_model_close(m);
+    tu_family_engine_check("mixtral", g_work, 40, 20, 25);
 }
 
 static void expect_config_error(const char *set, const char *del, const char *field) {
@@ -135,6 +90,18 @@ static void student_config_pins_mixtral_defaults(void **state) {
     m2d_model_close(m);
 }
 
+/* inspect names the window of every layer */
+static void inspect_shows_windows(void **state) {
+    (void)state;
+    cJSON *g = hf_load_golden("mixtral");
+    char *dir = tu_family_build(g, g_work), *cmd = m2d_strfmt("%s inspect --model %s", tu_bin(), dir), *out = NULL;
+    assert_int_equal(tu_run(cmd, &out, NULL), 0);
+    if (!strstr(out, "MixtralForCausalLM") || !strstr(out, "windows        0:sliding 16 1:sliding 16\n"))
+        fail_msg("inspect: %s", out);
+    free(out), free(cmd), free(dir);
+    cJSON_Delete(g);
+}
+
 /* calibrate -> convert -> ppl -> eval through the command line */
 static void pipeline_end_to_end(void **state) { (void)state; hf_check_pipeline("mixtral-student", g_work, tu_family_build); }
 
@@ -157,6 +124,7 @@ int main(void) {
         cmocka_unit_test(golden_f32_tied),
         cmocka_unit_test(golden_student),
         cmocka_unit_test(pipeline_end_to_end),
+        cmocka_unit_test(inspect_shows_windows),
         cmocka_unit_test(engine_matches_reference_and_cache_paths),
         cmocka_unit_test(config_errors_and_defaults),
         cmocka_unit_test(student_config_pins_mixtral_defaults),
