@@ -10,6 +10,7 @@
 #include "testutil.h"
 #include "base/util.h"
 #include "io/mxfp4.h"
+#include "io/results.h"
 #include "io/st.h"
 #include "engine/engine.h"
 #include "hfcheck.h"
@@ -204,5 +205,44 @@ void tu_family_engine_check(const char *golden, const char *work, int n, int spl
     m2d_engine_free(e);
     free(ref), free(full), free(lg), free(tok), free(dir);
     m2d_model_close(m);
+    cJSON_Delete(g);
+}
+
+void tu_family_cross_model(const char *golden, const char *work) {
+    cJSON *g = hf_load_golden(golden);
+    char *sub = m2d_strfmt("%s/cross-model-%s", work, golden);
+    if (m2d_mkdir_p(sub) != 0) fail_msg("%s", m2d_errmsg());
+    char *dir = tu_family_build(g, sub), *csv = m2d_strfmt("%s/r.csv", sub);
+    char *train = m2d_strdup(tu_data_path("train-text/wikitext-103-train-prefix/wiki.train.tokens"));
+    char *wiki = m2d_strdup(tu_data_path("wikitext-2-raw/wikitext-2-raw/wiki.test.raw"));
+    if (!m2d_file_exists(train) || !m2d_file_exists(wiki)) fail_msg("%s or %s missing: run 'make data'", train, wiki);
+    /* the experiment as committed, on small windows: 4 windows of 32 tokens to calibrate, 2 for
+     * the perplexity, 2 arc_easy items zero-shot (the random teachers have 256 positions) */
+    char *cmd = m2d_strfmt("%s sweep experiments.toml --experiment cross-model --set model=%s --set out=%s "
+                           "--set cache_dir=%s/cache --set calibration.seq_len=32 --set calibration.samples=4 "
+                           "--set ppl.seq_len=32 --set ppl.max_windows=2 --set 'mc.tasks=[\"arc_easy\"]' "
+                           "--set 'mc.shots={arc_easy = 0}' --set mc.limit=2 --set 'mc.data_dir=\"%s\"' "
+                           "--set 'calibration.data=\"%s\"' --set 'ppl.data=\"%s\"'",
+                           tu_bin(), dir, csv, sub, tu_data_path(""), train, wiki);
+    char *err = NULL;
+    if (tu_run(cmd, NULL, &err) != 0) fail_msg("%s: %s", cmd, err ? err : "");
+    m2d_results r;
+    if (m2d_results_read(csv, &r) != 0) fail_msg("%s", m2d_errmsg());
+    m2d_config c;
+    if (m2d_config_load(dir, &c, NULL) != 0) fail_msg("%s", m2d_errmsg());
+    /* 4 scorings x 2 scalings x K in {k, 2k}; every row done, a student of width k * d_e */
+    assert_int_equal(r.n_rows, 16);
+    char want_dense[16];
+    snprintf(want_dense, sizeof want_dense, "%d", c.num_experts_per_tok * c.moe_intermediate_size);
+    for (int i = 0; i < r.n_rows; i++) {
+        assert_string_equal(m2d_results_get(&r, i, "status"), "ok");
+        assert_string_equal(m2d_results_get(&r, i, "d_dense"), want_dense);
+        double ppl = strtod(m2d_results_get(&r, i, "ppl"), NULL), acc = strtod(m2d_results_get(&r, i, "arc_easy_acc"), NULL);
+        if (!(isfinite(ppl) && ppl > 1 && acc >= 0 && acc <= 1)) fail_msg("%s: row %d: ppl %g, arc_easy %g", golden, i, ppl, acc);
+    }
+    print_message("%s: the cross-model experiment ran: 16 configurations, ppl and arc_easy for each\n", golden);
+    m2d_config_free(&c);
+    m2d_results_free(&r);
+    free(err), free(cmd), free(csv), free(dir), free(sub), free(train), free(wiki);
     cJSON_Delete(g);
 }

@@ -29,5 +29,9 @@ void tu_family_config_error(const char *golden, const char *set, const char *del
  * truncate to TRUNC; two branches) against the full forward (1e-4). Put SPLIT and TRUNC past the
  * model's sliding window so that the window cuts into the cached keys. */
 void tu_family_engine_check(const char *golden, const char *work, int n, int split, int trunc);
+/* experiments.toml's "cross-model" experiment (paper section 4.6) run by `moe2dense sweep` on golden
+ * GOLDEN's teacher (--set model=DIR, small windows): every configuration ok, with a perplexity and
+ * an arc_easy accuracy. Needs `make data`; run from the repository root. */
+void tu_family_cross_model(const char *golden, const char *work);
 
 #endif

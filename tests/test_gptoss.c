@@ -274,6 +274,9 @@ static void dense_student_equals_alpha_weighted_experts(void **state) {
 /* calibrate -> convert -> ppl -> eval through the command line */
 static void pipeline_end_to_end(void **state) { (void)state; hf_check_pipeline("gptoss-student", g_work, tu_family_build); }
 
+/* experiments.toml's cross-model experiment (paper section 4.6) end to end through the sweep */
+static void cross_model_experiment(void **state) { (void)state; tu_family_cross_model("gptoss-mxfp4", g_work); }
+
 static int setup(void **state) {
     (void)state;
     g_work = tu_tmpdir();
@@ -293,6 +296,7 @@ int main(void) {
         cmocka_unit_test(golden_mxfp4),
         cmocka_unit_test(golden_student),
         cmocka_unit_test(pipeline_end_to_end),
+        cmocka_unit_test(cross_model_experiment),
         cmocka_unit_test(dense_student_equals_alpha_weighted_experts),
         cmocka_unit_test(golden_student_moe),
         cmocka_unit_test(engine_matches_reference),

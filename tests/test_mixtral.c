@@ -105,6 +105,9 @@ static void inspect_shows_windows(void **state) {
 /* calibrate -> convert -> ppl -> eval through the command line */
 static void pipeline_end_to_end(void **state) { (void)state; hf_check_pipeline("mixtral-student", g_work, tu_family_build); }
 
+/* experiments.toml's cross-model experiment (paper section 4.6) end to end through the sweep */
+static void cross_model_experiment(void **state) { (void)state; tu_family_cross_model("mixtral", g_work); }
+
 static int setup(void **state) {
     (void)state;
     g_work = tu_tmpdir();
@@ -124,6 +127,7 @@ int main(void) {
         cmocka_unit_test(golden_f32_tied),
         cmocka_unit_test(golden_student),
         cmocka_unit_test(pipeline_end_to_end),
+        cmocka_unit_test(cross_model_experiment),
         cmocka_unit_test(inspect_shows_windows),
         cmocka_unit_test(engine_matches_reference_and_cache_paths),
         cmocka_unit_test(config_errors_and_defaults),
