@@ -20,7 +20,8 @@
  *   sha256( "moe2dense-calib-v1\n" || seq_len as int64 LE || n_windows as int64 LE ||
  *           the token ids of every chosen window in order, each int32 LE ||
  *           gate convention string (no terminator) )
- *   Gate convention: "softmax-topk-renorm" (norm_topk_prob) or "softmax-topk".
+ *   Gate convention: "softmax-topk-renorm" (norm_topk_prob), "softmax-topk", or "topk-softmax"
+ *   (GPT-OSS: the gates are a softmax over the k selected logits; p_e is the full softmax all the same).
  *   Document windows: sha256( "moe2dense-calib-v2-documents\n" || seq_len || n_windows (int64 LE)
  *   || for each window its length as int64 LE then its token ids (int32 LE) || gate convention ).
  *

@@ -515,74 +515,118 @@ static const m2d_tensor *alias_tensor(student_owner *o, const char *name, const 
     return t;
 }
 
-/* Σ_i w_i · W_i (· scale) of teacher tensors, fp64 accumulation, one rounding to fp32. */
-static float *merge_tensors(const m2d_tensor *const *ts, const int *members, const double *w, int n, double scale) {
-    size_t numel = (size_t)m2d_tensor_numel(ts[members[0]]);
-    float **src = m2d_malloc((size_t)n * sizeof *src);
-    for (int i = 0; i < n; i++) src[i] = m2d_tensor_f32(ts[members[i]]);
-    float *out = m2d_malloc(numel * sizeof *out);
-    m2d_merge_matrices((const float *const *)src, w, n, numel, scale, out);
-    for (int i = 0; i < n; i++) free(src[i]);
-    free(src);
-    return out;
+/* New FFN tensor of role ROLE (SCOPE: DENSE, MOE or EXPERT) named by ARCH's tensor table; an
+ * architecture that writes its FFN block itself (write_ffn: fused or quantised layouts) stores
+ * it under other names, and the tensor gets a descriptive one. */
+static int role_name(const m2d_arch *arch, m2d_scope scope, int role, int layer, int expert, char *name, size_t n) {
+    if (arch->write_ffn && scope == M2D_SCOPE_EXPERT)
+        snprintf(name, n, "model.layers.%d.experts.%d.%s", layer, expert, m2d_expert_role_name(role));
+    else if (arch->write_ffn)
+        snprintf(name, n, "model.layers.%d.%s", layer, m2d_layer_role_name(role));
+    else
+        return m2d_arch_tensor_name(arch, scope, role, layer, expert, name, n);
+    return 0;
 }
 
-/* New FFN tensor of role ROLE (SCOPE: DENSE, MOE or EXPERT) named by ARCH's tensor table. */
 static const m2d_tensor *role_tensor(student_owner *o, const m2d_arch *arch, m2d_scope scope, int role, int layer,
                                      int expert, m2d_dtype dt, int rows, int cols, const float *src) {
     char name[256];
-    if (m2d_arch_tensor_name(arch, scope, role, layer, expert, name, sizeof name) != 0) return NULL;
+    if (role_name(arch, scope, role, layer, expert, name, sizeof name) != 0) return NULL;
     return new_tensor(o, name, dt, rows, cols, src);
 }
 
-/* Expert matrix M (0 gate, 1 up, 2 down) of (LAYER, EXPERT) in fp32, intermediate dimension
- * permuted by PERM (row a of gate/up, column a of down taken from perm[a]; NULL: as stored). */
-static float *source_matrix(const m2d_model *t, int layer, int expert, int m, const int *perm) {
-    const m2d_layer *L = &t->layers[layer];
-    const m2d_tensor *ts = m == 0 ? L->exp_gate[expert] : m == 1 ? L->exp_up[expert] : L->exp_down[expert];
+/* One contribution to a group's expert: expert EXPERT of model layer LAYER with weight W, its
+ * intermediate neurons permuted by PERM (NULL: as stored). */
+typedef struct {
+    int layer, expert;
+    double w;
+    const int *perm;
+} contrib;
+
+/* Group G's contributions: its sources (whole-model groupings) or its members (merge weights);
+ * returns their number. *out malloc'd. */
+static int group_contribs(const m2d_layer_plan *lp, int g, contrib **out) {
+    int src = lp->src_start != NULL, a = src ? lp->src_start[g] : lp->group_start[g];
+    int n = (src ? lp->src_start[g + 1] : lp->group_start[g + 1]) - a;
+    contrib *c = m2d_malloc((size_t)n * sizeof *c);
+    for (int i = 0; i < n; i++)
+        c[i] = src ? (contrib){lp->src_layer[a + i], lp->src_expert[a + i], lp->src_w[a + i], lp->src_perm[a + i]}
+                   : (contrib){lp->layer, lp->members[a + i], lp->merge_w[a + i], NULL};
+    *out = c;
+    return n;
+}
+
+/* Expert role R (M2D_X_*) of C in fp32, the intermediate dimension permuted (rows of gate/up and
+ * their biases, columns of down; the down bias lives in the hidden dimension and is not permuted). */
+static float *contrib_role(const m2d_model *t, const contrib *c, int r) {
+    const m2d_tensor *ts = t->layers[c->layer].x[r][c->expert];
     float *w = m2d_tensor_f32(ts);
-    if (!perm) return w;
-    int rows = (int)ts->shape[0], cols = (int)ts->shape[1];
+    if (!c->perm || r == M2D_X_EXP_DOWN_BIAS) return w;
+    int rows = (int)ts->shape[0], cols = ts->ndim > 1 ? (int)ts->shape[1] : 1;
     float *p = m2d_malloc((size_t)rows * cols * sizeof *p);
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++)
-            p[(size_t)r * cols + c] = m == 2 ? w[(size_t)r * cols + perm[c]] : w[(size_t)perm[r] * cols + c];
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++)
+            p[(size_t)i * cols + j] =
+                r == M2D_X_EXP_DOWN ? w[(size_t)i * cols + c->perm[j]] : w[(size_t)c->perm[i] * cols + j];
     free(w);
     return p;
 }
 
-/* Group G's matrix M times SCALE: its sources' merge, or its members' (fp64 accumulation, one rounding). */
-static float *group_matrix(const m2d_model *t, const m2d_layer_plan *lp, int g, int m, double scale) {
-    const m2d_layer *src = &t->layers[lp->layer];
-    if (!lp->src_start) {
-        const m2d_tensor *const *mats[3] = {src->exp_gate, src->exp_up, src->exp_down};
-        int first = lp->group_start[g];
-        return merge_tensors(mats[m], lp->members + first, lp->merge_w + first, lp->group_start[g + 1] - first, scale);
-    }
-    int a = lp->src_start[g], n = lp->src_start[g + 1] - a;
-    size_t numel = (size_t)m2d_tensor_numel(src->exp_gate[0]);
+/* Group G's expert role R times SCALE: Σ_c w_c · π_c(W_c), fp64 accumulation, one rounding. */
+static float *group_role(const m2d_model *t, const m2d_layer_plan *lp, int g, int r, double scale) {
+    contrib *c;
+    int n = group_contribs(lp, g, &c);
+    size_t numel = (size_t)m2d_tensor_numel(t->layers[c[0].layer].x[r][c[0].expert]);
     float **w = m2d_malloc((size_t)n * sizeof *w), *out = m2d_malloc(numel * sizeof *out);
-    for (int i = 0; i < n; i++) w[i] = source_matrix(t, lp->src_layer[a + i], lp->src_expert[a + i], m, lp->src_perm[a + i]);
-    m2d_merge_matrices((const float *const *)w, lp->src_w + a, n, numel, scale, out);
+    double *wt = m2d_malloc((size_t)n * sizeof *wt);
+    for (int i = 0; i < n; i++) w[i] = contrib_role(t, &c[i], r), wt[i] = c[i].w;
+    m2d_merge_matrices((const float *const *)w, wt, n, numel, scale, out);
     for (int i = 0; i < n; i++) free(w[i]);
-    free(w);
+    free(w), free(wt), free(c);
     return out;
 }
 
-/* The teacher tensor group G's matrix M is, unchanged (one unpermuted source of weight 1, or one
- * member), or NULL. */
-static const m2d_tensor *unchanged_source(const m2d_model *t, const m2d_layer_plan *lp, int g, int m) {
-    int layer = lp->layer, expert;
-    if (lp->src_start) {
-        int a = lp->src_start[g];
-        if (lp->src_start[g + 1] - a != 1 || lp->src_w[a] != 1 || lp->src_perm[a]) return NULL;
-        layer = lp->src_layer[a], expert = lp->src_expert[a];
-    } else {
-        if (lp->group_start[g + 1] - lp->group_start[g] != 1) return NULL;
-        expert = lp->members[lp->group_start[g]];
+/* The teacher tensor group G's role R is, unchanged (one unpermuted contribution of weight 1), or NULL. */
+static const m2d_tensor *unchanged_role(const m2d_model *t, const m2d_layer_plan *lp, int g, int r) {
+    contrib *c;
+    int n = group_contribs(lp, g, &c);
+    const m2d_tensor *ts = n == 1 && c[0].w == 1 && !c[0].perm ? t->layers[c[0].layer].x[r][c[0].expert] : NULL;
+    free(c);
+    return ts;
+}
+
+/* The dense FFN's biases, when the teacher's experts have them: gate/up merged like the weights
+ * and concatenated per group; down merged, scaled by α_g and summed over the groups (group g adds
+ * α_g (W_down^(g) h_g + b_down^(g))), in fp64 with one rounding. */
+static int build_dense_biases(student_owner *o, const m2d_model *t, const m2d_layer_plan *lp, m2d_layer *dst) {
+    const m2d_layer *src = &t->layers[lp->layer];
+    int d = t->cfg.hidden_size, de = t->cfg.moe_intermediate_size, G = lp->n_groups;
+    const int xr[3] = {M2D_X_EXP_GATE_BIAS, M2D_X_EXP_UP_BIAS, M2D_X_EXP_DOWN_BIAS};
+    const int roles[3] = {M2D_T_GATE_BIAS, M2D_T_UP_BIAS, M2D_T_DOWN_BIAS};
+    for (int b = 0; b < 3; b++) {
+        if (!src->x[xr[b]]) continue;
+        int n = b == 2 ? d : G * de;
+        double *acc = m2d_calloc((size_t)n, sizeof(double));
+        for (int g = 0; g < G; g++) {
+            contrib *c;
+            int nc = group_contribs(lp, g, &c);
+            for (int i = 0; i < nc; i++) {
+                float *v = contrib_role(t, &c[i], xr[b]);
+                double wi = c[i].w * (b == 2 ? lp->alpha[g] : 1.0);
+                for (int j = 0; j < (b == 2 ? d : de); j++) acc[(b == 2 ? 0 : (size_t)g * de) + j] += wi * v[j];
+                free(v);
+            }
+            free(c);
+        }
+        float *out = m2d_malloc((size_t)n * sizeof(float));
+        for (int j = 0; j < n; j++) out[j] = (float)acc[j];
+        dst->w[roles[b]] =
+            role_tensor(o, o->m.arch, M2D_SCOPE_DENSE, roles[b], lp->layer, 0, src->x[xr[b]][0]->dtype, n, 0, out);
+        free(acc);
+        free(out);
+        if (!dst->w[roles[b]]) return -1;
     }
-    const m2d_layer *L = &t->layers[layer];
-    return m == 0 ? L->exp_gate[expert] : m == 1 ? L->exp_up[expert] : L->exp_down[expert];
+    return 0;
 }
 
 static int build_dense_layer(student_owner *o, const m2d_model *t, const m2d_layer_plan *lp, m2d_layer *dst) {
@@ -593,9 +637,9 @@ static int build_dense_layer(student_owner *o, const m2d_model *t, const m2d_lay
     float **gs = m2d_malloc((size_t)G * sizeof *gs), **us = m2d_malloc((size_t)G * sizeof *us),
           **ds = m2d_malloc((size_t)G * sizeof *ds);
     for (int g = 0; g < G; g++) {
-        gs[g] = group_matrix(t, lp, g, 0, 1.0);
-        us[g] = group_matrix(t, lp, g, 1, 1.0);
-        ds[g] = group_matrix(t, lp, g, 2, lp->alpha[g]);
+        gs[g] = group_role(t, lp, g, M2D_X_EXP_GATE, 1.0);
+        us[g] = group_role(t, lp, g, M2D_X_EXP_UP, 1.0);
+        ds[g] = group_role(t, lp, g, M2D_X_EXP_DOWN, lp->alpha[g]);
     }
     size_t W = (size_t)G * de;
     float *gate = m2d_malloc(W * d * sizeof(float)), *up = m2d_malloc(W * d * sizeof(float)),
@@ -605,11 +649,12 @@ static int build_dense_layer(student_owner *o, const m2d_model *t, const m2d_lay
     dst->gate_proj = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_GATE, lp->layer, 0, dt, (int)W, d, gate);
     dst->up_proj = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_UP, lp->layer, 0, dt, (int)W, d, up);
     dst->down_proj = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_DOWN, lp->layer, 0, dt, d, (int)W, down);
-    dst->router = NULL;
-    dst->exp_gate = dst->exp_up = dst->exp_down = NULL;
+    dst->router = dst->router_bias = NULL;
+    for (int r = 0; r < M2D_X_COUNT; r++) dst->x[r] = NULL;
     for (int g = 0; g < G; g++) { free(gs[g]); free(us[g]); free(ds[g]); }
     free(gs); free(us); free(ds); free(gate); free(up); free(down);
-    return dst->gate_proj && dst->up_proj && dst->down_proj ? 0 : -1;
+    if (!dst->gate_proj || !dst->up_proj || !dst->down_proj) return -1;
+    return build_dense_biases(o, t, lp, dst);
 }
 
 /* Slot of each canonical member position in a shared-router layer: the rank of its expert id. */
@@ -622,61 +667,80 @@ static int *member_slots(const m2d_layer_plan *lp) {
     return slot;
 }
 
-/* Group G's matrix M into slots SLOTS[0..n): the first gets the tensor (the teacher's data when
- * unchanged), the others alias it. */
-static int fill_slots(student_owner *o, const m2d_model *t, const m2d_layer_plan *lp, int g, int m,
-                      const int *slots, int n, const m2d_tensor **arr) {
-    static const int role[3] = {M2D_X_EXP_GATE, M2D_X_EXP_UP, M2D_X_EXP_DOWN};
-    const m2d_config *c = &t->cfg;
-    int d = c->hidden_size, de = c->moe_intermediate_size;
-    const m2d_tensor *first = unchanged_source(t, lp, g, m);
+/* Router rows (and bias entries, one "row" of width 1) of the --target moe student: each member's
+ * own in its slot SLOT[i] (shared) or the merge-weighted average of the group's (average). */
+static float *moe_router_rows(const m2d_tensor *tr, const m2d_layer_plan *lp, const int *slot, int X, int width) {
+    float *router = m2d_tensor_f32(tr), *rows = m2d_calloc((size_t)X * width, sizeof(float));
+    for (int g = 0; g < lp->n_groups; g++) {
+        int first = lp->group_start[g], n = lp->group_start[g + 1] - first;
+        const int *mem = lp->members + first;
+        for (int i = 0; i < n && slot; i++)
+            memcpy(rows + (size_t)slot[first + i] * width, router + (size_t)mem[i] * width, (size_t)width * sizeof(float));
+        for (int j = 0; j < width && !slot; j++) {
+            double acc = 0;
+            for (int i = 0; i < n; i++) acc += lp->merge_w[first + i] * router[(size_t)mem[i] * width + j];
+            rows[(size_t)g * width + j] = (float)acc;
+        }
+    }
+    free(router);
+    return rows;
+}
+
+/* Group G's expert role R into the slots SLOTS[0..n) of ARR: the first gets the tensor (the
+ * teacher's own data when unchanged), the others alias it. */
+static int fill_slots(student_owner *o, const m2d_model *t, const m2d_layer_plan *lp, int g, int r, const int *slots,
+                      int n, const m2d_tensor **arr) {
+    const int d = t->cfg.hidden_size, de = t->cfg.moe_intermediate_size;
+    const int rows[M2D_X_COUNT] = {de, de, d, de, de, d}, cols[M2D_X_COUNT] = {d, d, de, 0, 0, 0};
+    _Static_assert(M2D_X_COUNT == 6, "expert roles: shapes above");
+    const m2d_tensor *first = unchanged_role(t, lp, g, r);
     for (int i = 0; i < n; i++) {
         char name[256];
-        if (m2d_arch_tensor_name(o->m.arch, M2D_SCOPE_EXPERT, role[m], lp->layer, slots[i], name, sizeof name)) return -1;
+        if (role_name(o->m.arch, M2D_SCOPE_EXPERT, r, lp->layer, slots[i], name, sizeof name)) return -1;
         if (first) {
             arr[slots[i]] = alias_tensor(o, name, first);
             continue;
         }
-        float *merged = group_matrix(t, lp, g, m, 1.0);
-        first = arr[slots[i]] = new_tensor(o, name, t->layers[lp->layer].exp_gate[0]->dtype, m == 2 ? d : de,
-                                           m == 2 ? de : d, merged);
+        float *merged = group_role(t, lp, g, r, 1.0);
+        first = arr[slots[i]] = new_tensor(o, name, t->layers[lp->layer].x[r][0]->dtype, rows[r], cols[r], merged);
         free(merged);
     }
     return 0;
 }
 
 /* --target moe layer. Group g's expert goes to one slot (average) or to the slot of every member
- * (shared: slots in increasing teacher expert id, each keeping its router row). */
+ * (shared: slots in increasing teacher expert id, each keeping its router row). Every expert role
+ * the teacher has (weights, and biases when present) is merged the same way. */
 static int build_moe_layer(student_owner *o, const m2d_model *t, const m2d_convert_plan *plan,
                            const m2d_layer_plan *lp, m2d_layer *dst, int slot) {
-    const m2d_config *c = &t->cfg;
     const m2d_layer *src = &t->layers[lp->layer];
-    int d = c->hidden_size, G = lp->n_groups;
+    int d = t->cfg.hidden_size, G = lp->n_groups;
     int shared = plan->moe_router == M2D_MOE_ROUTER_SHARED, X = shared ? lp->K : G;
-    const m2d_tensor **arr = m2d_calloc((size_t)3 * X, sizeof *arr);
+    const m2d_tensor **arr = m2d_calloc((size_t)M2D_X_COUNT * X, sizeof *arr);
     o->ptr_arrays[slot] = arr;
-    dst->exp_gate = arr;
-    dst->exp_up = arr + X;
-    dst->exp_down = arr + 2 * X;
-    float *router = m2d_tensor_f32(src->router), *rows = m2d_calloc((size_t)X * d, sizeof(float));
-    int *mslot = member_slots(lp), *slots = m2d_malloc((size_t)lp->K * sizeof *slots), rc = 0;
+    for (int r = 0; r < M2D_X_COUNT; r++) dst->x[r] = src->x[r] ? arr + (size_t)r * X : NULL;
+    int *mslot = shared ? member_slots(lp) : NULL, rc = 0;
     for (int g = 0; g < G && rc == 0; g++) {
-        int first = lp->group_start[g], n = lp->group_start[g + 1] - first;
-        const int *mem = lp->members + first;
-        for (int i = 0; i < n; i++) slots[i] = shared ? mslot[first + i] : g;
-        for (int m = 0; m < 3 && rc == 0; m++) rc = fill_slots(o, t, lp, g, m, slots, shared ? n : 1, arr + m * X);
-        for (int i = 0; i < n && shared; i++)
-            memcpy(rows + (size_t)slots[i] * d, router + (size_t)mem[i] * d, (size_t)d * sizeof(float));
-        for (int j = 0; j < d && !shared; j++) {
-            double acc = 0;
-            for (int i = 0; i < n; i++) acc += lp->merge_w[first + i] * router[(size_t)mem[i] * d + j];
-            rows[(size_t)g * d + j] = (float)acc;
-        }
+        int first = lp->group_start[g], n = shared ? lp->group_start[g + 1] - first : 1;
+        const int *slots = shared ? mslot + first : &g;
+        for (int r = 0; r < M2D_X_COUNT && rc == 0; r++)
+            if (src->x[r]) rc = fill_slots(o, t, lp, g, r, slots, n, arr + (size_t)r * X);
     }
-    if (rc == 0)
-        dst->router = role_tensor(o, o->m.arch, M2D_SCOPE_MOE, M2D_T_ROUTER, lp->layer, 0, src->router->dtype, X, d, rows);
-    free(router), free(rows), free(mslot), free(slots);
-    return rc == 0 && dst->router ? 0 : -1;
+    if (rc == 0) {
+        float *rr = moe_router_rows(src->router, lp, mslot, X, d);
+        dst->router = role_tensor(o, o->m.arch, M2D_SCOPE_MOE, M2D_T_ROUTER, lp->layer, 0, src->router->dtype, X, d, rr);
+        free(rr);
+        rc = dst->router ? 0 : -1;
+    }
+    if (rc == 0 && src->router_bias) {
+        float *rb = moe_router_rows(src->router_bias, lp, mslot, X, 1);
+        dst->router_bias = role_tensor(o, o->m.arch, M2D_SCOPE_MOE, M2D_T_ROUTER_BIAS, lp->layer, 0,
+                                       src->router_bias->dtype, X, 0, rb);
+        free(rb);
+        rc = dst->router_bias ? 0 : -1;
+    }
+    free(mslot);
+    return rc;
 }
 
 /* Dense teacher layer narrower than the student width: zero-pad (SPEC §4). */
@@ -864,8 +928,12 @@ static int add_tensor(m2d_st_writer *w, const m2d_tensor *t) {
     return m2d_st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data);
 }
 
-/* The FFN block of a student layer: its FFN roles (dense gate/up/down, router), then each expert's. */
-static int add_layer_tensors(m2d_st_writer *w, const m2d_layer *l, const m2d_config *c) {
+/* The FFN block of a student layer: its FFN roles (dense gate/up/down, router), then each expert's;
+ * or as the student's architecture stores them (write_ffn). */
+static int add_layer_tensors(m2d_st_writer *w, const m2d_model *s, int layer) {
+    if (s->arch->write_ffn) return s->arch->write_ffn(s, layer, w);
+    const m2d_layer *l = &s->layers[layer];
+    const m2d_config *c = &s->cfg;
     for (int r = 0; r < M2D_T_COUNT; r++)
         if (m2d_layer_role_is_ffn(r) && l->w[r] && add_tensor(w, l->w[r])) return -1;
     for (int e = 0; l->router && e < c->num_experts; e++)
@@ -874,13 +942,22 @@ static int add_layer_tensors(m2d_st_writer *w, const m2d_layer *l, const m2d_con
     return 0;
 }
 
-/* Mark the teacher's FFN-block tensors of layer L (the ones the student replaces) in SKIP[st index]. */
+/* SKIP[st index of X] = 1 when X is one of the teacher's stored tensors (not one post_bind made). */
+static void mark_stored(const m2d_model *t, const m2d_tensor *x, char *skip) {
+    int i = x ? m2d_st_index_of(t->st, x->name) : -1;
+    if (i >= 0 && m2d_st_at(t->st, i) == x) skip[i] = 1;
+}
+
+/* Mark the teacher's FFN-block tensors of layer L (the ones the student replaces) in SKIP[st index]:
+ * those bound to FFN roles and experts, and those post_bind read for them. */
 static void mark_ffn_block(const m2d_model *t, int l, char *skip) {
     const m2d_layer *L = &t->layers[l];
     for (int r = 0; r < M2D_T_COUNT; r++)
-        if (m2d_layer_role_is_ffn(r) && L->w[r]) skip[m2d_st_index_of(t->st, L->w[r]->name)] = 1;
+        if (m2d_layer_role_is_ffn(r)) mark_stored(t, L->w[r], skip);
     for (int r = 0; r < M2D_X_COUNT; r++)
-        for (int e = 0; L->x[r] && e < t->cfg.num_experts; e++) skip[m2d_st_index_of(t->st, L->x[r][e]->name)] = 1;
+        for (int e = 0; L->x[r] && e < t->cfg.num_experts; e++) mark_stored(t, L->x[r][e], skip);
+    for (int i = 0; i < t->n_claimed; i++)
+        if (t->claimed[i].layer == l && t->claimed[i].part == M2D_PART_FFN) mark_stored(t, t->claimed[i].t, skip);
 }
 
 static int write_weights(const m2d_model *t, const m2d_model *s, const char *dir) {
@@ -895,7 +972,7 @@ static int write_weights(const m2d_model *t, const m2d_model *s, const char *dir
     for (int i = 0; i < n && rc == 0; i++)
         if (!skip[i]) rc = add_tensor(w, m2d_st_at(t->st, i)); /* bit-exact copy */
     for (int l = 0; l < t->cfg.num_hidden_layers && rc == 0; l++)
-        if (replaced[l]) rc = add_layer_tensors(w, &s->layers[l], &s->cfg);
+        if (replaced[l]) rc = add_layer_tensors(w, s, l);
     free(replaced);
     free(skip);
     char *p = m2d_path_join(dir, "model.safetensors");
