@@ -68,27 +68,39 @@ static void put_le64(uint8_t *b, uint64_t v) {
     for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
 }
 
+/* tag, L and the window count (int64 LE) */
+static void hash_head(m2d_sha256 *s, const char *tag, int seq_len, int n_windows) {
+    uint8_t b[8];
+    m2d_sha256_update(s, tag, strlen(tag));
+    put_le64(b, (uint64_t)(int64_t)seq_len);
+    m2d_sha256_update(s, b, 8);
+    put_le64(b, (uint64_t)(int64_t)n_windows);
+    m2d_sha256_update(s, b, 8);
+}
+
+/* N token ids from IDS, int32 LE each */
+static void hash_ids(m2d_sha256 *s, const int32_t *ids, int n) {
+    for (int t = 0; t < n; t++) {
+        uint32_t v = (uint32_t)ids[t];
+        uint8_t le[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+        m2d_sha256_update(s, le, 4);
+    }
+}
+
+static void hash_tail(m2d_sha256 *s, const char *gate_convention, char out[65]) {
+    m2d_sha256_update(s, gate_convention, strlen(gate_convention));
+    uint8_t d[32];
+    m2d_sha256_final(s, d);
+    m2d_hex(d, 32, out);
+}
+
 void m2d_calib_hash(const int32_t *ids, const int64_t *starts, int n_windows, int seq_len,
                     const char *gate_convention, char out[65]) {
     m2d_sha256 s;
     m2d_sha256_init(&s);
-    const char *tag = "moe2dense-calib-v1\n";
-    m2d_sha256_update(&s, tag, strlen(tag));
-    uint8_t b[8];
-    put_le64(b, (uint64_t)(int64_t)seq_len);
-    m2d_sha256_update(&s, b, 8);
-    put_le64(b, (uint64_t)(int64_t)n_windows);
-    m2d_sha256_update(&s, b, 8);
-    for (int w = 0; w < n_windows; w++)
-        for (int t = 0; t < seq_len; t++) {
-            uint32_t v = (uint32_t)ids[starts[w] + t];
-            uint8_t le[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
-            m2d_sha256_update(&s, le, 4);
-        }
-    m2d_sha256_update(&s, gate_convention, strlen(gate_convention));
-    uint8_t d[32];
-    m2d_sha256_final(&s, d);
-    m2d_hex(d, 32, out);
+    hash_head(&s, "moe2dense-calib-v1\n", seq_len, n_windows);
+    for (int w = 0; w < n_windows; w++) hash_ids(&s, ids + starts[w], seq_len);
+    hash_tail(&s, gate_convention, out);
 }
 
 void m2d_calib_hash_windows(const int32_t *ids, const int64_t *starts, const int *lens, int n_windows, int seq_len,
@@ -99,26 +111,14 @@ void m2d_calib_hash_windows(const int32_t *ids, const int64_t *starts, const int
     }
     m2d_sha256 s;
     m2d_sha256_init(&s);
-    const char *tag = "moe2dense-calib-v2-documents\n";
-    m2d_sha256_update(&s, tag, strlen(tag));
-    uint8_t b[8];
-    put_le64(b, (uint64_t)(int64_t)seq_len);
-    m2d_sha256_update(&s, b, 8);
-    put_le64(b, (uint64_t)(int64_t)n_windows);
-    m2d_sha256_update(&s, b, 8);
+    hash_head(&s, "moe2dense-calib-v2-documents\n", seq_len, n_windows);
     for (int w = 0; w < n_windows; w++) {
+        uint8_t b[8];
         put_le64(b, (uint64_t)(int64_t)lens[w]);
         m2d_sha256_update(&s, b, 8);
-        for (int t = 0; t < lens[w]; t++) {
-            uint32_t v = (uint32_t)ids[starts[w] + t];
-            uint8_t le[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
-            m2d_sha256_update(&s, le, 4);
-        }
+        hash_ids(&s, ids + starts[w], lens[w]);
     }
-    m2d_sha256_update(&s, gate_convention, strlen(gate_convention));
-    uint8_t d[32];
-    m2d_sha256_final(&s, d);
-    m2d_hex(d, 32, out);
+    hash_tail(&s, gate_convention, out);
 }
 
 int m2d_calib_doc_windows(const int64_t *doc_starts, int n_docs, int64_t n_ids, int seq_len, int n_samples, int seeded,
