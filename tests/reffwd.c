@@ -45,13 +45,49 @@ static void ref_swiglu(const m2d_tensor *g, const m2d_tensor *u, const m2d_tenso
     free(b);
 }
 
-static void ref_rope(double *v, int hd, int pos, double theta) {
-    for (int i = 0; i < hd / 2; i++) {
-        double f = pos * pow(theta, -2.0 * i / hd), a = v[i], b = v[i + hd / 2];
-        v[i] = a * cos(f) - b * sin(f);
-        v[i + hd / 2] = b * cos(f) + a * sin(f);
+/* frequency i of DIM rotated dimensions: theta^(-2i/dim), divided by the factor (linear), or YaRN's
+ * blend (written from the YaRN paper, "NTK-by-parts"): dimensions turning more than beta_fast times
+ * over the original context keep their frequency, those turning fewer than beta_slow times are
+ * interpolated (divided by the factor), linearly in between over the rounded range */
+static double ref_freq(const m2d_config *c, int i, int dim) {
+    const m2d_rope_scaling *s = &c->rope_scaling;
+    double base = pow(c->rope_theta, -2.0 * i / dim);
+    if (s->kind == M2D_ROPE_SCALING_LINEAR) return base / s->factor;
+    if (s->kind != M2D_ROPE_SCALING_YARN) return base;
+    double turns_fast = s->beta_fast ? s->beta_fast : 32, turns_slow = s->beta_slow ? s->beta_slow : 1;
+    /* the pair index whose wavelength 2 pi / f fits TURNS times into the original context */
+    double lo = dim * log(s->original_max_position_embeddings / (turns_fast * 2 * M_PI)) / (2 * log(c->rope_theta));
+    double hi = dim * log(s->original_max_position_embeddings / (turns_slow * 2 * M_PI)) / (2 * log(c->rope_theta));
+    if (s->truncate) lo = floor(lo), hi = ceil(hi);
+    lo = lo < 0 ? 0 : lo, hi = hi > dim - 1 ? dim - 1 : hi;
+    double t = (i - lo) / (hi == lo ? 0.001 : hi - lo);
+    t = t < 0 ? 0 : t > 1 ? 1 : t;
+    return base * (1 - t) + base / s->factor * t;
+}
+
+/* cos/sin multiplier: YaRN's 0.1 ln(factor) + 1 (or the ratio of two such for mscale/mscale_all_dim) */
+static double ref_rope_gain(const m2d_config *c) {
+    const m2d_rope_scaling *s = &c->rope_scaling;
+    if (s->kind != M2D_ROPE_SCALING_YARN) return 1;
+    if (s->attention_factor) return s->attention_factor;
+    double f = s->factor;
+#define MS(m) (f <= 1 ? 1 : 0.1 * (m) * log(f) + 1)
+    return s->mscale && s->mscale_all_dim ? MS(s->mscale) / MS(s->mscale_all_dim) : MS(1);
+#undef MS
+}
+
+/* rotate the first ROT dims of one head: pairs (i, i + rot/2), or (2i, 2i + 1) when INTERLEAVED */
+static void ref_rope_n(double *v, int rot, int pos, const m2d_config *c, int interleaved) {
+    double gain = ref_rope_gain(c);
+    for (int i = 0; i < rot / 2; i++) {
+        double f = pos * ref_freq(c, i, rot);
+        double *pa = interleaved ? v + 2 * i : v + i, *pb = interleaved ? pa + 1 : pa + rot / 2, a = *pa, b = *pb;
+        *pa = gain * (a * cos(f) - b * sin(f));
+        *pb = gain * (b * cos(f) + a * sin(f));
     }
 }
+
+static void ref_rope(double *v, int hd, int pos, const m2d_config *c) { ref_rope_n(v, hd, pos, c, 0); }
 
 /* q/k norm of one token's heads: per head ([head_dim] weight, Qwen3) or over the whole projection
  * (OLMoE), told apart by the weight's length; then RoPE per head */
@@ -59,7 +95,7 @@ static void ref_qk(double *v, int heads, int hd, const m2d_tensor *norm, const m
     if (norm && m2d_tensor_numel(norm) == (int64_t)heads * hd && heads > 1) ref_rms(v, heads * hd, norm, c->rms_norm_eps);
     for (int a = 0; a < heads; a++) {
         if (norm && m2d_tensor_numel(norm) == hd) ref_rms(v + (size_t)a * hd, hd, norm, c->rms_norm_eps);
-        ref_rope(v + (size_t)a * hd, hd, pos, c->rope_theta);
+        ref_rope(v + (size_t)a * hd, hd, pos, c);
     }
 }
 

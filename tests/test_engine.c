@@ -111,7 +111,7 @@ static void rope_row(m2d_backend *be, float *x, int n_heads, int hd, int32_t pos
     size_t bytes = sizeof(float) * (size_t)n_heads * hd;
     m2d_buf *xb = upload(be, x, bytes), *pb = upload(be, &pos, sizeof pos);
     m2d_mat X = m2d_mat_of(xb, 0, 1, n_heads * hd, n_heads * hd);
-    m2d_rope_args r = {M2D_ROPE_NEOX, 10000.0};
+    m2d_rope_args r = {.kind = M2D_ROPE_NEOX, .theta = 10000.0};
     be->ops->rope(be, &X, n_heads, hd, pb, &r);
     download(be, x, xb, bytes);
     be->ops->release(be, xb), be->ops->release(be, pb);
@@ -137,6 +137,42 @@ static void op_rope_rotate_half_on(const char *backend) {
     memcpy(y, ref, sizeof y);
     rope_row(be, y, 1, 8, 0);
     assert_true(max_abs_diff(y, ref, 8) == 0);
+    m2d_backend_free(be);
+}
+
+/* RoPE variants: interleaved pairs, a partial rotation (rot_dim < head_dim, the rest untouched),
+ * given frequencies and an attention factor (YaRN), against the formula written out per pair */
+static void op_rope_variants_on(const char *backend) {
+    int hd = 12, rot = 8, H = 3;
+    double inv_freq[4] = {1.0, 0.37, 0.021, 1e-4};
+    float x[3 * 12], ref[3 * 12];
+    uint64_t st = 9;
+    fill_normal(&st, x, sizeof x / 4, 1);
+    m2d_backend *be = new_backend(backend, 1);
+    for (int kind = 0; kind < 2; kind++) {
+        int32_t pos = 37;
+        memcpy(ref, x, sizeof x);
+        float y[3 * 12];
+        memcpy(y, x, sizeof x);
+        m2d_buf *xb = upload(be, y, sizeof y), *pb = upload(be, &pos, sizeof pos);
+        m2d_mat X = m2d_mat_of(xb, 0, 1, H * hd, H * hd);
+        m2d_rope_args r = {.kind = kind ? M2D_ROPE_INTERLEAVED : M2D_ROPE_NEOX, .theta = 1e4, .inv_freq = inv_freq,
+                           .attn_factor = 1.25, .rot_dim = rot};
+        be->ops->rope(be, &X, H, hd, pb, &r);
+        download(be, y, xb, sizeof y);
+        be->ops->release(be, xb), be->ops->release(be, pb);
+        for (int h = 0; h < H; h++) {
+            const float *v = ref + h * hd;
+            for (int i = 0; i < rot / 2; i++) {
+                int ia = kind ? 2 * i : i, ib = kind ? 2 * i + 1 : i + rot / 2;
+                double f = pos * inv_freq[i], c = 1.25 * cos(f), sn = 1.25 * sin(f);
+                /* |x| <= ~4, cos/sin rounded to fp32: error ~ 4 * 2 * 6e-8 */
+                assert_true(fabs(y[h * hd + ia] - (v[ia] * c - v[ib] * sn)) < 1e-5);
+                assert_true(fabs(y[h * hd + ib] - (v[ib] * c + v[ia] * sn)) < 1e-5);
+            }
+            for (int i = rot; i < hd; i++) assert_true(y[h * hd + i] == v[i]); /* not rotated */
+        }
+    }
     m2d_backend_free(be);
 }
 
@@ -288,6 +324,7 @@ static void op_convert_parallel_on(const char *backend) {
 EACH_BACKEND(op_matmul_matches_loops)
 EACH_BACKEND(op_rmsnorm_analytic)
 EACH_BACKEND(op_rope_rotate_half)
+EACH_BACKEND(op_rope_variants)
 EACH_BACKEND(op_softmax_and_swiglu)
 EACH_BACKEND(op_topk_ties_to_lower_index)
 EACH_BACKEND(op_attention_causal_gqa)
@@ -733,12 +770,13 @@ static void golden_tiny_qwen3moe(void **state) {
 /* ---------------- naive float64 reference forward: tests/reffwd.c ---------------- */
 
 /* Checkpoints written by the testmodel helper and opened through m2d_model_open: a MoE with
- * dense layers (mlp_only_layers + decoder_sparse_step), tied embeddings, f16; a dense Qwen3. */
+ * dense layers (mlp_only_layers + decoder_sparse_step), tied embeddings, f16; a dense Qwen3; a MoE
+ * with YaRN RoPE past its original context (attention factor != 1). */
 static void engine_matches_naive_reference_on_checkpoints(void **state) {
     (void)state;
     char *dir = tu_tmpdir();
     int only[1] = {0};
-    for (int variant = 0; variant < 3; variant++) {
+    for (int variant = 0; variant < 4; variant++) {
         m2d_testmodel_opts o;
         m2d_testmodel_defaults(&o);
         o.seed = 100 + (uint64_t)variant;
@@ -759,6 +797,12 @@ static void engine_matches_naive_reference_on_checkpoints(void **state) {
         }
         char *sub = m2d_strfmt("%s/m%d", dir, variant);
         assert_int_equal(m2d_testmodel_write(sub, &o), 0);
+        if (variant == 3) {
+            char *cfg = m2d_path_join(sub, "config.json");
+            tu_replace_in_file(cfg, "\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4, "
+                               "\"original_max_position_embeddings\": 8, \"mscale\": 1.0, \"mscale_all_dim\": 0.5}");
+            free(cfg);
+        }
         m2d_model *m;
         assert_int_equal(m2d_model_open(sub, &m), 0);
         if (variant == 0) {
@@ -799,7 +843,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(op_matmul_matches_loops),
         cmocka_unit_test(op_rmsnorm_analytic),
-        cmocka_unit_test(op_rope_rotate_half),
+        cmocka_unit_test(op_rope_rotate_half), cmocka_unit_test(op_rope_variants),
         cmocka_unit_test(op_softmax_and_swiglu),
         cmocka_unit_test(op_topk_ties_to_lower_index),
         cmocka_unit_test(op_attention_causal_gqa),

@@ -233,6 +233,8 @@ static void check_model(const char *name) {
 static void qwen3moe_bf16(void **state) { (void)state; check_model("qwen3moe"); }
 /* Qwen3-MoE in f32: top-k not renormalised, tied embeddings, decoder_sparse_step 2, 3:1 GQA. */
 static void qwen3moe_f32(void **state) { (void)state; check_model("qwen3moe-f32"); }
+/* Qwen3-MoE with YaRN RoPE (48 positions over an original context of 16). */
+static void qwen3moe_yarn(void **state) { (void)state; check_model("qwen3moe-yarn"); }
 /* dense Qwen3 (the student's family), bf16, tied embeddings. */
 static void qwen3_dense(void **state) { (void)state; check_model("qwen3"); }
 /* the dense student of the bf16 teacher (zero-padded dense layer), in transformers' Qwen3ForCausalLM. */
@@ -258,7 +260,7 @@ static int teardown(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(qwen3moe_bf16), cmocka_unit_test(qwen3moe_f32), cmocka_unit_test(qwen3_dense),
-        cmocka_unit_test(student_dense), cmocka_unit_test(student_moe),
+        cmocka_unit_test(student_dense), cmocka_unit_test(student_moe), cmocka_unit_test(qwen3moe_yarn),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

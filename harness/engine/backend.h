@@ -88,9 +88,14 @@ typedef struct {
     m2d_mat out;            /* [n, d] */
 } m2d_moe_args;
 
+/* RoPE of each head's first rot_dim dimensions (the rest unchanged): pair i turns by pos * f_i,
+ * f_i = inv_freq[i] or theta^(-2i/rot_dim); cos and sin are multiplied by attn_factor (YaRN). */
 typedef struct {
     m2d_rope_kind kind;
     double theta;
+    const double *inv_freq; /* host [rot_dim/2]; NULL: theta^(-2i/rot_dim) */
+    double attn_factor;     /* 0: 1 */
+    int rot_dim;            /* 0: head_dim */
 } m2d_rope_args;
 
 typedef struct {
@@ -129,7 +134,8 @@ typedef struct {
                  m2d_precision prec);
     /* y = x / sqrt(mean(x^2) + eps) * w, per row over x.cols (sum of squares in fp64); y may be x */
     void (*rmsnorm)(m2d_backend *be, const m2d_mat *x, const m2d_weight *w, double eps, m2d_mat *y);
-    /* rotary embedding of the n_heads heads of each row of x, at positions pos[row] (int32) */
+    /* rotary embedding of the n_heads heads of each row of x (head h at column h*head_dim), at
+     * positions pos[row] (int32); see m2d_rope_args */
     void (*rope)(m2d_backend *be, m2d_mat *x, int n_heads, int head_dim, const m2d_buf *pos, const m2d_rope_args *r);
     void (*attention)(m2d_backend *be, const m2d_attn_args *a);
     /* rows of k, v (a [n, n_kv*head_dim] segment) to cache positions pos0.. (layout as m2d_attn_args) */

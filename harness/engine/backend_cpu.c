@@ -320,28 +320,30 @@ static void cpu_rmsnorm(m2d_backend *be, const m2d_mat *x, const m2d_weight *w, 
     rmsnorm_rows(F(x), x->ld, wv, x->rows, x->cols, eps, F(y), y->ld);
 }
 
-/* rotate-half: for i < hd/2, f = pos * theta^(-2i/hd): (a, b) = (x[i], x[i+hd/2]) ->
- * (a cos f - b sin f, b cos f + a sin f); angles in double */
+/* RoPE (m2d_rope_args): pair i of each head's first rot dims, (a, b) = (x[i], x[i + rot/2]) for
+ * rotate-half or (x[2i], x[2i+1]) interleaved, turns by f = pos * inv_freq[i]:
+ * (a cos f - b sin f, b cos f + a sin f), cos and sin times attn_factor; angles in double */
 static void cpu_rope(m2d_backend *be, m2d_mat *xm, int n_heads, int hd, const m2d_buf *posb, const m2d_rope_args *r) {
     (void)be;
     float *x = F(xm);
     const int32_t *pos = B(posb);
-    int half = hd / 2;
-    double inv_freq[M2D_MAX_HEAD_DIM / 2];
+    int rot = r->rot_dim ? r->rot_dim : hd, half = rot / 2;
+    int inter = r->kind == M2D_ROPE_INTERLEAVED, step = inter ? 2 : 1, partner = inter ? 1 : half;
+    double af = r->attn_factor != 0 ? r->attn_factor : 1, inv_freq[M2D_MAX_HEAD_DIM / 2];
     float cs[M2D_MAX_HEAD_DIM / 2], sn[M2D_MAX_HEAD_DIM / 2];
-    for (int i = 0; i < half; i++) inv_freq[i] = pow(r->theta, -2.0 * i / hd);
+    for (int i = 0; i < half; i++) inv_freq[i] = r->inv_freq ? r->inv_freq[i] : pow(r->theta, -2.0 * i / rot);
     for (int t = 0; t < xm->rows; t++) {
         for (int i = 0; i < half; i++) {
             double f = pos[t] * inv_freq[i];
-            cs[i] = (float)cos(f);
-            sn[i] = (float)sin(f);
+            cs[i] = (float)(cos(f) * af);
+            sn[i] = (float)(sin(f) * af);
         }
         for (int h = 0; h < n_heads; h++) {
             float *v = x + (size_t)t * xm->ld + (size_t)h * hd;
             for (int i = 0; i < half; i++) {
-                float a = v[i], b = v[i + half];
-                v[i] = a * cs[i] - b * sn[i];
-                v[i + half] = b * cs[i] + a * sn[i];
+                float *pa = v + i * step, *pb = pa + partner, a = *pa, b = *pb;
+                *pa = a * cs[i] - b * sn[i];
+                *pb = b * cs[i] + a * sn[i];
             }
         }
     }

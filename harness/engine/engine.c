@@ -43,6 +43,8 @@ struct m2d_engine {
     m2d_weight *embed, *final_norm, *lm_head; /* lm_head == embed when tied */
     layer_weights *lw;                        /* [num_hidden_layers] */
     size_t resident_bytes;
+    m2d_rope_args rope;                       /* the model's RoPE (frequencies from cfg, model/rope.h) */
+    double *inv_freq;                         /* [rope_dim / 2] */
 };
 
 struct m2d_kv {
@@ -111,13 +113,20 @@ static int check_layer(const m2d_model *m, int l) {
     return 0;
 }
 
+static int rope_dim(const m2d_config *c) { return c->rope_dim ? c->rope_dim : c->head_dim; }
+
 static int check_model(const m2d_model *m) {
     if (!m || !m->layers || !m->embed || !m->lm_head || !m->final_norm)
         return m2d_err("engine: model is not bound (missing embed/lm_head/final_norm/layers)");
     const m2d_layer_ops *ops = &m->cfg.ops;
-    if (ops->router != M2D_ROUTER_SOFTMAX_TOPK || ops->ffn_act != M2D_ACT_SWIGLU || ops->rope != M2D_ROPE_NEOX)
+    if (ops->router != M2D_ROUTER_SOFTMAX_TOPK || ops->ffn_act != M2D_ACT_SWIGLU ||
+        (ops->rope != M2D_ROPE_NEOX && ops->rope != M2D_ROPE_INTERLEAVED))
         return m2d_err("%s: %s uses a router, activation or RoPE variant the engine does not implement", m->dir,
                        m->cfg.arch);
+    int rot = rope_dim(&m->cfg);
+    if (rot <= 0 || rot % 2 || rot > m->cfg.head_dim)
+        return m2d_err("%s: config: RoPE over %d dimensions of a head of %d (must be even and fit)", m->dir, rot,
+                       m->cfg.head_dim);
     if (check_shapes(m)) return -1;
     for (int l = 0; l < m->cfg.num_hidden_layers; l++)
         if (check_layer(m, l)) return -1;
@@ -218,6 +227,11 @@ int m2d_engine_open(const m2d_model *m, const m2d_engine_opts *o, m2d_engine **o
     e->be = be;
     e->B = be->ops;
     e->prec = o->precision;
+    int rot = rope_dim(&m->cfg);
+    e->inv_freq = m2d_malloc(sizeof(double) * (size_t)(rot / 2));
+    m2d_rope_inv_freq(&m->cfg.rope_scaling, m->cfg.rope_theta, rot, e->inv_freq);
+    e->rope = (m2d_rope_args){.kind = m->cfg.ops.rope, .theta = m->cfg.rope_theta, .inv_freq = e->inv_freq,
+                              .attn_factor = m2d_rope_attention_factor(&m->cfg.rope_scaling), .rot_dim = rot};
     weights_new(e);
     default_residency(e);
     *out = e;
@@ -233,6 +247,7 @@ void m2d_engine_free(m2d_engine *e) {
     if (!e) return;
     weights_free(e);
     m2d_backend_free(e->be);
+    free(e->inv_freq);
     free(e);
 }
 
@@ -323,9 +338,8 @@ static void attention_block(m2d_engine *e, int l, const fwd_ws *w, const seg_pla
     B->gemm(be, &XN, lw->w[M2D_T_K], 0, &K, 0.0f, e->prec);
     B->gemm(be, &XN, lw->w[M2D_T_V], 0, &V, 0.0f, e->prec);
     qk_norm(e, lw, w);
-    m2d_rope_args rope = {.kind = c->ops.rope, .theta = c->rope_theta};
-    B->rope(be, &Q, H, hd, w->pos, &rope);
-    B->rope(be, &K, KV, hd, w->pos, &rope);
+    B->rope(be, &Q, H, hd, w->pos, &e->rope);
+    B->rope(be, &K, KV, hd, w->pos, &e->rope);
     const m2d_kv *pre = p->prefix;
     for (int s = 0; s < p->n_seg; s++) {
         size_t o = (size_t)p->seg_off[s];

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 
 #include "io/st.h"
+#include "model/rope.h"
 
 /* One limit on the attention head size, for the config readers, the engine and every backend
  * (kernels size their per-head scratch by it): 1024, four times the largest heads (256) of released
@@ -38,7 +39,8 @@ typedef enum {
 } m2d_ffn_act;
 
 typedef enum {
-    M2D_ROPE_NEOX,           /* rotate-half (HF default): pairs (i, i + head_dim/2), theta^(-2i/head_dim) */
+    M2D_ROPE_NEOX,           /* rotate-half (HF default): pairs (i, i + rot/2) of the first rot dims */
+    M2D_ROPE_INTERLEAVED,    /* adjacent pairs (2i, 2i + 1) of the first rot dims (DeepSeek-V2, GPT-J) */
 } m2d_rope_kind;
 
 typedef struct {
@@ -59,6 +61,8 @@ typedef struct {
     int *mlp_only_layers; int n_mlp_only_layers;
     int num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim;
     double rope_theta, rms_norm_eps;
+    m2d_rope_scaling rope_scaling; /* rope_scaling / rope_parameters beyond theta (model/rope.h) */
+    int rope_dim;           /* dimensions rotated per head (0: head_dim): the first ones, or MLA's rope part */
     bool tie_word_embeddings;
     int max_position_embeddings;
     int bos_token_id, eos_token_id; /* -1 when null/absent */
