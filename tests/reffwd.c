@@ -91,12 +91,25 @@ static void ref_rope(double *v, int hd, int pos, const m2d_config *c) { ref_rope
 
 /* q/k norm of one token's heads: per head ([head_dim] weight, Qwen3) or over the whole projection
  * (OLMoE), told apart by the weight's length; then RoPE per head */
+static void ref_clip(double *v, int n, double lim) {
+    for (int i = 0; lim > 0 && i < n; i++) v[i] = v[i] < -lim ? -lim : v[i] > lim ? lim : v[i];
+}
+
 static void ref_qk(double *v, int heads, int hd, const m2d_tensor *norm, const m2d_config *c, int pos) {
     if (norm && m2d_tensor_numel(norm) == (int64_t)heads * hd && heads > 1) ref_rms(v, heads * hd, norm, c->rms_norm_eps);
-    for (int a = 0; a < heads; a++) {
+    for (int a = 0; a < heads; a++)
         if (norm && m2d_tensor_numel(norm) == hd) ref_rms(v + (size_t)a * hd, hd, norm, c->rms_norm_eps);
-        ref_rope(v + (size_t)a * hd, hd, pos, c);
-    }
+    ref_clip(v, heads * hd, c->clip_qkv); /* OLMoE: after the norms, before RoPE */
+    for (int a = 0; a < heads; a++) ref_rope(v + (size_t)a * hd, hd, pos, c);
+}
+
+/* y = W x (+ b when the tensor exists) */
+static void ref_linear_b(const m2d_tensor *wt, const m2d_tensor *b, const double *x, int in, int out, double *y) {
+    ref_linear(wt, x, in, out, y);
+    if (!b) return;
+    double *bv = tf(b);
+    for (int o = 0; o < out; o++) y[o] += bv[o];
+    free(bv);
 }
 
 typedef struct {
@@ -134,15 +147,16 @@ static void ref_attention_layer(const m2d_model *m, const m2d_layer *L, ref_stat
     for (int t = 0; t < s->n; t++) {
         memcpy(h, s->x + (size_t)t * d, sizeof(double) * d);
         ref_rms(h, d, L->attn_norm, c->rms_norm_eps);
-        ref_linear(L->q_proj, h, d, H * hd, s->q + (size_t)t * H * hd);
-        ref_linear(L->k_proj, h, d, KV * hd, s->K + (size_t)t * KV * hd);
-        ref_linear(L->v_proj, h, d, KV * hd, s->V + (size_t)t * KV * hd);
+        ref_linear_b(L->q_proj, L->q_bias, h, d, H * hd, s->q + (size_t)t * H * hd);
+        ref_linear_b(L->k_proj, L->k_bias, h, d, KV * hd, s->K + (size_t)t * KV * hd);
+        ref_linear_b(L->v_proj, L->v_bias, h, d, KV * hd, s->V + (size_t)t * KV * hd);
+        ref_clip(s->V + (size_t)t * KV * hd, KV * hd, c->clip_qkv);
         ref_qk(s->q + (size_t)t * H * hd, H, hd, qk_norm ? L->q_norm : NULL, c, t);
         ref_qk(s->K + (size_t)t * KV * hd, KV, hd, qk_norm ? L->k_norm : NULL, c, t);
     }
     for (int t = 0; t < s->n; t++) {
         ref_attend(s, t, att);
-        ref_linear(L->o_proj, att, H * hd, d, y);
+        ref_linear_b(L->o_proj, L->o_bias, att, H * hd, d, y);
         for (int i = 0; i < d; i++) s->x[(size_t)t * d + i] += y[i];
     }
     free(h); free(att); free(y);

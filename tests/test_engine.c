@@ -176,6 +176,33 @@ static void op_rope_variants_on(const char *backend) {
     m2d_backend_free(be);
 }
 
+/* add_bias: y[r] += b (a bf16 vector: converted like any weight); clamp to [-limit, limit] */
+static void op_bias_and_clamp_on(const char *backend) {
+    int rows = 3, cols = 21;
+    float y[3 * 21], ref[3 * 21], b[21];
+    uint16_t bb[21];
+    uint64_t st = 12;
+    fill_normal(&st, y, sizeof y / 4, 2);
+    fill_normal(&st, b, 21, 1);
+    for (int i = 0; i < cols; i++) bb[i] = m2d_f32_to_bf16(b[i]), b[i] = m2d_bf16_to_f32(bb[i]);
+    m2d_backend *be = new_backend(backend, 1);
+    m2d_tensor bt;
+    m2d_weight *wb = weight_of(be, &bt, M2D_BF16, bb, cols, 0);
+    m2d_buf *yb = upload(be, y, sizeof y);
+    m2d_mat Y = m2d_mat_of(yb, 0, rows, cols, cols);
+    be->ops->add_bias(be, &Y, wb);
+    be->ops->clamp(be, &Y, 1.5f);
+    download(be, ref, yb, sizeof ref);
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < cols; i++) {
+            float want = y[r * cols + i] + b[i]; /* one fp32 add, then the clamp: exact */
+            want = want < -1.5f ? -1.5f : want > 1.5f ? 1.5f : want;
+            assert_true(ref[r * cols + i] == want);
+        }
+    be->ops->release(be, yb), be->ops->weight_free(be, wb);
+    m2d_backend_free(be);
+}
+
 /* the route op on one row of E logits: probabilities in place, top-k ids and gates */
 static void route_row(m2d_backend *be, float *p, int E, int k, int32_t *idx) {
     m2d_buf *pb = upload(be, p, sizeof(float) * E), *ib = be->ops->alloc(be, sizeof(int32_t) * k),
@@ -325,6 +352,7 @@ EACH_BACKEND(op_matmul_matches_loops)
 EACH_BACKEND(op_rmsnorm_analytic)
 EACH_BACKEND(op_rope_rotate_half)
 EACH_BACKEND(op_rope_variants)
+EACH_BACKEND(op_bias_and_clamp)
 EACH_BACKEND(op_softmax_and_swiglu)
 EACH_BACKEND(op_topk_ties_to_lower_index)
 EACH_BACKEND(op_attention_causal_gqa)
@@ -843,7 +871,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(op_matmul_matches_loops),
         cmocka_unit_test(op_rmsnorm_analytic),
-        cmocka_unit_test(op_rope_rotate_half), cmocka_unit_test(op_rope_variants),
+        cmocka_unit_test(op_rope_rotate_half), cmocka_unit_test(op_rope_variants), cmocka_unit_test(op_bias_and_clamp),
         cmocka_unit_test(op_softmax_and_swiglu),
         cmocka_unit_test(op_topk_ties_to_lower_index),
         cmocka_unit_test(op_attention_causal_gqa),

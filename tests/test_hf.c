@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "calib/calib.h"
 #include "engine/engine.h"
 #include "model/model.h"
 #include "routing.h"
@@ -68,11 +69,37 @@ static void copy_file(const char *from, const char *to) {
     free(data);
 }
 
-/* The checkpoint of golden G, rebuilt by moe2dense: transformers' config.json text, weights from
- * the grid generator through moe2dense's safetensors writer, the golden's tokenizer. */
-static char *build_teacher(const cJSON *g) {
+static m2d_dtype dtype_of(const char *s) {
+    if (!strcmp(s, "F32")) return M2D_F32;
+    if (!strcmp(s, "BF16")) return M2D_BF16;
+    if (!strcmp(s, "F16")) return M2D_F16;
+    fail_msg("golden: tensor dtype '%s'", s);
+    return M2D_F32;
+}
+
+/* The golden's tensor list ([name, dtype, shape] as save_pretrained wrote them) from the grid
+ * generator, next to transformers' config.json text. */
+static void write_from_list(const cJSON *g, const char *dir) {
+    const cJSON *list = item(g, "tensors"), *e;
+    int n = cJSON_GetArraySize(list), i = 0;
+    m2d_testmodel_tensor *t = m2d_calloc((size_t)n, sizeof *t);
+    cJSON_ArrayForEach(e, list) {
+        const cJSON *shape = cJSON_GetArrayItem(e, 2);
+        t[i].name = cJSON_GetArrayItem(e, 0)->valuestring;
+        t[i].dtype = dtype_of(cJSON_GetArrayItem(e, 1)->valuestring);
+        t[i].ndim = cJSON_GetArraySize(shape);
+        assert_true(t[i].ndim == 1 || t[i].ndim == 2);
+        for (int k = 0; k < t[i].ndim; k++) t[i].shape[k] = (int64_t)cJSON_GetArrayItem(shape, k)->valuedouble;
+        i++;
+    }
+    if (m2d_testmodel_write_tensors(dir, str(g, "config_json"), (uint64_t)item(g, "seed")->valuedouble, t, n) != 0)
+        fail_msg("%s: %s", str(g, "name"), m2d_errmsg());
+    free(t);
+}
+
+/* Qwen3-family goldens through the testmodel options (the helper the other tests use). */
+static void write_from_options(const cJSON *g, const char *dir) {
     const char *name = str(g, "name"), *config = str(g, "config_json");
-    char *dir = m2d_path_join(g_work, name);
     m2d_config c;
     const m2d_arch *arch;
     if (m2d_config_parse(config, strlen(config), "config.json", &c, &arch) != 0)
@@ -91,6 +118,14 @@ static char *build_teacher(const cJSON *g) {
     o.grid = true, o.seed = (uint64_t)item(g, "seed")->valuedouble, o.config_json = config;
     if (m2d_testmodel_write(dir, &o) != 0) fail_msg("%s: %s", name, m2d_errmsg());
     m2d_config_free(&c);
+}
+
+/* The checkpoint of golden G, rebuilt by moe2dense: transformers' config.json text, weights from
+ * the grid generator through moe2dense's safetensors writer, the golden's tokenizer. */
+static char *build_teacher(const cJSON *g) {
+    char *dir = m2d_path_join(g_work, str(g, "name"));
+    if (cJSON_HasObjectItem(g, "tensors")) write_from_list(g, dir);
+    else write_from_options(g, dir);
     char *tok = m2d_path_join(golden_dir(), "tokenizer.json"), *tok_to = m2d_path_join(dir, "tokenizer.json");
     copy_file(tok, tok_to);
     free(tok), free(tok_to);
@@ -123,6 +158,60 @@ static char *build_student(const cJSON *g) {
     }
     free(teacher), free(calib), free(stats);
     return dir;
+}
+
+/* max over i of |got[i] - want[i]| / scale(i) */
+static double worst(const double *got, const cJSON *want, int n, const double *scale, int scale_stride) {
+    assert_int_equal(cJSON_GetArraySize(want), n);
+    double w = 0;
+    for (int i = 0; i < n; i++)
+        w = fmax(w, fabs(got[i] - cJSON_GetArrayItem(want, i)->valuedouble) / fmax(scale[scale_stride ? i / scale_stride : 0], 1e-30));
+    return w;
+}
+
+/* Calibration statistics (SPEC §1) of moe2dense on the golden's tokens (one window) against the
+ * ones the golden computed from transformers' own router and expert modules in float64.
+ * Tolerance: every statistic is a sum over 48 tokens of quantities made from fp32 expert outputs
+ * (dots of <= 128 terms: relative error <= ~1e-6, the FFN input itself off by the forward's ~1e-6)
+ * and fp32 softmax probabilities (~1e-7): 2e-5 relative to each statistic's own scale (the value,
+ * or sqrt(G_ii G_jj) for the Gram matrix, the RMS of |f_e| for the mean output) leaves a margin. */
+static void check_calib_stats(const cJSON *g, const m2d_model *m, const int32_t *tok, int n) {
+    const cJSON *rt = item(g, "routing"), *layer;
+    if (!cJSON_GetArraySize(rt)) return;
+    m2d_calib_opts co = {.seq_len = n, .n_samples = 1, .n_threads = 2, .data_path = "golden"};
+    m2d_stats *st;
+    if (m2d_calib_run(m, tok, n, &co, &st) != 0) fail_msg("%s: calibrate: %s", str(g, "name"), m2d_errmsg());
+    int E = m->cfg.num_experts, d = m->cfg.hidden_size, i = 0;
+    const char *names[] = {"n", "sum_p", "sum_p_sel", "sum_g", "sum_g2", "sum_f", "sum_f2", "sum_gf", "sum_g2f2"};
+    double md = 0;
+    cJSON_ArrayForEach(layer, rt) {
+        const m2d_layer_stats *ls = &st->layers[i++];
+        const cJSON *ref = item(layer, "calib_stats");
+        assert_int_equal(ls->layer, item(layer, "layer")->valueint);
+        const double *arr[] = {ls->n, ls->sum_p, ls->sum_p_sel, ls->sum_g, ls->sum_g2, ls->sum_f, ls->sum_f2, ls->sum_gf,
+                               ls->sum_g2f2};
+        for (size_t a = 0; a < M2D_ARRAY_LEN(arr); a++) {
+            double *scale = m2d_malloc(sizeof(double) * (size_t)E);
+            for (int e = 0; e < E; e++) scale[e] = fabs(cJSON_GetArrayItem(item(ref, names[a]), e)->valuedouble);
+            double w = worst(arr[a], item(ref, names[a]), E, scale, 1);
+            if (w > 2e-5) fail_msg("%s: layer %d: calibration statistic %s differs by %.3g (relative)", str(g, "name"),
+                                   ls->layer, names[a], w);
+            md = fmax(md, w);
+            free(scale);
+        }
+        double *gs = m2d_malloc(sizeof(double) * (size_t)E * E), *rms = m2d_malloc(sizeof(double) * (size_t)E);
+        for (int a = 0; a < E; a++) rms[a] = sqrt(ls->gram[(size_t)a * E + a] / n);
+        for (int a = 0; a < E * E; a++) gs[a] = sqrt(ls->gram[(size_t)(a / E) * E + a / E] * ls->gram[(size_t)(a % E) * E + a % E]);
+        double wg = worst(ls->gram, item(ref, "gram"), E * E, gs, 1), wm = worst(ls->mu, item(ref, "mu"), E * d, rms, d);
+        if (wg > 2e-5 || wm > 2e-5)
+            fail_msg("%s: layer %d: Gram matrix / mean outputs differ by %.3g / %.3g (relative)", str(g, "name"), ls->layer,
+                     wg, wm);
+        md = fmax(md, fmax(wg, wm));
+        free(gs), free(rms);
+    }
+    print_message("%s: calibration statistics of %d MoE layers match, max relative difference %.3g\n", str(g, "name"),
+                  i, md);
+    m2d_calib_stats_free(st);
 }
 
 /* Logits and routing of the engine on the golden's tokens against transformers' float64 forward. */
@@ -199,6 +288,7 @@ static void check_forward(const cJSON *g, const char *dir) {
     }
     if (n_moe) print_message("%s: routing identical (%d MoE layers), max |dgate| %.3g\n", name, n_moe, mg);
     assert_true(mg < 1e-5);
+    if (cJSON_HasObjectItem(cJSON_GetArrayItem(rt, 0), "calib_stats")) check_calib_stats(g, m, tok, n);
     free(lg), free(tok);
     tu_routing_free(&r);
     m2d_engine_free(e);
@@ -235,6 +325,12 @@ static void qwen3moe_bf16(void **state) { (void)state; check_model("qwen3moe"); 
 static void qwen3moe_f32(void **state) { (void)state; check_model("qwen3moe-f32"); }
 /* Qwen3-MoE with YaRN RoPE (48 positions over an original context of 16). */
 static void qwen3moe_yarn(void **state) { (void)state; check_model("qwen3moe-yarn"); }
+/* OLMoE in bf16: q/k norm over the whole projection, clip_qkv, GQA, top-k not renormalised. */
+static void olmoe_bf16(void **state) { (void)state; check_model("olmoe"); }
+/* OLMoE in f32: attention biases, renormalised top-k, tied embeddings. */
+static void olmoe_bias(void **state) { (void)state; check_model("olmoe-bias"); }
+/* OLMoE's dense student: an OlmoeForCausalLM with one expert of width k*d_e routed top-1. */
+static void olmoe_student(void **state) { (void)state; check_model("olmoe-student"); }
 /* dense Qwen3 (the student's family), bf16, tied embeddings. */
 static void qwen3_dense(void **state) { (void)state; check_model("qwen3"); }
 /* the dense student of the bf16 teacher (zero-padded dense layer), in transformers' Qwen3ForCausalLM. */
@@ -261,6 +357,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(qwen3moe_bf16), cmocka_unit_test(qwen3moe_f32), cmocka_unit_test(qwen3_dense),
         cmocka_unit_test(student_dense), cmocka_unit_test(student_moe), cmocka_unit_test(qwen3moe_yarn),
+        cmocka_unit_test(olmoe_bf16), cmocka_unit_test(olmoe_bias), cmocka_unit_test(olmoe_student),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -381,6 +381,16 @@ static const m2d_tensor *role_tensor(student_owner *o, const m2d_arch *arch, m2d
     return new_tensor(o, name, dt, rows, cols, src);
 }
 
+/* A student that stores its dense FFN as one expert routed top-1 (OLMoE's) has a router of one row:
+ * zeros (the softmax over one logit is 1 whatever its value). NULL for every other student. */
+static const m2d_tensor *one_expert_router(student_owner *o, const m2d_arch *sa, int layer, m2d_dtype dt, int d) {
+    if (!m2d_arch_has_tensor(sa, M2D_SCOPE_DENSE, M2D_T_ROUTER)) return NULL;
+    float *zero = m2d_calloc((size_t)d, sizeof(float));
+    const m2d_tensor *r = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_ROUTER, layer, 0, dt, 1, d, zero);
+    free(zero);
+    return r;
+}
+
 static int build_dense_layer(student_owner *o, const m2d_model *t, const m2d_layer_plan *lp, m2d_layer *dst) {
     const m2d_config *c = &t->cfg;
     const m2d_layer *src = &t->layers[lp->layer];
@@ -404,7 +414,7 @@ static int build_dense_layer(student_owner *o, const m2d_model *t, const m2d_lay
     dst->gate_proj = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_GATE, lp->layer, 0, dt, (int)W, d, gate);
     dst->up_proj = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_UP, lp->layer, 0, dt, (int)W, d, up);
     dst->down_proj = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_DOWN, lp->layer, 0, dt, d, (int)W, down);
-    dst->router = NULL;
+    dst->router = one_expert_router(o, sa, lp->layer, src->router->dtype, d);
     dst->exp_gate = dst->exp_up = dst->exp_down = NULL;
     for (int g = 0; g < G; g++) { free(gs[g]); free(us[g]); free(ds[g]); }
     free(gs); free(us); free(ds); free(gate); free(up); free(down);

@@ -144,6 +144,10 @@ typedef struct {
     /* g = act(g, u) elementwise (SwiGLU: silu(g) * u) */
     void (*glu)(m2d_backend *be, m2d_ffn_act act, m2d_mat *g, const m2d_mat *u);
     void (*add)(m2d_backend *be, m2d_mat *y, const m2d_mat *x); /* y += x (residual) */
+    /* y[r] += b for every row r (b: a vector weight of y.cols elements; projection biases) */
+    void (*add_bias)(m2d_backend *be, m2d_mat *y, const m2d_weight *b);
+    /* x = min(max(x, -limit), limit) elementwise (OLMoE's clip_qkv) */
+    void (*clamp)(m2d_backend *be, m2d_mat *x, float limit);
     /* topk int32 [n, k], gates fp32 [n, k] (see m2d_route_args) */
     void (*route)(m2d_backend *be, m2d_mat *logits, const m2d_route_args *r, m2d_buf *topk, m2d_buf *gates);
     void (*moe)(m2d_backend *be, const m2d_moe_args *a);

@@ -382,6 +382,22 @@ static void cpu_add(m2d_backend *be, m2d_mat *y, const m2d_mat *x) {
     }
 }
 
+static void cpu_add_bias(m2d_backend *be, m2d_mat *y, const m2d_weight *b) {
+    const float *bv = wrows(CPU(be), b, 0, y->cols);
+    for (int r = 0; r < y->rows; r++) {
+        float *yr = F(y) + (size_t)r * y->ld;
+        for (int i = 0; i < y->cols; i++) yr[i] += bv[i];
+    }
+}
+
+static void cpu_clamp(m2d_backend *be, m2d_mat *x, float limit) {
+    (void)be;
+    for (int r = 0; r < x->rows; r++) {
+        float *xr = F(x) + (size_t)r * x->ld;
+        for (int i = 0; i < x->cols; i++) xr[i] = xr[i] < -limit ? -limit : xr[i] > limit ? limit : xr[i];
+    }
+}
+
 static void cpu_embed(m2d_backend *be, const m2d_weight *table, const m2d_buf *tokens, int n, m2d_mat *x) {
     const int32_t *tok = B(tokens);
     int d = x->cols;
@@ -799,6 +815,8 @@ static const m2d_backend_ops cpu_ops = {
     .kv_append = cpu_kv_append,
     .glu = cpu_glu,
     .add = cpu_add,
+    .add_bias = cpu_add_bias,
+    .clamp = cpu_clamp,
     .route = cpu_route,
     .moe = cpu_moe,
     .logprobs = cpu_logprobs,

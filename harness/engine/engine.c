@@ -102,11 +102,17 @@ static int check_layer(const m2d_model *m, int l) {
         need(m, l, L->v_proj, "v_proj") || need(m, l, L->o_proj, "o_proj") || need(m, l, L->ffn_norm, "ffn_norm") ||
         check_qk_norm(m, l))
         return -1;
-    if (!m->cfg.layer_is_moe[l])
-        return need(m, l, L->gate_proj, "gate_proj") || need(m, l, L->up_proj, "up_proj") ||
-                       need(m, l, L->down_proj, "down_proj")
-                   ? -1
-                   : 0;
+    if (!m->cfg.layer_is_moe[l]) {
+        if (need(m, l, L->gate_proj, "gate_proj") || need(m, l, L->up_proj, "up_proj") ||
+            need(m, l, L->down_proj, "down_proj"))
+            return -1;
+        /* a dense layer stored as one expert routed top-1 (OLMoE's dense student): the softmax
+         * over its one logit is 1, so the router is never evaluated */
+        if (L->router && m2d_tensor_numel(L->router) != m->cfg.hidden_size)
+            return m2d_err("%s: layer %d: a dense layer with a router of %lld elements (one row of %d expected)",
+                           m->dir, l, (long long)m2d_tensor_numel(L->router), m->cfg.hidden_size);
+        return 0;
+    }
     if (need(m, l, L->router, "router")) return -1;
     for (int r = 0; r < M2D_X_COUNT; r++)
         if (!L->x[r]) return need(m, l, NULL, m2d_expert_role_name(r));
@@ -324,22 +330,45 @@ static void qk_norm(m2d_engine *e, const layer_weights *lw, const fwd_ws *w) {
     e->B->rmsnorm(e->be, &K, lw->w[M2D_T_K_NORM], c->rms_norm_eps, &K);
 }
 
-static void attention_block(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
+/* y += b on every row when the layer has that bias */
+static void bias(m2d_engine *e, const layer_weights *lw, int role, m2d_mat *y) {
+    if (lw->w[role]) e->B->add_bias(e->be, y, lw->w[role]);
+}
+
+/* q, k, v of the normed input xn: projections (+ biases), q/k norm, clamp (clip_qkv), RoPE */
+static void gqa_qkv(m2d_engine *e, int l, const fwd_ws *w) {
+    const m2d_config *c = &e->m->cfg;
+    const m2d_backend_ops *B = e->B;
+    const layer_weights *lw = &e->lw[l];
+    int n = w->n, d = c->hidden_size, H = c->num_attention_heads, KV = c->num_key_value_heads, hd = c->head_dim;
+    int qd = H * hd, kvd = KV * hd;
+    m2d_mat XN = m2d_mat_of(w->xn, 0, n, d, d);
+    m2d_mat Q = m2d_mat_of(w->q, 0, n, qd, qd), K = m2d_mat_of(w->k, 0, n, kvd, kvd), V = m2d_mat_of(w->v, 0, n, kvd, kvd);
+    B->gemm(e->be, &XN, lw->w[M2D_T_Q], 0, &Q, 0.0f, e->prec);
+    B->gemm(e->be, &XN, lw->w[M2D_T_K], 0, &K, 0.0f, e->prec);
+    B->gemm(e->be, &XN, lw->w[M2D_T_V], 0, &V, 0.0f, e->prec);
+    bias(e, lw, M2D_T_Q_BIAS, &Q);
+    bias(e, lw, M2D_T_K_BIAS, &K);
+    bias(e, lw, M2D_T_V_BIAS, &V);
+    qk_norm(e, lw, w);
+    if (c->clip_qkv > 0) {
+        B->clamp(e->be, &Q, (float)c->clip_qkv);
+        B->clamp(e->be, &K, (float)c->clip_qkv);
+        B->clamp(e->be, &V, (float)c->clip_qkv);
+    }
+    B->rope(e->be, &Q, H, hd, w->pos, &e->rope);
+    B->rope(e->be, &K, KV, hd, w->pos, &e->rope);
+}
+
+/* attention of every segment over its prefix and itself, the KV append, o_proj (+ bias) into the
+ * residual stream */
+static void attend(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
     const m2d_config *c = &e->m->cfg;
     const m2d_backend_ops *B = e->B;
     m2d_backend *be = e->be;
     const layer_weights *lw = &e->lw[l];
     int n = w->n, d = c->hidden_size, H = c->num_attention_heads, KV = c->num_key_value_heads, hd = c->head_dim;
     int qd = H * hd, kvd = KV * hd;
-    m2d_mat X = m2d_mat_of(w->x, 0, n, d, d), XN = m2d_mat_of(w->xn, 0, n, d, d);
-    m2d_mat Q = m2d_mat_of(w->q, 0, n, qd, qd), K = m2d_mat_of(w->k, 0, n, kvd, kvd), V = m2d_mat_of(w->v, 0, n, kvd, kvd);
-    B->rmsnorm(be, &X, lw->w[M2D_T_ATTN_NORM], c->rms_norm_eps, &XN);
-    B->gemm(be, &XN, lw->w[M2D_T_Q], 0, &Q, 0.0f, e->prec);
-    B->gemm(be, &XN, lw->w[M2D_T_K], 0, &K, 0.0f, e->prec);
-    B->gemm(be, &XN, lw->w[M2D_T_V], 0, &V, 0.0f, e->prec);
-    qk_norm(e, lw, w);
-    B->rope(be, &Q, H, hd, w->pos, &e->rope);
-    B->rope(be, &K, KV, hd, w->pos, &e->rope);
     const m2d_kv *pre = p->prefix;
     for (int s = 0; s < p->n_seg; s++) {
         size_t o = (size_t)p->seg_off[s];
@@ -360,10 +389,21 @@ static void attention_block(m2d_engine *e, int l, const fwd_ws *w, const seg_pla
     }
     if (p->append) {
         m2d_kv *kv = p->append;
+        m2d_mat K = m2d_mat_of(w->k, 0, n, kvd, kvd), V = m2d_mat_of(w->v, 0, n, kvd, kvd);
         B->kv_append(be, kv->k, kv->v, (size_t)l * KV * kv->cap * hd, (size_t)kv->cap * hd, kv->len, &K, &V, KV, hd);
     }
-    m2d_mat ATT = m2d_mat_of(w->att, 0, n, qd, qd);
+    m2d_mat X = m2d_mat_of(w->x, 0, n, d, d), ATT = m2d_mat_of(w->att, 0, n, qd, qd);
     B->gemm(be, &ATT, lw->w[M2D_T_O], 0, &X, 1.0f, e->prec); /* residual add */
+    bias(e, lw, M2D_T_O_BIAS, &X);
+}
+
+static void attention_block(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
+    const m2d_config *c = &e->m->cfg;
+    int n = w->n, d = c->hidden_size;
+    m2d_mat X = m2d_mat_of(w->x, 0, n, d, d), XN = m2d_mat_of(w->xn, 0, n, d, d);
+    e->B->rmsnorm(e->be, &X, e->lw[l].w[M2D_T_ATTN_NORM], c->rms_norm_eps, &XN);
+    gqa_qkv(e, l, w);
+    attend(e, l, w, p);
 }
 
 /* The hook's host view of one MoE layer's routing (downloaded only because a hook is set). */

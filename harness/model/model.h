@@ -56,6 +56,8 @@ typedef struct {
     char model_type[32];    /* "qwen3_moe" */
     int vocab_size, hidden_size, intermediate_size, moe_intermediate_size;
     int num_experts, num_experts_per_tok; /* 0 experts: dense model */
+    int shared_expert_intermediate_size; /* width of the always-on shared experts of an MoE layer
+                                          * (DeepSeek: n_shared_experts * d_e); 0: none */
     bool norm_topk_prob;    /* as in config.json; the engine reads ops.router_renorm */
     int decoder_sparse_step;
     int *mlp_only_layers; int n_mlp_only_layers;
@@ -64,6 +66,8 @@ typedef struct {
     m2d_rope_scaling rope_scaling; /* rope_scaling / rope_parameters beyond theta (model/rope.h) */
     int rope_dim;           /* dimensions rotated per head (0: head_dim): the first ones, or MLA's rope part */
     bool tie_word_embeddings;
+    bool qkv_bias, o_bias;  /* the attention projections carry biases (the adapter's tensor_present) */
+    double clip_qkv;        /* q, k, v clamped to [-clip_qkv, clip_qkv] after the q/k norm (OLMoE); 0: off */
     int max_position_embeddings;
     int bos_token_id, eos_token_id; /* -1 when null/absent */
     m2d_dtype torch_dtype;
@@ -89,6 +93,10 @@ typedef struct {
     X(O, o_proj, M2D_PART_LAYER)              /* [d, heads*head_dim] */                      \
     X(Q_NORM, q_norm, M2D_PART_LAYER)         /* per ops.qk_norm */                          \
     X(K_NORM, k_norm, M2D_PART_LAYER)                                                        \
+    X(Q_BIAS, q_bias, M2D_PART_LAYER)         /* optional biases of q/k/v/o_proj [rows] */   \
+    X(K_BIAS, k_bias, M2D_PART_LAYER)                                                        \
+    X(V_BIAS, v_bias, M2D_PART_LAYER)                                                        \
+    X(O_BIAS, o_bias, M2D_PART_LAYER)                                                        \
     X(FFN_NORM, ffn_norm, M2D_PART_LAYER)     /* RMSNorm before the FFN [d] */               \
     X(GATE, gate_proj, M2D_PART_FFN)          /* dense FFN [inter, d] */                     \
     X(UP, up_proj, M2D_PART_FFN)              /* dense FFN [inter, d] */                     \
@@ -148,6 +156,8 @@ typedef enum {
     M2D_DIM_FFN,            /* intermediate_size (dense FFN width) */
     M2D_DIM_EXPERT_FFN,     /* moe_intermediate_size */
     M2D_DIM_EXPERTS,        /* num_experts */
+    M2D_DIM_ONE,            /* 1 (the router row of a dense layer stored as one expert) */
+    M2D_DIM_SHARED_FFN,     /* shared_expert_intermediate_size */
 } m2d_dim;
 
 typedef struct {
@@ -163,9 +173,10 @@ int64_t m2d_dim_value(const m2d_config *cfg, m2d_dim dim);
 
 typedef struct m2d_arch m2d_arch;
 
-/* Parameter counts (elements): total, active per token (top-k experts, embeddings and routers
- * included), and the dense student with K selected experts merged into k groups (width k*d_e
- * per MoE layer, no router) -- the same for every K. */
+/* Parameter counts (elements): total, active per token (top-k experts, shared experts, embeddings
+ * and routers included), and the dense student with K selected experts merged into k groups
+ * (width k*d_e + the shared experts' in every layer, dense layers zero-padded to it, no router)
+ * -- the same for every K. */
 typedef struct { int64_t total, active, dense_student; } m2d_param_counts;
 
 typedef struct {
@@ -204,6 +215,9 @@ struct m2d_arch {
     /* optional: parameter counts when the tensor table does not give them (NULL: counted from
      * the table, m2d_param_counts_table) */
     m2d_param_counts (*param_counts)(const m2d_config *cfg);
+    /* optional: whether the table's entries of SCOPE and ROLE occur under CFG (NULL: all of them),
+     * for tensors a config switches on or off (attention biases, DeepSeek's q_lora_rank) */
+    bool (*tensor_present)(const m2d_config *cfg, m2d_scope scope, int role);
 };
 
 void m2d_arch_register(const m2d_arch *a);
@@ -240,6 +254,8 @@ m2d_param_counts m2d_param_counts_table(const m2d_arch *arch, const m2d_config *
  * -1 + m2d_err when the architecture has no such tensor. */
 int m2d_arch_tensor_name(const m2d_arch *arch, m2d_scope scope, int role, int layer, int expert, char *buf,
                          size_t cap);
+/* Whether ARCH's tensor table has an entry of SCOPE and ROLE (whatever the config). */
+int m2d_arch_has_tensor(const m2d_arch *arch, m2d_scope scope, int role);
 /* The student's config.json text (cJSON_Print of the teacher's config.json rewritten by the
  * teacher adapter's student_config); caller frees. -1 + m2d_err when the teacher has no student
  * or no config text. */
@@ -260,6 +276,9 @@ int m2d_cfg_str(const void *json, const char *path, const char *name, int requir
                 const char **out); /* *out points into JSON */
 int m2d_cfg_int_list(const void *json, const char *path, const char *name, int **out, int *n); /* malloc'd */
 int m2d_cfg_torch_dtype(const void *json, const char *path, m2d_dtype *out); /* torch_dtype or dtype */
+/* num_experts (the Hub's spelling) or num_local_experts (what save_pretrained of transformers >= 5
+ * writes for some families; an alias there); both present must agree. Required, positive. */
+int m2d_cfg_num_experts(const void *json, const char *path, int *out);
 /* Fill cfg->layer_is_moe from num_experts, mlp_only_layers and decoder_sparse_step (HF Qwen3-MoE rule). */
 int m2d_config_derive_layers(m2d_config *cfg, const char *path);
 /* Tensor NAME with shape [d0] (ndim 1) or [d0, d1] (ndim 2) and a float dtype; else NULL and an

@@ -1,0 +1,42 @@
+/* decoder — config.json fields every decoder-only family shares (sizes, heads, RoPE, norms,
+ * tokens, dtype), their limits and consistency, and the helpers adapters use to write a student's
+ * config.json. Family adapters (arch_*.c) call these and add what is theirs. Semantics follow
+ * transformers: fields that are absent take the family's transformers default, except sizes that
+ * determine tensor shapes (required). */
+#ifndef M2D_DECODER_H
+#define M2D_DECODER_H
+
+#include "model/model.h"
+
+/* A family's transformers defaults for the fields that have one. */
+typedef struct {
+    double rms_norm_eps, rope_theta;
+    int max_position_embeddings;
+} m2d_decoder_defaults;
+
+/* model_type, vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads
+ * (absent: the heads), head_dim (absent: hidden / heads), max_position_embeddings, RoPE
+ * (m2d_rope_parse), rms_norm_eps, tie_word_embeddings, bos/eos ids, torch_dtype; hidden_act must be
+ * silu. Checks the sizes against limits far beyond any released model (they keep every parameter
+ * count below 2^60). Sets cfg->ops to SwiGLU, softmax top-k router without renormalisation,
+ * rotate-half RoPE, no q/k norm: the family adjusts. */
+int m2d_decoder_parse(const void *json, const char *path, const m2d_decoder_defaults *d, m2d_config *cfg);
+/* Error for sliding-window attention (use_sliding_window true, or layer_types naming anything but
+ * full_attention): not implemented for these families. */
+int m2d_decoder_reject_sliding(const void *json, const char *path);
+/* Error for attention_bias true (FAMILY names the family in the message). */
+int m2d_decoder_reject_attention_bias(const void *json, const char *path, const char *family);
+/* Consistency after the family's fields: kv heads divide heads, token ids inside the vocabulary,
+ * intermediate_size positive when some layer is dense (layer_is_moe filled). */
+int m2d_decoder_check(const m2d_config *cfg, const char *path);
+
+/* ---- writing a student's config.json (cJSON* objects) ---- */
+/* KEY = V: the old entry removed, the new one added at the end (as the goldens' students have it). */
+void m2d_json_set_number(void *json, const char *key, double v);
+void m2d_json_set_string(void *json, const char *key, const char *v);
+/* architectures = [ARCH] (in place), model_type = MODEL_TYPE (moved to the end) */
+void m2d_json_set_arch(void *json, const char *arch, const char *model_type);
+/* Remove each of the NULL-terminated KEYS. */
+void m2d_json_drop(void *json, const char *const *keys);
+
+#endif

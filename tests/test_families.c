@@ -1,0 +1,238 @@
+/* families: every architecture with a transformers golden (tests/golden/hf) through the engine
+ * without Python — its checkpoint rebuilt from the golden's config.json and tensor list (grid
+ * generator), then:
+ *   - the forward against the naive float64 reference (tests/reffwd.c) on other tokens than the
+ *     golden's, and with random weights of another scale (N(0, 0.1) instead of the grid);
+ *   - the KV-cache paths (extend, branches over a cached prefix) against the full forward;
+ *   - calibrate + convert (ACP, K = 2k) to the dense student, written and re-opened: its config
+ *     loads as the student architecture, every layer is dense, and its forward matches the
+ *     reference too.
+ * test_hf.c checks the same checkpoints against transformers itself. */
+#include "testutil.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/util.h"
+#include "calib/calib.h"
+#include "convert/convert.h"
+#include "engine/engine.h"
+#include "reffwd.h"
+#include "testmodel.h"
+
+static char *g_work;
+
+/* golden NAME's checkpoint in g_work/NAME (config.json + grid weights of its tensor list) */
+static char *build(const char *name) {
+    char *path = m2d_strfmt("tests/golden/hf/%s.json", name);
+    size_t len;
+    char *text = m2d_read_file(path, &len);
+    if (!text) fail_msg("%s", m2d_errmsg());
+    cJSON *g = cJSON_ParseWithLength(text, len);
+    assert_non_null(g);
+    const cJSON *list = cJSON_GetObjectItem(g, "tensors"), *e;
+    assert_non_null(list);
+    int n = cJSON_GetArraySize(list), i = 0;
+    m2d_testmodel_tensor *t = m2d_calloc((size_t)n, sizeof *t);
+    cJSON_ArrayForEach(e, list) {
+        const char *dt = cJSON_GetArrayItem(e, 1)->valuestring;
+        const cJSON *shape = cJSON_GetArrayItem(e, 2);
+        t[i].name = cJSON_GetArrayItem(e, 0)->valuestring;
+        t[i].dtype = !strcmp(dt, "BF16") ? M2D_BF16 : !strcmp(dt, "F16") ? M2D_F16 : M2D_F32;
+        t[i].ndim = cJSON_GetArraySize(shape);
+        for (int k = 0; k < t[i].ndim; k++) t[i].shape[k] = (int64_t)cJSON_GetArrayItem(shape, k)->valuedouble;
+        i++;
+    }
+    char *dir = m2d_path_join(g_work, name);
+    const char *cfg = cJSON_GetObjectItem(g, "config_json")->valuestring;
+    if (m2d_testmodel_write_tensors(dir, cfg, (uint64_t)cJSON_GetObjectItem(g, "seed")->valuedouble, t, n) != 0)
+        fail_msg("%s: %s", name, m2d_errmsg());
+    free(t), free(text), free(path);
+    cJSON_Delete(g);
+    return dir;
+}
+
+static m2d_model *open_model(const char *dir) {
+    m2d_model *m;
+    if (m2d_model_open(dir, &m) != 0) fail_msg("%s", m2d_errmsg());
+    return m;
+}
+
+static void rand_tokens(uint64_t seed, int32_t *t, int n, int V) {
+    for (int i = 0; i < n; i++) t[i] = (int32_t)(tu_rand_u64(&seed) % (uint64_t)V);
+}
+
+/* logits of the engine against the float64 reference: fp32 dots of <= 128 terms through <= 4
+ * layers (see test_engine.c's bound), asserted at 5e-5 */
+static double vs_reference(const m2d_model *m, const char *what) {
+    int n = 40, V = m->cfg.vocab_size;
+    int32_t tok[40];
+    rand_tokens(11, tok, n, V);
+    m2d_engine *e;
+    assert_int_equal(m2d_engine_new(m, 2, &e), 0);
+    float *lg = m2d_malloc(sizeof(float) * (size_t)n * V);
+    double *rl = m2d_malloc(sizeof(double) * (size_t)n * V), md = 0;
+    if (m2d_engine_logits(e, tok, n, lg) != 0) fail_msg("%s: %s", what, m2d_errmsg());
+    tu_ref_forward(m, tok, n, rl);
+    for (size_t i = 0; i < (size_t)n * V; i++) md = fmax(md, fabs(lg[i] - rl[i]));
+    print_message("%s: max |dlogit| vs the float64 reference %.3g\n", what, md);
+    assert_true(md < 5e-5);
+    free(lg), free(rl);
+    m2d_engine_free(e);
+    return md;
+}
+
+/* extend (a prefix, then the rest) and branches (three continuations of a cached prefix) give the
+ * log-probabilities of the full forward (fp32 reassociation only: 2e-5) */
+static void cache_paths(const m2d_model *m, const char *what) {
+    int n = 30, np = 12, V = m->cfg.vocab_size;
+    int32_t tok[31];
+    rand_tokens(5, tok, n + 1, V);
+    m2d_engine *e;
+    assert_int_equal(m2d_engine_new(m, 2, &e), 0);
+    double full[30], ext[30];
+    assert_int_equal(m2d_engine_logprobs(e, tok, n, tok + 1, 0, full), 0);
+    m2d_kv *kv = m2d_kv_new(e, 64);
+    assert_non_null(kv);
+    assert_int_equal(m2d_engine_extend(e, kv, tok, np, tok + 1, ext), 0);
+    assert_int_equal(m2d_engine_extend(e, kv, tok + np, n - np, tok + np + 1, ext + np), 0);
+    double md = 0;
+    for (int i = 0; i < n; i++) md = fmax(md, fabs(full[i] - ext[i]));
+    m2d_kv_truncate(kv, np);
+    const int32_t *bt[3] = {tok + np, tok + np, tok + np}, *btg[3] = {tok + np + 1, tok + np + 1, tok + np + 1};
+    int lens[3] = {n - np, 5, 1};
+    double b0[30], b1[30], b2[30], *blp[3] = {b0, b1, b2};
+    assert_int_equal(m2d_engine_branches(e, kv, 3, bt, lens, btg, blp), 0);
+    for (int b = 0; b < 3; b++)
+        for (int i = 0; i < lens[b]; i++) md = fmax(md, fabs(full[np + i] - blp[b][i]));
+    print_message("%s: extend and branches vs the full forward: max |dlogprob| %.3g\n", what, md);
+    assert_true(md < 2e-5);
+    m2d_kv_free(kv);
+    m2d_engine_free(e);
+}
+
+/* calibrate on random tokens, convert to the dense student in memory (ACP, K = 2k or E), and check
+ * the student's forward against the reference too: a dense student is an ordinary model of the
+ * student architecture (written and re-read, so its config.json loads) */
+static void student_vs_reference(const m2d_model *t, const char *dir, const char *what) {
+    int n = 64, V = t->cfg.vocab_size;
+    int32_t *tok = m2d_malloc(sizeof(int32_t) * (size_t)n);
+    rand_tokens(3, tok, n, V);
+    m2d_calib_opts co = {.seq_len = 32, .n_samples = 2, .n_threads = 2, .data_path = "random"};
+    m2d_stats *st;
+    if (m2d_calib_run(t, tok, n, &co, &st) != 0) fail_msg("%s: %s", what, m2d_errmsg());
+    int k = t->cfg.num_experts_per_tok, E = t->cfg.num_experts;
+    m2d_convert_opts o = {.scoring = "acp", .grouping = "rr", .scaling = "avg-cp", .K = M2D_MIN(2 * k, E)};
+    m2d_convert_plan *plan;
+    m2d_model *s;
+    if (m2d_convert_plan_build(t, st, &o, &plan) != 0 || m2d_convert_build(t, plan, &s) != 0)
+        fail_msg("%s: convert: %s", what, m2d_errmsg());
+    char *out = m2d_strfmt("%s-student", dir);
+    if (m2d_convert_write(t, s, plan, "stats", out) != 0) fail_msg("%s: %s", what, m2d_errmsg());
+    m2d_model *w = open_model(out);
+    char *label = m2d_strfmt("%s student (%s)", what, w->cfg.arch);
+    vs_reference(w, label);
+    for (int l = 0; l < w->cfg.num_hidden_layers; l++) assert_false(w->cfg.layer_is_moe[l]);
+    free(label), free(out), free(tok);
+    m2d_model_close(w);
+    m2d_convert_student_free(s);
+    m2d_convert_plan_free(plan);
+    m2d_calib_stats_free(st);
+}
+
+static void family(const char *name) {
+    char *dir = build(name);
+    m2d_model *m = open_model(dir);
+    vs_reference(m, name);
+    cache_paths(m, name);
+    if (m->cfg.num_experts > 0) student_vs_reference(m, dir, name);
+    m2d_model_close(m);
+    free(dir);
+}
+
+/* golden NAME's config.json with FROM replaced by TO: parsing fails with a message naming
+ * config.json and NEEDLE */
+static void expect_config_error(const char *name, const char *from, const char *to, const char *needle) {
+    char *path = m2d_strfmt("tests/golden/hf/%s.json", name);
+    char *text = m2d_read_file(path, NULL);
+    assert_non_null(text);
+    cJSON *g = cJSON_Parse(text);
+    const char *cfg = cJSON_GetObjectItem(g, "config_json")->valuestring;
+    const char *at = strstr(cfg, from);
+    if (!at) fail_msg("%s: '%s' not in its config.json", name, from);
+    char *edited = m2d_strfmt("%.*s%s%s", (int)(at - cfg), cfg, to, at + strlen(from));
+    m2d_config c;
+    m2d_err_clear();
+    assert_int_equal(m2d_config_parse(edited, strlen(edited), "config.json", &c, NULL), -1);
+    if (!strstr(m2d_errmsg(), "config.json") || !strstr(m2d_errmsg(), needle))
+        fail_msg("%s: '%s' -> '%s': unexpected message: %s", name, from, to, m2d_errmsg());
+    free(edited), free(text), free(path);
+    cJSON_Delete(g);
+}
+
+/* Hub config.json TEXT parses; its parameter counts are TOTAL and ACTIVE (to 0.05B) */
+static void hub_config(const char *text, const char *arch, double total, double active, double student) {
+    m2d_config c;
+    if (m2d_config_parse(text, strlen(text), "config.json", &c, NULL) != 0) fail_msg("%s", m2d_errmsg());
+    assert_string_equal(c.arch, arch);
+    m2d_param_counts p = m2d_model_param_counts(&c);
+    print_message("%s: total %.3fB, active %.3fB, dense student %.3fB\n", arch, p.total / 1e9, p.active / 1e9,
+                  p.dense_student / 1e9);
+    assert_true(fabs(p.total / 1e9 - total) < 0.05 && fabs(p.active / 1e9 - active) < 0.05);
+    assert_true(fabs(p.dense_student / 1e9 - student) < 0.05);
+    m2d_config_free(&c);
+}
+
+/* allenai/OLMoE-1B-7B-0924's config.json as on the Hub (rope_theta + rope_scaling, torch_dtype):
+ * 6.9B parameters, 1.3B active (the model card's numbers) */
+static const char OLMOE_HUB[] =
+    "{\"architectures\": [\"OlmoeForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0,"
+    " \"clip_qkv\": null, \"eos_token_id\": 50279, \"hidden_act\": \"silu\", \"hidden_size\": 2048,"
+    " \"initializer_range\": 0.02, \"intermediate_size\": 1024, \"max_position_embeddings\": 4096,"
+    " \"model_type\": \"olmoe\", \"norm_topk_prob\": false, \"num_attention_heads\": 16, \"num_experts\": 64,"
+    " \"num_experts_per_tok\": 8, \"num_hidden_layers\": 16, \"num_key_value_heads\": 16,"
+    " \"output_router_logits\": false, \"pad_token_id\": 1, \"rms_norm_eps\": 1e-05, \"rope_scaling\": null,"
+    " \"rope_theta\": 10000.0, \"router_aux_loss_coef\": 0.01, \"tie_word_embeddings\": false,"
+    " \"torch_dtype\": \"bfloat16\", \"transformers_version\": \"4.43.0.dev0\", \"use_cache\": true,"
+    " \"vocab_size\": 50304}";
+
+static void olmoe_configs(void **state) {
+    (void)state;
+    hub_config(OLMOE_HUB, "OlmoeForCausalLM", 6.92, 1.28, 1.28);
+    expect_config_error("olmoe", "\"clip_qkv\": 1.5", "\"clip_qkv\": 0", "'clip_qkv'");
+    expect_config_error("olmoe", "\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 9", "'num_experts_per_tok'");
+    expect_config_error("olmoe", "\"num_experts\": 8", "\"num_local_experts\": 8, \"num_experts\": 7", "'num_local_experts'");
+    expect_config_error("olmoe", "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", "'hidden_act'");
+    expect_config_error("olmoe", "\"hidden_size\": 64", "\"hidden_size\": 64, \"head_dim\": 8", "'head_dim'");
+    expect_config_error("olmoe", "\"use_cache\": true", "\"use_cache\": true, \"sliding_window\": 16", "'sliding_window'");
+    expect_config_error("olmoe", "\"rope_type\": \"default\"", "\"rope_type\": \"llama3\"", "'rope_type'");
+    expect_config_error("olmoe", "\"intermediate_size\": 32,", "", "'intermediate_size'");
+}
+
+static void olmoe(void **state) { (void)state; family("olmoe"); }
+static void olmoe_bias(void **state) { (void)state; family("olmoe-bias"); }
+
+static int setup(void **state) {
+    (void)state;
+    g_work = tu_tmpdir();
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    tu_rm_rf(g_work);
+    free(g_work);
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(olmoe),
+        cmocka_unit_test(olmoe_bias),
+        cmocka_unit_test(olmoe_configs),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
