@@ -11,95 +11,22 @@
 #include "testutil.h"
 
 #include <cjson/cJSON.h>
-#include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/util.h"
-#include "calib/calib.h"
-#include "engine/engine.h"
 #include "model/model.h"
-#include "routing.h"
+#include "hfcheck.h"
 #include "testmodel.h"
 
 static char *g_work; /* checkpoints built so far: g_work/<name> */
 
-static const char *golden_dir(void) {
-    const char *d = getenv("M2D_HF_GOLDEN");
-    return d ? d : "tests/golden/hf";
-}
-
-static cJSON *load_golden(const char *name) {
-    char *path = m2d_strfmt("%s/%s.json", golden_dir(), name);
-    size_t n;
-    char *text = m2d_read_file(path, &n);
-    if (!text) fail_msg("%s", m2d_errmsg());
-    cJSON *g = cJSON_ParseWithLength(text, n);
-    if (!g) fail_msg("%s: invalid JSON", path);
-    free(text), free(path);
-    return g;
-}
-
-static const cJSON *item(const cJSON *o, const char *key) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v) fail_msg("golden: field '%s' missing", key);
-    return v;
-}
-
-static const char *str(const cJSON *o, const char *key) {
-    const cJSON *v = item(o, key);
-    if (!cJSON_IsString(v)) fail_msg("golden: field '%s' is not a string", key);
-    return v->valuestring;
-}
-
-static void file_sha256(const char *path, char out[65]) {
-    size_t n;
-    char *data = m2d_read_file(path, &n);
-    if (!data) fail_msg("%s", m2d_errmsg());
-    m2d_sha256_hex(data, n, out);
-    free(data);
-}
-
-static void copy_file(const char *from, const char *to) {
-    size_t n;
-    char *data = m2d_read_file(from, &n);
-    if (!data) fail_msg("%s", m2d_errmsg());
-    tu_write(to, data, n);
-    free(data);
-}
-
-static m2d_dtype dtype_of(const char *s) {
-    if (!strcmp(s, "F32")) return M2D_F32;
-    if (!strcmp(s, "BF16")) return M2D_BF16;
-    if (!strcmp(s, "F16")) return M2D_F16;
-    fail_msg("golden: tensor dtype '%s'", s);
-    return M2D_F32;
-}
-
-/* The golden's tensor list ([name, dtype, shape] as save_pretrained wrote them) from the grid
- * generator, next to transformers' config.json text. */
-static void write_from_list(const cJSON *g, const char *dir) {
-    const cJSON *list = item(g, "tensors"), *e;
-    int n = cJSON_GetArraySize(list), i = 0;
-    m2d_testmodel_tensor *t = m2d_calloc((size_t)n, sizeof *t);
-    cJSON_ArrayForEach(e, list) {
-        const cJSON *shape = cJSON_GetArrayItem(e, 2);
-        t[i].name = cJSON_GetArrayItem(e, 0)->valuestring;
-        t[i].dtype = dtype_of(cJSON_GetArrayItem(e, 1)->valuestring);
-        t[i].ndim = cJSON_GetArraySize(shape);
-        assert_true(t[i].ndim == 1 || t[i].ndim == 2);
-        for (int k = 0; k < t[i].ndim; k++) t[i].shape[k] = (int64_t)cJSON_GetArrayItem(shape, k)->valuedouble;
-        i++;
-    }
-    if (m2d_testmodel_write_tensors(dir, str(g, "config_json"), (uint64_t)item(g, "seed")->valuedouble, t, n) != 0)
-        fail_msg("%s: %s", str(g, "name"), m2d_errmsg());
-    free(t);
-}
-
-/* Qwen3-family goldens through the testmodel options (the helper the other tests use). */
-static void write_from_options(const cJSON *g, const char *dir) {
-    const char *name = str(g, "name"), *config = str(g, "config_json");
+/* The checkpoint of golden G, rebuilt by moe2dense: transformers' config.json text, weights from
+ * the grid generator through moe2dense's safetensors writer, the golden's tokenizer. */
+static char *build_teacher(const cJSON *g, const char *work) {
+    if (cJSON_HasObjectItem(g, "tensors")) return hf_build_listed(g, work);
+    const char *name = hf_str(g, "name"), *config = hf_str(g, "config_json");
+    char *dir = m2d_path_join(work, name);
     m2d_config c;
     const m2d_arch *arch;
     if (m2d_config_parse(config, strlen(config), "config.json", &c, &arch) != 0)
@@ -115,228 +42,31 @@ static void write_from_options(const cJSON *g, const char *dir) {
     o.decoder_sparse_step = c.decoder_sparse_step;
     o.mlp_only_layers = c.mlp_only_layers, o.n_mlp_only_layers = c.n_mlp_only_layers;
     o.tie_word_embeddings = c.tie_word_embeddings, o.dtype = c.torch_dtype;
-    o.grid = true, o.seed = (uint64_t)item(g, "seed")->valuedouble, o.config_json = config;
+    o.grid = true, o.seed = (uint64_t)hf_item(g, "seed")->valuedouble, o.config_json = config;
     if (m2d_testmodel_write(dir, &o) != 0) fail_msg("%s: %s", name, m2d_errmsg());
     m2d_config_free(&c);
-}
-
-/* The checkpoint of golden G, rebuilt by moe2dense: transformers' config.json text, weights from
- * the grid generator through moe2dense's safetensors writer, the golden's tokenizer. */
-static char *build_teacher(const cJSON *g) {
-    char *dir = m2d_path_join(g_work, str(g, "name"));
-    if (cJSON_HasObjectItem(g, "tensors")) write_from_list(g, dir);
-    else write_from_options(g, dir);
-    char *tok = m2d_path_join(golden_dir(), "tokenizer.json"), *tok_to = m2d_path_join(dir, "tokenizer.json");
-    copy_file(tok, tok_to);
-    free(tok), free(tok_to);
+    hf_copy_tokenizer(dir);
     return dir;
-}
-
-/* The student of golden G: moe2dense calibrate + convert (the golden's arguments) on its teacher. */
-static char *build_student(const cJSON *g) {
-    const char *name = str(g, "name");
-    cJSON *tg = load_golden(str(g, "teacher"));
-    char *teacher = build_teacher(tg);
-    cJSON_Delete(tg);
-    char *dir = m2d_path_join(g_work, name), *calib = m2d_strfmt("%s/%s.txt", g_work, name);
-    char *stats = m2d_strfmt("%s/%s.stats", g_work, name);
-    const char *text = str(g, "calib_text");
-    tu_write(calib, text, strlen(text));
-    const char *steps[2] = {"calibrate", "convert"};
-    for (int s = 0; s < 2; s++) {
-        char *cmd = s ? m2d_strfmt("%s convert --model %s --stats %s --out %s", tu_bin(), teacher, stats, dir)
-                      : m2d_strfmt("%s calibrate --model %s --data %s --out %s", tu_bin(), teacher, calib, stats);
-        const cJSON *args = item(g, steps[s]), *a;
-        cJSON_ArrayForEach(a, args) {
-            char *more = m2d_strfmt("%s '%s'", cmd, a->valuestring);
-            free(cmd);
-            cmd = more;
-        }
-        char *err = NULL;
-        if (tu_run(cmd, NULL, &err) != 0) fail_msg("%s: %s", cmd, err);
-        free(err), free(cmd);
-    }
-    free(teacher), free(calib), free(stats);
-    return dir;
-}
-
-/* max over i of |got[i] - want[i]| / scale(i) */
-static double worst(const double *got, const cJSON *want, int n, const double *scale, int scale_stride) {
-    assert_int_equal(cJSON_GetArraySize(want), n);
-    double w = 0;
-    for (int i = 0; i < n; i++)
-        w = fmax(w, fabs(got[i] - cJSON_GetArrayItem(want, i)->valuedouble) / fmax(scale[scale_stride ? i / scale_stride : 0], 1e-30));
-    return w;
-}
-
-/* Calibration statistics (SPEC §1) of moe2dense on the golden's tokens (one window) against the
- * ones the golden computed from transformers' own router and expert modules in float64.
- * Tolerance: every statistic is a sum over 48 tokens of quantities made from fp32 expert outputs
- * (dots of <= 128 terms: relative error <= ~1e-6, the FFN input itself off by the forward's ~1e-6)
- * and fp32 softmax probabilities (~1e-7): 2e-5 relative to each statistic's own scale (the value,
- * or sqrt(G_ii G_jj) for the Gram matrix, the RMS of |f_e| for the mean output) leaves a margin. */
-static void check_calib_stats(const cJSON *g, const m2d_model *m, const int32_t *tok, int n) {
-    const cJSON *rt = item(g, "routing"), *layer;
-    if (!cJSON_GetArraySize(rt)) return;
-    m2d_calib_opts co = {.seq_len = n, .n_samples = 1, .n_threads = 2, .data_path = "golden"};
-    m2d_stats *st;
-    if (m2d_calib_run(m, tok, n, &co, &st) != 0) fail_msg("%s: calibrate: %s", str(g, "name"), m2d_errmsg());
-    int E = m->cfg.num_experts, d = m->cfg.hidden_size, i = 0;
-    const char *names[] = {"n", "sum_p", "sum_p_sel", "sum_g", "sum_g2", "sum_f", "sum_f2", "sum_gf", "sum_g2f2"};
-    double md = 0;
-    cJSON_ArrayForEach(layer, rt) {
-        const m2d_layer_stats *ls = &st->layers[i++];
-        const cJSON *ref = item(layer, "calib_stats");
-        assert_int_equal(ls->layer, item(layer, "layer")->valueint);
-        const double *arr[] = {ls->n, ls->sum_p, ls->sum_p_sel, ls->sum_g, ls->sum_g2, ls->sum_f, ls->sum_f2, ls->sum_gf,
-                               ls->sum_g2f2};
-        for (size_t a = 0; a < M2D_ARRAY_LEN(arr); a++) {
-            double *scale = m2d_malloc(sizeof(double) * (size_t)E);
-            for (int e = 0; e < E; e++) scale[e] = fabs(cJSON_GetArrayItem(item(ref, names[a]), e)->valuedouble);
-            double w = worst(arr[a], item(ref, names[a]), E, scale, 1);
-            if (w > 2e-5) fail_msg("%s: layer %d: calibration statistic %s differs by %.3g (relative)", str(g, "name"),
-                                   ls->layer, names[a], w);
-            md = fmax(md, w);
-            free(scale);
-        }
-        double *gs = m2d_malloc(sizeof(double) * (size_t)E * E), *rms = m2d_malloc(sizeof(double) * (size_t)E);
-        for (int a = 0; a < E; a++) rms[a] = sqrt(ls->gram[(size_t)a * E + a] / n);
-        for (int a = 0; a < E * E; a++) gs[a] = sqrt(ls->gram[(size_t)(a / E) * E + a / E] * ls->gram[(size_t)(a % E) * E + a % E]);
-        double wg = worst(ls->gram, item(ref, "gram"), E * E, gs, 1), wm = worst(ls->mu, item(ref, "mu"), E * d, rms, d);
-        if (wg > 2e-5 || wm > 2e-5)
-            fail_msg("%s: layer %d: Gram matrix / mean outputs differ by %.3g / %.3g (relative)", str(g, "name"), ls->layer,
-                     wg, wm);
-        md = fmax(md, fmax(wg, wm));
-        free(gs), free(rms);
-    }
-    print_message("%s: calibration statistics of %d MoE layers match, max relative difference %.3g\n", str(g, "name"),
-                  i, md);
-    m2d_calib_stats_free(st);
-}
-
-/* Logits and routing of the engine on the golden's tokens against transformers' float64 forward. */
-static void check_forward(const cJSON *g, const char *dir) {
-    const char *name = str(g, "name");
-    m2d_model *m;
-    if (m2d_model_open(dir, &m) != 0) fail_msg("%s: %s", name, m2d_errmsg());
-    assert_string_equal(m->cfg.arch, str(g, "class"));
-    const cJSON *toks = item(g, "tokens");
-    int n = cJSON_GetArraySize(toks), V = m->cfg.vocab_size, L = m->cfg.num_hidden_layers;
-    int k = m->cfg.num_experts_per_tok > 0 ? m->cfg.num_experts_per_tok : 1;
-    int32_t *tok = m2d_malloc(sizeof(int32_t) * (size_t)n);
-    for (int t = 0; t < n; t++) tok[t] = cJSON_GetArrayItem(toks, t)->valueint;
-    tu_routing r;
-    tu_routing_init(&r, L, n, k);
-    m2d_engine *e;
-    assert_int_equal(m2d_engine_new(m, 2, &e), 0);
-    m2d_engine_set_moe_hook(e, tu_routing_hook, &r);
-    float *lg = m2d_malloc(sizeof(float) * (size_t)n * V);
-    if (m2d_engine_logits(e, tok, n, lg) != 0) fail_msg("%s: %s", name, m2d_errmsg());
-
-    /* Logits: the engine works in fp32 on the checkpoint's exact weights; transformers' reference
-     * is float64 except where its modelling code itself rounds to fp32 (RMSNorm, the attention
-     * and router softmax). Each fp32 dot product here has at most 128 terms of size <= 1 (weights
-     * <= 1/4 in magnitude times normalised activations), relative error <= ~sqrt(128)·6e-8 ~ 7e-7 of
-     * its terms' magnitude; over <= 4 layers × (attention + FFN) through the residual stream, the
-     * final norm and an LM-head dot of 64 terms, logits of magnitude <= ~5 are expected within
-     * ~5·7e-7·sqrt(8)·2 ~ 2e-5, which is asserted (measured: 1e-6 to 4e-6, printed). */
-    const double tol = 2e-5;
-    double md = 0;
-    const cJSON *pos = item(g, "positions"), *rows = item(g, "logit_rows");
-    for (int i = 0; i < cJSON_GetArraySize(pos); i++) {
-        int p = cJSON_GetArrayItem(pos, i)->valueint;
-        const cJSON *row = cJSON_GetArrayItem(rows, i);
-        assert_int_equal(cJSON_GetArraySize(row), V);
-        for (int v = 0; v < V; v++) md = fmax(md, fabs(lg[(size_t)p * V + v] - cJSON_GetArrayItem(row, v)->valuedouble));
-    }
-    /* every position: log-sum-exp and the next token's logit (so the NLL of each position) */
-    const cJSON *lse = item(g, "logsumexp"), *next = item(g, "next_logit");
-    assert_int_equal(cJSON_GetArraySize(lse), n);
-    double ml = 0;
-    for (int t = 0; t < n; t++) {
-        const float *z = lg + (size_t)t * V;
-        double mx = z[0], s = 0;
-        for (int v = 1; v < V; v++) mx = fmax(mx, z[v]);
-        for (int v = 0; v < V; v++) s += exp(z[v] - mx);
-        ml = fmax(ml, fabs(mx + log(s) - cJSON_GetArrayItem(lse, t)->valuedouble));
-        if (t < n - 1) md = fmax(md, fabs(z[tok[t + 1]] - cJSON_GetArrayItem(next, t)->valuedouble));
-    }
-    print_message("%s: max |dlogit| %.3g, max |dlogsumexp| %.3g\n", name, md, ml);
-    if (md > tol || ml > tol) fail_msg("%s: logits differ from transformers' by %.3g (log-sum-exp %.3g) > %g", name, md, ml, tol);
-
-    /* Routing: the same experts in the same order for every token of every MoE layer; gate weights
-     * come out of an fp32 softmax in both (transformers computes the router softmax in fp32 too):
-     * to 1e-5. */
-    const cJSON *rt = item(g, "routing"), *layer;
-    int n_moe = 0;
-    for (int l = 0; l < L; l++) n_moe += m->cfg.layer_is_moe[l];
-    assert_int_equal(cJSON_GetArraySize(rt), n_moe);
-    double mg = 0;
-    cJSON_ArrayForEach(layer, rt) {
-        int l = item(layer, "layer")->valueint;
-        assert_true(l >= 0 && l < L && m->cfg.layer_is_moe[l]);
-        const cJSON *ex = item(layer, "experts"), *gw = item(layer, "gates");
-        for (int t = 0; t < n; t++)
-            for (int j = 0; j < k; j++) {
-                size_t o = ((size_t)l * n + t) * k + j;
-                int want = cJSON_GetArrayItem(cJSON_GetArrayItem(ex, t), j)->valueint;
-                if (r.ids[o] != want)
-                    fail_msg("%s: layer %d token %d: expert %d of the top-%d is %d, transformers routes to %d", name, l, t,
-                             j, k, r.ids[o], want);
-                mg = fmax(mg, fabs(r.gates[o] - cJSON_GetArrayItem(cJSON_GetArrayItem(gw, t), j)->valuedouble));
-            }
-    }
-    if (n_moe) print_message("%s: routing identical (%d MoE layers), max |dgate| %.3g\n", name, n_moe, mg);
-    assert_true(mg < 1e-5);
-    if (cJSON_HasObjectItem(cJSON_GetArrayItem(rt, 0), "calib_stats")) check_calib_stats(g, m, tok, n);
-    free(lg), free(tok);
-    tu_routing_free(&r);
-    m2d_engine_free(e);
-    m2d_model_close(m);
-}
-
-static void check_model(const char *name) {
-    cJSON *g = load_golden(name);
-    int student = cJSON_HasObjectItem(g, "teacher");
-    char *dir = student ? build_student(g) : build_teacher(g);
-    char sha[65], *st = m2d_path_join(dir, "model.safetensors");
-    file_sha256(st, sha);
-    const char *want = str(g, "safetensors_sha256");
-    if (strcmp(sha, want) != 0)
-        fail_msg("%s: model.safetensors differs from the golden's (sha256 %s, want %s)%s", name, sha, want,
-                 student ? ": the student converts differently" : ": moe2dense's writer no longer writes what save_pretrained writes");
-    if (student) {
-        /* transformers re-wrote moe2dense's student unchanged (recorded when the golden was made) */
-        assert_string_equal(str(g, "resaved_sha256"), want);
-        char *cfg = m2d_path_join(dir, "config.json");
-        char *text = m2d_read_file(cfg, NULL);
-        assert_non_null(text);
-        assert_string_equal(text, str(g, "config_json"));
-        free(text), free(cfg);
-    }
-    check_forward(g, dir);
-    free(st), free(dir);
-    cJSON_Delete(g);
 }
 
 /* Qwen3-MoE in bf16: renormalised top-k, a dense layer, untied embeddings. */
-static void qwen3moe_bf16(void **state) { (void)state; check_model("qwen3moe"); }
+static void qwen3moe_bf16(void **state) { (void)state; hf_check_model("qwen3moe", g_work, build_teacher); }
 /* Qwen3-MoE in f32: top-k not renormalised, tied embeddings, decoder_sparse_step 2, 3:1 GQA. */
-static void qwen3moe_f32(void **state) { (void)state; check_model("qwen3moe-f32"); }
+static void qwen3moe_f32(void **state) { (void)state; hf_check_model("qwen3moe-f32", g_work, build_teacher); }
 /* Qwen3-MoE with YaRN RoPE (48 positions over an original context of 16). */
-static void qwen3moe_yarn(void **state) { (void)state; check_model("qwen3moe-yarn"); }
+static void qwen3moe_yarn(void **state) { (void)state; hf_check_model("qwen3moe-yarn", g_work, build_teacher); }
 /* OLMoE in bf16: q/k norm over the whole projection, clip_qkv, GQA, top-k not renormalised. */
-static void olmoe_bf16(void **state) { (void)state; check_model("olmoe"); }
+static void olmoe_bf16(void **state) { (void)state; hf_check_model("olmoe", g_work, build_teacher); }
 /* OLMoE in f32: attention biases, renormalised top-k, tied embeddings. */
-static void olmoe_bias(void **state) { (void)state; check_model("olmoe-bias"); }
+static void olmoe_bias(void **state) { (void)state; hf_check_model("olmoe-bias", g_work, build_teacher); }
 /* OLMoE's dense student: an OlmoeForCausalLM with one expert of width k*d_e routed top-1. */
-static void olmoe_student(void **state) { (void)state; check_model("olmoe-student"); }
+static void olmoe_student(void **state) { (void)state; hf_check_model("olmoe-student", g_work, build_teacher); }
 /* dense Qwen3 (the student's family), bf16, tied embeddings. */
-static void qwen3_dense(void **state) { (void)state; check_model("qwen3"); }
+static void qwen3_dense(void **state) { (void)state; hf_check_model("qwen3", g_work, build_teacher); }
 /* the dense student of the bf16 teacher (zero-padded dense layer), in transformers' Qwen3ForCausalLM. */
-static void student_dense(void **state) { (void)state; check_model("qwen3moe-student"); }
+static void student_dense(void **state) { (void)state; hf_check_model("qwen3moe-student", g_work, build_teacher); }
 /* the smaller MoE (--target moe, groups), in transformers' Qwen3MoeForCausalLM. */
-static void student_moe(void **state) { (void)state; check_model("qwen3moe-student-moe"); }
+static void student_moe(void **state) { (void)state; hf_check_model("qwen3moe-student-moe", g_work, build_teacher); }
 
 static int setup(void **state) {
     (void)state;

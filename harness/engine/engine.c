@@ -114,8 +114,9 @@ static int check_layer(const m2d_model *m, int l) {
         return 0;
     }
     if (need(m, l, L->router, "router")) return -1;
-    for (int r = 0; r < M2D_X_COUNT; r++)
-        if (!L->x[r]) return need(m, l, NULL, m2d_expert_role_name(r));
+    int weights[3] = {M2D_X_EXP_GATE, M2D_X_EXP_UP, M2D_X_EXP_DOWN}; /* the biases are optional */
+    for (int r = 0; r < 3; r++)
+        if (!L->x[weights[r]]) return need(m, l, NULL, m2d_expert_role_name(weights[r]));
     return 0;
 }
 
@@ -125,7 +126,8 @@ static int check_model(const m2d_model *m) {
     if (!m || !m->layers || !m->embed || !m->lm_head || !m->final_norm)
         return m2d_err("engine: model is not bound (missing embed/lm_head/final_norm/layers)");
     const m2d_layer_ops *ops = &m->cfg.ops;
-    if (ops->router != M2D_ROUTER_SOFTMAX_TOPK || ops->ffn_act != M2D_ACT_SWIGLU ||
+    if ((ops->router != M2D_ROUTER_SOFTMAX_TOPK && ops->router != M2D_ROUTER_TOPK_SOFTMAX) ||
+        (ops->ffn_act != M2D_ACT_SWIGLU && ops->ffn_act != M2D_ACT_SWIGLU_CLAMP) ||
         (ops->rope != M2D_ROPE_NEOX && ops->rope != M2D_ROPE_INTERLEAVED))
         return m2d_err("%s: %s uses a router, activation or RoPE variant the engine does not implement", m->dir,
                        m->cfg.arch);
@@ -152,6 +154,7 @@ static void weights_new(m2d_engine *e) {
         for (int r = 0; r < M2D_T_COUNT; r++)
             if (L->w[r]) e->lw[l].w[r] = e->B->weight_new(e->be, L->w[r]);
         for (int r = 0; r < M2D_X_COUNT && m->cfg.layer_is_moe[l]; r++) {
+            if (!L->x[r]) continue; /* an optional role (expert biases) */
             e->lw[l].x[r] = m2d_calloc((size_t)m->cfg.num_experts, sizeof(m2d_weight *));
             for (int x = 0; x < m->cfg.num_experts; x++) e->lw[l].x[r][x] = e->B->weight_new(e->be, L->x[r][x]);
         }
@@ -184,7 +187,8 @@ static void for_each_weight(m2d_engine *e, int tied_head, void (*fn)(m2d_engine 
     fn(e, e->final_norm, ctx);
     for (int l = 0; l < c->num_hidden_layers; l++)
         for (int x = 0; e->lw[l].x[0] && x < c->num_experts; x++)
-            for (int r = 0; r < M2D_X_COUNT; r++) fn(e, e->lw[l].x[r][x], ctx);
+            for (int r = 0; r < M2D_X_COUNT; r++)
+                if (e->lw[l].x[r]) fn(e, e->lw[l].x[r][x], ctx);
     if (e->lm_head != e->embed || tied_head) fn(e, e->lm_head, ctx);
 }
 
@@ -318,6 +322,11 @@ static int ws_alloc(m2d_engine *e, int n, fwd_ws *w) {
 
 /* ---- layers ---- */
 
+/* y[r] += b (an optional role: nothing when the layer has none) */
+static void bias(m2d_engine *e, m2d_mat *y, const m2d_weight *b) {
+    if (b) e->B->add_bias(e->be, y, b);
+}
+
 /* per ops.qk_norm: each head's vector ([n*heads, head_dim] rows) or the whole projection ([n, heads*head_dim]) */
 static void qk_norm(m2d_engine *e, const layer_weights *lw, const fwd_ws *w) {
     const m2d_config *c = &e->m->cfg;
@@ -328,11 +337,6 @@ static void qk_norm(m2d_engine *e, const layer_weights *lw, const fwd_ws *w) {
     m2d_mat K = whole ? m2d_mat_of(w->k, 0, n, KV * hd, KV * hd) : m2d_mat_of(w->k, 0, n * KV, hd, hd);
     e->B->rmsnorm(e->be, &Q, lw->w[M2D_T_Q_NORM], c->rms_norm_eps, &Q);
     e->B->rmsnorm(e->be, &K, lw->w[M2D_T_K_NORM], c->rms_norm_eps, &K);
-}
-
-/* y += b on every row when the layer has that bias */
-static void bias(m2d_engine *e, const layer_weights *lw, int role, m2d_mat *y) {
-    if (lw->w[role]) e->B->add_bias(e->be, y, lw->w[role]);
 }
 
 /* q, k, v of the normed input xn: projections (+ biases), q/k norm, clamp (clip_qkv), RoPE */
@@ -347,9 +351,9 @@ static void gqa_qkv(m2d_engine *e, int l, const fwd_ws *w) {
     B->gemm(e->be, &XN, lw->w[M2D_T_Q], 0, &Q, 0.0f, e->prec);
     B->gemm(e->be, &XN, lw->w[M2D_T_K], 0, &K, 0.0f, e->prec);
     B->gemm(e->be, &XN, lw->w[M2D_T_V], 0, &V, 0.0f, e->prec);
-    bias(e, lw, M2D_T_Q_BIAS, &Q);
-    bias(e, lw, M2D_T_K_BIAS, &K);
-    bias(e, lw, M2D_T_V_BIAS, &V);
+    bias(e, &Q, lw->w[M2D_T_Q_BIAS]);
+    bias(e, &K, lw->w[M2D_T_K_BIAS]);
+    bias(e, &V, lw->w[M2D_T_V_BIAS]);
     qk_norm(e, lw, w);
     if (c->clip_qkv > 0) {
         B->clamp(e->be, &Q, (float)c->clip_qkv);
@@ -384,7 +388,9 @@ static void attend(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
                            .n_heads = H,
                            .n_kv = KV,
                            .head_dim = hd,
-                           .out = m2d_mat_of(w->att, o * qd, ns, qd, qd)};
+                           .out = m2d_mat_of(w->att, o * qd, ns, qd, qd),
+                           .window = c->layer_window ? c->layer_window[l] : 0,
+                           .sinks = lw->w[M2D_T_SINKS]};
         B->attention(be, &a);
     }
     if (p->append) {
@@ -394,7 +400,7 @@ static void attend(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
     }
     m2d_mat X = m2d_mat_of(w->x, 0, n, d, d), ATT = m2d_mat_of(w->att, 0, n, qd, qd);
     B->gemm(be, &ATT, lw->w[M2D_T_O], 0, &X, 1.0f, e->prec); /* residual add */
-    bias(e, lw, M2D_T_O_BIAS, &X);
+    bias(e, &X, lw->w[M2D_T_O_BIAS]);
 }
 
 static void attention_block(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
@@ -436,6 +442,7 @@ static int moe_block(m2d_engine *e, int l, const fwd_ws *w) {
     int n = w->n, d = c->hidden_size, E = c->num_experts, k = c->num_experts_per_tok;
     m2d_mat XN = m2d_mat_of(w->xn, 0, n, d, d), P = m2d_mat_of(w->probs, 0, n, E, E);
     e->B->gemm(e->be, &XN, lw->w[M2D_T_ROUTER], 0, &P, 0.0f, e->prec);
+    bias(e, &P, lw->w[M2D_T_ROUTER_BIAS]);
     m2d_route_args r = {.kind = c->ops.router, .renorm = c->ops.router_renorm, .k = k};
     e->B->route(e->be, &P, &r, w->topk, w->gates);
     if (e->hook && call_hook(e, l, w)) return -1;
@@ -450,19 +457,30 @@ static int moe_block(m2d_engine *e, int l, const fwd_ws *w) {
                       .down = lw->x[M2D_X_EXP_DOWN],
                       .act = c->ops.ffn_act,
                       .prec = e->prec,
-                      .out = m2d_mat_of(w->ffo, 0, n, d, d)};
+                      .out = m2d_mat_of(w->ffo, 0, n, d, d),
+                      .gate_bias = lw->x[M2D_X_EXP_GATE_BIAS],
+                      .up_bias = lw->x[M2D_X_EXP_UP_BIAS],
+                      .down_bias = lw->x[M2D_X_EXP_DOWN_BIAS],
+                      .act_alpha = c->ops.act_alpha,
+                      .act_limit = c->ops.act_limit};
     e->B->moe(e->be, &a);
     return 0;
 }
 
-/* dense FFN: y (+)= down(act(gate x, up x)); g, u scratch [n, inter] */
+/* dense FFN: y (+)= down(act(gate x + bg, up x + bu)) + bd (biases when the roles are there);
+ * g, u scratch [n, inter] */
 static void dense_ffn(m2d_engine *e, m2d_weight *const *wt, const m2d_mat *x, int inter, m2d_buf *g, m2d_buf *u,
                       m2d_mat *y, float beta) {
+    const m2d_layer_ops *ops = &e->m->cfg.ops;
     m2d_mat G = m2d_mat_of(g, 0, x->rows, inter, inter), U = m2d_mat_of(u, 0, x->rows, inter, inter);
     e->B->gemm(e->be, x, wt[M2D_T_GATE], 0, &G, 0.0f, e->prec);
     e->B->gemm(e->be, x, wt[M2D_T_UP], 0, &U, 0.0f, e->prec);
-    e->B->glu(e->be, e->m->cfg.ops.ffn_act, &G, &U);
+    bias(e, &G, wt[M2D_T_GATE_BIAS]);
+    bias(e, &U, wt[M2D_T_UP_BIAS]);
+    if (ops->ffn_act == M2D_ACT_SWIGLU_CLAMP) e->B->glu_clamp(e->be, &G, &U, ops->act_alpha, ops->act_limit);
+    else e->B->glu(e->be, ops->ffn_act, &G, &U);
     e->B->gemm(e->be, &G, wt[M2D_T_DOWN], 0, y, beta, e->prec);
+    bias(e, y, wt[M2D_T_DOWN_BIAS]);
 }
 
 static int ffn_block(m2d_engine *e, int l, const fwd_ws *w) {
@@ -600,6 +618,9 @@ static int expert_impl(m2d_engine *e, int layer, int expert, const float *x, int
     wt[M2D_T_GATE] = lw->x[M2D_X_EXP_GATE][expert];
     wt[M2D_T_UP] = lw->x[M2D_X_EXP_UP][expert];
     wt[M2D_T_DOWN] = lw->x[M2D_X_EXP_DOWN][expert];
+    if (lw->x[M2D_X_EXP_GATE_BIAS]) wt[M2D_T_GATE_BIAS] = lw->x[M2D_X_EXP_GATE_BIAS][expert];
+    if (lw->x[M2D_X_EXP_UP_BIAS]) wt[M2D_T_UP_BIAS] = lw->x[M2D_X_EXP_UP_BIAS][expert];
+    if (lw->x[M2D_X_EXP_DOWN_BIAS]) wt[M2D_T_DOWN_BIAS] = lw->x[M2D_X_EXP_DOWN_BIAS][expert];
     m2d_buf *xb = e->B->alloc(e->be, f32s(n, d)), *yb = e->B->alloc(e->be, f32s(n, d));
     m2d_buf *g = e->B->alloc(e->be, f32s(n, de)), *u = e->B->alloc(e->be, f32s(n, de));
     int rc = xb && yb && g && u ? 0 : -1;
