@@ -61,6 +61,18 @@ static void olmoe_bf16(void **state) { (void)state; hf_check_model("olmoe", g_wo
 static void olmoe_bias(void **state) { (void)state; hf_check_model("olmoe-bias", g_work, build_teacher); }
 /* OLMoE's dense student: an OlmoeForCausalLM with one expert of width k*d_e routed top-1. */
 static void olmoe_student(void **state) { (void)state; hf_check_model("olmoe-student", g_work, build_teacher); }
+/* Qwen2-MoE in bf16: q/k/v biases, the shared expert and its sigmoid gate, a dense layer, top-k not
+ * renormalised. */
+static void qwen2moe_bf16(void **state) { (void)state; hf_check_model("qwen2moe", g_work, build_teacher); }
+/* Qwen2-MoE in f32: no q/k/v biases, renormalised top-k, tied embeddings. */
+static void qwen2moe_f32(void **state) { (void)state; hf_check_model("qwen2moe-f32", g_work, build_teacher); }
+/* Qwen2-MoE's dense student (a Qwen2ForCausalLM: k groups and the shared expert concatenated). */
+static void qwen2moe_student(void **state) { (void)state; hf_check_model("qwen2moe-student", g_work, build_teacher); }
+/* the smaller Qwen2-MoE (--target moe): the shared expert and its gate copied. */
+static void qwen2moe_student_moe(void **state) {
+    (void)state;
+    hf_check_model("qwen2moe-student-moe", g_work, build_teacher);
+}
 /* dense Qwen3 (the student's family), bf16, tied embeddings. */
 static void qwen3_dense(void **state) { (void)state; hf_check_model("qwen3", g_work, build_teacher); }
 /* the dense student of the bf16 teacher (zero-padded dense layer), in transformers' Qwen3ForCausalLM. */
@@ -88,6 +100,8 @@ int main(void) {
         cmocka_unit_test(qwen3moe_bf16), cmocka_unit_test(qwen3moe_f32), cmocka_unit_test(qwen3_dense),
         cmocka_unit_test(student_dense), cmocka_unit_test(student_moe), cmocka_unit_test(qwen3moe_yarn),
         cmocka_unit_test(olmoe_bf16), cmocka_unit_test(olmoe_bias), cmocka_unit_test(olmoe_student),
+        cmocka_unit_test(qwen2moe_bf16), cmocka_unit_test(qwen2moe_f32), cmocka_unit_test(qwen2moe_student),
+        cmocka_unit_test(qwen2moe_student_moe),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

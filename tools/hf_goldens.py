@@ -92,6 +92,21 @@ MODELS = {
         norm_topk_prob=True, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, attention_bias=True,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, rms_norm_eps=1e-5,
         max_position_embeddings=128, tie_word_embeddings=True, eos_token_id=256, pad_token_id=1), torch.float32, 6),
+    # Qwen1.5-MoE's shape in small: bf16, q/k/v biases, top-k not renormalised, the shared expert with
+    # its sigmoid gate, a dense layer (mlp_only_layers) of its own width, GQA, untied embeddings
+    "qwen2moe": ("Qwen2MoeForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=48, moe_intermediate_size=16,
+        shared_expert_intermediate_size=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False,
+        mlp_only_layers=[1], num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6,
+        max_position_embeddings=256, tie_word_embeddings=False, eos_token_id=256), torch.bfloat16, 8),
+    # the other branches: f32, no q/k/v biases (qkv_bias false), renormalised top-k, tied embeddings
+    "qwen2moe-f32": ("Qwen2MoeForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=32, moe_intermediate_size=8,
+        shared_expert_intermediate_size=24, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, qkv_bias=False,
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, rms_norm_eps=1e-6,
+        max_position_embeddings=128, tie_word_embeddings=True, eos_token_id=256), torch.float32, 9),
 }
 
 # name -> (teacher, class, calibrate args, convert args). Scores that are counts (freq), round-robin
@@ -107,6 +122,14 @@ STUDENTS = {
     # OLMoE's dense student: an OlmoeForCausalLM with one expert of width k * d_e routed top-1
     "olmoe-student": ("olmoe", "OlmoeForCausalLM", CALIBRATE,
                       ["--scoring", "freq", "--grouping", "rr", "--scaling", "uniform", "-K", "4"]),
+    # Qwen2-MoE's dense student: a Qwen2ForCausalLM of width k * d_e + the shared expert's, the dense
+    # layer zero-padded to it
+    "qwen2moe-student": ("qwen2moe", "Qwen2ForCausalLM", CALIBRATE,
+                         ["--scoring", "freq", "--grouping", "rr", "--scaling", "uniform", "-K", "4"]),
+    # the smaller MoE keeps the shared expert and its gate unchanged
+    "qwen2moe-student-moe": ("qwen2moe", "Qwen2MoeForCausalLM", CALIBRATE,
+                             ["--target", "moe", "--scoring", "freq", "--grouping", "rr", "--scaling",
+                              "uniform", "-K", "6", "--groups", "4"]),
 }
 
 

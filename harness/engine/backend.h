@@ -156,6 +156,8 @@ typedef struct {
     /* y[r] += b for every row r of y (b: a weight of y.cols elements) */
     void (*add_bias)(m2d_backend *be, m2d_mat *y, const m2d_weight *b);
     void (*add)(m2d_backend *be, m2d_mat *y, const m2d_mat *x); /* y += x (residual) */
+    /* y[r, :] *= sigmoid(s[r, 0]) for every row r (Qwen2-MoE's shared-expert gate) */
+    void (*sigmoid_scale)(m2d_backend *be, m2d_mat *y, const m2d_mat *s);
     /* x = min(max(x, -limit), limit) elementwise (OLMoE's clip_qkv) */
     void (*clamp)(m2d_backend *be, m2d_mat *x, float limit);
     /* topk int32 [n, k], gates fp32 [n, k] (see m2d_route_args); logits become the full softmax

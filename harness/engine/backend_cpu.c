@@ -409,6 +409,14 @@ static void cpu_add(m2d_backend *be, m2d_mat *y, const m2d_mat *x) {
     }
 }
 
+static void cpu_sigmoid_scale(m2d_backend *be, m2d_mat *y, const m2d_mat *sm) {
+    (void)be;
+    for (int r = 0; r < y->rows; r++) {
+        float *yr = F(y) + (size_t)r * y->ld, g = 1.0f / (1.0f + expf(-F(sm)[(size_t)r * sm->ld]));
+        for (int i = 0; i < y->cols; i++) yr[i] *= g;
+    }
+}
+
 static void cpu_clamp(m2d_backend *be, m2d_mat *x, float limit) {
     (void)be;
     for (int r = 0; r < x->rows; r++) {
@@ -888,6 +896,7 @@ static const m2d_backend_ops cpu_ops = {
     .add_bias = cpu_add_bias,
     .add = cpu_add,
     .clamp = cpu_clamp,
+    .sigmoid_scale = cpu_sigmoid_scale,
     .route = cpu_route,
     .moe = cpu_moe,
     .logprobs = cpu_logprobs,

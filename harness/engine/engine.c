@@ -114,6 +114,14 @@ static int check_layer(const m2d_model *m, int l) {
         return 0;
     }
     if (need(m, l, L->router, "router")) return -1;
+    if (L->shared_gate_proj || L->shared_up_proj || L->shared_down_proj || L->shared_expert_gate) {
+        if (need(m, l, L->shared_gate_proj, "shared_gate_proj") || need(m, l, L->shared_up_proj, "shared_up_proj") ||
+            need(m, l, L->shared_down_proj, "shared_down_proj"))
+            return -1;
+        if (m2d_tensor_numel(L->shared_gate_proj) != (int64_t)m->cfg.shared_expert_intermediate_size * m->cfg.hidden_size)
+            return m2d_err("%s: layer %d: shared experts of %lld elements, config says width %d", m->dir, l,
+                           (long long)m2d_tensor_numel(L->shared_gate_proj), m->cfg.shared_expert_intermediate_size);
+    }
     int weights[3] = {M2D_X_EXP_GATE, M2D_X_EXP_UP, M2D_X_EXP_DOWN}; /* the biases are optional */
     for (int r = 0; r < 3; r++)
         if (!L->x[weights[r]]) return need(m, l, NULL, m2d_expert_role_name(weights[r]));
@@ -285,13 +293,14 @@ typedef struct {
     m2d_buf *x, *xn, *ffo, *q, *att, *k, *v, *g, *u; /* fp32 activations */
     m2d_buf *tok, *pos;                              /* int32 [n] */
     m2d_buf *probs, *topk, *gates;                   /* routing [n, E], [n, k] (MoE models) */
+    m2d_buf *sh, *shl;                               /* shared experts' output [n, d], gate logit [n, 1] */
 } fwd_ws;
 
 static size_t f32s(int64_t rows, int64_t cols) { return (size_t)rows * (size_t)cols * sizeof(float); }
 
 static void ws_free(m2d_engine *e, fwd_ws *w) {
     m2d_buf *all[] = {w->x, w->xn, w->ffo, w->q, w->att, w->k, w->v, w->g, w->u, w->tok, w->pos, w->probs, w->topk,
-                      w->gates};
+                      w->gates, w->sh, w->shl};
     for (size_t i = 0; i < M2D_ARRAY_LEN(all); i++) e->B->release(e->be, all[i]);
 }
 
@@ -303,6 +312,8 @@ static int ws_alloc(m2d_engine *e, int n, fwd_ws *w) {
         if (!c->layer_is_moe[l]) inter = M2D_MAX(inter, c->intermediate_size);
         any_moe |= c->layer_is_moe[l];
     }
+    int shared = any_moe ? c->shared_expert_intermediate_size : 0;
+    inter = M2D_MAX(inter, shared);
     memset(w, 0, sizeof *w);
     w->n = n;
     m2d_backend *be = e->be;
@@ -315,6 +326,7 @@ static int ws_alloc(m2d_engine *e, int n, fwd_ws *w) {
     if (any_moe)
         ok &= (w->probs = A(be, f32s(n, c->num_experts))) && (w->topk = A(be, sizeof(int32_t) * (size_t)n * k)) &&
               (w->gates = A(be, f32s(n, k)));
+    if (shared) ok &= (w->sh = A(be, f32s(n, d))) && (w->shl = A(be, f32s(n, 1)));
     if (ok) return 0;
     ws_free(e, w);
     return -1;
@@ -483,6 +495,29 @@ static void dense_ffn(m2d_engine *e, m2d_weight *const *wt, const m2d_mat *x, in
     bias(e, y, wt[M2D_T_DOWN_BIAS]);
 }
 
+/* The always-on shared experts of an MoE layer: ffo += shared(xn), each token's output times
+ * sigmoid(w . xn) when the layer has a shared-expert gate (Qwen2-MoE), unscaled without (DeepSeek) */
+static void shared_experts(m2d_engine *e, int l, const fwd_ws *w) {
+    const layer_weights *lw = &e->lw[l];
+    if (!lw->w[M2D_T_SHARED_GATE]) return;
+    const m2d_config *c = &e->m->cfg;
+    int n = w->n, d = c->hidden_size, width = c->shared_expert_intermediate_size;
+    m2d_weight *wt[M2D_T_COUNT] = {0};
+    wt[M2D_T_GATE] = lw->w[M2D_T_SHARED_GATE];
+    wt[M2D_T_UP] = lw->w[M2D_T_SHARED_UP];
+    wt[M2D_T_DOWN] = lw->w[M2D_T_SHARED_DOWN];
+    m2d_mat XN = m2d_mat_of(w->xn, 0, n, d, d), FFO = m2d_mat_of(w->ffo, 0, n, d, d);
+    if (!lw->w[M2D_T_SHARED_EXPERT_GATE]) {
+        dense_ffn(e, wt, &XN, width, w->g, w->u, &FFO, 1.0f);
+        return;
+    }
+    m2d_mat S = m2d_mat_of(w->sh, 0, n, d, d), G = m2d_mat_of(w->shl, 0, n, 1, 1);
+    dense_ffn(e, wt, &XN, width, w->g, w->u, &S, 0.0f);
+    e->B->gemm(e->be, &XN, lw->w[M2D_T_SHARED_EXPERT_GATE], 0, &G, 0.0f, e->prec);
+    e->B->sigmoid_scale(e->be, &S, &G);
+    e->B->add(e->be, &FFO, &S);
+}
+
 static int ffn_block(m2d_engine *e, int l, const fwd_ws *w) {
     const m2d_config *c = &e->m->cfg;
     int n = w->n, d = c->hidden_size;
@@ -493,6 +528,7 @@ static int ffn_block(m2d_engine *e, int l, const fwd_ws *w) {
         return 0;
     }
     if (moe_block(e, l, w)) return -1;
+    shared_experts(e, l, w);
     m2d_mat FFO = m2d_mat_of(w->ffo, 0, n, d, d);
     e->B->add(e->be, &X, &FFO);
     return 0;

@@ -116,7 +116,11 @@ typedef struct {
     X(GATE_BIAS, gate_bias, M2D_PART_FFN)     /* dense FFN [inter] */                        \
     X(UP_BIAS, up_bias, M2D_PART_FFN)         /* dense FFN [inter] */                        \
     X(DOWN_BIAS, down_bias, M2D_PART_FFN)     /* dense FFN [d] */                            \
-    X(ROUTER_BIAS, router_bias, M2D_PART_FFN) /* MoE router [E] */
+    X(ROUTER_BIAS, router_bias, M2D_PART_FFN) /* MoE router [E] */                        \
+    X(SHARED_GATE, shared_gate_proj, M2D_PART_FFN) /* the always-on shared experts of an    */ \
+    X(SHARED_UP, shared_up_proj, M2D_PART_FFN)     /* MoE layer (DeepSeek, Qwen2-MoE) as one */ \
+    X(SHARED_DOWN, shared_down_proj, M2D_PART_FFN) /* SwiGLU [shared, d] x2, [d, shared]    */ \
+    X(SHARED_EXPERT_GATE, shared_expert_gate, M2D_PART_FFN) /* [1, d]: x sigmoid(w.x) (Qwen2-MoE) */
 /* Per-expert roles of an MoE layer: arrays of E tensors (the biases optional: NULL arrays). */
 #define M2D_EXPERT_ROLES(X)                                                                   \
     X(EXP_GATE, exp_gate) /* [d_e, d] */                                                      \
