@@ -185,7 +185,14 @@ static void ref_moe(const m2d_model *m, const m2d_layer *L, const double *h, dou
         ref_swiglu(L->exp_gate[ids[j]], L->exp_up[ids[j]], L->exp_down[ids[j]], h, d, c->moe_intermediate_size, y);
         for (int i = 0; i < d; i++) x[i] += gw * y[i];
     }
-    free(p); free(y); free(taken); free(ids);
+    free(p); free(taken); free(ids);
+    if (L->shared_gate_proj) { /* the shared experts, times sigmoid(w . h) when gated (Qwen2-MoE) */
+        ref_swiglu(L->shared_gate_proj, L->shared_up_proj, L->shared_down_proj, h, d, c->shared_expert_intermediate_size, y);
+        double sg = 1, logit;
+        if (L->shared_expert_gate) ref_linear(L->shared_expert_gate, h, d, 1, &logit), sg = 1 / (1 + exp(-logit));
+        for (int i = 0; i < d; i++) x[i] += sg * y[i];
+    }
+    free(y);
 }
 
 static void ref_ffn_layer(const m2d_model *m, int l, ref_state *s) {

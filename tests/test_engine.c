@@ -203,6 +203,28 @@ static void op_bias_and_clamp_on(const char *backend) {
     m2d_backend_free(be);
 }
 
+/* sigmoid_scale: y[r, :] *= sigmoid(s[r, 0]) (s with a row stride of its own), against float64 */
+static void op_sigmoid_scale_on(const char *backend) {
+    int rows = 4, cols = 9;
+    float y[4 * 9], out[4 * 9], sv[4 * 3];
+    uint64_t st = 21;
+    fill_normal(&st, y, sizeof y / 4, 2);
+    fill_normal(&st, sv, sizeof sv / 4, 4);
+    m2d_backend *be = new_backend(backend, 1);
+    m2d_buf *yb = upload(be, y, sizeof y), *sb = upload(be, sv, sizeof sv);
+    m2d_mat Y = m2d_mat_of(yb, 0, rows, cols, cols), S = m2d_mat_of(sb, 0, rows, 1, 3);
+    be->ops->sigmoid_scale(be, &Y, &S);
+    download(be, out, yb, sizeof out);
+    /* expf and one fp32 product: relative error a few ulp */
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < cols; i++) {
+            double want = y[r * cols + i] / (1 + exp(-(double)sv[r * 3]));
+            assert_true(fabs(out[r * cols + i] - want) <= 4e-7 * fabs(want) + 1e-30);
+        }
+    be->ops->release(be, yb), be->ops->release(be, sb);
+    m2d_backend_free(be);
+}
+
 /* the route op on one row of E logits: probabilities in place, top-k ids and gates */
 static void route_row(m2d_backend *be, float *p, int E, int k, int32_t *idx) {
     m2d_buf *pb = upload(be, p, sizeof(float) * E), *ib = be->ops->alloc(be, sizeof(int32_t) * k),
@@ -371,6 +393,7 @@ EACH_BACKEND(op_rmsnorm_analytic)
 EACH_BACKEND(op_rope_rotate_half)
 EACH_BACKEND(op_rope_variants)
 EACH_BACKEND(op_bias_and_clamp)
+EACH_BACKEND(op_sigmoid_scale)
 EACH_BACKEND(op_softmax_and_swiglu)
 EACH_BACKEND(op_topk_ties_to_lower_index)
 EACH_BACKEND(op_attention_causal_gqa)
@@ -1041,6 +1064,7 @@ int main(void) {
         cmocka_unit_test(op_matmul_matches_loops),
         cmocka_unit_test(op_rmsnorm_analytic),
         cmocka_unit_test(op_rope_rotate_half), cmocka_unit_test(op_rope_variants), cmocka_unit_test(op_bias_and_clamp),
+        cmocka_unit_test(op_sigmoid_scale),
         cmocka_unit_test(op_softmax_and_swiglu),
         cmocka_unit_test(op_topk_ties_to_lower_index),
         cmocka_unit_test(op_attention_causal_gqa),

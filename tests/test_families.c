@@ -20,6 +20,7 @@
 #include "calib/calib.h"
 #include "convert/convert.h"
 #include "engine/engine.h"
+#include "hfcheck.h"
 #include "reffwd.h"
 #include "testmodel.h"
 
@@ -27,30 +28,8 @@ static char *g_work;
 
 /* golden NAME's checkpoint in g_work/NAME (config.json + grid weights of its tensor list) */
 static char *build(const char *name) {
-    char *path = m2d_strfmt("tests/golden/hf/%s.json", name);
-    size_t len;
-    char *text = m2d_read_file(path, &len);
-    if (!text) fail_msg("%s", m2d_errmsg());
-    cJSON *g = cJSON_ParseWithLength(text, len);
-    assert_non_null(g);
-    const cJSON *list = cJSON_GetObjectItem(g, "tensors"), *e;
-    assert_non_null(list);
-    int n = cJSON_GetArraySize(list), i = 0;
-    m2d_testmodel_tensor *t = m2d_calloc((size_t)n, sizeof *t);
-    cJSON_ArrayForEach(e, list) {
-        const char *dt = cJSON_GetArrayItem(e, 1)->valuestring;
-        const cJSON *shape = cJSON_GetArrayItem(e, 2);
-        t[i].name = cJSON_GetArrayItem(e, 0)->valuestring;
-        t[i].dtype = !strcmp(dt, "BF16") ? M2D_BF16 : !strcmp(dt, "F16") ? M2D_F16 : M2D_F32;
-        t[i].ndim = cJSON_GetArraySize(shape);
-        for (int k = 0; k < t[i].ndim; k++) t[i].shape[k] = (int64_t)cJSON_GetArrayItem(shape, k)->valuedouble;
-        i++;
-    }
-    char *dir = m2d_path_join(g_work, name);
-    const char *cfg = cJSON_GetObjectItem(g, "config_json")->valuestring;
-    if (m2d_testmodel_write_tensors(dir, cfg, (uint64_t)cJSON_GetObjectItem(g, "seed")->valuedouble, t, n) != 0)
-        fail_msg("%s: %s", name, m2d_errmsg());
-    free(t), free(text), free(path);
+    cJSON *g = hf_load_golden(name);
+    char *dir = hf_build_listed(g, g_work);
     cJSON_Delete(g);
     return dir;
 }
@@ -143,13 +122,38 @@ static void student_vs_reference(const m2d_model *t, const char *dir, const char
     m2d_calib_stats_free(st);
 }
 
-static void family(const char *name) {
+/* DENSE_STUDENT false: the teacher has none (no_dense_student checks the error) */
+static void family(const char *name, bool dense_student) {
     char *dir = build(name);
     m2d_model *m = open_model(dir);
     vs_reference(m, name);
     cache_paths(m, name);
-    if (m->cfg.num_experts > 0) student_vs_reference(m, dir, name);
+    if (m->cfg.num_experts > 0 && dense_student) student_vs_reference(m, dir, name);
     m2d_model_close(m);
+    free(dir);
+}
+
+/* golden NAME's teacher has no dense student: the in-memory build fails naming config.json and
+ * NEEDLE (the --target moe student is checked by test_hf.c) */
+static void no_dense_student(const char *name, const char *needle) {
+    char *dir = build(name);
+    m2d_model *t = open_model(dir);
+    int32_t tok[64];
+    rand_tokens(3, tok, 64, t->cfg.vocab_size);
+    m2d_calib_opts co = {.seq_len = 32, .n_samples = 2, .n_threads = 1, .data_path = "random"};
+    m2d_stats *st;
+    if (m2d_calib_run(t, tok, 64, &co, &st) != 0) fail_msg("%s: %s", name, m2d_errmsg());
+    m2d_convert_opts o = {.scoring = "acp", .grouping = "rr", .scaling = "avg-cp", .K = t->cfg.num_experts};
+    m2d_convert_plan *plan;
+    m2d_model *s = NULL;
+    assert_int_equal(m2d_convert_plan_build(t, st, &o, &plan), 0);
+    m2d_err_clear();
+    assert_int_equal(m2d_convert_build(t, plan, &s), -1);
+    if (!strstr(m2d_errmsg(), "config.json") || !strstr(m2d_errmsg(), needle))
+        fail_msg("%s: unexpected message: %s", name, m2d_errmsg());
+    m2d_convert_plan_free(plan);
+    m2d_calib_stats_free(st);
+    m2d_model_close(t);
     free(dir);
 }
 
@@ -212,8 +216,42 @@ static void olmoe_configs(void **state) {
     expect_config_error("olmoe", "\"intermediate_size\": 32,", "", "'intermediate_size'");
 }
 
-static void olmoe(void **state) { (void)state; family("olmoe"); }
-static void olmoe_bias(void **state) { (void)state; family("olmoe-bias"); }
+/* Qwen/Qwen1.5-MoE-A2.7B's config.json as on the Hub: 14.3B parameters, 2.7B active (the model
+ * card's numbers); the dense student (k = 4 groups of 1408 + the shared expert's 5632) 2.69B */
+static const char QWEN2MOE_HUB[] =
+    "{\"architectures\": [\"Qwen2MoeForCausalLM\"], \"attention_dropout\": 0.0, \"bos_token_id\": 151643,"
+    " \"decoder_sparse_step\": 1, \"eos_token_id\": 151643, \"hidden_act\": \"silu\", \"hidden_size\": 2048,"
+    " \"initializer_range\": 0.02, \"intermediate_size\": 5632, \"max_position_embeddings\": 8192,"
+    " \"max_window_layers\": 21, \"model_type\": \"qwen2_moe\", \"moe_intermediate_size\": 1408,"
+    " \"norm_topk_prob\": false, \"num_attention_heads\": 16, \"num_experts\": 60, \"num_experts_per_tok\": 4,"
+    " \"num_hidden_layers\": 24, \"num_key_value_heads\": 16, \"output_router_logits\": false,"
+    " \"rms_norm_eps\": 1e-06, \"rope_theta\": 1000000.0, \"router_aux_loss_coef\": 0.001,"
+    " \"shared_expert_intermediate_size\": 5632, \"sliding_window\": 32768, \"tie_word_embeddings\": false,"
+    " \"torch_dtype\": \"bfloat16\", \"transformers_version\": \"4.39.0.dev0\", \"use_cache\": true,"
+    " \"use_sliding_window\": false, \"vocab_size\": 151936}";
+
+static void qwen2moe_configs(void **state) {
+    (void)state;
+    hub_config(QWEN2MOE_HUB, "Qwen2MoeForCausalLM", 14.32, 2.69, 2.69);
+    expect_config_error("qwen2moe", "\"shared_expert_intermediate_size\": 32,", "", "'shared_expert_intermediate_size'");
+    expect_config_error("qwen2moe", "\"moe_intermediate_size\": 16", "\"moe_intermediate_size\": -1",
+                        "'moe_intermediate_size'");
+    expect_config_error("qwen2moe", "\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 9", "'num_experts_per_tok'");
+    expect_config_error("qwen2moe", "\"qkv_bias\": true", "\"qkv_bias\": 1", "'qkv_bias'");
+    expect_config_error("qwen2moe", "\"qkv_bias\": true", "\"qkv_bias\": true, \"attention_bias\": true",
+                        "'attention_bias'");
+    expect_config_error("qwen2moe", "\"use_sliding_window\": false", "\"use_sliding_window\": true",
+                        "'use_sliding_window'");
+    expect_config_error("qwen2moe", "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", "'hidden_act'");
+    expect_config_error("qwen2moe", "\"mlp_only_layers\": [", "\"mlp_only_layers\": [7, ", "'mlp_only_layers'");
+    no_dense_student("qwen2moe-f32", "'qkv_bias'");
+}
+
+static void qwen2moe(void **state) { (void)state; family("qwen2moe", true); }
+static void qwen2moe_f32(void **state) { (void)state; family("qwen2moe-f32", false); }
+
+static void olmoe(void **state) { (void)state; family("olmoe", true); }
+static void olmoe_bias(void **state) { (void)state; family("olmoe-bias", true); }
 
 static int setup(void **state) {
     (void)state;
@@ -233,6 +271,9 @@ int main(void) {
         cmocka_unit_test(olmoe),
         cmocka_unit_test(olmoe_bias),
         cmocka_unit_test(olmoe_configs),
+        cmocka_unit_test(qwen2moe),
+        cmocka_unit_test(qwen2moe_f32),
+        cmocka_unit_test(qwen2moe_configs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
