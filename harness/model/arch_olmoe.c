@@ -60,18 +60,8 @@ static bool olmoe_tensor_present(const m2d_config *c, m2d_scope scope, int role)
 
 #define LAYER_ "model.layers.%d."
 static const m2d_tensor_spec olmoe_tensors[] = {
-    {M2D_SCOPE_MODEL, M2D_M_EMBED, "model.embed_tokens.weight", {M2D_DIM_VOCAB, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_MODEL, M2D_M_FINAL_NORM, "model.norm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0},
-    {M2D_SCOPE_MODEL, M2D_M_LM_HEAD, "lm_head.weight", {M2D_DIM_VOCAB, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_ATTN_NORM, LAYER_ "input_layernorm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_FFN_NORM, LAYER_ "post_attention_layernorm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_Q, LAYER_ "self_attn.q_proj.weight", {M2D_DIM_Q, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_K, LAYER_ "self_attn.k_proj.weight", {M2D_DIM_KV, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_V, LAYER_ "self_attn.v_proj.weight", {M2D_DIM_KV, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_O, LAYER_ "self_attn.o_proj.weight", {M2D_DIM_HIDDEN, M2D_DIM_Q}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_Q_BIAS, LAYER_ "self_attn.q_proj.bias", {M2D_DIM_Q, M2D_DIM_NONE}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_K_BIAS, LAYER_ "self_attn.k_proj.bias", {M2D_DIM_KV, M2D_DIM_NONE}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_V_BIAS, LAYER_ "self_attn.v_proj.bias", {M2D_DIM_KV, M2D_DIM_NONE}, 0},
+    M2D_DECODER_TENSORS,
+    M2D_DECODER_QKV_BIASES,
     {M2D_SCOPE_LAYER, M2D_T_O_BIAS, LAYER_ "self_attn.o_proj.bias", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0},
     {M2D_SCOPE_LAYER, M2D_T_Q_NORM, LAYER_ "self_attn.q_norm.weight", {M2D_DIM_Q, M2D_DIM_NONE}, 0},
     {M2D_SCOPE_LAYER, M2D_T_K_NORM, LAYER_ "self_attn.k_norm.weight", {M2D_DIM_KV, M2D_DIM_NONE}, 0},

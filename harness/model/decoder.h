@@ -30,6 +30,23 @@ int m2d_decoder_reject_attention_bias(const void *json, const char *path, const 
  * intermediate_size positive when some layer is dense (layer_is_moe filled). */
 int m2d_decoder_check(const m2d_config *cfg, const char *path);
 
+/* The tensor-table entries every decoder family names alike (transformers' Llama layout): embedding,
+ * final norm, LM head, per layer the two RMSNorms and q/k/v/o_proj; and q/k/v_proj's biases. */
+#define M2D_DECODER_TENSORS \
+    {M2D_SCOPE_MODEL, M2D_M_EMBED, "model.embed_tokens.weight", {M2D_DIM_VOCAB, M2D_DIM_HIDDEN}, 0}, \
+    {M2D_SCOPE_MODEL, M2D_M_FINAL_NORM, "model.norm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0}, \
+    {M2D_SCOPE_MODEL, M2D_M_LM_HEAD, "lm_head.weight", {M2D_DIM_VOCAB, M2D_DIM_HIDDEN}, 0}, \
+    {M2D_SCOPE_LAYER, M2D_T_ATTN_NORM, "model.layers.%d.input_layernorm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0}, \
+    {M2D_SCOPE_LAYER, M2D_T_FFN_NORM, "model.layers.%d.post_attention_layernorm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0}, \
+    {M2D_SCOPE_LAYER, M2D_T_Q, "model.layers.%d.self_attn.q_proj.weight", {M2D_DIM_Q, M2D_DIM_HIDDEN}, 0}, \
+    {M2D_SCOPE_LAYER, M2D_T_K, "model.layers.%d.self_attn.k_proj.weight", {M2D_DIM_KV, M2D_DIM_HIDDEN}, 0}, \
+    {M2D_SCOPE_LAYER, M2D_T_V, "model.layers.%d.self_attn.v_proj.weight", {M2D_DIM_KV, M2D_DIM_HIDDEN}, 0}, \
+    {M2D_SCOPE_LAYER, M2D_T_O, "model.layers.%d.self_attn.o_proj.weight", {M2D_DIM_HIDDEN, M2D_DIM_Q}, 0}
+#define M2D_DECODER_QKV_BIASES \
+    {M2D_SCOPE_LAYER, M2D_T_Q_BIAS, "model.layers.%d.self_attn.q_proj.bias", {M2D_DIM_Q, M2D_DIM_NONE}, 0}, \
+    {M2D_SCOPE_LAYER, M2D_T_K_BIAS, "model.layers.%d.self_attn.k_proj.bias", {M2D_DIM_KV, M2D_DIM_NONE}, 0}, \
+    {M2D_SCOPE_LAYER, M2D_T_V_BIAS, "model.layers.%d.self_attn.v_proj.bias", {M2D_DIM_KV, M2D_DIM_NONE}, 0}
+
 /* ---- writing a student's config.json (cJSON* objects) ---- */
 /* KEY = V: the old entry removed, the new one added at the end (as the goldens' students have it). */
 void m2d_json_set_number(void *json, const char *key, double v);
