@@ -73,6 +73,16 @@ static void qwen2moe_student_moe(void **state) {
     (void)state;
     hf_check_model("qwen2moe-student-moe", g_work, build_teacher);
 }
+/* DeepSeek-V2-Lite's shape in bf16: MLA without q LoRA, YaRN + softmax mscale, a first dense layer,
+ * 2 shared experts, greedy top-k. */
+static void deepseekv2_bf16(void **state) { (void)state; hf_check_model("deepseekv2", g_work, build_teacher); }
+/* DeepSeek-V2 in f32: q LoRA, group-limited routing, routed_scaling_factor 2.5, YaRN attention factor. */
+static void deepseekv2_q(void **state) { (void)state; hf_check_model("deepseekv2-q", g_work, build_teacher); }
+/* DeepSeek-V2's dense student (every layer dense, the first zero-padded, MLA unchanged). */
+static void deepseekv2_student(void **state) {
+    (void)state;
+    hf_check_model("deepseekv2-student", g_work, build_teacher);
+}
 /* dense Qwen3 (the student's family), bf16, tied embeddings. */
 static void qwen3_dense(void **state) { (void)state; hf_check_model("qwen3", g_work, build_teacher); }
 /* the dense student of the bf16 teacher (zero-padded dense layer), in transformers' Qwen3ForCausalLM. */
@@ -101,7 +111,8 @@ int main(void) {
         cmocka_unit_test(student_dense), cmocka_unit_test(student_moe), cmocka_unit_test(qwen3moe_yarn),
         cmocka_unit_test(olmoe_bf16), cmocka_unit_test(olmoe_bias), cmocka_unit_test(olmoe_student),
         cmocka_unit_test(qwen2moe_bf16), cmocka_unit_test(qwen2moe_f32), cmocka_unit_test(qwen2moe_student),
-        cmocka_unit_test(qwen2moe_student_moe),
+        cmocka_unit_test(qwen2moe_student_moe), cmocka_unit_test(deepseekv2_bf16), cmocka_unit_test(deepseekv2_q),
+        cmocka_unit_test(deepseekv2_student),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

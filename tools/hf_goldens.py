@@ -107,6 +107,27 @@ MODELS = {
         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, rms_norm_eps=1e-6,
         max_position_embeddings=128, tie_word_embeddings=True, eos_token_id=256), torch.float32, 9),
+    # DeepSeek-V2-Lite's shape in small: bf16, MLA without q LoRA (values narrower than the heads), YaRN
+    # with mscale = mscale_all_dim (the softmax mscale), a first dense layer, 2 shared experts, greedy
+    # top-k not renormalised
+    "deepseekv2": ("DeepseekV2ForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=48, moe_intermediate_size=16, n_routed_experts=8,
+        n_shared_experts=2, num_experts_per_tok=2, first_k_dense_replace=1, topk_method="greedy",
+        routed_scaling_factor=1.0, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+        q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+                         "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+        rms_norm_eps=1e-6, max_position_embeddings=64, tie_word_embeddings=False, eos_token_id=256), torch.bfloat16, 10),
+    # DeepSeek-V2's other branches: f32, q LoRA, group-limited routing, routed_scaling_factor, one
+    # shared expert, YaRN with mscale != mscale_all_dim (an attention factor too), tied embeddings
+    "deepseekv2-q": ("DeepseekV2ForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=32, moe_intermediate_size=8, n_routed_experts=8, n_shared_experts=1,
+        num_experts_per_tok=3, first_k_dense_replace=0, topk_method="group_limited_greedy", n_group=4, topk_group=2,
+        routed_scaling_factor=2.5, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+        q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+                         "mscale": 1.0, "mscale_all_dim": 0.5},
+        rms_norm_eps=1e-6, max_position_embeddings=64, tie_word_embeddings=True, eos_token_id=256), torch.float32, 11),
 }
 
 # name -> (teacher, class, calibrate args, convert args). Scores that are counts (freq), round-robin
@@ -126,6 +147,10 @@ STUDENTS = {
     # layer zero-padded to it
     "qwen2moe-student": ("qwen2moe", "Qwen2ForCausalLM", CALIBRATE,
                          ["--scoring", "freq", "--grouping", "rr", "--scaling", "uniform", "-K", "4"]),
+    # DeepSeek-V2's dense student (paper §4.6): every layer dense of width (k + shared) * d_e, the
+    # first dense layer zero-padded to it, MLA unchanged
+    "deepseekv2-student": ("deepseekv2", "DeepseekV2ForCausalLM", CALIBRATE,
+                           ["--scoring", "acp", "--grouping", "rr", "--scaling", "avg-cp", "-K", "4"]),
     # the smaller MoE keeps the shared expert and its gate unchanged
     "qwen2moe-student-moe": ("qwen2moe", "Qwen2MoeForCausalLM", CALIBRATE,
                              ["--target", "moe", "--scoring", "freq", "--grouping", "rr", "--scaling",

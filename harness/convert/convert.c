@@ -550,7 +550,7 @@ static int pad_dense_layer(student_owner *o, const m2d_model *t, int l, int widt
     int d = t->cfg.hidden_size, w0 = (int)src->gate_proj->shape[0];
     if (w0 == width) return 0;
     if (w0 > width)
-        return m2d_err("convert: dense layer %d is wider (%d) than the student width k*d_e = %d; the dense student "
+        return m2d_err("convert: dense layer %d is wider (%d) than the student width %d (k*d_e + shared experts); the dense student "
                        "(%s) has one intermediate_size for all layers", l, w0, width, o->m.cfg.arch);
     float *g = m2d_calloc((size_t)width * d, sizeof(float)), *u = m2d_calloc((size_t)width * d, sizeof(float)),
           *dn = m2d_calloc((size_t)width * d, sizeof(float));

@@ -96,11 +96,28 @@ static int check_qk_norm(const m2d_model *m, int l) {
     return 0;
 }
 
+/* the attention tensors ops.attn reads */
+static int check_attention(const m2d_model *m, int l) {
+    const m2d_layer *L = &m->layers[l];
+    if (m->cfg.ops.attn != M2D_ATTN_MLA)
+        return need(m, l, L->q_proj, "q_proj") || need(m, l, L->k_proj, "k_proj") || need(m, l, L->v_proj, "v_proj") ||
+                       check_qk_norm(m, l)
+                   ? -1
+                   : 0;
+    if (m->cfg.q_lora_rank ? need(m, l, L->q_a_proj, "q_a_proj") || need(m, l, L->q_a_norm, "q_a_norm") ||
+                                 need(m, l, L->q_b_proj, "q_b_proj")
+                           : need(m, l, L->q_proj, "q_proj"))
+        return -1;
+    return need(m, l, L->kv_a_proj, "kv_a_proj") || need(m, l, L->kv_a_norm, "kv_a_norm") ||
+                   need(m, l, L->kv_b_proj, "kv_b_proj")
+               ? -1
+               : 0;
+}
+
 static int check_layer(const m2d_model *m, int l) {
     const m2d_layer *L = &m->layers[l];
-    if (need(m, l, L->attn_norm, "attn_norm") || need(m, l, L->q_proj, "q_proj") || need(m, l, L->k_proj, "k_proj") ||
-        need(m, l, L->v_proj, "v_proj") || need(m, l, L->o_proj, "o_proj") || need(m, l, L->ffn_norm, "ffn_norm") ||
-        check_qk_norm(m, l))
+    if (need(m, l, L->attn_norm, "attn_norm") || check_attention(m, l) || need(m, l, L->o_proj, "o_proj") ||
+        need(m, l, L->ffn_norm, "ffn_norm"))
         return -1;
     if (!m->cfg.layer_is_moe[l]) {
         if (need(m, l, L->gate_proj, "gate_proj") || need(m, l, L->up_proj, "up_proj") ||
@@ -294,13 +311,14 @@ typedef struct {
     m2d_buf *tok, *pos;                              /* int32 [n] */
     m2d_buf *probs, *topk, *gates;                   /* routing [n, E], [n, k] (MoE models) */
     m2d_buf *sh, *shl;                               /* shared experts' output [n, d], gate logit [n, 1] */
+    m2d_buf *lat;                                    /* MLA: the q or kv latent [n, max rank] */
 } fwd_ws;
 
 static size_t f32s(int64_t rows, int64_t cols) { return (size_t)rows * (size_t)cols * sizeof(float); }
 
 static void ws_free(m2d_engine *e, fwd_ws *w) {
     m2d_buf *all[] = {w->x, w->xn, w->ffo, w->q, w->att, w->k, w->v, w->g, w->u, w->tok, w->pos, w->probs, w->topk,
-                      w->gates, w->sh, w->shl};
+                      w->gates, w->sh, w->shl, w->lat};
     for (size_t i = 0; i < M2D_ARRAY_LEN(all); i++) e->B->release(e->be, all[i]);
 }
 
@@ -327,6 +345,13 @@ static int ws_alloc(m2d_engine *e, int n, fwd_ws *w) {
         ok &= (w->probs = A(be, f32s(n, c->num_experts))) && (w->topk = A(be, sizeof(int32_t) * (size_t)n * k)) &&
               (w->gates = A(be, f32s(n, k)));
     if (shared) ok &= (w->sh = A(be, f32s(n, d))) && (w->shl = A(be, f32s(n, 1)));
+    if (c->ops.attn == M2D_ATTN_MLA) {
+        ok &= (w->lat = A(be, f32s(n, M2D_MAX(c->q_lora_rank, c->kv_lora_rank)))) != NULL;
+        /* the values' padding (head_dim - v_head_dim per head) stays zero: only the v slots are written */
+        float *zero = ok ? m2d_calloc((size_t)n * kvd, sizeof(float)) : NULL;
+        if (ok) e->B->upload(be, w->v, 0, zero, f32s(n, kvd));
+        free(zero);
+    }
     if (ok) return 0;
     ws_free(e, w);
     return -1;
@@ -376,6 +401,40 @@ static void gqa_qkv(m2d_engine *e, int l, const fwd_ws *w) {
     B->rope(e->be, &K, KV, hd, w->pos, &e->rope);
 }
 
+/* MLA (model.h M2D_ATTN_MLA): q, k, v of the normed input xn in the GQA layout attend() reads:
+ * heads of head_dim = nope + rope, the values zero-padded to head_dim; RoPE on each head's rope part */
+static void mla_qkv(m2d_engine *e, int l, const fwd_ws *w) {
+    const m2d_config *c = &e->m->cfg;
+    const m2d_backend_ops *B = e->B;
+    const layer_weights *lw = &e->lw[l];
+    int n = w->n, d = c->hidden_size, H = c->num_attention_heads, hd = c->head_dim, nope = c->qk_nope_head_dim;
+    int rope = c->rope_dim, vd = c->v_head_dim, qr = c->q_lora_rank, kr = c->kv_lora_rank, qd = H * hd;
+    m2d_mat XN = m2d_mat_of(w->xn, 0, n, d, d), Q = m2d_mat_of(w->q, 0, n, qd, qd);
+    if (qr) {
+        m2d_mat QA = m2d_mat_of(w->lat, 0, n, qr, qr);
+        B->gemm(e->be, &XN, lw->w[M2D_T_Q_A], 0, &QA, 0.0f, e->prec);
+        B->rmsnorm(e->be, &QA, lw->w[M2D_T_Q_A_NORM], c->rms_norm_eps, &QA);
+        B->gemm(e->be, &QA, lw->w[M2D_T_Q_B], 0, &Q, 0.0f, e->prec);
+    } else {
+        B->gemm(e->be, &XN, lw->w[M2D_T_Q], 0, &Q, 0.0f, e->prec);
+    }
+    m2d_mat C = m2d_mat_of(w->lat, 0, n, kr, kr);
+    B->gemm(e->be, &XN, lw->w[M2D_T_KV_A], 0, &C, 0.0f, e->prec);
+    B->rmsnorm(e->be, &C, lw->w[M2D_T_KV_A_NORM], c->rms_norm_eps, &C);
+    for (int h = 0; h < H; h++) { /* kv_b_proj's rows of head h: [k_nope | v]; the shared rotated key */
+        size_t o = (size_t)h * hd;
+        m2d_mat KN = m2d_mat_of(w->k, o, n, nope, qd), KR = m2d_mat_of(w->k, o + nope, n, rope, qd);
+        m2d_mat V = m2d_mat_of(w->v, o, n, vd, qd);
+        B->gemm(e->be, &C, lw->w[M2D_T_KV_B], h * (nope + vd), &KN, 0.0f, e->prec);
+        B->gemm(e->be, &C, lw->w[M2D_T_KV_B], h * (nope + vd) + nope, &V, 0.0f, e->prec);
+        B->gemm(e->be, &XN, lw->w[M2D_T_KV_A], kr, &KR, 0.0f, e->prec);
+    }
+    /* RoPE of the rope part (the last dims of each head): the heads viewed from column nope on */
+    m2d_mat QR = m2d_mat_of(w->q, nope, n, qd - nope, qd), KR = m2d_mat_of(w->k, nope, n, qd - nope, qd);
+    B->rope(e->be, &QR, H, hd, w->pos, &e->rope);
+    B->rope(e->be, &KR, H, hd, w->pos, &e->rope);
+}
+
 /* attention of every segment over its prefix and itself, the KV append, o_proj (+ bias) into the
  * residual stream */
 static void attend(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
@@ -402,7 +461,8 @@ static void attend(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
                            .head_dim = hd,
                            .out = m2d_mat_of(w->att, o * qd, ns, qd, qd),
                            .window = c->layer_window ? c->layer_window[l] : 0,
-                           .sinks = lw->w[M2D_T_SINKS]};
+                           .sinks = lw->w[M2D_T_SINKS],
+                           .scale = (float)c->attn_scale};
         B->attention(be, &a);
     }
     if (p->append) {
@@ -420,7 +480,8 @@ static void attention_block(m2d_engine *e, int l, const fwd_ws *w, const seg_pla
     int n = w->n, d = c->hidden_size;
     m2d_mat X = m2d_mat_of(w->x, 0, n, d, d), XN = m2d_mat_of(w->xn, 0, n, d, d);
     e->B->rmsnorm(e->be, &X, e->lw[l].w[M2D_T_ATTN_NORM], c->rms_norm_eps, &XN);
-    gqa_qkv(e, l, w);
+    if (c->ops.attn == M2D_ATTN_MLA) mla_qkv(e, l, w);
+    else gqa_qkv(e, l, w);
     attend(e, l, w, p);
 }
 
@@ -455,7 +516,8 @@ static int moe_block(m2d_engine *e, int l, const fwd_ws *w) {
     m2d_mat XN = m2d_mat_of(w->xn, 0, n, d, d), P = m2d_mat_of(w->probs, 0, n, E, E);
     e->B->gemm(e->be, &XN, lw->w[M2D_T_ROUTER], 0, &P, 0.0f, e->prec);
     bias(e, &P, lw->w[M2D_T_ROUTER_BIAS]);
-    m2d_route_args r = {.kind = c->ops.router, .renorm = c->ops.router_renorm, .k = k};
+    m2d_route_args r = {.kind = c->ops.router, .renorm = c->ops.router_renorm, .k = k, .n_group = c->n_group,
+                        .topk_group = c->topk_group, .scale = (float)c->routed_scaling_factor};
     e->B->route(e->be, &P, &r, w->topk, w->gates);
     if (e->hook && call_hook(e, l, w)) return -1;
     m2d_moe_args a = {.x = XN,

@@ -264,6 +264,12 @@ int64_t m2d_dim_value(const m2d_config *c, m2d_dim dim) {
     case M2D_DIM_ONE: return 1;
     case M2D_DIM_SHARED_FFN: return c->shared_expert_intermediate_size;
     case M2D_DIM_HEADS: return c->num_attention_heads;
+    case M2D_DIM_Q_LORA: return c->q_lora_rank;
+    case M2D_DIM_KV_LORA: return c->kv_lora_rank;
+    case M2D_DIM_KV_A: return (int64_t)c->kv_lora_rank + c->rope_dim;
+    case M2D_DIM_KV_B: return (int64_t)c->num_attention_heads * (c->qk_nope_head_dim + c->v_head_dim);
+    case M2D_DIM_ATTN_OUT:
+        return (int64_t)c->num_attention_heads * (c->ops.attn == M2D_ATTN_MLA ? c->v_head_dim : c->head_dim);
     }
     return 0;
 }
@@ -583,6 +589,48 @@ m2d_param_counts m2d_param_counts_table(const m2d_arch *a, const m2d_config *c) 
 
 /* ---------------------------------------------------------------- student config */
 
+/* For each number literal of the JSON TEXT in document order: whether it is written as a float
+ * ('.', 'e' or 'E'). Returns the count; *FLAGS malloc'd. */
+static int float_literals(const char *text, bool **flags) {
+    int n = 0, cap = 64;
+    *flags = m2d_malloc(sizeof(bool) * (size_t)cap);
+    for (const char *p = text; *p; p++) {
+        if (*p == '"') { /* skip the string, escapes included */
+            for (p++; *p && *p != '"'; p++)
+                if (*p == '\\' && p[1]) p++;
+            if (!*p) break;
+            continue;
+        }
+        if (*p != '-' && (*p < '0' || *p > '9')) continue;
+        bool f = false;
+        for (; *p && strchr("+-0123456789.eE", *p); p++) f |= *p == '.' || *p == 'e' || *p == 'E';
+        if (n == cap) *flags = m2d_realloc(*flags, sizeof(bool) * (size_t)(cap *= 2));
+        (*flags)[n++] = f;
+        if (!*p) break;
+    }
+    return n;
+}
+
+/* Number nodes under NODE in document order; those the text wrote as floats but whose value is
+ * integral become raw "V.0" (cJSON would print 0.0 as 0, which transformers' typed configs refuse). */
+static void keep_floats(cJSON *node, const bool *flags, int n, int *i) {
+    for (cJSON *c = node->child, *next; c; c = next) {
+        next = c->next;
+        if (cJSON_IsNumber(c)) {
+            double v = c->valuedouble;
+            if (*i < n && flags[*i] && v == floor(v) && fabs(v) < 1e15) {
+                char buf[32];
+                snprintf(buf, sizeof buf, "%.1f", v);
+                if (c->string) cJSON_ReplaceItemInObjectCaseSensitive(node, c->string, cJSON_CreateRaw(buf));
+                else cJSON_ReplaceItemViaPointer(node, c, cJSON_CreateRaw(buf)); /* an array's */
+            }
+            (*i)++;
+        } else {
+            keep_floats(c, flags, n, i);
+        }
+    }
+}
+
 int m2d_arch_student_config(const m2d_model *t, const m2d_student_shape *s, char **json_out) {
     *json_out = NULL;
     const m2d_arch *a = t->arch;
@@ -594,6 +642,10 @@ int m2d_arch_student_config(const m2d_model *t, const m2d_student_shape *s, char
         cJSON_Delete(j);
         return m2d_err("%s/config.json: field '(root)': not a JSON object", t->dir);
     }
+    bool *flags;
+    int nf = float_literals(t->config_text, &flags), at = 0;
+    keep_floats(j, flags, nf, &at);
+    free(flags);
     char *path = m2d_path_join(t->dir, "config.json");
     int rc = a->student_config(j, s, path);
     free(path);

@@ -19,6 +19,9 @@
  * (kernels size their per-head scratch by it): 1024, four times the largest heads (256) of released
  * models; configs beyond it are refused when parsed. */
 #define M2D_MAX_HEAD_DIM 1024
+/* One limit on DeepSeek's expert groups (n_group), for the config reader and the router kernels
+ * (DeepSeek-V2: 8). */
+#define M2D_MAX_EXPERT_GROUPS 64
 
 /* ---- what the layers compute (the adapter's ops description) ----
  * The engine reads these and the tensor roles below, never an architecture name. Adding a
@@ -47,7 +50,17 @@ typedef enum {
     M2D_ROPE_INTERLEAVED,    /* adjacent pairs (2i, 2i + 1) of the first rot dims (DeepSeek-V2, GPT-J) */
 } m2d_rope_kind;
 
+typedef enum {
+    M2D_ATTN_GQA,            /* q/k/v_proj, grouped-query attention */
+    M2D_ATTN_MLA,            /* DeepSeek-V2's multi-head latent attention: q from q_proj or the q LoRA
+                              * (q_a_proj, its RMSNorm, q_b_proj); k/v from the normed kv latent
+                              * (kv_b_proj) per head, k's last rope dims one rotated key shared by all
+                              * heads (kv_a_proj_with_mqa's tail); heads of qk_nope + qk_rope dims
+                              * (cfg->head_dim), values of v_head_dim (padded with zeros to head_dim) */
+} m2d_attn_kind;
+
 typedef struct {
+    m2d_attn_kind attn;
     m2d_qk_norm qk_norm;
     m2d_router_kind router;
     bool router_renorm;     /* gates = p / sum of the k selected p (HF norm_topk_prob) */
@@ -70,6 +83,13 @@ typedef struct {
     double rope_theta, rms_norm_eps;
     m2d_rope_scaling rope_scaling; /* rope_scaling / rope_parameters beyond theta (model/rope.h) */
     int rope_dim;           /* dimensions rotated per head (0: head_dim): the first ones, or MLA's rope part */
+    double attn_scale;      /* softmax scale of the attention scores (0: 1/sqrt(head_dim)) */
+    /* M2D_ATTN_MLA (DeepSeek-V2): q LoRA rank (0: q_proj), kv latent rank, head parts */
+    int q_lora_rank, kv_lora_rank, qk_nope_head_dim, v_head_dim;
+    /* router: group-limited top-k (n_group groups, the top topk_group by their best expert; 0: off)
+     * and the factor on the gates (DeepSeek's routed_scaling_factor; 0: 1) */
+    int n_group, topk_group;
+    double routed_scaling_factor;
     bool tie_word_embeddings;
     bool qkv_bias, o_bias;  /* the attention projections carry biases (the adapter's tensor_present) */
     double clip_qkv;        /* q, k, v clamped to [-clip_qkv, clip_qkv] after the q/k norm (OLMoE); 0: off */
@@ -117,6 +137,12 @@ typedef struct {
     X(UP_BIAS, up_bias, M2D_PART_FFN)         /* dense FFN [inter] */                        \
     X(DOWN_BIAS, down_bias, M2D_PART_FFN)     /* dense FFN [d] */                            \
     X(ROUTER_BIAS, router_bias, M2D_PART_FFN) /* MoE router [E] */                        \
+    X(Q_A, q_a_proj, M2D_PART_LAYER)          /* MLA: q LoRA down [q_lora, d] */            \
+    X(Q_A_NORM, q_a_norm, M2D_PART_LAYER)     /* MLA: its RMSNorm [q_lora] */                \
+    X(Q_B, q_b_proj, M2D_PART_LAYER)          /* MLA: q LoRA up [heads*head_dim, q_lora] */  \
+    X(KV_A, kv_a_proj, M2D_PART_LAYER)        /* MLA: [kv_lora + rope, d] latent + rope key */ \
+    X(KV_A_NORM, kv_a_norm, M2D_PART_LAYER)   /* MLA: the latent's RMSNorm [kv_lora] */      \
+    X(KV_B, kv_b_proj, M2D_PART_LAYER)        /* MLA: [heads*(nope + v), kv_lora] */         \
     X(SHARED_GATE, shared_gate_proj, M2D_PART_FFN) /* the always-on shared experts of an    */ \
     X(SHARED_UP, shared_up_proj, M2D_PART_FFN)     /* MoE layer (DeepSeek, Qwen2-MoE) as one */ \
     X(SHARED_DOWN, shared_down_proj, M2D_PART_FFN) /* SwiGLU [shared, d] x2, [d, shared]    */ \
@@ -181,6 +207,11 @@ typedef enum {
     M2D_DIM_ONE,            /* 1 (the router row of a dense layer stored as one expert) */
     M2D_DIM_SHARED_FFN,     /* shared_expert_intermediate_size */
     M2D_DIM_HEADS,          /* num_attention_heads */
+    M2D_DIM_Q_LORA,         /* MLA: q_lora_rank */
+    M2D_DIM_KV_LORA,        /* MLA: kv_lora_rank */
+    M2D_DIM_KV_A,           /* MLA: kv_lora_rank + rope dims */
+    M2D_DIM_KV_B,           /* MLA: heads * (qk_nope_head_dim + v_head_dim) */
+    M2D_DIM_ATTN_OUT,       /* heads * v_head_dim (MLA) or heads * head_dim: o_proj's input */
 } m2d_dim;
 
 typedef struct {
