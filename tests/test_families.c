@@ -247,6 +247,59 @@ static void qwen2moe_configs(void **state) {
     no_dense_student("qwen2moe-f32", "'qkv_bias'");
 }
 
+/* deepseek-ai/DeepSeek-V2-Lite's config.json as on the Hub (Hub spelling of YaRN): 15.7B parameters
+ * (the model card's), 2.66B active and a dense student of 2.66B counting the embeddings (by hand:
+ * 27 MLA layers of 13.8M, 26 MoE layers of 64 + 2 shared experts of 3 x 2048 x 1408, a dense layer
+ * of 10944; the student every layer (6 + 2) x 1408 wide) */
+static const char DEEPSEEKV2_LITE_HUB[] =
+    "{\"architectures\": [\"DeepseekV2ForCausalLM\"], \"attention_bias\": false, \"attention_dropout\": 0.0,"
+    " \"aux_loss_alpha\": 0.001, \"bos_token_id\": 100000, \"eos_token_id\": 100001, \"first_k_dense_replace\": 1,"
+    " \"hidden_act\": \"silu\", \"hidden_size\": 2048, \"initializer_range\": 0.02, \"intermediate_size\": 10944,"
+    " \"kv_lora_rank\": 512, \"max_position_embeddings\": 163840, \"model_type\": \"deepseek_v2\","
+    " \"moe_intermediate_size\": 1408, \"moe_layer_freq\": 1, \"n_group\": 1, \"n_routed_experts\": 64,"
+    " \"n_shared_experts\": 2, \"norm_topk_prob\": false, \"num_attention_heads\": 16, \"num_experts_per_tok\": 6,"
+    " \"num_hidden_layers\": 27, \"num_key_value_heads\": 16, \"pretraining_tp\": 1, \"q_lora_rank\": null,"
+    " \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, \"rms_norm_eps\": 1e-06, \"rope_scaling\": {\"beta_fast\": 32,"
+    " \"beta_slow\": 1, \"factor\": 40, \"mscale\": 0.707, \"mscale_all_dim\": 0.707,"
+    " \"original_max_position_embeddings\": 4096, \"type\": \"yarn\"}, \"rope_theta\": 10000,"
+    " \"routed_scaling_factor\": 1.0, \"scoring_func\": \"softmax\", \"seq_aux\": true, \"tie_word_embeddings\": false,"
+    " \"topk_group\": 1, \"topk_method\": \"greedy\", \"torch_dtype\": \"bfloat16\", \"transformers_version\": \"4.33.1\","
+    " \"use_cache\": true, \"v_head_dim\": 128, \"vocab_size\": 102400}";
+
+static void deepseekv2_configs(void **state) {
+    (void)state;
+    hub_config(DEEPSEEKV2_LITE_HUB, "DeepseekV2ForCausalLM", 15.706, 2.661, 2.660);
+    expect_config_error("deepseekv2", "\"topk_method\": \"greedy\"", "\"topk_method\": \"noaux_tc\"", "'topk_method'");
+    expect_config_error("deepseekv2-q", "\"n_group\": 4", "\"n_group\": 3", "'n_group'");
+    expect_config_error("deepseekv2-q", "\"topk_group\": 2", "\"topk_group\": 5", "'topk_group'");
+    expect_config_error("deepseekv2", "\"norm_topk_prob\": false", "\"norm_topk_prob\": true", "'norm_topk_prob'");
+    expect_config_error("deepseekv2", "\"num_key_value_heads\": 4", "\"num_key_value_heads\": 2", "'num_key_value_heads'");
+    expect_config_error("deepseekv2", "\"qk_rope_head_dim\": 8", "\"qk_rope_head_dim\": 7", "'qk_rope_head_dim'");
+    expect_config_error("deepseekv2", "\"first_k_dense_replace\": 1", "\"first_k_dense_replace\": 4",
+                        "'first_k_dense_replace'");
+    expect_config_error("deepseekv2", "\"n_routed_experts\": 8", "\"n_routed_experts\": 8, \"moe_layer_freq\": 2",
+                        "'moe_layer_freq'");
+    expect_config_error("deepseekv2", "\"n_routed_experts\": 8", "\"n_routed_experts\": 8, \"scoring_func\": \"sigmoid\"",
+                        "'scoring_func'");
+    expect_config_error("deepseekv2", "\"kv_lora_rank\": 32", "\"kv_lora_rank\": 0", "'kv_lora_rank'");
+    expect_config_error("deepseekv2-q", "\"routed_scaling_factor\": 2.5", "\"routed_scaling_factor\": 0",
+                        "'routed_scaling_factor'");
+}
+
+/* MLA through the KV cache (extend, branches over a cached prefix) against the full forward; the
+ * forward itself is checked against transformers by test_hf.c */
+static void deepseekv2_cache(void **state) {
+    (void)state;
+    const char *names[] = {"deepseekv2", "deepseekv2-q"};
+    for (int i = 0; i < 2; i++) {
+        char *dir = build(names[i]);
+        m2d_model *m = open_model(dir);
+        cache_paths(m, names[i]);
+        m2d_model_close(m);
+        free(dir);
+    }
+}
+
 static void qwen2moe(void **state) { (void)state; family("qwen2moe", true); }
 static void qwen2moe_f32(void **state) { (void)state; family("qwen2moe-f32", false); }
 
@@ -274,6 +327,8 @@ int main(void) {
         cmocka_unit_test(qwen2moe),
         cmocka_unit_test(qwen2moe_f32),
         cmocka_unit_test(qwen2moe_configs),
+        cmocka_unit_test(deepseekv2_configs),
+        cmocka_unit_test(deepseekv2_cache),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

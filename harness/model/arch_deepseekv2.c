@@ -56,11 +56,14 @@ static int parse_mla(const void *json, const char *path, m2d_config *c) {
 
 /* topk_method, its groups, the gate factor; norm_topk_prob must be false (transformers ignores it) */
 static int parse_routing(const void *json, const char *path, m2d_config *c) {
-    const char *method;
+    const char *method, *scoring;
     if (m2d_cfg_str(json, path, "topk_method", 0, "greedy", &method) != 0 ||
+        m2d_cfg_str(json, path, "scoring_func", 0, "softmax", &scoring) != 0 ||
         m2d_cfg_double(json, path, "routed_scaling_factor", 0, 1.0, &c->routed_scaling_factor) != 0 ||
         m2d_cfg_bool(json, path, "norm_topk_prob", 0, false, &c->norm_topk_prob) != 0)
         return -1;
+    if (strcmp(scoring, "softmax") != 0)
+        return m2d_err1("%s: field 'scoring_func': '%s' is not supported (DeepSeek-V2 routes by softmax)", path, scoring);
     if (c->norm_topk_prob)
         return m2d_err1("%s: field 'norm_topk_prob': true is not supported (DeepSeek-V2 gates are not renormalised)",
                         path);
