@@ -300,6 +300,36 @@ static void deepseekv2_cache(void **state) {
     }
 }
 
+/* experiments.toml's cross-model-deepseek (paper §4.6) end to end on the small DeepSeek-V2 teacher,
+ * scaled down with --set: calibrate, 8 configurations converted and scored (PPL, one MC task), the
+ * K = 2k DO-ACP / ACP pair may share a student (dedup) */
+static void cross_model_sweep(void **state) {
+    (void)state;
+    const char *train = tu_data_path("train-text/wikitext-103-train-prefix/wiki.train.tokens");
+    const char *test = tu_data_path("wikitext-2-raw/wikitext-2-raw/wiki.test.raw");
+    if (!m2d_file_exists(train) || !m2d_file_exists(test) || !m2d_file_exists(tu_data_path("arc")))
+        TU_SKIP("run 'make data' (WikiText / ARC missing)");
+    char *dir = build("deepseekv2"), *csv = m2d_path_join(g_work, "cross.csv"), *out = NULL, *err = NULL;
+    char *cmd = m2d_strfmt("'%s' sweep experiments.toml --experiment cross-model-deepseek --set model='%s' --set out='%s' "
+                           "--set cache_dir='%s/cache' --set calibration.data='%s' --set calibration.seq_len=32 "
+                           "--set calibration.samples=4 --set ppl.data='%s' --set ppl.seq_len=32 --set ppl.max_windows=2 "
+                           "--set mc.limit=2 --set 'mc.tasks=[\"arc_easy\"]' --set 'mc.shots={arc_easy=0}' --threads 1",
+                           tu_bin(), dir, csv, g_work, train, test);
+    if (tu_run(cmd, &out, &err) != 0) fail_msg("%s: %s", cmd, err);
+    char *text = m2d_read_file(csv, NULL);
+    assert_non_null(text);
+    int rows = 0, ok = 0;
+    for (const char *l = text; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        if (*l == '#' || !strncmp(l, "config_id", 9)) continue;
+        rows++;
+        ok += strstr(l, ",ok,") && strstr(l, ",avg-cp,") && strstr(l, ",gptq,32,2,") ? 1 : 0;
+    }
+    print_message("cross-model-deepseek: %d rows, %d ok\n", rows, ok);
+    assert_int_equal(rows, 8);
+    assert_int_equal(ok, 8);
+    free(text), free(cmd), free(out), free(err), free(csv), free(dir);
+}
+
 static void qwen2moe(void **state) { (void)state; family("qwen2moe", true); }
 static void qwen2moe_f32(void **state) { (void)state; family("qwen2moe-f32", false); }
 
@@ -329,6 +359,7 @@ int main(void) {
         cmocka_unit_test(qwen2moe_configs),
         cmocka_unit_test(deepseekv2_configs),
         cmocka_unit_test(deepseekv2_cache),
+        cmocka_unit_test(cross_model_sweep),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
