@@ -300,6 +300,33 @@ static void deepseekv2_cache(void **state) {
     }
 }
 
+/* routed_scaling_factor: the dense student's α = factor x the scaling rule's (uniform: 1/k), so
+ * that it scales the groups as the teacher scales its gates; a smaller MoE keeps the factor in its
+ * config instead (α = 1) */
+static void deepseekv2_gate_factor(void **state) {
+    (void)state;
+    char *dir = build("deepseekv2-q");
+    m2d_model *t = open_model(dir);
+    int32_t tok[64];
+    rand_tokens(3, tok, 64, t->cfg.vocab_size);
+    m2d_calib_opts co = {.seq_len = 32, .n_samples = 2, .n_threads = 1, .data_path = "random"};
+    m2d_stats *st;
+    if (m2d_calib_run(t, tok, 64, &co, &st) != 0) fail_msg("%s", m2d_errmsg());
+    int k = t->cfg.num_experts_per_tok;
+    for (int target = 0; target < 2; target++) {
+        m2d_convert_opts o = {.scoring = "acp", .grouping = "rr", .scaling = "uniform", .K = 2 * k,
+                              .target = target ? M2D_TARGET_MOE : M2D_TARGET_DENSE, .n_groups = target ? 4 : 0};
+        m2d_convert_plan *plan;
+        if (m2d_convert_plan_build(t, st, &o, &plan) != 0) fail_msg("%s", m2d_errmsg());
+        for (int g = 0; g < plan->layers[0].n_groups; g++)
+            assert_true(fabs(plan->layers[0].alpha[g] - (target ? 1.0 : 2.5 / k)) < 1e-15);
+        m2d_convert_plan_free(plan);
+    }
+    m2d_calib_stats_free(st);
+    m2d_model_close(t);
+    free(dir);
+}
+
 /* experiments.toml's cross-model-deepseek (paper §4.6) end to end on the small DeepSeek-V2 teacher,
  * scaled down with --set: calibrate, 8 configurations converted and scored (PPL, one MC task), the
  * K = 2k DO-ACP / ACP pair may share a student (dedup) */
@@ -360,6 +387,7 @@ int main(void) {
         cmocka_unit_test(deepseekv2_configs),
         cmocka_unit_test(deepseekv2_cache),
         cmocka_unit_test(cross_model_sweep),
+        cmocka_unit_test(deepseekv2_gate_factor),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

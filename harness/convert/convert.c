@@ -233,6 +233,10 @@ static int plan_layer(const m2d_model *t, const m2d_layer_stats *ls, const m2d_c
         rc = m2d_scale_run(ps->p[2], &vs, lp->selected, lp->scores, group_of, alpha);
     }
     if (rc == 0) rc = canonicalize(lp, group_of, alpha, E, ps->p[1]->name);
+    /* DeepSeek's routed_scaling_factor multiplies every gate of the teacher: the dense FFN scales its
+     * groups by it too (the scaling rules speak of p; a smaller MoE keeps the factor in its router) */
+    for (int g = 0; rc == 0 && o->target == M2D_TARGET_DENSE && c->routed_scaling_factor > 0 && g < G; g++)
+        lp->alpha[g] *= c->routed_scaling_factor;
     free(group_of);
     free(alpha);
     return rc;

@@ -2,7 +2,9 @@
  * (SPEC §4): per MoE layer, score + select K experts, group them into k groups, merge each group
  * by score-weighted averaging, scale each group's down projection by α_g, concatenate into one
  * dense SwiGLU FFN of width k·d_e, followed by the layer's shared experts (DeepSeek, Qwen2-MoE:
- * copied, α = 1, not part of K). Everything else is the teacher's, bit for bit.
+ * copied, α = 1, not part of K). A teacher whose gates carry a factor (DeepSeek's
+ * routed_scaling_factor) has every α of a dense student multiplied by it (the scaling rules speak
+ * of p). Everything else is the teacher's, bit for bit.
  *
  * The plan (what to build: selection, groups, merge weights, α per layer) is separate from the
  * build (the weights), so a sweep can fingerprint a plan and skip students it has already seen.
