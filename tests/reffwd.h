@@ -1,8 +1,11 @@
 /* reffwd — the naive float64 reference forward every engine test compares against: straight loops
- * over the Hugging Face definitions (Qwen3 / Qwen3-MoE, and the OLMoE-style q/k norm over the whole
- * projection), one token at a time, everything in double. Independent of the engine, its backends,
- * its batching and its weight conversion: it reads the model's tensors and HF config fields only
- * (q/k norm kind from the norm weight's length, gates from norm_topk_prob), not cfg.ops. */
+ * over the Hugging Face definitions (Qwen3 / Qwen3-MoE, the OLMoE-style q/k norm over the whole
+ * projection, attention biases and clip_qkv, shared experts with or without Qwen2-MoE's sigmoid
+ * gate, DeepSeek-V2's latent attention, group-limited routing and gate factor), one token at a time,
+ * everything in double. Independent of the engine, its backends, its batching and its weight
+ * conversion: it reads the model's tensors (the stored ones) and HF config fields only (q/k norm kind
+ * from the norm weight's length, latent attention from its tensors, gates from norm_topk_prob), not
+ * cfg.ops. */
 #ifndef M2D_REFFWD_H
 #define M2D_REFFWD_H
 

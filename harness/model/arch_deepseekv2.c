@@ -149,16 +149,12 @@ static const m2d_tensor_spec deepseekv2_tensors[] = {
     {M2D_SCOPE_LAYER, M2D_T_KV_A_NORM, LAYER_ "self_attn.kv_a_layernorm.weight", {M2D_DIM_KV_LORA, M2D_DIM_NONE}, 0},
     {M2D_SCOPE_LAYER, M2D_T_KV_B, LAYER_ "self_attn.kv_b_proj.weight", {M2D_DIM_KV_B, M2D_DIM_KV_LORA}, 0},
     {M2D_SCOPE_LAYER, M2D_T_O, LAYER_ "self_attn.o_proj.weight", {M2D_DIM_HIDDEN, M2D_DIM_ATTN_OUT}, 0},
-    {M2D_SCOPE_DENSE, M2D_T_GATE, LAYER_ "mlp.gate_proj.weight", {M2D_DIM_FFN, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_DENSE, M2D_T_UP, LAYER_ "mlp.up_proj.weight", {M2D_DIM_FFN, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_DENSE, M2D_T_DOWN, LAYER_ "mlp.down_proj.weight", {M2D_DIM_HIDDEN, M2D_DIM_FFN}, 0},
+    M2D_DECODER_DENSE_FFN_TENSORS,
     {M2D_SCOPE_MOE, M2D_T_ROUTER, LAYER_ "mlp.gate.weight", {M2D_DIM_EXPERTS, M2D_DIM_HIDDEN}, 0},
     {M2D_SCOPE_MOE, M2D_T_SHARED_GATE, LAYER_ "mlp.shared_experts.gate_proj.weight", {M2D_DIM_SHARED_FFN, M2D_DIM_HIDDEN}, 0},
     {M2D_SCOPE_MOE, M2D_T_SHARED_UP, LAYER_ "mlp.shared_experts.up_proj.weight", {M2D_DIM_SHARED_FFN, M2D_DIM_HIDDEN}, 0},
     {M2D_SCOPE_MOE, M2D_T_SHARED_DOWN, LAYER_ "mlp.shared_experts.down_proj.weight", {M2D_DIM_HIDDEN, M2D_DIM_SHARED_FFN}, 0},
-    {M2D_SCOPE_EXPERT, M2D_X_EXP_GATE, LAYER_ "mlp.experts.%d.gate_proj.weight", {M2D_DIM_EXPERT_FFN, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_EXPERT, M2D_X_EXP_UP, LAYER_ "mlp.experts.%d.up_proj.weight", {M2D_DIM_EXPERT_FFN, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_EXPERT, M2D_X_EXP_DOWN, LAYER_ "mlp.experts.%d.down_proj.weight", {M2D_DIM_HIDDEN, M2D_DIM_EXPERT_FFN}, 0},
+    M2D_DECODER_EXPERT_TENSORS,
     {0},
 };
 #undef LAYER_

@@ -66,9 +66,7 @@ static const m2d_tensor_spec olmoe_tensors[] = {
     {M2D_SCOPE_LAYER, M2D_T_Q_NORM, LAYER_ "self_attn.q_norm.weight", {M2D_DIM_Q, M2D_DIM_NONE}, 0},
     {M2D_SCOPE_LAYER, M2D_T_K_NORM, LAYER_ "self_attn.k_norm.weight", {M2D_DIM_KV, M2D_DIM_NONE}, 0},
     {M2D_SCOPE_MOE, M2D_T_ROUTER, LAYER_ "mlp.gate.weight", {M2D_DIM_EXPERTS, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_EXPERT, M2D_X_EXP_GATE, LAYER_ "mlp.experts.%d.gate_proj.weight", {M2D_DIM_EXPERT_FFN, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_EXPERT, M2D_X_EXP_UP, LAYER_ "mlp.experts.%d.up_proj.weight", {M2D_DIM_EXPERT_FFN, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_EXPERT, M2D_X_EXP_DOWN, LAYER_ "mlp.experts.%d.down_proj.weight", {M2D_DIM_HIDDEN, M2D_DIM_EXPERT_FFN}, 0},
+    M2D_DECODER_EXPERT_TENSORS,
     /* the dense student: its one expert, and the router row the converter writes as zeros */
     {M2D_SCOPE_DENSE, M2D_T_ROUTER, LAYER_ "mlp.gate.weight", {M2D_DIM_ONE, M2D_DIM_HIDDEN}, 0},
     {M2D_SCOPE_DENSE, M2D_T_GATE, LAYER_ "mlp.experts.0.gate_proj.weight", {M2D_DIM_FFN, M2D_DIM_HIDDEN}, 0},

@@ -80,17 +80,13 @@ static bool qwen2_tensor_present(const m2d_config *c, m2d_scope scope, int role)
 static const m2d_tensor_spec qwen2_tensors[] = {
     M2D_DECODER_TENSORS,
     M2D_DECODER_QKV_BIASES,
-    {M2D_SCOPE_DENSE, M2D_T_GATE, LAYER_ "mlp.gate_proj.weight", {M2D_DIM_FFN, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_DENSE, M2D_T_UP, LAYER_ "mlp.up_proj.weight", {M2D_DIM_FFN, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_DENSE, M2D_T_DOWN, LAYER_ "mlp.down_proj.weight", {M2D_DIM_HIDDEN, M2D_DIM_FFN}, 0},
+    M2D_DECODER_DENSE_FFN_TENSORS,
     {M2D_SCOPE_MOE, M2D_T_ROUTER, LAYER_ "mlp.gate.weight", {M2D_DIM_EXPERTS, M2D_DIM_HIDDEN}, 0},
     {M2D_SCOPE_MOE, M2D_T_SHARED_GATE, LAYER_ "mlp.shared_expert.gate_proj.weight", {M2D_DIM_SHARED_FFN, M2D_DIM_HIDDEN}, 0},
     {M2D_SCOPE_MOE, M2D_T_SHARED_UP, LAYER_ "mlp.shared_expert.up_proj.weight", {M2D_DIM_SHARED_FFN, M2D_DIM_HIDDEN}, 0},
     {M2D_SCOPE_MOE, M2D_T_SHARED_DOWN, LAYER_ "mlp.shared_expert.down_proj.weight", {M2D_DIM_HIDDEN, M2D_DIM_SHARED_FFN}, 0},
     {M2D_SCOPE_MOE, M2D_T_SHARED_EXPERT_GATE, LAYER_ "mlp.shared_expert_gate.weight", {M2D_DIM_ONE, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_EXPERT, M2D_X_EXP_GATE, LAYER_ "mlp.experts.%d.gate_proj.weight", {M2D_DIM_EXPERT_FFN, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_EXPERT, M2D_X_EXP_UP, LAYER_ "mlp.experts.%d.up_proj.weight", {M2D_DIM_EXPERT_FFN, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_EXPERT, M2D_X_EXP_DOWN, LAYER_ "mlp.experts.%d.down_proj.weight", {M2D_DIM_HIDDEN, M2D_DIM_EXPERT_FFN}, 0},
+    M2D_DECODER_EXPERT_TENSORS,
     {0},
 };
 #undef LAYER_

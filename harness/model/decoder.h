@@ -47,6 +47,17 @@ int m2d_decoder_check(const m2d_config *cfg, const char *path);
     {M2D_SCOPE_LAYER, M2D_T_K_BIAS, "model.layers.%d.self_attn.k_proj.bias", {M2D_DIM_KV, M2D_DIM_NONE}, 0}, \
     {M2D_SCOPE_LAYER, M2D_T_V_BIAS, "model.layers.%d.self_attn.v_proj.bias", {M2D_DIM_KV, M2D_DIM_NONE}, 0}
 
+/* The dense FFN (mlp.gate/up/down_proj) and the routed experts (mlp.experts.E.*) as Qwen-style
+ * families name them. */
+#define M2D_DECODER_DENSE_FFN_TENSORS \
+    {M2D_SCOPE_DENSE, M2D_T_GATE, "model.layers.%d.mlp.gate_proj.weight", {M2D_DIM_FFN, M2D_DIM_HIDDEN}, 0}, \
+    {M2D_SCOPE_DENSE, M2D_T_UP, "model.layers.%d.mlp.up_proj.weight", {M2D_DIM_FFN, M2D_DIM_HIDDEN}, 0}, \
+    {M2D_SCOPE_DENSE, M2D_T_DOWN, "model.layers.%d.mlp.down_proj.weight", {M2D_DIM_HIDDEN, M2D_DIM_FFN}, 0}
+#define M2D_DECODER_EXPERT_TENSORS \
+    {M2D_SCOPE_EXPERT, M2D_X_EXP_GATE, "model.layers.%d.mlp.experts.%d.gate_proj.weight", {M2D_DIM_EXPERT_FFN, M2D_DIM_HIDDEN}, 0}, \
+    {M2D_SCOPE_EXPERT, M2D_X_EXP_UP, "model.layers.%d.mlp.experts.%d.up_proj.weight", {M2D_DIM_EXPERT_FFN, M2D_DIM_HIDDEN}, 0}, \
+    {M2D_SCOPE_EXPERT, M2D_X_EXP_DOWN, "model.layers.%d.mlp.experts.%d.down_proj.weight", {M2D_DIM_HIDDEN, M2D_DIM_EXPERT_FFN}, 0}
+
 /* ---- writing a student's config.json (cJSON* objects) ---- */
 /* KEY = V: the old entry removed, the new one added at the end (as the goldens' students have it). */
 void m2d_json_set_number(void *json, const char *key, double v);
