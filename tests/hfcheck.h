@@ -32,9 +32,20 @@ char *hf_build_student(const cJSON *g, const char *work, hf_build_fn build);
 /* Logits and routing of the engine on the golden's tokens against transformers' (float64), and
  * calibration statistics when the golden's routing records them ("calib_stats"). */
 void hf_check_forward(const cJSON *g, const char *dir);
+/* Calibration statistics of moe2dense (one window over the golden's tokens) against those the
+ * golden computed from transformers' modules (field "calib"). */
+void hf_check_calib(const cJSON *g, const char *dir);
+/* moe2dense's dequantisation of each MXFP4 tensor pair against the sha256 of transformers'
+ * (field "mxfp4_sha256": {name: sha256 of the float32 values}). */
+void hf_check_mxfp4(const cJSON *g, const char *dir);
+/* Student golden NAME end to end through the command line in WORK/pipeline: its teacher built,
+ * calibrate + convert, ppl of teacher and student on WikiText-2 test, eval arc_easy (4 docs) of the
+ * student; each step exits 0 with a finite result. Needs `make data`. */
+void hf_check_pipeline(const char *name, const char *work, hf_build_fn build);
 /* The whole check of golden NAME: teacher (BUILD) or student (built from its teacher), its
  * model.safetensors sha256 against the golden's (transformers' save_pretrained bytes), for a
- * student the config.json text and transformers' re-save, then hf_check_forward. */
+ * student the config.json text and transformers' re-save, then hf_check_forward, and
+ * hf_check_mxfp4 / hf_check_calib when the golden has those fields. */
 void hf_check_model(const char *name, const char *work, hf_build_fn build);
 
 #endif

@@ -36,13 +36,35 @@ static void ref_linear(const m2d_tensor *wt, const double *x, int in, int out, d
     free(w);
 }
 
-static void ref_swiglu(const m2d_tensor *g, const m2d_tensor *u, const m2d_tensor *dn, const double *x, int d,
-                       int inter, double *y) {
+/* y += b when the bias B is given */
+static void ref_bias(const m2d_tensor *b, int n, double *y) {
+    if (!b) return;
+    double *v = tf(b);
+    for (int i = 0; i < n; i++) y[i] += v[i];
+    free(v);
+}
+
+static int is_gptoss(const m2d_config *c) { return strcmp(c->arch, "GptOssForCausalLM") == 0; }
+
+/* one FFN (dense, or one expert): W_d act(W_g x + b_g, W_u x + b_u) + b_d, biases when given;
+ * act: SwiGLU silu(a) b, or GPT-OSS's (modeling_gpt_oss.py _apply_gate): a = min(a, limit),
+ * b = clamp(b, -limit, limit), (b + 1) a sigmoid(alpha a), alpha/limit from swiglu_alpha/limit */
+static void ref_ffn(const m2d_config *c, const m2d_tensor *const w[6], const double *x, int d, int inter, double *y) {
     double *a = malloc(sizeof(double) * inter), *b = malloc(sizeof(double) * inter);
-    ref_linear(g, x, d, inter, a);
-    ref_linear(u, x, d, inter, b);
-    for (int i = 0; i < inter; i++) a[i] = a[i] / (1 + exp(-a[i])) * b[i];
-    ref_linear(dn, a, inter, d, y);
+    ref_linear(w[0], x, d, inter, a);
+    ref_linear(w[1], x, d, inter, b);
+    ref_bias(w[3], inter, a);
+    ref_bias(w[4], inter, b);
+    double alpha = c->ops.act_alpha, limit = c->ops.act_limit;
+    for (int i = 0; i < inter; i++)
+        if (is_gptoss(c)) {
+            double g = fmin(a[i], limit), u = fmin(fmax(b[i], -limit), limit);
+            a[i] = (u + 1) * g / (1 + exp(-alpha * g));
+        } else {
+            a[i] = a[i] / (1 + exp(-a[i])) * b[i];
+        }
+    ref_linear(w[2], a, inter, d, y);
+    ref_bias(w[5], d, y);
     free(a);
     free(b);
 }
@@ -105,37 +127,30 @@ static void ref_qk(double *v, int heads, int hd, const m2d_tensor *norm, const m
     for (int a = 0; a < heads; a++) ref_rope(v + (size_t)a * hd, hd, pos, c);
 }
 
-/* y = W x (+ b when the tensor exists) */
-static void ref_linear_b(const m2d_tensor *wt, const m2d_tensor *b, const double *x, int in, int out, double *y) {
-    ref_linear(wt, x, in, out, y);
-    if (!b) return;
-    double *bv = tf(b);
-    for (int o = 0; o < out; o++) y[o] += bv[o];
-    free(bv);
-}
-
 typedef struct {
     int n, d, H, KV, hd;
     double *x, *q, *K, *V; /* residual stream [n, d]; q [n, H*hd]; keys, values [n, KV*hd] */
 } ref_state;
 
-/* causal GQA of token t: att [H*hd] */
-static void ref_attend(const ref_state *s, int t, double *att) {
-    int H = s->H, KV = s->KV, hd = s->hd;
+/* causal GQA of token t: att [H*hd]; with WINDOW w > 0 only keys t - w < s2 <= t (HF's sliding
+ * mask, kv > q - w); with SINKS (per head) exp(sink) joins the softmax denominator (GPT-OSS) */
+static void ref_attend(const ref_state *s, int t, int window, const double *sinks, double *att) {
+    int H = s->H, KV = s->KV, hd = s->hd, lo = window > 0 && t + 1 > window ? t + 1 - window : 0;
     double *sc = malloc(sizeof(double) * (size_t)(t + 1));
     for (int a = 0; a < H; a++) {
         int g = a / (H / KV);
-        double mx = -INFINITY, z = 0;
-        for (int s2 = 0; s2 <= t; s2++) {
+        double mx = sinks ? sinks[a] : -INFINITY, z = 0;
+        for (int s2 = lo; s2 <= t; s2++) {
             double dd = 0;
             for (int i = 0; i < hd; i++) dd += s->q[(size_t)t * H * hd + a * hd + i] * s->K[(size_t)s2 * KV * hd + g * hd + i];
             sc[s2] = dd / sqrt(hd);
             mx = fmax(mx, sc[s2]);
         }
-        for (int s2 = 0; s2 <= t; s2++) z += (sc[s2] = exp(sc[s2] - mx));
+        for (int s2 = lo; s2 <= t; s2++) z += (sc[s2] = exp(sc[s2] - mx));
+        if (sinks) z += exp(sinks[a] - mx);
         for (int i = 0; i < hd; i++) {
             double acc = 0;
-            for (int s2 = 0; s2 <= t; s2++) acc += sc[s2] * s->V[(size_t)s2 * KV * hd + g * hd + i];
+            for (int s2 = lo; s2 <= t; s2++) acc += sc[s2] * s->V[(size_t)s2 * KV * hd + g * hd + i];
             att[a * hd + i] = acc / z;
         }
     }
@@ -149,19 +164,25 @@ static void ref_attention_layer(const m2d_model *m, const m2d_layer *L, ref_stat
     for (int t = 0; t < s->n; t++) {
         memcpy(h, s->x + (size_t)t * d, sizeof(double) * d);
         ref_rms(h, d, L->attn_norm, c->rms_norm_eps);
-        ref_linear_b(L->q_proj, L->q_bias, h, d, H * hd, s->q + (size_t)t * H * hd);
-        ref_linear_b(L->k_proj, L->k_bias, h, d, KV * hd, s->K + (size_t)t * KV * hd);
-        ref_linear_b(L->v_proj, L->v_bias, h, d, KV * hd, s->V + (size_t)t * KV * hd);
+        ref_linear(L->q_proj, h, d, H * hd, s->q + (size_t)t * H * hd);
+        ref_linear(L->k_proj, h, d, KV * hd, s->K + (size_t)t * KV * hd);
+        ref_linear(L->v_proj, h, d, KV * hd, s->V + (size_t)t * KV * hd);
+        ref_bias(L->q_bias, H * hd, s->q + (size_t)t * H * hd);
+        ref_bias(L->k_bias, KV * hd, s->K + (size_t)t * KV * hd);
+        ref_bias(L->v_bias, KV * hd, s->V + (size_t)t * KV * hd);
         ref_clip(s->V + (size_t)t * KV * hd, KV * hd, c->clip_qkv);
         ref_qk(s->q + (size_t)t * H * hd, H, hd, qk_norm ? L->q_norm : NULL, c, t);
         ref_qk(s->K + (size_t)t * KV * hd, KV, hd, qk_norm ? L->k_norm : NULL, c, t);
     }
+    double *sinks = L->sinks ? tf(L->sinks) : NULL;
+    int window = c->layer_window ? c->layer_window[L - m->layers] : 0;
     for (int t = 0; t < s->n; t++) {
-        ref_attend(s, t, att);
-        ref_linear_b(L->o_proj, L->o_bias, att, H * hd, d, y);
+        ref_attend(s, t, window, sinks, att);
+        ref_linear(L->o_proj, att, H * hd, d, y);
+        ref_bias(L->o_bias, d, y);
         for (int i = 0; i < d; i++) s->x[(size_t)t * d + i] += y[i];
     }
-    free(h); free(att); free(y);
+    free(h); free(att); free(y); free(sinks);
 }
 
 /* DeepSeek-V2's softmax scale: head^-1/2, times yarn_get_mscale(factor, mscale_all_dim)^2 when the
@@ -250,12 +271,16 @@ static void ref_drop_groups(const double *p, int E, int NG, int TG, int *taken) 
     free(keep);
 }
 
-/* softmax router, top-k (ties -> lower index), gates renormalised per norm_topk_prob: y += sum g f_e(h) */
+/* softmax router, top-k (ties -> lower index), gates renormalised per norm_topk_prob: y += sum g f_e(h).
+ * GPT-OSS (GptOssTopKRouter): logits + bias, top-k of the logits, gates a softmax over those k
+ * logits -- the same experts and, in exact arithmetic, the same gates as the renormalised full
+ * softmax, which is how it is computed here (the engine takes the softmax of the k logits). */
 static void ref_moe(const m2d_model *m, const m2d_layer *L, const double *h, double *x) {
     const m2d_config *c = &m->cfg;
     int d = c->hidden_size, E = c->num_experts, k = c->num_experts_per_tok;
     double *p = malloc(sizeof(double) * E), *y = malloc(sizeof(double) * d), mx = -INFINITY, z = 0, sel = 0;
     ref_linear(L->router, h, d, E, p);
+    ref_bias(L->router_bias, E, p);
     for (int e2 = 0; e2 < E; e2++) mx = fmax(mx, p[e2]);
     for (int e2 = 0; e2 < E; e2++) z += (p[e2] = exp(p[e2] - mx));
     for (int e2 = 0; e2 < E; e2++) p[e2] /= z;
@@ -271,12 +296,18 @@ static void ref_moe(const m2d_model *m, const m2d_layer *L, const double *h, dou
     }
     for (int j = 0; j < k; j++) {
         double gw = (c->norm_topk_prob ? p[ids[j]] / sel : p[ids[j]]) * (c->routed_scaling_factor ? c->routed_scaling_factor : 1);
-        ref_swiglu(L->exp_gate[ids[j]], L->exp_up[ids[j]], L->exp_down[ids[j]], h, d, c->moe_intermediate_size, y);
+        int e = ids[j];
+#define X_(r) (L->r ? L->r[e] : NULL)
+        const m2d_tensor *const w[6] = {L->exp_gate[e], L->exp_up[e], L->exp_down[e], X_(exp_gate_bias), X_(exp_up_bias),
+                                        X_(exp_down_bias)};
+#undef X_
+        ref_ffn(c, w, h, d, c->moe_intermediate_size, y);
         for (int i = 0; i < d; i++) x[i] += gw * y[i];
     }
     free(p); free(taken); free(ids);
     if (L->shared_gate_proj) { /* the shared experts, times sigmoid(w . h) when gated (Qwen2-MoE) */
-        ref_swiglu(L->shared_gate_proj, L->shared_up_proj, L->shared_down_proj, h, d, c->shared_expert_intermediate_size, y);
+        const m2d_tensor *const w[6] = {L->shared_gate_proj, L->shared_up_proj, L->shared_down_proj, NULL, NULL, NULL};
+        ref_ffn(c, w, h, d, c->shared_expert_intermediate_size, y);
         double sg = 1, logit;
         if (L->shared_expert_gate) ref_linear(L->shared_expert_gate, h, d, 1, &logit), sg = 1 / (1 + exp(-logit));
         for (int i = 0; i < d; i++) x[i] += sg * y[i];
@@ -297,10 +328,28 @@ static void ref_ffn_layer(const m2d_model *m, int l, ref_state *s) {
             ref_moe(m, L, h, x);
             continue;
         }
-        ref_swiglu(L->gate_proj, L->up_proj, L->down_proj, h, d, c->intermediate_size, y);
+        const m2d_tensor *const w[6] = {L->gate_proj, L->up_proj, L->down_proj, L->gate_bias, L->up_bias, L->down_bias};
+        ref_ffn(c, w, h, d, c->intermediate_size, y);
         for (int i = 0; i < d; i++) x[i] += y[i];
     }
     free(h); free(y);
+}
+
+void tu_ref_ffn(const m2d_model *m, int layer, int expert, const double *x, double *y) {
+    const m2d_config *c = &m->cfg;
+    const m2d_layer *L = &m->layers[layer];
+    int e = expert;
+    memset(y, 0, sizeof(double) * (size_t)c->hidden_size);
+    if (e < 0) {
+        const m2d_tensor *const w[6] = {L->gate_proj, L->up_proj, L->down_proj, L->gate_bias, L->up_bias, L->down_bias};
+        ref_ffn(c, w, x, c->hidden_size, c->intermediate_size, y);
+        return;
+    }
+#define X_(r) (L->r ? L->r[e] : NULL)
+    const m2d_tensor *const w[6] = {L->exp_gate[e], L->exp_up[e], L->exp_down[e], X_(exp_gate_bias), X_(exp_up_bias),
+                                    X_(exp_down_bias)};
+#undef X_
+    ref_ffn(c, w, x, c->hidden_size, c->moe_intermediate_size, y);
 }
 
 static void forward(const m2d_model *m, const int32_t *tok, int n, double *logits, int qk_norm) {

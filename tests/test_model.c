@@ -209,8 +209,8 @@ static void expect_config_error(const char *from, const char *to, const char *ne
 static void bad_configs(void **state) {
     (void)state;
     expect_config_error("\"hidden_size\": 32,", "\"hidden_size\": 32", "(root)", "malformed");
-    expect_config_error("Qwen3MoeForCausalLM", "MixtralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM");
-    expect_config_error("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen3ForCausalLM", NULL);
+    expect_config_error("Qwen3MoeForCausalLM", "FutureMoeForCausalLM", "FutureMoeForCausalLM", "Qwen3MoeForCausalLM");
+    expect_config_error("Qwen3MoeForCausalLM", "FutureMoeForCausalLM", "Qwen3ForCausalLM", NULL);
     expect_config_error("\"hidden_size\": 32,", "", "'hidden_size'", "missing");
     expect_config_error("\"num_experts\": 8,", "", "'num_experts'", "missing");
     expect_config_error("\"hidden_size\": 32,", "\"hidden_size\": \"32\",", "'hidden_size'", "integer");

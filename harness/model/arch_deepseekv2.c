@@ -136,11 +136,7 @@ static bool deepseekv2_tensor_present(const m2d_config *c, m2d_scope scope, int 
 
 #define LAYER_ "model.layers.%d."
 static const m2d_tensor_spec deepseekv2_tensors[] = {
-    {M2D_SCOPE_MODEL, M2D_M_EMBED, "model.embed_tokens.weight", {M2D_DIM_VOCAB, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_MODEL, M2D_M_FINAL_NORM, "model.norm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0},
-    {M2D_SCOPE_MODEL, M2D_M_LM_HEAD, "lm_head.weight", {M2D_DIM_VOCAB, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_ATTN_NORM, LAYER_ "input_layernorm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_FFN_NORM, LAYER_ "post_attention_layernorm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0},
+    M2D_DECODER_BASE_TENSORS,
     {M2D_SCOPE_LAYER, M2D_T_Q, LAYER_ "self_attn.q_proj.weight", {M2D_DIM_Q, M2D_DIM_HIDDEN}, 0},
     {M2D_SCOPE_LAYER, M2D_T_Q_A, LAYER_ "self_attn.q_a_proj.weight", {M2D_DIM_Q_LORA, M2D_DIM_HIDDEN}, 0},
     {M2D_SCOPE_LAYER, M2D_T_Q_A_NORM, LAYER_ "self_attn.q_a_layernorm.weight", {M2D_DIM_Q_LORA, M2D_DIM_NONE}, 0},

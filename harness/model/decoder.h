@@ -31,13 +31,15 @@ int m2d_decoder_reject_attention_bias(const void *json, const char *path, const 
 int m2d_decoder_check(const m2d_config *cfg, const char *path);
 
 /* The tensor-table entries every decoder family names alike (transformers' Llama layout): embedding,
- * final norm, LM head, per layer the two RMSNorms and q/k/v/o_proj; and q/k/v_proj's biases. */
-#define M2D_DECODER_TENSORS \
+ * final norm, LM head, per layer the two RMSNorms (BASE); with q/k/v/o_proj; q/k/v_proj's biases. */
+#define M2D_DECODER_BASE_TENSORS \
     {M2D_SCOPE_MODEL, M2D_M_EMBED, "model.embed_tokens.weight", {M2D_DIM_VOCAB, M2D_DIM_HIDDEN}, 0}, \
     {M2D_SCOPE_MODEL, M2D_M_FINAL_NORM, "model.norm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0}, \
     {M2D_SCOPE_MODEL, M2D_M_LM_HEAD, "lm_head.weight", {M2D_DIM_VOCAB, M2D_DIM_HIDDEN}, 0}, \
     {M2D_SCOPE_LAYER, M2D_T_ATTN_NORM, "model.layers.%d.input_layernorm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0}, \
-    {M2D_SCOPE_LAYER, M2D_T_FFN_NORM, "model.layers.%d.post_attention_layernorm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0}, \
+    {M2D_SCOPE_LAYER, M2D_T_FFN_NORM, "model.layers.%d.post_attention_layernorm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0}
+#define M2D_DECODER_TENSORS \
+    M2D_DECODER_BASE_TENSORS, \
     {M2D_SCOPE_LAYER, M2D_T_Q, "model.layers.%d.self_attn.q_proj.weight", {M2D_DIM_Q, M2D_DIM_HIDDEN}, 0}, \
     {M2D_SCOPE_LAYER, M2D_T_K, "model.layers.%d.self_attn.k_proj.weight", {M2D_DIM_KV, M2D_DIM_HIDDEN}, 0}, \
     {M2D_SCOPE_LAYER, M2D_T_V, "model.layers.%d.self_attn.v_proj.weight", {M2D_DIM_KV, M2D_DIM_HIDDEN}, 0}, \

@@ -589,45 +589,33 @@ m2d_param_counts m2d_param_counts_table(const m2d_arch *a, const m2d_config *c) 
 
 /* ---------------------------------------------------------------- student config */
 
-/* For each number literal of the JSON TEXT in document order: whether it is written as a float
- * ('.', 'e' or 'E'). Returns the count; *FLAGS malloc'd. */
-static int float_literals(const char *text, bool **flags) {
-    int n = 0, cap = 64;
-    *flags = m2d_malloc(sizeof(bool) * (size_t)cap);
-    for (const char *p = text; *p; p++) {
-        if (*p == '"') { /* skip the string, escapes included */
-            for (p++; *p && *p != '"'; p++)
-                if (*p == '\\' && p[1]) p++;
-            if (!*p) break;
-            continue;
+/* The number literals of JSON TEXT in document order, onto the number nodes of its parse tree
+ * (kept in their unused valuestring, which cJSON_Delete frees): N-th literal, N-th node. */
+static const char *keep_literals(cJSON *node, const char *p) {
+    for (; node; node = node->next) {
+        if (cJSON_IsNumber(node)) {
+            for (; *p && *p != '-' && (*p < '0' || *p > '9'); p++) /* the next number outside a string */
+                if (*p == '"')
+                    for (p++; *p && *p != '"'; p++) p += *p == '\\' && p[1];
+            const char *q = p;
+            while (*q && strchr("+-0123456789.eE", *q)) q++;
+            node->valuestring = m2d_strfmt("%.*s", (int)(q - p), p);
+            p = q;
         }
-        if (*p != '-' && (*p < '0' || *p > '9')) continue;
-        bool f = false;
-        for (; *p && strchr("+-0123456789.eE", *p); p++) f |= *p == '.' || *p == 'e' || *p == 'E';
-        if (n == cap) *flags = m2d_realloc(*flags, sizeof(bool) * (size_t)(cap *= 2));
-        (*flags)[n++] = f;
-        if (!*p) break;
+        p = keep_literals(node->child, p);
     }
-    return n;
+    return p;
 }
 
-/* Number nodes under NODE in document order; those the text wrote as floats but whose value is
- * integral become raw "V.0" (cJSON would print 0.0 as 0, which transformers' typed configs refuse). */
-static void keep_floats(cJSON *node, const bool *flags, int n, int *i) {
-    for (cJSON *c = node->child, *next; c; c = next) {
-        next = c->next;
-        if (cJSON_IsNumber(c)) {
-            double v = c->valuedouble;
-            if (*i < n && flags[*i] && v == floor(v) && fabs(v) < 1e15) {
-                char buf[32];
-                snprintf(buf, sizeof buf, "%.1f", v);
-                if (c->string) cJSON_ReplaceItemInObjectCaseSensitive(node, c->string, cJSON_CreateRaw(buf));
-                else cJSON_ReplaceItemViaPointer(node, c, cJSON_CreateRaw(buf)); /* an array's */
-            }
-            (*i)++;
-        } else {
-            keep_floats(c, flags, n, i);
+/* Numbers still holding the value of their literal print as written (7.0 stays 7.0: transformers'
+ * strict config classes refuse an int where a float is declared); the others as cJSON prints them. */
+static void restore_literals(cJSON *node) {
+    for (; node; node = node->next) {
+        if (cJSON_IsNumber(node) && node->valuestring) {
+            if (strtod(node->valuestring, NULL) == node->valuedouble) node->type = cJSON_Raw;
+            else free(node->valuestring), node->valuestring = NULL;
         }
+        restore_literals(node->child);
     }
 }
 
@@ -642,13 +630,11 @@ int m2d_arch_student_config(const m2d_model *t, const m2d_student_shape *s, char
         cJSON_Delete(j);
         return m2d_err("%s/config.json: field '(root)': not a JSON object", t->dir);
     }
-    bool *flags;
-    int nf = float_literals(t->config_text, &flags), at = 0;
-    keep_floats(j, flags, nf, &at);
-    free(flags);
+    keep_literals(j, t->config_text);
     char *path = m2d_path_join(t->dir, "config.json");
     int rc = a->student_config(j, s, path);
     free(path);
+    restore_literals(j);
     if (rc == 0) *json_out = cJSON_Print(j);
     cJSON_Delete(j);
     return rc;

@@ -98,6 +98,7 @@ typedef struct {
     m2d_dtype torch_dtype;
     bool *layer_is_moe;     /* derived: [num_hidden_layers] */
     m2d_layer_ops ops;      /* filled by the adapter's parse_config */
+    char quant_method[16];  /* quantization_config.quant_method ("" when unquantised; "mxfp4") */
     int sliding_window;     /* as in config.json (0: null/absent) */
     /* per layer: keys a query sees, itself included (HF sliding mask: kv > q - window); 0 = full
      * causal attention. NULL: every layer full. Filled by the adapter (layer_types, sliding_window). */
