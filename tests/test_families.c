@@ -2,8 +2,8 @@
  * without Python — its checkpoint rebuilt from the golden's config.json and tensor list (grid
  * generator), then:
  *   - the forward against the naive float64 reference (tests/reffwd.c) on other tokens than the
- *     golden's, and with random weights of another scale (N(0, 0.1) instead of the grid);
- *   - the KV-cache paths (extend, branches over a cached prefix) against the full forward;
+ *     golden's, and the KV-cache paths (extend, branches over a cached prefix) against the full
+ *     forward (tu_family_engine_check of tests/familyckpt.h);
  *   - calibrate + convert (ACP, K = 2k) to the dense student, written and re-opened: its config
  *     loads as the student architecture, every layer is dense, and its forward matches the
  *     reference too.
@@ -20,6 +20,7 @@
 #include "calib/calib.h"
 #include "convert/convert.h"
 #include "engine/engine.h"
+#include "familyckpt.h"
 #include "hfcheck.h"
 #include "reffwd.h"
 #include "testmodel.h"
@@ -29,7 +30,7 @@ static char *g_work;
 /* golden NAME's checkpoint in g_work/NAME (config.json + grid weights of its tensor list) */
 static char *build(const char *name) {
     cJSON *g = hf_load_golden(name);
-    char *dir = hf_build_listed(g, g_work);
+    char *dir = tu_family_build(g, g_work);
     cJSON_Delete(g);
     return dir;
 }
@@ -64,35 +65,6 @@ static double vs_reference(const m2d_model *m, const char *what) {
     return md;
 }
 
-/* extend (a prefix, then the rest) and branches (three continuations of a cached prefix) give the
- * log-probabilities of the full forward (fp32 reassociation only: 2e-5) */
-static void cache_paths(const m2d_model *m, const char *what) {
-    int n = 30, np = 12, V = m->cfg.vocab_size;
-    int32_t tok[31];
-    rand_tokens(5, tok, n + 1, V);
-    m2d_engine *e;
-    assert_int_equal(m2d_engine_new(m, 2, &e), 0);
-    double full[30], ext[30];
-    assert_int_equal(m2d_engine_logprobs(e, tok, n, tok + 1, 0, full), 0);
-    m2d_kv *kv = m2d_kv_new(e, 64);
-    assert_non_null(kv);
-    assert_int_equal(m2d_engine_extend(e, kv, tok, np, tok + 1, ext), 0);
-    assert_int_equal(m2d_engine_extend(e, kv, tok + np, n - np, tok + np + 1, ext + np), 0);
-    double md = 0;
-    for (int i = 0; i < n; i++) md = fmax(md, fabs(full[i] - ext[i]));
-    m2d_kv_truncate(kv, np);
-    const int32_t *bt[3] = {tok + np, tok + np, tok + np}, *btg[3] = {tok + np + 1, tok + np + 1, tok + np + 1};
-    int lens[3] = {n - np, 5, 1};
-    double b0[30], b1[30], b2[30], *blp[3] = {b0, b1, b2};
-    assert_int_equal(m2d_engine_branches(e, kv, 3, bt, lens, btg, blp), 0);
-    for (int b = 0; b < 3; b++)
-        for (int i = 0; i < lens[b]; i++) md = fmax(md, fabs(full[np + i] - blp[b][i]));
-    print_message("%s: extend and branches vs the full forward: max |dlogprob| %.3g\n", what, md);
-    assert_true(md < 2e-5);
-    m2d_kv_free(kv);
-    m2d_engine_free(e);
-}
-
 /* calibrate on random tokens, convert to the dense student in memory (ACP, K = 2k or E), and check
  * the student's forward against the reference too: a dense student is an ordinary model of the
  * student architecture (written and re-read, so its config.json loads) */
@@ -124,10 +96,9 @@ static void student_vs_reference(const m2d_model *t, const char *dir, const char
 
 /* DENSE_STUDENT false: the teacher has none (no_dense_student checks the error) */
 static void family(const char *name, bool dense_student) {
+    tu_family_engine_check(name, g_work, 40, 17, 9); /* the teacher vs the reference, KV-cache paths */
     char *dir = build(name);
     m2d_model *m = open_model(dir);
-    vs_reference(m, name);
-    cache_paths(m, name);
     if (m->cfg.num_experts > 0 && dense_student) student_vs_reference(m, dir, name);
     m2d_model_close(m);
     free(dir);
