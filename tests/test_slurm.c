@@ -197,8 +197,12 @@ static void script_lines_quoting_and_errors(void **state) {
     assert_null(strstr(text, "--gpus-per-task")); /* not asked for */
     char *exec_toml = m2d_strfmt("sweep '%s'", fx.toml); /* absolute already: as given */
     assert_non_null(strstr(text, exec_toml));
-    assert_non_null(strstr(job.merge_command, "/opt/m2d's bin/moe2dense merge tiny.csv "));
-    assert_non_null(strstr(job.merge_command, "/tiny.shard-*-of-3.csv --experiments "));
+    /* the printed commands are quoted for copy-paste: a path with a quote, a space or '$' stays one word */
+    assert_non_null(strstr(job.merge_command, "'/opt/m2d'\\''s bin/moe2dense' merge 'tiny.csv' '"));
+    assert_non_null(strstr(job.merge_command, "/res dir'/'tiny'.shard-*-of-3.csv --experiments '"));
+    char *submit = m2d_strfmt("sbatch '%s'", want_path);
+    assert_string_equal(job.submit_command, submit);
+    free(submit);
     free(exec_toml);
     free(text);
     free(want_path);

@@ -107,33 +107,36 @@ static void small_sweep_dedups_caches_and_matches_convert_then_ppl(void **state)
     (void)state;
     sweep_fx fx;
     if (sweep_fx_make(2,
-                      "[experiment.t.axes]\nscoring = ['sf', 'do-acp', 'nonexistent']\n"
-                      "grouping = ['rr', 'oc']\nscaling = ['proportional']\nK = ['k', '2k']\n"
-                      "[[experiment.t.exclude]]\nscoring = 'nonexistent'\ngrouping = 'oc'\n",
+                      "[experiment.t.axes]\nscoring = ['sf', 'do-acp']\n"
+                      "grouping = ['rr', 'oc']\nscaling = ['proportional']\nK = ['k', '2k']\n",
                       &fx))
         TU_SKIP("../shared/models/tiny-qwen3moe or the data not found (run 'make data')");
     m2d_experiment x;
-    assert_int_equal(m2d_experiment_load(fx.toml, "t", NULL, 0, &x), 0);
-    assert_int_equal(x.n_configs, 2 * 2 * 2 + 2);
     m2d_sweep_opts o = {.out = fx.csv, .jobs = 2};
     m2d_sweep_summary s;
+    /* an unknown scoring is refused before any work: no calibration, no CSV */
+    char *unknown[] = {"axes.scoring=['sf', 'do-acp', 'nonexistent']"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "t", unknown, 1, &x), 0);
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), -1);
+    assert_non_null(strstr(m2d_errmsg(), "--set: experiment 't': axes.scoring: unknown scoring plugin 'nonexistent'"));
+    assert_false(m2d_file_exists(fx.csv));
+    char *cache = m2d_path_join(fx.dir, "cache");
+    assert_false(m2d_file_exists(cache));
+    free(cache);
+    m2d_experiment_free(&x);
+    assert_int_equal(m2d_experiment_load(fx.toml, "t", NULL, 0, &x), 0);
+    assert_int_equal(x.n_configs, 2 * 2 * 2);
     assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
     /* K = k: rr and oc give one student per scoring (fingerprint) */
     assert_int_equal(s.dedup, 2);
     assert_int_equal(s.evaluated, 6);
-    assert_int_equal(s.failed, 2); /* the unknown scoring, recorded, the sweep went on */
+    assert_int_equal(s.failed, 0);
     m2d_results r;
     assert_int_equal(m2d_results_read(fx.csv, &r), 0);
     assert_int_equal(r.n_rows, x.n_configs);
     int checked = 0;
     for (int i = 0; i < r.n_rows; i++) {
-        const char *st = m2d_results_get(&r, i, "status");
-        if (!strcmp(m2d_results_get(&r, i, "scoring"), "nonexistent")) {
-            assert_non_null(strstr(st, "failed: "));
-            assert_non_null(strstr(st, "nonexistent"));
-            continue;
-        }
-        assert_string_equal(st, "ok");
+        assert_string_equal(m2d_results_get(&r, i, "status"), "ok");
         assert_string_equal(m2d_results_get(&r, i, "d_dense"), "576"); /* k * d_e = 8 * 72 */
         assert_string_equal(m2d_results_get(&r, i, "ppl_windows"), "2");
         if (m2d_results_get(&r, i, "dedup_of")[0]) assert_string_equal(m2d_results_get(&r, i, "K"), "8");

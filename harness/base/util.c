@@ -107,39 +107,6 @@ char *m2d_read_file(const char *path, size_t *len) {
     return buf;
 }
 
-int m2d_write_file_atomic(const char *path, const void *data, size_t len) {
-    char *tmp = m2d_strfmt("%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
-        m2d_err("%s: cannot create: %s", tmp, strerror(errno));
-        free(tmp);
-        return -1;
-    }
-    const char *p = data;
-    size_t left = len;
-    while (left > 0) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            m2d_err("%s: write failed: %s", tmp, strerror(errno));
-            close(fd);
-            unlink(tmp);
-            free(tmp);
-            return -1;
-        }
-        p += w;
-        left -= (size_t)w;
-    }
-    if (fsync(fd) != 0 || close(fd) != 0 || rename(tmp, path) != 0) {
-        m2d_err("%s: cannot finish writing: %s", path, strerror(errno));
-        unlink(tmp);
-        free(tmp);
-        return -1;
-    }
-    free(tmp);
-    return 0;
-}
-
 int m2d_file_exists(const char *path) {
     struct stat st;
     return stat(path, &st) == 0;

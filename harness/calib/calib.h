@@ -36,7 +36,10 @@
  *   routed_var, es_act, es_mag with m2d_layer_stats_finalize. Each layer's N and n_samples are
  *   the header's. The file ends exactly after the payload.
  *   A reader checks magic, version, every header field's type and range, the payload length
- *   (E, d, n_layers) against the file size, and the payload sha256 (truncation, garbling).
+ *   (E, d, n_layers) against the file size, the payload sha256 (truncation, garbling), and the
+ *   values: all finite, the sums of non-negative quantities >= 0, each n_e a count <= N with
+ *   sum_e n_e = N k (every token is routed to k experts), the Gram matrix's diagonal >= 0 and
+ *   |G_ij| <= sqrt(G_ii G_jj); an error names the layer and the field.
  *   The file is written atomically (temp + rename). */
 #ifndef M2D_CALIB_H
 #define M2D_CALIB_H
