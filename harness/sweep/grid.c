@@ -35,6 +35,7 @@ static const char *where(const ctx *c, const m2d_toml *v, char *buf, size_t n) {
 static const char *what_it_is(const m2d_toml *v) {
     if ((v->type == M2D_TOML_ARRAY || v->type == M2D_TOML_TABLE) && v->n == 0)
         return v->type == M2D_TOML_ARRAY ? "an empty array" : "an empty table";
+    if (v->type == M2D_TOML_STRING && !v->str[0]) return "an empty string";
     return m2d_toml_type_name(v->type);
 }
 
