@@ -473,8 +473,7 @@ const char *m2d_experiment_where(const m2d_experiment *x, const char *dotted, co
     return where_at(x->file, x->name, v, buf, n);
 }
 
-int m2d_experiment_load(const char *path, const char *name, char *const *sets, int n_sets, m2d_experiment *x) {
-    memset(x, 0, sizeof *x);
+static int experiment_load(const char *path, const char *name, char *const *sets, int n_sets, m2d_experiment *x) {
     x->file = m2d_strdup(path);
     x->name = m2d_strdup(name);
     x->doc = m2d_toml_load(path);
@@ -499,6 +498,13 @@ int m2d_experiment_load(const char *path, const char *name, char *const *sets, i
     }
     ctx c = {path, name};
     return read_experiment(&c, x);
+}
+
+int m2d_experiment_load(const char *path, const char *name, char *const *sets, int n_sets, m2d_experiment *x) {
+    memset(x, 0, sizeof *x);
+    if (experiment_load(path, name, sets, n_sets, x) == 0) return 0;
+    m2d_experiment_free(x); /* a failed load holds nothing (freeing it again is harmless) */
+    return -1;
 }
 
 void m2d_experiment_free(m2d_experiment *x) {

@@ -63,7 +63,8 @@ void m2d_grid_set_max_configs(int64_t n); /* <= 0: the default */
 int64_t m2d_grid_max_configs(void);
 
 /* Load experiment NAME from PATH, applying "key=value" overrides (keys relative to the
- * experiment table, e.g. "model", "ppl.max_windows"). Errors name the file, line and key. */
+ * experiment table, e.g. "model", "ppl.max_windows"). Errors name the file, line and key; a
+ * failed load leaves *OUT empty (nothing to free). */
 int m2d_experiment_load(const char *path, const char *name, char *const *sets, int n_sets, m2d_experiment *out);
 void m2d_experiment_free(m2d_experiment *x);
 /* Where a value of X is, for messages: "FILE:LINE:COL: experiment 'NAME'" of the value at DOTTED
