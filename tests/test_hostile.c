@@ -29,6 +29,7 @@
 #include "base/util.h"
 #include "io/results.h"
 #include "io/st.h"
+#include "model/model.h"
 #include "sweep/grid.h"
 
 /* ---------------- helpers ---------------- */
@@ -654,6 +655,127 @@ static void grid_limit_refused_in_one_line(void **state) {
     tu_sweep_fixture_free(&fx);
 }
 
+/* A killed-and-resumed sweep gives the same rows as an uninterrupted one, wall times aside: also
+ * the dedup rows whose target finished before the kill (their d_dense and n_params were empty). */
+static int row_of(const m2d_results *r, const char *id) {
+    for (int i = 0; i < r->n_rows; i++)
+        if (!strcmp(m2d_results_get(r, i, "config_id"), id)) return i;
+    return -1;
+}
+
+static void kill_and_resume_equals_uninterrupted(void **state) {
+    (void)state;
+    tu_sweep_fixture fx = make_fixture();
+    char *whole = m2d_path_join(fx.dir, "whole.csv");
+    char *c = m2d_strfmt("%s sweep %s --experiment grid --out %s --jobs 2", tu_test_bin(), fx.toml, whole);
+    assert_int_equal(tu_run(c, NULL, NULL), 0);
+    free(c);
+    char *cmd = m2d_strfmt("M2D_FAKE_DELAY_MS=4 exec %s sweep %s --experiment grid --out %s --jobs 2 >/dev/null 2>&1",
+                           tu_test_bin(), fx.toml, fx.csv);
+    const int delays[] = {1000, 20000, 50000, 90000, 140000};
+    for (size_t k = 0; k < M2D_ARRAY_LEN(delays); k++) {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+            _exit(127);
+        }
+        usleep((useconds_t)delays[k]);
+        kill(pid, SIGKILL);
+        int st;
+        waitpid(pid, &st, 0);
+    }
+    c = m2d_strfmt("%s sweep %s --experiment grid --out %s --jobs 2", tu_test_bin(), fx.toml, fx.csv);
+    assert_int_equal(tu_run(c, NULL, NULL), 0);
+    free(c);
+    m2d_results a, b;
+    if (m2d_results_read_checked(whole, &a) || m2d_results_read_checked(fx.csv, &b)) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(a.n_rows, b.n_rows);
+    assert_int_equal(a.n_cols, b.n_cols);
+    int dedup = 0;
+    for (int i = 0; i < a.n_rows; i++) {
+        int j = row_of(&b, a.rows[i][0]);
+        assert_true(j >= 0);
+        for (int col = 0; col < a.n_cols; col++) {
+            if (!strcmp(a.cols[col], "wall_s")) continue;
+            if (strcmp(a.rows[i][col], b.rows[j][col]) != 0)
+                fail_msg("config %s, column %s: '%s' uninterrupted, '%s' resumed", a.rows[i][0], a.cols[col],
+                         a.rows[i][col], b.rows[j][col]);
+        }
+        dedup += m2d_results_get(&a, i, "dedup_of")[0] != 0;
+    }
+    assert_true(dedup > 0);
+    m2d_results_free(&a);
+    m2d_results_free(&b);
+    free(cmd);
+    free(whole);
+    tu_sweep_fixture_free(&fx);
+}
+
+/* A configuration the sweep could not run (its row says "failed: REASON") makes the sweep exit 3
+ * after finishing the others; a non-finite perplexity is a result, not a failure to run. */
+static void unrunnable_configurations_exit_non_zero(void **state) {
+    (void)state;
+    tu_sweep_fixture fx = make_fixture();
+    char *c = m2d_strfmt("%s sweep %s --experiment grid --out %s --set \"axes.scoring=['sf', 'failing']\"", tu_test_bin(),
+                         fx.toml, fx.csv);
+    char *out = NULL, *err = NULL;
+    assert_int_equal(tu_run(c, &out, &err), 3);
+    assert_non_null(strstr(err, "moe2dense sweep: 12 configuration(s) could not be run"));
+    free(out);
+    free(err);
+    /* resumed, the failed rows are still what they were: still 3 */
+    assert_int_equal(tu_run(c, NULL, NULL), 3);
+    free(c);
+    m2d_results r;
+    assert_int_equal(m2d_results_read_checked(fx.csv, &r), 0);
+    assert_int_equal(r.n_rows, 24);
+    m2d_results_free(&r);
+    /* a NaN perplexity only: exit 0 */
+    char *nan_csv = m2d_path_join(fx.dir, "nan.csv");
+    c = m2d_strfmt("%s sweep %s --experiment grid --out %s --set \"axes.params=['nan']\"", tu_test_bin(), fx.toml,
+                   nan_csv);
+    assert_int_equal(tu_run(c, NULL, NULL), 0);
+    assert_int_equal(m2d_results_read_checked(nan_csv, &r), 0);
+    assert_string_equal(m2d_results_get(&r, 0, "status"), "failed: non-finite perplexity");
+    m2d_results_free(&r);
+    free(c);
+    free(nan_csv);
+    tu_sweep_fixture_free(&fx);
+}
+
+/* The smaller items: one line each, naming the file (or --set) and the field. */
+static void small_messages_name_the_value(void **state) {
+    (void)state;
+    tu_sweep_fixture fx = make_fixture();
+    const char *cases[][2] = {
+        {"--set 'axes.scoring=[]'", "--set: experiment 'grid': 'scoring' must be a non-empty array, not an empty array"},
+        {"--set model=", "--set: experiment 'grid': 'model' must be a non-empty path, not an empty string"},
+        {"--set ppl.seq_len=abc", "--set: experiment 'grid': 'ppl.seq_len' must be an integer, not string"},
+        {"--set 'axes.K=[0]'", "--set: experiment 'grid': axes.K: K '0' = 0 is outside [k, E] = [8, 64]"},
+    };
+    for (size_t i = 0; i < M2D_ARRAY_LEN(cases); i++) {
+        char *c = m2d_strfmt("%s sweep %s --experiment grid --dry-run %s", tu_test_bin(), fx.toml, cases[i][0]);
+        char *out = NULL, *err = NULL;
+        int rc = tu_run(c, &out, &err);
+        char *want = m2d_strfmt("moe2dense sweep: %s", cases[i][1]);
+        if (rc != 1 || strncmp(err, want, strlen(want)) != 0 || strchr(err, '\n') != err + strlen(err) - 1)
+            fail_msg("%s\nexit %d\nstderr: %s\nwant: %s", c, rc, err, want);
+        free(want);
+        free(c);
+        free(out);
+        free(err);
+    }
+    /* a size beyond int: out of range, not "must be an integer" */
+    char *cfg = m2d_path_join(fx.model, "config.json");
+    tu_replace_in_file(cfg, "\"hidden_size\": 192", "\"hidden_size\": 1e12");
+    m2d_config mc;
+    assert_int_equal(m2d_config_load(fx.model, &mc, NULL), -1);
+    assert_non_null(strstr(m2d_errmsg(), "config.json: field 'hidden_size': 1000000000000 is out of range"));
+    free(cfg);
+    tu_sweep_fixture_free(&fx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(results_corpus_refused_by_report_and_merge),
@@ -665,6 +787,9 @@ int main(void) {
         cmocka_unit_test(second_sweep_on_one_csv_refused),
         cmocka_unit_test(resume_refuses_bad_rows),
         cmocka_unit_test(grid_limit_refused_in_one_line),
+        cmocka_unit_test(kill_and_resume_equals_uninterrupted),
+        cmocka_unit_test(unrunnable_configurations_exit_non_zero),
+        cmocka_unit_test(small_messages_name_the_value),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -180,6 +180,44 @@ static void small_sweep_dedups_caches_and_matches_convert_then_ppl(void **state)
     sweep_fx_free(&fx);
 }
 
+/* What the run would refuse, the dry run refuses first, in one line naming where the value is
+ * (FILE:LINE:COL, or --set), with exit status 1; neither writes a CSV or calibrates. */
+static void dry_run_refuses_what_the_run_refuses(void **state) {
+    (void)state;
+    sweep_fx fx;
+    if (sweep_fx_make(2, "[experiment.t.axes]\nscoring = ['sf', 'nope']\ngrouping = ['rr']\n"
+                         "scaling = ['uniform']\nK = ['k']\n", &fx))
+        TU_SKIP("../shared/models/tiny-qwen3moe or the data not found (run 'make data')");
+    const char *cases[][2] = {
+        {"", "/e.toml:7:18: experiment 't': axes.scoring: unknown scoring plugin 'nope' (see 'moe2dense list')"},
+        {"--set \"axes.scoring=['sf', 'nada']\"", "--set: experiment 't': axes.scoring: unknown scoring plugin 'nada'"},
+        {"--set \"axes.scoring=['sf']\" --set calibration.seq_len=100000",
+         "'calibration.seq_len' 100000 exceeds the teacher's max_position_embeddings 512"},
+        {"--set \"axes.scoring=['sf']\" --set ppl.seq_len=513", "'ppl.seq_len' 513 exceeds the teacher's"},
+        {"--set \"axes.scoring=['sf']\" --set \"axes.params=['bogus=1']\"", "params 'bogus=1'"},
+        {"--set \"axes.scoring=['sf']\" --set calibration.data=/nonexistent/calib.txt",
+         "'calibration.data': /nonexistent/calib.txt: cannot read"},
+        {"--set \"axes.scoring=['sf']\" --set \"mc.tasks=['nope']\"", "mc.tasks: unknown task 'nope'"},
+    };
+    for (size_t i = 0; i < M2D_ARRAY_LEN(cases); i++)
+        for (int dry = 1; dry >= 0; dry--) {
+            char *c = m2d_strfmt("%s sweep %s --experiment t --out %s %s %s", tu_bin(), fx.toml, fx.csv,
+                                 dry ? "--dry-run" : "", cases[i][0]);
+            char *out = NULL, *err = NULL;
+            int rc = tu_run(c, &out, &err);
+            if (rc != 1 || !strstr(err, cases[i][1]) || strchr(err, '\n') != err + strlen(err) - 1)
+                fail_msg("%s\nexit %d\nstderr: %s\nwant: %s", c, rc, err, cases[i][1]);
+            assert_false(m2d_file_exists(fx.csv));
+            char *cache = m2d_path_join(fx.dir, "cache");
+            assert_false(m2d_file_exists(cache));
+            free(cache);
+            free(c);
+            free(out);
+            free(err);
+        }
+    sweep_fx_free(&fx);
+}
+
 /* The MC stage on a real student equals `moe2dense eval` on the same student written by convert. */
 static void mc_stage_matches_eval_on_converted_student(void **state) {
     (void)state;
@@ -222,6 +260,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ppl_on_tokens_matches_library_gptq),
         cmocka_unit_test(small_sweep_dedups_caches_and_matches_convert_then_ppl),
+        cmocka_unit_test(dry_run_refuses_what_the_run_refuses),
         cmocka_unit_test(mc_stage_matches_eval_on_converted_student),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
