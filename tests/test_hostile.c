@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "base/util.h"
+#include "io/analyze_csv.h"
 #include "io/results.h"
 #include "io/st.h"
 #include "model/model.h"
@@ -205,6 +206,19 @@ static void analyze_corpus_refused_by_report(void **state) {
     }
     free(bin);
     free(e);
+}
+
+/* Found by fuzz_analyze: a "# K=" line of many digits at the very end of an unterminated buffer
+ * made strtol read past it (ASan: heap-buffer-overflow); the buffer here is exactly the text. */
+static void analyze_k_line_at_end_of_buffer(void **state) {
+    (void)state;
+    const char text[] = "# K=777777777777777777776";
+    char *buf = m2d_malloc(sizeof text - 1);
+    memcpy(buf, text, sizeof text - 1);
+    m2d_an_csv a;
+    assert_int_equal(m2d_an_csv_parse("a.csv", buf, sizeof text - 1, &a), -1);
+    assert_non_null(strstr(m2d_errmsg(), "a.csv:1:5: field 'K'"));
+    free(buf);
 }
 
 /* ---------------- plots.sh: data only ---------------- */
@@ -780,6 +794,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(results_corpus_refused_by_report_and_merge),
         cmocka_unit_test(analyze_corpus_refused_by_report),
+        cmocka_unit_test(analyze_k_line_at_end_of_buffer),
         cmocka_unit_test(plots_draw_data_never_code),
         cmocka_unit_test(atomic_write_never_follows_a_link),
         cmocka_unit_test(full_disk_leaves_old_file_and_no_temp),

@@ -8,6 +8,9 @@
 #include "tiny_teacher.h"
 
 #include <math.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -218,6 +221,83 @@ static void dry_run_refuses_what_the_run_refuses(void **state) {
     sweep_fx_free(&fx);
 }
 
+/* Names in DIR holding ".m2d-tmp." or ".tmp." (what a killed writer would leave), for messages. */
+static int count_leftovers(const char *dir) {
+    char *c = m2d_strfmt("ls -a %s | grep -c -e '\\.m2d-tmp\\.' -e '\\.tmp\\.'", dir), *out = NULL;
+    tu_run(c, &out, NULL);
+    int n = out ? atoi(out) : 0;
+    free(out);
+    free(c);
+    return n;
+}
+
+/* kill -9 at several moments (loading, calibrating, writing the cache, converting, evaluating),
+ * then resumed: the same rows as an uninterrupted run (wall times aside), a cache that loads, no
+ * temp file left behind. And two sweeps sharing a cache calibrate once (the entry's lock). */
+static void killed_pipeline_sweep_resumes_to_the_same_rows(void **state) {
+    (void)state;
+    sweep_fx fx;
+    if (sweep_fx_make(1, "[experiment.t.axes]\nscoring = ['sf', 'do-acp']\ngrouping = ['rr', 'oc']\n"
+                         "scaling = ['proportional']\nK = ['2k']\n", &fx))
+        TU_SKIP("../shared/models/tiny-qwen3moe or the data not found (run 'make data')");
+    char *a = m2d_path_join(fx.dir, "a.csv"), *b = m2d_path_join(fx.dir, "b.csv");
+    /* two sweeps at once on one cache directory, different outputs: one calibration */
+    char *two = m2d_strfmt("(%s sweep %s --experiment t --out %s --jobs 1 2>&1 & "
+                           "%s sweep %s --experiment t --out %s/x.csv --jobs 1 2>&1; wait)",
+                           tu_bin(), fx.toml, a, tu_bin(), fx.toml, fx.dir);
+    char *out = NULL;
+    assert_int_equal(tu_run(two, &out, NULL), 0);
+    int calibrated = 0;
+    for (const char *p = out; (p = strstr(p, "calibrated ")); p++) calibrated++;
+    if (calibrated != 1) fail_msg("%d calibrations (want 1):\n%s", calibrated, out);
+    free(out);
+    free(two);
+    /* the killed runs use their own cache, so calibration is among the moments hit */
+    char *cache2 = m2d_strfmt("%s/cache2", fx.dir);
+    char *cmd = m2d_strfmt("exec %s sweep %s --experiment t --out %s --jobs 1 --set cache_dir=%s >/dev/null 2>&1",
+                           tu_bin(), fx.toml, b, cache2);
+    /* a whole run takes ~2 s here (teacher + calibration ~2 s, 4 students ~0.2 s): the first kills
+     * land while loading and calibrating, the later ones (cache written by then) while
+     * converting and evaluating */
+    const int delays_ms[] = {30, 150, 300, 600, 900, 1300, 1800, 2600, 250, 350, 450, 550, 650};
+    for (size_t k = 0; k < M2D_ARRAY_LEN(delays_ms); k++) {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+            _exit(127);
+        }
+        usleep((useconds_t)delays_ms[k] * 1000);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    char *resume = m2d_strfmt("%s sweep %s --experiment t --out %s --jobs 1 --set cache_dir=%s", tu_bin(), fx.toml, b,
+                              cache2);
+    assert_int_equal(tu_run(resume, NULL, NULL), 0);
+    m2d_results ra, rb;
+    if (m2d_results_read_checked(a, &ra) || m2d_results_read_checked(b, &rb)) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(ra.n_rows, 4);
+    assert_int_equal(rb.n_rows, 4);
+    for (int i = 0; i < ra.n_rows; i++) {
+        int j = 0;
+        while (j < rb.n_rows && strcmp(rb.rows[j][0], ra.rows[i][0])) j++;
+        assert_true(j < rb.n_rows);
+        for (int c = 0; c < ra.n_cols; c++)
+            if (strcmp(ra.cols[c], "wall_s") && strcmp(ra.rows[i][c], rb.rows[j][c]))
+                fail_msg("%s %s: '%s' vs '%s' after kills", ra.rows[i][0], ra.cols[c], ra.rows[i][c], rb.rows[j][c]);
+    }
+    assert_int_equal(count_leftovers(fx.dir), 0);
+    assert_int_equal(count_leftovers(cache2), 0);
+    m2d_results_free(&ra);
+    m2d_results_free(&rb);
+    free(resume);
+    free(cmd);
+    free(cache2);
+    free(a);
+    free(b);
+    sweep_fx_free(&fx);
+}
+
 /* The MC stage on a real student equals `moe2dense eval` on the same student written by convert. */
 static void mc_stage_matches_eval_on_converted_student(void **state) {
     (void)state;
@@ -261,6 +341,7 @@ int main(void) {
         cmocka_unit_test(ppl_on_tokens_matches_library_gptq),
         cmocka_unit_test(small_sweep_dedups_caches_and_matches_convert_then_ppl),
         cmocka_unit_test(dry_run_refuses_what_the_run_refuses),
+        cmocka_unit_test(killed_pipeline_sweep_resumes_to_the_same_rows),
         cmocka_unit_test(mc_stage_matches_eval_on_converted_student),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

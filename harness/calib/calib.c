@@ -637,6 +637,12 @@ int m2d_stats_read(const char *path, m2d_stats **out) {
     size_t len;
     uint8_t *buf = (uint8_t *)m2d_read_file(path, &len);
     if (!buf) return -1;
+    int rc = m2d_stats_parse(path, buf, len, out);
+    free(buf);
+    return rc;
+}
+
+int m2d_stats_parse(const char *path, const uint8_t *buf, size_t len, m2d_stats **out) {
     m2d_stats *s = m2d_calloc(1, sizeof *s);
     int rc = -1;
     cJSON *h = NULL;
@@ -682,7 +688,6 @@ int m2d_stats_read(const char *path, m2d_stats **out) {
     rc = 0;
 done:
     cJSON_Delete(h);
-    free(buf);
     if (rc) {
         m2d_stats_free(s);
         free(s);

@@ -88,6 +88,8 @@ double m2d_calib_expert_flops(const m2d_config *cfg, double n_tokens);
 /* Stats file. write: atomic. read: full validation (see above); free with m2d_calib_stats_free. */
 int m2d_stats_write(const m2d_stats *s, const char *path);
 int m2d_stats_read(const char *path, m2d_stats **out);
+/* The same from memory: BUF[0..len) is the file's content, PATH the name in errors. */
+int m2d_stats_parse(const char *path, const uint8_t *buf, size_t len, m2d_stats **out);
 void m2d_calib_stats_free(m2d_stats *s); /* m2d_stats_free + free of the struct; NULL ok */
 /* Error unless the stats were computed on this model (weights hash, shapes, layer set). */
 int m2d_stats_check_model(const m2d_stats *s, const char *stats_path, const m2d_model *m);

@@ -102,7 +102,9 @@ static int comment_line(const char *name, const char *s, size_t n, int line, m2d
     if (a->K) return m2d_err("%s:%d:3: field 'K': given twice", name, line);
     size_t d = 4;
     while (d < n && s[d] >= '0' && s[d] <= '9' && d < 12) d++;
-    long K = d > 4 ? strtol(s + 4, NULL, 10) : 0;
+    char digits[16] = ""; /* S is not NUL-terminated: strtol must not read past N */
+    memcpy(digits, s + 4, d - 4);
+    long K = d > 4 ? strtol(digits, NULL, 10) : 0;
     if (d != n || K < 1 || K > 65536)
         return m2d_err("%s:%d:5: field 'K': '%.*s' is not an integer in [1, 65536]", name, line,
                        (int)(n - 4 > 40 ? 40 : n - 4), s + 4);
