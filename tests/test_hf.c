@@ -60,14 +60,6 @@ static void file_sha256(const char *path, char out[65]) {
     free(data);
 }
 
-static void copy_file(const char *from, const char *to) {
-    size_t n;
-    char *data = m2d_read_file(from, &n);
-    if (!data) fail_msg("%s", m2d_errmsg());
-    tu_write(to, data, n);
-    free(data);
-}
-
 /* The checkpoint of golden G, rebuilt by moe2dense: transformers' config.json text, weights from
  * the grid generator through moe2dense's safetensors writer, the golden's tokenizer. */
 static char *build_teacher(const cJSON *g) {
@@ -92,7 +84,7 @@ static char *build_teacher(const cJSON *g) {
     if (m2d_testmodel_write(dir, &o) != 0) fail_msg("%s: %s", name, m2d_errmsg());
     m2d_config_free(&c);
     char *tok = m2d_path_join(golden_dir(), "tokenizer.json"), *tok_to = m2d_path_join(dir, "tokenizer.json");
-    copy_file(tok, tok_to);
+    tu_copy_file(tok, tok_to);
     free(tok), free(tok_to);
     return dir;
 }

@@ -67,14 +67,6 @@ static char *snapshot(const char *dir) {
     return s;
 }
 
-static void copy_file(const char *from, const char *to) {
-    size_t n;
-    char *data = m2d_read_file(from, &n);
-    if (!data) fail_msg("%s", m2d_errmsg());
-    tu_write(to, data, n);
-    free(data);
-}
-
 typedef struct {
     char file[128], msg[512];
 } expect_line;
@@ -141,7 +133,7 @@ static void results_corpus_refused_by_report_and_merge(void **state) {
     for (int i = 0; i < n; i++) {
         char *dir = tu_tmpdir(), *src = m2d_strfmt("tests/hostile/results/%s", e[i].file);
         char *dst = m2d_path_join(dir, e[i].file);
-        copy_file(src, dst);
+        tu_copy_file(src, dst);
         char *c = m2d_strfmt("'%s' report %s --out table.md --plot-data plotdata", bin, e[i].file);
         expect_refused_in(dir, c, "report", e[i].msg);
         free(c);
@@ -193,7 +185,7 @@ static void analyze_corpus_refused_by_report(void **state) {
     for (int i = 0; i < n; i++) {
         char *dir = tu_tmpdir(), *src = m2d_strfmt("tests/hostile/analyze/%s", e[i].file);
         char *dst = m2d_path_join(dir, e[i].file), *good = m2d_path_join(dir, "good.csv");
-        copy_file(src, dst);
+        tu_copy_file(src, dst);
         tu_write(good, GOOD_RESULTS, strlen(GOOD_RESULTS));
         char *c = m2d_strfmt("'%s' report good.csv --plot-data plotdata --analyze %s", bin, e[i].file);
         expect_refused_in(dir, c, "report", e[i].msg);
@@ -269,14 +261,14 @@ static void plots_draw_data_never_code(void **state) {
         an = m2d_path_join(dir, "a.csv");
         if (cases[i][0]) {
             char *src = m2d_strfmt("tests/hostile/%s", cases[i][0]);
-            copy_file(src, good);
+            tu_copy_file(src, good);
             free(src);
         } else {
             tu_write(good, GOOD_RESULTS, strlen(GOOD_RESULTS));
         }
         if (cases[i][1]) {
             char *src = m2d_strfmt("tests/hostile/%s", cases[i][1]);
-            copy_file(src, an);
+            tu_copy_file(src, an);
             free(src);
         }
         err = NULL;
@@ -687,18 +679,7 @@ static void kill_and_resume_equals_uninterrupted(void **state) {
     char *cmd = m2d_strfmt("M2D_FAKE_DELAY_MS=4 exec %s sweep %s --experiment grid --out %s --jobs 2 >/dev/null 2>&1",
                            tu_test_bin(), fx.toml, fx.csv);
     const int delays[] = {1000, 20000, 50000, 90000, 140000};
-    for (size_t k = 0; k < M2D_ARRAY_LEN(delays); k++) {
-        pid_t pid = fork();
-        assert_true(pid >= 0);
-        if (pid == 0) {
-            execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-            _exit(127);
-        }
-        usleep((useconds_t)delays[k]);
-        kill(pid, SIGKILL);
-        int st;
-        waitpid(pid, &st, 0);
-    }
+    for (size_t k = 0; k < M2D_ARRAY_LEN(delays); k++) tu_run_killed(cmd, delays[k]);
     c = m2d_strfmt("%s sweep %s --experiment grid --out %s --jobs 2", tu_test_bin(), fx.toml, fx.csv);
     assert_int_equal(tu_run(c, NULL, NULL), 0);
     free(c);

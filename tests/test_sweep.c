@@ -370,16 +370,7 @@ static void sigkill_at_any_moment_then_resume(void **state) {
     /* kill delays in microseconds: before the header exists, early, and mid-run */
     const int delays[] = {0, 2000, 30000, 80000, 150000, 250000};
     for (size_t k = 0; k < M2D_ARRAY_LEN(delays); k++) {
-        pid_t pid = fork();
-        assert_true(pid >= 0);
-        if (pid == 0) {
-            execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-            _exit(127);
-        }
-        usleep((useconds_t)delays[k]);
-        kill(pid, SIGKILL);
-        int st;
-        waitpid(pid, &st, 0);
+        tu_run_killed(cmd, delays[k]);
         /* whatever is on disk parses (a torn last line is tolerated and reported) */
         if (m2d_file_exists(fx.csv)) {
             m2d_results r;

@@ -8,9 +8,6 @@
 #include "tiny_teacher.h"
 
 #include <math.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -260,17 +257,7 @@ static void killed_pipeline_sweep_resumes_to_the_same_rows(void **state) {
      * land while loading and calibrating, the later ones (cache written by then) while
      * converting and evaluating */
     const int delays_ms[] = {30, 150, 300, 600, 900, 1300, 1800, 2600, 250, 350, 450, 550, 650};
-    for (size_t k = 0; k < M2D_ARRAY_LEN(delays_ms); k++) {
-        pid_t pid = fork();
-        assert_true(pid >= 0);
-        if (pid == 0) {
-            execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-            _exit(127);
-        }
-        usleep((useconds_t)delays_ms[k] * 1000);
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-    }
+    for (size_t k = 0; k < M2D_ARRAY_LEN(delays_ms); k++) tu_run_killed(cmd, delays_ms[k] * 1000L);
     char *resume = m2d_strfmt("%s sweep %s --experiment t --out %s --jobs 1 --set cache_dir=%s", tu_bin(), fx.toml, b,
                               cache2);
     assert_int_equal(tu_run(resume, NULL, NULL), 0);
