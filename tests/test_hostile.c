@@ -408,6 +408,51 @@ static void full_disk_leaves_old_file_and_no_temp(void **state) {
     free(dir);
 }
 
+/* The same for a results row: an append that does not fit is cut back off, so the file holds the
+ * rows before it and no partial row (a resume then runs that configuration again). */
+static void full_disk_row_append_cut_back(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), *csv = m2d_path_join(dir, "r.csv");
+    const char *cols[] = {"config_id", "status", "ppl"}, *meta[] = {"experiment=x"}, *ident[] = {"experiment"};
+    m2d_results_writer w;
+    assert_int_equal(m2d_results_open(csv, cols, 3, meta, 1, ident, 1, &w, NULL), 0);
+    const char *row1[] = {"0000000000a1", "ok", "12.5"};
+    assert_int_equal(m2d_results_append(&w, row1), 0);
+    m2d_results_close(&w);
+    size_t before_n;
+    char *before = m2d_read_file(csv, &before_n);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        signal(SIGXFSZ, SIG_IGN);
+        struct rlimit rl = {before_n + 10, before_n + 10}; /* room for 10 bytes of the next row */
+        if (setrlimit(RLIMIT_FSIZE, &rl)) _exit(10);
+        m2d_results_writer w2;
+        if (m2d_results_open(csv, cols, 3, meta, 1, ident, 1, &w2, NULL)) _exit(11);
+        char status[200];
+        memset(status, 'x', sizeof status - 1);
+        status[sizeof status - 1] = 0;
+        memcpy(status, "failed: ", 8);
+        const char *row2[] = {"0000000000a2", status, ""};
+        int rc = m2d_results_append(&w2, row2);
+        m2d_results_close(&w2);
+        _exit(rc == -1 && strstr(m2d_errmsg(), "r.csv: cannot append a row") ? 0 : 12);
+    }
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    size_t after_n;
+    char *after = m2d_read_file(csv, &after_n);
+    assert_int_equal(after_n, before_n);
+    assert_memory_equal(after, before, before_n);
+    free(after);
+    free(before);
+    tu_rm_rf(dir);
+    free(csv);
+    free(dir);
+}
+
 /* ---------------- locks ---------------- */
 
 typedef struct {
@@ -779,6 +824,7 @@ int main(void) {
         cmocka_unit_test(plots_draw_data_never_code),
         cmocka_unit_test(atomic_write_never_follows_a_link),
         cmocka_unit_test(full_disk_leaves_old_file_and_no_temp),
+        cmocka_unit_test(full_disk_row_append_cut_back),
         cmocka_unit_test(lock_names_holder_and_waits),
         cmocka_unit_test(second_sweep_on_one_csv_refused),
         cmocka_unit_test(resume_refuses_bad_rows),
