@@ -376,6 +376,31 @@ static void atomic_write_never_follows_a_link(void **state) {
     free(dir);
 }
 
+/* The probe's reproduction: `calibrate --out OUT` with OUT a planted link. */
+static void calibrate_out_through_a_link_refused(void **state) {
+    (void)state;
+    char *model = tu_model_path("tiny-qwen3moe");
+    const char *data = tu_data_path("train-text/wikitext-103-train-prefix/wiki.train.tokens");
+    if (!model || !m2d_file_exists(data)) TU_SKIP("tiny-qwen3moe or the calibration text missing (make data)");
+    char *dir = tu_tmpdir(), *victim = m2d_path_join(dir, "victim"), *out = m2d_path_join(dir, "t.stats");
+    tu_write(victim, "precious\n", 9);
+    assert_int_equal(symlink("victim", out), 0);
+    char *bin = abs_path(tu_bin()), *abs_data = abs_path(data);
+    char *abs_model = model[0] == '/' ? m2d_strdup(model) : abs_path(model);
+    char *c = m2d_strfmt("'%s' calibrate --model '%s' --data '%s' --seq-len 8 --samples 1 --out t.stats", bin,
+                         abs_model, abs_data);
+    expect_refused_in(dir, c, "calibrate", "t.stats: is a symbolic link (to victim)");
+    free(c);
+    free(abs_model);
+    free(abs_data);
+    free(bin);
+    tu_rm_rf(dir);
+    free(out);
+    free(victim);
+    free(dir);
+    free(model);
+}
+
 /* Disk full, injected: RLIMIT_FSIZE makes write() fail with EFBIG part way (SIGXFSZ ignored). In a
  * child process, so the limit does not reach the test runner. */
 static void full_disk_leaves_old_file_and_no_temp(void **state) {
@@ -823,6 +848,7 @@ int main(void) {
         cmocka_unit_test(analyze_k_line_at_end_of_buffer),
         cmocka_unit_test(plots_draw_data_never_code),
         cmocka_unit_test(atomic_write_never_follows_a_link),
+        cmocka_unit_test(calibrate_out_through_a_link_refused),
         cmocka_unit_test(full_disk_leaves_old_file_and_no_temp),
         cmocka_unit_test(full_disk_row_append_cut_back),
         cmocka_unit_test(lock_names_holder_and_waits),
