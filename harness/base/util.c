@@ -16,6 +16,10 @@ int m2d_err(const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(err_buf, sizeof err_buf, fmt, ap);
     va_end(ap);
+    /* an error is one line, whatever a file put into the values it quotes: a control character
+     * (a newline in a garbled field, an escape sequence) is shown as '?' */
+    for (unsigned char *p = (unsigned char *)err_buf; *p; p++)
+        if (*p < 0x20 || *p == 0x7f) *p = '?';
     return -1;
 }
 

@@ -12,7 +12,8 @@
 #define M2D_VERSION "0.1.0"
 
 /* Errors: a failing function records one line (naming the file and the field)
- * with m2d_err() and returns -1 (or NULL). The command layer prints it once. */
+ * with m2d_err() and returns -1 (or NULL). The command layer prints it once. A control character
+ * in the message (a newline a garbled file put in a quoted value) is recorded as '?'. */
 int m2d_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *m2d_errmsg(void);
 /* Put "PREFIX: " in front of the recorded error (e.g. the input file a parser did not know); -1. */

