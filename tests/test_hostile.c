@@ -210,6 +210,18 @@ static void analyze_k_line_at_end_of_buffer(void **state) {
     m2d_an_csv a;
     assert_int_equal(m2d_an_csv_parse("a.csv", buf, sizeof text - 1, &a), -1);
     assert_non_null(strstr(m2d_errmsg(), "a.csv:1:5: field 'K'"));
+    /* found by fuzz_analyze next: a lone "\r" (an empty line at the end) made the CSV scanner step
+     * past the buffer, and an empty first field copied from a NULL buffer (UBSan) */
+    buf[0] = '\r';
+    assert_int_equal(m2d_an_csv_parse("a.csv", buf, 1, &a), -1);
+    assert_non_null(strstr(m2d_errmsg(), "a.csv"));
+    buf[0] = ',';
+    assert_int_equal(m2d_an_csv_parse("a.csv", buf, 1, &a), -1);
+    m2d_results r;
+    assert_int_equal(m2d_results_parse("r.csv", buf, 1, &r), -1);
+    buf[0] = '\r';
+    m2d_results_parse("r.csv", buf, 1, &r); /* an empty file: refused or empty, never out of bounds */
+    m2d_results_free(&r);
     free(buf);
 }
 

@@ -43,7 +43,7 @@ static void end_field(scanner *s, int col) {
         s->cols = m2d_realloc(s->cols, (size_t)s->cap * sizeof *s->cols);
     }
     char *f = m2d_malloc(s->blen + 1);
-    memcpy(f, s->buf, s->blen);
+    if (s->blen) memcpy(f, s->buf, s->blen); /* buf is NULL before the first character */
     f[s->blen] = 0;
     s->fields[s->n] = f;
     s->cols[s->n++] = col;
@@ -121,9 +121,9 @@ int m2d_csv_parse(const char *name, const char *text, size_t len, int first_line
     scanner s = {.name = name, .text = text, .len = len, .line = first_line, .col = 1};
     int rc = 0;
     while (rc == 0 && s.pos < s.len) {
-        if (at_record_end(&s)) { /* an empty line is no record */
+        if (at_record_end(&s)) { /* an empty line is no record ("\r" may be the last byte) */
             if (s.text[s.pos] == '\r') advance(&s);
-            advance(&s);
+            if (s.pos < s.len) advance(&s);
             continue;
         }
         int line;
