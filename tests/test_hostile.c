@@ -413,36 +413,61 @@ static void calibrate_out_through_a_link_refused(void **state) {
     free(model);
 }
 
-/* Disk full, injected: RLIMIT_FSIZE makes write() fail with EFBIG part way (SIGXFSZ ignored). In a
- * child process, so the limit does not reach the test runner. */
-static void full_disk_leaves_old_file_and_no_temp(void **state) {
-    (void)state;
-    char *dir = tu_tmpdir(), *out = m2d_path_join(dir, "stats.bin");
-    tu_write(out, "old\n", 4);
+/* Disk full, injected: FN(ARG) runs in a child process whose files may not grow beyond LIMIT bytes
+ * (RLIMIT_FSIZE: write() fails with EFBIG part way; SIGXFSZ ignored), so the limit does not reach
+ * the test runner. FN returns 0 when it failed the way it should. */
+static void in_child_with_file_limit(rlim_t limit, int (*fn)(void *), void *arg) {
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         signal(SIGXFSZ, SIG_IGN);
-        struct rlimit rl = {4096, 4096};
-        if (setrlimit(RLIMIT_FSIZE, &rl)) _exit(10);
-        size_t n = 1 << 20;
-        char *big = calloc(1, n);
-        int rc = m2d_write_file_atomic(out, big, n);
-        /* the error names the output; nothing complete-looking is left */
-        _exit(rc == -1 && strstr(m2d_errmsg(), "stats.bin: write failed") ? 0 : 11);
+        struct rlimit rl = {limit, limit};
+        _exit(setrlimit(RLIMIT_FSIZE, &rl) ? 10 : fn(arg));
     }
     int st;
     assert_int_equal(waitpid(pid, &st, 0), pid);
     assert_true(WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), 0);
+}
+
+static int write_a_megabyte(void *out) {
+    size_t n = 1 << 20;
+    char *big = calloc(1, n);
+    int rc = m2d_write_file_atomic(out, big, n);
+    free(big);
+    /* the error names the output */
+    return rc == -1 && strstr(m2d_errmsg(), "stats.bin: write failed") ? 0 : 11;
+}
+
+static void full_disk_leaves_old_file_and_no_temp(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), *out = m2d_path_join(dir, "stats.bin");
+    tu_write(out, "old\n", 4);
+    in_child_with_file_limit(4096, write_a_megabyte, out);
     size_t n;
     char *v = m2d_read_file(out, &n);
     assert_string_equal(v, "old\n");
     free(v);
-    assert_int_equal(count_temp_files(dir), 0);
+    assert_int_equal(count_temp_files(dir), 0); /* nothing complete-looking is left */
     tu_rm_rf(dir);
     free(out);
     free(dir);
+}
+
+static const char *ROW_COLS[] = {"config_id", "status", "ppl"}, *ROW_META[] = {"experiment=x"},
+                  *ROW_IDENT[] = {"experiment"};
+
+static int append_a_long_row(void *csv) {
+    m2d_results_writer w;
+    if (m2d_results_open(csv, ROW_COLS, 3, ROW_META, 1, ROW_IDENT, 1, &w, NULL)) return 11;
+    char status[200];
+    memset(status, 'x', sizeof status - 1);
+    status[sizeof status - 1] = 0;
+    memcpy(status, "failed: ", 8);
+    const char *row[] = {"0000000000a2", status, ""};
+    int rc = m2d_results_append(&w, row);
+    m2d_results_close(&w);
+    return rc == -1 && strstr(m2d_errmsg(), "r.csv: cannot append a row") ? 0 : 12;
 }
 
 /* The same for a results row: an append that does not fit is cut back off, so the file holds the
@@ -450,35 +475,14 @@ static void full_disk_leaves_old_file_and_no_temp(void **state) {
 static void full_disk_row_append_cut_back(void **state) {
     (void)state;
     char *dir = tu_tmpdir(), *csv = m2d_path_join(dir, "r.csv");
-    const char *cols[] = {"config_id", "status", "ppl"}, *meta[] = {"experiment=x"}, *ident[] = {"experiment"};
     m2d_results_writer w;
-    assert_int_equal(m2d_results_open(csv, cols, 3, meta, 1, ident, 1, &w, NULL), 0);
+    assert_int_equal(m2d_results_open(csv, ROW_COLS, 3, ROW_META, 1, ROW_IDENT, 1, &w, NULL), 0);
     const char *row1[] = {"0000000000a1", "ok", "12.5"};
     assert_int_equal(m2d_results_append(&w, row1), 0);
     m2d_results_close(&w);
     size_t before_n;
     char *before = m2d_read_file(csv, &before_n);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        signal(SIGXFSZ, SIG_IGN);
-        struct rlimit rl = {before_n + 10, before_n + 10}; /* room for 10 bytes of the next row */
-        if (setrlimit(RLIMIT_FSIZE, &rl)) _exit(10);
-        m2d_results_writer w2;
-        if (m2d_results_open(csv, cols, 3, meta, 1, ident, 1, &w2, NULL)) _exit(11);
-        char status[200];
-        memset(status, 'x', sizeof status - 1);
-        status[sizeof status - 1] = 0;
-        memcpy(status, "failed: ", 8);
-        const char *row2[] = {"0000000000a2", status, ""};
-        int rc = m2d_results_append(&w2, row2);
-        m2d_results_close(&w2);
-        _exit(rc == -1 && strstr(m2d_errmsg(), "r.csv: cannot append a row") ? 0 : 12);
-    }
-    int st;
-    assert_int_equal(waitpid(pid, &st, 0), pid);
-    assert_true(WIFEXITED(st));
-    assert_int_equal(WEXITSTATUS(st), 0);
+    in_child_with_file_limit(before_n + 10, append_a_long_row, csv); /* room for 10 bytes of the row */
     size_t after_n;
     char *after = m2d_read_file(csv, &after_n);
     assert_int_equal(after_n, before_n);
