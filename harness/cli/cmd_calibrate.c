@@ -70,6 +70,7 @@ static int cmd_calibrate_run(int argc, char **argv) {
         m2d_err("calibrate: --windows '%s': expected fixed or documents", win_s);
         goto done;
     }
+    if (m2d_check_output_path(out)) goto done; /* refused now, not after the calibration */
     if (m2d_model_open(model, &m) || m2d_tokenizer_load(model, &tk)) goto done;
     if (!(text = m2d_read_file(data, &len))) goto done;
     if (documents ? m2d_calib_encode_documents(tk, text, len, &ids, &n_ids, &docs, &n_docs)
