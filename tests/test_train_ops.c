@@ -265,6 +265,21 @@ static void rmsnorm_backward_on(const char *backend) {
         for (int j = 0; j < D; j++) dx2[i * D + j] = (float)(inv * w[j] * r[i * D + j]);
     }
     assert_true(rel_err(dx2, g, R * D) > 100 * TOL);
+    /* in place (dx = dy, beta 0): the net's q/k norm backward; same result */
+    m2d_backend *be = new_backend(backend, 2);
+    m2d_buf *xb = up(be, x, sizeof(float) * R * D), *wb = up(be, w, sizeof w), *rb = up(be, r, sizeof(float) * R * D);
+    m2d_buf *dwb = be->ops->alloc(be, sizeof dw);
+    be->ops->train->fill(be, dwb, 0, D, 0.0f);
+    m2d_weight *wh = be->ops->train->weight_view(be, wb, 0, D, 1);
+    m2d_mat X = mat(xb, R, D), RR = mat(rb, R, D), DW = mat(dwb, 1, D);
+    be->ops->train->rmsnorm_bwd(be, &X, wh, 1e-6, &RR, &RR, 0.0f, &DW);
+    down(be, dx2, rb, sizeof(float) * R * D), down(be, dw2, dwb, sizeof dw2);
+    assert_memory_equal(dx, dx2, sizeof(float) * R * D);
+    assert_memory_equal(dw, dw2, sizeof dw);
+    be->ops->weight_free(be, wh);
+    m2d_buf *all[] = {xb, wb, rb, dwb};
+    for (int i = 0; i < 4; i++) be->ops->release(be, all[i]);
+    m2d_backend_free(be);
     free(x), free(r), free(dx), free(dx2), free(v), free(g);
 }
 EACH_BACKEND(rmsnorm_backward)

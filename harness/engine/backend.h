@@ -192,7 +192,7 @@ typedef struct m2d_backend_train_ops {
     /* dw = dy^T · x + beta dw ([out, in]): gemm's backward for its weight */
     void (*gemm_dw)(m2d_backend *be, const m2d_mat *dy, const m2d_mat *x, m2d_mat *dw, float beta);
     /* rmsnorm's backward (per row over x.cols): dx = J^T dy + beta dx; dw (1 x cols) += sum over
-     * rows of dy * x / rms (rows summed in order) */
+     * rows of dy * x / rms (rows summed in order). dx may be dy (with beta 0). */
     void (*rmsnorm_bwd)(m2d_backend *be, const m2d_mat *x, const m2d_weight *w, double eps, const m2d_mat *dy,
                         m2d_mat *dx, float beta, m2d_mat *dw);
     void (*attention_bwd)(m2d_backend *be, const m2d_attn_bwd_args *a);

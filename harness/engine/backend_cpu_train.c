@@ -135,10 +135,11 @@ static void rms_item(void *ctx, int item) {
             dot += (double)dy[i] * j->w[i] * x[i];
         }
         double rr = 1.0 / sqrt(ss / d + j->eps), c = dot * rr * rr * rr / d;
-        for (int i = 0; i < d; i++) {
-            float g = (float)(rr * j->w[i] * dy[i] - c * x[i]);
+        for (int i = 0; i < d; i++) { /* dy[i] read before dx[i] is written: dx may be dy */
+            double dyi = dy[i];
+            float g = (float)(rr * j->w[i] * dyi - c * x[i]);
+            dw[i] += dyi * x[i] * rr;
             dx[i] = j->beta == 0.0f ? g : j->beta * dx[i] + g;
-            dw[i] += (double)dy[i] * x[i] * rr;
         }
     }
 }
