@@ -183,7 +183,7 @@ static void gradient_case(m2d_model *student, m2d_loss_kind kind) {
     uint64_t st = 99;
     double worst = 0;
     for (int i = 0; i < x.p->n; i++) {
-        const m2d_param *q = &x.p->p[i];
+        const m2d_tparam *q = &x.p->p[i];
         double gmax = 0;
         for (size_t j = 0; j < q->n; j++) gmax = fmax(gmax, fabs(g32[q->off + j]));
         assert_true(gmax > 0); /* every parameter receives a gradient */

@@ -620,9 +620,9 @@ static int write_config(const m2d_model *s, const char *dir) {
     return rc;
 }
 
-static int copy_tokenizer_files(const m2d_model *t, const char *dir) {
+static int copy_tokenizer_files(const char *from, const char *dir) {
     for (size_t i = 0; i < M2D_ARRAY_LEN(TOKENIZER_FILES); i++) {
-        char *src = m2d_path_join(t->dir, TOKENIZER_FILES[i]);
+        char *src = m2d_path_join(from, TOKENIZER_FILES[i]);
         int rc = 0;
         if (m2d_file_exists(src)) {
             size_t n;
@@ -739,8 +739,11 @@ static int write_manifest(const m2d_model *t, const m2d_convert_plan *p, const c
 int m2d_convert_write(const m2d_model *t, const m2d_model *s, const m2d_convert_plan *plan, const char *stats_path,
                       const char *dir) {
     if (!t->st) return m2d_err("convert: the teacher %s has no safetensors to copy from", t->dir);
-    if (prepare_dir(dir) || write_weights(t, s, dir) || write_config(s, dir) || copy_tokenizer_files(t, dir) ||
+    if (prepare_dir(dir) || write_weights(t, s, dir) || write_config(s, dir) || copy_tokenizer_files(t->dir, dir) ||
         write_manifest(t, plan, stats_path, dir))
         return -1;
     return 0;
 }
+
+int m2d_convert_prepare_dir(const char *dir) { return prepare_dir(dir); }
+int m2d_convert_copy_tokenizer(const char *from_dir, const char *to_dir) { return copy_tokenizer_files(from_dir, to_dir); }

@@ -106,4 +106,11 @@ void m2d_convert_student_free(m2d_model *student);
 int m2d_convert_write(const m2d_model *teacher, const m2d_model *student, const m2d_convert_plan *plan,
                       const char *stats_path, const char *dir);
 
+/* The output directory rule of every checkpoint moe2dense writes (convert, distill): DIR is
+ * created if absent; a directory with files but no moe2dense.json is refused; an earlier output's
+ * moe2dense.json is removed first (it is written last: its presence marks a complete output). */
+int m2d_convert_prepare_dir(const char *dir);
+/* Copy the tokenizer files (tokenizer.json, tokenizer_config.json, ...) FROM_DIR has into TO_DIR. */
+int m2d_convert_copy_tokenizer(const char *from_dir, const char *to_dir);
+
 #endif

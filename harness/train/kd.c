@@ -123,7 +123,7 @@ static void mse_layer(void *ctx, int layer, const m2d_mat *out, m2d_mat *dout) {
 
 void m2d_kd_loss_backward(m2d_kd *k, double scale, double *div, double *mse) {
     m2d_mat H = m2d_net_hidden(k->net), DH = m2d_net_dhidden(k->net);
-    const m2d_param *head = &k->p->p[k->p->lm_head];
+    const m2d_tparam *head = &k->p->p[k->p->lm_head];
     m2d_mat gh = m2d_train_params_grad(k->p, k->p->lm_head);
     m2d_kd_kind kind = k->kind == M2D_LOSS_RKL ? M2D_KD_REVERSE_KL : M2D_KD_FORWARD_KL;
     int rows = k->rows, d = k->d, V = k->V, td = m2d_engine_model(k->te)->cfg.hidden_size;

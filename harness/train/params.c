@@ -19,7 +19,7 @@ static int check_student(const m2d_model *s, m2d_backend *be) {
 static int add_param(m2d_train_params *p, const m2d_tensor *t, const m2d_tensor **src) {
     for (int i = 0; i < p->n; i++)
         if (src[i] == t) return i;
-    m2d_param *q = &p->p[p->n];
+    m2d_tparam *q = &p->p[p->n];
     q->name = t->name;
     q->ndim = t->ndim;
     q->rows = t->shape[0];
@@ -98,7 +98,7 @@ void m2d_train_params_upload(m2d_train_params *p, m2d_pbuf which, const float *h
 void m2d_train_params_zero(m2d_train_params *p, m2d_pbuf which) { p->T->fill(p->be, p->buf[which], 0, p->total, 0.0f); }
 
 m2d_mat m2d_train_params_grad(const m2d_train_params *p, int i) {
-    const m2d_param *q = &p->p[i];
+    const m2d_tparam *q = &p->p[i];
     if (q->ndim == 1) return m2d_mat_of(p->buf[M2D_PBUF_GRADS], q->off, 1, (int)q->rows, (int)q->rows);
     return m2d_mat_of(p->buf[M2D_PBUF_GRADS], q->off, (int)q->rows, (int)q->cols, (int)q->cols);
 }
@@ -115,7 +115,7 @@ int m2d_train_params_model(const m2d_train_params *p, const m2d_model *s, float 
     v->m = *s; /* config, architecture and checkpoint shared; tensors and layers are the view's */
     v->tensors = m2d_calloc((size_t)p->n, sizeof *v->tensors);
     for (int i = 0; i < p->n; i++) {
-        const m2d_param *q = &p->p[i];
+        const m2d_tparam *q = &p->p[i];
         v->tensors[i] = (m2d_tensor){.name = q->name, .dtype = M2D_F32, .ndim = q->ndim, .shape = {q->rows, q->cols},
                                      .data = host + q->off, .nbytes = q->n * sizeof(float)};
         if (q->ndim == 1) v->tensors[i].shape[1] = 0;

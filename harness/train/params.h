@@ -23,7 +23,7 @@ typedef struct {
     size_t off, n;          /* elements in the buffers */
     bool decay;             /* weight decay applies */
     m2d_weight *w;          /* view of the master weights */
-} m2d_param;
+} m2d_tparam;
 
 typedef enum { M2D_PBUF_WEIGHTS, M2D_PBUF_GRADS, M2D_PBUF_ADAM_M, M2D_PBUF_ADAM_V, M2D_PBUF_COUNT } m2d_pbuf;
 
@@ -31,7 +31,7 @@ typedef struct {
     m2d_backend *be;
     const m2d_backend_train_ops *T;
     int n;                  /* parameters */
-    m2d_param *p;
+    m2d_tparam *p;
     size_t total;           /* elements per buffer */
     m2d_buf *buf[M2D_PBUF_COUNT];
     int n_layers;
