@@ -1,5 +1,5 @@
 /* sweep — run an experiment's grid: dedup by student fingerprint, resumable CSV, shards, a pthread
- * pool, then the multiple-choice stage; or print its plan and a run-time estimate (dry run).
+ * pool, then the distillation stage and the multiple-choice stage; or print its plan and a run-time estimate (dry run).
  *
  * The pieces (see ARCHITECTURE.md):
  *   sweep.c           the two entry points below: orchestration of a run, and the dry run
@@ -7,6 +7,7 @@
  *   sweep_pipeline.c  backend "pipeline": calibrate -> convert in memory -> PPL / MC
  *   sweep_pool.c      worker pool: build, dedup by fingerprint, evaluate, one CSV row each
  *   sweep_mc.c        multiple-choice stage on the configurations [mc].configs selects
+ *   sweep_distill.c   distillation stage on the configurations [distill].configs selects
  *   sweep_csv.c       the CSV's columns, run header and rows */
 #ifndef M2D_SWEEP_H
 #define M2D_SWEEP_H
@@ -30,6 +31,7 @@ typedef struct {
     double prepare_s;       /* backend prepare: teacher, calibration (or its cache), data encoding */
     int jobs, threads;
     int mc_selected, mc_evaluated; /* multiple-choice stage */
+    int distill_selected, distill_evaluated; /* distillation stage */
 } m2d_sweep_summary;
 
 int m2d_sweep_run(const m2d_experiment *x, const m2d_sweep_opts *o, m2d_sweep_summary *sum);

@@ -355,8 +355,8 @@ static int run_steps(run_t *r) {
     int32_t *tok = m2d_malloc(sizeof(int32_t) * (size_t)r->t.batch * r->t.seq_len);
     char label[160];
     m2d_progress prog;
-    m2d_progress_start(&prog, label, last - r->start);
     snprintf(label, sizeof label, "distill");
+    m2d_progress_start(&prog, label, last - r->start);
     double t_start = m2d_now(), ppl, ce;
     int rc = 0;
     for (int s = r->start + 1; s <= last && rc == 0; s++) {
