@@ -1,6 +1,7 @@
 #!/bin/sh
 # make plots: render plots/*.gp into plots/*.png and plots/*.svg.
-#   RESULTS  sweep CSV (default results/demo.csv)        -> heatmap_<scoring>, marginal
+#   RESULTS  sweep CSV (default results/demo.csv)        -> heatmap_<scoring>, marginal, distill
+#            (distill: when the sweep had a distillation stage)
 #   ANALYZE  `moe2dense analyze --csv` output (default results/demo-analyze.csv, optional)
 #            -> overlap, erank
 #   PLOTS_DIR output directory (default plots), M2D_BIN the binary (default ./moe2dense)
@@ -28,6 +29,10 @@ while IFS="$tab" read -r s name; do
   render plots/heatmap.gp "heatmap_$s" "datadir='$tmp'; scoring='$s'; title='$name'; cblo=$lo; cbhi=$hi"
 done < "$tmp/scorings.txt"
 render plots/marginal.gp marginal "datadir='$tmp'"
+if [ -f "$tmp/distill_curves.txt" ]; then # the sweep had a distillation stage
+  read -r nloss nval < "$tmp/distill_curves.txt"
+  render plots/distill.gp distill "datadir='$tmp'; nloss=$((nloss + 0)); nval=$((nval + 0))"
+fi
 if [ -f "$analyze" ]; then
   # overlap matrix (mean over layers) and erank table from the analyze CSV
   awk -F, '$1=="mean" && $2=="overlap" { if (!($3 in seen)) { seen[$3]=1; order[n++]=$3 } v[$3","$4]=$5 }

@@ -6,6 +6,7 @@
 
 #include "base/util.h"
 #include "criteria/registry.h"
+#include "sweep/report_distill.h"
 
 /* ---- names and number formatting ---- */
 
@@ -356,7 +357,7 @@ int m2d_report_write(const m2d_results *r, m2d_report_format fmt, FILE *f) {
     write_table(&g, r, fmt, f);
     if (fmt != M2D_REPORT_CSV && g.sc.n) write_summary(&g, fmt, f);
     grid_free(&g);
-    return 0;
+    return m2d_report_distill_write(r, fmt, f);
 }
 
 int m2d_report_best_per_pair(const m2d_results *r, int **rows) {
