@@ -4,7 +4,7 @@ torch.nn.utils.clip_grad_norm_), for tests/test_distill.c. Runs in tests/ref/.ve
 
 usage: distill_ref.py --out DIR                 write the goldens (tests/golden/distill/, make distill-goldens)
        distill_ref.py --compare NEW_DIR OLD_DIR  the goldens made now against the committed ones
-       distill_ref.py --bench ...                time the same step (bench/run.sh; see --help)
+       distill_ref.py --bench ...                time the same step as bench/bench_train.c (BENCHMARKS.md)
 
 Per case (CASES below):
  1. teacher (Qwen3MoeForCausalLM) and dense student (Qwen3ForCausalLM, intermediate = k * d_e) from
@@ -208,7 +208,7 @@ def compare(new_dir, old_dir):
     return bad
 
 
-# ---- benchmark: the same KD step as bench/bench_distill.c, timed ----
+# ---- benchmark: the same KD step as bench/bench_train.c, timed ----
 
 def bench(a):
     torch.set_num_threads(a.threads)

@@ -100,9 +100,9 @@ static int cmd_sweep_run(int argc, char **argv) {
         printf("sweep %s: multiple choice: %d configuration(s) selected (%s), %d evaluated now -> %s.mc.csv\n",
                x.name, s.mc_selected, x.mc_configs, s.mc_evaluated, path);
     if (s.distill_selected)
-        printf("sweep %s: distillation: %d configuration(s) selected (%s), %d distilled now -> %s.distill.csv, "
-               "checkpoints in %s.distill/\n", x.name, s.distill_selected, x.distill_configs, s.distill_evaluated, path,
-               path);
+        printf("sweep %s: distillation: %d configuration(s) selected (%s), %d distilled now in %.2f s -> "
+               "%s.distill.csv, checkpoints in %s.distill/\n", x.name, s.distill_selected, x.distill_configs,
+               s.distill_evaluated, s.stages_s, path, path);
     rc = 0;
     goto done;
 fail:

@@ -90,7 +90,9 @@ static int run_with_backend(const m2d_experiment *x, const m2d_sweep_opts *o, co
         rc = m2d_sweep_pool_run(&job, sum);
     }
     m2d_results_close(&w); /* the MC stage may rewrite OUT */
+    double t_stages = m2d_now();
     if (rc == 0) rc = stages_if_configured(x, o, b, out, &meta, sum);
+    sum->stages_s = m2d_now() - t_stages;
     m2d_results_free(&existing);
     m2d_sweep_meta_free(&meta);
     m2d_sweep_columns_free(cols, n_cols);

@@ -32,6 +32,7 @@ typedef struct {
     int jobs, threads;
     int mc_selected, mc_evaluated; /* multiple-choice stage */
     int distill_selected, distill_evaluated; /* distillation stage */
+    double stages_s;        /* wall time of the distillation / multiple-choice stage */
 } m2d_sweep_summary;
 
 int m2d_sweep_run(const m2d_experiment *x, const m2d_sweep_opts *o, m2d_sweep_summary *sum);
