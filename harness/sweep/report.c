@@ -393,7 +393,7 @@ int m2d_report_write_best_per_pair(const m2d_results *r, FILE *f) {
 
 /* ---- plot data ---- */
 
-static FILE *open_in(const char *dir, const char *name) {
+FILE *m2d_report_create_in(const char *dir, const char *name) {
     char *p = m2d_path_join(dir, name);
     FILE *f = fopen(p, "w");
     if (!f) m2d_err("%s: cannot create", p);
@@ -425,7 +425,7 @@ static void marginal_line(FILE *f, const char *label, const double *v, int n) {
  * best_<scoring>.dat (the best K of each row); widens [*lo, *hi] to the finite PPLs written. */
 static int write_heat(const grid *g, int s, const char *dir, double *lo, double *hi) {
     char *name = m2d_strfmt("heat_%s.dat", g->sc.v[s]), *bname = m2d_strfmt("best_%s.dat", g->sc.v[s]);
-    FILE *f = open_in(dir, name), *bf = f ? open_in(dir, bname) : NULL;
+    FILE *f = m2d_report_create_in(dir, name), *bf = f ? m2d_report_create_in(dir, bname) : NULL;
     free(name);
     free(bname);
     if (!bf) {
@@ -468,7 +468,7 @@ static int write_heat(const grid *g, int s, const char *dir, double *lo, double 
 static int write_marginal(const grid *g, int a, const char *dir, double *v) {
     static const char *const axes[] = {"scoring", "grouping", "scaling", "K"};
     char *name = m2d_strfmt("marginal_%s.dat", axes[a]);
-    FILE *f = open_in(dir, name);
+    FILE *f = m2d_report_create_in(dir, name);
     free(name);
     if (!f) return -1;
     fprintf(f, "# value geomean_ppl median_ppl best_ppl n_finite\n");
@@ -495,7 +495,7 @@ static int write_marginal(const grid *g, int a, const char *dir, double *v) {
 
 /* range.txt: the colour range of the heat maps */
 static int write_range(const char *dir, double lo, double hi) {
-    FILE *f = open_in(dir, "range.txt");
+    FILE *f = m2d_report_create_in(dir, "range.txt");
     if (!f) return -1;
     if (isfinite(lo)) fprintf(f, "%.6g %.6g\n", lo, hi > lo ? hi : lo * 1.01);
     else fprintf(f, "1 10\n");
@@ -511,7 +511,7 @@ int m2d_report_plot_data(const m2d_results *r, const char *dir) {
         return -1;
     }
     double lo = INFINITY, hi = 0;
-    FILE *list = open_in(dir, "scorings.txt");
+    FILE *list = m2d_report_create_in(dir, "scorings.txt");
     int rc = list ? 0 : -1;
     for (int s = 0; s < g.sc.n && rc == 0; s++) {
         fprintf(list, "%s\t%s\n", g.sc.v[s], m2d_report_display_name(g.sc.v[s]));

@@ -27,6 +27,9 @@ int m2d_report_write(const m2d_results *r, m2d_report_format fmt, FILE *f);
  * scorings.txt (the scoring names, one per line). */
 int m2d_report_plot_data(const m2d_results *r, const char *dir);
 
+/* DIR/NAME opened for writing; NULL + m2d_err naming it. */
+FILE *m2d_report_create_in(const char *dir, const char *name);
+
 /* Paper-style MC selection: for each scoring x grouping pair, the row (K, scaling) with the
  * lowest finite PPL. Row indices into r -> *rows (malloc'd); returns the count. */
 int m2d_report_best_per_pair(const m2d_results *r, int **rows);

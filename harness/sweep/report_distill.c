@@ -171,14 +171,6 @@ static char *label_of(const m2d_results *r, int i) {
     return l;
 }
 
-static FILE *create_in(const char *dir, const char *name) {
-    char *p = m2d_path_join(dir, name);
-    FILE *f = fopen(p, "w");
-    if (!f) m2d_err("%s: cannot create", p);
-    free(p);
-    return f;
-}
-
 typedef struct {
     FILE *loss, *val;       /* distill_loss.dat, distill_val.dat: one block per run (gnuplot index) */
     int n_loss, n_val;
@@ -225,9 +217,9 @@ static int check_id(const char *path, const char *id) {
 int m2d_report_distill_plot_data(const char *results_path, const m2d_results *r, const char *dir) {
     int *rows, n = m2d_report_distilled_rows(r, 1, &rows), rc = 0;
     curve_files c = {0};
-    FILE *d = n ? create_in(dir, "distill.dat") : NULL;
-    if (d) c.loss = create_in(dir, "distill_loss.dat");
-    if (c.loss) c.val = create_in(dir, "distill_val.dat");
+    FILE *d = n ? m2d_report_create_in(dir, "distill.dat") : NULL;
+    if (d) c.loss = m2d_report_create_in(dir, "distill_loss.dat");
+    if (c.loss) c.val = m2d_report_create_in(dir, "distill_val.dat");
     if (n && !c.val) rc = -1;
     if (rc == 0 && d) fputs("# configuration ppl_converted ppl_distilled\n", d);
     for (int i = 0; i < n && rc == 0; i++) {
@@ -241,7 +233,7 @@ int m2d_report_distill_plot_data(const char *results_path, const m2d_results *r,
     if (d) fclose(d);
     if (c.loss) fclose(c.loss);
     if (c.val) fclose(c.val);
-    FILE *cnt = rc == 0 && n ? create_in(dir, "distill_curves.txt") : NULL;
+    FILE *cnt = rc == 0 && n ? m2d_report_create_in(dir, "distill_curves.txt") : NULL;
     if (cnt) fprintf(cnt, "%d %d\n", c.n_loss, c.n_val), fclose(cnt);
     else if (rc == 0 && n) rc = -1;
     free(rows);
