@@ -1,8 +1,9 @@
 /* sweep distill stage ([distill], harness/sweep/sweep_distill.c) on the deterministic "fake"
  * backend (tests/sweep_fake.c: a distilled student has half its student's PPL and MC accuracies
  * (1 + a) / 2): selection (best-per-pair, all, a list), one distillation per distinct student,
- * the columns filled in the main CSV, MC scored on the distilled students, failures recorded,
- * resume, a refused resume with other settings, and the [distill] table's errors. */
+ * the columns filled in the main CSV, MC scored on the distilled students, failures recorded
+ * (and retried with --retry-failed), resume, a refused resume with other settings, and the
+ * [distill] table's errors. */
 #include "testutil.h"
 #include "sweep_fixture.h"
 
@@ -148,6 +149,13 @@ static void all_and_list_with_failures(void **state) {
     char *id = m2d_strdup(m2d_results_get(&r, 3, "config_id"));
     m2d_results_free(&r);
     m2d_results_free(&side);
+    /* a resume leaves the failures alone; --retry-failed distills them again (and they fail again) */
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    assert_int_equal(s.distill_evaluated, 0);
+    o.retry_failed = 1;
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    assert_int_equal(s.distill_evaluated, failed);
+    o.retry_failed = 0;
     m2d_experiment_free(&x);
     /* a list: exactly that configuration */
     tu_rm_rf(fx.csv), tu_rm_rf(sp);

@@ -82,6 +82,11 @@ static int run_with_backend(const m2d_experiment *x, const m2d_sweep_opts *o, co
     m2d_results existing = {0};
     m2d_results_writer w = {0};
     int rc = o->retry_failed ? m2d_sweep_drop_failed_rows(out) : 0;
+    if (rc == 0 && o->retry_failed && x->has_distill) { /* failed distillations are tried again too */
+        char *side = m2d_strfmt("%s.distill.csv", out);
+        rc = m2d_sweep_drop_failed_rows(side);
+        free(side);
+    }
     if (rc == 0)
         rc = m2d_results_open(out, (const char *const *)cols, n_cols, (const char *const *)meta.items, meta.n,
                               m2d_sweep_identity_keys, m2d_sweep_n_identity_keys, &w, &existing);
