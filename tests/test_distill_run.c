@@ -248,6 +248,44 @@ static void moe_student_refused(void **state) {
     free(out);
 }
 
+/* a dense student with a feature the training engine does not implement is refused by name
+ * (here linear RoPE scaling), before any step */
+static void unsupported_student_refused(void **state) {
+    (void)state;
+    char *dir = path_in("scaled"), *out = path_in("f");
+    assert_int_equal(m2d_mkdir_p(dir), 0);
+    const char *files[] = {"model.safetensors", "tokenizer.json"};
+    for (int i = 0; i < 2; i++) {
+        char *from = m2d_path_join(g_student, files[i]), *to = m2d_path_join(dir, files[i]);
+        size_t n;
+        char *data = m2d_read_file(from, &n);
+        assert_non_null(data);
+        tu_write(to, data, n);
+        free(data), free(from), free(to);
+    }
+    char *cfg_from = m2d_path_join(g_student, "config.json"), *cfg_to = m2d_path_join(dir, "config.json");
+    char *cfg_text = m2d_read_file(cfg_from, NULL);
+    assert_non_null(cfg_text);
+    cJSON *j = cJSON_Parse(cfg_text);
+    free(cfg_text);
+    assert_non_null(j);
+    cJSON_DeleteItemFromObjectCaseSensitive(j, "rope_scaling");
+    cJSON_DeleteItemFromObjectCaseSensitive(j, "rope_parameters");
+    cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
+    cJSON_AddStringToObject(rs, "rope_type", "linear");
+    cJSON_AddNumberToObject(rs, "factor", 2.0);
+    cJSON_AddNumberToObject(j, "rope_theta", 10000.0);
+    char *text = cJSON_Print(j);
+    tu_write(cfg_to, text, strlen(text));
+    m2d_distill_result r;
+    m2d_distill_opts o = base_opts(out, NULL);
+    o.student = dir;
+    assert_int_equal(m2d_distill_run(&o, &r), -1);
+    if (!strstr(m2d_errmsg(), "the training engine does not implement rope_scaling")) fail_msg("%s", m2d_errmsg());
+    cJSON_Delete(j);
+    free(text), free(cfg_from), free(cfg_to), free(dir), free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(resume_is_exact),
@@ -255,6 +293,7 @@ int main(void) {
         cmocka_unit_test(output_checkpoint_and_manifest),
         cmocka_unit_test(command_errors),
         cmocka_unit_test(moe_student_refused),
+        cmocka_unit_test(unsupported_student_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
