@@ -140,6 +140,7 @@ static void all_and_list_with_failures(void **state) {
     int failed = 0;
     for (int j = 0; j < side.n_rows; j++) failed += !strncmp(m2d_results_get(&side, j, "status"), "failed: distill", 15);
     assert_true(failed > 0);
+    assert_int_equal(s.distill_failed, failed); /* `sweep` then exits 3 */
     for (int i = 0; i < r.n_rows; i++) {
         const char *v = m2d_results_get(&r, i, "distill_ppl");
         if (!strcmp(m2d_results_get(&r, i, "params"), "distill-fail")) assert_string_equal(v, "");

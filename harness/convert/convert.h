@@ -92,6 +92,10 @@ void m2d_swiglu_ref(int d, int inter, const float *gate, const float *up, const 
 int m2d_convert_parse_param(const char *kv, char **key, double *value);
 /* Run the plugins on every MoE layer. Validates K, plugin names (errors list the available
  * ones), the stats against the model, and every plugin result. */
+/* What m2d_convert_plan_build refuses without looking at statistics or weights: K and the groups
+ * against the teacher's config C (from directory DIR), unknown plugins, parameters no chosen
+ * plugin takes. 0, or -1 + m2d_err (the sweep's check runs it on every configuration first). */
+int m2d_convert_check(const m2d_config *c, const char *dir, const m2d_convert_opts *o);
 int m2d_convert_plan_build(const m2d_model *teacher, const m2d_stats *stats, const m2d_convert_opts *o,
                            m2d_convert_plan **out);
 void m2d_convert_plan_free(m2d_convert_plan *p);
@@ -113,11 +117,14 @@ void m2d_convert_student_free(m2d_model *student);
 int m2d_convert_write(const m2d_model *teacher, const m2d_model *student, const m2d_convert_plan *plan,
                       const char *stats_path, const char *dir);
 
-/* The output directory rule of every checkpoint moe2dense writes (convert, distill): DIR is
- * created if absent; a directory with files but no moe2dense.json is refused; an earlier output's
- * moe2dense.json is removed first (it is written last: its presence marks a complete output). */
+/* The output directory rule of every checkpoint moe2dense writes (convert, distill), for a writer
+ * that fills DIR over a long time (distill): DIR is created if absent; a directory with files but
+ * neither moe2dense.json nor moe2dense.incomplete is refused; moe2dense.incomplete is written and
+ * an earlier output's moe2dense.json removed (it is written last: its presence marks a complete
+ * output). m2d_convert_finish_dir removes moe2dense.incomplete after moe2dense.json is written. */
 int m2d_convert_prepare_dir(const char *dir);
-/* Copy the tokenizer files (tokenizer.json, tokenizer_config.json, ...) FROM_DIR has into TO_DIR. */
-int m2d_convert_copy_tokenizer(const char *from_dir, const char *to_dir);
+int m2d_convert_finish_dir(const char *dir);
+/* Copy the tokenizer files (tokenizer.json, tokenizer_config.json, ...) of model FROM into TO_DIR. */
+int m2d_convert_copy_tokenizer(const m2d_model *from, const char *to_dir);
 
 #endif

@@ -172,7 +172,7 @@ static char *label_of(const m2d_results *r, int i) {
 }
 
 typedef struct {
-    FILE *loss, *val;       /* distill_loss.dat, distill_val.dat: one block per run (gnuplot index) */
+    m2d_report_file loss, val; /* distill_loss.dat, distill_val.dat: one block per run (gnuplot index) */
     int n_loss, n_val;
 } curve_files;
 
@@ -201,8 +201,8 @@ static int add_curves(const char *log, const char *label, curve_files *c) {
         cJSON_Delete(j);
     }
     fclose(lm), fclose(vm);
-    if (rc == 0 && n_l) fprintf(c->loss, "%s\"%s\"\n%s", c->n_loss++ ? "\n\n" : "", label, lb);
-    if (rc == 0 && n_v) fprintf(c->val, "%s\"%s\"\n%s", c->n_val++ ? "\n\n" : "", label, vb);
+    if (rc == 0 && n_l) fprintf(c->loss.f, "%s\"%s\"\n%s", c->n_loss++ ? "\n\n" : "", label, lb);
+    if (rc == 0 && n_v) fprintf(c->val.f, "%s\"%s\"\n%s", c->n_val++ ? "\n\n" : "", label, vb);
     free(lb), free(vb), free(text);
     return rc;
 }
@@ -216,26 +216,30 @@ static int check_id(const char *path, const char *id) {
 
 int m2d_report_distill_plot_data(const char *results_path, const m2d_results *r, const char *dir) {
     int *rows, n = m2d_report_distilled_rows(r, 1, &rows), rc = 0;
+    if (n == 0) {
+        free(rows);
+        return 0;
+    }
     curve_files c = {0};
-    FILE *d = n ? m2d_report_create_in(dir, "distill.dat") : NULL;
-    if (d) c.loss = m2d_report_create_in(dir, "distill_loss.dat");
-    if (c.loss) c.val = m2d_report_create_in(dir, "distill_val.dat");
-    if (n && !c.val) rc = -1;
-    if (rc == 0 && d) fputs("# configuration ppl_converted ppl_distilled\n", d);
+    m2d_report_file d;
+    m2d_report_file_open(&d, dir, "distill.dat");
+    m2d_report_file_open(&c.loss, dir, "distill_loss.dat");
+    m2d_report_file_open(&c.val, dir, "distill_val.dat");
+    fputs("# configuration ppl_converted ppl_distilled\n", d.f);
     for (int i = 0; i < n && rc == 0; i++) {
         const char *id = m2d_results_get(r, rows[i], "config_id");
         if ((rc = check_id(results_path, id))) break;
         char *label = label_of(r, rows[i]), *log = m2d_strfmt("%s.distill/%s.jsonl", results_path, id);
-        fprintf(d, "\"%s\" %.6g %.6g\n", label, cell_num(r, rows[i], "ppl"), cell_num(r, rows[i], "distill_ppl"));
+        fprintf(d.f, "\"%s\" %.6g %.6g\n", label, cell_num(r, rows[i], "ppl"), cell_num(r, rows[i], "distill_ppl"));
         rc = add_curves(log, label, &c);
         free(log), free(label);
     }
-    if (d) fclose(d);
-    if (c.loss) fclose(c.loss);
-    if (c.val) fclose(c.val);
-    FILE *cnt = rc == 0 && n ? m2d_report_create_in(dir, "distill_curves.txt") : NULL;
-    if (cnt) fprintf(cnt, "%d %d\n", c.n_loss, c.n_val), fclose(cnt);
-    else if (rc == 0 && n) rc = -1;
+    m2d_report_file cnt;
+    m2d_report_file_open(&cnt, dir, "distill_curves.txt");
+    fprintf(cnt.f, "%d %d\n", c.n_loss, c.n_val);
+    /* all four are closed (and written) whatever happened; an error keeps the first message */
+    int w = m2d_report_file_close(&d) | m2d_report_file_close(&c.loss) | m2d_report_file_close(&c.val) |
+            m2d_report_file_close(&cnt);
     free(rows);
-    return rc;
+    return rc ? rc : w ? -1 : 0;
 }

@@ -86,11 +86,16 @@ static int distill_selected(const m2d_experiment *x, m2d_sweep_backend *b, const
     for (int s = 0; rc == 0 && s < n_sel; s++) {
         const char *id = m2d_results_get(main, rows[s], "config_id"), *fp = m2d_results_get(main, rows[s], "fingerprint");
         int seen = 0;
-        for (int d = 0; d < done->n_rows && !seen; d++) seen = !strcmp(done->rows[d][done_id], id);
+        for (int d = 0; d < done->n_rows && !seen; d++)
+            if (!strcmp(done->rows[d][done_id], id)) {
+                seen = 1;
+                sum->distill_failed += strncmp(m2d_results_get(done, d, "status"), "failed", 6) == 0;
+            }
         for (int e = 0; e < s && !seen; e++) seen = !strcmp(m2d_results_get(main, rows[e], "fingerprint"), fp);
         int ci = m2d_sweep_find_config(x, id);
         if (seen || ci < 0) continue;
         distill_one(x, b, &x->configs[ci], root, sc, f);
+        sum->distill_failed += strncmp(f[n_f - 1], "failed", 6) == 0;
         rc = m2d_results_append(w, (const char *const *)f);
         for (int i = 0; i < n_f; i++) free(f[i]), f[i] = NULL;
         sum->distill_evaluated++;
@@ -142,7 +147,7 @@ static int run_stage(const m2d_experiment *x, m2d_sweep_backend *b, const m2d_re
 int m2d_sweep_distill_stage(const m2d_experiment *x, m2d_sweep_backend *b, const char *out, const m2d_sweep_meta *meta,
                             m2d_sweep_summary *sum) {
     m2d_results main;
-    if (m2d_results_read(out, &main)) return -1;
+    if (m2d_results_read_checked(out, &main)) return -1;
     int *rows = NULL, n_sel = m2d_sweep_select_rows(&main, x->distill_configs, x->distill_ids, x->n_distill_ids, &rows);
     int rc = n_sel < 0 ? -1 : 0;
     if (rc == 0) {

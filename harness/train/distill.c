@@ -316,8 +316,9 @@ static int write_output(run_t *r) {
     int rc = write_weights(r, dt);
     if (rc == 0) rc = m2d_write_file_atomic(path, cfg, strlen(cfg));
     free(cfg), free(path);
-    if (rc == 0) rc = m2d_convert_copy_tokenizer(r->o->teacher, r->o->out);
+    if (rc == 0) rc = m2d_convert_copy_tokenizer(r->teacher, r->o->out);
     if (rc == 0) rc = write_manifest(r); /* last: marks the output complete */
+    if (rc == 0) rc = m2d_convert_finish_dir(r->o->out);
     if (rc == 0) rc = m2d_train_state_remove(r->state_dir);
     return rc;
 }
