@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/util.h"
 #include "model/model.h"
@@ -236,6 +237,21 @@ static void command_errors(void **state) {
     }
 }
 
+/* a log path that is a symbolic link is refused, not followed (the target stays as it was) */
+static void log_symlink_refused(void **state) {
+    (void)state;
+    char *out = path_in("g"), *target = path_in("target.txt"), *link = path_in("link.jsonl");
+    tu_write(target, "keep\n", 5);
+    assert_int_equal(symlink(target, link), 0);
+    m2d_distill_result r;
+    m2d_distill_opts o = base_opts(out, link);
+    assert_int_equal(m2d_distill_run(&o, &r), -1);
+    if (!strstr(m2d_errmsg(), "link.jsonl")) fail_msg("%s", m2d_errmsg());
+    char *t = m2d_read_file(target, NULL);
+    assert_string_equal(t, "keep\n");
+    free(t), free(out), free(target), free(link);
+}
+
 /* a student with MoE layers is refused: only dense students train */
 static void moe_student_refused(void **state) {
     (void)state;
@@ -294,6 +310,7 @@ int main(void) {
         cmocka_unit_test(command_errors),
         cmocka_unit_test(moe_student_refused),
         cmocka_unit_test(unsupported_student_refused),
+        cmocka_unit_test(log_symlink_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

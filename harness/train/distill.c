@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/outfile.h"
 #include "base/util.h"
 #include "convert/convert.h"
 #include "engine/engine.h"
@@ -143,6 +144,7 @@ static int trim_log(const char *path, int keep) {
 static int open_log(run_t *r) {
     const char *path = r->o->log;
     if (!path) return 0;
+    if (m2d_check_output_path(path)) return -1; /* a planted link is refused, never followed */
     if (r->o->resume && trim_log(path, r->start)) return -1;
     r->log = fopen(path, r->o->resume ? "a" : "w");
     if (!r->log) return m2d_err("%s: cannot open the log for writing", path);
