@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs the Debian packages moe2dense needs (as root), or prints the apt-get line.
 PKGS="build-essential pkg-config libopenblas-dev liblapacke-dev libcjson-dev libcsv-dev libpcre2-dev \
-libutf8proc-dev libcmocka-dev gnuplot-nox bzip2 curl unzip clang libclang-rt-14-dev slurm-wlm"
+libutf8proc-dev libdnnl-dev libcmocka-dev gnuplot-nox bzip2 curl unzip clang libclang-rt-14-dev slurm-wlm"
 # node/npm run the independent tokenizer reference in the tests; any install of them will do
 command -v npm >/dev/null 2>&1 || PKGS="$PKGS nodejs npm"
 # python3 runs the independent lm-eval request builder (tests/lm_eval_ref.py) and CPython's random
