@@ -184,40 +184,41 @@ static inline void bf16_bits16(const float *x, uint32_t bits[16]) {
     memcpy(bits, &r, sizeof r);
 }
 
-/* rows x cols of X (row stride ldx) -> dense bf16 [rows, cols] */
-static void to_bf16(const float *x, int ldx, int rows, int cols, uint16_t *out) {
+/* rows x cols of X (row stride ldx) rounded to bf16, into a dense [rows, cols] buffer: bf16 bit
+ * patterns (uint16_t) or, AS_F32, the rounded values as fp32 (operands of the sgemm bf16 path) */
+static void round_rows(const float *x, int ldx, int rows, int cols, void *out, int as_f32) {
     for (int r = 0; r < rows; r++) {
         const float *xr = x + (size_t)r * ldx;
-        uint16_t *o = out + (size_t)r * cols;
+        uint16_t *oh = (uint16_t *)out + (size_t)r * cols;
+        uint32_t *of = (uint32_t *)out + (size_t)r * cols;
         int i = 0;
         for (; i + 16 <= cols; i += 16) {
             uint32_t b[16];
             bf16_bits16(xr + i, b);
             v16u32 v;
             memcpy(&v, b, sizeof v);
-            v16u16 h = __builtin_convertvector(v, v16u16);
-            memcpy(o + i, &h, sizeof h);
+            if (as_f32) {
+                v <<= 16;
+                memcpy(of + i, &v, sizeof v);
+            } else {
+                v16u16 h = __builtin_convertvector(v, v16u16);
+                memcpy(oh + i, &h, sizeof h);
+            }
         }
-        for (; i < cols; i++) o[i] = m2d_f32_to_bf16(xr[i]);
+        for (; i < cols; i++) {
+            uint16_t h = m2d_f32_to_bf16(xr[i]);
+            if (as_f32) of[i] = (uint32_t)h << 16;
+            else oh[i] = h;
+        }
     }
 }
 
-/* the same rounding, kept as fp32 values (operands of the sgemm bf16 path) */
+static void to_bf16(const float *x, int ldx, int rows, int cols, uint16_t *out) {
+    round_rows(x, ldx, rows, cols, out, 0);
+}
+
 static void round_bf16_f32(const float *x, int ldx, int rows, int cols, float *out) {
-    for (int r = 0; r < rows; r++) {
-        const float *xr = x + (size_t)r * ldx;
-        float *o = out + (size_t)r * cols;
-        int i = 0;
-        for (; i + 16 <= cols; i += 16) {
-            uint32_t b[16];
-            bf16_bits16(xr + i, b);
-            v16u32 v;
-            memcpy(&v, b, sizeof v);
-            v <<= 16;
-            memcpy(o + i, &v, sizeof v);
-        }
-        for (; i < cols; i++) o[i] = m2d_bf16_to_f32(m2d_f32_to_bf16(xr[i]));
-    }
+    round_rows(x, ldx, rows, cols, out, 1);
 }
 
 /* Rows [r0, r0+nr) of W as fp32 [nr, in] (bf16-rounded when ROUND), into out. */
@@ -406,12 +407,7 @@ struct m2d_gemm_packed {
 
 typedef struct {
     m2d_gemm_ctx *g;
-    const float *x;
-    int ldx, m;
-    const m2d_gemm_w *w;
-    float *y;
-    int ldy;
-    float beta;
+    m2d_gemm_group c;    /* the call: X, W, Y, beta */
     int use_dnnl;
     const uint16_t *xb;  /* oneDNN: X as dense bf16 [m, in] */
     const float *xr;     /* sgemm: X (bf16-rounded in bf16 precision) and its row stride */
@@ -454,8 +450,8 @@ static int dnnl_exec(m2d_gemm_ctx *g, prim_entry *e, const void *x, const void *
  * (+ beta·Y), and W rows are read in place only when stored BF16 with ld == in (else copied or
  * converted to bf16), or from the prepared slice. */
 static int dnnl_slice(gemm_job *j, int slice) {
-    const m2d_gemm_w *w = j->w;
-    int n0 = slice * M2D_GEMM_SLICE, n = M2D_MIN(M2D_GEMM_SLICE, w->out - n0), m = j->m;
+    const m2d_gemm_w *w = j->c.w;
+    int n0 = slice * M2D_GEMM_SLICE, n = M2D_MIN(M2D_GEMM_SLICE, w->out - n0), m = j->c.m;
     const packed_slice *ps = w->packed ? &w->packed->slice[slice] : NULL;
     scratch_pool *sp = &j->g->scratch;
     const void *wp;
@@ -477,11 +473,11 @@ static int dnnl_slice(gemm_job *j, int slice) {
     int rc = e ? dnnl_exec(j->g, e, j->xb, wp, acc) : -1;
     if (e) prim_release(j->g, e);
     for (int i = 0; rc == 0 && i < m; i++) {
-        float *yr = j->y + (size_t)i * j->ldy + n0;
+        float *yr = j->c.y + (size_t)i * j->c.ldy + n0;
         const float *ar = acc + (size_t)i * n;
-        if (j->beta == 0.0f) memcpy(yr, ar, sizeof(float) * (size_t)n);
+        if (j->c.beta == 0.0f) memcpy(yr, ar, sizeof(float) * (size_t)n);
         else
-            for (int c = 0; c < n; c++) yr[c] = ar[c] + j->beta * yr[c];
+            for (int c = 0; c < n; c++) yr[c] = ar[c] + j->c.beta * yr[c];
     }
     scratch_put(sp, acc);
     scratch_put(sp, conv);
@@ -492,7 +488,7 @@ static int dnnl_slice(gemm_job *j, int slice) {
 /* Output columns [n0, n0+n) through sgemm: fp32 W rows in place (F32 in fp32 precision), from the
  * prepared copy, or converted into scratch (bf16-rounded in bf16 precision). */
 static void sgemm_slice(gemm_job *j, int slice) {
-    const m2d_gemm_w *w = j->w;
+    const m2d_gemm_w *w = j->c.w;
     int n0 = slice * M2D_GEMM_SLICE, n = M2D_MIN(M2D_GEMM_SLICE, w->out - n0), K = w->in;
     float *conv = NULL;
     const float *wf;
@@ -507,8 +503,8 @@ static void sgemm_slice(gemm_job *j, int slice) {
         weight_rows_f32(w, n0, n, j->g->prec == M2D_PREC_BF16, conv);
         wf = conv;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->m, n, K, 1.0f, j->xr, j->ldxr, wf, ldw, j->beta, j->y + n0,
-                j->ldy);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->c.m, n, K, 1.0f, j->xr, j->ldxr, wf, ldw, j->c.beta, j->c.y + n0,
+                j->c.ldy);
     scratch_put(&j->g->scratch, conv);
     atomic_fetch_add(&j->g->n_sgemm, 1);
 }
@@ -559,20 +555,20 @@ static int wants_dnnl(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
  * slices either way. */
 static void gemm_plan(gemm_job *j) {
     m2d_gemm_ctx *g = j->g;
-    int K = j->w->in;
-    j->use_dnnl = wants_dnnl(g, j->w);
-    j->n_items = n_slices(j->w->out);
+    int K = j->c.w->in;
+    j->use_dnnl = wants_dnnl(g, j->c.w);
+    j->n_items = n_slices(j->c.w->out);
     if (j->use_dnnl) {
-        uint16_t *xb = scratch_get(&g->scratch, sizeof(uint16_t) * (size_t)j->m * K);
-        to_bf16(j->x, j->ldx, j->m, K, xb);
+        uint16_t *xb = scratch_get(&g->scratch, sizeof(uint16_t) * (size_t)j->c.m * K);
+        to_bf16(j->c.x, j->c.ldx, j->c.m, K, xb);
         j->xb = xb;
         return;
     }
-    j->xr = j->x;
-    j->ldxr = j->ldx;
+    j->xr = j->c.x;
+    j->ldxr = j->c.ldx;
     if (g->prec == M2D_PREC_BF16) {
-        float *xr = scratch_get(&g->scratch, sizeof(float) * (size_t)j->m * K);
-        round_bf16_f32(j->x, j->ldx, j->m, K, xr);
+        float *xr = scratch_get(&g->scratch, sizeof(float) * (size_t)j->c.m * K);
+        round_bf16_f32(j->c.x, j->c.ldx, j->c.m, K, xr);
         j->xr = xr;
         j->ldxr = K;
     }
@@ -580,14 +576,14 @@ static void gemm_plan(gemm_job *j) {
 
 static void gemm_done(gemm_job *j) {
     scratch_put(&j->g->scratch, (void *)j->xb);
-    if (j->xr != j->x) scratch_put(&j->g->scratch, (void *)j->xr);
+    if (j->xr != j->c.x) scratch_put(&j->g->scratch, (void *)j->xr);
 }
 
-static gemm_job job_for(m2d_gemm_ctx *g, const float *x, int ldx, int m, const m2d_gemm_w *w, float *y, int ldy,
-                        float beta) {
+static gemm_job job_for(m2d_gemm_ctx *g, const m2d_gemm_group *call) {
     gemm_job j;
     memset(&j, 0, sizeof j);
-    j.g = g; j.x = x; j.ldx = ldx; j.m = m; j.w = w; j.y = y; j.ldy = ldy; j.beta = beta;
+    j.g = g;
+    j.c = *call;
     return j;
 }
 
@@ -605,7 +601,8 @@ static int gemm_run(gemm_job *j, int parallel) {
 int m2d_gemm(m2d_gemm_ctx *g, const float *x, int ldx, int m, const m2d_gemm_w *w, float *y, int ldy, float beta) {
     if (check_call(g, x, ldx, m, w, y, ldy)) return -1;
     if (m == 0) return 0;
-    gemm_job j = job_for(g, x, ldx, m, w, y, ldy, beta);
+    m2d_gemm_group call = {x, ldx, m, w, y, ldy, beta};
+    gemm_job j = job_for(g, &call);
     return gemm_run(&j, 1);
 }
 
@@ -620,7 +617,7 @@ static void group_item(void *ctx, int item) {
     group_job *gj = ctx;
     const m2d_gemm_group *q = &gj->grp[item];
     if (q->m == 0) return;
-    gemm_job j = job_for(gj->g, q->x, q->ldx, q->m, q->w, q->y, q->ldy, q->beta);
+    gemm_job j = job_for(gj->g, q);
     if (gemm_run(&j, 0) && atomic_exchange(&gj->failed, 1) == 0)
         snprintf(gj->err, sizeof gj->err, "group %d: %s", item, m2d_errmsg());
 }
