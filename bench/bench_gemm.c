@@ -315,6 +315,30 @@ static void omp_interference(void) {
     free(w); free(x); free(y); free(xb);
 }
 
+/* ---------------------------------------------------------------- slicing cost */
+
+typedef struct { int m, n, k, slice; float *a, *b, *c; } slice_arg;
+static void sliced_sgemm(void *p) {
+    slice_arg *s = p;
+    for (int n0 = 0; n0 < s->n; n0 += s->slice) {
+        int nc = M2D_MIN(s->slice, s->n - n0);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s->m, nc, s->k, 1, s->a, s->k, s->b + (size_t)n0 * s->k,
+                    s->k, 0, s->c + n0, s->n);
+    }
+}
+
+/* single-threaded sgemm as one call and as the module's fixed column slices */
+static void slicing_cost(void) {
+    int m = 512, n = 4096, k = 2048;
+    slice_arg s = {m, n, k, n, rand_f32((size_t)m * k), rand_f32((size_t)n * k), rand_f32((size_t)m * n)};
+    double whole = best_time(sliced_sgemm, &s, 0.5);
+    s.slice = M2D_GEMM_SLICE;
+    double sliced = best_time(sliced_sgemm, &s, 0.5);
+    printf("\nsgemm %dx%dx%d on one thread: one call %.1f GFLOP/s, %d-column slices %.1f GFLOP/s (%+.1f %%)\n", m, n,
+           k, 2.0 * m * n * k / whole / 1e9, M2D_GEMM_SLICE, 2.0 * m * n * k / sliced / 1e9, 100 * (whole / sliced - 1));
+    free(s.a); free(s.b); free(s.c);
+}
+
 /* ---------------------------------------------------------------- main */
 
 static void cpu_line(void) {
@@ -380,6 +404,7 @@ int main(int argc, char **argv) {
     }
     printf("\nfp32 columns: fraction of the sgemm yardstick; bf16 columns: of the oneDNN bf16 yardstick.\n"
            "Groups: one grouped call over distinct weights (cold: the weights exceed the caches), x shared.\n");
+    slicing_cost();
     if (m2d_gemm_bf16_native()) {
         crossover_table();
         omp_interference();

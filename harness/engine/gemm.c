@@ -3,8 +3,9 @@
  * oneDNN in Debian (2.6.3) is built with the OpenMP runtime (libgomp): a primitive runs
  * `#pragma omp parallel num_threads(nthr)` with the nthr it was created with, from whichever thread
  * executes it. Created under omp_set_num_threads(1), nthr is 1 and oneDNN never starts a team, so
- * the only threads are the caller's pool (measured: an OpenMP team next to our pthreads slowed the
- * pthreads' work after each oneDNN call by 30-60 %; BENCHMARKS.md). */
+ * the only threads are the caller's pool (measured in bench_gemm: ~100 us of pool work right after a
+ * oneDNN call on its own team of 2 took a third longer — the team's threads spin after the call —
+ * and as long as alone after the same call through this module). */
 #include "engine/gemm.h"
 
 #include <cblas.h>
@@ -94,8 +95,8 @@ static int dnnl_ready(void) {
     return 0;
 }
 
-/* Run f with oneDNN seeing one OpenMP thread on this thread (primitives created inside are
- * single-threaded; reorders run on the caller). The OpenMP setting is per thread and restored. */
+/* oneDNN takes a primitive's thread count from the calling thread's OpenMP setting when it creates
+ * it, and a reorder's when it runs: set it to 1 around those (the setting is per thread) and back. */
 static int saved_omp_threads(void) {
     int saved = omp_get_max_threads();
     if (saved != 1) omp_set_num_threads(1);
