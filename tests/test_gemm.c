@@ -380,6 +380,27 @@ static void prepared_weights(void **state) {
     free_w(&w);
 }
 
+/* a vocab chunk of a tensor (starting on a slice boundary, as the engine's 4096-row LM head chunks
+ * do) gives the bits of the same rows of the whole; both views are big enough for oneDNN (the
+ * kernel is chosen per view, by its size) */
+static void tensor_rows_view(void **state) {
+    (void)state;
+    uint64_t st = 11;
+    test_w w = make_w(&st, M2D_BF16, 600, 40, 40);
+    m2d_tensor t = {"lm_head.weight", M2D_BF16, 2, {600, 40}, w.data, 600 * 40 * 2};
+    m2d_gemm_ctx *g = ctx_new(M2D_PREC_BF16, 2);
+    float x[3 * 40], yall[3 * 600], ych[3 * 200];
+    fill_normal(&st, x, 3 * 40, 1);
+    m2d_gemm_w all = m2d_gemm_tensor_rows(&t, 0, 600), chunk = m2d_gemm_tensor_rows(&t, 256, 200);
+    assert_int_equal(all.out, 600);
+    assert_int_equal(all.ld, 40);
+    assert_int_equal(m2d_gemm(g, x, 40, 3, &all, yall, 600, 0.0f), 0);
+    assert_int_equal(m2d_gemm(g, x, 40, 3, &chunk, ych, 200, 0.0f), 0);
+    for (int i = 0; i < 3; i++) assert_memory_equal(ych + i * 200, yall + i * 600 + 256, 200 * sizeof(float));
+    m2d_gemm_ctx_free(g);
+    free_w(&w);
+}
+
 static void bad_arguments(void **state) {
     (void)state;
     m2d_gemm_ctx *g = ctx_new(M2D_PREC_FP32, 0);
@@ -495,6 +516,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(grouped_equals_single_calls),
         cmocka_unit_test(primitive_cache_concurrent),
         cmocka_unit_test(prepared_weights),
+        cmocka_unit_test(tensor_rows_view),
         cmocka_unit_test(bad_arguments),
         cmocka_unit_test(auto_dispatch),
         cmocka_unit_test(auto_is_fp32_without_native_bf16),

@@ -75,6 +75,12 @@ m2d_gemm_w m2d_gemm_weight(m2d_dtype dtype, const void *data, int out, int in, i
     return (m2d_gemm_w){dtype, data, out, in, ld, NULL};
 }
 
+m2d_gemm_w m2d_gemm_tensor_rows(const m2d_tensor *t, int64_t r0, int n) {
+    int64_t in = t->shape[1];
+    const char *base = (const char *)t->data + (size_t)(r0 * in) * m2d_dtype_size(t->dtype);
+    return m2d_gemm_weight(t->dtype, base, n, (int)in, in);
+}
+
 /* ------------------------------------------------------------------ oneDNN engine, threads */
 
 static dnnl_engine_t dnnl_eng;

@@ -21,6 +21,9 @@
  * depends on where a call's columns start and end (measured for OpenBLAS 0.3.21: splitting
  * 37x700x320 at column 384 changes 4 % of the elements), and fixed slices make it the same on 1
  * or 16 threads, nested or not, grouped or single, prepared or as stored (tested bit for bit).
+ * A view of some of W's rows (m2d_gemm_tensor_rows) that starts on a slice boundary gives the
+ * whole matrix's bits for those rows when both views take oneDNN (the kernel is chosen per view,
+ * by its size; oneDNN's result for a column does not depend on how many follow it in the slice).
  * Slicing costs sgemm <= 5 % against one call (bench_gemm).
  *
  * Prepared weights: m2d_gemm_prepare copies W once into the layout the precision's kernel reads
@@ -79,8 +82,10 @@ typedef struct {
     const m2d_gemm_packed *packed;
 } m2d_gemm_w;
 
-/* A weight view of rows [0, out) of a stored matrix. */
+/* A weight view of a stored matrix [out, in] with row stride ld. */
 m2d_gemm_w m2d_gemm_weight(m2d_dtype dtype, const void *data, int out, int in, int64_t ld);
+/* Rows [r0, r0+n) of a 2-D checkpoint tensor (an nn.Linear weight; the LM head in vocab chunks). */
+m2d_gemm_w m2d_gemm_tensor_rows(const m2d_tensor *t, int64_t r0, int n);
 
 /* Context: precision resolved once (auto -> fp32|bf16); POOL copied (NULL: serial). */
 int m2d_gemm_ctx_new(m2d_precision p, const m2d_gemm_pool *pool, m2d_gemm_ctx **out);
