@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/backend.h"
 #include "engine/gemm.h"
@@ -203,25 +204,43 @@ typedef struct {
     int m, out, in, n_w, groups;
 } bench_shape;
 
-/* one table row: every variant, GFLOP/s and fraction of its precision's yardstick */
-static void shape_row(const bench_shape *s, double peak32, double peak16) {
+/* every variant's GFLOP/s on one shape (0: not available on this CPU) */
+static void shape_measure(const bench_shape *s, double gf[N_VARIANTS]) {
     size_t wn = (size_t)s->out * s->in;
     uint16_t **w = m2d_malloc(sizeof *w * (size_t)s->n_w);
     for (int i = 0; i < s->n_w; i++) w[i] = rand_bf16(wn);
     float *x = rand_f32((size_t)s->m * s->in), *y = m2d_malloc(sizeof(float) * (size_t)s->m * s->out * s->groups);
-    printf("| %-34s | %5d | %6d | %5d |", s->label, s->m, s->out, s->in);
-    for (int v = 0; v < N_VARIANTS; v++) {
-        if (v >= V_BF16 && !m2d_gemm_bf16_native() && v != V_BF16_SGEMM) {
-            printf(" — |");
-            continue;
-        }
-        double gf = run_variant((variant)v, w, s->n_w, s->groups, s->m, s->out, s->in, x, y);
-        printf(" %7.1f (%3.0f%%) |", gf, 100 * gf / (v <= V_FP32_PREP ? peak32 : peak16));
-        fflush(stdout);
-    }
-    printf("\n");
+    for (int v = 0; v < N_VARIANTS; v++)
+        gf[v] = v >= V_BF16 && v != V_BF16_SGEMM && !m2d_gemm_bf16_native()
+                    ? 0
+                    : run_variant((variant)v, w, s->n_w, s->groups, s->m, s->out, s->in, x, y);
     for (int i = 0; i < s->n_w; i++) free(w[i]);
     free(w); free(x); free(y);
+}
+
+static void shape_print(const bench_shape *s, const double gf[N_VARIANTS], double peak32, double peak16) {
+    printf("| %s | %d | %d | %d |", s->label, s->m, s->out, s->in);
+    for (int v = 0; v < N_VARIANTS; v++)
+        if (gf[v] > 0) printf(" %.1f (%.0f %%) |", gf[v], 100 * gf[v] / (v <= V_FP32_PREP ? peak32 : peak16));
+        else printf(" — |");
+    printf("\n");
+}
+
+/* The yardsticks, best of this call and PREV (measured at the start and at the end of the run, so
+ * that a burst of load from other processes during one of them does not skew every fraction).
+ * oneDNN first, and a pause after each: idle OpenBLAS / OpenMP pool threads keep spinning for a
+ * while after their last call and would slow whatever runs next. */
+typedef struct { double sgemm, dnnl16, dnnl32; char impl16[128], impl32[128]; } yardsticks;
+static void measure_yardsticks(yardsticks *y) {
+    double p16 = m2d_gemm_bf16_native() ? dnnl_peak(2048, dnnl_bf16, y->impl16, sizeof y->impl16) : 0;
+    sleep(1);
+    double d32 = dnnl_peak(2048, dnnl_f32, y->impl32, sizeof y->impl32);
+    sleep(1);
+    double p32 = sgemm_peak();
+    sleep(1);
+    y->dnnl16 = M2D_MAX(y->dnnl16, p16);
+    y->dnnl32 = M2D_MAX(y->dnnl32, d32);
+    y->sgemm = M2D_MAX(y->sgemm, p32);
 }
 
 /* ---------------------------------------------------------------- dispatch crossover */
@@ -264,53 +283,59 @@ static void spin_item(void *ctx, int item) {
 static double sink;
 static void pool_work(void) { m2d_be_parallel_for(THREADS, spin_item, &sink); }
 
-/* Time of a fixed piece of pool work right after a GEMM (32x768x2048 bf16) that ran either on
- * oneDNN's own OpenMP team (2 threads) or through the module (our pthreads), and alone. */
-static void omp_interference(void) {
-    int m = 32, n = 768, k = 2048, reps = 200;
-    uint16_t *w = rand_bf16((size_t)n * k);
-    float *x = rand_f32((size_t)m * k), *y = m2d_malloc(sizeof(float) * (size_t)m * n);
-    double t_alone = 1e30, t_after[2] = {1e30, 1e30};
-    uint16_t *xb = m2d_malloc(sizeof(uint16_t) * (size_t)m * k);
-    dnnl_engine_t eng;
-    dnnl_engine_create(&eng, dnnl_cpu, 0);
-    dn_arg team;
-    char impl[128];
-    dn_team(eng, m, n, k, dnnl_bf16, dnnl_ba, xb, w, y, &team, impl, sizeof impl);
+static double pool_work_alone(int reps) {
+    double best = 1e30;
     for (int r = 0; r < 3; r++) {
         double t0 = m2d_now();
         for (int i = 0; i < reps; i++) pool_work();
-        t_alone = M2D_MIN(t_alone, (m2d_now() - t0) / reps);
+        best = M2D_MIN(best, (m2d_now() - t0) / reps);
     }
-    for (int mode = 0; mode < 2; mode++) { /* 0: oneDNN's OpenMP team; 1: the module on our pool */
-        m2d_gemm_pool pool = {THREADS, be_pfor, NULL};
-        m2d_gemm_ctx *g;
-        if (m2d_gemm_ctx_new(M2D_PREC_BF16, &pool, &g)) exit(1);
-        m2d_gemm_set_dnnl_min_weight(g, 0);
-        m2d_gemm_w wv = m2d_gemm_weight(M2D_BF16, w, n, k, k);
+    return best;
+}
+
+/* Time of a fixed piece of pool work right after a GEMM (32x768x2048 bf16) that ran through the
+ * module (our pthreads) or on oneDNN's own OpenMP team (2 threads), each against the same work
+ * alone just before (the module first: once started, the OpenMP team outlives its calls). */
+static void omp_interference(void) {
+    int m = 32, n = 768, k = 2048, reps = 200;
+    uint16_t *w = rand_bf16((size_t)n * k), *xb = m2d_malloc(sizeof(uint16_t) * (size_t)m * k);
+    float *x = rand_f32((size_t)m * k), *y = m2d_malloc(sizeof(float) * (size_t)m * n);
+    double alone[2], after[2] = {1e30, 1e30};
+    dnnl_engine_t eng;
+    dnnl_engine_create(&eng, dnnl_cpu, 0);
+    m2d_gemm_pool pool = {THREADS, be_pfor, NULL};
+    m2d_gemm_ctx *g;
+    if (m2d_gemm_ctx_new(M2D_PREC_BF16, &pool, &g)) exit(1);
+    m2d_gemm_w wv = m2d_gemm_weight(M2D_BF16, w, n, k, k);
+    dn_arg team = {0};
+    char impl[128];
+    for (int mode = 0; mode < 2; mode++) { /* 0: the module on our pool; 1: oneDNN's OpenMP team */
+        sleep(1);
+        alone[mode] = pool_work_alone(reps);
+        if (mode == 1) dn_team(eng, m, n, k, dnnl_bf16, dnnl_ba, xb, w, y, &team, impl, sizeof impl);
         for (int r = 0; r < 3; r++) {
             double tw = 0;
             for (int i = 0; i < reps; i++) {
-                if (mode == 0) { /* one oneDNN call over both cores: its OpenMP team */
+                if (mode == 0) {
+                    m2d_gemm(g, x, k, m, &wv, y, n, 0.0f);
+                } else {
                     m2d_from_f32(M2D_BF16, x, (int64_t)m * k, xb);
                     dn_run(&team);
-                } else {
-                    m2d_gemm(g, x, k, m, &wv, y, n, 0.0f);
                 }
                 double t0 = m2d_now();
                 pool_work();
                 tw += m2d_now() - t0;
             }
-            t_after[mode] = M2D_MIN(t_after[mode], tw / reps);
+            after[mode] = M2D_MIN(after[mode], tw / reps);
         }
-        m2d_gemm_ctx_free(g);
     }
     printf("\n### An OpenMP team next to our pthreads\n\n");
-    printf("pool work alone %.0f us; right after a oneDNN call on its OpenMP team (2 threads) %.0f us (%+.0f %%); "
-           "right after the module's call on our pthreads %.0f us (%+.0f %%)\n",
-           t_alone * 1e6, t_after[0] * 1e6, 100 * (t_after[0] / t_alone - 1), t_after[1] * 1e6,
-           100 * (t_after[1] / t_alone - 1));
+    printf("~100 us of pool work (2 pthreads) right after a 32x768x2048 bf16 GEMM: through the module (our pthreads) "
+           "%.0f us vs %.0f us alone (%+.0f %%); on oneDNN's own OpenMP team of 2: %.0f us vs %.0f us alone (%+.0f %%)\n",
+           after[0] * 1e6, alone[0] * 1e6, 100 * (after[0] / alone[0] - 1), after[1] * 1e6, alone[1] * 1e6,
+           100 * (after[1] / alone[1] - 1));
     dn_free(&team);
+    m2d_gemm_ctx_free(g);
     dnnl_engine_destroy(eng);
     free(w); free(x); free(y); free(xb);
 }
@@ -355,53 +380,60 @@ static void cpu_line(void) {
            m2d_gemm_isa_name(), m2d_gemm_bf16_native() ? "yes" : "no", THREADS);
 }
 
+static const bench_shape shapes[] = {
+    {"peak shape 2048^3", 2048, 2048, 2048, 1, 1},
+    {"one expert's share (gate/up)", 32, 768, 2048, 1, 1},
+    {"one expert's share (down)", 32, 2048, 768, 1, 1},
+    {"dense K=8 FFN gate/up", 512, 6144, 2048, 1, 1},
+    {"dense K=8 FFN down", 512, 2048, 6144, 1, 1},
+    {"30B q_proj", 512, 4096, 2048, 1, 1},
+    {"30B k/v_proj", 512, 512, 2048, 1, 1},
+    {"30B router", 512, 128, 2048, 1, 1},
+    {"30B decode-like m=1 (2048x2048)", 1, 2048, 2048, 1, 1},
+    {"LM head 151936", 512, 151936, 2048, 1, 1},
+    {"MoE layer gate+up: 256 x (32 rows)", 32, 768, 2048, 256, 256},
+    {"MoE layer down: 128 x (32 rows)", 32, 2048, 768, 128, 128},
+    {"calib gate+up: 256 x (256 rows)", 256, 768, 2048, 256, 256},
+    {"calib down: 128 x (256 rows)", 256, 2048, 768, 128, 128},
+    {"tiny q/o_proj", 512, 192, 192, 1, 1},
+    {"tiny k/v_proj", 512, 64, 192, 1, 1},
+    {"tiny router", 512, 64, 192, 1, 1},
+    {"tiny expert gate/up (64 rows)", 64, 72, 192, 1, 1},
+    {"tiny expert down (64 rows)", 64, 192, 72, 1, 1},
+    {"tiny MoE gate+up: 128 x (64 rows)", 64, 72, 192, 128, 128},
+    {"tiny student FFN gate/up (576)", 512, 576, 192, 1, 1},
+    {"tiny LM head 8192", 512, 8192, 192, 1, 1},
+    {"tiny calib gate+up: 128 x (512 rows)", 512, 72, 192, 128, 128},
+};
+
 int main(int argc, char **argv) {
     int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     cpu_line();
-    char impl[128] = "", impl32[128] = "";
-    double p32 = sgemm_peak(), p16 = m2d_gemm_bf16_native() ? dnnl_peak(2048, dnnl_bf16, impl, sizeof impl) : 0;
-    double d32 = dnnl_peak(2048, dnnl_f32, impl32, sizeof impl32);
-    printf("Yardsticks: OpenBLAS sgemm n=2048, %d threads (kernels for %s): %.1f GFLOP/s; oneDNN bf16 matmul 2048^3 "
-           "(%s, its OpenMP team of %d): %.1f GFLOP/s\n", THREADS, openblas_get_corename(), p32,
-           p16 > 0 ? impl : "no native bf16", THREADS, p16);
-    printf("For comparison, oneDNN's fp32 matmul 2048^3 (%s): %.1f GFLOP/s\n\n", impl32, d32);
-    if (p16 <= 0) p16 = p32;
+    yardsticks ys = {0};
+    measure_yardsticks(&ys);
     m2d_be_set_threads(THREADS);
     int saved = m2d_be_begin(); /* OpenBLAS single-threaded: our pool splits the GEMMs */
-    bench_shape shapes[] = {
-        {"peak shape 2048^3", 2048, 2048, 2048, 1, 1},
-        {"one expert's share (gate/up)", 32, 768, 2048, 1, 1},
-        {"one expert's share (down)", 32, 2048, 768, 1, 1},
-        {"dense K=8 FFN gate/up", 512, 6144, 2048, 1, 1},
-        {"dense K=8 FFN down", 512, 2048, 6144, 1, 1},
-        {"30B q_proj", 512, 4096, 2048, 1, 1},
-        {"30B k/v_proj", 512, 512, 2048, 1, 1},
-        {"30B router", 512, 128, 2048, 1, 1},
-        {"30B decode-like m=1 (2048x2048)", 1, 2048, 2048, 1, 1},
-        {"LM head 151936", 512, 151936, 2048, 1, 1},
-        {"MoE layer gate+up: 256 x (32 rows)", 32, 768, 2048, 256, 256},
-        {"MoE layer down: 128 x (32 rows)", 32, 2048, 768, 128, 128},
-        {"calib gate+up: 256 x (256 rows)", 256, 768, 2048, 256, 256},
-        {"calib down: 128 x (256 rows)", 256, 2048, 768, 128, 128},
-        {"tiny q/o_proj", 512, 192, 192, 1, 1},
-        {"tiny k/v_proj", 512, 64, 192, 1, 1},
-        {"tiny router", 512, 64, 192, 1, 1},
-        {"tiny expert gate/up (64 rows)", 64, 72, 192, 1, 1},
-        {"tiny expert down (64 rows)", 64, 192, 72, 1, 1},
-        {"tiny MoE gate+up: 128 x (64 rows)", 64, 72, 192, 128, 128},
-        {"tiny student FFN gate/up (576)", 512, 576, 192, 1, 1},
-        {"tiny LM head 8192", 512, 8192, 192, 1, 1},
-        {"tiny calib gate+up: 128 x (512 rows)", 512, 72, 192, 128, 128},
-    };
+    size_t n_shapes = M2D_ARRAY_LEN(shapes);
+    double(*gf)[N_VARIANTS] = m2d_calloc(n_shapes, sizeof *gf);
+    for (size_t i = 0; i < n_shapes; i++)
+        if (!quick || !((shapes[i].out > 100000 || shapes[i].n_w > 1) && shapes[i].in > 192))
+            shape_measure(&shapes[i], gf[i]);
+    m2d_be_end(saved);
+    measure_yardsticks(&ys);
+    saved = m2d_be_begin();
+    printf("Yardsticks (best of the start and the end of this run): OpenBLAS sgemm n=2048, %d threads (kernels for "
+           "%s): %.1f GFLOP/s; oneDNN bf16 matmul 2048^3 (%s, its OpenMP team of %d): %.1f GFLOP/s\n", THREADS,
+           openblas_get_corename(), ys.sgemm, ys.dnnl16 > 0 ? ys.impl16 : "no native bf16", THREADS, ys.dnnl16);
+    printf("For comparison, oneDNN's fp32 matmul 2048^3 (%s): %.1f GFLOP/s\n\n", ys.impl32, ys.dnnl32);
+    double p16 = ys.dnnl16 > 0 ? ys.dnnl16 : ys.sgemm;
     printf("| shape | m | out | in |");
     for (int v = 0; v < N_VARIANTS; v++) printf(" %s GFLOP/s (of peak) |", VNAME[v]);
     printf("\n|---|---:|---:|---:|");
     for (int v = 0; v < N_VARIANTS; v++) printf("---:|");
     printf("\n");
-    for (size_t i = 0; i < M2D_ARRAY_LEN(shapes); i++) {
-        if (quick && (shapes[i].out > 100000 || shapes[i].n_w > 1) && shapes[i].in > 192) continue;
-        shape_row(&shapes[i], p32, p16);
-    }
+    for (size_t i = 0; i < n_shapes; i++)
+        if (gf[i][V_FP32] > 0) shape_print(&shapes[i], gf[i], ys.sgemm, p16);
+    free(gf);
     printf("\nfp32 columns: fraction of the sgemm yardstick; bf16 columns: of the oneDNN bf16 yardstick.\n"
            "Groups: one grouped call over distinct weights (cold: the weights exceed the caches), x shared.\n");
     slicing_cost();

@@ -3,9 +3,10 @@
  * oneDNN in Debian (2.6.3) is built with the OpenMP runtime (libgomp): a primitive runs
  * `#pragma omp parallel num_threads(nthr)` with the nthr it was created with, from whichever thread
  * executes it. Created under omp_set_num_threads(1), nthr is 1 and oneDNN never starts a team, so
- * the only threads are the caller's pool (measured in bench_gemm: ~100 us of pool work right after a
- * oneDNN call on its own team of 2 took a third longer — the team's threads spin after the call —
- * and as long as alone after the same call through this module). */
+ * the only threads are the caller's pool. Why not one oneDNN call over all cores: the pool also
+ * runs GEMMs from inside its own items (MoE experts in parallel), where a team per worker would put
+ * 4 threads on 2 cores; one kind of thread leaves no idle OpenMP threads spinning next to ours; and
+ * on 2 pthreads the module's 2048³ matches oneDNN's own team (bench_gemm, BENCHMARKS.md). */
 #include "engine/gemm.h"
 
 #include <cblas.h>
