@@ -91,7 +91,9 @@ static void dn_run(void *p) {
 
 /* oneDNN's own matmul Y[m, n] = X[m, k] · B[k, n] (X and B of type T, Y fp32) on its OpenMP team of
  * THREADS, B in layout WTAG (format_tag_any: oneDNN's choice); operands at X/W/Y, or allocated and
- * filled when NULL. The implementation name goes to IMPL. r->p is NULL when oneDNN has none. */
+ * filled when NULL. The implementation name goes to IMPL. r->p is NULL when oneDNN has none.
+ * oneDNN also reads the calling thread's OpenMP thread count when it executes: the caller keeps it
+ * at THREADS while it runs the primitive (dn_free sets it back to 1). */
 static void dn_team(dnnl_engine_t eng, int m, int n, int k, dnnl_data_type_t t, dnnl_format_tag_t wtag, void *x,
                     void *w, float *y, dn_arg *r, char *impl, size_t cap) {
     omp_set_num_threads(THREADS);
@@ -125,10 +127,10 @@ static void dn_team(dnnl_engine_t eng, int m, int n, int k, dnnl_data_type_t t, 
             r->args[i] = (dnnl_exec_arg_t){tags[i], mem};
         }
     }
-    omp_set_num_threads(1);
 }
 
 static void dn_free(dn_arg *r) {
+    omp_set_num_threads(1);
     if (!r->p) return;
     for (int i = 0; i < 3; i++) dnnl_memory_destroy(r->args[i].memory);
     dnnl_primitive_destroy(r->p);

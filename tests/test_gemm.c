@@ -17,6 +17,7 @@
  *    path that silently kept fp32 operands has ratio ~1 and fails; garbage fails the bounds. */
 #include "testutil.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -463,6 +464,41 @@ static void auto_dispatch(void **state) {
     free_w(&tiny);
 }
 
+static int thread_count(void) {
+    int n = 0;
+    DIR *d = opendir("/proc/self/task");
+    for (struct dirent *e; d && (e = readdir(d));) n += e->d_name[0] != '.';
+    if (d) closedir(d);
+    return n;
+}
+
+/* Child mode: bf16 GEMMs (stored and prepared) on a pool of 2 in a fresh process; prints the
+ * process's thread count before and after (the pool's threads are joined; libgomp keeps a started
+ * team's threads alive, so a team shows up as extra threads). */
+static int team_child(void) {
+    uint64_t st = 12;
+    test_w w = make_w(&st, M2D_BF16, 1024, 512, 512);
+    float *x = m2d_malloc(sizeof(float) * 64 * 512), *y = m2d_malloc(sizeof(float) * 64 * 1024);
+    fill_normal(&st, x, 64 * 512, 1);
+    int before = thread_count();
+    m2d_gemm_pool pool = {2, be_pfor, NULL};
+    m2d_be_set_threads(2);
+    m2d_gemm_ctx *g;
+    if (m2d_gemm_ctx_new(M2D_PREC_BF16, &pool, &g)) return 2;
+    m2d_gemm_w wv = view(&w);
+    m2d_gemm_packed *pk;
+    int rc = m2d_gemm_prepare(g, &wv, &pk);
+    for (int i = 0; i < 4 && rc == 0; i++) rc = m2d_gemm(g, x, 512, 64, &wv, y, 1024, 0.0f);
+    wv.packed = pk;
+    if (rc == 0) rc = m2d_gemm(g, x, 512, 64, &wv, y, 1024, 0.0f);
+    printf("threads before %d after %d dnnl %ld rc %d\n", before, thread_count(), m2d_gemm_get_stats(g).dnnl, rc);
+    m2d_gemm_packed_free(pk);
+    m2d_gemm_ctx_free(g);
+    free(x); free(y);
+    free_w(&w);
+    return rc;
+}
+
 static char self_exe[4096];
 
 /* Child mode (DNNL_MAX_CPU_ISA set by the parent): print what auto resolves to, and check that
@@ -490,6 +526,21 @@ static int isa_child(void) {
     return rc == 0 && r.max_excess <= 1 ? 0 : 1;
 }
 
+/* oneDNN never starts its OpenMP team (see team_child) */
+static void no_openmp_team(void **state) {
+    (void)state;
+    char *cmd = m2d_strfmt("'%s' --team-child", self_exe), *out = NULL;
+    int rc = tu_run(cmd, &out, NULL), before = -1, after = -2;
+    long dnnl = -1;
+    print_message("%s", out ? out : "");
+    assert_int_equal(rc, 0);
+    assert_int_equal(sscanf(out, "threads before %d after %d dnnl %ld", &before, &after, &dnnl), 3);
+    assert_int_equal(after, before);
+    assert_int_equal(dnnl > 0, m2d_gemm_bf16_native()); /* oneDNN ran (else every slice is sgemm) */
+    free(out);
+    free(cmd);
+}
+
 static void auto_is_fp32_without_native_bf16(void **state) {
     (void)state;
     char *cmd = m2d_strfmt("DNNL_MAX_CPU_ISA=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 '%s' --isa-child", self_exe), *out = NULL;
@@ -505,6 +556,7 @@ static void auto_is_fp32_without_native_bf16(void **state) {
 int main(int argc, char **argv) {
     m2d_be_begin(); /* OpenBLAS single-threaded: the pool's threads are the only ones (see gemm.h) */
     if (argc > 1 && strcmp(argv[1], "--isa-child") == 0) return isa_child();
+    if (argc > 1 && strcmp(argv[1], "--team-child") == 0) return team_child();
     ssize_t n = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
     self_exe[n > 0 ? n : 0] = 0;
     const struct CMUnitTest tests[] = {
@@ -519,6 +571,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(tensor_rows_view),
         cmocka_unit_test(bad_arguments),
         cmocka_unit_test(auto_dispatch),
+        cmocka_unit_test(no_openmp_team),
         cmocka_unit_test(auto_is_fp32_without_native_bf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
