@@ -253,6 +253,27 @@ static void results_independent_of_threads_and_preparation(void **state) {
     free_w(&w);
 }
 
+/* oneDNN's result for a row does not depend on the other rows of its call, which lets the module
+ * split a GEMM with few column slices into row blocks (512 x 128 x 2048: 4 blocks) without changing
+ * a bit: the whole call equals one call per row (each too small to be split). */
+static void onednn_rows_independent(void **state) {
+    (void)state;
+    uint64_t st = 13;
+    int m = 512, out = 128, in = 2048;
+    test_w w = make_w(&st, M2D_BF16, out, in, in);
+    float *x = m2d_malloc(sizeof(float) * (size_t)m * in), *ya = m2d_malloc(sizeof(float) * (size_t)m * out);
+    float *yb = m2d_malloc(sizeof(float) * (size_t)m * out);
+    fill_normal(&st, x, (size_t)m * in, 1);
+    m2d_gemm_ctx *g = ctx_new(M2D_PREC_BF16, 2);
+    m2d_gemm_w wv = view(&w);
+    assert_int_equal(m2d_gemm(g, x, in, m, &wv, ya, out, 0.0f), 0);
+    for (int r = 0; r < m; r++) assert_int_equal(m2d_gemm(g, x + (size_t)r * in, in, 1, &wv, yb + (size_t)r * out, out, 0.0f), 0);
+    if (m2d_gemm_bf16_native()) assert_true(bits_equal(ya, yb, (size_t)m * out)); /* sgemm's rows do interact */
+    m2d_gemm_ctx_free(g);
+    free(x); free(ya); free(yb);
+    free_w(&w);
+}
+
 /* MoE-style groups (one weight per expert, its own rows) and calibration-style groups (every
  * weight on the same rows) give the bits of one call per group, on the pool or serially. */
 static void grouped_equals_single_calls(void **state) {
@@ -565,6 +586,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(bf16_matches_rounded_reference),
         cmocka_unit_test(lm_head_width),
         cmocka_unit_test(results_independent_of_threads_and_preparation),
+        cmocka_unit_test(onednn_rows_independent),
         cmocka_unit_test(grouped_equals_single_calls),
         cmocka_unit_test(primitive_cache_concurrent),
         cmocka_unit_test(prepared_weights),

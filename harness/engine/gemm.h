@@ -24,7 +24,9 @@
  * A view of some of W's rows (m2d_gemm_tensor_rows) that starts on a slice boundary gives the
  * whole matrix's bits for those rows when both views take oneDNN (the kernel is chosen per view,
  * by its size; oneDNN's result for a column does not depend on how many follow it in the slice).
- * Slicing costs sgemm <= 5 % against one call (bench_gemm).
+ * Slicing costs sgemm <= 5 % against one call (bench_gemm). oneDNN tiles are also split into row
+ * blocks when the slices alone give fewer than 4 work items (its result for a row does not depend
+ * on the other rows of the call; tested).
  *
  * Prepared weights: m2d_gemm_prepare copies W once into the layout the precision's kernel reads
  * fastest (bf16: oneDNN's blocked layout, same bytes as bf16; fp32: an fp32 copy) and reports the
