@@ -5,8 +5,10 @@
  * executes it. Created under omp_set_num_threads(1), nthr is 1 and oneDNN never starts a team, so
  * the only threads are the caller's pool. Why not one oneDNN call over all cores: the pool also
  * runs GEMMs from inside its own items (MoE experts in parallel), where a team per worker would put
- * 4 threads on 2 cores; one kind of thread leaves no idle OpenMP threads spinning next to ours; and
- * on 2 pthreads the module's 2048³ matches oneDNN's own team (bench_gemm, BENCHMARKS.md). */
+ * 4 threads on 2 cores; a team's threads spin after each call (measured in bench_gemm: ~100 us of
+ * pool work right after a oneDNN call on its own team of 2 took 2.6x as long, +6 % after the same
+ * call through this module); and on 2 pthreads the module reaches 86-92 % of oneDNN's own team at
+ * 2048³ and at issue 13's 512-row shapes (BENCHMARKS.md). */
 #include "engine/gemm.h"
 
 #include <cblas.h>
