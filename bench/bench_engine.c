@@ -5,7 +5,7 @@
  * Each case runs in a fresh process (this binary re-executed with "case ...") so that peak RSS
  * (getrusage) is the case's own. Timings on a shared 2-core machine are noisy: compare ratios
  * from one run. Usage: bench_engine [--quick] (quick: tiny shapes only)
- *        bench_engine write DIR real|tiny moe|dense        (a checkpoint to profile)
+ *        bench_engine write DIR real|tiny moe|dense [LAYERS] (a checkpoint to profile; real: 2 layers)
  *        bench_engine case DIR LABEL ppl|pp L REPS CACHE PEAK (one measurement) */
 #include <cblas.h>
 #include <stdio.h>
@@ -126,14 +126,14 @@ static void spawn(const char *self, const char *dir, const char *label, const ch
     if (!WIFEXITED(st) || WEXITSTATUS(st)) printf("| %-28s | %-4s | FAILED |\n", label, mode);
 }
 
-static int write_model(const char *dir, int real, int moe) {
+static int write_model(const char *dir, int real, int moe, int layers) {
     m2d_testmodel_opts o;
     m2d_testmodel_defaults(&o);
     o.moe = moe;
     o.init_std = 0.02f;
     o.dtype = M2D_BF16;
     if (real) { /* Qwen3-30B-A3B layer dimensions, 2 layers */
-        o.vocab_size = 151936; o.hidden_size = 2048; o.num_hidden_layers = 2;
+        o.vocab_size = 151936; o.hidden_size = 2048; o.num_hidden_layers = layers > 0 ? layers : 2;
         o.num_attention_heads = 32; o.num_key_value_heads = 4; o.head_dim = 128;
         o.num_experts = 128; o.num_experts_per_tok = 8; o.moe_intermediate_size = 768;
         o.intermediate_size = 8 * 768; o.rope_theta = 1e6; o.max_position_embeddings = 40960;
@@ -154,8 +154,9 @@ static int write_model(const char *dir, int real, int moe) {
 int main(int argc, char **argv) {
     if (argc == 9 && strcmp(argv[1], "case") == 0)
         return run_case(argv[2], argv[3], argv[4], atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), atof(argv[8]));
-    if (argc == 5 && strcmp(argv[1], "write") == 0) /* keep a checkpoint for profiling */
-        return write_model(argv[2], strcmp(argv[3], "real") == 0, strcmp(argv[4], "moe") == 0) ? 1 : 0;
+    if ((argc == 5 || argc == 6) && strcmp(argv[1], "write") == 0) /* keep a checkpoint for profiling */
+        return write_model(argv[2], strcmp(argv[3], "real") == 0, strcmp(argv[4], "moe") == 0,
+                           argc == 6 ? atoi(argv[5]) : 0) ? 1 : 0;
     int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     char self[4096];
     ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -180,7 +181,7 @@ int main(int argc, char **argv) {
         if (quick && models[i].real) continue;
         char *dir = m2d_path_join(root, models[i].sub);
         double t0 = m2d_now();
-        if (write_model(dir, models[i].real, models[i].moe)) rc = 1;
+        if (write_model(dir, models[i].real, models[i].moe, 0)) rc = 1;
         fprintf(stderr, "bench: wrote %s in %.1f s\n", dir, m2d_now() - t0);
         if (rc == 0) {
             int reps = models[i].real ? 4 : 10; /* best-of: robust to bursts of load from other processes */

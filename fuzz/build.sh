@@ -9,7 +9,7 @@ for f in fuzz/fuzz_*.c; do
   name=$(basename "$f" .c)
   clang -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined -Iharness -I. \
     -I/usr/include/openblas -D_DEFAULT_SOURCE -D_FILE_OFFSET_BITS=64 -pthread \
-    -o "build-fuzz/$name" "$f" $src -lopenblas -llapacke -lcjson -lcsv -lpcre2-8 -lutf8proc -lm
+    -o "build-fuzz/$name" "$f" $src -lopenblas -ldnnl -lgomp -llapacke -lcjson -lcsv -lpcre2-8 -lutf8proc -lm
   corpus="fuzz/corpus/${name#fuzz_}"
   mkdir -p "build-fuzz/corpus-$name"
   echo "fuzz: $name for ${secs}s"
