@@ -22,10 +22,7 @@
 
 #define THREADS 2
 
-static void be_pfor(void *pool, int n, void (*fn)(void *, int), void *ctx) {
-    (void)pool;
-    m2d_be_parallel_for(n, fn, ctx);
-}
+static m2d_pool *pool; /* THREADS workers, the module's and the interference measurement's */
 
 static uint64_t rng = 88172645463325252ull;
 static uint32_t next_u32(void) {
@@ -172,9 +169,8 @@ static void call_run(void *p) {
 }
 
 static m2d_gemm_ctx *ctx_for(variant v) {
-    m2d_gemm_pool pool = {THREADS, be_pfor, NULL};
     m2d_gemm_ctx *g;
-    if (m2d_gemm_ctx_new(v <= V_FP32_PREP ? M2D_PREC_FP32 : M2D_PREC_BF16, &pool, &g)) exit(1);
+    if (m2d_gemm_ctx_new(v <= V_FP32_PREP ? M2D_PREC_FP32 : M2D_PREC_BF16, pool, &g)) exit(1);
     m2d_gemm_set_dnnl_min_weight(g, v == V_BF16_SGEMM ? INT64_MAX : 0);
     return g;
 }
@@ -283,7 +279,7 @@ static void spin_item(void *ctx, int item) {
 }
 
 static double sink;
-static void pool_work(void) { m2d_be_parallel_for(THREADS, spin_item, &sink); }
+static void pool_work(void) { m2d_pool_for(pool, THREADS, spin_item, &sink); }
 
 static double pool_work_alone(int reps) {
     double best = 1e30;
@@ -305,9 +301,8 @@ static void omp_interference(void) {
     double alone[2], after[2] = {1e30, 1e30};
     dnnl_engine_t eng;
     dnnl_engine_create(&eng, dnnl_cpu, 0);
-    m2d_gemm_pool pool = {THREADS, be_pfor, NULL};
     m2d_gemm_ctx *g;
-    if (m2d_gemm_ctx_new(M2D_PREC_BF16, &pool, &g)) exit(1);
+    if (m2d_gemm_ctx_new(M2D_PREC_BF16, pool, &g)) exit(1);
     m2d_gemm_w wv = m2d_gemm_weight(M2D_BF16, w, n, k, k);
     dn_arg team = {0};
     char impl[128];
@@ -413,16 +408,16 @@ int main(int argc, char **argv) {
     cpu_line();
     yardsticks ys = {0};
     measure_yardsticks(&ys);
-    m2d_be_set_threads(THREADS);
-    int saved = m2d_be_begin(); /* OpenBLAS single-threaded: our pool splits the GEMMs */
+    pool = m2d_pool_new(THREADS);
+    m2d_backend_host_blas_threads(1); /* OpenBLAS single-threaded: our pool splits the GEMMs */
     size_t n_shapes = M2D_ARRAY_LEN(shapes);
     double(*gf)[N_VARIANTS] = m2d_calloc(n_shapes, sizeof *gf);
     for (size_t i = 0; i < n_shapes; i++)
         if (!quick || !((shapes[i].out > 100000 || shapes[i].n_w > 1) && shapes[i].in > 192))
             shape_measure(&shapes[i], gf[i]);
-    m2d_be_end(saved);
+    m2d_backend_host_blas_threads(THREADS);
     measure_yardsticks(&ys);
-    saved = m2d_be_begin();
+    m2d_backend_host_blas_threads(1);
     printf("Yardsticks (best of the start and the end of this run): OpenBLAS sgemm n=2048, %d threads (kernels for "
            "%s): %.1f GFLOP/s; oneDNN bf16 matmul 2048^3 (%s, its OpenMP team of %d): %.1f GFLOP/s\n", THREADS,
            openblas_get_corename(), ys.sgemm, ys.dnnl16 > 0 ? ys.impl16 : "no native bf16", THREADS, ys.dnnl16);
@@ -443,6 +438,6 @@ int main(int argc, char **argv) {
         crossover_table();
         omp_interference();
     }
-    m2d_be_end(saved);
+    m2d_pool_free(pool);
     return 0;
 }

@@ -70,16 +70,17 @@ static double rel_err(const float *y, const double *ref, size_t n) {
     return sqrt(num / den);
 }
 
-/* top-k of a row of logits (softmax is monotone) as a bit set over E <= 64*16 experts */
+/* top-k of a row of logits (softmax is monotone; ties -> lower index) as a bit set over E <= 64*16
+ * experts */
 static void topk_set(const float *z, int E, int k, uint64_t *set, int *top1) {
-    float *p = m2d_malloc(sizeof(float) * (size_t)E);
-    int32_t idx[64];
-    memcpy(p, z, sizeof(float) * (size_t)E);
-    m2d_be_topk(p, E, k, idx);
     memset(set, 0, sizeof(uint64_t) * 16);
-    for (int j = 0; j < k; j++) set[idx[j] / 64] |= 1ull << (idx[j] % 64);
-    *top1 = idx[0];
-    free(p);
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if (!(set[e / 64] >> (e % 64) & 1) && (best < 0 || z[e] > z[best])) best = e;
+        set[best / 64] |= 1ull << (best % 64);
+        if (j == 0) *top1 = best;
+    }
 }
 
 /* expert E_ on rows X [m, d]: down(silu(gate x) * up x) in the context's precision, or in double */
@@ -87,7 +88,7 @@ static void expert_gemm(m2d_gemm_ctx *g, const m2d_layer *Lw, int e, const float
     float *a = m2d_malloc(sizeof(float) * (size_t)m * de), *b = m2d_malloc(sizeof(float) * (size_t)m * de);
     m2d_gemm_w wg = wview(Lw->exp_gate[e]), wu = wview(Lw->exp_up[e]), wd = wview(Lw->exp_down[e]);
     if (m2d_gemm(g, x, d, m, &wg, a, de, 0.0f) || m2d_gemm(g, x, d, m, &wu, b, de, 0.0f)) exit(1);
-    m2d_be_swiglu(a, b, (int64_t)m * de, a);
+    for (size_t i = 0; i < (size_t)m * de; i++) a[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
     if (m2d_gemm(g, a, de, m, &wd, y, d, 0.0f)) exit(1);
     free(a); free(b);
 }
@@ -184,11 +185,6 @@ static void analyse_layer(m2d_gemm_ctx *g32, m2d_gemm_ctx *g16, const m2d_layer 
     free(z32); free(z16); free(zr); free(g32w); free(g16w); free(o32); free(o16); free(oref);
 }
 
-static void be_pfor(void *pool, int n, void (*fn)(void *, int), void *ctx) {
-    (void)pool;
-    m2d_be_parallel_for(n, fn, ctx);
-}
-
 /* the first WINDOWS x L tokens of the WikiText-2 test file, encoded with the model's tokenizer */
 static int32_t *load_tokens(const char *model_dir, int need, size_t *n_ids) {
     const char *data = getenv("M2D_DATA") ? getenv("M2D_DATA") : "data";
@@ -235,10 +231,10 @@ int main(void) {
     for (int w = 0; w < windows; w++)
         if (m2d_engine_logprobs(e, ids + (size_t)w * L, L, ids + (size_t)w * L, L - 1, &lp)) return 1;
     m2d_engine_free(e);
-    m2d_gemm_pool pool = {2, be_pfor, NULL};
+    m2d_pool *pool = m2d_pool_new(2);
     m2d_gemm_ctx *g32, *g16;
-    if (m2d_gemm_ctx_new(M2D_PREC_FP32, &pool, &g32) || m2d_gemm_ctx_new(M2D_PREC_BF16, &pool, &g16)) return 1;
-    int saved = m2d_be_begin();
+    if (m2d_gemm_ctx_new(M2D_PREC_FP32, pool, &g32) || m2d_gemm_ctx_new(M2D_PREC_BF16, pool, &g16)) return 1;
+    m2d_backend_host_blas_threads(1); /* the pool's threads are the only ones */
     printf("tiny-qwen3moe, %d WikiText-2 test windows of %d tokens; bf16 kernel: %s (ISA %s)\n\n", windows, L,
            m2d_gemm_bf16_native() ? "oneDNN" : "sgemm on bf16-rounded operands", m2d_gemm_isa_name());
     printf("| layer | tokens | router rel. err fp32 | router rel. err bf16 | top-%d set changed (bf16 vs fp32) | "
@@ -249,7 +245,6 @@ int main(void) {
         if (cap.L[l].x) analyse_layer(g32, g16, &m->layers[l], &cap.L[l], c->moe_intermediate_size, l);
     printf("\nrel. err: ‖y - y_ref‖₂ / ‖y_ref‖₂ against float64 on the same inputs and weights; MoE output with "
            "fp32 routing and gates, so it isolates the expert GEMMs.\n");
-    m2d_be_end(saved);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         free(cap.L[l].x);
         free(cap.L[l].topk);
@@ -257,6 +252,7 @@ int main(void) {
     free(cap.L); free(ids); free(dir);
     m2d_gemm_ctx_free(g32);
     m2d_gemm_ctx_free(g16);
+    m2d_pool_free(pool);
     m2d_model_close(m);
     return 0;
 }

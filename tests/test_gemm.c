@@ -32,17 +32,17 @@
 #define U32 (1.0 / 16777216.0)
 #define UBF (1.0 / 256.0)
 
-static void be_pfor(void *pool, int n, void (*fn)(void *, int), void *ctx) {
-    (void)pool;
-    m2d_be_parallel_for(n, fn, ctx);
+/* a pool of NT threads, made once per count and kept for the process (contexts borrow it) */
+static m2d_pool *pool_of(int nt) {
+    static m2d_pool *pools[8];
+    if (!pools[nt]) pools[nt] = m2d_pool_new(nt);
+    return pools[nt];
 }
 
-/* a context on the backend's pool with NT threads (0: no pool, serial) */
+/* a context on a pool of NT threads (0: no pool, serial) */
 static m2d_gemm_ctx *ctx_new(m2d_precision p, int nt) {
-    m2d_gemm_pool pool = {nt, be_pfor, NULL};
-    m2d_be_set_threads(nt > 0 ? nt : 1);
     m2d_gemm_ctx *g;
-    assert_int_equal(m2d_gemm_ctx_new(p, nt > 0 ? &pool : NULL, &g), 0);
+    assert_int_equal(m2d_gemm_ctx_new(p, nt > 0 ? pool_of(nt) : NULL, &g), 0);
     return g;
 }
 
@@ -502,10 +502,8 @@ static int team_child(void) {
     float *x = m2d_malloc(sizeof(float) * 64 * 512), *y = m2d_malloc(sizeof(float) * 64 * 1024);
     fill_normal(&st, x, 64 * 512, 1);
     int before = thread_count();
-    m2d_gemm_pool pool = {2, be_pfor, NULL};
-    m2d_be_set_threads(2);
     m2d_gemm_ctx *g;
-    if (m2d_gemm_ctx_new(M2D_PREC_BF16, &pool, &g)) return 2;
+    if (m2d_gemm_ctx_new(M2D_PREC_BF16, pool_of(2), &g)) return 2;
     m2d_gemm_w wv = view(&w);
     m2d_gemm_packed *pk;
     int rc = m2d_gemm_prepare(g, &wv, &pk);
@@ -575,7 +573,7 @@ static void auto_is_fp32_without_native_bf16(void **state) {
 }
 
 int main(int argc, char **argv) {
-    m2d_be_begin(); /* OpenBLAS single-threaded: the pool's threads are the only ones (see gemm.h) */
+    m2d_backend_host_blas_threads(1); /* OpenBLAS single-threaded: the pool's threads are the only ones (see gemm.h) */
     if (argc > 1 && strcmp(argv[1], "--isa-child") == 0) return isa_child();
     if (argc > 1 && strcmp(argv[1], "--team-child") == 0) return team_child();
     ssize_t n = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);

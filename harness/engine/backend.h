@@ -37,10 +37,19 @@ typedef struct m2d_backend m2d_backend;
 typedef struct m2d_buf m2d_buf;       /* backend memory (opaque) */
 typedef struct m2d_weight m2d_weight; /* a weight tensor as the backend holds it (opaque) */
 
+/* The arithmetic of GEMMs. FP32 is zero, so zeroed options mean the exact path. AUTO is what
+ * users ask for; a backend resolves it (auto_precision) to one it runs fastest. */
 typedef enum {
     M2D_PREC_FP32,          /* fp32 operands, fp32 accumulation */
+    M2D_PREC_BF16,          /* operands rounded to bf16 (nearest even), exact products, fp32 accumulation */
+    M2D_PREC_AUTO,          /* the backend's fastest: CPU bf16 where the CPU computes bf16 natively */
     M2D_PREC_COUNT
 } m2d_precision;
+
+/* "fp32", "bf16", "auto" */
+const char *m2d_precision_name(m2d_precision p);
+/* Parse a --precision value; error naming WHAT (e.g. "--precision") for anything else. */
+int m2d_precision_parse(const char *s, const char *what, m2d_precision *out);
 
 /* A rows x cols fp32 window of BUF: element (r, c) at off + r*ld + c. */
 typedef struct {

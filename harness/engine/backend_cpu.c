@@ -11,11 +11,10 @@
  * place when F32, else converted to fp32 on use into a reusable scratch buffer, or once and kept
  * (make_resident). Every kernel has an obviously-correct counterpart in tests/test_engine.c. */
 #include "engine/backend.h"
+#include "engine/pool.h"
 
 #include <cblas.h>
 #include <math.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -40,6 +39,7 @@ typedef struct {
     int depth, blas_saved;  /* enter/leave nesting and OpenBLAS's thread count outside */
     float *scratch;         /* weight rows converted for the op in progress */
     size_t scratch_cap;
+    m2d_pool *pool;         /* the threads of every op (threads == its size) */
 } cpu_be;
 
 static cpu_be *CPU(m2d_backend *be) { return (cpu_be *)be; }
@@ -47,56 +47,10 @@ static float *F(const m2d_mat *m) { return (float *)((const cpu_buf *)m->buf)->p
 static void *B(const m2d_buf *b) { return ((const cpu_buf *)b)->p; }
 static const cpu_weight *W(const m2d_weight *w) { return (const cpu_weight *)w; }
 
-/* ---- parallel for: a fresh set of pthreads per call (calls are per layer, so the
- * ~tens of microseconds of thread start-up are negligible next to the work) ---- */
-typedef struct {
-    void (*fn)(void *, int);
-    void *ctx;
-    int n;
-    atomic_int next;
-} pfor_job;
-
-static _Thread_local int worker_id;
-static _Thread_local int in_parallel; /* inside a parallel_for item: nested loops run serially */
-
-typedef struct {
-    pfor_job *job;
-    int id;
-} pfor_arg;
-
-static void run_items(pfor_job *j) {
-    for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) j->fn(j->ctx, i);
-}
-
-static void *pfor_thread(void *arg) {
-    pfor_arg *a = arg;
-    worker_id = a->id;
-    in_parallel = 1;
-    run_items(a->job);
-    return NULL;
-}
-
-/* fn(ctx, item) for item in [0, n_items) on up to c->threads threads (items handed out
- * dynamically); m2d-style nesting: called from inside an item it runs serially on that worker. */
+/* fn(ctx, item) for item in [0, n_items) on the backend's pool (engine/pool.h: nested calls run
+ * serially on the calling worker) */
 static void parallel_for(const cpu_be *c, int n_items, void (*fn)(void *ctx, int item), void *ctx) {
-    pfor_job j = {fn, ctx, n_items, 0};
-    int nt = M2D_MIN(M2D_MIN(c->threads, n_items), 64);
-    if (nt <= 1 || in_parallel) {
-        for (int i = 0; i < n_items; i++) fn(ctx, i);
-        return;
-    }
-    pthread_t tid[64];
-    pfor_arg args[64];
-    int started = 0;
-    for (int t = 1; t < nt; t++) {
-        args[started] = (pfor_arg){&j, started + 1};
-        if (pthread_create(&tid[started], NULL, pfor_thread, &args[started]) == 0) started++;
-    }
-    worker_id = 0;
-    in_parallel = 1;
-    run_items(&j); /* the calling thread works too; if no thread started it does everything */
-    in_parallel = 0;
-    for (int t = 0; t < started; t++) pthread_join(tid[t], NULL);
+    m2d_pool_for(c->pool, n_items, fn, ctx);
 }
 
 /* ---- dtype conversion ---- */
@@ -277,7 +231,7 @@ static void matmul_wt(const cpu_be *c, const float *x, int ldx, int n, int in, c
                       float *y, int ldy, float beta) {
     if (n <= 0 || out <= 0) return;
     int nt = c->threads;
-    if (nt <= 1 || in_parallel || 2.0 * n * out * in < 2e6) { /* small: thread start-up would dominate */
+    if (nt <= 1 || m2d_pool_nested() || 2.0 * n * out * in < 2e6) { /* small: thread start-up would dominate */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, ldx, w, ldw, beta, y, ldy);
         return;
     }
@@ -519,7 +473,7 @@ static void attg_item(void *ctx, int h) {
     const attg_job *jb = ctx;
     const attn_host *j = jb->a;
     int g = h / (j->n_heads / j->n_kv), hd = j->hd, nq = j->nq, np = j->np, nk = jb->nk;
-    float *S = jb->S + (size_t)worker_id * nq * nk;
+    float *S = jb->S + (size_t)m2d_pool_worker() * nq * nk;
     float scale = 1.0f / sqrtf((float)hd);
     const float *qh = j->q + (size_t)h * hd;
     if (np)
@@ -618,7 +572,7 @@ typedef struct {
 static void moe_item(void *ctx, int item) {
     const moe_job *j = ctx;
     const m2d_moe_args *a = j->a;
-    int w = worker_id, ex = j->active[item], d = a->x.cols, de = a->d_ff, k = a->k;
+    int w = m2d_pool_worker(), ex = j->active[item], d = a->x.cols, de = a->d_ff, k = a->k;
     int m0 = j->b->count[ex], mn = j->b->count[ex + 1] - m0;
     float *xs = j->xs[w], *g = j->g[w], *u = j->u[w];
     gather_rows(F(&a->x), a->x.ld, j->b->pair + m0, k, mn, d, xs);
@@ -757,7 +711,7 @@ void m2d_backend_host_blas_threads(int n_threads) { openblas_set_num_threads(n_t
 
 static int cpu_tune(m2d_backend *be, const char *knob, int value) {
     cpu_be *c = CPU(be);
-    if (strcmp(knob, "threads") == 0 && value > 0) c->threads = value;
+    if (strcmp(knob, "threads") == 0 && value > 0) m2d_pool_set_threads(c->pool, c->threads = value);
     else if (strcmp(knob, "expert_parallel") == 0 && (value == 0 || value == 1)) c->expert_parallel = value;
     else if (strcmp(knob, "attention_gemm_min_rows") == 0 && value > 0) c->attn_gemm_min_rows = value;
     else return m2d_err("backend cpu: knob '%s' = %d: unknown knob or bad value (threads >= 1, expert_parallel 0|1, "
@@ -768,6 +722,7 @@ static int cpu_tune(m2d_backend *be, const char *knob, int value) {
 static void cpu_destroy(m2d_backend *be) {
     cpu_be *c = CPU(be);
     free(c->scratch);
+    m2d_pool_free(c->pool);
     free(c);
 }
 
@@ -806,6 +761,7 @@ static int cpu_create(const m2d_backend_opts *o, m2d_backend **out) {
     cpu_be *c = m2d_calloc(1, sizeof *c);
     c->base.ops = &cpu_ops;
     c->threads = o->n_threads > 0 ? o->n_threads : m2d_default_threads();
+    c->pool = m2d_pool_new(c->threads);
     c->expert_parallel = 1;
     c->attn_gemm_min_rows = 64;
     *out = &c->base;

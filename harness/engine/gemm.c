@@ -32,20 +32,6 @@
 
 /* ------------------------------------------------------------------ precision and ISA */
 
-const char *m2d_precision_name(m2d_precision p) {
-    return p == M2D_PREC_FP32 ? "fp32" : p == M2D_PREC_BF16 ? "bf16" : "auto";
-}
-
-int m2d_precision_parse(const char *s, const char *what, m2d_precision *out) {
-    static const m2d_precision all[] = {M2D_PREC_AUTO, M2D_PREC_FP32, M2D_PREC_BF16};
-    for (size_t i = 0; s && i < M2D_ARRAY_LEN(all); i++)
-        if (strcmp(s, m2d_precision_name(all[i])) == 0) {
-            *out = all[i];
-            return 0;
-        }
-    return m2d_err("%s: '%s' is not a precision (auto, fp32, bf16)", what, s ? s : "(null)");
-}
-
 const char *m2d_gemm_isa_name(void) {
     switch (dnnl_get_effective_cpu_isa()) {
     case dnnl_cpu_isa_sse41: return "sse41";
@@ -280,7 +266,7 @@ typedef struct {
 
 struct m2d_gemm_ctx {
     m2d_precision prec; /* resolved: FP32 or BF16 */
-    m2d_gemm_pool pool;
+    m2d_pool *pool;
     int64_t dnnl_min_weight; /* out * in elements from which bf16 goes to oneDNN */
     prim_cache cache;
     scratch_pool scratch;
@@ -617,8 +603,7 @@ static gemm_job job_for(m2d_gemm_ctx *g, const m2d_gemm_group *call) {
 /* Plan, run the slices (through the pool when PARALLEL), release the scratch. */
 static int gemm_run(gemm_job *j, int parallel) {
     gemm_plan(j);
-    const m2d_gemm_pool *p = &j->g->pool;
-    if (parallel && p->parallel_for && j->n_items > 1) p->parallel_for(p->pool, j->n_items, gemm_item, j);
+    if (parallel) m2d_pool_for(j->g->pool, j->n_items, gemm_item, j);
     else
         for (int i = 0; i < j->n_items; i++) gemm_item(j, i);
     gemm_done(j);
@@ -656,7 +641,7 @@ int m2d_gemm_grouped(m2d_gemm_ctx *g, const m2d_gemm_group *groups, int n_groups
         snprintf(where, sizeof where, "group %d", i);
         if (check_call(g, q->x, q->ldx, q->m, q->w, q->y, q->ldy)) return m2d_err_prefix(where);
     }
-    int nt = g->pool.parallel_for ? g->pool.n_threads : 1;
+    int nt = m2d_pool_threads(g->pool);
     if (nt > 1 && n_groups < 2 * nt) { /* few groups: split each one instead */
         for (int i = 0; i < n_groups; i++)
             if (m2d_gemm(g, groups[i].x, groups[i].ldx, groups[i].m, groups[i].w, groups[i].y, groups[i].ldy,
@@ -665,9 +650,7 @@ int m2d_gemm_grouped(m2d_gemm_ctx *g, const m2d_gemm_group *groups, int n_groups
         return 0;
     }
     group_job gj = {g, groups, 0, ""};
-    if (nt > 1) g->pool.parallel_for(g->pool.pool, n_groups, group_item, &gj);
-    else
-        for (int i = 0; i < n_groups; i++) group_item(&gj, i);
+    m2d_pool_for(g->pool, n_groups, group_item, &gj);
     return atomic_load(&gj.failed) ? m2d_err("%s", gj.err) : 0;
 }
 
@@ -774,9 +757,7 @@ int m2d_gemm_prepare(m2d_gemm_ctx *g, const m2d_gemm_w *w, m2d_gemm_packed **out
     p->n_slices = n_slices(w->out);
     p->slice = m2d_calloc((size_t)p->n_slices, sizeof *p->slice);
     prep_job j = {g, w, p, 0};
-    if (g->pool.parallel_for) g->pool.parallel_for(g->pool.pool, p->n_slices, prep_item, &j);
-    else
-        for (int i = 0; i < p->n_slices; i++) prep_item(&j, i);
+    m2d_pool_for(g->pool, p->n_slices, prep_item, &j);
     if (atomic_load(&j.status)) {
         m2d_gemm_packed_free(p);
         return m2d_err("gemm: prepare [%d, %d] for oneDNN: status %d", w->out, w->in, atomic_load(&j.status));
@@ -790,13 +771,12 @@ size_t m2d_gemm_packed_bytes(const m2d_gemm_packed *p) { return p ? p->bytes : 0
 
 /* ------------------------------------------------------------------ context */
 
-int m2d_gemm_ctx_new(m2d_precision p, const m2d_gemm_pool *pool, m2d_gemm_ctx **out) {
+int m2d_gemm_ctx_new(m2d_precision p, m2d_pool *pool, m2d_gemm_ctx **out) {
     *out = NULL;
     if (dnnl_ready()) return -1;
     m2d_gemm_ctx *g = m2d_calloc(1, sizeof *g);
     g->prec = m2d_gemm_resolve(p);
-    if (pool) g->pool = *pool;
-    if (g->pool.n_threads < 1) g->pool.n_threads = 1;
+    g->pool = pool;
     g->dnnl_min_weight = M2D_GEMM_DNNL_MIN_WEIGHT;
     g->cache.cap = CACHE_CAP;
     pthread_mutex_init(&g->cache.mu, NULL);

@@ -45,13 +45,8 @@
 #include <stdint.h>
 
 #include "base/tensor.h"
-
-typedef enum { M2D_PREC_AUTO = 0, M2D_PREC_FP32 = 1, M2D_PREC_BF16 = 2 } m2d_precision;
-
-/* "auto", "fp32", "bf16" */
-const char *m2d_precision_name(m2d_precision p);
-/* Parse a --precision value; error (naming WHAT, e.g. "--precision") for anything else. */
-int m2d_precision_parse(const char *s, const char *what, m2d_precision *out);
+#include "engine/backend.h"
+#include "engine/pool.h"
 
 /* oneDNN's effective ISA on this CPU ("avx512_core_bf16", "avx2", ...; honours DNNL_MAX_CPU_ISA /
  * ONEDNN_MAX_CPU_ISA) and whether it computes bf16 natively. */
@@ -62,14 +57,6 @@ m2d_precision m2d_gemm_resolve(m2d_precision p);
 
 /* Output columns per work item (a multiple of 64, oneDNN's column block; see Threads above). */
 #define M2D_GEMM_SLICE 256
-
-/* The caller's thread pool: parallel_for(pool, n, fn, ctx) runs fn(ctx, i) for i in [0, n), items
- * concurrently, and serially when called from inside an item. NULL parallel_for: serial. */
-typedef struct {
-    int n_threads;
-    void (*parallel_for)(void *pool, int n_items, void (*fn)(void *ctx, int item), void *ctx);
-    void *pool;
-} m2d_gemm_pool;
 
 typedef struct m2d_gemm_ctx m2d_gemm_ctx;
 typedef struct m2d_gemm_packed m2d_gemm_packed;
@@ -89,8 +76,9 @@ m2d_gemm_w m2d_gemm_weight(m2d_dtype dtype, const void *data, int out, int in, i
 /* Rows [r0, r0+n) of a 2-D checkpoint tensor (an nn.Linear weight; the LM head in vocab chunks). */
 m2d_gemm_w m2d_gemm_tensor_rows(const m2d_tensor *t, int64_t r0, int n);
 
-/* Context: precision resolved once (auto -> fp32|bf16); POOL copied (NULL: serial). */
-int m2d_gemm_ctx_new(m2d_precision p, const m2d_gemm_pool *pool, m2d_gemm_ctx **out);
+/* Context: precision resolved once (auto -> fp32|bf16); work runs on POOL (NULL: serial), which
+ * must outlive the context. */
+int m2d_gemm_ctx_new(m2d_precision p, m2d_pool *pool, m2d_gemm_ctx **out);
 void m2d_gemm_ctx_free(m2d_gemm_ctx *g);
 m2d_precision m2d_gemm_precision(const m2d_gemm_ctx *g);
 
