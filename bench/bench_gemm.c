@@ -149,9 +149,13 @@ static double dnnl_peak(int n, dnnl_data_type_t t, char *impl, size_t cap) {
 
 /* ---------------------------------------------------------------- the module on one shape */
 
-typedef enum { V_FP32, V_FP32_PREP, V_BF16, V_BF16_PREP, V_BF16_SGEMM, N_VARIANTS } variant;
-static const char *VNAME[N_VARIANTS] = {"fp32 as stored", "fp32 prepared", "bf16 as stored", "bf16 prepared",
+typedef enum { V_FP32, V_FP32_PREP, V_FP32_DNNL, V_FP32_DNNL_PREP, V_BF16, V_BF16_PREP, V_BF16_SGEMM,
+               N_VARIANTS } variant;
+static const char *VNAME[N_VARIANTS] = {"fp32 sgemm as stored", "fp32 sgemm prepared", "fp32 oneDNN as stored",
+                                        "fp32 oneDNN prepared", "bf16 as stored", "bf16 prepared",
                                         "bf16 via sgemm"};
+static int is_fp32(variant v) { return v <= V_FP32_DNNL_PREP; }
+static int is_prepared(variant v) { return v == V_FP32_PREP || v == V_FP32_DNNL_PREP || v == V_BF16_PREP; }
 
 typedef struct {
     m2d_gemm_ctx *g;
@@ -170,8 +174,8 @@ static void call_run(void *p) {
 
 static m2d_gemm_ctx *ctx_for(variant v) {
     m2d_gemm_ctx *g;
-    if (m2d_gemm_ctx_new(v <= V_FP32_PREP ? M2D_PREC_FP32 : M2D_PREC_BF16, pool, &g)) exit(1);
-    m2d_gemm_set_dnnl_min_weight(g, v == V_BF16_SGEMM ? INT64_MAX : 0);
+    if (m2d_gemm_ctx_new(is_fp32(v) ? M2D_PREC_FP32 : M2D_PREC_BF16, pool, &g)) exit(1);
+    m2d_gemm_set_kernel(g, v == V_BF16_SGEMM || v == V_FP32 || v == V_FP32_PREP ? M2D_GEMM_SGEMM : M2D_GEMM_ONEDNN);
     return g;
 }
 
@@ -184,7 +188,7 @@ static double run_variant(variant v, uint16_t *const *w, int n_w, int groups, in
     m2d_gemm_packed **pk = m2d_calloc((size_t)n_w, sizeof *pk);
     for (int i = 0; i < n_w; i++) {
         wv[i] = m2d_gemm_weight(M2D_BF16, w[i], out, in, in);
-        if ((v == V_FP32_PREP || v == V_BF16_PREP) && m2d_gemm_prepare(g, &wv[i], &pk[i]) == 0) wv[i].packed = pk[i];
+        if (is_prepared(v) && m2d_gemm_prepare(g, &wv[i], &pk[i]) == 0) wv[i].packed = pk[i];
     }
     m2d_gemm_group *grp = m2d_malloc(sizeof *grp * (size_t)groups);
     for (int i = 0; i < groups; i++)
@@ -219,7 +223,7 @@ static void shape_measure(const bench_shape *s, double gf[N_VARIANTS]) {
 static void shape_print(const bench_shape *s, const double gf[N_VARIANTS], double peak32, double peak16) {
     printf("| %s | %d | %d | %d |", s->label, s->m, s->out, s->in);
     for (int v = 0; v < N_VARIANTS; v++)
-        if (gf[v] > 0) printf(" %.1f (%.0f %%) |", gf[v], 100 * gf[v] / (v <= V_FP32_PREP ? peak32 : peak16));
+        if (gf[v] > 0) printf(" %.1f (%.0f %%) |", gf[v], 100 * gf[v] / (is_fp32((variant)v) ? peak32 : peak16));
         else printf(" — |");
     printf("\n");
 }

@@ -175,25 +175,26 @@ static const shape SHAPES[] = {
     {64, 520, 2048, 2048, 520, 2048, M2D_BF16, 0.5f},
 };
 
-static void run_shapes(m2d_precision p, int64_t min_w, int nt) {
+static void run_shapes(m2d_precision p, m2d_gemm_kernel kern, int nt) {
     m2d_gemm_ctx *g = ctx_new(p, nt);
-    m2d_gemm_set_dnnl_min_weight(g, min_w);
+    m2d_gemm_set_kernel(g, kern);
     for (size_t i = 0; i < M2D_ARRAY_LEN(SHAPES); i++) check_shape(g, &SHAPES[i], 100 + i, SHAPES[i].in >= 256);
     m2d_gemm_ctx_free(g);
 }
 
 static void fp32_matches_double_reference(void **state) {
     (void)state;
-    run_shapes(M2D_PREC_FP32, 0, 2);
-    run_shapes(M2D_PREC_FP32, 0, 0);
+    run_shapes(M2D_PREC_FP32, M2D_GEMM_ONEDNN, 2);
+    run_shapes(M2D_PREC_FP32, M2D_GEMM_SGEMM, 2);
+    run_shapes(M2D_PREC_FP32, M2D_GEMM_ONEDNN, 0);
 }
 
-/* both bf16 kernels: oneDNN (min FLOPs 0) and sgemm on rounded operands (min FLOPs infinite) */
+/* both bf16 kernels: oneDNN and sgemm on rounded operands */
 static void bf16_matches_rounded_reference(void **state) {
     (void)state;
-    run_shapes(M2D_PREC_BF16, 0, 2);
-    run_shapes(M2D_PREC_BF16, INT64_MAX, 2);
-    run_shapes(M2D_PREC_BF16, 0, 0);
+    run_shapes(M2D_PREC_BF16, M2D_GEMM_ONEDNN, 2);
+    run_shapes(M2D_PREC_BF16, M2D_GEMM_SGEMM, 2);
+    run_shapes(M2D_PREC_BF16, M2D_GEMM_ONEDNN, 0);
 }
 
 /* an LM-head-sized output (151,936 columns) in both precisions, against the references */
@@ -202,7 +203,7 @@ static void lm_head_width(void **state) {
     shape s = {2, 151936, 64, 64, 151936, 64, M2D_BF16, 0};
     for (int p = M2D_PREC_FP32; p <= M2D_PREC_BF16; p++) {
         m2d_gemm_ctx *g = ctx_new((m2d_precision)p, 2);
-        m2d_gemm_set_dnnl_min_weight(g, 0);
+        m2d_gemm_set_kernel(g, M2D_GEMM_ONEDNN);
         check_shape(g, &s, 7, 0);
         m2d_gemm_ctx_free(g);
     }
@@ -211,9 +212,9 @@ static void lm_head_width(void **state) {
 static int bits_equal(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
 
 /* Y of one call on N_T threads (0: serial), optionally through a prepared copy of W */
-static float *run_once(m2d_precision p, int64_t min_w, int nt, const test_w *w, const float *x, int m, int prepared) {
+static float *run_once(m2d_precision p, m2d_gemm_kernel kern, int nt, const test_w *w, const float *x, int m, int prepared) {
     m2d_gemm_ctx *g = ctx_new(p, nt);
-    m2d_gemm_set_dnnl_min_weight(g, min_w);
+    m2d_gemm_set_kernel(g, kern);
     float *y = m2d_calloc((size_t)m * w->out, sizeof(float));
     m2d_gemm_w wv = view(w);
     m2d_gemm_packed *pk = NULL;
@@ -235,15 +236,17 @@ static void results_independent_of_threads_and_preparation(void **state) {
     test_w w = make_w(&st, M2D_BF16, out, in, in);
     float *x = m2d_malloc(sizeof(float) * (size_t)m * in);
     fill_normal(&st, x, (size_t)m * in, 1);
-    struct { m2d_precision p; int64_t mf; } kinds[] = {{M2D_PREC_FP32, 0}, {M2D_PREC_BF16, 0}, {M2D_PREC_BF16, INT64_MAX}};
+    struct { m2d_precision p; m2d_gemm_kernel mf; } kinds[] = {
+        {M2D_PREC_FP32, M2D_GEMM_ONEDNN}, {M2D_PREC_FP32, M2D_GEMM_SGEMM}, {M2D_PREC_BF16, M2D_GEMM_ONEDNN},
+        {M2D_PREC_BF16, M2D_GEMM_SGEMM}};
     for (size_t k = 0; k < M2D_ARRAY_LEN(kinds); k++) {
         float *base = run_once(kinds[k].p, kinds[k].mf, 0, &w, x, m, 0);
         for (int nt = 1; nt <= 3; nt++)
             for (int prep = 0; prep <= 1; prep++) {
                 float *y = run_once(kinds[k].p, kinds[k].mf, nt, &w, x, m, prep);
                 if (!bits_equal(base, y, (size_t)m * out))
-                    print_message("%s (min weight %lld): %d threads, prepared %d differ\n", m2d_precision_name(kinds[k].p),
-                                  (long long)kinds[k].mf, nt, prep);
+                    print_message("%s (kernel %d): %d threads, prepared %d differ\n", m2d_precision_name(kinds[k].p),
+                                  (int)kinds[k].mf, nt, prep);
                 assert_true(bits_equal(base, y, (size_t)m * out));
                 free(y);
             }
@@ -264,12 +267,17 @@ static void onednn_rows_independent(void **state) {
     float *x = m2d_malloc(sizeof(float) * (size_t)m * in), *ya = m2d_malloc(sizeof(float) * (size_t)m * out);
     float *yb = m2d_malloc(sizeof(float) * (size_t)m * out);
     fill_normal(&st, x, (size_t)m * in, 1);
-    m2d_gemm_ctx *g = ctx_new(M2D_PREC_BF16, 2);
-    m2d_gemm_w wv = view(&w);
-    assert_int_equal(m2d_gemm(g, x, in, m, &wv, ya, out, 0.0f), 0);
-    for (int r = 0; r < m; r++) assert_int_equal(m2d_gemm(g, x + (size_t)r * in, in, 1, &wv, yb + (size_t)r * out, out, 0.0f), 0);
-    if (m2d_gemm_bf16_native()) assert_true(bits_equal(ya, yb, (size_t)m * out)); /* sgemm's rows do interact */
-    m2d_gemm_ctx_free(g);
+    for (int p = M2D_PREC_FP32; p <= M2D_PREC_BF16; p++) {
+        m2d_gemm_ctx *g = ctx_new((m2d_precision)p, 2);
+        m2d_gemm_set_kernel(g, M2D_GEMM_ONEDNN);
+        m2d_gemm_w wv = view(&w);
+        assert_int_equal(m2d_gemm(g, x, in, m, &wv, ya, out, 0.0f), 0);
+        for (int r = 0; r < m; r++)
+            assert_int_equal(m2d_gemm(g, x + (size_t)r * in, in, 1, &wv, yb + (size_t)r * out, out, 0.0f), 0);
+        int native = p == M2D_PREC_FP32 ? m2d_gemm_fp32_onednn_native() : m2d_gemm_bf16_native();
+        if (native) assert_true(bits_equal(ya, yb, (size_t)m * out)); /* sgemm's rows do interact */
+        m2d_gemm_ctx_free(g);
+    }
     free(x); free(ya); free(yb);
     free_w(&w);
 }
@@ -290,12 +298,13 @@ static void grouped_equals_single_calls(void **state) {
     float *x = m2d_malloc(sizeof(float) * (64 * D + 1)); /* +1: some groups start one element in */
     fill_normal(&st, x, 64 * D + 1, 1);
     float *ya = m2d_calloc((size_t)E * 64 * F, sizeof(float)), *yb = m2d_calloc((size_t)E * 64 * F, sizeof(float));
-    struct { m2d_precision p; int64_t mf; int nt; } kinds[] = {
-        {M2D_PREC_FP32, 0, 2}, {M2D_PREC_BF16, 0, 2}, {M2D_PREC_BF16, INT64_MAX, 2}, {M2D_PREC_BF16, 0, 0}};
+    struct { m2d_precision p; m2d_gemm_kernel mf; int nt; } kinds[] = {
+        {M2D_PREC_FP32, M2D_GEMM_ONEDNN, 2}, {M2D_PREC_FP32, M2D_GEMM_SGEMM, 2}, {M2D_PREC_BF16, M2D_GEMM_ONEDNN, 2},
+        {M2D_PREC_BF16, M2D_GEMM_SGEMM, 2}, {M2D_PREC_BF16, M2D_GEMM_ONEDNN, 0}};
     for (size_t k = 0; k < M2D_ARRAY_LEN(kinds); k++)
         for (int same_rows = 0; same_rows <= 1; same_rows++) {
             m2d_gemm_ctx *g = ctx_new(kinds[k].p, kinds[k].nt);
-            m2d_gemm_set_dnnl_min_weight(g, kinds[k].mf);
+            m2d_gemm_set_kernel(g, kinds[k].mf);
             m2d_gemm_group grp[E];
             for (int e = 0; e < E; e++) {
                 int m = same_rows ? 64 : rows[e];
@@ -343,7 +352,7 @@ static void primitive_cache_concurrent(void **state) {
     fill_normal(&st, x, (size_t)cc_rows(CC_SHAPES) * CC_D, 1);
     for (int pool = 0; pool <= 1; pool++) {
         m2d_gemm_ctx *g = ctx_new(M2D_PREC_BF16, pool ? 2 : 0);
-        m2d_gemm_set_dnnl_min_weight(g, 0);
+        m2d_gemm_set_kernel(g, M2D_GEMM_ONEDNN);
         for (int s = 0; s < CC_SHAPES; s++) {
             expect[s] = m2d_malloc(sizeof(float) * (size_t)cc_rows(s) * CC_F);
             assert_int_equal(m2d_gemm(g, x, CC_D, cc_rows(s), &wv, expect[s], CC_F, 0.0f), 0);
@@ -379,8 +388,10 @@ static void prepared_weights(void **state) {
     m2d_gemm_packed *p32, *p16;
     assert_int_equal(m2d_gemm_prepare(g32, &wv, &p32), 0);
     assert_int_equal(m2d_gemm_prepare(g16, &wv, &p16), 0);
-    assert_int_equal(m2d_gemm_packed_bytes(p32), 300 * 100 * 4);
+    assert_true(m2d_gemm_packed_bytes(p32) >= 300 * 100 * 4);
     assert_true(m2d_gemm_packed_bytes(p16) >= 300 * 100 * 2);
+    assert_int_equal(m2d_gemm_prepare_bytes(g32, &wv), m2d_gemm_packed_bytes(p32)); /* the cost, known before */
+    assert_int_equal(m2d_gemm_prepare_bytes(g16, &wv), m2d_gemm_packed_bytes(p16));
     float x[4 * 100], y[4 * 300], yp[4 * 300];
     fill_normal(&st, x, 4 * 100, 1);
     assert_int_equal(m2d_gemm(g16, x, 100, 4, &wv, y, 300, 0.0f), 0);
@@ -410,16 +421,34 @@ static void tensor_rows_view(void **state) {
     uint64_t st = 11;
     test_w w = make_w(&st, M2D_BF16, 600, 40, 40);
     m2d_tensor t = {"lm_head.weight", M2D_BF16, 2, {600, 40}, w.data, 600 * 40 * 2};
-    m2d_gemm_ctx *g = ctx_new(M2D_PREC_BF16, 2);
-    float x[3 * 40], yall[3 * 600], ych[3 * 200];
+    float x[3 * 40], yall[3 * 600], ych[3 * 344];
     fill_normal(&st, x, 3 * 40, 1);
-    m2d_gemm_w all = m2d_gemm_tensor_rows(&t, 0, 600), chunk = m2d_gemm_tensor_rows(&t, 256, 200);
-    assert_int_equal(all.out, 600);
-    assert_int_equal(all.ld, 40);
-    assert_int_equal(m2d_gemm(g, x, 40, 3, &all, yall, 600, 0.0f), 0);
-    assert_int_equal(m2d_gemm(g, x, 40, 3, &chunk, ych, 200, 0.0f), 0);
-    for (int i = 0; i < 3; i++) assert_memory_equal(ych + i * 200, yall + i * 600 + 256, 200 * sizeof(float));
-    m2d_gemm_ctx_free(g);
+    for (int p = M2D_PREC_FP32; p <= M2D_PREC_BF16; p++) {
+        m2d_gemm_ctx *g = ctx_new((m2d_precision)p, 2);
+        m2d_gemm_w all = m2d_gemm_tensor_rows(&t, 0, 600), chunk = m2d_gemm_tensor_rows(&t, 256, 200);
+        assert_int_equal(all.out, 600);
+        assert_int_equal(all.ld, 40);
+        assert_int_equal(m2d_gemm(g, x, 40, 3, &all, yall, 600, 0.0f), 0);
+        assert_int_equal(m2d_gemm(g, x, 40, 3, &chunk, ych, 200, 0.0f), 0);
+        for (int i = 0; i < 3; i++) assert_memory_equal(ych + i * 200, yall + i * 600 + 256, 200 * sizeof(float));
+        /* rows of a prepared copy: [256, 512) and [256, 600) (to the end) are views; a view that
+         * starts off a slice boundary, or ends inside a slice short of the end, is an error */
+        m2d_gemm_packed *pk;
+        assert_int_equal(m2d_gemm_prepare(g, &all, &pk), 0);
+        int n_ok[2] = {256, 344};
+        for (int v = 0; v < 2; v++) {
+            m2d_gemm_w pv = m2d_gemm_packed_rows(pk, 256, n_ok[v]);
+            assert_int_equal(m2d_gemm(g, x, 40, 3, &pv, ych, n_ok[v], 0.0f), 0);
+            for (int i = 0; i < 3; i++)
+                assert_memory_equal(ych + i * n_ok[v], yall + i * 600 + 256, (size_t)n_ok[v] * sizeof(float));
+        }
+        m2d_gemm_w bad1 = m2d_gemm_packed_rows(pk, 100, 256), bad2 = m2d_gemm_packed_rows(pk, 0, 300);
+        assert_int_equal(m2d_gemm(g, x, 40, 3, &bad1, ych, 256, 0.0f), -1);
+        assert_non_null(strstr(m2d_errmsg(), "prepared weight"));
+        assert_int_equal(m2d_gemm(g, x, 40, 3, &bad2, ych, 300, 0.0f), -1);
+        m2d_gemm_packed_free(pk);
+        m2d_gemm_ctx_free(g);
+    }
     free_w(&w);
 }
 
@@ -528,7 +557,7 @@ static int isa_child(void) {
     printf("isa=%s native=%d auto=%s\n", m2d_gemm_isa_name(), native, m2d_precision_name(m2d_gemm_resolve(M2D_PREC_AUTO)));
     m2d_gemm_ctx *g;
     if (m2d_gemm_ctx_new(M2D_PREC_BF16, NULL, &g)) return 2;
-    m2d_gemm_set_dnnl_min_weight(g, 0);
+    m2d_gemm_set_kernel(g, M2D_GEMM_ONEDNN);
     uint64_t st = 10;
     test_w w = make_w(&st, M2D_BF16, 130, 300, 300);
     float x[3 * 300], y[3 * 130];

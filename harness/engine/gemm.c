@@ -22,12 +22,6 @@
 
 #include "base/util.h"
 
-/* Measured (bench_gemm's crossover table, BENCHMARKS.md): oneDNN's per-call cost (primitive lookup,
- * memory objects, packing) loses to sgemm on bf16-rounded operands only for weights of at most
- * ~64 x 64; from 64 x 64 up oneDNN wins at every batch size m >= 16 and ties below. The rule
- * depends on the weight alone (not on m), so a weight always takes the same kernel and a prepared
- * copy is in that kernel's layout: results never depend on the batch or on preparation. */
-#define M2D_GEMM_DNNL_MIN_WEIGHT 4096
 #define CACHE_CAP 512 /* primitives kept (LRU); ~90 KB each for brgemm */
 
 /* ------------------------------------------------------------------ precision and ISA */
@@ -55,14 +49,20 @@ int m2d_gemm_bf16_native(void) {
     return (isa & bf) == bf;
 }
 
+int m2d_gemm_fp32_onednn_native(void) {
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa(), core = (unsigned)dnnl_cpu_isa_avx512_core;
+    return (isa & core) == core;
+}
+
 m2d_precision m2d_gemm_resolve(m2d_precision p) {
     if (p != M2D_PREC_AUTO) return p;
     return m2d_gemm_bf16_native() ? M2D_PREC_BF16 : M2D_PREC_FP32;
 }
 
 m2d_gemm_w m2d_gemm_weight(m2d_dtype dtype, const void *data, int out, int in, int64_t ld) {
-    return (m2d_gemm_w){dtype, data, out, in, ld, NULL};
+    return (m2d_gemm_w){dtype, data, out, in, ld, NULL, 0};
 }
+
 
 m2d_gemm_w m2d_gemm_tensor_rows(const m2d_tensor *t, int64_t r0, int n) {
     int64_t in = t->shape[1];
@@ -242,7 +242,8 @@ static void weight_rows_bf16(const m2d_gemm_w *w, int r0, int nr, float *tmp, ui
 /* ------------------------------------------------------------------ primitive cache */
 
 typedef struct {
-    int m, n, k, blocked; /* X [m, k] bf16 · (Wᵀ [k, n] bf16, plain or blocked) -> dense fp32 [m, n] */
+    int m, n, k, blocked, f32; /* X [m, k] · (Wᵀ [k, n], plain or blocked) -> dense fp32 [m, n]; operands
+                                * bf16, or fp32 when f32 */
 } prim_key;
 
 typedef struct prim_entry {
@@ -267,7 +268,7 @@ typedef struct {
 struct m2d_gemm_ctx {
     m2d_precision prec; /* resolved: FP32 or BF16 */
     m2d_pool *pool;
-    int64_t dnnl_min_weight; /* out * in elements from which bf16 goes to oneDNN */
+    m2d_gemm_kernel kernel;  /* AUTO: by weight size and ISA (see wants_dnnl) */
     prim_cache cache;
     scratch_pool scratch;
     atomic_long n_sgemm, n_dnnl, n_created, n_hits;
@@ -275,13 +276,13 @@ struct m2d_gemm_ctx {
 
 static size_t key_hash(const prim_key *k) {
     uint64_t h = 1469598103934665603ull;
-    int f[4] = {k->m, k->n, k->k, k->blocked};
-    for (int i = 0; i < 4; i++) h = (h ^ (uint64_t)(uint32_t)f[i]) * 1099511628211ull;
+    int f[5] = {k->m, k->n, k->k, k->blocked, k->f32};
+    for (int i = 0; i < 5; i++) h = (h ^ (uint64_t)(uint32_t)f[i]) * 1099511628211ull;
     return (size_t)(h % N_BUCKETS);
 }
 
 static int key_eq(const prim_key *a, const prim_key *b) {
-    return a->m == b->m && a->n == b->n && a->k == b->k && a->blocked == b->blocked;
+    return a->m == b->m && a->n == b->n && a->k == b->k && a->blocked == b->blocked && a->f32 == b->f32;
 }
 
 static void entry_destroy(prim_entry *e) {
@@ -289,15 +290,16 @@ static void entry_destroy(prim_entry *e) {
     free(e);
 }
 
-/* Matmul Y[m, n] = X[m, k] · B[k, n], all dense: X bf16, B = Wᵀ bf16 (plain: W's rows, or the
- * given blocked layout), Y fp32. Single-threaded (see the top of the file); the scratchpad is
- * supplied per execution so concurrent executions share nothing. */
+/* Matmul Y[m, n] = X[m, k] · B[k, n], all dense: X and B = Wᵀ bf16 (or both fp32; B plain: W's
+ * rows, or the given blocked layout), Y fp32. Single-threaded (see the top of the file); the
+ * scratchpad is supplied per execution so concurrent executions share nothing. */
 static dnnl_status_t create_prim(const prim_key *k, const dnnl_memory_desc_t *blocked, prim_entry *e) {
     dnnl_dims_t sd = {k->m, k->k}, wd = {k->k, k->n}, dd = {k->m, k->n};
-    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&e->src_md, 2, sd, dnnl_bf16, dnnl_ab);
+    dnnl_data_type_t t = k->f32 ? dnnl_f32 : dnnl_bf16;
+    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&e->src_md, 2, sd, t, dnnl_ab);
     if (s == dnnl_success) {
         if (blocked) e->wei_md = *blocked;
-        else s = dnnl_memory_desc_init_by_tag(&e->wei_md, 2, wd, dnnl_bf16, dnnl_ba);
+        else s = dnnl_memory_desc_init_by_tag(&e->wei_md, 2, wd, t, dnnl_ba);
     }
     if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&e->dst_md, 2, dd, dnnl_f32, dnnl_ab);
     dnnl_matmul_desc_t md;
@@ -351,8 +353,8 @@ static prim_entry *prim_acquire(m2d_gemm_ctx *g, const prim_key *k, const dnnl_m
         if (s != dnnl_success) {
             pthread_mutex_unlock(&c->mu);
             free(e);
-            m2d_err("gemm: oneDNN bf16 matmul %dx%dx%d%s could not be created (status %d)", k->m, k->n, k->k,
-                    k->blocked ? " (prepared weights)" : "", (int)s);
+            m2d_err("gemm: oneDNN %s matmul %dx%dx%d%s could not be created (status %d)", k->f32 ? "fp32" : "bf16",
+                    k->m, k->n, k->k, k->blocked ? " (prepared weights)" : "", (int)s);
             return NULL;
         }
         atomic_fetch_add(&g->n_created, 1);
@@ -405,7 +407,8 @@ typedef struct {
     m2d_gemm_ctx *g;
     m2d_gemm_group c;    /* the call: X, W, Y, beta */
     int use_dnnl;
-    const uint16_t *xb;  /* oneDNN: X as dense bf16 [m, in] */
+    const void *xd;      /* oneDNN: X as dense [m, in], bf16 (or fp32 in fp32 precision) */
+    void *x_copy;        /* xd when it is a scratch copy */
     const float *xr;     /* sgemm: X (bf16-rounded in bf16 precision) and its row stride */
     int ldxr;
     int n_items;         /* tiles: row blocks x column slices */
@@ -450,14 +453,21 @@ static int dnnl_slice(gemm_job *j, int item) {
     const m2d_gemm_w *w = j->c.w;
     int slice = item % n_slices(w->out), r0 = item / n_slices(w->out) * j->rows;
     int n0 = slice * M2D_GEMM_SLICE, n = M2D_MIN(M2D_GEMM_SLICE, w->out - n0), m = M2D_MIN(j->rows, j->c.m - r0);
-    const packed_slice *ps = w->packed ? &w->packed->slice[slice] : NULL;
+    const packed_slice *ps = w->packed ? &w->packed->slice[w->p0 / M2D_GEMM_SLICE + slice] : NULL;
     scratch_pool *sp = &j->g->scratch;
+    int f32 = j->g->prec == M2D_PREC_FP32;
     const void *wp;
-    uint16_t *conv = NULL;
+    void *conv = NULL;
     if (ps) {
         wp = ps->data;
-    } else if (w->dtype == M2D_BF16 && w->ld == w->in) {
+    } else if (!f32 && w->dtype == M2D_BF16 && w->ld == w->in) {
         wp = (const uint16_t *)w->data + (int64_t)n0 * w->ld;
+    } else if (f32 && w->dtype == M2D_F32 && w->ld == w->in && ((uintptr_t)w->data & 3) == 0) {
+        wp = (const float *)w->data + (int64_t)n0 * w->ld;
+    } else if (f32) {
+        conv = scratch_get(sp, sizeof(float) * (size_t)n * w->in);
+        weight_rows_f32(w, n0, n, 0, conv);
+        wp = conv;
     } else {
         conv = scratch_get(sp, sizeof(uint16_t) * (size_t)n * w->in);
         float *tmp = scratch_get(sp, sizeof(float) * (size_t)w->in);
@@ -466,9 +476,10 @@ static int dnnl_slice(gemm_job *j, int item) {
         wp = conv;
     }
     float *acc = scratch_get(sp, sizeof(float) * (size_t)m * n);
-    prim_key k = {m, n, w->in, ps != NULL};
+    prim_key k = {m, n, w->in, ps != NULL, f32};
     prim_entry *e = prim_acquire(j->g, &k, ps ? &ps->md : NULL);
-    int rc = e ? dnnl_exec(j->g, e, j->xb + (size_t)r0 * w->in, wp, acc) : -1;
+    const char *xr = (const char *)j->xd + (size_t)r0 * w->in * (f32 ? sizeof(float) : sizeof(uint16_t));
+    int rc = e ? dnnl_exec(j->g, e, xr, wp, acc) : -1;
     if (e) prim_release(j->g, e);
     for (int i = 0; rc == 0 && i < m; i++) {
         float *yr = j->c.y + (size_t)(r0 + i) * j->c.ldy + n0;
@@ -492,7 +503,7 @@ static void sgemm_slice(gemm_job *j, int slice) {
     const float *wf;
     int ldw = K;
     if (w->packed) {
-        wf = w->packed->f32 + (size_t)n0 * K;
+        wf = w->packed->f32 + (size_t)(w->p0 + n0) * K;
     } else if (w->dtype == M2D_F32 && j->g->prec == M2D_PREC_FP32 && ((uintptr_t)w->data & 3) == 0) {
         wf = (const float *)w->data + (size_t)n0 * w->ld;
         ldw = (int)w->ld;
@@ -522,9 +533,13 @@ static void gemm_item(void *ctx, int item) {
 static int check_weight(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
     if (!w || w->out <= 0 || w->in <= 0) return m2d_err("gemm: weight shape [%d, %d]", w ? w->out : 0, w ? w->in : 0);
     if (w->packed) {
-        if (w->packed->prec != g->prec || w->packed->out != w->out || w->packed->in != w->in)
-            return m2d_err("gemm: prepared weight [%d, %d] %s used as [%d, %d] in a %s context", w->packed->out,
-                           w->packed->in, m2d_precision_name(w->packed->prec), w->out, w->in,
+        const m2d_gemm_packed *p = w->packed;
+        int rows_ok = w->p0 == 0 ? w->out == p->out
+                                 : w->p0 % M2D_GEMM_SLICE == 0 && w->p0 + w->out <= p->out &&
+                                       (w->out % M2D_GEMM_SLICE == 0 || w->p0 + w->out == p->out);
+        if (p->prec != g->prec || !rows_ok || p->in != w->in || w->p0 < 0)
+            return m2d_err("gemm: prepared weight [%d, %d] %s used as rows %d..%d of [%d, %d] in a %s context", p->out,
+                           p->in, m2d_precision_name(p->prec), w->p0, w->p0 + w->out, p->out, w->in,
                            m2d_precision_name(g->prec));
         return 0;
     }
@@ -546,7 +561,9 @@ static int check_call(const m2d_gemm_ctx *g, const float *x, int ldx, int m, con
  * amortise oneDNN's per-call cost; a prepared weight is in the layout of the kernel chosen then) */
 static int wants_dnnl(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
     if (w->packed) return w->packed->slice != NULL;
-    return g->prec == M2D_PREC_BF16 && m2d_gemm_bf16_native() && (int64_t)w->out * w->in >= g->dnnl_min_weight;
+    if (g->kernel == M2D_GEMM_SGEMM) return 0;
+    if (!(g->prec == M2D_PREC_FP32 ? m2d_gemm_fp32_onednn_native() : m2d_gemm_bf16_native())) return 0;
+    return g->kernel == M2D_GEMM_ONEDNN || (int64_t)w->out * w->in >= M2D_GEMM_DNNL_MIN_WEIGHT;
 }
 
 /* Rows per oneDNN tile: all of X, unless the column slices alone give fewer than 4 work items for
@@ -572,9 +589,18 @@ static void gemm_plan(gemm_job *j) {
     if (j->use_dnnl) {
         j->rows = tile_rows(j->c.m, j->c.w->out, K);
         j->n_items *= (j->c.m + j->rows - 1) / j->rows;
-        uint16_t *xb = scratch_get(&g->scratch, sizeof(uint16_t) * (size_t)j->c.m * K);
-        to_bf16(j->c.x, j->c.ldx, j->c.m, K, xb);
-        j->xb = xb;
+        if (g->prec == M2D_PREC_FP32 && j->c.ldx == K) {
+            j->xd = j->c.x;
+        } else if (g->prec == M2D_PREC_FP32) { /* oneDNN's operands dense (see dnnl_slice) */
+            float *xd = scratch_get(&g->scratch, sizeof(float) * (size_t)j->c.m * K);
+            for (int r = 0; r < j->c.m; r++)
+                memcpy(xd + (size_t)r * K, j->c.x + (size_t)r * j->c.ldx, sizeof(float) * (size_t)K);
+            j->xd = j->x_copy = xd;
+        } else {
+            uint16_t *xb = scratch_get(&g->scratch, sizeof(uint16_t) * (size_t)j->c.m * K);
+            to_bf16(j->c.x, j->c.ldx, j->c.m, K, xb);
+            j->xd = j->x_copy = xb;
+        }
         return;
     }
     j->xr = j->c.x;
@@ -588,7 +614,7 @@ static void gemm_plan(gemm_job *j) {
 }
 
 static void gemm_done(gemm_job *j) {
-    scratch_put(&j->g->scratch, (void *)j->xb);
+    scratch_put(&j->g->scratch, j->x_copy);
     if (j->xr != j->c.x) scratch_put(&j->g->scratch, (void *)j->xr);
 }
 
@@ -656,15 +682,17 @@ int m2d_gemm_grouped(m2d_gemm_ctx *g, const m2d_gemm_group *groups, int n_groups
 
 /* ------------------------------------------------------------------ preparing weights */
 
-/* oneDNN's preferred layout of Wᵀ[:, slice] (bf16, [in, n]); it does not depend on m (checked
- * for m = 1..2048: BA16a64b2a on AVX512-BF16), so one copy serves every batch size. */
-static dnnl_status_t blocked_md(int n, int k, dnnl_memory_desc_t *out) {
+/* oneDNN's preferred layout of Wᵀ[:, slice] ([in, n], bf16 or fp32 when F32); it does not depend
+ * on m (checked for m = 1..2048: BA16a64b2a for bf16 on AVX512-BF16), so one copy serves every
+ * batch size. */
+static dnnl_status_t blocked_md(int n, int k, int f32, dnnl_memory_desc_t *out) {
     dnnl_memory_desc_t a, b, c;
     dnnl_dims_t ad = {M2D_GEMM_SLICE, k}, bd = {k, n}, cd = {M2D_GEMM_SLICE, n};
     dnnl_matmul_desc_t md;
     dnnl_primitive_desc_t pd = NULL;
-    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&a, 2, ad, dnnl_bf16, dnnl_ab);
-    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&b, 2, bd, dnnl_bf16, dnnl_format_tag_any);
+    dnnl_data_type_t t = f32 ? dnnl_f32 : dnnl_bf16;
+    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&a, 2, ad, t, dnnl_ab);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&b, 2, bd, t, dnnl_format_tag_any);
     if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&c, 2, cd, dnnl_f32, dnnl_ab);
     if (s == dnnl_success) s = dnnl_matmul_desc_init(&md, &a, &b, NULL, &c);
     int saved = saved_omp_threads();
@@ -675,8 +703,9 @@ static dnnl_status_t blocked_md(int n, int k, dnnl_memory_desc_t *out) {
     return s;
 }
 
-/* Reorder plain bf16 rows (Wᵀ as [k, n] with stride ldw) into the slice's blocked buffer. */
-static dnnl_status_t reorder_slice(const uint16_t *w, int64_t ldw, int n, int k, packed_slice *ps) {
+/* Reorder plain rows (Wᵀ as [k, n] with stride ldw; bf16, or fp32 when F32) into the slice's
+ * blocked buffer. */
+static dnnl_status_t reorder_slice(const void *w, int64_t ldw, int n, int k, int f32, packed_slice *ps) {
     dnnl_memory_desc_t src;
     dnnl_dims_t d = {k, n}, st = {1, ldw};
     dnnl_primitive_desc_t rpd = NULL;
@@ -684,7 +713,7 @@ static dnnl_status_t reorder_slice(const uint16_t *w, int64_t ldw, int n, int k,
     dnnl_memory_t ms = NULL, md = NULL;
     dnnl_stream_t strm = NULL;
     int saved = saved_omp_threads();
-    dnnl_status_t s = dnnl_memory_desc_init_by_strides(&src, 2, d, dnnl_bf16, st);
+    dnnl_status_t s = dnnl_memory_desc_init_by_strides(&src, 2, d, f32 ? dnnl_f32 : dnnl_bf16, st);
     if (s == dnnl_success) s = dnnl_reorder_primitive_desc_create(&rpd, &src, dnnl_eng, &ps->md, dnnl_eng, NULL);
     if (s == dnnl_success) s = dnnl_primitive_create(&r, rpd);
     if (s == dnnl_success) s = dnnl_stream_create(&strm, dnnl_eng, dnnl_stream_default_flags);
@@ -716,15 +745,22 @@ static void prep_item(void *ctx, int i) {
     packed_slice *ps = &j->p->slice[i];
     ps->n0 = i * M2D_GEMM_SLICE;
     ps->n = M2D_MIN(M2D_GEMM_SLICE, w->out - ps->n0);
-    dnnl_status_t s = blocked_md(ps->n, w->in, &ps->md);
+    int f32 = j->g->prec == M2D_PREC_FP32;
+    dnnl_status_t s = blocked_md(ps->n, w->in, f32, &ps->md);
     if (s == dnnl_success) ps->data = alloc64(dnnl_memory_desc_get_size(&ps->md));
-    if (s == dnnl_success && w->dtype == M2D_BF16) {
-        s = reorder_slice((const uint16_t *)w->data + (int64_t)ps->n0 * w->ld, w->ld, ps->n, w->in, ps);
-    } else if (s == dnnl_success) { /* other dtypes: round to bf16 first */
+    size_t es = m2d_dtype_size(w->dtype);
+    if (s == dnnl_success && w->dtype == (f32 ? M2D_F32 : M2D_BF16)) { /* the stored rows as they are */
+        s = reorder_slice((const char *)w->data + (size_t)(ps->n0 * w->ld) * es, w->ld, ps->n, w->in, f32, ps);
+    } else if (s == dnnl_success && f32) { /* other dtypes: to fp32 first */
+        float *b = m2d_malloc(sizeof(float) * (size_t)ps->n * w->in);
+        weight_rows_f32(w, ps->n0, ps->n, 0, b);
+        s = reorder_slice(b, w->in, ps->n, w->in, 1, ps);
+        free(b);
+    } else if (s == dnnl_success) { /* round to bf16 first */
         uint16_t *b = m2d_malloc(sizeof(uint16_t) * (size_t)ps->n * w->in);
         float *tmp = m2d_malloc(sizeof(float) * (size_t)w->in);
         weight_rows_bf16(w, ps->n0, ps->n, tmp, b);
-        s = reorder_slice(b, w->in, ps->n, w->in, ps);
+        s = reorder_slice(b, w->in, ps->n, w->in, 0, ps);
         free(b);
         free(tmp);
     }
@@ -769,6 +805,23 @@ int m2d_gemm_prepare(m2d_gemm_ctx *g, const m2d_gemm_w *w, m2d_gemm_packed **out
 
 size_t m2d_gemm_packed_bytes(const m2d_gemm_packed *p) { return p ? p->bytes : 0; }
 
+m2d_gemm_w m2d_gemm_packed_rows(const m2d_gemm_packed *p, int r0, int n) {
+    return (m2d_gemm_w){M2D_F32, NULL, n, p->in, p->in, p, r0};
+}
+
+size_t m2d_gemm_prepare_bytes(m2d_gemm_ctx *g, const m2d_gemm_w *w) {
+    if (check_weight(g, w) || w->packed) return 0;
+    if (!wants_dnnl(g, w)) return sizeof(float) * (size_t)w->out * w->in;
+    /* every slice is M2D_GEMM_SLICE wide but the last: two layouts to ask oneDNN for */
+    int full = w->out / M2D_GEMM_SLICE, rest = w->out % M2D_GEMM_SLICE, f32 = g->prec == M2D_PREC_FP32;
+    dnnl_memory_desc_t md;
+    size_t bytes = 0;
+    if (full && blocked_md(M2D_GEMM_SLICE, w->in, f32, &md) == dnnl_success)
+        bytes += (size_t)full * dnnl_memory_desc_get_size(&md);
+    if (rest && blocked_md(rest, w->in, f32, &md) == dnnl_success) bytes += dnnl_memory_desc_get_size(&md);
+    return bytes;
+}
+
 /* ------------------------------------------------------------------ context */
 
 int m2d_gemm_ctx_new(m2d_precision p, m2d_pool *pool, m2d_gemm_ctx **out) {
@@ -777,7 +830,6 @@ int m2d_gemm_ctx_new(m2d_precision p, m2d_pool *pool, m2d_gemm_ctx **out) {
     m2d_gemm_ctx *g = m2d_calloc(1, sizeof *g);
     g->prec = m2d_gemm_resolve(p);
     g->pool = pool;
-    g->dnnl_min_weight = M2D_GEMM_DNNL_MIN_WEIGHT;
     g->cache.cap = CACHE_CAP;
     pthread_mutex_init(&g->cache.mu, NULL);
     pthread_mutex_init(&g->scratch.mu, NULL);
@@ -796,7 +848,7 @@ void m2d_gemm_ctx_free(m2d_gemm_ctx *g) {
 
 m2d_precision m2d_gemm_precision(const m2d_gemm_ctx *g) { return g->prec; }
 
-void m2d_gemm_set_dnnl_min_weight(m2d_gemm_ctx *g, int64_t elements) { g->dnnl_min_weight = elements; }
+void m2d_gemm_set_kernel(m2d_gemm_ctx *g, m2d_gemm_kernel k) { g->kernel = k; }
 
 void m2d_gemm_set_cache_capacity(m2d_gemm_ctx *g, int n) {
     pthread_mutex_lock(&g->cache.mu);

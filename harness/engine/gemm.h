@@ -52,6 +52,8 @@
  * ONEDNN_MAX_CPU_ISA) and whether it computes bf16 natively. */
 const char *m2d_gemm_isa_name(void);
 int m2d_gemm_bf16_native(void);
+/* Whether oneDNN has its brgemm fp32 matmul here (avx512_core and up). */
+int m2d_gemm_fp32_onednn_native(void);
 /* auto -> bf16 or fp32 as above; fp32 and bf16 are returned unchanged. */
 m2d_precision m2d_gemm_resolve(m2d_precision p);
 
@@ -61,20 +63,24 @@ m2d_precision m2d_gemm_resolve(m2d_precision p);
 typedef struct m2d_gemm_ctx m2d_gemm_ctx;
 typedef struct m2d_gemm_packed m2d_gemm_packed;
 
-/* A weight W [out, in]: as stored (data, dtype, ld), or prepared (packed != NULL; then only
- * out/in are read and must match). */
+/* A weight W [out, in]: as stored (data, dtype, ld), or rows [p0, p0 + out) of a prepared weight
+ * (packed != NULL; then only out, in and p0 are read). */
 typedef struct {
     m2d_dtype dtype;
     const void *data;
     int out, in;
     int64_t ld;
     const m2d_gemm_packed *packed;
+    int p0;
 } m2d_gemm_w;
 
 /* A weight view of a stored matrix [out, in] with row stride ld. */
 m2d_gemm_w m2d_gemm_weight(m2d_dtype dtype, const void *data, int out, int in, int64_t ld);
 /* Rows [r0, r0+n) of a 2-D checkpoint tensor (an nn.Linear weight; the LM head in vocab chunks). */
 m2d_gemm_w m2d_gemm_tensor_rows(const m2d_tensor *t, int64_t r0, int n);
+/* Rows [r0, r0+n) of a prepared weight: r0 a multiple of M2D_GEMM_SLICE, and n too unless the view
+ * ends at the last row (checked at use); the same bits as those rows of the whole. */
+m2d_gemm_w m2d_gemm_packed_rows(const m2d_gemm_packed *p, int r0, int n);
 
 /* Context: precision resolved once (auto -> fp32|bf16); work runs on POOL (NULL: serial), which
  * must outlive the context. */
@@ -103,13 +109,24 @@ int m2d_gemm_grouped(m2d_gemm_ctx *g, const m2d_gemm_group *groups, int n_groups
  * data afterwards. Free with m2d_gemm_packed_free (before the context). */
 int m2d_gemm_prepare(m2d_gemm_ctx *g, const m2d_gemm_w *w, m2d_gemm_packed **out);
 size_t m2d_gemm_packed_bytes(const m2d_gemm_packed *p);
+/* What m2d_gemm_prepare(g, w) would take, without preparing (0 for a bad or prepared weight). */
+size_t m2d_gemm_prepare_bytes(m2d_gemm_ctx *g, const m2d_gemm_w *w);
 void m2d_gemm_packed_free(m2d_gemm_packed *p);
 
-/* Per-shape dispatch (bf16 precision): weights with out·in below this many elements (default 4096,
- * measured: see gemm.c) run through sgemm on bf16-rounded operands. By weight, not by batch size,
- * so a weight always meets the same kernel. Set before preparing weights; tests set 0 or INT64_MAX
- * to force one kernel. */
-void m2d_gemm_set_dnnl_min_weight(m2d_gemm_ctx *g, int64_t elements);
+/* The kernel of a weight. AUTO (the default; measured, see gemm.c and BENCHMARKS.md): oneDNN for
+ * weights of at least M2D_GEMM_DNNL_MIN_WEIGHT elements where oneDNN has a native kernel for the
+ * precision (bf16: avx512_core_bf16 or AMX; fp32: avx512_core, its brgemm), sgemm for smaller
+ * weights and elsewhere. By weight, not by batch size, so a weight always meets the same kernel.
+ * SGEMM / ONEDNN force one (ONEDNN: any size, still only where native); set before preparing
+ * weights. Tests and benches compare the kernels with it. */
+typedef enum { M2D_GEMM_AUTO, M2D_GEMM_SGEMM, M2D_GEMM_ONEDNN } m2d_gemm_kernel;
+/* Measured (bench_gemm's crossover table, BENCHMARKS.md): oneDNN's per-call cost (primitive lookup,
+ * memory objects, packing) loses to sgemm on bf16-rounded operands only for weights of at most
+ * ~64 x 64; from 64 x 64 up oneDNN wins at every batch size m >= 16 and ties below. The rule
+ * depends on the weight alone (not on m), so a weight always takes the same kernel and a prepared
+ * copy is in that kernel's layout: results never depend on the batch or on preparation. */
+#define M2D_GEMM_DNNL_MIN_WEIGHT 4096
+void m2d_gemm_set_kernel(m2d_gemm_ctx *g, m2d_gemm_kernel k);
 
 /* Primitives kept in the context's cache (LRU; default 512, ~90 KB each). Tests shrink it to
  * exercise eviction while other threads still run an evicted primitive. */
