@@ -27,7 +27,7 @@ static double max_abs_diff(const float *a, const float *b, size_t n) {
 /* ---------------- ops vs naive loops (through the backend object) ---------------- */
 
 static m2d_backend *new_backend(const char *name, int threads) {
-    m2d_backend_opts o = {threads};
+    m2d_backend_opts o = {.n_threads = threads};
     m2d_backend *be;
     if (m2d_backend_new(name, &o, &be)) fail_msg("%s", m2d_errmsg());
     return be;

@@ -60,14 +60,16 @@ m2d_precision m2d_gemm_resolve(m2d_precision p) {
 }
 
 m2d_gemm_w m2d_gemm_weight(m2d_dtype dtype, const void *data, int out, int in, int64_t ld) {
-    return (m2d_gemm_w){dtype, data, out, in, ld, NULL, 0};
+    return (m2d_gemm_w){dtype, data, out, in, ld, NULL, 0, 0};
 }
 
 
 m2d_gemm_w m2d_gemm_tensor_rows(const m2d_tensor *t, int64_t r0, int n) {
     int64_t in = t->shape[1];
     const char *base = (const char *)t->data + (size_t)(r0 * in) * m2d_dtype_size(t->dtype);
-    return m2d_gemm_weight(t->dtype, base, n, (int)in, in);
+    m2d_gemm_w w = m2d_gemm_weight(t->dtype, base, n, (int)in, in);
+    w.whole = t->shape[0] * in;
+    return w;
 }
 
 /* ------------------------------------------------------------------ oneDNN engine, threads */
@@ -534,9 +536,8 @@ static int check_weight(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
     if (!w || w->out <= 0 || w->in <= 0) return m2d_err("gemm: weight shape [%d, %d]", w ? w->out : 0, w ? w->in : 0);
     if (w->packed) {
         const m2d_gemm_packed *p = w->packed;
-        int rows_ok = w->p0 == 0 ? w->out == p->out
-                                 : w->p0 % M2D_GEMM_SLICE == 0 && w->p0 + w->out <= p->out &&
-                                       (w->out % M2D_GEMM_SLICE == 0 || w->p0 + w->out == p->out);
+        int rows_ok = w->p0 % M2D_GEMM_SLICE == 0 && w->p0 + w->out <= p->out &&
+                      (w->out % M2D_GEMM_SLICE == 0 || w->p0 + w->out == p->out);
         if (p->prec != g->prec || !rows_ok || p->in != w->in || w->p0 < 0)
             return m2d_err("gemm: prepared weight [%d, %d] %s used as rows %d..%d of [%d, %d] in a %s context", p->out,
                            p->in, m2d_precision_name(p->prec), w->p0, w->p0 + w->out, p->out, w->in,
@@ -563,7 +564,7 @@ static int wants_dnnl(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
     if (w->packed) return w->packed->slice != NULL;
     if (g->kernel == M2D_GEMM_SGEMM) return 0;
     if (!(g->prec == M2D_PREC_FP32 ? m2d_gemm_fp32_onednn_native() : m2d_gemm_bf16_native())) return 0;
-    return g->kernel == M2D_GEMM_ONEDNN || (int64_t)w->out * w->in >= M2D_GEMM_DNNL_MIN_WEIGHT;
+    return g->kernel == M2D_GEMM_ONEDNN || (w->whole ? w->whole : (int64_t)w->out * w->in) >= M2D_GEMM_DNNL_MIN_WEIGHT;
 }
 
 /* Rows per oneDNN tile: all of X, unless the column slices alone give fewer than 4 work items for
@@ -806,7 +807,7 @@ int m2d_gemm_prepare(m2d_gemm_ctx *g, const m2d_gemm_w *w, m2d_gemm_packed **out
 size_t m2d_gemm_packed_bytes(const m2d_gemm_packed *p) { return p ? p->bytes : 0; }
 
 m2d_gemm_w m2d_gemm_packed_rows(const m2d_gemm_packed *p, int r0, int n) {
-    return (m2d_gemm_w){M2D_F32, NULL, n, p->in, p->in, p, r0};
+    return (m2d_gemm_w){M2D_F32, NULL, n, p->in, p->in, p, r0, 0};
 }
 
 size_t m2d_gemm_prepare_bytes(m2d_gemm_ctx *g, const m2d_gemm_w *w) {

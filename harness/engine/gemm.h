@@ -64,7 +64,9 @@ typedef struct m2d_gemm_ctx m2d_gemm_ctx;
 typedef struct m2d_gemm_packed m2d_gemm_packed;
 
 /* A weight W [out, in]: as stored (data, dtype, ld), or rows [p0, p0 + out) of a prepared weight
- * (packed != NULL; then only out, in and p0 are read). */
+ * (packed != NULL; then only out, in and p0 are read). WHOLE: the elements of the whole matrix a
+ * view of rows belongs to (0: out * in); the kernel is chosen by it, so every view of a tensor
+ * meets the kernel of the whole (and of its prepared copy). */
 typedef struct {
     m2d_dtype dtype;
     const void *data;
@@ -72,6 +74,7 @@ typedef struct {
     int64_t ld;
     const m2d_gemm_packed *packed;
     int p0;
+    int64_t whole;
 } m2d_gemm_w;
 
 /* A weight view of a stored matrix [out, in] with row stride ld. */
