@@ -49,6 +49,7 @@ typedef struct {
     int n_windows, seq_len;
     int64_t *window_starts;
     char window_choice[48]; /* how they were chosen: "first" or "seeded:<seed>" (splitmix64, calib.h) */
+    char precision[8];      /* of the teacher's GEMMs during calibration: "fp32" or "bf16" */
     char *data_path;
 } m2d_stats;
 

@@ -5,13 +5,14 @@
 
 #include "calib/calib.h"
 #include "cli/cmd.h"
+#include "engine/engine.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 #include "base/util.h"
 
 static const char USAGE[] =
     "usage: moe2dense calibrate --model DIR --data FILE --out STATS [--seq-len L] [--samples N]\n"
-    "                           [--seed S] [--threads T] [--force]\n"
+    "                           [--seed S] [--threads T] [--precision P] [--force]\n"
     "\n"
     "Runs the unmodified teacher over calibration windows of FILE and, at every MoE layer, records\n"
     "the statistics of SPEC §1 in double precision: routed counts, router probabilities, gate\n"
@@ -26,18 +27,23 @@ static const char USAGE[] =
     "  --seed S       choose the N windows at random among all non-overlapping ones (splitmix64,\n"
     "                 seeded partial Fisher-Yates, see calib.h); default: the first N windows\n"
     "  --threads T    threads (default $M2D_THREADS or all cores)\n"
+    "  --precision P  the teacher's GEMMs: fp32 (default; exact), bf16 (operands rounded to bf16,\n"
+    "                 fp32 accumulation) or auto (bf16 where the CPU computes it natively); the\n"
+    "                 one used is recorded in STATS (statistics themselves are summed in fp64)\n"
     "  --force        recompute even if STATS is already up to date\n"
     "\n"
     "Windows are consecutive, non-overlapping blocks of L tokens from the start of the encoded\n"
     "text; their start offsets are recorded in STATS. If STATS exists, is intact and was computed\n"
-    "from the same model weights, windows and gate convention, it is kept ('up to date').\n";
+    "from the same model weights, windows, gate convention and precision, it is kept ('up to date').\n";
 
 static int cmd_calibrate_run(int argc, char **argv) {
     const char *model = NULL, *data = NULL, *out = NULL, *L_s = NULL, *N_s = NULL, *seed_s = NULL, *thr_s = NULL;
+    const char *prec_s = "fp32";
     int force = 0;
     m2d_opt opts[] = {{"--model", 1, &model, NULL},  {"--data", 1, &data, NULL},      {"--out", 1, &out, NULL},
                       {"--seq-len", 1, &L_s, NULL},  {"--samples", 1, &N_s, NULL},    {"--seed", 1, &seed_s, NULL},
-                      {"--threads", 1, &thr_s, NULL}, {"--force", 0, NULL, &force},   {0}};
+                      {"--threads", 1, &thr_s, NULL}, {"--force", 0, NULL, &force},   {"--precision", 1, &prec_s, NULL},
+                      {0}};
     m2d_model *m = NULL;
     m2d_tokenizer *tk = NULL;
     m2d_stats *s = NULL, *old = NULL;
@@ -56,6 +62,9 @@ static int cmd_calibrate_run(int argc, char **argv) {
     if (N_s && m2d_parse_int("calibrate", "--samples", N_s, 1, 1 << 24, &N)) goto done;
     if (seed_s && m2d_parse_int("calibrate", "--seed", seed_s, 0, 0x7fffffffffffffffL, &seed)) goto done;
     if (thr_s && m2d_parse_int("calibrate", "--threads", thr_s, 1, 4096, &thr)) goto done;
+    m2d_precision prec, used;
+    if (m2d_precision_parse(prec_s, "calibrate: --precision", &prec) || m2d_engine_resolve_precision(NULL, prec, &used))
+        goto done;
     if (m2d_model_open(model, &m) || m2d_tokenizer_load(model, &tk)) goto done;
     if (!(text = m2d_read_file(data, &len))) goto done;
     if (m2d_tokenizer_encode(tk, text, len, &ids, &n_ids)) {
@@ -63,7 +72,7 @@ static int cmd_calibrate_run(int argc, char **argv) {
         goto done;
     }
     if (L == 0) L = m2d_calib_default_seq_len(&m->cfg);
-    m2d_calib_opts o = {(int)L, (int)N, seed_s != NULL, (uint64_t)seed, (int)thr, 0, data, 1};
+    m2d_calib_opts o = {(int)L, (int)N, seed_s != NULL, (uint64_t)seed, (int)thr, 0, data, 1, (int)prec};
     /* up to date? same model, same windows (same calib hash) */
     if (!force && m2d_file_exists(out) && m2d_stats_read(out, &old) == 0) {
         starts = m2d_malloc((size_t)N * sizeof *starts);
@@ -71,9 +80,10 @@ static int cmd_calibrate_run(int argc, char **argv) {
         char h[65];
         if (m2d_calib_windows((int64_t)n_ids, (int)L, (int)N, o.seeded, o.seed, starts, &nw) == 0) {
             m2d_calib_hash(ids, starts, nw, (int)L, m2d_calib_gate_convention(&m->cfg), h);
-            if (!strcmp(h, old->calib_hash) && m2d_stats_check_model(old, out, m) == 0) {
-                printf("%s is up to date (model %.12s, calibration %.12s, %d windows x %ld tokens)\n", out,
-                       old->model_hash, old->calib_hash, old->n_windows, L);
+            if (!strcmp(h, old->calib_hash) && !strcmp(old->precision, m2d_precision_name(used)) &&
+                m2d_stats_check_model(old, out, m) == 0) {
+                printf("%s is up to date (model %.12s, calibration %.12s, %d windows x %ld tokens, %s)\n", out,
+                       old->model_hash, old->calib_hash, old->n_windows, L, old->precision);
                 rc = 0;
                 goto done;
             }
@@ -89,7 +99,8 @@ static int cmd_calibrate_run(int argc, char **argv) {
     if (m2d_stats_write(s, out)) goto done;
     printf("wrote %s: %d MoE layers, %d windows x %ld tokens = %.0f tokens, %.1f s (%.1f GFLOP/s in experts)\n", out,
            s->n_layers, s->n_windows, L, s->N, dt, m2d_calib_expert_flops(&m->cfg, s->N) / dt * 1e-9);
-    printf("model %s\ncalibration %s\n", s->model_hash, s->calib_hash);
+    printf("model %s\ncalibration %s\nprecision %s (requested %s)\n", s->model_hash, s->calib_hash, s->precision,
+           m2d_precision_name(prec));
     rc = 0;
 done:
     if (rc) m2d_cmd_fail("calibrate");

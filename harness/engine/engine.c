@@ -202,6 +202,24 @@ static void default_residency(m2d_engine *e) {
 
 /* ---- lifecycle ---- */
 
+/* AUTO through the backend's own rule; a precision the backend lacks is an error */
+static int resolve_on(m2d_backend *be, m2d_precision p, m2d_precision *out) {
+    if (p == M2D_PREC_AUTO) p = be->ops->auto_precision ? be->ops->auto_precision(be, p) : M2D_PREC_FP32;
+    if (!(be->ops->precisions & (1u << p)))
+        return m2d_err("engine: backend %s does not support precision %s", be->ops->name, m2d_precision_name(p));
+    *out = p;
+    return 0;
+}
+
+int m2d_engine_resolve_precision(const char *backend, m2d_precision p, m2d_precision *out) {
+    if ((unsigned)p >= M2D_PREC_COUNT) return m2d_err("engine: precision %d is not one", (int)p);
+    m2d_backend *be;
+    if (m2d_backend_new(backend ? backend : "cpu", &(m2d_backend_opts){.n_threads = 1, .precision = p}, &be)) return -1;
+    int rc = resolve_on(be, p, out);
+    m2d_backend_free(be);
+    return rc;
+}
+
 int m2d_engine_open(const m2d_model *m, const m2d_engine_opts *o, m2d_engine **out) {
     *out = NULL;
     if (check_model(m)) return -1;
@@ -209,11 +227,10 @@ int m2d_engine_open(const m2d_model *m, const m2d_engine_opts *o, m2d_engine **o
     m2d_backend_opts bo = {.n_threads = o->n_threads, .precision = o->precision};
     m2d_backend *be;
     if (m2d_backend_new(o->backend ? o->backend : "cpu", &bo, &be)) return -1;
-    m2d_precision p = o->precision;
-    if (p == M2D_PREC_AUTO) p = be->ops->auto_precision ? be->ops->auto_precision(be, p) : M2D_PREC_FP32;
-    if (!(be->ops->precisions & (1u << p))) {
+    m2d_precision p;
+    if (resolve_on(be, o->precision, &p)) {
         m2d_backend_free(be);
-        return m2d_err("engine: backend %s does not support precision %s", be->ops->name, m2d_precision_name(p));
+        return -1;
     }
     m2d_engine *e = m2d_calloc(1, sizeof *e);
     e->m = m;

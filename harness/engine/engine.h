@@ -48,6 +48,9 @@ void m2d_engine_set_expert_parallel(m2d_engine *e, int on);
 const m2d_model *m2d_engine_model(const m2d_engine *e);
 /* the precision the engine's GEMMs run in (AUTO resolved): what outputs record */
 m2d_precision m2d_engine_precision(const m2d_engine *e);
+/* What P would resolve to on BACKEND (NULL: "cpu") without opening an engine (for identities
+ * decided before a run: cache names, headers); -1 with m2d_err when the backend lacks it. */
+int m2d_engine_resolve_precision(const char *backend, m2d_precision p, m2d_precision *out);
 
 /* Calibration hook: called at every MoE layer during a forward, after routing and before
  * the experts run (the residual stream always follows the teacher's real routing). The event's

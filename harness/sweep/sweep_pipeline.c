@@ -1,10 +1,11 @@
 /* sweep_pipeline — the real backend: calibrate once (cached by model and calibration hash) ->
  * per configuration: plan (plugins) -> fingerprint -> build the student in memory -> perplexity.
  *
- * Calibration cache: CACHE_DIR/<model_hash[:16]>-<calib_hash[:16]>.m2dstats, where calib_hash is
- * h-calib's identity of the chosen windows (token ids, L, gate convention). A cache file is used
- * only if it reads back intact and matches both hashes; otherwise it is recomputed and written
- * atomically, so concurrent shards at worst compute it twice.
+ * Calibration cache: CACHE_DIR/<model_hash[:16]>-<calib_hash[:16]>.m2dstats (fp32) or
+ * ...-bf16.m2dstats (calibrated in bf16), where calib_hash is h-calib's identity of the chosen
+ * windows (token ids, L, gate convention). A cache file is used only if it reads back intact and
+ * matches both hashes and the precision; otherwise it is recomputed and written atomically, so
+ * concurrent shards at worst compute it twice. Students are evaluated in the same precision.
  *
  * PPL (gptq protocol): the evaluation text is encoded ONCE in prepare; each student is scored by
  * m2d_ppl_gptq_tokens, the core of m2d_ppl_gptq (which encodes per call). lm-eval protocol:
@@ -80,18 +81,20 @@ static int calibration_identity(pipe_t *p, int32_t **ids, size_t *n_ids, char ha
     return rc;
 }
 
-static char *cache_path(const m2d_experiment *x, const char *model_hash, const char *calib_hash) {
-    char *name = m2d_strfmt("%.16s-%.16s.m2dstats", model_hash, calib_hash);
+static char *cache_path(const m2d_sweep_backend *b, const m2d_experiment *x, const char *model_hash,
+                        const char *calib_hash) {
+    char *name = m2d_strfmt("%.16s-%.16s%s.m2dstats", model_hash, calib_hash, b->precision == M2D_PREC_BF16 ? "-bf16" : "");
     char *path = m2d_path_join(x->cache_dir, name);
     free(name);
     return path;
 }
 
 /* Cached statistics if intact and matching; NULL (no error) when absent or stale. */
-static m2d_stats *read_cache(pipe_t *p, const char *path, const char *calib_hash) {
+static m2d_stats *read_cache(pipe_t *p, const char *path, const char *calib_hash, m2d_precision prec) {
     m2d_stats *s = NULL;
     if (!m2d_file_exists(path)) return NULL;
     if (m2d_stats_read(path, &s) == 0 && strcmp(s->calib_hash, calib_hash) == 0 &&
+        strcmp(s->precision, m2d_precision_name(prec)) == 0 &&
         m2d_stats_check_model(s, path, p->teacher) == 0)
         return s;
     fprintf(stderr, "moe2dense sweep: %s is stale or damaged (%s): recomputing\n", path, m2d_errmsg());
@@ -110,14 +113,14 @@ static int pipe_prepare(m2d_sweep_backend *b, const m2d_experiment *x, char mode
         free(ids);
         return -1;
     }
-    char *path = cache_path(x, model_hash, calib_hash);
-    p->stats = read_cache(p, path, calib_hash);
+    char *path = cache_path(b, x, model_hash, calib_hash);
+    p->stats = read_cache(p, path, calib_hash, b->precision);
     int rc = 0;
     if (!p->stats) {
         /* calibration runs before the pool: all cores */
         m2d_calib_opts o = {x->calib_seq_len, x->calib_samples, x->calib_seed >= 0,
                             (uint64_t)(x->calib_seed >= 0 ? x->calib_seed : 0), m2d_default_threads(), 0,
-                            x->calib_data, 1};
+                            x->calib_data, 1, (int)b->precision};
         double t0 = m2d_now();
         rc = m2d_calib_run(p->teacher, ids, (int64_t)n_ids, &o, &p->stats);
         if (rc == 0 && strcmp(p->stats->calib_hash, calib_hash) != 0)
@@ -184,7 +187,8 @@ static int pipe_evaluate(m2d_sweep_backend *b, void *student, const m2d_grid_con
     student_t *s = student;
     const m2d_experiment *x = p->x;
     m2d_engine *e = NULL;
-    if (m2d_engine_new(s->student, b->threads, &e)) return -1;
+    if (m2d_engine_open(s->student, &(m2d_engine_opts){.n_threads = b->threads, .precision = b->precision}, &e))
+        return -1;
     int rc;
     m2d_ppl_result r;
     memset(&r, 0, sizeof r);
@@ -229,7 +233,7 @@ static int pipe_evaluate_mc(m2d_sweep_backend *b, void *student, const m2d_grid_
     if (!dir) return m2d_err("multiple choice: cannot create a temporary directory");
     m2d_lm *lm = NULL;
     int rc = m2d_convert_write(p->teacher, s->student, s->plan, p->stats_path, dir);
-    if (rc == 0) rc = m2d_lm_engine_open(dir, b->threads, M2D_LM_CACHED, 0, &lm);
+    if (rc == 0) rc = m2d_lm_engine_open(dir, b->threads, b->precision, M2D_LM_CACHED, 0, &lm);
     m2d_mc_config cfg;
     m2d_mc_config_default(&cfg);
     cfg.data_dir = x->mc_data_dir;
@@ -278,7 +282,7 @@ static void pipe_destroy(m2d_sweep_backend *b) {
 }
 
 /* The cached statistics, for the dry run (which never calibrates): 0, or -1 when there are none. */
-static int load_cached_stats(pipe_t *p, const m2d_experiment *x) {
+static int load_cached_stats(const m2d_sweep_backend *b, pipe_t *p, const m2d_experiment *x) {
     if (p->stats) return 0;
     if (open_teacher(p)) return -1;
     int32_t *ids = NULL;
@@ -287,8 +291,8 @@ static int load_cached_stats(pipe_t *p, const m2d_experiment *x) {
     int rc = calibration_identity(p, &ids, &n_ids, calib_hash);
     free(ids);
     if (rc) return -1;
-    char *path = cache_path(x, p->teacher->weights_hash, calib_hash);
-    p->stats = read_cache(p, path, calib_hash);
+    char *path = cache_path(b, x, p->teacher->weights_hash, calib_hash);
+    p->stats = read_cache(p, path, calib_hash, b->precision);
     free(path);
     return p->stats ? 0 : -1;
 }
@@ -297,7 +301,7 @@ static int load_cached_stats(pipe_t *p, const m2d_experiment *x) {
 static int pipe_plan_fingerprint(m2d_sweep_backend *b, const m2d_experiment *x, const m2d_grid_config *c,
                                  char fp[65]) {
     pipe_t *p = b->self;
-    if (load_cached_stats(p, x)) return -1;
+    if (load_cached_stats(b, p, x)) return -1;
     m2d_convert_plan *plan;
     if (make_plan(p, c, &plan)) return 1; /* fails at run time too */
     memcpy(fp, plan->fingerprint, 65);
