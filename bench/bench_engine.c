@@ -191,6 +191,14 @@ static int write_model(const char *dir, int real, int moe, int layers) {
     return 0;
 }
 
+/* the checkpoints of a run (written to /tmp, removed after their cases) */
+static const struct { const char *sub, *label; int real, moe; } models[] = {
+    {"tiny-moe", "tiny teacher shape (MoE)", 0, 1},
+    {"tiny-dense", "tiny dense student (K=8)", 0, 0},
+    {"real-moe", "30B-A3B 2-layer slice (MoE)", 1, 1},
+    {"real-dense", "30B-A3B K=8 student, 2 layers", 1, 0},
+};
+
 /* one case in a child (CACHE as in run_case); its tokens/s and peak RSS (MB) through a file */
 static double spawn_rate(const char *self, const char *dir, const char *mode, int reps, int cache, long *rss) {
     char rec[] = "/tmp/m2d-bench-rec-XXXXXX";
@@ -220,12 +228,6 @@ static int precision_mode(const char *self, int quick) {
     char tmpl[] = "/tmp/m2d-bench-XXXXXX";
     char *root = mkdtemp(tmpl);
     if (!root) return 1;
-    struct { const char *sub, *label; int real, moe; } models[] = {
-        {"tiny-moe", "tiny teacher shape (MoE)", 0, 1},
-        {"tiny-dense", "tiny dense student (K=8)", 0, 0},
-        {"real-moe", "30B-A3B 2-layer slice (MoE)", 1, 1},
-        {"real-dense", "30B-A3B K=8 student, 2 layers", 1, 0},
-    };
     const char *modes[] = {"pp", "ppl"};
     int rc = 0;
     for (size_t i = 0; i < M2D_ARRAY_LEN(models) && rc == 0; i++) {
@@ -277,12 +279,6 @@ int main(int argc, char **argv) {
     char tmpl[] = "/tmp/m2d-bench-XXXXXX";
     char *root = mkdtemp(tmpl);
     if (!root) return 1;
-    struct { const char *sub, *label; int real, moe; } models[] = {
-        {"tiny-moe", "tiny teacher shape (MoE)", 0, 1},
-        {"tiny-dense", "tiny dense student (K=8)", 0, 0},
-        {"real-moe", "30B-A3B 2-layer slice (MoE)", 1, 1},
-        {"real-dense", "30B-A3B K=8 student, 2 layers", 1, 0},
-    };
     int rc = 0;
     for (size_t i = 0; i < M2D_ARRAY_LEN(models) && rc == 0; i++) {
         if (quick && models[i].real) continue;

@@ -198,17 +198,24 @@ static int32_t *read_golden_tokens(const char *models, int *n) {
     return ids;
 }
 
-static void fast_matches_reference_tiny_teacher(void **state) {
-    (void)state;
+/* the tiny teacher and its golden tokens; 1 when ../shared/models is absent */
+static int open_tiny_teacher(m2d_model **m, int32_t **ids, int *n) {
     const char *models = tu_models_dir();
-    if (!models) TU_SKIP("no ../shared/models");
+    if (!models) return 1;
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/tiny-qwen3moe", models);
+    if (m2d_model_open(dir, m)) fail_msg("%s", m2d_errmsg());
+    *ids = read_golden_tokens(models, n);
+    assert_non_null(*ids);
+    return 0;
+}
+
+static void fast_matches_reference_tiny_teacher(void **state) {
+    (void)state;
     m2d_model *m;
-    if (m2d_model_open(dir, &m)) fail_msg("%s", m2d_errmsg());
     int n = 0;
-    int32_t *ids = read_golden_tokens(models, &n);
-    assert_non_null(ids);
+    int32_t *ids;
+    if (open_tiny_teacher(&m, &ids, &n)) TU_SKIP("no ../shared/models");
     assert_int_equal(n, 64);
     m2d_calib_opts o = {.seq_len = 16, .n_samples = 3, .seeded = 1, .seed = 1, .n_threads = 2};
     m2d_stats *fast, *ref;
@@ -239,15 +246,10 @@ static void fast_matches_reference_tiny_teacher(void **state) {
  * flips only for near-tied router logits: < 2 % of the N k assignments (measured values printed). */
 static void bf16_calibration_tiny_teacher(void **state) {
     (void)state;
-    const char *models = tu_models_dir();
-    if (!models) TU_SKIP("no ../shared/models");
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s/tiny-qwen3moe", models);
     m2d_model *m;
-    if (m2d_model_open(dir, &m)) fail_msg("%s", m2d_errmsg());
     int n = 0;
-    int32_t *ids = read_golden_tokens(models, &n);
-    assert_non_null(ids);
+    int32_t *ids;
+    if (open_tiny_teacher(&m, &ids, &n)) TU_SKIP("no ../shared/models");
     m2d_calib_opts o = {.seq_len = 16, .n_samples = 3, .seeded = 1, .seed = 1, .n_threads = 2, .precision = M2D_PREC_BF16};
     m2d_stats *fast, *ref, *f32;
     assert_int_equal(m2d_calib_run(m, ids, n, &o, &fast), 0);

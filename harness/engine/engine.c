@@ -395,6 +395,21 @@ static int call_hook(m2d_engine *e, int layer, const fwd_ws *w) {
     return rc;
 }
 
+/* The experts of LAYER on X -> OUT (routing fields left zero: moe sets them, experts_all has none) */
+static m2d_moe_args experts_of(const m2d_engine *e, int layer, m2d_mat x, m2d_mat out) {
+    const m2d_config *c = &e->m->cfg;
+    const layer_weights *lw = &e->lw[layer];
+    return (m2d_moe_args){.x = x,
+                          .n_experts = c->num_experts,
+                          .d_ff = c->moe_intermediate_size,
+                          .gate = lw->x[M2D_X_EXP_GATE],
+                          .up = lw->x[M2D_X_EXP_UP],
+                          .down = lw->x[M2D_X_EXP_DOWN],
+                          .act = c->ops.ffn_act,
+                          .prec = e->prec,
+                          .out = out};
+}
+
 /* Router, hook, then the routed experts: ffo = sum of gated expert outputs. */
 static int moe_block(m2d_engine *e, int l, const fwd_ws *w) {
     const m2d_config *c = &e->m->cfg;
@@ -405,18 +420,8 @@ static int moe_block(m2d_engine *e, int l, const fwd_ws *w) {
     m2d_route_args r = {.kind = c->ops.router, .renorm = c->ops.router_renorm, .k = k};
     e->B->route(e->be, &P, &r, w->topk, w->gates);
     if (e->hook && call_hook(e, l, w)) return -1;
-    m2d_moe_args a = {.x = XN,
-                      .topk = w->topk,
-                      .gates = w->gates,
-                      .k = k,
-                      .n_experts = E,
-                      .d_ff = c->moe_intermediate_size,
-                      .gate = lw->x[M2D_X_EXP_GATE],
-                      .up = lw->x[M2D_X_EXP_UP],
-                      .down = lw->x[M2D_X_EXP_DOWN],
-                      .act = c->ops.ffn_act,
-                      .prec = e->prec,
-                      .out = m2d_mat_of(w->ffo, 0, n, d, d)};
+    m2d_moe_args a = experts_of(e, l, XN, m2d_mat_of(w->ffo, 0, n, d, d));
+    a.topk = w->topk, a.gates = w->gates, a.k = k;
     e->B->moe(e->be, &a);
     return 0;
 }
@@ -608,16 +613,7 @@ static int all_experts_impl(m2d_engine *e, int layer, const float *x, int n, flo
     m2d_buf *X = host_buf(e, (void *)x, xb, 1), *Fb = host_buf(e, f, fb, 0), *G = gram ? host_buf(e, gram, gb, 1) : NULL;
     int rc = X && Fb && (G || !gram) ? 0 : -1;
     if (rc == 0) {
-        const layer_weights *lw = &e->lw[layer];
-        m2d_moe_args a = {.x = m2d_mat_of(X, 0, n, d, d),
-                          .n_experts = E,
-                          .d_ff = c->moe_intermediate_size,
-                          .gate = lw->x[M2D_X_EXP_GATE],
-                          .up = lw->x[M2D_X_EXP_UP],
-                          .down = lw->x[M2D_X_EXP_DOWN],
-                          .act = c->ops.ffn_act,
-                          .prec = e->prec,
-                          .out = m2d_mat_of(Fb, 0, n, E * d, E * d)};
+        m2d_moe_args a = experts_of(e, layer, m2d_mat_of(X, 0, n, d, d), m2d_mat_of(Fb, 0, n, E * d, E * d));
         e->B->experts_all(e->be, &a);
         if (G) e->B->gram(e->be, &a.out, E, G, e->prec);
     }
