@@ -247,6 +247,7 @@ static void cli_json_and_errors(void **state) {
     assert_non_null(strstr(out, "\"windows\":2"));
     assert_non_null(strstr(out, "\"tokens_scored\":254"));
     assert_non_null(strstr(out, "\"ppl\":"));
+    assert_true(strtod(strstr(out, "\"peak_rss_mib\":") + 15, NULL) > 1); /* the process's peak, recorded */
     assert_non_null(strstr(out, "\"precision\":\"fp32\",\"precision_requested\":\"fp32\"")); /* the default */
     double ppl32 = strtod(strstr(out, "\"ppl\":") + 6, NULL);
     free(cmd); free(out); free(err);

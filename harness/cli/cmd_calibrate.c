@@ -97,8 +97,9 @@ static int cmd_calibrate_run(int argc, char **argv) {
         fprintf(stderr, "moe2dense calibrate: note: %s holds only %d windows of %ld tokens (asked for %ld)\n", data,
                 s->n_windows, L, N);
     if (m2d_stats_write(s, out)) goto done;
-    printf("wrote %s: %d MoE layers, %d windows x %ld tokens = %.0f tokens, %.1f s (%.1f GFLOP/s in experts)\n", out,
-           s->n_layers, s->n_windows, L, s->N, dt, m2d_calib_expert_flops(&m->cfg, s->N) / dt * 1e-9);
+    printf("wrote %s: %d MoE layers, %d windows x %ld tokens = %.0f tokens, %.1f s (%.1f GFLOP/s in experts), "
+           "peak RSS %.0f MiB\n", out, s->n_layers, s->n_windows, L, s->N, dt,
+           m2d_calib_expert_flops(&m->cfg, s->N) / dt * 1e-9, m2d_cmd_peak_rss_mib());
     printf("model %s\ncalibration %s\nprecision %s (requested %s)\n", s->model_hash, s->calib_hash, s->precision,
            m2d_precision_name(prec));
     rc = 0;

@@ -60,6 +60,7 @@ static int cmd_eval_run(int argc, char **argv) {
         free(s);
         cJSON_AddStringToObject(o, "precision", m2d_precision_name(used));
         cJSON_AddStringToObject(o, "precision_requested", m2d_precision_name(prec));
+        cJSON_AddNumberToObject(o, "peak_rss_mib", m2d_cmd_peak_rss_mib());
         s = cJSON_Print(o);
         puts(s);
         free(s);

@@ -62,6 +62,7 @@ static void print_result(const m2d_ppl_result *r, const char *model, const char 
             cJSON_AddNumberToObject(o, "bits_per_byte", r->bits_per_byte);
         }
         cJSON_AddNumberToObject(o, "seconds", r->seconds);
+        cJSON_AddNumberToObject(o, "peak_rss_mib", m2d_cmd_peak_rss_mib());
         char *s = cJSON_PrintUnformatted(o);
         printf("%s\n", s);
         free(s);
