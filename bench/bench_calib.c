@@ -7,8 +7,9 @@
  * Timings are wall clock, best of R runs; the machine is shared, so expect noise.
  * Env: M2D_MODELS (default ../shared/models), BENCH_WINDOWS (default 4), BENCH_REPEAT (default 3).
  *
- * bench_calib rss DIR calib|eval WINDOWS — peak resident memory of one calibration (or a PPL-style
- * evaluation) of WINDOWS x 512 random tokens on the checkpoint DIR (e.g. the 2- and 4-layer
+ * bench_calib rss DIR calib|eval WINDOWS [fp32|bf16] — peak resident memory and time of one
+ * calibration (or a PPL-style evaluation) of WINDOWS x 512 random tokens on the checkpoint DIR in
+ * that precision (default fp32; calibration also prints its expert GFLOP/s) (e.g. the 2- and 4-layer
  * 30B-shaped slices of `bench_engine write DIR real moe LAYERS`), split into anonymous memory and
  * mapped weight pages (/proc/self/status sampled every 20 ms). */
 #include <cblas.h>
@@ -148,7 +149,12 @@ static double checkpoint_bytes(const char *dir) {
     return b;
 }
 
-static int rss_run(const char *dir, const char *mode, int windows) {
+static int rss_run(const char *dir, const char *mode, int windows, const char *prec_s) {
+    m2d_precision prec;
+    if (m2d_precision_parse(prec_s, "bench_calib rss", &prec)) {
+        fprintf(stderr, "%s\n", m2d_errmsg());
+        return 1;
+    }
     m2d_model *m;
     if (m2d_model_open(dir, &m)) {
         fprintf(stderr, "bench_calib: %s\n", m2d_errmsg());
@@ -167,12 +173,14 @@ static int rss_run(const char *dir, const char *mode, int windows) {
     double t0 = m2d_now();
     int rc = 0;
     if (calib) {
-        calib_arg a = {m, ids, n, {.seq_len = L, .n_samples = windows}};
-        run_calib(&a);
+        calib_arg a = {m, ids, n, {.seq_len = L, .n_samples = windows, .precision = (int)prec}};
+        double tc = run_calib(&a);
+        printf("calibration in %s: %.1f s, %.0f GFLOP/s in the experts\n", prec_s, tc,
+               m2d_calib_expert_flops(&m->cfg, (double)n) / tc * 1e-9);
     } else {
         m2d_engine *e;
         double *lp = m2d_malloc(sizeof(double) * (size_t)L);
-        rc = m2d_engine_new(m, m2d_default_threads(), &e);
+        rc = m2d_engine_open(m, &(m2d_engine_opts){.n_threads = m2d_default_threads(), .precision = prec}, &e);
         for (int w = 0; w < windows && rc == 0; w++) /* as `ppl --protocol gptq`: L-1 predictions */
             rc = m2d_engine_logprobs(e, ids + (size_t)w * L, L - 1, ids + (size_t)w * L + 1, 0, lp);
         if (rc) fprintf(stderr, "bench_calib: %s\n", m2d_errmsg());
@@ -192,7 +200,8 @@ static int rss_run(const char *dir, const char *mode, int windows) {
 }
 
 int main(int argc, char **argv) {
-    if (argc == 5 && strcmp(argv[1], "rss") == 0) return rss_run(argv[2], argv[3], atoi(argv[4]));
+    if ((argc == 5 || argc == 6) && strcmp(argv[1], "rss") == 0)
+        return rss_run(argv[2], argv[3], atoi(argv[4]), argc == 6 ? argv[5] : "fp32");
     const char *models = getenv("M2D_MODELS");
     if (!models) models = "../shared/models";
     char *dir = m2d_path_join(models, "tiny-qwen3moe");
