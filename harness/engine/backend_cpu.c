@@ -176,7 +176,11 @@ static int cpu_make_resident(m2d_backend *be, m2d_weight *wh) {
 static size_t cpu_resident_budget(m2d_backend *be) {
     (void)be;
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    return pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz / 8 : 0;
+    size_t eighth = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz / 8 : 0;
+    /* and at most 1 GiB: a prepared bf16 copy is as big as the mmapped checkpoint it duplicates
+     * (a 30B-shaped 2-layer slice: 3.1 GB of anonymous memory next to 3.5 GB mapped, for a few
+     * per cent per GEMM), so realistic checkpoints stay as stored in either precision */
+    return M2D_MIN(eighth, (size_t)1 << 30);
 }
 
 static void cpu_weight_f32(m2d_backend *be, const m2d_weight *wh, int64_t first, int64_t n, float *dst) {
