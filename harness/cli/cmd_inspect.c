@@ -22,7 +22,8 @@
     "size for K in {k, 2k, 4k, 8k, E}), tensors per dtype, shards, and the weights hash.\n"             \
     "\n"                                                                                                \
     "The dense student merges the K selected experts of each MoE layer into k groups of width\n"        \
-    "d_e, so its FFN width is k*d_e whatever K is: its size is the same for every K (K changes\n"       \
+    "d_e (+ the layer's shared experts), so its FFN width is k*d_e (+ shared) whatever K is: its\n"   \
+    "size is the same for every K (K changes\n"                                                        \
     "which experts are merged, not how many parameters result). It is printed per K anyway.\n"          \
     "\n"                                                                                                \
     "options:\n"                                                                                        \
@@ -156,6 +157,42 @@ static int inspect_st_only(const char *path, int json, int tensors) {
     return 0;
 }
 
+/* the per-family features that change the computation, printed only when the model has them:
+ * RoPE scaling, windows, attention biases and sinks, latent attention, shared experts (and
+ * Qwen2-MoE's gate), group-limited routing and a gate factor, the clamped SwiGLU, quantisation */
+static void print_variants(const m2d_model *m) {
+    const m2d_config *c = &m->cfg;
+    const m2d_rope_scaling *rs = &c->rope_scaling;
+    if (rs->kind == M2D_ROPE_SCALING_YARN)
+        printf("rope scaling   yarn, factor %g over %d original positions\n", rs->factor, rs->original_max_position_embeddings);
+    else if (rs->kind == M2D_ROPE_SCALING_LINEAR) printf("rope scaling   linear, factor %g\n", rs->factor);
+    if (c->layer_window) {
+        printf("windows       ");
+        for (int l = 0; l < c->num_hidden_layers; l++)
+            c->layer_window[l] ? printf(" %d:sliding %d", l, c->layer_window[l]) : printf(" %d:full", l);
+        printf("\n");
+    }
+    const m2d_layer *L = &m->layers[0];
+    if (L->q_bias || L->sinks)
+        printf("attention +    %s%s\n", L->q_bias ? "q/k/v/o biases" : "", L->sinks ? (L->q_bias ? ", learned sinks per head" : "learned sinks per head") : "");
+    if (c->ops.attn == M2D_ATTN_MLA)
+        printf("latent attn    q_lora_rank %d, kv_lora_rank %d, heads of %d + %d rope dims, values %d, scale %.6g\n",
+               c->q_lora_rank, c->kv_lora_rank, c->qk_nope_head_dim, c->rope_dim, c->v_head_dim, c->attn_scale);
+    const m2d_layer *M = NULL;
+    for (int l = 0; l < c->num_hidden_layers && !M; l++)
+        if (c->layer_is_moe[l]) M = &m->layers[l];
+    if (c->shared_expert_intermediate_size)
+        printf("shared experts width %d per MoE layer, always on%s\n", c->shared_expert_intermediate_size,
+               M && M->shared_expert_gate ? ", times sigmoid(shared_expert_gate . x)" : "");
+    if (c->n_group) printf("routing        group-limited: the top-%d of %d expert groups\n", c->topk_group, c->n_group);
+    if (c->routed_scaling_factor && c->routed_scaling_factor != 1)
+        printf("gate factor    routed_scaling_factor %g\n", c->routed_scaling_factor);
+    if (c->ops.ffn_act == M2D_ACT_SWIGLU_CLAMP)
+        printf("activation     clamped SwiGLU (u + 1) g sigmoid(%g g), limit %g; expert and router biases\n",
+               c->ops.act_alpha, c->ops.act_limit);
+    if (c->quant_method[0]) printf("quantization   %s experts, dequantised exactly to bf16 on load\n", c->quant_method);
+}
+
 static void print_text(const m2d_model *m) {
     const m2d_config *c = &m->cfg;
     m2d_param_counts p = m2d_model_param_counts(c);
@@ -173,6 +210,7 @@ static void print_text(const m2d_model *m) {
     printf("hidden_size    %d\n", c->hidden_size);
     printf("attention      %d query / %d kv heads x head_dim %d, rope_theta %g, rms_norm_eps %g\n",
            c->num_attention_heads, c->num_key_value_heads, c->head_dim, c->rope_theta, c->rms_norm_eps);
+    print_variants(m);
     if (c->num_experts > 0) {
         printf("experts        %d routed, top-%d, norm_topk_prob %s, expert width d_e %d\n", c->num_experts,
                c->num_experts_per_tok, c->norm_topk_prob ? "true" : "false", c->moe_intermediate_size);
@@ -190,10 +228,21 @@ static void print_text(const m2d_model *m) {
            commas(p.active, b1, sizeof b1), c->num_experts > 0 ? c->num_experts_per_tok : 0);
     if (c->num_experts > 0) {
         int ks[5], nk = k_values(c, ks);
-        printf("dense student  FFN width k*d_e = %d*%d = %d in every MoE layer, no router;\n",
-               c->num_experts_per_tok, c->moe_intermediate_size, c->num_experts_per_tok * c->moe_intermediate_size);
+        int kd = c->num_experts_per_tok * c->moe_intermediate_size, sh = c->shared_expert_intermediate_size;
+        if (sh)
+            printf("dense student  FFN width k*d_e + shared = %d*%d + %d = %d in every layer, no router;\n",
+                   c->num_experts_per_tok, c->moe_intermediate_size, sh, kd + sh);
+        else
+            printf("dense student  FFN width k*d_e = %d*%d = %d in every MoE layer, no router;\n",
+                   c->num_experts_per_tok, c->moe_intermediate_size, kd);
         printf("               same size for every K (K picks which experts merge into the k groups)\n");
         for (int i = 0; i < nk; i++) printf("               K=%-4d %s\n", ks[i], commas(p.dense_student, b1, sizeof b1));
+        /* the paper's Table 18 and the model cards count active parameters without the input
+         * embedding (a lookup, not a matmul) */
+        int64_t embed = (int64_t)c->vocab_size * c->hidden_size;
+        char b2[32];
+        printf("               without the input embedding: active %s, dense student %s\n",
+               commas(p.active - embed, b1, sizeof b1), commas(p.dense_student - embed, b2, sizeof b2));
     } else {
         printf("dense student  n/a (already dense)\n");
     }
@@ -216,6 +265,7 @@ static cJSON *config_json(const m2d_config *c) {
     cJSON_AddNumberToObject(j, "moe_intermediate_size", c->moe_intermediate_size);
     cJSON_AddNumberToObject(j, "num_experts", c->num_experts);
     cJSON_AddNumberToObject(j, "num_experts_per_tok", c->num_experts_per_tok);
+    cJSON_AddNumberToObject(j, "shared_expert_intermediate_size", c->shared_expert_intermediate_size);
     cJSON_AddBoolToObject(j, "norm_topk_prob", c->norm_topk_prob);
     cJSON_AddNumberToObject(j, "decoder_sparse_step", c->decoder_sparse_step);
     cJSON *mo = cJSON_AddArrayToObject(j, "mlp_only_layers");

@@ -29,15 +29,26 @@ void m2d_merge_matrices(const float *const *src, const double *w, int n, size_t 
     }
 }
 
+void m2d_concat_ffn_blocks(int n, int d, const int *widths, const float *const *gates, const float *const *ups,
+                           const float *const *downs, float *gate, float *up, float *down) {
+    int total = 0, off = 0;
+    for (int b = 0; b < n; b++) total += widths[b];
+    for (int b = 0; b < n; b++) {
+        size_t blk = (size_t)widths[b] * d;
+        memcpy(gate + (size_t)off * d, gates[b], blk * sizeof(float));
+        memcpy(up + (size_t)off * d, ups[b], blk * sizeof(float));
+        for (int r = 0; r < d; r++)
+            memcpy(down + (size_t)r * total + off, downs[b] + (size_t)r * widths[b], (size_t)widths[b] * sizeof(float));
+        off += widths[b];
+    }
+}
+
 void m2d_concat_ffn(int k, int d, int d_e, const float *const *gates, const float *const *ups,
                     const float *const *downs, float *gate, float *up, float *down) {
-    size_t blk = (size_t)d_e * d;
-    for (int g = 0; g < k; g++) {
-        memcpy(gate + g * blk, gates[g], blk * sizeof(float));
-        memcpy(up + g * blk, ups[g], blk * sizeof(float));
-        for (int r = 0; r < d; r++)
-            memcpy(down + (size_t)r * k * d_e + (size_t)g * d_e, downs[g] + (size_t)r * d_e, (size_t)d_e * sizeof(float));
-    }
+    int *w = m2d_malloc(sizeof(int) * (size_t)k);
+    for (int g = 0; g < k; g++) w[g] = d_e;
+    m2d_concat_ffn_blocks(k, d, w, gates, ups, downs, gate, up, down);
+    free(w);
 }
 
 void m2d_swiglu_ref(int d, int inter, const float *gate, const float *up, const float *down, const float *x, float *y) {
@@ -222,6 +233,10 @@ static int plan_layer(const m2d_model *t, const m2d_layer_stats *ls, const m2d_c
         rc = m2d_scale_run(ps->p[2], &vs, lp->selected, lp->scores, group_of, alpha);
     }
     if (rc == 0) rc = canonicalize(lp, group_of, alpha, E, ps->p[1]->name);
+    /* DeepSeek's routed_scaling_factor multiplies every gate of the teacher: the dense FFN scales its
+     * groups by it too (the scaling rules speak of p; a smaller MoE keeps the factor in its router) */
+    for (int g = 0; rc == 0 && o->target == M2D_TARGET_DENSE && c->routed_scaling_factor > 0 && g < G; g++)
+        lp->alpha[g] *= c->routed_scaling_factor;
     free(group_of);
     free(alpha);
     return rc;
@@ -374,21 +389,71 @@ static float *merge_tensors(const m2d_tensor *const *ts, const int *members, con
     return out;
 }
 
-/* New FFN tensor of role ROLE (SCOPE: DENSE, MOE or EXPERT) named by ARCH's tensor table. */
+/* New FFN tensor of role ROLE (SCOPE: DENSE, MOE or EXPERT) named by ARCH's tensor table; an
+ * architecture that writes its FFN block itself (write_ffn: fused or quantised layouts) stores
+ * it under other names, and the tensor gets a descriptive one. */
 static const m2d_tensor *role_tensor(student_owner *o, const m2d_arch *arch, m2d_scope scope, int role, int layer,
                                      int expert, m2d_dtype dt, int rows, int cols, const float *src) {
     char name[256];
-    if (m2d_arch_tensor_name(arch, scope, role, layer, expert, name, sizeof name) != 0) return NULL;
+    if (arch->write_ffn && scope == M2D_SCOPE_EXPERT)
+        snprintf(name, sizeof name, "model.layers.%d.experts.%d.%s", layer, expert, m2d_expert_role_name(role));
+    else if (arch->write_ffn)
+        snprintf(name, sizeof name, "model.layers.%d.%s", layer, m2d_layer_role_name(role));
+    else if (m2d_arch_tensor_name(arch, scope, role, layer, expert, name, sizeof name) != 0)
+        return NULL;
     return new_tensor(o, name, dt, rows, cols, src);
 }
 
+/* A student that stores its dense FFN as one expert routed top-1 (OLMoE's) has a router of one row:
+ * zeros (the softmax over one logit is 1 whatever its value). NULL for every other student. */
+static const m2d_tensor *one_expert_router(student_owner *o, const m2d_arch *sa, int layer, m2d_dtype dt, int d) {
+    if (!m2d_arch_has_tensor(sa, M2D_SCOPE_DENSE, M2D_T_ROUTER)) return NULL;
+    float *zero = m2d_calloc((size_t)d, sizeof(float));
+    const m2d_tensor *r = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_ROUTER, layer, 0, dt, 1, d, zero);
+    free(zero);
+    return r;
+}
+
+/* The dense FFN's biases, when the teacher's experts have them: gate/up merged like the weights
+ * and concatenated per group; down merged, scaled by α_g and summed over the groups (group g adds
+ * α_g (W_down^(g) h_g + b_down^(g))), in fp64 with one rounding. WIDTH: the dense FFN's. */
+static int build_dense_biases(student_owner *o, const m2d_model *t, const m2d_layer_plan *lp, int width, m2d_layer *dst) {
+    const m2d_layer *src = &t->layers[lp->layer];
+    int d = t->cfg.hidden_size, de = t->cfg.moe_intermediate_size, G = lp->n_groups;
+    const m2d_tensor *const *tb[3] = {src->exp_gate_bias, src->exp_up_bias, src->exp_down_bias};
+    const int roles[3] = {M2D_T_GATE_BIAS, M2D_T_UP_BIAS, M2D_T_DOWN_BIAS};
+    for (int b = 0; b < 3; b++) {
+        if (!tb[b]) continue;
+        int n = b == 2 ? d : width; /* a shared expert's part (after the groups') has no bias */
+        double *acc = m2d_calloc((size_t)n, sizeof(double));
+        for (int g = 0; g < G; g++)
+            for (int i = lp->group_start[g]; i < lp->group_start[g + 1]; i++) {
+                float *v = m2d_tensor_f32(tb[b][lp->members[i]]);
+                double wi = lp->merge_w[i] * (b == 2 ? lp->alpha[g] : 1.0);
+                for (int j = 0; j < (b == 2 ? d : de); j++) acc[(b == 2 ? 0 : (size_t)g * de) + j] += wi * v[j];
+                free(v);
+            }
+        float *out = m2d_malloc((size_t)n * sizeof(float));
+        for (int j = 0; j < n; j++) out[j] = (float)acc[j];
+        dst->w[roles[b]] = role_tensor(o, o->m.arch, M2D_SCOPE_DENSE, roles[b], lp->layer, 0, tb[b][0]->dtype, n, 0, out);
+        free(acc);
+        free(out);
+        if (!dst->w[roles[b]]) return -1;
+    }
+    return 0;
+}
+
+/* The dense FFN of an MoE layer: the k merged groups (down projections scaled by alpha), then the
+ * layer's shared experts copied with alpha = 1 (SPEC §4), concatenated. */
 static int build_dense_layer(student_owner *o, const m2d_model *t, const m2d_layer_plan *lp, m2d_layer *dst) {
     const m2d_config *c = &t->cfg;
     const m2d_layer *src = &t->layers[lp->layer];
-    int d = c->hidden_size, de = c->moe_intermediate_size, G = lp->n_groups;
+    int d = c->hidden_size, de = c->moe_intermediate_size, G = lp->n_groups, shared = src->shared_gate_proj != NULL;
+    int nb = G + shared, *widths = m2d_malloc(sizeof(int) * (size_t)nb);
     m2d_dtype dt = src->exp_gate[0]->dtype;
-    float **gs = m2d_malloc((size_t)G * sizeof *gs), **us = m2d_malloc((size_t)G * sizeof *us),
-          **ds = m2d_malloc((size_t)G * sizeof *ds);
+    float **gs = m2d_malloc((size_t)nb * sizeof *gs), **us = m2d_malloc((size_t)nb * sizeof *us),
+          **ds = m2d_malloc((size_t)nb * sizeof *ds);
+    size_t W = 0;
     for (int g = 0; g < G; g++) {
         const int *mem = lp->members + lp->group_start[g];
         const double *w = lp->merge_w + lp->group_start[g];
@@ -396,67 +461,92 @@ static int build_dense_layer(student_owner *o, const m2d_model *t, const m2d_lay
         gs[g] = merge_tensors(src->exp_gate, mem, w, n, 1.0);
         us[g] = merge_tensors(src->exp_up, mem, w, n, 1.0);
         ds[g] = merge_tensors(src->exp_down, mem, w, n, lp->alpha[g]);
+        W += (size_t)(widths[g] = de);
     }
-    size_t W = (size_t)G * de;
+    if (shared) {
+        gs[G] = m2d_tensor_f32(src->shared_gate_proj);
+        us[G] = m2d_tensor_f32(src->shared_up_proj);
+        ds[G] = m2d_tensor_f32(src->shared_down_proj);
+        W += (size_t)(widths[G] = c->shared_expert_intermediate_size);
+    }
     float *gate = m2d_malloc(W * d * sizeof(float)), *up = m2d_malloc(W * d * sizeof(float)),
           *down = m2d_malloc(W * d * sizeof(float));
-    m2d_concat_ffn(G, d, de, (const float *const *)gs, (const float *const *)us, (const float *const *)ds, gate, up, down);
+    m2d_concat_ffn_blocks(nb, d, widths, (const float *const *)gs, (const float *const *)us, (const float *const *)ds,
+                          gate, up, down);
     const m2d_arch *sa = o->m.arch; /* the student's names */
     dst->gate_proj = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_GATE, lp->layer, 0, dt, (int)W, d, gate);
     dst->up_proj = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_UP, lp->layer, 0, dt, (int)W, d, up);
     dst->down_proj = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_DOWN, lp->layer, 0, dt, d, (int)W, down);
-    dst->router = NULL;
-    dst->exp_gate = dst->exp_up = dst->exp_down = NULL;
-    for (int g = 0; g < G; g++) { free(gs[g]); free(us[g]); free(ds[g]); }
-    free(gs); free(us); free(ds); free(gate); free(up); free(down);
-    return dst->gate_proj && dst->up_proj && dst->down_proj ? 0 : -1;
+    dst->router = one_expert_router(o, sa, lp->layer, src->router->dtype, d);
+    dst->router_bias = NULL;
+    for (int r = 0; r < M2D_X_COUNT; r++) dst->x[r] = NULL;
+    dst->shared_gate_proj = dst->shared_up_proj = dst->shared_down_proj = dst->shared_expert_gate = NULL;
+    for (int b = 0; b < nb; b++) { free(gs[b]); free(us[b]); free(ds[b]); }
+    free(gs); free(us); free(ds); free(gate); free(up); free(down); free(widths);
+    if (!dst->gate_proj || !dst->up_proj || !dst->down_proj) return -1;
+    return build_dense_biases(o, t, lp, (int)W, dst);
+}
+
+/* Router rows (and bias entries, one "row" of width 1) of the --target moe student: each member's
+ * own (shared) or the merge-weighted average of the group's (average). */
+static float *moe_router_rows(const m2d_tensor *tr, const m2d_layer_plan *lp, int shared, int X, int width) {
+    float *router = m2d_tensor_f32(tr), *rows = m2d_calloc((size_t)X * width, sizeof(float));
+    for (int g = 0; g < lp->n_groups; g++) {
+        int first = lp->group_start[g], n = lp->group_start[g + 1] - first;
+        const int *mem = lp->members + first;
+        for (int i = 0; i < n && shared; i++)
+            memcpy(rows + (size_t)(first + i) * width, router + (size_t)mem[i] * width, (size_t)width * sizeof(float));
+        for (int j = 0; j < width && !shared; j++) {
+            double acc = 0;
+            for (int i = 0; i < n; i++) acc += lp->merge_w[first + i] * router[(size_t)mem[i] * width + j];
+            rows[(size_t)g * width + j] = (float)acc;
+        }
+    }
+    free(router);
+    return rows;
 }
 
 /* --target moe layer. Group g's merged expert goes to one slot (average) or to the slot of
- * every member (shared: slots follow the canonical member order, each keeping its router row). */
+ * every member (shared: slots follow the canonical member order, each keeping its router row).
+ * Every expert role the teacher has (weights, and biases when present) is merged the same way. */
 static int build_moe_layer(student_owner *o, const m2d_model *t, const m2d_convert_plan *plan,
                            const m2d_layer_plan *lp, m2d_layer *dst, int slot) {
     const m2d_config *c = &t->cfg;
     const m2d_layer *src = &t->layers[lp->layer];
     int d = c->hidden_size, de = c->moe_intermediate_size, G = lp->n_groups;
     int shared = plan->moe_router == M2D_MOE_ROUTER_SHARED, X = shared ? lp->K : G;
-    m2d_dtype dt = src->exp_gate[0]->dtype;
-    const m2d_tensor **arr = m2d_malloc((size_t)3 * X * sizeof *arr);
+    const m2d_tensor **arr = m2d_calloc((size_t)M2D_X_COUNT * X, sizeof *arr);
     o->ptr_arrays[slot] = arr;
-    dst->exp_gate = arr;
-    dst->exp_up = arr + X;
-    dst->exp_down = arr + 2 * X;
-    float *router = m2d_tensor_f32(src->router), *rows = m2d_calloc((size_t)X * d, sizeof(float));
-    const m2d_tensor *const *mats[3] = {src->exp_gate, src->exp_up, src->exp_down};
-    const int role[3] = {M2D_X_EXP_GATE, M2D_X_EXP_UP, M2D_X_EXP_DOWN};
+    /* shape [rows, cols] of each expert role (cols 0: a vector) */
+    const int rows[M2D_X_COUNT] = {de, de, d, de, de, d}, cols[M2D_X_COUNT] = {d, d, de, 0, 0, 0};
+    _Static_assert(M2D_X_COUNT == 6, "expert roles: shapes above");
     int rc = 0;
+    for (int r = 0; r < M2D_X_COUNT; r++) dst->x[r] = src->x[r] ? arr + (size_t)r * X : NULL;
     for (int g = 0; g < G && rc == 0; g++) {
         int first = lp->group_start[g], n = lp->group_start[g + 1] - first;
-        const int *mem = lp->members + first;
-        const double *w = lp->merge_w + first;
         int slot0 = shared ? first : g, n_slots = shared ? n : 1;
-        for (int m = 0; m < 3; m++) {
-            float *merged = merge_tensors(mats[m], mem, w, n, 1.0);
-            for (int x = slot0; x < slot0 + n_slots; x++) {
-                arr[m * X + x] = role_tensor(o, o->m.arch, M2D_SCOPE_EXPERT, role[m], lp->layer, x, dt, m == 2 ? d : de,
-                                             m == 2 ? de : d, merged);
-                if (!arr[m * X + x]) rc = -1;
-            }
+        for (int r = 0; r < M2D_X_COUNT && rc == 0; r++) {
+            if (!src->x[r]) continue;
+            float *merged = merge_tensors(src->x[r], lp->members + first, lp->merge_w + first, n, 1.0);
+            for (int x = slot0; x < slot0 + n_slots; x++)
+                if (!(arr[(size_t)r * X + x] = role_tensor(o, o->m.arch, M2D_SCOPE_EXPERT, r, lp->layer, x,
+                                                           src->x[r][0]->dtype, rows[r], cols[r], merged)))
+                    rc = -1;
             free(merged);
         }
-        for (int i = 0; i < n && shared; i++)
-            memcpy(rows + (size_t)(first + i) * d, router + (size_t)mem[i] * d, (size_t)d * sizeof(float));
-        for (int j = 0; j < d && !shared; j++) {
-            double acc = 0;
-            for (int i = 0; i < n; i++) acc += w[i] * router[(size_t)mem[i] * d + j];
-            rows[(size_t)g * d + j] = (float)acc;
-        }
     }
-    if (rc == 0)
-        dst->router = role_tensor(o, o->m.arch, M2D_SCOPE_MOE, M2D_T_ROUTER, lp->layer, 0, src->router->dtype, X, d, rows);
-    free(router);
-    free(rows);
-    return rc == 0 && dst->router ? 0 : -1;
+    if (rc) return -1;
+    float *rr = moe_router_rows(src->router, lp, shared, X, d);
+    dst->router = role_tensor(o, o->m.arch, M2D_SCOPE_MOE, M2D_T_ROUTER, lp->layer, 0, src->router->dtype, X, d, rr);
+    free(rr);
+    if (dst->router && src->router_bias) {
+        float *rb = moe_router_rows(src->router_bias, lp, shared, X, 1);
+        dst->router_bias = role_tensor(o, o->m.arch, M2D_SCOPE_MOE, M2D_T_ROUTER_BIAS, lp->layer, 0,
+                                       src->router_bias->dtype, X, 0, rb);
+        free(rb);
+        if (!dst->router_bias) return -1;
+    }
+    return dst->router ? 0 : -1;
 }
 
 /* Dense teacher layer narrower than the student width: zero-pad (SPEC §4). */
@@ -465,7 +555,7 @@ static int pad_dense_layer(student_owner *o, const m2d_model *t, int l, int widt
     int d = t->cfg.hidden_size, w0 = (int)src->gate_proj->shape[0];
     if (w0 == width) return 0;
     if (w0 > width)
-        return m2d_err("convert: dense layer %d is wider (%d) than the student width k*d_e = %d; the dense student "
+        return m2d_err("convert: dense layer %d is wider (%d) than the student width %d (k*d_e + shared experts); the dense student "
                        "(%s) has one intermediate_size for all layers", l, w0, width, o->m.cfg.arch);
     float *g = m2d_calloc((size_t)width * d, sizeof(float)), *u = m2d_calloc((size_t)width * d, sizeof(float)),
           *dn = m2d_calloc((size_t)width * d, sizeof(float));
@@ -484,12 +574,17 @@ static int pad_dense_layer(student_owner *o, const m2d_model *t, int l, int widt
     return dst->gate_proj && dst->up_proj && dst->down_proj ? 0 : -1;
 }
 
+/* The dense student's FFN width: the k groups of d_e and the shared experts (SPEC §4: d_dense). */
+static int student_width(const m2d_config *c, const m2d_convert_plan *plan) {
+    return plan->n_groups * c->moe_intermediate_size + c->shared_expert_intermediate_size;
+}
+
 /* The student's config: the teacher adapter rewrites the teacher's config.json (m2d_arch_student_config)
  * and the one config reader parses it, so the in-memory student and the written config.json agree
  * by construction. The dense student must be the architecture the teacher adapter names. */
 static int student_config(student_owner *o, const m2d_model *t, const m2d_convert_plan *plan) {
     const m2d_config *c = &t->cfg;
-    m2d_student_shape sh = {plan->target == M2D_TARGET_MOE, plan->n_groups * c->moe_intermediate_size, 0, 0};
+    m2d_student_shape sh = {plan->target == M2D_TARGET_MOE, student_width(c, plan), 0, 0};
     if (sh.moe) {
         sh.n_experts = m2d_convert_moe_experts(plan);
         sh.top_k = M2D_MIN(c->num_experts_per_tok, sh.n_experts);
@@ -507,7 +602,7 @@ static int student_config(student_owner *o, const m2d_model *t, const m2d_conver
 
 static int build_layers(student_owner *o, const m2d_model *t, const m2d_convert_plan *plan) {
     const m2d_config *c = &t->cfg;
-    int width = plan->n_groups * c->moe_intermediate_size, rc = 0;
+    int width = student_width(c, plan), rc = 0;
     for (int l = 0, i = 0; l < c->num_hidden_layers && rc == 0; l++) {
         if (c->layer_is_moe[l]) {
             const m2d_layer_plan *lp = &plan->layers[i];
@@ -643,8 +738,12 @@ static int add_tensor(m2d_st_writer *w, const m2d_tensor *t) {
     return m2d_st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data);
 }
 
-/* The FFN block of a student layer: its FFN roles (dense gate/up/down, router), then each expert's. */
-static int add_layer_tensors(m2d_st_writer *w, const m2d_layer *l, const m2d_config *c) {
+/* The FFN block of a student layer: its FFN roles (dense gate/up/down, router), then each expert's;
+ * or as the student's architecture stores them (write_ffn). */
+static int add_layer_tensors(m2d_st_writer *w, const m2d_model *s, int layer) {
+    if (s->arch->write_ffn) return s->arch->write_ffn(s, layer, w);
+    const m2d_layer *l = &s->layers[layer];
+    const m2d_config *c = &s->cfg;
     for (int r = 0; r < M2D_T_COUNT; r++)
         if (m2d_layer_role_is_ffn(r) && l->w[r] && add_tensor(w, l->w[r])) return -1;
     for (int e = 0; l->router && e < c->num_experts; e++)
@@ -653,13 +752,22 @@ static int add_layer_tensors(m2d_st_writer *w, const m2d_layer *l, const m2d_con
     return 0;
 }
 
-/* Mark the teacher's FFN-block tensors of layer L (the ones the student replaces) in SKIP[st index]. */
+/* SKIP[st index of X] = 1 when X is one of the teacher's stored tensors (not one post_bind made). */
+static void mark_stored(const m2d_model *t, const m2d_tensor *x, char *skip) {
+    int i = x ? m2d_st_index_of(t->st, x->name) : -1;
+    if (i >= 0 && m2d_st_at(t->st, i) == x) skip[i] = 1;
+}
+
+/* Mark the teacher's FFN-block tensors of layer L (the ones the student replaces) in SKIP[st index]:
+ * those bound to FFN roles and experts, and those post_bind read for them. */
 static void mark_ffn_block(const m2d_model *t, int l, char *skip) {
     const m2d_layer *L = &t->layers[l];
     for (int r = 0; r < M2D_T_COUNT; r++)
-        if (m2d_layer_role_is_ffn(r) && L->w[r]) skip[m2d_st_index_of(t->st, L->w[r]->name)] = 1;
+        if (m2d_layer_role_is_ffn(r)) mark_stored(t, L->w[r], skip);
     for (int r = 0; r < M2D_X_COUNT; r++)
-        for (int e = 0; L->x[r] && e < t->cfg.num_experts; e++) skip[m2d_st_index_of(t->st, L->x[r][e]->name)] = 1;
+        for (int e = 0; L->x[r] && e < t->cfg.num_experts; e++) mark_stored(t, L->x[r][e], skip);
+    for (int i = 0; i < t->n_claimed; i++)
+        if (t->claimed[i].layer == l && t->claimed[i].part == M2D_PART_FFN) mark_stored(t, t->claimed[i].t, skip);
 }
 
 static int write_weights(const m2d_model *t, const m2d_model *s, const char *dir) {
@@ -674,7 +782,7 @@ static int write_weights(const m2d_model *t, const m2d_model *s, const char *dir
     for (int i = 0; i < n && rc == 0; i++)
         if (!skip[i]) rc = add_tensor(w, m2d_st_at(t->st, i)); /* bit-exact copy */
     for (int l = 0; l < t->cfg.num_hidden_layers && rc == 0; l++)
-        if (replaced[l]) rc = add_layer_tensors(w, &s->layers[l], &s->cfg);
+        if (replaced[l]) rc = add_layer_tensors(w, s, l);
     free(replaced);
     free(skip);
     char *p = m2d_path_join(dir, "model.safetensors");

@@ -255,38 +255,41 @@ static void cpu_rmsnorm(m2d_backend *be, const m2d_mat *x, const m2d_weight *w, 
     rmsnorm_rows(F(x), x->ld, wv, x->rows, x->cols, eps, F(y), y->ld);
 }
 
-/* rotate-half: for i < hd/2, f = pos * theta^(-2i/hd): (a, b) = (x[i], x[i+hd/2]) ->
- * (a cos f - b sin f, b cos f + a sin f); angles in double */
+/* RoPE (m2d_rope_args): pair i of each head's first rot dims, (a, b) = (x[i], x[i + rot/2]) for
+ * rotate-half or (x[2i], x[2i+1]) interleaved, turns by f = pos * inv_freq[i]:
+ * (a cos f - b sin f, b cos f + a sin f), cos and sin times attn_factor; angles in double */
 static void cpu_rope(m2d_backend *be, m2d_mat *xm, int n_heads, int hd, const m2d_buf *posb, const m2d_rope_args *r) {
     (void)be;
     float *x = F(xm);
     const int32_t *pos = B(posb);
-    int half = hd / 2;
-    double inv_freq[M2D_MAX_HEAD_DIM / 2];
+    int rot = r->rot_dim ? r->rot_dim : hd, half = rot / 2;
+    int inter = r->kind == M2D_ROPE_INTERLEAVED, step = inter ? 2 : 1, partner = inter ? 1 : half;
+    double af = r->attn_factor != 0 ? r->attn_factor : 1, inv_freq[M2D_MAX_HEAD_DIM / 2];
     float cs[M2D_MAX_HEAD_DIM / 2], sn[M2D_MAX_HEAD_DIM / 2];
-    for (int i = 0; i < half; i++) inv_freq[i] = pow(r->theta, -2.0 * i / hd);
+    for (int i = 0; i < half; i++) inv_freq[i] = r->inv_freq ? r->inv_freq[i] : pow(r->theta, -2.0 * i / rot);
     for (int t = 0; t < xm->rows; t++) {
         for (int i = 0; i < half; i++) {
             double f = pos[t] * inv_freq[i];
-            cs[i] = (float)cos(f);
-            sn[i] = (float)sin(f);
+            cs[i] = (float)(cos(f) * af);
+            sn[i] = (float)(sin(f) * af);
         }
         for (int h = 0; h < n_heads; h++) {
             float *v = x + (size_t)t * xm->ld + (size_t)h * hd;
             for (int i = 0; i < half; i++) {
-                float a = v[i], b = v[i + half];
-                v[i] = a * cs[i] - b * sn[i];
-                v[i + half] = b * cs[i] + a * sn[i];
+                float *pa = v + i * step, *pb = pa + partner, a = *pa, b = *pb;
+                *pa = a * cs[i] - b * sn[i];
+                *pb = b * cs[i] + a * sn[i];
             }
         }
     }
 }
 
-/* in-place softmax of one row (max-subtracted, sum in double) */
-static void softmax_row(float *x, int n) {
-    float m = -INFINITY;
+/* in-place softmax of one row (max-subtracted, sum in double); with SINK (not NULL) one more
+ * logit *SINK joins the max and the denominator (an attention sink: its probability is dropped) */
+static void softmax_sink(float *x, int n, const float *sink) {
+    float m = sink ? *sink : -INFINITY;
     for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
-    double s = 0;
+    double s = sink ? expf(*sink - m) : 0;
     for (int i = 0; i < n; i++) {
         x[i] = expf(x[i] - m);
         s += x[i];
@@ -294,6 +297,8 @@ static void softmax_row(float *x, int n) {
     float inv = (float)(1.0 / s);
     for (int i = 0; i < n; i++) x[i] *= inv;
 }
+
+static void softmax_row(float *x, int n) { softmax_sink(x, n, NULL); }
 
 static void swiglu(const float *g, const float *u, int64_t n, float *h) {
     for (int64_t i = 0; i < n; i++) h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
@@ -306,12 +311,52 @@ static void cpu_glu(m2d_backend *be, m2d_ffn_act act, m2d_mat *g, const m2d_mat 
         swiglu(F(g) + (size_t)r * g->ld, F(u) + (size_t)r * u->ld, g->cols, F(g) + (size_t)r * g->ld);
 }
 
+/* GPT-OSS's clamped SwiGLU (modelling_gpt_oss.py GptOssExperts._apply_gate), h may be g */
+static void swiglu_clamp(const float *g, const float *u, int64_t n, float alpha, float limit, float *h) {
+    for (int64_t i = 0; i < n; i++) {
+        float a = fminf(g[i], limit), b = fminf(fmaxf(u[i], -limit), limit);
+        h[i] = (b + 1.0f) * (a / (1.0f + expf(-alpha * a)));
+    }
+}
+
+static void cpu_glu_clamp(m2d_backend *be, m2d_mat *g, const m2d_mat *u, float alpha, float limit) {
+    (void)be;
+    for (int r = 0; r < g->rows; r++)
+        swiglu_clamp(F(g) + (size_t)r * g->ld, F(u) + (size_t)r * u->ld, g->cols, alpha, limit,
+                     F(g) + (size_t)r * g->ld);
+}
+
+static void add_rows(float *y, int ld, int rows, int cols, const float *b) {
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < cols; i++) y[(size_t)r * ld + i] += b[i];
+}
+
+static void cpu_add_bias(m2d_backend *be, m2d_mat *y, const m2d_weight *b) {
+    add_rows(F(y), y->ld, y->rows, y->cols, wrows(CPU(be), b, 0, y->cols));
+}
+
 static void cpu_add(m2d_backend *be, m2d_mat *y, const m2d_mat *x) {
     (void)be;
     for (int r = 0; r < y->rows; r++) {
         float *yr = F(y) + (size_t)r * y->ld;
         const float *xr = F(x) + (size_t)r * x->ld;
         for (int i = 0; i < y->cols; i++) yr[i] += xr[i];
+    }
+}
+
+static void cpu_sigmoid_scale(m2d_backend *be, m2d_mat *y, const m2d_mat *sm) {
+    (void)be;
+    for (int r = 0; r < y->rows; r++) {
+        float *yr = F(y) + (size_t)r * y->ld, g = 1.0f / (1.0f + expf(-F(sm)[(size_t)r * sm->ld]));
+        for (int i = 0; i < y->cols; i++) yr[i] *= g;
+    }
+}
+
+static void cpu_clamp(m2d_backend *be, m2d_mat *x, float limit) {
+    (void)be;
+    for (int r = 0; r < x->rows; r++) {
+        float *xr = F(x) + (size_t)r * x->ld;
+        for (int i = 0; i < x->cols; i++) xr[i] = xr[i] < -limit ? -limit : xr[i] > limit ? limit : xr[i];
     }
 }
 
@@ -348,22 +393,53 @@ static void topk_row(const float *p, int E, int k, int32_t *idx, uint8_t *taken)
     }
 }
 
+/* DeepSeek's group_limited_greedy: the NG groups of E / NG experts ranked by their largest p, the
+ * TG best kept (ties -> lower group), the others' p taken as 0, then top-k (transformers' masked_fill
+ * and topk). MASKED: scratch [E]. */
+static void group_limited_topk(const float *p, int E, int k, int NG, int TG, int32_t *id, uint8_t *taken,
+                               float *masked) {
+    int per = E / NG;
+    int32_t gid[M2D_MAX_EXPERT_GROUPS];
+    float gmax[M2D_MAX_EXPERT_GROUPS];
+    for (int g = 0; g < NG; g++) {
+        gmax[g] = -INFINITY;
+        for (int i = 0; i < per; i++) gmax[g] = fmaxf(gmax[g], p[g * per + i]);
+    }
+    topk_row(gmax, NG, TG, gid, taken);
+    for (int i = 0; i < E; i++) masked[i] = 0;
+    for (int j = 0; j < TG; j++) memcpy(masked + gid[j] * per, p + gid[j] * per, sizeof(float) * (size_t)per);
+    topk_row(masked, E, k, id, taken);
+}
+
 static void cpu_route(m2d_backend *be, m2d_mat *logits, const m2d_route_args *r, m2d_buf *topkb, m2d_buf *gatesb) {
     (void)be;
     int E = logits->cols, k = r->k;
     int32_t *topk = B(topkb);
     float *gates = B(gatesb);
     uint8_t *taken = m2d_malloc((size_t)E);
+    float *sel = m2d_malloc(sizeof(float) * (size_t)k), *masked = r->n_group > 0 ? m2d_malloc(sizeof(float) * (size_t)E) : NULL;
     for (int t = 0; t < logits->rows; t++) {
-        float *p = F(logits) + (size_t)t * logits->ld;
+        float *p = F(logits) + (size_t)t * logits->ld, *g = gates + (size_t)t * k;
         int32_t *id = topk + (size_t)t * k;
-        softmax_row(p, E); /* M2D_ROUTER_SOFTMAX_TOPK is the only router kind */
-        topk_row(p, E, k, id, taken);
+        if (r->kind == M2D_ROUTER_TOPK_SOFTMAX) { /* top-k of the logits, softmax over those k */
+            topk_row(p, E, k, id, taken);
+            for (int j = 0; j < k; j++) sel[j] = p[id[j]];
+            softmax_row(sel, k);
+            memcpy(g, sel, sizeof(float) * (size_t)k);
+            softmax_row(p, E); /* the full softmax, for the calibration hook */
+            continue;
+        }
+        softmax_row(p, E);
+        if (r->n_group > 0) group_limited_topk(p, E, k, r->n_group, r->topk_group, id, taken, masked);
+        else topk_row(p, E, k, id, taken);
         double s = 0;
         for (int j = 0; j < k; j++) s += p[id[j]];
-        for (int j = 0; j < k; j++) gates[(size_t)t * k + j] = r->renorm ? (float)(p[id[j]] / s) : p[id[j]];
+        for (int j = 0; j < k; j++) g[j] = r->renorm ? (float)(p[id[j]] / s) : p[id[j]];
+        for (int j = 0; j < k && r->scale != 0; j++) g[j] *= r->scale;
     }
     free(taken);
+    free(sel);
+    free(masked);
 }
 
 /* ---- attention ---- */
@@ -398,6 +474,9 @@ typedef struct {
     int ldq, ldk, nq, np, n_heads, n_kv, hd, ldo;
     size_t p_head_stride;
     float *out;
+    int window;          /* 0: full causal */
+    const float *sinks;  /* [n_heads] or NULL */
+    float scale;         /* of the scores */
 } attn_host;
 
 typedef struct {
@@ -405,34 +484,40 @@ typedef struct {
     int row_block, n_blocks;
 } attn_job;
 
-/* per-row dot products: head h, a block of query rows */
+/* first key position segment row i sees (its own position is np + i) */
+static int first_key(const attn_host *j, int i) { return j->window > 0 ? M2D_MAX(0, j->np + i + 1 - j->window) : 0; }
+
+/* per-row dot products: head h, a block of query rows; scores sc[t] for key positions t in
+ * [lo, np + i] (prefix t < np, segment rows t - np) */
 static void attn_item(void *ctx, int item) {
     const attn_job *jb = ctx;
     const attn_host *j = jb->a;
     int h = item / jb->n_blocks, blk = item % jb->n_blocks;
     int g = h / (j->n_heads / j->n_kv), hd = j->hd;
     int r0 = blk * jb->row_block, r1 = M2D_MIN(r0 + jb->row_block, j->nq);
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = j->scale;
     float *sc = m2d_malloc(sizeof(float) * (size_t)(j->np + r1));
     float *acc = m2d_malloc(sizeof(float) * (size_t)hd);
     const float *kp = j->np ? j->kp + g * j->p_head_stride : NULL;
     const float *vp = j->np ? j->vp + g * j->p_head_stride : NULL;
+    const float *sink = j->sinks ? j->sinks + h : NULL;
     for (int i = r0; i < r1; i++) {
         const float *qi = j->q + (size_t)i * j->ldq + (size_t)h * hd;
-        int nk = j->np + i + 1;
-        float m = -INFINITY;
-        for (int t = 0; t < j->np; t++) sc[t] = dot(qi, kp + (size_t)t * hd, hd) * scale;
-        for (int t = 0; t <= i; t++)
+        int nk = j->np + i + 1, lo = first_key(j, i);
+        float m = sink ? *sink : -INFINITY;
+        for (int t = lo; t < j->np; t++) sc[t] = dot(qi, kp + (size_t)t * hd, hd) * scale;
+        for (int t = M2D_MAX(lo - j->np, 0); t <= i; t++)
             sc[j->np + t] = dot(qi, j->ks + (size_t)t * j->ldk + (size_t)g * hd, hd) * scale;
-        for (int t = 0; t < nk; t++) m = sc[t] > m ? sc[t] : m;
-        double s = 0;
-        for (int t = 0; t < nk; t++) {
+        for (int t = lo; t < nk; t++) m = sc[t] > m ? sc[t] : m;
+        double s = sink ? expf(*sink - m) : 0;
+        for (int t = lo; t < nk; t++) {
             sc[t] = expf(sc[t] - m);
             s += sc[t];
         }
         memset(acc, 0, sizeof(float) * (size_t)hd);
-        for (int t = 0; t < j->np; t++) axpy(sc[t], vp + (size_t)t * hd, acc, hd);
-        for (int t = 0; t <= i; t++) axpy(sc[j->np + t], j->vs + (size_t)t * j->ldk + (size_t)g * hd, acc, hd);
+        for (int t = lo; t < j->np; t++) axpy(sc[t], vp + (size_t)t * hd, acc, hd);
+        for (int t = M2D_MAX(lo - j->np, 0); t <= i; t++)
+            axpy(sc[j->np + t], j->vs + (size_t)t * j->ldk + (size_t)g * hd, acc, hd);
         float inv = (float)(1.0 / s);
         float *o = j->out + (size_t)i * j->ldo + (size_t)h * hd;
         for (int d = 0; d < hd; d++) o[d] = acc[d] * inv;
@@ -448,24 +533,25 @@ typedef struct {
 } attg_job;
 
 /* The GEMM formulation, one head per item: S = Q K^T (the full [nq, np+nq] block; the causal
- * upper part is computed and then zeroed, 2x work on the segment part but at sgemm speed),
- * masked softmax, O = P V. */
+ * upper part, and with a window the part before it, is computed and then zeroed: 2x work on the
+ * segment part but at sgemm speed), masked softmax, O = P V. */
 static void attg_item(void *ctx, int h) {
     const attg_job *jb = ctx;
     const attn_host *j = jb->a;
     int g = h / (j->n_heads / j->n_kv), hd = j->hd, nq = j->nq, np = j->np, nk = jb->nk;
     float *S = jb->S + (size_t)m2d_pool_worker() * nq * nk;
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = j->scale;
     const float *qh = j->q + (size_t)h * hd;
     if (np)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, np, hd, scale, qh, j->ldq, j->kp + g * j->p_head_stride,
                     hd, 0.0f, S, nk);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nq, hd, scale, qh, j->ldq, j->ks + (size_t)g * hd, j->ldk,
                 0.0f, S + np, nk);
-    for (int i = 0; i < nq; i++) { /* causal mask + softmax */
+    for (int i = 0; i < nq; i++) { /* causal (and window) mask + softmax */
         float *row = S + (size_t)i * nk;
-        int valid = np + i + 1;
-        softmax_row(row, valid);
+        int valid = np + i + 1, lo = first_key(j, i);
+        softmax_sink(row + lo, valid - lo, j->sinks ? j->sinks + h : NULL);
+        memset(row, 0, sizeof(float) * (size_t)lo);
         memset(row + valid, 0, sizeof(float) * (size_t)(nk - valid));
     }
     float *oh = j->out + (size_t)h * hd;
@@ -481,7 +567,14 @@ static void cpu_attention(m2d_backend *be, const m2d_attn_args *a) {
     int nq = a->q.rows;
     if (nq <= 0) return;
     attn_host h = {F(&a->q), F(&a->k), F(&a->v), NULL, NULL, a->q.ld, a->k.ld, nq, a->np, a->n_heads, a->n_kv,
-                   a->head_dim, a->out.ld, a->head_stride, F(&a->out)};
+                   a->head_dim, a->out.ld, a->head_stride, F(&a->out), a->window, NULL,
+                   a->scale != 0 ? a->scale : 1.0f / sqrtf((float)a->head_dim)};
+    float *sinks = NULL;
+    if (a->sinks) {
+        sinks = m2d_malloc(sizeof(float) * (size_t)a->n_heads);
+        cpu_weight_f32(be, a->sinks, 0, a->n_heads, sinks);
+        h.sinks = sinks;
+    }
     if (a->np) {
         h.kp = (const float *)B(a->k_cache) + a->cache_off;
         h.vp = (const float *)B(a->v_cache) + a->cache_off;
@@ -491,13 +584,14 @@ static void cpu_attention(m2d_backend *be, const m2d_attn_args *a) {
         attg_job j = {&h, nk, m2d_malloc(sizeof(float) * (size_t)nq * nk * (size_t)M2D_MAX(nw, 1))};
         parallel_for(c, a->n_heads, attg_item, &j);
         free(j.S);
-        return;
+    } else {
+        /* row blocks give the threads work when there are few heads; causal rows grow in cost, and
+         * the dynamic hand-out balances that */
+        int row_block = nq < 64 ? nq : 64;
+        attn_job j = {&h, row_block, (nq + row_block - 1) / row_block};
+        parallel_for(c, a->n_heads * j.n_blocks, attn_item, &j);
     }
-    /* row blocks give the threads work when there are few heads; causal rows grow in cost, and the
-     * dynamic hand-out balances that */
-    int row_block = nq < 64 ? nq : 64;
-    attn_job j = {&h, row_block, (nq + row_block - 1) / row_block};
-    parallel_for(c, a->n_heads * j.n_blocks, attn_item, &j);
+    free(sinks);
 }
 
 /* ---- MoE experts ---- */
@@ -549,9 +643,13 @@ typedef struct {
     const float *src;
     int ld_src;
     const int *rows; /* gather: source row of each destination row (NULL: identity) */
-    float *g;        /* glu: g = act(g, u) */
-    const float *u;
+    float *g;        /* activation: g = act(g + bg, u + bu) */
+    float *u;
     int n, d, k;
+    const m2d_moe_args *a;  /* activation: its kind and clamp parameters */
+    const float *bg, *bu;   /* activation: gate/up bias of each expert [E, d] (NULL: none) */
+    const int *rexp;        /* activation: expert of each row; NULL: e0 + row / per */
+    int e0, per;
 } rows_job;
 
 static void gather_item(void *ctx, int item) {
@@ -560,11 +658,26 @@ static void gather_item(void *ctx, int item) {
         memcpy(j->g + (size_t)r * j->d, j->src + (size_t)(j->rows[r] / j->k) * j->ld_src, sizeof(float) * j->d);
 }
 
-static void swiglu_item(void *ctx, int item) {
+/* the experts' activation between their GEMMs, row by row (biases per the row's expert) */
+static void act_item(void *ctx, int item) {
     const rows_job *j = ctx;
-    int r0 = item * ROW_BLOCK, nr = M2D_MIN(j->n - r0, ROW_BLOCK);
-    float *g = j->g + (size_t)r0 * j->d;
-    swiglu(g, j->u + (size_t)r0 * j->d, (int64_t)nr * j->d, g);
+    int d = j->d;
+    for (int r = item * ROW_BLOCK; r < M2D_MIN(j->n, (item + 1) * ROW_BLOCK); r++) {
+        float *g = j->g + (size_t)r * d, *u = j->u + (size_t)r * d;
+        size_t ex = (size_t)(j->rexp ? j->rexp[r] : j->e0 + r / j->per);
+        if (j->bg) add_rows(g, d, 1, d, j->bg + ex * d);
+        if (j->bu) add_rows(u, d, 1, d, j->bu + ex * d);
+        if (j->a->act == M2D_ACT_SWIGLU_CLAMP) swiglu_clamp(g, u, d, j->a->act_alpha, j->a->act_limit, g);
+        else swiglu(g, u, d, g);
+    }
+}
+
+/* the biases B[e] of experts 0..E-1 as fp32 [E, len] (NULL when the experts have none) */
+static float *bias_table(cpu_be *c, m2d_weight *const *b, int E, int len) {
+    if (!b) return NULL;
+    float *t = m2d_malloc(sizeof(float) * (size_t)E * len);
+    for (int e = 0; e < E; e++) cpu_weight_f32(&c->base, b[e], 0, len, t + (size_t)e * len);
+    return t;
 }
 
 static int row_blocks(int n) { return (n + ROW_BLOCK - 1) / ROW_BLOCK; }
@@ -628,14 +741,21 @@ static void cpu_moe(m2d_backend *be, const m2d_moe_args *a) {
         na++;
     }
     run_groups(c, a->prec, grp, 2 * na);
-    rows_job sj = {.g = g, .u = u, .n = nk, .d = de};
-    parallel_for(c, row_blocks(nk), swiglu_item, &sj);
+    int *rexp = m2d_malloc(sizeof(int) * (size_t)(nk ? nk : 1));
+    for (int ex = 0; ex < E; ex++)
+        for (int r = b.count[ex]; r < b.count[ex + 1]; r++) rexp[r] = ex;
+    float *bg = bias_table(c, a->gate_bias, E, de), *bu = bias_table(c, a->up_bias, E, de);
+    float *bd = bias_table(c, a->down_bias, E, d);
+    rows_job sj = {.g = g, .u = u, .n = nk, .d = de, .a = a, .bg = bg, .bu = bu, .rexp = rexp};
+    parallel_for(c, row_blocks(nk), act_item, &sj);
     for (int i = 0, ex = 0; i < na; i++, ex++) {
         while (b.count[ex + 1] == b.count[ex]) ex++;
         int m0 = b.count[ex];
         grp[i] = (m2d_gemm_group){g + (size_t)m0 * de, de, b.count[ex + 1] - m0, &wv[3 * i + 2], Y + (size_t)m0 * d, d, 0.0f};
     }
     run_groups(c, a->prec, grp, na);
+    for (int r = 0; bd && r < nk; r++) add_rows(Y + (size_t)r * d, d, 1, d, bd + (size_t)rexp[r] * d);
+    free(rexp); free(bg); free(bu); free(bd);
     scatter_job sc = {a, &b, Y};
     if (!c->failed) parallel_for(c, row_blocks(n), scatter_item, &sc);
     free(wv); free(grp); free(xs); free(Y); free(g); free(u);
@@ -718,6 +838,8 @@ static void cpu_experts_all(m2d_backend *be, const m2d_moe_args *a) {
     float *g = m2d_malloc(sizeof(float) * (size_t)chunk * n * de), *u = m2d_malloc(sizeof(float) * (size_t)chunk * n * de);
     m2d_gemm_w *wv = m2d_malloc(sizeof *wv * (size_t)chunk * 3);
     m2d_gemm_group *grp = m2d_malloc(sizeof *grp * (size_t)chunk * 2);
+    float *bg = bias_table(c, a->gate_bias, E, de), *bu = bias_table(c, a->up_bias, E, de);
+    float *bd = bias_table(c, a->down_bias, E, d);
     for (int e0 = 0; e0 < E && !c->failed; e0 += chunk) {
         int ne = M2D_MIN(chunk, E - e0);
         for (int i = 0; i < ne; i++) {
@@ -728,14 +850,17 @@ static void cpu_experts_all(m2d_backend *be, const m2d_moe_args *a) {
             grp[2 * i + 1] = (m2d_gemm_group){F(&a->x), a->x.ld, n, &wv[3 * i + 1], u + (size_t)i * n * de, de, 0.0f};
         }
         run_groups(c, a->prec, grp, 2 * ne);
-        rows_job sj = {.g = g, .u = u, .n = ne * n, .d = de};
-        parallel_for(c, row_blocks(ne * n), swiglu_item, &sj);
+        rows_job sj = {.g = g, .u = u, .n = ne * n, .d = de, .a = a, .bg = bg, .bu = bu, .e0 = e0, .per = n};
+        parallel_for(c, row_blocks(ne * n), act_item, &sj);
         for (int i = 0; i < ne; i++)
             grp[i] = (m2d_gemm_group){g + (size_t)i * n * de, de, n, &wv[3 * i + 2], F(&a->out) + (size_t)(e0 + i) * d,
                                       a->out.ld, 0.0f};
         run_groups(c, a->prec, grp, ne);
+        for (int t = 0; bd && t < n; t++) /* expert e0 + i's columns of token t: its down bias */
+            for (int i = 0; i < ne; i++)
+                add_rows(F(&a->out) + (size_t)t * a->out.ld + (size_t)(e0 + i) * d, d, 1, d, bd + (size_t)(e0 + i) * d);
     }
-    free(g); free(u); free(wv); free(grp);
+    free(g); free(u); free(wv); free(grp); free(bg); free(bu); free(bd);
 }
 
 /* The Gram in blocks of GRAM_TOKENS tokens, one pool item each (fixed blocks: the same sums on any
@@ -893,7 +1018,11 @@ static const m2d_backend_ops cpu_ops = {
     .attention = cpu_attention,
     .kv_append = cpu_kv_append,
     .glu = cpu_glu,
+    .glu_clamp = cpu_glu_clamp,
+    .add_bias = cpu_add_bias,
     .add = cpu_add,
+    .clamp = cpu_clamp,
+    .sigmoid_scale = cpu_sigmoid_scale,
     .route = cpu_route,
     .moe = cpu_moe,
     .logprobs = cpu_logprobs,

@@ -42,6 +42,8 @@ struct m2d_engine {
     m2d_weight *embed, *final_norm, *lm_head; /* lm_head == embed when tied */
     layer_weights *lw;                        /* [num_hidden_layers] */
     size_t resident_bytes;
+    m2d_rope_args rope;                       /* the model's RoPE (frequencies from cfg, model/rope.h) */
+    double *inv_freq;                         /* [rope_dim / 2] */
 };
 
 struct m2d_kv {
@@ -93,30 +95,70 @@ static int check_qk_norm(const m2d_model *m, int l) {
     return 0;
 }
 
-static int check_layer(const m2d_model *m, int l) {
+/* the attention tensors ops.attn reads */
+static int check_attention(const m2d_model *m, int l) {
     const m2d_layer *L = &m->layers[l];
-    if (need(m, l, L->attn_norm, "attn_norm") || need(m, l, L->q_proj, "q_proj") || need(m, l, L->k_proj, "k_proj") ||
-        need(m, l, L->v_proj, "v_proj") || need(m, l, L->o_proj, "o_proj") || need(m, l, L->ffn_norm, "ffn_norm") ||
-        check_qk_norm(m, l))
-        return -1;
-    if (!m->cfg.layer_is_moe[l])
-        return need(m, l, L->gate_proj, "gate_proj") || need(m, l, L->up_proj, "up_proj") ||
-                       need(m, l, L->down_proj, "down_proj")
+    if (m->cfg.ops.attn != M2D_ATTN_MLA)
+        return need(m, l, L->q_proj, "q_proj") || need(m, l, L->k_proj, "k_proj") || need(m, l, L->v_proj, "v_proj") ||
+                       check_qk_norm(m, l)
                    ? -1
                    : 0;
+    if (m->cfg.q_lora_rank ? need(m, l, L->q_a_proj, "q_a_proj") || need(m, l, L->q_a_norm, "q_a_norm") ||
+                                 need(m, l, L->q_b_proj, "q_b_proj")
+                           : need(m, l, L->q_proj, "q_proj"))
+        return -1;
+    return need(m, l, L->kv_a_proj, "kv_a_proj") || need(m, l, L->kv_a_norm, "kv_a_norm") ||
+                   need(m, l, L->kv_b_proj, "kv_b_proj")
+               ? -1
+               : 0;
+}
+
+static int check_layer(const m2d_model *m, int l) {
+    const m2d_layer *L = &m->layers[l];
+    if (need(m, l, L->attn_norm, "attn_norm") || check_attention(m, l) || need(m, l, L->o_proj, "o_proj") ||
+        need(m, l, L->ffn_norm, "ffn_norm"))
+        return -1;
+    if (!m->cfg.layer_is_moe[l]) {
+        if (need(m, l, L->gate_proj, "gate_proj") || need(m, l, L->up_proj, "up_proj") ||
+            need(m, l, L->down_proj, "down_proj"))
+            return -1;
+        /* a dense layer stored as one expert routed top-1 (OLMoE's dense student): the softmax
+         * over its one logit is 1, so the router is never evaluated */
+        if (L->router && m2d_tensor_numel(L->router) != m->cfg.hidden_size)
+            return m2d_err("%s: layer %d: a dense layer with a router of %lld elements (one row of %d expected)",
+                           m->dir, l, (long long)m2d_tensor_numel(L->router), m->cfg.hidden_size);
+        return 0;
+    }
     if (need(m, l, L->router, "router")) return -1;
-    for (int r = 0; r < M2D_X_COUNT; r++)
-        if (!L->x[r]) return need(m, l, NULL, m2d_expert_role_name(r));
+    if (L->shared_gate_proj || L->shared_up_proj || L->shared_down_proj || L->shared_expert_gate) {
+        if (need(m, l, L->shared_gate_proj, "shared_gate_proj") || need(m, l, L->shared_up_proj, "shared_up_proj") ||
+            need(m, l, L->shared_down_proj, "shared_down_proj"))
+            return -1;
+        if (m2d_tensor_numel(L->shared_gate_proj) != (int64_t)m->cfg.shared_expert_intermediate_size * m->cfg.hidden_size)
+            return m2d_err("%s: layer %d: shared experts of %lld elements, config says width %d", m->dir, l,
+                           (long long)m2d_tensor_numel(L->shared_gate_proj), m->cfg.shared_expert_intermediate_size);
+    }
+    int weights[3] = {M2D_X_EXP_GATE, M2D_X_EXP_UP, M2D_X_EXP_DOWN}; /* the biases are optional */
+    for (int r = 0; r < 3; r++)
+        if (!L->x[weights[r]]) return need(m, l, NULL, m2d_expert_role_name(weights[r]));
     return 0;
 }
+
+static int rope_dim(const m2d_config *c) { return c->rope_dim ? c->rope_dim : c->head_dim; }
 
 static int check_model(const m2d_model *m) {
     if (!m || !m->layers || !m->embed || !m->lm_head || !m->final_norm)
         return m2d_err("engine: model is not bound (missing embed/lm_head/final_norm/layers)");
     const m2d_layer_ops *ops = &m->cfg.ops;
-    if (ops->router != M2D_ROUTER_SOFTMAX_TOPK || ops->ffn_act != M2D_ACT_SWIGLU || ops->rope != M2D_ROPE_NEOX)
+    if ((ops->router != M2D_ROUTER_SOFTMAX_TOPK && ops->router != M2D_ROUTER_TOPK_SOFTMAX) ||
+        (ops->ffn_act != M2D_ACT_SWIGLU && ops->ffn_act != M2D_ACT_SWIGLU_CLAMP) ||
+        (ops->rope != M2D_ROPE_NEOX && ops->rope != M2D_ROPE_INTERLEAVED))
         return m2d_err("%s: %s uses a router, activation or RoPE variant the engine does not implement", m->dir,
                        m->cfg.arch);
+    int rot = rope_dim(&m->cfg);
+    if (rot <= 0 || rot % 2 || rot > m->cfg.head_dim)
+        return m2d_err("%s: config: RoPE over %d dimensions of a head of %d (must be even and fit)", m->dir, rot,
+                       m->cfg.head_dim);
     if (check_shapes(m)) return -1;
     for (int l = 0; l < m->cfg.num_hidden_layers; l++)
         if (check_layer(m, l)) return -1;
@@ -136,6 +178,7 @@ static void weights_new(m2d_engine *e) {
         for (int r = 0; r < M2D_T_COUNT; r++)
             if (L->w[r]) e->lw[l].w[r] = e->B->weight_new(e->be, L->w[r]);
         for (int r = 0; r < M2D_X_COUNT && m->cfg.layer_is_moe[l]; r++) {
+            if (!L->x[r]) continue; /* an optional role (expert biases) */
             e->lw[l].x[r] = m2d_calloc((size_t)m->cfg.num_experts, sizeof(m2d_weight *));
             for (int x = 0; x < m->cfg.num_experts; x++) e->lw[l].x[r][x] = e->B->weight_new(e->be, L->x[r][x]);
         }
@@ -168,7 +211,8 @@ static void for_each_weight(m2d_engine *e, int tied_head, void (*fn)(m2d_engine 
     fn(e, e->final_norm, ctx);
     for (int l = 0; l < c->num_hidden_layers; l++)
         for (int x = 0; e->lw[l].x[0] && x < c->num_experts; x++)
-            for (int r = 0; r < M2D_X_COUNT; r++) fn(e, e->lw[l].x[r][x], ctx);
+            for (int r = 0; r < M2D_X_COUNT; r++)
+                if (e->lw[l].x[r]) fn(e, e->lw[l].x[r][x], ctx);
     if (e->lm_head != e->embed || tied_head) fn(e, e->lm_head, ctx);
 }
 
@@ -237,6 +281,11 @@ int m2d_engine_open(const m2d_model *m, const m2d_engine_opts *o, m2d_engine **o
     e->be = be;
     e->B = be->ops;
     e->prec = p;
+    int rot = rope_dim(&m->cfg);
+    e->inv_freq = m2d_malloc(sizeof(double) * (size_t)(rot / 2));
+    m2d_rope_inv_freq(&m->cfg.rope_scaling, m->cfg.rope_theta, rot, e->inv_freq);
+    e->rope = (m2d_rope_args){.kind = m->cfg.ops.rope, .theta = m->cfg.rope_theta, .inv_freq = e->inv_freq,
+                              .attn_factor = m2d_rope_attention_factor(&m->cfg.rope_scaling), .rot_dim = rot};
     weights_new(e);
     default_residency(e);
     *out = e;
@@ -252,6 +301,7 @@ void m2d_engine_free(m2d_engine *e) {
     if (!e) return;
     weights_free(e);
     m2d_backend_free(e->be);
+    free(e->inv_freq);
     free(e);
 }
 
@@ -280,13 +330,15 @@ typedef struct {
     m2d_buf *x, *xn, *ffo, *q, *att, *k, *v, *g, *u; /* fp32 activations */
     m2d_buf *tok, *pos;                              /* int32 [n] */
     m2d_buf *probs, *topk, *gates;                   /* routing [n, E], [n, k] (MoE models) */
+    m2d_buf *sh, *shl;                               /* shared experts' output [n, d], gate logit [n, 1] */
+    m2d_buf *lat;                                    /* MLA: the q or kv latent [n, max rank] */
 } fwd_ws;
 
 static size_t f32s(int64_t rows, int64_t cols) { return (size_t)rows * (size_t)cols * sizeof(float); }
 
 static void ws_free(m2d_engine *e, fwd_ws *w) {
     m2d_buf *all[] = {w->x, w->xn, w->ffo, w->q, w->att, w->k, w->v, w->g, w->u, w->tok, w->pos, w->probs, w->topk,
-                      w->gates};
+                      w->gates, w->sh, w->shl, w->lat};
     for (size_t i = 0; i < M2D_ARRAY_LEN(all); i++) e->B->release(e->be, all[i]);
 }
 
@@ -298,6 +350,8 @@ static int ws_alloc(m2d_engine *e, int n, fwd_ws *w) {
         if (!c->layer_is_moe[l]) inter = M2D_MAX(inter, c->intermediate_size);
         any_moe |= c->layer_is_moe[l];
     }
+    int shared = any_moe ? c->shared_expert_intermediate_size : 0;
+    inter = M2D_MAX(inter, shared);
     memset(w, 0, sizeof *w);
     w->n = n;
     m2d_backend *be = e->be;
@@ -310,12 +364,25 @@ static int ws_alloc(m2d_engine *e, int n, fwd_ws *w) {
     if (any_moe)
         ok &= (w->probs = A(be, f32s(n, c->num_experts))) && (w->topk = A(be, sizeof(int32_t) * (size_t)n * k)) &&
               (w->gates = A(be, f32s(n, k)));
+    if (shared) ok &= (w->sh = A(be, f32s(n, d))) && (w->shl = A(be, f32s(n, 1)));
+    if (c->ops.attn == M2D_ATTN_MLA) {
+        ok &= (w->lat = A(be, f32s(n, M2D_MAX(c->q_lora_rank, c->kv_lora_rank)))) != NULL;
+        /* the values' padding (head_dim - v_head_dim per head) stays zero: only the v slots are written */
+        float *zero = ok ? m2d_calloc((size_t)n * kvd, sizeof(float)) : NULL;
+        if (ok) e->B->upload(be, w->v, 0, zero, f32s(n, kvd));
+        free(zero);
+    }
     if (ok) return 0;
     ws_free(e, w);
     return -1;
 }
 
 /* ---- layers ---- */
+
+/* y[r] += b (an optional role: nothing when the layer has none) */
+static void bias(m2d_engine *e, m2d_mat *y, const m2d_weight *b) {
+    if (b) e->B->add_bias(e->be, y, b);
+}
 
 /* per ops.qk_norm: each head's vector ([n*heads, head_dim] rows) or the whole projection ([n, heads*head_dim]) */
 static void qk_norm(m2d_engine *e, const layer_weights *lw, const fwd_ws *w) {
@@ -329,23 +396,74 @@ static void qk_norm(m2d_engine *e, const layer_weights *lw, const fwd_ws *w) {
     e->B->rmsnorm(e->be, &K, lw->w[M2D_T_K_NORM], c->rms_norm_eps, &K);
 }
 
-static void attention_block(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
+/* q, k, v of the normed input xn: projections (+ biases), q/k norm, clamp (clip_qkv), RoPE */
+static void gqa_qkv(m2d_engine *e, int l, const fwd_ws *w) {
+    const m2d_config *c = &e->m->cfg;
+    const m2d_backend_ops *B = e->B;
+    const layer_weights *lw = &e->lw[l];
+    int n = w->n, d = c->hidden_size, H = c->num_attention_heads, KV = c->num_key_value_heads, hd = c->head_dim;
+    int qd = H * hd, kvd = KV * hd;
+    m2d_mat XN = m2d_mat_of(w->xn, 0, n, d, d);
+    m2d_mat Q = m2d_mat_of(w->q, 0, n, qd, qd), K = m2d_mat_of(w->k, 0, n, kvd, kvd), V = m2d_mat_of(w->v, 0, n, kvd, kvd);
+    B->gemm(e->be, &XN, lw->w[M2D_T_Q], 0, &Q, 0.0f, e->prec);
+    B->gemm(e->be, &XN, lw->w[M2D_T_K], 0, &K, 0.0f, e->prec);
+    B->gemm(e->be, &XN, lw->w[M2D_T_V], 0, &V, 0.0f, e->prec);
+    bias(e, &Q, lw->w[M2D_T_Q_BIAS]);
+    bias(e, &K, lw->w[M2D_T_K_BIAS]);
+    bias(e, &V, lw->w[M2D_T_V_BIAS]);
+    qk_norm(e, lw, w);
+    if (c->clip_qkv > 0) {
+        B->clamp(e->be, &Q, (float)c->clip_qkv);
+        B->clamp(e->be, &K, (float)c->clip_qkv);
+        B->clamp(e->be, &V, (float)c->clip_qkv);
+    }
+    B->rope(e->be, &Q, H, hd, w->pos, &e->rope);
+    B->rope(e->be, &K, KV, hd, w->pos, &e->rope);
+}
+
+/* MLA (model.h M2D_ATTN_MLA): q, k, v of the normed input xn in the GQA layout attend() reads:
+ * heads of head_dim = nope + rope, the values zero-padded to head_dim; RoPE on each head's rope part */
+static void mla_qkv(m2d_engine *e, int l, const fwd_ws *w) {
+    const m2d_config *c = &e->m->cfg;
+    const m2d_backend_ops *B = e->B;
+    const layer_weights *lw = &e->lw[l];
+    int n = w->n, d = c->hidden_size, H = c->num_attention_heads, hd = c->head_dim, nope = c->qk_nope_head_dim;
+    int rope = c->rope_dim, vd = c->v_head_dim, qr = c->q_lora_rank, kr = c->kv_lora_rank, qd = H * hd;
+    m2d_mat XN = m2d_mat_of(w->xn, 0, n, d, d), Q = m2d_mat_of(w->q, 0, n, qd, qd);
+    if (qr) {
+        m2d_mat QA = m2d_mat_of(w->lat, 0, n, qr, qr);
+        B->gemm(e->be, &XN, lw->w[M2D_T_Q_A], 0, &QA, 0.0f, e->prec);
+        B->rmsnorm(e->be, &QA, lw->w[M2D_T_Q_A_NORM], c->rms_norm_eps, &QA);
+        B->gemm(e->be, &QA, lw->w[M2D_T_Q_B], 0, &Q, 0.0f, e->prec);
+    } else {
+        B->gemm(e->be, &XN, lw->w[M2D_T_Q], 0, &Q, 0.0f, e->prec);
+    }
+    m2d_mat C = m2d_mat_of(w->lat, 0, n, kr, kr);
+    B->gemm(e->be, &XN, lw->w[M2D_T_KV_A], 0, &C, 0.0f, e->prec);
+    B->rmsnorm(e->be, &C, lw->w[M2D_T_KV_A_NORM], c->rms_norm_eps, &C);
+    for (int h = 0; h < H; h++) { /* kv_b_proj's rows of head h: [k_nope | v]; the shared rotated key */
+        size_t o = (size_t)h * hd;
+        m2d_mat KN = m2d_mat_of(w->k, o, n, nope, qd), KR = m2d_mat_of(w->k, o + nope, n, rope, qd);
+        m2d_mat V = m2d_mat_of(w->v, o, n, vd, qd);
+        B->gemm(e->be, &C, lw->w[M2D_T_KV_B], h * (nope + vd), &KN, 0.0f, e->prec);
+        B->gemm(e->be, &C, lw->w[M2D_T_KV_B], h * (nope + vd) + nope, &V, 0.0f, e->prec);
+        B->gemm(e->be, &XN, lw->w[M2D_T_KV_A], kr, &KR, 0.0f, e->prec);
+    }
+    /* RoPE of the rope part (the last dims of each head): the heads viewed from column nope on */
+    m2d_mat QR = m2d_mat_of(w->q, nope, n, qd - nope, qd), KR = m2d_mat_of(w->k, nope, n, qd - nope, qd);
+    B->rope(e->be, &QR, H, hd, w->pos, &e->rope);
+    B->rope(e->be, &KR, H, hd, w->pos, &e->rope);
+}
+
+/* attention of every segment over its prefix and itself, the KV append, o_proj (+ bias) into the
+ * residual stream */
+static void attend(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
     const m2d_config *c = &e->m->cfg;
     const m2d_backend_ops *B = e->B;
     m2d_backend *be = e->be;
     const layer_weights *lw = &e->lw[l];
     int n = w->n, d = c->hidden_size, H = c->num_attention_heads, KV = c->num_key_value_heads, hd = c->head_dim;
     int qd = H * hd, kvd = KV * hd;
-    m2d_mat X = m2d_mat_of(w->x, 0, n, d, d), XN = m2d_mat_of(w->xn, 0, n, d, d);
-    m2d_mat Q = m2d_mat_of(w->q, 0, n, qd, qd), K = m2d_mat_of(w->k, 0, n, kvd, kvd), V = m2d_mat_of(w->v, 0, n, kvd, kvd);
-    B->rmsnorm(be, &X, lw->w[M2D_T_ATTN_NORM], c->rms_norm_eps, &XN);
-    B->gemm(be, &XN, lw->w[M2D_T_Q], 0, &Q, 0.0f, e->prec);
-    B->gemm(be, &XN, lw->w[M2D_T_K], 0, &K, 0.0f, e->prec);
-    B->gemm(be, &XN, lw->w[M2D_T_V], 0, &V, 0.0f, e->prec);
-    qk_norm(e, lw, w);
-    m2d_rope_args rope = {.kind = c->ops.rope, .theta = c->rope_theta};
-    B->rope(be, &Q, H, hd, w->pos, &rope);
-    B->rope(be, &K, KV, hd, w->pos, &rope);
     const m2d_kv *pre = p->prefix;
     for (int s = 0; s < p->n_seg; s++) {
         size_t o = (size_t)p->seg_off[s];
@@ -361,15 +479,30 @@ static void attention_block(m2d_engine *e, int l, const fwd_ws *w, const seg_pla
                            .n_heads = H,
                            .n_kv = KV,
                            .head_dim = hd,
-                           .out = m2d_mat_of(w->att, o * qd, ns, qd, qd)};
+                           .out = m2d_mat_of(w->att, o * qd, ns, qd, qd),
+                           .window = c->layer_window ? c->layer_window[l] : 0,
+                           .sinks = lw->w[M2D_T_SINKS],
+                           .scale = (float)c->attn_scale};
         B->attention(be, &a);
     }
     if (p->append) {
         m2d_kv *kv = p->append;
+        m2d_mat K = m2d_mat_of(w->k, 0, n, kvd, kvd), V = m2d_mat_of(w->v, 0, n, kvd, kvd);
         B->kv_append(be, kv->k, kv->v, (size_t)l * KV * kv->cap * hd, (size_t)kv->cap * hd, kv->len, &K, &V, KV, hd);
     }
-    m2d_mat ATT = m2d_mat_of(w->att, 0, n, qd, qd);
+    m2d_mat X = m2d_mat_of(w->x, 0, n, d, d), ATT = m2d_mat_of(w->att, 0, n, qd, qd);
     B->gemm(be, &ATT, lw->w[M2D_T_O], 0, &X, 1.0f, e->prec); /* residual add */
+    bias(e, &X, lw->w[M2D_T_O_BIAS]);
+}
+
+static void attention_block(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
+    const m2d_config *c = &e->m->cfg;
+    int n = w->n, d = c->hidden_size;
+    m2d_mat X = m2d_mat_of(w->x, 0, n, d, d), XN = m2d_mat_of(w->xn, 0, n, d, d);
+    e->B->rmsnorm(e->be, &X, e->lw[l].w[M2D_T_ATTN_NORM], c->rms_norm_eps, &XN);
+    if (c->ops.attn == M2D_ATTN_MLA) mla_qkv(e, l, w);
+    else gqa_qkv(e, l, w);
+    attend(e, l, w, p);
 }
 
 /* The hook's host view of one MoE layer's routing (downloaded only because a hook is set). */
@@ -407,7 +540,12 @@ static m2d_moe_args experts_of(const m2d_engine *e, int layer, m2d_mat x, m2d_ma
                           .down = lw->x[M2D_X_EXP_DOWN],
                           .act = c->ops.ffn_act,
                           .prec = e->prec,
-                          .out = out};
+                          .out = out,
+                          .gate_bias = lw->x[M2D_X_EXP_GATE_BIAS],
+                          .up_bias = lw->x[M2D_X_EXP_UP_BIAS],
+                          .down_bias = lw->x[M2D_X_EXP_DOWN_BIAS],
+                          .act_alpha = c->ops.act_alpha,
+                          .act_limit = c->ops.act_limit};
 }
 
 /* Router, hook, then the routed experts: ffo = sum of gated expert outputs. */
@@ -417,7 +555,9 @@ static int moe_block(m2d_engine *e, int l, const fwd_ws *w) {
     int n = w->n, d = c->hidden_size, E = c->num_experts, k = c->num_experts_per_tok;
     m2d_mat XN = m2d_mat_of(w->xn, 0, n, d, d), P = m2d_mat_of(w->probs, 0, n, E, E);
     e->B->gemm(e->be, &XN, lw->w[M2D_T_ROUTER], 0, &P, 0.0f, e->prec);
-    m2d_route_args r = {.kind = c->ops.router, .renorm = c->ops.router_renorm, .k = k};
+    bias(e, &P, lw->w[M2D_T_ROUTER_BIAS]);
+    m2d_route_args r = {.kind = c->ops.router, .renorm = c->ops.router_renorm, .k = k, .n_group = c->n_group,
+                        .topk_group = c->topk_group, .scale = (float)c->routed_scaling_factor};
     e->B->route(e->be, &P, &r, w->topk, w->gates);
     if (e->hook && call_hook(e, l, w)) return -1;
     m2d_moe_args a = experts_of(e, l, XN, m2d_mat_of(w->ffo, 0, n, d, d));
@@ -426,14 +566,43 @@ static int moe_block(m2d_engine *e, int l, const fwd_ws *w) {
     return 0;
 }
 
-/* dense FFN: y (+)= down(act(gate x, up x)); g, u scratch [n, inter] */
+/* dense FFN: y (+)= down(act(gate x + bg, up x + bu)) + bd (biases when the roles are there);
+ * g, u scratch [n, inter] */
 static void dense_ffn(m2d_engine *e, m2d_weight *const *wt, const m2d_mat *x, int inter, m2d_buf *g, m2d_buf *u,
                       m2d_mat *y, float beta) {
+    const m2d_layer_ops *ops = &e->m->cfg.ops;
     m2d_mat G = m2d_mat_of(g, 0, x->rows, inter, inter), U = m2d_mat_of(u, 0, x->rows, inter, inter);
     e->B->gemm(e->be, x, wt[M2D_T_GATE], 0, &G, 0.0f, e->prec);
     e->B->gemm(e->be, x, wt[M2D_T_UP], 0, &U, 0.0f, e->prec);
-    e->B->glu(e->be, e->m->cfg.ops.ffn_act, &G, &U);
+    bias(e, &G, wt[M2D_T_GATE_BIAS]);
+    bias(e, &U, wt[M2D_T_UP_BIAS]);
+    if (ops->ffn_act == M2D_ACT_SWIGLU_CLAMP) e->B->glu_clamp(e->be, &G, &U, ops->act_alpha, ops->act_limit);
+    else e->B->glu(e->be, ops->ffn_act, &G, &U);
     e->B->gemm(e->be, &G, wt[M2D_T_DOWN], 0, y, beta, e->prec);
+    bias(e, y, wt[M2D_T_DOWN_BIAS]);
+}
+
+/* The always-on shared experts of an MoE layer: ffo += shared(xn), each token's output times
+ * sigmoid(w . xn) when the layer has a shared-expert gate (Qwen2-MoE), unscaled without (DeepSeek) */
+static void shared_experts(m2d_engine *e, int l, const fwd_ws *w) {
+    const layer_weights *lw = &e->lw[l];
+    if (!lw->w[M2D_T_SHARED_GATE]) return;
+    const m2d_config *c = &e->m->cfg;
+    int n = w->n, d = c->hidden_size, width = c->shared_expert_intermediate_size;
+    m2d_weight *wt[M2D_T_COUNT] = {0};
+    wt[M2D_T_GATE] = lw->w[M2D_T_SHARED_GATE];
+    wt[M2D_T_UP] = lw->w[M2D_T_SHARED_UP];
+    wt[M2D_T_DOWN] = lw->w[M2D_T_SHARED_DOWN];
+    m2d_mat XN = m2d_mat_of(w->xn, 0, n, d, d), FFO = m2d_mat_of(w->ffo, 0, n, d, d);
+    if (!lw->w[M2D_T_SHARED_EXPERT_GATE]) {
+        dense_ffn(e, wt, &XN, width, w->g, w->u, &FFO, 1.0f);
+        return;
+    }
+    m2d_mat S = m2d_mat_of(w->sh, 0, n, d, d), G = m2d_mat_of(w->shl, 0, n, 1, 1);
+    dense_ffn(e, wt, &XN, width, w->g, w->u, &S, 0.0f);
+    e->B->gemm(e->be, &XN, lw->w[M2D_T_SHARED_EXPERT_GATE], 0, &G, 0.0f, e->prec);
+    e->B->sigmoid_scale(e->be, &S, &G);
+    e->B->add(e->be, &FFO, &S);
 }
 
 static int ffn_block(m2d_engine *e, int l, const fwd_ws *w) {
@@ -446,6 +615,7 @@ static int ffn_block(m2d_engine *e, int l, const fwd_ws *w) {
         return 0;
     }
     if (moe_block(e, l, w)) return -1;
+    shared_experts(e, l, w);
     m2d_mat FFO = m2d_mat_of(w->ffo, 0, n, d, d);
     e->B->add(e->be, &X, &FFO);
     return 0;
@@ -571,6 +741,9 @@ static int expert_impl(m2d_engine *e, int layer, int expert, const float *x, int
     wt[M2D_T_GATE] = lw->x[M2D_X_EXP_GATE][expert];
     wt[M2D_T_UP] = lw->x[M2D_X_EXP_UP][expert];
     wt[M2D_T_DOWN] = lw->x[M2D_X_EXP_DOWN][expert];
+    if (lw->x[M2D_X_EXP_GATE_BIAS]) wt[M2D_T_GATE_BIAS] = lw->x[M2D_X_EXP_GATE_BIAS][expert];
+    if (lw->x[M2D_X_EXP_UP_BIAS]) wt[M2D_T_UP_BIAS] = lw->x[M2D_X_EXP_UP_BIAS][expert];
+    if (lw->x[M2D_X_EXP_DOWN_BIAS]) wt[M2D_T_DOWN_BIAS] = lw->x[M2D_X_EXP_DOWN_BIAS][expert];
     m2d_buf *xb = e->B->alloc(e->be, f32s(n, d)), *yb = e->B->alloc(e->be, f32s(n, d));
     m2d_buf *g = e->B->alloc(e->be, f32s(n, de)), *u = e->B->alloc(e->be, f32s(n, de));
     int rc = xb && yb && g && u ? 0 : -1;

@@ -6,12 +6,10 @@
 #include "model/model.h"
 
 /* Attention, embedding, norm, RoPE and token fields common to Qwen3 and Qwen3-MoE, plus the
- * rejection of features we do not implement (rope_scaling, attention_bias, sliding window,
- * activations other than silu). Sets cfg->ops to Qwen3's (q/k norm per head, softmax top-k
+ * rejection of features we do not implement (attention_bias, sliding window, activations other
+ * than silu; RoPE types other than default, linear and yarn: model/rope.h). Sets cfg->ops to Qwen3's (q/k norm per head, softmax top-k
  * router renormalised per norm_topk_prob, SwiGLU, rotate-half RoPE). */
 int m2d_qwen3_parse_common(const void *json, const char *path, m2d_config *cfg);
-/* Sanity of the parsed sizes (heads divide, positive sizes, k <= E, ...). */
-int m2d_qwen3_check_config(const m2d_config *cfg, const char *path);
 /* Dense Qwen3's config (every layer dense, intermediate_size required). */
 int m2d_qwen3_parse(const void *json, const char *path, m2d_config *cfg);
 /* Qwen3-MoE's config fields on top of the common ones (experts, router, sparse layers). */

@@ -13,11 +13,15 @@
 #include <stdbool.h>
 
 #include "io/st.h"
+#include "model/rope.h"
 
 /* One limit on the attention head size, for the config readers, the engine and every backend
  * (kernels size their per-head scratch by it): 1024, four times the largest heads (256) of released
  * models; configs beyond it are refused when parsed. */
 #define M2D_MAX_HEAD_DIM 1024
+/* One limit on DeepSeek's expert groups (n_group), for the config reader and the router kernels
+ * (DeepSeek-V2: 8). */
+#define M2D_MAX_EXPERT_GROUPS 64
 
 /* ---- what the layers compute (the adapter's ops description) ----
  * The engine reads these and the tensor roles below, never an architecture name. Adding a
@@ -31,22 +35,38 @@ typedef enum {
 
 typedef enum {
     M2D_ROUTER_SOFTMAX_TOPK, /* p = softmax over all E router logits; top-k of p (ties -> lower index) */
+    M2D_ROUTER_TOPK_SOFTMAX, /* top-k of the logits (ties -> lower index), gates = softmax over those k
+                              * logits (GPT-OSS); p = the full softmax all the same (for calibration) */
 } m2d_router_kind;
 
 typedef enum {
     M2D_ACT_SWIGLU,          /* silu(gate x) * (up x) */
+    M2D_ACT_SWIGLU_CLAMP,    /* GPT-OSS: g = min(gate x, limit), u = clamp(up x, -limit, limit),
+                              * (u + 1) * g * sigmoid(alpha * g); alpha, limit in m2d_layer_ops */
 } m2d_ffn_act;
 
 typedef enum {
-    M2D_ROPE_NEOX,           /* rotate-half (HF default): pairs (i, i + head_dim/2), theta^(-2i/head_dim) */
+    M2D_ROPE_NEOX,           /* rotate-half (HF default): pairs (i, i + rot/2) of the first rot dims */
+    M2D_ROPE_INTERLEAVED,    /* adjacent pairs (2i, 2i + 1) of the first rot dims (DeepSeek-V2, GPT-J) */
 } m2d_rope_kind;
 
+typedef enum {
+    M2D_ATTN_GQA,            /* q/k/v_proj, grouped-query attention */
+    M2D_ATTN_MLA,            /* DeepSeek-V2's multi-head latent attention: q from q_proj or the q LoRA
+                              * (q_a_proj, its RMSNorm, q_b_proj); k/v from the normed kv latent
+                              * (kv_b_proj) per head, k's last rope dims one rotated key shared by all
+                              * heads (kv_a_proj_with_mqa's tail); heads of qk_nope + qk_rope dims
+                              * (cfg->head_dim), values of v_head_dim (padded with zeros to head_dim) */
+} m2d_attn_kind;
+
 typedef struct {
+    m2d_attn_kind attn;
     m2d_qk_norm qk_norm;
     m2d_router_kind router;
     bool router_renorm;     /* gates = p / sum of the k selected p (HF norm_topk_prob) */
     m2d_ffn_act ffn_act;    /* dense FFN and every expert */
     m2d_rope_kind rope;
+    float act_alpha, act_limit; /* M2D_ACT_SWIGLU_CLAMP: swiglu_alpha, swiglu_limit */
 } m2d_layer_ops;
 
 typedef struct {
@@ -54,17 +74,35 @@ typedef struct {
     char model_type[32];    /* "qwen3_moe" */
     int vocab_size, hidden_size, intermediate_size, moe_intermediate_size;
     int num_experts, num_experts_per_tok; /* 0 experts: dense model */
+    int shared_expert_intermediate_size; /* width of the always-on shared experts of an MoE layer
+                                          * (DeepSeek: n_shared_experts * d_e); 0: none */
     bool norm_topk_prob;    /* as in config.json; the engine reads ops.router_renorm */
     int decoder_sparse_step;
     int *mlp_only_layers; int n_mlp_only_layers;
     int num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim;
     double rope_theta, rms_norm_eps;
+    m2d_rope_scaling rope_scaling; /* rope_scaling / rope_parameters beyond theta (model/rope.h) */
+    int rope_dim;           /* dimensions rotated per head (0: head_dim): the first ones, or MLA's rope part */
+    double attn_scale;      /* softmax scale of the attention scores (0: 1/sqrt(head_dim)) */
+    /* M2D_ATTN_MLA (DeepSeek-V2): q LoRA rank (0: q_proj), kv latent rank, head parts */
+    int q_lora_rank, kv_lora_rank, qk_nope_head_dim, v_head_dim;
+    /* router: group-limited top-k (n_group groups, the top topk_group by their best expert; 0: off)
+     * and the factor on the gates (DeepSeek's routed_scaling_factor; 0: 1) */
+    int n_group, topk_group;
+    double routed_scaling_factor;
     bool tie_word_embeddings;
+    bool qkv_bias, o_bias;  /* the attention projections carry biases (the adapter's tensor_present) */
+    double clip_qkv;        /* q, k, v clamped to [-clip_qkv, clip_qkv] after the q/k norm (OLMoE); 0: off */
     int max_position_embeddings;
     int bos_token_id, eos_token_id; /* -1 when null/absent */
     m2d_dtype torch_dtype;
     bool *layer_is_moe;     /* derived: [num_hidden_layers] */
     m2d_layer_ops ops;      /* filled by the adapter's parse_config */
+    char quant_method[16];  /* quantization_config.quant_method ("" when unquantised; "mxfp4") */
+    int sliding_window;     /* as in config.json (0: null/absent) */
+    /* per layer: keys a query sees, itself included (HF sliding mask: kv > q - window); 0 = full
+     * causal attention. NULL: every layer full. Filled by the adapter (layer_types, sliding_window). */
+    int *layer_window;
 } m2d_config;
 
 /* ---- tensor roles ----
@@ -89,12 +127,35 @@ typedef struct {
     X(GATE, gate_proj, M2D_PART_FFN)          /* dense FFN [inter, d] */                     \
     X(UP, up_proj, M2D_PART_FFN)              /* dense FFN [inter, d] */                     \
     X(DOWN, down_proj, M2D_PART_FFN)          /* dense FFN [d, inter] */                     \
-    X(ROUTER, router, M2D_PART_FFN)           /* MoE router [E, d] */
-/* Per-expert roles of an MoE layer: arrays of E tensors. */
+    X(ROUTER, router, M2D_PART_FFN)           /* MoE router [E, d] */                        \
+    /* optional roles: absent (NULL) = the term is not computed */                           \
+    X(Q_BIAS, q_bias, M2D_PART_LAYER)         /* [heads*head_dim], added after q_proj */     \
+    X(K_BIAS, k_bias, M2D_PART_LAYER)         /* [kv_heads*head_dim] */                      \
+    X(V_BIAS, v_bias, M2D_PART_LAYER)         /* [kv_heads*head_dim] */                      \
+    X(O_BIAS, o_bias, M2D_PART_LAYER)         /* [d], added after o_proj */                  \
+    X(SINKS, sinks, M2D_PART_LAYER)           /* [heads] attention sink logit per head */    \
+    X(GATE_BIAS, gate_bias, M2D_PART_FFN)     /* dense FFN [inter] */                        \
+    X(UP_BIAS, up_bias, M2D_PART_FFN)         /* dense FFN [inter] */                        \
+    X(DOWN_BIAS, down_bias, M2D_PART_FFN)     /* dense FFN [d] */                            \
+    X(ROUTER_BIAS, router_bias, M2D_PART_FFN) /* MoE router [E] */                        \
+    X(Q_A, q_a_proj, M2D_PART_LAYER)          /* MLA: q LoRA down [q_lora, d] */            \
+    X(Q_A_NORM, q_a_norm, M2D_PART_LAYER)     /* MLA: its RMSNorm [q_lora] */                \
+    X(Q_B, q_b_proj, M2D_PART_LAYER)          /* MLA: q LoRA up [heads*head_dim, q_lora] */  \
+    X(KV_A, kv_a_proj, M2D_PART_LAYER)        /* MLA: [kv_lora + rope, d] latent + rope key */ \
+    X(KV_A_NORM, kv_a_norm, M2D_PART_LAYER)   /* MLA: the latent's RMSNorm [kv_lora] */      \
+    X(KV_B, kv_b_proj, M2D_PART_LAYER)        /* MLA: [heads*(nope + v), kv_lora] */         \
+    X(SHARED_GATE, shared_gate_proj, M2D_PART_FFN) /* the always-on shared experts of an    */ \
+    X(SHARED_UP, shared_up_proj, M2D_PART_FFN)     /* MoE layer (DeepSeek, Qwen2-MoE) as one */ \
+    X(SHARED_DOWN, shared_down_proj, M2D_PART_FFN) /* SwiGLU [shared, d] x2, [d, shared]    */ \
+    X(SHARED_EXPERT_GATE, shared_expert_gate, M2D_PART_FFN) /* [1, d]: x sigmoid(w.x) (Qwen2-MoE) */
+/* Per-expert roles of an MoE layer: arrays of E tensors (the biases optional: NULL arrays). */
 #define M2D_EXPERT_ROLES(X)                                                                   \
     X(EXP_GATE, exp_gate) /* [d_e, d] */                                                      \
     X(EXP_UP, exp_up)     /* [d_e, d] */                                                      \
-    X(EXP_DOWN, exp_down) /* [d, d_e] */
+    X(EXP_DOWN, exp_down) /* [d, d_e] */                                                      \
+    X(EXP_GATE_BIAS, exp_gate_bias) /* [d_e] */                                               \
+    X(EXP_UP_BIAS, exp_up_bias)     /* [d_e] */                                               \
+    X(EXP_DOWN_BIAS, exp_down_bias) /* [d] */
 /* Model-level roles (fields of m2d_model). */
 typedef enum { M2D_M_EMBED, M2D_M_FINAL_NORM, M2D_M_LM_HEAD, M2D_M_COUNT } m2d_model_role;
 
@@ -144,6 +205,14 @@ typedef enum {
     M2D_DIM_FFN,            /* intermediate_size (dense FFN width) */
     M2D_DIM_EXPERT_FFN,     /* moe_intermediate_size */
     M2D_DIM_EXPERTS,        /* num_experts */
+    M2D_DIM_ONE,            /* 1 (the router row of a dense layer stored as one expert) */
+    M2D_DIM_SHARED_FFN,     /* shared_expert_intermediate_size */
+    M2D_DIM_HEADS,          /* num_attention_heads */
+    M2D_DIM_Q_LORA,         /* MLA: q_lora_rank */
+    M2D_DIM_KV_LORA,        /* MLA: kv_lora_rank */
+    M2D_DIM_KV_A,           /* MLA: kv_lora_rank + rope dims */
+    M2D_DIM_KV_B,           /* MLA: heads * (qk_nope_head_dim + v_head_dim) */
+    M2D_DIM_ATTN_OUT,       /* heads * v_head_dim (MLA) or heads * head_dim: o_proj's input */
 } m2d_dim;
 
 typedef struct {
@@ -159,9 +228,10 @@ int64_t m2d_dim_value(const m2d_config *cfg, m2d_dim dim);
 
 typedef struct m2d_arch m2d_arch;
 
-/* Parameter counts (elements): total, active per token (top-k experts, embeddings and routers
- * included), and the dense student with K selected experts merged into k groups (width k*d_e
- * per MoE layer, no router) -- the same for every K. */
+/* Parameter counts (elements): total, active per token (top-k experts, shared experts, embeddings
+ * and routers included), and the dense student with K selected experts merged into k groups
+ * (width k*d_e + the shared experts' in every layer, dense layers zero-padded to it, no router)
+ * -- the same for every K. */
 typedef struct { int64_t total, active, dense_student; } m2d_param_counts;
 
 typedef struct {
@@ -174,6 +244,10 @@ typedef struct {
     const m2d_tensor *lm_head_stored; /* tied checkpoints that also store an identical lm_head.weight */
     m2d_layer *layers;      /* [num_hidden_layers] */
     char weights_hash[65];  /* sha256 over tensor names, shapes, dtypes and bytes (identity for caches) */
+    /* made by the adapter's post_bind hook (m2d_model_new_tensor): freed by m2d_model_close */
+    m2d_tensor **owned; int n_owned, cap_owned;
+    /* stored tensors post_bind read instead of binding them to a role (m2d_model_claim) */
+    struct m2d_claim { const m2d_tensor *t; int layer, part; } *claimed; int n_claimed, cap_claimed;
 } m2d_model;
 
 /* What conversion asks of the student's config.json (m2d_arch.student_config). */
@@ -200,6 +274,19 @@ struct m2d_arch {
     /* optional: parameter counts when the tensor table does not give them (NULL: counted from
      * the table, m2d_param_counts_table) */
     m2d_param_counts (*param_counts)(const m2d_config *cfg);
+    /* optional: whether the table's entries of SCOPE and ROLE occur under CFG (NULL: all of them),
+     * for tensors a config switches on or off (attention biases, DeepSeek's q_lora_rank) */
+    bool (*tensor_present)(const m2d_config *cfg, m2d_scope scope, int role);
+    /* optional: stored layouts the table cannot bind (quantised or fused tensors, e.g. GPT-OSS's
+     * MXFP4 blocks + scales and its fused, interleaved gate_up). Called by m2d_model_open after the
+     * table is bound and before the unused-tensor check: fills the remaining roles with tensors it
+     * makes (m2d_model_new_tensor, dequantised / split / transposed into the roles' layouts) from
+     * stored tensors it claims (m2d_model_claim, which the unused-tensor check then accepts). */
+    int (*post_bind)(m2d_model *m);
+    /* optional, the inverse for a student written by convert: the FFN block (the roles of part
+     * M2D_PART_FFN and the experts) of LAYER of S as S's checkpoint stores it, added to W.
+     * NULL: each role tensor under its table name. */
+    int (*write_ffn)(const m2d_model *s, int layer, m2d_st_writer *w);
 };
 
 void m2d_arch_register(const m2d_arch *a);
@@ -236,6 +323,8 @@ m2d_param_counts m2d_param_counts_table(const m2d_arch *arch, const m2d_config *
  * -1 + m2d_err when the architecture has no such tensor. */
 int m2d_arch_tensor_name(const m2d_arch *arch, m2d_scope scope, int role, int layer, int expert, char *buf,
                          size_t cap);
+/* Whether ARCH's tensor table has an entry of SCOPE and ROLE (whatever the config). */
+int m2d_arch_has_tensor(const m2d_arch *arch, m2d_scope scope, int role);
 /* The student's config.json text (cJSON_Print of the teacher's config.json rewritten by the
  * teacher adapter's student_config); caller frees. -1 + m2d_err when the teacher has no student
  * or no config text. */
@@ -256,6 +345,9 @@ int m2d_cfg_str(const void *json, const char *path, const char *name, int requir
                 const char **out); /* *out points into JSON */
 int m2d_cfg_int_list(const void *json, const char *path, const char *name, int **out, int *n); /* malloc'd */
 int m2d_cfg_torch_dtype(const void *json, const char *path, m2d_dtype *out); /* torch_dtype or dtype */
+/* num_experts (the Hub's spelling) or num_local_experts (what save_pretrained of transformers >= 5
+ * writes for some families; an alias there); both present must agree. Required, positive. */
+int m2d_cfg_num_experts(const void *json, const char *path, int *out);
 /* Fill cfg->layer_is_moe from num_experts, mlp_only_layers and decoder_sparse_step (HF Qwen3-MoE rule). */
 int m2d_config_derive_layers(m2d_config *cfg, const char *path);
 /* Tensor NAME with shape [d0] (ndim 1) or [d0, d1] (ndim 2) and a float dtype; else NULL and an
@@ -263,5 +355,15 @@ int m2d_config_derive_layers(m2d_config *cfg, const char *path);
 const m2d_tensor *m2d_model_expect(m2d_model *m, const char *name, int ndim, int64_t d0, int64_t d1);
 /* Error if the checkpoint holds a tensor the adapter did not bind (nothing is ignored silently). */
 int m2d_model_check_unused(m2d_model *m);
+
+/* ---- for post_bind hooks ----
+ * The stored tensor NAME, checked against the shape SHAPE[NDIM] (-1: any extent) and DTYPES (bits
+ * 1u << m2d_dtype; 0: F32/BF16/F16), recorded as read for LAYER (-1: model) and PART
+ * (M2D_PART_FFN: replaced when a student is written). NULL + an error naming file, tensor, field. */
+const m2d_tensor *m2d_model_claim(m2d_model *m, const char *name, int layer, int part, int ndim,
+                                  const int64_t *shape, unsigned dtypes);
+/* A zero-filled tensor owned by M (freed by m2d_model_close); its data is writable until bound. */
+m2d_tensor *m2d_model_new_tensor(m2d_model *m, const char *name, m2d_dtype dtype, int ndim,
+                                 const int64_t *shape);
 
 #endif
