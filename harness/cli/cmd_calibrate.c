@@ -65,6 +65,7 @@ static int cmd_calibrate_run(int argc, char **argv) {
     m2d_precision prec, used;
     if (m2d_precision_parse(prec_s, "calibrate: --precision", &prec) || m2d_engine_resolve_precision(NULL, prec, &used))
         goto done;
+    if (m2d_check_output_path(out)) goto done; /* refused now, not after the calibration */
     if (m2d_model_open(model, &m) || m2d_tokenizer_load(model, &tk)) goto done;
     if (!(text = m2d_read_file(data, &len))) goto done;
     if (m2d_tokenizer_encode(tk, text, len, &ids, &n_ids)) {
