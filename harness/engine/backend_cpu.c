@@ -16,6 +16,7 @@
 #include "engine/backend.h"
 #include "engine/gemm.h"
 #include "engine/pool.h"
+#include "engine/backend_cpu.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -145,11 +146,13 @@ static void cpu_weight_free(m2d_backend *be, m2d_weight *wh) {
     free(wh);
 }
 
-/* matrices: the GEMM module's prepared copy for the backend's precision (even of F32 weights:
- * oneDNN reads its blocked layout up to 1.4x faster at MoE shapes, bench_gemm); vectors: fp32 */
+/* matrices: the GEMM module's prepared copy for the backend's precision; vectors: fp32. F32
+ * tensors are never copied: a handle may view memory its owner keeps writing (a trainer's master
+ * weights, m2d_cpu_weight_over), and a copy would go stale. */
 static size_t cpu_resident_bytes(m2d_backend *be, const m2d_weight *wh) {
     cpu_be *c = CPU(be);
     const cpu_weight *w = W(wh);
+    if (in_place(w->t)) return 0; /* F32: read where it is (it may be a live view, e.g. a trainer's weights) */
     if (is_matrix(w->t)) {
         m2d_gemm_w v = m2d_gemm_tensor_rows(w->t, 0, (int)w->t->shape[0]);
         return w->packed ? 0 : m2d_gemm_prepare_bytes(gemm_ctx(c, c->resident), &v);
@@ -160,6 +163,7 @@ static size_t cpu_resident_bytes(m2d_backend *be, const m2d_weight *wh) {
 static int cpu_make_resident(m2d_backend *be, m2d_weight *wh) {
     cpu_be *c = CPU(be);
     cpu_weight *w = (cpu_weight *)wh;
+    if (in_place(w->t)) return 0;
     if (is_matrix(w->t)) {
         m2d_gemm_w v = m2d_gemm_tensor_rows(w->t, 0, (int)w->t->shape[0]);
         return w->packed ? 0 : m2d_gemm_prepare(gemm_ctx(c, c->resident), &v, &w->packed);
@@ -1029,6 +1033,7 @@ static const m2d_backend_ops cpu_ops = {
     .experts_all = cpu_experts_all,
     .gram = cpu_gram,
     .auto_precision = cpu_auto_precision,
+    .train = &m2d_cpu_train_ops,
 };
 
 static int cpu_create(const m2d_backend_opts *o, m2d_backend **out) {
@@ -1050,3 +1055,28 @@ static int cpu_create(const m2d_backend_opts *o, m2d_backend **out) {
 
 M2D_BACKEND(cpu, "cpu", "host CPU: oneDNN fp32/bf16 matmul (sgemm for tiny weights), weights as stored or prepared, pthreads",
             cpu_create)
+
+/* ---- shared with the training ops (backend_cpu.h) ---- */
+void *m2d_cpu_ptr(const m2d_buf *b) { return B(b); }
+float *m2d_cpu_mat(const m2d_mat *m) { return F(m); }
+int m2d_cpu_threads(const m2d_backend *be) { return ((const cpu_be *)be)->threads; }
+void m2d_cpu_parallel_for(const m2d_backend *be, int n, void (*fn)(void *, int), void *ctx) {
+    parallel_for((const cpu_be *)be, n, fn, ctx);
+}
+const float *m2d_cpu_weight_rows(m2d_backend *be, const m2d_weight *w, int64_t first, int64_t n) {
+    return wrows(CPU(be), w, first, n);
+}
+
+/* the handle and the tensor it reads live in one allocation: weight_free releases both */
+typedef struct {
+    cpu_weight w; /* first: the handle's address */
+    m2d_tensor t;
+} cpu_weight_view;
+
+m2d_weight *m2d_cpu_weight_over(const float *data, int64_t rows, int64_t cols) {
+    cpu_weight_view *v = m2d_calloc(1, sizeof *v);
+    v->t = (m2d_tensor){.name = "view", .dtype = M2D_F32, .ndim = 2, .shape = {rows, cols}, .data = data,
+                        .nbytes = (size_t)(rows * cols) * sizeof(float)};
+    v->w.t = &v->t;
+    return (m2d_weight *)&v->w;
+}
