@@ -12,7 +12,7 @@ PKGS     := libcjson libpcre2-8 libutf8proc
 CPPFLAGS += -Iharness -I. -I/usr/include/openblas -D_DEFAULT_SOURCE -D_FILE_OFFSET_BITS=64
 CFLAGS   ?= -O2 -march=native -g
 CFLAGS   += -std=c11 -Wall -Wextra -Werror -pthread -fno-strict-aliasing
-LDLIBS   += -lopenblas -llapacke -lcjson -lcsv -lpcre2-8 -lutf8proc -lm -pthread
+LDLIBS   += -lopenblas -ldnnl -lgomp -llapacke -lcjson -lcsv -lpcre2-8 -lutf8proc -lm -pthread
 
 ifeq ($(SAN),1)
   BUILD  := build-san

@@ -5,11 +5,21 @@
  * calibration cannot avoid); the full calibration (fast path) and its FLOP rate in the experts;
  * the obviously-correct reference path on a few tokens for the speed-up.
  * Timings are wall clock, best of R runs; the machine is shared, so expect noise.
- * Env: M2D_MODELS (default ../shared/models), BENCH_WINDOWS (default 4), BENCH_REPEAT (default 3). */
+ * Env: M2D_MODELS (default ../shared/models), BENCH_WINDOWS (default 4), BENCH_REPEAT (default 3).
+ *
+ * bench_calib rss DIR calib|eval WINDOWS [fp32|bf16] — peak resident memory and time of one
+ * calibration (or a PPL-style evaluation) of WINDOWS x 512 random tokens on the checkpoint DIR in
+ * that precision (default fp32; calibration also prints its expert GFLOP/s) (e.g. the 2- and 4-layer
+ * 30B-shaped slices of `bench_engine write DIR real moe LAYERS`), split into anonymous memory and
+ * mapped weight pages (/proc/self/status sampled every 20 ms). */
 #include <cblas.h>
+#include <dirent.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "calib/calib.h"
 #include "convert/convert.h"
@@ -69,8 +79,7 @@ static double run_calib(void *p) {
 static double run_forward(void *p) {
     calib_arg *a = p;
     m2d_engine *e;
-    if (m2d_engine_new(a->m, m2d_default_threads(), &e)) exit(1);
-    m2d_engine_cache_weights(e, (size_t)4 << 30);
+    if (m2d_engine_new(a->m, m2d_default_threads(), &e)) exit(1); /* weights as calibration keeps them */
     int L = a->o.seq_len;
     double lp, t0 = m2d_now();
     for (int w = 0; w < a->o.n_samples; w++)
@@ -85,7 +94,6 @@ static double run_experts(void *p) {
     const m2d_config *c = &a->m->cfg;
     m2d_engine *e;
     if (m2d_engine_new(a->m, m2d_default_threads(), &e)) exit(1);
-    m2d_engine_cache_weights(e, (size_t)4 << 30);
     int L = a->o.seq_len, d = c->hidden_size;
     float *x = m2d_malloc((size_t)L * d * 4), *y = m2d_malloc((size_t)L * d * 4);
     for (size_t i = 0; i < (size_t)L * d; i++) x[i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
@@ -102,7 +110,98 @@ static double run_experts(void *p) {
     return t;
 }
 
-int main(void) {
+/* ---- rss mode ---- */
+static volatile int rss_stop;
+static long rss_peak_anon, rss_peak_file; /* kB */
+
+static void rss_sample(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v;
+    while (f && fgets(line, sizeof line, f)) {
+        if (sscanf(line, "RssAnon: %ld", &v) == 1 && v > rss_peak_anon) rss_peak_anon = v;
+        if (sscanf(line, "RssFile: %ld", &v) == 1 && v > rss_peak_file) rss_peak_file = v;
+    }
+    if (f) fclose(f);
+}
+
+static void *rss_sampler(void *arg) {
+    (void)arg;
+    while (!rss_stop) {
+        rss_sample();
+        usleep(20000);
+    }
+    return NULL;
+}
+
+/* bytes of DIR's *.safetensors files */
+static double checkpoint_bytes(const char *dir) {
+    double b = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        size_t n = strlen(e->d_name);
+        struct stat sb;
+        char *p = m2d_path_join(dir, e->d_name);
+        if (n > 12 && strcmp(e->d_name + n - 12, ".safetensors") == 0 && stat(p, &sb) == 0) b += (double)sb.st_size;
+        free(p);
+    }
+    if (d) closedir(d);
+    return b;
+}
+
+static int rss_run(const char *dir, const char *mode, int windows, const char *prec_s) {
+    m2d_precision prec;
+    if (m2d_precision_parse(prec_s, "bench_calib rss", &prec)) {
+        fprintf(stderr, "%s\n", m2d_errmsg());
+        return 1;
+    }
+    m2d_model *m;
+    if (m2d_model_open(dir, &m)) {
+        fprintf(stderr, "bench_calib: %s\n", m2d_errmsg());
+        return 1;
+    }
+    int L = 512, calib = strcmp(mode, "calib") == 0;
+    int64_t n = (int64_t)windows * L;
+    int32_t *ids = m2d_malloc(sizeof(int32_t) * (size_t)n);
+    uint64_t st = 1;
+    for (int64_t i = 0; i < n; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int32_t)((st >> 33) % (uint64_t)m->cfg.vocab_size);
+    }
+    pthread_t tid;
+    pthread_create(&tid, NULL, rss_sampler, NULL);
+    double t0 = m2d_now();
+    int rc = 0;
+    if (calib) {
+        calib_arg a = {m, ids, n, {.seq_len = L, .n_samples = windows, .precision = (int)prec}};
+        double tc = run_calib(&a);
+        printf("calibration in %s: %.1f s, %.0f GFLOP/s in the experts\n", prec_s, tc,
+               m2d_calib_expert_flops(&m->cfg, (double)n) / tc * 1e-9);
+    } else {
+        m2d_engine *e;
+        double *lp = m2d_malloc(sizeof(double) * (size_t)L);
+        rc = m2d_engine_open(m, &(m2d_engine_opts){.n_threads = m2d_default_threads(), .precision = prec}, &e);
+        for (int w = 0; w < windows && rc == 0; w++) /* as `ppl --protocol gptq`: L-1 predictions */
+            rc = m2d_engine_logprobs(e, ids + (size_t)w * L, L - 1, ids + (size_t)w * L + 1, 0, lp);
+        if (rc) fprintf(stderr, "bench_calib: %s\n", m2d_errmsg());
+        if (rc == 0) m2d_engine_free(e);
+        free(lp);
+    }
+    double t = m2d_now() - t0;
+    rss_stop = 1;
+    pthread_join(tid, NULL);
+    rss_sample();
+    printf("%s: %s, %d layers, %d x %d tokens: %.1f s, peak anonymous %.0f MB, peak mapped weights %.0f MB "
+           "(file %.0f MB)\n", dir, calib ? "calibrate" : "evaluate", m->cfg.num_hidden_layers, windows, L, t,
+           rss_peak_anon / 1024.0, rss_peak_file / 1024.0, checkpoint_bytes(dir) / 1e6);
+    free(ids);
+    m2d_model_close(m);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    if ((argc == 5 || argc == 6) && strcmp(argv[1], "rss") == 0)
+        return rss_run(argv[2], argv[3], atoi(argv[4]), argc == 6 ? argv[5] : "fp32");
     const char *models = getenv("M2D_MODELS");
     if (!models) models = "../shared/models";
     char *dir = m2d_path_join(models, "tiny-qwen3moe");

@@ -5,9 +5,13 @@
  * Each case runs in a fresh process (this binary re-executed with "case ...") so that peak RSS
  * (getrusage) is the case's own. Timings on a shared 2-core machine are noisy: compare ratios
  * from one run. Usage: bench_engine [--quick] (quick: tiny shapes only)
- *        bench_engine write DIR real|tiny moe|dense        (a checkpoint to profile)
- *        bench_engine case DIR LABEL ppl|pp L REPS CACHE PEAK (one measurement) */
+ *        bench_engine precision [--quick] (issue 13: each case in fp32 and in bf16, alternated, with
+ *            the in-process yardsticks of both precisions: the GEMM module's 2048^3 rate)
+ *        bench_engine write DIR real|tiny moe|dense [LAYERS] (a checkpoint to profile; real: 2 layers)
+ *        bench_engine case DIR LABEL ppl|pp L REPS CACHE PEAK (one measurement; CACHE bit 0: weights
+ *            prepared at load, bit 1: experts one at a time, bit 2: bf16) */
 #include <cblas.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +21,8 @@
 
 #include "engine/backend.h"
 #include "engine/engine.h"
+#include "engine/gemm.h"
+#include "engine/pool.h"
 #include "testmodel.h"
 #include "base/util.h"
 
@@ -36,6 +42,29 @@ static double sgemm_peak(int n, int threads) {
     }
     free(a); free(b); free(c);
     return 2.0 * n * n * (double)n / best / 1e9;
+}
+
+/* The GEMM module's rate on 2048^3 (X fp32, W bf16 as stored, 2 threads) in precision P: the
+ * yardstick of the engine's GEMMs in that precision (best of 5 after a warm-up) */
+static double module_peak(m2d_precision p) {
+    enum { N = 2048 };
+    m2d_pool *pool = m2d_pool_new(2);
+    m2d_gemm_ctx *g;
+    if (m2d_gemm_ctx_new(p, pool, &g)) exit(1);
+    float *x = m2d_malloc(sizeof(float) * N * N), *y = m2d_malloc(sizeof(float) * N * N);
+    uint16_t *w = m2d_malloc(sizeof(uint16_t) * N * N);
+    for (size_t i = 0; i < (size_t)N * N; i++) x[i] = (float)((i % 17) * 0.01), w[i] = m2d_f32_to_bf16((float)((i % 13) * 0.01));
+    m2d_gemm_w wv = m2d_gemm_weight(M2D_BF16, w, N, N, N);
+    double best = 1e30;
+    for (int r = 0; r < 6; r++) {
+        double t0 = m2d_now();
+        if (m2d_gemm(g, x, N, N, &wv, y, N, 0.0f)) exit(1);
+        if (r && m2d_now() - t0 < best) best = m2d_now() - t0;
+    }
+    free(x); free(y); free(w);
+    m2d_gemm_ctx_free(g);
+    m2d_pool_free(pool);
+    return 2.0 * N * N * (double)N / best / 1e9;
 }
 
 /* forward FLOPs for n tokens (causal attention) + LM head on `scored` rows */
@@ -68,9 +97,10 @@ static int run_case(const char *dir, const char *label, const char *mode, int L,
     }
     m2d_engine *e;
     setenv("M2D_WEIGHT_CACHE_MB", "0", 1); /* the policy is chosen explicitly below */
-    if (m2d_engine_new(m, 2, &e)) return 1;
+    m2d_precision prec = cache & 4 ? M2D_PREC_BF16 : M2D_PREC_FP32;
+    if (m2d_engine_open(m, &(m2d_engine_opts){.n_threads = 2, .precision = prec}, &e)) return 1;
     double tc = m2d_now();
-    /* CACHE bit 0: fp32 weight cache; bit 1: experts one at a time (multi-threaded GEMMs) */
+    /* CACHE bit 0: weights prepared at load; bit 1: experts one at a time (multi-threaded GEMMs) */
     if (cache & 2) m2d_engine_set_expert_parallel(e, 0);
     cache &= 1;
     size_t cached = cache ? m2d_engine_cache_weights(e, (size_t)64 << 30) : 0;
@@ -96,11 +126,21 @@ static int run_case(const char *dir, const char *label, const char *mode, int L,
         if (r && t < best) best = t;
     }
     double fl = forward_flops(&m->cfg, n, n - first);
+    const char *rec = getenv("M2D_BENCH_RECORD"); /* precision mode: the parent reads tok/s back */
+    if (rec) {
+        FILE *f = fopen(rec, "w");
+        if (f) fprintf(f, "%.6f %ld\n", n / best, peak_rss_mb()), fclose(f);
+        free(tok); free(lp);
+        m2d_engine_free(e);
+        m2d_model_close(m);
+        return 0;
+    }
     /* the machine is shared: also compare with an sgemm peak measured right now, in this process */
     double local_peak = sgemm_peak(2048, 2);
     printf("| %-28s | %-4s | %5d | %9.1f | %8.1f | %5.0f%% | %5.0f%% | %7ld | %s |\n", label, mode, L, n / best,
            fl / best / 1e9, 100 * fl / best / 1e9 / peak, 100 * fl / best / 1e9 / local_peak, peak_rss_mb(),
-           cache ? m2d_strfmt("fp32 cache %.2f GB (%.1f s)", cached / 1e9, tc) : "convert on use");
+           cache ? m2d_strfmt("%s prepared %.2f GB (%.1f s)", m2d_precision_name(prec), cached / 1e9, tc)
+                 : m2d_strfmt("%s, as stored", m2d_precision_name(prec)));
     fflush(stdout);
     free(tok);
     free(lp);
@@ -126,14 +166,14 @@ static void spawn(const char *self, const char *dir, const char *label, const ch
     if (!WIFEXITED(st) || WEXITSTATUS(st)) printf("| %-28s | %-4s | FAILED |\n", label, mode);
 }
 
-static int write_model(const char *dir, int real, int moe) {
+static int write_model(const char *dir, int real, int moe, int layers) {
     m2d_testmodel_opts o;
     m2d_testmodel_defaults(&o);
     o.moe = moe;
     o.init_std = 0.02f;
     o.dtype = M2D_BF16;
     if (real) { /* Qwen3-30B-A3B layer dimensions, 2 layers */
-        o.vocab_size = 151936; o.hidden_size = 2048; o.num_hidden_layers = 2;
+        o.vocab_size = 151936; o.hidden_size = 2048; o.num_hidden_layers = layers > 0 ? layers : 2;
         o.num_attention_heads = 32; o.num_key_value_heads = 4; o.head_dim = 128;
         o.num_experts = 128; o.num_experts_per_tok = 8; o.moe_intermediate_size = 768;
         o.intermediate_size = 8 * 768; o.rope_theta = 1e6; o.max_position_embeddings = 40960;
@@ -151,16 +191,90 @@ static int write_model(const char *dir, int real, int moe) {
     return 0;
 }
 
+/* the checkpoints of a run (written to /tmp, removed after their cases) */
+static const struct { const char *sub, *label; int real, moe; } models[] = {
+    {"tiny-moe", "tiny teacher shape (MoE)", 0, 1},
+    {"tiny-dense", "tiny dense student (K=8)", 0, 0},
+    {"real-moe", "30B-A3B 2-layer slice (MoE)", 1, 1},
+    {"real-dense", "30B-A3B K=8 student, 2 layers", 1, 0},
+};
+
+/* one case in a child (CACHE as in run_case); its tokens/s and peak RSS (MB) through a file */
+static double spawn_rate(const char *self, const char *dir, const char *mode, int reps, int cache, long *rss) {
+    char rec[] = "/tmp/m2d-bench-rec-XXXXXX";
+    int fd = mkstemp(rec);
+    if (fd < 0) return 0;
+    close(fd);
+    setenv("M2D_BENCH_RECORD", rec, 1);
+    spawn(self, dir, "", mode, 512, reps, cache, 1);
+    unsetenv("M2D_BENCH_RECORD");
+    double r = 0;
+    FILE *f = fopen(rec, "r");
+    if (!f || fscanf(f, "%lf %ld", &r, rss) != 2) r = 0;
+    if (f) fclose(f);
+    unlink(rec);
+    return r;
+}
+
+/* Issue 13: the engine in fp32 and in bf16 on the same checkpoints, alternated twice (best of
+ * each), as fractions of the yardstick of their own precision, re-measured next to each case's
+ * runs (best of those too): the machine is shared, so a yardstick from another moment misleads */
+static int precision_mode(const char *self, int quick) {
+    double y32 = module_peak(M2D_PREC_FP32), y16 = module_peak(M2D_PREC_BF16);
+    printf("yardsticks (GEMM module, 2048^3, W bf16, 2 threads, %s): fp32 %.0f GFLOP/s, bf16 %.0f GFLOP/s "
+           "(OpenBLAS sgemm %.0f)\n\n", m2d_gemm_isa_name(), y32, y16, sgemm_peak(2048, 2));
+    printf("| model | mode | fp32 tok/s | bf16 tok/s | bf16 / fp32 | fp32 of its yardstick now | bf16 of its yardstick now | "
+           "RSS MB fp32 / bf16 |\n|---|---|---:|---:|---:|---:|---:|---:|\n");
+    fflush(stdout);
+    char tmpl[] = "/tmp/m2d-bench-XXXXXX";
+    char *root = mkdtemp(tmpl);
+    if (!root) return 1;
+    const char *modes[] = {"pp", "ppl"};
+    int rc = 0;
+    for (size_t i = 0; i < M2D_ARRAY_LEN(models) && rc == 0; i++) {
+        if (quick && models[i].real) continue;
+        char *dir = m2d_path_join(root, models[i].sub);
+        if (write_model(dir, models[i].real, models[i].moe, 0)) rc = 1;
+        m2d_model *m = NULL;
+        if (rc == 0 && m2d_model_open(dir, &m)) rc = 1;
+        for (int md = 0; md < 2 && rc == 0; md++) {
+            int pp = md == 0, n = pp ? 512 : 511, reps = models[i].real ? 3 : 8;
+            double fl = forward_flops(&m->cfg, n, pp ? 1 : n), r32 = 0, r16 = 0;
+            long rss32 = 0, rss16 = 0;
+            double p32 = 0, p16 = 0;
+            for (int round = 0; round < 2; round++) { /* alternated: both see the same load */
+                r32 = fmax(r32, spawn_rate(self, dir, modes[md], reps, 0, &rss32));
+                p32 = fmax(p32, module_peak(M2D_PREC_FP32));
+                r16 = fmax(r16, spawn_rate(self, dir, modes[md], reps, 4, &rss16));
+                p16 = fmax(p16, module_peak(M2D_PREC_BF16));
+            }
+            printf("| %s | %s512 | %.1f | %.1f | %.2fx | %.0f %% | %.0f %% | %ld / %ld |\n", models[i].label,
+                   pp ? "pp" : "ppl L=", r32, r16, r16 / r32, 100 * fl * r32 / n / 1e9 / p32,
+                   100 * fl * r16 / n / 1e9 / p16, rss32, rss16);
+            fflush(stdout);
+        }
+        m2d_model_close(m);
+        char *cmd = m2d_strfmt("rm -rf '%s'", dir);
+        if (system(cmd) != 0) fprintf(stderr, "bench: could not remove %s\n", dir);
+        free(cmd);
+        free(dir);
+    }
+    rmdir(root);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     if (argc == 9 && strcmp(argv[1], "case") == 0)
         return run_case(argv[2], argv[3], argv[4], atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), atof(argv[8]));
-    if (argc == 5 && strcmp(argv[1], "write") == 0) /* keep a checkpoint for profiling */
-        return write_model(argv[2], strcmp(argv[3], "real") == 0, strcmp(argv[4], "moe") == 0) ? 1 : 0;
-    int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    if ((argc == 5 || argc == 6) && strcmp(argv[1], "write") == 0) /* keep a checkpoint for profiling */
+        return write_model(argv[2], strcmp(argv[3], "real") == 0, strcmp(argv[4], "moe") == 0,
+                           argc == 6 ? atoi(argv[5]) : 0) ? 1 : 0;
+    int quick = argc > 1 && strcmp(argv[argc - 1], "--quick") == 0;
     char self[4096];
     ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
     if (sl <= 0) return 1;
     self[sl] = 0;
+    if (argc > 1 && strcmp(argv[1], "precision") == 0) return precision_mode(self, quick);
     double peak = sgemm_peak(2048, 2);
     printf("sgemm peak (n=2048, 2 threads, best of 8): %.1f GFLOP/s\n\n", peak);
     printf("| model | mode | L | tokens/s | GFLOP/s | of peak | of peak now | RSS MB | weights |\n");
@@ -169,18 +283,12 @@ int main(int argc, char **argv) {
     char tmpl[] = "/tmp/m2d-bench-XXXXXX";
     char *root = mkdtemp(tmpl);
     if (!root) return 1;
-    struct { const char *sub, *label; int real, moe; } models[] = {
-        {"tiny-moe", "tiny teacher shape (MoE)", 0, 1},
-        {"tiny-dense", "tiny dense student (K=8)", 0, 0},
-        {"real-moe", "30B-A3B 2-layer slice (MoE)", 1, 1},
-        {"real-dense", "30B-A3B K=8 student, 2 layers", 1, 0},
-    };
     int rc = 0;
     for (size_t i = 0; i < M2D_ARRAY_LEN(models) && rc == 0; i++) {
         if (quick && models[i].real) continue;
         char *dir = m2d_path_join(root, models[i].sub);
         double t0 = m2d_now();
-        if (write_model(dir, models[i].real, models[i].moe)) rc = 1;
+        if (write_model(dir, models[i].real, models[i].moe, 0)) rc = 1;
         fprintf(stderr, "bench: wrote %s in %.1f s\n", dir, m2d_now() - t0);
         if (rc == 0) {
             int reps = models[i].real ? 4 : 10; /* best-of: robust to bursts of load from other processes */

@@ -7,4 +7,8 @@ for b in "$build"/bench/bench_*; do
   [ -x "$b" ] || continue
   echo "## $(basename "$b")"
   "$b" || echo "$(basename "$b"): FAILED (exit $?)"
+  if [ "$(basename "$b")" = bench_engine ]; then # issue 13: fp32 vs bf16, each against its yardstick
+    echo "## bench_engine precision"
+    "$b" precision || echo "bench_engine precision: FAILED (exit $?)"
+  fi
 done

@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/backend.h"
+
 typedef struct {
     const char *context;       /* exact strings as lm-eval builds them (NUL-terminated UTF-8) */
     const char *continuation;
@@ -80,9 +82,10 @@ typedef enum {
     M2D_LM_NAIVE_LP = 2,/* one forward per request, log-probs streamed at the continuation only */
 } m2d_lm_mode;
 
-/* Open the model in DIR (config, weights, tokenizer.json) as a scorer. max_length <= 0: the
- * model's max_position_embeddings. */
-int m2d_lm_engine_open(const char *dir, int n_threads, m2d_lm_mode mode, int max_length, m2d_lm **out);
+/* Open the model in DIR (config, weights, tokenizer.json) as a scorer whose engine runs its GEMMs
+ * in PRECISION (engine.h; AUTO resolved by the backend). max_length <= 0: the model's
+ * max_position_embeddings. */
+int m2d_lm_engine_open(const char *dir, int n_threads, m2d_precision precision, m2d_lm_mode mode, int max_length, m2d_lm **out);
 /* The same scorer over an engine and tokenizer the caller keeps (e.g. a student built in memory
  * by the sweep); m2d_lm_free releases only the scorer (its KV cache), not ENG or TOK. */
 typedef struct m2d_engine m2d_engine;
@@ -90,6 +93,8 @@ typedef struct m2d_tokenizer m2d_tokenizer;
 int m2d_lm_engine_wrap(m2d_engine *eng, const m2d_tokenizer *tok, m2d_lm_mode mode, int max_length, m2d_lm **out);
 /* Counters of the engine scorer (tokens actually run through the model, cache reuse). */
 typedef struct { int64_t requests, tokens_forwarded, tokens_reused; } m2d_lm_stats;
+/* The scorer's engine (NULL for a scorer without one). */
+m2d_engine *m2d_lm_engine_of(const m2d_lm *lm);
 int m2d_lm_engine_stats(const m2d_lm *lm, m2d_lm_stats *out);
 void m2d_lm_engine_set_mode(m2d_lm *lm, m2d_lm_mode mode);
 

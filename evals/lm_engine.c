@@ -216,11 +216,12 @@ int m2d_lm_engine_wrap(m2d_engine *eng, const m2d_tokenizer *tok, m2d_lm_mode mo
     return 0;
 }
 
-int m2d_lm_engine_open(const char *dir, int n_threads, m2d_lm_mode mode, int max_length, m2d_lm **out) {
+int m2d_lm_engine_open(const char *dir, int n_threads, m2d_precision precision, m2d_lm_mode mode, int max_length, m2d_lm **out) {
     engine_lm *E = m2d_calloc(1, sizeof *E);
     m2d_tokenizer *tk = NULL;
     if (m2d_model_open(dir, &E->model)) { free(E); return -1; }
-    if (m2d_engine_new(E->model, n_threads, &E->eng) || m2d_tokenizer_load(dir, &tk)) {
+    m2d_engine_opts eo = {.n_threads = n_threads, .precision = precision};
+    if (m2d_engine_open(E->model, &eo, &E->eng) || m2d_tokenizer_load(dir, &tk)) {
         m2d_engine_free(E->eng);
         m2d_model_close(E->model);
         free(E);
@@ -231,6 +232,10 @@ int m2d_lm_engine_open(const char *dir, int n_threads, m2d_lm_mode mode, int max
     engine_lm_init(E, mode, max_length);
     *out = &E->lm;
     return 0;
+}
+
+m2d_engine *m2d_lm_engine_of(const m2d_lm *lm) {
+    return lm && lm->free == engine_free ? ((const engine_lm *)lm->impl)->eng : NULL;
 }
 
 int m2d_lm_engine_stats(const m2d_lm *lm, m2d_lm_stats *out) {

@@ -21,7 +21,7 @@ for f in fuzz/fuzz_*.c; do
   [ -e "$f" ] || continue
   name=$(basename "$f" .c)
   clang $flags -fsanitize=fuzzer -o "build-fuzz/$name" "$f" $objs \
-    -lopenblas -llapacke -lcjson -lcsv -lpcre2-8 -lutf8proc -lm
+    -lopenblas -ldnnl -lgomp -llapacke -lcjson -lcsv -lpcre2-8 -lutf8proc -lm
   corpus="fuzz/corpus/${name#fuzz_}"
   mkdir -p "build-fuzz/corpus-$name"
   echo "fuzz: $name for ${secs}s"

@@ -3,6 +3,7 @@
  * their error paths. */
 #include "testutil.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -278,12 +279,23 @@ static void commands_end_to_end(void **state) {
     /* again: up to date */
     assert_int_equal(run(cmd, &out, &err), 0);
     assert_non_null(strstr(out, "up to date"));
-    free(out); free(err); free(cmd);
+    free(out); free(err);
+    /* another precision is another calibration (not up to date); recorded in the stats */
+    char *cmd16 = m2d_strfmt("%s --precision bf16", cmd);
+    assert_int_equal(run(cmd16, &out, &err), 0);
+    assert_non_null(strstr(out, "wrote"));
+    assert_non_null(strstr(out, "precision bf16 (requested bf16)"));
+    free(out); free(err); free(cmd16);
+    cmd16 = m2d_strfmt("%s --precision half", cmd);
+    assert_int_not_equal(run(cmd16, &out, &err), 0);
+    assert_non_null(strstr(err, "calibrate: --precision: 'half' is not a precision (auto, fp32, bf16)"));
+    free(out); free(err); free(cmd16); free(cmd);
     m2d_stats *s;
     char *sp = m2d_path_join(dir, "s.bin");
     assert_int_equal(m2d_stats_read(sp, &s), 0);
     assert_int_equal(s->n_windows, 2);
     assert_int_equal(s->seq_len, 64);
+    assert_string_equal(s->precision, "bf16");
     m2d_calib_stats_free(s);
 
     /* convert: dense student, loads, and carries the tokenizer */
@@ -316,6 +328,14 @@ static void commands_end_to_end(void **state) {
     char *js = m2d_read_file(rj, NULL);
     assert_non_null(strstr(js, "\"remap\""));
     free(js); free(rj); free(rd);
+    /* moe2dense.json records the precision the statistics were computed in */
+    tj = m2d_path_join(sd, "moe2dense.json");
+    char *mj = m2d_read_file(tj, NULL);
+    cJSON *mo = cJSON_Parse(mj);
+    assert_non_null(mo);
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(mo, "stats"), "precision")->valuestring, "bf16");
+    cJSON_Delete(mo);
+    free(mj); free(tj);
 
     /* bad inputs, each with a clear message */
     struct { const char *args, *needle; } bad[] = {

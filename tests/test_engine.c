@@ -9,6 +9,7 @@
 
 #include "engine/backend.h"
 #include "engine/engine.h"
+#include "engine/gemm.h"
 #include "routing.h"
 #include "reffwd.h"
 #include "testmodel.h"
@@ -27,7 +28,7 @@ static double max_abs_diff(const float *a, const float *b, size_t n) {
 /* ---------------- ops vs naive loops (through the backend object) ---------------- */
 
 static m2d_backend *new_backend(const char *name, int threads) {
-    m2d_backend_opts o = {threads};
+    m2d_backend_opts o = {.n_threads = threads};
     m2d_backend *be;
     if (m2d_backend_new(name, &o, &be)) fail_msg("%s", m2d_errmsg());
     return be;
@@ -987,6 +988,15 @@ static void weight_cache_and_expert_order_give_identical_results(void **state) {
 
 /* ---------------- golden outputs of the tiny Qwen3-MoE ---------------- */
 
+/* an engine on the CPU backend in precision P */
+static m2d_engine *engine_at(const m2d_model *m, int threads, m2d_precision p) {
+    m2d_engine *e;
+    m2d_engine_opts o = {.backend = "cpu", .n_threads = threads, .precision = p};
+    if (m2d_engine_open(m, &o, &e)) fail_msg("%s", m2d_errmsg());
+    return e;
+}
+
+
 static void golden_tiny_qwen3moe(void **state) {
     (void)state;
     const char *dir = tu_models_dir();
@@ -1065,6 +1075,18 @@ static void golden_tiny_qwen3moe(void **state) {
     nll /= 63;
     print_message("golden: mean NLL %.9f (reference 5.395405632827731)\n", nll);
     assert_true(fabs(nll - 5.395405632827731) < 1e-5);
+    /* bf16 (issue 13: what bf16 activations change): the same NLL through a BF16 engine */
+    m2d_engine *eb = engine_at(model, 2, M2D_PREC_BF16);
+    assert_int_equal(m2d_engine_logprobs(eb, tok, 63, next, 0, lp), 0);
+    double nllb = 0;
+    for (int t = 0; t < 63; t++) nllb -= lp[t];
+    nllb /= 63;
+    print_message("golden: bf16 mean NLL %.9f, relative difference %.3g\n", nllb, fabs(nllb / 5.395405632827731 - 1));
+    /* 4 layers, each GEMM's activations rounded to bf16 (2^-8 relative worst case per dot,
+     * zero-mean): a mean over 63 tokens of log-probabilities moves by <= ~1e-3 relative; bound
+     * 2e-3 (measured 7.6e-5) */
+    assert_true(fabs(nllb / 5.395405632827731 - 1) < 2e-3);
+    m2d_engine_free(eb);
     free(lg); free(ref);
     tu_routing_free(&rc);
     m2d_engine_free(e);
@@ -1141,6 +1163,173 @@ static void engine_matches_naive_reference_on_checkpoints(void **state) {
     free(dir);
 }
 
+/* ---------------- bf16 (precision BF16: operands rounded to bf16, fp32 accumulation) ---------------- */
+
+static double bf(double v) { return m2d_bf16_to_f32(m2d_f32_to_bf16((float)v)); }
+
+/* Backend GEMM in BF16 against float64 references, with u_b = 2^-8 (bf16's unit roundoff: 8
+ * significant bits) and gamma_K = K u / (1 - K u), u = 2^-24:
+ *  - against the reference on bf16-rounded operands: products of bf16 values are exact in fp32, so
+ *    only the fp32 accumulation errs: |y - ref~| <= gamma_K sum|x~ w~| (tight; proves the backend
+ *    really rounded the operands, since ref~ differs from the exact product by ~u_b);
+ *  - against the exact operands: x~ w~ = x w (1 + d), |d| <= (1 + u_b)^2 - 1, so
+ *    |y - ref| <= ((1 + u_b)^2 - 1 + gamma_K (1 + u_b)^2) sum|x w|.
+ * The weight (150 x 200) is big enough for oneDNN's kernel where the CPU has native bf16. */
+static void op_matmul_bf16_on(const char *backend) {
+    m2d_backend *be = new_backend(backend, 2);
+    if (!(be->ops->precisions & (1u << M2D_PREC_BF16))) {
+        m2d_backend_free(be);
+        return;
+    }
+    uint64_t st = 3;
+    enum { N = 37, IN = 200, OUT = 150 };
+    float *x = malloc(sizeof(float) * N * IN), *w = malloc(sizeof(float) * OUT * IN), *y = malloc(sizeof(float) * N * OUT);
+    fill_normal(&st, x, (size_t)N * IN, 1);
+    fill_normal(&st, w, (size_t)OUT * IN, 1);
+    m2d_tensor wt;
+    m2d_weight *wh = weight_of(be, &wt, M2D_F32, w, OUT, IN);
+    m2d_buf *xb = upload(be, x, sizeof(float) * N * IN), *yb = be->ops->alloc(be, sizeof(float) * N * OUT);
+    m2d_mat X = m2d_mat_of(xb, 0, N, IN, IN), Y = m2d_mat_of(yb, 0, N, OUT, OUT);
+    be->ops->enter(be);
+    be->ops->gemm(be, &X, wh, 0, &Y, 0.0f, M2D_PREC_BF16);
+    assert_int_equal(be->ops->leave(be), 0);
+    download(be, y, yb, sizeof(float) * N * OUT);
+    const double u = ldexp(1, -24), ub = ldexp(1, -8), gk = IN * u / (1 - IN * u);
+    double e_r = 0, e_x = 0; /* rms of y - ref~ and of ref~ - ref */
+    for (int i = 0; i < N; i++)
+        for (int o = 0; o < OUT; o++) {
+            double s = 0, sr = 0, mag = 0, magr = 0;
+            for (int k = 0; k < IN; k++) {
+                double xv = x[i * IN + k], wv = w[o * IN + k];
+                s += xv * wv, sr += bf(xv) * bf(wv), mag += fabs(xv * wv), magr += fabs(bf(xv) * bf(wv));
+            }
+            double yv = y[i * OUT + o];
+            assert_true(fabs(yv - sr) <= gk * magr);
+            assert_true(fabs(yv - s) <= ((1 + ub) * (1 + ub) - 1 + gk * (1 + ub) * (1 + ub)) * mag);
+            e_r += (yv - sr) * (yv - sr), e_x += (sr - s) * (sr - s);
+        }
+    assert_true(e_r * 256 < e_x); /* tracks the rounded operands, not the exact ones (rms ratio < 1/16) */
+    be->ops->release(be, xb), be->ops->release(be, yb), be->ops->weight_free(be, wh);
+    m2d_backend_free(be);
+    free(x); free(w); free(y);
+}
+EACH_BACKEND(op_matmul_bf16)
+
+/* AUTO resolves to what the CPU computes natively (bf16 with avx512_bf16/AMX, else fp32); a
+ * precision outside the enum is refused. */
+static void precision_auto_and_bad_value(void **state) {
+    (void)state;
+    mem_model mm = {0};
+    mm_config(&mm, 1, 8, 2, 12, 0);
+    mm_shared(&mm, 11, M2D_BF16);
+    mm_random_moe(&mm, 12, M2D_BF16);
+    m2d_engine *e = engine_at(&mm.m, 1, M2D_PREC_AUTO);
+    assert_int_equal(m2d_engine_precision(e), m2d_gemm_bf16_native() ? M2D_PREC_BF16 : M2D_PREC_FP32);
+    m2d_engine_free(e);
+    e = engine_at(&mm.m, 1, M2D_PREC_BF16);
+    assert_int_equal(m2d_engine_precision(e), M2D_PREC_BF16);
+    m2d_engine_free(e);
+    m2d_engine_opts o = {.n_threads = 1, .precision = M2D_PREC_COUNT};
+    assert_int_equal(m2d_engine_open(&mm.m, &o, &e), -1);
+    assert_non_null(strstr(m2d_errmsg(), "precision"));
+    mm_free(&mm);
+}
+
+/* The whole forward in BF16 against the float64 reference (same bf16 weights, exact operands).
+ * The weights are bf16 already, so each GEMM rounds only its activations: per dot at most
+ * (u_b + gamma_K) sum|x w| (op_matmul_bf16), 2^-8 = 3.9e-3 relative in the worst case, less in
+ * practice (independent zero-mean roundings partly cancel). Logits here are |z| <= ~2.3; 2 layers
+ * (4 sublayers) + the LM head compound at most ~5 such relative errors of O(1) terms: ~5 x 3.9e-3
+ * x 2.3 = 0.045 worst case. Bound 2^-4 = 0.0625 (measured 0.008). Not vacuous: the fp32 engine
+ * must sit 100x closer to the reference than the bf16 one, so BF16 really changed the arithmetic. */
+static void engine_bf16_tracks_reference(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    o.seed = 102;
+    o.init_std = 0.1f;
+    o.num_experts_per_tok = 3;
+    assert_int_equal(m2d_testmodel_write(dir, &o), 0);
+    m2d_model *m;
+    assert_int_equal(m2d_model_open(dir, &m), 0);
+    m2d_engine *eb = engine_at(m, 2, M2D_PREC_BF16), *ef = engine_at(m, 2, M2D_PREC_FP32);
+    int n = 24, V = m->cfg.vocab_size;
+    int32_t tok[24];
+    uint64_t st = 79;
+    rand_tokens(&st, tok, n, V);
+    float *lb = malloc(sizeof(float) * n * V), *lf = malloc(sizeof(float) * n * V);
+    double *rl = malloc(sizeof(double) * n * V);
+    assert_int_equal(m2d_engine_logits(eb, tok, n, lb), 0);
+    assert_int_equal(m2d_engine_logits(ef, tok, n, lf), 0);
+    tu_ref_forward(m, tok, n, rl);
+    double db = 0, df = 0, zmax = 0;
+    for (size_t i = 0; i < (size_t)n * V; i++) {
+        db = fmax(db, fabs(lb[i] - rl[i]));
+        df = fmax(df, fabs(lf[i] - rl[i]));
+        zmax = fmax(zmax, fabs(rl[i]));
+    }
+    print_message("bf16 engine: max |dlogit| vs float64 = %.3g (fp32: %.3g, max |logit| %.2f)\n", db, df, zmax);
+    assert_true(db < 0.0625);
+    assert_true(df * 100 < db);
+    /* streaming log-probabilities in bf16 equal log-softmax of the bf16 logits (same GEMM tiles) */
+    int32_t tg[24];
+    rand_tokens(&st, tg, n, V);
+    double lp[24];
+    assert_int_equal(m2d_engine_logprobs(eb, tok, n, tg, 0, lp), 0);
+    for (int t = 0; t < n; t++) assert_true(fabs(lp[t] - lsm(lb + (size_t)t * V, V, tg[t])) < 1e-4);
+    free(lb); free(lf); free(rl);
+    m2d_engine_free(eb);
+    m2d_engine_free(ef);
+    m2d_model_close(m);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+/* Calibration's all-experts pass: f_e(x_t) of every expert equals the single-expert entry point
+ * (same GEMM module, grouped vs one call: the same bits), and the Gram op adds sum_t F_t F_t^T
+ * into the upper triangle only. Gram bounds against the float64 sum over the returned f:
+ * FP32 accumulates in fp64 (relative 1e-12 of sum|f_i f_j| is ~1e4 x fp64's rounding);
+ * BF16 forms each token's F_t F_t^T in fp32 over d terms: |err| <= gamma_d sum|f_i f_j|. */
+static void all_experts_and_gram_match_naive(void **state) {
+    (void)state;
+    mem_model mm = {0};
+    build_random_moe(&mm, M2D_BF16);
+    int n = 37, d = 32, E = 8;
+    const double u = ldexp(1, -24), gd = d * u / (1 - d * u);
+    float *x = malloc(sizeof(float) * n * d), *f = malloc(sizeof(float) * n * E * d), *y = malloc(sizeof(float) * n * d);
+    double *g = malloc(sizeof(double) * E * E);
+    uint64_t st = 9;
+    fill_normal(&st, x, (size_t)n * d, 1);
+    for (int p = 0; p < 2; p++) {
+        m2d_engine *e = engine_at(&mm.m, 2, p ? M2D_PREC_BF16 : M2D_PREC_FP32);
+        for (int i = 0; i < E * E; i++) g[i] = i % E >= i / E ? 1.0 : -7.0;
+        assert_int_equal(m2d_engine_all_experts(e, 1, x, n, f, g), 0);
+        for (int ex = 0; ex < E; ex++) {
+            assert_int_equal(m2d_engine_expert(e, 1, ex, x, n, y), 0);
+            for (int t = 0; t < n; t++) assert_memory_equal(f + ((size_t)t * E + ex) * d, y + (size_t)t * d, sizeof(float) * d);
+        }
+        for (int i = 0; i < E; i++)
+            for (int j = 0; j < E; j++) {
+                if (j < i) {
+                    assert_true(g[i * E + j] == -7.0);
+                    continue;
+                }
+                double s = 0, mag = 0;
+                for (int t = 0; t < n; t++)
+                    for (int k = 0; k < d; k++) {
+                        double a = f[((size_t)t * E + i) * d + k], b = f[((size_t)t * E + j) * d + k];
+                        s += a * b, mag += fabs(a * b);
+                    }
+                assert_true(fabs(g[i * E + j] - 1.0 - s) <= (p ? gd : 0) * mag + 1e-12 * mag);
+            }
+        assert_int_equal(m2d_engine_all_experts(e, 0, x, 0, f, g), -1); /* no tokens */
+        m2d_engine_free(e);
+    }
+    free(x); free(f); free(y); free(g);
+    mm_free(&mm);
+}
+
 int main(void) {
     /* tests run the convert-on-use path (the one big checkpoints take); the cache is compared
      * against it explicitly in weight_cache_and_expert_order_give_identical_results */
@@ -1166,6 +1355,10 @@ int main(void) {
         cmocka_unit_test(weight_cache_and_expert_order_give_identical_results),
         cmocka_unit_test(golden_tiny_qwen3moe),
         cmocka_unit_test(engine_matches_naive_reference_on_checkpoints),
+        cmocka_unit_test(op_matmul_bf16),
+        cmocka_unit_test(precision_auto_and_bad_value),
+        cmocka_unit_test(engine_bf16_tracks_reference),
+        cmocka_unit_test(all_experts_and_gram_match_naive),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -126,8 +126,8 @@ static void cached_equals_naive(void **state) {
     collect(&rec, "arc_easy,winogrande", 1, 1);
     collect(&rec, "hellaswag", 0, 1);
     m2d_lm *cached = NULL, *naive = NULL;
-    if (m2d_lm_engine_open(dir, 2, M2D_LM_CACHED, 0, &cached)) fail_msg("%s", m2d_errmsg());
-    if (m2d_lm_engine_open(dir, 2, M2D_LM_NAIVE, 0, &naive)) fail_msg("%s", m2d_errmsg());
+    if (m2d_lm_engine_open(dir, 2, M2D_PREC_FP32, M2D_LM_CACHED, 0, &cached)) fail_msg("%s", m2d_errmsg());
+    if (m2d_lm_engine_open(dir, 2, M2D_PREC_FP32, M2D_LM_NAIVE, 0, &naive)) fail_msg("%s", m2d_errmsg());
     m2d_ll_result *a = m2d_calloc((size_t)rec.n, sizeof *a), *b = m2d_calloc((size_t)rec.n, sizeof *b);
     for (int i = 0; i < rec.n;) {
         int j = i;
@@ -166,8 +166,8 @@ static void empty_context_uses_eos(void **state) {
     char *dir = tu_model_path("tiny-qwen3moe");
     if (!dir) TU_SKIP("tiny-qwen3moe not found");
     m2d_lm *cached = NULL, *naive = NULL;
-    if (m2d_lm_engine_open(dir, 2, M2D_LM_CACHED, 0, &cached)) fail_msg("%s", m2d_errmsg());
-    if (m2d_lm_engine_open(dir, 2, M2D_LM_NAIVE, 0, &naive)) fail_msg("%s", m2d_errmsg());
+    if (m2d_lm_engine_open(dir, 2, M2D_PREC_FP32, M2D_LM_CACHED, 0, &cached)) fail_msg("%s", m2d_errmsg());
+    if (m2d_lm_engine_open(dir, 2, M2D_PREC_FP32, M2D_LM_NAIVE, 0, &naive)) fail_msg("%s", m2d_errmsg());
     m2d_ll_request r[2] = {{"", "The cat sat on the mat."}, {"", "The dog sat on the mat."}};
     m2d_ll_result a[2], b[2], c[2];
     assert_int_equal(m2d_lm_loglikelihood(cached, r, 2, a), 0);
@@ -232,6 +232,8 @@ static void eval_command_smoke(void **state) {
         assert_true(acc == 0 || acc == 1);
     }
     assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "paper_average"))); /* needs all five tasks */
+    assert_string_equal(cJSON_GetObjectItem(j, "precision")->valuestring, "fp32"); /* the default, recorded */
+    assert_string_equal(cJSON_GetObjectItem(j, "precision_requested")->valuestring, "fp32");
     /* 1-shot: text variant and its missing train split; winogrande's train_l pool */
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(res, "hellaswag"), "deviations")), 2);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(res, "winogrande"), "deviations")), 1);
@@ -264,6 +266,16 @@ static void eval_command_smoke(void **state) {
     assert_int_not_equal(tu_run(cmd, NULL, &err), 0);
     assert_non_null(strstr(err, "--shots"));
     free(err); free(cmd);
+    cmd = m2d_strfmt("%s eval --model '%s' --tasks arc_easy --precision fp8", tu_bin(), dir);
+    assert_int_not_equal(tu_run(cmd, NULL, &err), 0);
+    assert_non_null(strstr(err, "eval: --precision: 'fp8' is not a precision (auto, fp32, bf16)"));
+    free(err); free(cmd);
+    /* bf16 on one document: the precision used is recorded in the text output */
+    cmd = m2d_strfmt("%s eval --model '%s' --data '%s' --tasks arc_easy --limit 1 --threads 2 --precision bf16", tu_bin(),
+                     dir, data);
+    assert_int_equal(tu_run(cmd, &out, &err), 0);
+    assert_non_null(strstr(out, "precision bf16 (requested bf16)"));
+    free(out); free(err); free(cmd);
     tu_rm_rf(tmp);
     free(dump); free(tmp); free(dir);
 }

@@ -540,6 +540,7 @@ static void cli_dry_run_shards_and_merge(void **state) {
     check_one_row_per_config(&x, &r);
     for (int i = 0; i < r.n_rows; i++) assert_string_equal(m2d_results_get(&r, i, "config_id"), x.configs[i].id);
     assert_string_equal(m2d_results_meta(&r, "shard"), "all");
+    assert_string_equal(m2d_results_meta(&r, "precision"), "fp32"); /* the default, carried through the merge */
     assert_non_null(strstr(m2d_results_meta(&r, "merged_from"), "s3.csv (shard 3/3"));
     m2d_results_free(&r);
     /* a missing shard is a gap; a shard given twice is a duplicate; nothing written */
@@ -564,6 +565,19 @@ static void cli_dry_run_shards_and_merge(void **state) {
     c = m2d_strfmt("%s sweep %s --experiment small --out %s", tu_test_bin(), fx.toml, all);
     assert_int_not_equal(tu_run(c, &out, &err), 0);
     assert_non_null(strstr(err, "refusing to mix") ? err : strstr(err, "columns"));
+    free(c);
+    free(out);
+    free(err);
+    /* nor one in another precision (fp32 and bf16 rows never mix) */
+    c = m2d_strfmt("%s sweep %s --experiment grid --precision bf16 --out %s", tu_test_bin(), fx.toml, all);
+    assert_int_not_equal(tu_run(c, &out, &err), 0);
+    assert_non_null(strstr(err, "precision"));
+    free(c);
+    free(out);
+    free(err);
+    c = m2d_strfmt("%s sweep %s --experiment grid --precision fp64", tu_test_bin(), fx.toml);
+    assert_int_not_equal(tu_run(c, &out, &err), 0);
+    assert_non_null(strstr(err, "sweep: --precision: 'fp64' is not a precision (auto, fp32, bf16)"));
     free(c);
     free(out);
     free(err);
@@ -682,16 +696,17 @@ static void run_header_grows_without_bound(void **state) {
     fixture fx = make_fixture();
     m2d_experiment x;
     assert_int_equal(m2d_experiment_load(fx.toml, "grid", NULL, 0, &x), 0);
-    m2d_sweep_meta_build(&x, 2, 3, "mh", "ch", &m);
-    assert_int_equal(m.n, 40 + 13);
+    m2d_sweep_meta_build(&x, 2, 3, "mh", "ch", "bf16", &m);
+    assert_int_equal(m.n, 40 + 14);
     assert_string_equal(m.items[0], "k0=v0");
     assert_string_equal(m.items[39], "k39=v39");
     assert_string_equal(m.items[40], "moe2dense-results=1");
     int found = 0;
     for (int i = 40; i < m.n; i++)
         found += !strcmp(m.items[i], "experiment=grid") + !strcmp(m.items[i], "shard=2/3") +
-                 !strcmp(m.items[i], "model_hash=mh") + !strcmp(m.items[i], "backend=fake");
-    assert_int_equal(found, 4);
+                 !strcmp(m.items[i], "model_hash=mh") + !strcmp(m.items[i], "backend=fake") +
+                 !strcmp(m.items[i], "precision=bf16");
+    assert_int_equal(found, 5);
     m2d_sweep_meta_free(&m);
     assert_int_equal(m.n, 0);
     m2d_experiment_free(&x);

@@ -119,7 +119,7 @@ typedef struct {
 } parts;
 
 static void parts_open(parts *x, m2d_model *student, m2d_loss_kind kind) {
-    m2d_backend_opts bo = {2};
+    m2d_backend_opts bo = {.n_threads = 2};
     if (m2d_backend_new("cpu", &bo, &x->be) || m2d_engine_new(g_teacher, 2, &x->te) ||
         m2d_train_params_new(student, x->be, &x->p))
         fail_msg("%s", m2d_errmsg());
@@ -290,7 +290,7 @@ static void decay_only_on_matrices(void **state) {
     (void)state;
     m2d_train_params *p;
     m2d_backend *be;
-    m2d_backend_opts bo = {1};
+    m2d_backend_opts bo = {.n_threads = 1};
     assert_int_equal(m2d_backend_new("cpu", &bo, &be), 0);
     assert_int_equal(m2d_train_params_new(g_student, be, &p), 0);
     for (int i = 0; i < p->n; i++) {

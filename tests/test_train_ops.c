@@ -32,7 +32,7 @@ static void fill(uint64_t *st, float *x, size_t n, double scale) {
 }
 
 static m2d_backend *new_backend(const char *name, int threads) {
-    m2d_backend_opts o = {threads};
+    m2d_backend_opts o = {.n_threads = threads};
     m2d_backend *be;
     if (m2d_backend_new(name, &o, &be)) fail_msg("%s", m2d_errmsg());
     if (!be->ops->train) fail_msg("backend %s has no training ops", name);

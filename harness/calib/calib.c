@@ -236,42 +236,24 @@ typedef struct {
     m2d_engine *eng;
     const m2d_model *m;
     m2d_layer_stats **acc; /* indexed by model layer (NULL for dense layers) */
-    float *F;             /* [E, nb, d] expert outputs of one token block */
-    double *A;            /* [E, gram_cols] fp64 copy of a column chunk of F (Gram) */
+    float *F;             /* [nb, E, d] expert outputs of one token block (reference: [E, d]) */
     double *norms;        /* [E, nb] ‖f_e(t)‖ */
     double **router;      /* [n_layers] fp64 router rows [E, d] of each MoE layer (made on first use) */
     double *Xd, *Z;       /* [nb, d] fp64 FFN input, [nb, E] router logits of one token block */
-    int block_tokens, gram_cols;
+    int block_tokens;
     m2d_progress *prog;
     double done, total;
     char err[1024];       /* the hook's own error (the engine reports only that the hook aborted) */
 } calib_ctx;
 
-/* f_e for all E experts on tokens [t0, t0+nb) of the event, into ctx->F as [E, nb, d]. */
-static int run_all_experts(calib_ctx *c, const m2d_moe_event *ev, int t0, int nb) {
-    int d = ev->hidden;
-    for (int e = 0; e < ev->n_experts; e++)
-        if (m2d_engine_expert(c->eng, ev->layer, e, ev->x + (size_t)t0 * d, nb, c->F + (size_t)e * nb * d))
-            return -1;
-    return 0;
-}
-
-/* Gram: G += A Aᵀ with A = [f_1 .. f_E] flattened over (token, dim) — one dsyrk per column chunk.
- * Precision: the fp32 expert outputs are converted to fp64 exactly and dsyrk accumulates in fp64,
- * so the only error is fp64 rounding (relative ~1e-16 * sqrt(terms)). Cost: E²·nb·d flops against
- * 6·E·nb·d·d_e for the experts, a ratio of E/(6·d_e) (15% for the tiny teacher, 3% for Qwen3-30B).
- * dsyrk fills the upper triangle; finalize_gram mirrors it. */
-static void gram_block(calib_ctx *c, m2d_layer_stats *s, int E, int nb, int d) {
-    size_t cols = (size_t)nb * d;
-    for (size_t c0 = 0; c0 < cols; c0 += (size_t)c->gram_cols) {
-        size_t m = M2D_MIN((size_t)c->gram_cols, cols - c0);
-        for (int e = 0; e < E; e++) {
-            const float *src = c->F + (size_t)e * cols + c0;
-            double *dst = c->A + (size_t)e * m;
-            for (size_t j = 0; j < m; j++) dst[j] = src[j];
-        }
-        cblas_dsyrk(CblasRowMajor, CblasUpper, CblasNoTrans, E, (int)m, 1.0, c->A, (int)m, 1.0, s->gram, E);
-    }
+/* f_e for all E experts on tokens [t0, t0+nb) of the event, into ctx->F as [nb, E, d], and the
+ * Gram G += sum_t F_t F_t^T (upper triangle; finalize_gram mirrors it), both on the engine's
+ * backend (m2d_engine_all_experts: grouped GEMMs over the experts; the Gram in fp64 in fp32
+ * precision, SPEC §1: the only error is fp64 rounding; in bf16 each token's F_t F_t^T in fp32, see
+ * backend.h). Gram cost: E²·nb·d flops against 6·E·nb·d·d_e for the experts, a ratio of
+ * E/(6·d_e) (15% for the tiny teacher, 3% for Qwen3-30B). */
+static int run_all_experts(calib_ctx *c, const m2d_moe_event *ev, int t0, int nb, m2d_layer_stats *s) {
+    return m2d_engine_all_experts(c->eng, ev->layer, ev->x + (size_t)t0 * ev->hidden, nb, c->F, s->gram);
 }
 
 static void finalize_gram(m2d_layer_stats *s) {
@@ -314,7 +296,7 @@ static void token_stats_block(calib_ctx *c, m2d_layer_stats *s, const m2d_moe_ev
     for (int e = 0; e < E; e++) {
         double *sf = s->sum_f_all + (size_t)e * d;
         for (int t = 0; t < nb; t++) {
-            const float *f = c->F + ((size_t)e * nb + t) * d;
+            const float *f = c->F + ((size_t)t * E + e) * d;
             double q = 0;
             for (int j = 0; j < d; j++) {
                 q += (double)f[j] * f[j];
@@ -333,9 +315,9 @@ static void token_stats_block(calib_ctx *c, m2d_layer_stats *s, const m2d_moe_ev
         for (int r = 0; r < k; r++) {
             int e = topk[r];
             m2d_layer_stats_add_routed(s, e, p[e], ev->gates[(size_t)tt * k + r], psel > 0 ? p[e] / psel : 0,
-                                       c->F + ((size_t)e * nb + t) * d, c->norms[(size_t)e * nb + t]);
+                                       c->F + ((size_t)t * E + e) * d, c->norms[(size_t)e * nb + t]);
         }
-        m2d_layer_stats_add_damage(s, p, topk, c->F + (size_t)t * d, (size_t)nb * d);
+        m2d_layer_stats_add_damage(s, p, topk, c->F + (size_t)t * E * d, (size_t)d);
     }
     s->N += nb;
     s->cur_len += nb;
@@ -356,9 +338,8 @@ static int hook_fast(void *user, const m2d_moe_event *ev) {
     m2d_layer_stats *s = c->acc[ev->layer];
     for (int t0 = 0; t0 < ev->n_tokens; t0 += c->block_tokens) {
         int nb = M2D_MIN(c->block_tokens, ev->n_tokens - t0);
-        if (run_all_experts(c, ev, t0, nb)) return -1;
+        if (run_all_experts(c, ev, t0, nb, s)) return -1;
         token_stats_block(c, s, ev, t0, nb);
-        gram_block(c, s, ev->n_experts, nb, ev->hidden);
         logits_block(c, s, ev, t0, nb);
         c->done += nb;
         if (c->prog) m2d_progress_update(c->prog, c->done);
@@ -438,8 +419,8 @@ static m2d_stats *new_stats(const m2d_model *m, const int32_t *ids, int64_t *sta
     return st;
 }
 
-/* Accumulator buffers. Token block: expert outputs [E, nb, d] fp32 capped at 256 MiB (a large nb
- * keeps the expert GEMMs efficient); the fp64 Gram chunk is capped at 32 MiB. */
+/* Accumulator buffers. Token block: expert outputs [nb, E, d] fp32 capped at 256 MiB (a large nb
+ * keeps the expert GEMMs efficient). */
 static void ctx_init(calib_ctx *c, const m2d_model *m, m2d_stats *st, int L, int reference) {
     const m2d_config *cfg = &m->cfg;
     int E = cfg->num_experts, d = cfg->hidden_size;
@@ -449,9 +430,7 @@ static void ctx_init(calib_ctx *c, const m2d_model *m, m2d_stats *st, int L, int
     for (int i = 0; i < st->n_layers; i++) c->acc[st->layers[i].layer] = &st->layers[i];
     size_t per_tok = (size_t)E * d * sizeof(float);
     c->block_tokens = reference ? 1 : (int)M2D_MAX((size_t)1, M2D_MIN((size_t)L, ((size_t)256 << 20) / per_tok));
-    c->gram_cols = (int)M2D_MAX((size_t)d, ((size_t)32 << 20) / ((size_t)E * sizeof(double)));
     c->F = m2d_malloc((size_t)E * c->block_tokens * d * sizeof(float));
-    c->A = reference ? NULL : m2d_malloc((size_t)E * c->gram_cols * sizeof(double));
     c->norms = m2d_malloc((size_t)E * c->block_tokens * sizeof(double));
     c->router = m2d_calloc((size_t)cfg->num_hidden_layers, sizeof *c->router);
     c->Xd = m2d_malloc((size_t)c->block_tokens * d * sizeof(double));
@@ -461,16 +440,20 @@ static void ctx_init(calib_ctx *c, const m2d_model *m, m2d_stats *st, int L, int
 static void ctx_free(calib_ctx *c) {
     for (int l = 0; l < c->m->cfg.num_hidden_layers; l++) free(c->router[l]);
     free(c->router); free(c->Xd); free(c->Z);
-    free(c->acc); free(c->F); free(c->A); free(c->norms);
+    free(c->acc); free(c->F); free(c->norms);
 }
 
 /* The teacher's forward over every window; the hook accumulates each MoE layer. */
 static int run_windows(calib_ctx *c, m2d_stats *st, const int32_t *ids, int L, const m2d_calib_opts *o) {
-    int rc = m2d_engine_new(c->m, o->n_threads > 0 ? o->n_threads : m2d_default_threads(), &c->eng);
+    m2d_engine_opts eo = {.n_threads = o->n_threads > 0 ? o->n_threads : m2d_default_threads(),
+                          .precision = (m2d_precision)o->precision};
+    int rc = m2d_engine_open(c->m, &eo, &c->eng);
     if (rc) return -1;
-    /* every expert runs on every token: keep fp32 copies of the weights (up to 4 GiB) instead of
-     * converting each expert's bf16 weights on every call; $M2D_WEIGHT_CACHE_MB overrides */
-    if (!getenv("M2D_WEIGHT_CACHE_MB")) m2d_engine_cache_weights(c->eng, (size_t)4 << 30);
+    snprintf(st->precision, sizeof st->precision, "%s", m2d_precision_name(m2d_engine_precision(c->eng)));
+    /* no fp32 weight copy beyond the engine's own policy (small models only): an expert's bf16
+     * weights are converted once per block of up to 256+ tokens, 6 % of calibration time on the
+     * 30B-shaped slice, while a 4 GiB copy made peak RSS 7.8 GB instead of 3.5 GB and was not
+     * faster (BENCHMARKS.md, "Memory") */
     m2d_engine_set_moe_hook(c->eng, o->reference ? calib_hook_reference : calib_hook_fast, c);
     m2d_progress prog;
     c->total = m2d_stats_window_tokens(st) * st->n_layers;
@@ -617,6 +600,7 @@ int m2d_stats_write(const m2d_stats *s, const char *path) {
     }
     cJSON_AddStringToObject(h, "window_choice", s->window_choice[0] ? s->window_choice : "first");
     cJSON_AddStringToObject(h, "data_path", s->data_path ? s->data_path : "");
+    cJSON_AddStringToObject(h, "precision", s->precision[0] ? s->precision : "fp32");
     cJSON *arr = cJSON_AddArrayToObject(h, "arrays");
     for (int i = 0; i < N_ARRAYS; i++) cJSON_AddItemToArray(arr, cJSON_CreateString(ARRAYS[i].name));
     cJSON_AddNumberToObject(h, "data_bytes", (double)pbytes);
@@ -793,6 +777,10 @@ static int parse_windows(const char *path, const cJSON *h, m2d_stats *s, long *n
     snprintf(s->window_choice, sizeof s->window_choice, "%s", wc ? wc->valuestring : "first");
     const cJSON *dp = cJSON_GetObjectItemCaseSensitive(h, "data_path");
     s->data_path = m2d_strdup(cJSON_IsString(dp) ? dp->valuestring : "");
+    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(h, "precision");
+    if (pr && (!cJSON_IsString(pr) || (strcmp(pr->valuestring, "fp32") && strcmp(pr->valuestring, "bf16"))))
+        return m2d_err("%s: field 'precision': expected \"fp32\" or \"bf16\"", path);
+    snprintf(s->precision, sizeof s->precision, "%s", pr ? pr->valuestring : "fp32");
     return 0;
 }
 

@@ -36,7 +36,8 @@
  *       index of each MoE layer], "N": calibration tokens, "n_samples", "seq_len",
  *       "windows": [start token offset of each window], "window_lengths": [tokens of each window]
  *       (document windows only; absent: every window is seq_len), "data_path": the calibration file as
- *       given, "arrays": [names, in storage order],
+ *       given, "precision": "fp32" or "bf16", the precision of the teacher's GEMMs (absent in
+ *       files written before it existed: "fp32"), "arrays": [names, in storage order],
  *       "data_bytes": byte length of the payload, "data_sha256": sha256 of the payload.
  *   offset 16+H  payload: for each MoE layer in order, float64 arrays in "arrays" order:
  *       n, sum_p, sum_p_sel, sum_g, sum_g2, sum_f, sum_f2, sum_gf, sum_g2f2, sum_gf2, sum_g2f,
@@ -80,6 +81,8 @@ typedef struct {
     int progress;         /* 1: progress with ETA on a terminal */
     const int64_t *doc_starts; /* document windows: start of each document in ids (increasing); NULL: */
     int n_docs;                /*   fixed windows of seq_len tokens */
+    int precision;        /* m2d_precision of the teacher's GEMMs (0: FP32; AUTO resolved by the
+                           * backend; the one used is recorded in the stats) */
 } m2d_calib_opts;
 
 /* Gate convention string for a config. */

@@ -62,6 +62,7 @@ typedef struct {
     int64_t *window_starts;
     int *window_lens;       /* NULL: every window is seq_len tokens; else document windows of these lengths */
     char window_choice[48]; /* how they were chosen: "first" or "seeded:<seed>" (splitmix64, calib.h) */
+    char precision[8];      /* of the teacher's GEMMs during calibration: "fp32" or "bf16" */
     char *data_path;
 } m2d_stats;
 

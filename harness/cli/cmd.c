@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "base/util.h"
 
@@ -16,6 +17,11 @@ void m2d_command_register(const m2d_command *c) { m2d_name_table_add(&commands, 
 const m2d_command *m2d_command_find(const char *name) { return m2d_name_table_find(&commands, name); }
 int m2d_command_count(void) { return commands.n; }
 const m2d_command *m2d_command_at(int i) { return commands.items[i]; }
+
+double m2d_cmd_peak_rss_mib(void) {
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss / 1024.0 : 0; /* Linux: ru_maxrss in KiB */
+}
 
 int m2d_cmd_fail(const char *cmd) {
     const char *msg = m2d_errmsg();

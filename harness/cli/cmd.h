@@ -22,6 +22,9 @@ const m2d_command *m2d_command_at(int i); /* sorted by name */
         m2d_command_register(&ident##_command);                                    \
     }
 
+/* Peak resident memory of this process so far, in MiB (getrusage), for --json outputs. */
+double m2d_cmd_peak_rss_mib(void);
+
 /* Print m2d_errmsg() as "moe2dense CMD: MSG" and return 1. */
 int m2d_cmd_fail(const char *cmd);
 

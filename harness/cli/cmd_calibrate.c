@@ -5,13 +5,15 @@
 
 #include "calib/calib.h"
 #include "cli/cmd.h"
+#include "engine/engine.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 #include "base/util.h"
 
 static const char USAGE[] =
     "usage: moe2dense calibrate --model DIR --data FILE --out STATS [--seq-len L] [--samples N]\n"
-    "                           [--seed S] [--windows fixed|documents] [--threads T] [--force]\n"
+    "                           [--seed S] [--windows fixed|documents] [--threads T] [--precision P]\n"
+    "                           [--force]\n"
     "\n"
     "Runs the unmodified teacher over calibration windows of FILE and, at every MoE layer, records\n"
     "the statistics of SPEC §1 in double precision: routed counts, router probabilities, gate\n"
@@ -32,19 +34,23 @@ static const char USAGE[] =
     "                 each encoded on its own and cut at L tokens, so windows vary in length\n"
     "                 (ES-Act then differs from SF/k)\n"
     "  --threads T    threads (default $M2D_THREADS or all cores)\n"
+    "  --precision P  the teacher's GEMMs: fp32 (default; exact), bf16 (operands rounded to bf16,\n"
+    "                 fp32 accumulation) or auto (bf16 where the CPU computes it natively); the\n"
+    "                 one used is recorded in STATS (statistics themselves are summed in fp64)\n"
     "  --force        recompute even if STATS is already up to date\n"
     "\n"
     "Windows are consecutive, non-overlapping blocks of L tokens from the start of the encoded\n"
     "text; their start offsets are recorded in STATS. If STATS exists, is intact and was computed\n"
-    "from the same model weights, windows and gate convention, it is kept ('up to date').\n";
+    "from the same model weights, windows, gate convention and precision, it is kept ('up to date').\n";
 
 static int cmd_calibrate_run(int argc, char **argv) {
     const char *model = NULL, *data = NULL, *out = NULL, *L_s = NULL, *N_s = NULL, *seed_s = NULL, *thr_s = NULL,
-               *win_s = NULL;
+               *win_s = NULL, *prec_s = "fp32";
     int force = 0;
     m2d_opt opts[] = {{"--model", 1, &model, NULL},  {"--data", 1, &data, NULL},      {"--out", 1, &out, NULL},
                       {"--seq-len", 1, &L_s, NULL},  {"--samples", 1, &N_s, NULL},    {"--seed", 1, &seed_s, NULL},
                       {"--threads", 1, &thr_s, NULL}, {"--force", 0, NULL, &force},   {"--windows", 1, &win_s, NULL},
+                      {"--precision", 1, &prec_s, NULL},
                       {0}};
     m2d_model *m = NULL;
     m2d_tokenizer *tk = NULL;
@@ -70,6 +76,9 @@ static int cmd_calibrate_run(int argc, char **argv) {
         m2d_err("calibrate: --windows '%s': expected fixed or documents", win_s);
         goto done;
     }
+    m2d_precision prec, used;
+    if (m2d_precision_parse(prec_s, "calibrate: --precision", &prec) || m2d_engine_resolve_precision(NULL, prec, &used))
+        goto done;
     if (m2d_check_output_path(out)) goto done; /* refused now, not after the calibration */
     if (m2d_model_open(model, &m) || m2d_tokenizer_load(model, &tk)) goto done;
     if (!(text = m2d_read_file(data, &len))) goto done;
@@ -81,15 +90,16 @@ static int cmd_calibrate_run(int argc, char **argv) {
     if (L == 0) L = m2d_calib_default_seq_len(&m->cfg);
     m2d_calib_opts o = {.seq_len = (int)L, .n_samples = (int)N, .seeded = seed_s != NULL, .seed = (uint64_t)seed,
                         .n_threads = (int)thr, .data_path = data, .progress = 1, .doc_starts = docs,
-                        .n_docs = n_docs};
+                        .n_docs = n_docs, .precision = (int)prec};
     /* up to date? same model, same windows (same calib hash) */
     if (!force && m2d_file_exists(out) && m2d_stats_read(out, &old) == 0) {
         int nw;
         char h[65];
         if (m2d_calib_choose(m, ids, (int64_t)n_ids, &o, &starts, &lens, &nw, h) == 0) {
-            if (!strcmp(h, old->calib_hash) && m2d_stats_check_model(old, out, m) == 0) {
-                printf("%s is up to date (model %.12s, calibration %.12s, %d windows x %ld tokens)\n", out,
-                       old->model_hash, old->calib_hash, old->n_windows, L);
+            if (!strcmp(h, old->calib_hash) && !strcmp(old->precision, m2d_precision_name(used)) &&
+                m2d_stats_check_model(old, out, m) == 0) {
+                printf("%s is up to date (model %.12s, calibration %.12s, %d windows x %ld tokens, %s)\n", out,
+                       old->model_hash, old->calib_hash, old->n_windows, L, old->precision);
                 rc = 0;
                 goto done;
             }
@@ -100,10 +110,12 @@ static int cmd_calibrate_run(int argc, char **argv) {
     if (m2d_calib_run(m, ids, (int64_t)n_ids, &o, &s)) goto done;
     double dt = m2d_now() - t0;
     if (m2d_stats_write(s, out)) goto done;
-    printf("wrote %s: %d MoE layers, %d %s x %s%ld tokens = %.0f tokens, %.1f s (%.1f GFLOP/s in experts)\n", out,
-           s->n_layers, s->n_windows, documents ? "documents" : "windows", documents ? "up to " : "", L, s->N, dt,
-           m2d_calib_expert_flops(&m->cfg, s->N) / dt * 1e-9);
-    printf("model %s\ncalibration %s\n", s->model_hash, s->calib_hash);
+    printf("wrote %s: %d MoE layers, %d %s x %s%ld tokens = %.0f tokens, %.1f s (%.1f GFLOP/s in experts), "
+           "peak RSS %.0f MiB\n", out, s->n_layers, s->n_windows, documents ? "documents" : "windows",
+           documents ? "up to " : "", L, s->N, dt, m2d_calib_expert_flops(&m->cfg, s->N) / dt * 1e-9,
+           m2d_cmd_peak_rss_mib());
+    printf("model %s\ncalibration %s\nprecision %s (requested %s)\n", s->model_hash, s->calib_hash, s->precision,
+           m2d_precision_name(prec));
     rc = 0;
 done:
     if (rc) m2d_cmd_fail("calibrate");

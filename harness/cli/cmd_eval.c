@@ -1,16 +1,18 @@
 /* eval — lm-eval-style multiple-choice evaluation of a model (evals/mc.h). */
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cmd.h"
+#include "engine/engine.h"
 #include "evals/lm.h"
 #include "evals/mc.h"
 #include "base/util.h"
 
 static int cmd_eval_run(int argc, char **argv) {
     const char *model = NULL, *tasks = NULL, *shots_s = NULL, *limit_s = NULL, *dump = NULL, *data = NULL;
-    const char *threads_s = NULL, *seed_s = NULL, *maxlen_s = NULL;
+    const char *threads_s = NULL, *seed_s = NULL, *maxlen_s = NULL, *prec_s = "fp32";
     int json = 0, naive = 0;
     m2d_opt opts[] = {
         {"--model", 1, &model, NULL},       {"--tasks", 1, &tasks, NULL},
@@ -18,7 +20,8 @@ static int cmd_eval_run(int argc, char **argv) {
         {"--json", 0, NULL, &json},         {"--dump-requests", 1, &dump, NULL},
         {"--data", 1, &data, NULL},         {"--threads", 1, &threads_s, NULL},
         {"--seed", 1, &seed_s, NULL},       {"--max-length", 1, &maxlen_s, NULL},
-        {"--naive", 0, NULL, &naive},       {0},
+        {"--naive", 0, NULL, &naive},       {"--precision", 1, &prec_s, NULL},
+        {0},
     };
     int npos = 0;
     if (m2d_parse_opts("eval", argc, argv, opts, NULL, 0, &npos)) return m2d_cmd_fail("eval");
@@ -32,10 +35,14 @@ static int cmd_eval_run(int argc, char **argv) {
     if (seed_s && m2d_parse_int("eval", "--seed", seed_s, -(1L << 62), 1L << 62, &seed)) return m2d_cmd_fail("eval");
     if (maxlen_s && m2d_parse_int("eval", "--max-length", maxlen_s, 2, 1L << 30, &maxlen)) return m2d_cmd_fail("eval");
 
+    m2d_precision prec;
+    if (m2d_precision_parse(prec_s, "eval: --precision", &prec)) return m2d_cmd_fail("eval");
+
     m2d_lm *lm = NULL;
-    if (m2d_lm_engine_open(model, threads ? (int)threads : m2d_default_threads(), naive ? M2D_LM_NAIVE : M2D_LM_CACHED,
-                           (int)maxlen, &lm))
+    if (m2d_lm_engine_open(model, threads ? (int)threads : m2d_default_threads(), prec,
+                           naive ? M2D_LM_NAIVE : M2D_LM_CACHED, (int)maxlen, &lm))
         return m2d_cmd_fail("eval");
+    m2d_precision used = m2d_engine_precision(m2d_lm_engine_of(lm));
     m2d_mc_config cfg;
     m2d_mc_config_default(&cfg);
     if (data) cfg.data_dir = data;
@@ -49,9 +56,17 @@ static int cmd_eval_run(int argc, char **argv) {
     if (rc) return m2d_cmd_fail("eval");
     if (json) {
         char *s = m2d_mc_results_json(&res);
+        cJSON *o = cJSON_Parse(s);
+        free(s);
+        cJSON_AddStringToObject(o, "precision", m2d_precision_name(used));
+        cJSON_AddStringToObject(o, "precision_requested", m2d_precision_name(prec));
+        cJSON_AddNumberToObject(o, "peak_rss_mib", m2d_cmd_peak_rss_mib());
+        s = cJSON_Print(o);
         puts(s);
         free(s);
+        cJSON_Delete(o);
     } else {
+        printf("precision %s (requested %s)\n", m2d_precision_name(used), m2d_precision_name(prec));
         m2d_mc_results_print(&res, stdout);
         fprintf(stdout, "%lld requests in %.1f s\n", (long long)res.n_requests, m2d_now() - t0);
     }
@@ -81,6 +96,9 @@ M2D_COMMAND(eval, "eval", "multiple-choice evaluation (ARC-E/C, HellaSwag, Winog
             "  --max-length N       truncate inputs on the left to N tokens (default and cap: the\n"
             "                       model's max_position_embeddings)\n"
             "  --threads N          threads (default $M2D_THREADS or all cores)\n"
+            "  --precision P        GEMM precision: fp32 (default; exact), bf16 (operands rounded to bf16,\n"
+            "                       fp32 accumulation) or auto (bf16 where the CPU computes it natively);\n"
+            "                       the output records the one used\n"
             "  --naive              one full forward per request instead of the shared-prefix KV cache\n"
             "                       (slower; also computes is_greedy)\n"
             "\n"

@@ -33,6 +33,10 @@ static const char USAGE[] =
     "                      --set ppl.max_windows=8, --set axes.K='[\"k\",\"2k\"]'\n"
     "  --jobs N            configurations evaluated in parallel (default 1)\n"
     "  --threads N         compute (BLAS/engine) threads per job (default: cores / jobs)\n"
+    "  --precision P       the engine's GEMMs in calibration and evaluation: fp32 (default; exact),\n"
+    "                      bf16 (operands rounded to bf16, fp32 accumulation) or auto (bf16 where\n"
+    "                      the CPU computes it natively); recorded in the CSV header (precision=),\n"
+    "                      which must match to resume; bf16 calibration is cached separately\n"
     "  --retry-failed      run configurations recorded as failed again (their rows are replaced)\n"
     "  --no-resume         refuse to run if the CSV exists (default: resume, skipping recorded rows)\n"
     "  --max-configs N     refuse a grid of more than N configurations (default " M2D_STR(M2D_GRID_DEFAULT_MAX_CONFIGS)
@@ -61,11 +65,13 @@ static int cmd_sweep_run(int argc, char **argv) {
         return m2d_cmd_fail("sweep");
     }
     const char *exp = NULL, *shard = NULL, *out = NULL, *jobs = NULL, *threads = NULL, *max_configs = NULL;
+    const char *prec_s = "fp32";
     int dry = 0, retry = 0, no_resume = 0;
     m2d_opt opts[] = {{"--experiment", 1, &exp, NULL}, {"--shard", 1, &shard, NULL},  {"--out", 1, &out, NULL},
                       {"--jobs", 1, &jobs, NULL},      {"--threads", 1, &threads, NULL},
                       {"--dry-run", 0, NULL, &dry},    {"--retry-failed", 0, NULL, &retry},
-                      {"--no-resume", 0, NULL, &no_resume}, {"--max-configs", 1, &max_configs, NULL}, {0}};
+                      {"--no-resume", 0, NULL, &no_resume}, {"--max-configs", 1, &max_configs, NULL},
+                      {"--precision", 1, &prec_s, NULL}, {0}};
     char *pos[1];
     int npos = 0, rc = 1;
     m2d_experiment x = {0};
@@ -91,6 +97,7 @@ static int cmd_sweep_run(int argc, char **argv) {
         o.threads = (int)v;
     }
     if (shard && m2d_parse_shard(shard, &o.shard_i, &o.shard_n)) goto fail;
+    if (m2d_precision_parse(prec_s, "sweep: --precision", &o.precision)) goto fail;
     if (max_configs) {
         if (m2d_parse_int("sweep", "--max-configs", max_configs, 1, 1L << 40, &v)) goto fail;
         m2d_grid_set_max_configs(v);

@@ -399,6 +399,7 @@ static m2d_convert_plan *plan_new(const m2d_model *t, const m2d_stats *stats, co
     }
     snprintf(p->teacher_hash, sizeof p->teacher_hash, "%s", t->weights_hash);
     snprintf(p->calib_hash, sizeof p->calib_hash, "%s", stats->calib_hash);
+    snprintf(p->calib_precision, sizeof p->calib_precision, "%s", stats->precision[0] ? stats->precision : "fp32");
     p->layers = m2d_calloc((size_t)stats->n_layers, sizeof *p->layers);
     return p;
 }
@@ -1163,6 +1164,7 @@ static int write_manifest(const m2d_model *t, const m2d_convert_plan *p, const c
     cJSON_AddStringToObject(st, "path", stats_path ? stats_path : "");
     cJSON_AddStringToObject(st, "model_hash", p->teacher_hash);
     cJSON_AddStringToObject(st, "calib_hash", p->calib_hash);
+    cJSON_AddStringToObject(st, "precision", p->calib_precision);
     cJSON_AddStringToObject(j, "scoring", p->scoring);
     cJSON_AddStringToObject(j, "grouping", p->grouping);
     cJSON_AddStringToObject(j, "scaling", p->scaling);

@@ -94,6 +94,7 @@ typedef struct {
     int n_layers;           /* MoE layers */
     m2d_layer_plan *layers;
     char teacher_hash[65], calib_hash[65];
+    char calib_precision[8]; /* the stats' GEMM precision ("fp32"/"bf16"), recorded in moe2dense.json */
     char fingerprint[65];   /* see m2d_convert_fingerprint */
 } m2d_convert_plan;
 

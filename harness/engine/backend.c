@@ -2,6 +2,7 @@
 #include "engine/backend.h"
 
 #include <stddef.h>
+#include <string.h>
 
 #include "base/util.h"
 
@@ -29,4 +30,17 @@ int m2d_backend_new(const char *name, const m2d_backend_opts *o, m2d_backend **o
 
 void m2d_backend_free(m2d_backend *be) {
     if (be) be->ops->destroy(be);
+}
+
+const char *m2d_precision_name(m2d_precision p) {
+    return p == M2D_PREC_FP32 ? "fp32" : p == M2D_PREC_BF16 ? "bf16" : p == M2D_PREC_AUTO ? "auto" : "?";
+}
+
+int m2d_precision_parse(const char *s, const char *what, m2d_precision *out) {
+    for (int p = 0; s && p < M2D_PREC_COUNT; p++)
+        if (strcmp(s, m2d_precision_name((m2d_precision)p)) == 0) {
+            *out = (m2d_precision)p;
+            return 0;
+        }
+    return m2d_err("%s: '%s' is not a precision (auto, fp32, bf16)", what, s ? s : "(null)");
 }

@@ -11,10 +11,12 @@
  *    (tokens, positions, expert ids) are int32 buffers; log-probabilities are fp64 buffers.
  *  - Weights stay in their stored dtype (F32/BF16/F16 today); an m2d_weight is the backend's handle
  *    for one checkpoint tensor (for a GEMM: a row-major [out, in] nn.Linear matrix). make_resident
- *    asks the backend to keep a prepared copy (CPU: fp32; a GPU: device memory, its own layout);
- *    otherwise the backend prepares rows on use. Either way the results are bit-identical.
- *  - Each GEMM carries an m2d_precision (issue 13 adds bf16 with fp32 accumulation; a backend states
- *    what it supports in `precisions` and the engine refuses others).
+ *    asks the backend to keep a prepared copy (CPU: the GEMM kernel's layout for the backend's
+ *    precision, m2d_backend_opts; a GPU: device memory, its own layout); otherwise the backend
+ *    reads or prepares rows on use. Either way the results are bit-identical.
+ *  - Each GEMM carries an m2d_precision (fp32, or bf16 operands with fp32 accumulation; a backend
+ *    states what it supports in `precisions`, resolves AUTO in `auto_precision`, and the engine
+ *    refuses others).
  *  - Results must not depend on the thread count or schedule: reductions run in a fixed order
  *    (the CPU backend splits GEMMs by output rows/columns only and scatter-adds experts in id order).
  *  - Ops do not return errors: a backend records its first failure (device OOM, launch error),
@@ -38,10 +40,19 @@ typedef struct m2d_backend m2d_backend;
 typedef struct m2d_buf m2d_buf;       /* backend memory (opaque) */
 typedef struct m2d_weight m2d_weight; /* a weight tensor as the backend holds it (opaque) */
 
+/* The arithmetic of GEMMs. FP32 is zero, so zeroed options mean the exact path. AUTO is what
+ * users ask for; a backend resolves it (auto_precision) to one it runs fastest. */
 typedef enum {
     M2D_PREC_FP32,          /* fp32 operands, fp32 accumulation */
+    M2D_PREC_BF16,          /* operands rounded to bf16 (nearest even), exact products, fp32 accumulation */
+    M2D_PREC_AUTO,          /* the backend's fastest: CPU bf16 where the CPU computes bf16 natively */
     M2D_PREC_COUNT
 } m2d_precision;
+
+/* "fp32", "bf16", "auto" */
+const char *m2d_precision_name(m2d_precision p);
+/* Parse a --precision value; error naming WHAT (e.g. "--precision") for anything else. */
+int m2d_precision_parse(const char *s, const char *what, m2d_precision *out);
 
 /* A rows x cols fp32 window of BUF: element (r, c) at off + r*ld + c. */
 typedef struct {
@@ -130,6 +141,10 @@ typedef struct {
     void (*download)(m2d_backend *be, void *dst, const m2d_buf *src, size_t src_off_bytes, size_t bytes);
     /* src's rows x cols window into host dst with row stride ld_dst */
     void (*download_mat)(m2d_backend *be, float *dst, int ld_dst, const m2d_mat *src);
+    /* A buffer over the caller's host memory P (bytes), for ops to read and write in place without
+     * upload/download (release frees the handle, not P); NULL op or NULL result: not possible
+     * (device memory): the caller allocates and copies instead. */
+    m2d_buf *(*host_view)(m2d_backend *be, void *p, size_t bytes);
 
     /* ---- weights ---- */
     m2d_weight *(*weight_new)(m2d_backend *be, const m2d_tensor *t); /* t must outlive the handle */
@@ -175,6 +190,19 @@ typedef struct {
      * materialising [n, vocab] (streaming log-sum-exp) */
     void (*logprobs)(m2d_backend *be, const m2d_mat *hid, const m2d_weight *head, int vocab, const m2d_buf *targets,
                      m2d_buf *lp, m2d_precision prec);
+
+    /* ---- calibration (SPEC §1: every expert on every token, and their Gram) ---- */
+    /* f_e(x) of EVERY expert on the same n rows (no routing, no gate): out [n, n_experts * d], token
+     * t's output of expert e at columns e*d .. e*d + d (topk, gates and k are unused) */
+    void (*experts_all)(m2d_backend *be, const m2d_moe_args *a);
+    /* g (fp64 [E, E] row-major; only the upper triangle i <= j is updated) += sum over the rows t
+     * of f ([n, E * d]) of F_t F_t^T, F_t = row t as [E, d]. FP32: every product and sum in fp64
+     * (SPEC §1); BF16: each token's F_t F_t^T in fp32 (d terms), added into fp64 (the error
+     * analysis is in backend_cpu.c). Rows in order: the same result on any thread count. */
+    void (*gram)(m2d_backend *be, const m2d_mat *f, int n_experts, m2d_buf *g, m2d_precision prec);
+    /* what AUTO means on this backend (FP32 and BF16 are returned unchanged) */
+    m2d_precision (*auto_precision)(m2d_backend *be, m2d_precision p);
+
     /* training ops (below); NULL: this backend cannot train (the trainer refuses with one line) */
     const struct m2d_backend_train_ops *train;
 } m2d_backend_ops;
@@ -250,6 +278,7 @@ struct m2d_backend {
 
 typedef struct {
     int n_threads;          /* host threads (<= 0: m2d_default_threads()) */
+    m2d_precision precision; /* of the engine's GEMMs: what make_resident prepares weights for */
 } m2d_backend_opts;
 
 /* ---- the table of backends ---- */

@@ -1,22 +1,25 @@
-/* backend_cpu — the "cpu" backend: OpenBLAS sgemm (single-threaded between enter/leave) for every
- * matmul; all parallelism is this backend's own pthreads: GEMMs split by output columns (or rows),
- * attention by heads, MoE by experts.
+/* backend_cpu — the "cpu" backend: every weight GEMM through the GEMM module (gemm.h: oneDNN's
+ * fp32 or bf16 matmul, sgemm for tiny weights and CPUs without them), one context per precision;
+ * attention's small GEMMs through OpenBLAS sgemm (single-threaded between enter/leave). All
+ * parallelism is this backend's own pool (pool.h): GEMMs in fixed tiles of output columns,
+ * attention by heads, MoE experts as grouped GEMMs, log-probabilities by rows.
  * One kind of thread only: with OpenBLAS's pool threads next to ours, idle pool threads spin in
- * sched_yield and took up to half of the time on tiny shapes (perf). Splitting a GEMM by output
- * columns/rows leaves each element's reduction order unchanged, so results do not depend on the
- * thread count. Thread count and tuning are per backend object (one per engine); this file is the
- * only one in the product that calls OpenBLAS's threading functions.
+ * sched_yield and took up to half of the time on tiny shapes (perf); oneDNN's OpenMP team never
+ * starts (gemm.c). Fixed tiles leave each element's reduction order unchanged, so results do not
+ * depend on the thread count. Thread count and tuning are per backend object (one per engine);
+ * this file is the only one in the product that calls OpenBLAS's threading functions.
  *
- * Buffers are host memory; weights are the checkpoint's tensors (mmapped or in memory), used in
- * place when F32, else converted to fp32 on use into a reusable scratch buffer, or once and kept
- * (make_resident). Every kernel has an obviously-correct counterpart in tests/test_engine.c. */
+ * Buffers are host memory; weights are the checkpoint's tensors (mmapped or in memory), read as
+ * stored by the GEMM module (bf16 in place; converted per tile into its scratch otherwise), or
+ * prepared once in the kernel's layout and kept (make_resident; norms: an fp32 copy). Every
+ * kernel has an obviously-correct counterpart in tests/test_engine.c. */
 #include "engine/backend.h"
+#include "engine/gemm.h"
+#include "engine/pool.h"
 #include "engine/backend_cpu.h"
 
 #include <cblas.h>
 #include <math.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -26,11 +29,13 @@
 typedef struct {
     void *p;
     size_t bytes;
+    int view; /* host memory the backend does not own (host_view) */
 } cpu_buf;
 
 typedef struct {
     const m2d_tensor *t;
-    float *f32; /* resident fp32 copy, or NULL */
+    float *f32;              /* resident fp32 copy (vectors: norms), or NULL */
+    m2d_gemm_packed *packed; /* resident copy in the GEMM kernel's layout (matrices), or NULL */
 } cpu_weight;
 
 typedef struct {
@@ -41,6 +46,11 @@ typedef struct {
     int depth, blas_saved;  /* enter/leave nesting and OpenBLAS's thread count outside */
     float *scratch;         /* weight rows converted for the op in progress */
     size_t scratch_cap;
+    m2d_pool *pool;         /* the threads of every op (threads == its size) */
+    m2d_gemm_ctx *gemm[2];  /* by precision (FP32, BF16), on the pool */
+    m2d_precision resident; /* the precision make_resident prepares matrices for */
+    int failed;             /* an op failed since the outermost enter: err holds its message */
+    char err[512];
 } cpu_be;
 
 static cpu_be *CPU(m2d_backend *be) { return (cpu_be *)be; }
@@ -48,78 +58,13 @@ static float *F(const m2d_mat *m) { return (float *)((const cpu_buf *)m->buf)->p
 static void *B(const m2d_buf *b) { return ((const cpu_buf *)b)->p; }
 static const cpu_weight *W(const m2d_weight *w) { return (const cpu_weight *)w; }
 
-/* ---- parallel for: a fresh set of pthreads per call (calls are per layer, so the
- * ~tens of microseconds of thread start-up are negligible next to the work) ---- */
-typedef struct {
-    void (*fn)(void *, int);
-    void *ctx;
-    int n;
-    atomic_int next;
-} pfor_job;
-
-static _Thread_local int worker_id;
-static _Thread_local int in_parallel; /* inside a parallel_for item: nested loops run serially */
-
-typedef struct {
-    pfor_job *job;
-    int id;
-} pfor_arg;
-
-static void run_items(pfor_job *j) {
-    for (int i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) j->fn(j->ctx, i);
-}
-
-static void *pfor_thread(void *arg) {
-    pfor_arg *a = arg;
-    worker_id = a->id;
-    in_parallel = 1;
-    run_items(a->job);
-    return NULL;
-}
-
-/* fn(ctx, item) for item in [0, n_items) on up to c->threads threads (items handed out
- * dynamically); m2d-style nesting: called from inside an item it runs serially on that worker. */
+/* fn(ctx, item) for item in [0, n_items) on the backend's pool (engine/pool.h: nested calls run
+ * serially on the calling worker) */
 static void parallel_for(const cpu_be *c, int n_items, void (*fn)(void *ctx, int item), void *ctx) {
-    pfor_job j = {fn, ctx, n_items, 0};
-    int nt = M2D_MIN(M2D_MIN(c->threads, n_items), 64);
-    if (nt <= 1 || in_parallel) {
-        for (int i = 0; i < n_items; i++) fn(ctx, i);
-        return;
-    }
-    pthread_t tid[64];
-    pfor_arg args[64];
-    int started = 0;
-    for (int t = 1; t < nt; t++) {
-        args[started] = (pfor_arg){&j, started + 1};
-        if (pthread_create(&tid[started], NULL, pfor_thread, &args[started]) == 0) started++;
-    }
-    worker_id = 0;
-    in_parallel = 1;
-    run_items(&j); /* the calling thread works too; if no thread started it does everything */
-    in_parallel = 0;
-    for (int t = 0; t < started; t++) pthread_join(tid[t], NULL);
+    m2d_pool_for(c->pool, n_items, fn, ctx);
 }
 
-/* ---- dtype conversion ---- */
-static void convert_range(m2d_dtype t, const void *src, int64_t first, int64_t n, float *dst) {
-    if (t == M2D_BF16) { /* bf16 is the top half of an fp32: widen and shift, 16 lanes at a time */
-        typedef uint16_t v16u16 __attribute__((vector_size(32)));
-        typedef uint32_t v16u32 __attribute__((vector_size(64)));
-        const uint16_t *s = (const uint16_t *)src + first;
-        uint32_t *d = (uint32_t *)dst;
-        int64_t i = 0;
-        for (; i + 16 <= n; i += 16) {
-            v16u16 a;
-            memcpy(&a, s + i, sizeof a);
-            v16u32 b = __builtin_convertvector(a, v16u32) << 16;
-            memcpy(d + i, &b, sizeof b);
-        }
-        for (; i < n; i++) d[i] = (uint32_t)s[i] << 16;
-    } else {
-        m2d_to_f32(t, src, first, n, dst);
-    }
-}
-
+/* ---- dtype conversion (m2d_to_f32 widens BF16 16 lanes at a time) ---- */
 typedef struct {
     m2d_dtype t;
     const void *src;
@@ -130,14 +75,14 @@ typedef struct {
 static void conv_item(void *ctx, int item) {
     conv_job *j = ctx;
     int64_t a = (int64_t)item * j->chunk, b = M2D_MIN(a + j->chunk, j->n);
-    convert_range(j->t, j->src, j->first + a, b - a, j->dst + a);
+    m2d_to_f32(j->t, j->src, j->first + a, b - a, j->dst + a);
 }
 
 /* n elements from FIRST to fp32, in parallel chunks of 256 Ki elements */
 static void convert_par(const cpu_be *c, m2d_dtype t, const void *src, int64_t first, int64_t n, float *dst) {
     const int64_t chunk = 1 << 18;
     if (n <= chunk || c->threads <= 1) {
-        convert_range(t, src, first, n, dst);
+        m2d_to_f32(t, src, first, n, dst);
         return;
     }
     conv_job j = {t, src, first, n, chunk, dst};
@@ -167,14 +112,23 @@ static const float *wrows(cpu_be *c, const m2d_weight *wh, int64_t first, int64_
     return s;
 }
 
-/* the whole of W for a parallel worker: converted single-threaded into BUF (the workers are the
- * parallelism) unless in place or resident */
-static const float *wall_1t(const m2d_weight *wh, float *buf) {
+/* the first failure of an op since the outermost enter, reported by leave */
+static void fail(cpu_be *c) {
+    if (!c->failed) snprintf(c->err, sizeof c->err, "%s", m2d_errmsg());
+    c->failed = 1;
+}
+
+static m2d_gemm_ctx *gemm_ctx(const cpu_be *c, m2d_precision p) { return c->gemm[p == M2D_PREC_BF16]; }
+static int is_matrix(const m2d_tensor *t) { return t->ndim == 2; }
+
+/* Rows [r0, r0+n) of W for the GEMM module: the prepared copy when it was made for PREC and the
+ * rows are a view of it (slice-aligned; same bits as the stored rows), else the stored rows. */
+static m2d_gemm_w gemm_view(const cpu_be *c, const m2d_weight *wh, int64_t r0, int n, m2d_precision prec) {
     const cpu_weight *w = W(wh);
-    if (in_place(w->t)) return w->t->data;
-    if (w->f32) return w->f32;
-    convert_range(w->t->dtype, w->t->data, 0, m2d_tensor_numel(w->t), buf);
-    return buf;
+    if (w->packed && prec == c->resident && r0 % M2D_GEMM_SLICE == 0 &&
+        (n % M2D_GEMM_SLICE == 0 || r0 + n == w->t->shape[0]))
+        return m2d_gemm_packed_rows(w->packed, (int)r0, n);
+    return m2d_gemm_tensor_rows(w->t, r0, n);
 }
 
 static m2d_weight *cpu_weight_new(m2d_backend *be, const m2d_tensor *t) {
@@ -188,30 +142,49 @@ static void cpu_weight_free(m2d_backend *be, m2d_weight *wh) {
     (void)be;
     if (!wh) return;
     free(((cpu_weight *)wh)->f32);
+    m2d_gemm_packed_free(((cpu_weight *)wh)->packed);
     free(wh);
 }
 
+/* matrices: the GEMM module's prepared copy for the backend's precision; vectors: fp32. F32
+ * tensors are never copied: a handle may view memory its owner keeps writing (a trainer's master
+ * weights, m2d_cpu_weight_over), and a copy would go stale. */
 static size_t cpu_resident_bytes(m2d_backend *be, const m2d_weight *wh) {
-    (void)be;
+    cpu_be *c = CPU(be);
     const cpu_weight *w = W(wh);
+    if (in_place(w->t)) return 0; /* F32: read where it is (it may be a live view, e.g. a trainer's weights) */
+    if (is_matrix(w->t)) {
+        m2d_gemm_w v = m2d_gemm_tensor_rows(w->t, 0, (int)w->t->shape[0]);
+        return w->packed ? 0 : m2d_gemm_prepare_bytes(gemm_ctx(c, c->resident), &v);
+    }
     return in_place(w->t) || w->f32 ? 0 : (size_t)m2d_tensor_numel(w->t) * sizeof(float);
 }
 
 static int cpu_make_resident(m2d_backend *be, m2d_weight *wh) {
+    cpu_be *c = CPU(be);
     cpu_weight *w = (cpu_weight *)wh;
+    if (in_place(w->t)) return 0;
+    if (is_matrix(w->t)) {
+        m2d_gemm_w v = m2d_gemm_tensor_rows(w->t, 0, (int)w->t->shape[0]);
+        return w->packed ? 0 : m2d_gemm_prepare(gemm_ctx(c, c->resident), &v, &w->packed);
+    }
     if (in_place(w->t) || w->f32) return 0;
     int64_t n = m2d_tensor_numel(w->t);
     w->f32 = m2d_malloc((size_t)n * sizeof(float));
-    convert_par(CPU(be), w->t->dtype, w->t->data, 0, n, w->f32);
+    convert_par(c, w->t->dtype, w->t->data, 0, n, w->f32);
     return 0;
 }
 
-/* default: keep an fp32 copy only when it is small next to RAM (1/8): +10..30% speed measured on
- * tiny models, while big checkpoints stay mmapped in their stored dtype */
+/* default: keep prepared copies only when they are small next to RAM (1/8): +10..30% speed
+ * measured on tiny models, while big checkpoints stay mmapped in their stored dtype */
 static size_t cpu_resident_budget(m2d_backend *be) {
     (void)be;
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    return pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz / 8 : 0;
+    size_t eighth = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz / 8 : 0;
+    /* and at most 1 GiB: a prepared bf16 copy is as big as the mmapped checkpoint it duplicates
+     * (a 30B-shaped 2-layer slice: 3.1 GB of anonymous memory next to 3.5 GB mapped, for a few
+     * per cent per GEMM), so realistic checkpoints stay as stored in either precision */
+    return M2D_MIN(eighth, (size_t)1 << 30);
 }
 
 static void cpu_weight_f32(m2d_backend *be, const m2d_weight *wh, int64_t first, int64_t n, float *dst) {
@@ -232,8 +205,15 @@ static m2d_buf *cpu_alloc(m2d_backend *be, size_t bytes) {
 static void cpu_release(m2d_backend *be, m2d_buf *b) {
     (void)be;
     if (!b) return;
-    free(((cpu_buf *)b)->p);
+    if (!((cpu_buf *)b)->view) free(((cpu_buf *)b)->p);
     free(b);
+}
+
+static m2d_buf *cpu_host_view(m2d_backend *be, void *p, size_t bytes) {
+    (void)be;
+    cpu_buf *b = m2d_calloc(1, sizeof *b);
+    *b = (cpu_buf){p, bytes, 1};
+    return (m2d_buf *)b;
 }
 
 static void cpu_upload(m2d_backend *be, m2d_buf *dst, size_t off, const void *src, size_t bytes) {
@@ -253,55 +233,13 @@ static void cpu_download_mat(m2d_backend *be, float *dst, int ld_dst, const m2d_
         memcpy(dst + (size_t)r * ld_dst, s + (size_t)r * src->ld, sizeof(float) * (size_t)src->cols);
 }
 
-/* ---- GEMM: y[n, out] = x[n, in] · w[out, in]^T + beta y (row strides ldx/ldw/ldy) ---- */
-typedef struct {
-    const float *x, *w;
-    float *y, beta;
-    int ldx, n, in, ldw, out, ldy, blk, by_cols;
-} mm_job;
-
-static void mm_item(void *ctx, int item) {
-    const mm_job *j = ctx;
-    int a = item * j->blk;
-    if (j->by_cols) {
-        int nc = M2D_MIN(j->blk, j->out - a);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, nc, j->in, 1.0f, j->x, j->ldx,
-                    j->w + (size_t)a * j->ldw, j->ldw, j->beta, j->y + a, j->ldy);
-    } else {
-        int nr = M2D_MIN(j->blk, j->n - a);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nr, j->out, j->in, 1.0f, j->x + (size_t)a * j->ldx,
-                    j->ldx, j->w, j->ldw, j->beta, j->y + (size_t)a * j->ldy, j->ldy);
-    }
-}
-
-static void matmul_wt(const cpu_be *c, const float *x, int ldx, int n, int in, const float *w, int ldw, int out,
-                      float *y, int ldy, float beta) {
-    if (n <= 0 || out <= 0) return;
-    int nt = c->threads;
-    if (nt <= 1 || in_parallel || 2.0 * n * out * in < 2e6) { /* small: thread start-up would dominate */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f, x, ldx, w, ldw, beta, y, ldy);
-        return;
-    }
-    mm_job j = {x, w, y, beta, ldx, n, in, ldw, out, ldy, 0, 0};
-    /* split the weight's rows (output columns) in 64-aligned blocks when there are enough, else
-     * the token rows; one block per thread */
-    if (out >= 64 * nt) {
-        j.by_cols = 1;
-        j.blk = ((out + nt - 1) / nt + 63) / 64 * 64;
-        parallel_for(c, (out + j.blk - 1) / j.blk, mm_item, &j);
-    } else {
-        j.blk = (n + nt - 1) / nt;
-        parallel_for(c, (n + j.blk - 1) / j.blk, mm_item, &j);
-    }
-}
-
+/* ---- GEMM: y = x · W[w_row0 ..)^T + beta y, through the GEMM module ---- */
 static void cpu_gemm(m2d_backend *be, const m2d_mat *x, const m2d_weight *w, int w_row0, m2d_mat *y, float beta,
                      m2d_precision prec) {
-    (void)prec; /* fp32 only (precisions) */
     cpu_be *c = CPU(be);
-    int in = x->cols;
-    const float *wr = wrows(c, w, (int64_t)w_row0 * in, (int64_t)y->cols * in);
-    matmul_wt(c, F(x), x->ld, x->rows, in, wr, in, y->cols, F(y), y->ld, beta);
+    if (c->failed) return;
+    m2d_gemm_w v = gemm_view(c, w, w_row0, y->cols, prec);
+    if (m2d_gemm(gemm_ctx(c, prec), F(x), x->ld, x->rows, &v, F(y), y->ld, beta)) fail(c);
 }
 
 /* ---- elementwise and per-row kernels ---- */
@@ -605,7 +543,7 @@ static void attg_item(void *ctx, int h) {
     const attg_job *jb = ctx;
     const attn_host *j = jb->a;
     int g = h / (j->n_heads / j->n_kv), hd = j->hd, nq = j->nq, np = j->np, nk = jb->nk;
-    float *S = jb->S + (size_t)worker_id * nq * nk;
+    float *S = jb->S + (size_t)m2d_pool_worker() * nq * nk;
     float scale = j->scale;
     const float *qh = j->q + (size_t)h * hd;
     if (np)
@@ -666,7 +604,7 @@ static void cpu_attention(m2d_backend *be, const m2d_attn_args *a) {
 typedef struct {
     int *count; /* [E + 1] bucket starts */
     int *pair;  /* [n*k] pair index t*k + j, bucket order */
-    int maxm;   /* largest bucket */
+    int *pos;   /* [n*k] inverse: the bucket-order row of pair t*k + j */
 } buckets;
 
 static void bucket_by_expert(const int32_t *topk, int nk, int E, buckets *b) {
@@ -676,142 +614,161 @@ static void bucket_by_expert(const int32_t *topk, int nk, int E, buckets *b) {
     int *fill = m2d_malloc(sizeof(int) * (size_t)E);
     memcpy(fill, b->count, sizeof(int) * (size_t)E);
     b->pair = m2d_malloc(sizeof(int) * (size_t)(nk ? nk : 1));
-    for (int i = 0; i < nk; i++) b->pair[fill[topk[i]]++] = i;
-    b->maxm = 0;
-    for (int e = 0; e < E; e++) b->maxm = M2D_MAX(b->maxm, b->count[e + 1] - b->count[e]);
+    b->pos = m2d_malloc(sizeof(int) * (size_t)(nk ? nk : 1));
+    for (int i = 0; i < nk; i++) {
+        b->pos[i] = fill[topk[i]]++;
+        b->pair[b->pos[i]] = i;
+    }
     free(fill);
 }
 
-static void gather_rows(const float *x, int ldx, const int *pair, int k, int m, int d, float *xs) {
-    for (int r = 0; r < m; r++) memcpy(xs + (size_t)r * d, x + (size_t)(pair[r] / k) * ldx, sizeof(float) * d);
+static void buckets_free(buckets *b) {
+    free(b->count);
+    free(b->pair);
+    free(b->pos);
 }
 
-/* out[token of pair] += gate[pair] * y[r] for the m rows of one bucket */
-static void scatter_add_rows(const float *ys, const int *pair, const float *gates, int k, int m, int d, float *out,
-                             int ldo) {
-    for (int r = 0; r < m; r++) {
-        float gw = gates[pair[r]], *o = out + (size_t)(pair[r] / k) * ldo;
-        const float *y = ys + (size_t)r * d;
-        for (int j = 0; j < d; j++) o[j] += gw * y[j];
+/* Grouped GEMMs: spread over the pool one GEMM per item (expert_parallel), or one after another,
+ * each split over the pool; same bits either way (the module's tiles are fixed). */
+static void run_groups(cpu_be *c, m2d_precision prec, const m2d_gemm_group *g, int n) {
+    m2d_gemm_ctx *ctx = gemm_ctx(c, prec);
+    if (c->expert_parallel) {
+        if (m2d_gemm_grouped(ctx, g, n)) fail(c);
+        return;
+    }
+    for (int i = 0; i < n && !c->failed; i++)
+        if (m2d_gemm(ctx, g[i].x, g[i].ldx, g[i].m, g[i].w, g[i].y, g[i].ldy, g[i].beta)) fail(c);
+}
+
+/* rows of one pool item in row-parallel elementwise loops */
+#define ROW_BLOCK 16
+
+typedef struct {
+    const float *src;
+    int ld_src;
+    const int *rows; /* gather: source row of each destination row (NULL: identity) */
+    float *g;        /* activation: g = act(g + bg, u + bu) */
+    float *u;
+    int n, d, k;
+    const m2d_moe_args *a;  /* activation: its kind and clamp parameters */
+    const float *bg, *bu;   /* activation: gate/up bias of each expert [E, d] (NULL: none) */
+    const int *rexp;        /* activation: expert of each row; NULL: e0 + row / per */
+    int e0, per;
+} rows_job;
+
+static void gather_item(void *ctx, int item) {
+    const rows_job *j = ctx;
+    for (int r = item * ROW_BLOCK; r < M2D_MIN(j->n, (item + 1) * ROW_BLOCK); r++)
+        memcpy(j->g + (size_t)r * j->d, j->src + (size_t)(j->rows[r] / j->k) * j->ld_src, sizeof(float) * j->d);
+}
+
+/* the experts' activation between their GEMMs, row by row (biases per the row's expert) */
+static void act_item(void *ctx, int item) {
+    const rows_job *j = ctx;
+    int d = j->d;
+    for (int r = item * ROW_BLOCK; r < M2D_MIN(j->n, (item + 1) * ROW_BLOCK); r++) {
+        float *g = j->g + (size_t)r * d, *u = j->u + (size_t)r * d;
+        size_t ex = (size_t)(j->rexp ? j->rexp[r] : j->e0 + r / j->per);
+        if (j->bg) add_rows(g, d, 1, d, j->bg + ex * d);
+        if (j->bu) add_rows(u, d, 1, d, j->bu + ex * d);
+        if (j->a->act == M2D_ACT_SWIGLU_CLAMP) swiglu_clamp(g, u, d, j->a->act_alpha, j->a->act_limit, g);
+        else swiglu(g, u, d, g);
     }
 }
 
-/* Expert-parallel: each worker takes whole experts (gather, convert, three single-threaded sgemms)
- * and writes the outputs to Y in bucket order; the caller scatter-adds afterwards in expert order,
- * so the result does not depend on the thread count or the schedule. With ~n·k/E rows per expert
- * (32 for 512 tokens on Qwen3-30B-A3B) the GEMMs are too small to split well across threads;
- * whole experts per thread avoid that synchronisation. */
-/* between an expert's GEMMs: g = act(g + bg, u + bu) over MN rows (biases when given); BB
- * scratch for a bias of max(d, d_e) elements */
-static void expert_act(const m2d_moe_args *a, int ex, int mn, float *g, float *u, float *bb) {
-    int de = a->d_ff;
-    if (a->gate_bias) add_rows(g, de, mn, de, wall_1t(a->gate_bias[ex], bb));
-    if (a->up_bias) add_rows(u, de, mn, de, wall_1t(a->up_bias[ex], bb));
-    if (a->act == M2D_ACT_SWIGLU_CLAMP) swiglu_clamp(g, u, (int64_t)mn * de, a->act_alpha, a->act_limit, g);
-    else swiglu(g, u, (int64_t)mn * de, g);
+/* the biases B[e] of experts 0..E-1 as fp32 [E, len] (NULL when the experts have none) */
+static float *bias_table(cpu_be *c, m2d_weight *const *b, int E, int len) {
+    if (!b) return NULL;
+    float *t = m2d_malloc(sizeof(float) * (size_t)E * len);
+    for (int e = 0; e < E; e++) cpu_weight_f32(&c->base, b[e], 0, len, t + (size_t)e * len);
+    return t;
 }
 
-static void expert_down_bias(const m2d_moe_args *a, int ex, int mn, float *y, float *bb) {
-    int d = a->x.cols;
-    if (a->down_bias) add_rows(y, d, mn, d, wall_1t(a->down_bias[ex], bb));
-}
+static int row_blocks(int n) { return (n + ROW_BLOCK - 1) / ROW_BLOCK; }
 
-/* Expert-parallel: each worker takes whole experts (gather, convert, three single-threaded sgemms)
- * and writes the outputs to Y in bucket order; the caller scatter-adds afterwards in expert order,
- * so the result does not depend on the thread count or the schedule. With ~n·k/E rows per expert
- * (32 for 512 tokens on Qwen3-30B-A3B) the GEMMs are too small to split well across threads;
- * whole experts per thread avoid that synchronisation. */
+/* out[t] = sum over t's slots, in increasing expert id, of gate * Y[row of the slot] (the fixed
+ * order of the sum; rows of tokens in parallel) */
 typedef struct {
-    const cpu_be *c;
     const m2d_moe_args *a;
     const buckets *b;
-    const int *active;
-    float *Y;
-    float **xs, **g, **u, **w0, **w1, **w2, **bb; /* per worker */
-} moe_job;
+    const float *Y;
+} scatter_job;
 
-static void moe_item(void *ctx, int item) {
-    const moe_job *j = ctx;
+static void scatter_item(void *ctx, int item) {
+    const scatter_job *j = ctx;
     const m2d_moe_args *a = j->a;
-    int w = worker_id, ex = j->active[item], d = a->x.cols, de = a->d_ff, k = a->k;
-    int m0 = j->b->count[ex], mn = j->b->count[ex + 1] - m0;
-    float *xs = j->xs[w], *g = j->g[w], *u = j->u[w], *y = j->Y + (size_t)m0 * d;
-    gather_rows(F(&a->x), a->x.ld, j->b->pair + m0, k, mn, d, xs);
-    matmul_wt(j->c, xs, d, mn, d, wall_1t(a->gate[ex], j->w0[w]), d, de, g, de, 0.0f);
-    matmul_wt(j->c, xs, d, mn, d, wall_1t(a->up[ex], j->w1[w]), d, de, u, de, 0.0f);
-    expert_act(a, ex, mn, g, u, j->bb[w]);
-    matmul_wt(j->c, g, de, mn, de, wall_1t(a->down[ex], j->w2[w]), de, d, y, d, 0.0f);
-    expert_down_bias(a, ex, mn, y, j->bb[w]);
-}
-
-static void experts_parallel(const cpu_be *c, const m2d_moe_args *a, const buckets *b, float *Y) {
-    int nt = c->threads, na = 0, E = a->n_experts, d = a->x.cols, de = a->d_ff;
-    int *active = m2d_malloc(sizeof(int) * (size_t)E);
-    for (int ex = 0; ex < E; ex++)
-        if (b->count[ex + 1] > b->count[ex]) active[na++] = ex;
-    moe_job j = {c, a, b, active, Y, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
-    float **bufs = m2d_calloc((size_t)nt * 7, sizeof(float *));
-    j.xs = bufs; j.g = bufs + nt; j.u = bufs + 2 * nt; j.w0 = bufs + 3 * nt; j.w1 = bufs + 4 * nt; j.w2 = bufs + 5 * nt;
-    j.bb = bufs + 6 * nt;
-    for (int t = 0; t < nt; t++) {
-        j.xs[t] = m2d_malloc(sizeof(float) * (size_t)b->maxm * d);
-        j.g[t] = m2d_malloc(sizeof(float) * (size_t)b->maxm * de);
-        j.u[t] = m2d_malloc(sizeof(float) * (size_t)b->maxm * de);
-        for (int s = 0; s < 3; s++) j.w0[t + s * nt] = m2d_malloc(sizeof(float) * (size_t)de * d);
-        j.bb[t] = m2d_malloc(sizeof(float) * (size_t)M2D_MAX(d, de));
+    const int32_t *topk = B(a->topk);
+    const float *gates = B(a->gates);
+    int k = a->k, d = a->x.cols, *slot = m2d_malloc(sizeof(int) * (size_t)k);
+    for (int t = item * ROW_BLOCK; t < M2D_MIN(a->x.rows, (item + 1) * ROW_BLOCK); t++) {
+        for (int s = 0; s < k; s++) { /* insertion sort of the slots by expert id */
+            int i = s;
+            for (; i > 0 && topk[(size_t)t * k + slot[i - 1]] > topk[(size_t)t * k + s]; i--) slot[i] = slot[i - 1];
+            slot[i] = s;
+        }
+        float *o = F(&a->out) + (size_t)t * a->out.ld;
+        memset(o, 0, sizeof(float) * d);
+        for (int s = 0; s < k; s++) {
+            int p = t * k + slot[s];
+            float gw = gates[p];
+            const float *y = j->Y + (size_t)j->b->pos[p] * d;
+            for (int i = 0; i < d; i++) o[i] += gw * y[i];
+        }
     }
-    parallel_for(c, na, moe_item, &j); /* GEMMs inside an item run on that worker alone */
-    for (int t = 0; t < 7 * nt; t++) free(bufs[t]);
-    free(bufs);
-    free(active);
+    free(slot);
 }
 
-/* one expert at a time, each GEMM split over all threads (weights converted in parallel) */
-static void experts_serial(cpu_be *c, const m2d_moe_args *a, const buckets *b, const float *gates, float *out) {
-    int d = a->x.cols, de = a->d_ff, k = a->k, maxm = b->maxm;
-    float *xs = m2d_malloc(sizeof(float) * (size_t)maxm * d), *ys = m2d_malloc(sizeof(float) * (size_t)maxm * d);
-    float *g = m2d_malloc(sizeof(float) * (size_t)maxm * de), *u = m2d_malloc(sizeof(float) * (size_t)maxm * de);
-    float *bb = m2d_malloc(sizeof(float) * (size_t)M2D_MAX(d, de));
-    for (int ex = 0; ex < a->n_experts; ex++) {
-        int m0 = b->count[ex], mn = b->count[ex + 1] - m0;
-        if (mn == 0) continue;
-        gather_rows(F(&a->x), a->x.ld, b->pair + m0, k, mn, d, xs);
-        matmul_wt(c, xs, d, mn, d, wrows(c, a->gate[ex], 0, (int64_t)de * d), d, de, g, de, 0.0f);
-        matmul_wt(c, xs, d, mn, d, wrows(c, a->up[ex], 0, (int64_t)de * d), d, de, u, de, 0.0f);
-        expert_act(a, ex, mn, g, u, bb);
-        matmul_wt(c, g, de, mn, de, wrows(c, a->down[ex], 0, (int64_t)d * de), de, d, ys, d, 0.0f);
-        expert_down_bias(a, ex, mn, ys, bb);
-        scatter_add_rows(ys, b->pair + m0, gates, k, mn, d, out, a->out.ld);
-    }
-    free(xs); free(ys); free(g); free(u); free(bb);
-}
-
+/* Each expert's rows gathered once (bucket order), gate and up of all experts as one grouped call,
+ * the activation, down as another; then the gated sum per token in expert-id order. */
 static void cpu_moe(m2d_backend *be, const m2d_moe_args *a) {
     cpu_be *c = CPU(be);
-    int n = a->x.rows, d = a->x.cols, k = a->k;
-    const float *gates = B(a->gates);
-    float *out = F(&a->out);
+    int n = a->x.rows, d = a->x.cols, de = a->d_ff, k = a->k, nk = n * k, E = a->n_experts;
+    if (c->failed || n <= 0) return;
     buckets b;
-    bucket_by_expert(B(a->topk), n * k, a->n_experts, &b);
-    for (int t = 0; t < n; t++) memset(out + (size_t)t * a->out.ld, 0, sizeof(float) * d);
-    if (c->expert_parallel && c->threads > 1) {
-        float *Y = m2d_malloc(sizeof(float) * (size_t)n * k * d); /* expert outputs, bucket order */
-        experts_parallel(c, a, &b, Y);
-        for (int ex = 0; ex < a->n_experts; ex++) {
-            int m0 = b.count[ex];
-            scatter_add_rows(Y + (size_t)m0 * d, b.pair + m0, gates, k, b.count[ex + 1] - m0, d, out, a->out.ld);
-        }
-        free(Y);
-    } else {
-        experts_serial(c, a, &b, gates, out);
+    bucket_by_expert(B(a->topk), nk, E, &b);
+    float *xs = m2d_malloc(sizeof(float) * (size_t)nk * d), *Y = m2d_malloc(sizeof(float) * (size_t)nk * d);
+    float *g = m2d_malloc(sizeof(float) * (size_t)nk * de), *u = m2d_malloc(sizeof(float) * (size_t)nk * de);
+    rows_job gj = {.src = F(&a->x), .ld_src = a->x.ld, .rows = b.pair, .g = xs, .n = nk, .d = d, .k = k};
+    parallel_for(c, row_blocks(nk), gather_item, &gj);
+    m2d_gemm_w *wv = m2d_malloc(sizeof *wv * (size_t)E * 3);
+    m2d_gemm_group *grp = m2d_malloc(sizeof *grp * (size_t)E * 2);
+    int na = 0;
+    for (int ex = 0; ex < E; ex++) {
+        int m0 = b.count[ex], mn = b.count[ex + 1] - m0;
+        if (mn == 0) continue;
+        wv[3 * na] = gemm_view(c, a->gate[ex], 0, de, a->prec);
+        wv[3 * na + 1] = gemm_view(c, a->up[ex], 0, de, a->prec);
+        wv[3 * na + 2] = gemm_view(c, a->down[ex], 0, d, a->prec);
+        const float *x = xs + (size_t)m0 * d;
+        grp[2 * na] = (m2d_gemm_group){x, d, mn, &wv[3 * na], g + (size_t)m0 * de, de, 0.0f};
+        grp[2 * na + 1] = (m2d_gemm_group){x, d, mn, &wv[3 * na + 1], u + (size_t)m0 * de, de, 0.0f};
+        na++;
     }
-    free(b.count);
-    free(b.pair);
+    run_groups(c, a->prec, grp, 2 * na);
+    int *rexp = m2d_malloc(sizeof(int) * (size_t)(nk ? nk : 1));
+    for (int ex = 0; ex < E; ex++)
+        for (int r = b.count[ex]; r < b.count[ex + 1]; r++) rexp[r] = ex;
+    float *bg = bias_table(c, a->gate_bias, E, de), *bu = bias_table(c, a->up_bias, E, de);
+    float *bd = bias_table(c, a->down_bias, E, d);
+    rows_job sj = {.g = g, .u = u, .n = nk, .d = de, .a = a, .bg = bg, .bu = bu, .rexp = rexp};
+    parallel_for(c, row_blocks(nk), act_item, &sj);
+    for (int i = 0, ex = 0; i < na; i++, ex++) {
+        while (b.count[ex + 1] == b.count[ex]) ex++;
+        int m0 = b.count[ex];
+        grp[i] = (m2d_gemm_group){g + (size_t)m0 * de, de, b.count[ex + 1] - m0, &wv[3 * i + 2], Y + (size_t)m0 * d, d, 0.0f};
+    }
+    run_groups(c, a->prec, grp, na);
+    for (int r = 0; bd && r < nk; r++) add_rows(Y + (size_t)r * d, d, 1, d, bd + (size_t)rexp[r] * d);
+    free(rexp); free(bg); free(bu); free(bd);
+    scatter_job sc = {a, &b, Y};
+    if (!c->failed) parallel_for(c, row_blocks(n), scatter_item, &sc);
+    free(wv); free(grp); free(xs); free(Y); free(g); free(u);
+    buckets_free(&b);
 }
 
 /* ---- LM head log-probabilities ---- */
-#define LM_CHUNK 4096 /* vocab rows of the LM head converted and multiplied at a time */
-#define LM_ROWS 256   /* hidden rows per GEMM block */
+#define LM_CHUNK 4096 /* vocab rows of the LM head per GEMM (a multiple of M2D_GEMM_SLICE: views of a prepared head) */
+#define LM_ROWS 512   /* hidden rows per GEMM block: at most [LM_ROWS, LM_CHUNK] logits at once (8 MB) */
 
 /* running max / sum of exponentials (double) of row i over one chunk z[nv] of logits at v0 */
 static void lse_update(const float *z, int nv, int v0, int target, double *mx, double *sum, double *tgt) {
@@ -828,30 +785,171 @@ static void lse_update(const float *z, int nv, int v0, int target, double *mx, d
     if (target >= v0 && target < v0 + nv) *tgt = z[target - v0];
 }
 
-/* streaming over vocab chunks: never more than [LM_ROWS, LM_CHUNK] logits at once */
+typedef struct {
+    const float *blk; /* [nr, nv] logits of rows r0.. and vocab v0.. */
+    int nr, nv, v0, r0;
+    const int32_t *targets;
+    double *mx, *sum, *tgt;
+} lse_job;
+
+static void lse_item(void *ctx, int item) {
+    const lse_job *j = ctx;
+    for (int r = item * ROW_BLOCK; r < M2D_MIN(j->nr, (item + 1) * ROW_BLOCK); r++) {
+        int i = j->r0 + r;
+        lse_update(j->blk + (size_t)r * j->nv, j->nv, j->v0, j->targets[i], &j->mx[i], &j->sum[i], &j->tgt[i]);
+    }
+}
+
+/* streaming over vocab chunks (in order: each row's log-sum-exp is updated chunk by chunk), the
+ * rows of a chunk in parallel */
 static void cpu_logprobs(m2d_backend *be, const m2d_mat *hid, const m2d_weight *head, int V, const m2d_buf *targetsb,
                          m2d_buf *lpb, m2d_precision prec) {
-    (void)prec;
     cpu_be *c = CPU(be);
-    int n = hid->rows, d = hid->cols;
-    const int32_t *targets = B(targetsb);
+    int n = hid->rows;
+    if (c->failed || n <= 0) return;
     double *lp = B(lpb);
     float *blk = m2d_malloc(sizeof(float) * (size_t)M2D_MIN(LM_ROWS, n) * LM_CHUNK);
     double *mx = m2d_malloc(sizeof(double) * (size_t)n), *sum = m2d_calloc((size_t)n, sizeof(double));
     double *tgt = m2d_malloc(sizeof(double) * (size_t)n);
     for (int i = 0; i < n; i++) mx[i] = -INFINITY;
-    for (int v0 = 0; v0 < V; v0 += LM_CHUNK) {
+    for (int v0 = 0; v0 < V && !c->failed; v0 += LM_CHUNK) {
         int nv = M2D_MIN(LM_CHUNK, V - v0);
-        const float *w = wrows(c, head, (int64_t)v0 * d, (int64_t)nv * d);
-        for (int r0 = 0; r0 < n; r0 += LM_ROWS) {
+        m2d_gemm_w w = gemm_view(c, head, v0, nv, prec);
+        for (int r0 = 0; r0 < n && !c->failed; r0 += LM_ROWS) {
             int nr = M2D_MIN(LM_ROWS, n - r0);
-            matmul_wt(c, F(hid) + (size_t)r0 * hid->ld, hid->ld, nr, d, w, d, nv, blk, nv, 0.0f);
-            for (int r = 0; r < nr; r++)
-                lse_update(blk + (size_t)r * nv, nv, v0, targets[r0 + r], &mx[r0 + r], &sum[r0 + r], &tgt[r0 + r]);
+            if (m2d_gemm(gemm_ctx(c, prec), F(hid) + (size_t)r0 * hid->ld, hid->ld, nr, &w, blk, nv, 0.0f)) {
+                fail(c);
+                break;
+            }
+            lse_job j = {blk, nr, nv, v0, r0, B(targetsb), mx, sum, tgt};
+            parallel_for(c, row_blocks(nr), lse_item, &j);
         }
     }
     for (int i = 0; i < n; i++) lp[i] = tgt[i] - mx[i] - log(sum[i]);
     free(blk); free(mx); free(sum); free(tgt);
+}
+
+/* ---- calibration: every expert on every token, the Gram of their outputs ---- */
+
+/* Experts in chunks, so that the activations [chunk, n, d_e] x 2 stay within ~64 MB (at least 4
+ * experts: the grouped calls need items for every thread); each chunk: gate and up of its experts
+ * as one grouped call on the shared rows, the activation, down straight into the output columns. */
+static void cpu_experts_all(m2d_backend *be, const m2d_moe_args *a) {
+    cpu_be *c = CPU(be);
+    int n = a->x.rows, d = a->x.cols, de = a->d_ff, E = a->n_experts;
+    if (c->failed || n <= 0) return;
+    int chunk = (int)M2D_MAX(4, M2D_MIN((size_t)E, ((size_t)64 << 20) / ((size_t)n * de * 2 * sizeof(float))));
+    float *g = m2d_malloc(sizeof(float) * (size_t)chunk * n * de), *u = m2d_malloc(sizeof(float) * (size_t)chunk * n * de);
+    m2d_gemm_w *wv = m2d_malloc(sizeof *wv * (size_t)chunk * 3);
+    m2d_gemm_group *grp = m2d_malloc(sizeof *grp * (size_t)chunk * 2);
+    float *bg = bias_table(c, a->gate_bias, E, de), *bu = bias_table(c, a->up_bias, E, de);
+    float *bd = bias_table(c, a->down_bias, E, d);
+    for (int e0 = 0; e0 < E && !c->failed; e0 += chunk) {
+        int ne = M2D_MIN(chunk, E - e0);
+        for (int i = 0; i < ne; i++) {
+            wv[3 * i] = gemm_view(c, a->gate[e0 + i], 0, de, a->prec);
+            wv[3 * i + 1] = gemm_view(c, a->up[e0 + i], 0, de, a->prec);
+            wv[3 * i + 2] = gemm_view(c, a->down[e0 + i], 0, d, a->prec);
+            grp[2 * i] = (m2d_gemm_group){F(&a->x), a->x.ld, n, &wv[3 * i], g + (size_t)i * n * de, de, 0.0f};
+            grp[2 * i + 1] = (m2d_gemm_group){F(&a->x), a->x.ld, n, &wv[3 * i + 1], u + (size_t)i * n * de, de, 0.0f};
+        }
+        run_groups(c, a->prec, grp, 2 * ne);
+        rows_job sj = {.g = g, .u = u, .n = ne * n, .d = de, .a = a, .bg = bg, .bu = bu, .e0 = e0, .per = n};
+        parallel_for(c, row_blocks(ne * n), act_item, &sj);
+        for (int i = 0; i < ne; i++)
+            grp[i] = (m2d_gemm_group){g + (size_t)i * n * de, de, n, &wv[3 * i + 2], F(&a->out) + (size_t)(e0 + i) * d,
+                                      a->out.ld, 0.0f};
+        run_groups(c, a->prec, grp, ne);
+        for (int t = 0; bd && t < n; t++) /* expert e0 + i's columns of token t: its down bias */
+            for (int i = 0; i < ne; i++)
+                add_rows(F(&a->out) + (size_t)t * a->out.ld + (size_t)(e0 + i) * d, d, 1, d, bd + (size_t)(e0 + i) * d);
+    }
+    free(g); free(u); free(wv); free(grp); free(bg); free(bu); free(bd);
+}
+
+/* The Gram in blocks of GRAM_TOKENS tokens, one pool item each (fixed blocks: the same sums on any
+ * thread count): the block's sum in fp64 into its own partial, then the partials added into g in
+ * block order.
+ *  FP32: F_t converted to fp64 exactly; dsyrk accumulates in fp64 (SPEC §1): error ~ fp64 rounding.
+ *  BF16: each token's F_t F_t^T as an fp32 GEMM over d terms, then added into fp64. Error of an
+ *    entry, per token: |delta| <= gamma_d sum_j |f_ij f_kj| (gamma_d = d u / (1 - d u), u = 2^-24;
+ *    1.2e-4 relative at d = 2048 in the worst case, ~u sqrt(d) = 3e-6 typically), and no growth
+ *    with the number of tokens (fp64 from there on). The expert outputs themselves carry bf16's
+ *    ~1e-3 relative error, so the statistics stay as right as their inputs; in exchange no fp64
+ *    copy of the outputs and fp32 GEMM speed (tested against the fp64 reference: test_engine). */
+#define GRAM_TOKENS 16
+
+typedef struct {
+    cpu_be *c;
+    const m2d_mat *f;
+    int E, d;
+    m2d_precision prec;
+    double *part;  /* [blocks, E, E] */
+    double **tmp;  /* per worker: fp64 copy of a block (FP32) */
+    float **gt;    /* per worker: one token's fp32 Gram (BF16) */
+} gram_job;
+
+static void gram_block_f64(const gram_job *j, int t0, int nt, double *part) {
+    int E = j->E, d = j->d;
+    double *A = j->tmp[m2d_pool_worker()];
+    for (int e = 0; e < E; e++)
+        for (int t = 0; t < nt; t++) {
+            const float *src = F(j->f) + (size_t)(t0 + t) * j->f->ld + (size_t)e * d;
+            double *dst = A + (size_t)e * nt * d + (size_t)t * d;
+            for (int i = 0; i < d; i++) dst[i] = src[i];
+        }
+    cblas_dsyrk(CblasRowMajor, CblasUpper, CblasNoTrans, E, nt * d, 1.0, A, nt * d, 0.0, part, E);
+}
+
+static void gram_block_f32(const gram_job *j, int t0, int nt, double *part) {
+    int E = j->E, d = j->d;
+    float *gt = j->gt[m2d_pool_worker()];
+    memset(part, 0, sizeof(double) * (size_t)E * E);
+    for (int t = 0; t < nt; t++) {
+        const float *ft = F(j->f) + (size_t)(t0 + t) * j->f->ld;
+        m2d_gemm_w w = m2d_gemm_weight(M2D_F32, ft, E, d, d);
+        if (m2d_gemm(gemm_ctx(j->c, M2D_PREC_FP32), ft, d, E, &w, gt, E, 0.0f)) {
+            fail(j->c); /* nested in a pool item: the first failure is kept */
+            return;
+        }
+        for (int r = 0; r < E; r++)
+            for (int q = r; q < E; q++) part[(size_t)r * E + q] += gt[(size_t)r * E + q];
+    }
+}
+
+static void gram_item(void *ctx, int b) {
+    const gram_job *j = ctx;
+    int t0 = b * GRAM_TOKENS, nt = M2D_MIN(GRAM_TOKENS, j->f->rows - t0);
+    double *part = j->part + (size_t)b * j->E * j->E;
+    if (j->prec == M2D_PREC_BF16) gram_block_f32(j, t0, nt, part);
+    else gram_block_f64(j, t0, nt, part);
+}
+
+static void cpu_gram(m2d_backend *be, const m2d_mat *f, int E, m2d_buf *gb, m2d_precision prec) {
+    cpu_be *c = CPU(be);
+    int n = f->rows, d = f->cols / E, blocks = (n + GRAM_TOKENS - 1) / GRAM_TOKENS, nw = c->threads;
+    if (c->failed || n <= 0) return;
+    gram_job j = {c, f, E, d, prec, m2d_malloc(sizeof(double) * (size_t)blocks * E * E),
+                  m2d_calloc((size_t)nw, sizeof(double *)), m2d_calloc((size_t)nw, sizeof(float *))};
+    for (int w = 0; w < nw; w++) {
+        if (prec == M2D_PREC_BF16) j.gt[w] = m2d_malloc(sizeof(float) * (size_t)E * E);
+        else j.tmp[w] = m2d_malloc(sizeof(double) * (size_t)E * GRAM_TOKENS * d);
+    }
+    parallel_for(c, blocks, gram_item, &j);
+    double *g = B(gb);
+    for (int b = 0; b < blocks && !c->failed; b++)
+        for (int r = 0; r < E; r++)
+            for (int q = r; q < E; q++) g[(size_t)r * E + q] += j.part[((size_t)b * E + r) * E + q];
+    for (int w = 0; w < nw; w++) {
+        free(j.tmp[w]);
+        free(j.gt[w]);
+    }
+    free(j.tmp); free(j.gt); free(j.part);
+}
+
+static m2d_precision cpu_auto_precision(m2d_backend *be, m2d_precision p) {
+    (void)be;
+    return m2d_gemm_resolve(p);
 }
 
 /* ---- lifecycle, knobs, OpenBLAS threading ---- */
@@ -869,31 +967,38 @@ static void cpu_enter(m2d_backend *be) {
 
 static int cpu_leave(m2d_backend *be) {
     cpu_be *c = CPU(be);
-    if (--c->depth == 0 && c->blas_saved != 1) openblas_set_num_threads(c->blas_saved);
-    return 0;
+    if (--c->depth > 0) return 0;
+    if (c->blas_saved != 1) openblas_set_num_threads(c->blas_saved);
+    if (!c->failed) return 0;
+    c->failed = 0;
+    return m2d_err("backend cpu: %s", c->err);
 }
 
 void m2d_backend_host_blas_threads(int n_threads) { openblas_set_num_threads(n_threads > 0 ? n_threads : 1); }
 
 static int cpu_tune(m2d_backend *be, const char *knob, int value) {
     cpu_be *c = CPU(be);
-    if (strcmp(knob, "threads") == 0 && value > 0) c->threads = value;
+    if (strcmp(knob, "threads") == 0 && value > 0) m2d_pool_set_threads(c->pool, c->threads = value);
     else if (strcmp(knob, "expert_parallel") == 0 && (value == 0 || value == 1)) c->expert_parallel = value;
     else if (strcmp(knob, "attention_gemm_min_rows") == 0 && value > 0) c->attn_gemm_min_rows = value;
+    else if (strcmp(knob, "gemm_kernel") == 0 && value >= M2D_GEMM_AUTO && value <= M2D_GEMM_ONEDNN)
+        for (int p = 0; p < 2; p++) m2d_gemm_set_kernel(c->gemm[p], (m2d_gemm_kernel)value);
     else return m2d_err("backend cpu: knob '%s' = %d: unknown knob or bad value (threads >= 1, expert_parallel 0|1, "
-                        "attention_gemm_min_rows >= 1)", knob, value);
+                        "attention_gemm_min_rows >= 1, gemm_kernel 0 auto|1 sgemm|2 onednn)", knob, value);
     return 0;
 }
 
 static void cpu_destroy(m2d_backend *be) {
     cpu_be *c = CPU(be);
     free(c->scratch);
+    for (int p = 0; p < 2; p++) m2d_gemm_ctx_free(c->gemm[p]);
+    m2d_pool_free(c->pool);
     free(c);
 }
 
 static const m2d_backend_ops cpu_ops = {
     .name = "cpu",
-    .precisions = 1u << M2D_PREC_FP32,
+    .precisions = 1u << M2D_PREC_FP32 | 1u << M2D_PREC_BF16,
     .destroy = cpu_destroy,
     .tune = cpu_tune,
     .enter = cpu_enter,
@@ -903,6 +1008,7 @@ static const m2d_backend_ops cpu_ops = {
     .upload = cpu_upload,
     .download = cpu_download,
     .download_mat = cpu_download_mat,
+    .host_view = cpu_host_view,
     .weight_new = cpu_weight_new,
     .weight_free = cpu_weight_free,
     .resident_bytes = cpu_resident_bytes,
@@ -924,6 +1030,9 @@ static const m2d_backend_ops cpu_ops = {
     .route = cpu_route,
     .moe = cpu_moe,
     .logprobs = cpu_logprobs,
+    .experts_all = cpu_experts_all,
+    .gram = cpu_gram,
+    .auto_precision = cpu_auto_precision,
     .train = &m2d_cpu_train_ops,
 };
 
@@ -931,13 +1040,21 @@ static int cpu_create(const m2d_backend_opts *o, m2d_backend **out) {
     cpu_be *c = m2d_calloc(1, sizeof *c);
     c->base.ops = &cpu_ops;
     c->threads = o->n_threads > 0 ? o->n_threads : m2d_default_threads();
+    c->pool = m2d_pool_new(c->threads);
     c->expert_parallel = 1;
     c->attn_gemm_min_rows = 64;
+    c->resident = m2d_gemm_resolve(o->precision);
     *out = &c->base;
+    if (m2d_gemm_ctx_new(M2D_PREC_FP32, c->pool, &c->gemm[0]) || m2d_gemm_ctx_new(M2D_PREC_BF16, c->pool, &c->gemm[1])) {
+        cpu_destroy(*out);
+        *out = NULL;
+        return -1;
+    }
     return 0;
 }
 
-M2D_BACKEND(cpu, "cpu", "host CPU: OpenBLAS sgemm on fp32 (weights converted on use or kept), pthreads", cpu_create)
+M2D_BACKEND(cpu, "cpu", "host CPU: oneDNN fp32/bf16 matmul (sgemm for tiny weights), weights as stored or prepared, pthreads",
+            cpu_create)
 
 /* ---- shared with the training ops (backend_cpu.h) ---- */
 void *m2d_cpu_ptr(const m2d_buf *b) { return B(b); }

@@ -6,12 +6,11 @@
  * segments, token and target uploads, and (only when a calibration hook is set) downloading the
  * hook's view of the routing.
  *
- * Weights stay in their stored dtype; the backend prepares them on use, or once when made
- * resident (m2d_engine_cache_weights). Chosen by measurement on the CPU backend
- * (bench/bench_engine.c, numbers in BENCHMARKS.md): on-use conversion is one vectorised pass over
- * the weight bytes per forward, ~5% (dense) to ~10% (MoE, ~32 rows per expert) of a 512-token
- * forward in perf, while a full fp32 copy doubles the resident weights (Qwen3-30B-A3B: 122 GB) and
- * was not faster on the 30B-shaped slices.
+ * Weights stay in their stored dtype; the backend reads them as stored, or prepares them once when
+ * made resident (m2d_engine_cache_weights) within a byte budget. Chosen by measurement on the CPU
+ * backend (bench/bench_engine.c, bench_gemm.c; numbers in BENCHMARKS.md): bf16 GEMMs read bf16
+ * weights in place; prepared copies (oneDNN's blocked layout, the same bytes in bf16) gain 4-38 %
+ * per GEMM but cost memory beside the mmapped checkpoint, so big checkpoints stay as stored.
  *
  * One core (forward_hidden) serves every entry point: a batch of rows split into "segments";
  * each segment attends to an optional cached prefix and causally to itself. A full window is
@@ -248,21 +247,41 @@ static void default_residency(m2d_engine *e) {
 
 /* ---- lifecycle ---- */
 
+/* AUTO through the backend's own rule; a precision the backend lacks is an error */
+static int resolve_on(m2d_backend *be, m2d_precision p, m2d_precision *out) {
+    if (p == M2D_PREC_AUTO) p = be->ops->auto_precision ? be->ops->auto_precision(be, p) : M2D_PREC_FP32;
+    if (!(be->ops->precisions & (1u << p)))
+        return m2d_err("engine: backend %s does not support precision %s", be->ops->name, m2d_precision_name(p));
+    *out = p;
+    return 0;
+}
+
+int m2d_engine_resolve_precision(const char *backend, m2d_precision p, m2d_precision *out) {
+    if ((unsigned)p >= M2D_PREC_COUNT) return m2d_err("engine: precision %d is not one", (int)p);
+    m2d_backend *be;
+    if (m2d_backend_new(backend ? backend : "cpu", &(m2d_backend_opts){.n_threads = 1, .precision = p}, &be)) return -1;
+    int rc = resolve_on(be, p, out);
+    m2d_backend_free(be);
+    return rc;
+}
+
 int m2d_engine_open(const m2d_model *m, const m2d_engine_opts *o, m2d_engine **out) {
     *out = NULL;
     if (check_model(m)) return -1;
-    m2d_backend_opts bo = {o->n_threads};
+    if ((unsigned)o->precision >= M2D_PREC_COUNT) return m2d_err("engine: precision %d is not one", (int)o->precision);
+    m2d_backend_opts bo = {.n_threads = o->n_threads, .precision = o->precision};
     m2d_backend *be;
     if (m2d_backend_new(o->backend ? o->backend : "cpu", &bo, &be)) return -1;
-    if ((unsigned)o->precision >= M2D_PREC_COUNT || !(be->ops->precisions & (1u << o->precision))) {
+    m2d_precision p;
+    if (resolve_on(be, o->precision, &p)) {
         m2d_backend_free(be);
-        return m2d_err("engine: backend %s does not support precision %d", be->ops->name, (int)o->precision);
+        return -1;
     }
     m2d_engine *e = m2d_calloc(1, sizeof *e);
     e->m = m;
     e->be = be;
     e->B = be->ops;
-    e->prec = o->precision;
+    e->prec = p;
     int rot = rope_dim(&m->cfg);
     e->inv_freq = m2d_malloc(sizeof(double) * (size_t)(rot / 2));
     m2d_rope_inv_freq(&m->cfg.rope_scaling, m->cfg.rope_theta, rot, e->inv_freq);
@@ -288,6 +307,7 @@ void m2d_engine_free(m2d_engine *e) {
 }
 
 const m2d_model *m2d_engine_model(const m2d_engine *e) { return e->m; }
+m2d_precision m2d_engine_precision(const m2d_engine *e) { return e->prec; }
 m2d_backend *m2d_engine_backend(m2d_engine *e) { return e->be; }
 int m2d_engine_tune(m2d_engine *e, const char *knob, int value) { return e->B->tune(e->be, knob, value); }
 void m2d_engine_set_expert_parallel(m2d_engine *e, int on) { e->B->tune(e->be, "expert_parallel", on ? 1 : 0); }
@@ -513,6 +533,26 @@ static int call_hook(m2d_engine *e, int layer, const fwd_ws *w) {
     return rc;
 }
 
+/* The experts of LAYER on X -> OUT (routing fields left zero: moe sets them, experts_all has none) */
+static m2d_moe_args experts_of(const m2d_engine *e, int layer, m2d_mat x, m2d_mat out) {
+    const m2d_config *c = &e->m->cfg;
+    const layer_weights *lw = &e->lw[layer];
+    return (m2d_moe_args){.x = x,
+                          .n_experts = c->num_experts,
+                          .d_ff = c->moe_intermediate_size,
+                          .gate = lw->x[M2D_X_EXP_GATE],
+                          .up = lw->x[M2D_X_EXP_UP],
+                          .down = lw->x[M2D_X_EXP_DOWN],
+                          .act = c->ops.ffn_act,
+                          .prec = e->prec,
+                          .out = out,
+                          .gate_bias = lw->x[M2D_X_EXP_GATE_BIAS],
+                          .up_bias = lw->x[M2D_X_EXP_UP_BIAS],
+                          .down_bias = lw->x[M2D_X_EXP_DOWN_BIAS],
+                          .act_alpha = c->ops.act_alpha,
+                          .act_limit = c->ops.act_limit};
+}
+
 /* Router, hook, then the routed experts: ffo = sum of gated expert outputs. */
 static int moe_block(m2d_engine *e, int l, const fwd_ws *w) {
     const m2d_config *c = &e->m->cfg;
@@ -526,23 +566,8 @@ static int moe_block(m2d_engine *e, int l, const fwd_ws *w) {
                         .n_group = c->n_group, .topk_group = c->topk_group, .scale = (float)c->routed_scaling_factor};
     e->B->route(e->be, &P, &r, w->topk, w->gates);
     if (e->hook && call_hook(e, l, w)) return -1;
-    m2d_moe_args a = {.x = XN,
-                      .topk = w->topk,
-                      .gates = w->gates,
-                      .k = k,
-                      .n_experts = E,
-                      .d_ff = c->moe_intermediate_size,
-                      .gate = lw->x[M2D_X_EXP_GATE],
-                      .up = lw->x[M2D_X_EXP_UP],
-                      .down = lw->x[M2D_X_EXP_DOWN],
-                      .act = c->ops.ffn_act,
-                      .prec = e->prec,
-                      .out = m2d_mat_of(w->ffo, 0, n, d, d),
-                      .gate_bias = lw->x[M2D_X_EXP_GATE_BIAS],
-                      .up_bias = lw->x[M2D_X_EXP_UP_BIAS],
-                      .down_bias = lw->x[M2D_X_EXP_DOWN_BIAS],
-                      .act_alpha = c->ops.act_alpha,
-                      .act_limit = c->ops.act_limit};
+    m2d_moe_args a = experts_of(e, l, XN, m2d_mat_of(w->ffo, 0, n, d, d));
+    a.topk = w->topk, a.gates = w->gates, a.k = k;
     e->B->moe(e->be, &a);
     return 0;
 }
@@ -751,6 +776,44 @@ static int expert_impl(m2d_engine *e, int layer, int expert, const float *x, int
     return rc;
 }
 
+/* host memory as a backend buffer: a view where the backend has them (no copy), else a copy
+ * (COPY_IN: uploaded first); release with host_done */
+static m2d_buf *host_buf(m2d_engine *e, void *p, size_t bytes, int copy_in) {
+    m2d_buf *b = e->B->host_view ? e->B->host_view(e->be, p, bytes) : NULL;
+    if (b) return b;
+    b = e->B->alloc(e->be, bytes);
+    if (b && copy_in) e->B->upload(e->be, b, 0, p, bytes);
+    return b;
+}
+
+/* COPY_OUT: download into p first, unless b is a view of it */
+static void host_done(m2d_engine *e, m2d_buf *b, void *p, size_t bytes, int copy_out) {
+    if (b && copy_out && !e->B->host_view) e->B->download(e->be, p, b, 0, bytes);
+    e->B->release(e->be, b);
+}
+
+static int all_experts_impl(m2d_engine *e, int layer, const float *x, int n, float *f, double *gram) {
+    const m2d_config *c = &e->m->cfg;
+    if (layer < 0 || layer >= c->num_hidden_layers || !c->layer_is_moe[layer])
+        return m2d_err("engine: layer %d is not an MoE layer", layer);
+    if (n <= 0) return m2d_err("engine: all experts: n = %d tokens", n);
+    if (!e->B->experts_all || (gram && !e->B->gram))
+        return m2d_err("engine: backend %s cannot run calibration's all-experts pass", e->B->name);
+    int d = c->hidden_size, E = c->num_experts;
+    size_t xb = f32s(n, d), fb = f32s(n, (int64_t)E * d), gb = sizeof(double) * (size_t)E * E;
+    m2d_buf *X = host_buf(e, (void *)x, xb, 1), *Fb = host_buf(e, f, fb, 0), *G = gram ? host_buf(e, gram, gb, 1) : NULL;
+    int rc = X && Fb && (G || !gram) ? 0 : -1;
+    if (rc == 0) {
+        m2d_moe_args a = experts_of(e, layer, m2d_mat_of(X, 0, n, d, d), m2d_mat_of(Fb, 0, n, E * d, E * d));
+        e->B->experts_all(e->be, &a);
+        if (G) e->B->gram(e->be, &a.out, E, G, e->prec);
+    }
+    host_done(e, X, (void *)x, xb, 0);
+    host_done(e, Fb, f, fb, rc == 0);
+    if (G) host_done(e, G, gram, gb, rc == 0);
+    return rc;
+}
+
 /* ---- KV cache ---- */
 m2d_kv *m2d_kv_new(m2d_engine *e, int capacity) {
     const m2d_config *c = &e->m->cfg;
@@ -858,6 +921,11 @@ static int leave(m2d_engine *e, int rc) {
 int m2d_engine_expert(m2d_engine *e, int layer, int expert, const float *x, int n, float *out) {
     e->B->enter(e->be);
     return leave(e, expert_impl(e, layer, expert, x, n, out));
+}
+
+int m2d_engine_all_experts(m2d_engine *e, int layer, const float *x, int n, float *f, double *gram) {
+    e->B->enter(e->be);
+    return leave(e, all_experts_impl(e, layer, x, n, f, gram));
 }
 
 int m2d_engine_logits(m2d_engine *e, const int32_t *tokens, int n, float *logits) {

@@ -21,7 +21,8 @@ typedef struct m2d_engine m2d_engine;
 typedef struct {
     const char *backend;     /* registered backend name (NULL: "cpu"); see m2d_backend_list() */
     int n_threads;           /* host threads of the backend (<= 0: m2d_default_threads()) */
-    m2d_precision precision; /* of every GEMM; must be one the backend supports */
+    m2d_precision precision; /* of every GEMM (0: FP32, exact); AUTO: the backend's fastest (CPU: bf16
+                              * where the CPU has native bf16, else fp32); else one the backend supports */
 } m2d_engine_opts;
 
 /* An engine on a new backend object it owns. The model must outlive the engine. */
@@ -32,7 +33,8 @@ void m2d_engine_free(m2d_engine *e);
 /* The engine's backend (for tests and tools: tuning, buffers) and its knobs (backend.h tune). */
 m2d_backend *m2d_engine_backend(m2d_engine *e);
 int m2d_engine_tune(m2d_engine *e, const char *knob, int value);
-/* Make weights resident in the backend's prepared form (CPU: an fp32 copy) up to BUDGET bytes
+/* Make weights resident in the backend's prepared form (CPU: the GEMM kernel's layout for the
+ * engine's precision: oneDNN's blocked bf16 or fp32; norms an fp32 copy) up to BUDGET bytes
  * (each layer's norms, attention, router and dense FFN first, then experts, LM head last).
  * Weights not kept are prepared on use into a reusable buffer (bounded memory). m2d_engine_open
  * applies $M2D_WEIGHT_CACHE_MB when set (0: prepare everything on use), else keeps the whole model
@@ -44,6 +46,11 @@ size_t m2d_engine_cache_weights(m2d_engine *e, size_t budget_bytes);
  * one expert after another with multi-threaded GEMMs (0). Same result either way (tested). */
 void m2d_engine_set_expert_parallel(m2d_engine *e, int on);
 const m2d_model *m2d_engine_model(const m2d_engine *e);
+/* the precision the engine's GEMMs run in (AUTO resolved): what outputs record */
+m2d_precision m2d_engine_precision(const m2d_engine *e);
+/* What P would resolve to on BACKEND (NULL: "cpu") without opening an engine (for identities
+ * decided before a run: cache names, headers); -1 with m2d_err when the backend lacks it. */
+int m2d_engine_resolve_precision(const char *backend, m2d_precision p, m2d_precision *out);
 
 /* Calibration hook: called at every MoE layer during a forward, after routing and before
  * the experts run (the residual stream always follows the teacher's real routing). The event's
@@ -62,6 +69,12 @@ void m2d_engine_set_moe_hook(m2d_engine *e, m2d_moe_hook hook, void *user);
 
 /* f_e(x) of expert E_IDX of LAYER on n token vectors x [n, d] -> out [n, d] (no gate weight). */
 int m2d_engine_expert(m2d_engine *e, int layer, int expert, const float *x, int n, float *out);
+/* Calibration (SPEC §1): f_e(x_t) of EVERY expert of LAYER on n token vectors x [n, d] ->
+ * f [n, E * d] (token t's output of expert e at f + (t * E + e) * d), as grouped GEMMs on the
+ * backend; when GRAM is not NULL, its upper triangle (fp64 [E, E], row-major) += the sum over
+ * tokens of F_t F_t^T (F_t: token t's [E, d] block), accumulated as the backend's gram op says
+ * (fp64 in fp32 precision). Host arrays are used in place where the backend can (CPU). */
+int m2d_engine_all_experts(m2d_engine *e, int layer, const float *x, int n, float *f, double *gram);
 
 /* Full window from position 0: logits [n, vocab] (fp32). */
 int m2d_engine_logits(m2d_engine *e, const int32_t *tokens, int n, float *logits);

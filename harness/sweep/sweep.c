@@ -10,6 +10,7 @@
 #include "io/results.h"
 #include "base/util.h"
 #include "engine/backend.h"
+#include "engine/engine.h"
 #include "model/model.h"
 #include "sweep/sweep_backend.h"
 #include "sweep/sweep_csv.h"
@@ -75,7 +76,7 @@ static int run_with_backend(const m2d_experiment *x, const m2d_sweep_opts *o, co
     if (b->prepare(b, x, model_hash, calib_hash)) return -1;
     sum->prepare_s = m2d_now() - t_prep;
     m2d_sweep_meta meta = {0};
-    m2d_sweep_meta_build(x, o->shard_i, o->shard_n, model_hash, calib_hash, &meta);
+    m2d_sweep_meta_build(x, o->shard_i, o->shard_n, model_hash, calib_hash, m2d_precision_name(b->precision), &meta);
     if (b->calibration[0]) m2d_sweep_meta_add(&meta, m2d_strfmt("calibration=%s", b->calibration));
     char **cols = NULL;
     int n_cols = m2d_sweep_columns(x, &cols);
@@ -144,6 +145,11 @@ int m2d_sweep_run(const m2d_experiment *x, const m2d_sweep_opts *o, m2d_sweep_su
     int jobs, threads;
     choose_threads(o, n_idx, &jobs, &threads);
     b.threads = threads;
+    if (m2d_engine_resolve_precision(NULL, o->precision, &b.precision)) {
+        free(idx);
+        m2d_sweep_backend_close(&b);
+        return -1;
+    }
     m2d_backend_host_blas_threads(threads);
     sum->jobs = jobs;
     sum->threads = threads;
@@ -252,10 +258,11 @@ static int distinct_upper_bound(const m2d_experiment *x, const int *idx, int n_i
 
 /* Distinct students: exact when the backend can tell without evaluating, else the upper bound;
  * returns the number printed. */
-static int print_distinct(const m2d_experiment *x, const int *idx, int n_idx, FILE *f) {
+static int print_distinct(const m2d_experiment *x, m2d_precision prec, const int *idx, int n_idx, FILE *f) {
     m2d_sweep_backend b;
     int distinct = -1;
     if (m2d_sweep_backend_make(x, &b) == 0) {
+        b.precision = prec; /* whose calibration cache to read */
         distinct = m2d_sweep_count_distinct(&b, x, idx, n_idx);
         m2d_sweep_backend_close(&b);
     }
@@ -333,7 +340,9 @@ int m2d_sweep_dry_run(const m2d_experiment *x, const m2d_sweep_opts *o, FILE *f)
                 x->n_duplicate_K);
     fprintf(f, "\n");
     if (have_csv) fprintf(f, "already in %s: %d (resume skips them), to run: %d\n", out, done, n_idx - done);
-    int students = print_distinct(x, idx, n_idx, f);
+    m2d_precision prec = M2D_PREC_FP32;
+    if (m2d_engine_resolve_precision(NULL, o->precision, &prec)) m2d_err_clear(); /* then: the fp32 cache */
+    int students = print_distinct(x, prec, idx, n_idx, f);
     print_estimate(x, have_csv ? &existing : NULL, M2D_MIN(n_idx - done, students), f);
     if (strcmp(x->mc_configs, "none") != 0 && x->n_mc)
         fprintf(f, "multiple choice: %d task(s) on %s%s\n", x->n_mc,

@@ -16,7 +16,8 @@ static const char *const TAIL_COLS[] = {"wall_s", "status", "dedup_of", "fingerp
 #define N_FIXED ((int)M2D_ARRAY_LEN(FIXED_COLS))
 #define N_TAIL ((int)M2D_ARRAY_LEN(TAIL_COLS))
 
-const char *const m2d_sweep_identity_keys[] = {"experiment", "backend", "model_hash", "calib_hash", "ppl", "shard"};
+const char *const m2d_sweep_identity_keys[] = {"experiment", "backend", "model_hash", "calib_hash", "precision", "ppl",
+                                                  "shard"};
 const int m2d_sweep_n_identity_keys = (int)M2D_ARRAY_LEN(m2d_sweep_identity_keys);
 
 static int n_mc_cols(const m2d_experiment *x) { return x->n_mc ? 2 * x->n_mc + 1 : 0; }
@@ -117,7 +118,7 @@ static void utc_now(char *buf, size_t n) {
 }
 
 void m2d_sweep_meta_build(const m2d_experiment *x, int shard_i, int shard_n, const char *model_hash,
-                          const char *calib_hash, m2d_sweep_meta *m) {
+                          const char *calib_hash, const char *precision, m2d_sweep_meta *m) {
     char host[256], now[64];
     host_name(host, sizeof host);
     utc_now(now, sizeof now);
@@ -129,6 +130,7 @@ void m2d_sweep_meta_build(const m2d_experiment *x, int shard_i, int shard_n, con
     m2d_sweep_meta_add(m, m2d_strfmt("model=%s", x->model));
     m2d_sweep_meta_add(m, m2d_strfmt("model_hash=%s", model_hash));
     m2d_sweep_meta_add(m, m2d_strfmt("calib_hash=%s", calib_hash));
+    m2d_sweep_meta_add(m, m2d_strfmt("precision=%s", precision));
     m2d_sweep_meta_add(m, m2d_strfmt("ppl=%s L=%d max_windows=%d data=%s", x->ppl_protocol, x->ppl_seq_len,
                                      x->ppl_max_windows, x->ppl_data));
     m2d_sweep_meta_add(m, shard_n ? m2d_strfmt("shard=%d/%d", shard_i, shard_n) : m2d_strdup("shard=all"));

@@ -32,9 +32,10 @@ typedef struct {
 void m2d_sweep_meta_add(m2d_sweep_meta *m, char *item); /* takes ownership of ITEM */
 void m2d_sweep_meta_free(m2d_sweep_meta *m);
 /* The header of a run of X (shard 0/0: the whole grid): format version, experiment, backend,
- * model, hashes, PPL protocol, shard, grid size, host, start time. */
+ * model, hashes, the engine's GEMM precision (fp32/bf16, as resolved), PPL protocol, shard, grid
+ * size, host, start time. */
 void m2d_sweep_meta_build(const m2d_experiment *x, int shard_i, int shard_n, const char *model_hash,
-                          const char *calib_hash, m2d_sweep_meta *m);
+                          const char *calib_hash, const char *precision, m2d_sweep_meta *m);
 /* Header keys that must agree for rows to be appended to an existing file (another model's or
  * another experiment's run never mixes into it). */
 extern const char *const m2d_sweep_identity_keys[];

@@ -1,11 +1,13 @@
 /* sweep_pipeline — the real backend: calibrate once (cached by model and calibration hash) ->
  * per configuration: plan (plugins) -> fingerprint -> build the student in memory -> perplexity.
  *
- * Calibration cache: CACHE_DIR/<model_hash[:16]>-<calib_hash[:16]>.m2dstats, where calib_hash is
- * h-calib's identity of the chosen windows (token ids, L, gate convention). A cache file is used
- * only if it reads back intact and matches both hashes; otherwise it is recomputed and written
- * atomically. The entry's lock (ENTRY.lock) is held from the look-up until it is written, so
- * concurrent shards compute it once: the others wait (saying for whom), then read it.
+ * Calibration cache: CACHE_DIR/<model_hash[:16]>-<calib_hash[:16]>.m2dstats (fp32) or
+ * ...-bf16.m2dstats (calibrated in bf16), where calib_hash is h-calib's identity of the chosen
+ * windows (token ids, L, gate convention). A cache file is used only if it reads back intact and
+ * matches both hashes and the precision; otherwise it is recomputed and written atomically.
+ * Students are evaluated in the same precision. The entry's lock (ENTRY.lock) is held from the
+ * look-up until it is written, so concurrent shards compute it once: the others wait (saying for
+ * whom), then read it.
  *
  * Check (before any work, also for --dry-run): every scoring/grouping/scaling value is a
  * registered plugin, every configuration's parameters are taken by its plugins, K is in range,
@@ -108,18 +110,20 @@ static int calibration_identity(pipe_t *p, int32_t **ids, size_t *n_ids, m2d_cal
     return 0;
 }
 
-static char *cache_path(const m2d_experiment *x, const char *model_hash, const char *calib_hash) {
-    char *name = m2d_strfmt("%.16s-%.16s.m2dstats", model_hash, calib_hash);
+static char *cache_path(const m2d_sweep_backend *b, const m2d_experiment *x, const char *model_hash,
+                        const char *calib_hash) {
+    char *name = m2d_strfmt("%.16s-%.16s%s.m2dstats", model_hash, calib_hash, b->precision == M2D_PREC_BF16 ? "-bf16" : "");
     char *path = m2d_path_join(x->cache_dir, name);
     free(name);
     return path;
 }
 
 /* Cached statistics if intact and matching; NULL (no error) when absent or stale. */
-static m2d_stats *read_cache(pipe_t *p, const char *path, const char *calib_hash) {
+static m2d_stats *read_cache(pipe_t *p, const char *path, const char *calib_hash, m2d_precision prec) {
     m2d_stats *s = NULL;
     if (!m2d_file_exists(path)) return NULL;
     if (m2d_stats_read(path, &s) == 0 && strcmp(s->calib_hash, calib_hash) == 0 &&
+        strcmp(s->precision, m2d_precision_name(prec)) == 0 &&
         m2d_stats_check_model(s, path, p->teacher) == 0)
         return s;
     fprintf(stderr, "moe2dense sweep: %s is stale or damaged (%s): recomputing\n", path, m2d_errmsg());
@@ -128,13 +132,14 @@ static m2d_stats *read_cache(pipe_t *p, const char *path, const char *calib_hash
     return NULL;
 }
 
-/* Calibrate into the cache entry PATH (the caller holds its lock) with the windows BASE describes. */
+/* Calibrate in PREC into the cache entry PATH (the caller holds its lock) with the windows BASE describes. */
 static int calibrate_into(pipe_t *p, const int32_t *ids, size_t n_ids, const m2d_calib_opts *base,
-                          const char *calib_hash, const char *path) {
+                          const char *calib_hash, const char *path, m2d_precision prec) {
     const m2d_experiment *x = p->x;
     m2d_calib_opts o = *base; /* calibration runs before the pool: all cores */
     o.n_threads = m2d_default_threads();
     o.progress = 1;
+    o.precision = (int)prec;
     double t0 = m2d_now();
     int rc = m2d_calib_run(p->teacher, ids, (int64_t)n_ids, &o, &p->stats);
     if (rc == 0 && strcmp(p->stats->calib_hash, calib_hash) != 0)
@@ -150,14 +155,14 @@ static int calibrate_into(pipe_t *p, const int32_t *ids, size_t n_ids, const m2d
 /* The statistics from the cache entry PATH, computed and written first when absent or stale; the
  * entry's lock is held meanwhile, so another process waits and then reads what this one wrote. */
 static int cached_statistics(pipe_t *p, const int32_t *ids, size_t n_ids, const m2d_calib_opts *o, const char *calib_hash,
-                             const char *path) {
+                             const char *path, m2d_precision prec) {
     m2d_lock lock;
     if (m2d_mkdir_p(p->x->cache_dir) ||
         m2d_lock_acquire(&lock, path, "sweep", "computing the calibration statistics", 1))
         return -1;
     m2d_atomic_remove_leftovers(path); /* of a calibration that was killed while writing */
-    p->stats = read_cache(p, path, calib_hash);
-    int rc = p->stats ? 0 : calibrate_into(p, ids, n_ids, o, calib_hash, path);
+    p->stats = read_cache(p, path, calib_hash, prec);
+    int rc = p->stats ? 0 : calibrate_into(p, ids, n_ids, o, calib_hash, path, prec);
     m2d_lock_release(&lock);
     return rc;
 }
@@ -174,8 +179,8 @@ static int pipe_prepare(m2d_sweep_backend *b, const m2d_experiment *x, char mode
         free((void *)o.doc_starts);
         return -1;
     }
-    char *path = cache_path(x, model_hash, calib_hash);
-    int rc = cached_statistics(p, ids, n_ids, &o, calib_hash, path);
+    char *path = cache_path(b, x, model_hash, calib_hash);
+    int rc = cached_statistics(p, ids, n_ids, &o, calib_hash, path, b->precision);
     p->stats_path = path;
     free(ids);
     free((void *)o.doc_starts);
@@ -246,7 +251,8 @@ static int pipe_evaluate(m2d_sweep_backend *b, void *student, const m2d_grid_con
     student_t *s = student;
     const m2d_experiment *x = p->x;
     m2d_engine *e = NULL;
-    if (m2d_engine_new(s->student, b->threads, &e)) return -1;
+    if (m2d_engine_open(s->student, &(m2d_engine_opts){.n_threads = b->threads, .precision = b->precision}, &e))
+        return -1;
     int rc;
     m2d_ppl_result r;
     memset(&r, 0, sizeof r);
@@ -291,7 +297,7 @@ static int pipe_evaluate_mc(m2d_sweep_backend *b, void *student, const m2d_grid_
     if (!dir) return m2d_err("multiple choice: cannot create a temporary directory");
     m2d_lm *lm = NULL;
     int rc = s->dir ? 0 : m2d_convert_write(p->teacher, s->student, s->plan, p->stats_path, dir);
-    if (rc == 0) rc = m2d_lm_engine_open(dir, b->threads, M2D_LM_CACHED, 0, &lm);
+    if (rc == 0) rc = m2d_lm_engine_open(dir, b->threads, b->precision, M2D_LM_CACHED, 0, &lm);
     m2d_mc_config cfg;
     m2d_mc_config_default(&cfg);
     cfg.data_dir = x->mc_data_dir;
@@ -377,7 +383,7 @@ static void pipe_destroy(m2d_sweep_backend *b) {
 }
 
 /* The cached statistics, for the dry run (which never calibrates): 0, or -1 when there are none. */
-static int load_cached_stats(pipe_t *p, const m2d_experiment *x) {
+static int load_cached_stats(const m2d_sweep_backend *b, pipe_t *p, const m2d_experiment *x) {
     if (p->stats) return 0;
     if (open_teacher(p)) return -1;
     int32_t *ids = NULL;
@@ -388,8 +394,8 @@ static int load_cached_stats(pipe_t *p, const m2d_experiment *x) {
     free(ids);
     free((void *)o.doc_starts);
     if (rc) return -1;
-    char *path = cache_path(x, p->teacher->weights_hash, calib_hash);
-    p->stats = read_cache(p, path, calib_hash);
+    char *path = cache_path(b, x, p->teacher->weights_hash, calib_hash);
+    p->stats = read_cache(p, path, calib_hash, b->precision);
     free(path);
     return p->stats ? 0 : -1;
 }
@@ -398,7 +404,7 @@ static int load_cached_stats(pipe_t *p, const m2d_experiment *x) {
 static int pipe_plan_fingerprint(m2d_sweep_backend *b, const m2d_experiment *x, const m2d_grid_config *c,
                                  char fp[65]) {
     pipe_t *p = b->self;
-    if (load_cached_stats(p, x)) return -1;
+    if (load_cached_stats(b, p, x)) return -1;
     m2d_convert_plan *plan;
     if (make_plan(p, c, &plan)) return 1; /* fails at run time too */
     memcpy(fp, plan->fingerprint, 65);

@@ -31,7 +31,7 @@ static int check_opts(const m2d_trainer_opts *o) {
 static int open_parts(m2d_trainer *t, const m2d_model *teacher) {
     const m2d_trainer_opts *o = &t->o;
     int b = o->micro_batch ? o->micro_batch : o->batch;
-    m2d_backend_opts bo = {o->threads};
+    m2d_backend_opts bo = {.n_threads = o->threads};
     m2d_engine_opts eo = {o->backend, o->threads, M2D_PREC_FP32};
     if (m2d_backend_new(o->backend ? o->backend : "cpu", &bo, &t->be) || m2d_engine_open(teacher, &eo, &t->te))
         return -1;

@@ -1,0 +1,864 @@
+/* gemm — sgemm (fp32) and oneDNN matmul (bf16) behind one call; see gemm.h for the contract.
+ *
+ * oneDNN in Debian (2.6.3) is built with the OpenMP runtime (libgomp): a primitive runs
+ * `#pragma omp parallel num_threads(nthr)` with the nthr it was created with, from whichever thread
+ * executes it. Created under omp_set_num_threads(1), nthr is 1 and oneDNN never starts a team, so
+ * the only threads are the caller's pool. Why not one oneDNN call over all cores: the pool also
+ * runs GEMMs from inside its own items (MoE experts in parallel), where a team per worker would put
+ * 4 threads on 2 cores; a team's threads spin after each call (measured in bench_gemm: ~100 us of
+ * pool work right after a oneDNN call on its own team of 2 took 2.6x as long, +6 % after the same
+ * call through this module); and on 2 pthreads the module reaches 86-92 % of oneDNN's own team at
+ * 2048³ and at issue 13's 512-row shapes (BENCHMARKS.md). */
+#include "engine/gemm.h"
+
+#include <cblas.h>
+#include <dnnl.h>
+#include <math.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/util.h"
+
+#define CACHE_CAP 512 /* primitives kept (LRU); ~90 KB each for brgemm */
+
+/* ------------------------------------------------------------------ precision and ISA */
+
+const char *m2d_gemm_isa_name(void) {
+    switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_mic: return "avx512_mic";
+    case dnnl_cpu_isa_avx512_mic_4ops: return "avx512_mic_4ops";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "unknown";
+    }
+}
+
+int m2d_gemm_bf16_native(void) {
+    /* the ISA values are nested bit sets: every ISA with native bf16 contains avx512_core_bf16's bits
+     * (AMX does; avx2_vnni and the plain AVX-512 levels do not) */
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa(), bf = (unsigned)dnnl_cpu_isa_avx512_core_bf16;
+    return (isa & bf) == bf;
+}
+
+int m2d_gemm_fp32_onednn_native(void) {
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa(), core = (unsigned)dnnl_cpu_isa_avx512_core;
+    return (isa & core) == core;
+}
+
+m2d_precision m2d_gemm_resolve(m2d_precision p) {
+    if (p != M2D_PREC_AUTO) return p;
+    return m2d_gemm_bf16_native() ? M2D_PREC_BF16 : M2D_PREC_FP32;
+}
+
+m2d_gemm_w m2d_gemm_weight(m2d_dtype dtype, const void *data, int out, int in, int64_t ld) {
+    return (m2d_gemm_w){dtype, data, out, in, ld, NULL, 0, 0};
+}
+
+
+m2d_gemm_w m2d_gemm_tensor_rows(const m2d_tensor *t, int64_t r0, int n) {
+    int64_t in = t->shape[1];
+    const char *base = (const char *)t->data + (size_t)(r0 * in) * m2d_dtype_size(t->dtype);
+    m2d_gemm_w w = m2d_gemm_weight(t->dtype, base, n, (int)in, in);
+    w.whole = t->shape[0] * in;
+    return w;
+}
+
+/* ------------------------------------------------------------------ oneDNN engine, threads */
+
+static dnnl_engine_t dnnl_eng;
+static pthread_once_t dnnl_once = PTHREAD_ONCE_INIT;
+static dnnl_status_t dnnl_init_status;
+
+static void dnnl_init(void) {
+    dnnl_init_status = dnnl_engine_create(&dnnl_eng, dnnl_cpu, 0);
+    /* the context's cache holds the primitives it uses; oneDNN's own cache would keep a second
+     * reference to each (memory) and saves only the ~30 us of creating a descriptor */
+    if (dnnl_init_status == dnnl_success) dnnl_set_primitive_cache_capacity(0);
+}
+
+static int dnnl_ready(void) {
+    pthread_once(&dnnl_once, dnnl_init);
+    if (dnnl_init_status != dnnl_success)
+        return m2d_err("gemm: oneDNN CPU engine could not be created (status %d)", (int)dnnl_init_status);
+    return 0;
+}
+
+/* oneDNN takes a primitive's thread count from the calling thread's OpenMP setting when it creates
+ * it, and a reorder's when it runs: set it to 1 around those (the setting is per thread) and back. */
+static int saved_omp_threads(void) {
+    int saved = omp_get_max_threads();
+    if (saved != 1) omp_set_num_threads(1);
+    return saved;
+}
+
+static void restore_omp_threads(int saved) {
+    if (saved != 1) omp_set_num_threads(saved);
+}
+
+/* ------------------------------------------------------------------ scratch pool */
+
+/* 64-byte aligned (full AVX-512 lines for oneDNN's loads); out of memory aborts as m2d_malloc does */
+static void *alloc64(size_t n) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? n : 1) != 0) p = m2d_malloc(n);
+    return p;
+}
+
+typedef struct {
+    void *p;
+    size_t cap;
+    int busy;
+} scratch_buf;
+
+typedef struct {
+    pthread_mutex_t mu;
+    scratch_buf *b;
+    int n;
+} scratch_pool;
+
+/* A buffer of at least `bytes`, exclusively the caller's until scratch_put: the smallest free one
+ * that fits, else the largest free one grown, else a new one. Their number is bounded by the
+ * concurrency; they live until the context is freed. */
+static void *scratch_get(scratch_pool *s, size_t bytes) {
+    pthread_mutex_lock(&s->mu);
+    int fit = -1, big = -1;
+    for (int i = 0; i < s->n; i++) {
+        if (s->b[i].busy) continue;
+        if (s->b[i].cap >= bytes && (fit < 0 || s->b[i].cap < s->b[fit].cap)) fit = i;
+        if (big < 0 || s->b[i].cap > s->b[big].cap) big = i;
+    }
+    int i = fit >= 0 ? fit : big;
+    if (i < 0) {
+        s->b = m2d_realloc(s->b, sizeof *s->b * (size_t)(s->n + 1));
+        i = s->n++;
+        s->b[i] = (scratch_buf){NULL, 0, 0};
+    }
+    if (s->b[i].cap < bytes) {
+        free(s->b[i].p);
+        s->b[i].p = alloc64(bytes);
+        s->b[i].cap = bytes;
+    }
+    s->b[i].busy = 1;
+    void *p = s->b[i].p;
+    pthread_mutex_unlock(&s->mu);
+    return p;
+}
+
+static void scratch_put(scratch_pool *s, void *p) {
+    if (!p) return;
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->n; i++)
+        if (s->b[i].p == p) s->b[i].busy = 0;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void scratch_free(scratch_pool *s) {
+    for (int i = 0; i < s->n; i++) free(s->b[i].p);
+    free(s->b);
+}
+
+/* ------------------------------------------------------------------ bf16 rounding */
+
+typedef uint32_t v16u32 __attribute__((vector_size(64)));
+typedef uint16_t v16u16 __attribute__((vector_size(32)));
+
+/* Round to nearest even, NaN kept quiet: the same bits as m2d_f32_to_bf16, 16 lanes at a time into
+ * BITS (the bf16 pattern in the low half of each lane). No vector types cross the call (ABI). */
+static inline void bf16_bits16(const float *x, uint32_t bits[16]) {
+    v16u32 u;
+    memcpy(&u, x, sizeof u);
+    v16u32 nan = (v16u32)((u & 0x7fffffffu) > 0x7f800000u);
+    v16u32 r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    r = (nan & ((u >> 16) | 0x40u)) | (~nan & r);
+    memcpy(bits, &r, sizeof r);
+}
+
+/* rows x cols of X (row stride ldx) rounded to bf16, into a dense [rows, cols] buffer: bf16 bit
+ * patterns (uint16_t) or, AS_F32, the rounded values as fp32 (operands of the sgemm bf16 path) */
+static void round_rows(const float *x, int ldx, int rows, int cols, void *out, int as_f32) {
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * ldx;
+        uint16_t *oh = (uint16_t *)out + (size_t)r * cols;
+        uint32_t *of = (uint32_t *)out + (size_t)r * cols;
+        int i = 0;
+        for (; i + 16 <= cols; i += 16) {
+            uint32_t b[16];
+            bf16_bits16(xr + i, b);
+            v16u32 v;
+            memcpy(&v, b, sizeof v);
+            if (as_f32) {
+                v <<= 16;
+                memcpy(of + i, &v, sizeof v);
+            } else {
+                v16u16 h = __builtin_convertvector(v, v16u16);
+                memcpy(oh + i, &h, sizeof h);
+            }
+        }
+        for (; i < cols; i++) {
+            uint16_t h = m2d_f32_to_bf16(xr[i]);
+            if (as_f32) of[i] = (uint32_t)h << 16;
+            else oh[i] = h;
+        }
+    }
+}
+
+static void to_bf16(const float *x, int ldx, int rows, int cols, uint16_t *out) {
+    round_rows(x, ldx, rows, cols, out, 0);
+}
+
+static void round_bf16_f32(const float *x, int ldx, int rows, int cols, float *out) {
+    round_rows(x, ldx, rows, cols, out, 1);
+}
+
+/* Rows [r0, r0+nr) of W as fp32 [nr, in] (bf16-rounded when ROUND), into out. */
+static void weight_rows_f32(const m2d_gemm_w *w, int r0, int nr, int round, float *out) {
+    for (int r = 0; r < nr; r++) {
+        float *o = out + (size_t)r * w->in;
+        m2d_to_f32(w->dtype, w->data, (int64_t)(r0 + r) * w->ld, w->in, o);
+        if (round && w->dtype != M2D_BF16) round_bf16_f32(o, w->in, 1, w->in, o);
+    }
+}
+
+/* Rows [r0, r0+nr) of W as dense bf16 [nr, in]. */
+static void weight_rows_bf16(const m2d_gemm_w *w, int r0, int nr, float *tmp, uint16_t *out) {
+    for (int r = 0; r < nr; r++) {
+        if (w->dtype == M2D_BF16) {
+            memcpy(out + (size_t)r * w->in, (const uint16_t *)w->data + (int64_t)(r0 + r) * w->ld,
+                   sizeof(uint16_t) * (size_t)w->in);
+        } else {
+            m2d_to_f32(w->dtype, w->data, (int64_t)(r0 + r) * w->ld, w->in, tmp);
+            to_bf16(tmp, w->in, 1, w->in, out + (size_t)r * w->in);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ primitive cache */
+
+typedef struct {
+    int m, n, k, blocked, f32; /* X [m, k] · (Wᵀ [k, n], plain or blocked) -> dense fp32 [m, n]; operands
+                                * bf16, or fp32 when f32 */
+} prim_key;
+
+typedef struct prim_entry {
+    prim_key key;
+    dnnl_primitive_t prim;
+    dnnl_memory_desc_t src_md, wei_md, dst_md, pad_md; /* pad_md: the scratchpad */
+    size_t pad_bytes;
+    int refs, evicted;
+    unsigned long last_use;
+    struct prim_entry *next;
+} prim_entry;
+
+#define N_BUCKETS 1024
+
+typedef struct {
+    pthread_mutex_t mu;
+    prim_entry *bucket[N_BUCKETS];
+    int n, cap;
+    unsigned long clock;
+} prim_cache;
+
+struct m2d_gemm_ctx {
+    m2d_precision prec; /* resolved: FP32 or BF16 */
+    m2d_pool *pool;
+    m2d_gemm_kernel kernel;  /* AUTO: by weight size and ISA (see wants_dnnl) */
+    prim_cache cache;
+    scratch_pool scratch;
+    atomic_long n_sgemm, n_dnnl, n_created, n_hits;
+};
+
+static size_t key_hash(const prim_key *k) {
+    uint64_t h = 1469598103934665603ull;
+    int f[5] = {k->m, k->n, k->k, k->blocked, k->f32};
+    for (int i = 0; i < 5; i++) h = (h ^ (uint64_t)(uint32_t)f[i]) * 1099511628211ull;
+    return (size_t)(h % N_BUCKETS);
+}
+
+static int key_eq(const prim_key *a, const prim_key *b) {
+    return a->m == b->m && a->n == b->n && a->k == b->k && a->blocked == b->blocked && a->f32 == b->f32;
+}
+
+static void entry_destroy(prim_entry *e) {
+    dnnl_primitive_destroy(e->prim);
+    free(e);
+}
+
+/* Matmul Y[m, n] = X[m, k] · B[k, n], all dense: X and B = Wᵀ bf16 (or both fp32; B plain: W's
+ * rows, or the given blocked layout), Y fp32. Single-threaded (see the top of the file); the
+ * scratchpad is supplied per execution so concurrent executions share nothing. */
+static dnnl_status_t create_prim(const prim_key *k, const dnnl_memory_desc_t *blocked, prim_entry *e) {
+    dnnl_dims_t sd = {k->m, k->k}, wd = {k->k, k->n}, dd = {k->m, k->n};
+    dnnl_data_type_t t = k->f32 ? dnnl_f32 : dnnl_bf16;
+    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&e->src_md, 2, sd, t, dnnl_ab);
+    if (s == dnnl_success) {
+        if (blocked) e->wei_md = *blocked;
+        else s = dnnl_memory_desc_init_by_tag(&e->wei_md, 2, wd, t, dnnl_ba);
+    }
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&e->dst_md, 2, dd, dnnl_f32, dnnl_ab);
+    dnnl_matmul_desc_t md;
+    if (s == dnnl_success) s = dnnl_matmul_desc_init(&md, &e->src_md, &e->wei_md, NULL, &e->dst_md);
+    dnnl_primitive_attr_t attr = NULL;
+    if (s == dnnl_success) s = dnnl_primitive_attr_create(&attr);
+    if (s == dnnl_success) s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    dnnl_primitive_desc_t pd = NULL;
+    int saved = saved_omp_threads();
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &md, attr, dnnl_eng, NULL);
+    if (s == dnnl_success) s = dnnl_primitive_create(&e->prim, pd);
+    restore_omp_threads(saved);
+    if (s == dnnl_success) {
+        e->pad_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+        e->pad_bytes = dnnl_memory_desc_get_size(&e->pad_md);
+    }
+    dnnl_primitive_desc_destroy(pd);
+    dnnl_primitive_attr_destroy(attr);
+    return s;
+}
+
+/* Drop the least recently used idle-or-busy entry from the table (busy ones are freed by their
+ * last user). Called with the lock held. */
+static void cache_evict_lru(prim_cache *c) {
+    prim_entry **victim = NULL;
+    for (int b = 0; b < N_BUCKETS; b++)
+        for (prim_entry **p = &c->bucket[b]; *p; p = &(*p)->next)
+            if (!victim || (*p)->last_use < (*victim)->last_use) victim = p;
+    if (!victim) return;
+    prim_entry *e = *victim;
+    *victim = e->next;
+    c->n--;
+    if (e->refs == 0) entry_destroy(e);
+    else e->evicted = 1;
+}
+
+/* The primitive for K (created on a miss), referenced until prim_release. NULL + m2d_err when
+ * oneDNN cannot create it. Creation runs under the lock: first uses of a shape are serialised. */
+static prim_entry *prim_acquire(m2d_gemm_ctx *g, const prim_key *k, const dnnl_memory_desc_t *blocked) {
+    prim_cache *c = &g->cache;
+    size_t h = key_hash(k);
+    pthread_mutex_lock(&c->mu);
+    prim_entry *e = c->bucket[h];
+    while (e && !key_eq(&e->key, k)) e = e->next;
+    if (e) {
+        atomic_fetch_add(&g->n_hits, 1);
+    } else {
+        e = m2d_calloc(1, sizeof *e);
+        e->key = *k;
+        dnnl_status_t s = create_prim(k, blocked, e);
+        if (s != dnnl_success) {
+            pthread_mutex_unlock(&c->mu);
+            free(e);
+            m2d_err("gemm: oneDNN %s matmul %dx%dx%d%s could not be created (status %d)", k->f32 ? "fp32" : "bf16",
+                    k->m, k->n, k->k, k->blocked ? " (prepared weights)" : "", (int)s);
+            return NULL;
+        }
+        atomic_fetch_add(&g->n_created, 1);
+        while (c->n >= c->cap) cache_evict_lru(c);
+        e->next = c->bucket[h];
+        c->bucket[h] = e;
+        c->n++;
+    }
+    e->refs++;
+    e->last_use = ++c->clock;
+    pthread_mutex_unlock(&c->mu);
+    return e;
+}
+
+static void prim_release(m2d_gemm_ctx *g, prim_entry *e) {
+    pthread_mutex_lock(&g->cache.mu);
+    int dead = --e->refs == 0 && e->evicted;
+    pthread_mutex_unlock(&g->cache.mu);
+    if (dead) entry_destroy(e);
+}
+
+static void cache_free(prim_cache *c) {
+    for (int b = 0; b < N_BUCKETS; b++)
+        for (prim_entry *e = c->bucket[b], *nx; e; e = nx) {
+            nx = e->next;
+            entry_destroy(e);
+        }
+}
+
+/* ------------------------------------------------------------------ prepared weights */
+
+typedef struct {
+    int n0, n;               /* output columns of this slice */
+    dnnl_memory_desc_t md;   /* oneDNN's blocked layout of Wᵀ[:, n0:n0+n] */
+    void *data;
+} packed_slice;
+
+struct m2d_gemm_packed {
+    m2d_precision prec;
+    int out, in;
+    size_t bytes;
+    float *f32;              /* fp32 precision: W as fp32 [out, in] */
+    packed_slice *slice;     /* bf16 precision: one per M2D_GEMM_SLICE columns */
+    int n_slices;
+};
+
+/* ------------------------------------------------------------------ one GEMM */
+
+typedef struct {
+    m2d_gemm_ctx *g;
+    m2d_gemm_group c;    /* the call: X, W, Y, beta */
+    int use_dnnl;
+    const void *xd;      /* oneDNN: X as dense [m, in], bf16 (or fp32 in fp32 precision) */
+    void *x_copy;        /* xd when it is a scratch copy */
+    const float *xr;     /* sgemm: X (bf16-rounded in bf16 precision) and its row stride */
+    int ldxr;
+    int n_items;         /* tiles: row blocks x column slices */
+    int rows;            /* rows per tile (oneDNN; sgemm: all m) */
+    atomic_int failed;
+    char err[256];       /* the first failing item's message (errors are per thread) */
+} gemm_job;
+
+static int n_slices(int out) { return (out + M2D_GEMM_SLICE - 1) / M2D_GEMM_SLICE; }
+
+/* Execute one cached primitive on raw pointers; the scratchpad comes from the pool. */
+static int dnnl_exec(m2d_gemm_ctx *g, prim_entry *e, const void *x, const void *w, float *y) {
+    void *pad = e->pad_bytes ? scratch_get(&g->scratch, e->pad_bytes) : NULL;
+    dnnl_memory_t ms = NULL, mw = NULL, md = NULL, mp = NULL;
+    dnnl_stream_t st = NULL;
+    dnnl_status_t s = dnnl_stream_create(&st, dnnl_eng, dnnl_stream_default_flags);
+    if (s == dnnl_success) s = dnnl_memory_create(&ms, &e->src_md, dnnl_eng, (void *)x);
+    if (s == dnnl_success) s = dnnl_memory_create(&mw, &e->wei_md, dnnl_eng, (void *)w);
+    if (s == dnnl_success) s = dnnl_memory_create(&md, &e->dst_md, dnnl_eng, y);
+    if (s == dnnl_success && pad) s = dnnl_memory_create(&mp, &e->pad_md, dnnl_eng, pad);
+    if (s == dnnl_success) {
+        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ms}, {DNNL_ARG_WEIGHTS, mw}, {DNNL_ARG_DST, md},
+                                   {DNNL_ARG_SCRATCHPAD, mp}};
+        s = dnnl_primitive_execute(e->prim, st, pad ? 4 : 3, args);
+    }
+    dnnl_memory_destroy(ms);
+    dnnl_memory_destroy(mw);
+    dnnl_memory_destroy(md);
+    dnnl_memory_destroy(mp);
+    dnnl_stream_destroy(st);
+    scratch_put(&g->scratch, pad);
+    if (s != dnnl_success) return m2d_err("gemm: oneDNN matmul failed (status %d)", (int)s);
+    return 0;
+}
+
+/* Output columns [n0, n0+n) through oneDNN. Its operands are always dense: oneDNN 2.6 takes its
+ * brgemm kernels only for a dense Y and a dense Wᵀ and otherwise falls back to an older gemm
+ * with another summation order (measured), so a slice is computed into scratch and then stored
+ * (+ beta·Y), and W rows are read in place only when stored BF16 with ld == in (else copied or
+ * converted to bf16), or from the prepared slice. */
+static int dnnl_slice(gemm_job *j, int item) {
+    const m2d_gemm_w *w = j->c.w;
+    int slice = item % n_slices(w->out), r0 = item / n_slices(w->out) * j->rows;
+    int n0 = slice * M2D_GEMM_SLICE, n = M2D_MIN(M2D_GEMM_SLICE, w->out - n0), m = M2D_MIN(j->rows, j->c.m - r0);
+    const packed_slice *ps = w->packed ? &w->packed->slice[w->p0 / M2D_GEMM_SLICE + slice] : NULL;
+    scratch_pool *sp = &j->g->scratch;
+    int f32 = j->g->prec == M2D_PREC_FP32;
+    const void *wp;
+    void *conv = NULL;
+    if (ps) {
+        wp = ps->data;
+    } else if (!f32 && w->dtype == M2D_BF16 && w->ld == w->in) {
+        wp = (const uint16_t *)w->data + (int64_t)n0 * w->ld;
+    } else if (f32 && w->dtype == M2D_F32 && w->ld == w->in && ((uintptr_t)w->data & 3) == 0) {
+        wp = (const float *)w->data + (int64_t)n0 * w->ld;
+    } else if (f32) {
+        conv = scratch_get(sp, sizeof(float) * (size_t)n * w->in);
+        weight_rows_f32(w, n0, n, 0, conv);
+        wp = conv;
+    } else {
+        conv = scratch_get(sp, sizeof(uint16_t) * (size_t)n * w->in);
+        float *tmp = scratch_get(sp, sizeof(float) * (size_t)w->in);
+        weight_rows_bf16(w, n0, n, tmp, conv);
+        scratch_put(sp, tmp);
+        wp = conv;
+    }
+    float *acc = scratch_get(sp, sizeof(float) * (size_t)m * n);
+    prim_key k = {m, n, w->in, ps != NULL, f32};
+    prim_entry *e = prim_acquire(j->g, &k, ps ? &ps->md : NULL);
+    const char *xr = (const char *)j->xd + (size_t)r0 * w->in * (f32 ? sizeof(float) : sizeof(uint16_t));
+    int rc = e ? dnnl_exec(j->g, e, xr, wp, acc) : -1;
+    if (e) prim_release(j->g, e);
+    for (int i = 0; rc == 0 && i < m; i++) {
+        float *yr = j->c.y + (size_t)(r0 + i) * j->c.ldy + n0;
+        const float *ar = acc + (size_t)i * n;
+        if (j->c.beta == 0.0f) memcpy(yr, ar, sizeof(float) * (size_t)n);
+        else
+            for (int c = 0; c < n; c++) yr[c] = ar[c] + j->c.beta * yr[c];
+    }
+    scratch_put(sp, acc);
+    scratch_put(sp, conv);
+    atomic_fetch_add(&j->g->n_dnnl, 1);
+    return rc;
+}
+
+/* Output columns [n0, n0+n) through sgemm: fp32 W rows in place (F32 in fp32 precision), from the
+ * prepared copy, or converted into scratch (bf16-rounded in bf16 precision). */
+static void sgemm_slice(gemm_job *j, int slice) {
+    const m2d_gemm_w *w = j->c.w;
+    int n0 = slice * M2D_GEMM_SLICE, n = M2D_MIN(M2D_GEMM_SLICE, w->out - n0), K = w->in;
+    float *conv = NULL;
+    const float *wf;
+    int ldw = K;
+    if (w->packed) {
+        wf = w->packed->f32 + (size_t)(w->p0 + n0) * K;
+    } else if (w->dtype == M2D_F32 && j->g->prec == M2D_PREC_FP32 && ((uintptr_t)w->data & 3) == 0) {
+        wf = (const float *)w->data + (size_t)n0 * w->ld;
+        ldw = (int)w->ld;
+    } else {
+        conv = scratch_get(&j->g->scratch, sizeof(float) * (size_t)n * K);
+        weight_rows_f32(w, n0, n, j->g->prec == M2D_PREC_BF16, conv);
+        wf = conv;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->c.m, n, K, 1.0f, j->xr, j->ldxr, wf, ldw, j->c.beta, j->c.y + n0,
+                j->c.ldy);
+    scratch_put(&j->g->scratch, conv);
+    atomic_fetch_add(&j->g->n_sgemm, 1);
+}
+
+static void gemm_item(void *ctx, int item) {
+    gemm_job *j = ctx;
+    if (j->use_dnnl) {
+        if (dnnl_slice(j, item) && atomic_exchange(&j->failed, 1) == 0)
+            snprintf(j->err, sizeof j->err, "%s", m2d_errmsg());
+    } else {
+        sgemm_slice(j, item);
+    }
+}
+
+/* ------------------------------------------------------------------ planning and running */
+
+static int check_weight(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
+    if (!w || w->out <= 0 || w->in <= 0) return m2d_err("gemm: weight shape [%d, %d]", w ? w->out : 0, w ? w->in : 0);
+    if (w->packed) {
+        const m2d_gemm_packed *p = w->packed;
+        int rows_ok = w->p0 % M2D_GEMM_SLICE == 0 && w->p0 + w->out <= p->out &&
+                      (w->out % M2D_GEMM_SLICE == 0 || w->p0 + w->out == p->out);
+        if (p->prec != g->prec || !rows_ok || p->in != w->in || w->p0 < 0)
+            return m2d_err("gemm: prepared weight [%d, %d] %s used as rows %d..%d of [%d, %d] in a %s context", p->out,
+                           p->in, m2d_precision_name(p->prec), w->p0, w->p0 + w->out, p->out, w->in,
+                           m2d_precision_name(g->prec));
+        return 0;
+    }
+    if (!w->data || w->ld < w->in) return m2d_err("gemm: weight [%d, %d] with row stride %lld", w->out, w->in, (long long)w->ld);
+    if (w->dtype != M2D_F32 && w->dtype != M2D_BF16 && w->dtype != M2D_F16 && w->dtype != M2D_F64)
+        return m2d_err("gemm: weight dtype %s is not a float type", m2d_dtype_name(w->dtype));
+    return 0;
+}
+
+static int check_call(const m2d_gemm_ctx *g, const float *x, int ldx, int m, const m2d_gemm_w *w, const float *y,
+                      int ldy) {
+    if (check_weight(g, w)) return -1;
+    if (m < 0 || (m > 0 && (!x || !y)) || ldx < w->in || ldy < w->out)
+        return m2d_err("gemm: X [%d, %d] (row stride %d) -> Y [%d, %d] (row stride %d)", m, w->in, ldx, m, w->out, ldy);
+    return 0;
+}
+
+/* Does W go to oneDNN? (bf16 precision on a CPU with native bf16, and a weight big enough to
+ * amortise oneDNN's per-call cost; a prepared weight is in the layout of the kernel chosen then) */
+static int wants_dnnl(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
+    if (w->packed) return w->packed->slice != NULL;
+    if (g->kernel == M2D_GEMM_SGEMM) return 0;
+    if (!(g->prec == M2D_PREC_FP32 ? m2d_gemm_fp32_onednn_native() : m2d_gemm_bf16_native())) return 0;
+    return g->kernel == M2D_GEMM_ONEDNN || (w->whole ? w->whole : (int64_t)w->out * w->in) >= M2D_GEMM_DNNL_MIN_WEIGHT;
+}
+
+/* Rows per oneDNN tile: all of X, unless the column slices alone give fewer than 4 work items for
+ * a GEMM worth splitting (>= 64 MFLOP; the router, K/V projections): then blocks of >= 64 rows
+ * (measured: router 512x128x2048 from 430 to 680 GFLOP/s). oneDNN's result for a row does not
+ * depend on the other rows of its call (tested), so this changes the speed only; sgemm's does,
+ * so sgemm tiles are whole columns slices. */
+static int tile_rows(int m, int out, int in) {
+    int ns = n_slices(out);
+    if (ns >= 4 || 2.0 * m * out * in < 64e6) return m;
+    int blocks = M2D_MIN((4 + ns - 1) / ns, m / 64);
+    return blocks > 1 ? (m + blocks - 1) / blocks : m;
+}
+
+/* Choose the kernel and make the operand copies it reads; the work items are tiles of fixed
+ * column slices (and, for oneDNN, row blocks). */
+static void gemm_plan(gemm_job *j) {
+    m2d_gemm_ctx *g = j->g;
+    int K = j->c.w->in;
+    j->use_dnnl = wants_dnnl(g, j->c.w);
+    j->n_items = n_slices(j->c.w->out);
+    j->rows = j->c.m;
+    if (j->use_dnnl) {
+        j->rows = tile_rows(j->c.m, j->c.w->out, K);
+        j->n_items *= (j->c.m + j->rows - 1) / j->rows;
+        if (g->prec == M2D_PREC_FP32 && j->c.ldx == K) {
+            j->xd = j->c.x;
+        } else if (g->prec == M2D_PREC_FP32) { /* oneDNN's operands dense (see dnnl_slice) */
+            float *xd = scratch_get(&g->scratch, sizeof(float) * (size_t)j->c.m * K);
+            for (int r = 0; r < j->c.m; r++)
+                memcpy(xd + (size_t)r * K, j->c.x + (size_t)r * j->c.ldx, sizeof(float) * (size_t)K);
+            j->xd = j->x_copy = xd;
+        } else {
+            uint16_t *xb = scratch_get(&g->scratch, sizeof(uint16_t) * (size_t)j->c.m * K);
+            to_bf16(j->c.x, j->c.ldx, j->c.m, K, xb);
+            j->xd = j->x_copy = xb;
+        }
+        return;
+    }
+    j->xr = j->c.x;
+    j->ldxr = j->c.ldx;
+    if (g->prec == M2D_PREC_BF16) {
+        float *xr = scratch_get(&g->scratch, sizeof(float) * (size_t)j->c.m * K);
+        round_bf16_f32(j->c.x, j->c.ldx, j->c.m, K, xr);
+        j->xr = xr;
+        j->ldxr = K;
+    }
+}
+
+static void gemm_done(gemm_job *j) {
+    scratch_put(&j->g->scratch, j->x_copy);
+    if (j->xr != j->c.x) scratch_put(&j->g->scratch, (void *)j->xr);
+}
+
+static gemm_job job_for(m2d_gemm_ctx *g, const m2d_gemm_group *call) {
+    gemm_job j;
+    memset(&j, 0, sizeof j);
+    j.g = g;
+    j.c = *call;
+    return j;
+}
+
+/* Plan, run the slices (through the pool when PARALLEL), release the scratch. */
+static int gemm_run(gemm_job *j, int parallel) {
+    gemm_plan(j);
+    if (parallel) m2d_pool_for(j->g->pool, j->n_items, gemm_item, j);
+    else
+        for (int i = 0; i < j->n_items; i++) gemm_item(j, i);
+    gemm_done(j);
+    return atomic_load(&j->failed) ? m2d_err("%s", j->err) : 0;
+}
+
+int m2d_gemm(m2d_gemm_ctx *g, const float *x, int ldx, int m, const m2d_gemm_w *w, float *y, int ldy, float beta) {
+    if (check_call(g, x, ldx, m, w, y, ldy)) return -1;
+    if (m == 0) return 0;
+    m2d_gemm_group call = {x, ldx, m, w, y, ldy, beta};
+    gemm_job j = job_for(g, &call);
+    return gemm_run(&j, 1);
+}
+
+typedef struct {
+    m2d_gemm_ctx *g;
+    const m2d_gemm_group *grp;
+    atomic_int failed;
+    char err[256];
+} group_job;
+
+static void group_item(void *ctx, int item) {
+    group_job *gj = ctx;
+    const m2d_gemm_group *q = &gj->grp[item];
+    if (q->m == 0) return;
+    gemm_job j = job_for(gj->g, q);
+    if (gemm_run(&j, 0) && atomic_exchange(&gj->failed, 1) == 0)
+        snprintf(gj->err, sizeof gj->err, "group %d: %s", item, m2d_errmsg());
+}
+
+int m2d_gemm_grouped(m2d_gemm_ctx *g, const m2d_gemm_group *groups, int n_groups) {
+    for (int i = 0; i < n_groups; i++) {
+        const m2d_gemm_group *q = &groups[i];
+        char where[32];
+        snprintf(where, sizeof where, "group %d", i);
+        if (check_call(g, q->x, q->ldx, q->m, q->w, q->y, q->ldy)) return m2d_err_prefix(where);
+    }
+    int nt = m2d_pool_threads(g->pool);
+    if (nt > 1 && n_groups < 2 * nt) { /* few groups: split each one instead */
+        for (int i = 0; i < n_groups; i++)
+            if (m2d_gemm(g, groups[i].x, groups[i].ldx, groups[i].m, groups[i].w, groups[i].y, groups[i].ldy,
+                         groups[i].beta))
+                return -1;
+        return 0;
+    }
+    group_job gj = {g, groups, 0, ""};
+    m2d_pool_for(g->pool, n_groups, group_item, &gj);
+    return atomic_load(&gj.failed) ? m2d_err("%s", gj.err) : 0;
+}
+
+/* ------------------------------------------------------------------ preparing weights */
+
+/* oneDNN's preferred layout of Wᵀ[:, slice] ([in, n], bf16 or fp32 when F32); it does not depend
+ * on m (checked for m = 1..2048: BA16a64b2a for bf16 on AVX512-BF16), so one copy serves every
+ * batch size. */
+static dnnl_status_t blocked_md(int n, int k, int f32, dnnl_memory_desc_t *out) {
+    dnnl_memory_desc_t a, b, c;
+    dnnl_dims_t ad = {M2D_GEMM_SLICE, k}, bd = {k, n}, cd = {M2D_GEMM_SLICE, n};
+    dnnl_matmul_desc_t md;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_data_type_t t = f32 ? dnnl_f32 : dnnl_bf16;
+    dnnl_status_t s = dnnl_memory_desc_init_by_tag(&a, 2, ad, t, dnnl_ab);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&b, 2, bd, t, dnnl_format_tag_any);
+    if (s == dnnl_success) s = dnnl_memory_desc_init_by_tag(&c, 2, cd, dnnl_f32, dnnl_ab);
+    if (s == dnnl_success) s = dnnl_matmul_desc_init(&md, &a, &b, NULL, &c);
+    int saved = saved_omp_threads();
+    if (s == dnnl_success) s = dnnl_primitive_desc_create(&pd, &md, NULL, dnnl_eng, NULL);
+    restore_omp_threads(saved);
+    if (s == dnnl_success) *out = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    dnnl_primitive_desc_destroy(pd);
+    return s;
+}
+
+/* Reorder plain rows (Wᵀ as [k, n] with stride ldw; bf16, or fp32 when F32) into the slice's
+ * blocked buffer. */
+static dnnl_status_t reorder_slice(const void *w, int64_t ldw, int n, int k, int f32, packed_slice *ps) {
+    dnnl_memory_desc_t src;
+    dnnl_dims_t d = {k, n}, st = {1, ldw};
+    dnnl_primitive_desc_t rpd = NULL;
+    dnnl_primitive_t r = NULL;
+    dnnl_memory_t ms = NULL, md = NULL;
+    dnnl_stream_t strm = NULL;
+    int saved = saved_omp_threads();
+    dnnl_status_t s = dnnl_memory_desc_init_by_strides(&src, 2, d, f32 ? dnnl_f32 : dnnl_bf16, st);
+    if (s == dnnl_success) s = dnnl_reorder_primitive_desc_create(&rpd, &src, dnnl_eng, &ps->md, dnnl_eng, NULL);
+    if (s == dnnl_success) s = dnnl_primitive_create(&r, rpd);
+    if (s == dnnl_success) s = dnnl_stream_create(&strm, dnnl_eng, dnnl_stream_default_flags);
+    if (s == dnnl_success) s = dnnl_memory_create(&ms, &src, dnnl_eng, (void *)w);
+    if (s == dnnl_success) s = dnnl_memory_create(&md, &ps->md, dnnl_eng, ps->data);
+    if (s == dnnl_success) {
+        dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, ms}, {DNNL_ARG_TO, md}};
+        s = dnnl_primitive_execute(r, strm, 2, args);
+    }
+    restore_omp_threads(saved);
+    dnnl_memory_destroy(ms);
+    dnnl_memory_destroy(md);
+    dnnl_stream_destroy(strm);
+    dnnl_primitive_destroy(r);
+    dnnl_primitive_desc_destroy(rpd);
+    return s;
+}
+
+typedef struct {
+    m2d_gemm_ctx *g;
+    const m2d_gemm_w *w;
+    m2d_gemm_packed *p;
+    atomic_int status; /* first oneDNN failure, 0 when none */
+} prep_job;
+
+static void prep_item(void *ctx, int i) {
+    prep_job *j = ctx;
+    const m2d_gemm_w *w = j->w;
+    packed_slice *ps = &j->p->slice[i];
+    ps->n0 = i * M2D_GEMM_SLICE;
+    ps->n = M2D_MIN(M2D_GEMM_SLICE, w->out - ps->n0);
+    int f32 = j->g->prec == M2D_PREC_FP32;
+    dnnl_status_t s = blocked_md(ps->n, w->in, f32, &ps->md);
+    if (s == dnnl_success) ps->data = alloc64(dnnl_memory_desc_get_size(&ps->md));
+    size_t es = m2d_dtype_size(w->dtype);
+    if (s == dnnl_success && w->dtype == (f32 ? M2D_F32 : M2D_BF16)) { /* the stored rows as they are */
+        s = reorder_slice((const char *)w->data + (size_t)(ps->n0 * w->ld) * es, w->ld, ps->n, w->in, f32, ps);
+    } else if (s == dnnl_success && f32) { /* other dtypes: to fp32 first */
+        float *b = m2d_malloc(sizeof(float) * (size_t)ps->n * w->in);
+        weight_rows_f32(w, ps->n0, ps->n, 0, b);
+        s = reorder_slice(b, w->in, ps->n, w->in, 1, ps);
+        free(b);
+    } else if (s == dnnl_success) { /* round to bf16 first */
+        uint16_t *b = m2d_malloc(sizeof(uint16_t) * (size_t)ps->n * w->in);
+        float *tmp = m2d_malloc(sizeof(float) * (size_t)w->in);
+        weight_rows_bf16(w, ps->n0, ps->n, tmp, b);
+        s = reorder_slice(b, w->in, ps->n, w->in, 0, ps);
+        free(b);
+        free(tmp);
+    }
+    if (s != dnnl_success) atomic_store(&j->status, (int)s);
+}
+
+void m2d_gemm_packed_free(m2d_gemm_packed *p) {
+    if (!p) return;
+    for (int i = 0; i < p->n_slices; i++) free(p->slice[i].data);
+    free(p->slice);
+    free(p->f32);
+    free(p);
+}
+
+int m2d_gemm_prepare(m2d_gemm_ctx *g, const m2d_gemm_w *w, m2d_gemm_packed **out) {
+    *out = NULL;
+    if (check_weight(g, w)) return -1;
+    if (w->packed) return m2d_err("gemm: prepare: the weight is already prepared");
+    m2d_gemm_packed *p = m2d_calloc(1, sizeof *p);
+    p->prec = g->prec;
+    p->out = w->out;
+    p->in = w->in;
+    if (!wants_dnnl(g, w)) { /* sgemm reads fp32 (bf16-rounded in bf16 precision) */
+        p->f32 = alloc64(sizeof(float) * (size_t)w->out * w->in);
+        weight_rows_f32(w, 0, w->out, g->prec == M2D_PREC_BF16, p->f32);
+        p->bytes = sizeof(float) * (size_t)w->out * w->in;
+        *out = p;
+        return 0;
+    }
+    p->n_slices = n_slices(w->out);
+    p->slice = m2d_calloc((size_t)p->n_slices, sizeof *p->slice);
+    prep_job j = {g, w, p, 0};
+    m2d_pool_for(g->pool, p->n_slices, prep_item, &j);
+    if (atomic_load(&j.status)) {
+        m2d_gemm_packed_free(p);
+        return m2d_err("gemm: prepare [%d, %d] for oneDNN: status %d", w->out, w->in, atomic_load(&j.status));
+    }
+    for (int i = 0; i < p->n_slices; i++) p->bytes += dnnl_memory_desc_get_size(&p->slice[i].md);
+    *out = p;
+    return 0;
+}
+
+size_t m2d_gemm_packed_bytes(const m2d_gemm_packed *p) { return p ? p->bytes : 0; }
+
+m2d_gemm_w m2d_gemm_packed_rows(const m2d_gemm_packed *p, int r0, int n) {
+    return (m2d_gemm_w){M2D_F32, NULL, n, p->in, p->in, p, r0, 0};
+}
+
+size_t m2d_gemm_prepare_bytes(m2d_gemm_ctx *g, const m2d_gemm_w *w) {
+    if (check_weight(g, w) || w->packed) return 0;
+    if (!wants_dnnl(g, w)) return sizeof(float) * (size_t)w->out * w->in;
+    /* every slice is M2D_GEMM_SLICE wide but the last: two layouts to ask oneDNN for */
+    int full = w->out / M2D_GEMM_SLICE, rest = w->out % M2D_GEMM_SLICE, f32 = g->prec == M2D_PREC_FP32;
+    dnnl_memory_desc_t md;
+    size_t bytes = 0;
+    if (full && blocked_md(M2D_GEMM_SLICE, w->in, f32, &md) == dnnl_success)
+        bytes += (size_t)full * dnnl_memory_desc_get_size(&md);
+    if (rest && blocked_md(rest, w->in, f32, &md) == dnnl_success) bytes += dnnl_memory_desc_get_size(&md);
+    return bytes;
+}
+
+/* ------------------------------------------------------------------ context */
+
+int m2d_gemm_ctx_new(m2d_precision p, m2d_pool *pool, m2d_gemm_ctx **out) {
+    *out = NULL;
+    if (dnnl_ready()) return -1;
+    m2d_gemm_ctx *g = m2d_calloc(1, sizeof *g);
+    g->prec = m2d_gemm_resolve(p);
+    g->pool = pool;
+    g->cache.cap = CACHE_CAP;
+    pthread_mutex_init(&g->cache.mu, NULL);
+    pthread_mutex_init(&g->scratch.mu, NULL);
+    *out = g;
+    return 0;
+}
+
+void m2d_gemm_ctx_free(m2d_gemm_ctx *g) {
+    if (!g) return;
+    cache_free(&g->cache);
+    scratch_free(&g->scratch);
+    pthread_mutex_destroy(&g->cache.mu);
+    pthread_mutex_destroy(&g->scratch.mu);
+    free(g);
+}
+
+m2d_precision m2d_gemm_precision(const m2d_gemm_ctx *g) { return g->prec; }
+
+void m2d_gemm_set_kernel(m2d_gemm_ctx *g, m2d_gemm_kernel k) { g->kernel = k; }
+
+void m2d_gemm_set_cache_capacity(m2d_gemm_ctx *g, int n) {
+    pthread_mutex_lock(&g->cache.mu);
+    g->cache.cap = n > 1 ? n : 1;
+    while (g->cache.n > g->cache.cap) cache_evict_lru(&g->cache);
+    pthread_mutex_unlock(&g->cache.mu);
+}
+
+m2d_gemm_stats m2d_gemm_get_stats(const m2d_gemm_ctx *g) {
+    return (m2d_gemm_stats){atomic_load(&g->n_sgemm), atomic_load(&g->n_dnnl), atomic_load(&g->n_created),
+                            atomic_load(&g->n_hits)};
+}

@@ -1,0 +1,627 @@
+/* gemm: fp32 and bf16 GEMMs against double-precision references, odd shapes, thread/grouping
+ * independence, prepared weights, the primitive cache under concurrency, and auto dispatch.
+ *
+ * Tolerances (u = 2^-24, fp32 unit roundoff; u_b = 2^-8, bf16's (8 significant bits); K = reduction
+ * length):
+ *  - fp32: Y = fl(Σ x_k w_k) with fp32 products and sums. Any summation order gives
+ *    |Y - Σ x_k w_k| <= γ_K Σ|x_k w_k|, γ_K = K u / (1 - K u) (Higham, Accuracy and Stability,
+ *    §3.1). With beta != 0 one more rounding: γ_{K+1} (Σ|x w| + |beta y0|).
+ *  - bf16: X and W are rounded to bf16 (x̃ = x(1+δ), |δ| <= u_b), the products x̃ w̃ are exact in fp32
+ *    (8 + 8 significant bits), the sums fp32. Against the reference built from x̃ and w̃ in double the
+ *    bound is the fp32 one above (tight). Against the exact product:
+ *    |Y - Σ x w| <= ((1+u_b)² - 1) Σ|x w| + γ_K Σ|x̃ w̃| — the user-facing tolerance, ~2^-8 relative
+ *    to Σ|x w| per element with both operands rounded (typical errors are ~2^-9 sqrt(K) rms(x w), far
+ *    below: the rounding errors are zero-mean and independent).
+ *  - Not vacuous: the bf16 result must track the rounded reference much more closely than the
+ *    rounded reference tracks the exact one (rms ratio <= 1/16; measured ~1/400 at K = 2048). A
+ *    path that silently kept fp32 operands has ratio ~1 and fails; garbage fails the bounds. */
+#include "testutil.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/backend.h"
+#include "engine/gemm.h"
+#include "base/util.h"
+
+#define U32 (1.0 / 16777216.0)
+#define UBF (1.0 / 256.0)
+
+/* a pool of NT threads, made once per count and kept for the process (contexts borrow it) */
+static m2d_pool *pool_of(int nt) {
+    static m2d_pool *pools[8];
+    if (!pools[nt]) pools[nt] = m2d_pool_new(nt);
+    return pools[nt];
+}
+
+/* a context on a pool of NT threads (0: no pool, serial) */
+static m2d_gemm_ctx *ctx_new(m2d_precision p, int nt) {
+    m2d_gemm_ctx *g;
+    assert_int_equal(m2d_gemm_ctx_new(p, nt > 0 ? pool_of(nt) : NULL, &g), 0);
+    return g;
+}
+
+static void fill_normal(uint64_t *st, float *x, size_t n, double scale) {
+    for (size_t i = 0; i < n; i++) x[i] = (float)(tu_rand_normal(st) * scale);
+}
+
+static double bf(double v) { return m2d_bf16_to_f32(m2d_f32_to_bf16((float)v)); }
+
+static double gamma_k(int k) { return k * U32 / (1 - k * U32); }
+
+/* A stored weight of DTYPE from fp32 values (BF16: values rounded; F32/F16 as given/rounded). */
+typedef struct {
+    m2d_dtype dtype;
+    void *data;
+    float *val; /* the exact values the stored weight represents, [out, ld] */
+    int out, in, ld;
+} test_w;
+
+static test_w make_w(uint64_t *st, m2d_dtype dt, int out, int in, int ld) {
+    test_w w = {dt, NULL, m2d_malloc(sizeof(float) * (size_t)out * ld), out, in, ld};
+    fill_normal(st, w.val, (size_t)out * ld, 1);
+    w.data = m2d_malloc(m2d_dtype_size(dt) * (size_t)out * ld);
+    m2d_from_f32(dt, w.val, (int64_t)out * ld, w.data);
+    m2d_to_f32(dt, w.data, 0, (int64_t)out * ld, w.val); /* what is stored, exactly */
+    return w;
+}
+
+static void free_w(test_w *w) {
+    free(w->data);
+    free(w->val);
+}
+
+static m2d_gemm_w view(const test_w *w) { return m2d_gemm_weight(w->dtype, w->data, w->out, w->in, w->ld); }
+
+/* Double reference of Y = X Wᵀ + beta Y0 (operands rounded to bf16 when ROUND), and Σ|x w| + |beta y0|. */
+static void reference(const float *x, int ldx, int m, const test_w *w, const float *y0, int ldy, float beta,
+                      int round, double *ref, double *mag) {
+    for (int i = 0; i < m; i++)
+        for (int o = 0; o < w->out; o++) {
+            double s = 0, a = 0;
+            for (int k = 0; k < w->in; k++) {
+                double xv = x[(size_t)i * ldx + k], wv = w->val[(size_t)o * w->ld + k];
+                if (round) xv = bf(xv), wv = bf(wv);
+                s += xv * wv;
+                a += fabs(xv * wv);
+            }
+            if (beta != 0) {
+                s += (double)beta * y0[(size_t)i * ldy + o];
+                a += fabs((double)beta * y0[(size_t)i * ldy + o]);
+            }
+            ref[(size_t)i * w->out + o] = s;
+            mag[(size_t)i * w->out + o] = a;
+        }
+}
+
+typedef struct {
+    double max_excess; /* max over elements of |y - ref| / bound (<= 1 passes) */
+    double rms;        /* rms of y - ref */
+} cmp_result;
+
+static cmp_result compare(const float *y, int ldy, int m, int out, const double *ref, const double *mag,
+                          double rel_bound) {
+    cmp_result r = {0, 0};
+    for (int i = 0; i < m; i++)
+        for (int o = 0; o < out; o++) {
+            double d = fabs(y[(size_t)i * ldy + o] - ref[(size_t)i * out + o]);
+            double b = rel_bound * mag[(size_t)i * out + o] + 1e-30;
+            r.max_excess = fmax(r.max_excess, d / b);
+            r.rms += d * d;
+        }
+    r.rms = sqrt(r.rms / ((double)m * out));
+    return r;
+}
+
+/* One call Y = X Wᵀ + beta Y0 checked against the references of its context's precision. */
+typedef struct {
+    int m, out, in, ldx, ldy, ldw;
+    m2d_dtype dt;
+    float beta;
+} shape;
+
+static void check_shape(m2d_gemm_ctx *g, const shape *s, uint64_t seed, int check_tracking) {
+    uint64_t st = seed;
+    test_w w = make_w(&st, s->dt, s->out, s->in, s->ldw);
+    float *x = m2d_malloc(sizeof(float) * (size_t)s->m * s->ldx), *y = m2d_malloc(sizeof(float) * (size_t)s->m * s->ldy);
+    float *y0 = m2d_malloc(sizeof(float) * (size_t)s->m * s->ldy);
+    fill_normal(&st, x, (size_t)s->m * s->ldx, 1);
+    fill_normal(&st, y0, (size_t)s->m * s->ldy, 1);
+    memcpy(y, y0, sizeof(float) * (size_t)s->m * s->ldy);
+    m2d_gemm_w wv = view(&w);
+    assert_int_equal(m2d_gemm(g, x, s->ldx, s->m, &wv, y, s->ldy, s->beta), 0);
+    size_t n = (size_t)s->m * s->out;
+    double *ref = m2d_malloc(sizeof(double) * n), *mag = m2d_malloc(sizeof(double) * n);
+    double *refe = m2d_malloc(sizeof(double) * n), *mage = m2d_malloc(sizeof(double) * n);
+    int bf16 = m2d_gemm_precision(g) == M2D_PREC_BF16, kk = s->in + (s->beta != 0);
+    reference(x, s->ldx, s->m, &w, y0, s->ldy, s->beta, bf16, ref, mag);
+    cmp_result tight = compare(y, s->ldy, s->m, s->out, ref, mag, gamma_k(kk));
+    if (tight.max_excess > 1)
+        print_message("%dx%dx%d %s: |y - ref| reaches %.3g x the fp32 bound\n", s->m, s->out, s->in,
+                      m2d_precision_name(m2d_gemm_precision(g)), tight.max_excess);
+    assert_true(tight.max_excess <= 1);
+    if (bf16) { /* the user-facing bound against exact operands, and that rounding really happened */
+        reference(x, s->ldx, s->m, &w, y0, s->ldy, s->beta, 0, refe, mage);
+        double rb = (1 + UBF) * (1 + UBF) - 1;
+        cmp_result exact = compare(y, s->ldy, s->m, s->out, refe, mage, rb + gamma_k(kk) * (1 + rb));
+        assert_true(exact.max_excess <= 1);
+        if (check_tracking) {
+            cmp_result ref_vs_exact = {0, 0};
+            for (size_t i = 0; i < n; i++) ref_vs_exact.rms += (ref[i] - refe[i]) * (ref[i] - refe[i]);
+            ref_vs_exact.rms = sqrt(ref_vs_exact.rms / (double)n);
+            if (!(tight.rms <= ref_vs_exact.rms / 16))
+                print_message("bf16 %dx%dx%d: rms(y - rounded ref) %.3g vs rms(rounded - exact) %.3g\n", s->m, s->out,
+                              s->in, tight.rms, ref_vs_exact.rms);
+            assert_true(tight.rms <= ref_vs_exact.rms / 16);
+        }
+    }
+    free(ref); free(mag); free(refe); free(mage); free(x); free(y); free(y0);
+    free_w(&w);
+}
+
+static const shape SHAPES[] = {
+    /*   m  out   in  ldx  ldy  ldw  dtype    beta */
+    {16, 64, 256, 256, 64, 256, M2D_BF16, 0},
+    {1, 300, 2048, 2048, 300, 2048, M2D_BF16, 0},   /* m = 1, out not a multiple of 64 */
+    {5, 70, 33, 40, 80, 35, M2D_BF16, 0},           /* K not a multiple of 16, every stride padded */
+    {9, 513, 7, 7, 513, 7, M2D_F32, 0},             /* K = 7, F32-stored weights, two slices + 1 column */
+    {3, 1, 2049, 2049, 1, 2049, M2D_BF16, 0},       /* one output column, odd K */
+    {33, 200, 100, 100, 257, 100, M2D_F16, 1.0f},   /* F16 weights, residual add into a strided Y */
+    {64, 520, 2048, 2048, 520, 2048, M2D_BF16, 0.5f},
+};
+
+static void run_shapes(m2d_precision p, m2d_gemm_kernel kern, int nt) {
+    m2d_gemm_ctx *g = ctx_new(p, nt);
+    m2d_gemm_set_kernel(g, kern);
+    for (size_t i = 0; i < M2D_ARRAY_LEN(SHAPES); i++) check_shape(g, &SHAPES[i], 100 + i, SHAPES[i].in >= 256);
+    m2d_gemm_ctx_free(g);
+}
+
+static void fp32_matches_double_reference(void **state) {
+    (void)state;
+    run_shapes(M2D_PREC_FP32, M2D_GEMM_ONEDNN, 2);
+    run_shapes(M2D_PREC_FP32, M2D_GEMM_SGEMM, 2);
+    run_shapes(M2D_PREC_FP32, M2D_GEMM_ONEDNN, 0);
+}
+
+/* both bf16 kernels: oneDNN and sgemm on rounded operands */
+static void bf16_matches_rounded_reference(void **state) {
+    (void)state;
+    run_shapes(M2D_PREC_BF16, M2D_GEMM_ONEDNN, 2);
+    run_shapes(M2D_PREC_BF16, M2D_GEMM_SGEMM, 2);
+    run_shapes(M2D_PREC_BF16, M2D_GEMM_ONEDNN, 0);
+}
+
+/* an LM-head-sized output (151,936 columns) in both precisions, against the references */
+static void lm_head_width(void **state) {
+    (void)state;
+    shape s = {2, 151936, 64, 64, 151936, 64, M2D_BF16, 0};
+    for (int p = M2D_PREC_FP32; p <= M2D_PREC_BF16; p++) {
+        m2d_gemm_ctx *g = ctx_new((m2d_precision)p, 2);
+        m2d_gemm_set_kernel(g, M2D_GEMM_ONEDNN);
+        check_shape(g, &s, 7, 0);
+        m2d_gemm_ctx_free(g);
+    }
+}
+
+static int bits_equal(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
+
+/* Y of one call on N_T threads (0: serial), optionally through a prepared copy of W */
+static float *run_once(m2d_precision p, m2d_gemm_kernel kern, int nt, const test_w *w, const float *x, int m, int prepared) {
+    m2d_gemm_ctx *g = ctx_new(p, nt);
+    m2d_gemm_set_kernel(g, kern);
+    float *y = m2d_calloc((size_t)m * w->out, sizeof(float));
+    m2d_gemm_w wv = view(w);
+    m2d_gemm_packed *pk = NULL;
+    if (prepared) {
+        assert_int_equal(m2d_gemm_prepare(g, &wv, &pk), 0);
+        wv.packed = pk;
+    }
+    assert_int_equal(m2d_gemm(g, x, w->in, m, &wv, y, w->out, 0.0f), 0);
+    m2d_gemm_packed_free(pk);
+    m2d_gemm_ctx_free(g);
+    return y;
+}
+
+/* Same bits on 1, 2 or 3 threads, with or without a prepared W, for each kernel. */
+static void results_independent_of_threads_and_preparation(void **state) {
+    (void)state;
+    uint64_t st = 3;
+    int m = 37, out = 700, in = 320;
+    test_w w = make_w(&st, M2D_BF16, out, in, in);
+    float *x = m2d_malloc(sizeof(float) * (size_t)m * in);
+    fill_normal(&st, x, (size_t)m * in, 1);
+    struct { m2d_precision p; m2d_gemm_kernel mf; } kinds[] = {
+        {M2D_PREC_FP32, M2D_GEMM_ONEDNN}, {M2D_PREC_FP32, M2D_GEMM_SGEMM}, {M2D_PREC_BF16, M2D_GEMM_ONEDNN},
+        {M2D_PREC_BF16, M2D_GEMM_SGEMM}};
+    for (size_t k = 0; k < M2D_ARRAY_LEN(kinds); k++) {
+        float *base = run_once(kinds[k].p, kinds[k].mf, 0, &w, x, m, 0);
+        for (int nt = 1; nt <= 3; nt++)
+            for (int prep = 0; prep <= 1; prep++) {
+                float *y = run_once(kinds[k].p, kinds[k].mf, nt, &w, x, m, prep);
+                if (!bits_equal(base, y, (size_t)m * out))
+                    print_message("%s (kernel %d): %d threads, prepared %d differ\n", m2d_precision_name(kinds[k].p),
+                                  (int)kinds[k].mf, nt, prep);
+                assert_true(bits_equal(base, y, (size_t)m * out));
+                free(y);
+            }
+        free(base);
+    }
+    free(x);
+    free_w(&w);
+}
+
+/* oneDNN's result for a row does not depend on the other rows of its call, which lets the module
+ * split a GEMM with few column slices into row blocks (512 x 128 x 2048: 4 blocks) without changing
+ * a bit: the whole call equals one call per row (each too small to be split). */
+static void onednn_rows_independent(void **state) {
+    (void)state;
+    uint64_t st = 13;
+    int m = 512, out = 128, in = 2048;
+    test_w w = make_w(&st, M2D_BF16, out, in, in);
+    float *x = m2d_malloc(sizeof(float) * (size_t)m * in), *ya = m2d_malloc(sizeof(float) * (size_t)m * out);
+    float *yb = m2d_malloc(sizeof(float) * (size_t)m * out);
+    fill_normal(&st, x, (size_t)m * in, 1);
+    for (int p = M2D_PREC_FP32; p <= M2D_PREC_BF16; p++) {
+        m2d_gemm_ctx *g = ctx_new((m2d_precision)p, 2);
+        m2d_gemm_set_kernel(g, M2D_GEMM_ONEDNN);
+        m2d_gemm_w wv = view(&w);
+        assert_int_equal(m2d_gemm(g, x, in, m, &wv, ya, out, 0.0f), 0);
+        for (int r = 0; r < m; r++)
+            assert_int_equal(m2d_gemm(g, x + (size_t)r * in, in, 1, &wv, yb + (size_t)r * out, out, 0.0f), 0);
+        int native = p == M2D_PREC_FP32 ? m2d_gemm_fp32_onednn_native() : m2d_gemm_bf16_native();
+        if (native) assert_true(bits_equal(ya, yb, (size_t)m * out)); /* sgemm's rows do interact */
+        m2d_gemm_ctx_free(g);
+    }
+    free(x); free(ya); free(yb);
+    free_w(&w);
+}
+
+/* MoE-style groups (one weight per expert, its own rows) and calibration-style groups (every
+ * weight on the same rows) give the bits of one call per group, on the pool or serially. */
+static void grouped_equals_single_calls(void **state) {
+    (void)state;
+    uint64_t st = 5;
+    enum { E = 9, D = 96, F = 80 };
+    int rows[E] = {0, 1, 7, 32, 3, 64, 2, 17, 5};
+    test_w w[E];
+    m2d_gemm_w wv[E];
+    for (int e = 0; e < E; e++) {
+        w[e] = make_w(&st, e % 3 ? M2D_BF16 : M2D_F32, F, D, D);
+        wv[e] = view(&w[e]);
+    }
+    float *x = m2d_malloc(sizeof(float) * (64 * D + 1)); /* +1: some groups start one element in */
+    fill_normal(&st, x, 64 * D + 1, 1);
+    float *ya = m2d_calloc((size_t)E * 64 * F, sizeof(float)), *yb = m2d_calloc((size_t)E * 64 * F, sizeof(float));
+    struct { m2d_precision p; m2d_gemm_kernel mf; int nt; } kinds[] = {
+        {M2D_PREC_FP32, M2D_GEMM_ONEDNN, 2}, {M2D_PREC_FP32, M2D_GEMM_SGEMM, 2}, {M2D_PREC_BF16, M2D_GEMM_ONEDNN, 2},
+        {M2D_PREC_BF16, M2D_GEMM_SGEMM, 2}, {M2D_PREC_BF16, M2D_GEMM_ONEDNN, 0}};
+    for (size_t k = 0; k < M2D_ARRAY_LEN(kinds); k++)
+        for (int same_rows = 0; same_rows <= 1; same_rows++) {
+            m2d_gemm_ctx *g = ctx_new(kinds[k].p, kinds[k].nt);
+            m2d_gemm_set_kernel(g, kinds[k].mf);
+            m2d_gemm_group grp[E];
+            for (int e = 0; e < E; e++) {
+                int m = same_rows ? 64 : rows[e];
+                grp[e] = (m2d_gemm_group){x + (same_rows ? 0 : e % 2), D, m, &wv[e], ya + (size_t)e * 64 * F, F, 0.0f};
+                assert_int_equal(m2d_gemm(g, grp[e].x, D, m, &wv[e], yb + (size_t)e * 64 * F, F, 0.0f), 0);
+            }
+            assert_int_equal(m2d_gemm_grouped(g, grp, E), 0);
+            assert_true(bits_equal(ya, yb, (size_t)E * 64 * F));
+            m2d_gemm_ctx_free(g);
+        }
+    free(x); free(ya); free(yb);
+    for (int e = 0; e < E; e++) free_w(&w[e]);
+}
+
+/* ---- the primitive cache under concurrency: many threads, many shapes, a cache of 3 ---- */
+enum { CC_SHAPES = 12, CC_THREADS = 6, CC_ITERS = 30, CC_D = 128, CC_F = 96 };
+typedef struct {
+    m2d_gemm_ctx *g;
+    const m2d_gemm_w *w;
+    const float *x;
+    float *const *expect;
+    int id, bad;
+} cc_arg;
+
+static int cc_rows(int s) { return 1 + 5 * s; }
+
+static void *cc_thread(void *p) {
+    cc_arg *a = p;
+    float *y = m2d_malloc(sizeof(float) * (size_t)cc_rows(CC_SHAPES) * CC_F);
+    uint64_t st = (uint64_t)a->id + 1;
+    for (int it = 0; it < CC_ITERS; it++) {
+        int s = (int)(tu_rand_u64(&st) % CC_SHAPES), m = cc_rows(s);
+        if (m2d_gemm(a->g, a->x, CC_D, m, a->w, y, CC_F, 0.0f) || !bits_equal(y, a->expect[s], (size_t)m * CC_F)) a->bad++;
+    }
+    free(y);
+    return NULL;
+}
+
+static void primitive_cache_concurrent(void **state) {
+    (void)state;
+    uint64_t st = 6;
+    test_w w = make_w(&st, M2D_BF16, CC_F, CC_D, CC_D);
+    m2d_gemm_w wv = view(&w);
+    float *x = m2d_malloc(sizeof(float) * (size_t)cc_rows(CC_SHAPES) * CC_D), *expect[CC_SHAPES];
+    fill_normal(&st, x, (size_t)cc_rows(CC_SHAPES) * CC_D, 1);
+    for (int pool = 0; pool <= 1; pool++) {
+        m2d_gemm_ctx *g = ctx_new(M2D_PREC_BF16, pool ? 2 : 0);
+        m2d_gemm_set_kernel(g, M2D_GEMM_ONEDNN);
+        for (int s = 0; s < CC_SHAPES; s++) {
+            expect[s] = m2d_malloc(sizeof(float) * (size_t)cc_rows(s) * CC_F);
+            assert_int_equal(m2d_gemm(g, x, CC_D, cc_rows(s), &wv, expect[s], CC_F, 0.0f), 0);
+        }
+        m2d_gemm_set_cache_capacity(g, 3);
+        pthread_t tid[CC_THREADS];
+        cc_arg args[CC_THREADS];
+        for (int t = 0; t < CC_THREADS; t++) {
+            args[t] = (cc_arg){g, &wv, x, expect, t, 0};
+            assert_int_equal(pthread_create(&tid[t], NULL, cc_thread, &args[t]), 0);
+        }
+        for (int t = 0; t < CC_THREADS; t++) {
+            pthread_join(tid[t], NULL);
+            assert_int_equal(args[t].bad, 0);
+        }
+        m2d_gemm_stats s = m2d_gemm_get_stats(g);
+        if (m2d_gemm_bf16_native()) assert_true(s.primitives_created > CC_SHAPES); /* evicted and re-created */
+        for (int i = 0; i < CC_SHAPES; i++) free(expect[i]);
+        m2d_gemm_ctx_free(g);
+    }
+    free(x);
+    free_w(&w);
+}
+
+/* Prepared weights: the byte cost is reported (bf16: oneDNN's blocked layout, at least the bf16
+ * bytes; fp32: an fp32 copy), the handle outlives the stored data, and misuse is an error. */
+static void prepared_weights(void **state) {
+    (void)state;
+    uint64_t st = 8;
+    test_w w = make_w(&st, M2D_BF16, 300, 100, 100);
+    m2d_gemm_w wv = view(&w);
+    m2d_gemm_ctx *g32 = ctx_new(M2D_PREC_FP32, 2), *g16 = ctx_new(M2D_PREC_BF16, 2);
+    m2d_gemm_packed *p32, *p16;
+    assert_int_equal(m2d_gemm_prepare(g32, &wv, &p32), 0);
+    assert_int_equal(m2d_gemm_prepare(g16, &wv, &p16), 0);
+    assert_true(m2d_gemm_packed_bytes(p32) >= 300 * 100 * 4);
+    assert_true(m2d_gemm_packed_bytes(p16) >= 300 * 100 * 2);
+    assert_int_equal(m2d_gemm_prepare_bytes(g32, &wv), m2d_gemm_packed_bytes(p32)); /* the cost, known before */
+    assert_int_equal(m2d_gemm_prepare_bytes(g16, &wv), m2d_gemm_packed_bytes(p16));
+    float x[4 * 100], y[4 * 300], yp[4 * 300];
+    fill_normal(&st, x, 4 * 100, 1);
+    assert_int_equal(m2d_gemm(g16, x, 100, 4, &wv, y, 300, 0.0f), 0);
+    memset(w.data, 0, 300 * 100 * 2); /* the prepared copy no longer needs the stored bytes */
+    m2d_gemm_w pv = wv;
+    pv.packed = p16;
+    assert_int_equal(m2d_gemm(g16, x, 100, 4, &pv, yp, 300, 0.0f), 0);
+    assert_true(bits_equal(y, yp, 4 * 300));
+    pv.packed = p32; /* an fp32 copy in a bf16 context */
+    assert_int_equal(m2d_gemm(g16, x, 100, 4, &pv, yp, 300, 0.0f), -1);
+    assert_non_null(strstr(m2d_errmsg(), "prepared weight"));
+    pv.out = 299;
+    pv.packed = p16;
+    assert_int_equal(m2d_gemm(g16, x, 100, 4, &pv, yp, 300, 0.0f), -1);
+    m2d_gemm_packed_free(p32);
+    m2d_gemm_packed_free(p16);
+    m2d_gemm_ctx_free(g32);
+    m2d_gemm_ctx_free(g16);
+    free_w(&w);
+}
+
+/* a vocab chunk of a tensor (starting on a slice boundary, as the engine's 4096-row LM head chunks
+ * do) gives the bits of the same rows of the whole; both views are big enough for oneDNN (the
+ * kernel is chosen per view, by its size) */
+static void tensor_rows_view(void **state) {
+    (void)state;
+    uint64_t st = 11;
+    test_w w = make_w(&st, M2D_BF16, 600, 40, 40);
+    m2d_tensor t = {"lm_head.weight", M2D_BF16, 2, {600, 40}, w.data, 600 * 40 * 2};
+    float x[3 * 40], yall[3 * 600], ych[3 * 344];
+    fill_normal(&st, x, 3 * 40, 1);
+    for (int p = M2D_PREC_FP32; p <= M2D_PREC_BF16; p++) {
+        m2d_gemm_ctx *g = ctx_new((m2d_precision)p, 2);
+        m2d_gemm_w all = m2d_gemm_tensor_rows(&t, 0, 600), chunk = m2d_gemm_tensor_rows(&t, 256, 200);
+        assert_int_equal(all.out, 600);
+        assert_int_equal(all.ld, 40);
+        assert_int_equal(m2d_gemm(g, x, 40, 3, &all, yall, 600, 0.0f), 0);
+        assert_int_equal(m2d_gemm(g, x, 40, 3, &chunk, ych, 200, 0.0f), 0);
+        for (int i = 0; i < 3; i++) assert_memory_equal(ych + i * 200, yall + i * 600 + 256, 200 * sizeof(float));
+        /* rows of a prepared copy: [256, 512) and [256, 600) (to the end) are views; a view that
+         * starts off a slice boundary, or ends inside a slice short of the end, is an error */
+        m2d_gemm_packed *pk;
+        assert_int_equal(m2d_gemm_prepare(g, &all, &pk), 0);
+        int n_ok[2] = {256, 344};
+        for (int v = 0; v < 2; v++) {
+            m2d_gemm_w pv = m2d_gemm_packed_rows(pk, 256, n_ok[v]);
+            assert_int_equal(m2d_gemm(g, x, 40, 3, &pv, ych, n_ok[v], 0.0f), 0);
+            for (int i = 0; i < 3; i++)
+                assert_memory_equal(ych + i * n_ok[v], yall + i * 600 + 256, (size_t)n_ok[v] * sizeof(float));
+        }
+        m2d_gemm_w bad1 = m2d_gemm_packed_rows(pk, 100, 256), bad2 = m2d_gemm_packed_rows(pk, 0, 300);
+        assert_int_equal(m2d_gemm(g, x, 40, 3, &bad1, ych, 256, 0.0f), -1);
+        assert_non_null(strstr(m2d_errmsg(), "prepared weight"));
+        assert_int_equal(m2d_gemm(g, x, 40, 3, &bad2, ych, 300, 0.0f), -1);
+        m2d_gemm_packed_free(pk);
+        m2d_gemm_ctx_free(g);
+    }
+    free_w(&w);
+}
+
+static void bad_arguments(void **state) {
+    (void)state;
+    m2d_gemm_ctx *g = ctx_new(M2D_PREC_FP32, 0);
+    float x[8] = {0}, y[8];
+    int32_t wi[8] = {0};
+    m2d_gemm_w w = m2d_gemm_weight(M2D_F32, x, 2, 4, 4);
+    assert_int_equal(m2d_gemm(g, x, 3, 2, &w, y, 2, 0.0f), -1); /* ldx < in */
+    assert_int_equal(m2d_gemm(g, x, 4, 2, &w, y, 1, 0.0f), -1); /* ldy < out */
+    m2d_gemm_w wb = m2d_gemm_weight(M2D_I32, wi, 2, 4, 4);
+    assert_int_equal(m2d_gemm(g, x, 4, 2, &wb, y, 2, 0.0f), -1);
+    assert_non_null(strstr(m2d_errmsg(), "dtype"));
+    m2d_gemm_w ws = m2d_gemm_weight(M2D_F32, x, 2, 4, 3); /* row stride < in */
+    assert_int_equal(m2d_gemm(g, x, 4, 2, &ws, y, 2, 0.0f), -1);
+    assert_int_equal(m2d_gemm(g, x, 4, 0, &w, y, 2, 0.0f), 0); /* no rows: nothing to do */
+    m2d_gemm_group grp[2] = {{x, 4, 2, &w, y, 2, 0.0f}, {x, 4, 2, &wb, y, 2, 0.0f}};
+    assert_int_equal(m2d_gemm_grouped(g, grp, 2), -1);
+    assert_non_null(strstr(m2d_errmsg(), "group 1"));
+    m2d_gemm_ctx_free(g);
+}
+
+static void precision_names(void **state) {
+    (void)state;
+    m2d_precision p;
+    assert_int_equal(m2d_precision_parse("bf16", "--precision", &p), 0);
+    assert_int_equal(p, M2D_PREC_BF16);
+    assert_int_equal(m2d_precision_parse("fp32", "--precision", &p), 0);
+    assert_int_equal(p, M2D_PREC_FP32);
+    assert_int_equal(m2d_precision_parse("auto", "--precision", &p), 0);
+    assert_int_equal(p, M2D_PREC_AUTO);
+    assert_int_equal(m2d_precision_parse("fp16", "--precision", &p), -1);
+    assert_non_null(strstr(m2d_errmsg(), "--precision"));
+    assert_non_null(strstr(m2d_errmsg(), "fp16"));
+}
+
+/* auto: bf16 exactly when oneDNN's ISA has native bf16; then big GEMMs go to oneDNN and tiny ones
+ * to sgemm (the measured dispatch). */
+static void auto_dispatch(void **state) {
+    (void)state;
+    const char *isa = m2d_gemm_isa_name();
+    int native = strstr(isa, "bf16") || strstr(isa, "amx");
+    assert_int_equal(m2d_gemm_bf16_native(), native);
+    assert_int_equal(m2d_gemm_resolve(M2D_PREC_AUTO), native ? M2D_PREC_BF16 : M2D_PREC_FP32);
+    assert_int_equal(m2d_gemm_resolve(M2D_PREC_FP32), M2D_PREC_FP32);
+    assert_int_equal(m2d_gemm_resolve(M2D_PREC_BF16), M2D_PREC_BF16);
+    m2d_gemm_ctx *g = ctx_new(M2D_PREC_AUTO, 2);
+    uint64_t st = 9;
+    test_w big = make_w(&st, M2D_BF16, 256, 256, 256), tiny = make_w(&st, M2D_BF16, 4, 8, 8);
+    float *x = m2d_malloc(sizeof(float) * 64 * 256), *y = m2d_malloc(sizeof(float) * 64 * 256);
+    fill_normal(&st, x, 64 * 256, 1);
+    m2d_gemm_w bv = view(&big), tv = view(&tiny);
+    assert_int_equal(m2d_gemm(g, x, 256, 64, &bv, y, 256, 0.0f), 0);
+    m2d_gemm_stats s = m2d_gemm_get_stats(g);
+    assert_int_equal(s.dnnl > 0, native);
+    assert_int_equal(s.sgemm > 0, !native);
+    assert_int_equal(m2d_gemm(g, x, 8, 1, &tv, y, 4, 0.0f), 0);
+    assert_int_equal(m2d_gemm_get_stats(g).sgemm, s.sgemm + 1);
+    m2d_gemm_ctx_free(g);
+    free(x); free(y);
+    free_w(&big);
+    free_w(&tiny);
+}
+
+static int thread_count(void) {
+    int n = 0;
+    DIR *d = opendir("/proc/self/task");
+    for (struct dirent *e; d && (e = readdir(d));) n += e->d_name[0] != '.';
+    if (d) closedir(d);
+    return n;
+}
+
+/* Child mode: bf16 GEMMs (stored and prepared) on a pool of 2 in a fresh process; prints the
+ * process's thread count before and after (the pool's threads are joined; libgomp keeps a started
+ * team's threads alive, so a team shows up as extra threads). */
+static int team_child(void) {
+    uint64_t st = 12;
+    test_w w = make_w(&st, M2D_BF16, 1024, 512, 512);
+    float *x = m2d_malloc(sizeof(float) * 64 * 512), *y = m2d_malloc(sizeof(float) * 64 * 1024);
+    fill_normal(&st, x, 64 * 512, 1);
+    int before = thread_count();
+    m2d_gemm_ctx *g;
+    if (m2d_gemm_ctx_new(M2D_PREC_BF16, pool_of(2), &g)) return 2;
+    m2d_gemm_w wv = view(&w);
+    m2d_gemm_packed *pk;
+    int rc = m2d_gemm_prepare(g, &wv, &pk);
+    for (int i = 0; i < 4 && rc == 0; i++) rc = m2d_gemm(g, x, 512, 64, &wv, y, 1024, 0.0f);
+    wv.packed = pk;
+    if (rc == 0) rc = m2d_gemm(g, x, 512, 64, &wv, y, 1024, 0.0f);
+    printf("threads before %d after %d dnnl %ld rc %d\n", before, thread_count(), m2d_gemm_get_stats(g).dnnl, rc);
+    m2d_gemm_packed_free(pk);
+    m2d_gemm_ctx_free(g);
+    free(x); free(y);
+    free_w(&w);
+    return rc;
+}
+
+static char self_exe[4096];
+
+/* Child mode (DNNL_MAX_CPU_ISA set by the parent): print what auto resolves to, and check that
+ * bf16 forced on a CPU without native bf16 still computes bf16 arithmetic (sgemm on rounded
+ * operands) within the tight bound. */
+static int isa_child(void) {
+    int native = m2d_gemm_bf16_native();
+    printf("isa=%s native=%d auto=%s\n", m2d_gemm_isa_name(), native, m2d_precision_name(m2d_gemm_resolve(M2D_PREC_AUTO)));
+    m2d_gemm_ctx *g;
+    if (m2d_gemm_ctx_new(M2D_PREC_BF16, NULL, &g)) return 2;
+    m2d_gemm_set_kernel(g, M2D_GEMM_ONEDNN);
+    uint64_t st = 10;
+    test_w w = make_w(&st, M2D_BF16, 130, 300, 300);
+    float x[3 * 300], y[3 * 130];
+    double ref[3 * 130], mag[3 * 130];
+    fill_normal(&st, x, 3 * 300, 1);
+    m2d_gemm_w wv = view(&w);
+    int rc = m2d_gemm(g, x, 300, 3, &wv, y, 130, 0.0f);
+    reference(x, 300, 3, &w, NULL, 130, 0.0f, 1, ref, mag);
+    cmp_result r = compare(y, 130, 3, 130, ref, mag, gamma_k(300));
+    m2d_gemm_stats s = m2d_gemm_get_stats(g);
+    printf("rc=%d excess=%.3f sgemm=%ld dnnl=%ld\n", rc, r.max_excess, s.sgemm, s.dnnl);
+    m2d_gemm_ctx_free(g);
+    free_w(&w);
+    return rc == 0 && r.max_excess <= 1 ? 0 : 1;
+}
+
+/* oneDNN never starts its OpenMP team (see team_child) */
+static void no_openmp_team(void **state) {
+    (void)state;
+    char *cmd = m2d_strfmt("'%s' --team-child", self_exe), *out = NULL;
+    int rc = tu_run(cmd, &out, NULL), before = -1, after = -2;
+    long dnnl = -1;
+    print_message("%s", out ? out : "");
+    assert_int_equal(rc, 0);
+    assert_int_equal(sscanf(out, "threads before %d after %d dnnl %ld", &before, &after, &dnnl), 3);
+    assert_int_equal(after, before);
+    assert_int_equal(dnnl > 0, m2d_gemm_bf16_native()); /* oneDNN ran (else every slice is sgemm) */
+    free(out);
+    free(cmd);
+}
+
+static void auto_is_fp32_without_native_bf16(void **state) {
+    (void)state;
+    char *cmd = m2d_strfmt("DNNL_MAX_CPU_ISA=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 '%s' --isa-child", self_exe), *out = NULL;
+    int rc = tu_run(cmd, &out, NULL);
+    print_message("%s", out ? out : "");
+    assert_int_equal(rc, 0);
+    assert_non_null(strstr(out, "isa=avx2 native=0 auto=fp32"));
+    assert_non_null(strstr(out, "dnnl=0")); /* every slice ran through sgemm */
+    free(out);
+    free(cmd);
+}
+
+int main(int argc, char **argv) {
+    m2d_backend_host_blas_threads(1); /* OpenBLAS single-threaded: the pool's threads are the only ones (see gemm.h) */
+    if (argc > 1 && strcmp(argv[1], "--isa-child") == 0) return isa_child();
+    if (argc > 1 && strcmp(argv[1], "--team-child") == 0) return team_child();
+    ssize_t n = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
+    self_exe[n > 0 ? n : 0] = 0;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(precision_names),
+        cmocka_unit_test(fp32_matches_double_reference),
+        cmocka_unit_test(bf16_matches_rounded_reference),
+        cmocka_unit_test(lm_head_width),
+        cmocka_unit_test(results_independent_of_threads_and_preparation),
+        cmocka_unit_test(onednn_rows_independent),
+        cmocka_unit_test(grouped_equals_single_calls),
+        cmocka_unit_test(primitive_cache_concurrent),
+        cmocka_unit_test(prepared_weights),
+        cmocka_unit_test(tensor_rows_view),
+        cmocka_unit_test(bad_arguments),
+        cmocka_unit_test(auto_dispatch),
+        cmocka_unit_test(no_openmp_team),
+        cmocka_unit_test(auto_is_fp32_without_native_bf16),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
