@@ -26,19 +26,32 @@ static double max_abs_diff(const float *a, const float *b, size_t n) {
 
 /* ---------------- ops vs naive loops (through the backend object) ---------------- */
 
+/* a backend whose device this machine lacks: the test skips with "no GPU" (in CUDA=1 builds on a
+ * machine without one); M2D_REQUIRE_GPU=1 (tools/gpu_check.sh) makes that a failure instead */
+static int no_device(const char *msg) { return strstr(msg, "no CUDA device") != NULL; }
+
+static void skip_without_device(const char *backend) {
+    m2d_backend *be;
+    if (m2d_backend_new(backend, NULL, &be) == 0) {
+        m2d_backend_free(be);
+        return;
+    }
+    if (!no_device(m2d_errmsg()) || getenv("M2D_REQUIRE_GPU")) fail_msg("%s", m2d_errmsg());
+    TU_SKIP("no GPU");
+}
+
 static m2d_backend *new_backend(const char *name, int threads) {
-    m2d_backend_opts o = {threads};
+    m2d_backend_opts o = {threads, 0};
     m2d_backend *be;
     if (m2d_backend_new(name, &o, &be)) fail_msg("%s", m2d_errmsg());
     return be;
 }
 
-/* op tests run on every registered backend: TEST(state) calls TEST_on(backend) for each */
-#define EACH_BACKEND(test)                                                  \
-    static void test(void **state) {                                        \
-        (void)state;                                                        \
-        for (int i = 0; i < m2d_backend_count(); i++) test##_on(m2d_backend_kind_at(i)->name); \
-    }
+/* an fp32 engine on BACKEND */
+static void engine_on(const char *backend, const m2d_model *m, int threads, m2d_engine **e) {
+    m2d_engine_opts o = {backend, threads, M2D_PREC_FP32};
+    if (m2d_engine_open(m, &o, e)) fail_msg("%s", m2d_errmsg());
+}
 
 static m2d_buf *upload(m2d_backend *be, const void *src, size_t bytes) {
     m2d_buf *b = be->ops->alloc(be, bytes);
@@ -76,6 +89,19 @@ static void op_matmul_matches_loops_on(const char *backend) {
             /* 33 fp32 products of N(0,1) values: |err| <= 33 * eps * sum|x w| ~ 33*6e-8*33 */
             assert_true(fabs(s - y[i * out + o]) < 1e-4);
         }
+    if (be->ops->precisions & (1u << M2D_PREC_BF16)) { /* operands rounded to bf16, exact products */
+        be->ops->gemm(be, &X, wh, 0, &Y, 0.0f, M2D_PREC_BF16);
+        download(be, y, yb, sizeof y);
+        for (int i = 0; i < n; i++)
+            for (int o = 0; o < out; o++) {
+                double s = 0;
+                for (int k = 0; k < in; k++)
+                    s += (double)m2d_bf16_to_f32(m2d_f32_to_bf16(x[i * in + k])) *
+                         m2d_bf16_to_f32(m2d_f32_to_bf16(w[o * in + k]));
+                /* bf16 x bf16 products are exact in fp32: only the fp32 accumulation errs, as above */
+                assert_true(fabs(s - y[i * out + o]) < 1e-4);
+            }
+    }
     be->ops->release(be, xb), be->ops->release(be, yb), be->ops->weight_free(be, wh);
     m2d_backend_free(be);
 }
@@ -285,13 +311,6 @@ static void op_convert_parallel_on(const char *backend) {
     free(f);
 }
 
-EACH_BACKEND(op_matmul_matches_loops)
-EACH_BACKEND(op_rmsnorm_analytic)
-EACH_BACKEND(op_rope_rotate_half)
-EACH_BACKEND(op_softmax_and_swiglu)
-EACH_BACKEND(op_topk_ties_to_lower_index)
-EACH_BACKEND(op_attention_causal_gqa)
-EACH_BACKEND(op_convert_parallel)
 
 /* ---------------- in-memory models ---------------- */
 
@@ -403,8 +422,7 @@ static void rand_tokens(uint64_t *st, int32_t *t, int n, int V) {
 
 /* Dense FFN == MoE with k = E, zero router (probs 1/E, renormalised gates 1/E) and experts that are
  * blocks of the dense FFN with down_proj scaled by E. */
-static void dense_equals_moe(void **state) {
-    (void)state;
+static void dense_equals_moe_on(const char *backend) {
     int L = 2, E = 4, de = 8, inter = E * de, d = 32;
     mem_model dense = {0}, moe = {0};
     mm_config(&dense, L, 0, 0, 0, inter);
@@ -435,8 +453,8 @@ static void dense_equals_moe(void **state) {
         }
     }
     m2d_engine *ed, *em;
-    assert_int_equal(m2d_engine_new(&dense.m, 2, &ed), 0);
-    assert_int_equal(m2d_engine_new(&moe.m, 2, &em), 0);
+    engine_on(backend, &dense.m, 2, &ed);
+    engine_on(backend, &moe.m, 2, &em);
     int n = 40, V = 300;
     int32_t tok[40];
     rand_tokens(&st, tok, n, V);
@@ -469,12 +487,11 @@ static double lsm(const float *z, int V, int t) {
     return z[t] - m - log(s);
 }
 
-static void streaming_logprobs_match_logits(void **state) {
-    (void)state;
+static void streaming_logprobs_match_logits_on(const char *backend) {
     mem_model mm = {0};
     build_random_moe(&mm, M2D_BF16);
     m2d_engine *e;
-    assert_int_equal(m2d_engine_new(&mm.m, 2, &e), 0);
+    engine_on(backend, &mm.m, 2, &e);
     int n = 50, V = 300;
     uint64_t st = 5;
     int32_t tok[50], tg[50];
@@ -491,12 +508,20 @@ static void streaming_logprobs_match_logits(void **state) {
     mm_free(&mm);
 }
 
-static void extend_and_branches_check(int gemm_min_rows) {
+static void extend_and_branches_check(const char *backend, int gemm_min_rows) {
     mem_model mm = {0};
     build_random_moe(&mm, M2D_BF16);
     m2d_engine *e;
-    assert_int_equal(m2d_engine_new(&mm.m, 2, &e), 0);
-    assert_int_equal(m2d_engine_tune(e, "attention_gemm_min_rows", gemm_min_rows), 0);
+    engine_on(backend, &mm.m, 2, &e);
+    /* a backend with one attention kernel has no such knob: it runs the default case only */
+    if (m2d_engine_tune(e, "attention_gemm_min_rows", gemm_min_rows) != 0) {
+        assert_string_not_equal(backend, "cpu");
+        if (gemm_min_rows != 64) {
+            m2d_engine_free(e);
+            mm_free(&mm);
+            return;
+        }
+    }
     int V = 300, np = 20;
     int lens[3] = {5, 9, 1};
     uint64_t st = 9;
@@ -551,10 +576,9 @@ static void extend_and_branches_check(int gemm_min_rows) {
 }
 
 /* both attention kernels: per-row dot products (default for these short segments) and GEMMs */
-static void extend_and_branches_match_full_forward(void **state) {
-    (void)state;
-    extend_and_branches_check(64);
-    extend_and_branches_check(1);
+static void extend_and_branches_match_full_forward_on(const char *backend) {
+    extend_and_branches_check(backend, 64);
+    extend_and_branches_check(backend, 1);
 }
 
 typedef struct { int calls; int expert_checked; m2d_engine *e; double maxdiff; } hook_state;
@@ -576,12 +600,11 @@ static int test_hook(void *user, const m2d_moe_event *ev) {
     return 0;
 }
 
-static void hook_sees_routing_and_can_abort(void **state) {
-    (void)state;
+static void hook_sees_routing_and_can_abort_on(const char *backend) {
     mem_model mm = {0};
     build_random_moe(&mm, M2D_F16);
     m2d_engine *e;
-    assert_int_equal(m2d_engine_new(&mm.m, 1, &e), 0);
+    engine_on(backend, &mm.m, 1, &e);
     hook_state h = {0};
     m2d_engine_set_moe_hook(e, test_hook, &h);
     int32_t tok[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
@@ -618,13 +641,12 @@ static void hook_sees_routing_and_can_abort(void **state) {
     mm_free(&mm);
 }
 
-static void weight_cache_and_expert_order_give_identical_results(void **state) {
-    (void)state;
+static void weight_cache_and_expert_order_give_identical_results_on(const char *backend) {
     mem_model mm = {0};
     build_random_moe(&mm, M2D_BF16);
     m2d_engine *a, *b;
-    assert_int_equal(m2d_engine_new(&mm.m, 2, &a), 0);
-    assert_int_equal(m2d_engine_new(&mm.m, 2, &b), 0);
+    engine_on(backend, &mm.m, 2, &a);
+    engine_on(backend, &mm.m, 2, &b);
     assert_true(m2d_engine_cache_weights(b, (size_t)1 << 30) > 0);
     m2d_engine_set_expert_parallel(b, 0); /* also: experts one at a time == expert-parallel */
     int32_t tok[30];
@@ -645,8 +667,7 @@ static void weight_cache_and_expert_order_give_identical_results(void **state) {
 
 /* ---------------- golden outputs of the tiny Qwen3-MoE ---------------- */
 
-static void golden_tiny_qwen3moe(void **state) {
-    (void)state;
+static void golden_tiny_qwen3moe_on(const char *backend) {
     const char *dir = tu_models_dir();
     if (!dir) TU_SKIP("../shared/models not found");
     char path[1024];
@@ -668,7 +689,7 @@ static void golden_tiny_qwen3moe(void **state) {
     assert_int_equal(len, (size_t)64 * 8192 * 4);
 
     m2d_engine *e;
-    assert_int_equal(m2d_engine_new(model, 2, &e), 0);
+    engine_on(backend, model, 2, &e);
     tu_routing rc;
     tu_routing_init(&rc, 4, 64, 8);
     m2d_engine_set_moe_hook(e, tu_routing_hook, &rc);
@@ -734,8 +755,7 @@ static void golden_tiny_qwen3moe(void **state) {
 
 /* Checkpoints written by the testmodel helper and opened through m2d_model_open: a MoE with
  * dense layers (mlp_only_layers + decoder_sparse_step), tied embeddings, f16; a dense Qwen3. */
-static void engine_matches_naive_reference_on_checkpoints(void **state) {
-    (void)state;
+static void engine_matches_naive_reference_on_checkpoints_on(const char *backend) {
     char *dir = tu_tmpdir();
     int only[1] = {0};
     for (int variant = 0; variant < 3; variant++) {
@@ -767,7 +787,7 @@ static void engine_matches_naive_reference_on_checkpoints(void **state) {
             assert_true(n_moe > 0 && n_moe < 4);
         }
         m2d_engine *e;
-        assert_int_equal(m2d_engine_new(m, 2, &e), 0);
+        engine_on(backend, m, 2, &e);
         int n = 24, V = m->cfg.vocab_size;
         int32_t tok[24];
         uint64_t st = 77 + (uint64_t)variant;
@@ -792,25 +812,99 @@ static void engine_matches_naive_reference_on_checkpoints(void **state) {
     free(dir);
 }
 
+/* ---------------- device names ---------------- */
+
+static void device_names_and_missing_devices(void **state) {
+    (void)state;
+    assert_int_equal(m2d_device_check("cpu", "--device"), 0);
+    assert_int_equal(m2d_device_check("tpu", "--device"), -1);
+    assert_non_null(strstr(m2d_errmsg(), "--device 'tpu': unknown device"));
+    assert_int_equal(m2d_device_check("cpu:0", "--device"), -1);
+    assert_non_null(strstr(m2d_errmsg(), "no device index"));
+    m2d_backend *be;
+    int has_cuda = 0;
+    for (int i = 0; i < m2d_backend_count(); i++) has_cuda |= strcmp(m2d_backend_kind_at(i)->name, "cuda") == 0;
+    if (!has_cuda) { /* the default build: no cuda backend */
+        assert_int_equal(m2d_device_check("cuda:0", "--device"), -1);
+        assert_non_null(strstr(m2d_errmsg(), "make CUDA=1"));
+        assert_int_equal(m2d_backend_new("cuda", NULL, &be), -1);
+        return;
+    }
+    assert_int_equal(m2d_device_check("cuda", "--device"), 0);
+    assert_int_equal(m2d_device_check("cuda:3", "--device"), 0);
+    const char *bad[] = {"cuda:", "cuda:x", "cuda:-1", "cuda:1x"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_int_equal(m2d_device_check(bad[i], "--device"), -1);
+        assert_non_null(strstr(m2d_errmsg(), "expected a device index"));
+    }
+    /* with a GPU: device 0 opens and device 1000 does not; without: the one-line error, no fallback */
+    if (m2d_backend_new("cuda:0", NULL, &be) == 0) {
+        assert_string_equal(be->ops->name, "cuda");
+        m2d_backend_free(be);
+        assert_int_equal(m2d_backend_new("cuda:1000", NULL, &be), -1);
+        assert_non_null(strstr(m2d_errmsg(), "cuda: device 1000 does not exist"));
+    } else {
+        assert_non_null(strstr(m2d_errmsg(), "cuda: no CUDA device (cudaGetDeviceCount: "));
+        assert_null(strchr(m2d_errmsg(), '\n'));
+        assert_null(be);
+    }
+}
+
+/* ---------------- every test on every registered backend ---------------- */
+
+typedef struct {
+    const char *name;
+    void (*fn)(const char *backend);
+} backend_test;
+
+static const backend_test per_backend[] = {
+    {"op_matmul_matches_loops", op_matmul_matches_loops_on},
+    {"op_rmsnorm_analytic", op_rmsnorm_analytic_on},
+    {"op_rope_rotate_half", op_rope_rotate_half_on},
+    {"op_softmax_and_swiglu", op_softmax_and_swiglu_on},
+    {"op_topk_ties_to_lower_index", op_topk_ties_to_lower_index_on},
+    {"op_attention_causal_gqa", op_attention_causal_gqa_on},
+    {"op_convert_parallel", op_convert_parallel_on},
+    {"dense_equals_moe", dense_equals_moe_on},
+    {"streaming_logprobs_match_logits", streaming_logprobs_match_logits_on},
+    {"extend_and_branches_match_full_forward", extend_and_branches_match_full_forward_on},
+    {"hook_sees_routing_and_can_abort", hook_sees_routing_and_can_abort_on},
+    {"weight_cache_and_expert_order_give_identical_results", weight_cache_and_expert_order_give_identical_results_on},
+    {"golden_tiny_qwen3moe", golden_tiny_qwen3moe_on},
+    {"engine_matches_naive_reference_on_checkpoints", engine_matches_naive_reference_on_checkpoints_on},
+};
+#define N_PER_BACKEND (sizeof per_backend / sizeof *per_backend)
+
+typedef struct {
+    const backend_test *t;
+    const char *backend;
+} backend_case;
+
+static void run_case(void **state) {
+    const backend_case *c = *state;
+    skip_without_device(c->backend);
+    c->t->fn(c->backend);
+}
+
 int main(void) {
     /* tests run the convert-on-use path (the one big checkpoints take); the cache is compared
      * against it explicitly in weight_cache_and_expert_order_give_identical_results */
     setenv("M2D_WEIGHT_CACHE_MB", "0", 1);
-    const struct CMUnitTest tests[] = {
-        cmocka_unit_test(op_matmul_matches_loops),
-        cmocka_unit_test(op_rmsnorm_analytic),
-        cmocka_unit_test(op_rope_rotate_half),
-        cmocka_unit_test(op_softmax_and_swiglu),
-        cmocka_unit_test(op_topk_ties_to_lower_index),
-        cmocka_unit_test(op_attention_causal_gqa),
-        cmocka_unit_test(op_convert_parallel),
-        cmocka_unit_test(dense_equals_moe),
-        cmocka_unit_test(streaming_logprobs_match_logits),
-        cmocka_unit_test(extend_and_branches_match_full_forward),
-        cmocka_unit_test(hook_sees_routing_and_can_abort),
-        cmocka_unit_test(weight_cache_and_expert_order_give_identical_results),
-        cmocka_unit_test(golden_tiny_qwen3moe),
-        cmocka_unit_test(engine_matches_naive_reference_on_checkpoints),
-    };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int nb = m2d_backend_count(), n = 0;
+    backend_case *cases = calloc(N_PER_BACKEND * (size_t)nb, sizeof *cases);
+    struct CMUnitTest *tests = calloc(N_PER_BACKEND * (size_t)nb + 1, sizeof *tests);
+    char **names = calloc(N_PER_BACKEND * (size_t)nb, sizeof *names);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(device_names_and_missing_devices);
+    for (int b = 0; b < nb; b++) /* test names "name[backend]" */
+        for (size_t i = 0; i < N_PER_BACKEND; i++, n++) {
+            backend_case *c = &cases[n - 1];
+            c->t = &per_backend[i];
+            c->backend = m2d_backend_kind_at(b)->name;
+            names[n - 1] = m2d_strfmt("%s[%s]", c->t->name, c->backend);
+            tests[n] = (struct CMUnitTest){names[n - 1], run_case, NULL, NULL, c};
+        }
+    int rc = _cmocka_run_group_tests("test_engine", tests, (size_t)n, NULL, NULL);
+    for (int i = 0; i < n - 1; i++) free(names[i]);
+    free(names); free(tests); free(cases);
+    return rc;
 }

@@ -206,7 +206,7 @@ static void default_residency(m2d_engine *e) {
 int m2d_engine_open(const m2d_model *m, const m2d_engine_opts *o, m2d_engine **out) {
     *out = NULL;
     if (check_model(m)) return -1;
-    m2d_backend_opts bo = {o->n_threads};
+    m2d_backend_opts bo = {.n_threads = o->n_threads};
     m2d_backend *be;
     if (m2d_backend_new(o->backend ? o->backend : "cpu", &bo, &be)) return -1;
     if ((unsigned)o->precision >= M2D_PREC_COUNT || !(be->ops->precisions & (1u << o->precision))) {
