@@ -40,11 +40,19 @@ static void skip_without_device(const char *backend) {
     TU_SKIP("no GPU");
 }
 
+/* op tests call ops between enter and leave, as the engine does: a backend reports an op's
+ * failure (a GPU's launch error or fault) from leave() */
 static m2d_backend *new_backend(const char *name, int threads) {
     m2d_backend_opts o = {threads, 0};
     m2d_backend *be;
     if (m2d_backend_new(name, &o, &be)) fail_msg("%s", m2d_errmsg());
+    be->ops->enter(be);
     return be;
+}
+
+static void end_backend(m2d_backend *be) {
+    if (be->ops->leave(be)) fail_msg("%s", m2d_errmsg());
+    m2d_backend_free(be);
 }
 
 /* an fp32 engine on BACKEND */
@@ -103,7 +111,7 @@ static void op_matmul_matches_loops_on(const char *backend) {
             }
     }
     be->ops->release(be, xb), be->ops->release(be, yb), be->ops->weight_free(be, wh);
-    m2d_backend_free(be);
+    end_backend(be);
 }
 
 /* rmsnorm of one row of length 2 through the backend */
@@ -129,7 +137,7 @@ static void op_rmsnorm_analytic_on(const char *backend) {
     rmsnorm2(be, wh, z, 1e-6, y);
     assert_true(y[0] == 0 && y[1] == 0);
     be->ops->weight_free(be, wh);
-    m2d_backend_free(be);
+    end_backend(be);
 }
 
 /* RoPE of one row of n_heads heads at position POS, in place on host x */
@@ -163,7 +171,7 @@ static void op_rope_rotate_half_on(const char *backend) {
     memcpy(y, ref, sizeof y);
     rope_row(be, y, 1, 8, 0);
     assert_true(max_abs_diff(y, ref, 8) == 0);
-    m2d_backend_free(be);
+    end_backend(be);
 }
 
 /* the route op on one row of E logits: probabilities in place, top-k ids and gates */
@@ -194,7 +202,7 @@ static void op_softmax_and_swiglu_on(const char *backend) {
     assert_true(fabs(h[1] - 2 / (1 + exp(-1.0))) < 1e-6);
     assert_true(fabs(h[2] - 3 * -2 / (1 + exp(2.0))) < 1e-6);
     be->ops->release(be, gb), be->ops->release(be, ub);
-    m2d_backend_free(be);
+    end_backend(be);
 }
 
 /* top-k runs on the router probabilities; softmax is monotonic and maps equal logits to equal
@@ -211,7 +219,7 @@ static void op_topk_ties_to_lower_index_on(const char *backend) {
     float z[5] = {0};
     route_row(be, z, 5, 5, idx);
     for (int i = 0; i < 5; i++) assert_int_equal(idx[i], i);
-    m2d_backend_free(be);
+    end_backend(be);
 }
 
 /* naive causal GQA over one sequence of length np + nq where the first np are the prefix */
@@ -288,7 +296,7 @@ static void op_attention_causal_gqa_on(const char *backend) {
         attention_host(be, q2, k, v, T, NULL, NULL, 0, H, KV, hd, o2);
         assert_true(max_abs_diff(o2, r2, (size_t)T * H * hd) < 1e-5);
     }
-    m2d_backend_free(be);
+    end_backend(be);
     free(q); free(k); free(v); free(o); free(r); free(kp); free(vp); free(o2); free(r2); free(q2);
 }
 
@@ -306,7 +314,7 @@ static void op_convert_parallel_on(const char *backend) {
         assert_memory_equal(&f[i], &ref, 4);
     }
     be->ops->weight_free(be, wh);
-    m2d_backend_free(be);
+    end_backend(be);
     free(b);
     free(f);
 }

@@ -232,6 +232,12 @@ static void lmeval_matches_direct_engine_calls(void **state) {
     tu_tiny_teacher_close(&t);
 }
 
+static int have_cuda_backend(void) {
+    for (int i = 0; i < m2d_backend_count(); i++)
+        if (strcmp(m2d_backend_kind_at(i)->name, "cuda") == 0) return 1;
+    return 0;
+}
+
 static void cli_json_and_errors(void **state) {
     (void)state;
     char *dir = tu_model_path("tiny-qwen3moe");
@@ -246,6 +252,7 @@ static void cli_json_and_errors(void **state) {
     assert_non_null(strstr(out, "\"windows\":2"));
     assert_non_null(strstr(out, "\"tokens_scored\":254"));
     assert_non_null(strstr(out, "\"ppl\":"));
+    assert_non_null(strstr(out, "\"device\":\"cpu\""));
     free(cmd); free(out); free(err);
     /* bad input: one line on stderr, non-zero status */
     char *empty = m2d_path_join(tmp, "empty.txt"), *bad = m2d_path_join(tmp, "bad.txt");
@@ -258,6 +265,11 @@ static void cli_json_and_errors(void **state) {
         {m2d_strfmt("--model %s --data %s --seq-len 513", dir, wiki), "max_position_embeddings"},
         {m2d_strfmt("--model %s --data %s --protocol foo", dir, wiki), "gptq or lm-eval"},
         {m2d_strfmt("--data %s", wiki), "--model"},
+        {m2d_strfmt("--model %s --data %s --device tpu", dir, wiki), "ppl: --device 'tpu': unknown device"},
+        {m2d_strfmt("--model %s --data %s --device cpu:1", dir, wiki), "no device index"},
+        /* default build: no cuda backend; CUDA=1 build without a GPU: the backend's own error */
+        {m2d_strfmt("--model %s --data %s --device cuda:0 --max-windows 1", dir, wiki),
+         have_cuda_backend() ? "cuda: no CUDA device" : "make CUDA=1"},
     };
     for (size_t i = 0; i < M2D_ARRAY_LEN(cases); i++) {
         cmd = m2d_strfmt("%s ppl %s", tu_bin(), cases[i].args);

@@ -13,7 +13,7 @@
 
 static const char ppl_usage[] =
     "usage: moe2dense ppl --model DIR --data FILE [--protocol gptq|lm-eval] [--seq-len L]\n"
-    "                     [--max-windows N] [--threads N] [--json]\n"
+    "                     [--max-windows N] [--threads N] [--device cpu|cuda[:N]] [--json]\n"
     "\n"
     "Perplexity of the checkpoint in DIR (config.json, *.safetensors, tokenizer.json) on a raw\n"
     "WikiText file (e.g. data/wikitext-2-raw/wikitext-2-raw/wiki.test.raw).\n"
@@ -28,17 +28,21 @@ static const char ppl_usage[] =
     "  --seq-len L         window length (must not exceed max_position_embeddings)\n"
     "  --max-windows N     stop after N windows (lm-eval: after the last whole document that fits)\n"
     "  --threads N         compute threads (default $M2D_THREADS or all CPUs)\n"
+    "  --device D          where the engine runs: cpu (default), cuda or cuda:N (GPU N; needs a\n"
+    "                      `make CUDA=1` build and a GPU: an absent device is an error, never a\n"
+    "                      fallback to the CPU)\n"
     "  --json              print one JSON object instead of text\n"
     "\n"
     "Example:\n"
     "  moe2dense ppl --model ../shared/models/tiny-qwen3moe \\\n"
     "      --data data/wikitext-2-raw/wikitext-2-raw/wiki.test.raw --protocol lm-eval\n";
 
-static void print_result(const m2d_ppl_result *r, const char *model, const char *data, int json) {
+static void print_result(const m2d_ppl_result *r, const char *model, const char *data, const char *device, int json) {
     int gptq = strcmp(r->protocol, "gptq") == 0;
     if (json) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "protocol", r->protocol);
+        cJSON_AddStringToObject(o, "device", device);
         cJSON_AddStringToObject(o, "model", model);
         cJSON_AddStringToObject(o, "data", data);
         cJSON_AddNumberToObject(o, "seq_len", r->seq_len);
@@ -63,6 +67,7 @@ static void print_result(const m2d_ppl_result *r, const char *model, const char 
         return;
     }
     printf("protocol       %s\n", r->protocol);
+    printf("device         %s\n", device);
     printf("seq_len        %d\n", r->seq_len);
     printf("windows        %d\n", r->windows);
     printf("tokens_scored  %lld\n", (long long)r->tokens_scored);
@@ -78,12 +83,14 @@ static void print_result(const m2d_ppl_result *r, const char *model, const char 
 }
 
 static int cmd_ppl_run(int argc, char **argv) {
-    const char *model_dir = NULL, *data = NULL, *protocol = "gptq", *seq = NULL, *maxw = NULL, *threads = NULL;
+    const char *model_dir = NULL, *data = NULL, *protocol = "gptq", *seq = NULL, *maxw = NULL, *threads = NULL,
+               *device = "cpu";
     int json = 0, npos = 0;
     m2d_opt opts[] = {{"--model", 1, &model_dir, NULL},   {"--data", 1, &data, NULL},
                       {"--protocol", 1, &protocol, NULL}, {"--seq-len", 1, &seq, NULL},
                       {"--max-windows", 1, &maxw, NULL},  {"--threads", 1, &threads, NULL},
-                      {"--json", 0, NULL, &json},         {0}};
+                      {"--device", 1, &device, NULL},     {"--json", 0, NULL, &json},
+                      {0}};
     if (m2d_parse_opts("ppl", argc, argv, opts, NULL, 0, &npos)) return m2d_cmd_fail("ppl");
     if (!model_dir || !data) {
         m2d_err("ppl: --model and --data are required (see 'moe2dense help ppl')");
@@ -94,7 +101,8 @@ static int cmd_ppl_run(int argc, char **argv) {
         return m2d_cmd_fail("ppl");
     }
     long L = 0, mw = 0, nt = 0;
-    if ((seq && m2d_parse_int("ppl", "--seq-len", seq, 2, 1 << 24, &L)) ||
+    if (m2d_device_check(device, "ppl: --device") ||
+        (seq && m2d_parse_int("ppl", "--seq-len", seq, 2, 1 << 24, &L)) ||
         (maxw && m2d_parse_int("ppl", "--max-windows", maxw, 1, 1L << 30, &mw)) ||
         (threads && m2d_parse_int("ppl", "--threads", threads, 1, 1024, &nt)))
         return m2d_cmd_fail("ppl");
@@ -116,7 +124,7 @@ static int cmd_ppl_run(int argc, char **argv) {
     m2d_ppl_result r;
     int rc = m2d_model_open(model_dir, &m);
     if (rc == 0) rc = m2d_tokenizer_load(model_dir, &tk);
-    if (rc == 0) rc = m2d_engine_new(m, (int)nt, &e);
+    if (rc == 0) rc = m2d_engine_open(m, &(m2d_engine_opts){.backend = device, .n_threads = (int)nt}, &e);
     if (rc == 0) {
         int Lu;
         rc = m2d_ppl_seq_len(e, protocol, (int)L, &Lu); /* fail fast, before tokenizing */
@@ -124,7 +132,7 @@ static int cmd_ppl_run(int argc, char **argv) {
     if (rc == 0)
         rc = strcmp(protocol, "gptq") == 0 ? m2d_ppl_gptq(e, tk, text, len, (int)L, (int)mw, &r)
                                            : m2d_ppl_lmeval(e, tk, text, len, (int)L, (int)mw, &r);
-    if (rc == 0) print_result(&r, model_dir, data, json);
+    if (rc == 0) print_result(&r, model_dir, data, device, json);
     m2d_engine_free(e);
     m2d_tokenizer_free(tk);
     m2d_model_close(m);
