@@ -73,7 +73,7 @@ struct algo_entry {
     algo_key key;
     cublasLtMatmulAlgo_t algo;
     size_t ws;
-    int used;
+    int used, none; /* none: cuBLASLt has no algorithm, the naive kernel runs */
 };
 
 struct cu_be {
@@ -90,6 +90,7 @@ struct cu_be {
     int failed;           /* sticky: first failure since the last leave() report */
     char why[512];
     int streamed_note;    /* the streaming note was printed */
+    int gemm_naive;       /* knob: every GEMM through k_gemm_naive */
 };
 
 static cu_be *CU(m2d_backend *be) { return (cu_be *)be; }
@@ -369,7 +370,39 @@ static void cu_download_mat(m2d_backend *be, float *dst, int ld_dst, const m2d_m
             "cudaMemcpy2D (download_mat)");
 }
 
-/* ---- GEMM through cuBLASLt ----
+/* ---- GEMMs ---- */
+
+/* The obviously-correct GEMM next to cuBLASLt: one thread per output element, the dot product in
+ * fp32 in index order. Used when cuBLASLt has no algorithm for a shape/alignment, and for every
+ * GEMM under the knob gemm_naive = 1 (tests compare the two paths). */
+template <typename T> __device__ static float to_f32(T v);
+template <> __device__ float to_f32<float>(float v) { return v; }
+template <> __device__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__global__ static void k_gemm_naive(const T *w, int ldw, const T *x, int ldx, int n, int in, int out, float *y,
+                                    int ldy, float beta) {
+    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (int64_t)n * out) return;
+    int i = (int)(id / out), o = (int)(id % out);
+    const T *wr = w + (size_t)o * ldw, *xr = x + (size_t)i * ldx;
+    float s = 0.0f;
+    for (int k = 0; k < in; k++) s = fmaf(to_f32(xr[k]), to_f32(wr[k]), s);
+    float *yo = y + (size_t)i * ldy + o;
+    *yo = beta == 0.0f ? s : s + beta * *yo; /* beta = 0 never reads y (it may hold garbage) */
+}
+
+static void naive_gemm(cu_be *c, cudaDataType_t type, const void *w, int ldw, const void *x, int ldx, int n, int in,
+                       int out, float *y, int ldy, float beta) {
+    unsigned b = blocks_for((int64_t)n * out, 256);
+    if (type == CUDA_R_16BF)
+        k_gemm_naive<__nv_bfloat16><<<b, 256>>>((const __nv_bfloat16 *)w, ldw, (const __nv_bfloat16 *)x, ldx, n, in,
+                                                out, y, ldy, beta);
+    else k_gemm_naive<float><<<b, 256>>>((const float *)w, ldw, (const float *)x, ldx, n, in, out, y, ldy, beta);
+    launched(c, "k_gemm_naive");
+}
+
+/* cuBLASLt:
  * Row-major y[n, out] = x[n, in] · w[out, in]^T + beta y is, in cuBLASLt's column-major terms,
  * Y^T[out, n] = op(A) · B with A = w seen as [in, out] (ld ldw) transposed, and B = x seen as
  * [in, n] (ld ldx): the "TN" case, the one every cuBLASLt kernel family supports. */
@@ -401,14 +434,14 @@ static const algo_entry *find_algo(cu_be *c, const algo_key *k, cublasLtMatmulDe
     int got = 0;
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, ly, ly, pref, 1, &r, &got);
     cublasLtMatmulPreferenceDestroy(pref);
-    if (s != CUBLAS_STATUS_SUCCESS || got < 1) {
-        fail(c, "cuBLASLt: no algorithm for a %s GEMM [%d x %d] x [%d x %d]^T (status %d)",
-             k->type == CUDA_R_16BF ? "bf16" : "fp32", k->n, k->in, k->out, k->in, (int)s);
+    if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED) {
+        fail(c, "cublasLtMatmulAlgoGetHeuristic: status %d", (int)s);
         return NULL;
     }
     algo_entry *e = &c->algos[c->algo_next];
     c->algo_next = (c->algo_next + 1) % ALGO_CACHE;
     e->key = *k;
+    e->none = s != CUBLAS_STATUS_SUCCESS || got < 1; /* e.g. an odd bf16 row stride: the naive kernel */
     e->algo = r.algo;
     e->ws = r.workspaceSize;
     e->used = 1;
@@ -419,6 +452,10 @@ static const algo_entry *find_algo(cu_be *c, const algo_key *k, cublasLtMatmulDe
 static void lt_gemm(cu_be *c, cudaDataType_t type, const void *w, int ldw, const void *x, int ldx, int n, int in,
                     int out, float *y, int ldy, float beta) {
     if (c->failed || n <= 0 || out <= 0) return;
+    if (c->gemm_naive) {
+        naive_gemm(c, type, w, ldw, x, ldx, n, in, out, y, ldy, beta);
+        return;
+    }
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, ly = NULL;
     cublasOperation_t ta = CUBLAS_OP_T;
@@ -431,7 +468,8 @@ static void lt_gemm(cu_be *c, cudaDataType_t type, const void *w, int ldw, const
                       M2D_MIN(M2D_MIN(ptr_align(w), ptr_align(x)), ptr_align(y))};
         const algo_entry *e = find_algo(c, &k, op, la, lb, ly);
         float alpha = 1.0f;
-        if (e)
+        if (e && e->none) naive_gemm(c, type, w, ldw, x, ldx, n, in, out, y, ldy, beta);
+        else if (e)
             lt_ok(c, cublasLtMatmul(c->lt, op, &alpha, w, la, x, lb, &beta, y, ly, y, ly, &e->algo, c->ws, e->ws, 0),
                   "cublasLtMatmul");
     }
@@ -966,8 +1004,11 @@ static int cu_leave(m2d_backend *be) {
 }
 
 static int cu_tune(m2d_backend *be, const char *knob, int value) {
-    (void)be;
-    return m2d_err("backend cuda: knob '%s' = %d: the cuda backend has no knobs", knob, value);
+    if (strcmp(knob, "gemm_naive") == 0 && (value == 0 || value == 1)) {
+        CU(be)->gemm_naive = value;
+        return 0;
+    }
+    return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive 0|1)", knob, value);
 }
 
 static void cu_destroy(m2d_backend *be) {
