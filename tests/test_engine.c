@@ -26,24 +26,42 @@ static double max_abs_diff(const float *a, const float *b, size_t n) {
 
 /* ---------------- ops vs naive loops (through the backend object) ---------------- */
 
-/* a backend whose device this machine lacks: the test skips with "no GPU" (in CUDA=1 builds on a
- * machine without one); M2D_REQUIRE_GPU=1 (tools/gpu_check.sh) makes that a failure instead */
-static int no_device(const char *msg) { return strstr(msg, "no CUDA device") != NULL; }
-
-static void skip_without_device(const char *backend) {
+/* a backend whose device this machine lacks (in CUDA=1 builds on a machine without a GPU) */
+static int device_absent(const char *backend) {
     m2d_backend *be;
     if (m2d_backend_new(backend, NULL, &be) == 0) {
         m2d_backend_free(be);
-        return;
+        return 0;
     }
-    if (!no_device(m2d_errmsg()) || getenv("M2D_REQUIRE_GPU")) fail_msg("%s", m2d_errmsg());
-    TU_SKIP("no GPU");
+    if (!strstr(m2d_errmsg(), "no CUDA device")) fail_msg("%s", m2d_errmsg());
+    return 1;
 }
+
+/* fn(backend) on every registered backend; where a device is absent the test reports one line
+ * "no GPU" and counts as skipped after the others ran (M2D_REQUIRE_GPU=1, tools/gpu_check.sh:
+ * a failure instead) */
+static void each_backend(void (*fn)(const char *backend)) {
+    int absent = 0;
+    for (int i = 0; i < m2d_backend_count(); i++) {
+        const char *name = m2d_backend_kind_at(i)->name;
+        if (device_absent(name)) absent = 1;
+        else fn(name);
+    }
+    if (absent && getenv("M2D_REQUIRE_GPU")) fail_msg("M2D_REQUIRE_GPU is set, but: %s", m2d_errmsg());
+    if (absent) TU_SKIP("no GPU");
+}
+
+/* tests run on every registered backend: TEST(state) calls TEST_on(backend) for each */
+#define EACH_BACKEND(test)                                                  \
+    static void test(void **state) {                                        \
+        (void)state;                                                        \
+        each_backend(test##_on);                                            \
+    }
 
 /* op tests call ops between enter and leave, as the engine does: a backend reports an op's
  * failure (a GPU's launch error or fault) from leave() */
 static m2d_backend *new_backend(const char *name, int threads) {
-    m2d_backend_opts o = {threads, 0};
+    m2d_backend_opts o = {.n_threads = threads};
     m2d_backend *be;
     if (m2d_backend_new(name, &o, &be)) fail_msg("%s", m2d_errmsg());
     be->ops->enter(be);
@@ -57,7 +75,7 @@ static void end_backend(m2d_backend *be) {
 
 /* an fp32 engine on BACKEND */
 static void engine_on(const char *backend, const m2d_model *m, int threads, m2d_engine **e) {
-    m2d_engine_opts o = {backend, threads, M2D_PREC_FP32};
+    m2d_engine_opts o = {.backend = backend, .n_threads = threads, .precision = M2D_PREC_FP32};
     if (m2d_engine_open(m, &o, e)) fail_msg("%s", m2d_errmsg());
 }
 
@@ -334,6 +352,14 @@ static void op_convert_parallel_on(const char *backend) {
 }
 
 
+EACH_BACKEND(op_matmul_matches_loops)
+EACH_BACKEND(op_rmsnorm_analytic)
+EACH_BACKEND(op_rope_rotate_half)
+EACH_BACKEND(op_softmax_and_swiglu)
+EACH_BACKEND(op_topk_ties_to_lower_index)
+EACH_BACKEND(op_attention_causal_gqa)
+EACH_BACKEND(op_convert_parallel)
+
 /* ---------------- in-memory models ---------------- */
 
 typedef struct {
@@ -494,6 +520,7 @@ static void dense_equals_moe_on(const char *backend) {
     mm_free(&dense);
     mm_free(&moe);
 }
+EACH_BACKEND(dense_equals_moe)
 
 static void build_random_moe(mem_model *mm, m2d_dtype dt) {
     mm_config(mm, 2, 8, 2, 12, 0);
@@ -529,6 +556,7 @@ static void streaming_logprobs_match_logits_on(const char *backend) {
     m2d_engine_free(e);
     mm_free(&mm);
 }
+EACH_BACKEND(streaming_logprobs_match_logits)
 
 static void extend_and_branches_check(const char *backend, int gemm_min_rows) {
     mem_model mm = {0};
@@ -602,6 +630,7 @@ static void extend_and_branches_match_full_forward_on(const char *backend) {
     extend_and_branches_check(backend, 64);
     extend_and_branches_check(backend, 1);
 }
+EACH_BACKEND(extend_and_branches_match_full_forward)
 
 typedef struct { int calls; int expert_checked; m2d_engine *e; double maxdiff; } hook_state;
 
@@ -662,6 +691,7 @@ static void hook_sees_routing_and_can_abort_on(const char *backend) {
     m2d_engine_free(e);
     mm_free(&mm);
 }
+EACH_BACKEND(hook_sees_routing_and_can_abort)
 
 static void weight_cache_and_expert_order_give_identical_results_on(const char *backend) {
     mem_model mm = {0};
@@ -685,6 +715,7 @@ static void weight_cache_and_expert_order_give_identical_results_on(const char *
     m2d_engine_free(b);
     mm_free(&mm);
 }
+EACH_BACKEND(weight_cache_and_expert_order_give_identical_results)
 
 
 /* ---------------- golden outputs of the tiny Qwen3-MoE ---------------- */
@@ -771,6 +802,7 @@ static void golden_tiny_qwen3moe_on(const char *backend) {
     m2d_engine_free(e);
     m2d_model_close(model);
 }
+EACH_BACKEND(golden_tiny_qwen3moe)
 
 
 /* ---------------- naive float64 reference forward: tests/reffwd.c ---------------- */
@@ -833,6 +865,7 @@ static void engine_matches_naive_reference_on_checkpoints_on(const char *backend
     tu_rm_rf(dir);
     free(dir);
 }
+EACH_BACKEND(engine_matches_naive_reference_on_checkpoints)
 
 /* ---------------- device names ---------------- */
 
@@ -872,61 +905,26 @@ static void device_names_and_missing_devices(void **state) {
     }
 }
 
-/* ---------------- every test on every registered backend ---------------- */
-
-typedef struct {
-    const char *name;
-    void (*fn)(const char *backend);
-} backend_test;
-
-static const backend_test per_backend[] = {
-    {"op_matmul_matches_loops", op_matmul_matches_loops_on},
-    {"op_rmsnorm_analytic", op_rmsnorm_analytic_on},
-    {"op_rope_rotate_half", op_rope_rotate_half_on},
-    {"op_softmax_and_swiglu", op_softmax_and_swiglu_on},
-    {"op_topk_ties_to_lower_index", op_topk_ties_to_lower_index_on},
-    {"op_attention_causal_gqa", op_attention_causal_gqa_on},
-    {"op_convert_parallel", op_convert_parallel_on},
-    {"dense_equals_moe", dense_equals_moe_on},
-    {"streaming_logprobs_match_logits", streaming_logprobs_match_logits_on},
-    {"extend_and_branches_match_full_forward", extend_and_branches_match_full_forward_on},
-    {"hook_sees_routing_and_can_abort", hook_sees_routing_and_can_abort_on},
-    {"weight_cache_and_expert_order_give_identical_results", weight_cache_and_expert_order_give_identical_results_on},
-    {"golden_tiny_qwen3moe", golden_tiny_qwen3moe_on},
-    {"engine_matches_naive_reference_on_checkpoints", engine_matches_naive_reference_on_checkpoints_on},
-};
-#define N_PER_BACKEND (sizeof per_backend / sizeof *per_backend)
-
-typedef struct {
-    const backend_test *t;
-    const char *backend;
-} backend_case;
-
-static void run_case(void **state) {
-    const backend_case *c = *state;
-    skip_without_device(c->backend);
-    c->t->fn(c->backend);
-}
-
 int main(void) {
     /* tests run the convert-on-use path (the one big checkpoints take); the cache is compared
      * against it explicitly in weight_cache_and_expert_order_give_identical_results */
     setenv("M2D_WEIGHT_CACHE_MB", "0", 1);
-    int nb = m2d_backend_count(), n = 0;
-    backend_case *cases = calloc(N_PER_BACKEND * (size_t)nb, sizeof *cases);
-    struct CMUnitTest *tests = calloc(N_PER_BACKEND * (size_t)nb + 1, sizeof *tests);
-    char **names = calloc(N_PER_BACKEND * (size_t)nb, sizeof *names);
-    tests[n++] = (struct CMUnitTest)cmocka_unit_test(device_names_and_missing_devices);
-    for (int b = 0; b < nb; b++) /* test names "name[backend]" */
-        for (size_t i = 0; i < N_PER_BACKEND; i++, n++) {
-            backend_case *c = &cases[n - 1];
-            c->t = &per_backend[i];
-            c->backend = m2d_backend_kind_at(b)->name;
-            names[n - 1] = m2d_strfmt("%s[%s]", c->t->name, c->backend);
-            tests[n] = (struct CMUnitTest){names[n - 1], run_case, NULL, NULL, c};
-        }
-    int rc = _cmocka_run_group_tests("test_engine", tests, (size_t)n, NULL, NULL);
-    for (int i = 0; i < n - 1; i++) free(names[i]);
-    free(names); free(tests); free(cases);
-    return rc;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(op_matmul_matches_loops),
+        cmocka_unit_test(op_rmsnorm_analytic),
+        cmocka_unit_test(op_rope_rotate_half),
+        cmocka_unit_test(op_softmax_and_swiglu),
+        cmocka_unit_test(op_topk_ties_to_lower_index),
+        cmocka_unit_test(op_attention_causal_gqa),
+        cmocka_unit_test(op_convert_parallel),
+        cmocka_unit_test(dense_equals_moe),
+        cmocka_unit_test(streaming_logprobs_match_logits),
+        cmocka_unit_test(extend_and_branches_match_full_forward),
+        cmocka_unit_test(hook_sees_routing_and_can_abort),
+        cmocka_unit_test(weight_cache_and_expert_order_give_identical_results),
+        cmocka_unit_test(golden_tiny_qwen3moe),
+        cmocka_unit_test(engine_matches_naive_reference_on_checkpoints),
+        cmocka_unit_test(device_names_and_missing_devices),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }
