@@ -24,6 +24,21 @@ endif
 LIB_SRC  := $(sort $(wildcard harness/*/*.c criteria/*.c criteria/*/*.c evals/*.c evals/*/*.c))
 LIB_SRC  := $(filter-out harness/cli/main.c,$(LIB_SRC))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+
+# CUDA=1: the "cuda" backend (harness/*/*.cu, nvcc) in its own build folder, so the default build
+# and its objects stay as they are; the default build never needs nvcc. sm_90 (H100/H200) code
+# plus compute_90 PTX that newer GPUs compile at load time.
+ifeq ($(CUDA),1)
+  BUILD     := $(BUILD)-cuda
+  CUDA_HOME ?= /usr/local/cuda
+  NVCC      ?= $(CUDA_HOME)/bin/nvcc
+  NVCCFLAGS ?= -O2 -g
+  NVCCFLAGS += -std=c++20 -gencode arch=compute_90,code=[sm_90,compute_90] \
+               -Xcompiler -Wall,-Wextra,-Werror,-fno-strict-aliasing,-pthread
+  CUDA_SRC  := $(sort $(wildcard harness/*/*.cu))
+  LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CUDA_SRC:%.cu=$(BUILD)/%.o)
+  LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++
+endif
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(sort $(wildcard bench/bench_*.c))
@@ -37,8 +52,12 @@ else
   say = @:
 endif
 
-.PHONY: all deps test test-san data demo bench plots fuzz clean help layering verify-lm-eval lm-eval-goldens verify-hf hf-goldens verify-distill distill-goldens
+.PHONY: all deps test test-san data demo bench plots fuzz clean help layering verify-lm-eval lm-eval-goldens verify-hf hf-goldens verify-distill distill-goldens gpu-check
+ifeq ($(CUDA),1)
+all: $(BUILD)/moe2dense # ./moe2dense keeps pointing at the default build
+else
 all: moe2dense
+endif
 
 help:
 	@echo "make            build ./moe2dense"
@@ -56,6 +75,8 @@ help:
 	@echo "make bench      run the benchmarks (see BENCHMARKS.md)"
 	@echo "make plots      render plots/*.gp from results/"
 	@echo "make fuzz       build the libFuzzer targets (clang)"
+	@echo "make CUDA=1     also build the cuda backend (nvcc, cuBLASLt) into $(BUILD)-cuda/"
+	@echo "make gpu-check  on a GPU machine: CUDA=1 build, GPU tests and benchmarks (tools/gpu_check.sh)"
 
 moe2dense: $(BUILD)/moe2dense
 	ln -sf $(BUILD)/moe2dense $@
@@ -68,6 +89,11 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(call say,CC,$<)
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c -o $@ $<
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(call say,NVCC,$<)
+	$(Q)$(NVCC) $(CPPFLAGS) $(NVCCFLAGS) -MMD -MP -c -o $@ $<
 
 # test-only support code (fixtures, test models, fake backends): linked into tests and benches,
 # never into the product binary
@@ -178,7 +204,10 @@ plots:
 fuzz:
 	@sh fuzz/build.sh
 
+gpu-check:
+	@sh tools/gpu_check.sh
+
 clean:
-	rm -rf build build-san moe2dense
+	rm -rf build build-san build-cuda build-san-cuda moe2dense
 
 -include $(LIB_OBJ:.o=.d) $(TEST_LIB_OBJ:.o=.d) $(BUILD)/harness/cli/main.d

@@ -27,19 +27,58 @@ static double max_abs_diff(const float *a, const float *b, size_t n) {
 
 /* ---------------- ops vs naive loops (through the backend object) ---------------- */
 
+/* a backend whose device this machine lacks (in CUDA=1 builds on a machine without a GPU) */
+static int device_absent(const char *backend) {
+    m2d_backend *be;
+    if (m2d_backend_new(backend, NULL, &be) == 0) {
+        m2d_backend_free(be);
+        return 0;
+    }
+    if (!strstr(m2d_errmsg(), "no CUDA device")) fail_msg("%s", m2d_errmsg());
+    return 1;
+}
+
+/* fn(backend) on every registered backend; where a device is absent the test reports one line
+ * "no GPU" and counts as skipped after the others ran (M2D_REQUIRE_GPU=1, tools/gpu_check.sh:
+ * a failure instead) */
+static void each_backend(void (*fn)(const char *backend)) {
+    int absent = 0;
+    for (int i = 0; i < m2d_backend_count(); i++) {
+        const char *name = m2d_backend_kind_at(i)->name;
+        if (device_absent(name)) absent = 1;
+        else fn(name);
+    }
+    if (absent && getenv("M2D_REQUIRE_GPU")) fail_msg("M2D_REQUIRE_GPU is set, but: %s", m2d_errmsg());
+    if (absent) TU_SKIP("no GPU");
+}
+
+/* tests run on every registered backend: TEST(state) calls TEST_on(backend) for each */
+#define EACH_BACKEND(test)                                                  \
+    static void test(void **state) {                                        \
+        (void)state;                                                        \
+        each_backend(test##_on);                                            \
+    }
+
+/* op tests call ops between enter and leave, as the engine does: a backend reports an op's
+ * failure (a GPU's launch error or fault) from leave() */
 static m2d_backend *new_backend(const char *name, int threads) {
     m2d_backend_opts o = {.n_threads = threads};
     m2d_backend *be;
     if (m2d_backend_new(name, &o, &be)) fail_msg("%s", m2d_errmsg());
+    be->ops->enter(be);
     return be;
 }
 
-/* op tests run on every registered backend: TEST(state) calls TEST_on(backend) for each */
-#define EACH_BACKEND(test)                                                  \
-    static void test(void **state) {                                        \
-        (void)state;                                                        \
-        for (int i = 0; i < m2d_backend_count(); i++) test##_on(m2d_backend_kind_at(i)->name); \
-    }
+static void end_backend(m2d_backend *be) {
+    if (be->ops->leave(be)) fail_msg("%s", m2d_errmsg());
+    m2d_backend_free(be);
+}
+
+/* an fp32 engine on BACKEND */
+static void engine_on(const char *backend, const m2d_model *m, int threads, m2d_engine **e) {
+    m2d_engine_opts o = {.backend = backend, .n_threads = threads, .precision = M2D_PREC_FP32};
+    if (m2d_engine_open(m, &o, e)) fail_msg("%s", m2d_errmsg());
+}
 
 static m2d_buf *upload(m2d_backend *be, const void *src, size_t bytes) {
     m2d_buf *b = be->ops->alloc(be, bytes);
@@ -57,13 +96,27 @@ static m2d_weight *weight_of(m2d_backend *be, m2d_tensor *t, m2d_dtype dt, const
     return be->ops->weight_new(be, t);
 }
 
+/* y = x · w^T on BACKEND, fp32 and (where supported) bf16, against double loops; a backend with a
+ * second GEMM path under the knob gemm_naive (cuda: its simple kernel next to cuBLASLt) is checked
+ * on both */
+static void matmul_check(const char *backend, int naive);
+
 static void op_matmul_matches_loops_on(const char *backend) {
+    matmul_check(backend, 0);
+    matmul_check(backend, 1);
+}
+
+static void matmul_check(const char *backend, int naive) {
     uint64_t st = 1;
     int n = 7, in = 33, out = 19;
     float x[7 * 33], w[19 * 33], y[7 * 19];
     fill_normal(&st, x, sizeof x / 4, 1);
     fill_normal(&st, w, sizeof w / 4, 1);
     m2d_backend *be = new_backend(backend, 1);
+    if (naive && be->ops->tune(be, "gemm_naive", 1) != 0) { /* one GEMM path only */
+        end_backend(be);
+        return;
+    }
     m2d_tensor wt;
     m2d_weight *wh = weight_of(be, &wt, M2D_F32, w, out, in);
     m2d_buf *xb = upload(be, x, sizeof x), *yb = be->ops->alloc(be, sizeof y);
@@ -77,8 +130,21 @@ static void op_matmul_matches_loops_on(const char *backend) {
             /* 33 fp32 products of N(0,1) values: |err| <= 33 * eps * sum|x w| ~ 33*6e-8*33 */
             assert_true(fabs(s - y[i * out + o]) < 1e-4);
         }
+    if (be->ops->precisions & (1u << M2D_PREC_BF16)) { /* operands rounded to bf16, exact products */
+        be->ops->gemm(be, &X, wh, 0, &Y, 0.0f, M2D_PREC_BF16);
+        download(be, y, yb, sizeof y);
+        for (int i = 0; i < n; i++)
+            for (int o = 0; o < out; o++) {
+                double s = 0;
+                for (int k = 0; k < in; k++)
+                    s += (double)m2d_bf16_to_f32(m2d_f32_to_bf16(x[i * in + k])) *
+                         m2d_bf16_to_f32(m2d_f32_to_bf16(w[o * in + k]));
+                /* bf16 x bf16 products are exact in fp32: only the fp32 accumulation errs, as above */
+                assert_true(fabs(s - y[i * out + o]) < 1e-4);
+            }
+    }
     be->ops->release(be, xb), be->ops->release(be, yb), be->ops->weight_free(be, wh);
-    m2d_backend_free(be);
+    end_backend(be);
 }
 
 /* rmsnorm of one row of length 2 through the backend */
@@ -104,7 +170,7 @@ static void op_rmsnorm_analytic_on(const char *backend) {
     rmsnorm2(be, wh, z, 1e-6, y);
     assert_true(y[0] == 0 && y[1] == 0);
     be->ops->weight_free(be, wh);
-    m2d_backend_free(be);
+    end_backend(be);
 }
 
 /* RoPE of one row of n_heads heads at position POS, in place on host x */
@@ -138,7 +204,7 @@ static void op_rope_rotate_half_on(const char *backend) {
     memcpy(y, ref, sizeof y);
     rope_row(be, y, 1, 8, 0);
     assert_true(max_abs_diff(y, ref, 8) == 0);
-    m2d_backend_free(be);
+    end_backend(be);
 }
 
 /* RoPE variants: interleaved pairs, a partial rotation (rot_dim < head_dim, the rest untouched),
@@ -174,7 +240,7 @@ static void op_rope_variants_on(const char *backend) {
             for (int i = rot; i < hd; i++) assert_true(y[h * hd + i] == v[i]); /* not rotated */
         }
     }
-    m2d_backend_free(be);
+    end_backend(be);
 }
 
 /* add_bias: y[r] += b (a bf16 vector: converted like any weight); clamp to [-limit, limit] */
@@ -201,7 +267,7 @@ static void op_bias_and_clamp_on(const char *backend) {
             assert_true(ref[r * cols + i] == want);
         }
     be->ops->release(be, yb), be->ops->weight_free(be, wb);
-    m2d_backend_free(be);
+    end_backend(be);
 }
 
 /* sigmoid_scale: y[r, :] *= sigmoid(s[r, 0]) (s with a row stride of its own), against float64 */
@@ -223,7 +289,7 @@ static void op_sigmoid_scale_on(const char *backend) {
             assert_true(fabs(out[r * cols + i] - want) <= 4e-7 * fabs(want) + 1e-30);
         }
     be->ops->release(be, yb), be->ops->release(be, sb);
-    m2d_backend_free(be);
+    end_backend(be);
 }
 
 /* the route op on one row of E logits: probabilities in place, top-k ids and gates */
@@ -254,7 +320,7 @@ static void op_softmax_and_swiglu_on(const char *backend) {
     assert_true(fabs(h[1] - 2 / (1 + exp(-1.0))) < 1e-6);
     assert_true(fabs(h[2] - 3 * -2 / (1 + exp(2.0))) < 1e-6);
     be->ops->release(be, gb), be->ops->release(be, ub);
-    m2d_backend_free(be);
+    end_backend(be);
 }
 
 /* top-k runs on the router probabilities; softmax is monotonic and maps equal logits to equal
@@ -271,7 +337,7 @@ static void op_topk_ties_to_lower_index_on(const char *backend) {
     float z[5] = {0};
     route_row(be, z, 5, 5, idx);
     for (int i = 0; i < 5; i++) assert_int_equal(idx[i], i);
-    m2d_backend_free(be);
+    end_backend(be);
 }
 
 /* naive causal GQA over one sequence of length np + nq where the first np are the prefix; with a
@@ -369,7 +435,7 @@ static void op_attention_causal_gqa_on(const char *backend) {
         attention_host(be, q2, k, v, T, NULL, NULL, 0, H, KV, hd, o2);
         assert_true(max_abs_diff(o2, r2, (size_t)T * H * hd) < 1e-5);
     }
-    m2d_backend_free(be);
+    end_backend(be);
     free(q); free(k); free(v); free(o); free(r); free(kp); free(vp); free(o2); free(r2); free(q2);
 }
 
@@ -387,10 +453,11 @@ static void op_convert_parallel_on(const char *backend) {
         assert_memory_equal(&f[i], &ref, 4);
     }
     be->ops->weight_free(be, wh);
-    m2d_backend_free(be);
+    end_backend(be);
     free(b);
     free(f);
 }
+
 
 EACH_BACKEND(op_matmul_matches_loops)
 EACH_BACKEND(op_rmsnorm_analytic)
@@ -443,7 +510,7 @@ static void op_attention_window_sinks_on(const char *backend) {
     for (int i = 0; i < nq; i++)
         for (int h = 0; h < H; h++)
             for (int c = 0; c < hd; c++) assert_true(o[(size_t)i * H * hd + h * hd + c] == v[(size_t)i * KV * hd + (h / 2) * hd + c]);
-    m2d_backend_free(be);
+    end_backend(be);
     free(q); free(k); free(v); free(o); free(r); free(kp); free(vp);
 }
 
@@ -477,7 +544,7 @@ static void op_attention_scale_on(const char *backend) {
     g_attn_scale = 0;
     attention_host_ws(be, q, k + np * KV * hd, v + np * KV * hd, nq, kp, vp, np, H, KV, hd, 0, NULL, r);
     assert_true(max_abs_diff(o, r, (size_t)nq * H * hd) > 1e-3); /* the scale does change the result */
-    m2d_backend_free(be);
+    end_backend(be);
     free(q); free(k); free(v); free(o); free(r); free(kp); free(vp);
 }
 
@@ -524,7 +591,7 @@ static void op_route_group_limited_on(const char *backend) {
     }
     assert_true(differs > 0);
     be->ops->release(be, pb), be->ops->release(be, ib), be->ops->release(be, gb);
-    m2d_backend_free(be);
+    end_backend(be);
 }
 
 static void op_bias_and_clamped_swiglu_on(const char *backend) {
@@ -550,7 +617,7 @@ static void op_bias_and_clamped_swiglu_on(const char *backend) {
     }
     assert_true(fabs(h[3] - 8 * 7 / (1 + exp(-1.702 * 7))) < 1e-5); /* both clamped to 7: (7 + 1) g sig */
     be->ops->release(be, yb), be->ops->release(be, gb), be->ops->release(be, ub), be->ops->weight_free(be, bw);
-    m2d_backend_free(be);
+    end_backend(be);
 }
 
 /* GPT-OSS routing: top-k of the logits, gates a softmax over those k alone; p the full softmax */
@@ -570,7 +637,7 @@ static void op_route_topk_softmax_on(const char *backend) {
     for (int e = 0; e < 6; e++) zall += exp(ref[e]);
     for (int e = 0; e < 6; e++) assert_true(fabs(p[e] - exp(ref[e]) / zall) < 1e-6);
     be->ops->release(be, pb), be->ops->release(be, ib), be->ops->release(be, gb);
-    m2d_backend_free(be);
+    end_backend(be);
 }
 
 /* the MoE op with expert biases and the clamped activation against a direct loop, on both of the
@@ -625,7 +692,7 @@ static void op_moe_biases_clamp_on(const char *backend) {
     for (int i = 0; i < 4; i++) be->ops->release(be, all[i]);
     for (int m = 0; m < 6; m++)
         for (int e = 0; e < E; e++) be->ops->weight_free(be, wh[m][e]);
-    m2d_backend_free(be);
+    end_backend(be);
 }
 
 EACH_BACKEND(op_attention_window_sinks)
@@ -746,8 +813,7 @@ static void rand_tokens(uint64_t *st, int32_t *t, int n, int V) {
 
 /* Dense FFN == MoE with k = E, zero router (probs 1/E, renormalised gates 1/E) and experts that are
  * blocks of the dense FFN with down_proj scaled by E. */
-static void dense_equals_moe(void **state) {
-    (void)state;
+static void dense_equals_moe_on(const char *backend) {
     int L = 2, E = 4, de = 8, inter = E * de, d = 32;
     mem_model dense = {0}, moe = {0};
     mm_config(&dense, L, 0, 0, 0, inter);
@@ -778,8 +844,8 @@ static void dense_equals_moe(void **state) {
         }
     }
     m2d_engine *ed, *em;
-    assert_int_equal(m2d_engine_new(&dense.m, 2, &ed), 0);
-    assert_int_equal(m2d_engine_new(&moe.m, 2, &em), 0);
+    engine_on(backend, &dense.m, 2, &ed);
+    engine_on(backend, &moe.m, 2, &em);
     int n = 40, V = 300;
     int32_t tok[40];
     rand_tokens(&st, tok, n, V);
@@ -797,6 +863,7 @@ static void dense_equals_moe(void **state) {
     mm_free(&dense);
     mm_free(&moe);
 }
+EACH_BACKEND(dense_equals_moe)
 
 static void build_random_moe(mem_model *mm, m2d_dtype dt) {
     mm_config(mm, 2, 8, 2, 12, 0);
@@ -812,12 +879,11 @@ static double lsm(const float *z, int V, int t) {
     return z[t] - m - log(s);
 }
 
-static void streaming_logprobs_match_logits(void **state) {
-    (void)state;
+static void streaming_logprobs_match_logits_on(const char *backend) {
     mem_model mm = {0};
     build_random_moe(&mm, M2D_BF16);
     m2d_engine *e;
-    assert_int_equal(m2d_engine_new(&mm.m, 2, &e), 0);
+    engine_on(backend, &mm.m, 2, &e);
     int n = 50, V = 300;
     uint64_t st = 5;
     int32_t tok[50], tg[50];
@@ -833,13 +899,22 @@ static void streaming_logprobs_match_logits(void **state) {
     m2d_engine_free(e);
     mm_free(&mm);
 }
+EACH_BACKEND(streaming_logprobs_match_logits)
 
-static void extend_and_branches_check(int gemm_min_rows) {
+static void extend_and_branches_check(const char *backend, int gemm_min_rows) {
     mem_model mm = {0};
     build_random_moe(&mm, M2D_BF16);
     m2d_engine *e;
-    assert_int_equal(m2d_engine_new(&mm.m, 2, &e), 0);
-    assert_int_equal(m2d_engine_tune(e, "attention_gemm_min_rows", gemm_min_rows), 0);
+    engine_on(backend, &mm.m, 2, &e);
+    /* a backend with one attention kernel has no such knob: it runs the default case only */
+    if (m2d_engine_tune(e, "attention_gemm_min_rows", gemm_min_rows) != 0) {
+        assert_string_not_equal(backend, "cpu");
+        if (gemm_min_rows != 64) {
+            m2d_engine_free(e);
+            mm_free(&mm);
+            return;
+        }
+    }
     int V = 300, np = 20;
     int lens[3] = {5, 9, 1};
     uint64_t st = 9;
@@ -894,11 +969,11 @@ static void extend_and_branches_check(int gemm_min_rows) {
 }
 
 /* both attention kernels: per-row dot products (default for these short segments) and GEMMs */
-static void extend_and_branches_match_full_forward(void **state) {
-    (void)state;
-    extend_and_branches_check(64);
-    extend_and_branches_check(1);
+static void extend_and_branches_match_full_forward_on(const char *backend) {
+    extend_and_branches_check(backend, 64);
+    extend_and_branches_check(backend, 1);
 }
+EACH_BACKEND(extend_and_branches_match_full_forward)
 
 typedef struct { int calls; int expert_checked; m2d_engine *e; double maxdiff; } hook_state;
 
@@ -919,12 +994,11 @@ static int test_hook(void *user, const m2d_moe_event *ev) {
     return 0;
 }
 
-static void hook_sees_routing_and_can_abort(void **state) {
-    (void)state;
+static void hook_sees_routing_and_can_abort_on(const char *backend) {
     mem_model mm = {0};
     build_random_moe(&mm, M2D_F16);
     m2d_engine *e;
-    assert_int_equal(m2d_engine_new(&mm.m, 1, &e), 0);
+    engine_on(backend, &mm.m, 1, &e);
     hook_state h = {0};
     m2d_engine_set_moe_hook(e, test_hook, &h);
     int32_t tok[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
@@ -960,14 +1034,14 @@ static void hook_sees_routing_and_can_abort(void **state) {
     m2d_engine_free(e);
     mm_free(&mm);
 }
+EACH_BACKEND(hook_sees_routing_and_can_abort)
 
-static void weight_cache_and_expert_order_give_identical_results(void **state) {
-    (void)state;
+static void weight_cache_and_expert_order_give_identical_results_on(const char *backend) {
     mem_model mm = {0};
     build_random_moe(&mm, M2D_BF16);
     m2d_engine *a, *b;
-    assert_int_equal(m2d_engine_new(&mm.m, 2, &a), 0);
-    assert_int_equal(m2d_engine_new(&mm.m, 2, &b), 0);
+    engine_on(backend, &mm.m, 2, &a);
+    engine_on(backend, &mm.m, 2, &b);
     assert_true(m2d_engine_cache_weights(b, (size_t)1 << 30) > 0);
     m2d_engine_set_expert_parallel(b, 0); /* also: experts one at a time == expert-parallel */
     int32_t tok[30];
@@ -984,6 +1058,7 @@ static void weight_cache_and_expert_order_give_identical_results(void **state) {
     m2d_engine_free(b);
     mm_free(&mm);
 }
+EACH_BACKEND(weight_cache_and_expert_order_give_identical_results)
 
 
 /* ---------------- golden outputs of the tiny Qwen3-MoE ---------------- */
@@ -997,8 +1072,7 @@ static m2d_engine *engine_at(const m2d_model *m, int threads, m2d_precision p) {
 }
 
 
-static void golden_tiny_qwen3moe(void **state) {
-    (void)state;
+static void golden_tiny_qwen3moe_on(const char *backend) {
     const char *dir = tu_models_dir();
     if (!dir) TU_SKIP("../shared/models not found");
     char path[1024];
@@ -1020,7 +1094,7 @@ static void golden_tiny_qwen3moe(void **state) {
     assert_int_equal(len, (size_t)64 * 8192 * 4);
 
     m2d_engine *e;
-    assert_int_equal(m2d_engine_new(model, 2, &e), 0);
+    engine_on(backend, model, 2, &e);
     tu_routing rc;
     tu_routing_init(&rc, 4, 64, 8);
     m2d_engine_set_moe_hook(e, tu_routing_hook, &rc);
@@ -1092,6 +1166,7 @@ static void golden_tiny_qwen3moe(void **state) {
     m2d_engine_free(e);
     m2d_model_close(model);
 }
+EACH_BACKEND(golden_tiny_qwen3moe)
 
 
 /* ---------------- naive float64 reference forward: tests/reffwd.c ---------------- */
@@ -1099,8 +1174,7 @@ static void golden_tiny_qwen3moe(void **state) {
 /* Checkpoints written by the testmodel helper and opened through m2d_model_open: a MoE with
  * dense layers (mlp_only_layers + decoder_sparse_step), tied embeddings, f16; a dense Qwen3; a MoE
  * with YaRN RoPE past its original context (attention factor != 1). */
-static void engine_matches_naive_reference_on_checkpoints(void **state) {
-    (void)state;
+static void engine_matches_naive_reference_on_checkpoints_on(const char *backend) {
     char *dir = tu_tmpdir();
     int only[1] = {0};
     for (int variant = 0; variant < 4; variant++) {
@@ -1138,7 +1212,7 @@ static void engine_matches_naive_reference_on_checkpoints(void **state) {
             assert_true(n_moe > 0 && n_moe < 4);
         }
         m2d_engine *e;
-        assert_int_equal(m2d_engine_new(m, 2, &e), 0);
+        engine_on(backend, m, 2, &e);
         int n = 24, V = m->cfg.vocab_size;
         int32_t tok[24];
         uint64_t st = 77 + (uint64_t)variant;
@@ -1162,6 +1236,45 @@ static void engine_matches_naive_reference_on_checkpoints(void **state) {
     tu_rm_rf(dir);
     free(dir);
 }
+EACH_BACKEND(engine_matches_naive_reference_on_checkpoints)
+
+/* ---------------- device names ---------------- */
+
+static void device_names_and_missing_devices(void **state) {
+    (void)state;
+    assert_int_equal(m2d_device_check("cpu", "--device"), 0);
+    assert_int_equal(m2d_device_check("tpu", "--device"), -1);
+    assert_non_null(strstr(m2d_errmsg(), "--device 'tpu': unknown device"));
+    assert_int_equal(m2d_device_check("cpu:0", "--device"), -1);
+    assert_non_null(strstr(m2d_errmsg(), "no device index"));
+    m2d_backend *be;
+    int has_cuda = 0;
+    for (int i = 0; i < m2d_backend_count(); i++) has_cuda |= strcmp(m2d_backend_kind_at(i)->name, "cuda") == 0;
+    if (!has_cuda) { /* the default build: no cuda backend */
+        assert_int_equal(m2d_device_check("cuda:0", "--device"), -1);
+        assert_non_null(strstr(m2d_errmsg(), "make CUDA=1"));
+        assert_int_equal(m2d_backend_new("cuda", NULL, &be), -1);
+        return;
+    }
+    assert_int_equal(m2d_device_check("cuda", "--device"), 0);
+    assert_int_equal(m2d_device_check("cuda:3", "--device"), 0);
+    const char *bad[] = {"cuda:", "cuda:x", "cuda:-1", "cuda:1x"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_int_equal(m2d_device_check(bad[i], "--device"), -1);
+        assert_non_null(strstr(m2d_errmsg(), "expected a device index"));
+    }
+    /* with a GPU: device 0 opens and device 1000 does not; without: the one-line error, no fallback */
+    if (m2d_backend_new("cuda:0", NULL, &be) == 0) {
+        assert_string_equal(be->ops->name, "cuda");
+        end_backend(be);
+        assert_int_equal(m2d_backend_new("cuda:1000", NULL, &be), -1);
+        assert_non_null(strstr(m2d_errmsg(), "cuda: device 1000 does not exist"));
+    } else {
+        assert_non_null(strstr(m2d_errmsg(), "cuda: no CUDA device (cudaGetDeviceCount: "));
+        assert_null(strchr(m2d_errmsg(), '\n'));
+        assert_null(be);
+    }
+}
 
 /* ---------------- bf16 (precision BF16: operands rounded to bf16, fp32 accumulation) ---------------- */
 
@@ -1178,7 +1291,7 @@ static double bf(double v) { return m2d_bf16_to_f32(m2d_f32_to_bf16((float)v)); 
 static void op_matmul_bf16_on(const char *backend) {
     m2d_backend *be = new_backend(backend, 2);
     if (!(be->ops->precisions & (1u << M2D_PREC_BF16))) {
-        m2d_backend_free(be);
+        end_backend(be);
         return;
     }
     uint64_t st = 3;
@@ -1210,7 +1323,7 @@ static void op_matmul_bf16_on(const char *backend) {
         }
     assert_true(e_r * 256 < e_x); /* tracks the rounded operands, not the exact ones (rms ratio < 1/16) */
     be->ops->release(be, xb), be->ops->release(be, yb), be->ops->weight_free(be, wh);
-    m2d_backend_free(be);
+    end_backend(be);
     free(x); free(w); free(y);
 }
 EACH_BACKEND(op_matmul_bf16)
@@ -1359,6 +1472,7 @@ int main(void) {
         cmocka_unit_test(precision_auto_and_bad_value),
         cmocka_unit_test(engine_bf16_tracks_reference),
         cmocka_unit_test(all_experts_and_gram_match_naive),
+        cmocka_unit_test(device_names_and_missing_devices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

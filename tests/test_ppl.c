@@ -265,6 +265,44 @@ static void lmeval_max_windows_bounds_the_work(void **state) {
     tu_tiny_teacher_close(&t);
 }
 
+/* what `--device cuda:1000` says here: no backend (default build), no GPU, or no such GPU; *gpu
+ * is set when a GPU is usable */
+static const char *cuda_expectation(int *gpu) {
+    int have = 0;
+    *gpu = 0;
+    for (int i = 0; i < m2d_backend_count(); i++) have |= strcmp(m2d_backend_kind_at(i)->name, "cuda") == 0;
+    if (!have) return "make CUDA=1";
+    m2d_backend *be;
+    if (m2d_backend_new("cuda", NULL, &be)) return "cuda: no CUDA device (cudaGetDeviceCount: ";
+    m2d_backend_free(be);
+    *gpu = 1;
+    return "cuda: device 1000 does not exist";
+}
+
+static double json_number(const char *out, const char *key) {
+    char *k = m2d_strfmt("\"%s\":", key);
+    const char *p = strstr(out, k);
+    assert_non_null(p);
+    double v = strtod(p + strlen(k), NULL);
+    free(k);
+    return v;
+}
+
+/* with a GPU: the same perplexity on the cuda backend (fp32) */
+static void ppl_on_gpu_matches_cpu(const char *dir, const char *wiki, double cpu_ppl) {
+    char *out = NULL, *err = NULL;
+    char *cmd = m2d_strfmt("%s ppl --model %s --data %s --protocol gptq --seq-len 128 --max-windows 2 --json "
+                           "--device cuda:0", tu_bin(), dir, wiki);
+    assert_int_equal(tu_run(cmd, &out, &err), 0);
+    assert_non_null(strstr(out, "\"device\":\"cuda:0\""));
+    double g = json_number(out, "ppl");
+    print_message("ppl cpu %.9g, cuda %.9g\n", cpu_ppl, g);
+    /* fp32 on both sides, different summation orders: the golden logits agree to 1e-4 (test_engine),
+     * so mean NLL to ~1e-5 and ppl to ~1e-5 relative; 1e-4 leaves a margin */
+    assert_true(fabs(g - cpu_ppl) < 1e-4 * cpu_ppl);
+    free(cmd); free(out); free(err);
+}
+
 static void cli_json_and_errors(void **state) {
     (void)state;
     char *dir = tu_model_path("tiny-qwen3moe");
@@ -282,6 +320,10 @@ static void cli_json_and_errors(void **state) {
     assert_true(strtod(strstr(out, "\"peak_rss_mib\":") + 15, NULL) > 1); /* the process's peak, recorded */
     assert_non_null(strstr(out, "\"precision\":\"fp32\",\"precision_requested\":\"fp32\"")); /* the default */
     double ppl32 = strtod(strstr(out, "\"ppl\":") + 6, NULL);
+    assert_non_null(strstr(out, "\"device\":\"cpu\""));
+    int gpu;
+    const char *cuda_error = cuda_expectation(&gpu);
+    if (gpu) ppl_on_gpu_matches_cpu(dir, wiki, ppl32);
     free(cmd); free(out); free(err);
     /* bf16: recorded, and the perplexity within bf16's effect on the tiny teacher (test_engine:
      * mean NLL moves by <= ~1e-3 relative; NLL ~ 5.4, so ppl by <= ~0.5 %; measured ~0.05 %) */
@@ -309,6 +351,10 @@ static void cli_json_and_errors(void **state) {
         {m2d_strfmt("--model %s --data %s --protocol foo", dir, wiki), "gptq or lm-eval"},
         {m2d_strfmt("--data %s", wiki), "--model"},
         {m2d_strfmt("--model %s --data %s --precision fp16", dir, wiki), "ppl: --precision: 'fp16' is not a precision (auto, fp32, bf16)"},
+        {m2d_strfmt("--model %s --data %s --device tpu", dir, wiki), "ppl: --device 'tpu': unknown device"},
+        {m2d_strfmt("--model %s --data %s --device cpu:1", dir, wiki), "no device index"},
+        /* default build: no cuda backend; CUDA=1 build: the backend's own error, GPU or not */
+        {m2d_strfmt("--model %s --data %s --device cuda:1000 --max-windows 1", dir, wiki), cuda_error},
     };
     for (size_t i = 0; i < M2D_ARRAY_LEN(cases); i++) {
         cmd = m2d_strfmt("%s ppl %s", tu_bin(), cases[i].args);

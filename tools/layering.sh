@@ -14,7 +14,7 @@ for l in $LAYERS; do map="$map $(prefix "$l")=$i"; i=$((i + 1)); done
 bad=0; i=0
 for l in $LAYERS; do
   [ -d "$l" ] || { echo "layering: $l: layer folder missing" >&2; exit 2; }
-  files=$(find "$l" -name '*.[ch]' | sort)
+  files=$(find "$l" -name '*.[ch]' -o -name '*.cu' | sort)
   if [ -n "$files" ]; then
     # shellcheck disable=SC2086
     awk -v level="$i" -v map="$map" '

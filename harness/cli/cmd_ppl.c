@@ -13,7 +13,8 @@
 
 static const char ppl_usage[] =
     "usage: moe2dense ppl --model DIR --data FILE [--protocol gptq|lm-eval] [--seq-len L]\n"
-    "                     [--max-windows N] [--threads N] [--precision P] [--json]\n"
+    "                     [--max-windows N] [--threads N] [--precision P] [--device cpu|cuda[:N]]\n"
+    "                     [--json]\n"
     "\n"
     "Perplexity of the checkpoint in DIR (config.json, *.safetensors, tokenizer.json) on a raw\n"
     "WikiText file (e.g. data/wikitext-2-raw/wikitext-2-raw/wiki.test.raw).\n"
@@ -32,6 +33,9 @@ static const char ppl_usage[] =
     "  --precision P       GEMM precision: fp32 (default; exact), bf16 (operands rounded to bf16,\n"
     "                      fp32 accumulation) or auto (bf16 where the CPU computes it natively:\n"
     "                      AVX512-BF16 or AMX; else fp32). The output records the one used.\n"
+    "  --device D          where the engine runs: cpu (default), cuda or cuda:N (GPU N; needs a\n"
+    "                      `make CUDA=1` build and a GPU: an absent device is an error, never a\n"
+    "                      fallback to the CPU)\n"
     "  --json              print one JSON object instead of text\n"
     "\n"
     "Example:\n"
@@ -39,13 +43,14 @@ static const char ppl_usage[] =
     "      --data data/wikitext-2-raw/wikitext-2-raw/wiki.test.raw --protocol lm-eval\n";
 
 static void print_result(const m2d_ppl_result *r, const char *model, const char *data, m2d_precision asked,
-                         m2d_precision used, int json) {
+                         m2d_precision used, const char *device, int json) {
     int gptq = strcmp(r->protocol, "gptq") == 0;
     if (json) {
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "protocol", r->protocol);
         cJSON_AddStringToObject(o, "precision", m2d_precision_name(used));
         cJSON_AddStringToObject(o, "precision_requested", m2d_precision_name(asked));
+        cJSON_AddStringToObject(o, "device", device);
         cJSON_AddStringToObject(o, "model", model);
         cJSON_AddStringToObject(o, "data", data);
         cJSON_AddNumberToObject(o, "seq_len", r->seq_len);
@@ -72,6 +77,7 @@ static void print_result(const m2d_ppl_result *r, const char *model, const char 
     }
     printf("protocol       %s\n", r->protocol);
     printf("precision      %s (requested %s)\n", m2d_precision_name(used), m2d_precision_name(asked));
+    printf("device         %s\n", device);
     printf("seq_len        %d\n", r->seq_len);
     printf("windows        %d\n", r->windows);
     printf("tokens_scored  %lld\n", (long long)r->tokens_scored);
@@ -87,13 +93,15 @@ static void print_result(const m2d_ppl_result *r, const char *model, const char 
 }
 
 static int cmd_ppl_run(int argc, char **argv) {
-    const char *model_dir = NULL, *data = NULL, *protocol = "gptq", *seq = NULL, *maxw = NULL, *threads = NULL;
+    const char *model_dir = NULL, *data = NULL, *protocol = "gptq", *seq = NULL, *maxw = NULL, *threads = NULL,
+               *device = "cpu";
     const char *prec_s = "fp32";
     int json = 0, npos = 0;
     m2d_opt opts[] = {{"--model", 1, &model_dir, NULL},   {"--data", 1, &data, NULL},
                       {"--protocol", 1, &protocol, NULL}, {"--seq-len", 1, &seq, NULL},
                       {"--max-windows", 1, &maxw, NULL},  {"--threads", 1, &threads, NULL},
-                      {"--precision", 1, &prec_s, NULL},  {"--json", 0, NULL, &json},
+                      {"--precision", 1, &prec_s, NULL},  {"--device", 1, &device, NULL},
+                      {"--json", 0, NULL, &json},
                       {0}};
     if (m2d_parse_opts("ppl", argc, argv, opts, NULL, 0, &npos)) return m2d_cmd_fail("ppl");
     if (!model_dir || !data) {
@@ -106,7 +114,7 @@ static int cmd_ppl_run(int argc, char **argv) {
     }
     long L = 0, mw = 0, nt = 0;
     m2d_precision prec;
-    if (m2d_precision_parse(prec_s, "ppl: --precision", &prec) ||
+    if (m2d_precision_parse(prec_s, "ppl: --precision", &prec) || m2d_device_check(device, "ppl: --device") ||
         (seq && m2d_parse_int("ppl", "--seq-len", seq, 2, 1 << 24, &L)) ||
         (maxw && m2d_parse_int("ppl", "--max-windows", maxw, 1, 1L << 30, &mw)) ||
         (threads && m2d_parse_int("ppl", "--threads", threads, 1, 1024, &nt)))
@@ -129,7 +137,8 @@ static int cmd_ppl_run(int argc, char **argv) {
     m2d_ppl_result r;
     int rc = m2d_model_open(model_dir, &m);
     if (rc == 0) rc = m2d_tokenizer_load(model_dir, &tk);
-    if (rc == 0) rc = m2d_engine_open(m, &(m2d_engine_opts){.n_threads = (int)nt, .precision = prec}, &e);
+    if (rc == 0)
+        rc = m2d_engine_open(m, &(m2d_engine_opts){.backend = device, .n_threads = (int)nt, .precision = prec}, &e);
     if (rc == 0) {
         int Lu;
         rc = m2d_ppl_seq_len(e, protocol, (int)L, &Lu); /* fail fast, before tokenizing */
@@ -137,7 +146,7 @@ static int cmd_ppl_run(int argc, char **argv) {
     if (rc == 0)
         rc = strcmp(protocol, "gptq") == 0 ? m2d_ppl_gptq(e, tk, text, len, (int)L, (int)mw, &r)
                                            : m2d_ppl_lmeval(e, tk, text, len, (int)L, (int)mw, &r);
-    if (rc == 0) print_result(&r, model_dir, data, prec, m2d_engine_precision(e), json);
+    if (rc == 0) print_result(&r, model_dir, data, prec, m2d_engine_precision(e), device, json);
     m2d_engine_free(e);
     m2d_tokenizer_free(tk);
     m2d_model_close(m);

@@ -2,6 +2,7 @@
 #include "engine/backend.h"
 
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/util.h"
@@ -20,12 +21,50 @@ const char *m2d_backend_list(void) {
     return m2d_name_table_list(&backends, buf, sizeof buf);
 }
 
+/* SPEC = "name" or "name:N": the kind and the device index (-1 + m2d_err naming WHAT if bad) */
+static const m2d_backend_kind *parse_spec(const char *spec, const char *what, int *device) {
+    char name[64];
+    const char *colon = strchr(spec, ':');
+    size_t len = colon ? (size_t)(colon - spec) : strlen(spec);
+    *device = -1;
+    const m2d_backend_kind *k = NULL;
+    if (len < sizeof name) {
+        memcpy(name, spec, len);
+        name[len] = 0;
+        k = m2d_name_table_find(&backends, name);
+    }
+    if (!k) {
+        int cuda = strncmp(spec, "cuda", 4) == 0 && (spec[4] == 0 || spec[4] == ':');
+        m2d_err("%s '%s': unknown device (this build has: %s%s)", what, spec, m2d_backend_list(),
+                cuda ? "; cuda needs a build with `make CUDA=1`" : "");
+        return NULL;
+    }
+    if (!colon) return k;
+    char *end;
+    long n = strtol(colon + 1, &end, 10);
+    if (!k->has_devices || colon[1] < '0' || colon[1] > '9' || *end || n > 1 << 20) {
+        m2d_err("%s '%s': %s", what, spec,
+                k->has_devices ? "expected a device index after ':' (e.g. cuda:0)" : "this backend has no device index");
+        return NULL;
+    }
+    *device = (int)n;
+    return k;
+}
+
+int m2d_device_check(const char *spec, const char *what) {
+    int dev;
+    return parse_spec(spec ? spec : "", what, &dev) ? 0 : -1;
+}
+
 int m2d_backend_new(const char *name, const m2d_backend_opts *o, m2d_backend **out) {
     *out = NULL;
-    const m2d_backend_kind *k = m2d_name_table_find(&backends, name ? name : "");
-    if (!k) return m2d_err("backend '%s': unknown (available: %s)", name ? name : "", m2d_backend_list());
-    m2d_backend_opts dflt = {0};
-    return k->create(o ? o : &dflt, out);
+    int dev;
+    const m2d_backend_kind *k = parse_spec(name ? name : "", "backend", &dev);
+    if (!k) return -1;
+    m2d_backend_opts opts = {0};
+    if (o) opts = *o;
+    if (dev >= 0) opts.device = dev;
+    return k->create(&opts, out);
 }
 
 void m2d_backend_free(m2d_backend *be) {

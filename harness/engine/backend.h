@@ -279,6 +279,7 @@ struct m2d_backend {
 typedef struct {
     int n_threads;          /* host threads (<= 0: m2d_default_threads()) */
     m2d_precision precision; /* of the engine's GEMMs: what make_resident prepares weights for */
+    int device;             /* device index of a backend with devices ("cuda:N"); 0 otherwise */
 } m2d_backend_opts;
 
 /* ---- the table of backends ---- */
@@ -286,16 +287,24 @@ typedef struct {
     const char *name;
     const char *summary;
     int (*create)(const m2d_backend_opts *o, m2d_backend **out);
+    int has_devices;        /* accepts "name:N" (device N); "name" alone is device 0 */
 } m2d_backend_kind;
 
 void m2d_backend_register(const m2d_backend_kind *k);
-#define M2D_BACKEND(ident, ...)                                                  \
-    static const m2d_backend_kind ident##_backend_kind = {__VA_ARGS__};          \
-    __attribute__((constructor)) static void ident##_backend_register(void) {    \
-        m2d_backend_register(&ident##_backend_kind);                             \
+/* M2D_BACKEND(ident, "name", "summary", create[, .has_devices = 1]) */
+#define M2D_BACKEND(ident, name_, summary_, create_, ...)                                          \
+    static const m2d_backend_kind ident##_backend_kind = {                                         \
+        .name = name_, .summary = summary_, .create = create_, __VA_ARGS__};                       \
+    __attribute__((constructor)) static void ident##_backend_register(void) {                      \
+        m2d_backend_register(&ident##_backend_kind);                                               \
     }
-/* Create the backend NAME; an unknown name is an error listing the registered ones. */
+/* Create the backend NAME, "name" or "name:N" for a backend with devices (N overrides o->device);
+ * an unknown name is an error listing the registered ones. A backend whose device is absent fails
+ * with its own one-line error ("cuda: no CUDA device (...)"), never falling back to another. */
 int m2d_backend_new(const char *name, const m2d_backend_opts *o, m2d_backend **out);
+/* Check a --device value ("cpu", "cuda", "cuda:N") against the backends this build has, without
+ * creating one; a one-line error naming WHAT for anything else. */
+int m2d_device_check(const char *spec, const char *what);
 void m2d_backend_free(m2d_backend *be); /* NULL ok */
 const char *m2d_backend_list(void);     /* "cpu" (for messages and --help) */
 int m2d_backend_count(void);            /* registered backends, sorted by name */

@@ -1,0 +1,165 @@
+/* bench_cuda — the cuda backend on a GPU: the GEMM peak through the backend's own gemm op (the
+ * yardstick: cuBLASLt, bf16 and fp32 operands, fp32 accumulation), then PPL-eval and
+ * prompt-processing (pp512) tokens/s of the engine on 2-layer slices with the real Qwen3-30B-A3B
+ * dimensions (the MoE and its K=8 dense student), weights resident, at bf16 and fp32.
+ *
+ * Usage: bench_cuda [DIR]   (checkpoints are written to DIR, default a fresh folder in /tmp; the
+ *        transformers comparison, tools/bench_hf_gpu.py, reads the same checkpoints)
+ * Without a cuda backend in the build, or without a GPU, it says so in one line and exits 0 (so
+ * `make bench` runs everywhere); M2D_REQUIRE_GPU=1 (tools/gpu_check.sh) makes that exit 1.
+ * Each timing is the best of several runs after a warm-up; leave() synchronises the device, so
+ * the times include all GPU work. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/backend.h"
+#include "engine/engine.h"
+#include "testmodel.h"
+#include "base/util.h"
+
+static int have_cuda(void) {
+    for (int i = 0; i < m2d_backend_count(); i++)
+        if (strcmp(m2d_backend_kind_at(i)->name, "cuda") == 0) return 1;
+    return 0;
+}
+
+/* best seconds of REPS timed calls of y = x · W^T on [m, k] x [n, k] at PREC */
+static double time_gemm(m2d_backend *be, int m, int n, int k, m2d_precision prec, int reps) {
+    const m2d_backend_ops *B = be->ops;
+    uint16_t *w = m2d_malloc(sizeof(uint16_t) * (size_t)n * k);
+    float *x = m2d_malloc(sizeof(float) * (size_t)m * k);
+    for (size_t i = 0; i < (size_t)n * k; i++) w[i] = m2d_f32_to_bf16((float)((i % 23) * 0.01 - 0.1));
+    for (size_t i = 0; i < (size_t)m * k; i++) x[i] = (float)((i % 19) * 0.01 - 0.09);
+    m2d_tensor t = {"w", M2D_BF16, 2, {n, k}, w, sizeof(uint16_t) * (size_t)n * k};
+    m2d_weight *wh = B->weight_new(be, &t);
+    m2d_buf *xb = B->alloc(be, sizeof(float) * (size_t)m * k), *yb = B->alloc(be, sizeof(float) * (size_t)m * n);
+    double best = 1e30;
+    if (xb && yb && B->make_resident(be, wh) == 0) {
+        B->upload(be, xb, 0, x, sizeof(float) * (size_t)m * k);
+        m2d_mat X = m2d_mat_of(xb, 0, m, k, k), Y = m2d_mat_of(yb, 0, m, n, n);
+        for (int r = 0; r <= reps; r++) {
+            double t0 = m2d_now();
+            B->enter(be);
+            B->gemm(be, &X, wh, 0, &Y, 0.0f, prec);
+            if (B->leave(be)) break;
+            if (r) best = M2D_MIN(best, m2d_now() - t0); /* r = 0 warms up (heuristic, clocks) */
+        }
+    }
+    B->release(be, xb);
+    B->release(be, yb);
+    B->weight_free(be, wh);
+    free(w);
+    free(x);
+    return best;
+}
+
+/* returns the bf16 peak in TFLOP/s (0 if it could not be measured) */
+static double gemm_table(m2d_backend *be) {
+    static const int shapes[][3] = {{8192, 8192, 8192}, {512, 4096, 2048}, {2048, 2048, 4096}, {32, 768, 2048}};
+    printf("| GEMM m x n x k           | bf16 TFLOP/s | fp32 TFLOP/s |\n|---|---|---|\n");
+    double peak = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        int m = shapes[i][0], n = shapes[i][1], k = shapes[i][2];
+        double fl = 2.0 * m * n * k, tb = time_gemm(be, m, n, k, M2D_PREC_BF16, 10),
+               tf = time_gemm(be, m, n, k, M2D_PREC_FP32, 5);
+        printf("| %5d x %5d x %5d      | %12.1f | %12.1f |\n", m, n, k, fl / tb / 1e12, fl / tf / 1e12);
+        if (i == 0) peak = fl / tb / 1e12;
+    }
+    fflush(stdout);
+    return peak;
+}
+
+static int write_slice(const char *dir, int moe) {
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    o.moe = moe;
+    o.init_std = 0.02f;
+    o.dtype = M2D_BF16;
+    o.vocab_size = 151936; o.hidden_size = 2048; o.num_hidden_layers = 2;
+    o.num_attention_heads = 32; o.num_key_value_heads = 4; o.head_dim = 128;
+    o.num_experts = 128; o.num_experts_per_tok = 8; o.moe_intermediate_size = 768;
+    o.intermediate_size = 8 * 768; o.rope_theta = 1e6; o.max_position_embeddings = 40960;
+    o.eos_token_id = 151645;
+    char *cfg = m2d_path_join(dir, "config.json");
+    int done = m2d_file_exists(cfg);
+    free(cfg);
+    if (done) return 0; /* written by an earlier run into the same DIR */
+    if (m2d_testmodel_write(dir, &o)) {
+        fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
+        return -1;
+    }
+    return 0;
+}
+
+/* best seconds of one logprobs call over L tokens: all rows scored (ppl) or the last one (pp) */
+static double time_forward(m2d_engine *e, int V, int L, int pp, int reps) {
+    int32_t *tok = m2d_malloc(sizeof(int32_t) * (size_t)(L + 1));
+    double *lp = m2d_malloc(sizeof(double) * (size_t)L), best = 1e30;
+    uint64_t s = 12345;
+    for (int i = 0; i <= L; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        tok[i] = (int32_t)((s >> 33) % (uint64_t)V);
+    }
+    int n = pp ? L : L - 1, first = pp ? L - 1 : 0;
+    for (int r = 0; r <= reps; r++) {
+        double t0 = m2d_now();
+        if (m2d_engine_logprobs(e, tok, n, tok + 1, first, lp)) {
+            fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
+            best = 0;
+            break;
+        }
+        if (r) best = M2D_MIN(best, m2d_now() - t0);
+    }
+    free(tok);
+    free(lp);
+    return best;
+}
+
+static void model_rows(const char *dir, const char *label) {
+    m2d_model *m;
+    if (m2d_model_open(dir, &m)) {
+        fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
+        return;
+    }
+    for (int p = 1; p >= 0; p--) { /* bf16, then fp32 */
+        m2d_precision prec = p ? M2D_PREC_BF16 : M2D_PREC_FP32;
+        m2d_engine *e;
+        if (m2d_engine_open(m, &(m2d_engine_opts){.backend = "cuda", .precision = prec}, &e)) {
+            fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
+            continue;
+        }
+        size_t res = m2d_engine_cache_weights(e, m2d_engine_backend(e)->ops->resident_budget(m2d_engine_backend(e)));
+        double tp = time_forward(e, m->cfg.vocab_size, 512, 1, 5), tl = time_forward(e, m->cfg.vocab_size, 2048, 0, 3);
+        printf("| %-22s | %s | %6.2f GB | %10.0f | %10.0f |\n", label, m2d_precision_name(prec), res / 1e9,
+               tp > 0 ? 512 / tp : 0, tl > 0 ? 2047 / tl : 0);
+        fflush(stdout);
+        m2d_engine_free(e);
+    }
+    m2d_model_close(m);
+}
+
+int main(int argc, char **argv) {
+    int strict = getenv("M2D_REQUIRE_GPU") != NULL;
+    m2d_backend *be;
+    if (!have_cuda() || m2d_backend_new("cuda", NULL, &be)) {
+        printf("bench_cuda: skipped: %s\n", have_cuda() ? m2d_errmsg() : "no cuda backend in this build (make CUDA=1)");
+        return strict;
+    }
+    printf("# bench_cuda (see BENCHMARKS.md)\n\n");
+    double peak = gemm_table(be);
+    m2d_backend_free(be);
+    printf("\nbf16 GEMM peak (8192^3): %.1f TFLOP/s\n\n", peak);
+    char *root = argc > 1 ? m2d_strdup(argv[1]) : m2d_strfmt("/tmp/m2d-bench-cuda-%d", (int)getpid());
+    char *moe = m2d_path_join(root, "qwen3-30b-a3b-2l"), *dense = m2d_path_join(root, "qwen3-30b-a3b-2l-dense-k8");
+    m2d_mkdir_p(root);
+    printf("| model (2-layer slice)  | prec | resident | pp512 tok/s | ppl-2048 tok/s |\n|---|---|---|---|---|\n");
+    if (write_slice(moe, 1) == 0) model_rows(moe, "Qwen3-30B-A3B MoE");
+    if (write_slice(dense, 0) == 0) model_rows(dense, "dense student K=8");
+    printf("\ncheckpoints: %s (tools/bench_hf_gpu.py %s %s)\n", root, moe, dense);
+    free(moe);
+    free(dense);
+    free(root);
+    return 0;
+}

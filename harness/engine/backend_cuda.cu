@@ -1,0 +1,1066 @@
+/* backend_cuda — the "cuda" backend (built only by `make CUDA=1`): every op of backend.h on one
+ * NVIDIA GPU. GEMMs go through cuBLASLt with fp32 accumulation (CUBLAS_COMPUTE_32F: never TF32),
+ * fp32 or bf16 operands by the op's precision; the rest are this file's kernels.
+ *
+ * Everything runs in order on the legacy default stream, so scratch buffers are reused without
+ * events: cudaMemcpy from pageable host memory waits for the stream's earlier work before it
+ * writes, and cudaFree (when a scratch buffer grows) synchronises the device.
+ *
+ * Buffers are device memory. A weight is the checkpoint's tensor on the host; make_resident copies
+ * it to the device in its stored dtype (BF16 and F32 as they are; other dtypes as fp32, exactly).
+ * A weight that is not resident is copied to the device on every use ("streamed": correct, slow;
+ * a note on stderr says so once per backend). Either way an op sees the same device values, so the
+ * results do not depend on residency.
+ *
+ * Numerics follow backend_cpu.c: RMSNorm sums squares in fp64; RoPE angles in fp64; routing
+ * softmax with max subtraction and an fp64 sum, top-k ties to the lower index; attention scores in
+ * fp32, softmax weights and the weighted sum of values in fp64 (online softmax, one pass over the
+ * keys); the LM head's log-sum-exp in fp64 over vocabulary chunks; MoE outputs summed per token in
+ * expert-id order. Sums run in a fixed order (no atomics), so results do not depend on timing.
+ *
+ * Errors: ops do not return them. The first CUDA/cuBLASLt failure is kept (sticky), later ops are
+ * skipped, and leave() reports it with m2d_err after synchronising the device. */
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "engine/backend.h"
+#include "base/util.h"
+}
+
+/* ---- objects ---- */
+
+struct cu_buf {
+    void *p;
+    size_t bytes;
+};
+
+struct cu_weight {
+    const m2d_tensor *t;
+    void *dev;      /* resident copy, or NULL (streamed on use) */
+    m2d_dtype dt;   /* its dtype: M2D_BF16 or M2D_F32 */
+};
+
+/* scratch device buffers, each grown on demand and reused op after op */
+enum {
+    SLOT_WRAW,   /* a streamed weight range, as uploaded */
+    SLOT_WCONV,  /* a weight range converted to the GEMM's operand type */
+    SLOT_XCONV,  /* activations rounded to bf16 */
+    SLOT_MOE_X,  /* gathered expert inputs [n*k, d] */
+    SLOT_MOE_G,  /* expert gate/activation outputs [n*k, d_ff] */
+    SLOT_MOE_U,  /* expert up outputs [n*k, d_ff] */
+    SLOT_MOE_Y,  /* expert outputs [n*k, d] */
+    SLOT_MOE_IDX, /* pair order and per-token rows, int32 [2, n*k] */
+    SLOT_LM,     /* a block of LM-head logits */
+    SLOT_LM_ST,  /* running max / sum / target logit per row, fp64 [3, n] */
+    SLOT_COUNT
+};
+
+#define ALGO_CACHE 256
+
+struct algo_key {
+    int type, n, in, out, ldw, ldx, ldy;
+    unsigned align; /* min alignment of the pointers, bytes */
+};
+
+struct algo_entry {
+    algo_key key;
+    cublasLtMatmulAlgo_t algo;
+    size_t ws;
+    int used, none; /* none: cuBLASLt has no algorithm, the naive kernel runs */
+};
+
+struct cu_be {
+    m2d_backend base;
+    int device;
+    cublasLtHandle_t lt;
+    void *ws;             /* cuBLASLt workspace */
+    size_t ws_bytes;
+    void *slot[SLOT_COUNT];
+    size_t slot_cap[SLOT_COUNT];
+    algo_entry algos[ALGO_CACHE];
+    int algo_next;
+    int depth;
+    int failed;           /* sticky: first failure since the last leave() report */
+    char why[512];
+    int streamed_note;    /* the streaming note was printed */
+    int gemm_naive;       /* knob: every GEMM through k_gemm_naive */
+};
+
+static cu_be *CU(m2d_backend *be) { return (cu_be *)be; }
+static void *P(const m2d_buf *b) { return ((const cu_buf *)b)->p; }
+static float *F(const m2d_mat *m) { return (float *)P(m->buf) + m->off; }
+static const cu_weight *W(const m2d_weight *w) { return (const cu_weight *)w; }
+
+/* ---- sticky errors ---- */
+
+__attribute__((format(printf, 2, 3))) static void fail(cu_be *c, const char *fmt, ...) {
+    if (c->failed) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->why, sizeof c->why, fmt, ap);
+    va_end(ap);
+    c->failed = 1;
+}
+
+static int cuda_ok(cu_be *c, cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return 1;
+    fail(c, "%s: %s", what, cudaGetErrorString(e));
+    return 0;
+}
+
+static int lt_ok(cu_be *c, cublasStatus_t s, const char *what) {
+    if (s == CUBLAS_STATUS_SUCCESS) return 1;
+    fail(c, "%s: cuBLAS status %d", what, (int)s);
+    return 0;
+}
+
+/* after a kernel launch: launch-configuration errors surface here, faults at leave() */
+static void launched(cu_be *c, const char *kernel) { cuda_ok(c, cudaGetLastError(), kernel); }
+
+static unsigned blocks_for(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+
+/* scratch slot S with at least BYTES (contents not kept when it grows); NULL after a failure */
+static void *scratch(cu_be *c, int s, size_t bytes) {
+    if (c->failed) return NULL;
+    if (bytes > c->slot_cap[s]) {
+        cudaFree(c->slot[s]);
+        c->slot[s] = NULL;
+        c->slot_cap[s] = 0;
+        size_t want = bytes + bytes / 4; /* some headroom: shapes vary from op to op */
+        if (!cuda_ok(c, cudaMalloc(&c->slot[s], want), "cudaMalloc (scratch)")) return NULL;
+        c->slot_cap[s] = want;
+    }
+    return c->slot[s];
+}
+
+/* ---- small device helpers ---- */
+
+__device__ static float warp_sum_f(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v; /* butterfly: every lane ends with the same bits (a + b == b + a) */
+}
+
+__device__ static double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ static float warp_max_f(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* block-wide sum / max (blockDim.x a multiple of 32, <= 1024); every thread gets the result */
+__device__ static double block_sum_d(double v) {
+    __shared__ double part[32];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum_d(v);
+    __syncthreads(); /* part[] may still be read by a previous call */
+    if (lane == 0) part[wid] = v;
+    __syncthreads();
+    v = lane < nw ? part[lane] : 0.0;
+    return warp_sum_d(v);
+}
+
+__device__ static float block_max_f(float v) {
+    __shared__ float part[32];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max_f(v);
+    __syncthreads();
+    if (lane == 0) part[wid] = v;
+    __syncthreads();
+    v = lane < nw ? part[lane] : -INFINITY;
+    return warp_max_f(v);
+}
+
+/* ---- dtype kernels ---- */
+
+__global__ static void k_bf16_to_f32(const uint16_t *s, int64_t n, float *d) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) d[i] = __uint_as_float((unsigned)s[i] << 16); /* exact: bf16 is fp32's top half */
+}
+
+__global__ static void k_f32_to_bf16(const float *s, int64_t n, __nv_bfloat16 *d) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) d[i] = __float2bfloat16_rn(s[i]); /* nearest even, as m2d_f32_to_bf16 */
+}
+
+/* rows x cols window (row stride ld) to a compact bf16 matrix */
+__global__ static void k_mat_to_bf16(const float *x, int ld, int rows, int cols, __nv_bfloat16 *d) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (int64_t)rows * cols) return;
+    int r = (int)(i / cols), col = (int)(i % cols);
+    d[i] = __float2bfloat16_rn(x[(size_t)r * ld + col]);
+}
+
+/* ---- weights ---- */
+
+static m2d_dtype device_dtype(m2d_dtype stored) { return stored == M2D_BF16 ? M2D_BF16 : M2D_F32; }
+
+/* host bytes of elements [first, first+n) in the device dtype: the tensor's own bytes for
+ * BF16/F32, else a converted fp32 copy in *tmp (caller frees) */
+static const void *host_range(const m2d_tensor *t, int64_t first, int64_t n, void **tmp) {
+    *tmp = NULL;
+    if (t->dtype == M2D_BF16 || t->dtype == M2D_F32)
+        return (const char *)t->data + (size_t)first * m2d_dtype_size(t->dtype);
+    float *f = (float *)m2d_malloc(sizeof(float) * (size_t)(n ? n : 1));
+    m2d_to_f32(t->dtype, t->data, first, n, f);
+    *tmp = f;
+    return f;
+}
+
+static void note_streaming(cu_be *c) {
+    if (c->streamed_note) return;
+    c->streamed_note = 1;
+    size_t fr = 0, tot = 0;
+    cudaMemGetInfo(&fr, &tot);
+    fprintf(stderr, "cuda: note: weights not resident on the device are copied from host memory on every use "
+                    "(slow; %zu of %zu MiB device memory free; M2D_WEIGHT_CACHE_MB sets the resident budget)\n",
+            fr >> 20, tot >> 20);
+}
+
+/* device pointer to elements [first, first+n) of W in its device dtype (*dt): the resident copy,
+ * or the range uploaded into SLOT_WRAW */
+static const void *wdev(cu_be *c, const cu_weight *w, int64_t first, int64_t n, m2d_dtype *dt) {
+    *dt = w->dev ? w->dt : device_dtype(w->t->dtype);
+    size_t es = m2d_dtype_size(*dt);
+    if (w->dev) return (const char *)w->dev + (size_t)first * es;
+    note_streaming(c);
+    void *tmp, *d = scratch(c, SLOT_WRAW, (size_t)n * es);
+    if (!d) return NULL;
+    const void *src = host_range(w->t, first, n, &tmp);
+    cuda_ok(c, cudaMemcpy(d, src, (size_t)n * es, cudaMemcpyHostToDevice), "cudaMemcpy (weight)");
+    free(tmp);
+    return c->failed ? NULL : d;
+}
+
+/* elements [first, first+n) of W as WANT (M2D_F32 or M2D_BF16) on the device */
+static const void *wtyped(cu_be *c, const cu_weight *w, int64_t first, int64_t n, m2d_dtype want) {
+    m2d_dtype dt;
+    const void *p = wdev(c, w, first, n, &dt);
+    if (!p || dt == want) return p;
+    void *d = scratch(c, SLOT_WCONV, (size_t)n * m2d_dtype_size(want));
+    if (!d) return NULL;
+    if (want == M2D_F32) k_bf16_to_f32<<<blocks_for(n, 256), 256>>>((const uint16_t *)p, n, (float *)d);
+    else k_f32_to_bf16<<<blocks_for(n, 256), 256>>>((const float *)p, n, (__nv_bfloat16 *)d);
+    launched(c, "weight conversion");
+    return d;
+}
+
+static m2d_weight *cu_weight_new(m2d_backend *be, const m2d_tensor *t) {
+    (void)be;
+    cu_weight *w = (cu_weight *)m2d_calloc(1, sizeof *w);
+    w->t = t;
+    w->dt = device_dtype(t->dtype);
+    return (m2d_weight *)w;
+}
+
+static void cu_weight_free(m2d_backend *be, m2d_weight *wh) {
+    (void)be;
+    if (!wh) return;
+    cudaFree(((cu_weight *)wh)->dev);
+    free(wh);
+}
+
+static size_t cu_resident_bytes(m2d_backend *be, const m2d_weight *wh) {
+    (void)be;
+    const cu_weight *w = W(wh);
+    return w->dev ? 0 : (size_t)m2d_tensor_numel(w->t) * m2d_dtype_size(w->dt);
+}
+
+static int cu_make_resident(m2d_backend *be, m2d_weight *wh) {
+    cu_be *c = CU(be);
+    cu_weight *w = (cu_weight *)wh;
+    if (w->dev) return 0;
+    int64_t n = m2d_tensor_numel(w->t);
+    size_t bytes = (size_t)n * m2d_dtype_size(w->dt);
+    cudaError_t e = cudaMalloc(&w->dev, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        w->dev = NULL;
+        cudaGetLastError(); /* an allocation failure is not sticky: the weight stays streamed */
+        return m2d_err("cuda: no device memory for weight '%s' (%zu bytes): %s", w->t->name, bytes,
+                       cudaGetErrorString(e));
+    }
+    void *tmp;
+    const void *src = host_range(w->t, 0, n, &tmp);
+    e = cudaMemcpy(w->dev, src, bytes, cudaMemcpyHostToDevice);
+    free(tmp);
+    if (e != cudaSuccess) {
+        cudaFree(w->dev);
+        w->dev = NULL;
+        return m2d_err("cuda: copying weight '%s' to the device: %s", w->t->name, cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+/* free device memory less a reserve for activations, scratch and the cuBLASLt workspace:
+ * max(2 GiB, 10% of the device) */
+static size_t cu_resident_budget(m2d_backend *be) {
+    (void)be;
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) return 0;
+    size_t reserve = M2D_MAX((size_t)2 << 30, tot / 10);
+    return fr > reserve ? fr - reserve : 0;
+}
+
+static void cu_weight_f32(m2d_backend *be, const m2d_weight *wh, int64_t first, int64_t n, float *dst) {
+    cu_be *c = CU(be);
+    const cu_weight *w = W(wh);
+    if (!w->dev) { /* host conversion: exactly what a streamed upload would carry */
+        m2d_to_f32(w->t->dtype, w->t->data, first, n, dst);
+        return;
+    }
+    size_t es = m2d_dtype_size(w->dt);
+    void *h = m2d_malloc((size_t)(n ? n : 1) * es);
+    cuda_ok(c, cudaMemcpy(h, (const char *)w->dev + (size_t)first * es, (size_t)n * es, cudaMemcpyDeviceToHost),
+            "cudaMemcpy (weight_f32)");
+    m2d_to_f32(w->dt, h, 0, n, dst);
+    free(h);
+}
+
+/* ---- memory ---- */
+
+static m2d_buf *cu_alloc(m2d_backend *be, size_t bytes) {
+    (void)be;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        m2d_err("cuda: out of device memory allocating %zu bytes: %s", bytes, cudaGetErrorString(e));
+        return NULL;
+    }
+    cu_buf *b = (cu_buf *)m2d_calloc(1, sizeof *b);
+    b->p = p;
+    b->bytes = bytes;
+    return (m2d_buf *)b;
+}
+
+static void cu_release(m2d_backend *be, m2d_buf *b) {
+    (void)be;
+    if (!b) return;
+    cudaFree(P(b));
+    free(b);
+}
+
+static void cu_upload(m2d_backend *be, m2d_buf *dst, size_t off, const void *src, size_t bytes) {
+    cu_be *c = CU(be);
+    if (bytes && !c->failed)
+        cuda_ok(c, cudaMemcpy((char *)P(dst) + off, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (upload)");
+}
+
+static void cu_download(m2d_backend *be, void *dst, const m2d_buf *src, size_t off, size_t bytes) {
+    cu_be *c = CU(be);
+    if (bytes && !c->failed)
+        cuda_ok(c, cudaMemcpy(dst, (const char *)P(src) + off, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (download)");
+}
+
+static void cu_download_mat(m2d_backend *be, float *dst, int ld_dst, const m2d_mat *src) {
+    cu_be *c = CU(be);
+    if (c->failed || src->rows <= 0 || src->cols <= 0) return;
+    cuda_ok(c,
+            cudaMemcpy2D(dst, sizeof(float) * (size_t)ld_dst, F(src), sizeof(float) * (size_t)src->ld,
+                         sizeof(float) * (size_t)src->cols, (size_t)src->rows, cudaMemcpyDeviceToHost),
+            "cudaMemcpy2D (download_mat)");
+}
+
+/* ---- GEMMs ---- */
+
+/* The obviously-correct GEMM next to cuBLASLt: one thread per output element, the dot product in
+ * fp32 in index order. Used when cuBLASLt has no algorithm for a shape/alignment, and for every
+ * GEMM under the knob gemm_naive = 1 (tests compare the two paths). */
+template <typename T> __device__ static float to_f32(T v);
+template <> __device__ float to_f32<float>(float v) { return v; }
+template <> __device__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+__global__ static void k_gemm_naive(const T *w, int ldw, const T *x, int ldx, int n, int in, int out, float *y,
+                                    int ldy, float beta) {
+    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (int64_t)n * out) return;
+    int i = (int)(id / out), o = (int)(id % out);
+    const T *wr = w + (size_t)o * ldw, *xr = x + (size_t)i * ldx;
+    float s = 0.0f;
+    for (int k = 0; k < in; k++) s = fmaf(to_f32(xr[k]), to_f32(wr[k]), s);
+    float *yo = y + (size_t)i * ldy + o;
+    *yo = beta == 0.0f ? s : s + beta * *yo; /* beta = 0 never reads y (it may hold garbage) */
+}
+
+static void naive_gemm(cu_be *c, cudaDataType_t type, const void *w, int ldw, const void *x, int ldx, int n, int in,
+                       int out, float *y, int ldy, float beta) {
+    unsigned b = blocks_for((int64_t)n * out, 256);
+    if (type == CUDA_R_16BF)
+        k_gemm_naive<__nv_bfloat16><<<b, 256>>>((const __nv_bfloat16 *)w, ldw, (const __nv_bfloat16 *)x, ldx, n, in,
+                                                out, y, ldy, beta);
+    else k_gemm_naive<float><<<b, 256>>>((const float *)w, ldw, (const float *)x, ldx, n, in, out, y, ldy, beta);
+    launched(c, "k_gemm_naive");
+}
+
+/* cuBLASLt:
+ * Row-major y[n, out] = x[n, in] · w[out, in]^T + beta y is, in cuBLASLt's column-major terms,
+ * Y^T[out, n] = op(A) · B with A = w seen as [in, out] (ld ldw) transposed, and B = x seen as
+ * [in, n] (ld ldx): the "TN" case, the one every cuBLASLt kernel family supports. */
+
+static unsigned ptr_align(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    unsigned al = 256;
+    while (al > 1 && a % al) al >>= 1;
+    return al;
+}
+
+static int key_eq(const algo_key *a, const algo_key *b) { return memcmp(a, b, sizeof *a) == 0; }
+
+/* the heuristic's first algorithm for this shape and alignment (cached: the query costs ~10 us) */
+static const algo_entry *find_algo(cu_be *c, const algo_key *k, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
+                                   cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ly) {
+    for (int i = 0; i < ALGO_CACHE; i++)
+        if (c->algos[i].used && key_eq(&c->algos[i].key, k)) return &c->algos[i];
+    cublasLtMatmulPreference_t pref;
+    if (!lt_ok(c, cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate")) return NULL;
+    uint32_t al = k->align;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c->ws_bytes,
+                                         sizeof c->ws_bytes);
+    cublasLtMatmulPreferenceAttributes_t aligns[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++) cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &al, sizeof al);
+    cublasLtMatmulHeuristicResult_t r;
+    int got = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->lt, op, la, lb, ly, ly, pref, 1, &r, &got);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (s != CUBLAS_STATUS_SUCCESS && s != CUBLAS_STATUS_NOT_SUPPORTED) {
+        fail(c, "cublasLtMatmulAlgoGetHeuristic: status %d", (int)s);
+        return NULL;
+    }
+    algo_entry *e = &c->algos[c->algo_next];
+    c->algo_next = (c->algo_next + 1) % ALGO_CACHE;
+    e->key = *k;
+    e->none = s != CUBLAS_STATUS_SUCCESS || got < 1; /* e.g. an odd bf16 row stride: the naive kernel */
+    e->algo = r.algo;
+    e->ws = r.workspaceSize;
+    e->used = 1;
+    return e;
+}
+
+/* y = x · w^T + beta y; x and w of TYPE (CUDA_R_32F or CUDA_R_16BF), y fp32; fp32 accumulation */
+static void lt_gemm(cu_be *c, cudaDataType_t type, const void *w, int ldw, const void *x, int ldx, int n, int in,
+                    int out, float *y, int ldy, float beta) {
+    if (c->failed || n <= 0 || out <= 0) return;
+    if (c->gemm_naive) {
+        naive_gemm(c, type, w, ldw, x, ldx, n, in, out, y, ldy, beta);
+        return;
+    }
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, ly = NULL;
+    cublasOperation_t ta = CUBLAS_OP_T;
+    if (lt_ok(c, cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate") &&
+        lt_ok(c, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "TRANSA") &&
+        lt_ok(c, cublasLtMatrixLayoutCreate(&la, type, (uint64_t)in, (uint64_t)out, ldw), "layout A") &&
+        lt_ok(c, cublasLtMatrixLayoutCreate(&lb, type, (uint64_t)in, (uint64_t)n, ldx), "layout B") &&
+        lt_ok(c, cublasLtMatrixLayoutCreate(&ly, CUDA_R_32F, (uint64_t)out, (uint64_t)n, ldy), "layout C")) {
+        algo_key k = {(int)type, n, in, out, ldw, ldx, ldy,
+                      M2D_MIN(M2D_MIN(ptr_align(w), ptr_align(x)), ptr_align(y))};
+        const algo_entry *e = find_algo(c, &k, op, la, lb, ly);
+        float alpha = 1.0f;
+        if (e && e->none) naive_gemm(c, type, w, ldw, x, ldx, n, in, out, y, ldy, beta);
+        else if (e)
+            lt_ok(c, cublasLtMatmul(c->lt, op, &alpha, w, la, x, lb, &beta, y, ly, y, ly, &e->algo, c->ws, e->ws, 0),
+                  "cublasLtMatmul");
+    }
+    if (ly) cublasLtMatrixLayoutDestroy(ly);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (op) cublasLtMatmulDescDestroy(op);
+}
+
+static m2d_precision resolve(m2d_precision p) { return p == M2D_PREC_AUTO ? M2D_PREC_BF16 : p; }
+
+/* x [rows, cols] (stride ldx) as the GEMM's B operand: itself (fp32) or rounded to bf16 into
+ * SLOT_XCONV (compact, *ld = cols) */
+static const void *x_operand(cu_be *c, const float *x, int ldx, int rows, int cols, m2d_precision prec, int *ld) {
+    *ld = ldx;
+    if (prec != M2D_PREC_BF16) return x;
+    int64_t n = (int64_t)rows * cols;
+    void *d = scratch(c, SLOT_XCONV, (size_t)(n ? n : 1) * 2);
+    if (!d) return NULL;
+    k_mat_to_bf16<<<blocks_for(n, 256), 256>>>(x, ldx, rows, cols, (__nv_bfloat16 *)d);
+    launched(c, "k_mat_to_bf16");
+    *ld = cols;
+    return d;
+}
+
+/* y[n, out] = x[n, in] · W[row0 .. row0+out)^T + beta y at precision PREC */
+static void gemm_rows(cu_be *c, const float *x, int ldx, int n, int in, const cu_weight *w, int64_t row0, int out,
+                      float *y, int ldy, float beta, m2d_precision prec) {
+    if (c->failed || n <= 0 || out <= 0) return;
+    prec = resolve(prec);
+    int bf = prec == M2D_PREC_BF16, ldb;
+    const void *wp = wtyped(c, w, row0 * in, (int64_t)out * in, bf ? M2D_BF16 : M2D_F32);
+    const void *xp = wp ? x_operand(c, x, ldx, n, in, prec, &ldb) : NULL;
+    if (xp) lt_gemm(c, bf ? CUDA_R_16BF : CUDA_R_32F, wp, in, xp, ldb, n, in, out, y, ldy, beta);
+}
+
+static void cu_gemm(m2d_backend *be, const m2d_mat *x, const m2d_weight *w, int w_row0, m2d_mat *y, float beta,
+                    m2d_precision prec) {
+    gemm_rows(CU(be), F(x), x->ld, x->rows, x->cols, W(w), w_row0, y->cols, F(y), y->ld, beta, prec);
+}
+
+/* ---- per-row and elementwise kernels ---- */
+
+/* one block per row: y = x / sqrt(mean(x^2) + eps) * w, the sum of squares in fp64 */
+__global__ static void k_rmsnorm(const float *x, int ldx, const float *w, int d, double eps, float *y, int ldy) {
+    const float *xr = x + (size_t)blockIdx.x * ldx;
+    float *yr = y + (size_t)blockIdx.x * ldy;
+    double ss = 0;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += (double)xr[i] * xr[i];
+    ss = block_sum_d(ss);
+    float inv = (float)(1.0 / sqrt(ss / d + eps));
+    for (int i = threadIdx.x; i < d; i += blockDim.x) yr[i] = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
+}
+
+static int row_threads(int d) { return d >= 1024 ? 256 : d >= 256 ? 128 : 64; }
+
+static void cu_rmsnorm(m2d_backend *be, const m2d_mat *x, const m2d_weight *w, double eps, m2d_mat *y) {
+    cu_be *c = CU(be);
+    if (c->failed || x->rows <= 0) return;
+    const float *wv = (const float *)wtyped(c, W(w), 0, x->cols, M2D_F32);
+    if (!wv) return;
+    k_rmsnorm<<<x->rows, row_threads(x->cols)>>>(F(x), x->ld, wv, x->cols, eps, F(y), y->ld);
+    launched(c, "k_rmsnorm");
+}
+
+/* rotate-half RoPE, one thread per (row, head, i < hd/2); angles in fp64 as on the CPU */
+__global__ static void k_rope(float *x, int ld, int rows, int n_heads, int hd, const int32_t *pos, double theta) {
+    int half = hd / 2;
+    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (int64_t)rows * n_heads * half) return;
+    int i = (int)(id % half), h = (int)(id / half % n_heads), t = (int)(id / half / n_heads);
+    double f = pos[t] * pow(theta, -2.0 * i / hd);
+    float cs = (float)cos(f), sn = (float)sin(f);
+    float *v = x + (size_t)t * ld + (size_t)h * hd;
+    float a = v[i], b = v[i + half];
+    v[i] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)); /* no FMA contraction: the CPU's rounding */
+    v[i + half] = __fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn));
+}
+
+static void cu_rope(m2d_backend *be, m2d_mat *x, int n_heads, int hd, const m2d_buf *pos, const m2d_rope_args *r) {
+    cu_be *c = CU(be);
+    int64_t n = (int64_t)x->rows * n_heads * (hd / 2);
+    if (c->failed || n <= 0) return;
+    k_rope<<<blocks_for(n, 256), 256>>>(F(x), x->ld, x->rows, n_heads, hd, (const int32_t *)P(pos), r->theta);
+    launched(c, "k_rope");
+}
+
+__global__ static void k_glu(float *g, int ldg, const float *u, int ldu, int rows, int cols) {
+    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (int64_t)rows * cols) return;
+    int r = (int)(id / cols), j = (int)(id % cols);
+    float a = g[(size_t)r * ldg + j];
+    g[(size_t)r * ldg + j] = __fmul_rn(__fdiv_rn(a, __fadd_rn(1.0f, expf(-a))), u[(size_t)r * ldu + j]);
+}
+
+static void glu_rows(cu_be *c, float *g, int ldg, const float *u, int ldu, int rows, int cols) {
+    int64_t n = (int64_t)rows * cols;
+    if (c->failed || n <= 0) return;
+    k_glu<<<blocks_for(n, 256), 256>>>(g, ldg, u, ldu, rows, cols);
+    launched(c, "k_glu");
+}
+
+static void cu_glu(m2d_backend *be, m2d_ffn_act act, m2d_mat *g, const m2d_mat *u) {
+    (void)act; /* M2D_ACT_SWIGLU is the only activation (the engine checks) */
+    glu_rows(CU(be), F(g), g->ld, F(u), u->ld, g->rows, g->cols);
+}
+
+__global__ static void k_add(float *y, int ldy, const float *x, int ldx, int rows, int cols) {
+    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (int64_t)rows * cols) return;
+    int r = (int)(id / cols), j = (int)(id % cols);
+    y[(size_t)r * ldy + j] += x[(size_t)r * ldx + j];
+}
+
+static void cu_add(m2d_backend *be, m2d_mat *y, const m2d_mat *x) {
+    cu_be *c = CU(be);
+    int64_t n = (int64_t)y->rows * y->cols;
+    if (c->failed || n <= 0) return;
+    k_add<<<blocks_for(n, 256), 256>>>(F(y), y->ld, F(x), x->ld, y->rows, y->cols);
+    launched(c, "k_add");
+}
+
+/* row tok[i] of the table (device dtype BF16 or F32) as fp32 */
+__global__ static void k_embed(const void *table, int bf16, const int32_t *tok, int n, int d, float *x, int ldx) {
+    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (int64_t)n * d) return;
+    int i = (int)(id / d), j = (int)(id % d);
+    size_t src = (size_t)tok[i] * d + j;
+    x[(size_t)i * ldx + j] = bf16 ? __uint_as_float((unsigned)((const uint16_t *)table)[src] << 16)
+                                  : ((const float *)table)[src];
+}
+
+/* a streamed table is not uploaded whole: the token ids come to the host, the rows go up */
+static void embed_streamed(cu_be *c, const cu_weight *w, const m2d_buf *tokens, int n, m2d_mat *x) {
+    int d = x->cols;
+    int32_t *tok = (int32_t *)m2d_malloc(sizeof(int32_t) * (size_t)n);
+    float *rows = (float *)m2d_malloc(sizeof(float) * (size_t)n * d);
+    if (cuda_ok(c, cudaMemcpy(tok, P(tokens), sizeof(int32_t) * (size_t)n, cudaMemcpyDeviceToHost), "embed tokens")) {
+        for (int i = 0; i < n; i++) m2d_to_f32(w->t->dtype, w->t->data, (int64_t)tok[i] * d, d, rows + (size_t)i * d);
+        cuda_ok(c,
+                cudaMemcpy2D(F(x), sizeof(float) * (size_t)x->ld, rows, sizeof(float) * (size_t)d,
+                             sizeof(float) * (size_t)d, (size_t)n, cudaMemcpyHostToDevice),
+                "embed rows");
+    }
+    free(tok);
+    free(rows);
+}
+
+static void cu_embed(m2d_backend *be, const m2d_weight *table, const m2d_buf *tokens, int n, m2d_mat *x) {
+    cu_be *c = CU(be);
+    const cu_weight *w = W(table);
+    if (c->failed || n <= 0) return;
+    if (!w->dev) {
+        embed_streamed(c, w, tokens, n, x);
+        return;
+    }
+    int64_t tot = (int64_t)n * x->cols;
+    k_embed<<<blocks_for(tot, 256), 256>>>(w->dev, w->dt == M2D_BF16, (const int32_t *)P(tokens), n, x->cols, F(x),
+                                           x->ld);
+    launched(c, "k_embed");
+}
+
+__global__ static void k_kv_append(float *K, float *V, size_t head_stride, int pos0, const float *k, const float *v,
+                                   int ldk, int ldv, int rows, int n_kv, int hd) {
+    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (int64_t)n_kv * rows * hd) return;
+    int j = (int)(id % hd), i = (int)(id / hd % rows), g = (int)(id / hd / rows);
+    size_t dst = g * head_stride + (size_t)(pos0 + i) * hd + j;
+    K[dst] = k[(size_t)i * ldk + (size_t)g * hd + j];
+    V[dst] = v[(size_t)i * ldv + (size_t)g * hd + j];
+}
+
+static void cu_kv_append(m2d_backend *be, m2d_buf *kc, m2d_buf *vc, size_t off, size_t head_stride, int pos0,
+                         const m2d_mat *k, const m2d_mat *v, int n_kv, int hd) {
+    cu_be *c = CU(be);
+    int64_t n = (int64_t)n_kv * k->rows * hd;
+    if (c->failed || n <= 0) return;
+    k_kv_append<<<blocks_for(n, 256), 256>>>((float *)P(kc) + off, (float *)P(vc) + off, head_stride, pos0, F(k),
+                                             F(v), k->ld, v->ld, k->rows, n_kv, hd);
+    launched(c, "k_kv_append");
+}
+
+/* ---- routing: one block per token ---- */
+
+/* (value, index) argmax with ties to the lower index; index -1 loses to everything */
+__device__ static int better(float va, int ia, float vb, int ib) {
+    if (ib < 0) return ia >= 0;
+    if (ia < 0) return 0;
+    return va > vb || (va == vb && ia < ib);
+}
+
+__device__ static int block_argmax(const float *p, const unsigned char *taken, int E) {
+    __shared__ float bv[32];
+    __shared__ int bi[32];
+    float v = 0.0f;
+    int ix = -1;
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        if (!taken[e] && better(p[e], e, v, ix)) v = p[e], ix = e;
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        int oi = __shfl_xor_sync(0xffffffffu, ix, o);
+        if (better(ov, oi, v, ix)) v = ov, ix = oi;
+    }
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) bv[wid] = v, bi[wid] = ix;
+    __syncthreads();
+    if (wid == 0) {
+        v = lane < nw ? bv[lane] : 0.0f;
+        ix = lane < nw ? bi[lane] : -1;
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, v, o);
+            int oi = __shfl_xor_sync(0xffffffffu, ix, o);
+            if (better(ov, oi, v, ix)) v = ov, ix = oi;
+        }
+        if (lane == 0) bi[0] = ix;
+    }
+    __syncthreads();
+    return bi[0];
+}
+
+/* softmax in place (max-subtracted, sum in fp64), top-k by repeated argmax, gates */
+__global__ static void k_route(float *logits, int ld, int E, int k, int renorm, int32_t *topk, float *gates) {
+    extern __shared__ unsigned char sh[];
+    float *p = (float *)sh;
+    unsigned char *taken = sh + sizeof(float) * (size_t)E;
+    float *row = logits + (size_t)blockIdx.x * ld;
+    float m = -INFINITY;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) m = fmaxf(m, row[e]);
+    m = block_max_f(m);
+    double s = 0;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) s += (double)(p[e] = expf(row[e] - m));
+    s = block_sum_d(s);
+    float inv = (float)(1.0 / s);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        row[e] = p[e] = __fmul_rn(p[e], inv);
+        taken[e] = 0;
+    }
+    __syncthreads();
+    int32_t *id = topk + (size_t)blockIdx.x * k;
+    for (int j = 0; j < k; j++) {
+        int b = block_argmax(p, taken, E);
+        if (threadIdx.x == 0) id[j] = b, taken[b] = 1;
+        __syncthreads();
+    }
+    if (threadIdx.x != 0) return;
+    double t = 0;
+    for (int j = 0; j < k; j++) t += p[id[j]];
+    for (int j = 0; j < k; j++) gates[(size_t)blockIdx.x * k + j] = renorm ? (float)(p[id[j]] / t) : p[id[j]];
+}
+
+static void cu_route(m2d_backend *be, m2d_mat *logits, const m2d_route_args *r, m2d_buf *topk, m2d_buf *gates) {
+    cu_be *c = CU(be);
+    int E = logits->cols;
+    if (c->failed || logits->rows <= 0) return;
+    if (r->k < 1 || r->k > E) {
+        fail(c, "route: k = %d outside [1, %d experts]", r->k, E);
+        return;
+    }
+    size_t shm = (sizeof(float) + 1) * (size_t)E;
+    k_route<<<logits->rows, E >= 256 ? 256 : 64, shm>>>(F(logits), logits->ld, E, r->k, r->renorm ? 1 : 0,
+                                                        (int32_t *)P(topk), (float *)P(gates));
+    launched(c, "k_route");
+}
+
+/* ---- attention: one warp per (query row, head), one pass over the keys (online softmax) ---- */
+
+struct attn_dev {
+    const float *q, *ks, *vs, *kp, *vp; /* segment q/k/v, prefix cache of this layer (may be NULL) */
+    int ldq, ldk, ldv, nq, np, n_heads, n_kv, hd, ldo;
+    size_t head_stride;
+    float *out;
+};
+
+/* PER = elements of the head vector per lane (hd <= 32 * PER) */
+template <int PER>
+__device__ static void attn_key(const float (&q)[PER], const float *kr, const float *vr, int hd, float scale,
+                                float &m, double &l, double (&acc)[PER]) {
+    int lane = threadIdx.x & 31;
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PER; j++)
+        if (lane + 32 * j < hd) s += q[j] * kr[lane + 32 * j];
+    s = warp_sum_f(s) * scale; /* the same bits in every lane: the branch below is uniform */
+    if (s > m) {
+        double r = m == -INFINITY ? 0.0 : exp((double)m - s);
+        l *= r;
+#pragma unroll
+        for (int j = 0; j < PER; j++) acc[j] *= r;
+        m = s;
+    }
+    double p = exp((double)s - m);
+    l += p;
+#pragma unroll
+    for (int j = 0; j < PER; j++)
+        if (lane + 32 * j < hd) acc[j] += p * vr[lane + 32 * j];
+}
+
+template <int PER>
+__global__ static void k_attention(attn_dev a) {
+    int w = (int)(((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+    if (w >= a.nq * a.n_heads) return; /* whole warps: nq*n_heads items, blockDim a multiple of 32 */
+    int i = w / a.n_heads, h = w % a.n_heads, g = h / (a.n_heads / a.n_kv), hd = a.hd;
+    float q[PER];
+    double acc[PER];
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        q[j] = lane + 32 * j < hd ? a.q[(size_t)i * a.ldq + (size_t)h * hd + lane + 32 * j] : 0.0f;
+        acc[j] = 0.0;
+    }
+    float scale = 1.0f / sqrtf((float)hd), m = -INFINITY;
+    double l = 0.0;
+    for (int t = 0; t < a.np; t++) {
+        size_t o = g * a.head_stride + (size_t)t * hd;
+        attn_key<PER>(q, a.kp + o, a.vp + o, hd, scale, m, l, acc);
+    }
+    for (int t = 0; t <= i; t++)
+        attn_key<PER>(q, a.ks + (size_t)t * a.ldk + (size_t)g * hd, a.vs + (size_t)t * a.ldv + (size_t)g * hd, hd,
+                      scale, m, l, acc);
+    float *o = a.out + (size_t)i * a.ldo + (size_t)h * hd;
+#pragma unroll
+    for (int j = 0; j < PER; j++)
+        if (lane + 32 * j < hd) o[lane + 32 * j] = (float)(acc[j] / l);
+}
+
+static void cu_attention(m2d_backend *be, const m2d_attn_args *a) {
+    cu_be *c = CU(be);
+    int nq = a->q.rows;
+    if (c->failed || nq <= 0) return;
+    attn_dev d = {F(&a->q), F(&a->k), F(&a->v), NULL, NULL, a->q.ld, a->k.ld, a->v.ld, nq, a->np, a->n_heads,
+                  a->n_kv, a->head_dim, a->out.ld, a->head_stride, F(&a->out)};
+    if (a->np) {
+        d.kp = (const float *)P(a->k_cache) + a->cache_off;
+        d.vp = (const float *)P(a->v_cache) + a->cache_off;
+    }
+    int64_t threads = (int64_t)nq * a->n_heads * 32;
+    unsigned blocks = blocks_for(threads, 128);
+    int hd = a->head_dim;
+    if (hd <= 32) k_attention<1><<<blocks, 128>>>(d);
+    else if (hd <= 64) k_attention<2><<<blocks, 128>>>(d);
+    else if (hd <= 128) k_attention<4><<<blocks, 128>>>(d);
+    else if (hd <= 256) k_attention<8><<<blocks, 128>>>(d);
+    else if (hd <= 512) k_attention<16><<<blocks, 128>>>(d);
+    else k_attention<32><<<blocks, 128>>>(d); /* M2D_MAX_HEAD_DIM = 1024 */
+    launched(c, "k_attention");
+}
+
+/* ---- MoE: gather by expert, one GEMM per active expert and projection, scatter-add ---- */
+
+/* Xs[r] = x[token of pair[r]] */
+__global__ static void k_gather(const float *x, int ldx, const int32_t *pair, int k, int rows, int d, float *xs) {
+    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (int64_t)rows * d) return;
+    int r = (int)(id / d), j = (int)(id % d);
+    xs[id] = x[(size_t)(pair[r] / k) * ldx + j];
+}
+
+/* out[t] = sum over the token's k rows in bucket (= expert id) order of gate * Y[row]; the rows of
+ * token t are tok_rows[t*k ..] ascending, their gates gates[pair[row]] */
+__global__ static void k_scatter(const float *Y, const int32_t *pair, const int32_t *tok_rows, const float *gates,
+                                 int n, int k, int d, float *out, int ldo) {
+    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (int64_t)n * d) return;
+    int t = (int)(id / d), j = (int)(id % d);
+    float acc = 0.0f;
+    for (int s = 0; s < k; s++) {
+        int r = tok_rows[(size_t)t * k + s];
+        acc = __fadd_rn(acc, __fmul_rn(gates[pair[r]], Y[(size_t)r * d + j])); /* the CPU's o += g*y */
+    }
+    out[(size_t)t * ldo + j] = acc;
+}
+
+/* host plan: pairs (t*k + j) bucketed by expert (token order within), bucket starts, and each
+ * token's rows in bucket order; -1 + sticky error for an expert id out of range */
+struct moe_plan {
+    int *start;   /* [E + 1] */
+    int32_t *idx; /* [2, nk]: pair of each bucket row, then each token's rows ascending */
+};
+
+static int moe_plan_make(cu_be *c, const int32_t *topk, int n, int k, int E, moe_plan *p) {
+    int nk = n * k;
+    p->start = (int *)m2d_calloc((size_t)E + 1, sizeof(int));
+    p->idx = (int32_t *)m2d_malloc(sizeof(int32_t) * 2 * (size_t)nk);
+    for (int i = 0; i < nk; i++) {
+        if (topk[i] < 0 || topk[i] >= E) {
+            fail(c, "moe: expert id %d at pair %d outside [0, %d)", topk[i], i, E);
+            return -1;
+        }
+        p->start[topk[i] + 1]++;
+    }
+    for (int e = 0; e < E; e++) p->start[e + 1] += p->start[e];
+    int *fill = (int *)m2d_malloc(sizeof(int) * (size_t)(E > n ? E : n));
+    memcpy(fill, p->start, sizeof(int) * (size_t)E);
+    for (int i = 0; i < nk; i++) p->idx[fill[topk[i]]++] = i;
+    memset(fill, 0, sizeof(int) * (size_t)n);
+    for (int r = 0; r < nk; r++) { /* ascending r: each token's rows come out in expert-id order */
+        int t = p->idx[r] / k;
+        p->idx[nk + (size_t)t * k + fill[t]++] = r;
+    }
+    free(fill);
+    return 0;
+}
+
+/* the three projections of every active expert over its bucket rows (G, U: [nk, de]; Y: [nk, d]) */
+static void moe_experts(cu_be *c, const m2d_moe_args *a, const moe_plan *p, const float *Xs, float *G, float *U,
+                        float *Y) {
+    int d = a->x.cols, de = a->d_ff;
+    for (int e = 0; e < a->n_experts && !c->failed; e++) {
+        int m0 = p->start[e], mn = p->start[e + 1] - m0;
+        if (mn == 0) continue;
+        const float *xs = Xs + (size_t)m0 * d;
+        float *g = G + (size_t)m0 * de, *u = U + (size_t)m0 * de;
+        gemm_rows(c, xs, d, mn, d, W(a->gate[e]), 0, de, g, de, 0.0f, a->prec);
+        gemm_rows(c, xs, d, mn, d, W(a->up[e]), 0, de, u, de, 0.0f, a->prec);
+        glu_rows(c, g, de, u, de, mn, de);
+        gemm_rows(c, g, de, mn, de, W(a->down[e]), 0, d, Y + (size_t)m0 * d, d, 0.0f, a->prec);
+    }
+}
+
+static void cu_moe(m2d_backend *be, const m2d_moe_args *a) {
+    cu_be *c = CU(be);
+    int n = a->x.rows, d = a->x.cols, k = a->k, de = a->d_ff, nk = n * k;
+    if (c->failed || n <= 0) return;
+    int32_t *topk = (int32_t *)m2d_malloc(sizeof(int32_t) * (size_t)nk);
+    moe_plan p = {NULL, NULL};
+    /* the bucket sizes decide the GEMM shapes, which the host launches: the ids come down */
+    if (cuda_ok(c, cudaMemcpy(topk, P(a->topk), sizeof(int32_t) * (size_t)nk, cudaMemcpyDeviceToHost), "moe topk") &&
+        moe_plan_make(c, topk, n, k, a->n_experts, &p) == 0) {
+        int32_t *idx = (int32_t *)scratch(c, SLOT_MOE_IDX, sizeof(int32_t) * 2 * (size_t)nk);
+        float *Xs = (float *)scratch(c, SLOT_MOE_X, sizeof(float) * (size_t)nk * d);
+        float *G = (float *)scratch(c, SLOT_MOE_G, sizeof(float) * (size_t)nk * de);
+        float *U = (float *)scratch(c, SLOT_MOE_U, sizeof(float) * (size_t)nk * de);
+        float *Y = (float *)scratch(c, SLOT_MOE_Y, sizeof(float) * (size_t)nk * d);
+        if (idx && Xs && G && U && Y &&
+            cuda_ok(c, cudaMemcpy(idx, p.idx, sizeof(int32_t) * 2 * (size_t)nk, cudaMemcpyHostToDevice), "moe plan")) {
+            k_gather<<<blocks_for((int64_t)nk * d, 256), 256>>>(F(&a->x), a->x.ld, idx, k, nk, d, Xs);
+            launched(c, "k_gather");
+            moe_experts(c, a, &p, Xs, G, U, Y);
+            if (!c->failed) {
+                k_scatter<<<blocks_for((int64_t)n * d, 256), 256>>>(Y, idx, idx + nk, (const float *)P(a->gates), n,
+                                                                    k, d, F(&a->out), a->out.ld);
+                launched(c, "k_scatter");
+            }
+        }
+    }
+    free(p.start);
+    free(p.idx);
+    free(topk);
+}
+
+/* ---- LM head log-probabilities: chunks of the vocabulary, running log-sum-exp in fp64 ---- */
+#define LM_CHUNK 16384 /* vocabulary rows per GEMM */
+#define LM_ROWS 512    /* hidden rows per GEMM: at most 32 MiB of logits at once */
+
+__global__ static void k_lse_init(double *st, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) st[i] = -INFINITY, st[n + i] = 0.0, st[2 * n + i] = 0.0;
+}
+
+/* one block per row of z [rows, nv]: fold the chunk at vocabulary offset v0 into (max, sum) */
+__global__ static void k_lse_chunk(const float *z, int nv, int v0, const int32_t *targets, double *st, int n, int r0) {
+    int r = blockIdx.x, i = r0 + r;
+    const float *zr = z + (size_t)r * nv;
+    float cm = -INFINITY;
+    for (int j = threadIdx.x; j < nv; j += blockDim.x) cm = fmaxf(cm, zr[j]);
+    cm = block_max_f(cm);
+    double s = 0;
+    for (int j = threadIdx.x; j < nv; j += blockDim.x) s += exp((double)zr[j] - cm);
+    s = block_sum_d(s);
+    if (threadIdx.x != 0) return;
+    double *mx = st + i, *sum = st + n + i, *tgt = st + 2 * n + i;
+    if (cm > *mx) {
+        *sum = *sum * exp(*mx - cm) + s;
+        *mx = cm;
+    } else {
+        *sum += s * exp(cm - *mx);
+    }
+    int t = targets[i];
+    if (t >= v0 && t < v0 + nv) *tgt = zr[t - v0];
+}
+
+__global__ static void k_lse_final(const double *st, int n, double *lp) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) lp[i] = st[2 * n + i] - st[i] - log(st[n + i]);
+}
+
+static void cu_logprobs(m2d_backend *be, const m2d_mat *hid, const m2d_weight *head, int V, const m2d_buf *targets,
+                        m2d_buf *lpb, m2d_precision prec) {
+    cu_be *c = CU(be);
+    int n = hid->rows, d = hid->cols, ldb;
+    if (c->failed || n <= 0) return;
+    prec = resolve(prec);
+    int bf = prec == M2D_PREC_BF16;
+    double *st = (double *)scratch(c, SLOT_LM_ST, sizeof(double) * 3 * (size_t)n);
+    float *z = (float *)scratch(c, SLOT_LM, sizeof(float) * (size_t)M2D_MIN(n, LM_ROWS) * M2D_MIN(V, LM_CHUNK));
+    const void *x = st && z ? x_operand(c, F(hid), hid->ld, n, d, prec, &ldb) : NULL; /* rounded once */
+    if (!x) return;
+    k_lse_init<<<blocks_for(n, 256), 256>>>(st, n);
+    launched(c, "k_lse_init");
+    const int32_t *tg = (const int32_t *)P(targets);
+    for (int v0 = 0; v0 < V && !c->failed; v0 += LM_CHUNK) {
+        int nv = M2D_MIN(LM_CHUNK, V - v0);
+        const void *w = wtyped(c, W(head), (int64_t)v0 * d, (int64_t)nv * d, bf ? M2D_BF16 : M2D_F32);
+        for (int r0 = 0; w && r0 < n && !c->failed; r0 += LM_ROWS) {
+            int nr = M2D_MIN(LM_ROWS, n - r0);
+            const char *xr = (const char *)x + (size_t)r0 * ldb * (bf ? 2 : 4);
+            lt_gemm(c, bf ? CUDA_R_16BF : CUDA_R_32F, w, d, xr, ldb, nr, d, nv, z, nv, 0.0f);
+            k_lse_chunk<<<nr, 256>>>(z, nv, v0, tg, st, n, r0);
+            launched(c, "k_lse_chunk");
+        }
+    }
+    k_lse_final<<<blocks_for(n, 256), 256>>>(st, n, (double *)P(lpb));
+    launched(c, "k_lse_final");
+}
+
+/* ---- lifecycle ---- */
+
+static void cu_enter(m2d_backend *be) {
+    cu_be *c = CU(be);
+    if (c->depth++ == 0) cuda_ok(c, cudaSetDevice(c->device), "cudaSetDevice");
+}
+
+/* the outermost leave synchronises, so a kernel fault is reported by the entry point that ran it */
+static int cu_leave(m2d_backend *be) {
+    cu_be *c = CU(be);
+    if (c->depth > 0 && --c->depth > 0) return 0;
+    cuda_ok(c, cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    if (!c->failed) return 0;
+    c->failed = 0;
+    cudaGetLastError(); /* a non-sticky error is cleared; a sticky one will fail the next op again */
+    return m2d_err("cuda: device %d: %s", c->device, c->why);
+}
+
+static int cu_tune(m2d_backend *be, const char *knob, int value) {
+    if (strcmp(knob, "gemm_naive") == 0 && (value == 0 || value == 1)) {
+        CU(be)->gemm_naive = value;
+        return 0;
+    }
+    return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive 0|1)", knob, value);
+}
+
+static void cu_destroy(m2d_backend *be) {
+    cu_be *c = CU(be);
+    for (int s = 0; s < SLOT_COUNT; s++) cudaFree(c->slot[s]);
+    cudaFree(c->ws);
+    if (c->lt) cublasLtDestroy(c->lt);
+    free(c);
+}
+
+static m2d_backend_ops make_ops(void) {
+    m2d_backend_ops o;
+    memset(&o, 0, sizeof o);
+    o.name = "cuda";
+    o.precisions = (1u << M2D_PREC_FP32) | (1u << M2D_PREC_BF16);
+    o.destroy = cu_destroy, o.tune = cu_tune, o.enter = cu_enter, o.leave = cu_leave;
+    o.alloc = cu_alloc, o.release = cu_release, o.upload = cu_upload, o.download = cu_download;
+    o.download_mat = cu_download_mat;
+    o.weight_new = cu_weight_new, o.weight_free = cu_weight_free, o.resident_bytes = cu_resident_bytes;
+    o.make_resident = cu_make_resident, o.resident_budget = cu_resident_budget, o.weight_f32 = cu_weight_f32;
+    o.embed = cu_embed, o.gemm = cu_gemm, o.rmsnorm = cu_rmsnorm, o.rope = cu_rope, o.attention = cu_attention;
+    o.kv_append = cu_kv_append, o.glu = cu_glu, o.add = cu_add, o.route = cu_route, o.moe = cu_moe;
+    o.logprobs = cu_logprobs;
+    return o;
+}
+
+static const m2d_backend_ops cuda_ops = make_ops();
+
+#define WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLAS's recommendation for Hopper */
+
+static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
+    *out = NULL;
+    int n = 0, dev = o->device;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) return m2d_err("cuda: no CUDA device (cudaGetDeviceCount: %s)", cudaGetErrorString(e));
+    if (n == 0) return m2d_err("cuda: no CUDA device (cudaGetDeviceCount: 0 devices)");
+    if (dev < 0 || dev >= n) return m2d_err("cuda: device %d does not exist (%d CUDA devices: 0..%d)", dev, n, n - 1);
+    if ((e = cudaSetDevice(dev)) != cudaSuccess) return m2d_err("cuda: cudaSetDevice(%d): %s", dev, cudaGetErrorString(e));
+    cu_be *c = (cu_be *)m2d_calloc(1, sizeof *c);
+    c->base.ops = &cuda_ops;
+    c->device = dev;
+    c->ws_bytes = WORKSPACE_BYTES;
+    cublasStatus_t s = cublasLtCreate(&c->lt);
+    if (s != CUBLAS_STATUS_SUCCESS || (e = cudaMalloc(&c->ws, c->ws_bytes)) != cudaSuccess) {
+        if (s == CUBLAS_STATUS_SUCCESS) cublasLtDestroy(c->lt);
+        free(c);
+        return s != CUBLAS_STATUS_SUCCESS ? m2d_err("cuda: cublasLtCreate: status %d", (int)s)
+                                          : m2d_err("cuda: workspace: %s", cudaGetErrorString(e));
+    }
+    *out = &c->base;
+    return 0;
+}
+
+M2D_BACKEND(cuda, "cuda", "NVIDIA GPU (cuda[:N]): cuBLASLt fp32/bf16 GEMMs with fp32 accumulation, fused kernels",
+            cu_create, .has_devices = 1)
