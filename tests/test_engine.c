@@ -1060,6 +1060,36 @@ static void weight_cache_and_expert_order_give_identical_results_on(const char *
 }
 EACH_BACKEND(weight_cache_and_expert_order_give_identical_results)
 
+/* The same logits, bit for bit, at 1 and 2 threads on the tiny teacher over 384 tokens (GEMMs large
+ * enough to be split across threads: backend.h promises results independent of the thread count,
+ * so a run reproduces at any --threads; an earlier CPU backend sized its GEMM blocks by the thread
+ * count and moved perplexity in the 8th digit). */
+static void results_do_not_depend_on_thread_count_on(const char *backend) {
+    const char *dir = tu_models_dir();
+    if (!dir) TU_SKIP("../shared/models not found");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tiny-qwen3moe", dir);
+    m2d_model *model;
+    if (m2d_model_open(path, &model)) fail_msg("%s", m2d_errmsg());
+    enum { N = 384 };
+    int32_t tok[N];
+    uint64_t st = 11;
+    rand_tokens(&st, tok, N, model->cfg.vocab_size);
+    size_t nl = (size_t)N * model->cfg.vocab_size;
+    float *l1 = malloc(sizeof(float) * nl), *l2 = malloc(sizeof(float) * nl);
+    m2d_engine *e1, *e2;
+    engine_on(backend, model, 1, &e1);
+    engine_on(backend, model, 2, &e2);
+    assert_int_equal(m2d_engine_logits(e1, tok, N, l1), 0);
+    assert_int_equal(m2d_engine_logits(e2, tok, N, l2), 0);
+    assert_memory_equal(l1, l2, sizeof(float) * nl);
+    free(l1); free(l2);
+    m2d_engine_free(e1);
+    m2d_engine_free(e2);
+    m2d_model_close(model);
+}
+EACH_BACKEND(results_do_not_depend_on_thread_count)
+
 
 /* ---------------- golden outputs of the tiny Qwen3-MoE ---------------- */
 
@@ -1466,6 +1496,7 @@ int main(void) {
         cmocka_unit_test(extend_and_branches_match_full_forward),
         cmocka_unit_test(hook_sees_routing_and_can_abort),
         cmocka_unit_test(weight_cache_and_expert_order_give_identical_results),
+        cmocka_unit_test(results_do_not_depend_on_thread_count),
         cmocka_unit_test(golden_tiny_qwen3moe),
         cmocka_unit_test(engine_matches_naive_reference_on_checkpoints),
         cmocka_unit_test(op_matmul_bf16),

@@ -19,6 +19,7 @@
 #include "base/util.h"
 #include "calib/calib.h"
 #include "convert/convert.h"
+#include "engine/backend.h"
 #include "engine/engine.h"
 #include "familyckpt.h"
 #include "hfcheck.h"
@@ -317,6 +318,40 @@ static void cross_model_sweep(void **state) {
     free(text), free(cmd), free(out), free(err), free(csv), free(dir);
 }
 
+/* A test-only backend: the CPU backend without the optional ops add_bias and sigmoid_scale (as a
+ * backend that has not implemented them yet, e.g. cuda). */
+static m2d_backend_ops nobias_ops;
+static int nobias_create(const m2d_backend_opts *o, m2d_backend **out) {
+    if (m2d_backend_new("cpu", o, out)) return -1;
+    nobias_ops = *(*out)->ops;
+    nobias_ops.name = "cpu-nobias";
+    nobias_ops.add_bias = NULL;
+    nobias_ops.sigmoid_scale = NULL;
+    (*out)->ops = &nobias_ops;
+    return 0;
+}
+M2D_BACKEND(nobias, "cpu-nobias", "test only: the CPU backend without add_bias and sigmoid_scale", nobias_create)
+
+/* A model whose layers need an op the backend leaves out is refused when the engine opens, naming
+ * the op and the backend (not a crash mid-forward); a model that needs none of them runs. */
+static void backend_without_an_op_refuses_the_model(void **state) {
+    (void)state;
+    char *dir = build("qwen2moe"); /* q/k/v biases and a gated shared expert */
+    m2d_model *m = open_model(dir);
+    m2d_engine *e = NULL;
+    assert_int_equal(m2d_engine_open(m, &(m2d_engine_opts){.backend = "cpu-nobias", .n_threads = 1}, &e), -1);
+    assert_null(e);
+    assert_non_null(strstr(m2d_errmsg(), "needs the backend op 'add_bias', which backend cpu-nobias does not implement"));
+    m2d_model_close(m);
+    free(dir);
+    dir = build("mixtral"); /* no biases, no shared expert */
+    m = open_model(dir);
+    assert_int_equal(m2d_engine_open(m, &(m2d_engine_opts){.backend = "cpu-nobias", .n_threads = 1}, &e), 0);
+    m2d_engine_free(e);
+    m2d_model_close(m);
+    free(dir);
+}
+
 static void qwen2moe(void **state) { (void)state; family("qwen2moe", true); }
 static void qwen2moe_f32(void **state) { (void)state; family("qwen2moe-f32", false); }
 
@@ -344,6 +379,7 @@ int main(void) {
         cmocka_unit_test(qwen2moe),
         cmocka_unit_test(qwen2moe_f32),
         cmocka_unit_test(qwen2moe_configs),
+        cmocka_unit_test(backend_without_an_op_refuses_the_model),
         cmocka_unit_test(deepseekv2_configs),
         cmocka_unit_test(deepseekv2),
         cmocka_unit_test(deepseekv2_q),

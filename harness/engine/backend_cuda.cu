@@ -729,6 +729,11 @@ static void cu_route(m2d_backend *be, m2d_mat *logits, const m2d_route_args *r, 
         fail(c, "route: k = %d outside [1, %d experts]", r->k, E);
         return;
     }
+    if (r->kind != M2D_ROUTER_SOFTMAX_TOPK || r->n_group > 0 || (r->scale != 0 && r->scale != 1)) {
+        fail(c, "route: the cuda backend implements softmax + top-k only (no top-k softmax, group-limited "
+                "routing or routed scaling yet)");
+        return;
+    }
     size_t shm = (sizeof(float) + 1) * (size_t)E;
     k_route<<<logits->rows, E >= 256 ? 256 : 64, shm>>>(F(logits), logits->ld, E, r->k, r->renorm ? 1 : 0,
                                                         (int32_t *)P(topk), (float *)P(gates));
@@ -799,6 +804,11 @@ static void cu_attention(m2d_backend *be, const m2d_attn_args *a) {
     cu_be *c = CU(be);
     int nq = a->q.rows;
     if (c->failed || nq <= 0) return;
+    if (a->window > 0 || a->sinks || (a->scale != 0 && a->scale != 1.0f / sqrtf((float)a->head_dim))) {
+        fail(c, "attention: the cuda backend implements full causal attention only (no sliding window, "
+                "sinks or softmax scale yet)");
+        return;
+    }
     attn_dev d = {F(&a->q), F(&a->k), F(&a->v), NULL, NULL, a->q.ld, a->k.ld, a->v.ld, nq, a->np, a->n_heads,
                   a->n_kv, a->head_dim, a->out.ld, a->head_stride, F(&a->out)};
     if (a->np) {
@@ -893,6 +903,10 @@ static void cu_moe(m2d_backend *be, const m2d_moe_args *a) {
     cu_be *c = CU(be);
     int n = a->x.rows, d = a->x.cols, k = a->k, de = a->d_ff, nk = n * k;
     if (c->failed || n <= 0) return;
+    if (a->act != M2D_ACT_SWIGLU || a->gate_bias || a->up_bias || a->down_bias) {
+        fail(c, "moe: the cuda backend implements bias-free SwiGLU experts only");
+        return;
+    }
     int32_t *topk = (int32_t *)m2d_malloc(sizeof(int32_t) * (size_t)nk);
     moe_plan p = {NULL, NULL};
     /* the bucket sizes decide the GEMM shapes, which the host launches: the ids come down */

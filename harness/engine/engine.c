@@ -265,6 +265,28 @@ int m2d_engine_resolve_precision(const char *backend, m2d_precision p, m2d_preci
     return rc;
 }
 
+/* The optional ops this model's layers call. A backend may leave one out (NULL, e.g. the cuda
+ * backend's biases): the model is refused here, naming the op, instead of failing mid-forward.
+ * Features carried in an op's arguments (sliding window, sinks, group routing) are the backend's to
+ * refuse (a sticky error). */
+static int check_backend_ops(const m2d_model *m, const m2d_backend *be) {
+    static const int bias_roles[] = {M2D_T_Q_BIAS,      M2D_T_K_BIAS,    M2D_T_V_BIAS,  M2D_T_O_BIAS,
+                                     M2D_T_ROUTER_BIAS, M2D_T_GATE_BIAS, M2D_T_UP_BIAS, M2D_T_DOWN_BIAS};
+    const m2d_backend_ops *B = be->ops;
+    const char *op = NULL;
+    for (int l = 0; l < m->cfg.num_hidden_layers && !op; l++) {
+        const m2d_layer *L = &m->layers[l];
+        for (size_t i = 0; i < M2D_ARRAY_LEN(bias_roles) && !op; i++)
+            if (L->w[bias_roles[i]] && !B->add_bias) op = "add_bias";
+        if (!op && L->w[M2D_T_SHARED_EXPERT_GATE] && !B->sigmoid_scale) op = "sigmoid_scale";
+    }
+    if (!op && m->cfg.clip_qkv > 0 && !B->clamp) op = "clamp";
+    if (!op && m->cfg.ops.ffn_act == M2D_ACT_SWIGLU_CLAMP && !B->glu_clamp) op = "glu_clamp";
+    if (!op) return 0;
+    return m2d_err("%s: %s needs the backend op '%s', which backend %s does not implement", m->dir ? m->dir : "model",
+                   m->cfg.arch, op, B->name);
+}
+
 int m2d_engine_open(const m2d_model *m, const m2d_engine_opts *o, m2d_engine **out) {
     *out = NULL;
     if (check_model(m)) return -1;
@@ -273,7 +295,7 @@ int m2d_engine_open(const m2d_model *m, const m2d_engine_opts *o, m2d_engine **o
     m2d_backend *be;
     if (m2d_backend_new(o->backend ? o->backend : "cpu", &bo, &be)) return -1;
     m2d_precision p;
-    if (resolve_on(be, o->precision, &p)) {
+    if (check_backend_ops(m, be) || resolve_on(be, o->precision, &p)) {
         m2d_backend_free(be);
         return -1;
     }
