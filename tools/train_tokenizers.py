@@ -1,7 +1,7 @@
 """Small tokenizers with the exact tokenizer.json pipeline of each MoE family moe2dense supports,
 trained with Hugging Face `tokenizers` (the pinned test reference, tests/ref/.venv). The real
 vocabularies are not available here; these are test fixtures derived from data, made at test time
-(tests/test_tokenizer.c, bench/bench_tokenizer.c, fuzz/fuzz_tokenizer.c) and never committed.
+(tests/test_tokenizer.c, into the build directory) and never committed.
 
 usage: train_tokenizers.py [--data FILE] OUT_DIR
 
@@ -20,8 +20,9 @@ own tokenizer.json files declare them:
   gpt-oss       GPT-OSS (o200k_harmony): no normalizer; Split with the o200k regex (case classes,
                 (?i:...) contractions, \\p{N}{1,3}), ByteLevel without regex; ignore_merges (as the
                 tiktoken conversion writes); the harmony special tokens.
-  olmoe         OLMoE (GPT-NeoX tokenizer): NFC; ByteLevel with the GPT-2 regex; added tokens for
-                runs of 2..24 spaces (normalized, not special), <|endoftext|>, <|padding|>.
+  olmoe         OLMoE (GPT-NeoX tokenizer as OLMo's Dolma version has it): NFC; ByteLevel with the
+                GPT-2 regex; added tokens for runs of 2..24 spaces and the PII masks |||EMAIL_ADDRESS|||,
+                |||PHONE_NUMBER|||, |||IP_ADDRESS||| (normalized, not special), <|endoftext|>, <|padding|>.
   mixtral       Mixtral / Mistral / Llama-2 SentencePiece BPE, legacy conversion: normalizer
                 Sequence[Prepend("▁"), Replace(" ", "▁")], no pre-tokenizer; BPE with byte_fallback
                 (<0x00>..<0xFF> at ids 3..258), fuse_unk, <unk>; decoder Sequence[Replace("▁", " "),
@@ -82,6 +83,7 @@ O200K = "|".join([
     "\\s+(?!\\S)",
     "\\s+",
 ])
+OLMO_PII = ["|||IP_ADDRESS|||", "|||EMAIL_ADDRESS|||", "|||PHONE_NUMBER|||"]  # Dolma's PII masks
 HARMONY = ["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>",
            "<|end|>", "<|message|>", "<|call|>", "<|endofprompt|>"]
 
@@ -138,7 +140,7 @@ def olmoe(lines):
     pre = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
     tok = byte_level_bpe(lines, pre, specials=["<|endoftext|>", "<|padding|>"])
     tok.normalizer = normalizers.NFC()
-    tok.add_tokens([plain(" " * n) for n in range(24, 1, -1)])
+    tok.add_tokens([plain(" " * n) for n in range(24, 1, -1)] + [plain(t) for t in OLMO_PII])
     tok.post_processor = processors.ByteLevel(trim_offsets=True)
     config = {"bos_token": None, "eos_token": "<|endoftext|>", "pad_token": "<|padding|>",
               "tokenizer_class": "GPTNeoXTokenizer"}
