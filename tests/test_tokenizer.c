@@ -466,6 +466,35 @@ static void metaspace_variants_match_reference(void **state) {
     free(dir);
 }
 
+/* Long pieces cut where no merge reaches across give the ids of the whole pieces (the
+ * SentencePiece-style fixtures hand BPE each text as one piece), on WikiText-2 test and hard cases. */
+static void word_cuts_equal_whole_words(void **state) {
+    (void)state;
+    NEED_REF();
+    static const char *families[] = {"mixtral", "mistral-metaspace"};
+    size_t n;
+    char *wiki = slurp(tu_data_path(WIKI_TEST), &n);
+    for (size_t f = 0; f < M2D_ARRAY_LEN(families); f++) {
+        char *dir = m2d_path_join(families_dir(), families[f]);
+        m2d_tokenizer *tk = load_or_die(dir);
+        for (size_t i = 0; i <= M2D_ARRAY_LEN(HARD); i++) {
+            const char *t = i < M2D_ARRAY_LEN(HARD) ? HARD[i] : wiki;
+            size_t len = i < M2D_ARRAY_LEN(HARD) ? strlen(t) : n;
+            m2d_tokenizer_set_word_cut_min(tk, (size_t)-1);
+            idvec whole = encode(tk, t, len);
+            m2d_tokenizer_set_word_cut_min(tk, 0);
+            idvec cut = encode(tk, t, len);
+            char what[96];
+            snprintf(what, sizeof what, "%s: text %zu cut vs whole", families[f], i);
+            assert_ids_equal(cut, whole, what);
+            free(whole.v), free(cut.v);
+        }
+        m2d_tokenizer_free(tk);
+        free(dir);
+    }
+    free(wiki);
+}
+
 static void deepseek_v2_matches_reference(void **state) { (void)state; family_matches_reference("deepseek-v2"); }
 static void gpt_oss_matches_reference(void **state) { (void)state; family_matches_reference("gpt-oss"); }
 static void olmoe_matches_reference(void **state) { (void)state; family_matches_reference("olmoe"); }
@@ -768,6 +797,17 @@ static void split_behaviours(void **state) {
     free(dir);
 }
 
+/* The same ids with every piece cut where no merge reaches across (the tokenizer's fast path for
+ * pipelines that never split; tests/test_tokenizer.c word_cuts_equal_whole_words). TK is left so. */
+static void assert_word_cuts_agree(m2d_tokenizer *tk, const char *text, const int32_t *want, size_t n, const char *what) {
+    m2d_tokenizer_set_word_cut_min(tk, 0);
+    idvec got = encode_str(tk, text);
+    char w[200];
+    snprintf(w, sizeof w, "%s (pieces cut)", what);
+    assert_ids(got, want, n, w);
+    free(got.v);
+}
+
 /* BPE model options, hand-computed with HF's BPE::merge_word rules (no pre-tokenizer). */
 static void bpe_model_options(void **state) {
     (void)state;
@@ -799,6 +839,7 @@ static void bpe_model_options(void **state) {
         char what[160];
         snprintf(what, sizeof what, "%s on '%s'", cases[i].opts, cases[i].text);
         assert_ids(got, cases[i].want, cases[i].n, what);
+        assert_word_cuts_agree(tk, cases[i].text, cases[i].want, cases[i].n, what);
         remember_case(json, cases[i].text, cases[i].want, cases[i].n, what);
         free(got.v);
         m2d_tokenizer_free(tk);
@@ -855,6 +896,7 @@ static void sentencepiece_pipelines(void **state) {
         m2d_tokenizer *tk = load_or_die(p);
         idvec got = encode_str(tk, cases[i].text);
         assert_ids(got, cases[i].want, cases[i].n, what);
+        assert_word_cuts_agree(tk, cases[i].text, cases[i].want, cases[i].n, what);
         remember_case(json, cases[i].text, cases[i].want, cases[i].n, what);
         free(got.v);
         m2d_tokenizer_free(tk);
@@ -1247,6 +1289,7 @@ int main(void) {
         cmocka_unit_test(mixtral_matches_reference),
         cmocka_unit_test(mistral_metaspace_matches_reference),
         cmocka_unit_test(metaspace_variants_match_reference),
+        cmocka_unit_test(word_cuts_equal_whole_words),
     };
     return cmocka_run_group_tests(tests, NULL, teardown);
 }

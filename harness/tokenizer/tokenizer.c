@@ -31,6 +31,8 @@
 
 #define MAX_STAGES 16
 #define DEFAULT_HEAP_THRESHOLD 48
+/* words longer than this (bytes) are cut where no merge can reach across (see word_cuts_init) */
+#define DEFAULT_CUT_MIN 256
 /* ids index dense tables: bound them so a corrupt file cannot ask for gigabytes */
 #define MAX_ID 16777215
 #define MAX_ID_STR "16777215"
@@ -256,6 +258,8 @@ struct m2d_tokenizer {
     int32_t byte_fallback_id[256];
     int32_t bos_id, eos_id;
     size_t heap_threshold;
+    pairmap cut_pairs;  /* adjacent code points inside some vocab token; word cuts on when allocated */
+    size_t cut_min;
     int slow_paths; /* testing: full-text utf8proc NFC instead of nfc_fast */
 };
 
@@ -764,6 +768,40 @@ static void build_id_tables(m2d_tokenizer *tk) {
     }
 }
 
+/* Pipelines whose pre-tokenizers never split (SentencePiece style: Prepend + Replace, or Metaspace
+ * without split) hand BPE the whole text as one word, which the memo cannot help. Such a word can be
+ * cut between two characters a, b when no vocab token contains "ab": no merge then produces a symbol
+ * across the cut, merges on either side never see the other, so BPE of the parts is BPE of the
+ * whole. The cut also needs both characters to be one-character vocab tokens (a dropped unknown
+ * character lets its neighbours merge, fused unks join across it) and no ignore_merges, prefix or
+ * suffix (they depend on where the word starts and ends). Records the pairs in tk->cut_pairs. */
+static void word_cuts_init(m2d_tokenizer *tk) {
+    for (int i = 0; i < tk->n_stages; i++) {
+        const stage *st = &tk->stages[i];
+        int splits = st->kind == STAGE_METASPACE ? st->meta.split : st->kind == STAGE_BYTELEVEL ? st->re != NULL : 1;
+        if (splits) return;
+    }
+    if (tk->ignore_merges || tk->subword_prefix || tk->word_suffix) return;
+    pairmap_init(&tk->cut_pairs, tk->vocab.n * 4);
+    for (size_t i = 0; i < tk->vocab.n; i++) {
+        const unsigned char *t = (const unsigned char *)tk->vocab.keys + tk->vocab.e[i].off;
+        size_t n = tk->vocab.e[i].len;
+        int64_t prev = -1; /* -1: no character before (start, or after bytes that are not UTF-8) */
+        for (size_t j = 0; j < n;) {
+            uint32_t cp;
+            int k = m2d_utf8_next(t, n, j, &cp);
+            if (k < 0) { /* not UTF-8: no text reaches such a token */
+                j += (size_t)-k;
+                prev = -1;
+                continue;
+            }
+            if (prev >= 0) pairmap_put(&tk->cut_pairs, (int32_t)prev, (int32_t)cp, 0, 0);
+            prev = cp;
+            j += (size_t)k;
+        }
+    }
+}
+
 /* Tokens matched after normalization are themselves normalized first (HF does the same). */
 static int normalize_added_tokens(m2d_tokenizer *tk) {
     re_scratch rs;
@@ -800,6 +838,7 @@ static int load_root(m2d_tokenizer *tk, const loadctx *L, const cJSON *root) {
     build_added_set(tk, &tk->raw_set, 0);
     build_added_set(tk, &tk->norm_set, 1);
     build_id_tables(tk);
+    word_cuts_init(tk);
     return 0;
 }
 
@@ -820,6 +859,7 @@ int m2d_tokenizer_load(const char *path, m2d_tokenizer **out) {
     tk->path = json_path;
     tk->bos_id = tk->eos_id = tk->unk_id = -1;
     tk->heap_threshold = DEFAULT_HEAP_THRESHOLD;
+    tk->cut_min = DEFAULT_CUT_MIN;
     loadctx L = {json_path};
     int rc = load_root(tk, &L, root) || load_config(tk, json_path) ? -1 : 0;
     cJSON_Delete(root);
@@ -832,6 +872,7 @@ void m2d_tokenizer_free(m2d_tokenizer *tk) {
     if (!tk) return;
     strmap_free(&tk->vocab);
     pairmap_free(&tk->merges);
+    if (tk->cut_pairs.keys) pairmap_free(&tk->cut_pairs);
     for (int i = 0; i < tk->n_added; i++) {
         free(tk->added[i].content);
         free(tk->added[i].match);
@@ -871,6 +912,7 @@ const char *m2d_tokenizer_id_token(const m2d_tokenizer *tk, int32_t id, size_t *
 }
 
 void m2d_tokenizer_set_bpe_heap_threshold(m2d_tokenizer *tk, size_t n) { tk->heap_threshold = n; }
+void m2d_tokenizer_set_word_cut_min(m2d_tokenizer *tk, size_t n) { tk->cut_min = n; }
 void m2d_tokenizer_set_reference_nfc(m2d_tokenizer *tk, int on) { tk->slow_paths = on; }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1062,7 +1104,7 @@ static size_t bpe_merge_heap(enc_ctx *c, size_t n) {
     return o;
 }
 
-static void bpe_piece(enc_ctx *c, const char *w, size_t n) {
+static void bpe_word(enc_ctx *c, const char *w, size_t n) {
     const m2d_tokenizer *tk = c->tk;
     if (tk->ignore_merges) {
         int32_t id = lookup_model_token(tk, w, n);
@@ -1091,6 +1133,41 @@ static void bpe_piece(enc_ctx *c, const char *w, size_t n) {
     memcpy(c->memo_ids + c->memo_n, c->sym, ns * sizeof *c->sym);
     c->memo_n += ns;
     strmap_put(&c->memo, w, n, slot);
+}
+
+/* The code point at w[i] when it is a one-character vocab token, else -1. */
+static int64_t vocab_char_at(const m2d_tokenizer *tk, const char *w, size_t n, size_t i, int *len) {
+    uint32_t cp;
+    *len = m2d_utf8_next((const unsigned char *)w, n, i, &cp);
+    if (*len < 0) { /* not reached: pieces are valid UTF-8 */
+        *len = 1;
+        return -1;
+    }
+    int32_t id = cp < 0x800 ? tk->char_id[cp] : lookup_model_token(tk, w + i, (size_t)*len);
+    return id >= 0 ? (int64_t)cp : -1;
+}
+
+/* BPE of one piece: long words cut where no merge reaches across (word_cuts_init), each part on its
+ * own (and memoised). */
+static void bpe_piece(enc_ctx *c, const char *w, size_t n) {
+    const m2d_tokenizer *tk = c->tk;
+    if (!tk->cut_pairs.keys || n <= tk->cut_min) {
+        bpe_word(c, w, n);
+        return;
+    }
+    size_t start = 0;
+    int len;
+    int64_t prev = vocab_char_at(tk, w, n, 0, &len);
+    int32_t unused;
+    for (size_t i = (size_t)len; i < n; i += (size_t)len) {
+        int64_t cp = vocab_char_at(tk, w, n, i, &len);
+        if (prev >= 0 && cp >= 0 && pairmap_get(&tk->cut_pairs, (int32_t)prev, (int32_t)cp, &unused) < 0) {
+            bpe_word(c, w + start, i - start);
+            start = i;
+        }
+        prev = cp;
+    }
+    bpe_word(c, w + start, n - start);
 }
 
 /* -- pre-tokenization --------------------------------------------------------------------------- */

@@ -33,6 +33,10 @@ const char *m2d_tokenizer_id_token(const m2d_tokenizer *tk, int32_t id, size_t *
  * shorter ones with the direct O(n^2) scan (both give the same ids; tests compare them).
  * 0 = always the queue, SIZE_MAX = always the scan. Not thread-safe against encodes. */
 void m2d_tokenizer_set_bpe_heap_threshold(m2d_tokenizer *tk, size_t n);
+/* Testing hook: pieces longer than N bytes are cut where no merge can reach across (only in
+ * pipelines that never split the text, e.g. SentencePiece style), shorter ones are merged whole
+ * (same ids; tests compare them). 0 = cut every piece, SIZE_MAX = never. Not thread-safe against encodes. */
+void m2d_tokenizer_set_word_cut_min(m2d_tokenizer *tk, size_t n);
 /* Testing hook: 1 = NFC the whole text with utf8proc (the reference), 0 = normalize only the
  * stretches that can change (default; same result). */
 void m2d_tokenizer_set_reference_nfc(m2d_tokenizer *tk, int on);
