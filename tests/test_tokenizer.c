@@ -1049,6 +1049,25 @@ static void bad_tokenizer_json(void **state) {
     expect_load_error(dir, "e11", (j = m2d_strfmt("{\"decoder\": {\"type\": \"WordPiece\"}, %s}", okm)),
                       "field 'decoder.type': 'WordPiece' not supported");
     free(j);
+    /* the families' nested shapes: a component inside a Sequence is named by its place */
+    expect_load_error(dir, "e17",
+                      (j = m2d_strfmt("{\"decoder\": {\"type\": \"Sequence\", \"decoders\": [{\"type\": \"ByteFallback\"}, "
+                                      "{\"type\": \"CTC\"}]}, %s}", okm)),
+                      "tokenizer.json: field 'decoder.decoders[1].type': 'CTC' not supported");
+    free(j);
+    expect_load_error(dir, "e18",
+                      (j = m2d_strfmt("{\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", "
+                                      "\"prepend\": \"x\"}, {\"type\": \"StripAccents\"}]}, %s}", okm)),
+                      "tokenizer.json: field 'normalizer.normalizers[1].type': 'StripAccents' not supported");
+    free(j);
+    expect_load_error(dir, "e19",
+                      (j = m2d_strfmt("{\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"_\", "
+                                      "\"prepend_scheme\": \"sometimes\"}, %s}", okm)),
+                      "tokenizer.json: field 'pre_tokenizer.prepend_scheme'");
+    free(j);
+    expect_load_error(dir, "e20", (j = m2d_strfmt("{\"pre_tokenizer\": {\"kind\": \"Digits\"}, %s}", okm)),
+                      "tokenizer.json: field 'pre_tokenizer.type'");
+    free(j);
     expect_load_error(dir, "e12", (j = m2d_strfmt("{\"added_tokens\": [{\"content\": \"x\"}], %s}", okm)),
                       "field 'added_tokens[0].id'");
     free(j);
