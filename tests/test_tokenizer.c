@@ -117,13 +117,14 @@ static char *run_reference(const char *const *args, int n) {
 }
 
 /* The reference's ids of each file under one tokenizer.json, each line followed by a line with the
- * hex of HF's decode of those ids. */
+ * hex of HF's decode of those ids and a line with the ids encoded with add_special_tokens=True. */
 static char *reference_ids(const char *tokenizer_json, const char **files, int n) {
-    const char **args = m2d_malloc(sizeof(char *) * (size_t)(n + 2));
+    const char **args = m2d_malloc(sizeof(char *) * (size_t)(n + 3));
     args[0] = "--decode";
-    args[1] = tokenizer_json;
-    memcpy(args + 2, files, sizeof(char *) * (size_t)n);
-    char *out = run_reference(args, n + 2);
+    args[1] = "--special";
+    args[2] = tokenizer_json;
+    memcpy(args + 3, files, sizeof(char *) * (size_t)n);
+    char *out = run_reference(args, n + 3);
     free(args);
     return out;
 }
@@ -180,6 +181,18 @@ static char *slurp(const char *path, size_t *n) {
 }
 
 static char *write_tokenizer(const char *dir, const char *name, const char *json);
+static void expect_load_error(const char *dir, const char *name, const char *json, const char *needle);
+
+/* The reference's ids with add_special_tokens=True at *p against m2d_tokenizer_encode_special;
+ * *p moves past the line. */
+static void assert_special_matches(const m2d_tokenizer *tk, const char *text, size_t n, const char **p, const char *what) {
+    idvec want = parse_line(*p, p), got;
+    if (m2d_tokenizer_encode_special(tk, text, n, &got.v, &got.n)) fail_msg("%s: encode_special: %s", what, m2d_errmsg());
+    char w[160];
+    snprintf(w, sizeof w, "%s (add_special_tokens)", what);
+    assert_ids_equal(got, want, w);
+    free(want.v), free(got.v);
+}
 
 /* ---- hard cases ---------------------------------------------------------------------------- */
 
@@ -258,6 +271,7 @@ static void hard_cases_match_reference(const char *tokenizer_json, const m2d_tok
         snprintf(what, sizeof what, "hard case %zu", i);
         assert_ids_equal(got, want, what);
         assert_decode_matches(tk, want, &p, what);
+        assert_special_matches(tk, texts[i], strlen(texts[i]), &p, what);
         free(want.v), free(got.v), free(paths[i]), free(texts[i]);
     }
     free(out);
@@ -277,6 +291,7 @@ static void wikitext_matches_reference(const char *tokenizer_json, const m2d_tok
     assert_true(got.n > 250000);
     assert_ids_equal(got, want, "wiki.test.raw");
     assert_decode_matches(tk, want, &p, "wiki.test.raw");
+    assert_special_matches(tk, text, n, &p, "wiki.test.raw");
     free(want.v);
     free(got.v);
     free(text);
@@ -907,6 +922,86 @@ static void sentencepiece_pipelines(void **state) {
     free(dir);
 }
 
+/* Post-processors with add_special_tokens=True on "ab" (ids a 0, b 1), hand-computed, then against
+ * the reference: the template's specials around the text, a special of two ids, RoBERTa/BERT cls+sep,
+ * Llama-3's Sequence [ByteLevel, Template] and a template followed by ByteLevel. Two processors adding
+ * ids are refused (HF's second template takes the first one's BOS for the text). */
+#define TPL(single, specials) "{\"type\": \"TemplateProcessing\", \"single\": [" single "], \"pair\": [" single "], \"special_tokens\": {" specials "}}"
+#define TSP(name) "{\"SpecialToken\": {\"id\": \"" name "\", \"type_id\": 0}}"
+#define TSEQ "{\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}"
+#define SPECIAL(name, ids) "\"" name "\": {\"id\": \"" name "\", \"ids\": [" ids "], \"tokens\": [\"" name "\"]}"
+static void post_processors(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    const char *model = "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"<s>\": 2, \"</s>\": 3, \"[CLS]\": 4, \"[SEP]\": 5},"
+                        " \"merges\": []}";
+    struct { const char *pp; int32_t want[6]; size_t n; } cases[] = {
+        {TPL(TSP("<s>") ", " TSEQ ", " TSP("</s>"), SPECIAL("<s>", "2") ", " SPECIAL("</s>", "3")), {2, 0, 1, 3}, 4},
+        {TPL(TSEQ ", " TSP("<x>"), SPECIAL("<x>", "4, 5")), {0, 1, 4, 5}, 4},
+        {"{\"type\": \"RobertaProcessing\", \"sep\": [\"</s>\", 3], \"cls\": [\"<s>\", 2], \"trim_offsets\": true, \"add_prefix_space\": false}",
+         {2, 0, 1, 3}, 4},
+        {"{\"type\": \"BertProcessing\", \"sep\": [\"[SEP]\", 5], \"cls\": [\"[CLS]\", 4]}", {4, 0, 1, 5}, 4},
+        {"{\"type\": \"Sequence\", \"processors\": [{\"type\": \"ByteLevel\", \"add_prefix_space\": true, \"trim_offsets\": false,"
+         " \"use_regex\": true}, " TPL(TSP("<s>") ", " TSEQ, SPECIAL("<s>", "2")) "]}", {2, 0, 1}, 3},
+        {"{\"type\": \"Sequence\", \"processors\": [" TPL(TSEQ ", " TSP("</s>"), SPECIAL("</s>", "3")) ", {\"type\": \"ByteLevel\","
+         " \"add_prefix_space\": true, \"trim_offsets\": false, \"use_regex\": true}]}", {0, 1, 3}, 3},
+    };
+    size_t nc = M2D_ARRAY_LEN(cases);
+    const char **args = m2d_malloc(sizeof(char *) * (2 * nc + 2));
+    args[0] = "--special", args[1] = "--pairs";
+    char *text = m2d_path_join(dir, "ab.txt");
+    tu_write(text, "ab", 2);
+    for (size_t i = 0; i < nc; i++) {
+        char *json = m2d_strfmt("{\"post_processor\": %s, %s}", cases[i].pp, model), name[16];
+        snprintf(name, sizeof name, "pp%zu", i);
+        char *p = write_tokenizer(dir, name, json);
+        m2d_tokenizer *tk = load_or_die(p);
+        idvec got;
+        assert_int_equal(m2d_tokenizer_encode_special(tk, "ab", 2, &got.v, &got.n), 0);
+        assert_ids(got, cases[i].want, cases[i].n, cases[i].pp);
+        free(got.v);
+        m2d_tokenizer_free(tk);
+        args[2 + 2 * i] = p, args[3 + 2 * i] = text;
+        free(json);
+    }
+    NEED_REF();
+    char *out = run_reference(args, (int)(2 * nc + 2));
+    const char *q = out;
+    for (size_t i = 0; i < nc; i++) {
+        idvec plain = parse_line(q, &q), special = parse_line(q, &q);
+        assert_int_equal(plain.n, 2);
+        assert_ids(special, cases[i].want, cases[i].n, cases[i].pp);
+        free(plain.v), free(special.v);
+    }
+    free(out);
+    for (size_t i = 0; i < nc; i++) free((char *)args[2 + 2 * i]);
+    free(args), free(text);
+    expect_load_error(dir, "pe1", (text = m2d_strfmt("{\"post_processor\": {\"type\": \"Foo\"}, %s}", model)),
+                      "tokenizer.json: field 'post_processor.type': 'Foo' not supported");
+    free(text);
+    expect_load_error(dir, "pe2", (text = m2d_strfmt("{\"post_processor\": " TPL(TSP("<s>") ", " TSEQ, SPECIAL("</s>", "3")) ", %s}", model)),
+                      "tokenizer.json: field 'post_processor.special_tokens': no entry for the template's special token '<s>'");
+    free(text);
+    expect_load_error(dir, "pe3", (text = m2d_strfmt("{\"post_processor\": {\"type\": \"Sequence\", \"processors\": [{\"type\": \"ByteLevel\"},"
+                                                     " {\"type\": \"Bar\"}]}, %s}", model)),
+                      "tokenizer.json: field 'post_processor.processors[1].type': 'Bar' not supported");
+    free(text);
+    expect_load_error(dir, "pe4", (text = m2d_strfmt("{\"post_processor\": " TPL(TSP("<s>"), SPECIAL("<s>", "2")) ", %s}", model)),
+                      "tokenizer.json: field 'post_processor.single': no Sequence \"A\"");
+    free(text);
+    expect_load_error(dir, "pe5", (text = m2d_strfmt("{\"post_processor\": {\"type\": \"Sequence\", \"processors\": ["
+                                                     TPL(TSP("<s>") ", " TSEQ, SPECIAL("<s>", "2")) ", {\"type\": \"BertProcessing\","
+                                                     " \"sep\": [\"[SEP]\", 5], \"cls\": [\"[CLS]\", 4]}]}, %s}", model)),
+                      "tokenizer.json: field 'post_processor.processors[1]': a second post-processor that adds ids");
+    free(text);
+    tu_rm_rf(dir);
+    free(dir);
+}
+#undef TPL
+#undef TSP
+#undef TSEQ
+#undef SPECIAL
+
 /* Added-token flags, with HF's semantics (AddedVocabulary::find_matches), hand-computed:
  *   <m>  lstrip        " x  <m>y"  -> Ġ x <m> y          (the spaces before <m> are eaten)
  *   <r>  rstrip        "<r>  y z"   -> <r> y Ġ z
@@ -1285,6 +1380,7 @@ int main(void) {
         cmocka_unit_test(added_token_flags),
         cmocka_unit_test(bpe_model_options),
         cmocka_unit_test(sentencepiece_pipelines),
+        cmocka_unit_test(post_processors),
         cmocka_unit_test(bad_tokenizer_json),
         cmocka_unit_test(invalid_utf8_and_bad_ids),
         cmocka_unit_test(special_ids),

@@ -18,8 +18,8 @@ own tokenizer.json files declare them:
                 ByteLevel without regex; ByteLevel decoder; BOS/EOS added tokens (normalized) and
                 single Latin-1 characters as non-special added tokens; post-processor adds BOS.
   gpt-oss       GPT-OSS (o200k_harmony): no normalizer; Split with the o200k regex (case classes,
-                (?i:...) contractions, \\p{N}{1,3}), ByteLevel without regex; ignore_merges (as the
-                tiktoken conversion writes); the harmony special tokens.
+                (?i:...) contractions, \\p{N}{1,3}), ByteLevel without regex; ignore_merges and a
+                ByteLevel post-processor (as the tiktoken conversion writes); the harmony special tokens.
   olmoe         OLMoE (GPT-NeoX tokenizer as OLMo's Dolma version has it): NFC; ByteLevel with the
                 GPT-2 regex; added tokens for runs of 2..24 spaces and the PII masks |||EMAIL_ADDRESS|||,
                 |||PHONE_NUMBER|||, |||IP_ADDRESS||| (normalized, not special), <|endoftext|>, <|padding|>.
@@ -131,6 +131,7 @@ def gpt_oss(lines):
                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok = byte_level_bpe(lines, pre, ignore_merges=True)
     tok.add_special_tokens([special(t) for t in HARMONY])
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
     config = {"bos_token": "<|startoftext|>", "eos_token": "<|return|>", "pad_token": "<|endoftext|>",
               "tokenizer_class": "PreTrainedTokenizerFast"}
     return tok, config

@@ -26,6 +26,7 @@
 #include <utf8proc.h>
 
 #include "tokenizer/tkdecode.h"
+#include "tokenizer/tkpost.h"
 #include "tokenizer/tktext.h"
 #include "base/util.h"
 
@@ -252,6 +253,7 @@ struct m2d_tokenizer {
     stage stages[MAX_STAGES];
     int n_stages;
     m2d_tkdecoder *decoder;
+    m2d_tkpost post;         /* add_special_tokens=True: ids around the text's */
     int32_t unk_id;         /* -1 when model.unk_token is null */
     int fuse_unk, byte_fallback, ignore_merges;
     char *subword_prefix, *word_suffix; /* continuing_subword_prefix / end_of_word_suffix */
@@ -830,7 +832,8 @@ static int load_root(m2d_tokenizer *tk, const loadctx *L, const cJSON *root) {
     if (load_model(tk, L, m2d_tkj_get(root, "model")) || load_added_tokens(tk, L, m2d_tkj_get(root, "added_tokens")) ||
         load_normalizer(tk, L, m2d_tkj_get(root, "normalizer"), "normalizer") ||
         load_pre_tokenizer(tk, L, m2d_tkj_get(root, "pre_tokenizer"), "pre_tokenizer") ||
-        m2d_tkdecoder_load(L->path, m2d_tkj_get(root, "decoder"), &tk->decoder))
+        m2d_tkdecoder_load(L->path, m2d_tkj_get(root, "decoder"), &tk->decoder) ||
+        m2d_tkpost_load(L->path, m2d_tkj_get(root, "post_processor"), MAX_ID, &tk->post))
         return -1;
     tk->norms_unicode_only = 1;
     for (int i = 0; i < tk->n_norms; i++) tk->norms_unicode_only &= tk->norms[i].kind <= NORM_NFKD;
@@ -886,6 +889,7 @@ void m2d_tokenizer_free(m2d_tokenizer *tk) {
     }
     for (int i = 0; i < tk->n_stages; i++) pcre2_code_free(tk->stages[i].re);
     m2d_tkdecoder_free(tk->decoder);
+    m2d_tkpost_free(&tk->post);
     free(tk->id_tok);
     free(tk->id_len);
     free(tk->subword_prefix);
@@ -1377,6 +1381,25 @@ int m2d_tokenizer_encode(const m2d_tokenizer *tk, const char *text, size_t len, 
     }
     enc_free(&c);
     return rc;
+}
+
+int m2d_tokenizer_encode_special(const m2d_tokenizer *tk, const char *text, size_t len, int32_t **ids, size_t *n_ids) {
+    int32_t *body;
+    size_t n;
+    if (m2d_tokenizer_encode(tk, text, len, &body, &n)) {
+        *ids = NULL;
+        *n_ids = 0;
+        return -1;
+    }
+    const m2d_tkpost *p = &tk->post;
+    int32_t *all = m2d_malloc((p->n_pre + n + p->n_post + 1) * sizeof *all);
+    if (p->n_pre) memcpy(all, p->pre, p->n_pre * sizeof *all);
+    if (n) memcpy(all + p->n_pre, body, n * sizeof *all);
+    if (p->n_post) memcpy(all + p->n_pre + n, p->post, p->n_post * sizeof *all);
+    free(body);
+    *ids = all;
+    *n_ids = p->n_pre + n + p->n_post;
+    return 0;
 }
 
 /* ------------------------------------------------------------------------------------------ */
