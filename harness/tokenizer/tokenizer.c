@@ -784,7 +784,9 @@ static void word_cuts_init(m2d_tokenizer *tk) {
         if (splits) return;
     }
     if (tk->ignore_merges || tk->subword_prefix || tk->word_suffix) return;
-    pairmap_init(&tk->cut_pairs, tk->vocab.n * 4);
+    size_t pairs = 0; /* at most one per byte of the vocab: the table never fills */
+    for (size_t i = 0; i < tk->vocab.n; i++) pairs += tk->vocab.e[i].len;
+    pairmap_init(&tk->cut_pairs, pairs);
     for (size_t i = 0; i < tk->vocab.n; i++) {
         const unsigned char *t = (const unsigned char *)tk->vocab.keys + tk->vocab.e[i].off;
         size_t n = tk->vocab.e[i].len;
