@@ -129,16 +129,22 @@ verify-lm-eval: $(BUILD)/tests/test_mc
 
 HF_PY := tests/ref/.venv-hf/bin/python
 
+# the families' goldens are made by one script each (tools/hf_goldens*.py), checked by their tests
+HF_GOLDEN_TESTS := $(BUILD)/tests/test_hf $(BUILD)/tests/test_mixtral $(BUILD)/tests/test_gptoss
+
 hf-goldens: $(BUILD)/moe2dense
 	@sh tests/ref/setup.sh hf
 	$(HF_PY) tools/hf_goldens.py --bin $(BUILD)/moe2dense --out tests/golden/hf
+	$(HF_PY) tools/hf_goldens_families.py --bin $(BUILD)/moe2dense --out tests/golden/hf
 
-verify-hf: $(BUILD)/moe2dense $(BUILD)/tests/test_hf
+verify-hf: $(BUILD)/moe2dense $(HF_GOLDEN_TESTS)
 	@sh tests/ref/setup.sh hf
 	@rm -rf $(BUILD)/hf-goldens
 	$(HF_PY) tools/hf_goldens.py --bin $(BUILD)/moe2dense --out $(BUILD)/hf-goldens
-	M2D_BIN=$(BUILD)/moe2dense M2D_HF_GOLDEN=$(BUILD)/hf-goldens sh tests/run.sh $(BUILD)/tests/test_hf
+	$(HF_PY) tools/hf_goldens_families.py --bin $(BUILD)/moe2dense --out $(BUILD)/hf-goldens
+	M2D_BIN=$(BUILD)/moe2dense M2D_HF_GOLDEN=$(BUILD)/hf-goldens sh tests/run.sh $(HF_GOLDEN_TESTS)
 	$(HF_PY) tools/hf_goldens.py --compare $(BUILD)/hf-goldens tests/golden/hf
+	$(HF_PY) tools/hf_goldens_families.py --compare $(BUILD)/hf-goldens tests/golden/hf
 
 deps:
 	@sh tools/deps.sh

@@ -34,24 +34,82 @@ static void ref_linear(const m2d_tensor *wt, const double *x, int in, int out, d
     free(w);
 }
 
-static void ref_swiglu(const m2d_tensor *g, const m2d_tensor *u, const m2d_tensor *dn, const double *x, int d,
-                       int inter, double *y) {
+/* y += b when the bias B is given */
+static void ref_bias(const m2d_tensor *b, int n, double *y) {
+    if (!b) return;
+    double *v = tf(b);
+    for (int i = 0; i < n; i++) y[i] += v[i];
+    free(v);
+}
+
+static int is_gptoss(const m2d_config *c) { return strcmp(c->arch, "GptOssForCausalLM") == 0; }
+
+/* one FFN (dense, or one expert): W_d act(W_g x + b_g, W_u x + b_u) + b_d, biases when given;
+ * act: SwiGLU silu(a) b, or GPT-OSS's (modeling_gpt_oss.py _apply_gate): a = min(a, limit),
+ * b = clamp(b, -limit, limit), (b + 1) a sigmoid(alpha a), alpha/limit from swiglu_alpha/limit */
+static void ref_ffn(const m2d_config *c, const m2d_tensor *const w[6], const double *x, int d, int inter, double *y) {
     double *a = malloc(sizeof(double) * inter), *b = malloc(sizeof(double) * inter);
-    ref_linear(g, x, d, inter, a);
-    ref_linear(u, x, d, inter, b);
-    for (int i = 0; i < inter; i++) a[i] = a[i] / (1 + exp(-a[i])) * b[i];
-    ref_linear(dn, a, inter, d, y);
+    ref_linear(w[0], x, d, inter, a);
+    ref_linear(w[1], x, d, inter, b);
+    ref_bias(w[3], inter, a);
+    ref_bias(w[4], inter, b);
+    double alpha = c->ops.act_alpha, limit = c->ops.act_limit;
+    for (int i = 0; i < inter; i++)
+        if (is_gptoss(c)) {
+            double g = fmin(a[i], limit), u = fmin(fmax(b[i], -limit), limit);
+            a[i] = (u + 1) * g / (1 + exp(-alpha * g));
+        } else {
+            a[i] = a[i] / (1 + exp(-a[i])) * b[i];
+        }
+    ref_linear(w[2], a, inter, d, y);
+    ref_bias(w[5], d, y);
     free(a);
     free(b);
 }
 
-static void ref_rope(double *v, int hd, int pos, double theta) {
-    for (int i = 0; i < hd / 2; i++) {
-        double f = pos * pow(theta, -2.0 * i / hd), a = v[i], b = v[i + hd / 2];
-        v[i] = a * cos(f) - b * sin(f);
-        v[i + hd / 2] = b * cos(f) + a * sin(f);
+/* frequency i of DIM rotated dimensions: theta^(-2i/dim), divided by the factor (linear), or YaRN's
+ * blend (written from the YaRN paper, "NTK-by-parts"): dimensions turning more than beta_fast times
+ * over the original context keep their frequency, those turning fewer than beta_slow times are
+ * interpolated (divided by the factor), linearly in between over the rounded range */
+static double ref_freq(const m2d_config *c, int i, int dim) {
+    const m2d_rope_scaling *s = &c->rope_scaling;
+    double base = pow(c->rope_theta, -2.0 * i / dim);
+    if (s->kind == M2D_ROPE_SCALING_LINEAR) return base / s->factor;
+    if (s->kind != M2D_ROPE_SCALING_YARN) return base;
+    double turns_fast = s->beta_fast ? s->beta_fast : 32, turns_slow = s->beta_slow ? s->beta_slow : 1;
+    /* the pair index whose wavelength 2 pi / f fits TURNS times into the original context */
+    double lo = dim * log(s->original_max_position_embeddings / (turns_fast * 2 * M_PI)) / (2 * log(c->rope_theta));
+    double hi = dim * log(s->original_max_position_embeddings / (turns_slow * 2 * M_PI)) / (2 * log(c->rope_theta));
+    if (s->truncate) lo = floor(lo), hi = ceil(hi);
+    lo = lo < 0 ? 0 : lo, hi = hi > dim - 1 ? dim - 1 : hi;
+    double t = (i - lo) / (hi == lo ? 0.001 : hi - lo);
+    t = t < 0 ? 0 : t > 1 ? 1 : t;
+    return base * (1 - t) + base / s->factor * t;
+}
+
+/* cos/sin multiplier: YaRN's 0.1 ln(factor) + 1 (or the ratio of two such for mscale/mscale_all_dim) */
+static double ref_rope_gain(const m2d_config *c) {
+    const m2d_rope_scaling *s = &c->rope_scaling;
+    if (s->kind != M2D_ROPE_SCALING_YARN) return 1;
+    if (s->attention_factor) return s->attention_factor;
+    double f = s->factor;
+#define MS(m) (f <= 1 ? 1 : 0.1 * (m) * log(f) + 1)
+    return s->mscale && s->mscale_all_dim ? MS(s->mscale) / MS(s->mscale_all_dim) : MS(1);
+#undef MS
+}
+
+/* rotate the first ROT dims of one head: pairs (i, i + rot/2), or (2i, 2i + 1) when INTERLEAVED */
+static void ref_rope_n(double *v, int rot, int pos, const m2d_config *c, int interleaved) {
+    double gain = ref_rope_gain(c);
+    for (int i = 0; i < rot / 2; i++) {
+        double f = pos * ref_freq(c, i, rot);
+        double *pa = interleaved ? v + 2 * i : v + i, *pb = interleaved ? pa + 1 : pa + rot / 2, a = *pa, b = *pb;
+        *pa = gain * (a * cos(f) - b * sin(f));
+        *pb = gain * (b * cos(f) + a * sin(f));
     }
 }
+
+static void ref_rope(double *v, int hd, int pos, const m2d_config *c) { ref_rope_n(v, hd, pos, c, 0); }
 
 /* q/k norm of one token's heads: per head ([head_dim] weight, Qwen3) or over the whole projection
  * (OLMoE), told apart by the weight's length; then RoPE per head */
@@ -59,7 +117,7 @@ static void ref_qk(double *v, int heads, int hd, const m2d_tensor *norm, const m
     if (norm && m2d_tensor_numel(norm) == (int64_t)heads * hd && heads > 1) ref_rms(v, heads * hd, norm, c->rms_norm_eps);
     for (int a = 0; a < heads; a++) {
         if (norm && m2d_tensor_numel(norm) == hd) ref_rms(v + (size_t)a * hd, hd, norm, c->rms_norm_eps);
-        ref_rope(v + (size_t)a * hd, hd, pos, c->rope_theta);
+        ref_rope(v + (size_t)a * hd, hd, pos, c);
     }
 }
 
@@ -68,23 +126,25 @@ typedef struct {
     double *x, *q, *K, *V; /* residual stream [n, d]; q [n, H*hd]; keys, values [n, KV*hd] */
 } ref_state;
 
-/* causal GQA of token t: att [H*hd] */
-static void ref_attend(const ref_state *s, int t, double *att) {
-    int H = s->H, KV = s->KV, hd = s->hd;
+/* causal GQA of token t: att [H*hd]; with WINDOW w > 0 only keys t - w < s2 <= t (HF's sliding
+ * mask, kv > q - w); with SINKS (per head) exp(sink) joins the softmax denominator (GPT-OSS) */
+static void ref_attend(const ref_state *s, int t, int window, const double *sinks, double *att) {
+    int H = s->H, KV = s->KV, hd = s->hd, lo = window > 0 && t + 1 > window ? t + 1 - window : 0;
     double *sc = malloc(sizeof(double) * (size_t)(t + 1));
     for (int a = 0; a < H; a++) {
         int g = a / (H / KV);
-        double mx = -INFINITY, z = 0;
-        for (int s2 = 0; s2 <= t; s2++) {
+        double mx = sinks ? sinks[a] : -INFINITY, z = 0;
+        for (int s2 = lo; s2 <= t; s2++) {
             double dd = 0;
             for (int i = 0; i < hd; i++) dd += s->q[(size_t)t * H * hd + a * hd + i] * s->K[(size_t)s2 * KV * hd + g * hd + i];
             sc[s2] = dd / sqrt(hd);
             mx = fmax(mx, sc[s2]);
         }
-        for (int s2 = 0; s2 <= t; s2++) z += (sc[s2] = exp(sc[s2] - mx));
+        for (int s2 = lo; s2 <= t; s2++) z += (sc[s2] = exp(sc[s2] - mx));
+        if (sinks) z += exp(sinks[a] - mx);
         for (int i = 0; i < hd; i++) {
             double acc = 0;
-            for (int s2 = 0; s2 <= t; s2++) acc += sc[s2] * s->V[(size_t)s2 * KV * hd + g * hd + i];
+            for (int s2 = lo; s2 <= t; s2++) acc += sc[s2] * s->V[(size_t)s2 * KV * hd + g * hd + i];
             att[a * hd + i] = acc / z;
         }
     }
@@ -101,23 +161,33 @@ static void ref_attention_layer(const m2d_model *m, const m2d_layer *L, ref_stat
         ref_linear(L->q_proj, h, d, H * hd, s->q + (size_t)t * H * hd);
         ref_linear(L->k_proj, h, d, KV * hd, s->K + (size_t)t * KV * hd);
         ref_linear(L->v_proj, h, d, KV * hd, s->V + (size_t)t * KV * hd);
+        ref_bias(L->q_bias, H * hd, s->q + (size_t)t * H * hd);
+        ref_bias(L->k_bias, KV * hd, s->K + (size_t)t * KV * hd);
+        ref_bias(L->v_bias, KV * hd, s->V + (size_t)t * KV * hd);
         ref_qk(s->q + (size_t)t * H * hd, H, hd, qk_norm ? L->q_norm : NULL, c, t);
         ref_qk(s->K + (size_t)t * KV * hd, KV, hd, qk_norm ? L->k_norm : NULL, c, t);
     }
+    double *sinks = L->sinks ? tf(L->sinks) : NULL;
+    int window = c->layer_window ? c->layer_window[L - m->layers] : 0;
     for (int t = 0; t < s->n; t++) {
-        ref_attend(s, t, att);
+        ref_attend(s, t, window, sinks, att);
         ref_linear(L->o_proj, att, H * hd, d, y);
+        ref_bias(L->o_bias, d, y);
         for (int i = 0; i < d; i++) s->x[(size_t)t * d + i] += y[i];
     }
-    free(h); free(att); free(y);
+    free(h); free(att); free(y); free(sinks);
 }
 
-/* softmax router, top-k (ties -> lower index), gates renormalised per norm_topk_prob: y += sum g f_e(h) */
+/* softmax router, top-k (ties -> lower index), gates renormalised per norm_topk_prob: y += sum g f_e(h).
+ * GPT-OSS (GptOssTopKRouter): logits + bias, top-k of the logits, gates a softmax over those k
+ * logits -- the same experts and, in exact arithmetic, the same gates as the renormalised full
+ * softmax, which is how it is computed here (the engine takes the softmax of the k logits). */
 static void ref_moe(const m2d_model *m, const m2d_layer *L, const double *h, double *x) {
     const m2d_config *c = &m->cfg;
     int d = c->hidden_size, E = c->num_experts, k = c->num_experts_per_tok;
     double *p = malloc(sizeof(double) * E), *y = malloc(sizeof(double) * d), mx = -INFINITY, z = 0, sel = 0;
     ref_linear(L->router, h, d, E, p);
+    ref_bias(L->router_bias, E, p);
     for (int e2 = 0; e2 < E; e2++) mx = fmax(mx, p[e2]);
     for (int e2 = 0; e2 < E; e2++) z += (p[e2] = exp(p[e2] - mx));
     for (int e2 = 0; e2 < E; e2++) p[e2] /= z;
@@ -132,7 +202,12 @@ static void ref_moe(const m2d_model *m, const m2d_layer *L, const double *h, dou
     }
     for (int j = 0; j < k; j++) {
         double gw = c->norm_topk_prob ? p[ids[j]] / sel : p[ids[j]];
-        ref_swiglu(L->exp_gate[ids[j]], L->exp_up[ids[j]], L->exp_down[ids[j]], h, d, c->moe_intermediate_size, y);
+        int e = ids[j];
+#define X_(r) (L->r ? L->r[e] : NULL)
+        const m2d_tensor *const w[6] = {L->exp_gate[e], L->exp_up[e], L->exp_down[e], X_(exp_gate_bias), X_(exp_up_bias),
+                                        X_(exp_down_bias)};
+#undef X_
+        ref_ffn(c, w, h, d, c->moe_intermediate_size, y);
         for (int i = 0; i < d; i++) x[i] += gw * y[i];
     }
     free(p); free(y); free(taken); free(ids);
@@ -151,10 +226,28 @@ static void ref_ffn_layer(const m2d_model *m, int l, ref_state *s) {
             ref_moe(m, L, h, x);
             continue;
         }
-        ref_swiglu(L->gate_proj, L->up_proj, L->down_proj, h, d, c->intermediate_size, y);
+        const m2d_tensor *const w[6] = {L->gate_proj, L->up_proj, L->down_proj, L->gate_bias, L->up_bias, L->down_bias};
+        ref_ffn(c, w, h, d, c->intermediate_size, y);
         for (int i = 0; i < d; i++) x[i] += y[i];
     }
     free(h); free(y);
+}
+
+void tu_ref_ffn(const m2d_model *m, int layer, int expert, const double *x, double *y) {
+    const m2d_config *c = &m->cfg;
+    const m2d_layer *L = &m->layers[layer];
+    int e = expert;
+    memset(y, 0, sizeof(double) * (size_t)c->hidden_size);
+    if (e < 0) {
+        const m2d_tensor *const w[6] = {L->gate_proj, L->up_proj, L->down_proj, L->gate_bias, L->up_bias, L->down_bias};
+        ref_ffn(c, w, x, c->hidden_size, c->intermediate_size, y);
+        return;
+    }
+#define X_(r) (L->r ? L->r[e] : NULL)
+    const m2d_tensor *const w[6] = {L->exp_gate[e], L->exp_up[e], L->exp_down[e], X_(exp_gate_bias), X_(exp_up_bias),
+                                    X_(exp_down_bias)};
+#undef X_
+    ref_ffn(c, w, x, c->hidden_size, c->moe_intermediate_size, y);
 }
 
 static void forward(const m2d_model *m, const int32_t *tok, int n, double *logits, int qk_norm) {

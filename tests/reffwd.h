@@ -1,8 +1,11 @@
 /* reffwd — the naive float64 reference forward every engine test compares against: straight loops
- * over the Hugging Face definitions (Qwen3 / Qwen3-MoE, and the OLMoE-style q/k norm over the whole
- * projection), one token at a time, everything in double. Independent of the engine, its backends,
+ * over the Hugging Face definitions (Qwen3 / Qwen3-MoE, the OLMoE-style q/k norm over the whole
+ * projection, Mixtral's sliding window, GPT-OSS's biases, sinks, windows, clamped SwiGLU and router),
+ * one token at a time, everything in double. Independent of the engine, its backends,
  * its batching and its weight conversion: it reads the model's tensors and HF config fields only
- * (q/k norm kind from the norm weight's length, gates from norm_topk_prob), not cfg.ops. */
+ * (q/k norm kind from the norm weight's length, gates from norm_topk_prob, biases and sinks from
+ * their tensors, windows from layer_window, GPT-OSS's activation and router from its architecture
+ * name), not cfg.ops -- except GPT-OSS's swiglu_alpha / swiglu_limit, config values kept there. */
 #ifndef M2D_REFFWD_H
 #define M2D_REFFWD_H
 
@@ -15,5 +18,8 @@ void tu_ref_forward(const m2d_model *m, const int32_t *tok, int n, double *logit
 /* Same, with the q/k norms skipped (a deliberately wrong model: tests show their tolerance is
  * far below the difference it makes). */
 void tu_ref_forward_no_qk_norm(const m2d_model *m, const int32_t *tok, int n, double *logits);
+/* y [hidden] = the FFN of LAYER on x [hidden] (no norm, no residual): expert EXPERT of an MoE
+ * layer, or the dense FFN when EXPERT < 0; biases and activation as in the forward above. */
+void tu_ref_ffn(const m2d_model *m, int layer, int expert, const double *x, double *y);
 
 #endif

@@ -111,7 +111,7 @@ static void rope_row(m2d_backend *be, float *x, int n_heads, int hd, int32_t pos
     size_t bytes = sizeof(float) * (size_t)n_heads * hd;
     m2d_buf *xb = upload(be, x, bytes), *pb = upload(be, &pos, sizeof pos);
     m2d_mat X = m2d_mat_of(xb, 0, 1, n_heads * hd, n_heads * hd);
-    m2d_rope_args r = {M2D_ROPE_NEOX, 10000.0};
+    m2d_rope_args r = {.kind = M2D_ROPE_NEOX, .theta = 10000.0};
     be->ops->rope(be, &X, n_heads, hd, pb, &r);
     download(be, x, xb, bytes);
     be->ops->release(be, xb), be->ops->release(be, pb);
@@ -140,12 +140,48 @@ static void op_rope_rotate_half_on(const char *backend) {
     m2d_backend_free(be);
 }
 
+/* RoPE variants: interleaved pairs, a partial rotation (rot_dim < head_dim, the rest untouched),
+ * given frequencies and an attention factor (YaRN), against the formula written out per pair */
+static void op_rope_variants_on(const char *backend) {
+    int hd = 12, rot = 8, H = 3;
+    double inv_freq[4] = {1.0, 0.37, 0.021, 1e-4};
+    float x[3 * 12], ref[3 * 12];
+    uint64_t st = 9;
+    fill_normal(&st, x, sizeof x / 4, 1);
+    m2d_backend *be = new_backend(backend, 1);
+    for (int kind = 0; kind < 2; kind++) {
+        int32_t pos = 37;
+        memcpy(ref, x, sizeof x);
+        float y[3 * 12];
+        memcpy(y, x, sizeof x);
+        m2d_buf *xb = upload(be, y, sizeof y), *pb = upload(be, &pos, sizeof pos);
+        m2d_mat X = m2d_mat_of(xb, 0, 1, H * hd, H * hd);
+        m2d_rope_args r = {.kind = kind ? M2D_ROPE_INTERLEAVED : M2D_ROPE_NEOX, .theta = 1e4, .inv_freq = inv_freq,
+                           .attn_factor = 1.25, .rot_dim = rot};
+        be->ops->rope(be, &X, H, hd, pb, &r);
+        download(be, y, xb, sizeof y);
+        be->ops->release(be, xb), be->ops->release(be, pb);
+        for (int h = 0; h < H; h++) {
+            const float *v = ref + h * hd;
+            for (int i = 0; i < rot / 2; i++) {
+                int ia = kind ? 2 * i : i, ib = kind ? 2 * i + 1 : i + rot / 2;
+                double f = pos * inv_freq[i], c = 1.25 * cos(f), sn = 1.25 * sin(f);
+                /* |x| <= ~4, cos/sin rounded to fp32: error ~ 4 * 2 * 6e-8 */
+                assert_true(fabs(y[h * hd + ia] - (v[ia] * c - v[ib] * sn)) < 1e-5);
+                assert_true(fabs(y[h * hd + ib] - (v[ib] * c + v[ia] * sn)) < 1e-5);
+            }
+            for (int i = rot; i < hd; i++) assert_true(y[h * hd + i] == v[i]); /* not rotated */
+        }
+    }
+    m2d_backend_free(be);
+}
+
 /* the route op on one row of E logits: probabilities in place, top-k ids and gates */
 static void route_row(m2d_backend *be, float *p, int E, int k, int32_t *idx) {
     m2d_buf *pb = upload(be, p, sizeof(float) * E), *ib = be->ops->alloc(be, sizeof(int32_t) * k),
             *gb = be->ops->alloc(be, sizeof(float) * k);
     m2d_mat P = m2d_mat_of(pb, 0, 1, E, E);
-    m2d_route_args r = {M2D_ROUTER_SOFTMAX_TOPK, false, k};
+    m2d_route_args r = {.kind = M2D_ROUTER_SOFTMAX_TOPK, .renorm = false, .k = k};
     be->ops->route(be, &P, &r, ib, gb);
     download(be, p, pb, sizeof(float) * E);
     download(be, idx, ib, sizeof(int32_t) * k);
@@ -188,43 +224,61 @@ static void op_topk_ties_to_lower_index_on(const char *backend) {
     m2d_backend_free(be);
 }
 
-/* naive causal GQA over one sequence of length np + nq where the first np are the prefix */
-static void attention_naive(const float *q, const float *k, const float *v, int np, int nq, int H, int KV, int hd,
-                            float *out) {
+/* naive causal GQA over one sequence of length np + nq where the first np are the prefix; with a
+ * window w > 0 query position p sees keys p - w < t <= p; with sinks, exp(sinks[h]) joins head h's
+ * denominator */
+static void attention_naive_ws(const float *q, const float *k, const float *v, int np, int nq, int H, int KV, int hd,
+                               int window, const float *sinks, float *out) {
     double *s = malloc(sizeof(double) * (size_t)(np + nq));
     for (int i = 0; i < nq; i++)
         for (int h = 0; h < H; h++) {
-            int g = h / (H / KV), nk = np + i + 1;
-            double m = -INFINITY, z = 0;
-            for (int t = 0; t < nk; t++) {
+            int g = h / (H / KV), nk = np + i + 1, lo = window > 0 && nk > window ? nk - window : 0;
+            double m = sinks ? sinks[h] : -INFINITY, z = 0;
+            for (int t = lo; t < nk; t++) {
                 double d = 0;
                 for (int c = 0; c < hd; c++) d += (double)q[(size_t)i * H * hd + h * hd + c] * k[(size_t)t * KV * hd + g * hd + c];
                 s[t] = d / sqrt(hd);
                 m = fmax(m, s[t]);
             }
-            for (int t = 0; t < nk; t++) z += (s[t] = exp(s[t] - m));
+            for (int t = lo; t < nk; t++) z += (s[t] = exp(s[t] - m));
+            if (sinks) z += exp(sinks[h] - m);
             for (int c = 0; c < hd; c++) {
                 double a = 0;
-                for (int t = 0; t < nk; t++) a += s[t] * v[(size_t)t * KV * hd + g * hd + c];
+                for (int t = lo; t < nk; t++) a += s[t] * v[(size_t)t * KV * hd + g * hd + c];
                 out[(size_t)i * H * hd + h * hd + c] = (float)(a / z);
             }
         }
     free(s);
 }
 
-/* the attention op on host arrays: segment q/k/v of nq rows, prefix (kp, vp) as a cache of np rows */
-static void attention_host(m2d_backend *be, const float *q, const float *k, const float *v, int nq, const float *kp,
-                           const float *vp, int np, int H, int KV, int hd, float *o) {
+static void attention_naive(const float *q, const float *k, const float *v, int np, int nq, int H, int KV, int hd,
+                            float *out) {
+    attention_naive_ws(q, k, v, np, nq, H, KV, hd, 0, NULL, out);
+}
+
+/* the attention op on host arrays: segment q/k/v of nq rows, prefix (kp, vp) as a cache of np rows;
+ * WINDOW and SINKS (fp32 [H] or NULL) as in m2d_attn_args */
+static void attention_host_ws(m2d_backend *be, const float *q, const float *k, const float *v, int nq, const float *kp,
+                              const float *vp, int np, int H, int KV, int hd, int window, const float *sinks, float *o) {
     size_t qb = sizeof(float) * nq * H * hd, kb = sizeof(float) * nq * KV * hd, pb = sizeof(float) * KV * np * hd;
     m2d_buf *Qb = upload(be, q, qb), *Kb = upload(be, k, kb), *Vb = upload(be, v, kb), *Ob = be->ops->alloc(be, qb);
     m2d_buf *KP = np ? upload(be, kp, pb) : NULL, *VP = np ? upload(be, vp, pb) : NULL;
-    m2d_attn_args a = {m2d_mat_of(Qb, 0, nq, H * hd, H * hd), m2d_mat_of(Kb, 0, nq, KV * hd, KV * hd),
-                       m2d_mat_of(Vb, 0, nq, KV * hd, KV * hd), KP, VP, 0, (size_t)np * hd, np, H, KV, hd,
-                       m2d_mat_of(Ob, 0, nq, H * hd, H * hd)};
+    m2d_tensor st;
+    m2d_weight *sw = sinks ? weight_of(be, &st, M2D_F32, sinks, H, 0) : NULL;
+    m2d_attn_args a = {.q = m2d_mat_of(Qb, 0, nq, H * hd, H * hd), .k = m2d_mat_of(Kb, 0, nq, KV * hd, KV * hd),
+                       .v = m2d_mat_of(Vb, 0, nq, KV * hd, KV * hd), .k_cache = KP, .v_cache = VP, .cache_off = 0,
+                       .head_stride = (size_t)np * hd, .np = np, .n_heads = H, .n_kv = KV, .head_dim = hd,
+                       .out = m2d_mat_of(Ob, 0, nq, H * hd, H * hd), .window = window, .sinks = sw};
     be->ops->attention(be, &a);
     download(be, o, Ob, qb);
     m2d_buf *all[] = {Qb, Kb, Vb, Ob, KP, VP};
     for (int i = 0; i < 6; i++) be->ops->release(be, all[i]);
+    if (sw) be->ops->weight_free(be, sw);
+}
+
+static void attention_host(m2d_backend *be, const float *q, const float *k, const float *v, int nq, const float *kp,
+                           const float *vp, int np, int H, int KV, int hd, float *o) {
+    attention_host_ws(be, q, k, v, nq, kp, vp, np, H, KV, hd, 0, NULL, o);
 }
 
 static void op_attention_causal_gqa_on(const char *backend) {
@@ -288,10 +342,161 @@ static void op_convert_parallel_on(const char *backend) {
 EACH_BACKEND(op_matmul_matches_loops)
 EACH_BACKEND(op_rmsnorm_analytic)
 EACH_BACKEND(op_rope_rotate_half)
+EACH_BACKEND(op_rope_variants)
 EACH_BACKEND(op_softmax_and_swiglu)
 EACH_BACKEND(op_topk_ties_to_lower_index)
 EACH_BACKEND(op_attention_causal_gqa)
 EACH_BACKEND(op_convert_parallel)
+
+/* ---- ops of the GPT-OSS / Mixtral families (window, sinks, biases, clamped SwiGLU, top-k softmax) ---- */
+
+/* sliding window and sinks, both kernels, with and without a cached prefix; the window cuts into
+ * the prefix and into the segment */
+static void op_attention_window_sinks_on(const char *backend) {
+    uint64_t st = 21;
+    int H = 4, KV = 2, hd = 16, np = 9, nq = 70, T = np + nq;
+    float *q = malloc(sizeof(float) * nq * H * hd), *k = malloc(sizeof(float) * T * KV * hd),
+          *v = malloc(sizeof(float) * T * KV * hd), *o = malloc(sizeof(float) * nq * H * hd),
+          *r = malloc(sizeof(float) * nq * H * hd), sinks[4] = {0.5f, -3.0f, 4.0f, 0.0f};
+    float *kp = malloc(sizeof(float) * KV * np * hd), *vp = malloc(sizeof(float) * KV * np * hd);
+    fill_normal(&st, q, (size_t)nq * H * hd, 1);
+    fill_normal(&st, k, (size_t)T * KV * hd, 1);
+    fill_normal(&st, v, (size_t)T * KV * hd, 1);
+    for (int g = 0; g < KV; g++)
+        for (int t = 0; t < np; t++) {
+            memcpy(kp + ((size_t)g * np + t) * hd, k + (size_t)t * KV * hd + g * hd, sizeof(float) * hd);
+            memcpy(vp + ((size_t)g * np + t) * hd, v + (size_t)t * KV * hd + g * hd, sizeof(float) * hd);
+        }
+    m2d_backend *be = new_backend(backend, 2);
+    int windows[4] = {0, 1, 5, 40}, mins[2] = {1 << 30, 1};
+    for (int wi = 0; wi < 4; wi++)
+        for (int sk = 0; sk < 2; sk++)
+            for (int path = 0; path < 2; path++) {
+                if (be->ops->tune(be, "attention_gemm_min_rows", mins[path]) != 0 && path > 0) break;
+                const float *sn = sk ? sinks : NULL;
+                attention_naive_ws(q, k, v, np, nq, H, KV, hd, windows[wi], sn, r);
+                attention_host_ws(be, q, k + np * KV * hd, v + np * KV * hd, nq, kp, vp, np, H, KV, hd, windows[wi], sn, o);
+                /* as op_attention_causal_gqa: scores of 16-term dots, convex combinations (the sink
+                 * only scales them down) */
+                assert_true(max_abs_diff(o, r, (size_t)nq * H * hd) < 1e-5);
+                attention_naive_ws(q, k, v, 0, nq, H, KV, hd, windows[wi], sn, r);
+                attention_host_ws(be, q, k, v, nq, NULL, NULL, 0, H, KV, hd, windows[wi], sn, o);
+                assert_true(max_abs_diff(o, r, (size_t)nq * H * hd) < 1e-5);
+            }
+    /* a window of 1 with no sink is the value row itself */
+    attention_host_ws(be, q, k, v, nq, NULL, NULL, 0, H, KV, hd, 1, NULL, o);
+    for (int i = 0; i < nq; i++)
+        for (int h = 0; h < H; h++)
+            for (int c = 0; c < hd; c++) assert_true(o[(size_t)i * H * hd + h * hd + c] == v[(size_t)i * KV * hd + (h / 2) * hd + c]);
+    m2d_backend_free(be);
+    free(q); free(k); free(v); free(o); free(r); free(kp); free(vp);
+}
+
+static void op_bias_and_clamped_swiglu_on(const char *backend) {
+    m2d_backend *be = new_backend(backend, 1);
+    float y[6] = {1, 2, 3, 4, 5, 6}, b[3] = {0.5f, -1, 0}, out[6];
+    m2d_tensor bt;
+    m2d_weight *bw = weight_of(be, &bt, M2D_F32, b, 3, 0);
+    m2d_buf *yb = upload(be, y, sizeof y);
+    m2d_mat Y = m2d_mat_of(yb, 0, 2, 3, 3);
+    be->ops->add_bias(be, &Y, bw);
+    download(be, out, yb, sizeof out);
+    for (int i = 0; i < 6; i++) assert_true(out[i] == y[i] + b[i % 3]);
+    /* the clamps: gate only from above, up from both sides; the +1 on up */
+    float g[5] = {-20, -1, 0.5f, 7, 9}, u[5] = {-9, 0.25f, -0.5f, 8, 1}, h[5];
+    m2d_buf *gb = upload(be, g, sizeof g), *ub = upload(be, u, sizeof u);
+    m2d_mat G = m2d_mat_of(gb, 0, 1, 5, 5), U = m2d_mat_of(ub, 0, 1, 5, 5);
+    be->ops->glu_clamp(be, &G, &U, 1.702f, 7.0f);
+    download(be, h, gb, sizeof h);
+    for (int i = 0; i < 5; i++) {
+        double a = fmin(g[i], 7.0), c = fmin(fmax(u[i], -7.0), 7.0);
+        double want = (c + 1) * a / (1 + exp(-1.702 * a));
+        assert_true(fabs(h[i] - want) <= 1e-6 * fmax(1, fabs(want)));
+    }
+    assert_true(fabs(h[3] - 8 * 7 / (1 + exp(-1.702 * 7))) < 1e-5); /* both clamped to 7: (7 + 1) g sig */
+    be->ops->release(be, yb), be->ops->release(be, gb), be->ops->release(be, ub), be->ops->weight_free(be, bw);
+    m2d_backend_free(be);
+}
+
+/* GPT-OSS routing: top-k of the logits, gates a softmax over those k alone; p the full softmax */
+static void op_route_topk_softmax_on(const char *backend) {
+    m2d_backend *be = new_backend(backend, 1);
+    float p[6] = {0.5f, 2.0f, -1.0f, 2.0f, 1.0f, 3.0f}, ref[6], gates[3];
+    memcpy(ref, p, sizeof p);
+    int32_t id[3];
+    m2d_buf *pb = upload(be, p, sizeof p), *ib = be->ops->alloc(be, sizeof id), *gb = be->ops->alloc(be, sizeof gates);
+    m2d_mat P = m2d_mat_of(pb, 0, 1, 6, 6);
+    m2d_route_args r = {.kind = M2D_ROUTER_TOPK_SOFTMAX, .k = 3};
+    be->ops->route(be, &P, &r, ib, gb);
+    download(be, p, pb, sizeof p), download(be, id, ib, sizeof id), download(be, gates, gb, sizeof gates);
+    assert_int_equal(id[0], 5), assert_int_equal(id[1], 1), assert_int_equal(id[2], 3); /* tie 1 = 3: lower first */
+    double z = exp(3.0) + 2 * exp(2.0), zall = 0;
+    assert_true(fabs(gates[0] - exp(3.0) / z) < 1e-6 && fabs(gates[1] - exp(2.0) / z) < 1e-6);
+    for (int e = 0; e < 6; e++) zall += exp(ref[e]);
+    for (int e = 0; e < 6; e++) assert_true(fabs(p[e] - exp(ref[e]) / zall) < 1e-6);
+    be->ops->release(be, pb), be->ops->release(be, ib), be->ops->release(be, gb);
+    m2d_backend_free(be);
+}
+
+/* the MoE op with expert biases and the clamped activation against a direct loop, on both of the
+ * CPU backend's schedules (expert-parallel and one expert at a time) */
+static void op_moe_biases_clamp_on(const char *backend) {
+    enum { N = 9, D = 12, DE = 8, E = 4, K = 2 };
+    uint64_t st = 33;
+    float x[N * D], w[3][E][DE * D], bias[3][E][D], y[N * D], ref[N * D] = {0}, gates[N * K];
+    int32_t topk[N * K];
+    fill_normal(&st, x, sizeof x / 4, 1), fill_normal(&st, &w[0][0][0], sizeof w / 4, 0.5);
+    fill_normal(&st, &bias[0][0][0], sizeof bias / 4, 0.5);
+    for (int t = 0; t < N; t++)
+        for (int j = 0; j < K; j++) topk[t * K + j] = (t + 3 * j) % E, gates[t * K + j] = 0.25f + 0.5f * j;
+    m2d_backend *be = new_backend(backend, 2);
+    m2d_tensor tt[6][E];
+    m2d_weight *wh[6][E];
+    for (int e = 0; e < E; e++)
+        for (int m = 0; m < 3; m++) {
+            wh[m][e] = weight_of(be, &tt[m][e], M2D_F32, w[m][e], m == 2 ? D : DE, m == 2 ? DE : D);
+            wh[3 + m][e] = weight_of(be, &tt[3 + m][e], M2D_F32, bias[m][e], m == 2 ? D : DE, 0);
+        }
+    for (int t = 0; t < N; t++) /* ref: sum_j gate * (down(act(gate x + bg, up x + bu)) + bd) */
+        for (int j = 0; j < K; j++) {
+            int e = topk[t * K + j];
+            double hmid[DE];
+            for (int i = 0; i < DE; i++) {
+                double a = bias[0][e][i], b = bias[1][e][i];
+                for (int c = 0; c < D; c++) a += (double)w[0][e][i * D + c] * x[t * D + c], b += (double)w[1][e][i * D + c] * x[t * D + c];
+                a = fmin(a, 1.5), b = fmin(fmax(b, -1.5), 1.5); /* limit 1.5: some entries clamp */
+                hmid[i] = (b + 1) * a / (1 + exp(-1.702 * a));
+            }
+            for (int o = 0; o < D; o++) {
+                double s = bias[2][e][o];
+                for (int i = 0; i < DE; i++) s += (double)w[2][e][o * DE + i] * hmid[i];
+                ref[t * D + o] += (float)(gates[t * K + j] * s);
+            }
+        }
+    m2d_buf *xb = upload(be, x, sizeof x), *ib = upload(be, topk, sizeof topk), *gb = upload(be, gates, sizeof gates),
+            *yb = be->ops->alloc(be, sizeof y);
+    for (int par = 0; par < 2; par++) {
+        if (be->ops->tune(be, "expert_parallel", par) != 0 && par > 0) break;
+        m2d_moe_args a = {.x = m2d_mat_of(xb, 0, N, D, D), .topk = ib, .gates = gb, .k = K, .n_experts = E, .d_ff = DE,
+                          .gate = wh[0], .up = wh[1], .down = wh[2], .act = M2D_ACT_SWIGLU_CLAMP, .prec = M2D_PREC_FP32,
+                          .out = m2d_mat_of(yb, 0, N, D, D), .gate_bias = wh[3], .up_bias = wh[4], .down_bias = wh[5],
+                          .act_alpha = 1.702f, .act_limit = 1.5f};
+        be->ops->moe(be, &a);
+        download(be, y, yb, sizeof y);
+        /* 12- and 8-term fp32 dots of values ~1: errors ~1e-6 */
+        assert_true(max_abs_diff(y, ref, N * D) < 2e-5);
+    }
+    m2d_buf *all[] = {xb, ib, gb, yb};
+    for (int i = 0; i < 4; i++) be->ops->release(be, all[i]);
+    for (int m = 0; m < 6; m++)
+        for (int e = 0; e < E; e++) be->ops->weight_free(be, wh[m][e]);
+    m2d_backend_free(be);
+}
+
+EACH_BACKEND(op_attention_window_sinks)
+EACH_BACKEND(op_bias_and_clamped_swiglu)
+EACH_BACKEND(op_route_topk_softmax)
+EACH_BACKEND(op_moe_biases_clamp)
 
 /* ---------------- in-memory models ---------------- */
 
@@ -336,7 +541,8 @@ static void mm_config(mem_model *mm, int layers, int E, int k, int de, int inter
     c->num_attention_heads = 4; c->num_key_value_heads = 2; c->head_dim = 16;
     c->num_experts = E; c->num_experts_per_tok = k; c->moe_intermediate_size = de; c->intermediate_size = inter;
     c->norm_topk_prob = true; c->decoder_sparse_step = 1;
-    c->ops = (m2d_layer_ops){M2D_QK_NORM_PER_HEAD, M2D_ROUTER_SOFTMAX_TOPK, true, M2D_ACT_SWIGLU, M2D_ROPE_NEOX};
+    c->ops = (m2d_layer_ops){.qk_norm = M2D_QK_NORM_PER_HEAD, .router = M2D_ROUTER_SOFTMAX_TOPK, .router_renorm = true,
+                             .ffn_act = M2D_ACT_SWIGLU, .rope = M2D_ROPE_NEOX};
     c->rope_theta = 10000; c->rms_norm_eps = 1e-6; c->max_position_embeddings = 128;
     c->bos_token_id = -1; c->eos_token_id = 299; c->torch_dtype = M2D_F32;
     c->layer_is_moe = calloc((size_t)layers, sizeof(bool));
@@ -733,12 +939,13 @@ static void golden_tiny_qwen3moe(void **state) {
 /* ---------------- naive float64 reference forward: tests/reffwd.c ---------------- */
 
 /* Checkpoints written by the testmodel helper and opened through m2d_model_open: a MoE with
- * dense layers (mlp_only_layers + decoder_sparse_step), tied embeddings, f16; a dense Qwen3. */
+ * dense layers (mlp_only_layers + decoder_sparse_step), tied embeddings, f16; a dense Qwen3; a MoE
+ * with YaRN RoPE past its original context (attention factor != 1). */
 static void engine_matches_naive_reference_on_checkpoints(void **state) {
     (void)state;
     char *dir = tu_tmpdir();
     int only[1] = {0};
-    for (int variant = 0; variant < 3; variant++) {
+    for (int variant = 0; variant < 4; variant++) {
         m2d_testmodel_opts o;
         m2d_testmodel_defaults(&o);
         o.seed = 100 + (uint64_t)variant;
@@ -759,6 +966,12 @@ static void engine_matches_naive_reference_on_checkpoints(void **state) {
         }
         char *sub = m2d_strfmt("%s/m%d", dir, variant);
         assert_int_equal(m2d_testmodel_write(sub, &o), 0);
+        if (variant == 3) {
+            char *cfg = m2d_path_join(sub, "config.json");
+            tu_replace_in_file(cfg, "\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4, "
+                               "\"original_max_position_embeddings\": 8, \"mscale\": 1.0, \"mscale_all_dim\": 0.5}");
+            free(cfg);
+        }
         m2d_model *m;
         assert_int_equal(m2d_model_open(sub, &m), 0);
         if (variant == 0) {
@@ -799,11 +1012,15 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(op_matmul_matches_loops),
         cmocka_unit_test(op_rmsnorm_analytic),
-        cmocka_unit_test(op_rope_rotate_half),
+        cmocka_unit_test(op_rope_rotate_half), cmocka_unit_test(op_rope_variants),
         cmocka_unit_test(op_softmax_and_swiglu),
         cmocka_unit_test(op_topk_ties_to_lower_index),
         cmocka_unit_test(op_attention_causal_gqa),
         cmocka_unit_test(op_convert_parallel),
+        cmocka_unit_test(op_attention_window_sinks),
+        cmocka_unit_test(op_bias_and_clamped_swiglu),
+        cmocka_unit_test(op_route_topk_softmax),
+        cmocka_unit_test(op_moe_biases_clamp),
         cmocka_unit_test(dense_equals_moe),
         cmocka_unit_test(streaming_logprobs_match_logits),
         cmocka_unit_test(extend_and_branches_match_full_forward),

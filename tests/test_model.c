@@ -209,14 +209,17 @@ static void expect_config_error(const char *from, const char *to, const char *ne
 static void bad_configs(void **state) {
     (void)state;
     expect_config_error("\"hidden_size\": 32,", "\"hidden_size\": 32", "(root)", "malformed");
-    expect_config_error("Qwen3MoeForCausalLM", "MixtralForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM");
-    expect_config_error("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen3ForCausalLM", NULL);
+    expect_config_error("Qwen3MoeForCausalLM", "FutureMoeForCausalLM", "FutureMoeForCausalLM", "Qwen3MoeForCausalLM");
+    expect_config_error("Qwen3MoeForCausalLM", "FutureMoeForCausalLM", "Qwen3ForCausalLM", NULL);
     expect_config_error("\"hidden_size\": 32,", "", "'hidden_size'", "missing");
     expect_config_error("\"num_experts\": 8,", "", "'num_experts'", "missing");
     expect_config_error("\"hidden_size\": 32,", "\"hidden_size\": \"32\",", "'hidden_size'", "integer");
     expect_config_error("\"hidden_size\": 32,", "\"hidden_size\": 32.5,", "'hidden_size'", "integer");
     expect_config_error("\"norm_topk_prob\": true", "\"norm_topk_prob\": 1", "'norm_topk_prob'", "true or false");
-    expect_config_error("\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"yarn\"}", "'rope_scaling'", NULL);
+    expect_config_error("\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"longrope\"}", "rope_scaling: field 'rope_type'",
+                        "longrope");
+    expect_config_error("\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"yarn\"}", "rope_scaling: field 'factor'",
+                        "missing");
     expect_config_error("\"attention_bias\": false", "\"attention_bias\": true", "'attention_bias'", NULL);
     expect_config_error("\"use_sliding_window\": false", "\"use_sliding_window\": true", "'use_sliding_window'", NULL);
     expect_config_error("\"silu\"", "\"gelu\"", "'hidden_act'", "gelu");
@@ -230,8 +233,8 @@ static void bad_configs(void **state) {
     expect_config_error("\"use_sliding_window\": false",
                         "\"use_sliding_window\": false, \"layer_types\": [\"full_attention\", \"sliding_attention\"]",
                         "'layer_types'", NULL);
-    expect_config_error("\"rope_theta\": 10000,", "\"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 4},",
-                        "'rope_parameters'", "yarn");
+    expect_config_error("\"rope_theta\": 10000,", "\"rope_parameters\": {\"rope_type\": \"llama3\", \"factor\": 4},",
+                        "rope_parameters: field 'rope_type'", "llama3");
     expect_config_error("{", "[", "(root)", NULL);
     expect_config_error("\"num_experts\": 8,", "\"num_experts\": 100000,", "'num_experts'", "supported maximum");
     expect_config_error("\"num_hidden_layers\": 2,", "\"num_hidden_layers\": 0,", "'num_hidden_layers'", "positive");

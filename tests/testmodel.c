@@ -58,6 +58,13 @@ static uint64_t fnv1a64(const char *s) {
     return h;
 }
 
+void m2d_testmodel_grid(const char *name, uint64_t seed, int64_t n, float *out) {
+    uint64_t state = seed ^ fnv1a64(name);
+    size_t len = strlen(name);
+    int is_norm = len >= 11 && strcmp(name + len - 11, "norm.weight") == 0;
+    for (int64_t i = 0; i < n; i++) out[i] = grid_value(next_u64(&state), is_norm);
+}
+
 static int add_random(m2d_st_writer *w, const m2d_testmodel_opts *o, uint64_t *rng, const char *name, int ndim,
                       int64_t d0, int64_t d1, int is_norm) {
     int64_t shape[2] = {d0, d1}, n = ndim == 1 ? d0 : d0 * d1;

@@ -41,6 +41,8 @@ typedef struct {
 /* Defaults: 2-layer Qwen3-MoE, hidden 32, 4 q / 2 kv heads x head_dim 8, 8 experts top-2 of
  * width 16, dense intermediate 64, vocab 64, norm_topk_prob true, BF16, seed 1, unsharded. */
 void m2d_testmodel_defaults(m2d_testmodel_opts *o);
+/* The first N values of the grid generator above for tensor NAME (its kind from the name). */
+void m2d_testmodel_grid(const char *name, uint64_t seed, int64_t n, float *out);
 /* Create DIR if needed and write the checkpoint. -1 + m2d_err on failure. */
 int m2d_testmodel_write(const char *dir, const m2d_testmodel_opts *o);
 

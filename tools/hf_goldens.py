@@ -71,6 +71,14 @@ MODELS = {
         num_key_value_heads=2, head_dim=32, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=True, eos_token_id=256),
         torch.bfloat16, 3),
+    # YaRN (model/rope.h) on a model: the window (48) runs past the original context (16), so the
+    # interpolated frequencies and the attention factor 0.1 ln 4 + 1 matter
+    "qwen3moe-yarn": ("Qwen3MoeForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=32, moe_intermediate_size=16, num_experts=4,
+        num_experts_per_tok=2, norm_topk_prob=True, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                             "original_max_position_embeddings": 16},
+        rms_norm_eps=1e-6, max_position_embeddings=64, tie_word_embeddings=False, eos_token_id=256), torch.float32, 4),
 }
 
 # name -> (teacher, class, calibrate args, convert args). Scores that are counts (freq), round-robin
@@ -84,6 +92,47 @@ STUDENTS = {
                              ["--target", "moe", "--scoring", "freq", "--grouping", "rr", "--scaling",
                               "uniform", "-K", "6", "--groups", "4"]),
 }
+
+
+# RoPE parameters (model/rope.h): config fields (Hub spelling or transformers >= 5), rotated dims,
+# and what transformers derives from them: inverse frequencies, the cos/sin attention factor, and
+# DeepSeek-V2's softmax mscale (yarn_apply_mscale).
+ROPE_CASES = {
+    "default": (dict(rope_theta=1000000.0, max_position_embeddings=4096), 32),
+    "linear": (dict(rope_theta=10000.0, max_position_embeddings=4096, rope_scaling={"type": "linear", "factor": 4.0}), 16),
+    # DeepSeek-V2-Lite's config.json, as on the Hub
+    "yarn-deepseek-v2-lite": (dict(rope_theta=10000, max_position_embeddings=163840, rope_scaling={
+        "type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1,
+        "mscale": 0.707, "mscale_all_dim": 0.707}), 64),
+    # GPT-OSS's (truncate false), in the spelling of transformers >= 5
+    "yarn-gpt-oss": (dict(max_position_embeddings=131072, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+        "truncate": False, "original_max_position_embeddings": 4096}), 64),
+    # Qwen3's documented YaRN (no betas: 32 / 1)
+    "yarn-qwen3": (dict(rope_theta=1000000.0, max_position_embeddings=131072, rope_scaling={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}), 128),
+    # mscale != mscale_all_dim: an attention factor other than 1 and a softmax mscale
+    "yarn-mscale": (dict(rope_theta=10000.0, max_position_embeddings=512, rope_scaling={
+        "type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64, "mscale": 1.0, "mscale_all_dim": 0.5}), 16),
+    # factor null: max_position_embeddings / original; attention factor given
+    "yarn-implicit": (dict(max_position_embeddings=256, rope_parameters={
+        "rope_type": "yarn", "factor": None, "original_max_position_embeddings": 64, "rope_theta": 10000.0,
+        "attention_factor": 1.5}), 16),
+}
+
+
+def rope_golden(fields, dim):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import yarn_apply_mscale
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    conf = transformers.LlamaConfig(hidden_size=2 * dim, num_attention_heads=2, head_dim=dim, **fields)
+    kind = conf.rope_parameters["rope_type"]
+    init = LlamaRotaryEmbedding.compute_default_rope_parameters if kind == "default" else ROPE_INIT_FUNCTIONS[kind]
+    inv_freq, attention_factor = init(conf)
+    saved = {k: v for k, v in conf.to_diff_dict().items() if k in ("rope_parameters", "max_position_embeddings")}
+    return {"config": fields, "saved_config": saved, "dim": dim, "inv_freq": inv_freq.tolist(),
+            "attention_factor": float(attention_factor),
+            "softmax_mscale": float(yarn_apply_mscale(conf.rope_parameters, 1.0))}
 
 
 # ---- the grid generator of tests/testmodel.h ----------------------------------------------------
@@ -207,20 +256,29 @@ def run(cmd):
         sys.exit(f"hf_goldens.py: {' '.join(cmd)}: exit {r.returncode}: {r.stderr.strip()}")
 
 
-def make_all(binary, out, work):
+def make_all(binary, out, work, only=None):
+    """Every golden (ONLY: just those names, with the teachers their students need) into OUT."""
     tok_json = f"{out}/tokenizer.json"
     byte_tokenizer(tok_json)
+    # tokens: the first three models' from one stream (as when the goldens began), then the
+    # calibration text; every later model's from its own stream, so adding one changes no other
     rng = np.random.default_rng(7)
+    tokens_of = {n: [int(t) for t in rng.integers(0, 257, N_TOKENS)] for n in ("qwen3moe", "qwen3moe-f32", "qwen3")}
+    words = ["the", "expert", "router", "dense", "of", "and", "model", "token", "layer", "a", "merge", "group"]
+    calib_text = " ".join(words[i] for i in rng.integers(0, len(words), 160)) + "\n"
     result = {}
+    students = {n: v for n, v in STUDENTS.items() if only is None or n in only}
+    wanted = None if only is None else set(only) | {v[0] for v in students.values()}
     for name, (cls_name, cfg, dtype, seed) in MODELS.items():
+        if wanted is not None and name not in wanted:
+            continue
+        tokens = tokens_of.get(name) or [int(t) for t in
+                                         np.random.default_rng(fnv1a64(name) >> 32).integers(0, 257, N_TOKENS)]
         d = f"{work}/{name}"
         checkpoint(cls_name, cfg, dtype, seed, d)
         shutil.copy(tok_json, d)
-        tokens = [int(t) for t in rng.integers(0, 257, N_TOKENS)]
         result[name] = goldens(name, cls_name, d, tokens, {"seed": seed})
-    words = ["the", "expert", "router", "dense", "of", "and", "model", "token", "layer", "a", "merge", "group"]
-    calib_text = " ".join(words[i] for i in rng.integers(0, len(words), 160)) + "\n"
-    for name, (teacher, cls_name, cal, conv) in STUDENTS.items():
+    for name, (teacher, cls_name, cal, conv) in students.items():
         t, s = f"{work}/{teacher}", f"{work}/{name}"
         with open(f"{work}/calib.txt", "w", encoding="utf-8") as f:
             f.write(calib_text)
@@ -232,6 +290,9 @@ def make_all(binary, out, work):
         result[name] = goldens(name, cls_name, s, tokens, {
             "teacher": teacher, "calibrate": cal, "convert": conv, "calib_text": calib_text,
             "resaved_sha256": sha256(f"{resaved}/model.safetensors")})
+    if only is None or "rope" in only:
+        result["rope"] = {"name": "rope", "versions": {"transformers": transformers.__version__},
+                          "cases": {k: rope_golden(*v) for k, v in ROPE_CASES.items()}}
     for name, g in result.items():
         with open(f"{out}/{name}.json", "w", encoding="utf-8") as f:
             json.dump(g, f, indent=1)
@@ -241,6 +302,9 @@ def make_all(binary, out, work):
 
 def compare(new_dir, old_dir):
     bad = []
+    with open(f"{new_dir}/rope.json", encoding="utf-8") as f, open(f"{old_dir}/rope.json", encoding="utf-8") as g:
+        if json.load(f)["cases"] != json.load(g)["cases"]:
+            bad.append("rope: differs")
     for name in [*MODELS, *STUDENTS]:
         with open(f"{new_dir}/{name}.json", encoding="utf-8") as f:
             g = json.load(f)
@@ -263,6 +327,7 @@ def main():
     ap.add_argument("--bin")
     ap.add_argument("--out")
     ap.add_argument("--compare", nargs=2, metavar=("NEW_DIR", "OLD_DIR"))
+    ap.add_argument("--only", help="comma-separated golden names to (re)make (default: all)")
     a = ap.parse_args()
     if a.compare:
         bad = compare(*a.compare)
@@ -274,8 +339,10 @@ def main():
     torch.manual_seed(0)
     os.makedirs(a.out, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="m2d-hf-") as work:
-        result = make_all(os.path.abspath(a.bin), a.out, work)
+        result = make_all(os.path.abspath(a.bin), a.out, work, a.only.split(",") if a.only else None)
     for g in result.values():
+        if "class" not in g:
+            continue
         print(f"{g['name']}: {g['class']}, sha256 {g['safetensors_sha256'][:16]}, "
               f"{len(g['routing'])} MoE layers" + (f", re-saved {g['resaved_sha256'][:16]}" if "resaved_sha256" in g else ""))
 

@@ -13,6 +13,7 @@
 /* ------------------------------------------------------------------ windows and hashes */
 
 const char *m2d_calib_gate_convention(const m2d_config *cfg) {
+    if (cfg->ops.router == M2D_ROUTER_TOPK_SOFTMAX) return "topk-softmax"; /* GPT-OSS: softmax of the k logits */
     return cfg->ops.router_renorm ? "softmax-topk-renorm" : "softmax-topk";
 }
 
@@ -477,7 +478,8 @@ static int parse_identity(const char *path, const cJSON *h, m2d_stats *s) {
     if (hdr_str(path, h, "calib_hash", s->calib_hash, sizeof s->calib_hash) || !is_hex64(s->calib_hash))
         return m2d_err("%s: field 'calib_hash': not a sha256 hex string", path);
     if (hdr_str(path, h, "gate_convention", s->gate_convention, sizeof s->gate_convention)) return -1;
-    if (strcmp(s->gate_convention, "softmax-topk-renorm") && strcmp(s->gate_convention, "softmax-topk"))
+    if (strcmp(s->gate_convention, "softmax-topk-renorm") && strcmp(s->gate_convention, "softmax-topk") &&
+        strcmp(s->gate_convention, "topk-softmax"))
         return m2d_err("%s: field 'gate_convention': unknown convention '%s'", path, s->gate_convention);
     if (hdr_int(path, h, "E", 1, 1 << 16, &v)) return -1;
     s->E = (int)v;

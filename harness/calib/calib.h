@@ -13,7 +13,8 @@
  *   sha256( "moe2dense-calib-v1\n" || seq_len as int64 LE || n_windows as int64 LE ||
  *           the token ids of every chosen window in order, each int32 LE ||
  *           gate convention string (no terminator) )
- *   Gate convention: "softmax-topk-renorm" (norm_topk_prob) or "softmax-topk".
+ *   Gate convention: "softmax-topk-renorm" (norm_topk_prob), "softmax-topk", or "topk-softmax"
+ *   (GPT-OSS: the gates are a softmax over the k selected logits; p_e is the full softmax all the same). 
  *
  * Stats file (version 1), all integers and floats little-endian:
  *   offset 0   8 bytes   magic "M2DSTATS"

@@ -156,6 +156,28 @@ static int inspect_st_only(const char *path, int json, int tensors) {
     return 0;
 }
 
+/* the per-family features that change the computation, printed only when the model has them */
+static void print_variants(const m2d_model *m) {
+    const m2d_config *c = &m->cfg;
+    const m2d_rope_scaling *rs = &c->rope_scaling;
+    if (rs->kind == M2D_ROPE_SCALING_YARN)
+        printf("rope scaling   yarn, factor %g over %d original positions\n", rs->factor, rs->original_max_position_embeddings);
+    else if (rs->kind == M2D_ROPE_SCALING_LINEAR) printf("rope scaling   linear, factor %g\n", rs->factor);
+    if (c->layer_window) {
+        printf("windows       ");
+        for (int l = 0; l < c->num_hidden_layers; l++)
+            c->layer_window[l] ? printf(" %d:sliding %d", l, c->layer_window[l]) : printf(" %d:full", l);
+        printf("\n");
+    }
+    const m2d_layer *L = &m->layers[0];
+    if (L->q_bias || L->sinks)
+        printf("attention +    %s%s\n", L->q_bias ? "q/k/v/o biases" : "", L->sinks ? (L->q_bias ? ", learned sinks per head" : "learned sinks per head") : "");
+    if (c->ops.ffn_act == M2D_ACT_SWIGLU_CLAMP)
+        printf("activation     clamped SwiGLU (u + 1) g sigmoid(%g g), limit %g; expert and router biases\n",
+               c->ops.act_alpha, c->ops.act_limit);
+    if (c->quant_method[0]) printf("quantization   %s experts, dequantised exactly to bf16 on load\n", c->quant_method);
+}
+
 static void print_text(const m2d_model *m) {
     const m2d_config *c = &m->cfg;
     m2d_param_counts p = m2d_model_param_counts(c);
@@ -173,6 +195,7 @@ static void print_text(const m2d_model *m) {
     printf("hidden_size    %d\n", c->hidden_size);
     printf("attention      %d query / %d kv heads x head_dim %d, rope_theta %g, rms_norm_eps %g\n",
            c->num_attention_heads, c->num_key_value_heads, c->head_dim, c->rope_theta, c->rms_norm_eps);
+    print_variants(m);
     if (c->num_experts > 0) {
         printf("experts        %d routed, top-%d, norm_topk_prob %s, expert width d_e %d\n", c->num_experts,
                c->num_experts_per_tok, c->norm_topk_prob ? "true" : "false", c->moe_intermediate_size);
@@ -194,6 +217,12 @@ static void print_text(const m2d_model *m) {
                c->num_experts_per_tok, c->moe_intermediate_size, c->num_experts_per_tok * c->moe_intermediate_size);
         printf("               same size for every K (K picks which experts merge into the k groups)\n");
         for (int i = 0; i < nk; i++) printf("               K=%-4d %s\n", ks[i], commas(p.dense_student, b1, sizeof b1));
+        /* the paper's Table 18 and the model cards count active parameters without the input
+         * embedding (a lookup, not a matmul) */
+        int64_t embed = (int64_t)c->vocab_size * c->hidden_size;
+        char b2[32];
+        printf("               without the input embedding: active %s, dense student %s\n",
+               commas(p.active - embed, b1, sizeof b1), commas(p.dense_student - embed, b2, sizeof b2));
     } else {
         printf("dense student  n/a (already dense)\n");
     }

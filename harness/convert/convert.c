@@ -373,12 +373,48 @@ static float *merge_tensors(const m2d_tensor *const *ts, const int *members, con
     return out;
 }
 
-/* New FFN tensor of role ROLE (SCOPE: DENSE, MOE or EXPERT) named by ARCH's tensor table. */
+/* New FFN tensor of role ROLE (SCOPE: DENSE, MOE or EXPERT) named by ARCH's tensor table; an
+ * architecture that writes its FFN block itself (write_ffn: fused or quantised layouts) stores
+ * it under other names, and the tensor gets a descriptive one. */
 static const m2d_tensor *role_tensor(student_owner *o, const m2d_arch *arch, m2d_scope scope, int role, int layer,
                                      int expert, m2d_dtype dt, int rows, int cols, const float *src) {
     char name[256];
-    if (m2d_arch_tensor_name(arch, scope, role, layer, expert, name, sizeof name) != 0) return NULL;
+    if (arch->write_ffn && scope == M2D_SCOPE_EXPERT)
+        snprintf(name, sizeof name, "model.layers.%d.experts.%d.%s", layer, expert, m2d_expert_role_name(role));
+    else if (arch->write_ffn)
+        snprintf(name, sizeof name, "model.layers.%d.%s", layer, m2d_layer_role_name(role));
+    else if (m2d_arch_tensor_name(arch, scope, role, layer, expert, name, sizeof name) != 0)
+        return NULL;
     return new_tensor(o, name, dt, rows, cols, src);
+}
+
+/* The dense FFN's biases, when the teacher's experts have them: gate/up merged like the weights
+ * and concatenated per group; down merged, scaled by α_g and summed over the groups (group g adds
+ * α_g (W_down^(g) h_g + b_down^(g))), in fp64 with one rounding. */
+static int build_dense_biases(student_owner *o, const m2d_model *t, const m2d_layer_plan *lp, m2d_layer *dst) {
+    const m2d_layer *src = &t->layers[lp->layer];
+    int d = t->cfg.hidden_size, de = t->cfg.moe_intermediate_size, G = lp->n_groups;
+    const m2d_tensor *const *tb[3] = {src->exp_gate_bias, src->exp_up_bias, src->exp_down_bias};
+    const int roles[3] = {M2D_T_GATE_BIAS, M2D_T_UP_BIAS, M2D_T_DOWN_BIAS};
+    for (int b = 0; b < 3; b++) {
+        if (!tb[b]) continue;
+        int n = b == 2 ? d : G * de;
+        double *acc = m2d_calloc((size_t)n, sizeof(double));
+        for (int g = 0; g < G; g++)
+            for (int i = lp->group_start[g]; i < lp->group_start[g + 1]; i++) {
+                float *v = m2d_tensor_f32(tb[b][lp->members[i]]);
+                double wi = lp->merge_w[i] * (b == 2 ? lp->alpha[g] : 1.0);
+                for (int j = 0; j < (b == 2 ? d : de); j++) acc[(b == 2 ? 0 : (size_t)g * de) + j] += wi * v[j];
+                free(v);
+            }
+        float *out = m2d_malloc((size_t)n * sizeof(float));
+        for (int j = 0; j < n; j++) out[j] = (float)acc[j];
+        dst->w[roles[b]] = role_tensor(o, o->m.arch, M2D_SCOPE_DENSE, roles[b], lp->layer, 0, tb[b][0]->dtype, n, 0, out);
+        free(acc);
+        free(out);
+        if (!dst->w[roles[b]]) return -1;
+    }
+    return 0;
 }
 
 static int build_dense_layer(student_owner *o, const m2d_model *t, const m2d_layer_plan *lp, m2d_layer *dst) {
@@ -404,58 +440,74 @@ static int build_dense_layer(student_owner *o, const m2d_model *t, const m2d_lay
     dst->gate_proj = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_GATE, lp->layer, 0, dt, (int)W, d, gate);
     dst->up_proj = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_UP, lp->layer, 0, dt, (int)W, d, up);
     dst->down_proj = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_DOWN, lp->layer, 0, dt, d, (int)W, down);
-    dst->router = NULL;
-    dst->exp_gate = dst->exp_up = dst->exp_down = NULL;
+    dst->router = dst->router_bias = NULL;
+    for (int r = 0; r < M2D_X_COUNT; r++) dst->x[r] = NULL;
     for (int g = 0; g < G; g++) { free(gs[g]); free(us[g]); free(ds[g]); }
     free(gs); free(us); free(ds); free(gate); free(up); free(down);
-    return dst->gate_proj && dst->up_proj && dst->down_proj ? 0 : -1;
+    if (!dst->gate_proj || !dst->up_proj || !dst->down_proj) return -1;
+    return build_dense_biases(o, t, lp, dst);
+}
+
+/* Router rows (and bias entries, one "row" of width 1) of the --target moe student: each member's
+ * own (shared) or the merge-weighted average of the group's (average). */
+static float *moe_router_rows(const m2d_tensor *tr, const m2d_layer_plan *lp, int shared, int X, int width) {
+    float *router = m2d_tensor_f32(tr), *rows = m2d_calloc((size_t)X * width, sizeof(float));
+    for (int g = 0; g < lp->n_groups; g++) {
+        int first = lp->group_start[g], n = lp->group_start[g + 1] - first;
+        const int *mem = lp->members + first;
+        for (int i = 0; i < n && shared; i++)
+            memcpy(rows + (size_t)(first + i) * width, router + (size_t)mem[i] * width, (size_t)width * sizeof(float));
+        for (int j = 0; j < width && !shared; j++) {
+            double acc = 0;
+            for (int i = 0; i < n; i++) acc += lp->merge_w[first + i] * router[(size_t)mem[i] * width + j];
+            rows[(size_t)g * width + j] = (float)acc;
+        }
+    }
+    free(router);
+    return rows;
 }
 
 /* --target moe layer. Group g's merged expert goes to one slot (average) or to the slot of
- * every member (shared: slots follow the canonical member order, each keeping its router row). */
+ * every member (shared: slots follow the canonical member order, each keeping its router row).
+ * Every expert role the teacher has (weights, and biases when present) is merged the same way. */
 static int build_moe_layer(student_owner *o, const m2d_model *t, const m2d_convert_plan *plan,
                            const m2d_layer_plan *lp, m2d_layer *dst, int slot) {
     const m2d_config *c = &t->cfg;
     const m2d_layer *src = &t->layers[lp->layer];
     int d = c->hidden_size, de = c->moe_intermediate_size, G = lp->n_groups;
     int shared = plan->moe_router == M2D_MOE_ROUTER_SHARED, X = shared ? lp->K : G;
-    m2d_dtype dt = src->exp_gate[0]->dtype;
-    const m2d_tensor **arr = m2d_malloc((size_t)3 * X * sizeof *arr);
+    const m2d_tensor **arr = m2d_calloc((size_t)M2D_X_COUNT * X, sizeof *arr);
     o->ptr_arrays[slot] = arr;
-    dst->exp_gate = arr;
-    dst->exp_up = arr + X;
-    dst->exp_down = arr + 2 * X;
-    float *router = m2d_tensor_f32(src->router), *rows = m2d_calloc((size_t)X * d, sizeof(float));
-    const m2d_tensor *const *mats[3] = {src->exp_gate, src->exp_up, src->exp_down};
-    const int role[3] = {M2D_X_EXP_GATE, M2D_X_EXP_UP, M2D_X_EXP_DOWN};
+    /* shape [rows, cols] of each expert role (cols 0: a vector) */
+    const int rows[M2D_X_COUNT] = {de, de, d, de, de, d}, cols[M2D_X_COUNT] = {d, d, de, 0, 0, 0};
+    _Static_assert(M2D_X_COUNT == 6, "expert roles: shapes above");
     int rc = 0;
+    for (int r = 0; r < M2D_X_COUNT; r++) dst->x[r] = src->x[r] ? arr + (size_t)r * X : NULL;
     for (int g = 0; g < G && rc == 0; g++) {
         int first = lp->group_start[g], n = lp->group_start[g + 1] - first;
-        const int *mem = lp->members + first;
-        const double *w = lp->merge_w + first;
         int slot0 = shared ? first : g, n_slots = shared ? n : 1;
-        for (int m = 0; m < 3; m++) {
-            float *merged = merge_tensors(mats[m], mem, w, n, 1.0);
-            for (int x = slot0; x < slot0 + n_slots; x++) {
-                arr[m * X + x] = role_tensor(o, o->m.arch, M2D_SCOPE_EXPERT, role[m], lp->layer, x, dt, m == 2 ? d : de,
-                                             m == 2 ? de : d, merged);
-                if (!arr[m * X + x]) rc = -1;
-            }
+        for (int r = 0; r < M2D_X_COUNT && rc == 0; r++) {
+            if (!src->x[r]) continue;
+            float *merged = merge_tensors(src->x[r], lp->members + first, lp->merge_w + first, n, 1.0);
+            for (int x = slot0; x < slot0 + n_slots; x++)
+                if (!(arr[(size_t)r * X + x] = role_tensor(o, o->m.arch, M2D_SCOPE_EXPERT, r, lp->layer, x,
+                                                           src->x[r][0]->dtype, rows[r], cols[r], merged)))
+                    rc = -1;
             free(merged);
         }
-        for (int i = 0; i < n && shared; i++)
-            memcpy(rows + (size_t)(first + i) * d, router + (size_t)mem[i] * d, (size_t)d * sizeof(float));
-        for (int j = 0; j < d && !shared; j++) {
-            double acc = 0;
-            for (int i = 0; i < n; i++) acc += w[i] * router[(size_t)mem[i] * d + j];
-            rows[(size_t)g * d + j] = (float)acc;
-        }
     }
-    if (rc == 0)
-        dst->router = role_tensor(o, o->m.arch, M2D_SCOPE_MOE, M2D_T_ROUTER, lp->layer, 0, src->router->dtype, X, d, rows);
-    free(router);
-    free(rows);
-    return rc == 0 && dst->router ? 0 : -1;
+    if (rc) return -1;
+    float *rr = moe_router_rows(src->router, lp, shared, X, d);
+    dst->router = role_tensor(o, o->m.arch, M2D_SCOPE_MOE, M2D_T_ROUTER, lp->layer, 0, src->router->dtype, X, d, rr);
+    free(rr);
+    if (dst->router && src->router_bias) {
+        float *rb = moe_router_rows(src->router_bias, lp, shared, X, 1);
+        dst->router_bias = role_tensor(o, o->m.arch, M2D_SCOPE_MOE, M2D_T_ROUTER_BIAS, lp->layer, 0,
+                                       src->router_bias->dtype, X, 0, rb);
+        free(rb);
+        if (!dst->router_bias) return -1;
+    }
+    return dst->router ? 0 : -1;
 }
 
 /* Dense teacher layer narrower than the student width: zero-pad (SPEC §4). */
@@ -642,8 +694,12 @@ static int add_tensor(m2d_st_writer *w, const m2d_tensor *t) {
     return m2d_st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data);
 }
 
-/* The FFN block of a student layer: its FFN roles (dense gate/up/down, router), then each expert's. */
-static int add_layer_tensors(m2d_st_writer *w, const m2d_layer *l, const m2d_config *c) {
+/* The FFN block of a student layer: its FFN roles (dense gate/up/down, router), then each expert's;
+ * or as the student's architecture stores them (write_ffn). */
+static int add_layer_tensors(m2d_st_writer *w, const m2d_model *s, int layer) {
+    if (s->arch->write_ffn) return s->arch->write_ffn(s, layer, w);
+    const m2d_layer *l = &s->layers[layer];
+    const m2d_config *c = &s->cfg;
     for (int r = 0; r < M2D_T_COUNT; r++)
         if (m2d_layer_role_is_ffn(r) && l->w[r] && add_tensor(w, l->w[r])) return -1;
     for (int e = 0; l->router && e < c->num_experts; e++)
@@ -652,13 +708,22 @@ static int add_layer_tensors(m2d_st_writer *w, const m2d_layer *l, const m2d_con
     return 0;
 }
 
-/* Mark the teacher's FFN-block tensors of layer L (the ones the student replaces) in SKIP[st index]. */
+/* SKIP[st index of X] = 1 when X is one of the teacher's stored tensors (not one post_bind made). */
+static void mark_stored(const m2d_model *t, const m2d_tensor *x, char *skip) {
+    int i = x ? m2d_st_index_of(t->st, x->name) : -1;
+    if (i >= 0 && m2d_st_at(t->st, i) == x) skip[i] = 1;
+}
+
+/* Mark the teacher's FFN-block tensors of layer L (the ones the student replaces) in SKIP[st index]:
+ * those bound to FFN roles and experts, and those post_bind read for them. */
 static void mark_ffn_block(const m2d_model *t, int l, char *skip) {
     const m2d_layer *L = &t->layers[l];
     for (int r = 0; r < M2D_T_COUNT; r++)
-        if (m2d_layer_role_is_ffn(r) && L->w[r]) skip[m2d_st_index_of(t->st, L->w[r]->name)] = 1;
+        if (m2d_layer_role_is_ffn(r)) mark_stored(t, L->w[r], skip);
     for (int r = 0; r < M2D_X_COUNT; r++)
-        for (int e = 0; L->x[r] && e < t->cfg.num_experts; e++) skip[m2d_st_index_of(t->st, L->x[r][e]->name)] = 1;
+        for (int e = 0; L->x[r] && e < t->cfg.num_experts; e++) mark_stored(t, L->x[r][e], skip);
+    for (int i = 0; i < t->n_claimed; i++)
+        if (t->claimed[i].layer == l && t->claimed[i].part == M2D_PART_FFN) mark_stored(t, t->claimed[i].t, skip);
 }
 
 static int write_weights(const m2d_model *t, const m2d_model *s, const char *dir) {
@@ -673,7 +738,7 @@ static int write_weights(const m2d_model *t, const m2d_model *s, const char *dir
     for (int i = 0; i < n && rc == 0; i++)
         if (!skip[i]) rc = add_tensor(w, m2d_st_at(t->st, i)); /* bit-exact copy */
     for (int l = 0; l < t->cfg.num_hidden_layers && rc == 0; l++)
-        if (replaced[l]) rc = add_layer_tensors(w, &s->layers[l], &s->cfg);
+        if (replaced[l]) rc = add_layer_tensors(w, s, l);
     free(replaced);
     free(skip);
     char *p = m2d_path_join(dir, "model.safetensors");

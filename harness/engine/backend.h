@@ -56,7 +56,10 @@ static inline m2d_mat m2d_mat_of(m2d_buf *buf, size_t off, int rows, int cols, i
 
 /* Causal grouped-query attention of one segment of nq query rows (scale 1/sqrt(head_dim); query
  * head h uses kv head h / (n_heads / n_kv); scores and softmax in fp32 with max subtraction).
- * Row i attends to the np cached prefix positions and to segment rows 0..i. */
+ * Row i attends to the np cached prefix positions and to segment rows 0..i; with a window w > 0
+ * only to the last w of those positions (itself included: key t is seen from query position p iff
+ * p - w < t <= p, HF's sliding mask). With sinks, head h's softmax denominator also holds
+ * exp(sinks[h]) (a logit whose value row is zero: GPT-OSS). */
 typedef struct {
     m2d_mat q;              /* [nq, n_heads*head_dim], already normed and rotated */
     m2d_mat k, v;           /* [nq, n_kv*head_dim], this segment's own keys/values (same ld) */
@@ -65,18 +68,20 @@ typedef struct {
     int np;
     int n_heads, n_kv, head_dim;
     m2d_mat out;            /* [nq, n_heads*head_dim] */
+    int window;             /* 0: full causal attention */
+    const m2d_weight *sinks; /* [n_heads] or NULL */
 } m2d_attn_args;
 
 /* Routing of n tokens: logits [n, E] in, probabilities out (in place), top-k ids and gate weights. */
 typedef struct {
     m2d_router_kind kind;   /* model.h: how p is formed and the k chosen (ties -> lower index) */
-    bool renorm;            /* gates = p / sum of the chosen p; else gates = p */
+    bool renorm;            /* SOFTMAX_TOPK: gates = p / sum of the chosen p; else gates = p */
     int k;
 } m2d_route_args;
 
 /* Routed experts of an MoE layer on n tokens: out[t] = sum_j gates[t,j] * f_{topk[t,j]}(x[t]),
- * f_e(x) = down_e(act(gate_e x, up_e x)). out is overwritten; the sum runs over experts in id
- * order (fixed, schedule-independent). */
+ * f_e(x) = down_e(act(gate_e x + bg_e, up_e x + bu_e)) + bd_e (biases when given). out is
+ * overwritten; the sum runs over experts in id order (fixed, schedule-independent). */
 typedef struct {
     m2d_mat x;              /* [n, d] FFN input */
     const m2d_buf *topk;    /* int32 [n, k] (route's output) */
@@ -86,11 +91,18 @@ typedef struct {
     m2d_ffn_act act;
     m2d_precision prec;
     m2d_mat out;            /* [n, d] */
+    m2d_weight *const *gate_bias, *const *up_bias, *const *down_bias; /* [n_experts] each, or NULL */
+    float act_alpha, act_limit; /* M2D_ACT_SWIGLU_CLAMP's parameters */
 } m2d_moe_args;
 
+/* RoPE of each head's first rot_dim dimensions (the rest unchanged): pair i turns by pos * f_i,
+ * f_i = inv_freq[i] or theta^(-2i/rot_dim); cos and sin are multiplied by attn_factor (YaRN). */
 typedef struct {
     m2d_rope_kind kind;
     double theta;
+    const double *inv_freq; /* host [rot_dim/2]; NULL: theta^(-2i/rot_dim) */
+    double attn_factor;     /* 0: 1 */
+    int rot_dim;            /* 0: head_dim */
 } m2d_rope_args;
 
 typedef struct {
@@ -129,7 +141,8 @@ typedef struct {
                  m2d_precision prec);
     /* y = x / sqrt(mean(x^2) + eps) * w, per row over x.cols (sum of squares in fp64); y may be x */
     void (*rmsnorm)(m2d_backend *be, const m2d_mat *x, const m2d_weight *w, double eps, m2d_mat *y);
-    /* rotary embedding of the n_heads heads of each row of x, at positions pos[row] (int32) */
+    /* rotary embedding of the n_heads heads of each row of x (head h at column h*head_dim), at
+     * positions pos[row] (int32); see m2d_rope_args */
     void (*rope)(m2d_backend *be, m2d_mat *x, int n_heads, int head_dim, const m2d_buf *pos, const m2d_rope_args *r);
     void (*attention)(m2d_backend *be, const m2d_attn_args *a);
     /* rows of k, v (a [n, n_kv*head_dim] segment) to cache positions pos0.. (layout as m2d_attn_args) */
@@ -137,8 +150,14 @@ typedef struct {
                       int pos0, const m2d_mat *k, const m2d_mat *v, int n_kv, int head_dim);
     /* g = act(g, u) elementwise (SwiGLU: silu(g) * u) */
     void (*glu)(m2d_backend *be, m2d_ffn_act act, m2d_mat *g, const m2d_mat *u);
+    /* g = (clamp(u, -limit, limit) + 1) * min(g, limit) * sigmoid(alpha * min(g, limit))
+     * elementwise (M2D_ACT_SWIGLU_CLAMP, GPT-OSS's experts) */
+    void (*glu_clamp)(m2d_backend *be, m2d_mat *g, const m2d_mat *u, float alpha, float limit);
+    /* y[r] += b for every row r of y (b: a weight of y.cols elements) */
+    void (*add_bias)(m2d_backend *be, m2d_mat *y, const m2d_weight *b);
     void (*add)(m2d_backend *be, m2d_mat *y, const m2d_mat *x); /* y += x (residual) */
-    /* topk int32 [n, k], gates fp32 [n, k] (see m2d_route_args) */
+    /* topk int32 [n, k], gates fp32 [n, k] (see m2d_route_args); logits become the full softmax
+     * p for every router kind */
     void (*route)(m2d_backend *be, m2d_mat *logits, const m2d_route_args *r, m2d_buf *topk, m2d_buf *gates);
     void (*moe)(m2d_backend *be, const m2d_moe_args *a);
     /* lp[i] = log softmax(hid_i · HEAD^T)[targets[i]] (fp64), over all VOCAB rows of HEAD, without

@@ -320,38 +320,41 @@ static void cpu_rmsnorm(m2d_backend *be, const m2d_mat *x, const m2d_weight *w, 
     rmsnorm_rows(F(x), x->ld, wv, x->rows, x->cols, eps, F(y), y->ld);
 }
 
-/* rotate-half: for i < hd/2, f = pos * theta^(-2i/hd): (a, b) = (x[i], x[i+hd/2]) ->
- * (a cos f - b sin f, b cos f + a sin f); angles in double */
+/* RoPE (m2d_rope_args): pair i of each head's first rot dims, (a, b) = (x[i], x[i + rot/2]) for
+ * rotate-half or (x[2i], x[2i+1]) interleaved, turns by f = pos * inv_freq[i]:
+ * (a cos f - b sin f, b cos f + a sin f), cos and sin times attn_factor; angles in double */
 static void cpu_rope(m2d_backend *be, m2d_mat *xm, int n_heads, int hd, const m2d_buf *posb, const m2d_rope_args *r) {
     (void)be;
     float *x = F(xm);
     const int32_t *pos = B(posb);
-    int half = hd / 2;
-    double inv_freq[M2D_MAX_HEAD_DIM / 2];
+    int rot = r->rot_dim ? r->rot_dim : hd, half = rot / 2;
+    int inter = r->kind == M2D_ROPE_INTERLEAVED, step = inter ? 2 : 1, partner = inter ? 1 : half;
+    double af = r->attn_factor != 0 ? r->attn_factor : 1, inv_freq[M2D_MAX_HEAD_DIM / 2];
     float cs[M2D_MAX_HEAD_DIM / 2], sn[M2D_MAX_HEAD_DIM / 2];
-    for (int i = 0; i < half; i++) inv_freq[i] = pow(r->theta, -2.0 * i / hd);
+    for (int i = 0; i < half; i++) inv_freq[i] = r->inv_freq ? r->inv_freq[i] : pow(r->theta, -2.0 * i / rot);
     for (int t = 0; t < xm->rows; t++) {
         for (int i = 0; i < half; i++) {
             double f = pos[t] * inv_freq[i];
-            cs[i] = (float)cos(f);
-            sn[i] = (float)sin(f);
+            cs[i] = (float)(cos(f) * af);
+            sn[i] = (float)(sin(f) * af);
         }
         for (int h = 0; h < n_heads; h++) {
             float *v = x + (size_t)t * xm->ld + (size_t)h * hd;
             for (int i = 0; i < half; i++) {
-                float a = v[i], b = v[i + half];
-                v[i] = a * cs[i] - b * sn[i];
-                v[i + half] = b * cs[i] + a * sn[i];
+                float *pa = v + i * step, *pb = pa + partner, a = *pa, b = *pb;
+                *pa = a * cs[i] - b * sn[i];
+                *pb = b * cs[i] + a * sn[i];
             }
         }
     }
 }
 
-/* in-place softmax of one row (max-subtracted, sum in double) */
-static void softmax_row(float *x, int n) {
-    float m = -INFINITY;
+/* in-place softmax of one row (max-subtracted, sum in double); with SINK (not NULL) one more
+ * logit *SINK joins the max and the denominator (an attention sink: its probability is dropped) */
+static void softmax_sink(float *x, int n, const float *sink) {
+    float m = sink ? *sink : -INFINITY;
     for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
-    double s = 0;
+    double s = sink ? expf(*sink - m) : 0;
     for (int i = 0; i < n; i++) {
         x[i] = expf(x[i] - m);
         s += x[i];
@@ -359,6 +362,8 @@ static void softmax_row(float *x, int n) {
     float inv = (float)(1.0 / s);
     for (int i = 0; i < n; i++) x[i] *= inv;
 }
+
+static void softmax_row(float *x, int n) { softmax_sink(x, n, NULL); }
 
 static void swiglu(const float *g, const float *u, int64_t n, float *h) {
     for (int64_t i = 0; i < n; i++) h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
@@ -369,6 +374,30 @@ static void cpu_glu(m2d_backend *be, m2d_ffn_act act, m2d_mat *g, const m2d_mat 
     (void)act; /* M2D_ACT_SWIGLU is the only activation */
     for (int r = 0; r < g->rows; r++)
         swiglu(F(g) + (size_t)r * g->ld, F(u) + (size_t)r * u->ld, g->cols, F(g) + (size_t)r * g->ld);
+}
+
+/* GPT-OSS's clamped SwiGLU (modelling_gpt_oss.py GptOssExperts._apply_gate), h may be g */
+static void swiglu_clamp(const float *g, const float *u, int64_t n, float alpha, float limit, float *h) {
+    for (int64_t i = 0; i < n; i++) {
+        float a = fminf(g[i], limit), b = fminf(fmaxf(u[i], -limit), limit);
+        h[i] = (b + 1.0f) * (a / (1.0f + expf(-alpha * a)));
+    }
+}
+
+static void cpu_glu_clamp(m2d_backend *be, m2d_mat *g, const m2d_mat *u, float alpha, float limit) {
+    (void)be;
+    for (int r = 0; r < g->rows; r++)
+        swiglu_clamp(F(g) + (size_t)r * g->ld, F(u) + (size_t)r * u->ld, g->cols, alpha, limit,
+                     F(g) + (size_t)r * g->ld);
+}
+
+static void add_rows(float *y, int ld, int rows, int cols, const float *b) {
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < cols; i++) y[(size_t)r * ld + i] += b[i];
+}
+
+static void cpu_add_bias(m2d_backend *be, m2d_mat *y, const m2d_weight *b) {
+    add_rows(F(y), y->ld, y->rows, y->cols, wrows(CPU(be), b, 0, y->cols));
 }
 
 static void cpu_add(m2d_backend *be, m2d_mat *y, const m2d_mat *x) {
@@ -419,16 +448,26 @@ static void cpu_route(m2d_backend *be, m2d_mat *logits, const m2d_route_args *r,
     int32_t *topk = B(topkb);
     float *gates = B(gatesb);
     uint8_t *taken = m2d_malloc((size_t)E);
+    float *sel = m2d_malloc(sizeof(float) * (size_t)k);
     for (int t = 0; t < logits->rows; t++) {
-        float *p = F(logits) + (size_t)t * logits->ld;
+        float *p = F(logits) + (size_t)t * logits->ld, *g = gates + (size_t)t * k;
         int32_t *id = topk + (size_t)t * k;
-        softmax_row(p, E); /* M2D_ROUTER_SOFTMAX_TOPK is the only router kind */
+        if (r->kind == M2D_ROUTER_TOPK_SOFTMAX) { /* top-k of the logits, softmax over those k */
+            topk_row(p, E, k, id, taken);
+            for (int j = 0; j < k; j++) sel[j] = p[id[j]];
+            softmax_row(sel, k);
+            memcpy(g, sel, sizeof(float) * (size_t)k);
+            softmax_row(p, E); /* the full softmax, for the calibration hook */
+            continue;
+        }
+        softmax_row(p, E);
         topk_row(p, E, k, id, taken);
         double s = 0;
         for (int j = 0; j < k; j++) s += p[id[j]];
-        for (int j = 0; j < k; j++) gates[(size_t)t * k + j] = r->renorm ? (float)(p[id[j]] / s) : p[id[j]];
+        for (int j = 0; j < k; j++) g[j] = r->renorm ? (float)(p[id[j]] / s) : p[id[j]];
     }
     free(taken);
+    free(sel);
 }
 
 /* ---- attention ---- */
@@ -463,6 +502,8 @@ typedef struct {
     int ldq, ldk, nq, np, n_heads, n_kv, hd, ldo;
     size_t p_head_stride;
     float *out;
+    int window;          /* 0: full causal */
+    const float *sinks;  /* [n_heads] or NULL */
 } attn_host;
 
 typedef struct {
@@ -470,7 +511,11 @@ typedef struct {
     int row_block, n_blocks;
 } attn_job;
 
-/* per-row dot products: head h, a block of query rows */
+/* first key position segment row i sees (its own position is np + i) */
+static int first_key(const attn_host *j, int i) { return j->window > 0 ? M2D_MAX(0, j->np + i + 1 - j->window) : 0; }
+
+/* per-row dot products: head h, a block of query rows; scores sc[t] for key positions t in
+ * [lo, np + i] (prefix t < np, segment rows t - np) */
 static void attn_item(void *ctx, int item) {
     const attn_job *jb = ctx;
     const attn_host *j = jb->a;
@@ -482,22 +527,24 @@ static void attn_item(void *ctx, int item) {
     float *acc = m2d_malloc(sizeof(float) * (size_t)hd);
     const float *kp = j->np ? j->kp + g * j->p_head_stride : NULL;
     const float *vp = j->np ? j->vp + g * j->p_head_stride : NULL;
+    const float *sink = j->sinks ? j->sinks + h : NULL;
     for (int i = r0; i < r1; i++) {
         const float *qi = j->q + (size_t)i * j->ldq + (size_t)h * hd;
-        int nk = j->np + i + 1;
-        float m = -INFINITY;
-        for (int t = 0; t < j->np; t++) sc[t] = dot(qi, kp + (size_t)t * hd, hd) * scale;
-        for (int t = 0; t <= i; t++)
+        int nk = j->np + i + 1, lo = first_key(j, i);
+        float m = sink ? *sink : -INFINITY;
+        for (int t = lo; t < j->np; t++) sc[t] = dot(qi, kp + (size_t)t * hd, hd) * scale;
+        for (int t = M2D_MAX(lo - j->np, 0); t <= i; t++)
             sc[j->np + t] = dot(qi, j->ks + (size_t)t * j->ldk + (size_t)g * hd, hd) * scale;
-        for (int t = 0; t < nk; t++) m = sc[t] > m ? sc[t] : m;
-        double s = 0;
-        for (int t = 0; t < nk; t++) {
+        for (int t = lo; t < nk; t++) m = sc[t] > m ? sc[t] : m;
+        double s = sink ? expf(*sink - m) : 0;
+        for (int t = lo; t < nk; t++) {
             sc[t] = expf(sc[t] - m);
             s += sc[t];
         }
         memset(acc, 0, sizeof(float) * (size_t)hd);
-        for (int t = 0; t < j->np; t++) axpy(sc[t], vp + (size_t)t * hd, acc, hd);
-        for (int t = 0; t <= i; t++) axpy(sc[j->np + t], j->vs + (size_t)t * j->ldk + (size_t)g * hd, acc, hd);
+        for (int t = lo; t < j->np; t++) axpy(sc[t], vp + (size_t)t * hd, acc, hd);
+        for (int t = M2D_MAX(lo - j->np, 0); t <= i; t++)
+            axpy(sc[j->np + t], j->vs + (size_t)t * j->ldk + (size_t)g * hd, acc, hd);
         float inv = (float)(1.0 / s);
         float *o = j->out + (size_t)i * j->ldo + (size_t)h * hd;
         for (int d = 0; d < hd; d++) o[d] = acc[d] * inv;
@@ -513,8 +560,8 @@ typedef struct {
 } attg_job;
 
 /* The GEMM formulation, one head per item: S = Q K^T (the full [nq, np+nq] block; the causal
- * upper part is computed and then zeroed, 2x work on the segment part but at sgemm speed),
- * masked softmax, O = P V. */
+ * upper part, and with a window the part before it, is computed and then zeroed: 2x work on the
+ * segment part but at sgemm speed), masked softmax, O = P V. */
 static void attg_item(void *ctx, int h) {
     const attg_job *jb = ctx;
     const attn_host *j = jb->a;
@@ -527,10 +574,11 @@ static void attg_item(void *ctx, int h) {
                     hd, 0.0f, S, nk);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nq, hd, scale, qh, j->ldq, j->ks + (size_t)g * hd, j->ldk,
                 0.0f, S + np, nk);
-    for (int i = 0; i < nq; i++) { /* causal mask + softmax */
+    for (int i = 0; i < nq; i++) { /* causal (and window) mask + softmax */
         float *row = S + (size_t)i * nk;
-        int valid = np + i + 1;
-        softmax_row(row, valid);
+        int valid = np + i + 1, lo = first_key(j, i);
+        softmax_sink(row + lo, valid - lo, j->sinks ? j->sinks + h : NULL);
+        memset(row, 0, sizeof(float) * (size_t)lo);
         memset(row + valid, 0, sizeof(float) * (size_t)(nk - valid));
     }
     float *oh = j->out + (size_t)h * hd;
@@ -546,7 +594,13 @@ static void cpu_attention(m2d_backend *be, const m2d_attn_args *a) {
     int nq = a->q.rows;
     if (nq <= 0) return;
     attn_host h = {F(&a->q), F(&a->k), F(&a->v), NULL, NULL, a->q.ld, a->k.ld, nq, a->np, a->n_heads, a->n_kv,
-                   a->head_dim, a->out.ld, a->head_stride, F(&a->out)};
+                   a->head_dim, a->out.ld, a->head_stride, F(&a->out), a->window, NULL};
+    float *sinks = NULL;
+    if (a->sinks) {
+        sinks = m2d_malloc(sizeof(float) * (size_t)a->n_heads);
+        cpu_weight_f32(be, a->sinks, 0, a->n_heads, sinks);
+        h.sinks = sinks;
+    }
     if (a->np) {
         h.kp = (const float *)B(a->k_cache) + a->cache_off;
         h.vp = (const float *)B(a->v_cache) + a->cache_off;
@@ -556,13 +610,14 @@ static void cpu_attention(m2d_backend *be, const m2d_attn_args *a) {
         attg_job j = {&h, nk, m2d_malloc(sizeof(float) * (size_t)nq * nk * (size_t)M2D_MAX(nw, 1))};
         parallel_for(c, a->n_heads, attg_item, &j);
         free(j.S);
-        return;
+    } else {
+        /* row blocks give the threads work when there are few heads; causal rows grow in cost, and
+         * the dynamic hand-out balances that */
+        int row_block = nq < 64 ? nq : 64;
+        attn_job j = {&h, row_block, (nq + row_block - 1) / row_block};
+        parallel_for(c, a->n_heads * j.n_blocks, attn_item, &j);
     }
-    /* row blocks give the threads work when there are few heads; causal rows grow in cost, and the
-     * dynamic hand-out balances that */
-    int row_block = nq < 64 ? nq : 64;
-    attn_job j = {&h, row_block, (nq + row_block - 1) / row_block};
-    parallel_for(c, a->n_heads * j.n_blocks, attn_item, &j);
+    free(sinks);
 }
 
 /* ---- MoE experts ---- */
@@ -606,13 +661,33 @@ static void scatter_add_rows(const float *ys, const int *pair, const float *gate
  * so the result does not depend on the thread count or the schedule. With ~n·k/E rows per expert
  * (32 for 512 tokens on Qwen3-30B-A3B) the GEMMs are too small to split well across threads;
  * whole experts per thread avoid that synchronisation. */
+/* between an expert's GEMMs: g = act(g + bg, u + bu) over MN rows (biases when given); BB
+ * scratch for a bias of max(d, d_e) elements */
+static void expert_act(const m2d_moe_args *a, int ex, int mn, float *g, float *u, float *bb) {
+    int de = a->d_ff;
+    if (a->gate_bias) add_rows(g, de, mn, de, wall_1t(a->gate_bias[ex], bb));
+    if (a->up_bias) add_rows(u, de, mn, de, wall_1t(a->up_bias[ex], bb));
+    if (a->act == M2D_ACT_SWIGLU_CLAMP) swiglu_clamp(g, u, (int64_t)mn * de, a->act_alpha, a->act_limit, g);
+    else swiglu(g, u, (int64_t)mn * de, g);
+}
+
+static void expert_down_bias(const m2d_moe_args *a, int ex, int mn, float *y, float *bb) {
+    int d = a->x.cols;
+    if (a->down_bias) add_rows(y, d, mn, d, wall_1t(a->down_bias[ex], bb));
+}
+
+/* Expert-parallel: each worker takes whole experts (gather, convert, three single-threaded sgemms)
+ * and writes the outputs to Y in bucket order; the caller scatter-adds afterwards in expert order,
+ * so the result does not depend on the thread count or the schedule. With ~n·k/E rows per expert
+ * (32 for 512 tokens on Qwen3-30B-A3B) the GEMMs are too small to split well across threads;
+ * whole experts per thread avoid that synchronisation. */
 typedef struct {
     const cpu_be *c;
     const m2d_moe_args *a;
     const buckets *b;
     const int *active;
     float *Y;
-    float **xs, **g, **u, **w0, **w1, **w2; /* per worker */
+    float **xs, **g, **u, **w0, **w1, **w2, **bb; /* per worker */
 } moe_job;
 
 static void moe_item(void *ctx, int item) {
@@ -620,12 +695,13 @@ static void moe_item(void *ctx, int item) {
     const m2d_moe_args *a = j->a;
     int w = worker_id, ex = j->active[item], d = a->x.cols, de = a->d_ff, k = a->k;
     int m0 = j->b->count[ex], mn = j->b->count[ex + 1] - m0;
-    float *xs = j->xs[w], *g = j->g[w], *u = j->u[w];
+    float *xs = j->xs[w], *g = j->g[w], *u = j->u[w], *y = j->Y + (size_t)m0 * d;
     gather_rows(F(&a->x), a->x.ld, j->b->pair + m0, k, mn, d, xs);
     matmul_wt(j->c, xs, d, mn, d, wall_1t(a->gate[ex], j->w0[w]), d, de, g, de, 0.0f);
     matmul_wt(j->c, xs, d, mn, d, wall_1t(a->up[ex], j->w1[w]), d, de, u, de, 0.0f);
-    swiglu(g, u, (int64_t)mn * de, g);
-    matmul_wt(j->c, g, de, mn, de, wall_1t(a->down[ex], j->w2[w]), de, d, j->Y + (size_t)m0 * d, d, 0.0f);
+    expert_act(a, ex, mn, g, u, j->bb[w]);
+    matmul_wt(j->c, g, de, mn, de, wall_1t(a->down[ex], j->w2[w]), de, d, y, d, 0.0f);
+    expert_down_bias(a, ex, mn, y, j->bb[w]);
 }
 
 static void experts_parallel(const cpu_be *c, const m2d_moe_args *a, const buckets *b, float *Y) {
@@ -633,17 +709,19 @@ static void experts_parallel(const cpu_be *c, const m2d_moe_args *a, const bucke
     int *active = m2d_malloc(sizeof(int) * (size_t)E);
     for (int ex = 0; ex < E; ex++)
         if (b->count[ex + 1] > b->count[ex]) active[na++] = ex;
-    moe_job j = {c, a, b, active, Y, NULL, NULL, NULL, NULL, NULL, NULL};
-    float **bufs = m2d_calloc((size_t)nt * 6, sizeof(float *));
+    moe_job j = {c, a, b, active, Y, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    float **bufs = m2d_calloc((size_t)nt * 7, sizeof(float *));
     j.xs = bufs; j.g = bufs + nt; j.u = bufs + 2 * nt; j.w0 = bufs + 3 * nt; j.w1 = bufs + 4 * nt; j.w2 = bufs + 5 * nt;
+    j.bb = bufs + 6 * nt;
     for (int t = 0; t < nt; t++) {
         j.xs[t] = m2d_malloc(sizeof(float) * (size_t)b->maxm * d);
         j.g[t] = m2d_malloc(sizeof(float) * (size_t)b->maxm * de);
         j.u[t] = m2d_malloc(sizeof(float) * (size_t)b->maxm * de);
         for (int s = 0; s < 3; s++) j.w0[t + s * nt] = m2d_malloc(sizeof(float) * (size_t)de * d);
+        j.bb[t] = m2d_malloc(sizeof(float) * (size_t)M2D_MAX(d, de));
     }
     parallel_for(c, na, moe_item, &j); /* GEMMs inside an item run on that worker alone */
-    for (int t = 0; t < 6 * nt; t++) free(bufs[t]);
+    for (int t = 0; t < 7 * nt; t++) free(bufs[t]);
     free(bufs);
     free(active);
 }
@@ -653,17 +731,19 @@ static void experts_serial(cpu_be *c, const m2d_moe_args *a, const buckets *b, c
     int d = a->x.cols, de = a->d_ff, k = a->k, maxm = b->maxm;
     float *xs = m2d_malloc(sizeof(float) * (size_t)maxm * d), *ys = m2d_malloc(sizeof(float) * (size_t)maxm * d);
     float *g = m2d_malloc(sizeof(float) * (size_t)maxm * de), *u = m2d_malloc(sizeof(float) * (size_t)maxm * de);
+    float *bb = m2d_malloc(sizeof(float) * (size_t)M2D_MAX(d, de));
     for (int ex = 0; ex < a->n_experts; ex++) {
         int m0 = b->count[ex], mn = b->count[ex + 1] - m0;
         if (mn == 0) continue;
         gather_rows(F(&a->x), a->x.ld, b->pair + m0, k, mn, d, xs);
         matmul_wt(c, xs, d, mn, d, wrows(c, a->gate[ex], 0, (int64_t)de * d), d, de, g, de, 0.0f);
         matmul_wt(c, xs, d, mn, d, wrows(c, a->up[ex], 0, (int64_t)de * d), d, de, u, de, 0.0f);
-        swiglu(g, u, (int64_t)mn * de, g);
+        expert_act(a, ex, mn, g, u, bb);
         matmul_wt(c, g, de, mn, de, wrows(c, a->down[ex], 0, (int64_t)d * de), de, d, ys, d, 0.0f);
+        expert_down_bias(a, ex, mn, ys, bb);
         scatter_add_rows(ys, b->pair + m0, gates, k, mn, d, out, a->out.ld);
     }
-    free(xs); free(ys); free(g); free(u);
+    free(xs); free(ys); free(g); free(u); free(bb);
 }
 
 static void cpu_moe(m2d_backend *be, const m2d_moe_args *a) {
@@ -796,6 +876,8 @@ static const m2d_backend_ops cpu_ops = {
     .attention = cpu_attention,
     .kv_append = cpu_kv_append,
     .glu = cpu_glu,
+    .glu_clamp = cpu_glu_clamp,
+    .add_bias = cpu_add_bias,
     .add = cpu_add,
     .route = cpu_route,
     .moe = cpu_moe,

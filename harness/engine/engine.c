@@ -43,6 +43,8 @@ struct m2d_engine {
     m2d_weight *embed, *final_norm, *lm_head; /* lm_head == embed when tied */
     layer_weights *lw;                        /* [num_hidden_layers] */
     size_t resident_bytes;
+    m2d_rope_args rope;                       /* the model's RoPE (frequencies from cfg, model/rope.h) */
+    double *inv_freq;                         /* [rope_dim / 2] */
 };
 
 struct m2d_kv {
@@ -106,18 +108,27 @@ static int check_layer(const m2d_model *m, int l) {
                    ? -1
                    : 0;
     if (need(m, l, L->router, "router")) return -1;
-    for (int r = 0; r < M2D_X_COUNT; r++)
-        if (!L->x[r]) return need(m, l, NULL, m2d_expert_role_name(r));
+    int weights[3] = {M2D_X_EXP_GATE, M2D_X_EXP_UP, M2D_X_EXP_DOWN}; /* the biases are optional */
+    for (int r = 0; r < 3; r++)
+        if (!L->x[weights[r]]) return need(m, l, NULL, m2d_expert_role_name(weights[r]));
     return 0;
 }
+
+static int rope_dim(const m2d_config *c) { return c->rope_dim ? c->rope_dim : c->head_dim; }
 
 static int check_model(const m2d_model *m) {
     if (!m || !m->layers || !m->embed || !m->lm_head || !m->final_norm)
         return m2d_err("engine: model is not bound (missing embed/lm_head/final_norm/layers)");
     const m2d_layer_ops *ops = &m->cfg.ops;
-    if (ops->router != M2D_ROUTER_SOFTMAX_TOPK || ops->ffn_act != M2D_ACT_SWIGLU || ops->rope != M2D_ROPE_NEOX)
+    if ((ops->router != M2D_ROUTER_SOFTMAX_TOPK && ops->router != M2D_ROUTER_TOPK_SOFTMAX) ||
+        (ops->ffn_act != M2D_ACT_SWIGLU && ops->ffn_act != M2D_ACT_SWIGLU_CLAMP) ||
+        (ops->rope != M2D_ROPE_NEOX && ops->rope != M2D_ROPE_INTERLEAVED))
         return m2d_err("%s: %s uses a router, activation or RoPE variant the engine does not implement", m->dir,
                        m->cfg.arch);
+    int rot = rope_dim(&m->cfg);
+    if (rot <= 0 || rot % 2 || rot > m->cfg.head_dim)
+        return m2d_err("%s: config: RoPE over %d dimensions of a head of %d (must be even and fit)", m->dir, rot,
+                       m->cfg.head_dim);
     if (check_shapes(m)) return -1;
     for (int l = 0; l < m->cfg.num_hidden_layers; l++)
         if (check_layer(m, l)) return -1;
@@ -137,6 +148,7 @@ static void weights_new(m2d_engine *e) {
         for (int r = 0; r < M2D_T_COUNT; r++)
             if (L->w[r]) e->lw[l].w[r] = e->B->weight_new(e->be, L->w[r]);
         for (int r = 0; r < M2D_X_COUNT && m->cfg.layer_is_moe[l]; r++) {
+            if (!L->x[r]) continue; /* an optional role (expert biases) */
             e->lw[l].x[r] = m2d_calloc((size_t)m->cfg.num_experts, sizeof(m2d_weight *));
             for (int x = 0; x < m->cfg.num_experts; x++) e->lw[l].x[r][x] = e->B->weight_new(e->be, L->x[r][x]);
         }
@@ -169,7 +181,8 @@ static void for_each_weight(m2d_engine *e, int tied_head, void (*fn)(m2d_engine 
     fn(e, e->final_norm, ctx);
     for (int l = 0; l < c->num_hidden_layers; l++)
         for (int x = 0; e->lw[l].x[0] && x < c->num_experts; x++)
-            for (int r = 0; r < M2D_X_COUNT; r++) fn(e, e->lw[l].x[r][x], ctx);
+            for (int r = 0; r < M2D_X_COUNT; r++)
+                if (e->lw[l].x[r]) fn(e, e->lw[l].x[r][x], ctx);
     if (e->lm_head != e->embed || tied_head) fn(e, e->lm_head, ctx);
 }
 
@@ -218,6 +231,11 @@ int m2d_engine_open(const m2d_model *m, const m2d_engine_opts *o, m2d_engine **o
     e->be = be;
     e->B = be->ops;
     e->prec = o->precision;
+    int rot = rope_dim(&m->cfg);
+    e->inv_freq = m2d_malloc(sizeof(double) * (size_t)(rot / 2));
+    m2d_rope_inv_freq(&m->cfg.rope_scaling, m->cfg.rope_theta, rot, e->inv_freq);
+    e->rope = (m2d_rope_args){.kind = m->cfg.ops.rope, .theta = m->cfg.rope_theta, .inv_freq = e->inv_freq,
+                              .attn_factor = m2d_rope_attention_factor(&m->cfg.rope_scaling), .rot_dim = rot};
     weights_new(e);
     default_residency(e);
     *out = e;
@@ -233,6 +251,7 @@ void m2d_engine_free(m2d_engine *e) {
     if (!e) return;
     weights_free(e);
     m2d_backend_free(e->be);
+    free(e->inv_freq);
     free(e);
 }
 
@@ -297,6 +316,11 @@ static int ws_alloc(m2d_engine *e, int n, fwd_ws *w) {
 
 /* ---- layers ---- */
 
+/* y[r] += b (an optional role: nothing when the layer has none) */
+static void bias(m2d_engine *e, m2d_mat *y, const m2d_weight *b) {
+    if (b) e->B->add_bias(e->be, y, b);
+}
+
 /* per ops.qk_norm: each head's vector ([n*heads, head_dim] rows) or the whole projection ([n, heads*head_dim]) */
 static void qk_norm(m2d_engine *e, const layer_weights *lw, const fwd_ws *w) {
     const m2d_config *c = &e->m->cfg;
@@ -322,10 +346,12 @@ static void attention_block(m2d_engine *e, int l, const fwd_ws *w, const seg_pla
     B->gemm(be, &XN, lw->w[M2D_T_Q], 0, &Q, 0.0f, e->prec);
     B->gemm(be, &XN, lw->w[M2D_T_K], 0, &K, 0.0f, e->prec);
     B->gemm(be, &XN, lw->w[M2D_T_V], 0, &V, 0.0f, e->prec);
+    bias(e, &Q, lw->w[M2D_T_Q_BIAS]);
+    bias(e, &K, lw->w[M2D_T_K_BIAS]);
+    bias(e, &V, lw->w[M2D_T_V_BIAS]);
     qk_norm(e, lw, w);
-    m2d_rope_args rope = {.kind = c->ops.rope, .theta = c->rope_theta};
-    B->rope(be, &Q, H, hd, w->pos, &rope);
-    B->rope(be, &K, KV, hd, w->pos, &rope);
+    B->rope(be, &Q, H, hd, w->pos, &e->rope);
+    B->rope(be, &K, KV, hd, w->pos, &e->rope);
     const m2d_kv *pre = p->prefix;
     for (int s = 0; s < p->n_seg; s++) {
         size_t o = (size_t)p->seg_off[s];
@@ -341,7 +367,9 @@ static void attention_block(m2d_engine *e, int l, const fwd_ws *w, const seg_pla
                            .n_heads = H,
                            .n_kv = KV,
                            .head_dim = hd,
-                           .out = m2d_mat_of(w->att, o * qd, ns, qd, qd)};
+                           .out = m2d_mat_of(w->att, o * qd, ns, qd, qd),
+                           .window = c->layer_window ? c->layer_window[l] : 0,
+                           .sinks = lw->w[M2D_T_SINKS]};
         B->attention(be, &a);
     }
     if (p->append) {
@@ -350,6 +378,7 @@ static void attention_block(m2d_engine *e, int l, const fwd_ws *w, const seg_pla
     }
     m2d_mat ATT = m2d_mat_of(w->att, 0, n, qd, qd);
     B->gemm(be, &ATT, lw->w[M2D_T_O], 0, &X, 1.0f, e->prec); /* residual add */
+    bias(e, &X, lw->w[M2D_T_O_BIAS]);
 }
 
 /* The hook's host view of one MoE layer's routing (downloaded only because a hook is set). */
@@ -382,6 +411,7 @@ static int moe_block(m2d_engine *e, int l, const fwd_ws *w) {
     int n = w->n, d = c->hidden_size, E = c->num_experts, k = c->num_experts_per_tok;
     m2d_mat XN = m2d_mat_of(w->xn, 0, n, d, d), P = m2d_mat_of(w->probs, 0, n, E, E);
     e->B->gemm(e->be, &XN, lw->w[M2D_T_ROUTER], 0, &P, 0.0f, e->prec);
+    bias(e, &P, lw->w[M2D_T_ROUTER_BIAS]);
     m2d_route_args r = {.kind = c->ops.router, .renorm = c->ops.router_renorm, .k = k};
     e->B->route(e->be, &P, &r, w->topk, w->gates);
     if (e->hook && call_hook(e, l, w)) return -1;
@@ -396,19 +426,30 @@ static int moe_block(m2d_engine *e, int l, const fwd_ws *w) {
                       .down = lw->x[M2D_X_EXP_DOWN],
                       .act = c->ops.ffn_act,
                       .prec = e->prec,
-                      .out = m2d_mat_of(w->ffo, 0, n, d, d)};
+                      .out = m2d_mat_of(w->ffo, 0, n, d, d),
+                      .gate_bias = lw->x[M2D_X_EXP_GATE_BIAS],
+                      .up_bias = lw->x[M2D_X_EXP_UP_BIAS],
+                      .down_bias = lw->x[M2D_X_EXP_DOWN_BIAS],
+                      .act_alpha = c->ops.act_alpha,
+                      .act_limit = c->ops.act_limit};
     e->B->moe(e->be, &a);
     return 0;
 }
 
-/* dense FFN: y (+)= down(act(gate x, up x)); g, u scratch [n, inter] */
+/* dense FFN: y (+)= down(act(gate x + bg, up x + bu)) + bd (biases when the roles are there);
+ * g, u scratch [n, inter] */
 static void dense_ffn(m2d_engine *e, m2d_weight *const *wt, const m2d_mat *x, int inter, m2d_buf *g, m2d_buf *u,
                       m2d_mat *y, float beta) {
+    const m2d_layer_ops *ops = &e->m->cfg.ops;
     m2d_mat G = m2d_mat_of(g, 0, x->rows, inter, inter), U = m2d_mat_of(u, 0, x->rows, inter, inter);
     e->B->gemm(e->be, x, wt[M2D_T_GATE], 0, &G, 0.0f, e->prec);
     e->B->gemm(e->be, x, wt[M2D_T_UP], 0, &U, 0.0f, e->prec);
-    e->B->glu(e->be, e->m->cfg.ops.ffn_act, &G, &U);
+    bias(e, &G, wt[M2D_T_GATE_BIAS]);
+    bias(e, &U, wt[M2D_T_UP_BIAS]);
+    if (ops->ffn_act == M2D_ACT_SWIGLU_CLAMP) e->B->glu_clamp(e->be, &G, &U, ops->act_alpha, ops->act_limit);
+    else e->B->glu(e->be, ops->ffn_act, &G, &U);
     e->B->gemm(e->be, &G, wt[M2D_T_DOWN], 0, y, beta, e->prec);
+    bias(e, y, wt[M2D_T_DOWN_BIAS]);
 }
 
 static int ffn_block(m2d_engine *e, int l, const fwd_ws *w) {
@@ -546,6 +587,9 @@ static int expert_impl(m2d_engine *e, int layer, int expert, const float *x, int
     wt[M2D_T_GATE] = lw->x[M2D_X_EXP_GATE][expert];
     wt[M2D_T_UP] = lw->x[M2D_X_EXP_UP][expert];
     wt[M2D_T_DOWN] = lw->x[M2D_X_EXP_DOWN][expert];
+    if (lw->x[M2D_X_EXP_GATE_BIAS]) wt[M2D_T_GATE_BIAS] = lw->x[M2D_X_EXP_GATE_BIAS][expert];
+    if (lw->x[M2D_X_EXP_UP_BIAS]) wt[M2D_T_UP_BIAS] = lw->x[M2D_X_EXP_UP_BIAS][expert];
+    if (lw->x[M2D_X_EXP_DOWN_BIAS]) wt[M2D_T_DOWN_BIAS] = lw->x[M2D_X_EXP_DOWN_BIAS][expert];
     m2d_buf *xb = e->B->alloc(e->be, f32s(n, d)), *yb = e->B->alloc(e->be, f32s(n, d));
     m2d_buf *g = e->B->alloc(e->be, f32s(n, de)), *u = e->B->alloc(e->be, f32s(n, de));
     int rc = xb && yb && g && u ? 0 : -1;

@@ -15,8 +15,6 @@ static int reject_features(const void *json, const char *path) {
     if (m2d_cfg_str(json, path, "hidden_act", 0, "silu", &act) != 0) return -1;
     if (strcmp(act, "silu") != 0)
         return m2d_err1("%s: field 'hidden_act': '%s' is not supported (only silu)", path, act);
-    if (m2d_cfg_has(json, "rope_scaling"))
-        return m2d_err1("%s: field 'rope_scaling': must be null (RoPE scaling is not implemented)", path);
     if (m2d_cfg_bool(json, path, "attention_bias", 0, false, &b) != 0) return -1;
     if (b) return m2d_err1("%s: field 'attention_bias': true is not supported (Qwen3 has no attention biases)", path);
     if (m2d_cfg_bool(json, path, "use_sliding_window", 0, false, &b) != 0) return -1;
@@ -32,23 +30,8 @@ static int reject_features(const void *json, const char *path) {
     return 0;
 }
 
-/* rope_theta at the top level (transformers 4.x) or inside rope_parameters (5.x, where
- * rope_type must be "default": scaled variants change the computation). HF default 10000. */
-static int rope_theta(const void *json, const char *path, double *out) {
-    const cJSON *rp = cJSON_GetObjectItemCaseSensitive((const cJSON *)json, "rope_parameters");
-    if (!rp || cJSON_IsNull(rp) || m2d_cfg_has(json, "rope_theta"))
-        return m2d_cfg_double(json, path, "rope_theta", 0, 10000.0, out);
-    if (!cJSON_IsObject(rp)) return m2d_err1("%s: field 'rope_parameters': must be an object", path);
-    const char *type;
-    if (m2d_cfg_str(rp, path, "rope_type", 0, "default", &type) != 0) return -1;
-    if (strcmp(type, "default") != 0)
-        return m2d_err1("%s: field 'rope_parameters': rope_type '%s' is not supported (only default)", path, type);
-    return m2d_cfg_double(rp, path, "rope_theta", 0, 10000.0, out);
-}
-
-int m2d_qwen3_parse_common(const void *json, const char *path, m2d_config *c) {
+int m2d_decoder_parse(const void *json, const char *path, const m2d_decoder_defaults *d, m2d_config *c) {
     const char *mt;
-    if (reject_features(json, path) != 0) return -1;
     if (m2d_cfg_str(json, path, "model_type", 0, "", &mt) != 0) return -1;
     snprintf(c->model_type, sizeof c->model_type, "%s", mt);
     if (m2d_cfg_pos_int(json, path, "vocab_size", 1, 0, &c->vocab_size) != 0 ||
@@ -64,15 +47,15 @@ int m2d_qwen3_parse_common(const void *json, const char *path, m2d_config *c) {
                        path, c->hidden_size, c->num_attention_heads);
     if (m2d_cfg_pos_int(json, path, "head_dim", 0, c->hidden_size / c->num_attention_heads, &c->head_dim) != 0)
         return -1;
-    if (rope_theta(json, path, &c->rope_theta) != 0 ||
-        m2d_cfg_double(json, path, "rms_norm_eps", 0, 1e-6, &c->rms_norm_eps) != 0 ||
+    if (m2d_cfg_pos_int(json, path, "max_position_embeddings", 0, d->max_position_embeddings,
+                        &c->max_position_embeddings) != 0 ||
+        m2d_rope_parse(json, path, d->theta, c->max_position_embeddings, &c->rope_theta, &c->rope_scaling) != 0 ||
+        m2d_cfg_double(json, path, "rms_norm_eps", 0, d->rms_norm_eps, &c->rms_norm_eps) != 0 ||
         m2d_cfg_bool(json, path, "tie_word_embeddings", 0, false, &c->tie_word_embeddings) != 0 ||
-        m2d_cfg_pos_int(json, path, "max_position_embeddings", 0, 32768, &c->max_position_embeddings) != 0 ||
         m2d_cfg_int_or_null(json, path, "bos_token_id", &c->bos_token_id) != 0 ||
         m2d_cfg_int_or_null(json, path, "eos_token_id", &c->eos_token_id) != 0 ||
         m2d_cfg_torch_dtype(json, path, &c->torch_dtype) != 0)
         return -1;
-    if (!(c->rope_theta > 0)) return m2d_err1("%s: field 'rope_theta': must be positive", path);
     /* limits far beyond any released model; they keep every parameter count below 2^60 */
     if (m2d_cfg_check_max(path, "vocab_size", c->vocab_size, 1 << 24) != 0 ||
         m2d_cfg_check_max(path, "hidden_size", c->hidden_size, 1 << 16) != 0 ||
@@ -82,6 +65,12 @@ int m2d_qwen3_parse_common(const void *json, const char *path, m2d_config *c) {
         m2d_cfg_check_max(path, "head_dim", c->head_dim, M2D_MAX_HEAD_DIM) != 0)
         return -1;
     if (!(c->rms_norm_eps > 0)) return m2d_err1("%s: field 'rms_norm_eps': must be positive", path);
+    return 0;
+}
+
+int m2d_qwen3_parse_common(const void *json, const char *path, m2d_config *c) {
+    static const m2d_decoder_defaults qwen3 = {.theta = 10000.0, .rms_norm_eps = 1e-6, .max_position_embeddings = 32768};
+    if (reject_features(json, path) != 0 || m2d_decoder_parse(json, path, &qwen3, c) != 0) return -1;
     c->ops = (m2d_layer_ops){.qk_norm = M2D_QK_NORM_PER_HEAD, .router = M2D_ROUTER_SOFTMAX_TOPK,
                              .router_renorm = false, .ffn_act = M2D_ACT_SWIGLU, .rope = M2D_ROPE_NEOX};
     return 0;

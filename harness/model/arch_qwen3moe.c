@@ -7,9 +7,7 @@
 
 #include "base/util.h"
 
-/* num_experts (the Hub's config.json) or num_local_experts (what save_pretrained of transformers
- * >= 5 writes; num_experts is its alias there); both present must agree. */
-static int parse_num_experts(const void *json, const char *path, int *out) {
+int m2d_cfg_num_experts(const void *json, const char *path, int *out) {
     int a = m2d_cfg_has(json, "num_experts"), b = m2d_cfg_has(json, "num_local_experts"), other;
     if (m2d_cfg_pos_int(json, path, b && !a ? "num_local_experts" : "num_experts", 1, 0, out) != 0) return -1;
     if (!a || !b) return 0;
@@ -22,7 +20,7 @@ static int parse_num_experts(const void *json, const char *path, int *out) {
 int m2d_qwen3moe_parse(const void *json, const char *path, m2d_config *c) {
     if (m2d_qwen3_parse_common(json, path, c) != 0) return -1;
     /* shapes are required; behaviour flags take HF Qwen3MoeConfig defaults when absent */
-    if (parse_num_experts(json, path, &c->num_experts) != 0 ||
+    if (m2d_cfg_num_experts(json, path, &c->num_experts) != 0 ||
         m2d_cfg_pos_int(json, path, "num_experts_per_tok", 1, 0, &c->num_experts_per_tok) != 0 ||
         m2d_cfg_pos_int(json, path, "moe_intermediate_size", 1, 0, &c->moe_intermediate_size) != 0 ||
         m2d_cfg_int(json, path, "intermediate_size", 0, 0, &c->intermediate_size) != 0 ||

@@ -157,8 +157,10 @@ int m2d_cfg_torch_dtype(const void *json, const char *path, m2d_dtype *out) {
 void m2d_config_free(m2d_config *cfg) {
     free(cfg->mlp_only_layers);
     free(cfg->layer_is_moe);
+    free(cfg->layer_window);
     cfg->mlp_only_layers = NULL;
     cfg->layer_is_moe = NULL;
+    cfg->layer_window = NULL;
 }
 
 int m2d_config_parse(const char *text, size_t len, const char *path, m2d_config *cfg, const m2d_arch **arch) {
@@ -249,6 +251,7 @@ int64_t m2d_dim_value(const m2d_config *c, m2d_dim dim) {
     case M2D_DIM_FFN: return c->intermediate_size;
     case M2D_DIM_EXPERT_FFN: return c->moe_intermediate_size;
     case M2D_DIM_EXPERTS: return c->num_experts;
+    case M2D_DIM_HEADS: return c->num_attention_heads;
     }
     return 0;
 }
@@ -396,6 +399,13 @@ void m2d_model_close(m2d_model *m) {
         for (int l = 0; l < m->cfg.num_hidden_layers; l++)
             for (int r = 0; r < M2D_X_COUNT; r++) free(m->layers[l].x[r]);
     free(m->layers);
+    for (int i = 0; i < m->n_owned; i++) {
+        free((void *)m->owned[i]->name);
+        free((void *)m->owned[i]->data);
+        free(m->owned[i]);
+    }
+    free(m->owned);
+    free(m->claimed);
     m2d_st_close(m->st);
     m2d_config_free(&m->cfg);
     free(m->config_text);
@@ -416,6 +426,7 @@ int m2d_model_open(const char *dir, m2d_model **out) {
     if (m2d_st_open(dir, &m->st) != 0) goto fail;
     m->layers = m2d_calloc((size_t)m->cfg.num_hidden_layers, sizeof *m->layers);
     if (bind_table(m) != 0) goto fail;
+    if (m->arch->post_bind && m->arch->post_bind(m) != 0) goto fail;
     /* tensors the adapter did not bind would be silently ignored: refuse them */
     if (m2d_model_check_unused(m) != 0) goto fail;
     m2d_st_hash(m->st, M2D_ST_HASH_FULL_MAX, m->weights_hash);
@@ -431,7 +442,9 @@ fail:
 int m2d_model_check_unused(m2d_model *m) {
     int n = m2d_st_count(m->st);
     char *used = m2d_calloc((size_t)n + 1, 1);
-#define USE(p) do { if (p) used[m2d_st_index_of(m->st, (p)->name)] = 1; } while (0)
+    /* owned tensors (post_bind's) are not the checkpoint's: only stored ones are marked */
+#define USE(p) do { int i_ = (p) ? m2d_st_index_of(m->st, (p)->name) : -1; \
+                     if (i_ >= 0 && m2d_st_at(m->st, i_) == (p)) used[i_] = 1; } while (0)
     USE(m->embed);
     USE(m->final_norm);
     USE(m->lm_head);
@@ -442,6 +455,7 @@ int m2d_model_check_unused(m2d_model *m) {
         for (int r = 0; r < M2D_X_COUNT; r++)
             for (int e = 0; L->x[r] && e < m->cfg.num_experts; e++) USE(L->x[r][e]);
     }
+    for (int i = 0; i < m->n_claimed; i++) USE(m->claimed[i].t);
 #undef USE
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++)
@@ -452,6 +466,50 @@ int m2d_model_check_unused(m2d_model *m) {
         }
     free(used);
     return rc;
+}
+
+/* ---------------------------------------------------------------- post_bind helpers */
+
+const m2d_tensor *m2d_model_claim(m2d_model *m, const char *name, int layer, int part, int ndim, const int64_t *shape,
+                                  unsigned dtypes) {
+    const m2d_tensor *t = m2d_st_find(m->st, name);
+    char ws[96], hs[96];
+    format_dims(ndim, shape, ws, sizeof ws);
+    if (!t) return m2d_err1("%s: tensor '%s': missing (expected shape %s)", m->dir, name, ws), NULL;
+    int ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = shape[i] < 0 || t->shape[i] == shape[i];
+    if (!ok) {
+        format_dims(t->ndim, t->shape, hs, sizeof hs);
+        return m2d_err1("%s: tensor '%s': field 'shape': expected %s, found %s", m2d_st_file_of(m->st, name), name,
+                        ws, hs), NULL;
+    }
+    unsigned ok_types = dtypes ? dtypes : (1u << M2D_F32) | (1u << M2D_BF16) | (1u << M2D_F16);
+    if (!(ok_types & (1u << t->dtype)))
+        return m2d_err1("%s: tensor '%s': field 'dtype': %s is not accepted by %s", m2d_st_file_of(m->st, name), name,
+                        m2d_dtype_name(t->dtype), m->cfg.arch), NULL;
+    if (m->n_claimed == m->cap_claimed) {
+        m->cap_claimed = m->cap_claimed ? 2 * m->cap_claimed : 64;
+        m->claimed = m2d_realloc(m->claimed, (size_t)m->cap_claimed * sizeof *m->claimed);
+    }
+    m->claimed[m->n_claimed++] = (struct m2d_claim){t, layer, part};
+    return t;
+}
+
+m2d_tensor *m2d_model_new_tensor(m2d_model *m, const char *name, m2d_dtype dtype, int ndim, const int64_t *shape) {
+    m2d_tensor *t = m2d_calloc(1, sizeof *t);
+    t->name = m2d_strdup(name);
+    t->dtype = dtype;
+    t->ndim = ndim;
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= (t->shape[i] = shape[i]);
+    t->nbytes = (size_t)n * m2d_dtype_size(dtype);
+    t->data = m2d_calloc(t->nbytes ? t->nbytes : 1, 1);
+    if (m->n_owned == m->cap_owned) {
+        m->cap_owned = m->cap_owned ? 2 * m->cap_owned : 64;
+        m->owned = m2d_realloc(m->owned, (size_t)m->cap_owned * sizeof *m->owned);
+    }
+    m->owned[m->n_owned++] = t;
+    return t;
 }
 
 /* ---------------------------------------------------------------- parameter counts */
@@ -504,6 +562,36 @@ m2d_param_counts m2d_param_counts_table(const m2d_arch *a, const m2d_config *c) 
 
 /* ---------------------------------------------------------------- student config */
 
+/* The number literals of JSON TEXT in document order, onto the number nodes of its parse tree
+ * (kept in their unused valuestring, which cJSON_Delete frees): N-th literal, N-th node. */
+static const char *keep_literals(cJSON *node, const char *p) {
+    for (; node; node = node->next) {
+        if (cJSON_IsNumber(node)) {
+            for (; *p && *p != '-' && (*p < '0' || *p > '9'); p++) /* the next number outside a string */
+                if (*p == '"')
+                    for (p++; *p && *p != '"'; p++) p += *p == '\\' && p[1];
+            const char *q = p;
+            while (*q && strchr("+-0123456789.eE", *q)) q++;
+            node->valuestring = m2d_strfmt("%.*s", (int)(q - p), p);
+            p = q;
+        }
+        p = keep_literals(node->child, p);
+    }
+    return p;
+}
+
+/* Numbers still holding the value of their literal print as written (7.0 stays 7.0: transformers'
+ * strict config classes refuse an int where a float is declared); the others as cJSON prints them. */
+static void restore_literals(cJSON *node) {
+    for (; node; node = node->next) {
+        if (cJSON_IsNumber(node) && node->valuestring) {
+            if (strtod(node->valuestring, NULL) == node->valuedouble) node->type = cJSON_Raw;
+            else free(node->valuestring), node->valuestring = NULL;
+        }
+        restore_literals(node->child);
+    }
+}
+
 int m2d_arch_student_config(const m2d_model *t, const m2d_student_shape *s, char **json_out) {
     *json_out = NULL;
     const m2d_arch *a = t->arch;
@@ -515,9 +603,11 @@ int m2d_arch_student_config(const m2d_model *t, const m2d_student_shape *s, char
         cJSON_Delete(j);
         return m2d_err("%s/config.json: field '(root)': not a JSON object", t->dir);
     }
+    keep_literals(j, t->config_text);
     char *path = m2d_path_join(t->dir, "config.json");
     int rc = a->student_config(j, s, path);
     free(path);
+    restore_literals(j);
     if (rc == 0) *json_out = cJSON_Print(j);
     cJSON_Delete(j);
     return rc;

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 
 #include "io/st.h"
+#include "model/rope.h"
 
 /* One limit on the attention head size, for the config readers, the engine and every backend
  * (kernels size their per-head scratch by it): 1024, four times the largest heads (256) of released
@@ -31,14 +32,19 @@ typedef enum {
 
 typedef enum {
     M2D_ROUTER_SOFTMAX_TOPK, /* p = softmax over all E router logits; top-k of p (ties -> lower index) */
+    M2D_ROUTER_TOPK_SOFTMAX, /* top-k of the logits (ties -> lower index), gates = softmax over those k
+                              * logits (GPT-OSS); p = the full softmax all the same (for calibration) */
 } m2d_router_kind;
 
 typedef enum {
     M2D_ACT_SWIGLU,          /* silu(gate x) * (up x) */
+    M2D_ACT_SWIGLU_CLAMP,    /* GPT-OSS: g = min(gate x, limit), u = clamp(up x, -limit, limit),
+                              * (u + 1) * g * sigmoid(alpha * g); alpha, limit in m2d_layer_ops */
 } m2d_ffn_act;
 
 typedef enum {
-    M2D_ROPE_NEOX,           /* rotate-half (HF default): pairs (i, i + head_dim/2), theta^(-2i/head_dim) */
+    M2D_ROPE_NEOX,           /* rotate-half (HF default): pairs (i, i + rot/2) of the first rot dims */
+    M2D_ROPE_INTERLEAVED,    /* adjacent pairs (2i, 2i + 1) of the first rot dims (DeepSeek-V2, GPT-J) */
 } m2d_rope_kind;
 
 typedef struct {
@@ -47,6 +53,7 @@ typedef struct {
     bool router_renorm;     /* gates = p / sum of the k selected p (HF norm_topk_prob) */
     m2d_ffn_act ffn_act;    /* dense FFN and every expert */
     m2d_rope_kind rope;
+    float act_alpha, act_limit; /* M2D_ACT_SWIGLU_CLAMP: swiglu_alpha, swiglu_limit */
 } m2d_layer_ops;
 
 typedef struct {
@@ -59,12 +66,19 @@ typedef struct {
     int *mlp_only_layers; int n_mlp_only_layers;
     int num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim;
     double rope_theta, rms_norm_eps;
+    m2d_rope_scaling rope_scaling; /* rope_scaling / rope_parameters beyond theta (model/rope.h) */
+    int rope_dim;           /* dimensions rotated per head (0: head_dim): the first ones, or MLA's rope part */
     bool tie_word_embeddings;
     int max_position_embeddings;
     int bos_token_id, eos_token_id; /* -1 when null/absent */
     m2d_dtype torch_dtype;
     bool *layer_is_moe;     /* derived: [num_hidden_layers] */
     m2d_layer_ops ops;      /* filled by the adapter's parse_config */
+    char quant_method[16];  /* quantization_config.quant_method ("" when unquantised; "mxfp4") */
+    int sliding_window;     /* as in config.json (0: null/absent) */
+    /* per layer: keys a query sees, itself included (HF sliding mask: kv > q - window); 0 = full
+     * causal attention. NULL: every layer full. Filled by the adapter (layer_types, sliding_window). */
+    int *layer_window;
 } m2d_config;
 
 /* ---- tensor roles ----
@@ -89,12 +103,25 @@ typedef struct {
     X(GATE, gate_proj, M2D_PART_FFN)          /* dense FFN [inter, d] */                     \
     X(UP, up_proj, M2D_PART_FFN)              /* dense FFN [inter, d] */                     \
     X(DOWN, down_proj, M2D_PART_FFN)          /* dense FFN [d, inter] */                     \
-    X(ROUTER, router, M2D_PART_FFN)           /* MoE router [E, d] */
-/* Per-expert roles of an MoE layer: arrays of E tensors. */
+    X(ROUTER, router, M2D_PART_FFN)           /* MoE router [E, d] */                        \
+    /* optional roles: absent (NULL) = the term is not computed */                           \
+    X(Q_BIAS, q_bias, M2D_PART_LAYER)         /* [heads*head_dim], added after q_proj */     \
+    X(K_BIAS, k_bias, M2D_PART_LAYER)         /* [kv_heads*head_dim] */                      \
+    X(V_BIAS, v_bias, M2D_PART_LAYER)         /* [kv_heads*head_dim] */                      \
+    X(O_BIAS, o_bias, M2D_PART_LAYER)         /* [d], added after o_proj */                  \
+    X(SINKS, sinks, M2D_PART_LAYER)           /* [heads] attention sink logit per head */    \
+    X(GATE_BIAS, gate_bias, M2D_PART_FFN)     /* dense FFN [inter] */                        \
+    X(UP_BIAS, up_bias, M2D_PART_FFN)         /* dense FFN [inter] */                        \
+    X(DOWN_BIAS, down_bias, M2D_PART_FFN)     /* dense FFN [d] */                            \
+    X(ROUTER_BIAS, router_bias, M2D_PART_FFN) /* MoE router [E] */
+/* Per-expert roles of an MoE layer: arrays of E tensors (the biases optional: NULL arrays). */
 #define M2D_EXPERT_ROLES(X)                                                                   \
     X(EXP_GATE, exp_gate) /* [d_e, d] */                                                      \
     X(EXP_UP, exp_up)     /* [d_e, d] */                                                      \
-    X(EXP_DOWN, exp_down) /* [d, d_e] */
+    X(EXP_DOWN, exp_down) /* [d, d_e] */                                                      \
+    X(EXP_GATE_BIAS, exp_gate_bias) /* [d_e] */                                               \
+    X(EXP_UP_BIAS, exp_up_bias)     /* [d_e] */                                               \
+    X(EXP_DOWN_BIAS, exp_down_bias) /* [d] */
 /* Model-level roles (fields of m2d_model). */
 typedef enum { M2D_M_EMBED, M2D_M_FINAL_NORM, M2D_M_LM_HEAD, M2D_M_COUNT } m2d_model_role;
 
@@ -144,6 +171,7 @@ typedef enum {
     M2D_DIM_FFN,            /* intermediate_size (dense FFN width) */
     M2D_DIM_EXPERT_FFN,     /* moe_intermediate_size */
     M2D_DIM_EXPERTS,        /* num_experts */
+    M2D_DIM_HEADS,          /* num_attention_heads */
 } m2d_dim;
 
 typedef struct {
@@ -174,6 +202,10 @@ typedef struct {
     const m2d_tensor *lm_head_stored; /* tied checkpoints that also store an identical lm_head.weight */
     m2d_layer *layers;      /* [num_hidden_layers] */
     char weights_hash[65];  /* sha256 over tensor names, shapes, dtypes and bytes (identity for caches) */
+    /* made by the adapter's post_bind hook (m2d_model_new_tensor): freed by m2d_model_close */
+    m2d_tensor **owned; int n_owned, cap_owned;
+    /* stored tensors post_bind read instead of binding them to a role (m2d_model_claim) */
+    struct m2d_claim { const m2d_tensor *t; int layer, part; } *claimed; int n_claimed, cap_claimed;
 } m2d_model;
 
 /* What conversion asks of the student's config.json (m2d_arch.student_config). */
@@ -200,6 +232,16 @@ struct m2d_arch {
     /* optional: parameter counts when the tensor table does not give them (NULL: counted from
      * the table, m2d_param_counts_table) */
     m2d_param_counts (*param_counts)(const m2d_config *cfg);
+    /* optional: stored layouts the table cannot bind (quantised or fused tensors, e.g. GPT-OSS's
+     * MXFP4 blocks + scales and its fused, interleaved gate_up). Called by m2d_model_open after the
+     * table is bound and before the unused-tensor check: fills the remaining roles with tensors it
+     * makes (m2d_model_new_tensor, dequantised / split / transposed into the roles' layouts) from
+     * stored tensors it claims (m2d_model_claim, which the unused-tensor check then accepts). */
+    int (*post_bind)(m2d_model *m);
+    /* optional, the inverse for a student written by convert: the FFN block (the roles of part
+     * M2D_PART_FFN and the experts) of LAYER of S as S's checkpoint stores it, added to W.
+     * NULL: each role tensor under its table name. */
+    int (*write_ffn)(const m2d_model *s, int layer, m2d_st_writer *w);
 };
 
 void m2d_arch_register(const m2d_arch *a);
@@ -263,5 +305,15 @@ int m2d_config_derive_layers(m2d_config *cfg, const char *path);
 const m2d_tensor *m2d_model_expect(m2d_model *m, const char *name, int ndim, int64_t d0, int64_t d1);
 /* Error if the checkpoint holds a tensor the adapter did not bind (nothing is ignored silently). */
 int m2d_model_check_unused(m2d_model *m);
+
+/* ---- for post_bind hooks ----
+ * The stored tensor NAME, checked against the shape SHAPE[NDIM] (-1: any extent) and DTYPES (bits
+ * 1u << m2d_dtype; 0: F32/BF16/F16), recorded as read for LAYER (-1: model) and PART
+ * (M2D_PART_FFN: replaced when a student is written). NULL + an error naming file, tensor, field. */
+const m2d_tensor *m2d_model_claim(m2d_model *m, const char *name, int layer, int part, int ndim,
+                                  const int64_t *shape, unsigned dtypes);
+/* A zero-filled tensor owned by M (freed by m2d_model_close); its data is writable until bound. */
+m2d_tensor *m2d_model_new_tensor(m2d_model *m, const char *name, m2d_dtype dtype, int ndim,
+                                 const int64_t *shape);
 
 #endif
