@@ -16,8 +16,9 @@
 /* DIR/config.json (CONFIG_JSON verbatim) and DIR/model.safetensors for the architecture it names. */
 int tu_family_checkpoint(const char *dir, const char *config_json, uint64_t seed);
 
-/* WORK/NAME holding golden G's checkpoint (its config_json, seed) and the golden tokenizer (an
- * hf_build_fn of tests/hfcheck.h; fails the test on error); malloc'd. */
+/* WORK/NAME holding golden G's checkpoint (its config_json, seed; from its tensor list when the
+ * golden has one: hf_build_listed) and the golden tokenizer (an hf_build_fn of tests/hfcheck.h;
+ * fails the test on error); malloc'd. */
 char *tu_family_build(const cJSON *g, const char *work);
 /* Golden GOLDEN's config.json text with the fields of the JSON object SET replaced (or added) and
  * field DEL dropped (either may be NULL); malloc'd. */

@@ -19,12 +19,18 @@ void hf_file_sha256(const char *path, char out[65]);
 /* the golden's byte-level tokenizer.json into DIR */
 void hf_copy_tokenizer(const char *dir);
 
+/* A builder for goldens that list their tensors ([name, dtype, shape] as save_pretrained wrote
+ * them, field "tensors"): each filled by the grid generator in that order, next to transformers'
+ * config.json text and the golden's tokenizer (every family whose layout the Qwen3 options of
+ * tests/testmodel.h do not describe). */
+char *hf_build_listed(const cJSON *g, const char *work);
 /* Builds the teacher checkpoint of golden G under WORK; returns its directory (malloc'd). */
 typedef char *(*hf_build_fn)(const cJSON *g, const char *work);
 /* The student of golden G: moe2dense calibrate + convert (the golden's arguments) on the teacher
  * golden G names, built by BUILD. Returns the student's directory (malloc'd). */
 char *hf_build_student(const cJSON *g, const char *work, hf_build_fn build);
-/* Logits and routing of the engine on the golden's tokens against transformers' (float64). */
+/* Logits and routing of the engine on the golden's tokens against transformers' (float64), and
+ * calibration statistics when the golden's routing records them ("calib_stats"). */
 void hf_check_forward(const cJSON *g, const char *dir);
 /* Calibration statistics of moe2dense (one window over the golden's tokens) against those the
  * golden computed from transformers' modules (field "calib"). */

@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "base/tensor.h"
+#include "base/util.h"
+#include "io/st.h"
 
 static double *tf(const m2d_tensor *t) {
     int64_t n = m2d_tensor_numel(t);
@@ -113,12 +115,16 @@ static void ref_rope(double *v, int hd, int pos, const m2d_config *c) { ref_rope
 
 /* q/k norm of one token's heads: per head ([head_dim] weight, Qwen3) or over the whole projection
  * (OLMoE), told apart by the weight's length; then RoPE per head */
+static void ref_clip(double *v, int n, double lim) {
+    for (int i = 0; lim > 0 && i < n; i++) v[i] = v[i] < -lim ? -lim : v[i] > lim ? lim : v[i];
+}
+
 static void ref_qk(double *v, int heads, int hd, const m2d_tensor *norm, const m2d_config *c, int pos) {
     if (norm && m2d_tensor_numel(norm) == (int64_t)heads * hd && heads > 1) ref_rms(v, heads * hd, norm, c->rms_norm_eps);
-    for (int a = 0; a < heads; a++) {
+    for (int a = 0; a < heads; a++)
         if (norm && m2d_tensor_numel(norm) == hd) ref_rms(v + (size_t)a * hd, hd, norm, c->rms_norm_eps);
-        ref_rope(v + (size_t)a * hd, hd, pos, c);
-    }
+    ref_clip(v, heads * hd, c->clip_qkv); /* OLMoE: after the norms, before RoPE */
+    for (int a = 0; a < heads; a++) ref_rope(v + (size_t)a * hd, hd, pos, c);
 }
 
 typedef struct {
@@ -164,6 +170,7 @@ static void ref_attention_layer(const m2d_model *m, const m2d_layer *L, ref_stat
         ref_bias(L->q_bias, H * hd, s->q + (size_t)t * H * hd);
         ref_bias(L->k_bias, KV * hd, s->K + (size_t)t * KV * hd);
         ref_bias(L->v_bias, KV * hd, s->V + (size_t)t * KV * hd);
+        ref_clip(s->V + (size_t)t * KV * hd, KV * hd, c->clip_qkv);
         ref_qk(s->q + (size_t)t * H * hd, H, hd, qk_norm ? L->q_norm : NULL, c, t);
         ref_qk(s->K + (size_t)t * KV * hd, KV, hd, qk_norm ? L->k_norm : NULL, c, t);
     }
@@ -176,6 +183,92 @@ static void ref_attention_layer(const m2d_model *m, const m2d_layer *L, ref_stat
         for (int i = 0; i < d; i++) s->x[(size_t)t * d + i] += y[i];
     }
     free(h); free(att); free(y); free(sinks);
+}
+
+/* DeepSeek-V2's softmax scale: head^-1/2, times yarn_get_mscale(factor, mscale_all_dim)^2 when the
+ * RoPE is YaRN-scaled and mscale_all_dim is set (transformers' yarn_apply_mscale) */
+static double ref_mla_scale(const m2d_config *c, int head) {
+    const m2d_rope_scaling *s = &c->rope_scaling;
+    double m = 1;
+    if (s->kind == M2D_ROPE_SCALING_YARN && s->mscale_all_dim && s->factor > 1) m = 0.1 * s->mscale_all_dim * log(s->factor) + 1;
+    return m * m / sqrt(head);
+}
+
+/* multi-head latent attention as modeling_deepseek_v2.py writes it, one token at a time: q (q_proj,
+ * or q_b(norm(q_a x))), the latent c = norm(kv_a x)[:kv_lora], per head k = [kv_b c (nope) | the one
+ * rotated k_pe], v = kv_b c (v part); interleaved RoPE on the rope dims; o_proj as stored */
+static void ref_mla_layer(const m2d_model *m, int l, ref_state *s) {
+    const m2d_config *c = &m->cfg;
+    const m2d_layer *L = &m->layers[l];
+    int d = s->d, H = c->num_attention_heads, nope = c->qk_nope_head_dim, rope = c->rope_dim, vd = c->v_head_dim;
+    int hd = nope + rope, kr = c->kv_lora_rank, qr = c->q_lora_rank;
+    double *h = malloc(sizeof(double) * d), *qa = malloc(sizeof(double) * (qr + 1)), *kva = malloc(sizeof(double) * (kr + rope));
+    double *kvb = malloc(sizeof(double) * H * (nope + vd)), *K = malloc(sizeof(double) * (size_t)s->n * H * hd);
+    double *V = malloc(sizeof(double) * (size_t)s->n * H * vd), *Q = malloc(sizeof(double) * (size_t)s->n * H * hd);
+    for (int t = 0; t < s->n; t++) {
+        memcpy(h, s->x + (size_t)t * d, sizeof(double) * d);
+        ref_rms(h, d, L->attn_norm, c->rms_norm_eps);
+        double *q = Q + (size_t)t * H * hd, *k = K + (size_t)t * H * hd;
+        if (qr) {
+            ref_linear(L->q_a_proj, h, d, qr, qa);
+            ref_rms(qa, qr, L->q_a_norm, c->rms_norm_eps);
+            ref_linear(L->q_b_proj, qa, qr, H * hd, q);
+        } else {
+            ref_linear(L->q_proj, h, d, H * hd, q);
+        }
+        ref_linear(L->kv_a_proj, h, d, kr + rope, kva);
+        ref_rms(kva, kr, L->kv_a_norm, c->rms_norm_eps);
+        ref_linear(L->kv_b_proj, kva, kr, H * (nope + vd), kvb);
+        ref_rope_n(kva + kr, rope, t, c, 1);
+        for (int a = 0; a < H; a++) {
+            ref_rope_n(q + a * hd + nope, rope, t, c, 1);
+            memcpy(k + a * hd, kvb + a * (nope + vd), sizeof(double) * nope);
+            memcpy(k + a * hd + nope, kva + kr, sizeof(double) * rope);
+            memcpy(V + ((size_t)t * H + a) * vd, kvb + a * (nope + vd) + nope, sizeof(double) * vd);
+        }
+    }
+    char *name = m2d_strfmt("model.layers.%d.self_attn.o_proj.weight", l);
+    const m2d_tensor *o = m2d_st_find(m->st, name); /* the stored one, not the engine's padded copy */
+    free(name);
+    double *att = malloc(sizeof(double) * H * vd), *y = malloc(sizeof(double) * d), *sc = malloc(sizeof(double) * s->n);
+    double scale = ref_mla_scale(c, hd);
+    for (int t = 0; t < s->n; t++) {
+        for (int a = 0; a < H; a++) {
+            double mx = -INFINITY, z = 0;
+            for (int u = 0; u <= t; u++) {
+                double dd = 0;
+                for (int i = 0; i < hd; i++) dd += Q[((size_t)t * H + a) * hd + i] * K[((size_t)u * H + a) * hd + i];
+                mx = fmax(mx, sc[u] = dd * scale);
+            }
+            for (int u = 0; u <= t; u++) z += (sc[u] = exp(sc[u] - mx));
+            for (int i = 0; i < vd; i++) {
+                double acc = 0;
+                for (int u = 0; u <= t; u++) acc += sc[u] * V[((size_t)u * H + a) * vd + i];
+                att[a * vd + i] = acc / z;
+            }
+        }
+        ref_linear(o, att, H * vd, d, y);
+        for (int i = 0; i < d; i++) s->x[(size_t)t * d + i] += y[i];
+    }
+    free(h); free(qa); free(kva); free(kvb); free(K); free(V); free(Q); free(att); free(y); free(sc);
+}
+
+/* DeepSeek's group_limited_greedy: experts of all but the TG groups with the largest best p are
+ * marked taken (never chosen) */
+static void ref_drop_groups(const double *p, int E, int NG, int TG, int *taken) {
+    int per = E / NG, *keep = calloc((size_t)NG, sizeof(int));
+    for (int j = 0; j < TG; j++) {
+        int b = -1;
+        double bm = 0;
+        for (int g = 0; g < NG; g++) {
+            double m = 0;
+            for (int i = 0; i < per; i++) m = fmax(m, p[g * per + i]);
+            if (!keep[g] && (b < 0 || m > bm)) b = g, bm = m;
+        }
+        keep[b] = 1;
+    }
+    for (int e = 0; e < E; e++) taken[e] = !keep[e / per];
+    free(keep);
 }
 
 /* softmax router, top-k (ties -> lower index), gates renormalised per norm_topk_prob: y += sum g f_e(h).
@@ -192,6 +285,7 @@ static void ref_moe(const m2d_model *m, const m2d_layer *L, const double *h, dou
     for (int e2 = 0; e2 < E; e2++) z += (p[e2] = exp(p[e2] - mx));
     for (int e2 = 0; e2 < E; e2++) p[e2] /= z;
     int *taken = calloc((size_t)E, sizeof(int)), *ids = malloc(sizeof(int) * k);
+    if (c->n_group) ref_drop_groups(p, E, c->n_group, c->topk_group, taken);
     for (int j = 0; j < k; j++) {
         int b = -1;
         for (int e2 = 0; e2 < E; e2++)
@@ -201,7 +295,7 @@ static void ref_moe(const m2d_model *m, const m2d_layer *L, const double *h, dou
         sel += p[b];
     }
     for (int j = 0; j < k; j++) {
-        double gw = c->norm_topk_prob ? p[ids[j]] / sel : p[ids[j]];
+        double gw = (c->norm_topk_prob ? p[ids[j]] / sel : p[ids[j]]) * (c->routed_scaling_factor ? c->routed_scaling_factor : 1);
         int e = ids[j];
 #define X_(r) (L->r ? L->r[e] : NULL)
         const m2d_tensor *const w[6] = {L->exp_gate[e], L->exp_up[e], L->exp_down[e], X_(exp_gate_bias), X_(exp_up_bias),
@@ -210,7 +304,15 @@ static void ref_moe(const m2d_model *m, const m2d_layer *L, const double *h, dou
         ref_ffn(c, w, h, d, c->moe_intermediate_size, y);
         for (int i = 0; i < d; i++) x[i] += gw * y[i];
     }
-    free(p); free(y); free(taken); free(ids);
+    free(p); free(taken); free(ids);
+    if (L->shared_gate_proj) { /* the shared experts, times sigmoid(w . h) when gated (Qwen2-MoE) */
+        const m2d_tensor *const w[6] = {L->shared_gate_proj, L->shared_up_proj, L->shared_down_proj, NULL, NULL, NULL};
+        ref_ffn(c, w, h, d, c->shared_expert_intermediate_size, y);
+        double sg = 1, logit;
+        if (L->shared_expert_gate) ref_linear(L->shared_expert_gate, h, d, 1, &logit), sg = 1 / (1 + exp(-logit));
+        for (int i = 0; i < d; i++) x[i] += sg * y[i];
+    }
+    free(y);
 }
 
 static void ref_ffn_layer(const m2d_model *m, int l, ref_state *s) {
@@ -258,7 +360,8 @@ static void forward(const m2d_model *m, const int32_t *tok, int n, double *logit
     double *emb = tf(m->embed);
     for (int t = 0; t < n; t++) memcpy(s.x + (size_t)t * d, emb + (size_t)tok[t] * d, sizeof(double) * d);
     for (int l = 0; l < c->num_hidden_layers; l++) {
-        ref_attention_layer(m, &m->layers[l], &s, qk_norm);
+        if (m->layers[l].kv_a_proj) ref_mla_layer(m, l, &s);
+        else ref_attention_layer(m, &m->layers[l], &s, qk_norm);
         ref_ffn_layer(m, l, &s);
     }
     for (int t = 0; t < n; t++) {

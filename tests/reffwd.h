@@ -1,11 +1,14 @@
 /* reffwd — the naive float64 reference forward every engine test compares against: straight loops
  * over the Hugging Face definitions (Qwen3 / Qwen3-MoE, the OLMoE-style q/k norm over the whole
- * projection, Mixtral's sliding window, GPT-OSS's biases, sinks, windows, clamped SwiGLU and router),
- * one token at a time, everything in double. Independent of the engine, its backends,
- * its batching and its weight conversion: it reads the model's tensors and HF config fields only
- * (q/k norm kind from the norm weight's length, gates from norm_topk_prob, biases and sinks from
- * their tensors, windows from layer_window, GPT-OSS's activation and router from its architecture
- * name), not cfg.ops -- except GPT-OSS's swiglu_alpha / swiglu_limit, config values kept there. */
+ * projection, attention biases and clip_qkv, Mixtral's sliding window, GPT-OSS's biases, sinks,
+ * windows, clamped SwiGLU and router, shared experts with or without Qwen2-MoE's sigmoid gate,
+ * DeepSeek-V2's latent attention, group-limited routing and gate factor), one token at a time,
+ * everything in double. Independent of the engine, its backends, its batching and its weight
+ * conversion: it reads the model's tensors (the stored ones) and HF config fields only (q/k norm
+ * kind from the norm weight's length, latent attention, biases and sinks from their tensors, gates
+ * from norm_topk_prob, windows from layer_window, GPT-OSS's activation and router from its
+ * architecture name), not cfg.ops -- except GPT-OSS's swiglu_alpha / swiglu_limit, config values
+ * kept there. */
 #ifndef M2D_REFFWD_H
 #define M2D_REFFWD_H
 

@@ -176,6 +176,55 @@ static void op_rope_variants_on(const char *backend) {
     m2d_backend_free(be);
 }
 
+/* add_bias: y[r] += b (a bf16 vector: converted like any weight); clamp to [-limit, limit] */
+static void op_bias_and_clamp_on(const char *backend) {
+    int rows = 3, cols = 21;
+    float y[3 * 21], ref[3 * 21], b[21];
+    uint16_t bb[21];
+    uint64_t st = 12;
+    fill_normal(&st, y, sizeof y / 4, 2);
+    fill_normal(&st, b, 21, 1);
+    for (int i = 0; i < cols; i++) bb[i] = m2d_f32_to_bf16(b[i]), b[i] = m2d_bf16_to_f32(bb[i]);
+    m2d_backend *be = new_backend(backend, 1);
+    m2d_tensor bt;
+    m2d_weight *wb = weight_of(be, &bt, M2D_BF16, bb, cols, 0);
+    m2d_buf *yb = upload(be, y, sizeof y);
+    m2d_mat Y = m2d_mat_of(yb, 0, rows, cols, cols);
+    be->ops->add_bias(be, &Y, wb);
+    be->ops->clamp(be, &Y, 1.5f);
+    download(be, ref, yb, sizeof ref);
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < cols; i++) {
+            float want = y[r * cols + i] + b[i]; /* one fp32 add, then the clamp: exact */
+            want = want < -1.5f ? -1.5f : want > 1.5f ? 1.5f : want;
+            assert_true(ref[r * cols + i] == want);
+        }
+    be->ops->release(be, yb), be->ops->weight_free(be, wb);
+    m2d_backend_free(be);
+}
+
+/* sigmoid_scale: y[r, :] *= sigmoid(s[r, 0]) (s with a row stride of its own), against float64 */
+static void op_sigmoid_scale_on(const char *backend) {
+    int rows = 4, cols = 9;
+    float y[4 * 9], out[4 * 9], sv[4 * 3];
+    uint64_t st = 21;
+    fill_normal(&st, y, sizeof y / 4, 2);
+    fill_normal(&st, sv, sizeof sv / 4, 4);
+    m2d_backend *be = new_backend(backend, 1);
+    m2d_buf *yb = upload(be, y, sizeof y), *sb = upload(be, sv, sizeof sv);
+    m2d_mat Y = m2d_mat_of(yb, 0, rows, cols, cols), S = m2d_mat_of(sb, 0, rows, 1, 3);
+    be->ops->sigmoid_scale(be, &Y, &S);
+    download(be, out, yb, sizeof out);
+    /* expf and one fp32 product: relative error a few ulp */
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < cols; i++) {
+            double want = y[r * cols + i] / (1 + exp(-(double)sv[r * 3]));
+            assert_true(fabs(out[r * cols + i] - want) <= 4e-7 * fabs(want) + 1e-30);
+        }
+    be->ops->release(be, yb), be->ops->release(be, sb);
+    m2d_backend_free(be);
+}
+
 /* the route op on one row of E logits: probabilities in place, top-k ids and gates */
 static void route_row(m2d_backend *be, float *p, int E, int k, int32_t *idx) {
     m2d_buf *pb = upload(be, p, sizeof(float) * E), *ib = be->ops->alloc(be, sizeof(int32_t) * k),
@@ -227,6 +276,9 @@ static void op_topk_ties_to_lower_index_on(const char *backend) {
 /* naive causal GQA over one sequence of length np + nq where the first np are the prefix; with a
  * window w > 0 query position p sees keys p - w < t <= p; with sinks, exp(sinks[h]) joins head h's
  * denominator */
+/* the attention scale both helpers below use (0: 1/sqrt(head_dim), the op's default) */
+static float g_attn_scale;
+
 static void attention_naive_ws(const float *q, const float *k, const float *v, int np, int nq, int H, int KV, int hd,
                                int window, const float *sinks, float *out) {
     double *s = malloc(sizeof(double) * (size_t)(np + nq));
@@ -237,7 +289,7 @@ static void attention_naive_ws(const float *q, const float *k, const float *v, i
             for (int t = lo; t < nk; t++) {
                 double d = 0;
                 for (int c = 0; c < hd; c++) d += (double)q[(size_t)i * H * hd + h * hd + c] * k[(size_t)t * KV * hd + g * hd + c];
-                s[t] = d / sqrt(hd);
+                s[t] = g_attn_scale != 0 ? d * g_attn_scale : d / sqrt(hd);
                 m = fmax(m, s[t]);
             }
             for (int t = lo; t < nk; t++) z += (s[t] = exp(s[t] - m));
@@ -268,7 +320,7 @@ static void attention_host_ws(m2d_backend *be, const float *q, const float *k, c
     m2d_attn_args a = {.q = m2d_mat_of(Qb, 0, nq, H * hd, H * hd), .k = m2d_mat_of(Kb, 0, nq, KV * hd, KV * hd),
                        .v = m2d_mat_of(Vb, 0, nq, KV * hd, KV * hd), .k_cache = KP, .v_cache = VP, .cache_off = 0,
                        .head_stride = (size_t)np * hd, .np = np, .n_heads = H, .n_kv = KV, .head_dim = hd,
-                       .out = m2d_mat_of(Ob, 0, nq, H * hd, H * hd), .window = window, .sinks = sw};
+                       .out = m2d_mat_of(Ob, 0, nq, H * hd, H * hd), .window = window, .sinks = sw, .scale = g_attn_scale};
     be->ops->attention(be, &a);
     download(be, o, Ob, qb);
     m2d_buf *all[] = {Qb, Kb, Vb, Ob, KP, VP};
@@ -343,6 +395,8 @@ EACH_BACKEND(op_matmul_matches_loops)
 EACH_BACKEND(op_rmsnorm_analytic)
 EACH_BACKEND(op_rope_rotate_half)
 EACH_BACKEND(op_rope_variants)
+EACH_BACKEND(op_bias_and_clamp)
+EACH_BACKEND(op_sigmoid_scale)
 EACH_BACKEND(op_softmax_and_swiglu)
 EACH_BACKEND(op_topk_ties_to_lower_index)
 EACH_BACKEND(op_attention_causal_gqa)
@@ -390,6 +444,86 @@ static void op_attention_window_sinks_on(const char *backend) {
             for (int c = 0; c < hd; c++) assert_true(o[(size_t)i * H * hd + h * hd + c] == v[(size_t)i * KV * hd + (h / 2) * hd + c]);
     m2d_backend_free(be);
     free(q); free(k); free(v); free(o); free(r); free(kp); free(vp);
+}
+
+/* a given softmax scale (MLA's mscale) on both attention paths, with a cached prefix, against the
+ * float64 loops (as op_attention_causal_gqa: 1e-5) */
+static void op_attention_scale_on(const char *backend) {
+    uint64_t st = 9;
+    int H = 2, KV = 2, hd = 24, np = 4, nq = 40, T = np + nq;
+    float *q = malloc(sizeof(float) * nq * H * hd), *k = malloc(sizeof(float) * T * KV * hd),
+          *v = malloc(sizeof(float) * T * KV * hd), *o = malloc(sizeof(float) * nq * H * hd),
+          *r = malloc(sizeof(float) * nq * H * hd), *kp = malloc(sizeof(float) * KV * np * hd),
+          *vp = malloc(sizeof(float) * KV * np * hd);
+    fill_normal(&st, q, (size_t)nq * H * hd, 1);
+    fill_normal(&st, k, (size_t)T * KV * hd, 1);
+    fill_normal(&st, v, (size_t)T * KV * hd, 1);
+    for (int g = 0; g < KV; g++) /* the prefix in the cache layout: per kv head, np rows */
+        for (int t = 0; t < np; t++)
+            for (int c = 0; c < hd; c++) {
+                kp[((size_t)g * np + t) * hd + c] = k[(size_t)t * KV * hd + g * hd + c];
+                vp[((size_t)g * np + t) * hd + c] = v[(size_t)t * KV * hd + g * hd + c];
+            }
+    m2d_backend *be = new_backend(backend, 1);
+    g_attn_scale = 0.37f;
+    int mins[2] = {1 << 30, 1};
+    for (int path = 0; path < 2; path++) {
+        if (be->ops->tune(be, "attention_gemm_min_rows", mins[path]) != 0 && path > 0) break;
+        attention_naive_ws(q, k, v, np, nq, H, KV, hd, 0, NULL, r);
+        attention_host_ws(be, q, k + np * KV * hd, v + np * KV * hd, nq, kp, vp, np, H, KV, hd, 0, NULL, o);
+        assert_true(max_abs_diff(o, r, (size_t)nq * H * hd) < 1e-5);
+    }
+    g_attn_scale = 0;
+    attention_host_ws(be, q, k + np * KV * hd, v + np * KV * hd, nq, kp, vp, np, H, KV, hd, 0, NULL, r);
+    assert_true(max_abs_diff(o, r, (size_t)nq * H * hd) > 1e-3); /* the scale does change the result */
+    m2d_backend_free(be);
+    free(q); free(k); free(v); free(o); free(r); free(kp); free(vp);
+}
+
+/* group-limited top-k (DeepSeek's group_limited_greedy) and the gate factor, against a float64
+ * brute force: 4 groups of 3, the best 2 groups by their best p, top 3 among their experts */
+static void op_route_group_limited_on(const char *backend) {
+    enum { N = 64, E = 12, NG = 4, TG = 2, K = 3 };
+    float lg[N * E], p[N * E], g[N * K];
+    int32_t id[N * K];
+    uint64_t st = 17;
+    fill_normal(&st, lg, N * E, 1.5);
+    memcpy(p, lg, sizeof lg);
+    m2d_backend *be = new_backend(backend, 1);
+    m2d_buf *pb = upload(be, p, sizeof p), *ib = be->ops->alloc(be, sizeof id), *gb = be->ops->alloc(be, sizeof g);
+    m2d_mat P = m2d_mat_of(pb, 0, N, E, E);
+    m2d_route_args ra = {.kind = M2D_ROUTER_SOFTMAX_TOPK, .k = K, .n_group = NG, .topk_group = TG, .scale = 2.5f};
+    be->ops->route(be, &P, &ra, ib, gb);
+    download(be, id, ib, sizeof id), download(be, g, gb, sizeof g);
+    int differs = 0; /* rows where the plain top-k would pick otherwise: the grouping is exercised */
+    for (int t = 0; t < N; t++) {
+        double q[E], z = 0, gm[NG];
+        for (int e = 0; e < E; e++) z += (q[e] = exp(lg[t * E + e]));
+        for (int e = 0; e < E; e++) q[e] /= z;
+        for (int c = 0; c < NG; c++) gm[c] = fmax(fmax(q[3 * c], q[3 * c + 1]), q[3 * c + 2]);
+        int keep[NG] = {0}, plain = -1;
+        for (int j = 0; j < TG; j++) {
+            int b = -1;
+            for (int c = 0; c < NG; c++)
+                if (!keep[c] && (b < 0 || gm[c] > gm[b])) b = c;
+            keep[b] = 1;
+        }
+        int taken[E] = {0};
+        for (int j = 0; j < K; j++) {
+            int b = -1;
+            for (int e = 0; e < E; e++)
+                if (keep[e / 3] && !taken[e] && (b < 0 || q[e] > q[b])) b = e;
+            taken[b] = 1;
+            assert_int_equal(id[t * K + j], b);
+            assert_true(fabs(g[t * K + j] - 2.5 * q[b]) < 1e-6);
+        }
+        for (int e = 0; e < E; e++) /* an expert of a dropped group beats the k-th chosen one */
+            if (!keep[e / 3] && q[e] > q[id[t * K + K - 1]]) plain = e;
+        differs += plain >= 0;
+    }
+    assert_true(differs > 0);
+    be->ops->release(be, pb), be->ops->release(be, ib), be->ops->release(be, gb);
+    m2d_backend_free(be);
 }
 
 static void op_bias_and_clamped_swiglu_on(const char *backend) {
@@ -494,6 +628,8 @@ static void op_moe_biases_clamp_on(const char *backend) {
 }
 
 EACH_BACKEND(op_attention_window_sinks)
+EACH_BACKEND(op_attention_scale)
+EACH_BACKEND(op_route_group_limited)
 EACH_BACKEND(op_bias_and_clamped_swiglu)
 EACH_BACKEND(op_route_topk_softmax)
 EACH_BACKEND(op_moe_biases_clamp)
@@ -1012,7 +1148,9 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(op_matmul_matches_loops),
         cmocka_unit_test(op_rmsnorm_analytic),
-        cmocka_unit_test(op_rope_rotate_half), cmocka_unit_test(op_rope_variants),
+        cmocka_unit_test(op_rope_rotate_half), cmocka_unit_test(op_rope_variants), cmocka_unit_test(op_bias_and_clamp),
+        cmocka_unit_test(op_sigmoid_scale), cmocka_unit_test(op_attention_scale),
+        cmocka_unit_test(op_route_group_limited),
         cmocka_unit_test(op_softmax_and_swiglu),
         cmocka_unit_test(op_topk_ties_to_lower_index),
         cmocka_unit_test(op_attention_causal_gqa),

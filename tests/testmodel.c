@@ -179,3 +179,28 @@ int m2d_testmodel_write(const char *dir, const m2d_testmodel_opts *o) {
     m2d_st_writer_free(w);
     return rc;
 }
+
+int m2d_testmodel_write_tensors(const char *dir, const char *config_json, uint64_t seed, const m2d_testmodel_tensor *t,
+                                int n) {
+    if (m2d_mkdir_p(dir) != 0) return -1;
+    char *cfg_path = m2d_path_join(dir, "config.json");
+    int rc = m2d_write_file_atomic(cfg_path, config_json, strlen(config_json));
+    free(cfg_path);
+    if (rc != 0) return -1;
+    m2d_st_writer *w = m2d_st_writer_new();
+    m2d_st_writer_metadata(w, "format", "pt");
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    o.grid = true, o.seed = seed;
+    for (int i = 0; i < n && rc == 0; i++) {
+        size_t len = strlen(t[i].name);
+        int is_norm = len >= 11 && strcmp(t[i].name + len - 11, "norm.weight") == 0;
+        o.dtype = t[i].dtype;
+        rc = add_random(w, &o, NULL, t[i].name, t[i].ndim, t[i].shape[0], t[i].ndim > 1 ? t[i].shape[1] : 0, is_norm);
+    }
+    char *p = m2d_path_join(dir, "model.safetensors");
+    if (rc == 0) rc = m2d_st_writer_write(w, p);
+    free(p);
+    m2d_st_writer_free(w);
+    return rc;
+}

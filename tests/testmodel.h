@@ -38,6 +38,14 @@ typedef struct {
     bool qk_norm_whole;         /* q/k norm weights over the whole projection (OLMoE-style) */
 } m2d_testmodel_opts;
 
+/* One tensor of a checkpoint given as a list (any architecture). */
+typedef struct {
+    const char *name;
+    m2d_dtype dtype;
+    int ndim;
+    int64_t shape[2];
+} m2d_testmodel_tensor;
+
 /* Defaults: 2-layer Qwen3-MoE, hidden 32, 4 q / 2 kv heads x head_dim 8, 8 experts top-2 of
  * width 16, dense intermediate 64, vocab 64, norm_topk_prob true, BF16, seed 1, unsharded. */
 void m2d_testmodel_defaults(m2d_testmodel_opts *o);
@@ -45,5 +53,10 @@ void m2d_testmodel_defaults(m2d_testmodel_opts *o);
 void m2d_testmodel_grid(const char *name, uint64_t seed, int64_t n, float *out);
 /* Create DIR if needed and write the checkpoint. -1 + m2d_err on failure. */
 int m2d_testmodel_write(const char *dir, const m2d_testmodel_opts *o);
+/* DIR/config.json = CONFIG_JSON verbatim and DIR/model.safetensors holding the N tensors, each
+ * from the grid generator above (seeded by SEED and its name): any architecture's checkpoint from
+ * the tensor list of a golden (tools/hf_goldens.py records the one save_pretrained wrote). */
+int m2d_testmodel_write_tensors(const char *dir, const char *config_json, uint64_t seed, const m2d_testmodel_tensor *t,
+                                int n);
 
 #endif

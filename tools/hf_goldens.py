@@ -79,6 +79,55 @@ MODELS = {
         num_key_value_heads=1, head_dim=16, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                                              "original_max_position_embeddings": 16},
         rms_norm_eps=1e-6, max_position_embeddings=64, tie_word_embeddings=False, eos_token_id=256), torch.float32, 4),
+    # OLMoE-1B-7B's shape in small: bf16, q/k norm over the whole projection, top-k not renormalised,
+    # GQA (OLMoE itself has none), and clip_qkv (clamping a good part of q, k, v)
+    "olmoe": ("OlmoeForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=False, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, clip_qkv=1.5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, rms_norm_eps=1e-5,
+        max_position_embeddings=256, tie_word_embeddings=False, eos_token_id=256, pad_token_id=1), torch.bfloat16, 5),
+    # the other branches: f32, attention biases (q, k, v, o), renormalised top-k, tied embeddings
+    "olmoe-bias": ("OlmoeForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+        norm_topk_prob=True, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, attention_bias=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, rms_norm_eps=1e-5,
+        max_position_embeddings=128, tie_word_embeddings=True, eos_token_id=256, pad_token_id=1), torch.float32, 6),
+    # Qwen1.5-MoE's shape in small: bf16, q/k/v biases, top-k not renormalised, the shared expert with
+    # its sigmoid gate, a dense layer (mlp_only_layers) of its own width, GQA, untied embeddings
+    "qwen2moe": ("Qwen2MoeForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=48, moe_intermediate_size=16,
+        shared_expert_intermediate_size=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False,
+        mlp_only_layers=[1], num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6,
+        max_position_embeddings=256, tie_word_embeddings=False, eos_token_id=256), torch.bfloat16, 8),
+    # the other branches: f32, no q/k/v biases (qkv_bias false), renormalised top-k, tied embeddings
+    "qwen2moe-f32": ("Qwen2MoeForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=32, moe_intermediate_size=8,
+        shared_expert_intermediate_size=24, num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, qkv_bias=False,
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, rms_norm_eps=1e-6,
+        max_position_embeddings=128, tie_word_embeddings=True, eos_token_id=256), torch.float32, 9),
+    # DeepSeek-V2-Lite's shape in small: bf16, MLA without q LoRA (values narrower than the heads), YaRN
+    # with mscale = mscale_all_dim (the softmax mscale), a first dense layer, 2 shared experts, greedy
+    # top-k not renormalised
+    "deepseekv2": ("DeepseekV2ForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=48, moe_intermediate_size=16, n_routed_experts=8,
+        n_shared_experts=2, num_experts_per_tok=2, first_k_dense_replace=1, topk_method="greedy",
+        routed_scaling_factor=1.0, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+        q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+                         "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+        rms_norm_eps=1e-6, max_position_embeddings=64, tie_word_embeddings=False, eos_token_id=256), torch.bfloat16, 10),
+    # DeepSeek-V2's other branches: f32, q LoRA, group-limited routing, routed_scaling_factor, one
+    # shared expert, YaRN with mscale != mscale_all_dim (an attention factor too), tied embeddings
+    "deepseekv2-q": ("DeepseekV2ForCausalLM", dict(
+        vocab_size=VOCAB, hidden_size=32, moe_intermediate_size=8, n_routed_experts=8, n_shared_experts=1,
+        num_experts_per_tok=3, first_k_dense_replace=0, topk_method="group_limited_greedy", n_group=4, topk_group=2,
+        routed_scaling_factor=2.5, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+        q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+                         "mscale": 1.0, "mscale_all_dim": 0.5},
+        rms_norm_eps=1e-6, max_position_embeddings=64, tie_word_embeddings=True, eos_token_id=256), torch.float32, 11),
 }
 
 # name -> (teacher, class, calibrate args, convert args). Scores that are counts (freq), round-robin
@@ -89,6 +138,21 @@ STUDENTS = {
     "qwen3moe-student": ("qwen3moe", "Qwen3ForCausalLM", CALIBRATE,
                          ["--scoring", "freq", "--grouping", "rr", "--scaling", "uniform", "-K", "4"]),
     "qwen3moe-student-moe": ("qwen3moe", "Qwen3MoeForCausalLM", CALIBRATE,
+                             ["--target", "moe", "--scoring", "freq", "--grouping", "rr", "--scaling",
+                              "uniform", "-K", "6", "--groups", "4"]),
+    # OLMoE's dense student: an OlmoeForCausalLM with one expert of width k * d_e routed top-1
+    "olmoe-student": ("olmoe", "OlmoeForCausalLM", CALIBRATE,
+                      ["--scoring", "freq", "--grouping", "rr", "--scaling", "uniform", "-K", "4"]),
+    # Qwen2-MoE's dense student: a Qwen2ForCausalLM of width k * d_e + the shared expert's, the dense
+    # layer zero-padded to it
+    "qwen2moe-student": ("qwen2moe", "Qwen2ForCausalLM", CALIBRATE,
+                         ["--scoring", "freq", "--grouping", "rr", "--scaling", "uniform", "-K", "4"]),
+    # DeepSeek-V2's dense student (paper §4.6): every layer dense of width (k + shared) * d_e, the
+    # first dense layer zero-padded to it, MLA unchanged
+    "deepseekv2-student": ("deepseekv2", "DeepseekV2ForCausalLM", CALIBRATE,
+                           ["--scoring", "acp", "--grouping", "rr", "--scaling", "avg-cp", "-K", "4"]),
+    # the smaller MoE keeps the shared expert and its gate unchanged
+    "qwen2moe-student-moe": ("qwen2moe", "Qwen2MoeForCausalLM", CALIBRATE,
                              ["--target", "moe", "--scoring", "freq", "--grouping", "rr", "--scaling",
                               "uniform", "-K", "6", "--groups", "4"]),
 }
@@ -210,29 +274,80 @@ def checkpoint(cls_name, cfg, dtype, seed, out):
             assert torch.equal(f.get_tensor(k), weights[k]), f"{out}: {k} differs from the generated tensor"
 
 
+MOE_CLASSES = ("OlmoeForCausalLM", "DeepseekV2ForCausalLM")
+
+
+def moe_router(layer):
+    """The MoE router module of a decoder layer (None for a dense layer, or a dense layer stored as
+    one expert routed top-1)."""
+    gate = getattr(layer.mlp, "gate", None)
+    if isinstance(gate, torch.nn.Module) and hasattr(gate, "top_k") and getattr(gate, "num_experts", 2) > 1:
+        return gate
+    return None
+
+
+def calib_stats(layer, x, logits, ids, gates):
+    """SPEC §1's statistics of one MoE layer over the tokens, from transformers' own modules: p the
+    softmax of the router logits (float64 here), S(t) and g(t) the router's top-k and native gate
+    weights, f_e(x) every routed expert's output (its experts module called with all tokens routed to
+    e at weight 1)."""
+    n, E = logits.shape
+    p = torch.softmax(logits.double(), dim=-1)
+    f = torch.stack([layer.mlp.experts(x, torch.full((n, 1), e), torch.ones((n, 1), dtype=x.dtype))
+                     for e in range(E)])  # [E, n, d]
+    norm = f.norm(dim=-1)  # [E, n]
+    st = {k: [0.0] * E for k in ("n", "sum_p", "sum_p_sel", "sum_g", "sum_g2", "sum_f", "sum_f2", "sum_gf", "sum_g2f2")}
+    st["sum_p"] = p.sum(0).tolist()
+    for t in range(n):
+        for e, g in zip(ids[t], gates[t]):
+            nf = norm[e, t].item()
+            st["n"][e] += 1
+            st["sum_p_sel"][e] += p[t, e].item()
+            st["sum_g"][e] += g
+            st["sum_g2"][e] += g * g
+            st["sum_f"][e] += nf
+            st["sum_f2"][e] += nf * nf
+            st["sum_gf"][e] += g * nf
+            st["sum_g2f2"][e] += g * g * nf * nf
+    flat = f.reshape(E, -1)
+    st["gram"] = (flat @ flat.T).reshape(-1).tolist()
+    st["mu"] = (f.sum(1) / n).reshape(-1).tolist()
+    return {k: [float(f"{v:.12g}") for v in vals] for k, vals in st.items()}
+
+
 def forward(cls_name, model_dir, tokens):
-    """transformers' forward in float64: logits [n, V] and per MoE layer (ids [n, k], gates [n, k]).
+    """transformers' forward in float64: logits [n, V], per MoE layer the routing (ids [n, k] in
+    descending gate order, ties to the lower id, and gates [n, k]) and the calibration statistics.
     Eager attention and experts: the plain code of the modelling file (the fused kernels that
     transformers picks by default take no float64)."""
-    kw = {"experts_implementation": "eager"} if "Moe" in cls_name else {}
+    kw = {"experts_implementation": "eager"} if "Moe" in cls_name or cls_name in MOE_CLASSES else {}
     model = getattr(transformers, cls_name).from_pretrained(model_dir, dtype=torch.float64,
                                                             attn_implementation="eager", **kw)
     model.eval()
-    routing = {}
+    routing, inputs, stats = {}, {}, {}
     for i, layer in enumerate(model.model.layers):
-        gate = getattr(layer.mlp, "gate", None)
-        if isinstance(gate, torch.nn.Module) and hasattr(gate, "top_k"):  # the MoE router module
-            def hook(_mod, _inp, out, i=i):
-                _, scores, idx = out
-                routing[i] = (idx.tolist(), scores.tolist())
-            gate.register_forward_hook(hook)
+        gate = moe_router(layer)
+        if gate is None:
+            continue
+
+        def pre_hook(_mod, args, i=i):
+            inputs[i] = args[0].reshape(-1, args[0].shape[-1])
+
+        def hook(_mod, _inp, out, i=i, layer=layer):
+            logits, scores, idx = out
+            rows = [sorted(zip(s, j), key=lambda sj: (-sj[0], sj[1])) for s, j in zip(scores.tolist(), idx.tolist())]
+            ids, gates = [[j for _, j in r] for r in rows], [[s for s, _ in r] for r in rows]
+            routing[i] = (ids, gates)
+            stats[i] = calib_stats(layer, inputs[i], logits, ids, gates)
+        layer.mlp.register_forward_pre_hook(pre_hook)
+        gate.register_forward_hook(hook)
     with torch.no_grad():
         logits = model(torch.tensor([tokens])).logits[0]
-    return logits, routing
+    return logits, routing, stats
 
 
 def goldens(name, cls_name, model_dir, tokens, extra):
-    logits, routing = forward(cls_name, model_dir, tokens)
+    logits, routing, stats = forward(cls_name, model_dir, tokens)
     lse = torch.logsumexp(logits, dim=-1)
     g = {"name": name, "class": cls_name,
          "versions": {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0]},
@@ -245,8 +360,12 @@ def goldens(name, cls_name, model_dir, tokens, extra):
          "logsumexp": [float(f"{v:.12g}") for v in lse.tolist()],
          "next_logit": [float(f"{logits[t, tokens[t + 1]].item():.12g}") for t in range(len(tokens) - 1)],
          "routing": [{"layer": l, "experts": routing[l][0],
-                      "gates": [[float(f"{v:.9g}") for v in row] for row in routing[l][1]]}
+                      "gates": [[float(f"{v:.9g}") for v in row] for row in routing[l][1]],
+                      "calib_stats": stats[l]}
                      for l in sorted(routing)]}
+    if not cls_name.startswith("Qwen3"):  # rebuilt by tests/test_hf.c from this list (grid generator)
+        with safe_open(f"{model_dir}/model.safetensors", "pt") as f:
+            g["tensors"] = [[k, str(f.get_slice(k).get_dtype()), f.get_slice(k).get_shape()] for k in sorted(f.keys())]
     return g
 
 

@@ -22,7 +22,8 @@
     "size for K in {k, 2k, 4k, 8k, E}), tensors per dtype, shards, and the weights hash.\n"             \
     "\n"                                                                                                \
     "The dense student merges the K selected experts of each MoE layer into k groups of width\n"        \
-    "d_e, so its FFN width is k*d_e whatever K is: its size is the same for every K (K changes\n"       \
+    "d_e (+ the layer's shared experts), so its FFN width is k*d_e (+ shared) whatever K is: its\n"   \
+    "size is the same for every K (K changes\n"                                                        \
     "which experts are merged, not how many parameters result). It is printed per K anyway.\n"          \
     "\n"                                                                                                \
     "options:\n"                                                                                        \
@@ -156,7 +157,9 @@ static int inspect_st_only(const char *path, int json, int tensors) {
     return 0;
 }
 
-/* the per-family features that change the computation, printed only when the model has them */
+/* the per-family features that change the computation, printed only when the model has them:
+ * RoPE scaling, windows, attention biases and sinks, latent attention, shared experts (and
+ * Qwen2-MoE's gate), group-limited routing and a gate factor, the clamped SwiGLU, quantisation */
 static void print_variants(const m2d_model *m) {
     const m2d_config *c = &m->cfg;
     const m2d_rope_scaling *rs = &c->rope_scaling;
@@ -172,6 +175,18 @@ static void print_variants(const m2d_model *m) {
     const m2d_layer *L = &m->layers[0];
     if (L->q_bias || L->sinks)
         printf("attention +    %s%s\n", L->q_bias ? "q/k/v/o biases" : "", L->sinks ? (L->q_bias ? ", learned sinks per head" : "learned sinks per head") : "");
+    if (c->ops.attn == M2D_ATTN_MLA)
+        printf("latent attn    q_lora_rank %d, kv_lora_rank %d, heads of %d + %d rope dims, values %d, scale %.6g\n",
+               c->q_lora_rank, c->kv_lora_rank, c->qk_nope_head_dim, c->rope_dim, c->v_head_dim, c->attn_scale);
+    const m2d_layer *M = NULL;
+    for (int l = 0; l < c->num_hidden_layers && !M; l++)
+        if (c->layer_is_moe[l]) M = &m->layers[l];
+    if (c->shared_expert_intermediate_size)
+        printf("shared experts width %d per MoE layer, always on%s\n", c->shared_expert_intermediate_size,
+               M && M->shared_expert_gate ? ", times sigmoid(shared_expert_gate . x)" : "");
+    if (c->n_group) printf("routing        group-limited: the top-%d of %d expert groups\n", c->topk_group, c->n_group);
+    if (c->routed_scaling_factor && c->routed_scaling_factor != 1)
+        printf("gate factor    routed_scaling_factor %g\n", c->routed_scaling_factor);
     if (c->ops.ffn_act == M2D_ACT_SWIGLU_CLAMP)
         printf("activation     clamped SwiGLU (u + 1) g sigmoid(%g g), limit %g; expert and router biases\n",
                c->ops.act_alpha, c->ops.act_limit);
@@ -213,8 +228,13 @@ static void print_text(const m2d_model *m) {
            commas(p.active, b1, sizeof b1), c->num_experts > 0 ? c->num_experts_per_tok : 0);
     if (c->num_experts > 0) {
         int ks[5], nk = k_values(c, ks);
-        printf("dense student  FFN width k*d_e = %d*%d = %d in every MoE layer, no router;\n",
-               c->num_experts_per_tok, c->moe_intermediate_size, c->num_experts_per_tok * c->moe_intermediate_size);
+        int kd = c->num_experts_per_tok * c->moe_intermediate_size, sh = c->shared_expert_intermediate_size;
+        if (sh)
+            printf("dense student  FFN width k*d_e + shared = %d*%d + %d = %d in every layer, no router;\n",
+                   c->num_experts_per_tok, c->moe_intermediate_size, sh, kd + sh);
+        else
+            printf("dense student  FFN width k*d_e = %d*%d = %d in every MoE layer, no router;\n",
+                   c->num_experts_per_tok, c->moe_intermediate_size, kd);
         printf("               same size for every K (K picks which experts merge into the k groups)\n");
         for (int i = 0; i < nk; i++) printf("               K=%-4d %s\n", ks[i], commas(p.dense_student, b1, sizeof b1));
         /* the paper's Table 18 and the model cards count active parameters without the input
@@ -245,6 +265,7 @@ static cJSON *config_json(const m2d_config *c) {
     cJSON_AddNumberToObject(j, "moe_intermediate_size", c->moe_intermediate_size);
     cJSON_AddNumberToObject(j, "num_experts", c->num_experts);
     cJSON_AddNumberToObject(j, "num_experts_per_tok", c->num_experts_per_tok);
+    cJSON_AddNumberToObject(j, "shared_expert_intermediate_size", c->shared_expert_intermediate_size);
     cJSON_AddBoolToObject(j, "norm_topk_prob", c->norm_topk_prob);
     cJSON_AddNumberToObject(j, "decoder_sparse_step", c->decoder_sparse_step);
     cJSON *mo = cJSON_AddArrayToObject(j, "mlp_only_layers");

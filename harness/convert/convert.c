@@ -29,15 +29,26 @@ void m2d_merge_matrices(const float *const *src, const double *w, int n, size_t 
     }
 }
 
+void m2d_concat_ffn_blocks(int n, int d, const int *widths, const float *const *gates, const float *const *ups,
+                           const float *const *downs, float *gate, float *up, float *down) {
+    int total = 0, off = 0;
+    for (int b = 0; b < n; b++) total += widths[b];
+    for (int b = 0; b < n; b++) {
+        size_t blk = (size_t)widths[b] * d;
+        memcpy(gate + (size_t)off * d, gates[b], blk * sizeof(float));
+        memcpy(up + (size_t)off * d, ups[b], blk * sizeof(float));
+        for (int r = 0; r < d; r++)
+            memcpy(down + (size_t)r * total + off, downs[b] + (size_t)r * widths[b], (size_t)widths[b] * sizeof(float));
+        off += widths[b];
+    }
+}
+
 void m2d_concat_ffn(int k, int d, int d_e, const float *const *gates, const float *const *ups,
                     const float *const *downs, float *gate, float *up, float *down) {
-    size_t blk = (size_t)d_e * d;
-    for (int g = 0; g < k; g++) {
-        memcpy(gate + g * blk, gates[g], blk * sizeof(float));
-        memcpy(up + g * blk, ups[g], blk * sizeof(float));
-        for (int r = 0; r < d; r++)
-            memcpy(down + (size_t)r * k * d_e + (size_t)g * d_e, downs[g] + (size_t)r * d_e, (size_t)d_e * sizeof(float));
-    }
+    int *w = m2d_malloc(sizeof(int) * (size_t)k);
+    for (int g = 0; g < k; g++) w[g] = d_e;
+    m2d_concat_ffn_blocks(k, d, w, gates, ups, downs, gate, up, down);
+    free(w);
 }
 
 void m2d_swiglu_ref(int d, int inter, const float *gate, const float *up, const float *down, const float *x, float *y) {
@@ -222,6 +233,10 @@ static int plan_layer(const m2d_model *t, const m2d_layer_stats *ls, const m2d_c
         rc = m2d_scale_run(ps->p[2], &vs, lp->selected, lp->scores, group_of, alpha);
     }
     if (rc == 0) rc = canonicalize(lp, group_of, alpha, E, ps->p[1]->name);
+    /* DeepSeek's routed_scaling_factor multiplies every gate of the teacher: the dense FFN scales its
+     * groups by it too (the scaling rules speak of p; a smaller MoE keeps the factor in its router) */
+    for (int g = 0; rc == 0 && o->target == M2D_TARGET_DENSE && c->routed_scaling_factor > 0 && g < G; g++)
+        lp->alpha[g] *= c->routed_scaling_factor;
     free(group_of);
     free(alpha);
     return rc;
@@ -388,17 +403,27 @@ static const m2d_tensor *role_tensor(student_owner *o, const m2d_arch *arch, m2d
     return new_tensor(o, name, dt, rows, cols, src);
 }
 
+/* A student that stores its dense FFN as one expert routed top-1 (OLMoE's) has a router of one row:
+ * zeros (the softmax over one logit is 1 whatever its value). NULL for every other student. */
+static const m2d_tensor *one_expert_router(student_owner *o, const m2d_arch *sa, int layer, m2d_dtype dt, int d) {
+    if (!m2d_arch_has_tensor(sa, M2D_SCOPE_DENSE, M2D_T_ROUTER)) return NULL;
+    float *zero = m2d_calloc((size_t)d, sizeof(float));
+    const m2d_tensor *r = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_ROUTER, layer, 0, dt, 1, d, zero);
+    free(zero);
+    return r;
+}
+
 /* The dense FFN's biases, when the teacher's experts have them: gate/up merged like the weights
  * and concatenated per group; down merged, scaled by α_g and summed over the groups (group g adds
- * α_g (W_down^(g) h_g + b_down^(g))), in fp64 with one rounding. */
-static int build_dense_biases(student_owner *o, const m2d_model *t, const m2d_layer_plan *lp, m2d_layer *dst) {
+ * α_g (W_down^(g) h_g + b_down^(g))), in fp64 with one rounding. WIDTH: the dense FFN's. */
+static int build_dense_biases(student_owner *o, const m2d_model *t, const m2d_layer_plan *lp, int width, m2d_layer *dst) {
     const m2d_layer *src = &t->layers[lp->layer];
     int d = t->cfg.hidden_size, de = t->cfg.moe_intermediate_size, G = lp->n_groups;
     const m2d_tensor *const *tb[3] = {src->exp_gate_bias, src->exp_up_bias, src->exp_down_bias};
     const int roles[3] = {M2D_T_GATE_BIAS, M2D_T_UP_BIAS, M2D_T_DOWN_BIAS};
     for (int b = 0; b < 3; b++) {
         if (!tb[b]) continue;
-        int n = b == 2 ? d : G * de;
+        int n = b == 2 ? d : width; /* a shared expert's part (after the groups') has no bias */
         double *acc = m2d_calloc((size_t)n, sizeof(double));
         for (int g = 0; g < G; g++)
             for (int i = lp->group_start[g]; i < lp->group_start[g + 1]; i++) {
@@ -417,13 +442,17 @@ static int build_dense_biases(student_owner *o, const m2d_model *t, const m2d_la
     return 0;
 }
 
+/* The dense FFN of an MoE layer: the k merged groups (down projections scaled by alpha), then the
+ * layer's shared experts copied with alpha = 1 (SPEC §4), concatenated. */
 static int build_dense_layer(student_owner *o, const m2d_model *t, const m2d_layer_plan *lp, m2d_layer *dst) {
     const m2d_config *c = &t->cfg;
     const m2d_layer *src = &t->layers[lp->layer];
-    int d = c->hidden_size, de = c->moe_intermediate_size, G = lp->n_groups;
+    int d = c->hidden_size, de = c->moe_intermediate_size, G = lp->n_groups, shared = src->shared_gate_proj != NULL;
+    int nb = G + shared, *widths = m2d_malloc(sizeof(int) * (size_t)nb);
     m2d_dtype dt = src->exp_gate[0]->dtype;
-    float **gs = m2d_malloc((size_t)G * sizeof *gs), **us = m2d_malloc((size_t)G * sizeof *us),
-          **ds = m2d_malloc((size_t)G * sizeof *ds);
+    float **gs = m2d_malloc((size_t)nb * sizeof *gs), **us = m2d_malloc((size_t)nb * sizeof *us),
+          **ds = m2d_malloc((size_t)nb * sizeof *ds);
+    size_t W = 0;
     for (int g = 0; g < G; g++) {
         const int *mem = lp->members + lp->group_start[g];
         const double *w = lp->merge_w + lp->group_start[g];
@@ -431,21 +460,30 @@ static int build_dense_layer(student_owner *o, const m2d_model *t, const m2d_lay
         gs[g] = merge_tensors(src->exp_gate, mem, w, n, 1.0);
         us[g] = merge_tensors(src->exp_up, mem, w, n, 1.0);
         ds[g] = merge_tensors(src->exp_down, mem, w, n, lp->alpha[g]);
+        W += (size_t)(widths[g] = de);
     }
-    size_t W = (size_t)G * de;
+    if (shared) {
+        gs[G] = m2d_tensor_f32(src->shared_gate_proj);
+        us[G] = m2d_tensor_f32(src->shared_up_proj);
+        ds[G] = m2d_tensor_f32(src->shared_down_proj);
+        W += (size_t)(widths[G] = c->shared_expert_intermediate_size);
+    }
     float *gate = m2d_malloc(W * d * sizeof(float)), *up = m2d_malloc(W * d * sizeof(float)),
           *down = m2d_malloc(W * d * sizeof(float));
-    m2d_concat_ffn(G, d, de, (const float *const *)gs, (const float *const *)us, (const float *const *)ds, gate, up, down);
+    m2d_concat_ffn_blocks(nb, d, widths, (const float *const *)gs, (const float *const *)us, (const float *const *)ds,
+                          gate, up, down);
     const m2d_arch *sa = o->m.arch; /* the student's names */
     dst->gate_proj = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_GATE, lp->layer, 0, dt, (int)W, d, gate);
     dst->up_proj = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_UP, lp->layer, 0, dt, (int)W, d, up);
     dst->down_proj = role_tensor(o, sa, M2D_SCOPE_DENSE, M2D_T_DOWN, lp->layer, 0, dt, d, (int)W, down);
-    dst->router = dst->router_bias = NULL;
+    dst->router = one_expert_router(o, sa, lp->layer, src->router->dtype, d);
+    dst->router_bias = NULL;
     for (int r = 0; r < M2D_X_COUNT; r++) dst->x[r] = NULL;
-    for (int g = 0; g < G; g++) { free(gs[g]); free(us[g]); free(ds[g]); }
-    free(gs); free(us); free(ds); free(gate); free(up); free(down);
+    dst->shared_gate_proj = dst->shared_up_proj = dst->shared_down_proj = dst->shared_expert_gate = NULL;
+    for (int b = 0; b < nb; b++) { free(gs[b]); free(us[b]); free(ds[b]); }
+    free(gs); free(us); free(ds); free(gate); free(up); free(down); free(widths);
     if (!dst->gate_proj || !dst->up_proj || !dst->down_proj) return -1;
-    return build_dense_biases(o, t, lp, dst);
+    return build_dense_biases(o, t, lp, (int)W, dst);
 }
 
 /* Router rows (and bias entries, one "row" of width 1) of the --target moe student: each member's
@@ -516,7 +554,7 @@ static int pad_dense_layer(student_owner *o, const m2d_model *t, int l, int widt
     int d = t->cfg.hidden_size, w0 = (int)src->gate_proj->shape[0];
     if (w0 == width) return 0;
     if (w0 > width)
-        return m2d_err("convert: dense layer %d is wider (%d) than the student width k*d_e = %d; the dense student "
+        return m2d_err("convert: dense layer %d is wider (%d) than the student width %d (k*d_e + shared experts); the dense student "
                        "(%s) has one intermediate_size for all layers", l, w0, width, o->m.cfg.arch);
     float *g = m2d_calloc((size_t)width * d, sizeof(float)), *u = m2d_calloc((size_t)width * d, sizeof(float)),
           *dn = m2d_calloc((size_t)width * d, sizeof(float));
@@ -535,12 +573,17 @@ static int pad_dense_layer(student_owner *o, const m2d_model *t, int l, int widt
     return dst->gate_proj && dst->up_proj && dst->down_proj ? 0 : -1;
 }
 
+/* The dense student's FFN width: the k groups of d_e and the shared experts (SPEC §4: d_dense). */
+static int student_width(const m2d_config *c, const m2d_convert_plan *plan) {
+    return plan->n_groups * c->moe_intermediate_size + c->shared_expert_intermediate_size;
+}
+
 /* The student's config: the teacher adapter rewrites the teacher's config.json (m2d_arch_student_config)
  * and the one config reader parses it, so the in-memory student and the written config.json agree
  * by construction. The dense student must be the architecture the teacher adapter names. */
 static int student_config(student_owner *o, const m2d_model *t, const m2d_convert_plan *plan) {
     const m2d_config *c = &t->cfg;
-    m2d_student_shape sh = {plan->target == M2D_TARGET_MOE, plan->n_groups * c->moe_intermediate_size, 0, 0};
+    m2d_student_shape sh = {plan->target == M2D_TARGET_MOE, student_width(c, plan), 0, 0};
     if (sh.moe) {
         sh.n_experts = m2d_convert_moe_experts(plan);
         sh.top_k = M2D_MIN(c->num_experts_per_tok, sh.n_experts);
@@ -558,7 +601,7 @@ static int student_config(student_owner *o, const m2d_model *t, const m2d_conver
 
 static int build_layers(student_owner *o, const m2d_model *t, const m2d_convert_plan *plan) {
     const m2d_config *c = &t->cfg;
-    int width = plan->n_groups * c->moe_intermediate_size, rc = 0;
+    int width = student_width(c, plan), rc = 0;
     for (int l = 0, i = 0; l < c->num_hidden_layers && rc == 0; l++) {
         if (c->layer_is_moe[l]) {
             const m2d_layer_plan *lp = &plan->layers[i];

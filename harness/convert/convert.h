@@ -1,7 +1,10 @@
 /* convert — build the student from a teacher, its calibration statistics and three plugins
  * (SPEC §4): per MoE layer, score + select K experts, group them into k groups, merge each group
  * by score-weighted averaging, scale each group's down projection by α_g, concatenate into one
- * dense SwiGLU FFN of width k·d_e. Everything else is the teacher's, bit for bit.
+ * dense SwiGLU FFN of width k·d_e, followed by the layer's shared experts (DeepSeek, Qwen2-MoE:
+ * copied, α = 1, not part of K). A teacher whose gates carry a factor (DeepSeek's
+ * routed_scaling_factor) has every α of a dense student multiplied by it (the scaling rules speak
+ * of p). Everything else is the teacher's, bit for bit.
  *
  * The plan (what to build: selection, groups, merge weights, α per layer) is separate from the
  * build (the weights), so a sweep can fingerprint a plan and skip students it has already seen.
@@ -73,6 +76,10 @@ typedef struct {
 void m2d_merge_weights(const double *member_scores, int n, double *w);
 /* out[j] = round_f32(scale · Σ_i w[i] · src[i][j]) with fp64 accumulation. */
 void m2d_merge_matrices(const float *const *src, const double *w, int n, size_t numel, double scale, float *out);
+/* Dense SwiGLU FFN from n blocks of WIDTHS[b] (gate/up [w_b, d], down [d, w_b]): gate/up
+ * row-concatenated, down column-concatenated, in block order. */
+void m2d_concat_ffn_blocks(int n, int d, const int *widths, const float *const *gates, const float *const *ups,
+                           const float *const *downs, float *gate, float *up, float *down);
 /* Dense SwiGLU FFN from k groups (each gate/up [d_e, d], down [d, d_e]):
  * gate/up [k·d_e, d] row-concatenated, down [d, k·d_e] column-concatenated (already scaled). */
 void m2d_concat_ffn(int k, int d, int d_e, const float *const *gates, const float *const *ups,

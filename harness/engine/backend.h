@@ -54,7 +54,7 @@ static inline m2d_mat m2d_mat_of(m2d_buf *buf, size_t off, int rows, int cols, i
     return m;
 }
 
-/* Causal grouped-query attention of one segment of nq query rows (scale 1/sqrt(head_dim); query
+/* Causal grouped-query attention of one segment of nq query rows (scale 1/sqrt(head_dim) unless given; query
  * head h uses kv head h / (n_heads / n_kv); scores and softmax in fp32 with max subtraction).
  * Row i attends to the np cached prefix positions and to segment rows 0..i; with a window w > 0
  * only to the last w of those positions (itself included: key t is seen from query position p iff
@@ -70,6 +70,7 @@ typedef struct {
     m2d_mat out;            /* [nq, n_heads*head_dim] */
     int window;             /* 0: full causal attention */
     const m2d_weight *sinks; /* [n_heads] or NULL */
+    float scale;            /* scores = q.k * scale (0: 1/sqrt(head_dim)) */
 } m2d_attn_args;
 
 /* Routing of n tokens: logits [n, E] in, probabilities out (in place), top-k ids and gate weights. */
@@ -77,6 +78,11 @@ typedef struct {
     m2d_router_kind kind;   /* model.h: how p is formed and the k chosen (ties -> lower index) */
     bool renorm;            /* SOFTMAX_TOPK: gates = p / sum of the chosen p; else gates = p */
     int k;
+    /* group-limited top-k (DeepSeek's group_limited_greedy): the E experts in n_group groups of
+     * E / n_group, only the topk_group groups with the largest best p compete (ties -> lower
+     * group); 0: off */
+    int n_group, topk_group;
+    float scale;            /* gates *= scale after the above (routed_scaling_factor); 0: 1 */
 } m2d_route_args;
 
 /* Routed experts of an MoE layer on n tokens: out[t] = sum_j gates[t,j] * f_{topk[t,j]}(x[t]),
@@ -156,6 +162,10 @@ typedef struct {
     /* y[r] += b for every row r of y (b: a weight of y.cols elements) */
     void (*add_bias)(m2d_backend *be, m2d_mat *y, const m2d_weight *b);
     void (*add)(m2d_backend *be, m2d_mat *y, const m2d_mat *x); /* y += x (residual) */
+    /* y[r, :] *= sigmoid(s[r, 0]) for every row r (Qwen2-MoE's shared-expert gate) */
+    void (*sigmoid_scale)(m2d_backend *be, m2d_mat *y, const m2d_mat *s);
+    /* x = min(max(x, -limit), limit) elementwise (OLMoE's clip_qkv) */
+    void (*clamp)(m2d_backend *be, m2d_mat *x, float limit);
     /* topk int32 [n, k], gates fp32 [n, k] (see m2d_route_args); logits become the full softmax
      * p for every router kind */
     void (*route)(m2d_backend *be, m2d_mat *logits, const m2d_route_args *r, m2d_buf *topk, m2d_buf *gates);

@@ -409,6 +409,22 @@ static void cpu_add(m2d_backend *be, m2d_mat *y, const m2d_mat *x) {
     }
 }
 
+static void cpu_sigmoid_scale(m2d_backend *be, m2d_mat *y, const m2d_mat *sm) {
+    (void)be;
+    for (int r = 0; r < y->rows; r++) {
+        float *yr = F(y) + (size_t)r * y->ld, g = 1.0f / (1.0f + expf(-F(sm)[(size_t)r * sm->ld]));
+        for (int i = 0; i < y->cols; i++) yr[i] *= g;
+    }
+}
+
+static void cpu_clamp(m2d_backend *be, m2d_mat *x, float limit) {
+    (void)be;
+    for (int r = 0; r < x->rows; r++) {
+        float *xr = F(x) + (size_t)r * x->ld;
+        for (int i = 0; i < x->cols; i++) xr[i] = xr[i] < -limit ? -limit : xr[i] > limit ? limit : xr[i];
+    }
+}
+
 static void cpu_embed(m2d_backend *be, const m2d_weight *table, const m2d_buf *tokens, int n, m2d_mat *x) {
     const int32_t *tok = B(tokens);
     int d = x->cols;
@@ -442,13 +458,31 @@ static void topk_row(const float *p, int E, int k, int32_t *idx, uint8_t *taken)
     }
 }
 
+/* DeepSeek's group_limited_greedy: the NG groups of E / NG experts ranked by their largest p, the
+ * TG best kept (ties -> lower group), the others' p taken as 0, then top-k (transformers' masked_fill
+ * and topk). MASKED: scratch [E]. */
+static void group_limited_topk(const float *p, int E, int k, int NG, int TG, int32_t *id, uint8_t *taken,
+                               float *masked) {
+    int per = E / NG;
+    int32_t gid[M2D_MAX_EXPERT_GROUPS];
+    float gmax[M2D_MAX_EXPERT_GROUPS];
+    for (int g = 0; g < NG; g++) {
+        gmax[g] = -INFINITY;
+        for (int i = 0; i < per; i++) gmax[g] = fmaxf(gmax[g], p[g * per + i]);
+    }
+    topk_row(gmax, NG, TG, gid, taken);
+    for (int i = 0; i < E; i++) masked[i] = 0;
+    for (int j = 0; j < TG; j++) memcpy(masked + gid[j] * per, p + gid[j] * per, sizeof(float) * (size_t)per);
+    topk_row(masked, E, k, id, taken);
+}
+
 static void cpu_route(m2d_backend *be, m2d_mat *logits, const m2d_route_args *r, m2d_buf *topkb, m2d_buf *gatesb) {
     (void)be;
     int E = logits->cols, k = r->k;
     int32_t *topk = B(topkb);
     float *gates = B(gatesb);
     uint8_t *taken = m2d_malloc((size_t)E);
-    float *sel = m2d_malloc(sizeof(float) * (size_t)k);
+    float *sel = m2d_malloc(sizeof(float) * (size_t)k), *masked = r->n_group > 0 ? m2d_malloc(sizeof(float) * (size_t)E) : NULL;
     for (int t = 0; t < logits->rows; t++) {
         float *p = F(logits) + (size_t)t * logits->ld, *g = gates + (size_t)t * k;
         int32_t *id = topk + (size_t)t * k;
@@ -461,13 +495,16 @@ static void cpu_route(m2d_backend *be, m2d_mat *logits, const m2d_route_args *r,
             continue;
         }
         softmax_row(p, E);
-        topk_row(p, E, k, id, taken);
+        if (r->n_group > 0) group_limited_topk(p, E, k, r->n_group, r->topk_group, id, taken, masked);
+        else topk_row(p, E, k, id, taken);
         double s = 0;
         for (int j = 0; j < k; j++) s += p[id[j]];
         for (int j = 0; j < k; j++) g[j] = r->renorm ? (float)(p[id[j]] / s) : p[id[j]];
+        for (int j = 0; j < k && r->scale != 0; j++) g[j] *= r->scale;
     }
     free(taken);
     free(sel);
+    free(masked);
 }
 
 /* ---- attention ---- */
@@ -504,6 +541,7 @@ typedef struct {
     float *out;
     int window;          /* 0: full causal */
     const float *sinks;  /* [n_heads] or NULL */
+    float scale;         /* of the scores */
 } attn_host;
 
 typedef struct {
@@ -522,7 +560,7 @@ static void attn_item(void *ctx, int item) {
     int h = item / jb->n_blocks, blk = item % jb->n_blocks;
     int g = h / (j->n_heads / j->n_kv), hd = j->hd;
     int r0 = blk * jb->row_block, r1 = M2D_MIN(r0 + jb->row_block, j->nq);
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = j->scale;
     float *sc = m2d_malloc(sizeof(float) * (size_t)(j->np + r1));
     float *acc = m2d_malloc(sizeof(float) * (size_t)hd);
     const float *kp = j->np ? j->kp + g * j->p_head_stride : NULL;
@@ -567,7 +605,7 @@ static void attg_item(void *ctx, int h) {
     const attn_host *j = jb->a;
     int g = h / (j->n_heads / j->n_kv), hd = j->hd, nq = j->nq, np = j->np, nk = jb->nk;
     float *S = jb->S + (size_t)worker_id * nq * nk;
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = j->scale;
     const float *qh = j->q + (size_t)h * hd;
     if (np)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, np, hd, scale, qh, j->ldq, j->kp + g * j->p_head_stride,
@@ -594,7 +632,8 @@ static void cpu_attention(m2d_backend *be, const m2d_attn_args *a) {
     int nq = a->q.rows;
     if (nq <= 0) return;
     attn_host h = {F(&a->q), F(&a->k), F(&a->v), NULL, NULL, a->q.ld, a->k.ld, nq, a->np, a->n_heads, a->n_kv,
-                   a->head_dim, a->out.ld, a->head_stride, F(&a->out), a->window, NULL};
+                   a->head_dim, a->out.ld, a->head_stride, F(&a->out), a->window, NULL,
+                   a->scale != 0 ? a->scale : 1.0f / sqrtf((float)a->head_dim)};
     float *sinks = NULL;
     if (a->sinks) {
         sinks = m2d_malloc(sizeof(float) * (size_t)a->n_heads);
@@ -879,6 +918,8 @@ static const m2d_backend_ops cpu_ops = {
     .glu_clamp = cpu_glu_clamp,
     .add_bias = cpu_add_bias,
     .add = cpu_add,
+    .clamp = cpu_clamp,
+    .sigmoid_scale = cpu_sigmoid_scale,
     .route = cpu_route,
     .moe = cpu_moe,
     .logprobs = cpu_logprobs,

@@ -96,18 +96,49 @@ static int check_qk_norm(const m2d_model *m, int l) {
     return 0;
 }
 
-static int check_layer(const m2d_model *m, int l) {
+/* the attention tensors ops.attn reads */
+static int check_attention(const m2d_model *m, int l) {
     const m2d_layer *L = &m->layers[l];
-    if (need(m, l, L->attn_norm, "attn_norm") || need(m, l, L->q_proj, "q_proj") || need(m, l, L->k_proj, "k_proj") ||
-        need(m, l, L->v_proj, "v_proj") || need(m, l, L->o_proj, "o_proj") || need(m, l, L->ffn_norm, "ffn_norm") ||
-        check_qk_norm(m, l))
-        return -1;
-    if (!m->cfg.layer_is_moe[l])
-        return need(m, l, L->gate_proj, "gate_proj") || need(m, l, L->up_proj, "up_proj") ||
-                       need(m, l, L->down_proj, "down_proj")
+    if (m->cfg.ops.attn != M2D_ATTN_MLA)
+        return need(m, l, L->q_proj, "q_proj") || need(m, l, L->k_proj, "k_proj") || need(m, l, L->v_proj, "v_proj") ||
+                       check_qk_norm(m, l)
                    ? -1
                    : 0;
+    if (m->cfg.q_lora_rank ? need(m, l, L->q_a_proj, "q_a_proj") || need(m, l, L->q_a_norm, "q_a_norm") ||
+                                 need(m, l, L->q_b_proj, "q_b_proj")
+                           : need(m, l, L->q_proj, "q_proj"))
+        return -1;
+    return need(m, l, L->kv_a_proj, "kv_a_proj") || need(m, l, L->kv_a_norm, "kv_a_norm") ||
+                   need(m, l, L->kv_b_proj, "kv_b_proj")
+               ? -1
+               : 0;
+}
+
+static int check_layer(const m2d_model *m, int l) {
+    const m2d_layer *L = &m->layers[l];
+    if (need(m, l, L->attn_norm, "attn_norm") || check_attention(m, l) || need(m, l, L->o_proj, "o_proj") ||
+        need(m, l, L->ffn_norm, "ffn_norm"))
+        return -1;
+    if (!m->cfg.layer_is_moe[l]) {
+        if (need(m, l, L->gate_proj, "gate_proj") || need(m, l, L->up_proj, "up_proj") ||
+            need(m, l, L->down_proj, "down_proj"))
+            return -1;
+        /* a dense layer stored as one expert routed top-1 (OLMoE's dense student): the softmax
+         * over its one logit is 1, so the router is never evaluated */
+        if (L->router && m2d_tensor_numel(L->router) != m->cfg.hidden_size)
+            return m2d_err("%s: layer %d: a dense layer with a router of %lld elements (one row of %d expected)",
+                           m->dir, l, (long long)m2d_tensor_numel(L->router), m->cfg.hidden_size);
+        return 0;
+    }
     if (need(m, l, L->router, "router")) return -1;
+    if (L->shared_gate_proj || L->shared_up_proj || L->shared_down_proj || L->shared_expert_gate) {
+        if (need(m, l, L->shared_gate_proj, "shared_gate_proj") || need(m, l, L->shared_up_proj, "shared_up_proj") ||
+            need(m, l, L->shared_down_proj, "shared_down_proj"))
+            return -1;
+        if (m2d_tensor_numel(L->shared_gate_proj) != (int64_t)m->cfg.shared_expert_intermediate_size * m->cfg.hidden_size)
+            return m2d_err("%s: layer %d: shared experts of %lld elements, config says width %d", m->dir, l,
+                           (long long)m2d_tensor_numel(L->shared_gate_proj), m->cfg.shared_expert_intermediate_size);
+    }
     int weights[3] = {M2D_X_EXP_GATE, M2D_X_EXP_UP, M2D_X_EXP_DOWN}; /* the biases are optional */
     for (int r = 0; r < 3; r++)
         if (!L->x[weights[r]]) return need(m, l, NULL, m2d_expert_role_name(weights[r]));
@@ -279,13 +310,15 @@ typedef struct {
     m2d_buf *x, *xn, *ffo, *q, *att, *k, *v, *g, *u; /* fp32 activations */
     m2d_buf *tok, *pos;                              /* int32 [n] */
     m2d_buf *probs, *topk, *gates;                   /* routing [n, E], [n, k] (MoE models) */
+    m2d_buf *sh, *shl;                               /* shared experts' output [n, d], gate logit [n, 1] */
+    m2d_buf *lat;                                    /* MLA: the q or kv latent [n, max rank] */
 } fwd_ws;
 
 static size_t f32s(int64_t rows, int64_t cols) { return (size_t)rows * (size_t)cols * sizeof(float); }
 
 static void ws_free(m2d_engine *e, fwd_ws *w) {
     m2d_buf *all[] = {w->x, w->xn, w->ffo, w->q, w->att, w->k, w->v, w->g, w->u, w->tok, w->pos, w->probs, w->topk,
-                      w->gates};
+                      w->gates, w->sh, w->shl, w->lat};
     for (size_t i = 0; i < M2D_ARRAY_LEN(all); i++) e->B->release(e->be, all[i]);
 }
 
@@ -297,6 +330,8 @@ static int ws_alloc(m2d_engine *e, int n, fwd_ws *w) {
         if (!c->layer_is_moe[l]) inter = M2D_MAX(inter, c->intermediate_size);
         any_moe |= c->layer_is_moe[l];
     }
+    int shared = any_moe ? c->shared_expert_intermediate_size : 0;
+    inter = M2D_MAX(inter, shared);
     memset(w, 0, sizeof *w);
     w->n = n;
     m2d_backend *be = e->be;
@@ -309,6 +344,14 @@ static int ws_alloc(m2d_engine *e, int n, fwd_ws *w) {
     if (any_moe)
         ok &= (w->probs = A(be, f32s(n, c->num_experts))) && (w->topk = A(be, sizeof(int32_t) * (size_t)n * k)) &&
               (w->gates = A(be, f32s(n, k)));
+    if (shared) ok &= (w->sh = A(be, f32s(n, d))) && (w->shl = A(be, f32s(n, 1)));
+    if (c->ops.attn == M2D_ATTN_MLA) {
+        ok &= (w->lat = A(be, f32s(n, M2D_MAX(c->q_lora_rank, c->kv_lora_rank)))) != NULL;
+        /* the values' padding (head_dim - v_head_dim per head) stays zero: only the v slots are written */
+        float *zero = ok ? m2d_calloc((size_t)n * kvd, sizeof(float)) : NULL;
+        if (ok) e->B->upload(be, w->v, 0, zero, f32s(n, kvd));
+        free(zero);
+    }
     if (ok) return 0;
     ws_free(e, w);
     return -1;
@@ -333,25 +376,74 @@ static void qk_norm(m2d_engine *e, const layer_weights *lw, const fwd_ws *w) {
     e->B->rmsnorm(e->be, &K, lw->w[M2D_T_K_NORM], c->rms_norm_eps, &K);
 }
 
-static void attention_block(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
+/* q, k, v of the normed input xn: projections (+ biases), q/k norm, clamp (clip_qkv), RoPE */
+static void gqa_qkv(m2d_engine *e, int l, const fwd_ws *w) {
+    const m2d_config *c = &e->m->cfg;
+    const m2d_backend_ops *B = e->B;
+    const layer_weights *lw = &e->lw[l];
+    int n = w->n, d = c->hidden_size, H = c->num_attention_heads, KV = c->num_key_value_heads, hd = c->head_dim;
+    int qd = H * hd, kvd = KV * hd;
+    m2d_mat XN = m2d_mat_of(w->xn, 0, n, d, d);
+    m2d_mat Q = m2d_mat_of(w->q, 0, n, qd, qd), K = m2d_mat_of(w->k, 0, n, kvd, kvd), V = m2d_mat_of(w->v, 0, n, kvd, kvd);
+    B->gemm(e->be, &XN, lw->w[M2D_T_Q], 0, &Q, 0.0f, e->prec);
+    B->gemm(e->be, &XN, lw->w[M2D_T_K], 0, &K, 0.0f, e->prec);
+    B->gemm(e->be, &XN, lw->w[M2D_T_V], 0, &V, 0.0f, e->prec);
+    bias(e, &Q, lw->w[M2D_T_Q_BIAS]);
+    bias(e, &K, lw->w[M2D_T_K_BIAS]);
+    bias(e, &V, lw->w[M2D_T_V_BIAS]);
+    qk_norm(e, lw, w);
+    if (c->clip_qkv > 0) {
+        B->clamp(e->be, &Q, (float)c->clip_qkv);
+        B->clamp(e->be, &K, (float)c->clip_qkv);
+        B->clamp(e->be, &V, (float)c->clip_qkv);
+    }
+    B->rope(e->be, &Q, H, hd, w->pos, &e->rope);
+    B->rope(e->be, &K, KV, hd, w->pos, &e->rope);
+}
+
+/* MLA (model.h M2D_ATTN_MLA): q, k, v of the normed input xn in the GQA layout attend() reads:
+ * heads of head_dim = nope + rope, the values zero-padded to head_dim; RoPE on each head's rope part */
+static void mla_qkv(m2d_engine *e, int l, const fwd_ws *w) {
+    const m2d_config *c = &e->m->cfg;
+    const m2d_backend_ops *B = e->B;
+    const layer_weights *lw = &e->lw[l];
+    int n = w->n, d = c->hidden_size, H = c->num_attention_heads, hd = c->head_dim, nope = c->qk_nope_head_dim;
+    int rope = c->rope_dim, vd = c->v_head_dim, qr = c->q_lora_rank, kr = c->kv_lora_rank, qd = H * hd;
+    m2d_mat XN = m2d_mat_of(w->xn, 0, n, d, d), Q = m2d_mat_of(w->q, 0, n, qd, qd);
+    if (qr) {
+        m2d_mat QA = m2d_mat_of(w->lat, 0, n, qr, qr);
+        B->gemm(e->be, &XN, lw->w[M2D_T_Q_A], 0, &QA, 0.0f, e->prec);
+        B->rmsnorm(e->be, &QA, lw->w[M2D_T_Q_A_NORM], c->rms_norm_eps, &QA);
+        B->gemm(e->be, &QA, lw->w[M2D_T_Q_B], 0, &Q, 0.0f, e->prec);
+    } else {
+        B->gemm(e->be, &XN, lw->w[M2D_T_Q], 0, &Q, 0.0f, e->prec);
+    }
+    m2d_mat C = m2d_mat_of(w->lat, 0, n, kr, kr);
+    B->gemm(e->be, &XN, lw->w[M2D_T_KV_A], 0, &C, 0.0f, e->prec);
+    B->rmsnorm(e->be, &C, lw->w[M2D_T_KV_A_NORM], c->rms_norm_eps, &C);
+    for (int h = 0; h < H; h++) { /* kv_b_proj's rows of head h: [k_nope | v]; the shared rotated key */
+        size_t o = (size_t)h * hd;
+        m2d_mat KN = m2d_mat_of(w->k, o, n, nope, qd), KR = m2d_mat_of(w->k, o + nope, n, rope, qd);
+        m2d_mat V = m2d_mat_of(w->v, o, n, vd, qd);
+        B->gemm(e->be, &C, lw->w[M2D_T_KV_B], h * (nope + vd), &KN, 0.0f, e->prec);
+        B->gemm(e->be, &C, lw->w[M2D_T_KV_B], h * (nope + vd) + nope, &V, 0.0f, e->prec);
+        B->gemm(e->be, &XN, lw->w[M2D_T_KV_A], kr, &KR, 0.0f, e->prec);
+    }
+    /* RoPE of the rope part (the last dims of each head): the heads viewed from column nope on */
+    m2d_mat QR = m2d_mat_of(w->q, nope, n, qd - nope, qd), KR = m2d_mat_of(w->k, nope, n, qd - nope, qd);
+    B->rope(e->be, &QR, H, hd, w->pos, &e->rope);
+    B->rope(e->be, &KR, H, hd, w->pos, &e->rope);
+}
+
+/* attention of every segment over its prefix and itself, the KV append, o_proj (+ bias) into the
+ * residual stream */
+static void attend(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
     const m2d_config *c = &e->m->cfg;
     const m2d_backend_ops *B = e->B;
     m2d_backend *be = e->be;
     const layer_weights *lw = &e->lw[l];
     int n = w->n, d = c->hidden_size, H = c->num_attention_heads, KV = c->num_key_value_heads, hd = c->head_dim;
     int qd = H * hd, kvd = KV * hd;
-    m2d_mat X = m2d_mat_of(w->x, 0, n, d, d), XN = m2d_mat_of(w->xn, 0, n, d, d);
-    m2d_mat Q = m2d_mat_of(w->q, 0, n, qd, qd), K = m2d_mat_of(w->k, 0, n, kvd, kvd), V = m2d_mat_of(w->v, 0, n, kvd, kvd);
-    B->rmsnorm(be, &X, lw->w[M2D_T_ATTN_NORM], c->rms_norm_eps, &XN);
-    B->gemm(be, &XN, lw->w[M2D_T_Q], 0, &Q, 0.0f, e->prec);
-    B->gemm(be, &XN, lw->w[M2D_T_K], 0, &K, 0.0f, e->prec);
-    B->gemm(be, &XN, lw->w[M2D_T_V], 0, &V, 0.0f, e->prec);
-    bias(e, &Q, lw->w[M2D_T_Q_BIAS]);
-    bias(e, &K, lw->w[M2D_T_K_BIAS]);
-    bias(e, &V, lw->w[M2D_T_V_BIAS]);
-    qk_norm(e, lw, w);
-    B->rope(be, &Q, H, hd, w->pos, &e->rope);
-    B->rope(be, &K, KV, hd, w->pos, &e->rope);
     const m2d_kv *pre = p->prefix;
     for (int s = 0; s < p->n_seg; s++) {
         size_t o = (size_t)p->seg_off[s];
@@ -369,16 +461,28 @@ static void attention_block(m2d_engine *e, int l, const fwd_ws *w, const seg_pla
                            .head_dim = hd,
                            .out = m2d_mat_of(w->att, o * qd, ns, qd, qd),
                            .window = c->layer_window ? c->layer_window[l] : 0,
-                           .sinks = lw->w[M2D_T_SINKS]};
+                           .sinks = lw->w[M2D_T_SINKS],
+                           .scale = (float)c->attn_scale};
         B->attention(be, &a);
     }
     if (p->append) {
         m2d_kv *kv = p->append;
+        m2d_mat K = m2d_mat_of(w->k, 0, n, kvd, kvd), V = m2d_mat_of(w->v, 0, n, kvd, kvd);
         B->kv_append(be, kv->k, kv->v, (size_t)l * KV * kv->cap * hd, (size_t)kv->cap * hd, kv->len, &K, &V, KV, hd);
     }
-    m2d_mat ATT = m2d_mat_of(w->att, 0, n, qd, qd);
+    m2d_mat X = m2d_mat_of(w->x, 0, n, d, d), ATT = m2d_mat_of(w->att, 0, n, qd, qd);
     B->gemm(be, &ATT, lw->w[M2D_T_O], 0, &X, 1.0f, e->prec); /* residual add */
     bias(e, &X, lw->w[M2D_T_O_BIAS]);
+}
+
+static void attention_block(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
+    const m2d_config *c = &e->m->cfg;
+    int n = w->n, d = c->hidden_size;
+    m2d_mat X = m2d_mat_of(w->x, 0, n, d, d), XN = m2d_mat_of(w->xn, 0, n, d, d);
+    e->B->rmsnorm(e->be, &X, e->lw[l].w[M2D_T_ATTN_NORM], c->rms_norm_eps, &XN);
+    if (c->ops.attn == M2D_ATTN_MLA) mla_qkv(e, l, w);
+    else gqa_qkv(e, l, w);
+    attend(e, l, w, p);
 }
 
 /* The hook's host view of one MoE layer's routing (downloaded only because a hook is set). */
@@ -412,7 +516,8 @@ static int moe_block(m2d_engine *e, int l, const fwd_ws *w) {
     m2d_mat XN = m2d_mat_of(w->xn, 0, n, d, d), P = m2d_mat_of(w->probs, 0, n, E, E);
     e->B->gemm(e->be, &XN, lw->w[M2D_T_ROUTER], 0, &P, 0.0f, e->prec);
     bias(e, &P, lw->w[M2D_T_ROUTER_BIAS]);
-    m2d_route_args r = {.kind = c->ops.router, .renorm = c->ops.router_renorm, .k = k};
+    m2d_route_args r = {.kind = c->ops.router, .renorm = c->ops.router_renorm, .k = k, .n_group = c->n_group,
+                        .topk_group = c->topk_group, .scale = (float)c->routed_scaling_factor};
     e->B->route(e->be, &P, &r, w->topk, w->gates);
     if (e->hook && call_hook(e, l, w)) return -1;
     m2d_moe_args a = {.x = XN,
@@ -452,6 +557,29 @@ static void dense_ffn(m2d_engine *e, m2d_weight *const *wt, const m2d_mat *x, in
     bias(e, y, wt[M2D_T_DOWN_BIAS]);
 }
 
+/* The always-on shared experts of an MoE layer: ffo += shared(xn), each token's output times
+ * sigmoid(w . xn) when the layer has a shared-expert gate (Qwen2-MoE), unscaled without (DeepSeek) */
+static void shared_experts(m2d_engine *e, int l, const fwd_ws *w) {
+    const layer_weights *lw = &e->lw[l];
+    if (!lw->w[M2D_T_SHARED_GATE]) return;
+    const m2d_config *c = &e->m->cfg;
+    int n = w->n, d = c->hidden_size, width = c->shared_expert_intermediate_size;
+    m2d_weight *wt[M2D_T_COUNT] = {0};
+    wt[M2D_T_GATE] = lw->w[M2D_T_SHARED_GATE];
+    wt[M2D_T_UP] = lw->w[M2D_T_SHARED_UP];
+    wt[M2D_T_DOWN] = lw->w[M2D_T_SHARED_DOWN];
+    m2d_mat XN = m2d_mat_of(w->xn, 0, n, d, d), FFO = m2d_mat_of(w->ffo, 0, n, d, d);
+    if (!lw->w[M2D_T_SHARED_EXPERT_GATE]) {
+        dense_ffn(e, wt, &XN, width, w->g, w->u, &FFO, 1.0f);
+        return;
+    }
+    m2d_mat S = m2d_mat_of(w->sh, 0, n, d, d), G = m2d_mat_of(w->shl, 0, n, 1, 1);
+    dense_ffn(e, wt, &XN, width, w->g, w->u, &S, 0.0f);
+    e->B->gemm(e->be, &XN, lw->w[M2D_T_SHARED_EXPERT_GATE], 0, &G, 0.0f, e->prec);
+    e->B->sigmoid_scale(e->be, &S, &G);
+    e->B->add(e->be, &FFO, &S);
+}
+
 static int ffn_block(m2d_engine *e, int l, const fwd_ws *w) {
     const m2d_config *c = &e->m->cfg;
     int n = w->n, d = c->hidden_size;
@@ -462,6 +590,7 @@ static int ffn_block(m2d_engine *e, int l, const fwd_ws *w) {
         return 0;
     }
     if (moe_block(e, l, w)) return -1;
+    shared_experts(e, l, w);
     m2d_mat FFO = m2d_mat_of(w->ffo, 0, n, d, d);
     e->B->add(e->be, &X, &FFO);
     return 0;

@@ -23,10 +23,10 @@
 
 #include "base/util.h"
 #include "io/mxfp4.h"
-#include "model/arch_qwen3.h"
+#include "model/decoder.h"
 #include "model/rope.h"
 
-static const m2d_decoder_defaults GPTOSS = {.theta = 150000.0, .rms_norm_eps = 1e-5, .max_position_embeddings = 131072};
+static const m2d_decoder_defaults GPTOSS = {.rope_theta = 150000.0, .rms_norm_eps = 1e-5, .max_position_embeddings = 131072};
 
 /* layer_types (absent: GptOssConfig's default, sliding on even layers) onto cfg->layer_window */
 static int parse_layer_types(const void *json, const char *path, m2d_config *c) {
@@ -112,7 +112,7 @@ static int gptoss_parse(const void *json, const char *path, m2d_config *c) {
     c->ops.ffn_act = M2D_ACT_SWIGLU_CLAMP, c->ops.rope = M2D_ROPE_NEOX;
     c->decoder_sparse_step = 1;
     if (m2d_config_derive_layers(c, path) != 0) return -1;
-    return m2d_qwen3_check_config(c, path);
+    return m2d_decoder_check(c, path);
 }
 
 /* ---- the experts' stored layouts into per-expert role tensors ---- */
@@ -389,15 +389,7 @@ static m2d_param_counts gptoss_param_counts(const m2d_config *c) {
 
 #define LAYER_ "model.layers.%d."
 static const m2d_tensor_spec gptoss_tensors[] = {
-    {M2D_SCOPE_MODEL, M2D_M_EMBED, "model.embed_tokens.weight", {M2D_DIM_VOCAB, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_MODEL, M2D_M_FINAL_NORM, "model.norm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0},
-    {M2D_SCOPE_MODEL, M2D_M_LM_HEAD, "lm_head.weight", {M2D_DIM_VOCAB, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_ATTN_NORM, LAYER_ "input_layernorm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_FFN_NORM, LAYER_ "post_attention_layernorm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_Q, LAYER_ "self_attn.q_proj.weight", {M2D_DIM_Q, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_K, LAYER_ "self_attn.k_proj.weight", {M2D_DIM_KV, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_V, LAYER_ "self_attn.v_proj.weight", {M2D_DIM_KV, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_O, LAYER_ "self_attn.o_proj.weight", {M2D_DIM_HIDDEN, M2D_DIM_Q}, 0},
+    M2D_DECODER_TENSORS,
     {M2D_SCOPE_LAYER, M2D_T_Q_BIAS, LAYER_ "self_attn.q_proj.bias", {M2D_DIM_Q, M2D_DIM_NONE}, 0},
     {M2D_SCOPE_LAYER, M2D_T_K_BIAS, LAYER_ "self_attn.k_proj.bias", {M2D_DIM_KV, M2D_DIM_NONE}, 0},
     {M2D_SCOPE_LAYER, M2D_T_V_BIAS, LAYER_ "self_attn.v_proj.bias", {M2D_DIM_KV, M2D_DIM_NONE}, 0},

@@ -10,9 +10,10 @@
 
 #include "base/util.h"
 #include "model/arch_qwen3.h"
+#include "model/decoder.h"
 
-static const m2d_decoder_defaults MIXTRAL = {.theta = 1000000.0, .rms_norm_eps = 1e-5, .max_position_embeddings = 131072};
-static const m2d_decoder_defaults MISTRAL = {.theta = 10000.0, .rms_norm_eps = 1e-6, .max_position_embeddings = 131072};
+static const m2d_decoder_defaults MIXTRAL = {.rope_theta = 1000000.0, .rms_norm_eps = 1e-5, .max_position_embeddings = 131072};
+static const m2d_decoder_defaults MISTRAL = {.rope_theta = 10000.0, .rms_norm_eps = 1e-6, .max_position_embeddings = 131072};
 
 /* sliding_window (null: full attention; absent: DFLT) onto every layer */
 static int parse_window(const void *json, const char *path, int dflt, m2d_config *c) {
@@ -29,9 +30,6 @@ static int parse_window(const void *json, const char *path, int dflt, m2d_config
 /* what Mixtral and Mistral share: sizes, silu, the window, Mistral attention (no q/k norm, no biases) */
 static int parse_common(const void *json, const char *path, const m2d_decoder_defaults *d, int window_dflt,
                         m2d_config *c) {
-    const char *act;
-    if (m2d_cfg_str(json, path, "hidden_act", 0, "silu", &act) != 0) return -1;
-    if (strcmp(act, "silu") != 0) return m2d_err1("%s: field 'hidden_act': '%s' is not supported (only silu)", path, act);
     if (m2d_decoder_parse(json, path, d, c) != 0 || parse_window(json, path, window_dflt, c) != 0) return -1;
     c->ops = (m2d_layer_ops){.qk_norm = M2D_QK_NORM_NONE, .router = M2D_ROUTER_SOFTMAX_TOPK, .router_renorm = true,
                              .ffn_act = M2D_ACT_SWIGLU, .rope = M2D_ROPE_NEOX};
@@ -53,7 +51,7 @@ static int mixtral_parse(const void *json, const char *path, m2d_config *c) {
     /* MixtralTopKRouter: softmax over all logits, top-k, then always divided by their sum */
     c->norm_topk_prob = true;
     if (m2d_config_derive_layers(c, path) != 0) return -1;
-    return m2d_qwen3_check_config(c, path);
+    return m2d_decoder_check(c, path);
 }
 
 static int mistral_parse(const void *json, const char *path, m2d_config *c) {
@@ -62,7 +60,7 @@ static int mistral_parse(const void *json, const char *path, m2d_config *c) {
         m2d_cfg_check_max(path, "intermediate_size", c->intermediate_size, 1 << 20) != 0)
         return -1;
     if (m2d_config_derive_layers(c, path) != 0) return -1;
-    return m2d_qwen3_check_config(c, path);
+    return m2d_decoder_check(c, path);
 }
 
 static void set_item(cJSON *obj, const char *key, cJSON *v) {
@@ -76,8 +74,8 @@ static void pin_mixtral_defaults(cJSON *j) {
     if (!cJSON_HasObjectItem(j, "sliding_window")) cJSON_AddNullToObject(j, "sliding_window");
     if (!cJSON_HasObjectItem(j, "rms_norm_eps")) cJSON_AddNumberToObject(j, "rms_norm_eps", MIXTRAL.rms_norm_eps);
     cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
-    if (cJSON_IsObject(rp) && !cJSON_HasObjectItem(rp, "rope_theta")) cJSON_AddNumberToObject(rp, "rope_theta", MIXTRAL.theta);
-    else if (!cJSON_IsObject(rp) && !cJSON_HasObjectItem(j, "rope_theta")) cJSON_AddNumberToObject(j, "rope_theta", MIXTRAL.theta);
+    if (cJSON_IsObject(rp) && !cJSON_HasObjectItem(rp, "rope_theta")) cJSON_AddNumberToObject(rp, "rope_theta", MIXTRAL.rope_theta);
+    else if (!cJSON_IsObject(rp) && !cJSON_HasObjectItem(j, "rope_theta")) cJSON_AddNumberToObject(j, "rope_theta", MIXTRAL.rope_theta);
 }
 
 static const char *const MIXTRAL_MOE_KEYS[] = {"num_local_experts", "num_experts", "num_experts_per_tok",
@@ -95,19 +93,8 @@ static int mixtral_student_config(void *json, const m2d_student_shape *s, const 
 }
 
 #define LAYER_ "model.layers.%d."
-#define MISTRAL_ATTENTION                                                                                          \
-    {M2D_SCOPE_MODEL, M2D_M_EMBED, "model.embed_tokens.weight", {M2D_DIM_VOCAB, M2D_DIM_HIDDEN}, 0},                \
-    {M2D_SCOPE_MODEL, M2D_M_FINAL_NORM, "model.norm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0},                     \
-    {M2D_SCOPE_MODEL, M2D_M_LM_HEAD, "lm_head.weight", {M2D_DIM_VOCAB, M2D_DIM_HIDDEN}, 0},                          \
-    {M2D_SCOPE_LAYER, M2D_T_ATTN_NORM, LAYER_ "input_layernorm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0},          \
-    {M2D_SCOPE_LAYER, M2D_T_FFN_NORM, LAYER_ "post_attention_layernorm.weight", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0},  \
-    {M2D_SCOPE_LAYER, M2D_T_Q, LAYER_ "self_attn.q_proj.weight", {M2D_DIM_Q, M2D_DIM_HIDDEN}, 0},                    \
-    {M2D_SCOPE_LAYER, M2D_T_K, LAYER_ "self_attn.k_proj.weight", {M2D_DIM_KV, M2D_DIM_HIDDEN}, 0},                   \
-    {M2D_SCOPE_LAYER, M2D_T_V, LAYER_ "self_attn.v_proj.weight", {M2D_DIM_KV, M2D_DIM_HIDDEN}, 0},                   \
-    {M2D_SCOPE_LAYER, M2D_T_O, LAYER_ "self_attn.o_proj.weight", {M2D_DIM_HIDDEN, M2D_DIM_Q}, 0}
-
 static const m2d_tensor_spec mixtral_tensors[] = {
-    MISTRAL_ATTENTION,
+    M2D_DECODER_TENSORS,
     {M2D_SCOPE_MOE, M2D_T_ROUTER, LAYER_ "block_sparse_moe.gate.weight", {M2D_DIM_EXPERTS, M2D_DIM_HIDDEN}, 0},
     {M2D_SCOPE_EXPERT, M2D_X_EXP_GATE, LAYER_ "block_sparse_moe.experts.%d.w1.weight", {M2D_DIM_EXPERT_FFN, M2D_DIM_HIDDEN}, 0},
     {M2D_SCOPE_EXPERT, M2D_X_EXP_UP, LAYER_ "block_sparse_moe.experts.%d.w3.weight", {M2D_DIM_EXPERT_FFN, M2D_DIM_HIDDEN}, 0},
@@ -116,13 +103,10 @@ static const m2d_tensor_spec mixtral_tensors[] = {
 };
 
 static const m2d_tensor_spec mistral_tensors[] = {
-    MISTRAL_ATTENTION,
-    {M2D_SCOPE_DENSE, M2D_T_GATE, LAYER_ "mlp.gate_proj.weight", {M2D_DIM_FFN, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_DENSE, M2D_T_UP, LAYER_ "mlp.up_proj.weight", {M2D_DIM_FFN, M2D_DIM_HIDDEN}, 0},
-    {M2D_SCOPE_DENSE, M2D_T_DOWN, LAYER_ "mlp.down_proj.weight", {M2D_DIM_HIDDEN, M2D_DIM_FFN}, 0},
+    M2D_DECODER_TENSORS,
+    M2D_DECODER_DENSE_FFN_TENSORS,
     {0},
 };
-#undef MISTRAL_ATTENTION
 #undef LAYER_
 
 M2D_ARCH(mixtral, .name = "MixtralForCausalLM",

@@ -5,22 +5,11 @@
 
 #include "model/model.h"
 
-/* The fields every decoder family reads alike (transformers' PreTrainedConfig conventions): model_type,
- * vocab, hidden, layers, heads, kv heads (absent: heads), head_dim (absent: hidden / heads),
- * max_position_embeddings, RoPE (m2d_rope_parse), rms_norm_eps, tie_word_embeddings, bos/eos, dtype;
- * with the family's defaults for the fields that may be absent, and limits on every size. */
-typedef struct { double theta, rms_norm_eps; int max_position_embeddings; } m2d_decoder_defaults;
-int m2d_decoder_parse(const void *json, const char *path, const m2d_decoder_defaults *d, m2d_config *cfg);
-/* num_experts (the Hub's config.json) or num_local_experts (what save_pretrained of transformers
- * >= 5 writes, and Mixtral's / GPT-OSS's own name); both present must agree. */
-int m2d_cfg_num_experts(const void *json, const char *path, int *out);
 /* Attention, embedding, norm, RoPE and token fields common to Qwen3 and Qwen3-MoE, plus the
  * rejection of features we do not implement (attention_bias, sliding window, activations other
  * than silu; RoPE types other than default, linear and yarn: model/rope.h). Sets cfg->ops to Qwen3's (q/k norm per head, softmax top-k
  * router renormalised per norm_topk_prob, SwiGLU, rotate-half RoPE). */
 int m2d_qwen3_parse_common(const void *json, const char *path, m2d_config *cfg);
-/* Sanity of the parsed sizes (heads divide, positive sizes, k <= E, ...). */
-int m2d_qwen3_check_config(const m2d_config *cfg, const char *path);
 /* Dense Qwen3's config (every layer dense, intermediate_size required). */
 int m2d_qwen3_parse(const void *json, const char *path, m2d_config *cfg);
 /* Qwen3-MoE's config fields on top of the common ones (experts, router, sparse layers). */

@@ -6,16 +6,7 @@
 #include <stdlib.h>
 
 #include "base/util.h"
-
-int m2d_cfg_num_experts(const void *json, const char *path, int *out) {
-    int a = m2d_cfg_has(json, "num_experts"), b = m2d_cfg_has(json, "num_local_experts"), other;
-    if (m2d_cfg_pos_int(json, path, b && !a ? "num_local_experts" : "num_experts", 1, 0, out) != 0) return -1;
-    if (!a || !b) return 0;
-    if (m2d_cfg_pos_int(json, path, "num_local_experts", 1, 0, &other) != 0) return -1;
-    if (other != *out)
-        return m2d_err1("%s: field 'num_local_experts': %d disagrees with num_experts %d", path, other, *out);
-    return 0;
-}
+#include "model/decoder.h"
 
 int m2d_qwen3moe_parse(const void *json, const char *path, m2d_config *c) {
     if (m2d_qwen3_parse_common(json, path, c) != 0) return -1;
@@ -45,18 +36,13 @@ int m2d_qwen3moe_parse(const void *json, const char *path, m2d_config *c) {
     }
     c->ops.router_renorm = c->norm_topk_prob;
     if (m2d_config_derive_layers(c, path) != 0) return -1;
-    return m2d_qwen3_check_config(c, path);
+    return m2d_decoder_check(c, path);
 }
 
 /* Keys that only make sense for an MoE (dropped from a dense student's config.json). */
 static const char *const MOE_KEYS[] = {"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
                                        "decoder_sparse_step", "mlp_only_layers", "output_router_logits",
                                        "router_aux_loss_coef"};
-
-static void set_number(cJSON *j, const char *key, double v) {
-    cJSON_DeleteItemFromObject(j, key);
-    cJSON_AddNumberToObject(j, key, v);
-}
 
 int m2d_qwen3moe_student_config(void *json, const m2d_student_shape *s, const char *path) {
     (void)path;
@@ -67,14 +53,12 @@ int m2d_qwen3moe_student_config(void *json, const m2d_student_shape *s, const ch
                               ? "num_local_experts" : "num_experts";
         cJSON_DeleteItemFromObject(j, "num_experts");
         cJSON_DeleteItemFromObject(j, "num_local_experts");
-        set_number(j, key, s->n_experts);
-        set_number(j, "num_experts_per_tok", s->top_k);
+        m2d_json_set_number(j, key, s->n_experts);
+        m2d_json_set_number(j, "num_experts_per_tok", s->top_k);
         return 0;
     }
-    cJSON_ReplaceItemInObject(j, "architectures", cJSON_CreateStringArray((const char *[]){"Qwen3ForCausalLM"}, 1));
-    cJSON_DeleteItemFromObject(j, "model_type");
-    cJSON_AddStringToObject(j, "model_type", "qwen3");
-    set_number(j, "intermediate_size", s->ffn_width);
+    m2d_json_set_arch(j, "Qwen3ForCausalLM", "qwen3");
+    m2d_json_set_number(j, "intermediate_size", s->ffn_width);
     for (size_t i = 0; i < M2D_ARRAY_LEN(MOE_KEYS); i++) cJSON_DeleteItemFromObject(j, MOE_KEYS[i]);
     return 0;
 }

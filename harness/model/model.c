@@ -140,6 +140,16 @@ int m2d_cfg_int_list(const void *json, const char *path, const char *name, int *
     return 0;
 }
 
+int m2d_cfg_num_experts(const void *json, const char *path, int *out) {
+    int a = m2d_cfg_has(json, "num_experts"), b = m2d_cfg_has(json, "num_local_experts"), other;
+    if (m2d_cfg_pos_int(json, path, b && !a ? "num_local_experts" : "num_experts", 1, 0, out) != 0) return -1;
+    if (!a || !b) return 0;
+    if (m2d_cfg_pos_int(json, path, "num_local_experts", 1, 0, &other) != 0) return -1;
+    if (other != *out)
+        return m2d_err1("%s: field 'num_local_experts': %d disagrees with num_experts %d", path, other, *out);
+    return 0;
+}
+
 int m2d_cfg_torch_dtype(const void *json, const char *path, m2d_dtype *out) {
     /* newer transformers write "dtype", older "torch_dtype"; absent means float32 (HF default) */
     const char *name = m2d_cfg_has(json, "torch_dtype") ? "torch_dtype" : "dtype";
@@ -251,7 +261,15 @@ int64_t m2d_dim_value(const m2d_config *c, m2d_dim dim) {
     case M2D_DIM_FFN: return c->intermediate_size;
     case M2D_DIM_EXPERT_FFN: return c->moe_intermediate_size;
     case M2D_DIM_EXPERTS: return c->num_experts;
+    case M2D_DIM_ONE: return 1;
+    case M2D_DIM_SHARED_FFN: return c->shared_expert_intermediate_size;
     case M2D_DIM_HEADS: return c->num_attention_heads;
+    case M2D_DIM_Q_LORA: return c->q_lora_rank;
+    case M2D_DIM_KV_LORA: return c->kv_lora_rank;
+    case M2D_DIM_KV_A: return (int64_t)c->kv_lora_rank + c->rope_dim;
+    case M2D_DIM_KV_B: return (int64_t)c->num_attention_heads * (c->qk_nope_head_dim + c->v_head_dim);
+    case M2D_DIM_ATTN_OUT:
+        return (int64_t)c->num_attention_heads * (c->ops.attn == M2D_ATTN_MLA ? c->v_head_dim : c->head_dim);
     }
     return 0;
 }
@@ -268,6 +286,11 @@ static int scope_in_layer(const m2d_config *c, m2d_scope scope, int l) {
     return 0;
 }
 
+/* Does the adapter's config switch this entry on (m2d_arch.tensor_present)? */
+static int spec_present(const m2d_arch *a, const m2d_config *c, const m2d_tensor_spec *sp) {
+    return !a || !a->tensor_present || a->tensor_present(c, sp->scope, sp->role);
+}
+
 static void spec_name(const m2d_tensor_spec *sp, int layer, int expert, char *buf, size_t cap) {
     /* the format takes the layer, then the expert (printf ignores extra arguments) */
     snprintf(buf, cap, sp->name, layer, expert);
@@ -278,6 +301,8 @@ static const m2d_tensor_spec *find_spec(const m2d_arch *a, m2d_scope scope, int 
         if (sp->scope == scope && sp->role == role) return sp;
     return NULL;
 }
+
+int m2d_arch_has_tensor(const m2d_arch *a, m2d_scope scope, int role) { return find_spec(a, scope, role) != NULL; }
 
 int m2d_arch_tensor_name(const m2d_arch *a, m2d_scope scope, int role, int layer, int expert, char *buf, size_t cap) {
     const m2d_tensor_spec *sp = find_spec(a, scope, role);
@@ -373,7 +398,7 @@ static int bind_layer(m2d_model *m, int l) {
     m2d_layer *L = &m->layers[l];
     int E = m->cfg.num_experts;
     for (const m2d_tensor_spec *sp = a->tensors; sp && sp->name; sp++) {
-        if (!scope_in_layer(&m->cfg, sp->scope, l)) continue;
+        if (!scope_in_layer(&m->cfg, sp->scope, l) || !spec_present(a, &m->cfg, sp)) continue;
         if (sp->scope != M2D_SCOPE_EXPERT) {
             if (!(L->w[sp->role] = bind_spec(m, sp, l, 0))) return -1;
             continue;
@@ -529,7 +554,7 @@ static int64_t spec_numel(const m2d_tensor_spec *sp, const m2d_config *c) {
 static int64_t scope_numel(const m2d_arch *a, const m2d_config *c, m2d_scope scope) {
     int64_t n = 0;
     for (const m2d_tensor_spec *sp = a ? a->tensors : NULL; sp && sp->name; sp++)
-        if (sp->scope == scope) n += spec_numel(sp, c);
+        if (sp->scope == scope && spec_present(a, c, sp)) n += spec_numel(sp, c);
     return n;
 }
 
@@ -540,22 +565,24 @@ m2d_param_counts m2d_param_counts_table(const m2d_arch *a, const m2d_config *c) 
             model += spec_numel(sp, c);
     int64_t base = scope_numel(a, c, M2D_SCOPE_LAYER), dense = scope_numel(a, c, M2D_SCOPE_DENSE);
     int64_t router = scope_numel(a, c, M2D_SCOPE_MOE), expert = scope_numel(a, c, M2D_SCOPE_EXPERT);
-    /* the dense student merges K selected experts into k groups: its dense FFN of width k * d_e */
+    /* the dense student merges K selected experts into k groups, next to the shared experts: one
+     * FFN width k * d_e + shared in every layer (the teacher's dense layers are zero-padded to it) */
     const m2d_arch *st = a && a->student ? m2d_arch_find(a->student) : NULL;
     m2d_config sc = *c;
-    sc.intermediate_size = c->num_experts_per_tok * c->moe_intermediate_size;
+    sc.intermediate_size = c->num_experts_per_tok * c->moe_intermediate_size + c->shared_expert_intermediate_size;
     int64_t student_ffn = scope_numel(st ? st : a, &sc, M2D_SCOPE_DENSE);
+    int any_moe = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) any_moe |= c->layer_is_moe && c->layer_is_moe[l];
     m2d_param_counts p = {model, model, model};
     for (int l = 0; l < c->num_hidden_layers; l++) {
         if (c->layer_is_moe && c->layer_is_moe[l]) {
             p.total += base + router + expert * c->num_experts;
             p.active += base + router + expert * c->num_experts_per_tok;
-            p.dense_student += base + student_ffn;
         } else {
             p.total += base + dense;
             p.active += base + dense;
-            p.dense_student += base + dense;
         }
+        p.dense_student += base + (any_moe ? student_ffn : dense);
     }
     return p;
 }

@@ -19,6 +19,9 @@
  * (kernels size their per-head scratch by it): 1024, four times the largest heads (256) of released
  * models; configs beyond it are refused when parsed. */
 #define M2D_MAX_HEAD_DIM 1024
+/* One limit on DeepSeek's expert groups (n_group), for the config reader and the router kernels
+ * (DeepSeek-V2: 8). */
+#define M2D_MAX_EXPERT_GROUPS 64
 
 /* ---- what the layers compute (the adapter's ops description) ----
  * The engine reads these and the tensor roles below, never an architecture name. Adding a
@@ -47,7 +50,17 @@ typedef enum {
     M2D_ROPE_INTERLEAVED,    /* adjacent pairs (2i, 2i + 1) of the first rot dims (DeepSeek-V2, GPT-J) */
 } m2d_rope_kind;
 
+typedef enum {
+    M2D_ATTN_GQA,            /* q/k/v_proj, grouped-query attention */
+    M2D_ATTN_MLA,            /* DeepSeek-V2's multi-head latent attention: q from q_proj or the q LoRA
+                              * (q_a_proj, its RMSNorm, q_b_proj); k/v from the normed kv latent
+                              * (kv_b_proj) per head, k's last rope dims one rotated key shared by all
+                              * heads (kv_a_proj_with_mqa's tail); heads of qk_nope + qk_rope dims
+                              * (cfg->head_dim), values of v_head_dim (padded with zeros to head_dim) */
+} m2d_attn_kind;
+
 typedef struct {
+    m2d_attn_kind attn;
     m2d_qk_norm qk_norm;
     m2d_router_kind router;
     bool router_renorm;     /* gates = p / sum of the k selected p (HF norm_topk_prob) */
@@ -61,6 +74,8 @@ typedef struct {
     char model_type[32];    /* "qwen3_moe" */
     int vocab_size, hidden_size, intermediate_size, moe_intermediate_size;
     int num_experts, num_experts_per_tok; /* 0 experts: dense model */
+    int shared_expert_intermediate_size; /* width of the always-on shared experts of an MoE layer
+                                          * (DeepSeek: n_shared_experts * d_e); 0: none */
     bool norm_topk_prob;    /* as in config.json; the engine reads ops.router_renorm */
     int decoder_sparse_step;
     int *mlp_only_layers; int n_mlp_only_layers;
@@ -68,7 +83,16 @@ typedef struct {
     double rope_theta, rms_norm_eps;
     m2d_rope_scaling rope_scaling; /* rope_scaling / rope_parameters beyond theta (model/rope.h) */
     int rope_dim;           /* dimensions rotated per head (0: head_dim): the first ones, or MLA's rope part */
+    double attn_scale;      /* softmax scale of the attention scores (0: 1/sqrt(head_dim)) */
+    /* M2D_ATTN_MLA (DeepSeek-V2): q LoRA rank (0: q_proj), kv latent rank, head parts */
+    int q_lora_rank, kv_lora_rank, qk_nope_head_dim, v_head_dim;
+    /* router: group-limited top-k (n_group groups, the top topk_group by their best expert; 0: off)
+     * and the factor on the gates (DeepSeek's routed_scaling_factor; 0: 1) */
+    int n_group, topk_group;
+    double routed_scaling_factor;
     bool tie_word_embeddings;
+    bool qkv_bias, o_bias;  /* the attention projections carry biases (the adapter's tensor_present) */
+    double clip_qkv;        /* q, k, v clamped to [-clip_qkv, clip_qkv] after the q/k norm (OLMoE); 0: off */
     int max_position_embeddings;
     int bos_token_id, eos_token_id; /* -1 when null/absent */
     m2d_dtype torch_dtype;
@@ -113,7 +137,17 @@ typedef struct {
     X(GATE_BIAS, gate_bias, M2D_PART_FFN)     /* dense FFN [inter] */                        \
     X(UP_BIAS, up_bias, M2D_PART_FFN)         /* dense FFN [inter] */                        \
     X(DOWN_BIAS, down_bias, M2D_PART_FFN)     /* dense FFN [d] */                            \
-    X(ROUTER_BIAS, router_bias, M2D_PART_FFN) /* MoE router [E] */
+    X(ROUTER_BIAS, router_bias, M2D_PART_FFN) /* MoE router [E] */                        \
+    X(Q_A, q_a_proj, M2D_PART_LAYER)          /* MLA: q LoRA down [q_lora, d] */            \
+    X(Q_A_NORM, q_a_norm, M2D_PART_LAYER)     /* MLA: its RMSNorm [q_lora] */                \
+    X(Q_B, q_b_proj, M2D_PART_LAYER)          /* MLA: q LoRA up [heads*head_dim, q_lora] */  \
+    X(KV_A, kv_a_proj, M2D_PART_LAYER)        /* MLA: [kv_lora + rope, d] latent + rope key */ \
+    X(KV_A_NORM, kv_a_norm, M2D_PART_LAYER)   /* MLA: the latent's RMSNorm [kv_lora] */      \
+    X(KV_B, kv_b_proj, M2D_PART_LAYER)        /* MLA: [heads*(nope + v), kv_lora] */         \
+    X(SHARED_GATE, shared_gate_proj, M2D_PART_FFN) /* the always-on shared experts of an    */ \
+    X(SHARED_UP, shared_up_proj, M2D_PART_FFN)     /* MoE layer (DeepSeek, Qwen2-MoE) as one */ \
+    X(SHARED_DOWN, shared_down_proj, M2D_PART_FFN) /* SwiGLU [shared, d] x2, [d, shared]    */ \
+    X(SHARED_EXPERT_GATE, shared_expert_gate, M2D_PART_FFN) /* [1, d]: x sigmoid(w.x) (Qwen2-MoE) */
 /* Per-expert roles of an MoE layer: arrays of E tensors (the biases optional: NULL arrays). */
 #define M2D_EXPERT_ROLES(X)                                                                   \
     X(EXP_GATE, exp_gate) /* [d_e, d] */                                                      \
@@ -171,7 +205,14 @@ typedef enum {
     M2D_DIM_FFN,            /* intermediate_size (dense FFN width) */
     M2D_DIM_EXPERT_FFN,     /* moe_intermediate_size */
     M2D_DIM_EXPERTS,        /* num_experts */
+    M2D_DIM_ONE,            /* 1 (the router row of a dense layer stored as one expert) */
+    M2D_DIM_SHARED_FFN,     /* shared_expert_intermediate_size */
     M2D_DIM_HEADS,          /* num_attention_heads */
+    M2D_DIM_Q_LORA,         /* MLA: q_lora_rank */
+    M2D_DIM_KV_LORA,        /* MLA: kv_lora_rank */
+    M2D_DIM_KV_A,           /* MLA: kv_lora_rank + rope dims */
+    M2D_DIM_KV_B,           /* MLA: heads * (qk_nope_head_dim + v_head_dim) */
+    M2D_DIM_ATTN_OUT,       /* heads * v_head_dim (MLA) or heads * head_dim: o_proj's input */
 } m2d_dim;
 
 typedef struct {
@@ -187,9 +228,10 @@ int64_t m2d_dim_value(const m2d_config *cfg, m2d_dim dim);
 
 typedef struct m2d_arch m2d_arch;
 
-/* Parameter counts (elements): total, active per token (top-k experts, embeddings and routers
- * included), and the dense student with K selected experts merged into k groups (width k*d_e
- * per MoE layer, no router) -- the same for every K. */
+/* Parameter counts (elements): total, active per token (top-k experts, shared experts, embeddings
+ * and routers included), and the dense student with K selected experts merged into k groups
+ * (width k*d_e + the shared experts' in every layer, dense layers zero-padded to it, no router)
+ * -- the same for every K. */
 typedef struct { int64_t total, active, dense_student; } m2d_param_counts;
 
 typedef struct {
@@ -232,6 +274,9 @@ struct m2d_arch {
     /* optional: parameter counts when the tensor table does not give them (NULL: counted from
      * the table, m2d_param_counts_table) */
     m2d_param_counts (*param_counts)(const m2d_config *cfg);
+    /* optional: whether the table's entries of SCOPE and ROLE occur under CFG (NULL: all of them),
+     * for tensors a config switches on or off (attention biases, DeepSeek's q_lora_rank) */
+    bool (*tensor_present)(const m2d_config *cfg, m2d_scope scope, int role);
     /* optional: stored layouts the table cannot bind (quantised or fused tensors, e.g. GPT-OSS's
      * MXFP4 blocks + scales and its fused, interleaved gate_up). Called by m2d_model_open after the
      * table is bound and before the unused-tensor check: fills the remaining roles with tensors it
@@ -278,6 +323,8 @@ m2d_param_counts m2d_param_counts_table(const m2d_arch *arch, const m2d_config *
  * -1 + m2d_err when the architecture has no such tensor. */
 int m2d_arch_tensor_name(const m2d_arch *arch, m2d_scope scope, int role, int layer, int expert, char *buf,
                          size_t cap);
+/* Whether ARCH's tensor table has an entry of SCOPE and ROLE (whatever the config). */
+int m2d_arch_has_tensor(const m2d_arch *arch, m2d_scope scope, int role);
 /* The student's config.json text (cJSON_Print of the teacher's config.json rewritten by the
  * teacher adapter's student_config); caller frees. -1 + m2d_err when the teacher has no student
  * or no config text. */
@@ -298,6 +345,9 @@ int m2d_cfg_str(const void *json, const char *path, const char *name, int requir
                 const char **out); /* *out points into JSON */
 int m2d_cfg_int_list(const void *json, const char *path, const char *name, int **out, int *n); /* malloc'd */
 int m2d_cfg_torch_dtype(const void *json, const char *path, m2d_dtype *out); /* torch_dtype or dtype */
+/* num_experts (the Hub's spelling) or num_local_experts (what save_pretrained of transformers >= 5
+ * writes for some families; an alias there); both present must agree. Required, positive. */
+int m2d_cfg_num_experts(const void *json, const char *path, int *out);
 /* Fill cfg->layer_is_moe from num_experts, mlp_only_layers and decoder_sparse_step (HF Qwen3-MoE rule). */
 int m2d_config_derive_layers(m2d_config *cfg, const char *path);
 /* Tensor NAME with shape [d0] (ndim 1) or [d0, d1] (ndim 2) and a float dtype; else NULL and an
