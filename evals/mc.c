@@ -370,29 +370,22 @@ static m2d_mc_task_result *results_add(m2d_mc_results *r, const char *name) {
     return t;
 }
 
-/* Streams dumped requests to PATH.tmp.PID; renamed into place only when the run succeeds. */
+/* Streams dumped requests into an atomic output (base/outfile.h): in place only when the run succeeds. */
 typedef struct {
-    FILE *f;
-    char *path, *tmp;
+    int open;
+    m2d_atomic_file f;
 } dump_file;
 
 static int dump_open(dump_file *d, const char *path) {
     memset(d, 0, sizeof *d);
     if (!path) return 0;
-    d->path = m2d_strdup(path);
-    d->tmp = m2d_strfmt("%s.tmp.%d", path, (int)getpid());
-    d->f = fopen(d->tmp, "wb");
-    if (!d->f) {
-        m2d_err("%s: cannot write: %s", path, strerror(errno));
-        free(d->path); free(d->tmp);
-        memset(d, 0, sizeof *d);
-        return -1;
-    }
+    if (m2d_atomic_open(&d->f, path)) return -1;
+    d->open = 1;
     return 0;
 }
 
 static void dump_request(dump_file *d, const char *task, int doc, int choice, const m2d_ll_request *rq) {
-    if (!d->f) return;
+    if (!d->open) return;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "task", task);
     cJSON_AddNumberToObject(o, "doc", doc);
@@ -400,22 +393,17 @@ static void dump_request(dump_file *d, const char *task, int doc, int choice, co
     cJSON_AddStringToObject(o, "context", rq->context);
     cJSON_AddStringToObject(o, "continuation", rq->continuation);
     char *s = cJSON_PrintUnformatted(o);
-    fputs(s, d->f);
-    fputc('\n', d->f);
+    char *line = m2d_strfmt("%s\n", s);
+    m2d_atomic_write(&d->f, line, strlen(line)); /* a failure is kept and reported by the commit */
+    free(line);
     free(s);
     cJSON_Delete(o);
 }
 
 static int dump_close(dump_file *d, int ok) {
     int rc = 0;
-    if (d->f) {
-        if (fflush(d->f) != 0 || fsync(fileno(d->f)) != 0) ok = 0, rc = m2d_err("%s: write failed", d->path);
-        fclose(d->f);
-        if (ok && rename(d->tmp, d->path) != 0) rc = m2d_err("%s: rename failed: %s", d->path, strerror(errno));
-        if (!ok || rc) unlink(d->tmp);
-    }
-    free(d->path);
-    free(d->tmp);
+    if (d->open && ok) rc = m2d_atomic_commit(&d->f);
+    else if (d->open) m2d_atomic_abort(&d->f);
     memset(d, 0, sizeof *d);
     return rc;
 }

@@ -315,6 +315,15 @@ int m2d_ppl_gptq(m2d_engine *e, const m2d_tokenizer *tk, const char *text, size_
     return 0;
 }
 
+/* One page detokenized and encoded (lm-eval's wikitext doc_to_target). */
+static int encode_page(const m2d_tokenizer *tk, const char *page, int32_t **ids, size_t *n) {
+    char *det = m2d_ppl_detokenize(page);
+    if (!det) return -1;
+    int rc = encode(tk, det, strlen(det), ids, n);
+    free(det);
+    return rc;
+}
+
 int m2d_ppl_lmeval(m2d_engine *e, const m2d_tokenizer *tk, const char *text, size_t len, int seq_len,
                    int max_windows, m2d_ppl_result *out) {
     double t0 = m2d_now();
@@ -328,28 +337,31 @@ int m2d_ppl_lmeval(m2d_engine *e, const m2d_tokenizer *tk, const char *text, siz
     char **pages;
     int n_pages;
     m2d_ppl_split_pages(text, len, &pages, &n_pages);
-    /* tokenize everything first: the window count (progress, budget) needs it */
+    /* without a budget everything is tokenized first (the progress total); with one, each page
+     * when it is reached, so the work stays bounded by the budget (not by the file) */
     int32_t **toks = m2d_calloc((size_t)n_pages, sizeof(int32_t *));
     size_t *ntok = m2d_calloc((size_t)n_pages, sizeof(size_t));
     int rc = 0, total_windows = 0;
-    for (int d = 0; d < n_pages && rc == 0; d++) {
-        char *det = m2d_ppl_detokenize(pages[d]);
-        if (!det) rc = -1;
-        else rc = encode(tk, det, strlen(det), &toks[d], &ntok[d]);
-        free(det);
+    for (int d = 0; d < n_pages && rc == 0 && max_windows <= 0; d++) {
+        rc = encode_page(tk, pages[d], &toks[d], &ntok[d]);
         total_windows += (int)((ntok[d] + (size_t)L - 1) / (size_t)L);
     }
     double *lp = m2d_malloc(sizeof(double) * (size_t)L);
     int32_t *in = m2d_malloc(sizeof(int32_t) * (size_t)(L + 1));
     m2d_progress pr;
-    m2d_progress_start(&pr, "ppl lm-eval", max_windows > 0 ? M2D_MIN(max_windows, total_windows) : total_windows);
+    m2d_progress_start(&pr, "ppl lm-eval", max_windows > 0 ? max_windows : total_windows);
     double loglik = 0;
     for (int d = 0; d < n_pages && rc == 0; d++) {
+        if (!toks[d] && (rc = encode_page(tk, pages[d], &toks[d], &ntok[d]))) break;
         m2d_ppl_window *win;
         int nw;
         m2d_ppl_rolling_windows((int)ntok[d], L, &win, &nw);
-        if (max_windows > 0 && out->docs > 0 && out->windows + nw > max_windows) {
+        if (max_windows > 0 && out->windows + nw > max_windows) {
             free(win);
+            if (out->docs == 0)
+                rc = m2d_err("ppl: lm-eval: --max-windows %d: the first document alone needs %d windows of %d tokens, and "
+                             "this protocol scores whole documents only (raise --max-windows, or use --protocol gptq)",
+                             max_windows, nw, L);
             break;
         }
         double doc_ll = 0;

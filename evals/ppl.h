@@ -41,8 +41,9 @@ int m2d_ppl_gptq(m2d_engine *e, const m2d_tokenizer *tk, const char *text, size_
  * NULL: silent (e.g. inside the sweep's own progress). */
 int m2d_ppl_gptq_tokens(m2d_engine *e, const int32_t *ids, size_t n, int L, int max_windows,
                         const char *progress_label, m2d_ppl_result *out);
-/* max_windows > 0 stops before the first document whose windows would exceed the budget
- * (at least one document is always scored completely). */
+/* max_windows > 0 stops before the first document whose windows would exceed the budget: at
+ * most max_windows windows are scored, and pages past the budget are not even tokenized. Whole
+ * documents only: when the first one alone exceeds the budget, -1 + m2d_err (nothing scored). */
 int m2d_ppl_lmeval(m2d_engine *e, const m2d_tokenizer *tk, const char *text, size_t len, int seq_len,
                    int max_windows, m2d_ppl_result *out);
 

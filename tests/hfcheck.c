@@ -51,17 +51,9 @@ void hf_file_sha256(const char *path, char out[65]) {
     free(data);
 }
 
-static void copy_file(const char *from, const char *to) {
-    size_t n;
-    char *data = m2d_read_file(from, &n);
-    if (!data) fail_msg("%s", m2d_errmsg());
-    tu_write(to, data, n);
-    free(data);
-}
-
 void hf_copy_tokenizer(const char *dir) {
     char *tok = m2d_path_join(hf_golden_dir(), "tokenizer.json"), *tok_to = m2d_path_join(dir, "tokenizer.json");
-    copy_file(tok, tok_to);
+    tu_copy_file(tok, tok_to);
     free(tok), free(tok_to);
 }
 

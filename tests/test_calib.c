@@ -350,6 +350,58 @@ static void stats_file_bad_inputs(void **state) {
     free(bad);
 }
 
+/* A payload whose checksum is right but whose values no calibration produces (written by
+ * m2d_stats_write, so the sha256 matches): refused at load, naming the layer and the field. */
+static void expect_payload_error(file_fixture *f, const char *needle) {
+    char *bad = m2d_path_join(f->dir, "payload.bin");
+    if (m2d_stats_write(f->s, bad)) fail_msg("%s", m2d_errmsg());
+    expect_read_error(bad, needle);
+    assert_null(strchr(m2d_errmsg(), '\n'));
+    free(bad);
+}
+
+static void stats_payload_values_checked(void **state) {
+    file_fixture *f = *state;
+    m2d_layer_stats *ls = &f->s->layers[1];
+    int E = f->s->E, layer = ls->layer;
+    char *want = NULL;
+    double keep = ls->sum_f_all[3];
+    ls->sum_f_all[3] = NAN;
+    want = m2d_strfmt("layer %d: field 'sum_f_all'[3]: nan is not finite", layer);
+    expect_payload_error(f, want);
+    free(want);
+    ls->sum_f_all[3] = keep;
+    keep = ls->sum_g2[2];
+    ls->sum_g2[2] = -1;
+    want = m2d_strfmt("layer %d: field 'sum_g2'[2]: -1 is negative", layer);
+    expect_payload_error(f, want);
+    free(want);
+    ls->sum_g2[2] = keep;
+    /* all-zero routing counts: no token was routed anywhere */
+    double *n_keep = m2d_malloc((size_t)E * sizeof *n_keep);
+    memcpy(n_keep, ls->n, (size_t)E * sizeof *n_keep);
+    memset(ls->n, 0, (size_t)E * sizeof *ls->n);
+    want = m2d_strfmt("layer %d: field 'n': the routed counts sum to 0", layer);
+    expect_payload_error(f, want);
+    free(want);
+    memcpy(ls->n, n_keep, (size_t)E * sizeof *n_keep);
+    free(n_keep);
+    /* an off-diagonal Gram entry beyond Cauchy-Schwarz */
+    keep = ls->gram[1 * E + 0];
+    ls->gram[1 * E + 0] = 1e6 * (1 + ls->gram[0] + ls->gram[E + 1]);
+    want = m2d_strfmt("layer %d: field 'gram'[1][0]", layer);
+    expect_payload_error(f, want);
+    free(want);
+    ls->gram[1 * E + 0] = keep;
+    /* and restored, it loads */
+    char *ok = m2d_path_join(f->dir, "payload.bin");
+    if (m2d_stats_write(f->s, ok)) fail_msg("%s", m2d_errmsg());
+    m2d_stats *r;
+    assert_int_equal(m2d_stats_read(ok, &r), 0);
+    m2d_calib_stats_free(r);
+    free(ok);
+}
+
 static void stats_stale_model_detected(void **state) {
     file_fixture *f = *state;
     m2d_stats *r;
@@ -374,6 +426,7 @@ int main(void) {
         cmocka_unit_test(fast_matches_reference_tiny_teacher),
         cmocka_unit_test_setup_teardown(stats_file_roundtrip, file_setup, file_teardown),
         cmocka_unit_test_setup_teardown(stats_file_bad_inputs, file_setup, file_teardown),
+        cmocka_unit_test_setup_teardown(stats_payload_values_checked, file_setup, file_teardown),
         cmocka_unit_test_setup_teardown(stats_stale_model_detected, file_setup, file_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "calib/calib.h"
 #include "convert/convert.h"
@@ -408,6 +409,29 @@ static void student_logits_written_and_hand_built(void **state) {
     assert_int_equal(m2d_convert_write(f.m, s, p, "stats.bin", out), 0);
     assert_int_equal(m2d_convert_write(f.m, s, p, "stats.bin", hb), -1);
     assert_non_null(strstr(m2d_errmsg(), "not empty"));
+
+    /* a convert killed mid-write leaves its marker and temp files (of both name styles): the rerun
+     * recognises them as its own, removes them and writes a complete student; a foreign file
+     * beside them still makes it refuse */
+    char *done = m2d_path_join(out, "moe2dense.json"), *mark = m2d_path_join(out, "moe2dense.incomplete");
+    char *old_tmp = m2d_path_join(out, "model.safetensors.tmp.4242");
+    char *new_tmp = m2d_path_join(out, "config.json.m2d-tmp.abcde12345");
+    assert_int_equal(unlink(done), 0);
+    tu_write(mark, "x", 1);
+    tu_write(old_tmp, "partial", 7);
+    tu_write(new_tmp, "{", 1);
+    assert_int_equal(m2d_convert_write(f.m, s, p, "stats.bin", out), 0);
+    assert_true(m2d_file_exists(done));
+    assert_false(m2d_file_exists(mark));
+    assert_false(m2d_file_exists(old_tmp));
+    assert_false(m2d_file_exists(new_tmp));
+    char *foreign = m2d_path_join(out, "notes.txt.tmp.1");
+    assert_int_equal(unlink(done), 0);
+    tu_write(foreign, "mine", 4);
+    assert_int_equal(m2d_convert_write(f.m, s, p, "stats.bin", out), -1);
+    assert_non_null(strstr(m2d_errmsg(), "not empty"));
+    assert_true(m2d_file_exists(foreign));
+    free(foreign); free(done); free(mark); free(old_tmp); free(new_tmp);
 
     free(teach); free(hand); free(mem); free(disk);
     m2d_model_close(h);

@@ -232,6 +232,38 @@ static void lmeval_matches_direct_engine_calls(void **state) {
     tu_tiny_teacher_close(&t);
 }
 
+/* --max-windows bounds the lm-eval protocol's work: whole documents while they fit, never a
+ * window more; a first document that alone exceeds the budget (one 400 KB line) is an error at
+ * once, before any forward pass, instead of minutes of scoring. */
+static void lmeval_max_windows_bounds_the_work(void **state) {
+    (void)state;
+    tu_tiny_teacher t;
+    if (tu_tiny_teacher_open(2, &t)) TU_SKIP("tiny-qwen3moe missing");
+    const char *small = " \n = Alpha = \n \n The cat 's hat ( red ) , he said . \n \n";
+    size_t huge_len = 400000;
+    char *huge = m2d_malloc(huge_len + 64);
+    size_t at = (size_t)sprintf(huge, " \n = Beta = \n \n");
+    while (at < huge_len) at += (size_t)sprintf(huge + at, " the cat sat on the mat .");
+    at += (size_t)sprintf(huge + at, " \n \n");
+    char *two = m2d_strfmt("%s%s", small, huge);
+    m2d_ppl_result alone, bounded;
+    assert_int_equal(m2d_ppl_lmeval(t.e, t.tk, small, strlen(small), 32, 0, &alone), 0);
+    /* budget 2: the small page (1 window) is scored, the huge one (hundreds of windows) is not */
+    assert_int_equal(m2d_ppl_lmeval(t.e, t.tk, two, strlen(two), 32, 2, &bounded), 0);
+    assert_int_equal(bounded.docs, 1);
+    assert_int_equal(bounded.windows, alone.windows);
+    assert_true(bounded.windows <= 2);
+    assert_true(bounded.nll_sum == alone.nll_sum);
+    /* the huge page first: refused, naming the budget and the windows it would need */
+    m2d_ppl_result r;
+    assert_int_equal(m2d_ppl_lmeval(t.e, t.tk, huge, strlen(huge), 32, 2, &r), -1);
+    assert_non_null(strstr(m2d_errmsg(), "--max-windows 2: the first document alone needs"));
+    assert_int_equal(r.windows, 0);
+    free(two);
+    free(huge);
+    tu_tiny_teacher_close(&t);
+}
+
 static void cli_json_and_errors(void **state) {
     (void)state;
     char *dir = tu_model_path("tiny-qwen3moe");
@@ -283,6 +315,7 @@ int main(void) {
         cmocka_unit_test(utf8_check),
         cmocka_unit_test(gptq_matches_direct_engine_calls),
         cmocka_unit_test(lmeval_matches_direct_engine_calls),
+        cmocka_unit_test(lmeval_max_windows_bounds_the_work),
         cmocka_unit_test(cli_json_and_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -29,18 +29,18 @@ static const char *HAND_CSV =
     "# experiment=hand\n"
     "# ppl=gptq L=2048\n"
     "config_id,scoring,grouping,scaling,K_expr,K,params,ppl,status,dedup_of\n"
-    "g,do-cp,rr,uniform,k,8,,3837,ok,\n"
-    "h,do-cp,rr,uniform,2k,16,,5137,ok,\n"
-    "i,do-cp,rr,uniform,E,128,,3300000,ok,\n"
-    "j,do-cp,ab,uniform,k,8,,3837,ok,g\n"
-    "k,do-cp,ab,uniform,2k,16,,2840.4,ok,\n"
-    "l,do-cp,ab,proportional,E,128,,736000,ok,\n"
-    "a,sf,rr,uniform,k,8,,20633,ok,\n"
-    "b,sf,rr,uniform,2k,16,,21112,ok,\n"
-    "c,sf,rr,uniform,E,128,,22799,ok,\n"
-    "d,sf,rr,proportional,k,8,,21074,ok,\n"
-    "e,sf,rr,proportional,2k,16,,19440,ok,\n"
-    "f,sf,rr,proportional,E,128,,,failed: non-finite perplexity,\n";
+    "000000000010,do-cp,rr,uniform,k,8,,3837,ok,\n"
+    "000000000011,do-cp,rr,uniform,2k,16,,5137,ok,\n"
+    "000000000012,do-cp,rr,uniform,E,128,,3300000,ok,\n"
+    "000000000013,do-cp,ab,uniform,k,8,,3837,ok,000000000010\n"
+    "000000000014,do-cp,ab,uniform,2k,16,,2840.4,ok,\n"
+    "000000000015,do-cp,ab,proportional,E,128,,736000,ok,\n"
+    "0000000000a0,sf,rr,uniform,k,8,,20633,ok,\n"
+    "0000000000b0,sf,rr,uniform,2k,16,,21112,ok,\n"
+    "0000000000c0,sf,rr,uniform,E,128,,22799,ok,\n"
+    "0000000000d0,sf,rr,proportional,k,8,,21074,ok,\n"
+    "0000000000e0,sf,rr,proportional,2k,16,,19440,ok,\n"
+    "0000000000f0,sf,rr,proportional,E,128,,,failed: non-finite perplexity,\n";
 
 static const char *EXPECTED_MD =
     "## Perplexity by configuration — experiment hand — gptq L=2048\n"
@@ -115,9 +115,9 @@ static void markdown_table_and_summary(void **state) {
     free(csv);
     int *rows, n = m2d_report_best_per_pair(&r, &rows);
     assert_int_equal(n, 3);
-    assert_string_equal(r.rows[rows[0]][0], "e"); /* sf x rr: proportional, K = 16 */
-    assert_string_equal(r.rows[rows[1]][0], "g"); /* do-cp x rr: uniform, K = 8 */
-    assert_string_equal(r.rows[rows[2]][0], "k"); /* do-cp x ab: uniform, K = 16 */
+    assert_string_equal(r.rows[rows[0]][0], "0000000000e0"); /* sf x rr: proportional, K = 16 */
+    assert_string_equal(r.rows[rows[1]][0], "000000000010"); /* do-cp x rr: uniform, K = 8 */
+    assert_string_equal(r.rows[rows[2]][0], "000000000014"); /* do-cp x ab: uniform, K = 16 */
     free(rows);
     m2d_results_free(&r);
     tu_rm_rf(dir);

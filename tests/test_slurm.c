@@ -197,12 +197,34 @@ static void script_lines_quoting_and_errors(void **state) {
     assert_null(strstr(text, "--gpus-per-task")); /* not asked for */
     char *exec_toml = m2d_strfmt("sweep '%s'", fx.toml); /* absolute already: as given */
     assert_non_null(strstr(text, exec_toml));
-    assert_non_null(strstr(job.merge_command, "/opt/m2d's bin/moe2dense merge tiny.csv "));
-    assert_non_null(strstr(job.merge_command, "/tiny.shard-*-of-3.csv --experiments "));
+    /* the printed commands are quoted for copy-paste: a path with a quote, a space or '$' stays one word */
+    assert_non_null(strstr(job.merge_command, "'/opt/m2d'\\''s bin/moe2dense' merge 'tiny.csv' '"));
+    assert_non_null(strstr(job.merge_command, "/res dir'/'tiny'.shard-*-of-3.csv --experiments '"));
+    char *submit = m2d_strfmt("sbatch '%s'", want_path);
+    assert_string_equal(job.submit_command, submit);
+    free(submit);
+    /* #SBATCH --output is quoted the way sbatch reads it: the space stays in the path */
+    char *out_line = m2d_strfmt("#SBATCH --output=\"%s/tiny-%%A_%%a.log\"\n", res);
+    if (!strstr(text, out_line)) fail_msg("script lacks '%s':\n%s", out_line, text);
+    free(out_line);
     free(exec_toml);
     free(text);
     free(want_path);
     m2d_slurm_job_free(&job);
+    /* a results directory with '"', '%' and '$': escaped for sbatch, single-quoted for the shell */
+    char *odd = m2d_path_join(fx.dir, "a \"q\" 50% $HOME");
+    o.results_dir = odd;
+    assert_int_equal(m2d_slurm_write(&o, &job), 0);
+    text = m2d_read_file(job.script_path, NULL);
+    out_line = m2d_strfmt("#SBATCH --output=\"%s/a \\\"q\\\" 50%%%% $HOME/tiny-%%A_%%a.log\"\n", fx.dir);
+    if (!strstr(text, out_line)) fail_msg("script lacks '%s':\n%s", out_line, text);
+    submit = m2d_strfmt("sbatch '%s/a \"q\" 50%% $HOME/tiny.sbatch'", fx.dir);
+    assert_string_equal(job.submit_command, submit);
+    free(submit);
+    free(out_line);
+    free(text);
+    m2d_slurm_job_free(&job);
+    o.results_dir = res;
 
     /* values that would reach #SBATCH lines or exceed the grid are refused; nothing is written */
     char *other = m2d_path_join(fx.dir, "other.sbatch");
@@ -229,6 +251,7 @@ static void script_lines_quoting_and_errors(void **state) {
     assert_true(m2d_file_exists(other));
     m2d_slurm_job_free(&job);
     free(other);
+    free(odd);
     free(res);
     tu_sweep_fixture_free(&fx);
 }

@@ -217,19 +217,19 @@ static void results_roundtrip_quoting_and_torn_lines(void **state) {
     assert_int_equal(m2d_results_open(path, cols, 3, meta, 3, ident, 2, &w, &ex), 0);
     assert_int_equal(ex.n_rows, 0);
     m2d_results_free(&ex);
-    const char *r1[] = {"a1", "failed: bad \"value\", really\nbad", "1.5"};
-    const char *r2[] = {"a2", "ok", ""};
+    const char *r1[] = {"0000000000a1", "failed: bad \"value\", really\nbad", "1.5"};
+    const char *r2[] = {"0000000000a2", "failed: no value", ""};
     assert_int_equal(m2d_results_append(&w, r1), 0);
     assert_int_equal(m2d_results_append(&w, r2), 0);
     m2d_results_close(&w);
     /* a crash mid-row: bytes without a trailing newline */
     FILE *f = fopen(path, "a");
-    fputs("a3,ok,2.", f);
+    fputs("0000000000a3,ok,2.", f);
     fclose(f);
     m2d_results r;
     assert_int_equal(m2d_results_read(path, &r), 0);
     assert_int_equal(r.n_rows, 2);
-    assert_int_equal(r.torn_bytes, 8);
+    assert_int_equal(r.torn_bytes, 18);
     assert_string_equal(m2d_results_get(&r, 0, "status"), "failed: bad \"value\", really bad");
     assert_string_equal(m2d_results_get(&r, 1, "ppl"), "");
     assert_string_equal(m2d_results_meta(&r, "host"), "h1");
@@ -239,7 +239,7 @@ static void results_roundtrip_quoting_and_torn_lines(void **state) {
     assert_int_equal(m2d_results_open(path, cols, 3, meta2, 3, ident, 2, &w, &ex), 0);
     assert_int_equal(ex.n_rows, 2);
     m2d_results_free(&ex);
-    const char *r3[] = {"a3", "ok", "2.5"};
+    const char *r3[] = {"0000000000a3", "ok", "2.5"};
     assert_int_equal(m2d_results_append(&w, r3), 0);
     m2d_results_close(&w);
     assert_int_equal(m2d_results_read(path, &r), 0);
@@ -256,10 +256,10 @@ static void results_roundtrip_quoting_and_torn_lines(void **state) {
     assert_non_null(strstr(m2d_errmsg(), "columns"));
     /* a complete row with the wrong field count is an error naming the line */
     f = fopen(path, "a");
-    fputs("a4,ok\n", f);
+    fputs("0000000000a4,ok\n", f);
     fclose(f);
     assert_int_equal(m2d_results_read(path, &r), -1);
-    assert_non_null(strstr(m2d_errmsg(), "line 8"));
+    assert_non_null(strstr(m2d_errmsg(), "r.csv:8:1: the row has 2 fields, the header has 3"));
     m2d_results_free(&r);
     tu_rm_rf(dir);
     free(path);
@@ -370,16 +370,7 @@ static void sigkill_at_any_moment_then_resume(void **state) {
     /* kill delays in microseconds: before the header exists, early, and mid-run */
     const int delays[] = {0, 2000, 30000, 80000, 150000, 250000};
     for (size_t k = 0; k < M2D_ARRAY_LEN(delays); k++) {
-        pid_t pid = fork();
-        assert_true(pid >= 0);
-        if (pid == 0) {
-            execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-            _exit(127);
-        }
-        usleep((useconds_t)delays[k]);
-        kill(pid, SIGKILL);
-        int st;
-        waitpid(pid, &st, 0);
+        tu_run_killed(cmd, delays[k]);
         /* whatever is on disk parses (a torn last line is tolerated and reported) */
         if (m2d_file_exists(fx.csv)) {
             m2d_results r;
@@ -619,17 +610,19 @@ static void write_csv(const char *path, const char *const *cols, int n_cols, con
 
 /* The MC stage copies sidecar values into the main file by column name, whatever the order of
  * the columns in either file, to every row of the same student; a missing column is an error. */
+#define FP1 "1111111111111111111111111111111111111111111111111111111111111111"
+#define FP2 "2222222222222222222222222222222222222222222222222222222222222222"
 static void mc_fill_finds_columns_by_name(void **state) {
     (void)state;
     char *dir = tu_tmpdir(), *out = m2d_path_join(dir, "r.csv"), *side = m2d_path_join(dir, "r.csv.mc.csv");
     const char *main_cols[] = {"config_id", "ppl", "arc_easy_acc", "mc_avg", "status", "fingerprint"};
-    const char *main_cells[] = {"a", "10", "", "", "ok", "fp1",
-                                "b", "10", "", "", "ok", "fp1",
-                                "c", "12", "", "", "ok", "fp2"};
+    const char *main_cells[] = {"0000000000aa", "10", "", "", "ok", FP1,
+                                "0000000000bb", "10", "", "", "ok", FP1,
+                                "0000000000cc", "12", "", "", "ok", FP2};
     write_csv(out, main_cols, 6, main_cells, 3);
     const char *side_cols[] = {"status", "mc_avg", "config_id", "wall_s", "arc_easy_acc"};
-    const char *side_cells[] = {"ok", "0.500000", "a", "1.0", "0.250000",
-                                "failed: boom", "0.900000", "c", "1.0", "0.900000"};
+    const char *side_cells[] = {"ok", "0.500000", "0000000000aa", "1.0", "0.250000",
+                                "failed: boom", "0.900000", "0000000000cc", "1.0", "0.900000"};
     write_csv(side, side_cols, 5, side_cells, 2);
     char *mc[] = {"arc_easy_acc", "mc_avg"};
     assert_int_equal(m2d_sweep_mc_fill(out, side, mc, 2), 0);

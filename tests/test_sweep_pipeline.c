@@ -107,33 +107,36 @@ static void small_sweep_dedups_caches_and_matches_convert_then_ppl(void **state)
     (void)state;
     sweep_fx fx;
     if (sweep_fx_make(2,
-                      "[experiment.t.axes]\nscoring = ['sf', 'do-acp', 'nonexistent']\n"
-                      "grouping = ['rr', 'oc']\nscaling = ['proportional']\nK = ['k', '2k']\n"
-                      "[[experiment.t.exclude]]\nscoring = 'nonexistent'\ngrouping = 'oc'\n",
+                      "[experiment.t.axes]\nscoring = ['sf', 'do-acp']\n"
+                      "grouping = ['rr', 'oc']\nscaling = ['proportional']\nK = ['k', '2k']\n",
                       &fx))
         TU_SKIP("../shared/models/tiny-qwen3moe or the data not found (run 'make data')");
     m2d_experiment x;
-    assert_int_equal(m2d_experiment_load(fx.toml, "t", NULL, 0, &x), 0);
-    assert_int_equal(x.n_configs, 2 * 2 * 2 + 2);
     m2d_sweep_opts o = {.out = fx.csv, .jobs = 2};
     m2d_sweep_summary s;
+    /* an unknown scoring is refused before any work: no calibration, no CSV */
+    char *unknown[] = {"axes.scoring=['sf', 'do-acp', 'nonexistent']"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "t", unknown, 1, &x), 0);
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), -1);
+    assert_non_null(strstr(m2d_errmsg(), "--set: experiment 't': axes.scoring: unknown scoring plugin 'nonexistent'"));
+    assert_false(m2d_file_exists(fx.csv));
+    char *cache = m2d_path_join(fx.dir, "cache");
+    assert_false(m2d_file_exists(cache));
+    free(cache);
+    m2d_experiment_free(&x);
+    assert_int_equal(m2d_experiment_load(fx.toml, "t", NULL, 0, &x), 0);
+    assert_int_equal(x.n_configs, 2 * 2 * 2);
     assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
     /* K = k: rr and oc give one student per scoring (fingerprint) */
     assert_int_equal(s.dedup, 2);
     assert_int_equal(s.evaluated, 6);
-    assert_int_equal(s.failed, 2); /* the unknown scoring, recorded, the sweep went on */
+    assert_int_equal(s.failed, 0);
     m2d_results r;
     assert_int_equal(m2d_results_read(fx.csv, &r), 0);
     assert_int_equal(r.n_rows, x.n_configs);
     int checked = 0;
     for (int i = 0; i < r.n_rows; i++) {
-        const char *st = m2d_results_get(&r, i, "status");
-        if (!strcmp(m2d_results_get(&r, i, "scoring"), "nonexistent")) {
-            assert_non_null(strstr(st, "failed: "));
-            assert_non_null(strstr(st, "nonexistent"));
-            continue;
-        }
-        assert_string_equal(st, "ok");
+        assert_string_equal(m2d_results_get(&r, i, "status"), "ok");
         assert_string_equal(m2d_results_get(&r, i, "d_dense"), "576"); /* k * d_e = 8 * 72 */
         assert_string_equal(m2d_results_get(&r, i, "ppl_windows"), "2");
         if (m2d_results_get(&r, i, "dedup_of")[0]) assert_string_equal(m2d_results_get(&r, i, "K"), "8");
@@ -174,6 +177,111 @@ static void small_sweep_dedups_caches_and_matches_convert_then_ppl(void **state)
     free(err);
     free(csv2);
     m2d_experiment_free(&x);
+    sweep_fx_free(&fx);
+}
+
+/* What the run would refuse, the dry run refuses first, in one line naming where the value is
+ * (FILE:LINE:COL, or --set), with exit status 1; neither writes a CSV or calibrates. */
+static void dry_run_refuses_what_the_run_refuses(void **state) {
+    (void)state;
+    sweep_fx fx;
+    if (sweep_fx_make(2, "[experiment.t.axes]\nscoring = ['sf', 'nope']\ngrouping = ['rr']\n"
+                         "scaling = ['uniform']\nK = ['k']\n", &fx))
+        TU_SKIP("../shared/models/tiny-qwen3moe or the data not found (run 'make data')");
+    const char *cases[][2] = {
+        {"", "/e.toml:7:18: experiment 't': axes.scoring: unknown scoring plugin 'nope' (see 'moe2dense list')"},
+        {"--set \"axes.scoring=['sf', 'nada']\"", "--set: experiment 't': axes.scoring: unknown scoring plugin 'nada'"},
+        {"--set \"axes.scoring=['sf']\" --set calibration.seq_len=100000",
+         "'calibration.seq_len' 100000 exceeds the teacher's max_position_embeddings 512"},
+        {"--set \"axes.scoring=['sf']\" --set ppl.seq_len=513", "'ppl.seq_len' 513 exceeds the teacher's"},
+        {"--set \"axes.scoring=['sf']\" --set \"axes.params=['bogus=1']\"", "params 'bogus=1'"},
+        {"--set \"axes.scoring=['sf']\" --set calibration.data=/nonexistent/calib.txt",
+         "'calibration.data': /nonexistent/calib.txt: cannot read"},
+        {"--set \"axes.scoring=['sf']\" --set \"mc.tasks=['nope']\"", "mc.tasks: unknown task 'nope'"},
+    };
+    for (size_t i = 0; i < M2D_ARRAY_LEN(cases); i++)
+        for (int dry = 1; dry >= 0; dry--) {
+            char *c = m2d_strfmt("%s sweep %s --experiment t --out %s %s %s", tu_bin(), fx.toml, fx.csv,
+                                 dry ? "--dry-run" : "", cases[i][0]);
+            char *out = NULL, *err = NULL;
+            int rc = tu_run(c, &out, &err);
+            if (rc != 1 || !strstr(err, cases[i][1]) || strchr(err, '\n') != err + strlen(err) - 1)
+                fail_msg("%s\nexit %d\nstderr: %s\nwant: %s", c, rc, err, cases[i][1]);
+            assert_false(m2d_file_exists(fx.csv));
+            char *cache = m2d_path_join(fx.dir, "cache");
+            assert_false(m2d_file_exists(cache));
+            free(cache);
+            free(c);
+            free(out);
+            free(err);
+        }
+    sweep_fx_free(&fx);
+}
+
+/* Names in DIR holding ".m2d-tmp." or ".tmp." (what a killed writer would leave), for messages. */
+static int count_leftovers(const char *dir) {
+    char *c = m2d_strfmt("ls -a %s | grep -c -e '\\.m2d-tmp\\.' -e '\\.tmp\\.'", dir), *out = NULL;
+    tu_run(c, &out, NULL);
+    int n = out ? atoi(out) : 0;
+    free(out);
+    free(c);
+    return n;
+}
+
+/* kill -9 at several moments (loading, calibrating, writing the cache, converting, evaluating),
+ * then resumed: the same rows as an uninterrupted run (wall times aside), a cache that loads, no
+ * temp file left behind. And two sweeps sharing a cache calibrate once (the entry's lock). */
+static void killed_pipeline_sweep_resumes_to_the_same_rows(void **state) {
+    (void)state;
+    sweep_fx fx;
+    if (sweep_fx_make(1, "[experiment.t.axes]\nscoring = ['sf', 'do-acp']\ngrouping = ['rr', 'oc']\n"
+                         "scaling = ['proportional']\nK = ['2k']\n", &fx))
+        TU_SKIP("../shared/models/tiny-qwen3moe or the data not found (run 'make data')");
+    char *a = m2d_path_join(fx.dir, "a.csv"), *b = m2d_path_join(fx.dir, "b.csv");
+    /* two sweeps at once on one cache directory, different outputs: one calibration */
+    char *two = m2d_strfmt("(%s sweep %s --experiment t --out %s --jobs 1 2>&1 & "
+                           "%s sweep %s --experiment t --out %s/x.csv --jobs 1 2>&1; wait)",
+                           tu_bin(), fx.toml, a, tu_bin(), fx.toml, fx.dir);
+    char *out = NULL;
+    assert_int_equal(tu_run(two, &out, NULL), 0);
+    int calibrated = 0;
+    for (const char *p = out; (p = strstr(p, "calibrated ")); p++) calibrated++;
+    if (calibrated != 1) fail_msg("%d calibrations (want 1):\n%s", calibrated, out);
+    free(out);
+    free(two);
+    /* the killed runs use their own cache, so calibration is among the moments hit */
+    char *cache2 = m2d_strfmt("%s/cache2", fx.dir);
+    char *cmd = m2d_strfmt("exec %s sweep %s --experiment t --out %s --jobs 1 --set cache_dir=%s >/dev/null 2>&1",
+                           tu_bin(), fx.toml, b, cache2);
+    /* a whole run takes ~2 s here (teacher + calibration ~2 s, 4 students ~0.2 s): the first kills
+     * land while loading and calibrating, the later ones (cache written by then) while
+     * converting and evaluating */
+    const int delays_ms[] = {30, 150, 300, 600, 900, 1300, 1800, 2600, 250, 350, 450, 550, 650};
+    for (size_t k = 0; k < M2D_ARRAY_LEN(delays_ms); k++) tu_run_killed(cmd, delays_ms[k] * 1000L);
+    char *resume = m2d_strfmt("%s sweep %s --experiment t --out %s --jobs 1 --set cache_dir=%s", tu_bin(), fx.toml, b,
+                              cache2);
+    assert_int_equal(tu_run(resume, NULL, NULL), 0);
+    m2d_results ra, rb;
+    if (m2d_results_read_checked(a, &ra) || m2d_results_read_checked(b, &rb)) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(ra.n_rows, 4);
+    assert_int_equal(rb.n_rows, 4);
+    for (int i = 0; i < ra.n_rows; i++) {
+        int j = 0;
+        while (j < rb.n_rows && strcmp(rb.rows[j][0], ra.rows[i][0])) j++;
+        assert_true(j < rb.n_rows);
+        for (int c = 0; c < ra.n_cols; c++)
+            if (strcmp(ra.cols[c], "wall_s") && strcmp(ra.rows[i][c], rb.rows[j][c]))
+                fail_msg("%s %s: '%s' vs '%s' after kills", ra.rows[i][0], ra.cols[c], ra.rows[i][c], rb.rows[j][c]);
+    }
+    assert_int_equal(count_leftovers(fx.dir), 0);
+    assert_int_equal(count_leftovers(cache2), 0);
+    m2d_results_free(&ra);
+    m2d_results_free(&rb);
+    free(resume);
+    free(cmd);
+    free(cache2);
+    free(a);
+    free(b);
     sweep_fx_free(&fx);
 }
 
@@ -219,6 +327,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ppl_on_tokens_matches_library_gptq),
         cmocka_unit_test(small_sweep_dedups_caches_and_matches_convert_then_ppl),
+        cmocka_unit_test(dry_run_refuses_what_the_run_refuses),
+        cmocka_unit_test(killed_pipeline_sweep_resumes_to_the_same_rows),
         cmocka_unit_test(mc_stage_matches_eval_on_converted_student),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

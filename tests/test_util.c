@@ -81,6 +81,9 @@ static void error_prefix_and_stream_read(void **state) {
     assert_int_equal(m2d_err("id %d out of range", 7), -1);
     assert_int_equal(m2d_err_prefix("stdin"), -1);
     assert_string_equal(m2d_errmsg(), "stdin: id 7 out of range");
+    /* one line, whatever a file put in a quoted value (found by fuzz_stats: a newline in 'magic') */
+    assert_int_equal(m2d_err("f: field 'magic': '%s'", "m\noe\r\x1b[2J\x7f"), -1);
+    assert_string_equal(m2d_errmsg(), "f: field 'magic': 'm?oe??[2J?'");
     char *big = m2d_strfmt("%0*d", 200000, 5); /* longer than the first read buffer */
     assert_int_equal(strlen(big), 200000);
     FILE *f = tmpfile();

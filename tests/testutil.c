@@ -4,7 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "base/util.h"
@@ -133,4 +135,24 @@ const char *tu_ref_python(void) {
     if (no_python || getenv("M2D_REF_COUNTED")) TU_SKIP(why);
     fail_msg("%s", why);
     return NULL;
+}
+
+void tu_run_killed(const char *cmd, long delay_us) {
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    usleep((useconds_t)delay_us);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+void tu_copy_file(const char *from, const char *to) {
+    size_t n;
+    char *data = m2d_read_file(from, &n);
+    if (!data) fail_msg("%s", m2d_errmsg());
+    tu_write(to, data, n);
+    free(data);
 }

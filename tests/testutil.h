@@ -24,6 +24,11 @@ char *tu_tmpdir(void);
 int tu_rm_rf(const char *path);
 /* Run a shell command; capture stdout and stderr (malloc'd, may be NULL); return exit status. */
 int tu_run(const char *cmd, char **out, char **err);
+/* Start CMD in /bin/sh (its own process), SIGKILL it after DELAY_US microseconds, reap it: a crash
+ * at a chosen moment (crash-safety tests). */
+void tu_run_killed(const char *cmd, long delay_us);
+/* Copy the file FROM to TO (fails the test when FROM cannot be read). */
+void tu_copy_file(const char *from, const char *to);
 /* Write bytes to a file (test fixtures). */
 void tu_write(const char *path, const void *data, size_t n);
 /* Replace the first FROM in the file at PATH with TO (fails the test when FROM is absent). */

@@ -4,46 +4,84 @@
 #   ANALYZE  `moe2dense analyze --csv` output (default results/demo-analyze.csv, optional)
 #            -> overlap, erank
 #   PLOTS_DIR output directory (default plots), M2D_BIN the binary (default ./moe2dense)
+#
+# Data never becomes code: every data file is read and validated by `moe2dense report` (rows,
+# names, numbers; the analyze file's "# K=" line), which writes plain data files for gnuplot.
+# The only values spliced into gnuplot commands are checked here once more: plugin-style names,
+# display names from a fixed character set, integers, decimal numbers and the output paths
+# (no quotes, backslashes or control characters). Anything else stops the script.
+# Plots are rendered into a temporary directory inside PLOTS_DIR and renamed into place; an
+# existing symbolic link at a plot's path is refused, not followed.
 set -eu
+here=$(cd "$(dirname "$0")/.." && pwd)
 csv=${RESULTS:-results/demo.csv}
 analyze=${ANALYZE:-results/demo-analyze.csv}
 out=${PLOTS_DIR:-plots}
 bin=${M2D_BIN:-./moe2dense}
-command -v gnuplot >/dev/null || { echo "plots: gnuplot not found (apt-get install gnuplot-nox)" >&2; exit 1; }
-[ -f "$csv" ] || { echo "plots: $csv not found (run 'make demo', or RESULTS=path/to.csv make plots)" >&2; exit 1; }
+die() { echo "plots: $*" >&2; exit 1; }
+command -v gnuplot >/dev/null || die "gnuplot not found (apt-get install gnuplot-nox)"
+[ -f "$csv" ] || die "$csv not found (run 'make demo', or RESULTS=path/to.csv make plots)"
+
+nl='
+'
+# a path that may appear inside a single-quoted gnuplot string
+safe_path() {
+  case "$1" in *"'"*|*\\*|*"$nl"*|*[[:cntrl:]]*) return 1 ;; esac
+}
+is_name() { # plugin-style name, as the results validator requires
+  case "$1" in ''|[!a-z0-9]*|*[!a-z0-9_.+-]*) return 1 ;; esac
+}
+is_display() { # display names from the plugin registrations
+  case "$1" in ''|*[!A-Za-z0-9\ _.+\(\)/,-]*) return 1 ;; esac
+}
+is_int() { case "$1" in ''|*[!0-9]*) return 1 ;; esac; }
+is_number() { # decimal, as %.6g writes it
+  printf '%s\n' "$1" | grep -Eq '^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$'
+}
+
 mkdir -p "$out"
-tmp=$(mktemp -d)
+out=$(cd "$out" && pwd)
+safe_path "$out" || die "PLOTS_DIR '$out' holds a quote, backslash or control character; choose another directory"
+tmp=$(mktemp -d "$out/.plots-tmp.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-"$bin" report "$csv" --plot-data "$tmp" >/dev/null
-read -r lo hi < "$tmp/range.txt"
+data="$tmp/data"
+mkdir "$data"
+if [ -f "$analyze" ]; then
+  "$bin" report "$csv" --plot-data "$data" --analyze "$analyze" >/dev/null
+else
+  "$bin" report "$csv" --plot-data "$data" >/dev/null
+fi
+read -r lo hi < "$data/range.txt"
+is_number "$lo" && is_number "$hi" || die "$data/range.txt: not two numbers"
+
 made=""
 render() { # script outfile-stem extra-gnuplot-assignments
   for term in png svg; do
-    gnuplot -e "term='$term'; outfile='$out/$2.$term'; $3" "$1"
+    (cd "$here" && gnuplot -e "term='$term'; outfile='$tmp/$2.$term'; $3" "plots/$1")
+    dest="$out/$2.$term"
+    [ -L "$dest" ] && die "$dest is a symbolic link; refusing to replace it"
+    mv -f "$tmp/$2.$term" "$dest"
   done
   made="$made $out/$2.png"
 }
 tab=$(printf '\t')
 while IFS="$tab" read -r s name; do
-  render plots/heatmap.gp "heatmap_$s" "datadir='$tmp'; scoring='$s'; title='$name'; cblo=$lo; cbhi=$hi"
-done < "$tmp/scorings.txt"
-render plots/marginal.gp marginal "datadir='$tmp'"
+  is_name "$s" || die "$data/scorings.txt: '$s' is not a plugin-style name"
+  is_display "$name" || die "$data/scorings.txt: display name '$name' has characters outside [A-Za-z0-9 _.+()/,-]"
+  render heatmap.gp "heatmap_$s" "datadir='$data'; scoring='$s'; title='$name'; cblo=$lo; cbhi=$hi"
+done < "$data/scorings.txt"
+render marginal.gp marginal "datadir='$data'"
 if [ -f "$analyze" ]; then
-  # overlap matrix (mean over layers) and erank table from the analyze CSV
-  awk -F, '$1=="mean" && $2=="overlap" { if (!($3 in seen)) { seen[$3]=1; order[n++]=$3 } v[$3","$4]=$5 }
-           END { printf "x"; for (i=0;i<n;i++) printf " %s", order[i]; printf "\n";
-                 for (i=0;i<n;i++) { printf "%s", order[i]; for (j=0;j<n;j++) printf " %s", v[order[i]","order[j]]; printf "\n" } }' \
-      "$analyze" > "$tmp/overlap.dat"
-  awk -F, '$1=="mean" && ($2=="erank" || $2=="erank_w") { if (!($3 in seen)) { seen[$3]=1; order[n++]=$3 } v[$3","$2]=$5 }
-           END { for (i=0;i<n;i++) printf "%s %s %s\n", order[i], v[order[i]",erank"], v[order[i]",erank_w"] }' \
-      "$analyze" > "$tmp/erank.dat"
-  # K: from a leading "# K=N" line (tools/demo.sh writes it) or $ANALYZE_K; else not drawn
-  K=${ANALYZE_K:-$(sed -n 's/^# K=//p' "$analyze" | head -1)}
-  if [ -n "$K" ]; then haveK=1; sub="$(basename "$analyze"), K = $K, mean over MoE layers"
-  else haveK=0; K=$(awk '{ if ($2 > m) m = $2 } END { printf "%d", m + 1 }' "$tmp/erank.dat")
-       sub="$(basename "$analyze"), mean over MoE layers (K not recorded: set ANALYZE_K)"; fi
-  render plots/overlap.gp overlap "matrix='$tmp/overlap.dat'; subtitle='$sub'"
-  render plots/erank.gp erank "table='$tmp/erank.dat'; maxrank=$K; haveK=$haveK; subtitle='$sub'"
+  # K: from the analyze file's "# K=N" line (tools/demo.sh writes it) or $ANALYZE_K; else not drawn
+  read -r K haveK < "$data/analyze.txt"
+  if [ -n "${ANALYZE_K:-}" ]; then K=$ANALYZE_K; haveK=1; fi
+  is_int "$K" && is_int "$haveK" || die "K '$K' is not an integer (ANALYZE_K or the analyze file's '# K=' line)"
+  base=$(basename "$analyze")
+  case "$base" in *[!A-Za-z0-9._-]*) base="the analyze file" ;; esac
+  if [ "$haveK" = 1 ]; then sub="$base, K = $K, mean over MoE layers"
+  else sub="$base, mean over MoE layers (K not recorded: set ANALYZE_K)"; fi
+  render overlap.gp overlap "matrix='$data/overlap.dat'; subtitle='$sub'"
+  render erank.gp erank "table='$data/erank.dat'; maxrank=$K; haveK=$haveK; subtitle='$sub'"
 else
   echo "plots: $analyze not found: skipping overlap and erank (moe2dense analyze --csv > $analyze)"
 fi

@@ -16,6 +16,10 @@ int m2d_err(const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(err_buf, sizeof err_buf, fmt, ap);
     va_end(ap);
+    /* an error is one line, whatever a file put into the values it quotes: a control character
+     * (a newline in a garbled field, an escape sequence) is shown as '?' */
+    for (unsigned char *p = (unsigned char *)err_buf; *p; p++)
+        if (*p < 0x20 || *p == 0x7f) *p = '?';
     return -1;
 }
 
@@ -105,39 +109,6 @@ char *m2d_read_file(const char *path, size_t *len) {
     char *buf = m2d_read_stream(f, path, len);
     fclose(f);
     return buf;
-}
-
-int m2d_write_file_atomic(const char *path, const void *data, size_t len) {
-    char *tmp = m2d_strfmt("%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
-        m2d_err("%s: cannot create: %s", tmp, strerror(errno));
-        free(tmp);
-        return -1;
-    }
-    const char *p = data;
-    size_t left = len;
-    while (left > 0) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            m2d_err("%s: write failed: %s", tmp, strerror(errno));
-            close(fd);
-            unlink(tmp);
-            free(tmp);
-            return -1;
-        }
-        p += w;
-        left -= (size_t)w;
-    }
-    if (fsync(fd) != 0 || close(fd) != 0 || rename(tmp, path) != 0) {
-        m2d_err("%s: cannot finish writing: %s", path, strerror(errno));
-        unlink(tmp);
-        free(tmp);
-        return -1;
-    }
-    free(tmp);
-    return 0;
 }
 
 int m2d_file_exists(const char *path) {

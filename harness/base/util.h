@@ -7,10 +7,13 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "base/outfile.h" /* m2d_write_file_atomic and the other output helpers */
+
 #define M2D_VERSION "0.1.0"
 
 /* Errors: a failing function records one line (naming the file and the field)
- * with m2d_err() and returns -1 (or NULL). The command layer prints it once. */
+ * with m2d_err() and returns -1 (or NULL). The command layer prints it once. A control character
+ * in the message (a newline a garbled file put in a quoted value) is recorded as '?'. */
 int m2d_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *m2d_errmsg(void);
 /* Put "PREFIX: " in front of the recorded error (e.g. the input file a parser did not know); -1. */
@@ -29,8 +32,6 @@ char *m2d_vstrfmt(const char *fmt, va_list ap) __attribute__((format(printf, 1, 
 char *m2d_read_file(const char *path, size_t *len);
 /* The same for an open stream read to its end (e.g. stdin); NAME is the file named in errors. */
 char *m2d_read_stream(FILE *f, const char *name, size_t *len);
-/* Atomic write: data goes to PATH.tmp.PID, fsync, rename. */
-int m2d_write_file_atomic(const char *path, const void *data, size_t len);
 int m2d_file_exists(const char *path);
 int m2d_mkdir_p(const char *path);
 char *m2d_path_join(const char *dir, const char *name);
@@ -85,6 +86,8 @@ const void *m2d_name_table_find(const m2d_name_table *t, const char *name);
 /* "a, b, c": the names in order, into BUF (truncated to CAP); returns BUF (for messages). */
 const char *m2d_name_table_list(const m2d_name_table *t, char *buf, size_t cap);
 
+#define M2D_STR_(x) #x
+#define M2D_STR(x) M2D_STR_(x) /* a macro's value as a string literal */
 #define M2D_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define M2D_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define M2D_MAX(a, b) ((a) > (b) ? (a) : (b))

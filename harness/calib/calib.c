@@ -439,6 +439,67 @@ int m2d_stats_write(const m2d_stats *s, const char *path) {
     return rc;
 }
 
+/* ---- payload checks: what any real calibration satisfies (a NaN or an all-zero payload with a
+ * recomputed checksum loads no further than here) ---- */
+
+/* Every value finite; the sums of non-negative quantities (counts, probabilities, gate weights,
+ * norms, squares) >= 0. Arrays 0..12 are such sums, 13 is the Gram matrix, 14..16 per dimension. */
+static int check_array(const char *path, const m2d_layer_stats *ls, int i, const double *a, size_t n) {
+    int nonneg = i <= 12 || i == 16;
+    for (size_t j = 0; j < n; j++) {
+        if (!isfinite(a[j]))
+            return m2d_err("%s: layer %d: field '%s'[%zu]: %g is not finite (corrupted statistics; recalibrate)", path,
+                           ls->layer, ARRAYS[i].name, j, a[j]);
+        if (nonneg && a[j] < 0)
+            return m2d_err("%s: layer %d: field '%s'[%zu]: %g is negative (a sum of non-negative values; recalibrate)",
+                           path, ls->layer, ARRAYS[i].name, j, a[j]);
+    }
+    return 0;
+}
+
+/* Routing invariants: each n_e a count in [0, N], and every token routed to exactly k experts. */
+static int check_counts(const char *path, const m2d_stats *s, const m2d_layer_stats *ls) {
+    double total = 0;
+    for (int e = 0; e < s->E; e++) {
+        double n = ls->n[e];
+        if (n != floor(n) || n > s->N)
+            return m2d_err("%s: layer %d: field 'n'[%d]: %g is not a token count in [0, N = %.0f]", path, ls->layer, e,
+                           n, s->N);
+        total += n;
+    }
+    if (total != s->N * s->k)
+        return m2d_err("%s: layer %d: field 'n': the routed counts sum to %.0f, not N x k = %.0f (every token goes to "
+                       "k experts; corrupted statistics, recalibrate)", path, ls->layer, total, s->N * s->k);
+    return 0;
+}
+
+/* The Gram matrix is one: a non-negative diagonal and |G_ij| <= sqrt(G_ii G_jj) (Cauchy-Schwarz,
+ * with room for rounding). */
+static int check_gram(const char *path, const m2d_stats *s, const m2d_layer_stats *ls) {
+    int E = s->E;
+    for (int i = 0; i < E; i++) {
+        if (ls->gram[(size_t)i * E + i] < 0)
+            return m2d_err("%s: layer %d: field 'gram'[%d][%d]: negative diagonal", path, ls->layer, i, i);
+        for (int j = 0; j < i; j++) {
+            double bound = sqrt(ls->gram[(size_t)i * E + i] * ls->gram[(size_t)j * E + j]);
+            if (fabs(ls->gram[(size_t)i * E + j]) > bound * (1 + 1e-6) + 1e-300)
+                return m2d_err("%s: layer %d: field 'gram'[%d][%d]: %g exceeds sqrt(G_ii G_jj) = %g (not a Gram matrix)",
+                               path, ls->layer, i, j, ls->gram[(size_t)i * E + j], bound);
+        }
+    }
+    return 0;
+}
+
+static int check_payload(const char *path, const m2d_stats *s) {
+    for (int l = 0; l < s->n_layers; l++) {
+        m2d_layer_stats *ls = &s->layers[l];
+        for (int i = 0; i < N_ARRAYS; i++)
+            if (check_array(path, ls, i, *layer_array(ls, i), array_len(ARRAYS[i].per, s->E, s->d))) return -1;
+        if (check_counts(path, s, ls) || check_gram(path, s, ls)) return -1;
+    }
+    return 0;
+}
+
 /* Header field helpers: each failure names the file and the field. */
 static int hdr_int(const char *path, const cJSON *h, const char *field, long lo, long hi, long *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(h, field);
@@ -578,6 +639,12 @@ int m2d_stats_read(const char *path, m2d_stats **out) {
     size_t len;
     uint8_t *buf = (uint8_t *)m2d_read_file(path, &len);
     if (!buf) return -1;
+    int rc = m2d_stats_parse(path, buf, len, out);
+    free(buf);
+    return rc;
+}
+
+int m2d_stats_parse(const char *path, const uint8_t *buf, size_t len, m2d_stats **out) {
     m2d_stats *s = m2d_calloc(1, sizeof *s);
     int rc = -1;
     cJSON *h = NULL;
@@ -618,11 +685,11 @@ int m2d_stats_read(const char *path, m2d_stats **out) {
             size_t n = array_len(ARRAYS[i].per, s->E, s->d);
             for (size_t j = 0; j < n; j++, q += 8) a[j] = get_f64(q);
         }
+    if (check_payload(path, s)) goto done;
     for (int l = 0; l < s->n_layers; l++) m2d_layer_stats_finalize(&s->layers[l]);
     rc = 0;
 done:
     cJSON_Delete(h);
-    free(buf);
     if (rc) {
         m2d_stats_free(s);
         free(s);

@@ -37,7 +37,10 @@
  *   routed_var, es_act, es_mag with m2d_layer_stats_finalize. Each layer's N and n_samples are
  *   the header's. The file ends exactly after the payload.
  *   A reader checks magic, version, every header field's type and range, the payload length
- *   (E, d, n_layers) against the file size, and the payload sha256 (truncation, garbling).
+ *   (E, d, n_layers) against the file size, the payload sha256 (truncation, garbling), and the
+ *   values: all finite, the sums of non-negative quantities >= 0, each n_e a count <= N with
+ *   sum_e n_e = N k (every token is routed to k experts), the Gram matrix's diagonal >= 0 and
+ *   |G_ij| <= sqrt(G_ii G_jj); an error names the layer and the field.
  *   The file is written atomically (temp + rename). */
 #ifndef M2D_CALIB_H
 #define M2D_CALIB_H
@@ -86,6 +89,8 @@ double m2d_calib_expert_flops(const m2d_config *cfg, double n_tokens);
 /* Stats file. write: atomic. read: full validation (see above); free with m2d_calib_stats_free. */
 int m2d_stats_write(const m2d_stats *s, const char *path);
 int m2d_stats_read(const char *path, m2d_stats **out);
+/* The same from memory: BUF[0..len) is the file's content, PATH the name in errors. */
+int m2d_stats_parse(const char *path, const uint8_t *buf, size_t len, m2d_stats **out);
 void m2d_calib_stats_free(m2d_stats *s); /* m2d_stats_free + free of the struct; NULL ok */
 /* Error unless the stats were computed on this model (weights hash, shapes, layer set). */
 int m2d_stats_check_model(const m2d_stats *s, const char *stats_path, const m2d_model *m);

@@ -56,6 +56,7 @@ static int cmd_calibrate_run(int argc, char **argv) {
     if (N_s && m2d_parse_int("calibrate", "--samples", N_s, 1, 1 << 24, &N)) goto done;
     if (seed_s && m2d_parse_int("calibrate", "--seed", seed_s, 0, 0x7fffffffffffffffL, &seed)) goto done;
     if (thr_s && m2d_parse_int("calibrate", "--threads", thr_s, 1, 4096, &thr)) goto done;
+    if (m2d_check_output_path(out)) goto done; /* refused now, not after the calibration */
     if (m2d_model_open(model, &m) || m2d_tokenizer_load(model, &tk)) goto done;
     if (!(text = m2d_read_file(data, &len))) goto done;
     if (m2d_tokenizer_encode(tk, text, len, &ids, &n_ids)) {

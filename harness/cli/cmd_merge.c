@@ -10,7 +10,7 @@
 
 static const char USAGE[] =
     "usage: moe2dense merge OUT.csv IN1.csv [IN2.csv ...] [--experiments FILE --experiment NAME]\n"
-    "                       [--set KEY=VALUE ...] [--allow-gaps]\n"
+    "                       [--set KEY=VALUE ...] [--allow-gaps] [--max-configs N]\n"
     "\n"
     "Joins the CSVs of a sharded sweep (moe2dense sweep --shard I/N, moe2dense slurm) into OUT.csv\n"
     "(written atomically). The inputs must have the same columns and the same run identity\n"
@@ -23,7 +23,11 @@ static const char USAGE[] =
     "  --experiments FILE  experiments.toml to check against (with --experiment)\n"
     "  --experiment NAME   the experiment the shards ran\n"
     "  --set KEY=VALUE     the same overrides the sweep used (e.g. model=DIR), repeatable\n"
-    "  --allow-gaps        write OUT.csv even when configurations are missing (still reported)\n";
+    "  --allow-gaps        write OUT.csv even when configurations are missing (still reported)\n"
+    "  --max-configs N     the sweep's grid limit, when it ran with one (see 'moe2dense help sweep')\n"
+    "\n"
+    "Every input row is validated first (a bad row is an error naming FILE:LINE:COLUMN); OUT is\n"
+    "locked while it is written (a sweep writing OUT makes merge refuse).\n";
 
 static int cmd_merge_run(int argc, char **argv) {
     char **sets = NULL;
@@ -32,14 +36,17 @@ static int cmd_merge_run(int argc, char **argv) {
         free(sets);
         return m2d_cmd_fail("merge");
     }
-    const char *exp_file = NULL, *exp_name = NULL;
+    const char *exp_file = NULL, *exp_name = NULL, *max_configs = NULL;
     int allow_gaps = 0;
     m2d_opt opts[] = {{"--experiments", 1, &exp_file, NULL}, {"--experiment", 1, &exp_name, NULL},
-                      {"--allow-gaps", 0, NULL, &allow_gaps}, {0}};
+                      {"--allow-gaps", 0, NULL, &allow_gaps}, {"--max-configs", 1, &max_configs, NULL}, {0}};
     char **pos = m2d_calloc((size_t)argc + 1, sizeof *pos);
     int npos = 0, rc = -1;
     m2d_shard_merge_result res = {0};
-    if (m2d_parse_opts("merge", argc, argv, opts, pos, argc, &npos) == 0) {
+    long mc = 0;
+    if (m2d_parse_opts("merge", argc, argv, opts, pos, argc, &npos) == 0 &&
+        (!max_configs || m2d_parse_int("merge", "--max-configs", max_configs, 1, 1L << 40, &mc) == 0)) {
+        m2d_grid_set_max_configs(mc);
         if (npos < 2) {
             m2d_err("merge: expected OUT.csv and at least one input CSV (see 'moe2dense help merge')");
         } else {

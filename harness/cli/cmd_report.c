@@ -10,7 +10,7 @@
 
 static const char USAGE[] =
     "usage: moe2dense report RESULTS.csv [--format md|tex|csv] [--out FILE] [--plot-data DIR]\n"
-    "                        [--best-per-pair]\n"
+    "                        [--analyze ANALYZE.csv] [--best-per-pair]\n"
     "\n"
     "Table in the layout of the paper's Tables 10/11: one row per scoring x grouping x scaling, one\n"
     "column per K; the best K of each row in bold; '–' for failed configurations (e.g. NaN PPL);\n"
@@ -21,14 +21,20 @@ static const char USAGE[] =
     "  --format F        md (default), tex (booktabs tabular) or csv (raw numbers, best_K column)\n"
     "  --out FILE        write there (atomically) instead of stdout\n"
     "  --plot-data DIR   also write the gnuplot inputs for plots/*.gp (heat_*.dat, marginal_*.dat)\n"
+    "  --analyze FILE    with --plot-data: also the inputs of the overlap and erank plots from\n"
+    "                    `moe2dense analyze --csv` output (validated: names and numbers only)\n"
     "  --best-per-pair   list the configurations the paper evaluates on multiple-choice tasks: per\n"
-    "                    scoring x grouping, the (K, scaling) with the lowest PPL (config ids)\n";
+    "                    scoring x grouping, the (K, scaling) with the lowest PPL (config ids)\n"
+    "\n"
+    "Every row is validated first (numbers parse and lie in range, the status is known, config ids\n"
+    "are unique): a bad row is an error naming FILE:LINE:COLUMN and the field. A torn last line (a\n"
+    "sweep still writing, or killed) is ignored with a note.\n";
 
 static int cmd_report_run(int argc, char **argv) {
-    const char *format = "md", *out = NULL, *plot = NULL;
+    const char *format = "md", *out = NULL, *plot = NULL, *analyze = NULL;
     int best = 0;
     m2d_opt opts[] = {{"--format", 1, &format, NULL}, {"--out", 1, &out, NULL}, {"--plot-data", 1, &plot, NULL},
-                      {"--best-per-pair", 0, NULL, &best}, {0}};
+                      {"--analyze", 1, &analyze, NULL}, {"--best-per-pair", 0, NULL, &best}, {0}};
     char *pos[1];
     int npos = 0;
     if (m2d_parse_opts("report", argc, argv, opts, pos, 1, &npos)) return m2d_cmd_fail("report");
@@ -44,8 +50,17 @@ static int cmd_report_run(int argc, char **argv) {
         m2d_err("report: --format: '%s' is not md, tex or csv", format);
         return m2d_cmd_fail("report");
     }
+    if (analyze && !plot) {
+        m2d_err("report: --analyze goes with --plot-data DIR");
+        return m2d_cmd_fail("report");
+    }
+    m2d_an_csv an = {0};
+    if (analyze && m2d_an_csv_read(analyze, &an)) return m2d_cmd_fail("report");
     m2d_results r;
-    if (m2d_results_read(pos[0], &r)) return m2d_cmd_fail("report");
+    if (m2d_results_read_checked(pos[0], &r)) {
+        m2d_an_csv_free(&an);
+        return m2d_cmd_fail("report");
+    }
     if (r.torn_bytes) fprintf(stderr, "moe2dense report: %s: ignoring a torn last line (a sweep is running or was killed)\n", pos[0]);
     char *buf = NULL;
     size_t len = 0;
@@ -53,12 +68,14 @@ static int cmd_report_run(int argc, char **argv) {
     int rc = best ? m2d_report_write_best_per_pair(&r, f) : m2d_report_write(&r, fmt, f);
     fclose(f);
     if (rc == 0 && plot) rc = m2d_report_plot_data(&r, plot);
+    if (rc == 0 && analyze) rc = m2d_report_analyze_plot_data(&an, plot);
     if (rc == 0) {
         if (out) rc = m2d_write_file_atomic(out, buf, len);
         else fwrite(buf, 1, len, stdout);
     }
     free(buf);
     m2d_results_free(&r);
+    m2d_an_csv_free(&an);
     return rc ? m2d_cmd_fail("report") : 0;
 }
 

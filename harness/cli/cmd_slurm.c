@@ -25,6 +25,7 @@ static const char USAGE[] =
     "  --results-dir DIR     where shard CSVs and logs go (default: results/slurm-NAME)\n"
     "  --script FILE         where to write the script (default: DIR/NAME.sbatch)\n"
     "  --set KEY=VALUE       experiment overrides passed on to every shard (repeatable)\n"
+    "  --max-configs N       the grid limit (see 'moe2dense help sweep'), passed on to every shard\n"
     "\n"
     "Each shard computes (or reuses) the calibration cache; with a shared cache_dir the first\n"
     "shard to finish calibrating writes it atomically and later shards reuse it.\n";
@@ -36,16 +37,16 @@ static int cmd_slurm_run(int argc, char **argv) {
         free(sets);
         return m2d_cmd_fail("slurm");
     }
-    const char *exp = NULL, *shards = NULL, *cpus = "1";
+    const char *exp = NULL, *shards = NULL, *cpus = "1", *max_configs = NULL;
     m2d_slurm_opts o = {.sets = sets, .n_sets = n_sets};
     m2d_opt opts[] = {{"--experiment", 1, &exp, NULL},          {"--shards", 1, &shards, NULL},
                       {"--partition", 1, &o.partition, NULL},   {"--gpus-per-task", 1, &o.gpus_per_task, NULL},
                       {"--time", 1, &o.time_limit, NULL},       {"--cpus-per-task", 1, &cpus, NULL},
                       {"--results-dir", 1, &o.results_dir, NULL}, {"--script", 1, &o.script, NULL},
-                      {0}};
+                      {"--max-configs", 1, &max_configs, NULL}, {0}};
     char *pos[1];
     int npos = 0, rc = -1;
-    long n, c;
+    long n, c, mc = 0;
     m2d_slurm_job job = {0};
     if (m2d_parse_opts("slurm", argc, argv, opts, pos, 1, &npos)) goto done;
     if (npos != 1 || !exp || !shards) {
@@ -53,8 +54,11 @@ static int cmd_slurm_run(int argc, char **argv) {
         goto done;
     }
     if (m2d_parse_int("slurm", "--shards", shards, 1, 100000, &n) ||
-        m2d_parse_int("slurm", "--cpus-per-task", cpus, 1, 4096, &c))
+        m2d_parse_int("slurm", "--cpus-per-task", cpus, 1, 4096, &c) ||
+        (max_configs && m2d_parse_int("slurm", "--max-configs", max_configs, 1, 1L << 40, &mc)))
         goto done;
+    m2d_grid_set_max_configs(mc);
+    o.max_configs = mc;
     o.experiments = pos[0];
     o.experiment = exp;
     o.shards = (int)n;
@@ -62,7 +66,7 @@ static int cmd_slurm_run(int argc, char **argv) {
     rc = m2d_slurm_write(&o, &job);
     if (rc == 0) {
         printf("wrote %s (%d array tasks, %d configurations)\n", job.script_path, o.shards, job.n_configs);
-        printf("submit: sbatch %s\n", job.script_path);
+        printf("submit: %s\n", job.submit_command);
         printf("merge:  %s\n", job.merge_command);
     }
 done:

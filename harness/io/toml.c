@@ -676,6 +676,13 @@ m2d_toml *m2d_toml_load(const char *path) {
     return t;
 }
 
+/* Values from the command line have no place in the file: line 0 (errors then say "--set"). */
+static void mark_from_command_line(m2d_toml *t) {
+    t->line = t->col = 0;
+    for (int i = 0; (t->type == M2D_TOML_ARRAY || t->type == M2D_TOML_TABLE) && i < t->n; i++)
+        mark_from_command_line(t->items[i]);
+}
+
 int m2d_toml_set(m2d_toml *root, const char *dotted, const char *value) {
     if (!*dotted) return m2d_err("--set: empty key");
     /* parse "v = VALUE" as a document; fall back to a plain string */
@@ -693,6 +700,7 @@ int m2d_toml_set(m2d_toml *root, const char *dotted, const char *value) {
         val->str = m2d_strdup(value);
     }
     m2d_err_clear();
+    mark_from_command_line(val);
     char *copy = m2d_strdup(dotted), *save = NULL;
     m2d_toml *cur = root;
     char *part = strtok_r(copy, ".", &save);

@@ -19,7 +19,7 @@ typedef enum { M2D_TOML_STRING, M2D_TOML_INT, M2D_TOML_FLOAT, M2D_TOML_BOOL, M2D
 typedef struct m2d_toml m2d_toml;
 struct m2d_toml {
     m2d_toml_type type;
-    int line, col;          /* where the value (or the table header) starts */
+    int line, col;          /* where the value (or the table header) starts; 0: from --set */
     char *str;              /* STRING */
     int64_t i;              /* INT, BOOL (0/1) */
     double f;               /* FLOAT */
@@ -41,7 +41,8 @@ const char *m2d_toml_type_name(m2d_toml_type t);
 
 /* Set (replace or create) DOTTED in table ROOT from a command-line string VALUE: VALUE is
  * parsed as a TOML value when it is one (8, 1.5, true, "x", [1, 2]), else taken as a string.
- * Intermediate tables are created. Used by `--set key=value`. */
+ * Intermediate tables are created. Used by `--set key=value`. The value's nodes get line = col
+ * = 0 (they are in no file: messages about them name "--set", not a file position). */
 int m2d_toml_set(m2d_toml *root, const char *dotted, const char *value);
 
 #endif

@@ -46,8 +46,10 @@ int m2d_cfg_int(const void *json, const char *path, const char *name, int requir
         *out = dflt;
         return 0;
     }
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 2147483647.0)
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
         return m2d_err1("%s: field '%s': must be an integer", path, name);
+    if (fabs(v->valuedouble) > 2147483647.0)
+        return m2d_err1("%s: field '%s': %.17g is out of range (at most 2147483647)", path, name, v->valuedouble);
     *out = (int)v->valuedouble;
     return 0;
 }
@@ -131,6 +133,9 @@ int m2d_cfg_int_list(const void *json, const char *path, const char *name, int *
     for (const cJSON *x = v->child; x; x = x->next, i++) {
         if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || fabs(x->valuedouble) > 2147483647.0) {
             free(a);
+            if (cJSON_IsNumber(x) && x->valuedouble == floor(x->valuedouble))
+                return m2d_err1("%s: field '%s': element %d: %.17g is out of range (at most 2147483647)", path, name,
+                                i, x->valuedouble);
             return m2d_err1("%s: field '%s': element %d must be an integer", path, name, i);
         }
         a[i] = (int)x->valuedouble;

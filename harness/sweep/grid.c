@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "io/results.h"
 #include "model/model.h"
 #include "sweep/sweep_backend.h"
 
@@ -17,12 +18,31 @@ typedef struct {
     const char *file, *exp;
 } ctx;
 
+/* "FILE:LINE:COL: experiment 'NAME'", or "--set: experiment 'NAME'" for a value given on the
+ * command line (its nodes have line 0: m2d_toml_set) */
+static const char *where_at(const char *file, const char *exp, const m2d_toml *v, char *buf, size_t n) {
+    if (!v) snprintf(buf, n, "%s: experiment '%s'", file, exp);
+    else if (v->line == 0) snprintf(buf, n, "--set: experiment '%s'", exp);
+    else snprintf(buf, n, "%s:%d:%d: experiment '%s'", file, v->line, v->col, exp);
+    return buf;
+}
+
+static const char *where(const ctx *c, const m2d_toml *v, char *buf, size_t n) {
+    return where_at(c->file, c->exp, v, buf, n);
+}
+
+/* What V is, for "must be X, not Y" (an empty array says so). */
+static const char *what_it_is(const m2d_toml *v) {
+    if ((v->type == M2D_TOML_ARRAY || v->type == M2D_TOML_TABLE) && v->n == 0)
+        return v->type == M2D_TOML_ARRAY ? "an empty array" : "an empty table";
+    if (v->type == M2D_TOML_STRING && !v->str[0]) return "an empty string";
+    return m2d_toml_type_name(v->type);
+}
+
 static int key_err(const ctx *c, const m2d_toml *v, const char *key, const char *want) {
-    if (v && v->line == 0) /* a value from --set */
-        return m2d_err("--set %s: must be %s, not %s", key, want, m2d_toml_type_name(v->type));
-    if (v) return m2d_err("%s:%d:%d: experiment '%s': '%s' must be %s, not %s", c->file, v->line, v->col, c->exp,
-                          key, want, m2d_toml_type_name(v->type));
-    return m2d_err("%s: experiment '%s': missing '%s' (%s)", c->file, c->exp, key, want);
+    char at[512];
+    if (v) return m2d_err("%s: '%s' must be %s, not %s", where(c, v, at, sizeof at), key, want, what_it_is(v));
+    return m2d_err("%s: missing '%s' (%s)", where(c, NULL, at, sizeof at), key, want);
 }
 
 static int get_str(const ctx *c, const m2d_toml *t, const char *key, const char *dflt, char **out) {
@@ -37,6 +57,15 @@ static int get_str(const ctx *c, const m2d_toml *t, const char *key, const char 
     return 0;
 }
 
+/* A path: a non-empty string (an empty one would become "/config.json" and the like). */
+static int get_path(const ctx *c, const m2d_toml *t, const char *key, const char *dflt, char **out) {
+    if (get_str(c, t, key, dflt, out)) return -1;
+    if (**out) return 0;
+    free(*out);
+    *out = NULL;
+    return key_err(c, m2d_toml_path(t, key), key, "a non-empty path");
+}
+
 static int get_int(const ctx *c, const m2d_toml *t, const char *key, int64_t dflt, int64_t lo, int64_t hi,
                    int64_t *out) {
     const m2d_toml *v = m2d_toml_path(t, key);
@@ -45,9 +74,10 @@ static int get_int(const ctx *c, const m2d_toml *t, const char *key, int64_t dfl
         return 0;
     }
     if (v->type != M2D_TOML_INT) return key_err(c, v, key, "an integer");
+    char at[512];
     if (v->i < lo || v->i > hi)
-        return m2d_err("%s:%d:%d: experiment '%s': '%s' = %lld is outside [%lld, %lld]", c->file, v->line, v->col,
-                       c->exp, key, (long long)v->i, (long long)lo, (long long)hi);
+        return m2d_err("%s: '%s' = %lld is outside [%lld, %lld]", where(c, v, at, sizeof at), key, (long long)v->i,
+                       (long long)lo, (long long)hi);
     *out = v->i;
     return 0;
 }
@@ -65,9 +95,10 @@ static int check_keys(const ctx *c, const m2d_toml *t, const char *where, const 
     for (int i = 0; i < t->n; i++) {
         int ok = 0;
         for (int j = 0; j < n; j++) ok |= strcmp(t->keys[i], allowed[j]) == 0;
+        char at[512];
         if (!ok)
-            return m2d_err("%s:%d:%d: experiment '%s': unknown key '%s' in %s", c->file, t->items[i]->line,
-                           t->items[i]->col, c->exp, t->keys[i], where);
+            return m2d_err("%s: unknown key '%s' in %s", where_at(c->file, c->exp, t->items[i], at, sizeof at),
+                           t->keys[i], where);
     }
     return 0;
 }
@@ -159,13 +190,16 @@ static int read_axis(const ctx *c, const m2d_toml *axes, int which, axis *a) {
     if (v->type != M2D_TOML_ARRAY || v->n == 0) return key_err(c, v, key, "a non-empty array");
     a->vals = m2d_calloc((size_t)v->n, sizeof *a->vals);
     for (int i = 0; i < v->n; i++) {
-        char buf[128];
+        char buf[128], at[512];
         size_t cap = which == AX_PARAMS ? 128 : which == AX_K ? 16 : 32; /* the m2d_grid_config field */
         if (scalar_text(c, v->items[i], key, buf, cap)) return -1;
         for (int j = 0; j < a->n; j++)
             if (strcmp(a->vals[j], buf) == 0)
-                return m2d_err("%s:%d:%d: experiment '%s': axis '%s' lists '%s' twice", c->file, v->items[i]->line,
-                               v->items[i]->col, c->exp, key, buf);
+                return m2d_err("%s: axis '%s' lists '%s' twice", where(c, v->items[i], at, sizeof at), key, buf);
+        /* plugin names reach file names, CSV cells and plot titles: plugin-style names only */
+        if (which <= AX_SCALING && !m2d_results_is_name(buf))
+            return m2d_err("%s: axis '%s': '%s' is not a plugin name ([a-z0-9][a-z0-9_.+-]*, < 32 characters)",
+                           where(c, v->items[i], at, sizeof at), key, buf);
         a->vals[a->n++] = m2d_strdup(buf);
     }
     return 0;
@@ -179,9 +213,10 @@ static int rule_matches(const ctx *c, const m2d_toml *rule, const m2d_grid_confi
         int which = -1;
         for (int a = 0; a < N_AXES; a++)
             if (strcmp(key, AXES[a]) == 0) which = a;
+        char at[512];
         if (which < 0)
-            return m2d_err("%s:%d:%d: experiment '%s': rule key '%s' is not an axis (scoring, grouping, scaling, K, "
-                           "params)", c->file, rule->items[i]->line, rule->items[i]->col, c->exp, key);
+            return m2d_err("%s: rule key '%s' is not an axis (scoring, grouping, scaling, K, params)",
+                           where(c, rule->items[i], at, sizeof at), key);
         const m2d_toml *v = rule->items[i];
         int nv = v->type == M2D_TOML_ARRAY ? v->n : 1;
         int any = 0;
@@ -199,7 +234,7 @@ static int rule_matches(const ctx *c, const m2d_toml *rule, const m2d_grid_confi
                 if (m2d_grid_resolve_K(buf, k, E, &K)) {
                     char msg[512];
                     snprintf(msg, sizeof msg, "%s", m2d_errmsg());
-                    return m2d_err("%s:%d:%d: experiment '%s': rule: %s", c->file, item->line, item->col, c->exp, msg);
+                    return m2d_err("%s: rule: %s", where(c, item, at, sizeof at), msg);
                 }
                 any |= K == cfg->K;
                 break;
@@ -236,6 +271,23 @@ static int get_rules(const ctx *c, const m2d_toml *t, const char *key, const m2d
     return 0;
 }
 
+static int64_t max_configs = M2D_GRID_DEFAULT_MAX_CONFIGS;
+
+void m2d_grid_set_max_configs(int64_t n) { max_configs = n > 0 ? n : M2D_GRID_DEFAULT_MAX_CONFIGS; }
+int64_t m2d_grid_max_configs(void) { return max_configs; }
+
+/* The grid is counted before it is built: a runaway axis is one line, not gigabytes. */
+static int check_grid_size(const ctx *c, const axis *ax) {
+    int64_t total = 1;
+    for (int a = 0; a < N_AXES; a++) total = total > INT64_MAX / (ax[a].n + 1) ? INT64_MAX : total * ax[a].n;
+    if (total <= max_configs) return 0;
+    char at[512];
+    return m2d_err("%s: the grid has %lld configurations (scoring %d x grouping %d x scaling %d x K %d x params %d, "
+                   "before rules), more than the limit of %lld: narrow the axes, or raise the limit with "
+                   "--max-configs N", where(c, NULL, at, sizeof at), (long long)total, ax[AX_SCORING].n,
+                   ax[AX_GROUPING].n, ax[AX_SCALING].n, ax[AX_K].n, ax[AX_PARAMS].n, (long long)max_configs);
+}
+
 static int build_grid(const ctx *c, m2d_experiment *x) {
     const m2d_toml *axes_t = m2d_toml_get(x->table, "axes");
     if (!axes_t || axes_t->type != M2D_TOML_TABLE) return key_err(c, axes_t, "axes", "a table of axis lists");
@@ -243,6 +295,7 @@ static int build_grid(const ctx *c, m2d_experiment *x) {
     axis ax[N_AXES] = {0};
     int rc = 0;
     for (int a = 0; a < N_AXES && rc == 0; a++) rc = read_axis(c, axes_t, a, &ax[a]);
+    if (rc == 0) rc = check_grid_size(c, ax);
     const m2d_toml *incl = NULL, *excl = NULL;
     if (rc == 0) rc = get_rules(c, x->table, "include", &incl);
     if (rc == 0) rc = get_rules(c, x->table, "exclude", &excl);
@@ -262,8 +315,9 @@ static int build_grid(const ctx *c, m2d_experiment *x) {
                             char msg[512];
                             snprintf(msg, sizeof msg, "%s", m2d_errmsg());
                             const m2d_toml *kv = m2d_toml_get(axes_t, "K");
-                            rc = m2d_err("%s:%d:%d: experiment '%s': axes.K: %s (teacher k = %d, E = %d)", c->file,
-                                         kv->line, kv->col, c->exp, msg, x->k, x->E);
+                            char at[512];
+                            rc = m2d_err("%s: axes.K: %s (teacher k = %d, E = %d)", where(c, kv, at, sizeof at), msg,
+                                         x->k, x->E);
                             break;
                         }
                         /* two K expressions for the same K (e.g. 8k and E when E = 8k): keep the first */
@@ -357,21 +411,21 @@ static int read_experiment(const ctx *c, m2d_experiment *x) {
         check_keys(c, m2d_toml_get(x->table, "ppl"), "[ppl]", ppl_keys, 4) ||
         check_keys(c, m2d_toml_get(x->table, "teacher"), "[teacher]", teacher_keys, 3))
         return -1;
-    if (get_str(c, x->table, "description", "", &x->description) || get_str(c, x->table, "model", NULL, &x->model) ||
+    if (get_str(c, x->table, "description", "", &x->description) || get_path(c, x->table, "model", NULL, &x->model) ||
         get_str(c, x->table, "backend", "pipeline", &x->backend))
         return -1;
     char *dflt_out = m2d_strfmt("results/%s.csv", x->name);
-    int rc = get_str(c, x->table, "out", dflt_out, &x->out);
+    int rc = get_path(c, x->table, "out", dflt_out, &x->out);
     free(dflt_out);
-    if (rc || get_str(c, x->table, "cache_dir", "results/cache", &x->cache_dir)) return -1;
+    if (rc || get_path(c, x->table, "cache_dir", "results/cache", &x->cache_dir)) return -1;
     if (check_backend(c, x)) return -1;
-    if (get_str(c, x->table, "calibration.data", NULL, &x->calib_data) ||
+    if (get_path(c, x->table, "calibration.data", NULL, &x->calib_data) ||
         get_int32(c, x->table, "calibration.seq_len", 2048, 2, 1 << 20, &x->calib_seq_len) ||
         get_int32(c, x->table, "calibration.samples", 512, 1, 1 << 24, &x->calib_samples) ||
         get_int(c, x->table, "calibration.seed", -1, 0, INT64_MAX, &x->calib_seed))
         return -1;
     if (get_str(c, x->table, "ppl.protocol", "gptq", &x->ppl_protocol) ||
-        get_str(c, x->table, "ppl.data", NULL, &x->ppl_data) ||
+        get_path(c, x->table, "ppl.data", NULL, &x->ppl_data) ||
         get_int32(c, x->table, "ppl.seq_len", 2048, 2, 1 << 20, &x->ppl_seq_len) ||
         get_int32(c, x->table, "ppl.max_windows", 0, 0, 1 << 30, &x->ppl_max_windows))
         return -1;
@@ -399,8 +453,27 @@ static int read_experiment(const ctx *c, m2d_experiment *x) {
     return build_grid(c, x);
 }
 
-int m2d_experiment_load(const char *path, const char *name, char *const *sets, int n_sets, m2d_experiment *x) {
-    memset(x, 0, sizeof *x);
+const char *m2d_experiment_where(const m2d_experiment *x, const char *dotted, const char *item, char *buf, size_t n) {
+    const m2d_toml *v = x->table ? m2d_toml_path(x->table, dotted) : NULL;
+    if (v && item && v->type == M2D_TOML_ARRAY) {
+        const m2d_toml *found = v;
+        for (int i = 0; i < v->n; i++) {
+            const m2d_toml *e = v->items[i];
+            char text[64];
+            if (e->type == M2D_TOML_STRING) snprintf(text, sizeof text, "%s", e->str);
+            else if (e->type == M2D_TOML_INT) snprintf(text, sizeof text, "%lld", (long long)e->i);
+            else continue;
+            if (!strcmp(text, item)) {
+                found = e;
+                break;
+            }
+        }
+        v = found;
+    }
+    return where_at(x->file, x->name, v, buf, n);
+}
+
+static int experiment_load(const char *path, const char *name, char *const *sets, int n_sets, m2d_experiment *x) {
     x->file = m2d_strdup(path);
     x->name = m2d_strdup(name);
     x->doc = m2d_toml_load(path);
@@ -425,6 +498,13 @@ int m2d_experiment_load(const char *path, const char *name, char *const *sets, i
     }
     ctx c = {path, name};
     return read_experiment(&c, x);
+}
+
+int m2d_experiment_load(const char *path, const char *name, char *const *sets, int n_sets, m2d_experiment *x) {
+    memset(x, 0, sizeof *x);
+    if (experiment_load(path, name, sets, n_sets, x) == 0) return 0;
+    m2d_experiment_free(x); /* a failed load holds nothing (freeing it again is harmless) */
+    return -1;
 }
 
 void m2d_experiment_free(m2d_experiment *x) {

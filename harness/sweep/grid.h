@@ -7,6 +7,7 @@
 #ifndef M2D_GRID_H
 #define M2D_GRID_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "io/toml.h"
@@ -54,10 +55,23 @@ typedef struct {
     const m2d_toml *table;       /* [experiment.NAME] inside doc */
 } m2d_experiment;
 
+/* The largest grid m2d_experiment_load builds: the product of the axis lengths is counted first
+ * and a larger grid refused in one line (before rules; the limit is per process, set from the
+ * commands' --max-configs). */
+#define M2D_GRID_DEFAULT_MAX_CONFIGS 20000 /* resume, dedup and report stay within seconds */
+void m2d_grid_set_max_configs(int64_t n); /* <= 0: the default */
+int64_t m2d_grid_max_configs(void);
+
 /* Load experiment NAME from PATH, applying "key=value" overrides (keys relative to the
- * experiment table, e.g. "model", "ppl.max_windows"). Errors name the file, line and key. */
+ * experiment table, e.g. "model", "ppl.max_windows"). Errors name the file, line and key; a
+ * failed load leaves *OUT empty (nothing to free). */
 int m2d_experiment_load(const char *path, const char *name, char *const *sets, int n_sets, m2d_experiment *out);
 void m2d_experiment_free(m2d_experiment *x);
+/* Where a value of X is, for messages: "FILE:LINE:COL: experiment 'NAME'" of the value at DOTTED
+ * ("calibration.seq_len"), or of the element of the array at DOTTED whose text is ITEM
+ * ("axes.scoring", "nope"); "FILE: experiment 'NAME'" for a default; "--set: experiment 'NAME'"
+ * for a value given on the command line. Into BUF, which is returned. */
+const char *m2d_experiment_where(const m2d_experiment *x, const char *dotted, const char *item, char *buf, size_t n);
 /* Names of the experiments in PATH, comma separated (malloc'd), for messages and `help`. */
 char *m2d_experiment_names(const char *path);
 

@@ -392,12 +392,26 @@ int m2d_report_write_best_per_pair(const m2d_results *r, FILE *f) {
 
 /* ---- plot data ---- */
 
-static FILE *open_in(const char *dir, const char *name) {
-    char *p = m2d_path_join(dir, name);
-    FILE *f = fopen(p, "w");
-    if (!f) m2d_err("%s: cannot create", p);
-    free(p);
-    return f;
+/* A plot-data file: built in memory, then written atomically (base/outfile.h) into DIR. */
+typedef struct {
+    FILE *f;
+    char *buf, *path;
+    size_t len;
+} pd_file;
+
+static FILE *pd_open(pd_file *p, const char *dir, const char *name) {
+    p->path = m2d_path_join(dir, name);
+    p->buf = NULL;
+    p->f = open_memstream(&p->buf, &p->len);
+    return p->f;
+}
+
+static int pd_close(pd_file *p) {
+    fclose(p->f);
+    int rc = m2d_write_file_atomic(p->path, p->buf, p->len);
+    free(p->buf);
+    free(p->path);
+    return rc;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -423,14 +437,12 @@ static void marginal_line(FILE *f, const char *label, const double *v, int n) {
 /* heat_<scoring>.dat (PPL matrix: a row per grouping/scaling/params, a column per K) and
  * best_<scoring>.dat (the best K of each row); widens [*lo, *hi] to the finite PPLs written. */
 static int write_heat(const grid *g, int s, const char *dir, double *lo, double *hi) {
+    /* the scoring name is a validated plugin-style name (m2d_results_is_name): safe in a file name */
     char *name = m2d_strfmt("heat_%s.dat", g->sc.v[s]), *bname = m2d_strfmt("best_%s.dat", g->sc.v[s]);
-    FILE *f = open_in(dir, name), *bf = f ? open_in(dir, bname) : NULL;
+    pd_file hp, bp;
+    FILE *f = pd_open(&hp, dir, name), *bf = pd_open(&bp, dir, bname);
     free(name);
     free(bname);
-    if (!bf) {
-        if (f) fclose(f);
-        return -1;
-    }
     fprintf(f, "rows");
     for (int k = 0; k < g->n_K; k++) fprintf(f, " K=%d", g->Ks[k]);
     fprintf(f, "\n");
@@ -445,7 +457,11 @@ static int write_heat(const grid *g, int s, const char *dir, double *lo, double 
                 if (best >= 0) fprintf(bf, "%d %d\n", best, row);
                 row++;
                 /* row header without spaces: gnuplot splits on whitespace */
-                fprintf(f, "%s/%s%s%s", gr, sl, pa[0] ? "/" : "", pa);
+                char *head = m2d_strfmt("%s/%s%s%s", gr, sl, pa[0] ? "/" : "", pa);
+                for (char *c = head; *c; c++)
+                    if (*c == ' ' || *c == '\t' || *c == '"') *c = '_';
+                fputs(head, f);
+                free(head);
                 for (int k = 0; k < g->n_K; k++) {
                     const entry *e = cell(g, sc, gr, sl, pa, g->Ks[k]);
                     if (!e || e->failed) fprintf(f, " NaN");
@@ -457,9 +473,8 @@ static int write_heat(const grid *g, int s, const char *dir, double *lo, double 
                 }
                 fprintf(f, "\n");
             }
-    fclose(f);
-    fclose(bf);
-    return 0;
+    int rc = pd_close(&hp);
+    return pd_close(&bp) || rc ? -1 : 0;
 }
 
 /* marginal_<axis>.dat: per value of the axis, the geometric mean, median and best of the finite
@@ -467,9 +482,9 @@ static int write_heat(const grid *g, int s, const char *dir, double *lo, double 
 static int write_marginal(const grid *g, int a, const char *dir, double *v) {
     static const char *const axes[] = {"scoring", "grouping", "scaling", "K"};
     char *name = m2d_strfmt("marginal_%s.dat", axes[a]);
-    FILE *f = open_in(dir, name);
+    pd_file mp;
+    FILE *f = pd_open(&mp, dir, name);
     free(name);
-    if (!f) return -1;
     fprintf(f, "# value geomean_ppl median_ppl best_ppl n_finite\n");
     const names *ns = a == 0 ? &g->sc : a == 1 ? &g->gr : &g->sl;
     int nvals = a == 3 ? g->n_K : ns->n;
@@ -488,18 +503,16 @@ static int write_marginal(const grid *g, int a, const char *dir, double *v) {
         else snprintf(label, sizeof label, "%s", ns->v[i]);
         marginal_line(f, label, v, n);
     }
-    fclose(f);
-    return 0;
+    return pd_close(&mp);
 }
 
 /* range.txt: the colour range of the heat maps */
 static int write_range(const char *dir, double lo, double hi) {
-    FILE *f = open_in(dir, "range.txt");
-    if (!f) return -1;
+    pd_file rp;
+    FILE *f = pd_open(&rp, dir, "range.txt");
     if (isfinite(lo)) fprintf(f, "%.6g %.6g\n", lo, hi > lo ? hi : lo * 1.01);
     else fprintf(f, "1 10\n");
-    fclose(f);
-    return 0;
+    return pd_close(&rp);
 }
 
 int m2d_report_plot_data(const m2d_results *r, const char *dir) {
@@ -510,17 +523,76 @@ int m2d_report_plot_data(const m2d_results *r, const char *dir) {
         return -1;
     }
     double lo = INFINITY, hi = 0;
-    FILE *list = open_in(dir, "scorings.txt");
-    int rc = list ? 0 : -1;
+    pd_file lp;
+    FILE *list = pd_open(&lp, dir, "scorings.txt");
+    int rc = 0;
     for (int s = 0; s < g.sc.n && rc == 0; s++) {
+        /* names go into file names and (through plots.sh) plot titles: plugin-style names only */
+        if (!m2d_results_is_name(g.sc.v[s])) {
+            rc = m2d_err("plot data: scoring '%.40s' is not a plugin-style name", g.sc.v[s]);
+            break;
+        }
         fprintf(list, "%s\t%s\n", g.sc.v[s], m2d_report_display_name(g.sc.v[s]));
         rc = write_heat(&g, s, dir, &lo, &hi);
     }
-    if (list) fclose(list);
+    if (pd_close(&lp)) rc = -1;
     double *v = m2d_malloc((size_t)(g.n_e + 1) * sizeof *v);
     for (int a = 0; a < 4 && rc == 0; a++) rc = write_marginal(&g, a, dir, v);
     free(v);
     if (rc == 0) rc = write_range(dir, lo, hi);
     grid_free(&g);
+    return rc;
+}
+
+/* ---- analyze plot data ---- */
+
+/* The criteria of A's mean rows in order of first appearance (pointers into A). */
+static int an_criteria(const m2d_an_csv *a, const char **out) {
+    int n = 0;
+    for (int i = 0; i < a->n; i++) {
+        if (a->rows[i].layer != -1) continue;
+        int seen = 0;
+        for (int j = 0; j < n && !seen; j++) seen = !strcmp(out[j], a->rows[i].criterion);
+        if (!seen) out[n++] = a->rows[i].criterion;
+    }
+    return n;
+}
+
+/* The mean value of METRIC for criterion C (and OTHER for overlap); NaN when absent. */
+static double an_mean(const m2d_an_csv *a, m2d_an_metric metric, const char *c, const char *other) {
+    double v = NAN;
+    for (int i = 0; i < a->n; i++) {
+        const m2d_an_row *r = &a->rows[i];
+        if (r->layer == -1 && r->metric == metric && !strcmp(r->criterion, c) && (!other || !strcmp(r->other, other)))
+            v = r->value;
+    }
+    return v;
+}
+
+int m2d_report_analyze_plot_data(const m2d_an_csv *a, const char *dir) {
+    if (m2d_mkdir_p(dir)) return -1;
+    const char **crit = m2d_calloc((size_t)a->n + 1, sizeof *crit);
+    int n = an_criteria(a, crit);
+    pd_file op, ep, kp;
+    FILE *o = pd_open(&op, dir, "overlap.dat"), *e = pd_open(&ep, dir, "erank.dat"), *k = pd_open(&kp, dir, "analyze.txt");
+    fprintf(o, "x");
+    for (int j = 0; j < n; j++) fprintf(o, " %s", crit[j]);
+    fprintf(o, "\n");
+    double max_erank = 0;
+    for (int i = 0; i < n; i++) {
+        fprintf(o, "%s", crit[i]);
+        for (int j = 0; j < n; j++) fprintf(o, " %.6g", an_mean(a, M2D_AN_OVERLAP, crit[i], crit[j]));
+        fprintf(o, "\n");
+        double er = an_mean(a, M2D_AN_ERANK, crit[i], NULL), ew = an_mean(a, M2D_AN_ERANK_W, crit[i], NULL);
+        fprintf(e, "%s %.6g %.6g\n", crit[i], er, ew);
+        if (er > max_erank) max_erank = er;
+        if (ew > max_erank) max_erank = ew;
+    }
+    /* the y range of the erank plot: K when the file records it, else just above the largest rank */
+    fprintf(k, "%d %d\n", a->K ? a->K : (int)max_erank + 1, a->K ? 1 : 0);
+    free(crit);
+    int rc = pd_close(&op);
+    if (pd_close(&ep)) rc = -1;
+    if (pd_close(&kp)) rc = -1;
     return rc;
 }

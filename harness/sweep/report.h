@@ -10,6 +10,7 @@
 
 #include <stdio.h>
 
+#include "io/analyze_csv.h"
 #include "io/results.h"
 
 typedef enum { M2D_REPORT_MD, M2D_REPORT_TEX, M2D_REPORT_CSV } m2d_report_format;
@@ -24,8 +25,15 @@ const char *m2d_report_display_name(const char *name);
 int m2d_report_write(const m2d_results *r, m2d_report_format fmt, FILE *f);
 /* Write gnuplot inputs into DIR: heat_<scoring>.dat (PPL matrix, rows grouping/scaling,
  * columns K, NaN for failed/absent), best_<scoring>.dat (column, row of each row's best K), marginal_<axis>.dat (per axis value: geometric-mean PPL, median, best, count),
- * scorings.txt (the scoring names, one per line). */
+ * scorings.txt ("NAME<TAB>DISPLAY NAME", one scoring a line), range.txt (the colour range). The
+ * names are validated (m2d_results_validate); every file is written atomically. */
 int m2d_report_plot_data(const m2d_results *r, const char *dir);
+
+/* Write the analyze plots' inputs into DIR from a validated `analyze --csv` file: overlap.dat
+ * (mean overlap matrix, row and column headers = criteria), erank.dat (criterion erank erank_w,
+ * means over layers) and analyze.txt ("MAXRANK HAVE_K": K and 1 when the file records K, else
+ * the largest rank + 1 and 0). Only numbers and validated names reach the files. */
+int m2d_report_analyze_plot_data(const m2d_an_csv *a, const char *dir);
 
 /* Paper-style MC selection: for each scoring x grouping pair, the row (K, scaling) with the
  * lowest finite PPL. Row indices into r -> *rows (malloc'd); returns the count. */

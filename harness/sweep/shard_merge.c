@@ -58,7 +58,7 @@ static int read_inputs(merge_state *st) {
     const m2d_shard_merge_opts *o = st->o;
     st->in = m2d_calloc((size_t)o->n_inputs, sizeof *st->in);
     for (int i = 0; i < o->n_inputs; i++) {
-        if (m2d_results_read(o->inputs[i], &st->in[i])) return -1;
+        if (m2d_results_read_checked(o->inputs[i], &st->in[i])) return -1;
         if (st->in[i].torn_bytes)
             note(st->res, "%s: ignoring a torn last line (was that shard killed? re-run it to finish)", o->inputs[i]);
         if (i && same_identity(&st->in[0], o->inputs[0], &st->in[i], o->inputs[i])) return -1;
@@ -123,7 +123,13 @@ static int order_by_grid(merge_state *st) {
 static void check_grid_size(merge_state *st) {
     st->ordered = st->rows;
     const char *gs = m2d_results_meta(&st->in[0], "grid_size");
-    if (gs && atoi(gs) != st->n) {
+    char *end = NULL;
+    long size = gs ? strtol(gs, &end, 10) : 0;
+    if (gs && (!*gs || *end || size < 1)) {
+        note(st->res, "%s: header 'grid_size' is '%.40s', not a number: gaps cannot be counted", st->o->inputs[0], gs);
+        return;
+    }
+    if (gs && size != st->n) {
         st->res->gaps = atoi(gs) - st->n;
         note(st->res, "%d rows but the grid has %s configurations (pass --experiments and --experiment to list the "
                       "missing ones)", st->n, gs);
@@ -199,7 +205,10 @@ int m2d_shard_merge(const m2d_shard_merge_opts *o, m2d_shard_merge_result *res) 
     memset(&st, 0, sizeof st);
     st.o = o;
     st.res = res;
+    m2d_lock lock = {.fd = -1};
     int rc = check_opts(o);
+    /* OUT may be a results file a sweep is writing: take its lock like a sweep would */
+    if (rc == 0) rc = m2d_lock_acquire(&lock, o->out, "merge", "a sweep or a merge writes it: wait, or merge elsewhere", 0);
     if (rc == 0 && o->experiments) {
         rc = m2d_experiment_load(o->experiments, o->experiment, o->sets, o->n_sets, &st.x);
         st.have_exp = rc == 0;
@@ -214,6 +223,7 @@ int m2d_shard_merge(const m2d_shard_merge_opts *o, m2d_shard_merge_result *res) 
         res->files = o->n_inputs;
     }
     free_state(&st);
+    m2d_lock_release(&lock);
     return rc;
 }
 

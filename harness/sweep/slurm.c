@@ -29,6 +29,34 @@ static char *shq(const char *s) {
     return o;
 }
 
+/* "TEXT" + PATTERN as sbatch reads an #SBATCH filename: TEXT literal (backslash escapes, %% for
+ * %), then the Slurm filename PATTERN (e.g. %A_%a.log) as is */
+static char *sbatch_quote(const char *text, const char *pattern) {
+    size_t n = 3 + strlen(pattern);
+    for (const char *p = text; *p; p++) n += 2;
+    char *o = m2d_malloc(n), *q = o;
+    *q++ = '"';
+    for (const char *p = text; *p; p++) {
+        if (*p == '"' || *p == '\\') *q++ = '\\';
+        if (*p == '%') *q++ = '%';
+        *q++ = *p;
+    }
+    strcpy(q, pattern);
+    q += strlen(pattern);
+    *q++ = '"';
+    *q = 0;
+    return o;
+}
+
+/* A path that goes into the script or a printed command: no control characters (a newline
+ * would end the #SBATCH or shell line it is on). */
+static int check_path(const char *what, const char *path) {
+    for (const char *p = path; *p; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            return m2d_err("slurm: %s '%s' holds a control character; refusing to put it in a script", what, path);
+    return 0;
+}
+
 static char *absolute(const char *path) {
     if (path[0] == '/') return m2d_strdup(path);
     char cwd[PATH_MAX];
@@ -89,7 +117,7 @@ static char *sbatch_options(const m2d_slurm_opts *o) {
 }
 
 typedef struct {
-    const char *bin, *dir, *script, *sets;
+    const char *bin, *dir, *qscript, *sets, *limit;
     int n_configs;
 } script_parts;
 
@@ -102,6 +130,7 @@ static char *render(const m2d_slurm_opts *o, const script_parts *sp) {
     char *exp_abs = absolute(o->experiments);
     char *qbin = shq(sp->bin), *qexpfile = shq(exp_abs), *qdir = shq(sp->dir), *qexp = shq(o->experiment);
     char *workdir = shq(getcwd(cwd, sizeof cwd) ? cwd : "."), *opt_lines = sbatch_options(o);
+    char *log = m2d_strfmt("%s/%s-", sp->dir, o->experiment), *qlog = sbatch_quote(log, "%A_%a.log");
     const char *exp = o->experiment;
     int n = o->shards, c = o->cpus_per_task;
     char *text = m2d_strfmt(
@@ -112,16 +141,16 @@ static char *render(const m2d_slurm_opts *o, const script_parts *sp) {
         "#SBATCH --array=1-%d\n"
         "#SBATCH --cpus-per-task=%d\n"
         "#SBATCH --ntasks=1\n"
-        "#SBATCH --output=%s/%s-%%A_%%a.log\n"
+        "#SBATCH --output=%s\n"
         "%s"
         "set -euo pipefail\n"
         "cd %s\n"
         "shard=${SLURM_ARRAY_TASK_ID:?this script runs as a Slurm array task}\n"
         "export M2D_THREADS=${SLURM_CPUS_PER_TASK:-%d}\n"
         "exec %s sweep %s --experiment %s --shard \"$shard/%d\" \\\n"
-        "  --out %s/%s.shard-\"$shard\"-of-%d.csv --threads \"$M2D_THREADS\"%s\n",
-        M2D_VERSION, now, exp, sp->n_configs, n, sp->script, exp, n, c, sp->dir, exp, opt_lines, workdir, c, qbin,
-        qexpfile, qexp, n, qdir, exp, n, sp->sets);
+        "  --out %s/%s.shard-\"$shard\"-of-%d.csv --threads \"$M2D_THREADS\"%s%s\n",
+        M2D_VERSION, now, exp, sp->n_configs, n, sp->qscript, exp, n, c, qlog, opt_lines, workdir, c, qbin,
+        qexpfile, qexp, n, qdir, exp, n, sp->limit, sp->sets);
     free(exp_abs);
     free(qbin);
     free(qexpfile);
@@ -129,7 +158,25 @@ static char *render(const m2d_slurm_opts *o, const script_parts *sp) {
     free(qexp);
     free(workdir);
     free(opt_lines);
+    free(log);
+    free(qlog);
     return text;
+}
+
+/* `moe2dense merge` of the shard CSVs, every word quoted (the glob stays outside the quotes). */
+static char *merge_command(const m2d_slurm_opts *o, const char *bin, const char *dir, const char *sets,
+                           const char *limit) {
+    char *out = m2d_strfmt("%s.csv", o->experiment);
+    char *qbin = shq(bin), *qout = shq(out), *qdir = shq(dir), *qname = shq(o->experiment), *qexps = shq(o->experiments);
+    char *cmd = m2d_strfmt("%s merge %s %s/%s.shard-*-of-%d.csv --experiments %s --experiment %s%s%s", qbin, qout, qdir,
+                           qname, o->shards, qexps, qname, limit, sets);
+    free(out);
+    free(qbin);
+    free(qout);
+    free(qdir);
+    free(qname);
+    free(qexps);
+    return cmd;
 }
 
 /* The results directory (created) and the script path, both absolute. */
@@ -155,18 +202,24 @@ int m2d_slurm_write(const m2d_slurm_opts *o, m2d_slurm_job *job) {
                      o->experiment);
     if (rc == 0) rc = resolve_paths(o, &dir, &job->script_path);
     if (rc == 0 && !(bin = binary_path(o))) rc = -1;
+    if (rc == 0 && (check_path("binary", bin) || check_path("results directory", dir) ||
+                    check_path("script", job->script_path) || check_path("experiments file", o->experiments)))
+        rc = -1;
+    char *limit = o->max_configs > 0 ? m2d_strfmt(" --max-configs %lld", o->max_configs) : m2d_strdup("");
+    char *qscript = shq(job->script_path ? job->script_path : "");
     if (rc == 0) {
         sets = set_args(o);
-        script_parts sp = {bin, dir, job->script_path, sets, x.n_configs};
+        script_parts sp = {bin, dir, qscript, sets, limit, x.n_configs};
         text = render(o, &sp);
         rc = m2d_write_file_atomic(job->script_path, text, strlen(text));
     }
     if (rc == 0) {
         job->n_configs = x.n_configs;
-        job->merge_command = m2d_strfmt("%s merge %s.csv %s/%s.shard-*-of-%d.csv --experiments %s --experiment %s%s",
-                                        bin, o->experiment, dir, o->experiment, o->shards, o->experiments,
-                                        o->experiment, sets);
+        job->submit_command = m2d_strfmt("sbatch %s", qscript);
+        job->merge_command = merge_command(o, bin, dir, sets, limit);
     }
+    free(limit);
+    free(qscript);
     m2d_experiment_free(&x);
     free(dir);
     free(bin);
@@ -178,6 +231,7 @@ int m2d_slurm_write(const m2d_slurm_opts *o, m2d_slurm_job *job) {
 
 void m2d_slurm_job_free(m2d_slurm_job *job) {
     free(job->script_path);
+    free(job->submit_command);
     free(job->merge_command);
     memset(job, 0, sizeof *job);
 }

@@ -64,7 +64,6 @@ static int mc_stage_if_configured(const m2d_experiment *x, const m2d_sweep_opts 
 static int run_with_backend(const m2d_experiment *x, const m2d_sweep_opts *o, const char *out, m2d_sweep_backend *b,
                             const int *idx, int n_idx, m2d_sweep_summary *sum) {
     char model_hash[65] = "", calib_hash[65] = "";
-    if (make_parent_dir(out)) return -1;
     double t_prep = m2d_now();
     if (b->prepare(b, x, model_hash, calib_hash)) return -1;
     sum->prepare_s = m2d_now() - t_prep;
@@ -90,19 +89,43 @@ static int run_with_backend(const m2d_experiment *x, const m2d_sweep_opts *o, co
     return rc;
 }
 
+/* The backend of X, made and checked (nothing has been written when this fails). */
+static int backend_checked(const m2d_experiment *x, m2d_sweep_backend *b) {
+    if (m2d_sweep_backend_make(x, b)) return -1;
+    if (!b->check || b->check(b, x) == 0) return 0;
+    m2d_sweep_backend_close(b);
+    return -1;
+}
+
+/* OUT's lock for the whole run (pool, MC stage, rewrites); a dead run's temp files are removed. */
+static int lock_output(const char *out, const m2d_sweep_opts *o, m2d_lock *lock) {
+    if (make_parent_dir(out) || m2d_check_output_path(out) ||
+        m2d_lock_acquire(lock, out, "sweep", "another sweep writes it: wait for it, or use another --out", 0))
+        return -1;
+    if (o->no_resume && m2d_file_exists(out)) {
+        m2d_lock_release(lock);
+        return m2d_err("sweep: %s exists and --no-resume was given (move it away or drop --no-resume)", out);
+    }
+    char *side = m2d_strfmt("%s.mc.csv", out);
+    int n = m2d_atomic_remove_leftovers(out) + m2d_atomic_remove_leftovers(side);
+    if (n) fprintf(stderr, "moe2dense sweep: removed %d temporary file(s) an interrupted run left next to %s\n", n, out);
+    free(side);
+    return 0;
+}
+
 int m2d_sweep_run(const m2d_experiment *x, const m2d_sweep_opts *o, m2d_sweep_summary *sum) {
     memset(sum, 0, sizeof *sum);
     double t_start = m2d_now();
     const char *out = o->out ? o->out : x->out;
-    if (o->no_resume && m2d_file_exists(out))
-        return m2d_err("sweep: %s exists and --no-resume was given (move it away or drop --no-resume)", out);
-    int *idx = NULL, n_idx = run_configs(x, o, &idx);
-    sum->total = n_idx;
     m2d_sweep_backend b;
-    if (m2d_sweep_backend_make(x, &b)) {
-        free(idx);
+    if (backend_checked(x, &b)) return -1;
+    m2d_lock lock;
+    if (lock_output(out, o, &lock)) {
+        m2d_sweep_backend_close(&b);
         return -1;
     }
+    int *idx = NULL, n_idx = run_configs(x, o, &idx);
+    sum->total = n_idx;
     int jobs, threads;
     choose_threads(o, n_idx, &jobs, &threads);
     b.threads = threads;
@@ -112,6 +135,7 @@ int m2d_sweep_run(const m2d_experiment *x, const m2d_sweep_opts *o, m2d_sweep_su
     int rc = run_with_backend(x, o, out, &b, idx, n_idx, sum);
     free(idx);
     m2d_sweep_backend_close(&b);
+    m2d_lock_release(&lock);
     sum->wall_s = m2d_now() - t_start;
     return rc;
 }
@@ -275,10 +299,13 @@ static void print_estimate(const m2d_experiment *x, const m2d_results *existing,
 
 int m2d_sweep_dry_run(const m2d_experiment *x, const m2d_sweep_opts *o, FILE *f) {
     const char *out = o->out ? o->out : x->out;
-    int *idx = NULL, n_idx = run_configs(x, o, &idx);
+    m2d_sweep_backend b;
+    if (backend_checked(x, &b)) return -1; /* what the run would refuse, the dry run refuses */
+    m2d_sweep_backend_close(&b);
     m2d_results existing = {0};
-    int have_csv = m2d_file_exists(out) && m2d_results_read(out, &existing) == 0;
-    m2d_err_clear();
+    int have_csv = m2d_file_exists(out);
+    if (have_csv && m2d_results_read_checked(out, &existing)) return -1;
+    int *idx = NULL, n_idx = run_configs(x, o, &idx);
     fprintf(f, "experiment %s (%s): %s\n", x->name, x->file, x->description);
     fprintf(f, "teacher %s: E = %d, k = %d%s\n", x->model, x->E, x->k,
             x->shape_from_config ? "" : " (from [teacher]; config.json not readable)");

@@ -26,14 +26,23 @@ typedef struct {
 
 typedef struct {
     int total, skipped, evaluated, dedup, failed;
+    /* configurations of this run whose row (written now or by an earlier run) says failed for a
+     * reason other than a non-finite perplexity: the sweep could not run them (the command then
+     * exits non-zero); mc_failed: the same for the multiple-choice stage */
+    int unrunnable, mc_failed;
     double wall_s, eval_s;  /* eval_s: time inside build + evaluate, summed over workers */
     double prepare_s;       /* backend prepare: teacher, calibration (or its cache), data encoding */
     int jobs, threads;
     int mc_selected, mc_evaluated; /* multiple-choice stage */
 } m2d_sweep_summary;
 
+/* Before any work: the backend's check of the experiment (plugins, parameters, lengths, data);
+ * then OUT is locked for the whole run (a second sweep on it is refused, naming the holder), its
+ * rows are validated, and the pool and the MC stage run. 0 also when configurations failed
+ * (sum->failed, sum->unrunnable say how many). */
 int m2d_sweep_run(const m2d_experiment *x, const m2d_sweep_opts *o, m2d_sweep_summary *sum);
-/* Print the grid, the distinct-student count (or its upper bound) and a run-time estimate. */
+/* Print the grid, the distinct-student count (or its upper bound) and a run-time estimate, after
+ * the same check as a run and the validation of an existing CSV (-1 + m2d_err when either fails). */
 int m2d_sweep_dry_run(const m2d_experiment *x, const m2d_sweep_opts *o, FILE *f);
 
 #endif

@@ -49,6 +49,11 @@ struct m2d_sweep_backend {
      * res->mc[2t+1] = acc_norm (NaN when the task has none), res->mc[2 n_tasks] = the average of
      * each task's paper metric */
     int (*evaluate_mc)(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res);
+    /* optional: before any work (the run and its dry run call it first), refuse in one line what
+     * build or evaluate would reject for the experiment: unknown plugins, parameters no chosen
+     * plugin takes, lengths beyond the teacher's, missing data files. 0, or -1 + m2d_err naming
+     * FILE:LINE:COL of the value (or "--set") */
+    int (*check)(m2d_sweep_backend *b, const m2d_experiment *x);
     /* optional (dry run): the fingerprint configuration C's student would have, without building
      * it: 0 and fp; 1 when C would fail to build (it makes no student); -1 when the backend cannot
      * tell yet (e.g. no cached calibration statistics) */

@@ -148,7 +148,7 @@ char *m2d_sweep_mc_cell(double v) { return fmt_num(v, "%.6f"); }
 int m2d_sweep_drop_failed_rows(const char *path) {
     if (!m2d_file_exists(path)) return 0;
     m2d_results r;
-    if (m2d_results_read(path, &r)) return -1;
+    if (m2d_results_read_checked(path, &r)) return -1;
     int st = m2d_results_col(&r, "status"), kept = 0;
     for (int i = 0; i < r.n_rows; i++) {
         if (st >= 0 && strncmp(r.rows[i][st], "failed", 6) == 0) {

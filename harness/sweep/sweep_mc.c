@@ -58,8 +58,8 @@ static int copy_cells(m2d_results *main, int fp_col, const char *fp, const m2d_r
 
 int m2d_sweep_mc_fill(const char *out, const char *side, char *const *mc_cols, int n_mc) {
     m2d_results main, mc;
-    if (m2d_results_read(out, &main)) return -1;
-    if (m2d_results_read(side, &mc)) {
+    if (m2d_results_read_checked(out, &main)) return -1;
+    if (m2d_results_read_checked(side, &mc)) {
         m2d_results_free(&main);
         return -1;
     }
@@ -85,7 +85,8 @@ int m2d_sweep_mc_fill(const char *out, const char *side, char *const *mc_cols, i
     return rc;
 }
 
-/* The sidecar row of one configuration: build its student, run the tasks. */
+/* The sidecar row of one configuration: build its student, run the tasks. 0, 1 when the row says
+ * failed, -1 when it could not be written. */
 static int evaluate_one(const m2d_experiment *x, m2d_sweep_backend *b, int ci, double *mc_buf, int n_mc,
                         m2d_results_writer *w) {
     double t0 = m2d_now();
@@ -110,7 +111,7 @@ static int evaluate_one(const m2d_experiment *x, m2d_sweep_backend *b, int ci, d
     f[k++] = r.error[0] ? m2d_strfmt("failed: %s", r.error) : m2d_strdup("ok");
     int rc = m2d_results_append(w, (const char *const *)f);
     m2d_sweep_row_free(f, n);
-    return rc;
+    return rc ? -1 : r.error[0] ? 1 : 0;
 }
 
 /* Evaluate the selected rows of MAIN not yet in the sidecar (DONE: its rows so far). */
@@ -123,11 +124,14 @@ static int evaluate_selected(const m2d_experiment *x, m2d_sweep_backend *b, cons
     m2d_progress_start(&prog, "multiple choice", n_sel);
     for (int s = 0; rc == 0 && s < n_sel; s++) {
         const char *id = m2d_results_get(main, rows[s], "config_id");
-        int seen = 0;
-        for (int d = 0; d < done->n_rows && !seen; d++) seen = !strcmp(done->rows[d][done_id], id);
+        int seen = -1;
+        for (int d = 0; d < done->n_rows && seen < 0; d++)
+            if (!strcmp(done->rows[d][done_id], id)) seen = d;
+        if (seen >= 0 && strncmp(m2d_results_get(done, seen, "status"), "failed", 6) == 0) sum->mc_failed++;
         int ci = find_config(x, id);
-        if (seen || ci < 0) continue;
+        if (seen >= 0 || ci < 0) continue;
         rc = evaluate_one(x, b, ci, mc_buf, n_mc, w);
+        if (rc == 1) sum->mc_failed++, rc = 0;
         sum->mc_evaluated++;
         m2d_progress_update(&prog, s + 1);
     }
@@ -139,7 +143,7 @@ static int evaluate_selected(const m2d_experiment *x, m2d_sweep_backend *b, cons
 int m2d_sweep_mc_stage(const m2d_experiment *x, m2d_sweep_backend *b, const char *out, const m2d_sweep_meta *meta,
                        m2d_sweep_summary *sum) {
     m2d_results main;
-    if (m2d_results_read(out, &main)) return -1;
+    if (m2d_results_read_checked(out, &main)) return -1;
     int *rows = NULL, n_sel = mc_select(x, &main, &rows);
     if (n_sel < 0) {
         m2d_results_free(&main);

@@ -4,12 +4,20 @@
  * Calibration cache: CACHE_DIR/<model_hash[:16]>-<calib_hash[:16]>.m2dstats, where calib_hash is
  * h-calib's identity of the chosen windows (token ids, L, gate convention). A cache file is used
  * only if it reads back intact and matches both hashes; otherwise it is recomputed and written
- * atomically, so concurrent shards at worst compute it twice.
+ * atomically. The entry's lock (ENTRY.lock) is held from the look-up until it is written, so
+ * concurrent shards compute it once: the others wait (saying for whom), then read it.
+ *
+ * Check (before any work, also for --dry-run): every scoring/grouping/scaling value is a
+ * registered plugin, every configuration's parameters are taken by its plugins, K is in range,
+ * the calibration and PPL lengths fit the teacher's max_position_embeddings, the data files are
+ * readable, the MC tasks exist; errors name the value's FILE:LINE:COL.
  *
  * PPL (gptq protocol): the evaluation text is encoded ONCE in prepare; each student is scored by
  * m2d_ppl_gptq_tokens, the core of m2d_ppl_gptq (which encodes per call). lm-eval protocol:
  * m2d_ppl_lmeval. Registered as sweep backend "pipeline" (the default). */
 #include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
 #include <math.h>
 #include <unistd.h>
 #include <stdlib.h>
@@ -100,6 +108,38 @@ static m2d_stats *read_cache(pipe_t *p, const char *path, const char *calib_hash
     return NULL;
 }
 
+/* Calibrate into the cache entry PATH (the caller holds its lock). */
+static int calibrate_into(pipe_t *p, const int32_t *ids, size_t n_ids, const char *calib_hash, const char *path) {
+    const m2d_experiment *x = p->x;
+    /* calibration runs before the pool: all cores */
+    m2d_calib_opts o = {x->calib_seq_len, x->calib_samples, x->calib_seed >= 0,
+                        (uint64_t)(x->calib_seed >= 0 ? x->calib_seed : 0), m2d_default_threads(), 0, x->calib_data, 1};
+    double t0 = m2d_now();
+    int rc = m2d_calib_run(p->teacher, ids, (int64_t)n_ids, &o, &p->stats);
+    if (rc == 0 && strcmp(p->stats->calib_hash, calib_hash) != 0)
+        rc = m2d_err("calibration: windows hash %s differs from the expected %s (internal error)", p->stats->calib_hash,
+                     calib_hash);
+    if (rc == 0) rc = m2d_stats_write(p->stats, path);
+    if (rc == 0)
+        fprintf(stderr, "moe2dense sweep: calibrated %d windows x %d tokens in %.1f s -> %s\n", p->stats->n_windows,
+                x->calib_seq_len, m2d_now() - t0, path);
+    return rc;
+}
+
+/* The statistics from the cache entry PATH, computed and written first when absent or stale; the
+ * entry's lock is held meanwhile, so another process waits and then reads what this one wrote. */
+static int cached_statistics(pipe_t *p, const int32_t *ids, size_t n_ids, const char *calib_hash, const char *path) {
+    m2d_lock lock;
+    if (m2d_mkdir_p(p->x->cache_dir) ||
+        m2d_lock_acquire(&lock, path, "sweep", "computing the calibration statistics", 1))
+        return -1;
+    m2d_atomic_remove_leftovers(path); /* of a calibration that was killed while writing */
+    p->stats = read_cache(p, path, calib_hash);
+    int rc = p->stats ? 0 : calibrate_into(p, ids, n_ids, calib_hash, path);
+    m2d_lock_release(&lock);
+    return rc;
+}
+
 static int pipe_prepare(m2d_sweep_backend *b, const m2d_experiment *x, char model_hash[65], char calib_hash[65]) {
     pipe_t *p = b->self;
     if (open_teacher(p)) return -1;
@@ -111,24 +151,7 @@ static int pipe_prepare(m2d_sweep_backend *b, const m2d_experiment *x, char mode
         return -1;
     }
     char *path = cache_path(x, model_hash, calib_hash);
-    p->stats = read_cache(p, path, calib_hash);
-    int rc = 0;
-    if (!p->stats) {
-        /* calibration runs before the pool: all cores */
-        m2d_calib_opts o = {x->calib_seq_len, x->calib_samples, x->calib_seed >= 0,
-                            (uint64_t)(x->calib_seed >= 0 ? x->calib_seed : 0), m2d_default_threads(), 0,
-                            x->calib_data, 1};
-        double t0 = m2d_now();
-        rc = m2d_calib_run(p->teacher, ids, (int64_t)n_ids, &o, &p->stats);
-        if (rc == 0 && strcmp(p->stats->calib_hash, calib_hash) != 0)
-            rc = m2d_err("calibration: windows hash %s differs from the expected %s (internal error)",
-                         p->stats->calib_hash, calib_hash);
-        if (rc == 0) rc = m2d_mkdir_p(x->cache_dir);
-        if (rc == 0) rc = m2d_stats_write(p->stats, path);
-        if (rc == 0)
-            fprintf(stderr, "moe2dense sweep: calibrated %d windows x %d tokens in %.1f s -> %s\n",
-                    p->stats->n_windows, x->calib_seq_len, m2d_now() - t0, path);
-    }
+    int rc = cached_statistics(p, ids, n_ids, calib_hash, path);
     p->stats_path = path;
     free(ids);
     if (rc) return -1;
@@ -305,12 +328,102 @@ static int pipe_plan_fingerprint(m2d_sweep_backend *b, const m2d_experiment *x, 
     return 0;
 }
 
+/* ---- the check before any work ---- */
+
+/* Every value of axis KEY names a registered plugin of KIND. */
+static int check_axis_plugins(const m2d_experiment *x, const char *key, m2d_plugin_kind kind) {
+    for (int i = 0; i < x->n_configs; i++) {
+        const m2d_grid_config *c = &x->configs[i];
+        const char *v = kind == M2D_SCORING ? c->scoring : kind == M2D_GROUPING ? c->grouping : c->scaling;
+        if (m2d_plugin_find(kind, v)) continue;
+        char at[512];
+        m2d_experiment_where(x, key, v, at, sizeof at);
+        return m2d_err("%s: %s: unknown %s plugin '%s' (see 'moe2dense list')", at, key, m2d_plugin_kind_name(kind), v);
+    }
+    return 0;
+}
+
+/* Each configuration as the conversion will see it: parameters parse and are taken, K fits. */
+static int check_configs(const m2d_experiment *x, const m2d_config *cfg) {
+    for (int i = 0; i < x->n_configs; i++) {
+        const m2d_grid_config *c = &x->configs[i];
+        m2d_params params = {0, NULL, NULL};
+        int rc = m2d_params_parse(c->params, &params);
+        if (rc == 0) {
+            m2d_convert_opts o = {.scoring = c->scoring, .grouping = c->grouping, .scaling = c->scaling, .K = c->K,
+                                  .target = M2D_TARGET_DENSE, .params = params};
+            rc = m2d_convert_check(cfg, x->model, &o);
+            m2d_params_free(&params);
+        }
+        if (rc == 0) continue;
+        char at[512], *why = m2d_strdup(m2d_errmsg());
+        m2d_experiment_where(x, c->params[0] ? "axes.params" : "axes.scoring", c->params[0] ? c->params : c->scoring,
+                             at, sizeof at);
+        m2d_err("%s: configuration %s/%s/%s K=%d params '%s': %s", at, c->scoring, c->grouping, c->scaling, c->K,
+                c->params, why);
+        free(why);
+        return -1;
+    }
+    return 0;
+}
+
+/* LEN (the value of KEY) fits the teacher. */
+static int check_length(const m2d_experiment *x, const char *key, int len, const m2d_config *cfg) {
+    if (len <= cfg->max_position_embeddings) return 0;
+    char at[512];
+    return m2d_err("%s: '%s' %d exceeds the teacher's max_position_embeddings %d (%s/config.json)",
+                   m2d_experiment_where(x, key, NULL, at, sizeof at), key, len, cfg->max_position_embeddings, x->model);
+}
+
+static int check_readable(const m2d_experiment *x, const char *key, const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (f) {
+        fclose(f);
+        return 0;
+    }
+    char at[512];
+    return m2d_err("%s: '%s': %s: cannot read: %s", m2d_experiment_where(x, key, NULL, at, sizeof at), key, path,
+                   strerror(errno));
+}
+
+static int check_mc_tasks(const m2d_experiment *x) {
+    for (int t = 0; t < x->n_mc; t++) {
+        if (m2d_mc_plugin_find(x->mc_tasks[t])) continue;
+        char at[512];
+        return m2d_err("%s: mc.tasks: unknown task '%s' (see 'moe2dense list')",
+                       m2d_experiment_where(x, "mc.tasks", x->mc_tasks[t], at, sizeof at), x->mc_tasks[t]);
+    }
+    return 0;
+}
+
+static int pipe_check(m2d_sweep_backend *b, const m2d_experiment *x) {
+    (void)b;
+    if (check_axis_plugins(x, "axes.scoring", M2D_SCORING) || check_axis_plugins(x, "axes.grouping", M2D_GROUPING) ||
+        check_axis_plugins(x, "axes.scaling", M2D_SCALING) || check_mc_tasks(x) ||
+        check_readable(x, "calibration.data", x->calib_data) || check_readable(x, "ppl.data", x->ppl_data))
+        return -1;
+    m2d_config cfg;
+    if (m2d_config_load(x->model, &cfg, NULL) != 0) {
+        /* a dry run may go on from the [teacher] hints; a run stops at the teacher anyway */
+        if (!x->shape_from_config) {
+            m2d_err_clear();
+            return 0;
+        }
+        return -1;
+    }
+    int rc = check_length(x, "calibration.seq_len", x->calib_seq_len, &cfg) ||
+             check_length(x, "ppl.seq_len", x->ppl_seq_len, &cfg) || check_configs(x, &cfg) ? -1 : 0;
+    m2d_config_free(&cfg);
+    return rc;
+}
+
 static void *pipe_open(const m2d_experiment *x) {
     pipe_t *p = m2d_calloc(1, sizeof *p);
     p->x = x;
     return p;
 }
 
-M2D_SWEEP_BACKEND(pipeline, .name = "pipeline", .open = pipe_open, .destroy = pipe_destroy, .prepare = pipe_prepare,
+M2D_SWEEP_BACKEND(pipeline, .name = "pipeline", .open = pipe_open, .destroy = pipe_destroy, .check = pipe_check,
+                  .prepare = pipe_prepare,
                   .build = pipe_build, .evaluate = pipe_evaluate, .free_student = pipe_free_student,
                   .evaluate_mc = pipe_evaluate_mc, .plan_fingerprint = pipe_plan_fingerprint)

@@ -75,10 +75,16 @@ static void write_row(run_state *s, int ci, const m2d_sweep_result *r, double wa
     m2d_sweep_row_free(f, n);
 }
 
+/* A failed status other than a non-finite perplexity: the configuration could not be run. */
+static int unrunnable(const char *status) {
+    return strncmp(status, "failed", 6) == 0 && strcmp(status, "failed: non-finite perplexity") != 0;
+}
+
 static void count_row(run_state *s, const char *status, int dedup) {
     /* under s->mu */
     s->finished++;
     if (strncmp(status, "failed", 6) == 0) s->sum->failed++;
+    if (unrunnable(status)) s->sum->unrunnable++;
     if (dedup) s->sum->dedup++;
     m2d_progress_update(&s->prog, s->finished);
 }
@@ -121,8 +127,11 @@ static int claim_student(run_state *s, int ci, const m2d_sweep_result *r, double
         return ei;
     }
     if (e->done) {
-        /* the same student was evaluated already: record its result */
+        /* the same student was evaluated already: record its result, with this build's own
+         * shape (an entry resumed from the CSV has no d_dense / n_params of its own) */
         m2d_sweep_result copy = e->res;
+        copy.d_dense = r->d_dense;
+        copy.n_params = r->n_params;
         char canonical[M2D_ID_LEN + 1];
         memcpy(canonical, e->canonical, sizeof canonical);
         pthread_mutex_unlock(&s->mu);
@@ -222,10 +231,14 @@ static void resume_from(run_state *s, const m2d_sweep_pool_job *job, int *todo) 
     int st_col = m2d_results_col(ex, "status"), pw_col = m2d_results_col(ex, "ppl_windows");
     for (int i = 0; i < job->n_idx; i++) {
         const char *id = s->x->configs[job->idx[i]].id;
-        int found = 0;
-        for (int r = 0; r < ex->n_rows && !found; r++) found = strcmp(ex->rows[r][id_col], id) == 0;
-        if (found) s->sum->skipped++;
-        else todo[s->n_todo++] = job->idx[i];
+        int found = -1;
+        for (int r = 0; r < ex->n_rows && found < 0; r++)
+            if (strcmp(ex->rows[r][id_col], id) == 0) found = r;
+        if (found < 0) todo[s->n_todo++] = job->idx[i];
+        else {
+            s->sum->skipped++;
+            if (unrunnable(ex->rows[found][st_col])) s->sum->unrunnable++;
+        }
     }
     for (int r = 0; r < ex->n_rows; r++) {
         const char *fp = ex->rows[r][fp_col];
