@@ -37,7 +37,7 @@ else
   say = @:
 endif
 
-.PHONY: all deps test test-san data demo bench plots fuzz clean help layering verify-lm-eval lm-eval-goldens verify-hf hf-goldens
+.PHONY: all deps test test-san data demo bench plots fuzz clean help layering verify-lm-eval lm-eval-goldens verify-hf hf-goldens verify-distill distill-goldens
 all: moe2dense
 
 help:
@@ -50,6 +50,8 @@ help:
 	@echo "make lm-eval-goldens rewrite tests/golden/lm_eval_requests.txt from lm-eval"
 	@echo "make verify-hf  checkpoints, logits, routing, students against transformers, live"
 	@echo "make hf-goldens rewrite tests/golden/hf/ with transformers (PyPI venv, ~6 GB)"
+	@echo "make verify-distill  distillation steps against transformers + torch, live"
+	@echo "make distill-goldens rewrite tests/golden/distill/ with transformers + torch"
 	@echo "make demo       calibrate, sweep, report and plot the demo experiment"
 	@echo "make bench      run the benchmarks (see BENCHMARKS.md)"
 	@echo "make plots      render plots/*.gp from results/"
@@ -145,6 +147,18 @@ verify-hf: $(BUILD)/moe2dense $(HF_GOLDEN_TESTS)
 	M2D_BIN=$(BUILD)/moe2dense M2D_HF_GOLDEN=$(BUILD)/hf-goldens sh tests/run.sh $(HF_GOLDEN_TESTS)
 	$(HF_PY) tools/hf_goldens.py --compare $(BUILD)/hf-goldens tests/golden/hf
 	$(HF_PY) tools/hf_goldens_families.py --compare $(BUILD)/hf-goldens tests/golden/hf
+
+# the distillation steps against transformers + torch (tools/distill_ref.py)
+distill-goldens:
+	@sh tests/ref/setup.sh hf
+	$(HF_PY) tools/distill_ref.py --out tests/golden/distill
+
+verify-distill: $(BUILD)/tests/test_distill
+	@sh tests/ref/setup.sh hf
+	@rm -rf $(BUILD)/distill-goldens
+	$(HF_PY) tools/distill_ref.py --out $(BUILD)/distill-goldens
+	M2D_DISTILL_GOLDEN=$(BUILD)/distill-goldens sh tests/run.sh $(BUILD)/tests/test_distill
+	$(HF_PY) tools/distill_ref.py --compare $(BUILD)/distill-goldens tests/golden/distill
 
 deps:
 	@sh tools/deps.sh

@@ -2,7 +2,9 @@
  * machinery (grid, dedup, CSV, resume, shards, Slurm) without a model. Its "student" is a hash of
  * what the real pipeline's fingerprint covers; at K = k every grouping gives the same student, as
  * in the real conversion. Test hooks: a scoring named "fail..." fails to build; params "nan" gives
- * a non-finite PPL; $M2D_FAKE_DELAY_MS sleeps in evaluate (so tests can kill a sweep mid-run).
+ * a non-finite PPL; params "distill-fail" fails to distill; $M2D_FAKE_DELAY_MS sleeps in evaluate
+ * (so tests can kill a sweep mid-run). A distilled student is its student's fingerprint with
+ * ":distilled" appended: half the PPL, MC accuracies (1 + a) / 2; it writes no checkpoint.
  * Linked into the tests, the benches and the test CLI (build/tests/moe2dense-test), never into
  * the product binary; it registers itself like any backend. */
 #include <math.h>
@@ -56,6 +58,7 @@ static int fake_evaluate(m2d_sweep_backend *b, void *student, const m2d_grid_con
     const char *fp = student;
     unsigned h = (unsigned)strtoul((char[9]){fp[0], fp[1], fp[2], fp[3], fp[4], fp[5], fp[6], fp[7], 0}, NULL, 16);
     res->ppl = strcmp(c->params, "nan") == 0 ? NAN : 10.0 * exp((double)(h % 1000) / 250.0);
+    if (strstr(fp, ":distilled")) res->ppl /= 2;
     res->ppl_windows = x->ppl_max_windows ? x->ppl_max_windows : 1;
     return 0;
 }
@@ -69,9 +72,28 @@ static int fake_evaluate_mc(m2d_sweep_backend *b, void *student, const m2d_grid_
         unsigned h = (unsigned)(fp[t % 60] * 31 + fp[(t + 1) % 60]);
         res->mc[2 * t] = (double)(h % 100) / 100.0;
         res->mc[2 * t + 1] = (double)((h / 7) % 100) / 100.0;
+        if (strstr(fp, ":distilled"))
+            for (int m = 2 * t; m < 2 * t + 2; m++) res->mc[m] = (1 + res->mc[m]) / 2;
         avg += res->mc[2 * t];
     }
     if (x->n_mc) res->mc[2 * x->n_mc] = avg / x->n_mc;
+    return 0;
+}
+
+static int fake_distill(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, const m2d_distill_opts *o,
+                        void **distilled, m2d_distill_result *res, char error[256]) {
+    (void)b;
+    if (strcmp(c->params, "distill-fail") == 0) {
+        snprintf(error, 256, "distill: step 1: the loss is not finite");
+        return -1;
+    }
+    const m2d_trainer_opts *t = &o->train;
+    int64_t per = (int64_t)t->batch * t->seq_len;
+    res->steps = res->steps_done = t->optim.steps ? t->optim.steps : (int)((o->tokens + per - 1) / per);
+    res->tokens = res->steps_done * per;
+    res->final_loss = (double)(((const char *)student)[0] % 16) / 8.0;
+    res->finished = true;
+    *distilled = m2d_strfmt("%s:distilled", (const char *)student);
     return 0;
 }
 
@@ -89,5 +111,5 @@ static int fake_plan_fingerprint(m2d_sweep_backend *b, const m2d_experiment *x, 
 }
 
 M2D_SWEEP_BACKEND(fake, .name = "fake", .prepare = fake_prepare, .build = fake_build, .evaluate = fake_evaluate,
-                  .free_student = fake_free_student, .evaluate_mc = fake_evaluate_mc,
+                  .free_student = fake_free_student, .evaluate_mc = fake_evaluate_mc, .distill = fake_distill,
                   .plan_fingerprint = fake_plan_fingerprint)

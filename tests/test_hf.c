@@ -27,24 +27,8 @@ static char *build_teacher(const cJSON *g, const char *work) {
     if (cJSON_HasObjectItem(g, "tensors")) return hf_build_listed(g, work);
     const char *name = hf_str(g, "name"), *config = hf_str(g, "config_json");
     char *dir = m2d_path_join(work, name);
-    m2d_config c;
-    const m2d_arch *arch;
-    if (m2d_config_parse(config, strlen(config), "config.json", &c, &arch) != 0)
-        fail_msg("%s: the config.json transformers wrote does not load: %s", name, m2d_errmsg());
-    m2d_testmodel_opts o;
-    m2d_testmodel_defaults(&o);
-    o.moe = c.num_experts > 0;
-    o.vocab_size = c.vocab_size, o.hidden_size = c.hidden_size, o.num_hidden_layers = c.num_hidden_layers;
-    o.num_attention_heads = c.num_attention_heads, o.num_key_value_heads = c.num_key_value_heads;
-    o.head_dim = c.head_dim, o.intermediate_size = c.intermediate_size;
-    o.moe_intermediate_size = c.moe_intermediate_size, o.num_experts = c.num_experts;
-    o.num_experts_per_tok = c.num_experts_per_tok, o.norm_topk_prob = c.norm_topk_prob;
-    o.decoder_sparse_step = c.decoder_sparse_step;
-    o.mlp_only_layers = c.mlp_only_layers, o.n_mlp_only_layers = c.n_mlp_only_layers;
-    o.tie_word_embeddings = c.tie_word_embeddings, o.dtype = c.torch_dtype;
-    o.grid = true, o.seed = (uint64_t)hf_item(g, "seed")->valuedouble, o.config_json = config;
-    if (m2d_testmodel_write(dir, &o) != 0) fail_msg("%s: %s", name, m2d_errmsg());
-    m2d_config_free(&c);
+    if (m2d_testmodel_write_grid(dir, config, (uint64_t)hf_item(g, "seed")->valuedouble) != 0)
+        fail_msg("%s: the config.json transformers wrote does not load, or writing failed: %s", name, m2d_errmsg());
     hf_copy_tokenizer(dir);
     return dir;
 }

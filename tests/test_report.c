@@ -11,6 +11,7 @@
 
 #include "criteria/registry.h"
 #include "sweep/report.h"
+#include "sweep/report_distill.h"
 #include "io/results.h"
 #include "base/util.h"
 
@@ -211,11 +212,110 @@ static void cli_formats_and_errors(void **state) {
     free(p);
 }
 
+/* A sweep with a distillation stage: a and b are one student (a dedup), c another of the same
+ * pair with a worse distilled PPL, d a different scoring, e not distilled. */
+static const char *DISTILL_CSV =
+    "# moe2dense-results=1\n"
+    "# experiment=dist\n"
+    "config_id,scoring,grouping,scaling,K_expr,K,params,ppl,mc_avg,distill_ppl,distill_final_loss,distill_tokens,"
+    "status,dedup_of,fingerprint\n"
+    "0a,sf,rr,uniform,k,8,,120.5,0.41,40.25,0.8125,4096,ok,,f1\n"
+    "0b,sf,oc,uniform,k,8,,120.5,0.41,40.25,0.8125,4096,ok,0a,f1\n"
+    "0c,sf,rr,proportional,2k,16,,99,0.37,45.5,0.9,4096,ok,,f2\n"
+    "0d,do-acp,rr,uniform,2k,16,,60,0.52,30,0.5,4096,ok,,f3\n"
+    "0e,do-acp,oc,uniform,2k,16,,70,,,,,ok,,f4\n";
+
+static const char *EXPECTED_DISTILL_MD =
+    "\n## After distillation — experiment dist\n"
+    "\n"
+    "3 distilled student(s). Table 12 layout: per scoring x grouping, the distilled student with the lowest "
+    "post-distillation PPL.\n"
+    "\n"
+    "Multiple-choice average (%), distilled students:\n"
+    "\n"
+    "| Scoring | Round-Robin | Output Cluster |\n"
+    "|---|---:|---:|\n"
+    "| Selection Frequency | 41.0 | 41.0 |\n"
+    "| D-Optimal + ACP | 52.0 |  |\n"
+    "\n"
+    "WikiText-2 perplexity, distilled students:\n"
+    "\n"
+    "| Scoring | Round-Robin | Output Cluster |\n"
+    "|---|---:|---:|\n"
+    "| Selection Frequency | 40.25 | 40.25 |\n"
+    "| D-Optimal + ACP | 30.00 |  |\n"
+    "\n"
+    "Every distilled student:\n"
+    "\n"
+    "| Scoring | Grouping | Scaling | K | PPL converted | PPL distilled | Tokens | Final loss | MC avg |\n"
+    "|---|---|---|---:|---:|---:|---:|---:|---:|\n"
+    "| Selection Frequency | Round-Robin | Uniform | 8 | 120.5 | 40.25 | 4096 | 0.8125 | 41.0 |\n"
+    "| Selection Frequency | Round-Robin | Proportional | 16 | 99.00 | 45.50 | 4096 | 0.9000 | 37.0 |\n"
+    "| D-Optimal + ACP | Round-Robin | Uniform | 16 | 60.00 | 30.00 | 4096 | 0.5000 | 52.0 |\n";
+
+/* The "After distillation" section: one line per distilled student (the dedup b is a, e was not
+ * distilled), the matrix cell of (sf, rr) is a (40.25 < 45.5), (sf, oc) is b = a's student;
+ * the plot data: distill.dat, the
+ * curves of the one run whose log exists, and a hostile config id refused. */
+static void distillation_section_and_plot_data(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), *p = m2d_path_join(dir, "d.csv");
+    tu_write(p, DISTILL_CSV, strlen(DISTILL_CSV));
+    m2d_results r;
+    assert_int_equal(m2d_results_read(p, &r), 0);
+    char *md = render(&r, M2D_REPORT_MD);
+    const char *sec = strstr(md, "\n## After distillation");
+    assert_non_null(sec);
+    assert_string_equal(sec, EXPECTED_DISTILL_MD);
+    free(md);
+    char *tex = render(&r, M2D_REPORT_TEX);
+    assert_non_null(strstr(tex, "Selection Frequency & Round-Robin & Uniform & 8 & 120.5 & 40.25 & 4096 & 0.8125 & 41.0 \\\\\n"));
+    free(tex);
+    /* curves: a's log with two steps and one validation; c has no log */
+    char *logdir = m2d_strfmt("%s.distill", p), *log = m2d_strfmt("%s/0a.jsonl", logdir);
+    assert_int_equal(m2d_mkdir_p(logdir), 0);
+    const char *jl = "{\"step\": 0, \"tokens\": 0, \"eval\": \"wikitext2-gptq\", \"ppl\": 120, \"val_ce\": 4.8}\n"
+                     "{\"step\": 1, \"tokens\": 2048, \"loss\": 1.5, \"grad_norm\": 3}\n"
+                     "{\"step\": 2, \"tokens\": 4096, \"loss\": 1.25, \"grad_norm\": 2}\n";
+    tu_write(log, jl, strlen(jl));
+    char *pd = m2d_path_join(dir, "pd");
+    assert_int_equal(m2d_mkdir_p(pd), 0);
+    assert_int_equal(m2d_report_distill_plot_data(p, &r, pd), 0);
+    struct { const char *file, *want; } files[] = {
+        {"distill.dat", "# configuration ppl_converted ppl_distilled\n\"sf/rr/uniform/K=8\" 120.5 40.25\n"
+                        "\"sf/rr/proportional/K=16\" 99 45.5\n\"do-acp/rr/uniform/K=16\" 60 30\n"},
+        {"distill_loss.dat", "\"sf/rr/uniform/K=8\"\n2048 1.5\n4096 1.25\n"},
+        {"distill_val.dat", "\"sf/rr/uniform/K=8\"\n0 4.8 120\n"},
+        {"distill_curves.txt", "1 1\n"}};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        char *f = m2d_path_join(pd, files[i].file), *got = m2d_read_file(f, NULL);
+        assert_non_null(got);
+        assert_string_equal(got, files[i].want);
+        free(f), free(got);
+    }
+    /* a malformed log line names the file and the line */
+    tu_write(log, "{\"step\": 1}\n", 12);
+    assert_int_equal(m2d_report_distill_plot_data(p, &r, pd), -1);
+    assert_non_null(strstr(m2d_errmsg(), "0a.jsonl: line 1: field 'tokens': not a number"));
+    m2d_results_free(&r);
+    /* config ids name files: one that is not hex is refused */
+    const char *bad = "config_id,scoring,grouping,scaling,K,ppl,distill_ppl,status,fingerprint\n"
+                      "../x,sf,rr,uniform,8,10,5,ok,f\n";
+    tu_write(p, bad, strlen(bad));
+    assert_int_equal(m2d_results_read(p, &r), 0);
+    assert_int_equal(m2d_report_distill_plot_data(p, &r, pd), -1);
+    assert_non_null(strstr(m2d_errmsg(), "field 'config_id': '../x' is not a config id"));
+    m2d_results_free(&r);
+    tu_rm_rf(dir);
+    free(dir), free(p), free(logdir), free(log), free(pd);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(compact_ppl_notation),
         cmocka_unit_test(markdown_table_and_summary),
         cmocka_unit_test(plot_data_files),
+        cmocka_unit_test(distillation_section_and_plot_data),
         cmocka_unit_test(names_and_order_come_from_registrations),
         cmocka_unit_test(cli_formats_and_errors),
     };

@@ -662,6 +662,12 @@ static void shipped_experiments_file_is_valid(void **state) {
     char *tiny[] = {"model=/nonexistent/tiny", "teacher={experts = 64, top_k = 8}"};
     assert_int_equal(m2d_experiment_load("experiments.toml", "demo", tiny, 2, &x), 0);
     assert_int_equal(x.n_configs, 280);
+    assert_int_equal(x.n_distill_ids, 3); /* the ids exist in the grid (checked by the loader) */
+    m2d_experiment_free(&x);
+    assert_int_equal(m2d_experiment_load("experiments.toml", "distill-compare", tiny, 2, &x), 0);
+    assert_int_equal(x.n_configs, 4);
+    assert_true(x.has_distill);
+    assert_int_equal((int)x.distill.tokens, 1048576);
     m2d_experiment_free(&x);
 }
 

@@ -3,7 +3,10 @@
  *    m2d_ppl_gptq (the library path that encodes per call);
  *  - a small sweep: calibration cached and reused, K = k rows across groupings recorded as
  *    dedup_of (decided by the plan fingerprint), and one configuration's PPL equals an
- *    independent path: `moe2dense calibrate` + `convert --out DIR` + `ppl --model DIR`. */
+ *    independent path: `moe2dense calibrate` + `convert --out DIR` + `ppl --model DIR`;
+ *  - the distillation stage: its distilled checkpoint is bit for bit the one `moe2dense distill`
+ *    makes from the converted student with the same settings, and its distill_ppl / MC columns
+ *    are what `ppl` / `eval` measure on that checkpoint. */
 #include "testutil.h"
 #include "tiny_teacher.h"
 
@@ -323,6 +326,67 @@ static void mc_stage_matches_eval_on_converted_student(void **state) {
     sweep_fx_free(&fx);
 }
 
+/* The distillation stage on a real student against the command-line path: calibrate + convert +
+ * `moe2dense distill` (same settings) gives the same checkpoint, bit for bit; `ppl` and `eval` on
+ * it give the stage's distill_ppl and MC columns. */
+static void distill_stage_matches_distill_command(void **state) {
+    (void)state;
+    if (!m2d_file_exists(tu_data_path("arc"))) TU_SKIP("run 'make data' (ARC missing)");
+    sweep_fx fx;
+    char *dir = tu_tmpdir(), *train = m2d_path_join(dir, "train.txt");
+    size_t n;
+    char *text = m2d_read_file(wiki_train(), &n);
+    if (!text) TU_SKIP("run 'make data' (WikiText-103 prefix missing)");
+    tu_write(train, text, M2D_MIN(n, (size_t)60000)); /* a prefix: a few hundred windows of 32 */
+    free(text);
+    char *extra = m2d_strfmt("mc = { tasks = ['arc_easy'], limit = 4, data_dir = '%s' }\n"
+                             "distill = { data = '%s', steps = 3, seq_len = 32, batch = 2, lr = 2e-3, warmup = 1 }\n"
+                             "[experiment.t.axes]\nscoring = ['do-acp']\ngrouping = ['oc']\n"
+                             "scaling = ['proportional']\nK = ['2k']\n",
+                             tu_data_path(""), train);
+    int missing = sweep_fx_make(1, extra, &fx);
+    free(extra);
+    if (missing) TU_SKIP("../shared/models/tiny-qwen3moe or the data not found (run 'make data')");
+    /* the same thread count: the engine's forward GEMM splits by it (bits can differ across counts) */
+    char *then = m2d_strfmt("%s sweep %s --experiment t --out %s --jobs 1 --threads 2 && %s distill --teacher %s "
+                            "--student %s/student --data %s --out %s/d --steps 3 --seq-len 32 --batch 2 --lr 2e-3 "
+                            "--warmup 1 --threads 2",
+                            tu_bin(), fx.toml, fx.csv, tu_bin(), fx.model, fx.dir, train, fx.dir);
+    char *out = NULL;
+    convert_then(&fx, then, &out);
+    free(out);
+    m2d_results r;
+    assert_int_equal(m2d_results_read(fx.csv, &r), 0);
+    assert_int_equal(r.n_rows, 1);
+    const char *id = m2d_results_get(&r, 0, "config_id");
+    assert_string_equal(m2d_results_get(&r, 0, "distill_steps"), "3");
+    assert_string_equal(m2d_results_get(&r, 0, "distill_tokens"), "192");
+    assert_string_equal(m2d_results_get(&r, 0, "mc_student"), "distilled");
+    double pre = strtod(m2d_results_get(&r, 0, "ppl"), NULL), post = strtod(m2d_results_get(&r, 0, "distill_ppl"), NULL);
+    assert_true(isfinite(post) && post > 1 && post != pre);
+    char *ckpt = m2d_strfmt("%s.distill/%s", fx.csv, id), *init = m2d_strfmt("%s.init", ckpt);
+    assert_false(m2d_file_exists(init)); /* the converted student's temporary checkpoint is gone */
+    char *c = m2d_strfmt("cmp %s/model.safetensors %s/d/model.safetensors && %s ppl --model %s --data %s --seq-len 64 "
+                         "--max-windows 1 --json && %s eval --model %s --tasks arc_easy --limit 4 --data %s --json",
+                         ckpt, fx.dir, tu_bin(), ckpt, wiki_test(), tu_bin(), ckpt, tu_data_path(""));
+    char *err = NULL;
+    int rc = tu_run(c, &out, &err);
+    if (rc) fail_msg("%s\n%s", out ? out : "", err ? err : "");
+    const char *p = strstr(out, "\"ppl\":"), *t = strstr(out, "\"arc_easy\"");
+    assert_non_null(p);
+    assert_non_null(t);
+    if (fabs(strtod(p + 6, NULL) - post) > 6e-5 * M2D_MAX(1.0, post / 100))
+        fail_msg("stage distill_ppl %.6f vs ppl on the checkpoint %.6f", post, strtod(p + 6, NULL));
+    const char *a = strstr(t, "\"acc\":");
+    assert_non_null(a);
+    assert_true(fabs(strtod(m2d_results_get(&r, 0, "arc_easy_acc"), NULL) - strtod(a + 6, NULL)) < 1e-6);
+    m2d_results_free(&r);
+    free(c), free(out), free(err), free(then), free(ckpt), free(init), free(train);
+    tu_rm_rf(dir);
+    free(dir);
+    sweep_fx_free(&fx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ppl_on_tokens_matches_library_gptq),
@@ -330,6 +394,7 @@ int main(void) {
         cmocka_unit_test(dry_run_refuses_what_the_run_refuses),
         cmocka_unit_test(killed_pipeline_sweep_resumes_to_the_same_rows),
         cmocka_unit_test(mc_stage_matches_eval_on_converted_student),
+        cmocka_unit_test(distill_stage_matches_distill_command),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,6 +7,7 @@
 
 #include "io/st.h"
 #include "base/util.h"
+#include "model/model.h"
 
 void m2d_testmodel_defaults(m2d_testmodel_opts *o) {
     memset(o, 0, sizeof *o);
@@ -177,6 +178,26 @@ int m2d_testmodel_write(const char *dir, const m2d_testmodel_opts *o) {
         }
     }
     m2d_st_writer_free(w);
+    return rc;
+}
+
+int m2d_testmodel_write_grid(const char *dir, const char *config_json, uint64_t seed) {
+    m2d_config c;
+    if (m2d_config_parse(config_json, strlen(config_json), "config.json", &c, NULL) != 0) return -1;
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    o.moe = c.num_experts > 0;
+    o.vocab_size = c.vocab_size, o.hidden_size = c.hidden_size, o.num_hidden_layers = c.num_hidden_layers;
+    o.num_attention_heads = c.num_attention_heads, o.num_key_value_heads = c.num_key_value_heads;
+    o.head_dim = c.head_dim, o.intermediate_size = c.intermediate_size;
+    o.moe_intermediate_size = c.moe_intermediate_size, o.num_experts = c.num_experts;
+    o.num_experts_per_tok = c.num_experts_per_tok, o.norm_topk_prob = c.norm_topk_prob;
+    o.decoder_sparse_step = c.decoder_sparse_step;
+    o.mlp_only_layers = c.mlp_only_layers, o.n_mlp_only_layers = c.n_mlp_only_layers;
+    o.tie_word_embeddings = c.tie_word_embeddings, o.dtype = c.torch_dtype;
+    o.grid = true, o.seed = seed, o.config_json = config_json;
+    int rc = m2d_testmodel_write(dir, &o);
+    m2d_config_free(&c);
     return rc;
 }
 

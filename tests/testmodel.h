@@ -53,6 +53,10 @@ void m2d_testmodel_defaults(m2d_testmodel_opts *o);
 void m2d_testmodel_grid(const char *name, uint64_t seed, int64_t n, float *out);
 /* Create DIR if needed and write the checkpoint. -1 + m2d_err on failure. */
 int m2d_testmodel_write(const char *dir, const m2d_testmodel_opts *o);
+/* The checkpoint whose config.json is CONFIG_JSON (written verbatim; sizes read from it by the
+ * one config reader) with the grid generator's weights for SEED: what tools/hf_goldens.py makes
+ * with transformers from the same config. */
+int m2d_testmodel_write_grid(const char *dir, const char *config_json, uint64_t seed);
 /* DIR/config.json = CONFIG_JSON verbatim and DIR/model.safetensors holding the N tensors, each
  * from the grid generator above (seeded by SEED and its name): any architecture's checkpoint from
  * the tensor list of a golden (tools/hf_goldens.py records the one save_pretrained wrote). */

@@ -4,7 +4,7 @@
 # lowest first, is the only place the layering is written down; see ARCHITECTURE.md.
 # usage: tools/layering.sh [ROOT]   (exit 1 and one line per violation: file:line: message)
 LAYERS="harness/base harness/io harness/tokenizer harness/model harness/engine evals harness/calib
-criteria harness/convert harness/sweep harness/cli"
+criteria harness/convert harness/train harness/sweep harness/cli"
 root=${1:-.}
 cd "$root" || exit 2
 # include prefix of a layer: harness/X is included as "X/...", a top-level folder as "folder/..."

@@ -1,6 +1,7 @@
 #!/bin/sh
 # make plots: render plots/*.gp into plots/*.png and plots/*.svg.
-#   RESULTS  sweep CSV (default results/demo.csv)        -> heatmap_<scoring>, marginal
+#   RESULTS  sweep CSV (default results/demo.csv)        -> heatmap_<scoring>, marginal, distill
+#            (distill: when the sweep had a distillation stage)
 #   ANALYZE  `moe2dense analyze --csv` output (default results/demo-analyze.csv, optional)
 #            -> overlap, erank
 #   PLOTS_DIR output directory (default plots), M2D_BIN the binary (default ./moe2dense)
@@ -71,6 +72,11 @@ while IFS="$tab" read -r s name; do
   render heatmap.gp "heatmap_$s" "datadir='$data'; scoring='$s'; title='$name'; cblo=$lo; cbhi=$hi"
 done < "$data/scorings.txt"
 render marginal.gp marginal "datadir='$data'"
+if [ -f "$data/distill_curves.txt" ]; then # the sweep had a distillation stage
+  read -r nloss nval < "$data/distill_curves.txt"
+  is_int "$nloss" && is_int "$nval" || die "$data/distill_curves.txt: not two integers"
+  render distill.gp distill "datadir='$data'; nloss=$nloss; nval=$nval"
+fi
 if [ -f "$analyze" ]; then
   # K: from the analyze file's "# K=N" line (tools/demo.sh writes it) or $ANALYZE_K; else not drawn
   read -r K haveK < "$data/analyze.txt"

@@ -5,6 +5,7 @@
 
 #include "cli/cmd.h"
 #include "sweep/report.h"
+#include "sweep/report_distill.h"
 #include "io/results.h"
 #include "base/util.h"
 
@@ -15,12 +16,17 @@ static const char USAGE[] =
     "Table in the layout of the paper's Tables 10/11: one row per scoring x grouping x scaling, one\n"
     "column per K; the best K of each row in bold; '–' for failed configurations (e.g. NaN PPL);\n"
     "PPL >= 100,000 in compact notation (120k, 1.1m). md and tex add a per-criterion summary (best PPL\n"
-    "per scoring, where it was reached, mean rank across the cells where every scoring ran).\n"
+    "per scoring, where it was reached, mean rank across the cells where every scoring ran). When\n"
+    "the sweep had a distillation stage, md and tex add \"After distillation\": the paper's Table 12\n"
+    "layout (scoring x grouping) of the distilled students' MC average and PPL, and one line per\n"
+    "distilled student (PPL before and after, tokens, final loss).\n"
     "\n"
     "options:\n"
     "  --format F        md (default), tex (booktabs tabular) or csv (raw numbers, best_K column)\n"
     "  --out FILE        write there (atomically) instead of stdout\n"
-    "  --plot-data DIR   also write the gnuplot inputs for plots/*.gp (heat_*.dat, marginal_*.dat)\n"
+    "  --plot-data DIR   also write the gnuplot inputs for plots/*.gp (heat_*.dat, marginal_*.dat;\n"
+    "                    with distilled students distill.dat and the training and validation curves\n"
+    "                    from RESULTS.csv.distill/*.jsonl)\n"
     "  --analyze FILE    with --plot-data: also the inputs of the overlap and erank plots from\n"
     "                    `moe2dense analyze --csv` output (validated: names and numbers only)\n"
     "  --best-per-pair   list the configurations the paper evaluates on multiple-choice tasks: per\n"
@@ -68,6 +74,7 @@ static int cmd_report_run(int argc, char **argv) {
     int rc = best ? m2d_report_write_best_per_pair(&r, f) : m2d_report_write(&r, fmt, f);
     fclose(f);
     if (rc == 0 && plot) rc = m2d_report_plot_data(&r, plot);
+    if (rc == 0 && plot) rc = m2d_report_distill_plot_data(pos[0], &r, plot);
     if (rc == 0 && analyze) rc = m2d_report_analyze_plot_data(&an, plot);
     if (rc == 0) {
         if (out) rc = m2d_write_file_atomic(out, buf, len);

@@ -114,11 +114,16 @@ static int cmd_sweep_run(int argc, char **argv) {
     if (s.mc_selected)
         printf("sweep %s: multiple choice: %d configuration(s) selected (%s), %d evaluated now -> %s.mc.csv\n",
                x.name, s.mc_selected, x.mc_configs, s.mc_evaluated, path);
+    if (s.distill_selected)
+        printf("sweep %s: distillation: %d configuration(s) selected (%s), %d distilled now in %.2f s -> "
+               "%s.distill.csv, checkpoints in %s.distill/\n", x.name, s.distill_selected, x.distill_configs,
+               s.distill_evaluated, s.stages_s, path, path);
     rc = 0;
-    if (s.unrunnable || s.mc_failed) {
-        fprintf(stderr, "moe2dense sweep: %d configuration(s) could not be run%s%.0d%s (rows say 'failed: reason'; fix "
-                        "the cause, then --retry-failed)\n", s.unrunnable, s.mc_failed ? ", " : "", s.mc_failed,
-                s.mc_failed ? " multiple-choice evaluation(s) failed" : "");
+    if (s.unrunnable || s.mc_failed || s.distill_failed) {
+        fprintf(stderr, "moe2dense sweep: %d configuration(s) could not be run%s%.0d%s%s%.0d%s (rows say 'failed: "
+                        "reason'; fix the cause, then --retry-failed)\n", s.unrunnable, s.mc_failed ? ", " : "",
+                s.mc_failed, s.mc_failed ? " multiple-choice evaluation(s) failed" : "", s.distill_failed ? ", " : "",
+                s.distill_failed, s.distill_failed ? " distillation(s) failed" : "");
         rc = 3;
     }
     goto done;

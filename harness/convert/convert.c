@@ -943,3 +943,19 @@ int m2d_convert_write(const m2d_model *t, const m2d_model *s, const m2d_convert_
     m2d_lock_release(&lock);
     return rc;
 }
+
+int m2d_convert_prepare_dir(const char *dir) {
+    m2d_lock lock;
+    if (prepare_dir(dir, &lock)) return -1;
+    m2d_lock_release(&lock);
+    return 0;
+}
+
+int m2d_convert_finish_dir(const char *dir) {
+    char *mark = m2d_path_join(dir, MARK_INCOMPLETE);
+    int rc = unlink(mark) != 0 && errno != ENOENT ? m2d_err("%s: cannot remove: %s", mark, strerror(errno)) : 0;
+    free(mark);
+    return rc;
+}
+
+int m2d_convert_copy_tokenizer(const m2d_model *from, const char *to_dir) { return copy_tokenizer_files(from, to_dir); }

@@ -21,8 +21,9 @@
  *    skips later ops, and reports it from leave() with m2d_err. alloc returns NULL on failure.
  *  - enter()/leave() bracket every engine entry point (the CPU backend makes OpenBLAS
  *    single-threaded inside: its own threads split the work); they nest.
- * Training (issue 11) adds backward ops to this table with the same conventions (e.g. a GEMM for
- * dX and dW, rmsnorm_bwd, attention_bwd, an optimizer step on weight buffers). */
+ * Training (issue 11) adds a second table, m2d_backend_train_ops (below), reached through
+ * ops->train: the backward of every forward op, the distillation losses and the optimizer step,
+ * with the same conventions. A backend that cannot train leaves it NULL. */
 #ifndef M2D_BACKEND_H
 #define M2D_BACKEND_H
 
@@ -174,7 +175,73 @@ typedef struct {
      * materialising [n, vocab] (streaming log-sum-exp) */
     void (*logprobs)(m2d_backend *be, const m2d_mat *hid, const m2d_weight *head, int vocab, const m2d_buf *targets,
                      m2d_buf *lp, m2d_precision prec);
+    /* training ops (below); NULL: this backend cannot train (the trainer refuses with one line) */
+    const struct m2d_backend_train_ops *train;
 } m2d_backend_ops;
+
+/* ---- training (issue 11): the backward of each forward op, losses, the optimizer step ----
+ * Same conventions as the forward ops: fp32 m2d_mat windows, no error returns (sticky errors),
+ * reductions in a fixed order so that results do not depend on the thread count or schedule.
+ * "beta" follows gemm: the output is overwritten (0) or accumulated into (1). Gradients of
+ * weights are m2d_mat windows of plain buffers ([out, in] like the weight, a norm's as 1 x d).
+ * The backward of RoPE needs no op: R(p)^T = R(-p), the forward rope at negated positions (true
+ * for every rotary variant whose angle is linear in the position, YaRN's mscale included; the
+ * gradient checks in tests/test_train_ops.c would catch a variant where it is not). */
+
+/* Backward of causal GQA attention over one segment of n rows with no cached prefix (training
+ * windows): the forward's operands and output, and dL/d out; dq, dk, dv are overwritten. */
+typedef struct {
+    m2d_mat q, k, v, out;   /* as m2d_attn_args (q [n, heads*hd], k/v [n, kv*hd]) */
+    m2d_mat dout;           /* [n, heads*hd] */
+    m2d_mat dq, dk, dv;     /* shapes of q, k, v */
+    int n_heads, n_kv, head_dim;
+} m2d_attn_bwd_args;
+
+typedef enum {
+    M2D_KD_FORWARD_KL,      /* KL(p_T || p_S) = sum p_T (log p_T - log p_S) */
+    M2D_KD_REVERSE_KL,      /* KL(p_S || p_T) */
+} m2d_kd_kind;
+
+/* AdamW as torch.optim.AdamW: p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+ * p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps). g is multiplied by grad_scale first. */
+typedef struct {
+    double lr, beta1, beta2, eps, weight_decay;
+    int step;               /* t, 1-based */
+    float grad_scale;       /* global-norm clipping factor (1: none) */
+} m2d_adamw_args;
+
+typedef struct m2d_backend_train_ops {
+    /* A weight handle over fp32 rows x cols at element OFF of BUF (the trainer's master weights):
+     * the forward ops use it like a checkpoint weight and see later writes to BUF. weight_free. */
+    m2d_weight *(*weight_view)(m2d_backend *be, m2d_buf *buf, size_t off, int64_t rows, int64_t cols);
+    void (*fill)(m2d_backend *be, m2d_buf *buf, size_t off, size_t n, float value); /* n floats from OFF */
+    void (*copy)(m2d_backend *be, m2d_mat *dst, const m2d_mat *src);
+    /* dx = dy · W + beta dx: gemm's backward for its input (W [out, in] as in gemm, rows from 0) */
+    void (*gemm_dx)(m2d_backend *be, const m2d_mat *dy, const m2d_weight *w, m2d_mat *dx, float beta);
+    /* dw = dy^T · x + beta dw ([out, in]): gemm's backward for its weight */
+    void (*gemm_dw)(m2d_backend *be, const m2d_mat *dy, const m2d_mat *x, m2d_mat *dw, float beta);
+    /* rmsnorm's backward (per row over x.cols): dx = J^T dy + beta dx; dw (1 x cols) += sum over
+     * rows of dy * x / rms (rows summed in order). dx may be dy (with beta 0). */
+    void (*rmsnorm_bwd)(m2d_backend *be, const m2d_mat *x, const m2d_weight *w, double eps, const m2d_mat *dy,
+                        m2d_mat *dx, float beta, m2d_mat *dw);
+    void (*attention_bwd)(m2d_backend *be, const m2d_attn_bwd_args *a);
+    /* glu's backward: h = act(g, u); dh comes in DG and is replaced by dL/dg; du is overwritten */
+    void (*glu_bwd)(m2d_backend *be, m2d_ffn_act act, const m2d_mat *g, const m2d_mat *u, m2d_mat *dg, m2d_mat *du);
+    /* embed's backward: dtable row tokens[i] += dx row i, for i = 0 .. dx.rows-1 in order */
+    void (*embed_bwd)(m2d_backend *be, const m2d_buf *tokens, const m2d_mat *dx, m2d_mat *dtable);
+    /* Distillation loss per row of logits (temperature 1, natural log): row_loss[i] (fp64) = the
+     * row's divergence between softmax(zt_i) and softmax(zs_i); zs is replaced by
+     * scale * d row_loss[i] / d zs_i. */
+    void (*kd_loss)(m2d_backend *be, m2d_kd_kind kind, const m2d_mat *zt, m2d_mat *zs, double scale, m2d_buf *row_loss);
+    /* Squared error: row_loss[i] (fp64) = sum_j (a_ij - b_ij)^2; da += scale * 2 (a - b) */
+    void (*mse)(m2d_backend *be, const m2d_mat *a, const m2d_mat *b, double scale, m2d_mat *da, m2d_buf *row_loss);
+    /* out[0] (fp64) = sum of the squares of n floats at element OFF of X (fixed order) */
+    void (*sumsq)(m2d_backend *be, const m2d_buf *x, size_t off, size_t n, m2d_buf *out);
+    /* one AdamW step over the n floats at element OFF of P, gradient G and moments M, V (all four
+     * buffers laid out alike; see m2d_adamw_args) */
+    void (*adamw)(m2d_backend *be, m2d_buf *p, const m2d_buf *g, m2d_buf *m, m2d_buf *v, size_t off, size_t n,
+                  const m2d_adamw_args *a);
+} m2d_backend_train_ops;
 
 /* Every backend object starts with this. */
 struct m2d_backend {

@@ -11,6 +11,7 @@
  * place when F32, else converted to fp32 on use into a reusable scratch buffer, or once and kept
  * (make_resident). Every kernel has an obviously-correct counterpart in tests/test_engine.c. */
 #include "engine/backend.h"
+#include "engine/backend_cpu.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -923,6 +924,7 @@ static const m2d_backend_ops cpu_ops = {
     .route = cpu_route,
     .moe = cpu_moe,
     .logprobs = cpu_logprobs,
+    .train = &m2d_cpu_train_ops,
 };
 
 static int cpu_create(const m2d_backend_opts *o, m2d_backend **out) {
@@ -936,3 +938,28 @@ static int cpu_create(const m2d_backend_opts *o, m2d_backend **out) {
 }
 
 M2D_BACKEND(cpu, "cpu", "host CPU: OpenBLAS sgemm on fp32 (weights converted on use or kept), pthreads", cpu_create)
+
+/* ---- shared with the training ops (backend_cpu.h) ---- */
+void *m2d_cpu_ptr(const m2d_buf *b) { return B(b); }
+float *m2d_cpu_mat(const m2d_mat *m) { return F(m); }
+int m2d_cpu_threads(const m2d_backend *be) { return ((const cpu_be *)be)->threads; }
+void m2d_cpu_parallel_for(const m2d_backend *be, int n, void (*fn)(void *, int), void *ctx) {
+    parallel_for((const cpu_be *)be, n, fn, ctx);
+}
+const float *m2d_cpu_weight_rows(m2d_backend *be, const m2d_weight *w, int64_t first, int64_t n) {
+    return wrows(CPU(be), w, first, n);
+}
+
+/* the handle and the tensor it reads live in one allocation: weight_free releases both */
+typedef struct {
+    cpu_weight w; /* first: the handle's address */
+    m2d_tensor t;
+} cpu_weight_view;
+
+m2d_weight *m2d_cpu_weight_over(const float *data, int64_t rows, int64_t cols) {
+    cpu_weight_view *v = m2d_calloc(1, sizeof *v);
+    v->t = (m2d_tensor){.name = "view", .dtype = M2D_F32, .ndim = 2, .shape = {rows, cols}, .data = data,
+                        .nbytes = (size_t)(rows * cols) * sizeof(float)};
+    v->w.t = &v->t;
+    return (m2d_weight *)&v->w;
+}

@@ -43,6 +43,7 @@ struct m2d_engine {
     m2d_weight *embed, *final_norm, *lm_head; /* lm_head == embed when tied */
     layer_weights *lw;                        /* [num_hidden_layers] */
     size_t resident_bytes;
+    int route_topk;                           /* > 0: Eq. 6 routing override (m2d_engine_set_route_topk) */
     m2d_rope_args rope;                       /* the model's RoPE (frequencies from cfg, model/rope.h) */
     double *inv_freq;                         /* [rope_dim / 2] */
 };
@@ -303,6 +304,7 @@ typedef struct {
     const m2d_kv *prefix;         /* cached keys every segment sees (NULL: none) */
     int np;                       /* number of prefix positions used */
     m2d_kv *append;               /* when set (one segment), its keys/values are appended */
+    float *capture;               /* when set: the residual stream after each layer, host [layers][n][d] */
 } seg_plan;
 
 typedef struct {
@@ -316,6 +318,9 @@ typedef struct {
 
 static size_t f32s(int64_t rows, int64_t cols) { return (size_t)rows * (size_t)cols * sizeof(float); }
 
+/* experts routed per token: the model's top-k, or the distillation override */
+static int route_k(const m2d_engine *e) { return e->route_topk > 0 ? e->route_topk : e->m->cfg.num_experts_per_tok; }
+
 static void ws_free(m2d_engine *e, fwd_ws *w) {
     m2d_buf *all[] = {w->x, w->xn, w->ffo, w->q, w->att, w->k, w->v, w->g, w->u, w->tok, w->pos, w->probs, w->topk,
                       w->gates, w->sh, w->shl, w->lat};
@@ -325,7 +330,7 @@ static void ws_free(m2d_engine *e, fwd_ws *w) {
 static int ws_alloc(m2d_engine *e, int n, fwd_ws *w) {
     const m2d_config *c = &e->m->cfg;
     int d = c->hidden_size, qd = c->num_attention_heads * c->head_dim, kvd = c->num_key_value_heads * c->head_dim;
-    int inter = 0, any_moe = 0, k = c->num_experts_per_tok;
+    int inter = 0, any_moe = 0, k = route_k(e);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         if (!c->layer_is_moe[l]) inter = M2D_MAX(inter, c->intermediate_size);
         any_moe |= c->layer_is_moe[l];
@@ -488,7 +493,7 @@ static void attention_block(m2d_engine *e, int l, const fwd_ws *w, const seg_pla
 /* The hook's host view of one MoE layer's routing (downloaded only because a hook is set). */
 static int call_hook(m2d_engine *e, int layer, const fwd_ws *w) {
     const m2d_config *c = &e->m->cfg;
-    int n = w->n, d = c->hidden_size, E = c->num_experts, k = c->num_experts_per_tok;
+    int n = w->n, d = c->hidden_size, E = c->num_experts, k = route_k(e);
     float *x = m2d_malloc(f32s(n, d)), *probs = m2d_malloc(f32s(n, E)), *gates = m2d_malloc(f32s(n, k));
     int32_t *topk = m2d_malloc(sizeof(int32_t) * (size_t)n * k);
     e->B->download(e->be, x, w->xn, 0, f32s(n, d));
@@ -512,12 +517,13 @@ static int call_hook(m2d_engine *e, int layer, const fwd_ws *w) {
 static int moe_block(m2d_engine *e, int l, const fwd_ws *w) {
     const m2d_config *c = &e->m->cfg;
     const layer_weights *lw = &e->lw[l];
-    int n = w->n, d = c->hidden_size, E = c->num_experts, k = c->num_experts_per_tok;
+    int n = w->n, d = c->hidden_size, E = c->num_experts, k = route_k(e);
     m2d_mat XN = m2d_mat_of(w->xn, 0, n, d, d), P = m2d_mat_of(w->probs, 0, n, E, E);
     e->B->gemm(e->be, &XN, lw->w[M2D_T_ROUTER], 0, &P, 0.0f, e->prec);
     bias(e, &P, lw->w[M2D_T_ROUTER_BIAS]);
-    m2d_route_args r = {.kind = c->ops.router, .renorm = c->ops.router_renorm, .k = k, .n_group = c->n_group,
-                        .topk_group = c->topk_group, .scale = (float)c->routed_scaling_factor};
+    /* the Eq. 6 override weights the K' experts by their raw probabilities (never renormalised) */
+    m2d_route_args r = {.kind = c->ops.router, .renorm = c->ops.router_renorm && e->route_topk <= 0, .k = k,
+                        .n_group = c->n_group, .topk_group = c->topk_group, .scale = (float)c->routed_scaling_factor};
     e->B->route(e->be, &P, &r, w->topk, w->gates);
     if (e->hook && call_hook(e, l, w)) return -1;
     m2d_moe_args a = {.x = XN,
@@ -622,6 +628,7 @@ static int forward_hidden(m2d_engine *e, const int32_t *tokens, int n, const seg
     for (int l = 0; l < c->num_hidden_layers && rc == 0; l++) {
         attention_block(e, l, &w, p);
         rc = ffn_block(e, l, &w);
+        if (rc == 0 && p->capture) e->B->download(e->be, p->capture + (size_t)l * n * d, w.x, 0, f32s(n, d));
     }
     if (rc == 0) e->B->rmsnorm(e->be, &X, e->final_norm, c->rms_norm_eps, &H);
     ws_free(e, &w);
@@ -682,10 +689,21 @@ static m2d_buf *hidden_buf(m2d_engine *e, int n) { return e->B->alloc(e->be, f32
 static int logits_impl(m2d_engine *e, const int32_t *tokens, int n, float *logits) {
     if (check_tokens(e, tokens, n) || check_window(e, n)) return -1;
     int off = 0;
-    seg_plan p = {1, &off, &n, NULL, 0, NULL};
+    seg_plan p = {1, &off, &n, NULL, 0, NULL, NULL};
     m2d_buf *hid = hidden_buf(e, n);
     int rc = hid ? forward_hidden(e, tokens, n, &p, hid) : -1;
     if (rc == 0) rc = lm_head_logits(e, hid, n, logits);
+    e->B->release(e->be, hid);
+    return rc;
+}
+
+static int hidden_impl(m2d_engine *e, const int32_t *tokens, int n, float *hidden, float *layers) {
+    if (check_tokens(e, tokens, n) || check_window(e, n)) return -1;
+    int off = 0;
+    seg_plan p = {1, &off, &n, NULL, 0, NULL, layers};
+    m2d_buf *hid = hidden_buf(e, n);
+    int rc = hid ? forward_hidden(e, tokens, n, &p, hid) : -1;
+    if (rc == 0) e->B->download(e->be, hidden, hid, 0, f32s(n, e->m->cfg.hidden_size));
     e->B->release(e->be, hid);
     return rc;
 }
@@ -695,7 +713,7 @@ static int logprobs_impl(m2d_engine *e, const int32_t *tokens, int n, const int3
     if (first < 0 || first > n) return m2d_err("engine: logprobs: first = %d outside [0, %d]", first, n);
     if (check_targets(e, targets + first, n - first)) return -1;
     int off = 0;
-    seg_plan p = {1, &off, &n, NULL, 0, NULL};
+    seg_plan p = {1, &off, &n, NULL, 0, NULL, NULL};
     m2d_buf *hid = hidden_buf(e, n);
     int rc = hid ? forward_hidden(e, tokens, n, &p, hid) : -1;
     if (rc == 0 && first < n) rc = lm_head_logprobs(e, hid, first, n - first, targets + first, lp);
@@ -777,7 +795,7 @@ static int extend_impl(m2d_engine *e, m2d_kv *kv, const int32_t *tokens, int n, 
         return m2d_err("engine: extend: %d cached + %d new tokens exceed the KV capacity %d", kv->len, n, kv->cap);
     if (lp && check_targets(e, targets, n)) return -1;
     int off = 0;
-    seg_plan p = {1, &off, &n, kv->len ? kv : NULL, kv->len, kv};
+    seg_plan p = {1, &off, &n, kv->len ? kv : NULL, kv->len, kv, NULL};
     m2d_buf *hid = hidden_buf(e, n);
     int rc = hid ? forward_hidden(e, tokens, n, &p, hid) : -1;
     if (rc == 0) {
@@ -816,7 +834,7 @@ static int branches_impl(m2d_engine *e, const m2d_kv *prefix, int n_branches, co
         if (lp && lp[b]) memcpy(alltg + o, targets[b], sizeof(int32_t) * lens[b]);
         else memset(alltg + o, 0, sizeof(int32_t) * lens[b]);
     }
-    seg_plan p = {n_branches, off, lens, np ? prefix : NULL, np, NULL};
+    seg_plan p = {n_branches, off, lens, np ? prefix : NULL, np, NULL, NULL};
     m2d_buf *hid = hidden_buf(e, total);
     int rc = hid ? forward_hidden(e, all, total, &p, hid) : -1;
     if (rc == 0 && lp) {
@@ -845,6 +863,19 @@ int m2d_engine_expert(m2d_engine *e, int layer, int expert, const float *x, int 
 int m2d_engine_logits(m2d_engine *e, const int32_t *tokens, int n, float *logits) {
     e->B->enter(e->be);
     return leave(e, logits_impl(e, tokens, n, logits));
+}
+
+int m2d_engine_hidden(m2d_engine *e, const int32_t *tokens, int n, float *hidden, float *layers) {
+    e->B->enter(e->be);
+    return leave(e, hidden_impl(e, tokens, n, hidden, layers));
+}
+
+int m2d_engine_set_route_topk(m2d_engine *e, int k) {
+    const m2d_config *c = &e->m->cfg;
+    if (k < 0 || (k > 0 && (c->num_experts <= 0 || k > c->num_experts)))
+        return m2d_err("engine: routing override top-%d outside [1, num_experts = %d]", k, c->num_experts);
+    e->route_topk = k;
+    return 0;
 }
 
 int m2d_engine_logprobs(m2d_engine *e, const int32_t *tokens, int n, const int32_t *targets, int first, double *lp) {

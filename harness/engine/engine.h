@@ -65,6 +65,16 @@ int m2d_engine_expert(m2d_engine *e, int layer, int expert, const float *x, int 
 
 /* Full window from position 0: logits [n, vocab] (fp32). */
 int m2d_engine_logits(m2d_engine *e, const int32_t *tokens, int n, float *logits);
+/* Full window from position 0: the final-normed hidden states hidden [n, d] (what the LM head
+ * reads; the distillation teacher's logits are formed from them in row blocks) and, when LAYERS
+ * is not NULL, the residual stream after every decoder layer, layers [num_hidden_layers][n][d]
+ * (the hidden-state MSE of --loss fkl+mse). */
+int m2d_engine_hidden(m2d_engine *e, const int32_t *tokens, int n, float *hidden, float *layers);
+/* Routing override for distillation (paper Eq. 6, SPEC §7): every MoE layer routes each token to
+ * its K highest-probability experts, weighted by their raw softmax probabilities (not
+ * renormalised, whatever the model's norm_topk_prob). 0 restores the model's own routing.
+ * -1 + m2d_err when K is outside [1, num_experts]. */
+int m2d_engine_set_route_topk(m2d_engine *e, int k);
 /* Streaming: lp[t - first] = log p(targets[t] | tokens[0..t]) for t in [first, n), computed
  * in row blocks so [n x vocab] is never materialised. */
 int m2d_engine_logprobs(m2d_engine *e, const int32_t *tokens, int n, const int32_t *targets,

@@ -386,6 +386,110 @@ static int read_mc(const ctx *c, m2d_experiment *x) {
     return 0;
 }
 
+/* A number (integer or float) >= 0 and finite. */
+static int get_double(const ctx *c, const m2d_toml *t, const char *key, double *out) {
+    const m2d_toml *v = m2d_toml_path(t, key);
+    if (!v) return 0;
+    if (v->type == M2D_TOML_INT) *out = (double)v->i;
+    else if (v->type == M2D_TOML_FLOAT) *out = v->f;
+    else return key_err(c, v, key, "a number");
+    if (!(*out >= 0) || *out > 1e30) return key_err(c, v, key, "a finite number >= 0");
+    return 0;
+}
+
+static int get_bool(const ctx *c, const m2d_toml *t, const char *key, bool *out) {
+    const m2d_toml *v = m2d_toml_path(t, key);
+    if (!v) return 0;
+    if (v->type != M2D_TOML_BOOL) return key_err(c, v, key, "true or false");
+    *out = v->i != 0;
+    return 0;
+}
+
+/* distill.configs: "best-per-pair" | "all" | an array of config ids (checked against the grid later) */
+static int read_distill_configs(const ctx *c, const m2d_toml *d, m2d_experiment *x) {
+    const m2d_toml *v = m2d_toml_get(d, "configs");
+    if (v && v->type == M2D_TOML_ARRAY) {
+        if (v->n == 0) return key_err(c, v, "distill.configs", "a non-empty array of config ids");
+        x->distill_ids = m2d_calloc((size_t)v->n, sizeof *x->distill_ids);
+        for (int i = 0; i < v->n; i++) {
+            if (v->items[i]->type != M2D_TOML_STRING) return key_err(c, v->items[i], "distill.configs", "strings");
+            x->distill_ids[x->n_distill_ids++] = m2d_strdup(v->items[i]->str);
+        }
+        x->distill_configs = m2d_strdup("list");
+        return 0;
+    }
+    if (get_str(c, x->table, "distill.configs", "best-per-pair", &x->distill_configs)) return -1;
+    if (strcmp(x->distill_configs, "all") && strcmp(x->distill_configs, "best-per-pair"))
+        return key_err(c, v, "distill.configs", "\"all\", \"best-per-pair\" or an array of config ids");
+    return 0;
+}
+
+/* keys looked up from the experiment table T0 as "distill.KEY", so errors name them that way */
+static int read_distill_numbers(const ctx *c, const m2d_toml *t0, m2d_distill_opts *o) {
+    m2d_trainer_opts *t = &o->train;
+    int64_t tokens = 0, seed = 0;
+    if (get_int(c, t0, "distill.tokens", 0, 0, (int64_t)1 << 50, &tokens) ||
+        get_int32(c, t0, "distill.steps", 0, 0, 100000000, &t->optim.steps) ||
+        get_int32(c, t0, "distill.seq_len", t->seq_len, 2, 1 << 20, &t->seq_len) ||
+        get_int32(c, t0, "distill.batch", t->batch, 1, 1 << 20, &t->batch) ||
+        get_int32(c, t0, "distill.micro_batch", 0, 0, 1 << 20, &t->micro_batch) ||
+        get_int32(c, t0, "distill.warmup", t->optim.warmup, 0, 100000000, &t->optim.warmup) ||
+        get_int32(c, t0, "distill.teacher_topk", 0, 0, 1 << 20, &t->teacher_topk) ||
+        get_int32(c, t0, "distill.eval_every", 0, 0, 100000000, &o->eval_every) ||
+        get_int32(c, t0, "distill.save_every", 0, 0, 100000000, &o->save_every) ||
+        get_int(c, t0, "distill.seed", 0, 0, INT64_MAX, &seed) || get_double(c, t0, "distill.lr", &t->optim.lr) ||
+        get_double(c, t0, "distill.min_lr", &t->optim.min_lr) ||
+        get_double(c, t0, "distill.weight_decay", &t->optim.weight_decay) ||
+        get_double(c, t0, "distill.clip", &t->optim.clip) || get_double(c, t0, "distill.mse_weight", &t->mse_weight) ||
+        get_bool(c, t0, "distill.recompute", &t->recompute) || get_bool(c, t0, "distill.fp32", &o->fp32))
+        return -1;
+    o->tokens = tokens;
+    o->seed = (uint64_t)seed;
+    if ((tokens > 0) == (t->optim.steps > 0))
+        return m2d_err("%s: experiment '%s': [distill] needs exactly one of 'tokens' and 'steps'", c->file, c->exp);
+    if (t->optim.lr <= 0) return key_err(c, m2d_toml_path(t0, "distill.lr"), "distill.lr", "a positive number");
+    return 0;
+}
+
+/* [distill]: the stage that distills the chosen students (sweep_distill.h); absent: no stage */
+static int read_distill(const ctx *c, m2d_experiment *x) {
+    const m2d_toml *d = m2d_toml_get(x->table, "distill");
+    if (!d) return 0;
+    if (d->type != M2D_TOML_TABLE) return key_err(c, d, "distill", "a table");
+    static const char *const keys[] = {"configs", "data", "tokens", "steps", "seq_len", "batch", "micro_batch",
+                                       "recompute", "lr", "min_lr", "warmup", "weight_decay", "clip", "loss",
+                                       "mse_weight", "teacher_topk", "order", "seed", "eval_every", "save_every",
+                                       "fp32"};
+    if (check_keys(c, d, "[distill]", keys, M2D_ARRAY_LEN(keys))) return -1;
+    x->has_distill = 1;
+    m2d_distill_defaults(&x->distill);
+    x->distill.quiet = true;
+    char *loss = NULL, *order = NULL;
+    int rc = read_distill_configs(c, d, x);
+    if (rc == 0) rc = get_str(c, x->table, "distill.data", NULL, &x->distill_data);
+    if (rc == 0) rc = read_distill_numbers(c, x->table, &x->distill);
+    if (rc == 0)
+        rc = get_str(c, x->table, "distill.loss", "fkl", &loss) || get_str(c, x->table, "distill.order", "shuffle", &order);
+    if (rc == 0 && m2d_loss_parse(loss, &x->distill.train.loss))
+        rc = key_err(c, m2d_toml_get(d, "loss"), "distill.loss", "\"fkl\", \"rkl\" or \"fkl+mse\"");
+    if (rc == 0 && m2d_order_parse(order, &x->distill.order))
+        rc = key_err(c, m2d_toml_get(d, "order"), "distill.order", "\"shuffle\" or \"sequential\"");
+    free(loss), free(order);
+    return rc;
+}
+
+/* Every id of distill.configs must be a configuration of the grid. */
+static int check_distill_ids(const ctx *c, const m2d_experiment *x) {
+    for (int i = 0; i < x->n_distill_ids; i++) {
+        int found = 0;
+        for (int j = 0; j < x->n_configs && !found; j++) found = !strcmp(x->configs[j].id, x->distill_ids[i]);
+        if (!found)
+            return m2d_err("%s: experiment '%s': distill.configs: '%s' is not a config id of the grid (see "
+                           "'moe2dense sweep --dry-run')", c->file, c->exp, x->distill_ids[i]);
+    }
+    return 0;
+}
+
 /* The backend must be registered: the product has "pipeline"; test builds add "fake". */
 static int check_backend(const ctx *c, const m2d_experiment *x) {
     if (m2d_sweep_backend_find(x->backend)) return 0;
@@ -402,7 +506,7 @@ static int check_backend(const ctx *c, const m2d_experiment *x) {
 
 static int read_experiment(const ctx *c, m2d_experiment *x) {
     static const char *const top[] = {"description", "model", "backend", "out", "cache_dir", "teacher",
-                                      "calibration", "ppl", "mc", "axes", "include", "exclude"};
+                                      "calibration", "ppl", "mc", "distill", "axes", "include", "exclude"};
     if (check_keys(c, x->table, "the experiment", top, M2D_ARRAY_LEN(top))) return -1;
     static const char *const calib_keys[] = {"data", "seq_len", "samples", "seed"};
     static const char *const ppl_keys[] = {"protocol", "data", "seq_len", "max_windows"};
@@ -431,7 +535,7 @@ static int read_experiment(const ctx *c, m2d_experiment *x) {
         return -1;
     if (strcmp(x->ppl_protocol, "gptq") && strcmp(x->ppl_protocol, "lm-eval"))
         return key_err(c, m2d_toml_path(x->table, "ppl.protocol"), "ppl.protocol", "\"gptq\" or \"lm-eval\"");
-    if (read_mc(c, x)) return -1;
+    if (read_mc(c, x) || read_distill(c, x)) return -1;
     /* teacher shape: config.json when the model is here, else the [teacher] hints (dry runs) */
     if (read_teacher_shape(x->model, &x->E, &x->k, &x->d_e) == 0) {
         x->shape_from_config = 1;
@@ -450,7 +554,8 @@ static int read_experiment(const ctx *c, m2d_experiment *x) {
         x->k = k;
         x->d_e = de;
     }
-    return build_grid(c, x);
+    if (build_grid(c, x)) return -1;
+    return check_distill_ids(c, x);
 }
 
 const char *m2d_experiment_where(const m2d_experiment *x, const char *dotted, const char *item, char *buf, size_t n) {
@@ -523,6 +628,10 @@ void m2d_experiment_free(m2d_experiment *x) {
     free(x->mc_shots);
     free(x->mc_configs);
     free(x->mc_data_dir);
+    for (int i = 0; i < x->n_distill_ids; i++) free(x->distill_ids[i]);
+    free(x->distill_ids);
+    free(x->distill_configs);
+    free(x->distill_data);
     free(x->configs);
     m2d_toml_free(x->doc);
     memset(x, 0, sizeof *x);

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "io/toml.h"
+#include "train/distill.h"
 
 #define M2D_ID_LEN 12 /* hex characters of a config id */
 
@@ -47,6 +48,14 @@ typedef struct {
     int mc_limit;                /* items per task, 0: all */
     char *mc_configs;            /* "none" | "all" | "best-per-pair" */
     char *mc_data_dir;           /* task data (default "data") */
+    /* distillation stage ([distill]; sweep_distill.h): which configurations, the training text and
+       the settings (distill.teacher, .student, .out, .data are filled per configuration) */
+    int has_distill;
+    char *distill_configs;       /* "best-per-pair" | "all" | "list" (distill_ids) */
+    char **distill_ids;          /* configs = ["<config_id>", ...] */
+    int n_distill_ids;
+    char *distill_data;
+    m2d_distill_opts distill;
     /* grid */
     int n_configs;
     m2d_grid_config *configs;

@@ -6,6 +6,7 @@
 
 #include "base/util.h"
 #include "criteria/registry.h"
+#include "sweep/report_distill.h"
 
 /* ---- names and number formatting ---- */
 
@@ -356,7 +357,7 @@ int m2d_report_write(const m2d_results *r, m2d_report_format fmt, FILE *f) {
     write_table(&g, r, fmt, f);
     if (fmt != M2D_REPORT_CSV && g.sc.n) write_summary(&g, fmt, f);
     grid_free(&g);
-    return 0;
+    return m2d_report_distill_write(r, fmt, f);
 }
 
 int m2d_report_best_per_pair(const m2d_results *r, int **rows) {
@@ -393,11 +394,7 @@ int m2d_report_write_best_per_pair(const m2d_results *r, FILE *f) {
 /* ---- plot data ---- */
 
 /* A plot-data file: built in memory, then written atomically (base/outfile.h) into DIR. */
-typedef struct {
-    FILE *f;
-    char *buf, *path;
-    size_t len;
-} pd_file;
+typedef m2d_report_file pd_file;
 
 static FILE *pd_open(pd_file *p, const char *dir, const char *name) {
     p->path = m2d_path_join(dir, name);
@@ -413,6 +410,9 @@ static int pd_close(pd_file *p) {
     free(p->path);
     return rc;
 }
+
+FILE *m2d_report_file_open(m2d_report_file *p, const char *dir, const char *name) { return pd_open(p, dir, name); }
+int m2d_report_file_close(m2d_report_file *p) { return pd_close(p); }
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

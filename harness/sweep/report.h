@@ -35,6 +35,16 @@ int m2d_report_plot_data(const m2d_results *r, const char *dir);
  * the largest rank + 1 and 0). Only numbers and validated names reach the files. */
 int m2d_report_analyze_plot_data(const m2d_an_csv *a, const char *dir);
 
+/* A plot-data file built in memory and written atomically into DIR on close (0, or -1 +
+ * m2d_err naming it). */
+typedef struct {
+    FILE *f;
+    char *buf, *path;
+    size_t len;
+} m2d_report_file;
+FILE *m2d_report_file_open(m2d_report_file *p, const char *dir, const char *name);
+int m2d_report_file_close(m2d_report_file *p);
+
 /* Paper-style MC selection: for each scoring x grouping pair, the row (K, scaling) with the
  * lowest finite PPL. Row indices into r -> *rows (malloc'd); returns the count. */
 int m2d_report_best_per_pair(const m2d_results *r, int **rows);

@@ -13,6 +13,7 @@
 #include "model/model.h"
 #include "sweep/sweep_backend.h"
 #include "sweep/sweep_csv.h"
+#include "sweep/sweep_distill.h"
 #include "sweep/sweep_mc.h"
 #include "sweep/sweep_pool.h"
 
@@ -47,16 +48,22 @@ static int make_parent_dir(const char *out) {
     return rc;
 }
 
-/* The multiple-choice stage when the experiment has one (a shard leaves it to the merged CSV). */
-static int mc_stage_if_configured(const m2d_experiment *x, const m2d_sweep_opts *o, m2d_sweep_backend *b,
-                                  const char *out, const m2d_sweep_meta *meta, m2d_sweep_summary *sum) {
-    if (!x->n_mc || strcmp(x->mc_configs, "none") == 0) return 0;
+/* The distillation stage, else the multiple-choice stage, when the experiment has one (a shard
+ * leaves them to the merged CSV). With [distill], MC tasks are scored on the distilled students
+ * inside the distillation stage. */
+static int stages_if_configured(const m2d_experiment *x, const m2d_sweep_opts *o, m2d_sweep_backend *b,
+                                const char *out, const m2d_sweep_meta *meta, m2d_sweep_summary *sum) {
+    int mc = x->n_mc && strcmp(x->mc_configs, "none") != 0;
+    if (!mc && !x->has_distill) return 0;
+    const char *stage = x->has_distill ? "distillation" : "multiple-choice";
     if (o->shard_n > 1) {
-        fprintf(stderr, "moe2dense sweep: multiple-choice stage skipped in a shard: it runs on the merged CSV "
-                        "(moe2dense sweep %s --experiment %s --out MERGED.csv)\n", x->file, x->name);
+        fprintf(stderr, "moe2dense sweep: %s stage skipped in a shard: it runs on the merged CSV "
+                        "(moe2dense sweep %s --experiment %s --out MERGED.csv)\n", stage, x->file, x->name);
         return 0;
     }
-    if (!b->evaluate_mc) return m2d_err("backend '%s' cannot run multiple-choice tasks", b->name);
+    if (x->n_mc && !b->evaluate_mc) return m2d_err("backend '%s' cannot run multiple-choice tasks", b->name);
+    if (x->has_distill && !b->distill) return m2d_err("backend '%s' cannot distill", b->name);
+    if (x->has_distill) return m2d_sweep_distill_stage(x, b, out, meta, sum);
     return m2d_sweep_mc_stage(x, b, out, meta, sum);
 }
 
@@ -74,6 +81,11 @@ static int run_with_backend(const m2d_experiment *x, const m2d_sweep_opts *o, co
     m2d_results existing = {0};
     m2d_results_writer w = {0};
     int rc = o->retry_failed ? m2d_sweep_drop_failed_rows(out) : 0;
+    if (rc == 0 && o->retry_failed && x->has_distill) { /* failed distillations are tried again too */
+        char *side = m2d_strfmt("%s.distill.csv", out);
+        rc = m2d_sweep_drop_failed_rows(side);
+        free(side);
+    }
     if (rc == 0)
         rc = m2d_results_open(out, (const char *const *)cols, n_cols, (const char *const *)meta.items, meta.n,
                               m2d_sweep_identity_keys, m2d_sweep_n_identity_keys, &w, &existing);
@@ -82,7 +94,9 @@ static int run_with_backend(const m2d_experiment *x, const m2d_sweep_opts *o, co
         rc = m2d_sweep_pool_run(&job, sum);
     }
     m2d_results_close(&w); /* the MC stage may rewrite OUT */
-    if (rc == 0) rc = mc_stage_if_configured(x, o, b, out, &meta, sum);
+    double t_stages = m2d_now();
+    if (rc == 0) rc = stages_if_configured(x, o, b, out, &meta, sum);
+    sum->stages_s = m2d_now() - t_stages;
     m2d_results_free(&existing);
     m2d_sweep_meta_free(&meta);
     m2d_sweep_columns_free(cols, n_cols);
@@ -321,7 +335,16 @@ int m2d_sweep_dry_run(const m2d_experiment *x, const m2d_sweep_opts *o, FILE *f)
     int students = print_distinct(x, idx, n_idx, f);
     print_estimate(x, have_csv ? &existing : NULL, M2D_MIN(n_idx - done, students), f);
     if (strcmp(x->mc_configs, "none") != 0 && x->n_mc)
-        fprintf(f, "multiple choice: %d task(s) on %s configurations\n", x->n_mc, x->mc_configs);
+        fprintf(f, "multiple choice: %d task(s) on %s%s\n", x->n_mc,
+                x->has_distill ? "the distilled students (distillation stage)" : x->mc_configs,
+                x->has_distill ? "" : " configurations");
+    char listed[32];
+    snprintf(listed, sizeof listed, "%d listed", x->n_distill_ids);
+    if (x->has_distill)
+        fprintf(f, "distillation: %s configurations, %s %lld, L = %d, B = %d, loss %s, into %s.distill/\n",
+                x->n_distill_ids ? listed : x->distill_configs, x->distill.tokens ? "tokens" : "steps",
+                x->distill.tokens ? (long long)x->distill.tokens : (long long)x->distill.train.optim.steps,
+                x->distill.train.seq_len, x->distill.train.batch, m2d_loss_name(x->distill.train.loss), out);
     m2d_results_free(&existing);
     free(idx);
     return 0;

@@ -1,5 +1,5 @@
 /* sweep — run an experiment's grid: dedup by student fingerprint, resumable CSV, shards, a pthread
- * pool, then the multiple-choice stage; or print its plan and a run-time estimate (dry run).
+ * pool, then the distillation stage and the multiple-choice stage; or print its plan and a run-time estimate (dry run).
  *
  * The pieces (see ARCHITECTURE.md):
  *   sweep.c           the two entry points below: orchestration of a run, and the dry run
@@ -7,6 +7,7 @@
  *   sweep_pipeline.c  backend "pipeline": calibrate -> convert in memory -> PPL / MC
  *   sweep_pool.c      worker pool: build, dedup by fingerprint, evaluate, one CSV row each
  *   sweep_mc.c        multiple-choice stage on the configurations [mc].configs selects
+ *   sweep_distill.c   distillation stage on the configurations [distill].configs selects
  *   sweep_csv.c       the CSV's columns, run header and rows */
 #ifndef M2D_SWEEP_H
 #define M2D_SWEEP_H
@@ -28,12 +29,15 @@ typedef struct {
     int total, skipped, evaluated, dedup, failed;
     /* configurations of this run whose row (written now or by an earlier run) says failed for a
      * reason other than a non-finite perplexity: the sweep could not run them (the command then
-     * exits non-zero); mc_failed: the same for the multiple-choice stage */
-    int unrunnable, mc_failed;
+     * exits non-zero); mc_failed, distill_failed: the same for the multiple-choice and the
+     * distillation stages */
+    int unrunnable, mc_failed, distill_failed;
     double wall_s, eval_s;  /* eval_s: time inside build + evaluate, summed over workers */
     double prepare_s;       /* backend prepare: teacher, calibration (or its cache), data encoding */
     int jobs, threads;
     int mc_selected, mc_evaluated; /* multiple-choice stage */
+    int distill_selected, distill_evaluated; /* distillation stage */
+    double stages_s;        /* wall time of the distillation / multiple-choice stage */
 } m2d_sweep_summary;
 
 /* Before any work: the backend's check of the experiment (plugins, parameters, lengths, data);

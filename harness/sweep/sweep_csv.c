@@ -35,13 +35,33 @@ int m2d_sweep_mc_columns(const m2d_experiment *x, char ***cols) {
     return n;
 }
 
+static const char *const DISTILL_COLS[] = {"distill_ppl", "distill_final_loss", "distill_tokens", "distill_steps",
+                                           "distill_wall_s"};
+#define N_DISTILL ((int)M2D_ARRAY_LEN(DISTILL_COLS))
+
+/* the distill stage's columns in the main CSV (mc_student only when there are MC columns) */
+static int n_distill_cols(const m2d_experiment *x) { return x->has_distill ? N_DISTILL + (x->n_mc > 0) : 0; }
+
+int m2d_sweep_distill_columns(const m2d_experiment *x, char ***cols) {
+    int n = n_distill_cols(x), j = 0;
+    *cols = NULL;
+    if (n == 0) return 0;
+    char **c = m2d_calloc((size_t)n, sizeof *c);
+    for (int i = 0; i < N_DISTILL; i++) c[j++] = m2d_strdup(DISTILL_COLS[i]);
+    if (x->n_mc) c[j++] = m2d_strdup("mc_student");
+    *cols = c;
+    return n;
+}
+
 int m2d_sweep_columns(const m2d_experiment *x, char ***cols) {
-    char **mc;
-    int n_mc = m2d_sweep_mc_columns(x, &mc);
-    int n = N_FIXED + n_mc + N_TAIL, j = 0;
+    char **mc, **dist;
+    int n_mc = m2d_sweep_mc_columns(x, &mc), n_dist = m2d_sweep_distill_columns(x, &dist);
+    int n = N_FIXED + n_mc + n_dist + N_TAIL, j = 0;
     char **c = m2d_calloc((size_t)n, sizeof *c);
     for (int i = 0; i < N_FIXED; i++) c[j++] = m2d_strdup(FIXED_COLS[i]);
     for (int m = 0; m < n_mc; m++) c[j++] = mc[m]; /* ownership moves */
+    for (int m = 0; m < n_dist; m++) c[j++] = dist[m];
+    free(dist);
     for (int i = 0; i < N_TAIL; i++) c[j++] = m2d_strdup(TAIL_COLS[i]);
     free(mc);
     *cols = c;
@@ -117,7 +137,7 @@ static char *fmt_num(double v, const char *fmt) { return isfinite(v) ? m2d_strfm
 
 char **m2d_sweep_row(const m2d_experiment *x, const m2d_grid_config *c, const m2d_sweep_result *r, double wall,
                      const char *status, const char *dedup_of, int *n_fields) {
-    int n_mc = n_mc_cols(x), n = N_FIXED + n_mc + N_TAIL, j = 0;
+    int n_mc = n_mc_cols(x), n_dist = n_distill_cols(x), n = N_FIXED + n_mc + n_dist + N_TAIL, j = 0;
     char **f = m2d_calloc((size_t)n, sizeof *f);
     f[j++] = m2d_strdup(c->id);
     f[j++] = m2d_strdup(c->scoring);
@@ -133,6 +153,7 @@ char **m2d_sweep_row(const m2d_experiment *x, const m2d_grid_config *c, const m2
     f[j++] = m2d_strfmt("%d", x->ppl_seq_len);
     f[j++] = r->ppl_windows ? m2d_strfmt("%d", r->ppl_windows) : m2d_strdup("");
     for (int m = 0; m < n_mc; m++) f[j++] = r->mc ? m2d_sweep_mc_cell(r->mc[m]) : m2d_strdup("");
+    for (int m = 0; m < n_dist; m++) f[j++] = m2d_strdup(""); /* filled by the distill stage */
     f[j++] = m2d_strfmt("%.3f", wall);
     f[j++] = m2d_strdup(status);
     f[j++] = m2d_strdup(dedup_of ? dedup_of : "");

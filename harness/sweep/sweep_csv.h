@@ -2,7 +2,8 @@
  * (and which header keys identify a run), one configuration's row, and dropping failed rows.
  *
  * Columns: the fixed ones (config_id ... ppl_windows), then per multiple-choice task TASK_acc and
- * TASK_acc_norm and then mc_avg (only when the experiment has [mc] tasks), then the bookkeeping
+ * TASK_acc_norm and then mc_avg (only when the experiment has [mc] tasks), then the distillation
+ * columns (only with [distill]; m2d_sweep_distill_columns), then the bookkeeping
  * tail (wall_s, status, dedup_of, fingerprint). Code that reads a CSV finds columns by name. */
 #ifndef M2D_SWEEP_CSV_H
 #define M2D_SWEEP_CSV_H
@@ -16,6 +17,11 @@ int m2d_sweep_columns(const m2d_experiment *x, char ***cols);
 /* Just the multiple-choice columns of X, in CSV order (TASK_acc, TASK_acc_norm, ..., mc_avg);
  * 0 and *cols = NULL when X has no tasks. */
 int m2d_sweep_mc_columns(const m2d_experiment *x, char ***cols);
+/* The columns the distillation stage fills (sweep_distill.h), in CSV order: distill_ppl,
+ * distill_final_loss, distill_tokens, distill_steps, distill_wall_s, and mc_student ("distilled":
+ * the MC columns of the row were measured on the distilled student) when X has MC tasks; 0 and
+ * *cols = NULL when X has no [distill]. */
+int m2d_sweep_distill_columns(const m2d_experiment *x, char ***cols);
 void m2d_sweep_columns_free(char **cols, int n);
 
 /* The run header: "key=value" strings (owned). Grows as needed. */

@@ -8,18 +8,23 @@
 #include "base/util.h"
 #include "sweep/report.h"
 
-static int find_config(const m2d_experiment *x, const char *id) {
+int m2d_sweep_find_config(const m2d_experiment *x, const char *id) {
     for (int i = 0; i < x->n_configs; i++)
         if (strcmp(x->configs[i].id, id) == 0) return i;
     return -1;
 }
 
-static int mc_select(const m2d_experiment *x, const m2d_results *r, int **rows) {
-    if (strcmp(x->mc_configs, "best-per-pair") == 0) return m2d_report_best_per_pair(r, rows);
+int m2d_sweep_select_rows(const m2d_results *r, const char *mode, char *const *ids, int n_ids, int **rows) {
+    if (strcmp(mode, "best-per-pair") == 0) return m2d_report_best_per_pair(r, rows);
     *rows = m2d_malloc((size_t)(r->n_rows + 1) * sizeof **rows);
     int n = 0;
-    for (int i = 0; i < r->n_rows; i++)
-        if (!strcmp(m2d_results_get(r, i, "status"), "ok") && !m2d_results_get(r, i, "dedup_of")[0]) (*rows)[n++] = i;
+    for (int i = 0; i < r->n_rows; i++) {
+        if (strcmp(m2d_results_get(r, i, "status"), "ok")) continue;
+        const char *id = m2d_results_get(r, i, "config_id");
+        int listed = 0;
+        for (int j = 0; j < n_ids && !listed; j++) listed = !strcmp(ids[j], id);
+        if (strcmp(mode, "list") == 0 ? listed : !m2d_results_get(r, i, "dedup_of")[0]) (*rows)[n++] = i;
+    }
     return n;
 }
 
@@ -128,7 +133,7 @@ static int evaluate_selected(const m2d_experiment *x, m2d_sweep_backend *b, cons
         for (int d = 0; d < done->n_rows && seen < 0; d++)
             if (!strcmp(done->rows[d][done_id], id)) seen = d;
         if (seen >= 0 && strncmp(m2d_results_get(done, seen, "status"), "failed", 6) == 0) sum->mc_failed++;
-        int ci = find_config(x, id);
+        int ci = m2d_sweep_find_config(x, id);
         if (seen >= 0 || ci < 0) continue;
         rc = evaluate_one(x, b, ci, mc_buf, n_mc, w);
         if (rc == 1) sum->mc_failed++, rc = 0;
@@ -144,7 +149,7 @@ int m2d_sweep_mc_stage(const m2d_experiment *x, m2d_sweep_backend *b, const char
                        m2d_sweep_summary *sum) {
     m2d_results main;
     if (m2d_results_read_checked(out, &main)) return -1;
-    int *rows = NULL, n_sel = mc_select(x, &main, &rows);
+    int *rows = NULL, n_sel = m2d_sweep_select_rows(&main, x->mc_configs, NULL, 0, &rows);
     if (n_sel < 0) {
         m2d_results_free(&main);
         return -1;

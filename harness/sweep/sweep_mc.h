@@ -19,9 +19,17 @@
 int m2d_sweep_mc_stage(const m2d_experiment *x, m2d_sweep_backend *b, const char *out, const m2d_sweep_meta *meta,
                        m2d_sweep_summary *sum);
 
-/* Copy the sidecar SIDE's MC values (rows with status ok) into the rows of OUT whose student has
- * the same fingerprint as the sidecar row's configuration (OUT rewritten atomically if anything
- * changed). Every column of MC_COLS must be in both files. */
+/* Copy the sidecar SIDE's values of the columns MC_COLS (rows with status ok) into the rows of OUT
+ * whose student has the same fingerprint as the sidecar row's configuration (OUT rewritten
+ * atomically if anything changed). Every column of MC_COLS must be in both files. The
+ * distillation stage fills its columns the same way. */
 int m2d_sweep_mc_fill(const char *out, const char *side, char *const *mc_cols, int n_mc);
+
+/* Rows of R a stage works on: MODE "best-per-pair" (m2d_report_best_per_pair), "all" (every row
+ * with status ok that is not a dedup_of), "list" (the rows with status ok whose config_id is one
+ * of IDS). Row indices -> *rows (malloc'd); returns the count. */
+int m2d_sweep_select_rows(const m2d_results *r, const char *mode, char *const *ids, int n_ids, int **rows);
+/* Index of configuration ID in X's grid, or -1. */
+int m2d_sweep_find_config(const m2d_experiment *x, const char *id);
 
 #endif

@@ -14,7 +14,8 @@
  *
  * PPL (gptq protocol): the evaluation text is encoded ONCE in prepare; each student is scored by
  * m2d_ppl_gptq_tokens, the core of m2d_ppl_gptq (which encodes per call). lm-eval protocol:
- * m2d_ppl_lmeval. Registered as sweep backend "pipeline" (the default). */
+ * m2d_ppl_lmeval. Distillation stage: the student written as a checkpoint and distilled with
+ * m2d_distill_run (train/distill.h). Registered as sweep backend "pipeline" (the default). */
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -32,6 +33,7 @@
 #include "criteria/registry.h"
 #include "sweep/sweep_backend.h"
 #include "tokenizer/tokenizer.h"
+#include "train/distill.h"
 #include "base/util.h"
 
 typedef struct {
@@ -49,6 +51,7 @@ typedef struct {
 typedef struct {
     m2d_convert_plan *plan;
     m2d_model *student;
+    char *dir;              /* a distilled student: its checkpoint directory (no plan) */
 } student_t;
 
 static int open_teacher(pipe_t *p) {
@@ -248,10 +251,10 @@ static int pipe_evaluate_mc(m2d_sweep_backend *b, void *student, const m2d_grid_
     student_t *s = student;
     const m2d_experiment *x = p->x;
     char tmpl[] = "/tmp/m2d-mc-XXXXXX";
-    char *dir = mkdtemp(tmpl);
+    char *dir = s->dir ? s->dir : mkdtemp(tmpl); /* a distilled student is on disk already */
     if (!dir) return m2d_err("multiple choice: cannot create a temporary directory");
     m2d_lm *lm = NULL;
-    int rc = m2d_convert_write(p->teacher, s->student, s->plan, p->stats_path, dir);
+    int rc = s->dir ? 0 : m2d_convert_write(p->teacher, s->student, s->plan, p->stats_path, dir);
     if (rc == 0) rc = m2d_lm_engine_open(dir, b->threads, M2D_LM_CACHED, 0, &lm);
     m2d_mc_config cfg;
     m2d_mc_config_default(&cfg);
@@ -276,16 +279,53 @@ static int pipe_evaluate_mc(m2d_sweep_backend *b, void *student, const m2d_grid_
     }
     if (rc == 0 && x->n_mc) res->mc[2 * x->n_mc] = avg / x->n_mc;
     if (lm) m2d_lm_free(lm);
-    remove_flat_dir(dir);
+    if (!s->dir) remove_flat_dir(dir);
     return rc;
+}
+
+/* The converted student is written to OUT.init (the distillation reads checkpoints; removed
+ * afterwards), distilled into OUT, and OUT opened as the distilled student: its PPL and MC are
+ * those of the checkpoint a user gets (in the teacher's dtype unless fp32). */
+static int pipe_distill(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, const m2d_distill_opts *o,
+                        void **distilled, m2d_distill_result *res, char error[256]) {
+    (void)c;
+    pipe_t *p = b->self;
+    student_t *s = student;
+    char *init = m2d_strfmt("%s.init", o->out);
+    remove_flat_dir(init); /* what an interrupted write left */
+    m2d_distill_opts d = *o;
+    d.teacher = p->x->model, d.student = init;
+    int rc = m2d_convert_write(p->teacher, s->student, s->plan, p->stats_path, init);
+    if (rc == 0) rc = m2d_distill_run(&d, res);
+    if (rc == 0 && !res->finished) rc = m2d_err("distill: %s: the run stopped before its last step", o->out);
+    student_t *out = NULL;
+    if (rc == 0) {
+        out = m2d_calloc(1, sizeof *out);
+        out->dir = m2d_strdup(o->out);
+        rc = m2d_model_open(o->out, &out->student);
+    }
+    remove_flat_dir(init);
+    free(init);
+    if (rc) {
+        snprintf(error, 256, "%s", m2d_errmsg());
+        if (out) free(out->dir), free(out);
+        return -1;
+    }
+    *distilled = out;
+    return 0;
 }
 
 static void pipe_free_student(m2d_sweep_backend *b, void *student) {
     (void)b;
     student_t *s = student;
     if (!s) return;
-    m2d_convert_student_free(s->student);
-    m2d_convert_plan_free(s->plan);
+    if (s->dir) {
+        m2d_model_close(s->student);
+        free(s->dir);
+    } else {
+        m2d_convert_student_free(s->student);
+        m2d_convert_plan_free(s->plan);
+    }
     free(s);
 }
 
@@ -426,4 +466,4 @@ static void *pipe_open(const m2d_experiment *x) {
 M2D_SWEEP_BACKEND(pipeline, .name = "pipeline", .open = pipe_open, .destroy = pipe_destroy, .check = pipe_check,
                   .prepare = pipe_prepare,
                   .build = pipe_build, .evaluate = pipe_evaluate, .free_student = pipe_free_student,
-                  .evaluate_mc = pipe_evaluate_mc, .plan_fingerprint = pipe_plan_fingerprint)
+                  .evaluate_mc = pipe_evaluate_mc, .distill = pipe_distill, .plan_fingerprint = pipe_plan_fingerprint)

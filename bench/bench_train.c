@@ -1,0 +1,148 @@
+/* bench_train — throughput of a distillation step (train/trainer.h) on the tiny teacher, against
+ * the sgemm peak measured in the same process.
+ *
+ * The student is the DO-ACP / OC / proportional K = 2k conversion of tiny-qwen3moe (calibrated on
+ * 4 random windows, built in memory). A step: B = 8 windows of L = 512 tokens (micro-batches of
+ * 2), forward KL, AdamW; timed after one warm-up step, median of BENCH_STEPS (default 3) steps.
+ * FLOPs counted per token: the teacher's forward (attention projections, the k routed experts,
+ * the router, causal attention) and its LM head (the KD loss computes the teacher's logits), and
+ * 3x the student's forward (forward + backward) including its LM head and causal attention.
+ * Env: M2D_MODELS (default ../shared/models), BENCH_STEPS, BENCH_THREADS (default: all cores). */
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/util.h"
+#include "calib/calib.h"
+#include "convert/convert.h"
+#include "model/model.h"
+#include "train/trainer.h"
+
+static double sgemm_gflops(int n) {
+    float *a = m2d_malloc((size_t)n * n * 4), *b = m2d_malloc((size_t)n * n * 4), *c = m2d_malloc((size_t)n * n * 4);
+    for (size_t i = 0; i < (size_t)n * n; i++) a[i] = (float)(i % 7) * 0.1f, b[i] = (float)(i % 5) * 0.1f;
+    double best = 1e300;
+    for (int r = 0; r < 3; r++) {
+        double t0 = m2d_now();
+        for (int i = 0; i < 4; i++)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+        double t = (m2d_now() - t0) / 4;
+        if (t < best) best = t;
+    }
+    free(a), free(b), free(c);
+    return 2.0 * n * n * n / best * 1e-9;
+}
+
+/* forward FLOPs per token of one layer stack: projections + FFN matrices + causal attention */
+static double layer_flops(const m2d_config *c, double ffn_weights, int L) {
+    double qd = (double)c->num_attention_heads * c->head_dim, kvd = (double)c->num_key_value_heads * c->head_dim;
+    double proj = c->hidden_size * (2 * qd + 2 * kvd);
+    return c->num_hidden_layers * (2 * (proj + ffn_weights) + 2.0 * L * qd); /* QK^T + AV over L/2 keys */
+}
+
+static double step_flops_per_token(const m2d_config *t, const m2d_config *s, int L) {
+    double head = 2.0 * t->vocab_size * t->hidden_size;
+    double teacher = layer_flops(t, 3.0 * t->hidden_size * t->moe_intermediate_size * t->num_experts_per_tok +
+                                        (double)t->hidden_size * t->num_experts, L) + head;
+    double student = layer_flops(s, 3.0 * s->hidden_size * s->intermediate_size, L) + 2.0 * s->vocab_size * s->hidden_size;
+    return teacher + 3 * student;
+}
+
+static int build_student(const m2d_model *t, m2d_model **student) {
+    int L = 256, n = 4;
+    int32_t *ids = m2d_malloc(sizeof(int32_t) * (size_t)L * n);
+    uint64_t st = 7;
+    for (int i = 0; i < L * n; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int32_t)((st >> 33) % (uint64_t)t->cfg.vocab_size);
+    }
+    m2d_calib_opts co = {.seq_len = L, .n_samples = n};
+    m2d_stats *stats;
+    m2d_convert_plan *plan;
+    m2d_convert_opts o = {.scoring = "do-acp", .grouping = "oc", .scaling = "proportional",
+                          .K = 2 * t->cfg.num_experts_per_tok, .target = M2D_TARGET_DENSE};
+    int rc = m2d_calib_run(t, ids, (int64_t)L * n, &co, &stats);
+    if (rc == 0) rc = m2d_convert_plan_build(t, stats, &o, &plan);
+    if (rc == 0) rc = m2d_convert_build(t, plan, student);
+    if (rc == 0) m2d_convert_plan_free(plan);
+    m2d_calib_stats_free(stats);
+    free(ids);
+    return rc;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* median seconds per step of N steps after one warm-up */
+static double time_steps(const m2d_model *t, const m2d_model *s, m2d_trainer_opts o, int n, const int32_t *tok) {
+    m2d_trainer *tr;
+    if (m2d_trainer_new(t, s, &o, &tr)) return -1;
+    double *dt = m2d_malloc(sizeof(double) * (size_t)n);
+    m2d_step_stats st;
+    int rc = m2d_trainer_step(tr, 1, tok, &st);
+    for (int i = 0; rc == 0 && i < n; i++) {
+        double t0 = m2d_now();
+        rc = m2d_trainer_step(tr, i + 2, tok + (size_t)(i % 2) * o.batch * o.seq_len, &st);
+        dt[i] = m2d_now() - t0;
+    }
+    qsort(dt, (size_t)n, sizeof *dt, cmp_double);
+    double med = rc ? -1 : dt[n / 2];
+    free(dt);
+    m2d_trainer_free(tr);
+    return med;
+}
+
+int main(void) {
+    const char *models = getenv("M2D_MODELS") ? getenv("M2D_MODELS") : "../shared/models";
+    int steps = getenv("BENCH_STEPS") ? atoi(getenv("BENCH_STEPS")) : 3;
+    int threads = getenv("BENCH_THREADS") ? atoi(getenv("BENCH_THREADS")) : m2d_default_threads();
+    char *dir = m2d_path_join(models, "tiny-qwen3moe");
+    m2d_model *t, *s = NULL;
+    if (m2d_model_open(dir, &t)) {
+        printf("bench_train: skipped (%s)\n", m2d_errmsg());
+        free(dir);
+        return 0;
+    }
+    if (build_student(t, &s)) {
+        fprintf(stderr, "bench_train: %s\n", m2d_errmsg());
+        return 1;
+    }
+    m2d_trainer_opts o = {.seq_len = 512, .batch = 8, .micro_batch = 2, .loss = M2D_LOSS_FKL, .threads = threads};
+    m2d_optim_defaults(&o.optim);
+    o.optim.steps = steps + 1;
+    int32_t *tok = m2d_malloc(sizeof(int32_t) * 2 * (size_t)o.batch * o.seq_len);
+    uint64_t st = 11;
+    for (int i = 0; i < 2 * o.batch * o.seq_len; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        tok[i] = (int32_t)((st >> 33) % (uint64_t)t->cfg.vocab_size);
+    }
+    m2d_backend_host_blas_threads(threads);
+    double peak = sgemm_gflops(1024);
+    m2d_backend_host_blas_threads(1);
+    double fpt = step_flops_per_token(&t->cfg, &s->cfg, o.seq_len), tokens = (double)o.batch * o.seq_len;
+    printf("tiny-qwen3moe -> dense K=%d student (width %d); step: B=%d x L=%d, micro-batch %d, fkl, AdamW; %d "
+           "threads; median of %d steps\n", 2 * t->cfg.num_experts_per_tok, s->cfg.intermediate_size, o.batch, o.seq_len,
+           o.micro_batch, threads, steps);
+    printf("%-36s %10.1f GFLOP/s\n", "sgemm 1024^3 (in-run peak)", peak);
+    printf("%-36s %10.3f GFLOP\n", "FLOPs per token (teacher + 3x student)", fpt * 1e-9);
+    for (int rcmp = 0; rcmp < 2; rcmp++) {
+        o.recompute = rcmp;
+        double sec = time_steps(t, s, o, steps, tok);
+        if (sec < 0) {
+            fprintf(stderr, "bench_train: %s\n", m2d_errmsg());
+            return 1;
+        }
+        double gf = fpt * tokens / sec * 1e-9;
+        printf("%-36s %10.3f s/step %8.0f tokens/s %7.1f GFLOP/s (%4.1f%% of peak)\n",
+               rcmp ? "step, --recompute" : "step", sec, tokens / sec, gf, 100 * gf / peak);
+    }
+    printf("%-36s %10.1f MB\n", "peak RSS (process)", m2d_peak_rss() / 1048576.0);
+    free(tok);
+    m2d_convert_student_free(s);
+    m2d_model_close(t);
+    free(dir);
+    return 0;
+}

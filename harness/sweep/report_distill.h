@@ -1,0 +1,31 @@
+/* report_distill — what `moe2dense report` shows of a sweep's distillation stage
+ * (sweep_distill.h): the columns distill_ppl, distill_final_loss, distill_tokens and, with MC
+ * tasks, the MC columns measured on the distilled students (mc_student = "distilled").
+ *
+ *  - Table 12 layout (paper): a matrix scoring x grouping of the distilled students' paper-style
+ *    MC average (when the file has one) and of their WikiText-2 PPL, then one line per distilled
+ *    student: its configuration, PPL before and after, tokens, final loss, MC average.
+ *  - Plot data: distill.dat (per distilled student: label, PPL before, after) and, from the
+ *    training logs next to the results (RESULTS.distill/<config_id>.jsonl), distill_loss.dat
+ *    (tokens, training loss per step) and distill_val.dat (tokens, validation CE, PPL; Figure
+ *    5): one block per student (gnuplot `index`), its first line the quoted label (a title for
+ *    `columnheader`); distill_curves.txt: the two block counts. */
+#ifndef M2D_REPORT_DISTILL_H
+#define M2D_REPORT_DISTILL_H
+
+#include <stdio.h>
+
+#include "io/results.h"
+#include "sweep/report.h"
+
+/* Rows of R with a distilled student (distill_ppl filled; with ONE_PER_STUDENT the first row of
+ * each student (fingerprint) only) -> *rows (malloc'd); returns the count (0 when R has no
+ * distillation columns). */
+int m2d_report_distilled_rows(const m2d_results *r, int one_per_student, int **rows);
+/* The distillation section (md or tex); nothing when R has no distilled student. */
+int m2d_report_distill_write(const m2d_results *r, m2d_report_format fmt, FILE *f);
+/* distill.dat, distill_loss.dat, distill_val.dat, distill_curves.txt into DIR (nothing without
+ * distilled students); RESULTS_PATH locates the logs (a missing log: no curve for that student). */
+int m2d_report_distill_plot_data(const char *results_path, const m2d_results *r, const char *dir);
+
+#endif

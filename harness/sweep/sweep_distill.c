@@ -1,0 +1,165 @@
+/* sweep_distill — distillation stage: select, distill, score into OUT.distill.csv, fill OUT (see
+ * sweep_distill.h). */
+#include "sweep/sweep_distill.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/util.h"
+#include "sweep/sweep_mc.h"
+#include "train/state.h"
+
+/* The settings that change a distilled student, as one header value of the sidecar. */
+static char *settings_text(const m2d_experiment *x) {
+    const m2d_distill_opts *o = &x->distill;
+    const m2d_trainer_opts *t = &o->train;
+    return m2d_strfmt("distill=data=%s tokens=%lld steps=%d L=%d B=%d b=%d lr=%.9g min_lr=%.9g warmup=%d "
+                      "weight_decay=%.9g clip=%.9g loss=%s mse_weight=%.9g teacher_topk=%d order=%s seed=%llu "
+                      "fp32=%d",
+                      x->distill_data, (long long)o->tokens, t->optim.steps, t->seq_len, t->batch,
+                      t->micro_batch ? t->micro_batch : t->batch, t->optim.lr, t->optim.min_lr, t->optim.warmup,
+                      t->optim.weight_decay, t->optim.clip, m2d_loss_name(t->loss), t->mse_weight, t->teacher_topk,
+                      m2d_order_name(o->order), (unsigned long long)o->seed, (int)o->fp32);
+}
+
+/* The distillation columns (m2d_sweep_distill_columns: mc_student last when there are MC
+ * columns) and the MC columns of the experiment. Sidecar: config_id, the distillation columns but
+ * mc_student, the MC columns, mc_student, wall_s, status. */
+typedef struct {
+    char **dist, **mc;
+    int n_dist, n_mc;
+} stage_cols;
+
+/* One configuration's distilled student: distill, score PPL and MC. The sidecar row in F. */
+static void distill_one(const m2d_experiment *x, m2d_sweep_backend *b, const m2d_grid_config *c, const char *root,
+                        const stage_cols *sc, char **f) {
+    double t0 = m2d_now();
+    m2d_sweep_result r;
+    memset(&r, 0, sizeof r);
+    r.ppl = NAN;
+    r.mc = m2d_malloc((size_t)(sc->n_mc + 1) * sizeof *r.mc);
+    for (int m = 0; m < sc->n_mc; m++) r.mc[m] = NAN;
+    m2d_distill_result d;
+    memset(&d, 0, sizeof d);
+    d.final_loss = NAN;
+    m2d_distill_opts o = x->distill;
+    char *dir = m2d_path_join(root, c->id), *log = m2d_strfmt("%s.jsonl", dir), *state = m2d_path_join(dir, "train-state");
+    o.data = x->distill_data, o.out = dir, o.log = log, o.train.threads = b->threads;
+    o.resume = m2d_train_state_exists(state);
+    if (o.eval_every > 0) /* the validation curve (Figure 5) on the experiment's PPL data */
+        o.eval_data = x->ppl_data, o.eval_seq_len = x->ppl_seq_len, o.eval_windows = x->ppl_max_windows;
+    void *student = NULL, *distilled = NULL;
+    int rc = b->build(b, c, &student, &r);
+    if (rc == 0) rc = m2d_mkdir_p(root);
+    if (rc == 0) rc = b->distill(b, student, c, &o, &distilled, &d, r.error);
+    if (student) b->free_student(b, student);
+    if (rc == 0) rc = b->evaluate(b, distilled, c, &r);
+    int run_mc = sc->n_mc && strcmp(x->mc_configs, "none") != 0;
+    if (rc == 0 && run_mc) rc = b->evaluate_mc(b, distilled, c, &r);
+    if (distilled) b->free_student(b, distilled);
+    if (rc && !r.error[0]) snprintf(r.error, sizeof r.error, "%s", m2d_errmsg());
+    int k = 0;
+    f[k++] = m2d_strdup(c->id);
+    f[k++] = isfinite(r.ppl) ? m2d_strfmt("%.4f", r.ppl) : m2d_strdup("");
+    f[k++] = isfinite(d.final_loss) ? m2d_strfmt("%.6f", d.final_loss) : m2d_strdup("");
+    f[k++] = m2d_strfmt("%lld", (long long)d.tokens);
+    f[k++] = m2d_strfmt("%d", d.steps_done);
+    f[k++] = m2d_strfmt("%.3f", d.wall_s); /* the training (of this invocation) */
+    for (int m = 0; m < sc->n_mc; m++) f[k++] = m2d_sweep_mc_cell(r.mc[m]);
+    if (sc->n_mc) f[k++] = m2d_strdup(run_mc && rc == 0 ? "distilled" : "");
+    f[k++] = m2d_strfmt("%.3f", m2d_now() - t0);
+    char status[300];
+    f[k++] = m2d_strdup(m2d_sweep_status(&r, status, sizeof status));
+    free(r.mc), free(dir), free(log), free(state);
+}
+
+/* Distill the selected rows of MAIN not yet in the sidecar (DONE: its rows so far); one
+ * configuration per distinct student. */
+static int distill_selected(const m2d_experiment *x, m2d_sweep_backend *b, const m2d_results *main, const int *rows,
+                            int n_sel, const m2d_results *done, const char *root, const stage_cols *sc,
+                            m2d_results_writer *w, m2d_sweep_summary *sum) {
+    int done_id = m2d_results_col(done, "config_id"), rc = 0, n_f = 1 + sc->n_dist + sc->n_mc + 2;
+    char **f = m2d_calloc((size_t)n_f, sizeof *f);
+    m2d_progress prog;
+    m2d_progress_start(&prog, "distillation", n_sel);
+    for (int s = 0; rc == 0 && s < n_sel; s++) {
+        const char *id = m2d_results_get(main, rows[s], "config_id"), *fp = m2d_results_get(main, rows[s], "fingerprint");
+        int seen = 0;
+        for (int d = 0; d < done->n_rows && !seen; d++)
+            if (!strcmp(done->rows[d][done_id], id)) {
+                seen = 1;
+                sum->distill_failed += strncmp(m2d_results_get(done, d, "status"), "failed", 6) == 0;
+            }
+        for (int e = 0; e < s && !seen; e++) seen = !strcmp(m2d_results_get(main, rows[e], "fingerprint"), fp);
+        int ci = m2d_sweep_find_config(x, id);
+        if (seen || ci < 0) continue;
+        distill_one(x, b, &x->configs[ci], root, sc, f);
+        sum->distill_failed += strncmp(f[n_f - 1], "failed", 6) == 0;
+        rc = m2d_results_append(w, (const char *const *)f);
+        for (int i = 0; i < n_f; i++) free(f[i]), f[i] = NULL;
+        sum->distill_evaluated++;
+        m2d_progress_update(&prog, s + 1);
+    }
+    m2d_progress_end(&prog);
+    free(f);
+    return rc;
+}
+
+/* Open the sidecar SIDE (created, or resumed when its header and columns agree) and run. */
+static int run_stage(const m2d_experiment *x, m2d_sweep_backend *b, const m2d_results *main, const int *rows,
+                     int n_sel, const char *out, const m2d_sweep_meta *meta, const stage_cols *sc,
+                     m2d_sweep_summary *sum) {
+    int n_side = 1 + sc->n_dist + sc->n_mc + 2, j = 0, n_meta = meta->n + 1;
+    const char **cols = m2d_calloc((size_t)n_side, sizeof *cols);
+    cols[j++] = "config_id";
+    for (int m = 0; m < sc->n_dist - (sc->n_mc > 0); m++) cols[j++] = sc->dist[m];
+    for (int m = 0; m < sc->n_mc; m++) cols[j++] = sc->mc[m];
+    if (sc->n_mc) cols[j++] = "mc_student";
+    cols[j++] = "wall_s";
+    cols[j++] = "status";
+    const char **items = m2d_calloc((size_t)n_meta, sizeof *items);
+    memcpy(items, meta->items, (size_t)meta->n * sizeof *items);
+    char *settings = settings_text(x);
+    items[meta->n] = settings;
+    const char **keys = m2d_calloc((size_t)m2d_sweep_n_identity_keys + 1, sizeof *keys);
+    memcpy(keys, m2d_sweep_identity_keys, (size_t)m2d_sweep_n_identity_keys * sizeof *keys);
+    keys[m2d_sweep_n_identity_keys] = "distill";
+    char *side = m2d_strfmt("%s.distill.csv", out), *root = m2d_strfmt("%s.distill", out);
+    m2d_results_writer w;
+    m2d_results done;
+    int rc = m2d_results_open(side, cols, n_side, items, n_meta, keys, m2d_sweep_n_identity_keys + 1, &w, &done);
+    if (rc == 0) {
+        rc = distill_selected(x, b, main, rows, n_sel, &done, root, sc, &w, sum);
+        m2d_results_close(&w);
+        m2d_results_free(&done);
+    }
+    /* OUT gets the distillation columns, and the MC columns measured on the distilled students */
+    int n_fill = sc->n_dist + sc->n_mc;
+    char **fill = m2d_calloc((size_t)n_fill + 1, sizeof *fill);
+    for (int m = 0; m < sc->n_dist; m++) fill[m] = sc->dist[m];
+    for (int m = 0; m < sc->n_mc; m++) fill[sc->n_dist + m] = sc->mc[m];
+    if (rc == 0) rc = m2d_sweep_mc_fill(out, side, fill, n_fill);
+    free(fill), free(side), free(root), free(settings), free(items), free(keys), free(cols);
+    return rc;
+}
+
+int m2d_sweep_distill_stage(const m2d_experiment *x, m2d_sweep_backend *b, const char *out, const m2d_sweep_meta *meta,
+                            m2d_sweep_summary *sum) {
+    m2d_results main;
+    if (m2d_results_read_checked(out, &main)) return -1;
+    int *rows = NULL, n_sel = m2d_sweep_select_rows(&main, x->distill_configs, x->distill_ids, x->n_distill_ids, &rows);
+    int rc = n_sel < 0 ? -1 : 0;
+    if (rc == 0) {
+        sum->distill_selected = n_sel;
+        stage_cols sc;
+        sc.n_dist = m2d_sweep_distill_columns(x, &sc.dist);
+        sc.n_mc = m2d_sweep_mc_columns(x, &sc.mc);
+        rc = run_stage(x, b, &main, rows, n_sel, out, meta, &sc, sum);
+        m2d_sweep_columns_free(sc.dist, sc.n_dist);
+        m2d_sweep_columns_free(sc.mc, sc.n_mc);
+    }
+    m2d_results_free(&main);
+    free(rows);
+    return rc;
+}

@@ -1,0 +1,85 @@
+/* data — distillation windows and their order (see data.h). */
+#include "train/data.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/util.h"
+
+int m2d_order_parse(const char *s, m2d_order *out) {
+    if (!strcmp(s, "shuffle")) *out = M2D_ORDER_SHUFFLE;
+    else if (!strcmp(s, "sequential")) *out = M2D_ORDER_SEQUENTIAL;
+    else return m2d_err("order '%s': expected shuffle or sequential", s);
+    return 0;
+}
+
+const char *m2d_order_name(m2d_order o) { return o == M2D_ORDER_SEQUENTIAL ? "sequential" : "shuffle"; }
+
+int m2d_windows_from_ids(const int32_t *ids, int64_t n, const char *what, int L, m2d_order order, uint64_t seed,
+                         m2d_windows *w) {
+    memset(w, 0, sizeof *w);
+    if (L < 1) return m2d_err("%s: window length %d", what, L);
+    if (n / L < 1) return m2d_err("%s: %lld tokens is less than one window of %d", what, (long long)n, L);
+    w->ids = m2d_malloc(sizeof(int32_t) * (size_t)n);
+    memcpy(w->ids, ids, sizeof(int32_t) * (size_t)n);
+    w->n_ids = n, w->L = L, w->n_windows = n / L, w->order = order, w->seed = seed, w->perm_epoch = -1;
+    m2d_sha256_hex(ids, sizeof(int32_t) * (size_t)n, w->ids_hash);
+    return 0;
+}
+
+int m2d_windows_open(const m2d_tokenizer *tk, const char *path, int L, m2d_order order, uint64_t seed,
+                     m2d_windows *w) {
+    memset(w, 0, sizeof *w);
+    size_t len, n;
+    char *text = m2d_read_file(path, &len);
+    if (!text) return -1;
+    int32_t *ids = NULL;
+    int rc = m2d_tokenizer_encode(tk, text, len, &ids, &n);
+    free(text);
+    if (rc) return m2d_err_prefix(path);
+    rc = m2d_windows_from_ids(ids, (int64_t)n, path, L, order, seed, w);
+    free(ids);
+    return rc;
+}
+
+void m2d_windows_free(m2d_windows *w) {
+    free(w->ids);
+    free(w->perm);
+    memset(w, 0, sizeof *w);
+}
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* Fisher-Yates over the W windows for EPOCH (unbiased draw by rejection) */
+static void permute(m2d_windows *w, int64_t epoch) {
+    int64_t W = w->n_windows;
+    if (!w->perm) w->perm = m2d_malloc(sizeof(int64_t) * (size_t)W);
+    for (int64_t i = 0; i < W; i++) w->perm[i] = i;
+    uint64_t st = w->seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(epoch + 1));
+    for (int64_t i = W - 1; i > 0; i--) {
+        uint64_t range = (uint64_t)i + 1, limit = UINT64_MAX - UINT64_MAX % range, x;
+        do x = splitmix64(&st);
+        while (x >= limit);
+        int64_t j = (int64_t)(x % range), t = w->perm[i];
+        w->perm[i] = w->perm[j];
+        w->perm[j] = t;
+    }
+    w->perm_epoch = epoch;
+}
+
+int64_t m2d_windows_index(m2d_windows *w, int64_t i) {
+    int64_t epoch = i / w->n_windows, pos = i % w->n_windows;
+    if (w->order == M2D_ORDER_SEQUENTIAL) return pos;
+    if (epoch != w->perm_epoch) permute(w, epoch);
+    return w->perm[pos];
+}
+
+void m2d_windows_get(m2d_windows *w, int64_t first, int n, int32_t *dst) {
+    for (int s = 0; s < n; s++)
+        memcpy(dst + (size_t)s * w->L, w->ids + m2d_windows_index(w, first + s) * w->L, sizeof(int32_t) * (size_t)w->L);
+}

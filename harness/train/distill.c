@@ -1,0 +1,430 @@
+/* distill — the distillation run: windows, steps, log, validation, checkpoints, output. */
+#include "train/distill.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/outfile.h"
+#include "base/util.h"
+#include "convert/convert.h"
+#include "engine/engine.h"
+#include "evals/ppl.h"
+#include "io/st.h"
+#include "tokenizer/tokenizer.h"
+#include "train/state.h"
+
+typedef struct {
+    const m2d_distill_opts *o;
+    m2d_trainer_opts t;     /* with the steps resolved */
+    m2d_model *teacher, *student;
+    m2d_tokenizer *tk;
+    m2d_windows win;
+    m2d_trainer *tr;
+    int S, start;           /* steps in all, steps done before this invocation */
+    double *losses;         /* [S] */
+    m2d_run_identity id;
+    char *state_dir;
+    FILE *log;
+    int32_t *eval_ids;
+    size_t n_eval;
+    float *host;            /* host copy of the master weights (validation, output) */
+    m2d_model *view;        /* the student over HOST */
+    m2d_engine *eval_engine;
+    m2d_distill_result *r;
+} run_t;
+
+void m2d_distill_defaults(m2d_distill_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->train.seq_len = 512;
+    o->train.batch = 8;
+    o->train.loss = M2D_LOSS_FKL;
+    o->train.mse_weight = 1.0;
+    m2d_optim_defaults(&o->train.optim);
+    o->order = M2D_ORDER_SHUFFLE;
+}
+
+/* ---- setup ---- */
+
+static int resolve_steps(run_t *r) {
+    const m2d_distill_opts *o = r->o;
+    int64_t per = (int64_t)o->train.batch * o->train.seq_len;
+    if ((o->train.optim.steps > 0) == (o->tokens > 0))
+        return m2d_err("distill: give exactly one of --steps and --tokens");
+    if (per <= 0) return m2d_err("distill: --batch and --seq-len must be positive");
+    int64_t S = o->train.optim.steps > 0 ? o->train.optim.steps : (o->tokens + per - 1) / per;
+    if (S > 100000000) return m2d_err("distill: %lld steps is too many", (long long)S);
+    r->S = (int)S;
+    r->t = o->train;
+    r->t.optim.steps = r->S;
+    return 0;
+}
+
+static int open_inputs(run_t *r) {
+    const m2d_distill_opts *o = r->o;
+    if (m2d_model_open(o->teacher, &r->teacher) || m2d_model_open(o->student, &r->student)) return -1;
+    if (m2d_tokenizer_load(o->teacher, &r->tk)) return -1;
+    if (r->t.seq_len > r->teacher->cfg.max_position_embeddings)
+        return m2d_err("distill: --seq-len %d exceeds the teacher's max_position_embeddings %d", r->t.seq_len,
+                       r->teacher->cfg.max_position_embeddings);
+    return m2d_windows_open(r->tk, o->data, r->t.seq_len, o->order, o->seed, &r->win);
+}
+
+/* everything that changes the numbers of a step: a checkpoint resumes only the same run */
+static void build_identity(run_t *r) {
+    const m2d_trainer_opts *t = &r->t;
+    m2d_run_identity *id = &r->id;
+    m2d_run_identity_add(id, "teacher", "%s", r->teacher->weights_hash);
+    m2d_run_identity_add(id, "student", "%s", r->student->weights_hash);
+    m2d_run_identity_add(id, "data", "%s", r->win.ids_hash);
+    m2d_run_identity_add(id, "seq_len", "%d", t->seq_len);
+    m2d_run_identity_add(id, "batch", "%d", t->batch);
+    m2d_run_identity_add(id, "micro_batch", "%d", t->micro_batch ? t->micro_batch : t->batch);
+    m2d_run_identity_add(id, "steps", "%d", r->S);
+    m2d_run_identity_add(id, "order", "%s", m2d_order_name(r->o->order));
+    m2d_run_identity_add(id, "seed", "%llu", (unsigned long long)r->o->seed);
+    m2d_run_identity_add(id, "loss", "%s", m2d_loss_name(t->loss));
+    m2d_run_identity_add(id, "mse_weight", "%.17g", t->mse_weight);
+    m2d_run_identity_add(id, "teacher_topk", "%d", t->teacher_topk);
+    m2d_run_identity_add(id, "lr", "%.17g", t->optim.lr);
+    m2d_run_identity_add(id, "min_lr", "%.17g", t->optim.min_lr);
+    m2d_run_identity_add(id, "warmup", "%d", t->optim.warmup);
+    m2d_run_identity_add(id, "weight_decay", "%.17g", t->optim.weight_decay);
+    m2d_run_identity_add(id, "clip", "%.17g", t->optim.clip);
+    m2d_run_identity_add(id, "backend", "%s", t->backend ? t->backend : "cpu");
+}
+
+/* OUT for a fresh run (checked and prepared) or a resumed one (its checkpoint must be there) */
+static int prepare_out(run_t *r) {
+    const m2d_distill_opts *o = r->o;
+    r->state_dir = m2d_path_join(o->out, "train-state");
+    int have = m2d_train_state_exists(r->state_dir);
+    if (o->resume && !have)
+        return m2d_err("distill: --resume: %s holds no checkpoint (state.json)", r->state_dir);
+    if (!o->resume && have)
+        return m2d_err("distill: %s holds the checkpoint of an unfinished run: add --resume to continue it, or "
+                       "remove it", r->state_dir);
+    if (o->resume) {
+        char *marker = m2d_path_join(o->out, "moe2dense.json");
+        int done = m2d_file_exists(marker);
+        free(marker);
+        return done ? m2d_err("distill: %s is a finished output and also holds a checkpoint: remove one", o->out) : 0;
+    }
+    return m2d_convert_prepare_dir(o->out);
+}
+
+/* ---- log ---- */
+
+/* Keep the lines of steps <= KEEP (the checkpoint's): later ones are repeated by this run. */
+static int trim_log(const char *path, int keep) {
+    if (!m2d_file_exists(path)) return 0;
+    size_t n;
+    char *text = m2d_read_file(path, &n), *out = m2d_malloc(n + 1);
+    if (!text) {
+        free(out);
+        return -1;
+    }
+    size_t used = 0;
+    for (char *line = text, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        size_t len = next ? (size_t)(next - line) + 1 : strlen(line);
+        if (next) next++;
+        cJSON *j = cJSON_ParseWithLength(line, len);
+        const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "step");
+        if (cJSON_IsNumber(s) && s->valueint <= keep) memcpy(out + used, line, len), used += len;
+        cJSON_Delete(j);
+    }
+    int rc = m2d_write_file_atomic(path, out, used);
+    free(text), free(out);
+    return rc;
+}
+
+static int open_log(run_t *r) {
+    const char *path = r->o->log;
+    if (!path) return 0;
+    if (m2d_check_output_path(path)) return -1; /* a planted link is refused, never followed */
+    if (r->o->resume && trim_log(path, r->start)) return -1;
+    r->log = fopen(path, r->o->resume ? "a" : "w");
+    if (!r->log) return m2d_err("%s: cannot open the log for writing", path);
+    return 0;
+}
+
+static void log_step(run_t *r, int step, const m2d_step_stats *st, double tok_s, double elapsed) {
+    if (!r->log) return;
+    int64_t tokens = (int64_t)step * r->t.batch * r->t.seq_len;
+    fprintf(r->log,
+            "{\"step\": %d, \"tokens\": %lld, \"loss\": %.17g, \"div\": %.17g, \"mse\": %.17g, \"grad_norm\": %.17g, "
+            "\"lr\": %.17g, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
+            step, (long long)tokens, st->loss, st->div, st->mse, st->grad_norm, st->lr, tok_s, elapsed);
+    fflush(r->log);
+}
+
+/* ---- validation ---- */
+
+static int eval_setup(run_t *r) {
+    const m2d_distill_opts *o = r->o;
+    r->host = m2d_malloc(sizeof(float) * m2d_trainer_params(r->tr)->total);
+    if (m2d_train_params_model(m2d_trainer_params(r->tr), r->student, r->host, &r->view)) return -1;
+    if (!o->eval_data) return 0;
+    size_t len, jl;
+    char *raw = m2d_read_file(o->eval_data, &len);
+    if (!raw) return -1;
+    int rc = m2d_ppl_check_utf8(o->eval_data, raw, len);
+    char *joined = rc == 0 ? m2d_ppl_gptq_text(raw, len, &jl) : NULL;
+    if (joined) rc = m2d_tokenizer_encode(r->tk, joined, jl, &r->eval_ids, &r->n_eval);
+    free(raw), free(joined);
+    if (rc) return m2d_err_prefix(o->eval_data);
+    int L = o->eval_seq_len ? o->eval_seq_len : r->t.seq_len;
+    if (r->n_eval / (size_t)L == 0) return m2d_err("%s: fewer tokens than one window of %d", o->eval_data, L);
+    return m2d_engine_new(r->view, r->t.threads, &r->eval_engine);
+}
+
+static void download_weights(run_t *r) { m2d_train_params_download(m2d_trainer_params(r->tr), M2D_PBUF_WEIGHTS, r->host); }
+
+/* WikiText-2 gptq perplexity and mean cross-entropy of the student's current weights */
+static int evaluate(run_t *r, int step, double *ppl, double *ce) {
+    const m2d_distill_opts *o = r->o;
+    if (!r->eval_engine) return 0;
+    download_weights(r);
+    m2d_ppl_result res;
+    memset(&res, 0, sizeof res);
+    int L = o->eval_seq_len ? o->eval_seq_len : r->t.seq_len;
+    if (m2d_ppl_gptq_tokens(r->eval_engine, r->eval_ids, r->n_eval, L, o->eval_windows, NULL, &res)) return -1;
+    *ppl = res.ppl;
+    *ce = res.nll_sum / (double)res.tokens_scored;
+    if (r->log) {
+        fprintf(r->log,
+                "{\"step\": %d, \"tokens\": %lld, \"eval\": \"wikitext2-gptq\", \"ppl\": %.17g, \"val_ce\": %.17g, "
+                "\"windows\": %d, \"seq_len\": %d}\n",
+                step, (long long)step * r->t.batch * r->t.seq_len, *ppl, *ce, res.windows, L);
+        fflush(r->log);
+    }
+    return 0;
+}
+
+/* ---- output ---- */
+
+/* the student's config.json, with the dtype fields naming DT when the weights are written in another */
+static char *output_config(const m2d_model *s, m2d_dtype dt) {
+    cJSON *j = cJSON_Parse(s->config_text);
+    const char *name = dt == M2D_F32 ? "float32" : dt == M2D_F16 ? "float16" : "bfloat16";
+    for (int k = 0; j && k < 2; k++) {
+        const char *key = k ? "dtype" : "torch_dtype";
+        if (cJSON_GetObjectItemCaseSensitive(j, key)) cJSON_ReplaceItemInObjectCaseSensitive(j, key, cJSON_CreateString(name));
+    }
+    char *text = j ? cJSON_Print(j) : m2d_strdup(s->config_text);
+    cJSON_Delete(j);
+    return text;
+}
+
+static int write_weights(run_t *r, m2d_dtype dt) {
+    const m2d_train_params *p = m2d_trainer_params(r->tr);
+    m2d_st_writer *w = m2d_st_writer_new();
+    m2d_st_writer_metadata(w, "format", "pt");
+    int rc = 0;
+    for (int i = 0; i < p->n && rc == 0; i++) {
+        const m2d_tparam *q = &p->p[i];
+        int64_t shape[2] = {q->rows, q->cols};
+        rc = m2d_st_writer_add_f32(w, q->name, dt, q->ndim, shape, r->host + q->off);
+    }
+    const m2d_tensor *stored = r->student->lm_head_stored; /* tied, but the checkpoint also has lm_head */
+    if (rc == 0 && stored) {
+        const m2d_tparam *q = &p->p[p->lm_head];
+        int64_t shape[2] = {q->rows, q->cols};
+        rc = m2d_st_writer_add_f32(w, stored->name, dt, 2, shape, r->host + q->off);
+    }
+    char *path = m2d_path_join(r->o->out, "model.safetensors");
+    if (rc == 0) rc = m2d_st_writer_write(w, path);
+    free(path);
+    m2d_st_writer_free(w);
+    return rc;
+}
+
+static cJSON *settings_json(const run_t *r) {
+    const m2d_trainer_opts *t = &r->t;
+    const m2d_distill_opts *o = r->o;
+    cJSON *s = cJSON_CreateObject();
+    cJSON_AddStringToObject(s, "teacher", o->teacher);
+    cJSON_AddStringToObject(s, "teacher_weights_hash", r->teacher->weights_hash);
+    cJSON_AddStringToObject(s, "student_init", o->student);
+    cJSON_AddStringToObject(s, "student_init_weights_hash", r->student->weights_hash);
+    cJSON_AddStringToObject(s, "data", o->data);
+    cJSON_AddStringToObject(s, "data_tokens_sha256", r->win.ids_hash);
+    cJSON_AddNumberToObject(s, "data_tokens", (double)r->win.n_ids);
+    cJSON_AddNumberToObject(s, "steps", r->S);
+    cJSON_AddNumberToObject(s, "seq_len", t->seq_len);
+    cJSON_AddNumberToObject(s, "batch", t->batch);
+    cJSON_AddNumberToObject(s, "micro_batch", t->micro_batch ? t->micro_batch : t->batch);
+    cJSON_AddStringToObject(s, "loss", m2d_loss_name(t->loss));
+    if (t->loss == M2D_LOSS_FKL_MSE) cJSON_AddNumberToObject(s, "mse_weight", t->mse_weight);
+    cJSON_AddNumberToObject(s, "teacher_topk", t->teacher_topk);
+    cJSON_AddNumberToObject(s, "lr", t->optim.lr);
+    cJSON_AddNumberToObject(s, "min_lr", t->optim.min_lr);
+    cJSON_AddNumberToObject(s, "warmup", t->optim.warmup);
+    cJSON_AddNumberToObject(s, "beta1", t->optim.beta1);
+    cJSON_AddNumberToObject(s, "beta2", t->optim.beta2);
+    cJSON_AddNumberToObject(s, "eps", t->optim.eps);
+    cJSON_AddNumberToObject(s, "weight_decay", t->optim.weight_decay);
+    cJSON_AddNumberToObject(s, "clip", t->optim.clip);
+    cJSON_AddStringToObject(s, "order", m2d_order_name(o->order));
+    cJSON_AddNumberToObject(s, "seed", (double)o->seed);
+    cJSON_AddNumberToObject(s, "temperature", 1);
+    return s;
+}
+
+static cJSON *metrics_json(const run_t *r) {
+    const m2d_distill_result *res = r->r;
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddNumberToObject(m, "tokens", (double)res->tokens);
+    cJSON_AddNumberToObject(m, "final_loss", res->final_loss);
+    cJSON_AddNumberToObject(m, "last_step_loss", r->losses[r->S - 1]);
+    if (!isnan(res->pre_ppl)) cJSON_AddNumberToObject(m, "pre_ppl", res->pre_ppl);
+    if (!isnan(res->post_ppl)) {
+        cJSON_AddNumberToObject(m, "post_ppl", res->post_ppl);
+        cJSON_AddNumberToObject(m, "post_val_ce", res->post_ce);
+        cJSON_AddStringToObject(m, "eval_data", r->o->eval_data);
+    }
+    cJSON_AddNumberToObject(m, "wall_s_last_invocation", res->wall_s);
+    return m;
+}
+
+/* the student's moe2dense.json (a converted student's plan or a baseline's recipe) + "distill" */
+static int write_manifest(run_t *r) {
+    char *src = m2d_path_join(r->o->student, "moe2dense.json");
+    size_t n;
+    char *text = m2d_file_exists(src) ? m2d_read_file(src, &n) : NULL;
+    cJSON *j = text ? cJSON_ParseWithLength(text, n) : NULL;
+    if (!j) j = cJSON_CreateObject();
+    cJSON_DeleteItemFromObjectCaseSensitive(j, "distill");
+    cJSON_DeleteItemFromObjectCaseSensitive(j, "moe2dense_version");
+    cJSON_AddStringToObject(j, "moe2dense_version", M2D_VERSION);
+    cJSON *d = cJSON_AddObjectToObject(j, "distill");
+    cJSON_AddItemToObject(d, "settings", settings_json(r));
+    cJSON_AddItemToObject(d, "metrics", metrics_json(r));
+    char *out = cJSON_Print(j), *path = m2d_path_join(r->o->out, "moe2dense.json");
+    int rc = m2d_write_file_atomic(path, out, strlen(out));
+    cJSON_Delete(j);
+    free(src), free(text), free(out), free(path);
+    return rc;
+}
+
+static int write_output(run_t *r) {
+    m2d_dtype dt = r->o->fp32 ? M2D_F32 : r->teacher->cfg.torch_dtype;
+    if (dt != M2D_F32 && dt != M2D_BF16 && dt != M2D_F16) dt = M2D_F32;
+    download_weights(r);
+    char *cfg = output_config(r->student, dt), *path = m2d_path_join(r->o->out, "config.json");
+    int rc = write_weights(r, dt);
+    if (rc == 0) rc = m2d_write_file_atomic(path, cfg, strlen(cfg));
+    free(cfg), free(path);
+    if (rc == 0) rc = m2d_convert_copy_tokenizer(r->teacher, r->o->out);
+    if (rc == 0) rc = write_manifest(r); /* last: marks the output complete */
+    if (rc == 0) rc = m2d_convert_finish_dir(r->o->out);
+    if (rc == 0) rc = m2d_train_state_remove(r->state_dir);
+    return rc;
+}
+
+/* ---- the loop ---- */
+
+static void final_metrics(run_t *r) {
+    int tail = M2D_MAX(1, r->S / 10);
+    double s = 0;
+    for (int i = r->S - tail; i < r->S; i++) s += r->losses[i];
+    r->r->final_loss = s / tail;
+}
+
+static int one_step(run_t *r, int step, int32_t *tok, double t_start) {
+    m2d_step_stats st;
+    double t0 = m2d_now();
+    m2d_windows_get(&r->win, (int64_t)(step - 1) * r->t.batch, r->t.batch, tok);
+    if (m2d_trainer_step(r->tr, step, tok, &st)) return -1;
+    if (!isfinite(st.loss) || !isfinite(st.grad_norm))
+        return m2d_err("distill: step %d: the loss (%g) or gradient norm (%g) is not finite", step, st.loss, st.grad_norm);
+    r->losses[step - 1] = st.loss;
+    double dt = m2d_now() - t0;
+    log_step(r, step, &st, r->t.batch * r->t.seq_len / dt, m2d_now() - t_start);
+    r->r->steps_done = step;
+    return 0;
+}
+
+static int checkpoint_due(const run_t *r, int step, int last) {
+    return (r->o->save_every > 0 && step % r->o->save_every == 0) || (step == last && last < r->S);
+}
+
+static int run_steps(run_t *r) {
+    const m2d_distill_opts *o = r->o;
+    int last = o->stop_after > 0 ? M2D_MIN(o->stop_after, r->S) : r->S;
+    int32_t *tok = m2d_malloc(sizeof(int32_t) * (size_t)r->t.batch * r->t.seq_len);
+    char label[160];
+    m2d_progress prog;
+    snprintf(label, sizeof label, "distill");
+    m2d_progress_start(&prog, label, last - r->start);
+    double t_start = m2d_now(), ppl, ce;
+    int rc = 0;
+    for (int s = r->start + 1; s <= last && rc == 0; s++) {
+        rc = one_step(r, s, tok, t_start);
+        if (rc == 0 && s == r->start + 1 && !o->quiet)
+            fprintf(stderr, "moe2dense distill: peak RSS after the first step: %.1f MB\n", m2d_peak_rss() / 1048576.0);
+        if (rc == 0 && o->eval_every > 0 && s % o->eval_every == 0 && s < r->S) rc = evaluate(r, s, &ppl, &ce);
+        if (rc == 0 && checkpoint_due(r, s, last)) rc = m2d_train_state_save(r->state_dir, m2d_trainer_params(r->tr), s, &r->id, r->losses);
+        double el = m2d_now() - t_start, tps = (double)(s - r->start) * r->t.batch * r->t.seq_len / el;
+        snprintf(label, sizeof label, "distill loss %.4f %.0f tok/s step", r->losses[s - 1], tps);
+        m2d_progress_update(&prog, s - r->start);
+    }
+    m2d_progress_end(&prog);
+    r->r->wall_s = m2d_now() - t_start;
+    int done = r->r->steps_done - r->start;
+    r->r->tokens_per_s = r->r->wall_s > 0 ? (double)done * r->t.batch * r->t.seq_len / r->r->wall_s : 0;
+    free(tok);
+    return rc;
+}
+
+static int resume_or_start(run_t *r) {
+    if (r->o->resume) {
+        if (m2d_train_state_load(r->state_dir, m2d_trainer_params(r->tr), &r->id, r->S, &r->start, r->losses)) return -1;
+        r->r->steps_done = r->start;
+        if (!r->o->quiet) fprintf(stderr, "moe2dense distill: resuming after step %d of %d\n", r->start, r->S);
+    }
+    if (open_log(r) || eval_setup(r)) return -1;
+    double ce;
+    if (r->start == 0 && evaluate(r, 0, &r->r->pre_ppl, &ce)) return -1;
+    return 0;
+}
+
+static int run(run_t *r) {
+    if (resolve_steps(r) || open_inputs(r) || prepare_out(r)) return -1;
+    r->r->steps = r->S;
+    r->losses = m2d_calloc((size_t)r->S, sizeof(double));
+    build_identity(r);
+    if (m2d_trainer_new(r->teacher, r->student, &r->t, &r->tr) || resume_or_start(r) || run_steps(r)) return -1;
+    r->r->tokens = (int64_t)r->r->steps_done * r->t.batch * r->t.seq_len;
+    r->r->peak_rss = m2d_peak_rss();
+    if (r->r->steps_done < r->S) return 0; /* --stop-after: the checkpoint is saved */
+    if (evaluate(r, r->S, &r->r->post_ppl, &r->r->post_ce)) return -1;
+    final_metrics(r);
+    if (write_output(r)) return -1;
+    r->r->finished = true;
+    return 0;
+}
+
+int m2d_distill_run(const m2d_distill_opts *o, m2d_distill_result *res) {
+    memset(res, 0, sizeof *res);
+    res->pre_ppl = res->post_ppl = res->post_ce = res->final_loss = NAN;
+    run_t r;
+    memset(&r, 0, sizeof r);
+    r.o = o;
+    r.r = res;
+    int rc = run(&r);
+    if (r.log) fclose(r.log);
+    m2d_engine_free(r.eval_engine);
+    m2d_train_params_model_free(r.view);
+    m2d_trainer_free(r.tr);
+    m2d_windows_free(&r.win);
+    if (r.tk) m2d_tokenizer_free(r.tk);
+    m2d_model_close(r.student);
+    m2d_model_close(r.teacher);
+    m2d_run_identity_free(&r.id);
+    free(r.losses), free(r.host), free(r.eval_ids), free(r.state_dir);
+    return rc;
+}

@@ -1,0 +1,51 @@
+/* distill — `moe2dense distill`: knowledge distillation of a dense student from its MoE teacher
+ * (paper §3.5, App. J; SPEC §7), end to end: data windows, the trainer's steps, the JSONL log,
+ * validation (WikiText-2 gptq perplexity and cross-entropy), checkpoints and --resume, and the
+ * output checkpoint.
+ *
+ * Output in OUT: a Hugging Face checkpoint of the student's architecture (config.json,
+ * model.safetensors in the teacher's dtype or fp32, the tokenizer files) and moe2dense.json (the
+ * student's own, when it has one, extended with a "distill" object: settings and final metrics),
+ * written last. While a run is unfinished OUT holds train-state/ (state.h) and no moe2dense.json. */
+#ifndef M2D_TRAIN_DISTILL_H
+#define M2D_TRAIN_DISTILL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "train/data.h"
+#include "train/trainer.h"
+
+typedef struct {
+    const char *teacher, *student, *data, *out;
+    int64_t tokens;         /* --tokens: steps = ceil(tokens / (B L)) when steps is 0 */
+    m2d_trainer_opts train; /* L, B, b, recompute, loss, MSE weight, K', optimizer (steps), threads */
+    m2d_order order;
+    uint64_t seed;
+    const char *log;        /* JSONL, or NULL */
+    const char *eval_data;  /* WikiText-2 raw file (gptq protocol), or NULL */
+    int eval_every;         /* steps between validations (0: only before and after) */
+    int eval_seq_len;       /* 0: L */
+    int eval_windows;       /* 0: all */
+    int save_every;         /* steps between checkpoints (0: none) */
+    int stop_after;         /* end after this step with a checkpoint (time-limited jobs); 0: run to S */
+    bool resume;
+    bool fp32;              /* output in fp32 instead of the teacher's dtype */
+    bool quiet;             /* no summary lines on stderr */
+} m2d_distill_opts;
+
+typedef struct {
+    int steps, steps_done;  /* S, and the steps done when the run returned */
+    int64_t tokens;         /* KD positions trained on (steps_done B L) */
+    double final_loss;      /* mean step loss over the last max(1, S/10) steps */
+    double pre_ppl, post_ppl, post_ce; /* validation before / after (NaN without --eval-data) */
+    double wall_s, tokens_per_s;       /* of this invocation's steps */
+    size_t peak_rss;
+    bool finished;          /* all S steps done and OUT written */
+} m2d_distill_result;
+
+/* Paper defaults (Table 9) with L = 512, B = 8, forward KL, shuffled windows, seed 0. */
+void m2d_distill_defaults(m2d_distill_opts *o);
+int m2d_distill_run(const m2d_distill_opts *o, m2d_distill_result *r);
+
+#endif

@@ -1,0 +1,196 @@
+/* state — distillation checkpoints (see state.h). */
+#include "train/state.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/util.h"
+#include "io/st.h"
+
+#define STATE_FORMAT "moe2dense-train-state-1"
+
+static const char *const PARTS[] = {"weights", "adam_m", "adam_v"};
+static const m2d_pbuf PART_BUF[] = {M2D_PBUF_WEIGHTS, M2D_PBUF_ADAM_M, M2D_PBUF_ADAM_V};
+
+void m2d_run_identity_add(m2d_run_identity *id, const char *key, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char *v = m2d_vstrfmt(fmt, ap);
+    va_end(ap);
+    if (id->n == id->cap) {
+        id->cap = id->cap ? 2 * id->cap : 16;
+        id->items = m2d_realloc(id->items, sizeof *id->items * (size_t)id->cap);
+    }
+    id->items[id->n++] = m2d_strfmt("%s=%s", key, v);
+    free(v);
+}
+
+void m2d_run_identity_free(m2d_run_identity *id) {
+    for (int i = 0; i < id->n; i++) free(id->items[i]);
+    free(id->items);
+    memset(id, 0, sizeof *id);
+}
+
+static char *part_name(int step, int part) { return m2d_strfmt("step-%d.%s.safetensors", step, PARTS[part]); }
+
+int m2d_train_state_exists(const char *dir) {
+    char *p = m2d_path_join(dir, "state.json");
+    int e = m2d_file_exists(p);
+    free(p);
+    return e;
+}
+
+static int save_part(const char *dir, m2d_train_params *p, int step, int part, float *host) {
+    m2d_train_params_download(p, PART_BUF[part], host);
+    m2d_st_writer *w = m2d_st_writer_new();
+    int64_t shape[1] = {(int64_t)p->total};
+    char *name = part_name(step, part), *path = m2d_path_join(dir, name);
+    int rc = m2d_st_writer_add_ref(w, PARTS[part], M2D_F32, 1, shape, host);
+    if (rc == 0) rc = m2d_st_writer_write(w, path);
+    m2d_st_writer_free(w);
+    free(name), free(path);
+    return rc;
+}
+
+/* the step named by DIR/state.json (-1 when none) */
+static int saved_step(const char *dir) {
+    char *path = m2d_path_join(dir, "state.json");
+    size_t n;
+    char *text = m2d_file_exists(path) ? m2d_read_file(path, &n) : NULL;
+    cJSON *j = text ? cJSON_ParseWithLength(text, n) : NULL;
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "step");
+    int step = cJSON_IsNumber(s) ? s->valueint : -1;
+    cJSON_Delete(j);
+    free(text), free(path);
+    return step;
+}
+
+static void remove_step(const char *dir, int step) {
+    for (int part = 0; part < 3; part++) {
+        char *name = part_name(step, part), *path = m2d_path_join(dir, name);
+        unlink(path);
+        free(name), free(path);
+    }
+}
+
+int m2d_train_state_save(const char *dir, m2d_train_params *p, int step, const m2d_run_identity *id,
+                         const double *losses) {
+    if (m2d_mkdir_p(dir)) return -1;
+    int old = saved_step(dir);
+    float *host = m2d_malloc(sizeof(float) * (p->total ? p->total : 1));
+    int rc = 0;
+    for (int part = 0; part < 3 && rc == 0; part++) rc = save_part(dir, p, step, part, host);
+    free(host);
+    if (rc) return -1;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "format", STATE_FORMAT);
+    cJSON_AddNumberToObject(j, "step", step);
+    cJSON_AddNumberToObject(j, "parameters", (double)p->total);
+    cJSON_AddItemToObject(j, "losses", cJSON_CreateDoubleArray(losses, step));
+    cJSON *idj = cJSON_AddObjectToObject(j, "identity");
+    for (int i = 0; i < id->n; i++) {
+        char *eq = strchr(id->items[i], '=');
+        char *key = m2d_strdup(id->items[i]);
+        key[eq - id->items[i]] = 0;
+        cJSON_AddStringToObject(idj, key, eq + 1);
+        free(key);
+    }
+    char *text = cJSON_Print(j), *path = m2d_path_join(dir, "state.json");
+    cJSON_Delete(j);
+    rc = m2d_write_file_atomic(path, text, strlen(text));
+    free(text), free(path);
+    if (rc == 0 && old >= 0 && old != step) remove_step(dir, old);
+    return rc;
+}
+
+/* every key of ID must be in the saved identity with the same value */
+static int check_identity(const char *path, const cJSON *saved, const m2d_run_identity *id) {
+    for (int i = 0; i < id->n; i++) {
+        const char *eq = strchr(id->items[i], '=');
+        char *key = m2d_strdup(id->items[i]);
+        key[eq - id->items[i]] = 0;
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(saved, key);
+        int rc = 0;
+        if (!cJSON_IsString(v)) rc = m2d_err("%s: field 'identity.%s': missing", path, key);
+        else if (strcmp(v->valuestring, eq + 1))
+            rc = m2d_err1("%s: field 'identity.%s': the checkpoint's run had %s, this run has %s (resume needs the "
+                          "same run)", path, key, v->valuestring, eq + 1);
+        free(key);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
+static int load_part(const char *dir, m2d_train_params *p, int step, int part) {
+    char *name = part_name(step, part), *path = m2d_path_join(dir, name);
+    m2d_st *st = NULL;
+    int rc = m2d_st_open(path, &st);
+    const m2d_tensor *t = rc == 0 ? m2d_st_find(st, PARTS[part]) : NULL;
+    if (rc == 0 && (!t || t->dtype != M2D_F32 || t->ndim != 1 || t->shape[0] != (int64_t)p->total))
+        rc = m2d_err("%s: tensor '%s': missing or not F32 [%zu]", path, PARTS[part], p->total);
+    if (rc == 0) m2d_train_params_upload(p, PART_BUF[part], t->data);
+    m2d_st_close(st);
+    free(name), free(path);
+    return rc;
+}
+
+/* the losses of the saved steps (exact: cJSON prints doubles with 17 digits) */
+static int parse_losses(const char *path, const cJSON *a, int step, double *losses) {
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != step)
+        return m2d_err("%s: field 'losses': not a list of %d numbers", path, step);
+    int i = 0;
+    for (const cJSON *x = a->child; x; x = x->next, i++) {
+        if (!cJSON_IsNumber(x)) return m2d_err("%s: field 'losses': item %d is not a number", path, i);
+        losses[i] = x->valuedouble;
+    }
+    return 0;
+}
+
+static int parse_state(const char *path, const char *text, size_t n, const m2d_run_identity *id, size_t total,
+                       int max_steps, int *step, double *losses) {
+    cJSON *j = cJSON_ParseWithLength(text, n);
+    if (!j) return m2d_err("%s: invalid JSON", path);
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(j, "format"), *s = cJSON_GetObjectItemCaseSensitive(j, "step");
+    const cJSON *np = cJSON_GetObjectItemCaseSensitive(j, "parameters");
+    int rc = 0;
+    if (!cJSON_IsString(f) || strcmp(f->valuestring, STATE_FORMAT))
+        rc = m2d_err("%s: field 'format': not %s", path, STATE_FORMAT);
+    else if (!cJSON_IsNumber(s) || s->valueint < 1) rc = m2d_err("%s: field 'step': missing or not positive", path);
+    else if (!cJSON_IsNumber(np) || np->valuedouble != (double)total)
+        rc = m2d_err("%s: field 'parameters': not the student's %zu", path, total);
+    else if (s->valueint > max_steps) rc = m2d_err("%s: field 'step': %d is past this run's %d steps", path, s->valueint, max_steps);
+    else rc = check_identity(path, cJSON_GetObjectItemCaseSensitive(j, "identity"), id);
+    if (rc == 0) rc = parse_losses(path, cJSON_GetObjectItemCaseSensitive(j, "losses"), s->valueint, losses);
+    if (rc == 0) *step = s->valueint;
+    cJSON_Delete(j);
+    return rc;
+}
+
+int m2d_train_state_load(const char *dir, m2d_train_params *p, const m2d_run_identity *id, int max_steps, int *step,
+                         double *losses) {
+    char *path = m2d_path_join(dir, "state.json");
+    size_t n;
+    char *text = m2d_read_file(path, &n);
+    int rc = text ? parse_state(path, text, n, id, p->total, max_steps, step, losses) : -1;
+    for (int part = 0; part < 3 && rc == 0; part++) rc = load_part(dir, p, *step, part);
+    free(text), free(path);
+    return rc;
+}
+
+int m2d_train_state_remove(const char *dir) {
+    int step = saved_step(dir);
+    char *path = m2d_path_join(dir, "state.json");
+    if (unlink(path) != 0 && errno != ENOENT) {
+        m2d_err("%s: cannot remove: %s", path, strerror(errno));
+        free(path);
+        return -1;
+    }
+    free(path);
+    if (step >= 0) remove_step(dir, step);
+    rmdir(dir);
+    return 0;
+}

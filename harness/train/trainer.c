@@ -1,0 +1,119 @@
+/* trainer — a distillation step: micro-batches, teacher, student, loss, backward, AdamW. */
+#include "train/trainer.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "base/util.h"
+#include "engine/engine.h"
+
+struct m2d_trainer {
+    m2d_trainer_opts o;
+    const m2d_model *student;
+    m2d_backend *be;
+    m2d_engine *te;
+    m2d_train_params *p;
+    m2d_net *net;
+    m2d_kd *kd;
+};
+
+static int check_opts(const m2d_trainer_opts *o) {
+    if (o->seq_len < 2) return m2d_err("distill: --seq-len %d: need at least 2", o->seq_len);
+    if (o->batch < 1) return m2d_err("distill: --batch %d: need at least 1", o->batch);
+    int b = o->micro_batch ? o->micro_batch : o->batch;
+    if (b < 1 || o->batch % b)
+        return m2d_err("distill: --micro-batch %d must divide --batch %d", o->micro_batch, o->batch);
+    if (o->optim.steps < 1) return m2d_err("distill: %d steps: need at least 1", o->optim.steps);
+    return 0;
+}
+
+static int open_parts(m2d_trainer *t, const m2d_model *teacher) {
+    const m2d_trainer_opts *o = &t->o;
+    int b = o->micro_batch ? o->micro_batch : o->batch;
+    m2d_backend_opts bo = {o->threads};
+    m2d_engine_opts eo = {o->backend, o->threads, M2D_PREC_FP32};
+    if (m2d_backend_new(o->backend ? o->backend : "cpu", &bo, &t->be) || m2d_engine_open(teacher, &eo, &t->te))
+        return -1;
+    if (o->teacher_topk && m2d_engine_set_route_topk(t->te, o->teacher_topk)) return -1;
+    if (m2d_train_params_new(t->student, t->be, &t->p)) return -1;
+    m2d_net_opts no = {o->seq_len, b, o->recompute};
+    if (m2d_net_new(&t->student->cfg, t->p, &no, &t->net)) return -1;
+    return m2d_kd_new(teacher, t->te, &t->student->cfg, t->net, t->p, b * o->seq_len, o->loss, o->mse_weight, &t->kd);
+}
+
+int m2d_trainer_new(const m2d_model *teacher, const m2d_model *student, const m2d_trainer_opts *o, m2d_trainer **out) {
+    *out = NULL;
+    if (check_opts(o)) return -1;
+    m2d_trainer *t = m2d_calloc(1, sizeof *t);
+    t->o = *o;
+    t->student = student;
+    if (open_parts(t, teacher)) {
+        m2d_trainer_free(t);
+        return -1;
+    }
+    *out = t;
+    return 0;
+}
+
+void m2d_trainer_free(m2d_trainer *t) {
+    if (!t) return;
+    m2d_kd_free(t->kd);
+    m2d_net_free(t->net);
+    m2d_train_params_free(t->p);
+    m2d_engine_free(t->te);
+    m2d_backend_free(t->be);
+    free(t);
+}
+
+m2d_train_params *m2d_trainer_params(m2d_trainer *t) { return t->p; }
+
+static int step_impl(m2d_trainer *t, int step, const int32_t *tokens, m2d_step_stats *st) {
+    const m2d_trainer_opts *o = &t->o;
+    int b = o->micro_batch ? o->micro_batch : o->batch, L = o->seq_len;
+    double scale = 1.0 / ((double)o->batch * L);
+    memset(st, 0, sizeof *st);
+    m2d_train_params_zero(t->p, M2D_PBUF_GRADS);
+    for (int mb = 0; mb < o->batch / b; mb++) {
+        const int32_t *tok = tokens + (size_t)mb * b * L;
+        if (m2d_kd_teacher(t->kd, tok, b, L) || m2d_net_forward(t->net, tok, b)) return -1;
+        m2d_kd_loss_backward(t->kd, scale, &st->div, &st->mse);
+    }
+    st->loss = st->div + st->mse;
+    m2d_optim_step(t->p, &o->optim, step, &st->grad_norm, &st->lr);
+    return 0;
+}
+
+int m2d_trainer_step(m2d_trainer *t, int step, const int32_t *tokens, m2d_step_stats *st) {
+    if (step < 1 || step > t->o.optim.steps)
+        return m2d_err("distill: step %d outside [1, %d]", step, t->o.optim.steps);
+    t->be->ops->enter(t->be);
+    int rc = step_impl(t, step, tokens, st);
+    int lrc = t->be->ops->leave(t->be);
+    return rc ? rc : lrc;
+}
+
+int m2d_trainer_logits(m2d_trainer *t, const int32_t *tokens, int n_seq, float *logits) {
+    int b = t->o.micro_batch ? t->o.micro_batch : t->o.batch;
+    if (n_seq > b) return m2d_err("distill: %d windows exceed the micro-batch %d", n_seq, b);
+    const m2d_backend_ops *B = t->be->ops;
+    int V = t->student->cfg.vocab_size;
+    B->enter(t->be);
+    int rc = m2d_net_forward(t->net, tokens, n_seq);
+    if (rc == 0) {
+        m2d_mat H = m2d_net_hidden(t->net);
+        m2d_buf *z = B->alloc(t->be, sizeof(float) * (size_t)H.rows * V);
+        m2d_mat Z = m2d_mat_of(z, 0, H.rows, V, V);
+        B->gemm(t->be, &H, t->p->p[t->p->lm_head].w, 0, &Z, 0.0f, M2D_PREC_FP32);
+        B->download(t->be, logits, z, 0, sizeof(float) * (size_t)H.rows * V);
+        B->release(t->be, z);
+    }
+    int lrc = B->leave(t->be);
+    return rc ? rc : lrc;
+}
+
+size_t m2d_peak_rss(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (size_t)ru.ru_maxrss * 1024; /* Linux: kilobytes */
+}

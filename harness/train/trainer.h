@@ -1,0 +1,55 @@
+/* trainer — one optimizer step of distillation: for each micro-batch of the step's windows, the
+ * teacher's forward (the MoE engine), the student's forward, the loss and the backward
+ * (gradients accumulate over micro-batches), then clipping and AdamW (optim.h). Everything runs
+ * on one backend object of the student's (the teacher's engine has its own); the training ops do
+ * not depend on the thread count (backend_cpu_train.c), but the forward GEMMs of the engine split
+ * their work by it, so on larger shapes the last bits can differ across thread counts (equal
+ * thread counts repeat bit for bit); a step's result does not depend on how the step is split
+ * into micro-batches beyond fp32 rounding of the gradient sums (each micro-batch's gradient is
+ * added in order). */
+#ifndef M2D_TRAIN_TRAINER_H
+#define M2D_TRAIN_TRAINER_H
+
+#include <stdbool.h>
+
+#include "model/model.h"
+#include "train/kd.h"
+#include "train/net.h"
+#include "train/optim.h"
+#include "train/params.h"
+
+typedef struct {
+    int seq_len;            /* L */
+    int batch;              /* B: windows per optimizer step */
+    int micro_batch;        /* b: windows per forward/backward (divides B; 0: B) */
+    bool recompute;         /* activation checkpointing */
+    m2d_loss_kind loss;
+    double mse_weight;      /* --loss fkl+mse */
+    int teacher_topk;       /* > 0: the teacher routes with Eq. 6 over K' experts; 0: its own routing */
+    m2d_optim_opts optim;
+    int threads;            /* <= 0: m2d_default_threads() */
+    const char *backend;    /* NULL: "cpu" */
+} m2d_trainer_opts;
+
+typedef struct {
+    double loss;            /* the step's mean loss before the update (divergence + MSE term) */
+    double div, mse;        /* its two parts */
+    double grad_norm;       /* before clipping */
+    double lr;
+} m2d_step_stats;
+
+typedef struct m2d_trainer m2d_trainer;
+
+/* TEACHER and STUDENT must outlive the trainer. */
+int m2d_trainer_new(const m2d_model *teacher, const m2d_model *student, const m2d_trainer_opts *o, m2d_trainer **out);
+void m2d_trainer_free(m2d_trainer *t);
+/* Optimizer step STEP (1-based) on TOKENS: the step's B windows of L tokens, in order. */
+int m2d_trainer_step(m2d_trainer *t, int step, const int32_t *tokens, m2d_step_stats *st);
+m2d_train_params *m2d_trainer_params(m2d_trainer *t);
+/* The student's logits [n_seq * L, vocab] on N_SEQ windows through the training forward (tests:
+ * they equal the engine's on the same weights). */
+int m2d_trainer_logits(m2d_trainer *t, const int32_t *tokens, int n_seq, float *logits);
+/* Peak resident set of the process so far (bytes; getrusage). */
+size_t m2d_peak_rss(void);
+
+#endif

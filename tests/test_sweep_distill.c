@@ -1,0 +1,236 @@
+/* sweep distill stage ([distill], harness/sweep/sweep_distill.c) on the deterministic "fake"
+ * backend (tests/sweep_fake.c: a distilled student has half its student's PPL and MC accuracies
+ * (1 + a) / 2): selection (best-per-pair, all, a list), one distillation per distinct student,
+ * the columns filled in the main CSV, MC scored on the distilled students, failures recorded
+ * (and retried with --retry-failed), resume, a refused resume with other settings, and the
+ * [distill] table's errors. */
+#include "testutil.h"
+#include "sweep_fixture.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/util.h"
+#include "io/results.h"
+#include "sweep/grid.h"
+#include "sweep/report.h"
+#include "sweep/sweep.h"
+
+static const char *EXPERIMENTS =
+    "[experiment.grid]\n"
+    "model = 'MODEL'\n"
+    "backend = 'fake'\n"
+    "calibration = { data = 'calib.txt', seq_len = 64, samples = 4 }\n"
+    "ppl = { data = 'ppl.txt', seq_len = 64, max_windows = 2 }\n"
+    "[experiment.grid.axes]\n"
+    "scoring = ['sf', 'cp', 'do-acp']\n"
+    "grouping = ['rr', 'oc']\n"
+    "scaling = ['uniform', 'proportional']\n"
+    "K = ['k', '2k', 'E']\n"
+    "params = ['', 'distill-fail']\n"
+    "[experiment.grid.distill]\n"
+    "data = 'train.txt'\n"
+    "tokens = 1000\n"
+    "seq_len = 8\n"
+    "batch = 2\n"
+    "lr = 1e-3\n";
+
+static tu_sweep_fixture make_fixture(void) {
+    const char *json = "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"num_experts\": 64, \"num_experts_per_tok\": 8,"
+                       " \"moe_intermediate_size\": 72, \"hidden_size\": 192, \"num_hidden_layers\": 4,"
+                       " \"vocab_size\": 8192, \"num_attention_heads\": 6, \"num_key_value_heads\": 2, \"head_dim\": 32}";
+    return tu_sweep_fixture_make(json, EXPERIMENTS);
+}
+
+static double num(const m2d_results *r, int i, const char *col) { return strtod(m2d_results_get(r, i, col), NULL); }
+
+/* Rows of R whose student (fingerprint) is one of the selected rows SEL[0..n). */
+static int same_student_as_any(const m2d_results *r, int i, const int *sel, int n) {
+    for (int s = 0; s < n; s++)
+        if (!strcmp(m2d_results_get(r, sel[s], "fingerprint"), m2d_results_get(r, i, "fingerprint"))) return 1;
+    return 0;
+}
+
+static int distinct_fingerprints(const m2d_results *r, const int *sel, int n) {
+    int d = 0;
+    for (int s = 0; s < n; s++) d += !same_student_as_any(r, sel[s], sel, s);
+    return d;
+}
+
+/* best-per-pair (pre-distillation PPL) with MC tasks: every selected student distilled once; its
+ * rows get distill_ppl (half the fake's PPL), the tokens of ceil(1000 / 16) steps, and MC values
+ * of the distilled student (mc_student = distilled); the plain MC stage does not run; a resume
+ * distills nothing again; other settings are refused. */
+static void best_per_pair_distills_scores_and_resumes(void **state) {
+    (void)state;
+    tu_sweep_fixture fx = make_fixture();
+    m2d_experiment x;
+    char *sets[] = {"mc={tasks = ['arc_easy'], configs = 'best-per-pair'}"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 1, &x), 0);
+    assert_true(x.has_distill);
+    assert_string_equal(x.distill_configs, "best-per-pair");
+    m2d_sweep_opts o = {.out = fx.csv, .jobs = 2};
+    m2d_sweep_summary s;
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    m2d_results r;
+    assert_int_equal(m2d_results_read(fx.csv, &r), 0);
+    int *best, nb = m2d_report_best_per_pair(&r, &best);
+    assert_int_equal(nb, 3 * 2);
+    assert_int_equal(s.distill_selected, nb);
+    assert_int_equal(s.distill_evaluated, distinct_fingerprints(&r, best, nb));
+    assert_int_equal(s.mc_evaluated, 0);
+    char *mc_side = m2d_strfmt("%s.mc.csv", fx.csv);
+    assert_false(m2d_file_exists(mc_side));
+    int filled = 0;
+    for (int i = 0; i < r.n_rows; i++) {
+        if (!same_student_as_any(&r, i, best, nb)) {
+            assert_string_equal(m2d_results_get(&r, i, "distill_ppl"), "");
+            assert_string_equal(m2d_results_get(&r, i, "arc_easy_acc"), "");
+            assert_string_equal(m2d_results_get(&r, i, "mc_student"), "");
+            continue;
+        }
+        filled++;
+        if (!strcmp(m2d_results_get(&r, i, "params"), "distill-fail")) { /* its distillation failed */
+            assert_string_equal(m2d_results_get(&r, i, "distill_ppl"), "");
+            assert_string_equal(m2d_results_get(&r, i, "mc_student"), "");
+            continue;
+        }
+        assert_true(fabs(num(&r, i, "distill_ppl") - num(&r, i, "ppl") / 2) < 1e-4);
+        assert_string_equal(m2d_results_get(&r, i, "distill_tokens"), "1008"); /* 63 steps of 2 x 8 */
+        assert_string_equal(m2d_results_get(&r, i, "distill_steps"), "63");
+        assert_true(m2d_results_get(&r, i, "distill_final_loss")[0] != 0);
+        assert_string_equal(m2d_results_get(&r, i, "mc_student"), "distilled");
+        assert_true(num(&r, i, "arc_easy_acc") >= 0.5); /* (1 + a) / 2 */
+    }
+    assert_true(filled >= nb);
+    free(best);
+    m2d_results_free(&r);
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    assert_int_equal(s.distill_evaluated, 0);
+    m2d_experiment_free(&x);
+    /* the sidecar's header records the settings: another token budget does not mix into it */
+    char *more[] = {"mc={tasks = ['arc_easy'], configs = 'best-per-pair'}", "distill.tokens=2000"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", more, 2, &x), 0);
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), -1);
+    assert_non_null(strstr(m2d_errmsg(), "results.csv.distill.csv: header 'distill' is"));
+    assert_non_null(strstr(m2d_errmsg(), "tokens=2000"));
+    m2d_experiment_free(&x);
+    free(mc_side);
+    tu_sweep_fixture_free(&fx);
+}
+
+/* configs = "all": every evaluated student; a failed distillation is a failed sidecar row and
+ * leaves the main row's distillation columns empty; a list of ids distills exactly those. */
+static void all_and_list_with_failures(void **state) {
+    (void)state;
+    tu_sweep_fixture fx = make_fixture();
+    m2d_experiment x;
+    char *sets[] = {"distill.configs=all"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 1, &x), 0);
+    m2d_sweep_opts o = {.out = fx.csv, .jobs = 1};
+    m2d_sweep_summary s;
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    m2d_results r, side;
+    assert_int_equal(m2d_results_read(fx.csv, &r), 0);
+    char *sp = m2d_strfmt("%s.distill.csv", fx.csv);
+    assert_int_equal(m2d_results_read(sp, &side), 0);
+    assert_int_equal(side.n_rows, s.distill_evaluated);
+    int failed = 0;
+    for (int j = 0; j < side.n_rows; j++) failed += !strncmp(m2d_results_get(&side, j, "status"), "failed: distill", 15);
+    assert_true(failed > 0);
+    assert_int_equal(s.distill_failed, failed); /* `sweep` then exits 3 */
+    for (int i = 0; i < r.n_rows; i++) {
+        const char *v = m2d_results_get(&r, i, "distill_ppl");
+        if (!strcmp(m2d_results_get(&r, i, "params"), "distill-fail")) assert_string_equal(v, "");
+        else assert_true(fabs(strtod(v, NULL) - num(&r, i, "ppl") / 2) < 1e-4);
+    }
+    assert_true(m2d_results_col(&r, "mc_student") < 0); /* no MC tasks: no such column */
+    char *id = m2d_strdup(m2d_results_get(&r, 3, "config_id"));
+    m2d_results_free(&r);
+    m2d_results_free(&side);
+    /* a resume leaves the failures alone; --retry-failed distills them again (and they fail again) */
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    assert_int_equal(s.distill_evaluated, 0);
+    o.retry_failed = 1;
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    assert_int_equal(s.distill_evaluated, failed);
+    o.retry_failed = 0;
+    m2d_experiment_free(&x);
+    /* a list: exactly that configuration */
+    tu_rm_rf(fx.csv), tu_rm_rf(sp);
+    char *list = m2d_strfmt("distill.configs=['%s']", id);
+    char *sets2[] = {list};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets2, 1, &x), 0);
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    assert_int_equal(s.distill_selected, 1);
+    assert_int_equal(m2d_results_read(sp, &side), 0);
+    assert_int_equal(side.n_rows, 1);
+    assert_string_equal(m2d_results_get(&side, 0, "config_id"), id);
+    m2d_results_free(&side);
+    m2d_experiment_free(&x);
+    free(list), free(id), free(sp);
+    tu_sweep_fixture_free(&fx);
+}
+
+/* [distill] errors name the file and the key; no table: no stage, no columns. */
+static void distill_table_errors(void **state) {
+    (void)state;
+    tu_sweep_fixture fx = make_fixture();
+    struct { const char *set, *want; } cases[] = {
+        {"distill.epochs=2", "unknown key 'epochs' in [distill]"},
+        {"distill.steps=10", "[distill] needs exactly one of 'tokens' and 'steps'"},
+        {"distill.loss='kl'", "'distill.loss' must be \"fkl\", \"rkl\" or \"fkl+mse\""},
+        {"distill.order='random'", "'distill.order' must be \"shuffle\" or \"sequential\""},
+        {"distill.configs='best'", "'distill.configs' must be \"all\", \"best-per-pair\" or an array of config ids"},
+        {"distill.configs=['0123456789ab']", "distill.configs: '0123456789ab' is not a config id of the grid"},
+        {"distill.lr='high'", "'distill.lr' must be a number"},
+        {"distill.lr=0", "'distill.lr' must be a positive number"},
+        {"distill.recompute=1", "'distill.recompute' must be true or false"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        m2d_experiment x;
+        char *sets[] = {(char *)cases[i].set};
+        assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 1, &x), -1);
+        if (!strstr(m2d_errmsg(), cases[i].want)) fail_msg("%s: got '%s'", cases[i].set, m2d_errmsg());
+        m2d_experiment_free(&x);
+    }
+    /* data is required */
+    const char *no_data = "[experiment.e]\nmodel = 'M'\nbackend = 'fake'\ncalibration = { data = 'c' }\n"
+                          "ppl = { data = 'p' }\nteacher = { experts = 8, top_k = 2 }\n"
+                          "axes = { scoring = ['sf'], grouping = ['rr'], scaling = ['uniform'], K = ['k'] }\n"
+                          "distill = { tokens = 10 }\n";
+    char *path = m2d_path_join(fx.dir, "nodata.toml");
+    tu_write(path, no_data, strlen(no_data));
+    m2d_experiment x;
+    assert_int_equal(m2d_experiment_load(path, "e", NULL, 0, &x), -1);
+    assert_non_null(strstr(m2d_errmsg(), "missing 'distill.data'"));
+    m2d_experiment_free(&x);
+    free(path);
+    tu_sweep_fixture_free(&fx);
+}
+
+/* The dry run says what the stage will do. */
+static void dry_run_describes_the_stage(void **state) {
+    (void)state;
+    tu_sweep_fixture fx = make_fixture();
+    char *out = NULL, *err = NULL;
+    char *c = m2d_strfmt("%s sweep %s --experiment grid --dry-run --out %s", tu_test_bin(), fx.toml, fx.csv);
+    assert_int_equal(tu_run(c, &out, &err), 0);
+    char *want = m2d_strfmt("distillation: best-per-pair configurations, tokens 1000, L = 8, B = 2, "
+                            "loss fkl, into %s.distill/", fx.csv);
+    if (!strstr(out, want)) fail_msg("dry run: %s", out);
+    free(want), free(c), free(out), free(err);
+    tu_sweep_fixture_free(&fx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(best_per_pair_distills_scores_and_resumes),
+        cmocka_unit_test(all_and_list_with_failures),
+        cmocka_unit_test(distill_table_errors),
+        cmocka_unit_test(dry_run_describes_the_stage),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

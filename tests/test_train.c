@@ -1,0 +1,367 @@
+/* train: the dense student's training forward against the engine, the whole model's gradient
+ * against finite differences of the float64 reference (tests/reftrain.c) for every loss, and the
+ * properties a distillation step must have: independent of the thread count, recompute
+ * (activation checkpointing) changes no bit, micro-batches sum to the batch, the schedule, and
+ * the teacher's routing override (Eq. 6). */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/util.h"
+#include "engine/engine.h"
+#include "reftrain.h"
+#include "testmodel.h"
+#include "train/kd.h"
+#include "train/net.h"
+#include "train/optim.h"
+#include "train/params.h"
+#include "train/trainer.h"
+
+enum { L = 8, NSEQ = 2, V = 64 };
+
+static char *g_dir;
+static m2d_model *g_teacher, *g_student, *g_tied;
+
+static m2d_model *write_open(const char *name, int moe, int tied, uint64_t seed) {
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    o.moe = moe;
+    o.tie_word_embeddings = tied;
+    o.seed = seed;
+    o.intermediate_size = moe ? 64 : 32; /* the student: k * d_e = 2 * 16 */
+    o.init_std = 0.3f;                   /* weights large enough that every term of the loss matters */
+    char *dir = m2d_path_join(g_dir, name);
+    if (m2d_testmodel_write(dir, &o)) fail_msg("%s", m2d_errmsg());
+    m2d_model *m;
+    if (m2d_model_open(dir, &m)) fail_msg("%s", m2d_errmsg());
+    free(dir);
+    return m;
+}
+
+static int setup(void **state) {
+    (void)state;
+    g_dir = tu_tmpdir();
+    g_teacher = write_open("teacher", 1, 0, 1);
+    g_student = write_open("student", 0, 0, 2);
+    g_tied = write_open("tied", 0, 1, 3);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    m2d_model_close(g_teacher), m2d_model_close(g_student), m2d_model_close(g_tied);
+    tu_rm_rf(g_dir);
+    free(g_dir);
+    return 0;
+}
+
+static void tokens(uint64_t seed, int32_t *t, int n) {
+    for (int i = 0; i < n; i++) t[i] = (int32_t)(tu_rand_u64(&seed) % V);
+}
+
+static m2d_trainer_opts topts(int threads) {
+    m2d_trainer_opts o = {.seq_len = L, .batch = NSEQ, .micro_batch = 0, .loss = M2D_LOSS_FKL, .mse_weight = 1.0,
+                          .threads = threads};
+    m2d_optim_defaults(&o.optim);
+    o.optim.steps = 4, o.optim.warmup = 1, o.optim.lr = 1e-2, o.optim.min_lr = 1e-3;
+    return o;
+}
+
+/* ---- the training forward is the engine's ---- */
+
+/* One window: the same backend ops on the same fp32 weights (bf16 widened exactly) and the same
+ * GEMM shapes as the engine: the same bits. Windows stacked into one micro-batch run GEMMs over
+ * more rows, for which OpenBLAS may block the same dot products differently (the engine itself
+ * gives bit-identical results only for equal shapes): then each logit is within a few fp32
+ * roundings of the GEMM chain, < 1e-5 of the logits' scale. */
+static void training_logits_equal_engine(void **state) {
+    (void)state;
+    int32_t tok[NSEQ * L];
+    tokens(5, tok, NSEQ * L);
+    m2d_model *students[2] = {g_student, g_tied};
+    for (int s = 0; s < 2; s++) {
+        m2d_trainer *t;
+        m2d_trainer_opts o = topts(2);
+        if (m2d_trainer_new(g_teacher, students[s], &o, &t)) fail_msg("%s", m2d_errmsg());
+        float *got = malloc(sizeof(float) * NSEQ * L * V), *want = malloc(sizeof(float) * L * V);
+        float *one = malloc(sizeof(float) * L * V);
+        m2d_engine *e;
+        assert_int_equal(m2d_engine_new(students[s], 2, &e), 0);
+        assert_int_equal(m2d_trainer_logits(t, tok, NSEQ, got), 0);
+        for (int w = 0; w < NSEQ; w++) {
+            assert_int_equal(m2d_engine_logits(e, tok + w * L, L, want), 0);
+            assert_int_equal(m2d_trainer_logits(t, tok + w * L, 1, one), 0);
+            assert_memory_equal(one, want, sizeof(float) * L * V);
+            double md = 0, scale = 0;
+            for (int i = 0; i < L * V; i++) {
+                md = fmax(md, fabs(got[(size_t)w * L * V + i] - want[i]));
+                scale = fmax(scale, fabs(want[i]));
+            }
+            assert_true(md < 1e-5 * scale);
+        }
+        m2d_engine_free(e);
+        m2d_trainer_free(t);
+        free(got), free(want), free(one);
+    }
+}
+
+/* ---- whole-model gradient against finite differences ---- */
+
+typedef struct {
+    m2d_backend *be;
+    m2d_engine *te;
+    m2d_train_params *p;
+    m2d_net *net;
+    m2d_kd *kd;
+} parts;
+
+static void parts_open(parts *x, m2d_model *student, m2d_loss_kind kind) {
+    m2d_backend_opts bo = {2};
+    if (m2d_backend_new("cpu", &bo, &x->be) || m2d_engine_new(g_teacher, 2, &x->te) ||
+        m2d_train_params_new(student, x->be, &x->p))
+        fail_msg("%s", m2d_errmsg());
+    m2d_net_opts no = {L, NSEQ, false};
+    if (m2d_net_new(&student->cfg, x->p, &no, &x->net) ||
+        m2d_kd_new(g_teacher, x->te, &student->cfg, x->net, x->p, NSEQ * L, kind, 0.7, &x->kd))
+        fail_msg("%s", m2d_errmsg());
+}
+
+static void parts_close(parts *x) {
+    m2d_kd_free(x->kd), m2d_net_free(x->net), m2d_train_params_free(x->p), m2d_engine_free(x->te);
+    m2d_backend_free(x->be);
+}
+
+/* the teacher's logits (and layer outputs) as float64 constants of the reference problem */
+static void teacher_outputs(m2d_engine *te, const int32_t *tok, double *logits, double *layers) {
+    int d = g_teacher->cfg.hidden_size, nl = g_teacher->cfg.num_hidden_layers;
+    float *z = malloc(sizeof(float) * L * V), *h = malloc(sizeof(float) * L * d), *ly = malloc(sizeof(float) * nl * L * d);
+    for (int s = 0; s < NSEQ; s++) {
+        assert_int_equal(m2d_engine_logits(te, tok + s * L, L, z), 0);
+        for (int i = 0; i < L * V; i++) logits[(size_t)s * L * V + i] = z[i];
+        assert_int_equal(m2d_engine_hidden(te, tok + s * L, L, h, ly), 0);
+        for (int l = 0; l < nl; l++)
+            for (int i = 0; i < L * d; i++) layers[((size_t)l * NSEQ * L + (size_t)s * L) * d + i] = ly[(size_t)l * L * d + i];
+    }
+    free(z), free(h), free(ly);
+}
+
+/* The fp32 gradient of every parameter against central differences of the float64 loss on a
+ * sample of entries (entry 0 and five random ones per tensor). Tolerance: the fp32 backward
+ * chains ~12 stages per layer (GEMMs over <= 64 terms, norms, softmax), each within ~K^1.5 u =
+ * 3e-5 of its output's scale (see test_train_ops.c), so 1e-3 of the tensor's largest gradient
+ * bounds the whole chain with room; the finite differences are exact to ~1e-9. */
+static void gradient_case(m2d_model *student, m2d_loss_kind kind) {
+    parts x;
+    parts_open(&x, student, kind);
+    int32_t tok[NSEQ * L];
+    tokens(7, tok, NSEQ * L);
+    double scale = 1.0 / (NSEQ * L), div = 0, mse = 0;
+    x.be->ops->enter(x.be);
+    m2d_train_params_zero(x.p, M2D_PBUF_GRADS);
+    assert_int_equal(m2d_kd_teacher(x.kd, tok, NSEQ, L), 0);
+    assert_int_equal(m2d_net_forward(x.net, tok, NSEQ), 0);
+    m2d_kd_loss_backward(x.kd, scale, &div, &mse);
+    assert_int_equal(x.be->ops->leave(x.be), 0);
+    size_t T = x.p->total;
+    float *w32 = malloc(sizeof(float) * T), *g32 = malloc(sizeof(float) * T);
+    m2d_train_params_download(x.p, M2D_PBUF_WEIGHTS, w32);
+    m2d_train_params_download(x.p, M2D_PBUF_GRADS, g32);
+    int d = student->cfg.hidden_size, nl = student->cfg.num_hidden_layers;
+    double *tl = malloc(sizeof(double) * NSEQ * L * V), *tly = malloc(sizeof(double) * nl * NSEQ * L * d);
+    teacher_outputs(x.te, tok, tl, tly);
+    tu_kd_problem pb = {&student->cfg, x.p, NSEQ, L, tok, tl, tly, kind == M2D_LOSS_RKL, scale,
+                        kind == M2D_LOSS_FKL_MSE ? 0.7 : 0};
+    double *w = malloc(sizeof(double) * T);
+    for (size_t i = 0; i < T; i++) w[i] = w32[i];
+    double ref = tu_ref_kd_loss(&pb, w);
+    /* the loss itself: fp32 logits (error ~1e-6 of their scale) inside a float64 sum */
+    assert_true(fabs(div + mse - ref) < 1e-5 * fabs(ref) + 1e-9);
+    if (kind == M2D_LOSS_FKL_MSE) assert_true(mse > 0.01 * ref); /* the MSE term is really in */
+    uint64_t st = 99;
+    double worst = 0;
+    for (int i = 0; i < x.p->n; i++) {
+        const m2d_tparam *q = &x.p->p[i];
+        double gmax = 0;
+        for (size_t j = 0; j < q->n; j++) gmax = fmax(gmax, fabs(g32[q->off + j]));
+        assert_true(gmax > 0); /* every parameter receives a gradient */
+        for (int k = 0; k < 6; k++) {
+            size_t j = k ? (size_t)(tu_rand_u64(&st) % q->n) : 0, at = q->off + j;
+            double h = 1e-5 * fmax(1, fabs(w[at])), keep = w[at];
+            w[at] = keep + h;
+            double a = tu_ref_kd_loss(&pb, w);
+            w[at] = keep - h;
+            double b = tu_ref_kd_loss(&pb, w);
+            w[at] = keep;
+            double fd = (a - b) / (2 * h), e = fabs(fd - g32[at]) / gmax;
+            worst = fmax(worst, e);
+            if (!(e < 1e-3)) fail_msg("%s %s[%zu]: backward %.9g, finite differences %.9g (relative %.3g)",
+                                      m2d_loss_name(kind), q->name, j, g32[at], fd, e);
+        }
+    }
+    if (getenv("M2D_SHOW_ERR")) print_message("%s: worst relative gradient error %.3g\n", m2d_loss_name(kind), worst);
+    parts_close(&x);
+    free(w32), free(g32), free(tl), free(tly), free(w);
+}
+
+static void whole_model_gradient(void **state) {
+    (void)state;
+    gradient_case(g_student, M2D_LOSS_FKL);
+    gradient_case(g_student, M2D_LOSS_RKL);
+    gradient_case(g_student, M2D_LOSS_FKL_MSE);
+    gradient_case(g_tied, M2D_LOSS_FKL); /* tied embeddings: both uses add into one gradient */
+}
+
+/* ---- properties of a step ---- */
+
+/* S steps from the student's initialisation; the step stats and the final weights */
+static void run_steps(m2d_trainer_opts o, int S, m2d_step_stats *st, float **weights, size_t *total) {
+    m2d_trainer *t;
+    if (m2d_trainer_new(g_teacher, g_student, &o, &t)) fail_msg("%s", m2d_errmsg());
+    int32_t tok[NSEQ * L];
+    for (int s = 1; s <= S; s++) {
+        tokens((uint64_t)s * 17, tok, NSEQ * L);
+        if (m2d_trainer_step(t, s, tok, &st[s - 1])) fail_msg("%s", m2d_errmsg());
+    }
+    m2d_train_params *p = m2d_trainer_params(t);
+    *total = p->total;
+    *weights = malloc(sizeof(float) * p->total);
+    m2d_train_params_download(p, M2D_PBUF_WEIGHTS, *weights);
+    m2d_trainer_free(t);
+}
+
+static void steps_independent_of_threads_and_recompute(void **state) {
+    (void)state;
+    m2d_step_stats a[4], b[4], c[4];
+    float *wa, *wb, *wc;
+    size_t n;
+    run_steps(topts(1), 4, a, &wa, &n);
+    run_steps(topts(3), 4, b, &wb, &n);
+    m2d_trainer_opts o = topts(2);
+    o.recompute = true;
+    run_steps(o, 4, c, &wc, &n);
+    assert_memory_equal(a, b, sizeof a);
+    assert_memory_equal(a, c, sizeof a);
+    assert_memory_equal(wa, wb, sizeof(float) * n);
+    assert_memory_equal(wa, wc, sizeof(float) * n);
+    assert_true(a[3].loss < a[0].loss); /* it learns */
+    free(wa), free(wb), free(wc);
+}
+
+/* micro-batches of one window: the same step up to the order of fp32 gradient sums */
+static void micro_batches_sum_to_the_batch(void **state) {
+    (void)state;
+    m2d_step_stats a[3], b[3];
+    float *wa, *wb;
+    size_t n;
+    run_steps(topts(2), 3, a, &wa, &n);
+    m2d_trainer_opts o = topts(2);
+    o.micro_batch = 1;
+    run_steps(o, 3, b, &wb, &n);
+    for (int s = 0; s < 3; s++) {
+        assert_true(fabs(a[s].loss - b[s].loss) < 1e-5 * a[s].loss);
+        assert_true(fabs(a[s].grad_norm - b[s].grad_norm) < 1e-4 * a[s].grad_norm);
+        assert_true(a[s].lr == b[s].lr);
+    }
+    free(wa), free(wb);
+}
+
+static void lr_schedule(void **state) {
+    (void)state;
+    m2d_optim_opts o;
+    m2d_optim_defaults(&o);
+    o.steps = 10, o.warmup = 4, o.lr = 1e-3, o.min_lr = 1e-4;
+    assert_true(fabs(m2d_lr_at(&o, 1) - 2.5e-4) < 1e-18);
+    assert_true(fabs(m2d_lr_at(&o, 4) - 1e-3) < 1e-18);
+    /* s = 7: t = 3/6, cos(pi/2) = 0: halfway */
+    assert_true(fabs(m2d_lr_at(&o, 7) - 5.5e-4) < 1e-15);
+    assert_true(fabs(m2d_lr_at(&o, 10) - 1e-4) < 1e-18);
+    o.warmup = 0;
+    assert_true(fabs(m2d_lr_at(&o, 1) - (1e-4 + 0.9e-3 * 0.5 * (1 + cos(M_PI / 10)))) < 1e-15);
+    m2d_optim_defaults(&o); /* Table 9 */
+    assert_true(o.lr == 1e-4 && o.min_lr == 1e-5 && o.warmup == 20 && o.beta1 == 0.9 && o.beta2 == 0.95 &&
+                o.weight_decay == 0.01 && o.eps == 1e-8);
+}
+
+/* the loss with a decaying step must differ from one without, and norms must not decay */
+static void decay_only_on_matrices(void **state) {
+    (void)state;
+    m2d_train_params *p;
+    m2d_backend *be;
+    m2d_backend_opts bo = {1};
+    assert_int_equal(m2d_backend_new("cpu", &bo, &be), 0);
+    assert_int_equal(m2d_train_params_new(g_student, be, &p), 0);
+    for (int i = 0; i < p->n; i++) {
+        int norm = strstr(p->p[i].name, "norm") != NULL;
+        assert_int_equal(p->p[i].decay, !norm);
+    }
+    /* untied: embedding and LM head are two parameters; every role of every layer is there */
+    assert_int_not_equal(p->embed, p->lm_head);
+    assert_int_equal(p->n, 3 + g_student->cfg.num_hidden_layers * 11);
+    m2d_train_params_free(p);
+    assert_int_equal(m2d_train_params_new(g_tied, be, &p), 0);
+    assert_int_equal(p->embed, p->lm_head);
+    m2d_train_params_free(p);
+    /* an MoE model is refused */
+    assert_int_equal(m2d_train_params_new(g_teacher, be, &p), -1);
+    assert_non_null(strstr(m2d_errmsg(), "MoE layer"));
+    m2d_backend_free(be);
+}
+
+/* Eq. 6: K' experts by probability, weighted by the raw softmax probabilities */
+typedef struct { int calls, k; int ok; } route_seen;
+
+static int route_hook(void *user, const m2d_moe_event *ev) {
+    route_seen *r = user;
+    r->calls++;
+    r->k = ev->top_k;
+    for (int t = 0; t < ev->n_tokens; t++) {
+        const float *p = ev->probs + (size_t)t * ev->n_experts;
+        for (int j = 0; j < ev->top_k; j++) {
+            int e = ev->topk[t * ev->top_k + j];
+            if (ev->gates[t * ev->top_k + j] != p[e]) r->ok = 0;
+            if (j && p[e] > p[ev->topk[t * ev->top_k + j - 1]]) r->ok = 0;
+        }
+    }
+    return 0;
+}
+
+static void teacher_route_override(void **state) {
+    (void)state;
+    m2d_engine *e;
+    assert_int_equal(m2d_engine_new(g_teacher, 1, &e), 0);
+    int32_t tok[L];
+    tokens(3, tok, L);
+    float *a = malloc(sizeof(float) * L * V), *b = malloc(sizeof(float) * L * V), *c = malloc(sizeof(float) * L * V);
+    assert_int_equal(m2d_engine_logits(e, tok, L, a), 0);
+    assert_int_equal(m2d_engine_set_route_topk(e, 5), 0);
+    route_seen r = {0, 0, 1};
+    m2d_engine_set_moe_hook(e, route_hook, &r);
+    assert_int_equal(m2d_engine_logits(e, tok, L, b), 0);
+    assert_int_equal(r.k, 5);
+    assert_true(r.calls == 2 && r.ok);
+    m2d_engine_set_moe_hook(e, NULL, NULL);
+    assert_int_equal(m2d_engine_set_route_topk(e, 0), 0); /* back to the model's own routing */
+    assert_int_equal(m2d_engine_logits(e, tok, L, c), 0);
+    assert_memory_equal(a, c, sizeof(float) * L * V);
+    assert_memory_not_equal(a, b, sizeof(float) * L * V);
+    assert_int_equal(m2d_engine_set_route_topk(e, 9), -1); /* 8 experts */
+    assert_non_null(strstr(m2d_errmsg(), "num_experts"));
+    m2d_engine_free(e);
+    free(a), free(b), free(c);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(training_logits_equal_engine),
+        cmocka_unit_test(whole_model_gradient),
+        cmocka_unit_test(steps_independent_of_threads_and_recompute),
+        cmocka_unit_test(micro_batches_sum_to_the_batch),
+        cmocka_unit_test(lr_schedule),
+        cmocka_unit_test(decay_only_on_matrices),
+        cmocka_unit_test(teacher_route_override),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,668 @@
+/* train ops: every backward op of the backend's training table (backend.h m2d_backend_train_ops)
+ * against finite differences of an explicit float64 reference of its forward, on every registered
+ * backend; the losses and AdamW against float64 formulas; and the results independent of the
+ * thread count (bit for bit).
+ *
+ * Method: for an op y = f(x, w) and a random cotangent r, phi = sum r * f is a scalar whose
+ * gradient the backward op must return when given dy = r. The reference gradient is the central
+ * difference of phi computed entirely in float64 (step h = 1e-5: truncation ~h^2 |f'''| ~ 1e-10,
+ * rounding ~1e-16/h ~ 1e-11), i.e. exact to ~1e-9 at the scale of these inputs.
+ *
+ * Tolerance (fp32 kernel vs that exact gradient): each gradient element is a sum of K fp32
+ * products (K <= 64 here), whose rounding error is at most ~K u sum|terms| (u = 6e-8); with O(1)
+ * inputs the gradient itself is ~sqrt(K) |term| (random signs), so the error relative to the
+ * largest gradient element is below ~K^1.5 u = 3e-5 at K = 64. Ops chain at most three such
+ * stages (attention: scores, softmax, values), hence TOL = 1e-4 of the largest |gradient|. A
+ * wrong term (e.g. dropping the normalisation term of RMSNorm's Jacobian, checked below) is off by
+ * O(1) of the gradient's scale. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/util.h"
+#include "engine/backend.h"
+
+#define TOL 1e-4
+#define FD_H 1e-5
+
+static void fill(uint64_t *st, float *x, size_t n, double scale) {
+    for (size_t i = 0; i < n; i++) x[i] = (float)(tu_rand_normal(st) * scale);
+}
+
+static m2d_backend *new_backend(const char *name, int threads) {
+    m2d_backend_opts o = {threads};
+    m2d_backend *be;
+    if (m2d_backend_new(name, &o, &be)) fail_msg("%s", m2d_errmsg());
+    if (!be->ops->train) fail_msg("backend %s has no training ops", name);
+    return be;
+}
+
+#define EACH_BACKEND(test)                                                                      \
+    static void test(void **state) {                                                            \
+        (void)state;                                                                            \
+        for (int i = 0; i < m2d_backend_count(); i++) test##_on(m2d_backend_kind_at(i)->name); \
+    }
+
+static m2d_buf *up(m2d_backend *be, const void *src, size_t bytes) {
+    m2d_buf *b = be->ops->alloc(be, bytes);
+    be->ops->upload(be, b, 0, src, bytes);
+    return b;
+}
+
+static void down(m2d_backend *be, void *dst, m2d_buf *b, size_t bytes) { be->ops->download(be, dst, b, 0, bytes); }
+
+static m2d_mat mat(m2d_buf *b, int rows, int cols) { return m2d_mat_of(b, 0, rows, cols, cols); }
+
+/* ---- finite differences of a float64 scalar function of a vector ---- */
+typedef double (*phi_fn)(void *ctx, const double *x);
+
+static void fd_grad(phi_fn phi, void *ctx, const double *x0, int n, double *g) {
+    double *x = m2d_malloc(sizeof(double) * (size_t)n);
+    memcpy(x, x0, sizeof(double) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        double h = FD_H * fmax(1.0, fabs(x0[i]));
+        x[i] = x0[i] + h;
+        double a = phi(ctx, x);
+        x[i] = x0[i] - h;
+        double b = phi(ctx, x);
+        x[i] = x0[i];
+        g[i] = (a - b) / (2 * h);
+    }
+    free(x);
+}
+
+/* max |got - want| over max |want| (the gradient's scale) */
+static double rel_err(const float *got, const double *want, int n) {
+    double e = 0, s = 0;
+    for (int i = 0; i < n; i++) {
+        e = fmax(e, fabs(got[i] - want[i]));
+        s = fmax(s, fabs(want[i]));
+    }
+    return s > 0 ? e / s : e;
+}
+
+static void check_grad(const char *what, const float *got, const double *want, int n) {
+    double e = rel_err(got, want, n);
+    if (getenv("M2D_SHOW_ERR")) print_message("%s: %.3g\n", what, e);
+    if (!(e < TOL)) fail_msg("%s: relative gradient error %.3g >= %.3g", what, e, TOL);
+}
+
+static double *to_double(const float *x, int n) {
+    double *d = m2d_malloc(sizeof(double) * (size_t)n);
+    for (int i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+
+/* ================= GEMM: y = x W^T ================= */
+typedef struct { int n, in, out; const float *r; } gemm_ctx; /* x [n, in] then W [out, in] in the vector */
+
+static double gemm_phi(void *vc, const double *v) {
+    const gemm_ctx *c = vc;
+    const double *x = v, *w = v + c->n * c->in;
+    double s = 0;
+    for (int i = 0; i < c->n; i++)
+        for (int o = 0; o < c->out; o++) {
+            double y = 0;
+            for (int k = 0; k < c->in; k++) y += x[i * c->in + k] * w[o * c->in + k];
+            s += c->r[i * c->out + o] * y;
+        }
+    return s;
+}
+
+/* dx = r W and dW = r^T x through the ops (beta = 0), with threads T */
+static void gemm_grads(const char *backend, int T, int n, int in, int out, const float *x, const float *w,
+                       const float *r, float *dx, float *dw) {
+    m2d_backend *be = new_backend(backend, T);
+    const m2d_backend_train_ops *tr = be->ops->train;
+    m2d_buf *wb = up(be, w, sizeof(float) * out * in), *xb = up(be, x, sizeof(float) * n * in);
+    m2d_buf *rb = up(be, r, sizeof(float) * n * out);
+    m2d_buf *dxb = be->ops->alloc(be, sizeof(float) * n * in), *dwb = be->ops->alloc(be, sizeof(float) * out * in);
+    m2d_weight *wh = tr->weight_view(be, wb, 0, out, in);
+    m2d_mat X = mat(xb, n, in), R = mat(rb, n, out), DX = mat(dxb, n, in), DW = mat(dwb, out, in);
+    be->ops->enter(be);
+    tr->gemm_dx(be, &R, wh, &DX, 0.0f);
+    tr->gemm_dw(be, &R, &X, &DW, 0.0f);
+    assert_int_equal(be->ops->leave(be), 0);
+    down(be, dx, dxb, sizeof(float) * n * in);
+    down(be, dw, dwb, sizeof(float) * out * in);
+    be->ops->weight_free(be, wh);
+    m2d_buf *all[] = {wb, xb, rb, dxb, dwb};
+    for (int i = 0; i < 5; i++) be->ops->release(be, all[i]);
+    m2d_backend_free(be);
+}
+
+static void gemm_case(const char *backend, int n, int in, int out, int with_fd) {
+    uint64_t st = (uint64_t)(n * 131 + in * 7 + out);
+    float *x = malloc(sizeof(float) * n * in), *w = malloc(sizeof(float) * out * in), *r = malloc(sizeof(float) * n * out);
+    fill(&st, x, (size_t)n * in, 1), fill(&st, w, (size_t)out * in, 1), fill(&st, r, (size_t)n * out, 1);
+    float *dx = malloc(sizeof(float) * n * in), *dw = malloc(sizeof(float) * out * in);
+    float *dx3 = malloc(sizeof(float) * n * in), *dw3 = malloc(sizeof(float) * out * in);
+    gemm_grads(backend, 1, n, in, out, x, w, r, dx, dw);
+    gemm_grads(backend, 3, n, in, out, x, w, r, dx3, dw3);
+    /* blocks fixed by the shape: the thread count changes nothing */
+    assert_memory_equal(dx, dx3, sizeof(float) * n * in);
+    assert_memory_equal(dw, dw3, sizeof(float) * out * in);
+    int nv = n * in + out * in;
+    double *v = malloc(sizeof(double) * nv), *g = malloc(sizeof(double) * nv);
+    for (int i = 0; i < n * in; i++) v[i] = x[i];
+    for (int i = 0; i < out * in; i++) v[n * in + i] = w[i];
+    gemm_ctx c = {n, in, out, r};
+    if (with_fd) {
+        fd_grad(gemm_phi, &c, v, nv, g);
+    } else { /* phi is bilinear: the analytic gradient in float64 is exact (large shapes) */
+        for (int i = 0; i < n; i++)
+            for (int k = 0; k < in; k++) {
+                double s = 0;
+                for (int o = 0; o < out; o++) s += (double)r[i * out + o] * w[o * in + k];
+                g[i * in + k] = s;
+            }
+        for (int o = 0; o < out; o++)
+            for (int k = 0; k < in; k++) {
+                double s = 0;
+                for (int i = 0; i < n; i++) s += (double)r[i * out + o] * x[i * in + k];
+                g[n * in + o * in + k] = s;
+            }
+    }
+    check_grad("gemm dx", dx, g, n * in);
+    check_grad("gemm dw", dw, g + n * in, out * in);
+    free(x), free(w), free(r), free(dx), free(dw), free(dx3), free(dw3), free(v), free(g);
+}
+
+static void gemm_backward_on(const char *backend) {
+    gemm_case(backend, 5, 7, 6, 1);       /* one call */
+    gemm_case(backend, 33, 9, 12, 1);     /* rows > a block */
+    gemm_case(backend, 100, 160, 130, 0); /* split into blocks (by columns of dx, rows of dW) */
+    gemm_case(backend, 300, 40, 90, 0);   /* split by rows of dx */
+}
+EACH_BACKEND(gemm_backward)
+
+/* beta = 1 accumulates: dw = dy^T x + dw, dx = dy W + dx */
+static void gemm_accumulates_on(const char *backend) {
+    uint64_t st = 3;
+    int n = 4, in = 5, out = 3;
+    float x[20], w[15], r[12], dx0[20], dw0[15], dx[20], dw[15], gx[20], gw[15];
+    fill(&st, x, 20, 1), fill(&st, w, 15, 1), fill(&st, r, 12, 1), fill(&st, dx0, 20, 1), fill(&st, dw0, 15, 1);
+    gemm_grads(backend, 1, n, in, out, x, w, r, gx, gw);
+    m2d_backend *be = new_backend(backend, 1);
+    const m2d_backend_train_ops *tr = be->ops->train;
+    m2d_buf *wb = up(be, w, sizeof w), *xb = up(be, x, sizeof x), *rb = up(be, r, sizeof r);
+    m2d_buf *dxb = up(be, dx0, sizeof dx0), *dwb = up(be, dw0, sizeof dw0);
+    m2d_weight *wh = tr->weight_view(be, wb, 0, out, in);
+    m2d_mat X = mat(xb, n, in), R = mat(rb, n, out), DX = mat(dxb, n, in), DW = mat(dwb, out, in);
+    tr->gemm_dx(be, &R, wh, &DX, 1.0f);
+    tr->gemm_dw(be, &R, &X, &DW, 1.0f);
+    down(be, dx, dxb, sizeof dx), down(be, dw, dwb, sizeof dw);
+    for (int i = 0; i < 20; i++) assert_true(fabsf(dx[i] - (dx0[i] + gx[i])) < 1e-5f);
+    for (int i = 0; i < 15; i++) assert_true(fabsf(dw[i] - (dw0[i] + gw[i])) < 1e-5f);
+    be->ops->weight_free(be, wh);
+    m2d_buf *all[] = {wb, xb, rb, dxb, dwb};
+    for (int i = 0; i < 5; i++) be->ops->release(be, all[i]);
+    m2d_backend_free(be);
+}
+EACH_BACKEND(gemm_accumulates)
+
+/* ================= RMSNorm ================= */
+typedef struct { int rows, d; double eps; const float *r; int drop_term; } rms_ctx; /* x then w */
+
+static double rms_phi(void *vc, const double *v) {
+    const rms_ctx *c = vc;
+    const double *x = v, *w = v + c->rows * c->d;
+    double s = 0;
+    for (int i = 0; i < c->rows; i++) {
+        double ss = 0;
+        for (int j = 0; j < c->d; j++) ss += x[i * c->d + j] * x[i * c->d + j];
+        double inv = 1.0 / sqrt(ss / c->d + c->eps);
+        for (int j = 0; j < c->d; j++) s += c->r[i * c->d + j] * x[i * c->d + j] * inv * w[j];
+    }
+    return s;
+}
+
+/* the backward op's dx and dw for x [rows, d] (threads T) */
+static void rms_grads(const char *backend, int T, int rows, int d, const float *x, const float *w, const float *r,
+                      double eps, float *dx, float *dw) {
+    m2d_backend *be = new_backend(backend, T);
+    const m2d_backend_train_ops *tr = be->ops->train;
+    m2d_buf *xb = up(be, x, sizeof(float) * rows * d), *wb = up(be, w, sizeof(float) * d);
+    m2d_buf *rb = up(be, r, sizeof(float) * rows * d), *dxb = be->ops->alloc(be, sizeof(float) * rows * d);
+    m2d_buf *dwb = be->ops->alloc(be, sizeof(float) * d);
+    tr->fill(be, dwb, 0, (size_t)d, 0.0f);
+    m2d_weight *wh = tr->weight_view(be, wb, 0, d, 1);
+    m2d_mat X = mat(xb, rows, d), R = mat(rb, rows, d), DX = mat(dxb, rows, d), DW = mat(dwb, 1, d);
+    tr->rmsnorm_bwd(be, &X, wh, eps, &R, &DX, 0.0f, &DW);
+    down(be, dx, dxb, sizeof(float) * rows * d), down(be, dw, dwb, sizeof(float) * d);
+    be->ops->weight_free(be, wh);
+    m2d_buf *all[] = {xb, wb, rb, dxb, dwb};
+    for (int i = 0; i < 5; i++) be->ops->release(be, all[i]);
+    m2d_backend_free(be);
+}
+
+static void rmsnorm_backward_on(const char *backend) {
+    uint64_t st = 11;
+    enum { R = 150, D = 24 }; /* 150 rows: three fixed chunks of the dw sum */
+    float *x = malloc(sizeof(float) * R * D), *r = malloc(sizeof(float) * R * D), w[D];
+    fill(&st, x, R * D, 1), fill(&st, r, R * D, 1);
+    for (int j = 0; j < D; j++) w[j] = (float)(1 + 0.3 * tu_rand_normal(&st));
+    float *dx = malloc(sizeof(float) * R * D), dw[D], *dx2 = malloc(sizeof(float) * R * D), dw2[D];
+    rms_grads(backend, 1, R, D, x, w, r, 1e-6, dx, dw);
+    rms_grads(backend, 4, R, D, x, w, r, 1e-6, dx2, dw2);
+    assert_memory_equal(dx, dx2, sizeof(float) * R * D);
+    assert_memory_equal(dw, dw2, sizeof dw);
+    int nv = R * D + D;
+    double *v = malloc(sizeof(double) * nv), *g = malloc(sizeof(double) * nv);
+    for (int i = 0; i < R * D; i++) v[i] = x[i];
+    for (int j = 0; j < D; j++) v[R * D + j] = w[j];
+    rms_ctx c = {R, D, 1e-6, r, 0};
+    fd_grad(rms_phi, &c, v, nv, g);
+    check_grad("rmsnorm dx", dx, g, R * D);
+    check_grad("rmsnorm dw", dw, g + R * D, D);
+    /* the check has teeth: without the normalisation term of the Jacobian the error is O(1) */
+    for (int i = 0; i < R; i++) {
+        double ss = 0;
+        for (int j = 0; j < D; j++) ss += (double)x[i * D + j] * x[i * D + j];
+        double inv = 1.0 / sqrt(ss / D + 1e-6);
+        for (int j = 0; j < D; j++) dx2[i * D + j] = (float)(inv * w[j] * r[i * D + j]);
+    }
+    assert_true(rel_err(dx2, g, R * D) > 100 * TOL);
+    /* in place (dx = dy, beta 0): the net's q/k norm backward; same result */
+    m2d_backend *be = new_backend(backend, 2);
+    m2d_buf *xb = up(be, x, sizeof(float) * R * D), *wb = up(be, w, sizeof w), *rb = up(be, r, sizeof(float) * R * D);
+    m2d_buf *dwb = be->ops->alloc(be, sizeof dw);
+    be->ops->train->fill(be, dwb, 0, D, 0.0f);
+    m2d_weight *wh = be->ops->train->weight_view(be, wb, 0, D, 1);
+    m2d_mat X = mat(xb, R, D), RR = mat(rb, R, D), DW = mat(dwb, 1, D);
+    be->ops->train->rmsnorm_bwd(be, &X, wh, 1e-6, &RR, &RR, 0.0f, &DW);
+    down(be, dx2, rb, sizeof(float) * R * D), down(be, dw2, dwb, sizeof dw2);
+    assert_memory_equal(dx, dx2, sizeof(float) * R * D);
+    assert_memory_equal(dw, dw2, sizeof dw);
+    be->ops->weight_free(be, wh);
+    m2d_buf *all[] = {xb, wb, rb, dwb};
+    for (int i = 0; i < 4; i++) be->ops->release(be, all[i]);
+    m2d_backend_free(be);
+    free(x), free(r), free(dx), free(dx2), free(v), free(g);
+}
+EACH_BACKEND(rmsnorm_backward)
+
+/* beta = 1: dx accumulates (the residual stream's gradient) and dw adds to what it held */
+static void rmsnorm_backward_accumulates_on(const char *backend) {
+    uint64_t st = 12;
+    float x[24], r[24], w[8], g0[24], dwfresh[8], dxfresh[24], dx[24], dw[8];
+    fill(&st, x, 24, 1), fill(&st, r, 24, 1), fill(&st, w, 8, 1), fill(&st, g0, 24, 1);
+    rms_grads(backend, 1, 3, 8, x, w, r, 1e-5, dxfresh, dwfresh);
+    m2d_backend *be = new_backend(backend, 1);
+    const m2d_backend_train_ops *tr = be->ops->train;
+    m2d_buf *xb = up(be, x, sizeof x), *wb = up(be, w, sizeof w), *rb = up(be, r, sizeof r), *dxb = up(be, g0, sizeof g0);
+    float ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    m2d_buf *dwb = up(be, ones, sizeof ones);
+    m2d_weight *wh = tr->weight_view(be, wb, 0, 8, 1);
+    m2d_mat X = mat(xb, 3, 8), R = mat(rb, 3, 8), DX = mat(dxb, 3, 8), DW = mat(dwb, 1, 8);
+    tr->rmsnorm_bwd(be, &X, wh, 1e-5, &R, &DX, 1.0f, &DW);
+    down(be, dx, dxb, sizeof dx), down(be, dw, dwb, sizeof dw);
+    for (int i = 0; i < 24; i++) assert_true(fabsf(dx[i] - (g0[i] + dxfresh[i])) < 1e-5f);
+    for (int i = 0; i < 8; i++) assert_true(fabsf(dw[i] - (1 + dwfresh[i])) < 1e-5f);
+    be->ops->weight_free(be, wh);
+    m2d_buf *all[] = {xb, wb, rb, dxb, dwb};
+    for (int i = 0; i < 5; i++) be->ops->release(be, all[i]);
+    m2d_backend_free(be);
+}
+EACH_BACKEND(rmsnorm_backward_accumulates)
+
+/* ================= RoPE: backward = forward at negated positions ================= */
+typedef struct { int rows, heads, hd; const int32_t *pos; double theta; const float *r; } rope_ctx;
+
+static double rope_phi(void *vc, const double *x) {
+    const rope_ctx *c = vc;
+    int half = c->hd / 2;
+    double s = 0;
+    for (int t = 0; t < c->rows; t++)
+        for (int h = 0; h < c->heads; h++) {
+            const double *v = x + ((size_t)t * c->heads + h) * c->hd;
+            const float *r = c->r + ((size_t)t * c->heads + h) * c->hd;
+            for (int i = 0; i < half; i++) {
+                double f = c->pos[t] * pow(c->theta, -2.0 * i / c->hd);
+                s += r[i] * (v[i] * cos(f) - v[i + half] * sin(f)) + r[i + half] * (v[i + half] * cos(f) + v[i] * sin(f));
+            }
+        }
+    return s;
+}
+
+static void rope_backward_on(const char *backend) {
+    uint64_t st = 21;
+    enum { T = 9, H = 3, HD = 8, N = T * H * HD };
+    int32_t pos[T], neg[T];
+    for (int t = 0; t < T; t++) pos[t] = 3 * t + 1, neg[t] = -pos[t];
+    float x[N], r[N], dx[N];
+    fill(&st, x, N, 1), fill(&st, r, N, 1);
+    m2d_backend *be = new_backend(backend, 2);
+    m2d_buf *rb = up(be, r, sizeof r), *pb = up(be, neg, sizeof neg);
+    m2d_mat R = mat(rb, T, H * HD);
+    m2d_rope_args ra = {.kind = M2D_ROPE_NEOX, .theta = 10000.0};
+    be->ops->rope(be, &R, H, HD, pb, &ra);
+    down(be, dx, rb, sizeof dx);
+    be->ops->release(be, rb), be->ops->release(be, pb);
+    m2d_backend_free(be);
+    double *v = to_double(x, N), g[N];
+    rope_ctx c = {T, H, HD, pos, 10000.0, r};
+    fd_grad(rope_phi, &c, v, N, g);
+    check_grad("rope dx", dx, g, N);
+    free(v);
+}
+EACH_BACKEND(rope_backward)
+
+/* ================= attention ================= */
+typedef struct { int n, H, KV, hd; const float *r; } att_ctx; /* q [n, H hd], k [n, KV hd], v [n, KV hd] */
+
+static void att_ref(const att_ctx *c, const double *q, const double *k, const double *v, double *out) {
+    int n = c->n, H = c->H, KV = c->KV, hd = c->hd, qd = H * hd, kvd = KV * hd;
+    double *p = m2d_malloc(sizeof(double) * (size_t)n);
+    for (int h = 0; h < H; h++) {
+        int g = h / (H / KV);
+        for (int i = 0; i < n; i++) {
+            double m = -INFINITY, s = 0;
+            for (int t = 0; t <= i; t++) {
+                double d = 0;
+                for (int j = 0; j < hd; j++) d += q[i * qd + h * hd + j] * k[t * kvd + g * hd + j];
+                p[t] = d / sqrt((double)hd);
+                m = fmax(m, p[t]);
+            }
+            for (int t = 0; t <= i; t++) s += (p[t] = exp(p[t] - m));
+            for (int j = 0; j < hd; j++) {
+                double o = 0;
+                for (int t = 0; t <= i; t++) o += p[t] / s * v[t * kvd + g * hd + j];
+                out[i * qd + h * hd + j] = o;
+            }
+        }
+    }
+    free(p);
+}
+
+static double att_phi(void *vc, const double *x) {
+    const att_ctx *c = vc;
+    int n = c->n, qd = c->H * c->hd, kvd = c->KV * c->hd;
+    double *out = m2d_malloc(sizeof(double) * (size_t)n * qd), s = 0;
+    att_ref(c, x, x + n * qd, x + n * qd + n * kvd, out);
+    for (int i = 0; i < n * qd; i++) s += c->r[i] * out[i];
+    free(out);
+    return s;
+}
+
+/* forward (the backend's attention op) and backward of one segment, threads T */
+static void att_grads(const char *backend, int T, const att_ctx *c, const float *q, const float *k, const float *v,
+                      float *dq, float *dk, float *dv) {
+    int n = c->n, qd = c->H * c->hd, kvd = c->KV * c->hd;
+    m2d_backend *be = new_backend(backend, T);
+    const m2d_backend_train_ops *tr = be->ops->train;
+    m2d_buf *qb = up(be, q, sizeof(float) * n * qd), *kb = up(be, k, sizeof(float) * n * kvd);
+    m2d_buf *vb = up(be, v, sizeof(float) * n * kvd), *ob = be->ops->alloc(be, sizeof(float) * n * qd);
+    m2d_buf *rb = up(be, c->r, sizeof(float) * n * qd), *dqb = be->ops->alloc(be, sizeof(float) * n * qd);
+    m2d_buf *dkb = be->ops->alloc(be, sizeof(float) * n * kvd), *dvb = be->ops->alloc(be, sizeof(float) * n * kvd);
+    m2d_attn_args a = {.q = mat(qb, n, qd), .k = mat(kb, n, kvd), .v = mat(vb, n, kvd), .n_heads = c->H,
+                       .n_kv = c->KV, .head_dim = c->hd, .out = mat(ob, n, qd)};
+    be->ops->attention(be, &a);
+    m2d_attn_bwd_args b = {.q = a.q, .k = a.k, .v = a.v, .out = a.out, .dout = mat(rb, n, qd), .dq = mat(dqb, n, qd),
+                           .dk = mat(dkb, n, kvd), .dv = mat(dvb, n, kvd), .n_heads = c->H, .n_kv = c->KV,
+                           .head_dim = c->hd};
+    tr->attention_bwd(be, &b);
+    down(be, dq, dqb, sizeof(float) * n * qd), down(be, dk, dkb, sizeof(float) * n * kvd);
+    down(be, dv, dvb, sizeof(float) * n * kvd);
+    m2d_buf *all[] = {qb, kb, vb, ob, rb, dqb, dkb, dvb};
+    for (int i = 0; i < 8; i++) be->ops->release(be, all[i]);
+    m2d_backend_free(be);
+}
+
+static void attention_backward_on(const char *backend) {
+    uint64_t st = 31;
+    enum { NQ = 13, H = 4, KV = 2, HD = 8, QD = H * HD, KVD = KV * HD };
+    float q[NQ * QD], k[NQ * KVD], v[NQ * KVD], r[NQ * QD];
+    fill(&st, q, NQ * QD, 1), fill(&st, k, NQ * KVD, 1), fill(&st, v, NQ * KVD, 1), fill(&st, r, NQ * QD, 1);
+    att_ctx c = {NQ, H, KV, HD, r};
+    float dq[NQ * QD], dk[NQ * KVD], dv[NQ * KVD], dq3[NQ * QD], dk3[NQ * KVD], dv3[NQ * KVD];
+    att_grads(backend, 1, &c, q, k, v, dq, dk, dv);
+    att_grads(backend, 3, &c, q, k, v, dq3, dk3, dv3);
+    assert_memory_equal(dq, dq3, sizeof dq), assert_memory_equal(dk, dk3, sizeof dk), assert_memory_equal(dv, dv3, sizeof dv);
+    int nv = NQ * QD + 2 * NQ * KVD;
+    double *x = malloc(sizeof(double) * nv), *g = malloc(sizeof(double) * nv);
+    for (int i = 0; i < NQ * QD; i++) x[i] = q[i];
+    for (int i = 0; i < NQ * KVD; i++) x[NQ * QD + i] = k[i], x[NQ * QD + NQ * KVD + i] = v[i];
+    fd_grad(att_phi, &c, x, nv, g);
+    check_grad("attention dq", dq, g, NQ * QD);
+    check_grad("attention dk", dk, g + NQ * QD, NQ * KVD);
+    check_grad("attention dv", dv, g + NQ * QD + NQ * KVD, NQ * KVD);
+    free(x), free(g);
+}
+EACH_BACKEND(attention_backward)
+
+/* ================= SwiGLU ================= */
+typedef struct { int n; const float *r; } glu_ctx; /* g then u */
+
+static double glu_phi(void *vc, const double *x) {
+    const glu_ctx *c = vc;
+    double s = 0;
+    for (int i = 0; i < c->n; i++) s += c->r[i] * x[i] / (1 + exp(-x[i])) * x[c->n + i];
+    return s;
+}
+
+static void glu_backward_on(const char *backend) {
+    uint64_t st = 41;
+    enum { R = 6, C = 11, N = R * C };
+    float g[N], u[N], r[N], dg[N], du[N];
+    fill(&st, g, N, 2), fill(&st, u, N, 1), fill(&st, r, N, 1);
+    m2d_backend *be = new_backend(backend, 2);
+    m2d_buf *gb = up(be, g, sizeof g), *ub = up(be, u, sizeof u), *db = up(be, r, sizeof r);
+    m2d_buf *dub = be->ops->alloc(be, sizeof du);
+    m2d_mat G = mat(gb, R, C), U = mat(ub, R, C), DG = mat(db, R, C), DU = mat(dub, R, C);
+    be->ops->train->glu_bwd(be, M2D_ACT_SWIGLU, &G, &U, &DG, &DU);
+    down(be, dg, db, sizeof dg), down(be, du, dub, sizeof du);
+    m2d_buf *all[] = {gb, ub, db, dub};
+    for (int i = 0; i < 4; i++) be->ops->release(be, all[i]);
+    m2d_backend_free(be);
+    double x[2 * N], gr[2 * N];
+    for (int i = 0; i < N; i++) x[i] = g[i], x[N + i] = u[i];
+    glu_ctx c = {N, r};
+    fd_grad(glu_phi, &c, x, 2 * N, gr);
+    check_grad("swiglu dg", dg, gr, N);
+    check_grad("swiglu du", du, gr + N, N);
+}
+EACH_BACKEND(glu_backward)
+
+/* ================= embedding: scatter-add, repeated tokens add up ================= */
+static void embed_backward_on(const char *backend) {
+    uint64_t st = 51;
+    enum { V = 7, D = 5, N = 9 };
+    int32_t tok[N] = {3, 0, 3, 6, 1, 3, 0, 2, 6};
+    float dx[N * D], table[V * D], want[V * D];
+    fill(&st, dx, N * D, 1), fill(&st, table, V * D, 1);
+    memcpy(want, table, sizeof want);
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < D; c++) want[tok[i] * D + c] += dx[i * D + c];
+    m2d_backend *be = new_backend(backend, 2);
+    m2d_buf *tb = up(be, tok, sizeof tok), *xb = up(be, dx, sizeof dx), *gb = up(be, table, sizeof table);
+    m2d_mat X = mat(xb, N, D), G = mat(gb, V, D);
+    be->ops->train->embed_bwd(be, tb, &X, &G);
+    float got[V * D];
+    down(be, got, gb, sizeof got);
+    /* summed in row order, as the loop above: identical */
+    assert_memory_equal(got, want, sizeof got);
+    be->ops->release(be, tb), be->ops->release(be, xb), be->ops->release(be, gb);
+    m2d_backend_free(be);
+}
+EACH_BACKEND(embed_backward)
+
+/* ================= distillation losses ================= */
+typedef struct { int n, V; int reverse; const double *zt; } kd_ctx;
+
+/* sum over rows of KL(pt || ps) (forward) or KL(ps || pt) (reverse), float64 */
+static double kd_phi(void *vc, const double *zs) {
+    const kd_ctx *c = vc;
+    double total = 0;
+    for (int i = 0; i < c->n; i++) {
+        const double *a = c->zt + i * c->V, *b = zs + i * c->V;
+        double ma = -INFINITY, mb = -INFINITY, sa = 0, sb = 0;
+        for (int j = 0; j < c->V; j++) ma = fmax(ma, a[j]), mb = fmax(mb, b[j]);
+        for (int j = 0; j < c->V; j++) sa += exp(a[j] - ma), sb += exp(b[j] - mb);
+        double la = ma + log(sa), lb = mb + log(sb);
+        for (int j = 0; j < c->V; j++) {
+            double lt = a[j] - la, ls = b[j] - lb;
+            total += c->reverse ? exp(ls) * (ls - lt) : exp(lt) * (lt - ls);
+        }
+    }
+    return total;
+}
+
+static void kd_case(const char *backend, m2d_kd_kind kind, int T, float *grad, double *loss) {
+    uint64_t st = 61;
+    enum { N = 19, V = 37 };
+    float zt[N * V], zs[N * V];
+    fill(&st, zt, N * V, 3), fill(&st, zs, N * V, 2);
+    m2d_backend *be = new_backend(backend, T);
+    m2d_buf *tb = up(be, zt, sizeof zt), *sb = up(be, zs, sizeof zs), *lb = be->ops->alloc(be, sizeof(double) * N);
+    m2d_mat ZT = mat(tb, N, V), ZS = mat(sb, N, V);
+    be->ops->train->kd_loss(be, kind, &ZT, &ZS, 1.0, lb);
+    down(be, grad, sb, sizeof zs), down(be, loss, lb, sizeof(double) * N);
+    be->ops->release(be, tb), be->ops->release(be, sb), be->ops->release(be, lb);
+    m2d_backend_free(be);
+    if (T != 1) return;
+    double *dt = to_double(zt, N * V), *ds = to_double(zs, N * V), g[N * V], sum = 0;
+    kd_ctx c = {N, V, kind == M2D_KD_REVERSE_KL, dt};
+    for (int i = 0; i < N; i++) sum += loss[i];
+    /* the loss: a sum of V fp32 exponentials per row, accumulated in fp64: relative ~1e-6 */
+    assert_true(fabs(sum - kd_phi(&c, ds)) < 1e-6 * fmax(1.0, fabs(sum)));
+    fd_grad(kd_phi, &c, ds, N * V, g);
+    check_grad(kind == M2D_KD_FORWARD_KL ? "forward KL dzs" : "reverse KL dzs", grad, g, N * V);
+    free(dt), free(ds);
+}
+
+static void kd_losses_on(const char *backend) {
+    enum { N = 19, V = 37 };
+    float g1[N * V], g3[N * V];
+    double l1[N], l3[N];
+    for (int k = 0; k < 2; k++) {
+        m2d_kd_kind kind = k ? M2D_KD_REVERSE_KL : M2D_KD_FORWARD_KL;
+        kd_case(backend, kind, 1, g1, l1);
+        kd_case(backend, kind, 3, g3, l3);
+        assert_memory_equal(g1, g3, sizeof g1), assert_memory_equal(l1, l3, sizeof l1);
+    }
+}
+EACH_BACKEND(kd_losses)
+
+/* KL(p || p) = 0 and its gradient 0; the scale multiplies the gradient */
+static void kd_loss_zero_at_match_on(const char *backend) {
+    float z[2 * 5] = {1, 2, 3, -1, 0.5f, 7, -3, 0, 0, 2}, zs[10];
+    memcpy(zs, z, sizeof z);
+    m2d_backend *be = new_backend(backend, 1);
+    m2d_buf *tb = up(be, z, sizeof z), *sb = up(be, zs, sizeof zs), *lb = be->ops->alloc(be, sizeof(double) * 2);
+    m2d_mat ZT = mat(tb, 2, 5), ZS = mat(sb, 2, 5);
+    double loss[2];
+    be->ops->train->kd_loss(be, M2D_KD_FORWARD_KL, &ZT, &ZS, 0.25, lb);
+    down(be, zs, sb, sizeof zs), down(be, loss, lb, sizeof loss);
+    for (int i = 0; i < 10; i++) assert_true(fabsf(zs[i]) < 1e-7f);
+    assert_true(fabs(loss[0]) < 1e-7 && fabs(loss[1]) < 1e-7);
+    be->ops->release(be, tb), be->ops->release(be, sb), be->ops->release(be, lb);
+    m2d_backend_free(be);
+}
+EACH_BACKEND(kd_loss_zero_at_match)
+
+static void mse_on(const char *backend) {
+    uint64_t st = 71;
+    float a[12], b[12], d0[12], d[12];
+    fill(&st, a, 12, 1), fill(&st, b, 12, 1), fill(&st, d0, 12, 1);
+    m2d_backend *be = new_backend(backend, 1);
+    m2d_buf *ab = up(be, a, sizeof a), *bb = up(be, b, sizeof b), *db = up(be, d0, sizeof d0);
+    m2d_buf *lb = be->ops->alloc(be, sizeof(double) * 3);
+    m2d_mat A = mat(ab, 3, 4), Bm = mat(bb, 3, 4), D = mat(db, 3, 4);
+    be->ops->train->mse(be, &A, &Bm, 0.5, &D, lb);
+    double loss[3];
+    down(be, d, db, sizeof d), down(be, loss, lb, sizeof loss);
+    for (int r = 0; r < 3; r++) {
+        double s = 0;
+        for (int c = 0; c < 4; c++) {
+            double diff = (double)a[r * 4 + c] - b[r * 4 + c];
+            s += diff * diff;
+            /* d/da of 0.5 * (a - b)^2 summed = (a - b), added to what was there */
+            assert_true(fabs(d[r * 4 + c] - (d0[r * 4 + c] + diff)) < 1e-6);
+        }
+        assert_true(fabs(loss[r] - s) < 1e-12 * fmax(1, s) + 1e-12);
+    }
+    be->ops->release(be, ab), be->ops->release(be, bb), be->ops->release(be, db), be->ops->release(be, lb);
+    m2d_backend_free(be);
+}
+EACH_BACKEND(mse)
+
+/* ================= gradient norm and AdamW ================= */
+static void sumsq_on(const char *backend) {
+    uint64_t st = 81;
+    size_t n = 200003; /* several fixed chunks and a partial one */
+    float *x = malloc(sizeof(float) * n);
+    fill(&st, x, n, 1);
+    double want = 0, got1, got4;
+    for (size_t i = 7; i < n; i++) want += (double)x[i] * x[i];
+    for (int T = 1; T <= 4; T += 3) {
+        m2d_backend *be = new_backend(backend, T);
+        m2d_buf *xb = up(be, x, sizeof(float) * n), *ob = be->ops->alloc(be, sizeof(double));
+        be->ops->train->sumsq(be, xb, 7, n - 7, ob);
+        down(be, T == 1 ? &got1 : &got4, ob, sizeof(double));
+        be->ops->release(be, xb), be->ops->release(be, ob);
+        m2d_backend_free(be);
+    }
+    assert_memory_equal(&got1, &got4, sizeof(double));
+    /* fp64 sums of 2e5 terms in two orders: ~1e-16 * sqrt(n) relative */
+    assert_true(fabs(got1 - want) < 1e-12 * want);
+    free(x);
+}
+EACH_BACKEND(sumsq)
+
+/* five AdamW steps against torch's formulas evaluated in float64 (the op rounds each of its few
+ * operations to fp32: ~1e-7 relative per step) */
+static void adamw_matches_formula_on(const char *backend) {
+    uint64_t st = 91;
+    enum { N = 1000, OFF = 3 };
+    float p[N + OFF], g[N + OFF], z[N + OFF] = {0};
+    fill(&st, p, N + OFF, 1);
+    double P[N], M[N] = {0}, Vv[N] = {0};
+    for (int i = 0; i < N; i++) P[i] = p[OFF + i];
+    m2d_backend *be = new_backend(backend, 2);
+    m2d_buf *pb = up(be, p, sizeof p), *gb = be->ops->alloc(be, sizeof g), *mb = up(be, z, sizeof z), *vb = up(be, z, sizeof z);
+    double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+    for (int step = 1; step <= 5; step++) {
+        fill(&st, g, N + OFF, step == 3 ? 1e-6 : 1); /* a step with tiny gradients: eps matters */
+        be->ops->upload(be, gb, 0, g, sizeof g);
+        float scale = step == 2 ? 0.5f : 1.0f;
+        m2d_adamw_args a = {lr, b1, b2, eps, wd, step, scale};
+        be->ops->train->adamw(be, pb, gb, mb, vb, OFF, N, &a);
+        for (int i = 0; i < N; i++) {
+            double gi = (double)g[OFF + i] * scale;
+            P[i] *= 1 - lr * wd;
+            M[i] = b1 * M[i] + (1 - b1) * gi;
+            Vv[i] = b2 * Vv[i] + (1 - b2) * gi * gi;
+            P[i] -= lr / (1 - pow(b1, step)) * M[i] / (sqrt(Vv[i]) / sqrt(1 - pow(b2, step)) + eps);
+        }
+    }
+    float got[N + OFF];
+    down(be, got, pb, sizeof got);
+    for (int i = 0; i < OFF; i++) assert_true(got[i] == p[i]); /* outside [OFF, OFF + N): untouched */
+    for (int i = 0; i < N; i++) assert_true(fabs(got[OFF + i] - P[i]) < 1e-6 * fmax(1, fabs(P[i])));
+    m2d_buf *all[] = {pb, gb, mb, vb};
+    for (int i = 0; i < 4; i++) be->ops->release(be, all[i]);
+    m2d_backend_free(be);
+}
+EACH_BACKEND(adamw_matches_formula)
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(gemm_backward),
+        cmocka_unit_test(gemm_accumulates),
+        cmocka_unit_test(rmsnorm_backward),
+        cmocka_unit_test(rmsnorm_backward_accumulates),
+        cmocka_unit_test(rope_backward),
+        cmocka_unit_test(attention_backward),
+        cmocka_unit_test(glu_backward),
+        cmocka_unit_test(embed_backward),
+        cmocka_unit_test(kd_losses),
+        cmocka_unit_test(kd_loss_zero_at_match),
+        cmocka_unit_test(mse),
+        cmocka_unit_test(sumsq),
+        cmocka_unit_test(adamw_matches_formula),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

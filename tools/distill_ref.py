@@ -1,0 +1,270 @@
+"""An independent reference of `moe2dense distill`: the same knowledge-distillation steps done with
+Hugging Face transformers' own Qwen3 / Qwen3-MoE modelling and torch (autograd, torch.optim.AdamW,
+torch.nn.utils.clip_grad_norm_), for tests/test_distill.c. Runs in tests/ref/.venv-hf.
+
+usage: distill_ref.py --out DIR                 write the goldens (tests/golden/distill/, make distill-goldens)
+       distill_ref.py --compare NEW_DIR OLD_DIR  the goldens made now against the committed ones
+       distill_ref.py --bench ...                time the same step as bench/bench_train.c (BENCHMARKS.md)
+
+Per case (CASES below):
+ 1. teacher (Qwen3MoeForCausalLM) and dense student (Qwen3ForCausalLM, intermediate = k * d_e) from
+    the grid generator of tests/testmodel.h (tools/hf_goldens.py), saved with save_pretrained; the
+    golden keeps both config.json texts and the sha256 of both model.safetensors, which
+    tests/test_distill.c rebuilds byte for byte with moe2dense's writer;
+ 2. data: a text encoded by the byte-level tokenizer of hf_goldens.py, cut into consecutive windows
+    of L tokens taken in file order (--order sequential: step s uses windows (s-1)B .. sB-1);
+ 3. S optimizer steps in float32: teacher logits (full vocabulary; with teacher_topk the routers
+    take the K' most probable experts weighted by their raw probabilities, paper Eq. 6), the loss
+    (forward KL mean over all positions, reverse KL, or forward KL + mse_weight * the mean squared
+    difference of every decoder layer's output, summed over layers), gradient accumulation over
+    micro-batches of b windows, clip_grad_norm_ (the norm before clipping is logged), AdamW
+    (betas 0.9/0.95, eps 1e-8, weight decay on tensors of 2+ dimensions only), the learning rate
+    of SPEC §7 set before each step;
+ 4. per step: loss (before the update), grad_norm, lr; at the end the L2 norm of each tensor's
+    total update (final - initial weights).
+"""
+import argparse
+import hashlib
+import json
+import math
+import os
+import resource
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
+
+from hf_goldens import byte_tokenizer, checkpoint, sha256, read_text  # noqa: E402
+
+VOCAB = 320
+TEACHER = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=48, moe_intermediate_size=32, num_experts=8,
+               num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+               rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, rms_norm_eps=1e-6,
+               max_position_embeddings=128, tie_word_embeddings=False, eos_token_id=256)
+STUDENT = dict({k: v for k, v in TEACHER.items()
+                if k not in ("moe_intermediate_size", "num_experts", "num_experts_per_tok", "norm_topk_prob",
+                             "decoder_sparse_step", "mlp_only_layers")}, intermediate_size=64)
+
+# name -> settings of the run (the C test runs the same)
+CASES = {
+    "fkl": dict(seq_len=24, batch=4, micro_batch=2, steps=6, warmup=2, lr=3e-3, min_lr=3e-4, weight_decay=0.01,
+                clip=0.5, loss="fkl", mse_weight=0.0, teacher_topk=0),
+    "rkl-topk": dict(seq_len=16, batch=2, micro_batch=2, steps=5, warmup=1, lr=2e-3, min_lr=2e-4,
+                     weight_decay=0.05, clip=0.0, loss="rkl", mse_weight=0.0, teacher_topk=5),
+    "fkl-mse": dict(seq_len=16, batch=2, micro_batch=1, steps=5, warmup=0, lr=2e-3, min_lr=1e-4, weight_decay=0.01,
+                    clip=1.0, loss="fkl+mse", mse_weight=0.5, teacher_topk=0),
+}
+WORDS = ["the", "expert", "router", "dense", "of", "and", "model", "token", "layer", "a", "merge", "group",
+         "student", "teacher", "distill", "loss"]
+
+
+def lr_at(c, s):
+    if s <= c["warmup"]:
+        return c["lr"] * s / c["warmup"]
+    if c["steps"] <= c["warmup"]:
+        return c["min_lr"]
+    t = (s - c["warmup"]) / (c["steps"] - c["warmup"])
+    return c["min_lr"] + (c["lr"] - c["min_lr"]) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+
+def load(cls_name, d):
+    kw = {"experts_implementation": "eager"} if "Moe" in cls_name else {}
+    m = getattr(transformers, cls_name).from_pretrained(d, dtype=torch.float32, attn_implementation="eager", **kw)
+    return m
+
+
+def layer_outputs(model):
+    """Forward hooks recording every decoder layer's output (the residual stream after it)."""
+    outs = []
+    for layer in model.model.layers:
+        layer.register_forward_hook(lambda _m, _i, o: outs.append(o[0] if isinstance(o, tuple) else o))
+    return outs
+
+
+def set_route_topk(teacher, k):
+    for layer in teacher.model.layers:
+        gate = getattr(layer.mlp, "gate", None)
+        if isinstance(gate, torch.nn.Module) and hasattr(gate, "top_k"):
+            gate.top_k = k
+            gate.norm_topk_prob = False  # Eq. 6: raw probabilities
+
+
+def divergence(zt, zs, kind):
+    lt, ls = torch.log_softmax(zt, -1), torch.log_softmax(zs, -1)
+    if kind == "rkl":
+        return (ls.exp() * (ls - lt)).sum(-1)
+    return (lt.exp() * (lt - ls)).sum(-1)
+
+
+def run_case(c, teacher, student, ids):
+    L, B, b = c["seq_len"], c["batch"], c["micro_batch"]
+    if c["teacher_topk"]:
+        set_route_topk(teacher, c["teacher_topk"])
+    t_outs, s_outs = layer_outputs(teacher), layer_outputs(student)
+    named = list(student.named_parameters())
+    decay = [p for n, p in named if p.dim() >= 2]
+    no_decay = [p for n, p in named if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": c["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=c["lr"], betas=(0.9, 0.95), eps=1e-8)
+    initial = {n: p.detach().clone() for n, p in named}
+    steps = []
+    for s in range(1, c["steps"] + 1):
+        lr = lr_at(c, s)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for mb in range(B // b):
+            first = (s - 1) * B + mb * b
+            x = torch.tensor([ids[(first + j) * L:(first + j + 1) * L] for j in range(b)])
+            t_outs.clear(), s_outs.clear()
+            with torch.no_grad():
+                zt = teacher(x).logits
+            zs = student(x).logits
+            loss = divergence(zt, zs, c["loss"]).sum() / (B * L)
+            if c["mse_weight"]:
+                for ho, hs in zip(t_outs, s_outs):
+                    loss = loss + c["mse_weight"] * ((hs - ho.detach()) ** 2).sum() / (B * L * hs.shape[-1])
+            loss.backward()
+            total += loss.item()
+        params = [p for _, p in named]
+        if c["clip"] > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, c["clip"]).item()
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])).item()
+        opt.step()
+        steps.append({"step": s, "loss": total, "grad_norm": norm, "lr": lr})
+    updates = {n: float(torch.linalg.vector_norm((p.detach() - initial[n]).double())) for n, p in named}
+    return steps, updates
+
+
+def make_case(name, c, work, tok_json, text):
+    t_dir, s_dir = f"{work}/{name}-teacher", f"{work}/{name}-student"
+    checkpoint("Qwen3MoeForCausalLM", TEACHER, torch.bfloat16, 11, t_dir)
+    checkpoint("Qwen3ForCausalLM", STUDENT, torch.bfloat16, 12, s_dir)
+    ids = Tokenizer.from_file(tok_json).encode(text, add_special_tokens=False).ids
+    need = c["steps"] * c["batch"] * c["seq_len"]
+    assert len(ids) >= need, f"{name}: {len(ids)} tokens < {need}"
+    teacher, student = load("Qwen3MoeForCausalLM", t_dir), load("Qwen3ForCausalLM", s_dir)
+    teacher.eval(), student.train()
+    steps, updates = run_case(c, teacher, student, ids)
+    return {"name": name, "settings": c,
+            "versions": {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0]},
+            "teacher": {"seed": 11, "config_json": read_text(f"{t_dir}/config.json"),
+                        "safetensors_sha256": sha256(f"{t_dir}/model.safetensors")},
+            "student": {"seed": 12, "config_json": read_text(f"{s_dir}/config.json"),
+                        "safetensors_sha256": sha256(f"{s_dir}/model.safetensors")},
+            "text": text, "tokens_sha256": hashlib.sha256(np.array(ids, dtype="<i4").tobytes()).hexdigest(),
+            "n_tokens": len(ids),
+            "steps": [{k: (float(f"{v:.12g}") if isinstance(v, float) else v) for k, v in st.items()} for st in steps],
+            "update_norms": {k: float(f"{v:.9g}") for k, v in sorted(updates.items())}}
+
+
+def make_all(out):
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)  # the reference numbers do not depend on a thread count
+    rng = np.random.default_rng(11)
+    text = " ".join(WORDS[i] for i in rng.integers(0, len(WORDS), 400)) + "\n"
+    with tempfile.TemporaryDirectory(prefix="m2d-distill-") as work:
+        tok_json = f"{out}/tokenizer.json"  # the byte-level tokenizer the test encodes the text with
+        byte_tokenizer(tok_json)
+        for name, c in CASES.items():
+            g = make_case(name, c, work, tok_json, text)
+            with open(f"{out}/{name}.json", "w", encoding="utf-8") as f:
+                json.dump(g, f, indent=1)
+                f.write("\n")
+            print(f"{name}: " + ", ".join(f"{s['loss']:.6f}" for s in g["steps"]))
+
+
+def compare(new_dir, old_dir):
+    bad = []
+    for name in CASES:
+        with open(f"{new_dir}/{name}.json", encoding="utf-8") as f:
+            g = json.load(f)
+        with open(f"{old_dir}/{name}.json", encoding="utf-8") as f:
+            o = json.load(f)
+        for key in ("settings", "text", "tokens_sha256"):
+            if g[key] != o[key]:
+                bad.append(f"{name}: {key} differs")
+        for part in ("teacher", "student"):
+            if g[part] != o[part]:
+                bad.append(f"{name}: {part} checkpoint differs")
+        for a, b in zip(g["steps"], o["steps"]):
+            for k in ("loss", "grad_norm", "lr"):
+                if abs(a[k] - b[k]) > 1e-6 * max(1.0, abs(b[k])):
+                    bad.append(f"{name}: step {a['step']} {k} {a[k]} vs {b[k]}")
+    return bad
+
+
+# ---- benchmark: the same KD step as bench/bench_train.c, timed ----
+
+def bench(a):
+    torch.set_num_threads(a.threads)
+    teacher = load("Qwen3MoeForCausalLM", a.teacher)
+    student = load("Qwen3ForCausalLM", a.student)
+    dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
+    teacher.to(dtype).eval(), student.to(dtype).train()
+    rng = np.random.default_rng(1)
+    V = student.config.vocab_size
+    opt = torch.optim.AdamW(student.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
+    times = []
+    for it in range(a.warmup + a.iters):
+        x = torch.tensor(rng.integers(0, V, (a.batch, a.seq_len)))
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            zt = teacher(x).logits.float()
+        zs = student(x).logits.float()
+        loss = divergence(zt, zs, "fkl").mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+        opt.step()
+        if it >= a.warmup:
+            times.append(time.perf_counter() - t0)
+    tok_s = a.batch * a.seq_len / (sum(times) / len(times))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"impl": "pytorch", "dtype": a.dtype, "threads": a.threads, "tokens_per_s": tok_s,
+                      "step_s": sum(times) / len(times), "peak_rss_bytes": rss,
+                      "torch": torch.__version__.split("+")[0]}))
+
+
+def main():
+    ap = argparse.ArgumentParser(usage=__doc__)
+    ap.add_argument("--out")
+    ap.add_argument("--compare", nargs=2, metavar=("NEW_DIR", "OLD_DIR"))
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--teacher")
+    ap.add_argument("--student")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    a = ap.parse_args()
+    if a.bench:
+        return bench(a)
+    if a.compare:
+        bad = compare(*a.compare)
+        for b in bad:
+            print(f"distill_ref.py: {b}", file=sys.stderr)
+        sys.exit(1 if bad else 0)
+    if not a.out:
+        ap.error("--out, --compare or --bench is required")
+    make_all(a.out)
+
+
+if __name__ == "__main__":
+    main()
