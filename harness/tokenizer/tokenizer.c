@@ -4,12 +4,13 @@
  * Pipeline (as HF runs it):
  *   1. added tokens with normalized=false are cut out of the RAW text (leftmost-longest match,
  *      honouring single_word / lstrip / rstrip);
- *   2. every remaining segment is normalized (NFC/NFD/NFKC/NFKD via utf8proc), then added tokens
- *      with normalized=true are cut out of the normalized segment the same way;
- *   3. the pre-tokenizers (Split with a PCRE2 regex, ByteLevel) split the rest into pieces;
- *   4. each piece goes through BPE (rank-ordered merges over symbol ids, memoised per call).
- * Decoding maps ids back to token strings, undoes the byte-level alphabet, and replaces invalid
- * UTF-8 like Rust's String::from_utf8_lossy.
+ *   2. every remaining segment is normalized (NFC/NFD/NFKC/NFKD via utf8proc, Prepend, Replace),
+ *      then added tokens with normalized=true are cut out of the normalized segment the same way;
+ *   3. the pre-tokenizers (Split with a regex, Digits, Metaspace, ByteLevel) split the rest into
+ *      pieces;
+ *   4. each piece goes through BPE (rank-ordered merges over symbol ids, byte fallback, unknown
+ *      tokens fused or not, memoised per call).
+ * Decoding (tkdecode.c) runs the decoder chain over the ids' token strings.
  *
  * All mutable state of an encode lives in a per-call context, so one loaded tokenizer can be
  * used from several threads at once. */
@@ -22,131 +23,20 @@
 #include <sys/stat.h>
 
 #include <cjson/cJSON.h>
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
 #include <utf8proc.h>
 
+#include "tokenizer/tkdecode.h"
+#include "tokenizer/tkpost.h"
+#include "tokenizer/tktext.h"
 #include "base/util.h"
 
-#define MAX_STAGES 8
+#define MAX_STAGES 16
 #define DEFAULT_HEAP_THRESHOLD 48
+/* words longer than this (bytes) are cut where no merge can reach across (see word_cuts_init) */
+#define DEFAULT_CUT_MIN 256
 /* ids index dense tables: bound them so a corrupt file cannot ask for gigabytes */
 #define MAX_ID 16777215
 #define MAX_ID_STR "16777215"
-
-/* ------------------------------------------------------------------------------------------ */
-/* UTF-8                                                                                        */
-
-/* Length of the valid UTF-8 sequence at s[i..n) (1..4, with *cp set), or minus the length of
- * the maximal invalid subpart there (Unicode "substitution of maximal subparts", which is what
- * Rust's from_utf8_lossy replaces by one U+FFFD each). */
-static int utf8_next(const unsigned char *s, size_t n, size_t i, uint32_t *cp) {
-    unsigned b = s[i];
-    if (b < 0x80) {
-        *cp = b;
-        return 1;
-    }
-    int need;
-    unsigned lo = 0x80, hi = 0xBF;
-    uint32_t c;
-    if (b >= 0xC2 && b <= 0xDF) need = 1, c = b & 0x1F;
-    else if (b == 0xE0) need = 2, c = b & 0x0F, lo = 0xA0;
-    else if (b >= 0xE1 && b <= 0xEC) need = 2, c = b & 0x0F;
-    else if (b == 0xED) need = 2, c = b & 0x0F, hi = 0x9F;
-    else if (b >= 0xEE && b <= 0xEF) need = 2, c = b & 0x0F;
-    else if (b == 0xF0) need = 3, c = b & 0x07, lo = 0x90;
-    else if (b >= 0xF1 && b <= 0xF3) need = 3, c = b & 0x07;
-    else if (b == 0xF4) need = 3, c = b & 0x07, hi = 0x8F;
-    else return -1;
-    for (int k = 1; k <= need; k++) {
-        if (i + (size_t)k >= n) return -k;
-        unsigned t = s[i + (size_t)k];
-        if (t < lo || t > hi) return -k;
-        lo = 0x80, hi = 0xBF; /* only the second byte has a narrowed range */
-        c = (c << 6) | (t & 0x3F);
-    }
-    *cp = c;
-    return need + 1;
-}
-
-/* Offset of the first invalid byte, or n when s is valid UTF-8. */
-static size_t utf8_first_invalid(const char *s, size_t n) {
-    const unsigned char *u = (const unsigned char *)s;
-    size_t i = 0;
-    uint32_t cp;
-    while (i < n) {
-        if (u[i] < 0x80) {
-            i++;
-            continue;
-        }
-        int k = utf8_next(u, n, i, &cp);
-        if (k < 0) return i;
-        i += (size_t)k;
-    }
-    return n;
-}
-
-static int utf8_put(char *out, uint32_t cp) {
-    if (cp < 0x80) return out[0] = (char)cp, 1;
-    if (cp < 0x800) {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | (cp >> 12));
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (cp >> 18));
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
-/* Code point ending just before s[end] (s valid UTF-8, end > 0); *start gets its offset. */
-static uint32_t utf8_prev(const char *s, size_t end, size_t *start) {
-    size_t i = end - 1;
-    while (i > 0 && ((unsigned char)s[i] & 0xC0) == 0x80) i--;
-    uint32_t cp = 0;
-    utf8_next((const unsigned char *)s, end, i, &cp);
-    *start = i;
-    return cp;
-}
-
-static void ensure_buf(char **buf, size_t *cap, size_t need) {
-    if (need <= *cap) return;
-    *cap = M2D_MAX(need, *cap * 2);
-    *buf = m2d_realloc(*buf, *cap);
-}
-
-/* Unicode White_Space: what Rust regex `\s` and Oniguruma `\s` (Unicode) both match. */
-static int is_white_space(uint32_t c) {
-    return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
-           c == 0x3000;
-}
-
-/* Rust regex `\w`: Alphabetic + Mark + Decimal_Number + Connector_Punctuation + Join_Control.
- * Alphabetic = letters + Nl + Other_Alphabetic (mostly marks; the So letters are listed). */
-static int is_word_char(uint32_t c) {
-    if (c < 0x80) return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
-    if (c == 0x200C || c == 0x200D) return 1;
-    if ((c >= 0x24B6 && c <= 0x24E9) || (c >= 0x1F130 && c <= 0x1F149) || (c >= 0x1F150 && c <= 0x1F169) ||
-        (c >= 0x1F170 && c <= 0x1F189))
-        return 1;
-    switch (utf8proc_category((utf8proc_int32_t)c)) {
-    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_MN:
-    case UTF8PROC_CATEGORY_MC: case UTF8PROC_CATEGORY_ME: case UTF8PROC_CATEGORY_ND:
-    case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_PC:
-        return 1;
-    default:
-        return 0;
-    }
-}
 
 /* ------------------------------------------------------------------------------------------ */
 /* Hash maps (open addressing, power-of-two tables, linear probing)                             */
@@ -312,15 +202,22 @@ static inline int32_t pairmap_get(const pairmap *p, int32_t a, int32_t b, int32_
 /* ------------------------------------------------------------------------------------------ */
 /* The tokenizer                                                                                */
 
-enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD };
-enum { SPLIT_REMOVED, SPLIT_ISOLATED, SPLIT_MERGED_PREV, SPLIT_MERGED_NEXT, SPLIT_CONTIGUOUS };
-enum { STAGE_SPLIT, STAGE_BYTELEVEL };
+enum { NORM_NFC, NORM_NFD, NORM_NFKC, NORM_NFKD, NORM_PREPEND, NORM_REPLACE };
+enum { STAGE_SPLIT, STAGE_BYTELEVEL, STAGE_METASPACE, STAGE_DIGITS };
+
+typedef struct {
+    int kind;
+    char *prepend; /* Prepend */
+    size_t prepend_n;
+    m2d_tkreplace rep; /* Replace */
+} normalizer;
 
 typedef struct {
     int kind;
     pcre2_code *re;       /* Split pattern, or the GPT-2 regex for ByteLevel use_regex */
-    int behavior, invert; /* Split */
+    int behavior, invert; /* Split; Digits: Isolated (individual_digits) or Contiguous */
     int add_prefix_space; /* ByteLevel */
+    m2d_tkmetaspace meta; /* Metaspace */
 } stage;
 
 typedef struct {
@@ -350,50 +247,38 @@ struct m2d_tokenizer {
     added_token *added;
     int n_added;
     added_set raw_set, norm_set;
-    int norms[MAX_STAGES], n_norms;
+    normalizer norms[MAX_STAGES];
+    int n_norms;
+    int norms_unicode_only;  /* only Unicode normal forms: ASCII text is left as it is */
     stage stages[MAX_STAGES];
     int n_stages;
-    int byte_level_decoder; /* else tokens are joined with ' ' (HF without a decoder) */
+    m2d_tkdecoder *decoder;
+    m2d_tkpost post;         /* add_special_tokens=True: ids around the text's */
     int32_t unk_id;         /* -1 when model.unk_token is null */
     int fuse_unk, byte_fallback, ignore_merges;
     char *subword_prefix, *word_suffix; /* continuing_subword_prefix / end_of_word_suffix */
     int32_t byte_fallback_id[256];
     int32_t bos_id, eos_id;
     size_t heap_threshold;
+    pairmap cut_pairs;  /* adjacent code points inside some vocab token; word cuts on when allocated */
+    size_t cut_min;
     int slow_paths; /* testing: full-text utf8proc NFC instead of nfc_fast */
 };
 
-/* GPT-2 byte <-> unicode alphabet (bytes_to_unicode): printable bytes map to themselves, the
- * others to U+0100 onwards in byte order. */
-static void byte_level_alphabet(uint32_t byte_to_cp[256]) {
-    uint32_t next = 256;
-    for (int b = 0; b < 256; b++) {
-        int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-        byte_to_cp[b] = printable ? (uint32_t)b : next++;
-    }
+/* Regex matching state, one per encode (or per load, for the added tokens' normalization). */
+typedef struct {
+    pcre2_match_data *md;
+    m2d_tkspans spans;
+} re_scratch;
+
+static void re_scratch_init(re_scratch *r) {
+    r->md = pcre2_match_data_create(1, NULL);
+    memset(&r->spans, 0, sizeof r->spans);
 }
 
-static int16_t g_cp_to_byte[0x144]; /* -1 when the code point is not in the alphabet */
-static char g_byte_utf8[256][2];
-static unsigned char g_byte_utf8_len[256];
-
-static void init_byte_tables(void) {
-    static int done;
-    if (__atomic_load_n(&done, __ATOMIC_ACQUIRE)) return;
-    uint32_t b2c[256];
-    int16_t c2b[0x144];
-    byte_level_alphabet(b2c);
-    for (size_t i = 0; i < 0x144; i++) c2b[i] = -1;
-    for (int b = 0; b < 256; b++) c2b[b2c[b]] = (int16_t)b;
-    /* idempotent: racing initialisers write identical values */
-    for (int b = 0; b < 256; b++) {
-        char tmp[4];
-        int k = utf8_put(tmp, b2c[b]);
-        g_byte_utf8_len[b] = (unsigned char)k;
-        memcpy(g_byte_utf8[b], tmp, (size_t)k);
-    }
-    memcpy(g_cp_to_byte, c2b, sizeof c2b);
-    __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
+static void re_scratch_free(re_scratch *r) {
+    pcre2_match_data_free(r->md);
+    free(r->spans.v);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -403,207 +288,116 @@ typedef struct {
     const char *path;
 } loadctx;
 
-static int field_err(const loadctx *L, const char *field, const char *what) {
-    return m2d_err("%s: field '%s': %s", L->path, field, what);
-}
-
-static const cJSON *get_field(const cJSON *obj, const char *name) {
-    return cJSON_IsObject(obj) ? cJSON_GetObjectItemCaseSensitive(obj, name) : NULL;
-}
-
-static int get_bool(const loadctx *L, const cJSON *obj, const char *name, const char *field, int dflt, int *out) {
-    const cJSON *v = get_field(obj, name);
-    if (!v || cJSON_IsNull(v)) {
-        *out = dflt;
-        return 0;
-    }
-    if (!cJSON_IsBool(v)) return field_err(L, field, "expected true or false");
-    *out = cJSON_IsTrue(v);
-    return 0;
-}
-
-/* Optional string: NULL for absent/null. */
-static int get_opt_string(const loadctx *L, const cJSON *obj, const char *name, const char *field, const char **out) {
-    const cJSON *v = get_field(obj, name);
-    *out = NULL;
-    if (!v || cJSON_IsNull(v)) return 0;
-    if (!cJSON_IsString(v)) return field_err(L, field, "expected a string");
-    *out = v->valuestring;
-    return 0;
-}
-
-static int unsupported(const loadctx *L, const char *field, const char *value, const char *supported) {
-    return m2d_err("%s: field '%s': '%s' not supported (supported: %s)", L->path, field, value, supported);
-}
-
-/* HF compiles patterns with Oniguruma (Ruby syntax, Unicode). Where a PCRE2 (UTF+UCP) escape
- * means something else, rewrite it to Oniguruma's meaning:
- *   \s  U+0009..U+000D, U+0085, Zs, Zl, Zp  (PCRE2 adds U+180E)
- *   \w  Letter, Mark, Number, Connector_Punctuation  (PCRE2 10.42: letters, numbers, '_')
- *   \h  hexadecimal digit  (PCRE2: horizontal whitespace)
- * Upper-case forms outside a class become the negated class; inside a class only the
- * lower-case forms are rewritten. Everything else passes through. */
-static const char *onig_class_body(char d) {
-    switch (d) {
-    case 's': case 'S': return "\\t-\\r\\x{85}\\p{Z}";
-    case 'w': case 'W': return "\\p{L}\\p{M}\\p{N}\\p{Pc}";
-    case 'h': case 'H': return "0-9a-fA-F";
-    default: return NULL;
-    }
-}
-
-static char *onig_compatible_pattern(const char *p) {
-    size_t n = strlen(p), cap = n * 4 + 64, o = 0;
-    char *out = m2d_malloc(cap);
-    int in_class = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (o + 40 > cap) out = m2d_realloc(out, cap *= 2);
-        char c = p[i];
-        if (c == '\\' && i + 1 < n) {
-            char d = p[i + 1];
-            const char *body = onig_class_body(d);
-            int upper = d >= 'A' && d <= 'Z';
-            if (body && !(in_class && upper)) {
-                const char *open = in_class ? "" : (upper ? "[^" : "[");
-                const char *close = in_class ? "" : "]";
-                o += (size_t)snprintf(out + o, cap - o, "%s%s%s", open, body, close);
-            } else {
-                out[o++] = c;
-                out[o++] = d;
-            }
-            i++;
-            continue;
-        }
-        if (c == '[' && !in_class) {
-            in_class = 1;
-            out[o++] = c;
-            /* a ']' right after '[' or '[^' is a literal */
-            if (i + 1 < n && p[i + 1] == '^') out[o++] = p[++i];
-            if (i + 1 < n && p[i + 1] == ']') out[o++] = p[++i];
-            continue;
-        }
-        if (c == '[' && in_class) in_class++; /* nested class / POSIX [:name:] */
-        else if (c == ']' && in_class) in_class--;
-        out[o++] = c;
-    }
-    out[o] = 0;
-    return out;
-}
-
-static int compile_regex(const loadctx *L, const char *field, const char *pattern, int literal, pcre2_code **out) {
-    int errcode;
-    PCRE2_SIZE erroff;
-    char *pat = literal ? m2d_strdup(pattern) : onig_compatible_pattern(pattern);
-    uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, opts, &errcode, &erroff, NULL);
-    free(pat);
-    if (!re) {
-        PCRE2_UCHAR msg[256];
-        pcre2_get_error_message(errcode, msg, sizeof msg);
-        return m2d_err("%s: field '%s': cannot compile regex: %s", L->path, field, (const char *)msg);
-    }
-    pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* optional speed-up; the interpreter is the fallback */
-    *out = re;
-    return 0;
-}
+static int field_err(const loadctx *L, const char *field, const char *what) { return m2d_tkj_err(L->path, field, what); }
 
 static const char GPT2_PATTERN[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
+static int load_split(stage *st, const loadctx *L, const cJSON *pt, const char *field) {
+    char f[256];
+    st->kind = STAGE_SPLIT;
+    if (m2d_tkre_pattern(L->path, pt, field, &st->re, NULL)) return -1;
+    snprintf(f, sizeof f, "%s.behavior", field);
+    const char *beh;
+    if (m2d_tkj_string(L->path, pt, "behavior", f, &beh)) return -1;
+    static const char *names[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
+    st->behavior = -1;
+    for (int i = 0; i < 5; i++)
+        if (beh && !strcmp(beh, names[i])) st->behavior = i;
+    if (st->behavior < 0)
+        return m2d_tkj_unsupported(L->path, f, beh ? beh : "(missing)",
+                                   "Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous");
+    snprintf(f, sizeof f, "%s.invert", field);
+    return m2d_tkj_bool(L->path, pt, "invert", f, 0, &st->invert);
+}
+
+static int load_bytelevel(stage *st, const loadctx *L, const cJSON *pt, const char *field) {
+    char f[256];
+    int use_regex;
+    st->kind = STAGE_BYTELEVEL;
+    snprintf(f, sizeof f, "%s.add_prefix_space", field);
+    if (m2d_tkj_bool(L->path, pt, "add_prefix_space", f, 1, &st->add_prefix_space)) return -1;
+    snprintf(f, sizeof f, "%s.use_regex", field);
+    if (m2d_tkj_bool(L->path, pt, "use_regex", f, 1, &use_regex)) return -1;
+    return use_regex ? m2d_tkre_compile(L->path, field, GPT2_PATTERN, 0, &st->re) : 0;
+}
+
+/* Digits: every numeric character its own piece (individual_digits), or runs of them. */
+static int load_digits(stage *st, const loadctx *L, const cJSON *pt, const char *field) {
+    char f[256];
+    int individual;
+    st->kind = STAGE_DIGITS;
+    snprintf(f, sizeof f, "%s.individual_digits", field);
+    if (m2d_tkj_bool(L->path, pt, "individual_digits", f, 0, &individual)) return -1;
+    st->behavior = individual ? M2D_SPLIT_ISOLATED : M2D_SPLIT_CONTIGUOUS;
+    return 0;
+}
+
 static int load_pre_tokenizer(m2d_tokenizer *tk, const loadctx *L, const cJSON *pt, const char *field) {
     if (!pt || cJSON_IsNull(pt)) return 0;
     char f[256];
-    snprintf(f, sizeof f, "%s.type", field);
     const char *type;
-    if (get_opt_string(L, pt, "type", f, &type)) return -1;
-    if (!type) return field_err(L, f, "missing");
+    if (m2d_tkj_type(L->path, pt, field, &type)) return -1;
     if (!strcmp(type, "Sequence")) {
         snprintf(f, sizeof f, "%s.pretokenizers", field);
-        const cJSON *list = get_field(pt, "pretokenizers");
+        const cJSON *list = m2d_tkj_get(pt, "pretokenizers");
         if (!cJSON_IsArray(list)) return field_err(L, f, "expected an array");
         int i = 0;
         for (const cJSON *c = list->child; c; c = c->next, i++) {
-            char sub[256];
-            snprintf(sub, sizeof sub, "%s.pretokenizers[%d]", field, i);
-            if (load_pre_tokenizer(tk, L, c, sub)) return -1;
+            snprintf(f, sizeof f, "%s.pretokenizers[%d]", field, i);
+            if (load_pre_tokenizer(tk, L, c, f)) return -1;
         }
         return 0;
     }
     if (tk->n_stages == MAX_STAGES) return field_err(L, field, "too many pre-tokenizers");
-    stage *st = &tk->stages[tk->n_stages];
+    stage *st = &tk->stages[tk->n_stages++]; /* owned (and freed) from here on */
     memset(st, 0, sizeof *st);
-    if (!strcmp(type, "Split")) {
-        st->kind = STAGE_SPLIT;
-        snprintf(f, sizeof f, "%s.pattern", field);
-        const cJSON *pat = get_field(pt, "pattern");
-        const cJSON *rx = get_field(pat, "Regex"), *str = get_field(pat, "String");
-        if (cJSON_IsString(rx)) {
-            snprintf(f, sizeof f, "%s.pattern.Regex", field);
-            if (compile_regex(L, f, rx->valuestring, 0, &st->re)) return -1;
-        } else if (cJSON_IsString(str)) {
-            snprintf(f, sizeof f, "%s.pattern.String", field);
-            /* HF Split compiles the escaped string as a regex: an empty String is the empty regex,
-             * which matches at every character boundary (each character becomes its own piece) */
-            if (compile_regex(L, f, str->valuestring, 1, &st->re)) return -1;
-        } else {
-            return field_err(L, f, "expected {\"Regex\": ...} or {\"String\": ...}");
-        }
-        tk->n_stages++; /* owns st->re from here on */
-        snprintf(f, sizeof f, "%s.behavior", field);
-        const char *beh;
-        if (get_opt_string(L, pt, "behavior", f, &beh)) return -1;
-        static const char *names[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"};
-        st->behavior = -1;
-        for (int i = 0; i < 5; i++)
-            if (beh && !strcmp(beh, names[i])) st->behavior = i;
-        if (st->behavior < 0)
-            return unsupported(L, f, beh ? beh : "(missing)",
-                               "Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous");
-        snprintf(f, sizeof f, "%s.invert", field);
-        return get_bool(L, pt, "invert", f, 0, &st->invert);
-    }
-    if (!strcmp(type, "ByteLevel")) {
-        st->kind = STAGE_BYTELEVEL;
-        int use_regex;
-        snprintf(f, sizeof f, "%s.add_prefix_space", field);
-        if (get_bool(L, pt, "add_prefix_space", f, 1, &st->add_prefix_space)) return -1;
-        snprintf(f, sizeof f, "%s.use_regex", field);
-        if (get_bool(L, pt, "use_regex", f, 1, &use_regex)) return -1;
-        if (use_regex && compile_regex(L, field, GPT2_PATTERN, 0, &st->re)) return -1;
-        tk->n_stages++;
-        return 0;
+    if (!strcmp(type, "Split")) return load_split(st, L, pt, field);
+    if (!strcmp(type, "ByteLevel")) return load_bytelevel(st, L, pt, field);
+    if (!strcmp(type, "Digits")) return load_digits(st, L, pt, field);
+    if (!strcmp(type, "Metaspace")) {
+        st->kind = STAGE_METASPACE;
+        return m2d_tkj_metaspace(L->path, pt, field, &st->meta);
     }
     snprintf(f, sizeof f, "%s.type", field);
-    return unsupported(L, f, type, "Split, ByteLevel, Sequence");
+    return m2d_tkj_unsupported(L->path, f, type, "Split, ByteLevel, Metaspace, Digits, Sequence");
 }
 
 static int load_normalizer(m2d_tokenizer *tk, const loadctx *L, const cJSON *nz, const char *field) {
     if (!nz || cJSON_IsNull(nz)) return 0;
     char f[256];
-    snprintf(f, sizeof f, "%s.type", field);
     const char *type;
-    if (get_opt_string(L, nz, "type", f, &type)) return -1;
-    if (!type) return field_err(L, f, "missing");
+    if (m2d_tkj_type(L->path, nz, field, &type)) return -1;
     if (!strcmp(type, "Sequence")) {
         snprintf(f, sizeof f, "%s.normalizers", field);
-        const cJSON *list = get_field(nz, "normalizers");
+        const cJSON *list = m2d_tkj_get(nz, "normalizers");
         if (!cJSON_IsArray(list)) return field_err(L, f, "expected an array");
         int i = 0;
         for (const cJSON *c = list->child; c; c = c->next, i++) {
-            char sub[256];
-            snprintf(sub, sizeof sub, "%s.normalizers[%d]", field, i);
-            if (load_normalizer(tk, L, c, sub)) return -1;
+            snprintf(f, sizeof f, "%s.normalizers[%d]", field, i);
+            if (load_normalizer(tk, L, c, f)) return -1;
         }
         return 0;
     }
-    static const char *names[] = {"NFC", "NFD", "NFKC", "NFKD"};
-    for (int i = 0; i < 4; i++) {
-        if (strcmp(type, names[i])) continue;
-        if (tk->n_norms == MAX_STAGES) return field_err(L, field, "too many normalizers");
-        tk->norms[tk->n_norms++] = i;
-        return 0;
-    }
-    return unsupported(L, f, type, "NFC, NFD, NFKC, NFKD, Sequence");
+    static const char *names[] = {"NFC", "NFD", "NFKC", "NFKD", "Prepend", "Replace"};
+    int kind = -1;
+    for (int i = 0; i < 6; i++)
+        if (!strcmp(type, names[i])) kind = i;
+    snprintf(f, sizeof f, "%s.type", field);
+    if (kind < 0) return m2d_tkj_unsupported(L->path, f, type, "NFC, NFD, NFKC, NFKD, Prepend, Replace, Sequence");
+    if (tk->n_norms == MAX_STAGES) return field_err(L, field, "too many normalizers");
+    normalizer *nm = &tk->norms[tk->n_norms++]; /* owned (and freed) from here on */
+    memset(nm, 0, sizeof *nm);
+    nm->kind = kind;
+    if (kind == NORM_REPLACE) return m2d_tkreplace_load(&nm->rep, L->path, nz, field);
+    if (kind != NORM_PREPEND) return 0;
+    const char *prepend;
+    snprintf(f, sizeof f, "%s.prepend", field);
+    if (m2d_tkj_string(L->path, nz, "prepend", f, &prepend)) return -1;
+    if (!prepend) return field_err(L, f, "expected a string");
+    nm->prepend = m2d_strdup(prepend);
+    nm->prepend_n = strlen(prepend);
+    return 0;
 }
 
 static char *utf8proc_normal_form(const char *s, size_t *n, int form) {
@@ -646,37 +440,76 @@ static char *nfc_fast(const char *s, size_t *n) {
         char *norm = utf8proc_normal_form(s + r, &m, NORM_NFC);
         if (!norm) return out; /* not reached */
         if (!out) out = m2d_malloc(cap = len + len / 4 + 16);
-        ensure_buf(&out, &cap, o + (r - copied) + m + 1);
+        m2d_tk_reserve(&out, &cap, o + (r - copied) + m + 1);
         memcpy(out + o, s + copied, r - copied), o += r - copied;
         memcpy(out + o, norm, m), o += m;
         free(norm);
         copied = i = e;
     }
     if (!out) return NULL;
-    ensure_buf(&out, &cap, o + (len - copied) + 1);
+    m2d_tk_reserve(&out, &cap, o + (len - copied) + 1);
     memcpy(out + o, s + copied, len - copied), o += len - copied;
     out[o] = 0;
     *n = o;
     return out;
 }
 
-/* Apply the normalizers to s[0..n). Returns s itself (*owned = NULL) when nothing changes,
- * else a malloc'd string stored in *owned. */
-static const char *normalize(const m2d_tokenizer *tk, const char *s, size_t *n, char **owned) {
+/* One normalizer on s[0..*n): *out gets a malloc'd result (*n updated), or NULL when s stays as it
+ * is. *start_moved is set when the result no longer begins at the original first character (HF's
+ * alignments then put the text's start past offset 0). */
+static int apply_normalizer(const m2d_tokenizer *tk, const normalizer *nz, re_scratch *rs, const char *s, size_t *n,
+                            char **out, int *start_moved) {
+    *out = NULL;
+    switch (nz->kind) {
+    case NORM_PREPEND:
+        if (*n == 0) return 0; /* HF prepends to non-empty text only */
+        *out = m2d_malloc(nz->prepend_n + *n + 1);
+        memcpy(*out, nz->prepend, nz->prepend_n);
+        memcpy(*out + nz->prepend_n, s, *n);
+        *n += nz->prepend_n;
+        (*out)[*n] = 0;
+        return 0;
+    case NORM_REPLACE: {
+        m2d_tkbuf b = {0};
+        if (m2d_tkreplace_apply(&nz->rep, rs->md, &rs->spans, s, *n, &b, start_moved)) {
+            free(b.p);
+            return -1;
+        }
+        *out = b.p;
+        *n = b.n;
+        return 0;
+    }
+    case NORM_NFC:
+        if (!tk->slow_paths) {
+            *out = nfc_fast(s, n);
+            return 0;
+        }
+        /* fall through */
+    default:
+        *out = utf8proc_normal_form(s, n, nz->kind);
+        return 0;
+    }
+}
+
+/* Apply the normalizers to *s (length *n). *s is left as it is when nothing changes, else it points
+ * to a malloc'd string also stored in *owned. */
+static int normalize(const m2d_tokenizer *tk, re_scratch *rs, const char **s, size_t *n, char **owned, int *start_moved) {
     *owned = NULL;
-    if (!tk->n_norms) return s;
-    int ascii = 1;
-    for (size_t i = 0; i < *n && ascii; i++) ascii = (unsigned char)s[i] < 0x80;
-    if (ascii) return s; /* ASCII is invariant under all four normal forms */
-    const char *cur = s;
+    if (!tk->n_norms) return 0;
+    if (tk->norms_unicode_only) {
+        int ascii = 1;
+        for (size_t i = 0; i < *n && ascii; i++) ascii = (unsigned char)(*s)[i] < 0x80;
+        if (ascii) return 0; /* ASCII is invariant under all four normal forms */
+    }
     for (int k = 0; k < tk->n_norms; k++) {
-        char *next = tk->norms[k] == NORM_NFC && !tk->slow_paths ? nfc_fast(cur, n) : utf8proc_normal_form(cur, n, tk->norms[k]);
+        char *next;
+        if (apply_normalizer(tk, &tk->norms[k], rs, *s, n, &next, start_moved)) return -1;
         if (!next) continue;
         free(*owned);
         *owned = next;
-        cur = next;
+        *s = next;
     }
-    return cur;
+    return 0;
 }
 
 static int build_added_set(m2d_tokenizer *tk, added_set *set, int normalized) {
@@ -695,48 +528,72 @@ static int build_added_set(m2d_tokenizer *tk, added_set *set, int normalized) {
     return 0;
 }
 
-static int load_added_tokens(m2d_tokenizer *tk, const loadctx *L, const cJSON *list) {
-    if (!list || cJSON_IsNull(list)) return 0;
-    if (!cJSON_IsArray(list)) return field_err(L, "added_tokens", "expected an array");
-    int n = cJSON_GetArraySize(list);
-    tk->added = m2d_calloc((size_t)(n ? n : 1), sizeof *tk->added);
-    int i = 0;
-    for (const cJSON *t = list->child; t; t = t->next, i++) {
-        char f[96];
-        added_token *a = &tk->added[tk->n_added];
-        const cJSON *id = get_field(t, "id"), *content = get_field(t, "content");
-        snprintf(f, sizeof f, "added_tokens[%d].id", i);
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > MAX_ID ||
-            id->valuedouble != (double)(int32_t)id->valuedouble)
-            return field_err(L, f, "expected an integer id in [0, " MAX_ID_STR "]");
-        snprintf(f, sizeof f, "added_tokens[%d].content", i);
-        if (!cJSON_IsString(content)) return field_err(L, f, "expected a string");
-        a->id = (int32_t)id->valuedouble;
-        struct { const char *name; int *dst; int dflt; } flags[] = {
-            {"single_word", &a->single_word, 0}, {"lstrip", &a->lstrip, 0}, {"rstrip", &a->rstrip, 0},
-            {"normalized", &a->normalized, 1}, {"special", &a->special, 0}};
-        for (size_t k = 0; k < M2D_ARRAY_LEN(flags); k++) {
-            snprintf(f, sizeof f, "added_tokens[%d].%s", i, flags[k].name);
-            if (get_bool(L, t, flags[k].name, f, flags[k].dflt, flags[k].dst)) return -1;
-        }
-        size_t len = strlen(content->valuestring);
-        if (utf8_first_invalid(content->valuestring, len) != len) return field_err(L, f, "invalid UTF-8");
-        a->content = m2d_strdup(content->valuestring);
-        a->len = len;
-        a->match = m2d_strdup(content->valuestring);
-        a->match_len = len;
-        tk->n_added++;
-    }
-    return 0;
-}
-
 static int32_t lookup_model_token(const m2d_tokenizer *tk, const char *s, size_t n) {
     return strmap_get(&tk->vocab, s, n);
 }
 
+/* One added_tokens entry: its flags into *a (content borrowed from the JSON). */
+static int parse_added_token(const loadctx *L, const cJSON *t, int i, added_token *a) {
+    char f[96];
+    const cJSON *id = m2d_tkj_get(t, "id"), *content = m2d_tkj_get(t, "content");
+    snprintf(f, sizeof f, "added_tokens[%d].id", i);
+    if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > MAX_ID ||
+        id->valuedouble != (double)(int32_t)id->valuedouble)
+        return field_err(L, f, "expected an integer id in [0, " MAX_ID_STR "]");
+    snprintf(f, sizeof f, "added_tokens[%d].content", i);
+    if (!cJSON_IsString(content)) return field_err(L, f, "expected a string");
+    memset(a, 0, sizeof *a);
+    a->content = content->valuestring;
+    a->len = strlen(a->content);
+    if (m2d_utf8_first_invalid(a->content, a->len) != a->len) return field_err(L, f, "invalid UTF-8");
+    struct { const char *name; int *dst; int dflt; } flags[] = {
+        {"single_word", &a->single_word, 0}, {"lstrip", &a->lstrip, 0}, {"rstrip", &a->rstrip, 0},
+        {"normalized", &a->normalized, 1}, {"special", &a->special, 0}};
+    for (size_t k = 0; k < M2D_ARRAY_LEN(flags); k++) {
+        snprintf(f, sizeof f, "added_tokens[%d].%s", i, flags[k].name);
+        if (m2d_tkj_bool(L->path, t, flags[k].name, f, flags[k].dflt, flags[k].dst)) return -1;
+    }
+    return 0;
+}
+
+/* HF ignores the ids written in added_tokens and adds the entries one by one as
+ * AddedVocabulary::add_tokens does: a content added before keeps its id (the later entry's flags
+ * win), a content in the model's vocab takes the model's id, any other the next id — the vocab's
+ * size, or one past the largest added id when that is not below it. Empty contents are ignored. */
+static int load_added_tokens(m2d_tokenizer *tk, const loadctx *L, const cJSON *list) {
+    if (!list || cJSON_IsNull(list)) return 0;
+    if (!cJSON_IsArray(list)) return field_err(L, "added_tokens", "expected an array");
+    int n = cJSON_GetArraySize(list), i = 0;
+    int64_t vocab_n = (int64_t)tk->vocab.n, max_id = -1;
+    tk->added = m2d_calloc((size_t)(n ? n : 1), sizeof *tk->added);
+    for (const cJSON *t = list->child; t; t = t->next, i++) {
+        added_token a, *prev = NULL;
+        if (parse_added_token(L, t, i, &a)) return -1;
+        if (!a.len) continue;
+        for (int k = 0; k < tk->n_added && !prev; k++)
+            if (tk->added[k].len == a.len && !memcmp(tk->added[k].content, a.content, a.len)) prev = &tk->added[k];
+        if (prev) {
+            a.id = prev->id;
+            a.content = prev->content, a.match = prev->match, a.match_len = prev->match_len;
+            *prev = a;
+            continue;
+        }
+        int64_t id = lookup_model_token(tk, a.content, a.len);
+        if (id < 0) id = max_id < 0 ? vocab_n : max_id >= vocab_n || vocab_n == 0 ? max_id + 1 : vocab_n;
+        if (id > MAX_ID) return m2d_err("%s: field 'added_tokens[%d]': more tokens than ids up to " MAX_ID_STR, L->path, i);
+        max_id = M2D_MAX(max_id, id);
+        a.id = (int32_t)id;
+        a.content = m2d_strdup(a.content);
+        a.match = m2d_strdup(a.content);
+        a.match_len = a.len;
+        tk->added[tk->n_added++] = a;
+    }
+    return 0;
+}
+
 /* model.vocab {token: id}, and model.unk_token (UNK, may be NULL) looked up in it. */
 static int load_vocab(m2d_tokenizer *tk, const loadctx *L, const cJSON *model, const char *unk) {
-    const cJSON *vocab = get_field(model, "vocab");
+    const cJSON *vocab = m2d_tkj_get(model, "vocab");
     if (!cJSON_IsObject(vocab)) return field_err(L, "model.vocab", "expected an object {token: id}");
     int nv = cJSON_GetArraySize(vocab);
     strmap_init(&tk->vocab, (size_t)nv);
@@ -759,7 +616,7 @@ static int load_vocab(m2d_tokenizer *tk, const loadctx *L, const cJSON *model, c
 
 /* model.merges, in rank order: each pair and its merged token must be in the vocab. */
 static int load_merges(m2d_tokenizer *tk, const loadctx *L, const cJSON *model) {
-    const cJSON *merges = get_field(model, "merges");
+    const cJSON *merges = m2d_tkj_get(model, "merges");
     if (!cJSON_IsArray(merges)) return field_err(L, "model.merges", "expected an array");
     int nm = cJSON_GetArraySize(merges);
     pairmap_init(&tk->merges, (size_t)nm);
@@ -818,43 +675,32 @@ static int load_merges(m2d_tokenizer *tk, const loadctx *L, const cJSON *model) 
 static int load_model(m2d_tokenizer *tk, const loadctx *L, const cJSON *model) {
     if (!cJSON_IsObject(model)) return field_err(L, "model", "expected an object");
     const char *type;
-    if (get_opt_string(L, model, "type", "model.type", &type)) return -1;
+    if (m2d_tkj_string(L->path, model, "type", "model.type", &type)) return -1;
     /* HF also accepts an untagged model; one with merges is a BPE */
-    if (type ? strcmp(type, "BPE") != 0 : !get_field(model, "merges"))
-        return unsupported(L, "model.type", type ? type : "(missing)", "BPE");
-    const cJSON *dropout = get_field(model, "dropout");
+    if (type ? strcmp(type, "BPE") != 0 : !m2d_tkj_get(model, "merges"))
+        return m2d_tkj_unsupported(L->path, "model.type", type ? type : "(missing)", "BPE");
+    const cJSON *dropout = m2d_tkj_get(model, "dropout");
     if (dropout && !cJSON_IsNull(dropout) && !(cJSON_IsNumber(dropout) && dropout->valuedouble == 0))
         return m2d_err("%s: field 'model.dropout': BPE dropout is random and not supported (need null)", L->path);
     const char *prefix, *suffix, *unk;
-    if (get_opt_string(L, model, "continuing_subword_prefix", "model.continuing_subword_prefix", &prefix) ||
-        get_opt_string(L, model, "end_of_word_suffix", "model.end_of_word_suffix", &suffix) ||
-        get_opt_string(L, model, "unk_token", "model.unk_token", &unk) ||
-        get_bool(L, model, "fuse_unk", "model.fuse_unk", 0, &tk->fuse_unk) ||
-        get_bool(L, model, "byte_fallback", "model.byte_fallback", 0, &tk->byte_fallback) ||
-        get_bool(L, model, "ignore_merges", "model.ignore_merges", 0, &tk->ignore_merges))
+    if (m2d_tkj_string(L->path, model, "continuing_subword_prefix", "model.continuing_subword_prefix", &prefix) ||
+        m2d_tkj_string(L->path, model, "end_of_word_suffix", "model.end_of_word_suffix", &suffix) ||
+        m2d_tkj_string(L->path, model, "unk_token", "model.unk_token", &unk) ||
+        m2d_tkj_bool(L->path, model, "fuse_unk", "model.fuse_unk", 0, &tk->fuse_unk) ||
+        m2d_tkj_bool(L->path, model, "byte_fallback", "model.byte_fallback", 0, &tk->byte_fallback) ||
+        m2d_tkj_bool(L->path, model, "ignore_merges", "model.ignore_merges", 0, &tk->ignore_merges))
         return -1;
     if (prefix && *prefix) tk->subword_prefix = m2d_strdup(prefix);
     if (suffix && *suffix) tk->word_suffix = m2d_strdup(suffix);
     return load_vocab(tk, L, model, unk) || load_merges(tk, L, model) ? -1 : 0;
 }
 
-static int load_decoder(m2d_tokenizer *tk, const loadctx *L, const cJSON *dec) {
-    if (!dec || cJSON_IsNull(dec)) return 0;
-    const char *type;
-    if (get_opt_string(L, dec, "type", "decoder.type", &type)) return -1;
-    if (type && !strcmp(type, "ByteLevel")) {
-        tk->byte_level_decoder = 1;
-        return 0;
-    }
-    return unsupported(L, "decoder.type", type ? type : "(missing)", "ByteLevel, null");
-}
-
 /* bos/eos from tokenizer_config.json: a string, null, or {"content": ...} (AddedToken form). */
 static int config_token(m2d_tokenizer *tk, const loadctx *L, const cJSON *cfg, const char *name, int32_t *out) {
     *out = -1;
-    const cJSON *v = get_field(cfg, name);
+    const cJSON *v = m2d_tkj_get(cfg, name);
     if (!v || cJSON_IsNull(v)) return 0;
-    const cJSON *content = cJSON_IsObject(v) ? get_field(v, "content") : v;
+    const cJSON *content = cJSON_IsObject(v) ? m2d_tkj_get(v, "content") : v;
     if (!cJSON_IsString(content)) return field_err(L, name, "expected a string, null or {\"content\": ...}");
     int32_t id = m2d_tokenizer_token_id(tk, content->valuestring);
     if (id < 0) return m2d_err("%s: field '%s': token '%s' is not in the vocabulary", L->path, name, content->valuestring);
@@ -894,6 +740,7 @@ static int load_config(m2d_tokenizer *tk, const char *json_path) {
     return rc;
 }
 
+
 /* id -> token table and the one-character lookup table. */
 static void build_id_tables(m2d_tokenizer *tk) {
     int32_t max_id = -1;
@@ -913,7 +760,7 @@ static void build_id_tables(m2d_tokenizer *tk) {
     }
     for (uint32_t cp = 0; cp < 0x800; cp++) {
         char buf[4];
-        int k = utf8_put(buf, cp);
+        int k = m2d_utf8_put(buf, cp);
         tk->char_id[cp] = lookup_model_token(tk, buf, (size_t)k);
     }
     for (int b = 0; b < 256; b++) {
@@ -923,9 +770,86 @@ static void build_id_tables(m2d_tokenizer *tk) {
     }
 }
 
+/* Pipelines whose pre-tokenizers never split (SentencePiece style: Prepend + Replace, or Metaspace
+ * without split) hand BPE the whole text as one word, which the memo cannot help. Such a word can be
+ * cut between two characters a, b when no vocab token contains "ab": no merge then produces a symbol
+ * across the cut, merges on either side never see the other, so BPE of the parts is BPE of the
+ * whole. The cut also needs both characters to be one-character vocab tokens (a dropped unknown
+ * character lets its neighbours merge, fused unks join across it) and no ignore_merges, prefix or
+ * suffix (they depend on where the word starts and ends). Records the pairs in tk->cut_pairs. */
+static void word_cuts_init(m2d_tokenizer *tk) {
+    for (int i = 0; i < tk->n_stages; i++) {
+        const stage *st = &tk->stages[i];
+        int splits = st->kind == STAGE_METASPACE ? st->meta.split : st->kind == STAGE_BYTELEVEL ? st->re != NULL : 1;
+        if (splits) return;
+    }
+    if (tk->ignore_merges || tk->subword_prefix || tk->word_suffix) return;
+    size_t pairs = 0; /* at most one per byte of the vocab: the table never fills */
+    for (size_t i = 0; i < tk->vocab.n; i++) pairs += tk->vocab.e[i].len;
+    pairmap_init(&tk->cut_pairs, pairs);
+    for (size_t i = 0; i < tk->vocab.n; i++) {
+        const unsigned char *t = (const unsigned char *)tk->vocab.keys + tk->vocab.e[i].off;
+        size_t n = tk->vocab.e[i].len;
+        int64_t prev = -1; /* -1: no character before (start, or after bytes that are not UTF-8) */
+        for (size_t j = 0; j < n;) {
+            uint32_t cp;
+            int k = m2d_utf8_next(t, n, j, &cp);
+            if (k < 0) { /* not UTF-8: no text reaches such a token */
+                j += (size_t)-k;
+                prev = -1;
+                continue;
+            }
+            if (prev >= 0) pairmap_put(&tk->cut_pairs, (int32_t)prev, (int32_t)cp, 0, 0);
+            prev = cp;
+            j += (size_t)k;
+        }
+    }
+}
+
+/* Tokens matched after normalization are themselves normalized first (HF does the same). */
+static int normalize_added_tokens(m2d_tokenizer *tk) {
+    re_scratch rs;
+    re_scratch_init(&rs);
+    int rc = 0;
+    for (int i = 0; i < tk->n_added && !rc; i++) {
+        added_token *a = &tk->added[i];
+        if (!a->normalized) continue;
+        char *owned;
+        const char *s = a->match;
+        size_t n = a->match_len;
+        int moved = 0;
+        rc = normalize(tk, &rs, &s, &n, &owned, &moved);
+        if (owned) {
+            free(a->match);
+            a->match = owned;
+            a->match_len = n;
+        }
+    }
+    re_scratch_free(&rs);
+    return rc;
+}
+
+static int load_root(m2d_tokenizer *tk, const loadctx *L, const cJSON *root) {
+    if (!cJSON_IsObject(root)) return m2d_err("%s: expected a JSON object", L->path);
+    if (load_model(tk, L, m2d_tkj_get(root, "model")) || load_added_tokens(tk, L, m2d_tkj_get(root, "added_tokens")) ||
+        load_normalizer(tk, L, m2d_tkj_get(root, "normalizer"), "normalizer") ||
+        load_pre_tokenizer(tk, L, m2d_tkj_get(root, "pre_tokenizer"), "pre_tokenizer") ||
+        m2d_tkdecoder_load(L->path, m2d_tkj_get(root, "decoder"), &tk->decoder) ||
+        m2d_tkpost_load(L->path, m2d_tkj_get(root, "post_processor"), MAX_ID, &tk->post))
+        return -1;
+    tk->norms_unicode_only = 1;
+    for (int i = 0; i < tk->n_norms; i++) tk->norms_unicode_only &= tk->norms[i].kind <= NORM_NFKD;
+    if (normalize_added_tokens(tk)) return -1;
+    build_added_set(tk, &tk->raw_set, 0);
+    build_added_set(tk, &tk->norm_set, 1);
+    build_id_tables(tk);
+    word_cuts_init(tk);
+    return 0;
+}
+
 int m2d_tokenizer_load(const char *path, m2d_tokenizer **out) {
     *out = NULL;
-    init_byte_tables();
+    m2d_bytelevel_init();
     struct stat st;
     if (stat(path, &st) != 0)
         return m2d_err("%s: cannot open: %s (want a tokenizer.json or a directory holding one)", path, strerror(errno));
@@ -940,38 +864,9 @@ int m2d_tokenizer_load(const char *path, m2d_tokenizer **out) {
     tk->path = json_path;
     tk->bos_id = tk->eos_id = tk->unk_id = -1;
     tk->heap_threshold = DEFAULT_HEAP_THRESHOLD;
+    tk->cut_min = DEFAULT_CUT_MIN;
     loadctx L = {json_path};
-    int rc = -1;
-    if (!cJSON_IsObject(root)) {
-        m2d_err("%s: expected a JSON object", json_path);
-        goto done;
-    }
-    if (load_model(tk, &L, get_field(root, "model")) || load_added_tokens(tk, &L, get_field(root, "added_tokens")) ||
-        load_normalizer(tk, &L, get_field(root, "normalizer"), "normalizer") ||
-        load_pre_tokenizer(tk, &L, get_field(root, "pre_tokenizer"), "pre_tokenizer") ||
-        load_decoder(tk, &L, get_field(root, "decoder")))
-        goto done;
-    /* tokens matched after normalization are themselves normalized first (HF does the same) */
-    for (int i = 0; i < tk->n_added; i++) {
-        added_token *a = &tk->added[i];
-        if (!a->normalized) continue;
-        char *owned;
-        size_t n = a->match_len;
-        const char *s = normalize(tk, a->match, &n, &owned);
-        if (owned) {
-            a->match = m2d_realloc(a->match, n + 1);
-            memcpy(a->match, s, n);
-            a->match[n] = 0;
-            a->match_len = n;
-            free(owned);
-        }
-    }
-    build_added_set(tk, &tk->raw_set, 0);
-    build_added_set(tk, &tk->norm_set, 1);
-    build_id_tables(tk);
-    if (load_config(tk, json_path)) goto done;
-    rc = 0;
-done:
+    int rc = load_root(tk, &L, root) || load_config(tk, json_path) ? -1 : 0;
     cJSON_Delete(root);
     if (rc) m2d_tokenizer_free(tk);
     else *out = tk;
@@ -982,6 +877,7 @@ void m2d_tokenizer_free(m2d_tokenizer *tk) {
     if (!tk) return;
     strmap_free(&tk->vocab);
     pairmap_free(&tk->merges);
+    if (tk->cut_pairs.keys) pairmap_free(&tk->cut_pairs);
     for (int i = 0; i < tk->n_added; i++) {
         free(tk->added[i].content);
         free(tk->added[i].match);
@@ -989,7 +885,13 @@ void m2d_tokenizer_free(m2d_tokenizer *tk) {
     free(tk->added);
     free(tk->raw_set.idx);
     free(tk->norm_set.idx);
+    for (int i = 0; i < tk->n_norms; i++) {
+        free(tk->norms[i].prepend);
+        m2d_tkreplace_free(&tk->norms[i].rep);
+    }
     for (int i = 0; i < tk->n_stages; i++) pcre2_code_free(tk->stages[i].re);
+    m2d_tkdecoder_free(tk->decoder);
+    m2d_tkpost_free(&tk->post);
     free(tk->id_tok);
     free(tk->id_len);
     free(tk->subword_prefix);
@@ -1016,21 +918,16 @@ const char *m2d_tokenizer_id_token(const m2d_tokenizer *tk, int32_t id, size_t *
 }
 
 void m2d_tokenizer_set_bpe_heap_threshold(m2d_tokenizer *tk, size_t n) { tk->heap_threshold = n; }
+void m2d_tokenizer_set_word_cut_min(m2d_tokenizer *tk, size_t n) { tk->cut_min = n; }
 void m2d_tokenizer_set_reference_nfc(m2d_tokenizer *tk, int on) { tk->slow_paths = on; }
 
 /* ------------------------------------------------------------------------------------------ */
 /* Encoding                                                                                     */
 
 typedef struct {
-    size_t s, e;
-    int m;
-} span;
-
-typedef struct {
     char *buf, *buf2;
     size_t cap, cap2;
-    span *spans;
-    size_t nspans, spans_cap;
+    m2d_tkspans spans;
 } depth_scratch;
 
 typedef struct {
@@ -1038,7 +935,10 @@ typedef struct {
     int32_t *ids;
     size_t n, cap;
     depth_scratch depth[MAX_STAGES + 1];
-    pcre2_match_data *md;
+    re_scratch rs;
+    const char *text;      /* the input: a segment starting here starts at offset 0 */
+    const char *norm_base; /* the normalized segment being pre-tokenized */
+    int seg_first;         /* ... and whether it starts at offset 0 of the input */
     /* memo: piece bytes -> ids (value = offset into memo_ids; lengths in memo_len) */
     strmap memo;
     int32_t *memo_ids;
@@ -1050,14 +950,12 @@ typedef struct {
     size_t sym_cap;
     struct heap_item { int32_t rank, pos; } *heap;
     size_t heap_cap;
-    int error;
 } enc_ctx;
 
 static void emit(enc_ctx *c, int32_t id) {
     if (c->n == c->cap) c->ids = m2d_realloc(c->ids, (c->cap = c->cap ? c->cap * 2 : 1024) * sizeof *c->ids);
     c->ids[c->n++] = id;
 }
-
 
 /* -- BPE ----------------------------------------------------------------------------------- */
 
@@ -1087,7 +985,7 @@ static size_t bpe_initial_symbols(enc_ctx *c, const char *w, size_t n) {
     size_t slen = tk->word_suffix ? strlen(tk->word_suffix) : 0;
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        int k = utf8_next((const unsigned char *)w, n, i, &cp);
+        int k = m2d_utf8_next((const unsigned char *)w, n, i, &cp);
         if (k < 0) k = 1; /* not reached: pieces are valid UTF-8 */
         int first = i == 0, last = i + (size_t)k == n;
         int32_t id;
@@ -1095,7 +993,7 @@ static size_t bpe_initial_symbols(enc_ctx *c, const char *w, size_t n) {
             id = cp < 0x800 ? tk->char_id[cp] : lookup_model_token(tk, w + i, (size_t)k);
         } else {
             size_t len = (first ? 0 : plen) + (size_t)k + (last ? slen : 0);
-            ensure_buf(&tmp, &tmp_cap, len);
+            m2d_tk_reserve(&tmp, &tmp_cap, len);
             size_t o = 0;
             if (!first && plen) memcpy(tmp, tk->subword_prefix, plen), o = plen;
             memcpy(tmp + o, w + i, (size_t)k), o += (size_t)k;
@@ -1212,7 +1110,7 @@ static size_t bpe_merge_heap(enc_ctx *c, size_t n) {
     return o;
 }
 
-static void bpe_piece(enc_ctx *c, const char *w, size_t n) {
+static void bpe_word(enc_ctx *c, const char *w, size_t n) {
     const m2d_tokenizer *tk = c->tk;
     if (tk->ignore_merges) {
         int32_t id = lookup_model_token(tk, w, n);
@@ -1243,148 +1141,112 @@ static void bpe_piece(enc_ctx *c, const char *w, size_t n) {
     strmap_put(&c->memo, w, n, slot);
 }
 
-/* -- regex splitting -------------------------------------------------------------------------- */
-
-static void span_push(depth_scratch *d, size_t s, size_t e, int m) {
-    if (d->nspans == d->spans_cap) d->spans = m2d_realloc(d->spans, (d->spans_cap = d->spans_cap ? d->spans_cap * 2 : 64) * sizeof *d->spans);
-    d->spans[d->nspans++] = (span){s, e, m};
-}
-
-static int regex_match(enc_ctx *c, const pcre2_code *re, const char *s, size_t n, size_t from, size_t *ms, size_t *me) {
-    int rc = pcre2_match(re, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK, c->md, NULL);
-    if (rc == PCRE2_ERROR_JIT_STACKLIMIT) /* deep backtracking: redo with the interpreter */
-        rc = pcre2_match(re, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, c->md, NULL);
-    if (rc == PCRE2_ERROR_NOMATCH) return 0;
-    if (rc < 0) {
-        PCRE2_UCHAR msg[256];
-        pcre2_get_error_message(rc, msg, sizeof msg);
-        c->error = 1;
-        m2d_err("%s: pre-tokenizer regex failed: %s", c->tk->path, (const char *)msg);
+/* The code point at w[i] when it is a one-character vocab token, else -1. */
+static int64_t vocab_char_at(const m2d_tokenizer *tk, const char *w, size_t n, size_t i, int *len) {
+    uint32_t cp;
+    *len = m2d_utf8_next((const unsigned char *)w, n, i, &cp);
+    if (*len < 0) { /* not reached: pieces are valid UTF-8 */
+        *len = 1;
         return -1;
     }
-    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(c->md);
-    *ms = ov[0];
-    *me = ov[1];
-    return 1;
+    int32_t id = cp < 0x800 ? tk->char_id[cp] : lookup_model_token(tk, w + i, (size_t)*len);
+    return id >= 0 ? (int64_t)cp : -1;
 }
 
-/* HF Pattern::find_matches over the onig crate's find_iter: the (offsets, is_match) list that
- * covers s; an empty match right after the previous match is skipped one character on. */
-static int find_matches(enc_ctx *c, const pcre2_code *re, const char *s, size_t n, depth_scratch *d) {
-    d->nspans = 0;
-    if (!re) {
-        span_push(d, 0, n, 0);
-        return 0;
-    }
-    size_t prev = 0, from = 0;
-    int have_last = 0;
-    size_t last_end = 0;
-    while (from <= n) {
-        size_t ms, me;
-        int r = regex_match(c, re, s, n, from, &ms, &me);
-        if (r < 0) return -1;
-        if (r == 0) break;
-        if (ms == me && have_last && last_end == me) {
-            if (from >= n) break;
-            uint32_t cp;
-            int k = utf8_next((const unsigned char *)s, n, from, &cp);
-            from += (size_t)(k > 0 ? k : 1);
-            continue;
-        }
-        if (prev != ms) span_push(d, prev, ms, 0);
-        span_push(d, ms, me, 1);
-        prev = me;
-        from = me;
-        have_last = 1;
-        last_end = me;
-    }
-    if (prev != n) span_push(d, prev, n, 0);
-    return 0;
-}
-
-/* Apply a SplitDelimiterBehavior to d->spans in place (HF NormalizedString::split); the
- * resulting span.m is 1 for spans to drop. */
-static void apply_behavior(depth_scratch *d, int behavior, int invert) {
-    span *sp = d->spans;
-    size_t n = d->nspans, o = 0;
-    if (invert)
-        for (size_t i = 0; i < n; i++) sp[i].m = !sp[i].m;
-    switch (behavior) {
-    case SPLIT_REMOVED:
-        return; /* drop the matches: m already says so */
-    case SPLIT_ISOLATED:
-        for (size_t i = 0; i < n; i++) sp[i].m = 0;
+/* BPE of one piece: long words cut where no merge reaches across (word_cuts_init), each part on its
+ * own (and memoised). */
+static void bpe_piece(enc_ctx *c, const char *w, size_t n) {
+    const m2d_tokenizer *tk = c->tk;
+    if (!tk->cut_pairs.keys || n <= tk->cut_min) {
+        bpe_word(c, w, n);
         return;
-    case SPLIT_CONTIGUOUS: {
-        int prev_match = 0;
-        for (size_t i = 0; i < n; i++) {
-            int m = sp[i].m;
-            if (m == prev_match && o > 0) sp[o - 1].e = sp[i].e;
-            else sp[o++] = (span){sp[i].s, sp[i].e, 0};
-            prev_match = m;
+    }
+    size_t start = 0;
+    int len;
+    int64_t prev = vocab_char_at(tk, w, n, 0, &len);
+    int32_t unused;
+    for (size_t i = (size_t)len; i < n; i += (size_t)len) {
+        int64_t cp = vocab_char_at(tk, w, n, i, &len);
+        if (prev >= 0 && cp >= 0 && pairmap_get(&tk->cut_pairs, (int32_t)prev, (int32_t)cp, &unused) < 0) {
+            bpe_word(c, w + start, i - start);
+            start = i;
         }
-        break;
+        prev = cp;
     }
-    case SPLIT_MERGED_PREV: {
-        int prev_match = 0;
-        for (size_t i = 0; i < n; i++) {
-            int m = sp[i].m;
-            if (m && !prev_match && o > 0) sp[o - 1].e = sp[i].e;
-            else sp[o++] = (span){sp[i].s, sp[i].e, 0};
-            prev_match = m;
-        }
-        break;
-    }
-    default: { /* MergedWithNext: the same, walking backwards */
-        int prev_match = 0;
-        size_t w = n; /* write from the back */
-        for (size_t i = n; i-- > 0;) {
-            int m = sp[i].m;
-            if (m && !prev_match && w < n) sp[w].s = sp[i].s;
-            else sp[--w] = (span){sp[i].s, sp[i].e, 0};
-            prev_match = m;
-        }
-        memmove(sp, sp + w, (n - w) * sizeof *sp);
-        o = n - w;
-        break;
-    }
-    }
-    d->nspans = o;
+    bpe_word(c, w + start, n - start);
 }
 
-static int run_stage(enc_ctx *c, int depth, const char *s, size_t n);
+/* -- pre-tokenization --------------------------------------------------------------------------- */
 
-static int split_and_recurse(enc_ctx *c, int depth, const pcre2_code *re, int behavior, int invert, const char *s, size_t n,
-                             int byte_level) {
+static int run_stage(enc_ctx *c, int depth, const char *s, size_t n, int first);
+
+/* The kept spans of c->depth[depth] (pieces of s) on to the next stage, each mapped to the
+ * byte-level alphabet when byte_level. A piece is "first" when it starts where s does and s
+ * starts at the input's offset 0 (HF: offsets_original().0 == 0). */
+static int next_stage_pieces(enc_ctx *c, int depth, const char *s, int first, int byte_level) {
     depth_scratch *d = &c->depth[depth];
-    if (find_matches(c, re, s, n, d)) return -1;
-    apply_behavior(d, behavior, invert);
     /* deeper stages use their own scratch, so d->spans and d->buf2 survive the recursion */
-    size_t ns = d->nspans;
-    const span *local = d->spans;
     int rc = 0;
-    for (size_t i = 0; i < ns && !rc; i++) {
-        if (local[i].m || local[i].e == local[i].s) continue;
-        const char *p = s + local[i].s;
-        size_t len = local[i].e - local[i].s;
+    for (size_t i = 0; i < d->spans.n && !rc; i++) {
+        const m2d_tkspan *sp = &d->spans.v[i];
+        if (sp->m || sp->e == sp->s) continue;
+        const char *p = s + sp->s;
+        size_t len = sp->e - sp->s;
+        int piece_first = first && sp->s == 0;
         if (!byte_level) {
-            rc = run_stage(c, depth + 1, p, len);
+            rc = run_stage(c, depth + 1, p, len, piece_first);
             continue;
         }
-        ensure_buf(&d->buf2, &d->cap2, 2 * len);
+        m2d_tk_reserve(&d->buf2, &d->cap2, 2 * len);
         size_t o = 0;
         for (size_t j = 0; j < len; j++) {
-            unsigned char b = (unsigned char)p[j];
-            d->buf2[o] = g_byte_utf8[b][0];
-            if (g_byte_utf8_len[b] == 2) d->buf2[o + 1] = g_byte_utf8[b][1];
-            o += g_byte_utf8_len[b];
+            size_t k;
+            const char *u = m2d_bytelevel_char((unsigned char)p[j], &k);
+            memcpy(d->buf2 + o, u, k);
+            o += k;
         }
-        rc = run_stage(c, depth + 1, d->buf2, o);
+        rc = run_stage(c, depth + 1, d->buf2, o, piece_first);
     }
     return rc;
 }
 
-static int run_stage(enc_ctx *c, int depth, const char *s, size_t n) {
+/* ByteLevel: optional prefix space, optional GPT-2 split, then bytes -> alphabet. */
+static int bytelevel_stage(enc_ctx *c, int depth, const stage *st, const char *s, size_t n, int first) {
+    depth_scratch *d = &c->depth[depth];
+    if (st->add_prefix_space && s[0] != ' ') {
+        m2d_tk_reserve(&d->buf, &d->cap, n + 1);
+        d->buf[0] = ' ';
+        memcpy(d->buf + 1, s, n);
+        s = d->buf;
+        n++;
+    }
+    if (m2d_tkre_find(st->re, c->rs.md, s, n, &d->spans)) return -1;
+    m2d_tkspans_split(&d->spans, M2D_SPLIT_ISOLATED, 0);
+    return next_stage_pieces(c, depth, s, first, 1);
+}
+
+/* Metaspace: spaces become the replacement, which is prepended (prepend_scheme "always", or
+ * "first" on the input's first piece) unless already there; split: cut before each one. */
+static int metaspace_stage(enc_ctx *c, int depth, const stage *st, const char *s, size_t n, int first) {
+    depth_scratch *d = &c->depth[depth];
+    const m2d_tkmetaspace *m = &st->meta;
+    size_t spaces = 0, o = 0;
+    for (size_t i = 0; i < n; i++) spaces += s[i] == ' ';
+    m2d_tk_reserve(&d->buf, &d->cap, n + (spaces + 1) * m->repl_n);
+    int starts = s[0] == ' ' || (n >= m->repl_n && !memcmp(s, m->repl, m->repl_n));
+    if (!starts && (m->scheme == M2D_PREPEND_ALWAYS || (m->scheme == M2D_PREPEND_FIRST && first)))
+        memcpy(d->buf, m->repl, m->repl_n), o = m->repl_n;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != ' ') d->buf[o++] = s[i];
+        else memcpy(d->buf + o, m->repl, m->repl_n), o += m->repl_n;
+    }
+    if (!m->split) return run_stage(c, depth + 1, d->buf, o, first);
+    m2d_tk_find_literal(m->repl, m->repl_n, d->buf, o, &d->spans);
+    m2d_tkspans_split(&d->spans, M2D_SPLIT_MERGED_NEXT, 0);
+    return next_stage_pieces(c, depth, d->buf, first, 0);
+}
+
+static int run_stage(enc_ctx *c, int depth, const char *s, size_t n, int first) {
     const m2d_tokenizer *tk = c->tk;
     if (n == 0) return 0;
     if (depth == tk->n_stages) {
@@ -1392,17 +1254,21 @@ static int run_stage(enc_ctx *c, int depth, const char *s, size_t n) {
         return 0;
     }
     const stage *st = &tk->stages[depth];
-    if (st->kind == STAGE_SPLIT) return split_and_recurse(c, depth, st->re, st->behavior, st->invert, s, n, 0);
-    /* ByteLevel: optional prefix space, optional GPT-2 split, then bytes -> alphabet */
     depth_scratch *d = &c->depth[depth];
-    if (st->add_prefix_space && s[0] != ' ') {
-        ensure_buf(&d->buf, &d->cap, n + 1);
-        d->buf[0] = ' ';
-        memcpy(d->buf + 1, s, n);
-        s = d->buf;
-        n++;
+    switch (st->kind) {
+    case STAGE_SPLIT:
+        if (m2d_tkre_find(st->re, c->rs.md, s, n, &d->spans)) return -1;
+        m2d_tkspans_split(&d->spans, st->behavior, st->invert);
+        return next_stage_pieces(c, depth, s, first, 0);
+    case STAGE_DIGITS:
+        m2d_tk_find_chars(m2d_is_numeric, s, n, &d->spans);
+        m2d_tkspans_split(&d->spans, st->behavior, 0);
+        return next_stage_pieces(c, depth, s, first, 0);
+    case STAGE_METASPACE:
+        return metaspace_stage(c, depth, st, s, n, first);
+    default:
+        return bytelevel_stage(c, depth, st, s, n, first);
     }
-    return split_and_recurse(c, depth, st->re, SPLIT_ISOLATED, 0, s, n, 1);
 }
 
 /* -- added tokens ------------------------------------------------------------------------------ */
@@ -1440,20 +1306,20 @@ static int split_added(enc_ctx *c, const added_set *set, const char *s, size_t n
         from = stop; /* the automaton resumes after the match, whatever happens to it */
         if (a->single_word) {
             size_t p;
-            int start_space = start == 0 || !is_word_char(utf8_prev(s, start, &p));
+            int start_space = start == 0 || !m2d_is_word_char(m2d_utf8_prev(s, start, &p));
             uint32_t cp = 0;
-            int stop_space = stop == n || (utf8_next((const unsigned char *)s, n, stop, &cp), !is_word_char(cp));
+            int stop_space = stop == n || (m2d_utf8_next((const unsigned char *)s, n, stop, &cp), !m2d_is_word_char(cp));
             if (!start_space || !stop_space) continue;
         }
         if (a->lstrip) {
             size_t ns = start, p;
-            while (ns > 0 && is_white_space(utf8_prev(s, ns, &p))) ns = p;
+            while (ns > 0 && m2d_is_white_space(m2d_utf8_prev(s, ns, &p))) ns = p;
             start = M2D_MAX(ns, start_offset);
         }
         if (a->rstrip) {
             uint32_t cp;
             int len;
-            while (stop < n && (len = utf8_next((const unsigned char *)s, n, stop, &cp)) > 0 && is_white_space(cp))
+            while (stop < n && (len = m2d_utf8_next((const unsigned char *)s, n, stop, &cp)) > 0 && m2d_is_white_space(cp))
                 stop += (size_t)len;
         }
         if (start_offset < start && fn(c, s + start_offset, start - start_offset)) return -1;
@@ -1464,11 +1330,17 @@ static int split_added(enc_ctx *c, const added_set *set, const char *s, size_t n
     return 0;
 }
 
-static int pre_tokenize_segment(enc_ctx *c, const char *s, size_t n) { return run_stage(c, 0, s, n); }
+static int pre_tokenize_segment(enc_ctx *c, const char *s, size_t n) {
+    return run_stage(c, 0, s, n, c->seg_first && s == c->norm_base);
+}
 
 static int normalized_segment(enc_ctx *c, const char *s, size_t n) {
     char *owned;
-    const char *t = normalize(c->tk, s, &n, &owned);
+    const char *t = s;
+    int moved = 0;
+    if (normalize(c->tk, &c->rs, &t, &n, &owned, &moved)) return -1;
+    c->norm_base = t;
+    c->seg_first = s == c->text && !moved;
     int rc = split_added(c, &c->tk->norm_set, t, n, pre_tokenize_segment);
     free(owned);
     return rc;
@@ -1478,9 +1350,9 @@ static void enc_free(enc_ctx *c) {
     for (int i = 0; i <= MAX_STAGES; i++) {
         free(c->depth[i].buf);
         free(c->depth[i].buf2);
-        free(c->depth[i].spans);
+        free(c->depth[i].spans.v);
     }
-    pcre2_match_data_free(c->md);
+    re_scratch_free(&c->rs);
     strmap_free(&c->memo);
     free(c->memo_ids);
     free(c->memo_len);
@@ -1493,12 +1365,13 @@ static void enc_free(enc_ctx *c) {
 int m2d_tokenizer_encode(const m2d_tokenizer *tk, const char *text, size_t len, int32_t **ids, size_t *n_ids) {
     *ids = NULL;
     *n_ids = 0;
-    size_t bad = utf8_first_invalid(text, len);
+    size_t bad = m2d_utf8_first_invalid(text, len);
     if (bad != len) return m2d_err("invalid UTF-8 at byte offset %zu", bad);
     enc_ctx c;
     memset(&c, 0, sizeof c);
     c.tk = tk;
-    c.md = pcre2_match_data_create(1, NULL);
+    c.text = text;
+    re_scratch_init(&c.rs);
     strmap_init(&c.memo, M2D_MIN(len / 8 + 16, (size_t)1 << 16));
     int rc = split_added(&c, &tk->raw_set, text, len, normalized_segment);
     if (rc == 0) {
@@ -1506,100 +1379,77 @@ int m2d_tokenizer_encode(const m2d_tokenizer *tk, const char *text, size_t len, 
         *n_ids = c.n;
     } else {
         free(c.ids);
+        m2d_err_prefix(tk->path);
     }
     enc_free(&c);
     return rc;
 }
 
+int m2d_tokenizer_encode_special(const m2d_tokenizer *tk, const char *text, size_t len, int32_t **ids, size_t *n_ids) {
+    int32_t *body;
+    size_t n;
+    if (m2d_tokenizer_encode(tk, text, len, &body, &n)) {
+        *ids = NULL;
+        *n_ids = 0;
+        return -1;
+    }
+    const m2d_tkpost *p = &tk->post;
+    int32_t *all = m2d_malloc((p->n_pre + n + p->n_post + 1) * sizeof *all);
+    if (p->n_pre) memcpy(all, p->pre, p->n_pre * sizeof *all);
+    if (n) memcpy(all + p->n_pre, body, n * sizeof *all);
+    if (p->n_post) memcpy(all + p->n_pre + n, p->post, p->n_post * sizeof *all);
+    free(body);
+    *ids = all;
+    *n_ids = p->n_pre + n + p->n_post;
+    return 0;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Decoding                                                                                     */
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-} bytebuf;
-
-static void bb_put(bytebuf *b, const void *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        b->cap = M2D_MAX(b->n + n + 1, b->cap * 2 + 64);
-        b->p = m2d_realloc(b->p, b->cap);
+static int decode_run(const m2d_tokenizer *tk, const int32_t *ids, size_t n, int raw, m2d_tkbuf *out) {
+    const char **toks = m2d_malloc((n ? n : 1) * sizeof *toks);
+    uint32_t *lens = m2d_malloc((n ? n : 1) * sizeof *lens);
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        int32_t id = ids[i];
+        if (id < 0 || id >= tk->n_ids) rc = m2d_err("id %ld (position %zu) out of range [0, %d)", (long)id, i, tk->n_ids);
+        else if (!tk->id_tok[id]) rc = m2d_err("id %ld (position %zu) has no token in the vocabulary", (long)id, i);
+        else toks[i] = tk->id_tok[id], lens[i] = tk->id_len[id];
     }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-}
-
-/* HF ByteLevel decoder on one token: every character back to its byte, or, when some
- * character is outside the byte alphabet, the token's own UTF-8 bytes. */
-static void byte_level_token(bytebuf *out, const char *t, size_t n) {
-    size_t mark = out->n;
-    for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        int k = utf8_next((const unsigned char *)t, n, i, &cp);
-        if (k < 0 || cp >= 0x144 || g_cp_to_byte[cp] < 0) {
-            out->n = mark;
-            bb_put(out, t, n);
-            return;
-        }
-        char b = (char)g_cp_to_byte[cp];
-        bb_put(out, &b, 1);
-        i += (size_t)k;
-    }
+    if (!rc) rc = m2d_tkdecoder_run(tk->decoder, toks, lens, n, raw, out);
+    free(toks);
+    free(lens);
+    return rc;
 }
 
 int m2d_tokenizer_decode_bytes(const m2d_tokenizer *tk, const int32_t *ids, size_t n, char **bytes, size_t *len) {
+    m2d_tkbuf b = {0};
     *bytes = NULL;
     *len = 0;
-    bytebuf b = {0};
-    for (size_t i = 0; i < n; i++) {
-        int32_t id = ids[i];
-        if (id < 0 || id >= tk->n_ids) {
-            free(b.p);
-            return m2d_err("id %ld (position %zu) out of range [0, %d)", (long)id, i, tk->n_ids);
-        }
-        if (!tk->id_tok[id]) {
-            free(b.p);
-            return m2d_err("id %ld (position %zu) has no token in the vocabulary", (long)id, i);
-        }
-        if (tk->byte_level_decoder) byte_level_token(&b, tk->id_tok[id], tk->id_len[id]);
-        else {
-            if (i) bb_put(&b, " ", 1);
-            bb_put(&b, tk->id_tok[id], tk->id_len[id]);
-        }
+    if (decode_run(tk, ids, n, 1, &b)) {
+        free(b.p);
+        return -1;
     }
-    bb_put(&b, "", 0);
-    b.p[b.n] = 0;
     *bytes = b.p;
     *len = b.n;
     return 0;
 }
 
 int m2d_tokenizer_decode(const m2d_tokenizer *tk, const int32_t *ids, size_t n, char **text, size_t *len) {
-    char *raw;
-    size_t rn;
+    m2d_tkbuf b = {0};
     *text = NULL;
     *len = 0;
-    if (m2d_tokenizer_decode_bytes(tk, ids, n, &raw, &rn)) return -1;
-    if (utf8_first_invalid(raw, rn) == rn) {
-        *text = raw;
-        *len = rn;
-        return 0;
+    if (decode_run(tk, ids, n, 0, &b)) {
+        free(b.p);
+        return -1;
     }
-    /* String::from_utf8_lossy: each maximal invalid subpart becomes U+FFFD */
-    bytebuf b = {0};
-    for (size_t i = 0; i < rn;) {
-        uint32_t cp;
-        int k = utf8_next((const unsigned char *)raw, rn, i, &cp);
-        if (k > 0) {
-            bb_put(&b, raw + i, (size_t)k);
-            i += (size_t)k;
-        } else {
-            bb_put(&b, "\xEF\xBF\xBD", 3);
-            i += (size_t)(-k);
-        }
+    if (m2d_utf8_first_invalid(b.p, b.n) != b.n) { /* only from invalid UTF-8 in a token string itself */
+        m2d_tkbuf l = {0};
+        m2d_tkbuf_put_lossy(&l, b.p, b.n);
+        free(b.p);
+        b = l;
     }
-    bb_put(&b, "", 0);
-    b.p[b.n] = 0;
-    free(raw);
     *text = b.p;
     *len = b.n;
     return 0;
