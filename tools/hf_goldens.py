@@ -419,51 +419,70 @@ def make_all(binary, out, work, only=None):
     return result
 
 
+def compare_golden(name, new_dir, old_dir, keys=("config_json", "safetensors_sha256", "tokens", "positions")):
+    """What differs between golden NAME in NEW_DIR and OLD_DIR: KEYS exactly, the routing exactly,
+    logits to 1e-9, calibration statistics (when recorded) to 1e-9 relative."""
+    bad = []
+    with open(f"{new_dir}/{name}.json", encoding="utf-8") as f:
+        g = json.load(f)
+    with open(f"{old_dir}/{name}.json", encoding="utf-8") as f:
+        o = json.load(f)
+    for key in keys:
+        if g.get(key) != o.get(key):
+            bad.append(f"{name}: {key} differs")
+    if [r["experts"] for r in g["routing"]] != [r["experts"] for r in o["routing"]]:
+        bad.append(f"{name}: routing differs")
+    rows = zip(g["logit_rows"] + [g["logsumexp"], g["next_logit"]], o["logit_rows"] + [o["logsumexp"], o["next_logit"]])
+    d = max(float(np.max(np.abs(np.array(x) - np.array(y)))) for x, y in rows)
+    if d > 1e-9:
+        bad.append(f"{name}: logits differ by {d:.3g}")
+    if len(g.get("calib", [])) != len(o.get("calib", [])):
+        bad.append(f"{name}: calib differs")
+    for x, y in zip(g.get("calib", []), o.get("calib", [])):
+        for k in ("n", "sum_p", "sum_p_sel", "sum_g", "sum_f", "gram"):
+            if float(np.max(np.abs(np.array(x[k]) - np.array(y[k])) / (1 + np.abs(np.array(y[k]))))) > 1e-9:
+                bad.append(f"{name}: layer {x['layer']}: calib '{k}' differs")
+    return bad
+
+
 def compare(new_dir, old_dir):
     bad = []
     with open(f"{new_dir}/rope.json", encoding="utf-8") as f, open(f"{old_dir}/rope.json", encoding="utf-8") as g:
         if json.load(f)["cases"] != json.load(g)["cases"]:
             bad.append("rope: differs")
     for name in [*MODELS, *STUDENTS]:
-        with open(f"{new_dir}/{name}.json", encoding="utf-8") as f:
-            g = json.load(f)
-        with open(f"{old_dir}/{name}.json", encoding="utf-8") as f:
-            o = json.load(f)
-        for key in ("config_json", "safetensors_sha256", "tokens", "positions"):
-            if g[key] != o[key]:
-                bad.append(f"{name}: {key} differs")
-        if [r["experts"] for r in g["routing"]] != [r["experts"] for r in o["routing"]]:
-            bad.append(f"{name}: routing differs")
-        rows = zip(g["logit_rows"] + [g["logsumexp"], g["next_logit"]], o["logit_rows"] + [o["logsumexp"], o["next_logit"]])
-        d = max(float(np.max(np.abs(np.array(x) - np.array(y)))) for x, y in rows)
-        if d > 1e-9:
-            bad.append(f"{name}: logits differ by {d:.3g}")
+        bad += compare_golden(name, new_dir, old_dir)
     return bad
 
 
-def main():
-    ap = argparse.ArgumentParser(usage=__doc__)
+def cli(make_all_fn, compare_fn, prog, tmp_prefix):
+    """The command line both golden scripts share: --bin/--out make the goldens, --compare checks two sets."""
+    ap = argparse.ArgumentParser(usage=sys.modules["__main__"].__doc__)
     ap.add_argument("--bin")
     ap.add_argument("--out")
     ap.add_argument("--compare", nargs=2, metavar=("NEW_DIR", "OLD_DIR"))
     ap.add_argument("--only", help="comma-separated golden names to (re)make (default: all)")
     a = ap.parse_args()
     if a.compare:
-        bad = compare(*a.compare)
+        bad = compare_fn(*a.compare)
         for b in bad:
-            print(f"hf_goldens.py: {b} in {a.compare[0]} and {a.compare[1]}", file=sys.stderr)
+            print(f"{prog}: {b} in {a.compare[0]} and {a.compare[1]}", file=sys.stderr)
         sys.exit(1 if bad else 0)
     if not a.bin or not a.out:
         ap.error("--bin and --out are required")
     torch.manual_seed(0)
     os.makedirs(a.out, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="m2d-hf-") as work:
-        result = make_all(os.path.abspath(a.bin), a.out, work, a.only.split(",") if a.only else None)
+    with tempfile.TemporaryDirectory(prefix=tmp_prefix) as work:
+        result = make_all_fn(os.path.abspath(a.bin), a.out, work, a.only.split(",") if a.only else None)
     for g in result.values():
         if "class" not in g:
             continue
         print(f"{g['name']}: {g['class']}, sha256 {g['safetensors_sha256'][:16]}, "
               f"{len(g['routing'])} MoE layers" + (f", re-saved {g['resaved_sha256'][:16]}" if "resaved_sha256" in g else ""))
+
+
+def main():
+    cli(make_all, compare, "hf_goldens.py", "m2d-hf-")
 
 
 if __name__ == "__main__":

@@ -29,12 +29,10 @@ softmax routing, and MXFP4 experts):
 Students (STUDENTS): moe2dense calibrate + convert on a teacher; transformers loads the student
 (goldens as in 2) and writes it back with save_pretrained, which must give the same bytes.
 """
-import argparse
 import json
 import os
 import shutil
 import sys
-import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -47,8 +45,8 @@ import transformers  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from hf_goldens import (N_TOKENS, POSITIONS, VOCAB, byte_tokenizer, checkpoint, fnv1a64, grid_tensor,  # noqa: E402
-                        read_text, run, sha256)
+from hf_goldens import (N_TOKENS, POSITIONS, VOCAB, byte_tokenizer, checkpoint, cli, compare_golden,  # noqa: E402
+                        fnv1a64, grid_tensor, read_text, run, sha256)
 
 MIXTRAL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, max_position_embeddings=256, eos_token_id=256, bos_token_id=None)
@@ -313,51 +311,12 @@ def make_all(binary, out, work, only=None):
 
 
 def compare(new_dir, old_dir):
-    bad = []
-    for name in [*MODELS, *STUDENTS]:
-        with open(f"{new_dir}/{name}.json", encoding="utf-8") as f:
-            g = json.load(f)
-        with open(f"{old_dir}/{name}.json", encoding="utf-8") as f:
-            o = json.load(f)
-        for key in ("config_json", "safetensors_sha256", "tokens", "positions", "mxfp4_sha256"):
-            if g.get(key) != o.get(key):
-                bad.append(f"{name}: {key} differs")
-        if [r["experts"] for r in g["routing"]] != [r["experts"] for r in o["routing"]]:
-            bad.append(f"{name}: routing differs")
-        rows = zip(g["logit_rows"] + [g["logsumexp"], g["next_logit"]], o["logit_rows"] + [o["logsumexp"], o["next_logit"]])
-        d = max(float(np.max(np.abs(np.array(x) - np.array(y)))) for x, y in rows)
-        if d > 1e-9:
-            bad.append(f"{name}: logits differ by {d:.3g}")
-        if len(g.get("calib", [])) != len(o.get("calib", [])):
-            bad.append(f"{name}: calib differs")
-        for x, y in zip(g.get("calib", []), o.get("calib", [])):
-            for k in ("n", "sum_p", "sum_p_sel", "sum_g", "sum_f", "gram"):
-                if float(np.max(np.abs(np.array(x[k]) - np.array(y[k])) / (1 + np.abs(np.array(y[k]))))) > 1e-9:
-                    bad.append(f"{name}: layer {x['layer']}: calib '{k}' differs")
-    return bad
+    keys = ("config_json", "safetensors_sha256", "tokens", "positions", "mxfp4_sha256")
+    return [b for name in [*MODELS, *STUDENTS] for b in compare_golden(name, new_dir, old_dir, keys)]
 
 
 def main():
-    ap = argparse.ArgumentParser(usage=__doc__)
-    ap.add_argument("--bin")
-    ap.add_argument("--out")
-    ap.add_argument("--compare", nargs=2, metavar=("NEW_DIR", "OLD_DIR"))
-    ap.add_argument("--only", help="comma-separated golden names to (re)make (default: all)")
-    a = ap.parse_args()
-    if a.compare:
-        bad = compare(*a.compare)
-        for b in bad:
-            print(f"hf_goldens_families.py: {b} in {a.compare[0]} and {a.compare[1]}", file=sys.stderr)
-        sys.exit(1 if bad else 0)
-    if not a.bin or not a.out:
-        ap.error("--bin and --out are required")
-    torch.manual_seed(0)
-    os.makedirs(a.out, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="m2d-hf-families-") as work:
-        result = make_all(os.path.abspath(a.bin), a.out, work, a.only.split(",") if a.only else None)
-    for g in result.values():
-        print(f"{g['name']}: {g['class']}, sha256 {g['safetensors_sha256'][:16]}, {len(g['routing'])} MoE layers"
-              + (f", re-saved {g['resaved_sha256'][:16]}" if "resaved_sha256" in g else ""))
+    cli(make_all, compare, "hf_goldens_families.py", "m2d-hf-families-")
 
 
 if __name__ == "__main__":
