@@ -175,7 +175,19 @@ static const char *GOOD_ANALYZE =
     "mean,erank,sf,,3.2\n"
     "mean,erank_w,sf,,2.9\n"
     "mean,erank,do-cp,,5.5\n"
-    "mean,erank_w,do-cp,,4.0\n";
+    "mean,erank_w,do-cp,,4.0\n"
+    /* the other metrics analyze writes: not part of the overlap matrix */
+    "mean,mu,,,0.37\n"
+    "mean,thm33_gap,,,\n"
+    "mean,mu_S,sf,,0.2\n"
+    "mean,damage_overlap_25,,,0.8\n"
+    "mean,calib_overlap_50,S(1;0;2),,0.6\n"
+    "mean,calib_overlap_50,S(1;0;0),,\n"
+    "0,gini,,,0.11\n"
+    "0,lorenz,0,,0\n"
+    "0,lorenz,1,,1\n"
+    "0,pearson_mean,,,0.01\n"
+    "0,pearson,0,1,-0.2\n";
 
 static void analyze_corpus_refused_by_report(void **state) {
     (void)state;

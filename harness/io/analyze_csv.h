@@ -4,17 +4,25 @@
  *   # K=8                          optional leading comment lines; "# K=N" (1 <= N <= 65536) is
  *                                  the selection size, other comments are ignored
  *   layer,metric,criterion,other,value     the header, exactly
- *   mean,erank,sf,,3.210000        layer: "mean" or a layer index; metric: overlap (other = a
- *   0,overlap,sf,pp,0.500000       second criterion), erank, erank_w, mu (other empty);
- *                                  criterion names [a-z0-9][a-z0-9_.+-]* (< 32 characters);
- *                                  value: overlap and mu in [0, 1], erank >= 0 (<= K when known)
+ *   mean,erank,sf,,3.210000        layer: "mean" or a layer index; metric: one of those
+ *   0,overlap,sf,pp,0.500000       `analyze --csv` writes (analyze_csv.c's METRICS table: which
+ *   0,lorenz,3,,0.120000           criterion/other each takes — a criterion name [a-z0-9][a-z0-9_.+-]*
+ *                                  (< 32 characters), an expert index, S(b;a;c) or nothing — and
+ *                                  its value range: overlaps, mu, gini, lorenz in [0, 1], pearson
+ *                                  in [-1, 1], erank >= 0 (<= K when known); an empty value (n/a)
+ *                                  only for thm33_gap and calib_overlap_*, read as NaN)
  * Errors name FILE:LINE:COLUMN and the field. */
 #ifndef M2D_ANALYZE_CSV_H
 #define M2D_ANALYZE_CSV_H
 
 #include <stddef.h>
 
-typedef enum { M2D_AN_OVERLAP, M2D_AN_ERANK, M2D_AN_ERANK_W, M2D_AN_MU } m2d_an_metric;
+typedef enum {
+    M2D_AN_OVERLAP, M2D_AN_ERANK, M2D_AN_ERANK_W, M2D_AN_MU_S, M2D_AN_MU, M2D_AN_THM33_GAP,
+    M2D_AN_DAMAGE_OVERLAP_25, M2D_AN_DAMAGE_OVERLAP_50, M2D_AN_CALIB_OVERLAP_25, M2D_AN_CALIB_OVERLAP_50,
+    M2D_AN_GINI, M2D_AN_LORENZ, M2D_AN_PEARSON_MEAN, M2D_AN_PEARSON_MAX, M2D_AN_PEARSON,
+    M2D_AN_METRIC_COUNT
+} m2d_an_metric;
 
 typedef struct {
     int layer;                  /* -1: the mean over layers */

@@ -561,11 +561,12 @@ int m2d_report_plot_data(const m2d_results *r, const char *dir) {
 
 /* ---- analyze plot data ---- */
 
-/* The criteria of A's mean rows in order of first appearance (pointers into A). */
+/* The criteria of A's mean overlap rows in order of first appearance (pointers into A; the other
+ * metrics' criterion field holds expert indices, S(b;a;c) or nothing). */
 static int an_criteria(const m2d_an_csv *a, const char **out) {
     int n = 0;
     for (int i = 0; i < a->n; i++) {
-        if (a->rows[i].layer != -1) continue;
+        if (a->rows[i].layer != -1 || a->rows[i].metric != M2D_AN_OVERLAP) continue;
         int seen = 0;
         for (int j = 0; j < n && !seen; j++) seen = !strcmp(out[j], a->rows[i].criterion);
         if (!seen) out[n++] = a->rows[i].criterion;
