@@ -7,6 +7,7 @@
 #include "base/util.h"
 #include "criteria/registry.h"
 #include "sweep/report_distill.h"
+#include "sweep/report_moe.h"
 
 /* ---- names and number formatting ---- */
 
@@ -80,7 +81,9 @@ static void names_add(names *s, const char *v) {
 
 static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
 
-static int grid_load(const m2d_results *r, grid *g) {
+/* The grid of R's rows; DENSE_ONLY: without the MoE students (report_moe.h), whose scaling and K
+ * have no place in the dense table (the entries are then not in row order). */
+static int grid_load(const m2d_results *r, grid *g, int dense_only) {
     memset(g, 0, sizeof *g);
     static const char *const need[] = {"config_id", "scoring", "grouping", "scaling", "K", "ppl", "status"};
     for (size_t i = 0; i < M2D_ARRAY_LEN(need); i++)
@@ -90,6 +93,7 @@ static int grid_load(const m2d_results *r, grid *g) {
         c_ppl = m2d_results_col(r, "ppl"), c_st = m2d_results_col(r, "status");
     g->e = m2d_calloc((size_t)r->n_rows + 1, sizeof *g->e);
     for (int i = 0; i < r->n_rows; i++) {
+        if (dense_only && m2d_report_is_moe_row(r, i)) continue;
         char **row = r->rows[i];
         entry *e = &g->e[g->n_e++];
         e->scoring = row[c_sc];
@@ -154,6 +158,41 @@ static void tex_escape(FILE *f, const char *s) {
 static void put_name(FILE *f, m2d_report_format fmt, const char *s) {
     if (fmt == M2D_REPORT_TEX) tex_escape(f, s);
     else fputs(s, f);
+}
+
+/* ---- table rows shared by the report's sections ---- */
+
+void m2d_report_cells(const m2d_report_out *o, const char *const *cells, int n, const unsigned char *bold) {
+    for (int i = 0; i < n; i++) {
+        int b = bold && bold[i] && cells[i][0];
+        if (o->fmt == M2D_REPORT_MD) fprintf(o->f, "%s %s%s%s", i ? " |" : "|", b ? "**" : "", cells[i], b ? "**" : "");
+        else {
+            if (i) fputs(" & ", o->f);
+            fputs(b ? "\\textbf{" : "", o->f);
+            tex_escape(o->f, cells[i]);
+            fputs(b ? "}" : "", o->f);
+        }
+    }
+    fputs(o->fmt == M2D_REPORT_MD ? " |\n" : " \\\\\n", o->f);
+}
+
+void m2d_report_header(const m2d_report_out *o, const char *const *cells, int n, int names) {
+    if (o->fmt == M2D_REPORT_TEX) {
+        fputs("\\begin{tabular}{", o->f);
+        for (int i = 0; i < n; i++) fputc(i < names ? 'l' : 'r', o->f);
+        fputs("}\n\\toprule\n", o->f);
+    }
+    m2d_report_cells(o, cells, n, NULL);
+    if (o->fmt == M2D_REPORT_TEX) {
+        fputs("\\midrule\n", o->f);
+        return;
+    }
+    for (int i = 0; i < n; i++) fputs(i < names ? "|---" : "|---:", o->f);
+    fputs("|\n", o->f);
+}
+
+void m2d_report_end(const m2d_report_out *o) {
+    fputs(o->fmt == M2D_REPORT_TEX ? "\\bottomrule\n\\end{tabular}\n" : "", o->f);
 }
 
 /* index into g->Ks of the lowest finite PPL of a table row, -1 when none */
@@ -367,17 +406,21 @@ static void write_summary(const grid *g, m2d_report_format fmt, FILE *f) {
 
 int m2d_report_write(const m2d_results *r, m2d_report_format fmt, FILE *f) {
     grid g;
-    if (grid_load(r, &g)) return -1;
-    write_table(&g, r, fmt, f);
-    write_table_note(&g, fmt, f);
-    if (fmt != M2D_REPORT_CSV && g.sc.n) write_summary(&g, fmt, f);
+    if (grid_load(r, &g, 1)) return -1;
+    /* an MoE-only grid has no dense table; a file with no rows keeps its (empty) one */
+    if (g.n_e || r->n_rows == 0 || fmt == M2D_REPORT_CSV) {
+        write_table(&g, r, fmt, f);
+        write_table_note(&g, fmt, f);
+        if (fmt != M2D_REPORT_CSV && g.sc.n) write_summary(&g, fmt, f);
+    }
     grid_free(&g);
+    if (m2d_report_moe_write(r, fmt, f)) return -1;
     return m2d_report_distill_write(r, fmt, f);
 }
 
 int m2d_report_best_per_pair(const m2d_results *r, int **rows) {
     grid g;
-    if (grid_load(r, &g)) return -1;
+    if (grid_load(r, &g, 0)) return -1;
     *rows = m2d_malloc((size_t)(g.sc.n * g.gr.n + 1) * sizeof **rows);
     int n = 0;
     for (int s = 0; s < g.sc.n; s++)
@@ -532,7 +575,7 @@ static int write_range(const char *dir, double lo, double hi) {
 
 int m2d_report_plot_data(const m2d_results *r, const char *dir) {
     grid g;
-    if (grid_load(r, &g)) return -1;
+    if (grid_load(r, &g, 1)) return -1;
     if (m2d_mkdir_p(dir)) {
         grid_free(&g);
         return -1;
