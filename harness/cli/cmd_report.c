@@ -23,6 +23,8 @@ static const char USAGE[] =
     "ratio and top_k axes) are not in that table: md and tex give them their own section, one row per\n"
     "method (scoring x grouping x params), one column per (ratio, top-k) with the experts kept, PPL and,\n"
     "when the MC stage measured some, the MC average; the best method of each column in bold.\n"
+    "md and tex begin with the calibration the sweep actually used (its header's calibration= line:\n"
+    "windows used and requested, seq_len, tokens; a note when the data held fewer windows).\n"
     "\n"
     "options:\n"
     "  --format F        md (default), tex (booktabs tabular) or csv (the dense table: raw numbers,\n"

@@ -404,7 +404,18 @@ static void write_summary(const grid *g, m2d_report_format fmt, FILE *f) {
     free(c);
 }
 
+/* The calibration the sweep actually used (its header's calibration= line: windows used and
+ * requested, seq_len, tokens, and a note when the data held fewer windows than requested). */
+static void write_calibration(const m2d_results *r, m2d_report_format fmt, FILE *f) {
+    const char *cal = m2d_results_meta(r, "calibration");
+    if (!cal || fmt == M2D_REPORT_CSV) return;
+    fputs(fmt == M2D_REPORT_MD ? "Calibration (windows actually used): " : "% Calibration (windows actually used): ", f);
+    for (const char *c = cal; *c; c++) fputc((unsigned char)*c < 0x20 || *c == 0x7f ? '?' : *c, f);
+    fputs(fmt == M2D_REPORT_MD ? "\n\n" : "\n", f);
+}
+
 int m2d_report_write(const m2d_results *r, m2d_report_format fmt, FILE *f) {
+    write_calibration(r, fmt, f);
     grid g;
     if (grid_load(r, &g, 1)) return -1;
     /* an MoE-only grid has no dense table; a file with no rows keeps its (empty) one */

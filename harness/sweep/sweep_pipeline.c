@@ -189,6 +189,10 @@ static int pipe_prepare(m2d_sweep_backend *b, const m2d_experiment *x, char mode
         snprintf(b->calibration, sizeof b->calibration, "%s windows=%d requested=%d seq_len=%d tokens=%.0f%s",
                  x->calib_windows, st->n_windows, x->calib_samples, x->calib_seq_len, st->N,
                  st->n_windows < x->calib_samples ? " (fewer windows than requested: the data holds no more)" : "");
+        if (st->n_windows < x->calib_samples) /* loud: the statistics are not what the experiment asked for */
+            fprintf(stderr, "moe2dense sweep: warning: %s: calibration.samples = %d but %s holds only %d window(s) of "
+                            "%d tokens (%.0f tokens): calibrating on those; recorded in the CSV header\n",
+                    x->file, x->calib_samples, x->calib_data, st->n_windows, x->calib_seq_len, st->N);
     }
     if (rc) return -1;
     /* evaluation data, encoded once */
