@@ -16,6 +16,8 @@
 #include "model/model.h"
 #include "testmodel.h"
 #include "base/util.h"
+#include "io/analyze_csv.h"
+#include "sweep/report.h"
 
 static void effective_rank_analytic(void **state) {
     (void)state;
@@ -255,6 +257,24 @@ static int run(const char *cmd, char **out, char **err) {
     return rc;
 }
 
+/* What `analyze --csv` writes is what make plots reads: the validated reader (report --analyze)
+ * accepts every line of it, and the condenser plots get their data (4 MoE layers of the test
+ * teacher; the Pearson matrix with --pearson-matrix). */
+static void accepted_by_plots(const char *csv, const char *dir, int with_matrix) {
+    m2d_an_csv a;
+    if (m2d_an_csv_parse("analyze.csv", csv, strlen(csv), &a)) fail_msg("%s", m2d_errmsg());
+    char *pd = m2d_path_join(dir, "plotdata");
+    if (m2d_report_analyze_plot_data(&a, pd)) fail_msg("%s", m2d_errmsg());
+    char *lt = m2d_path_join(pd, "lorenz.txt"), *pt = m2d_path_join(pd, "pearson.txt");
+    char *l = m2d_read_file(lt, NULL), *p = m2d_read_file(pt, NULL);
+    assert_int_equal(strncmp(l, "4 ", 2), 0);
+    assert_int_equal(strncmp(p, with_matrix ? "4 1 " : "4 0 ", 4), 0);
+    free(l), free(p), free(lt), free(pt);
+    tu_rm_rf(pd);
+    free(pd);
+    m2d_an_csv_free(&a);
+}
+
 static void commands_end_to_end(void **state) {
     (void)state;
     const char *models = tu_models_dir();
@@ -406,10 +426,12 @@ static void commands_end_to_end(void **state) {
     assert_non_null(strstr(out, ",lorenz,64,,1.000000\n"));
     assert_non_null(strstr(out, ",pearson_max,,,"));
     assert_null(strstr(out, ",pearson,"));
+    accepted_by_plots(out, dir, 0);
     free(out); free(err); free(cmd);
     cmd = m2d_strfmt("%s analyze --model %s --stats %s --criteria sf --csv --pearson-matrix", bin, teacher, sp);
     assert_int_equal(run(cmd, &out, &err), 0);
     assert_non_null(strstr(out, ",pearson,3,3,1.000000\n")); /* C_ii = 1 */
+    accepted_by_plots(out, dir, 1);
     free(out); free(err); free(cmd);
     cmd = m2d_strfmt("%s analyze --model %s --stats %s --criteria sf --compare %s/nope.bin", bin, teacher, sp, dir);
     assert_int_not_equal(run(cmd, &out, &err), 0);

@@ -272,6 +272,54 @@ static void moe_students_section(void **state) {
     free(dir), free(p);
 }
 
+/* The condenser analyses' plot data (paper 001 App. L and I) from a hand-written analyze file:
+ * x = i/E of each Lorenz point (E = 4: the largest i of the layer), one block per layer, the mean
+ * Gini (0.2 + 0) / 2 = 0.1 over layers 2 and 5; per layer mean / max Pearson; the matrix of the
+ * first layer with one (5). */
+static void condenser_plot_data(void **state) {
+    (void)state;
+    const char *csv = "layer,metric,criterion,other,value\n"
+                      "2,gini,,,0.2\n2,pearson_mean,,,0.01\n2,pearson_max,,,0.3\n"
+                      "2,lorenz,0,,0\n2,lorenz,1,,0.1\n2,lorenz,2,,0.3\n2,lorenz,3,,0.55\n2,lorenz,4,,1\n"
+                      "5,gini,,,0\n5,pearson_mean,,,-0.02\n5,pearson_max,,,0.5\n"
+                      "5,lorenz,0,,0\n5,lorenz,1,,0.25\n5,lorenz,2,,0.5\n5,lorenz,3,,0.75\n5,lorenz,4,,1\n"
+                      "5,pearson,0,0,1\n5,pearson,0,1,0.5\n5,pearson,1,0,0.5\n5,pearson,1,1,1\n";
+    m2d_an_csv a;
+    if (m2d_an_csv_parse("a.csv", csv, strlen(csv), &a)) fail_msg("%s", m2d_errmsg());
+    char *dir = tu_tmpdir();
+    assert_int_equal(m2d_report_analyze_plot_data(&a, dir), 0);
+    struct { const char *file, *want; } files[] = {
+        {"lorenz.txt", "2 0.1 2 5\n"},
+        {"lorenz.dat", "# x = i/E (fraction of experts, least used first), y = share of activations, layer\n"
+                       "0 0 2\n0.25 0.1 2\n0.5 0.3 2\n0.75 0.55 2\n1 1 2\n\n\n"
+                       "0 0 5\n0.25 0.25 5\n0.5 0.5 5\n0.75 0.75 5\n1 1 5\n"},
+        {"pearson.dat", "# layer mean max (off-diagonal Pearson correlation of the experts' down projections)\n"
+                        "2 0.01 0.3\n5 -0.02 0.5\n"},
+        {"pearson.txt", "2 1 5\n"},
+        {"pearson_matrix.dat", "1 0.5\n0.5 1\n"},
+        {"overlap.dat", "x\n"}};
+    for (size_t i = 0; i < M2D_ARRAY_LEN(files); i++) {
+        char *f = m2d_path_join(dir, files[i].file), *got = m2d_read_file(f, NULL);
+        if (!got) fail_msg("%s not written", files[i].file);
+        if (strcmp(got, files[i].want)) fail_msg("%s:\n%s\nwant:\n%s", files[i].file, got, files[i].want);
+        free(f), free(got);
+    }
+    m2d_an_csv_free(&a);
+    /* without the condenser rows: zero blocks, no matrix (plots.sh then draws neither) */
+    const char *bare = "layer,metric,criterion,other,value\nmean,erank,sf,,2\n";
+    assert_int_equal(m2d_an_csv_parse("b.csv", bare, strlen(bare), &a), 0);
+    assert_int_equal(m2d_report_analyze_plot_data(&a, dir), 0);
+    char *f = m2d_path_join(dir, "lorenz.txt"), *got = m2d_read_file(f, NULL);
+    assert_string_equal(got, "0 0 0 0\n");
+    free(f), free(got);
+    f = m2d_path_join(dir, "pearson.txt"), got = m2d_read_file(f, NULL);
+    assert_string_equal(got, "0 0 0\n");
+    free(f), free(got);
+    m2d_an_csv_free(&a);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
 static void cli_formats_and_errors(void **state) {
     (void)state;
     char *dir, *p = write_hand(&dir);
@@ -405,6 +453,7 @@ int main(void) {
         cmocka_unit_test(distillation_section_and_plot_data),
         cmocka_unit_test(names_and_order_come_from_registrations),
         cmocka_unit_test(moe_students_section),
+        cmocka_unit_test(condenser_plot_data),
         cmocka_unit_test(cli_formats_and_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -8,6 +8,7 @@
 #include "criteria/registry.h"
 #include "sweep/report_distill.h"
 #include "sweep/report_moe.h"
+#include "sweep/report_usage.h"
 
 /* ---- names and number formatting ---- */
 
@@ -615,11 +616,13 @@ int m2d_report_plot_data(const m2d_results *r, const char *dir) {
 
 /* ---- analyze plot data ---- */
 
-/* The criteria of A's mean rows in order of first appearance (pointers into A). */
+/* The criteria of A's mean overlap and erank rows in order of first appearance (pointers into A;
+ * the file's other metrics name no criterion, or not one of the selections). */
 static int an_criteria(const m2d_an_csv *a, const char **out) {
     int n = 0;
     for (int i = 0; i < a->n; i++) {
-        if (a->rows[i].layer != -1) continue;
+        m2d_an_metric m = a->rows[i].metric;
+        if (a->rows[i].layer != -1 || (m != M2D_AN_OVERLAP && m != M2D_AN_ERANK && m != M2D_AN_ERANK_W)) continue;
         int seen = 0;
         for (int j = 0; j < n && !seen; j++) seen = !strcmp(out[j], a->rows[i].criterion);
         if (!seen) out[n++] = a->rows[i].criterion;
@@ -663,5 +666,5 @@ int m2d_report_analyze_plot_data(const m2d_an_csv *a, const char *dir) {
     int rc = pd_close(&op);
     if (pd_close(&ep)) rc = -1;
     if (pd_close(&kp)) rc = -1;
-    return rc;
+    return rc ? rc : m2d_report_usage_plot_data(a, dir);
 }

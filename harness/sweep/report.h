@@ -45,7 +45,9 @@ int m2d_report_plot_data(const m2d_results *r, const char *dir);
 /* Write the analyze plots' inputs into DIR from a validated `analyze --csv` file: overlap.dat
  * (mean overlap matrix, row and column headers = criteria), erank.dat (criterion erank erank_w,
  * means over layers) and analyze.txt ("MAXRANK HAVE_K": K and 1 when the file records K, else
- * the largest rank + 1 and 0). Only numbers and validated names reach the files. */
+ * the largest rank + 1 and 0), and the condenser analyses' lorenz.dat, lorenz.txt, pearson.dat,
+ * pearson.txt, pearson_matrix.dat (report_usage.h). Only numbers and validated names reach the
+ * files. */
 int m2d_report_analyze_plot_data(const m2d_an_csv *a, const char *dir);
 
 /* A plot-data file built in memory and written atomically into DIR on close (0, or -1 +
