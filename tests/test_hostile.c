@@ -276,6 +276,22 @@ static void plots_draw_data_never_code(void **state) {
         free(p);
     }
     tu_rm_rf(dir);
+    /* an MoE-only grid (its students are in the report's MoE section): no heat maps or marginals
+     * to draw, and no failure for it; the analyze plots are drawn */
+    const char *moe_only = "# experiment=m\n"
+                           "config_id,scoring,grouping,scaling,K_expr,K,params,target,ratio,top_k,ppl,status,dedup_of\n"
+                           "000000000002,reap,none,none,(1-0.25)E,48,,moe,0.25,8,12.5,ok,\n";
+    assert_int_equal(m2d_mkdir_p(dir), 0);
+    tu_write(good, moe_only, strlen(moe_only));
+    tu_write(an, GOOD_ANALYZE, strlen(GOOD_ANALYZE));
+    rc = run_plots(dir, "good.csv", "an.csv", &err);
+    if (rc) fail_msg("plots.sh on an MoE-only grid: exit %d: %s", rc, err ? err : "");
+    free(err);
+    char *marginal = m2d_strfmt("%s/plots/marginal.png", dir), *lorenz = m2d_strfmt("%s/plots/lorenz.png", dir);
+    assert_false(m2d_file_exists(marginal));
+    assert_true(m2d_file_exists(lorenz));
+    free(marginal), free(lorenz);
+    tu_rm_rf(dir);
     free(good);
     free(an);
     free(dir);

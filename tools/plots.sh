@@ -73,7 +73,11 @@ while IFS="$tab" read -r s name; do
   is_display "$name" || die "$data/scorings.txt: display name '$name' has characters outside [A-Za-z0-9 _.+()/,-]"
   render heatmap.gp "heatmap_$s" "datadir='$data'; scoring='$s'; title='$name'; cblo=$lo; cbhi=$hi"
 done < "$data/scorings.txt"
-render marginal.gp marginal "datadir='$data'"
+if [ -s "$data/scorings.txt" ]; then
+  render marginal.gp marginal "datadir='$data'"
+else # an MoE-only grid: its students are in the report's MoE section, not in these plots
+  echo "plots: $csv holds no dense students: no heat maps or marginals"
+fi
 if [ -f "$data/distill_curves.txt" ]; then # the sweep had a distillation stage
   read -r nloss nval < "$data/distill_curves.txt"
   is_int "$nloss" && is_int "$nval" || die "$data/distill_curves.txt: not two integers"
