@@ -1,7 +1,7 @@
 /* sweep_fake — test-only sweep backend "fake": deterministic and instant, for testing the sweep
  * machinery (grid, dedup, CSV, resume, shards, Slurm) without a model. Its "student" is a hash of
  * what the real pipeline's fingerprint covers; at K = k every grouping gives the same student, as
- * in the real conversion. Test hooks: a scoring named "fail..." fails to build; params "nan" gives
+ * in the real conversion; an MoE target's student also depends on its top-k. Test hooks: a scoring named "fail..." fails to build; params "nan" gives
  * a non-finite PPL; params "distill-fail" fails to distill; $M2D_FAKE_DELAY_MS sleeps in evaluate
  * (so tests can kill a sweep mid-run). A distilled student is its student's fingerprint with
  * ":distilled" appended: half the PPL, MC accuracies (1 + a) / 2; it writes no checkpoint.
@@ -19,6 +19,11 @@ static void fake_fingerprint(const m2d_experiment *x, const m2d_grid_config *c, 
     /* at K = k each group is one expert: the grouping cannot matter */
     const char *grouping = c->K == x->k ? "*" : c->grouping;
     char *s = m2d_strfmt("%s|%d|%s|%s|%s", c->scoring, c->K, grouping, c->scaling, c->params);
+    if (!strcmp(c->target, "moe")) { /* an MoE student: its router's top-k is part of it (dense: as before) */
+        char *t = m2d_strfmt("%s|moe|%d", s, c->top_k ? c->top_k : x->k);
+        free(s);
+        s = t;
+    }
     m2d_sha256_hex(s, strlen(s), out);
     free(s);
 }

@@ -604,6 +604,42 @@ static void moe_target_pruned_and_merged(void **state) {
 
 /* ---------------- fingerprints and bad input ---------------- */
 
+/* `help convert` names the default router of --target moe as the one convert uses (issue 14: it
+ * described "average" while the default was "shared"): the text says so, and a convert without
+ * --moe-router builds the same student (fingerprint) as --moe-router shared, another than average
+ * (K = 4 in 2 groups, so the two modes differ). */
+static void help_convert_names_the_default_router(void **state) {
+    (void)state;
+    char *c = m2d_strfmt("%s help convert", tu_bin()), *out = NULL, *err = NULL;
+    assert_int_equal(tu_run(c, &out, &err), 0);
+    assert_non_null(strstr(out, "  --moe-router R    --target moe only: shared (default: every retained expert keeps its own\n"));
+    assert_non_null(strstr(out, "members of one group add up) or average (one expert per group, router row =\n"));
+    const char *avg = strstr(out, "or average (");
+    assert_non_null(avg);
+    assert_null(strstr(avg, "default")); /* average is not called the default anywhere after it */
+    free(c), free(out), free(err);
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    fixture f;
+    make_fixture(&f, &o);
+    char *stats = m2d_path_join(f.dir, "t.stats");
+    assert_int_equal(m2d_stats_write(f.s, stats), 0);
+    const char *modes[3] = {"", "--moe-router shared", "--moe-router average"};
+    char *fp[3];
+    for (int i = 0; i < 3; i++) {
+        c = m2d_strfmt("%s convert --model %s/teacher --stats %s --target moe --scoring reap --grouping rr -K 4 "
+                       "--groups 2 %s --fingerprint", tu_bin(), f.dir, stats, modes[i]);
+        if (tu_run(c, &fp[i], &err)) fail_msg("%s: %s", c, err);
+        free(c), free(err);
+    }
+    assert_string_equal(fp[0], fp[1]);
+    assert_string_not_equal(fp[0], fp[2]);
+    for (int i = 0; i < 3; i++) free(fp[i]);
+    free(stats);
+    free_fixture(&f);
+}
+
+
 static void fingerprints_distinguish_students(void **state) {
     (void)state;
     m2d_testmodel_opts o;
@@ -973,6 +1009,7 @@ int main(void) {
         cmocka_unit_test(narrow_dense_layer_is_zero_padded),
         cmocka_unit_test(moe_target_pruned_and_merged),
         cmocka_unit_test(fingerprints_distinguish_students),
+        cmocka_unit_test(help_convert_names_the_default_router),
         cmocka_unit_test(bad_input_rejected),
         cmocka_unit_test(conmoe_remap_against_brute_force),
         cmocka_unit_test(conmoe_pooled_scores),

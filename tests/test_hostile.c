@@ -3,8 +3,9 @@
  *  - the committed corpora tests/hostile/results and tests/hostile/analyze: every file is refused
  *    by report, merge (and a resumed sweep) with exit status 1 and exactly the one line recorded in
  *    the corpus' expect.txt (FILE:LINE:COL and the field), and no file in the directory changes;
- *  - tools/plots.sh: data never becomes gnuplot code (a plot is drawn from good data; the
- *    injections of the corpus create nothing and stop the script);
+ *  - tools/plots.sh: data never becomes gnuplot code (a plot is drawn from good data, the
+ *    condenser analyses' Lorenz and Pearson plots included; the injections of the corpus create
+ *    nothing and stop the script);
  *  - outputs never follow a planted symbolic link (m2d_write_file_atomic, the safetensors writer,
  *    a command's --out), and a failed write (disk full, injected with RLIMIT_FSIZE) leaves the old
  *    file and no temp file;
@@ -176,18 +177,23 @@ static const char *GOOD_ANALYZE =
     "mean,erank_w,sf,,2.9\n"
     "mean,erank,do-cp,,5.5\n"
     "mean,erank_w,do-cp,,4.0\n"
-    /* the other metrics analyze writes: not part of the overlap matrix */
-    "mean,mu,,,0.37\n"
+    /* every other metric analyze writes (paper 000, 004, 001), n/a values included */
+    "mean,mu,,,0.4\n"
     "mean,thm33_gap,,,\n"
-    "mean,mu_S,sf,,0.2\n"
-    "mean,damage_overlap_25,,,0.8\n"
-    "mean,calib_overlap_50,S(1;0;2),,0.6\n"
+    "mean,mu_S,sf,,0.3\n"
+    "mean,damage_overlap_25,,,0.75\n"
     "mean,calib_overlap_50,S(1;0;0),,\n"
-    "0,gini,,,0.11\n"
-    "0,lorenz,0,,0\n"
-    "0,lorenz,1,,1\n"
+    "mean,calib_overlap_50,S(0;1;2),,0.5\n"
+    "0,gini,,,0.25\n"
     "0,pearson_mean,,,0.01\n"
-    "0,pearson,0,1,-0.2\n";
+    "0,pearson_max,,,0.2\n"
+    "0,lorenz,0,,0\n"
+    "0,lorenz,1,,0.25\n"
+    "0,lorenz,2,,1\n"
+    "0,pearson,0,0,1\n"
+    "0,pearson,0,1,-0.2\n"
+    "0,pearson,1,0,-0.2\n"
+    "0,pearson,1,1,1\n";
 
 static void analyze_corpus_refused_by_report(void **state) {
     (void)state;
@@ -262,12 +268,29 @@ static void plots_draw_data_never_code(void **state) {
     int rc = run_plots(dir, "good.csv", "an.csv", &err);
     if (rc) fail_msg("plots.sh on good data: exit %d: %s", rc, err ? err : "");
     free(err);
-    const char *made[] = {"heatmap_sf.png", "heatmap_do-cp.png", "marginal.svg", "overlap.png", "erank.png"};
+    const char *made[] = {"heatmap_sf.png", "heatmap_do-cp.png", "marginal.svg", "overlap.png", "erank.png",
+                          "lorenz.png", "pearson.svg", "pearson_matrix.png"};
     for (size_t i = 0; i < M2D_ARRAY_LEN(made); i++) {
         char *p = m2d_strfmt("%s/plots/%s", dir, made[i]);
         if (!m2d_file_exists(p)) fail_msg("plots.sh did not draw %s", p);
         free(p);
     }
+    tu_rm_rf(dir);
+    /* an MoE-only grid (its students are in the report's MoE section): no heat maps or marginals
+     * to draw, and no failure for it; the analyze plots are drawn */
+    const char *moe_only = "# experiment=m\n"
+                           "config_id,scoring,grouping,scaling,K_expr,K,params,target,ratio,top_k,ppl,status,dedup_of\n"
+                           "000000000002,reap,none,none,(1-0.25)E,48,,moe,0.25,8,12.5,ok,\n";
+    assert_int_equal(m2d_mkdir_p(dir), 0);
+    tu_write(good, moe_only, strlen(moe_only));
+    tu_write(an, GOOD_ANALYZE, strlen(GOOD_ANALYZE));
+    rc = run_plots(dir, "good.csv", "an.csv", &err);
+    if (rc) fail_msg("plots.sh on an MoE-only grid: exit %d: %s", rc, err ? err : "");
+    free(err);
+    char *marginal = m2d_strfmt("%s/plots/marginal.png", dir), *lorenz = m2d_strfmt("%s/plots/lorenz.png", dir);
+    assert_false(m2d_file_exists(marginal));
+    assert_true(m2d_file_exists(lorenz));
+    free(marginal), free(lorenz);
     tu_rm_rf(dir);
     free(good);
     free(an);
@@ -276,7 +299,9 @@ static void plots_draw_data_never_code(void **state) {
     const char *cases[][2] = {{"results/scoring_gnuplot_code.csv", NULL},
                               {NULL, "analyze/K_gnuplot_code.csv"},
                               {NULL, "analyze/criterion_code.csv"},
-                              {NULL, "analyze/other_code.csv"}};
+                              {NULL, "analyze/other_code.csv"},
+                              {NULL, "analyze/lorenz_index_code.csv"},
+                              {NULL, "analyze/svar_code.csv"}};
     char *repo_x = abs_path("X");
     assert_false(m2d_file_exists(repo_x));
     for (size_t i = 0; i < M2D_ARRAY_LEN(cases); i++) {

@@ -191,6 +191,135 @@ static void names_and_order_come_from_registrations(void **state) {
     free(p);
 }
 
+/* MoE students (target moe; paper 003's comparison): their own section, not the dense table.
+ * By hand: columns sorted by ratio, then top-k descending: (25 %, 8), (25 %, 4), (50 %, 8); bold
+ * is the lowest PPL of each column (11 < 12.5; 20 alone; 18 < 150000, the failed conmoe cell an
+ * en dash) and the highest MC (55 > 50; 25 alone); the one dense row alone in the dense table. */
+static const char *MOE_CSV =
+    "# moe2dense-results=1\n"
+    "# experiment=prune\n"
+    "config_id,scoring,grouping,scaling,K_expr,K,params,target,ratio,top_k,ppl,mc_avg,status,dedup_of\n"
+    "000000000001,reap,none,uniform,k,8,,dense,,,30,,ok,\n"
+    "000000000002,reap,none,none,(1-0.25)E,48,,moe,0.25,8,12.5,0.5,ok,\n"
+    "000000000003,reap,none,none,(1-0.25)E,48,,moe,0.25,4,20,,ok,\n"
+    "000000000004,reap,none,none,(1-0.5)E,32,,moe,0.5,8,18,,ok,\n"
+    "000000000005,conmoe,remap,none,(1-0.25)E,48,scope=4,moe,0.25,8,11,0.55,ok,\n"
+    "000000000006,conmoe,remap,none,(1-0.5)E,32,scope=4,moe,0.5,8,,,failed: non-finite perplexity,\n"
+    "000000000007,freq,hc-smoe,none,(1-0.5)E,32,,moe,0.5,8,150000,0.25,ok,\n";
+
+static const char *EXPECTED_MOE_MD =
+    "\n## MoE students (target moe) — experiment prune\n"
+    "\n"
+    "6 configuration(s), 3 method(s). Columns: the fraction of each layer's routed experts removed (K = experts "
+    "kept) and the student's experts per token (top-k). Bold: the best method of each column; –: failed.\n"
+    "\n"
+    "WikiText-2 perplexity:\n"
+    "\n"
+    "| Scoring | Grouping | Params | 25 % removed (K=48), top-8 | 25 % removed (K=48), top-4 | 50 % removed (K=32), top-8 |\n"
+    "|---|---|---|---:|---:|---:|\n"
+    "| REAP | None | - | 12.50 | **20.00** | **18.00** |\n"
+    "| ConMoE | ConMoE remap | scope=4 | **11.00** |  | – |\n"
+    "| freq | HC-SMoE | - |  |  | 150k |\n"
+    "\n"
+    "Multiple-choice average (%):\n"
+    "\n"
+    "| Scoring | Grouping | Params | 25 % removed (K=48), top-8 | 25 % removed (K=48), top-4 | 50 % removed (K=32), top-8 |\n"
+    "|---|---|---|---:|---:|---:|\n"
+    "| REAP | None | - | 50.0 |  |  |\n"
+    "| ConMoE | ConMoE remap | scope=4 | **55.0** |  | – |\n"
+    "| freq | HC-SMoE | - |  |  | **25.0** |\n";
+
+static void moe_students_section(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), *p = m2d_path_join(dir, "m.csv");
+    tu_write(p, MOE_CSV, strlen(MOE_CSV));
+    m2d_results r;
+    assert_int_equal(m2d_results_read_checked(p, &r), 0); /* K_expr (1-R)E, target, ratio, top_k validate */
+    char *md = render(&r, M2D_REPORT_MD);
+    const char *sec = strstr(md, "\n## MoE students");
+    assert_non_null(sec);
+    assert_string_equal(sec, EXPECTED_MOE_MD);
+    /* the dense table holds the dense row only */
+    assert_non_null(strstr(md, "| Scoring | Grouping | Scaling | K=8 |\n|---|---|---|---:|\n| REAP | None | Uniform | **30.00** |\n\n"));
+    assert_null(strstr(md, "K=48 |"));
+    free(md);
+    char *tex = render(&r, M2D_REPORT_TEX);
+    assert_non_null(strstr(tex, "\\begin{tabular}{lllrrr}\n\\toprule\nScoring & Grouping & Params & 25 \\% removed (K=48), "
+                                "top-8 & 25 \\% removed (K=48), top-4 & 50 \\% removed (K=32), top-8 \\\\\n\\midrule\n"));
+    assert_non_null(strstr(tex, "ConMoE & ConMoE remap & scope=4 & \\textbf{11.00} &  & -- \\\\\n"));
+    assert_non_null(strstr(tex, "freq & HC-SMoE & - &  &  & \\textbf{25.0} \\\\\n"));
+    free(tex);
+    char *csv = render(&r, M2D_REPORT_CSV); /* the dense table only */
+    assert_string_equal(csv, "scoring,grouping,scaling,K=8,best_K\nreap,none,uniform,30.0000,8\n");
+    free(csv);
+    /* heat maps: the dense students only */
+    char *pd = m2d_path_join(dir, "pd"), *heat = m2d_path_join(pd, "heat_reap.dat");
+    assert_int_equal(m2d_report_plot_data(&r, pd), 0);
+    char *s = m2d_read_file(heat, NULL);
+    assert_string_equal(s, "rows K=8\nnone/uniform 30\n");
+    free(s), free(heat), free(pd);
+    m2d_results_free(&r);
+    /* an MoE-only file: no dense table, no summary */
+    char *only = m2d_strdup(MOE_CSV), *dense = strstr(only, "000000000001");
+    memmove(dense, strchr(dense, '\n') + 1, strlen(strchr(dense, '\n') + 1) + 1);
+    tu_write(p, only, strlen(only));
+    assert_int_equal(m2d_results_read_checked(p, &r), 0);
+    md = render(&r, M2D_REPORT_MD);
+    assert_string_equal(md, EXPECTED_MOE_MD);
+    free(md), free(only);
+    m2d_results_free(&r);
+    tu_rm_rf(dir);
+    free(dir), free(p);
+}
+
+/* The condenser analyses' plot data (paper 001 App. L and I) from a hand-written analyze file:
+ * x = i/E of each Lorenz point (E = 4: the largest i of the layer), one block per layer, the mean
+ * Gini (0.2 + 0) / 2 = 0.1 over layers 2 and 5; per layer mean / max Pearson; the matrix of the
+ * first layer with one (5). */
+static void condenser_plot_data(void **state) {
+    (void)state;
+    const char *csv = "layer,metric,criterion,other,value\n"
+                      "2,gini,,,0.2\n2,pearson_mean,,,0.01\n2,pearson_max,,,0.3\n"
+                      "2,lorenz,0,,0\n2,lorenz,1,,0.1\n2,lorenz,2,,0.3\n2,lorenz,3,,0.55\n2,lorenz,4,,1\n"
+                      "5,gini,,,0\n5,pearson_mean,,,-0.02\n5,pearson_max,,,0.5\n"
+                      "5,lorenz,0,,0\n5,lorenz,1,,0.25\n5,lorenz,2,,0.5\n5,lorenz,3,,0.75\n5,lorenz,4,,1\n"
+                      "5,pearson,0,0,1\n5,pearson,0,1,0.5\n5,pearson,1,0,0.5\n5,pearson,1,1,1\n";
+    m2d_an_csv a;
+    if (m2d_an_csv_parse("a.csv", csv, strlen(csv), &a)) fail_msg("%s", m2d_errmsg());
+    char *dir = tu_tmpdir();
+    assert_int_equal(m2d_report_analyze_plot_data(&a, dir), 0);
+    struct { const char *file, *want; } files[] = {
+        {"lorenz.txt", "2 0.1 2 5\n"},
+        {"lorenz.dat", "# x = i/E (fraction of experts, least used first), y = share of activations, layer\n"
+                       "0 0 2\n0.25 0.1 2\n0.5 0.3 2\n0.75 0.55 2\n1 1 2\n\n\n"
+                       "0 0 5\n0.25 0.25 5\n0.5 0.5 5\n0.75 0.75 5\n1 1 5\n"},
+        {"pearson.dat", "# layer mean max (off-diagonal Pearson correlation of the experts' down projections)\n"
+                        "2 0.01 0.3\n5 -0.02 0.5\n"},
+        {"pearson.txt", "2 1 5\n"},
+        {"pearson_matrix.dat", "1 0.5\n0.5 1\n"},
+        {"overlap.dat", "x\n"}};
+    for (size_t i = 0; i < M2D_ARRAY_LEN(files); i++) {
+        char *f = m2d_path_join(dir, files[i].file), *got = m2d_read_file(f, NULL);
+        if (!got) fail_msg("%s not written", files[i].file);
+        if (strcmp(got, files[i].want)) fail_msg("%s:\n%s\nwant:\n%s", files[i].file, got, files[i].want);
+        free(f), free(got);
+    }
+    m2d_an_csv_free(&a);
+    /* without the condenser rows: zero blocks, no matrix (plots.sh then draws neither) */
+    const char *bare = "layer,metric,criterion,other,value\nmean,erank,sf,,2\n";
+    assert_int_equal(m2d_an_csv_parse("b.csv", bare, strlen(bare), &a), 0);
+    assert_int_equal(m2d_report_analyze_plot_data(&a, dir), 0);
+    char *f = m2d_path_join(dir, "lorenz.txt"), *got = m2d_read_file(f, NULL);
+    assert_string_equal(got, "0 0 0 0\n");
+    free(f), free(got);
+    f = m2d_path_join(dir, "pearson.txt"), got = m2d_read_file(f, NULL);
+    assert_string_equal(got, "0 0 0\n");
+    free(f), free(got);
+    m2d_an_csv_free(&a);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
 static void cli_formats_and_errors(void **state) {
     (void)state;
     char *dir, *p = write_hand(&dir);
@@ -323,6 +452,8 @@ int main(void) {
         cmocka_unit_test(plot_data_files),
         cmocka_unit_test(distillation_section_and_plot_data),
         cmocka_unit_test(names_and_order_come_from_registrations),
+        cmocka_unit_test(moe_students_section),
+        cmocka_unit_test(condenser_plot_data),
         cmocka_unit_test(cli_formats_and_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

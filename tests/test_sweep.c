@@ -149,6 +149,45 @@ static void grid_expands_resolves_and_trims(void **state) {
     free_fixture(&fx);
 }
 
+/* A sweep with MoE students end to end on the CLI: the rows it writes (K_expr "(1-R)E", target,
+ * ratio, top_k) pass the row validator that resume, the MC stage and report apply; students that
+ * differ only in top-k are different students (no dedup_of); report gives them their own section
+ * with a column per (ratio, top-k), and the dense table only the dense rows. */
+static void moe_grid_sweep_then_report(void **state) {
+    (void)state;
+    fixture fx = make_fixture();
+    const char *exp = "[experiment.m]\nmodel = 'MODEL'\nbackend = 'fake'\n"
+                      "calibration = { data = 'calib.txt', seq_len = 64, samples = 4 }\n"
+                      "ppl = { data = 'ppl.txt', seq_len = 64 }\nmc = { tasks = ['arc_easy'] }\n"
+                      "[experiment.m.axes]\nscoring = ['reap', 'freq']\ngrouping = ['none']\n"
+                      "scaling = ['uniform']\nK = ['2k']\ntarget = ['dense', 'moe']\nratio = [0.25, 0.5]\n"
+                      "top_k = [8, 4]\n";
+    char *path = m2d_path_join(fx.dir, "m.toml"), *at = strstr(exp, "MODEL");
+    char *full = m2d_strfmt("%.*s%s%s", (int)(at - exp), exp, fx.model, at + 5);
+    tu_write(path, full, strlen(full));
+    char *c = m2d_strfmt("%s sweep %s --experiment m --out %s", tu_test_bin(), path, fx.csv), *out = NULL, *err = NULL;
+    if (tu_run(c, &out, &err)) fail_msg("sweep: %s", err);
+    free(c), free(out), free(err);
+    m2d_results r;
+    if (m2d_results_read_checked(fx.csv, &r)) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(r.n_rows, 2 * (1 + 2 * 2));
+    for (int i = 0; i < r.n_rows; i++) {
+        if (strcmp(m2d_results_get(&r, i, "target"), "moe")) continue;
+        assert_string_equal(m2d_results_get(&r, i, "dedup_of"), ""); /* top-8 and top-4: two students */
+        assert_string_equal(m2d_results_get(&r, i, "K_expr"), !strcmp(m2d_results_get(&r, i, "ratio"), "0.25") ? "(1-0.25)E" : "(1-0.5)E");
+    }
+    m2d_results_free(&r);
+    c = m2d_strfmt("%s report %s", tu_test_bin(), fx.csv);
+    if (tu_run(c, &out, &err)) fail_msg("report: %s", err);
+    assert_non_null(strstr(out, "| Scoring | Grouping | Scaling | K=16 |\n"));
+    assert_non_null(strstr(out, "## MoE students (target moe) — experiment m\n\n8 configuration(s), 2 method(s)."));
+    assert_non_null(strstr(out, "| Scoring | Grouping | 25 % removed (K=48), top-8 | 25 % removed (K=48), top-4 | "
+                                "50 % removed (K=32), top-8 | 50 % removed (K=32), top-4 |\n"));
+    free(c), free(out), free(err);
+    free(path), free(full);
+    free_fixture(&fx);
+}
+
 /* target axis: MoE students at ratios of experts removed next to the dense grid; dense ids unchanged */
 static void grid_target_axis(void **state) {
     (void)state;
@@ -804,6 +843,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(grid_expands_resolves_and_trims),
         cmocka_unit_test(grid_target_axis),
+        cmocka_unit_test(moe_grid_sweep_then_report),
         cmocka_unit_test(resolve_K_expressions),
         cmocka_unit_test(shards_partition_the_grid),
         cmocka_unit_test(results_roundtrip_quoting_and_torn_lines),

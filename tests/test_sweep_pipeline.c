@@ -204,8 +204,10 @@ static void moe_target_rows_match_convert_then_ppl(void **state) {
     m2d_sweep_summary sum;
     assert_int_equal(m2d_sweep_run(&x, &o, &sum), 0);
     m2d_results r;
-    assert_int_equal(m2d_results_read(fx.csv, &r), 0);
+    if (m2d_results_read_checked(fx.csv, &r)) fail_msg("%s", m2d_errmsg()); /* what report and resume read */
     assert_int_equal(r.n_rows, 3);
+    /* the calibration actually used: all 4 windows of 64 asked for */
+    assert_string_equal(m2d_results_meta(&r, "calibration"), "fixed windows=4 requested=4 seq_len=64 tokens=256");
     const char *n_params[2] = {0};
     double pruned_ppl = NAN, topk4_ppl = NAN;
     for (int i = 0; i < 3; i++) {
@@ -258,6 +260,71 @@ static void moe_target_rows_match_convert_then_ppl(void **state) {
     free(c), free(out), free(err);
     m2d_results_free(&r);
     m2d_experiment_free(&x);
+    sweep_fx_free(&fx);
+}
+
+/* Calibration data holding fewer windows than calibration.samples asks for: the sweep calibrates
+ * on what there is, says so on stderr with the numbers, and records the windows actually used in
+ * the CSV header (calibration=: windows, requested, seq_len, tokens, the note); report shows it. */
+static void calibration_header_records_windows_used(void **state) {
+    (void)state;
+    sweep_fx fx;
+    if (sweep_fx_make(1, "[experiment.t.axes]\nscoring = ['sf']\ngrouping = ['rr']\nscaling = ['uniform']\nK = ['k']\n",
+                      &fx))
+        TU_SKIP("../shared/models/tiny-qwen3moe or the data not found (run 'make data')");
+    /* the first 2,000 bytes of the WikiText-103 prefix: a few hundred tokens, fewer than 16 x 64 */
+    size_t len;
+    char *text = m2d_read_file(wiki_train(), &len), *small = m2d_path_join(fx.dir, "small.txt");
+    assert_true(len > 2000);
+    tu_write(small, text, 2000);
+    free(text);
+    char *c = m2d_strfmt("%s sweep %s --experiment t --set \"calibration.data='%s'\" --set calibration.samples=16 "
+                         "--out %s", tu_bin(), fx.toml, small, fx.csv);
+    char *out = NULL, *err = NULL;
+    if (tu_run(c, &out, &err)) fail_msg("%s", err);
+    /* a fresh calibration warns itself */
+    assert_non_null(strstr(err, "WARNING: calibration: "));
+    assert_non_null(strstr(err, "16 were asked for"));
+    free(c), free(out);
+    m2d_results r;
+    if (m2d_results_read_checked(fx.csv, &r)) fail_msg("%s", m2d_errmsg());
+    const char *cal = m2d_results_meta(&r, "calibration");
+    assert_non_null(cal);
+    int windows = -1, requested = -1, seq_len = -1;
+    double tokens = -1;
+    assert_int_equal(sscanf(cal, "fixed windows=%d requested=%d seq_len=%d tokens=%lf", &windows, &requested, &seq_len,
+                            &tokens), 4);
+    assert_true(windows >= 1 && windows < 16);
+    assert_int_equal(requested, 16);
+    assert_int_equal(seq_len, 64);
+    assert_true(tokens == 64.0 * windows);
+    assert_non_null(strstr(cal, " (fewer windows than requested: the data holds no more)"));
+    char *said = m2d_strfmt("holds only %d windows of up to 64 tokens; 16 were asked for, %d are used", windows, windows);
+    if (!strstr(err, said)) fail_msg("'%s' not in: %s", said, err);
+    free(said), free(err);
+    /* a second sweep reads the cached statistics: the sweep warns, with the same numbers */
+    char *csv2 = m2d_path_join(fx.dir, "r2.csv");
+    c = m2d_strfmt("%s sweep %s --experiment t --set \"calibration.data='%s'\" --set calibration.samples=16 --out %s",
+                   tu_bin(), fx.toml, small, csv2);
+    if (tu_run(c, &out, &err)) fail_msg("%s", err);
+    assert_null(strstr(err, "calibrated"));
+    said = m2d_strfmt("warning: %s: calibration.samples = 16 but %s holds only %d window(s) of 64 tokens (%d tokens): "
+                      "the cached statistics of those are used", fx.toml, small, windows, 64 * windows);
+    if (!strstr(err, said)) fail_msg("'%s' not in: %s", said, err);
+    free(said), free(c), free(out), free(err), free(csv2);
+    /* report shows it above the tables (md; tex as a comment) */
+    char *line = m2d_strfmt("Calibration (windows actually used): %s\n\n## Perplexity by configuration", cal);
+    c = m2d_strfmt("%s report %s", tu_bin(), fx.csv);
+    assert_int_equal(tu_run(c, &out, &err), 0);
+    if (strncmp(out, line, strlen(line))) fail_msg("report begins:\n%.300s", out);
+    free(c), free(out), free(err), free(line);
+    line = m2d_strfmt("%% Calibration (windows actually used): %s\n", cal);
+    c = m2d_strfmt("%s report %s --format tex", tu_bin(), fx.csv);
+    assert_int_equal(tu_run(c, &out, &err), 0);
+    assert_non_null(strstr(out, line));
+    free(c), free(out), free(err), free(line);
+    m2d_results_free(&r);
+    free(small);
     sweep_fx_free(&fx);
 }
 
@@ -470,6 +537,7 @@ int main(void) {
         cmocka_unit_test(ppl_on_tokens_matches_library_gptq),
         cmocka_unit_test(small_sweep_dedups_caches_and_matches_convert_then_ppl),
         cmocka_unit_test(moe_target_rows_match_convert_then_ppl),
+        cmocka_unit_test(calibration_header_records_windows_used),
         cmocka_unit_test(dry_run_refuses_what_the_run_refuses),
         cmocka_unit_test(killed_pipeline_sweep_resumes_to_the_same_rows),
         cmocka_unit_test(mc_stage_matches_eval_on_converted_student),

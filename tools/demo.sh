@@ -23,7 +23,7 @@ ch=$(sed -n 's/^# calib_hash=//p' "$csv" | cut -c1-16)
 stats="results/cache/$mh-$ch.m2dstats"
 model=$(sed -n 's/^# model=//p' "$csv")
 k=$(sed -n 's/.*"num_experts_per_tok": *\([0-9]*\).*/\1/p' "$model/config.json")
-{ echo "# K=$k"; "$bin" analyze --stats "$stats" --model "$model" --criteria sf,pp,ps,cp,acp,do-cp,do-acp --csv; } \
+{ echo "# K=$k"; "$bin" analyze --stats "$stats" --model "$model" --criteria sf,pp,ps,cp,acp,do-cp,do-acp --csv --pearson-matrix; } \
   > results/demo-analyze.csv
 sh tools/plots.sh
 t2=$(now)

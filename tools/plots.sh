@@ -3,13 +3,15 @@
 #   RESULTS  sweep CSV (default results/demo.csv)        -> heatmap_<scoring>, marginal, distill
 #            (distill: when the sweep had a distillation stage)
 #   ANALYZE  `moe2dense analyze --csv` output (default results/demo-analyze.csv, optional)
-#            -> overlap, erank
+#            -> overlap, erank; lorenz and pearson (paper 001) when the file has their rows;
+#            pearson_matrix with `analyze --pearson-matrix`
 #   PLOTS_DIR output directory (default plots), M2D_BIN the binary (default ./moe2dense)
 #
 # Data never becomes code: every data file is read and validated by `moe2dense report` (rows,
 # names, numbers; the analyze file's "# K=" line), which writes plain data files for gnuplot.
 # The only values spliced into gnuplot commands are checked here once more: plugin-style names,
-# display names from a fixed character set, integers, decimal numbers and the output paths
+# display names from a fixed character set, integers, decimal numbers, the analyze file's base
+# name (or a fixed text) and the output paths
 # (no quotes, backslashes or control characters). Anything else stops the script.
 # Plots are rendered into a temporary directory inside PLOTS_DIR and renamed into place; an
 # existing symbolic link at a plot's path is refused, not followed.
@@ -71,7 +73,11 @@ while IFS="$tab" read -r s name; do
   is_display "$name" || die "$data/scorings.txt: display name '$name' has characters outside [A-Za-z0-9 _.+()/,-]"
   render heatmap.gp "heatmap_$s" "datadir='$data'; scoring='$s'; title='$name'; cblo=$lo; cbhi=$hi"
 done < "$data/scorings.txt"
-render marginal.gp marginal "datadir='$data'"
+if [ -s "$data/scorings.txt" ]; then
+  render marginal.gp marginal "datadir='$data'"
+else # an MoE-only grid: its students are in the report's MoE section, not in these plots
+  echo "plots: $csv holds no dense students: no heat maps or marginals"
+fi
 if [ -f "$data/distill_curves.txt" ]; then # the sweep had a distillation stage
   read -r nloss nval < "$data/distill_curves.txt"
   is_int "$nloss" && is_int "$nval" || die "$data/distill_curves.txt: not two integers"
@@ -88,6 +94,21 @@ if [ -f "$analyze" ]; then
   else sub="$base, mean over MoE layers (K not recorded: set ANALYZE_K)"; fi
   render overlap.gp overlap "matrix='$data/overlap.dat'; subtitle='$sub'"
   render erank.gp erank "table='$data/erank.dat'; maxrank=$K; haveK=$haveK; subtitle='$sub'"
+  # paper 001's condenser analyses (analyze writes them with every --csv)
+  read -r nb gini first last < "$data/lorenz.txt"
+  is_int "$nb" && is_number "$gini" && is_int "$first" && is_int "$last" \
+    || die "$data/lorenz.txt: not BLOCKS MEAN_GINI FIRST_LAYER LAST_LAYER"
+  if [ "$nb" -gt 0 ]; then
+    render lorenz.gp lorenz "datafile='$data/lorenz.dat'; nblocks=$nb; meangini=$gini; firstlayer=$first; lastlayer=$last; subtitle='$base'"
+  fi
+  read -r nl havem mlayer < "$data/pearson.txt"
+  is_int "$nl" && is_int "$havem" && is_int "$mlayer" || die "$data/pearson.txt: not LAYERS HAVE_MATRIX MATRIX_LAYER"
+  if [ "$nl" -gt 0 ]; then
+    render pearson.gp pearson "datafile='$data/pearson.dat'; subtitle='$base'"
+  fi
+  if [ "$havem" = 1 ]; then
+    render pearson_matrix.gp pearson_matrix "datafile='$data/pearson_matrix.dat'; layer=$mlayer; subtitle='$base'"
+  fi
 else
   echo "plots: $analyze not found: skipping overlap and erank (moe2dense analyze --csv > $analyze)"
 fi

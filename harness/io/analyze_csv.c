@@ -11,34 +11,34 @@
 #include "io/results.h"
 
 static const char *const HEADER[] = {"layer", "metric", "criterion", "other", "value"};
-/* What the criterion and other fields of a metric hold. */
-typedef enum { F_EMPTY, F_NAME, F_INDEX, F_SPEC } field_kind;
+/* what the criterion / other field of a metric holds */
+typedef enum { F_EMPTY, F_NAME, F_NAME_OR_EMPTY, F_INDEX, F_SVAR } field_kind;
+/* the range of a metric's value */
+typedef enum { R_UNIT, R_CORR, R_ERANK, R_NONNEG } range_kind;
 
-/* Every metric `analyze --csv` writes: its fields, its value range, whether the value may be
- * empty (n/a); in m2d_an_metric order. */
 static const struct {
     const char *name;
-    field_kind criterion, other;
-    double lo, hi;
-    int hi_is_K, may_be_empty;
+    field_kind crit, other;
+    range_kind range;
+    int na_ok; /* an empty value (n/a) is allowed */
 } METRICS[] = {
-    {"overlap", F_NAME, F_NAME, 0, 1, 0, 0},
-    {"erank", F_NAME, F_EMPTY, 0, INFINITY, 1, 0},
-    {"erank_w", F_NAME, F_EMPTY, 0, INFINITY, 1, 0},
-    {"mu_S", F_NAME, F_EMPTY, 0, 1, 0, 0},
-    {"mu", F_EMPTY, F_EMPTY, 0, 1, 0, 0},
-    {"thm33_gap", F_EMPTY, F_EMPTY, 0, INFINITY, 0, 1},
-    {"damage_overlap_25", F_EMPTY, F_EMPTY, 0, 1, 0, 0},
-    {"damage_overlap_50", F_EMPTY, F_EMPTY, 0, 1, 0, 0},
-    {"calib_overlap_25", F_SPEC, F_EMPTY, 0, 1, 0, 1},
-    {"calib_overlap_50", F_SPEC, F_EMPTY, 0, 1, 0, 1},
-    {"gini", F_EMPTY, F_EMPTY, 0, 1, 0, 0},
-    {"lorenz", F_INDEX, F_EMPTY, 0, 1, 0, 0},
-    {"pearson_mean", F_EMPTY, F_EMPTY, -1, 1, 0, 0},
-    {"pearson_max", F_EMPTY, F_EMPTY, -1, 1, 0, 0},
-    {"pearson", F_INDEX, F_INDEX, -1, 1, 0, 0},
+    [M2D_AN_OVERLAP] = {"overlap", F_NAME, F_NAME, R_UNIT, 0},
+    [M2D_AN_ERANK] = {"erank", F_NAME, F_EMPTY, R_ERANK, 0},
+    [M2D_AN_ERANK_W] = {"erank_w", F_NAME, F_EMPTY, R_ERANK, 0},
+    [M2D_AN_MU] = {"mu", F_NAME_OR_EMPTY, F_EMPTY, R_UNIT, 0},
+    [M2D_AN_MU_S] = {"mu_S", F_NAME, F_EMPTY, R_UNIT, 0},
+    [M2D_AN_THM33_GAP] = {"thm33_gap", F_EMPTY, F_EMPTY, R_NONNEG, 1},
+    [M2D_AN_DAMAGE_25] = {"damage_overlap_25", F_EMPTY, F_EMPTY, R_UNIT, 0},
+    [M2D_AN_DAMAGE_50] = {"damage_overlap_50", F_EMPTY, F_EMPTY, R_UNIT, 0},
+    [M2D_AN_CALIB_25] = {"calib_overlap_25", F_SVAR, F_EMPTY, R_UNIT, 1},
+    [M2D_AN_CALIB_50] = {"calib_overlap_50", F_SVAR, F_EMPTY, R_UNIT, 1},
+    [M2D_AN_GINI] = {"gini", F_EMPTY, F_EMPTY, R_UNIT, 0},
+    [M2D_AN_PEARSON_MEAN] = {"pearson_mean", F_EMPTY, F_EMPTY, R_CORR, 0},
+    [M2D_AN_PEARSON_MAX] = {"pearson_max", F_EMPTY, F_EMPTY, R_CORR, 0},
+    [M2D_AN_LORENZ] = {"lorenz", F_INDEX, F_EMPTY, R_UNIT, 0},
+    [M2D_AN_PEARSON] = {"pearson", F_INDEX, F_INDEX, R_CORR, 0},
 };
-_Static_assert(sizeof METRICS / sizeof METRICS[0] == M2D_AN_METRIC_COUNT, "one entry per m2d_an_metric");
+#define N_METRICS ((int)(sizeof METRICS / sizeof *METRICS))
 
 typedef struct {
     const char *name;
@@ -79,53 +79,61 @@ static int parse_value(const char *s, double *v) {
     return *end || errno == ERANGE || !isfinite(*v) ? -1 : 0;
 }
 
-static int is_index(const char *s) { return *s && strlen(s) <= 7 && strspn(s, "0123456789") == strlen(s); }
-
-/* "S(b;a;c)" with small non-negative integers (paper 004's S(b,a,c) variants) */
-static int is_spec(const char *s) {
-    int b, a, c, n = 0;
-    return strlen(s) < 32 && sscanf(s, "S(%3d;%3d;%3d)%n", &b, &a, &c, &n) == 3 && n == (int)strlen(s) && b >= 0 &&
-           a >= 0 && c >= 0;
+/* The range of a value of metric M (K: the selection size, 0 when unknown). */
+static const char *value_range(m2d_an_metric m, double v, int K) {
+    switch (METRICS[m].range) {
+    case R_UNIT: return v >= 0 && v <= 1 + 1e-9 ? NULL : "is outside [0, 1]";
+    case R_CORR: return v >= -1 - 1e-9 && v <= 1 + 1e-9 ? NULL : "is outside [-1, 1] (a correlation)";
+    case R_NONNEG: return v >= 0 ? NULL : "is negative";
+    case R_ERANK: break;
+    }
+    if (v < 0) return "is negative (an effective rank is >= 0)";
+    return K && v > K + 1e-6 ? "exceeds K (an effective rank is at most K)" : NULL;
 }
 
-static const char *field_problem(field_kind k, const char *s) {
+/* an expert index or count: up to 6 digits -> *v */
+static int parse_index(const char *s, int *v) {
+    if (!*s || strspn(s, "0123456789") != strlen(s) || strlen(s) > 6) return -1;
+    *v = atoi(s);
+    return 0;
+}
+
+/* S(b;a;c) of paper 004's family: b in {0,1}, a and c in {0,1,2} */
+static int is_svar(const char *s) {
+    return strlen(s) == 8 && s[0] == 'S' && s[1] == '(' && (s[2] == '0' || s[2] == '1') && s[3] == ';' &&
+           s[4] >= '0' && s[4] <= '2' && s[5] == ';' && s[6] >= '0' && s[6] <= '2' && s[7] == ')';
+}
+
+/* why field S (of kind K) is invalid, or NULL; *index for F_INDEX */
+static const char *check_field(field_kind k, const char *s, int *index) {
     switch (k) {
-    case F_EMPTY: return *s ? "must be empty for this metric" : NULL;
+    case F_EMPTY: return s[0] ? "must be empty for this metric" : NULL;
     case F_NAME: return m2d_results_is_name(s) ? NULL : "is not a criterion name";
-    case F_INDEX: return is_index(s) ? NULL : "is not an expert index";
-    case F_SPEC: return is_spec(s) ? NULL : "is not S(b;a;c)";
+    case F_NAME_OR_EMPTY: return !s[0] || m2d_results_is_name(s) ? NULL : "is not empty or a criterion name";
+    case F_INDEX: return parse_index(s, index) ? "is not an expert index (up to 6 digits)" : NULL;
+    case F_SVAR: return is_svar(s) ? NULL : "is not S(b;a;c) (b 0-1, a and c 0-2)";
     }
     return NULL;
-}
-
-static int check_value(const an_reader *rd, int line, int col, const char *s, int m, double *v) {
-    if (!*s && METRICS[m].may_be_empty) return *v = NAN, 0; /* n/a */
-    if (parse_value(s, v)) return cell_err(rd, line, col, 4, s, "is not a number");
-    if (METRICS[m].hi_is_K) { /* an effective rank */
-        if (*v < 0) return cell_err(rd, line, col, 4, s, "is negative (an effective rank is >= 0)");
-        if (rd->a->K && *v > rd->a->K + 1e-6) return cell_err(rd, line, col, 4, s, "exceeds K (an effective rank is at most K)");
-        return 0;
-    }
-    if (*v < METRICS[m].lo - 1e-9 || *v > METRICS[m].hi + 1e-9) {
-        char why[64];
-        snprintf(why, sizeof why, "is outside [%g, %g]", METRICS[m].lo, METRICS[m].hi);
-        return cell_err(rd, line, col, 4, s, why);
-    }
-    return 0;
 }
 
 static int check_row(const an_reader *rd, char **f, const int *cols, int line, m2d_an_row *row) {
     if (parse_layer(f[0], &row->layer)) return cell_err(rd, line, cols[0], 0, f[0], "is not 'mean' or a layer index");
     int m = -1;
-    for (int i = 0; i < M2D_AN_METRIC_COUNT; i++)
+    for (int i = 0; i < N_METRICS; i++)
         if (!strcmp(f[1], METRICS[i].name)) m = i;
-    if (m < 0) return cell_err(rd, line, cols[1], 1, f[1], "is not a metric analyze writes");
+    if (m < 0) return cell_err(rd, line, cols[1], 1, f[1], "is not a metric of analyze --csv (moe2dense help analyze)");
     row->metric = (m2d_an_metric)m;
-    const char *why = field_problem(METRICS[m].criterion, f[2]);
+    row->i = row->j = -1;
+    const char *why = check_field(METRICS[m].crit, f[2], &row->i);
+    if (why && m == M2D_AN_OVERLAP) why = "is not a criterion name";
     if (why) return cell_err(rd, line, cols[2], 2, f[2], why);
-    if ((why = field_problem(METRICS[m].other, f[3])))
-        return cell_err(rd, line, cols[3], 3, f[3], m == M2D_AN_OVERLAP ? "is not a criterion name (overlap compares two)" : why);
-    if (check_value(rd, line, cols[4], f[4], m, &row->value)) return -1;
+    why = check_field(METRICS[m].other, f[3], &row->j);
+    if (why && m == M2D_AN_OVERLAP) why = "is not a criterion name (overlap compares two)";
+    if (why) return cell_err(rd, line, cols[3], 3, f[3], why);
+    if (!f[4][0] && METRICS[m].na_ok) row->value = NAN;
+    else if (parse_value(f[4], &row->value)) return cell_err(rd, line, cols[4], 4, f[4], "is not a number");
+    why = isnan(row->value) ? NULL : value_range(row->metric, row->value, rd->a->K);
+    if (why) return cell_err(rd, line, cols[4], 4, f[4], why);
     snprintf(row->criterion, sizeof row->criterion, "%s", f[2]);
     snprintf(row->other, sizeof row->other, "%s", f[3]);
     return 0;

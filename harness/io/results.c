@@ -153,7 +153,7 @@ const char *m2d_results_meta(const m2d_results *r, const char *key) {
 
 typedef enum {
     V_TEXT, V_ID, V_NAME, V_KEXPR, V_COUNT, V_COUNT_OR_EMPTY, V_PARAMS, V_PPL, V_PROB_OR_EMPTY, V_SECONDS,
-    V_STATUS, V_DEDUP, V_HEX64_OR_EMPTY
+    V_STATUS, V_DEDUP, V_HEX64_OR_EMPTY, V_TARGET, V_RATIO_OR_EMPTY
 } rule;
 
 static const struct {
@@ -166,6 +166,7 @@ static const struct {
     {"ppl", V_PPL},             {"ppl_protocol", V_NAME},     {"ppl_seq_len", V_COUNT},
     {"ppl_windows", V_COUNT_OR_EMPTY}, {"mc_avg", V_PROB_OR_EMPTY}, {"wall_s", V_SECONDS},
     {"status", V_STATUS},       {"dedup_of", V_DEDUP},        {"fingerprint", V_HEX64_OR_EMPTY},
+    {"target", V_TARGET},       {"ratio", V_RATIO_OR_EMPTY},  {"top_k", V_COUNT_OR_EMPTY},
 };
 
 static int ends_with(const char *s, const char *suffix) {
@@ -202,9 +203,24 @@ static int all_digits(const char *s) {
     return 1;
 }
 
-/* k, Nk, E, E/N, N (what an axis may say; the value against the teacher is the grid's business) */
+static int decimal(const char *s, double *v);
+
+/* a fraction of experts removed, in [0, 1) (the ratio axis of MoE targets) */
+static int is_ratio(const char *s) {
+    double v;
+    return strlen(s) <= 8 && decimal(s, &v) && v >= 0 && v < 1;
+}
+
+/* k, Nk, E, E/N, N (what an axis may say; the value against the teacher is the grid's business),
+ * or (1-R)E: the experts an MoE target keeps at ratio R */
 static int is_kexpr(const char *s) {
     if (!strcmp(s, "k") || !strcmp(s, "E")) return 1;
+    size_t len = strlen(s);
+    if (!strncmp(s, "(1-", 3) && len > 5 && len < 16 && !strcmp(s + len - 2, ")E")) {
+        char r[16];
+        snprintf(r, sizeof r, "%.*s", (int)(len - 5), s + 3);
+        return is_ratio(r);
+    }
     if (!strncmp(s, "E/", 2)) return all_digits(s + 2) && strlen(s) < 16;
     size_t n = strlen(s);
     if (n && s[n - 1] == 'k') n--;
@@ -248,7 +264,9 @@ static const char *check_field(rule k, const char *s) {
     case V_TEXT: return check_printable(s, 1 << 16);
     case V_ID: return is_hex(s, 12) ? NULL : "is not a configuration id (12 lowercase hex digits)";
     case V_NAME: return m2d_results_is_name(s) ? NULL : "is not a plugin-style name ([a-z0-9][a-z0-9_.+-]*, < 32 characters)";
-    case V_KEXPR: return is_kexpr(s) ? NULL : "is not a K expression (k, Nk, E, E/N or N)";
+    case V_KEXPR: return is_kexpr(s) ? NULL : "is not a K expression (k, Nk, E, E/N, N or (1-R)E)";
+    case V_TARGET: return !strcmp(s, "dense") || !strcmp(s, "moe") ? NULL : "is not dense or moe";
+    case V_RATIO_OR_EMPTY: return !*s || is_ratio(s) ? NULL : "is not empty or a fraction in [0, 1)";
     case V_COUNT: return check_count(s, 0);
     case V_COUNT_OR_EMPTY: return check_count(s, 1);
     case V_PARAMS: return check_printable(s, 128);

@@ -17,7 +17,9 @@
  * m2d_results_read_checked): each column the sweep writes has a rule, found by name:
  *   config_id          12 lowercase hex digits, unique in the file
  *   scoring grouping scaling ppl_protocol   a plugin-style name [a-z0-9][a-z0-9_.+-]*, < 32 chars
- *   K_expr             k, Nk, E, E/N or N;   K ppl_seq_len   an integer >= 1
+ *   K_expr             k, Nk, E, E/N, N or (1-R)E (an MoE target at ratio R);   K ppl_seq_len   an integer >= 1
+ *   target ratio top_k (grids with MoE students)   dense or moe; empty or a fraction in [0, 1);
+ *                      empty or an integer >= 1
  *   params             printable text < 128 chars
  *   d_dense n_params ppl_windows   empty or an integer >= 1
  *   ppl                empty or a finite number >= 1 (a perplexity); required when status is ok

@@ -26,7 +26,7 @@ typedef struct {
     char ratio[16];         /* moe: fraction of routed experts removed per layer as written ("0.25"); "" for dense */
     double ratio_v;         /* its value (0: no expert removed, e.g. the teacher with fewer experts per token) */
     int top_k;              /* moe: the student's experts per token (paper 001 §2 (iii)); 0: the teacher's k */
-    char K_expr[16];        /* as written in the axis: "2k", "E", "16"; moe: "ratio" */
+    char K_expr[16];        /* as written in the axis: "2k", "E", "16"; moe: "(1-R)E" */
     int K;                  /* resolved against the teacher; moe: max(1, round((1 − ratio)·E)) experts kept */
     char params[128];       /* plugin parameters "b=1,a=1,c=2"; "" when none */
     char id[M2D_ID_LEN + 1];/* stable: hash of the axis values (with K resolved) */

@@ -7,6 +7,8 @@
 #include "base/util.h"
 #include "criteria/registry.h"
 #include "sweep/report_distill.h"
+#include "sweep/report_moe.h"
+#include "sweep/report_usage.h"
 
 /* ---- names and number formatting ---- */
 
@@ -80,7 +82,9 @@ static void names_add(names *s, const char *v) {
 
 static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
 
-static int grid_load(const m2d_results *r, grid *g) {
+/* The grid of R's rows; DENSE_ONLY: without the MoE students (report_moe.h), whose scaling and K
+ * have no place in the dense table (the entries are then not in row order). */
+static int grid_load(const m2d_results *r, grid *g, int dense_only) {
     memset(g, 0, sizeof *g);
     static const char *const need[] = {"config_id", "scoring", "grouping", "scaling", "K", "ppl", "status"};
     for (size_t i = 0; i < M2D_ARRAY_LEN(need); i++)
@@ -90,6 +94,7 @@ static int grid_load(const m2d_results *r, grid *g) {
         c_ppl = m2d_results_col(r, "ppl"), c_st = m2d_results_col(r, "status");
     g->e = m2d_calloc((size_t)r->n_rows + 1, sizeof *g->e);
     for (int i = 0; i < r->n_rows; i++) {
+        if (dense_only && m2d_report_is_moe_row(r, i)) continue;
         char **row = r->rows[i];
         entry *e = &g->e[g->n_e++];
         e->scoring = row[c_sc];
@@ -154,6 +159,41 @@ static void tex_escape(FILE *f, const char *s) {
 static void put_name(FILE *f, m2d_report_format fmt, const char *s) {
     if (fmt == M2D_REPORT_TEX) tex_escape(f, s);
     else fputs(s, f);
+}
+
+/* ---- table rows shared by the report's sections ---- */
+
+void m2d_report_cells(const m2d_report_out *o, const char *const *cells, int n, const unsigned char *bold) {
+    for (int i = 0; i < n; i++) {
+        int b = bold && bold[i] && cells[i][0];
+        if (o->fmt == M2D_REPORT_MD) fprintf(o->f, "%s %s%s%s", i ? " |" : "|", b ? "**" : "", cells[i], b ? "**" : "");
+        else {
+            if (i) fputs(" & ", o->f);
+            fputs(b ? "\\textbf{" : "", o->f);
+            tex_escape(o->f, cells[i]);
+            fputs(b ? "}" : "", o->f);
+        }
+    }
+    fputs(o->fmt == M2D_REPORT_MD ? " |\n" : " \\\\\n", o->f);
+}
+
+void m2d_report_header(const m2d_report_out *o, const char *const *cells, int n, int names) {
+    if (o->fmt == M2D_REPORT_TEX) {
+        fputs("\\begin{tabular}{", o->f);
+        for (int i = 0; i < n; i++) fputc(i < names ? 'l' : 'r', o->f);
+        fputs("}\n\\toprule\n", o->f);
+    }
+    m2d_report_cells(o, cells, n, NULL);
+    if (o->fmt == M2D_REPORT_TEX) {
+        fputs("\\midrule\n", o->f);
+        return;
+    }
+    for (int i = 0; i < n; i++) fputs(i < names ? "|---" : "|---:", o->f);
+    fputs("|\n", o->f);
+}
+
+void m2d_report_end(const m2d_report_out *o) {
+    fputs(o->fmt == M2D_REPORT_TEX ? "\\bottomrule\n\\end{tabular}\n" : "", o->f);
 }
 
 /* index into g->Ks of the lowest finite PPL of a table row, -1 when none */
@@ -365,19 +405,34 @@ static void write_summary(const grid *g, m2d_report_format fmt, FILE *f) {
     free(c);
 }
 
+/* The calibration the sweep actually used (its header's calibration= line: windows used and
+ * requested, seq_len, tokens, and a note when the data held fewer windows than requested). */
+static void write_calibration(const m2d_results *r, m2d_report_format fmt, FILE *f) {
+    const char *cal = m2d_results_meta(r, "calibration");
+    if (!cal || fmt == M2D_REPORT_CSV) return;
+    fputs(fmt == M2D_REPORT_MD ? "Calibration (windows actually used): " : "% Calibration (windows actually used): ", f);
+    for (const char *c = cal; *c; c++) fputc((unsigned char)*c < 0x20 || *c == 0x7f ? '?' : *c, f);
+    fputs(fmt == M2D_REPORT_MD ? "\n\n" : "\n", f);
+}
+
 int m2d_report_write(const m2d_results *r, m2d_report_format fmt, FILE *f) {
+    write_calibration(r, fmt, f);
     grid g;
-    if (grid_load(r, &g)) return -1;
-    write_table(&g, r, fmt, f);
-    write_table_note(&g, fmt, f);
-    if (fmt != M2D_REPORT_CSV && g.sc.n) write_summary(&g, fmt, f);
+    if (grid_load(r, &g, 1)) return -1;
+    /* an MoE-only grid has no dense table; a file with no rows keeps its (empty) one */
+    if (g.n_e || r->n_rows == 0 || fmt == M2D_REPORT_CSV) {
+        write_table(&g, r, fmt, f);
+        write_table_note(&g, fmt, f);
+        if (fmt != M2D_REPORT_CSV && g.sc.n) write_summary(&g, fmt, f);
+    }
     grid_free(&g);
+    if (m2d_report_moe_write(r, fmt, f)) return -1;
     return m2d_report_distill_write(r, fmt, f);
 }
 
 int m2d_report_best_per_pair(const m2d_results *r, int **rows) {
     grid g;
-    if (grid_load(r, &g)) return -1;
+    if (grid_load(r, &g, 0)) return -1;
     *rows = m2d_malloc((size_t)(g.sc.n * g.gr.n + 1) * sizeof **rows);
     int n = 0;
     for (int s = 0; s < g.sc.n; s++)
@@ -532,7 +587,7 @@ static int write_range(const char *dir, double lo, double hi) {
 
 int m2d_report_plot_data(const m2d_results *r, const char *dir) {
     grid g;
-    if (grid_load(r, &g)) return -1;
+    if (grid_load(r, &g, 1)) return -1;
     if (m2d_mkdir_p(dir)) {
         grid_free(&g);
         return -1;
@@ -561,12 +616,13 @@ int m2d_report_plot_data(const m2d_results *r, const char *dir) {
 
 /* ---- analyze plot data ---- */
 
-/* The criteria of A's mean overlap rows in order of first appearance (pointers into A; the other
- * metrics' criterion field holds expert indices, S(b;a;c) or nothing). */
+/* The criteria of A's mean overlap and erank rows in order of first appearance (pointers into A;
+ * the file's other metrics name no criterion, or not one of the selections). */
 static int an_criteria(const m2d_an_csv *a, const char **out) {
     int n = 0;
     for (int i = 0; i < a->n; i++) {
-        if (a->rows[i].layer != -1 || a->rows[i].metric != M2D_AN_OVERLAP) continue;
+        m2d_an_metric m = a->rows[i].metric;
+        if (a->rows[i].layer != -1 || (m != M2D_AN_OVERLAP && m != M2D_AN_ERANK && m != M2D_AN_ERANK_W)) continue;
         int seen = 0;
         for (int j = 0; j < n && !seen; j++) seen = !strcmp(out[j], a->rows[i].criterion);
         if (!seen) out[n++] = a->rows[i].criterion;
@@ -610,5 +666,5 @@ int m2d_report_analyze_plot_data(const m2d_an_csv *a, const char *dir) {
     int rc = pd_close(&op);
     if (pd_close(&ep)) rc = -1;
     if (pd_close(&kp)) rc = -1;
-    return rc;
+    return rc ? rc : m2d_report_usage_plot_data(a, dir);
 }

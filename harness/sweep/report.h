@@ -21,9 +21,22 @@ void m2d_report_format_ppl(double ppl, char *buf, size_t n);
  * itself when unknown or without one. */
 const char *m2d_report_display_name(const char *name);
 
-/* Write the table and the per-criterion summary. */
+/* Rows of a table shared by the report's sections (md or tex): CELLS in order (names escaped for
+ * tex here), BOLD[i] != 0 marks cell i (BOLD may be NULL); a header row opens the table (first
+ * NAMES columns left-aligned, the others right-aligned) and m2d_report_end closes it. */
+typedef struct {
+    m2d_report_format fmt;
+    FILE *f;
+} m2d_report_out;
+void m2d_report_cells(const m2d_report_out *o, const char *const *cells, int n, const unsigned char *bold);
+void m2d_report_header(const m2d_report_out *o, const char *const *cells, int n, int names);
+void m2d_report_end(const m2d_report_out *o);
+
+/* Write the table and the per-criterion summary of the dense students, the MoE students' section
+ * (report_moe.h) and the distillation section (report_distill.h). The csv format holds the dense
+ * table only. */
 int m2d_report_write(const m2d_results *r, m2d_report_format fmt, FILE *f);
-/* Write gnuplot inputs into DIR: heat_<scoring>.dat (PPL matrix, rows grouping/scaling,
+/* Write gnuplot inputs of the dense students into DIR: heat_<scoring>.dat (PPL matrix, rows grouping/scaling,
  * columns K, NaN for failed/absent), best_<scoring>.dat (column, row of each row's best K), marginal_<axis>.dat (per axis value: geometric-mean PPL, median, best, count),
  * scorings.txt ("NAME<TAB>DISPLAY NAME", one scoring a line), range.txt (the colour range). The
  * names are validated (m2d_results_validate); every file is written atomically. */
@@ -32,7 +45,9 @@ int m2d_report_plot_data(const m2d_results *r, const char *dir);
 /* Write the analyze plots' inputs into DIR from a validated `analyze --csv` file: overlap.dat
  * (mean overlap matrix, row and column headers = criteria), erank.dat (criterion erank erank_w,
  * means over layers) and analyze.txt ("MAXRANK HAVE_K": K and 1 when the file records K, else
- * the largest rank + 1 and 0). Only numbers and validated names reach the files. */
+ * the largest rank + 1 and 0), and the condenser analyses' lorenz.dat, lorenz.txt, pearson.dat,
+ * pearson.txt, pearson_matrix.dat (report_usage.h). Only numbers and validated names reach the
+ * files. */
 int m2d_report_analyze_plot_data(const m2d_an_csv *a, const char *dir);
 
 /* A plot-data file built in memory and written atomically into DIR on close (0, or -1 +

@@ -29,45 +29,6 @@ int m2d_report_distilled_rows(const m2d_results *r, int one_per_student, int **r
 
 /* ---- tables ---- */
 
-typedef struct {
-    m2d_report_format fmt;
-    FILE *f;
-} out_t;
-
-static void put_cells(const out_t *o, const char *const *cells, int n) {
-    for (int i = 0; i < n; i++) {
-        if (o->fmt == M2D_REPORT_MD) fprintf(o->f, "%s %s", i ? " |" : "|", cells[i]);
-        else {
-            if (i) fputs(" & ", o->f);
-            for (const char *s = cells[i]; *s; s++) {
-                if (strchr("&%$#_{}", *s)) fputc('\\', o->f);
-                fputc(*s, o->f);
-            }
-        }
-    }
-    fputs(o->fmt == M2D_REPORT_MD ? " |\n" : " \\\\\n", o->f);
-}
-
-/* header row, then the md separator (first NAMES columns left-aligned) or the tex rule */
-static void put_header(const out_t *o, const char *const *cells, int n, int names) {
-    if (o->fmt == M2D_REPORT_TEX) {
-        fputs("\\begin{tabular}{", o->f);
-        for (int i = 0; i < n; i++) fputc(i < names ? 'l' : 'r', o->f);
-        fputs("}\n\\toprule\n", o->f);
-    }
-    put_cells(o, cells, n);
-    if (o->fmt == M2D_REPORT_TEX) {
-        fputs("\\midrule\n", o->f);
-        return;
-    }
-    for (int i = 0; i < n; i++) fputs(i < names ? "|---" : "|---:", o->f);
-    fputs("|\n", o->f);
-}
-
-static void put_end(const out_t *o) {
-    fputs(o->fmt == M2D_REPORT_TEX ? "\\bottomrule\n\\end{tabular}\n" : "", o->f);
-}
-
 /* distinct values of column COL over ROWS, in order of appearance */
 static int distinct(const m2d_results *r, const int *rows, int n, const char *col, const char **vals) {
     int k = 0;
@@ -82,7 +43,7 @@ static int distinct(const m2d_results *r, const int *rows, int n, const char *co
 
 /* Table 12 layout: rows scoring, columns grouping; the cell is VALUE of the pair's distilled
  * student with the lowest post-distillation PPL (SCALE 100: percent) */
-static void matrix(const m2d_results *r, const int *rows, int n, const out_t *o, const char *value, double scale,
+static void matrix(const m2d_results *r, const int *rows, int n, const m2d_report_out *o, const char *value, double scale,
                    const char *title) {
     const char **sc = m2d_calloc((size_t)n + 1, sizeof *sc), **gr = m2d_calloc((size_t)n + 1, sizeof *gr);
     int ns = distinct(r, rows, n, "scoring", sc), ng = distinct(r, rows, n, "grouping", gr);
@@ -90,7 +51,7 @@ static void matrix(const m2d_results *r, const int *rows, int n, const out_t *o,
     fprintf(o->f, o->fmt == M2D_REPORT_MD ? "\n%s\n\n" : "\n%% %s\n", title);
     cells[0] = m2d_strdup("Scoring");
     for (int g = 0; g < ng; g++) cells[g + 1] = m2d_strdup(m2d_report_display_name(gr[g]));
-    put_header(o, (const char *const *)cells, ng + 1, 1);
+    m2d_report_header(o, (const char *const *)cells, ng + 1, 1);
     for (int s = 0; s < ns; s++) {
         for (int g = 0; g <= ng; g++) free(cells[g]);
         cells[0] = m2d_strdup(m2d_report_display_name(sc[s]));
@@ -107,20 +68,20 @@ static void matrix(const m2d_results *r, const int *rows, int n, const out_t *o,
             else if (isfinite(v)) snprintf(buf, sizeof buf, "%.1f", v * scale);
             cells[g + 1] = m2d_strdup(buf);
         }
-        put_cells(o, (const char *const *)cells, ng + 1);
+        m2d_report_cells(o, (const char *const *)cells, ng + 1, NULL);
     }
-    put_end(o);
+    m2d_report_end(o);
     for (int g = 0; g <= ng; g++) free(cells[g]);
     free(cells), free(sc), free(gr);
 }
 
 /* one line per distilled student */
-static void details(const m2d_results *r, const int *rows, int n, int with_mc, const out_t *o) {
+static void details(const m2d_results *r, const int *rows, int n, int with_mc, const m2d_report_out *o) {
     const char *head[] = {"Scoring", "Grouping", "Scaling", "K", "PPL converted", "PPL distilled", "Tokens",
                           "Final loss", "MC avg"};
     int nc = with_mc ? 9 : 8;
     fprintf(o->f, o->fmt == M2D_REPORT_MD ? "\nEvery distilled student:\n\n" : "\n%% every distilled student\n");
-    put_header(o, head, nc, 3);
+    m2d_report_header(o, head, nc, 3);
     for (int i = 0; i < n; i++) {
         int k = rows[i];
         char pre[32], post[32], loss[32], mc[32] = "";
@@ -132,15 +93,15 @@ static void details(const m2d_results *r, const int *rows, int n, int with_mc, c
                                m2d_report_display_name(m2d_results_get(r, k, "grouping")),
                                m2d_report_display_name(m2d_results_get(r, k, "scaling")),
                                m2d_results_get(r, k, "K"), pre, post, m2d_results_get(r, k, "distill_tokens"), loss, mc};
-        put_cells(o, cells, nc);
+        m2d_report_cells(o, cells, nc, NULL);
     }
-    put_end(o);
+    m2d_report_end(o);
 }
 
 int m2d_report_distill_write(const m2d_results *r, m2d_report_format fmt, FILE *f) {
     int *rows, n = m2d_report_distilled_rows(r, 1, &rows), *all, n_all = m2d_report_distilled_rows(r, 0, &all);
     if (n > 0 && fmt != M2D_REPORT_CSV) {
-        out_t o = {fmt, f};
+        m2d_report_out o = {fmt, f};
         const char *exp = m2d_results_meta(r, "experiment");
         if (fmt == M2D_REPORT_MD)
             fprintf(f, "\n## After distillation%s%s\n\n%d distilled student(s). Table 12 layout: per scoring x "

@@ -43,6 +43,7 @@ typedef struct {
     m2d_model *teacher;
     m2d_tokenizer *tk;
     m2d_stats *stats;
+    int stats_cached;       /* the statistics were read from the cache (not computed by this run) */
     char *stats_path;       /* the cache file the statistics came from */
     char *ppl_raw;          /* lm-eval: the raw file */
     size_t ppl_raw_len;
@@ -162,6 +163,7 @@ static int cached_statistics(pipe_t *p, const int32_t *ids, size_t n_ids, const 
         return -1;
     m2d_atomic_remove_leftovers(path); /* of a calibration that was killed while writing */
     p->stats = read_cache(p, path, calib_hash, prec);
+    p->stats_cached = p->stats != NULL;
     int rc = p->stats ? 0 : calibrate_into(p, ids, n_ids, o, calib_hash, path, prec);
     m2d_lock_release(&lock);
     return rc;
@@ -189,6 +191,13 @@ static int pipe_prepare(m2d_sweep_backend *b, const m2d_experiment *x, char mode
         snprintf(b->calibration, sizeof b->calibration, "%s windows=%d requested=%d seq_len=%d tokens=%.0f%s",
                  x->calib_windows, st->n_windows, x->calib_samples, x->calib_seq_len, st->N,
                  st->n_windows < x->calib_samples ? " (fewer windows than requested: the data holds no more)" : "");
+        /* loud: the statistics are not what the experiment asked for (a fresh calibration says so
+         * itself; cached statistics would otherwise be used silently) */
+        if (st->n_windows < x->calib_samples && p->stats_cached)
+            fprintf(stderr, "moe2dense sweep: warning: %s: calibration.samples = %d but %s holds only %d window(s) of "
+                            "%d tokens (%.0f tokens): the cached statistics of those are used; recorded in the CSV "
+                            "header\n",
+                    x->file, x->calib_samples, x->calib_data, st->n_windows, x->calib_seq_len, st->N);
     }
     if (rc) return -1;
     /* evaluation data, encoded once */
