@@ -161,6 +161,62 @@ static void check_case(const char *name) {
     free(path);
 }
 
+/* Steps of golden case NAME at T threads: per-step loss and gradient norm, final fp32 weights. */
+static float *run_threads(const char *name, int threads, double *loss, double *norm, size_t *n_w) {
+    char *path = m2d_strfmt("%s/%s.json", golden_dir(), name);
+    cJSON *g = load_json(path);
+    m2d_model *teacher = build(g, name, "teacher"), *student = build(g, name, "student");
+    m2d_trainer_opts o = settings(item(g, "settings"));
+    o.threads = threads;
+    m2d_windows w;
+    windows_of(g, o.seq_len, &w);
+    m2d_trainer *t;
+    if (m2d_trainer_new(teacher, student, &o, &t)) fail_msg("%s", m2d_errmsg());
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)o.batch * o.seq_len);
+    for (int s = 1; s <= o.optim.steps && s <= 8; s++) {
+        m2d_windows_get(&w, (int64_t)(s - 1) * o.batch, o.batch, tok);
+        m2d_step_stats st;
+        if (m2d_trainer_step(t, s, tok, &st)) fail_msg("%s", m2d_errmsg());
+        loss[s - 1] = st.loss, norm[s - 1] = st.grad_norm;
+    }
+    m2d_train_params *p = m2d_trainer_params(t);
+    float *weights = malloc(sizeof(float) * p->total);
+    m2d_train_params_download(p, M2D_PBUF_WEIGHTS, weights);
+    *n_w = p->total;
+    free(tok);
+    m2d_trainer_free(t);
+    m2d_windows_free(&w);
+    m2d_model_close(teacher), m2d_model_close(student);
+    cJSON_Delete(g);
+    free(path);
+    return weights;
+}
+
+/* Training does not depend on the thread count: every case (fkl with micro-batches and clipping,
+ * rkl with Eq. 6 routing, fkl+mse) gives bit-identical losses, gradient norms and weights at 1, 2
+ * and 3 threads (the forward and backward ops split rows/columns by thread, never a reduction). */
+static void thread_count_independent(void **state) {
+    (void)state;
+    const char *cases[] = {"fkl", "rkl-topk", "fkl-mse"};
+    for (int c = 0; c < 3; c++) {
+        double l1[8] = {0}, n1[8] = {0};
+        size_t n_1;
+        float *w1 = run_threads(cases[c], 1, l1, n1, &n_1);
+        for (int threads = 2; threads <= 3; threads++) {
+            double l[8] = {0}, n[8] = {0};
+            size_t n_t;
+            float *w = run_threads(cases[c], threads, l, n, &n_t);
+            assert_int_equal(n_t, n_1);
+            assert_memory_equal(l, l1, sizeof l);
+            assert_memory_equal(n, n1, sizeof n);
+            assert_memory_equal(w, w1, n_t * sizeof *w);
+            free(w);
+        }
+        assert_true(l1[0] > 0 && n1[0] > 0);
+        free(w1);
+    }
+}
+
 static void fkl(void **state) { (void)state; check_case("fkl"); }
 static void rkl_topk(void **state) { (void)state; check_case("rkl-topk"); }
 static void fkl_mse(void **state) { (void)state; check_case("fkl-mse"); }
@@ -183,6 +239,7 @@ int main(void) {
         cmocka_unit_test(fkl),
         cmocka_unit_test(rkl_topk),
         cmocka_unit_test(fkl_mse),
+        cmocka_unit_test(thread_count_independent),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
