@@ -85,11 +85,24 @@ int m2d_convert_parse_param(const char *kv, char **key, double *value) {
     return 0;
 }
 
+m2d_baseline m2d_baseline_lookup(const char *name) {
+    if (name && !strcmp(name, "random-ffn")) return M2D_BASELINE_RANDOM_FFN;
+    if (name && !strcmp(name, "random-init")) return M2D_BASELINE_RANDOM_INIT;
+    return M2D_BASELINE_NONE;
+}
+
 int m2d_baseline_parse(const char *name, m2d_baseline *out) {
-    if (!strcmp(name, "random-ffn")) *out = M2D_BASELINE_RANDOM_FFN;
-    else if (!strcmp(name, "random-init")) *out = M2D_BASELINE_RANDOM_INIT;
-    else return m2d_err("baseline '%s': expected random-ffn or random-init", name);
+    if ((*out = m2d_baseline_lookup(name)) == M2D_BASELINE_NONE)
+        return m2d_err("baseline '%s': expected random-ffn or random-init", name);
     return 0;
+}
+
+/* A baseline named in the scoring slot (a sweep's scoring axis): the baseline, planned with sf. */
+static m2d_convert_opts resolve_baseline(const m2d_convert_opts *o) {
+    m2d_convert_opts r = *o;
+    m2d_baseline b = m2d_baseline_lookup(o->scoring);
+    if (b != M2D_BASELINE_NONE && o->baseline == M2D_BASELINE_NONE) r.baseline = b, r.scoring = "sf";
+    return r;
 }
 
 const char *m2d_baseline_name(m2d_baseline b) {
@@ -382,9 +395,10 @@ static int check_opts(const m2d_config *c, const char *dir, const m2d_convert_op
     return 0;
 }
 
-int m2d_convert_check(const m2d_config *c, const char *dir, const m2d_convert_opts *o) {
+int m2d_convert_check(const m2d_config *c, const char *dir, const m2d_convert_opts *given) {
     int K, G;
     plugin_set ps;
+    m2d_convert_opts r = resolve_baseline(given), *o = &r;
     if (check_opts(c, dir, o, &K, &G, &ps)) return -1;
     plugin_set_free(&ps);
     return 0;
@@ -430,9 +444,10 @@ static m2d_convert_plan *plan_new(const m2d_model *t, const m2d_stats *stats, co
     return p;
 }
 
-int m2d_convert_plan_build(const m2d_model *t, const m2d_stats *stats, const m2d_convert_opts *o,
+int m2d_convert_plan_build(const m2d_model *t, const m2d_stats *stats, const m2d_convert_opts *given,
                            m2d_convert_plan **out) {
     if (m2d_stats_check_model(stats, "statistics", t)) return -1;
+    m2d_convert_opts r = resolve_baseline(given), *o = &r;
     int K, G;
     plugin_set ps;
     if (check_opts(&t->cfg, t->dir, o, &K, &G, &ps)) return -1;
@@ -515,10 +530,11 @@ void m2d_convert_fingerprint(const m2d_convert_plan *p, char out[65]) {
     m2d_sha256_init(&s);
     sha_str(&s, "moe2dense-student-v1\nteacher %s\ntarget %s\n", p->teacher_hash, target_name(p));
     if (p->target == M2D_TARGET_MOE) sha_str(&s, "top_k %d\n", p->top_k); /* part of the student's config */
-    if (p->baseline)
-        sha_str(&s, "baseline %s seed %llu std %a\n", m2d_baseline_name(p->baseline),
-                (unsigned long long)p->baseline_seed, p->init_std);
-    for (int i = 0; i < p->n_layers; i++) {
+    if (p->baseline) /* the weights depend on kind, seed, std and the width only, not on the plan */
+        sha_str(&s, "baseline %s seed %llu std %a groups %d\n", m2d_baseline_name(p->baseline),
+                (unsigned long long)p->baseline_seed, p->init_std, p->n_groups);
+    for (int i = 0; i < p->n_layers && p->baseline; i++) sha_str(&s, "layer %d\n", p->layers[i].layer);
+    for (int i = 0; i < p->n_layers && !p->baseline; i++) {
         const m2d_layer_plan *l = &p->layers[i];
         sha_str(&s, "layer %d groups %d\n", l->layer, l->n_groups);
         for (int g = 0; g < l->n_groups; g++) {

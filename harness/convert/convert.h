@@ -60,8 +60,12 @@ typedef enum { M2D_MOE_ROUTER_SHARED, M2D_MOE_ROUTER_AVERAGE } m2d_moe_router; /
  * (row-major) the i-th m2d_rand_normal draw, rounded to fp32 and then to the teacher's dtype. The
  * plan (selection, groups) is still built and recorded; it fixes only the width. */
 typedef enum { M2D_BASELINE_NONE, M2D_BASELINE_RANDOM_FFN, M2D_BASELINE_RANDOM_INIT } m2d_baseline;
-/* "random-ffn" / "random-init" -> kind (0), or -1 + m2d_err naming both; m2d_baseline_name: NULL for none. */
+/* "random-ffn" / "random-init" -> kind (0), or -1 + m2d_err naming both; m2d_baseline_name: NULL for none;
+ * m2d_baseline_lookup: the kind, NONE for any other name. A baseline name given as opts.scoring (a
+ * sweep's scoring axis: scoring = ["do-acp", "random-ffn"]) makes that baseline, seed
+ * opts.baseline_seed, planned with scoring sf (the grouping, scaling and K fix the width). */
 int m2d_baseline_parse(const char *name, m2d_baseline *out);
+m2d_baseline m2d_baseline_lookup(const char *name);
 const char *m2d_baseline_name(m2d_baseline b);
 
 typedef struct {
