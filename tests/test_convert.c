@@ -709,6 +709,153 @@ static void bad_input_rejected(void **state) {
     free_fixture(&f);
 }
 
+/* ---------------- random baselines (random-ffn, random-init) ---------------- */
+
+/* The generator itself: 2^20 draws of m2d_rand_normal against N(0, 1). Bounds are 6 standard
+ * errors of each estimate (mean: 1/√n; variance: √(2/n); 4th moment: √(96/n); P(|z| < 1):
+ * √(p(1−p)/n)), so a correct generator fails with probability < 1e-8 and a wrong distribution
+ * (uniform, half-normal, a variance off by 1 %) does not pass. Same seed, same sequence. */
+static void baseline_normal_generator(void **state) {
+    (void)state;
+    const int n = 1 << 20;
+    uint64_t st = 12345, again = 12345;
+    double s1 = 0, s2 = 0, s4 = 0, inside = 0;
+    for (int i = 0; i < n; i++) {
+        double z = m2d_rand_normal(&st);
+        if (i < 1000) assert_true(z == m2d_rand_normal(&again));
+        s1 += z, s2 += z * z, s4 += z * z * z * z, inside += fabs(z) < 1;
+    }
+    double m = s1 / n, v = s2 / n - m * m, k4 = s4 / n, p = inside / n;
+    assert_true(fabs(m) < 6 / sqrt(n));
+    assert_true(fabs(v - 1) < 6 * sqrt(2.0 / n));
+    assert_true(fabs(k4 - 3) < 6 * sqrt(96.0 / n));
+    assert_true(fabs(p - 0.682689492137086) < 6 * sqrt(0.2167 / n));
+}
+
+/* The documented draw of tensor NAME's element values (std, seed), in the tensor's dtype: the
+ * bytes a baseline must hold. */
+static void *expected_normal(const m2d_tensor *t, double std, uint64_t seed) {
+    int64_t n = m2d_tensor_numel(t);
+    float *v = m2d_malloc((size_t)n * sizeof *v);
+    uint64_t st = seed ^ m2d_fnv1a64(t->name);
+    for (int64_t i = 0; i < n; i++) v[i] = (float)(std * m2d_rand_normal(&st));
+    void *b = m2d_malloc(t->nbytes);
+    m2d_from_f32(t->dtype, v, n, b);
+    free(v);
+    return b;
+}
+
+static m2d_model *write_baseline(fixture *f, m2d_baseline kind, uint64_t seed, const char *name, char **fp) {
+    m2d_convert_opts o = {.scoring = "sf", .grouping = "rr", .scaling = "uniform", .K = 2,
+                          .target = M2D_TARGET_DENSE, .baseline = kind, .baseline_seed = seed};
+    m2d_convert_plan *p;
+    m2d_model *s, *w;
+    if (m2d_convert_plan_build(f->m, f->s, &o, &p) || m2d_convert_build(f->m, p, &s)) fail_msg("%s", m2d_errmsg());
+    assert_true(p->init_std == 0.02); /* the test teacher's config has no initializer_range */
+    char *out = m2d_path_join(f->dir, name);
+    assert_int_equal(m2d_convert_write(f->m, s, p, "stats.bin", out), 0);
+    if (m2d_model_open(out, &w)) fail_msg("%s", m2d_errmsg());
+    *fp = m2d_strdup(p->fingerprint);
+    /* moe2dense.json records the baseline */
+    char *mj = m2d_path_join(out, "moe2dense.json");
+    size_t n;
+    char *text = m2d_read_file(mj, &n);
+    cJSON *j = cJSON_Parse(text), *b = cJSON_GetObjectItem(j, "baseline");
+    assert_non_null(b);
+    assert_string_equal(cJSON_GetObjectItem(b, "kind")->valuestring, m2d_baseline_name(kind));
+    assert_true(cJSON_GetObjectItem(b, "seed")->valuedouble == (double)seed);
+    assert_true(cJSON_GetObjectItem(b, "init_std")->valuedouble == 0.02);
+    cJSON_Delete(j);
+    free(text), free(mj), free(out);
+    m2d_convert_student_free(s);
+    m2d_convert_plan_free(p);
+    return w;
+}
+
+/* Which tensors are the teacher's bit for bit, which are the documented random draws; shapes of
+ * the student's width (k·d_e); the same seed gives the same bytes, another seed other ones; the
+ * pooled random values follow normal(0, 0.02) (6 standard errors, as above; bf16-rounded values
+ * move the std by < 2^-9 relative, far inside the bound). */
+static void baselines_random_ffn_and_random_init(void **state) {
+    (void)state;
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    o.dtype = M2D_BF16;
+    fixture f;
+    make_fixture(&f, &o);
+    char *fp_a, *fp_b, *fp_c, *fp_d;
+    m2d_model *ffn = write_baseline(&f, M2D_BASELINE_RANDOM_FFN, 7, "ffn", &fp_a);
+    m2d_model *ffn2 = write_baseline(&f, M2D_BASELINE_RANDOM_FFN, 7, "ffn2", &fp_b);
+    m2d_model *ffn8 = write_baseline(&f, M2D_BASELINE_RANDOM_FFN, 8, "ffn8", &fp_c);
+    m2d_model *init = write_baseline(&f, M2D_BASELINE_RANDOM_INIT, 7, "init", &fp_d);
+    assert_string_equal(fp_a, fp_b);
+    assert_string_not_equal(fp_a, fp_c);
+    assert_string_not_equal(fp_a, fp_d);
+    m2d_convert_plan *conv = plan_or_fail(&f, "sf", "rr", "uniform", 2, M2D_TARGET_DENSE);
+    assert_string_not_equal(fp_a, conv->fingerprint);
+    m2d_convert_plan_free(conv);
+    int width = f.m->cfg.num_experts_per_tok * f.m->cfg.moe_intermediate_size;
+    assert_int_equal(ffn->cfg.intermediate_size, width);
+    assert_int_equal(init->cfg.intermediate_size, width);
+    double s1 = 0, s2 = 0, inside = 0, n = 0;
+    for (int i = 0; i < m2d_st_count(ffn->st); i++) {
+        const m2d_tensor *a = m2d_st_at(ffn->st, i), *b = m2d_st_find(ffn2->st, a->name),
+                         *c = m2d_st_find(ffn8->st, a->name), *r = m2d_st_find(init->st, a->name),
+                         *t = m2d_st_find(f.m->st, a->name);
+        assert_non_null(b), assert_non_null(c), assert_non_null(r);
+        assert_memory_equal(a->data, b->data, a->nbytes); /* deterministic */
+        int is_ffn = strstr(a->name, ".mlp.") != NULL, is_norm = strstr(a->name, "norm") != NULL;
+        if (is_ffn) {
+            assert_int_equal(a->shape[a->shape[0] == f.m->cfg.hidden_size ? 1 : 0], width);
+            void *want = expected_normal(a, 0.02, 7);
+            assert_memory_equal(a->data, want, a->nbytes);
+            free(want);
+            assert_true(memcmp(a->data, c->data, a->nbytes) != 0);
+            float *v = m2d_tensor_f32(a);
+            for (int64_t e = 0; e < m2d_tensor_numel(a); e++)
+                s1 += v[e], s2 += (double)v[e] * v[e], inside += fabs(v[e]) < 0.02, n++;
+            free(v);
+        } else { /* random-ffn: the teacher's, bit for bit */
+            assert_non_null(t);
+            assert_int_equal(a->nbytes, t->nbytes);
+            assert_memory_equal(a->data, t->data, t->nbytes);
+        }
+        /* random-init: matrices the documented draws, norms 1 */
+        float *v = m2d_tensor_f32(r);
+        if (is_norm) {
+            for (int64_t e = 0; e < m2d_tensor_numel(r); e++) assert_true(v[e] == 1.0f);
+        } else {
+            void *want = expected_normal(r, 0.02, 7);
+            assert_memory_equal(r->data, want, r->nbytes);
+            free(want);
+            if (!is_ffn) assert_true(memcmp(r->data, t->data, t->nbytes) != 0);
+        }
+        free(v);
+    }
+    double m = s1 / n, sd = sqrt(s2 / n - m * m), p = inside / n;
+    assert_true(n > 4000);
+    assert_true(fabs(m) < 6 * 0.02 / sqrt(n));
+    assert_true(fabs(sd / 0.02 - 1) < 6 * sqrt(0.5 / n) + 0x1p-9);
+    assert_true(fabs(p - 0.682689492137086) < 6 * sqrt(0.2167 / n) + 0.01); /* + bf16 ties at ±σ */
+    /* the random-init student runs: its logits are near-uniform (|logit| small, ~0.02²·d scale) */
+    int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    float *lg = logits_of(init, tok, 8);
+    for (int i = 0; i < 8 * init->cfg.vocab_size; i++) assert_true(isfinite(lg[i]) && fabs(lg[i]) < 1);
+    free(lg);
+    /* a baseline is a dense student */
+    m2d_convert_opts bad = {.scoring = "sf", .grouping = "rr", .K = 2, .target = M2D_TARGET_MOE,
+                            .baseline = M2D_BASELINE_RANDOM_FFN};
+    expect_plan_error(&f, &bad, "dense student");
+    m2d_baseline k;
+    assert_int_equal(m2d_baseline_parse("random-init", &k), 0);
+    assert_int_equal(k, M2D_BASELINE_RANDOM_INIT);
+    assert_int_equal(m2d_baseline_parse("random", &k), -1);
+    assert_non_null(strstr(m2d_errmsg(), "random-ffn or random-init"));
+    m2d_model_close(ffn), m2d_model_close(ffn2), m2d_model_close(ffn8), m2d_model_close(init);
+    free(fp_a), free(fp_b), free(fp_c), free(fp_d);
+    free_fixture(&f);
+}
+
 /* ---------------- related work: ConMoE remap, pruning by ratio, none + indicator ---------------- */
 
 /* ConMoE's normalised weight distance (paper 002 App. B.1) straight from its definition:
@@ -1011,6 +1158,8 @@ int main(void) {
         cmocka_unit_test(fingerprints_distinguish_students),
         cmocka_unit_test(help_convert_names_the_default_router),
         cmocka_unit_test(bad_input_rejected),
+        cmocka_unit_test(baseline_normal_generator),
+        cmocka_unit_test(baselines_random_ffn_and_random_init),
         cmocka_unit_test(conmoe_remap_against_brute_force),
         cmocka_unit_test(conmoe_pooled_scores),
         cmocka_unit_test(none_indicator_ratio_topk),

@@ -125,23 +125,50 @@ static void check_updates(m2d_trainer *t, const m2d_model *student, const cJSON 
     free(w);
 }
 
-static void check_case(const char *name) {
-    char *path = m2d_strfmt("%s/%s.json", golden_dir(), name);
-    cJSON *g = load_json(path);
-    const cJSON *c = item(g, "settings");
-    m2d_model *teacher = build(g, name, "teacher"), *student = build(g, name, "student");
-    m2d_trainer_opts o = settings(c);
+/* Golden case NAME opened for training at THREADS threads (0: the settings' default). */
+typedef struct {
+    char *path;
+    cJSON *g;
+    m2d_model *teacher, *student;
+    m2d_trainer_opts o;
     m2d_windows w;
-    windows_of(g, o.seq_len, &w);
     m2d_trainer *t;
-    if (m2d_trainer_new(teacher, student, &o, &t)) fail_msg("%s", m2d_errmsg());
-    int32_t *tok = malloc(sizeof(int32_t) * (size_t)o.batch * o.seq_len);
-    const cJSON *steps = item(g, "steps");
+    int32_t *tok;
+} case_fx;
+
+static void case_open(const char *name, int threads, case_fx *c) {
+    c->path = m2d_strfmt("%s/%s.json", golden_dir(), name);
+    c->g = load_json(c->path);
+    c->teacher = build(c->g, name, "teacher"), c->student = build(c->g, name, "student");
+    c->o = settings(item(c->g, "settings"));
+    if (threads) c->o.threads = threads;
+    windows_of(c->g, c->o.seq_len, &c->w);
+    if (m2d_trainer_new(c->teacher, c->student, &c->o, &c->t)) fail_msg("%s", m2d_errmsg());
+    c->tok = malloc(sizeof(int32_t) * (size_t)c->o.batch * c->o.seq_len);
+}
+
+static void case_step(case_fx *c, int s, m2d_step_stats *st) {
+    m2d_windows_get(&c->w, (int64_t)(s - 1) * c->o.batch, c->o.batch, c->tok);
+    if (m2d_trainer_step(c->t, s, c->tok, st)) fail_msg("%s", m2d_errmsg());
+}
+
+static void case_close(case_fx *c) {
+    free(c->tok);
+    m2d_trainer_free(c->t);
+    m2d_windows_free(&c->w);
+    m2d_model_close(c->teacher), m2d_model_close(c->student);
+    cJSON_Delete(c->g);
+    free(c->path);
+}
+
+static void check_case(const char *name) {
+    case_fx c;
+    case_open(name, 0, &c);
+    const cJSON *steps = item(c.g, "steps");
     double worst[3] = {0, 0, 0};
-    for (int s = 1; s <= o.optim.steps; s++) {
-        m2d_windows_get(&w, (int64_t)(s - 1) * o.batch, o.batch, tok);
+    for (int s = 1; s <= c.o.optim.steps; s++) {
         m2d_step_stats st;
-        if (m2d_trainer_step(t, s, tok, &st)) fail_msg("%s", m2d_errmsg());
+        case_step(&c, s, &st);
         const cJSON *ref = cJSON_GetArrayItem(steps, s - 1);
         double e[3] = {rel(st.loss, num(ref, "loss")), rel(st.grad_norm, num(ref, "grad_norm")), rel(st.lr, num(ref, "lr"))};
         for (int k = 0; k < 3; k++) worst[k] = fmax(worst[k], e[k]);
@@ -152,13 +179,50 @@ static void check_case(const char *name) {
     print_message("%s: worst relative difference loss %.2g, grad_norm %.2g, lr %.2g\n", name, worst[0], worst[1], worst[2]);
     /* tolerances: see the top of this file */
     assert_true(worst[0] < LOSS_TOL && worst[1] < NORM_TOL && worst[2] < 1e-11);
-    check_updates(t, student, item(g, "update_norms"), name);
-    free(tok);
-    m2d_trainer_free(t);
-    m2d_windows_free(&w);
-    m2d_model_close(teacher), m2d_model_close(student);
-    cJSON_Delete(g);
-    free(path);
+    check_updates(c.t, c.student, item(c.g, "update_norms"), name);
+    case_close(&c);
+}
+
+/* Steps of golden case NAME at T threads: per-step loss and gradient norm, final fp32 weights. */
+static float *run_threads(const char *name, int threads, double *loss, double *norm, size_t *n_w) {
+    case_fx c;
+    case_open(name, threads, &c);
+    for (int s = 1; s <= c.o.optim.steps && s <= 8; s++) {
+        m2d_step_stats st;
+        case_step(&c, s, &st);
+        loss[s - 1] = st.loss, norm[s - 1] = st.grad_norm;
+    }
+    m2d_train_params *p = m2d_trainer_params(c.t);
+    float *weights = malloc(sizeof(float) * p->total);
+    m2d_train_params_download(p, M2D_PBUF_WEIGHTS, weights);
+    *n_w = p->total;
+    case_close(&c);
+    return weights;
+}
+
+/* Training does not depend on the thread count: every case (fkl with micro-batches and clipping,
+ * rkl with Eq. 6 routing, fkl+mse) gives bit-identical losses, gradient norms and weights at 1, 2
+ * and 3 threads (the forward and backward ops split rows/columns by thread, never a reduction). */
+static void thread_count_independent(void **state) {
+    (void)state;
+    const char *cases[] = {"fkl", "rkl-topk", "fkl-mse"};
+    for (int c = 0; c < 3; c++) {
+        double l1[8] = {0}, n1[8] = {0};
+        size_t n_1;
+        float *w1 = run_threads(cases[c], 1, l1, n1, &n_1);
+        for (int threads = 2; threads <= 3; threads++) {
+            double l[8] = {0}, n[8] = {0};
+            size_t n_t;
+            float *w = run_threads(cases[c], threads, l, n, &n_t);
+            assert_int_equal(n_t, n_1);
+            assert_memory_equal(l, l1, sizeof l);
+            assert_memory_equal(n, n1, sizeof n);
+            assert_memory_equal(w, w1, n_t * sizeof *w);
+            free(w);
+        }
+        assert_true(l1[0] > 0 && n1[0] > 0);
+        free(w1);
+    }
 }
 
 static void fkl(void **state) { (void)state; check_case("fkl"); }
@@ -183,6 +247,7 @@ int main(void) {
         cmocka_unit_test(fkl),
         cmocka_unit_test(rkl_topk),
         cmocka_unit_test(fkl_mse),
+        cmocka_unit_test(thread_count_independent),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

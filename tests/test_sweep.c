@@ -833,9 +833,10 @@ static void shipped_experiments_file_is_valid(void **state) {
     assert_int_equal(x.n_distill_ids, 3); /* the ids exist in the grid (checked by the loader) */
     m2d_experiment_free(&x);
     assert_int_equal(m2d_experiment_load("experiments.toml", "distill-compare", tiny, 2, &x), 0);
-    assert_int_equal(x.n_configs, 4);
+    assert_int_equal(x.n_configs, 6);
+    assert_string_equal(x.configs[4].scoring, "random-ffn"), assert_string_equal(x.configs[5].scoring, "random-init");
     assert_true(x.has_distill);
-    assert_int_equal((int)x.distill.tokens, 1048576);
+    assert_int_equal((int)x.distill.tokens, 262144);
     m2d_experiment_free(&x);
 }
 

@@ -184,6 +184,56 @@ static void small_sweep_dedups_caches_and_matches_convert_then_ppl(void **state)
     sweep_fx_free(&fx);
 }
 
+/* The paper's baselines as configurations (a baseline in the scoring axis): one student per
+ * baseline whatever the grouping (the weights depend on kind, seed and width only: fingerprint
+ * dedup), its PPL equals `convert --baseline` + `ppl`, and a random-init student is near-uniform
+ * over the 8,192-token vocabulary (PPL within a factor 2 of V; the teacher's is ~100). */
+static void baselines_in_the_scoring_axis(void **state) {
+    (void)state;
+    sweep_fx fx;
+    if (sweep_fx_make(2,
+                      "[experiment.t.axes]\nscoring = ['random-ffn', 'random-init']\n"
+                      "grouping = ['rr', 'oc']\nscaling = ['proportional']\nK = ['k']\n",
+                      &fx))
+        TU_SKIP("../shared/models/tiny-qwen3moe or the data not found (run 'make data')");
+    m2d_experiment x;
+    m2d_sweep_opts o = {.out = fx.csv, .jobs = 1};
+    m2d_sweep_summary s;
+    assert_int_equal(m2d_experiment_load(fx.toml, "t", NULL, 0, &x), 0);
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    assert_int_equal(s.dedup, 2);
+    assert_int_equal(s.failed, 0);
+    m2d_results r;
+    assert_int_equal(m2d_results_read(fx.csv, &r), 0);
+    assert_int_equal(r.n_rows, 4);
+    char *cmd = m2d_strfmt("%s calibrate --model %s --data %s --out %s/s.stats --seq-len 64 --samples 4 && "
+                           "%s convert --model %s --stats %s/s.stats --baseline random-ffn --out %s/ffn && "
+                           "%s ppl --model %s/ffn --data %s --seq-len 64 --max-windows 2 --json",
+                           tu_bin(), fx.model, wiki_train(), fx.dir, tu_bin(), fx.model, fx.dir, fx.dir, tu_bin(),
+                           fx.dir, wiki_test());
+    char *out = NULL, *err = NULL;
+    int rc = tu_run(cmd, &out, &err);
+    if (rc) print_message("%s\n%s\n", out ? out : "", err ? err : "");
+    assert_int_equal(rc, 0);
+    const char *p = strstr(out, "\"ppl\":");
+    assert_non_null(p);
+    double want = strtod(p + 6, NULL);
+    for (int i = 0; i < r.n_rows; i++) {
+        assert_string_equal(m2d_results_get(&r, i, "status"), "ok");
+        assert_string_equal(m2d_results_get(&r, i, "d_dense"), "576");
+        double got = strtod(m2d_results_get(&r, i, "ppl"), NULL);
+        if (!strcmp(m2d_results_get(&r, i, "scoring"), "random-ffn")) {
+            if (fabs(got - want) > 6e-5 * M2D_MAX(1.0, want / 100)) fail_msg("sweep ppl %.6f vs convert+ppl %.6f", got, want);
+        } else {
+            assert_true(got > 8192 / 2.0 && got < 8192 * 2.0);
+        }
+    }
+    free(cmd), free(out), free(err);
+    m2d_results_free(&r);
+    m2d_experiment_free(&x);
+    sweep_fx_free(&fx);
+}
+
 /* MoE targets in the sweep (paper 003's comparison): REAP pruning and ConMoE remap at 50 % of the
  * experts removed; the pruned student's PPL equals `convert --target moe --ratio 0.5` + `ppl`, and
  * the remap student (64 slots, 32 distinct experts) counts its experts once. */
@@ -538,6 +588,7 @@ int main(void) {
         cmocka_unit_test(small_sweep_dedups_caches_and_matches_convert_then_ppl),
         cmocka_unit_test(moe_target_rows_match_convert_then_ppl),
         cmocka_unit_test(calibration_header_records_windows_used),
+        cmocka_unit_test(baselines_in_the_scoring_axis),
         cmocka_unit_test(dry_run_refuses_what_the_run_refuses),
         cmocka_unit_test(killed_pipeline_sweep_resumes_to_the_same_rows),
         cmocka_unit_test(mc_stage_matches_eval_on_converted_student),

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -231,6 +232,25 @@ void m2d_sha256_hex(const void *data, size_t n, char out[65]) {
     m2d_sha256_update(&s, data, n);
     m2d_sha256_final(&s, d);
     m2d_hex(d, 32, out);
+}
+
+uint64_t m2d_splitmix64(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+double m2d_rand_normal(uint64_t *state) {
+    double u1 = ((double)(m2d_splitmix64(state) >> 11) + 1.0) * 0x1p-53;
+    double u2 = (double)(m2d_splitmix64(state) >> 11) * 0x1p-53;
+    return sqrt(-2.0 * log(u1)) * cos(2.0 * 3.14159265358979323846 * u2);
+}
+
+uint64_t m2d_fnv1a64(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+    return h;
 }
 
 double m2d_now(void) {

@@ -44,6 +44,15 @@ void m2d_sha256_final(m2d_sha256 *s, uint8_t out[32]);
 void m2d_sha256_hex(const void *data, size_t n, char out[65]);
 void m2d_hex(const uint8_t *bytes, size_t n, char *out); /* out holds 2n+1 */
 
+/* Deterministic random numbers (random baselines, data order): splitmix64 (state += 0x9E3779B97F4A7C15,
+ * then the standard finaliser); a standard normal draw by Box-Muller from two splitmix64 outputs,
+ * u1 = (x1 >> 11 + 1)·2^-53 in (0, 1], u2 = (x2 >> 11)·2^-53: sqrt(-2 ln u1)·cos(2π u2) (the sine
+ * half is not used, so every draw consumes exactly two outputs); FNV-1a-64 of a string (per-tensor
+ * streams: seed XOR fnv1a64(name)). */
+uint64_t m2d_splitmix64(uint64_t *state);
+double m2d_rand_normal(uint64_t *state);
+uint64_t m2d_fnv1a64(const char *s);
+
 /* Wall clock in seconds (monotonic). */
 double m2d_now(void);
 /* Threads to use: $M2D_THREADS, else the number of online CPUs. */

@@ -25,13 +25,6 @@ int m2d_calib_default_seq_len(const m2d_config *cfg) {
     return L;
 }
 
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 static int cmp_i64(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x > y) - (x < y);
@@ -53,7 +46,7 @@ int m2d_calib_windows(int64_t n_tokens, int seq_len, int n_samples, int seeded, 
         for (int64_t i = 0; i < M; i++) slot[i] = i;
         uint64_t st = seed;
         for (int i = 0; i < n; i++) {
-            int64_t j = i + (int64_t)(splitmix64(&st) % (uint64_t)(M - i));
+            int64_t j = i + (int64_t)(m2d_splitmix64(&st) % (uint64_t)(M - i));
             int64_t t = slot[i]; slot[i] = slot[j]; slot[j] = t;
         }
         for (int i = 0; i < n; i++) starts[i] = slot[i] * seq_len;
@@ -139,7 +132,7 @@ int m2d_calib_doc_windows(const int64_t *doc_starts, int n_docs, int64_t n_ids, 
     if (seeded) { /* the same partial Fisher-Yates as m2d_calib_windows, over documents */
         uint64_t st = seed;
         for (int i = 0; i < n; i++) {
-            int j = i + (int)(splitmix64(&st) % (uint64_t)(M - i));
+            int j = i + (int)(m2d_splitmix64(&st) % (uint64_t)(M - i));
             int64_t t = ok[i]; ok[i] = ok[j]; ok[j] = t;
         }
         qsort(ok, (size_t)n, sizeof *ok, cmp_i64);

@@ -1,4 +1,5 @@
 /* moe2dense convert — build a dense (or smaller MoE) student from a teacher and its stats file. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,8 @@ static const char USAGE[] =
     "usage: moe2dense convert --model DIR --stats STATS --scoring S --grouping G --scaling C -K N\n"
     "                         --out DIR [--target dense|moe] [--groups M] [--ratio R] [--top-k N]\n"
     "                         [--moe-router shared|average] [--param key=value ...] [--fingerprint]\n"
+    "       moe2dense convert --model DIR --stats STATS --baseline random-ffn|random-init [--seed S]\n"
+    "                         [-K N] --out DIR\n"
     "\n"
     "Per MoE layer: the scoring plugin S scores the experts and selects K of them; the grouping\n"
     "plugin G splits them into k groups (k = num_experts_per_tok); each group is merged by\n"
@@ -49,6 +52,15 @@ static const char USAGE[] =
     "  --param key=value plugin parameter (repeatable, or comma-separated k=v,k=v); each key goes to\n"
     "                    the chosen plugins that accept it, a key none accepts is an error\n"
     "  --fingerprint     print only the student fingerprint (no --out needed, nothing written)\n"
+    "  --baseline B      the paper's baselines (Table 3), a dense student of the width above:\n"
+    "                    random-ffn: the teacher's attention, embeddings, norms and LM head bit for\n"
+    "                    bit, every layer's FFN drawn from normal(0, initializer_range) (the teacher\n"
+    "                    config's, else 0.02) as Hugging Face initialises a Linear; random-init: the\n"
+    "                    whole student so initialised (matrices normal, RMSNorm weights 1). Scoring,\n"
+    "                    grouping and scaling default to sf, rr, uniform and K to k (they fix only\n"
+    "                    the width; the plan is recorded). moe2dense.json gains \"baseline\"\n"
+    "  --seed S          the baseline's seed (default 0): tensor NAME draws from splitmix64 seeded\n"
+    "                    with S XOR FNV-1a-64(NAME), Box-Muller normals; the same S, the same bytes\n"
     "\n"
     "Writes config.json, model.safetensors (teacher dtype, bf16 round-to-nearest-even), the\n"
     "tokenizer files and moe2dense.json (configuration, stats hashes, per layer the selected\n"
@@ -75,6 +87,27 @@ static char *take_params(int *argc, char **argv) {
     return all;
 }
 
+/* --baseline: the plan only fixes the width, so the plugins default to simple ones and K to k. */
+static int baseline_defaults(const char **scoring, const char **grouping, const char **scaling, const char **K_s,
+                             const char **target) {
+    if (strcmp(*target, "dense")) return m2d_err("a baseline is a dense student, not --target %s", *target);
+    if (!*scoring) *scoring = "sf";
+    if (!*grouping) *grouping = "rr";
+    if (!*scaling) *scaling = "uniform";
+    (void)K_s; /* no -K: K = k, set once the teacher is open */
+    return 0;
+}
+
+/* --seed: a non-negative integer up to 2^53 (recorded exactly in moe2dense.json). */
+static int parse_seed(const char *s, unsigned long long *out) {
+    char *end;
+    errno = 0;
+    *out = strtoull(s, &end, 10);
+    if (end == s || *end || errno || *s == '-' || *out > (1ull << 53))
+        return m2d_err("convert: --seed '%s': expected an integer in [0, 2^53]", s);
+    return 0;
+}
+
 static int cmd_convert_run(int argc, char **argv) {
     char **av = m2d_malloc((size_t)(argc + 1) * sizeof *av);
     memcpy(av, argv, (size_t)argc * sizeof *av);
@@ -82,7 +115,7 @@ static int cmd_convert_run(int argc, char **argv) {
     char *params_s = take_params(&ac, av);
     const char *model = NULL, *stats = NULL, *scoring = NULL, *grouping = NULL, *scaling = NULL, *K_s = NULL,
                *out = NULL, *target = "dense", *groups_s = NULL,
-               *moe_router = NULL, *ratio_s = NULL, *topk_s = NULL;
+               *moe_router = NULL, *ratio_s = NULL, *topk_s = NULL, *baseline_s = NULL, *seed_s = NULL;
     int fp_only = 0;
     m2d_opt opts[] = {{"--model", 1, &model, NULL},       {"--stats", 1, &stats, NULL},
                       {"--scoring", 1, &scoring, NULL},   {"--grouping", 1, &grouping, NULL},
@@ -90,7 +123,8 @@ static int cmd_convert_run(int argc, char **argv) {
                       {"--out", 1, &out, NULL},           {"--target", 1, &target, NULL},
                       {"--groups", 1, &groups_s, NULL},   {"--fingerprint", 0, NULL, &fp_only},
                       {"--moe-router", 1, &moe_router, NULL}, {"--ratio", 1, &ratio_s, NULL},
-                      {"--top-k", 1, &topk_s, NULL},      {0}};
+                      {"--top-k", 1, &topk_s, NULL},      {"--baseline", 1, &baseline_s, NULL},
+                      {"--seed", 1, &seed_s, NULL},       {0}};
     m2d_params params = {0, NULL, NULL};
     m2d_model *m = NULL, *student = NULL;
     m2d_stats *s = NULL;
@@ -98,8 +132,20 @@ static int cmd_convert_run(int argc, char **argv) {
     int rc = 1;
     long K = 0, groups = 0, top_k = 0;
     double ratio = 0;
+    m2d_baseline baseline = M2D_BASELINE_NONE;
+    unsigned long long seed = 0;
     if (m2d_parse_opts("convert", ac, av, opts, NULL, 0, NULL)) goto done;
-    if (!model || !stats || !scoring || !grouping || (!K_s && !ratio_s) || (!out && !fp_only)) {
+    if (baseline_s && (m2d_baseline_parse(baseline_s, &baseline) || baseline_defaults(&scoring, &grouping, &scaling, &K_s,
+                                                                                      &target))) {
+        m2d_err_prefix("convert: --baseline");
+        goto done;
+    }
+    if (seed_s && !baseline_s) {
+        m2d_err("convert: --seed is only for --baseline");
+        goto done;
+    }
+    if (seed_s && parse_seed(seed_s, &seed)) goto done;
+    if (!model || !stats || !scoring || !grouping || (!K_s && !ratio_s && !baseline_s) || (!out && !fp_only)) {
         m2d_err("convert: --model, --stats, --scoring, --grouping, -K (or --ratio) and --out are required (see "
                 "'moe2dense help convert')");
         goto done;
@@ -148,9 +194,10 @@ static int cmd_convert_run(int argc, char **argv) {
         goto done;
     }
     if (m2d_model_open(model, &m) || m2d_stats_read(stats, &s) || m2d_stats_check_model(s, stats, m)) goto done;
+    if (baseline && !K_s) K = m->cfg.num_experts_per_tok;
     m2d_convert_opts co = {.scoring = scoring, .grouping = grouping, .scaling = scaling, .K = (int)K, .target = t,
                            .n_groups = (int)groups, .params = params, .moe_router = router, .ratio = ratio,
-                           .top_k = (int)top_k};
+                           .top_k = (int)top_k, .baseline = baseline, .baseline_seed = seed};
     if (m2d_convert_plan_build(m, s, &co, &plan)) goto done;
     if (fp_only) {
         printf("%s\n", plan->fingerprint);
@@ -158,8 +205,12 @@ static int cmd_convert_run(int argc, char **argv) {
         goto done;
     }
     if (m2d_convert_build(m, plan, &student) || m2d_convert_write(m, student, plan, stats, out)) goto done;
-    printf("wrote %s (%s student, %d MoE layers, K=%d, %d groups) fingerprint %s\n", out,
-           t == M2D_TARGET_DENSE ? "dense" : "moe", plan->n_layers, plan->K, plan->n_groups, plan->fingerprint);
+    if (baseline)
+        printf("wrote %s (%s baseline, dense width %d, seed %llu, std %g) fingerprint %s\n", out, baseline_s,
+               student->cfg.intermediate_size, seed, plan->init_std, plan->fingerprint);
+    else
+        printf("wrote %s (%s student, %d MoE layers, K=%d, %d groups) fingerprint %s\n", out,
+               t == M2D_TARGET_DENSE ? "dense" : "moe", plan->n_layers, plan->K, plan->n_groups, plan->fingerprint);
     rc = 0;
 done:
     if (rc) m2d_cmd_fail("convert");

@@ -85,6 +85,30 @@ int m2d_convert_parse_param(const char *kv, char **key, double *value) {
     return 0;
 }
 
+m2d_baseline m2d_baseline_lookup(const char *name) {
+    if (name && !strcmp(name, "random-ffn")) return M2D_BASELINE_RANDOM_FFN;
+    if (name && !strcmp(name, "random-init")) return M2D_BASELINE_RANDOM_INIT;
+    return M2D_BASELINE_NONE;
+}
+
+int m2d_baseline_parse(const char *name, m2d_baseline *out) {
+    if ((*out = m2d_baseline_lookup(name)) == M2D_BASELINE_NONE)
+        return m2d_err("baseline '%s': expected random-ffn or random-init", name);
+    return 0;
+}
+
+/* A baseline named in the scoring slot (a sweep's scoring axis): the baseline, planned with sf. */
+static m2d_convert_opts resolve_baseline(const m2d_convert_opts *o) {
+    m2d_convert_opts r = *o;
+    m2d_baseline b = m2d_baseline_lookup(o->scoring);
+    if (b != M2D_BASELINE_NONE && o->baseline == M2D_BASELINE_NONE) r.baseline = b, r.scoring = "sf";
+    return r;
+}
+
+const char *m2d_baseline_name(m2d_baseline b) {
+    return b == M2D_BASELINE_RANDOM_FFN ? "random-ffn" : b == M2D_BASELINE_RANDOM_INIT ? "random-init" : NULL;
+}
+
 static int find_plugin(m2d_plugin_kind kind, const char *name, const m2d_plugin **out) {
     if (!name) return m2d_err("convert: no %s plugin given", m2d_plugin_kind_name(kind));
     *out = m2d_plugin_find(kind, name);
@@ -358,6 +382,8 @@ static int plan_sizes(const m2d_config *c, const char *dir, const m2d_convert_op
  * routing. PS: the plugins (free with plugin_set_free when 0). */
 static int check_opts(const m2d_config *c, const char *dir, const m2d_convert_opts *o, int *K, int *G, plugin_set *ps) {
     if (c->num_experts <= 0) return m2d_err("%s: config.json: field 'num_experts': not an MoE model", dir);
+    if (o->baseline != M2D_BASELINE_NONE && o->target != M2D_TARGET_DENSE)
+        return m2d_err("convert: the %s baseline is a dense student (--target dense)", m2d_baseline_name(o->baseline));
     memset(ps, 0, sizeof *ps);
     if (find_plugin(M2D_SCORING, o->scoring, &ps->p[0]) || find_plugin(M2D_GROUPING, o->grouping, &ps->p[1])) return -1;
     if (o->target == M2D_TARGET_DENSE && find_plugin(M2D_SCALING, o->scaling, &ps->p[2])) return -1;
@@ -369,12 +395,23 @@ static int check_opts(const m2d_config *c, const char *dir, const m2d_convert_op
     return 0;
 }
 
-int m2d_convert_check(const m2d_config *c, const char *dir, const m2d_convert_opts *o) {
+int m2d_convert_check(const m2d_config *c, const char *dir, const m2d_convert_opts *given) {
     int K, G;
     plugin_set ps;
+    m2d_convert_opts r = resolve_baseline(given), *o = &r;
     if (check_opts(c, dir, o, &K, &G, &ps)) return -1;
     plugin_set_free(&ps);
     return 0;
+}
+
+/* The teacher config's initializer_range, transformers' default 0.02 when absent or not a
+ * positive number (the baselines' std). */
+static double initializer_range(const m2d_model *t) {
+    cJSON *j = t->config_text ? cJSON_Parse(t->config_text) : NULL;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, "initializer_range");
+    double r = cJSON_IsNumber(v) && v->valuedouble > 0 ? v->valuedouble : 0.02;
+    cJSON_Delete(j);
+    return r;
 }
 
 static m2d_convert_plan *plan_new(const m2d_model *t, const m2d_stats *stats, const m2d_convert_opts *o,
@@ -397,6 +434,9 @@ static m2d_convert_plan *plan_new(const m2d_model *t, const m2d_stats *stats, co
         p->param_keys[i] = m2d_strdup(o->params.keys[i]);
         p->param_values[i] = o->params.values[i];
     }
+    p->baseline = o->target == M2D_TARGET_DENSE ? o->baseline : M2D_BASELINE_NONE;
+    p->baseline_seed = p->baseline ? o->baseline_seed : 0;
+    p->init_std = p->baseline ? initializer_range(t) : 0;
     snprintf(p->teacher_hash, sizeof p->teacher_hash, "%s", t->weights_hash);
     snprintf(p->calib_hash, sizeof p->calib_hash, "%s", stats->calib_hash);
     snprintf(p->calib_precision, sizeof p->calib_precision, "%s", stats->precision[0] ? stats->precision : "fp32");
@@ -404,9 +444,10 @@ static m2d_convert_plan *plan_new(const m2d_model *t, const m2d_stats *stats, co
     return p;
 }
 
-int m2d_convert_plan_build(const m2d_model *t, const m2d_stats *stats, const m2d_convert_opts *o,
+int m2d_convert_plan_build(const m2d_model *t, const m2d_stats *stats, const m2d_convert_opts *given,
                            m2d_convert_plan **out) {
     if (m2d_stats_check_model(stats, "statistics", t)) return -1;
+    m2d_convert_opts r = resolve_baseline(given), *o = &r;
     int K, G;
     plugin_set ps;
     if (check_opts(&t->cfg, t->dir, o, &K, &G, &ps)) return -1;
@@ -489,7 +530,11 @@ void m2d_convert_fingerprint(const m2d_convert_plan *p, char out[65]) {
     m2d_sha256_init(&s);
     sha_str(&s, "moe2dense-student-v1\nteacher %s\ntarget %s\n", p->teacher_hash, target_name(p));
     if (p->target == M2D_TARGET_MOE) sha_str(&s, "top_k %d\n", p->top_k); /* part of the student's config */
-    for (int i = 0; i < p->n_layers; i++) {
+    if (p->baseline) /* the weights depend on kind, seed, std and the width only, not on the plan */
+        sha_str(&s, "baseline %s seed %llu std %a groups %d\n", m2d_baseline_name(p->baseline),
+                (unsigned long long)p->baseline_seed, p->init_std, p->n_groups);
+    for (int i = 0; i < p->n_layers && p->baseline; i++) sha_str(&s, "layer %d\n", p->layers[i].layer);
+    for (int i = 0; i < p->n_layers && !p->baseline; i++) {
         const m2d_layer_plan *l = &p->layers[i];
         sha_str(&s, "layer %d groups %d\n", l->layer, l->n_groups);
         for (int g = 0; g < l->n_groups; g++) {
@@ -872,6 +917,49 @@ static int build_layers(student_owner *o, const m2d_model *t, const m2d_convert_
     return rc;
 }
 
+/* ---- random baselines (convert.h) ---- */
+typedef enum { INIT_NORMAL, INIT_ONES, INIT_ZEROS } init_kind;
+
+/* A tensor like LIKE (name, dtype, shape) filled as KIND says, from the stream of its name. */
+static const m2d_tensor *random_tensor(student_owner *o, const m2d_tensor *like, const m2d_convert_plan *p,
+                                       init_kind kind) {
+    int64_t rows = like->shape[0], cols = like->ndim == 2 ? like->shape[1] : 0, n = rows * (cols ? cols : 1);
+    float *v = m2d_malloc((size_t)(n ? n : 1) * sizeof *v);
+    uint64_t st = p->baseline_seed ^ m2d_fnv1a64(like->name);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = kind == INIT_NORMAL ? (float)(p->init_std * m2d_rand_normal(&st)) : kind == INIT_ONES ? 1.0f : 0.0f;
+    const m2d_tensor *t = new_tensor(o, like->name, like->dtype, (int)rows, (int)cols, v);
+    free(v);
+    return t;
+}
+
+/* How Hugging Face initialises a tensor of layer role R: RMSNorm weights 1, biases (and other
+ * vectors) 0, matrices normal(0, initializer_range). */
+static init_kind role_init(int r, const m2d_tensor *x) {
+    if (strstr(m2d_layer_role_name(r), "norm")) return INIT_ONES;
+    return x->ndim == 1 ? INIT_ZEROS : INIT_NORMAL;
+}
+
+/* random-ffn: every layer's dense FFN tensors (the one-expert router of a dense layer, where the
+ * architecture has one, is kept: its softmax over one expert is 1 whatever it holds);
+ * random-init: every tensor of the student. */
+static void randomize_student(student_owner *o, const m2d_convert_plan *p) {
+    m2d_model *m = &o->m;
+    int all = p->baseline == M2D_BASELINE_RANDOM_INIT;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+        for (int r = 0; r < M2D_T_COUNT; r++) {
+            const m2d_tensor *x = m->layers[l].w[r];
+            if (x && r != M2D_T_ROUTER && (all || m2d_layer_role_is_ffn(r)))
+                m->layers[l].w[r] = random_tensor(o, x, p, role_init(r, x));
+        }
+    if (!all) return;
+    int tied = m->lm_head == m->embed;
+    m->embed = random_tensor(o, m->embed, p, INIT_NORMAL);
+    m->final_norm = random_tensor(o, m->final_norm, p, INIT_ONES);
+    m->lm_head = tied ? m->embed : random_tensor(o, m->lm_head, p, INIT_NORMAL);
+    if (m->lm_head_stored) m->lm_head_stored = m->lm_head;
+}
+
 int m2d_convert_build(const m2d_model *t, const m2d_convert_plan *plan, m2d_model **student) {
     const m2d_config *c = &t->cfg;
     int L = c->num_hidden_layers, n_moe = 0;
@@ -891,6 +979,7 @@ int m2d_convert_build(const m2d_model *t, const m2d_convert_plan *plan, m2d_mode
     o->n_ptr_arrays = n_moe;
     int rc = student_config(o, t, plan);
     if (rc == 0) rc = build_layers(o, t, plan);
+    if (rc == 0 && plan->baseline) randomize_student(o, plan);
     /* identity of an in-memory student: derived from the teacher and the plan (not a hash of bytes) */
     char *id = m2d_strfmt("student %s %s", t->weights_hash, plan->fingerprint);
     m2d_sha256_hex(id, strlen(id), m->weights_hash);
@@ -1094,7 +1183,27 @@ static void mark_ffn_block(const m2d_model *t, int l, char *skip) {
         if (t->claimed[i].layer == l && t->claimed[i].part == M2D_PART_FFN) mark_stored(t, t->claimed[i].t, skip);
 }
 
-static int write_weights(const m2d_model *t, const m2d_model *s, const char *dir) {
+/* The student's tensor in the place of the teacher's stored non-FFN tensor X (a random-init
+ * baseline replaces them; otherwise it is X itself). */
+static const m2d_tensor *student_twin(const m2d_model *t, const m2d_model *s, const m2d_tensor *x) {
+    if (x == t->embed) return s->embed;
+    if (x == t->final_norm) return s->final_norm;
+    if (x == t->lm_head) return s->lm_head;
+    if (x == t->lm_head_stored) return s->lm_head_stored;
+    for (int l = 0; l < t->cfg.num_hidden_layers; l++)
+        for (int r = 0; r < M2D_T_COUNT; r++)
+            if (t->layers[l].w[r] == x && !m2d_layer_role_is_ffn(r)) return s->layers[l].w[r];
+    return x;
+}
+
+/* Teacher tensor X as stored (bit-exact copy), or under its name the student's replacement. */
+static int add_kept_tensor(m2d_st_writer *w, const m2d_model *t, const m2d_model *s, const m2d_tensor *x, int twins) {
+    const m2d_tensor *y = twins ? student_twin(t, s, x) : x;
+    if (!y) y = x;
+    return m2d_st_writer_add(w, x->name, y->dtype, y->ndim, y->shape, y->data);
+}
+
+static int write_weights(const m2d_model *t, const m2d_model *s, const char *dir, int twins) {
     m2d_st_writer *w = m2d_st_writer_new();
     m2d_st_writer_metadata(w, "format", "pt");
     int rc = 0, n = m2d_st_count(t->st);
@@ -1104,7 +1213,7 @@ static int write_weights(const m2d_model *t, const m2d_model *s, const char *dir
         if (replaced[l]) mark_ffn_block(t, l, skip);
     }
     for (int i = 0; i < n && rc == 0; i++)
-        if (!skip[i]) rc = add_tensor(w, m2d_st_at(t->st, i)); /* bit-exact copy */
+        if (!skip[i]) rc = add_kept_tensor(w, t, s, m2d_st_at(t->st, i), twins);
     for (int l = 0; l < t->cfg.num_hidden_layers && rc == 0; l++)
         if (replaced[l]) rc = add_layer_tensors(w, s, l);
     free(replaced);
@@ -1165,6 +1274,19 @@ static int write_manifest(const m2d_model *t, const m2d_convert_plan *p, const c
     cJSON_AddStringToObject(st, "model_hash", p->teacher_hash);
     cJSON_AddStringToObject(st, "calib_hash", p->calib_hash);
     cJSON_AddStringToObject(st, "precision", p->calib_precision);
+    if (p->baseline) {
+        cJSON *b = cJSON_AddObjectToObject(j, "baseline");
+        cJSON_AddStringToObject(b, "kind", m2d_baseline_name(p->baseline));
+        cJSON_AddNumberToObject(b, "seed", (double)p->baseline_seed);
+        cJSON_AddNumberToObject(b, "init_std", p->init_std);
+        cJSON_AddStringToObject(b, "random", p->baseline == M2D_BASELINE_RANDOM_FFN
+                                                 ? "every layer's FFN gate/up/down: normal(0, init_std), biases 0"
+                                                 : "every tensor: matrices normal(0, init_std), RMSNorm weights 1, "
+                                                   "biases 0");
+        cJSON_AddStringToObject(b, "teacher", p->baseline == M2D_BASELINE_RANDOM_FFN
+                                                  ? "attention, embeddings, norms, LM head: bit for bit"
+                                                  : "nothing (the plan below fixes only the FFN width)");
+    }
     cJSON_AddStringToObject(j, "scoring", p->scoring);
     cJSON_AddStringToObject(j, "grouping", p->grouping);
     cJSON_AddStringToObject(j, "scaling", p->scaling);
@@ -1197,7 +1319,7 @@ int m2d_convert_write(const m2d_model *t, const m2d_model *s, const m2d_convert_
     if (!t->st) return m2d_err("convert: the teacher %s has no safetensors to copy from", t->dir);
     m2d_lock lock;
     if (prepare_dir(dir, &lock)) return -1;
-    int rc = write_weights(t, s, dir) || write_config(s, dir) || copy_tokenizer_files(t, dir) ||
+    int rc = write_weights(t, s, dir, plan->baseline == M2D_BASELINE_RANDOM_INIT) || write_config(s, dir) || copy_tokenizer_files(t, dir) ||
              write_manifest(t, plan, stats_path, dir) ? -1 : 0;
     if (rc == 0) { /* complete: moe2dense.json is in place, the marker of an unfinished write goes */
         char *mark = m2d_path_join(dir, MARK_INCOMPLETE);

@@ -49,6 +49,24 @@
 
 typedef enum { M2D_TARGET_DENSE, M2D_TARGET_MOE } m2d_target;
 typedef enum { M2D_MOE_ROUTER_SHARED, M2D_MOE_ROUTER_AVERAGE } m2d_moe_router; /* --target moe only */
+/* The paper's baselines (Table 3) as dense students of the converted student's shape (--baseline):
+ *  - random-ffn: attention, embeddings, norms and LM head the teacher's, bit for bit; every layer's
+ *    dense FFN (gate/up/down) drawn from normal(0, initializer_range) as Hugging Face initialises
+ *    a Linear (biases 0);
+ *  - random-init: the whole student as Hugging Face initialises it: every matrix (embedding, q/k/v/o,
+ *    FFN, LM head) normal(0, initializer_range), every RMSNorm weight 1, biases 0.
+ * initializer_range from the teacher's config.json, 0.02 (transformers' default) when absent.
+ * Deterministic: tensor NAME uses the stream state = seed XOR m2d_fnv1a64(NAME), element i
+ * (row-major) the i-th m2d_rand_normal draw, rounded to fp32 and then to the teacher's dtype. The
+ * plan (selection, groups) is still built and recorded; it fixes only the width. */
+typedef enum { M2D_BASELINE_NONE, M2D_BASELINE_RANDOM_FFN, M2D_BASELINE_RANDOM_INIT } m2d_baseline;
+/* "random-ffn" / "random-init" -> kind (0), or -1 + m2d_err naming both; m2d_baseline_name: NULL for none;
+ * m2d_baseline_lookup: the kind, NONE for any other name. A baseline name given as opts.scoring (a
+ * sweep's scoring axis: scoring = ["do-acp", "random-ffn"]) makes that baseline, seed
+ * opts.baseline_seed, planned with scoring sf (the grouping, scaling and K fix the width). */
+int m2d_baseline_parse(const char *name, m2d_baseline *out);
+m2d_baseline m2d_baseline_lookup(const char *name);
+const char *m2d_baseline_name(m2d_baseline b);
 
 typedef struct {
     const char *scoring, *grouping, *scaling; /* plugin names; scaling unused for --target moe */
@@ -61,6 +79,8 @@ typedef struct {
                                K = max(1, round((1 − ratio)·E)) and groups = K, or for a remapping
                                grouping K = E and groups = that number (K, n_groups must be 0) */
     int top_k;              /* --target moe, > 0: the student's num_experts_per_tok (paper 001 §2 (iii)) */
+    m2d_baseline baseline;  /* dense only: a random baseline of the student's shape (see above) */
+    uint64_t baseline_seed;
 } m2d_convert_opts;
 
 typedef struct {
@@ -95,6 +115,9 @@ typedef struct {
     m2d_layer_plan *layers;
     char teacher_hash[65], calib_hash[65];
     char calib_precision[8]; /* the stats' GEMM precision ("fp32"/"bf16"), recorded in moe2dense.json */
+    m2d_baseline baseline;  /* as given; the fingerprint covers kind, seed and std */
+    uint64_t baseline_seed;
+    double init_std;        /* the baseline's normal std (initializer_range) */
     char fingerprint[65];   /* see m2d_convert_fingerprint */
 } m2d_convert_plan;
 

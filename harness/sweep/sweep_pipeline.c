@@ -429,6 +429,7 @@ static int check_axis_plugins(const m2d_experiment *x, const char *key, m2d_plug
         const m2d_grid_config *c = &x->configs[i];
         const char *v = kind == M2D_SCORING ? c->scoring : kind == M2D_GROUPING ? c->grouping : c->scaling;
         if (m2d_plugin_find(kind, v) || (kind == M2D_SCALING && !strcmp(c->target, "moe"))) continue; /* MoE: no scaling */
+        if (kind == M2D_SCORING && m2d_baseline_lookup(v) != M2D_BASELINE_NONE) continue; /* random-ffn, random-init */
         char at[512];
         m2d_experiment_where(x, key, v, at, sizeof at);
         return m2d_err("%s: %s: unknown %s plugin '%s' (see 'moe2dense list')", at, key, m2d_plugin_kind_name(kind), v);

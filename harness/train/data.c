@@ -48,13 +48,6 @@ void m2d_windows_free(m2d_windows *w) {
     memset(w, 0, sizeof *w);
 }
 
-static uint64_t splitmix64(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* Fisher-Yates over the W windows for EPOCH (unbiased draw by rejection) */
 static void permute(m2d_windows *w, int64_t epoch) {
     int64_t W = w->n_windows;
@@ -63,7 +56,7 @@ static void permute(m2d_windows *w, int64_t epoch) {
     uint64_t st = w->seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(epoch + 1));
     for (int64_t i = W - 1; i > 0; i--) {
         uint64_t range = (uint64_t)i + 1, limit = UINT64_MAX - UINT64_MAX % range, x;
-        do x = splitmix64(&st);
+        do x = m2d_splitmix64(&st);
         while (x >= limit);
         int64_t j = (int64_t)(x % range), t = w->perm[i];
         w->perm[i] = w->perm[j];

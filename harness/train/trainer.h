@@ -1,10 +1,9 @@
 /* trainer — one optimizer step of distillation: for each micro-batch of the step's windows, the
  * teacher's forward (the MoE engine), the student's forward, the loss and the backward
  * (gradients accumulate over micro-batches), then clipping and AdamW (optim.h). Everything runs
- * on one backend object of the student's (the teacher's engine has its own); the training ops do
- * not depend on the thread count (backend_cpu_train.c), but the forward GEMMs of the engine split
- * their work by it, so on larger shapes the last bits can differ across thread counts (equal
- * thread counts repeat bit for bit); a step's result does not depend on how the step is split
+ * on one backend object of the student's (the teacher's engine has its own); neither the training
+ * ops (backend_cpu_train.c) nor the engine's forward depend on the thread count: a step is bit for
+ * bit the same at any thread count (tests/test_distill.c thread_count_independent); a step's result does not depend on how the step is split
  * into micro-batches beyond fp32 rounding of the gradient sums (each micro-batch's gradient is
  * added in order). */
 #ifndef M2D_TRAIN_TRAINER_H
