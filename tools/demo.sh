@@ -23,8 +23,13 @@ ch=$(sed -n 's/^# calib_hash=//p' "$csv" | cut -c1-16)
 stats="results/cache/$mh-$ch.m2dstats"
 model=$(sed -n 's/^# model=//p' "$csv")
 k=$(sed -n 's/.*"num_experts_per_tok": *\([0-9]*\).*/\1/p' "$model/config.json")
+# written to a fresh file (mktemp: O_EXCL) and renamed over the output: a symlink planted at
+# results/demo-analyze.csv is replaced, never followed (mv -T: not moved into a linked directory)
+an_tmp=$(mktemp results/.demo-analyze.XXXXXX)
+chmod 644 "$an_tmp"
 { echo "# K=$k"; "$bin" analyze --stats "$stats" --model "$model" --criteria sf,pp,ps,cp,acp,do-cp,do-acp --csv --pearson-matrix; } \
-  > results/demo-analyze.csv
+  > "$an_tmp" || { rm -f "$an_tmp"; exit 1; }
+mv -fT "$an_tmp" results/demo-analyze.csv
 sh tools/plots.sh
 t2=$(now)
 awk -v t0="$t0" -v t1="$t1" -v t2="$t2" 'BEGIN { printf "demo: %.1f s in all (sweep incl. calibration %.1f s, report+analyze+plots %.1f s)\n", t2 - t0, t1 - t0, t2 - t1 }'
