@@ -346,19 +346,25 @@ def forward(cls_name, model_dir, tokens):
     return logits, routing, stats
 
 
+def golden_record(name, cls_name, model_dir, tokens, logits, extra):
+    """The fields every golden has: names, versions, EXTRA, the checkpoint's config and hash, and the
+    logits (rows at POSITIONS, log-sum-exp and the next token's logit at every position)."""
+    lse = torch.logsumexp(logits, dim=-1)
+    return {"name": name, "class": cls_name,
+            "versions": {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0]},
+            **extra,
+            "config_json": read_text(f"{model_dir}/config.json"),
+            "safetensors_sha256": sha256(f"{model_dir}/model.safetensors"),
+            "tokens": tokens,
+            "positions": POSITIONS,
+            "logit_rows": [[float(f"{v:.9g}") for v in logits[p].tolist()] for p in POSITIONS],
+            "logsumexp": [float(f"{v:.12g}") for v in lse.tolist()],
+            "next_logit": [float(f"{logits[t, tokens[t + 1]].item():.12g}") for t in range(len(tokens) - 1)]}
+
+
 def goldens(name, cls_name, model_dir, tokens, extra):
     logits, routing, stats = forward(cls_name, model_dir, tokens)
-    lse = torch.logsumexp(logits, dim=-1)
-    g = {"name": name, "class": cls_name,
-         "versions": {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0]},
-         **extra,
-         "config_json": read_text(f"{model_dir}/config.json"),
-         "safetensors_sha256": sha256(f"{model_dir}/model.safetensors"),
-         "tokens": tokens,
-         "positions": POSITIONS,
-         "logit_rows": [[float(f"{v:.9g}") for v in logits[p].tolist()] for p in POSITIONS],
-         "logsumexp": [float(f"{v:.12g}") for v in lse.tolist()],
-         "next_logit": [float(f"{logits[t, tokens[t + 1]].item():.12g}") for t in range(len(tokens) - 1)],
+    g = {**golden_record(name, cls_name, model_dir, tokens, logits, extra),
          "routing": [{"layer": l, "experts": routing[l][0],
                       "gates": [[float(f"{v:.9g}") for v in row] for row in routing[l][1]],
                       "calib_stats": stats[l]}

@@ -45,8 +45,8 @@ import transformers  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from hf_goldens import (N_TOKENS, POSITIONS, VOCAB, byte_tokenizer, checkpoint, cli, compare_golden,  # noqa: E402
-                        fnv1a64, grid_tensor, read_text, run, sha256)
+from hf_goldens import (N_TOKENS, VOCAB, byte_tokenizer, checkpoint, cli, compare_golden,  # noqa: E402
+                        fnv1a64, golden_record, grid_tensor, read_text, run, sha256)
 
 MIXTRAL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, max_position_embeddings=256, eos_token_id=256, bos_token_id=None)
@@ -244,17 +244,7 @@ def calib_stats(experts, x, logits, idx, gates):
 
 def goldens(name, cls_name, model_dir, tokens, extra):
     logits, routing, calib = forward(model_dir, tokens)
-    lse = torch.logsumexp(logits, dim=-1)
-    return {"name": name, "class": cls_name,
-            "versions": {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0]},
-            **extra,
-            "config_json": read_text(f"{model_dir}/config.json"),
-            "safetensors_sha256": sha256(f"{model_dir}/model.safetensors"),
-            "tokens": tokens,
-            "positions": POSITIONS,
-            "logit_rows": [[float(f"{v:.9g}") for v in logits[p].tolist()] for p in POSITIONS],
-            "logsumexp": [float(f"{v:.12g}") for v in lse.tolist()],
-            "next_logit": [float(f"{logits[t, tokens[t + 1]].item():.12g}") for t in range(len(tokens) - 1)],
+    return {**golden_record(name, cls_name, model_dir, tokens, logits, extra),
             "routing": [{"layer": l, "experts": routing[l][0],
                          "gates": [[float(f"{v:.9g}") for v in row] for row in routing[l][1]]} for l in sorted(routing)],
             **({"calib": [{"layer": l, **{k: [float(f"{v:.12g}") for v in vs] for k, vs in calib[l].items()}}
