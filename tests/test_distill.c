@@ -36,7 +36,6 @@
 #define NORM_TOL 1e-4
 #define UPDATE_TOL 1e-4
 
-static char *g_work;
 
 static const char *golden_dir(void) {
     const char *d = getenv("M2D_DISTILL_GOLDEN");
@@ -64,7 +63,7 @@ static double num(const cJSON *o, const char *key) { return item(o, key)->valued
 /* the checkpoint of golden part PART ("teacher", "student"), checked against transformers' bytes */
 static m2d_model *build(const cJSON *g, const char *name, const char *part) {
     const cJSON *p = item(g, part);
-    char *dir = m2d_strfmt("%s/%s-%s", g_work, name, part), *st = m2d_path_join(dir, "model.safetensors");
+    char *dir = m2d_strfmt("%s/%s-%s", tu_work, name, part), *st = m2d_path_join(dir, "model.safetensors");
     if (m2d_testmodel_write_grid(dir, item(p, "config_json")->valuestring, (uint64_t)num(p, "seed")))
         fail_msg("%s %s: %s", name, part, m2d_errmsg());
     size_t n;
@@ -82,7 +81,7 @@ static void windows_of(const cJSON *g, int L, m2d_windows *w) {
     char *tok = m2d_path_join(golden_dir(), "tokenizer.json");
     if (m2d_tokenizer_load(tok, &tk)) fail_msg("%s", m2d_errmsg());
     const char *text = item(g, "text")->valuestring;
-    char *path = m2d_path_join(g_work, "text.txt");
+    char *path = m2d_path_join(tu_work, "text.txt");
     tu_write(path, text, strlen(text));
     if (m2d_windows_open(tk, path, L, M2D_ORDER_SEQUENTIAL, 0, w)) fail_msg("%s", m2d_errmsg());
     assert_string_equal(w->ids_hash, item(g, "tokens_sha256")->valuestring);
@@ -229,19 +228,6 @@ static void fkl(void **state) { (void)state; check_case("fkl"); }
 static void rkl_topk(void **state) { (void)state; check_case("rkl-topk"); }
 static void fkl_mse(void **state) { (void)state; check_case("fkl-mse"); }
 
-static int setup(void **state) {
-    (void)state;
-    g_work = tu_tmpdir();
-    return 0;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    tu_rm_rf(g_work);
-    free(g_work);
-    return 0;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(fkl),
@@ -249,5 +235,5 @@ int main(void) {
         cmocka_unit_test(fkl_mse),
         cmocka_unit_test(thread_count_independent),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tu_work_setup, tu_work_teardown);
 }

@@ -26,12 +26,11 @@
 #include "reffwd.h"
 #include "testmodel.h"
 
-static char *g_work;
 
-/* golden NAME's checkpoint in g_work/NAME (config.json + grid weights of its tensor list) */
+/* golden NAME's checkpoint in tu_work/NAME (config.json + grid weights of its tensor list) */
 static char *build(const char *name) {
     cJSON *g = hf_load_golden(name);
-    char *dir = tu_family_build(g, g_work);
+    char *dir = tu_family_build(g, tu_work);
     cJSON_Delete(g);
     return dir;
 }
@@ -97,7 +96,7 @@ static void student_vs_reference(const m2d_model *t, const char *dir, const char
 
 /* DENSE_STUDENT false: the teacher has none (no_dense_student checks the error) */
 static void family(const char *name, bool dense_student) {
-    tu_family_engine_check(name, g_work, 40, 17, 9); /* the teacher vs the reference, KV-cache paths */
+    tu_family_engine_check(name, tu_work, 40, 17, 9); /* the teacher vs the reference, KV-cache paths */
     char *dir = build(name);
     m2d_model *m = open_model(dir);
     if (m->cfg.num_experts > 0 && dense_student) student_vs_reference(m, dir, name);
@@ -297,12 +296,12 @@ static void cross_model_sweep(void **state) {
     const char *test = tu_data_path("wikitext-2-raw/wikitext-2-raw/wiki.test.raw");
     if (!m2d_file_exists(train) || !m2d_file_exists(test) || !m2d_file_exists(tu_data_path("arc")))
         TU_SKIP("run 'make data' (WikiText / ARC missing)");
-    char *dir = build("deepseekv2"), *csv = m2d_path_join(g_work, "cross.csv"), *out = NULL, *err = NULL;
+    char *dir = build("deepseekv2"), *csv = m2d_path_join(tu_work, "cross.csv"), *out = NULL, *err = NULL;
     char *cmd = m2d_strfmt("'%s' sweep experiments.toml --experiment cross-model-deepseek --set model='%s' --set out='%s' "
                            "--set cache_dir='%s/cache' --set calibration.data='%s' --set calibration.seq_len=32 "
                            "--set calibration.samples=4 --set ppl.data='%s' --set ppl.seq_len=32 --set ppl.max_windows=2 "
                            "--set mc.limit=2 --set 'mc.tasks=[\"arc_easy\"]' --set 'mc.shots={arc_easy=0}' --threads 1",
-                           tu_bin(), dir, csv, g_work, train, test);
+                           tu_bin(), dir, csv, tu_work, train, test);
     if (tu_run(cmd, &out, &err) != 0) fail_msg("%s: %s", cmd, err);
     char *text = m2d_read_file(csv, NULL);
     assert_non_null(text);
@@ -358,19 +357,6 @@ static void qwen2moe_f32(void **state) { (void)state; family("qwen2moe-f32", fal
 static void olmoe(void **state) { (void)state; family("olmoe", true); }
 static void olmoe_bias(void **state) { (void)state; family("olmoe-bias", true); }
 
-static int setup(void **state) {
-    (void)state;
-    g_work = tu_tmpdir();
-    return 0;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    tu_rm_rf(g_work);
-    free(g_work);
-    return 0;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(olmoe),
@@ -386,5 +372,5 @@ int main(void) {
         cmocka_unit_test(cross_model_sweep),
         cmocka_unit_test(deepseekv2_gate_factor),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tu_work_setup, tu_work_teardown);
 }

@@ -25,20 +25,19 @@
 #include "model/model.h"
 #include "reffwd.h"
 
-static char *g_work;
 
 /* bf16 experts, limit 0.5 (clamps reached), layers sliding / full / sliding, window 8 < 48, YaRN */
-static void golden_bf16(void **state) { (void)state; hf_check_model("gptoss", g_work, tu_family_build); }
+static void golden_bf16(void **state) { (void)state; hf_check_model("gptoss", tu_work, tu_family_build); }
 /* MXFP4 experts, the Hub's config spelling (rope_scaling, quantization_config), limit 7 */
-static void golden_mxfp4(void **state) { (void)state; hf_check_model("gptoss-mxfp4", g_work, tu_family_build); }
+static void golden_mxfp4(void **state) { (void)state; hf_check_model("gptoss-mxfp4", tu_work, tu_family_build); }
 /* the dense student of the MXFP4 teacher: one bf16 expert of width k·d_e, routed top-1 */
-static void golden_student(void **state) { (void)state; hf_check_model("gptoss-student", g_work, tu_family_build); }
+static void golden_student(void **state) { (void)state; hf_check_model("gptoss-student", tu_work, tu_family_build); }
 /* --target moe: 3 experts (router rows and biases kept), top-2 */
-static void golden_student_moe(void **state) { (void)state; hf_check_model("gptoss-student-moe", g_work, tu_family_build); }
+static void golden_student_moe(void **state) { (void)state; hf_check_model("gptoss-student-moe", tu_work, tu_family_build); }
 
 static char *golden_dir_built(const char *name) {
     cJSON *g = hf_load_golden(name);
-    char *dir = tu_family_build(g, g_work);
+    char *dir = tu_family_build(g, tu_work);
     cJSON_Delete(g);
     return dir;
 }
@@ -53,8 +52,8 @@ static m2d_model *open_dir(const char *dir) {
  * full forward */
 static void engine_matches_reference(void **state) {
     (void)state;
-    tu_family_engine_check("gptoss", g_work, 30, 13, 20);
-    tu_family_engine_check("gptoss-mxfp4", g_work, 30, 13, 20);
+    tu_family_engine_check("gptoss", tu_work, 30, 13, 20);
+    tu_family_engine_check("gptoss-mxfp4", tu_work, 30, 13, 20);
 }
 
 /* ---- bad input ---- */
@@ -272,23 +271,10 @@ static void dense_student_equals_alpha_weighted_experts(void **state) {
 }
 
 /* calibrate -> convert -> ppl -> eval through the command line */
-static void pipeline_end_to_end(void **state) { (void)state; hf_check_pipeline("gptoss-student", g_work, tu_family_build); }
+static void pipeline_end_to_end(void **state) { (void)state; hf_check_pipeline("gptoss-student", tu_work, tu_family_build); }
 
 /* experiments.toml's cross-model experiment (paper section 4.6) end to end through the sweep */
-static void cross_model_experiment(void **state) { (void)state; tu_family_cross_model("gptoss-mxfp4", g_work); }
-
-static int setup(void **state) {
-    (void)state;
-    g_work = tu_tmpdir();
-    return g_work ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    tu_rm_rf(g_work);
-    free(g_work);
-    return 0;
-}
+static void cross_model_experiment(void **state) { (void)state; tu_family_cross_model("gptoss-mxfp4", tu_work); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
@@ -306,5 +292,5 @@ int main(void) {
         cmocka_unit_test(parameter_counts_of_gptoss_20b),
         cmocka_unit_test(student_config_and_inspect),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tu_work_setup, tu_work_teardown);
 }

@@ -19,10 +19,9 @@
 #include "hfcheck.h"
 #include "testmodel.h"
 
-static char *g_work; /* checkpoints built so far: g_work/<name> */
-
-/* The checkpoint of golden G, rebuilt by moe2dense: transformers' config.json text, weights from
- * the grid generator through moe2dense's safetensors writer, the golden's tokenizer. */
+/* The checkpoint of golden G in WORK/<name> (tu_work holds those built so far), rebuilt by
+ * moe2dense: transformers' config.json text, weights from the grid generator through moe2dense's
+ * safetensors writer, the golden's tokenizer. */
 static char *build_teacher(const cJSON *g, const char *work) {
     if (cJSON_HasObjectItem(g, "tensors")) return hf_build_listed(g, work);
     const char *name = hf_str(g, "name"), *config = hf_str(g, "config_json");
@@ -34,60 +33,45 @@ static char *build_teacher(const cJSON *g, const char *work) {
 }
 
 /* Qwen3-MoE in bf16: renormalised top-k, a dense layer, untied embeddings. */
-static void qwen3moe_bf16(void **state) { (void)state; hf_check_model("qwen3moe", g_work, build_teacher); }
+static void qwen3moe_bf16(void **state) { (void)state; hf_check_model("qwen3moe", tu_work, build_teacher); }
 /* Qwen3-MoE in f32: top-k not renormalised, tied embeddings, decoder_sparse_step 2, 3:1 GQA. */
-static void qwen3moe_f32(void **state) { (void)state; hf_check_model("qwen3moe-f32", g_work, build_teacher); }
+static void qwen3moe_f32(void **state) { (void)state; hf_check_model("qwen3moe-f32", tu_work, build_teacher); }
 /* Qwen3-MoE with YaRN RoPE (48 positions over an original context of 16). */
-static void qwen3moe_yarn(void **state) { (void)state; hf_check_model("qwen3moe-yarn", g_work, build_teacher); }
+static void qwen3moe_yarn(void **state) { (void)state; hf_check_model("qwen3moe-yarn", tu_work, build_teacher); }
 /* OLMoE in bf16: q/k norm over the whole projection, clip_qkv, GQA, top-k not renormalised. */
-static void olmoe_bf16(void **state) { (void)state; hf_check_model("olmoe", g_work, build_teacher); }
+static void olmoe_bf16(void **state) { (void)state; hf_check_model("olmoe", tu_work, build_teacher); }
 /* OLMoE in f32: attention biases, renormalised top-k, tied embeddings. */
-static void olmoe_bias(void **state) { (void)state; hf_check_model("olmoe-bias", g_work, build_teacher); }
+static void olmoe_bias(void **state) { (void)state; hf_check_model("olmoe-bias", tu_work, build_teacher); }
 /* OLMoE's dense student: an OlmoeForCausalLM with one expert of width k*d_e routed top-1. */
-static void olmoe_student(void **state) { (void)state; hf_check_model("olmoe-student", g_work, build_teacher); }
+static void olmoe_student(void **state) { (void)state; hf_check_model("olmoe-student", tu_work, build_teacher); }
 /* Qwen2-MoE in bf16: q/k/v biases, the shared expert and its sigmoid gate, a dense layer, top-k not
  * renormalised. */
-static void qwen2moe_bf16(void **state) { (void)state; hf_check_model("qwen2moe", g_work, build_teacher); }
+static void qwen2moe_bf16(void **state) { (void)state; hf_check_model("qwen2moe", tu_work, build_teacher); }
 /* Qwen2-MoE in f32: no q/k/v biases, renormalised top-k, tied embeddings. */
-static void qwen2moe_f32(void **state) { (void)state; hf_check_model("qwen2moe-f32", g_work, build_teacher); }
+static void qwen2moe_f32(void **state) { (void)state; hf_check_model("qwen2moe-f32", tu_work, build_teacher); }
 /* Qwen2-MoE's dense student (a Qwen2ForCausalLM: k groups and the shared expert concatenated). */
-static void qwen2moe_student(void **state) { (void)state; hf_check_model("qwen2moe-student", g_work, build_teacher); }
+static void qwen2moe_student(void **state) { (void)state; hf_check_model("qwen2moe-student", tu_work, build_teacher); }
 /* the smaller Qwen2-MoE (--target moe): the shared expert and its gate copied. */
 static void qwen2moe_student_moe(void **state) {
     (void)state;
-    hf_check_model("qwen2moe-student-moe", g_work, build_teacher);
+    hf_check_model("qwen2moe-student-moe", tu_work, build_teacher);
 }
 /* DeepSeek-V2-Lite's shape in bf16: MLA without q LoRA, YaRN + softmax mscale, a first dense layer,
  * 2 shared experts, greedy top-k. */
-static void deepseekv2_bf16(void **state) { (void)state; hf_check_model("deepseekv2", g_work, build_teacher); }
+static void deepseekv2_bf16(void **state) { (void)state; hf_check_model("deepseekv2", tu_work, build_teacher); }
 /* DeepSeek-V2 in f32: q LoRA, group-limited routing, routed_scaling_factor 2.5, YaRN attention factor. */
-static void deepseekv2_q(void **state) { (void)state; hf_check_model("deepseekv2-q", g_work, build_teacher); }
+static void deepseekv2_q(void **state) { (void)state; hf_check_model("deepseekv2-q", tu_work, build_teacher); }
 /* DeepSeek-V2's dense student (every layer dense, the first zero-padded, MLA unchanged). */
 static void deepseekv2_student(void **state) {
     (void)state;
-    hf_check_model("deepseekv2-student", g_work, build_teacher);
+    hf_check_model("deepseekv2-student", tu_work, build_teacher);
 }
 /* dense Qwen3 (the student's family), bf16, tied embeddings. */
-static void qwen3_dense(void **state) { (void)state; hf_check_model("qwen3", g_work, build_teacher); }
+static void qwen3_dense(void **state) { (void)state; hf_check_model("qwen3", tu_work, build_teacher); }
 /* the dense student of the bf16 teacher (zero-padded dense layer), in transformers' Qwen3ForCausalLM. */
-static void student_dense(void **state) { (void)state; hf_check_model("qwen3moe-student", g_work, build_teacher); }
+static void student_dense(void **state) { (void)state; hf_check_model("qwen3moe-student", tu_work, build_teacher); }
 /* the smaller MoE (--target moe, groups), in transformers' Qwen3MoeForCausalLM. */
-static void student_moe(void **state) { (void)state; hf_check_model("qwen3moe-student-moe", g_work, build_teacher); }
-
-static int setup(void **state) {
-    (void)state;
-    char tmpl[] = "/tmp/m2d-test-hf-XXXXXX";
-    if (!mkdtemp(tmpl)) return -1;
-    g_work = m2d_strdup(tmpl);
-    return 0;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    tu_rm_rf(g_work);
-    free(g_work);
-    return 0;
-}
+static void student_moe(void **state) { (void)state; hf_check_model("qwen3moe-student-moe", tu_work, build_teacher); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
@@ -98,5 +82,5 @@ int main(void) {
         cmocka_unit_test(qwen2moe_student_moe), cmocka_unit_test(deepseekv2_bf16), cmocka_unit_test(deepseekv2_q),
         cmocka_unit_test(deepseekv2_student),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tu_work_setup, tu_work_teardown);
 }

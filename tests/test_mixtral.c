@@ -20,18 +20,17 @@
 #include "model/model.h"
 #include "reffwd.h"
 
-static char *g_work;
 
-static void golden_bf16_window(void **state) { (void)state; hf_check_model("mixtral", g_work, tu_family_build); }
-static void golden_f32_tied(void **state) { (void)state; hf_check_model("mixtral-f32", g_work, tu_family_build); }
+static void golden_bf16_window(void **state) { (void)state; hf_check_model("mixtral", tu_work, tu_family_build); }
+static void golden_f32_tied(void **state) { (void)state; hf_check_model("mixtral-f32", tu_work, tu_family_build); }
 /* calibrate + convert -> MistralForCausalLM, as transformers loads and re-saves it */
-static void golden_student(void **state) { (void)state; hf_check_model("mixtral-student", g_work, tu_family_build); }
+static void golden_student(void **state) { (void)state; hf_check_model("mixtral-student", tu_work, tu_family_build); }
 
 /* the engine against the float64 reference (window 16 < 40 tokens), and extend in chunks / branches
  * (keys of the cache fall out of the window) against the full forward */
 static void engine_matches_reference_and_cache_paths(void **state) {
     (void)state;
-    tu_family_engine_check("mixtral", g_work, 40, 20, 25);
+    tu_family_engine_check("mixtral", tu_work, 40, 20, 25);
 }
 
 static void expect_config_error(const char *set, const char *del, const char *field) {
@@ -62,7 +61,7 @@ static void config_errors_and_defaults(void **state) {
 static void student_config_pins_mixtral_defaults(void **state) {
     (void)state;
     char *text = tu_family_edited_config("mixtral", "{\"rope_parameters\": {\"rope_type\": \"default\"}}", "sliding_window");
-    char *dir = m2d_path_join(g_work, "pinned");
+    char *dir = m2d_path_join(tu_work, "pinned");
     assert_int_equal(tu_family_checkpoint(dir, text, 5), 0);
     char *cfg = m2d_path_join(dir, "config.json");
     cJSON *j = cJSON_Parse(text);
@@ -94,7 +93,7 @@ static void student_config_pins_mixtral_defaults(void **state) {
 static void inspect_shows_windows(void **state) {
     (void)state;
     cJSON *g = hf_load_golden("mixtral");
-    char *dir = tu_family_build(g, g_work), *cmd = m2d_strfmt("%s inspect --model %s", tu_bin(), dir), *out = NULL;
+    char *dir = tu_family_build(g, tu_work), *cmd = m2d_strfmt("%s inspect --model %s", tu_bin(), dir), *out = NULL;
     assert_int_equal(tu_run(cmd, &out, NULL), 0);
     if (!strstr(out, "MixtralForCausalLM") || !strstr(out, "windows        0:sliding 16 1:sliding 16\n"))
         fail_msg("inspect: %s", out);
@@ -103,23 +102,10 @@ static void inspect_shows_windows(void **state) {
 }
 
 /* calibrate -> convert -> ppl -> eval through the command line */
-static void pipeline_end_to_end(void **state) { (void)state; hf_check_pipeline("mixtral-student", g_work, tu_family_build); }
+static void pipeline_end_to_end(void **state) { (void)state; hf_check_pipeline("mixtral-student", tu_work, tu_family_build); }
 
 /* experiments.toml's cross-model experiment (paper section 4.6) end to end through the sweep */
-static void cross_model_experiment(void **state) { (void)state; tu_family_cross_model("mixtral", g_work); }
-
-static int setup(void **state) {
-    (void)state;
-    g_work = tu_tmpdir();
-    return g_work ? 0 : -1;
-}
-
-static int teardown(void **state) {
-    (void)state;
-    tu_rm_rf(g_work);
-    free(g_work);
-    return 0;
-}
+static void cross_model_experiment(void **state) { (void)state; tu_family_cross_model("mixtral", tu_work); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
@@ -133,5 +119,5 @@ int main(void) {
         cmocka_unit_test(config_errors_and_defaults),
         cmocka_unit_test(student_config_pins_mixtral_defaults),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, tu_work_setup, tu_work_teardown);
 }

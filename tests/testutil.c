@@ -56,6 +56,22 @@ char *tu_tmpdir(void) {
     return m2d_strdup(d);
 }
 
+char *tu_work;
+
+int tu_work_setup(void **state) {
+    (void)state;
+    tu_work = tu_tmpdir();
+    return 0;
+}
+
+int tu_work_teardown(void **state) {
+    (void)state;
+    tu_rm_rf(tu_work);
+    free(tu_work);
+    tu_work = NULL;
+    return 0;
+}
+
 int tu_rm_rf(const char *path) {
     char *cmd = m2d_strfmt("rm -rf '%s'", path);
     int rc = system(cmd);

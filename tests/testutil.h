@@ -21,6 +21,11 @@ const char *tu_bin(void);
 const char *tu_test_bin(void);
 /* A fresh temporary directory (removed at exit by the caller's choice: tu_rm_rf). */
 char *tu_tmpdir(void);
+/* A work directory shared by the tests of one binary: cmocka group setup/teardown that make
+ * tu_work (a fresh tu_tmpdir) and remove it with everything in it. */
+extern char *tu_work;
+int tu_work_setup(void **state);
+int tu_work_teardown(void **state);
 int tu_rm_rf(const char *path);
 /* Run a shell command; capture stdout and stderr (malloc'd, may be NULL); return exit status. */
 int tu_run(const char *cmd, char **out, char **err);
