@@ -390,9 +390,7 @@ static m2d_param_counts gptoss_param_counts(const m2d_config *c) {
 #define LAYER_ "model.layers.%d."
 static const m2d_tensor_spec gptoss_tensors[] = {
     M2D_DECODER_TENSORS,
-    {M2D_SCOPE_LAYER, M2D_T_Q_BIAS, LAYER_ "self_attn.q_proj.bias", {M2D_DIM_Q, M2D_DIM_NONE}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_K_BIAS, LAYER_ "self_attn.k_proj.bias", {M2D_DIM_KV, M2D_DIM_NONE}, 0},
-    {M2D_SCOPE_LAYER, M2D_T_V_BIAS, LAYER_ "self_attn.v_proj.bias", {M2D_DIM_KV, M2D_DIM_NONE}, 0},
+    M2D_DECODER_QKV_BIASES,
     {M2D_SCOPE_LAYER, M2D_T_O_BIAS, LAYER_ "self_attn.o_proj.bias", {M2D_DIM_HIDDEN, M2D_DIM_NONE}, 0},
     {M2D_SCOPE_LAYER, M2D_T_SINKS, LAYER_ "self_attn.sinks", {M2D_DIM_HEADS, M2D_DIM_NONE}, 0},
     {M2D_SCOPE_MOE, M2D_T_ROUTER, LAYER_ "mlp.router.weight", {M2D_DIM_EXPERTS, M2D_DIM_HIDDEN}, 0},
