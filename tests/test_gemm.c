@@ -283,7 +283,8 @@ static void onednn_rows_independent(void **state) {
 }
 
 /* MoE-style groups (one weight per expert, its own rows) and calibration-style groups (every
- * weight on the same rows) give the bits of one call per group, on the pool or serially. */
+ * weight on the same rows, whose operand copy for oneDNN is made once for all; also with gaps
+ * between the rows) give the bits of one call per group, on the pool or serially. */
 static void grouped_equals_single_calls(void **state) {
     (void)state;
     uint64_t st = 5;
@@ -295,21 +296,23 @@ static void grouped_equals_single_calls(void **state) {
         w[e] = make_w(&st, e % 3 ? M2D_BF16 : M2D_F32, F, D, D);
         wv[e] = view(&w[e]);
     }
-    float *x = m2d_malloc(sizeof(float) * (64 * D + 1)); /* +1: some groups start one element in */
-    fill_normal(&st, x, 64 * D + 1, 1);
+    enum { LDX = D + 5 };
+    float *x = m2d_malloc(sizeof(float) * (64 * LDX + 1)); /* +1: some groups start one element in */
+    fill_normal(&st, x, 64 * LDX + 1, 1);
     float *ya = m2d_calloc((size_t)E * 64 * F, sizeof(float)), *yb = m2d_calloc((size_t)E * 64 * F, sizeof(float));
     struct { m2d_precision p; m2d_gemm_kernel mf; int nt; } kinds[] = {
         {M2D_PREC_FP32, M2D_GEMM_ONEDNN, 2}, {M2D_PREC_FP32, M2D_GEMM_SGEMM, 2}, {M2D_PREC_BF16, M2D_GEMM_ONEDNN, 2},
         {M2D_PREC_BF16, M2D_GEMM_SGEMM, 2}, {M2D_PREC_BF16, M2D_GEMM_ONEDNN, 0}};
     for (size_t k = 0; k < M2D_ARRAY_LEN(kinds); k++)
-        for (int same_rows = 0; same_rows <= 1; same_rows++) {
+        for (int same_rows = 0; same_rows <= 2; same_rows++) { /* 2: the same rows, LDX apart */
             m2d_gemm_ctx *g = ctx_new(kinds[k].p, kinds[k].nt);
             m2d_gemm_set_kernel(g, kinds[k].mf);
             m2d_gemm_group grp[E];
+            int ldx = same_rows == 2 ? LDX : D;
             for (int e = 0; e < E; e++) {
                 int m = same_rows ? 64 : rows[e];
-                grp[e] = (m2d_gemm_group){x + (same_rows ? 0 : e % 2), D, m, &wv[e], ya + (size_t)e * 64 * F, F, 0.0f};
-                assert_int_equal(m2d_gemm(g, grp[e].x, D, m, &wv[e], yb + (size_t)e * 64 * F, F, 0.0f), 0);
+                grp[e] = (m2d_gemm_group){x + (same_rows ? 0 : e % 2), ldx, m, &wv[e], ya + (size_t)e * 64 * F, F, 0.0f};
+                assert_int_equal(m2d_gemm(g, grp[e].x, ldx, m, &wv[e], yb + (size_t)e * 64 * F, F, 0.0f), 0);
             }
             assert_int_equal(m2d_gemm_grouped(g, grp, E), 0);
             assert_true(bits_equal(ya, yb, (size_t)E * 64 * F));

@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "calib/blocksum.h"
 #include "engine/engine.h"
+#include "engine/pool.h"
 #include "tokenizer/tokenizer.h"
 #include "base/util.h"
 
@@ -233,6 +235,8 @@ typedef struct {
     double *norms;        /* [E, nb] ‖f_e(t)‖ */
     double **router;      /* [n_layers] fp64 router rows [E, d] of each MoE layer (made on first use) */
     double *Xd, *Z;       /* [nb, d] fp64 FFN input, [nb, E] router logits of one token block */
+    double *dmg;          /* [nb, k] each token's pruning damage of its top-k experts */
+    m2d_pool *pool;       /* the statistics' threads (the engine's own count) */
     int block_tokens;
     m2d_progress *prog;
     double done, total;
@@ -282,22 +286,47 @@ static void logits_block(calib_ctx *c, m2d_layer_stats *s, const m2d_moe_event *
     cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, E, nb, 1.0, c->Z, E, 1.0, s->logit_gram, E);
 }
 
+typedef struct {
+    calib_ctx *c;
+    const m2d_moe_event *ev;
+    m2d_layer_stats *s;
+    int t0, nb;
+} block_job;
+
+/* expert e over the block: sum_f_all[e] += f_e(t), norms[e][t] = ‖f_e(t)‖² */
+static void expert_sums_item(void *ctx, int e) {
+    const block_job *j = ctx;
+    int E = j->ev->n_experts, d = j->ev->hidden, nb = j->nb;
+    double *sf = j->s->sum_f_all + (size_t)e * d;
+    for (int t = 0; t < nb; t++)
+        j->c->norms[(size_t)e * nb + t] = m2d_blocksum_add_norm2(sf, j->c->F + ((size_t)t * E + e) * d, d);
+}
+
+/* token t's pruning damage of each of its top-k experts into dmg[t][k] (-1 in dmg[t][0]: k too
+ * large for the fast kernel; the caller adds the reference's) */
+static void damage_item(void *ctx, int t) {
+    const block_job *j = ctx;
+    int E = j->ev->n_experts, k = j->ev->top_k, tt = j->t0 + t;
+    double *out = j->c->dmg + (size_t)t * k;
+    if (m2d_blocksum_damage(j->ev->probs + (size_t)tt * E, j->ev->topk + (size_t)tt * k, k, E, j->ev->hidden,
+                            j->c->F + (size_t)t * E * j->ev->hidden, (size_t)j->ev->hidden, out))
+        out[0] = -1;
+}
+
+static void block_item(void *ctx, int item) {
+    const block_job *j = ctx;
+    if (item < j->ev->n_experts) expert_sums_item(ctx, item);
+    else damage_item(ctx, item - j->ev->n_experts);
+}
+
 /* Everything but the Gram for a block of tokens, in the raw sums of stats.h (the same sums
- * m2d_layer_stats_add_token keeps; finalize derives means/variances from them). */
+ * m2d_layer_stats_add_token keeps; finalize derives means/variances from them). The per-expert
+ * sums and the per-token damages in parallel (each item writes only its own entries: the same
+ * sums on any thread count), then the routed sums token by token. */
 static void token_stats_block(calib_ctx *c, m2d_layer_stats *s, const m2d_moe_event *ev, int t0, int nb) {
     int E = ev->n_experts, k = ev->top_k, d = ev->hidden;
-    for (int e = 0; e < E; e++) {
-        double *sf = s->sum_f_all + (size_t)e * d;
-        for (int t = 0; t < nb; t++) {
-            const float *f = c->F + ((size_t)t * E + e) * d;
-            double q = 0;
-            for (int j = 0; j < d; j++) {
-                q += (double)f[j] * f[j];
-                sf[j] += f[j];
-            }
-            c->norms[(size_t)e * nb + t] = q;
-        }
-    }
+    block_job job = {c, ev, s, t0, nb};
+    m2d_pool_for(c->pool, E + nb, block_item, &job);
     for (int t = 0; t < nb; t++) {
         int tt = t0 + t;
         const float *p = ev->probs + (size_t)tt * E;
@@ -310,10 +339,44 @@ static void token_stats_block(calib_ctx *c, m2d_layer_stats *s, const m2d_moe_ev
             m2d_layer_stats_add_routed(s, e, p[e], ev->gates[(size_t)tt * k + r], psel > 0 ? p[e] / psel : 0,
                                        c->F + ((size_t)t * E + e) * d, c->norms[(size_t)e * nb + t]);
         }
-        m2d_layer_stats_add_damage(s, p, topk, c->F + (size_t)t * E * d, (size_t)d);
+        const double *dmg = c->dmg + (size_t)t * k;
+        if (dmg[0] < 0) m2d_layer_stats_add_damage(s, p, topk, c->F + (size_t)t * E * d, (size_t)d);
+        else
+            for (int r = 0; r < k; r++) s->damage[topk[r]] += dmg[r];
     }
     s->N += nb;
     s->cur_len += nb;
+}
+
+typedef struct {
+    const calib_ctx *c;
+    const m2d_moe_event *ev;
+    int t0, nb;
+} routed_job;
+
+/* routed[t] = Σ_r gate_r · f_{topk[r]}(t), the terms in increasing expert id (engine.h) */
+static void routed_item(void *ctx, int t) {
+    const routed_job *j = ctx;
+    int E = j->ev->n_experts, k = j->ev->top_k, d = j->ev->hidden, tt = j->t0 + t;
+    const int32_t *topk = j->ev->topk + (size_t)tt * k;
+    const float *gates = j->ev->gates + (size_t)tt * k;
+    float *o = j->ev->routed + (size_t)tt * d;
+    memset(o, 0, sizeof(float) * d);
+    for (int done = 0, last = -1; done < k; done++) { /* next expert id above LAST among the top-k */
+        int r = -1;
+        for (int q = 0; q < k; q++)
+            if (topk[q] > last && (r < 0 || topk[q] < topk[r])) r = q;
+        last = topk[r];
+        const float *f = j->c->F + ((size_t)t * E + last) * d;
+        for (int i = 0; i < d; i++) o[i] += gates[r] * f[i];
+    }
+}
+
+/* The block's rows of the layer's routed output, from the experts' outputs already at hand: the
+ * engine then skips running the top-k experts again (engine.h, m2d_moe_event.routed). */
+static void routed_block(calib_ctx *c, const m2d_moe_event *ev, int t0, int nb) {
+    routed_job j = {c, ev, t0, nb};
+    m2d_pool_for(c->pool, nb, routed_item, &j);
 }
 
 static int check_event(const calib_ctx *c, const m2d_moe_event *ev) {
@@ -325,6 +388,8 @@ static int check_event(const calib_ctx *c, const m2d_moe_event *ev) {
     return 0;
 }
 
+/* Every expert on every token of the event, block by block, into the statistics; the layer's
+ * routed output from the same expert outputs, so the engine does not run the top-k again. */
 static int hook_fast(void *user, const m2d_moe_event *ev) {
     calib_ctx *c = user;
     if (check_event(c, ev)) return -1;
@@ -333,10 +398,12 @@ static int hook_fast(void *user, const m2d_moe_event *ev) {
         int nb = M2D_MIN(c->block_tokens, ev->n_tokens - t0);
         if (run_all_experts(c, ev, t0, nb, s)) return -1;
         token_stats_block(c, s, ev, t0, nb);
+        if (ev->routed) routed_block(c, ev, t0, nb);
         logits_block(c, s, ev, t0, nb);
         c->done += nb;
         if (c->prog) m2d_progress_update(c->prog, c->done);
     }
+    if (ev->routed_set) *ev->routed_set = 1;
     return 0;
 }
 
@@ -412,9 +479,13 @@ static m2d_stats *new_stats(const m2d_model *m, const int32_t *ids, int64_t *sta
     return st;
 }
 
-/* Accumulator buffers. Token block: expert outputs [nb, E, d] fp32 capped at 256 MiB (a large nb
- * keeps the expert GEMMs efficient). */
-static void ctx_init(calib_ctx *c, const m2d_model *m, m2d_stats *st, int L, int reference) {
+static int calib_threads(const m2d_calib_opts *o) { return o->n_threads > 0 ? o->n_threads : m2d_default_threads(); }
+
+/* Accumulator buffers. Token block: expert outputs [nb, E, d] fp32 capped at 512 MiB (a large nb
+ * keeps the expert GEMMs efficient: a whole 512-token window of Qwen3-30B-A3B, whose expert
+ * GEMMs ran at 800 GFLOP/s with m = 512 against 720 with m = 256 on the bf16 machine of
+ * BENCHMARKS.md). */
+static void ctx_init(calib_ctx *c, const m2d_model *m, m2d_stats *st, int L, int reference, int n_threads) {
     const m2d_config *cfg = &m->cfg;
     int E = cfg->num_experts, d = cfg->hidden_size;
     memset(c, 0, sizeof *c);
@@ -422,23 +493,26 @@ static void ctx_init(calib_ctx *c, const m2d_model *m, m2d_stats *st, int L, int
     c->acc = m2d_calloc((size_t)cfg->num_hidden_layers, sizeof *c->acc);
     for (int i = 0; i < st->n_layers; i++) c->acc[st->layers[i].layer] = &st->layers[i];
     size_t per_tok = (size_t)E * d * sizeof(float);
-    c->block_tokens = reference ? 1 : (int)M2D_MAX((size_t)1, M2D_MIN((size_t)L, ((size_t)256 << 20) / per_tok));
+    c->block_tokens = reference ? 1 : (int)M2D_MAX((size_t)1, M2D_MIN((size_t)L, ((size_t)512 << 20) / per_tok));
     c->F = m2d_malloc((size_t)E * c->block_tokens * d * sizeof(float));
     c->norms = m2d_malloc((size_t)E * c->block_tokens * sizeof(double));
     c->router = m2d_calloc((size_t)cfg->num_hidden_layers, sizeof *c->router);
     c->Xd = m2d_malloc((size_t)c->block_tokens * d * sizeof(double));
     c->Z = m2d_malloc((size_t)c->block_tokens * E * sizeof(double));
+    c->dmg = m2d_malloc((size_t)c->block_tokens * cfg->num_experts_per_tok * sizeof(double));
+    c->pool = m2d_pool_new(n_threads);
 }
 
 static void ctx_free(calib_ctx *c) {
     for (int l = 0; l < c->m->cfg.num_hidden_layers; l++) free(c->router[l]);
-    free(c->router); free(c->Xd); free(c->Z);
+    free(c->router); free(c->Xd); free(c->Z); free(c->dmg);
+    m2d_pool_free(c->pool);
     free(c->acc); free(c->F); free(c->norms);
 }
 
 /* The teacher's forward over every window; the hook accumulates each MoE layer. */
 static int run_windows(calib_ctx *c, m2d_stats *st, const int32_t *ids, int L, const m2d_calib_opts *o) {
-    m2d_engine_opts eo = {.n_threads = o->n_threads > 0 ? o->n_threads : m2d_default_threads(),
+    m2d_engine_opts eo = {.n_threads = calib_threads(o),
                           .precision = (m2d_precision)o->precision};
     int rc = m2d_engine_open(c->m, &eo, &c->eng);
     if (rc) return -1;
@@ -497,7 +571,7 @@ int m2d_calib_run(const m2d_model *m, const int32_t *ids, int64_t n_ids, const m
                 o->doc_starts ? "usable documents" : "windows", L, N, nw);
     m2d_stats *st = new_stats(m, ids, starts, lens, nw, L, o);
     calib_ctx c;
-    ctx_init(&c, m, st, L, o->reference);
+    ctx_init(&c, m, st, L, o->reference, calib_threads(o));
     int rc = run_windows(&c, st, ids, L, o);
     if (rc == 0) rc = finish_stats(st, o->reference);
     ctx_free(&c);

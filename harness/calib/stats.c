@@ -136,8 +136,7 @@ void m2d_layer_stats_add_routed(m2d_layer_stats *s, int e, double p_e, double g,
     s->cur_gf[e] += fabs(g) * norm;
 }
 
-/* the highest p outside the top-k (ties -> lower index); -1 when every expert is routed */
-static int next_expert(const float *p, const int32_t *topk, int k, int E) {
+int m2d_layer_stats_next_expert(const float *p, const int32_t *topk, int k, int E) {
     int best = -1;
     for (int e = 0; e < E; e++) {
         int routed = 0;
@@ -150,7 +149,7 @@ static int next_expert(const float *p, const int32_t *topk, int k, int E) {
 void m2d_layer_stats_add_damage(m2d_layer_stats *s, const float *p, const int32_t *topk, const float *F,
                                 size_t stride) {
     const int k = s->k, d = s->d;
-    int nx = next_expert(p, topk, k, s->E);
+    int nx = m2d_layer_stats_next_expert(p, topk, k, s->E);
     double psel = 0;
     for (int r = 0; r < k; r++) psel += p[topk[r]];
     if (psel <= 0) return;

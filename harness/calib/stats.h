@@ -90,6 +90,9 @@ void m2d_layer_stats_add_routed(m2d_layer_stats *s, int e, double p_e, double g,
  * highest p outside the top-k (ties -> lower index); none when k = E. */
 void m2d_layer_stats_add_damage(m2d_layer_stats *s, const float *p, const int32_t *topk, const float *F,
                                 size_t stride);
+/* That replacement: the expert with the highest P outside TOPK[K] (ties -> lower index), -1 when
+ * every one of the E experts is routed. */
+int m2d_layer_stats_next_expert(const float *p, const int32_t *topk, int k, int E);
 /* logit_gram += z zᵀ for one token's router logits z[E] (double). */
 void m2d_layer_stats_add_logits(m2d_layer_stats *s, const double *z);
 /* Close the current calibration sample (ES-Act / ES-Mag average over samples of per-sample,

@@ -195,6 +195,10 @@ typedef struct {
     /* f_e(x) of EVERY expert on the same n rows (no routing, no gate): out [n, n_experts * d], token
      * t's output of expert e at columns e*d .. e*d + d (topk, gates and k are unused) */
     void (*experts_all)(m2d_backend *be, const m2d_moe_args *a);
+    /* 1 when an expert's output for a token does not depend on which other tokens share its
+     * batch, for every expert of A: experts_all then reproduces moe's expert outputs bit for bit
+     * (the engine lets a calibration hook supply the routed output only then). NULL: never. */
+    int (*experts_rows_exact)(m2d_backend *be, const m2d_moe_args *a);
     /* g (fp64 [E, E] row-major; only the upper triangle i <= j is updated) += sum over the rows t
      * of f ([n, E * d]) of F_t F_t^T, F_t = row t as [E, d]. FP32: every product and sum in fp64
      * (SPEC §1); BF16: each token's F_t F_t^T in fp32 (d terms), added into fp64 (the error

@@ -38,14 +38,19 @@ typedef struct {
     m2d_gemm_packed *packed; /* resident copy in the GEMM kernel's layout (matrices), or NULL */
 } cpu_weight;
 
+/* The op-sized buffers an op reuses from the last one (in floats): fresh 10–100 MB mallocs would be
+ * new mappings each time, and their page faults and zeroing were ~6 % of calibration time. One op
+ * runs at a time per backend, so each slot has one user; the MoE hook runs between ops. */
+enum { WORK_WEIGHT, WORK_ROWS, WORK_OUT, WORK_GATE, WORK_UP, N_WORK };
+
 typedef struct {
     m2d_backend base;
     int threads;
     int expert_parallel;    /* MoE: whole experts per thread (1) or one expert at a time (0) */
     int attn_gemm_min_rows; /* segments of at least this many rows use the GEMM attention */
     int depth, blas_saved;  /* enter/leave nesting and OpenBLAS's thread count outside */
-    float *scratch;         /* weight rows converted for the op in progress */
-    size_t scratch_cap;
+    float *work[N_WORK];    /* grow-only buffers of the op in progress, kept between ops (see work) */
+    size_t work_cap[N_WORK];
     m2d_pool *pool;         /* the threads of every op (threads == its size) */
     m2d_gemm_ctx *gemm[2];  /* by precision (FP32, BF16), on the pool */
     m2d_precision resident; /* the precision make_resident prepares matrices for */
@@ -92,14 +97,17 @@ static void convert_par(const cpu_be *c, m2d_dtype t, const void *src, int64_t f
 /* ---- weights ---- */
 static int in_place(const m2d_tensor *t) { return t->dtype == M2D_F32 && ((uintptr_t)t->data & 3) == 0; }
 
-static float *scratch(cpu_be *c, size_t n) {
-    if (n > c->scratch_cap) {
-        free(c->scratch);
-        c->scratch = m2d_malloc(n * sizeof(float));
-        c->scratch_cap = n;
+/* Slot SLOT's buffer of at least N floats (its old contents are not kept when it grows). */
+static float *work(cpu_be *c, int slot, size_t n) {
+    if (n > c->work_cap[slot]) {
+        free(c->work[slot]);
+        c->work[slot] = m2d_malloc(n * sizeof(float));
+        c->work_cap[slot] = n;
     }
-    return c->scratch;
+    return c->work[slot];
 }
+
+static float *scratch(cpu_be *c, size_t n) { return work(c, WORK_WEIGHT, n); } /* weight rows converted */
 
 /* fp32 view of elements [first, first+n) of W: in place, resident, or converted into the
  * backend's scratch (valid until the next op) */
@@ -726,8 +734,8 @@ static void cpu_moe(m2d_backend *be, const m2d_moe_args *a) {
     if (c->failed || n <= 0) return;
     buckets b;
     bucket_by_expert(B(a->topk), nk, E, &b);
-    float *xs = m2d_malloc(sizeof(float) * (size_t)nk * d), *Y = m2d_malloc(sizeof(float) * (size_t)nk * d);
-    float *g = m2d_malloc(sizeof(float) * (size_t)nk * de), *u = m2d_malloc(sizeof(float) * (size_t)nk * de);
+    float *xs = work(c, WORK_ROWS, (size_t)nk * d), *Y = work(c, WORK_OUT, (size_t)nk * d);
+    float *g = work(c, WORK_GATE, (size_t)nk * de), *u = work(c, WORK_UP, (size_t)nk * de);
     rows_job gj = {.src = F(&a->x), .ld_src = a->x.ld, .rows = b.pair, .g = xs, .n = nk, .d = d, .k = k};
     parallel_for(c, row_blocks(nk), gather_item, &gj);
     m2d_gemm_w *wv = m2d_malloc(sizeof *wv * (size_t)E * 3);
@@ -762,7 +770,7 @@ static void cpu_moe(m2d_backend *be, const m2d_moe_args *a) {
     free(rexp); free(bg); free(bu); free(bd);
     scatter_job sc = {a, &b, Y};
     if (!c->failed) parallel_for(c, row_blocks(n), scatter_item, &sc);
-    free(wv); free(grp); free(xs); free(Y); free(g); free(u);
+    free(wv); free(grp);
     buckets_free(&b);
 }
 
@@ -839,7 +847,7 @@ static void cpu_experts_all(m2d_backend *be, const m2d_moe_args *a) {
     int n = a->x.rows, d = a->x.cols, de = a->d_ff, E = a->n_experts;
     if (c->failed || n <= 0) return;
     int chunk = (int)M2D_MAX(4, M2D_MIN((size_t)E, ((size_t)64 << 20) / ((size_t)n * de * 2 * sizeof(float))));
-    float *g = m2d_malloc(sizeof(float) * (size_t)chunk * n * de), *u = m2d_malloc(sizeof(float) * (size_t)chunk * n * de);
+    float *g = work(c, WORK_GATE, (size_t)chunk * n * de), *u = work(c, WORK_UP, (size_t)chunk * n * de);
     m2d_gemm_w *wv = m2d_malloc(sizeof *wv * (size_t)chunk * 3);
     m2d_gemm_group *grp = m2d_malloc(sizeof *grp * (size_t)chunk * 2);
     float *bg = bias_table(c, a->gate_bias, E, de), *bu = bias_table(c, a->up_bias, E, de);
@@ -864,7 +872,20 @@ static void cpu_experts_all(m2d_backend *be, const m2d_moe_args *a) {
             for (int i = 0; i < ne; i++)
                 add_rows(F(&a->out) + (size_t)t * a->out.ld + (size_t)(e0 + i) * d, d, 1, d, bd + (size_t)(e0 + i) * d);
     }
-    free(g); free(u); free(wv); free(grp); free(bg); free(bu); free(bd);
+    free(wv); free(grp); free(bg); free(bu); free(bd);
+}
+
+/* Every expert weight of A takes oneDNN (rows computed independently of the batch, gemm.h). */
+static int cpu_experts_rows_exact(m2d_backend *be, const m2d_moe_args *a) {
+    cpu_be *c = CPU(be);
+    m2d_gemm_ctx *g = gemm_ctx(c, a->prec);
+    for (int e = 0; e < a->n_experts; e++) {
+        m2d_gemm_w w[3] = {gemm_view(c, a->gate[e], 0, a->d_ff, a->prec), gemm_view(c, a->up[e], 0, a->d_ff, a->prec),
+                           gemm_view(c, a->down[e], 0, a->x.cols, a->prec)};
+        for (int i = 0; i < 3; i++)
+            if (!m2d_gemm_rows_independent(g, &w[i])) return 0;
+    }
+    return 1;
 }
 
 /* The Gram in blocks of GRAM_TOKENS tokens, one pool item each (fixed blocks: the same sums on any
@@ -990,7 +1011,7 @@ static int cpu_tune(m2d_backend *be, const char *knob, int value) {
 
 static void cpu_destroy(m2d_backend *be) {
     cpu_be *c = CPU(be);
-    free(c->scratch);
+    for (int i = 0; i < N_WORK; i++) free(c->work[i]);
     for (int p = 0; p < 2; p++) m2d_gemm_ctx_free(c->gemm[p]);
     m2d_pool_free(c->pool);
     free(c);
@@ -1031,6 +1052,7 @@ static const m2d_backend_ops cpu_ops = {
     .moe = cpu_moe,
     .logprobs = cpu_logprobs,
     .experts_all = cpu_experts_all,
+    .experts_rows_exact = cpu_experts_rows_exact,
     .gram = cpu_gram,
     .auto_precision = cpu_auto_precision,
     .train = &m2d_cpu_train_ops,

@@ -532,29 +532,6 @@ static void attention_block(m2d_engine *e, int l, const fwd_ws *w, const seg_pla
     attend(e, l, w, p);
 }
 
-/* The hook's host view of one MoE layer's routing (downloaded only because a hook is set). */
-static int call_hook(m2d_engine *e, int layer, const fwd_ws *w) {
-    const m2d_config *c = &e->m->cfg;
-    int n = w->n, d = c->hidden_size, E = c->num_experts, k = route_k(e);
-    float *x = m2d_malloc(f32s(n, d)), *probs = m2d_malloc(f32s(n, E)), *gates = m2d_malloc(f32s(n, k));
-    int32_t *topk = m2d_malloc(sizeof(int32_t) * (size_t)n * k);
-    e->B->download(e->be, x, w->xn, 0, f32s(n, d));
-    e->B->download(e->be, probs, w->probs, 0, f32s(n, E));
-    e->B->download(e->be, topk, w->topk, 0, sizeof(int32_t) * (size_t)n * k);
-    e->B->download(e->be, gates, w->gates, 0, f32s(n, k));
-    m2d_moe_event ev = {layer, n, d, E, k, x, probs, topk, gates};
-    m2d_err_clear();
-    int rc = 0;
-    if (e->hook(e->hook_user, &ev)) { /* keep the hook's own message, if it set one */
-        char why[768];
-        snprintf(why, sizeof why, "%s", m2d_errmsg());
-        rc = why[0] ? m2d_err("engine: MoE hook aborted the forward at layer %d: %s", layer, why)
-                    : m2d_err("engine: MoE hook aborted the forward at layer %d", layer);
-    }
-    free(x); free(probs); free(topk); free(gates);
-    return rc;
-}
-
 /* The experts of LAYER on X -> OUT (routing fields left zero: moe sets them, experts_all has none) */
 static m2d_moe_args experts_of(const m2d_engine *e, int layer, m2d_mat x, m2d_mat out) {
     const m2d_config *c = &e->m->cfg;
@@ -575,6 +552,35 @@ static m2d_moe_args experts_of(const m2d_engine *e, int layer, m2d_mat x, m2d_ma
                           .act_limit = c->ops.act_limit};
 }
 
+/* The hook's host view of one MoE layer's routing (downloaded only because a hook is set). */
+static int call_hook(m2d_engine *e, int layer, const fwd_ws *w, int *routed_set) {
+    const m2d_config *c = &e->m->cfg;
+    int n = w->n, d = c->hidden_size, E = c->num_experts, k = route_k(e);
+    float *x = m2d_malloc(f32s(n, d)), *probs = m2d_malloc(f32s(n, E)), *gates = m2d_malloc(f32s(n, k));
+    int32_t *topk = m2d_malloc(sizeof(int32_t) * (size_t)n * k);
+    e->B->download(e->be, x, w->xn, 0, f32s(n, d));
+    e->B->download(e->be, probs, w->probs, 0, f32s(n, E));
+    e->B->download(e->be, topk, w->topk, 0, sizeof(int32_t) * (size_t)n * k);
+    e->B->download(e->be, gates, w->gates, 0, f32s(n, k));
+    *routed_set = 0;
+    m2d_moe_args a = experts_of(e, layer, m2d_mat_of(w->xn, 0, n, d, d), m2d_mat_of(w->ffo, 0, n, d, d));
+    /* the hook may supply the routed output only where it would be the engine's own bit for bit */
+    int exact = e->B->experts_rows_exact && e->B->experts_rows_exact(e->be, &a);
+    float *routed = exact ? m2d_malloc(f32s(n, d)) : NULL;
+    m2d_moe_event ev = {layer, n, d, E, k, x, probs, topk, gates, routed, exact ? routed_set : NULL};
+    m2d_err_clear();
+    int rc = 0;
+    if (e->hook(e->hook_user, &ev)) { /* keep the hook's own message, if it set one */
+        char why[768];
+        snprintf(why, sizeof why, "%s", m2d_errmsg());
+        rc = why[0] ? m2d_err("engine: MoE hook aborted the forward at layer %d: %s", layer, why)
+                    : m2d_err("engine: MoE hook aborted the forward at layer %d", layer);
+    }
+    if (rc == 0 && *routed_set) e->B->upload(e->be, w->ffo, 0, routed, f32s(n, d));
+    free(x); free(probs); free(topk); free(gates); free(routed);
+    return rc;
+}
+
 /* Router, hook, then the routed experts: ffo = sum of gated expert outputs. */
 static int moe_block(m2d_engine *e, int l, const fwd_ws *w) {
     const m2d_config *c = &e->m->cfg;
@@ -587,7 +593,9 @@ static int moe_block(m2d_engine *e, int l, const fwd_ws *w) {
     m2d_route_args r = {.kind = c->ops.router, .renorm = c->ops.router_renorm && e->route_topk <= 0, .k = k,
                         .n_group = c->n_group, .topk_group = c->topk_group, .scale = (float)c->routed_scaling_factor};
     e->B->route(e->be, &P, &r, w->topk, w->gates);
-    if (e->hook && call_hook(e, l, w)) return -1;
+    int routed_set = 0; /* the hook supplied the routed output (ffo) */
+    if (e->hook && call_hook(e, l, w, &routed_set)) return -1;
+    if (routed_set) return 0;
     m2d_moe_args a = experts_of(e, l, XN, m2d_mat_of(w->ffo, 0, n, d, d));
     a.topk = w->topk, a.gates = w->gates, a.k = k;
     e->B->moe(e->be, &a);

@@ -55,13 +55,23 @@ int m2d_engine_resolve_precision(const char *backend, m2d_precision p, m2d_preci
 /* Calibration hook: called at every MoE layer during a forward, after routing and before
  * the experts run (the residual stream always follows the teacher's real routing). The event's
  * arrays are host copies made for the hook, valid during the call; without a hook nothing is
- * copied. */
+ * copied.
+ * A hook that has run every expert on every token anyway (calibration) may hand the layer's
+ * routed output back instead of letting the engine run the top-k experts again: it writes
+ * routed[t] = Σ_r gates[t, r] · f_{topk[t, r]}(x_t), with f from m2d_engine_all_experts and the
+ * terms added in increasing expert id (the order of the engine's own MoE op), for every token,
+ * and sets *routed_set = 1. The engine offers this (routed non-NULL) only where the backend
+ * computes an expert's output for a token independently of the other tokens in its batch
+ * (backend.h experts_rows_exact; CPU: oneDNN's kernels), so the forward continues from exactly
+ * the values it would have computed itself. */
 typedef struct {
     int layer, n_tokens, hidden, n_experts, top_k;
     const float *x;       /* [n, d] FFN input (after the post-attention RMSNorm) */
     const float *probs;   /* [n, E] fp32 softmax over all router logits */
     const int32_t *topk;  /* [n, k] routed experts, descending probability, ties -> lower index */
     const float *gates;   /* [n, k] native gate weights (renormalised when cfg.ops.router_renorm) */
+    float *routed;        /* [n, d] the hook's routed output (see above), or NULL: not offered */
+    int *routed_set;      /* set to 1 by a hook that filled every row of routed (NULL with it) */
 } m2d_moe_event;
 /* Non-zero aborts the forward; the engine's error then ends with the hook's m2d_err message. */
 typedef int (*m2d_moe_hook)(void *user, const m2d_moe_event *ev);

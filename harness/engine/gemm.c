@@ -567,6 +567,8 @@ static int wants_dnnl(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
     return g->kernel == M2D_GEMM_ONEDNN || (w->whole ? w->whole : (int64_t)w->out * w->in) >= M2D_GEMM_DNNL_MIN_WEIGHT;
 }
 
+int m2d_gemm_rows_independent(const m2d_gemm_ctx *g, const m2d_gemm_w *w) { return wants_dnnl(g, w); }
+
 /* Rows per oneDNN tile: all of X, unless the column slices alone give fewer than 4 work items for
  * a GEMM worth splitting (>= 64 MFLOP; the router, K/V projections): then blocks of >= 64 rows
  * (measured: router 512x128x2048 from 430 to 680 GFLOP/s). oneDNN's result for a row does not
@@ -590,7 +592,8 @@ static void gemm_plan(gemm_job *j) {
     if (j->use_dnnl) {
         j->rows = tile_rows(j->c.m, j->c.w->out, K);
         j->n_items *= (j->c.m + j->rows - 1) / j->rows;
-        if (g->prec == M2D_PREC_FP32 && j->c.ldx == K) {
+        if (j->xd) { /* the caller's shared copy (m2d_gemm_grouped) */
+        } else if (g->prec == M2D_PREC_FP32 && j->c.ldx == K) {
             j->xd = j->c.x;
         } else if (g->prec == M2D_PREC_FP32) { /* oneDNN's operands dense (see dnnl_slice) */
             float *xd = scratch_get(&g->scratch, sizeof(float) * (size_t)j->c.m * K);
@@ -648,6 +651,7 @@ int m2d_gemm(m2d_gemm_ctx *g, const float *x, int ldx, int m, const m2d_gemm_w *
 typedef struct {
     m2d_gemm_ctx *g;
     const m2d_gemm_group *grp;
+    const void **xd; /* [n_groups] oneDNN's copy of the group's X made once for a run of groups, or NULL */
     atomic_int failed;
     char err[256];
 } group_job;
@@ -657,8 +661,59 @@ static void group_item(void *ctx, int item) {
     const m2d_gemm_group *q = &gj->grp[item];
     if (q->m == 0) return;
     gemm_job j = job_for(gj->g, q);
+    j.xd = gj->xd[item];
     if (gemm_run(&j, 0) && atomic_exchange(&gj->failed, 1) == 0)
         snprintf(gj->err, sizeof gj->err, "group %d: %s", item, m2d_errmsg());
+}
+
+/* Does the group hand oneDNN a copy of X (bf16, or fp32 with gaps between rows)? */
+static int needs_x_copy(const m2d_gemm_ctx *g, const m2d_gemm_group *q) {
+    return q->m > 0 && wants_dnnl(g, q->w) && (g->prec == M2D_PREC_BF16 || q->ldx != q->w->in);
+}
+
+static int same_x(const m2d_gemm_group *a, const m2d_gemm_group *b) {
+    return a->x == b->x && a->ldx == b->ldx && a->m == b->m && a->w->in == b->w->in;
+}
+
+typedef struct {
+    const m2d_gemm_group *q;
+    void *out;
+    int bf16;
+} xcopy_job;
+
+#define XCOPY_ROWS 32
+
+static void xcopy_item(void *ctx, int item) {
+    const xcopy_job *j = ctx;
+    int r0 = item * XCOPY_ROWS, n = M2D_MIN(XCOPY_ROWS, j->q->m - r0), K = j->q->w->in;
+    const float *x = j->q->x + (size_t)r0 * j->q->ldx;
+    if (j->bf16) {
+        to_bf16(x, j->q->ldx, n, K, (uint16_t *)j->out + (size_t)r0 * K);
+        return;
+    }
+    for (int r = 0; r < n; r++) memcpy((float *)j->out + (size_t)(r0 + r) * K, x + (size_t)r * j->q->ldx, sizeof(float) * K);
+}
+
+/* X shared by consecutive groups (calibration: every expert's gate and up read the same rows) is
+ * copied for oneDNN once, its rows in parallel, instead of once per group. Returns the copies
+ * made, to be put back with scratch_put (NULL-terminated in COPIES[n_groups + 1]). */
+static void share_x_copies(m2d_gemm_ctx *g, const m2d_gemm_group *grp, int n, const void **xd, void **copies) {
+    int nc = 0;
+    for (int i = 0; i < n; i++) {
+        xd[i] = NULL;
+        if (!needs_x_copy(g, &grp[i])) continue;
+        if (i > 0 && xd[i - 1] && same_x(&grp[i - 1], &grp[i])) {
+            xd[i] = xd[i - 1];
+            continue;
+        }
+        if (i + 1 >= n || !needs_x_copy(g, &grp[i + 1]) || !same_x(&grp[i], &grp[i + 1])) continue; /* its own */
+        int bf16 = g->prec == M2D_PREC_BF16;
+        size_t bytes = (size_t)grp[i].m * grp[i].w->in * (bf16 ? sizeof(uint16_t) : sizeof(float));
+        xcopy_job j = {&grp[i], scratch_get(&g->scratch, bytes), bf16};
+        m2d_pool_for(g->pool, (grp[i].m + XCOPY_ROWS - 1) / XCOPY_ROWS, xcopy_item, &j);
+        xd[i] = copies[nc++] = j.out;
+    }
+    copies[nc] = NULL;
 }
 
 int m2d_gemm_grouped(m2d_gemm_ctx *g, const m2d_gemm_group *groups, int n_groups) {
@@ -676,8 +731,14 @@ int m2d_gemm_grouped(m2d_gemm_ctx *g, const m2d_gemm_group *groups, int n_groups
                 return -1;
         return 0;
     }
-    group_job gj = {g, groups, 0, ""};
+    const void **xd = m2d_malloc(sizeof *xd * (size_t)n_groups);
+    void **copies = m2d_malloc(sizeof *copies * (size_t)(n_groups + 1));
+    share_x_copies(g, groups, n_groups, xd, copies);
+    group_job gj = {g, groups, xd, 0, ""};
     m2d_pool_for(g->pool, n_groups, group_item, &gj);
+    for (int i = 0; copies[i]; i++) scratch_put(&g->scratch, copies[i]);
+    free(xd);
+    free(copies);
     return atomic_load(&gj.failed) ? m2d_err("%s", gj.err) : 0;
 }
 

@@ -108,6 +108,10 @@ typedef struct {
 } m2d_gemm_group;
 int m2d_gemm_grouped(m2d_gemm_ctx *g, const m2d_gemm_group *groups, int n_groups);
 
+/* 1 when a row of X·Wᵀ does not depend on the other rows of its call (their number, the row
+ * blocks): W takes oneDNN here (tested in test_gemm). sgemm's blocking depends on m, so 0. */
+int m2d_gemm_rows_independent(const m2d_gemm_ctx *g, const m2d_gemm_w *w);
+
 /* Prepare W for this context's precision (see above); the handle is independent of the stored
  * data afterwards. Free with m2d_gemm_packed_free (before the context). */
 int m2d_gemm_prepare(m2d_gemm_ctx *g, const m2d_gemm_w *w, m2d_gemm_packed **out);

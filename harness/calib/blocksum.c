@@ -1,0 +1,118 @@
+/* blocksum — vectorised fp64 sums over fp32 rows (see blocksum.h). */
+#include "calib/blocksum.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "base/util.h"
+#include "calib/stats.h"
+
+typedef double v8d __attribute__((vector_size(64)));
+typedef float v8f __attribute__((vector_size(32)));
+
+#define LANES 8
+#define DAMAGE_MAX_K 32 /* top-k of every supported family is far below; larger k takes the scalar path */
+
+static v8d load8(const float *f) {
+    v8f v;
+    memcpy(&v, f, sizeof v);
+    return __builtin_convertvector(v, v8d);
+}
+
+static void load_acc(v8d *v, const double *a) { memcpy(v, a, sizeof *v); }
+static void store_acc(double *a, v8d v) { memcpy(a, &v, sizeof v); }
+
+/* the lanes added in a fixed order (then the scalar tail by the caller) */
+static double hsum(v8d v) {
+    double s = 0;
+    for (int i = 0; i < LANES; i++) s += v[i];
+    return s;
+}
+
+double m2d_blocksum_add_norm2(double *acc, const float *f, int d) {
+    v8d q = {0};
+    int j = 0;
+    for (; j + LANES <= d; j += LANES) {
+        v8d x = load8(f + j), a;
+        load_acc(&a, acc + j);
+        store_acc(acc + j, a + x);
+        q += x * x;
+    }
+    double s = hsum(q);
+    for (; j < d; j++) {
+        acc[j] += f[j];
+        s += (double)f[j] * f[j];
+    }
+    return s;
+}
+
+void m2d_blocksum_add_sq(double *acc, double *acc2, const float *f, int d) {
+    int j = 0;
+    for (; j + LANES <= d; j += LANES) {
+        v8d x = load8(f + j), a, b;
+        load_acc(&a, acc + j);
+        load_acc(&b, acc2 + j);
+        store_acc(acc + j, a + x);
+        store_acc(acc2 + j, b + x * x);
+    }
+    for (; j < d; j++) {
+        acc[j] += f[j];
+        acc2[j] += (double)f[j] * f[j];
+    }
+}
+
+/* The mixing coefficients of removal j (stats.c's formula): coef[j][r] multiplies f_{topk[r]},
+ * coef[j][k] multiplies f_nx (the expert that joins the top-k), 0 when there is none. */
+static void damage_coefs(const float *p, const int32_t *topk, int k, int nx, double psel, double coef[][DAMAGE_MAX_K + 1]) {
+    for (int j = 0; j < k; j++) {
+        double den = psel - p[topk[j]] + (nx >= 0 ? p[nx] : 0);
+        for (int r = 0; r < k; r++) {
+            double rr = p[topk[r]] / psel, rn = r == j || den <= 0 ? 0 : p[topk[r]] / den;
+            coef[j][r] = rr - rn;
+        }
+        coef[j][k] = nx >= 0 && den > 0 ? p[nx] / den : 0;
+    }
+}
+
+/* ‖delta_j‖² of every removal j over the d columns: the k (+1) rows loaded once per 8 columns */
+static void damage_norms(const float *const *rows, int k, int has_nx, int d, double coef[][DAMAGE_MAX_K + 1],
+                         double *sq) {
+    v8d acc[DAMAGE_MAX_K] = {{0}}, x[DAMAGE_MAX_K + 1];
+    int c = 0;
+    for (; c + LANES <= d; c += LANES) {
+        for (int r = 0; r < k + has_nx; r++) x[r] = load8(rows[r] + c);
+        for (int j = 0; j < k; j++) {
+            v8d dl = {0};
+            for (int r = 0; r < k; r++) dl += coef[j][r] * x[r];
+            if (has_nx) dl -= coef[j][k] * x[k];
+            acc[j] += dl * dl;
+        }
+    }
+    for (int j = 0; j < k; j++) {
+        sq[j] = hsum(acc[j]);
+        for (int cc = c; cc < d; cc++) {
+            double dl = 0;
+            for (int r = 0; r < k; r++) dl += coef[j][r] * rows[r][cc];
+            if (has_nx) dl -= coef[j][k] * rows[k][cc];
+            sq[j] += dl * dl;
+        }
+    }
+}
+
+int m2d_blocksum_damage(const float *p, const int32_t *topk, int k, int E, int d, const float *F, size_t stride,
+                        double *out) {
+    if (k > DAMAGE_MAX_K) return -1;
+    for (int j = 0; j < k; j++) out[j] = 0;
+    int nx = m2d_layer_stats_next_expert(p, topk, k, E);
+    double psel = 0;
+    for (int r = 0; r < k; r++) psel += p[topk[r]];
+    if (psel <= 0) return 0;
+    double coef[DAMAGE_MAX_K][DAMAGE_MAX_K + 1], sq[DAMAGE_MAX_K];
+    damage_coefs(p, topk, k, nx, psel, coef);
+    const float *rows[DAMAGE_MAX_K + 1];
+    for (int r = 0; r < k; r++) rows[r] = F + (size_t)topk[r] * stride;
+    if (nx >= 0) rows[k] = F + (size_t)nx * stride;
+    damage_norms(rows, k, nx >= 0, d, coef, sq);
+    for (int j = 0; j < k; j++) out[j] = sqrt(sq[j]);
+    return 0;
+}
