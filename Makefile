@@ -122,7 +122,11 @@ $(TEST_CLI): $(BUILD)/harness/cli/main.o $(LIB_OBJ) $(TEST_BACKEND_OBJ)
 	$(call say,LD,$@)
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-BENCH_LIB_OBJ := $(BUILD)/tests/testmodel.o $(TEST_BACKEND_OBJ)
+BENCH_LIB_OBJ := $(BUILD)/tests/testmodel.o $(TEST_BACKEND_OBJ) $(BUILD)/bench/yardstick.o
+$(BUILD)/bench/yardstick.o: bench/yardstick.c
+	@mkdir -p $(dir $@)
+	$(call say,CC,$<)
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c -o $@ $<
 $(BUILD)/bench/%: bench/%.c $(LIB_OBJ) $(BENCH_LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)

@@ -14,6 +14,7 @@
  * mapped weight pages (/proc/self/status sampled every 20 ms). */
 #include <cblas.h>
 #include <dirent.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,7 @@
 #include "engine/engine.h"
 #include "model/model.h"
 #include "base/util.h"
+#include "yardstick.h"
 
 static double best_of(int r, double (*fn)(void *), void *arg) {
     double best = 1e300;
@@ -168,6 +170,7 @@ static int rss_run(const char *dir, const char *mode, int windows, const char *p
         st = st * 6364136223846793005ull + 1442695040888963407ull;
         ids[i] = (int32_t)((st >> 33) % (uint64_t)m->cfg.vocab_size);
     }
+    double peak = calib ? yardstick_gemm_peak(prec) : 0; /* the bound's yardstick, before and after the run */
     pthread_t tid;
     pthread_create(&tid, NULL, rss_sampler, NULL);
     double t0 = m2d_now();
@@ -175,8 +178,12 @@ static int rss_run(const char *dir, const char *mode, int windows, const char *p
     if (calib) {
         calib_arg a = {m, ids, n, {.seq_len = L, .n_samples = windows, .precision = (int)prec}};
         double tc = run_calib(&a);
-        printf("calibration in %s: %.1f s, %.0f GFLOP/s in the experts\n", prec_s, tc,
-               m2d_calib_expert_flops(&m->cfg, (double)n) / tc * 1e-9);
+        peak = fmax(peak, yardstick_gemm_peak(prec));
+        double fl = yardstick_calib_flops(&m->cfg, windows, L), bound = fl / (peak * 1e9);
+        printf("calibration in %s: %.2f s, %.0f GFLOP/s in the experts; %.3f TFLOP in all, FLOP bound %.2f s at the "
+               "%s yardstick %.0f GFLOP/s (GEMM module 2048^3, best of before and after): %.2fx the bound\n",
+               prec_s, tc, m2d_calib_expert_flops(&m->cfg, (double)n) / tc * 1e-9, fl * 1e-12, bound, prec_s, peak,
+               tc / bound);
     } else {
         m2d_engine *e;
         double *lp = m2d_malloc(sizeof(double) * (size_t)L);

@@ -24,6 +24,7 @@
 #include "engine/gemm.h"
 #include "engine/pool.h"
 #include "testmodel.h"
+#include "yardstick.h"
 #include "base/util.h"
 
 /* OpenBLAS's own multi-threaded sgemm on square n (the yardstick); the engine's CPU backend makes
@@ -42,44 +43,6 @@ static double sgemm_peak(int n, int threads) {
     }
     free(a); free(b); free(c);
     return 2.0 * n * n * (double)n / best / 1e9;
-}
-
-/* The GEMM module's rate on 2048^3 (X fp32, W bf16 as stored, 2 threads) in precision P: the
- * yardstick of the engine's GEMMs in that precision (best of 5 after a warm-up) */
-static double module_peak(m2d_precision p) {
-    enum { N = 2048 };
-    m2d_pool *pool = m2d_pool_new(2);
-    m2d_gemm_ctx *g;
-    if (m2d_gemm_ctx_new(p, pool, &g)) exit(1);
-    float *x = m2d_malloc(sizeof(float) * N * N), *y = m2d_malloc(sizeof(float) * N * N);
-    uint16_t *w = m2d_malloc(sizeof(uint16_t) * N * N);
-    for (size_t i = 0; i < (size_t)N * N; i++) x[i] = (float)((i % 17) * 0.01), w[i] = m2d_f32_to_bf16((float)((i % 13) * 0.01));
-    m2d_gemm_w wv = m2d_gemm_weight(M2D_BF16, w, N, N, N);
-    double best = 1e30;
-    for (int r = 0; r < 6; r++) {
-        double t0 = m2d_now();
-        if (m2d_gemm(g, x, N, N, &wv, y, N, 0.0f)) exit(1);
-        if (r && m2d_now() - t0 < best) best = m2d_now() - t0;
-    }
-    free(x); free(y); free(w);
-    m2d_gemm_ctx_free(g);
-    m2d_pool_free(pool);
-    return 2.0 * N * N * (double)N / best / 1e9;
-}
-
-/* forward FLOPs for n tokens (causal attention) + LM head on `scored` rows */
-static double forward_flops(const m2d_config *c, int n, int scored) {
-    double d = c->hidden_size, qd = (double)c->num_attention_heads * c->head_dim,
-           kvd = (double)c->num_key_value_heads * c->head_dim, f = 0;
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        f += 2.0 * n * (d * qd + 2 * d * kvd + qd * d);
-        f += 2.0 * 2.0 * c->head_dim * c->num_attention_heads * ((double)n * (n + 1) / 2);
-        if (c->layer_is_moe[l])
-            f += 2.0 * n * d * c->num_experts + 2.0 * n * c->num_experts_per_tok * 3 * d * c->moe_intermediate_size;
-        else
-            f += 2.0 * n * 3 * d * c->intermediate_size;
-    }
-    return f + 2.0 * scored * d * c->vocab_size;
 }
 
 static long peak_rss_mb(void) {
@@ -125,7 +88,7 @@ static int run_case(const char *dir, const char *label, const char *mode, int L,
         double t = m2d_now() - t0;
         if (r && t < best) best = t;
     }
-    double fl = forward_flops(&m->cfg, n, n - first);
+    double fl = yardstick_forward_flops(&m->cfg, n, n - first);
     const char *rec = getenv("M2D_BENCH_RECORD"); /* precision mode: the parent reads tok/s back */
     if (rec) {
         FILE *f = fopen(rec, "w");
@@ -220,7 +183,7 @@ static double spawn_rate(const char *self, const char *dir, const char *mode, in
  * each), as fractions of the yardstick of their own precision, re-measured next to each case's
  * runs (best of those too): the machine is shared, so a yardstick from another moment misleads */
 static int precision_mode(const char *self, int quick) {
-    double y32 = module_peak(M2D_PREC_FP32), y16 = module_peak(M2D_PREC_BF16);
+    double y32 = yardstick_gemm_peak(M2D_PREC_FP32), y16 = yardstick_gemm_peak(M2D_PREC_BF16);
     printf("yardsticks (GEMM module, 2048^3, W bf16, 2 threads, %s): fp32 %.0f GFLOP/s, bf16 %.0f GFLOP/s "
            "(OpenBLAS sgemm %.0f)\n\n", m2d_gemm_isa_name(), y32, y16, sgemm_peak(2048, 2));
     printf("| model | mode | fp32 tok/s | bf16 tok/s | bf16 / fp32 | fp32 of its yardstick now | bf16 of its yardstick now | "
@@ -239,14 +202,14 @@ static int precision_mode(const char *self, int quick) {
         if (rc == 0 && m2d_model_open(dir, &m)) rc = 1;
         for (int md = 0; md < 2 && rc == 0; md++) {
             int pp = md == 0, n = pp ? 512 : 511, reps = models[i].real ? 3 : 8;
-            double fl = forward_flops(&m->cfg, n, pp ? 1 : n), r32 = 0, r16 = 0;
+            double fl = yardstick_forward_flops(&m->cfg, n, pp ? 1 : n), r32 = 0, r16 = 0;
             long rss32 = 0, rss16 = 0;
             double p32 = 0, p16 = 0;
             for (int round = 0; round < 2; round++) { /* alternated: both see the same load */
                 r32 = fmax(r32, spawn_rate(self, dir, modes[md], reps, 0, &rss32));
-                p32 = fmax(p32, module_peak(M2D_PREC_FP32));
+                p32 = fmax(p32, yardstick_gemm_peak(M2D_PREC_FP32));
                 r16 = fmax(r16, spawn_rate(self, dir, modes[md], reps, 4, &rss16));
-                p16 = fmax(p16, module_peak(M2D_PREC_BF16));
+                p16 = fmax(p16, yardstick_gemm_peak(M2D_PREC_BF16));
             }
             printf("| %s | %s512 | %.1f | %.1f | %.2fx | %.0f %% | %.0f %% | %ld / %ld |\n", models[i].label,
                    pp ? "pp" : "ppl L=", r32, r16, r16 / r32, 100 * fl * r32 / n / 1e9 / p32,

@@ -12,3 +12,14 @@ for b in "$build"/bench/bench_*; do
     "$b" precision || echo "bench_engine precision: FAILED (exit $?)"
   fi
 done
+# issue 13: calibration of a 2-layer Qwen3-30B-A3B-shaped slice against its FLOP bound, and its memory
+slice=$(mktemp -d "${TMPDIR:-/tmp}/m2d-bench-slice.XXXXXX")
+trap 'rm -rf "$slice"' EXIT INT TERM
+echo "## bench_calib rss (2-layer Qwen3-30B-A3B slice, 4 x 512 tokens)"
+if "$build"/bench/bench_engine write "$slice/s2" real moe 2 >/dev/null; then
+  for p in bf16 fp32; do
+    "$build"/bench/bench_calib rss "$slice/s2" calib 4 "$p" || echo "bench_calib rss $p: FAILED (exit $?)"
+  done
+else
+  echo "bench_engine write: FAILED (exit $?)"
+fi

@@ -583,14 +583,15 @@ static int tile_rows(int m, int out, int in) {
 
 /* Choose the kernel and make the operand copies it reads; the work items are tiles of fixed
  * column slices (and, for oneDNN, row blocks). */
-static void gemm_plan(gemm_job *j) {
+static void gemm_plan(gemm_job *j, int parallel) {
     m2d_gemm_ctx *g = j->g;
     int K = j->c.w->in;
     j->use_dnnl = wants_dnnl(g, j->c.w);
     j->n_items = n_slices(j->c.w->out);
     j->rows = j->c.m;
     if (j->use_dnnl) {
-        j->rows = tile_rows(j->c.m, j->c.w->out, K);
+        /* a group of a grouped call runs on one thread: no row blocks (each would repack W's slice) */
+        j->rows = parallel ? tile_rows(j->c.m, j->c.w->out, K) : j->c.m;
         j->n_items *= (j->c.m + j->rows - 1) / j->rows;
         if (j->xd) { /* the caller's shared copy (m2d_gemm_grouped) */
         } else if (g->prec == M2D_PREC_FP32 && j->c.ldx == K) {
@@ -632,7 +633,7 @@ static gemm_job job_for(m2d_gemm_ctx *g, const m2d_gemm_group *call) {
 
 /* Plan, run the slices (through the pool when PARALLEL), release the scratch. */
 static int gemm_run(gemm_job *j, int parallel) {
-    gemm_plan(j);
+    gemm_plan(j, parallel);
     if (parallel) m2d_pool_for(j->g->pool, j->n_items, gemm_item, j);
     else
         for (int i = 0; i < j->n_items; i++) gemm_item(j, i);
