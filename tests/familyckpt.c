@@ -1,5 +1,6 @@
 /* familyckpt — grid checkpoints of Mixtral and GPT-OSS (see familyckpt.h). */
 #include "familyckpt.h"
+#include "routing.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -13,6 +14,7 @@
 #include "io/results.h"
 #include "io/st.h"
 #include "engine/engine.h"
+#include "engine/gemm.h"
 #include "hfcheck.h"
 #include "model/model.h"
 #include "reffwd.h"
@@ -182,6 +184,34 @@ static void cache_paths(m2d_engine *e, const int32_t *tok, const int32_t *tg, in
     free(ext);
 }
 
+/* With the weights read as stored and oneDNN's kernels forced (where this CPU has them), the
+ * engine offers a calibration hook the routed output of every MoE layer (engine.h), and the
+ * forward continuing from the hook's own computation gives the hookless logits bit for bit, in
+ * fp32 and in bf16: shared experts, biases, clamped activations, scaled gates included. Where
+ * oneDNN lacks the precision's kernels, nothing is offered and nothing changes. */
+static void routed_substitution(const m2d_model *m, const int32_t *tok, int n, int V) {
+    float *a = m2d_malloc(sizeof(float) * (size_t)n * V), *b = m2d_malloc(sizeof(float) * (size_t)n * V);
+    m2d_precision precs[] = {M2D_PREC_FP32, M2D_PREC_BF16};
+    for (int p = 0; p < 2; p++) {
+        m2d_engine *e;
+        setenv("M2D_WEIGHT_CACHE_MB", "0", 1);
+        int rc = m2d_engine_open(m, &(m2d_engine_opts){.n_threads = 2, .precision = precs[p]}, &e);
+        unsetenv("M2D_WEIGHT_CACHE_MB");
+        if (rc) fail_msg("%s", m2d_errmsg());
+        assert_int_equal(m2d_engine_tune(e, "gemm_kernel", M2D_GEMM_ONEDNN), 0);
+        assert_int_equal(m2d_engine_logits(e, tok, n, a), 0);
+        tu_routed_hook_state h = {e, 0, 0, 0};
+        m2d_engine_set_moe_hook(e, tu_routed_hook, &h);
+        assert_int_equal(m2d_engine_logits(e, tok, n, b), 0);
+        assert_true(h.calls > 0);
+        int native = p ? m2d_gemm_bf16_native() : m2d_gemm_fp32_onednn_native();
+        assert_int_equal(h.offered, native ? h.calls : 0);
+        assert_memory_equal(a, b, sizeof(float) * (size_t)n * V);
+        m2d_engine_free(e);
+    }
+    free(a), free(b);
+}
+
 void tu_family_engine_check(const char *golden, const char *work, int n, int split, int trunc) {
     cJSON *g = hf_load_golden(golden);
     char *dir = tu_family_build(g, work);
@@ -204,6 +234,7 @@ void tu_family_engine_check(const char *golden, const char *work, int n, int spl
     assert_int_equal(m2d_engine_logprobs(e, tok, n, tg, 0, full), 0);
     cache_paths(e, tok, tg, n, split, trunc, full);
     m2d_engine_free(e);
+    routed_substitution(m, tok, n, V);
     free(ref), free(full), free(lg), free(tok), free(dir);
     m2d_model_close(m);
     cJSON_Delete(g);

@@ -2,6 +2,7 @@
 #include "routing.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/util.h"
 
@@ -25,4 +26,26 @@ int tu_routing_hook(void *user, const m2d_moe_event *ev) {
             r->gates[o] = ev->gates[t * ev->top_k + j];
         }
     return 0;
+}
+
+int tu_routed_hook(void *user, const m2d_moe_event *ev) {
+    tu_routed_hook_state *h = user;
+    h->calls++;
+    if ((ev->routed == NULL) != (ev->routed_set == NULL)) return m2d_err("routed hook: routed and routed_set disagree");
+    if (!ev->routed) return 0;
+    h->offered++;
+    int n = ev->n_tokens, E = ev->n_experts, d = ev->hidden, k = ev->top_k;
+    float *F = m2d_malloc(sizeof(float) * (size_t)n * E * d);
+    int rc = m2d_engine_all_experts(h->e, ev->layer, ev->x, n, F, NULL);
+    for (int t = 0; t < n && rc == 0; t++) {
+        float *o = ev->routed + (size_t)t * d;
+        memset(o, 0, sizeof(float) * d);
+        for (int x = 0; x < E && !h->zeros; x++)
+            for (int r = 0; r < k; r++)
+                if (ev->topk[t * k + r] == x)
+                    for (int i = 0; i < d; i++) o[i] += ev->gates[t * k + r] * F[((size_t)t * E + x) * d + i];
+    }
+    free(F);
+    *ev->routed_set = rc == 0;
+    return rc;
 }

@@ -19,4 +19,14 @@ void tu_routing_free(tu_routing *r);
 /* An m2d_moe_hook: m2d_engine_set_moe_hook(e, tu_routing_hook, &routing). */
 int tu_routing_hook(void *user, const m2d_moe_event *ev);
 
+/* An m2d_moe_hook that hands the layer's routed output back when the engine offers it
+ * (m2d_moe_event.routed): every expert's output from m2d_engine_all_experts on E, the gated terms
+ * added in increasing expert id (by a plain double loop, not calibration's code), or zeros. */
+typedef struct {
+    m2d_engine *e;
+    int zeros;          /* hand back zeros instead (the substitution must then move the logits) */
+    int calls, offered; /* MoE layers seen, and those where the engine offered the substitution */
+} tu_routed_hook_state;
+int tu_routed_hook(void *user, const m2d_moe_event *ev);
+
 #endif

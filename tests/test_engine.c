@@ -1036,32 +1036,6 @@ static void hook_sees_routing_and_can_abort_on(const char *backend) {
 }
 EACH_BACKEND(hook_sees_routing_and_can_abort)
 
-/* A hook that hands back the layer's routed output (m2d_moe_event.routed) when offered: computed
- * here from every expert's output, the gated terms added in increasing expert id, or zeros */
-typedef struct { m2d_engine *e; int zeros, calls, offered; } routed_hook_state;
-
-static int routed_hook(void *user, const m2d_moe_event *ev) {
-    routed_hook_state *h = user;
-    h->calls++;
-    assert_true((ev->routed == NULL) == (ev->routed_set == NULL));
-    if (!ev->routed) return 0;
-    h->offered++;
-    int n = ev->n_tokens, E = ev->n_experts, d = ev->hidden, k = ev->top_k;
-    float *F = m2d_malloc(sizeof(float) * (size_t)n * E * d);
-    int rc = m2d_engine_all_experts(h->e, ev->layer, ev->x, n, F, NULL);
-    for (int t = 0; t < n && rc == 0; t++) {
-        float *o = ev->routed + (size_t)t * d;
-        memset(o, 0, sizeof(float) * d);
-        for (int x = 0; x < E && !h->zeros; x++)
-            for (int r = 0; r < k; r++)
-                if (ev->topk[t * k + r] == x)
-                    for (int i = 0; i < d; i++) o[i] += ev->gates[t * k + r] * F[((size_t)t * E + x) * d + i];
-    }
-    free(F);
-    *ev->routed_set = rc == 0;
-    return rc;
-}
-
 /* The engine offers the substitution only where the backend's expert outputs do not depend on
  * the batch: not with sgemm (this model's small experts by default), yes with oneDNN forced
  * (where this CPU has its fp32 kernels). Then the forward continues from the hook's output and
@@ -1080,8 +1054,8 @@ static void hook_can_supply_the_routed_output(void **state) {
         engine_on("cpu", &mm.m, 2, &e);
         if (onednn) assert_int_equal(m2d_engine_tune(e, "gemm_kernel", M2D_GEMM_ONEDNN), 0);
         assert_int_equal(m2d_engine_logits(e, tok, 24, ref), 0);
-        routed_hook_state h = {e, 0, 0, 0};
-        m2d_engine_set_moe_hook(e, routed_hook, &h);
+        tu_routed_hook_state h = {e, 0, 0, 0};
+        m2d_engine_set_moe_hook(e, tu_routed_hook, &h);
         assert_int_equal(m2d_engine_logits(e, tok, 24, got), 0);
         assert_int_equal(h.calls, 2);
         assert_int_equal(h.offered, onednn && m2d_gemm_fp32_onednn_native() ? 2 : 0);
