@@ -13,11 +13,14 @@
 # Every step is skipped when its output is already there. Nothing third-party enters the repository:
 # sources and builds live in build/peer (git-ignored), checkpoints in $PEER_TMP (default /tmp/m2d-peer,
 # about 10 GB). Python for the converter: $PEER_PYTHON, default tests/ref/.venv-hf (torch +
-# transformers, made by `sh tests/ref/setup.sh hf`), with the sdist's own gguf-py on PYTHONPATH.
+# transformers, made by `sh tests/ref/setup.sh hf`), with the sdist's own gguf-py and a pinned
+# sentencepiece (installed into build/peer/pydeps, not into the venv) on PYTHONPATH.
+# PEER_ROUNDS (default 3): interleaved rounds; each cell is the best of them.
 set -eu
 
 LLAMA_CPP_PYTHON_VERSION=0.3.36 # vendors ggml-org/llama.cpp@0c1e57098 (its CHANGELOG.md)
 LLAMA_CPP_PYTHON_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+SENTENCEPIECE_VERSION=0.2.1 # convert_hf_to_gguf.py's requirements: >=0.1.98,<0.3.0
 LLAMA_CPP_PYTHON_URL=https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -77,6 +80,13 @@ python_for_convert() {
   fi
   "$py" -c 'import torch, transformers, numpy, yaml' 2>/dev/null ||
     die "$py lacks torch/transformers/numpy/pyyaml (convert_hf_to_gguf.py needs them; set PEER_PYTHON)"
+  # the converter imports sentencepiece even for BPE vocabularies (Qwen3 dense); kept beside, not in the venv
+  pypath="$lcpp/gguf-py:$peer/pydeps"
+  PYTHONPATH="$pypath" "$py" -c 'import sentencepiece' 2>/dev/null && return 0
+  log "installing sentencepiece==$SENTENCEPIECE_VERSION into $peer/pydeps (PyPI)"
+  "$py" -m pip install --disable-pip-version-check --no-input --progress-bar off --no-deps \
+    --target "$peer/pydeps" "sentencepiece==$SENTENCEPIECE_VERSION" > "$peer/pydeps.log" 2>&1 ||
+    die "pip install sentencepiece==$SENTENCEPIECE_VERSION failed: $(tail -1 "$peer/pydeps.log")"
 }
 
 # write_slice KIND: the random 2-layer slice (bench_engine write ... real KIND 2) with the Qwen3 tokenizer
@@ -103,7 +113,7 @@ convert() {
     [ -f "$gguf" ] && continue
     python_for_convert
     log "converting $tmp/$kind to $gguf (convert_hf_to_gguf.py --outtype bf16)"
-    PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$lcpp/gguf-py" "$py" "$lcpp/convert_hf_to_gguf.py" --outtype bf16 \
+    PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$pypath" "$py" "$lcpp/convert_hf_to_gguf.py" --outtype bf16 \
       --outfile "$gguf.part" "$tmp/$kind" > "$tmp/convert-$kind.log" 2>&1 ||
       die "convert_hf_to_gguf.py failed on $tmp/$kind: $(tail -1 "$tmp/convert-$kind.log") (log: $tmp/convert-$kind.log)"
     mv "$gguf.part" "$gguf"
@@ -124,7 +134,7 @@ llama_pp() {
   mean=$(sed -n 's/.*"avg_ts": \([0-9.e+-]*\).*/\1/p' "$out")
   [ -n "$best" ] || die "no samples_ts in $out"
   record "pp-$1" llama "$best"
-  log "round $2: llama-bench pp512 $1: best $best tok/s (mean $mean)"
+  echo "round $2: llama-bench pp512 $1: best of 3 $best tok/s (mean $mean)"
 }
 
 # bench_engine case (a fresh process, weights as stored, best of 3 after a warm-up pass): pp512
@@ -135,7 +145,7 @@ m2d_pp() { # KIND PREC(bf16|fp32) ROUND
     die "bench_engine case $tmp/$1 pp failed"
   tps=$(cut -d' ' -f1 "$rec")
   record "pp-$1" "m2d-$2" "$tps"
-  log "round $3: moe2dense pp512 $1 $2: $tps tok/s (peak RSS $(cut -d' ' -f2 "$rec") MB)"
+  echo "round $3: moe2dense pp512 $1 $2: best of 3 $tps tok/s (peak RSS $(cut -d' ' -f2 "$rec") MB)"
 }
 
 # whole process under /usr/bin/time: wall seconds, then the PPL line
@@ -145,12 +155,16 @@ timed() { # LOG CMD...: runs CMD with stdout+stderr to LOG; prints its wall seco
   cut -d' ' -f1 "$t"
 }
 
+rss_mb() { echo $(($(cut -d' ' -f2 "$1.time") / 1024)); }
+
 llama_ppl() {
   lg="$logs/llama-perplexity-$1-$2.log"
   s=$(timed "$lg" "$lbuild/bin/llama-perplexity" -m "$tmp/$1-bf16.gguf" -f "$wiki" -c 512 --chunks 4 -t 2)
   ppl=$(sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' "$lg")
+  [ -n "$ppl" ] || die "no final PPL in $lg"
   record "ppl-$1" llama "$s"
-  log "round $2: llama-perplexity $1: $s s, PPL $ppl"
+  echo "round $2: llama-perplexity $1: $s s, peak RSS $(rss_mb "$lg") MB, PPL $ppl" \
+    "(scores the second half of each window: 4 x 255 tokens)"
 }
 
 m2d_ppl() { # KIND PREC ROUND
@@ -158,17 +172,20 @@ m2d_ppl() { # KIND PREC ROUND
   s=$(timed "$lg" "$root/$BUILD/moe2dense" ppl --model "$tmp/$1" --data "$wiki" --seq-len 512 --max-windows 4 \
     --precision "$2" --threads 2)
   record "ppl-$1" "m2d-$2" "$s"
-  log "round $3: moe2dense ppl $1 $2: $s s, PPL $(awk '$1 == "ppl" {print $2}' "$lg")"
+  echo "round $3: moe2dense ppl $1 $2: $s s, peak RSS $(rss_mb "$lg") MB, PPL $(awk '$1 == "ppl" {print $2}' "$lg")" \
+    "($(awk '$1 == "tokens_scored" {print $2}' "$lg") tokens scored)"
 }
 
+# --quick: the same yardsticks (measured at the start and the end of bench_gemm), fewer shapes between
 yardsticks() {
-  echo "yardsticks ($1): build/bench/bench_gemm | head -5"
-  "$root/$BUILD/bench/bench_gemm" 2>/dev/null | head -5 || true
+  echo "yardsticks ($1): $BUILD/bench/bench_gemm --quick | head -5"
+  "$root/$BUILD/bench/bench_gemm" --quick 2>/dev/null | head -5 || true
 }
 
 system_info() {
   echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs;" \
-    "flags: $(grep -o -w -E 'avx512f|avx512bw|avx512vl|avx512_bf16|avx512_vnni|amx_bf16|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+    "flags: $(grep -o -w -E 'avx512f|avx512bw|avx512vl|avx512_bf16|avx512_vnni|amx_bf16|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')" \
+    "$(grep -q -w amx_bf16 /proc/cpuinfo || echo '(no AMX)')"
   echo "llama.cpp: llama-cpp-python $LLAMA_CPP_PYTHON_VERSION sdist (sha256 $LLAMA_CPP_PYTHON_SHA256)," \
     "vendored $(sed -n 's/^- feat: update llama.cpp to //p' "$src/CHANGELOG.md" | head -1)"
   echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -179,7 +196,7 @@ summary() {
   echo "| work | moe2dense bf16 | moe2dense fp32 | llama.cpp | ratio bf16 / llama.cpp | ratio fp32 / llama.cpp |"
   echo "|---|---:|---:|---:|---:|---:|"
   awk '
-    { k = $1 SUBSEP $2; pp = ($1 ~ /^pp/)
+    { k = $1 SUBSEP $2; pp = ($1 ~ /^pp-/)
       if (!(k in v) || (pp && $3 > v[k]) || (!pp && $3 < v[k])) v[k] = $3 }
     END {
       n = split("pp-moe pp-dense ppl-moe ppl-dense", w, " ")
@@ -187,21 +204,25 @@ summary() {
       name["ppl-moe"] = "PPL L=512, 4 windows, MoE slice (s, whole process)"
       name["ppl-dense"] = "PPL L=512, 4 windows, dense student (s, whole process)"
       for (i = 1; i <= n; i++) {
-        b = v[w[i], "m2d-bf16"]; f = v[w[i], "m2d-fp32"]; l = v[w[i], "llama"]; pp = (w[i] ~ /^pp/)
+        b = v[w[i], "m2d-bf16"]; f = v[w[i], "m2d-fp32"]; l = v[w[i], "llama"]; pp = (w[i] ~ /^pp-/)
         rb = pp ? b / l : l / b; rf = pp ? f / l : l / f
-        printf "| %s | %s | %s | %s | %.2fx | %.2fx |\n", name[w[i]], b, f, l, rb, rf
+        fmt = pp ? "| %s | %.0f | %.0f | %.0f | %.2fx | %.2fx |\n" : "| %s | %.2f | %.2f | %.2f | %.2fx | %.2fx |\n"
+        printf fmt, name[w[i]], b, f, l, rb, rf
       }
     }' "$res"
   echo
   echo "ratios: moe2dense / llama.cpp throughput (pp: tokens/s; PPL: llama.cpp seconds / moe2dense seconds);"
-  echo "best of $rounds interleaved rounds per cell; logs in $logs"
+  echo "best of $rounds interleaved rounds per cell; logs in $logs."
+  echo "Work differs in PPL: llama-perplexity computes logits for the second half of each window only"
+  echo "(4 x 256 LM-head rows, 4 x 255 tokens scored); moe2dense ppl for all of it (4 x 511 rows and tokens)."
 }
 
 run() {
   build
   convert
   [ -f "$wiki" ] || die "$wiki is missing (make data)"
-  rounds=${PEER_ROUNDS:-2}
+  [ -x /usr/bin/time ] || die "/usr/bin/time is missing (apt-get install time)"
+  rounds=${PEER_ROUNDS:-3}
   logs="$tmp/logs"; res="$logs/results.txt"
   rm -rf "$logs"; mkdir -p "$logs"
   echo "# moe2dense vs llama.cpp (CPU), issue 13 — $(date -u +%Y-%m-%dT%H:%MZ)"
