@@ -237,7 +237,6 @@ run() {
     r=$((r + 1))
   done
   grep -h -m1 'system_info' "$logs"/llama-perplexity-moe-1.log | sed 's/^/llama.cpp /' || true
-  grep -h -m1 '^llama_model_loader: - type bf16' "$logs"/llama-perplexity-moe-1.log || true
   yardsticks end
   echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
   summary
