@@ -31,7 +31,6 @@ lcpp="$src/vendor/llama.cpp"
 lbuild="$peer/llama.cpp-build"
 tmp=${PEER_TMP:-/tmp/m2d-peer}
 tokdir=${PEER_TOKENIZER:-$root/../shared/models/qwen3-tokenizer}
-[ -d "$tokdir" ] || tokdir=/work/shared/models/qwen3-tokenizer
 wiki="$root/data/wikitext-2-raw/wikitext-2-raw/wiki.test.raw"
 jobs=${PEER_JOBS:-2}
 
@@ -60,7 +59,10 @@ fetch() {
 
 build() {
   fetch
-  if [ -x "$lbuild/bin/llama-bench" ] && [ -x "$lbuild/bin/llama-perplexity" ]; then return 0; fi
+  stamp="$lbuild/.built-from" # the sdist's sha256: a version bump rebuilds
+  if [ -x "$lbuild/bin/llama-bench" ] && [ -x "$lbuild/bin/llama-perplexity" ] && [ -f "$stamp" ] &&
+    [ "$(cat "$stamp")" = "$LLAMA_CPP_PYTHON_SHA256" ]; then return 0; fi
+  rm -rf "$lbuild"
   need cmake "apt-get install cmake"
   need g++ "apt-get install g++"
   log "building llama.cpp (llama-bench, llama-perplexity; CPU, Release, GGML_NATIVE) with -j$jobs"
@@ -71,6 +73,14 @@ build() {
   cmake --build "$lbuild" --config Release -j "$jobs" --target llama-bench llama-perplexity \
     > "$peer/cmake-build.log" 2>&1 ||
     die "llama.cpp build failed: $(grep -m1 -i error "$peer/cmake-build.log") (log: $peer/cmake-build.log)"
+  echo "$LLAMA_CPP_PYTHON_SHA256" > "$stamp"
+}
+
+# $tmp is ours: in /tmp by default, so a planted symlink or someone else's directory is refused
+own_tmp() {
+  [ -L "$tmp" ] && die "$tmp is a symbolic link (refused; set PEER_TMP)"
+  mkdir -p "$tmp"
+  [ -O "$tmp" ] || die "$tmp belongs to another user (refused; set PEER_TMP)"
 }
 
 python_for_convert() {
@@ -106,7 +116,7 @@ convert() {
   for b in bench/bench_engine moe2dense; do
     [ -x "$root/$BUILD/$b" ] || die "$BUILD/$b is missing (make -j2 all $BUILD/bench/bench_engine)"
   done
-  mkdir -p "$tmp"
+  own_tmp
   for kind in moe dense; do
     write_slice "$kind"
     gguf="$tmp/$kind-bf16.gguf"
@@ -187,7 +197,8 @@ system_info() {
     "flags: $(grep -o -w -E 'avx512f|avx512bw|avx512vl|avx512_bf16|avx512_vnni|amx_bf16|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')" \
     "$(grep -q -w amx_bf16 /proc/cpuinfo || echo '(no AMX)')"
   echo "llama.cpp: llama-cpp-python $LLAMA_CPP_PYTHON_VERSION sdist (sha256 $LLAMA_CPP_PYTHON_SHA256)," \
-    "vendored $(sed -n 's/^- feat: update llama.cpp to //p' "$src/CHANGELOG.md" | head -1)"
+    "vendored $(sed -n 's/^- feat: update llama.cpp to //p' "$src/CHANGELOG.md" | head -1);" \
+    "llama-bench --version: $("$lbuild/bin/llama-bench" --version 2>&1 | head -1)"
   echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 }
 
@@ -246,6 +257,6 @@ case "${1:-run}" in
   build) build ;;
   convert) convert ;;
   run) run ;;
-  clean) rm -rf "$tmp" ;;
+  clean) [ -L "$tmp" ] || rm -rf "$tmp" ;;
   *) die "usage: sh bench/peer_llamacpp.sh build|convert|run|clean" ;;
 esac
