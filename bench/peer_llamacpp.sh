@@ -187,9 +187,21 @@ m2d_ppl() { # KIND PREC ROUND
 }
 
 # --quick: the same yardsticks (measured at the start and the end of bench_gemm), fewer shapes between
+# (the oneDNN bf16 2048^3 rate is kept in $logs/yardstick-WHEN for steady())
 yardsticks() {
   echo "yardsticks ($1): $BUILD/bench/bench_gemm --quick | head -5"
-  "$root/$BUILD/bench/bench_gemm" --quick 2>/dev/null | head -5 || true
+  "$root/$BUILD/bench/bench_gemm" --quick 2>/dev/null | head -5 > "$logs/bench_gemm-$1.txt" || true
+  cat "$logs/bench_gemm-$1.txt"
+  sed -n 's/.*oneDNN bf16 matmul 2048^3 ([^)]*): \([0-9.]*\) GFLOP\/s.*/\1/p' "$logs/bench_gemm-$1.txt" > "$logs/yardstick-$1"
+}
+
+# the ratios mean something only if the load stayed the same: the bf16 yardstick at the start and the end
+steady() {
+  awk -v a="$(cat "$logs/yardstick-start")" -v b="$(cat "$logs/yardstick-end")" 'BEGIN {
+    if (a <= 0 || b <= 0) { print "WARNING: no bf16 yardstick read; the load during the run is unknown"; exit }
+    r = a < b ? a / b : b / a
+    if (r < 0.85) printf "WARNING: the bf16 yardstick moved from %.0f to %.0f GFLOP/s: the load changed during the run, its ratios are unreliable\n", a, b
+    else printf "bf16 yardstick steady: %.0f at the start, %.0f at the end (GFLOP/s)\n", a, b }'
 }
 
 system_info() {
@@ -208,7 +220,9 @@ summary() {
   echo "|---|---:|---:|---:|---:|---:|"
   awk '
     { k = $1 SUBSEP $2; pp = ($1 ~ /^pp-/)
-      if (!(k in v) || (pp && $3 > v[k]) || (!pp && $3 < v[k])) v[k] = $3 }
+      if (!(k in v) || (pp && $3 > v[k]) || (!pp && $3 < v[k])) v[k] = $3
+      if (!(k in lo) || $3 < lo[k]) lo[k] = $3
+      if (!(k in hi) || $3 > hi[k]) hi[k] = $3 }
     END {
       n = split("pp-moe pp-dense ppl-moe ppl-dense", w, " ")
       name["pp-moe"] = "pp512, MoE slice (tok/s)"; name["pp-dense"] = "pp512, dense K=8 student (tok/s)"
@@ -220,6 +234,8 @@ summary() {
         fmt = pp ? "| %s | %.0f | %.0f | %.0f | %.2fx | %.2fx |\n" : "| %s | %.2f | %.2f | %.2f | %.2fx | %.2fx |\n"
         printf fmt, name[w[i]], b, f, l, rb, rf
       }
+      for (k in lo) if (hi[k] > 1.25 * lo[k]) { split(k, kk, SUBSEP); noisy = noisy " " kk[1] "/" kk[2] }
+      if (noisy != "") print "\nWARNING: cells that varied by more than 25 % across the rounds (load changed):" noisy
     }' "$res"
   echo
   echo "ratios: moe2dense / llama.cpp throughput (pp: tokens/s; PPL: llama.cpp seconds / moe2dense seconds);"
@@ -251,6 +267,7 @@ run() {
   yardsticks end
   echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
   summary
+  steady
 }
 
 case "${1:-run}" in
