@@ -13,19 +13,19 @@ typedef float v8f __attribute__((vector_size(32)));
 #define LANES 8
 #define DAMAGE_MAX_K 32 /* top-k of every supported family is far below; larger k takes the scalar path */
 
-static v8d load8(const float *f) {
-    v8f v;
-    memcpy(&v, f, sizeof v);
-    return __builtin_convertvector(v, v8d);
-}
-
-static void load_acc(v8d *v, const double *a) { memcpy(v, a, sizeof *v); }
-static void store_acc(double *a, v8d v) { memcpy(a, &v, sizeof v); }
+/* Vectors stay inside the functions that use them (macros, pointers): passing a 64-byte vector by
+ * value would depend on the ISA the file is compiled for (-Wpsabi in builds without AVX-512). */
+#define LOAD8(dst, f)                                                                                                   \
+    do {                                                                                                                \
+        v8f v_;                                                                                                         \
+        memcpy(&v_, (f), sizeof v_);                                                                                    \
+        (dst) = __builtin_convertvector(v_, v8d);                                                                       \
+    } while (0)
 
 /* the lanes added in a fixed order (then the scalar tail by the caller) */
-static double hsum(v8d v) {
+static double hsum(const v8d *v) {
     double s = 0;
-    for (int i = 0; i < LANES; i++) s += v[i];
+    for (int i = 0; i < LANES; i++) s += (*v)[i];
     return s;
 }
 
@@ -33,12 +33,14 @@ double m2d_blocksum_add_norm2(double *acc, const float *f, int d) {
     v8d q = {0};
     int j = 0;
     for (; j + LANES <= d; j += LANES) {
-        v8d x = load8(f + j), a;
-        load_acc(&a, acc + j);
-        store_acc(acc + j, a + x);
+        v8d x, a;
+        LOAD8(x, f + j);
+        memcpy(&a, acc + j, sizeof a);
+        a += x;
+        memcpy(acc + j, &a, sizeof a);
         q += x * x;
     }
-    double s = hsum(q);
+    double s = hsum(&q);
     for (; j < d; j++) {
         acc[j] += f[j];
         s += (double)f[j] * f[j];
@@ -49,11 +51,14 @@ double m2d_blocksum_add_norm2(double *acc, const float *f, int d) {
 void m2d_blocksum_add_sq(double *acc, double *acc2, const float *f, int d) {
     int j = 0;
     for (; j + LANES <= d; j += LANES) {
-        v8d x = load8(f + j), a, b;
-        load_acc(&a, acc + j);
-        load_acc(&b, acc2 + j);
-        store_acc(acc + j, a + x);
-        store_acc(acc2 + j, b + x * x);
+        v8d x, a, b;
+        LOAD8(x, f + j);
+        memcpy(&a, acc + j, sizeof a);
+        memcpy(&b, acc2 + j, sizeof b);
+        a += x;
+        b += x * x;
+        memcpy(acc + j, &a, sizeof a);
+        memcpy(acc2 + j, &b, sizeof b);
     }
     for (; j < d; j++) {
         acc[j] += f[j];
@@ -80,7 +85,7 @@ static void damage_norms(const float *const *rows, int k, int has_nx, int d, dou
     v8d acc[DAMAGE_MAX_K] = {{0}}, x[DAMAGE_MAX_K + 1];
     int c = 0;
     for (; c + LANES <= d; c += LANES) {
-        for (int r = 0; r < k + has_nx; r++) x[r] = load8(rows[r] + c);
+        for (int r = 0; r < k + has_nx; r++) LOAD8(x[r], rows[r] + c);
         for (int j = 0; j < k; j++) {
             v8d dl = {0};
             for (int r = 0; r < k; r++) dl += coef[j][r] * x[r];
@@ -89,7 +94,7 @@ static void damage_norms(const float *const *rows, int k, int has_nx, int d, dou
         }
     }
     for (int j = 0; j < k; j++) {
-        sq[j] = hsum(acc[j]);
+        sq[j] = hsum(&acc[j]);
         for (int cc = c; cc < d; cc++) {
             double dl = 0;
             for (int r = 0; r < k; r++) dl += coef[j][r] * rows[r][cc];
