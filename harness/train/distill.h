@@ -41,6 +41,7 @@ typedef struct {
     double pre_ppl, post_ppl, post_ce; /* validation before / after (NaN without --eval-data) */
     double wall_s, tokens_per_s;       /* of this invocation's steps */
     size_t peak_rss;
+    m2d_precision precision;/* the teacher's and the validation's (train.precision, AUTO resolved) */
     bool finished;          /* all S steps done and OUT written */
 } m2d_distill_result;
 
