@@ -197,14 +197,21 @@ static void resume_is_exact_bf16(void **state) {
     free(t32), free(t16);
 }
 
-static void resume_refuses_another_run(void **state) {
-    (void)state;
-    char *out = path_in("c");
+/* OUT (NAME in the work directory) holding the checkpoint of an fp32 run stopped after step 2 */
+static char *stopped_run(const char *name) {
+    char *out = path_in(name);
     m2d_distill_result r;
     m2d_distill_opts o = base_opts(out, NULL);
     o.stop_after = 2;
     if (m2d_distill_run(&o, &r)) fail_msg("%s", m2d_errmsg());
-    o = base_opts(out, NULL);
+    return out;
+}
+
+static void resume_refuses_another_run(void **state) {
+    (void)state;
+    char *out = stopped_run("c");
+    m2d_distill_result r;
+    m2d_distill_opts o = base_opts(out, NULL);
     o.resume = true;
     o.train.optim.lr = 1e-3;
     assert_int_equal(m2d_distill_run(&o, &r), -1);
@@ -270,11 +277,9 @@ static void output_checkpoint_and_manifest(void **state) {
  * the teacher in fp32: it resumes in fp32 and is refused in bf16. */
 static void legacy_checkpoint_means_fp32(void **state) {
     (void)state;
-    char *out = path_in("legacy");
+    char *out = stopped_run("legacy");
     m2d_distill_result r;
-    m2d_distill_opts o = base_opts(out, NULL);
-    o.stop_after = 2;
-    if (m2d_distill_run(&o, &r)) fail_msg("%s", m2d_errmsg());
+    m2d_distill_opts o;
     cJSON *st = read_json(out, "train-state/state.json");
     cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(st, "identity"), "precision");
     char *text = cJSON_Print(st), *path = m2d_path_join(out, "train-state/state.json");

@@ -114,13 +114,12 @@ static m2d_mat teacher_block(m2d_kd *k, int r0, int nr) {
     return ZT;
 }
 
-int m2d_kd_teacher_logits(m2d_kd *k, float *logits) {
+void m2d_kd_teacher_logits(m2d_kd *k, float *logits) {
     for (int r0 = 0; r0 < k->rows; r0 += k->block) {
         int nr = M2D_MIN(k->block, k->rows - r0);
         teacher_block(k, r0, nr);
         k->B->download(k->be, logits + (size_t)r0 * k->V, k->zt, 0, sizeof(float) * (size_t)nr * k->V);
     }
-    return 0;
 }
 
 /* row-order sum of N per-row losses */

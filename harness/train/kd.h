@@ -5,8 +5,8 @@
  *
  * Logits are formed in row blocks of at most KD_BLOCK_BYTES of fp32 per side, never [rows, V]:
  * teacher Z_T = H_T · W_T^T (in the teacher engine's precision, like the rest of its forward) and
- * student Z_S = H_S · W_S^T (fp32) with the backend's gemm (the engine's LM head op), the backend's kd_loss turns Z_S into scale · dL/dZ_S, then dH_S = dZ_S · W_S and
- * dW_S += dZ_S^T · H_S. Per-row losses come back to the host and are summed in row order. */
+ * student Z_S = H_S · W_S^T (fp32) with the backend's gemm (the engine's LM head op), the
+ * backend's kd_loss turns Z_S into scale · dL/dZ_S, then dH_S = dZ_S · W_S and dW_S += dZ_S^T · H_S. Per-row losses come back to the host and are summed in row order. */
 #ifndef M2D_TRAIN_KD_H
 #define M2D_TRAIN_KD_H
 
@@ -34,7 +34,7 @@ void m2d_kd_free(m2d_kd *k);
 int m2d_kd_teacher(m2d_kd *k, const int32_t *tokens, int n_seq, int L);
 /* After m2d_kd_teacher: the teacher's logits [rows, vocab] into host LOGITS (the KD targets, its LM
  * head in the teacher engine's precision as in the loss; tests). */
-int m2d_kd_teacher_logits(m2d_kd *k, float *logits);
+void m2d_kd_teacher_logits(m2d_kd *k, float *logits);
 /* After m2d_net_forward on the same windows: the loss (each position weighted by SCALE: 1 / the
  * step's positions) and the whole backward. Adds the scaled divergence to *div and the scaled
  * MSE term to *mse. */

@@ -120,7 +120,7 @@ int m2d_trainer_teacher_logits(m2d_trainer *t, const int32_t *tokens, int n_seq,
     if (n_seq > b) return m2d_err("distill: %d windows exceed the micro-batch %d", n_seq, b);
     t->be->ops->enter(t->be);
     int rc = m2d_kd_teacher(t->kd, tokens, n_seq, t->o.seq_len);
-    if (rc == 0) rc = m2d_kd_teacher_logits(t->kd, logits);
+    if (rc == 0) m2d_kd_teacher_logits(t->kd, logits);
     int lrc = t->be->ops->leave(t->be);
     return rc ? rc : lrc;
 }
