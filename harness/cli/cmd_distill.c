@@ -161,8 +161,8 @@ static int cmd_distill_run(int argc, char **argv) {
     m2d_distill_result r;
     if (parse(argc, argv, &o) || m2d_distill_run(&o, &r)) return m2d_cmd_fail("distill");
     if (!r.finished) {
-        printf("stopped after step %d of %d (--stop-after): checkpoint in %s/train-state; continue with --resume\n",
-               r.steps_done, r.steps, o.out);
+        printf("stopped after step %d of %d (--stop-after, teacher %s): checkpoint in %s/train-state; continue with "
+               "--resume\n", r.steps_done, r.steps, m2d_precision_name(r.precision), o.out);
         return 0;
     }
     printf("wrote %s: %d steps, %lld tokens, final loss %.6f, %.0f tokens/s, peak RSS %.1f MB, teacher %s", o.out,
