@@ -514,6 +514,52 @@ static void op_attention_window_sinks_on(const char *backend) {
     free(q); free(k); free(v); free(o); free(r); free(kp); free(vp);
 }
 
+/* The GEMM attention at sizes where the GEMM module takes its oneDNN kernel (K and Vᵀ of >= 4096
+ * elements): query rows in several blocks and a partial last one (300 rows), a cached prefix, a
+ * window cutting through blocks and the prefix, sinks; against the float64 loops and against the
+ * dot-product kernel. Tolerance as op_attention_causal_gqa: scores are 64-term dots of N(0,1)
+ * pairs (fp32 error ~ 64 * 6e-8 * 8 before the 1/8 scale); an output is a convex combination of up
+ * to 337 N(0,1) values (|v| < 5), summed by both kernels in blocks of <= 64 terms: ~64 * 6e-8 * 5
+ * = 2e-5 at worst, ~1e-6 typical (measured 7e-7); 1e-5 everywhere. */
+static void op_attention_gemm_blocks_on(const char *backend) {
+    uint64_t st = 77;
+    int H = 4, KV = 2, hd = 64, np = 37, nq = 300, T = np + nq;
+    float *q = malloc(sizeof(float) * nq * H * hd), *k = malloc(sizeof(float) * T * KV * hd),
+          *v = malloc(sizeof(float) * T * KV * hd), *o = malloc(sizeof(float) * nq * H * hd),
+          *od = malloc(sizeof(float) * nq * H * hd), *r = malloc(sizeof(float) * nq * H * hd),
+          sinks[4] = {1.0f, -2.0f, 3.0f, 0.0f};
+    float *kp = malloc(sizeof(float) * KV * np * hd), *vp = malloc(sizeof(float) * KV * np * hd);
+    fill_normal(&st, q, (size_t)nq * H * hd, 1);
+    fill_normal(&st, k, (size_t)T * KV * hd, 1);
+    fill_normal(&st, v, (size_t)T * KV * hd, 1);
+    for (int g = 0; g < KV; g++)
+        for (int t = 0; t < np; t++) {
+            memcpy(kp + ((size_t)g * np + t) * hd, k + (size_t)t * KV * hd + g * hd, sizeof(float) * hd);
+            memcpy(vp + ((size_t)g * np + t) * hd, v + (size_t)t * KV * hd + g * hd, sizeof(float) * hd);
+        }
+    m2d_backend *be = new_backend(backend, 2);
+    int windows[3] = {0, 50, 200}, mins[2] = {1 << 30, 1}; /* the dot-product kernel, then the GEMM one */
+    double worst = 0;
+    for (int wi = 0; wi < 3; wi++)
+        for (int pre = 0; pre < 2; pre++) {
+            const float *sn = wi == 1 ? sinks : NULL;
+            const float *ks = k + (size_t)np * KV * hd, *vs = v + (size_t)np * KV * hd; /* the segment */
+            if (pre) attention_naive_ws(q, k, v, np, nq, H, KV, hd, windows[wi], sn, r);
+            else attention_naive_ws(q, ks, vs, 0, nq, H, KV, hd, windows[wi], sn, r);
+            for (int path = 0; path < 2; path++) {
+                if (be->ops->tune(be, "attention_gemm_min_rows", mins[path]) != 0 && path > 0) break;
+                attention_host_ws(be, q, ks, vs, nq, kp, vp, pre ? np : 0, H, KV, hd, windows[wi], sn, path ? o : od);
+            }
+            worst = fmax(worst, max_abs_diff(o, r, (size_t)nq * H * hd));
+            assert_true(max_abs_diff(o, r, (size_t)nq * H * hd) < 1e-5);
+            assert_true(max_abs_diff(od, r, (size_t)nq * H * hd) < 1e-5);
+            assert_true(max_abs_diff(o, od, (size_t)nq * H * hd) < 1e-5);
+        }
+    printf("GEMM attention, 300 rows in blocks: max |d| vs float64 = %.2g\n", worst);
+    end_backend(be);
+    free(q); free(k); free(v); free(o); free(od); free(r); free(kp); free(vp);
+}
+
 /* a given softmax scale (MLA's mscale) on both attention paths, with a cached prefix, against the
  * float64 loops (as op_attention_causal_gqa: 1e-5) */
 static void op_attention_scale_on(const char *backend) {
@@ -697,6 +743,7 @@ static void op_moe_biases_clamp_on(const char *backend) {
 
 EACH_BACKEND(op_attention_window_sinks)
 EACH_BACKEND(op_attention_scale)
+EACH_BACKEND(op_attention_gemm_blocks)
 EACH_BACKEND(op_route_group_limited)
 EACH_BACKEND(op_bias_and_clamped_swiglu)
 EACH_BACKEND(op_route_topk_softmax)
@@ -1487,7 +1534,7 @@ int main(void) {
         cmocka_unit_test(op_topk_ties_to_lower_index),
         cmocka_unit_test(op_attention_causal_gqa),
         cmocka_unit_test(op_convert_parallel),
-        cmocka_unit_test(op_attention_window_sinks),
+        cmocka_unit_test(op_attention_window_sinks), cmocka_unit_test(op_attention_gemm_blocks),
         cmocka_unit_test(op_bias_and_clamped_swiglu),
         cmocka_unit_test(op_route_topk_softmax),
         cmocka_unit_test(op_moe_biases_clamp),

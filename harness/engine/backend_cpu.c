@@ -530,44 +530,79 @@ static void attn_item(void *ctx, int item) {
     free(sc);
 }
 
+/* The GEMM formulation, in fp32 through the GEMM module whatever the engine precision (scores and
+ * values are activations: no bf16 rounding). Query rows in blocks of ATTG_BLOCK: block [r0, r1)
+ * needs keys [lo, np + r1) only (lo: where its first row's window starts), so the causal part
+ * beyond the block, and with a window the part before it, is not computed (about half the FLOPs
+ * of the full [nq, np + nq] square when np = 0). Inside a block the masked entries are zeroed
+ * after the GEMM. Per kv head K is gathered dense [nk, hd] and V transposed [hd, nk] once: S = Q·Kᵀ
+ * is X·Wᵀ with W = K rows, O = P·V is X·Wᵀ with W = Vᵀ (the module's oneDNN kernel reads dense
+ * operands; a block's Vᵀ columns are copied by it). Results depend on the block size, never on the
+ * thread count (heads are the items; the module runs serially inside one). */
+#define ATTG_BLOCK 128
+
 typedef struct {
     const attn_host *a;
+    cpu_be *c;
     int nk;
-    float *S; /* one [nq, nk] score block per worker */
+    float *kc, *vt; /* [n_kv][nk][hd] keys, [n_kv][hd][nk] values transposed */
+    float *S;       /* per worker: one block's scores [ATTG_BLOCK][nk] */
 } attg_job;
 
-/* The GEMM formulation, one head per item: S = Q K^T (the full [nq, np+nq] block; the causal
- * upper part, and with a window the part before it, is computed and then zeroed: 2x work on the
- * segment part but at sgemm speed), masked softmax, O = P V. */
+/* kv head g: its keys dense and its values transposed, prefix (the cache) then segment */
+static void attg_gather(void *ctx, int g) {
+    const attg_job *jb = ctx;
+    const attn_host *j = jb->a;
+    int hd = j->hd, np = j->np, nk = jb->nk;
+    float *kc = jb->kc + (size_t)g * nk * hd, *vt = jb->vt + (size_t)g * hd * nk;
+    for (int t = 0; t < nk; t++) {
+        const float *k = t < np ? j->kp + g * j->p_head_stride + (size_t)t * hd : j->ks + (size_t)(t - np) * j->ldk + (size_t)g * hd;
+        const float *v = t < np ? j->vp + g * j->p_head_stride + (size_t)t * hd : j->vs + (size_t)(t - np) * j->ldk + (size_t)g * hd;
+        memcpy(kc + (size_t)t * hd, k, sizeof(float) * (size_t)hd);
+        for (int d = 0; d < hd; d++) vt[(size_t)d * nk + t] = v[d];
+    }
+}
+
+/* scale, causal (and window) mask and softmax of a block's score rows: row i holds keys
+ * [lo, lo + nkeys) of query row i, of which [first_key(i), np + i] are its own */
+static void attg_softmax(const attn_host *j, float *S, int r0, int r1, int lo, int nkeys, const float *sink) {
+    for (int i = r0; i < r1; i++) {
+        float *row = S + (size_t)(i - r0) * nkeys;
+        int a = first_key(j, i) - lo, b = j->np + i + 1 - lo;
+        for (int t = a; t < b; t++) row[t] *= j->scale;
+        softmax_sink(row + a, b - a, sink);
+        memset(row, 0, sizeof(float) * (size_t)a);
+        memset(row + b, 0, sizeof(float) * (size_t)(nkeys - b));
+    }
+}
+
 static void attg_item(void *ctx, int h) {
     const attg_job *jb = ctx;
     const attn_host *j = jb->a;
-    int g = h / (j->n_heads / j->n_kv), hd = j->hd, nq = j->nq, np = j->np, nk = jb->nk;
-    float *S = jb->S + (size_t)m2d_pool_worker() * nq * nk;
-    float scale = j->scale;
-    const float *qh = j->q + (size_t)h * hd;
-    if (np)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, np, hd, scale, qh, j->ldq, j->kp + g * j->p_head_stride,
-                    hd, 0.0f, S, nk);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nq, hd, scale, qh, j->ldq, j->ks + (size_t)g * hd, j->ldk,
-                0.0f, S + np, nk);
-    for (int i = 0; i < nq; i++) { /* causal (and window) mask + softmax */
-        float *row = S + (size_t)i * nk;
-        int valid = np + i + 1, lo = first_key(j, i);
-        softmax_sink(row + lo, valid - lo, j->sinks ? j->sinks + h : NULL);
-        memset(row, 0, sizeof(float) * (size_t)lo);
-        memset(row + valid, 0, sizeof(float) * (size_t)(nk - valid));
+    int g = h / (j->n_heads / j->n_kv), hd = j->hd, nk = jb->nk;
+    m2d_gemm_ctx *gc = gemm_ctx(jb->c, M2D_PREC_FP32);
+    float *S = jb->S + (size_t)m2d_pool_worker() * ATTG_BLOCK * nk;
+    const float *kc = jb->kc + (size_t)g * nk * hd, *vt = jb->vt + (size_t)g * hd * nk;
+    for (int r0 = 0; r0 < j->nq; r0 += ATTG_BLOCK) {
+        int r1 = M2D_MIN(r0 + ATTG_BLOCK, j->nq), lo = first_key(j, r0), nkeys = j->np + r1 - lo;
+        /* every view of this call's K and Vᵀ meets one kernel: the one for the whole */
+        m2d_gemm_w wk = m2d_gemm_weight(M2D_F32, kc + (size_t)lo * hd, nkeys, hd, hd);
+        m2d_gemm_w wv = m2d_gemm_weight(M2D_F32, vt + lo, hd, nkeys, nk);
+        wk.whole = wv.whole = (int64_t)nk * hd;
+        if (m2d_gemm(gc, j->q + (size_t)r0 * j->ldq + (size_t)h * hd, j->ldq, r1 - r0, &wk, S, nkeys, 0.0f)) {
+            fail(jb->c); /* nested in a pool item: the first failure is kept */
+            return;
+        }
+        attg_softmax(j, S, r0, r1, lo, nkeys, j->sinks ? j->sinks + h : NULL);
+        if (m2d_gemm(gc, S, nkeys, r1 - r0, &wv, j->out + (size_t)r0 * j->ldo + (size_t)h * hd, j->ldo, 0.0f)) {
+            fail(jb->c);
+            return;
+        }
     }
-    float *oh = j->out + (size_t)h * hd;
-    if (np)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, np, 1.0f, S, nk, j->vp + g * j->p_head_stride, hd,
-                    0.0f, oh, j->ldo);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nq, 1.0f, S + np, nk, j->vs + (size_t)g * hd, j->ldk,
-                np ? 1.0f : 0.0f, oh, j->ldo);
 }
 
 static void cpu_attention(m2d_backend *be, const m2d_attn_args *a) {
-    const cpu_be *c = CPU(be);
+    cpu_be *c = CPU(be);
     int nq = a->q.rows;
     if (nq <= 0) return;
     attn_host h = {F(&a->q), F(&a->k), F(&a->v), NULL, NULL, a->q.ld, a->k.ld, nq, a->np, a->n_heads, a->n_kv,
@@ -584,9 +619,14 @@ static void cpu_attention(m2d_backend *be, const m2d_attn_args *a) {
         h.vp = (const float *)B(a->v_cache) + a->cache_off;
     }
     if (nq >= c->attn_gemm_min_rows) {
-        int nk = a->np + nq, nw = M2D_MIN(c->threads, a->n_heads);
-        attg_job j = {&h, nk, m2d_malloc(sizeof(float) * (size_t)nq * nk * (size_t)M2D_MAX(nw, 1))};
+        int nk = a->np + nq, nw = M2D_MAX(c->threads, 1); /* per-worker scores: worker ids < threads */
+        size_t kv = (size_t)a->n_kv * nk * a->head_dim;
+        attg_job j = {&h, c, nk, m2d_malloc(sizeof(float) * kv), m2d_malloc(sizeof(float) * kv),
+                      m2d_malloc(sizeof(float) * (size_t)ATTG_BLOCK * nk * (size_t)nw)};
+        parallel_for(c, a->n_kv, attg_gather, &j);
         parallel_for(c, a->n_heads, attg_item, &j);
+        free(j.kc);
+        free(j.vt);
         free(j.S);
     } else {
         /* row blocks give the threads work when there are few heads; causal rows grow in cost, and
