@@ -563,14 +563,63 @@ static void attg_gather(void *ctx, int g) {
     }
 }
 
-/* scale, causal (and window) mask and softmax of a block's score rows: row i holds keys
- * [lo, lo + nkeys) of query row i, of which [first_key(i), np + i] are its own */
-static void attg_softmax(const attn_host *j, float *S, int r0, int r1, int lo, int nkeys, const float *sink) {
+/* e^x, within 1.3 ulp of expf on [-87, 0] (all floats there checked against exp in double; expf:
+ * 0.5), 0 below -87 (where expf is < 1.7e-38): n = round(x log2 e), r = x - n ln 2 in two parts
+ * (Cody-Waite), e^r by a degree-7 polynomial (Cephes expf's coefficients), times 2^n built in the
+ * exponent bits. Branch-free, so loops of it vectorise (expf is a call per element). */
+static inline float exp_fast(float x) {
+    float v = x > -87.0f ? x : -87.0f;
+    float n = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* 1.5 * 2^23: round to nearest */
+    float r = fmaf(n, -0.693359375f, v);
+    r = fmaf(n, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p, r * r, r + 1.0f);
+    union {
+        int32_t i;
+        float f;
+    } two_n = {.i = ((int32_t)n + 127) * (1 << 23)};
+    return x > -87.0f ? p * two_n.f : 0.0f;
+}
+
+/* x[i] = e^(x[i]·scale - m) for the row's max m (the sink's logit included) and 1 / (the sum of
+ * them in double, the sink's term included): softmax_sink's arithmetic, in 16-lane blocks that
+ * vectorise; the caller divides the output row by the sum (as attn_item does) */
+static float softmax_scaled(float *x, int n, float scale, const float *sink) {
+    float m = sink ? *sink : -INFINITY, m16[16];
+    double s16[16] = {0};
+    int n16 = n / 16 * 16;
+    for (int l = 0; l < 16; l++) m16[l] = m;
+    for (int i = 0; i < n16; i += 16)
+        for (int l = 0; l < 16; l++) m16[l] = x[i + l] * scale > m16[l] ? x[i + l] * scale : m16[l];
+    for (int i = n16; i < n; i++) m = x[i] * scale > m ? x[i] * scale : m;
+    for (int l = 0; l < 16; l++) m = m16[l] > m ? m16[l] : m;
+    for (int i = 0; i < n16; i += 16) {
+        float e16[16];
+        for (int l = 0; l < 16; l++) e16[l] = exp_fast(x[i + l] * scale - m);
+        for (int l = 0; l < 16; l++) {
+            x[i + l] = e16[l];
+            s16[l] += e16[l];
+        }
+    }
+    double s = sink ? exp_fast(*sink - m) : 0;
+    for (int i = n16; i < n; i++) s += x[i] = exp_fast(x[i] * scale - m);
+    for (int l = 0; l < 16; l++) s += s16[l];
+    return (float)(1.0 / s);
+}
+
+/* causal (and window) mask and unnormalised softmax of a block's score rows: row i holds keys
+ * [lo, lo + nkeys) of query row i, of which [first_key(i), np + i] are its own; INV[i - r0]: 1 / the
+ * row's sum */
+static void attg_softmax(const attn_host *j, float *S, int r0, int r1, int lo, int nkeys, const float *sink, float *inv) {
     for (int i = r0; i < r1; i++) {
         float *row = S + (size_t)(i - r0) * nkeys;
         int a = first_key(j, i) - lo, b = j->np + i + 1 - lo;
-        for (int t = a; t < b; t++) row[t] *= j->scale;
-        softmax_sink(row + a, b - a, sink);
+        inv[i - r0] = softmax_scaled(row + a, b - a, j->scale, sink);
         memset(row, 0, sizeof(float) * (size_t)a);
         memset(row + b, 0, sizeof(float) * (size_t)(nkeys - b));
     }
@@ -583,6 +632,7 @@ static void attg_item(void *ctx, int h) {
     m2d_gemm_ctx *gc = gemm_ctx(jb->c, M2D_PREC_FP32);
     float *S = jb->S + (size_t)m2d_pool_worker() * ATTG_BLOCK * nk;
     const float *kc = jb->kc + (size_t)g * nk * hd, *vt = jb->vt + (size_t)g * hd * nk;
+    float inv[ATTG_BLOCK];
     for (int r0 = 0; r0 < j->nq; r0 += ATTG_BLOCK) {
         int r1 = M2D_MIN(r0 + ATTG_BLOCK, j->nq), lo = first_key(j, r0), nkeys = j->np + r1 - lo;
         /* every view of this call's K and Vᵀ meets one kernel: the one for the whole */
@@ -593,11 +643,14 @@ static void attg_item(void *ctx, int h) {
             fail(jb->c); /* nested in a pool item: the first failure is kept */
             return;
         }
-        attg_softmax(j, S, r0, r1, lo, nkeys, j->sinks ? j->sinks + h : NULL);
-        if (m2d_gemm(gc, S, nkeys, r1 - r0, &wv, j->out + (size_t)r0 * j->ldo + (size_t)h * hd, j->ldo, 0.0f)) {
+        attg_softmax(j, S, r0, r1, lo, nkeys, j->sinks ? j->sinks + h : NULL, inv);
+        float *o = j->out + (size_t)r0 * j->ldo + (size_t)h * hd;
+        if (m2d_gemm(gc, S, nkeys, r1 - r0, &wv, o, j->ldo, 0.0f)) {
             fail(jb->c);
             return;
         }
+        for (int i = 0; i < r1 - r0; i++)
+            for (int d = 0; d < hd; d++) o[(size_t)i * j->ldo + d] *= inv[i];
     }
 }
 
