@@ -531,22 +531,24 @@ static void attn_item(void *ctx, int item) {
 }
 
 /* The GEMM formulation, in fp32 through the GEMM module whatever the engine precision (scores and
- * values are activations: no bf16 rounding). Query rows in blocks of ATTG_BLOCK: block [r0, r1)
- * needs keys [lo, np + r1) only (lo: where its first row's window starts), so the causal part
- * beyond the block, and with a window the part before it, is not computed (about half the FLOPs
- * of the full [nq, np + nq] square when np = 0). Inside a block the masked entries are zeroed
- * after the GEMM. Per kv head K is gathered dense [nk, hd] and V transposed [hd, nk] once: S = Q·Kᵀ
- * is X·Wᵀ with W = K rows, O = P·V is X·Wᵀ with W = Vᵀ (the module's oneDNN kernel reads dense
- * operands; a block's Vᵀ columns are copied by it). Results depend on the block size, never on the
- * thread count (heads are the items; the module runs serially inside one). */
-#define ATTG_BLOCK 128
+ * values are activations: no bf16 rounding). One work item: a kv head g and a block of query rows
+ * [r0, r1), the G query heads sharing g stacked as rows (i, head) of one GEMM, ~ATTG_ROWS rows.
+ * The block needs keys [lo, np + r1) only (lo: where its first row's window starts), so the
+ * causal part beyond the block, and with a window the part before it, is never computed (about
+ * half the FLOPs of the full [nq, np + nq] square when np = 0); inside the block the masked
+ * entries are zeroed after the GEMM. Per kv head K is gathered dense [nk, hd] and V transposed
+ * [hd, nk] once: S = Q·Kᵀ is X·Wᵀ with W = K rows, O = P·V is X·Wᵀ with W = Vᵀ (the module's oneDNN
+ * kernel reads dense operands; it copies a block's Vᵀ columns). Results depend on the shapes
+ * only, never on the thread count (an item's GEMMs run serially inside it). */
+#define ATTG_ROWS 128
 
 typedef struct {
     const attn_host *a;
     cpu_be *c;
-    int nk;
-    float *kc, *vt; /* [n_kv][nk][hd] keys, [n_kv][hd][nk] values transposed */
-    float *S;       /* per worker: one block's scores [ATTG_BLOCK][nk] */
+    int nk, group, block, n_blocks; /* query heads per kv head, query rows per item */
+    float *kc, *vt;                 /* [n_kv][nk][hd] keys, [n_kv][hd][nk] values transposed */
+    float *work;                    /* per worker: stacked Q rows, scores, outputs, 1/sums */
+    size_t work_per;
 } attg_job;
 
 /* kv head g: its keys dense and its values transposed, prefix (the cache) then segment */
@@ -612,45 +614,48 @@ static float softmax_scaled(float *x, int n, float scale, const float *sink) {
     return (float)(1.0 / s);
 }
 
-/* causal (and window) mask and unnormalised softmax of a block's score rows: row i holds keys
- * [lo, lo + nkeys) of query row i, of which [first_key(i), np + i] are its own; INV[i - r0]: 1 / the
- * row's sum */
-static void attg_softmax(const attn_host *j, float *S, int r0, int r1, int lo, int nkeys, const float *sink, float *inv) {
-    for (int i = r0; i < r1; i++) {
-        float *row = S + (size_t)(i - r0) * nkeys;
-        int a = first_key(j, i) - lo, b = j->np + i + 1 - lo;
-        inv[i - r0] = softmax_scaled(row + a, b - a, j->scale, sink);
+/* causal (and window) mask and unnormalised softmax of an item's stacked score rows: row r is
+ * query row i = r0 + r / G of head h = g·G + r % G and holds keys [lo, lo + nkeys), of which
+ * [first_key(i), np + i] are its own; INV[r]: 1 / the row's sum */
+static void attg_softmax(const attg_job *jb, int g, int r0, int r1, int lo, int nkeys, float *S, float *inv) {
+    const attn_host *j = jb->a;
+    int G = jb->group;
+    for (int r = 0; r < (r1 - r0) * G; r++) {
+        float *row = S + (size_t)r * nkeys;
+        int i = r0 + r / G, h = g * G + r % G, a = first_key(j, i) - lo, b = j->np + i + 1 - lo;
+        inv[r] = softmax_scaled(row + a, b - a, j->scale, j->sinks ? j->sinks + h : NULL);
         memset(row, 0, sizeof(float) * (size_t)a);
         memset(row + b, 0, sizeof(float) * (size_t)(nkeys - b));
     }
 }
 
-static void attg_item(void *ctx, int h) {
+static void attg_item(void *ctx, int item) {
     const attg_job *jb = ctx;
     const attn_host *j = jb->a;
-    int g = h / (j->n_heads / j->n_kv), hd = j->hd, nk = jb->nk;
+    int g = item / jb->n_blocks, G = jb->group, hd = j->hd, nk = jb->nk;
+    int r0 = item % jb->n_blocks * jb->block, r1 = M2D_MIN(r0 + jb->block, j->nq), rows = (r1 - r0) * G;
+    int lo = first_key(j, r0), nkeys = j->np + r1 - lo;
+    float *Q = jb->work + (size_t)m2d_pool_worker() * jb->work_per, *O = Q + (size_t)rows * hd, *S = O + (size_t)rows * hd;
+    float *inv = S + (size_t)rows * nk;
+    for (int i = r0; i < r1; i++) /* rows (i, head): G heads are adjacent in a row of Q */
+        memcpy(Q + (size_t)(i - r0) * G * hd, j->q + (size_t)i * j->ldq + (size_t)g * G * hd, sizeof(float) * (size_t)G * hd);
+    /* every view of this call's K and Vᵀ meets one kernel: the one for the whole */
+    m2d_gemm_w wk = m2d_gemm_weight(M2D_F32, jb->kc + ((size_t)g * nk + lo) * hd, nkeys, hd, hd);
+    m2d_gemm_w wv = m2d_gemm_weight(M2D_F32, jb->vt + (size_t)g * hd * nk + lo, hd, nkeys, nk);
+    wk.whole = wv.whole = (int64_t)nk * hd;
     m2d_gemm_ctx *gc = gemm_ctx(jb->c, M2D_PREC_FP32);
-    float *S = jb->S + (size_t)m2d_pool_worker() * ATTG_BLOCK * nk;
-    const float *kc = jb->kc + (size_t)g * nk * hd, *vt = jb->vt + (size_t)g * hd * nk;
-    float inv[ATTG_BLOCK];
-    for (int r0 = 0; r0 < j->nq; r0 += ATTG_BLOCK) {
-        int r1 = M2D_MIN(r0 + ATTG_BLOCK, j->nq), lo = first_key(j, r0), nkeys = j->np + r1 - lo;
-        /* every view of this call's K and Vᵀ meets one kernel: the one for the whole */
-        m2d_gemm_w wk = m2d_gemm_weight(M2D_F32, kc + (size_t)lo * hd, nkeys, hd, hd);
-        m2d_gemm_w wv = m2d_gemm_weight(M2D_F32, vt + lo, hd, nkeys, nk);
-        wk.whole = wv.whole = (int64_t)nk * hd;
-        if (m2d_gemm(gc, j->q + (size_t)r0 * j->ldq + (size_t)h * hd, j->ldq, r1 - r0, &wk, S, nkeys, 0.0f)) {
-            fail(jb->c); /* nested in a pool item: the first failure is kept */
-            return;
-        }
-        attg_softmax(j, S, r0, r1, lo, nkeys, j->sinks ? j->sinks + h : NULL, inv);
-        float *o = j->out + (size_t)r0 * j->ldo + (size_t)h * hd;
-        if (m2d_gemm(gc, S, nkeys, r1 - r0, &wv, o, j->ldo, 0.0f)) {
-            fail(jb->c);
-            return;
-        }
-        for (int i = 0; i < r1 - r0; i++)
-            for (int d = 0; d < hd; d++) o[(size_t)i * j->ldo + d] *= inv[i];
+    if (m2d_gemm(gc, Q, hd, rows, &wk, S, nkeys, 0.0f)) {
+        fail(jb->c); /* nested in a pool item: the first failure is kept */
+        return;
+    }
+    attg_softmax(jb, g, r0, r1, lo, nkeys, S, inv);
+    if (m2d_gemm(gc, S, nkeys, rows, &wv, O, hd, 0.0f)) {
+        fail(jb->c);
+        return;
+    }
+    for (int r = 0; r < rows; r++) { /* normalised, to (i, head) */
+        float *o = j->out + (size_t)(r0 + r / G) * j->ldo + (size_t)(g * G + r % G) * hd;
+        for (int d = 0; d < hd; d++) o[d] = O[(size_t)r * hd + d] * inv[r];
     }
 }
 
@@ -672,15 +677,21 @@ static void cpu_attention(m2d_backend *be, const m2d_attn_args *a) {
         h.vp = (const float *)B(a->v_cache) + a->cache_off;
     }
     if (nq >= c->attn_gemm_min_rows) {
-        int nk = a->np + nq, nw = M2D_MAX(c->threads, 1); /* per-worker scores: worker ids < threads */
+        int nk = a->np + nq, nw = M2D_MAX(c->threads, 1); /* per-worker work: worker ids < threads */
         size_t kv = (size_t)a->n_kv * nk * a->head_dim;
-        attg_job j = {&h, c, nk, m2d_malloc(sizeof(float) * kv), m2d_malloc(sizeof(float) * kv),
-                      m2d_malloc(sizeof(float) * (size_t)ATTG_BLOCK * nk * (size_t)nw)};
+        attg_job j = {.a = &h, .c = c, .nk = nk, .group = a->n_heads / a->n_kv};
+        j.block = M2D_MIN(M2D_MAX(ATTG_ROWS / j.group, 1), nq);
+        j.n_blocks = (nq + j.block - 1) / j.block;
+        size_t rows = (size_t)j.block * j.group;
+        j.work_per = rows * (2 * (size_t)a->head_dim + (size_t)nk + 1) + 16; /* Q, O, S, 1/sums */
+        j.kc = m2d_malloc(sizeof(float) * kv);
+        j.vt = m2d_malloc(sizeof(float) * kv);
+        j.work = m2d_malloc(sizeof(float) * j.work_per * (size_t)nw);
         parallel_for(c, a->n_kv, attg_gather, &j);
-        parallel_for(c, a->n_heads, attg_item, &j);
+        parallel_for(c, a->n_kv * j.n_blocks, attg_item, &j);
         free(j.kc);
         free(j.vt);
-        free(j.S);
+        free(j.work);
     } else {
         /* row blocks give the threads work when there are few heads; causal rows grow in cost, and
          * the dynamic hand-out balances that */
