@@ -52,7 +52,7 @@ else
   say = @:
 endif
 
-.PHONY: all deps test test-san data demo bench plots fuzz clean help layering verify-lm-eval lm-eval-goldens verify-hf hf-goldens verify-distill distill-goldens gpu-check
+.PHONY: all deps test test-san data demo bench bench-peer plots fuzz clean help layering verify-lm-eval lm-eval-goldens verify-hf hf-goldens verify-distill distill-goldens gpu-check
 ifeq ($(CUDA),1)
 all: $(BUILD)/moe2dense # ./moe2dense keeps pointing at the default build
 else
@@ -73,6 +73,7 @@ help:
 	@echo "make distill-goldens rewrite tests/golden/distill/ with transformers + torch"
 	@echo "make demo       calibrate, sweep, report and plot the demo experiment"
 	@echo "make bench      run the benchmarks (see BENCHMARKS.md)"
+	@echo "make bench-peer llama.cpp's CPU backend side by side (builds it from PyPI's llama-cpp-python sdist)"
 	@echo "make plots      render plots/*.gp from results/"
 	@echo "make fuzz       build the libFuzzer targets (clang)"
 	@echo "make CUDA=1     also build the cuda backend (nvcc, cuBLASLt) into $(BUILD)-cuda/"
@@ -197,6 +198,11 @@ demo: all data
 
 bench: all $(BENCH_BIN)
 	@sh bench/run.sh $(BUILD)
+
+# issue 13's peer: llama.cpp built from the pinned llama-cpp-python sdist into $(BUILD)/peer (git-ignored),
+# the 30B-shaped slices converted to GGUF bf16 in /tmp/m2d-peer; not part of `make bench`
+bench-peer: all $(BUILD)/bench/bench_engine $(BUILD)/bench/bench_gemm data
+	@BUILD=$(BUILD) sh bench/peer_llamacpp.sh run
 
 plots:
 	@sh tools/plots.sh

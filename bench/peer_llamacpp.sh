@@ -1,0 +1,279 @@
+#!/bin/sh
+# bench/peer_llamacpp.sh — issue 13: llama.cpp's CPU backend side by side with moe2dense on the
+# random 2-layer slices with Qwen3-30B-A3B layer dimensions (bf16), measured in one run.
+#
+#   sh bench/peer_llamacpp.sh build     fetch the pinned llama-cpp-python sdist from PyPI (sha256
+#                                       checked), build its vendored llama.cpp's llama-bench and
+#                                       llama-perplexity (CPU only, Release, GGML_NATIVE) in build/peer
+#   sh bench/peer_llamacpp.sh convert   write both slices (bench_engine write) to $PEER_TMP and convert
+#                                       them to GGUF bf16 with the vendored convert_hf_to_gguf.py
+#   sh bench/peer_llamacpp.sh run       build + convert, then the measurements, interleaved (`make bench-peer`)
+#   sh bench/peer_llamacpp.sh clean     remove the slices and GGUFs in $PEER_TMP (build/peer stays)
+#
+# Every step is skipped when its output is already there. Nothing third-party enters the repository:
+# sources and builds live in build/peer (git-ignored), checkpoints in $PEER_TMP (default /tmp/m2d-peer,
+# about 10 GB). Python for the converter: $PEER_PYTHON, default tests/ref/.venv-hf (torch +
+# transformers, made by `sh tests/ref/setup.sh hf`), with the sdist's own gguf-py and a pinned
+# sentencepiece (installed into build/peer/pydeps, not into the venv) on PYTHONPATH.
+# PEER_ROUNDS (default 3): interleaved rounds; each cell is the best of them.
+set -eu
+
+LLAMA_CPP_PYTHON_VERSION=0.3.36 # vendors ggml-org/llama.cpp@0c1e57098 (its CHANGELOG.md)
+LLAMA_CPP_PYTHON_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+SENTENCEPIECE_VERSION=0.2.1 # convert_hf_to_gguf.py's requirements: >=0.1.98,<0.3.0
+LLAMA_CPP_PYTHON_URL=https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${BUILD:-build}
+peer="$root/$BUILD/peer"
+src="$peer/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
+lcpp="$src/vendor/llama.cpp"
+lbuild="$peer/llama.cpp-build"
+tmp=${PEER_TMP:-/tmp/m2d-peer}
+tokdir=${PEER_TOKENIZER:-$root/../shared/models/qwen3-tokenizer}
+wiki="$root/data/wikitext-2-raw/wikitext-2-raw/wiki.test.raw"
+jobs=${PEER_JOBS:-2}
+
+die() { echo "peer_llamacpp: $*" >&2; exit 1; }
+need() { command -v "$1" >/dev/null 2>&1 || die "$1 is not installed ($2)"; }
+log() { echo "peer_llamacpp: $*" >&2; }
+
+fetch() {
+  tgz="$peer/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
+  mkdir -p "$peer"
+  if ! [ -f "$tgz" ] || [ "$(sha256sum "$tgz" | cut -d' ' -f1)" != "$LLAMA_CPP_PYTHON_SHA256" ]; then
+    need curl "apt-get install curl"
+    log "downloading llama-cpp-python $LLAMA_CPP_PYTHON_VERSION sdist (77 MB, PyPI)"
+    curl -fsSL --retry 2 -o "$tgz.part" "$LLAMA_CPP_PYTHON_URL" || die "could not download $LLAMA_CPP_PYTHON_URL"
+    got=$(sha256sum "$tgz.part" | cut -d' ' -f1)
+    [ "$got" = "$LLAMA_CPP_PYTHON_SHA256" ] || { rm -f "$tgz.part"; die "sha256 of the sdist is $got, expected $LLAMA_CPP_PYTHON_SHA256"; }
+    mv "$tgz.part" "$tgz"
+  fi
+  if ! [ -f "$src/.unpacked" ]; then
+    rm -rf "$src"
+    tar -xzf "$tgz" -C "$peer" || die "could not unpack $tgz"
+    [ -f "$lcpp/CMakeLists.txt" ] || die "$tgz has no vendor/llama.cpp/CMakeLists.txt"
+    touch "$src/.unpacked"
+  fi
+}
+
+build() {
+  fetch
+  stamp="$lbuild/.built-from" # the sdist's sha256: a version bump rebuilds
+  if [ -x "$lbuild/bin/llama-bench" ] && [ -x "$lbuild/bin/llama-perplexity" ] && [ -f "$stamp" ] &&
+    [ "$(cat "$stamp")" = "$LLAMA_CPP_PYTHON_SHA256" ]; then return 0; fi
+  rm -rf "$lbuild"
+  need cmake "apt-get install cmake"
+  need g++ "apt-get install g++"
+  log "building llama.cpp (llama-bench, llama-perplexity; CPU, Release, GGML_NATIVE) with -j$jobs"
+  cmake -S "$lcpp" -B "$lbuild" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CUDA=OFF \
+    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_BUILD_APP=OFF > "$peer/cmake-configure.log" 2>&1 ||
+    die "cmake configure failed: $(grep -m1 -i error "$peer/cmake-configure.log") (log: $peer/cmake-configure.log)"
+  cmake --build "$lbuild" --config Release -j "$jobs" --target llama-bench llama-perplexity \
+    > "$peer/cmake-build.log" 2>&1 ||
+    die "llama.cpp build failed: $(grep -m1 -i error "$peer/cmake-build.log") (log: $peer/cmake-build.log)"
+  echo "$LLAMA_CPP_PYTHON_SHA256" > "$stamp"
+}
+
+# $tmp is ours: in /tmp by default, so a planted symlink or someone else's directory is refused
+own_tmp() {
+  [ -L "$tmp" ] && die "$tmp is a symbolic link (refused; set PEER_TMP)"
+  mkdir -p "$tmp"
+  [ -O "$tmp" ] || die "$tmp belongs to another user (refused; set PEER_TMP)"
+}
+
+python_for_convert() {
+  if [ -n "${PEER_PYTHON:-}" ]; then py=$PEER_PYTHON; else
+    py="$root/tests/ref/.venv-hf/bin/python"
+    [ -x "$py" ] || sh "$root/tests/ref/setup.sh" hf >&2 || die "no Python with torch + transformers (tests/ref/setup.sh hf failed)"
+  fi
+  "$py" -c 'import torch, transformers, numpy, yaml' 2>/dev/null ||
+    die "$py lacks torch/transformers/numpy/pyyaml (convert_hf_to_gguf.py needs them; set PEER_PYTHON)"
+  # the converter imports sentencepiece even for BPE vocabularies (Qwen3 dense); kept beside, not in the venv
+  pypath="$lcpp/gguf-py:$peer/pydeps"
+  PYTHONPATH="$pypath" "$py" -c 'import sentencepiece' 2>/dev/null && return 0
+  log "installing sentencepiece==$SENTENCEPIECE_VERSION into $peer/pydeps (PyPI)"
+  "$py" -m pip install --disable-pip-version-check --no-input --progress-bar off --no-deps \
+    --target "$peer/pydeps" "sentencepiece==$SENTENCEPIECE_VERSION" > "$peer/pydeps.log" 2>&1 ||
+    die "pip install sentencepiece==$SENTENCEPIECE_VERSION failed: $(tail -1 "$peer/pydeps.log")"
+}
+
+# write_slice KIND: the random 2-layer slice (bench_engine write ... real KIND 2) with the Qwen3 tokenizer
+write_slice() {
+  dir="$tmp/$1"
+  [ -f "$dir/.complete" ] && return 0
+  [ -f "$tokdir/tokenizer.json" ] || die "$tokdir/tokenizer.json is missing (the Qwen3 tokenizer; set PEER_TOKENIZER)"
+  rm -rf "$dir"
+  log "writing the $1 slice to $dir"
+  "$root/$BUILD/bench/bench_engine" write "$dir" real "$1" 2 || die "bench_engine write $dir real $1 2 failed"
+  cp "$tokdir/tokenizer.json" "$tokdir/tokenizer_config.json" "$dir/"
+  touch "$dir/.complete"
+}
+
+convert() {
+  fetch
+  for b in bench/bench_engine moe2dense; do
+    [ -x "$root/$BUILD/$b" ] || die "$BUILD/$b is missing (make -j2 all $BUILD/bench/bench_engine)"
+  done
+  own_tmp
+  for kind in moe dense; do
+    write_slice "$kind"
+    gguf="$tmp/$kind-bf16.gguf"
+    [ -f "$gguf" ] && continue
+    python_for_convert
+    log "converting $tmp/$kind to $gguf (convert_hf_to_gguf.py --outtype bf16)"
+    PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$pypath" "$py" "$lcpp/convert_hf_to_gguf.py" --outtype bf16 \
+      --outfile "$gguf.part" "$tmp/$kind" > "$tmp/convert-$kind.log" 2>&1 ||
+      die "convert_hf_to_gguf.py failed on $tmp/$kind: $(tail -1 "$tmp/convert-$kind.log") (log: $tmp/convert-$kind.log)"
+    mv "$gguf.part" "$gguf"
+  done
+}
+
+# ---- measurement: one line per result in $res: "WORK ENGINE VALUE" (WORK pp-moe|pp-dense|ppl-moe|ppl-dense;
+# pp VALUE = tokens/s, ppl VALUE = whole-process seconds); the summary keeps the best of the rounds
+
+record() { echo "$1 $2 $3" >> "$res"; }
+
+# llama-bench pp512: tokens/s of its best repetition (bench_engine also reports its best) and the mean
+llama_pp() {
+  out="$logs/llama-bench-$1-$2.jsonl"
+  "$lbuild/bin/llama-bench" -m "$tmp/$1-bf16.gguf" -p 512 -n 0 -t 2 -r 3 -o jsonl > "$out" 2> "$out.err" ||
+    die "llama-bench failed on $tmp/$1-bf16.gguf: $(tail -1 "$out.err")"
+  best=$(sed -n 's/.*"samples_ts": \[ *\([^]]*\)\].*/\1/p' "$out" | tr ',' '\n' | sort -g | tail -1 | tr -d ' ')
+  mean=$(sed -n 's/.*"avg_ts": \([0-9.e+-]*\).*/\1/p' "$out")
+  [ -n "$best" ] || die "no samples_ts in $out"
+  record "pp-$1" llama "$best"
+  echo "round $2: llama-bench pp512 $1: best of 3 $best tok/s (mean $mean)"
+}
+
+# bench_engine case (a fresh process, weights as stored, best of 3 after a warm-up pass): pp512
+m2d_pp() { # KIND PREC(bf16|fp32) ROUND
+  rec="$logs/m2d-pp-$1-$2-$3.rec"
+  cache=0; [ "$2" = bf16 ] && cache=4
+  M2D_BENCH_RECORD="$rec" "$root/$BUILD/bench/bench_engine" case "$tmp/$1" "$1" pp 512 3 "$cache" 1 ||
+    die "bench_engine case $tmp/$1 pp failed"
+  tps=$(cut -d' ' -f1 "$rec")
+  record "pp-$1" "m2d-$2" "$tps"
+  echo "round $3: moe2dense pp512 $1 $2: best of 3 $tps tok/s (peak RSS $(cut -d' ' -f2 "$rec") MB)"
+}
+
+# whole process under /usr/bin/time: wall seconds, then the PPL line
+timed() { # LOG CMD...: runs CMD with stdout+stderr to LOG; prints its wall seconds
+  t="$1.time"; lg=$1; shift
+  /usr/bin/time -f '%e %M' -o "$t" "$@" > "$lg" 2>&1 || die "failed: $* (log: $lg)"
+  cut -d' ' -f1 "$t"
+}
+
+rss_mb() { echo $(($(cut -d' ' -f2 "$1.time") / 1024)); }
+
+llama_ppl() {
+  lg="$logs/llama-perplexity-$1-$2.log"
+  s=$(timed "$lg" "$lbuild/bin/llama-perplexity" -m "$tmp/$1-bf16.gguf" -f "$wiki" -c 512 --chunks 4 -t 2)
+  ppl=$(sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' "$lg")
+  [ -n "$ppl" ] || die "no final PPL in $lg"
+  record "ppl-$1" llama "$s"
+  echo "round $2: llama-perplexity $1: $s s, peak RSS $(rss_mb "$lg") MB, PPL $ppl" \
+    "(scores the second half of each window: 4 x 255 tokens)"
+}
+
+m2d_ppl() { # KIND PREC ROUND
+  lg="$logs/m2d-ppl-$1-$2-$3.log"
+  s=$(timed "$lg" "$root/$BUILD/moe2dense" ppl --model "$tmp/$1" --data "$wiki" --seq-len 512 --max-windows 4 \
+    --precision "$2" --threads 2)
+  record "ppl-$1" "m2d-$2" "$s"
+  echo "round $3: moe2dense ppl $1 $2: $s s, peak RSS $(rss_mb "$lg") MB, PPL $(awk '$1 == "ppl" {print $2}' "$lg")" \
+    "($(awk '$1 == "tokens_scored" {print $2}' "$lg") tokens scored)"
+}
+
+# --quick: the same yardsticks (measured at the start and the end of bench_gemm), fewer shapes between
+# (the oneDNN bf16 2048^3 rate is kept in $logs/yardstick-WHEN for steady())
+yardsticks() {
+  echo "yardsticks ($1): $BUILD/bench/bench_gemm --quick | head -5"
+  "$root/$BUILD/bench/bench_gemm" --quick 2>/dev/null | head -5 > "$logs/bench_gemm-$1.txt" || true
+  cat "$logs/bench_gemm-$1.txt"
+  sed -n 's/.*oneDNN bf16 matmul 2048^3 ([^)]*): \([0-9.]*\) GFLOP\/s.*/\1/p' "$logs/bench_gemm-$1.txt" > "$logs/yardstick-$1"
+}
+
+# the ratios mean something only if the load stayed the same: the bf16 yardstick at the start and the end
+steady() {
+  awk -v a="$(cat "$logs/yardstick-start")" -v b="$(cat "$logs/yardstick-end")" 'BEGIN {
+    if (a <= 0 || b <= 0) { print "WARNING: no bf16 yardstick read; the load during the run is unknown"; exit }
+    r = a < b ? a / b : b / a
+    if (r < 0.85) printf "WARNING: the bf16 yardstick moved from %.0f to %.0f GFLOP/s: the load changed during the run, its ratios are unreliable\n", a, b
+    else printf "bf16 yardstick steady: %.0f at the start, %.0f at the end (GFLOP/s)\n", a, b }'
+}
+
+system_info() {
+  echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs;" \
+    "flags: $(grep -o -w -E 'avx512f|avx512bw|avx512vl|avx512_bf16|avx512_vnni|amx_bf16|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')" \
+    "$(grep -q -w amx_bf16 /proc/cpuinfo || echo '(no AMX)')"
+  echo "llama.cpp: llama-cpp-python $LLAMA_CPP_PYTHON_VERSION sdist (sha256 $LLAMA_CPP_PYTHON_SHA256)," \
+    "vendored $(sed -n 's/^- feat: update llama.cpp to //p' "$src/CHANGELOG.md" | head -1);" \
+    "llama-bench --version: $("$lbuild/bin/llama-bench" --version 2>&1 | head -1)"
+  echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+}
+
+summary() {
+  echo
+  echo "| work | moe2dense bf16 | moe2dense fp32 | llama.cpp | ratio bf16 / llama.cpp | ratio fp32 / llama.cpp |"
+  echo "|---|---:|---:|---:|---:|---:|"
+  awk '
+    { k = $1 SUBSEP $2; pp = ($1 ~ /^pp-/)
+      if (!(k in v) || (pp && $3 > v[k]) || (!pp && $3 < v[k])) v[k] = $3
+      if (!(k in lo) || $3 < lo[k]) lo[k] = $3
+      if (!(k in hi) || $3 > hi[k]) hi[k] = $3 }
+    END {
+      n = split("pp-moe pp-dense ppl-moe ppl-dense", w, " ")
+      name["pp-moe"] = "pp512, MoE slice (tok/s)"; name["pp-dense"] = "pp512, dense K=8 student (tok/s)"
+      name["ppl-moe"] = "PPL L=512, 4 windows, MoE slice (s, whole process)"
+      name["ppl-dense"] = "PPL L=512, 4 windows, dense student (s, whole process)"
+      for (i = 1; i <= n; i++) {
+        b = v[w[i], "m2d-bf16"]; f = v[w[i], "m2d-fp32"]; l = v[w[i], "llama"]; pp = (w[i] ~ /^pp-/)
+        rb = pp ? b / l : l / b; rf = pp ? f / l : l / f
+        fmt = pp ? "| %s | %.0f | %.0f | %.0f | %.2fx | %.2fx |\n" : "| %s | %.2f | %.2f | %.2f | %.2fx | %.2fx |\n"
+        printf fmt, name[w[i]], b, f, l, rb, rf
+      }
+      for (k in lo) if (hi[k] > 1.25 * lo[k]) { split(k, kk, SUBSEP); noisy = noisy " " kk[1] "/" kk[2] }
+      if (noisy != "") print "\nWARNING: cells that varied by more than 25 % across the rounds (load changed):" noisy
+    }' "$res"
+  echo
+  echo "ratios: moe2dense / llama.cpp throughput (pp: tokens/s; PPL: llama.cpp seconds / moe2dense seconds);"
+  echo "best of $rounds interleaved rounds per cell; logs in $logs."
+  echo "Work differs in PPL: llama-perplexity computes logits for the second half of each window only"
+  echo "(4 x 256 LM-head rows, 4 x 255 tokens scored); moe2dense ppl for all of it (4 x 511 rows and tokens)."
+}
+
+run() {
+  build
+  convert
+  [ -f "$wiki" ] || die "$wiki is missing (make data)"
+  [ -x /usr/bin/time ] || die "/usr/bin/time is missing (apt-get install time)"
+  rounds=${PEER_ROUNDS:-3}
+  logs="$tmp/logs"; res="$logs/results.txt"
+  rm -rf "$logs"; mkdir -p "$logs"
+  echo "# moe2dense vs llama.cpp (CPU), issue 13 — $(date -u +%Y-%m-%dT%H:%MZ)"
+  system_info
+  yardsticks start
+  r=1
+  while [ "$r" -le "$rounds" ]; do # interleaved: every engine sees the same load in each round
+    for kind in moe dense; do
+      llama_pp "$kind" "$r"; m2d_pp "$kind" bf16 "$r"; m2d_pp "$kind" fp32 "$r"
+      llama_ppl "$kind" "$r"; m2d_ppl "$kind" bf16 "$r"; m2d_ppl "$kind" fp32 "$r"
+    done
+    r=$((r + 1))
+  done
+  grep -h -m1 'system_info' "$logs"/llama-perplexity-moe-1.log | sed 's/^/llama.cpp /' || true
+  yardsticks end
+  echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+  summary
+  steady
+}
+
+case "${1:-run}" in
+  build) build ;;
+  convert) convert ;;
+  run) run ;;
+  clean) [ -L "$tmp" ] || rm -rf "$tmp" ;;
+  *) die "usage: sh bench/peer_llamacpp.sh build|convert|run|clean" ;;
+esac
