@@ -1,8 +1,9 @@
 /* backend_cpu — the "cpu" backend: every weight GEMM through the GEMM module (gemm.h: oneDNN's
  * fp32 or bf16 matmul, sgemm for tiny weights and CPUs without them), one context per precision;
- * attention's small GEMMs through OpenBLAS sgemm (single-threaded between enter/leave). All
- * parallelism is this backend's own pool (pool.h): GEMMs in fixed tiles of output columns,
- * attention by heads, MoE experts as grouped GEMMs, log-probabilities by rows.
+ * attention's GEMMs through the same module in fp32 (OpenBLAS is single-threaded between
+ * enter/leave). All parallelism is this backend's own pool (pool.h): GEMMs in fixed tiles of output
+ * columns, attention by (kv head, block of query rows), MoE experts as grouped GEMMs,
+ * log-probabilities by rows.
  * One kind of thread only: with OpenBLAS's pool threads next to ours, idle pool threads spin in
  * sched_yield and took up to half of the time on tiny shapes (perf); oneDNN's OpenMP team never
  * starts (gemm.c). Fixed tiles leave each element's reduction order unchanged, so results do not
