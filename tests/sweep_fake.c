@@ -87,7 +87,11 @@ static int fake_evaluate_mc(m2d_sweep_backend *b, void *student, const m2d_grid_
 
 static int fake_distill(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, const m2d_distill_opts *o,
                         void **distilled, m2d_distill_result *res, char error[256]) {
-    (void)b;
+    if (o->train.precision != b->precision) { /* the sweep's precision is the distillation's teacher's */
+        snprintf(error, 256, "fake: the distillation's precision %s is not the sweep's %s",
+                 m2d_precision_name(o->train.precision), m2d_precision_name(b->precision));
+        return -1;
+    }
     if (strcmp(c->params, "distill-fail") == 0) {
         snprintf(error, 256, "distill: step 1: the loss is not finite");
         return -1;

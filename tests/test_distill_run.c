@@ -1,7 +1,8 @@
 /* distill run: `moe2dense distill` end to end on a small random teacher and student — resume is
  * exact (the same losses and the same output, bit for bit, after a stop and a resume, even with
- * another thread count), the log, the output checkpoint and its manifest, and the one-line
- * errors for bad input. */
+ * another thread count; with the teacher in fp32 and in bf16), the log, the output checkpoint and
+ * its manifest, --precision (the KD targets in bf16 against fp32, what is recorded where, a resume
+ * in another precision refused), and the one-line errors for bad input. */
 #include "testutil.h"
 
 #include <cjson/cJSON.h>
@@ -18,11 +19,13 @@
 
 static char *g_dir, *g_teacher, *g_student, *g_data;
 
-static char *model_dir(const char *name, int moe, uint64_t seed) {
+/* TOP_K: experts per token of a MoE (0: the default, 2 of 8) */
+static char *model_dir_k(const char *name, int moe, uint64_t seed, int top_k) {
     m2d_testmodel_opts o;
     m2d_testmodel_defaults(&o);
     o.moe = moe, o.seed = seed, o.vocab_size = 320, o.eos_token_id = 256, o.init_std = 0.2f;
     o.intermediate_size = moe ? 64 : 32;
+    if (top_k) o.num_experts_per_tok = top_k;
     char *dir = m2d_path_join(g_dir, name), *tok = m2d_path_join(dir, "tokenizer.json");
     if (m2d_testmodel_write(dir, &o)) fail_msg("%s", m2d_errmsg());
     size_t n;
@@ -32,6 +35,8 @@ static char *model_dir(const char *name, int moe, uint64_t seed) {
     free(t), free(tok);
     return dir;
 }
+
+static char *model_dir(const char *name, int moe, uint64_t seed) { return model_dir_k(name, moe, seed, 0); }
 
 static int setup(void **state) {
     (void)state;
@@ -98,18 +103,53 @@ static char *file_hash(const char *dir, const char *name) {
     return m2d_strdup(hex);
 }
 
-static void resume_is_exact(void **state) {
-    (void)state;
-    char *outa = path_in("a"), *loga = path_in("a.jsonl"), *outb = path_in("b"), *logb = path_in("b.jsonl");
+static cJSON *read_json(const char *dir, const char *name) {
+    char *p = m2d_path_join(dir, name);
+    size_t n;
+    char *t = m2d_read_file(p, &n);
+    if (!t) fail_msg("%s", m2d_errmsg());
+    cJSON *j = cJSON_ParseWithLength(t, n);
+    free(t), free(p);
+    return j;
+}
+
+/* every line of LOG has "precision": WANT */
+static void check_log_precision(const char *log, const char *want) {
+    char *text = m2d_read_file(log, NULL);
+    if (!text) fail_msg("%s", m2d_errmsg());
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "precision");
+        if (!cJSON_IsString(p) || strcmp(p->valuestring, want)) fail_msg("%s: precision is not %s: %s", log, want, line);
+        cJSON_Delete(j);
+    }
+    free(text);
+}
+
+/* Run A straight through and B stopped after step 3 then resumed (at another thread count) with
+ * teacher precision PREC (named TAG); the same trajectory and output bit for bit, and PREC recorded
+ * in the log, the checkpoint and the manifest. Returns A's trajectory. */
+static char *check_resume(const char *tag, m2d_precision prec) {
+    char *outa = m2d_strfmt("%s/%s-a", g_dir, tag), *loga = m2d_strfmt("%s/%s-a.jsonl", g_dir, tag);
+    char *outb = m2d_strfmt("%s/%s-b", g_dir, tag), *logb = m2d_strfmt("%s/%s-b.jsonl", g_dir, tag);
+    const char *name = m2d_precision_name(prec);
     m2d_distill_result r;
     m2d_distill_opts o = base_opts(outa, loga);
+    o.train.precision = prec;
     if (m2d_distill_run(&o, &r)) fail_msg("%s", m2d_errmsg());
     assert_true(r.finished);
     assert_int_equal(r.tokens, 6 * 4 * 16);
+    assert_int_equal(r.precision, prec);
     /* B: stops after step 3 (checkpoint), then a line of a step 4 that a crash interrupted */
     o = base_opts(outb, logb);
+    o.train.precision = prec;
     o.stop_after = 3;
     if (m2d_distill_run(&o, &r)) fail_msg("%s", m2d_errmsg());
+    cJSON *st = read_json(outb, "train-state/state.json");
+    const cJSON *idp = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(st, "identity"), "precision");
+    assert_true(cJSON_IsString(idp));
+    assert_string_equal(idp->valuestring, name);
+    cJSON_Delete(st);
     assert_false(r.finished);
     assert_int_equal(r.steps_done, 3);
     char *marker = m2d_path_join(outb, "moe2dense.json");
@@ -118,6 +158,7 @@ static void resume_is_exact(void **state) {
     fputs("{\"step\": 4, \"tokens\": 256, \"loss\": 123, \"grad_norm\": 1, \"lr\": 1}\n", f);
     fclose(f);
     o = base_opts(outb, logb);
+    o.train.precision = prec;
     o.resume = true;
     o.train.threads = 1; /* results do not depend on the thread count */
     if (m2d_distill_run(&o, &r)) fail_msg("%s", m2d_errmsg());
@@ -130,22 +171,57 @@ static void resume_is_exact(void **state) {
     /* the checkpoint is removed once the output is complete */
     char *state_dir = m2d_path_join(outb, "train-state");
     assert_false(m2d_file_exists(state_dir));
-    free(ta), free(tb), free(ha), free(hb), free(marker), free(state_dir);
+    check_log_precision(loga, name), check_log_precision(logb, name);
+    cJSON *j = read_json(outb, "moe2dense.json");
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "distill"), "settings");
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(s, "precision")->valuestring, name);
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(s, "precision_requested")->valuestring, name);
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(s, "student_training_precision")->valuestring, "fp32");
+    cJSON_Delete(j);
+    free(tb), free(ha), free(hb), free(marker), free(state_dir);
     free(outa), free(loga), free(outb), free(logb);
+    return ta;
 }
 
-static void resume_refuses_another_run(void **state) {
+static void resume_is_exact(void **state) {
     (void)state;
-    char *out = path_in("c");
+    free(check_resume("fp32", M2D_PREC_FP32));
+}
+
+/* The same with the teacher in bf16 (on any CPU: explicit bf16 rounds the operands where the CPU
+ * has no native bf16); its trajectory is not fp32's (the KD targets changed), so bf16 did run. */
+static void resume_is_exact_bf16(void **state) {
+    (void)state;
+    char *t32 = check_resume("p32", M2D_PREC_FP32), *t16 = check_resume("p16", M2D_PREC_BF16);
+    assert_string_not_equal(t32, t16);
+    free(t32), free(t16);
+}
+
+/* OUT (NAME in the work directory) holding the checkpoint of an fp32 run stopped after step 2 */
+static char *stopped_run(const char *name) {
+    char *out = path_in(name);
     m2d_distill_result r;
     m2d_distill_opts o = base_opts(out, NULL);
     o.stop_after = 2;
     if (m2d_distill_run(&o, &r)) fail_msg("%s", m2d_errmsg());
-    o = base_opts(out, NULL);
+    return out;
+}
+
+static void resume_refuses_another_run(void **state) {
+    (void)state;
+    char *out = stopped_run("c");
+    m2d_distill_result r;
+    m2d_distill_opts o = base_opts(out, NULL);
     o.resume = true;
     o.train.optim.lr = 1e-3;
     assert_int_equal(m2d_distill_run(&o, &r), -1);
     assert_non_null(strstr(m2d_errmsg(), "identity.lr"));
+    o = base_opts(out, NULL); /* the teacher in another precision: other KD targets */
+    o.resume = true;
+    o.train.precision = M2D_PREC_BF16;
+    assert_int_equal(m2d_distill_run(&o, &r), -1);
+    if (!strstr(m2d_errmsg(), "field 'identity.precision': the checkpoint's run had fp32, this run has bf16"))
+        fail_msg("%s", m2d_errmsg());
     o = base_opts(out, NULL); /* a fresh run into an unfinished one */
     assert_int_equal(m2d_distill_run(&o, &r), -1);
     assert_non_null(strstr(m2d_errmsg(), "--resume"));
@@ -155,16 +231,6 @@ static void resume_refuses_another_run(void **state) {
     assert_int_equal(m2d_distill_run(&o, &r), -1);
     assert_non_null(strstr(m2d_errmsg(), "no checkpoint"));
     free(out), free(other);
-}
-
-static cJSON *read_json(const char *dir, const char *name) {
-    char *p = m2d_path_join(dir, name);
-    size_t n;
-    char *t = m2d_read_file(p, &n);
-    if (!t) fail_msg("%s", m2d_errmsg());
-    cJSON *j = cJSON_ParseWithLength(t, n);
-    free(t), free(p);
-    return j;
 }
 
 static void output_checkpoint_and_manifest(void **state) {
@@ -207,6 +273,122 @@ static void output_checkpoint_and_manifest(void **state) {
     free(text), free(out), free(log);
 }
 
+/* A checkpoint written before runs recorded their precision (no identity.precision) was made with
+ * the teacher in fp32: it resumes in fp32 and is refused in bf16. */
+static void legacy_checkpoint_means_fp32(void **state) {
+    (void)state;
+    char *out = stopped_run("legacy");
+    m2d_distill_result r;
+    m2d_distill_opts o;
+    cJSON *st = read_json(out, "train-state/state.json");
+    cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(st, "identity"), "precision");
+    char *text = cJSON_Print(st), *path = m2d_path_join(out, "train-state/state.json");
+    tu_write(path, text, strlen(text));
+    o = base_opts(out, NULL);
+    o.resume = true;
+    o.train.precision = M2D_PREC_BF16;
+    assert_int_equal(m2d_distill_run(&o, &r), -1);
+    if (!strstr(m2d_errmsg(), "field 'identity.precision': the checkpoint's run had fp32, this run has bf16"))
+        fail_msg("%s", m2d_errmsg());
+    o.train.precision = M2D_PREC_FP32;
+    if (m2d_distill_run(&o, &r)) fail_msg("%s", m2d_errmsg());
+    assert_true(r.finished);
+    cJSON_Delete(st);
+    free(text), free(path), free(out);
+}
+
+/* log-softmax of each row of Z [rows, V] in double */
+static double *log_probs(const float *z, int rows, int V) {
+    double *lp = malloc(sizeof(double) * (size_t)rows * V);
+    for (int i = 0; i < rows; i++) {
+        const float *zi = z + (size_t)i * V;
+        double mx = zi[0], s = 0;
+        for (int v = 1; v < V; v++) mx = fmax(mx, zi[v]);
+        for (int v = 0; v < V; v++) s += exp(zi[v] - mx);
+        for (int v = 0; v < V; v++) lp[(size_t)i * V + v] = zi[v] - mx - log(s);
+    }
+    return lp;
+}
+
+/* The teacher's logits (the KD targets, as a step forms them) on the windows TOK with PREC; the
+ * precision the trainer resolved into *used. */
+static float *teacher_logits(const m2d_model *t, const m2d_model *s, m2d_precision prec, const int32_t *tok,
+                             m2d_precision *used) {
+    m2d_trainer_opts o = base_opts(NULL, NULL).train;
+    o.optim.steps = 1, o.precision = prec;
+    m2d_trainer *tr;
+    if (m2d_trainer_new(t, s, &o, &tr)) fail_msg("%s", m2d_errmsg());
+    int rows = o.micro_batch * o.seq_len, V = t->cfg.vocab_size;
+    float *z = malloc(sizeof(float) * (size_t)rows * V);
+    if (m2d_trainer_teacher_logits(tr, tok, o.micro_batch, z)) fail_msg("%s", m2d_errmsg());
+    *used = m2d_trainer_precision(tr);
+    m2d_trainer_free(tr);
+    /* the whole teacher in that precision, its LM head included: the engine's own logits */
+    m2d_engine *e;
+    if (m2d_engine_open(t, &(m2d_engine_opts){.n_threads = o.threads, .precision = prec}, &e)) fail_msg("%s", m2d_errmsg());
+    float *ze = malloc(sizeof(float) * (size_t)rows * V);
+    for (int w = 0; w < o.micro_batch; w++)
+        if (m2d_engine_logits(e, tok + (size_t)w * o.seq_len, o.seq_len, ze + (size_t)w * o.seq_len * V))
+            fail_msg("%s", m2d_errmsg());
+    assert_memory_equal(ze, z, sizeof(float) * (size_t)rows * V);
+    m2d_engine_free(e);
+    free(ze);
+    return z;
+}
+
+/* KD targets with the teacher in bf16 against fp32 on the same windows, per position.
+ *
+ * The teacher routes every token to all 8 of its experts (top-k = E): its forward is then a
+ * continuous function of the activations. With the default top-2, a token whose two best experts
+ * are nearly tied may pick another expert in bf16 than in fp32 (measured on the tiny random
+ * teacher of the other tests: 3 of 32 positions), an O(1) change of that token's output and,
+ * through attention, of its window's later positions -- a discontinuity of routing, not an error
+ * bound of bf16.
+ *
+ * Tolerance: every GEMM of the teacher's forward (q/k/v/o, router, experts, LM head) rounds its
+ * activations to bf16 (unit roundoff 2^-9 = 2e-3; the weights are bf16 already) and accumulates in
+ * fp32, so each adds a relative error ~2^-9 to its output; the ~10 chained GEMMs of the 2 layers,
+ * renormalised by the RMSNorms, give each position's log-probabilities a relative difference of
+ * ~1e-3 (printed; measured on AMD EPYC Zen 5: 1.0e-3 overall, 2.2e-3 at the worst position; with
+ * top-2, at the positions before any flip, 0.4e-3 .. 1.5e-3); 1e-2 per position is 2^-9 times five
+ * chained GEMMs, with room for the attention softmax. The targets must also be, bit for bit, the
+ * teacher engine's own logits in that precision (its LM head in it too). The lower bound 1e-4 for the whole is far above fp32's reordering noise
+ * (~1e-7): the targets really were computed in bf16. AUTO gives exactly what it resolves to (bf16
+ * on CPUs with native bf16, such as AVX512-BF16; fp32 elsewhere), bit for bit. */
+static void teacher_targets_in_bf16(void **state) {
+    (void)state;
+    m2d_model *t, *s;
+    char *all = model_dir_k("teacher-all-experts", 1, 1, 8);
+    if (m2d_model_open(all, &t) || m2d_model_open(g_student, &s)) fail_msg("%s", m2d_errmsg());
+    m2d_trainer_opts o = base_opts(NULL, NULL).train;
+    int rows = o.micro_batch * o.seq_len, V = t->cfg.vocab_size;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)rows);
+    uint64_t st = 7;
+    for (int i = 0; i < rows; i++) tok[i] = (int32_t)(tu_rand_u64(&st) % 256);
+    m2d_precision u32, u16, uauto, want_auto;
+    float *z32 = teacher_logits(t, s, M2D_PREC_FP32, tok, &u32), *z16 = teacher_logits(t, s, M2D_PREC_BF16, tok, &u16);
+    float *za = teacher_logits(t, s, M2D_PREC_AUTO, tok, &uauto);
+    assert_int_equal(u32, M2D_PREC_FP32);
+    assert_int_equal(u16, M2D_PREC_BF16);
+    double *l32 = log_probs(z32, rows, V), *l16 = log_probs(z16, rows, V), num = 0, den = 0, worst = 0;
+    for (int r = 0; r < rows; r++) {
+        double a = 0, b = 0;
+        for (size_t i = (size_t)r * V; i < (size_t)(r + 1) * V; i++)
+            a += (l16[i] - l32[i]) * (l16[i] - l32[i]), b += l32[i] * l32[i];
+        worst = fmax(worst, sqrt(a / b)), num += a, den += b;
+    }
+    double rel = sqrt(num / den);
+    print_message("teacher log-probs bf16 vs fp32: relative difference %.3g, worst position %.3g\n", rel, worst);
+    assert_true(rel > 1e-4 && worst < 1e-2);
+    if (m2d_engine_resolve_precision(NULL, M2D_PREC_AUTO, &want_auto)) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(uauto, want_auto);
+    print_message("auto resolved to %s on this CPU: checked against the %s targets bit for bit\n",
+                  m2d_precision_name(uauto), m2d_precision_name(uauto));
+    assert_memory_equal(za, uauto == M2D_PREC_BF16 ? z16 : z32, sizeof(float) * (size_t)rows * V);
+    free(l32), free(l16), free(z32), free(z16), free(za), free(tok), free(all);
+    m2d_model_close(t), m2d_model_close(s);
+}
+
 /* one-line errors naming the file or the option, non-zero exit, nothing written */
 static void command_errors(void **state) {
     (void)state;
@@ -220,6 +402,7 @@ static void command_errors(void **state) {
         {"--steps 2 --teacher-topk 99", "num_experts"},
         {"--steps 2 --eval-every 3", "--eval-data"},
         {"--steps 2 --lr -1", "--lr"},
+        {"--steps 2 --precision fp16", "distill: --precision: 'fp16' is not a precision (auto, fp32, bf16)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char *out = m2d_strfmt("%s/err%zu", g_dir, i);
@@ -235,6 +418,31 @@ static void command_errors(void **state) {
         assert_false(m2d_file_exists(marker));
         free(marker), free(err), free(cmd), free(out);
     }
+}
+
+/* the command with --precision auto: the resolved precision on stderr, in the closing line and in
+ * moe2dense.json, and the student's training named fp32 */
+static void command_precision_auto(void **state) {
+    (void)state;
+    m2d_precision want;
+    if (m2d_engine_resolve_precision(NULL, M2D_PREC_AUTO, &want)) fail_msg("%s", m2d_errmsg());
+    const char *name = m2d_precision_name(want);
+    char *out = path_in("cli-auto");
+    char *cmd = m2d_strfmt("%s distill --teacher %s --student %s --data %s --out %s --seq-len 16 --batch 2 --steps 2 "
+                           "--threads 2 --precision auto", tu_bin(), g_teacher, g_student, g_data, out);
+    char *o = NULL, *err = NULL;
+    if (tu_run(cmd, &o, &err)) fail_msg("%s: %s", cmd, err);
+    char *line = m2d_strfmt("teacher forward and validation: %s (requested auto); student training: fp32", name);
+    char *tail = m2d_strfmt(", teacher %s\n", name);
+    if (!strstr(err, line)) fail_msg("stderr lacks '%s': %s", line, err);
+    if (!strstr(o, tail)) fail_msg("stdout lacks '%s': %s", tail, o);
+    cJSON *j = read_json(out, "moe2dense.json");
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "distill"), "settings");
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(st, "precision")->valuestring, name);
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(st, "precision_requested")->valuestring, "auto");
+    print_message("distill --precision auto ran as %s on this CPU\n", name);
+    cJSON_Delete(j);
+    free(line), free(tail), free(o), free(err), free(cmd), free(out);
 }
 
 /* a log path that is a symbolic link is refused, not followed (the target stays as it was) */
@@ -305,9 +513,13 @@ static void unsupported_student_refused(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(resume_is_exact),
+        cmocka_unit_test(resume_is_exact_bf16),
+        cmocka_unit_test(legacy_checkpoint_means_fp32),
+        cmocka_unit_test(teacher_targets_in_bf16),
         cmocka_unit_test(resume_refuses_another_run),
         cmocka_unit_test(output_checkpoint_and_manifest),
         cmocka_unit_test(command_errors),
+        cmocka_unit_test(command_precision_auto),
         cmocka_unit_test(moe_student_refused),
         cmocka_unit_test(unsupported_student_refused),
         cmocka_unit_test(log_symlink_refused),

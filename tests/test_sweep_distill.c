@@ -174,6 +174,35 @@ static void all_and_list_with_failures(void **state) {
     tu_sweep_fixture_free(&fx);
 }
 
+/* The sweep's --precision is its distillation stage's teacher precision (the fake backend fails a
+ * distillation given another one) and the sidecar's header records it. */
+static void precision_flows_into_the_stage(void **state) {
+    (void)state;
+    tu_sweep_fixture fx = make_fixture();
+    m2d_experiment x;
+    char *sets[] = {"distill.configs=all"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 1, &x), 0);
+    m2d_sweep_opts o = {.out = fx.csv, .jobs = 1, .precision = M2D_PREC_BF16};
+    m2d_sweep_summary s;
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    char *sp = m2d_strfmt("%s.distill.csv", fx.csv);
+    m2d_results side;
+    assert_int_equal(m2d_results_read(sp, &side), 0);
+    int ok = 0;
+    for (int j = 0; j < side.n_rows; j++) {
+        const char *st = m2d_results_get(&side, j, "status");
+        if (strstr(st, "precision")) fail_msg("%s", st);
+        ok += !strcmp(st, "ok");
+    }
+    assert_true(ok > 0);
+    char *text = m2d_read_file(sp, NULL);
+    assert_non_null(strstr(text, "precision=bf16"));
+    free(text), free(sp);
+    m2d_results_free(&side);
+    m2d_experiment_free(&x);
+    tu_sweep_fixture_free(&fx);
+}
+
 /* [distill] errors name the file and the key; no table: no stage, no columns. */
 static void distill_table_errors(void **state) {
     (void)state;
@@ -229,6 +258,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(best_per_pair_distills_scores_and_resumes),
         cmocka_unit_test(all_and_list_with_failures),
+        cmocka_unit_test(precision_flows_into_the_stage),
         cmocka_unit_test(distill_table_errors),
         cmocka_unit_test(dry_run_describes_the_stage),
     };

@@ -17,7 +17,7 @@ static const char USAGE[] =
     "           [--loss fkl|rkl|fkl+mse] [--mse-weight 1] [--teacher-topk K']\n"
     "           [--order shuffle|sequential] [--seed 0] [--log FILE.jsonl]\n"
     "           [--eval-data FILE [--eval-every N] [--eval-seq-len L] [--eval-windows N]]\n"
-    "           [--save-every N] [--stop-after N] [--resume] [--threads T] [--fp32]\n"
+    "           [--save-every N] [--stop-after N] [--resume] [--threads T] [--precision P] [--fp32]\n"
     "\n"
     "The teacher (a Qwen3-MoE checkpoint) runs in the same process on every step and gives\n"
     "full-vocabulary logits; the student (a dense checkpoint, e.g. `moe2dense convert` output) is\n"
@@ -58,7 +58,14 @@ static const char USAGE[] =
     "                     gradient norms and weights are bit for bit the same at any thread count\n"
     "                     (work is split by rows and columns, never a reduction), so a checkpoint\n"
     "                     may be resumed with another T\n"
-    "  --fp32             write the output in fp32 (default: the teacher's dtype)\n"
+    "  --precision P      GEMM precision of the TEACHER's forward and LM head (the KD targets: its\n"
+    "                     logits, and its layer outputs for fkl+mse) and of the validation perplexity:\n"
+    "                     fp32 (default; exact), bf16 (operands rounded to bf16, fp32 accumulation) or\n"
+    "                     auto (bf16 where the CPU computes bf16 natively, else fp32). The student's\n"
+    "                     training (forward, backward, AdamW) is fp32 whatever P is: bf16 training is\n"
+    "                     not implemented. The resolved precision is in the log (\"precision\"), the\n"
+    "                     checkpoint (a --resume with another one is refused) and moe2dense.json\n"
+    "  --fp32             write the output in fp32 (default: the teacher's dtype; not --precision)\n"
     "\n"
     "Output in OUT: config.json, model.safetensors, tokenizer files and moe2dense.json (the\n"
     "student's, extended with \"distill\": settings and final metrics), written last. Prints the\n"
@@ -71,7 +78,7 @@ static const char USAGE[] =
 
 typedef struct {
     const char *steps, *tokens, *L, *B, *b, *lr, *min_lr, *warmup, *wd, *clip, *loss, *mse_w, *topk, *order, *seed,
-        *eval_every, *eval_L, *eval_windows, *save_every, *stop_after, *threads;
+        *eval_every, *eval_L, *eval_windows, *save_every, *stop_after, *threads, *precision;
     int recompute, resume, fp32;
 } raw_opts;
 
@@ -132,13 +139,15 @@ static int parse(int argc, char **argv, m2d_distill_opts *o) {
         {"--eval-data", 1, &o->eval_data, NULL}, {"--eval-every", 1, &a.eval_every, NULL},
         {"--eval-seq-len", 1, &a.eval_L, NULL}, {"--eval-windows", 1, &a.eval_windows, NULL},
         {"--save-every", 1, &a.save_every, NULL}, {"--stop-after", 1, &a.stop_after, NULL},
-        {"--resume", 0, NULL, &a.resume}, {"--threads", 1, &a.threads, NULL}, {"--fp32", 0, NULL, &a.fp32}, {0}};
+        {"--resume", 0, NULL, &a.resume}, {"--threads", 1, &a.threads, NULL}, {"--fp32", 0, NULL, &a.fp32},
+        {"--precision", 1, &a.precision, NULL}, {0}};
     if (m2d_parse_opts("distill", argc, argv, opts, NULL, 0, NULL)) return -1;
     if (!o->teacher || !o->student || !o->data || !o->out)
         return m2d_err("distill: --teacher, --student, --data and --out are required (see 'moe2dense help distill')");
     if (parse_ints(&a, o) || parse_doubles(&a, o)) return -1;
     if (a.loss && m2d_loss_parse(a.loss, &o->train.loss)) return m2d_err_prefix("distill: --loss");
     if (a.order && m2d_order_parse(a.order, &o->order)) return m2d_err_prefix("distill: --order");
+    if (a.precision && m2d_precision_parse(a.precision, "distill: --precision", &o->train.precision)) return -1;
     if (a.mse_w && o->train.loss != M2D_LOSS_FKL_MSE) return m2d_err("distill: --mse-weight needs --loss fkl+mse");
     if ((a.eval_every || a.eval_L || a.eval_windows) && !o->eval_data)
         return m2d_err("distill: --eval-every, --eval-seq-len and --eval-windows need --eval-data");
@@ -152,12 +161,13 @@ static int cmd_distill_run(int argc, char **argv) {
     m2d_distill_result r;
     if (parse(argc, argv, &o) || m2d_distill_run(&o, &r)) return m2d_cmd_fail("distill");
     if (!r.finished) {
-        printf("stopped after step %d of %d (--stop-after): checkpoint in %s/train-state; continue with --resume\n",
-               r.steps_done, r.steps, o.out);
+        printf("stopped after step %d of %d (--stop-after, teacher %s): checkpoint in %s/train-state; continue with "
+               "--resume\n", r.steps_done, r.steps, m2d_precision_name(r.precision), o.out);
         return 0;
     }
-    printf("wrote %s: %d steps, %lld tokens, final loss %.6f, %.0f tokens/s, peak RSS %.1f MB", o.out, r.steps,
-           (long long)r.tokens, r.final_loss, r.tokens_per_s, r.peak_rss / 1048576.0);
+    printf("wrote %s: %d steps, %lld tokens, final loss %.6f, %.0f tokens/s, peak RSS %.1f MB, teacher %s", o.out,
+           r.steps, (long long)r.tokens, r.final_loss, r.tokens_per_s, r.peak_rss / 1048576.0,
+           m2d_precision_name(r.precision));
     if (!isnan(r.post_ppl)) printf(", WikiText-2 PPL %.3f -> %.3f", r.pre_ppl, r.post_ppl);
     printf("\n");
     return 0;

@@ -24,7 +24,7 @@ typedef struct {
     int threads;            /* compute threads per job; 0: auto (cores / jobs) */
     int retry_failed;       /* re-run configurations recorded as failed */
     int no_resume;          /* refuse to run when the CSV exists */
-    m2d_precision precision;/* of the engine's GEMMs (calibration and evaluation); 0: FP32 */
+    m2d_precision precision;/* of the engine's GEMMs (calibration, evaluation, the distillation's teacher); 0: FP32 */
 } m2d_sweep_opts;
 
 typedef struct {

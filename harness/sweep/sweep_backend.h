@@ -38,7 +38,8 @@ struct m2d_sweep_backend {
     int threads;            /* compute threads per job, set by the runner before prepare */
     char calibration[256];  /* optional, filled by prepare: the calibration actually used ("windows=323
                                requested=512 ..."), recorded in the CSV header as calibration=... */
-    m2d_precision precision;/* of the engine's GEMMs (FP32 or BF16: AUTO resolved), set with threads */
+    m2d_precision precision;/* of the engine's GEMMs (FP32 or BF16: AUTO resolved), set with threads;
+                             * also the distill hook's teacher precision (o->train.precision) */
     /* optional: the state for experiment X (cheap: the work is in prepare); NULL + m2d_err on
      * failure; and destroy, which frees it */
     void *(*open)(const m2d_experiment *x);

@@ -59,6 +59,10 @@ static int resolve_steps(run_t *r) {
     r->S = (int)S;
     r->t = o->train;
     r->t.optim.steps = r->S;
+    /* resolved once: what the identity, the log and the manifest record is what runs */
+    if (m2d_engine_resolve_precision(r->t.backend, o->train.precision, &r->t.precision))
+        return m2d_err_prefix("distill: --precision");
+    r->r->precision = r->t.precision;
     return 0;
 }
 
@@ -94,6 +98,7 @@ static void build_identity(run_t *r) {
     m2d_run_identity_add(id, "weight_decay", "%.17g", t->optim.weight_decay);
     m2d_run_identity_add(id, "clip", "%.17g", t->optim.clip);
     m2d_run_identity_add(id, "backend", "%s", t->backend ? t->backend : "cpu");
+    m2d_run_identity_add(id, "precision", "%s", m2d_precision_name(t->precision));
 }
 
 /* OUT for a fresh run (checked and prepared) or a resumed one (its checkpoint must be there) */
@@ -156,8 +161,10 @@ static void log_step(run_t *r, int step, const m2d_step_stats *st, double tok_s,
     int64_t tokens = (int64_t)step * r->t.batch * r->t.seq_len;
     fprintf(r->log,
             "{\"step\": %d, \"tokens\": %lld, \"loss\": %.17g, \"div\": %.17g, \"mse\": %.17g, \"grad_norm\": %.17g, "
-            "\"lr\": %.17g, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f}\n",
-            step, (long long)tokens, st->loss, st->div, st->mse, st->grad_norm, st->lr, tok_s, elapsed);
+            "\"lr\": %.17g, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f, \"precision\": \"%s\", "
+            "\"student_precision\": \"fp32\"}\n",
+            step, (long long)tokens, st->loss, st->div, st->mse, st->grad_norm, st->lr, tok_s, elapsed,
+            m2d_precision_name(r->t.precision));
     fflush(r->log);
 }
 
@@ -178,7 +185,8 @@ static int eval_setup(run_t *r) {
     if (rc) return m2d_err_prefix(o->eval_data);
     int L = o->eval_seq_len ? o->eval_seq_len : r->t.seq_len;
     if (r->n_eval / (size_t)L == 0) return m2d_err("%s: fewer tokens than one window of %d", o->eval_data, L);
-    return m2d_engine_new(r->view, r->t.threads, &r->eval_engine);
+    m2d_engine_opts eo = {.n_threads = r->t.threads, .precision = r->t.precision}; /* the teacher's */
+    return m2d_engine_open(r->view, &eo, &r->eval_engine);
 }
 
 static void download_weights(run_t *r) { m2d_train_params_download(m2d_trainer_params(r->tr), M2D_PBUF_WEIGHTS, r->host); }
@@ -197,8 +205,9 @@ static int evaluate(run_t *r, int step, double *ppl, double *ce) {
     if (r->log) {
         fprintf(r->log,
                 "{\"step\": %d, \"tokens\": %lld, \"eval\": \"wikitext2-gptq\", \"ppl\": %.17g, \"val_ce\": %.17g, "
-                "\"windows\": %d, \"seq_len\": %d}\n",
-                step, (long long)step * r->t.batch * r->t.seq_len, *ppl, *ce, res.windows, L);
+                "\"windows\": %d, \"seq_len\": %d, \"precision\": \"%s\"}\n",
+                step, (long long)step * r->t.batch * r->t.seq_len, *ppl, *ce, res.windows, L,
+                m2d_precision_name(r->t.precision));
         fflush(r->log);
     }
     return 0;
@@ -271,6 +280,9 @@ static cJSON *settings_json(const run_t *r) {
     cJSON_AddStringToObject(s, "order", m2d_order_name(o->order));
     cJSON_AddNumberToObject(s, "seed", (double)o->seed);
     cJSON_AddNumberToObject(s, "temperature", 1);
+    cJSON_AddStringToObject(s, "precision", m2d_precision_name(t->precision)); /* teacher + validation */
+    cJSON_AddStringToObject(s, "precision_requested", m2d_precision_name(o->train.precision));
+    cJSON_AddStringToObject(s, "student_training_precision", "fp32");
     return s;
 }
 
@@ -386,6 +398,9 @@ static int resume_or_start(run_t *r) {
         r->r->steps_done = r->start;
         if (!r->o->quiet) fprintf(stderr, "moe2dense distill: resuming after step %d of %d\n", r->start, r->S);
     }
+    if (!r->o->quiet)
+        fprintf(stderr, "moe2dense distill: teacher forward and validation: %s (requested %s); student training: fp32\n",
+                m2d_precision_name(r->t.precision), m2d_precision_name(r->o->train.precision));
     if (open_log(r) || eval_setup(r)) return -1;
     double ce;
     if (r->start == 0 && evaluate(r, 0, &r->r->pre_ppl, &ce)) return -1;

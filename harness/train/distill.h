@@ -6,7 +6,11 @@
  * Output in OUT: a Hugging Face checkpoint of the student's architecture (config.json,
  * model.safetensors in the teacher's dtype or fp32, the tokenizer files) and moe2dense.json (the
  * student's own, when it has one, extended with a "distill" object: settings and final metrics),
- * written last. While a run is unfinished OUT holds train-state/ (state.h) and no moe2dense.json. */
+ * written last. While a run is unfinished OUT holds train-state/ (state.h) and no moe2dense.json.
+ *
+ * Precision (train.precision, --precision): the teacher's forward and LM head (the KD targets) and
+ * the validation engine run in it (AUTO resolved once, at the start); the student trains in fp32.
+ * The resolved value is in every log line, the checkpoint's identity and moe2dense.json. */
 #ifndef M2D_TRAIN_DISTILL_H
 #define M2D_TRAIN_DISTILL_H
 
@@ -41,6 +45,7 @@ typedef struct {
     double pre_ppl, post_ppl, post_ce; /* validation before / after (NaN without --eval-data) */
     double wall_s, tokens_per_s;       /* of this invocation's steps */
     size_t peak_rss;
+    m2d_precision precision;/* the teacher's and the validation's (train.precision, AUTO resolved) */
     bool finished;          /* all S steps done and OUT written */
 } m2d_distill_result;
 

@@ -16,6 +16,7 @@ struct m2d_kd {
     m2d_net *net;
     m2d_train_params *p;
     m2d_loss_kind kind;
+    m2d_precision teacher_prec; /* the teacher engine's (resolved): its LM head runs in it too */
     double mse_weight;
     int d, V, n_layers, max_rows, block, rows;
     m2d_weight *teacher_head;
@@ -55,7 +56,7 @@ int m2d_kd_new(const m2d_model *teacher, m2d_engine *te, const m2d_config *scfg,
     if (check_pair(teacher, scfg, kind)) return -1;
     m2d_kd *k = m2d_calloc(1, sizeof *k);
     k->te = te, k->be = p->be, k->B = p->be->ops, k->T = p->T, k->net = net, k->p = p;
-    k->kind = kind, k->mse_weight = mse_weight;
+    k->kind = kind, k->mse_weight = mse_weight, k->teacher_prec = m2d_engine_precision(te);
     k->d = scfg->hidden_size, k->V = scfg->vocab_size, k->n_layers = scfg->num_hidden_layers, k->max_rows = max_rows;
     size_t per_row = sizeof(float) * (size_t)k->V;
     k->block = (int)M2D_MAX(1, M2D_MIN((size_t)max_rows, KD_BLOCK_BYTES / per_row));
@@ -105,6 +106,22 @@ int m2d_kd_teacher(m2d_kd *k, const int32_t *tokens, int n_seq, int L) {
     return 0;
 }
 
+/* Z_T of rows r0 .. r0+nr (one block) into zt */
+static m2d_mat teacher_block(m2d_kd *k, int r0, int nr) {
+    int td = m2d_engine_model(k->te)->cfg.hidden_size;
+    m2d_mat Tb = m2d_mat_of(k->ht, (size_t)r0 * td, nr, td, td), ZT = m2d_mat_of(k->zt, 0, nr, k->V, k->V);
+    k->B->gemm(k->be, &Tb, k->teacher_head, 0, &ZT, 0.0f, k->teacher_prec);
+    return ZT;
+}
+
+void m2d_kd_teacher_logits(m2d_kd *k, float *logits) {
+    for (int r0 = 0; r0 < k->rows; r0 += k->block) {
+        int nr = M2D_MIN(k->block, k->rows - r0);
+        teacher_block(k, r0, nr);
+        k->B->download(k->be, logits + (size_t)r0 * k->V, k->zt, 0, sizeof(float) * (size_t)nr * k->V);
+    }
+}
+
 /* row-order sum of N per-row losses */
 static double sum_rows(m2d_kd *k, int n) {
     k->B->download(k->be, k->host_loss, k->row_loss, 0, sizeof(double) * (size_t)n);
@@ -126,16 +143,15 @@ void m2d_kd_loss_backward(m2d_kd *k, double scale, double *div, double *mse) {
     const m2d_tparam *head = &k->p->p[k->p->lm_head];
     m2d_mat gh = m2d_train_params_grad(k->p, k->p->lm_head);
     m2d_kd_kind kind = k->kind == M2D_LOSS_RKL ? M2D_KD_REVERSE_KL : M2D_KD_FORWARD_KL;
-    int rows = k->rows, d = k->d, V = k->V, td = m2d_engine_model(k->te)->cfg.hidden_size;
+    int rows = k->rows, d = k->d, V = k->V;
     double sum = 0;
     for (int r0 = 0; r0 < rows; r0 += k->block) {
         int nr = M2D_MIN(k->block, rows - r0);
         m2d_mat Hb = m2d_mat_of(H.buf, H.off + (size_t)r0 * d, nr, d, d);
-        m2d_mat Tb = m2d_mat_of(k->ht, (size_t)r0 * td, nr, td, td);
-        m2d_mat ZS = m2d_mat_of(k->zs, 0, nr, V, V), ZT = m2d_mat_of(k->zt, 0, nr, V, V);
+        m2d_mat ZS = m2d_mat_of(k->zs, 0, nr, V, V);
         m2d_mat DHb = m2d_mat_of(DH.buf, DH.off + (size_t)r0 * d, nr, d, d);
         k->B->gemm(k->be, &Hb, head->w, 0, &ZS, 0.0f, M2D_PREC_FP32);
-        k->B->gemm(k->be, &Tb, k->teacher_head, 0, &ZT, 0.0f, M2D_PREC_FP32);
+        m2d_mat ZT = teacher_block(k, r0, nr);
         k->T->kd_loss(k->be, kind, &ZT, &ZS, scale, k->row_loss);
         sum += sum_rows(k, nr);
         k->T->gemm_dx(k->be, &ZS, head->w, &DHb, 0.0f);

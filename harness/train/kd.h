@@ -4,9 +4,9 @@
  * the net's backward; with --loss fkl+mse also the hidden-state MSE of every decoder layer.
  *
  * Logits are formed in row blocks of at most KD_BLOCK_BYTES of fp32 per side, never [rows, V]:
- * teacher Z_T = H_T · W_T^T and student Z_S = H_S · W_S^T with the backend's gemm (the engine's
- * LM head op), the backend's kd_loss turns Z_S into scale · dL/dZ_S, then dH_S = dZ_S · W_S and
- * dW_S += dZ_S^T · H_S. Per-row losses come back to the host and are summed in row order. */
+ * teacher Z_T = H_T · W_T^T (in the teacher engine's precision, like the rest of its forward) and
+ * student Z_S = H_S · W_S^T (fp32) with the backend's gemm (the engine's LM head op), the
+ * backend's kd_loss turns Z_S into scale · dL/dZ_S, then dH_S = dZ_S · W_S and dW_S += dZ_S^T · H_S. Per-row losses come back to the host and are summed in row order. */
 #ifndef M2D_TRAIN_KD_H
 #define M2D_TRAIN_KD_H
 
@@ -32,6 +32,9 @@ int m2d_kd_new(const m2d_model *teacher, m2d_engine *te, const m2d_config *scfg,
 void m2d_kd_free(m2d_kd *k);
 /* The teacher's forward on N_SEQ windows of L tokens (host tokens [n_seq * L]). */
 int m2d_kd_teacher(m2d_kd *k, const int32_t *tokens, int n_seq, int L);
+/* After m2d_kd_teacher: the teacher's logits [rows, vocab] into host LOGITS (the KD targets, its LM
+ * head in the teacher engine's precision as in the loss; tests). */
+void m2d_kd_teacher_logits(m2d_kd *k, float *logits);
 /* After m2d_net_forward on the same windows: the loss (each position weighted by SCALE: 1 / the
  * step's positions) and the whole backward. Adds the scaled divergence to *div and the scaled
  * MSE term to *mse. */

@@ -107,6 +107,16 @@ int m2d_train_state_save(const char *dir, m2d_train_params *p, int step, const m
     return rc;
 }
 
+/* Keys added to the identity after checkpoints were first written: a checkpoint without one was
+ * made by a run that had this value (the teacher always ran in fp32 before --precision). */
+static const struct { const char *key, *absent_means; } LATER_KEYS[] = {{"precision", "fp32"}};
+
+static const char *absent_value(const char *key) {
+    for (size_t i = 0; i < M2D_ARRAY_LEN(LATER_KEYS); i++)
+        if (!strcmp(key, LATER_KEYS[i].key)) return LATER_KEYS[i].absent_means;
+    return NULL;
+}
+
 /* every key of ID must be in the saved identity with the same value */
 static int check_identity(const char *path, const cJSON *saved, const m2d_run_identity *id) {
     for (int i = 0; i < id->n; i++) {
@@ -114,11 +124,12 @@ static int check_identity(const char *path, const cJSON *saved, const m2d_run_id
         char *key = m2d_strdup(id->items[i]);
         key[eq - id->items[i]] = 0;
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(saved, key);
+        const char *had = cJSON_IsString(v) ? v->valuestring : v ? NULL : absent_value(key);
         int rc = 0;
-        if (!cJSON_IsString(v)) rc = m2d_err("%s: field 'identity.%s': missing", path, key);
-        else if (strcmp(v->valuestring, eq + 1))
+        if (!had) rc = m2d_err("%s: field 'identity.%s': missing", path, key);
+        else if (strcmp(had, eq + 1))
             rc = m2d_err1("%s: field 'identity.%s': the checkpoint's run had %s, this run has %s (resume needs the "
-                          "same run)", path, key, v->valuestring, eq + 1);
+                          "same run)", path, key, had, eq + 1);
         free(key);
         if (rc) return -1;
     }

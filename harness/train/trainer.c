@@ -31,10 +31,12 @@ static int check_opts(const m2d_trainer_opts *o) {
 static int open_parts(m2d_trainer *t, const m2d_model *teacher) {
     const m2d_trainer_opts *o = &t->o;
     int b = o->micro_batch ? o->micro_batch : o->batch;
-    m2d_backend_opts bo = {.n_threads = o->threads};
-    m2d_engine_opts eo = {o->backend, o->threads, M2D_PREC_FP32};
-    if (m2d_backend_new(o->backend ? o->backend : "cpu", &bo, &t->be) || m2d_engine_open(teacher, &eo, &t->te))
-        return -1;
+    m2d_engine_opts eo = {o->backend, o->threads, o->precision};
+    if (m2d_engine_open(teacher, &eo, &t->te)) return -1;
+    /* the student's backend also holds the teacher's LM head: prepared for the teacher's precision
+     * (the student's own weights are fp32 views, never prepared, and its GEMMs ask for fp32) */
+    m2d_backend_opts bo = {.n_threads = o->threads, .precision = m2d_engine_precision(t->te)};
+    if (m2d_backend_new(o->backend ? o->backend : "cpu", &bo, &t->be)) return -1;
     if (o->teacher_topk && m2d_engine_set_route_topk(t->te, o->teacher_topk)) return -1;
     if (m2d_train_params_new(t->student, t->be, &t->p)) return -1;
     m2d_net_opts no = {o->seq_len, b, o->recompute};
@@ -67,6 +69,7 @@ void m2d_trainer_free(m2d_trainer *t) {
 }
 
 m2d_train_params *m2d_trainer_params(m2d_trainer *t) { return t->p; }
+m2d_precision m2d_trainer_precision(const m2d_trainer *t) { return m2d_engine_precision(t->te); }
 
 static int step_impl(m2d_trainer *t, int step, const int32_t *tokens, m2d_step_stats *st) {
     const m2d_trainer_opts *o = &t->o;
@@ -109,6 +112,16 @@ int m2d_trainer_logits(m2d_trainer *t, const int32_t *tokens, int n_seq, float *
         B->release(t->be, z);
     }
     int lrc = B->leave(t->be);
+    return rc ? rc : lrc;
+}
+
+int m2d_trainer_teacher_logits(m2d_trainer *t, const int32_t *tokens, int n_seq, float *logits) {
+    int b = t->o.micro_batch ? t->o.micro_batch : t->o.batch;
+    if (n_seq > b) return m2d_err("distill: %d windows exceed the micro-batch %d", n_seq, b);
+    t->be->ops->enter(t->be);
+    int rc = m2d_kd_teacher(t->kd, tokens, n_seq, t->o.seq_len);
+    if (rc == 0) m2d_kd_teacher_logits(t->kd, logits);
+    int lrc = t->be->ops->leave(t->be);
     return rc ? rc : lrc;
 }
 

@@ -28,6 +28,9 @@ typedef struct {
     m2d_optim_opts optim;
     int threads;            /* <= 0: m2d_default_threads() */
     const char *backend;    /* NULL: "cpu" */
+    m2d_precision precision;/* of the TEACHER's forward and LM head (the KD targets; 0: FP32; AUTO is
+                             * resolved by the engine: m2d_trainer_precision). The student's forward,
+                             * backward and AdamW are fp32 whatever this says (no bf16 training). */
 } m2d_trainer_opts;
 
 typedef struct {
@@ -45,9 +48,14 @@ void m2d_trainer_free(m2d_trainer *t);
 /* Optimizer step STEP (1-based) on TOKENS: the step's B windows of L tokens, in order. */
 int m2d_trainer_step(m2d_trainer *t, int step, const int32_t *tokens, m2d_step_stats *st);
 m2d_train_params *m2d_trainer_params(m2d_trainer *t);
+/* The precision the teacher runs in (AUTO resolved). */
+m2d_precision m2d_trainer_precision(const m2d_trainer *t);
 /* The student's logits [n_seq * L, vocab] on N_SEQ windows through the training forward (tests:
  * they equal the engine's on the same weights). */
 int m2d_trainer_logits(m2d_trainer *t, const int32_t *tokens, int n_seq, float *logits);
+/* The teacher's logits [n_seq * L, vocab] on N_SEQ windows: the KD targets, computed as a step
+ * computes them (the teacher engine's hidden states, its LM head in the teacher's precision). */
+int m2d_trainer_teacher_logits(m2d_trainer *t, const int32_t *tokens, int n_seq, float *logits);
 /* Peak resident set of the process so far (bytes; getrusage). */
 size_t m2d_peak_rss(void);
 
