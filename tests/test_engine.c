@@ -400,6 +400,37 @@ static void attention_host(m2d_backend *be, const float *q, const float *k, cons
     attention_host_ws(be, q, k, v, nq, kp, vp, np, H, KV, hd, 0, NULL, o);
 }
 
+/* the first NP rows of k, v ([T][KV * hd]) in the cache layout: per kv head, NP rows of hd */
+static void prefix_as_cache(const float *k, const float *v, int np, int KV, int hd, float *kp, float *vp) {
+    for (int g = 0; g < KV; g++)
+        for (int t = 0; t < np; t++) {
+            memcpy(kp + ((size_t)g * np + t) * hd, k + (size_t)t * KV * hd + g * hd, sizeof(float) * hd);
+            memcpy(vp + ((size_t)g * np + t) * hd, v + (size_t)t * KV * hd + g * hd, sizeof(float) * hd);
+        }
+}
+
+/* attention inputs: q [nq][H * hd], k and v [np + nq][KV * hd] of N(0,1) values (drawn in that
+ * order from SEED), and the first np rows of k and v as a cache (kp, vp) */
+typedef struct {
+    float *q, *k, *v, *kp, *vp;
+} attn_inputs;
+
+static attn_inputs attn_inputs_new(uint64_t seed, int np, int nq, int H, int KV, int hd) {
+    size_t T = (size_t)(np + nq);
+    attn_inputs in = {malloc(sizeof(float) * nq * H * hd), malloc(sizeof(float) * T * KV * hd),
+                      malloc(sizeof(float) * T * KV * hd), malloc(sizeof(float) * KV * np * hd + 1),
+                      malloc(sizeof(float) * KV * np * hd + 1)};
+    fill_normal(&seed, in.q, (size_t)nq * H * hd, 1);
+    fill_normal(&seed, in.k, T * KV * hd, 1);
+    fill_normal(&seed, in.v, T * KV * hd, 1);
+    prefix_as_cache(in.k, in.v, np, KV, hd, in.kp, in.vp);
+    return in;
+}
+
+static void attn_inputs_free(attn_inputs *in) {
+    free(in->q), free(in->k), free(in->v), free(in->kp), free(in->vp);
+}
+
 static void op_attention_causal_gqa_on(const char *backend) {
     uint64_t st = 3;
     int H = 4, KV = 2, hd = 20, np = 5, nq = 70; /* 70 > one row block; hd not a multiple of 16 */
@@ -413,11 +444,7 @@ static void op_attention_causal_gqa_on(const char *backend) {
     attention_naive(q, k, v, np, nq, H, KV, hd, r);
     /* prefix as a cache: [KV][np][hd] */
     float *kp = malloc(sizeof(float) * KV * np * hd), *vp = malloc(sizeof(float) * KV * np * hd);
-    for (int g = 0; g < KV; g++)
-        for (int t = 0; t < np; t++) {
-            memcpy(kp + ((size_t)g * np + t) * hd, k + (size_t)t * KV * hd + g * hd, sizeof(float) * hd);
-            memcpy(vp + ((size_t)g * np + t) * hd, v + (size_t)t * KV * hd + g * hd, sizeof(float) * hd);
-        }
+    prefix_as_cache(k, v, np, KV, hd, kp, vp);
     m2d_backend *be = new_backend(backend, 2);
     float *o2 = malloc(sizeof(float) * T * H * hd), *r2 = malloc(sizeof(float) * T * H * hd),
           *q2 = malloc(sizeof(float) * T * H * hd);
@@ -475,20 +502,11 @@ EACH_BACKEND(op_convert_parallel)
 /* sliding window and sinks, both kernels, with and without a cached prefix; the window cuts into
  * the prefix and into the segment */
 static void op_attention_window_sinks_on(const char *backend) {
-    uint64_t st = 21;
-    int H = 4, KV = 2, hd = 16, np = 9, nq = 70, T = np + nq;
-    float *q = malloc(sizeof(float) * nq * H * hd), *k = malloc(sizeof(float) * T * KV * hd),
-          *v = malloc(sizeof(float) * T * KV * hd), *o = malloc(sizeof(float) * nq * H * hd),
-          *r = malloc(sizeof(float) * nq * H * hd), sinks[4] = {0.5f, -3.0f, 4.0f, 0.0f};
-    float *kp = malloc(sizeof(float) * KV * np * hd), *vp = malloc(sizeof(float) * KV * np * hd);
-    fill_normal(&st, q, (size_t)nq * H * hd, 1);
-    fill_normal(&st, k, (size_t)T * KV * hd, 1);
-    fill_normal(&st, v, (size_t)T * KV * hd, 1);
-    for (int g = 0; g < KV; g++)
-        for (int t = 0; t < np; t++) {
-            memcpy(kp + ((size_t)g * np + t) * hd, k + (size_t)t * KV * hd + g * hd, sizeof(float) * hd);
-            memcpy(vp + ((size_t)g * np + t) * hd, v + (size_t)t * KV * hd + g * hd, sizeof(float) * hd);
-        }
+    int H = 4, KV = 2, hd = 16, np = 9, nq = 70;
+    attn_inputs in = attn_inputs_new(21, np, nq, H, KV, hd);
+    const float *q = in.q, *k = in.k, *v = in.v, *kp = in.kp, *vp = in.vp;
+    float *o = malloc(sizeof(float) * nq * H * hd), *r = malloc(sizeof(float) * nq * H * hd),
+          sinks[4] = {0.5f, -3.0f, 4.0f, 0.0f};
     m2d_backend *be = new_backend(backend, 2);
     int windows[4] = {0, 1, 5, 40}, mins[2] = {1 << 30, 1};
     for (int wi = 0; wi < 4; wi++)
@@ -511,7 +529,45 @@ static void op_attention_window_sinks_on(const char *backend) {
         for (int h = 0; h < H; h++)
             for (int c = 0; c < hd; c++) assert_true(o[(size_t)i * H * hd + h * hd + c] == v[(size_t)i * KV * hd + (h / 2) * hd + c]);
     end_backend(be);
-    free(q); free(k); free(v); free(o); free(r); free(kp); free(vp);
+    attn_inputs_free(&in);
+    free(o); free(r);
+}
+
+/* The GEMM attention at sizes where the GEMM module takes its oneDNN kernel (K and Vᵀ of >= 4096
+ * elements): query rows in several blocks and a partial last one (300 rows), a cached prefix, a
+ * window cutting through blocks and the prefix, sinks; against the float64 loops and against the
+ * dot-product kernel. Tolerance as op_attention_causal_gqa: scores are 64-term dots of N(0,1)
+ * pairs (fp32 error ~ 64 * 6e-8 * 8 before the 1/8 scale); an output is a convex combination of up
+ * to 337 N(0,1) values (|v| < 5), summed by both kernels in blocks of <= 64 terms: ~64 * 6e-8 * 5
+ * = 2e-5 at worst, ~1e-6 typical (measured 7e-7); 1e-5 everywhere. */
+static void op_attention_gemm_blocks_on(const char *backend) {
+    int H = 4, KV = 2, hd = 64, np = 37, nq = 300;
+    attn_inputs in = attn_inputs_new(77, np, nq, H, KV, hd);
+    const float *q = in.q, *k = in.k, *v = in.v, *kp = in.kp, *vp = in.vp;
+    float *o = malloc(sizeof(float) * nq * H * hd), *od = malloc(sizeof(float) * nq * H * hd),
+          *r = malloc(sizeof(float) * nq * H * hd), sinks[4] = {1.0f, -2.0f, 3.0f, 0.0f};
+    m2d_backend *be = new_backend(backend, 2);
+    int windows[3] = {0, 50, 200}, mins[2] = {1 << 30, 1}; /* the dot-product kernel, then the GEMM one */
+    double worst = 0;
+    for (int wi = 0; wi < 3; wi++)
+        for (int pre = 0; pre < 2; pre++) {
+            const float *sn = wi == 1 ? sinks : NULL;
+            const float *ks = k + (size_t)np * KV * hd, *vs = v + (size_t)np * KV * hd; /* the segment */
+            if (pre) attention_naive_ws(q, k, v, np, nq, H, KV, hd, windows[wi], sn, r);
+            else attention_naive_ws(q, ks, vs, 0, nq, H, KV, hd, windows[wi], sn, r);
+            for (int path = 0; path < 2; path++) {
+                if (be->ops->tune(be, "attention_gemm_min_rows", mins[path]) != 0 && path > 0) break;
+                attention_host_ws(be, q, ks, vs, nq, kp, vp, pre ? np : 0, H, KV, hd, windows[wi], sn, path ? o : od);
+            }
+            worst = fmax(worst, max_abs_diff(o, r, (size_t)nq * H * hd));
+            assert_true(max_abs_diff(o, r, (size_t)nq * H * hd) < 1e-5);
+            assert_true(max_abs_diff(od, r, (size_t)nq * H * hd) < 1e-5);
+            assert_true(max_abs_diff(o, od, (size_t)nq * H * hd) < 1e-5);
+        }
+    printf("GEMM attention, 300 rows in blocks: max |d| vs float64 = %.2g\n", worst);
+    end_backend(be);
+    attn_inputs_free(&in);
+    free(o); free(od); free(r);
 }
 
 /* a given softmax scale (MLA's mscale) on both attention paths, with a cached prefix, against the
@@ -697,6 +753,7 @@ static void op_moe_biases_clamp_on(const char *backend) {
 
 EACH_BACKEND(op_attention_window_sinks)
 EACH_BACKEND(op_attention_scale)
+EACH_BACKEND(op_attention_gemm_blocks)
 EACH_BACKEND(op_route_group_limited)
 EACH_BACKEND(op_bias_and_clamped_swiglu)
 EACH_BACKEND(op_route_topk_softmax)
@@ -1524,7 +1581,7 @@ int main(void) {
         cmocka_unit_test(op_topk_ties_to_lower_index),
         cmocka_unit_test(op_attention_causal_gqa),
         cmocka_unit_test(op_convert_parallel),
-        cmocka_unit_test(op_attention_window_sinks),
+        cmocka_unit_test(op_attention_window_sinks), cmocka_unit_test(op_attention_gemm_blocks),
         cmocka_unit_test(op_bias_and_clamped_swiglu),
         cmocka_unit_test(op_route_topk_softmax),
         cmocka_unit_test(op_moe_biases_clamp),

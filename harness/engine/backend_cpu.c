@@ -1,8 +1,9 @@
 /* backend_cpu — the "cpu" backend: every weight GEMM through the GEMM module (gemm.h: oneDNN's
  * fp32 or bf16 matmul, sgemm for tiny weights and CPUs without them), one context per precision;
- * attention's small GEMMs through OpenBLAS sgemm (single-threaded between enter/leave). All
- * parallelism is this backend's own pool (pool.h): GEMMs in fixed tiles of output columns,
- * attention by heads, MoE experts as grouped GEMMs, log-probabilities by rows.
+ * attention's GEMMs through the same module in fp32 (OpenBLAS is single-threaded between
+ * enter/leave). All parallelism is this backend's own pool (pool.h): GEMMs in fixed tiles of output
+ * columns, attention by (kv head, block of query rows), MoE experts as grouped GEMMs,
+ * log-probabilities by rows.
  * One kind of thread only: with OpenBLAS's pool threads next to ours, idle pool threads spin in
  * sched_yield and took up to half of the time on tiny shapes (perf); oneDNN's OpenMP team never
  * starts (gemm.c). Fixed tiles leave each element's reduction order unchanged, so results do not
@@ -594,44 +595,137 @@ static void attn_item(void *ctx, int item) {
     free(sc);
 }
 
+/* The GEMM formulation, in fp32 through the GEMM module whatever the engine precision (scores and
+ * values are activations: no bf16 rounding). One work item: a kv head g and a block of query rows
+ * [r0, r1), the G query heads sharing g stacked as rows (i, head) of one GEMM, ~ATTG_ROWS rows.
+ * The block needs keys [lo, np + r1) only (lo: where its first row's window starts), so the
+ * causal part beyond the block, and with a window the part before it, is never computed (about
+ * half the FLOPs of the full [nq, np + nq] square when np = 0); inside the block the masked
+ * entries are zeroed after the GEMM. Per kv head K is gathered dense [nk, hd] and V transposed
+ * [hd, nk] once: S = Q·Kᵀ is X·Wᵀ with W = K rows, O = P·V is X·Wᵀ with W = Vᵀ (the module's oneDNN
+ * kernel reads dense operands; it copies a block's Vᵀ columns). Results depend on the shapes
+ * only, never on the thread count (an item's GEMMs run serially inside it). */
+#define ATTG_ROWS 128
+
 typedef struct {
     const attn_host *a;
-    int nk;
-    float *S; /* one [nq, nk] score block per worker */
+    cpu_be *c;
+    int nk, group, block, n_blocks; /* query heads per kv head, query rows per item */
+    float *kc, *vt;                 /* [n_kv][nk][hd] keys, [n_kv][hd][nk] values transposed */
+    float *work;                    /* per worker: stacked Q rows, scores, outputs, 1/sums */
+    size_t work_per;
 } attg_job;
 
-/* The GEMM formulation, one head per item: S = Q K^T (the full [nq, np+nq] block; the causal
- * upper part, and with a window the part before it, is computed and then zeroed: 2x work on the
- * segment part but at sgemm speed), masked softmax, O = P V. */
-static void attg_item(void *ctx, int h) {
+/* kv head g: its keys dense and its values transposed, prefix (the cache) then segment */
+static void attg_gather(void *ctx, int g) {
     const attg_job *jb = ctx;
     const attn_host *j = jb->a;
-    int g = h / (j->n_heads / j->n_kv), hd = j->hd, nq = j->nq, np = j->np, nk = jb->nk;
-    float *S = jb->S + (size_t)m2d_pool_worker() * nq * nk;
-    float scale = j->scale;
-    const float *qh = j->q + (size_t)h * hd;
-    if (np)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, np, hd, scale, qh, j->ldq, j->kp + g * j->p_head_stride,
-                    hd, 0.0f, S, nk);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nq, hd, scale, qh, j->ldq, j->ks + (size_t)g * hd, j->ldk,
-                0.0f, S + np, nk);
-    for (int i = 0; i < nq; i++) { /* causal (and window) mask + softmax */
-        float *row = S + (size_t)i * nk;
-        int valid = np + i + 1, lo = first_key(j, i);
-        softmax_sink(row + lo, valid - lo, j->sinks ? j->sinks + h : NULL);
-        memset(row, 0, sizeof(float) * (size_t)lo);
-        memset(row + valid, 0, sizeof(float) * (size_t)(nk - valid));
+    int hd = j->hd, np = j->np, nk = jb->nk;
+    float *kc = jb->kc + (size_t)g * nk * hd, *vt = jb->vt + (size_t)g * hd * nk;
+    for (int t = 0; t < nk; t++) {
+        const float *k = t < np ? j->kp + g * j->p_head_stride + (size_t)t * hd : j->ks + (size_t)(t - np) * j->ldk + (size_t)g * hd;
+        const float *v = t < np ? j->vp + g * j->p_head_stride + (size_t)t * hd : j->vs + (size_t)(t - np) * j->ldk + (size_t)g * hd;
+        memcpy(kc + (size_t)t * hd, k, sizeof(float) * (size_t)hd);
+        for (int d = 0; d < hd; d++) vt[(size_t)d * nk + t] = v[d];
     }
-    float *oh = j->out + (size_t)h * hd;
-    if (np)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, np, 1.0f, S, nk, j->vp + g * j->p_head_stride, hd,
-                    0.0f, oh, j->ldo);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, hd, nq, 1.0f, S + np, nk, j->vs + (size_t)g * hd, j->ldk,
-                np ? 1.0f : 0.0f, oh, j->ldo);
+}
+
+/* e^x, within 1.3 ulp of expf on [-87, 0] (all floats there checked against exp in double; expf:
+ * 0.5), 0 below -87 (where expf is < 1.7e-38): n = round(x log2 e), r = x - n ln 2 in two parts
+ * (Cody-Waite), e^r by a degree-7 polynomial (Cephes expf's coefficients), times 2^n built in the
+ * exponent bits. Branch-free, so loops of it vectorise (expf is a call per element). */
+static inline float exp_fast(float x) {
+    float v = x > -87.0f ? x : -87.0f;
+    float n = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* 1.5 * 2^23: round to nearest */
+    float r = fmaf(n, -0.693359375f, v);
+    r = fmaf(n, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p, r * r, r + 1.0f);
+    union {
+        int32_t i;
+        float f;
+    } two_n = {.i = ((int32_t)n + 127) * (1 << 23)};
+    return x > -87.0f ? p * two_n.f : 0.0f;
+}
+
+/* x[i] = e^(x[i]·scale - m) for the row's max m (the sink's logit included) and 1 / (the sum of
+ * them in double, the sink's term included): softmax_sink's arithmetic, in 16-lane blocks that
+ * vectorise; the caller divides the output row by the sum (as attn_item does) */
+static float softmax_scaled(float *x, int n, float scale, const float *sink) {
+    float m = sink ? *sink : -INFINITY, m16[16];
+    double s16[16] = {0};
+    int n16 = n / 16 * 16;
+    for (int l = 0; l < 16; l++) m16[l] = m;
+    for (int i = 0; i < n16; i += 16)
+        for (int l = 0; l < 16; l++) m16[l] = x[i + l] * scale > m16[l] ? x[i + l] * scale : m16[l];
+    for (int i = n16; i < n; i++) m = x[i] * scale > m ? x[i] * scale : m;
+    for (int l = 0; l < 16; l++) m = m16[l] > m ? m16[l] : m;
+    for (int i = 0; i < n16; i += 16) {
+        float e16[16];
+        for (int l = 0; l < 16; l++) e16[l] = exp_fast(x[i + l] * scale - m);
+        for (int l = 0; l < 16; l++) {
+            x[i + l] = e16[l];
+            s16[l] += e16[l];
+        }
+    }
+    double s = sink ? exp_fast(*sink - m) : 0;
+    for (int i = n16; i < n; i++) s += x[i] = exp_fast(x[i] * scale - m);
+    for (int l = 0; l < 16; l++) s += s16[l];
+    return (float)(1.0 / s);
+}
+
+/* causal (and window) mask and unnormalised softmax of an item's stacked score rows: row r is
+ * query row i = r0 + r / G of head h = g·G + r % G and holds keys [lo, lo + nkeys), of which
+ * [first_key(i), np + i] are its own; INV[r]: 1 / the row's sum */
+static void attg_softmax(const attg_job *jb, int g, int r0, int r1, int lo, int nkeys, float *S, float *inv) {
+    const attn_host *j = jb->a;
+    int G = jb->group;
+    for (int r = 0; r < (r1 - r0) * G; r++) {
+        float *row = S + (size_t)r * nkeys;
+        int i = r0 + r / G, h = g * G + r % G, a = first_key(j, i) - lo, b = j->np + i + 1 - lo;
+        inv[r] = softmax_scaled(row + a, b - a, j->scale, j->sinks ? j->sinks + h : NULL);
+        memset(row, 0, sizeof(float) * (size_t)a);
+        memset(row + b, 0, sizeof(float) * (size_t)(nkeys - b));
+    }
+}
+
+static void attg_item(void *ctx, int item) {
+    const attg_job *jb = ctx;
+    const attn_host *j = jb->a;
+    int g = item / jb->n_blocks, G = jb->group, hd = j->hd, nk = jb->nk;
+    int r0 = item % jb->n_blocks * jb->block, r1 = M2D_MIN(r0 + jb->block, j->nq), rows = (r1 - r0) * G;
+    int lo = first_key(j, r0), nkeys = j->np + r1 - lo;
+    float *Q = jb->work + (size_t)m2d_pool_worker() * jb->work_per, *O = Q + (size_t)rows * hd, *S = O + (size_t)rows * hd;
+    float *inv = S + (size_t)rows * nk;
+    for (int i = r0; i < r1; i++) /* rows (i, head): G heads are adjacent in a row of Q */
+        memcpy(Q + (size_t)(i - r0) * G * hd, j->q + (size_t)i * j->ldq + (size_t)g * G * hd, sizeof(float) * (size_t)G * hd);
+    /* every view of this call's K and Vᵀ meets one kernel: the one for the whole */
+    m2d_gemm_w wk = m2d_gemm_weight(M2D_F32, jb->kc + ((size_t)g * nk + lo) * hd, nkeys, hd, hd);
+    m2d_gemm_w wv = m2d_gemm_weight(M2D_F32, jb->vt + (size_t)g * hd * nk + lo, hd, nkeys, nk);
+    wk.whole = wv.whole = (int64_t)nk * hd;
+    m2d_gemm_ctx *gc = gemm_ctx(jb->c, M2D_PREC_FP32);
+    if (m2d_gemm(gc, Q, hd, rows, &wk, S, nkeys, 0.0f)) {
+        fail(jb->c); /* nested in a pool item: the first failure is kept */
+        return;
+    }
+    attg_softmax(jb, g, r0, r1, lo, nkeys, S, inv);
+    if (m2d_gemm(gc, S, nkeys, rows, &wv, O, hd, 0.0f)) {
+        fail(jb->c);
+        return;
+    }
+    for (int r = 0; r < rows; r++) { /* normalised, to (i, head) */
+        float *o = j->out + (size_t)(r0 + r / G) * j->ldo + (size_t)(g * G + r % G) * hd;
+        for (int d = 0; d < hd; d++) o[d] = O[(size_t)r * hd + d] * inv[r];
+    }
 }
 
 static void cpu_attention(m2d_backend *be, const m2d_attn_args *a) {
-    const cpu_be *c = CPU(be);
+    cpu_be *c = CPU(be);
     int nq = a->q.rows;
     if (nq <= 0) return;
     attn_host h = {F(&a->q), F(&a->k), F(&a->v), NULL, NULL, a->q.ld, a->k.ld, nq, a->np, a->n_heads, a->n_kv,
@@ -648,10 +742,21 @@ static void cpu_attention(m2d_backend *be, const m2d_attn_args *a) {
         h.vp = (const float *)B(a->v_cache) + a->cache_off;
     }
     if (nq >= c->attn_gemm_min_rows) {
-        int nk = a->np + nq, nw = M2D_MIN(c->threads, a->n_heads);
-        attg_job j = {&h, nk, m2d_malloc(sizeof(float) * (size_t)nq * nk * (size_t)M2D_MAX(nw, 1))};
-        parallel_for(c, a->n_heads, attg_item, &j);
-        free(j.S);
+        int nk = a->np + nq, nw = M2D_MAX(c->threads, 1); /* per-worker work: worker ids < threads */
+        size_t kv = (size_t)a->n_kv * nk * a->head_dim;
+        attg_job j = {.a = &h, .c = c, .nk = nk, .group = a->n_heads / a->n_kv};
+        j.block = M2D_MIN(M2D_MAX(ATTG_ROWS / j.group, 1), nq);
+        j.n_blocks = (nq + j.block - 1) / j.block;
+        size_t rows = (size_t)j.block * j.group;
+        j.work_per = rows * (2 * (size_t)a->head_dim + (size_t)nk + 1) + 16; /* Q, O, S, 1/sums */
+        j.kc = m2d_malloc(sizeof(float) * kv);
+        j.vt = m2d_malloc(sizeof(float) * kv);
+        j.work = m2d_malloc(sizeof(float) * j.work_per * (size_t)nw);
+        parallel_for(c, a->n_kv, attg_gather, &j);
+        parallel_for(c, a->n_kv * j.n_blocks, attg_item, &j);
+        free(j.kc);
+        free(j.vt);
+        free(j.work);
     } else {
         /* row blocks give the threads work when there are few heads; causal rows grow in cost, and
          * the dynamic hand-out balances that */
