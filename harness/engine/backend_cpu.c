@@ -1001,13 +1001,15 @@ static void cpu_logprobs(m2d_backend *be, const m2d_mat *hid, const m2d_weight *
 /* ---- calibration: every expert on every token, the Gram of their outputs ---- */
 
 /* Experts in chunks, so that the activations [chunk, n, d_e] x 2 stay within ~64 MB (at least 4
- * experts: the grouped calls need items for every thread); each chunk: gate and up of its experts
+ * experts: the grouped calls need items for every thread; a multiple of the thread count, so that
+ * no thread waits for the last down projection); each chunk: gate and up of its experts
  * as one grouped call on the shared rows, the activation, down straight into the output columns. */
 static void cpu_experts_all(m2d_backend *be, const m2d_moe_args *a) {
     cpu_be *c = CPU(be);
     int n = a->x.rows, d = a->x.cols, de = a->d_ff, E = a->n_experts;
     if (c->failed || n <= 0) return;
     int chunk = (int)M2D_MAX(4, M2D_MIN((size_t)E, ((size_t)64 << 20) / ((size_t)n * de * 2 * sizeof(float))));
+    if (chunk < E && chunk > c->threads) chunk -= chunk % c->threads; /* down: equal groups per thread */
     float *g = work(c, WORK_GATE, (size_t)chunk * n * de), *u = work(c, WORK_UP, (size_t)chunk * n * de);
     m2d_gemm_w *wv = m2d_malloc(sizeof *wv * (size_t)chunk * 3);
     m2d_gemm_group *grp = m2d_malloc(sizeof *grp * (size_t)chunk * 2);
