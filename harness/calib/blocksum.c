@@ -48,24 +48,6 @@ double m2d_blocksum_add_norm2(double *acc, const float *f, int d) {
     return s;
 }
 
-void m2d_blocksum_add_sq(double *acc, double *acc2, const float *f, int d) {
-    int j = 0;
-    for (; j + LANES <= d; j += LANES) {
-        v8d x, a, b;
-        LOAD8(x, f + j);
-        memcpy(&a, acc + j, sizeof a);
-        memcpy(&b, acc2 + j, sizeof b);
-        a += x;
-        b += x * x;
-        memcpy(acc + j, &a, sizeof a);
-        memcpy(acc2 + j, &b, sizeof b);
-    }
-    for (; j < d; j++) {
-        acc[j] += f[j];
-        acc2[j] += (double)f[j] * f[j];
-    }
-}
-
 /* The mixing coefficients of removal j (stats.c's formula): coef[j][r] multiplies f_{topk[r]},
  * coef[j][k] multiplies f_nx (the expert that joins the top-k), 0 when there is none. */
 static void damage_coefs(const float *p, const int32_t *topk, int k, int nx, double psel, double coef[][DAMAGE_MAX_K + 1]) {

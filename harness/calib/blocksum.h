@@ -11,12 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-
 /* acc[j] += f[j] for j < d; returns Σ_j f[j]² */
 double m2d_blocksum_add_norm2(double *acc, const float *f, int d);
-
-/* acc[j] += f[j] and acc2[j] += f[j]² for j < d (bit-identical to the scalar loop) */
-void m2d_blocksum_add_sq(double *acc, double *acc2, const float *f, int d);
 
 /* The pruning damage of one token (m2d_layer_stats_add_damage, paper 004 Eq. 7: the same formula
  * with the mixing coefficients computed once per token instead of once per element, the k (+1)

@@ -581,6 +581,32 @@ static int tile_rows(int m, int out, int in) {
     return blocks > 1 ? (m + blocks - 1) / blocks : m;
 }
 
+/* Bytes of oneDNN's dense copy of ROWS x K of X: bf16 bit patterns, or fp32 */
+static size_t x_copy_bytes(int rows, int K, int bf16) {
+    return (size_t)rows * K * (bf16 ? sizeof(uint16_t) : sizeof(float));
+}
+
+/* ROWS x K of X (row stride LDX) as oneDNN reads it: dense, rounded to bf16 when BF16 */
+static void copy_x_rows(const float *x, int ldx, int rows, int K, int bf16, void *out) {
+    if (bf16) {
+        to_bf16(x, ldx, rows, K, out);
+        return;
+    }
+    for (int r = 0; r < rows; r++) memcpy((float *)out + (size_t)r * K, x + (size_t)r * ldx, sizeof(float) * (size_t)K);
+}
+
+/* X for oneDNN: in place (fp32 with dense rows), else a dense copy into scratch (see dnnl_slice) */
+static void plan_x(gemm_job *j) {
+    int K = j->c.w->in, bf16 = j->g->prec == M2D_PREC_BF16;
+    if (!bf16 && j->c.ldx == K) {
+        j->xd = j->c.x;
+        return;
+    }
+    void *xd = scratch_get(&j->g->scratch, x_copy_bytes(j->c.m, K, bf16));
+    copy_x_rows(j->c.x, j->c.ldx, j->c.m, K, bf16, xd);
+    j->xd = j->x_copy = xd;
+}
+
 /* Choose the kernel and make the operand copies it reads; the work items are tiles of fixed
  * column slices (and, for oneDNN, row blocks). */
 static void gemm_plan(gemm_job *j, int parallel) {
@@ -593,19 +619,7 @@ static void gemm_plan(gemm_job *j, int parallel) {
         /* a group of a grouped call runs on one thread: no row blocks (each would repack W's slice) */
         j->rows = parallel ? tile_rows(j->c.m, j->c.w->out, K) : j->c.m;
         j->n_items *= (j->c.m + j->rows - 1) / j->rows;
-        if (j->xd) { /* the caller's shared copy (m2d_gemm_grouped) */
-        } else if (g->prec == M2D_PREC_FP32 && j->c.ldx == K) {
-            j->xd = j->c.x;
-        } else if (g->prec == M2D_PREC_FP32) { /* oneDNN's operands dense (see dnnl_slice) */
-            float *xd = scratch_get(&g->scratch, sizeof(float) * (size_t)j->c.m * K);
-            for (int r = 0; r < j->c.m; r++)
-                memcpy(xd + (size_t)r * K, j->c.x + (size_t)r * j->c.ldx, sizeof(float) * (size_t)K);
-            j->xd = j->x_copy = xd;
-        } else {
-            uint16_t *xb = scratch_get(&g->scratch, sizeof(uint16_t) * (size_t)j->c.m * K);
-            to_bf16(j->c.x, j->c.ldx, j->c.m, K, xb);
-            j->xd = j->x_copy = xb;
-        }
+        if (!j->xd) plan_x(j); /* else the caller's shared copy (m2d_gemm_grouped) */
         return;
     }
     j->xr = j->c.x;
@@ -687,12 +701,8 @@ typedef struct {
 static void xcopy_item(void *ctx, int item) {
     const xcopy_job *j = ctx;
     int r0 = item * XCOPY_ROWS, n = M2D_MIN(XCOPY_ROWS, j->q->m - r0), K = j->q->w->in;
-    const float *x = j->q->x + (size_t)r0 * j->q->ldx;
-    if (j->bf16) {
-        to_bf16(x, j->q->ldx, n, K, (uint16_t *)j->out + (size_t)r0 * K);
-        return;
-    }
-    for (int r = 0; r < n; r++) memcpy((float *)j->out + (size_t)(r0 + r) * K, x + (size_t)r * j->q->ldx, sizeof(float) * K);
+    copy_x_rows(j->q->x + (size_t)r0 * j->q->ldx, j->q->ldx, n, K, j->bf16,
+                (char *)j->out + x_copy_bytes(r0, K, j->bf16));
 }
 
 /* X shared by consecutive groups (calibration: every expert's gate and up read the same rows) is
@@ -709,8 +719,7 @@ static void share_x_copies(m2d_gemm_ctx *g, const m2d_gemm_group *grp, int n, co
         }
         if (i + 1 >= n || !needs_x_copy(g, &grp[i + 1]) || !same_x(&grp[i], &grp[i + 1])) continue; /* its own */
         int bf16 = g->prec == M2D_PREC_BF16;
-        size_t bytes = (size_t)grp[i].m * grp[i].w->in * (bf16 ? sizeof(uint16_t) : sizeof(float));
-        xcopy_job j = {&grp[i], scratch_get(&g->scratch, bytes), bf16};
+        xcopy_job j = {&grp[i], scratch_get(&g->scratch, x_copy_bytes(grp[i].m, grp[i].w->in, bf16)), bf16};
         m2d_pool_for(g->pool, (grp[i].m + XCOPY_ROWS - 1) / XCOPY_ROWS, xcopy_item, &j);
         xd[i] = copies[nc++] = j.out;
     }
