@@ -117,7 +117,33 @@ static double time_forward(m2d_engine *e, int V, int L, int pp, int reps) {
     return best;
 }
 
-static void model_rows(const char *dir, const char *label) {
+/* Calibration's device work on one MoE layer of M: every expert on 512 tokens plus the fp64 Gram
+ * (m2d_engine_all_experts), seconds of the best of REPS after a warm-up; its FLOPs (3 GEMMs per
+ * expert) against PEAK give the fraction of the yardstick (issue 23: within 1.5x of the bound). */
+static void calib_row(m2d_engine *e, const m2d_model *m, double peak) {
+    const m2d_config *c = &m->cfg;
+    int n = 512, d = c->hidden_size, E = c->num_experts;
+    float *x = m2d_malloc(sizeof(float) * (size_t)n * d), *f = m2d_malloc(sizeof(float) * (size_t)n * E * d);
+    double *g = m2d_calloc((size_t)E * E, sizeof(double)), best = 1e30;
+    for (size_t i = 0; i < (size_t)n * d; i++) x[i] = (float)((i % 29) * 0.01 - 0.14);
+    for (int r = 0; r <= 3; r++) {
+        double t0 = m2d_now();
+        if (m2d_engine_all_experts(e, 0, x, n, f, g)) {
+            fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
+            best = 0;
+            break;
+        }
+        if (r) best = M2D_MIN(best, m2d_now() - t0);
+    }
+    double fl = 2.0 * 3 * n * (double)d * c->moe_intermediate_size * E;
+    if (best > 0)
+        printf("calibration, 1 layer x %d tokens (%s): %.1f ms, %.1f TFLOP/s in experts, %.2fx the bound at the "
+               "bf16 yardstick (Gram and the host copy of f included)\n", n, m2d_precision_name(m2d_engine_precision(e)),
+               best * 1e3, fl / best / 1e12, peak > 0 ? best / (fl / (peak * 1e12)) : 0);
+    free(x), free(f), free(g);
+}
+
+static void model_rows(const char *dir, const char *label, double peak) {
     m2d_model *m;
     if (m2d_model_open(dir, &m)) {
         fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
@@ -135,6 +161,7 @@ static void model_rows(const char *dir, const char *label) {
         printf("| %-22s | %s | %6.2f GB | %10.0f | %10.0f |\n", label, m2d_precision_name(prec), res / 1e9,
                tp > 0 ? 512 / tp : 0, tl > 0 ? 2047 / tl : 0);
         fflush(stdout);
+        if (m->cfg.num_experts > 0) calib_row(e, m, peak);
         m2d_engine_free(e);
     }
     m2d_model_close(m);
@@ -155,8 +182,8 @@ int main(int argc, char **argv) {
     char *moe = m2d_path_join(root, "qwen3-30b-a3b-2l"), *dense = m2d_path_join(root, "qwen3-30b-a3b-2l-dense-k8");
     m2d_mkdir_p(root);
     printf("| model (2-layer slice)  | prec | resident | pp512 tok/s | ppl-2048 tok/s |\n|---|---|---|---|---|\n");
-    if (write_slice(moe, 1) == 0) model_rows(moe, "Qwen3-30B-A3B MoE");
-    if (write_slice(dense, 0) == 0) model_rows(dense, "dense student K=8");
+    if (write_slice(moe, 1) == 0) model_rows(moe, "Qwen3-30B-A3B MoE", peak);
+    if (write_slice(dense, 0) == 0) model_rows(dense, "dense student K=8", peak);
     printf("\ncheckpoints: %s (tools/bench_hf_gpu.py %s %s)\n", root, moe, dense);
     free(moe);
     free(dense);

@@ -368,6 +368,88 @@ static void bf16_calibration_tiny_teacher(void **state) {
     m2d_model_close(m);
 }
 
+/* ---------------- calibration on the GPU (issue 23) ---------------- */
+
+static int build_has_backend(const char *name) {
+    for (int i = 0; i < m2d_backend_count(); i++)
+        if (strcmp(m2d_backend_kind_at(i)->name, name) == 0) return 1;
+    return 0;
+}
+
+/* the experts whose sum_p ranks in the top K, as a bitmask over E <= 64 experts; 0 when the K-th
+ * and (K+1)-th are within TOL of each other (a near-tie no tolerance can order) */
+static uint64_t top_by_sum_p(const m2d_layer_stats *a, int K, double tol) {
+    uint64_t set = 0;
+    double last = 0;
+    for (int j = 0; j <= K; j++) {
+        int best = -1;
+        for (int e = 0; e < a->E; e++)
+            if (!(set >> e & 1) && (best < 0 || a->sum_p[e] > a->sum_p[best])) best = e;
+        if (j == K) return last - a->sum_p[best] < tol ? 0 : set;
+        set |= 1ull << best;
+        last = a->sum_p[best];
+    }
+    return set;
+}
+
+/* `calibrate --device cuda` computes the CPU's statistics: the tiny teacher's fp32 calibration on
+ * both backends. Expert outputs differ by fp32 GEMM summation order only (~(d + d_e) 2^-24
+ * relative, as compare_stats' 2e-5); router logits likewise, so routing flips only at near-ties
+ * (measured, printed; with none, the routed sums are compared too). The experts ranked by router
+ * probability mass (a scoring's selection) are the same sets. A build without the cuda backend
+ * refuses the device in one line instead of running on the CPU. */
+static void gpu_calibration_matches_cpu(void **state) {
+    (void)state;
+    m2d_model *m;
+    int n = 0;
+    int32_t *ids;
+    if (open_tiny_teacher(&m, &ids, &n)) TU_SKIP("no ../shared/models");
+    m2d_calib_opts o = {.seq_len = 16, .n_samples = 3, .seeded = 1, .seed = 1, .n_threads = 2, .device = "cuda"};
+    m2d_stats *gpu = NULL, *cpu = NULL;
+    int rc = m2d_calib_run(m, ids, n, &o, &gpu);
+    if (!build_has_backend("cuda")) {
+        assert_int_equal(rc, -1);
+        assert_non_null(strstr(m2d_errmsg(), "unknown"));
+    } else if (rc && strstr(m2d_errmsg(), "no CUDA device")) {
+        if (getenv("M2D_REQUIRE_GPU")) fail_msg("M2D_REQUIRE_GPU is set, but: %s", m2d_errmsg());
+        free(ids), m2d_model_close(m);
+        TU_SKIP("no GPU");
+    } else {
+        if (rc) fail_msg("%s", m2d_errmsg());
+        o.device = NULL;
+        assert_int_equal(m2d_calib_run(m, ids, n, &o, &cpu), 0);
+        assert_string_equal(gpu->calib_hash, cpu->calib_hash);
+        double moved = 0, rt = 2e-5;
+        for (int l = 0; l < cpu->n_layers; l++)
+            for (int e = 0; e < cpu->layers[l].E; e++) moved += fabs(gpu->layers[l].n[e] - cpu->layers[l].n[e]) / 2;
+        print_message("cuda vs cpu calibration: %.0f of %.0f routing assignments moved\n", moved,
+                      cpu->N * cpu->k * cpu->n_layers);
+        for (int l = 0; l < cpu->n_layers; l++) {
+            const m2d_layer_stats *a = &gpu->layers[l], *b = &cpu->layers[l];
+            size_t E = (size_t)a->E;
+            assert_true(E <= 64);
+            if (moved == 0) { /* the same routing: the routed sums too */
+                assert_memory_equal(a->n, b->n, E * sizeof(double)); /* counts of the same sets: exact */
+                assert_close("sum_g", a->layer, a->sum_g, b->sum_g, E, rt);
+                assert_close("sum_f", a->layer, a->sum_f, b->sum_f, E, rt);
+                assert_close("sum_gf2", a->layer, a->sum_gf2, b->sum_gf2, E, rt);
+                assert_close("damage", a->layer, a->damage, b->damage, E, rt);
+                assert_close("routed_mean", a->layer, a->routed_mean, b->routed_mean, E * (size_t)a->d, rt);
+            }
+            assert_close("sum_p", a->layer, a->sum_p, b->sum_p, E, rt);
+            assert_close("logit_gram", a->layer, a->logit_gram, b->logit_gram, E * E, rt);
+            assert_close("gram", a->layer, a->gram, b->gram, E * E, rt);
+            assert_close("mu", a->layer, a->mu, b->mu, E * (size_t)a->d, rt);
+            uint64_t sa = top_by_sum_p(a, 16, rt * max_abs(b->sum_p, E)), sb = top_by_sum_p(b, 16, rt * max_abs(b->sum_p, E));
+            assert_true(sa == sb);
+        }
+    }
+    m2d_calib_stats_free(gpu);
+    m2d_calib_stats_free(cpu);
+    free(ids);
+    m2d_model_close(m);
+}
+
 /* ---------------- stats file ---------------- */
 
 typedef struct {
@@ -582,6 +664,7 @@ int main(void) {
         cmocka_unit_test(document_windows_calibrate),
         cmocka_unit_test(fast_matches_reference_tiny_teacher),
         cmocka_unit_test(bf16_calibration_tiny_teacher),
+        cmocka_unit_test(gpu_calibration_matches_cpu),
         cmocka_unit_test_setup_teardown(stats_file_roundtrip, file_setup, file_teardown),
         cmocka_unit_test_setup_teardown(stats_file_bad_inputs, file_setup, file_teardown),
         cmocka_unit_test_setup_teardown(stats_payload_values_checked, file_setup, file_teardown),

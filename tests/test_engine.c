@@ -45,6 +45,7 @@ static void each_backend(void (*fn)(const char *backend)) {
     int absent = 0;
     for (int i = 0; i < m2d_backend_count(); i++) {
         const char *name = m2d_backend_kind_at(i)->name;
+        if (strcmp(name, "capless") == 0) continue; /* a fixture for the capability refusals, not a backend */
         if (device_absent(name)) absent = 1;
         else fn(name);
     }
@@ -1567,6 +1568,113 @@ static void all_experts_and_gram_match_naive(void **state) {
     mm_free(&mm);
 }
 
+/* ---------------- capabilities (backend.h M2D_CAPS) ---------------- */
+
+/* A fixture backend of this test binary only: the CPU backend under the name "capless", listing
+ * none of the optional capabilities, so that the engine's refusal can be seen. */
+static m2d_backend_ops capless_ops;
+
+static int capless_create(const m2d_backend_opts *o, m2d_backend **out) {
+    if (m2d_backend_new("cpu", o, out)) return -1;
+    capless_ops = *(*out)->ops;
+    capless_ops.name = "capless";
+    capless_ops.caps = 0;
+    (*out)->ops = &capless_ops;
+    return 0;
+}
+
+M2D_BACKEND(capless, "capless", "test fixture: the cpu backend with no optional capability", capless_create)
+
+/* a capability a backend lists is an op it has (the engine and the tests rely on it) */
+static void caps_promise_their_ops_on(const char *backend) {
+    m2d_backend *be = new_backend(backend, 1);
+    const m2d_backend_ops *B = be->ops;
+    struct { m2d_cap cap; const void *op; } need[] = {
+        {M2D_CAP_BIAS, (const void *)B->add_bias},           {M2D_CAP_CLAMP, (const void *)B->clamp},
+        {M2D_CAP_SIGMOID_SCALE, (const void *)B->sigmoid_scale}, {M2D_CAP_GLU_CLAMP, (const void *)B->glu_clamp},
+        {M2D_CAP_EXPERTS_ALL, (const void *)B->experts_all}, {M2D_CAP_GRAM, (const void *)B->gram},
+        {M2D_CAP_TRAIN, (const void *)B->train},
+    };
+    for (size_t i = 0; i < M2D_ARRAY_LEN(need); i++)
+        if (m2d_backend_supports(be, need[i].cap) && !need[i].op)
+            fail_msg("backend %s lists '%s' but has no such op", backend, m2d_cap_name(need[i].cap));
+    assert_true(B->auto_precision != NULL); /* --precision auto resolves on every backend */
+    end_backend(be);
+}
+EACH_BACKEND(caps_promise_their_ops)
+
+/* The capabilities a model needs follow its config and weights, and an engine on a backend that
+ * lacks one is refused at open, in one line naming it. The fixture backend "capless" (above) lacks them all. */
+static void engine_refuses_a_model_the_backend_cannot_run(void **state) {
+    (void)state;
+    mem_model mm = {0};
+    build_random_moe(&mm, M2D_F32);
+    assert_true(m2d_engine_required_caps(&mm.m) == 0); /* plain Qwen3-MoE: nothing optional */
+    m2d_engine *e;
+    m2d_engine_opts o = {.backend = "capless", .n_threads = 1, .precision = M2D_PREC_FP32};
+    assert_int_equal(m2d_engine_open(&mm.m, &o, &e), 0);
+    m2d_engine_free(e);
+    mm.m.cfg.attn_scale = 0.1;
+    assert_true(m2d_engine_required_caps(&mm.m) == M2D_CAP(M2D_CAP_ATTN_SCALE));
+    mm.m.cfg.n_group = 4, mm.m.cfg.topk_group = 2, mm.m.cfg.ops.rope = M2D_ROPE_INTERLEAVED;
+    uint64_t want = M2D_CAP(M2D_CAP_ATTN_SCALE) | M2D_CAP(M2D_CAP_ROUTE_GROUPS) | M2D_CAP(M2D_CAP_ROPE_INTERLEAVED);
+    assert_true(m2d_engine_required_caps(&mm.m) == want);
+    assert_int_equal(m2d_engine_open(&mm.m, &o, &e), -1);
+    assert_null(e);
+    /* the first missing one in M2D_CAPS order, named with the backend */
+    assert_non_null(strstr(m2d_errmsg(), "needs 'rope-interleaved', which backend capless does not implement"));
+    assert_null(strchr(m2d_errmsg(), '\n'));
+    mm.m.cfg.attn_scale = 0, mm.m.cfg.n_group = 0, mm.m.cfg.topk_group = 0, mm.m.cfg.ops.rope = M2D_ROPE_NEOX;
+    mm_free(&mm);
+}
+
+/* Calibration's ops on every backend: every expert on every token against the float64 reference
+ * FFN, and the Gram (fp64, upper triangle) against the fp64 sum of the outputs it was given. */
+static void calibration_ops_match_float64_on(const char *backend) {
+    mem_model mm = {0};
+    build_random_moe(&mm, M2D_F32);
+    int n = 37, d = 32, E = 8, layer = 1;
+    float *x = malloc(sizeof(float) * n * d), *f = malloc(sizeof(float) * n * E * d);
+    double *g = malloc(sizeof(double) * E * E), xd[32], yd[32];
+    uint64_t st = 19;
+    fill_normal(&st, x, (size_t)n * d, 1);
+    m2d_engine *e;
+    m2d_engine_opts o = {.backend = backend, .n_threads = 2, .precision = M2D_PREC_FP32};
+    if (m2d_engine_open(&mm.m, &o, &e)) fail_msg("%s", m2d_errmsg());
+    for (int i = 0; i < E * E; i++) g[i] = i % E >= i / E ? 1.0 : -7.0;
+    assert_int_equal(m2d_engine_all_experts(e, layer, x, n, f, g), 0);
+    double md = 0, gd = 0;
+    for (int t = 0; t < n; t++)
+        for (int ex = 0; ex < E; ex++) {
+            for (int k = 0; k < d; k++) xd[k] = x[(size_t)t * d + k];
+            tu_ref_ffn(&mm.m, layer, ex, xd, yd);
+            for (int k = 0; k < d; k++) md = fmax(md, fabs(f[((size_t)t * E + ex) * d + k] - yd[k]));
+        }
+    /* fp32 GEMMs over 32 and 12 terms of O(1) values, outputs O(1): ~1e-6 at worst */
+    assert_true(md < 1e-5);
+    for (int i = 0; i < E; i++)
+        for (int j = 0; j < E; j++) {
+            if (j < i) { /* the lower triangle is never written */
+                assert_true(g[i * E + j] == -7.0);
+                continue;
+            }
+            double s = 0, mag = 0;
+            for (int t = 0; t < n; t++)
+                for (int k = 0; k < d; k++) {
+                    double a = f[((size_t)t * E + i) * d + k], b = f[((size_t)t * E + j) * d + k];
+                    s += a * b, mag += fabs(a * b);
+                }
+            /* both sums in fp64 over n*d = 1184 products of exact fp32 values: |err| <= 1184 * 2^-53 * mag */
+            gd = fmax(gd, fabs(g[i * E + j] - 1.0 - s) / (mag + 1e-300));
+            assert_true(fabs(g[i * E + j] - 1.0 - s) <= 1e-12 * mag + 1e-15);
+        }
+    print_message("%s: experts_all max |d| vs float64 %.3g; gram max relative |d| %.3g\n", backend, md, gd);
+    m2d_engine_free(e);
+    free(x); free(f); free(g);
+    mm_free(&mm);
+}
+EACH_BACKEND(calibration_ops_match_float64)
+
 int main(void) {
     /* tests run the convert-on-use path (the one big checkpoints take); the cache is compared
      * against it explicitly in weight_cache_and_expert_order_give_identical_results */
@@ -1598,6 +1706,9 @@ int main(void) {
         cmocka_unit_test(precision_auto_and_bad_value),
         cmocka_unit_test(engine_bf16_tracks_reference),
         cmocka_unit_test(all_experts_and_gram_match_naive),
+        cmocka_unit_test(caps_promise_their_ops),
+        cmocka_unit_test(engine_refuses_a_model_the_backend_cannot_run),
+        cmocka_unit_test(calibration_ops_match_float64),
         cmocka_unit_test(device_names_and_missing_devices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

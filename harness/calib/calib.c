@@ -512,7 +512,7 @@ static void ctx_free(calib_ctx *c) {
 
 /* The teacher's forward over every window; the hook accumulates each MoE layer. */
 static int run_windows(calib_ctx *c, m2d_stats *st, const int32_t *ids, int L, const m2d_calib_opts *o) {
-    m2d_engine_opts eo = {.n_threads = calib_threads(o),
+    m2d_engine_opts eo = {.backend = o->device, .n_threads = calib_threads(o),
                           .precision = (m2d_precision)o->precision};
     int rc = m2d_engine_open(c->m, &eo, &c->eng);
     if (rc) return -1;

@@ -83,6 +83,7 @@ typedef struct {
     int n_docs;                /*   fixed windows of seq_len tokens */
     int precision;        /* m2d_precision of the teacher's GEMMs (0: FP32; AUTO resolved by the
                            * backend; the one used is recorded in the stats) */
+    const char *device;   /* the engine's backend: "cpu" (NULL), "cuda", "cuda:N" */
 } m2d_calib_opts;
 
 /* Gate convention string for a config. */

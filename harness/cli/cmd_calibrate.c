@@ -13,6 +13,7 @@
 static const char USAGE[] =
     "usage: moe2dense calibrate --model DIR --data FILE --out STATS [--seq-len L] [--samples N]\n"
     "                           [--seed S] [--windows fixed|documents] [--threads T] [--precision P]\n"
+    "                           [--device cpu|cuda[:N]]\n"
     "                           [--force]\n"
     "\n"
     "Runs the unmodified teacher over calibration windows of FILE and, at every MoE layer, records\n"
@@ -37,6 +38,9 @@ static const char USAGE[] =
     "  --precision P  the teacher's GEMMs: fp32 (default; exact), bf16 (operands rounded to bf16,\n"
     "                 fp32 accumulation) or auto (bf16 where the CPU computes it natively); the\n"
     "                 one used is recorded in STATS (statistics themselves are summed in fp64)\n"
+    "  --device D     where the teacher runs: cpu (default), cuda or cuda:N (needs a `make CUDA=1`\n"
+    "                 build and a GPU: an absent device is an error, never a CPU run); auto is bf16\n"
+    "                 there; the statistics agree with the CPU's within the tolerances of test_calib\n"
     "  --force        recompute even if STATS is already up to date\n"
     "\n"
     "Windows are consecutive, non-overlapping blocks of L tokens from the start of the encoded\n"
@@ -45,12 +49,12 @@ static const char USAGE[] =
 
 static int cmd_calibrate_run(int argc, char **argv) {
     const char *model = NULL, *data = NULL, *out = NULL, *L_s = NULL, *N_s = NULL, *seed_s = NULL, *thr_s = NULL,
-               *win_s = NULL, *prec_s = "fp32";
+               *win_s = NULL, *prec_s = "fp32", *device = "cpu";
     int force = 0;
     m2d_opt opts[] = {{"--model", 1, &model, NULL},  {"--data", 1, &data, NULL},      {"--out", 1, &out, NULL},
                       {"--seq-len", 1, &L_s, NULL},  {"--samples", 1, &N_s, NULL},    {"--seed", 1, &seed_s, NULL},
                       {"--threads", 1, &thr_s, NULL}, {"--force", 0, NULL, &force},   {"--windows", 1, &win_s, NULL},
-                      {"--precision", 1, &prec_s, NULL},
+                      {"--precision", 1, &prec_s, NULL}, {"--device", 1, &device, NULL},
                       {0}};
     m2d_model *m = NULL;
     m2d_tokenizer *tk = NULL;
@@ -77,7 +81,8 @@ static int cmd_calibrate_run(int argc, char **argv) {
         goto done;
     }
     m2d_precision prec, used;
-    if (m2d_precision_parse(prec_s, "calibrate: --precision", &prec) || m2d_engine_resolve_precision(NULL, prec, &used))
+    if (m2d_precision_parse(prec_s, "calibrate: --precision", &prec) || m2d_device_check(device, "calibrate: --device") ||
+        m2d_engine_resolve_precision(device, prec, &used))
         goto done;
     if (m2d_check_output_path(out)) goto done; /* refused now, not after the calibration */
     if (m2d_model_open(model, &m) || m2d_tokenizer_load(model, &tk)) goto done;
@@ -90,7 +95,7 @@ static int cmd_calibrate_run(int argc, char **argv) {
     if (L == 0) L = m2d_calib_default_seq_len(&m->cfg);
     m2d_calib_opts o = {.seq_len = (int)L, .n_samples = (int)N, .seeded = seed_s != NULL, .seed = (uint64_t)seed,
                         .n_threads = (int)thr, .data_path = data, .progress = 1, .doc_starts = docs,
-                        .n_docs = n_docs, .precision = (int)prec};
+                        .n_docs = n_docs, .precision = (int)prec, .device = device};
     /* up to date? same model, same windows (same calib hash) */
     if (!force && m2d_file_exists(out) && m2d_stats_read(out, &old) == 0) {
         int nw;
@@ -114,8 +119,8 @@ static int cmd_calibrate_run(int argc, char **argv) {
            "peak RSS %.0f MiB\n", out, s->n_layers, s->n_windows, documents ? "documents" : "windows",
            documents ? "up to " : "", L, s->N, dt, m2d_calib_expert_flops(&m->cfg, s->N) / dt * 1e-9,
            m2d_cmd_peak_rss_mib());
-    printf("model %s\ncalibration %s\nprecision %s (requested %s)\n", s->model_hash, s->calib_hash, s->precision,
-           m2d_precision_name(prec));
+    printf("model %s\ncalibration %s\nprecision %s (requested %s)\ndevice %s\n", s->model_hash, s->calib_hash,
+           s->precision, m2d_precision_name(prec), device);
     rc = 0;
 done:
     if (rc) m2d_cmd_fail("calibrate");

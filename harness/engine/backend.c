@@ -83,3 +83,18 @@ int m2d_precision_parse(const char *s, const char *what, m2d_precision *out) {
         }
     return m2d_err("%s: '%s' is not a precision (auto, fp32, bf16)", what, s ? s : "(null)");
 }
+
+const char *m2d_cap_name(m2d_cap c) {
+    static const char *names[] = {
+#define M2D_CAP_NAME(id, name) name,
+        M2D_CAPS(M2D_CAP_NAME)
+#undef M2D_CAP_NAME
+    };
+    return (unsigned)c < M2D_CAP_COUNT ? names[c] : "?";
+}
+
+int m2d_backend_missing(const m2d_backend *be, uint64_t caps) {
+    for (int c = 0; c < M2D_CAP_COUNT; c++)
+        if ((caps & M2D_CAP(c)) && !m2d_backend_supports(be, (m2d_cap)c)) return c;
+    return -1;
+}

@@ -123,9 +123,48 @@ typedef struct {
     int rot_dim;            /* 0: head_dim */
 } m2d_rope_args;
 
+/* Capabilities: the ops and op variants a backend implements (ggml's supports_op). A backend lists
+ * them in m2d_backend_ops.caps; the engine refuses at open, in one line naming the capability, a
+ * model that needs one the backend lacks (m2d_engine_required_caps), and the tests ask the same
+ * query instead of calling an op a backend does not have. Ops without an entry here (gemm, rmsnorm,
+ * full causal GQA attention, rotate-half RoPE at theta^(-2i/d), softmax + top-k routing, SwiGLU
+ * experts, the LM head) every backend implements. A capability listed promises its op pointer is
+ * set (test_engine checks that for every registered backend). */
+#define M2D_CAPS(X)                                                                                \
+    X(ROPE_INTERLEAVED, "rope-interleaved")     /* M2D_ROPE_INTERLEAVED pairs (DeepSeek-V2) */       \
+    X(ROPE_SCALED, "rope-scaled")               /* an inv_freq table and attn_factor (YaRN, linear) */ \
+    X(ROPE_PARTIAL, "rope-partial")             /* rot_dim < head_dim */                           \
+    X(ATTN_WINDOW, "attention-window")          /* sliding-window attention */                     \
+    X(ATTN_SINKS, "attention-sinks")            /* GPT-OSS's sink logits */                        \
+    X(ATTN_SCALE, "attention-scale")            /* a softmax scale other than 1/sqrt(head_dim) */  \
+    X(BIAS, "add_bias")                         /* the add_bias op (attention and router biases) */ \
+    X(CLAMP, "clamp")                           /* the clamp op (OLMoE's clip_qkv) */              \
+    X(SIGMOID_SCALE, "sigmoid_scale")           /* the sigmoid_scale op (Qwen2-MoE's shared gate) */ \
+    X(GLU_CLAMP, "glu_clamp")                   /* the clamped SwiGLU, op and experts (GPT-OSS) */ \
+    X(ROUTE_TOPK_SOFTMAX, "route-topk-softmax") /* M2D_ROUTER_TOPK_SOFTMAX (GPT-OSS) */            \
+    X(ROUTE_GROUPS, "route-group-limited")      /* group-limited top-k (DeepSeek-V2) */            \
+    X(ROUTE_SCALE, "route-scale")               /* a gate factor (routed_scaling_factor) */        \
+    X(MOE_BIAS, "expert-biases")                /* expert gate/up/down biases (GPT-OSS) */         \
+    X(EXPERTS_ALL, "experts_all")               /* calibration: every expert on every token */     \
+    X(GRAM, "gram")                             /* calibration: the Gram of the expert outputs */  \
+    X(TRAIN, "train")                           /* the training ops (m2d_backend_train_ops) */
+
+typedef enum {
+#define M2D_CAP_ENUM(id, name) M2D_CAP_##id,
+    M2D_CAPS(M2D_CAP_ENUM)
+#undef M2D_CAP_ENUM
+    M2D_CAP_COUNT
+} m2d_cap;
+
+#define M2D_CAP(c) (1ull << (c))
+#define M2D_CAPS_ALL (M2D_CAP(M2D_CAP_COUNT) - 1)
+/* "rope-interleaved", ... */
+const char *m2d_cap_name(m2d_cap c);
+
 typedef struct {
     const char *name;       /* "cpu" */
     unsigned precisions;    /* bit (1u << m2d_precision) for each supported precision */
+    uint64_t caps;          /* M2D_CAP(c) for each capability implemented (above) */
 
     void (*destroy)(m2d_backend *be);
     /* backend-specific knobs (CPU: "threads", "expert_parallel", "attention_gemm_min_rows");
@@ -310,6 +349,10 @@ int m2d_backend_new(const char *name, const m2d_backend_opts *o, m2d_backend **o
  * creating one; a one-line error naming WHAT for anything else. */
 int m2d_device_check(const char *spec, const char *what);
 void m2d_backend_free(m2d_backend *be); /* NULL ok */
+/* 1 when BE implements capability C */
+static inline int m2d_backend_supports(const m2d_backend *be, m2d_cap c) { return (be->ops->caps & M2D_CAP(c)) != 0; }
+/* the first capability of the set CAPS that BE lacks, or -1 when it has them all */
+int m2d_backend_missing(const m2d_backend *be, uint64_t caps);
 const char *m2d_backend_list(void);     /* "cpu" (for messages and --help) */
 int m2d_backend_count(void);            /* registered backends, sorted by name */
 const m2d_backend_kind *m2d_backend_kind_at(int i);

@@ -1184,6 +1184,7 @@ static void cpu_destroy(m2d_backend *be) {
 static const m2d_backend_ops cpu_ops = {
     .name = "cpu",
     .precisions = 1u << M2D_PREC_FP32 | 1u << M2D_PREC_BF16,
+    .caps = M2D_CAPS_ALL, /* the reference backend implements every op and variant */
     .destroy = cpu_destroy,
     .tune = cpu_tune,
     .enter = cpu_enter,

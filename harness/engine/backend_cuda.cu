@@ -59,6 +59,9 @@ enum {
     SLOT_MOE_IDX, /* pair order and per-token rows, int32 [2, n*k] */
     SLOT_LM,     /* a block of LM-head logits */
     SLOT_LM_ST,  /* running max / sum / target logit per row, fp64 [3, n] */
+    SLOT_ROPE,   /* RoPE frequencies, fp64 [rot/2] */
+    SLOT_BIAS,   /* a bias (or sink) vector as fp32 */
+    SLOT_GRAM,   /* the Gram's per-slice partial sums, fp64 [slices, E, E] */
     SLOT_COUNT
 };
 
@@ -479,7 +482,13 @@ static void lt_gemm(cu_be *c, cudaDataType_t type, const void *w, int ldw, const
     if (op) cublasLtMatmulDescDestroy(op);
 }
 
+/* AUTO is bf16 on the GPU: tensor cores, fp32 accumulation (fp32 stays the exactness path) */
 static m2d_precision resolve(m2d_precision p) { return p == M2D_PREC_AUTO ? M2D_PREC_BF16 : p; }
+
+static m2d_precision cu_auto_precision(m2d_backend *be, m2d_precision p) {
+    (void)be;
+    return resolve(p);
+}
 
 /* x [rows, cols] (stride ldx) as the GEMM's B operand: itself (fp32) or rounded to bf16 into
  * SLOT_XCONV (compact, *ld = cols) */
@@ -535,25 +544,35 @@ static void cu_rmsnorm(m2d_backend *be, const m2d_mat *x, const m2d_weight *w, d
     launched(c, "k_rmsnorm");
 }
 
-/* rotate-half RoPE, one thread per (row, head, i < hd/2); angles in fp64 as on the CPU */
-__global__ static void k_rope(float *x, int ld, int rows, int n_heads, int hd, const int32_t *pos, double theta) {
-    int half = hd / 2;
+/* RoPE (m2d_rope_args), one thread per (row, head, pair i < rot/2): pair (a, b) = (x[i], x[i + rot/2])
+ * rotate-half or (x[2i], x[2i+1]) interleaved turns by f = pos * inv_freq[i] (fp64), cos and sin
+ * times attn_factor, as backend_cpu.c */
+__global__ static void k_rope(float *x, int ld, int rows, int n_heads, int hd, const int32_t *pos,
+                              const double *inv_freq, int half, int inter, double af) {
     int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (id >= (int64_t)rows * n_heads * half) return;
     int i = (int)(id % half), h = (int)(id / half % n_heads), t = (int)(id / half / n_heads);
-    double f = pos[t] * pow(theta, -2.0 * i / hd);
-    float cs = (float)cos(f), sn = (float)sin(f);
+    double f = pos[t] * inv_freq[i];
+    float cs = (float)(cos(f) * af), sn = (float)(sin(f) * af);
     float *v = x + (size_t)t * ld + (size_t)h * hd;
-    float a = v[i], b = v[i + half];
-    v[i] = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)); /* no FMA contraction: the CPU's rounding */
-    v[i + half] = __fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn));
+    float *pa = v + (inter ? 2 * i : i), *pb = pa + (inter ? 1 : half);
+    float a = *pa, b = *pb;
+    *pa = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn)); /* no FMA contraction: the CPU's rounding */
+    *pb = __fadd_rn(__fmul_rn(b, cs), __fmul_rn(a, sn));
 }
 
 static void cu_rope(m2d_backend *be, m2d_mat *x, int n_heads, int hd, const m2d_buf *pos, const m2d_rope_args *r) {
     cu_be *c = CU(be);
-    int64_t n = (int64_t)x->rows * n_heads * (hd / 2);
+    int rot = r->rot_dim ? r->rot_dim : hd, half = rot / 2;
+    int64_t n = (int64_t)x->rows * n_heads * half;
     if (c->failed || n <= 0) return;
-    k_rope<<<blocks_for(n, 256), 256>>>(F(x), x->ld, x->rows, n_heads, hd, (const int32_t *)P(pos), r->theta);
+    double f[M2D_MAX_HEAD_DIM / 2];
+    for (int i = 0; i < half; i++) f[i] = r->inv_freq ? r->inv_freq[i] : pow(r->theta, -2.0 * i / rot);
+    double *fd = (double *)scratch(c, SLOT_ROPE, sizeof(double) * (size_t)half);
+    if (!fd || !cuda_ok(c, cudaMemcpy(fd, f, sizeof(double) * (size_t)half, cudaMemcpyHostToDevice), "rope freqs"))
+        return;
+    k_rope<<<blocks_for(n, 256), 256>>>(F(x), x->ld, x->rows, n_heads, hd, (const int32_t *)P(pos), fd, half,
+                                        r->kind == M2D_ROPE_INTERLEAVED, r->attn_factor != 0 ? r->attn_factor : 1.0);
     launched(c, "k_rope");
 }
 
@@ -590,6 +609,93 @@ static void cu_add(m2d_backend *be, m2d_mat *y, const m2d_mat *x) {
     if (c->failed || n <= 0) return;
     k_add<<<blocks_for(n, 256), 256>>>(F(y), y->ld, F(x), x->ld, y->rows, y->cols);
     launched(c, "k_add");
+}
+
+/* GPT-OSS's clamped SwiGLU (backend_cpu.c swiglu_clamp), g = act(g, u) in place */
+__device__ static float swiglu_clamp1(float g, float u, float alpha, float limit) {
+    float a = fminf(g, limit), b = fminf(fmaxf(u, -limit), limit);
+    return __fmul_rn(__fadd_rn(b, 1.0f), __fdiv_rn(a, __fadd_rn(1.0f, expf(__fmul_rn(-alpha, a)))));
+}
+
+__global__ static void k_glu_clamp(float *g, int ldg, const float *u, int ldu, int rows, int cols, float alpha,
+                                   float limit) {
+    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (int64_t)rows * cols) return;
+    int r = (int)(id / cols), j = (int)(id % cols);
+    g[(size_t)r * ldg + j] = swiglu_clamp1(g[(size_t)r * ldg + j], u[(size_t)r * ldu + j], alpha, limit);
+}
+
+/* the experts' activation: SwiGLU or the clamped one */
+static void act_rows(cu_be *c, const m2d_moe_args *a, float *g, int ldg, const float *u, int ldu, int rows, int cols) {
+    int64_t n = (int64_t)rows * cols;
+    if (a->act != M2D_ACT_SWIGLU_CLAMP) {
+        glu_rows(c, g, ldg, u, ldu, rows, cols);
+        return;
+    }
+    if (c->failed || n <= 0) return;
+    k_glu_clamp<<<blocks_for(n, 256), 256>>>(g, ldg, u, ldu, rows, cols, a->act_alpha, a->act_limit);
+    launched(c, "k_glu_clamp");
+}
+
+static void cu_glu_clamp(m2d_backend *be, m2d_mat *g, const m2d_mat *u, float alpha, float limit) {
+    m2d_moe_args a;
+    memset(&a, 0, sizeof a);
+    a.act = M2D_ACT_SWIGLU_CLAMP, a.act_alpha = alpha, a.act_limit = limit;
+    act_rows(CU(be), &a, F(g), g->ld, F(u), u->ld, g->rows, g->cols);
+}
+
+/* y[r] += b for every row (b: cols floats on the device) */
+__global__ static void k_add_row(float *y, int ldy, int rows, int cols, const float *b) {
+    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (int64_t)rows * cols) return;
+    int r = (int)(id / cols), j = (int)(id % cols);
+    y[(size_t)r * ldy + j] += b[j];
+}
+
+/* y[rows, cols] += the weight B (cols elements) on every row */
+static void bias_rows(cu_be *c, float *y, int ldy, int rows, int cols, const m2d_weight *b) {
+    int64_t n = (int64_t)rows * cols;
+    if (c->failed || n <= 0 || !b) return;
+    const float *bv = (const float *)wtyped(c, W(b), 0, cols, M2D_F32);
+    if (!bv) return;
+    k_add_row<<<blocks_for(n, 256), 256>>>(y, ldy, rows, cols, bv);
+    launched(c, "k_add_row");
+}
+
+static void cu_add_bias(m2d_backend *be, m2d_mat *y, const m2d_weight *b) {
+    bias_rows(CU(be), F(y), y->ld, y->rows, y->cols, b);
+}
+
+__global__ static void k_clamp(float *x, int ld, int rows, int cols, float limit) {
+    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (int64_t)rows * cols) return;
+    float *v = x + (size_t)(id / cols) * ld + id % cols;
+    *v = *v < -limit ? -limit : *v > limit ? limit : *v;
+}
+
+static void cu_clamp(m2d_backend *be, m2d_mat *x, float limit) {
+    cu_be *c = CU(be);
+    int64_t n = (int64_t)x->rows * x->cols;
+    if (c->failed || n <= 0) return;
+    k_clamp<<<blocks_for(n, 256), 256>>>(F(x), x->ld, x->rows, x->cols, limit);
+    launched(c, "k_clamp");
+}
+
+/* y[r, :] *= sigmoid(s[r, 0]) */
+__global__ static void k_sigmoid_scale(float *y, int ldy, int rows, int cols, const float *s, int lds) {
+    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (int64_t)rows * cols) return;
+    int r = (int)(id / cols), j = (int)(id % cols);
+    float g = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-s[(size_t)r * lds])));
+    y[(size_t)r * ldy + j] = __fmul_rn(y[(size_t)r * ldy + j], g);
+}
+
+static void cu_sigmoid_scale(m2d_backend *be, m2d_mat *y, const m2d_mat *sm) {
+    cu_be *c = CU(be);
+    int64_t n = (int64_t)y->rows * y->cols;
+    if (c->failed || n <= 0) return;
+    k_sigmoid_scale<<<blocks_for(n, 256), 256>>>(F(y), y->ld, y->rows, y->cols, F(sm), sm->ld);
+    launched(c, "k_sigmoid_scale");
 }
 
 /* row tok[i] of the table (device dtype BF16 or F32) as fp32 */
@@ -721,23 +827,101 @@ __global__ static void k_route(float *logits, int ld, int E, int k, int renorm, 
     for (int j = 0; j < k; j++) gates[(size_t)blockIdx.x * k + j] = renorm ? (float)(p[id[j]] / t) : p[id[j]];
 }
 
+/* The other router variants, one thread per token, in backend_cpu.c's own arithmetic (k and E are
+ * small, and routing is a sliver of a layer's time): top-k of the logits with a softmax over the k
+ * (GPT-OSS), group-limited top-k (DeepSeek-V2). */
+__device__ static void softmax_row_d(float *x, int n) {
+    float m = -INFINITY;
+    for (int i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+    double s = 0;
+    for (int i = 0; i < n; i++) s += x[i] = expf(x[i] - m);
+    float inv = (float)(1.0 / s);
+    for (int i = 0; i < n; i++) x[i] = __fmul_rn(x[i], inv);
+}
+
+/* strict '>' over increasing indices: ties go to the lower index */
+__device__ static void topk_row_d(const float *p, int E, int k, int32_t *idx, unsigned char *taken) {
+    for (int e = 0; e < E; e++) taken[e] = 0;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+        idx[j] = best;
+        taken[best] = 1;
+    }
+}
+
+struct route_dev {
+    int ld, E, k, renorm, n_group, topk_group, topk_softmax;
+    float scale;
+};
+
+__global__ static void k_route_serial(float *logits, route_dev r, int n, int32_t *topk, float *gates,
+                                      unsigned char *scratch) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n) return;
+    int E = r.E, k = r.k;
+    float *p = logits + (size_t)t * r.ld, *g = gates + (size_t)t * k;
+    float *masked = (float *)scratch + (size_t)t * (E + k), *sel = masked + E;
+    unsigned char *taken = scratch + sizeof(float) * (size_t)n * (E + k) + (size_t)t * E;
+    int32_t *id = topk + (size_t)t * k;
+    if (r.topk_softmax) { /* top-k of the logits, softmax over those k; p the full softmax all the same */
+        topk_row_d(p, E, k, id, taken);
+        for (int j = 0; j < k; j++) sel[j] = p[id[j]];
+        softmax_row_d(sel, k);
+        for (int j = 0; j < k; j++) g[j] = sel[j];
+        softmax_row_d(p, E);
+        return;
+    }
+    softmax_row_d(p, E);
+    if (r.n_group > 0) { /* the groups ranked by their best p; the others' p taken as 0 */
+        int per = E / r.n_group;
+        float gmax[M2D_MAX_EXPERT_GROUPS];
+        int32_t gid[M2D_MAX_EXPERT_GROUPS];
+        for (int q = 0; q < r.n_group; q++) {
+            gmax[q] = -INFINITY;
+            for (int i = 0; i < per; i++) gmax[q] = fmaxf(gmax[q], p[q * per + i]);
+        }
+        topk_row_d(gmax, r.n_group, r.topk_group, gid, taken);
+        for (int i = 0; i < E; i++) masked[i] = 0;
+        for (int j = 0; j < r.topk_group; j++)
+            for (int i = 0; i < per; i++) masked[gid[j] * per + i] = p[gid[j] * per + i];
+        topk_row_d(masked, E, k, id, taken);
+    } else {
+        topk_row_d(p, E, k, id, taken);
+    }
+    double s = 0;
+    for (int j = 0; j < k; j++) s += p[id[j]];
+    for (int j = 0; j < k; j++) g[j] = r.renorm ? (float)(p[id[j]] / s) : p[id[j]];
+    for (int j = 0; j < k && r.scale != 0; j++) g[j] = __fmul_rn(g[j], r.scale);
+}
+
 static void cu_route(m2d_backend *be, m2d_mat *logits, const m2d_route_args *r, m2d_buf *topk, m2d_buf *gates) {
     cu_be *c = CU(be);
-    int E = logits->cols;
-    if (c->failed || logits->rows <= 0) return;
+    int E = logits->cols, n = logits->rows;
+    if (c->failed || n <= 0) return;
     if (r->k < 1 || r->k > E) {
         fail(c, "route: k = %d outside [1, %d experts]", r->k, E);
         return;
     }
-    if (r->kind != M2D_ROUTER_SOFTMAX_TOPK || r->n_group > 0 || (r->scale != 0 && r->scale != 1)) {
-        fail(c, "route: the cuda backend implements softmax + top-k only (no top-k softmax, group-limited "
-                "routing or routed scaling yet)");
+    int serial = r->kind == M2D_ROUTER_TOPK_SOFTMAX || r->n_group > 0 || (r->scale != 0 && r->scale != 1);
+    if (!serial) {
+        size_t shm = (sizeof(float) + 1) * (size_t)E;
+        k_route<<<n, E >= 256 ? 256 : 64, shm>>>(F(logits), logits->ld, E, r->k, r->renorm ? 1 : 0,
+                                                  (int32_t *)P(topk), (float *)P(gates));
+        launched(c, "k_route");
         return;
     }
-    size_t shm = (sizeof(float) + 1) * (size_t)E;
-    k_route<<<logits->rows, E >= 256 ? 256 : 64, shm>>>(F(logits), logits->ld, E, r->k, r->renorm ? 1 : 0,
-                                                        (int32_t *)P(topk), (float *)P(gates));
-    launched(c, "k_route");
+    if (r->n_group > M2D_MAX_EXPERT_GROUPS || (r->n_group > 0 && (E % r->n_group || r->topk_group > r->n_group))) {
+        fail(c, "route: %d expert groups (top %d) do not fit %d experts", r->n_group, r->topk_group, E);
+        return;
+    }
+    unsigned char *sc = (unsigned char *)scratch(c, SLOT_MOE_G, (sizeof(float) * (size_t)(E + r->k) + E) * (size_t)n);
+    if (!sc) return;
+    route_dev d = {logits->ld, E, r->k, r->renorm ? 1 : 0, r->n_group, r->topk_group,
+                   r->kind == M2D_ROUTER_TOPK_SOFTMAX, r->scale};
+    k_route_serial<<<blocks_for(n, 64), 64>>>(F(logits), d, n, (int32_t *)P(topk), (float *)P(gates), sc);
+    launched(c, "k_route_serial");
 }
 
 /* ---- attention: one warp per (query row, head), one pass over the keys (online softmax) ---- */
@@ -747,6 +931,9 @@ struct attn_dev {
     int ldq, ldk, ldv, nq, np, n_heads, n_kv, hd, ldo;
     size_t head_stride;
     float *out;
+    int window;          /* 0: full causal; else the keys p - window < t <= p */
+    const float *sinks;  /* [n_heads] sink logits, or NULL */
+    float scale;
 };
 
 /* PER = elements of the head vector per lane (hd <= 32 * PER) */
@@ -785,13 +972,15 @@ __global__ static void k_attention(attn_dev a) {
         q[j] = lane + 32 * j < hd ? a.q[(size_t)i * a.ldq + (size_t)h * hd + lane + 32 * j] : 0.0f;
         acc[j] = 0.0;
     }
-    float scale = 1.0f / sqrtf((float)hd), m = -INFINITY;
-    double l = 0.0;
-    for (int t = 0; t < a.np; t++) {
+    /* a sink is one more logit whose value row is zero: it starts the running max and sum */
+    float scale = a.scale, m = a.sinks ? a.sinks[h] : -INFINITY;
+    double l = a.sinks ? 1.0 : 0.0;
+    int lo = a.window > 0 ? max(0, a.np + i + 1 - a.window) : 0; /* first key position row i sees */
+    for (int t = lo; t < a.np; t++) {
         size_t o = g * a.head_stride + (size_t)t * hd;
         attn_key<PER>(q, a.kp + o, a.vp + o, hd, scale, m, l, acc);
     }
-    for (int t = 0; t <= i; t++)
+    for (int t = max(0, lo - a.np); t <= i; t++)
         attn_key<PER>(q, a.ks + (size_t)t * a.ldk + (size_t)g * hd, a.vs + (size_t)t * a.ldv + (size_t)g * hd, hd,
                       scale, m, l, acc);
     float *o = a.out + (size_t)i * a.ldo + (size_t)h * hd;
@@ -804,13 +993,11 @@ static void cu_attention(m2d_backend *be, const m2d_attn_args *a) {
     cu_be *c = CU(be);
     int nq = a->q.rows;
     if (c->failed || nq <= 0) return;
-    if (a->window > 0 || a->sinks || (a->scale != 0 && a->scale != 1.0f / sqrtf((float)a->head_dim))) {
-        fail(c, "attention: the cuda backend implements full causal attention only (no sliding window, "
-                "sinks or softmax scale yet)");
-        return;
-    }
+    const float *sinks = a->sinks ? (const float *)wtyped(c, W(a->sinks), 0, a->n_heads, M2D_F32) : NULL;
+    if (c->failed) return;
     attn_dev d = {F(&a->q), F(&a->k), F(&a->v), NULL, NULL, a->q.ld, a->k.ld, a->v.ld, nq, a->np, a->n_heads,
-                  a->n_kv, a->head_dim, a->out.ld, a->head_stride, F(&a->out)};
+                  a->n_kv, a->head_dim, a->out.ld, a->head_stride, F(&a->out), a->window, sinks,
+                  a->scale != 0 ? a->scale : 1.0f / sqrtf((float)a->head_dim)};
     if (a->np) {
         d.kp = (const float *)P(a->k_cache) + a->cache_off;
         d.vp = (const float *)P(a->v_cache) + a->cache_off;
@@ -883,6 +1070,20 @@ static int moe_plan_make(cu_be *c, const int32_t *topk, int n, int k, int E, moe
     return 0;
 }
 
+/* expert E's f_e on ROWS rows of x (ld ldx): gate and up into G, U ([rows, de], compact), the
+ * activation, down into y (ld ldy); biases where the experts have them, as backend_cpu.c */
+static void expert_rows(cu_be *c, const m2d_moe_args *a, int e, const float *x, int ldx, int rows, float *G, float *U,
+                        float *y, int ldy) {
+    int d = a->x.cols, de = a->d_ff;
+    gemm_rows(c, x, ldx, rows, d, W(a->gate[e]), 0, de, G, de, 0.0f, a->prec);
+    gemm_rows(c, x, ldx, rows, d, W(a->up[e]), 0, de, U, de, 0.0f, a->prec);
+    if (a->gate_bias) bias_rows(c, G, de, rows, de, a->gate_bias[e]);
+    if (a->up_bias) bias_rows(c, U, de, rows, de, a->up_bias[e]);
+    act_rows(c, a, G, de, U, de, rows, de);
+    gemm_rows(c, G, de, rows, de, W(a->down[e]), 0, d, y, ldy, 0.0f, a->prec);
+    if (a->down_bias) bias_rows(c, y, ldy, rows, d, a->down_bias[e]);
+}
+
 /* the three projections of every active expert over its bucket rows (G, U: [nk, de]; Y: [nk, d]) */
 static void moe_experts(cu_be *c, const m2d_moe_args *a, const moe_plan *p, const float *Xs, float *G, float *U,
                         float *Y) {
@@ -890,12 +1091,8 @@ static void moe_experts(cu_be *c, const m2d_moe_args *a, const moe_plan *p, cons
     for (int e = 0; e < a->n_experts && !c->failed; e++) {
         int m0 = p->start[e], mn = p->start[e + 1] - m0;
         if (mn == 0) continue;
-        const float *xs = Xs + (size_t)m0 * d;
-        float *g = G + (size_t)m0 * de, *u = U + (size_t)m0 * de;
-        gemm_rows(c, xs, d, mn, d, W(a->gate[e]), 0, de, g, de, 0.0f, a->prec);
-        gemm_rows(c, xs, d, mn, d, W(a->up[e]), 0, de, u, de, 0.0f, a->prec);
-        glu_rows(c, g, de, u, de, mn, de);
-        gemm_rows(c, g, de, mn, de, W(a->down[e]), 0, d, Y + (size_t)m0 * d, d, 0.0f, a->prec);
+        expert_rows(c, a, e, Xs + (size_t)m0 * d, d, mn, G + (size_t)m0 * de, U + (size_t)m0 * de, Y + (size_t)m0 * d,
+                    d);
     }
 }
 
@@ -903,10 +1100,6 @@ static void cu_moe(m2d_backend *be, const m2d_moe_args *a) {
     cu_be *c = CU(be);
     int n = a->x.rows, d = a->x.cols, k = a->k, de = a->d_ff, nk = n * k;
     if (c->failed || n <= 0) return;
-    if (a->act != M2D_ACT_SWIGLU || a->gate_bias || a->up_bias || a->down_bias) {
-        fail(c, "moe: the cuda backend implements bias-free SwiGLU experts only");
-        return;
-    }
     int32_t *topk = (int32_t *)m2d_malloc(sizeof(int32_t) * (size_t)nk);
     moe_plan p = {NULL, NULL};
     /* the bucket sizes decide the GEMM shapes, which the host launches: the ids come down */
@@ -932,6 +1125,76 @@ static void cu_moe(m2d_backend *be, const m2d_moe_args *a) {
     free(p.start);
     free(p.idx);
     free(topk);
+}
+
+/* ---- calibration: every expert on every token, the Gram of their outputs ---- */
+
+/* f_e(x) of every expert on all n rows, expert by expert, into out's columns e*d .. e*d + d */
+static void cu_experts_all(m2d_backend *be, const m2d_moe_args *a) {
+    cu_be *c = CU(be);
+    int n = a->x.rows, d = a->x.cols, de = a->d_ff;
+    if (c->failed || n <= 0) return;
+    float *G = (float *)scratch(c, SLOT_MOE_G, sizeof(float) * (size_t)n * de);
+    float *U = (float *)scratch(c, SLOT_MOE_U, sizeof(float) * (size_t)n * de);
+    for (int e = 0; e < a->n_experts && G && U && !c->failed; e++)
+        expert_rows(c, a, e, F(&a->x), a->x.ld, n, G, U, F(&a->out) + (size_t)e * d, a->out.ld);
+}
+
+/* The Gram g[i][j] += sum over rows t, columns c of F[t, i*d + c] F[t, j*d + c], every product and
+ * sum in fp64 (SPEC §1) at either precision (more accurate than backend.h promises for BF16).
+ * Tiles of GT x GT experts, one thread per (i, j); the rows split into SLICES fixed slices, each
+ * block's partial sums in a fixed order (t, then c), then the slices added in slice order: the
+ * same bits on every run. */
+#define GT 16
+#define GC 32
+#define GRAM_SLICES 16
+
+__global__ static void k_gram_tile(const float *f, int ld, int n, int E, int d, double *part) {
+    __shared__ double A[GT][GC + 1], Bt[GT][GC + 1];
+    int i0 = blockIdx.y * GT, j0 = blockIdx.x * GT, s = blockIdx.z;
+    if (i0 > j0 + GT - 1) return; /* wholly below the diagonal: not needed */
+    int ti = threadIdx.x / GT, tj = threadIdx.x % GT, i = i0 + ti, j = j0 + tj;
+    int t0 = (int)((int64_t)n * s / GRAM_SLICES), t1 = (int)((int64_t)n * (s + 1) / GRAM_SLICES);
+    double acc = 0;
+    for (int t = t0; t < t1; t++) {
+        const float *row = f + (size_t)t * ld;
+        for (int c0 = 0; c0 < d; c0 += GC) {
+            for (int q = threadIdx.x; q < GT * GC; q += blockDim.x) {
+                int r = q / GC, cc = q % GC, col = c0 + cc;
+                A[r][cc] = i0 + r < E && col < d ? (double)row[(size_t)(i0 + r) * d + col] : 0.0;
+                Bt[r][cc] = j0 + r < E && col < d ? (double)row[(size_t)(j0 + r) * d + col] : 0.0;
+            }
+            __syncthreads();
+#pragma unroll 8
+            for (int cc = 0; cc < GC; cc++) acc = fma(A[ti][cc], Bt[tj][cc], acc);
+            __syncthreads();
+        }
+    }
+    if (i < E && j < E) part[((size_t)s * E + i) * E + j] = acc;
+}
+
+__global__ static void k_gram_add(const double *part, int E, double *g) {
+    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (int64_t)E * E) return;
+    int i = (int)(id / E), j = (int)(id % E);
+    if (i > j) return; /* the upper triangle only, as backend.h says */
+    double s = 0;
+    for (int q = 0; q < GRAM_SLICES; q++) s += part[(size_t)q * E * E + id];
+    g[id] += s;
+}
+
+static void cu_gram(m2d_backend *be, const m2d_mat *f, int E, m2d_buf *gb, m2d_precision prec) {
+    (void)prec;
+    cu_be *c = CU(be);
+    int n = f->rows, d = f->cols / E;
+    if (c->failed || n <= 0) return;
+    double *part = (double *)scratch(c, SLOT_GRAM, sizeof(double) * GRAM_SLICES * (size_t)E * E);
+    if (!part) return;
+    int tiles = (E + GT - 1) / GT;
+    k_gram_tile<<<dim3(tiles, tiles, GRAM_SLICES), GT * GT>>>(F(f), f->ld, n, E, d, part);
+    launched(c, "k_gram_tile");
+    k_gram_add<<<blocks_for((int64_t)E * E, 256), 256>>>(part, E, (double *)P(gb));
+    launched(c, "k_gram_add");
 }
 
 /* ---- LM head log-probabilities: chunks of the vocabulary, running log-sum-exp in fp64 ---- */
@@ -1046,6 +1309,9 @@ static m2d_backend_ops make_ops(void) {
     o.embed = cu_embed, o.gemm = cu_gemm, o.rmsnorm = cu_rmsnorm, o.rope = cu_rope, o.attention = cu_attention;
     o.kv_append = cu_kv_append, o.glu = cu_glu, o.add = cu_add, o.route = cu_route, o.moe = cu_moe;
     o.logprobs = cu_logprobs;
+    o.glu_clamp = cu_glu_clamp, o.add_bias = cu_add_bias, o.clamp = cu_clamp, o.sigmoid_scale = cu_sigmoid_scale;
+    o.experts_all = cu_experts_all, o.gram = cu_gram, o.auto_precision = cu_auto_precision;
+    o.caps = M2D_CAPS_ALL & ~M2D_CAP(M2D_CAP_TRAIN); /* every forward and calibration op; no training yet */
     return o;
 }
 

@@ -265,26 +265,49 @@ int m2d_engine_resolve_precision(const char *backend, m2d_precision p, m2d_preci
     return rc;
 }
 
-/* The optional ops this model's layers call. A backend may leave one out (NULL, e.g. the cuda
- * backend's biases): the model is refused here, naming the op, instead of failing mid-forward.
- * Features carried in an op's arguments (sliding window, sinks, group routing) are the backend's to
- * refuse (a sticky error). */
-static int check_backend_ops(const m2d_model *m, const m2d_backend *be) {
-    static const int bias_roles[] = {M2D_T_Q_BIAS,      M2D_T_K_BIAS,    M2D_T_V_BIAS,  M2D_T_O_BIAS,
-                                     M2D_T_ROUTER_BIAS, M2D_T_GATE_BIAS, M2D_T_UP_BIAS, M2D_T_DOWN_BIAS};
-    const m2d_backend_ops *B = be->ops;
-    const char *op = NULL;
-    for (int l = 0; l < m->cfg.num_hidden_layers && !op; l++) {
-        const m2d_layer *L = &m->layers[l];
-        for (size_t i = 0; i < M2D_ARRAY_LEN(bias_roles) && !op; i++)
-            if (L->w[bias_roles[i]] && !B->add_bias) op = "add_bias";
-        if (!op && L->w[M2D_T_SHARED_EXPERT_GATE] && !B->sigmoid_scale) op = "sigmoid_scale";
+/* the capabilities (backend.h) of one layer's weights: biases, the shared-expert gate */
+static uint64_t layer_caps(const m2d_layer *L) {
+    static const int bias_roles[] = {M2D_T_Q_BIAS,    M2D_T_K_BIAS,  M2D_T_V_BIAS,   M2D_T_O_BIAS,
+                                     M2D_T_GATE_BIAS, M2D_T_UP_BIAS, M2D_T_DOWN_BIAS, M2D_T_ROUTER_BIAS};
+    static const int expert_bias_roles[] = {M2D_X_EXP_GATE_BIAS, M2D_X_EXP_UP_BIAS, M2D_X_EXP_DOWN_BIAS};
+    uint64_t caps = 0;
+    for (size_t i = 0; i < M2D_ARRAY_LEN(bias_roles); i++)
+        if (L->w[bias_roles[i]]) caps |= M2D_CAP(M2D_CAP_BIAS);
+    for (size_t i = 0; i < M2D_ARRAY_LEN(expert_bias_roles); i++)
+        if (L->x[expert_bias_roles[i]]) caps |= M2D_CAP(M2D_CAP_MOE_BIAS);
+    if (L->w[M2D_T_SHARED_EXPERT_GATE]) caps |= M2D_CAP(M2D_CAP_SIGMOID_SCALE);
+    return caps;
+}
+
+uint64_t m2d_engine_required_caps(const m2d_model *m) {
+    const m2d_config *c = &m->cfg;
+    uint64_t caps = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        caps |= layer_caps(&m->layers[l]);
+        if (c->layer_window && c->layer_window[l] > 0) caps |= M2D_CAP(M2D_CAP_ATTN_WINDOW);
+        if (m->layers[l].w[M2D_T_SINKS]) caps |= M2D_CAP(M2D_CAP_ATTN_SINKS);
     }
-    if (!op && m->cfg.clip_qkv > 0 && !B->clamp) op = "clamp";
-    if (!op && m->cfg.ops.ffn_act == M2D_ACT_SWIGLU_CLAMP && !B->glu_clamp) op = "glu_clamp";
-    if (!op) return 0;
-    return m2d_err("%s: %s needs the backend op '%s', which backend %s does not implement", m->dir ? m->dir : "model",
-                   m->cfg.arch, op, B->name);
+    if (c->ops.rope == M2D_ROPE_INTERLEAVED) caps |= M2D_CAP(M2D_CAP_ROPE_INTERLEAVED);
+    if (c->rope_scaling.kind != M2D_ROPE_SCALING_NONE) caps |= M2D_CAP(M2D_CAP_ROPE_SCALED);
+    if (rope_dim(c) < c->head_dim) caps |= M2D_CAP(M2D_CAP_ROPE_PARTIAL);
+    if (c->attn_scale != 0) caps |= M2D_CAP(M2D_CAP_ATTN_SCALE);
+    if (c->clip_qkv > 0) caps |= M2D_CAP(M2D_CAP_CLAMP);
+    if (c->ops.ffn_act == M2D_ACT_SWIGLU_CLAMP) caps |= M2D_CAP(M2D_CAP_GLU_CLAMP);
+    if (c->num_experts > 0) {
+        if (c->ops.router == M2D_ROUTER_TOPK_SOFTMAX) caps |= M2D_CAP(M2D_CAP_ROUTE_TOPK_SOFTMAX);
+        if (c->n_group > 0) caps |= M2D_CAP(M2D_CAP_ROUTE_GROUPS);
+        if (c->routed_scaling_factor != 0 && c->routed_scaling_factor != 1) caps |= M2D_CAP(M2D_CAP_ROUTE_SCALE);
+    }
+    return caps;
+}
+
+/* A model whose layers need an op or variant the backend lacks is refused here, naming it,
+ * instead of failing mid-forward. */
+static int check_backend_caps(const m2d_model *m, const m2d_backend *be) {
+    int miss = m2d_backend_missing(be, m2d_engine_required_caps(m));
+    if (miss < 0) return 0;
+    return m2d_err("%s: %s needs '%s', which backend %s does not implement", m->dir ? m->dir : "model", m->cfg.arch,
+                   m2d_cap_name((m2d_cap)miss), be->ops->name);
 }
 
 int m2d_engine_open(const m2d_model *m, const m2d_engine_opts *o, m2d_engine **out) {
@@ -295,7 +318,7 @@ int m2d_engine_open(const m2d_model *m, const m2d_engine_opts *o, m2d_engine **o
     m2d_backend *be;
     if (m2d_backend_new(o->backend ? o->backend : "cpu", &bo, &be)) return -1;
     m2d_precision p;
-    if (check_backend_ops(m, be) || resolve_on(be, o->precision, &p)) {
+    if (check_backend_caps(m, be) || resolve_on(be, o->precision, &p)) {
         m2d_backend_free(be);
         return -1;
     }

@@ -1,0 +1,59 @@
+#!/bin/sh
+# make gpu-bundle: everything the GPU checks need, built here, packed for a GPU machine that has
+# the NVIDIA driver and cuBLASLt but none of this project's Debian libraries (the lent H100/H200:
+# not Debian, no apt, no network; see README "GPU").
+#
+#   gpu-bundle/bundle.tar.xz   (git-ignored; under 64 MiB) holding
+#     bin/      moe2dense, test_engine, test_ppl, bench_cuda (CUDA=1 build, stripped)
+#     lib/      the shared libraries they load that are not glibc's, the C++ runtime's or the
+#               GPU's own (OpenBLAS, oneDNN, cJSON, ... from `ldd`); cudart is bundled too
+#     models/   tiny-qwen3moe (config, weights, tokenizer, golden) from $MODELS
+#     data/     the WikiText-2 files the tests read
+#     run.sh, tests/run.sh, bench_hf_gpu.py
+#
+# On the GPU machine: tools/gpu_run.sh unpacks it and runs everything (tests with the GPU required,
+# then the benchmarks), writing its logs to $OUT. Nothing here needs a GPU; `sh tools/gpu_run.sh`
+# on this machine runs the same script (its GPU tests then fail with "no GPU", as they must).
+set -eu
+cd "$(dirname "$0")/.."
+MODELS=${M2D_MODELS:-../shared/models}
+DATA=${M2D_DATA:-data}
+NVCC=${NVCC:-${CUDA_HOME:-/usr/local/cuda}/bin/nvcc}
+dest=gpu-bundle
+stage=build-cuda/bundle-stage
+bins="moe2dense tests/test_engine tests/test_ppl tests/test_calib bench/bench_cuda"
+
+[ -x "$NVCC" ] || { echo "gpu-bundle: no nvcc at $NVCC (set CUDA_HOME or NVCC)"; exit 1; }
+[ -f "$MODELS/tiny-qwen3moe/model.safetensors" ] || { echo "gpu-bundle: $MODELS/tiny-qwen3moe missing"; exit 1; }
+wiki="$DATA/wikitext-2-raw/wikitext-2-raw"
+[ -f "$wiki/wiki.test.raw" ] || make -s data
+
+targets=""
+for b in $bins; do targets="$targets build-cuda/$b"; done
+make -j"$(nproc)" CUDA=1 NVCC="$NVCC" $targets
+
+rm -rf "$stage"
+mkdir -p "$stage/bin" "$stage/lib" "$stage/models/tiny-qwen3moe/golden" "$stage/data/wikitext-2-raw/wikitext-2-raw" \
+  "$stage/tests"
+for b in $bins; do strip -o "$stage/bin/$(basename "$b")" "build-cuda/$b"; done
+
+# every shared library the binaries load, less the ones the GPU machine has in a newer version
+# (glibc, libstdc++, libgcc) and the GPU's own (driver, cuBLASLt: too large to carry, there already)
+for b in "$stage"/bin/*; do ldd "$b"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
+  grep -Ev '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux[^/]*|libcuda|libcublas[^/]*)\.so' |
+  while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+
+m=$MODELS/tiny-qwen3moe
+cp "$m/config.json" "$m/model.safetensors" "$m/tokenizer.json" "$m/tokenizer_config.json" "$stage/models/tiny-qwen3moe/"
+cp "$m"/golden/* "$stage/models/tiny-qwen3moe/golden/"
+cp -L "$wiki/wiki.test.raw" "$wiki/wiki.valid.raw" "$stage/data/wikitext-2-raw/wikitext-2-raw/"
+cp tests/run.sh "$stage/tests/"
+cp tools/bench_hf_gpu.py tools/gpu_run.sh "$stage/"
+git rev-parse --short HEAD > "$stage/COMMIT" 2>/dev/null || echo unknown > "$stage/COMMIT"
+
+mkdir -p "$dest"
+tar -C "$stage" -cf - . | xz -T0 -6 > "$dest/bundle.tar.xz.tmp"
+mv "$dest/bundle.tar.xz.tmp" "$dest/bundle.tar.xz"
+size=$(stat -c %s "$dest/bundle.tar.xz")
+echo "gpu-bundle: $dest/bundle.tar.xz, $((size / 1048576)) MiB, commit $(cat "$stage/COMMIT")"
+[ "$size" -lt $((60 * 1048576)) ] || { echo "gpu-bundle: over 60 MiB: the device tool carries 64 MiB in all"; exit 1; }

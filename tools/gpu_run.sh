@@ -1,0 +1,86 @@
+#!/bin/sh
+# The GPU checks of a bundle made by tools/gpu_bundle.sh (make gpu-bundle), on a machine with an
+# NVIDIA GPU, its driver and cuBLASLt, and none of this project's build dependencies:
+#   sh tools/gpu_run.sh [gpu-bundle/bundle.tar.xz]
+# 1. the GPU, driver and libraries (every bundled binary's libraries resolve)
+# 2. the GPU tests with the GPU required (M2D_REQUIRE_GPU=1: "no GPU" fails instead of skipping),
+#    every case run, one line per case with its measured difference
+# 3. bench_cuda (GEMM yardstick; pp512 / PPL-eval tokens/s on Qwen3-30B-A3B-shaped slices), then
+#    transformers on the same checkpoints when python3 has torch + transformers
+# Logs go to $OUT (default /tmp/m2d-gpu-out): gpu-run.log (everything), test_*.log (each binary's
+# whole output), bench.log. Each stage has a time limit (STAGE_S, default 240 s) so that one hung
+# stage cannot eat the machine's time; SKIP_HF=1 leaves transformers out. Exit status: non-zero if
+# a test failed.
+set -u
+bundle=${1:-gpu-bundle/bundle.tar.xz}
+out=${OUT:-/tmp/m2d-gpu-out}
+B=${M2D_BUNDLE_DIR:-/tmp/m2d-bundle}
+STAGE_S=${STAGE_S:-240}
+mkdir -p "$out"
+LOG=$out/gpu-run.log
+
+step() { echo; echo "== $* == ($(date -u +%H:%M:%SZ))"; }
+
+# libcublasLt.so.13 of this machine: the toolkit's, the dynamic linker's, or a pip wheel's
+find_cublaslt() {
+  for d in ${CUDA_HOME:-/usr/local/cuda}/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -e "$d/libcublasLt.so.13" ] && { echo "$d"; return; }
+  done
+  p=$(ldconfig -p 2>/dev/null | awk '/libcublasLt\.so\.13 /{print $NF; exit}')
+  [ -n "$p" ] && { dirname "$p"; return; }
+  p=$(find /usr /opt -name 'libcublasLt.so.13*' 2>/dev/null | head -1)
+  [ -n "$p" ] && dirname "$p"
+}
+
+main() {
+step "unpack $bundle"
+rm -rf "$B" && mkdir -p "$B" && xz -dc "$bundle" | tar -C "$B" -xf - || { echo "gpu-run: cannot unpack $bundle"; return 1; }
+echo "commit $(cat "$B/COMMIT")"
+
+step "GPU, driver, libraries"
+nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm --format=csv,noheader ||
+  echo "gpu-run: nvidia-smi failed"
+lscpu | sed -n 's/^Model name: *//p'
+lt=$(find_cublaslt)
+echo "cuBLASLt: ${lt:-not found}"
+export LD_LIBRARY_PATH="$B/lib${lt:+:$lt}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+missing=0
+for b in "$B"/bin/*; do
+  if ldd "$b" | grep -q 'not found'; then ldd "$b" | grep 'not found' | sed "s|^|$(basename "$b"): |"; missing=1; fi
+done
+[ "$missing" = 0 ] && echo "every library resolves"
+
+step "GPU tests (M2D_REQUIRE_GPU=1)"
+export M2D_REQUIRE_GPU=1 M2D_BIN="$B/bin/moe2dense" M2D_DATA="$B/data" M2D_MODELS="$B/models" M2D_BUILD=/tmp/m2d-gpu-build
+mkdir -p "$M2D_BUILD"
+tests_rc=0
+for t in "$B"/bin/test_*; do
+  name=$(basename "$t")
+  timeout "$STAGE_S" "$t" > "$out/$name.log" 2>&1; rc=$?
+  [ "$rc" -ne 0 ] && tests_rc=1
+  # one line per case, with the measured differences the tests print
+  grep -E '^\[ *(OK|FAILED|SKIPPED|ERROR) *\]|^\[ *LINE|max|nll|NLL|differ|error|skip' "$out/$name.log" | grep -v '^\[==' | head -150
+  echo "$name: exit $rc$( [ "$rc" = 124 ] && echo ' (timed out)')"
+done
+
+step "bench_cuda"
+BENCH_DIR=/tmp/m2d-gpu-bench
+timeout "$STAGE_S" "$B/bin/bench_cuda" "$BENCH_DIR" 2>&1 | tee "$out/bench.log"
+
+step "transformers on the same GPU and checkpoints"
+if [ "${SKIP_HF:-0}" != 1 ] && python3 -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null; then
+  timeout "$STAGE_S" python3 "$B/bench_hf_gpu.py" "$BENCH_DIR/qwen3-30b-a3b-2l" "$BENCH_DIR/qwen3-30b-a3b-2l-dense-k8" 2>&1 |
+    grep -v "Loading weights" | tee -a "$out/bench.log"
+else
+  echo "skipped (SKIP_HF=1, or python3 lacks torch/transformers with CUDA)"
+fi
+
+step "done"
+echo "tests: exit $tests_rc"
+return "$tests_rc"
+}
+
+{ main; echo $? > "$out/.rc"; } 2>&1 | tee "$LOG"
+rc=$(cat "$out/.rc" 2>/dev/null || echo 1)
+rm -f "$out/.rc"
+exit "$rc"
