@@ -48,7 +48,7 @@ cp "$m/config.json" "$m/model.safetensors" "$m/tokenizer.json" "$m/tokenizer_con
 cp "$m"/golden/* "$stage/models/tiny-qwen3moe/golden/"
 cp -L "$wiki/wiki.test.raw" "$wiki/wiki.valid.raw" "$stage/data/wikitext-2-raw/wikitext-2-raw/"
 cp tests/run.sh "$stage/tests/"
-cp tools/bench_hf_gpu.py tools/gpu_run.sh "$stage/"
+cp tools/bench_hf_gpu.py tools/gpu_run.sh tools/gpu_e2e.sh "$stage/"
 git rev-parse --short HEAD > "$stage/COMMIT" 2>/dev/null || echo unknown > "$stage/COMMIT"
 
 mkdir -p "$dest"

@@ -5,7 +5,8 @@
 # 1. the GPU, driver and libraries (every bundled binary's libraries resolve)
 # 2. the GPU tests with the GPU required (M2D_REQUIRE_GPU=1: "no GPU" fails instead of skipping),
 #    every case run, one line per case with its measured difference
-# 3. bench_cuda (GEMM yardstick; pp512 / PPL-eval tokens/s on Qwen3-30B-A3B-shaped slices), then
+# 3. one configuration end to end on both devices (tools/gpu_e2e.sh)
+# 4. bench_cuda (GEMM yardstick; pp512 / PPL-eval tokens/s on Qwen3-30B-A3B-shaped slices), then
 #    transformers on the same checkpoints when python3 has torch + transformers
 # Logs go to $OUT (default /tmp/m2d-gpu-out): gpu-run.log (everything), test_*.log (each binary's
 # whole output), bench.log. Each stage has a time limit (STAGE_S, default 240 s) so that one hung
@@ -62,6 +63,9 @@ for t in "$B"/bin/test_*; do
   grep -E '^\[ *(OK|FAILED|SKIPPED|ERROR) *\]|^\[ *LINE|max|nll|NLL|differ|error|skip' "$out/$name.log" | grep -v '^\[==' | head -150
   echo "$name: exit $rc$( [ "$rc" = 124 ] && echo ' (timed out)')"
 done
+
+step "one configuration end to end, cpu next to cuda (tools/gpu_e2e.sh)"
+timeout "$STAGE_S" bash "$B/gpu_e2e.sh" 2>&1 | tee "$out/e2e.log"
 
 step "bench_cuda"
 BENCH_DIR=/tmp/m2d-gpu-bench

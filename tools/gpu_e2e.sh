@@ -1,0 +1,41 @@
+#!/bin/sh
+# One configuration end to end on the GPU next to the CPU, through the CLI (issue 23): calibrate
+# the tiny teacher on both devices, convert a DO-ACP x WC student from each stats file, and compare
+# what a user sees: the selected experts and groups (moe2dense.json), the students' PPL on both
+# devices. Run by tools/gpu_run.sh with M2D_BIN, M2D_MODELS, M2D_DATA set; prints one line per check.
+set -u
+bin=$M2D_BIN; teacher=$M2D_MODELS/tiny-qwen3moe; wiki=$M2D_DATA/wikitext-2-raw/wikitext-2-raw
+w=${TMPDIR:-/tmp}/m2d-gpu-e2e; rm -rf "$w"; mkdir -p "$w"
+rc=0
+for dev in cpu cuda; do
+  t0=$(date +%s.%N)
+  "$bin" calibrate --model "$teacher" --data "$wiki/wiki.valid.raw" --out "$w/$dev.stats" --seq-len 256 --samples 16 \
+    --device "$dev" > "$w/$dev.calib.log" 2>&1 || { echo "calibrate --device $dev failed: $(tail -1 "$w/$dev.calib.log")"; rc=1; continue; }
+  echo "calibrate --device $dev: $(head -1 "$w/$dev.calib.log") (wall $(echo "$(date +%s.%N) - $t0" | bc) s)"
+  "$bin" convert --model "$teacher" --stats "$w/$dev.stats" --scoring do-acp --grouping wc --scaling avg-cp -K 16 \
+    --out "$w/$dev.student" > "$w/$dev.convert.log" 2>&1 || { echo "convert from the $dev stats failed: $(tail -1 "$w/$dev.convert.log")"; rc=1; }
+done
+# the selection and grouping the two stats files lead to (hashes and timings apart)
+# the selection and grouping the two stats files lead to (exact decisions), and how far the scores moved
+sel() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps([[L["selected"], L["groups"]] for L in d["layers"]]))' "$1"; }
+if [ -f "$w/cpu.student/moe2dense.json" ] && [ -f "$w/cuda.student/moe2dense.json" ]; then
+  if [ "$(sel "$w/cpu.student/moe2dense.json")" = "$(sel "$w/cuda.student/moe2dense.json")" ]; then
+    echo "selected experts and groups: identical from the cpu and cuda stats"
+  else
+    echo "selected experts and groups: DIFFER"; rc=1
+  fi
+  python3 -c 'import json,sys
+a,b=[json.load(open(p))["layers"] for p in sys.argv[1:3]]
+r=max(abs(x-y)/max(abs(y),1e-300) for la,lb in zip(a,b) for x,y in zip(la["scores"],lb["scores"]))
+print("DO-ACP scores, cuda vs cpu stats: max relative difference %.3g" % r)' "$w/cuda.student/moe2dense.json" "$w/cpu.student/moe2dense.json"
+fi
+for dev in cpu cuda; do
+  for m in "$teacher" "$w/cpu.student"; do
+    if out=$("$bin" ppl --model "$m" --data "$wiki/wiki.test.raw" --seq-len 512 --max-windows 8 --device "$dev" --json 2>&1); then
+      printf '%s' "$out" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print("ppl --device %-4s %-40s %.6f" % (sys.argv[1], sys.argv[2][-40:], d["ppl"]))' "$dev" "$m"
+    else
+      echo "ppl --device $dev $m failed: $out"; rc=1
+    fi
+  done
+done
+exit $rc
