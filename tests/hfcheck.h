@@ -42,10 +42,13 @@ void hf_check_mxfp4(const cJSON *g, const char *dir);
  * calibrate + convert, ppl of teacher and student on WikiText-2 test, eval arc_easy (4 docs) of the
  * student; each step exits 0 with a finite result. Needs `make data`. */
 void hf_check_pipeline(const char *name, const char *work, hf_build_fn build);
-/* The whole check of golden NAME: teacher (BUILD) or student (built from its teacher), its
- * model.safetensors sha256 against the golden's (transformers' save_pretrained bytes), for a
- * student the config.json text and transformers' re-save, then hf_check_forward, and
- * hf_check_mxfp4 / hf_check_calib when the golden has those fields. */
+/* The whole check of golden NAME: teacher (BUILD) or student (built from its teacher). A teacher's
+ * model.safetensors sha256 against the golden's (transformers' save_pretrained bytes: exact, no
+ * floating point between the grid generator and the writer). A student: its config.json text,
+ * transformers' re-save, and its bytes where exact by construction (scores that are counts,
+ * uniform scaling), else the golden's decisions ("plan") and every merged weight within one bf16
+ * ulp of a float64 merge. Then hf_check_forward, and hf_check_mxfp4 / hf_check_calib when the
+ * golden has those fields. A failing check releases what it holds (tu_defer). */
 void hf_check_model(const char *name, const char *work, hf_build_fn build);
 
 #endif

@@ -69,6 +69,8 @@ static m2d_model *build(const cJSON *g, const char *name, const char *part) {
     size_t n;
     char *data = m2d_read_file(st, &n), hex[65];
     m2d_sha256_hex(data, n, hex);
+    /* exact on every CPU: the grid generator's values (integer arithmetic, values every dtype
+     * holds exactly) through the writer, no floating-point computation in between */
     assert_string_equal(hex, item(p, "safetensors_sha256")->valuestring);
     m2d_model *m;
     if (m2d_model_open(dir, &m)) fail_msg("%s", m2d_errmsg());
@@ -84,7 +86,7 @@ static void windows_of(const cJSON *g, int L, m2d_windows *w) {
     char *path = m2d_path_join(tu_work, "text.txt");
     tu_write(path, text, strlen(text));
     if (m2d_windows_open(tk, path, L, M2D_ORDER_SEQUENTIAL, 0, w)) fail_msg("%s", m2d_errmsg());
-    assert_string_equal(w->ids_hash, item(g, "tokens_sha256")->valuestring);
+    assert_string_equal(w->ids_hash, item(g, "tokens_sha256")->valuestring); /* token ids: no floating point */
     m2d_tokenizer_free(tk);
     free(tok), free(path);
 }

@@ -166,6 +166,8 @@ static char *check_resume(const char *tag, m2d_precision prec) {
     assert_true(m2d_file_exists(marker));
     char *ta = trajectory(loga), *tb = trajectory(logb);
     assert_string_equal(ta, tb);
+    /* exact: one machine, the same computation in the same order (the trainer's results do not
+     * depend on the thread count, a resume restores the state bit for bit) */
     char *ha = file_hash(outa, "model.safetensors"), *hb = file_hash(outb, "model.safetensors");
     assert_string_equal(ha, hb);
     /* the checkpoint is removed once the output is complete */
@@ -330,6 +332,7 @@ static float *teacher_logits(const m2d_model *t, const m2d_model *s, m2d_precisi
     for (int w = 0; w < o.micro_batch; w++)
         if (m2d_engine_logits(e, tok + (size_t)w * o.seq_len, o.seq_len, ze + (size_t)w * o.seq_len * V))
             fail_msg("%s", m2d_errmsg());
+    /* exact: one machine, the trainer's teacher is the engine's forward of the same windows */
     assert_memory_equal(ze, z, sizeof(float) * (size_t)rows * V);
     m2d_engine_free(e);
     free(ze);

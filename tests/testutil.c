@@ -64,8 +64,31 @@ int tu_work_setup(void **state) {
     return 0;
 }
 
+static struct tu_deferred { void *p; void (*release)(void *); } *deferred;
+static size_t n_deferred, cap_deferred;
+
+void *tu_defer(void *p, void (*release)(void *)) {
+    if (n_deferred == cap_deferred) {
+        cap_deferred = cap_deferred ? 2 * cap_deferred : 16;
+        deferred = m2d_realloc(deferred, cap_deferred * sizeof *deferred);
+    }
+    deferred[n_deferred++] = (struct tu_deferred){p, release};
+    return p;
+}
+
+size_t tu_defer_mark(void) { return n_deferred; }
+
+void tu_release(size_t mark) {
+    while (n_deferred > mark) {
+        n_deferred--;
+        deferred[n_deferred].release(deferred[n_deferred].p);
+    }
+    if (mark == 0) free(deferred), deferred = NULL, cap_deferred = 0;
+}
+
 int tu_work_teardown(void **state) {
     (void)state;
+    tu_release(0);
     tu_rm_rf(tu_work);
     free(tu_work);
     tu_work = NULL;

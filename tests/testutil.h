@@ -27,6 +27,13 @@ extern char *tu_work;
 int tu_work_setup(void **state);
 int tu_work_teardown(void **state);
 int tu_rm_rf(const char *path);
+/* Resources a check holds while it may fail: cmocka's fail_msg longjmps out of the check, so
+ * whatever it allocated is registered here and released by tu_release (the check's own success
+ * path, from the mark it took) or, after a failure, by the next tu_release(0) / tu_work_teardown:
+ * nothing leaks when a check fails (LeakSanitizer under SAN=1). Returns P. */
+void *tu_defer(void *p, void (*release)(void *));
+size_t tu_defer_mark(void);
+void tu_release(size_t mark);
 /* Run a shell command; capture stdout and stderr (malloc'd, may be NULL); return exit status. */
 int tu_run(const char *cmd, char **out, char **err);
 /* Start CMD in /bin/sh (its own process), SIGKILL it after DELAY_US microseconds, reap it: a crash

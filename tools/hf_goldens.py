@@ -19,7 +19,8 @@ Per model (MODELS below):
     and token (top-k experts and gate weights, taken from transformers' router modules).
 Students (STUDENTS below): `moe2dense calibrate` + `convert` (the binary given with --bin) on a
 teacher checkpoint; transformers loads the student (goldens as in 3) and writes it back with
-save_pretrained, which must give moe2dense's model.safetensors byte for byte.
+save_pretrained, which must give moe2dense's model.safetensors byte for byte; the student's decisions
+(selected experts and groups per layer, "plan") from its moe2dense.json.
 --compare: the goldens in NEW_DIR (made now) must equal those in OLD_DIR (the committed ones):
 checkpoints, tokens and routing exactly, logits to 1e-9.
 """
@@ -375,6 +376,16 @@ def goldens(name, cls_name, model_dir, tokens, extra):
     return g
 
 
+def student_plan(student_dir):
+    """The student's decisions from its moe2dense.json: per layer the selected experts and their
+    groups. Decisions are exact on every CPU where far from ties (tests/hfcheck.c asserts the
+    margin); the float plan (scores, merge weights, alpha) is not stored: the test recomputes it in
+    float64 from the statistics and checks the weights within one bf16 ulp."""
+    with open(f"{student_dir}/moe2dense.json", encoding="utf-8") as f:
+        layers = json.load(f).get("layers", [])
+    return [{"layer": x["layer"], "selected": x["selected"], "groups": x["groups"]} for x in layers]
+
+
 def run(cmd):
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
@@ -413,7 +424,7 @@ def make_all(binary, out, work, only=None):
         getattr(transformers, cls_name).from_pretrained(s, dtype="auto").save_pretrained(resaved)
         tokens = result[teacher]["tokens"]
         result[name] = goldens(name, cls_name, s, tokens, {
-            "teacher": teacher, "calibrate": cal, "convert": conv, "calib_text": calib_text,
+            "teacher": teacher, "calibrate": cal, "convert": conv, "plan": student_plan(s), "calib_text": calib_text,
             "resaved_sha256": sha256(f"{resaved}/model.safetensors")})
     if only is None or "rope" in only:
         result["rope"] = {"name": "rope", "versions": {"transformers": transformers.__version__},

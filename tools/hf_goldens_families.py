@@ -46,7 +46,7 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 from hf_goldens import (N_TOKENS, VOCAB, byte_tokenizer, checkpoint, cli, compare_golden,  # noqa: E402
-                        fnv1a64, golden_record, grid_tensor, read_text, run, sha256)
+                        fnv1a64, golden_record, grid_tensor, read_text, run, sha256, student_plan)
 
 MIXTRAL = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
                num_key_value_heads=2, max_position_embeddings=256, eos_token_id=256, bos_token_id=None)
@@ -291,7 +291,8 @@ def make_all(binary, out, work, only=None):
         resaved = f"{work}/{name}-resaved"
         getattr(transformers, cls_name).from_pretrained(s, dtype="auto").save_pretrained(resaved)
         result[name] = goldens(name, cls_name, s, result[teacher]["tokens"], {
-            "teacher": teacher, "calibrate": cal, "convert": conv, "calib_text": calib_text,
+            "teacher": teacher, "calibrate": cal, "convert": conv, "plan": student_plan(s),
+            "calib_text": calib_text,
             "resaved_sha256": sha256(f"{resaved}/model.safetensors")})
     for name, g in result.items():
         with open(f"{out}/{name}.json", "w", encoding="utf-8") as f:

@@ -567,13 +567,75 @@ static int wants_dnnl(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
     return g->kernel == M2D_GEMM_ONEDNN || (w->whole ? w->whole : (int64_t)w->out * w->in) >= M2D_GEMM_DNNL_MIN_WEIGHT;
 }
 
-int m2d_gemm_rows_independent(const m2d_gemm_ctx *g, const m2d_gemm_w *w) { return wants_dnnl(g, w); }
+/* ------------------------------------------------------------------ row independence */
+
+/* Probe shapes [out, in] and batch sizes: where oneDNN switches kernels by the number of rows (AMX's
+ * brgemm: measured on a Xeon model 207, a bf16 row computed in a call of 1-2 rows differs from the
+ * same row in one of >= 3 at 128 x 2048, 1-4 vs >= 7 at 64 x 32, 1-16 vs >= 17 at 16 x 64), some
+ * row of a batch differs from that row computed alone. */
+static const int probe_shape[][2] = {{128, 2048}, {64, 32}, {16, 64}};
+static const int probe_m[] = {2, 3, 5, 8, 17, 33};
+#define PROBE_ROWS 33
+
+/* Every row of one oneDNN call on [m, in] X (each m of probe_m) equals, bit for bit, the row
+ * computed alone, on one probe shape. */
+static int probe_shape_rows(m2d_gemm_ctx *g, int out, int in, uint64_t *st) {
+    m2d_dtype dt = g->prec == M2D_PREC_BF16 ? M2D_BF16 : M2D_F32;
+    float *wv = m2d_malloc(sizeof(float) * (size_t)out * in), *x = m2d_malloc(sizeof(float) * (size_t)PROBE_ROWS * in);
+    float *y1 = m2d_malloc(sizeof(float) * (size_t)PROBE_ROWS * out), *ym = m2d_malloc(sizeof(float) * (size_t)PROBE_ROWS * out);
+    void *wd = m2d_malloc(m2d_dtype_size(dt) * (size_t)out * in);
+    for (size_t i = 0; i < (size_t)out * in; i++) wv[i] = (float)m2d_rand_normal(st);
+    for (size_t i = 0; i < (size_t)PROBE_ROWS * in; i++) x[i] = (float)m2d_rand_normal(st);
+    m2d_from_f32(dt, wv, (int64_t)out * in, wd);
+    m2d_gemm_w w = m2d_gemm_weight(dt, wd, out, in, in);
+    int same = 1;
+    for (int r = 0; r < PROBE_ROWS && same; r++) same = !m2d_gemm(g, x + (size_t)r * in, in, 1, &w, y1 + (size_t)r * out, out, 0.0f);
+    for (size_t i = 0; i < M2D_ARRAY_LEN(probe_m) && same; i++)
+        same = !m2d_gemm(g, x, in, probe_m[i], &w, ym, out, 0.0f) &&
+               memcmp(ym, y1, sizeof(float) * (size_t)probe_m[i] * out) == 0;
+    free(wv), free(x), free(y1), free(ym), free(wd);
+    return same;
+}
+
+/* Where oneDNN's matmul takes one kernel (and one reduction order) for every number of rows: fp32
+ * on avx512_core and up (its brgemm; AMX has no fp32), bf16 on avx512_core_bf16 without AMX. Then
+ * the probe confirms it on this CPU and this oneDNN (a new kernel that the ISA rule does not know
+ * of turns the claim off). */
+static int onednn_rows_independent(m2d_precision p) {
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa(), amx = (unsigned)dnnl_cpu_isa_avx512_core_amx;
+    int isa_ok = p == M2D_PREC_FP32 ? m2d_gemm_fp32_onednn_native() : m2d_gemm_bf16_native() && (isa & amx) != amx;
+    m2d_gemm_ctx *g;
+    if (!isa_ok || m2d_gemm_ctx_new(p, NULL, &g)) return 0;
+    m2d_gemm_set_kernel(g, M2D_GEMM_ONEDNN);
+    uint64_t st = 30;
+    int same = 1;
+    for (size_t i = 0; i < M2D_ARRAY_LEN(probe_shape) && same; i++)
+        same = probe_shape_rows(g, probe_shape[i][0], probe_shape[i][1], &st);
+    m2d_gemm_ctx_free(g);
+    return same;
+}
+
+static pthread_once_t rows_once[2] = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT};
+static int rows_indep[2];
+static void rows_probe_fp32(void) { rows_indep[0] = onednn_rows_independent(M2D_PREC_FP32); }
+static void rows_probe_bf16(void) { rows_indep[1] = onednn_rows_independent(M2D_PREC_BF16); }
+
+int m2d_gemm_onednn_rows_independent(m2d_precision p) {
+    int b = m2d_gemm_resolve(p) == M2D_PREC_BF16;
+    pthread_once(&rows_once[b], b ? rows_probe_bf16 : rows_probe_fp32);
+    return rows_indep[b];
+}
+
+int m2d_gemm_rows_independent(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
+    return wants_dnnl(g, w) && m2d_gemm_onednn_rows_independent(g->prec);
+}
 
 /* Rows per oneDNN tile: all of X, unless the column slices alone give fewer than 4 work items for
  * a GEMM worth splitting (>= 64 MFLOP; the router, K/V projections): then blocks of >= 64 rows
- * (measured: router 512x128x2048 from 430 to 680 GFLOP/s). oneDNN's result for a row does not
- * depend on the other rows of its call (tested), so this changes the speed only; sgemm's does,
- * so sgemm tiles are whole columns slices. */
+ * (measured: router 512x128x2048 from 430 to 680 GFLOP/s). The blocks are a function of the shape
+ * alone, so the result is the same on any thread count; where oneDNN's result for a row does not
+ * depend on the other rows of its call (m2d_gemm_onednn_rows_independent) this changes the speed
+ * only. sgemm's blocking depends on m, so sgemm tiles are whole column slices. */
 static int tile_rows(int m, int out, int in) {
     int ns = n_slices(out);
     if (ns >= 4 || 2.0 * m * out * in < 64e6) return m;

@@ -25,8 +25,8 @@
  * whole matrix's bits for those rows when both views take oneDNN (the kernel is chosen per view,
  * by its size; oneDNN's result for a column does not depend on how many follow it in the slice).
  * Slicing costs sgemm <= 5 % against one call (bench_gemm). oneDNN tiles are also split into row
- * blocks when the slices alone give fewer than 4 work items (its result for a row does not depend
- * on the other rows of the call; tested).
+ * blocks of >= 64 rows when the slices alone give fewer than 4 work items (chosen by the shape
+ * alone; where m2d_gemm_onednn_rows_independent holds, a row's result does not depend on them).
  *
  * Prepared weights: m2d_gemm_prepare copies W once into the layout the precision's kernel reads
  * fastest (bf16: oneDNN's blocked layout, same bytes as bf16; fp32: an fp32 copy) and reports the
@@ -108,8 +108,13 @@ typedef struct {
 } m2d_gemm_group;
 int m2d_gemm_grouped(m2d_gemm_ctx *g, const m2d_gemm_group *groups, int n_groups);
 
-/* 1 when a row of X·Wᵀ does not depend on the other rows of its call (their number, the row
- * blocks): W takes oneDNN here (tested in test_gemm). sgemm's blocking depends on m, so 0. */
+/* 1 when oneDNN's result for a row of X·Wᵀ at precision P (AUTO resolved) does not depend on the
+ * other rows of its call (their number, their values): fp32 on avx512_core and up, bf16 on
+ * avx512_core_bf16 without AMX (AMX's kernels change with the number of rows), each confirmed by a
+ * probe at first use (cached); 0 where oneDNN lacks the precision's native kernels. */
+int m2d_gemm_onednn_rows_independent(m2d_precision p);
+/* 1 when a row of X·Wᵀ does not depend on the other rows of its call: W takes oneDNN here and
+ * m2d_gemm_onednn_rows_independent holds (tested in test_gemm). sgemm's blocking depends on m, so 0. */
 int m2d_gemm_rows_independent(const m2d_gemm_ctx *g, const m2d_gemm_w *w);
 
 /* Prepare W for this context's precision (see above); the handle is independent of the stored
