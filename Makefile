@@ -52,7 +52,7 @@ else
   say = @:
 endif
 
-.PHONY: all deps test test-san data demo bench bench-peer plots fuzz clean help layering verify-lm-eval lm-eval-goldens verify-hf hf-goldens verify-distill distill-goldens gpu-check
+.PHONY: all deps test test-san data demo bench bench-peer plots fuzz clean help layering verify-lm-eval lm-eval-goldens verify-hf hf-goldens verify-distill distill-goldens gpu-check gpu-bundle
 ifeq ($(CUDA),1)
 all: $(BUILD)/moe2dense # ./moe2dense keeps pointing at the default build
 else
@@ -78,6 +78,7 @@ help:
 	@echo "make fuzz       build the libFuzzer targets (clang)"
 	@echo "make CUDA=1     also build the cuda backend (nvcc, cuBLASLt) into $(BUILD)-cuda/"
 	@echo "make gpu-check  on a GPU machine: CUDA=1 build, GPU tests and benchmarks (tools/gpu_check.sh)"
+	@echo "make gpu-bundle CUDA=1 build + libraries + test data packed for a GPU machine without them (gpu-bundle/)"
 
 moe2dense: $(BUILD)/moe2dense
 	ln -sf $(BUILD)/moe2dense $@
@@ -216,6 +217,11 @@ fuzz:
 
 gpu-check:
 	@sh tools/gpu_check.sh
+
+# the GPU checks for a machine that has a GPU but none of the build dependencies (the lent H100/H200):
+# built here, run there with `sh tools/gpu_run.sh gpu-bundle/bundle.tar.xz` (README, GPU)
+gpu-bundle:
+	@sh tools/gpu_bundle.sh
 
 clean:
 	rm -rf build build-san build-cuda build-san-cuda moe2dense

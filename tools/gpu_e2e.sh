@@ -8,10 +8,10 @@ bin=$M2D_BIN; teacher=$M2D_MODELS/tiny-qwen3moe; wiki=$M2D_DATA/wikitext-2-raw/w
 w=${TMPDIR:-/tmp}/m2d-gpu-e2e; rm -rf "$w"; mkdir -p "$w"
 rc=0
 for dev in cpu cuda; do
-  t0=$(date +%s.%N)
+  t0=$(date +%s%N)
   "$bin" calibrate --model "$teacher" --data "$wiki/wiki.valid.raw" --out "$w/$dev.stats" --seq-len 256 --samples 16 \
     --device "$dev" > "$w/$dev.calib.log" 2>&1 || { echo "calibrate --device $dev failed: $(tail -1 "$w/$dev.calib.log")"; rc=1; continue; }
-  echo "calibrate --device $dev: $(head -1 "$w/$dev.calib.log") (wall $(echo "$(date +%s.%N) - $t0" | bc) s)"
+  echo "calibrate --device $dev: $(head -1 "$w/$dev.calib.log") (wall $(( ($(date +%s%N) - t0) / 1000000 )) ms)"
   "$bin" convert --model "$teacher" --stats "$w/$dev.stats" --scoring do-acp --grouping wc --scaling avg-cp -K 16 \
     --out "$w/$dev.student" > "$w/$dev.convert.log" 2>&1 || { echo "convert from the $dev stats failed: $(tail -1 "$w/$dev.convert.log")"; rc=1; }
 done
