@@ -67,9 +67,9 @@ int main(void) {
     };
     int threads = m2d_default_threads();
     m2d_lm *cached = NULL, *naive = NULL, *naive_lp = NULL;
-    if (m2d_lm_engine_open(dir, threads, M2D_PREC_FP32, M2D_LM_CACHED, 0, &cached) ||
-        m2d_lm_engine_open(dir, threads, M2D_PREC_FP32, M2D_LM_NAIVE, 0, &naive) ||
-        m2d_lm_engine_open(dir, threads, M2D_PREC_FP32, M2D_LM_NAIVE_LP, 0, &naive_lp)) {
+    if (m2d_lm_engine_open(dir, &(m2d_engine_opts){.n_threads = threads}, M2D_LM_CACHED, 0, &cached) ||
+        m2d_lm_engine_open(dir, &(m2d_engine_opts){.n_threads = threads}, M2D_LM_NAIVE, 0, &naive) ||
+        m2d_lm_engine_open(dir, &(m2d_engine_opts){.n_threads = threads}, M2D_LM_NAIVE_LP, 0, &naive_lp)) {
         fprintf(stderr, "bench_mc: %s\n", m2d_errmsg());
         return 1;
     }

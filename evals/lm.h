@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/backend.h"
+#include "engine/engine.h"
 
 typedef struct {
     const char *context;       /* exact strings as lm-eval builds them (NUL-terminated UTF-8) */
@@ -82,10 +82,10 @@ typedef enum {
     M2D_LM_NAIVE_LP = 2,/* one forward per request, log-probs streamed at the continuation only */
 } m2d_lm_mode;
 
-/* Open the model in DIR (config, weights, tokenizer.json) as a scorer whose engine runs its GEMMs
- * in PRECISION (engine.h; AUTO resolved by the backend). max_length <= 0: the model's
- * max_position_embeddings. */
-int m2d_lm_engine_open(const char *dir, int n_threads, m2d_precision precision, m2d_lm_mode mode, int max_length, m2d_lm **out);
+/* Open the model in DIR (config, weights, tokenizer.json) as a scorer whose engine EO opens
+ * (engine.h: backend/device, threads, the GEMMs' precision, AUTO resolved by the backend).
+ * max_length <= 0: the model's max_position_embeddings. */
+int m2d_lm_engine_open(const char *dir, const m2d_engine_opts *eo, m2d_lm_mode mode, int max_length, m2d_lm **out);
 /* The same scorer over an engine and tokenizer the caller keeps (e.g. a student built in memory
  * by the sweep); m2d_lm_free releases only the scorer (its KV cache), not ENG or TOK. */
 typedef struct m2d_engine m2d_engine;

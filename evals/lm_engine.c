@@ -216,12 +216,11 @@ int m2d_lm_engine_wrap(m2d_engine *eng, const m2d_tokenizer *tok, m2d_lm_mode mo
     return 0;
 }
 
-int m2d_lm_engine_open(const char *dir, int n_threads, m2d_precision precision, m2d_lm_mode mode, int max_length, m2d_lm **out) {
+int m2d_lm_engine_open(const char *dir, const m2d_engine_opts *eo, m2d_lm_mode mode, int max_length, m2d_lm **out) {
     engine_lm *E = m2d_calloc(1, sizeof *E);
     m2d_tokenizer *tk = NULL;
     if (m2d_model_open(dir, &E->model)) { free(E); return -1; }
-    m2d_engine_opts eo = {.n_threads = n_threads, .precision = precision};
-    if (m2d_engine_open(E->model, &eo, &E->eng) || m2d_tokenizer_load(dir, &tk)) {
+    if (m2d_engine_open(E->model, eo, &E->eng) || m2d_tokenizer_load(dir, &tk)) {
         m2d_engine_free(E->eng);
         m2d_model_close(E->model);
         free(E);

@@ -126,8 +126,8 @@ static void cached_equals_naive(void **state) {
     collect(&rec, "arc_easy,winogrande", 1, 1);
     collect(&rec, "hellaswag", 0, 1);
     m2d_lm *cached = NULL, *naive = NULL;
-    if (m2d_lm_engine_open(dir, 2, M2D_PREC_FP32, M2D_LM_CACHED, 0, &cached)) fail_msg("%s", m2d_errmsg());
-    if (m2d_lm_engine_open(dir, 2, M2D_PREC_FP32, M2D_LM_NAIVE, 0, &naive)) fail_msg("%s", m2d_errmsg());
+    if (m2d_lm_engine_open(dir, &(m2d_engine_opts){.n_threads = 2}, M2D_LM_CACHED, 0, &cached)) fail_msg("%s", m2d_errmsg());
+    if (m2d_lm_engine_open(dir, &(m2d_engine_opts){.n_threads = 2}, M2D_LM_NAIVE, 0, &naive)) fail_msg("%s", m2d_errmsg());
     m2d_ll_result *a = m2d_calloc((size_t)rec.n, sizeof *a), *b = m2d_calloc((size_t)rec.n, sizeof *b);
     for (int i = 0; i < rec.n;) {
         int j = i;
@@ -166,8 +166,8 @@ static void empty_context_uses_eos(void **state) {
     char *dir = tu_model_path("tiny-qwen3moe");
     if (!dir) TU_SKIP("tiny-qwen3moe not found");
     m2d_lm *cached = NULL, *naive = NULL;
-    if (m2d_lm_engine_open(dir, 2, M2D_PREC_FP32, M2D_LM_CACHED, 0, &cached)) fail_msg("%s", m2d_errmsg());
-    if (m2d_lm_engine_open(dir, 2, M2D_PREC_FP32, M2D_LM_NAIVE, 0, &naive)) fail_msg("%s", m2d_errmsg());
+    if (m2d_lm_engine_open(dir, &(m2d_engine_opts){.n_threads = 2}, M2D_LM_CACHED, 0, &cached)) fail_msg("%s", m2d_errmsg());
+    if (m2d_lm_engine_open(dir, &(m2d_engine_opts){.n_threads = 2}, M2D_LM_NAIVE, 0, &naive)) fail_msg("%s", m2d_errmsg());
     m2d_ll_request r[2] = {{"", "The cat sat on the mat."}, {"", "The dog sat on the mat."}};
     m2d_ll_result a[2], b[2], c[2];
     assert_int_equal(m2d_lm_loglikelihood(cached, r, 2, a), 0);

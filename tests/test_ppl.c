@@ -370,6 +370,58 @@ static void cli_json_and_errors(void **state) {
     free(dir);
 }
 
+/* Every engine command takes --device and refuses, in one line naming the command, a device this
+ * build or machine does not have (never a silent CPU run); with a GPU, eval on cuda scores as on
+ * the CPU. */
+static void device_flag_on_every_engine_command(void **state) {
+    (void)state;
+    char *dir = tu_model_path("tiny-qwen3moe");
+    const char *wiki = tu_data_path("wikitext-2-raw/wikitext-2-raw/wiki.test.raw");
+    if (!dir || !m2d_file_exists(wiki)) TU_SKIP("tiny-qwen3moe or WikiText-2 missing");
+    char *tmp = tu_tmpdir(), *out = NULL, *err = NULL;
+    int gpu;
+    const char *cuda_error = cuda_expectation(&gpu);
+    char *base[] = {
+        m2d_strfmt("calibrate --model %s --data %s --out %s/s.stats --samples 1 --seq-len 16", dir, wiki, tmp),
+        m2d_strfmt("eval --model %s --tasks arc_easy --limit 2 --data %s", dir, tu_data_path("")),
+        m2d_strfmt("sweep experiments.toml --experiment demo --out %s/r.csv", tmp),
+        m2d_strfmt("distill --teacher %s --student %s --data %s --out %s/d --steps 1 --seq-len 16 --batch 1", dir, dir,
+                   wiki, tmp),
+    };
+    const char *name[] = {"calibrate", "eval", "sweep", "distill"};
+    for (size_t i = 0; i < M2D_ARRAY_LEN(base); i++) {
+        const char *dev[] = {"tpu", "cuda:1000"};
+        for (int d = 0; d < 2; d++) {
+            char *cmd = m2d_strfmt("%s %s --device %s", tu_bin(), base[i], dev[d]);
+            assert_int_not_equal(tu_run(cmd, &out, &err), 0);
+            char *want = d == 0 ? m2d_strfmt("%s: --device 'tpu': unknown device", name[i]) : m2d_strdup(cuda_error);
+            if (!strstr(err, want) || strchr(err, '\n') != err + strlen(err) - 1)
+                print_message("%s --device %s: stderr '%s'\n", name[i], dev[d], err);
+            assert_non_null(strstr(err, want));
+            assert_true(strchr(err, '\n') == err + strlen(err) - 1); /* one line */
+            free(want), free(cmd), free(out), free(err);
+        }
+    }
+    if (gpu) { /* the same accuracy on the GPU: 4 documents' choices do not flip by fp32 rounding */
+        char *acc[2];
+        for (int d = 0; d < 2; d++) {
+            char *cmd = m2d_strfmt("%s %s --json --device %s", tu_bin(), base[1], d ? "cuda" : "cpu");
+            assert_int_equal(tu_run(cmd, &out, &err), 0);
+            assert_non_null(strstr(out, d ? "\"device\":\"cuda\"" : "\"device\":\"cpu\""));
+            char *p = strstr(out, "\"acc\":");
+            assert_non_null(p);
+            acc[d] = m2d_strfmt("%.24s", p);
+            free(cmd), free(out), free(err);
+        }
+        print_message("eval arc_easy: cpu %s | cuda %s\n", acc[0], acc[1]);
+        assert_string_equal(acc[0], acc[1]);
+        free(acc[0]), free(acc[1]);
+    }
+    for (size_t i = 0; i < M2D_ARRAY_LEN(base); i++) free(base[i]);
+    tu_rm_rf(tmp);
+    free(tmp), free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(detokenizer_matches_python),
@@ -382,6 +434,7 @@ int main(void) {
         cmocka_unit_test(lmeval_matches_direct_engine_calls),
         cmocka_unit_test(lmeval_max_windows_bounds_the_work),
         cmocka_unit_test(cli_json_and_errors),
+        cmocka_unit_test(device_flag_on_every_engine_command),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

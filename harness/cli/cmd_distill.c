@@ -18,6 +18,7 @@ static const char USAGE[] =
     "           [--order shuffle|sequential] [--seed 0] [--log FILE.jsonl]\n"
     "           [--eval-data FILE [--eval-every N] [--eval-seq-len L] [--eval-windows N]]\n"
     "           [--save-every N] [--stop-after N] [--resume] [--threads T] [--precision P] [--fp32]\n"
+    "           [--device cpu|cuda[:N]]\n"
     "\n"
     "The teacher (a Qwen3-MoE checkpoint) runs in the same process on every step and gives\n"
     "full-vocabulary logits; the student (a dense checkpoint, e.g. `moe2dense convert` output) is\n"
@@ -65,6 +66,10 @@ static const char USAGE[] =
     "                     training (forward, backward, AdamW) is fp32 whatever P is: bf16 training is\n"
     "                     not implemented. The resolved precision is in the log (\"precision\"), the\n"
     "                     checkpoint (a --resume with another one is refused) and moe2dense.json\n"
+    "  --device D         where the TEACHER's forward runs: cpu (default), cuda or cuda:N (a `make\n"
+    "                     CUDA=1` build and a GPU; an absent device is an error, never a CPU run); its\n"
+    "                     hidden states come to the CPU, where the student trains and the teacher's\n"
+    "                     LM head makes the KD targets\n"
     "  --fp32             write the output in fp32 (default: the teacher's dtype; not --precision)\n"
     "\n"
     "Output in OUT: config.json, model.safetensors, tokenizer files and moe2dense.json (the\n"
@@ -140,7 +145,7 @@ static int parse(int argc, char **argv, m2d_distill_opts *o) {
         {"--eval-seq-len", 1, &a.eval_L, NULL}, {"--eval-windows", 1, &a.eval_windows, NULL},
         {"--save-every", 1, &a.save_every, NULL}, {"--stop-after", 1, &a.stop_after, NULL},
         {"--resume", 0, NULL, &a.resume}, {"--threads", 1, &a.threads, NULL}, {"--fp32", 0, NULL, &a.fp32},
-        {"--precision", 1, &a.precision, NULL}, {0}};
+        {"--precision", 1, &a.precision, NULL}, {"--device", 1, &o->train.teacher_backend, NULL}, {0}};
     if (m2d_parse_opts("distill", argc, argv, opts, NULL, 0, NULL)) return -1;
     if (!o->teacher || !o->student || !o->data || !o->out)
         return m2d_err("distill: --teacher, --student, --data and --out are required (see 'moe2dense help distill')");
@@ -148,6 +153,7 @@ static int parse(int argc, char **argv, m2d_distill_opts *o) {
     if (a.loss && m2d_loss_parse(a.loss, &o->train.loss)) return m2d_err_prefix("distill: --loss");
     if (a.order && m2d_order_parse(a.order, &o->order)) return m2d_err_prefix("distill: --order");
     if (a.precision && m2d_precision_parse(a.precision, "distill: --precision", &o->train.precision)) return -1;
+    if (o->train.teacher_backend && m2d_device_check(o->train.teacher_backend, "distill: --device")) return -1;
     if (a.mse_w && o->train.loss != M2D_LOSS_FKL_MSE) return m2d_err("distill: --mse-weight needs --loss fkl+mse");
     if ((a.eval_every || a.eval_L || a.eval_windows) && !o->eval_data)
         return m2d_err("distill: --eval-every, --eval-seq-len and --eval-windows need --eval-data");

@@ -12,7 +12,7 @@
 
 static int cmd_eval_run(int argc, char **argv) {
     const char *model = NULL, *tasks = NULL, *shots_s = NULL, *limit_s = NULL, *dump = NULL, *data = NULL;
-    const char *threads_s = NULL, *seed_s = NULL, *maxlen_s = NULL, *prec_s = "fp32";
+    const char *threads_s = NULL, *seed_s = NULL, *maxlen_s = NULL, *prec_s = "fp32", *device = "cpu";
     int json = 0, naive = 0;
     m2d_opt opts[] = {
         {"--model", 1, &model, NULL},       {"--tasks", 1, &tasks, NULL},
@@ -21,6 +21,7 @@ static int cmd_eval_run(int argc, char **argv) {
         {"--data", 1, &data, NULL},         {"--threads", 1, &threads_s, NULL},
         {"--seed", 1, &seed_s, NULL},       {"--max-length", 1, &maxlen_s, NULL},
         {"--naive", 0, NULL, &naive},       {"--precision", 1, &prec_s, NULL},
+        {"--device", 1, &device, NULL},
         {0},
     };
     int npos = 0;
@@ -36,11 +37,12 @@ static int cmd_eval_run(int argc, char **argv) {
     if (maxlen_s && m2d_parse_int("eval", "--max-length", maxlen_s, 2, 1L << 30, &maxlen)) return m2d_cmd_fail("eval");
 
     m2d_precision prec;
-    if (m2d_precision_parse(prec_s, "eval: --precision", &prec)) return m2d_cmd_fail("eval");
+    if (m2d_precision_parse(prec_s, "eval: --precision", &prec) || m2d_device_check(device, "eval: --device"))
+        return m2d_cmd_fail("eval");
 
     m2d_lm *lm = NULL;
-    if (m2d_lm_engine_open(model, threads ? (int)threads : m2d_default_threads(), prec,
-                           naive ? M2D_LM_NAIVE : M2D_LM_CACHED, (int)maxlen, &lm))
+    m2d_engine_opts eo = {.backend = device, .n_threads = threads ? (int)threads : m2d_default_threads(), .precision = prec};
+    if (m2d_lm_engine_open(model, &eo, naive ? M2D_LM_NAIVE : M2D_LM_CACHED, (int)maxlen, &lm))
         return m2d_cmd_fail("eval");
     m2d_precision used = m2d_engine_precision(m2d_lm_engine_of(lm));
     m2d_mc_config cfg;
@@ -60,13 +62,14 @@ static int cmd_eval_run(int argc, char **argv) {
         free(s);
         cJSON_AddStringToObject(o, "precision", m2d_precision_name(used));
         cJSON_AddStringToObject(o, "precision_requested", m2d_precision_name(prec));
+        cJSON_AddStringToObject(o, "device", device);
         cJSON_AddNumberToObject(o, "peak_rss_mib", m2d_cmd_peak_rss_mib());
         s = cJSON_Print(o);
         puts(s);
         free(s);
         cJSON_Delete(o);
     } else {
-        printf("precision %s (requested %s)\n", m2d_precision_name(used), m2d_precision_name(prec));
+        printf("precision %s (requested %s)\ndevice %s\n", m2d_precision_name(used), m2d_precision_name(prec), device);
         m2d_mc_results_print(&res, stdout);
         fprintf(stdout, "%lld requests in %.1f s\n", (long long)res.n_requests, m2d_now() - t0);
     }
@@ -99,6 +102,8 @@ M2D_COMMAND(eval, "eval", "multiple-choice evaluation (ARC-E/C, HellaSwag, Winog
             "  --precision P        GEMM precision: fp32 (default; exact), bf16 (operands rounded to bf16,\n"
             "                       fp32 accumulation) or auto (bf16 where the CPU computes it natively);\n"
             "                       the output records the one used\n"
+            "  --device D           where the engine runs: cpu (default), cuda or cuda:N (a `make CUDA=1`\n"
+            "                       build and a GPU; an absent device is an error, never a CPU run)\n"
             "  --naive              one full forward per request instead of the shared-prefix KV cache\n"
             "                       (slower; also computes is_greedy)\n"
             "\n"

@@ -39,6 +39,10 @@ static const char USAGE[] =
     "                      auto (bf16 where the CPU computes it natively); recorded in the CSV\n"
     "                      headers (precision=), which must match to resume; bf16 calibration is\n"
     "                      cached separately\n"
+    "  --device D          where those engines run: cpu (default), cuda or cuda:N (a `make CUDA=1`\n"
+    "                      build and a GPU; an absent device is an error, never a CPU run); off the\n"
+    "                      CPU recorded in the CSV headers (device=), which must match to resume;\n"
+    "                      the [distill] stage's student still trains on the CPU\n"
     "  --retry-failed      run configurations recorded as failed again (their rows are replaced)\n"
     "  --no-resume         refuse to run if the CSV exists (default: resume, skipping recorded rows)\n"
     "  --max-configs N     refuse a grid of more than N configurations (default " M2D_STR(M2D_GRID_DEFAULT_MAX_CONFIGS)
@@ -67,13 +71,13 @@ static int cmd_sweep_run(int argc, char **argv) {
         return m2d_cmd_fail("sweep");
     }
     const char *exp = NULL, *shard = NULL, *out = NULL, *jobs = NULL, *threads = NULL, *max_configs = NULL;
-    const char *prec_s = "fp32";
+    const char *prec_s = "fp32", *device = NULL;
     int dry = 0, retry = 0, no_resume = 0;
     m2d_opt opts[] = {{"--experiment", 1, &exp, NULL}, {"--shard", 1, &shard, NULL},  {"--out", 1, &out, NULL},
                       {"--jobs", 1, &jobs, NULL},      {"--threads", 1, &threads, NULL},
                       {"--dry-run", 0, NULL, &dry},    {"--retry-failed", 0, NULL, &retry},
                       {"--no-resume", 0, NULL, &no_resume}, {"--max-configs", 1, &max_configs, NULL},
-                      {"--precision", 1, &prec_s, NULL}, {0}};
+                      {"--precision", 1, &prec_s, NULL}, {"--device", 1, &device, NULL}, {0}};
     char *pos[1];
     int npos = 0, rc = 1;
     m2d_experiment x = {0};
@@ -100,6 +104,8 @@ static int cmd_sweep_run(int argc, char **argv) {
     }
     if (shard && m2d_parse_shard(shard, &o.shard_i, &o.shard_n)) goto fail;
     if (m2d_precision_parse(prec_s, "sweep: --precision", &o.precision)) goto fail;
+    if (device && m2d_device_check(device, "sweep: --device")) goto fail;
+    o.device = device;
     if (max_configs) {
         if (m2d_parse_int("sweep", "--max-configs", max_configs, 1, 1L << 40, &v)) goto fail;
         m2d_grid_set_max_configs(v);

@@ -463,9 +463,10 @@ static int check_compatible(const char *path, const m2d_results *r, const char *
     for (int i = 0; i < n_identity; i++) {
         const char *want = meta_value(meta, n_meta, identity[i]);
         const char *have = m2d_results_meta(r, identity[i]);
-        if (want && (!have || strcmp(want, have) != 0))
+        /* a key absent from both is a match (e.g. device, written only off the CPU) */
+        if ((want || have) && (!want || !have || strcmp(want, have) != 0))
             return m2d_err("%s: header '%s' is '%s' but this run has '%s': refusing to mix results (use another "
-                           "--out)", path, identity[i], have ? have : "(absent)", want);
+                           "--out)", path, identity[i], have ? have : "(absent)", want ? want : "(absent)");
     }
     return 0;
 }

@@ -78,6 +78,8 @@ static int run_with_backend(const m2d_experiment *x, const m2d_sweep_opts *o, co
     m2d_sweep_meta meta = {0};
     m2d_sweep_meta_build(x, o->shard_i, o->shard_n, model_hash, calib_hash, m2d_precision_name(b->precision), &meta);
     if (b->calibration[0]) m2d_sweep_meta_add(&meta, m2d_strfmt("calibration=%s", b->calibration));
+    /* an identity key written only off the CPU: CSVs from before it (and every CPU run) have none */
+    if (strcmp(b->device, "cpu") != 0) m2d_sweep_meta_add(&meta, m2d_strfmt("device=%s", b->device));
     char **cols = NULL;
     int n_cols = m2d_sweep_columns(x, &cols);
     m2d_results existing = {0};
@@ -145,7 +147,8 @@ int m2d_sweep_run(const m2d_experiment *x, const m2d_sweep_opts *o, m2d_sweep_su
     int jobs, threads;
     choose_threads(o, n_idx, &jobs, &threads);
     b.threads = threads;
-    if (m2d_engine_resolve_precision(NULL, o->precision, &b.precision)) {
+    b.device = o->device ? o->device : "cpu";
+    if (m2d_device_check(b.device, "sweep: --device") || m2d_engine_resolve_precision(b.device, o->precision, &b.precision)) {
         free(idx);
         m2d_sweep_backend_close(&b);
         return -1;

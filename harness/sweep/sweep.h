@@ -25,6 +25,7 @@ typedef struct {
     int retry_failed;       /* re-run configurations recorded as failed */
     int no_resume;          /* refuse to run when the CSV exists */
     m2d_precision precision;/* of the engine's GEMMs (calibration, evaluation, the distillation's teacher); 0: FP32 */
+    const char *device;     /* where those engines run: "cpu" (NULL), "cuda", "cuda:N" */
 } m2d_sweep_opts;
 
 typedef struct {

@@ -40,6 +40,8 @@ struct m2d_sweep_backend {
                                requested=512 ..."), recorded in the CSV header as calibration=... */
     m2d_precision precision;/* of the engine's GEMMs (FP32 or BF16: AUTO resolved), set with threads;
                              * also the distill hook's teacher precision (o->train.precision) */
+    const char *device;     /* where the engines run (calibration, evaluation, MC, the distill hook's
+                             * teacher): "cpu", "cuda", "cuda:N"; set with threads */
     /* optional: the state for experiment X (cheap: the work is in prepare); NULL + m2d_err on
      * failure; and destroy, which frees it */
     void *(*open)(const m2d_experiment *x);

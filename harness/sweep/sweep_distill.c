@@ -47,6 +47,7 @@ static void distill_one(const m2d_experiment *x, m2d_sweep_backend *b, const m2d
     char *dir = m2d_path_join(root, c->id), *log = m2d_strfmt("%s.jsonl", dir), *state = m2d_path_join(dir, "train-state");
     o.data = x->distill_data, o.out = dir, o.log = log, o.train.threads = b->threads;
     o.train.precision = b->precision; /* the sweep's: the teacher's KD targets and validation */
+    o.train.teacher_backend = b->device; /* the teacher's forward; the student trains on the CPU */
     o.resume = m2d_train_state_exists(state);
     if (o.eval_every > 0) /* the validation curve (Figure 5) on the experiment's PPL data */
         o.eval_data = x->ppl_data, o.eval_seq_len = x->ppl_seq_len, o.eval_windows = x->ppl_max_windows;

@@ -182,6 +182,8 @@ static int pipe_prepare(m2d_sweep_backend *b, const m2d_experiment *x, char mode
         return -1;
     }
     char *path = cache_path(b, x, model_hash, calib_hash);
+    o.device = b->device; /* one cache entry whichever device computes it: their statistics agree
+                           * within test_calib's tolerances (gpu_calibration_matches_cpu) */
     int rc = cached_statistics(p, ids, n_ids, &o, calib_hash, path, b->precision);
     p->stats_path = path;
     free(ids);
@@ -260,8 +262,7 @@ static int pipe_evaluate(m2d_sweep_backend *b, void *student, const m2d_grid_con
     student_t *s = student;
     const m2d_experiment *x = p->x;
     m2d_engine *e = NULL;
-    if (m2d_engine_open(s->student, &(m2d_engine_opts){.n_threads = b->threads, .precision = b->precision}, &e))
-        return -1;
+    if (m2d_engine_open(s->student, &(m2d_engine_opts){b->device, b->threads, b->precision}, &e)) return -1;
     int rc;
     m2d_ppl_result r;
     memset(&r, 0, sizeof r);
@@ -306,7 +307,7 @@ static int pipe_evaluate_mc(m2d_sweep_backend *b, void *student, const m2d_grid_
     if (!dir) return m2d_err("multiple choice: cannot create a temporary directory");
     m2d_lm *lm = NULL;
     int rc = s->dir ? 0 : m2d_convert_write(p->teacher, s->student, s->plan, p->stats_path, dir);
-    if (rc == 0) rc = m2d_lm_engine_open(dir, b->threads, b->precision, M2D_LM_CACHED, 0, &lm);
+    if (rc == 0) rc = m2d_lm_engine_open(dir, &(m2d_engine_opts){b->device, b->threads, b->precision}, M2D_LM_CACHED, 0, &lm);
     m2d_mc_config cfg;
     m2d_mc_config_default(&cfg);
     cfg.data_dir = x->mc_data_dir;

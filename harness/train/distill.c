@@ -283,6 +283,7 @@ static cJSON *settings_json(const run_t *r) {
     cJSON_AddStringToObject(s, "precision", m2d_precision_name(t->precision)); /* teacher + validation */
     cJSON_AddStringToObject(s, "precision_requested", m2d_precision_name(o->train.precision));
     cJSON_AddStringToObject(s, "student_training_precision", "fp32");
+    cJSON_AddStringToObject(s, "teacher_device", o->train.teacher_backend ? o->train.teacher_backend : "cpu");
     return s;
 }
 

@@ -28,6 +28,8 @@ typedef struct {
     m2d_optim_opts optim;
     int threads;            /* <= 0: m2d_default_threads() */
     const char *backend;    /* NULL: "cpu" */
+    const char *teacher_backend; /* the teacher's forward (its hidden states reach the student's
+                                  * backend through the host); NULL: backend */
     m2d_precision precision;/* of the TEACHER's forward and LM head (the KD targets; 0: FP32; AUTO is
                              * resolved by the engine: m2d_trainer_precision). The student's forward,
                              * backward and AdamW are fp32 whatever this says (no bf16 training). */
