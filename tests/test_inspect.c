@@ -91,6 +91,25 @@ static void sharded_dense(void **state) {
     free(dir);
 }
 
+/* A dense model's text output: no experts, so no "top-0 experts" (issue 30). */
+static void dense_text(void **state) {
+    (void)state;
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    o.moe = false;
+    char *dir = tu_tmpdir();
+    assert_int_equal(m2d_testmodel_write(dir, &o), 0);
+    char *args = m2d_strfmt("--model '%s'", dir), *out, *err;
+    int rc = inspect(args, &out, &err);
+    if (rc != 0) fail_msg("rc %d: %s", rc, err);
+    assert_null(strstr(out, "top-0"));
+    assert_non_null(strstr(out, "(dense: every parameter)"));
+    assert_non_null(strstr(out, "dense student  n/a (already dense)"));
+    free(out); free(err); free(args);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
 /* Corrupt a fresh checkpoint with CORRUPT, run inspect, expect exit 1 and one stderr line with NEEDLE. */
 static void expect_cli_error(void (*corrupt)(const char *dir), const char *needle) {
     m2d_testmodel_opts o;
@@ -222,6 +241,7 @@ int main(void) {
         cmocka_unit_test(tiny_teacher_text),
         cmocka_unit_test(tiny_teacher_json),
         cmocka_unit_test(sharded_dense),
+        cmocka_unit_test(dense_text),
         cmocka_unit_test(cli_bad_inputs),
         cmocka_unit_test(safetensors_file_only),
         cmocka_unit_test(cli_usage),
