@@ -116,7 +116,8 @@ static int cmd_sweep_run(int argc, char **argv) {
     o.no_resume = no_resume;
     m2d_sweep_summary s;
     if (m2d_sweep_run(&x, &o, &s)) goto fail;
-    printf("sweep %s: %d configurations: %d already done, %d evaluated, %d recorded as dedup_of, %d failed -> %s\n",
+    printf("sweep %s: %d configurations: %d already done, %d evaluated, %d students identical to an earlier one by "
+           "fingerprint (recorded as dedup_of, not evaluated), %d failed -> %s\n",
            x.name, s.total, s.skipped, s.evaluated, s.dedup, s.failed, path);
     printf("sweep %s: %.2f s wall: %.2f s prepare (teacher, calibration, data), %.2f s in build+evaluate "
            "(%d job(s) x %d thread(s))\n", x.name, s.wall_s, s.prepare_s, s.eval_s, s.jobs, s.threads);
