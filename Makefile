@@ -73,7 +73,7 @@ help:
 	@echo "make distill-goldens rewrite tests/golden/distill/ with transformers + torch"
 	@echo "make demo       calibrate, sweep, report and plot the demo experiment"
 	@echo "make bench      run the benchmarks (see BENCHMARKS.md)"
-	@echo "make bench-peer llama.cpp's CPU backend side by side (builds it from PyPI's llama-cpp-python sdist)"
+	@echo "make bench-peer llama.cpp's CPU backend side by side (builds it from the llama-cpp-python sdist, pip download)"
 	@echo "make plots      render plots/*.gp from results/"
 	@echo "make fuzz       build the libFuzzer targets (clang)"
 	@echo "make CUDA=1     also build the cuda backend (nvcc, cuBLASLt) into $(BUILD)-cuda/"
