@@ -52,7 +52,7 @@ else
   say = @:
 endif
 
-.PHONY: all deps test test-san data demo bench bench-peer plots fuzz clean help layering verify-lm-eval lm-eval-goldens verify-hf hf-goldens verify-distill distill-goldens gpu-check gpu-bundle
+.PHONY: all deps test test-isa test-san data demo bench bench-peer plots fuzz clean help layering verify-lm-eval lm-eval-goldens verify-hf hf-goldens verify-distill distill-goldens gpu-check gpu-bundle
 ifeq ($(CUDA),1)
 all: $(BUILD)/moe2dense # ./moe2dense keeps pointing at the default build
 else
@@ -63,7 +63,8 @@ help:
 	@echo "make            build ./moe2dense"
 	@echo "make deps       install missing Debian packages (root) or print the apt-get line"
 	@echo "make data       populate $(DATA_DIR)/ from DATA_MIRROR=$(DATA_MIRROR) or upstream"
-	@echo "make test       build and run the test suite (SAN=1 for ASan+UBSan)"
+	@echo "make test       link the data, build and run the test suite (SAN=1 for ASan+UBSan; TESTS=\"test_x ...\")"
+	@echo "make test-isa   the numerical tests again with oneDNN limited to ISA=$(ISA) (DNNL_MAX_CPU_ISA)"
 	@echo "make layering   check that every include goes to its own layer or a lower one"
 	@echo "make verify-lm-eval  every MC request against lm-eval's own, live (PyPI venv)"
 	@echo "make lm-eval-goldens rewrite tests/golden/lm_eval_requests.txt from lm-eval"
@@ -73,7 +74,7 @@ help:
 	@echo "make distill-goldens rewrite tests/golden/distill/ with transformers + torch"
 	@echo "make demo       calibrate, sweep, report and plot the demo experiment"
 	@echo "make bench      run the benchmarks (see BENCHMARKS.md)"
-	@echo "make bench-peer llama.cpp's CPU backend side by side (builds it from PyPI's llama-cpp-python sdist)"
+	@echo "make bench-peer llama.cpp's CPU backend side by side (builds it from the llama-cpp-python sdist, pip download)"
 	@echo "make plots      render plots/*.gp from results/"
 	@echo "make fuzz       build the libFuzzer targets (clang)"
 	@echo "make CUDA=1     also build the cuda backend (nvcc, cuBLASLt) into $(BUILD)-cuda/"
@@ -134,9 +135,23 @@ $(BUILD)/bench/%: bench/%.c $(LIB_OBJ) $(BENCH_LIB_OBJ)
 	$(call say,LD,$@)
 	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB_OBJ) $(BENCH_LIB_OBJ) $(LDLIBS)
 
-test: layering $(TEST_BIN) $(BUILD)/moe2dense $(TEST_CLI)
+# `make test` prepares what the tests need by itself: the data (`make data`: links from DATA_MIRROR,
+# sha256-checked, or downloads) and, in tests/run.sh (M2D_REF_SETUP=1), the references' venv.
+# TESTS="test_a test_b" runs only those binaries (default: every tests/test_*.c).
+TEST_RUN := $(if $(strip $(TESTS)),$(addprefix $(BUILD)/tests/,$(TESTS)),$(TEST_BIN))
+test: layering data $(TEST_RUN) $(BUILD)/moe2dense $(TEST_CLI)
 	@M2D_BIN=$(BUILD)/moe2dense M2D_TEST_BIN=$(TEST_CLI) M2D_DATA=$(DATA_DIR) M2D_MODELS=$(MODELS_DIR) \
-	  M2D_BUILD=$(BUILD) M2D_REF_SETUP=1 sh tests/run.sh $(TEST_BIN)
+	  M2D_BUILD=$(BUILD) M2D_REF_SETUP=1 sh tests/run.sh $(TEST_RUN)
+
+# The numerical tests once more with oneDNN held to an older instruction set (DNNL_MAX_CPU_ISA,
+# default AVX2: no AVX-512, no AMX): other kernels, other summation orders, the same tolerances.
+# OpenBLAS keeps the core it detects. .ci/run runs it; ISA=AVX512_CORE etc. picks another level.
+ISA ?= AVX2
+ISA_TESTS := test_hf test_families test_engine test_calib test_convert test_gemm test_distill test_distill_run \
+             test_gptoss test_mixtral test_train test_train_ops
+test-isa:
+	@echo "== make test TESTS=\"$(ISA_TESTS)\" under DNNL_MAX_CPU_ISA=$(ISA) =="
+	@DNNL_MAX_CPU_ISA=$(ISA) $(MAKE) --no-print-directory test TESTS="$(ISA_TESTS)"
 
 layering:
 	@sh tools/layering.sh

@@ -2,8 +2,9 @@
 # bench/peer_llamacpp.sh — issue 13: llama.cpp's CPU backend side by side with moe2dense on the
 # random 2-layer slices with Qwen3-30B-A3B layer dimensions (bf16), measured in one run.
 #
-#   sh bench/peer_llamacpp.sh build     fetch the pinned llama-cpp-python sdist from PyPI (sha256
-#                                       checked), build its vendored llama.cpp's llama-bench and
+#   sh bench/peer_llamacpp.sh build     fetch the pinned llama-cpp-python sdist with pip download
+#                                       from the index pip is configured with (sha256 checked),
+#                                       build its vendored llama.cpp's llama-bench and
 #                                       llama-perplexity (CPU only, Release, GGML_NATIVE) in build/peer
 #   sh bench/peer_llamacpp.sh convert   write both slices (bench_engine write) to $PEER_TMP and convert
 #                                       them to GGUF bf16 with the vendored convert_hf_to_gguf.py
@@ -21,7 +22,6 @@ set -eu
 LLAMA_CPP_PYTHON_VERSION=0.3.36 # vendors ggml-org/llama.cpp@0c1e57098 (its CHANGELOG.md)
 LLAMA_CPP_PYTHON_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 SENTENCEPIECE_VERSION=0.2.1 # convert_hf_to_gguf.py's requirements: >=0.1.98,<0.3.0
-LLAMA_CPP_PYTHON_URL=https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f6521aae45ca773a59fe7cf3/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-build}
@@ -38,16 +38,37 @@ die() { echo "peer_llamacpp: $*" >&2; exit 1; }
 need() { command -v "$1" >/dev/null 2>&1 || die "$1 is not installed ($2)"; }
 log() { echo "peer_llamacpp: $*" >&2; }
 
+# a Python with pip: $PEER_PIP_PYTHON, python3, or the test references' venv (tests/ref/setup.sh light)
+pip_python() {
+  for py in ${PEER_PIP_PYTHON:-} python3 "$root/tests/ref/.venv/bin/python"; do
+    "$py" -m pip --version >/dev/null 2>&1 && { echo "$py"; return 0; }
+  done
+  sh "$root/tests/ref/setup.sh" light >&2 || die "no Python with pip (make deps installs python3-venv; or set PEER_PIP_PYTHON)"
+  echo "$root/tests/ref/.venv/bin/python"
+}
+
+# the sdist through pip download (pip's own index configuration decides where from: nothing here
+# names a host), into a fresh directory, then sha256-checked before it is used
+download_sdist() {
+  dl="$peer/download"
+  rm -rf "$dl"
+  py=$(pip_python)
+  log "downloading the llama-cpp-python $LLAMA_CPP_PYTHON_VERSION sdist (77 MB) with pip download"
+  "$py" -m pip download --disable-pip-version-check --no-input --progress-bar off --no-deps --no-binary :all: \
+    -d "$dl" "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" > "$peer/download.log" 2>&1 ||
+    die "pip download llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION failed: $(tail -1 "$peer/download.log") (log: $peer/download.log)"
+  got=$(sha256sum "$dl/$(basename "$tgz")" 2>/dev/null | cut -d' ' -f1)
+  [ "$got" = "$LLAMA_CPP_PYTHON_SHA256" ] ||
+    die "sha256 of the downloaded sdist is '$got', expected $LLAMA_CPP_PYTHON_SHA256 (in $dl)"
+  mv "$dl/$(basename "$tgz")" "$tgz"
+  rm -rf "$dl"
+}
+
 fetch() {
   tgz="$peer/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
   mkdir -p "$peer"
   if ! [ -f "$tgz" ] || [ "$(sha256sum "$tgz" | cut -d' ' -f1)" != "$LLAMA_CPP_PYTHON_SHA256" ]; then
-    need curl "apt-get install curl"
-    log "downloading llama-cpp-python $LLAMA_CPP_PYTHON_VERSION sdist (77 MB, PyPI)"
-    curl -fsSL --retry 2 -o "$tgz.part" "$LLAMA_CPP_PYTHON_URL" || die "could not download $LLAMA_CPP_PYTHON_URL"
-    got=$(sha256sum "$tgz.part" | cut -d' ' -f1)
-    [ "$got" = "$LLAMA_CPP_PYTHON_SHA256" ] || { rm -f "$tgz.part"; die "sha256 of the sdist is $got, expected $LLAMA_CPP_PYTHON_SHA256"; }
-    mv "$tgz.part" "$tgz"
+    download_sdist
   fi
   if ! [ -f "$src/.unpacked" ]; then
     rm -rf "$src"

@@ -15,6 +15,9 @@ set grid
 set key top left
 set cbrange [firstlayer:(lastlayer > firstlayer ? lastlayer : firstlayer + 1)]
 set cblabel "layer"
-set cbtics (lastlayer - firstlayer <= 10 ? 1 : 5)
+# a tick per layer (every 5th beyond 10 layers); a parenthesised expression after cbtics would be
+# read as a list of explicit tick positions (one tick), so the step goes through a variable
+cbstep = (lastlayer - firstlayer <= 10 ? 1 : 5)
+set cbtics firstlayer, cbstep
 plot for [b=0:nblocks-1] datafile index b using 1:2:3 with lines lw 1.3 lc palette notitle, \
      x with lines dt 2 lw 1.2 lc rgb 'gray40' title "equal use (Gini 0)"

@@ -9,7 +9,10 @@ set ylabel "correlation between two experts"
 set grid
 set key below horizontal
 stats datafile using 1 nooutput
-set xtics nomirror (STATS_max - STATS_min <= 12 ? 1 : 4)
+# a tick per layer (every 4th beyond 12); through a variable: "set xtics (EXPR)" would be a list
+# of explicit tick positions, i.e. one tick
+xstep = (STATS_max - STATS_min <= 12 ? 1 : 4)
+set xtics nomirror STATS_min, xstep
 set ytics nomirror
 plot datafile using 1:2 with linespoints pt 7 ps 0.7 lw 1.5 lc rgb '#3b528b' title "mean over pairs", \
      '' using 1:3 with linespoints pt 7 ps 0.7 lw 1.5 lc rgb '#5ec962' title "max over pairs"

@@ -67,7 +67,7 @@ static void tiny_teacher_json(void **state) {
     free(out); free(err); free(args); free(dir);
 }
 
-/* A sharded dense model with mixed expectations: counts shards and dtypes. */
+/* A sharded dense model with mixed expectations: counts shards and dtypes; its text names no experts. */
 static void sharded_dense(void **state) {
     (void)state;
     m2d_testmodel_opts o;
@@ -86,6 +86,14 @@ static void sharded_dense(void **state) {
     assert_true(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "dtypes"), "F16")->valuedouble == 25); /* 3 + 2 layers x (8 attention/norm + 3 FFN) */
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "parameters"), "dense_student")), 0);
     cJSON_Delete(j);
+    free(out); free(err); free(args);
+    /* the text: no experts, so no "top-0 experts" (issue 30) */
+    args = m2d_strfmt("--model '%s'", dir);
+    rc = inspect(args, &out, &err);
+    if (rc != 0) fail_msg("rc %d: %s", rc, err);
+    assert_null(strstr(out, "top-0"));
+    assert_non_null(strstr(out, "(dense: every parameter)"));
+    assert_non_null(strstr(out, "dense student  n/a (already dense)"));
     free(out); free(err); free(args);
     tu_rm_rf(dir);
     free(dir);

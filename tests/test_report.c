@@ -132,6 +132,45 @@ static void markdown_table_and_summary(void **state) {
     free(p);
 }
 
+/* The run header's teacher (E, k) and teacher_ppl (issue 30): md and tex get a teacher row with
+ * its PPL in every K column, the K = E column is labelled and the legend says both; the csv
+ * format stays the students' table. The same file without those keys renders as before. */
+static void teacher_row_and_K_is_E(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), *p = m2d_path_join(dir, "teacher.csv");
+    char *text = m2d_strfmt("# experiment=hand\n# teacher=E=128 k=8\n# teacher_ppl=812.345678 windows=8\n%s",
+                            strstr(HAND_CSV, "# ppl="));
+    tu_write(p, text, strlen(text));
+    m2d_results r;
+    assert_int_equal(m2d_results_read(p, &r), 0);
+    char *md = render(&r, M2D_REPORT_MD);
+    const char *want =
+        "Teacher: the unconverted MoE, scored on the same 8 window(s) as every student.\n"
+        "K = 128 is E, the teacher's expert count (every expert selected; k = 8).\n"
+        "\n"
+        "| Scoring | Grouping | Scaling | K=8 | K=16 | K=128 (= E) |\n"
+        "|---|---|---|---:|---:|---:|\n"
+        "| Teacher (MoE, E = 128, top-8) |  |  | 812.3 | 812.3 | 812.3 |\n"
+        "| Selection Frequency | Round-Robin | Uniform | **20,633** | 21,112 | 22,799 |\n";
+    if (!strstr(md, want)) fail_msg("want:\n%s\nin:\n%s", want, md);
+    /* the rest of the table is the students' as before */
+    assert_non_null(strstr(md, strstr(EXPECTED_MD, "| D-Optimal + CP | Round-Robin")));
+    free(md);
+    char *tex = render(&r, M2D_REPORT_TEX);
+    assert_non_null(strstr(tex, " & $K{=}128$ (= E) \\\\\n\\midrule\n"
+                                "Teacher (MoE, E = 128, top-8) &  &  & 812.3 & 812.3 & 812.3 \\\\\n\\midrule\n"));
+    free(tex);
+    char *csv = render(&r, M2D_REPORT_CSV);
+    assert_null(strstr(csv, "Teacher"));
+    assert_non_null(strstr(csv, "scoring,grouping,scaling,K=8,K=16,K=128,best_K\n"));
+    free(csv);
+    m2d_results_free(&r);
+    free(text);
+    tu_rm_rf(dir);
+    free(dir);
+    free(p);
+}
+
 static void plot_data_files(void **state) {
     (void)state;
     char *dir, *p = write_hand(&dir);
@@ -449,6 +488,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(compact_ppl_notation),
         cmocka_unit_test(markdown_table_and_summary),
+        cmocka_unit_test(teacher_row_and_K_is_E),
         cmocka_unit_test(plot_data_files),
         cmocka_unit_test(distillation_section_and_plot_data),
         cmocka_unit_test(names_and_order_come_from_registrations),

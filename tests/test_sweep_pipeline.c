@@ -76,6 +76,24 @@ static void convert_then(const sweep_fx *fx, const char *command, char **out) {
     free(c);
 }
 
+/* The header's teacher shape and teacher_ppl (the report's teacher row) are the teacher's own
+ * perplexity on the students' windows: what `moe2dense ppl` measures on the teacher (issue 30). */
+static void teacher_ppl_in_header(const sweep_fx *fx, const m2d_results *r) {
+    assert_string_equal(m2d_results_meta(r, "teacher"), "E=64 k=8");
+    const char *tp = m2d_results_meta(r, "teacher_ppl");
+    assert_non_null(tp);
+    assert_non_null(strstr(tp, " windows=2"));
+    char *c = m2d_strfmt("%s ppl --model %s --data %s --seq-len 64 --max-windows 2 --json", tu_bin(), fx->model,
+                         wiki_test());
+    char *out = NULL, *err = NULL;
+    assert_int_equal(tu_run(c, &out, &err), 0);
+    const char *p = strstr(out, "\"ppl\":");
+    assert_non_null(p);
+    double want = strtod(p + 6, NULL), got = strtod(tp, NULL);
+    if (fabs(got - want) > 1e-6 * want) fail_msg("teacher_ppl %.6f vs ppl --model teacher %.6f", got, want);
+    free(c), free(out), free(err);
+}
+
 static void ppl_on_tokens_matches_library_gptq(void **state) {
     (void)state;
     if (!m2d_file_exists(wiki_test())) TU_SKIP("run 'make data' (WikiText-2 missing)");
@@ -162,6 +180,7 @@ static void small_sweep_dedups_caches_and_matches_convert_then_ppl(void **state)
         }
     }
     assert_true(checked);
+    teacher_ppl_in_header(&fx, &r);
     m2d_results_free(&r);
     /* the calibration cache is reused: a second run on a fresh CSV does not recalibrate */
     char *csv2 = m2d_path_join(fx.dir, "r2.csv");

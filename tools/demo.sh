@@ -39,4 +39,5 @@ sed -n 's/.* \([0-9.]*\) s wall: \([0-9.]*\) s prepare.*, \([0-9.]*\) s in build
   awk -v d="${dist:-0}" '{ if ($1 > 0) printf "demo: sweep overhead (not calibration/preparation, build+evaluate or distillation): %.2f s = %.1f%% of the sweep wall time\n", $1 - $2 - $3 - d, 100 * ($1 - $2 - $3 - d) / $1 }'
 [ -n "$dist" ] && echo "demo: distillation stage $dist s (3 students, PPL before/after in results/demo.md)"
 echo "demo: table  results/demo.md (LaTeX: results/demo.tex), raw results $csv"
-echo "demo: plots  plots/heatmap_*.png, plots/marginal.png, plots/distill.png, plots/overlap.png, plots/erank.png"
+echo "demo: plots  plots/heatmap_*.png, plots/marginal.png, plots/distill.png, plots/overlap.png, plots/erank.png,"
+echo "             plots/lorenz.png, plots/pearson.png, plots/pearson_matrix.png (and .svg of each)"

@@ -22,6 +22,9 @@ const m2d_command *m2d_command_at(int i); /* sorted by name */
         m2d_command_register(&ident##_command);                                    \
     }
 
+/* The MoE families a teacher may be (each an adapter, harness/model/arch_*.c), for usage texts. */
+#define M2D_CMD_TEACHER_FAMILIES "Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, DeepSeek-V2 or GPT-OSS"
+
 /* Peak resident memory of this process so far, in MiB (getrusage), for --json outputs. */
 double m2d_cmd_peak_rss_mib(void);
 

@@ -9,8 +9,6 @@
 #include "train/distill.h"
 
 static const char USAGE[] =
-    "moe2dense distill — train a dense student on its MoE teacher's outputs (knowledge distillation)\n"
-    "\n"
     "usage: moe2dense distill --teacher DIR --student DIR --data FILE --out DIR (--steps S | --tokens N)\n"
     "           [--seq-len 512] [--batch 8] [--micro-batch b] [--recompute]\n"
     "           [--lr 1e-4] [--min-lr 1e-5] [--warmup 20] [--weight-decay 0.01] [--clip 1.0]\n"
@@ -20,10 +18,13 @@ static const char USAGE[] =
     "           [--save-every N] [--stop-after N] [--resume] [--threads T] [--precision P] [--fp32]\n"
     "           [--device cpu|cuda[:N]]\n"
     "\n"
-    "The teacher (a Qwen3-MoE checkpoint) runs in the same process on every step and gives\n"
-    "full-vocabulary logits; the student (a dense checkpoint, e.g. `moe2dense convert` output) is\n"
-    "trained in fp32 master weights initialised from its checkpoint, every tensor trained (paper\n"
-    "§3.5, App. J; SPEC §7).\n"
+    "The teacher (a Hugging Face MoE checkpoint:\n"
+    M2D_CMD_TEACHER_FAMILIES ") runs in\n"
+    "the same process on every step and gives full-vocabulary logits; the student (a dense\n"
+    "checkpoint, e.g. `moe2dense convert` output) is trained in fp32 master weights initialised\n"
+    "from its checkpoint, every tensor trained (paper §3.5, App. J; SPEC §7). A student with an op\n"
+    "the training engine lacks (latent attention, RoPE scaling, biases, sinks, sliding windows:\n"
+    "the DeepSeek-V2, Qwen2-MoE and GPT-OSS students) is refused with one line naming it.\n"
     "\n"
     "  --data FILE        training text, encoded whole (no BOS) and cut into consecutive windows\n"
     "                     of L tokens; every position of every window is a distillation position\n"
@@ -78,8 +79,10 @@ static const char USAGE[] =
     "\n"
     "example:\n"
     "  moe2dense distill --teacher ../shared/models/tiny-qwen3moe --student students/do-acp-k8 \\\n"
-    "      --data build/train.txt --out distilled/do-acp-k8 --tokens 3000000 --seq-len 512 --batch 8 \\\n"
-    "      --lr 1e-3 --eval-data data/wikitext-2-raw/wiki.test.raw --eval-every 100 --log distill.jsonl\n";
+    "      --data data/train-text/wikitext-103-train-prefix/wiki.train.tokens --out distilled/do-acp-k8 \\\n"
+    "      --tokens 3000000 --seq-len 512 --batch 8 --lr 1e-3 \\\n"
+    "      --eval-data data/wikitext-2-raw/wikitext-2-raw/wiki.test.raw --eval-every 100 --log distill.jsonl\n"
+    "(the data files are those `make data` links; students/do-acp-k8 is a `moe2dense convert` output)\n";
 
 typedef struct {
     const char *steps, *tokens, *L, *B, *b, *lr, *min_lr, *warmup, *wd, *clip, *loss, *mse_w, *topk, *order, *seed,

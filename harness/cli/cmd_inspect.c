@@ -224,8 +224,10 @@ static void print_text(const m2d_model *m) {
     printf("context        max_position_embeddings %d\n", c->max_position_embeddings);
     printf("torch_dtype    %s (stored tensors: see dtypes)\n", m2d_dtype_name(c->torch_dtype));
     printf("parameters     total %s\n", commas(p.total, b1, sizeof b1));
-    printf("               active per token %s (top-%d experts, incl. embeddings and routers)\n",
-           commas(p.active, b1, sizeof b1), c->num_experts > 0 ? c->num_experts_per_tok : 0);
+    char how[64] = "dense: every parameter"; /* a dense model routes nothing */
+    if (c->num_experts > 0)
+        snprintf(how, sizeof how, "top-%d experts, incl. embeddings and routers", c->num_experts_per_tok);
+    printf("               active per token %s (%s)\n", commas(p.active, b1, sizeof b1), how);
     if (c->num_experts > 0) {
         int ks[5], nk = k_values(c, ks);
         int kd = c->num_experts_per_tok * c->moe_intermediate_size, sh = c->shared_expert_intermediate_size;

@@ -14,8 +14,11 @@ static const char USAGE[] =
     "Runs every configuration of the experiment's grid (scoring x grouping x scaling x K, trimmed by\n"
     "include/exclude rules): calibration statistics once (cached), then per configuration convert in\n"
     "memory and evaluate. One CSV row per configuration, appended crash-safely; a re-run resumes.\n"
-    "Configurations whose students have the same fingerprint are evaluated once; the others are\n"
-    "recorded with dedup_of=<config id>. A failing configuration is recorded as 'failed: reason'.\n"
+    "Two deduplications: axis values that resolve to the same settings (K = 8k and K = E when\n"
+    "E = 8k) make one configuration, the others are dropped from the grid (the dry run counts them);\n"
+    "configurations whose students have the same fingerprint (selected sets, groups, merge weights,\n"
+    "alpha) are evaluated once, the others recorded with dedup_of=<config id>.\n"
+    "A failing configuration is recorded as 'failed: reason'.\n"
     "Calibration statistics are cached in the experiment's cache_dir (default results/cache) under\n"
     "<model hash>-<calibration hash>.m2dstats and reused by every later run and shard.\n"
     "With an [mc] table, a second stage evaluates the multiple-choice tasks on the configurations\n"
@@ -122,7 +125,8 @@ static int cmd_sweep_run(int argc, char **argv) {
     o.no_resume = no_resume;
     m2d_sweep_summary s;
     if (m2d_sweep_run(&x, &o, &s)) goto fail;
-    printf("sweep %s: %d configurations: %d already done, %d evaluated, %d recorded as dedup_of, %d failed -> %s\n",
+    printf("sweep %s: %d configurations: %d already done, %d evaluated, %d students identical to an earlier one by "
+           "fingerprint (recorded as dedup_of, not evaluated), %d failed -> %s\n",
            x.name, s.total, s.skipped, s.evaluated, s.dedup, s.failed, path);
     printf("sweep %s: %.2f s wall: %.2f s prepare (teacher, calibration, data), %.2f s in build+evaluate "
            "(%d job(s) x %d thread(s))\n", x.name, s.wall_s, s.prepare_s, s.eval_s, s.jobs, s.threads);

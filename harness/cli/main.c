@@ -13,7 +13,14 @@ static void list_commands(FILE *out) {
         fprintf(out, "  %-12s %s\n", c->name, c->summary);
     }
     fprintf(out, "  %-12s %s\n", "help", "list commands, or 'help COMMAND' for one");
-    fprintf(out, "\n'moe2dense help COMMAND' explains one command.\n");
+    fprintf(out, "\n'moe2dense help COMMAND' (or 'moe2dense COMMAND --help') explains one command.\n");
+}
+
+/* `moe2dense help CMD`, `moe2dense CMD --help` and `moe2dense CMD -h`: the command's title and usage. */
+static void command_help(const m2d_command *c) {
+    printf("moe2dense %s — %s\n\n%s", c->name, c->summary, c->usage);
+    size_t n = strlen(c->usage);
+    if (n == 0 || c->usage[n - 1] != '\n') putchar('\n');
 }
 
 static int help(int argc, char **argv) {
@@ -26,9 +33,16 @@ static int help(int argc, char **argv) {
         fprintf(stderr, "moe2dense help: unknown command '%s'\n", argv[2]);
         return 2;
     }
-    printf("moe2dense %s — %s\n\n%s", c->name, c->summary, c->usage);
-    size_t n = strlen(c->usage);
-    if (n == 0 || c->usage[n - 1] != '\n') putchar('\n');
+    command_help(c);
+    return 0;
+}
+
+static int is_help_flag(const char *a) { return !strcmp(a, "--help") || !strcmp(a, "-h"); }
+
+/* Any argument after the command is --help or -h (no command takes either as a value). */
+static int wants_help(int argc, char **argv) {
+    for (int i = 2; i < argc; i++)
+        if (is_help_flag(argv[i])) return 1;
     return 0;
 }
 
@@ -37,7 +51,7 @@ int main(int argc, char **argv) {
         list_commands(stderr);
         return 2;
     }
-    if (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) return help(argc, argv);
+    if (!strcmp(argv[1], "help") || is_help_flag(argv[1])) return help(argc, argv);
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
         puts("moe2dense " M2D_VERSION);
         return 0;
@@ -46,6 +60,10 @@ int main(int argc, char **argv) {
     if (!c) {
         fprintf(stderr, "moe2dense: unknown command '%s' (run 'moe2dense help')\n", argv[1]);
         return 2;
+    }
+    if (wants_help(argc, argv)) {
+        command_help(c);
+        return 0;
     }
     return c->run(argc - 1, argv + 1);
 }

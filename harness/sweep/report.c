@@ -207,6 +207,58 @@ static int best_k(const grid *g, const char *sc, const char *gr, const char *sl,
     return best;
 }
 
+/* The teacher's E and k from the run header ("teacher=E=64 k=8"); 0 when the file has none. */
+static int header_teacher(const m2d_results *r, int *k) {
+    const char *t = m2d_results_meta(r, "teacher");
+    int E = 0;
+    *k = 0;
+    if (!t || sscanf(t, "E=%d k=%d", &E, k) != 2 || E <= 0 || *k <= 0) E = *k = 0;
+    return E;
+}
+
+/* " (= E)" after the K that is the teacher's expert count (every expert selected), else "" */
+static const char *k_is_E(const m2d_results *r, int K) {
+    int k;
+    return K == header_teacher(r, &k) ? " (= E)" : "";
+}
+
+/* The teacher's own PPL and its windows from the run header ("teacher_ppl=812.5 windows=8", the
+ * sweep's measurement on the students' windows); 0 when the file has none. */
+static int header_teacher_ppl(const m2d_results *r, double *ppl, int *windows) {
+    const char *t = m2d_results_meta(r, "teacher_ppl");
+    return t && sscanf(t, "%lf windows=%d", ppl, windows) == 2;
+}
+
+/* md: what the teacher row and K = E are, before the table */
+static void table_legend(const m2d_results *r, FILE *f) {
+    int k, E = header_teacher(r, &k), windows;
+    double ppl;
+    int have_ppl = header_teacher_ppl(r, &ppl, &windows);
+    if (have_ppl)
+        fprintf(f, "Teacher: the unconverted MoE, scored on the same %d window(s) as every student.\n", windows);
+    if (E) fprintf(f, "K = %d is E, the teacher's expert count (every expert selected; k = %d).\n", E, k);
+    if (have_ppl || E) fputc('\n', f);
+}
+
+/* The teacher row (md and tex): its PPL in every K column, the reference of each. */
+static void teacher_row(const grid *g, const m2d_results *r, m2d_report_format fmt, int with_params, FILE *f) {
+    double ppl;
+    int windows, k, E = header_teacher(r, &k);
+    if (fmt == M2D_REPORT_CSV || !header_teacher_ppl(r, &ppl, &windows)) return;
+    char name[64], v[32];
+    if (E) snprintf(name, sizeof name, "Teacher (MoE, E = %d, top-%d)", E, k);
+    else snprintf(name, sizeof name, "Teacher (MoE)");
+    m2d_report_format_ppl(ppl, v, sizeof v);
+    int n = 3 + with_params + g->n_K, j = 0;
+    const char **cells = m2d_calloc((size_t)n, sizeof *cells);
+    cells[j++] = name;
+    while (j < n - g->n_K) cells[j++] = ""; /* grouping, scaling (params) */
+    while (j < n) cells[j++] = v;
+    m2d_report_cells(&(m2d_report_out){fmt, f}, cells, n, NULL);
+    free(cells);
+    if (fmt == M2D_REPORT_TEX) fputs("\\midrule\n", f);
+}
+
 static void table_header(const grid *g, const m2d_results *r, m2d_report_format fmt, int with_params, FILE *f) {
     const char *exp = m2d_results_meta(r, "experiment"), *ppl = m2d_results_meta(r, "ppl");
     if (fmt == M2D_REPORT_CSV) {
@@ -216,8 +268,9 @@ static void table_header(const grid *g, const m2d_results *r, m2d_report_format 
     } else if (fmt == M2D_REPORT_MD) {
         fprintf(f, "## Perplexity by configuration%s%s%s%s\n\n", exp ? " — experiment " : "", exp ? exp : "",
                 ppl ? " — " : "", ppl ? ppl : "");
+        table_legend(r, f);
         fprintf(f, "| Scoring | Grouping | Scaling |%s", with_params ? " Params |" : "");
-        for (int k = 0; k < g->n_K; k++) fprintf(f, " K=%d |", g->Ks[k]);
+        for (int k = 0; k < g->n_K; k++) fprintf(f, " K=%d%s |", g->Ks[k], k_is_E(r, g->Ks[k]));
         fprintf(f, "\n|---|---|---|%s", with_params ? "---|" : "");
         for (int k = 0; k < g->n_K; k++) fprintf(f, "---:|");
         fprintf(f, "\n");
@@ -227,7 +280,7 @@ static void table_header(const grid *g, const m2d_results *r, m2d_report_format 
         fprintf(f, "\\begin{tabular}{lll%s", with_params ? "l" : "");
         for (int k = 0; k < g->n_K; k++) fputc('r', f);
         fprintf(f, "}\n\\toprule\nScoring & Grouping & DP Scaling%s", with_params ? " & Params" : "");
-        for (int k = 0; k < g->n_K; k++) fprintf(f, " & $K{=}%d$", g->Ks[k]);
+        for (int k = 0; k < g->n_K; k++) fprintf(f, " & $K{=}%d$%s", g->Ks[k], k_is_E(r, g->Ks[k]));
         fprintf(f, " \\\\\n\\midrule\n");
     }
 }
@@ -285,6 +338,7 @@ static void table_row(const grid *g, m2d_report_format fmt, int with_params, con
 static void write_table(const grid *g, const m2d_results *r, m2d_report_format fmt, FILE *f) {
     int with_params = g->pa.n > 1 || (g->pa.n == 1 && g->pa.v[0][0]);
     table_header(g, r, fmt, with_params, f);
+    teacher_row(g, r, fmt, with_params, f);
     for (int s = 0; s < g->sc.n; s++) {
         int first_of_scoring = 1;
         for (int gi = 0; gi < g->gr.n; gi++) {

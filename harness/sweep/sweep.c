@@ -68,18 +68,33 @@ static int stages_if_configured(const m2d_experiment *x, const m2d_sweep_opts *o
     return m2d_sweep_mc_stage(x, b, out, meta, sum);
 }
 
+/* The teacher's perplexity on the students' windows into the run header (teacher_ppl=), where the
+ * backend measures it and OUT is new (a resumed file keeps the header it has). */
+static int teacher_ppl_meta(m2d_sweep_backend *b, const char *out, m2d_sweep_meta *meta) {
+    if (!b->evaluate_teacher || m2d_file_exists(out)) return 0;
+    m2d_sweep_result r;
+    memset(&r, 0, sizeof r);
+    if (b->evaluate_teacher(b, &r)) return -1;
+    m2d_sweep_meta_add(meta, m2d_strfmt("teacher_ppl=%.6f windows=%d", r.ppl, r.ppl_windows));
+    return 0;
+}
+
 /* Everything after the backend is made: prepare it, open (or resume) OUT, the pool, the MC stage. */
 static int run_with_backend(const m2d_experiment *x, const m2d_sweep_opts *o, const char *out, m2d_sweep_backend *b,
                             const int *idx, int n_idx, m2d_sweep_summary *sum) {
     char model_hash[65] = "", calib_hash[65] = "";
     double t_prep = m2d_now();
     if (b->prepare(b, x, model_hash, calib_hash)) return -1;
-    sum->prepare_s = m2d_now() - t_prep;
     m2d_sweep_meta meta = {0};
     m2d_sweep_meta_build(x, o->shard_i, o->shard_n, model_hash, calib_hash, m2d_precision_name(b->precision), &meta);
     if (b->calibration[0]) m2d_sweep_meta_add(&meta, m2d_strfmt("calibration=%s", b->calibration));
     /* an identity key written only off the CPU: CSVs from before it (and every CPU run) have none */
     if (strcmp(b->device, "cpu") != 0) m2d_sweep_meta_add(&meta, m2d_strfmt("device=%s", b->device));
+    if (teacher_ppl_meta(b, out, &meta)) {
+        m2d_sweep_meta_free(&meta);
+        return -1;
+    }
+    sum->prepare_s = m2d_now() - t_prep;
     char **cols = NULL;
     int n_cols = m2d_sweep_columns(x, &cols);
     m2d_results existing = {0};
@@ -271,7 +286,8 @@ static int print_distinct(const m2d_experiment *x, m2d_precision prec, const int
     }
     m2d_err_clear();
     if (distinct >= 0) {
-        fprintf(f, "distinct students: %d (from their fingerprints); %d configurations are recorded as dedup_of\n",
+        fprintf(f, "distinct students: %d (from their fingerprints); %d configurations build a student identical to "
+                   "an earlier one's (same fingerprint) and will be recorded as dedup_of, not evaluated\n",
                 distinct, n_idx - distinct);
         return distinct;
     }
@@ -339,7 +355,8 @@ int m2d_sweep_dry_run(const m2d_experiment *x, const m2d_sweep_opts *o, FILE *f)
     if (o->shard_n) fprintf(f, " (shard %d/%d of %d)", o->shard_i, o->shard_n, x->n_configs);
     if (x->n_excluded) fprintf(f, "; %d excluded by rules", x->n_excluded);
     if (x->n_duplicate_K)
-        fprintf(f, "; %d duplicates dropped (K expressions that coincide on this teacher, e.g. 8k = E, run once)",
+        fprintf(f, "; %d configurations identical to another in the grid (same resolved settings: K expressions "
+                   "that coincide on this teacher, e.g. 8k = E) dropped before the run",
                 x->n_duplicate_K);
     fprintf(f, "\n");
     if (have_csv) fprintf(f, "already in %s: %d (resume skips them), to run: %d\n", out, done, n_idx - done);

@@ -52,6 +52,10 @@ struct m2d_sweep_backend {
     int (*build)(m2d_sweep_backend *b, const m2d_grid_config *c, void **student, m2d_sweep_result *res);
     int (*evaluate)(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res);
     void (*free_student)(m2d_sweep_backend *b, void *student);
+    /* optional, after prepare: the teacher's own perplexity on the windows evaluate scores every
+     * student on (res->ppl, res->ppl_windows); the run records it in the CSV header (teacher_ppl=)
+     * and the report shows it as the table's teacher row */
+    int (*evaluate_teacher)(m2d_sweep_backend *b, m2d_sweep_result *res);
     /* optional: multiple-choice tasks of the experiment on a built student: res->mc[2t] = acc,
      * res->mc[2t+1] = acc_norm (NaN when the task has none), res->mc[2 n_tasks] = the average of
      * each task's paper metric */

@@ -128,6 +128,7 @@ void m2d_sweep_meta_build(const m2d_experiment *x, int shard_i, int shard_n, con
     m2d_sweep_meta_add(m, m2d_strfmt("experiments_file=%s", x->file));
     m2d_sweep_meta_add(m, m2d_strfmt("backend=%s", x->backend));
     m2d_sweep_meta_add(m, m2d_strfmt("model=%s", x->model));
+    m2d_sweep_meta_add(m, m2d_strfmt("teacher=E=%d k=%d", x->E, x->k));
     m2d_sweep_meta_add(m, m2d_strfmt("model_hash=%s", model_hash));
     m2d_sweep_meta_add(m, m2d_strfmt("calib_hash=%s", calib_hash));
     m2d_sweep_meta_add(m, m2d_strfmt("precision=%s", precision));

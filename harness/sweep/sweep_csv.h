@@ -32,7 +32,7 @@ typedef struct {
 void m2d_sweep_meta_add(m2d_sweep_meta *m, char *item); /* takes ownership of ITEM */
 void m2d_sweep_meta_free(m2d_sweep_meta *m);
 /* The header of a run of X (shard 0/0: the whole grid): format version, experiment, backend,
- * model, hashes, the engine's GEMM precision (fp32/bf16, as resolved), PPL protocol, shard, grid
+ * model, the teacher's E and k ("teacher=E=64 k=8": the report labels K = E), hashes, the engine's GEMM precision (fp32/bf16, as resolved), PPL protocol, shard, grid
  * size, host, start time. */
 void m2d_sweep_meta_build(const m2d_experiment *x, int shard_i, int shard_n, const char *model_hash,
                           const char *calib_hash, const char *precision, m2d_sweep_meta *m);

@@ -16,7 +16,7 @@
  *
  * PPL (gptq protocol): the evaluation text is encoded ONCE in prepare; each student is scored by
  * m2d_ppl_gptq_tokens, the core of m2d_ppl_gptq (which encodes per call). lm-eval protocol:
- * m2d_ppl_lmeval. Distillation stage: the student written as a checkpoint and distilled with
+ * m2d_ppl_lmeval. The teacher is scored the same way, on the same windows (evaluate_teacher). Distillation stage: the student written as a checkpoint and distilled with
  * m2d_distill_run (train/distill.h). Registered as sweep backend "pipeline" (the default). */
 #include <dirent.h>
 #include <errno.h>
@@ -256,13 +256,12 @@ static int pipe_build(m2d_sweep_backend *b, const m2d_grid_config *c, void **out
     return 0;
 }
 
-static int pipe_evaluate(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res) {
-    (void)c;
+/* The perplexity of MODEL (a student, or the teacher) on the experiment's evaluation windows. */
+static int model_ppl(m2d_sweep_backend *b, const m2d_model *model, m2d_sweep_result *res) {
     pipe_t *p = b->self;
-    student_t *s = student;
     const m2d_experiment *x = p->x;
     m2d_engine *e = NULL;
-    if (m2d_engine_open(s->student, &(m2d_engine_opts){b->device, b->threads, b->precision}, &e)) return -1;
+    if (m2d_engine_open(model, &(m2d_engine_opts){b->device, b->threads, b->precision}, &e)) return -1;
     int rc;
     m2d_ppl_result r;
     memset(&r, 0, sizeof r);
@@ -277,6 +276,15 @@ static int pipe_evaluate(m2d_sweep_backend *b, void *student, const m2d_grid_con
     if (rc == 0) res->ppl_windows = r.windows;
     m2d_engine_free(e);
     return rc;
+}
+
+static int pipe_evaluate(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res) {
+    (void)c;
+    return model_ppl(b, ((student_t *)student)->student, res);
+}
+
+static int pipe_evaluate_teacher(m2d_sweep_backend *b, m2d_sweep_result *res) {
+    return model_ppl(b, ((pipe_t *)b->self)->teacher, res);
 }
 
 /* Remove a flat directory (the student checkpoint written for the MC scorer). */
@@ -520,4 +528,5 @@ static void *pipe_open(const m2d_experiment *x) {
 M2D_SWEEP_BACKEND(pipeline, .name = "pipeline", .open = pipe_open, .destroy = pipe_destroy, .check = pipe_check,
                   .prepare = pipe_prepare,
                   .build = pipe_build, .evaluate = pipe_evaluate, .free_student = pipe_free_student,
-                  .evaluate_mc = pipe_evaluate_mc, .distill = pipe_distill, .plan_fingerprint = pipe_plan_fingerprint)
+                  .evaluate_mc = pipe_evaluate_mc, .distill = pipe_distill, .plan_fingerprint = pipe_plan_fingerprint,
+                  .evaluate_teacher = pipe_evaluate_teacher)
