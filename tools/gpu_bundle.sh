@@ -8,7 +8,7 @@
 #     lib/      the shared libraries they load that are not glibc's, the C++ runtime's or the
 #               GPU's own (OpenBLAS, oneDNN, cJSON, ... from `ldd`); cudart is bundled too
 #     models/   tiny-qwen3moe (config, weights, tokenizer, golden) from $MODELS
-#     data/     the WikiText-2 files the tests read
+#     data/     the WikiText-2 files the tests read, the demo's calibration text (+ experiments.toml)
 #     run.sh, tests/run.sh, bench_hf_gpu.py
 #
 # On the GPU machine: tools/gpu_run.sh unpacks it and runs everything (tests with the GPU required,
@@ -47,6 +47,10 @@ m=$MODELS/tiny-qwen3moe
 cp "$m/config.json" "$m/model.safetensors" "$m/tokenizer.json" "$m/tokenizer_config.json" "$stage/models/tiny-qwen3moe/"
 cp "$m"/golden/* "$stage/models/tiny-qwen3moe/golden/"
 cp -L "$wiki/wiki.test.raw" "$wiki/wiki.valid.raw" "$stage/data/wikitext-2-raw/wikitext-2-raw/"
+# make demo's experiment and its calibration text (tools/gpu_e2e.sh runs its grid on both devices)
+mkdir -p "$stage/data/train-text/wikitext-103-train-prefix"
+cp -L "$DATA/train-text/wikitext-103-train-prefix/wiki.train.tokens" "$stage/data/train-text/wikitext-103-train-prefix/"
+cp experiments.toml "$stage/"
 cp tests/run.sh "$stage/tests/"
 cp tools/bench_hf_gpu.py tools/gpu_run.sh tools/gpu_e2e.sh "$stage/"
 git rev-parse --short HEAD > "$stage/COMMIT" 2>/dev/null || echo unknown > "$stage/COMMIT"

@@ -38,4 +38,40 @@ for dev in cpu cuda; do
     fi
   done
 done
+
+# make demo's grid (280 configurations, then its 3 distillations) on each device from the bundle's
+# copy of the data, and the two results CSVs against each other: every configuration's PPL, the
+# report's best-per-cell choices
+if [ -f "${M2D_BUNDLE_ROOT:-}/experiments.toml" ]; then
+  for dev in cpu cuda; do
+    t0=$(date +%s%N)
+    (cd "$M2D_BUNDLE_ROOT" && "$bin" sweep experiments.toml --experiment demo --set model=models/tiny-qwen3moe \
+       --out "$w/demo-$dev.csv" --device "$dev" > "$w/demo-$dev.log" 2>&1) ||
+      { echo "demo sweep --device $dev failed: $(tail -2 "$w/demo-$dev.log")"; rc=1; continue; }
+    echo "demo sweep --device $dev: $(grep -m1 'wall' "$w/demo-$dev.log") ($(( ($(date +%s%N) - t0) / 1000000 )) ms)"
+    "$bin" report "$w/demo-$dev.csv" --out "$w/demo-$dev.md" >/dev/null 2>&1 || rc=1
+  done
+  if [ -f "$w/demo-cpu.csv" ] && [ -f "$w/demo-cuda.csv" ]; then
+    python3 - "$w/demo-cpu.csv" "$w/demo-cuda.csv" <<'PY' || rc=1
+import csv, math, sys
+def rows(p):
+    with open(p) as f:
+        return {r["config_id"]: r for r in csv.DictReader(l for l in f if not l.startswith("#"))}
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+worst, n = 0.0, 0
+for k, ra in a.items():
+    x, y = ra.get("ppl", ""), b.get(k, {}).get("ppl", "")
+    if x in ("", "nan") or y in ("", "nan"):
+        continue
+    worst, n = max(worst, abs(float(x) / float(y) - 1)), n + 1
+print("demo grid: %d configurations' PPL on cuda vs cpu: max relative difference %.3g" % (n, worst))
+sys.exit(0 if n == len(a) and worst < 1e-4 else 1)
+PY
+    if diff <(grep '^|' "$w/demo-cpu.md") <(grep '^|' "$w/demo-cuda.md") >/dev/null; then
+      echo "demo report tables: identical on cpu and cuda"
+    else
+      echo "demo report tables: differ:"; diff <(grep '^|' "$w/demo-cpu.md") <(grep '^|' "$w/demo-cuda.md") | head -8
+    fi
+  fi
+fi
 exit $rc

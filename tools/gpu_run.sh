@@ -10,7 +10,7 @@
 #    transformers on the same checkpoints when python3 has torch + transformers
 # Logs go to $OUT (default /tmp/m2d-gpu-out): gpu-run.log (everything), test_*.log (each binary's
 # whole output), bench.log. Each stage has a time limit (STAGE_S, default 240 s) so that one hung
-# stage cannot eat the machine's time; SKIP_HF=1 leaves transformers out. Exit status: non-zero if
+# stage cannot eat the machine's time; SKIP_HF=1 leaves transformers out, SKIP_BENCH=1 both benchmarks. Exit status: non-zero if
 # a test failed.
 set -u
 bundle=${1:-gpu-bundle/bundle.tar.xz}
@@ -65,11 +65,15 @@ for t in "$B"/bin/test_*; do
 done
 
 step "one configuration end to end, cpu next to cuda (tools/gpu_e2e.sh)"
-timeout "$STAGE_S" bash "$B/gpu_e2e.sh" 2>&1 | tee "$out/e2e.log"
+M2D_BUNDLE_ROOT=$B timeout "$STAGE_S" bash "$B/gpu_e2e.sh" 2>&1 | tee "$out/e2e.log"
 
-step "bench_cuda"
 BENCH_DIR=/tmp/m2d-gpu-bench
-timeout "$STAGE_S" "$B/bin/bench_cuda" "$BENCH_DIR" 2>&1 | tee "$out/bench.log"
+if [ "${SKIP_BENCH:-0}" = 1 ]; then
+  step "bench_cuda: skipped (SKIP_BENCH=1)"; SKIP_HF=1
+else
+  step "bench_cuda"
+  timeout "$STAGE_S" "$B/bin/bench_cuda" "$BENCH_DIR" 2>&1 | tee "$out/bench.log"
+fi
 
 step "transformers on the same GPU and checkpoints"
 if [ "${SKIP_HF:-0}" != 1 ] && python3 -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null; then
