@@ -384,7 +384,7 @@ static void device_flag_on_every_engine_command(void **state) {
     char *base[] = {
         m2d_strfmt("calibrate --model %s --data %s --out %s/s.stats --samples 1 --seq-len 16", dir, wiki, tmp),
         m2d_strfmt("eval --model %s --tasks arc_easy --limit 2 --data %s", dir, tu_data_path("")),
-        m2d_strfmt("sweep experiments.toml --experiment demo --out %s/r.csv", tmp),
+        m2d_strfmt("sweep experiments.toml --experiment demo --set model=%s --out %s/r.csv", dir, tmp),
         m2d_strfmt("distill --teacher %s --student %s --data %s --out %s/d --steps 1 --seq-len 16 --batch 1", dir, dir,
                    wiki, tmp),
     };
