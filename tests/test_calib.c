@@ -131,7 +131,7 @@ static void assert_close(const char *what, int layer, const double *got, const d
 
 static void compare_stats(const m2d_stats *f, const m2d_stats *r) {
     assert_int_equal(f->n_layers, r->n_layers);
-    assert_string_equal(f->calib_hash, r->calib_hash);
+    assert_string_equal(f->calib_hash, r->calib_hash); /* sha256 of token ids and window lengths: integers */
     assert_true(f->N == r->N);
     for (int l = 0; l < f->n_layers; l++) {
         const m2d_layer_stats *a = &f->layers[l], *b = &r->layers[l];
@@ -219,7 +219,7 @@ static void fast_matches_reference_testmodel(void **state) {
     int n;
     m2d_calib_windows(400, 48, 5, 1, 9, w, &n);
     assert_memory_equal(fast->window_starts, w, sizeof w); /* integers */
-    assert_string_equal(fast->model_hash, m->weights_hash);
+    assert_string_equal(fast->model_hash, m->weights_hash); /* a hash of the checkpoint's bytes */
     assert_true(fast->N == 240);
     for (int l = 0; l < fast->n_layers; l++) {
         double tot = 0;
