@@ -124,6 +124,7 @@ static void brute_bottom(const double *sc, int E, int m, char *out) {
     for (int i = 0; i < E; i++) idx[i] = i;
     for (int i = 0; i < E; i++)
         for (int j = i + 1; j < E; j++)
+            /* == : the tie rule itself, on the same bits the library sorts */
             if (sc[idx[j]] < sc[idx[i]] || (sc[idx[j]] == sc[idx[i]] && idx[j] > idx[i])) {
                 int t = idx[i]; idx[i] = idx[j]; idx[j] = t;
             }

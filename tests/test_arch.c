@@ -198,7 +198,8 @@ static void converts_to_its_own_student(void **state) {
     uint64_t st = 3;
     for (int i = 0; i < 16; i++) tok[i] = (int32_t)(tu_rand_u64(&st) % 64);
     float *mem = engine_logits(s, tok, 16), *disk = engine_logits(w, tok, 16);
-    /* same weights (teacher dtype in memory and on disk), same engine: bit-identical */
+    /* same weights (teacher dtype in memory and on disk), same engine: bit-identical (one machine,
+     * the same computation) */
     assert_memory_equal(mem, disk, 16 * 64 * sizeof(float));
     free(mem); free(disk);
     m2d_model_close(w);

@@ -36,7 +36,7 @@ static void windows_consecutive_and_seeded(void **state) {
     assert_int_equal(m2d_calib_windows(10000, 100, 8, 1, 42, b, &nb), 0);
     assert_int_equal(m2d_calib_windows(10000, 100, 8, 1, 43, c, &nc), 0);
     assert_int_equal(na, 8);
-    assert_memory_equal(a, b, sizeof a);
+    assert_memory_equal(a, b, sizeof a); /* integer window starts: exact */
     assert_true(memcmp(a, c, sizeof a) != 0);
     for (int i = 0; i < 8; i++) {
         assert_int_equal(a[i] % 100, 0);
@@ -131,12 +131,16 @@ static void assert_close(const char *what, int layer, const double *got, const d
 
 static void compare_stats(const m2d_stats *f, const m2d_stats *r) {
     assert_int_equal(f->n_layers, r->n_layers);
-    assert_string_equal(f->calib_hash, r->calib_hash);
+    assert_string_equal(f->calib_hash, r->calib_hash); /* sha256 of token ids and window lengths: integers */
     assert_true(f->N == r->N);
     for (int l = 0; l < f->n_layers; l++) {
         const m2d_layer_stats *a = &f->layers[l], *b = &r->layers[l];
         size_t E = (size_t)a->E, Ed = E * a->d;
         assert_int_equal(a->n_samples, b->n_samples);
+        /* exact on every CPU (these and sum_r, sum_r2 below): one machine, both paths run the same
+         * engine forward (the fast one hands it a routed output only where that is the engine's own
+         * bit for bit), so probabilities and gates are the same bits, added by the same scalar fp64
+         * code in token order; counts are integers */
         assert_memory_equal(a->n, b->n, E * sizeof(double));
         assert_memory_equal(a->sum_p, b->sum_p, E * sizeof(double));
         assert_memory_equal(a->sum_p_sel, b->sum_p_sel, E * sizeof(double));
@@ -214,13 +218,13 @@ static void fast_matches_reference_testmodel(void **state) {
     int64_t w[5];
     int n;
     m2d_calib_windows(400, 48, 5, 1, 9, w, &n);
-    assert_memory_equal(fast->window_starts, w, sizeof w);
-    assert_string_equal(fast->model_hash, m->weights_hash);
+    assert_memory_equal(fast->window_starts, w, sizeof w); /* integers */
+    assert_string_equal(fast->model_hash, m->weights_hash); /* a hash of the checkpoint's bytes */
     assert_true(fast->N == 240);
     for (int l = 0; l < fast->n_layers; l++) {
         double tot = 0;
         for (int e = 0; e < fast->E; e++) tot += fast->layers[l].n[e];
-        assert_true(tot == 240.0 * fast->k); /* every token routed to k experts */
+        assert_true(tot == 240.0 * fast->k); /* every token routed to k experts (integer counts: exact) */
     }
     m2d_calib_stats_free(fast);
     m2d_calib_stats_free(ref);
@@ -271,7 +275,7 @@ static void document_windows_calibrate(void **state) {
     assert_int_equal(m2d_stats_write(fast, path), 0);
     m2d_stats *back;
     assert_int_equal(m2d_stats_read(path, &back), 0);
-    assert_memory_equal(back->window_lens, fast->window_lens, 3 * sizeof(int));
+    assert_memory_equal(back->window_lens, fast->window_lens, 3 * sizeof(int)); /* integers */
     assert_string_equal(back->calib_hash, fast->calib_hash);
     m2d_calib_stats_free(back);
     o.doc_starts = NULL, o.reference = 0;
@@ -512,7 +516,8 @@ static void stats_file_roundtrip(void **state) {
         assert_int_equal(a->layer, b->layer);
         assert_int_equal(a->n_samples, 3);
         assert_true(a->N == b->N);
-        /* bit-exact: the file stores the raw sums, the reader finalises the same way */
+        /* bit-exact: the file stores the raw sums (fp64 bytes), the reader finalises the same way
+         * (the same code on the same machine) */
         assert_memory_equal(a->gram, b->gram, E * E * sizeof(double));
         assert_memory_equal(a->mu, b->mu, Ed * sizeof(double));
         assert_memory_equal(a->routed_var, b->routed_var, Ed * sizeof(double));

@@ -42,10 +42,14 @@ static void merge_matrices_weighted_average(void **state) {
     double w[2] = {0.25, 0.75};
     float out[3];
     m2d_merge_matrices(src, w, 2, 3, 1.0, out);
+    /* exact on every CPU: dyadic weights and small integers, every fp64 step exact (scalar C,
+     * -std=c11: no FMA contraction) */
     assert_true(out[0] == 2.5f && out[1] == 2.0f && out[2] == 0.0f);
     m2d_merge_matrices(src, w, 2, 3, 0.5, out);
     assert_true(out[0] == 1.25f && out[1] == 1.0f && out[2] == 0.0f);
-    /* a group of identical copies merges back to the expert, bit for bit, whatever the weights */
+    /* a group of identical copies merges back to the expert, bit for bit, whatever the weights:
+     * the fp64 sum Σ w_i c is within 3·2^-53 |c| of the fp32 value c (weights summing to 1 up to
+     * 2^-53), far inside half an fp32 ulp (2^-25 |c|), so it rounds back to c on every CPU */
     uint64_t st = 5;
     float c[50], merged[50];
     for (int i = 0; i < 50; i++) c[i] = (float)tu_rand_normal(&st);
@@ -62,7 +66,7 @@ static void concat_layout(void **state) {
     float d0[6] = {1, 2, 3, 4, 5, 6}, d1[6] = {7, 8, 9, 10, 11, 12};
     const float *gs[2] = {g0, g1}, *ds[2] = {d0, d1};
     float gate[12], up[12], down[12];
-    m2d_concat_ffn(2, 2, 3, gs, gs, ds, gate, up, down);
+    m2d_concat_ffn(2, 2, 3, gs, gs, ds, gate, up, down); /* copies: exact */
     for (int i = 0; i < 6; i++) assert_true(gate[i] == g0[i] && gate[6 + i] == g1[i] && up[6 + i] == g1[i]);
     float want_down[12] = {1, 2, 3, 7, 8, 9, 4, 5, 6, 10, 11, 12};
     assert_memory_equal(down, want_down, sizeof want_down);
@@ -372,9 +376,10 @@ static void student_logits_written_and_hand_built(void **state) {
     assert_int_equal(w->cfg.intermediate_size, 32);
     assert_int_equal(w->cfg.num_experts, 0);
     float *disk = logits_of(w, tok, 40);
-    /* same weights (teacher dtype in memory and on disk), same engine: bit-identical */
+    /* same weights (teacher dtype in memory and on disk), same engine: bit-identical (one machine,
+     * the same computation) */
     assert_memory_equal(mem, disk, 40 * 64 * sizeof(float));
-    /* unchanged tensors are bit-exact copies of the teacher's */
+    /* unchanged tensors are bit-exact copies of the teacher's (copied bytes) */
     for (int i = 0; i < m2d_st_count(f.m->st); i++) {
         const m2d_tensor *t = m2d_st_at(f.m->st, i);
         if (strstr(t->name, ".mlp.")) continue;
@@ -401,10 +406,13 @@ static void student_logits_written_and_hand_built(void **state) {
     m2d_model *h;
     if (m2d_model_open(hb, &h)) fail_msg("%s", m2d_errmsg());
     float *hand = logits_of(h, tok, 40);
+    /* exact: hand_build merges with the same fp64 operations in the same order as the converter
+     * (scalar C, -std=c11: no FMA contraction, IEEE-exact on every CPU) and rounds the same way (fp32, then bf16),
+     * so the weights are the same bytes; then one machine's same engine */
     assert_memory_equal(hand, disk, 40 * 64 * sizeof(float));
     /* and the student is not the teacher */
     float *teach = logits_of(f.m, tok, 40);
-    assert_true(memcmp(teach, disk, 40 * 64 * sizeof(float)) != 0);
+    assert_true(memcmp(teach, disk, 40 * 64 * sizeof(float)) != 0); /* other weights: far from equal */
 
     /* rewriting into an earlier output is allowed; into a foreign non-empty dir is not */
     assert_int_equal(m2d_convert_write(f.m, s, p, "stats.bin", out), 0);
@@ -478,6 +486,8 @@ static void narrow_dense_layer_is_zero_padded(void **state) {
     for (int j = 0; j < 32; j++) x[j] = (float)tu_rand_normal(&st);
     m2d_swiglu_ref(32, 24, tg, tu, td, x, y0);
     m2d_swiglu_ref(32, 32, g, u, dn, x, y1);
+    /* exact on every CPU: the padded rows give a = b = 0, h = 0, and the down sum adds exact +0
+     * terms after the same terms in the same order (scalar fp64 C) */
     assert_memory_equal(y0, y1, sizeof y0);
     /* written and reloaded, it runs */
     char *out = m2d_path_join(f.dir, "student");
@@ -486,7 +496,7 @@ static void narrow_dense_layer_is_zero_padded(void **state) {
     if (m2d_model_open(out, &w)) fail_msg("%s", m2d_errmsg());
     int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     float *a = logits_of(s, tok, 8), *b = logits_of(w, tok, 8);
-    assert_memory_equal(a, b, 8 * 64 * sizeof(float));
+    assert_memory_equal(a, b, 8 * 64 * sizeof(float)); /* in memory and written: the same bytes, one machine's engine */
     free(a); free(b);
     m2d_model_close(w);
     free(out);
@@ -513,7 +523,8 @@ static void moe_target_pruned_and_merged(void **state) {
     make_fixture(&f, &o);
     int32_t tok[24];
     for (int i = 0; i < 24; i++) tok[i] = (i * 7) % 64;
-    /* K = E, pure pruning: every expert kept in order with its own router row = the teacher */
+    /* K = E, pure pruning: every expert kept in order with its own router row = the teacher
+     * (copied weights, one machine's same engine: exact) */
     m2d_convert_plan *all = plan_or_fail(&f, "reap", "rr", NULL, 8, M2D_TARGET_MOE);
     m2d_model *s;
     assert_int_equal(m2d_convert_build(f.m, all, &s), 0);
@@ -528,7 +539,7 @@ static void moe_target_pruned_and_merged(void **state) {
     assert_int_equal(m2d_convert_build(f.m, p, &s), 0);
     assert_int_equal(s->cfg.num_experts, 4);
     float *rs = m2d_tensor_f32(s->layers[0].router), *rt = m2d_tensor_f32(f.m->layers[0].router);
-    for (int g = 0; g < 4; g++) /* slots in increasing teacher expert id */
+    for (int g = 0; g < 4; g++) /* slots in increasing teacher expert id; router rows copied: exact */
         assert_memory_equal(rs + slot_of(&p->layers[0], g) * 32, rt + p->layers[0].members[g] * 32, 32 * sizeof(float));
     free(rs); free(rt);
     a = logits_of(s, tok, 24);
@@ -540,7 +551,7 @@ static void moe_target_pruned_and_merged(void **state) {
     assert_int_equal(w->cfg.num_experts, 4);
     assert_int_equal(w->cfg.num_experts_per_tok, 2);
     float *b = logits_of(w, tok, 24);
-    assert_memory_equal(a, b, 24 * 64 * sizeof(float));
+    assert_memory_equal(a, b, 24 * 64 * sizeof(float)); /* in memory and written: the same bytes, one machine */
     free(a); free(b);
     m2d_model_close(w);
     m2d_convert_student_free(s);
@@ -555,7 +566,8 @@ static void moe_target_pruned_and_merged(void **state) {
     m2d_model *avg = s;
     m2d_convert_plan *avg_plan = p;
     /* router "shared" (default): 6 experts keep their own rows, members of a group carry the
-     * group's merged expert, which is the "average" student's expert bit for bit */
+     * group's merged expert, which is the "average" student's expert bit for bit (the same merge,
+     * same plan, same process; router rows copied) */
     mo.moe_router = M2D_MOE_ROUTER_SHARED;
     assert_int_equal(m2d_convert_plan_build(f.m, f.s, &mo, &p), 0);
     assert_string_not_equal(p->fingerprint, avg_plan->fingerprint);
@@ -582,7 +594,7 @@ static void moe_target_pruned_and_merged(void **state) {
     assert_int_equal(w->cfg.num_experts, 6);
     a = logits_of(s, tok, 24);
     b = logits_of(w, tok, 24);
-    assert_memory_equal(a, b, 24 * 64 * sizeof(float));
+    assert_memory_equal(a, b, 24 * 64 * sizeof(float)); /* in memory and written: the same bytes, one machine */
     free(a); free(b);
     m2d_model_close(w);
     m2d_convert_student_free(s);
@@ -593,7 +605,7 @@ static void moe_target_pruned_and_merged(void **state) {
     assert_int_equal(m2d_model_open(out, &w), 0);
     a = logits_of(s, tok, 24);
     b = logits_of(w, tok, 24);
-    assert_memory_equal(a, b, 24 * 64 * sizeof(float));
+    assert_memory_equal(a, b, 24 * 64 * sizeof(float)); /* in memory and written: the same bytes, one machine */
     free(a); free(b); free(t);
     m2d_model_close(w);
     m2d_convert_student_free(s);
@@ -807,14 +819,14 @@ static void baselines_random_ffn_and_random_init(void **state) {
                          *c = m2d_st_find(ffn8->st, a->name), *r = m2d_st_find(init->st, a->name),
                          *t = m2d_st_find(f.m->st, a->name);
         assert_non_null(b), assert_non_null(c), assert_non_null(r);
-        assert_memory_equal(a->data, b->data, a->nbytes); /* deterministic */
+        assert_memory_equal(a->data, b->data, a->nbytes); /* deterministic: the same seed's draws, one machine */
         int is_ffn = strstr(a->name, ".mlp.") != NULL, is_norm = strstr(a->name, "norm") != NULL;
         if (is_ffn) {
             assert_int_equal(a->shape[a->shape[0] == f.m->cfg.hidden_size ? 1 : 0], width);
-            void *want = expected_normal(a, 0.02, 7);
+            void *want = expected_normal(a, 0.02, 7); /* the same generator in this process: exact */
             assert_memory_equal(a->data, want, a->nbytes);
             free(want);
-            assert_true(memcmp(a->data, c->data, a->nbytes) != 0);
+            assert_true(memcmp(a->data, c->data, a->nbytes) != 0); /* another seed: other draws */
             float *v = m2d_tensor_f32(a);
             for (int64_t e = 0; e < m2d_tensor_numel(a); e++)
                 s1 += v[e], s2 += (double)v[e] * v[e], inside += fabs(v[e]) < 0.02, n++;
@@ -830,7 +842,7 @@ static void baselines_random_ffn_and_random_init(void **state) {
             for (int64_t e = 0; e < m2d_tensor_numel(r); e++) assert_true(v[e] == 1.0f);
         } else {
             void *want = expected_normal(r, 0.02, 7);
-            assert_memory_equal(r->data, want, r->nbytes);
+            assert_memory_equal(r->data, want, r->nbytes); /* same generator, same process */
             free(want);
             if (!is_ffn) assert_true(memcmp(r->data, t->data, t->nbytes) != 0);
         }
@@ -907,7 +919,8 @@ static void brute_remap(const fixture *f, int first, int n, double rho, int fixe
     free(is_proto);
 }
 
-/* remap student: the teacher's router unchanged, slot e holding m(e)'s weights bit for bit */
+/* remap student: the teacher's router unchanged, slot e holding m(e)'s weights bit for bit (copies,
+ * weight 1, no permutation: exact on every CPU) */
 static int check_remap(const fixture *f, int scope, double rho, int fixed) {
     char prm[32];
     snprintf(prm, sizeof prm, "scope=%d,fixed_k=%d", scope, fixed);
@@ -994,7 +1007,7 @@ static void conmoe_remap_against_brute_force(void **state) {
     int32_t tok[16];
     for (int i = 0; i < 16; i++) tok[i] = (i * 5) % 64;
     float *a = logits_of(s, tok, 16), *t = logits_of(f.m, tok, 16);
-    assert_memory_equal(a, t, 16 * 64 * sizeof(float));
+    assert_memory_equal(a, t, 16 * 64 * sizeof(float)); /* the teacher's bytes, one machine's engine: exact */
     free(a), free(t);
     m2d_convert_student_free(s);
     m2d_convert_plan_free(p);
@@ -1042,7 +1055,7 @@ static void conmoe_pooled_scores(void **state) {
     int sel[8];
     assert_int_equal(m2d_score_scope(m2d_plugin_find(M2D_SCORING, "conmoe"), views, 1, got), 0);
     assert_int_equal(m2d_score_and_select(m2d_plugin_find(M2D_SCORING, "conmoe"), &views[0], one, sel), 0);
-    assert_memory_equal(got, one, sizeof one);
+    assert_memory_equal(got, one, sizeof one); /* the same scoring of the same statistics, one process */
     free_fixture(&f);
 }
 
@@ -1066,6 +1079,7 @@ static void m_smoe_student_holds_aligned_merges(void **state) {
     for (int l = 0; l < p->n_layers; l++) {
         const m2d_layer_plan *lp = &p->layers[l];
         groups += lp->n_groups;
+        /* router: copied bytes */
         assert_memory_equal(s->layers[lp->layer].router->data, f.m->layers[lp->layer].router->data,
                             f.m->layers[lp->layer].router->nbytes);
         for (int g = 0; g < lp->n_groups; g++) {
@@ -1126,6 +1140,7 @@ static void none_indicator_ratio_topk(void **state) {
             assert_int_equal(lp->group_start[c + 1] - lp->group_start[c], 1);
             assert_true(lp->alpha[c] == 1.0);
             float *t = m2d_tensor_f32(f.m->layers[lp->layer].exp_gate[lp->members[c]]);
+            /* a singleton group of weight 1, alpha 1: 1·x rounds to x, exact */
             assert_memory_equal(g + (size_t)c * 16 * 32, t, 16 * 32 * sizeof(float));
             free(t);
         }

@@ -1,6 +1,9 @@
 /* D-optimal selection: Cholesky-update gains = log-det ratios (LAPACKE), greedy = exhaustive at
  * K = 1 and within the submodular (1 − 1/e) bound otherwise, the kernel / λ of the spec, the
- * do-X plugins end to end, and the theorem E.1 redundancy construction of paper 000. */
+ * do-X plugins end to end, and the theorem E.1 redundancy construction of paper 000.
+ * Exact comparisons here (ids, groups, selections, scores of two plugins) are exact on every CPU:
+ * plain scalar C on fixed inputs (no BLAS, no oneDNN), whose IEEE operations (-std=c11: no FMA
+ * contraction) give the same bits on every x86-64 CPU, and decisions taken on those bits. */
 #include "testutil.h"
 
 #include <lapacke.h>

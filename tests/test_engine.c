@@ -169,7 +169,7 @@ static void op_rmsnorm_analytic_on(const char *backend) {
     /* eps enters under the root */
     float z[2] = {0, 0};
     rmsnorm2(be, wh, z, 1e-6, y);
-    assert_true(y[0] == 0 && y[1] == 0);
+    assert_true(y[0] == 0 && y[1] == 0); /* 0 x (anything finite) = 0: exact */
     be->ops->weight_free(be, wh);
     end_backend(be);
 }
@@ -204,7 +204,7 @@ static void op_rope_rotate_half_on(const char *backend) {
     float y[8];
     memcpy(y, ref, sizeof y);
     rope_row(be, y, 1, 8, 0);
-    assert_true(max_abs_diff(y, ref, 8) == 0);
+    assert_true(max_abs_diff(y, ref, 8) == 0); /* cos 0 = 1, sin 0 = 0 exactly: exact on every CPU */
     end_backend(be);
 }
 
@@ -238,7 +238,7 @@ static void op_rope_variants_on(const char *backend) {
                 assert_true(fabs(y[h * hd + ia] - (v[ia] * c - v[ib] * sn)) < 1e-5);
                 assert_true(fabs(y[h * hd + ib] - (v[ib] * c + v[ia] * sn)) < 1e-5);
             }
-            for (int i = rot; i < hd; i++) assert_true(y[h * hd + i] == v[i]); /* not rotated */
+            for (int i = rot; i < hd; i++) assert_true(y[h * hd + i] == v[i]); /* not rotated: copied, exact */
         }
     }
     end_backend(be);
@@ -317,7 +317,7 @@ static void op_softmax_and_swiglu_on(const char *backend) {
     m2d_mat G = m2d_mat_of(gb, 0, 1, 3, 3), U = m2d_mat_of(ub, 0, 1, 3, 3);
     be->ops->glu(be, M2D_ACT_SWIGLU, &G, &U);
     download(be, h, gb, sizeof h);
-    assert_true(h[0] == 0);
+    assert_true(h[0] == 0); /* silu(0) = 0 / 2 = 0 exactly */
     assert_true(fabs(h[1] - 2 / (1 + exp(-1.0))) < 1e-6);
     assert_true(fabs(h[2] - 3 * -2 / (1 + exp(2.0))) < 1e-6);
     be->ops->release(be, gb), be->ops->release(be, ub);
@@ -478,7 +478,7 @@ static void op_convert_parallel_on(const char *backend) {
     be->ops->weight_f32(be, wh, 3, (int64_t)n - 3, f);
     for (size_t i = 0; i < n - 3; i++) {
         float ref = m2d_bf16_to_f32(b[i + 3]);
-        assert_memory_equal(&f[i], &ref, 4);
+        assert_memory_equal(&f[i], &ref, 4); /* exact on every CPU: bf16 -> fp32 is a 16-bit shift, NaNs included */
     }
     be->ops->weight_free(be, wh);
     end_backend(be);
@@ -524,7 +524,8 @@ static void op_attention_window_sinks_on(const char *backend) {
                 attention_host_ws(be, q, k, v, nq, NULL, NULL, 0, H, KV, hd, windows[wi], sn, o);
                 assert_true(max_abs_diff(o, r, (size_t)nq * H * hd) < 1e-5);
             }
-    /* a window of 1 with no sink is the value row itself */
+    /* a window of 1 with no sink is the value row itself: exact on every CPU (a softmax over one
+     * score is exp(0) / exp(0) = 1 exactly, and 1 x v = v) */
     attention_host_ws(be, q, k, v, nq, NULL, NULL, 0, H, KV, hd, 1, NULL, o);
     for (int i = 0; i < nq; i++)
         for (int h = 0; h < H; h++)
@@ -663,7 +664,7 @@ static void op_bias_and_clamped_swiglu_on(const char *backend) {
     m2d_mat Y = m2d_mat_of(yb, 0, 2, 3, 3);
     be->ops->add_bias(be, &Y, bw);
     download(be, out, yb, sizeof out);
-    for (int i = 0; i < 6; i++) assert_true(out[i] == y[i] + b[i % 3]);
+    for (int i = 0; i < 6; i++) assert_true(out[i] == y[i] + b[i % 3]); /* one IEEE fp32 add: correctly rounded everywhere */
     /* the clamps: gate only from above, up from both sides; the +1 on up */
     float g[5] = {-20, -1, 0.5f, 7, 9}, u[5] = {-9, 0.25f, -0.5f, 8, 1}, h[5];
     m2d_buf *gb = upload(be, g, sizeof g), *ub = upload(be, u, sizeof u);
@@ -1127,7 +1128,7 @@ static void hook_can_supply_the_routed_output(void **state) {
         double worst = 0;
         for (size_t i = 0; i < nl; i++) worst = fmax(worst, fabs(got[i] - ref[i]));
         if (h.offered) assert_true(worst > 1e-3);
-        else assert_true(worst == 0);
+        else assert_true(worst == 0); /* not offered: the hookless computation itself, one machine */
         m2d_engine_free(e);
     }
     free(ref);
@@ -1143,6 +1144,9 @@ static void weight_cache_and_expert_order_give_identical_results_on(const char *
     engine_on(backend, &mm.m, 2, &b);
     assert_true(m2d_engine_cache_weights(b, (size_t)1 << 30) > 0);
     m2d_engine_set_expert_parallel(b, 0); /* also: experts one at a time == expert-parallel */
+    /* exact on every CPU: one machine, the same prepared fp32 weights (kept or prepared on use) in
+     * the same GEMMs, whose results do not depend on the thread count (backend.h), summed in the
+     * same order whichever thread runs an expert */
     int32_t tok[30];
     uint64_t st = 8;
     rand_tokens(&st, tok, 30, 300);
@@ -1181,6 +1185,8 @@ static void results_do_not_depend_on_thread_count_on(const char *backend) {
     engine_on(backend, model, 2, &e2);
     assert_int_equal(m2d_engine_logits(e1, tok, N, l1), 0);
     assert_int_equal(m2d_engine_logits(e2, tok, N, l2), 0);
+    /* exact on every CPU: one machine, the same computation; only the thread count differs, and the
+     * backends' blockings (hence summation orders) do not depend on it */
     assert_memory_equal(l1, l2, sizeof(float) * nl);
     free(l1); free(l2);
     m2d_engine_free(e1);
@@ -1549,12 +1555,13 @@ static void all_experts_and_gram_match_naive(void **state) {
         assert_int_equal(m2d_engine_all_experts(e, 1, x, n, f, g), 0);
         for (int ex = 0; ex < E; ex++) {
             assert_int_equal(m2d_engine_expert(e, 1, ex, x, n, y), 0);
+            /* exact on every CPU: one machine, the same GEMM of the same shape per expert (grouped or not) */
             for (int t = 0; t < n; t++) assert_memory_equal(f + ((size_t)t * E + ex) * d, y + (size_t)t * d, sizeof(float) * d);
         }
         for (int i = 0; i < E; i++)
             for (int j = 0; j < E; j++) {
                 if (j < i) {
-                    assert_true(g[i * E + j] == -7.0);
+                    assert_true(g[i * E + j] == -7.0); /* never written: the sentinel, exact */
                     continue;
                 }
                 double s = 0, mag = 0;

@@ -209,6 +209,10 @@ static void lm_head_width(void **state) {
     }
 }
 
+/* Every bits_equal / assert_memory_equal below compares two runs on one machine of the same kernel on
+ * the same slices (gemm.h: slice boundaries fixed by the shape, not the thread count, preparation or
+ * grouping): the same summation order, so exact on every CPU; what differs between CPUs (the ISA's
+ * kernels) is the same on both sides. Comparisons across kernels or row counts carry tolerances. */
 static int bits_equal(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
 
 /* Y of one call on N_T threads (0: serial), optionally through a prepared copy of W */
@@ -464,6 +468,9 @@ static void tensor_rows_view(void **state) {
         assert_int_equal(all.ld, 40);
         assert_int_equal(m2d_gemm(g, x, 40, 3, &all, yall, 600, 0.0f), 0);
         assert_int_equal(m2d_gemm(g, x, 40, 3, &chunk, ych, 200, 0.0f), 0);
+        /* exact on every CPU: one machine; the chunk starts on a slice boundary, so its columns meet
+         * the same K-summation as in the whole (gemm.h: per-element order set by where a slice
+         * starts; oneDNN's result for a column does not depend on how many follow it) */
         for (int i = 0; i < 3; i++) assert_memory_equal(ych + i * 200, yall + i * 600 + 256, 200 * sizeof(float));
         /* rows of a prepared copy: [256, 512) and [256, 600) (to the end) are views; a view that
          * starts off a slice boundary, or ends inside a slice short of the end, is an error */

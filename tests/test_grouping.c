@@ -1,5 +1,8 @@
 /* grouping and scaling plugins: average linkage vs a brute-force implementation, each grouping's
- * defining property on synthetic weights / statistics, canonical ids, K = k, and the scalings. */
+ * defining property on synthetic weights / statistics, canonical ids, K = k, and the scalings.
+ * Exact comparisons here (ids, groups, selections, scores of two plugins) are exact on every CPU:
+ * plain scalar C on fixed inputs (no BLAS, no oneDNN), whose IEEE operations (-std=c11: no FMA
+ * contraction) give the same bits on every x86-64 CPU, and decisions taken on those bits. */
 #include "testutil.h"
 
 #include <math.h>

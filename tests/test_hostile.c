@@ -523,7 +523,7 @@ static void full_disk_row_append_cut_back(void **state) {
     size_t after_n;
     char *after = m2d_read_file(csv, &after_n);
     assert_int_equal(after_n, before_n);
-    assert_memory_equal(after, before, before_n);
+    assert_memory_equal(after, before, before_n); /* file bytes: exact */
     free(after);
     free(before);
     tu_rm_rf(dir);
@@ -704,7 +704,7 @@ static void resume_refuses_bad_rows(void **state) {
         size_t m;
         char *after = m2d_read_file(fx.csv, &m);
         assert_int_equal(m, strlen(bad));
-        assert_memory_equal(after, bad, m);
+        assert_memory_equal(after, bad, m); /* file bytes left as written: exact */
         free(after);
         free(out);
         free(err);

@@ -2,7 +2,10 @@
  * generator, metrics on a hand-made model whose log-likelihoods are known, MMLU micro groups,
  * the paper average, deviations, and bad input. The engine is not involved: the model is a
  * function of the request strings (FNV-1a hash), mirrored in tests/ref/lm_eval_requests.py. Requests
- * and metrics are checked against lm-evaluation-harness itself (lm-eval, tests/ref/.venv). */
+ * and metrics are checked against lm-evaluation-harness itself (lm-eval, tests/ref/.venv).
+ * Exact comparisons here are of strings (prompts, request hashes: sha256 of bytes) or of
+ * accuracies that are small-integer ratios with power-of-two denominators (0.75, 0.5, 0): exact on
+ * every CPU; other floating-point results carry tolerances. */
 #include "testutil.h"
 
 #include <cjson/cJSON.h>
@@ -534,7 +537,7 @@ static void metrics_stderr(void **state) {
     /* closed form sqrt(p(1-p)/(n-1)) */
     assert_true(fabs(m2d_mc_stderr(37, 100) - sqrt(0.37 * 0.63 / 99)) < 1e-15);
     assert_true(isnan(m2d_mc_stderr(1, 1))); /* lm-eval: "N/A" for a single item */
-    assert_true(m2d_mc_stderr(0, 10) == 0);
+    assert_true(m2d_mc_stderr(0, 10) == 0); /* sqrt(0 x 1 / 9) = 0 exactly */
     /* pooled (lm-eval pooled_sample_stderr): sizes 4, 100 with stderrs .25 and se(37/100):
      * var = (3*.0625*4 + 99*se2^2*100) / (104 - 2); result sqrt(var / 104) */
     double se2 = sqrt(0.37 * 0.63 / 99);

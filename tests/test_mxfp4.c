@@ -1,6 +1,8 @@
 /* mxfp4: the MXFP4 dequantiser and packer (io/mxfp4.h) against hand-worked values, a brute-force
  * nearest-value search, and the rules of the format; transformers' own dequantisation of our
- * packed bytes is checked in tests/test_hf_gptoss.c (goldens from tools/hf_goldens_gptoss.py). */
+ * packed bytes is checked in tests/test_hf_gptoss.c (goldens from tools/hf_goldens_gptoss.py).
+ * Exact comparisons here are exact on every CPU: MXFP4 values are FP4 table entries times powers of
+ * two (exact in fp32), packing picks codes by comparisons, so round trips are byte work. */
 #include "testutil.h"
 
 #include <math.h>

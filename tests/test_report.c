@@ -180,6 +180,8 @@ static void plot_data_files(void **state) {
     assert_int_equal(m2d_report_plot_data(&r, pd), 0);
     char *heat = m2d_path_join(pd, "heat_do-cp.dat");
     char *s = m2d_read_file(heat, NULL);
+    /* exact on every CPU (here and below): hand-written results (decimal text) parsed and printed
+     * again, both correctly rounded (strtod, printf), no arithmetic on them */
     assert_string_equal(s, "rows K=8 K=16 K=128\nrr/uniform 3837 5137 3.3e+06\nab/uniform 3837 2840.4 NaN\n"
                            "ab/proportional NaN NaN 736000\n");
     free(s);
@@ -289,6 +291,7 @@ static void moe_students_section(void **state) {
     assert_non_null(strstr(tex, "freq & HC-SMoE & - &  &  & \\textbf{25.0} \\\\\n"));
     free(tex);
     char *csv = render(&r, M2D_REPORT_CSV); /* the dense table only */
+    /* parsed and printed, no arithmetic: exact on every CPU */
     assert_string_equal(csv, "scoring,grouping,scaling,K=8,best_K\nreap,none,uniform,30.0000,8\n");
     free(csv);
     /* heat maps: the dense students only */

@@ -1,5 +1,8 @@
 /* scoring plugins: each formula against a direct per-token computation on synthetic data, REAP's
- * own unit-test vectors, ConMoE against brute-force weight distances, and registry behaviour. */
+ * own unit-test vectors, ConMoE against brute-force weight distances, and registry behaviour.
+ * Exact comparisons here (ids, groups, selections, scores of two plugins) are exact on every CPU:
+ * plain scalar C on fixed inputs (no BLAS, no oneDNN), whose IEEE operations (-std=c11: no FMA
+ * contraction) give the same bits on every x86-64 CPU, and decisions taken on those bits. */
 #include "testutil.h"
 
 #include <math.h>

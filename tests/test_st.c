@@ -147,6 +147,10 @@ static uint8_t *slurp(const char *path, size_t *n) {
     return b;
 }
 
+/* Every byte the writer tests compare (headers, data, file sha256) is exact on every CPU: fixed
+ * literals (1.0 / 3 is a compile-time constant, correctly rounded), integers, and fp32 -> bf16 / f16
+ * conversions that round to nearest even (integer arithmetic on the bits, or F16C, which is IEEE
+ * too); no floating-point computation otherwise. */
 static void fill_writer(m2d_st_writer *w, int reverse) {
     static const float f[6] = {1.0f, -2.5f, 3.14159f, 1e-30f, 65504.0f, -0.0f};
     static const double dd[2] = {1.0 / 3, -7};
@@ -189,7 +193,7 @@ static void writer_roundtrip_all_dtypes(void **state) {
     size_t n1, n2;
     uint8_t *b1 = slurp(p1, &n1), *b2 = slurp(p2, &n2);
     assert_int_equal(n1, n2);
-    assert_memory_equal(b1, b2, n1);
+    assert_memory_equal(b1, b2, n1); /* the same tensors added in another order: bytes (see fill_writer) */
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | b1[i];
     assert_int_equal(hlen % 8, 0);
@@ -307,7 +311,7 @@ static void tiny_teacher_roundtrip(void **state) {
     size_t n1, n2, n0;
     uint8_t *b1 = slurp(p1, &n1), *b2 = slurp(p2, &n2);
     assert_int_equal(n1, n2);
-    assert_memory_equal(b1, b2, n1);
+    assert_memory_equal(b1, b2, n1); /* copied tensors, two orders of adding: bytes, no arithmetic */
     /* independent reference: the teacher's file was written by another safetensors writer, which
      * put __metadata__ last (the current one, 0.8.0, puts it first, as ours does: see
      * writer_roundtrip_all_dtypes). Same size, the same header object, the data byte for byte. */
@@ -319,7 +323,7 @@ static void tiny_teacher_roundtrip(void **state) {
     cJSON *j0 = cJSON_ParseWithLength((const char *)b0 + 8, hl0), *j1 = cJSON_ParseWithLength((const char *)b1 + 8, hl1);
     assert_true(cJSON_Compare(j0, j1, 1));
     cJSON_Delete(j0), cJSON_Delete(j1);
-    assert_memory_equal(b0 + 8 + hl0, b1 + 8 + hl1, n1 - 8 - hl1);
+    assert_memory_equal(b0 + 8 + hl0, b1 + 8 + hl1, n1 - 8 - hl1); /* copied data: exact */
     free(b0);
     free(b1);
     free(b2);
@@ -333,7 +337,7 @@ static void tiny_teacher_roundtrip(void **state) {
         assert_int_equal(x->ndim, y->ndim);
         assert_memory_equal(x->shape, y->shape, sizeof(int64_t) * (size_t)x->ndim);
         assert_int_equal(x->nbytes, y->nbytes);
-        assert_memory_equal(x->data, y->data, x->nbytes);
+        assert_memory_equal(x->data, y->data, x->nbytes); /* read back what was copied: exact */
     }
     char h1[65], h2[65];
     m2d_st_hash(a, M2D_ST_HASH_FULL_MAX, h1);

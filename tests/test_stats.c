@@ -156,7 +156,7 @@ static void check_against_direct(const m2d_layer_stats *s, const tokens *t) {
             for (int i = 0; i < NTOK; i++)
                 for (int c = 0; c < D; c++) G += (double)t->f[i][e * D + c] * t->f[i][j * D + c];
             assert_close(s->gram[e * E + j], G);
-            assert_true(s->gram[e * E + j] == s->gram[j * E + e]); /* exactly symmetric */
+            assert_true(s->gram[e * E + j] == s->gram[j * E + e]); /* exactly symmetric (by construction: one triangle mirrored) */
         }
         for (int c = 0; c < D; c++) {
             double mu = 0, rm = 0, rv = 0;
@@ -214,7 +214,8 @@ static void accumulator_matches_definitions(void **state) {
     m2d_layer_stats_finalize(&s);
     check_against_direct(&s, &t);
     assert_true(fabs(s.sum_g[0] - s.sum_r[0]) > 1e-3);
-    /* router-logit Gram: Σ_t z_i z_j, exactly symmetric */
+    /* router-logit Gram: Σ_t z_i z_j, exactly symmetric; exact on every CPU whatever the order or FMA:
+     * dyadic values of few bits, every product and sum representable */
     double z1[E] = {1, -2, 0.5, 3, 0}, z2[E] = {0.25, 1, -1, 2, 4};
     m2d_layer_stats_add_logits(&s, z1);
     m2d_layer_stats_add_logits(&s, z2);
@@ -311,7 +312,7 @@ static void blocksum_sums_match_scalar_loops(void **state) {
         for (int j = 0; j < DD; j++) f[j] = rand_float(&st) * (rep + 1);
         double q = m2d_blocksum_add_norm2(a, f, DD), want = 0;
         for (int j = 0; j < DD; j++) b[j] += f[j], want += (double)f[j] * f[j];
-        assert_memory_equal(a, b, sizeof a);
+        assert_memory_equal(a, b, sizeof a); /* the same fp64 adds, element by element: exact */
         assert_true(fabs(q - want) <= 1e-13 * want);
     }
 }
@@ -361,7 +362,7 @@ static void blocksum_damage_matches_reference(void **state) {
     for (int e = 0; e < EE; e++) p[e] = e < 4 ? 0.0f : 0.125f; /* top-4 by id order among equal p... */
     int32_t zero_top[4] = {0, 1, 2, 3};                        /* ...forced onto experts with p = 0 */
     assert_int_equal(m2d_blocksum_damage(p, zero_top, 4, EE, DD, F, DD, out), 0);
-    for (int r = 0; r < 4; r++) assert_true(out[r] == 0);
+    for (int r = 0; r < 4; r++) assert_true(out[r] == 0); /* p = 0: exact zeros */
     int32_t big[33] = {0};
     assert_int_equal(m2d_blocksum_damage(p, big, 33, 64, DD, F, DD, out), -1);
 }

@@ -207,6 +207,7 @@ static void grid_target_axis(void **state) {
         }
         n_moe++;
         assert_string_equal(c->scaling, "none");
+        /* parsed dyadic decimals (0.25, 0.5): exact on every CPU */
         assert_true((c->ratio_v == 0.25 && c->K == 48 && !strcmp(c->K_expr, "(1-0.25)E")) ||
                     (c->ratio_v == 0.5 && c->K == 32 && !strcmp(c->K_expr, "(1-0.5)E")));
         for (int j = 0; j < x.n_configs; j++) assert_true(i == j || strcmp(c->id, x.configs[j].id) != 0);

@@ -482,6 +482,8 @@ static void killed_pipeline_sweep_resumes_to_the_same_rows(void **state) {
     if (m2d_results_read_checked(a, &ra) || m2d_results_read_checked(b, &rb)) fail_msg("%s", m2d_errmsg());
     assert_int_equal(ra.n_rows, 4);
     assert_int_equal(rb.n_rows, 4);
+    /* every column but wall_s as text, exactly: one machine, the same computation, a resume
+     * restoring the cache's results bit for bit (no value computed on another machine) */
     for (int i = 0; i < ra.n_rows; i++) {
         int j = 0;
         while (j < rb.n_rows && strcmp(rb.rows[j][0], ra.rows[i][0])) j++;

@@ -5,7 +5,10 @@
  * DeepSeek-V2, GPT-OSS (o200k_harmony), OLMoE and Mixtral/Mistral (tools/train_tokenizers.py);
  * hand-built tokenizers (Split behaviours, BPE options, Metaspace/Prepend/Digits, single_word/normalized
  * added tokens, Oniguruma's regex classes) with hand-computed ids that the reference must give too;
- * round trips; bad input via library and CLI. */
+ * round trips; bad input via library and CLI.
+ * Every exact comparison here (ids, decoded bytes, memcmp of id vectors, round trips) is exact on
+ * every CPU: tokenization is integer and byte work (the tokenizer has no floating point beyond
+ * reading integer ids from JSON). */
 #include "testutil.h"
 
 #include <pthread.h>

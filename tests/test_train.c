@@ -94,7 +94,7 @@ static void training_logits_equal_engine(void **state) {
         for (int w = 0; w < NSEQ; w++) {
             assert_int_equal(m2d_engine_logits(e, tok + w * L, L, want), 0);
             assert_int_equal(m2d_trainer_logits(t, tok + w * L, 1, one), 0);
-            assert_memory_equal(one, want, sizeof(float) * L * V);
+            assert_memory_equal(one, want, sizeof(float) * L * V); /* one machine, same ops and shapes: exact */
             double md = 0, scale = 0;
             for (int i = 0; i < L * V; i++) {
                 md = fmax(md, fabs(got[(size_t)w * L * V + i] - want[i]));
@@ -242,6 +242,8 @@ static void steps_independent_of_threads_and_recompute(void **state) {
     m2d_trainer_opts o = topts(2);
     o.recompute = true;
     run_steps(o, 4, c, &wc, &n);
+    /* exact on every CPU: one machine, the same computation; the backend's results do not depend
+     * on the thread count (backend.h) and recomputation reruns the same forward ops */
     assert_memory_equal(a, b, sizeof a);
     assert_memory_equal(a, c, sizeof a);
     assert_memory_equal(wa, wb, sizeof(float) * n);
@@ -263,7 +265,7 @@ static void micro_batches_sum_to_the_batch(void **state) {
     for (int s = 0; s < 3; s++) {
         assert_true(fabs(a[s].loss - b[s].loss) < 1e-5 * a[s].loss);
         assert_true(fabs(a[s].grad_norm - b[s].grad_norm) < 1e-4 * a[s].grad_norm);
-        assert_true(a[s].lr == b[s].lr);
+        assert_true(a[s].lr == b[s].lr); /* the same schedule formula of the step number: exact */
     }
     free(wa), free(wb);
 }
@@ -281,6 +283,7 @@ static void lr_schedule(void **state) {
     o.warmup = 0;
     assert_true(fabs(m2d_lr_at(&o, 1) - (1e-4 + 0.9e-3 * 0.5 * (1 + cos(M_PI / 10)))) < 1e-15);
     m2d_optim_defaults(&o); /* Table 9 */
+    /* parsed decimals against the same literals: strtod and the compiler both round correctly */
     assert_true(o.lr == 1e-4 && o.min_lr == 1e-5 && o.warmup == 20 && o.beta1 == 0.9 && o.beta2 == 0.95 &&
                 o.weight_decay == 0.01 && o.eps == 1e-8);
 }
@@ -345,7 +348,7 @@ static void teacher_route_override(void **state) {
     m2d_engine_set_moe_hook(e, NULL, NULL);
     assert_int_equal(m2d_engine_set_route_topk(e, 0), 0); /* back to the model's own routing */
     assert_int_equal(m2d_engine_logits(e, tok, L, c), 0);
-    assert_memory_equal(a, c, sizeof(float) * L * V);
+    assert_memory_equal(a, c, sizeof(float) * L * V); /* the same forward again, one machine: exact */
     assert_memory_not_equal(a, b, sizeof(float) * L * V);
     assert_int_equal(m2d_engine_set_route_topk(e, 9), -1); /* 8 experts */
     assert_non_null(strstr(m2d_errmsg(), "num_experts"));

@@ -1,7 +1,8 @@
 /* train ops: every backward op of the backend's training table (backend.h m2d_backend_train_ops)
  * against finite differences of an explicit float64 reference of its forward, on every registered
  * backend; the losses and AdamW against float64 formulas; and the results independent of the
- * thread count (bit for bit).
+ * thread count (bit for bit: one machine, the same computation, blocks and chunks fixed by the
+ * shape, never by the thread count, so these exact comparisons hold on every CPU).
  *
  * Method: for an op y = f(x, w) and a random cotangent r, phi = sum r * f is a scalar whose
  * gradient the backward op must return when given dy = r. The reference gradient is the central
@@ -141,7 +142,7 @@ static void gemm_case(const char *backend, int n, int in, int out, int with_fd) 
     float *dx3 = malloc(sizeof(float) * n * in), *dw3 = malloc(sizeof(float) * out * in);
     gemm_grads(backend, 1, n, in, out, x, w, r, dx, dw);
     gemm_grads(backend, 3, n, in, out, x, w, r, dx3, dw3);
-    /* blocks fixed by the shape: the thread count changes nothing */
+    /* blocks fixed by the shape: the thread count changes nothing (one machine: exact) */
     assert_memory_equal(dx, dx3, sizeof(float) * n * in);
     assert_memory_equal(dw, dw3, sizeof(float) * out * in);
     int nv = n * in + out * in;
@@ -247,6 +248,7 @@ static void rmsnorm_backward_on(const char *backend) {
     float *dx = malloc(sizeof(float) * R * D), dw[D], *dx2 = malloc(sizeof(float) * R * D), dw2[D];
     rms_grads(backend, 1, R, D, x, w, r, 1e-6, dx, dw);
     rms_grads(backend, 4, R, D, x, w, r, 1e-6, dx2, dw2);
+    /* 1 vs 4 threads, one machine: exact (see the top) */
     assert_memory_equal(dx, dx2, sizeof(float) * R * D);
     assert_memory_equal(dw, dw2, sizeof dw);
     int nv = R * D + D;
@@ -265,7 +267,8 @@ static void rmsnorm_backward_on(const char *backend) {
         for (int j = 0; j < D; j++) dx2[i * D + j] = (float)(inv * w[j] * r[i * D + j]);
     }
     assert_true(rel_err(dx2, g, R * D) > 100 * TOL);
-    /* in place (dx = dy, beta 0): the net's q/k norm backward; same result */
+    /* in place (dx = dy, beta 0): the net's q/k norm backward; same result (the same op, one
+     * machine, reading each row before writing it: exact) */
     m2d_backend *be = new_backend(backend, 2);
     m2d_buf *xb = up(be, x, sizeof(float) * R * D), *wb = up(be, w, sizeof w), *rb = up(be, r, sizeof(float) * R * D);
     m2d_buf *dwb = be->ops->alloc(be, sizeof dw);
@@ -482,7 +485,8 @@ static void embed_backward_on(const char *backend) {
     be->ops->train->embed_bwd(be, tb, &X, &G);
     float got[V * D];
     down(be, got, gb, sizeof got);
-    /* summed in row order, as the loop above: identical */
+    /* summed in row order, as the loop above: identical (the same correctly rounded fp32 adds in the
+     * same order, exact on every CPU) */
     assert_memory_equal(got, want, sizeof got);
     be->ops->release(be, tb), be->ops->release(be, xb), be->ops->release(be, gb);
     m2d_backend_free(be);
@@ -541,7 +545,7 @@ static void kd_losses_on(const char *backend) {
         m2d_kd_kind kind = k ? M2D_KD_REVERSE_KL : M2D_KD_FORWARD_KL;
         kd_case(backend, kind, 1, g1, l1);
         kd_case(backend, kind, 3, g3, l3);
-        assert_memory_equal(g1, g3, sizeof g1), assert_memory_equal(l1, l3, sizeof l1);
+        assert_memory_equal(g1, g3, sizeof g1), assert_memory_equal(l1, l3, sizeof l1); /* 1 vs 3 threads */
     }
 }
 EACH_BACKEND(kd_losses)
@@ -605,7 +609,7 @@ static void sumsq_on(const char *backend) {
         be->ops->release(be, xb), be->ops->release(be, ob);
         m2d_backend_free(be);
     }
-    assert_memory_equal(&got1, &got4, sizeof(double));
+    assert_memory_equal(&got1, &got4, sizeof(double)); /* fixed chunks, 1 vs 4 threads, one machine: exact */
     /* fp64 sums of 2e5 terms in two orders: ~1e-16 * sqrt(n) relative */
     assert_true(fabs(got1 - want) < 1e-12 * want);
     free(x);
@@ -640,7 +644,7 @@ static void adamw_matches_formula_on(const char *backend) {
     }
     float got[N + OFF];
     down(be, got, pb, sizeof got);
-    for (int i = 0; i < OFF; i++) assert_true(got[i] == p[i]); /* outside [OFF, OFF + N): untouched */
+    for (int i = 0; i < OFF; i++) assert_true(got[i] == p[i]); /* outside [OFF, OFF + N): untouched, exact */
     for (int i = 0; i < N; i++) assert_true(fabs(got[OFF + i] - P[i]) < 1e-6 * fmax(1, fabs(P[i])));
     m2d_buf *all[] = {pb, gb, mb, vb};
     for (int i = 0; i < 4; i++) be->ops->release(be, all[i]);

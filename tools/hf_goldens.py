@@ -21,8 +21,10 @@ Students (STUDENTS below): `moe2dense calibrate` + `convert` (the binary given w
 teacher checkpoint; transformers loads the student (goldens as in 3) and writes it back with
 save_pretrained, which must give moe2dense's model.safetensors byte for byte; the student's decisions
 (selected experts and groups per layer, "plan") from its moe2dense.json.
---compare: the goldens in NEW_DIR (made now) must equal those in OLD_DIR (the committed ones):
-checkpoints, tokens and routing exactly, logits to 1e-9.
+--compare: the goldens in NEW_DIR (made now) must agree with those in OLD_DIR (the committed ones) in
+what holds across machines (compare_golden): checkpoints, tokens, routing and students' decisions
+exactly, a student's bytes only where exact by construction, logits and calibration statistics to
+tests/hfcheck.c's tolerances.
 """
 import argparse
 import hashlib
@@ -436,29 +438,77 @@ def make_all(binary, out, work, only=None):
     return result
 
 
+# The tolerances of tests/hfcheck.c, which checks moe2dense against these goldens: a golden made on
+# another machine is checked against the same bounds. Two float64 forwards of transformers on two
+# CPUs are not the same to the last bit: the modelling code rounds to fp32 in RMSNorm and the
+# softmaxes, and torch's fp32 reductions there sum in an order set by the ISA's vector width (AVX2,
+# AVX-512), so values differ by fp32 roundings (~6e-8 relative) carried through the layers: ~1e-6
+# in the logits, far inside hfcheck's 2e-5 (its derivation: hf_check_forward), and 1e-9 would fail on
+# such noise. The calibration statistics sum those outputs over 48 tokens: hfcheck's 2e-5 relative
+# to each statistic's own scale (check_calib), the counts exact (integers of the routing, which is
+# compared exactly: decisions far from ties).
+LOGIT_TOL = 2e-5
+CALIB_TOL = 2e-5
+
+
+def student_bytes_exact(g):
+    """Whether student golden G's bytes are the same on every CPU by construction (hfcheck.c's
+    student_bytes_exact): scores that are routed counts (freq) and uniform or no scaling; any other
+    scoring or scaling is computed from calibration statistics whose last bits depend on the CPU's
+    GEMM kernels, so a few merged weights may round to the other bf16 neighbour."""
+    conv = g.get("convert", [])
+    opt = {a: b for a, b in zip(conv, conv[1:])}
+    return opt.get("--scoring") == "freq" and opt.get("--scaling", "uniform") == "uniform"
+
+
+def _worst(got, want, scale):
+    """max over i of |got[i] - want[i]| / scale(i) (scale: a function of i; lengths must agree)"""
+    if len(got) != len(want):
+        return float("inf")
+    return max((abs(x - y) / max(scale(i), 1e-30) for i, (x, y) in enumerate(zip(got, want))), default=0.0)
+
+
 def compare_golden(name, new_dir, old_dir, keys=("config_json", "safetensors_sha256", "tokens", "positions")):
-    """What differs between golden NAME in NEW_DIR and OLD_DIR: KEYS exactly, the routing exactly,
-    logits to 1e-9, calibration statistics (when recorded) to 1e-9 relative."""
+    """What differs between golden NAME in NEW_DIR and OLD_DIR, comparing only what holds across
+    machines: KEYS exactly (byte hashes of files written from fixed inputs, token ids, texts); for a
+    student with a "plan" its decisions (selected experts and groups per layer) exactly, and its
+    "safetensors_sha256" only where its bytes are exact by construction (student_bytes_exact); the
+    routing exactly; logits to LOGIT_TOL absolute; calibration statistics (when recorded) to
+    CALIB_TOL relative, the counts exactly."""
     bad = []
     with open(f"{new_dir}/{name}.json", encoding="utf-8") as f:
         g = json.load(f)
     with open(f"{old_dir}/{name}.json", encoding="utf-8") as f:
         o = json.load(f)
+    float_student = "plan" in o and not student_bytes_exact(o)
     for key in keys:
+        if key == "safetensors_sha256" and float_student:
+            continue  # the merged weights may round differently on another CPU: the plan below instead
         if g.get(key) != o.get(key):
             bad.append(f"{name}: {key} differs")
+    if ("plan" in g) != ("plan" in o) or g.get("plan") != o.get("plan"):
+        bad.append(f"{name}: plan (selected experts / groups) differs")
     if [r["experts"] for r in g["routing"]] != [r["experts"] for r in o["routing"]]:
         bad.append(f"{name}: routing differs")
-    rows = zip(g["logit_rows"] + [g["logsumexp"], g["next_logit"]], o["logit_rows"] + [o["logsumexp"], o["next_logit"]])
-    d = max(float(np.max(np.abs(np.array(x) - np.array(y)))) for x, y in rows)
-    if d > 1e-9:
-        bad.append(f"{name}: logits differ by {d:.3g}")
+    new_rows, old_rows = g["logit_rows"] + [g["logsumexp"], g["next_logit"]], o["logit_rows"] + [o["logsumexp"], o["next_logit"]]
+    d = float("inf") if len(new_rows) != len(old_rows) else \
+        max((_worst(x, y, lambda i: 1.0) for x, y in zip(new_rows, old_rows)), default=0.0)
+    if d > LOGIT_TOL:
+        bad.append(f"{name}: logits differ by {d:.3g} > {LOGIT_TOL:g}")
     if len(g.get("calib", [])) != len(o.get("calib", [])):
         bad.append(f"{name}: calib differs")
     for x, y in zip(g.get("calib", []), o.get("calib", [])):
-        for k in ("n", "sum_p", "sum_p_sel", "sum_g", "sum_f", "gram"):
-            if float(np.max(np.abs(np.array(x[k]) - np.array(y[k])) / (1 + np.abs(np.array(y[k]))))) > 1e-9:
+        for k in ("n", "sum_p", "sum_p_sel", "sum_g", "sum_f"):
+            if k not in x and k not in y:
+                continue
+            tol = 0.0 if k == "n" else CALIB_TOL
+            if k not in x or k not in y or _worst(x[k], y[k], lambda i, w=y[k]: abs(w[i]) if tol else 1.0) > tol:
                 bad.append(f"{name}: layer {x['layer']}: calib '{k}' differs")
+        # the Gram matrix relative to sqrt(G_ii G_jj) (hfcheck.c check_calib)
+        gx, gy = x.get("gram", []), y.get("gram", [])
+        E = int(round(len(gy) ** 0.5))
+        if E * E != len(gy) or _worst(gx, gy, lambda i: (abs(gy[(i // E) * (E + 1)] * gy[(i % E) * (E + 1)])) ** 0.5) > CALIB_TOL:
+            bad.append(f"{name}: layer {x['layer']}: calib 'gram' differs")
     return bad
 
 
