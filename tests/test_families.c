@@ -317,8 +317,8 @@ static void cross_model_sweep(void **state) {
     free(text), free(cmd), free(out), free(err), free(csv), free(dir);
 }
 
-/* A test-only backend: the CPU backend without the optional ops add_bias and sigmoid_scale (as a
- * backend that has not implemented them yet, e.g. cuda). */
+/* A test-only backend: the CPU backend without the optional ops add_bias and sigmoid_scale, their
+ * capabilities withdrawn with them (backend.h M2D_CAPS), as a backend that has not implemented them. */
 static m2d_backend_ops nobias_ops;
 static int nobias_create(const m2d_backend_opts *o, m2d_backend **out) {
     if (m2d_backend_new("cpu", o, out)) return -1;
@@ -326,13 +326,14 @@ static int nobias_create(const m2d_backend_opts *o, m2d_backend **out) {
     nobias_ops.name = "cpu-nobias";
     nobias_ops.add_bias = NULL;
     nobias_ops.sigmoid_scale = NULL;
+    nobias_ops.caps &= ~(M2D_CAP(M2D_CAP_BIAS) | M2D_CAP(M2D_CAP_SIGMOID_SCALE));
     (*out)->ops = &nobias_ops;
     return 0;
 }
 M2D_BACKEND(nobias, "cpu-nobias", "test only: the CPU backend without add_bias and sigmoid_scale", nobias_create)
 
 /* A model whose layers need an op the backend leaves out is refused when the engine opens, naming
- * the op and the backend (not a crash mid-forward); a model that needs none of them runs. */
+ * the capability and the backend (not a crash mid-forward); a model that needs none of them runs. */
 static void backend_without_an_op_refuses_the_model(void **state) {
     (void)state;
     char *dir = build("qwen2moe"); /* q/k/v biases and a gated shared expert */
@@ -340,7 +341,9 @@ static void backend_without_an_op_refuses_the_model(void **state) {
     m2d_engine *e = NULL;
     assert_int_equal(m2d_engine_open(m, &(m2d_engine_opts){.backend = "cpu-nobias", .n_threads = 1}, &e), -1);
     assert_null(e);
-    assert_non_null(strstr(m2d_errmsg(), "needs the backend op 'add_bias', which backend cpu-nobias does not implement"));
+    uint64_t need = m2d_engine_required_caps(m); /* Qwen2-MoE: q/k/v biases and the shared expert's gate */
+    assert_true((need & M2D_CAP(M2D_CAP_BIAS)) && (need & M2D_CAP(M2D_CAP_SIGMOID_SCALE)));
+    assert_non_null(strstr(m2d_errmsg(), "needs 'add_bias', which backend cpu-nobias does not implement"));
     m2d_model_close(m);
     free(dir);
     dir = build("mixtral"); /* no biases, no shared expert */
