@@ -78,7 +78,7 @@ help:
 	@echo "make plots      render plots/*.gp from results/"
 	@echo "make fuzz       build the libFuzzer targets (clang)"
 	@echo "make CUDA=1     also build the cuda backend (nvcc, cuBLASLt) into $(BUILD)-cuda/"
-	@echo "make gpu-check  on a GPU machine: CUDA=1 build, GPU tests and benchmarks (tools/gpu_check.sh)"
+	@echo "make gpu-check  on a GPU machine with the build deps: make gpu-bundle, then tools/gpu_run.sh on it"
 	@echo "make gpu-bundle CUDA=1 build + libraries + test data packed for a GPU machine without them (gpu-bundle/)"
 
 moe2dense: $(BUILD)/moe2dense

@@ -1539,6 +1539,29 @@ static void engine_bf16_tracks_reference(void **state) {
  * into the upper triangle only. Gram bounds against the float64 sum over the returned f:
  * FP32 accumulates in fp64 (relative 1e-12 of sum|f_i f_j| is ~1e4 x fp64's rounding);
  * BF16 forms each token's F_t F_t^T in fp32 over d terms: |err| <= gamma_d sum|f_i f_j|. */
+/* G (fp64 [E, E], started at 1 above the diagonal and -7 below) against 1 + the fp64 sum over the n
+ * rows of f ([n, E*d]) of <f_i, f_j>: within REL of the sum of |products| on and above the diagonal,
+ * the sentinel untouched below it (never written, so exact); the largest relative difference */
+static double check_gram(const double *g, const float *f, int n, int E, int d, double rel) {
+    double worst = 0;
+    for (int i = 0; i < E; i++)
+        for (int j = 0; j < E; j++) {
+            if (j < i) {
+                assert_true(g[i * E + j] == -7.0);
+                continue;
+            }
+            double s = 0, mag = 0;
+            for (int t = 0; t < n; t++)
+                for (int k = 0; k < d; k++) {
+                    double a = f[((size_t)t * E + i) * d + k], b = f[((size_t)t * E + j) * d + k];
+                    s += a * b, mag += fabs(a * b);
+                }
+            worst = fmax(worst, fabs(g[i * E + j] - 1.0 - s) / (mag + 1e-300));
+            assert_true(fabs(g[i * E + j] - 1.0 - s) <= rel * mag + 1e-15);
+        }
+    return worst;
+}
+
 static void all_experts_and_gram_match_naive(void **state) {
     (void)state;
     mem_model mm = {0};
@@ -1558,20 +1581,7 @@ static void all_experts_and_gram_match_naive(void **state) {
             /* exact on every CPU: one machine, the same GEMM of the same shape per expert (grouped or not) */
             for (int t = 0; t < n; t++) assert_memory_equal(f + ((size_t)t * E + ex) * d, y + (size_t)t * d, sizeof(float) * d);
         }
-        for (int i = 0; i < E; i++)
-            for (int j = 0; j < E; j++) {
-                if (j < i) {
-                    assert_true(g[i * E + j] == -7.0); /* never written: the sentinel, exact */
-                    continue;
-                }
-                double s = 0, mag = 0;
-                for (int t = 0; t < n; t++)
-                    for (int k = 0; k < d; k++) {
-                        double a = f[((size_t)t * E + i) * d + k], b = f[((size_t)t * E + j) * d + k];
-                        s += a * b, mag += fabs(a * b);
-                    }
-                assert_true(fabs(g[i * E + j] - 1.0 - s) <= (p ? gd : 0) * mag + 1e-12 * mag);
-            }
+        check_gram(g, f, n, E, d, (p ? gd : 0) + 1e-12);
         assert_int_equal(m2d_engine_all_experts(e, 0, x, 0, f, g), -1); /* no tokens */
         m2d_engine_free(e);
     }
@@ -1654,7 +1664,7 @@ static void calibration_ops_match_float64_on(const char *backend) {
     if (m2d_engine_open(&mm.m, &o, &e)) fail_msg("%s", m2d_errmsg());
     for (int i = 0; i < E * E; i++) g[i] = i % E >= i / E ? 1.0 : -7.0;
     assert_int_equal(m2d_engine_all_experts(e, layer, x, n, f, g), 0);
-    double md = 0, gd = 0;
+    double md = 0;
     for (int t = 0; t < n; t++)
         for (int ex = 0; ex < E; ex++) {
             for (int k = 0; k < d; k++) xd[k] = x[(size_t)t * d + k];
@@ -1663,22 +1673,8 @@ static void calibration_ops_match_float64_on(const char *backend) {
         }
     /* fp32 GEMMs over 32 and 12 terms of O(1) values, outputs O(1): ~1e-6 at worst */
     assert_true(md < 1e-5);
-    for (int i = 0; i < E; i++)
-        for (int j = 0; j < E; j++) {
-            if (j < i) { /* the lower triangle is never written */
-                assert_true(g[i * E + j] == -7.0);
-                continue;
-            }
-            double s = 0, mag = 0;
-            for (int t = 0; t < n; t++)
-                for (int k = 0; k < d; k++) {
-                    double a = f[((size_t)t * E + i) * d + k], b = f[((size_t)t * E + j) * d + k];
-                    s += a * b, mag += fabs(a * b);
-                }
-            /* both sums in fp64 over n*d = 1184 products of exact fp32 values: |err| <= 1184 * 2^-53 * mag */
-            gd = fmax(gd, fabs(g[i * E + j] - 1.0 - s) / (mag + 1e-300));
-            assert_true(fabs(g[i * E + j] - 1.0 - s) <= 1e-12 * mag + 1e-15);
-        }
+    /* both sums in fp64 over n*d = 1184 products of exact fp32 values: |err| <= 1184 * 2^-53 * mag */
+    double gd = check_gram(g, f, n, E, d, 1e-12);
     print_message("%s: experts_all max |d| vs float64 %.3g; gram max relative |d| %.3g\n", backend, md, gd);
     m2d_engine_free(e);
     free(x); free(f); free(g);
