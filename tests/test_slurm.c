@@ -195,6 +195,7 @@ static void script_lines_quoting_and_errors(void **state) {
     for (size_t i = 0; i < M2D_ARRAY_LEN(lines); i++)
         if (!strstr(text, lines[i])) fail_msg("script lacks '%s':\n%s", lines[i], text);
     assert_null(strstr(text, "--gpus-per-task")); /* not asked for */
+    assert_null(strstr(text, "--device"));        /* so the engines stay on the CPU */
     char *exec_toml = m2d_strfmt("sweep '%s'", fx.toml); /* absolute already: as given */
     assert_non_null(strstr(text, exec_toml));
     /* the printed commands are quoted for copy-paste: a path with a quote, a space or '$' stays one word */
@@ -208,6 +209,15 @@ static void script_lines_quoting_and_errors(void **state) {
     if (!strstr(text, out_line)) fail_msg("script lacks '%s':\n%s", out_line, text);
     free(out_line);
     free(exec_toml);
+    free(text);
+    m2d_slurm_job_free(&job);
+    /* GPUs asked for: the tasks get them and their sweeps run on the first one */
+    o.gpus_per_task = "1";
+    assert_int_equal(m2d_slurm_write(&o, &job), 0);
+    text = m2d_read_file(job.script_path, NULL);
+    assert_non_null(strstr(text, "#SBATCH --gpus-per-task=1\n"));
+    assert_non_null(strstr(text, "--set 'ppl.max_windows=2' --device cuda\n"));
+    o.gpus_per_task = NULL;
     free(text);
     free(want_path);
     m2d_slurm_job_free(&job);

@@ -148,9 +148,11 @@ static char *render(const m2d_slurm_opts *o, const script_parts *sp) {
         "shard=${SLURM_ARRAY_TASK_ID:?this script runs as a Slurm array task}\n"
         "export M2D_THREADS=${SLURM_CPUS_PER_TASK:-%d}\n"
         "exec %s sweep %s --experiment %s --shard \"$shard/%d\" \\\n"
-        "  --out %s/%s.shard-\"$shard\"-of-%d.csv --threads \"$M2D_THREADS\"%s%s\n",
+        "  --out %s/%s.shard-\"$shard\"-of-%d.csv --threads \"$M2D_THREADS\"%s%s%s\n",
         M2D_VERSION, now, exp, sp->n_configs, n, sp->qscript, exp, n, c, qlog, opt_lines, workdir, c, qbin,
-        qexpfile, qexp, n, qdir, exp, n, sp->limit, sp->sets);
+        qexpfile, qexp, n, qdir, exp, n, sp->limit, sp->sets,
+        /* a task given GPUs runs its engines on them: Slurm's CUDA_VISIBLE_DEVICES makes its first cuda */
+        o->gpus_per_task ? " --device cuda" : "");
     free(exp_abs);
     free(qbin);
     free(qexpfile);
