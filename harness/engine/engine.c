@@ -850,8 +850,11 @@ static int all_experts_impl(m2d_engine *e, int layer, const float *x, int n, flo
     if (layer < 0 || layer >= c->num_hidden_layers || !c->layer_is_moe[layer])
         return m2d_err("engine: layer %d is not an MoE layer", layer);
     if (n <= 0) return m2d_err("engine: all experts: n = %d tokens", n);
-    if (!e->B->experts_all || (gram && !e->B->gram))
-        return m2d_err("engine: backend %s cannot run calibration's all-experts pass", e->B->name);
+    uint64_t need = M2D_CAP(M2D_CAP_EXPERTS_ALL) | (gram ? M2D_CAP(M2D_CAP_GRAM) : 0);
+    int miss = m2d_backend_missing(e->be, need);
+    if (miss >= 0)
+        return m2d_err("engine: calibration needs '%s', which backend %s does not implement", m2d_cap_name((m2d_cap)miss),
+                       e->B->name);
     int d = c->hidden_size, E = c->num_experts;
     size_t xb = f32s(n, d), fb = f32s(n, (int64_t)E * d), gb = sizeof(double) * (size_t)E * E;
     m2d_buf *X = host_buf(e, (void *)x, xb, 1), *Fb = host_buf(e, f, fb, 0), *G = gram ? host_buf(e, gram, gb, 1) : NULL;
