@@ -300,16 +300,12 @@ static st_file *add_file(m2d_st *st, const char *path) {
 }
 
 static int map_file(st_file *sf) {
-    int fd = open(sf->path, O_RDONLY);
-    if (fd < 0) return m2d_err1("%s: cannot open: %s", sf->path, strerror(errno));
+    int fd = m2d_open_input(sf->path); /* a regular file: never blocks on a planted FIFO */
+    if (fd < 0) return -1;
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         close(fd);
         return m2d_err1("%s: cannot stat: %s", sf->path, strerror(errno));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return m2d_err1("%s: not a regular file", sf->path);
     }
     sf->size = (size_t)sb.st_size;
     if (sf->size == 0) {
