@@ -31,7 +31,7 @@ static const char *EXPERIMENTS =
     "K = ['k', '2k', 'E']\n"
     "params = ['', 'distill-fail']\n"
     "[experiment.grid.distill]\n"
-    "data = 'train.txt'\n"
+    "data = 'MODEL/../train.txt'\n"
     "tokens = 1000\n"
     "seq_len = 8\n"
     "batch = 2\n"
@@ -41,7 +41,11 @@ static tu_sweep_fixture make_fixture(void) {
     const char *json = "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"num_experts\": 64, \"num_experts_per_tok\": 8,"
                        " \"moe_intermediate_size\": 72, \"hidden_size\": 192, \"num_hidden_layers\": 4,"
                        " \"vocab_size\": 8192, \"num_attention_heads\": 6, \"num_key_value_heads\": 2, \"head_dim\": 32}";
-    return tu_sweep_fixture_make(json, EXPERIMENTS);
+    tu_sweep_fixture fx = tu_sweep_fixture_make(json, EXPERIMENTS);
+    char *train = m2d_path_join(fx.dir, "train.txt"); /* checked before any work: it must be training text */
+    tu_write(train, "the training text of the fake backend\n", 38);
+    free(train);
+    return fx;
 }
 
 static double num(const m2d_results *r, int i, const char *col) { return strtod(m2d_results_get(r, i, col), NULL); }

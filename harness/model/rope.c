@@ -73,8 +73,10 @@ static int rope_theta(const cJSON *root, const cJSON *obj, const char *path, dou
 
 static int positive(const cJSON *obj, const char *sub, const char *key, double *out) {
     if (m2d_cfg_double(obj, sub, key, 0, 0, out) != 0) return -1;
-    if (m2d_cfg_has(obj, key) && (!(*out >= SCALE_MIN) || !(*out <= SCALE_MAX)))
-        return m2d_err1("%s: field '%s': %g must be in [%g, %g]", sub, key, *out, SCALE_MIN, SCALE_MAX);
+    if (!m2d_cfg_has(obj, key)) return 0;
+    if (!(*out > 0)) return m2d_err1("%s: field '%s': must be positive", sub, key);
+    if (!(*out >= SCALE_MIN && *out <= SCALE_MAX))
+        return m2d_err1("%s: field '%s': %g is out of range [%g, %g]", sub, key, *out, SCALE_MIN, SCALE_MAX);
     return 0;
 }
 

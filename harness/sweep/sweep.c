@@ -109,7 +109,7 @@ static int run_with_backend(const m2d_experiment *x, const m2d_sweep_opts *o, co
 /* The backend of X, made and checked (nothing has been written when this fails). */
 static int backend_checked(const m2d_experiment *x, m2d_sweep_backend *b) {
     if (m2d_sweep_backend_make(x, b)) return -1;
-    if (!b->check || b->check(b, x) == 0) return 0;
+    if ((!b->check || b->check(b, x) == 0) && m2d_sweep_distill_check(x) == 0) return 0;
     m2d_sweep_backend_close(b);
     return -1;
 }
