@@ -63,14 +63,18 @@ static int save_part(const char *dir, m2d_train_params *p, int step, int part, f
     return rc;
 }
 
-/* the step named by DIR/state.json (-1 when none) */
+#define NO_STATE (-1)      /* no state.json */
+#define DAMAGED_STATE (-2) /* a state.json without a whole step: its pieces are not touched */
+
+/* the step named by DIR/state.json (NO_STATE, DAMAGED_STATE) */
 static int saved_step(const char *dir) {
     char *path = m2d_path_join(dir, "state.json");
     size_t n;
-    char *text = m2d_file_exists(path) ? m2d_read_file(path, &n) : NULL;
+    int exists = m2d_file_exists(path);
+    char *text = exists ? m2d_read_file(path, &n) : NULL;
     cJSON *j = text ? cJSON_ParseWithLength(text, n) : NULL;
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "step");
-    int step = cJSON_IsNumber(s) && s->valuedouble == (double)s->valueint ? s->valueint : -1;
+    int step = !exists ? NO_STATE : cJSON_IsNumber(s) && s->valuedouble == (double)s->valueint ? s->valueint : DAMAGED_STATE;
     cJSON_Delete(j);
     free(text), free(path);
     return step;
@@ -269,7 +273,7 @@ static int state_file_name(const char *name, int *step) {
 static int save_leftover(const char *name, int saved) {
     int step;
     const char *tag = strstr(name, ".m2d-tmp.");
-    if (!tag) return state_file_name(name, &step) && step >= 0 && step != saved;
+    if (!tag) return saved != DAMAGED_STATE && state_file_name(name, &step) && step >= 0 && step != saved;
     char *base = m2d_strfmt("%.*s", (int)(tag - name), name);
     int yes = state_file_name(base, &step) && m2d_atomic_leftover(name, base);
     free(base);
