@@ -5,6 +5,7 @@
  * flags refused before any model loads or OUT is touched (10), and the small ones (11). The sweep's
  * [distill] checks (4, 5) are in test_sweep_distill.c, the RoPE ranges (9) in test_rope.c. */
 #include "testutil.h"
+#include "distill_fixture.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -19,29 +20,15 @@
 #include "convert/convert.h"
 #include "io/st.h"
 #include "model/model.h"
-#include "testmodel.h"
 #include "train/distill.h"
 
-static char *g_dir, *g_teacher, *g_student, *g_data;
-
-static char *model_dir(const char *name, int moe, uint64_t seed) {
-    m2d_testmodel_opts o;
-    m2d_testmodel_defaults(&o);
-    o.moe = moe, o.seed = seed, o.vocab_size = 320, o.eos_token_id = 256, o.init_std = 0.2f;
-    o.intermediate_size = moe ? 64 : 32;
-    char *dir = m2d_path_join(g_dir, name), *tok = m2d_path_join(dir, "tokenizer.json");
-    if (m2d_testmodel_write(dir, &o)) fail_msg("%s", m2d_errmsg());
-    tu_copy_file("tests/golden/hf/tokenizer.json", tok); /* byte-level: ids = bytes */
-    free(tok);
-    return dir;
-}
+static tu_distill_fixture g_fx;
+static char *g_dir, *g_teacher, *g_student, *g_data; /* g_fx's */
 
 static int setup(void **state) {
     (void)state;
-    g_dir = tu_tmpdir();
-    g_teacher = model_dir("teacher", 1, 1);
-    g_student = model_dir("student", 0, 2);
-    g_data = m2d_path_join(g_dir, "train.txt");
+    tu_distill_fixture_make(&g_fx);
+    g_dir = g_fx.dir, g_teacher = g_fx.teacher, g_student = g_fx.student, g_data = g_fx.data;
     FILE *f = fopen(g_data, "w");
     for (int i = 0; i < 120; i++) fputs(i % 3 ? "alpha beta " : "gamma delta\n", f);
     fclose(f);
@@ -51,8 +38,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    tu_rm_rf(g_dir);
-    free(g_dir), free(g_teacher), free(g_student), free(g_data);
+    tu_distill_fixture_free(&g_fx);
     return 0;
 }
 
@@ -87,10 +73,7 @@ static char *sha_of(const char *path) {
 /* OUT (NAME in the work directory) holding the checkpoint of a run stopped after step 2 */
 static char *stopped_run(const char *name) {
     char *out = path_in(name);
-    m2d_distill_result r;
-    m2d_distill_opts o = base_opts(out, NULL);
-    o.stop_after = 2;
-    if (m2d_distill_run(&o, &r)) fail_msg("%s", m2d_errmsg());
+    tu_distill_stopped(base_opts(out, NULL), 2);
     return out;
 }
 
