@@ -151,6 +151,36 @@ static void damaged_checkpoint_refused(void **state) {
     free(vb), free(cmd), free(err), free(text), free(original), free(bytes), free(copy), free(state_json), free(v), free(w), free(out);
 }
 
+/* a copy of model directory FROM in NAME, with its file FIFO (when not NULL) made a FIFO */
+static char *copy_model(const char *from, const char *name, const char *fifo) {
+    char *dir = path_in(name);
+    assert_int_equal(m2d_mkdir_p(dir), 0);
+    const char *files[] = {"config.json", "model.safetensors", "tokenizer.json"};
+    for (size_t i = 0; i < M2D_ARRAY_LEN(files); i++) {
+        char *a = m2d_path_join(from, files[i]), *b = m2d_path_join(dir, files[i]);
+        if (!fifo || strcmp(files[i], fifo)) tu_copy_file(a, b);
+        else assert_int_equal(mkfifo(b, 0600), 0);
+        free(a), free(b);
+    }
+    return dir;
+}
+
+/* 2: a student whose weights hold a NaN is refused before training on it */
+static void student_with_nan_refused(void **state) {
+    (void)state;
+    char *dir = copy_model(g_student, "nan-student", NULL), *w = m2d_path_join(dir, "model.safetensors");
+    char *out = path_in("n2");
+    size_t n;
+    char *bytes = m2d_read_file(w, &n);
+    memset(bytes + n - 4, 0xff, 4); /* the last value of the last tensor: NaN in F32, BF16 and F16 */
+    tu_write(w, bytes, n);
+    m2d_distill_opts o = base_opts(out, NULL);
+    o.student = dir;
+    run_fails(&o, "value(s) not finite");
+    assert_false(m2d_file_exists(out));
+    free(bytes), free(out), free(w), free(dir);
+}
+
 /* 3: while one run holds OUT, another run into it (fresh or resumed) is refused */
 static void one_run_per_out(void **state) {
     (void)state;
@@ -185,26 +215,12 @@ static void memory_need_refused(void **state) {
     free(args), free(err), free(out);
 }
 
-/* a copy of model directory FROM in NAME with file FIFO made a FIFO */
-static char *model_with_fifo(const char *from, const char *name, const char *fifo) {
-    char *dir = path_in(name);
-    assert_int_equal(m2d_mkdir_p(dir), 0);
-    const char *files[] = {"config.json", "model.safetensors", "tokenizer.json"};
-    for (size_t i = 0; i < M2D_ARRAY_LEN(files); i++) {
-        char *a = m2d_path_join(from, files[i]), *b = m2d_path_join(dir, files[i]);
-        if (strcmp(files[i], fifo)) tu_copy_file(a, b);
-        else assert_int_equal(mkfifo(b, 0600), 0);
-        free(a), free(b);
-    }
-    return dir;
-}
-
 /* 6: a FIFO in place of model.safetensors, config.json or a checkpoint piece is refused at once */
 static void fifos_refused(void **state) {
     (void)state;
     const char *fifos[] = {"model.safetensors", "config.json"};
     for (size_t i = 0; i < M2D_ARRAY_LEN(fifos); i++) {
-        char *name = m2d_strfmt("fifo-%zu", i), *dir = model_with_fifo(g_teacher, name, fifos[i]);
+        char *name = m2d_strfmt("fifo-%zu", i), *dir = copy_model(g_teacher, name, fifos[i]);
         m2d_model *m = NULL;
         assert_int_equal(m2d_model_open(dir, &m), -1);
         if (!strstr(m2d_errmsg(), "not a regular file")) fail_msg("%s", m2d_errmsg());
@@ -354,6 +370,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(log_never_replaces_an_input),
         cmocka_unit_test(damaged_checkpoint_refused),
+        cmocka_unit_test(student_with_nan_refused),
         cmocka_unit_test(one_run_per_out),
         cmocka_unit_test(memory_need_refused),
         cmocka_unit_test(fifos_refused),

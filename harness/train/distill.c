@@ -215,7 +215,12 @@ static int open_inputs(run_t *r) {
     if (r->win.n_windows < r->t.batch)
         fprintf(stderr, "moe2dense distill: warning: %s holds %lld window(s) of %d tokens, fewer than --batch %d: "
                 "every step repeats windows\n", o->data, (long long)r->win.n_windows, r->t.seq_len, r->t.batch);
-    return m2d_model_open(o->teacher, &r->teacher) || m2d_model_open(o->student, &r->student) ? -1 : 0;
+    /* the student's values start the training: a NaN there would reach every weight (the teacher's
+     * show as a non-finite loss at the first step) */
+    return m2d_model_open(o->teacher, &r->teacher) || m2d_model_open(o->student, &r->student) ||
+                   m2d_st_check_finite(r->student->st)
+               ? -1
+               : 0;
 }
 
 /* everything that changes the numbers of a step: a checkpoint resumes only the same run */
