@@ -4,6 +4,7 @@
  * its manifest, --precision (the KD targets in bf16 against fp32, what is recorded where, a resume
  * in another precision refused), and the one-line errors for bad input. */
 #include "testutil.h"
+#include "distill_fixture.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -17,33 +18,18 @@
 #include "testmodel.h"
 #include "train/distill.h"
 
-static char *g_dir, *g_teacher, *g_student, *g_data;
+static tu_distill_fixture g_fx;
+static char *g_dir, *g_teacher, *g_student, *g_data; /* g_fx's */
 
 /* TOP_K: experts per token of a MoE (0: the default, 2 of 8) */
 static char *model_dir_k(const char *name, int moe, uint64_t seed, int top_k) {
-    m2d_testmodel_opts o;
-    m2d_testmodel_defaults(&o);
-    o.moe = moe, o.seed = seed, o.vocab_size = 320, o.eos_token_id = 256, o.init_std = 0.2f;
-    o.intermediate_size = moe ? 64 : 32;
-    if (top_k) o.num_experts_per_tok = top_k;
-    char *dir = m2d_path_join(g_dir, name), *tok = m2d_path_join(dir, "tokenizer.json");
-    if (m2d_testmodel_write(dir, &o)) fail_msg("%s", m2d_errmsg());
-    size_t n;
-    char *t = m2d_read_file("tests/golden/hf/tokenizer.json", &n); /* byte-level: ids = bytes */
-    if (!t) fail_msg("%s", m2d_errmsg());
-    tu_write(tok, t, n);
-    free(t), free(tok);
-    return dir;
+    return tu_distill_model(g_dir, name, moe, seed, top_k);
 }
-
-static char *model_dir(const char *name, int moe, uint64_t seed) { return model_dir_k(name, moe, seed, 0); }
 
 static int setup(void **state) {
     (void)state;
-    g_dir = tu_tmpdir();
-    g_teacher = model_dir("teacher", 1, 1);
-    g_student = model_dir("student", 0, 2);
-    g_data = m2d_path_join(g_dir, "train.txt");
+    tu_distill_fixture_make(&g_fx);
+    g_dir = g_fx.dir, g_teacher = g_fx.teacher, g_student = g_fx.student, g_data = g_fx.data;
     FILE *f = fopen(g_data, "w");
     uint64_t st = 3;
     const char *words[] = {"alpha ", "beta ", "gamma ", "delta ", "the ", "of ", "expert ", "dense\n"};
@@ -54,8 +40,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    tu_rm_rf(g_dir);
-    free(g_dir), free(g_teacher), free(g_student), free(g_data);
+    tu_distill_fixture_free(&g_fx);
     return 0;
 }
 
@@ -202,10 +187,7 @@ static void resume_is_exact_bf16(void **state) {
 /* OUT (NAME in the work directory) holding the checkpoint of an fp32 run stopped after step 2 */
 static char *stopped_run(const char *name) {
     char *out = path_in(name);
-    m2d_distill_result r;
-    m2d_distill_opts o = base_opts(out, NULL);
-    o.stop_after = 2;
-    if (m2d_distill_run(&o, &r)) fail_msg("%s", m2d_errmsg());
+    tu_distill_stopped(base_opts(out, NULL), 2);
     return out;
 }
 

@@ -384,6 +384,13 @@ static void cli_formats_and_errors(void **state) {
     free(c);
     free(out);
     free(err);
+    char *before = m2d_read_file(p, NULL); /* issue 27: --out is never the input */
+    c = m2d_strfmt("%s report %s --out %s", tu_bin(), p, p);
+    assert_int_not_equal(tu_run(c, &out, &err), 0);
+    assert_non_null(strstr(err, "is an input of this report"));
+    char *after = m2d_read_file(p, NULL);
+    assert_string_equal(before, after);
+    free(before), free(after), free(c), free(out), free(err);
     tu_rm_rf(dir);
     free(dir);
     free(p);

@@ -98,6 +98,13 @@ static void rope_errors(void **state) {
     expect_error("{\"rope_theta\": 1e4, \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 1e6}}",
                  "field 'rope_theta'");
     expect_error("{\"rope_theta\": -1}", "field 'rope_theta': must be positive");
+    /* issue 27 (9): absurd positive values overflow the frequencies or the scale to inf / NaN */
+    expect_error("{\"rope_scaling\": {\"type\": \"linear\", \"factor\": 1e-310}}", "field 'factor': 1e-310 is out of range");
+    expect_error("{\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4, \"attention_factor\": 1e308}}",
+                 "field 'attention_factor': 1e+308 is out of range");
+    expect_error("{\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 1e-310, \"mscale\": 0.707, "
+                 "\"mscale_all_dim\": 0.707, \"original_max_position_embeddings\": 4096}}", /* DeepSeek-V2's */
+                 "field 'factor': 1e-310 is out of range");
     expect_error("{\"rope_scaling\": 4}", "field 'rope_scaling': must be an object");
     /* absent everything: the family's default theta, no scaling */
     cJSON *j = cJSON_Parse("{\"rope_scaling\": null}");

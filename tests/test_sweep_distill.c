@@ -31,7 +31,7 @@ static const char *EXPERIMENTS =
     "K = ['k', '2k', 'E']\n"
     "params = ['', 'distill-fail']\n"
     "[experiment.grid.distill]\n"
-    "data = 'train.txt'\n"
+    "data = 'MODEL/../train.txt'\n"
     "tokens = 1000\n"
     "seq_len = 8\n"
     "batch = 2\n"
@@ -40,8 +40,13 @@ static const char *EXPERIMENTS =
 static tu_sweep_fixture make_fixture(void) {
     const char *json = "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"num_experts\": 64, \"num_experts_per_tok\": 8,"
                        " \"moe_intermediate_size\": 72, \"hidden_size\": 192, \"num_hidden_layers\": 4,"
-                       " \"vocab_size\": 8192, \"num_attention_heads\": 6, \"num_key_value_heads\": 2, \"head_dim\": 32}";
-    return tu_sweep_fixture_make(json, EXPERIMENTS);
+                       " \"vocab_size\": 8192, \"num_attention_heads\": 6, \"num_key_value_heads\": 2, \"head_dim\": 32,"
+                       " \"max_position_embeddings\": 512}";
+    tu_sweep_fixture fx = tu_sweep_fixture_make(json, EXPERIMENTS);
+    char *train = m2d_path_join(fx.dir, "train.txt"); /* checked before any work: it must be training text */
+    tu_write(train, "the training text of the fake backend\n", 38);
+    free(train);
+    return fx;
 }
 
 static double num(const m2d_results *r, int i, const char *col) { return strtod(m2d_results_get(r, i, col), NULL); }
@@ -240,6 +245,79 @@ static void distill_table_errors(void **state) {
     tu_sweep_fixture_free(&fx);
 }
 
+/* Issue 27 (4, 5): [distill] is checked before any work, by the dry run and the run alike -- a
+ * window past the teacher's context, K' above its experts, a micro-batch that does not divide the
+ * batch, a batch the machine's memory cannot hold, data that is missing, empty, binary or shorter
+ * than one window: refused with one line, and nothing is written (no CSV, no sidecar). */
+static void distill_checked_before_work(void **state) {
+    (void)state;
+    tu_sweep_fixture fx = make_fixture();
+    char *tok = m2d_path_join(fx.model, "tokenizer.json"); /* the teacher's tokenizer counts the windows */
+    tu_copy_file("tests/golden/hf/tokenizer.json", tok);
+    const char *files[][2] = {{"empty.txt", ""}, {"binary.txt", "ab\0cd"}, {"short.txt", "abc"}};
+    for (size_t i = 0; i < 3; i++) {
+        char *p = m2d_path_join(fx.dir, files[i][0]);
+        tu_write(p, files[i][1], i == 1 ? 5 : strlen(files[i][1]));
+        free(p);
+    }
+    struct { char *set; const char *want; } cases[] = {
+        {m2d_strdup("distill.seq_len=513"), "distill.seq_len 513 exceeds the teacher's max_position_embeddings 512"},
+        {m2d_strdup("distill.teacher_topk=65"), "distill.teacher_topk 65 exceeds the teacher's num_experts 64"},
+        {m2d_strdup("distill.micro_batch=4"), "distill.micro_batch 4 must divide distill.batch 2"},
+        {m2d_strdup("distill.batch=1000000"), "distill.batch 1000000 x distill.seq_len 8 needs ~"},
+        {m2d_strfmt("distill.data='%s/missing.txt'", fx.dir), "missing.txt: cannot open"},
+        {m2d_strfmt("distill.data='%s/empty.txt'", fx.dir), "empty.txt: empty"},
+        {m2d_strfmt("distill.data='%s/binary.txt'", fx.dir), "binary.txt: holds NUL bytes"},
+        {m2d_strfmt("distill.data='%s/short.txt'", fx.dir), "short.txt: 3 tokens is less than one window of 8"},
+        {m2d_strfmt("distill.data='%s'", fx.dir), "is a directory"},
+    };
+    char *side = m2d_strfmt("%s.distill.csv", fx.csv);
+    for (size_t i = 0; i < M2D_ARRAY_LEN(cases); i++) {
+        m2d_experiment x;
+        char *sets[] = {cases[i].set};
+        assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 1, &x), 0);
+        m2d_sweep_opts o = {.out = fx.csv, .jobs = 1};
+        m2d_sweep_summary s;
+        FILE *devnull = fopen("/dev/null", "w");
+        int dry = m2d_sweep_dry_run(&x, &o, devnull);
+        fclose(devnull);
+        if (dry != -1 || !strstr(m2d_errmsg(), cases[i].want) || !strstr(m2d_errmsg(), "experiments.toml"))
+            fail_msg("%s: dry run %d: expected '%s', got '%s'", cases[i].set, dry, cases[i].want, m2d_errmsg());
+        assert_int_equal(m2d_sweep_run(&x, &o, &s), -1);
+        if (!strstr(m2d_errmsg(), cases[i].want)) fail_msg("%s: run: got '%s'", cases[i].set, m2d_errmsg());
+        assert_false(m2d_file_exists(fx.csv));
+        assert_false(m2d_file_exists(side));
+        m2d_experiment_free(&x);
+        free(cases[i].set);
+    }
+    free(side), free(tok);
+    tu_sweep_fixture_free(&fx);
+}
+
+/* Issue 27 (4, 5): a sidecar that holds no distilled student (every row failed) does not block a
+ * rerun with fixed settings: it is started afresh (also with --retry-failed); one that holds a
+ * result is still refused (best_per_pair_distills_scores_and_resumes). */
+static void failed_sidecar_does_not_block_a_rerun(void **state) {
+    (void)state;
+    tu_sweep_fixture fx = make_fixture();
+    char *sets[] = {"distill.configs=all", "axes.params=['distill-fail']", "distill.tokens=2000"};
+    m2d_experiment x;
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 2, &x), 0);
+    m2d_sweep_opts o = {.out = fx.csv, .jobs = 1};
+    m2d_sweep_summary s;
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    assert_true(s.distill_failed > 0 && s.distill_failed == s.distill_evaluated);
+    m2d_experiment_free(&x);
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 3, &x), 0);
+    o.retry_failed = 1;
+    if (m2d_sweep_run(&x, &o, &s)) fail_msg("%s", m2d_errmsg());
+    char *side = m2d_strfmt("%s.distill.csv", fx.csv), *text = m2d_read_file(side, NULL);
+    assert_non_null(strstr(text, "tokens=2000"));
+    free(text), free(side);
+    m2d_experiment_free(&x);
+    tu_sweep_fixture_free(&fx);
+}
+
 /* The dry run says what the stage will do. */
 static void dry_run_describes_the_stage(void **state) {
     (void)state;
@@ -261,6 +339,8 @@ int main(void) {
         cmocka_unit_test(precision_flows_into_the_stage),
         cmocka_unit_test(distill_table_errors),
         cmocka_unit_test(dry_run_describes_the_stage),
+        cmocka_unit_test(distill_checked_before_work),
+        cmocka_unit_test(failed_sidecar_does_not_block_a_rerun),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

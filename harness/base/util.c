@@ -101,15 +101,38 @@ char *m2d_read_stream(FILE *f, const char *name, size_t *len) {
     return buf;
 }
 
+int m2d_open_input(const char *path) {
+    /* O_NONBLOCK: a FIFO (or a device) planted in place of a file would block open() for ever */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return m2d_err("%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    const char *bad = fstat(fd, &st) != 0 ? strerror(errno)
+                      : S_ISDIR(st.st_mode) ? "is a directory, not a file"
+                      : !S_ISREG(st.st_mode) ? "not a regular file (a FIFO, socket or device); refusing to read it"
+                      : NULL;
+    if (!bad && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) bad = strerror(errno);
+    if (bad) {
+        close(fd);
+        return m2d_err("%s: %s", path, bad);
+    }
+    return fd;
+}
+
 char *m2d_read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
+    int fd = m2d_open_input(path);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
     if (!f) {
-        m2d_err("%s: cannot open: %s", path, strerror(errno));
+        if (fd >= 0) close(fd), m2d_err("%s: cannot open: %s", path, strerror(errno));
         return NULL;
     }
     char *buf = m2d_read_stream(f, path, len);
     fclose(f);
     return buf;
+}
+
+int m2d_same_file(const char *a, const char *b) {
+    struct stat x, y;
+    return a && b && stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
 }
 
 int m2d_file_exists(const char *path) {

@@ -28,11 +28,19 @@ char *m2d_strdup(const char *s);
 char *m2d_strfmt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 char *m2d_vstrfmt(const char *fmt, va_list ap) __attribute__((format(printf, 1, 0)));
 
-/* Whole-file read (NUL-terminated; *len excludes the NUL). NULL + m2d_err on failure. */
+/* Every input file is opened here (or through m2d_read_file): a read-only descriptor of a regular
+ * file. A directory, FIFO, socket or device is refused with one line naming PATH, without blocking
+ * (a FIFO planted in place of a checkpoint would hang open() for ever). -1 + m2d_err on failure. */
+int m2d_open_input(const char *path);
+/* Whole-file read (NUL-terminated; *len excludes the NUL) of a regular file (m2d_open_input).
+ * NULL + m2d_err on failure. */
 char *m2d_read_file(const char *path, size_t *len);
 /* The same for an open stream read to its end (e.g. stdin); NAME is the file named in errors. */
 char *m2d_read_stream(FILE *f, const char *name, size_t *len);
 int m2d_file_exists(const char *path);
+/* 1 when A and B both exist and are the same file or directory (device and inode: also through
+ * links and other spellings of the path): an output that is one of the run's inputs. */
+int m2d_same_file(const char *a, const char *b);
 int m2d_mkdir_p(const char *path);
 char *m2d_path_join(const char *dir, const char *name);
 

@@ -177,7 +177,8 @@ static int cmd_distill_run(int argc, char **argv) {
     printf("wrote %s: %d steps, %lld tokens, final loss %.6f, %.0f tokens/s, peak RSS %.1f MB, teacher %s", o.out,
            r.steps, (long long)r.tokens, r.final_loss, r.tokens_per_s, r.peak_rss / 1048576.0,
            m2d_precision_name(r.precision));
-    if (!isnan(r.post_ppl)) printf(", WikiText-2 PPL %.3f -> %.3f", r.pre_ppl, r.post_ppl);
+    if (!isnan(r.post_ppl) && !isnan(r.pre_ppl)) printf(", WikiText-2 PPL %.3f -> %.3f", r.pre_ppl, r.post_ppl);
+    else if (!isnan(r.post_ppl)) printf(", WikiText-2 PPL %.3f (resumed: the PPL before training is in the log)", r.post_ppl);
     printf("\n");
     return 0;
 }

@@ -16,7 +16,8 @@
     "\n"                                                                                                \
     "Opens a Hugging Face checkpoint directory (config.json + model.safetensors, or shards with\n"      \
     "model.safetensors.index.json), validates every safetensors header and every tensor the\n"          \
-    "architecture expects (name, shape, dtype; unknown extra tensors are errors), and prints:\n"        \
+    "architecture expects (name, shape, dtype; unknown extra tensors are errors) and that every\n"     \
+    "float value is finite (a NaN or infinity is an error naming the tensor), and prints:\n"           \
     "architecture and every config field that changes the computation, which layers are MoE,\n"         \
     "parameter counts (total; active per token incl. embeddings and routers; the dense student's\n"     \
     "size for K in {k, 2k, 4k, 8k, E}), tensors per dtype, shards, and the weights hash.\n"             \
@@ -113,6 +114,10 @@ static cJSON *tensor_list_json(const m2d_st *st) {
 static int inspect_st_only(const char *path, int json, int tensors) {
     m2d_st *st;
     if (m2d_st_open(path, &st) != 0) return -1;
+    if (m2d_st_check_finite(st)) {
+        m2d_st_close(st);
+        return -1;
+    }
     int counts[M2D_DTYPE_COUNT];
     memset(counts, 0, sizeof counts);
     uint64_t bytes = 0, elems = 0;
@@ -343,6 +348,10 @@ static int cmd_inspect_run(int argc, char **argv) {
         return inspect_st_only(model, json, tensors) == 0 ? 0 : m2d_cmd_fail("inspect");
     m2d_model *m;
     if (m2d_model_open(model, &m) != 0) return m2d_cmd_fail("inspect");
+    if (m2d_st_check_finite(m->st)) {
+        m2d_model_close(m);
+        return m2d_cmd_fail("inspect");
+    }
     if (json) print_json(m, tensors);
     else {
         print_text(m);

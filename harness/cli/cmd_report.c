@@ -66,6 +66,10 @@ static int cmd_report_run(int argc, char **argv) {
         m2d_err("report: --analyze goes with --plot-data DIR");
         return m2d_cmd_fail("report");
     }
+    if (out && (m2d_same_file(out, pos[0]) || m2d_same_file(out, analyze))) {
+        m2d_err("report: --out %s: is an input of this report; refusing to overwrite it", out);
+        return m2d_cmd_fail("report");
+    }
     m2d_an_csv an = {0};
     if (analyze && m2d_an_csv_read(analyze, &an)) return m2d_cmd_fail("report");
     m2d_results r;

@@ -1088,7 +1088,7 @@ static int prepare_dir(const char *dir, m2d_lock *lock) {
     char *lp = m2d_path_join(dir, DIR_LOCK), *mark = m2d_path_join(dir, MARK_INCOMPLETE);
     char *done = m2d_path_join(dir, MARK_COMPLETE);
     dir_scan ds;
-    int rc = m2d_lock_acquire(lock, lp, "convert", "another convert writes this directory", 0);
+    int rc = m2d_lock_acquire(lock, lp, "convert", "another convert or distill writes this directory", 0);
     if (rc == 0) rc = scan_dir(dir, &ds);
     if (rc == 0 && ds.foreign && !ds.complete && !ds.incomplete)
         rc = m2d_err("%s: directory is not empty and holds no moe2dense.json; refusing to write a student there", dir);
@@ -1330,11 +1330,13 @@ int m2d_convert_write(const m2d_model *t, const m2d_model *s, const m2d_convert_
     return rc;
 }
 
-int m2d_convert_prepare_dir(const char *dir) {
-    m2d_lock lock;
-    if (prepare_dir(dir, &lock)) return -1;
-    m2d_lock_release(&lock);
-    return 0;
+int m2d_convert_prepare_dir(const char *dir, m2d_lock *lock) { return prepare_dir(dir, lock); }
+
+int m2d_convert_lock_dir(const char *dir, m2d_lock *lock) {
+    char *lp = m2d_path_join(dir, DIR_LOCK);
+    int rc = m2d_lock_acquire(lock, lp, "distill", "another run writes this directory", 0);
+    free(lp);
+    return rc;
 }
 
 int m2d_convert_finish_dir(const char *dir) {

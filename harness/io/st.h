@@ -55,4 +55,8 @@ int m2d_st_writer_write(m2d_st_writer *w, const char *path); /* atomic: temp + r
 int m2d_st_writer_write_sharded(m2d_st_writer *w, const char *dir, size_t max_shard_bytes, int *n_shards);
 void m2d_st_writer_free(m2d_st_writer *w);
 
+/* 0 when every value of every F32/BF16/F16 tensor of ST is finite; else -1 + m2d_err naming the
+ * file, the first such tensor, how many of its values are NaN or infinite and where the first is. */
+int m2d_st_check_finite(const m2d_st *st);
+
 #endif

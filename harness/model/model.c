@@ -178,6 +178,29 @@ void m2d_config_free(m2d_config *cfg) {
     cfg->layer_window = NULL;
 }
 
+/* Hugging Face's model_type of each architecture: a config naming one architecture and another's
+ * model_type (deepseek_v2 with Qwen3MoeForCausalLM) is contradictory, so it is refused; a model_type
+ * or an architecture not listed here (absent, a fine-tune's own, a test's) is not checked. */
+static const struct { const char *arch, *model_type; } MODEL_TYPES[] = {
+    {"DeepseekV2ForCausalLM", "deepseek_v2"}, {"GptOssForCausalLM", "gpt_oss"}, {"MixtralForCausalLM", "mixtral"},
+    {"MistralForCausalLM", "mistral"}, {"OlmoeForCausalLM", "olmoe"}, {"Qwen2MoeForCausalLM", "qwen2_moe"},
+    {"Qwen2ForCausalLM", "qwen2"}, {"Qwen3ForCausalLM", "qwen3"}, {"Qwen3MoeForCausalLM", "qwen3_moe"}};
+
+static const char *model_type_of(const char *arch) {
+    for (size_t i = 0; i < M2D_ARRAY_LEN(MODEL_TYPES); i++)
+        if (!strcmp(arch, MODEL_TYPES[i].arch)) return MODEL_TYPES[i].model_type;
+    return NULL;
+}
+
+static int check_model_type(const char *path, const m2d_config *cfg) {
+    if (!model_type_of(cfg->arch)) return 0; /* an architecture registered elsewhere (tests) */
+    for (size_t i = 0; i < M2D_ARRAY_LEN(MODEL_TYPES); i++)
+        if (!strcmp(cfg->model_type, MODEL_TYPES[i].model_type) && strcmp(cfg->arch, MODEL_TYPES[i].arch))
+            return m2d_err1("%s: field 'model_type': '%s' is the model type of %s, not of architectures[0] %s", path,
+                            cfg->model_type, MODEL_TYPES[i].arch, cfg->arch);
+    return 0;
+}
+
 int m2d_config_parse(const char *text, size_t len, const char *path, m2d_config *cfg, const m2d_arch **arch) {
     memset(cfg, 0, sizeof *cfg);
     if (arch) *arch = NULL;
@@ -197,6 +220,7 @@ int m2d_config_parse(const char *text, size_t len, const char *path, m2d_config 
         snprintf(cfg->arch, sizeof cfg->arch, "%s", a->name);
         rc = a->parse_config(root, path, cfg);
     }
+    if (rc == 0) rc = check_model_type(path, cfg);
     cJSON_Delete(root);
     if (rc != 0) {
         m2d_config_free(cfg);

@@ -65,10 +65,18 @@ static int rope_theta(const cJSON *root, const cJSON *obj, const char *path, dou
     return 0;
 }
 
+/* The range a scaling factor may have: positive, and neither so small nor so large that the
+ * frequencies or the attention scale overflow to inf/NaN (1e-310, 1e308). Real checkpoints use
+ * factors of 1 to a few hundred, attention factors near 1. */
+#define SCALE_MIN 1e-3
+#define SCALE_MAX 1e6
+
 static int positive(const cJSON *obj, const char *sub, const char *key, double *out) {
     if (m2d_cfg_double(obj, sub, key, 0, 0, out) != 0) return -1;
-    if (m2d_cfg_has(obj, key) && (!(*out > 0) || !isfinite(*out)))
-        return m2d_err1("%s: field '%s': must be positive", sub, key);
+    if (!m2d_cfg_has(obj, key)) return 0;
+    if (!(*out > 0)) return m2d_err1("%s: field '%s': must be positive", sub, key);
+    if (!(*out >= SCALE_MIN && *out <= SCALE_MAX))
+        return m2d_err1("%s: field '%s': %g is out of range [%g, %g]", sub, key, *out, SCALE_MIN, SCALE_MAX);
     return 0;
 }
 

@@ -5,8 +5,12 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/util.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+#include "train/data.h"
 #include "sweep/sweep_mc.h"
 #include "train/state.h"
 
@@ -22,6 +26,61 @@ static char *settings_text(const m2d_experiment *x) {
                       t->optim.weight_decay, t->optim.clip, m2d_loss_name(t->loss), t->mse_weight, t->teacher_topk,
                       m2d_order_name(o->order), (unsigned long long)o->seed, (int)o->fp32);
 }
+
+/* ---- checks before any work (the run and the dry run) ---- */
+
+static const m2d_distill_names TOML_NAMES = {"distill.seq_len", "distill.batch", "distill.micro_batch",
+                                             "distill.teacher_topk", "ppl.seq_len", "distill.recompute"};
+
+/* the settings against the teacher's config.json and the memory of the largest student (a dense
+ * one of width k d_e + shared: every K gives the same size) */
+static int check_against_teacher(const m2d_distill_opts *o, const m2d_config *t) {
+    m2d_config s = *t; /* the student's shape, for the estimate only (not freed) */
+    s.intermediate_size = t->num_experts_per_tok * t->moe_intermediate_size + t->shared_expert_intermediate_size;
+    s.num_experts = 0;
+    return m2d_distill_check_settings(o, t, &TOML_NAMES) ||
+                   m2d_distill_check_memory(t, &s, m2d_model_param_counts(t).dense_student, &o->train, &TOML_NAMES)
+               ? -1
+               : 0;
+}
+
+/* distill.data: training text (regular, non-empty, UTF-8, no NUL) of at least one window with the
+ * teacher's tokenizer (when the teacher is here to give it) */
+static int check_data(const m2d_experiment *x, const m2d_distill_opts *o) {
+    m2d_tokenizer *tk = NULL;
+    if (m2d_tokenizer_load(x->model, &tk)) {
+        m2d_err_clear();
+        size_t len;
+        char *text = m2d_training_text_read(x->distill_data, &len);
+        free(text);
+        return text ? 0 : -1;
+    }
+    m2d_windows w;
+    int rc = m2d_windows_open(tk, x->distill_data, o->train.seq_len, o->order, o->seed, &w);
+    if (rc == 0 && w.n_windows < o->train.batch)
+        fprintf(stderr, "moe2dense sweep: warning: %s holds %lld window(s) of %d tokens, fewer than distill.batch %d: "
+                "every step repeats windows\n", x->distill_data, (long long)w.n_windows, o->train.seq_len,
+                o->train.batch);
+    m2d_windows_free(&w);
+    m2d_tokenizer_free(tk);
+    return rc;
+}
+
+int m2d_sweep_distill_check(const m2d_experiment *x) {
+    if (!x->has_distill) return 0;
+    m2d_distill_opts o = x->distill;
+    o.data = x->distill_data;
+    if (o.eval_every > 0) o.eval_data = x->ppl_data, o.eval_seq_len = x->ppl_seq_len;
+    m2d_config t;
+    int have_config = m2d_config_load(x->model, &t, NULL) == 0, rc = 0;
+    if (!have_config) m2d_err_clear(); /* the backend's check decides whether a run may go on without it */
+    else rc = check_against_teacher(&o, &t), m2d_config_free(&t);
+    if (rc == 0) rc = check_data(x, &o);
+    char at[512];
+    return rc ? m2d_err_prefix(m2d_experiment_where(x, "distill", NULL, at, sizeof at)) : 0;
+}
+
+/* ---- the stage ---- */
 
 /* The distillation columns (m2d_sweep_distill_columns: mc_student last when there are MC
  * columns) and the MC columns of the experiment. Sidecar: config_id, the distillation columns but
@@ -108,6 +167,21 @@ static int distill_selected(const m2d_experiment *x, m2d_sweep_backend *b, const
     return rc;
 }
 
+/* 1 when the sidecar SIDE, refused by the open (other settings), holds no distilled student -- only
+ * its header or failed rows, e.g. of a run that failed every row with settings since fixed -- and
+ * was removed: nothing is lost, and the run starts it afresh instead of asking for a hand delete */
+static int replace_if_no_results(const char *side) {
+    m2d_results r;
+    if (m2d_results_read(side, &r)) return 0;
+    int status = m2d_results_col(&r, "status"), any_ok = status < 0;
+    for (int i = 0; i < r.n_rows && !any_ok; i++) any_ok = strncmp(r.rows[i][status], "failed", 6) != 0;
+    m2d_results_free(&r);
+    if (any_ok || unlink(side) != 0) return 0;
+    fprintf(stderr, "moe2dense sweep: %s: made with other settings and holding no distilled student (only failures): "
+            "started afresh\n", side);
+    return 1;
+}
+
 /* Open the sidecar SIDE (created, or resumed when its header and columns agree) and run. */
 static int run_stage(const m2d_experiment *x, m2d_sweep_backend *b, const m2d_results *main, const int *rows,
                      int n_sel, const char *out, const m2d_sweep_meta *meta, const stage_cols *sc,
@@ -131,6 +205,8 @@ static int run_stage(const m2d_experiment *x, m2d_sweep_backend *b, const m2d_re
     m2d_results_writer w;
     m2d_results done;
     int rc = m2d_results_open(side, cols, n_side, items, n_meta, keys, m2d_sweep_n_identity_keys + 1, &w, &done);
+    if (rc && replace_if_no_results(side))
+        rc = m2d_results_open(side, cols, n_side, items, n_meta, keys, m2d_sweep_n_identity_keys + 1, &w, &done);
     if (rc == 0) {
         rc = distill_selected(x, b, main, rows, n_sel, &done, root, sc, &w, sum);
         m2d_results_close(&w);

@@ -478,14 +478,14 @@ static int check_length(const m2d_experiment *x, const char *key, int len, const
 }
 
 static int check_readable(const m2d_experiment *x, const char *key, const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (f) {
-        fclose(f);
-        return 0;
-    }
-    char at[512];
-    return m2d_err("%s: '%s': %s: cannot read: %s", m2d_experiment_where(x, key, NULL, at, sizeof at), key, path,
-                   strerror(errno));
+    int fd = m2d_open_input(path); /* a regular file (a FIFO would block the run) */
+    if (fd >= 0) return close(fd);
+    char at[512], *msg = m2d_strdup(m2d_errmsg()), *why = msg; /* "PATH: cannot open: REASON" or "PATH: REASON" */
+    if (!strncmp(why, path, strlen(path)) && !strncmp(why + strlen(path), ": ", 2)) why += strlen(path) + 2;
+    if (!strncmp(why, "cannot open: ", 13)) why += 13;
+    m2d_err("%s: '%s': %s: cannot read: %s", m2d_experiment_where(x, key, NULL, at, sizeof at), key, path, why);
+    free(msg);
+    return -1;
 }
 
 static int check_mc_tasks(const m2d_experiment *x) {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "evals/ppl.h"
 
 int m2d_order_parse(const char *s, m2d_order *out) {
     if (!strcmp(s, "shuffle")) *out = M2D_ORDER_SHUFFLE;
@@ -27,16 +28,27 @@ int m2d_windows_from_ids(const int32_t *ids, int64_t n, const char *what, int L,
     return 0;
 }
 
+char *m2d_training_text_read(const char *path, size_t *len) {
+    char *text = m2d_read_file(path, len);
+    if (!text) return NULL;
+    int rc = *len == 0                    ? m2d_err("%s: empty: no training text", path)
+             : memchr(text, 0, *len) != NULL ? m2d_err("%s: holds NUL bytes: a binary file, not training text", path)
+                                             : m2d_ppl_check_utf8(path, text, *len);
+    if (rc == 0) return text;
+    free(text);
+    return NULL;
+}
+
 int m2d_windows_open(const m2d_tokenizer *tk, const char *path, int L, m2d_order order, uint64_t seed,
                      m2d_windows *w) {
     memset(w, 0, sizeof *w);
     size_t len, n;
-    char *text = m2d_read_file(path, &len);
+    char *text = m2d_training_text_read(path, &len);
     if (!text) return -1;
     int32_t *ids = NULL;
-    int rc = m2d_tokenizer_encode(tk, text, len, &ids, &n);
+    int rc = m2d_tokenizer_encode(tk, text, len, &ids, &n) ? m2d_err_prefix(path) : 0;
     free(text);
-    if (rc) return m2d_err_prefix(path);
+    if (rc) return -1;
     rc = m2d_windows_from_ids(ids, (int64_t)n, path, L, order, seed, w);
     free(ids);
     return rc;

@@ -30,8 +30,11 @@ typedef struct {
     char ids_hash[65];      /* sha256 of the token ids (identity of the data for resume) */
 } m2d_windows;
 
-/* Encode PATH with TK; -1 + m2d_err (naming the file) when unreadable, not UTF-8, or shorter than
- * one window. */
+/* The training text of PATH (a regular file, m2d_read_file): NULL + m2d_err naming the file when
+ * it is unreadable, empty, binary (NUL bytes) or not UTF-8. */
+char *m2d_training_text_read(const char *path, size_t *len);
+/* Encode PATH (m2d_training_text_read) with TK; -1 + m2d_err (naming the file) when it is not
+ * training text or shorter than one window. */
 int m2d_windows_open(const m2d_tokenizer *tk, const char *path, int L, m2d_order order, uint64_t seed,
                      m2d_windows *w);
 /* The same from token ids already in memory (copied). */

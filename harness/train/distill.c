@@ -2,10 +2,12 @@
 #include "train/distill.h"
 
 #include <cjson/cJSON.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/outfile.h"
 #include "base/util.h"
@@ -27,6 +29,7 @@ typedef struct {
     double *losses;         /* [S] */
     m2d_run_identity id;
     char *state_dir;
+    m2d_lock lock;          /* OUT's, held from its preparation to the end of the run */
     FILE *log;
     int32_t *eval_ids;
     size_t n_eval;
@@ -66,14 +69,158 @@ static int resolve_steps(run_t *r) {
     return 0;
 }
 
+/* ---- checks: every flag and path, before any model is loaded and before OUT is touched ---- */
+
+const m2d_distill_names m2d_distill_flag_names = {"--seq-len", "--batch", "--micro-batch", "--teacher-topk",
+                                                  "--eval-seq-len", "--recompute"};
+
+int m2d_distill_check_settings(const m2d_distill_opts *o, const m2d_config *t, const m2d_distill_names *nm) {
+    const m2d_trainer_opts *tr = &o->train;
+    int max_pos = t->max_position_embeddings;
+    if (tr->micro_batch && tr->batch % tr->micro_batch)
+        return m2d_err("%s %d must divide %s %d", nm->micro_batch, tr->micro_batch, nm->batch, tr->batch);
+    if (tr->seq_len > max_pos)
+        return m2d_err("%s %d exceeds the teacher's max_position_embeddings %d", nm->seq_len, tr->seq_len, max_pos);
+    if (o->eval_data && o->eval_seq_len > max_pos)
+        return m2d_err("%s %d exceeds the teacher's max_position_embeddings %d", nm->eval_seq_len, o->eval_seq_len,
+                       max_pos);
+    if (tr->teacher_topk > t->num_experts)
+        return m2d_err("%s %d exceeds the teacher's num_experts %d", nm->teacher_topk, tr->teacher_topk,
+                       t->num_experts);
+    return 0;
+}
+
+static double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
+
+void m2d_distill_memory_estimate(const m2d_config *t, const m2d_config *s, int64_t student_params,
+                                 const m2d_trainer_opts *o, double ram, m2d_distill_memory *m) {
+    double R = (double)(o->micro_batch ? o->micro_batch : o->batch) * o->seq_len, P = (double)student_params;
+    double d = s->hidden_size, q = (double)s->num_attention_heads * s->head_dim, F = s->intermediate_size;
+    double kv = (double)s->num_key_value_heads * s->head_dim, n = s->num_hidden_layers, V = s->vocab_size;
+    double dt = t->hidden_size, copy = o->precision == M2D_PREC_BF16 ? 2 : 4;
+    m->student = 16 * P + 4 * P; /* weights, gradients, AdamW m and v; the host copy */
+    m->teacher = M2D_MIN(ram / 8, copy * (double)m2d_model_param_counts(t).total) + 4 * V * dt;
+    m->activations = o->recompute ? 4 * R * (n * d + 8 * d + 5 * q + 5 * kv + 5 * F + dt)
+                                  : 4 * R * (n * (4 * d + 3 * q + 3 * kv + 3 * F) + 5 * d + 2 * q + 2 * kv + 2 * F + dt);
+    if (o->loss == M2D_LOSS_FKL_MSE) m->activations += 4 * R * n * dt;
+    m->logits = 2 * M2D_MIN(R, 128.0 * 1024 * 1024 / (4 * V)) * 4 * V;
+    m->total = m->student + m->teacher + m->activations + m->logits;
+}
+
+double m2d_distill_ram_bytes(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (double)pages * (double)size : INFINITY;
+}
+
+int m2d_distill_check_memory(const m2d_config *t, const m2d_config *s, int64_t student_params,
+                             const m2d_trainer_opts *o, const m2d_distill_names *nm) {
+    double ram = m2d_distill_ram_bytes();
+    m2d_distill_memory m;
+    m2d_distill_memory_estimate(t, s, student_params, o, ram, &m);
+    if (m.total <= ram) return 0;
+    return m2d_err("%s %d x %s %d needs ~%.1f GiB of memory (student state %.1f, activations %.1f, KD logits %.1f, "
+                   "teacher copies %.1f; README \"Memory of a run\"), more than this machine's %.1f GiB: lower them, "
+                   "or use %s and %s", nm->batch, o->batch, nm->seq_len, o->seq_len, gib(m.total), gib(m.student),
+                   gib(m.activations), gib(m.logits), gib(m.teacher), gib(ram), nm->micro_batch, nm->recompute);
+}
+
+/* the flags against the teacher's and the student's config.json, and the memory they need */
+static int check_configs(run_t *r) {
+    const m2d_distill_opts *o = r->o;
+    m2d_config t, s;
+    if (m2d_config_load(o->teacher, &t, NULL)) return -1;
+    int rc = m2d_config_load(o->student, &s, NULL);
+    if (rc == 0) {
+        rc = m2d_distill_check_settings(o, &t, &m2d_distill_flag_names) ||
+                     m2d_distill_check_memory(&t, &s, m2d_model_param_counts(&s).total, &r->t, &m2d_distill_flag_names)
+                 ? m2d_err_prefix("distill")
+                 : 0;
+        m2d_config_free(&s);
+    }
+    m2d_config_free(&t);
+    return rc;
+}
+
+/* 1 when the stream F holds only lines a distill log has (JSON objects with a numeric "step") */
+static int only_log_lines(FILE *f) {
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int ok = 1;
+    while (ok && (len = getline(&line, &cap, f)) > 0) {
+        cJSON *j = cJSON_ParseWithLength(line, (size_t)len);
+        ok = cJSON_IsObject(j) && cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j, "step"));
+        cJSON_Delete(j);
+    }
+    free(line);
+    return ok;
+}
+
+/* --log: never a link or a directory, never one of the run's inputs, and an existing file only when
+ * it is a distill log (a rerun's or the checkpoint's run's): anything else is not ours to replace */
+static int check_log_path(const m2d_distill_opts *o) {
+    const char *path = o->log;
+    if (!path) return 0;
+    if (m2d_check_output_path(path)) return m2d_err_prefix("distill: --log");
+    const char *inputs[] = {o->data, o->eval_data};
+    for (size_t i = 0; i < M2D_ARRAY_LEN(inputs); i++)
+        if (m2d_same_file(path, inputs[i]))
+            return m2d_err("distill: --log %s: is the run's input %s; refusing to overwrite it", path, inputs[i]);
+    if (!m2d_file_exists(path)) return 0;
+    int fd = m2d_open_input(path);
+    FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
+    if (!f) return fd >= 0 ? close(fd), m2d_err("distill: --log %s: cannot read", path) : m2d_err_prefix("distill: --log");
+    int ours = only_log_lines(f);
+    fclose(f);
+    return ours ? 0
+                : m2d_err("distill: --log %s: exists and is not a distill log (one JSON object with a \"step\" per "
+                          "line); refusing to overwrite it: give another path", path);
+}
+
+/* --out: a directory of its own, never the teacher's or the student's */
+static int check_out_path(const m2d_distill_opts *o) {
+    const char *inputs[] = {o->teacher, o->student}, *names[] = {"teacher", "student"};
+    for (int i = 0; i < 2; i++)
+        if (m2d_same_file(o->out, inputs[i]))
+            return m2d_err("distill: --out %s: is the %s's directory (--%s); the output would overwrite its input: "
+                           "give another --out", o->out, names[i], names[i]);
+    return 0;
+}
+
+/* ---- inputs ---- */
+
+/* the validation text: gptq-joined and encoded, at least one window of the validation length */
+static int load_eval_ids(run_t *r) {
+    const m2d_distill_opts *o = r->o;
+    if (!o->eval_data) return 0;
+    size_t len, jl;
+    char *raw = m2d_read_file(o->eval_data, &len);
+    if (!raw) return -1;
+    int rc = m2d_ppl_check_utf8(o->eval_data, raw, len);
+    char *joined = rc == 0 ? m2d_ppl_gptq_text(raw, len, &jl) : NULL;
+    if (joined && m2d_tokenizer_encode(r->tk, joined, jl, &r->eval_ids, &r->n_eval)) rc = m2d_err_prefix(o->eval_data);
+    free(raw), free(joined);
+    if (rc) return -1;
+    int L = o->eval_seq_len ? o->eval_seq_len : r->t.seq_len;
+    if (r->n_eval / (size_t)L == 0)
+        return m2d_err("%s: %zu tokens, fewer than one validation window of %d", o->eval_data, r->n_eval, L);
+    return 0;
+}
+
+/* the tokenizer and the texts first (cheap), then the models (memory-mapped, hashed) */
 static int open_inputs(run_t *r) {
     const m2d_distill_opts *o = r->o;
-    if (m2d_model_open(o->teacher, &r->teacher) || m2d_model_open(o->student, &r->student)) return -1;
     if (m2d_tokenizer_load(o->teacher, &r->tk)) return -1;
-    if (r->t.seq_len > r->teacher->cfg.max_position_embeddings)
-        return m2d_err("distill: --seq-len %d exceeds the teacher's max_position_embeddings %d", r->t.seq_len,
-                       r->teacher->cfg.max_position_embeddings);
-    return m2d_windows_open(r->tk, o->data, r->t.seq_len, o->order, o->seed, &r->win);
+    if (m2d_windows_open(r->tk, o->data, r->t.seq_len, o->order, o->seed, &r->win) || load_eval_ids(r)) return -1;
+    if (r->win.n_windows < r->t.batch)
+        fprintf(stderr, "moe2dense distill: warning: %s holds %lld window(s) of %d tokens, fewer than --batch %d: "
+                "every step repeats windows\n", o->data, (long long)r->win.n_windows, r->t.seq_len, r->t.batch);
+    /* the student's values start the training: a NaN there would reach every weight (the teacher's
+     * show as a non-finite loss at the first step) */
+    return m2d_model_open(o->teacher, &r->teacher) || m2d_model_open(o->student, &r->student) ||
+                   m2d_st_check_finite(r->student->st)
+               ? -1
+               : 0;
 }
 
 /* everything that changes the numbers of a step: a checkpoint resumes only the same run */
@@ -115,9 +262,16 @@ static int prepare_out(run_t *r) {
         char *marker = m2d_path_join(o->out, "moe2dense.json");
         int done = m2d_file_exists(marker);
         free(marker);
-        return done ? m2d_err("distill: %s is a finished output and also holds a checkpoint: remove one", o->out) : 0;
+        if (done) return m2d_err("distill: %s is a finished output and also holds a checkpoint: remove one", o->out);
+        if (m2d_convert_lock_dir(o->out, &r->lock)) return -1;
+    } else if (m2d_convert_prepare_dir(o->out, &r->lock)) {
+        return -1;
     }
-    return m2d_convert_prepare_dir(o->out);
+    /* under the lock: no save is live, so what an interrupted one left can go */
+    int n = m2d_train_state_remove_leftovers(r->state_dir);
+    if (n) fprintf(stderr, "moe2dense distill: %s: removed %d file(s) an interrupted checkpoint save left\n",
+                   r->state_dir, n);
+    return 0;
 }
 
 /* ---- log ---- */
@@ -146,13 +300,19 @@ static int trim_log(const char *path, int keep) {
     return rc;
 }
 
+/* the log (checked by check_log_path: absent or a distill log): appended to on a resume after the
+ * lines of steps past the checkpoint are cut, else rewritten; never through a link */
 static int open_log(run_t *r) {
     const char *path = r->o->log;
     if (!path) return 0;
-    if (m2d_check_output_path(path)) return -1; /* a planted link is refused, never followed */
+    if (m2d_check_output_path(path)) return -1;
     if (r->o->resume && trim_log(path, r->start)) return -1;
-    r->log = fopen(path, r->o->resume ? "a" : "w");
-    if (!r->log) return m2d_err("%s: cannot open the log for writing", path);
+    int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | (r->o->resume ? O_APPEND : O_TRUNC), 0666);
+    r->log = fd >= 0 ? fdopen(fd, "a") : NULL;
+    if (!r->log) {
+        if (fd >= 0) close(fd);
+        return m2d_err("%s: cannot open the log for writing", path);
+    }
     return 0;
 }
 
@@ -175,16 +335,6 @@ static int eval_setup(run_t *r) {
     r->host = m2d_malloc(sizeof(float) * m2d_trainer_params(r->tr)->total);
     if (m2d_train_params_model(m2d_trainer_params(r->tr), r->student, r->host, &r->view)) return -1;
     if (!o->eval_data) return 0;
-    size_t len, jl;
-    char *raw = m2d_read_file(o->eval_data, &len);
-    if (!raw) return -1;
-    int rc = m2d_ppl_check_utf8(o->eval_data, raw, len);
-    char *joined = rc == 0 ? m2d_ppl_gptq_text(raw, len, &jl) : NULL;
-    if (joined) rc = m2d_tokenizer_encode(r->tk, joined, jl, &r->eval_ids, &r->n_eval);
-    free(raw), free(joined);
-    if (rc) return m2d_err_prefix(o->eval_data);
-    int L = o->eval_seq_len ? o->eval_seq_len : r->t.seq_len;
-    if (r->n_eval / (size_t)L == 0) return m2d_err("%s: fewer tokens than one window of %d", o->eval_data, L);
     m2d_engine_opts eo = {.n_threads = r->t.threads, .precision = r->t.precision}; /* the teacher's */
     return m2d_engine_open(r->view, &eo, &r->eval_engine);
 }
@@ -409,7 +559,9 @@ static int resume_or_start(run_t *r) {
 }
 
 static int run(run_t *r) {
-    if (resolve_steps(r) || open_inputs(r) || prepare_out(r)) return -1;
+    if (resolve_steps(r) || check_out_path(r->o) || check_log_path(r->o) || check_configs(r) || open_inputs(r) ||
+        prepare_out(r))
+        return -1;
     r->r->steps = r->S;
     r->losses = m2d_calloc((size_t)r->S, sizeof(double));
     build_identity(r);
@@ -441,6 +593,7 @@ int m2d_distill_run(const m2d_distill_opts *o, m2d_distill_result *res) {
     m2d_model_close(r.student);
     m2d_model_close(r.teacher);
     m2d_run_identity_free(&r.id);
+    m2d_lock_release(&r.lock);
     free(r.losses), free(r.host), free(r.eval_ids), free(r.state_dir);
     return rc;
 }

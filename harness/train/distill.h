@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "model/model.h"
 #include "train/data.h"
 #include "train/trainer.h"
 
@@ -48,6 +49,24 @@ typedef struct {
     m2d_precision precision;/* the teacher's and the validation's (train.precision, AUTO resolved) */
     bool finished;          /* all S steps done and OUT written */
 } m2d_distill_result;
+
+/* The checks every run makes before it loads a model or touches OUT (the CLI's and the sweep's
+ * [distill], each naming the settings its own way: NAMES). */
+typedef struct { const char *seq_len, *batch, *micro_batch, *teacher_topk, *eval_seq_len, *recompute; } m2d_distill_names;
+extern const m2d_distill_names m2d_distill_flag_names; /* "--seq-len", ... */
+/* The micro-batch divides the batch; the window lengths fit the teacher T's context; K' <= its
+ * experts. -1 + m2d_err naming the setting. */
+int m2d_distill_check_settings(const m2d_distill_opts *o, const m2d_config *t, const m2d_distill_names *names);
+/* README "Memory of a run": the anonymous memory of a run of teacher T and dense student S (of
+ * STUDENT_PARAMS parameters) with settings O on a machine of RAM bytes (the teacher's mapped file
+ * is page cache and not counted), in bytes. */
+typedef struct { double student, teacher, activations, logits, total; } m2d_distill_memory;
+void m2d_distill_memory_estimate(const m2d_config *t, const m2d_config *s, int64_t student_params,
+                                 const m2d_trainer_opts *o, double ram, m2d_distill_memory *m);
+double m2d_distill_ram_bytes(void); /* this machine's physical memory */
+/* -1 + m2d_err (the estimate, its parts and the RAM, one line) when the estimate exceeds the RAM. */
+int m2d_distill_check_memory(const m2d_config *t, const m2d_config *s, int64_t student_params,
+                             const m2d_trainer_opts *o, const m2d_distill_names *names);
 
 /* Paper defaults (Table 9) with L = 512, B = 8, forward KL, shuffled windows, seed 0. */
 void m2d_distill_defaults(m2d_distill_opts *o);

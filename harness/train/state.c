@@ -2,7 +2,10 @@
 #include "train/state.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,8 +47,12 @@ int m2d_train_state_exists(const char *dir) {
     return e;
 }
 
-static int save_part(const char *dir, m2d_train_params *p, int step, int part, float *host) {
+/* the SHA-256 of a piece's values (p->total floats as stored: little-endian F32) */
+static void piece_sha256(const void *data, size_t total, char out[65]) { m2d_sha256_hex(data, sizeof(float) * total, out); }
+
+static int save_part(const char *dir, m2d_train_params *p, int step, int part, float *host, char sha[65]) {
     m2d_train_params_download(p, PART_BUF[part], host);
+    piece_sha256(host, p->total, sha);
     m2d_st_writer *w = m2d_st_writer_new();
     int64_t shape[1] = {(int64_t)p->total};
     char *name = part_name(step, part), *path = m2d_path_join(dir, name);
@@ -56,14 +63,18 @@ static int save_part(const char *dir, m2d_train_params *p, int step, int part, f
     return rc;
 }
 
-/* the step named by DIR/state.json (-1 when none) */
+#define NO_STATE (-1)      /* no state.json */
+#define DAMAGED_STATE (-2) /* a state.json without a whole step: its pieces are not touched */
+
+/* the step named by DIR/state.json (NO_STATE, DAMAGED_STATE) */
 static int saved_step(const char *dir) {
     char *path = m2d_path_join(dir, "state.json");
     size_t n;
-    char *text = m2d_file_exists(path) ? m2d_read_file(path, &n) : NULL;
+    int exists = m2d_file_exists(path);
+    char *text = exists ? m2d_read_file(path, &n) : NULL;
     cJSON *j = text ? cJSON_ParseWithLength(text, n) : NULL;
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "step");
-    int step = cJSON_IsNumber(s) ? s->valueint : -1;
+    int step = !exists ? NO_STATE : cJSON_IsNumber(s) && s->valuedouble == (double)s->valueint ? s->valueint : DAMAGED_STATE;
     cJSON_Delete(j);
     free(text), free(path);
     return step;
@@ -82,8 +93,9 @@ int m2d_train_state_save(const char *dir, m2d_train_params *p, int step, const m
     if (m2d_mkdir_p(dir)) return -1;
     int old = saved_step(dir);
     float *host = m2d_malloc(sizeof(float) * (p->total ? p->total : 1));
+    char sha[3][65];
     int rc = 0;
-    for (int part = 0; part < 3 && rc == 0; part++) rc = save_part(dir, p, step, part, host);
+    for (int part = 0; part < 3 && rc == 0; part++) rc = save_part(dir, p, step, part, host, sha[part]);
     free(host);
     if (rc) return -1;
     cJSON *j = cJSON_CreateObject();
@@ -91,6 +103,8 @@ int m2d_train_state_save(const char *dir, m2d_train_params *p, int step, const m
     cJSON_AddNumberToObject(j, "step", step);
     cJSON_AddNumberToObject(j, "parameters", (double)p->total);
     cJSON_AddItemToObject(j, "losses", cJSON_CreateDoubleArray(losses, step));
+    cJSON *hashes = cJSON_AddObjectToObject(j, "sha256"); /* of each piece's values, checked on resume */
+    for (int part = 0; part < 3; part++) cJSON_AddStringToObject(hashes, PARTS[part], sha[part]);
     cJSON *idj = cJSON_AddObjectToObject(j, "identity");
     for (int i = 0; i < id->n; i++) {
         char *eq = strchr(id->items[i], '=');
@@ -126,7 +140,8 @@ static int check_identity(const char *path, const cJSON *saved, const m2d_run_id
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(saved, key);
         const char *had = cJSON_IsString(v) ? v->valuestring : v ? NULL : absent_value(key);
         int rc = 0;
-        if (!had) rc = m2d_err("%s: field 'identity.%s': missing", path, key);
+        if (v && !cJSON_IsString(v)) rc = m2d_err("%s: field 'identity.%s': not a string", path, key);
+        else if (!had) rc = m2d_err("%s: field 'identity.%s': missing", path, key);
         else if (strcmp(had, eq + 1))
             rc = m2d_err1("%s: field 'identity.%s': the checkpoint's run had %s, this run has %s (resume needs the "
                           "same run)", path, key, had, eq + 1);
@@ -136,14 +151,39 @@ static int check_identity(const char *path, const cJSON *saved, const m2d_run_id
     return 0;
 }
 
-static int load_part(const char *dir, m2d_train_params *p, int step, int part) {
+/* the first element of piece PART that it may not hold (not finite; a negative second moment),
+ * or -1 */
+static int64_t bad_element(int part, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i]) || (PART_BUF[part] == M2D_PBUF_ADAM_V && x[i] < 0)) return (int64_t)i;
+    return -1;
+}
+
+int m2d_train_state_check_piece(const char *path, const m2d_st *st, int part, size_t total, const char *sha256,
+                                const float **data) {
+    const m2d_tensor *t = m2d_st_find(st, PARTS[part]);
+    if (!t || t->dtype != M2D_F32 || t->ndim != 1 || t->shape[0] != (int64_t)total || m2d_st_count(st) != 1)
+        return m2d_err("%s: tensor '%s': missing or not the only tensor, F32 [%zu]", path, PARTS[part], total);
+    char sha[65];
+    piece_sha256(t->data, total, sha);
+    if (strcmp(sha, sha256))
+        return m2d_err("%s: tensor '%s': SHA-256 %.16s... is not state.json's %.16s... (field 'sha256.%s'): the "
+                       "piece is damaged", path, PARTS[part], sha, sha256, PARTS[part]);
+    int64_t bad = bad_element(part, t->data, total);
+    if (bad >= 0)
+        return m2d_err("%s: tensor '%s': element %lld is %g (%s)", path, PARTS[part], (long long)bad,
+                       (double)((const float *)t->data)[bad], part == 2 ? "not finite or negative" : "not finite");
+    *data = t->data;
+    return 0;
+}
+
+static int load_part(const char *dir, m2d_train_params *p, int step, int part, const char *sha256) {
     char *name = part_name(step, part), *path = m2d_path_join(dir, name);
     m2d_st *st = NULL;
+    const float *data = NULL;
     int rc = m2d_st_open(path, &st);
-    const m2d_tensor *t = rc == 0 ? m2d_st_find(st, PARTS[part]) : NULL;
-    if (rc == 0 && (!t || t->dtype != M2D_F32 || t->ndim != 1 || t->shape[0] != (int64_t)p->total))
-        rc = m2d_err("%s: tensor '%s': missing or not F32 [%zu]", path, PARTS[part], p->total);
-    if (rc == 0) m2d_train_params_upload(p, PART_BUF[part], t->data);
+    if (rc == 0) rc = m2d_train_state_check_piece(path, st, part, p->total, sha256, &data);
+    if (rc == 0) m2d_train_params_upload(p, PART_BUF[part], data);
     m2d_st_close(st);
     free(name), free(path);
     return rc;
@@ -155,28 +195,52 @@ static int parse_losses(const char *path, const cJSON *a, int step, double *loss
         return m2d_err("%s: field 'losses': not a list of %d numbers", path, step);
     int i = 0;
     for (const cJSON *x = a->child; x; x = x->next, i++) {
-        if (!cJSON_IsNumber(x)) return m2d_err("%s: field 'losses': item %d is not a number", path, i);
+        if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble))
+            return m2d_err("%s: field 'losses': item %d is not a finite number", path, i);
         losses[i] = x->valuedouble;
     }
     return 0;
 }
 
-static int parse_state(const char *path, const char *text, size_t n, const m2d_run_identity *id, size_t total,
-                       int max_steps, int *step, double *losses) {
+/* sha256.weights|adam_m|adam_v: 64 lowercase hex digits each */
+static int parse_hashes(const char *path, const cJSON *h, char sha[3][65]) {
+    for (int part = 0; part < 3; part++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(h, PARTS[part]);
+        const char *s = cJSON_IsString(v) ? v->valuestring : "";
+        int ok = strlen(s) == 64;
+        for (int i = 0; ok && i < 64; i++) ok = (s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f');
+        if (!ok) return m2d_err("%s: field 'sha256.%s': missing or not 64 lowercase hex digits", path, PARTS[part]);
+        memcpy(sha[part], s, 65);
+    }
+    return 0;
+}
+
+/* 'step': a whole number in [1, MAX_STEPS] */
+static int parse_step(const char *path, const cJSON *s, int max_steps, int *step) {
+    if (!cJSON_IsNumber(s) || !(s->valuedouble >= 1) || s->valuedouble != floor(s->valuedouble))
+        return m2d_err("%s: field 'step': missing or not a positive whole number", path);
+    if (s->valuedouble > max_steps)
+        return m2d_err("%s: field 'step': %.17g is past this run's %d steps", path, s->valuedouble, max_steps);
+    *step = (int)s->valuedouble;
+    return 0;
+}
+
+int m2d_train_state_parse(const char *path, const char *text, size_t n, const m2d_run_identity *id, size_t total,
+                          int max_steps, int *step, double *losses, char sha256[3][65]) {
     cJSON *j = cJSON_ParseWithLength(text, n);
     if (!j) return m2d_err("%s: invalid JSON", path);
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(j, "format"), *s = cJSON_GetObjectItemCaseSensitive(j, "step");
     const cJSON *np = cJSON_GetObjectItemCaseSensitive(j, "parameters");
-    int rc = 0;
+    int rc = 0, st = 0;
     if (!cJSON_IsString(f) || strcmp(f->valuestring, STATE_FORMAT))
         rc = m2d_err("%s: field 'format': not %s", path, STATE_FORMAT);
-    else if (!cJSON_IsNumber(s) || s->valueint < 1) rc = m2d_err("%s: field 'step': missing or not positive", path);
+    else if (parse_step(path, s, max_steps, &st)) rc = -1;
     else if (!cJSON_IsNumber(np) || np->valuedouble != (double)total)
         rc = m2d_err("%s: field 'parameters': not the student's %zu", path, total);
-    else if (s->valueint > max_steps) rc = m2d_err("%s: field 'step': %d is past this run's %d steps", path, s->valueint, max_steps);
     else rc = check_identity(path, cJSON_GetObjectItemCaseSensitive(j, "identity"), id);
-    if (rc == 0) rc = parse_losses(path, cJSON_GetObjectItemCaseSensitive(j, "losses"), s->valueint, losses);
-    if (rc == 0) *step = s->valueint;
+    if (rc == 0) rc = parse_hashes(path, cJSON_GetObjectItemCaseSensitive(j, "sha256"), sha256);
+    if (rc == 0) rc = parse_losses(path, cJSON_GetObjectItemCaseSensitive(j, "losses"), st, losses);
+    if (rc == 0) *step = st;
     cJSON_Delete(j);
     return rc;
 }
@@ -185,11 +249,48 @@ int m2d_train_state_load(const char *dir, m2d_train_params *p, const m2d_run_ide
                          double *losses) {
     char *path = m2d_path_join(dir, "state.json");
     size_t n;
+    char sha[3][65];
     char *text = m2d_read_file(path, &n);
-    int rc = text ? parse_state(path, text, n, id, p->total, max_steps, step, losses) : -1;
-    for (int part = 0; part < 3 && rc == 0; part++) rc = load_part(dir, p, *step, part);
+    int rc = text ? m2d_train_state_parse(path, text, n, id, p->total, max_steps, step, losses, sha) : -1;
+    for (int part = 0; part < 3 && rc == 0; part++) rc = load_part(dir, p, *step, part, sha[part]);
     free(text), free(path);
     return rc;
+}
+
+/* 1 when NAME is a file this module writes into DIR: state.json or a step's piece */
+static int state_file_name(const char *name, int *step) {
+    char part[16], tail[16];
+    *step = -1;
+    if (!strcmp(name, "state.json")) return 1;
+    if (sscanf(name, "step-%9d.%15[a-z_].%15s", step, part, tail) != 3 || strcmp(tail, "safetensors")) return 0;
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(part, PARTS[i])) return 1;
+    return 0;
+}
+
+/* 1 when NAME is what an interrupted save left: a temp file of one of this module's files, or a
+ * piece of another step than SAVED (written before state.json named it) */
+static int save_leftover(const char *name, int saved) {
+    int step;
+    const char *tag = strstr(name, ".m2d-tmp.");
+    if (!tag) return saved != DAMAGED_STATE && state_file_name(name, &step) && step >= 0 && step != saved;
+    char *base = m2d_strfmt("%.*s", (int)(tag - name), name);
+    int yes = state_file_name(base, &step) && m2d_atomic_leftover(name, base);
+    free(base);
+    return yes;
+}
+
+int m2d_train_state_remove_leftovers(const char *dir) {
+    int saved = saved_step(dir), n = 0;
+    DIR *dh = opendir(dir);
+    for (struct dirent *de; dh && (de = readdir(dh));) {
+        if (!save_leftover(de->d_name, saved)) continue;
+        char *p = m2d_path_join(dir, de->d_name);
+        n += unlink(p) == 0;
+        free(p);
+    }
+    if (dh) closedir(dh);
+    return n;
 }
 
 int m2d_train_state_remove(const char *dir) {
@@ -202,6 +303,7 @@ int m2d_train_state_remove(const char *dir) {
     }
     free(path);
     if (step >= 0) remove_step(dir, step);
+    m2d_train_state_remove_leftovers(dir);
     rmdir(dir);
     return 0;
 }

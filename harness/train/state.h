@@ -7,10 +7,14 @@
  *
  * Layout, in DIR (OUT/train-state): step-S.weights|adam_m|adam_v.safetensors (one 1-D F32 tensor
  * each), then state.json naming them, written last (atomically) so that a crash mid-save leaves
- * the previous complete checkpoint in force; the previous step's files are removed after. */
+ * the previous complete checkpoint in force; the previous step's files are removed after.
+ * state.json holds the SHA-256 of each piece's values ("sha256": {"weights": ..., ...}); a resume
+ * checks them and that every value is finite (the second moment also >= 0): a damaged piece is
+ * refused with one line naming the file and the tensor, never trained on. */
 #ifndef M2D_TRAIN_STATE_H
 #define M2D_TRAIN_STATE_H
 
+#include "io/st.h"
 #include "train/params.h"
 
 /* The identity of a run: "key=value" strings (compared on resume, key by key). */
@@ -31,6 +35,16 @@ int m2d_train_state_save(const char *dir, m2d_train_params *p, int step, const m
  * another identity, or is past MAX_STEPS. */
 int m2d_train_state_load(const char *dir, m2d_train_params *p, const m2d_run_identity *id, int max_steps, int *step,
                          double *losses);
+/* The checks of a resume, on one input each (also the fuzz targets'): state.json's TEXT (PATH in
+ * errors) against the run -- *step, LOSSES[0..*step) and each piece's SHA-256; and piece PART (0
+ * weights, 1 adam_m, 2 adam_v) opened as ST against TOTAL and SHA256 -- *data its values. */
+int m2d_train_state_parse(const char *path, const char *text, size_t n, const m2d_run_identity *id, size_t total,
+                          int max_steps, int *step, double *losses, char sha256[3][65]);
+int m2d_train_state_check_piece(const char *path, const m2d_st *st, int part, size_t total, const char *sha256,
+                                const float **data);
+/* Remove what an interrupted save left in DIR (temp files of its writes, pieces of a step that
+ * state.json does not name); how many. Only while holding OUT's lock. */
+int m2d_train_state_remove_leftovers(const char *dir);
 /* Remove DIR and the files this module writes in it. */
 int m2d_train_state_remove(const char *dir);
 
