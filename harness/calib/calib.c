@@ -1,4 +1,4 @@
-/* calib — calibration pass and stats file (format documented in calib.h). */
+/* calib — the calibration pass (see calib.h); the stats file it writes: stats_file.c. */
 #include "calib/calib.h"
 
 #include <cblas.h>
