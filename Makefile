@@ -65,7 +65,7 @@ help:
 	@echo "make data       populate $(DATA_DIR)/ from DATA_MIRROR=$(DATA_MIRROR) or upstream"
 	@echo "make test       link the data, build and run the test suite (SAN=1 for ASan+UBSan; TESTS=\"test_x ...\")"
 	@echo "make test-isa   the numerical tests again with oneDNN limited to ISA=$(ISA) (DNNL_MAX_CPU_ISA)"
-	@echo "make layering   check that every include goes to its own layer or a lower one"
+	@echo "make layering   check every include against its folder's allow-list (tools/layering.sh)"
 	@echo "make verify-lm-eval  every MC request against lm-eval's own, live (PyPI venv)"
 	@echo "make lm-eval-goldens rewrite tests/golden/lm_eval_requests.txt from lm-eval"
 	@echo "make verify-hf  checkpoints, logits, routing, students against transformers, live"

@@ -248,6 +248,10 @@ void m2d_hex(const uint8_t *bytes, size_t n, char *out) {
     out[2 * n] = 0;
 }
 
+void m2d_put_le64(uint8_t *b, uint64_t v) {
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+}
+
 void m2d_sha256_hex(const void *data, size_t n, char out[65]) {
     m2d_sha256 s;
     uint8_t d[32];

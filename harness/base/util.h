@@ -51,6 +51,8 @@ void m2d_sha256_update(m2d_sha256 *s, const void *data, size_t n);
 void m2d_sha256_final(m2d_sha256 *s, uint8_t out[32]);
 void m2d_sha256_hex(const void *data, size_t n, char out[65]);
 void m2d_hex(const uint8_t *bytes, size_t n, char *out); /* out holds 2n+1 */
+/* 8 bytes little-endian (the calibration hash, the stats file) */
+void m2d_put_le64(uint8_t *b, uint64_t v);
 
 /* Deterministic random numbers (random baselines, data order): splitmix64 (state += 0x9E3779B97F4A7C15,
  * then the standard finaliser); a standard normal draw by Box-Muller from two splitmix64 outputs,

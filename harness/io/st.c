@@ -1,4 +1,5 @@
-/* st — safetensors reader (mmap, single file or sharded) and deterministic writer.
+/* st — safetensors reader (mmap, single file or sharded) and deterministic writer. Kept whole
+ * (~850 lines): reader and writer are two halves of one format and share its header rules.
  *
  * Format: u64 little-endian header length N, N bytes of JSON header, then the data block.
  * Header: {"__metadata__": {str: str}, NAME: {"dtype": "BF16", "shape": [..],
