@@ -257,6 +257,9 @@ static void output_checkpoint_and_manifest(void **state) {
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(d, "settings"), *mt = cJSON_GetObjectItemCaseSensitive(d, "metrics");
     assert_string_equal(cJSON_GetObjectItemCaseSensitive(s, "loss")->valuestring, "fkl+mse");
     assert_int_equal(cJSON_GetObjectItemCaseSensitive(s, "teacher_topk")->valueint, 3);
+    /* the data guard's count: 3 steps x 4 windows over the text's windows of 16 tokens */
+    double W = floor(cJSON_GetObjectItemCaseSensitive(s, "data_tokens")->valuedouble / 16);
+    assert_true(fabs(cJSON_GetObjectItemCaseSensitive(s, "data_passes")->valuedouble - 3 * 4 / W) < 1e-12);
     assert_int_equal(cJSON_GetObjectItemCaseSensitive(mt, "tokens")->valueint, 3 * 4 * 16);
     assert_true(fabs(cJSON_GetObjectItemCaseSensitive(mt, "final_loss")->valuedouble - r.final_loss) < 1e-12);
     cJSON_Delete(j);

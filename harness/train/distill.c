@@ -262,6 +262,7 @@ static cJSON *settings_json(const run_t *r) {
     cJSON_AddStringToObject(s, "data", o->data);
     cJSON_AddStringToObject(s, "data_tokens_sha256", r->win.ids_hash);
     cJSON_AddNumberToObject(s, "data_tokens", (double)r->win.n_ids);
+    cJSON_AddNumberToObject(s, "data_passes", m2d_windows_passes(&r->win, (int64_t)r->S * t->batch));
     cJSON_AddNumberToObject(s, "steps", r->S);
     cJSON_AddNumberToObject(s, "seq_len", t->seq_len);
     cJSON_AddNumberToObject(s, "batch", t->batch);
@@ -410,6 +411,7 @@ static int resume_or_start(run_t *r) {
 
 static int run(run_t *r) {
     if (resolve_steps(r) || open_inputs(r) || prepare_out(r)) return -1;
+    m2d_windows_repeat_note(&r->win, r->o->data, r->S, r->t.batch, stderr); /* the data guard, quiet or not */
     r->r->steps = r->S;
     r->losses = m2d_calloc((size_t)r->S, sizeof(double));
     build_identity(r);
