@@ -218,6 +218,7 @@ static void distill_table_errors(void **state) {
         {"distill.lr='high'", "'distill.lr' must be a number"},
         {"distill.lr=0", "'distill.lr' must be a positive number"},
         {"distill.recompute=1", "'distill.recompute' must be true or false"},
+        {"distill.mse_norm='mean'", "'distill.mse_norm' must be \"minitron\" or \"sum\""},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         m2d_experiment x;

@@ -609,12 +609,12 @@ static int read_distill(const ctx *c, m2d_experiment *x) {
     static const char *const keys[] = {"configs", "data", "tokens", "steps", "seq_len", "batch", "micro_batch",
                                        "recompute", "lr", "min_lr", "warmup", "weight_decay", "clip", "loss",
                                        "mse_weight", "teacher_topk", "order", "seed", "eval_every", "save_every",
-                                       "fp32", "val_data"};
+                                       "fp32", "val_data", "mse_norm"};
     if (check_keys(c, d, "[distill]", keys, M2D_ARRAY_LEN(keys))) return -1;
     x->has_distill = 1;
     m2d_distill_defaults(&x->distill);
     x->distill.quiet = true;
-    char *loss = NULL, *order = NULL;
+    char *loss = NULL, *order = NULL, *norm = NULL;
     int rc = read_distill_configs(c, d, x);
     if (rc == 0) rc = get_str(c, x->table, "distill.data", NULL, &x->distill_data);
     if (rc == 0) rc = read_distill_numbers(c, x->table, &x->distill);
@@ -625,7 +625,10 @@ static int read_distill(const ctx *c, m2d_experiment *x) {
         rc = key_err(c, m2d_toml_get(d, "loss"), "distill.loss", "\"fkl\", \"rkl\" or \"fkl+mse\"");
     if (rc == 0 && m2d_order_parse(order, &x->distill.order))
         rc = key_err(c, m2d_toml_get(d, "order"), "distill.order", "\"shuffle\" or \"sequential\"");
-    free(loss), free(order);
+    if (rc == 0) rc = get_str(c, x->table, "distill.mse_norm", "minitron", &norm);
+    if (rc == 0 && m2d_mse_norm_parse(norm, &x->distill.train.mse_norm))
+        rc = key_err(c, m2d_toml_get(d, "mse_norm"), "distill.mse_norm", "\"minitron\" or \"sum\"");
+    free(loss), free(order), free(norm);
     return rc;
 }
 

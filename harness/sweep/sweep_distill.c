@@ -15,11 +15,12 @@ static char *settings_text(const m2d_experiment *x) {
     const m2d_distill_opts *o = &x->distill;
     const m2d_trainer_opts *t = &o->train;
     return m2d_strfmt("distill=data=%s val_data=%s tokens=%lld steps=%d L=%d B=%d b=%d lr=%.9g min_lr=%.9g warmup=%d "
-                      "weight_decay=%.9g clip=%.9g loss=%s mse_weight=%.9g teacher_topk=%d order=%s seed=%llu "
+                      "weight_decay=%.9g clip=%.9g loss=%s mse_weight=%.9g mse_norm=%s teacher_topk=%d order=%s seed=%llu "
                       "fp32=%d",
                       x->distill_data, x->distill_val_data ? x->distill_val_data : "none", (long long)o->tokens, t->optim.steps, t->seq_len, t->batch,
                       t->micro_batch ? t->micro_batch : t->batch, t->optim.lr, t->optim.min_lr, t->optim.warmup,
-                      t->optim.weight_decay, t->optim.clip, m2d_loss_name(t->loss), t->mse_weight, t->teacher_topk,
+                      t->optim.weight_decay, t->optim.clip, m2d_loss_name(t->loss), t->mse_weight,
+                      m2d_mse_norm_name(t->mse_norm), t->teacher_topk,
                       m2d_order_name(o->order), (unsigned long long)o->seed, (int)o->fp32);
 }
 

@@ -41,7 +41,8 @@ static int open_parts(m2d_trainer *t, const m2d_model *teacher) {
     if (m2d_train_params_new(t->student, t->be, &t->p)) return -1;
     m2d_net_opts no = {o->seq_len, b, o->recompute};
     if (m2d_net_new(&t->student->cfg, t->p, &no, &t->net)) return -1;
-    return m2d_kd_new(teacher, t->te, &t->student->cfg, t->net, t->p, b * o->seq_len, o->loss, o->mse_weight, &t->kd);
+    return m2d_kd_new(teacher, t->te, &t->student->cfg, t->net, t->p, b * o->seq_len, o->loss, o->mse_weight, o->mse_norm,
+                      &t->kd);
 }
 
 int m2d_trainer_new(const m2d_model *teacher, const m2d_model *student, const m2d_trainer_opts *o, m2d_trainer **out) {

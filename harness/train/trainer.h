@@ -24,6 +24,7 @@ typedef struct {
     bool recompute;         /* activation checkpointing */
     m2d_loss_kind loss;
     double mse_weight;      /* --loss fkl+mse */
+    m2d_mse_norm mse_norm;  /* its weighting against the logit loss (kd.h; 0: "sum") */
     int teacher_topk;       /* > 0: the teacher routes with Eq. 6 over K' experts; 0: its own routing */
     m2d_optim_opts optim;
     int threads;            /* <= 0: m2d_default_threads() */
