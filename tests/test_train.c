@@ -343,6 +343,35 @@ static int route_hook(void *user, const m2d_moe_event *ev) {
     return 0;
 }
 
+/* teacher_topk = k (the teacher's own top-k) is the teacher's own routing, the paper's Table 4
+ * row "8 (default)" (renormalised where the config renormalises): the KD targets equal those of
+ * no override (0), bit for bit; k + 1 is Eq. 6 and changes them. */
+static float *teacher_targets(int topk, const int32_t *tok) {
+    m2d_trainer_opts o = topts(2);
+    o.teacher_topk = topk;
+    m2d_trainer *t;
+    if (m2d_trainer_new(g_teacher, g_student, &o, &t)) fail_msg("%s", m2d_errmsg());
+    float *z = malloc(sizeof(float) * NSEQ * L * V);
+    if (m2d_trainer_teacher_logits(t, tok, NSEQ, z)) fail_msg("%s", m2d_errmsg());
+    m2d_trainer_free(t);
+    return z;
+}
+
+static void teacher_topk_k_is_own_routing(void **state) {
+    (void)state;
+    int k = g_teacher->cfg.num_experts_per_tok;
+    assert_true(g_teacher->cfg.norm_topk_prob && k < g_teacher->cfg.num_experts); /* Eq. 6 at k would differ */
+    assert_int_equal(m2d_trainer_route_topk(&g_teacher->cfg, 0), 0);
+    assert_int_equal(m2d_trainer_route_topk(&g_teacher->cfg, k), 0);
+    assert_int_equal(m2d_trainer_route_topk(&g_teacher->cfg, k + 1), k + 1);
+    int32_t tok[NSEQ * L];
+    tokens(5, tok, NSEQ * L);
+    float *own = teacher_targets(0, tok), *at_k = teacher_targets(k, tok), *wider = teacher_targets(k + 1, tok);
+    assert_memory_equal(own, at_k, sizeof(float) * NSEQ * L * V);
+    assert_memory_not_equal(own, wider, sizeof(float) * NSEQ * L * V);
+    free(own), free(at_k), free(wider);
+}
+
 static void teacher_route_override(void **state) {
     (void)state;
     m2d_engine *e;
@@ -377,6 +406,7 @@ int main(void) {
         cmocka_unit_test(lr_schedule),
         cmocka_unit_test(decay_only_on_matrices),
         cmocka_unit_test(teacher_route_override),
+        cmocka_unit_test(teacher_topk_k_is_own_routing),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

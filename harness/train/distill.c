@@ -277,6 +277,7 @@ static cJSON *settings_json(const run_t *r) {
     if (t->loss == M2D_LOSS_FKL_MSE) cJSON_AddNumberToObject(s, "mse_weight", t->mse_weight);
     if (t->loss == M2D_LOSS_FKL_MSE) cJSON_AddStringToObject(s, "mse_norm", m2d_mse_norm_name(t->mse_norm));
     cJSON_AddNumberToObject(s, "teacher_topk", t->teacher_topk);
+    cJSON_AddStringToObject(s, "teacher_routing", m2d_trainer_route_topk(&r->teacher->cfg, t->teacher_topk) ? "eq6" : "own");
     cJSON_AddNumberToObject(s, "lr", t->optim.lr);
     cJSON_AddNumberToObject(s, "min_lr", t->optim.min_lr);
     cJSON_AddNumberToObject(s, "warmup", t->optim.warmup);
