@@ -238,7 +238,13 @@ static void output_checkpoint_and_manifest(void **state) {
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(j, "distill");
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(d, "settings"), *mt = cJSON_GetObjectItemCaseSensitive(d, "metrics");
     assert_string_equal(cJSON_GetObjectItemCaseSensitive(s, "loss")->valuestring, "fkl+mse");
+    /* the default weighting of the MSE is Minitron's, recorded with its weight */
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(s, "mse_norm")->valuestring, "minitron");
+    assert_true(cJSON_GetObjectItemCaseSensitive(s, "mse_weight")->valuedouble == 1.0);
     assert_int_equal(cJSON_GetObjectItemCaseSensitive(s, "teacher_topk")->valueint, 3);
+    /* the data guard's count: 3 steps x 4 windows over the text's windows of 16 tokens */
+    double W = floor(cJSON_GetObjectItemCaseSensitive(s, "data_tokens")->valuedouble / 16);
+    assert_true(fabs(cJSON_GetObjectItemCaseSensitive(s, "data_passes")->valuedouble - 3 * 4 / W) < 1e-12);
     assert_int_equal(cJSON_GetObjectItemCaseSensitive(mt, "tokens")->valueint, 3 * 4 * 16);
     assert_true(fabs(cJSON_GetObjectItemCaseSensitive(mt, "final_loss")->valuedouble - r.final_loss) < 1e-12);
     cJSON_Delete(j);
@@ -251,6 +257,10 @@ static void output_checkpoint_and_manifest(void **state) {
         cJSON *l = cJSON_Parse(line);
         for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
             assert_non_null(cJSON_GetObjectItemCaseSensitive(l, keys[k]));
+        /* fkl+mse lines say how the MSE was weighted; Minitron's MSE part weighs as much as the KL */
+        assert_string_equal(cJSON_GetObjectItemCaseSensitive(l, "mse_norm")->valuestring, "minitron");
+        double div = cJSON_GetObjectItemCaseSensitive(l, "div")->valuedouble;
+        assert_true(fabs(cJSON_GetObjectItemCaseSensitive(l, "mse")->valuedouble - div) < 1e-9 * div);
         cJSON_Delete(l);
     }
     assert_int_equal(lines, 3);

@@ -412,22 +412,18 @@ static const char *DISTILL_CSV =
 static const char *EXPECTED_DISTILL_MD =
     "\n## After distillation — experiment dist\n"
     "\n"
-    "3 distilled student(s). Table 12 layout: per scoring x grouping, the distilled student with the lowest "
-    "post-distillation PPL.\n"
+    "3 distilled student(s).\n"
     "\n"
-    "Multiple-choice average (%), distilled students:\n"
+    "Table 12: per scoring x grouping the student the paper selects (the (K, scaling) with the lowest "
+    "pre-distillation PPL), after distillation. Pre/Post: WikiText-2 PPL before/after; accuracy in %, each task's "
+    "paper metric; empty: that student was not distilled.\n"
     "\n"
-    "| Scoring | Round-Robin | Output Cluster |\n"
-    "|---|---:|---:|\n"
-    "| Selection Frequency | 41.0 | 41.0 |\n"
-    "| D-Optimal + ACP | 52.0 |  |\n"
-    "\n"
-    "WikiText-2 perplexity, distilled students:\n"
-    "\n"
-    "| Scoring | Round-Robin | Output Cluster |\n"
-    "|---|---:|---:|\n"
-    "| Selection Frequency | 40.25 | 40.25 |\n"
-    "| D-Optimal + ACP | 30.00 |  |\n"
+    "| Scoring | Grouping | Scaling | K | Pre | Post | Avg |\n"
+    "|---|---|---|---:|---:|---:|---:|\n"
+    "| Selection Frequency | Round-Robin | Proportional | 16 | 99.00 | 45.50 | 37.00 |\n"
+    "| Selection Frequency | Output Cluster | Uniform | 8 | 120.5 | 40.25 | 41.00 |\n"
+    "| D-Optimal + ACP | Round-Robin | Uniform | 16 | 60.00 | 30.00 | 52.00 |\n"
+    "| D-Optimal + ACP | Output Cluster | Uniform | 16 | 70.00 | \xe2\x80\x93 |  |\n"
     "\n"
     "Every distilled student:\n"
     "\n"
@@ -438,7 +434,8 @@ static const char *EXPECTED_DISTILL_MD =
     "| D-Optimal + ACP | Round-Robin | Uniform | 16 | 60.00 | 30.00 | 4096 | 0.5000 | 52.0 |\n";
 
 /* The "After distillation" section: one line per distilled student (the dedup b is a, e was not
- * distilled), the matrix cell of (sf, rr) is a (40.25 < 45.5), (sf, oc) is b = a's student;
+ * distilled); Table 12's (sf, rr) is c, the pair's best pre-distillation PPL (99 < 120.5), though a
+ * distilled better (40.25 < 45.5); (sf, oc) is b = a's student; (do-acp, oc) is e, not distilled;
  * the plot data: distill.dat, the
  * curves of the one run whose log exists, and a hostile config id refused. */
 static void distillation_section_and_plot_data(void **state) {
@@ -494,6 +491,54 @@ static void distillation_section_and_plot_data(void **state) {
     free(dir), free(p), free(logdir), free(log), free(pd);
 }
 
+/* Table 12 on a paper-like CSV (the paper's D-Optimal + ACP rows): the K = k student (a, b: one
+ * student, fingerprint f1) is the same in every grouping. Best-per-pair by pre-distillation PPL
+ * picks a (K = 8) for Round-Robin and c (K = 16, 4,333 < 5,134) for Weight Cluster; d has the
+ * lowest post-distillation PPL of Round-Robin (18.00) but a worse pre-distillation PPL, so it is
+ * never shown; e (Router Cluster) was selected but not distilled: its cells stay empty. Cells
+ * take each task's paper metric (acc_norm for HellaSwag and ARC, acc otherwise). */
+static const char *PAPER12_CSV =
+    "# moe2dense-results=1\n"
+    "# teacher_ppl=9.5 windows=8\n"
+    "config_id,scoring,grouping,scaling,K_expr,K,params,ppl,winogrande_acc,winogrande_acc_norm,hellaswag_acc,"
+    "hellaswag_acc_norm,arc_easy_acc,arc_easy_acc_norm,arc_challenge_acc,arc_challenge_acc_norm,mmlu_acc,"
+    "mmlu_acc_norm,mc_avg,distill_ppl,distill_final_loss,distill_tokens,status,dedup_of,fingerprint\n"
+    "0a,do-acp,rr,uniform,k,8,,5134,0.5699,,0.35,0.4113,0.50,0.5737,0.25,0.2986,0.3170,,0.4341,19.2,0.5,4096,ok,,f1\n"
+    "0b,do-acp,wc,uniform,k,8,,5134,0.5699,,0.35,0.4113,0.50,0.5737,0.25,0.2986,0.3170,,0.4341,19.2,0.5,4096,ok,0a,f1\n"
+    "0c,do-acp,wc,proportional,2k,16,,4333,0.5422,,0.33,0.3959,0.49,0.5467,0.24,0.2824,0.2891,,0.4113,20.6,0.6,4096,"
+    "ok,,f2\n"
+    "0d,do-acp,rr,proportional,2k,16,,6000,0.60,,0.40,0.45,0.60,0.60,0.30,0.33,0.33,,0.4620,18.0,0.4,4096,ok,,f3\n"
+    "0e,do-acp,rc,uniform,2k,16,,3000,,,,,,,,,,,,,,,ok,,f4\n";
+
+static void table12_shows_the_best_per_pair_students(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), *p = m2d_path_join(dir, "t12.csv");
+    tu_write(p, PAPER12_CSV, strlen(PAPER12_CSV));
+    m2d_results r;
+    assert_int_equal(m2d_results_read(p, &r), 0);
+    char *md = render(&r, M2D_REPORT_MD);
+    const char *t12 = strstr(md, "| Scoring | Grouping | Scaling | K | Pre | Post | Wino | Hella | ARC-E | ARC-C | MMLU | Avg |");
+    assert_non_null(t12);
+    assert_non_null(strstr(t12, "| Teacher (MoE) |  |  |  | 9.50 |  |  |  |  |  |  |  |\n"));
+    assert_non_null(strstr(t12, "| D-Optimal + ACP | Round-Robin | Uniform | 8 | 5,134 | 19.20 | 56.99 | 41.13 | 57.37 | "
+                                "29.86 | 31.70 | 43.41 |\n"));
+    assert_non_null(strstr(t12, "| D-Optimal + ACP | Weight Cluster | Proportional | 16 | 4,333 | 20.60 | 54.22 | 39.59 | "
+                                "54.67 | 28.24 | 28.91 | 41.13 |\n"));
+    assert_non_null(strstr(t12, "| D-Optimal + ACP | Router Cluster | Uniform | 16 | 3,000 | \xe2\x80\x93 |  |  |  |  |  |  |\n"));
+    /* never the post-distillation minimum, never K = k copied into Weight Cluster */
+    const char *end = strstr(t12, "\n\n");
+    assert_non_null(end);
+    char *table = m2d_strfmt("%.*s", (int)(end - t12), t12);
+    assert_null(strstr(table, "18.00"));
+    assert_null(strstr(table, "46.20"));
+    assert_null(strstr(table, "| Weight Cluster | Uniform | 8 |"));
+    free(table);
+    free(md);
+    m2d_results_free(&r);
+    tu_rm_rf(dir);
+    free(dir), free(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(compact_ppl_notation),
@@ -501,6 +546,7 @@ int main(void) {
         cmocka_unit_test(teacher_row_and_K_is_E),
         cmocka_unit_test(plot_data_files),
         cmocka_unit_test(distillation_section_and_plot_data),
+        cmocka_unit_test(table12_shows_the_best_per_pair_students),
         cmocka_unit_test(names_and_order_come_from_registrations),
         cmocka_unit_test(moe_students_section),
         cmocka_unit_test(condenser_plot_data),

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/util.h"
 #include "io/results.h"
@@ -222,6 +223,7 @@ static void distill_table_errors(void **state) {
         {"distill.lr='high'", "'distill.lr' must be a number"},
         {"distill.lr=0", "'distill.lr' must be a positive number"},
         {"distill.recompute=1", "'distill.recompute' must be true or false"},
+        {"distill.mse_norm='mean'", "'distill.mse_norm' must be \"minitron\" or \"sum\""},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         m2d_experiment x;
@@ -315,6 +317,50 @@ static void failed_sidecar_does_not_block_a_rerun(void **state) {
     assert_non_null(strstr(text, "tokens=2000"));
     free(text), free(side);
     m2d_experiment_free(&x);
+/* distill.val_data: the validation curve's held-out text. Default: the file beside ppl.data with
+ * "test" read as "valid"; none needed without a curve (eval_every 0); required with one when
+ * ppl.data's name has no "test"; refused when it is ppl.data (by name or through a link). The
+ * sidecar's settings record it. */
+static void validation_data_is_held_out(void **state) {
+    (void)state;
+    tu_sweep_fixture fx = make_fixture();
+    char *ppl = m2d_path_join(fx.dir, "wiki.test.raw"), *lnk = m2d_path_join(fx.dir, "held-out.raw");
+    tu_write(ppl, "x\n", 2);
+    assert_int_equal(symlink(ppl, lnk), 0);
+    char *set_ppl = m2d_strfmt("ppl.data='%s'", ppl), *set_lnk = m2d_strfmt("distill.val_data='%s'", lnk);
+    char *want_valid = m2d_path_join(fx.dir, "wiki.valid.raw");
+    m2d_experiment x;
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", NULL, 0, &x), 0);
+    assert_null(x.distill_val_data); /* ppl.txt: no curve, nothing to validate on */
+    m2d_experiment_free(&x);
+    char *curve[] = {"distill.eval_every=2"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", curve, 1, &x), -1);
+    assert_non_null(strstr(m2d_errmsg(), "missing 'distill.val_data' (ppl.data 'ppl.txt'"));
+    m2d_experiment_free(&x);
+    char *dflt[] = {"distill.eval_every=2", set_ppl};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", dflt, 2, &x), 0);
+    assert_string_equal(x.distill_val_data, want_valid);
+    m2d_experiment_free(&x);
+    char *same[] = {"distill.val_data='ppl.txt'"}, *linked[] = {set_ppl, set_lnk};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", same, 1, &x), -1);
+    assert_non_null(strstr(m2d_errmsg(), "'distill.val_data': 'ppl.txt' is ppl.data, the split the tables report"));
+    m2d_experiment_free(&x);
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", linked, 2, &x), -1);
+    assert_non_null(strstr(m2d_errmsg(), "is ppl.data, the split the tables report"));
+    m2d_experiment_free(&x);
+    /* recorded in the sidecar's settings */
+    char *rec[] = {"distill.eval_every=2", "distill.val_data='valid.txt'"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", rec, 2, &x), 0);
+    m2d_sweep_opts o = {.out = fx.csv, .jobs = 1};
+    m2d_sweep_summary s;
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    char *sp = m2d_strfmt("%s.distill.csv", fx.csv);
+    m2d_results side;
+    assert_int_equal(m2d_results_read(sp, &side), 0);
+    assert_non_null(strstr(m2d_results_meta(&side, "distill"), " val_data=valid.txt "));
+    m2d_results_free(&side);
+    m2d_experiment_free(&x);
+    free(sp), free(ppl), free(lnk), free(set_ppl), free(set_lnk), free(want_valid);
     tu_sweep_fixture_free(&fx);
 }
 
@@ -338,6 +384,7 @@ int main(void) {
         cmocka_unit_test(all_and_list_with_failures),
         cmocka_unit_test(precision_flows_into_the_stage),
         cmocka_unit_test(distill_table_errors),
+        cmocka_unit_test(validation_data_is_held_out),
         cmocka_unit_test(dry_run_describes_the_stage),
         cmocka_unit_test(distill_checked_before_work),
         cmocka_unit_test(failed_sidecar_does_not_block_a_rerun),

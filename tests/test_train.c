@@ -118,14 +118,14 @@ typedef struct {
     m2d_kd *kd;
 } parts;
 
-static void parts_open(parts *x, m2d_model *student, m2d_loss_kind kind) {
+static void parts_open(parts *x, m2d_model *student, m2d_loss_kind kind, m2d_mse_norm norm) {
     m2d_backend_opts bo = {.n_threads = 2};
     if (m2d_backend_new("cpu", &bo, &x->be) || m2d_engine_new(g_teacher, 2, &x->te) ||
         m2d_train_params_new(student, x->be, &x->p))
         fail_msg("%s", m2d_errmsg());
     m2d_net_opts no = {L, NSEQ, false};
     if (m2d_net_new(&student->cfg, x->p, &no, &x->net) ||
-        m2d_kd_new(g_teacher, x->te, &student->cfg, x->net, x->p, NSEQ * L, kind, 0.7, &x->kd))
+        m2d_kd_new(g_teacher, x->te, &student->cfg, x->net, x->p, NSEQ * L, kind, 0.7, norm, &x->kd))
         fail_msg("%s", m2d_errmsg());
 }
 
@@ -152,10 +152,13 @@ static void teacher_outputs(m2d_engine *te, const int32_t *tok, double *logits, 
  * sample of entries (entry 0 and five random ones per tensor). Tolerance: the fp32 backward
  * chains ~12 stages per layer (GEMMs over <= 64 terms, norms, softmax), each within ~K^1.5 u =
  * 3e-5 of its output's scale (see test_train_ops.c), so 1e-3 of the tensor's largest gradient
- * bounds the whole chain with room; the finite differences are exact to ~1e-9. */
-static void gradient_case(m2d_model *student, m2d_loss_kind kind) {
+ * bounds the whole chain with room; the finite differences are exact to ~1e-9.
+ * NORM "minitron" (fkl+mse): the MSE part equals 0.7 x the divergence (the balance), and the
+ * gradient is that of the "sum" loss whose weight gives the same value (the ratio is detached:
+ * Minitron / NeMo's balancer scale the MSE's gradient, they do not differentiate the ratio). */
+static void gradient_case(m2d_model *student, m2d_loss_kind kind, m2d_mse_norm norm) {
     parts x;
-    parts_open(&x, student, kind);
+    parts_open(&x, student, kind, norm);
     int32_t tok[NSEQ * L];
     tokens(7, tok, NSEQ * L);
     double scale = 1.0 / (NSEQ * L), div = 0, mse = 0;
@@ -176,6 +179,14 @@ static void gradient_case(m2d_model *student, m2d_loss_kind kind) {
                         kind == M2D_LOSS_FKL_MSE ? 0.7 : 0};
     double *w = malloc(sizeof(double) * T);
     for (size_t i = 0; i < T; i++) w[i] = w32[i];
+    if (kind == M2D_LOSS_FKL_MSE && norm == M2D_MSE_MINITRON) {
+        assert_true(fabs(mse - 0.7 * div) < 1e-6 * div); /* weighs as much as the logit loss, times w */
+        pb.mse_weight = 0;
+        double d0 = tu_ref_kd_loss(&pb, w);
+        pb.mse_weight = 1;
+        double layers_sum = tu_ref_kd_loss(&pb, w) - d0; /* sum over layers of each layer's MSE */
+        pb.mse_weight = mse / layers_sum;                /* the equivalent "sum" weight */
+    }
     double ref = tu_ref_kd_loss(&pb, w);
     /* the loss itself: fp32 logits (error ~1e-6 of their scale) inside a float64 sum */
     assert_true(fabs(div + mse - ref) < 1e-5 * fabs(ref) + 1e-9);
@@ -208,10 +219,11 @@ static void gradient_case(m2d_model *student, m2d_loss_kind kind) {
 
 static void whole_model_gradient(void **state) {
     (void)state;
-    gradient_case(g_student, M2D_LOSS_FKL);
-    gradient_case(g_student, M2D_LOSS_RKL);
-    gradient_case(g_student, M2D_LOSS_FKL_MSE);
-    gradient_case(g_tied, M2D_LOSS_FKL); /* tied embeddings: both uses add into one gradient */
+    gradient_case(g_student, M2D_LOSS_FKL, M2D_MSE_SUM);
+    gradient_case(g_student, M2D_LOSS_RKL, M2D_MSE_SUM);
+    gradient_case(g_student, M2D_LOSS_FKL_MSE, M2D_MSE_SUM);
+    gradient_case(g_student, M2D_LOSS_FKL_MSE, M2D_MSE_MINITRON);
+    gradient_case(g_tied, M2D_LOSS_FKL, M2D_MSE_SUM); /* tied embeddings: both uses add into one gradient */
 }
 
 /* ---- properties of a step ---- */
@@ -331,6 +343,35 @@ static int route_hook(void *user, const m2d_moe_event *ev) {
     return 0;
 }
 
+/* teacher_topk = k (the teacher's own top-k) is the teacher's own routing, the paper's Table 4
+ * row "8 (default)" (renormalised where the config renormalises): the KD targets equal those of
+ * no override (0), bit for bit; k + 1 is Eq. 6 and changes them. */
+static float *teacher_targets(int topk, const int32_t *tok) {
+    m2d_trainer_opts o = topts(2);
+    o.teacher_topk = topk;
+    m2d_trainer *t;
+    if (m2d_trainer_new(g_teacher, g_student, &o, &t)) fail_msg("%s", m2d_errmsg());
+    float *z = malloc(sizeof(float) * NSEQ * L * V);
+    if (m2d_trainer_teacher_logits(t, tok, NSEQ, z)) fail_msg("%s", m2d_errmsg());
+    m2d_trainer_free(t);
+    return z;
+}
+
+static void teacher_topk_k_is_own_routing(void **state) {
+    (void)state;
+    int k = g_teacher->cfg.num_experts_per_tok;
+    assert_true(g_teacher->cfg.norm_topk_prob && k < g_teacher->cfg.num_experts); /* Eq. 6 at k would differ */
+    assert_int_equal(m2d_trainer_route_topk(&g_teacher->cfg, 0), 0);
+    assert_int_equal(m2d_trainer_route_topk(&g_teacher->cfg, k), 0);
+    assert_int_equal(m2d_trainer_route_topk(&g_teacher->cfg, k + 1), k + 1);
+    int32_t tok[NSEQ * L];
+    tokens(5, tok, NSEQ * L);
+    float *own = teacher_targets(0, tok), *at_k = teacher_targets(k, tok), *wider = teacher_targets(k + 1, tok);
+    assert_memory_equal(own, at_k, sizeof(float) * NSEQ * L * V);
+    assert_memory_not_equal(own, wider, sizeof(float) * NSEQ * L * V);
+    free(own), free(at_k), free(wider);
+}
+
 static void teacher_route_override(void **state) {
     (void)state;
     m2d_engine *e;
@@ -365,6 +406,7 @@ int main(void) {
         cmocka_unit_test(lr_schedule),
         cmocka_unit_test(decay_only_on_matrices),
         cmocka_unit_test(teacher_route_override),
+        cmocka_unit_test(teacher_topk_k_is_own_routing),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -12,7 +12,7 @@ static const char USAGE[] =
     "usage: moe2dense distill --teacher DIR --student DIR --data FILE --out DIR (--steps S | --tokens N)\n"
     "           [--seq-len 512] [--batch 8] [--micro-batch b] [--recompute]\n"
     "           [--lr 1e-4] [--min-lr 1e-5] [--warmup 20] [--weight-decay 0.01] [--clip 1.0]\n"
-    "           [--loss fkl|rkl|fkl+mse] [--mse-weight 1] [--teacher-topk K']\n"
+    "           [--loss fkl|rkl|fkl+mse] [--mse-weight 1] [--mse-norm minitron|sum] [--teacher-topk K']\n"
     "           [--order shuffle|sequential] [--seed 0] [--log FILE.jsonl]\n"
     "           [--eval-data FILE [--eval-every N] [--eval-seq-len L] [--eval-windows N]]\n"
     "           [--save-every N] [--stop-after N] [--resume] [--threads T] [--precision P] [--fp32]\n"
@@ -38,12 +38,15 @@ static const char USAGE[] =
     "  --weight-decay     AdamW (betas 0.9/0.95, eps 1e-8) decoupled decay, on 2-D tensors only\n"
     "  --clip             global gradient norm clipping (0: off); the log has the norm before it\n"
     "  --loss             fkl: KL(teacher || student) mean over positions (default); rkl: reverse\n"
-    "                     KL; fkl+mse: fkl + w * sum over decoder layers of the mean squared\n"
-    "                     difference of the layer outputs (--mse-weight w)\n"
+    "                     KL; fkl+mse: fkl + w * the hidden-state MSE of the decoder layers'\n"
+    "                     outputs (--mse-weight w), weighted by --mse-norm\n"
+    "  --mse-norm         minitron (default, Minitron / NeMo): the mean over layers of each\n"
+    "                     layer's MSE, scaled per micro-batch by the detached ratio of the logit\n"
+    "                     loss to it (both weigh the same); sum: the sum over layers, unscaled\n"
     "  --teacher-topk K'  the teacher routes each token to its K' most probable experts, weighted\n"
     "                     by their raw softmax probabilities, not renormalised (paper Eq. 6); without\n"
-    "                     it the teacher routes as its config says (K' = k with this flag differs\n"
-    "                     from that for models that renormalise the top-k)\n"
+    "                     it, or with K' = k (the teacher's own top-k: Table 4's \"8 (default)\"), the\n"
+    "                     teacher routes as its config says (renormalised where it renormalises)\n"
     "  --order            shuffle: a seeded permutation of the windows per epoch (default);\n"
     "                     sequential: step s takes windows (s-1)B .. sB-1 in file order\n"
     "  --log FILE         one JSON object per step: step, tokens, loss (before the update), div,\n"
@@ -85,7 +88,7 @@ static const char USAGE[] =
     "(the data files are those `make data` links; students/do-acp-k8 is a `moe2dense convert` output)\n";
 
 typedef struct {
-    const char *steps, *tokens, *L, *B, *b, *lr, *min_lr, *warmup, *wd, *clip, *loss, *mse_w, *topk, *order, *seed,
+    const char *steps, *tokens, *L, *B, *b, *lr, *min_lr, *warmup, *wd, *clip, *loss, *mse_w, *mse_norm, *topk, *order, *seed,
         *eval_every, *eval_L, *eval_windows, *save_every, *stop_after, *threads, *precision;
     int recompute, resume, fp32;
 } raw_opts;
@@ -142,7 +145,8 @@ static int parse(int argc, char **argv, m2d_distill_opts *o) {
         {"--seq-len", 1, &a.L, NULL}, {"--batch", 1, &a.B, NULL}, {"--micro-batch", 1, &a.b, NULL},
         {"--recompute", 0, NULL, &a.recompute}, {"--lr", 1, &a.lr, NULL}, {"--min-lr", 1, &a.min_lr, NULL},
         {"--warmup", 1, &a.warmup, NULL}, {"--weight-decay", 1, &a.wd, NULL}, {"--clip", 1, &a.clip, NULL},
-        {"--loss", 1, &a.loss, NULL}, {"--mse-weight", 1, &a.mse_w, NULL}, {"--teacher-topk", 1, &a.topk, NULL},
+        {"--loss", 1, &a.loss, NULL}, {"--mse-weight", 1, &a.mse_w, NULL},
+        {"--mse-norm", 1, &a.mse_norm, NULL}, {"--teacher-topk", 1, &a.topk, NULL},
         {"--order", 1, &a.order, NULL}, {"--seed", 1, &a.seed, NULL}, {"--log", 1, &o->log, NULL},
         {"--eval-data", 1, &o->eval_data, NULL}, {"--eval-every", 1, &a.eval_every, NULL},
         {"--eval-seq-len", 1, &a.eval_L, NULL}, {"--eval-windows", 1, &a.eval_windows, NULL},
@@ -158,6 +162,8 @@ static int parse(int argc, char **argv, m2d_distill_opts *o) {
     if (a.precision && m2d_precision_parse(a.precision, "distill: --precision", &o->train.precision)) return -1;
     if (o->train.teacher_backend && m2d_device_check(o->train.teacher_backend, "distill: --device")) return -1;
     if (a.mse_w && o->train.loss != M2D_LOSS_FKL_MSE) return m2d_err("distill: --mse-weight needs --loss fkl+mse");
+    if (a.mse_norm && m2d_mse_norm_parse(a.mse_norm, &o->train.mse_norm)) return m2d_err_prefix("distill: --mse-norm");
+    if (a.mse_norm && o->train.loss != M2D_LOSS_FKL_MSE) return m2d_err("distill: --mse-norm needs --loss fkl+mse");
     if ((a.eval_every || a.eval_L || a.eval_windows) && !o->eval_data)
         return m2d_err("distill: --eval-every, --eval-seq-len and --eval-windows need --eval-data");
     o->train.recompute = a.recompute, o->resume = a.resume, o->fp32 = a.fp32;

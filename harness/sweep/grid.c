@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/util.h"
 #include "io/results.h"
@@ -568,6 +569,38 @@ static int read_distill_numbers(const ctx *c, const m2d_toml *t0, m2d_distill_op
     return 0;
 }
 
+/* The validation file beside the PPL data: PPL's file name with its "test" read as "valid"
+ * (WikiText-2: wiki.test.raw -> wiki.valid.raw); NULL when the name has no "test". */
+static char *valid_beside(const char *ppl) {
+    const char *base = strrchr(ppl, '/'), *t = strstr(base ? base + 1 : ppl, "test");
+    return t ? m2d_strfmt("%.*svalid%s", (int)(t - ppl), ppl, t + 4) : NULL;
+}
+
+/* A and B name one file (the same path, or the same inode through links) */
+static int same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    if (!strcmp(a, b)) return 1;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* distill.val_data: the held-out text the validation curve (Figure 5; eval_every > 0) is measured
+ * on; default the validation file beside ppl.data (none without a curve when there is none).
+ * Refused when it is ppl.data, the split the tables report. */
+static int read_distill_val(const ctx *c, m2d_experiment *x) {
+    const m2d_toml *v = m2d_toml_path(x->table, "distill.val_data");
+    char *dflt = v ? NULL : valid_beside(x->ppl_data), at[512];
+    if (!v && !dflt && x->distill.eval_every == 0) return 0;
+    if (!v && !dflt)
+        return m2d_err("%s: missing 'distill.val_data' (ppl.data '%s' has no \"test\" in its name to find the "
+                       "validation split beside it)", where(c, NULL, at, sizeof at), x->ppl_data);
+    int rc = get_path(c, x->table, "distill.val_data", dflt, &x->distill_val_data);
+    free(dflt);
+    if (rc == 0 && same_file(x->distill_val_data, x->ppl_data))
+        rc = m2d_err("%s: 'distill.val_data': '%s' is ppl.data, the split the tables report; validate on a "
+                     "held-out split (e.g. WikiText-2 validation)", where(c, v, at, sizeof at), x->distill_val_data);
+    return rc;
+}
+
 /* [distill]: the stage that distills the chosen students (sweep_distill.h); absent: no stage */
 static int read_distill(const ctx *c, m2d_experiment *x) {
     const m2d_toml *d = m2d_toml_get(x->table, "distill");
@@ -576,22 +609,26 @@ static int read_distill(const ctx *c, m2d_experiment *x) {
     static const char *const keys[] = {"configs", "data", "tokens", "steps", "seq_len", "batch", "micro_batch",
                                        "recompute", "lr", "min_lr", "warmup", "weight_decay", "clip", "loss",
                                        "mse_weight", "teacher_topk", "order", "seed", "eval_every", "save_every",
-                                       "fp32"};
+                                       "fp32", "val_data", "mse_norm"};
     if (check_keys(c, d, "[distill]", keys, M2D_ARRAY_LEN(keys))) return -1;
     x->has_distill = 1;
     m2d_distill_defaults(&x->distill);
     x->distill.quiet = true;
-    char *loss = NULL, *order = NULL;
+    char *loss = NULL, *order = NULL, *norm = NULL;
     int rc = read_distill_configs(c, d, x);
     if (rc == 0) rc = get_str(c, x->table, "distill.data", NULL, &x->distill_data);
     if (rc == 0) rc = read_distill_numbers(c, x->table, &x->distill);
+    if (rc == 0) rc = read_distill_val(c, x);
     if (rc == 0)
         rc = get_str(c, x->table, "distill.loss", "fkl", &loss) || get_str(c, x->table, "distill.order", "shuffle", &order);
     if (rc == 0 && m2d_loss_parse(loss, &x->distill.train.loss))
         rc = key_err(c, m2d_toml_get(d, "loss"), "distill.loss", "\"fkl\", \"rkl\" or \"fkl+mse\"");
     if (rc == 0 && m2d_order_parse(order, &x->distill.order))
         rc = key_err(c, m2d_toml_get(d, "order"), "distill.order", "\"shuffle\" or \"sequential\"");
-    free(loss), free(order);
+    if (rc == 0) rc = get_str(c, x->table, "distill.mse_norm", "minitron", &norm);
+    if (rc == 0 && m2d_mse_norm_parse(norm, &x->distill.train.mse_norm))
+        rc = key_err(c, m2d_toml_get(d, "mse_norm"), "distill.mse_norm", "\"minitron\" or \"sum\"");
+    free(loss), free(order), free(norm);
     return rc;
 }
 
@@ -754,6 +791,7 @@ void m2d_experiment_free(m2d_experiment *x) {
     free(x->distill_ids);
     free(x->distill_configs);
     free(x->distill_data);
+    free(x->distill_val_data);
     free(x->configs);
     m2d_toml_free(x->doc);
     memset(x, 0, sizeof *x);

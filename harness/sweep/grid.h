@@ -65,6 +65,7 @@ typedef struct {
     char **distill_ids;          /* configs = ["<config_id>", ...] */
     int n_distill_ids;
     char *distill_data;
+    char *distill_val_data;      /* distill.val_data: the validation curve's text (never ppl_data; NULL: no curve) */
     m2d_distill_opts distill;
     /* grid */
     int n_configs;

@@ -224,7 +224,7 @@ static const char *k_is_E(const m2d_results *r, int K) {
 
 /* The teacher's own PPL and its windows from the run header ("teacher_ppl=812.5 windows=8", the
  * sweep's measurement on the students' windows); 0 when the file has none. */
-static int header_teacher_ppl(const m2d_results *r, double *ppl, int *windows) {
+int m2d_report_teacher_ppl(const m2d_results *r, double *ppl, int *windows) {
     const char *t = m2d_results_meta(r, "teacher_ppl");
     return t && sscanf(t, "%lf windows=%d", ppl, windows) == 2;
 }
@@ -233,7 +233,7 @@ static int header_teacher_ppl(const m2d_results *r, double *ppl, int *windows) {
 static void table_legend(const m2d_results *r, FILE *f) {
     int k, E = header_teacher(r, &k), windows;
     double ppl;
-    int have_ppl = header_teacher_ppl(r, &ppl, &windows);
+    int have_ppl = m2d_report_teacher_ppl(r, &ppl, &windows);
     if (have_ppl)
         fprintf(f, "Teacher: the unconverted MoE, scored on the same %d window(s) as every student.\n", windows);
     if (E) fprintf(f, "K = %d is E, the teacher's expert count (every expert selected; k = %d).\n", E, k);
@@ -244,7 +244,7 @@ static void table_legend(const m2d_results *r, FILE *f) {
 static void teacher_row(const grid *g, const m2d_results *r, m2d_report_format fmt, int with_params, FILE *f) {
     double ppl;
     int windows, k, E = header_teacher(r, &k);
-    if (fmt == M2D_REPORT_CSV || !header_teacher_ppl(r, &ppl, &windows)) return;
+    if (fmt == M2D_REPORT_CSV || !m2d_report_teacher_ppl(r, &ppl, &windows)) return;
     char name[64], v[32];
     if (E) snprintf(name, sizeof name, "Teacher (MoE, E = %d, top-%d)", E, k);
     else snprintf(name, sizeof name, "Teacher (MoE)");

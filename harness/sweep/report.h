@@ -63,6 +63,9 @@ int m2d_report_file_close(m2d_report_file *p);
 /* Paper-style MC selection: for each scoring x grouping pair, the row (K, scaling) with the
  * lowest finite PPL. Row indices into r -> *rows (malloc'd); returns the count. */
 int m2d_report_best_per_pair(const m2d_results *r, int **rows);
+/* The teacher's own PPL and its windows from the run header ("teacher_ppl=812.5 windows=8");
+ * 0 when the file has none. */
+int m2d_report_teacher_ppl(const m2d_results *r, double *ppl, int *windows);
 /* Those rows, one a line: "CONFIG_ID SCORING GROUPING SCALING K=K ppl=PPL". */
 int m2d_report_write_best_per_pair(const m2d_results *r, FILE *f);
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "evals/mc.h"
 
 static double cell_num(const m2d_results *r, int i, const char *col) {
     const char *v = m2d_results_get(r, i, col);
@@ -29,50 +30,88 @@ int m2d_report_distilled_rows(const m2d_results *r, int one_per_student, int **r
 
 /* ---- tables ---- */
 
-/* distinct values of column COL over ROWS, in order of appearance */
-static int distinct(const m2d_results *r, const int *rows, int n, const char *col, const char **vals) {
-    int k = 0;
-    for (int i = 0; i < n; i++) {
-        const char *v = m2d_results_get(r, rows[i], col);
-        int seen = 0;
-        for (int j = 0; j < k && !seen; j++) seen = !strcmp(vals[j], v);
-        if (!seen) vals[k++] = v;
+/* The paper's Table 12 benchmarks: the task (its results columns TASK_acc, TASK_acc_norm), the heading. */
+static const struct {
+    const char *task, *head;
+} BENCH[] = {{"winogrande", "Wino"}, {"hellaswag", "Hella"}, {"arc_easy", "ARC-E"}, {"arc_challenge", "ARC-C"},
+             {"mmlu", "MMLU"}};
+#define N_BENCH ((int)M2D_ARRAY_LEN(BENCH))
+
+/* TASK's accuracy on row I in the task's paper metric (acc_norm where its plugin says so and the
+ * cell has one, as the sweep's mc_avg); NAN when none */
+static double bench_acc(const m2d_results *r, int i, const char *task) {
+    const m2d_mc_plugin *pl = m2d_mc_plugin_find(task);
+    char col[96];
+    double v = NAN;
+    if (pl && pl->paper_metric && !strcmp(pl->paper_metric, "acc_norm")) {
+        snprintf(col, sizeof col, "%s_acc_norm", task);
+        v = cell_num(r, i, col);
     }
-    return k;
+    snprintf(col, sizeof col, "%s_acc", task);
+    return isfinite(v) ? v : cell_num(r, i, col);
 }
 
-/* Table 12 layout: rows scoring, columns grouping; the cell is VALUE of the pair's distilled
- * student with the lowest post-distillation PPL (SCALE 100: percent) */
-static void matrix(const m2d_results *r, const int *rows, int n, const m2d_report_out *o, const char *value, double scale,
-                   const char *title) {
-    const char **sc = m2d_calloc((size_t)n + 1, sizeof *sc), **gr = m2d_calloc((size_t)n + 1, sizeof *gr);
-    int ns = distinct(r, rows, n, "scoring", sc), ng = distinct(r, rows, n, "grouping", gr);
-    char **cells = m2d_calloc((size_t)ng + 1, sizeof *cells);
-    fprintf(o->f, o->fmt == M2D_REPORT_MD ? "\n%s\n\n" : "\n%% %s\n", title);
-    cells[0] = m2d_strdup("Scoring");
-    for (int g = 0; g < ng; g++) cells[g + 1] = m2d_strdup(m2d_report_display_name(gr[g]));
-    m2d_report_header(o, (const char *const *)cells, ng + 1, 1);
-    for (int s = 0; s < ns; s++) {
-        for (int g = 0; g <= ng; g++) free(cells[g]);
-        cells[0] = m2d_strdup(m2d_report_display_name(sc[s]));
-        for (int g = 0; g < ng; g++) {
-            int best = -1;
-            for (int i = 0; i < n; i++)
-                if (!strcmp(m2d_results_get(r, rows[i], "scoring"), sc[s]) &&
-                    !strcmp(m2d_results_get(r, rows[i], "grouping"), gr[g]) &&
-                    (best < 0 || cell_num(r, rows[i], "distill_ppl") < cell_num(r, best, "distill_ppl")))
-                    best = rows[i];
-            double v = best >= 0 ? cell_num(r, best, value) : NAN;
-            char buf[32] = "";
-            if (isfinite(v) && scale == 1) m2d_report_format_ppl(v, buf, sizeof buf);
-            else if (isfinite(v)) snprintf(buf, sizeof buf, "%.1f", v * scale);
-            cells[g + 1] = m2d_strdup(buf);
-        }
-        m2d_report_cells(o, (const char *const *)cells, ng + 1, NULL);
+static int has_bench(const m2d_results *r, int b) {
+    char col[96];
+    snprintf(col, sizeof col, "%s_acc", BENCH[b].task);
+    return m2d_results_col(r, col) >= 0;
+}
+
+/* accuracy as the paper prints it (percent, two decimals); empty when not measured */
+static char *pct(double v) { return isfinite(v) ? m2d_strfmt("%.2f", 100 * v) : m2d_strdup(""); }
+
+/* the MC cells of row I measured on its distilled student (mc_student, where the file has it,
+ * says "distilled"; else they would be the converted student's) */
+static int mc_of_distilled(const m2d_results *r, int i) {
+    return isfinite(cell_num(r, i, "distill_ppl")) &&
+           (m2d_results_col(r, "mc_student") < 0 || !strcmp(m2d_results_get(r, i, "mc_student"), "distilled"));
+}
+
+/* One Table 12 line: row I (or the teacher, I < 0, with PPL TEACHER) into CELLS (malloc'd strings). */
+static int t12_cells(const m2d_results *r, int i, double teacher, char **cells) {
+    int j = 0, mc = i >= 0 && mc_of_distilled(r, i);
+    char pre[32], post[32];
+    m2d_report_format_ppl(i >= 0 ? cell_num(r, i, "ppl") : teacher, pre, sizeof pre);
+    m2d_report_format_ppl(i >= 0 ? cell_num(r, i, "distill_ppl") : NAN, post, sizeof post);
+    cells[j++] = m2d_strdup(i >= 0 ? m2d_report_display_name(m2d_results_get(r, i, "scoring")) : "Teacher (MoE)");
+    cells[j++] = m2d_strdup(i >= 0 ? m2d_report_display_name(m2d_results_get(r, i, "grouping")) : "");
+    cells[j++] = m2d_strdup(i >= 0 ? m2d_report_display_name(m2d_results_get(r, i, "scaling")) : "");
+    cells[j++] = m2d_strdup(i >= 0 ? m2d_results_get(r, i, "K") : "");
+    cells[j++] = m2d_strdup(pre);
+    cells[j++] = m2d_strdup(i >= 0 ? post : "");
+    for (int b = 0; b < N_BENCH; b++)
+        if (has_bench(r, b)) cells[j++] = pct(mc ? bench_acc(r, i, BENCH[b].task) : NAN);
+    if (m2d_results_col(r, "mc_avg") >= 0) cells[j++] = pct(mc ? cell_num(r, i, "mc_avg") : NAN);
+    return j;
+}
+
+/* Table 12 (paper): per scoring x grouping the student the paper's rule selected (best (K,
+ * scaling) by pre-distillation PPL, m2d_report_best_per_pair), its PPL before and after
+ * distillation and its accuracies after; a teacher row first (PPL, where the header has it).
+ * A selected student that was not distilled keeps empty post-distillation cells: the table never
+ * substitutes another student of the pair. */
+static void table12(const m2d_results *r, const m2d_report_out *o) {
+    int *rows = NULL, n = m2d_report_best_per_pair(r, &rows), nc = 0, windows;
+    if (n < 0) return (void)free(rows);
+    const char *head[6 + N_BENCH + 1] = {"Scoring", "Grouping", "Scaling", "K", "Pre", "Post"};
+    nc = 6;
+    for (int b = 0; b < N_BENCH; b++)
+        if (has_bench(r, b)) head[nc++] = BENCH[b].head;
+    if (m2d_results_col(r, "mc_avg") >= 0) head[nc++] = "Avg";
+    fprintf(o->f, o->fmt == M2D_REPORT_MD ? "\n%s\n\n" : "\n%% %s\n",
+            "Table 12: per scoring x grouping the student the paper selects (the (K, scaling) with the lowest "
+            "pre-distillation PPL), after distillation. Pre/Post: WikiText-2 PPL before/after; accuracy in %, "
+            "each task's paper metric; empty: that student was not distilled.");
+    m2d_report_header(o, head, nc, 3);
+    char **cells = m2d_calloc((size_t)nc, sizeof *cells);
+    double teacher;
+    for (int i = m2d_report_teacher_ppl(r, &teacher, &windows) ? -1 : 0; i < n; i++) {
+        int k = t12_cells(r, i < 0 ? -1 : rows[i], teacher, cells);
+        m2d_report_cells(o, (const char *const *)cells, k, NULL);
+        for (int c = 0; c < k; c++) free(cells[c]);
     }
     m2d_report_end(o);
-    for (int g = 0; g <= ng; g++) free(cells[g]);
-    free(cells), free(sc), free(gr);
+    free(cells), free(rows);
 }
 
 /* one line per distilled student */
@@ -99,24 +138,19 @@ static void details(const m2d_results *r, const int *rows, int n, int with_mc, c
 }
 
 int m2d_report_distill_write(const m2d_results *r, m2d_report_format fmt, FILE *f) {
-    int *rows, n = m2d_report_distilled_rows(r, 1, &rows), *all, n_all = m2d_report_distilled_rows(r, 0, &all);
+    int *rows, n = m2d_report_distilled_rows(r, 1, &rows);
     if (n > 0 && fmt != M2D_REPORT_CSV) {
         m2d_report_out o = {fmt, f};
         const char *exp = m2d_results_meta(r, "experiment");
         if (fmt == M2D_REPORT_MD)
-            fprintf(f, "\n## After distillation%s%s\n\n%d distilled student(s). Table 12 layout: per scoring x "
-                       "grouping, the distilled student with the lowest post-distillation PPL.\n",
-                    exp ? " — experiment " : "", exp ? exp : "", n);
+            fprintf(f, "\n## After distillation%s%s\n\n%d distilled student(s).\n", exp ? " — experiment " : "",
+                    exp ? exp : "", n);
         else
-            fprintf(f, "\n%% After distillation: %d distilled student(s); per scoring x grouping the one with the "
-                       "lowest post-distillation PPL\n", n);
-        int with_mc = m2d_results_col(r, "mc_avg") >= 0;
-        /* every row of a distilled student: configurations that share it fill their own cells */
-        if (with_mc) matrix(r, all, n_all, &o, "mc_avg", 100, "Multiple-choice average (%), distilled students:");
-        matrix(r, all, n_all, &o, "distill_ppl", 1, "WikiText-2 perplexity, distilled students:");
-        details(r, rows, n, with_mc, &o);
+            fprintf(f, "\n%% After distillation: %d distilled student(s)\n", n);
+        table12(r, &o);
+        details(r, rows, n, m2d_results_col(r, "mc_avg") >= 0, &o);
     }
-    free(rows), free(all);
+    free(rows);
     return 0;
 }
 

@@ -2,9 +2,12 @@
  * (sweep_distill.h): the columns distill_ppl, distill_final_loss, distill_tokens and, with MC
  * tasks, the MC columns measured on the distilled students (mc_student = "distilled").
  *
- *  - Table 12 layout (paper): a matrix scoring x grouping of the distilled students' paper-style
- *    MC average (when the file has one) and of their WikiText-2 PPL, then one line per distilled
- *    student: its configuration, PPL before and after, tokens, final loss, MC average.
+ *  - Table 12 (paper): per scoring x grouping the student the paper's rule selected (the (K,
+ *    scaling) with the lowest pre-distillation PPL, m2d_report_best_per_pair), labelled with its
+ *    scaling and K: PPL before and after, the accuracy of each paper benchmark the file has (Wino,
+ *    Hella, ARC-E, ARC-C, MMLU; the task's paper metric) and the average; a teacher row (its PPL)
+ *    first. Never the pair's best after distillation. Then one line per distilled student: its
+ *    configuration, PPL before and after, tokens, final loss, MC average.
  *  - Plot data: distill.dat (per distilled student: label, PPL before, after) and, from the
  *    training logs next to the results (RESULTS.distill/<config_id>.jsonl), distill_loss.dat
  *    (tokens, training loss per step) and distill_val.dat (tokens, validation CE, PPL; Figure

@@ -374,6 +374,9 @@ int m2d_sweep_dry_run(const m2d_experiment *x, const m2d_sweep_opts *o, FILE *f)
                 x->n_distill_ids ? listed : x->distill_configs, x->distill.tokens ? "tokens" : "steps",
                 x->distill.tokens ? (long long)x->distill.tokens : (long long)x->distill.train.optim.steps,
                 x->distill.train.seq_len, x->distill.train.batch, m2d_loss_name(x->distill.train.loss), out);
+    if (x->has_distill && x->distill_val_data && x->distill.eval_every > 0)
+        fprintf(f, "distillation validation: every %d step(s) on %s (held out; the tables report %s)\n",
+                x->distill.eval_every, x->distill_val_data, x->ppl_data);
     m2d_results_free(&existing);
     free(idx);
     return 0;

@@ -18,12 +18,13 @@
 static char *settings_text(const m2d_experiment *x) {
     const m2d_distill_opts *o = &x->distill;
     const m2d_trainer_opts *t = &o->train;
-    return m2d_strfmt("distill=data=%s tokens=%lld steps=%d L=%d B=%d b=%d lr=%.9g min_lr=%.9g warmup=%d "
-                      "weight_decay=%.9g clip=%.9g loss=%s mse_weight=%.9g teacher_topk=%d order=%s seed=%llu "
+    return m2d_strfmt("distill=data=%s val_data=%s tokens=%lld steps=%d L=%d B=%d b=%d lr=%.9g min_lr=%.9g warmup=%d "
+                      "weight_decay=%.9g clip=%.9g loss=%s mse_weight=%.9g mse_norm=%s teacher_topk=%d order=%s seed=%llu "
                       "fp32=%d",
-                      x->distill_data, (long long)o->tokens, t->optim.steps, t->seq_len, t->batch,
+                      x->distill_data, x->distill_val_data ? x->distill_val_data : "none", (long long)o->tokens, t->optim.steps, t->seq_len, t->batch,
                       t->micro_batch ? t->micro_batch : t->batch, t->optim.lr, t->optim.min_lr, t->optim.warmup,
-                      t->optim.weight_decay, t->optim.clip, m2d_loss_name(t->loss), t->mse_weight, t->teacher_topk,
+                      t->optim.weight_decay, t->optim.clip, m2d_loss_name(t->loss), t->mse_weight,
+                      m2d_mse_norm_name(t->mse_norm), t->teacher_topk,
                       m2d_order_name(o->order), (unsigned long long)o->seed, (int)o->fp32);
 }
 
@@ -108,8 +109,8 @@ static void distill_one(const m2d_experiment *x, m2d_sweep_backend *b, const m2d
     o.train.precision = b->precision; /* the sweep's: the teacher's KD targets and validation */
     o.train.teacher_backend = b->device; /* the teacher's forward; the student trains on the CPU */
     o.resume = m2d_train_state_exists(state);
-    if (o.eval_every > 0) /* the validation curve (Figure 5) on the experiment's PPL data */
-        o.eval_data = x->ppl_data, o.eval_seq_len = x->ppl_seq_len, o.eval_windows = x->ppl_max_windows;
+    if (o.eval_every > 0) /* the validation curve (Figure 5) on held-out text (distill.val_data), PPL's protocol */
+        o.eval_data = x->distill_val_data, o.eval_seq_len = x->ppl_seq_len, o.eval_windows = x->ppl_max_windows;
     void *student = NULL, *distilled = NULL;
     int rc = b->build(b, c, &student, &r);
     if (rc == 0) rc = m2d_mkdir_p(root);

@@ -54,6 +54,18 @@ int m2d_windows_open(const m2d_tokenizer *tk, const char *path, int L, m2d_order
     return rc;
 }
 
+double m2d_windows_passes(const m2d_windows *w, int64_t samples) { return (double)samples / (double)w->n_windows; }
+
+int m2d_windows_repeat_note(const m2d_windows *w, const char *what, int steps, int batch, FILE *f) {
+    int64_t samples = (int64_t)steps * batch;
+    double p = m2d_windows_passes(w, samples);
+    if (p <= 1) return 0;
+    fprintf(f, "moe2dense distill: %s: the budget (%d steps x %d windows of %d tokens = %lld tokens) reads its "
+               "%lld tokens (%lld windows) %.2f times; the paper streams its training data without repeat\n",
+            what, steps, batch, w->L, (long long)(samples * w->L), (long long)w->n_ids, (long long)w->n_windows, p);
+    return 1;
+}
+
 void m2d_windows_free(m2d_windows *w) {
     free(w->ids);
     free(w->perm);

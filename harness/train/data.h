@@ -10,6 +10,7 @@
 #define M2D_TRAIN_DATA_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "tokenizer/tokenizer.h"
 
@@ -41,6 +42,11 @@ int m2d_windows_open(const m2d_tokenizer *tk, const char *path, int L, m2d_order
 int m2d_windows_from_ids(const int32_t *ids, int64_t n, const char *what, int L, m2d_order order, uint64_t seed,
                          m2d_windows *w);
 void m2d_windows_free(m2d_windows *w);
+/* How many times SAMPLES windows read the text's W windows (SAMPLES / W; > 1: the text repeats). */
+double m2d_windows_passes(const m2d_windows *w, int64_t samples);
+/* The data guard: when STEPS x BATCH windows read the text WHAT more than once, one line on F
+ * saying how often (the paper streams its data without repeat); returns 1 then, else 0. */
+int m2d_windows_repeat_note(const m2d_windows *w, const char *what, int steps, int batch, FILE *f);
 /* Window index (0 .. W-1) of sample I. */
 int64_t m2d_windows_index(m2d_windows *w, int64_t i);
 /* Tokens of samples FIRST .. FIRST+N-1 into dst [n * L]. */

@@ -45,6 +45,7 @@ void m2d_distill_defaults(m2d_distill_opts *o) {
     o->train.batch = 8;
     o->train.loss = M2D_LOSS_FKL;
     o->train.mse_weight = 1.0;
+    o->train.mse_norm = M2D_MSE_MINITRON; /* Minitron's weighting (kd.h) */
     m2d_optim_defaults(&o->train.optim);
     o->order = M2D_ORDER_SHUFFLE;
 }
@@ -238,6 +239,7 @@ static void build_identity(run_t *r) {
     m2d_run_identity_add(id, "seed", "%llu", (unsigned long long)r->o->seed);
     m2d_run_identity_add(id, "loss", "%s", m2d_loss_name(t->loss));
     m2d_run_identity_add(id, "mse_weight", "%.17g", t->mse_weight);
+    if (t->loss == M2D_LOSS_FKL_MSE) m2d_run_identity_add(id, "mse_norm", "%s", m2d_mse_norm_name(t->mse_norm));
     m2d_run_identity_add(id, "teacher_topk", "%d", t->teacher_topk);
     m2d_run_identity_add(id, "lr", "%.17g", t->optim.lr);
     m2d_run_identity_add(id, "min_lr", "%.17g", t->optim.min_lr);
@@ -319,11 +321,15 @@ static int open_log(run_t *r) {
 static void log_step(run_t *r, int step, const m2d_step_stats *st, double tok_s, double elapsed) {
     if (!r->log) return;
     int64_t tokens = (int64_t)step * r->t.batch * r->t.seq_len;
+    char mse[96] = ""; /* fkl+mse: how the MSE part was weighted */
+    if (r->t.loss == M2D_LOSS_FKL_MSE)
+        snprintf(mse, sizeof mse, ", \"mse_weight\": %.17g, \"mse_norm\": \"%s\"", r->t.mse_weight,
+                 m2d_mse_norm_name(r->t.mse_norm));
     fprintf(r->log,
-            "{\"step\": %d, \"tokens\": %lld, \"loss\": %.17g, \"div\": %.17g, \"mse\": %.17g, \"grad_norm\": %.17g, "
+            "{\"step\": %d, \"tokens\": %lld, \"loss\": %.17g, \"div\": %.17g, \"mse\": %.17g%s, \"grad_norm\": %.17g, "
             "\"lr\": %.17g, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f, \"precision\": \"%s\", "
             "\"student_precision\": \"fp32\"}\n",
-            step, (long long)tokens, st->loss, st->div, st->mse, st->grad_norm, st->lr, tok_s, elapsed,
+            step, (long long)tokens, st->loss, st->div, st->mse, mse, st->grad_norm, st->lr, tok_s, elapsed,
             m2d_precision_name(r->t.precision));
     fflush(r->log);
 }
@@ -412,13 +418,16 @@ static cJSON *settings_json(const run_t *r) {
     cJSON_AddStringToObject(s, "data", o->data);
     cJSON_AddStringToObject(s, "data_tokens_sha256", r->win.ids_hash);
     cJSON_AddNumberToObject(s, "data_tokens", (double)r->win.n_ids);
+    cJSON_AddNumberToObject(s, "data_passes", m2d_windows_passes(&r->win, (int64_t)r->S * t->batch));
     cJSON_AddNumberToObject(s, "steps", r->S);
     cJSON_AddNumberToObject(s, "seq_len", t->seq_len);
     cJSON_AddNumberToObject(s, "batch", t->batch);
     cJSON_AddNumberToObject(s, "micro_batch", t->micro_batch ? t->micro_batch : t->batch);
     cJSON_AddStringToObject(s, "loss", m2d_loss_name(t->loss));
     if (t->loss == M2D_LOSS_FKL_MSE) cJSON_AddNumberToObject(s, "mse_weight", t->mse_weight);
+    if (t->loss == M2D_LOSS_FKL_MSE) cJSON_AddStringToObject(s, "mse_norm", m2d_mse_norm_name(t->mse_norm));
     cJSON_AddNumberToObject(s, "teacher_topk", t->teacher_topk);
+    cJSON_AddStringToObject(s, "teacher_routing", m2d_trainer_route_topk(&r->teacher->cfg, t->teacher_topk) ? "eq6" : "own");
     cJSON_AddNumberToObject(s, "lr", t->optim.lr);
     cJSON_AddNumberToObject(s, "min_lr", t->optim.min_lr);
     cJSON_AddNumberToObject(s, "warmup", t->optim.warmup);
@@ -562,6 +571,7 @@ static int run(run_t *r) {
     if (resolve_steps(r) || check_out_path(r->o) || check_log_path(r->o) || check_configs(r) || open_inputs(r) ||
         prepare_out(r))
         return -1;
+    m2d_windows_repeat_note(&r->win, r->o->data, r->S, r->t.batch, stderr); /* the data guard, quiet or not */
     r->r->steps = r->S;
     r->losses = m2d_calloc((size_t)r->S, sizeof(double));
     build_identity(r);

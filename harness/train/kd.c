@@ -18,6 +18,7 @@ struct m2d_kd {
     m2d_loss_kind kind;
     m2d_precision teacher_prec; /* the teacher engine's (resolved): its LM head runs in it too */
     double mse_weight;
+    m2d_mse_norm mse_norm;
     int d, V, n_layers, max_rows, block, rows;
     m2d_weight *teacher_head;
     m2d_buf *ht;            /* teacher final-normed hidden [rows, d] */
@@ -40,6 +41,15 @@ const char *m2d_loss_name(m2d_loss_kind k) {
     return k == M2D_LOSS_RKL ? "rkl" : k == M2D_LOSS_FKL_MSE ? "fkl+mse" : "fkl";
 }
 
+int m2d_mse_norm_parse(const char *s, m2d_mse_norm *out) {
+    if (!strcmp(s, "minitron")) *out = M2D_MSE_MINITRON;
+    else if (!strcmp(s, "sum")) *out = M2D_MSE_SUM;
+    else return m2d_err("mse_norm '%s': expected minitron or sum", s);
+    return 0;
+}
+
+const char *m2d_mse_norm_name(m2d_mse_norm n) { return n == M2D_MSE_SUM ? "sum" : "minitron"; }
+
 static int check_pair(const m2d_model *t, const m2d_config *s, m2d_loss_kind kind) {
     const m2d_config *c = &t->cfg;
     if (c->vocab_size != s->vocab_size)
@@ -51,12 +61,12 @@ static int check_pair(const m2d_model *t, const m2d_config *s, m2d_loss_kind kin
 }
 
 int m2d_kd_new(const m2d_model *teacher, m2d_engine *te, const m2d_config *scfg, m2d_net *net, m2d_train_params *p,
-               int max_rows, m2d_loss_kind kind, double mse_weight, m2d_kd **out) {
+               int max_rows, m2d_loss_kind kind, double mse_weight, m2d_mse_norm mse_norm, m2d_kd **out) {
     *out = NULL;
     if (check_pair(teacher, scfg, kind)) return -1;
     m2d_kd *k = m2d_calloc(1, sizeof *k);
     k->te = te, k->be = p->be, k->B = p->be->ops, k->T = p->T, k->net = net, k->p = p;
-    k->kind = kind, k->mse_weight = mse_weight, k->teacher_prec = m2d_engine_precision(te);
+    k->kind = kind, k->mse_weight = mse_weight, k->mse_norm = mse_norm, k->teacher_prec = m2d_engine_precision(te);
     k->d = scfg->hidden_size, k->V = scfg->vocab_size, k->n_layers = scfg->num_hidden_layers, k->max_rows = max_rows;
     size_t per_row = sizeof(float) * (size_t)k->V;
     k->block = (int)M2D_MAX(1, M2D_MIN((size_t)max_rows, KD_BLOCK_BYTES / per_row));
@@ -138,6 +148,23 @@ static void mse_layer(void *ctx, int layer, const m2d_mat *out, m2d_mat *dout) {
     k->mse_sum += k->mse_scale * sum_rows(k, out->rows);
 }
 
+/* Minitron's weight of one layer's MSE for this micro-batch: with L_is the mean over layers of the
+ * layers' MSE (each SCALE-weighted per position, mean over hidden dims; the student's layer
+ * outputs of the forward) and L_logits = LOGITS, the detached L_logits / L_is over the layer
+ * count (0 when L_is is 0, as NeMo's balancer). */
+static double minitron_layer_weight(m2d_kd *k, double scale, double logits) {
+    m2d_mat DH = m2d_net_dhidden(k->net);
+    double is = 0;
+    for (int l = 0; l < k->n_layers; l++) {
+        m2d_mat out = m2d_net_layer_out(k->net, l);
+        m2d_mat t = m2d_mat_of(k->tl, (size_t)l * k->max_rows * k->d, out.rows, k->d, k->d);
+        k->T->mse(k->be, &out, &t, 0.0, &DH, k->row_loss); /* the value only: scale 0 adds nothing to DH */
+        is += scale * sum_rows(k, out.rows) / k->d;
+    }
+    is /= k->n_layers;
+    return is > 0 ? logits / is / k->n_layers : 0;
+}
+
 void m2d_kd_loss_backward(m2d_kd *k, double scale, double *div, double *mse) {
     m2d_mat H = m2d_net_hidden(k->net), DH = m2d_net_dhidden(k->net);
     const m2d_tparam *head = &k->p->p[k->p->lm_head];
@@ -158,8 +185,11 @@ void m2d_kd_loss_backward(m2d_kd *k, double scale, double *div, double *mse) {
         k->T->gemm_dw(k->be, &ZS, &Hb, &gh, 1.0f);
     }
     *div += scale * sum;
-    /* mean over positions and hidden dimensions, summed over layers, times the weight (SPEC §7) */
-    k->mse_scale = scale * k->mse_weight / d;
+    /* each layer's MSE: mean over positions and hidden dimensions; "sum": summed over layers times
+     * the weight; "minitron": balanced against this micro-batch's logit loss, times the weight */
+    double w = k->mse_weight;
+    if (k->kind == M2D_LOSS_FKL_MSE && k->mse_norm == M2D_MSE_MINITRON) w *= minitron_layer_weight(k, scale, scale * sum);
+    k->mse_scale = scale * w / d;
     k->mse_sum = 0;
     m2d_net_backward(k->net, k->kind == M2D_LOSS_FKL_MSE ? mse_layer : NULL, k);
     *mse += k->mse_sum;

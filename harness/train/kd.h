@@ -22,13 +22,25 @@ typedef enum { M2D_LOSS_FKL, M2D_LOSS_RKL, M2D_LOSS_FKL_MSE } m2d_loss_kind;
 int m2d_loss_parse(const char *s, m2d_loss_kind *out);
 const char *m2d_loss_name(m2d_loss_kind k);
 
+/* How fkl+mse weighs the hidden-state MSE against the logit loss (w: mse_weight):
+ *  - "minitron" (the default of distill and the sweep): as Minitron (Muralidharan et al., 2024)
+ *    and its NeMo / Megatron-LM code (LogitsAndIntermediatesLossBalancer): the intermediate loss
+ *    is the mean over decoder layers of each layer's MSE (mean over positions and hidden dims),
+ *    scaled per micro-batch by the detached ratio L_logits / L_is, so that it weighs as much as the
+ *    logit loss (its value equals L_logits); times w.
+ *  - "sum": the earlier rule (SPEC §7 before issue 24, no source): w times the sum over layers of
+ *    each layer's MSE, raw. */
+typedef enum { M2D_MSE_SUM, M2D_MSE_MINITRON } m2d_mse_norm;
+int m2d_mse_norm_parse(const char *s, m2d_mse_norm *out); /* "minitron" | "sum" */
+const char *m2d_mse_norm_name(m2d_mse_norm n);
+
 typedef struct m2d_kd m2d_kd;
 
 /* The loss of TEACHER (run by engine TE) against the student trained in NET / P (config SCFG),
  * for micro-batches of up to MAX_ROWS rows. Teacher and student must share the vocabulary (and,
  * for the MSE, the hidden size and the number of layers). */
 int m2d_kd_new(const m2d_model *teacher, m2d_engine *te, const m2d_config *scfg, m2d_net *net, m2d_train_params *p,
-               int max_rows, m2d_loss_kind kind, double mse_weight, m2d_kd **out);
+               int max_rows, m2d_loss_kind kind, double mse_weight, m2d_mse_norm mse_norm, m2d_kd **out);
 void m2d_kd_free(m2d_kd *k);
 /* The teacher's forward on N_SEQ windows of L tokens (host tokens [n_seq * L]). */
 int m2d_kd_teacher(m2d_kd *k, const int32_t *tokens, int n_seq, int L);

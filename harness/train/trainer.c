@@ -28,6 +28,10 @@ static int check_opts(const m2d_trainer_opts *o) {
     return 0;
 }
 
+int m2d_trainer_route_topk(const m2d_config *teacher, int topk) {
+    return topk == teacher->num_experts_per_tok ? 0 : topk;
+}
+
 static int open_parts(m2d_trainer *t, const m2d_model *teacher) {
     const m2d_trainer_opts *o = &t->o;
     int b = o->micro_batch ? o->micro_batch : o->batch;
@@ -37,11 +41,13 @@ static int open_parts(m2d_trainer *t, const m2d_model *teacher) {
      * (the student's own weights are fp32 views, never prepared, and its GEMMs ask for fp32) */
     m2d_backend_opts bo = {.n_threads = o->threads, .precision = m2d_engine_precision(t->te)};
     if (m2d_backend_new(o->backend ? o->backend : "cpu", &bo, &t->be)) return -1;
-    if (o->teacher_topk && m2d_engine_set_route_topk(t->te, o->teacher_topk)) return -1;
+    int route = m2d_trainer_route_topk(&teacher->cfg, o->teacher_topk);
+    if (route && m2d_engine_set_route_topk(t->te, route)) return -1;
     if (m2d_train_params_new(t->student, t->be, &t->p)) return -1;
     m2d_net_opts no = {o->seq_len, b, o->recompute};
     if (m2d_net_new(&t->student->cfg, t->p, &no, &t->net)) return -1;
-    return m2d_kd_new(teacher, t->te, &t->student->cfg, t->net, t->p, b * o->seq_len, o->loss, o->mse_weight, &t->kd);
+    return m2d_kd_new(teacher, t->te, &t->student->cfg, t->net, t->p, b * o->seq_len, o->loss, o->mse_weight, o->mse_norm,
+                      &t->kd);
 }
 
 int m2d_trainer_new(const m2d_model *teacher, const m2d_model *student, const m2d_trainer_opts *o, m2d_trainer **out) {

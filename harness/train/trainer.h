@@ -24,7 +24,9 @@ typedef struct {
     bool recompute;         /* activation checkpointing */
     m2d_loss_kind loss;
     double mse_weight;      /* --loss fkl+mse */
-    int teacher_topk;       /* > 0: the teacher routes with Eq. 6 over K' experts; 0: its own routing */
+    m2d_mse_norm mse_norm;  /* its weighting against the logit loss (kd.h; 0: "sum") */
+    int teacher_topk;       /* > 0: the teacher routes with Eq. 6 over K' experts; 0 or the teacher's
+                             * own top-k: its own routing (m2d_trainer_route_topk) */
     m2d_optim_opts optim;
     int threads;            /* <= 0: m2d_default_threads() */
     const char *backend;    /* NULL: "cpu" */
@@ -60,5 +62,11 @@ int m2d_trainer_logits(m2d_trainer *t, const int32_t *tokens, int n_seq, float *
 int m2d_trainer_teacher_logits(m2d_trainer *t, const int32_t *tokens, int n_seq, float *logits);
 /* Peak resident set of the process so far (bytes; getrusage). */
 size_t m2d_peak_rss(void);
+
+/* The K' the teacher's routing is overridden with (Eq. 6: its K' most probable experts weighted
+ * by their raw softmax probabilities) for TOPK: 0, the teacher's own routing, when TOPK is 0 or
+ * the teacher's own top-k (the paper's Table 4 row "k' = 8 (default)" is the teacher as trained,
+ * renormalised where its config renormalises; a literal Eq. 6 at K' = k would not be); else TOPK. */
+int m2d_trainer_route_topk(const m2d_config *teacher, int topk);
 
 #endif
