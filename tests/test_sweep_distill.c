@@ -317,6 +317,9 @@ static void failed_sidecar_does_not_block_a_rerun(void **state) {
     assert_non_null(strstr(text, "tokens=2000"));
     free(text), free(side);
     m2d_experiment_free(&x);
+    tu_sweep_fixture_free(&fx);
+}
+
 /* distill.val_data: the validation curve's held-out text. Default: the file beside ppl.data with
  * "test" read as "valid"; none needed without a curve (eval_every 0); required with one when
  * ppl.data's name has no "test"; refused when it is ppl.data (by name or through a link). The
