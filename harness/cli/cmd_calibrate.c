@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "calib/calib.h"
+#include "calib/ensure.h"
 #include "cli/cmd.h"
 #include "engine/engine.h"
 #include "model/model.h"
@@ -48,92 +49,76 @@ static const char USAGE[] =
     "text; their start offsets are recorded in STATS. If STATS exists, is intact and was computed\n"
     "from the same model weights, windows, gate convention and precision, it is kept ('up to date').\n";
 
-static int cmd_calibrate_run(int argc, char **argv) {
-    const char *model = NULL, *data = NULL, *out = NULL, *L_s = NULL, *N_s = NULL, *seed_s = NULL, *thr_s = NULL,
-               *win_s = NULL, *prec_s = "fp32", *device = "cpu";
-    int force = 0;
-    m2d_opt opts[] = {{"--model", 1, &model, NULL},  {"--data", 1, &data, NULL},      {"--out", 1, &out, NULL},
-                      {"--seq-len", 1, &L_s, NULL},  {"--samples", 1, &N_s, NULL},    {"--seed", 1, &seed_s, NULL},
-                      {"--threads", 1, &thr_s, NULL}, {"--force", 0, NULL, &force},   {"--windows", 1, &win_s, NULL},
-                      {"--precision", 1, &prec_s, NULL}, {"--device", 1, &device, NULL},
+typedef struct {
+    const char *model, *data, *out, *device, *seed_s;
+    long L, N, seed, thr;
+    int documents, force;
+    m2d_precision prec, used; /* requested, and the one used on the device */
+} calib_args;
+
+static int parse_args(int argc, char **argv, calib_args *a) {
+    const char *L_s = NULL, *N_s = NULL, *thr_s = NULL, *win_s = NULL, *prec_s = "fp32";
+    m2d_opt opts[] = {{"--model", 1, &a->model, NULL},  {"--data", 1, &a->data, NULL},      {"--out", 1, &a->out, NULL},
+                      {"--seq-len", 1, &L_s, NULL},  {"--samples", 1, &N_s, NULL},    {"--seed", 1, &a->seed_s, NULL},
+                      {"--threads", 1, &thr_s, NULL}, {"--force", 0, NULL, &a->force},   {"--windows", 1, &win_s, NULL},
+                      {"--precision", 1, &prec_s, NULL}, {"--device", 1, &a->device, NULL},
                       {0}};
+    if (m2d_parse_opts("calibrate", argc, argv, opts, NULL, 0, NULL)) return -1;
+    if (!a->model || !a->data || !a->out)
+        return m2d_err("calibrate: --model, --data and --out are required (see 'moe2dense help calibrate')");
+    if ((L_s && m2d_parse_int("calibrate", "--seq-len", L_s, 2, 1 << 20, &a->L)) ||
+        (N_s && m2d_parse_int("calibrate", "--samples", N_s, 1, 1 << 24, &a->N)) ||
+        (a->seed_s && m2d_parse_int("calibrate", "--seed", a->seed_s, 0, 0x7fffffffffffffffL, &a->seed)) ||
+        (thr_s && m2d_parse_int("calibrate", "--threads", thr_s, 1, 4096, &a->thr)))
+        return -1;
+    a->documents = win_s && !strcmp(win_s, "documents");
+    if (win_s && !a->documents && strcmp(win_s, "fixed"))
+        return m2d_err("calibrate: --windows '%s': expected fixed or documents", win_s);
+    return m2d_precision_parse(prec_s, "calibrate: --precision", &a->prec) ||
+                   m2d_device_check(a->device, "calibrate: --device") ||
+                   m2d_engine_resolve_precision(a->device, a->prec, &a->used)
+               ? -1
+               : 0;
+}
+
+/* The teacher's calibration, or the up-to-date STATS kept; the job's options from A. */
+static int calibrate(calib_args *a, const m2d_model *m, const m2d_tokenizer *tk, m2d_calib_job *j) {
+    if (a->L == 0) a->L = m2d_calib_default_seq_len(&m->cfg);
+    j->opts = (m2d_calib_opts){.seq_len = (int)a->L, .n_samples = (int)a->N, .seeded = a->seed_s != NULL,
+                               .seed = (uint64_t)a->seed, .n_threads = (int)a->thr, .data_path = a->data,
+                               .progress = 1, .precision = (int)a->used, .device = a->device};
+    j->force = a->force;
+    return m2d_calib_job_tokens(j, tk, a->documents) || m2d_calib_ensure(j, m, a->out) ? -1 : 0;
+}
+
+static void print_result(const calib_args *a, const m2d_calib_job *j, const m2d_model *m) {
+    const m2d_stats *s = j->stats;
+    if (j->cached) {
+        printf("%s is up to date (model %.12s, calibration %.12s, %d windows x %ld tokens, %s)\n", a->out,
+               s->model_hash, s->calib_hash, s->n_windows, a->L, s->precision);
+        return;
+    }
+    printf("wrote %s: %d MoE layers, %d %s x %s%ld tokens = %.0f tokens, %.1f s (%.1f GFLOP/s in experts), "
+           "peak RSS %.0f MiB\n", a->out, s->n_layers, s->n_windows, a->documents ? "documents" : "windows",
+           a->documents ? "up to " : "", a->L, s->N, j->seconds,
+           m2d_calib_expert_flops(&m->cfg, s->N) / j->seconds * 1e-9, m2d_cmd_peak_rss_mib());
+    printf("model %s\ncalibration %s\nprecision %s (requested %s)\ndevice %s\n", s->model_hash, s->calib_hash,
+           s->precision, m2d_precision_name(a->prec), a->device);
+}
+
+static int cmd_calibrate_run(int argc, char **argv) {
+    calib_args a = {.N = M2D_CALIB_DEFAULT_SAMPLES, .device = "cpu"};
     m2d_model *m = NULL;
     m2d_tokenizer *tk = NULL;
-    m2d_stats *s = NULL, *old = NULL;
-    char *text = NULL;
-    int32_t *ids = NULL;
-    int64_t *starts = NULL, *docs = NULL;
-    int *lens = NULL, n_docs = 0;
-    size_t n_ids = 0, len;
-    int rc = 1;
-    if (m2d_parse_opts("calibrate", argc, argv, opts, NULL, 0, NULL)) goto done;
-    if (!model || !data || !out) {
-        m2d_err("calibrate: --model, --data and --out are required (see 'moe2dense help calibrate')");
-        goto done;
-    }
-    long L = 0, N = M2D_CALIB_DEFAULT_SAMPLES, seed = 0, thr = 0;
-    if (L_s && m2d_parse_int("calibrate", "--seq-len", L_s, 2, 1 << 20, &L)) goto done;
-    if (N_s && m2d_parse_int("calibrate", "--samples", N_s, 1, 1 << 24, &N)) goto done;
-    if (seed_s && m2d_parse_int("calibrate", "--seed", seed_s, 0, 0x7fffffffffffffffL, &seed)) goto done;
-    if (thr_s && m2d_parse_int("calibrate", "--threads", thr_s, 1, 4096, &thr)) goto done;
-    int documents = win_s && !strcmp(win_s, "documents");
-    if (win_s && !documents && strcmp(win_s, "fixed")) {
-        m2d_err("calibrate: --windows '%s': expected fixed or documents", win_s);
-        goto done;
-    }
-    m2d_precision prec, used;
-    if (m2d_precision_parse(prec_s, "calibrate: --precision", &prec) || m2d_device_check(device, "calibrate: --device") ||
-        m2d_engine_resolve_precision(device, prec, &used))
-        goto done;
-    if (m2d_check_output_path(out)) goto done; /* refused now, not after the calibration */
-    if (m2d_model_open(model, &m) || m2d_tokenizer_load(model, &tk)) goto done;
-    if (!(text = m2d_read_file(data, &len))) goto done;
-    if (documents ? m2d_calib_encode_documents(tk, text, len, &ids, &n_ids, &docs, &n_docs)
-                  : m2d_tokenizer_encode(tk, text, len, &ids, &n_ids)) {
-        m2d_err_prefix(data);
-        goto done;
-    }
-    if (L == 0) L = m2d_calib_default_seq_len(&m->cfg);
-    m2d_calib_opts o = {.seq_len = (int)L, .n_samples = (int)N, .seeded = seed_s != NULL, .seed = (uint64_t)seed,
-                        .n_threads = (int)thr, .data_path = data, .progress = 1, .doc_starts = docs,
-                        .n_docs = n_docs, .precision = (int)prec, .device = device};
-    /* up to date? same model, same windows (same calib hash) */
-    if (!force && m2d_file_exists(out) && m2d_stats_read(out, &old) == 0) {
-        int nw;
-        char h[65];
-        if (m2d_calib_choose(m, ids, (int64_t)n_ids, &o, &starts, &lens, &nw, h) == 0) {
-            if (!strcmp(h, old->calib_hash) && !strcmp(old->precision, m2d_precision_name(used)) &&
-                m2d_stats_check_model(old, out, m) == 0) {
-                printf("%s is up to date (model %.12s, calibration %.12s, %d windows x %ld tokens, %s)\n", out,
-                       old->model_hash, old->calib_hash, old->n_windows, L, old->precision);
-                rc = 0;
-                goto done;
-            }
-        }
-    }
-    m2d_err_clear();
-    double t0 = m2d_now();
-    if (m2d_calib_run(m, ids, (int64_t)n_ids, &o, &s)) goto done;
-    double dt = m2d_now() - t0;
-    if (m2d_stats_write(s, out)) goto done;
-    printf("wrote %s: %d MoE layers, %d %s x %s%ld tokens = %.0f tokens, %.1f s (%.1f GFLOP/s in experts), "
-           "peak RSS %.0f MiB\n", out, s->n_layers, s->n_windows, documents ? "documents" : "windows",
-           documents ? "up to " : "", L, s->N, dt, m2d_calib_expert_flops(&m->cfg, s->N) / dt * 1e-9,
-           m2d_cmd_peak_rss_mib());
-    printf("model %s\ncalibration %s\nprecision %s (requested %s)\ndevice %s\n", s->model_hash, s->calib_hash,
-           s->precision, m2d_precision_name(prec), device);
-    rc = 0;
-done:
+    m2d_calib_job j = {0};
+    int rc = parse_args(argc, argv, &a) ||
+             m2d_check_output_path(a.out) || /* refused now, not after the calibration */
+             m2d_model_open(a.model, &m) || m2d_tokenizer_load(a.model, &tk) || calibrate(&a, m, tk, &j);
     if (rc) m2d_cmd_fail("calibrate");
-    m2d_calib_stats_free(s);
-    m2d_calib_stats_free(old);
+    else print_result(&a, &j, m);
+    m2d_calib_job_free(&j);
     if (tk) m2d_tokenizer_free(tk);
     if (m) m2d_model_close(m);
-    free(text);
-    free(ids);
-    free(starts);
-    free(lens);
-    free(docs);
     return rc;
 }
 

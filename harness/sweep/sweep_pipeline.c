@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "calib/calib.h"
+#include "calib/ensure.h"
 #include "convert/convert.h"
 #include "engine/engine.h"
 #include "evals/lm.h"
@@ -64,50 +65,26 @@ static int open_teacher(pipe_t *p) {
     return m2d_tokenizer_load(p->x->model, &p->tk);
 }
 
-static int encode_file(const m2d_tokenizer *tk, const char *path, int32_t **ids, size_t *n) {
-    size_t len;
-    char *text = m2d_read_file(path, &len);
-    if (!text) return -1;
-    int rc = m2d_tokenizer_encode(tk, text, len, ids, n);
-    free(text);
-    if (rc) {
-        char *msg = m2d_strfmt("%s: %s", path, m2d_errmsg());
-        m2d_err("%s", msg);
-        free(msg);
-    }
-    return rc;
-}
-
-/* The experiment's calibration tokens (the text encoded whole, or document by document) and the
- * options of its calibration run. */
-static int calibration_tokens(pipe_t *p, int32_t **ids, size_t *n_ids, m2d_calib_opts *o) {
+/* The experiment's calibration job: its options, its text encoded (whole or document by document)
+ * and the identity of its windows; the windows used go to p->calib_windows (the CSV header records
+ * them). */
+static int calibration_job(const m2d_sweep_backend *b, pipe_t *p, m2d_calib_job *j) {
     const m2d_experiment *x = p->x;
     if (x->calib_seq_len > p->teacher->cfg.max_position_embeddings)
         return m2d_err("%s: experiment '%s': calibration.seq_len %d exceeds the teacher's max_position_embeddings %d",
                        x->file, x->name, x->calib_seq_len, p->teacher->cfg.max_position_embeddings);
-    *o = (m2d_calib_opts){.seq_len = x->calib_seq_len, .n_samples = x->calib_samples, .seeded = x->calib_seed >= 0,
-                          .seed = (uint64_t)(x->calib_seed >= 0 ? x->calib_seed : 0), .data_path = x->calib_data};
-    if (strcmp(x->calib_windows, "documents") != 0) return encode_file(p->tk, x->calib_data, ids, n_ids);
-    size_t len;
-    char *text = m2d_read_file(x->calib_data, &len);
-    if (!text) return -1;
-    int64_t *docs = NULL;
-    int rc = m2d_calib_encode_documents(p->tk, text, len, ids, n_ids, &docs, &o->n_docs);
-    free(text);
-    o->doc_starts = docs;
-    return rc ? m2d_err_prefix(x->calib_data) : 0;
-}
-
-/* The calibration identity of the experiment's windows (without running anything); the windows
- * used go to p->calib_windows (the CSV header records them). */
-static int calibration_identity(pipe_t *p, int32_t **ids, size_t *n_ids, m2d_calib_opts *o, char hash[65]) {
-    if (calibration_tokens(p, ids, n_ids, o)) return -1;
-    int64_t *starts;
-    int *lens, nw;
-    if (m2d_calib_choose(p->teacher, *ids, (int64_t)*n_ids, o, &starts, &lens, &nw, hash)) return -1;
-    p->calib_windows = nw;
-    free(starts);
-    free(lens);
+    j->opts = (m2d_calib_opts){.seq_len = x->calib_seq_len, .n_samples = x->calib_samples, .seeded = x->calib_seed >= 0,
+                               .seed = (uint64_t)(x->calib_seed >= 0 ? x->calib_seed : 0), .data_path = x->calib_data,
+                               .n_threads = m2d_default_threads(), /* calibration runs before the pool: all cores */
+                               .progress = 1, .precision = (int)b->precision,
+                               /* one cache entry whichever device computes it: their statistics agree
+                                * within test_calib's tolerances (gpu_calibration_matches_cpu) */
+                               .device = b->device};
+    j->cmd = "sweep";
+    if (m2d_calib_job_tokens(j, p->tk, strcmp(x->calib_windows, "documents") == 0) ||
+        m2d_calib_job_identity(j, p->teacher))
+        return -1;
+    p->calib_windows = j->n_windows;
     return 0;
 }
 
@@ -119,75 +96,32 @@ static char *cache_path(const m2d_sweep_backend *b, const m2d_experiment *x, con
     return path;
 }
 
-/* Cached statistics if intact and matching; NULL (no error) when absent or stale. */
-static m2d_stats *read_cache(pipe_t *p, const char *path, const char *calib_hash, m2d_precision prec) {
-    m2d_stats *s = NULL;
-    if (!m2d_file_exists(path)) return NULL;
-    if (m2d_stats_read(path, &s) == 0 && strcmp(s->calib_hash, calib_hash) == 0 &&
-        strcmp(s->precision, m2d_precision_name(prec)) == 0 &&
-        m2d_stats_check_model(s, path, p->teacher) == 0)
-        return s;
-    fprintf(stderr, "moe2dense sweep: %s is stale or damaged (%s): recomputing\n", path, m2d_errmsg());
-    m2d_calib_stats_free(s);
-    m2d_err_clear();
-    return NULL;
-}
-
-/* Calibrate in PREC into the cache entry PATH (the caller holds its lock) with the windows BASE describes. */
-static int calibrate_into(pipe_t *p, const int32_t *ids, size_t n_ids, const m2d_calib_opts *base,
-                          const char *calib_hash, const char *path, m2d_precision prec) {
-    const m2d_experiment *x = p->x;
-    m2d_calib_opts o = *base; /* calibration runs before the pool: all cores */
-    o.n_threads = m2d_default_threads();
-    o.progress = 1;
-    o.precision = (int)prec;
-    double t0 = m2d_now();
-    int rc = m2d_calib_run(p->teacher, ids, (int64_t)n_ids, &o, &p->stats);
-    if (rc == 0 && strcmp(p->stats->calib_hash, calib_hash) != 0)
-        rc = m2d_err("calibration: windows hash %s differs from the expected %s (internal error)", p->stats->calib_hash,
-                     calib_hash);
-    if (rc == 0) rc = m2d_stats_write(p->stats, path);
-    if (rc == 0)
-        fprintf(stderr, "moe2dense sweep: calibrated %d windows x %d tokens in %.1f s -> %s\n", p->stats->n_windows,
-                x->calib_seq_len, m2d_now() - t0, path);
-    return rc;
-}
-
 /* The statistics from the cache entry PATH, computed and written first when absent or stale; the
  * entry's lock is held meanwhile, so another process waits and then reads what this one wrote. */
-static int cached_statistics(pipe_t *p, const int32_t *ids, size_t n_ids, const m2d_calib_opts *o, const char *calib_hash,
-                             const char *path, m2d_precision prec) {
-    m2d_lock lock;
-    if (m2d_mkdir_p(p->x->cache_dir) ||
-        m2d_lock_acquire(&lock, path, "sweep", "computing the calibration statistics", 1))
-        return -1;
-    m2d_atomic_remove_leftovers(path); /* of a calibration that was killed while writing */
-    p->stats = read_cache(p, path, calib_hash, prec);
-    p->stats_cached = p->stats != NULL;
-    int rc = p->stats ? 0 : calibrate_into(p, ids, n_ids, o, calib_hash, path, prec);
-    m2d_lock_release(&lock);
-    return rc;
+static int cached_statistics(m2d_sweep_backend *b, m2d_calib_job *j, const char *path) {
+    pipe_t *p = b->self;
+    if (m2d_mkdir_p(p->x->cache_dir) || m2d_calib_ensure(j, p->teacher, path)) return -1;
+    p->stats = j->stats;
+    p->stats_cached = j->cached;
+    j->stats = NULL;
+    if (!p->stats_cached)
+        fprintf(stderr, "moe2dense sweep: calibrated %d windows x %d tokens in %.1f s -> %s\n", p->stats->n_windows,
+                p->x->calib_seq_len, j->seconds, path);
+    return 0;
 }
 
 static int pipe_prepare(m2d_sweep_backend *b, const m2d_experiment *x, char model_hash[65], char calib_hash[65]) {
     pipe_t *p = b->self;
     if (open_teacher(p)) return -1;
     memcpy(model_hash, p->teacher->weights_hash, 65);
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    m2d_calib_opts o;
-    if (calibration_identity(p, &ids, &n_ids, &o, calib_hash)) {
-        free(ids);
-        free((void *)o.doc_starts);
-        return -1;
+    m2d_calib_job j = {0};
+    int rc = calibration_job(b, p, &j);
+    if (rc == 0) {
+        p->stats_path = cache_path(b, x, model_hash, j.hash);
+        memcpy(calib_hash, j.hash, 65);
+        rc = cached_statistics(b, &j, p->stats_path);
     }
-    char *path = cache_path(b, x, model_hash, calib_hash);
-    o.device = b->device; /* one cache entry whichever device computes it: their statistics agree
-                           * within test_calib's tolerances (gpu_calibration_matches_cpu) */
-    int rc = cached_statistics(p, ids, n_ids, &o, calib_hash, path, b->precision);
-    p->stats_path = path;
-    free(ids);
-    free((void *)o.doc_starts);
+    m2d_calib_job_free(&j);
     if (rc == 0) {
         const m2d_stats *st = p->stats;
         snprintf(b->calibration, sizeof b->calibration, "%s windows=%d requested=%d seq_len=%d tokens=%.0f%s",
@@ -404,17 +338,13 @@ static void pipe_destroy(m2d_sweep_backend *b) {
 static int load_cached_stats(const m2d_sweep_backend *b, pipe_t *p, const m2d_experiment *x) {
     if (p->stats) return 0;
     if (open_teacher(p)) return -1;
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    char calib_hash[65];
-    m2d_calib_opts o;
-    int rc = calibration_identity(p, &ids, &n_ids, &o, calib_hash);
-    free(ids);
-    free((void *)o.doc_starts);
-    if (rc) return -1;
-    char *path = cache_path(b, x, p->teacher->weights_hash, calib_hash);
-    p->stats = read_cache(p, path, calib_hash, b->precision);
-    free(path);
+    m2d_calib_job j = {0};
+    if (calibration_job(b, p, &j) == 0) {
+        char *path = cache_path(b, x, p->teacher->weights_hash, j.hash);
+        p->stats = m2d_calib_cached(&j, p->teacher, path);
+        free(path);
+    }
+    m2d_calib_job_free(&j);
     return p->stats ? 0 : -1;
 }
 
