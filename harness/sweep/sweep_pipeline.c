@@ -221,7 +221,7 @@ static int pipe_evaluate_teacher(m2d_sweep_backend *b, m2d_sweep_result *res) {
     return model_ppl(b, ((pipe_t *)b->self)->teacher, res);
 }
 
-/* Remove a flat directory (the student checkpoint written for the MC scorer). */
+/* Remove a flat directory (the student checkpoint written for the distillation). */
 static void remove_flat_dir(const char *dir) {
     DIR *d = opendir(dir);
     if (d) {
@@ -237,19 +237,17 @@ static void remove_flat_dir(const char *dir) {
     rmdir(dir);
 }
 
-/* MC tasks: the lm-eval scorer opens a checkpoint directory, so the student is written to a
- * temporary one (the same bits as in memory, see convert.h) and removed afterwards. */
+/* MC tasks: the lm-eval scorer over an engine on the student in memory (a distilled one: the
+ * checkpoint it was opened from) and the teacher's tokenizer, which the student's checkpoint copies. */
 static int pipe_evaluate_mc(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res) {
     (void)c;
     pipe_t *p = b->self;
     student_t *s = student;
     const m2d_experiment *x = p->x;
-    char tmpl[] = "/tmp/m2d-mc-XXXXXX";
-    char *dir = s->dir ? s->dir : mkdtemp(tmpl); /* a distilled student is on disk already */
-    if (!dir) return m2d_err("multiple choice: cannot create a temporary directory");
+    m2d_engine *e = NULL;
     m2d_lm *lm = NULL;
-    int rc = s->dir ? 0 : m2d_convert_write(p->teacher, s->student, s->plan, p->stats_path, dir);
-    if (rc == 0) rc = m2d_lm_engine_open(dir, &(m2d_engine_opts){b->device, b->threads, b->precision}, M2D_LM_CACHED, 0, &lm);
+    int rc = m2d_engine_open(s->student, &(m2d_engine_opts){b->device, b->threads, b->precision}, &e) ||
+             m2d_lm_engine_wrap(e, p->tk, M2D_LM_CACHED, 0, &lm);
     m2d_mc_config cfg;
     m2d_mc_config_default(&cfg);
     cfg.data_dir = x->mc_data_dir;
@@ -273,8 +271,8 @@ static int pipe_evaluate_mc(m2d_sweep_backend *b, void *student, const m2d_grid_
     }
     if (rc == 0 && x->n_mc) res->mc[2 * x->n_mc] = avg / x->n_mc;
     if (lm) m2d_lm_free(lm);
-    if (!s->dir) remove_flat_dir(dir);
-    return rc;
+    m2d_engine_free(e);
+    return rc ? -1 : 0;
 }
 
 /* The converted student is written to OUT.init (the distillation reads checkpoints; removed
