@@ -3,6 +3,9 @@
 #   "tests: N passed, N failed, N skipped"
 # A binary that crashes (no cmocka summary) counts as one failure.
 passed=0; failed=0; skipped=0; bad=""
+# Progress lines (m2d_progress) off: stderr is captured here, and a test checks the output it
+# expects, not a progress line that a slow machine happens to print (test_util sets it back).
+export M2D_QUIET=1
 # With M2D_REF_SETUP=1 (make test) the test references' venv (tests/ref/setup.sh) is made once,
 # here, before any test: a failed install counts as one failure with one message ("ref-setup"),
 # and the tests that need it read the recorded outcome and skip instead of retrying the install.

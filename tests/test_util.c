@@ -1,9 +1,10 @@
-/* util: SHA-256 against FIPS 180-4 vectors, option parsing, atomic writes. */
+/* util: SHA-256 against FIPS 180-4 vectors, option parsing, atomic writes, progress lines on a log. */
 #include "testutil.h"
 
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/util.h"
 
@@ -118,6 +119,67 @@ static void name_table_sorted(void **state) {
     assert_null(m2d_name_table_find(&t, "gam"));
 }
 
+/* ---- progress on a log (stderr not a terminal) ---- */
+
+/* Runs N updates of a progress over SECS fake seconds with stderr sent to a file; returns what
+ * was printed (caller frees). */
+static char *logged_progress(const char *dir, int n, double secs) {
+    char *path = m2d_path_join(dir, "stderr.log");
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    assert_non_null(freopen(path, "w", stderr));
+    m2d_progress p;
+    m2d_progress_start(&p, "calibrate", n);
+    p.t0 = p.last_print = 0;
+    for (int i = 1; i <= n; i++) m2d_progress_update_at(&p, i, secs * i / n);
+    m2d_progress_end(&p);
+    fflush(stderr);
+    assert_int_equal(dup2(saved, STDERR_FILENO), STDERR_FILENO);
+    close(saved);
+    size_t len;
+    char *out = m2d_read_file(path, &len);
+    assert_non_null(out);
+    free(path);
+    return out;
+}
+
+static int count_char(const char *s, char c) {
+    int k = 0;
+    for (; *s; s++) k += *s == c;
+    return k;
+}
+
+/* Logged: whole lines (no \r, no escape), one per 5 % when slow enough, one a minute at most
+ * otherwise; a closing line; nothing for a run under 5 s; nothing with $M2D_QUIET. */
+static void progress_when_logged(void **state) {
+    (void)state;
+    char *quiet = getenv("M2D_QUIET") ? m2d_strdup(getenv("M2D_QUIET")) : NULL;
+    unsetenv("M2D_QUIET");
+    char *dir = tu_tmpdir();
+    char *out = logged_progress(dir, 100, 1000); /* 10 s an item: a line every 5 items */
+    assert_int_equal(count_char(out, '\n'), 21);
+    assert_int_equal(count_char(out, '\r') + count_char(out, '\033'), 0);
+    assert_non_null(strstr(out, "calibrate 5/100 (5.0%) elapsed 0m50s ETA 15m50s\n"));
+    assert_non_null(strstr(out, "calibrate 100/100 (100.0%)"));
+    assert_non_null(strstr(out, "calibrate done in "));
+    free(out);
+    out = logged_progress(dir, 1000, 3 * 3600.0); /* 3 hours: a line a minute at most */
+    assert_in_range(count_char(out, '\n'), 150, 181);
+    free(out);
+    out = logged_progress(dir, 1000, 4.9); /* short: silent */
+    assert_string_equal(out, "");
+    free(out);
+    setenv("M2D_QUIET", "1", 1);
+    out = logged_progress(dir, 100, 1000);
+    assert_string_equal(out, "");
+    free(out);
+    if (quiet) setenv("M2D_QUIET", quiet, 1);
+    else unsetenv("M2D_QUIET");
+    free(quiet);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(sha256_known_vectors),
@@ -125,6 +187,7 @@ int main(void) {
         cmocka_unit_test(atomic_write_roundtrip),
         cmocka_unit_test(error_prefix_and_stream_read),
         cmocka_unit_test(name_table_sorted),
+        cmocka_unit_test(progress_when_logged),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -294,12 +294,25 @@ int m2d_default_threads(void) {
 }
 
 /* ---- progress ---- */
+#define PROGRESS_TTY_S 0.2   /* terminal redraw interval */
+#define PROGRESS_LOG_MIN_S 5.0
+#define PROGRESS_LOG_MAX_S 60.0
+#define PROGRESS_LOG_STEP 0.05
+
+static int progress_mode(void) {
+    if (getenv("M2D_QUIET")) return M2D_PROGRESS_OFF;
+    if (!isatty(STDERR_FILENO)) return M2D_PROGRESS_LOG;
+    return getenv("CI") ? M2D_PROGRESS_OFF : M2D_PROGRESS_TTY;
+}
+
 void m2d_progress_start(m2d_progress *p, const char *label, double total) {
     p->label = label;
     p->total = total;
     p->t0 = m2d_now();
-    p->last_print = 0;
-    p->active = isatty(STDERR_FILENO) && !getenv("CI") && !getenv("M2D_QUIET");
+    p->last_done = 0;
+    p->lines = 0;
+    p->mode = progress_mode();
+    p->last_print = p->mode == M2D_PROGRESS_TTY ? 0 : p->t0;
 }
 
 static void format_secs(double s, char *buf, size_t n) {
@@ -309,26 +322,42 @@ static void format_secs(double s, char *buf, size_t n) {
     else snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
 }
 
-void m2d_progress_update(m2d_progress *p, double done) {
-    if (!p->active) return;
-    double now = m2d_now();
-    if (now - p->last_print < 0.2 && done < p->total) return;
+/* Is a line due at NOW with DONE of the work done? */
+static int progress_due(const m2d_progress *p, double done, double now) {
+    double since = now - p->last_print;
+    if (p->mode == M2D_PROGRESS_TTY) return since >= PROGRESS_TTY_S || done >= p->total;
+    if (done <= p->last_done) return 0;
+    return since >= PROGRESS_LOG_MAX_S ||
+           (since >= PROGRESS_LOG_MIN_S && done - p->last_done >= PROGRESS_LOG_STEP * p->total);
+}
+
+void m2d_progress_update_at(m2d_progress *p, double done, double now) {
+    if (p->mode == M2D_PROGRESS_OFF || !progress_due(p, done, now)) return;
     p->last_print = now;
+    p->last_done = done;
     double el = now - p->t0;
     double frac = p->total > 0 ? done / p->total : 0;
     char eta[32], elapsed[32];
     format_secs(frac > 0 ? el * (1 - frac) / frac : 0, eta, sizeof eta);
     format_secs(el, elapsed, sizeof elapsed);
-    fprintf(stderr, "\r\033[K%s %.0f/%.0f (%.1f%%) elapsed %s ETA %s", p->label, done, p->total,
-            100 * frac, elapsed, eta);
+    int tty = p->mode == M2D_PROGRESS_TTY;
+    fprintf(stderr, "%s%s %.0f/%.0f (%.1f%%) elapsed %s ETA %s%s", tty ? "\r\033[K" : "", p->label, done,
+            p->total, 100 * frac, elapsed, eta, tty ? "" : "\n");
+    p->lines += !tty;
     fflush(stderr);
 }
 
+void m2d_progress_update(m2d_progress *p, double done) { m2d_progress_update_at(p, done, m2d_now()); }
+
 void m2d_progress_end(m2d_progress *p) {
-    if (!p->active) return;
-    fprintf(stderr, "\r\033[K");
+    if (p->mode == M2D_PROGRESS_TTY) fprintf(stderr, "\r\033[K");
+    if (p->mode == M2D_PROGRESS_LOG && p->lines > 0) {
+        char elapsed[32];
+        format_secs(m2d_now() - p->t0, elapsed, sizeof elapsed);
+        fprintf(stderr, "%s done in %s\n", p->label, elapsed);
+    }
     fflush(stderr);
-    p->active = 0;
+    p->mode = M2D_PROGRESS_OFF;
 }
 
 /* ---- options ---- */

@@ -68,14 +68,21 @@ double m2d_now(void);
 /* Threads to use: $M2D_THREADS, else the number of online CPUs. */
 int m2d_default_threads(void);
 
-/* Progress with ETA on stderr when it is a terminal and $CI is unset; silent otherwise. */
+/* Progress with ETA on stderr. On a terminal (and $CI unset) one line redrawn in place (\r) at
+ * most every 0.2 s. Otherwise (a log, CI) whole lines, rate-limited for small logs: a line when
+ * at least 5 % more is done and 5 s have passed since the last one, or after 60 s with any
+ * progress, and a closing "done" line when any was printed (runs under 5 s print nothing).
+ * $M2D_QUIET (set by tests/run.sh) silences both. update_at takes the clock (tests). */
 typedef struct {
     const char *label;
-    double total, t0, last_print;
-    int active;
+    double total, t0, last_print, last_done;
+    int mode;              /* M2D_PROGRESS_OFF, _TTY or _LOG */
+    int lines;             /* lines printed in _LOG mode */
 } m2d_progress;
+enum { M2D_PROGRESS_OFF, M2D_PROGRESS_TTY, M2D_PROGRESS_LOG };
 void m2d_progress_start(m2d_progress *p, const char *label, double total);
 void m2d_progress_update(m2d_progress *p, double done);
+void m2d_progress_update_at(m2d_progress *p, double done, double now);
 void m2d_progress_end(m2d_progress *p);
 
 /* Minimal option parser: "--name value", "--name=value", flags, "-K value".

@@ -31,6 +31,8 @@ typedef struct {
     const uint8_t *base;   /* whole file (mmap) or caller's buffer */
     size_t size;
     int mapped;
+    int fd;                /* kept open for the sampled hash's reads (-1 for a caller's buffer) */
+    uint64_t data_off;     /* file offset of the data block (8 + header length) */
     char **meta_keys, **meta_vals;
     int n_meta;
 } st_file;
@@ -80,6 +82,7 @@ static void st_free_contents(m2d_st *st) {
     for (int f = 0; f < st->n_files; f++) {
         st_file *sf = &st->files[f];
         if (sf->mapped && sf->base) munmap((void *)sf->base, sf->size);
+        if (sf->fd >= 0) close(sf->fd);
         free_metadata(sf->meta_keys, sf->meta_vals, sf->n_meta);
         free(sf->path);
     }
@@ -244,6 +247,7 @@ static int parse_file(m2d_st *st, int fi) {
     }
     uint64_t data_len = sf->size - 8 - hlen;
     const uint8_t *data = sf->base + 8 + hlen;
+    sf->data_off = 8 + hlen;
     int first = st->n, rc = 0, seen_meta = 0;
     for (const cJSON *j = root->child; j && rc == 0; j = j->next) {
         if (strcmp(j->string, "__metadata__") == 0) {
@@ -297,6 +301,7 @@ static st_file *add_file(m2d_st *st, const char *path) {
     st->files = m2d_realloc(st->files, (size_t)(st->n_files + 1) * sizeof *st->files);
     st_file *sf = &st->files[st->n_files++];
     memset(sf, 0, sizeof *sf);
+    sf->fd = -1;
     sf->path = m2d_strdup(path);
     return sf;
 }
@@ -315,8 +320,11 @@ static int map_file(st_file *sf) {
         return 0; /* parse_file reports "too short" */
     }
     void *p = mmap(NULL, sf->size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) return m2d_err1("%s: cannot mmap: %s", sf->path, strerror(errno));
+    if (p == MAP_FAILED) {
+        close(fd);
+        return m2d_err1("%s: cannot mmap: %s", sf->path, strerror(errno));
+    }
+    sf->fd = fd;
     sf->base = p;
     sf->mapped = 1;
     return 0;
@@ -501,6 +509,45 @@ static void hash_u64(m2d_sha256 *s, uint64_t v) {
     m2d_sha256_update(s, b, 8);
 }
 
+enum { HASH_WIN = 1024, HASH_INNER = 8, HASH_SMALL = (HASH_INNER + 2) * HASH_WIN };
+
+static int pread_full(int fd, uint8_t *buf, size_t n, uint64_t off) {
+    while (n > 0) {
+        ssize_t r = pread(fd, buf, n, (off_t)off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1;
+        buf += r, n -= (size_t)r, off += (uint64_t)r;
+    }
+    return 0;
+}
+
+/* Hash bytes [OFF, OFF + N) of entry E (N <= HASH_SMALL). From a mapped file they are read with
+ * pread on a descriptor advised POSIX_FADV_RANDOM, so only their pages come from disk: touching
+ * them through the map instead lets the kernel's read-around (the disk's readahead, 8 MB on
+ * some machines) fetch the whole checkpoint, ~45 GB for Qwen3-30B-A3B's sample of ~180 MB. The
+ * bytes are the same either way (the map is the fallback when a read fails). */
+static void hash_sample(m2d_sha256 *s, const m2d_st *st, const st_entry *e, size_t off, size_t n) {
+    const st_file *sf = &st->files[e->file];
+    uint8_t buf[HASH_SMALL];
+    const uint8_t *p = (const uint8_t *)e->t.data + off;
+    if (sf->fd >= 0 && pread_full(sf->fd, buf, n, sf->data_off + e->begin + off) == 0) p = buf;
+    m2d_sha256_update(s, p, n);
+}
+
+/* Sampled mode's data: the first and last window plus HASH_INNER evenly strided ones (the whole
+ * tensor when it is at most HASH_SMALL bytes). */
+static void hash_sampled_data(m2d_sha256 *s, const m2d_st *st, const st_entry *e) {
+    size_t n = e->t.nbytes;
+    if (n <= HASH_SMALL) {
+        hash_sample(s, st, e, 0, n);
+        return;
+    }
+    hash_sample(s, st, e, 0, HASH_WIN);
+    size_t stride = (n - 2 * HASH_WIN) / HASH_INNER;
+    for (int k = 0; k < HASH_INNER; k++) hash_sample(s, st, e, HASH_WIN + (size_t)k * stride, HASH_WIN);
+    hash_sample(s, st, e, n - HASH_WIN, HASH_WIN);
+}
+
 /* Identity of the weights. Up to MAX_FULL_BYTES of tensor data, every byte is hashed (with
  * names, dtypes and shapes), so the hash does not depend on sharding or header layout; sha256
  * runs at ~190 MiB/s here, so the default cap (256 MiB) bounds this at ~1.5 s. Above that (a
@@ -508,10 +555,10 @@ static void hash_u64(m2d_sha256 *s, uint64_t v) {
  * each tensor its first and last 1 KiB plus 8 evenly strided 1 KiB windows (whole tensors when
  * they are at most 10 KiB): any re-training, conversion or dtype change alters those bytes with
  * overwhelming probability, and the cost is bounded by the tensor count (~10 KiB each, ~180 MB
- * for the 18k tensors of Qwen3-30B-A3B), not the checkpoint size. The mode is part of the
- * hashed input, so the two modes never collide. */
+ * for the 18k tensors of Qwen3-30B-A3B), not the checkpoint size, provided only those bytes are
+ * read from disk (hash_sample). The mode is part of the hashed input, so the two modes never
+ * collide. */
 void m2d_st_hash(const m2d_st *st, uint64_t max_full_bytes, char out[65]) {
-    enum { WIN = 1024, INNER = 8 };
     uint64_t total = 0;
     for (int i = 0; i < st->n; i++) total += st->entries[i].t.nbytes;
     int full = total <= max_full_bytes;
@@ -520,7 +567,10 @@ void m2d_st_hash(const m2d_st *st, uint64_t max_full_bytes, char out[65]) {
     const char *mode = full ? "m2d-weights-v1-full" : "m2d-weights-v1-sampled";
     m2d_sha256_update(&s, mode, strlen(mode) + 1);
     if (!full)
-        for (int f = 0; f < st->n_files; f++) hash_u64(&s, st->files[f].size);
+        for (int f = 0; f < st->n_files; f++) {
+            hash_u64(&s, st->files[f].size);
+            if (st->files[f].fd >= 0) (void)posix_fadvise(st->files[f].fd, 0, 0, POSIX_FADV_RANDOM);
+        }
     for (int i = 0; i < st->n; i++) {
         const m2d_tensor *t = &st->entries[i].t;
         m2d_sha256_update(&s, t->name, strlen(t->name) + 1);
@@ -528,16 +578,8 @@ void m2d_st_hash(const m2d_st *st, uint64_t max_full_bytes, char out[65]) {
         m2d_sha256_update(&s, dt, strlen(dt) + 1);
         hash_u64(&s, (uint64_t)t->ndim);
         for (int d = 0; d < t->ndim; d++) hash_u64(&s, (uint64_t)t->shape[d]);
-        const uint8_t *p = t->data;
-        size_t n = t->nbytes;
-        if (full || n <= (INNER + 2) * WIN) {
-            m2d_sha256_update(&s, p, n);
-            continue;
-        }
-        m2d_sha256_update(&s, p, WIN);
-        size_t stride = (n - 2 * WIN) / INNER;
-        for (int k = 0; k < INNER; k++) m2d_sha256_update(&s, p + WIN + (size_t)k * stride, WIN);
-        m2d_sha256_update(&s, p + n - WIN, WIN);
+        if (full) m2d_sha256_update(&s, t->data, t->nbytes);
+        else hash_sampled_data(&s, st, &st->entries[i]);
     }
     uint8_t d[32];
     m2d_sha256_final(&s, d);
