@@ -4,7 +4,9 @@
  * in the real conversion; an MoE target's student also depends on its top-k. Test hooks: a scoring named "fail..." fails to build; params "nan" gives
  * a non-finite PPL; params "distill-fail" fails to distill; $M2D_FAKE_DELAY_MS sleeps in evaluate
  * (so tests can kill a sweep mid-run). A distilled student is its student's fingerprint with
- * ":distilled" appended: half the PPL, MC accuracies (1 + a) / 2; it writes no checkpoint.
+ * ":distilled" appended: half the PPL, MC accuracies (1 + a) / 2; it writes no checkpoint. Another
+ * loss or teacher_topk than (fkl, 0) appends ":L<loss>:K<K'>" too: its PPL is divided by
+ * 2 + loss + K' / 100 instead (the ablation's cells differ).
  * Linked into the tests, the benches and the test CLI (build/tests/moe2dense-test), never into
  * the product binary; it registers itself like any backend. */
 #include <math.h>
@@ -63,7 +65,8 @@ static int fake_evaluate(m2d_sweep_backend *b, void *student, const m2d_grid_con
     const char *fp = student;
     unsigned h = (unsigned)strtoul((char[9]){fp[0], fp[1], fp[2], fp[3], fp[4], fp[5], fp[6], fp[7], 0}, NULL, 16);
     res->ppl = strcmp(c->params, "nan") == 0 ? NAN : 10.0 * exp((double)(h % 1000) / 250.0);
-    if (strstr(fp, ":distilled")) res->ppl /= 2;
+    const char *ab = strstr(fp, ":distilled:L"); /* an ablation's (loss, K'): 2 + loss + K' / 100 */
+    if (strstr(fp, ":distilled")) res->ppl /= ab ? 2 + atoi(ab + 12) + atoi(strstr(ab, ":K") + 2) / 100.0 : 2;
     res->ppl_windows = x->ppl_max_windows ? x->ppl_max_windows : 1;
     return 0;
 }
@@ -102,7 +105,8 @@ static int fake_distill(m2d_sweep_backend *b, void *student, const m2d_grid_conf
     res->tokens = res->steps_done * per;
     res->final_loss = (double)(((const char *)student)[0] % 16) / 8.0;
     res->finished = true;
-    *distilled = m2d_strfmt("%s:distilled", (const char *)student);
+    if (t->loss == M2D_LOSS_FKL && t->teacher_topk == 0) *distilled = m2d_strfmt("%s:distilled", (const char *)student);
+    else *distilled = m2d_strfmt("%s:distilled:L%d:K%d", (const char *)student, (int)t->loss, t->teacher_topk);
     return 0;
 }
 

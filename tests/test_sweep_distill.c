@@ -17,6 +17,7 @@
 #include "io/results.h"
 #include "sweep/grid.h"
 #include "sweep/report.h"
+#include "sweep/report_distill.h"
 #include "sweep/sweep.h"
 
 static const char *EXPERIMENTS =
@@ -381,6 +382,144 @@ static void dry_run_describes_the_stage(void **state) {
     tu_sweep_fixture_free(&fx);
 }
 
+/* Issue 24 (Tables 4, 5): distill.loss and distill.teacher_topk as lists are axes of the stage:
+ * the selected student is distilled once per (loss, K'), one sidecar row each (K' 0 recorded as
+ * the teacher's k); the main CSV gets the first combination; a resume distills nothing again and a
+ * grown list only the new combinations; the report's Tables 4 and 5 lay the rows out. */
+static void ablation_rows_and_tables(void **state) {
+    (void)state;
+    tu_sweep_fixture fx = make_fixture();
+    m2d_experiment x;
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", NULL, 0, &x), 0);
+    char *id = m2d_strdup(x.configs[0].id); /* sf/rr/uniform/k, params '' */
+    m2d_experiment_free(&x);
+    char *list = m2d_strfmt("distill.configs=['%s']", id);
+    char *sets[] = {list, "distill.loss=['fkl', 'rkl', 'fkl+mse']", "distill.teacher_topk=[0, 16, 64]",
+                    "mc={tasks = ['arc_easy'], configs = 'best-per-pair'}", "distill.teacher_topk=[0, 16, 64, 4]"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 4, &x), 0);
+    assert_true(x.distill_ablation);
+    m2d_sweep_opts o = {.out = fx.csv, .jobs = 1};
+    m2d_sweep_summary s;
+    if (m2d_sweep_run(&x, &o, &s)) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(s.distill_evaluated, 9);
+    m2d_results r, side;
+    char *sp = m2d_strfmt("%s.distill.csv", fx.csv);
+    assert_int_equal(m2d_results_read(fx.csv, &r), 0);
+    assert_int_equal(m2d_results_read(sp, &side), 0);
+    assert_int_equal(side.n_rows, 9);
+    double ppl = num(&r, 0, "ppl");
+    assert_string_equal(m2d_results_get(&r, 0, "config_id"), id);
+    assert_true(fabs(num(&r, 0, "distill_ppl") - ppl / 2) < 1e-3); /* the first: fkl at the own routing */
+    static const char *const losses[] = {"fkl", "rkl", "fkl+mse"}; /* the fake divides by 2 + L + K'/100 */
+    static const char *const topks[] = {"8", "16", "64"};
+    for (int l = 0; l < 3; l++)
+        for (int k = 0; k < 3; k++) {
+            int n = 0;
+            for (int j = 0; j < side.n_rows; j++) {
+                if (strcmp(m2d_results_get(&side, j, "loss"), losses[l]) ||
+                    strcmp(m2d_results_get(&side, j, "teacher_topk"), topks[k]))
+                    continue;
+                n++;
+                double want = ppl / (2 + l + (k ? atoi(topks[k]) : 0) / 100.0);
+                assert_string_equal(m2d_results_get(&side, j, "config_id"), id);
+                assert_string_equal(m2d_results_get(&side, j, "status"), "ok");
+                assert_true(fabs(num(&side, j, "distill_ppl") - want) < 1e-3);
+            }
+            assert_int_equal(n, 1);
+        }
+    char *text = m2d_read_file(sp, NULL);
+    assert_non_null(strstr(text, "loss=per-row mse_weight=")); /* per row: the lists may grow */
+    assert_non_null(strstr(text, "teacher_topk=per-row"));
+    free(text);
+    m2d_results_free(&side);
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    assert_int_equal(s.distill_evaluated, 0);
+    m2d_experiment_free(&x);
+    sets[2] = sets[4]; /* K' = 4 added: three more */
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 4, &x), 0);
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    assert_int_equal(s.distill_evaluated, 3);
+    m2d_experiment_free(&x);
+    /* Table 4 (csv): K' ascending at fkl, deltas against k' = 8 */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_int_equal(m2d_report_ablation_write(fx.csv, &r, 4, M2D_REPORT_CSV, f), 0);
+    fclose(f);
+    char ppl16[32], d16[32], row[256];
+    m2d_report_format_ppl(ppl / 2.16, ppl16, sizeof ppl16);
+    snprintf(d16, sizeof d16, "%+.2f", ppl / 2.16 - ppl / 2);
+    assert_non_null(strstr(buf, "config_id,k',PPL,ARC-E,Avg (%),Δ PPL,Δ Avg (pp)\n"));
+    char *p4 = strstr(buf, ",4,"), *p8 = strstr(buf, ",8 (default),"), *p16 = strstr(buf, ",16,"),
+         *p64 = strstr(buf, ",64 (all),");
+    assert_true(p4 && p8 && p16 && p64 && p4 < p8 && p8 < p16 && p16 < p64);
+    snprintf(row, sizeof row, "%s,16,%s,", id, ppl16);
+    assert_non_null(strstr(buf, row));
+    assert_non_null(strstr(strchr(p16, '\n') - 30, d16));
+    free(buf), buf = NULL;
+    /* Table 5 (md): the losses in the paper's order at k' = 8, deltas against forward KL */
+    f = open_memstream(&buf, &len);
+    assert_int_equal(m2d_report_ablation_write(fx.csv, &r, 5, M2D_REPORT_MD, f), 0);
+    fclose(f);
+    char *fw = strstr(buf, "| Forward KL |"), *im = strstr(buf, "| Intermediate (logit + hidden MSE) |"),
+         *rv = strstr(buf, "| Reverse KL |");
+    assert_true(fw && im && rv && fw < im && im < rv);
+    char d_rkl[32];
+    snprintf(d_rkl, sizeof d_rkl, "| %+.2f |", ppl / 3 - ppl / 2);
+    assert_non_null(strstr(rv, d_rkl));
+    assert_non_null(strstr(buf, "Student: Selection Frequency"));
+    free(buf);
+    m2d_results_free(&r);
+    free(sp), free(list), free(id);
+    tu_sweep_fixture_free(&fx);
+}
+
+/* Issue 24: the lists are checked before any work -- K' above the experts (dry run and run, the
+ * element named), an unknown loss, a repeated value, an empty list (the load) -- and a sidecar
+ * without the ablation's columns has no Table 4. */
+static void ablation_lists_checked(void **state) {
+    (void)state;
+    tu_sweep_fixture fx = make_fixture();
+    m2d_experiment x;
+    char *big[] = {"distill.teacher_topk=[8, 65]"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", big, 1, &x), 0);
+    m2d_sweep_opts o = {.out = fx.csv, .jobs = 1};
+    m2d_sweep_summary s;
+    FILE *devnull = fopen("/dev/null", "w");
+    assert_int_equal(m2d_sweep_dry_run(&x, &o, devnull), -1);
+    fclose(devnull);
+    assert_non_null(strstr(m2d_errmsg(), "distill.teacher_topk 65 exceeds the teacher's num_experts 64"));
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), -1);
+    assert_non_null(strstr(m2d_errmsg(), "distill.teacher_topk 65 exceeds the teacher's num_experts 64"));
+    assert_false(m2d_file_exists(fx.csv));
+    m2d_experiment_free(&x);
+    struct { const char *set, *want; } cases[] = {
+        {"distill.loss=['fkl', 'xkl']", "'distill.loss' must be \"fkl\", \"rkl\" or \"fkl+mse\""},
+        {"distill.loss=['fkl', 'fkl']", "'distill.loss' must be a list of distinct values"},
+        {"distill.teacher_topk=[8, 8]", "'distill.teacher_topk' must be a list of distinct values"},
+        {"distill.teacher_topk=[]", "'distill.teacher_topk' must be a value or a non-empty list"},
+        {"distill.teacher_topk=[-1]", "'distill.teacher_topk' must be an integer in [0, 1048576]"},
+    };
+    for (size_t i = 0; i < M2D_ARRAY_LEN(cases); i++) {
+        char *sets[] = {(char *)cases[i].set};
+        assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 1, &x), -1);
+        if (!strstr(m2d_errmsg(), cases[i].want)) fail_msg("%s: got '%s'", cases[i].set, m2d_errmsg());
+        m2d_experiment_free(&x);
+    }
+    char *sets[] = {"distill.configs=all"}; /* scalars: the sidecar as before, no ablation columns */
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 1, &x), 0);
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    m2d_experiment_free(&x);
+    m2d_results r;
+    assert_int_equal(m2d_results_read(fx.csv, &r), 0);
+    FILE *f = fopen("/dev/null", "w");
+    assert_int_equal(m2d_report_ablation_write(fx.csv, &r, 4, M2D_REPORT_MD, f), -1);
+    fclose(f);
+    assert_non_null(strstr(m2d_errmsg(), "results.csv.distill.csv: field 'loss': column missing"));
+    m2d_results_free(&r);
+    tu_sweep_fixture_free(&fx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(best_per_pair_distills_scores_and_resumes),
@@ -391,6 +530,8 @@ int main(void) {
         cmocka_unit_test(dry_run_describes_the_stage),
         cmocka_unit_test(distill_checked_before_work),
         cmocka_unit_test(failed_sidecar_does_not_block_a_rerun),
+        cmocka_unit_test(ablation_rows_and_tables),
+        cmocka_unit_test(ablation_lists_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

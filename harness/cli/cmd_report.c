@@ -11,7 +11,7 @@
 
 static const char USAGE[] =
     "usage: moe2dense report RESULTS.csv [--format md|tex|csv] [--out FILE] [--plot-data DIR]\n"
-    "                        [--analyze ANALYZE.csv] [--best-per-pair]\n"
+    "                        [--analyze ANALYZE.csv] [--best-per-pair] [--table 4|5]\n"
     "\n"
     "Table in the layout of the paper's Tables 10/11: one row per scoring x grouping x scaling, one\n"
     "column per K; the best K of each row in bold; '–' for failed configurations (e.g. NaN PPL);\n"
@@ -36,6 +36,11 @@ static const char USAGE[] =
     "                    from RESULTS.csv.distill/*.jsonl)\n"
     "  --analyze FILE    with --plot-data: also the inputs of the overlap and erank plots from\n"
     "                    `moe2dense analyze --csv` output (validated: names and numbers only)\n"
+    "  --table 4|5       only the paper's Table 4 (teacher top-k' ablation: one row per k' at forward KL,\n"
+    "                    'k (default)' the teacher's own routing) or Table 5 (loss ablation: one row per\n"
+    "                    loss at k' = k), per distilled student, from the distillation ablation's\n"
+    "                    sidecar RESULTS.csv.distill.csv (a [distill] loss or teacher_topk list): PPL,\n"
+    "                    accuracies, average and the differences to the reference row (md, tex, csv)\n"
     "  --best-per-pair   list the configurations the paper evaluates on multiple-choice tasks: per\n"
     "                    scoring x grouping, the (K, scaling) with the lowest PPL (config ids)\n"
     "\n"
@@ -44,10 +49,10 @@ static const char USAGE[] =
     "sweep still writing, or killed) is ignored with a note.\n";
 
 static int cmd_report_run(int argc, char **argv) {
-    const char *format = "md", *out = NULL, *plot = NULL, *analyze = NULL;
+    const char *format = "md", *out = NULL, *plot = NULL, *analyze = NULL, *table = NULL;
     int best = 0;
     m2d_opt opts[] = {{"--format", 1, &format, NULL}, {"--out", 1, &out, NULL}, {"--plot-data", 1, &plot, NULL},
-                      {"--analyze", 1, &analyze, NULL}, {"--best-per-pair", 0, NULL, &best}, {0}};
+                      {"--analyze", 1, &analyze, NULL}, {"--best-per-pair", 0, NULL, &best}, {"--table", 1, &table, NULL}, {0}};
     char *pos[1];
     int npos = 0;
     if (m2d_parse_opts("report", argc, argv, opts, pos, 1, &npos)) return m2d_cmd_fail("report");
@@ -61,6 +66,10 @@ static int cmd_report_run(int argc, char **argv) {
     else if (!strcmp(format, "csv")) fmt = M2D_REPORT_CSV;
     else {
         m2d_err("report: --format: '%s' is not md, tex or csv", format);
+        return m2d_cmd_fail("report");
+    }
+    if (table && strcmp(table, "4") && strcmp(table, "5")) {
+        m2d_err("report: --table: '%s' is not 4 or 5", table);
         return m2d_cmd_fail("report");
     }
     if (analyze && !plot) {
@@ -82,7 +91,9 @@ static int cmd_report_run(int argc, char **argv) {
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    int rc = best ? m2d_report_write_best_per_pair(&r, f) : m2d_report_write(&r, fmt, f);
+    int rc = best    ? m2d_report_write_best_per_pair(&r, f)
+             : table ? m2d_report_ablation_write(pos[0], &r, atoi(table), fmt, f)
+                     : m2d_report_write(&r, fmt, f);
     fclose(f);
     if (rc == 0 && plot) rc = m2d_report_plot_data(&r, plot);
     if (rc == 0 && plot) rc = m2d_report_distill_plot_data(pos[0], &r, plot);

@@ -294,12 +294,20 @@ static int field_err(const m2d_results *r, const char *path, int row, int c, con
     return m2d_err("%s:%d:%d: field '%s': '%s%s' %s", path, line, col, r->cols[c], shown, v[n] ? "..." : "", why);
 }
 
-/* Open-addressed set of row indices keyed by their config_id (unique ids; dedup_of look-ups). */
+/* Open-addressed set of row indices keyed by their config_id (unique ids; dedup_of look-ups) and,
+ * in a distillation ablation's sidecar, its loss and teacher_topk (AXES, -1 where absent). */
 typedef struct {
     int *slot, cap;
     const m2d_results *r;
-    int col;
+    int col, axes[2];
 } id_set;
+
+/* ROW's ablation cells equal those of row OTHER (no axes: always; a look-up by id, ROW < 0: too) */
+static int same_axes(const id_set *s, int row, int other) {
+    for (int a = 0; a < 2 && row >= 0; a++)
+        if (s->axes[a] >= 0 && strcmp(s->r->rows[row][s->axes[a]], s->r->rows[other][s->axes[a]])) return 0;
+    return 1;
+}
 
 static unsigned long hash_str(const char *s) {
     unsigned long h = 1469598103934665603ul;
@@ -307,18 +315,20 @@ static unsigned long hash_str(const char *s) {
     return h;
 }
 
-/* The row holding ID, or -1; with ADD_ROW >= 0 that row is inserted when ID is new. */
+/* The row holding ID (and ADD_ROW's ablation cells), or -1; with ADD_ROW >= 0 that row is inserted
+ * when it is new. */
 static int id_set_find(id_set *s, const char *id, int add_row) {
     unsigned long i = hash_str(id) & (unsigned long)(s->cap - 1);
     for (; s->slot[i] >= 0; i = (i + 1) & (unsigned long)(s->cap - 1))
-        if (!strcmp(s->r->rows[s->slot[i]][s->col], id)) return s->slot[i];
+        if (!strcmp(s->r->rows[s->slot[i]][s->col], id) && same_axes(s, add_row, s->slot[i])) return s->slot[i];
     if (add_row >= 0) s->slot[i] = add_row;
     return -1;
 }
 
-/* Unique config ids, then each dedup_of names one of them (not its own row). */
+/* Unique config ids (per loss and teacher_topk in an ablation's sidecar), then each dedup_of names
+ * one of them (not its own row). */
 static int check_ids(const m2d_results *r, const char *path, int id_col, int dd_col) {
-    id_set s = {NULL, 64, r, id_col};
+    id_set s = {NULL, 64, r, id_col, {m2d_results_col(r, "loss"), m2d_results_col(r, "teacher_topk")}};
     while (s.cap < 2 * r->n_rows + 2) s.cap *= 2;
     s.slot = m2d_malloc((size_t)s.cap * sizeof *s.slot);
     for (int i = 0; i < s.cap; i++) s.slot[i] = -1;

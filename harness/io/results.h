@@ -15,7 +15,8 @@
  *
  * Row validation (m2d_results_validate; report, resume, merge and the MC stage read through
  * m2d_results_read_checked): each column the sweep writes has a rule, found by name:
- *   config_id          12 lowercase hex digits, unique in the file
+ *   config_id          12 lowercase hex digits, unique in the file (in a distillation ablation's
+ *                      sidecar: unique per loss and teacher_topk)
  *   scoring grouping scaling ppl_protocol   a plugin-style name [a-z0-9][a-z0-9_.+-]*, < 32 chars
  *   K_expr             k, Nk, E, E/N, N or (1-R)E (an MoE target at ratio R);   K ppl_seq_len   an integer >= 1
  *   target ratio top_k (grids with MoE students)   dense or moe; empty or a fraction in [0, 1);

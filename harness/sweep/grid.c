@@ -552,7 +552,6 @@ static int read_distill_numbers(const ctx *c, const m2d_toml *t0, m2d_distill_op
         get_int32(c, t0, "distill.batch", t->batch, 1, 1 << 20, &t->batch) ||
         get_int32(c, t0, "distill.micro_batch", 0, 0, 1 << 20, &t->micro_batch) ||
         get_int32(c, t0, "distill.warmup", t->optim.warmup, 0, 100000000, &t->optim.warmup) ||
-        get_int32(c, t0, "distill.teacher_topk", 0, 0, 1 << 20, &t->teacher_topk) ||
         get_int32(c, t0, "distill.eval_every", 0, 0, 100000000, &o->eval_every) ||
         get_int32(c, t0, "distill.save_every", 0, 0, 100000000, &o->save_every) ||
         get_int(c, t0, "distill.seed", 0, 0, INT64_MAX, &seed) || get_double(c, t0, "distill.lr", &t->optim.lr) ||
@@ -601,6 +600,62 @@ static int read_distill_val(const ctx *c, m2d_experiment *x) {
     return rc;
 }
 
+/* one value of the distill.loss axis (V: a string) into *OUT */
+static int read_loss_value(const ctx *c, const m2d_toml *v, void *out) {
+    if (v->type != M2D_TOML_STRING || m2d_loss_parse(v->str, out))
+        return key_err(c, v, "distill.loss", "\"fkl\", \"rkl\" or \"fkl+mse\" (or a list of them)");
+    return 0;
+}
+
+/* one value of the distill.teacher_topk axis (V: an integer >= 0; 0: the teacher's own routing) */
+static int read_topk_value(const ctx *c, const m2d_toml *v, void *out) {
+    if (v->type != M2D_TOML_INT || v->i < 0 || v->i > (1 << 20))
+        return key_err(c, v, "distill.teacher_topk", "an integer in [0, 1048576] (or a list of them)");
+    *(int *)out = (int)v->i;
+    return 0;
+}
+
+/* distill.KEY: a scalar or a non-empty list of distinct values, read one by one with READ into
+ * VALS (SIZE bytes each; DFLT when absent); returns the count, -1 on error. *LISTED: 1 for a list. */
+static int read_axis_values(const ctx *c, const m2d_toml *d, const char *key, const void *dflt, size_t size,
+                            int (*read)(const ctx *, const m2d_toml *, void *), void **vals, int *listed) {
+    const m2d_toml *v = m2d_toml_get(d, key);
+    char dotted[64];
+    snprintf(dotted, sizeof dotted, "distill.%s", key);
+    int n = !v ? 1 : v->type == M2D_TOML_ARRAY ? v->n : 1;
+    *listed |= v && v->type == M2D_TOML_ARRAY;
+    if (n == 0) return key_err(c, v, dotted, "a value or a non-empty list");
+    unsigned char *out = m2d_calloc((size_t)n, size);
+    *vals = out;
+    for (int i = 0; i < n; i++) {
+        unsigned char *slot = out + (size_t)i * size;
+        if (!v) memcpy(slot, dflt, size);
+        else if (read(c, v->type == M2D_TOML_ARRAY ? v->items[i] : v, slot)) return -1;
+        for (int j = 0; j < i; j++)
+            if (!memcmp(out + (size_t)j * size, slot, size))
+                return key_err(c, v->items[i], dotted, "a list of distinct values");
+    }
+    return n;
+}
+
+/* distill.loss and distill.teacher_topk: the ablation axes (Tables 4, 5), scalars or lists; the
+ * first values are the stage's defaults (x->distill.train) */
+static int read_distill_axes(const ctx *c, const m2d_toml *d, m2d_experiment *x) {
+    const m2d_loss_kind fkl = M2D_LOSS_FKL;
+    const int own = 0;
+    void *losses = NULL, *topks = NULL;
+    x->n_distill_losses = read_axis_values(c, d, "loss", &fkl, sizeof fkl, read_loss_value, &losses, &x->distill_ablation);
+    x->distill_losses = losses;
+    if (x->n_distill_losses < 0) return -1;
+    x->n_distill_topks = read_axis_values(c, d, "teacher_topk", &own, sizeof own, read_topk_value, &topks,
+                                          &x->distill_ablation);
+    x->distill_topks = topks;
+    if (x->n_distill_topks < 0) return -1;
+    x->distill.train.loss = x->distill_losses[0];
+    x->distill.train.teacher_topk = x->distill_topks[0];
+    return 0;
+}
+
 /* [distill]: the stage that distills the chosen students (sweep_distill.h); absent: no stage */
 static int read_distill(const ctx *c, m2d_experiment *x) {
     const m2d_toml *d = m2d_toml_get(x->table, "distill");
@@ -614,21 +669,19 @@ static int read_distill(const ctx *c, m2d_experiment *x) {
     x->has_distill = 1;
     m2d_distill_defaults(&x->distill);
     x->distill.quiet = true;
-    char *loss = NULL, *order = NULL, *norm = NULL;
+    char *order = NULL, *norm = NULL;
     int rc = read_distill_configs(c, d, x);
     if (rc == 0) rc = get_str(c, x->table, "distill.data", NULL, &x->distill_data);
     if (rc == 0) rc = read_distill_numbers(c, x->table, &x->distill);
     if (rc == 0) rc = read_distill_val(c, x);
-    if (rc == 0)
-        rc = get_str(c, x->table, "distill.loss", "fkl", &loss) || get_str(c, x->table, "distill.order", "shuffle", &order);
-    if (rc == 0 && m2d_loss_parse(loss, &x->distill.train.loss))
-        rc = key_err(c, m2d_toml_get(d, "loss"), "distill.loss", "\"fkl\", \"rkl\" or \"fkl+mse\"");
+    if (rc == 0) rc = read_distill_axes(c, d, x);
+    if (rc == 0) rc = get_str(c, x->table, "distill.order", "shuffle", &order);
     if (rc == 0 && m2d_order_parse(order, &x->distill.order))
         rc = key_err(c, m2d_toml_get(d, "order"), "distill.order", "\"shuffle\" or \"sequential\"");
     if (rc == 0) rc = get_str(c, x->table, "distill.mse_norm", "minitron", &norm);
     if (rc == 0 && m2d_mse_norm_parse(norm, &x->distill.train.mse_norm))
         rc = key_err(c, m2d_toml_get(d, "mse_norm"), "distill.mse_norm", "\"minitron\" or \"sum\"");
-    free(loss), free(order), free(norm);
+    free(order), free(norm);
     return rc;
 }
 
@@ -792,6 +845,8 @@ void m2d_experiment_free(m2d_experiment *x) {
     free(x->distill_configs);
     free(x->distill_data);
     free(x->distill_val_data);
+    free(x->distill_losses);
+    free(x->distill_topks);
     free(x->configs);
     m2d_toml_free(x->doc);
     memset(x, 0, sizeof *x);

@@ -66,7 +66,14 @@ typedef struct {
     int n_distill_ids;
     char *distill_data;
     char *distill_val_data;      /* distill.val_data: the validation curve's text (never ppl_data; NULL: no curve) */
-    m2d_distill_opts distill;
+    m2d_distill_opts distill;    /* distill.train.loss / .teacher_topk: the first values of the lists below */
+    /* the ablation axes (paper Tables 4, 5): distill.loss and distill.teacher_topk, each a scalar or a
+       list; every selected student is distilled once per (loss, teacher_topk). distill_ablation: 1
+       when either was given as a list (the sidecar then records both per row; sweep_distill.h) */
+    int distill_ablation;
+    int n_distill_losses, n_distill_topks;
+    m2d_loss_kind *distill_losses;
+    int *distill_topks;          /* as written (0: the teacher's own routing) */
     /* grid */
     int n_configs;
     m2d_grid_config *configs;

@@ -163,7 +163,19 @@ static void put_name(FILE *f, m2d_report_format fmt, const char *s) {
 
 /* ---- table rows shared by the report's sections ---- */
 
+/* a CSV cell: quoted (quotes doubled) when it holds a comma, a quote or a line break */
+static void csv_cell(FILE *f, const char *s) {
+    if (!strpbrk(s, ",\"\r\n")) return (void)fputs(s, f);
+    fputc('"', f);
+    for (; *s; s++) fputs(*s == '"' ? "\"\"" : (char[2]){*s, 0}, f);
+    fputc('"', f);
+}
+
 void m2d_report_cells(const m2d_report_out *o, const char *const *cells, int n, const unsigned char *bold) {
+    if (o->fmt == M2D_REPORT_CSV) {
+        for (int i = 0; i < n; i++) fputs(i ? "," : "", o->f), csv_cell(o->f, cells[i]);
+        return (void)fputc('\n', o->f);
+    }
     for (int i = 0; i < n; i++) {
         int b = bold && bold[i] && cells[i][0];
         if (o->fmt == M2D_REPORT_MD) fprintf(o->f, "%s %s%s%s", i ? " |" : "|", b ? "**" : "", cells[i], b ? "**" : "");
@@ -188,6 +200,7 @@ void m2d_report_header(const m2d_report_out *o, const char *const *cells, int n,
         fputs("\\midrule\n", o->f);
         return;
     }
+    if (o->fmt == M2D_REPORT_CSV) return;
     for (int i = 0; i < n; i++) fputs(i < names ? "|---" : "|---:", o->f);
     fputs("|\n", o->f);
 }

@@ -21,9 +21,10 @@ void m2d_report_format_ppl(double ppl, char *buf, size_t n);
  * itself when unknown or without one. */
 const char *m2d_report_display_name(const char *name);
 
-/* Rows of a table shared by the report's sections (md or tex): CELLS in order (names escaped for
- * tex here), BOLD[i] != 0 marks cell i (BOLD may be NULL); a header row opens the table (first
- * NAMES columns left-aligned, the others right-aligned) and m2d_report_end closes it. */
+/* Rows of a table shared by the report's sections (md, tex or csv): CELLS in order (names escaped
+ * for tex here, quoted where needed for csv), BOLD[i] != 0 marks cell i (BOLD may be NULL; not in
+ * csv); a header row opens the table (first NAMES columns left-aligned, the others right-aligned)
+ * and m2d_report_end closes it. */
 typedef struct {
     m2d_report_format fmt;
     FILE *f;

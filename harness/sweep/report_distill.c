@@ -238,3 +238,169 @@ int m2d_report_distill_plot_data(const char *results_path, const m2d_results *r,
     free(rows);
     return rc ? rc : w ? -1 : 0;
 }
+
+/* ---- Tables 4 and 5: the distillation ablation (the sidecar RESULTS.distill.csv) ---- */
+
+/* Table 4 varies teacher_topk at the reference loss (fkl); Table 5 the loss at the reference K'
+ * (the teacher's own k). */
+typedef struct {
+    const char *axis, *fixed, *head, *caption;
+} ablation_spec;
+
+static const ablation_spec TABLE4 = {"teacher_topk", "loss", "k'",
+                                     "Table 4: effect of the teacher's routing breadth k' during distillation (Eq. 6; "
+                                     "k' = k: its own routing), forward KL"};
+static const ablation_spec TABLE5 = {"loss", "teacher_topk", "Loss",
+                                     "Table 5: loss function ablation, the teacher's own routing"};
+
+/* the losses in the paper's order, with its names */
+static const struct {
+    const char *name, *label;
+} LOSSES[] = {{"fkl", "Forward KL"}, {"fkl+mse", "Intermediate (logit + hidden MSE)"}, {"rkl", "Reverse KL"}};
+
+static int loss_rank(const char *name) {
+    for (int i = 0; i < (int)M2D_ARRAY_LEN(LOSSES); i++)
+        if (!strcmp(LOSSES[i].name, name)) return i;
+    return (int)M2D_ARRAY_LEN(LOSSES);
+}
+
+static double axis_key(const ablation_spec *sp, const char *v) { return sp == &TABLE4 ? strtod(v, NULL) : loss_rank(v); }
+
+/* the teacher's experts E and top-k from the header's teacher=E=.. k=.. (0 when absent) */
+static void teacher_shape(const m2d_results *r, int *E, int *k) {
+    const char *t = m2d_results_meta(r, "teacher");
+    *E = *k = 0;
+    if (t) sscanf(t, "E=%d k=%d", E, k);
+}
+
+/* the reference value of COL: fkl, or the teacher's k */
+static void reference_of(const m2d_results *r, const char *col, char *buf, size_t n) {
+    int E, k;
+    teacher_shape(r, &E, &k);
+    if (!strcmp(col, "loss")) snprintf(buf, n, "fkl");
+    else snprintf(buf, n, "%d", k);
+}
+
+/* the ok rows of sidecar S for configuration ID at FIXED = the reference (else the first row's
+ * value), in the axis' order -> ROWS; the count */
+static int ablation_rows(const m2d_results *s, const m2d_results *r, const ablation_spec *sp, const char *id,
+                         int *rows) {
+    char ref[32];
+    reference_of(r, sp->fixed, ref, sizeof ref);
+    int n = 0, have_ref = 0;
+    const char *fixed = NULL;
+    for (int i = 0; i < s->n_rows; i++) {
+        if (strcmp(m2d_results_get(s, i, "config_id"), id) || strcmp(m2d_results_get(s, i, "status"), "ok")) continue;
+        if (!fixed) fixed = m2d_results_get(s, i, sp->fixed);
+        have_ref |= !strcmp(m2d_results_get(s, i, sp->fixed), ref);
+    }
+    for (int i = 0; fixed && i < s->n_rows; i++) {
+        if (strcmp(m2d_results_get(s, i, "config_id"), id) || strcmp(m2d_results_get(s, i, "status"), "ok") ||
+            strcmp(m2d_results_get(s, i, sp->fixed), have_ref ? ref : fixed))
+            continue;
+        int j = n++;
+        double key = axis_key(sp, m2d_results_get(s, i, sp->axis));
+        for (; j > 0 && axis_key(sp, m2d_results_get(s, rows[j - 1], sp->axis)) > key; j--) rows[j] = rows[j - 1];
+        rows[j] = i;
+    }
+    return n;
+}
+
+/* the row the deltas are against: the axis' reference value, else the first */
+static int delta_base(const m2d_results *s, const m2d_results *r, const ablation_spec *sp, const int *rows, int n) {
+    char ref[32];
+    reference_of(r, sp->axis, ref, sizeof ref);
+    for (int i = 0; i < n; i++)
+        if (!strcmp(m2d_results_get(s, rows[i], sp->axis), ref)) return rows[i];
+    return rows[0];
+}
+
+/* a row's label: "8 (default)", "64 (all)", or the loss' name in the paper */
+static char *axis_label(const m2d_results *s, const m2d_results *r, const ablation_spec *sp, int i) {
+    const char *v = m2d_results_get(s, i, sp->axis);
+    if (sp == &TABLE5) return m2d_strdup(loss_rank(v) < (int)M2D_ARRAY_LEN(LOSSES) ? LOSSES[loss_rank(v)].label : v);
+    int E, k;
+    teacher_shape(r, &E, &k);
+    int kp = atoi(v);
+    return m2d_strfmt("%s%s", v, kp == k ? " (default)" : kp == E ? " (all)" : "");
+}
+
+/* a signed difference, empty on the base row or when either side is missing */
+static char *delta(double v, double base, int is_base, const char *fmt) {
+    return is_base || !isfinite(v) || !isfinite(base) ? m2d_strdup("") : m2d_strfmt(fmt, v - base);
+}
+
+/* one line of the table: the cells of sidecar row I (BASE: the deltas' row) into CELLS */
+static int ablation_cells(const m2d_results *s, const m2d_results *r, const ablation_spec *sp, int i, int base,
+                          char **cells) {
+    int j = 0, mc = m2d_results_col(s, "mc_avg") >= 0;
+    char ppl[32];
+    m2d_report_format_ppl(cell_num(s, i, "distill_ppl"), ppl, sizeof ppl);
+    cells[j++] = axis_label(s, r, sp, i);
+    cells[j++] = m2d_strdup(ppl);
+    for (int b = 0; b < N_BENCH; b++)
+        if (has_bench(s, b)) cells[j++] = pct(bench_acc(s, i, BENCH[b].task));
+    if (mc) cells[j++] = pct(cell_num(s, i, "mc_avg"));
+    cells[j++] = delta(cell_num(s, i, "distill_ppl"), cell_num(s, base, "distill_ppl"), i == base, "%+.2f");
+    if (mc) cells[j++] = delta(100 * cell_num(s, i, "mc_avg"), 100 * cell_num(s, base, "mc_avg"), i == base, "%+.2f");
+    return j;
+}
+
+/* the student of configuration ID in the main results R: "scoring/grouping/scaling K=N" */
+static char *student_label(const m2d_results *r, const char *id) {
+    for (int i = 0; i < r->n_rows; i++)
+        if (!strcmp(m2d_results_get(r, i, "config_id"), id))
+            return m2d_strfmt("%s / %s / %s, K = %s", m2d_report_display_name(m2d_results_get(r, i, "scoring")),
+                              m2d_report_display_name(m2d_results_get(r, i, "grouping")),
+                              m2d_report_display_name(m2d_results_get(r, i, "scaling")), m2d_results_get(r, i, "K"));
+    return m2d_strdup(id);
+}
+
+/* the table of one student (configuration ID); csv: one table for all, the student in front */
+static void ablation_table(const m2d_results *s, const m2d_results *r, const ablation_spec *sp, const char *id,
+                           int first, const m2d_report_out *o) {
+    int *rows = m2d_malloc((size_t)(s->n_rows + 1) * sizeof *rows), n = ablation_rows(s, r, sp, id, rows);
+    int csv = o->fmt == M2D_REPORT_CSV, mc = m2d_results_col(s, "mc_avg") >= 0, nc = 0;
+    const char *head[4 + N_BENCH + 3];
+    if (csv) head[nc++] = "config_id";
+    head[nc++] = sp->head, head[nc++] = "PPL";
+    for (int b = 0; b < N_BENCH; b++)
+        if (has_bench(s, b)) head[nc++] = BENCH[b].head;
+    if (mc) head[nc++] = "Avg (%)";
+    head[nc++] = "Δ PPL";
+    if (mc) head[nc++] = "Δ Avg (pp)";
+    char *label = student_label(r, id), **cells = m2d_calloc((size_t)nc, sizeof *cells);
+    if (!csv) fprintf(o->f, o->fmt == M2D_REPORT_MD ? "\nStudent: %s\n\n" : "\n%% student: %s\n", label);
+    if (!csv || first) m2d_report_header(o, head, nc, 1 + csv);
+    for (int i = 0; i < n; i++) {
+        int k = csv;
+        if (csv) cells[0] = m2d_strdup(id);
+        k += ablation_cells(s, r, sp, rows[i], delta_base(s, r, sp, rows, n), cells + csv);
+        m2d_report_cells(o, (const char *const *)cells, k, NULL);
+        for (int c = 0; c < k; c++) free(cells[c]);
+    }
+    if (!csv) m2d_report_end(o);
+    free(cells), free(label), free(rows);
+}
+
+int m2d_report_ablation_write(const char *results_path, const m2d_results *r, int table, m2d_report_format fmt,
+                              FILE *f) {
+    const ablation_spec *sp = table == 4 ? &TABLE4 : &TABLE5;
+    char *side = m2d_strfmt("%s.distill.csv", results_path);
+    m2d_results s;
+    int rc = m2d_results_read_checked(side, &s), have = rc == 0;
+    if (rc == 0 && (m2d_results_col(&s, "loss") < 0 || m2d_results_col(&s, "teacher_topk") < 0))
+        rc = m2d_err("%s: field '%s': column missing (not a distillation ablation: give [distill] loss or "
+                     "teacher_topk a list)", side, m2d_results_col(&s, "loss") < 0 ? "loss" : "teacher_topk");
+    m2d_report_out o = {fmt, f};
+    if (rc == 0 && fmt != M2D_REPORT_CSV) fprintf(f, fmt == M2D_REPORT_MD ? "%s\n" : "%% %s\n", sp->caption);
+    for (int i = 0, first = 1; rc == 0 && i < s.n_rows; i++) {
+        const char *id = m2d_results_get(&s, i, "config_id");
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++) seen = !strcmp(m2d_results_get(&s, j, "config_id"), id);
+        if (!seen) ablation_table(&s, r, sp, id, first, &o), first = 0;
+    }
+    if (have) m2d_results_free(&s);
+    free(side);
+    return rc;
+}

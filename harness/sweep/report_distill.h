@@ -30,5 +30,14 @@ int m2d_report_distill_write(const m2d_results *r, m2d_report_format fmt, FILE *
 /* distill.dat, distill_loss.dat, distill_val.dat, distill_curves.txt into DIR (nothing without
  * distilled students); RESULTS_PATH locates the logs (a missing log: no curve for that student). */
 int m2d_report_distill_plot_data(const char *results_path, const m2d_results *r, const char *dir);
+/* The paper's Table 4 (TABLE 4: per student, one row per teacher_topk k' at forward KL; "k (default)"
+ * is the teacher's own routing, "E (all)") or Table 5 (TABLE 5: one row per loss at k' = k) from the
+ * distillation ablation's sidecar RESULTS_PATH.distill.csv (columns loss, teacher_topk; its ok rows),
+ * R the main results (the students' labels, the teacher's E and k): PPL after distillation, each
+ * paper benchmark the file has and the MC average (percent), and the differences to the reference
+ * row (Δ PPL, Δ Avg in points). md and tex: a table per student; csv: one table, config_id first.
+ * -1 + m2d_err naming the sidecar when it is missing or has no ablation columns. */
+int m2d_report_ablation_write(const char *results_path, const m2d_results *r, int table, m2d_report_format fmt,
+                              FILE *f);
 
 #endif

@@ -308,6 +308,17 @@ static double measured_seconds(const m2d_results *existing) {
     return n ? sum / n : -1;
 }
 
+/* the distillation ablation (Tables 4, 5): its axes and the runs per student */
+static void print_ablation(const m2d_experiment *x, FILE *f) {
+    fprintf(f, "distillation ablation: loss [");
+    for (int i = 0; i < x->n_distill_losses; i++) fprintf(f, "%s%s", i ? ", " : "", m2d_loss_name(x->distill_losses[i]));
+    fprintf(f, "] x teacher_topk [");
+    for (int i = 0; i < x->n_distill_topks; i++)
+        fprintf(f, i ? ", %d" : "%d", x->distill_topks[i] ? x->distill_topks[i] : x->k);
+    fprintf(f, "] (k = %d: the teacher's own routing): %d distillation(s) per student\n", x->k,
+            x->n_distill_losses * x->n_distill_topks);
+}
+
 /* Calibration and PPL sizes, and the run time of the TO_RUN configurations still to evaluate. */
 static void print_estimate(const m2d_experiment *x, const m2d_results *existing, int to_run, FILE *f) {
     shape sh;
@@ -374,6 +385,7 @@ int m2d_sweep_dry_run(const m2d_experiment *x, const m2d_sweep_opts *o, FILE *f)
                 x->n_distill_ids ? listed : x->distill_configs, x->distill.tokens ? "tokens" : "steps",
                 x->distill.tokens ? (long long)x->distill.tokens : (long long)x->distill.train.optim.steps,
                 x->distill.train.seq_len, x->distill.train.batch, m2d_loss_name(x->distill.train.loss), out);
+    if (x->has_distill && x->distill_ablation) print_ablation(x, f);
     if (x->has_distill && x->distill_val_data && x->distill.eval_every > 0)
         fprintf(f, "distillation validation: every %d step(s) on %s (held out; the tables report %s)\n",
                 x->distill.eval_every, x->distill_val_data, x->ppl_data);

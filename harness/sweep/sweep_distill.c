@@ -18,13 +18,16 @@
 static char *settings_text(const m2d_experiment *x) {
     const m2d_distill_opts *o = &x->distill;
     const m2d_trainer_opts *t = &o->train;
+    char topk[16]; /* the ablation's loss and teacher_topk are per row: its lists may grow and resume */
+    snprintf(topk, sizeof topk, "%d", t->teacher_topk);
+    const char *loss = x->distill_ablation ? "per-row" : m2d_loss_name(t->loss), *k = x->distill_ablation ? "per-row" : topk;
     return m2d_strfmt("distill=data=%s val_data=%s tokens=%lld steps=%d L=%d B=%d b=%d lr=%.9g min_lr=%.9g warmup=%d "
-                      "weight_decay=%.9g clip=%.9g loss=%s mse_weight=%.9g mse_norm=%s teacher_topk=%d order=%s seed=%llu "
+                      "weight_decay=%.9g clip=%.9g loss=%s mse_weight=%.9g mse_norm=%s teacher_topk=%s order=%s seed=%llu "
                       "fp32=%d",
                       x->distill_data, x->distill_val_data ? x->distill_val_data : "none", (long long)o->tokens, t->optim.steps, t->seq_len, t->batch,
                       t->micro_batch ? t->micro_batch : t->batch, t->optim.lr, t->optim.min_lr, t->optim.warmup,
-                      t->optim.weight_decay, t->optim.clip, m2d_loss_name(t->loss), t->mse_weight,
-                      m2d_mse_norm_name(t->mse_norm), t->teacher_topk,
+                      t->optim.weight_decay, t->optim.clip, loss, t->mse_weight,
+                      m2d_mse_norm_name(t->mse_norm), k,
                       m2d_order_name(o->order), (unsigned long long)o->seed, (int)o->fp32);
 }
 
@@ -33,16 +36,34 @@ static char *settings_text(const m2d_experiment *x) {
 static const m2d_distill_names TOML_NAMES = {"distill.seq_len", "distill.batch", "distill.micro_batch",
                                              "distill.teacher_topk", "ppl.seq_len", "distill.recompute"};
 
-/* the settings against the teacher's config.json and the memory of the largest student (a dense
- * one of width k d_e + shared: every K gives the same size) */
-static int check_against_teacher(const m2d_distill_opts *o, const m2d_config *t) {
+/* the settings, with every teacher_topk K' of the list, against the teacher's config.json and the
+ * memory of the largest student (a dense one of width k d_e + shared: every K gives the same size);
+ * AT: where the failing value is */
+static int check_against_teacher(const m2d_experiment *x, m2d_distill_opts *o, const m2d_config *t, char *at, size_t n) {
     m2d_config s = *t; /* the student's shape, for the estimate only (not freed) */
     s.intermediate_size = t->num_experts_per_tok * t->moe_intermediate_size + t->shared_expert_intermediate_size;
     s.num_experts = 0;
-    return m2d_distill_check_settings(o, t, &TOML_NAMES) ||
-                   m2d_distill_check_memory(t, &s, m2d_model_param_counts(t).dense_student, &o->train, &TOML_NAMES)
-               ? -1
-               : 0;
+    for (int i = 0; i < x->n_distill_topks; i++) {
+        o->train.teacher_topk = x->distill_topks[i];
+        char item[16];
+        snprintf(item, sizeof item, "%d", x->distill_topks[i]);
+        m2d_experiment_where(x, x->distill_ablation ? "distill.teacher_topk" : "distill", item, at, n);
+        if (m2d_distill_check_settings(o, t, &TOML_NAMES)) return -1;
+    }
+    m2d_experiment_where(x, "distill", NULL, at, n);
+    return m2d_distill_check_memory(t, &s, m2d_model_param_counts(t).dense_student, &o->train, &TOML_NAMES);
+}
+
+/* without config.json (a dry run on [teacher] hints): every K' against the hinted experts */
+static int check_topks_against_hints(const m2d_experiment *x, char *at, size_t n) {
+    for (int i = 0; i < x->n_distill_topks; i++)
+        if (x->distill_topks[i] > x->E) {
+            char item[16];
+            snprintf(item, sizeof item, "%d", x->distill_topks[i]);
+            m2d_experiment_where(x, "distill.teacher_topk", item, at, n);
+            return m2d_err("distill.teacher_topk %d exceeds the teacher's num_experts %d", x->distill_topks[i], x->E);
+        }
+    return 0;
 }
 
 /* distill.data: training text (regular, non-empty, UTF-8, no NUL) of at least one window with the
@@ -73,12 +94,14 @@ int m2d_sweep_distill_check(const m2d_experiment *x) {
     o.data = x->distill_data;
     if (o.eval_every > 0) o.eval_data = x->ppl_data, o.eval_seq_len = x->ppl_seq_len;
     m2d_config t;
-    int have_config = m2d_config_load(x->model, &t, NULL) == 0, rc = 0;
-    if (!have_config) m2d_err_clear(); /* the backend's check decides whether a run may go on without it */
-    else rc = check_against_teacher(&o, &t), m2d_config_free(&t);
-    if (rc == 0) rc = check_data(x, &o);
     char at[512];
-    return rc ? m2d_err_prefix(m2d_experiment_where(x, "distill", NULL, at, sizeof at)) : 0;
+    m2d_experiment_where(x, "distill", NULL, at, sizeof at);
+    int have_config = m2d_config_load(x->model, &t, NULL) == 0, rc = 0;
+    if (!have_config) m2d_err_clear(), rc = check_topks_against_hints(x, at, sizeof at); /* the backend's check
+                                                          decides whether a run may go on without config.json */
+    else rc = check_against_teacher(x, &o, &t, at, sizeof at), m2d_config_free(&t);
+    if (rc == 0) rc = check_data(x, &o);
+    return rc ? m2d_err_prefix(at) : 0;
 }
 
 /* ---- the stage ---- */
@@ -89,11 +112,44 @@ int m2d_sweep_distill_check(const m2d_experiment *x) {
 typedef struct {
     char **dist, **mc;
     int n_dist, n_mc;
+    int n_axes; /* the ablation's loss and teacher_topk after config_id (2), or none (0) */
 } stage_cols;
 
+/* One (loss, teacher_topk) of the ablation axes: combination I of x (loss-major), with the texts
+ * its sidecar row records (teacher_topk 0 as the teacher's own k) and the name of its folder. */
+typedef struct {
+    m2d_loss_kind loss;
+    int topk;
+    char loss_s[16], topk_s[16], dir[64];
+} combo;
+
+static int n_combos(const m2d_experiment *x) { return x->n_distill_losses * x->n_distill_topks; }
+
+static void combo_of(const m2d_experiment *x, int i, const char *id, combo *cb) {
+    cb->loss = x->distill_losses[i / x->n_distill_topks];
+    cb->topk = x->distill_topks[i % x->n_distill_topks];
+    snprintf(cb->loss_s, sizeof cb->loss_s, "%s", m2d_loss_name(cb->loss));
+    snprintf(cb->topk_s, sizeof cb->topk_s, "%d", cb->topk ? cb->topk : x->k);
+    if (x->distill_ablation) snprintf(cb->dir, sizeof cb->dir, "%s.%s.k%s", id, cb->loss_s, cb->topk_s);
+    else snprintf(cb->dir, sizeof cb->dir, "%s", id);
+}
+
+/* 1 when DONE (the sidecar so far) holds configuration ID with combination CB; FAILED += its
+ * failures */
+static int combo_done(const m2d_results *done, const char *id, const combo *cb, int ablation, int *failed) {
+    int seen = 0;
+    for (int d = 0; d < done->n_rows && !seen; d++) {
+        seen = !strcmp(m2d_results_get(done, d, "config_id"), id) &&
+               (!ablation || (!strcmp(m2d_results_get(done, d, "loss"), cb->loss_s) &&
+                              !strcmp(m2d_results_get(done, d, "teacher_topk"), cb->topk_s)));
+        if (seen) *failed += strncmp(m2d_results_get(done, d, "status"), "failed", 6) == 0;
+    }
+    return seen;
+}
+
 /* One configuration's distilled student: distill, score PPL and MC. The sidecar row in F. */
-static void distill_one(const m2d_experiment *x, m2d_sweep_backend *b, const m2d_grid_config *c, const char *root,
-                        const stage_cols *sc, char **f) {
+static void distill_one(const m2d_experiment *x, m2d_sweep_backend *b, const m2d_grid_config *c, const combo *cb,
+                        const char *root, const stage_cols *sc, char **f) {
     double t0 = m2d_now();
     m2d_sweep_result r;
     memset(&r, 0, sizeof r);
@@ -104,7 +160,8 @@ static void distill_one(const m2d_experiment *x, m2d_sweep_backend *b, const m2d
     memset(&d, 0, sizeof d);
     d.final_loss = NAN;
     m2d_distill_opts o = x->distill;
-    char *dir = m2d_path_join(root, c->id), *log = m2d_strfmt("%s.jsonl", dir), *state = m2d_path_join(dir, "train-state");
+    o.train.loss = cb->loss, o.train.teacher_topk = cb->topk;
+    char *dir = m2d_path_join(root, cb->dir), *log = m2d_strfmt("%s.jsonl", dir), *state = m2d_path_join(dir, "train-state");
     o.data = x->distill_data, o.out = dir, o.log = log, o.train.threads = b->threads;
     o.train.precision = b->precision; /* the sweep's: the teacher's KD targets and validation */
     o.train.teacher_backend = b->device; /* the teacher's forward; the student trains on the CPU */
@@ -123,6 +180,7 @@ static void distill_one(const m2d_experiment *x, m2d_sweep_backend *b, const m2d
     if (rc && !r.error[0]) snprintf(r.error, sizeof r.error, "%s", m2d_errmsg());
     int k = 0;
     f[k++] = m2d_strdup(c->id);
+    if (sc->n_axes) f[k++] = m2d_strdup(cb->loss_s), f[k++] = m2d_strdup(cb->topk_s);
     f[k++] = isfinite(r.ppl) ? m2d_strfmt("%.4f", r.ppl) : m2d_strdup("");
     f[k++] = isfinite(d.final_loss) ? m2d_strfmt("%.6f", d.final_loss) : m2d_strdup("");
     f[k++] = m2d_strfmt("%lld", (long long)d.tokens);
@@ -137,26 +195,24 @@ static void distill_one(const m2d_experiment *x, m2d_sweep_backend *b, const m2d
 }
 
 /* Distill the selected rows of MAIN not yet in the sidecar (DONE: its rows so far); one
- * configuration per distinct student. */
+ * configuration per distinct student, once per (loss, teacher_topk). */
 static int distill_selected(const m2d_experiment *x, m2d_sweep_backend *b, const m2d_results *main, const int *rows,
                             int n_sel, const m2d_results *done, const char *root, const stage_cols *sc,
                             m2d_results_writer *w, m2d_sweep_summary *sum) {
-    int done_id = m2d_results_col(done, "config_id"), rc = 0, n_f = 1 + sc->n_dist + sc->n_mc + 2;
+    int rc = 0, n_f = 1 + sc->n_axes + sc->n_dist + sc->n_mc + 2, n_cb = n_combos(x);
     char **f = m2d_calloc((size_t)n_f, sizeof *f);
     m2d_progress prog;
-    m2d_progress_start(&prog, "distillation", n_sel);
-    for (int s = 0; rc == 0 && s < n_sel; s++) {
-        const char *id = m2d_results_get(main, rows[s], "config_id"), *fp = m2d_results_get(main, rows[s], "fingerprint");
-        int seen = 0;
-        for (int d = 0; d < done->n_rows && !seen; d++)
-            if (!strcmp(done->rows[d][done_id], id)) {
-                seen = 1;
-                sum->distill_failed += strncmp(m2d_results_get(done, d, "status"), "failed", 6) == 0;
-            }
-        for (int e = 0; e < s && !seen; e++) seen = !strcmp(m2d_results_get(main, rows[e], "fingerprint"), fp);
+    m2d_progress_start(&prog, "distillation", n_sel * n_cb);
+    for (int s = 0; rc == 0 && s < n_sel * n_cb; s++) {
+        const int row = rows[s / n_cb];
+        const char *id = m2d_results_get(main, row, "config_id"), *fp = m2d_results_get(main, row, "fingerprint");
+        combo cb;
+        combo_of(x, s % n_cb, id, &cb);
+        int seen = combo_done(done, id, &cb, sc->n_axes > 0, &sum->distill_failed);
+        for (int e = 0; e < s / n_cb && !seen; e++) seen = !strcmp(m2d_results_get(main, rows[e], "fingerprint"), fp);
         int ci = m2d_sweep_find_config(x, id);
         if (seen || ci < 0) continue;
-        distill_one(x, b, &x->configs[ci], root, sc, f);
+        distill_one(x, b, &x->configs[ci], &cb, root, sc, f);
         sum->distill_failed += strncmp(f[n_f - 1], "failed", 6) == 0;
         rc = m2d_results_append(w, (const char *const *)f);
         for (int i = 0; i < n_f; i++) free(f[i]), f[i] = NULL;
@@ -187,9 +243,10 @@ static int replace_if_no_results(const char *side) {
 static int run_stage(const m2d_experiment *x, m2d_sweep_backend *b, const m2d_results *main, const int *rows,
                      int n_sel, const char *out, const m2d_sweep_meta *meta, const stage_cols *sc,
                      m2d_sweep_summary *sum) {
-    int n_side = 1 + sc->n_dist + sc->n_mc + 2, j = 0, n_meta = meta->n + 1;
+    int n_side = 1 + sc->n_axes + sc->n_dist + sc->n_mc + 2, j = 0, n_meta = meta->n + 1;
     const char **cols = m2d_calloc((size_t)n_side, sizeof *cols);
     cols[j++] = "config_id";
+    if (sc->n_axes) cols[j++] = "loss", cols[j++] = "teacher_topk";
     for (int m = 0; m < sc->n_dist - (sc->n_mc > 0); m++) cols[j++] = sc->dist[m];
     for (int m = 0; m < sc->n_mc; m++) cols[j++] = sc->mc[m];
     if (sc->n_mc) cols[j++] = "mc_student";
@@ -218,7 +275,10 @@ static int run_stage(const m2d_experiment *x, m2d_sweep_backend *b, const m2d_re
     char **fill = m2d_calloc((size_t)n_fill + 1, sizeof *fill);
     for (int m = 0; m < sc->n_dist; m++) fill[m] = sc->dist[m];
     for (int m = 0; m < sc->n_mc; m++) fill[sc->n_dist + m] = sc->mc[m];
-    if (rc == 0) rc = m2d_sweep_mc_fill(out, side, fill, n_fill);
+    combo first; /* the ablation fills OUT from its first (loss, teacher_topk) */
+    combo_of(x, 0, "", &first);
+    char *where[] = {"loss", "teacher_topk"}, *vals[] = {first.loss_s, first.topk_s};
+    if (rc == 0) rc = m2d_sweep_mc_fill_where(out, side, fill, n_fill, where, vals, sc->n_axes);
     free(fill), free(side), free(root), free(settings), free(items), free(keys), free(cols);
     return rc;
 }
@@ -234,6 +294,7 @@ int m2d_sweep_distill_stage(const m2d_experiment *x, m2d_sweep_backend *b, const
         stage_cols sc;
         sc.n_dist = m2d_sweep_distill_columns(x, &sc.dist);
         sc.n_mc = m2d_sweep_mc_columns(x, &sc.mc);
+        sc.n_axes = x->distill_ablation ? 2 : 0;
         rc = run_stage(x, b, &main, rows, n_sel, out, meta, &sc, sum);
         m2d_sweep_columns_free(sc.dist, sc.n_dist);
         m2d_sweep_columns_free(sc.mc, sc.n_mc);

@@ -13,7 +13,14 @@
  * Results go crash-safely into the sidecar OUT.distill.csv (its header records the distillation
  * settings; a resumed run with other settings is refused), then into the distillation columns of
  * OUT (m2d_sweep_distill_columns) for every row whose student has the same fingerprint. A
- * configuration interrupted mid-training resumes from its checkpoint in OUT.distill/<config_id>. */
+ * configuration interrupted mid-training resumes from its checkpoint in OUT.distill/<config_id>.
+ *
+ * The ablation (paper Tables 4, 5): with distill.loss or distill.teacher_topk a list, each selected
+ * student is distilled once per (loss, teacher_topk) -- losses outer, K' inner -- into
+ * OUT.distill/<config_id>.<loss>.k<K'>/; the sidecar gains the columns loss and teacher_topk after
+ * config_id (K' 0 recorded as the teacher's k: its own routing), its header records both as
+ * "per-row" (the lists may grow, and a resume runs only the new combinations), and OUT's columns get
+ * the first combination. With scalars the sidecar is as before. */
 #ifndef M2D_SWEEP_DISTILL_H
 #define M2D_SWEEP_DISTILL_H
 
@@ -23,7 +30,8 @@
 #include "sweep/sweep_csv.h"
 
 /* [distill] checked before any work, by the run and the dry run alike: its settings against the
- * teacher's config.json (micro_batch divides batch, seq_len fits, teacher_topk <= E), the memory the
+ * teacher's config.json (micro_batch divides batch, seq_len fits, each teacher_topk <= E; without it
+ * against the [teacher] hints), the memory the
  * students' training needs against this machine's RAM, and distill.data (training text of at least
  * one window). -1 + m2d_err naming the experiment's file and table. */
 int m2d_sweep_distill_check(const m2d_experiment *x);

@@ -61,7 +61,19 @@ static int copy_cells(m2d_results *main, int fp_col, const char *fp, const m2d_r
     return changed;
 }
 
+/* 1 when sidecar row J holds VALS in the columns COLS */
+static int row_matches(const m2d_results *mc, int j, const int *cols, char *const *vals, int n) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(mc->rows[j][cols[i]], vals[i])) return 0;
+    return 1;
+}
+
 int m2d_sweep_mc_fill(const char *out, const char *side, char *const *mc_cols, int n_mc) {
+    return m2d_sweep_mc_fill_where(out, side, mc_cols, n_mc, NULL, NULL, 0);
+}
+
+int m2d_sweep_mc_fill_where(const char *out, const char *side, char *const *mc_cols, int n_mc,
+                            char *const *where_cols, char *const *where_vals, int n_where) {
     m2d_results main, mc;
     if (m2d_results_read_checked(out, &main)) return -1;
     if (m2d_results_read_checked(side, &mc)) {
@@ -71,20 +83,23 @@ int m2d_sweep_mc_fill(const char *out, const char *side, char *const *mc_cols, i
     int *main_cols = m2d_calloc((size_t)n_mc + 1, sizeof *main_cols);
     int *side_cols = m2d_calloc((size_t)n_mc + 1, sizeof *side_cols);
     static char *const keys[] = {"config_id", "fingerprint"};
-    int key_cols[2] = {-1, -1}, side_id[1] = {-1};
+    int key_cols[2] = {-1, -1}, side_id[1] = {-1}, *side_where = m2d_calloc((size_t)n_where + 1, sizeof *side_where);
     int rc = columns_of(&main, out, keys, 2, key_cols);
+    if (rc == 0) rc = columns_of(&mc, side, where_cols, n_where, side_where);
     if (rc == 0) rc = columns_of(&main, out, mc_cols, n_mc, main_cols);
     if (rc == 0) rc = columns_of(&mc, side, keys, 1, side_id);
     if (rc == 0) rc = columns_of(&mc, side, mc_cols, n_mc, side_cols);
     int changed = 0;
     for (int j = 0; rc == 0 && j < mc.n_rows; j++) {
-        if (strcmp(m2d_results_get(&mc, j, "status"), "ok")) continue;
+        if (strcmp(m2d_results_get(&mc, j, "status"), "ok") || !row_matches(&mc, j, side_where, where_vals, n_where))
+            continue;
         const char *fp = fingerprint_of(&main, key_cols[0], key_cols[1], mc.rows[j][side_id[0]]);
         if (fp[0]) changed |= copy_cells(&main, key_cols[1], fp, &mc, j, main_cols, side_cols, n_mc);
     }
     if (rc == 0 && changed) rc = m2d_results_write(out, &main);
     free(main_cols);
     free(side_cols);
+    free(side_where);
     m2d_results_free(&main);
     m2d_results_free(&mc);
     return rc;

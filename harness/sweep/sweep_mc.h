@@ -24,6 +24,10 @@ int m2d_sweep_mc_stage(const m2d_experiment *x, m2d_sweep_backend *b, const char
  * atomically if anything changed). Every column of MC_COLS must be in both files. The
  * distillation stage fills its columns the same way. */
 int m2d_sweep_mc_fill(const char *out, const char *side, char *const *mc_cols, int n_mc);
+/* The same from the sidecar rows whose columns WHERE_COLS hold WHERE_VALS (N_WHERE of them; the
+ * distillation ablation fills OUT from its first (loss, teacher_topk) only). */
+int m2d_sweep_mc_fill_where(const char *out, const char *side, char *const *mc_cols, int n_mc,
+                            char *const *where_cols, char *const *where_vals, int n_where);
 
 /* Rows of R a stage works on: MODE "best-per-pair" (m2d_report_best_per_pair), "all" (every row
  * with status ok that is not a dedup_of), "list" (the rows with status ok whose config_id is one
