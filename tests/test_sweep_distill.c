@@ -468,6 +468,14 @@ static void ablation_rows_and_tables(void **state) {
     snprintf(d_rkl, sizeof d_rkl, "| %+.2f |", ppl / 3 - ppl / 2);
     assert_non_null(strstr(rv, d_rkl));
     assert_non_null(strstr(buf, "Student: Selection Frequency"));
+    free(buf), buf = NULL;
+    /* tex: booktabs, the Delta as math (no unicode input needed) */
+    f = open_memstream(&buf, &len);
+    assert_int_equal(m2d_report_ablation_write(fx.csv, &r, 5, M2D_REPORT_TEX, f), 0);
+    fclose(f);
+    assert_non_null(strstr(buf, "$\\Delta$ PPL"));
+    assert_null(strstr(buf, "\xce\x94"));
+    assert_non_null(strstr(buf, "\\toprule"));
     free(buf);
     m2d_results_free(&r);
     free(sp), free(list), free(id);

@@ -149,8 +149,15 @@ static int row_present(const grid *g, const char *sc, const char *gr, const char
 
 /* ---- table ---- */
 
+/* LaTeX's specials escaped; the one non-ASCII letter the tables use, Δ (UTF-8 CE 94), as math, so
+ * the table compiles without unicode input */
 static void tex_escape(FILE *f, const char *s) {
     for (; *s; s++) {
+        if (s[0] == '\xce' && s[1] == '\x94') {
+            fputs("$\\Delta$", f);
+            s++;
+            continue;
+        }
         if (strchr("&%$#_{}", *s)) fputc('\\', f);
         fputc(*s, f);
     }
