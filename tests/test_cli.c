@@ -1,6 +1,7 @@
 /* The CLI's help for every command (issue 30): `help CMD`, `CMD --help` and `CMD -h` print the
  * same text and exit 0, whatever else is on the line; the title appears once; the data paths the
- * examples name are files that `make data` links; usage texts name every teacher family. */
+ * examples name are files that `make data` links; usage texts name every teacher family; `help
+ * eval` lists every registered task (issue 26). */
 #include "testutil.h"
 
 #include <stdio.h>
@@ -8,6 +9,7 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "evals/mc.h"
 
 /* stdout of `moe2dense ARGS`; its exit status must be WANT_RC */
 static char *cli(const char *args, int want_rc) {
@@ -94,6 +96,26 @@ static void teacher_families_named(void **state) {
     }
 }
 
+/* `help eval` is built from the task registry (evals/tasks/): every registered task is listed
+ * under --tasks, with its paper shots under --shots paper. */
+static void eval_help_lists_every_task(void **state) {
+    (void)state;
+    char *text = cli("help eval", 0);
+    const char *tasks = strstr(text, "--tasks LIST"), *shots = strstr(text, "--shots N|paper");
+    const char *end = strstr(text, "--limit N");
+    assert_non_null(tasks), assert_non_null(shots), assert_non_null(end);
+    assert_true(m2d_mc_plugin_count() >= 5);
+    for (int i = 0; i < m2d_mc_plugin_count(); i++) {
+        const m2d_mc_plugin *p = m2d_mc_plugin_at(i);
+        char *name = m2d_strfmt(" %s,", p->name), *shot = m2d_strfmt(" %s %d", p->name, p->paper_shots);
+        const char *at = strstr(tasks, name), *sat = strstr(shots, shot);
+        if (!at || at > shots) fail_msg("help eval: --tasks does not list %s:\n%s", p->name, text);
+        if (!sat || sat > end) fail_msg("help eval: --shots paper does not give%s:\n%s", shot, text);
+        free(name), free(shot);
+    }
+    free(text);
+}
+
 /* An unknown command stays an error, with or without --help. */
 static void unknown_command(void **state) {
     (void)state;
@@ -106,6 +128,7 @@ int main(void) {
         cmocka_unit_test(every_command_has_help_flags),
         cmocka_unit_test(help_data_paths_exist),
         cmocka_unit_test(teacher_families_named),
+        cmocka_unit_test(eval_help_lists_every_task),
         cmocka_unit_test(unknown_command),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

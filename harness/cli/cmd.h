@@ -5,8 +5,11 @@
 typedef struct {
     const char *name;     /* "inspect" */
     const char *summary;  /* one line for `moe2dense help` */
-    const char *usage;    /* full text for `moe2dense help NAME` */
+    const char *usage;    /* full text for `moe2dense help NAME`; NULL when build_usage gives it */
     int (*run)(int argc, char **argv); /* argv[0] is the command name; returns exit status */
+    /* optional: builds the usage text at run time (malloc'd), for texts that list what a registry
+     * holds (tasks, teacher families); `moe2dense help NAME` prints it instead of usage */
+    char *(*build_usage)(void);
 } m2d_command;
 
 void m2d_command_register(const m2d_command *c);
@@ -17,13 +20,35 @@ const m2d_command *m2d_command_at(int i); /* sorted by name */
 /* Put at file scope in the command's .c file:
  *   M2D_COMMAND(inspect, "inspect", "one line", "usage text", cmd_inspect_run) */
 #define M2D_COMMAND(ident, name_, summary_, usage_, run_)                          \
-    static const m2d_command ident##_command = {name_, summary_, usage_, run_};    \
+    static const m2d_command ident##_command = {name_, summary_, usage_, run_, NULL}; \
     __attribute__((constructor)) static void ident##_command_register(void) {      \
         m2d_command_register(&ident##_command);                                    \
     }
 
-/* The MoE families a teacher may be (each an adapter, harness/model/arch_*.c), for usage texts. */
-#define M2D_CMD_TEACHER_FAMILIES "Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE, DeepSeek-V2 or GPT-OSS"
+/* The same with a usage text built at run time by build_ (char *build_(void), malloc'd):
+ *   M2D_COMMAND_BUILT(eval, "eval", "one line", eval_usage, cmd_eval_run) */
+#define M2D_COMMAND_BUILT(ident, name_, summary_, build_, run_)                    \
+    static const m2d_command ident##_command = {name_, summary_, NULL, run_, build_}; \
+    __attribute__((constructor)) static void ident##_command_register(void) {      \
+        m2d_command_register(&ident##_command);                                    \
+    }
+
+/* The usage text of C (malloc'd): build_usage's, else a copy of usage. */
+char *m2d_command_usage(const m2d_command *c);
+
+/* The MoE families a teacher may be, for usage texts: the .family of every registered
+ * architecture adapter that has one (harness/model/arch_*.c), "A, B, ... or F". */
+const char *m2d_cmd_teacher_families(void);
+/* In a usage text, where the families go: string literal pieces around it, e.g.
+ *   "  --model DIR  a MoE checkpoint (" M2D_CMD_TEACHER_FAMILIES ")\n" */
+#define M2D_CMD_TEACHER_FAMILIES "{teacher families}"
+/* USAGE with every M2D_CMD_TEACHER_FAMILIES replaced by m2d_cmd_teacher_families() (malloc'd);
+ * a command's build_usage: static char *usage(void) { return m2d_cmd_usage_families(USAGE); } */
+char *m2d_cmd_usage_families(const char *usage);
+
+/* FIRST followed by the words of TEXT, wrapped at WIDTH columns with continuation lines
+ * indented by INDENT spaces, ending with a newline (malloc'd): an option's description. */
+char *m2d_cmd_wrap(const char *first, const char *text, int indent, int width);
 
 /* Peak resident memory of this process so far, in MiB (getrusage), for --json outputs. */
 double m2d_cmd_peak_rss_mib(void);

@@ -122,5 +122,7 @@ static int cmd_calibrate_run(int argc, char **argv) {
     return rc;
 }
 
-M2D_COMMAND(calibrate, "calibrate", "run the teacher over calibration text and write the stats file", USAGE,
+static char *calibrate_usage(void) { return m2d_cmd_usage_families(USAGE); }
+
+M2D_COMMAND_BUILT(calibrate, "calibrate", "run the teacher over calibration text and write the stats file", calibrate_usage,
             cmd_calibrate_run)

@@ -226,5 +226,7 @@ done:
     return rc;
 }
 
-M2D_COMMAND(convert, "convert", "build a dense (or smaller MoE) student from a teacher and its stats", USAGE,
+static char *convert_usage(void) { return m2d_cmd_usage_families(USAGE); }
+
+M2D_COMMAND_BUILT(convert, "convert", "build a dense (or smaller MoE) student from a teacher and its stats", convert_usage,
             cmd_convert_run)

@@ -189,5 +189,7 @@ static int cmd_distill_run(int argc, char **argv) {
     return 0;
 }
 
-M2D_COMMAND(distill, "distill", "train a dense student on its MoE teacher's outputs (knowledge distillation)", USAGE,
-            cmd_distill_run)
+static char *distill_usage(void) { return m2d_cmd_usage_families(USAGE); }
+
+M2D_COMMAND_BUILT(distill, "distill", "train a dense student on its MoE teacher's outputs (knowledge distillation)",
+                  distill_usage, cmd_distill_run)

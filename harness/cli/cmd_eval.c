@@ -77,40 +77,70 @@ static int cmd_eval_run(int argc, char **argv) {
     return 0;
 }
 
-M2D_COMMAND(eval, "eval", "multiple-choice evaluation (ARC-E/C, HellaSwag, Winogrande, MMLU) the lm-eval way",
-            "usage: moe2dense eval --model DIR --tasks LIST [options]\n"
-            "\n"
-            "Scores multiple-choice tasks exactly as lm-evaluation-harness builds them\n"
-            "(data/LM_EVAL_TASKS.md): prompts, few-shot sampling (Python random.Random(seed).sample),\n"
-            "log-likelihood requests, acc / acc_norm with lm-eval's standard errors.\n"
-            "\n"
-            "  --model DIR          model directory (config.json, *.safetensors, tokenizer.json)\n"
-            "  --tasks LIST         comma-separated: arc_easy, arc_challenge, hellaswag, winogrande, mmlu,\n"
-            "                       mmlu_<subject> (one MMLU subject), or all (the five tasks)\n"
-            "  --shots N|paper      few-shot examples per prompt (default 0); paper = winogrande 5,\n"
-            "                       hellaswag 10, arc_easy 25, arc_challenge 25, mmlu 5\n"
-            "  --limit N            evaluate only the first N documents of each task (per subject for\n"
-            "                       MMLU); few-shot pools stay whole\n"
-            "  --json               print results as JSON (per task, MMLU subjects and groups, deviations)\n"
-            "  --dump-requests FILE write every scored request as a JSON line {task, doc, choice,\n"
-            "                       context, continuation} (exact strings, before tokenization)\n"
-            "  --data DIR           dataset folder (default data; populate with `make data`)\n"
-            "  --seed N             few-shot random seed (default 1234, lm-eval's fewshot_random_seed)\n"
-            "  --max-length N       truncate inputs on the left to N tokens (default and cap: the\n"
-            "                       model's max_position_embeddings)\n"
-            "  --threads N          threads (default $M2D_THREADS or all cores)\n"
-            "  --precision P        GEMM precision: fp32 (default; exact), bf16 (operands rounded to bf16,\n"
-            "                       fp32 accumulation) or auto (bf16 where the CPU computes it natively);\n"
-            "                       the output records the one used\n"
-            "  --device D           where the engine runs: cpu (default), cuda or cuda:N (a `make CUDA=1`\n"
-            "                       build and a GPU; an absent device is an error, never a CPU run)\n"
-            "  --naive              one full forward per request instead of the shared-prefix KV cache\n"
-            "                       (slower; also computes is_greedy)\n"
-            "\n"
-            "Output: per task acc and acc_norm (where the task defines it) with standard errors\n"
-            "(sample std / sqrt(n); MMLU groups micro-averaged with lm-eval's pooled stderr), and the\n"
-            "paper-style average (winogrande acc, hellaswag acc_norm, arc_easy acc_norm,\n"
-            "arc_challenge acc_norm, mmlu acc) when all five tasks ran. Every deviation from lm-eval\n"
-            "forced by the data available (HellaSwag text variant, Winogrande train_l) is printed next\n"
-            "to the scores and stored in the JSON.\n",
-            cmd_eval_run)
+/* The usage around the lines built from the task registry (--tasks, --shots paper). */
+static const char USAGE_HEAD[] =
+    "usage: moe2dense eval --model DIR --tasks LIST [options]\n"
+    "\n"
+    "Scores multiple-choice tasks exactly as lm-evaluation-harness builds them\n"
+    "(data/LM_EVAL_TASKS.md): prompts, few-shot sampling (Python random.Random(seed).sample),\n"
+    "log-likelihood requests, acc / acc_norm with lm-eval's standard errors.\n"
+    "\n"
+    "  --model DIR          model directory (config.json, *.safetensors, tokenizer.json)\n";
+static const char USAGE_TAIL[] =
+    "  --limit N            evaluate only the first N documents of each task (per subject for\n"
+    "                       MMLU); few-shot pools stay whole\n"
+    "  --json               print results as JSON (per task, MMLU subjects and groups, deviations)\n"
+    "  --dump-requests FILE write every scored request as a JSON line {task, doc, choice,\n"
+    "                       context, continuation} (exact strings, before tokenization)\n"
+    "  --data DIR           dataset folder (default data; populate with `make data`)\n"
+    "  --seed N             few-shot random seed (default 1234, lm-eval's fewshot_random_seed)\n"
+    "  --max-length N       truncate inputs on the left to N tokens (default and cap: the\n"
+    "                       model's max_position_embeddings)\n"
+    "  --threads N          threads (default $M2D_THREADS or all cores)\n"
+    "  --precision P        GEMM precision: fp32 (default; exact), bf16 (operands rounded to bf16,\n"
+    "                       fp32 accumulation) or auto (bf16 where the CPU computes it natively);\n"
+    "                       the output records the one used\n"
+    "  --device D           where the engine runs: cpu (default), cuda or cuda:N (a `make CUDA=1`\n"
+    "                       build and a GPU; an absent device is an error, never a CPU run)\n"
+    "  --naive              one full forward per request instead of the shared-prefix KV cache\n"
+    "                       (slower; also computes is_greedy)\n"
+    "\n"
+    "Output: per task acc and acc_norm (where the task defines it) with standard errors\n"
+    "(sample std / sqrt(n); MMLU groups micro-averaged with lm-eval's pooled stderr), and the\n"
+    "paper-style average (winogrande acc, hellaswag acc_norm, arc_easy acc_norm,\n"
+    "arc_challenge acc_norm, mmlu acc) when all five tasks ran. Every deviation from lm-eval\n"
+    "forced by the data available (HellaSwag text variant, Winogrande train_l) is printed next\n"
+    "to the scores and stored in the JSON.\n";
+
+/* --tasks and --shots from the registered task plugins (evals/tasks/), so a new task is listed. */
+static char *eval_usage(void) {
+    char *tasks = m2d_strdup("comma-separated:"), *shots = m2d_strdup("few-shot examples per prompt (default 0); paper =");
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < m2d_mc_plugin_count(); i++) {
+            const m2d_mc_plugin *p = m2d_mc_plugin_at(i);
+            char *t = tasks;
+            if (pass == 0) tasks = m2d_strfmt("%s %s,", t, p->name);
+            else if (p->n_subtasks > 1) tasks = m2d_strfmt("%s %s_<subtask> (one of its %d),", t, p->name, p->n_subtasks);
+            else continue;
+            free(t);
+            if (pass == 0) {
+                char *s = shots;
+                shots = m2d_strfmt("%s %s %d%s", s, p->name, p->paper_shots, i + 1 < m2d_mc_plugin_count() ? "," : "");
+                free(s);
+            }
+        }
+    char *t = tasks;
+    tasks = m2d_strfmt("%s or all (the five tasks of the paper average)", t);
+    free(t);
+    char *tl = m2d_cmd_wrap("  --tasks LIST         ", tasks, 23, 96);
+    char *sl = m2d_cmd_wrap("  --shots N|paper      ", shots, 23, 96);
+    char *out = m2d_strfmt("%s%s%s%s", USAGE_HEAD, tl, sl, USAGE_TAIL);
+    free(tasks);
+    free(shots);
+    free(tl);
+    free(sl);
+    return out;
+}
+
+M2D_COMMAND_BUILT(eval, "eval", "multiple-choice evaluation (ARC-E/C, HellaSwag, Winogrande, MMLU) the lm-eval way",
+                  eval_usage, cmd_eval_run)

@@ -1,5 +1,6 @@
 /* moe2dense — one binary, many subcommands (each registers itself; see cmd.h). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli/cmd.h"
@@ -18,9 +19,11 @@ static void list_commands(FILE *out) {
 
 /* `moe2dense help CMD`, `moe2dense CMD --help` and `moe2dense CMD -h`: the command's title and usage. */
 static void command_help(const m2d_command *c) {
-    printf("moe2dense %s — %s\n\n%s", c->name, c->summary, c->usage);
-    size_t n = strlen(c->usage);
-    if (n == 0 || c->usage[n - 1] != '\n') putchar('\n');
+    char *usage = m2d_command_usage(c);
+    printf("moe2dense %s — %s\n\n%s", c->name, c->summary, usage);
+    size_t n = strlen(usage);
+    if (n == 0 || usage[n - 1] != '\n') putchar('\n');
+    free(usage);
 }
 
 static int help(int argc, char **argv) {

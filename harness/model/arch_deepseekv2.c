@@ -200,4 +200,4 @@ M2D_ARCH(deepseekv2, .name = "DeepseekV2ForCausalLM",
                     "first dense layers); dense student: every layer dense, MLA unchanged",
          .parse_config = parse_deepseekv2, .tensors = deepseekv2_tensors, .student = "DeepseekV2ForCausalLM",
          .student_config = deepseekv2_student_config, .tensor_present = deepseekv2_tensor_present,
-         .post_bind = deepseekv2_post_bind)
+         .post_bind = deepseekv2_post_bind, .family = "DeepSeek-V2")

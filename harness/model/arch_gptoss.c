@@ -403,4 +403,4 @@ M2D_ARCH(gptoss, .name = "GptOssForCausalLM",
          .summary = "GPT-OSS decoder (sinks, sliding/full layers, YaRN, biases, clamped SwiGLU experts, MXFP4)",
          .parse_config = gptoss_parse, .tensors = gptoss_tensors, .student = "GptOssForCausalLM",
          .student_config = gptoss_student_config, .param_counts = gptoss_param_counts,
-         .post_bind = gptoss_post_bind, .write_ffn = gptoss_write_ffn)
+         .post_bind = gptoss_post_bind, .write_ffn = gptoss_write_ffn, .family = "GPT-OSS")

@@ -112,7 +112,7 @@ static const m2d_tensor_spec mistral_tensors[] = {
 M2D_ARCH(mixtral, .name = "MixtralForCausalLM",
          .summary = "Mixtral decoder (routed SwiGLU experts w1/w3/w2, softmax top-k renormalised, sliding window)",
          .parse_config = mixtral_parse, .tensors = mixtral_tensors, .student = "MistralForCausalLM",
-         .student_config = mixtral_student_config)
+         .student_config = mixtral_student_config, .family = "Mixtral")
 
 M2D_ARCH(mistral, .name = "MistralForCausalLM", .summary = "Mistral dense decoder (GQA, SwiGLU, sliding window)",
          .parse_config = mistral_parse, .tensors = mistral_tensors)

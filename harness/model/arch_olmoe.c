@@ -92,4 +92,5 @@ M2D_ARCH(olmoe, .name = "OlmoeForCausalLM",
          .summary = "OLMoE (q/k norm over the whole projection, softmax top-k router, clip_qkv); dense student: one "
                     "expert routed top-1",
          .parse_config = parse_olmoe, .tensors = olmoe_tensors, .student = "OlmoeForCausalLM",
-         .student_config = olmoe_student_config, .tensor_present = olmoe_tensor_present)
+         .student_config = olmoe_student_config, .tensor_present = olmoe_tensor_present,
+         .family = "OLMoE")

@@ -118,7 +118,8 @@ static int qwen2moe_student_config(void *json, const m2d_student_shape *s, const
 M2D_ARCH(qwen2moe, .name = "Qwen2MoeForCausalLM",
          .summary = "Qwen2-MoE (q/k/v biases, softmax top-k router, shared expert with a sigmoid gate)",
          .parse_config = parse_qwen2moe, .tensors = qwen2_tensors, .student = "Qwen2ForCausalLM",
-         .student_config = qwen2moe_student_config, .tensor_present = qwen2_tensor_present)
+         .student_config = qwen2moe_student_config, .tensor_present = qwen2_tensor_present,
+         .family = "Qwen2-MoE")
 
 M2D_ARCH(qwen2, .name = "Qwen2ForCausalLM", .summary = "Qwen2 dense decoder (GQA, q/k/v biases, SwiGLU)",
          .parse_config = parse_qwen2, .tensors = qwen2_tensors, .tensor_present = qwen2_tensor_present)

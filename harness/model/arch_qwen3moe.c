@@ -67,4 +67,4 @@ M2D_ARCH(qwen3moe, .name = "Qwen3MoeForCausalLM",
          .summary = "Qwen3-MoE decoder (routed SwiGLU experts, softmax top-k router)",
          .parse_config = m2d_qwen3moe_parse, .tensors = m2d_qwen3_tensors,
          .student = "Qwen3ForCausalLM",
-         .student_config = m2d_qwen3moe_student_config)
+         .student_config = m2d_qwen3moe_student_config, .family = "Qwen3-MoE")

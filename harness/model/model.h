@@ -287,6 +287,9 @@ struct m2d_arch {
      * M2D_PART_FFN and the experts) of LAYER of S as S's checkpoint stores it, added to W.
      * NULL: each role tensor under its table name. */
     int (*write_ffn)(const m2d_model *s, int layer, m2d_st_writer *w);
+    /* optional: the family's name when this architecture is a MoE teacher ("Qwen3-MoE"), for
+     * the usage texts that list them (NULL: not a teacher family, e.g. a dense architecture) */
+    const char *family;
 };
 
 void m2d_arch_register(const m2d_arch *a);
