@@ -12,26 +12,7 @@
 
 #include "io/analyze_csv.h"
 #include "io/results.h"
-
-typedef enum { M2D_REPORT_MD, M2D_REPORT_TEX, M2D_REPORT_CSV } m2d_report_format;
-
-/* Compact PPL text into buf ("–" for NaN / inf). */
-void m2d_report_format_ppl(double ppl, char *buf, size_t n);
-/* Long display name of a plugin ("sf" -> "Selection Frequency", from its registration); the name
- * itself when unknown or without one. */
-const char *m2d_report_display_name(const char *name);
-
-/* Rows of a table shared by the report's sections (md, tex or csv): CELLS in order (names escaped
- * for tex here, quoted where needed for csv), BOLD[i] != 0 marks cell i (BOLD may be NULL; not in
- * csv); a header row opens the table (first NAMES columns left-aligned, the others right-aligned)
- * and m2d_report_end closes it. */
-typedef struct {
-    m2d_report_format fmt;
-    FILE *f;
-} m2d_report_out;
-void m2d_report_cells(const m2d_report_out *o, const char *const *cells, int n, const unsigned char *bold);
-void m2d_report_header(const m2d_report_out *o, const char *const *cells, int n, int names);
-void m2d_report_end(const m2d_report_out *o);
+#include "sweep/report_table.h"
 
 /* Write the table and the per-criterion summary of the dense students, the MoE students' section
  * (report_moe.h) and the distillation section (report_distill.h). The csv format holds the dense
@@ -51,22 +32,9 @@ int m2d_report_plot_data(const m2d_results *r, const char *dir);
  * files. */
 int m2d_report_analyze_plot_data(const m2d_an_csv *a, const char *dir);
 
-/* A plot-data file built in memory and written atomically into DIR on close (0, or -1 +
- * m2d_err naming it). */
-typedef struct {
-    FILE *f;
-    char *buf, *path;
-    size_t len;
-} m2d_report_file;
-FILE *m2d_report_file_open(m2d_report_file *p, const char *dir, const char *name);
-int m2d_report_file_close(m2d_report_file *p);
-
 /* Paper-style MC selection: for each scoring x grouping pair, the row (K, scaling) with the
  * lowest finite PPL. Row indices into r -> *rows (malloc'd); returns the count. */
 int m2d_report_best_per_pair(const m2d_results *r, int **rows);
-/* The teacher's own PPL and its windows from the run header ("teacher_ppl=812.5 windows=8");
- * 0 when the file has none. */
-int m2d_report_teacher_ppl(const m2d_results *r, double *ppl, int *windows);
 /* Those rows, one a line: "CONFIG_ID SCORING GROUPING SCALING K=K ppl=PPL". */
 int m2d_report_write_best_per_pair(const m2d_results *r, FILE *f);
 

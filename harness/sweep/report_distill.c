@@ -90,9 +90,9 @@ static int t12_cells(const m2d_results *r, int i, double teacher, char **cells) 
  * distillation and its accuracies after; a teacher row first (PPL, where the header has it).
  * A selected student that was not distilled keeps empty post-distillation cells: the table never
  * substitutes another student of the pair. */
-static void table12(const m2d_results *r, const m2d_report_out *o) {
-    int *rows = NULL, n = m2d_report_best_per_pair(r, &rows), nc = 0, windows;
-    if (n < 0) return (void)free(rows);
+static void table12(const m2d_results *r, const int *rows, int n, const m2d_report_out *o) {
+    int nc = 0, windows;
+    if (n < 0) return;
     const char *head[6 + N_BENCH + 1] = {"Scoring", "Grouping", "Scaling", "K", "Pre", "Post"};
     nc = 6;
     for (int b = 0; b < N_BENCH; b++)
@@ -111,7 +111,7 @@ static void table12(const m2d_results *r, const m2d_report_out *o) {
         for (int c = 0; c < k; c++) free(cells[c]);
     }
     m2d_report_end(o);
-    free(cells), free(rows);
+    free(cells);
 }
 
 /* one line per distilled student */
@@ -137,7 +137,7 @@ static void details(const m2d_results *r, const int *rows, int n, int with_mc, c
     m2d_report_end(o);
 }
 
-int m2d_report_distill_write(const m2d_results *r, m2d_report_format fmt, FILE *f) {
+int m2d_report_distill_write(const m2d_results *r, const int *best, int n_best, m2d_report_format fmt, FILE *f) {
     int *rows, n = m2d_report_distilled_rows(r, 1, &rows);
     if (n > 0 && fmt != M2D_REPORT_CSV) {
         m2d_report_out o = {fmt, f};
@@ -147,7 +147,7 @@ int m2d_report_distill_write(const m2d_results *r, m2d_report_format fmt, FILE *
                     exp ? exp : "", n);
         else
             fprintf(f, "\n%% After distillation: %d distilled student(s)\n", n);
-        table12(r, &o);
+        table12(r, best, n_best, &o);
         details(r, rows, n, m2d_results_col(r, "mc_avg") >= 0, &o);
     }
     free(rows);

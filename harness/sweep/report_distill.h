@@ -19,14 +19,15 @@
 #include <stdio.h>
 
 #include "io/results.h"
-#include "sweep/report.h"
+#include "sweep/report_table.h"
 
 /* Rows of R with a distilled student (distill_ppl filled; with ONE_PER_STUDENT the first row of
  * each student (fingerprint) only) -> *rows (malloc'd); returns the count (0 when R has no
  * distillation columns). */
 int m2d_report_distilled_rows(const m2d_results *r, int one_per_student, int **rows);
-/* The distillation section (md or tex); nothing when R has no distilled student. */
-int m2d_report_distill_write(const m2d_results *r, m2d_report_format fmt, FILE *f);
+/* The distillation section (md or tex); nothing when R has no distilled student. BEST, N_BEST:
+ * Table 12's students, m2d_report_best_per_pair of R (the caller's; N_BEST < 0: no Table 12). */
+int m2d_report_distill_write(const m2d_results *r, const int *best, int n_best, m2d_report_format fmt, FILE *f);
 /* distill.dat, distill_loss.dat, distill_val.dat, distill_curves.txt into DIR (nothing without
  * distilled students); RESULTS_PATH locates the logs (a missing log: no curve for that student). */
 int m2d_report_distill_plot_data(const char *results_path, const m2d_results *r, const char *dir);

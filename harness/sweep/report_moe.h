@@ -15,7 +15,7 @@
 #include <stdio.h>
 
 #include "io/results.h"
-#include "sweep/report.h"
+#include "sweep/report_table.h"
 
 /* 1 when row I of R is an MoE student (a "target" column saying moe). */
 int m2d_report_is_moe_row(const m2d_results *r, int i);

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 
 #include "base/util.h"
-#include "sweep/report.h"
+#include "sweep/report_table.h"
 
 /* the distinct layers (>= 0) of A's rows of METRIC, in order of first appearance -> out; count */
 static int layers_of(const m2d_an_csv *a, m2d_an_metric metric, int *out) {
