@@ -33,6 +33,9 @@ static void tiny_teacher_text(void **state) {
     assert_non_null(strstr(out, "BF16 807"));
     assert_non_null(strstr(out, "shards         1"));
     assert_non_null(strstr(out, "64 routed, top-8"));
+    /* README "Memory of a sweep": the teacher is its 14,206,912 bf16 parameters, 27.1 MiB */
+    assert_non_null(strstr(out, "sweep memory   peak memory: ~"));
+    assert_non_null(strstr(out, "(teacher 27.1 MiB mapped as stored"));
     assert_string_equal(err, "");
     free(out); free(err); free(args); free(dir);
 }

@@ -841,6 +841,82 @@ static void shipped_experiments_file_is_valid(void **state) {
     m2d_experiment_free(&x);
 }
 
+
+/* A dry run before the weights are on disk: the model directory does not exist, [teacher] gives the
+ * shape, and the dry run prints a time and the peak memory of README "Memory of a sweep" (computed
+ * here independently); a bad [teacher] value is refused, naming the file and the field. */
+static char *gib_or_mib(double b) {
+    const double M = 1024.0 * 1024;
+    return b >= 1024 * M ? m2d_strfmt("%.1f GiB", b / (1024 * M)) : m2d_strfmt("%.1f MiB", b / M);
+}
+
+static void dry_run_estimates_from_teacher_table(void **state) {
+    (void)state;
+    fixture fx = make_fixture();
+    const char *exp = "[experiment.t]\nmodel = 'DIR/no-such-model'\nbackend = 'fake'\n"
+                      "calibration = { data = 'calib.txt', seq_len = 64, samples = 4 }\n"
+                      "ppl = { data = 'ppl.txt', seq_len = 64, max_windows = 2 }\n"
+                      "[experiment.t.teacher]\nexperts = 64\ntop_k = 8\nmoe_intermediate_size = 72\n"
+                      "vocab_size = 8192\nhidden_size = 192\nnum_hidden_layers = 4\nnum_attention_heads = 6\n"
+                      "num_key_value_heads = 2\nhead_dim = 32\nintermediate_size = 384\n"
+                      "max_position_embeddings = 4096HEADS\n"
+                      "[experiment.t.axes]\nscoring = ['sf']\ngrouping = ['rr']\nscaling = ['uniform']\n"
+                      "K = ['k', '2k']\n";
+    char *path = m2d_path_join(fx.dir, "t.toml");
+    const char *dir_at = strstr(exp, "DIR"), *heads_at = strstr(exp, "HEADS");
+    char *full = m2d_strfmt("%.*s%s%.*s%s", (int)(dir_at - exp), exp, fx.dir, (int)(heads_at - dir_at - 3),
+                            dir_at + 3, heads_at + 5);
+    tu_write(path, full, strlen(full));
+    char *c = m2d_strfmt("%s sweep %s --experiment t --dry-run", tu_test_bin(), path), *out = NULL, *err = NULL;
+    if (tu_run(c, &out, &err)) fail_msg("dry run: %s", err);
+    assert_non_null(strstr(out, "teacher shape from [teacher] (config.json not readable)"));
+    assert_non_null(strstr(out, "calibration: 4 x 64 tokens, ~"));
+    assert_non_null(strstr(out, "estimated run time: ~"));
+    assert_null(strstr(out, "unknown"));
+    /* the formula: bf16 weights (2 bytes), untied LM head, every layer MoE; student at K = 2k = 16 */
+    double V = 8192, d = 192, n = 4, h = 6, kv = 2, hd = 32, E = 64, k = 8, de = 72, L = 64, K = 16;
+    double attn = d * hd * (2 * h + 2 * kv) + 2 * d + 2 * hd;
+    double teacher = 2 * (2 * V * d + d + n * (attn + E * (3 * d * de + d)));
+    double student = 2 * (2 * V * d + d + n * (attn + K * (3 * d * de + d)));
+    double nb = L; /* 512 MiB / (4 E d) > L */
+    double calib = 4 * nb * E * d + 8 * nb * (2 * E + d + k) + 4 * 27 * L * d + 8 * (E * E + 3 * E * d) * n;
+    char *t = gib_or_mib(teacher + calib + student), *tt = gib_or_mib(teacher), *tc = gib_or_mib(calib),
+         *ts = gib_or_mib(student);
+    char *want = m2d_strfmt("peak memory: ~%s (teacher %s mapped as stored, calibration %s, student %s;", t, tt, tc, ts);
+    if (!strstr(out, want)) fail_msg("want '%s' in:\n%s", want, out);
+    free(want), free(t), free(tt), free(tc), free(ts), free(c), free(out), free(err), free(full);
+    /* a bad value: refused by the loader and the CLI, naming the file and the field */
+    const char *bad[] = {" = 0", " = -4", " = 'six'"};
+    for (int i = 0; i < 3; i++) {
+        char *hexp = m2d_strfmt("%s", exp);
+        char *p = strstr(hexp, "num_attention_heads = 6");
+        full = m2d_strfmt("%.*snum_attention_heads%s%s", (int)(p - hexp), hexp, bad[i], p + strlen("num_attention_heads = 6"));
+        char *at = strstr(full, "DIR"), *hd2 = strstr(full, "HEADS");
+        char *f2 = m2d_strfmt("%.*s%s%.*s%s", (int)(at - full), full, fx.dir, (int)(hd2 - at - 3), at + 3, hd2 + 5);
+        tu_write(path, f2, strlen(f2));
+        m2d_experiment x;
+        assert_int_equal(m2d_experiment_load(path, "t", NULL, 0, &x), -1);
+        assert_non_null(strstr(m2d_errmsg(), "t.toml"));
+        assert_non_null(strstr(m2d_errmsg(), "teacher.num_attention_heads"));
+        c = m2d_strfmt("%s sweep %s --experiment t --dry-run", tu_test_bin(), path);
+        assert_int_not_equal(tu_run(c, &out, &err), 0);
+        assert_non_null(strstr(err, "teacher.num_attention_heads"));
+        free(c), free(out), free(err), free(f2), free(full), free(hexp);
+    }
+    /* kv heads must divide the query heads */
+    full = m2d_strfmt("%s", exp);
+    char *p = strstr(full, "num_key_value_heads = 2");
+    p[strlen("num_key_value_heads = ")] = '4';
+    char *at = strstr(full, "DIR"), *hd2 = strstr(full, "HEADS");
+    char *f2 = m2d_strfmt("%.*s%s%.*s%s", (int)(at - full), full, fx.dir, (int)(hd2 - at - 3), at + 3, hd2 + 5);
+    tu_write(path, f2, strlen(f2));
+    m2d_experiment x;
+    assert_int_equal(m2d_experiment_load(path, "t", NULL, 0, &x), -1);
+    assert_non_null(strstr(m2d_errmsg(), "teacher.num_key_value_heads"));
+    free(f2), free(full), free(path);
+    free_fixture(&fx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(grid_expands_resolves_and_trims),
@@ -857,6 +933,7 @@ int main(void) {
         cmocka_unit_test(run_header_grows_without_bound),
         cmocka_unit_test(mc_fill_finds_columns_by_name),
         cmocka_unit_test(shipped_experiments_file_is_valid),
+        cmocka_unit_test(dry_run_estimates_from_teacher_table),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -711,16 +711,37 @@ static int check_backend(const ctx *c, const m2d_experiment *x) {
     return -1;
 }
 
+/* [teacher]'s dimensions beyond E, k, d_e (each optional; 0 when absent): positive and in range
+ * whenever given, so that a typo is refused even while MODEL/config.json is readable. */
+static int read_teacher_dims(const ctx *c, m2d_experiment *x) {
+    if (get_int32(c, x->table, "teacher.vocab_size", 0, 1, 1 << 24, &x->t_vocab) ||
+        get_int32(c, x->table, "teacher.hidden_size", 0, 1, 1 << 20, &x->t_hidden) ||
+        get_int32(c, x->table, "teacher.num_hidden_layers", 0, 1, 4096, &x->t_layers) ||
+        get_int32(c, x->table, "teacher.num_attention_heads", 0, 1, 4096, &x->t_heads) ||
+        get_int32(c, x->table, "teacher.num_key_value_heads", 0, 1, 4096, &x->t_kv_heads) ||
+        get_int32(c, x->table, "teacher.head_dim", 0, 1, 4096, &x->t_head_dim) ||
+        get_int32(c, x->table, "teacher.intermediate_size", 0, 1, 1 << 24, &x->t_intermediate) ||
+        get_int32(c, x->table, "teacher.max_position_embeddings", 0, 1, 1 << 24, &x->t_max_pos))
+        return -1;
+    if (x->t_heads && x->t_kv_heads && x->t_heads % x->t_kv_heads)
+        return key_err(c, m2d_toml_path(x->table, "teacher.num_key_value_heads"), "teacher.num_key_value_heads",
+                       "a divisor of teacher.num_attention_heads");
+    return 0;
+}
+
 static int read_experiment(const ctx *c, m2d_experiment *x) {
     static const char *const top[] = {"description", "model", "backend", "out", "cache_dir", "teacher",
                                       "calibration", "ppl", "mc", "distill", "axes", "include", "exclude"};
     if (check_keys(c, x->table, "the experiment", top, M2D_ARRAY_LEN(top))) return -1;
     static const char *const calib_keys[] = {"data", "seq_len", "samples", "seed", "windows"};
     static const char *const ppl_keys[] = {"protocol", "data", "seq_len", "max_windows"};
-    static const char *const teacher_keys[] = {"experts", "top_k", "moe_intermediate_size"};
+    static const char *const teacher_keys[] = {"experts", "top_k", "moe_intermediate_size", "vocab_size", "hidden_size",
+                                               "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                                               "head_dim", "intermediate_size", "max_position_embeddings"};
     if (check_keys(c, m2d_toml_get(x->table, "calibration"), "[calibration]", calib_keys, 5) ||
         check_keys(c, m2d_toml_get(x->table, "ppl"), "[ppl]", ppl_keys, 4) ||
-        check_keys(c, m2d_toml_get(x->table, "teacher"), "[teacher]", teacher_keys, 3))
+        check_keys(c, m2d_toml_get(x->table, "teacher"), "[teacher]", teacher_keys, M2D_ARRAY_LEN(teacher_keys)) ||
+        read_teacher_dims(c, x))
         return -1;
     if (get_str(c, x->table, "description", "", &x->description) || get_path(c, x->table, "model", NULL, &x->model) ||
         get_str(c, x->table, "backend", "pipeline", &x->backend))

@@ -43,6 +43,9 @@ typedef struct {
     int E, k;                    /* teacher experts and router top-k */
     int64_t d_e;                 /* expert intermediate size (0 if unknown) */
     int shape_from_config;       /* 1: E, k read from MODEL/config.json; 0: from [teacher] hints */
+    /* the rest of [teacher] (0: not given), for the dry run's time and memory estimates when
+       MODEL/config.json is not readable; validated whenever given */
+    int t_vocab, t_hidden, t_layers, t_heads, t_kv_heads, t_head_dim, t_intermediate, t_max_pos;
     /* calibration */
     char *calib_data;
     char *calib_windows;         /* "fixed" (default) | "documents" (one window per WikiText article) */

@@ -182,17 +182,89 @@ int m2d_sweep_run(const m2d_experiment *x, const m2d_sweep_opts *o, m2d_sweep_su
 
 /* ---- dry run ---- */
 
-typedef struct {
-    int64_t vocab, hidden, layers, heads, kv_heads, head_dim, d_e, E, k;
-} shape;
+typedef m2d_run_shape shape;
 
-static int read_shape(const char *model, shape *sh) {
+void m2d_run_shape_from_config(const m2d_config *c, m2d_run_shape *s) {
+    int moe = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) moe += c->layer_is_moe ? c->layer_is_moe[l] : 1;
+    size_t db = m2d_dtype_size(c->torch_dtype);
+    *s = (m2d_run_shape){c->vocab_size, c->hidden_size, c->num_hidden_layers, moe, c->num_attention_heads,
+                         c->num_key_value_heads, c->head_dim, c->moe_intermediate_size, c->num_experts,
+                         c->num_experts_per_tok, c->intermediate_size, db ? (int64_t)db : 2, c->tie_word_embeddings};
+}
+
+/* The shape from MODEL/config.json, else from the experiment's [teacher] table when it gives every
+ * dimension the estimates need; *SOURCE names which. */
+static int read_shape(const m2d_experiment *x, shape *sh, const char **source) {
     m2d_config c;
-    if (m2d_config_load(model, &c, NULL) != 0) return -1;
-    *sh = (shape){c.vocab_size, c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
-                  c.head_dim, c.moe_intermediate_size, c.num_experts, c.num_experts_per_tok};
-    m2d_config_free(&c);
+    if (m2d_config_load(x->model, &c, NULL) == 0) {
+        m2d_run_shape_from_config(&c, sh);
+        m2d_config_free(&c);
+        *source = "MODEL/config.json";
+        return 0;
+    }
+    m2d_err_clear();
+    if (!x->t_vocab || !x->t_hidden || !x->t_layers || !x->t_heads || !x->t_kv_heads || !x->t_head_dim || x->E < 1 ||
+        x->k < 1 || x->d_e < 1)
+        return -1;
+    /* [teacher] describes an all-MoE teacher (Qwen3-30B-A3B: decoder_sparse_step 1, no mlp_only_layers) */
+    *sh = (shape){x->t_vocab, x->t_hidden, x->t_layers, x->t_layers, x->t_heads, x->t_kv_heads, x->t_head_dim,
+                  x->d_e, x->E, x->k, x->t_intermediate, 2, 0};
+    *source = "[teacher] (config.json not readable)";
     return 0;
+}
+
+/* Parameters of the teacher, or with WIDTH experts' FFN width per MoE layer (and a router of WIDTH
+ * rows) when WIDTH > 0: the student. */
+static int64_t shape_params(const shape *s, int64_t width) {
+    int64_t d = s->hidden, attn = d * s->head_dim * (2 * s->heads + 2 * s->kv_heads) + 2 * d + 2 * s->head_dim;
+    int64_t n_exp = width > 0 ? width : s->E;
+    int64_t moe = n_exp * (3 * d * s->d_e + d), dense = 3 * d * s->F;
+    return s->vocab * d * (s->tied ? 1 : 2) + d + s->layers * attn + s->moe_layers * moe +
+           (s->layers - s->moe_layers) * dense;
+}
+
+/* Calibration's anonymous memory (BENCHMARKS.md "Memory formula", harness/calib/calib.c ctx_init):
+ * the expert-output block [nb, E, d] fp32 (nb = min(L, 512 MiB / (4 E d))) with its fp64 norms,
+ * inputs, router logits and gates; one window's forward, ~27 fp32 values per token and hidden unit
+ * (the measured 0.66 GB at Qwen3-30B-A3B's shapes, L = 512, less the block); and the statistics,
+ * 8 (E^2 + 3 E d) bytes per MoE layer. */
+static double calib_bytes(const shape *s, int L) {
+    double E = (double)s->E, d = (double)s->hidden;
+    double nb = fmax(1, fmin(L, floor(512.0 * 1024 * 1024 / (4 * E * d))));
+    return 4 * nb * E * d + 8 * nb * (2 * E + d + (double)s->k) + 4 * 27.0 * L * d +
+           8 * (E * E + 3 * E * d) * (double)s->moe_layers;
+}
+
+void m2d_run_memory_estimate(const m2d_run_shape *s, int calib_L, int K_max, m2d_run_memory *m) {
+    m->teacher_params = shape_params(s, 0);
+    m->student_params = shape_params(s, K_max > 0 ? K_max : s->k);
+    m->teacher = (double)s->dtype_bytes * (double)m->teacher_params;
+    m->calib = calib_bytes(s, calib_L);
+    m->student = (double)s->dtype_bytes * (double)m->student_params;
+    m->total = m->teacher + m->calib + m->student;
+}
+
+/* BYTES as "%.1f GiB" from 1 GiB up, else "%.1f MiB" */
+static const char *fmt_bytes(double bytes, char *buf, size_t n) {
+    const double M = 1024.0 * 1024;
+    if (bytes >= 1024 * M) snprintf(buf, n, "%.1f GiB", bytes / (1024 * M));
+    else snprintf(buf, n, "%.1f MiB", bytes / M);
+    return buf;
+}
+
+void m2d_run_memory_print(const m2d_run_memory *m, FILE *f) {
+    const double G = 1024.0 * 1024 * 1024;
+    char a[32], b[32], c[32], d[32];
+    fprintf(f, "peak memory: ~%s (teacher %s mapped as stored, calibration %s, student %s; README \"Memory of a "
+               "sweep\")\n", fmt_bytes(m->total, a, sizeof a), fmt_bytes(m->teacher, b, sizeof b),
+            fmt_bytes(m->calib, c, sizeof c), fmt_bytes(m->student, d, sizeof d));
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    double ram = pages > 0 && psz > 0 ? (double)pages * (double)psz : INFINITY;
+    if (m->total > ram)
+        fprintf(f, "warning: the estimated peak memory (%.1f GiB) exceeds this machine's RAM (%.1f GiB): the mapped "
+                   "teacher will be re-read from disk each forward (correct, slow) or the run may fail\n",
+                m->total / G, ram / G);
 }
 
 /* Rough seconds per configuration from FLOPs: 2 * (per-token weights) * scored tokens at an assumed
@@ -320,11 +392,16 @@ static void print_ablation(const m2d_experiment *x, FILE *f) {
 }
 
 /* Calibration and PPL sizes, and the run time of the TO_RUN configurations still to evaluate. */
-static void print_estimate(const m2d_experiment *x, const m2d_results *existing, int to_run, FILE *f) {
+static void print_estimate(const m2d_experiment *x, const int *idx, int n_idx, const m2d_results *existing,
+                           int to_run, FILE *f) {
     shape sh;
+    const char *source = NULL;
     double per = measured_seconds(existing);
     const char *how = per >= 0 ? "mean measured wall time of the evaluated rows in the CSV" : "";
-    if (read_shape(x->model, &sh) == 0) {
+    int have_shape = read_shape(x, &sh, &source) == 0;
+    if (have_shape) {
+        fprintf(f, "teacher shape from %s: %lld layers, hidden %lld, vocabulary %lld\n", source, (long long)sh.layers,
+                (long long)sh.hidden, (long long)sh.vocab);
         int64_t ppl_tokens;
         double est = estimate_config_seconds(x, &sh, &ppl_tokens);
         if (per < 0) {
@@ -339,13 +416,20 @@ static void print_estimate(const m2d_experiment *x, const m2d_results *existing,
                 (long long)ppl_tokens, x->ppl_seq_len);
     }
     if (per < 0) {
-        fprintf(f, "estimated run time: unknown (teacher config.json not readable)\n");
+        fprintf(f, "estimated run time: unknown (teacher config.json not readable, and [teacher] does not give "
+                   "vocab_size, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads and head_dim)\n");
         return;
     }
     char a[32], c2[32];
     fmt_duration(per, a, sizeof a);
     fmt_duration(per * to_run, c2, sizeof c2);
     fprintf(f, "estimated run time: ~%s per configuration (%s) -> ~%s for %d to run\n", a, how, c2, to_run);
+    if (!have_shape) return;
+    int K_max = x->k;
+    for (int i = 0; i < n_idx; i++) K_max = M2D_MAX(K_max, x->configs[idx[i]].K);
+    m2d_run_memory m;
+    m2d_run_memory_estimate(&sh, x->calib_seq_len, K_max, &m);
+    m2d_run_memory_print(&m, f);
 }
 
 int m2d_sweep_dry_run(const m2d_experiment *x, const m2d_sweep_opts *o, FILE *f) {
@@ -373,7 +457,7 @@ int m2d_sweep_dry_run(const m2d_experiment *x, const m2d_sweep_opts *o, FILE *f)
     m2d_precision prec = M2D_PREC_FP32;
     if (m2d_engine_resolve_precision(NULL, o->precision, &prec)) m2d_err_clear(); /* then: the fp32 cache */
     int students = print_distinct(x, prec, idx, n_idx, f);
-    print_estimate(x, have_csv ? &existing : NULL, M2D_MIN(n_idx - done, students), f);
+    print_estimate(x, idx, n_idx, have_csv ? &existing : NULL, M2D_MIN(n_idx - done, students), f);
     if (strcmp(x->mc_configs, "none") != 0 && x->n_mc)
         fprintf(f, "multiple choice: %d task(s) on %s%s\n", x->n_mc,
                 x->has_distill ? "the distilled students (distillation stage)" : x->mc_configs,

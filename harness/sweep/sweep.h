@@ -15,6 +15,7 @@
 #include <stdio.h>
 
 #include "engine/backend.h"
+#include "model/model.h"
 #include "sweep/grid.h"
 
 typedef struct {
@@ -51,5 +52,28 @@ int m2d_sweep_run(const m2d_experiment *x, const m2d_sweep_opts *o, m2d_sweep_su
 /* Print the grid, the distinct-student count (or its upper bound) and a run-time estimate, after
  * the same check as a run and the validation of an existing CSV (-1 + m2d_err when either fails). */
 int m2d_sweep_dry_run(const m2d_experiment *x, const m2d_sweep_opts *o, FILE *f);
+
+/* The teacher's shape for the estimates (elements; moe_layers of the layers are MoE, the rest dense
+ * FFNs of width F). */
+typedef struct {
+    int64_t vocab, hidden, layers, moe_layers, heads, kv_heads, head_dim, d_e, E, k, F;
+    int64_t dtype_bytes;  /* of the stored weights (bf16: 2) */
+    int tied;             /* tie_word_embeddings: no separate LM head */
+} m2d_run_shape;
+
+/* Peak memory of a sweep run (README "Memory of a sweep"), bytes: the teacher's weights as stored
+ * (memory-mapped, they count in RSS), the calibration's anonymous memory at window length CALIB_L
+ * (the expert-output block, one window's forward, the per-layer statistics) and the largest student
+ * (K_MAX experts' width per MoE layer, in the teacher's dtype). */
+typedef struct {
+    double teacher, calib, student, total;
+    int64_t teacher_params, student_params;
+} m2d_run_memory;
+void m2d_run_memory_estimate(const m2d_run_shape *s, int calib_L, int K_max, m2d_run_memory *m);
+/* Fill S from the parsed config.json C. */
+void m2d_run_shape_from_config(const m2d_config *c, m2d_run_shape *s);
+/* One line "peak memory: ~X GiB (teacher .., calibration .., student ..)" to F, and one warning line
+ * when it exceeds this machine's RAM (physical pages). */
+void m2d_run_memory_print(const m2d_run_memory *m, FILE *f);
 
 #endif
