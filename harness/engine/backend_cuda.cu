@@ -625,23 +625,22 @@ __global__ static void k_glu_clamp(float *g, int ldg, const float *u, int ldu, i
     g[(size_t)r * ldg + j] = swiglu_clamp1(g[(size_t)r * ldg + j], u[(size_t)r * ldu + j], alpha, limit);
 }
 
-/* the experts' activation: SwiGLU or the clamped one */
-static void act_rows(cu_be *c, const m2d_moe_args *a, float *g, int ldg, const float *u, int ldu, int rows, int cols) {
+static void glu_clamp_rows(cu_be *c, float *g, int ldg, const float *u, int ldu, int rows, int cols, float alpha,
+                           float limit) {
     int64_t n = (int64_t)rows * cols;
-    if (a->act != M2D_ACT_SWIGLU_CLAMP) {
-        glu_rows(c, g, ldg, u, ldu, rows, cols);
-        return;
-    }
     if (c->failed || n <= 0) return;
-    k_glu_clamp<<<blocks_for(n, 256), 256>>>(g, ldg, u, ldu, rows, cols, a->act_alpha, a->act_limit);
+    k_glu_clamp<<<blocks_for(n, 256), 256>>>(g, ldg, u, ldu, rows, cols, alpha, limit);
     launched(c, "k_glu_clamp");
 }
 
+/* the experts' activation: SwiGLU or the clamped one */
+static void act_rows(cu_be *c, const m2d_moe_args *a, float *g, int ldg, const float *u, int ldu, int rows, int cols) {
+    if (a->act == M2D_ACT_SWIGLU_CLAMP) glu_clamp_rows(c, g, ldg, u, ldu, rows, cols, a->act_alpha, a->act_limit);
+    else glu_rows(c, g, ldg, u, ldu, rows, cols);
+}
+
 static void cu_glu_clamp(m2d_backend *be, m2d_mat *g, const m2d_mat *u, float alpha, float limit) {
-    m2d_moe_args a;
-    memset(&a, 0, sizeof a);
-    a.act = M2D_ACT_SWIGLU_CLAMP, a.act_alpha = alpha, a.act_limit = limit;
-    act_rows(CU(be), &a, F(g), g->ld, F(u), u->ld, g->rows, g->cols);
+    glu_clamp_rows(CU(be), F(g), g->ld, F(u), u->ld, g->rows, g->cols, alpha, limit);
 }
 
 /* y[r] += b for every row (b: cols floats on the device) */

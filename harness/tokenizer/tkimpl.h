@@ -103,6 +103,12 @@ typedef struct {
 
 static inline int m2d_tk_field_err(const loadctx *L, const char *field, const char *what) { return m2d_tkj_err(L->path, field, what); }
 
+/* a loader of one object of tokenizer.json (a normalizer, a pre-tokenizer) at FIELD */
+typedef int (*m2d_tk_loader)(m2d_tokenizer *tk, const loadctx *L, const cJSON *node, const char *field);
+/* a Sequence NODE at FIELD: each element of its array KEY through LOAD, in turn ("FIELD.KEY[i]") */
+int m2d_tk_load_sequence(m2d_tokenizer *tk, const loadctx *L, const cJSON *node, const char *field, const char *key,
+                         m2d_tk_loader load);
+
 typedef struct {
     char *buf, *buf2;
     size_t cap, cap2;

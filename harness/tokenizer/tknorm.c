@@ -15,17 +15,7 @@ int m2d_tknorm_load(m2d_tokenizer *tk, const loadctx *L, const cJSON *nz, const 
     char f[256];
     const char *type;
     if (m2d_tkj_type(L->path, nz, field, &type)) return -1;
-    if (!strcmp(type, "Sequence")) {
-        snprintf(f, sizeof f, "%s.normalizers", field);
-        const cJSON *list = m2d_tkj_get(nz, "normalizers");
-        if (!cJSON_IsArray(list)) return m2d_tk_field_err(L, f, "expected an array");
-        int i = 0;
-        for (const cJSON *c = list->child; c; c = c->next, i++) {
-            snprintf(f, sizeof f, "%s.normalizers[%d]", field, i);
-            if (m2d_tknorm_load(tk, L, c, f)) return -1;
-        }
-        return 0;
-    }
+    if (!strcmp(type, "Sequence")) return m2d_tk_load_sequence(tk, L, nz, field, "normalizers", m2d_tknorm_load);
     static const char *names[] = {"NFC", "NFD", "NFKC", "NFKD", "Prepend", "Replace"};
     int kind = -1;
     for (int i = 0; i < 6; i++)

@@ -57,17 +57,7 @@ int m2d_tkpretok_load(m2d_tokenizer *tk, const loadctx *L, const cJSON *pt, cons
     char f[256];
     const char *type;
     if (m2d_tkj_type(L->path, pt, field, &type)) return -1;
-    if (!strcmp(type, "Sequence")) {
-        snprintf(f, sizeof f, "%s.pretokenizers", field);
-        const cJSON *list = m2d_tkj_get(pt, "pretokenizers");
-        if (!cJSON_IsArray(list)) return m2d_tk_field_err(L, f, "expected an array");
-        int i = 0;
-        for (const cJSON *c = list->child; c; c = c->next, i++) {
-            snprintf(f, sizeof f, "%s.pretokenizers[%d]", field, i);
-            if (m2d_tkpretok_load(tk, L, c, f)) return -1;
-        }
-        return 0;
-    }
+    if (!strcmp(type, "Sequence")) return m2d_tk_load_sequence(tk, L, pt, field, "pretokenizers", m2d_tkpretok_load);
     if (tk->n_stages == MAX_STAGES) return m2d_tk_field_err(L, field, "too many pre-tokenizers");
     stage *st = &tk->stages[tk->n_stages++]; /* owned (and freed) from here on */
     memset(st, 0, sizeof *st);

@@ -131,6 +131,20 @@ static int config_token(m2d_tokenizer *tk, const loadctx *L, const cJSON *cfg, c
     return 0;
 }
 
+int m2d_tk_load_sequence(m2d_tokenizer *tk, const loadctx *L, const cJSON *node, const char *field, const char *key,
+                         m2d_tk_loader load) {
+    char f[256];
+    snprintf(f, sizeof f, "%s.%s", field, key);
+    const cJSON *list = m2d_tkj_get(node, key);
+    if (!cJSON_IsArray(list)) return m2d_tk_field_err(L, f, "expected an array");
+    int i = 0;
+    for (const cJSON *c = list->child; c; c = c->next, i++) {
+        snprintf(f, sizeof f, "%s.%s[%d]", field, key, i);
+        if (load(tk, L, c, f)) return -1;
+    }
+    return 0;
+}
+
 static cJSON *parse_json_file(const char *path) {
     size_t len;
     char *text = m2d_read_file(path, &len);
