@@ -16,7 +16,11 @@
 # about 10 GB). Python for the converter: $PEER_PYTHON, default tests/ref/.venv-hf (torch +
 # transformers, made by `sh tests/ref/setup.sh hf`), with the sdist's own gguf-py and a pinned
 # sentencepiece (installed into build/peer/pydeps, not into the venv) on PYTHONPATH.
-# PEER_ROUNDS (default 3): interleaved rounds; each cell is the best of them.
+# PEER_ROUNDS (default 3): interleaved rounds after one warm-up round that is not counted; each cell
+# is the median of the rounds. The same statistic on both sides (issue 28): pp512 is the mean of a
+# process's repetitions (llama-bench's avg_ts, bench_engine's mean), PPL the whole-process wall time
+# with one window per batch on both sides (llama-perplexity -b 512, as moe2dense ppl), and beside it
+# the scored tokens per second (llama-perplexity scores the second half of each window only).
 set -eu
 
 LLAMA_CPP_PYTHON_VERSION=0.3.36 # vendors ggml-org/llama.cpp@0c1e57098 (its CHANGELOG.md)
@@ -151,12 +155,13 @@ convert() {
   done
 }
 
-# ---- measurement: one line per result in $res: "WORK ENGINE VALUE" (WORK pp-moe|pp-dense|ppl-moe|ppl-dense;
-# pp VALUE = tokens/s, ppl VALUE = whole-process seconds); the summary keeps the best of the rounds
+# ---- measurement: one line per result in $res: "WORK ENGINE VALUE" (WORK pp-moe|pp-dense|ppl-moe|ppl-dense|
+# tps-moe|tps-dense; pp VALUE = tokens/s, ppl VALUE = whole-process seconds, tps VALUE = scored tokens per
+# whole-process second); the summary keeps the median of the rounds. Round 0 (the warm-up) records nothing.
 
-record() { echo "$1 $2 $3" >> "$res"; }
+record() { [ "$round" -gt 0 ] && echo "$1 $2 $3" >> "$res"; return 0; }
 
-# llama-bench pp512: tokens/s of its best repetition (bench_engine also reports its best) and the mean
+# llama-bench pp512: the mean tokens/s of its repetitions (avg_ts; bench_engine records the same mean)
 llama_pp() {
   out="$logs/llama-bench-$1-$2.jsonl"
   "$lbuild/bin/llama-bench" -m "$tmp/$1-bf16.gguf" -p 512 -n 0 -t 2 -r 3 -o jsonl > "$out" 2> "$out.err" ||
@@ -164,8 +169,9 @@ llama_pp() {
   best=$(sed -n 's/.*"samples_ts": \[ *\([^]]*\)\].*/\1/p' "$out" | tr ',' '\n' | sort -g | tail -1 | tr -d ' ')
   mean=$(sed -n 's/.*"avg_ts": \([0-9.e+-]*\).*/\1/p' "$out")
   [ -n "$best" ] || die "no samples_ts in $out"
-  record "pp-$1" llama "$best"
-  echo "round $2: llama-bench pp512 $1: best of 3 $best tok/s (mean $mean)"
+  [ -n "$mean" ] || die "no avg_ts in $out"
+  record "pp-$1" llama "$mean"
+  echo "round $2: llama-bench pp512 $1: mean of 3 $mean tok/s (best $best)"
 }
 
 # bench_engine case (a fresh process, weights as stored, best of 3 after a warm-up pass): pp512
@@ -174,9 +180,10 @@ m2d_pp() { # KIND PREC(bf16|fp32) ROUND
   cache=0; [ "$2" = bf16 ] && cache=4
   M2D_BENCH_RECORD="$rec" "$root/$BUILD/bench/bench_engine" case "$tmp/$1" "$1" pp 512 3 "$cache" 1 ||
     die "bench_engine case $tmp/$1 pp failed"
-  tps=$(cut -d' ' -f1 "$rec")
-  record "pp-$1" "m2d-$2" "$tps"
-  echo "round $3: moe2dense pp512 $1 $2: best of 3 $tps tok/s (peak RSS $(cut -d' ' -f2 "$rec") MB)"
+  best=$(cut -d' ' -f1 "$rec"); mean=$(cut -d' ' -f3 "$rec")
+  [ -n "$mean" ] || die "bench_engine case wrote no mean to $rec"
+  record "pp-$1" "m2d-$2" "$mean"
+  echo "round $3: moe2dense pp512 $1 $2: mean of 3 $mean tok/s (best $best; peak RSS $(cut -d' ' -f2 "$rec") MB)"
 }
 
 # whole process under /usr/bin/time: wall seconds, then the PPL line
@@ -190,10 +197,12 @@ rss_mb() { echo $(($(cut -d' ' -f2 "$1.time") / 1024)); }
 
 llama_ppl() {
   lg="$logs/llama-perplexity-$1-$2.log"
-  s=$(timed "$lg" "$lbuild/bin/llama-perplexity" -m "$tmp/$1-bf16.gguf" -f "$wiki" -c 512 --chunks 4 -t 2)
+  s=$(timed "$lg" "$lbuild/bin/llama-perplexity" -m "$tmp/$1-bf16.gguf" -f "$wiki" -c 512 -b 512 --chunks 4 -t 2)
   ppl=$(sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' "$lg")
   [ -n "$ppl" ] || die "no final PPL in $lg"
   record "ppl-$1" llama "$s"
+  # llama-perplexity scores tokens n_ctx/2 + 1 .. n_ctx - 1 of each window: 255 of 512, 4 windows
+  record "tps-$1" llama "$(awk -v s="$s" 'BEGIN { printf "%.1f", 4 * 255 / s }')"
   echo "round $2: llama-perplexity $1: $s s, peak RSS $(rss_mb "$lg") MB, PPL $ppl" \
     "(scores the second half of each window: 4 x 255 tokens)"
 }
@@ -202,9 +211,12 @@ m2d_ppl() { # KIND PREC ROUND
   lg="$logs/m2d-ppl-$1-$2-$3.log"
   s=$(timed "$lg" "$root/$BUILD/moe2dense" ppl --model "$tmp/$1" --data "$wiki" --seq-len 512 --max-windows 4 \
     --precision "$2" --threads 2)
+  n=$(awk '$1 == "tokens_scored" {print $2}' "$lg")
+  [ -n "$n" ] || die "no tokens_scored in $lg"
   record "ppl-$1" "m2d-$2" "$s"
+  record "tps-$1" "m2d-$2" "$(awk -v n="$n" -v s="$s" 'BEGIN { printf "%.1f", n / s }')"
   echo "round $3: moe2dense ppl $1 $2: $s s, peak RSS $(rss_mb "$lg") MB, PPL $(awk '$1 == "ppl" {print $2}' "$lg")" \
-    "($(awk '$1 == "tokens_scored" {print $2}' "$lg") tokens scored)"
+    "($n tokens scored)"
 }
 
 # --quick: the same yardsticks (measured at the start and the end of bench_gemm), fewer shapes between
@@ -226,7 +238,8 @@ steady() {
 }
 
 system_info() {
-  echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs;" \
+  echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), family $(lscpu | sed -n 's/^CPU family: *//p')" \
+    "model $(lscpu | sed -n 's/^Model: *//p'), $(nproc) CPUs;" \
     "flags: $(grep -o -w -E 'avx512f|avx512bw|avx512vl|avx512_bf16|avx512_vnni|amx_bf16|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')" \
     "$(grep -q -w amx_bf16 /proc/cpuinfo || echo '(no AMX)')"
   echo "llama.cpp: llama-cpp-python $LLAMA_CPP_PYTHON_VERSION sdist (sha256 $LLAMA_CPP_PYTHON_SHA256)," \
@@ -239,30 +252,32 @@ summary() {
   echo
   echo "| work | moe2dense bf16 | moe2dense fp32 | llama.cpp | ratio bf16 / llama.cpp | ratio fp32 / llama.cpp |"
   echo "|---|---:|---:|---:|---:|---:|"
-  awk '
-    { k = $1 SUBSEP $2; pp = ($1 ~ /^pp-/)
-      if (!(k in v) || (pp && $3 > v[k]) || (!pp && $3 < v[k])) v[k] = $3
-      if (!(k in lo) || $3 < lo[k]) lo[k] = $3
-      if (!(k in hi) || $3 > hi[k]) hi[k] = $3 }
+  sort -k1,1 -k2,2 -k3,3g "$res" | awk '
+    { k = $1 SUBSEP $2; n[k]++; x[k, n[k]] = $3 }
     END {
-      n = split("pp-moe pp-dense ppl-moe ppl-dense", w, " ")
+      for (k in n) { m = n[k]; med[k] = m % 2 ? x[k, (m + 1) / 2] : (x[k, m / 2] + x[k, m / 2 + 1]) / 2
+                     if (x[k, m] > 1.25 * x[k, 1]) { split(k, kk, SUBSEP); noisy = noisy " " kk[1] "/" kk[2] } }
+      c = split("pp-moe pp-dense ppl-moe ppl-dense tps-moe tps-dense", w, " ")
       name["pp-moe"] = "pp512, MoE slice (tok/s)"; name["pp-dense"] = "pp512, dense K=8 student (tok/s)"
       name["ppl-moe"] = "PPL L=512, 4 windows, MoE slice (s, whole process)"
       name["ppl-dense"] = "PPL L=512, 4 windows, dense student (s, whole process)"
-      for (i = 1; i <= n; i++) {
-        b = v[w[i], "m2d-bf16"]; f = v[w[i], "m2d-fp32"]; l = v[w[i], "llama"]; pp = (w[i] ~ /^pp-/)
-        rb = pp ? b / l : l / b; rf = pp ? f / l : l / f
-        fmt = pp ? "| %s | %.0f | %.0f | %.0f | %.2fx | %.2fx |\n" : "| %s | %.2f | %.2f | %.2f | %.2fx | %.2fx |\n"
+      name["tps-moe"] = "PPL, MoE slice (scored tokens/s, whole process)"
+      name["tps-dense"] = "PPL, dense student (scored tokens/s, whole process)"
+      for (i = 1; i <= c; i++) {
+        b = med[w[i], "m2d-bf16"]; f = med[w[i], "m2d-fp32"]; l = med[w[i], "llama"]; up = (w[i] !~ /^ppl-/)
+        if (l <= 0 || b <= 0 || f <= 0) { printf "| %s | missing |\n", name[w[i]]; continue }
+        rb = up ? b / l : l / b; rf = up ? f / l : l / f
+        fmt = up ? "| %s | %.0f | %.0f | %.0f | %.2fx | %.2fx |\n" : "| %s | %.2f | %.2f | %.2f | %.2fx | %.2fx |\n"
         printf fmt, name[w[i]], b, f, l, rb, rf
       }
-      for (k in lo) if (hi[k] > 1.25 * lo[k]) { split(k, kk, SUBSEP); noisy = noisy " " kk[1] "/" kk[2] }
       if (noisy != "") print "\nWARNING: cells that varied by more than 25 % across the rounds (load changed):" noisy
-    }' "$res"
+    }'
   echo
-  echo "ratios: moe2dense / llama.cpp throughput (pp: tokens/s; PPL: llama.cpp seconds / moe2dense seconds);"
-  echo "best of $rounds interleaved rounds per cell; logs in $logs."
-  echo "Work differs in PPL: llama-perplexity computes logits for the second half of each window only"
-  echo "(4 x 256 LM-head rows, 4 x 255 tokens scored); moe2dense ppl for all of it (4 x 511 rows and tokens)."
+  echo "ratios: moe2dense / llama.cpp throughput (pp and scored tokens/s: moe2dense / llama.cpp; PPL seconds:"
+  echo "llama.cpp / moe2dense); the median of $rounds interleaved rounds per cell after a warm-up round; pp512"
+  echo "is the mean of each process's 3 repetitions on both sides; logs in $logs."
+  echo "Work differs in PPL: llama-perplexity (-b 512, one window per batch as moe2dense) computes logits for"
+  echo "the second half of each window only (4 x 255 tokens scored); moe2dense ppl scores all of it (4 x 511)."
 }
 
 run() {
@@ -276,13 +291,13 @@ run() {
   echo "# moe2dense vs llama.cpp (CPU), issue 13 — $(date -u +%Y-%m-%dT%H:%MZ)"
   system_info
   yardsticks start
-  r=1
-  while [ "$r" -le "$rounds" ]; do # interleaved: every engine sees the same load in each round
+  round=0 # round 0 warms the page cache and the CPU up and is not recorded (record())
+  while [ "$round" -le "$rounds" ]; do # interleaved: every engine sees the same load in each round
     for kind in moe dense; do
-      llama_pp "$kind" "$r"; m2d_pp "$kind" bf16 "$r"; m2d_pp "$kind" fp32 "$r"
-      llama_ppl "$kind" "$r"; m2d_ppl "$kind" bf16 "$r"; m2d_ppl "$kind" fp32 "$r"
+      llama_pp "$kind" "$round"; m2d_pp "$kind" bf16 "$round"; m2d_pp "$kind" fp32 "$round"
+      llama_ppl "$kind" "$round"; m2d_ppl "$kind" bf16 "$round"; m2d_ppl "$kind" fp32 "$round"
     done
-    r=$((r + 1))
+    round=$((round + 1))
   done
   grep -h -m1 'system_info' "$logs"/llama-perplexity-moe-1.log | sed 's/^/llama.cpp /' || true
   yardsticks end
