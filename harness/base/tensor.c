@@ -126,3 +126,20 @@ float *m2d_tensor_f32(const m2d_tensor *t) {
     m2d_to_f32(t->dtype, t->data, 0, n, out);
     return out;
 }
+
+int64_t m2d_tensor_first_non_finite(const m2d_tensor *t, int64_t *count) {
+    float buf[4096];
+    int64_t n = m2d_tensor_numel(t), first = -1;
+    *count = 0;
+    if (t->dtype != M2D_F32 && t->dtype != M2D_BF16 && t->dtype != M2D_F16) return -1;
+    for (int64_t at = 0; at < n; at += 4096) {
+        int64_t m = M2D_MIN(4096, n - at);
+        m2d_to_f32(t->dtype, t->data, at, m, buf);
+        for (int64_t i = 0; i < m; i++)
+            if (!isfinite(buf[i])) {
+                if (first < 0) first = at + i;
+                ++*count;
+            }
+    }
+    return first;
+}

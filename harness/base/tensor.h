@@ -22,6 +22,8 @@ size_t m2d_dtype_size(m2d_dtype t);
 const char *m2d_dtype_name(m2d_dtype t);        /* safetensors spelling: "F32", "BF16", ... */
 int m2d_dtype_parse(const char *s, m2d_dtype *out); /* -1 if unknown */
 int64_t m2d_tensor_numel(const m2d_tensor *t);
+/* The first element of T that is not finite (-1: none, or T not a float dtype); *COUNT how many. */
+int64_t m2d_tensor_first_non_finite(const m2d_tensor *t, int64_t *count);
 
 float m2d_bf16_to_f32(uint16_t h);
 uint16_t m2d_f32_to_bf16(float f);  /* round to nearest even; NaN stays NaN */

@@ -110,120 +110,129 @@ static int parse_seed(const char *s, unsigned long long *out) {
     return 0;
 }
 
+/* the command line, as given */
+typedef struct {
+    const char *model, *stats, *scoring, *grouping, *scaling, *K_s, *out, *target, *groups_s, *moe_router, *ratio_s,
+        *topk_s, *baseline_s, *seed_s;
+    int fp_only;
+} convert_args;
+
+static int parse_args(int ac, char **av, convert_args *a) {
+    m2d_opt opts[] = {{"--model", 1, &a->model, NULL},         {"--stats", 1, &a->stats, NULL},
+                      {"--scoring", 1, &a->scoring, NULL},     {"--grouping", 1, &a->grouping, NULL},
+                      {"--scaling", 1, &a->scaling, NULL},     {"-K", 1, &a->K_s, NULL},
+                      {"--out", 1, &a->out, NULL},             {"--target", 1, &a->target, NULL},
+                      {"--groups", 1, &a->groups_s, NULL},     {"--fingerprint", 0, NULL, &a->fp_only},
+                      {"--moe-router", 1, &a->moe_router, NULL}, {"--ratio", 1, &a->ratio_s, NULL},
+                      {"--top-k", 1, &a->topk_s, NULL},        {"--baseline", 1, &a->baseline_s, NULL},
+                      {"--seed", 1, &a->seed_s, NULL},         {0}};
+    return m2d_parse_opts("convert", ac, av, opts, NULL, 0, NULL);
+}
+
+/* --baseline and --seed, then the flags every conversion needs */
+static int check_required(convert_args *a, m2d_convert_opts *co) {
+    if (a->baseline_s && (m2d_baseline_parse(a->baseline_s, &co->baseline) ||
+                          baseline_defaults(&a->scoring, &a->grouping, &a->scaling, &a->K_s, &a->target)))
+        return m2d_err_prefix("convert: --baseline");
+    if (a->seed_s && !a->baseline_s) return m2d_err("convert: --seed is only for --baseline");
+    unsigned long long seed = 0;
+    if (a->seed_s && parse_seed(a->seed_s, &seed)) return -1;
+    co->baseline_seed = seed;
+    if (!a->model || !a->stats || !a->scoring || !a->grouping || (!a->K_s && !a->ratio_s && !a->baseline_s) ||
+        (!a->out && !a->fp_only))
+        return m2d_err("convert: --model, --stats, --scoring, --grouping, -K (or --ratio) and --out are required (see "
+                       "'moe2dense help convert')");
+    return 0;
+}
+
+/* --target and the flags that belong to one target only */
+static int parse_target(const convert_args *a, m2d_convert_opts *co) {
+    if (!strcmp(a->target, "dense")) co->target = M2D_TARGET_DENSE;
+    else if (!strcmp(a->target, "moe")) co->target = M2D_TARGET_MOE;
+    else return m2d_err("convert: --target '%s': expected dense or moe", a->target);
+    int dense = co->target == M2D_TARGET_DENSE;
+    if (dense && !a->scaling)
+        return m2d_err("convert: --scaling is required for --target dense (uniform, proportional, avg-cp)");
+    if (!dense && a->scaling)
+        fprintf(stderr, "moe2dense convert: note: --scaling is not used with --target moe (the router weights "
+                        "the experts)\n");
+    co->moe_router = M2D_MOE_ROUTER_SHARED;
+    if (a->moe_router && dense) return m2d_err("convert: --moe-router is only for --target moe");
+    if (a->moe_router && !strcmp(a->moe_router, "average")) co->moe_router = M2D_MOE_ROUTER_AVERAGE;
+    else if (a->moe_router && strcmp(a->moe_router, "shared"))
+        return m2d_err("convert: --moe-router '%s': expected shared or average", a->moe_router);
+    if (dense && (a->ratio_s || a->topk_s)) return m2d_err("convert: --ratio and --top-k are only for --target moe");
+    return 0;
+}
+
+/* --ratio, -K, --top-k, --groups */
+static int parse_numbers(const convert_args *a, m2d_convert_opts *co) {
+    if (a->ratio_s) {
+        char *end;
+        co->ratio = strtod(a->ratio_s, &end);
+        if (end == a->ratio_s || *end || !(co->ratio > 0 && co->ratio < 1))
+            return m2d_err("convert: --ratio '%s': expected a fraction of experts removed in (0, 1), e.g. 0.25",
+                           a->ratio_s);
+    }
+    long K = 0, top_k = 0, groups = 0;
+    if ((a->K_s && m2d_parse_int("convert", "-K", a->K_s, 1, 1 << 20, &K)) ||
+        (a->topk_s && m2d_parse_int("convert", "--top-k", a->topk_s, 1, 1 << 20, &top_k)) ||
+        (a->groups_s && m2d_parse_int("convert", "--groups", a->groups_s, 1, 1 << 20, &groups)))
+        return -1;
+    co->K = (int)K, co->top_k = (int)top_k, co->n_groups = (int)groups;
+    return 0;
+}
+
+static void print_written(const convert_args *a, const m2d_convert_opts *co, const m2d_model *student,
+                          const m2d_convert_plan *plan) {
+    if (co->baseline)
+        printf("wrote %s (%s baseline, dense width %d, seed %llu, std %g) fingerprint %s\n", a->out, a->baseline_s,
+               student->cfg.intermediate_size, (unsigned long long)co->baseline_seed, plan->init_std,
+               plan->fingerprint);
+    else
+        printf("wrote %s (%s student, %d MoE layers, K=%d, %d groups) fingerprint %s\n", a->out,
+               co->target == M2D_TARGET_DENSE ? "dense" : "moe", plan->n_layers, plan->K, plan->n_groups,
+               plan->fingerprint);
+}
+
+/* The teacher and its statistics (checked), the plan, and the student built and written (or only
+ * the plan's fingerprint printed). */
+static int convert(const convert_args *a, m2d_convert_opts *co) {
+    m2d_model *m = NULL, *student = NULL;
+    m2d_stats *s = NULL;
+    m2d_convert_plan *plan = NULL;
+    int rc = m2d_model_open(a->model, &m) || m2d_stats_read(a->stats, &s) || m2d_stats_check_model(s, a->stats, m);
+    if (rc == 0 && co->baseline && !a->K_s) co->K = m->cfg.num_experts_per_tok;
+    if (rc == 0) rc = m2d_convert_plan_build(m, s, co, &plan);
+    if (rc == 0 && a->fp_only) printf("%s\n", plan->fingerprint);
+    else if (rc == 0)
+        rc = m2d_convert_build(m, plan, &student) || m2d_convert_write(m, student, plan, a->stats, a->out);
+    if (rc == 0 && !a->fp_only) print_written(a, co, student, plan);
+    m2d_convert_student_free(student);
+    m2d_convert_plan_free(plan);
+    m2d_calib_stats_free(s);
+    if (m) m2d_model_close(m);
+    return rc ? -1 : 0;
+}
+
 static int cmd_convert_run(int argc, char **argv) {
     char **av = m2d_malloc((size_t)(argc + 1) * sizeof *av);
     memcpy(av, argv, (size_t)argc * sizeof *av);
     int ac = argc;
     char *params_s = take_params(&ac, av);
-    const char *model = NULL, *stats = NULL, *scoring = NULL, *grouping = NULL, *scaling = NULL, *K_s = NULL,
-               *out = NULL, *target = "dense", *groups_s = NULL,
-               *moe_router = NULL, *ratio_s = NULL, *topk_s = NULL, *baseline_s = NULL, *seed_s = NULL;
-    int fp_only = 0;
-    m2d_opt opts[] = {{"--model", 1, &model, NULL},       {"--stats", 1, &stats, NULL},
-                      {"--scoring", 1, &scoring, NULL},   {"--grouping", 1, &grouping, NULL},
-                      {"--scaling", 1, &scaling, NULL},   {"-K", 1, &K_s, NULL},
-                      {"--out", 1, &out, NULL},           {"--target", 1, &target, NULL},
-                      {"--groups", 1, &groups_s, NULL},   {"--fingerprint", 0, NULL, &fp_only},
-                      {"--moe-router", 1, &moe_router, NULL}, {"--ratio", 1, &ratio_s, NULL},
-                      {"--top-k", 1, &topk_s, NULL},      {"--baseline", 1, &baseline_s, NULL},
-                      {"--seed", 1, &seed_s, NULL},       {0}};
-    m2d_params params = {0, NULL, NULL};
-    m2d_model *m = NULL, *student = NULL;
-    m2d_stats *s = NULL;
-    m2d_convert_plan *plan = NULL;
-    int rc = 1;
-    long K = 0, groups = 0, top_k = 0;
-    double ratio = 0;
-    m2d_baseline baseline = M2D_BASELINE_NONE;
-    unsigned long long seed = 0;
-    if (m2d_parse_opts("convert", ac, av, opts, NULL, 0, NULL)) goto done;
-    if (baseline_s && (m2d_baseline_parse(baseline_s, &baseline) || baseline_defaults(&scoring, &grouping, &scaling, &K_s,
-                                                                                      &target))) {
-        m2d_err_prefix("convert: --baseline");
-        goto done;
+    convert_args a = {.target = "dense"};
+    m2d_convert_opts co = {.params = {0, NULL, NULL}};
+    int rc = parse_args(ac, av, &a) || check_required(&a, &co) || parse_target(&a, &co) || parse_numbers(&a, &co);
+    if (rc == 0 && m2d_params_parse(params_s, &co.params)) rc = m2d_err_prefix("convert: --param");
+    if (rc == 0) {
+        co.scoring = a.scoring, co.grouping = a.grouping, co.scaling = a.scaling;
+        rc = convert(&a, &co);
     }
-    if (seed_s && !baseline_s) {
-        m2d_err("convert: --seed is only for --baseline");
-        goto done;
-    }
-    if (seed_s && parse_seed(seed_s, &seed)) goto done;
-    if (!model || !stats || !scoring || !grouping || (!K_s && !ratio_s && !baseline_s) || (!out && !fp_only)) {
-        m2d_err("convert: --model, --stats, --scoring, --grouping, -K (or --ratio) and --out are required (see "
-                "'moe2dense help convert')");
-        goto done;
-    }
-    m2d_target t;
-    if (!strcmp(target, "dense")) t = M2D_TARGET_DENSE;
-    else if (!strcmp(target, "moe")) t = M2D_TARGET_MOE;
-    else {
-        m2d_err("convert: --target '%s': expected dense or moe", target);
-        goto done;
-    }
-    if (t == M2D_TARGET_DENSE && !scaling) {
-        m2d_err("convert: --scaling is required for --target dense (uniform, proportional, avg-cp)");
-        goto done;
-    }
-    if (t == M2D_TARGET_MOE && scaling)
-        fprintf(stderr, "moe2dense convert: note: --scaling is not used with --target moe (the router weights "
-                        "the experts)\n");
-    m2d_moe_router router = M2D_MOE_ROUTER_SHARED;
-    if (moe_router && t == M2D_TARGET_DENSE) {
-        m2d_err("convert: --moe-router is only for --target moe");
-        goto done;
-    }
-    if (moe_router && !strcmp(moe_router, "average")) router = M2D_MOE_ROUTER_AVERAGE;
-    else if (moe_router && strcmp(moe_router, "shared")) {
-        m2d_err("convert: --moe-router '%s': expected shared or average", moe_router);
-        goto done;
-    }
-    if (t == M2D_TARGET_DENSE && (ratio_s || topk_s)) {
-        m2d_err("convert: --ratio and --top-k are only for --target moe");
-        goto done;
-    }
-    if (ratio_s) {
-        char *end;
-        ratio = strtod(ratio_s, &end);
-        if (end == ratio_s || *end || !(ratio > 0 && ratio < 1)) {
-            m2d_err("convert: --ratio '%s': expected a fraction of experts removed in (0, 1), e.g. 0.25", ratio_s);
-            goto done;
-        }
-    }
-    if (K_s && m2d_parse_int("convert", "-K", K_s, 1, 1 << 20, &K)) goto done;
-    if (topk_s && m2d_parse_int("convert", "--top-k", topk_s, 1, 1 << 20, &top_k)) goto done;
-    if (groups_s && m2d_parse_int("convert", "--groups", groups_s, 1, 1 << 20, &groups)) goto done;
-    if (m2d_params_parse(params_s, &params)) {
-        m2d_err_prefix("convert: --param");
-        goto done;
-    }
-    if (m2d_model_open(model, &m) || m2d_stats_read(stats, &s) || m2d_stats_check_model(s, stats, m)) goto done;
-    if (baseline && !K_s) K = m->cfg.num_experts_per_tok;
-    m2d_convert_opts co = {.scoring = scoring, .grouping = grouping, .scaling = scaling, .K = (int)K, .target = t,
-                           .n_groups = (int)groups, .params = params, .moe_router = router, .ratio = ratio,
-                           .top_k = (int)top_k, .baseline = baseline, .baseline_seed = seed};
-    if (m2d_convert_plan_build(m, s, &co, &plan)) goto done;
-    if (fp_only) {
-        printf("%s\n", plan->fingerprint);
-        rc = 0;
-        goto done;
-    }
-    if (m2d_convert_build(m, plan, &student) || m2d_convert_write(m, student, plan, stats, out)) goto done;
-    if (baseline)
-        printf("wrote %s (%s baseline, dense width %d, seed %llu, std %g) fingerprint %s\n", out, baseline_s,
-               student->cfg.intermediate_size, seed, plan->init_std, plan->fingerprint);
-    else
-        printf("wrote %s (%s student, %d MoE layers, K=%d, %d groups) fingerprint %s\n", out,
-               t == M2D_TARGET_DENSE ? "dense" : "moe", plan->n_layers, plan->K, plan->n_groups, plan->fingerprint);
-    rc = 0;
-done:
     if (rc) m2d_cmd_fail("convert");
-    m2d_convert_student_free(student);
-    m2d_convert_plan_free(plan);
-    m2d_calib_stats_free(s);
-    if (m) m2d_model_close(m);
-    m2d_params_free(&params);
+    m2d_params_free(&co.params);
     free(params_s);
     free(av);
-    return rc;
+    return rc ? 1 : 0;
 }
 
 static char *convert_usage(void) { return m2d_cmd_usage_families(USAGE); }

@@ -10,6 +10,28 @@
 #include "evals/mc.h"
 #include "base/util.h"
 
+/* the scores, as text or JSON, with the precision used and the device */
+static void print_results(const m2d_mc_results *res, int json, m2d_precision used, m2d_precision prec,
+                          const char *device, double t0) {
+    if (json) {
+        char *s = m2d_mc_results_json(res);
+        cJSON *o = cJSON_Parse(s);
+        free(s);
+        cJSON_AddStringToObject(o, "precision", m2d_precision_name(used));
+        cJSON_AddStringToObject(o, "precision_requested", m2d_precision_name(prec));
+        cJSON_AddStringToObject(o, "device", device);
+        cJSON_AddNumberToObject(o, "peak_rss_mib", m2d_cmd_peak_rss_mib());
+        s = cJSON_Print(o);
+        puts(s);
+        free(s);
+        cJSON_Delete(o);
+    } else {
+        printf("precision %s (requested %s)\ndevice %s\n", m2d_precision_name(used), m2d_precision_name(prec), device);
+        m2d_mc_results_print(res, stdout);
+        fprintf(stdout, "%lld requests in %.1f s\n", (long long)res->n_requests, m2d_now() - t0);
+    }
+}
+
 static int cmd_eval_run(int argc, char **argv) {
     const char *model = NULL, *tasks = NULL, *shots_s = NULL, *limit_s = NULL, *dump = NULL, *data = NULL;
     const char *threads_s = NULL, *seed_s = NULL, *maxlen_s = NULL, *prec_s = "fp32", *device = "cpu";
@@ -56,23 +78,7 @@ static int cmd_eval_run(int argc, char **argv) {
     int rc = m2d_mc_run(lm, tasks, (int)shots, (int)limit, &cfg, &res);
     m2d_lm_free(lm);
     if (rc) return m2d_cmd_fail("eval");
-    if (json) {
-        char *s = m2d_mc_results_json(&res);
-        cJSON *o = cJSON_Parse(s);
-        free(s);
-        cJSON_AddStringToObject(o, "precision", m2d_precision_name(used));
-        cJSON_AddStringToObject(o, "precision_requested", m2d_precision_name(prec));
-        cJSON_AddStringToObject(o, "device", device);
-        cJSON_AddNumberToObject(o, "peak_rss_mib", m2d_cmd_peak_rss_mib());
-        s = cJSON_Print(o);
-        puts(s);
-        free(s);
-        cJSON_Delete(o);
-    } else {
-        printf("precision %s (requested %s)\ndevice %s\n", m2d_precision_name(used), m2d_precision_name(prec), device);
-        m2d_mc_results_print(&res, stdout);
-        fprintf(stdout, "%lld requests in %.1f s\n", (long long)res.n_requests, m2d_now() - t0);
-    }
+    print_results(&res, json, used, prec, device, t0);
     m2d_mc_results_free(&res);
     return 0;
 }

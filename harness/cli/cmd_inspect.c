@@ -199,6 +199,44 @@ static void print_variants(const m2d_model *m) {
     if (c->quant_method[0]) printf("quantization   %s experts, dequantised exactly to bf16 on load\n", c->quant_method);
 }
 
+/* the dense student's width and parameters for every K of the sweep's defaults */
+static void print_student(const m2d_config *c, const m2d_param_counts *p) {
+    char b1[32];
+    if (c->num_experts > 0) {
+        int ks[5], nk = k_values(c, ks);
+        int kd = c->num_experts_per_tok * c->moe_intermediate_size, sh = c->shared_expert_intermediate_size;
+        if (sh)
+            printf("dense student  FFN width k*d_e + shared = %d*%d + %d = %d in every layer, no router;\n",
+                   c->num_experts_per_tok, c->moe_intermediate_size, sh, kd + sh);
+        else
+            printf("dense student  FFN width k*d_e = %d*%d = %d in every MoE layer, no router;\n",
+                   c->num_experts_per_tok, c->moe_intermediate_size, kd);
+        printf("               same size for every K (K picks which experts merge into the k groups)\n");
+        for (int i = 0; i < nk; i++) printf("               K=%-4d %s\n", ks[i], commas(p->dense_student, b1, sizeof b1));
+        /* the paper's Table 18 and the model cards count active parameters without the input
+         * embedding (a lookup, not a matmul) */
+        int64_t embed = (int64_t)c->vocab_size * c->hidden_size;
+        char b2[32];
+        printf("               without the input embedding: active %s, dense student %s\n",
+               commas(p->active - embed, b1, sizeof b1), commas(p->dense_student - embed, b2, sizeof b2));
+    } else {
+        printf("dense student  n/a (already dense)\n");
+    }
+}
+
+/* what is stored: dtypes, shards, tensors, the weights' hash */
+static void print_storage(const m2d_model *m) {
+    int counts[M2D_DTYPE_COUNT];
+    dtype_counts(m->st, counts);
+    printf("dtypes        ");
+    for (int t = 0; t < M2D_DTYPE_COUNT; t++)
+        if (counts[t]) printf(" %s %d", m2d_dtype_name((m2d_dtype)t), counts[t]);
+    printf("\n");
+    printf("shards         %d\n", m2d_st_file_count(m->st));
+    printf("tensors        %d, all present with expected shapes\n", m2d_st_count(m->st));
+    printf("weights_hash   %s\n", m->weights_hash);
+}
+
 static void print_text(const m2d_model *m) {
     const m2d_config *c = &m->cfg;
     m2d_param_counts p = m2d_model_param_counts(c);
@@ -243,35 +281,8 @@ static void print_text(const m2d_model *m) {
     if (c->num_experts > 0)
         snprintf(how, sizeof how, "top-%d experts, incl. embeddings and routers", c->num_experts_per_tok);
     printf("               active per token %s (%s)\n", commas(p.active, b1, sizeof b1), how);
-    if (c->num_experts > 0) {
-        int ks[5], nk = k_values(c, ks);
-        int kd = c->num_experts_per_tok * c->moe_intermediate_size, sh = c->shared_expert_intermediate_size;
-        if (sh)
-            printf("dense student  FFN width k*d_e + shared = %d*%d + %d = %d in every layer, no router;\n",
-                   c->num_experts_per_tok, c->moe_intermediate_size, sh, kd + sh);
-        else
-            printf("dense student  FFN width k*d_e = %d*%d = %d in every MoE layer, no router;\n",
-                   c->num_experts_per_tok, c->moe_intermediate_size, kd);
-        printf("               same size for every K (K picks which experts merge into the k groups)\n");
-        for (int i = 0; i < nk; i++) printf("               K=%-4d %s\n", ks[i], commas(p.dense_student, b1, sizeof b1));
-        /* the paper's Table 18 and the model cards count active parameters without the input
-         * embedding (a lookup, not a matmul) */
-        int64_t embed = (int64_t)c->vocab_size * c->hidden_size;
-        char b2[32];
-        printf("               without the input embedding: active %s, dense student %s\n",
-               commas(p.active - embed, b1, sizeof b1), commas(p.dense_student - embed, b2, sizeof b2));
-    } else {
-        printf("dense student  n/a (already dense)\n");
-    }
-    int counts[M2D_DTYPE_COUNT];
-    dtype_counts(m->st, counts);
-    printf("dtypes        ");
-    for (int t = 0; t < M2D_DTYPE_COUNT; t++)
-        if (counts[t]) printf(" %s %d", m2d_dtype_name((m2d_dtype)t), counts[t]);
-    printf("\n");
-    printf("shards         %d\n", m2d_st_file_count(m->st));
-    printf("tensors        %d, all present with expected shapes\n", m2d_st_count(m->st));
-    printf("weights_hash   %s\n", m->weights_hash);
+    print_student(c, &p);
+    print_storage(m);
 }
 
 static cJSON *config_json(const m2d_config *c) {

@@ -66,6 +66,73 @@ static const char USAGE[] =
     "[TASK_acc, TASK_acc_norm..., mc_avg], wall_s, status, dedup_of, fingerprint.\n"
     "Progress (done/total, current configuration, ETA) is shown on a terminal.\n";
 
+/* the command line, as given */
+typedef struct {
+    const char *exp, *shard, *out, *jobs, *threads, *max_configs, *prec_s, *device;
+    int dry, retry, no_resume;
+    char *pos[1];
+} sweep_args;
+
+/* EXPERIMENTS.toml and --experiment (an absent one: the file's experiments named) */
+static int parse_args(int argc, char **argv, sweep_args *a) {
+    m2d_opt opts[] = {{"--experiment", 1, &a->exp, NULL}, {"--shard", 1, &a->shard, NULL},
+                      {"--out", 1, &a->out, NULL},        {"--jobs", 1, &a->jobs, NULL},
+                      {"--threads", 1, &a->threads, NULL}, {"--dry-run", 0, NULL, &a->dry},
+                      {"--retry-failed", 0, NULL, &a->retry}, {"--no-resume", 0, NULL, &a->no_resume},
+                      {"--max-configs", 1, &a->max_configs, NULL}, {"--precision", 1, &a->prec_s, NULL},
+                      {"--device", 1, &a->device, NULL}, {0}};
+    int npos = 0;
+    if (m2d_parse_opts("sweep", argc, argv, opts, a->pos, 1, &npos)) return -1;
+    if (npos != 1) return m2d_err("sweep: expected EXPERIMENTS.toml (see 'moe2dense help sweep')");
+    if (a->exp) return 0;
+    char *names = m2d_experiment_names(a->pos[0]);
+    m2d_err("sweep: --experiment NAME is required (%s has: %s)", a->pos[0], names ? names : "none");
+    free(names);
+    return -1;
+}
+
+/* the run's options from the flags (--max-configs sets the grid's limit) */
+static int sweep_options(const sweep_args *a, m2d_sweep_opts *o) {
+    long v;
+    if (a->jobs && m2d_parse_int("sweep", "--jobs", a->jobs, 1, 1024, &v)) return -1;
+    if (a->jobs) o->jobs = (int)v;
+    if (a->threads && m2d_parse_int("sweep", "--threads", a->threads, 1, 1024, &v)) return -1;
+    if (a->threads) o->threads = (int)v;
+    if (a->shard && m2d_parse_shard(a->shard, &o->shard_i, &o->shard_n)) return -1;
+    if (m2d_precision_parse(a->prec_s, "sweep: --precision", &o->precision)) return -1;
+    if (a->device && m2d_device_check(a->device, "sweep: --device")) return -1;
+    o->device = a->device;
+    if (a->max_configs) {
+        if (m2d_parse_int("sweep", "--max-configs", a->max_configs, 1, 1L << 40, &v)) return -1;
+        m2d_grid_set_max_configs(v);
+    }
+    o->out = a->out;
+    o->retry_failed = a->retry;
+    return 0;
+}
+
+/* The summary lines; 3 when some configuration, MC evaluation or distillation failed, else 0. */
+static int print_summary(const m2d_experiment *x, const m2d_sweep_summary *s, const char *path) {
+    printf("sweep %s: %d configurations: %d already done, %d evaluated, %d students identical to an earlier one by "
+           "fingerprint (recorded as dedup_of, not evaluated), %d failed -> %s\n",
+           x->name, s->total, s->skipped, s->evaluated, s->dedup, s->failed, path);
+    printf("sweep %s: %.2f s wall: %.2f s prepare (teacher, calibration, data), %.2f s in build+evaluate "
+           "(%d job(s) x %d thread(s))\n", x->name, s->wall_s, s->prepare_s, s->eval_s, s->jobs, s->threads);
+    if (s->mc_selected)
+        printf("sweep %s: multiple choice: %d configuration(s) selected (%s), %d evaluated now -> %s.mc.csv\n",
+               x->name, s->mc_selected, x->mc_configs, s->mc_evaluated, path);
+    if (s->distill_selected)
+        printf("sweep %s: distillation: %d configuration(s) selected (%s), %d distilled now in %.2f s -> "
+               "%s.distill.csv, checkpoints in %s.distill/\n", x->name, s->distill_selected, x->distill_configs,
+               s->distill_evaluated, s->stages_s, path, path);
+    if (!s->unrunnable && !s->mc_failed && !s->distill_failed) return 0;
+    fprintf(stderr, "moe2dense sweep: %d configuration(s) could not be run%s%.0d%s%s%.0d%s (rows say 'failed: "
+                    "reason'; fix the cause, then --retry-failed)\n", s->unrunnable, s->mc_failed ? ", " : "",
+            s->mc_failed, s->mc_failed ? " multiple-choice evaluation(s) failed" : "", s->distill_failed ? ", " : "",
+            s->distill_failed, s->distill_failed ? " distillation(s) failed" : "");
+    return 3;
+}
+
 static int cmd_sweep_run(int argc, char **argv) {
     char **sets = NULL;
     int n_sets = 0;
@@ -73,82 +140,21 @@ static int cmd_sweep_run(int argc, char **argv) {
         free(sets);
         return m2d_cmd_fail("sweep");
     }
-    const char *exp = NULL, *shard = NULL, *out = NULL, *jobs = NULL, *threads = NULL, *max_configs = NULL;
-    const char *prec_s = "fp32", *device = NULL;
-    int dry = 0, retry = 0, no_resume = 0;
-    m2d_opt opts[] = {{"--experiment", 1, &exp, NULL}, {"--shard", 1, &shard, NULL},  {"--out", 1, &out, NULL},
-                      {"--jobs", 1, &jobs, NULL},      {"--threads", 1, &threads, NULL},
-                      {"--dry-run", 0, NULL, &dry},    {"--retry-failed", 0, NULL, &retry},
-                      {"--no-resume", 0, NULL, &no_resume}, {"--max-configs", 1, &max_configs, NULL},
-                      {"--precision", 1, &prec_s, NULL}, {"--device", 1, &device, NULL}, {0}};
-    char *pos[1];
-    int npos = 0, rc = 1;
+    sweep_args a = {.prec_s = "fp32"};
     m2d_experiment x = {0};
     m2d_sweep_opts o = {.out = NULL};
-    if (m2d_parse_opts("sweep", argc, argv, opts, pos, 1, &npos)) goto fail;
-    if (npos != 1) {
-        m2d_err("sweep: expected EXPERIMENTS.toml (see 'moe2dense help sweep')");
-        goto fail;
-    }
-    if (!exp) {
-        char *names = m2d_experiment_names(pos[0]);
-        m2d_err("sweep: --experiment NAME is required (%s has: %s)", pos[0], names ? names : "none");
-        free(names);
-        goto fail;
-    }
-    long v;
-    if (jobs) {
-        if (m2d_parse_int("sweep", "--jobs", jobs, 1, 1024, &v)) goto fail;
-        o.jobs = (int)v;
-    }
-    if (threads) {
-        if (m2d_parse_int("sweep", "--threads", threads, 1, 1024, &v)) goto fail;
-        o.threads = (int)v;
-    }
-    if (shard && m2d_parse_shard(shard, &o.shard_i, &o.shard_n)) goto fail;
-    if (m2d_precision_parse(prec_s, "sweep: --precision", &o.precision)) goto fail;
-    if (device && m2d_device_check(device, "sweep: --device")) goto fail;
-    o.device = device;
-    if (max_configs) {
-        if (m2d_parse_int("sweep", "--max-configs", max_configs, 1, 1L << 40, &v)) goto fail;
-        m2d_grid_set_max_configs(v);
-    }
-    o.out = out;
-    o.retry_failed = retry;
-    if (m2d_experiment_load(pos[0], exp, sets, n_sets, &x)) goto fail;
-    if (dry) {
-        rc = m2d_sweep_dry_run(&x, &o, stdout) ? 1 : 0;
-        if (rc) goto fail;
-        goto done;
-    }
-    const char *path = out ? out : x.out;
-    o.no_resume = no_resume;
+    int rc = parse_args(argc, argv, &a) || sweep_options(&a, &o) ||
+                     m2d_experiment_load(a.pos[0], a.exp, sets, n_sets, &x)
+                 ? -1
+                 : 0;
     m2d_sweep_summary s;
-    if (m2d_sweep_run(&x, &o, &s)) goto fail;
-    printf("sweep %s: %d configurations: %d already done, %d evaluated, %d students identical to an earlier one by "
-           "fingerprint (recorded as dedup_of, not evaluated), %d failed -> %s\n",
-           x.name, s.total, s.skipped, s.evaluated, s.dedup, s.failed, path);
-    printf("sweep %s: %.2f s wall: %.2f s prepare (teacher, calibration, data), %.2f s in build+evaluate "
-           "(%d job(s) x %d thread(s))\n", x.name, s.wall_s, s.prepare_s, s.eval_s, s.jobs, s.threads);
-    if (s.mc_selected)
-        printf("sweep %s: multiple choice: %d configuration(s) selected (%s), %d evaluated now -> %s.mc.csv\n",
-               x.name, s.mc_selected, x.mc_configs, s.mc_evaluated, path);
-    if (s.distill_selected)
-        printf("sweep %s: distillation: %d configuration(s) selected (%s), %d distilled now in %.2f s -> "
-               "%s.distill.csv, checkpoints in %s.distill/\n", x.name, s.distill_selected, x.distill_configs,
-               s.distill_evaluated, s.stages_s, path, path);
-    rc = 0;
-    if (s.unrunnable || s.mc_failed || s.distill_failed) {
-        fprintf(stderr, "moe2dense sweep: %d configuration(s) could not be run%s%.0d%s%s%.0d%s (rows say 'failed: "
-                        "reason'; fix the cause, then --retry-failed)\n", s.unrunnable, s.mc_failed ? ", " : "",
-                s.mc_failed, s.mc_failed ? " multiple-choice evaluation(s) failed" : "", s.distill_failed ? ", " : "",
-                s.distill_failed, s.distill_failed ? " distillation(s) failed" : "");
-        rc = 3;
+    if (rc == 0 && a.dry) {
+        rc = m2d_sweep_dry_run(&x, &o, stdout) ? -1 : 0;
+    } else if (rc == 0) {
+        o.no_resume = a.no_resume;
+        rc = m2d_sweep_run(&x, &o, &s) ? -1 : print_summary(&x, &s, a.out ? a.out : x.out);
     }
-    goto done;
-fail:
-    rc = m2d_cmd_fail("sweep");
-done:
+    if (rc < 0) rc = m2d_cmd_fail("sweep");
     m2d_experiment_free(&x);
     free(sets);
     return rc;

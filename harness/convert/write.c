@@ -253,7 +253,7 @@ static cJSON *sources_json(const m2d_layer_plan *l) {
     return a;
 }
 
-static int write_manifest(const m2d_model *t, const m2d_convert_plan *p, const char *stats_path, const char *dir) {
+static cJSON *manifest_json(const m2d_model *t, const m2d_convert_plan *p, const char *stats_path) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "moe2dense_version", M2D_VERSION);
     cJSON_AddStringToObject(j, "fingerprint", p->fingerprint);
@@ -309,7 +309,14 @@ static int write_manifest(const m2d_model *t, const m2d_convert_plan *p, const c
         if (l->src_start) cJSON_AddItemToObject(o, "sources", sources_json(l));
         cJSON_AddItemToArray(layers, o);
     }
-    return write_json(dir, "moe2dense.json", j);
+    return j;
+}
+
+char *m2d_convert_manifest(const m2d_model *t, const m2d_convert_plan *p, const char *stats_path) {
+    cJSON *j = manifest_json(t, p, stats_path);
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j);
+    return text;
 }
 
 int m2d_convert_write(const m2d_model *t, const m2d_model *s, const m2d_convert_plan *plan, const char *stats_path,
@@ -318,7 +325,7 @@ int m2d_convert_write(const m2d_model *t, const m2d_model *s, const m2d_convert_
     m2d_lock lock;
     if (prepare_dir(dir, &lock)) return -1;
     int rc = write_weights(t, s, dir, plan->baseline == M2D_BASELINE_RANDOM_INIT) || write_config(s, dir) || copy_tokenizer_files(t, dir) ||
-             write_manifest(t, plan, stats_path, dir) ? -1 : 0;
+             write_json(dir, "moe2dense.json", manifest_json(t, plan, stats_path)) ? -1 : 0;
     if (rc == 0) { /* complete: moe2dense.json is in place, the marker of an unfinished write goes */
         char *mark = m2d_path_join(dir, MARK_INCOMPLETE);
         unlink(mark);

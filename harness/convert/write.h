@@ -11,6 +11,9 @@
  * presence marks a complete output). DIR must be absent, empty or an earlier moe2dense output. */
 int m2d_convert_write(const m2d_model *teacher, const m2d_model *student, const m2d_convert_plan *plan,
                       const char *stats_path, const char *dir);
+/* The text of the moe2dense.json m2d_convert_write writes for PLAN (a student kept in memory:
+ * what its distillation's output extends). The caller frees it. */
+char *m2d_convert_manifest(const m2d_model *teacher, const m2d_convert_plan *plan, const char *stats_path);
 
 /* The output directory rule of every checkpoint moe2dense writes (convert, distill), for a writer
  * that fills DIR over a long time (distill): DIR is created if absent; a directory with files but

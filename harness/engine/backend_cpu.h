@@ -1,6 +1,6 @@
 /* backend_cpu — what the CPU backend's training ops (backend_cpu_train.c) share with its forward
- * ops (backend_cpu.c): host pointers of buffers and matrices, the backend's thread pool, its
- * threaded sgemm and its weight views. Internal to the "cpu" backend; nothing else includes it. */
+ * ops (backend_cpu.c and its op files): host pointers of buffers and matrices, the backend's
+ * thread pool, its threaded sgemm and its weight views. Internal to the "cpu" backend; nothing else includes it. */
 #ifndef M2D_BACKEND_CPU_H
 #define M2D_BACKEND_CPU_H
 

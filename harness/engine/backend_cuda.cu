@@ -19,7 +19,12 @@
  * expert-id order. Sums run in a fixed order (no atomics), so results do not depend on timing.
  *
  * Errors: ops do not return them. The first CUDA/cuBLASLt failure is kept (sticky), later ops are
- * skipped, and leave() reports it with m2d_err after synchronising the device. */
+ * skipped, and leave() reports it with m2d_err after synchronising the device.
+ *
+ * Kept whole (~1350 lines): one nvcc translation unit, host code and kernels together, so the
+ * device helpers, the kernels and their launchers link without relocatable device code (-rdc);
+ * and only a GPU runs its tests (make gpu-check), so a split could be checked there and not by the
+ * CPU build. The op families are its sections (---- ... ----). */
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

@@ -8,7 +8,12 @@
  * 4 threads on 2 cores; a team's threads spin after each call (measured in bench_gemm: ~100 us of
  * pool work right after a oneDNN call on its own team of 2 took 2.6x as long, +6 % after the same
  * call through this module); and on 2 pthreads the module reaches 86-92 % of oneDNN's own team at
- * 2048³ and at issue 13's 512-row shapes (BENCHMARKS.md). */
+ * 2048³ and at issue 13's 512-row shapes (BENCHMARKS.md).
+ *
+ * Kept whole (~1000 lines): every path here (one GEMM, grouped GEMMs, preparing weights, the
+ * row-independence probe) shares the primitive cache, the scratch pool and the rule that oneDNN
+ * runs only under this module's threads; split, those would become a header of oneDNN internals
+ * (dnnl.h types) that other files could misuse. */
 #include "engine/gemm.h"
 
 #include <cblas.h>

@@ -889,28 +889,10 @@ int m2d_st_writer_write_sharded(m2d_st_writer *w, const char *dir, size_t max_sh
     return rc;
 }
 
-/* the first element of T that is not finite (-1: none; T not a float dtype: -1), *count how many */
-static int64_t first_non_finite(const m2d_tensor *t, int64_t *count) {
-    float buf[4096];
-    int64_t n = m2d_tensor_numel(t), first = -1;
-    *count = 0;
-    if (t->dtype != M2D_F32 && t->dtype != M2D_BF16 && t->dtype != M2D_F16) return -1;
-    for (int64_t at = 0; at < n; at += 4096) {
-        int64_t m = M2D_MIN(4096, n - at);
-        m2d_to_f32(t->dtype, t->data, at, m, buf);
-        for (int64_t i = 0; i < m; i++)
-            if (!isfinite(buf[i])) {
-                if (first < 0) first = at + i;
-                ++*count;
-            }
-    }
-    return first;
-}
-
 int m2d_st_check_finite(const m2d_st *st) {
     for (int i = 0; i < st->n; i++) {
         const m2d_tensor *t = &st->entries[i].t;
-        int64_t count, first = first_non_finite(t, &count);
+        int64_t count, first = m2d_tensor_first_non_finite(t, &count);
         if (first >= 0)
             return m2d_err1("%s: tensor '%s': %lld value(s) not finite (the first at element %lld)",
                             st->files[st->entries[i].file].path, t->name, (long long)count, (long long)first);

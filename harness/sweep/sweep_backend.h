@@ -61,10 +61,11 @@ struct m2d_sweep_backend {
      * each task's paper metric */
     int (*evaluate_mc)(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res);
     /* optional (distill stage, sweep_distill.h): distill STUDENT (from build) with the settings O
-     * (teacher, student and data filled by the backend; O->out = DIR, where the distilled
-     * checkpoint goes; a checkpoint of an interrupted run there is resumed) into *DISTILLED, a
-     * student that evaluate and evaluate_mc accept (freed with free_student); fills RES's tokens,
-     * final_loss and steps. 0, or -1 with res->error. */
+     * (data filled by the stage; the teacher and the student are the backend's, O->teacher and
+     * O->student are not read; O->out = DIR, where the distilled checkpoint goes; a checkpoint of
+     * an interrupted run there is resumed) into *DISTILLED, a student that evaluate and
+     * evaluate_mc accept (freed with free_student); fills RES's tokens, final_loss and steps. 0,
+     * or -1 with res->error. */
     int (*distill)(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, const m2d_distill_opts *o,
                    void **distilled, m2d_distill_result *res, char error[256]);
     /* optional: before any work (the run and its dry run call it first), refuse in one line what

@@ -16,14 +16,15 @@
  *
  * PPL (gptq protocol): the evaluation text is encoded ONCE in prepare; each student is scored by
  * m2d_ppl_gptq_tokens, the core of m2d_ppl_gptq (which encodes per call). lm-eval protocol:
- * m2d_ppl_lmeval. The teacher is scored the same way, on the same windows (evaluate_teacher). Distillation stage: the student written as a checkpoint and distilled with
- * m2d_distill_run (train/distill.h). Registered as sweep backend "pipeline" (the default). */
-#include <dirent.h>
+ * m2d_ppl_lmeval. The teacher is scored the same way, on the same windows (evaluate_teacher).
+ * Distillation stage: the student in memory distilled from the teacher held open
+ * (m2d_distill_run_models, train/distill.h); no temporary checkpoint. Registered as sweep backend
+ * "pipeline" (the default). */
 #include <errno.h>
 #include <stdio.h>
 #include <math.h>
-#include <unistd.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 
 #include "calib/calib.h"
@@ -221,22 +222,6 @@ static int pipe_evaluate_teacher(m2d_sweep_backend *b, m2d_sweep_result *res) {
     return model_ppl(b, ((pipe_t *)b->self)->teacher, res);
 }
 
-/* Remove a flat directory (the student checkpoint written for the distillation). */
-static void remove_flat_dir(const char *dir) {
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d)))
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-                char *f = m2d_path_join(dir, e->d_name);
-                unlink(f);
-                free(f);
-            }
-        closedir(d);
-    }
-    rmdir(dir);
-}
-
 /* MC tasks: the lm-eval scorer over an engine on the student in memory (a distilled one: the
  * checkpoint it was opened from) and the teacher's tokenizer, which the student's checkpoint copies. */
 static int pipe_evaluate_mc(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res) {
@@ -275,32 +260,35 @@ static int pipe_evaluate_mc(m2d_sweep_backend *b, void *student, const m2d_grid_
     return rc ? -1 : 0;
 }
 
-/* The converted student is written to OUT.init (the distillation reads checkpoints; removed
- * afterwards), distilled into OUT, and OUT opened as the distilled student: its PPL and MC are
- * those of the checkpoint a user gets (in the teacher's dtype unless fp32). */
+/* Distil the student S in memory from TEACHER (a parameter: the teacher of the distillation need
+ * not be the one the student was converted from) into O->out, then open O->out as the distilled
+ * student: its PPL and MC are those of the checkpoint a user gets (in the teacher's dtype unless
+ * fp32). The output's moe2dense.json extends the plan's, as `convert` would have written it. */
+static int distill_student(pipe_t *p, const m2d_model *teacher, const student_t *s, const m2d_distill_opts *o,
+                           student_t **distilled, m2d_distill_result *res) {
+    char *manifest = m2d_convert_manifest(p->teacher, s->plan, p->stats_path);
+    int rc = m2d_distill_run_models(o, &(m2d_distill_models){teacher, s->student, manifest}, res);
+    free(manifest);
+    if (rc == 0 && !res->finished) rc = m2d_err("distill: %s: the run stopped before its last step", o->out);
+    if (rc) return -1;
+    student_t *out = m2d_calloc(1, sizeof *out);
+    out->dir = m2d_strdup(o->out);
+    if (m2d_model_open(o->out, &out->student)) {
+        free(out->dir), free(out);
+        return -1;
+    }
+    *distilled = out;
+    return 0;
+}
+
+/* The distill hook: the experiment's teacher distils the student. */
 static int pipe_distill(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, const m2d_distill_opts *o,
                         void **distilled, m2d_distill_result *res, char error[256]) {
     (void)c;
     pipe_t *p = b->self;
-    student_t *s = student;
-    char *init = m2d_strfmt("%s.init", o->out);
-    remove_flat_dir(init); /* what an interrupted write left */
-    m2d_distill_opts d = *o;
-    d.teacher = p->x->model, d.student = init;
-    int rc = m2d_convert_write(p->teacher, s->student, s->plan, p->stats_path, init);
-    if (rc == 0) rc = m2d_distill_run(&d, res);
-    if (rc == 0 && !res->finished) rc = m2d_err("distill: %s: the run stopped before its last step", o->out);
     student_t *out = NULL;
-    if (rc == 0) {
-        out = m2d_calloc(1, sizeof *out);
-        out->dir = m2d_strdup(o->out);
-        rc = m2d_model_open(o->out, &out->student);
-    }
-    remove_flat_dir(init);
-    free(init);
-    if (rc) {
+    if (distill_student(p, p->teacher, student, o, &out, res)) {
         snprintf(error, 256, "%s", m2d_errmsg());
-        if (out) free(out->dir), free(out);
         return -1;
     }
     *distilled = out;

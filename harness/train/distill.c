@@ -21,7 +21,11 @@
 typedef struct {
     const m2d_distill_opts *o;
     m2d_trainer_opts t;     /* with the steps resolved */
-    m2d_model *teacher, *student;
+    const m2d_model *teacher, *student;  /* given (m2d_distill_run_models) or OPENED from the paths */
+    m2d_model *opened[2];
+    const char *teacher_dir, *student_dir; /* what the run names them by (checks, moe2dense.json) */
+    const char *manifest;   /* the student's moe2dense.json text, or NULL */
+    char *manifest_read;    /* ... read from the student's directory */
     m2d_tokenizer *tk;
     m2d_windows win;
     m2d_trainer *tr;
@@ -125,19 +129,21 @@ int m2d_distill_check_memory(const m2d_config *t, const m2d_config *s, int64_t s
                    gib(m.activations), gib(m.logits), gib(m.teacher), gib(ram), nm->micro_batch, nm->recompute);
 }
 
-/* the flags against the teacher's and the student's config.json, and the memory they need */
+/* the flags against the teacher's config T and the student's S, and the memory they need */
+static int check_config_pair(const run_t *r, const m2d_config *t, const m2d_config *s) {
+    return m2d_distill_check_settings(r->o, t, &m2d_distill_flag_names) ||
+                   m2d_distill_check_memory(t, s, m2d_model_param_counts(s).total, &r->t, &m2d_distill_flag_names)
+               ? m2d_err_prefix("distill")
+               : 0;
+}
+
+/* ... of the models given, or of the config.json files before any model is opened */
 static int check_configs(run_t *r) {
-    const m2d_distill_opts *o = r->o;
+    if (r->teacher) return check_config_pair(r, &r->teacher->cfg, &r->student->cfg);
     m2d_config t, s;
-    if (m2d_config_load(o->teacher, &t, NULL)) return -1;
-    int rc = m2d_config_load(o->student, &s, NULL);
-    if (rc == 0) {
-        rc = m2d_distill_check_settings(o, &t, &m2d_distill_flag_names) ||
-                     m2d_distill_check_memory(&t, &s, m2d_model_param_counts(&s).total, &r->t, &m2d_distill_flag_names)
-                 ? m2d_err_prefix("distill")
-                 : 0;
-        m2d_config_free(&s);
-    }
+    if (m2d_config_load(r->teacher_dir, &t, NULL)) return -1;
+    int rc = m2d_config_load(r->student_dir, &s, NULL);
+    if (rc == 0) rc = check_config_pair(r, &t, &s), m2d_config_free(&s);
     m2d_config_free(&t);
     return rc;
 }
@@ -179,8 +185,9 @@ static int check_log_path(const m2d_distill_opts *o) {
 }
 
 /* --out: a directory of its own, never the teacher's or the student's */
-static int check_out_path(const m2d_distill_opts *o) {
-    const char *inputs[] = {o->teacher, o->student}, *names[] = {"teacher", "student"};
+static int check_out_path(const run_t *r) {
+    const m2d_distill_opts *o = r->o;
+    const char *inputs[] = {r->teacher_dir, r->student_dir}, *names[] = {"teacher", "student"};
     for (int i = 0; i < 2; i++)
         if (m2d_same_file(o->out, inputs[i]))
             return m2d_err("distill: --out %s: is the %s's directory (--%s); the output would overwrite its input: "
@@ -208,20 +215,42 @@ static int load_eval_ids(run_t *r) {
     return 0;
 }
 
+/* The student's values start the training: a NaN there would reach every weight (the teacher's
+ * show as a non-finite loss at the first step). A student with a file of its own: that file; one
+ * in memory (sharing the teacher's file): its tensors. */
+static int check_student_finite(const run_t *r) {
+    const m2d_model *s = r->student;
+    if (s->st && s->st != r->teacher->st) return m2d_st_check_finite(s->st);
+    const m2d_tensor *top[] = {s->embed, s->final_norm, s->lm_head};
+    for (int l = -1; l < s->cfg.num_hidden_layers; l++)
+        for (int i = 0; i < (l < 0 ? 3 : M2D_T_COUNT); i++) {
+            const m2d_tensor *t = l < 0 ? top[i] : s->layers[l].w[i];
+            int64_t count, first = t ? m2d_tensor_first_non_finite(t, &count) : -1;
+            if (first >= 0)
+                return m2d_err("%s: tensor '%s': %lld value(s) not finite (the first at element %lld)", s->dir,
+                               t->name, (long long)count, (long long)first);
+        }
+    return 0;
+}
+
+/* the models of the paths, unless given */
+static int open_models(run_t *r) {
+    if (!r->teacher) {
+        if (m2d_model_open(r->teacher_dir, &r->opened[0]) || m2d_model_open(r->student_dir, &r->opened[1])) return -1;
+        r->teacher = r->opened[0], r->student = r->opened[1];
+    }
+    return check_student_finite(r);
+}
+
 /* the tokenizer and the texts first (cheap), then the models (memory-mapped, hashed) */
 static int open_inputs(run_t *r) {
     const m2d_distill_opts *o = r->o;
-    if (m2d_tokenizer_load(o->teacher, &r->tk)) return -1;
+    if (m2d_tokenizer_load(r->teacher_dir, &r->tk)) return -1;
     if (m2d_windows_open(r->tk, o->data, r->t.seq_len, o->order, o->seed, &r->win) || load_eval_ids(r)) return -1;
     if (r->win.n_windows < r->t.batch)
         fprintf(stderr, "moe2dense distill: warning: %s holds %lld window(s) of %d tokens, fewer than --batch %d: "
                 "every step repeats windows\n", o->data, (long long)r->win.n_windows, r->t.seq_len, r->t.batch);
-    /* the student's values start the training: a NaN there would reach every weight (the teacher's
-     * show as a non-finite loss at the first step) */
-    return m2d_model_open(o->teacher, &r->teacher) || m2d_model_open(o->student, &r->student) ||
-                   m2d_st_check_finite(r->student->st)
-               ? -1
-               : 0;
+    return open_models(r);
 }
 
 /* everything that changes the numbers of a step: a checkpoint resumes only the same run */
@@ -411,9 +440,9 @@ static cJSON *settings_json(const run_t *r) {
     const m2d_trainer_opts *t = &r->t;
     const m2d_distill_opts *o = r->o;
     cJSON *s = cJSON_CreateObject();
-    cJSON_AddStringToObject(s, "teacher", o->teacher);
+    cJSON_AddStringToObject(s, "teacher", r->teacher_dir);
     cJSON_AddStringToObject(s, "teacher_weights_hash", r->teacher->weights_hash);
-    cJSON_AddStringToObject(s, "student_init", o->student);
+    cJSON_AddStringToObject(s, "student_init", r->student_dir);
     cJSON_AddStringToObject(s, "student_init_weights_hash", r->student->weights_hash);
     cJSON_AddStringToObject(s, "data", o->data);
     cJSON_AddStringToObject(s, "data_tokens_sha256", r->win.ids_hash);
@@ -462,12 +491,20 @@ static cJSON *metrics_json(const run_t *r) {
     return m;
 }
 
+/* the student's moe2dense.json (given, or read from its directory), or NULL */
+static const char *student_manifest(run_t *r) {
+    if (r->manifest || r->opened[1] == NULL) return r->manifest;
+    char *src = m2d_path_join(r->student_dir, "moe2dense.json");
+    size_t n;
+    r->manifest = r->manifest_read = m2d_file_exists(src) ? m2d_read_file(src, &n) : NULL;
+    free(src);
+    return r->manifest;
+}
+
 /* the student's moe2dense.json (a converted student's plan or a baseline's recipe) + "distill" */
 static int write_manifest(run_t *r) {
-    char *src = m2d_path_join(r->o->student, "moe2dense.json");
-    size_t n;
-    char *text = m2d_file_exists(src) ? m2d_read_file(src, &n) : NULL;
-    cJSON *j = text ? cJSON_ParseWithLength(text, n) : NULL;
+    const char *text = student_manifest(r);
+    cJSON *j = text ? cJSON_Parse(text) : NULL;
     if (!j) j = cJSON_CreateObject();
     cJSON_DeleteItemFromObjectCaseSensitive(j, "distill");
     cJSON_DeleteItemFromObjectCaseSensitive(j, "moe2dense_version");
@@ -478,7 +515,7 @@ static int write_manifest(run_t *r) {
     char *out = cJSON_Print(j), *path = m2d_path_join(r->o->out, "moe2dense.json");
     int rc = m2d_write_file_atomic(path, out, strlen(out));
     cJSON_Delete(j);
-    free(src), free(text), free(out), free(path);
+    free(out), free(path);
     return rc;
 }
 
@@ -568,7 +605,7 @@ static int resume_or_start(run_t *r) {
 }
 
 static int run(run_t *r) {
-    if (resolve_steps(r) || check_out_path(r->o) || check_log_path(r->o) || check_configs(r) || open_inputs(r) ||
+    if (resolve_steps(r) || check_out_path(r) || check_log_path(r->o) || check_configs(r) || open_inputs(r) ||
         prepare_out(r))
         return -1;
     m2d_windows_repeat_note(&r->win, r->o->data, r->S, r->t.batch, stderr); /* the data guard, quiet or not */
@@ -586,13 +623,17 @@ static int run(run_t *r) {
     return 0;
 }
 
-int m2d_distill_run(const m2d_distill_opts *o, m2d_distill_result *res) {
+/* M: the models open already, or NULL (opened from O's paths once the cheap checks pass) */
+static int distill(const m2d_distill_opts *o, const m2d_distill_models *m, m2d_distill_result *res) {
     memset(res, 0, sizeof *res);
     res->pre_ppl = res->post_ppl = res->post_ce = res->final_loss = NAN;
     run_t r;
     memset(&r, 0, sizeof r);
     r.o = o;
     r.r = res;
+    if (m) r.teacher = m->teacher, r.student = m->student, r.manifest = m->manifest;
+    r.teacher_dir = m ? m->teacher->dir : o->teacher;
+    r.student_dir = m ? m->student->dir : o->student;
     int rc = run(&r);
     if (r.log) fclose(r.log);
     m2d_engine_free(r.eval_engine);
@@ -600,10 +641,16 @@ int m2d_distill_run(const m2d_distill_opts *o, m2d_distill_result *res) {
     m2d_trainer_free(r.tr);
     m2d_windows_free(&r.win);
     if (r.tk) m2d_tokenizer_free(r.tk);
-    m2d_model_close(r.student);
-    m2d_model_close(r.teacher);
+    m2d_model_close(r.opened[1]);
+    m2d_model_close(r.opened[0]);
     m2d_run_identity_free(&r.id);
     m2d_lock_release(&r.lock);
-    free(r.losses), free(r.host), free(r.eval_ids), free(r.state_dir);
+    free(r.losses), free(r.host), free(r.eval_ids), free(r.state_dir), free(r.manifest_read);
     return rc;
+}
+
+int m2d_distill_run(const m2d_distill_opts *o, m2d_distill_result *res) { return distill(o, NULL, res); }
+
+int m2d_distill_run_models(const m2d_distill_opts *o, const m2d_distill_models *m, m2d_distill_result *res) {
+    return distill(o, m, res);
 }

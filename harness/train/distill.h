@@ -70,6 +70,21 @@ int m2d_distill_check_memory(const m2d_config *t, const m2d_config *s, int64_t s
 
 /* Paper defaults (Table 9) with L = 512, B = 8, forward KL, shuffled windows, seed 0. */
 void m2d_distill_defaults(m2d_distill_opts *o);
+
+/* The models of a run, open already (the sweep's distillation stage: a teacher it holds and the
+ * converted student in memory). TEACHER: the KD targets, its directory gives the tokenizer (and
+ * the output's tokenizer files); STUDENT: the first weights (a student in memory sharing the
+ * teacher's file will do); MANIFEST: the student's moe2dense.json text (m2d_convert_manifest),
+ * which the output's extends, or NULL. They stay open, unchanged, until the run returns. */
+typedef struct {
+    const m2d_model *teacher, *student;
+    const char *manifest;
+} m2d_distill_models;
+
+/* One run, the same steps either way: m2d_distill_run opens O->teacher and O->student after the
+ * cheap checks (flags, paths, config.json, tokenizer, texts) and reads the student's
+ * moe2dense.json; m2d_distill_run_models runs on M (O->teacher and O->student unused). */
 int m2d_distill_run(const m2d_distill_opts *o, m2d_distill_result *r);
+int m2d_distill_run_models(const m2d_distill_opts *o, const m2d_distill_models *m, m2d_distill_result *r);
 
 #endif
