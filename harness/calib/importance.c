@@ -146,13 +146,18 @@ int m2d_importance_supported(const m2d_config *c, const char *dir) {
 static int windows_nll(m2d_engine *e, const int32_t *ids, const int64_t *starts, int nw, int L, double *lp,
                        double *out) {
     double sum = 0;
-    for (int w = 0; w < nw; w++) {
+    int32_t *tg = m2d_malloc(sizeof(int32_t) * (size_t)L);
+    int rc = 0;
+    for (int w = 0; w < nw && rc == 0; w++) {
         const int32_t *t = ids + starts[w];
-        if (m2d_engine_logprobs(e, t, L, t + 1, 0, lp)) return -1;
-        for (int i = 0; i < L - 1; i++) sum -= lp[i];
+        memcpy(tg, t + 1, sizeof(int32_t) * (size_t)(L - 1));
+        tg[L - 1] = t[0]; /* the last position's prediction lies past the window: not counted */
+        rc = m2d_engine_logprobs(e, t, L, tg, 0, lp);
+        for (int i = 0; i < L - 1 && rc == 0; i++) sum -= lp[i];
     }
+    free(tg);
     *out = sum / ((double)nw * (L - 1));
-    return 0;
+    return rc;
 }
 
 static void acc_finish(const imp_acc *a, m2d_importance *imp) {
