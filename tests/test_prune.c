@@ -602,7 +602,9 @@ static void bad_importance_files(void **state) {
     importance_refused(m, t3, "field format");
     importance_refused(m, t4, "field model_hash: 0000 is not the model");
     importance_refused(m, t5, "field nll_full");
-    free(t1), free(t2), free(t3), free(t4), free(t5), free(good);
+    char *t6 = edited(good, "\"n_layers\":2", "\"n_layers\":100000000"); /* hostile: never allocated */
+    importance_refused(m, t6, "sizes larger than the file holds");
+    free(t1), free(t2), free(t3), free(t4), free(t5), free(t6), free(good);
     m2d_importance_free(imp);
     m2d_model_close(m);
     free(dir), free(ip);

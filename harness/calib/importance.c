@@ -381,6 +381,17 @@ static int read_scores(const cJSON *j, const char *path, m2d_importance *imp) {
     return rc;
 }
 
+/* sizes no larger than a file of N bytes can hold (each number takes two characters at least): a
+ * hostile header never makes the reader allocate more than the file's size */
+static int check_sizes(const m2d_importance *imp, const char *path, size_t n) {
+    double need = (double)imp->n_layers * (imp->ffn + imp->heads + 2) + imp->hidden + imp->n_windows;
+    if (2 * need > (double)n)
+        return m2d_err("%s: fields n_layers, ffn, heads, hidden, n_windows: sizes larger than the file holds", path);
+    if (imp->heads % imp->kv_heads)
+        return m2d_err("%s: field kv_heads: %d does not divide heads %d", path, imp->kv_heads, imp->heads);
+    return 0;
+}
+
 int m2d_importance_read(const char *path, m2d_importance **out) {
     *out = NULL;
     size_t n;
@@ -393,7 +404,7 @@ int m2d_importance_read(const char *path, m2d_importance **out) {
         return m2d_err("%s: not a JSON object (an importance file of 'moe2dense prune' is)", path);
     }
     m2d_importance *imp = m2d_calloc(1, sizeof *imp);
-    int rc = read_sizes(j, path, imp) || read_scores(j, path, imp) ? -1 : 0;
+    int rc = read_sizes(j, path, imp) || check_sizes(imp, path, n) || read_scores(j, path, imp) ? -1 : 0;
     cJSON_Delete(j);
     if (rc) {
         m2d_importance_free(imp);
