@@ -397,8 +397,14 @@ int m2d_importance_read(const char *path, m2d_importance **out) {
     size_t n;
     char *text = m2d_read_file(path, &n);
     if (!text) return -1;
-    cJSON *j = cJSON_ParseWithLength(text, n);
+    int rc = m2d_importance_parse(path, text, n, out);
     free(text);
+    return rc;
+}
+
+int m2d_importance_parse(const char *path, const char *text, size_t n, m2d_importance **out) {
+    *out = NULL;
+    cJSON *j = cJSON_ParseWithLength(text, n);
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
         return m2d_err("%s: not a JSON object (an importance file of 'moe2dense prune' is)", path);
