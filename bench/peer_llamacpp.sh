@@ -211,11 +211,11 @@ m2d_ppl() { # KIND PREC ROUND
   lg="$logs/m2d-ppl-$1-$2-$3.log"
   s=$(timed "$lg" "$root/$BUILD/moe2dense" ppl --model "$tmp/$1" --data "$wiki" --seq-len 512 --max-windows 4 \
     --precision "$2" --threads 2)
-  n=$(awk '$1 == "tokens_scored" {print $2}' "$lg")
+  n=$(awk '$1 == "tokens_scored" && NF == 2 {print $2}' "$lg")
   [ -n "$n" ] || die "no tokens_scored in $lg"
   record "ppl-$1" "m2d-$2" "$s"
   record "tps-$1" "m2d-$2" "$(awk -v n="$n" -v s="$s" 'BEGIN { printf "%.1f", n / s }')"
-  echo "round $3: moe2dense ppl $1 $2: $s s, peak RSS $(rss_mb "$lg") MB, PPL $(awk '$1 == "ppl" {print $2}' "$lg")" \
+  echo "round $3: moe2dense ppl $1 $2: $s s, peak RSS $(rss_mb "$lg") MB, PPL $(awk '$1 == "ppl" && NF == 2 {print $2}' "$lg")" \
     "($n tokens scored)"
 }
 
