@@ -2,6 +2,7 @@
  * and adds, clamps, embedding, KV-cache append, and the LM head's log-probabilities (streaming
  * log-sum-exp over vocabulary chunks). See backend_cpu.c for the backend's conventions. */
 #include "engine/backend_cpu_impl.h"
+#include "engine/lse.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -125,10 +126,8 @@ void m2d_cpu_kv_append(m2d_backend *be, m2d_buf *kc, m2d_buf *vc, size_t off, si
 
 /* running max / sum of exponentials (double) of row i over one chunk z[nv] of logits at v0 */
 static void lse_update(const float *z, int nv, int v0, int target, double *mx, double *sum, double *tgt) {
-    float cm = z[0];
-    for (int j = 1; j < nv; j++) cm = z[j] > cm ? z[j] : cm;
-    double s = 0;
-    for (int j = 0; j < nv; j++) s += exp((double)z[j] - cm);
+    float cm = m2d_lse_max(z, nv);
+    double s = m2d_lse_sum_exp(z, nv, cm); /* float terms (<= 2.4e-7 relative), double sum: lse.h */
     if (cm > *mx) {
         *sum = *sum * exp(*mx - cm) + s;
         *mx = cm;
