@@ -96,6 +96,8 @@ static m2d_trainer_opts settings(const cJSON *c) {
                           .micro_batch = (int)num(c, "micro_batch"), .mse_weight = num(c, "mse_weight"),
                           .teacher_topk = (int)num(c, "teacher_topk"), .threads = 2};
     if (m2d_loss_parse(item(c, "loss")->valuestring, &o.loss)) fail_msg("%s", m2d_errmsg());
+    const cJSON *norm = cJSON_GetObjectItemCaseSensitive(c, "mse_norm"); /* absent: the goldens' "sum" */
+    if (norm && m2d_mse_norm_parse(norm->valuestring, &o.mse_norm)) fail_msg("%s", m2d_errmsg());
     m2d_optim_defaults(&o.optim);
     o.optim.steps = (int)num(c, "steps"), o.optim.warmup = (int)num(c, "warmup");
     o.optim.lr = num(c, "lr"), o.optim.min_lr = num(c, "min_lr");
@@ -229,12 +231,14 @@ static void thread_count_independent(void **state) {
 static void fkl(void **state) { (void)state; check_case("fkl"); }
 static void rkl_topk(void **state) { (void)state; check_case("rkl-topk"); }
 static void fkl_mse(void **state) { (void)state; check_case("fkl-mse"); }
+static void fkl_mse_minitron(void **state) { (void)state; check_case("fkl-mse-minitron"); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(fkl),
         cmocka_unit_test(rkl_topk),
         cmocka_unit_test(fkl_mse),
+        cmocka_unit_test(fkl_mse_minitron),
         cmocka_unit_test(thread_count_independent),
     };
     return cmocka_run_group_tests(tests, tu_work_setup, tu_work_teardown);

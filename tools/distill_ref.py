@@ -16,7 +16,9 @@ Per case (CASES below):
  3. S optimizer steps in float32: teacher logits (full vocabulary; with teacher_topk the routers
     take the K' most probable experts weighted by their raw probabilities, paper Eq. 6), the loss
     (forward KL mean over all positions, reverse KL, or forward KL + mse_weight * the mean squared
-    difference of every decoder layer's output, summed over layers), gradient accumulation over
+    difference of every decoder layer's output, summed over layers ("sum") or balanced as Minitron /
+    NeMo ("minitron": each layer's MSE times the detached logit loss over the layers' mean MSE, over
+    the layer count)), gradient accumulation over
     micro-batches of b windows, clip_grad_norm_ (the norm before clipping is logged), AdamW
     (betas 0.9/0.95, eps 1e-8, weight decay on tensors of 2+ dimensions only), the learning rate
     of SPEC §7 set before each step;
@@ -63,6 +65,11 @@ CASES = {
                      weight_decay=0.05, clip=0.0, loss="rkl", mse_weight=0.0, teacher_topk=5),
     "fkl-mse": dict(seq_len=16, batch=2, micro_batch=1, steps=5, warmup=0, lr=2e-3, min_lr=1e-4, weight_decay=0.01,
                     clip=1.0, loss="fkl+mse", mse_weight=0.5, teacher_topk=0),
+    # Minitron / NeMo's balancing (`--mse-norm minitron`, the default): the mean over layers of each
+    # layer's MSE, weighted per micro-batch by the detached ratio of the logit loss to it
+    "fkl-mse-minitron": dict(seq_len=16, batch=2, micro_batch=1, steps=5, warmup=0, lr=2e-3, min_lr=1e-4,
+                             weight_decay=0.01, clip=1.0, loss="fkl+mse", mse_weight=0.5, teacher_topk=0,
+                             mse_norm="minitron"),
 }
 WORDS = ["the", "expert", "router", "dense", "of", "and", "model", "token", "layer", "a", "merge", "group",
          "student", "teacher", "distill", "loss"]
@@ -134,8 +141,14 @@ def run_case(c, teacher, student, ids):
             zs = student(x).logits
             loss = divergence(zt, zs, c["loss"]).sum() / (B * L)
             if c["mse_weight"]:
-                for ho, hs in zip(t_outs, s_outs):
-                    loss = loss + c["mse_weight"] * ((hs - ho.detach()) ** 2).sum() / (B * L * hs.shape[-1])
+                mses = [((hs - ho.detach()) ** 2).sum() / (B * L * hs.shape[-1]) for ho, hs in zip(t_outs, s_outs)]
+                if c.get("mse_norm") == "minitron":  # L_logits / mean_l(L_l), detached, over the layer count
+                    l_is = sum(m.detach() for m in mses) / len(mses)
+                    w = c["mse_weight"] * (loss.detach() / l_is / len(mses) if l_is > 0 else 0.0)
+                else:  # "sum": every layer's MSE times the weight
+                    w = c["mse_weight"]
+                for m in mses:
+                    loss = loss + w * m
             loss.backward()
             total += loss.item()
         params = [p for _, p in named]
