@@ -17,7 +17,9 @@
  * PPL (gptq protocol): the evaluation text is encoded ONCE in prepare; each student is scored by
  * m2d_ppl_gptq_tokens, the core of m2d_ppl_gptq (which encodes per call). lm-eval protocol:
  * m2d_ppl_lmeval. The teacher is scored the same way, on the same windows (evaluate_teacher). Distillation stage: the student written as a checkpoint and distilled with
- * m2d_distill_run (train/distill.h). Registered as sweep backend "pipeline" (the default). */
+ * m2d_distill_run (train/distill.h). A [d2d] candidate (sweep_d2d.h) is pruned from the dense
+ * teacher instead (its importance computed in prepare), scored the same way, and distilled from
+ * the dense teacher. Registered as sweep backend "pipeline" (the default). */
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -35,6 +37,7 @@
 #include "evals/ppl.h"
 #include "criteria/registry.h"
 #include "sweep/sweep_backend.h"
+#include "sweep/sweep_d2d.h"
 #include "tokenizer/tokenizer.h"
 #include "train/distill.h"
 #include "base/util.h"
@@ -51,12 +54,14 @@ typedef struct {
     int32_t *ppl_ids;       /* gptq: the joined rows, encoded */
     size_t n_ppl_ids;
     int calib_windows;      /* windows the calibration uses (may be fewer than asked) */
+    m2d_d2d *d2d;           /* [d2d]: the dense teacher and its importance */
 } pipe_t;
 
 typedef struct {
     m2d_convert_plan *plan;
     m2d_model *student;
-    char *dir;              /* a distilled student: its checkpoint directory (no plan) */
+    char *dir;              /* a distilled or pruned student: its checkpoint directory (no plan) */
+    int pruned;             /* a D2D candidate: DIR is a scratch directory, removed with the student */
 } student_t;
 
 static int open_teacher(pipe_t *p) {
@@ -136,6 +141,7 @@ static int pipe_prepare(m2d_sweep_backend *b, const m2d_experiment *x, char mode
                     x->file, x->calib_samples, x->calib_data, st->n_windows, x->calib_seq_len, st->N);
     }
     if (rc) return -1;
+    if (x->has_d2d && m2d_d2d_open(x, b->device, b->precision, &p->d2d)) return -1;
     /* evaluation data, encoded once */
     if (x->ppl_seq_len > p->teacher->cfg.max_position_embeddings)
         return m2d_err("%s: experiment '%s': ppl.seq_len %d exceeds the teacher's max_position_embeddings %d",
@@ -174,8 +180,22 @@ static int make_plan(pipe_t *p, const m2d_grid_config *c, m2d_convert_plan **pla
     return rc;
 }
 
+/* A D2D candidate: pruned from the dense teacher into a scratch checkpoint, opened from there. */
+static int build_d2d(pipe_t *p, const m2d_grid_config *c, void **out, m2d_sweep_result *res) {
+    student_t *s = m2d_calloc(1, sizeof *s);
+    if (m2d_d2d_build(p->d2d, c, &s->dir, &s->student, res)) {
+        snprintf(res->error, sizeof res->error, "%s", m2d_errmsg());
+        free(s);
+        return -1;
+    }
+    s->pruned = 1;
+    *out = s;
+    return 0;
+}
+
 static int pipe_build(m2d_sweep_backend *b, const m2d_grid_config *c, void **out, m2d_sweep_result *res) {
     pipe_t *p = b->self;
+    if (m2d_d2d_is_config(c)) return build_d2d(p, c, out, res);
     student_t *s = m2d_calloc(1, sizeof *s);
     if (make_plan(p, c, &s->plan) || m2d_convert_build(p->teacher, s->plan, &s->student)) {
         snprintf(res->error, sizeof res->error, "%s", m2d_errmsg());
@@ -218,7 +238,17 @@ static int pipe_evaluate(m2d_sweep_backend *b, void *student, const m2d_grid_con
 }
 
 static int pipe_evaluate_teacher(m2d_sweep_backend *b, m2d_sweep_result *res) {
-    return model_ppl(b, ((pipe_t *)b->self)->teacher, res);
+    const m2d_model *t = ((pipe_t *)b->self)->teacher;
+    res->n_params = m2d_model_param_counts(&t->cfg).total;
+    return model_ppl(b, t, res);
+}
+
+static int pipe_evaluate_d2d_teacher(m2d_sweep_backend *b, m2d_sweep_result *res) {
+    pipe_t *p = b->self;
+    if (!p->d2d) return 1; /* no [d2d] */
+    const m2d_model *t = m2d_d2d_teacher(p->d2d);
+    res->n_params = m2d_model_param_counts(&t->cfg).total;
+    return model_ppl(b, t, res);
 }
 
 /* Remove a flat directory (the student checkpoint written for the distillation). */
@@ -287,7 +317,10 @@ static int pipe_distill(m2d_sweep_backend *b, void *student, const m2d_grid_conf
     remove_flat_dir(init); /* what an interrupted write left */
     m2d_distill_opts d = *o;
     d.teacher = p->x->model, d.student = init;
-    int rc = m2d_convert_write(p->teacher, s->student, s->plan, p->stats_path, init);
+    /* a D2D candidate is already a checkpoint; its teacher is the dense one (which has no routing to
+     * override: m2d_d2d_check refuses K' lists) */
+    if (s->pruned) d.teacher = p->x->d2d_teacher, d.student = s->dir, d.train.teacher_topk = 0;
+    int rc = s->pruned ? 0 : m2d_convert_write(p->teacher, s->student, s->plan, p->stats_path, init);
     if (rc == 0) rc = m2d_distill_run(&d, res);
     if (rc == 0 && !res->finished) rc = m2d_err("distill: %s: the run stopped before its last step", o->out);
     student_t *out = NULL;
@@ -313,6 +346,7 @@ static void pipe_free_student(m2d_sweep_backend *b, void *student) {
     if (!s) return;
     if (s->dir) {
         m2d_model_close(s->student);
+        if (s->pruned) m2d_d2d_remove_dir(s->dir);
         free(s->dir);
     } else {
         m2d_convert_student_free(s->student);
@@ -323,6 +357,7 @@ static void pipe_free_student(m2d_sweep_backend *b, void *student) {
 
 static void pipe_destroy(m2d_sweep_backend *b) {
     pipe_t *p = b->self;
+    m2d_d2d_free(p->d2d);
     m2d_calib_stats_free(p->stats);
     if (p->tk) m2d_tokenizer_free(p->tk);
     if (p->teacher) m2d_model_close(p->teacher);
@@ -346,10 +381,25 @@ static int load_cached_stats(const m2d_sweep_backend *b, pipe_t *p, const m2d_ex
     return p->stats ? 0 : -1;
 }
 
+/* A D2D candidate's stand-in for the dry run's count: its canonical shape (two specs that resolve
+ * to one shape are one student); 1 when it does not fit the dense teacher. */
+static int d2d_plan_fingerprint(const m2d_experiment *x, const m2d_grid_config *c, char fp[65]) {
+    m2d_config t;
+    if (m2d_config_load(x->d2d_teacher, &t, NULL)) return -1;
+    char canon[96], *s = NULL;
+    int rc = m2d_d2d_params(&t, m2d_d2d_spec(c->params), canon, sizeof canon) < 0 ? 1 : 0;
+    if (rc == 0) s = m2d_strfmt("d2d-shape\n%s\n", canon), m2d_sha256_hex(s, strlen(s), fp);
+    free(s);
+    m2d_config_free(&t);
+    m2d_err_clear();
+    return rc;
+}
+
 /* The plan only (no weights are built): its fingerprint is the student's. */
 static int pipe_plan_fingerprint(m2d_sweep_backend *b, const m2d_experiment *x, const m2d_grid_config *c,
                                  char fp[65]) {
     pipe_t *p = b->self;
+    if (m2d_d2d_is_config(c)) return d2d_plan_fingerprint(x, c, fp);
     if (load_cached_stats(b, p, x)) return -1;
     m2d_convert_plan *plan;
     if (make_plan(p, c, &plan)) return 1; /* fails at run time too */
@@ -364,6 +414,7 @@ static int pipe_plan_fingerprint(m2d_sweep_backend *b, const m2d_experiment *x, 
 static int check_axis_plugins(const m2d_experiment *x, const char *key, m2d_plugin_kind kind) {
     for (int i = 0; i < x->n_configs; i++) {
         const m2d_grid_config *c = &x->configs[i];
+        if (m2d_d2d_is_config(c)) continue; /* not a plugin's: sweep_d2d.h */
         const char *v = kind == M2D_SCORING ? c->scoring : kind == M2D_GROUPING ? c->grouping : c->scaling;
         if (m2d_plugin_find(kind, v) || (kind == M2D_SCALING && !strcmp(c->target, "moe"))) continue; /* MoE: no scaling */
         if (kind == M2D_SCORING && m2d_baseline_lookup(v) != M2D_BASELINE_NONE) continue; /* random-ffn, random-init */
@@ -378,6 +429,7 @@ static int check_axis_plugins(const m2d_experiment *x, const char *key, m2d_plug
 static int check_configs(const m2d_experiment *x, const m2d_config *cfg) {
     for (int i = 0; i < x->n_configs; i++) {
         const m2d_grid_config *c = &x->configs[i];
+        if (m2d_d2d_is_config(c)) continue; /* checked by m2d_d2d_check */
         m2d_params params = {0, NULL, NULL};
         int rc = m2d_params_parse(c->params, &params);
         if (rc == 0) {
@@ -430,7 +482,8 @@ static int pipe_check(m2d_sweep_backend *b, const m2d_experiment *x) {
     (void)b;
     if (check_axis_plugins(x, "axes.scoring", M2D_SCORING) || check_axis_plugins(x, "axes.grouping", M2D_GROUPING) ||
         check_axis_plugins(x, "axes.scaling", M2D_SCALING) || check_mc_tasks(x) ||
-        check_readable(x, "calibration.data", x->calib_data) || check_readable(x, "ppl.data", x->ppl_data))
+        check_readable(x, "calibration.data", x->calib_data) || check_readable(x, "ppl.data", x->ppl_data) ||
+        m2d_d2d_check(x))
         return -1;
     m2d_config cfg;
     if (m2d_config_load(x->model, &cfg, NULL) != 0) {
@@ -457,4 +510,4 @@ M2D_SWEEP_BACKEND(pipeline, .name = "pipeline", .open = pipe_open, .destroy = pi
                   .prepare = pipe_prepare,
                   .build = pipe_build, .evaluate = pipe_evaluate, .free_student = pipe_free_student,
                   .evaluate_mc = pipe_evaluate_mc, .distill = pipe_distill, .plan_fingerprint = pipe_plan_fingerprint,
-                  .evaluate_teacher = pipe_evaluate_teacher)
+                  .evaluate_teacher = pipe_evaluate_teacher, .evaluate_d2d_teacher = pipe_evaluate_d2d_teacher)
