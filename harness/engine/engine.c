@@ -39,6 +39,10 @@ struct m2d_engine {
     m2d_precision prec;
     m2d_moe_hook hook;
     void *hook_user;
+    m2d_probe_hook probe;                     /* analyses of activations (m2d_engine_set_probe) */
+    void *probe_user;
+    unsigned probe_points;
+    int skip_layer;                           /* >= 0: that layer is skipped (m2d_engine_set_skip_layer) */
     m2d_weight *embed, *final_norm, *lm_head; /* lm_head == embed when tied */
     layer_weights *lw;                        /* [num_hidden_layers] */
     size_t resident_bytes;
@@ -327,6 +331,7 @@ int m2d_engine_open(const m2d_model *m, const m2d_engine_opts *o, m2d_engine **o
     e->be = be;
     e->B = be->ops;
     e->prec = p;
+    e->skip_layer = -1;
     int rot = rope_dim(&m->cfg);
     e->inv_freq = m2d_malloc(sizeof(double) * (size_t)(rot / 2));
     m2d_rope_inv_freq(&m->cfg.rope_scaling, m->cfg.rope_theta, rot, e->inv_freq);
@@ -360,6 +365,37 @@ void m2d_engine_set_expert_parallel(m2d_engine *e, int on) { e->B->tune(e->be, "
 void m2d_engine_set_moe_hook(m2d_engine *e, m2d_moe_hook hook, void *user) {
     e->hook = hook;
     e->hook_user = user;
+}
+
+void m2d_engine_set_probe(m2d_engine *e, m2d_probe_hook hook, void *user, unsigned points) {
+    e->probe = hook;
+    e->probe_user = user;
+    e->probe_points = hook ? points : 0;
+}
+
+int m2d_engine_set_skip_layer(m2d_engine *e, int layer) {
+    if (layer < -1 || layer >= e->m->cfg.num_hidden_layers)
+        return m2d_err("engine: skip layer %d outside [-1, %d)", layer, e->m->cfg.num_hidden_layers);
+    e->skip_layer = layer;
+    return 0;
+}
+
+/* The probe's host copy of COLS columns of N rows of BUF at POINT of LAYER (only when asked for). */
+static int probe_at(m2d_engine *e, int layer, m2d_probe_point point, m2d_buf *buf, int n, int cols) {
+    if (!(e->probe_points & (1u << point))) return 0;
+    size_t bytes = (size_t)n * (size_t)cols * sizeof(float);
+    float *x = m2d_malloc(bytes);
+    e->B->download(e->be, x, buf, 0, bytes);
+    m2d_probe_event ev = {layer, point, n, cols, x};
+    m2d_err_clear();
+    int rc = 0;
+    if (e->probe(e->probe_user, &ev)) {
+        char why[768];
+        snprintf(why, sizeof why, "%s", m2d_errmsg());
+        rc = m2d_err("engine: probe aborted the forward at layer %d%s%s", layer, why[0] ? ": " : "", why);
+    }
+    free(x);
+    return rc;
 }
 
 /* ---- the forward's buffers ---- */
@@ -507,7 +543,7 @@ static void mla_qkv(m2d_engine *e, int l, const fwd_ws *w) {
 
 /* attention of every segment over its prefix and itself, the KV append, o_proj (+ bias) into the
  * residual stream */
-static void attend(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
+static int attend(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
     const m2d_config *c = &e->m->cfg;
     const m2d_backend_ops *B = e->B;
     m2d_backend *be = e->be;
@@ -540,19 +576,23 @@ static void attend(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
         m2d_mat K = m2d_mat_of(w->k, 0, n, kvd, kvd), V = m2d_mat_of(w->v, 0, n, kvd, kvd);
         B->kv_append(be, kv->k, kv->v, (size_t)l * KV * kv->cap * hd, (size_t)kv->cap * hd, kv->len, &K, &V, KV, hd);
     }
+    if (e->probe && probe_at(e, l, M2D_PROBE_HEADS, w->att, n, qd)) return -1;
     m2d_mat X = m2d_mat_of(w->x, 0, n, d, d), ATT = m2d_mat_of(w->att, 0, n, qd, qd);
     B->gemm(be, &ATT, lw->w[M2D_T_O], 0, &X, 1.0f, e->prec); /* residual add */
     bias(e, &X, lw->w[M2D_T_O_BIAS]);
+    return 0;
 }
 
-static void attention_block(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
+static int attention_block(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
     const m2d_config *c = &e->m->cfg;
     int n = w->n, d = c->hidden_size;
     m2d_mat X = m2d_mat_of(w->x, 0, n, d, d), XN = m2d_mat_of(w->xn, 0, n, d, d);
+    if (e->probe && probe_at(e, l, M2D_PROBE_LAYER_IN, w->x, n, d)) return -1;
     e->B->rmsnorm(e->be, &X, e->lw[l].w[M2D_T_ATTN_NORM], c->rms_norm_eps, &XN);
+    if (e->probe && probe_at(e, l, M2D_PROBE_ATTN_NORM, w->xn, n, d)) return -1;
     if (c->ops.attn == M2D_ATTN_MLA) mla_qkv(e, l, w);
     else gqa_qkv(e, l, w);
-    attend(e, l, w, p);
+    return attend(e, l, w, p);
 }
 
 /* The experts of LAYER on X -> OUT (routing fields left zero: moe sets them, experts_all has none) */
@@ -627,8 +667,8 @@ static int moe_block(m2d_engine *e, int l, const fwd_ws *w) {
 
 /* dense FFN: y (+)= down(act(gate x + bg, up x + bu)) + bd (biases when the roles are there);
  * g, u scratch [n, inter] */
-static void dense_ffn(m2d_engine *e, m2d_weight *const *wt, const m2d_mat *x, int inter, m2d_buf *g, m2d_buf *u,
-                      m2d_mat *y, float beta) {
+static int dense_ffn(m2d_engine *e, m2d_weight *const *wt, const m2d_mat *x, int inter, m2d_buf *g, m2d_buf *u,
+                     m2d_mat *y, float beta, int probe_layer) {
     const m2d_layer_ops *ops = &e->m->cfg.ops;
     m2d_mat G = m2d_mat_of(g, 0, x->rows, inter, inter), U = m2d_mat_of(u, 0, x->rows, inter, inter);
     e->B->gemm(e->be, x, wt[M2D_T_GATE], 0, &G, 0.0f, e->prec);
@@ -637,8 +677,10 @@ static void dense_ffn(m2d_engine *e, m2d_weight *const *wt, const m2d_mat *x, in
     bias(e, &U, wt[M2D_T_UP_BIAS]);
     if (ops->ffn_act == M2D_ACT_SWIGLU_CLAMP) e->B->glu_clamp(e->be, &G, &U, ops->act_alpha, ops->act_limit);
     else e->B->glu(e->be, ops->ffn_act, &G, &U);
+    if (probe_layer >= 0 && e->probe && probe_at(e, probe_layer, M2D_PROBE_FFN_ACT, g, x->rows, inter)) return -1;
     e->B->gemm(e->be, &G, wt[M2D_T_DOWN], 0, y, beta, e->prec);
     bias(e, y, wt[M2D_T_DOWN_BIAS]);
+    return 0;
 }
 
 /* The always-on shared experts of an MoE layer: ffo += shared(xn), each token's output times
@@ -654,11 +696,11 @@ static void shared_experts(m2d_engine *e, int l, const fwd_ws *w) {
     wt[M2D_T_DOWN] = lw->w[M2D_T_SHARED_DOWN];
     m2d_mat XN = m2d_mat_of(w->xn, 0, n, d, d), FFO = m2d_mat_of(w->ffo, 0, n, d, d);
     if (!lw->w[M2D_T_SHARED_EXPERT_GATE]) {
-        dense_ffn(e, wt, &XN, width, w->g, w->u, &FFO, 1.0f);
+        dense_ffn(e, wt, &XN, width, w->g, w->u, &FFO, 1.0f, -1);
         return;
     }
     m2d_mat S = m2d_mat_of(w->sh, 0, n, d, d), G = m2d_mat_of(w->shl, 0, n, 1, 1);
-    dense_ffn(e, wt, &XN, width, w->g, w->u, &S, 0.0f);
+    dense_ffn(e, wt, &XN, width, w->g, w->u, &S, 0.0f, -1);
     e->B->gemm(e->be, &XN, lw->w[M2D_T_SHARED_EXPERT_GATE], 0, &G, 0.0f, e->prec);
     e->B->sigmoid_scale(e->be, &S, &G);
     e->B->add(e->be, &FFO, &S);
@@ -669,10 +711,9 @@ static int ffn_block(m2d_engine *e, int l, const fwd_ws *w) {
     int n = w->n, d = c->hidden_size;
     m2d_mat X = m2d_mat_of(w->x, 0, n, d, d), XN = m2d_mat_of(w->xn, 0, n, d, d);
     e->B->rmsnorm(e->be, &X, e->lw[l].w[M2D_T_FFN_NORM], c->rms_norm_eps, &XN);
-    if (!c->layer_is_moe[l]) {
-        dense_ffn(e, e->lw[l].w, &XN, c->intermediate_size, w->g, w->u, &X, 1.0f); /* residual add */
-        return 0;
-    }
+    if (e->probe && probe_at(e, l, M2D_PROBE_FFN_NORM, w->xn, n, d)) return -1;
+    if (!c->layer_is_moe[l]) /* residual add */
+        return dense_ffn(e, e->lw[l].w, &XN, c->intermediate_size, w->g, w->u, &X, 1.0f, l);
     if (moe_block(e, l, w)) return -1;
     shared_experts(e, l, w);
     m2d_mat FFO = m2d_mat_of(w->ffo, 0, n, d, d);
@@ -704,8 +745,8 @@ static int forward_hidden(m2d_engine *e, const int32_t *tokens, int n, const seg
     e->B->embed(e->be, e->embed, w.tok, n, &X);
     int rc = 0;
     for (int l = 0; l < c->num_hidden_layers && rc == 0; l++) {
-        attention_block(e, l, &w, p);
-        rc = ffn_block(e, l, &w);
+        if (l != e->skip_layer) rc = attention_block(e, l, &w, p) || ffn_block(e, l, &w) ? -1 : 0;
+        if (rc == 0 && e->probe && l != e->skip_layer) rc = probe_at(e, l, M2D_PROBE_LAYER_OUT, w.x, n, d);
         if (rc == 0 && p->capture) e->B->download(e->be, p->capture + (size_t)l * n * d, w.x, 0, f32s(n, d));
     }
     if (rc == 0) e->B->rmsnorm(e->be, &X, e->final_norm, c->rms_norm_eps, &H);
@@ -821,7 +862,7 @@ static int expert_impl(m2d_engine *e, int layer, int expert, const float *x, int
     if (rc == 0) {
         e->B->upload(e->be, xb, 0, x, f32s(n, d));
         m2d_mat X = m2d_mat_of(xb, 0, n, d, d), Y = m2d_mat_of(yb, 0, n, d, d);
-        dense_ffn(e, wt, &X, de, g, u, &Y, 0.0f);
+        dense_ffn(e, wt, &X, de, g, u, &Y, 0.0f, -1);
         e->B->download(e->be, out, yb, 0, f32s(n, d));
     }
     m2d_buf *all[] = {xb, yb, g, u};

@@ -80,6 +80,33 @@ typedef struct {
 typedef int (*m2d_moe_hook)(void *user, const m2d_moe_event *ev);
 void m2d_engine_set_moe_hook(m2d_engine *e, m2d_moe_hook hook, void *user);
 
+/* Probe hook (analyses of dense models: Minitron importance, calib/importance.c): called during every
+ * forward at the points of each decoder layer that POINTS selects (bits 1u << m2d_probe_point) with a
+ * host copy of that activation, valid during the call, rows in the order of the forward's tokens.
+ * Without a hook nothing is copied and nothing is computed beyond one pointer test per point. */
+typedef enum {
+    M2D_PROBE_LAYER_IN,   /* [n, d] the residual stream entering the layer */
+    M2D_PROBE_ATTN_NORM,  /* [n, d] the attention RMSNorm's output (what q/k/v read) */
+    M2D_PROBE_HEADS,      /* [n, heads*head_dim] attention output of each query head, before o_proj */
+    M2D_PROBE_FFN_NORM,   /* [n, d] the FFN RMSNorm's output */
+    M2D_PROBE_FFN_ACT,    /* [n, intermediate] act(gate x)·(up x) before down_proj (dense FFN layers) */
+    M2D_PROBE_LAYER_OUT,  /* [n, d] the residual stream after the layer */
+    M2D_PROBE_COUNT
+} m2d_probe_point;
+typedef struct {
+    int layer;
+    m2d_probe_point point;
+    int n_tokens, cols;
+    const float *x;       /* [n_tokens, cols] */
+} m2d_probe_event;
+/* Non-zero aborts the forward (the engine's error names the layer and ends with the hook's message). */
+typedef int (*m2d_probe_hook)(void *user, const m2d_probe_event *ev);
+void m2d_engine_set_probe(m2d_engine *e, m2d_probe_hook hook, void *user, unsigned points);
+/* Every later forward skips decoder layer LAYER (its residual stream passes unchanged; no probe
+ * fires there; nothing is appended to a KV cache for it); -1 restores every layer. -1 + m2d_err
+ * when LAYER is outside [-1, num_hidden_layers). */
+int m2d_engine_set_skip_layer(m2d_engine *e, int layer);
+
 /* f_e(x) of expert E_IDX of LAYER on n token vectors x [n, d] -> out [n, d] (no gate weight). */
 int m2d_engine_expert(m2d_engine *e, int layer, int expert, const float *x, int n, float *out);
 /* Calibration (SPEC §1): f_e(x_t) of EVERY expert of LAYER on n token vectors x [n, d] ->
