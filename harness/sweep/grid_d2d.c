@@ -112,9 +112,6 @@ int m2d_grid_d2d_read(m2d_experiment *x) {
     if (d->type != M2D_TOML_TABLE)
         return m2d_err("%s: 'd2d' must be a table ([experiment.%s.d2d])",
                        m2d_experiment_where(x, "d2d", NULL, at, sizeof at), x->name);
-    if (!m2d_d2d_linked())
-        return m2d_err("%s: [d2d] needs dense-to-dense pruning (convert/prune.c, calib/importance.c), which this "
-                       "build does not have", m2d_experiment_where(x, "d2d", NULL, at, sizeof at));
     x->has_d2d = 1;
     if (check_keys(x, d) || get_path(x, d, "teacher", NULL, &x->d2d_teacher) || read_calibration(x, d)) return -1;
     return read_candidates(x, d);

@@ -14,21 +14,6 @@
 #include "convert/prune.h"
 #include "train/distill.h"
 
-/* The pruning is another branch's (convert/prune.c, calib/importance.c): weak until it is linked
- * in, so that a build without it still links and refuses [d2d] in one line (m2d_d2d_linked). */
-#pragma weak m2d_prune_shape_parse
-#pragma weak m2d_prune_shape_format
-#pragma weak m2d_prune_shape_check
-#pragma weak m2d_prune_params
-#pragma weak m2d_prune_write
-#pragma weak m2d_importance_ensure
-#pragma weak m2d_importance_free
-
-int m2d_d2d_linked(void) {
-    return m2d_prune_shape_parse && m2d_prune_shape_format && m2d_prune_shape_check && m2d_prune_params &&
-           m2d_prune_write && m2d_importance_ensure && m2d_importance_free;
-}
-
 int m2d_d2d_is_config(const m2d_grid_config *c) { return !strcmp(c->target, "d2d"); }
 
 int m2d_d2d_is_row(const m2d_results *r, int i) { return !strcmp(m2d_results_get(r, i, "scoring"), M2D_D2D_SCORING); }
@@ -39,7 +24,6 @@ const char *m2d_d2d_spec(const char *params) {
 }
 
 int m2d_d2d_spec_check(const char *spec) {
-    if (!m2d_d2d_linked()) return m2d_err("this build has no dense-to-dense pruning (convert/prune.c)");
     m2d_prune_shape s;
     return m2d_prune_shape_parse(spec, &s);
 }
@@ -202,17 +186,17 @@ static int ensure_importance(m2d_d2d *d, const char *device, m2d_precision preci
     d->imp_path = importance_path(x, d->teacher);
     m2d_importance *imp = NULL;
     double t0 = m2d_now();
-    if (m2d_mkdir_p(x->cache_dir) || m2d_importance_ensure(d->teacher, &o, d->imp_path, &imp)) return -1;
+    int cached = 0;
+    if (m2d_mkdir_p(x->cache_dir) || m2d_importance_ensure(d->teacher, &o, d->imp_path, &imp, &cached)) return -1;
     memcpy(d->calib_hash, imp->calib_hash, 65);
-    fprintf(stderr, "moe2dense sweep: d2d importance of %s (%d windows x %d tokens): %s in %.1f s\n", x->d2d_teacher,
-            imp->n_windows, imp->seq_len, d->imp_path, m2d_now() - t0);
+    fprintf(stderr, "moe2dense sweep: d2d importance of %s (%d windows x %d tokens): %s %s in %.1f s\n", x->d2d_teacher,
+            imp->n_windows, imp->seq_len, cached ? "read from" : "computed into", d->imp_path, m2d_now() - t0);
     m2d_importance_free(imp);
     return 0;
 }
 
 int m2d_d2d_open(const m2d_experiment *x, const char *device, m2d_precision precision, m2d_d2d **out) {
     *out = NULL;
-    if (!m2d_d2d_linked()) return m2d_err("sweep: [d2d]: this build has no dense-to-dense pruning");
     m2d_d2d *d = m2d_calloc(1, sizeof *d);
     d->x = x;
     if (m2d_model_open(x->d2d_teacher, &d->teacher) || ensure_importance(d, device, precision)) {
@@ -288,7 +272,13 @@ static void fmt_seconds(double s, char *buf, size_t n) {
     else snprintf(buf, n, "%.1f h", s / 3600);
 }
 
-static double gib(double bytes) { return bytes / (1024.0 * 1024 * 1024); }
+/* BYTES as "%.1f GiB" from 1 GiB up, else "%.1f MiB" (as sweep.c's dry run) */
+static const char *fmt_bytes(double bytes, char *buf, size_t n) {
+    const double M = 1024.0 * 1024;
+    if (bytes >= 1024 * M) snprintf(buf, n, "%.1f GiB", bytes / (1024 * M));
+    else snprintf(buf, n, "%.1f MiB", bytes / M);
+    return buf;
+}
 
 /* each candidate's parameters against the K = k student's (REF) */
 static void print_candidates(const m2d_experiment *x, const m2d_config *t, int64_t ref, FILE *f) {
@@ -302,7 +292,10 @@ static void print_candidates(const m2d_experiment *x, const m2d_config *t, int64
             m2d_err_clear();
             continue;
         }
-        fprintf(f, "d2d candidate %-20s (%s) %s: %lld parameters", m2d_d2d_spec(c->params), c->id, canon, (long long)p);
+        const char *spec = m2d_d2d_spec(c->params);
+        fprintf(f, "d2d candidate %s (%s)", spec, c->id);
+        if (strcmp(canon, spec)) fprintf(f, " = %s", canon);
+        fprintf(f, ": %lld parameters", (long long)p);
         if (ref > 0) fprintf(f, " (%+.2f %% of the K = k student's %lld)", 100.0 * (double)(p - ref) / (double)ref, (long long)ref);
         fprintf(f, "\n");
     }
@@ -334,13 +327,13 @@ static void print_importance_and_memory(const m2d_experiment *x, const m2d_confi
     fprintf(f, "d2d importance: %d x %d tokens of %s, %d forwards of the dense teacher (1 + one per skipped layer), "
                "~%s once (cached in %s)\n", x->d2d_calib_samples, x->d2d_calib_seq_len, x->d2d_calib_data,
             1 + t->num_hidden_layers, a, x->cache_dir);
-    double db_t = (double)m2d_dtype_size(t->torch_dtype), db_m = (double)m2d_dtype_size(moe->torch_dtype);
-    double mapped = db_t * (double)m2d_model_param_counts(t).total + db_m * (double)m2d_model_param_counts(moe).total;
-    fprintf(f, "d2d memory: the dense teacher %.1f GiB + the MoE teacher %.1f GiB mapped as stored (page cache), a "
-               "candidate %.2f GiB; distilling it holds fp32 weights, gradients and AdamW moments (16 bytes a "
-               "parameter: %.2f GiB)\n", gib(db_t * (double)m2d_model_param_counts(t).total),
-            gib(mapped - db_t * (double)m2d_model_param_counts(t).total), gib(4.0 * (double)student),
-            gib(16.0 * (double)student));
+    double dense = (double)m2d_dtype_size(t->torch_dtype) * (double)m2d_model_param_counts(t).total;
+    double mapped_moe = (double)m2d_dtype_size(moe->torch_dtype) * (double)m2d_model_param_counts(moe).total;
+    char b1[32], b2[32], b3[32];
+    fprintf(f, "d2d memory: the dense teacher %s and the MoE teacher %s mapped as stored (page cache); distilling a "
+               "student holds fp32 weights, gradients and AdamW moments (16 bytes a parameter: %s) besides the "
+               "activations (README \"Memory of a run\")\n", fmt_bytes(dense, b1, sizeof b1),
+            fmt_bytes(mapped_moe, b2, sizeof b2), fmt_bytes(16.0 * (double)student, b3, sizeof b3));
 }
 
 void m2d_d2d_dry_run(const m2d_experiment *x, FILE *f) {

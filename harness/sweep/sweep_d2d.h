@@ -14,10 +14,7 @@
  *
  * A D2D student's fingerprint: SHA-256 of "d2d\n<dense weights hash>\n<importance calib hash>\n
  * <canonical shape>\n" (equal fingerprints: the same pruned student).
- *
- * The pruning itself (convert/prune.c, calib/importance.c) is another branch's (i29a); until it is
- * linked in, its functions are weak references here: a build without them refuses a [d2d] block in
- * one line (m2d_d2d_linked) and every other experiment runs as before. */
+ */
 #ifndef M2D_SWEEP_D2D_H
 #define M2D_SWEEP_D2D_H
 
@@ -39,9 +36,7 @@ int m2d_d2d_is_row(const m2d_results *r, int i);
 /* The shape spec of a candidate's params ("shape=L4-H192-F576-A6/2" -> "L4-H192-F576-A6/2"). */
 const char *m2d_d2d_spec(const char *params);
 
-/* 1 when this build has the pruning (convert/prune.c and calib/importance.c). */
-int m2d_d2d_linked(void);
-/* SPEC parses (m2d_prune_shape_parse); -1 + m2d_err otherwise, or when the pruning is not linked. */
+/* SPEC parses (m2d_prune_shape_parse); -1 + m2d_err otherwise. */
 int m2d_d2d_spec_check(const char *spec);
 /* Parameters of candidate SPEC pruned from dense teacher T, its canonical spec into CANON; -1 +
  * m2d_err when SPEC does not fit T. */
