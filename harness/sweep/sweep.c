@@ -84,8 +84,9 @@ static int teacher_ppl_meta(m2d_sweep_backend *b, const char *out, m2d_sweep_met
     int rc = b->x->has_d2d && b->evaluate_d2d_teacher ? b->evaluate_d2d_teacher(b, &d) : 1;
     if (rc < 0) return -1;
     if (rc == 0)
-        m2d_sweep_meta_add(meta, m2d_strfmt("d2d_teacher_ppl=%.6f windows=%d params=%lld teacher=%s", d.ppl,
-                                            d.ppl_windows, (long long)d.n_params, b->x->d2d_teacher));
+        m2d_sweep_meta_add(meta, m2d_strfmt("d2d_teacher_ppl=%.6f windows=%d params=%lld layers=%d teacher=%s", d.ppl,
+                                            d.ppl_windows, (long long)d.n_params, d.layers,
+                                            b->x->d2d_teacher));
     return 0;
 }
 

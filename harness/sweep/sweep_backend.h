@@ -24,6 +24,8 @@ typedef struct {
     int64_t n_params;       /* build: student parameter count */
     double ppl;             /* evaluate: NaN when it blew up */
     int ppl_windows;        /* evaluate: windows actually scored */
+    int layers;             /* evaluate_d2d_teacher: the dense teacher's decoder layers (the report tells
+                               width-only candidates from width + depth ones by it) */
     double *mc;             /* evaluate: [n_mc_cols] (NaN = not run); allocated by the runner */
     char error[256];        /* why build/evaluate failed */
 } m2d_sweep_result;

@@ -248,6 +248,7 @@ static int pipe_evaluate_d2d_teacher(m2d_sweep_backend *b, m2d_sweep_result *res
     if (!p->d2d) return 1; /* no [d2d] */
     const m2d_model *t = m2d_d2d_teacher(p->d2d);
     res->n_params = m2d_model_param_counts(&t->cfg).total;
+    res->layers = t->cfg.num_hidden_layers;
     return model_ppl(b, t, res);
 }
 
