@@ -92,11 +92,39 @@ char *hf_build_listed(const cJSON *g, const char *work) {
 }
 
 /* The student of golden G: moe2dense calibrate + convert (the golden's arguments) on its teacher. */
+/* The pruned student of golden G: `moe2dense prune` of TEACHER with the golden's importance file,
+ * which must be kept as up to date (the same teacher bytes and windows): the kept indices are then
+ * the golden's, whatever this CPU's rounding of the importance would give. */
+static char *build_pruned(const cJSON *g, const char *work, const char *teacher) {
+    const char *name = hf_str(g, "name"), *text = hf_str(g, "calib_text"), *imp_text = hf_str(g, "importance_json");
+    char *dir = m2d_path_join(work, name), *calib = m2d_strfmt("%s/%s.txt", work, name);
+    char *imp = m2d_strfmt("%s/%s.importance.json", work, name);
+    tu_write(calib, text, strlen(text));
+    tu_write(imp, imp_text, strlen(imp_text));
+    char *cmd = m2d_strfmt("%s prune --teacher %s --data %s --importance %s --out %s", tu_bin(), teacher, calib, imp, dir);
+    const cJSON *a;
+    cJSON_ArrayForEach(a, hf_item(g, "prune")) {
+        char *more = m2d_strfmt("%s '%s'", cmd, a->valuestring);
+        free(cmd);
+        cmd = more;
+    }
+    char *out = NULL, *err = NULL;
+    if (tu_run(cmd, &out, &err) != 0) fail_msg("%s: %s", cmd, err);
+    if (!out || !strstr(out, "kept up-to-date")) fail_msg("%s: the golden's importance file was not kept: %s", cmd, err);
+    free(out), free(err), free(cmd), free(calib), free(imp);
+    return dir;
+}
+
 char *hf_build_student(const cJSON *g, const char *work, hf_build_fn build) {
     const char *name = hf_str(g, "name");
     cJSON *tg = hf_load_golden(hf_str(g, "teacher"));
     char *teacher = build(tg, work);
     cJSON_Delete(tg);
+    if (cJSON_HasObjectItem(g, "prune")) {
+        char *dir = build_pruned(g, work, teacher);
+        free(teacher);
+        return dir;
+    }
     char *dir = m2d_path_join(work, name), *calib = m2d_strfmt("%s/%s.txt", work, name);
     char *stats = m2d_strfmt("%s/%s.stats", work, name);
     const char *text = hf_str(g, "calib_text");
@@ -375,6 +403,7 @@ static const char *convert_opt(const cJSON *g, const char *opt) {
  * the CPU's GEMM kernels (oneDNN / OpenBLAS pick summation orders per ISA), so a few merged
  * weights round to the other bf16 neighbour: check_student_plan and check_student_weights. */
 static int student_bytes_exact(const cJSON *g) {
+    if (cJSON_HasObjectItem(g, "prune")) return 1; /* copies of the teacher's values at the golden's indices */
     const char *sc = convert_opt(g, "--scoring"), *al = convert_opt(g, "--scaling");
     return sc && !strcmp(sc, "freq") && (!al || !strcmp(al, "uniform"));
 }

@@ -70,12 +70,15 @@ static void deepseekv2_student(void **state) {
 static void qwen3_dense(void **state) { (void)state; hf_check_model("qwen3", tu_work, build_teacher); }
 /* the dense student of the bf16 teacher (zero-padded dense layer), in transformers' Qwen3ForCausalLM. */
 static void student_dense(void **state) { (void)state; hf_check_model("qwen3moe-student", tu_work, build_teacher); }
+/* dense Qwen3 pruned by moe2dense prune (Minitron: a layer, channels of the tied embedding, a kv group
+ * and a query head removed), loaded, re-saved and run by transformers' Qwen3ForCausalLM. */
+static void qwen3_pruned(void **state) { (void)state; hf_check_model("qwen3-pruned", tu_work, build_teacher); }
 /* the smaller MoE (--target moe, groups), in transformers' Qwen3MoeForCausalLM. */
 static void student_moe(void **state) { (void)state; hf_check_model("qwen3moe-student-moe", tu_work, build_teacher); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(qwen3moe_bf16), cmocka_unit_test(qwen3moe_f32), cmocka_unit_test(qwen3_dense),
+        cmocka_unit_test(qwen3moe_bf16), cmocka_unit_test(qwen3moe_f32), cmocka_unit_test(qwen3_dense), cmocka_unit_test(qwen3_pruned),
         cmocka_unit_test(student_dense), cmocka_unit_test(student_moe), cmocka_unit_test(qwen3moe_yarn),
         cmocka_unit_test(olmoe_bf16), cmocka_unit_test(olmoe_bias), cmocka_unit_test(olmoe_student),
         cmocka_unit_test(qwen2moe_bf16), cmocka_unit_test(qwen2moe_f32), cmocka_unit_test(qwen2moe_student),

@@ -160,6 +160,16 @@ STUDENTS = {
                               "uniform", "-K", "6", "--groups", "4"]),
 }
 
+# name -> (dense teacher, class, prune args): `moe2dense prune` (Minitron, convert/prune.h) of a dense
+# teacher; the importance file it computed is recorded in the golden ("importance_json"), and the
+# test prunes with that file, so the kept indices (and with them the bytes: every value is copied)
+# are the golden's on every CPU. L1 drops a layer (layer_types cut with it), H48 cuts the tied
+# embedding's columns, A1/1 keeps one of the two kv groups and one of its two query heads.
+PRUNED = {
+    "qwen3-pruned": ("qwen3", "Qwen3ForCausalLM",
+                     ["--shape", "L1-H48-F96-A1/1", "--seq-len", "32", "--samples", "8", "--threads", "1"]),
+}
+
 
 # RoPE parameters (model/rope.h): config fields (Hub spelling or transformers >= 5), rotated dims,
 # and what transformers derives from them: inverse frequencies, the cos/sin attention factor, and
@@ -388,6 +398,22 @@ def student_plan(student_dir):
     return [{"layer": x["layer"], "selected": x["selected"], "groups": x["groups"]} for x in layers]
 
 
+def pruned_golden(binary, work, name, teacher, cls_name, args, calib_text, tokens):
+    """`moe2dense prune` of TEACHER into WORK/NAME; transformers loads it, re-saves it unchanged, and
+    gives the logits."""
+    t, s, imp = f"{work}/{teacher}", f"{work}/{name}", f"{work}/{name}.importance.json"
+    with open(f"{work}/calib.txt", "w", encoding="utf-8") as f:
+        f.write(calib_text)
+    run([binary, "prune", "--teacher", t, "--data", f"{work}/calib.txt", "--importance", imp, *args, "--out", s])
+    resaved = f"{work}/{name}-resaved"
+    getattr(transformers, cls_name).from_pretrained(s, dtype="auto").save_pretrained(resaved)
+    with open(f"{s}/moe2dense.json", encoding="utf-8") as f:
+        kept = json.load(f)["kept"]
+    return goldens(name, cls_name, s, tokens, {
+        "teacher": teacher, "prune": args, "calib_text": calib_text, "importance_json": read_text(imp),
+        "kept": kept, "resaved_sha256": sha256(f"{resaved}/model.safetensors")})
+
+
 def run(cmd):
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
@@ -406,7 +432,8 @@ def make_all(binary, out, work, only=None):
     calib_text = " ".join(words[i] for i in rng.integers(0, len(words), 160)) + "\n"
     result = {}
     students = {n: v for n, v in STUDENTS.items() if only is None or n in only}
-    wanted = None if only is None else set(only) | {v[0] for v in students.values()}
+    pruned = {n: v for n, v in PRUNED.items() if only is None or n in only}
+    wanted = None if only is None else set(only) | {v[0] for v in [*students.values(), *pruned.values()]}
     for name, (cls_name, cfg, dtype, seed) in MODELS.items():
         if wanted is not None and name not in wanted:
             continue
@@ -428,6 +455,8 @@ def make_all(binary, out, work, only=None):
         result[name] = goldens(name, cls_name, s, tokens, {
             "teacher": teacher, "calibrate": cal, "convert": conv, "plan": student_plan(s), "calib_text": calib_text,
             "resaved_sha256": sha256(f"{resaved}/model.safetensors")})
+    for name, (teacher, cls_name, args) in pruned.items():
+        result[name] = pruned_golden(binary, work, name, teacher, cls_name, args, calib_text, result[teacher]["tokens"])
     if only is None or "rope" in only:
         result["rope"] = {"name": "rope", "versions": {"transformers": transformers.__version__},
                           "cases": {k: rope_golden(*v) for k, v in ROPE_CASES.items()}}
@@ -456,6 +485,8 @@ def student_bytes_exact(g):
     student_bytes_exact): scores that are routed counts (freq) and uniform or no scaling; any other
     scoring or scaling is computed from calibration statistics whose last bits depend on the CPU's
     GEMM kernels, so a few merged weights may round to the other bf16 neighbour."""
+    if "prune" in g:
+        return True  # copies of the teacher's values at the kept indices (the golden's importance file)
     conv = g.get("convert", [])
     opt = {a: b for a, b in zip(conv, conv[1:])}
     return opt.get("--scoring") == "freq" and opt.get("--scaling", "uniform") == "uniform"
@@ -468,7 +499,7 @@ def _worst(got, want, scale):
     return max((abs(x - y) / max(scale(i), 1e-30) for i, (x, y) in enumerate(zip(got, want))), default=0.0)
 
 
-def compare_golden(name, new_dir, old_dir, keys=("config_json", "safetensors_sha256", "tokens", "positions")):
+def compare_golden(name, new_dir, old_dir, keys=("config_json", "safetensors_sha256", "tokens", "positions", "kept")):
     """What differs between golden NAME in NEW_DIR and OLD_DIR, comparing only what holds across
     machines: KEYS exactly (byte hashes of files written from fixed inputs, token ids, texts); for a
     student with a "plan" its decisions (selected experts and groups per layer) exactly, and its
@@ -517,7 +548,7 @@ def compare(new_dir, old_dir):
     with open(f"{new_dir}/rope.json", encoding="utf-8") as f, open(f"{old_dir}/rope.json", encoding="utf-8") as g:
         if json.load(f)["cases"] != json.load(g)["cases"]:
             bad.append("rope: differs")
-    for name in [*MODELS, *STUDENTS]:
+    for name in [*MODELS, *STUDENTS, *PRUNED]:
         bad += compare_golden(name, new_dir, old_dir)
     return bad
 

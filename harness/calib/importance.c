@@ -146,13 +146,18 @@ int m2d_importance_supported(const m2d_config *c, const char *dir) {
 static int windows_nll(m2d_engine *e, const int32_t *ids, const int64_t *starts, int nw, int L, double *lp,
                        double *out) {
     double sum = 0;
-    for (int w = 0; w < nw; w++) {
+    int32_t *tg = m2d_malloc(sizeof(int32_t) * (size_t)L);
+    int rc = 0;
+    for (int w = 0; w < nw && rc == 0; w++) {
         const int32_t *t = ids + starts[w];
-        if (m2d_engine_logprobs(e, t, L, t + 1, 0, lp)) return -1;
-        for (int i = 0; i < L - 1; i++) sum -= lp[i];
+        memcpy(tg, t + 1, sizeof(int32_t) * (size_t)(L - 1));
+        tg[L - 1] = t[0]; /* the last position's prediction lies past the window: not counted */
+        rc = m2d_engine_logprobs(e, t, L, tg, 0, lp);
+        for (int i = 0; i < L - 1 && rc == 0; i++) sum -= lp[i];
     }
+    free(tg);
     *out = sum / ((double)nw * (L - 1));
-    return 0;
+    return rc;
 }
 
 static void acc_finish(const imp_acc *a, m2d_importance *imp) {
@@ -376,19 +381,36 @@ static int read_scores(const cJSON *j, const char *path, m2d_importance *imp) {
     return rc;
 }
 
+/* sizes no larger than a file of N bytes can hold (each number takes two characters at least): a
+ * hostile header never makes the reader allocate more than the file's size */
+static int check_sizes(const m2d_importance *imp, const char *path, size_t n) {
+    double need = (double)imp->n_layers * (imp->ffn + imp->heads + 2) + imp->hidden + imp->n_windows;
+    if (2 * need > (double)n)
+        return m2d_err("%s: fields n_layers, ffn, heads, hidden, n_windows: sizes larger than the file holds", path);
+    if (imp->heads % imp->kv_heads)
+        return m2d_err("%s: field kv_heads: %d does not divide heads %d", path, imp->kv_heads, imp->heads);
+    return 0;
+}
+
 int m2d_importance_read(const char *path, m2d_importance **out) {
     *out = NULL;
     size_t n;
     char *text = m2d_read_file(path, &n);
     if (!text) return -1;
-    cJSON *j = cJSON_ParseWithLength(text, n);
+    int rc = m2d_importance_parse(path, text, n, out);
     free(text);
+    return rc;
+}
+
+int m2d_importance_parse(const char *path, const char *text, size_t n, m2d_importance **out) {
+    *out = NULL;
+    cJSON *j = cJSON_ParseWithLength(text, n);
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
         return m2d_err("%s: not a JSON object (an importance file of 'moe2dense prune' is)", path);
     }
     m2d_importance *imp = m2d_calloc(1, sizeof *imp);
-    int rc = read_sizes(j, path, imp) || read_scores(j, path, imp) ? -1 : 0;
+    int rc = read_sizes(j, path, imp) || check_sizes(imp, path, n) || read_scores(j, path, imp) ? -1 : 0;
     cJSON_Delete(j);
     if (rc) {
         m2d_importance_free(imp);

@@ -65,6 +65,8 @@ int m2d_importance_compute(const m2d_model *model, const int32_t *ids, const int
 int m2d_importance_write(const m2d_importance *imp, const char *data_path, const char *path);
 /* Read PATH strictly: every field present, of its type and size; errors "PATH: field F: ...". */
 int m2d_importance_read(const char *path, m2d_importance **out);
+/* The same from TEXT [n] in memory, PATH naming it in errors (the fuzz target's entry). */
+int m2d_importance_parse(const char *path, const char *text, size_t n, m2d_importance **out);
 /* IMP (read from PATH) belongs to MODEL: its weights hash and sizes. Error naming PATH and field. */
 int m2d_importance_check_model(const m2d_importance *imp, const char *path, const m2d_model *model);
 /* A dense teacher the importance (and pruning) handles: GQA attention, every layer a dense SwiGLU

@@ -23,13 +23,16 @@ typedef struct {
     int *heads;         /* [s.layers][s.heads] kept query heads */
 } prune_keep;
 
-static const double *sort_key; /* qsort has no context: the scores being ranked */
+typedef struct {
+    double score;
+    int idx;
+} ranked;
 
 /* higher score first, ties to the lower index */
 static int by_score(const void *a, const void *b) {
-    int i = *(const int *)a, j = *(const int *)b;
-    if (sort_key[i] != sort_key[j]) return sort_key[i] > sort_key[j] ? -1 : 1;
-    return i < j ? -1 : i > j;
+    const ranked *x = a, *y = b;
+    if (x->score != y->score) return x->score > y->score ? -1 : 1;
+    return x->idx < y->idx ? -1 : x->idx > y->idx;
 }
 
 static int ascending(const void *a, const void *b) {
@@ -37,15 +40,15 @@ static int ascending(const void *a, const void *b) {
     return i < j ? -1 : i > j;
 }
 
-/* OUT[0..k) = the indices of the K highest of SCORE[0..n), ascending */
+/* OUT[0..k) = the indices of the K highest of SCORE[0..n), ascending (no global state: the sweep
+ * may prune in several threads) */
 static void top_k(const double *score, int n, int k, int *out) {
-    int *idx = m2d_malloc(sizeof(int) * (size_t)n);
-    for (int i = 0; i < n; i++) idx[i] = i;
-    sort_key = score;
-    qsort(idx, (size_t)n, sizeof(int), by_score);
-    memcpy(out, idx, sizeof(int) * (size_t)k);
+    ranked *r = m2d_malloc(sizeof(ranked) * (size_t)n);
+    for (int i = 0; i < n; i++) r[i] = (ranked){score[i], i};
+    qsort(r, (size_t)n, sizeof(ranked), by_score);
+    for (int i = 0; i < k; i++) out[i] = r[i].idx;
     qsort(out, (size_t)k, sizeof(int), ascending);
-    free(idx);
+    free(r);
 }
 
 /* kv groups of layer L by the sum of their heads' importance; in each kept group its own top heads */

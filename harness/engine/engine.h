@@ -5,7 +5,8 @@
  * Contract: the engine reads only tensor roles and cfg.ops, never an architecture name; it
  * refuses at creation (one-line error) a model whose ops or tensors it does not implement. All
  * compute goes through the engine's backend; host memory is touched only for the caller's inputs
- * and outputs and, when a hook is set, the hook's copy of the routing. An engine is used by one
+ * and outputs and, when a hook is set, the hook's copy of the routing (or the probe's copies of the
+ * activations it asked for). An engine is used by one
  * thread at a time (the sweep gives each worker its own). */
 #ifndef M2D_ENGINE_H
 #define M2D_ENGINE_H
