@@ -363,6 +363,9 @@ static void refused_before_any_work(void **state) {
          "distill.loss"},
         {"candidates = ['L4-H192-F576-A6/2']\n[experiment.t.distill]\ndata = 'DATA'\nsteps = 1\n"
          "teacher_topk = [8, 16]\n", "distill.teacher_topk"},
+        /* the dense teacher's context (both teachers have 512 positions: the MoE check says the same) */
+        {"candidates = ['L4-H192-F576-A6/2']\n[experiment.t.distill]\ndata = 'DATA'\nsteps = 1\nseq_len = 1024\n",
+         "exceeds the teacher's max_position_embeddings 512"},
     };
     for (size_t i = 0; i < M2D_ARRAY_LEN(CASES); i++) {
         real_fx fx;

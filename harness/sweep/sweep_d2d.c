@@ -98,8 +98,23 @@ static int check_tokenizer(const m2d_experiment *x) {
     return differ ? err_at(x, "d2d.teacher", NULL) : 0;
 }
 
-/* the distillation settings for a student pruned to C (hidden size, layers) */
-static int check_distill(const m2d_experiment *x, const m2d_config *t, const m2d_config *s, const char *spec) {
+static const m2d_distill_names TOML_NAMES = {"distill.seq_len", "distill.batch", "distill.micro_batch",
+                                             "distill.teacher_topk", "ppl.seq_len", "distill.recompute"};
+
+/* the distillation settings against the dense teacher T (lengths; memory of a student S of
+ * PARAMS parameters, whose hidden size and depth are the candidate's) */
+static int check_distill(const m2d_experiment *x, const m2d_config *t, const m2d_config *s, int64_t params,
+                         const char *spec) {
+    m2d_distill_opts o = x->distill;
+    o.train.teacher_topk = 0; /* the dense teacher's own forward */
+    if (x->distill.eval_every > 0) o.eval_seq_len = x->ppl_seq_len;
+    if (m2d_distill_check_settings(&o, t, &TOML_NAMES) ||
+        m2d_distill_check_memory(t, s, params, &o.train, &TOML_NAMES)) {
+        char *why = m2d_strdup(m2d_errmsg());
+        m2d_err("with the dense teacher %s: %s", x->d2d_teacher, why);
+        free(why);
+        return err_at(x, "distill", NULL);
+    }
     for (int i = 0; i < x->n_distill_losses; i++)
         if (x->distill_losses[i] == M2D_LOSS_FKL_MSE &&
             (s->hidden_size != t->hidden_size || s->num_hidden_layers != t->num_hidden_layers)) {
@@ -127,7 +142,8 @@ static int check_candidates(const m2d_experiment *x, const m2d_config *t) {
         m2d_config sc = *t; /* the student's shape (sizes only; not freed) */
         sc.hidden_size = s.hidden ? s.hidden : t->hidden_size;
         sc.num_hidden_layers = s.layers ? s.layers : t->num_hidden_layers;
-        if (x->has_distill && check_distill(x, t, &sc, spec)) return -1;
+        sc.intermediate_size = s.ffn ? s.ffn : t->intermediate_size;
+        if (x->has_distill && check_distill(x, t, &sc, m2d_prune_params(t, &s), spec)) return -1;
     }
     return 0;
 }
