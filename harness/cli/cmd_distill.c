@@ -18,10 +18,12 @@ static const char USAGE[] =
     "           [--save-every N] [--stop-after N] [--resume] [--threads T] [--precision P] [--fp32]\n"
     "           [--device cpu|cuda[:N]]\n"
     "\n"
-    "The teacher (a Hugging Face MoE checkpoint:\n"
-    M2D_CMD_TEACHER_FAMILIES ") runs in\n"
-    "the same process on every step and gives full-vocabulary logits; the student (a dense\n"
-    "checkpoint, e.g. `moe2dense convert` output) is trained in fp32 master weights initialised\n"
+    "The teacher (a Hugging Face checkpoint of any family the engine runs: an MoE --\n"
+    M2D_CMD_TEACHER_FAMILIES " -- or a dense one, e.g. Qwen3, the\n"
+    "dense-to-dense baseline's teacher) runs in the same process on every step and gives\n"
+    "full-vocabulary logits; the student (a dense checkpoint, e.g. `moe2dense convert` or `moe2dense\n"
+    "prune` output; its hidden size and depth may differ from the teacher's, except with --loss\n"
+    "fkl+mse) is trained in fp32 master weights initialised\n"
     "from its checkpoint, every tensor trained (paper §3.5, App. J; SPEC §7). A student with an op\n"
     "the training engine lacks (latent attention, RoPE scaling, biases, sinks, sliding windows:\n"
     "the DeepSeek-V2, Qwen2-MoE and GPT-OSS students) is refused with one line naming it.\n"
@@ -191,5 +193,5 @@ static int cmd_distill_run(int argc, char **argv) {
 
 static char *distill_usage(void) { return m2d_cmd_usage_families(USAGE); }
 
-M2D_COMMAND_BUILT(distill, "distill", "train a dense student on its MoE teacher's outputs (knowledge distillation)",
+M2D_COMMAND_BUILT(distill, "distill", "train a dense student on a teacher's outputs (knowledge distillation)",
                   distill_usage, cmd_distill_run)

@@ -5,13 +5,14 @@
 
 #include "cli/cmd.h"
 #include "sweep/report.h"
+#include "sweep/report_d2d.h"
 #include "sweep/report_distill.h"
 #include "io/results.h"
 #include "base/util.h"
 
 static const char USAGE[] =
     "usage: moe2dense report RESULTS.csv [--format md|tex|csv] [--out FILE] [--plot-data DIR]\n"
-    "                        [--analyze ANALYZE.csv] [--best-per-pair] [--table 4|5]\n"
+    "                        [--analyze ANALYZE.csv] [--best-per-pair] [--table 3|4|5]\n"
     "\n"
     "Table in the layout of the paper's Tables 10/11: one row per scoring x grouping x scaling, one\n"
     "column per K; the best K of each row in bold; '–' for failed configurations (e.g. NaN PPL);\n"
@@ -36,6 +37,13 @@ static const char USAGE[] =
     "                    from RESULTS.csv.distill/*.jsonl)\n"
     "  --analyze FILE    with --plot-data: also the inputs of the overlap and erank plots from\n"
     "                    `moe2dense analyze --csv` output (validated: names and numbers only)\n"
+    "  --table 3         only the MoE-to-dense vs dense-to-dense comparison of a sweep with a [d2d]\n"
+    "                    block (paper Table 3 / Figure 1 layout): MoE-to-dense DO-ACP at K = k, the\n"
+    "                    best of the grid, the D2D student the paper's rule selected, random-ffn,\n"
+    "                    random-init and both teachers; parameters, PPL before and after distillation,\n"
+    "                    MC average, seconds per step and per teacher forward; then Table 13 (every D2D\n"
+    "                    candidate: shape, width-only or width + depth, parameters, PPL before, the\n"
+    "                    selected one). With --plot-data also figure1.dat (plots/figure1.gp)\n"
     "  --table 4|5       only the paper's Table 4 (teacher top-k' ablation: one row per k' at forward KL,\n"
     "                    'k (default)' the teacher's own routing) or Table 5 (loss ablation: one row per\n"
     "                    loss at k' = k), per distilled student, from the distillation ablation's\n"
@@ -68,8 +76,8 @@ static int cmd_report_run(int argc, char **argv) {
         m2d_err("report: --format: '%s' is not md, tex or csv", format);
         return m2d_cmd_fail("report");
     }
-    if (table && strcmp(table, "4") && strcmp(table, "5")) {
-        m2d_err("report: --table: '%s' is not 4 or 5", table);
+    if (table && strcmp(table, "3") && strcmp(table, "4") && strcmp(table, "5")) {
+        m2d_err("report: --table: '%s' is not 3, 4 or 5", table);
         return m2d_cmd_fail("report");
     }
     if (analyze && !plot) {
@@ -92,11 +100,13 @@ static int cmd_report_run(int argc, char **argv) {
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     int rc = best    ? m2d_report_write_best_per_pair(&r, f)
+             : table && !strcmp(table, "3") ? m2d_report_d2d_write(&r, fmt, f)
              : table ? m2d_report_ablation_write(pos[0], &r, atoi(table), fmt, f)
                      : m2d_report_write(&r, fmt, f);
     fclose(f);
     if (rc == 0 && plot) rc = m2d_report_plot_data(&r, plot);
     if (rc == 0 && plot) rc = m2d_report_distill_plot_data(pos[0], &r, plot);
+    if (rc == 0 && plot) rc = m2d_report_d2d_plot_data(&r, plot);
     if (rc == 0 && analyze) rc = m2d_report_analyze_plot_data(&an, plot);
     if (rc == 0) {
         if (out) rc = m2d_write_file_atomic(out, buf, len);

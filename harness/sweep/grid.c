@@ -11,6 +11,7 @@
 
 #include "base/util.h"
 #include "model/model.h"
+#include "sweep/grid_d2d.h"
 #include "sweep/sweep_backend.h"
 
 /* ---- teacher shape ---- */
@@ -97,7 +98,7 @@ static int read_teacher_dims(const ctx *c, m2d_experiment *x) {
 
 static int read_experiment(const ctx *c, m2d_experiment *x) {
     static const char *const top[] = {"description", "model", "backend", "out", "cache_dir", "teacher",
-                                      "calibration", "ppl", "mc", "distill", "axes", "include", "exclude"};
+                                      "calibration", "ppl", "mc", "distill", "axes", "include", "exclude", "d2d"};
     if (m2d_grid_check_keys(c, x->table, "the experiment", top, M2D_ARRAY_LEN(top))) return -1;
     static const char *const calib_keys[] = {"data", "seq_len", "samples", "seed", "windows"};
     static const char *const ppl_keys[] = {"protocol", "data", "seq_len", "max_windows"};
@@ -152,7 +153,7 @@ static int read_experiment(const ctx *c, m2d_experiment *x) {
         x->k = k;
         x->d_e = de;
     }
-    if (m2d_grid_build(c, x)) return -1;
+    if (m2d_grid_build(c, x) || m2d_grid_d2d_read(x)) return -1;
     return m2d_grid_check_distill_ids(c, x);
 }
 
@@ -234,6 +235,8 @@ void m2d_experiment_free(m2d_experiment *x) {
     free(x->distill_val_data);
     free(x->distill_losses);
     free(x->distill_topks);
+    free(x->d2d_teacher);
+    free(x->d2d_calib_data);
     free(x->configs);
     m2d_toml_free(x->doc);
     memset(x, 0, sizeof *x);

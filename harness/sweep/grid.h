@@ -22,12 +22,15 @@
 
 typedef struct {
     char scoring[32], grouping[32], scaling[32];
-    char target[8];         /* "dense" (the default) | "moe" (a smaller MoE: REAP-style pruning or merging) */
+    char target[8];         /* "dense" (the default) | "moe" (a smaller MoE: REAP-style pruning or merging) |
+                               "d2d" (a dense-to-dense candidate of [d2d]: scoring "d2d", params "shape=SPEC";
+                               grid_d2d.h) */
     char ratio[16];         /* moe: fraction of routed experts removed per layer as written ("0.25"); "" for dense */
     double ratio_v;         /* its value (0: no expert removed, e.g. the teacher with fewer experts per token) */
     int top_k;              /* moe: the student's experts per token (paper 001 §2 (iii)); 0: the teacher's k */
     char K_expr[16];        /* as written in the axis: "2k", "E", "16"; moe: "(1-R)E" */
-    int K;                  /* resolved against the teacher; moe: max(1, round((1 − ratio)·E)) experts kept */
+    int K;                  /* resolved against the teacher; moe: max(1, round((1 − ratio)·E)) experts kept;
+                               d2d: k (the candidates are matched to the K = k student's parameters) */
     char params[128];       /* plugin parameters "b=1,a=1,c=2"; "" when none */
     char id[M2D_ID_LEN + 1];/* stable: hash of the axis values (with K resolved) */
     int index;              /* position in the experiment's grid (0-based) */
@@ -77,6 +80,13 @@ typedef struct {
     int n_distill_losses, n_distill_topks;
     m2d_loss_kind *distill_losses;
     int *distill_topks;          /* as written (0: the teacher's own routing) */
+    /* dense-to-dense pruning ([d2d]; grid_d2d.h): the dense teacher the candidates are pruned from
+       and distilled with, and the calibration of its importance (default: [calibration]'s) */
+    int has_d2d;
+    char *d2d_teacher;
+    char *d2d_calib_data;
+    int d2d_calib_seq_len, d2d_calib_samples;
+    int64_t d2d_calib_seed;      /* -1: the first N windows */
     /* grid */
     int n_configs;
     m2d_grid_config *configs;

@@ -15,6 +15,7 @@
 #include "model/model.h"
 #include "sweep/sweep_backend.h"
 #include "sweep/sweep_csv.h"
+#include "sweep/sweep_d2d.h"
 #include "sweep/sweep_distill.h"
 #include "sweep/sweep_mc.h"
 #include "sweep/sweep_pool.h"
@@ -69,14 +70,23 @@ static int stages_if_configured(const m2d_experiment *x, const m2d_sweep_opts *o
     return m2d_sweep_mc_stage(x, b, out, meta, sum);
 }
 
-/* The teacher's perplexity on the students' windows into the run header (teacher_ppl=), where the
- * backend measures it and OUT is new (a resumed file keeps the header it has). */
+/* The teacher's perplexity on the students' windows into the run header (teacher_ppl=, and
+ * d2d_teacher_ppl= for a [d2d] block's dense teacher; " params=N" when the backend counts them),
+ * where the backend measures it and OUT is new (a resumed file keeps the header it has). */
 static int teacher_ppl_meta(m2d_sweep_backend *b, const char *out, m2d_sweep_meta *meta) {
     if (!b->evaluate_teacher || m2d_file_exists(out)) return 0;
-    m2d_sweep_result r;
+    m2d_sweep_result r, d;
     memset(&r, 0, sizeof r);
+    memset(&d, 0, sizeof d);
     if (b->evaluate_teacher(b, &r)) return -1;
-    m2d_sweep_meta_add(meta, m2d_strfmt("teacher_ppl=%.6f windows=%d", r.ppl, r.ppl_windows));
+    m2d_sweep_meta_add(meta, m2d_strfmt("teacher_ppl=%.6f windows=%d params=%lld", r.ppl, r.ppl_windows,
+                                        (long long)r.n_params));
+    int rc = b->x->has_d2d && b->evaluate_d2d_teacher ? b->evaluate_d2d_teacher(b, &d) : 1;
+    if (rc < 0) return -1;
+    if (rc == 0)
+        m2d_sweep_meta_add(meta, m2d_strfmt("d2d_teacher_ppl=%.6f windows=%d params=%lld layers=%d teacher=%s", d.ppl,
+                                            d.ppl_windows, (long long)d.n_params, d.layers,
+                                            b->x->d2d_teacher));
     return 0;
 }
 
@@ -470,6 +480,7 @@ int m2d_sweep_dry_run(const m2d_experiment *x, const m2d_sweep_opts *o, FILE *f)
                 x->distill.tokens ? (long long)x->distill.tokens : (long long)x->distill.train.optim.steps,
                 x->distill.train.seq_len, x->distill.train.batch, m2d_loss_name(x->distill.train.loss), out);
     if (x->has_distill && x->distill_ablation) print_ablation(x, f);
+    m2d_d2d_dry_run(x, f);
     if (x->has_distill && x->distill_val_data && x->distill.eval_every > 0)
         fprintf(f, "distillation validation: every %d step(s) on %s (held out; the tables report %s)\n",
                 x->distill.eval_every, x->distill_val_data, x->ppl_data);

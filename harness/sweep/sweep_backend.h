@@ -24,6 +24,8 @@ typedef struct {
     int64_t n_params;       /* build: student parameter count */
     double ppl;             /* evaluate: NaN when it blew up */
     int ppl_windows;        /* evaluate: windows actually scored */
+    int layers;             /* evaluate_d2d_teacher: the dense teacher's decoder layers (the report tells
+                               width-only candidates from width + depth ones by it) */
     double *mc;             /* evaluate: [n_mc_cols] (NaN = not run); allocated by the runner */
     char error[256];        /* why build/evaluate failed */
 } m2d_sweep_result;
@@ -56,6 +58,10 @@ struct m2d_sweep_backend {
      * student on (res->ppl, res->ppl_windows); the run records it in the CSV header (teacher_ppl=)
      * and the report shows it as the table's teacher row */
     int (*evaluate_teacher)(m2d_sweep_backend *b, m2d_sweep_result *res);
+    /* optional: the same for the dense teacher of the experiment's [d2d] block (sweep_d2d.h; the
+     * header's d2d_teacher_ppl=, the report's second teacher row); 1 when there is none. Both
+     * teacher hooks also fill res->n_params (the teacher's parameters) */
+    int (*evaluate_d2d_teacher)(m2d_sweep_backend *b, m2d_sweep_result *res);
     /* optional: multiple-choice tasks of the experiment on a built student: res->mc[2t] = acc,
      * res->mc[2t+1] = acc_norm (NaN when the task has none), res->mc[2 n_tasks] = the average of
      * each task's paper metric */

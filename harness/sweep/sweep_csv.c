@@ -45,8 +45,10 @@ int m2d_sweep_mc_columns(const m2d_experiment *x, char ***cols) {
     return n;
 }
 
+/* distill_step_s, distill_teacher_s: mean seconds per optimizer step and of its teacher forward
+ * (m2d_distill_result; the paper's s/step with each teacher) */
 static const char *const DISTILL_COLS[] = {"distill_ppl", "distill_final_loss", "distill_tokens", "distill_steps",
-                                           "distill_wall_s"};
+                                           "distill_wall_s", "distill_step_s", "distill_teacher_s"};
 #define N_DISTILL ((int)M2D_ARRAY_LEN(DISTILL_COLS))
 
 /* the distill stage's columns in the main CSV (mc_student only when there are MC columns) */

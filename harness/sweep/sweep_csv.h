@@ -18,7 +18,8 @@ int m2d_sweep_columns(const m2d_experiment *x, char ***cols);
  * 0 and *cols = NULL when X has no tasks. */
 int m2d_sweep_mc_columns(const m2d_experiment *x, char ***cols);
 /* The columns the distillation stage fills (sweep_distill.h), in CSV order: distill_ppl,
- * distill_final_loss, distill_tokens, distill_steps, distill_wall_s, and mc_student ("distilled":
+ * distill_final_loss, distill_tokens, distill_steps, distill_wall_s, distill_step_s, distill_teacher_s
+ * (mean seconds per optimizer step and of its teacher forward), and mc_student ("distilled":
  * the MC columns of the row were measured on the distilled student) when X has MC tasks; 0 and
  * *cols = NULL when X has no [distill]. */
 int m2d_sweep_distill_columns(const m2d_experiment *x, char ***cols);

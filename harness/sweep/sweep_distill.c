@@ -158,7 +158,7 @@ static void distill_one(const m2d_experiment *x, m2d_sweep_backend *b, const m2d
     for (int m = 0; m < sc->n_mc; m++) r.mc[m] = NAN;
     m2d_distill_result d;
     memset(&d, 0, sizeof d);
-    d.final_loss = NAN;
+    d.final_loss = d.step_s = d.teacher_s = NAN;
     m2d_distill_opts o = x->distill;
     o.train.loss = cb->loss, o.train.teacher_topk = cb->topk;
     char *dir = m2d_path_join(root, cb->dir), *log = m2d_strfmt("%s.jsonl", dir), *state = m2d_path_join(dir, "train-state");
@@ -186,6 +186,8 @@ static void distill_one(const m2d_experiment *x, m2d_sweep_backend *b, const m2d
     f[k++] = m2d_strfmt("%lld", (long long)d.tokens);
     f[k++] = m2d_strfmt("%d", d.steps_done);
     f[k++] = m2d_strfmt("%.3f", d.wall_s); /* the training (of this invocation) */
+    f[k++] = isfinite(d.step_s) ? m2d_strfmt("%.4f", d.step_s) : m2d_strdup("");
+    f[k++] = isfinite(d.teacher_s) ? m2d_strfmt("%.4f", d.teacher_s) : m2d_strdup("");
     for (int m = 0; m < sc->n_mc; m++) f[k++] = m2d_sweep_mc_cell(r.mc[m]);
     if (sc->n_mc) f[k++] = m2d_strdup(run_mc && rc == 0 ? "distilled" : "");
     f[k++] = m2d_strfmt("%.3f", m2d_now() - t0);

@@ -7,6 +7,7 @@
 
 #include "base/util.h"
 #include "sweep/report.h"
+#include "sweep/sweep_d2d.h"
 
 int m2d_sweep_find_config(const m2d_experiment *x, const char *id) {
     for (int i = 0; i < x->n_configs; i++)
@@ -15,7 +16,10 @@ int m2d_sweep_find_config(const m2d_experiment *x, const char *id) {
 }
 
 int m2d_sweep_select_rows(const m2d_results *r, const char *mode, char *const *ids, int n_ids, int **rows) {
-    if (strcmp(mode, "best-per-pair") == 0) return m2d_report_best_per_pair(r, rows);
+    if (strcmp(mode, "best-per-pair") == 0) {
+        int n = m2d_report_best_per_pair(r, rows);
+        return n < 0 ? n : m2d_d2d_keep_best(r, *rows, n);
+    }
     *rows = m2d_malloc((size_t)(r->n_rows + 1) * sizeof **rows);
     int n = 0;
     for (int i = 0; i < r->n_rows; i++) {
@@ -25,7 +29,8 @@ int m2d_sweep_select_rows(const m2d_results *r, const char *mode, char *const *i
         for (int j = 0; j < n_ids && !listed; j++) listed = !strcmp(ids[j], id);
         if (strcmp(mode, "list") == 0 ? listed : !m2d_results_get(r, i, "dedup_of")[0]) (*rows)[n++] = i;
     }
-    return n;
+    /* of the D2D candidates only the one the paper's rule selects (a listed id is taken as listed) */
+    return strcmp(mode, "list") == 0 ? n : m2d_d2d_keep_best(r, *rows, n);
 }
 
 /* Column indices of NAMES in R (file PATH), or -1 + m2d_err naming the file and the column. */

@@ -31,7 +31,8 @@ int m2d_sweep_mc_fill_where(const char *out, const char *side, char *const *mc_c
 
 /* Rows of R a stage works on: MODE "best-per-pair" (m2d_report_best_per_pair), "all" (every row
  * with status ok that is not a dedup_of), "list" (the rows with status ok whose config_id is one
- * of IDS). Row indices -> *rows (malloc'd); returns the count. */
+ * of IDS). Of the D2D candidates (sweep_d2d.h) "best-per-pair" and "all" keep only the selected
+ * one (the lowest pre-distillation PPL). Row indices -> *rows (malloc'd); returns the count. */
 int m2d_sweep_select_rows(const m2d_results *r, const char *mode, char *const *ids, int n_ids, int **rows);
 /* Index of configuration ID in X's grid, or -1. */
 int m2d_sweep_find_config(const m2d_experiment *x, const char *id);

@@ -18,7 +18,9 @@
  * m2d_ppl_gptq_tokens, the core of m2d_ppl_gptq (which encodes per call). lm-eval protocol:
  * m2d_ppl_lmeval. The teacher is scored the same way, on the same windows (evaluate_teacher).
  * Distillation stage: the student in memory distilled from the teacher held open
- * (m2d_distill_run_models, train/distill.h); no temporary checkpoint. Registered as sweep backend
+ * (m2d_distill_run_models, train/distill.h); no temporary checkpoint. A [d2d] candidate
+ * (sweep_d2d.h) is pruned from the dense teacher instead (its importance computed in prepare),
+ * scored the same way, and distilled from the dense teacher. Registered as sweep backend
  * "pipeline" (the default). */
 #include <errno.h>
 #include <stdio.h>
@@ -36,6 +38,7 @@
 #include "evals/ppl.h"
 #include "criteria/registry.h"
 #include "sweep/sweep_backend.h"
+#include "sweep/sweep_d2d.h"
 #include "tokenizer/tokenizer.h"
 #include "train/distill.h"
 #include "base/util.h"
@@ -52,12 +55,14 @@ typedef struct {
     int32_t *ppl_ids;       /* gptq: the joined rows, encoded */
     size_t n_ppl_ids;
     int calib_windows;      /* windows the calibration uses (may be fewer than asked) */
+    m2d_d2d *d2d;           /* [d2d]: the dense teacher and its importance */
 } pipe_t;
 
 typedef struct {
     m2d_convert_plan *plan;
     m2d_model *student;
-    char *dir;              /* a distilled student: its checkpoint directory (no plan) */
+    char *dir;              /* a distilled or pruned student: its checkpoint directory (no plan) */
+    int pruned;             /* a D2D candidate: DIR is a scratch directory, removed with the student */
 } student_t;
 
 static int open_teacher(pipe_t *p) {
@@ -137,6 +142,7 @@ static int pipe_prepare(m2d_sweep_backend *b, const m2d_experiment *x, char mode
                     x->file, x->calib_samples, x->calib_data, st->n_windows, x->calib_seq_len, st->N);
     }
     if (rc) return -1;
+    if (x->has_d2d && m2d_d2d_open(x, b->device, b->precision, &p->d2d)) return -1;
     /* evaluation data, encoded once */
     if (x->ppl_seq_len > p->teacher->cfg.max_position_embeddings)
         return m2d_err("%s: experiment '%s': ppl.seq_len %d exceeds the teacher's max_position_embeddings %d",
@@ -175,8 +181,22 @@ static int make_plan(pipe_t *p, const m2d_grid_config *c, m2d_convert_plan **pla
     return rc;
 }
 
+/* A D2D candidate: pruned from the dense teacher into a scratch checkpoint, opened from there. */
+static int build_d2d(pipe_t *p, const m2d_grid_config *c, void **out, m2d_sweep_result *res) {
+    student_t *s = m2d_calloc(1, sizeof *s);
+    if (m2d_d2d_build(p->d2d, c, &s->dir, &s->student, res)) {
+        snprintf(res->error, sizeof res->error, "%s", m2d_errmsg());
+        free(s);
+        return -1;
+    }
+    s->pruned = 1;
+    *out = s;
+    return 0;
+}
+
 static int pipe_build(m2d_sweep_backend *b, const m2d_grid_config *c, void **out, m2d_sweep_result *res) {
     pipe_t *p = b->self;
+    if (m2d_d2d_is_config(c)) return build_d2d(p, c, out, res);
     student_t *s = m2d_calloc(1, sizeof *s);
     if (make_plan(p, c, &s->plan) || m2d_convert_build(p->teacher, s->plan, &s->student)) {
         snprintf(res->error, sizeof res->error, "%s", m2d_errmsg());
@@ -219,7 +239,18 @@ static int pipe_evaluate(m2d_sweep_backend *b, void *student, const m2d_grid_con
 }
 
 static int pipe_evaluate_teacher(m2d_sweep_backend *b, m2d_sweep_result *res) {
-    return model_ppl(b, ((pipe_t *)b->self)->teacher, res);
+    const m2d_model *t = ((pipe_t *)b->self)->teacher;
+    res->n_params = m2d_model_param_counts(&t->cfg).total;
+    return model_ppl(b, t, res);
+}
+
+static int pipe_evaluate_d2d_teacher(m2d_sweep_backend *b, m2d_sweep_result *res) {
+    pipe_t *p = b->self;
+    if (!p->d2d) return 1; /* no [d2d] */
+    const m2d_model *t = m2d_d2d_teacher(p->d2d);
+    res->n_params = m2d_model_param_counts(&t->cfg).total;
+    res->layers = t->cfg.num_hidden_layers;
+    return model_ppl(b, t, res);
 }
 
 /* MC tasks: the lm-eval scorer over an engine on the student in memory (a distilled one: the
@@ -264,9 +295,20 @@ static int pipe_evaluate_mc(m2d_sweep_backend *b, void *student, const m2d_grid_
  * not be the one the student was converted from) into O->out, then open O->out as the distilled
  * student: its PPL and MC are those of the checkpoint a user gets (in the teacher's dtype unless
  * fp32). The output's moe2dense.json extends the plan's, as `convert` would have written it. */
+/* The moe2dense.json text a distilled student's extends: a converted student's plan, or a pruned
+ * candidate's own file */
+static char *student_manifest(pipe_t *p, const student_t *s) {
+    if (!s->pruned) return m2d_convert_manifest(p->teacher, s->plan, p->stats_path);
+    char *path = m2d_path_join(s->dir, "moe2dense.json");
+    char *text = m2d_read_file(path, NULL);
+    free(path);
+    return text;
+}
+
 static int distill_student(pipe_t *p, const m2d_model *teacher, const student_t *s, const m2d_distill_opts *o,
                            student_t **distilled, m2d_distill_result *res) {
-    char *manifest = m2d_convert_manifest(p->teacher, s->plan, p->stats_path);
+    char *manifest = student_manifest(p, s);
+    if (!manifest) return -1;
     int rc = m2d_distill_run_models(o, &(m2d_distill_models){teacher, s->student, manifest}, res);
     free(manifest);
     if (rc == 0 && !res->finished) rc = m2d_err("distill: %s: the run stopped before its last step", o->out);
@@ -286,8 +328,14 @@ static int pipe_distill(m2d_sweep_backend *b, void *student, const m2d_grid_conf
                         void **distilled, m2d_distill_result *res, char error[256]) {
     (void)c;
     pipe_t *p = b->self;
+    const student_t *s = student;
+    /* a D2D candidate is distilled from the dense teacher (which has no routing to override:
+     * m2d_d2d_check refuses K' lists) */
+    m2d_distill_opts d = *o;
+    if (s->pruned) d.teacher = p->x->d2d_teacher, d.train.teacher_topk = 0;
+    const m2d_model *teacher = s->pruned ? m2d_d2d_teacher(p->d2d) : p->teacher;
     student_t *out = NULL;
-    if (distill_student(p, p->teacher, student, o, &out, res)) {
+    if (distill_student(p, teacher, s, &d, &out, res)) {
         snprintf(error, 256, "%s", m2d_errmsg());
         return -1;
     }
@@ -301,6 +349,7 @@ static void pipe_free_student(m2d_sweep_backend *b, void *student) {
     if (!s) return;
     if (s->dir) {
         m2d_model_close(s->student);
+        if (s->pruned) m2d_d2d_remove_dir(s->dir);
         free(s->dir);
     } else {
         m2d_convert_student_free(s->student);
@@ -311,6 +360,7 @@ static void pipe_free_student(m2d_sweep_backend *b, void *student) {
 
 static void pipe_destroy(m2d_sweep_backend *b) {
     pipe_t *p = b->self;
+    m2d_d2d_free(p->d2d);
     m2d_calib_stats_free(p->stats);
     if (p->tk) m2d_tokenizer_free(p->tk);
     if (p->teacher) m2d_model_close(p->teacher);
@@ -334,10 +384,25 @@ static int load_cached_stats(const m2d_sweep_backend *b, pipe_t *p, const m2d_ex
     return p->stats ? 0 : -1;
 }
 
+/* A D2D candidate's stand-in for the dry run's count: its canonical shape (two specs that resolve
+ * to one shape are one student); 1 when it does not fit the dense teacher. */
+static int d2d_plan_fingerprint(const m2d_experiment *x, const m2d_grid_config *c, char fp[65]) {
+    m2d_config t;
+    if (m2d_config_load(x->d2d_teacher, &t, NULL)) return -1;
+    char canon[96], *s = NULL;
+    int rc = m2d_d2d_params(&t, m2d_d2d_spec(c->params), canon, sizeof canon) < 0 ? 1 : 0;
+    if (rc == 0) s = m2d_strfmt("d2d-shape\n%s\n", canon), m2d_sha256_hex(s, strlen(s), fp);
+    free(s);
+    m2d_config_free(&t);
+    m2d_err_clear();
+    return rc;
+}
+
 /* The plan only (no weights are built): its fingerprint is the student's. */
 static int pipe_plan_fingerprint(m2d_sweep_backend *b, const m2d_experiment *x, const m2d_grid_config *c,
                                  char fp[65]) {
     pipe_t *p = b->self;
+    if (m2d_d2d_is_config(c)) return d2d_plan_fingerprint(x, c, fp);
     if (load_cached_stats(b, p, x)) return -1;
     m2d_convert_plan *plan;
     if (make_plan(p, c, &plan)) return 1; /* fails at run time too */
@@ -352,6 +417,7 @@ static int pipe_plan_fingerprint(m2d_sweep_backend *b, const m2d_experiment *x, 
 static int check_axis_plugins(const m2d_experiment *x, const char *key, m2d_plugin_kind kind) {
     for (int i = 0; i < x->n_configs; i++) {
         const m2d_grid_config *c = &x->configs[i];
+        if (m2d_d2d_is_config(c)) continue; /* not a plugin's: sweep_d2d.h */
         const char *v = kind == M2D_SCORING ? c->scoring : kind == M2D_GROUPING ? c->grouping : c->scaling;
         if (m2d_plugin_find(kind, v) || (kind == M2D_SCALING && !strcmp(c->target, "moe"))) continue; /* MoE: no scaling */
         if (kind == M2D_SCORING && m2d_baseline_lookup(v) != M2D_BASELINE_NONE) continue; /* random-ffn, random-init */
@@ -366,6 +432,7 @@ static int check_axis_plugins(const m2d_experiment *x, const char *key, m2d_plug
 static int check_configs(const m2d_experiment *x, const m2d_config *cfg) {
     for (int i = 0; i < x->n_configs; i++) {
         const m2d_grid_config *c = &x->configs[i];
+        if (m2d_d2d_is_config(c)) continue; /* checked by m2d_d2d_check */
         m2d_params params = {0, NULL, NULL};
         int rc = m2d_params_parse(c->params, &params);
         if (rc == 0) {
@@ -418,7 +485,8 @@ static int pipe_check(m2d_sweep_backend *b, const m2d_experiment *x) {
     (void)b;
     if (check_axis_plugins(x, "axes.scoring", M2D_SCORING) || check_axis_plugins(x, "axes.grouping", M2D_GROUPING) ||
         check_axis_plugins(x, "axes.scaling", M2D_SCALING) || check_mc_tasks(x) ||
-        check_readable(x, "calibration.data", x->calib_data) || check_readable(x, "ppl.data", x->ppl_data))
+        check_readable(x, "calibration.data", x->calib_data) || check_readable(x, "ppl.data", x->ppl_data) ||
+        m2d_d2d_check(x))
         return -1;
     m2d_config cfg;
     if (m2d_config_load(x->model, &cfg, NULL) != 0) {
@@ -445,4 +513,4 @@ M2D_SWEEP_BACKEND(pipeline, .name = "pipeline", .open = pipe_open, .destroy = pi
                   .prepare = pipe_prepare,
                   .build = pipe_build, .evaluate = pipe_evaluate, .free_student = pipe_free_student,
                   .evaluate_mc = pipe_evaluate_mc, .distill = pipe_distill, .plan_fingerprint = pipe_plan_fingerprint,
-                  .evaluate_teacher = pipe_evaluate_teacher)
+                  .evaluate_teacher = pipe_evaluate_teacher, .evaluate_d2d_teacher = pipe_evaluate_d2d_teacher)

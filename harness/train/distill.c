@@ -31,6 +31,7 @@ typedef struct {
     m2d_trainer *tr;
     int S, start;           /* steps in all, steps done before this invocation */
     double *losses;         /* [S] */
+    double step_sum, teacher_sum; /* wall seconds of this invocation's steps, and of their teacher forwards */
     m2d_run_identity id;
     char *state_dir;
     m2d_lock lock;          /* OUT's, held from its preparation to the end of the run */
@@ -356,10 +357,10 @@ static void log_step(run_t *r, int step, const m2d_step_stats *st, double tok_s,
                  m2d_mse_norm_name(r->t.mse_norm));
     fprintf(r->log,
             "{\"step\": %d, \"tokens\": %lld, \"loss\": %.17g, \"div\": %.17g, \"mse\": %.17g%s, \"grad_norm\": %.17g, "
-            "\"lr\": %.17g, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f, \"precision\": \"%s\", "
+            "\"lr\": %.17g, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f, \"teacher_s\": %.4f, \"precision\": \"%s\", "
             "\"student_precision\": \"fp32\"}\n",
             step, (long long)tokens, st->loss, st->div, st->mse, mse, st->grad_norm, st->lr, tok_s, elapsed,
-            m2d_precision_name(r->t.precision));
+            st->teacher_s, m2d_precision_name(r->t.precision));
     fflush(r->log);
 }
 
@@ -488,6 +489,8 @@ static cJSON *metrics_json(const run_t *r) {
         cJSON_AddStringToObject(m, "eval_data", r->o->eval_data);
     }
     cJSON_AddNumberToObject(m, "wall_s_last_invocation", res->wall_s);
+    if (isfinite(res->step_s)) cJSON_AddNumberToObject(m, "step_s_last_invocation", res->step_s);
+    if (isfinite(res->teacher_s)) cJSON_AddNumberToObject(m, "teacher_forward_s_per_step_last_invocation", res->teacher_s);
     return m;
 }
 
@@ -552,6 +555,7 @@ static int one_step(run_t *r, int step, int32_t *tok, double t_start) {
         return m2d_err("distill: step %d: the loss (%g) or gradient norm (%g) is not finite", step, st.loss, st.grad_norm);
     r->losses[step - 1] = st.loss;
     double dt = m2d_now() - t0;
+    r->step_sum += dt, r->teacher_sum += st.teacher_s;
     log_step(r, step, &st, r->t.batch * r->t.seq_len / dt, m2d_now() - t_start);
     r->r->steps_done = step;
     return 0;
@@ -585,6 +589,8 @@ static int run_steps(run_t *r) {
     r->r->wall_s = m2d_now() - t_start;
     int done = r->r->steps_done - r->start;
     r->r->tokens_per_s = r->r->wall_s > 0 ? (double)done * r->t.batch * r->t.seq_len / r->r->wall_s : 0;
+    r->r->step_s = done > 0 ? r->step_sum / done : NAN;
+    r->r->teacher_s = done > 0 ? r->teacher_sum / done : NAN;
     free(tok);
     return rc;
 }
@@ -626,7 +632,7 @@ static int run(run_t *r) {
 /* M: the models open already, or NULL (opened from O's paths once the cheap checks pass) */
 static int distill(const m2d_distill_opts *o, const m2d_distill_models *m, m2d_distill_result *res) {
     memset(res, 0, sizeof *res);
-    res->pre_ppl = res->post_ppl = res->post_ce = res->final_loss = NAN;
+    res->pre_ppl = res->post_ppl = res->post_ce = res->final_loss = res->step_s = res->teacher_s = NAN;
     run_t r;
     memset(&r, 0, sizeof r);
     r.o = o;

@@ -44,7 +44,10 @@ typedef struct {
     int64_t tokens;         /* KD positions trained on (steps_done B L) */
     double final_loss;      /* mean step loss over the last max(1, S/10) steps */
     double pre_ppl, post_ppl, post_ce; /* validation before / after (NaN without --eval-data) */
-    double wall_s, tokens_per_s;       /* of this invocation's steps */
+    double wall_s, tokens_per_s;       /* of this invocation's steps (validations and checkpoints included) */
+    double step_s, teacher_s;          /* mean wall seconds of one optimizer step of this invocation, and of
+                                        * its teacher forward (m2d_step_stats.teacher_s); validations and
+                                        * checkpoints excluded */
     size_t peak_rss;
     m2d_precision precision;/* the teacher's and the validation's (train.precision, AUTO resolved) */
     bool finished;          /* all S steps done and OUT written */

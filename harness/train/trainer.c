@@ -85,7 +85,10 @@ static int step_impl(m2d_trainer *t, int step, const int32_t *tokens, m2d_step_s
     m2d_train_params_zero(t->p, M2D_PBUF_GRADS);
     for (int mb = 0; mb < o->batch / b; mb++) {
         const int32_t *tok = tokens + (size_t)mb * b * L;
-        if (m2d_kd_teacher(t->kd, tok, b, L) || m2d_net_forward(t->net, tok, b)) return -1;
+        double t0 = m2d_now();
+        if (m2d_kd_teacher(t->kd, tok, b, L)) return -1;
+        st->teacher_s += m2d_now() - t0;
+        if (m2d_net_forward(t->net, tok, b)) return -1;
         m2d_kd_loss_backward(t->kd, scale, &st->div, &st->mse);
     }
     st->loss = st->div + st->mse;

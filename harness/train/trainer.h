@@ -42,6 +42,9 @@ typedef struct {
     double div, mse;        /* its two parts */
     double grad_norm;       /* before clipping */
     double lr;
+    double teacher_s;       /* wall seconds of the step in the teacher's forward through its layers
+                             * (m2d_kd_teacher: the engine's hidden states, uploaded); its LM head runs
+                             * block by block inside the loss and is not included */
 } m2d_step_stats;
 
 typedef struct m2d_trainer m2d_trainer;

@@ -1,0 +1,263 @@
+/* report_d2d — the MoE-to-dense against dense-to-dense comparison (Tables 3 and 13, Figure 1's
+ * data) of a sweep with D2D candidates (see report_d2d.h). */
+#include "sweep/report_d2d.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/util.h"
+#include "convert/prune.h"
+#include "sweep/sweep_d2d.h"
+
+/* One student (or teacher) of Table 3. */
+typedef struct {
+    char label[160];
+    const char *teacher;    /* what it was distilled from: "MoE", "dense"; "" for a teacher */
+    double params, pre, post, mc, step, tstep;
+} t3_row;
+
+#define MAX_T3 7
+
+static double num(const m2d_results *r, int i, const char *col) {
+    const char *v = m2d_results_get(r, i, col);
+    return *v ? strtod(v, NULL) : NAN;
+}
+
+static int ok_row(const m2d_results *r, int i) { return !strcmp(m2d_results_get(r, i, "status"), "ok"); }
+
+static int is_baseline(const char *scoring) { return !strcmp(scoring, "random-ffn") || !strcmp(scoring, "random-init"); }
+
+/* a converted dense student of the MoE teacher (not a baseline, not D2D, not an MoE target) */
+static int converted_row(const m2d_results *r, int i) {
+    const char *target = m2d_results_get(r, i, "target");
+    return ok_row(r, i) && !m2d_d2d_is_row(r, i) && !is_baseline(m2d_results_get(r, i, "scoring")) &&
+           (!*target || !strcmp(target, "dense"));
+}
+
+/* the first ok row of SCORING (at K = k when K_ONLY), a distilled one first; -1 when none */
+static int find_scoring(const m2d_results *r, const char *scoring, int k_only) {
+    int first = -1;
+    for (int i = 0; i < r->n_rows; i++) {
+        if (!ok_row(r, i) || strcmp(m2d_results_get(r, i, "scoring"), scoring)) continue;
+        if (k_only && strcmp(m2d_results_get(r, i, "K_expr"), "k")) continue;
+        if (isfinite(num(r, i, "distill_ppl"))) return i;
+        if (first < 0) first = i;
+    }
+    return first;
+}
+
+/* the converted student with the lowest PPL after distillation (before, when none was distilled) */
+static int best_of_grid(const m2d_results *r) {
+    int best = -1, by_post = 0;
+    for (int i = 0; i < r->n_rows && !by_post; i++) by_post = converted_row(r, i) && isfinite(num(r, i, "distill_ppl"));
+    const char *col = by_post ? "distill_ppl" : "ppl";
+    for (int i = 0; i < r->n_rows; i++)
+        if (converted_row(r, i) && isfinite(num(r, i, col)) && (best < 0 || num(r, i, col) < num(r, best, col)))
+            best = i;
+    return best;
+}
+
+static void from_row(const m2d_results *r, int i, const char *teacher, t3_row *t) {
+    t->teacher = teacher;
+    t->params = num(r, i, "n_params"), t->pre = num(r, i, "ppl"), t->post = num(r, i, "distill_ppl");
+    t->mc = num(r, i, "mc_avg"), t->step = num(r, i, "distill_step_s"), t->tstep = num(r, i, "distill_teacher_s");
+}
+
+/* the teachers' rows from the run header: "teacher_ppl=P windows=W params=N" and
+ * "d2d_teacher_ppl=P windows=W params=N layers=L teacher=DIR" (params absent in older files) */
+static int teacher_row(const m2d_results *r, const char *key, const char *label, t3_row *t) {
+    const char *v = m2d_results_meta(r, key);
+    double ppl;
+    int windows;
+    long long params = 0;
+    if (!v || sscanf(v, "%lf windows=%d params=%lld", &ppl, &windows, &params) < 2) return 0;
+    memset(t, 0, sizeof *t);
+    snprintf(t->label, sizeof t->label, "%s", label);
+    t->teacher = "";
+    t->params = params > 0 ? (double)params : NAN, t->pre = ppl;
+    t->post = t->mc = t->step = t->tstep = NAN;
+    return 1;
+}
+
+/* Table 3's rows of R into T; returns the count */
+static int t3_rows(const m2d_results *r, t3_row *t) {
+    int n = 0, i;
+    if ((i = find_scoring(r, "do-acp", 1)) >= 0)
+        snprintf(t[n].label, sizeof t[n].label, "MoE-to-dense DO-ACP, K = k"), from_row(r, i, "MoE", &t[n++]);
+    if ((i = best_of_grid(r)) >= 0) {
+        snprintf(t[n].label, sizeof t[n].label, "MoE-to-dense, best of the grid (%s/%s/%s, K = %s)",
+                 m2d_results_get(r, i, "scoring"), m2d_results_get(r, i, "grouping"), m2d_results_get(r, i, "scaling"),
+                 m2d_results_get(r, i, "K"));
+        from_row(r, i, "MoE", &t[n++]);
+    }
+    if ((i = m2d_d2d_best_row(r)) >= 0) {
+        snprintf(t[n].label, sizeof t[n].label, "D2D pruning (%s)", m2d_d2d_spec(m2d_results_get(r, i, "params")));
+        from_row(r, i, "dense", &t[n++]);
+    }
+    if ((i = find_scoring(r, "random-ffn", 0)) >= 0)
+        snprintf(t[n].label, sizeof t[n].label, "Random FFN + teacher attn"), from_row(r, i, "MoE", &t[n++]);
+    if ((i = find_scoring(r, "random-init", 0)) >= 0)
+        snprintf(t[n].label, sizeof t[n].label, "Random initialization"), from_row(r, i, "MoE", &t[n++]);
+    n += teacher_row(r, "teacher_ppl", "Teacher (MoE)", &t[n]);
+    n += teacher_row(r, "d2d_teacher_ppl", "D2D teacher (dense)", &t[n]);
+    return n;
+}
+
+/* ---- cells ---- */
+
+/* an integer with thousands separators ("" for NaN) */
+static void fmt_count(double v, char *buf, size_t n) {
+    if (!isfinite(v)) {
+        snprintf(buf, n, "%s", "");
+        return;
+    }
+    char digits[32];
+    snprintf(digits, sizeof digits, "%.0f", v);
+    size_t len = strlen(digits), j = 0;
+    for (size_t i = 0; i < len && j + 2 < n; i++) {
+        if (i && (len - i) % 3 == 0) buf[j++] = ',';
+        buf[j++] = digits[i];
+    }
+    buf[j] = 0;
+}
+
+static void fmt_fixed(double v, const char *f, char *buf, size_t n) {
+    if (isfinite(v)) snprintf(buf, n, f, v);
+    else snprintf(buf, n, "%s", "");
+}
+
+static int any_mc(const t3_row *t, int n) {
+    for (int i = 0; i < n; i++)
+        if (isfinite(t[i].mc)) return 1;
+    return 0;
+}
+
+/* one row's cells (MC only when WITH_MC); CSV: raw numbers */
+static int t3_cells(const t3_row *t, int with_mc, int raw, char cells[][64], const char **p) {
+    int j = 0;
+    snprintf(cells[j++], 64, "%s", "");
+    p[0] = t->label;
+    snprintf(cells[j++], 64, "%s", t->teacher);
+    if (raw) {
+        fmt_fixed(t->params, "%.0f", cells[j++], 64), fmt_fixed(t->pre, "%.4f", cells[j++], 64);
+        fmt_fixed(t->post, "%.4f", cells[j++], 64);
+    } else {
+        fmt_count(t->params, cells[j++], 64), m2d_report_format_ppl(t->pre, cells[j++], 64);
+        if (isfinite(t->post)) m2d_report_format_ppl(t->post, cells[j++], 64);
+        else snprintf(cells[j++], 64, "%s", "");
+    }
+    if (with_mc) fmt_fixed(raw ? t->mc : 100 * t->mc, raw ? "%.6f" : "%.2f", cells[j++], 64);
+    fmt_fixed(t->step, raw ? "%.4f" : "%.2f", cells[j++], 64);
+    fmt_fixed(t->tstep, raw ? "%.4f" : "%.2f", cells[j++], 64);
+    for (int i = 1; i < j; i++) p[i] = cells[i];
+    return j;
+}
+
+static void write_t3(const m2d_results *r, const t3_row *t, int n, m2d_report_format fmt, FILE *f) {
+    m2d_report_out o = {fmt, f};
+    int with_mc = any_mc(t, n), raw = fmt == M2D_REPORT_CSV;
+    const char *head_md[] = {"Student", "Distilled from", "Params", "PPL before", "PPL after", "MC avg (%)",
+                             "s / step", "teacher s / step"};
+    const char *head_csv[] = {"student", "teacher", "params", "ppl_before", "ppl_after", "mc_avg", "step_s",
+                              "teacher_s"};
+    const char *head[8];
+    int nh = 0;
+    for (int i = 0; i < 8; i++)
+        if (i != 5 || with_mc) head[nh++] = raw ? head_csv[i] : head_md[i];
+    if (!raw) {
+        const char *exp = m2d_results_meta(r, "experiment"), *ppl = m2d_results_meta(r, "ppl");
+        fprintf(f, "## MoE-to-dense vs dense-to-dense (paper Table 3 / Figure 1 layout) — experiment %s — %s\n\n",
+                exp ? exp : "?", ppl ? ppl : "");
+        fprintf(f, "PPL before/after: WikiText-2 (the experiment's [ppl]) of the student as converted or pruned, and "
+                   "after the same distillation (same settings, data and tokens) from the teacher it names; teachers: "
+                   "their own PPL on the same windows. s / step: mean wall seconds of one optimizer step, teacher s "
+                   "/ step: of the teacher's forward in it (its LM head runs inside the loss, not counted), both "
+                   "measured in this run on this machine.\n\n");
+    }
+    m2d_report_header(&o, head, nh, 2);
+    for (int i = 0; i < n; i++) {
+        char cells[8][64];
+        const char *p[8];
+        int nc = t3_cells(&t[i], with_mc, raw, cells, p);
+        m2d_report_cells(&o, p, nc, NULL);
+    }
+    m2d_report_end(&o);
+}
+
+/* ---- Table 13 ---- */
+
+/* the dense teacher's layers from the run header (0 when the file does not say) */
+static int dense_layers(const m2d_results *r) {
+    const char *v = m2d_results_meta(r, "d2d_teacher_ppl");
+    const char *l = v ? strstr(v, " layers=") : NULL;
+    return l ? atoi(l + 8) : 0;
+}
+
+static const char *strategy(const char *spec, int layers) {
+    m2d_prune_shape s;
+    if (!layers || m2d_prune_shape_parse(spec, &s)) return m2d_err_clear(), "";
+    return !s.layers || s.layers == layers ? "width-only" : "width + depth";
+}
+
+static void write_t13(const m2d_results *r, m2d_report_format fmt, FILE *f) {
+    m2d_report_out o = {fmt, f};
+    int best = m2d_d2d_best_row(r), layers = dense_layers(r);
+    fprintf(f, "\n## D2D architecture search (paper Table 13 layout)\n\nCandidates pruned from the dense teacher "
+               "(Minitron importance), scored before distillation; the one with the lowest PPL (bold) is the "
+               "one distilled.\n\n");
+    const char *head[] = {"Candidate", "Strategy", "Params", "PPL before", "Selected"};
+    m2d_report_header(&o, head, 5, 2);
+    for (int i = 0; i < r->n_rows; i++) {
+        if (!m2d_d2d_is_row(r, i)) continue;
+        const char *spec = m2d_d2d_spec(m2d_results_get(r, i, "params"));
+        char params[32], ppl[32];
+        fmt_count(num(r, i, "n_params"), params, sizeof params);
+        m2d_report_format_ppl(ok_row(r, i) ? num(r, i, "ppl") : NAN, ppl, sizeof ppl);
+        const char *cells[] = {spec, strategy(spec, layers), params, ppl, i == best ? "yes" : ""};
+        unsigned char bold[] = {i == best, 0, 0, i == best, 0};
+        m2d_report_cells(&o, cells, 5, bold);
+    }
+    m2d_report_end(&o);
+}
+
+static int has_d2d(const m2d_results *r) {
+    for (int i = 0; i < r->n_rows; i++)
+        if (m2d_d2d_is_row(r, i)) return 1;
+    return 0;
+}
+
+int m2d_report_d2d_write(const m2d_results *r, m2d_report_format fmt, FILE *f) {
+    if (!has_d2d(r))
+        return m2d_err("report --table 3: the file has no D2D candidates (scoring \"d2d\": an experiment with a [d2d] "
+                       "block)");
+    t3_row t[MAX_T3];
+    int n = t3_rows(r, t);
+    write_t3(r, t, n, fmt, f);
+    if (fmt != M2D_REPORT_CSV) write_t13(r, fmt, f);
+    return 0;
+}
+
+/* a number for gnuplot ("NaN" where absent) */
+static void put_num(FILE *f, double v) {
+    if (isfinite(v)) fprintf(f, " %.6g", v);
+    else fprintf(f, " NaN");
+}
+
+int m2d_report_d2d_plot_data(const m2d_results *r, const char *dir) {
+    if (!has_d2d(r)) return 0;
+    t3_row t[MAX_T3];
+    int n = t3_rows(r, t);
+    m2d_report_file pf;
+    FILE *f = m2d_report_file_open(&pf, dir, "figure1.dat");
+    fprintf(f, "# label params ppl_before ppl_after mc_avg step_s\n");
+    for (int i = 0; i < n; i++) {
+        fprintf(f, "\"");
+        for (const char *c = t[i].label; *c; c++) fputc(*c == '"' || *c == '\\' ? '\'' : *c, f);
+        fprintf(f, "\"");
+        const double v[] = {t[i].params, t[i].pre, t[i].post, t[i].mc, t[i].step};
+        for (int k = 0; k < 5; k++) put_num(f, v[k]);
+        fprintf(f, "\n");
+    }
+    return m2d_report_file_close(&pf);
+}
