@@ -288,7 +288,7 @@ run() {
   rounds=${PEER_ROUNDS:-3}
   logs="$tmp/logs"; res="$logs/results.txt"
   rm -rf "$logs"; mkdir -p "$logs"
-  echo "# moe2dense vs llama.cpp (CPU), issue 13 — $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo "# moe2dense vs llama.cpp (CPU), issues 13 and 28 — $(date -u +%Y-%m-%dT%H:%MZ)"
   system_info
   yardsticks start
   round=0 # round 0 warms the page cache and the CPU up and is not recorded (record())
