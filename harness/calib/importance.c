@@ -105,16 +105,21 @@ static int probe(void *user, const m2d_probe_event *ev) {
     return 0;
 }
 
-static m2d_importance *imp_new(const m2d_config *c) {
-    m2d_importance *imp = m2d_calloc(1, sizeof *imp);
-    imp->n_layers = c->num_hidden_layers, imp->hidden = c->hidden_size, imp->ffn = c->intermediate_size;
-    imp->heads = c->num_attention_heads, imp->kv_heads = c->num_key_value_heads, imp->head_dim = c->head_dim;
+/* zeroed score arrays for IMP's sizes */
+static void alloc_scores(m2d_importance *imp) {
     int L = imp->n_layers;
     imp->ffn_neuron = m2d_calloc((size_t)L * imp->ffn, sizeof(double));
     imp->head = m2d_calloc((size_t)L * imp->heads, sizeof(double));
     imp->channel = m2d_calloc((size_t)imp->hidden, sizeof(double));
     imp->layer_cos = m2d_calloc((size_t)L, sizeof(double));
     imp->layer_nll = m2d_calloc((size_t)L, sizeof(double));
+}
+
+static m2d_importance *imp_new(const m2d_config *c) {
+    m2d_importance *imp = m2d_calloc(1, sizeof *imp);
+    imp->n_layers = c->num_hidden_layers, imp->hidden = c->hidden_size, imp->ffn = c->intermediate_size;
+    imp->heads = c->num_attention_heads, imp->kv_heads = c->num_key_value_heads, imp->head_dim = c->head_dim;
+    alloc_scores(imp);
     return imp;
 }
 
@@ -356,11 +361,7 @@ static int read_sizes(const cJSON *j, const char *path, m2d_importance *imp) {
 
 static int read_scores(const cJSON *j, const char *path, m2d_importance *imp) {
     int L = imp->n_layers;
-    imp->ffn_neuron = m2d_calloc((size_t)L * imp->ffn, sizeof(double));
-    imp->head = m2d_calloc((size_t)L * imp->heads, sizeof(double));
-    imp->channel = m2d_calloc((size_t)imp->hidden, sizeof(double));
-    imp->layer_cos = m2d_calloc((size_t)L, sizeof(double));
-    imp->layer_nll = m2d_calloc((size_t)L, sizeof(double));
+    alloc_scores(imp);
     imp->window_starts = m2d_calloc((size_t)imp->n_windows, sizeof(int64_t));
     double *ws = m2d_calloc((size_t)imp->n_windows, sizeof(double));
     int rc = get_vec(j, path, "window_starts", imp->n_windows, ws) ||

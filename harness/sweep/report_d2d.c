@@ -108,18 +108,8 @@ static int t3_rows(const m2d_results *r, t3_row *t) {
 
 /* an integer with thousands separators ("" for NaN) */
 static void fmt_count(double v, char *buf, size_t n) {
-    if (!isfinite(v)) {
-        snprintf(buf, n, "%s", "");
-        return;
-    }
-    char digits[32];
-    snprintf(digits, sizeof digits, "%.0f", v);
-    size_t len = strlen(digits), j = 0;
-    for (size_t i = 0; i < len && j + 2 < n; i++) {
-        if (i && (len - i) % 3 == 0) buf[j++] = ',';
-        buf[j++] = digits[i];
-    }
-    buf[j] = 0;
+    if (isfinite(v)) m2d_report_thousands(llround(v), buf, n);
+    else snprintf(buf, n, "%s", "");
 }
 
 static void fmt_fixed(double v, const char *f, char *buf, size_t n) {

@@ -13,7 +13,7 @@
 /* names come from the plugin registrations (criteria/registry.h: display, report_rank) */
 const char *m2d_report_display_name(const char *name) { return m2d_plugin_display_name(name); }
 
-static void with_thousands(long long v, char *buf, size_t n) {
+void m2d_report_thousands(long long v, char *buf, size_t n) {
     char digits[32];
     snprintf(digits, sizeof digits, "%lld", v);
     size_t len = strlen(digits), o = 0;
@@ -28,7 +28,7 @@ void m2d_report_format_ppl(double v, char *buf, size_t n) {
     if (!isfinite(v)) snprintf(buf, n, "\xe2\x80\x93"); /* en dash, as in the paper */
     else if (v < 99.995) snprintf(buf, n, "%.2f", v);
     else if (v < 999.95) snprintf(buf, n, "%.1f", v);
-    else if (v < 99999.5) with_thousands(llround(v), buf, n);
+    else if (v < 99999.5) m2d_report_thousands(llround(v), buf, n);
     else if (v < 999500) snprintf(buf, n, "%.0fk", v / 1e3);
     else if (v < 999.95e6) snprintf(buf, n, "%.1fm", v / 1e6);
     else snprintf(buf, n, "%.1fb", v / 1e9);

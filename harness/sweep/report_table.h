@@ -13,6 +13,8 @@
 
 typedef enum { M2D_REPORT_MD, M2D_REPORT_TEX, M2D_REPORT_CSV } m2d_report_format;
 
+/* V with thousands separators ("4,868,032") into buf. */
+void m2d_report_thousands(long long v, char *buf, size_t n);
 /* Compact PPL text into buf ("–" for NaN / inf). */
 void m2d_report_format_ppl(double ppl, char *buf, size_t n);
 /* Long display name of a plugin ("sf" -> "Selection Frequency", from its registration); the name
