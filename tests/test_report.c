@@ -539,6 +539,284 @@ static void table12_shows_the_best_per_pair_students(void **state) {
     free(dir), free(p);
 }
 
+/* Figure 4 (paper: marginal post-distillation accuracy per design axis) on a hand-written CSV.
+ * Table 12's students (best pre-distillation PPL per scoring x grouping): do-acp rr 01, wc 04
+ * (4,333 < 5,134: not 03, the K = k twin of 01 that carries 01's copied results), rc 05 (= 01's
+ * student: dedup_of and equal fingerprint), ab 06, oc 07 (not distilled: left out); sf rr 11, wc
+ * 12, ab 13 (its MC cells are the converted student's: left out), rc 14. 02 has the best accuracy
+ * of all (46.20) but is not selected. By hand, in percent:
+ *   scoring  sf: 37.57, 37.61, 37.23 -> 37.47; do-acp: 43.41 (01 = 05, once), 41.13, 42.12 -> 42.22
+ *            (with 05 counted again it would be 42.5175, 4 students); spread 4.75
+ *   grouping rr: 43.41, 37.57 -> 40.49; wc: 41.13, 37.61 -> 39.37; rc: 43.41, 37.23 -> 40.32;
+ *            ab: 42.12; spread 42.12 - 39.37 = 2.75
+ *   scaling  uniform: 43.41, 37.61, 37.23 -> 39.41667; proportional: 41.13, 42.12, 37.57 -> 40.27333;
+ *            spread 0.85667
+ *   K        8: 43.41, 37.23 -> 40.32; 16: 41.13, 42.12, 37.57, 37.61 -> 39.6075; spread 0.7125 */
+#define FP_A1 "a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1"
+#define FP_A2 "a2a2a2a2a2a2a2a2a2a2a2a2a2a2a2a2a2a2a2a2a2a2a2a2a2a2a2a2a2a2a2a2"
+#define FP_A3 "a3a3a3a3a3a3a3a3a3a3a3a3a3a3a3a3a3a3a3a3a3a3a3a3a3a3a3a3a3a3a3a3"
+#define FP_A4 "a4a4a4a4a4a4a4a4a4a4a4a4a4a4a4a4a4a4a4a4a4a4a4a4a4a4a4a4a4a4a4a4"
+#define FP_A5 "a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5a5"
+#define FP_B1 "b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1b1"
+#define FP_B2 "b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2"
+#define FP_B3 "b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3"
+#define FP_B4 "b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4"
+static const char *FIG4_CSV =
+    "# moe2dense-results=1\n"
+    "# experiment=fig4\n"
+    "config_id,scoring,grouping,scaling,K_expr,K,params,ppl,mc_avg,distill_ppl,distill_final_loss,distill_tokens,"
+    "mc_student,status,dedup_of,fingerprint\n"
+    "000000000001,do-acp,rr,uniform,k,8,,5134,0.4341,19.2,0.5,4096,distilled,ok,," FP_A1 "\n"
+    "000000000002,do-acp,rr,proportional,2k,16,,6000,0.4620,18,0.5,4096,distilled,ok,," FP_A2 "\n"
+    "000000000003,do-acp,wc,uniform,k,8,,5134,0.4341,19.2,0.5,4096,distilled,ok,000000000001," FP_A1 "\n"
+    "000000000004,do-acp,wc,proportional,2k,16,,4333,0.4113,20.6,0.5,4096,distilled,ok,," FP_A3 "\n"
+    "000000000005,do-acp,rc,uniform,k,8,,5134,0.4341,19.2,0.5,4096,distilled,ok,000000000001," FP_A1 "\n"
+    "000000000006,do-acp,ab,proportional,2k,16,,3939,0.4212,19.8,0.5,4096,distilled,ok,," FP_A4 "\n"
+    "000000000007,do-acp,oc,uniform,2k,16,,3000,,,,,,ok,," FP_A5 "\n"
+    "000000000011,sf,rr,proportional,2k,16,,19440,0.3757,29.3,0.5,4096,distilled,ok,," FP_B1 "\n"
+    "000000000012,sf,wc,uniform,2k,16,,12896,0.3761,27.9,0.5,4096,distilled,ok,," FP_B2 "\n"
+    "000000000013,sf,ab,proportional,k,8,,11668,0.3631,29.2,0.5,4096,converted,ok,," FP_B3 "\n"
+    "000000000014,sf,rc,uniform,k,8,,11342,0.3723,28.5,0.5,4096,distilled,ok,," FP_B4 "\n";
+
+static const char *EXPECTED_FIG4_MD =
+    "\n(a) Scoring: spread 4.75 pp (highest mean D-Optimal + ACP 42.22 %, lowest Selection Frequency 37.47 %)\n"
+    "\n"
+    "| Scoring | Mean (%) | Min (%) | Max (%) | Students |\n"
+    "|---|---:|---:|---:|---:|\n"
+    "| Selection Frequency | 37.47 | 37.23 | 37.61 | 3 |\n"
+    "| D-Optimal + ACP | 42.22 | 41.13 | 43.41 | 3 |\n"
+    "\n"
+    "(b) Grouping: spread 2.75 pp (highest mean Anchor-Based 42.12 %, lowest Weight Cluster 39.37 %)\n"
+    "\n"
+    "| Grouping | Mean (%) | Min (%) | Max (%) | Students |\n"
+    "|---|---:|---:|---:|---:|\n"
+    "| Round-Robin | 40.49 | 37.57 | 43.41 | 2 |\n"
+    "| Weight Cluster | 39.37 | 37.61 | 41.13 | 2 |\n"
+    "| Router Cluster | 40.32 | 37.23 | 43.41 | 2 |\n"
+    "| Anchor-Based | 42.12 | 42.12 | 42.12 | 1 |\n"
+    "\n"
+    "(c) Scaling: spread 0.86 pp (highest mean Proportional 40.27 %, lowest Uniform 39.42 %)\n"
+    "\n"
+    "| Scaling | Mean (%) | Min (%) | Max (%) | Students |\n"
+    "|---|---:|---:|---:|---:|\n"
+    "| Uniform | 39.42 | 37.23 | 43.41 | 3 |\n"
+    "| Proportional | 40.27 | 37.57 | 42.12 | 3 |\n"
+    "\n"
+    "(d) K: spread 0.71 pp (highest mean K = 8 40.32 %, lowest K = 16 39.61 %)\n"
+    "\n"
+    "| K | Mean (%) | Min (%) | Max (%) | Students |\n"
+    "|---|---:|---:|---:|---:|\n"
+    "| 8 | 40.32 | 37.23 | 43.41 | 2 |\n"
+    "| 16 | 39.61 | 37.57 | 42.12 | 4 |\n";
+
+static const char *EXPECTED_FIG4_CSV =
+    "axis,value,mean,min,max,students,spread_pp\n"
+    "scoring,sf,37.47,37.23,37.61,3,4.75\n"
+    "scoring,do-acp,42.22,41.13,43.41,3,4.75\n"
+    "grouping,rr,40.49,37.57,43.41,2,2.75\n"
+    "grouping,wc,39.37,37.61,41.13,2,2.75\n"
+    "grouping,rc,40.32,37.23,43.41,2,2.75\n"
+    "grouping,ab,42.12,42.12,42.12,1,2.75\n"
+    "scaling,uniform,39.42,37.23,43.41,3,0.86\n"
+    "scaling,proportional,40.27,37.57,42.12,3,0.86\n"
+    "K,8,40.32,37.23,43.41,2,0.71\n"
+    "K,16,39.61,37.57,42.12,4,0.71\n";
+
+static char *render_figure4(const m2d_results *r, m2d_report_format fmt) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    assert_int_equal(m2d_report_write_figure4(r, fmt, f), 0);
+    fclose(f);
+    return buf;
+}
+
+static void figure4_marginals_of_the_distilled_students(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), *p = m2d_path_join(dir, "fig4.csv");
+    tu_write(p, FIG4_CSV, strlen(FIG4_CSV));
+    m2d_results r;
+    assert_int_equal(m2d_results_read(p, &r), 0);
+    char *md = render_figure4(&r, M2D_REPORT_MD);
+    assert_non_null(strstr(md, "## Figure 4: accuracy after distillation by design axis — experiment fig4\n"));
+    const char *a = strstr(md, "\n(a) Scoring");
+    assert_non_null(a);
+    assert_string_equal(a, EXPECTED_FIG4_MD);
+    free(md);
+    char *csv = render_figure4(&r, M2D_REPORT_CSV);
+    assert_string_equal(csv, EXPECTED_FIG4_CSV);
+    free(csv);
+    char *tex = render_figure4(&r, M2D_REPORT_TEX);
+    assert_non_null(strstr(tex, "% (a) Scoring: spread 4.75 pp"));
+    assert_non_null(strstr(tex, "\\begin{tabular}{lrrrr}\n\\toprule\nScoring & Mean (\\%) & Min (\\%) & Max (\\%) & "
+                                "Students \\\\\n\\midrule\n"));
+    assert_non_null(strstr(tex, "D-Optimal + ACP & 42.22 & 41.13 & 43.41 & 3 \\\\\n"));
+    free(tex);
+    /* plot data: the same numbers (%.6g), names raw, K as K=N */
+    char *pd = m2d_path_join(dir, "pd");
+    assert_int_equal(m2d_report_plot_data(&r, pd), 0);
+    const char *head = "# value mean_acc min_acc max_acc n_students (MC average after distillation, %; Table 12's "
+                       "students, each distinct student once per value)\n";
+    struct { const char *file, *rows; } files[] = {
+        {"figure4_scoring.dat", "\"sf\" 37.47 37.23 37.61 3\n\"do-acp\" 42.22 41.13 43.41 3\n"},
+        {"figure4_grouping.dat", "\"rr\" 40.49 37.57 43.41 2\n\"wc\" 39.37 37.61 41.13 2\n\"rc\" 40.32 37.23 43.41 2\n"
+                                 "\"ab\" 42.12 42.12 42.12 1\n"},
+        {"figure4_scaling.dat", "\"uniform\" 39.4167 37.23 43.41 3\n\"proportional\" 40.2733 37.57 42.12 3\n"},
+        {"figure4_K.dat", "\"K=8\" 40.32 37.23 43.41 2\n\"K=16\" 39.6075 37.57 42.12 4\n"}};
+    for (size_t i = 0; i < M2D_ARRAY_LEN(files); i++) {
+        char *f = m2d_path_join(pd, files[i].file), *got = m2d_read_file(f, NULL), *want = m2d_strfmt("%s%s", head, files[i].rows);
+        if (!got) fail_msg("%s not written", files[i].file);
+        assert_string_equal(got, want);
+        free(f), free(got), free(want);
+    }
+    m2d_results_free(&r);
+    /* the CLI: --figure 4 in csv; other figures and --table refused */
+    char *out = NULL, *err = NULL, *c = m2d_strfmt("%s report %s --figure 4 --format csv", tu_bin(), p);
+    assert_int_equal(tu_run(c, &out, &err), 0);
+    assert_string_equal(out, EXPECTED_FIG4_CSV);
+    free(c), free(out), free(err);
+    c = m2d_strfmt("%s report %s --figure 5", tu_bin(), p);
+    assert_int_not_equal(tu_run(c, &out, &err), 0);
+    assert_non_null(strstr(err, "--figure: '5' is not 4"));
+    free(c), free(out), free(err);
+    c = m2d_strfmt("%s report %s --figure 4 --table 4", tu_bin(), p);
+    assert_int_not_equal(tu_run(c, &out, &err), 0);
+    assert_non_null(strstr(err, "--figure 4 goes without --table"));
+    free(c), free(out), free(err);
+    tu_rm_rf(dir);
+    free(dir), free(p), free(pd);
+}
+
+/* Without a post-distillation accuracy: no figure4_*.dat (the rest of the plot data as before),
+ * and --figure 4 says so. HAND_CSV has no distillation at all; DISTILL_CSV distilled students but
+ * measured no MC task after distillation once its mc_avg column is gone. */
+static void figure4_without_distilled_accuracy(void **state) {
+    (void)state;
+    char *dir, *p = write_hand(&dir);
+    const char *dist_no_mc =
+        "config_id,scoring,grouping,scaling,K_expr,K,params,ppl,distill_ppl,distill_final_loss,distill_tokens,"
+        "status,dedup_of,fingerprint\n"
+        "0a,sf,rr,uniform,k,8,,120.5,40.25,0.8125,4096,ok,,f1\n";
+    char *p2 = m2d_path_join(dir, "nomc.csv");
+    tu_write(p2, dist_no_mc, strlen(dist_no_mc));
+    const char *paths[] = {p, p2};
+    for (size_t i = 0; i < M2D_ARRAY_LEN(paths); i++) {
+        m2d_results r;
+        assert_int_equal(m2d_results_read(paths[i], &r), 0);
+        char *pd = m2d_path_join(dir, i ? "pd2" : "pd1");
+        assert_int_equal(m2d_report_plot_data(&r, pd), 0);
+        const char *axes[] = {"scoring", "grouping", "scaling", "K"};
+        for (size_t a = 0; a < M2D_ARRAY_LEN(axes); a++) {
+            char *name = m2d_strfmt("figure4_%s.dat", axes[a]), *f = m2d_path_join(pd, name);
+            assert_false(m2d_file_exists(f));
+            free(name), free(f);
+        }
+        char *marg = m2d_path_join(pd, "marginal_scoring.dat");
+        assert_true(m2d_file_exists(marg));
+        char *md = render_figure4(&r, M2D_REPORT_MD);
+        assert_non_null(strstr(md, "\nNo such student: no selected row has an MC average measured after distillation"));
+        assert_null(strstr(md, "(a) Scoring"));
+        free(md);
+        char *csv = render_figure4(&r, M2D_REPORT_CSV);
+        assert_string_equal(csv, "axis,value,mean,min,max,students,spread_pp\n");
+        free(csv);
+        free(marg), free(pd);
+        m2d_results_free(&r);
+    }
+    tu_rm_rf(dir);
+    free(dir), free(p), free(p2);
+}
+
+/* The paper's own Table 12 (its 35 selected students, each distilled separately: one row and one
+ * student per cell; pre-distillation PPL, post-distillation PPL and average accuracy as printed)
+ * gives the paper's Figure 4 numbers: DO-ACP 42.64 %, PP 36.94 %, the "5.7 pp gap"; RR 40.08 %,
+ * WC 39.70 %, RC 39.64 %, OC 39.63 %, AB 38.92 % (Section 4.2), a 1.16 pp grouping spread ("~1 pp",
+ * "1.2 pp"). */
+static const char *PAPER_T12_CSV =
+    "config_id,scoring,grouping,scaling,K_expr,K,ppl,mc_avg,distill_ppl,status\n"
+    "01,sf,rr,proportional,16,16,19440,0.3756,29.3,ok\n"
+    "02,sf,wc,uniform,16,16,12896,0.3762,27.9,ok\n"
+    "03,sf,rc,uniform,16,16,11342,0.3725,28.5,ok\n"
+    "04,sf,ab,proportional,8,8,11668,0.3631,29.2,ok\n"
+    "05,sf,oc,uniform,64,64,8638,0.3752,27.7,ok\n"
+    "06,pp,rr,proportional,8,8,13340,0.3699,30.9,ok\n"
+    "07,pp,wc,uniform,16,16,11085,0.3712,30.1,ok\n"
+    "08,pp,rc,proportional,16,16,13299,0.3671,29.9,ok\n"
+    "09,pp,ab,uniform,8,8,9463,0.3712,28.6,ok\n"
+    "0a,pp,oc,uniform,8,8,9463,0.3677,28.7,ok\n"
+    "0b,ps,rr,uniform,16,16,15236,0.3683,29.2,ok\n"
+    "0c,ps,wc,uniform,16,16,10976,0.3740,27.7,ok\n"
+    "0d,ps,rc,proportional,16,16,8850,0.3721,28.8,ok\n"
+    "0e,ps,ab,uniform,32,32,10425,0.3651,28.6,ok\n"
+    "0f,ps,oc,uniform,64,64,8509,0.3734,28.2,ok\n"
+    "10,cp,rr,proportional,16,16,3696,0.4035,24.4,ok\n"
+    "11,cp,wc,proportional,16,16,2148,0.4043,24.3,ok\n"
+    "12,cp,rc,proportional,16,16,2264,0.4032,23.3,ok\n"
+    "13,cp,ab,uniform,8,8,6033,0.3980,21.5,ok\n"
+    "14,cp,oc,uniform,8,8,6033,0.3998,21.5,ok\n"
+    "15,acp,rr,uniform,8,8,6334,0.4252,19.1,ok\n"
+    "16,acp,wc,uniform,16,16,5527,0.4121,21.3,ok\n"
+    "17,acp,rc,uniform,16,16,3384,0.3976,21.3,ok\n"
+    "18,acp,ab,uniform,16,16,4829,0.3945,21.7,ok\n"
+    "19,acp,oc,uniform,16,16,2002,0.4050,20.5,ok\n"
+    "1a,do-cp,rr,uniform,8,8,3837,0.4289,19.1,ok\n"
+    "1b,do-cp,wc,uniform,8,8,3837,0.4298,19.0,ok\n"
+    "1c,do-cp,rc,uniform,8,8,3837,0.4296,19.0,ok\n"
+    "1d,do-cp,ab,uniform,16,16,2840,0.4113,20.7,ok\n"
+    "1e,do-cp,oc,proportional,16,16,3805,0.4204,20.5,ok\n"
+    "1f,do-acp,rr,uniform,8,8,5134,0.4341,19.2,ok\n"
+    "20,do-acp,wc,proportional,16,16,4333,0.4113,20.6,ok\n"
+    "21,do-acp,rc,uniform,8,8,5134,0.4330,19.2,ok\n"
+    "22,do-acp,ab,proportional,16,16,3939,0.4212,19.8,ok\n"
+    "23,do-acp,oc,uniform,8,8,5134,0.4325,19.2,ok\n";
+
+static void figure4_of_the_papers_table12(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), *p = m2d_path_join(dir, "paper12.csv");
+    tu_write(p, PAPER_T12_CSV, strlen(PAPER_T12_CSV));
+    m2d_results r;
+    assert_int_equal(m2d_results_read(p, &r), 0);
+    char *md = render_figure4(&r, M2D_REPORT_MD);
+    const char *want[] = {
+        "(a) Scoring: spread 5.70 pp (highest mean D-Optimal + ACP 42.64 %, lowest Pre-Selection Probability 36.94 %)",
+        "| Pre-Selection Probability | 36.94 | 36.71 | 37.12 | 5 |", "| D-Optimal + ACP | 42.64 | 41.13 | 43.41 | 5 |",
+        "(b) Grouping: spread 1.16 pp (highest mean Round-Robin 40.08 %, lowest Anchor-Based 38.92 %)",
+        "| Round-Robin | 40.08 | 36.83 | 43.41 | 7 |", "| Weight Cluster | 39.70 | 37.12 | 42.98 | 7 |",
+        "| Router Cluster | 39.64 | 36.71 | 43.30 | 7 |", "| Anchor-Based | 38.92 | 36.31 | 42.12 | 7 |",
+        "| Output Cluster | 39.63 | 36.77 | 43.25 | 7 |"};
+    const char *at = md;
+    for (size_t i = 0; i < M2D_ARRAY_LEN(want); i++) {
+        const char *hit = strstr(at, want[i]);
+        if (!hit) fail_msg("'%s' missing or out of order in:\n%s", want[i], md);
+        at = hit + 1;
+    }
+    free(md);
+    m2d_results_free(&r);
+    tu_rm_rf(dir);
+    free(dir), free(p);
+}
+
+/* An axis with one value has no spread to name; one whose means are all equal names none. */
+static void figure4_one_value_and_equal_means(void **state) {
+    (void)state;
+    const char *csv = "config_id,scoring,grouping,scaling,K_expr,K,ppl,mc_avg,distill_ppl,status\n"
+                      "01,sf,rr,uniform,k,8,100,0.40,50,ok\n"
+                      "02,sf,wc,uniform,2k,16,90,0.40,45,ok\n";
+    char *dir = tu_tmpdir(), *p = m2d_path_join(dir, "eq.csv");
+    tu_write(p, csv, strlen(csv));
+    m2d_results r;
+    assert_int_equal(m2d_results_read(p, &r), 0);
+    char *md = render_figure4(&r, M2D_REPORT_MD);
+    assert_non_null(strstr(md, "\n(a) Scoring: spread 0.00 pp (one value)\n"));
+    assert_non_null(strstr(md, "\n(b) Grouping: spread 0.00 pp (every mean 40.00 %)\n"));
+    assert_non_null(strstr(md, "\n(c) K: spread 0.00 pp (every mean 40.00 %)\n"));
+    assert_null(strstr(md, "Scaling"));
+    free(md);
+    m2d_results_free(&r);
+    tu_rm_rf(dir);
+    free(dir), free(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(compact_ppl_notation),
@@ -547,6 +825,10 @@ int main(void) {
         cmocka_unit_test(plot_data_files),
         cmocka_unit_test(distillation_section_and_plot_data),
         cmocka_unit_test(table12_shows_the_best_per_pair_students),
+        cmocka_unit_test(figure4_marginals_of_the_distilled_students),
+        cmocka_unit_test(figure4_without_distilled_accuracy),
+        cmocka_unit_test(figure4_of_the_papers_table12),
+        cmocka_unit_test(figure4_one_value_and_equal_means),
         cmocka_unit_test(names_and_order_come_from_registrations),
         cmocka_unit_test(moe_students_section),
         cmocka_unit_test(condenser_plot_data),

@@ -1,7 +1,8 @@
 #!/bin/sh
 # make plots: render plots/*.gp into plots/*.png and plots/*.svg.
 #   RESULTS  sweep CSV (default results/demo.csv)        -> heatmap_<scoring>, marginal, distill
-#            (distill: when the sweep had a distillation stage), figure1 (when it had D2D
+#            (distill: when the sweep had a distillation stage), figure4 (when its distilled
+#            students have MC accuracies: report --figure 4), figure1 (when it had D2D
 #            candidates: the MoE-to-dense vs dense-to-dense comparison, report --table 3)
 #   ANALYZE  `moe2dense analyze --csv` output (default results/demo-analyze.csv, optional)
 #            -> overlap, erank; lorenz and pearson (paper 001) when the file has their rows;
@@ -83,6 +84,9 @@ if [ -f "$data/distill_curves.txt" ]; then # the sweep had a distillation stage
   read -r nloss nval < "$data/distill_curves.txt"
   is_int "$nloss" && is_int "$nval" || die "$data/distill_curves.txt: not two integers"
   render distill.gp distill "datadir='$data'; nloss=$nloss; nval=$nval"
+fi
+if [ -f "$data/figure4_scoring.dat" ]; then # post-distillation accuracies: report --figure 4
+  render figure4.gp figure4 "datadir='$data'"
 fi
 if [ -f "$data/figure1.dat" ]; then # the sweep had D2D candidates ([d2d]): report --table 3
   render figure1.gp figure1 "datadir='$data'"

@@ -12,7 +12,7 @@
 
 static const char USAGE[] =
     "usage: moe2dense report RESULTS.csv [--format md|tex|csv] [--out FILE] [--plot-data DIR]\n"
-    "                        [--analyze ANALYZE.csv] [--best-per-pair] [--table 3|4|5]\n"
+    "                        [--analyze ANALYZE.csv] [--best-per-pair] [--table 3|4|5] [--figure 4]\n"
     "\n"
     "Table in the layout of the paper's Tables 10/11: one row per scoring x grouping x scaling, one\n"
     "column per K; the best K of each row in bold; '–' for failed configurations (e.g. NaN PPL);\n"
@@ -34,7 +34,8 @@ static const char USAGE[] =
     "  --out FILE        write there (atomically) instead of stdout\n"
     "  --plot-data DIR   also write the gnuplot inputs for plots/*.gp (heat_*.dat, marginal_*.dat;\n"
     "                    with distilled students distill.dat and the training and validation curves\n"
-    "                    from RESULTS.csv.distill/*.jsonl)\n"
+    "                    from RESULTS.csv.distill/*.jsonl; with post-distillation accuracies\n"
+    "                    figure4_<axis>.dat, see --figure 4)\n"
     "  --analyze FILE    with --plot-data: also the inputs of the overlap and erank plots from\n"
     "                    `moe2dense analyze --csv` output (validated: names and numbers only)\n"
     "  --table 3         only the MoE-to-dense vs dense-to-dense comparison of a sweep with a [d2d]\n"
@@ -49,6 +50,14 @@ static const char USAGE[] =
     "                    loss at k' = k), per distilled student, from the distillation ablation's\n"
     "                    sidecar RESULTS.csv.distill.csv (a [distill] loss or teacher_topk list): PPL,\n"
     "                    accuracies, average and the differences to the reference row (md, tex, csv)\n"
+    "  --figure 4        only the paper's Figure 4 as tables (md, tex, csv): per value of scoring and\n"
+    "                    grouping (scaling and K when they vary), the mean, min and max of the MC\n"
+    "                    average after distillation over Table 12's students (the pairs' selected\n"
+    "                    students that were distilled and scored; each distinct student once per\n"
+    "                    value: rows sharing a fingerprint are one student) and their count; each\n"
+    "                    axis headed by its spread (highest mean - lowest, in points). With\n"
+    "                    --plot-data, figure4_<axis>.dat are written with every report\n"
+    "                    (plots/figure4.gp)\n"
     "  --best-per-pair   list the configurations the paper evaluates on multiple-choice tasks: per\n"
     "                    scoring x grouping, the (K, scaling) with the lowest PPL (config ids)\n"
     "\n"
@@ -57,10 +66,11 @@ static const char USAGE[] =
     "sweep still writing, or killed) is ignored with a note.\n";
 
 static int cmd_report_run(int argc, char **argv) {
-    const char *format = "md", *out = NULL, *plot = NULL, *analyze = NULL, *table = NULL;
+    const char *format = "md", *out = NULL, *plot = NULL, *analyze = NULL, *table = NULL, *figure = NULL;
     int best = 0;
     m2d_opt opts[] = {{"--format", 1, &format, NULL}, {"--out", 1, &out, NULL}, {"--plot-data", 1, &plot, NULL},
-                      {"--analyze", 1, &analyze, NULL}, {"--best-per-pair", 0, NULL, &best}, {"--table", 1, &table, NULL}, {0}};
+                      {"--analyze", 1, &analyze, NULL}, {"--best-per-pair", 0, NULL, &best}, {"--table", 1, &table, NULL},
+                      {"--figure", 1, &figure, NULL}, {0}};
     char *pos[1];
     int npos = 0;
     if (m2d_parse_opts("report", argc, argv, opts, pos, 1, &npos)) return m2d_cmd_fail("report");
@@ -78,6 +88,14 @@ static int cmd_report_run(int argc, char **argv) {
     }
     if (table && strcmp(table, "3") && strcmp(table, "4") && strcmp(table, "5")) {
         m2d_err("report: --table: '%s' is not 3, 4 or 5", table);
+        return m2d_cmd_fail("report");
+    }
+    if (figure && strcmp(figure, "4")) {
+        m2d_err("report: --figure: '%s' is not 4 (Figure 1: --table 3)", figure);
+        return m2d_cmd_fail("report");
+    }
+    if (figure && (table || best)) {
+        m2d_err("report: --figure 4 goes without %s", table ? "--table" : "--best-per-pair");
         return m2d_cmd_fail("report");
     }
     if (analyze && !plot) {
@@ -102,6 +120,7 @@ static int cmd_report_run(int argc, char **argv) {
     int rc = best    ? m2d_report_write_best_per_pair(&r, f)
              : table && !strcmp(table, "3") ? m2d_report_d2d_write(&r, fmt, f)
              : table ? m2d_report_ablation_write(pos[0], &r, atoi(table), fmt, f)
+             : figure ? m2d_report_write_figure4(&r, fmt, f)
                      : m2d_report_write(&r, fmt, f);
     fclose(f);
     if (rc == 0 && plot) rc = m2d_report_plot_data(&r, plot);

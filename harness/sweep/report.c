@@ -5,18 +5,15 @@
 #include <string.h>
 
 #include "base/util.h"
-#include "criteria/registry.h"
 #include "sweep/report_distill.h"
+#include "sweep/report_figure4.h"
 #include "sweep/report_moe.h"
 #include "sweep/report_usage.h"
 
 /* ---- names and number formatting ---- */
 
 /* position in the paper's order (ranked plugins first), else a large number */
-static int known_order(const char *name) {
-    int rank = m2d_plugin_report_rank(name);
-    return rank > 0 ? rank - 1 : 1000;
-}
+static int known_order(const char *name) { return m2d_report_name_order(name); }
 
 /* ---- the grid view of a results file ---- */
 
@@ -434,6 +431,13 @@ int m2d_report_best_per_pair(const m2d_results *r, int **rows) {
     return n;
 }
 
+int m2d_report_write_figure4(const m2d_results *r, m2d_report_format fmt, FILE *f) {
+    int *best = NULL, n_best = m2d_report_best_per_pair(r, &best);
+    int rc = n_best < 0 ? -1 : m2d_report_figure4_write(r, best, n_best, fmt, f);
+    free(best);
+    return rc;
+}
+
 int m2d_report_write_best_per_pair(const m2d_results *r, FILE *f) {
     int *rows, n = m2d_report_best_per_pair(r, &rows);
     if (n < 0) return -1;
@@ -580,6 +584,10 @@ int m2d_report_plot_data(const m2d_results *r, const char *dir) {
     free(v);
     if (rc == 0) rc = write_range(dir, lo, hi);
     grid_free(&g);
+    /* Figure 4 over Table 12's students (nothing without a post-distillation accuracy) */
+    int *best = NULL, n_best = rc == 0 ? m2d_report_best_per_pair(r, &best) : 0;
+    if (rc == 0) rc = n_best < 0 ? -1 : m2d_report_figure4_plot_data(r, best, n_best, dir);
+    free(best);
     return rc;
 }
 

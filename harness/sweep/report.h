@@ -20,6 +20,8 @@
 int m2d_report_write(const m2d_results *r, m2d_report_format fmt, FILE *f);
 /* Write gnuplot inputs of the dense students into DIR: heat_<scoring>.dat (PPL matrix, rows grouping/scaling,
  * columns K, NaN for failed/absent), best_<scoring>.dat (column, row of each row's best K), marginal_<axis>.dat (per axis value: geometric-mean PPL, median, best, count),
+ * figure4_<axis>.dat (Figure 4: post-distillation accuracy per axis value over Table 12's students,
+ * report_figure4.h; only when some have one),
  * scorings.txt ("NAME<TAB>DISPLAY NAME", one scoring a line), range.txt (the colour range). The
  * names are validated (m2d_results_validate); every file is written atomically. */
 int m2d_report_plot_data(const m2d_results *r, const char *dir);
@@ -35,6 +37,9 @@ int m2d_report_analyze_plot_data(const m2d_an_csv *a, const char *dir);
 /* Paper-style MC selection: for each scoring x grouping pair, the row (K, scaling) with the
  * lowest finite PPL. Row indices into r -> *rows (malloc'd); returns the count. */
 int m2d_report_best_per_pair(const m2d_results *r, int **rows);
+/* The paper's Figure 4 as tables (`report --figure 4`, report_figure4.h) over Table 12's students:
+ * those rows with a post-distillation MC average. */
+int m2d_report_write_figure4(const m2d_results *r, m2d_report_format fmt, FILE *f);
 /* Those rows, one a line: "CONFIG_ID SCORING GROUPING SCALING K=K ppl=PPL". */
 int m2d_report_write_best_per_pair(const m2d_results *r, FILE *f);
 

@@ -67,6 +67,10 @@ static int mc_of_distilled(const m2d_results *r, int i) {
            (m2d_results_col(r, "mc_student") < 0 || !strcmp(m2d_results_get(r, i, "mc_student"), "distilled"));
 }
 
+double m2d_report_distilled_mc_avg(const m2d_results *r, int i) {
+    return mc_of_distilled(r, i) ? cell_num(r, i, "mc_avg") : NAN;
+}
+
 /* One Table 12 line: row I (or the teacher, I < 0, with PPL TEACHER) into CELLS (malloc'd strings). */
 static int t12_cells(const m2d_results *r, int i, double teacher, char **cells) {
     int j = 0, mc = i >= 0 && mc_of_distilled(r, i);

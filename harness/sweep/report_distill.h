@@ -25,6 +25,9 @@
  * each student (fingerprint) only) -> *rows (malloc'd); returns the count (0 when R has no
  * distillation columns). */
 int m2d_report_distilled_rows(const m2d_results *r, int one_per_student, int **rows);
+/* Row I's MC average measured on its distilled student (distill_ppl finite and, where the file
+ * has mc_student, "distilled"; else the cells are the converted student's), NAN when none. */
+double m2d_report_distilled_mc_avg(const m2d_results *r, int i);
 /* The distillation section (md or tex); nothing when R has no distilled student. BEST, N_BEST:
  * Table 12's students, m2d_report_best_per_pair of R (the caller's; N_BEST < 0: no Table 12). */
 int m2d_report_distill_write(const m2d_results *r, const int *best, int n_best, m2d_report_format fmt, FILE *f);

@@ -13,6 +13,11 @@
 /* names come from the plugin registrations (criteria/registry.h: display, report_rank) */
 const char *m2d_report_display_name(const char *name) { return m2d_plugin_display_name(name); }
 
+int m2d_report_name_order(const char *name) {
+    int rank = m2d_plugin_report_rank(name);
+    return rank > 0 ? rank - 1 : 1000;
+}
+
 void m2d_report_thousands(long long v, char *buf, size_t n) {
     char digits[32];
     snprintf(digits, sizeof digits, "%lld", v);

@@ -20,6 +20,9 @@ void m2d_report_format_ppl(double ppl, char *buf, size_t n);
 /* Long display name of a plugin ("sf" -> "Selection Frequency", from its registration); the name
  * itself when unknown or without one. */
 const char *m2d_report_display_name(const char *name);
+/* A name's place in the report's order: its plugin's report rank - 1 (the paper's order), 1000 for
+ * a name without one (those follow the ranked ones in order of first appearance). */
+int m2d_report_name_order(const char *name);
 
 /* Rows of a table shared by the report's sections (md, tex or csv): CELLS in order (names escaped
  * for tex here, quoted where needed for csv), BOLD[i] != 0 marks cell i (BOLD may be NULL; not in
