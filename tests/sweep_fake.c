@@ -88,6 +88,21 @@ static int fake_evaluate_mc(m2d_sweep_backend *b, void *student, const m2d_grid_
     return 0;
 }
 
+/* the teachers' MC: fixed values (the MoE teacher's 0.6 + t / 100 (acc) and 0.65 + t / 100
+ * (acc_norm), the dense teacher's 0.1 above), so a test can find them in the header */
+static int fake_evaluate_teacher_mc(m2d_sweep_backend *b, int d2d, m2d_sweep_result *res) {
+    const m2d_experiment *x = b->x;
+    if (d2d && !x->has_d2d) return 1;
+    double avg = 0;
+    for (int t = 0; t < x->n_mc; t++) {
+        res->mc[2 * t] = 0.6 + t / 100.0 + 0.1 * d2d;
+        res->mc[2 * t + 1] = res->mc[2 * t] + 0.05;
+        avg += res->mc[2 * t];
+    }
+    if (x->n_mc) res->mc[2 * x->n_mc] = avg / x->n_mc;
+    return 0;
+}
+
 static int fake_distill(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, const m2d_distill_opts *o,
                         void **distilled, m2d_distill_result *res, char error[256]) {
     if (o->train.precision != b->precision) { /* the sweep's precision is the distillation's teacher's */
@@ -125,4 +140,5 @@ static int fake_plan_fingerprint(m2d_sweep_backend *b, const m2d_experiment *x, 
 
 M2D_SWEEP_BACKEND(fake, .name = "fake", .prepare = fake_prepare, .build = fake_build, .evaluate = fake_evaluate,
                   .free_student = fake_free_student, .evaluate_mc = fake_evaluate_mc, .distill = fake_distill,
+                  .evaluate_teacher_mc = fake_evaluate_teacher_mc,
                   .plan_fingerprint = fake_plan_fingerprint)

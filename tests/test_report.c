@@ -519,7 +519,9 @@ static void table12_shows_the_best_per_pair_students(void **state) {
     char *md = render(&r, M2D_REPORT_MD);
     const char *t12 = strstr(md, "| Scoring | Grouping | Scaling | K | Pre | Post | Wino | Hella | ARC-E | ARC-C | MMLU | Avg |");
     assert_non_null(t12);
-    assert_non_null(strstr(t12, "| Teacher (MoE) |  |  |  | 9.50 |  |  |  |  |  |  |  |\n"));
+    /* the header has no teacher_mc: the teacher's accuracies are em dashes, not blanks */
+    assert_non_null(strstr(t12, "| Teacher (MoE) |  |  |  | 9.50 |  | \xe2\x80\x94 | \xe2\x80\x94 | \xe2\x80\x94 | "
+                                "\xe2\x80\x94 | \xe2\x80\x94 | \xe2\x80\x94 |\n"));
     assert_non_null(strstr(t12, "| D-Optimal + ACP | Round-Robin | Uniform | 8 | 5,134 | 19.20 | 56.99 | 41.13 | 57.37 | "
                                 "29.86 | 31.70 | 43.41 |\n"));
     assert_non_null(strstr(t12, "| D-Optimal + ACP | Weight Cluster | Proportional | 16 | 4,333 | 20.60 | 54.22 | 39.59 | "
@@ -817,6 +819,33 @@ static void figure4_one_value_and_equal_means(void **state) {
     free(dir), free(p);
 }
 
+/* The teacher row's accuracies come from the header's teacher_mc (issue 24), each task in its
+ * paper metric as the students' cells: Wino acc 60.12, Hella acc_norm 45.21 (not acc 40.00),
+ * ARC-E/C acc_norm, MMLU acc, the average; tex shows an absent one as "---". */
+static void table12_teacher_row_has_teacher_mc(void **state) {
+    (void)state;
+    const char *mc = "# teacher_mc=winogrande_acc:0.601200,hellaswag_acc:0.400000,hellaswag_acc_norm:0.452100,"
+                     "arc_easy_acc:0.650000,arc_easy_acc_norm:0.700100,arc_challenge_acc:0.300000,"
+                     "arc_challenge_acc_norm:0.350200,mmlu_acc:0.330300,mc_avg:0.486800\n";
+    const char *after = strstr(PAPER12_CSV, "# teacher_ppl=9.5 windows=8\n") + strlen("# teacher_ppl=9.5 windows=8\n");
+    char *csv = m2d_strfmt("%.*s%s%s", (int)(after - PAPER12_CSV), PAPER12_CSV, mc, after);
+    m2d_results r;
+    assert_int_equal(m2d_results_parse("t12.csv", csv, strlen(csv), &r), 0);
+    char *md = render(&r, M2D_REPORT_MD);
+    if (!strstr(md, "| Teacher (MoE) |  |  |  | 9.50 |  | 60.12 | 45.21 | 70.01 | 35.02 | 33.03 | 48.68 |\n"))
+        fail_msg("teacher row without its MC accuracies:\n%s", md);
+    free(md);
+    /* without MMLU in the header: that cell alone is absent */
+    m2d_results_set_meta(&r, "teacher_mc", "winogrande_acc:0.6012,hellaswag_acc_norm:0.4521,arc_easy_acc_norm:0.7001,"
+                                           "arc_challenge_acc_norm:0.3502,mc_avg:0.4868");
+    char *tex = render(&r, M2D_REPORT_TEX);
+    if (!strstr(tex, "Teacher (MoE) &  &  &  & 9.50 &  & 60.12 & 45.21 & 70.01 & 35.02 & --- & 48.68"))
+        fail_msg("tex teacher row:\n%s", tex);
+    free(tex);
+    m2d_results_free(&r);
+    free(csv);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(compact_ppl_notation),
@@ -829,6 +858,7 @@ int main(void) {
         cmocka_unit_test(figure4_without_distilled_accuracy),
         cmocka_unit_test(figure4_of_the_papers_table12),
         cmocka_unit_test(figure4_one_value_and_equal_means),
+        cmocka_unit_test(table12_teacher_row_has_teacher_mc),
         cmocka_unit_test(names_and_order_come_from_registrations),
         cmocka_unit_test(moe_students_section),
         cmocka_unit_test(condenser_plot_data),

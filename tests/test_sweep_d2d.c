@@ -197,6 +197,7 @@ static const char *HAND_CSV =
     "# ppl=gptq L=512 max_windows=64 data=wiki.test.raw\n"
     "# teacher_ppl=292.300000 windows=64 params=14206912\n"
     "# d2d_teacher_ppl=252.000000 windows=64 params=13964544 layers=6 teacher=../dense\n"
+    "# teacher_mc=arc_easy_acc:0.300000,arc_easy_acc_norm:0.351200,mc_avg:0.351200\n"
     "config_id,scoring,grouping,scaling,K_expr,K,params,n_params,ppl,mc_avg,distill_ppl,distill_step_s,"
     "distill_teacher_s,status,dedup_of,fingerprint\n"
     "000000000001,do-acp,oc,proportional,k,8,,4868032,1596.4,0.25,275.1,4.5,0.5,ok,,\n"
@@ -235,8 +236,10 @@ static void table3_and_table13_layout(void **state) {
         "| D2D pruning (L4-H192-F576-A6/2) | dense | 4,868,032 | 987.4 | 280.0 | 22.00 | 5.50 | 1.50 |",
         "| Random FFN + teacher attn | MoE | 4,868,032 | 3,533 | 312.8 | 20.00 | 4.30 | 0.50 |",
         "| Random initialization | MoE | 4,868,032 | 8,545 | 646.6 |  | 4.20 | 0.50 |",
-        "| Teacher (MoE) |  | 14,206,912 | 292.3 |  |  |  |  |",
-        "| D2D teacher (dense) |  | 13,964,544 | 252.0 |  |  |  |  |",
+        /* the teachers' MC averages from the header: the MoE teacher's mc_avg, the dense
+         * teacher's absent (no d2d_teacher_mc): an em dash */
+        "| Teacher (MoE) |  | 14,206,912 | 292.3 |  | 35.12 |  |  |",
+        "| D2D teacher (dense) |  | 13,964,544 | 252.0 |  | \xe2\x80\x94 |  |  |",
         /* Table 13: 6 layers kept = width-only; the selected in bold; the failed one with an en dash */
         "| L6-H192-F320-A6/2 | width-only | 4,844,352 | 1,101 |  |",
         "| **L4-H192-F576-A6/2** | width + depth | 4,868,032 | **987.4** | yes |",
@@ -254,6 +257,8 @@ static void table3_and_table13_layout(void **state) {
     assert_non_null(strstr(csv, "student,teacher,params,ppl_before,ppl_after,mc_avg,step_s,teacher_s\n"));
     assert_non_null(strstr(csv, "D2D pruning (L4-H192-F576-A6/2),dense,4868032,987.4000,280.0000,0.220000,5.5000,1.5000\n"));
     assert_null(strstr(csv, "Table 13"));
+    assert_non_null(strstr(csv, "Teacher (MoE),,14206912,292.3000,,0.351200,,\n"));
+    assert_non_null(strstr(csv, "D2D teacher (dense),,13964544,252.0000,,,,\n"));
     free(csv);
     /* a file without candidates is refused in one line */
     const char *no_d2d = "# moe2dense-results=1\nconfig_id,scoring,grouping,scaling,K_expr,K,params,ppl,status\n"
@@ -275,7 +280,9 @@ static void figure1_plot_data(void **state) {
     char *text = m2d_read_file(path, &n);
     assert_non_null(text);
     assert_non_null(strstr(text, "\"D2D pruning (L4-H192-F576-A6/2)\" 4.86803e+06 987.4 280 0.22 5.5\n"));
-    assert_non_null(strstr(text, "\"Teacher (MoE)\" 1.42069e+07 292.3 NaN NaN NaN\n"));
+    /* the teachers' MC averages too (the dense teacher's is not in the header) */
+    assert_non_null(strstr(text, "\"Teacher (MoE)\" 1.42069e+07 292.3 NaN 0.3512 NaN\n"));
+    assert_non_null(strstr(text, "\"D2D teacher (dense)\" 1.39645e+07 252 NaN NaN NaN\n"));
     free(text), free(path);
     tu_rm_rf(dir);
     free(dir);
@@ -424,17 +431,42 @@ static char *distilled_teacher(const char *dir) {
     return out;
 }
 
+/* Teacher MC in header KEY ("arc_easy_acc:A,arc_easy_acc_norm:N,mc_avg:N") equal to `moe2dense eval`
+ * on MODEL with the experiment's task and limit (accuracies are counts over 4 documents: exact) */
+static void teacher_mc_matches_eval(const m2d_results *r, const char *key, const char *model) {
+    const char *v = m2d_results_meta(r, key);
+    if (!v) fail_msg("no %s in the header", key);
+    char *cmd = m2d_strfmt("%s eval --model %s --tasks arc_easy --limit 4 --data %s --json", tu_bin(), model,
+                           tu_data_path(""));
+    char *out = NULL, *err = NULL;
+    if (tu_run(cmd, &out, &err)) fail_msg("%s\n%s", out ? out : "", err ? err : "");
+    const char *t = strstr(out, "\"arc_easy\"");
+    assert_non_null(t);
+    const char *a = strstr(t, "\"acc\":"), *an = strstr(t, "\"acc_norm\":");
+    assert_non_null(a);
+    assert_non_null(an);
+    char want[160];
+    snprintf(want, sizeof want, "arc_easy_acc:%.6f,arc_easy_acc_norm:%.6f,mc_avg:%.6f", strtod(a + 6, NULL),
+             strtod(an + 11, NULL), strtod(an + 11, NULL));
+    if (strcmp(v, want)) fail_msg("%s=%s, eval --model %s gives %s", key, v, model, want);
+    free(cmd), free(out), free(err);
+}
+
 /* A tiny sweep: the D2D candidates pruned and scored, the selected one distilled from the dense
- * teacher, the MoE student from the MoE teacher, step times recorded, both teachers in the header,
- * the report's Table 3 naming the selected shape; no scratch checkpoint left behind. */
+ * teacher, the MoE student from the MoE teacher, step times recorded, both teachers in the header
+ * (PPL, and MC on the [mc] task equal to `moe2dense eval` on each teacher), the report's Table 3
+ * naming the selected shape and showing the teachers' MC; no scratch checkpoint left behind. */
 static void tiny_sweep_end_to_end(void **state) {
     (void)state;
     real_fx fx;
+    if (!m2d_file_exists(tu_data_path("arc"))) TU_SKIP("run 'make data' (ARC missing)");
     if (real_fx_make("candidates = ['L4-H192-F576-A6/2', 'L6-H160-F608-A6/2']\nsamples = 2\nseq_len = 32\n"
-                     "[experiment.t.distill]\nconfigs = 'all'\ndata = 'TRAIN'\nsteps = 1\nseq_len = 32\nbatch = 2\n",
+                     "[experiment.t.distill]\nconfigs = 'all'\ndata = 'TRAIN'\nsteps = 1\nseq_len = 32\nbatch = 2\n"
+                     "[experiment.t.mc]\ntasks = ['arc_easy']\nlimit = 4\ndata_dir = 'MCDATA'\n",
                      &fx))
         TU_SKIP("../shared/models/tiny-qwen3moe, tiny-qwen3-dense or the data not found");
     tu_replace_in_file(fx.toml, "TRAIN", wiki_train());
+    tu_replace_in_file(fx.toml, "MCDATA", tu_data_path(""));
     m2d_experiment x;
     assert_int_equal(m2d_experiment_load(fx.toml, "t", NULL, 0, &x), 0);
     m2d_sweep_opts o = {.out = fx.csv};
@@ -445,6 +477,8 @@ static void tiny_sweep_end_to_end(void **state) {
     assert_int_equal(m2d_results_read_checked(fx.csv, &r), 0);
     assert_non_null(m2d_results_meta(&r, "d2d_teacher_ppl"));
     assert_non_null(strstr(m2d_results_meta(&r, "d2d_teacher_ppl"), "params=13964544 layers=6"));
+    teacher_mc_matches_eval(&r, "teacher_mc", fx.moe);
+    teacher_mc_matches_eval(&r, "d2d_teacher_mc", fx.dense);
     int best = m2d_d2d_best_row(&r);
     assert_true(best >= 0);
     for (int i = 0; i < r.n_rows; i++) {
@@ -471,6 +505,11 @@ static void tiny_sweep_end_to_end(void **state) {
     char want[96];
     snprintf(want, sizeof want, "| D2D pruning (%s) | dense |", m2d_d2d_spec(m2d_results_get(&r, best, "params")));
     assert_non_null(strstr(buf, want));
+    char mc[96]; /* the teachers' rows: "| PPL |  | MC avg (%) |" */
+    snprintf(mc, sizeof mc, "|  | %.2f |", 100 * m2d_report_teacher_mc(&r, "teacher_mc", "mc_avg"));
+    assert_non_null(strstr(strstr(buf, "| Teacher (MoE) |"), mc));
+    snprintf(mc, sizeof mc, "|  | %.2f |", 100 * m2d_report_teacher_mc(&r, "d2d_teacher_mc", "mc_avg"));
+    assert_non_null(strstr(strstr(buf, "| D2D teacher (dense) |"), mc));
     free(buf);
     char *scratch = m2d_strfmt("%s/cache/d2d", fx.dir);
     char *cmd = m2d_strfmt("test -z \"$(ls -A '%s')\"", scratch);

@@ -112,10 +112,21 @@ static void best_per_pair_distills_scores_and_resumes(void **state) {
         assert_true(num(&r, i, "arc_easy_acc") >= 0.5); /* (1 + a) / 2 */
     }
     assert_true(filled >= nb);
+    /* the teacher's MC on the same tasks in the header (the fake's fixed values); no dense teacher */
+    assert_non_null(m2d_results_meta(&r, "teacher_mc"));
+    assert_string_equal(m2d_results_meta(&r, "teacher_mc"), "arc_easy_acc:0.600000,arc_easy_acc_norm:0.650000,"
+                                                             "mc_avg:0.600000");
+    assert_null(m2d_results_meta(&r, "d2d_teacher_mc"));
+    /* a resume keeps the header's teacher_mc (not measured again): a marked value survives */
+    m2d_results_set_meta(&r, "teacher_mc", "arc_easy_acc:0.123000,mc_avg:0.123000");
+    assert_int_equal(m2d_results_write(fx.csv, &r), 0);
     free(best);
     m2d_results_free(&r);
     assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
     assert_int_equal(s.distill_evaluated, 0);
+    assert_int_equal(m2d_results_read(fx.csv, &r), 0);
+    assert_string_equal(m2d_results_meta(&r, "teacher_mc"), "arc_easy_acc:0.123000,mc_avg:0.123000");
+    m2d_results_free(&r);
     m2d_experiment_free(&x);
     /* the sidecar's header records the settings: another token budget does not mix into it */
     char *more[] = {"mc={tasks = ['arc_easy'], configs = 'best-per-pair'}", "distill.tokens=2000"};

@@ -143,6 +143,18 @@ const char *m2d_results_get(const m2d_results *r, int row, const char *name) {
     return c < 0 ? "" : r->rows[row][c];
 }
 
+void m2d_results_set_meta(m2d_results *r, const char *key, const char *value) {
+    for (int i = 0; i < r->n_meta; i++)
+        if (strcmp(r->meta_keys[i], key) == 0) {
+            free(r->meta_vals[i]);
+            r->meta_vals[i] = m2d_strdup(value);
+            return;
+        }
+    char *line = m2d_strfmt("%s=%s", key, value);
+    add_meta(r, line, strlen(line));
+    free(line);
+}
+
 const char *m2d_results_meta(const m2d_results *r, const char *key) {
     for (int i = 0; i < r->n_meta; i++)
         if (strcmp(r->meta_keys[i], key) == 0) return r->meta_vals[i];

@@ -64,6 +64,8 @@ void m2d_results_free(m2d_results *r);
 int m2d_results_col(const m2d_results *r, const char *name);  /* -1 when absent */
 const char *m2d_results_get(const m2d_results *r, int row, const char *name); /* "" when absent */
 const char *m2d_results_meta(const m2d_results *r, const char *key);         /* NULL when absent */
+/* Set header KEY to VALUE (copied): replaced where R has KEY, else appended last. */
+void m2d_results_set_meta(m2d_results *r, const char *key, const char *value);
 
 typedef struct {
     int fd;

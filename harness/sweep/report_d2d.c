@@ -15,6 +15,7 @@ typedef struct {
     char label[160];
     const char *teacher;    /* what it was distilled from: "MoE", "dense"; "" for a teacher */
     double params, pre, post, mc, step, tstep;
+    int is_teacher;         /* a teacher row: an absent MC average shows as an em dash */
 } t3_row;
 
 #define MAX_T3 7
@@ -60,13 +61,15 @@ static int best_of_grid(const m2d_results *r) {
 
 static void from_row(const m2d_results *r, int i, const char *teacher, t3_row *t) {
     t->teacher = teacher;
+    t->is_teacher = 0;
     t->params = num(r, i, "n_params"), t->pre = num(r, i, "ppl"), t->post = num(r, i, "distill_ppl");
     t->mc = num(r, i, "mc_avg"), t->step = num(r, i, "distill_step_s"), t->tstep = num(r, i, "distill_teacher_s");
 }
 
 /* the teachers' rows from the run header: "teacher_ppl=P windows=W params=N" and
- * "d2d_teacher_ppl=P windows=W params=N layers=L teacher=DIR" (params absent in older files) */
-static int teacher_row(const m2d_results *r, const char *key, const char *label, t3_row *t) {
+ * "d2d_teacher_ppl=P windows=W params=N layers=L teacher=DIR" (params absent in older files), their
+ * MC averages from MC_KEY (teacher_mc=, d2d_teacher_mc=: "...,mc_avg:A") */
+static int teacher_row(const m2d_results *r, const char *key, const char *mc_key, const char *label, t3_row *t) {
     const char *v = m2d_results_meta(r, key);
     double ppl;
     int windows;
@@ -76,7 +79,9 @@ static int teacher_row(const m2d_results *r, const char *key, const char *label,
     snprintf(t->label, sizeof t->label, "%s", label);
     t->teacher = "";
     t->params = params > 0 ? (double)params : NAN, t->pre = ppl;
-    t->post = t->mc = t->step = t->tstep = NAN;
+    t->post = t->step = t->tstep = NAN;
+    t->mc = m2d_report_teacher_mc(r, mc_key, "mc_avg");
+    t->is_teacher = 1;
     return 1;
 }
 
@@ -99,8 +104,8 @@ static int t3_rows(const m2d_results *r, t3_row *t) {
         snprintf(t[n].label, sizeof t[n].label, "Random FFN + teacher attn"), from_row(r, i, "MoE", &t[n++]);
     if ((i = find_scoring(r, "random-init", 0)) >= 0)
         snprintf(t[n].label, sizeof t[n].label, "Random initialization"), from_row(r, i, "MoE", &t[n++]);
-    n += teacher_row(r, "teacher_ppl", "Teacher (MoE)", &t[n]);
-    n += teacher_row(r, "d2d_teacher_ppl", "D2D teacher (dense)", &t[n]);
+    n += teacher_row(r, "teacher_ppl", "teacher_mc", "Teacher (MoE)", &t[n]);
+    n += teacher_row(r, "d2d_teacher_ppl", "d2d_teacher_mc", "D2D teacher (dense)", &t[n]);
     return n;
 }
 
@@ -124,7 +129,8 @@ static int any_mc(const t3_row *t, int n) {
 }
 
 /* one row's cells (MC only when WITH_MC); CSV: raw numbers */
-static int t3_cells(const t3_row *t, int with_mc, int raw, char cells[][64], const char **p) {
+static int t3_cells(const t3_row *t, int with_mc, m2d_report_format fmt, char cells[][64], const char **p) {
+    int raw = fmt == M2D_REPORT_CSV;
     int j = 0;
     snprintf(cells[j++], 64, "%s", "");
     p[0] = t->label;
@@ -137,7 +143,8 @@ static int t3_cells(const t3_row *t, int with_mc, int raw, char cells[][64], con
         if (isfinite(t->post)) m2d_report_format_ppl(t->post, cells[j++], 64);
         else snprintf(cells[j++], 64, "%s", "");
     }
-    if (with_mc) fmt_fixed(raw ? t->mc : 100 * t->mc, raw ? "%.6f" : "%.2f", cells[j++], 64);
+    if (with_mc && t->is_teacher && !raw) m2d_report_format_teacher_acc(t->mc, fmt, cells[j++], 64);
+    else if (with_mc) fmt_fixed(raw ? t->mc : 100 * t->mc, raw ? "%.6f" : "%.2f", cells[j++], 64);
     fmt_fixed(t->step, raw ? "%.4f" : "%.2f", cells[j++], 64);
     fmt_fixed(t->tstep, raw ? "%.4f" : "%.2f", cells[j++], 64);
     for (int i = 1; i < j; i++) p[i] = cells[i];
@@ -161,7 +168,7 @@ static void write_t3(const m2d_results *r, const t3_row *t, int n, m2d_report_fo
                 exp ? exp : "?", ppl ? ppl : "");
         fprintf(f, "PPL before/after: WikiText-2 (the experiment's [ppl]) of the student as converted or pruned, and "
                    "after the same distillation (same settings, data and tokens) from the teacher it names; teachers: "
-                   "their own PPL on the same windows. s / step: mean wall seconds of one optimizer step, teacher s "
+                   "their own PPL on the same windows and MC on the same tasks (— where not measured). s / step: mean wall seconds of one optimizer step, teacher s "
                    "/ step: of the teacher's forward in it (its LM head runs inside the loss, not counted), both "
                    "measured in this run on this machine.\n\n");
     }
@@ -169,7 +176,7 @@ static void write_t3(const m2d_results *r, const t3_row *t, int n, m2d_report_fo
     for (int i = 0; i < n; i++) {
         char cells[8][64];
         const char *p[8];
-        int nc = t3_cells(&t[i], with_mc, raw, cells, p);
+        int nc = t3_cells(&t[i], with_mc, fmt, cells, p);
         m2d_report_cells(&o, p, nc, NULL);
     }
     m2d_report_end(&o);

@@ -8,9 +8,10 @@
  *    PPL after distillation, or before when nothing was distilled; its configuration named), "D2D
  *    pruning" (the candidate the paper's rule selected, m2d_d2d_best_row, its shape named),
  *    "Random FFN + teacher attn" (random-ffn), "Random initialization" (random-init), and both
- *    teachers from the run header (teacher_ppl=, d2d_teacher_ppl=). Columns: the teacher each
+ *    teachers from the run header (teacher_ppl=, d2d_teacher_ppl=; their MC averages from
+ *    teacher_mc=, d2d_teacher_mc=, an em dash where absent). Columns: the teacher each
  *    student was distilled from, parameters, PPL before and after distillation, the MC average
- *    (percent; when the file has mc_avg), seconds per optimizer step and of its teacher forward
+ *    (percent; when the file has mc_avg or a teacher's), seconds per optimizer step and of its teacher forward
  *    (distill_step_s, distill_teacher_s: measured in the same run on the same machine).
  *  - Table 13 rows: every D2D candidate (evaluated or failed): shape, strategy (width-only when it
  *    keeps the dense teacher's layers, else width + depth), parameters, PPL before distillation,

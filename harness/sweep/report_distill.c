@@ -37,19 +37,26 @@ static const struct {
              {"mmlu", "MMLU"}};
 #define N_BENCH ((int)M2D_ARRAY_LEN(BENCH))
 
-/* TASK's accuracy on row I in the task's paper metric (acc_norm where its plugin says so and the
- * cell has one, as the sweep's mc_avg); NAN when none */
+/* MC column COL of row I, or of the MoE teacher (I < 0: the header's teacher_mc) */
+static double mc_num(const m2d_results *r, int i, const char *col) {
+    return i >= 0 ? cell_num(r, i, col) : m2d_report_teacher_mc(r, "teacher_mc", col);
+}
+
+/* TASK's accuracy on row I (I < 0: the teacher) in the task's paper metric (acc_norm where its
+ * plugin says so and the cell has one, as the sweep's mc_avg); NAN when none */
 static double bench_acc(const m2d_results *r, int i, const char *task) {
     const m2d_mc_plugin *pl = m2d_mc_plugin_find(task);
     char col[96];
     double v = NAN;
     if (pl && pl->paper_metric && !strcmp(pl->paper_metric, "acc_norm")) {
         snprintf(col, sizeof col, "%s_acc_norm", task);
-        v = cell_num(r, i, col);
+        v = mc_num(r, i, col);
     }
     snprintf(col, sizeof col, "%s_acc", task);
-    return isfinite(v) ? v : cell_num(r, i, col);
+    return isfinite(v) ? v : mc_num(r, i, col);
 }
+
+
 
 static int has_bench(const m2d_results *r, int b) {
     char col[96];
@@ -59,6 +66,14 @@ static int has_bench(const m2d_results *r, int b) {
 
 /* accuracy as the paper prints it (percent, two decimals); empty when not measured */
 static char *pct(double v) { return isfinite(v) ? m2d_strfmt("%.2f", 100 * v) : m2d_strdup(""); }
+
+/* an accuracy cell of row I; the teacher's (I < 0) shows an em dash where the header has none */
+static char *acc_cell(double v, int i, m2d_report_format fmt) {
+    char buf[32];
+    if (i >= 0) return pct(v);
+    m2d_report_format_teacher_acc(v, fmt, buf, sizeof buf);
+    return m2d_strdup(buf);
+}
 
 /* the MC cells of row I measured on its distilled student (mc_student, where the file has it,
  * says "distilled"; else they would be the converted student's) */
@@ -71,9 +86,10 @@ double m2d_report_distilled_mc_avg(const m2d_results *r, int i) {
     return mc_of_distilled(r, i) ? cell_num(r, i, "mc_avg") : NAN;
 }
 
-/* One Table 12 line: row I (or the teacher, I < 0, with PPL TEACHER) into CELLS (malloc'd strings). */
-static int t12_cells(const m2d_results *r, int i, double teacher, char **cells) {
-    int j = 0, mc = i >= 0 && mc_of_distilled(r, i);
+/* One Table 12 line: row I (or the teacher, I < 0, with PPL TEACHER and the accuracies of the
+ * header's teacher_mc) into CELLS (malloc'd strings). */
+static int t12_cells(const m2d_results *r, int i, double teacher, m2d_report_format fmt, char **cells) {
+    int j = 0, mc = i < 0 || mc_of_distilled(r, i);
     char pre[32], post[32];
     m2d_report_format_ppl(i >= 0 ? cell_num(r, i, "ppl") : teacher, pre, sizeof pre);
     m2d_report_format_ppl(i >= 0 ? cell_num(r, i, "distill_ppl") : NAN, post, sizeof post);
@@ -84,14 +100,15 @@ static int t12_cells(const m2d_results *r, int i, double teacher, char **cells) 
     cells[j++] = m2d_strdup(pre);
     cells[j++] = m2d_strdup(i >= 0 ? post : "");
     for (int b = 0; b < N_BENCH; b++)
-        if (has_bench(r, b)) cells[j++] = pct(mc ? bench_acc(r, i, BENCH[b].task) : NAN);
-    if (m2d_results_col(r, "mc_avg") >= 0) cells[j++] = pct(mc ? cell_num(r, i, "mc_avg") : NAN);
+        if (has_bench(r, b)) cells[j++] = acc_cell(mc ? bench_acc(r, i, BENCH[b].task) : NAN, i, fmt);
+    if (m2d_results_col(r, "mc_avg") >= 0) cells[j++] = acc_cell(mc ? mc_num(r, i, "mc_avg") : NAN, i, fmt);
     return j;
 }
 
 /* Table 12 (paper): per scoring x grouping the student the paper's rule selected (best (K,
  * scaling) by pre-distillation PPL, m2d_report_best_per_pair), its PPL before and after
- * distillation and its accuracies after; a teacher row first (PPL, where the header has it).
+ * distillation and its accuracies after; a teacher row first (where the header has teacher_ppl:
+ * its PPL, and its accuracies from the header's teacher_mc, an em dash where absent).
  * A selected student that was not distilled keeps empty post-distillation cells: the table never
  * substitutes another student of the pair. */
 static void table12(const m2d_results *r, const int *rows, int n, const m2d_report_out *o) {
@@ -110,7 +127,7 @@ static void table12(const m2d_results *r, const int *rows, int n, const m2d_repo
     char **cells = m2d_calloc((size_t)nc, sizeof *cells);
     double teacher;
     for (int i = m2d_report_teacher_ppl(r, &teacher, &windows) ? -1 : 0; i < n; i++) {
-        int k = t12_cells(r, i < 0 ? -1 : rows[i], teacher, cells);
+        int k = t12_cells(r, i < 0 ? -1 : rows[i], teacher, o->fmt, cells);
         m2d_report_cells(o, (const char *const *)cells, k, NULL);
         for (int c = 0; c < k; c++) free(cells[c]);
     }

@@ -5,8 +5,9 @@
  *  - Table 12 (paper): per scoring x grouping the student the paper's rule selected (the (K,
  *    scaling) with the lowest pre-distillation PPL, m2d_report_best_per_pair), labelled with its
  *    scaling and K: PPL before and after, the accuracy of each paper benchmark the file has (Wino,
- *    Hella, ARC-E, ARC-C, MMLU; the task's paper metric) and the average; a teacher row (its PPL)
- *    first. Never the pair's best after distillation. Then one line per distilled student: its
+ *    Hella, ARC-E, ARC-C, MMLU; the task's paper metric) and the average; a teacher row first
+ *    (the run header's teacher_ppl= and teacher_mc=: its PPL and its accuracies on the same tasks,
+ *    an em dash where the header has none). Never the pair's best after distillation. Then one line per distilled student: its
  *    configuration, PPL before and after, tokens, final loss, MC average.
  *  - Plot data: distill.dat (per distilled student: label, PPL before, after) and, from the
  *    training logs next to the results (RESULTS.distill/<config_id>.jsonl), distill_loss.dat

@@ -112,6 +112,23 @@ int m2d_report_teacher_ppl(const m2d_results *r, double *ppl, int *windows) {
     return t && sscanf(t, "%lf windows=%d", ppl, windows) == 2;
 }
 
+double m2d_report_teacher_mc(const m2d_results *r, const char *key, const char *col) {
+    const char *v = m2d_results_meta(r, key);
+    size_t n = strlen(col);
+    for (const char *p = v; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
+        if (strncmp(p, col, n) || p[n] != ':') continue;
+        char *end;
+        double d = strtod(p + n + 1, &end);
+        return end != p + n + 1 && (*end == ',' || *end == 0) ? d : NAN;
+    }
+    return NAN;
+}
+
+void m2d_report_format_teacher_acc(double v, m2d_report_format fmt, char *buf, size_t n) {
+    if (isfinite(v)) snprintf(buf, n, "%.2f", 100 * v);
+    else snprintf(buf, n, "%s", fmt == M2D_REPORT_MD ? "\xe2\x80\x94" : fmt == M2D_REPORT_TEX ? "---" : "");
+}
+
 /* ---- plot data ---- */
 
 /* A plot-data file: built in memory, then written atomically (base/outfile.h) into DIR. */

@@ -42,6 +42,14 @@ void m2d_report_tex_escape(FILE *f, const char *s);
  * 0 when the file has none. */
 int m2d_report_teacher_ppl(const m2d_results *r, double *ppl, int *windows);
 
+/* A teacher's MC value COL (a results MC column name: "arc_easy_acc", "mc_avg") from the run
+ * header KEY ("teacher_mc" or "d2d_teacher_mc": "arc_easy_acc:0.412300,...,mc_avg:0.456000",
+ * sweep_mc.h); NaN when the header or the column is absent or the value is not a number. */
+double m2d_report_teacher_mc(const m2d_results *r, const char *key, const char *col);
+/* A teacher's accuracy V as a table cell: percent with two decimals (as the students' cells);
+ * absent (NaN): an em dash ("---" in tex, empty in csv). */
+void m2d_report_format_teacher_acc(double v, m2d_report_format fmt, char *buf, size_t n);
+
 /* A plot-data file built in memory and written atomically into DIR on close (0, or -1 +
  * m2d_err naming it). */
 typedef struct {

@@ -53,7 +53,8 @@ static int make_parent_dir(const char *out) {
 
 /* The distillation stage, else the multiple-choice stage, when the experiment has one (a shard
  * leaves them to the merged CSV). With [distill], MC tasks are scored on the distilled students
- * inside the distillation stage. */
+ * inside the distillation stage. With MC tasks, the teachers' MC first, into OUT's header
+ * (m2d_sweep_teacher_mc). */
 static int stages_if_configured(const m2d_experiment *x, const m2d_sweep_opts *o, m2d_sweep_backend *b,
                                 const char *out, const m2d_sweep_meta *meta, m2d_sweep_summary *sum) {
     int mc = x->n_mc && strcmp(x->mc_configs, "none") != 0;
@@ -66,6 +67,7 @@ static int stages_if_configured(const m2d_experiment *x, const m2d_sweep_opts *o
     }
     if (x->n_mc && !b->evaluate_mc) return m2d_err("backend '%s' cannot run multiple-choice tasks", b->name);
     if (x->has_distill && !b->distill) return m2d_err("backend '%s' cannot distill", b->name);
+    if (x->n_mc && m2d_sweep_teacher_mc(x, b, out)) return -1; /* the teachers' rows of the tables */
     if (x->has_distill) return m2d_sweep_distill_stage(x, b, out, meta, sum);
     return m2d_sweep_mc_stage(x, b, out, meta, sum);
 }
@@ -469,9 +471,9 @@ int m2d_sweep_dry_run(const m2d_experiment *x, const m2d_sweep_opts *o, FILE *f)
     int students = print_distinct(x, prec, idx, n_idx, f);
     print_estimate(x, idx, n_idx, have_csv ? &existing : NULL, M2D_MIN(n_idx - done, students), f);
     if (strcmp(x->mc_configs, "none") != 0 && x->n_mc)
-        fprintf(f, "multiple choice: %d task(s) on %s%s\n", x->n_mc,
+        fprintf(f, "multiple choice: %d task(s) on %s%s, and on %s (the header's teacher_mc=)\n", x->n_mc,
                 x->has_distill ? "the distilled students (distillation stage)" : x->mc_configs,
-                x->has_distill ? "" : " configurations");
+                x->has_distill ? "" : " configurations", x->has_d2d ? "both teachers" : "the teacher");
     char listed[32];
     snprintf(listed, sizeof listed, "%d listed", x->n_distill_ids);
     if (x->has_distill)

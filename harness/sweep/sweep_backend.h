@@ -66,6 +66,11 @@ struct m2d_sweep_backend {
      * res->mc[2t+1] = acc_norm (NaN when the task has none), res->mc[2 n_tasks] = the average of
      * each task's paper metric */
     int (*evaluate_mc)(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res);
+    /* optional: the same tasks (shots, limit) on a teacher: the MoE teacher (D2D = 0) or the [d2d]
+     * block's dense teacher (D2D = 1), into res->mc as evaluate_mc; 1 when there is no such
+     * teacher. The MC stage records them in the CSV header (teacher_mc=, d2d_teacher_mc=;
+     * sweep_mc.h) and the report shows them in the teacher rows. NULL: none recorded */
+    int (*evaluate_teacher_mc)(m2d_sweep_backend *b, int d2d, m2d_sweep_result *res);
     /* optional (distill stage, sweep_distill.h): distill STUDENT (from build) with the settings O
      * (data filled by the stage; the teacher and the student are the backend's, O->teacher and
      * O->student are not read; O->out = DIR, where the distilled checkpoint goes; a checkpoint of

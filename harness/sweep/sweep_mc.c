@@ -201,3 +201,59 @@ int m2d_sweep_mc_stage(const m2d_experiment *x, m2d_sweep_backend *b, const char
     free(rows);
     return rc;
 }
+
+/* ---- the teachers ---- */
+
+char *m2d_sweep_teacher_mc_value(const m2d_experiment *x, const double *mc) {
+    char **cols;
+    int n = m2d_sweep_mc_columns(x, &cols);
+    char *v = m2d_strdup("");
+    for (int i = 0; i < n; i++) {
+        if (!isfinite(mc[i])) continue;
+        char *next = m2d_strfmt("%s%s%s:%.6f", v, v[0] ? "," : "", cols[i], mc[i]);
+        free(v);
+        v = next;
+    }
+    m2d_sweep_columns_free(cols, n);
+    return v;
+}
+
+/* KEY of one teacher (D2D: the dense one) measured into MAIN's header and OUT rewritten; 0 when
+ * there is nothing to do (measured already, or no such teacher). */
+static int one_teacher_mc(const m2d_experiment *x, m2d_sweep_backend *b, int d2d, m2d_results *main,
+                          const char *out) {
+    const char *key = d2d ? "d2d_teacher_mc" : "teacher_mc";
+    if (m2d_results_meta(main, key)) return 0; /* a resumed run measured it */
+    int n = 2 * x->n_mc + 1;
+    double *mc = m2d_malloc((size_t)n * sizeof *mc);
+    for (int i = 0; i < n; i++) mc[i] = NAN;
+    m2d_sweep_result r;
+    memset(&r, 0, sizeof r);
+    r.mc = mc;
+    fprintf(stderr, "moe2dense sweep: multiple choice on the %s teacher\n", d2d ? "dense (d2d)" : "MoE");
+    int rc = b->evaluate_teacher_mc(b, d2d, &r);
+    if (rc == 0) {
+        char *v = m2d_sweep_teacher_mc_value(x, mc);
+        m2d_results_set_meta(main, key, v);
+        free(v);
+        rc = m2d_results_write(out, main);
+    }
+    free(mc);
+    if (rc < 0) {
+        char *why = m2d_strdup(m2d_errmsg());
+        m2d_err("%s: %s: %s", out, key, why);
+        free(why);
+        return -1;
+    }
+    return 0;
+}
+
+int m2d_sweep_teacher_mc(const m2d_experiment *x, m2d_sweep_backend *b, const char *out) {
+    if (!b->evaluate_teacher_mc || x->n_mc == 0) return 0;
+    m2d_results main;
+    if (m2d_results_read_checked(out, &main)) return -1;
+    int rc = one_teacher_mc(x, b, 0, &main, out);
+    if (rc == 0 && x->has_d2d) rc = one_teacher_mc(x, b, 1, &main, out);
+    m2d_results_free(&main);
+    return rc;
+}

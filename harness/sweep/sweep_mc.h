@@ -19,6 +19,17 @@
 int m2d_sweep_mc_stage(const m2d_experiment *x, m2d_sweep_backend *b, const char *out, const m2d_sweep_meta *meta,
                        m2d_sweep_summary *sum);
 
+/* The teachers' MC (the same tasks, shots and limit as the students) into OUT's run header, where
+ * B has evaluate_teacher_mc and X has [mc] tasks: "teacher_mc=" for the MoE teacher and, with a
+ * [d2d] block, "d2d_teacher_mc=" for the dense teacher. The value lists the MC columns' values
+ * (m2d_sweep_mc_columns' names, those measured): "arc_easy_acc:0.412300,arc_easy_acc_norm:0.398000,
+ * ...,mc_avg:0.456000". A key OUT's header has already is not measured again (resume); OUT is
+ * rewritten atomically after each teacher. 0, or -1 + m2d_err naming OUT and the key. */
+int m2d_sweep_teacher_mc(const m2d_experiment *x, m2d_sweep_backend *b, const char *out);
+/* That header value from the MC values MC (m2d_sweep_mc_columns order; NaN: not measured, left
+ * out); malloc'd. */
+char *m2d_sweep_teacher_mc_value(const m2d_experiment *x, const double *mc);
+
 /* Copy the sidecar SIDE's values of the columns MC_COLS (rows with status ok) into the rows of OUT
  * whose student has the same fingerprint as the sidecar row's configuration (OUT rewritten
  * atomically if anything changed). Every column of MC_COLS must be in both files. The

@@ -253,16 +253,15 @@ static int pipe_evaluate_d2d_teacher(m2d_sweep_backend *b, m2d_sweep_result *res
     return model_ppl(b, t, res);
 }
 
-/* MC tasks: the lm-eval scorer over an engine on the student in memory (a distilled one: the
- * checkpoint it was opened from) and the teacher's tokenizer, which the student's checkpoint copies. */
-static int pipe_evaluate_mc(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res) {
-    (void)c;
+/* MC tasks: the lm-eval scorer over an engine on MODEL (a student in memory, a distilled one: the
+ * checkpoint it was opened from, or a teacher) and the teacher's tokenizer, which the student's
+ * checkpoint copies (and the dense teacher shares: sweep_d2d checks it). */
+static int model_mc(m2d_sweep_backend *b, const m2d_model *model, m2d_sweep_result *res) {
     pipe_t *p = b->self;
-    student_t *s = student;
     const m2d_experiment *x = p->x;
     m2d_engine *e = NULL;
     m2d_lm *lm = NULL;
-    int rc = m2d_engine_open(s->student, &(m2d_engine_opts){b->device, b->threads, b->precision}, &e) ||
+    int rc = m2d_engine_open(model, &(m2d_engine_opts){b->device, b->threads, b->precision}, &e) ||
              m2d_lm_engine_wrap(e, p->tk, M2D_LM_CACHED, 0, &lm);
     m2d_mc_config cfg;
     m2d_mc_config_default(&cfg);
@@ -289,6 +288,17 @@ static int pipe_evaluate_mc(m2d_sweep_backend *b, void *student, const m2d_grid_
     if (lm) m2d_lm_free(lm);
     m2d_engine_free(e);
     return rc ? -1 : 0;
+}
+
+static int pipe_evaluate_mc(m2d_sweep_backend *b, void *student, const m2d_grid_config *c, m2d_sweep_result *res) {
+    (void)c;
+    return model_mc(b, ((student_t *)student)->student, res);
+}
+
+static int pipe_evaluate_teacher_mc(m2d_sweep_backend *b, int d2d, m2d_sweep_result *res) {
+    pipe_t *p = b->self;
+    if (d2d && !p->d2d) return 1; /* no [d2d] */
+    return model_mc(b, d2d ? m2d_d2d_teacher(p->d2d) : p->teacher, res);
 }
 
 /* Distil the student S in memory from TEACHER (a parameter: the teacher of the distillation need
@@ -513,4 +523,5 @@ M2D_SWEEP_BACKEND(pipeline, .name = "pipeline", .open = pipe_open, .destroy = pi
                   .prepare = pipe_prepare,
                   .build = pipe_build, .evaluate = pipe_evaluate, .free_student = pipe_free_student,
                   .evaluate_mc = pipe_evaluate_mc, .distill = pipe_distill, .plan_fingerprint = pipe_plan_fingerprint,
-                  .evaluate_teacher = pipe_evaluate_teacher, .evaluate_d2d_teacher = pipe_evaluate_d2d_teacher)
+                  .evaluate_teacher = pipe_evaluate_teacher, .evaluate_d2d_teacher = pipe_evaluate_d2d_teacher,
+                  .evaluate_teacher_mc = pipe_evaluate_teacher_mc)
