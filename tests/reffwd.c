@@ -9,7 +9,7 @@
 #include "base/util.h"
 #include "io/st.h"
 
-static double *tf(const m2d_tensor *t) {
+double *tu_ref_tensor_f64(const m2d_tensor *t) {
     int64_t n = m2d_tensor_numel(t);
     float *f = m2d_tensor_f32(t);
     double *d = malloc(sizeof(double) * (size_t)n);
@@ -19,7 +19,7 @@ static double *tf(const m2d_tensor *t) {
 }
 
 static void ref_rms(double *x, int d, const m2d_tensor *wt, double eps) {
-    double *w = tf(wt), ss = 0;
+    double *w = tu_ref_tensor_f64(wt), ss = 0;
     for (int i = 0; i < d; i++) ss += x[i] * x[i];
     double r = 1 / sqrt(ss / d + eps);
     for (int i = 0; i < d; i++) x[i] = x[i] * r * w[i];
@@ -27,7 +27,7 @@ static void ref_rms(double *x, int d, const m2d_tensor *wt, double eps) {
 }
 
 static void ref_linear(const m2d_tensor *wt, const double *x, int in, int out, double *y) {
-    double *w = tf(wt);
+    double *w = tu_ref_tensor_f64(wt);
     for (int o = 0; o < out; o++) {
         double s = 0;
         for (int i = 0; i < in; i++) s += w[(size_t)o * in + i] * x[i];
@@ -39,7 +39,7 @@ static void ref_linear(const m2d_tensor *wt, const double *x, int in, int out, d
 /* y += b when the bias B is given */
 static void ref_bias(const m2d_tensor *b, int n, double *y) {
     if (!b) return;
-    double *v = tf(b);
+    double *v = tu_ref_tensor_f64(b);
     for (int i = 0; i < n; i++) y[i] += v[i];
     free(v);
 }
@@ -174,7 +174,7 @@ static void ref_attention_layer(const m2d_model *m, const m2d_layer *L, ref_stat
         ref_qk(s->q + (size_t)t * H * hd, H, hd, qk_norm ? L->q_norm : NULL, c, t);
         ref_qk(s->K + (size_t)t * KV * hd, KV, hd, qk_norm ? L->k_norm : NULL, c, t);
     }
-    double *sinks = L->sinks ? tf(L->sinks) : NULL;
+    double *sinks = L->sinks ? tu_ref_tensor_f64(L->sinks) : NULL;
     int window = c->layer_window ? c->layer_window[L - m->layers] : 0;
     for (int t = 0; t < s->n; t++) {
         ref_attend(s, t, window, sinks, att);
@@ -357,7 +357,7 @@ static void forward(const m2d_model *m, const int32_t *tok, int n, double *logit
     int d = c->hidden_size, H = c->num_attention_heads, KV = c->num_key_value_heads, hd = c->head_dim;
     ref_state s = {n, d, H, KV, hd, calloc((size_t)n * d, sizeof(double)), malloc(sizeof(double) * n * H * hd),
                    malloc(sizeof(double) * n * KV * hd), malloc(sizeof(double) * n * KV * hd)};
-    double *emb = tf(m->embed);
+    double *emb = tu_ref_tensor_f64(m->embed);
     for (int t = 0; t < n; t++) memcpy(s.x + (size_t)t * d, emb + (size_t)tok[t] * d, sizeof(double) * d);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         if (m->layers[l].kv_a_proj) ref_mla_layer(m, l, &s);

@@ -17,6 +17,8 @@
 #include "model/model.h"
 
 /* logits [n, vocab] in double for tokens tok[0..n) from position 0 */
+/* T's elements as float64 (malloc'd) */
+double *tu_ref_tensor_f64(const m2d_tensor *t);
 void tu_ref_forward(const m2d_model *m, const int32_t *tok, int n, double *logits);
 /* Same, with the q/k norms skipped (a deliberately wrong model: tests show their tolerance is
  * far below the difference it makes). */

@@ -90,15 +90,6 @@ typedef struct {
     double nll;
 } ref_stats;
 
-static double *f64_of(const m2d_tensor *t) {
-    int64_t n = m2d_tensor_numel(t);
-    float *f = m2d_tensor_f32(t);
-    double *d = m2d_malloc(sizeof(double) * (size_t)n);
-    for (int64_t i = 0; i < n; i++) d[i] = f[i];
-    free(f);
-    return d;
-}
-
 /* y[r] = W[r] . x (W [rows, cols] row-major) */
 static void matvec(const double *W, const double *x, int rows, int cols, double *y) {
     for (int r = 0; r < rows; r++) {
@@ -183,9 +174,9 @@ static void ref_open(const m2d_model *m, ref_model *r) {
     for (int role = 0; role < M2D_T_COUNT; role++) {
         if (!m->layers[0].w[role]) continue;
         r->w[role] = m2d_calloc((size_t)m->cfg.num_hidden_layers, sizeof(double *));
-        for (int l = 0; l < m->cfg.num_hidden_layers; l++) r->w[role][l] = f64_of(m->layers[l].w[role]);
+        for (int l = 0; l < m->cfg.num_hidden_layers; l++) r->w[role][l] = tu_ref_tensor_f64(m->layers[l].w[role]);
     }
-    r->embed = f64_of(m->embed), r->fnorm = f64_of(m->final_norm), r->head = f64_of(m->lm_head);
+    r->embed = tu_ref_tensor_f64(m->embed), r->fnorm = tu_ref_tensor_f64(m->final_norm), r->head = tu_ref_tensor_f64(m->lm_head);
 }
 
 static void ref_close(ref_model *r) {
