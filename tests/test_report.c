@@ -563,6 +563,8 @@ static void table12_shows_the_best_per_pair_students(void **state) {
 #define FP_B2 "b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2"
 #define FP_B3 "b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3b3"
 #define FP_B4 "b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4b4"
+#define FP_C1 "c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1c1"
+#define FP_C2 "c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2c2"
 static const char *FIG4_CSV =
     "# moe2dense-results=1\n"
     "# experiment=fig4\n"
@@ -578,7 +580,11 @@ static const char *FIG4_CSV =
     "000000000011,sf,rr,proportional,2k,16,,19440,0.3757,29.3,0.5,4096,distilled,ok,," FP_B1 "\n"
     "000000000012,sf,wc,uniform,2k,16,,12896,0.3761,27.9,0.5,4096,distilled,ok,," FP_B2 "\n"
     "000000000013,sf,ab,proportional,k,8,,11668,0.3631,29.2,0.5,4096,converted,ok,," FP_B3 "\n"
-    "000000000014,sf,rc,uniform,k,8,,11342,0.3723,28.5,0.5,4096,distilled,ok,," FP_B4 "\n";
+    "000000000014,sf,rc,uniform,k,8,,11342,0.3723,28.5,0.5,4096,distilled,ok,," FP_B4 "\n"
+    /* a baseline and a dense-to-dense candidate, distilled with a high accuracy: they vary no design
+     * axis of the conversion, so neither counts (counted, they would add an OC and a "none" row) */
+    "000000000021,random-ffn,oc,proportional,k,8,,30000,0.9900,40.1,0.5,4096,distilled,ok,," FP_C1 "\n"
+    "000000000022,d2d,none,none,k,8,shape=L3-H208,900,0.9800,35.5,0.5,4096,distilled,ok,," FP_C2 "\n";
 
 static const char *EXPECTED_FIG4_MD =
     "\n(a) Scoring: spread 4.75 pp (highest mean D-Optimal + ACP 42.22 %, lowest Selection Frequency 37.47 %)\n"

@@ -6,7 +6,9 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "convert/plan.h"
 #include "sweep/report_distill.h"
+#include "sweep/sweep_d2d.h"
 
 enum { AX_SCORING, AX_GROUPING, AX_SCALING, AX_K, N_AX };
 static const char *const AXIS[N_AX] = {"scoring", "grouping", "scaling", "K"};
@@ -41,12 +43,19 @@ static int same_student(const m2d_results *r, int i, int j) {
     return canon(r, i) == canon(r, j) || (fi[0] && !strcmp(fi, fj));
 }
 
-/* the rows of ROWS (N) with a post-distillation MC average -> *out (malloc'd); the count */
+/* a converted student: not a baseline (random-ffn, random-init) nor a dense-to-dense candidate,
+ * which vary no design axis of the conversion (the paper's Figure 4 averages its 35 grid cells) */
+static int converted(const m2d_results *r, int i) {
+    const char *sc = m2d_results_get(r, i, "scoring");
+    return m2d_baseline_lookup(sc) == M2D_BASELINE_NONE && strcmp(sc, M2D_D2D_SCORING) != 0;
+}
+
+/* the converted students of ROWS (N) with a post-distillation MC average -> *out (malloc'd); the count */
 static int students_of(const m2d_results *r, const int *rows, int n, int **out) {
     *out = m2d_malloc((size_t)(n > 0 ? n : 0) * sizeof **out + sizeof **out);
     int k = 0;
     for (int i = 0; i < n; i++)
-        if (isfinite(m2d_report_distilled_mc_avg(r, rows[i]))) (*out)[k++] = rows[i];
+        if (converted(r, rows[i]) && isfinite(m2d_report_distilled_mc_avg(r, rows[i]))) (*out)[k++] = rows[i];
     return k;
 }
 
@@ -155,7 +164,8 @@ static void axis_csv(int a, const f4_axis *ax, const m2d_report_out *o) {
 
 static const char LEGEND[] =
     "Figure 4: marginal effect of each design axis on the downstream accuracy after distillation. Per "
-    "value: the mean MC average over Table 12's students that were distilled and scored (per scoring x "
+    "value: the mean MC average over Table 12's converted students (baselines and D2D candidates vary no "
+    "axis and are left out) that were distilled and scored (per scoring x "
     "grouping the student the paper's rule selected), each distinct student once per value (rows sharing "
     "a fingerprint are one student), their min, max and count. Spread: the highest mean minus the lowest, "
     "in percentage points.";
