@@ -873,11 +873,12 @@ static void dry_run_estimates_from_teacher_table(void **state) {
     assert_non_null(strstr(out, "calibration: 4 x 64 tokens, ~"));
     assert_non_null(strstr(out, "estimated run time: ~"));
     assert_null(strstr(out, "unknown"));
-    /* the formula: bf16 weights (2 bytes), untied LM head, every layer MoE; student at K = 2k = 16 */
-    double V = 8192, d = 192, n = 4, h = 6, kv = 2, hd = 32, E = 64, k = 8, de = 72, L = 64, K = 16;
+    /* the formula: bf16 weights (2 bytes), untied LM head, every layer MoE; the dense student's FFN
+     * is k d_e wide at K = 2k as at K = k (K experts merged into k groups), no router */
+    double V = 8192, d = 192, n = 4, h = 6, kv = 2, hd = 32, E = 64, k = 8, de = 72, L = 64;
     double attn = d * hd * (2 * h + 2 * kv) + 2 * d + 2 * hd;
     double teacher = 2 * (2 * V * d + d + n * (attn + E * (3 * d * de + d)));
-    double student = 2 * (2 * V * d + d + n * (attn + K * (3 * d * de + d)));
+    double student = 2 * (2 * V * d + d + n * (attn + 3 * d * de * k));
     double nb = L; /* 512 MiB / (4 E d) > L */
     double calib = 4 * nb * E * d + 8 * nb * (2 * E + d + k) + 4 * 27 * L * d + 8 * (E * E + 3 * E * d) * n;
     char *t = gib_or_mib(teacher + calib + student), *tt = gib_or_mib(teacher), *tc = gib_or_mib(calib),

@@ -266,12 +266,12 @@ static void print_text(const m2d_model *m) {
     printf("vocabulary     %d, tie_word_embeddings %s, bos %d, eos %d (-1: none)\n", c->vocab_size,
            c->tie_word_embeddings ? "true" : "false", c->bos_token_id, c->eos_token_id);
     printf("context        max_position_embeddings %d\n", c->max_position_embeddings);
-    if (c->num_experts > 0) { /* a sweep's peak memory at the default calibration window, K = k student */
+    if (c->num_experts > 0) { /* a sweep's peak memory at the default calibration window, dense student */
         m2d_run_shape rs;
         m2d_run_memory mem;
         m2d_run_shape_from_config(c, &rs);
         m2d_run_memory_estimate(&rs, M2D_MIN(2048, c->max_position_embeddings > 0 ? c->max_position_embeddings : 2048),
-                                c->num_experts_per_tok, &mem);
+                                0, &mem);
         printf("sweep memory   ");
         m2d_run_memory_print(&mem, stdout);
     }

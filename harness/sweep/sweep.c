@@ -226,12 +226,13 @@ static int read_shape(const m2d_experiment *x, shape *sh, const char **source) {
     return 0;
 }
 
-/* Parameters of the teacher, or with WIDTH experts' FFN width per MoE layer (and a router of WIDTH
- * rows) when WIDTH > 0: the student. */
-static int64_t shape_params(const shape *s, int64_t width) {
+/* Parameters of the teacher (MOE_K 0, DENSE 0); of a smaller-MoE student of MOE_K experts (each
+ * with its router row); of the dense student (DENSE 1: one SwiGLU FFN of the k groups' width k d_e
+ * per MoE layer, no router, whatever K was: K experts are merged into k groups). */
+static int64_t shape_params(const shape *s, int64_t moe_K, int dense_student) {
     int64_t d = s->hidden, attn = d * s->head_dim * (2 * s->heads + 2 * s->kv_heads) + 2 * d + 2 * s->head_dim;
-    int64_t n_exp = width > 0 ? width : s->E;
-    int64_t moe = n_exp * (3 * d * s->d_e + d), dense = 3 * d * s->F;
+    int64_t n_exp = moe_K > 0 ? moe_K : s->E;
+    int64_t moe = dense_student ? 3 * d * s->d_e * s->k : n_exp * (3 * d * s->d_e + d), dense = 3 * d * s->F;
     return s->vocab * d * (s->tied ? 1 : 2) + d + s->layers * attn + s->moe_layers * moe +
            (s->layers - s->moe_layers) * dense;
 }
@@ -248,9 +249,10 @@ static double calib_bytes(const shape *s, int L) {
            8 * (E * E + 3 * E * d) * (double)s->moe_layers;
 }
 
-void m2d_run_memory_estimate(const m2d_run_shape *s, int calib_L, int K_max, m2d_run_memory *m) {
-    m->teacher_params = shape_params(s, 0);
-    m->student_params = shape_params(s, K_max > 0 ? K_max : s->k);
+void m2d_run_memory_estimate(const m2d_run_shape *s, int calib_L, int moe_K_max, m2d_run_memory *m) {
+    m->teacher_params = shape_params(s, 0, 0);
+    m->student_params = shape_params(s, 0, 1);
+    if (moe_K_max > 0) m->student_params = M2D_MAX(m->student_params, shape_params(s, moe_K_max, 0));
     m->teacher = (double)s->dtype_bytes * (double)m->teacher_params;
     m->calib = calib_bytes(s, calib_L);
     m->student = (double)s->dtype_bytes * (double)m->student_params;
@@ -437,10 +439,11 @@ static void print_estimate(const m2d_experiment *x, const int *idx, int n_idx, c
     fmt_duration(per * to_run, c2, sizeof c2);
     fprintf(f, "estimated run time: ~%s per configuration (%s) -> ~%s for %d to run\n", a, how, c2, to_run);
     if (!have_shape) return;
-    int K_max = x->k;
-    for (int i = 0; i < n_idx; i++) K_max = M2D_MAX(K_max, x->configs[idx[i]].K);
+    int moe_K_max = 0; /* the largest smaller-MoE student; a dense one's width does not grow with K */
+    for (int i = 0; i < n_idx; i++)
+        if (!strcmp(x->configs[idx[i]].target, "moe")) moe_K_max = M2D_MAX(moe_K_max, x->configs[idx[i]].K);
     m2d_run_memory m;
-    m2d_run_memory_estimate(&sh, x->calib_seq_len, K_max, &m);
+    m2d_run_memory_estimate(&sh, x->calib_seq_len, moe_K_max, &m);
     m2d_run_memory_print(&m, f);
 }
 

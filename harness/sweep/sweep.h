@@ -64,12 +64,13 @@ typedef struct {
 /* Peak memory of a sweep run (README "Memory of a sweep"), bytes: the teacher's weights as stored
  * (memory-mapped, they count in RSS), the calibration's anonymous memory at window length CALIB_L
  * (the expert-output block, one window's forward, the per-layer statistics) and the largest student
- * (K_MAX experts' width per MoE layer, in the teacher's dtype). */
+ * in the teacher's dtype: the dense student (an FFN of width k d_e per MoE layer, whatever K), or a
+ * smaller MoE of MOE_K_MAX experts when the grid has --target moe students (0: none). */
 typedef struct {
     double teacher, calib, student, total;
     int64_t teacher_params, student_params;
 } m2d_run_memory;
-void m2d_run_memory_estimate(const m2d_run_shape *s, int calib_L, int K_max, m2d_run_memory *m);
+void m2d_run_memory_estimate(const m2d_run_shape *s, int calib_L, int moe_K_max, m2d_run_memory *m);
 /* Fill S from the parsed config.json C. */
 void m2d_run_shape_from_config(const m2d_config *c, m2d_run_shape *s);
 /* One line "peak memory: ~X GiB (teacher .., calibration .., student ..)" to F, and one warning line
