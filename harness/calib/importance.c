@@ -243,15 +243,9 @@ int m2d_importance_compute(const m2d_model *m, const int32_t *ids, const int64_t
 
 /* ------------------------------------------------------------------ the file */
 
-static cJSON *numbers(const double *v, int n) {
-    cJSON *a = cJSON_CreateArray();
-    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
-    return a;
-}
-
 static cJSON *rows(const double *v, int n_rows, int n) {
     cJSON *a = cJSON_CreateArray();
-    for (int r = 0; r < n_rows; r++) cJSON_AddItemToArray(a, numbers(v + (size_t)r * n, n));
+    for (int r = 0; r < n_rows; r++) cJSON_AddItemToArray(a, cJSON_CreateDoubleArray(v + (size_t)r * n, n));
     return a;
 }
 
@@ -272,9 +266,9 @@ int m2d_importance_write(const m2d_importance *imp, const char *data_path, const
     for (int i = 0; i < 6; i++) cJSON_AddNumberToObject(j, szn[i], szv[i]);
     cJSON_AddItemToObject(j, "ffn_neuron", rows(imp->ffn_neuron, imp->n_layers, imp->ffn));
     cJSON_AddItemToObject(j, "head", rows(imp->head, imp->n_layers, imp->heads));
-    cJSON_AddItemToObject(j, "channel", numbers(imp->channel, imp->hidden));
-    cJSON_AddItemToObject(j, "layer_cos", numbers(imp->layer_cos, imp->n_layers));
-    cJSON_AddItemToObject(j, "layer_nll", numbers(imp->layer_nll, imp->n_layers));
+    cJSON_AddItemToObject(j, "channel", cJSON_CreateDoubleArray(imp->channel, imp->hidden));
+    cJSON_AddItemToObject(j, "layer_cos", cJSON_CreateDoubleArray(imp->layer_cos, imp->n_layers));
+    cJSON_AddItemToObject(j, "layer_nll", cJSON_CreateDoubleArray(imp->layer_nll, imp->n_layers));
     cJSON_AddNumberToObject(j, "nll_full", imp->nll_full);
     char *text = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);

@@ -214,15 +214,9 @@ static int write_text(const char *dir, const char *name, const char *text) {
     return rc;
 }
 
-static cJSON *ints(const int *v, int n) {
-    cJSON *a = cJSON_CreateArray();
-    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
-    return a;
-}
-
 static cJSON *int_rows(const int *v, int rows, int n) {
     cJSON *a = cJSON_CreateArray();
-    for (int r = 0; r < rows; r++) cJSON_AddItemToArray(a, ints(v + (size_t)r * n, n));
+    for (int r = 0; r < rows; r++) cJSON_AddItemToArray(a, cJSON_CreateIntArray(v + (size_t)r * n, n));
     return a;
 }
 
@@ -248,8 +242,8 @@ static cJSON *manifest(const m2d_model *t, const m2d_importance *imp, const char
     cJSON_AddNumberToObject(im, "seq_len", imp->seq_len);
     cJSON_AddStringToObject(j, "layer_rank", s->layers_by_nll ? "skip NLL" : "block importance (1 - cos)");
     cJSON *kp = cJSON_AddObjectToObject(j, "kept");
-    cJSON_AddItemToObject(kp, "layers", ints(k->layers, s->layers));
-    cJSON_AddItemToObject(kp, "channels", ints(k->channels, s->hidden));
+    cJSON_AddItemToObject(kp, "layers", cJSON_CreateIntArray(k->layers, s->layers));
+    cJSON_AddItemToObject(kp, "channels", cJSON_CreateIntArray(k->channels, s->hidden));
     cJSON_AddItemToObject(kp, "ffn", int_rows(k->ffn, s->layers, s->ffn));
     cJSON_AddItemToObject(kp, "kv_heads", int_rows(k->groups, s->layers, s->kv_heads));
     cJSON_AddItemToObject(kp, "heads", int_rows(k->heads, s->layers, s->heads));

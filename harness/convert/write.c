@@ -223,18 +223,6 @@ static int write_weights(const m2d_model *t, const m2d_model *s, const char *dir
     return rc;
 }
 
-static cJSON *int_array(const int *v, int n) {
-    cJSON *a = cJSON_CreateArray();
-    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
-    return a;
-}
-
-static cJSON *dbl_array(const double *v, int n) {
-    cJSON *a = cJSON_CreateArray();
-    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
-    return a;
-}
-
 /* per group: [[layer, expert, weight, permuted?], ...] */
 static cJSON *sources_json(const m2d_layer_plan *l) {
     cJSON *a = cJSON_CreateArray();
@@ -297,15 +285,15 @@ static cJSON *manifest_json(const m2d_model *t, const m2d_convert_plan *p, const
         const m2d_layer_plan *l = &p->layers[i];
         cJSON *o = cJSON_CreateObject();
         cJSON_AddNumberToObject(o, "layer", l->layer);
-        cJSON_AddItemToObject(o, "selected", int_array(l->selected, l->K));
-        cJSON_AddItemToObject(o, "scores", dbl_array(l->scores, t->cfg.num_experts));
+        cJSON_AddItemToObject(o, "selected", cJSON_CreateIntArray(l->selected, l->K));
+        cJSON_AddItemToObject(o, "scores", cJSON_CreateDoubleArray(l->scores, t->cfg.num_experts));
         cJSON *gs = cJSON_AddArrayToObject(o, "groups"), *ws = cJSON_AddArrayToObject(o, "merge_weights");
         for (int g = 0; g < l->n_groups; g++) {
             int a = l->group_start[g], n = l->group_start[g + 1] - a;
-            cJSON_AddItemToArray(gs, int_array(l->members + a, n));
-            cJSON_AddItemToArray(ws, dbl_array(l->merge_w + a, n));
+            cJSON_AddItemToArray(gs, cJSON_CreateIntArray(l->members + a, n));
+            cJSON_AddItemToArray(ws, cJSON_CreateDoubleArray(l->merge_w + a, n));
         }
-        cJSON_AddItemToObject(o, "alpha", dbl_array(l->alpha, l->n_groups));
+        cJSON_AddItemToObject(o, "alpha", cJSON_CreateDoubleArray(l->alpha, l->n_groups));
         if (l->src_start) cJSON_AddItemToObject(o, "sources", sources_json(l));
         cJSON_AddItemToArray(layers, o);
     }
