@@ -103,7 +103,7 @@ int main(void) {
     printf("tiny-qwen3-dense: %d layers, d %d, F %d; B=%d x L=%d, fp32 GEMMs, %d threads, best of %d\n",
            m->cfg.num_hidden_layers, d, m->cfg.intermediate_size, B, L, threads, reps);
     m2d_engine *e;
-    if (m2d_engine_open(m, &(m2d_engine_opts){"cpu", threads, M2D_PREC_FP32}, &e)) goto fail;
+    if (m2d_engine_open(m, &(m2d_engine_opts){.backend = "cpu", .n_threads = threads, .precision = M2D_PREC_FP32}, &e)) goto fail;
     job j = {.e = e, .tok = tok, .hidden = he};
     row("engine, weights as stored (bf16 -> fp32)", best(reps, engine_fwd, &j));
     m2d_engine_cache_weights(e, (size_t)1 << 34);

@@ -269,25 +269,45 @@ static int start(m2d_engine *e, const char *protocol, const char *text, size_t l
     return m2d_ppl_seq_len(e, protocol, seq_len, L);
 }
 
+/* A window set's arrays for N windows (m2d_window_set), filled by the caller. */
+typedef struct {
+    const int32_t **tok, **tg;
+    int *len, *first;
+    double **lp;
+} window_arrays;
+
+static m2d_window_set arrays_new(window_arrays *a, int n) {
+    a->tok = m2d_calloc((size_t)n + 1, sizeof *a->tok);
+    a->tg = m2d_calloc((size_t)n + 1, sizeof *a->tg);
+    a->len = m2d_calloc((size_t)n + 1, sizeof(int));
+    a->first = m2d_calloc((size_t)n + 1, sizeof(int));
+    a->lp = m2d_calloc((size_t)n + 1, sizeof *a->lp);
+    return (m2d_window_set){n, a->tok, a->len, a->tg, a->first, a->lp};
+}
+
+static void arrays_free(window_arrays *a, int n) {
+    for (int w = 0; w < n; w++) free(a->lp[w]);
+    free(a->tok); free(a->tg); free(a->len); free(a->first); free(a->lp);
+}
+
 int m2d_ppl_gptq_tokens(m2d_engine *e, const int32_t *ids, size_t n, int L, int max_windows,
                         const char *progress_label, m2d_ppl_result *out) {
     int nw = (int)(n / (size_t)L);
     if (max_windows > 0) nw = M2D_MIN(nw, max_windows);
     if (nw == 0) return m2d_err("ppl: gptq: %zu tokens is less than one window of %d", n, L);
-    double *lp = m2d_malloc(sizeof(double) * (size_t)L);
-    m2d_progress pr;
-    if (progress_label) m2d_progress_start(&pr, progress_label, nw);
-    double nll = 0;
-    int rc = 0;
-    for (int w = 0; w < nw && rc == 0; w++) {
-        const int32_t *t = ids + (size_t)w * L;
-        /* positions 0..L-2 predict tokens 1..L-1 (the last position predicts nothing) */
-        rc = m2d_engine_logprobs(e, t, L - 1, t + 1, 0, lp);
-        for (int i = 0; rc == 0 && i < L - 1; i++) nll -= lp[i];
-        if (progress_label) m2d_progress_update(&pr, w + 1);
+    window_arrays a;
+    m2d_window_set set = arrays_new(&a, nw);
+    for (int w = 0; w < nw; w++) { /* positions 0..L-2 predict tokens 1..L-1 (the last predicts nothing) */
+        a.tok[w] = ids + (size_t)w * L;
+        a.tg[w] = a.tok[w] + 1;
+        a.len[w] = L - 1;
+        a.lp[w] = m2d_malloc(sizeof(double) * (size_t)L);
     }
-    if (progress_label) m2d_progress_end(&pr);
-    free(lp);
+    int rc = m2d_engine_logprobs_windows(e, &set, progress_label);
+    double nll = 0;
+    for (int w = 0; rc == 0 && w < nw; w++)
+        for (int i = 0; i < L - 1; i++) nll -= a.lp[w][i];
+    arrays_free(&a, nw);
     if (rc) return -1;
     out->seq_len = L;
     out->windows = nw;
@@ -324,6 +344,24 @@ static int encode_page(const m2d_tokenizer *tk, const char *page, int32_t **ids,
     return rc;
 }
 
+static int rolling_count(int n, int L) {
+    m2d_ppl_window *win;
+    int nw;
+    m2d_ppl_rolling_windows(n, L, &win, &nw);
+    free(win);
+    return nw;
+}
+
+/* window W of A: s = [P] + t (s[j] = j ? t[j-1] : P), input s[a, a+m), targets s[a+1 .. a+m], the
+ * last r positions scored */
+static void rolling_input(window_arrays *A, int w, const m2d_ppl_window *win, const int32_t *t, int32_t P) {
+    int a = win->in_start, m = win->in_len, r = win->score_len;
+    int32_t *in = m2d_malloc(sizeof(int32_t) * (size_t)(m + 1));
+    for (int j = 0; j <= m; j++) in[j] = a + j == 0 ? P : t[a + j - 1];
+    A->tok[w] = in, A->tg[w] = in + 1, A->len[w] = m, A->first[w] = m - r;
+    A->lp[w] = m2d_malloc(sizeof(double) * (size_t)M2D_MAX(r, 1));
+}
+
 int m2d_ppl_lmeval(m2d_engine *e, const m2d_tokenizer *tk, const char *text, size_t len, int seq_len,
                    int max_windows, m2d_ppl_result *out) {
     double t0 = m2d_now();
@@ -337,54 +375,54 @@ int m2d_ppl_lmeval(m2d_engine *e, const m2d_tokenizer *tk, const char *text, siz
     char **pages;
     int n_pages;
     m2d_ppl_split_pages(text, len, &pages, &n_pages);
-    /* without a budget everything is tokenized first (the progress total); with one, each page
-     * when it is reached, so the work stays bounded by the budget (not by the file) */
+    /* the documents scored: all, or the first ones whose windows fit the budget (each page
+     * tokenized when it is reached, so the work stays bounded by the budget, not by the file) */
     int32_t **toks = m2d_calloc((size_t)n_pages, sizeof(int32_t *));
     size_t *ntok = m2d_calloc((size_t)n_pages, sizeof(size_t));
-    int rc = 0, total_windows = 0;
-    for (int d = 0; d < n_pages && rc == 0 && max_windows <= 0; d++) {
-        rc = encode_page(tk, pages[d], &toks[d], &ntok[d]);
-        total_windows += (int)((ntok[d] + (size_t)L - 1) / (size_t)L);
-    }
-    double *lp = m2d_malloc(sizeof(double) * (size_t)L);
-    int32_t *in = m2d_malloc(sizeof(int32_t) * (size_t)(L + 1));
-    m2d_progress pr;
-    m2d_progress_start(&pr, "ppl lm-eval", max_windows > 0 ? max_windows : total_windows);
-    double loglik = 0;
-    for (int d = 0; d < n_pages && rc == 0; d++) {
-        if (!toks[d] && (rc = encode_page(tk, pages[d], &toks[d], &ntok[d]))) break;
-        m2d_ppl_window *win;
-        int nw;
-        m2d_ppl_rolling_windows((int)ntok[d], L, &win, &nw);
-        if (max_windows > 0 && out->windows + nw > max_windows) {
-            free(win);
-            if (out->docs == 0)
+    int rc = 0, docs = 0, nw = 0;
+    for (int d = 0; d < n_pages && rc == 0; d++, docs++) {
+        if ((rc = encode_page(tk, pages[d], &toks[d], &ntok[d]))) break;
+        int dw = rolling_count((int)ntok[d], L);
+        if (max_windows > 0 && nw + dw > max_windows) {
+            if (docs == 0)
                 rc = m2d_err("ppl: lm-eval: --max-windows %d: the first document alone needs %d windows of %d tokens, and "
                              "this protocol scores whole documents only (raise --max-windows, or use --protocol gptq)",
-                             max_windows, nw, L);
+                             max_windows, dw, L);
             break;
         }
-        double doc_ll = 0;
-        for (int w = 0; w < nw && rc == 0; w++) {
-            /* s = [P] + t: s[j] = j ? t[j-1] : P; input s[a, a+m), targets s[a+1 .. a+m] */
-            int a = win[w].in_start, m = win[w].in_len, r = win[w].score_len;
-            for (int j = 0; j <= m; j++) in[j] = a + j == 0 ? P : toks[d][a + j - 1];
-            rc = m2d_engine_logprobs(e, in, m, in + 1, m - r, lp);
-            for (int i = 0; rc == 0 && i < r; i++) doc_ll += lp[i];
-            out->tokens_scored += r;
-            out->windows++;
-            m2d_progress_update(&pr, out->windows);
-        }
+        nw += dw;
+    }
+    /* then every window of those documents in one pass */
+    window_arrays a;
+    m2d_window_set set = arrays_new(&a, nw);
+    int *doc_end = m2d_malloc(sizeof(int) * (size_t)(docs + 1)); /* one past each document's last window */
+    for (int d = 0, w = 0; d < docs && rc == 0; d++) {
+        m2d_ppl_window *win;
+        int dw;
+        m2d_ppl_rolling_windows((int)ntok[d], L, &win, &dw);
+        for (int i = 0; i < dw; i++, w++) rolling_input(&a, w, &win[i], toks[d], P);
         free(win);
-        if (rc) break;
+        doc_end[d] = w;
+    }
+    if (rc == 0) rc = m2d_engine_logprobs_windows(e, &set, "ppl lm-eval");
+    double loglik = 0;
+    for (int d = 0, w = 0; rc == 0 && d < docs; d++) {
+        double doc_ll = 0; /* summed per document first, as lm-eval does */
+        for (; w < doc_end[d]; w++) {
+            for (int i = 0; i < a.len[w] - a.first[w]; i++) doc_ll += a.lp[w][i];
+            out->tokens_scored += a.len[w] - a.first[w];
+        }
         loglik += doc_ll;
-        out->docs++;
         out->words += m2d_ppl_count_words(pages[d]);
         out->bytes += (int64_t)strlen(pages[d]);
     }
-    m2d_progress_end(&pr);
+    free(doc_end);
+    out->docs = docs;
+    out->windows = nw;
+    for (int w = 0; w < nw; w++) free((void *)a.tok[w]);
+    arrays_free(&a, nw);
     for (int d = 0; d < n_pages; d++) free(toks[d]);
-    free(toks); free(ntok); free(lp); free(in);
+    free(toks); free(ntok);
     m2d_ppl_free_pages(pages, n_pages);
     if (rc) return -1;
     out->seq_len = L;

@@ -213,6 +213,36 @@ static void routed_substitution(const m2d_model *m, const int32_t *tok, int n, i
     free(a), free(b);
 }
 
+/* the three windows' log-probs LP [3][n] through an engine with pass MODE in MEM_BUDGET bytes */
+static void windows_logprobs(const m2d_model *m, const int32_t *tok, const int32_t *tg, int n, m2d_pass_mode mode,
+                             size_t mem_budget, const char *spill_dir, m2d_precision p, double *lp) {
+    m2d_engine *e;
+    m2d_engine_opts o = {.n_threads = 2, .precision = p, .pass = mode, .mem_budget = mem_budget, .spill_dir = spill_dir};
+    if (m2d_engine_open(m, &o, &e)) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(m2d_engine_pass(e)->layer_major, mode == M2D_PASS_LAYER);
+    if (mem_budget == 1) assert_int_equal(m2d_engine_pass(e)->act_budget, 0); /* every window spills */
+    const int32_t *toks[3] = {tok, tok + 1, tok}, *tgs[3] = {tg, tg + 1, tg};
+    int lens[3] = {n, n - 1, n / 2}, first[3] = {0, 1, n / 4};
+    double *lps[3] = {lp, lp + n, lp + 2 * n};
+    m2d_window_set set = {3, toks, lens, tgs, first, lps};
+    if (m2d_engine_logprobs_windows(e, &set, NULL)) fail_msg("%s", m2d_errmsg());
+    m2d_engine_free(e);
+}
+
+void tu_layer_major_check(const m2d_model *m, const int32_t *tok, const int32_t *tg, int n, const char *spill_dir,
+                          m2d_precision p) {
+    double *wm = m2d_calloc((size_t)n * 9, sizeof(double)), *lm = wm + 3 * n, *sp = wm + 6 * n;
+    windows_logprobs(m, tok, tg, n, M2D_PASS_WINDOW, 0, NULL, p, wm);
+    windows_logprobs(m, tok, tg, n, M2D_PASS_LAYER, SIZE_MAX / 2, NULL, p, lm);
+    windows_logprobs(m, tok, tg, n, M2D_PASS_LAYER, 1, spill_dir, p, sp);
+    /* exact on every machine by construction: both orders run the same ops on the same rows of each
+     * window (only the order of windows and layers differs; no op mixes windows), and the residual
+     * stream is stored in fp32, the engine's own format between layers */
+    assert_memory_equal(wm, lm, sizeof(double) * (size_t)n * 3);
+    assert_memory_equal(wm, sp, sizeof(double) * (size_t)n * 3);
+    free(wm);
+}
+
 void tu_family_engine_check(const char *golden, const char *work, int n, int split, int trunc) {
     cJSON *g = hf_load_golden(golden);
     char *dir = tu_family_build(g, work);
@@ -235,6 +265,7 @@ void tu_family_engine_check(const char *golden, const char *work, int n, int spl
     assert_int_equal(m2d_engine_logprobs(e, tok, n, tg, 0, full), 0);
     cache_paths(e, tok, tg, n, split, trunc, full);
     m2d_engine_free(e);
+    tu_layer_major_check(m, tok, tg, n, work, M2D_PREC_FP32);
     routed_substitution(m, tok, n, V);
     free(ref), free(full), free(lg), free(tok), free(dir);
     m2d_model_close(m);

@@ -13,6 +13,8 @@
 #include <cjson/cJSON.h>
 #include <stdint.h>
 
+#include "engine/engine.h"
+
 /* DIR/config.json (CONFIG_JSON verbatim) and DIR/model.safetensors for the architecture it names. */
 int tu_family_checkpoint(const char *dir, const char *config_json, uint64_t seed);
 
@@ -30,6 +32,11 @@ void tu_family_config_error(const char *golden, const char *set, const char *del
  * truncate to TRUNC; two branches) against the full forward (1e-4). Put SPLIT and TRUNC past the
  * model's sliding window so that the window cuts into the cached keys. */
 void tu_family_engine_check(const char *golden, const char *work, int n, int split, int trunc);
+/* The log-probs of three windows of TOK (N tokens, targets TG; lengths N, N - 1 and N / 2, scored
+ * from 0, 1 and N / 4) through m2d_engine_logprobs_windows: layer-major in memory and layer-major
+ * spilled to a file in SPILL_DIR equal the window-major ones bit for bit, in precision P. */
+void tu_layer_major_check(const m2d_model *m, const int32_t *tok, const int32_t *tg, int n, const char *spill_dir,
+                          m2d_precision p);
 /* experiments.toml's "cross-model" experiment (paper section 4.6) run by `moe2dense sweep` on golden
  * GOLDEN's teacher (--set model=DIR, small windows): every configuration ok, with a perplexity and
  * an arc_easy accuracy. Needs `make data`; run from the repository root. */

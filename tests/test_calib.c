@@ -332,6 +332,46 @@ static void fast_matches_reference_tiny_teacher(void **state) {
     m2d_model_close(m);
 }
 
+/* Layer-major calibration (issue 25), in memory and spilled to a file, writes the same stats file
+ * byte for byte as window-major, in fp32 and bf16: exact by construction (engine.h
+ * m2d_pass_opts: the same ops on the same rows, each layer's windows in the same order, so every
+ * fp64 accumulator adds the same terms in the same order). */
+static void layer_major_stats_equal_window_major(void **state) {
+    (void)state;
+    m2d_model *m;
+    int n = 0;
+    int32_t *ids;
+    if (open_tiny_teacher(&m, &ids, &n)) TU_SKIP("no ../shared/models");
+    char *dir = tu_tmpdir();
+    const m2d_pass_mode modes[3] = {M2D_PASS_WINDOW, M2D_PASS_LAYER, M2D_PASS_LAYER};
+    const m2d_precision precs[2] = {M2D_PREC_FP32, M2D_PREC_BF16};
+    for (int p = 0; p < 2; p++) {
+        char *bytes[3];
+        size_t len[3];
+        for (int i = 0; i < 3; i++) {
+            m2d_calib_opts o = {.seq_len = 16, .n_samples = 3, .n_threads = 2, .precision = (int)precs[p],
+                                .pass = modes[i], .mem_budget = i == 2 ? 1 : 0, .spill_dir = dir};
+            m2d_stats *st;
+            assert_int_equal(m2d_calib_run(m, ids, n, &o, &st), 0);
+            char *path = m2d_strfmt("%s/%d.stats", dir, i);
+            assert_int_equal(m2d_stats_write(st, path), 0);
+            bytes[i] = m2d_read_file(path, &len[i]);
+            assert_non_null(bytes[i]);
+            m2d_calib_stats_free(st);
+            free(path);
+        }
+        for (int i = 1; i < 3; i++) {
+            assert_int_equal(len[i], len[0]);
+            assert_memory_equal(bytes[i], bytes[0], len[0]);
+        }
+        for (int i = 0; i < 3; i++) free(bytes[i]);
+    }
+    free(ids);
+    m2d_model_close(m);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
 /* bf16 calibration (issue 13): the fast path equals the per-token reference in the same precision
  * (compare_stats; the Gram's per-token fp32 sums err by <= gamma_d sum|f_i f_j|, 1.1e-5 relative at
  * d = 192, inside its 2e-5), and what bf16 activations change against fp32: routing decisions
@@ -673,6 +713,7 @@ int main(void) {
         cmocka_unit_test(document_windows_calibrate),
         cmocka_unit_test(fast_matches_reference_tiny_teacher),
         cmocka_unit_test(bf16_calibration_tiny_teacher),
+        cmocka_unit_test(layer_major_stats_equal_window_major),
         cmocka_unit_test(gpu_calibration_matches_cpu),
         cmocka_unit_test_setup_teardown(stats_file_roundtrip, file_setup, file_teardown),
         cmocka_unit_test_setup_teardown(stats_file_bad_inputs, file_setup, file_teardown),

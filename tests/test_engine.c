@@ -11,6 +11,7 @@
 #include "engine/engine.h"
 #include "engine/gemm.h"
 #include "engine/lse.h"
+#include "familyckpt.h"
 #include "routing.h"
 #include "reffwd.h"
 #include "testmodel.h"
@@ -1218,6 +1219,83 @@ static void results_do_not_depend_on_thread_count_on(const char *backend) {
 EACH_BACKEND(results_do_not_depend_on_thread_count)
 
 
+/* ---------------- layer-major passes (issue 25) ---------------- */
+
+typedef struct { int calls, layer[64], tokens[64]; } hook_log;
+static int log_hook(void *user, const m2d_moe_event *ev) {
+    hook_log *h = user;
+    if (h->calls < 64) h->layer[h->calls] = ev->layer, h->tokens[h->calls] = ev->n_tokens;
+    h->calls++;
+    return 0;
+}
+
+/* the hook's calls of two windows (10 and 7 tokens) through an engine with pass MODE */
+static void hook_calls(const m2d_model *m, m2d_pass_mode mode, hook_log *h) {
+    m2d_engine *e;
+    if (m2d_engine_open(m, &(m2d_engine_opts){.n_threads = 1, .pass = mode}, &e)) fail_msg("%s", m2d_errmsg());
+    m2d_engine_set_moe_hook(e, log_hook, h);
+    int32_t tok[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+    const int32_t *toks[2] = {tok, tok + 3};
+    int lens[2] = {10, 7}, first[2] = {9, 6};
+    double lp[2], *lps[2] = {lp, lp + 1};
+    m2d_window_set set = {2, toks, lens, toks, first, lps};
+    assert_int_equal(m2d_engine_logprobs_windows(e, &set, NULL), 0);
+    m2d_engine_free(e);
+}
+
+/* The pass rule (engine.h m2d_engine_plan_pass), the hook's calls in each order, and the
+ * log-probs of both orders on the tiny teacher in fp32 and bf16 (bit for bit, familyckpt.h). */
+static void layer_major_pass(void **state) {
+    (void)state;
+    mem_model mm = {0};
+    build_random_moe(&mm, M2D_F16);
+    size_t w = m2d_engine_weight_bytes(&mm.m), big = 0;
+    for (int l = 0; l < mm.m.cfg.num_hidden_layers; l++) big = M2D_MAX(big, m2d_model_layer_bytes(&mm.m, l));
+    assert_false(m2d_engine_plan_pass(&mm.m, w, M2D_PASS_AUTO).layer_major);
+    m2d_pass_opts o = m2d_engine_plan_pass(&mm.m, w - 1, M2D_PASS_AUTO);
+    assert_true(o.layer_major);
+    assert_int_equal(o.act_budget, w - 1 - big - mm.m.lm_head->nbytes);
+    assert_true(m2d_engine_plan_pass(&mm.m, w, M2D_PASS_LAYER).layer_major);
+    assert_false(m2d_engine_plan_pass(&mm.m, 1, M2D_PASS_WINDOW).layer_major);
+    /* window-major: window 0 through layers 0, 1, then window 1; layer-major: layer 0 for both
+     * windows, then layer 1 */
+    hook_log a = {0}, b = {0};
+    hook_calls(&mm.m, M2D_PASS_WINDOW, &a);
+    hook_calls(&mm.m, M2D_PASS_LAYER, &b);
+    assert_int_equal(a.calls, 4), assert_int_equal(b.calls, 4);
+    const int wl[4] = {0, 1, 0, 1}, wt[4] = {10, 10, 7, 7}, ll[4] = {0, 0, 1, 1}, lt[4] = {10, 7, 10, 7};
+    assert_memory_equal(a.layer, wl, sizeof wl), assert_memory_equal(a.tokens, wt, sizeof wt);
+    assert_memory_equal(b.layer, ll, sizeof ll), assert_memory_equal(b.tokens, lt, sizeof lt);
+    mm_free(&mm);
+    const char *dir = tu_models_dir();
+    if (!dir) TU_SKIP("../shared/models not found");
+    char *path = m2d_strfmt("%s/tiny-qwen3moe", dir), *tmp = tu_tmpdir();
+    m2d_model *m;
+    if (m2d_model_open(path, &m)) fail_msg("%s", m2d_errmsg());
+    enum { N = 48 };
+    int32_t tok[N + 1];
+    uint64_t st = 5;
+    rand_tokens(&st, tok, N + 1, m->cfg.vocab_size);
+    tu_layer_major_check(m, tok, tok + 1, N, tmp, M2D_PREC_FP32);
+    tu_layer_major_check(m, tok, tok + 1, N, tmp, M2D_PREC_BF16);
+    /* a spill directory that cannot take the file: one line naming it, no crash */
+    m2d_engine *e;
+    char *missing = m2d_strfmt("%s/no-such-dir", tmp);
+    m2d_engine_opts eo = {.n_threads = 1, .pass = M2D_PASS_LAYER, .mem_budget = 1, .spill_dir = missing};
+    assert_int_equal(m2d_engine_open(m, &eo, &e), 0);
+    double lp[N], *lps[1] = {lp};
+    const int32_t *toks[1] = {tok}, *tgs[1] = {tok + 1};
+    int lens[1] = {N}, first[1] = {0};
+    m2d_window_set set = {1, toks, lens, tgs, first, lps};
+    assert_int_equal(m2d_engine_logprobs_windows(e, &set, NULL), -1);
+    assert_non_null(strstr(m2d_errmsg(), "no-such-dir/.m2d-activations-"));
+    assert_non_null(strstr(m2d_errmsg(), "cannot create the activation spill file"));
+    m2d_engine_free(e);
+    m2d_model_close(m);
+    tu_rm_rf(tmp);
+    free(tmp), free(path), free(missing);
+}
+
 /* ---------------- golden outputs of the tiny Qwen3-MoE ---------------- */
 
 /* an engine on the CPU backend in precision P */
@@ -1766,6 +1844,7 @@ int main(void) {
         cmocka_unit_test(hook_can_supply_the_routed_output),
         cmocka_unit_test(weight_cache_and_expert_order_give_identical_results),
         cmocka_unit_test(results_do_not_depend_on_thread_count),
+        cmocka_unit_test(layer_major_pass),
         cmocka_unit_test(golden_tiny_qwen3moe),
         cmocka_unit_test(engine_matches_naive_reference_on_checkpoints),
         cmocka_unit_test(op_matmul_bf16),

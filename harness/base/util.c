@@ -1,5 +1,6 @@
 #include "base/util.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -441,4 +442,38 @@ const void *m2d_name_table_find(const m2d_name_table *t, const char *name) {
     for (int i = 0; i < t->n; i++)
         if (strcmp(name_at(t, i), name) == 0) return t->items[i];
     return NULL;
+}
+
+size_t m2d_physical_ram(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz : 0;
+}
+
+size_t m2d_default_mem_budget(void) {
+    size_t ram = m2d_physical_ram();
+    return ram ? ram / 5 * 4 : (size_t)8 << 30;
+}
+
+int m2d_parse_bytes(const char *cmd, const char *opt, const char *s, size_t *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    int shift = 0;
+    const char *units = "KMGT", *u = *end ? strchr(units, toupper((unsigned char)*end)) : NULL;
+    if (u) shift = 10 * (int)(u - units + 1), end++;
+    if (u && *end == 'i') end++;
+    if (*end == 'B' || *end == 'b') end++;
+    if (end == s || *end || errno || !(v >= 0) || ldexp(v, shift) >= 0x1p63)
+        return m2d_err("%s: option %s: '%s' is not a byte count (e.g. 20G, 512M)", cmd, opt, s);
+    *out = (size_t)ldexp(v, shift);
+    return 0;
+}
+
+char *m2d_path_dir(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) return m2d_strdup(".");
+    if (slash == path) return m2d_strdup("/");
+    char *d = m2d_strdup(path);
+    d[slash - path] = 0;
+    return d;
 }

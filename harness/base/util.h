@@ -43,6 +43,8 @@ int m2d_file_exists(const char *path);
 int m2d_same_file(const char *a, const char *b);
 int m2d_mkdir_p(const char *path);
 char *m2d_path_join(const char *dir, const char *name);
+/* The directory part of PATH ("." when it has none), malloc'd. */
+char *m2d_path_dir(const char *path);
 
 /* SHA-256 (FIPS 180-4), used for cache keys and data checks. */
 typedef struct { uint32_t h[8]; uint64_t len; uint8_t buf[64]; size_t fill; } m2d_sha256;
@@ -65,6 +67,10 @@ uint64_t m2d_fnv1a64(const char *s);
 
 /* Wall clock in seconds (monotonic). */
 double m2d_now(void);
+/* This machine's physical memory in bytes (0 when unknown), and the default memory budget of a pass:
+ * 80 % of it (the rest for the system, the page cache of the next layer, the tokenizer). */
+size_t m2d_physical_ram(void);
+size_t m2d_default_mem_budget(void);
 /* Threads to use: $M2D_THREADS, else the number of online CPUs. */
 int m2d_default_threads(void);
 
@@ -97,6 +103,8 @@ int m2d_parse_opts(const char *cmd, int argc, char **argv, const m2d_opt *opts,
                    char **positional, int max_positional, int *n_positional);
 int m2d_parse_int(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out);
 int m2d_parse_double(const char *cmd, const char *opt, const char *s, double *out);
+/* A byte count: an integer or decimal with an optional K, M, G or T (powers of 1024, optional "iB"/"B"). */
+int m2d_parse_bytes(const char *cmd, const char *opt, const char *s, size_t *out);
 
 /* The registries (commands, architectures, plugins, tasks): a fixed array of pointers to structs
  * with a `const char *name` at NAME_OFFSET, kept sorted by name as constructors add to it before

@@ -399,6 +399,7 @@ static int hook_fast(void *user, const m2d_moe_event *ev) {
         if (c->prog) m2d_progress_update(c->prog, c->done);
     }
     if (ev->routed_set) *ev->routed_set = 1;
+    m2d_layer_stats_end_sample(s); /* one event = one window at this layer */
     return 0;
 }
 
@@ -423,6 +424,7 @@ static int hook_reference(void *user, const m2d_moe_event *ev) {
         c->done += 1;
         if (c->prog) m2d_progress_update(c->prog, c->done);
     }
+    m2d_layer_stats_end_sample(c->acc[ev->layer]); /* one event = one window at this layer */
     return 0;
 }
 
@@ -505,10 +507,31 @@ static void ctx_free(calib_ctx *c) {
     free(c->acc); free(c->F); free(c->norms);
 }
 
+/* Every window through the teacher, window- or layer-major as the options and the budget say; only
+ * each window's last log-prob is asked for: the forward (and its hook) is the point. */
+static int forward_windows(calib_ctx *c, const m2d_stats *st, const int32_t *ids, int L) {
+    int nw = st->n_windows;
+    const int32_t **tok = m2d_malloc(sizeof *tok * (size_t)nw);
+    int *lens = m2d_malloc(sizeof(int) * (size_t)nw), *first = m2d_malloc(sizeof(int) * (size_t)nw);
+    double *lp = m2d_malloc(sizeof(double) * (size_t)nw), **lpw = m2d_malloc(sizeof *lpw * (size_t)nw);
+    for (int w = 0; w < nw; w++) {
+        tok[w] = ids + st->window_starts[w];
+        lens[w] = st->window_lens ? st->window_lens[w] : L;
+        first[w] = lens[w] - 1;
+        lpw[w] = lp + w;
+    }
+    m2d_window_set set = {nw, tok, lens, tok, first, lpw};
+    int rc = m2d_engine_logprobs_windows(c->eng, &set, NULL);
+    if (rc && c->err[0]) m2d_err("%s", c->err);
+    free(tok); free(lens); free(first); free(lp); free(lpw);
+    return rc;
+}
+
 /* The teacher's forward over every window; the hook accumulates each MoE layer. */
 static int run_windows(calib_ctx *c, m2d_stats *st, const int32_t *ids, int L, const m2d_calib_opts *o) {
     m2d_engine_opts eo = {.backend = o->device, .n_threads = calib_threads(o),
-                          .precision = (m2d_precision)o->precision};
+                          .precision = (m2d_precision)o->precision, .pass = o->pass,
+                          .mem_budget = o->mem_budget, .spill_dir = o->spill_dir};
     int rc = m2d_engine_open(c->m, &eo, &c->eng);
     if (rc) return -1;
     snprintf(st->precision, sizeof st->precision, "%s", m2d_precision_name(m2d_engine_precision(c->eng)));
@@ -523,15 +546,7 @@ static int run_windows(calib_ctx *c, m2d_stats *st, const int32_t *ids, int L, c
         m2d_progress_start(&prog, "calibrate (layer-tokens)", c->total);
         c->prog = &prog;
     }
-    double lp;
-    for (int w = 0; w < st->n_windows && rc == 0; w++) {
-        const int32_t *tok = ids + st->window_starts[w];
-        int n = st->window_lens ? st->window_lens[w] : L;
-        /* only the last position's log-prob is requested: the forward (and its hook) is the point */
-        rc = m2d_engine_logprobs(c->eng, tok, n, tok, n - 1, &lp);
-        if (rc && c->err[0]) m2d_err("%s", c->err);
-        for (int i = 0; i < st->n_layers; i++) m2d_layer_stats_end_sample(&st->layers[i]);
-    }
+    rc = forward_windows(c, st, ids, L);
     if (c->prog) m2d_progress_end(&prog);
     c->prog = NULL;
     m2d_engine_free(c->eng);

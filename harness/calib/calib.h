@@ -31,6 +31,7 @@
 
 #include <stdint.h>
 
+#include "engine/engine.h"
 #include "model/model.h"
 #include "calib/stats.h"
 #include "calib/stats_file.h"
@@ -53,6 +54,10 @@ typedef struct {
     int precision;        /* m2d_precision of the teacher's GEMMs (0: FP32; AUTO resolved by the
                            * backend; the one used is recorded in the stats) */
     const char *device;   /* the engine's backend: "cpu" (NULL), "cuda", "cuda:N" */
+    m2d_pass_mode pass;   /* AUTO (0): layer-major when the teacher does not fit MEM_BUDGET, or forced
+                           * (engine.h m2d_pass_opts; identical statistics either way) */
+    size_t mem_budget;    /* bytes the pass may hold (0: m2d_default_mem_budget()) */
+    const char *spill_dir;/* where a layer-major pass spills residual streams beyond the budget (NULL: $TMPDIR) */
 } m2d_calib_opts;
 
 /* Gate convention string for a config. */

@@ -96,3 +96,31 @@ int m2d_cmd_fail(const char *cmd) {
     else fprintf(stderr, "moe2dense %s: %s\n", cmd, msg);
     return 1;
 }
+
+int m2d_cmd_pass_args(const char *cmd, const char *pass_s, const char *budget_s, m2d_pass_mode *mode, size_t *budget) {
+    char what[64];
+    snprintf(what, sizeof what, "%s: --pass", cmd);
+    *mode = M2D_PASS_AUTO, *budget = 0;
+    if (pass_s && m2d_pass_mode_parse(what, pass_s, mode)) return -1;
+    if (budget_s && m2d_parse_bytes(cmd, "--mem-budget", budget_s, budget)) return -1;
+    if (budget_s && *budget == 0) return m2d_err("%s: option --mem-budget: must be positive", cmd);
+    return 0;
+}
+
+void m2d_cmd_print_pass(const char *cmd, const m2d_model *m, m2d_pass_mode mode, size_t budget, int64_t tokens) {
+    const double G = 1024.0 * 1024 * 1024;
+    if (!budget) budget = m2d_default_mem_budget();
+    m2d_pass_opts o = m2d_engine_plan_pass(m, budget, mode);
+    double wb = (double)m2d_engine_weight_bytes(m) / G, acts = (double)tokens * m->cfg.hidden_size * 4 / G;
+    if (!o.layer_major) {
+        fprintf(stderr, "moe2dense %s: window-major pass (weights %.2f GiB, budget %.2f GiB%s)\n", cmd, wb, budget / G,
+                mode == M2D_PASS_WINDOW ? ", as asked" : "");
+        return;
+    }
+    char where[96] = "";
+    if (tokens > 0)
+        snprintf(where, sizeof where, "; activations %.2f GiB %s", acts,
+                 acts * G <= (double)o.act_budget ? "in memory" : "spilled to a file");
+    fprintf(stderr, "moe2dense %s: layer-major pass (weights %.2f GiB, budget %.2f GiB%s): each layer's weights read "
+            "once%s\n", cmd, wb, budget / G, mode == M2D_PASS_LAYER ? ", as asked" : "", where);
+}

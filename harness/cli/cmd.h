@@ -2,6 +2,8 @@
 #ifndef M2D_CMD_H
 #define M2D_CMD_H
 
+#include "engine/engine.h"
+
 typedef struct {
     const char *name;     /* "inspect" */
     const char *summary;  /* one line for `moe2dense help` */
@@ -52,6 +54,20 @@ char *m2d_cmd_wrap(const char *first, const char *text, int indent, int width);
 
 /* Peak resident memory of this process so far, in MiB (getrusage), for --json outputs. */
 double m2d_cmd_peak_rss_mib(void);
+
+/* The options of a pass over many windows (engine.h m2d_pass_opts): --pass auto|window|layer and
+ * --mem-budget BYTES of CMD (either NULL: auto, 80 % of RAM) into *MODE and *BUDGET (bytes). */
+#define M2D_CMD_PASS_USAGE                                                                               \
+    "  --pass P       auto (default): layer-major when the model's weights exceed --mem-budget, else\n"  \
+    "                 window-major; layer: every window through one layer at a time, so each layer's\n"  \
+    "                 weights are read from disk once per pass (a checkpoint larger than RAM);\n"       \
+    "                 window: each window through every layer. Same results either way\n"             \
+    "  --mem-budget B bytes the pass may hold, e.g. 20G (default 80 % of RAM): layer-major keeps one\n" \
+    "                 layer and the activations of all windows; beyond it they spill to a file\n"
+int m2d_cmd_pass_args(const char *cmd, const char *pass_s, const char *budget_s, m2d_pass_mode *mode, size_t *budget);
+/* One line on stderr saying how CMD's pass over M runs (which order, why, and where the
+ * activations of TOKENS tokens go; TOKENS <= 0: not known yet). */
+void m2d_cmd_print_pass(const char *cmd, const m2d_model *m, m2d_pass_mode mode, size_t budget, int64_t tokens);
 
 /* Print m2d_errmsg() as "moe2dense CMD: MSG" and return 1. */
 int m2d_cmd_fail(const char *cmd);

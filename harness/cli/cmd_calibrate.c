@@ -14,8 +14,8 @@
 static const char USAGE[] =
     "usage: moe2dense calibrate --model DIR --data FILE --out STATS [--seq-len L] [--samples N]\n"
     "                           [--seed S] [--windows fixed|documents] [--threads T] [--precision P]\n"
-    "                           [--device cpu|cuda[:N]]\n"
-    "                           [--force]\n"
+    "                           [--device cpu|cuda[:N]] [--pass auto|window|layer]\n"
+    "                           [--mem-budget BYTES] [--force]\n"
     "\n"
     "Runs the unmodified teacher over calibration windows of FILE and, at every MoE layer, records\n"
     "the statistics of SPEC §1 in double precision: routed counts, router probabilities, gate\n"
@@ -43,6 +43,8 @@ static const char USAGE[] =
     "  --device D     where the teacher runs: cpu (default), cuda or cuda:N (needs a `make CUDA=1`\n"
     "                 build and a GPU: an absent device is an error, never a CPU run); auto is bf16\n"
     "                 there; the statistics agree with the CPU's within the tolerances of test_calib\n"
+    M2D_CMD_PASS_USAGE
+    "                 (the spill file goes beside STATS, unlinked at once)\n"
     "  --force        recompute even if STATS is already up to date\n"
     "\n"
     "Windows are consecutive, non-overlapping blocks of L tokens from the start of the encoded\n"
@@ -50,8 +52,10 @@ static const char USAGE[] =
     "from the same model weights, windows, gate convention and precision, it is kept ('up to date').\n";
 
 typedef struct {
-    const char *model, *data, *out, *device, *seed_s;
+    const char *model, *data, *out, *device, *seed_s, *pass_s, *budget_s;
     long L, N, seed, thr;
+    m2d_pass_mode pass;
+    size_t budget;
     int documents, force;
     m2d_precision prec, used; /* requested, and the one used on the device */
 } calib_args;
@@ -62,6 +66,7 @@ static int parse_args(int argc, char **argv, calib_args *a) {
                       {"--seq-len", 1, &L_s, NULL},  {"--samples", 1, &N_s, NULL},    {"--seed", 1, &a->seed_s, NULL},
                       {"--threads", 1, &thr_s, NULL}, {"--force", 0, NULL, &a->force},   {"--windows", 1, &win_s, NULL},
                       {"--precision", 1, &prec_s, NULL}, {"--device", 1, &a->device, NULL},
+                      {"--pass", 1, &a->pass_s, NULL}, {"--mem-budget", 1, &a->budget_s, NULL},
                       {0}};
     if (m2d_parse_opts("calibrate", argc, argv, opts, NULL, 0, NULL)) return -1;
     if (!a->model || !a->data || !a->out)
@@ -75,6 +80,7 @@ static int parse_args(int argc, char **argv, calib_args *a) {
     if (win_s && !a->documents && strcmp(win_s, "fixed"))
         return m2d_err("calibrate: --windows '%s': expected fixed or documents", win_s);
     return m2d_precision_parse(prec_s, "calibrate: --precision", &a->prec) ||
+                   m2d_cmd_pass_args("calibrate", a->pass_s, a->budget_s, &a->pass, &a->budget) ||
                    m2d_device_check(a->device, "calibrate: --device") ||
                    m2d_engine_resolve_precision(a->device, a->prec, &a->used)
                ? -1
@@ -86,9 +92,16 @@ static int calibrate(calib_args *a, const m2d_model *m, const m2d_tokenizer *tk,
     if (a->L == 0) a->L = m2d_calib_default_seq_len(&m->cfg);
     j->opts = (m2d_calib_opts){.seq_len = (int)a->L, .n_samples = (int)a->N, .seeded = a->seed_s != NULL,
                                .seed = (uint64_t)a->seed, .n_threads = (int)a->thr, .data_path = a->data,
-                               .progress = 1, .precision = (int)a->used, .device = a->device};
+                               .progress = 1, .precision = (int)a->used, .device = a->device,
+                               .pass = a->pass, .mem_budget = a->budget};
     j->force = a->force;
-    return m2d_calib_job_tokens(j, tk, a->documents) || m2d_calib_ensure(j, m, a->out) ? -1 : 0;
+    char *spill = m2d_path_dir(a->out);
+    j->opts.spill_dir = spill;
+    m2d_cmd_print_pass("calibrate", m, a->pass, a->budget, (int64_t)a->L * (a->N ? a->N : M2D_CALIB_DEFAULT_SAMPLES));
+    int rc = m2d_calib_job_tokens(j, tk, a->documents) || m2d_calib_ensure(j, m, a->out) ? -1 : 0;
+    j->opts.spill_dir = NULL;
+    free(spill);
+    return rc;
 }
 
 static void print_result(const calib_args *a, const m2d_calib_job *j, const m2d_model *m) {

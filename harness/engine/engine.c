@@ -22,6 +22,7 @@
  * op sequence; a split would publish that state in a header that nothing else should read. */
 #include "engine/engine.h"
 #include "engine/engine_check.h"
+#include "engine/actstore.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -52,6 +53,7 @@ struct m2d_engine {
     layer_weights *lw;                        /* [num_hidden_layers] */
     size_t resident_bytes;
     int route_topk;                           /* > 0: Eq. 6 routing override (m2d_engine_set_route_topk) */
+    m2d_pass_opts pass;                       /* how m2d_engine_logprobs_windows runs */
     m2d_rope_args rope;                       /* the model's RoPE (frequencies from cfg, model/rope.h) */
     double *inv_freq;                         /* [rope_dim / 2] */
 };
@@ -179,6 +181,8 @@ int m2d_engine_open(const m2d_model *m, const m2d_engine_opts *o, m2d_engine **o
     e->B = be->ops;
     e->prec = p;
     e->skip_layer = -1;
+    e->pass = m2d_engine_plan_pass(m, o->mem_budget ? o->mem_budget : m2d_default_mem_budget(), o->pass);
+    e->pass.spill_dir = o->spill_dir;
     int rot = m2d_engine_rope_dim(&m->cfg);
     e->inv_freq = m2d_malloc(sizeof(double) * (size_t)(rot / 2));
     m2d_rope_inv_freq(&m->cfg.rope_scaling, m->cfg.rope_theta, rot, e->inv_freq);
@@ -191,7 +195,7 @@ int m2d_engine_open(const m2d_model *m, const m2d_engine_opts *o, m2d_engine **o
 }
 
 int m2d_engine_new(const m2d_model *m, int n_threads, m2d_engine **out) {
-    m2d_engine_opts o = {"cpu", n_threads, M2D_PREC_FP32};
+    m2d_engine_opts o = {.backend = "cpu", .n_threads = n_threads, .precision = M2D_PREC_FP32};
     return m2d_engine_open(m, &o, out);
 }
 
@@ -576,27 +580,49 @@ static int check_tokens(const m2d_engine *e, const int32_t *tokens, int n) {
     return 0;
 }
 
-/* Final-normed hidden states hid [n, d] (a backend buffer) for the rows of the plan. */
-static int forward_hidden(m2d_engine *e, const int32_t *tokens, int n, const seg_plan *p, m2d_buf *hid) {
-    const m2d_config *c = &e->m->cfg;
-    int d = c->hidden_size;
-    fwd_ws w;
-    if (ws_alloc(e, n, &w)) return -1;
-    int32_t *pos = m2d_malloc(sizeof(int32_t) * (size_t)n);
+/* The rows' positions (each segment from the plan's prefix length on) onto W */
+static void upload_positions(m2d_engine *e, const seg_plan *p, const fwd_ws *w) {
+    int32_t *pos = m2d_malloc(sizeof(int32_t) * (size_t)w->n);
     for (int s = 0; s < p->n_seg; s++)
         for (int i = 0; i < p->seg_len[s]; i++) pos[p->seg_off[s] + i] = p->np + i;
-    e->B->upload(e->be, w.pos, 0, pos, sizeof(int32_t) * (size_t)n);
-    e->B->upload(e->be, w.tok, 0, tokens, sizeof(int32_t) * (size_t)n);
+    e->B->upload(e->be, w->pos, 0, pos, sizeof(int32_t) * (size_t)w->n);
     free(pos);
-    m2d_mat X = m2d_mat_of(w.x, 0, n, d, d), H = m2d_mat_of(hid, 0, n, d, d);
-    e->B->embed(e->be, e->embed, w.tok, n, &X);
-    int rc = 0;
-    for (int l = 0; l < c->num_hidden_layers && rc == 0; l++) {
-        if (l != e->skip_layer) rc = attention_block(e, l, &w, p) || ffn_block(e, l, &w) ? -1 : 0;
-        if (rc == 0 && e->probe && l != e->skip_layer) rc = probe_at(e, l, M2D_PROBE_LAYER_OUT, w.x, n, d);
-        if (rc == 0 && p->capture) e->B->download(e->be, p->capture + (size_t)l * n * d, w.x, 0, f32s(n, d));
+}
+
+/* the embedding of the rows' tokens into w->x */
+static void embed_rows(m2d_engine *e, const int32_t *tokens, const fwd_ws *w) {
+    int d = e->m->cfg.hidden_size;
+    m2d_mat X = m2d_mat_of(w->x, 0, w->n, d, d);
+    e->B->upload(e->be, w->tok, 0, tokens, sizeof(int32_t) * (size_t)w->n);
+    e->B->embed(e->be, e->embed, w->tok, w->n, &X);
+}
+
+/* decoder layer L on w->x in place (nothing when it is the skipped one), its probe and capture */
+static int run_layer(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
+    int n = w->n, d = e->m->cfg.hidden_size;
+    if (l != e->skip_layer) {
+        if (attention_block(e, l, w, p) || ffn_block(e, l, w)) return -1;
+        if (e->probe && probe_at(e, l, M2D_PROBE_LAYER_OUT, w->x, n, d)) return -1;
     }
-    if (rc == 0) e->B->rmsnorm(e->be, &X, e->final_norm, c->rms_norm_eps, &H);
+    if (p->capture) e->B->download(e->be, p->capture + (size_t)l * n * d, w->x, 0, f32s(n, d));
+    return 0;
+}
+
+static void final_norm(m2d_engine *e, const fwd_ws *w, m2d_buf *hid) {
+    int d = e->m->cfg.hidden_size;
+    m2d_mat X = m2d_mat_of(w->x, 0, w->n, d, d), H = m2d_mat_of(hid, 0, w->n, d, d);
+    e->B->rmsnorm(e->be, &X, e->final_norm, e->m->cfg.rms_norm_eps, &H);
+}
+
+/* Final-normed hidden states hid [n, d] (a backend buffer) for the rows of the plan. */
+static int forward_hidden(m2d_engine *e, const int32_t *tokens, int n, const seg_plan *p, m2d_buf *hid) {
+    fwd_ws w;
+    if (ws_alloc(e, n, &w)) return -1;
+    upload_positions(e, p, &w);
+    embed_rows(e, tokens, &w);
+    int rc = 0;
+    for (int l = 0; l < e->m->cfg.num_hidden_layers && rc == 0; l++) rc = run_layer(e, l, &w, p);
+    if (rc == 0) final_norm(e, &w, hid);
     ws_free(e, &w);
     return rc;
 }
@@ -684,6 +710,134 @@ static int logprobs_impl(m2d_engine *e, const int32_t *tokens, int n, const int3
     int rc = hid ? forward_hidden(e, tokens, n, &p, hid) : -1;
     if (rc == 0 && first < n) rc = lm_head_logprobs(e, hid, first, n - first, targets + first, lp);
     e->B->release(e->be, hid);
+    return rc;
+}
+
+/* ---- passes over many windows (m2d_engine_logprobs_windows) ---- */
+
+static int check_set(const m2d_engine *e, const m2d_window_set *s) {
+    if (s->n < 0) return m2d_err("engine: %d windows", s->n);
+    for (int w = 0; w < s->n; w++) {
+        int n = s->lens[w], first = s->first[w];
+        if (check_tokens(e, s->tokens[w], n) || check_window(e, n)) return -1;
+        if (first < 0 || first > n) return m2d_err("engine: window %d: first = %d outside [0, %d]", w, first, n);
+        if (check_targets(e, s->targets[w] + first, n - first)) return -1;
+    }
+    return 0;
+}
+
+/* one segment of N rows from position 0 */
+static seg_plan window_plan(const int *zero, const int *n) { return (seg_plan){1, zero, n, NULL, 0, NULL, NULL}; }
+
+typedef struct {
+    m2d_engine *e;
+    const m2d_window_set *s;
+    m2d_actstore *store;
+    size_t *row0;     /* [n + 1] each window's first row in the store */
+    fwd_ws w;         /* sized for the longest window; w.n set per window */
+    float *x;         /* host staging of one window's residual stream */
+    m2d_progress *prog;
+    double done;
+} layer_pass;
+
+/* window W's residual stream from the store onto lp->w (its rows and positions set) */
+static int pass_load(layer_pass *lp, int w, const seg_plan *p) {
+    m2d_engine *e = lp->e;
+    size_t n = (size_t)lp->s->lens[w], d = (size_t)e->m->cfg.hidden_size;
+    lp->w.n = (int)n;
+    if (m2d_actstore_get(lp->store, lp->row0[w], n, lp->x)) return -1;
+    e->B->upload(e->be, lp->w.x, 0, lp->x, n * d * sizeof(float));
+    upload_positions(e, p, &lp->w);
+    return 0;
+}
+
+static int pass_save(layer_pass *lp, int w) {
+    m2d_engine *e = lp->e;
+    size_t n = (size_t)lp->s->lens[w], d = (size_t)e->m->cfg.hidden_size;
+    e->B->download(e->be, lp->x, lp->w.x, 0, n * d * sizeof(float));
+    return m2d_actstore_put(lp->store, lp->row0[w], n, lp->x);
+}
+
+/* every window's embedding into the store */
+static int pass_embed(layer_pass *lp) {
+    for (int w = 0; w < lp->s->n; w++) {
+        lp->w.n = lp->s->lens[w];
+        embed_rows(lp->e, lp->s->tokens[w], &lp->w);
+        if (pass_save(lp, w)) return -1;
+    }
+    return 0;
+}
+
+/* decoder layer L over every window; its weights read ahead before, dropped after */
+static int pass_layer(layer_pass *lp, int l) {
+    const m2d_model *m = lp->e->m;
+    if (l + 1 < m->cfg.num_hidden_layers) m2d_model_advise_layer(m, l + 1, M2D_ST_WILLNEED);
+    int zero = 0, rc = 0;
+    for (int w = 0; w < lp->s->n && rc == 0; w++) {
+        seg_plan p = window_plan(&zero, &lp->s->lens[w]);
+        rc = pass_load(lp, w, &p) || run_layer(lp->e, l, &lp->w, &p) || pass_save(lp, w) ? -1 : 0;
+        lp->done += lp->s->lens[w];
+        if (lp->prog) m2d_progress_update(lp->prog, lp->done);
+    }
+    m2d_model_advise_layer(m, l, M2D_ST_DONTNEED);
+    return rc;
+}
+
+/* the final norm and the LM head's log-probs of every window */
+static int pass_head(layer_pass *lp) {
+    m2d_engine *e = lp->e;
+    const m2d_window_set *s = lp->s;
+    int zero = 0, rc = 0;
+    for (int w = 0; w < s->n && rc == 0; w++) {
+        int n = s->lens[w], first = s->first[w];
+        seg_plan p = window_plan(&zero, &n);
+        m2d_buf *hid = hidden_buf(e, n);
+        rc = hid ? pass_load(lp, w, &p) : -1;
+        if (rc == 0) final_norm(e, &lp->w, hid);
+        if (rc == 0 && first < n) rc = lm_head_logprobs(e, hid, first, n - first, s->targets[w] + first, s->lp[w]);
+        e->B->release(e->be, hid);
+    }
+    return rc;
+}
+
+static int layer_major_impl(m2d_engine *e, const m2d_window_set *s, const char *progress) {
+    const m2d_pass_opts *o = &e->pass;
+    int d = e->m->cfg.hidden_size, L = e->m->cfg.num_hidden_layers, max_n = 1;
+    layer_pass lp = {.e = e, .s = s};
+    lp.row0 = m2d_malloc(sizeof(size_t) * ((size_t)s->n + 1));
+    lp.row0[0] = 0;
+    for (int w = 0; w < s->n; w++) {
+        lp.row0[w + 1] = lp.row0[w] + (size_t)s->lens[w];
+        max_n = M2D_MAX(max_n, s->lens[w]);
+    }
+    lp.store = m2d_actstore_open(lp.row0[s->n], (size_t)d, o->act_budget, o->spill_dir);
+    int rc = lp.store && ws_alloc(e, max_n, &lp.w) == 0 ? 0 : -1;
+    lp.x = rc == 0 ? m2d_malloc(f32s(max_n, d)) : NULL;
+    m2d_progress prog;
+    if (rc == 0 && progress) {
+        m2d_progress_start(&prog, progress, (double)lp.row0[s->n] * L);
+        lp.prog = &prog;
+    }
+    if (rc == 0) rc = pass_embed(&lp);
+    for (int l = 0; l < L && rc == 0; l++) rc = pass_layer(&lp, l);
+    if (rc == 0) rc = pass_head(&lp);
+    if (lp.prog) m2d_progress_end(lp.prog);
+    if (lp.x) ws_free(e, &lp.w);
+    free(lp.x);
+    free(lp.row0);
+    m2d_actstore_free(lp.store);
+    return rc;
+}
+
+static int window_major_impl(m2d_engine *e, const m2d_window_set *s, const char *progress) {
+    m2d_progress prog;
+    if (progress) m2d_progress_start(&prog, progress, s->n);
+    int rc = 0;
+    for (int w = 0; w < s->n && rc == 0; w++) {
+        rc = logprobs_impl(e, s->tokens[w], s->lens[w], s->targets[w], s->first[w], s->lp[w]);
+        if (progress) m2d_progress_update(&prog, w + 1);
+    }
+    if (progress) m2d_progress_end(&prog);
     return rc;
 }
 
@@ -904,4 +1058,38 @@ int m2d_engine_branches(m2d_engine *e, const m2d_kv *prefix, int n_branches, con
                         const int *lens, const int32_t *const *targets, double *const *lp) {
     e->B->enter(e->be);
     return leave(e, branches_impl(e, prefix, n_branches, tokens, lens, targets, lp));
+}
+
+int m2d_engine_logprobs_windows(m2d_engine *e, const m2d_window_set *s, const char *progress) {
+    if (check_set(e, s)) return -1;
+    e->B->enter(e->be);
+    return leave(e, e->pass.layer_major ? layer_major_impl(e, s, progress) : window_major_impl(e, s, progress));
+}
+
+const m2d_pass_opts *m2d_engine_pass(const m2d_engine *e) { return &e->pass; }
+
+size_t m2d_engine_weight_bytes(const m2d_model *m) {
+    size_t b = m->embed->nbytes + m->final_norm->nbytes + (m->lm_head != m->embed ? m->lm_head->nbytes : 0);
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) b += m2d_model_layer_bytes(m, l);
+    return b;
+}
+
+m2d_pass_opts m2d_engine_plan_pass(const m2d_model *m, size_t mem_budget, m2d_pass_mode mode) {
+    m2d_pass_opts o = {0};
+    o.layer_major = mode == M2D_PASS_AUTO ? m2d_engine_weight_bytes(m) > mem_budget : mode == M2D_PASS_LAYER;
+    size_t held = 0; /* the largest layer, beside the LM head */
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) held = M2D_MAX(held, m2d_model_layer_bytes(m, l));
+    held += m->lm_head->nbytes;
+    o.act_budget = mem_budget > held ? mem_budget - held : 0;
+    return o;
+}
+
+int m2d_pass_mode_parse(const char *what, const char *s, m2d_pass_mode *mode) {
+    static const char *const names[] = {"auto", "window", "layer"};
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(s, names[i])) {
+            *mode = (m2d_pass_mode)i;
+            return 0;
+        }
+    return m2d_err("%s: '%s' is not a pass (auto, window or layer)", what, s);
 }

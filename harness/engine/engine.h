@@ -19,11 +19,18 @@
 
 typedef struct m2d_engine m2d_engine;
 
+typedef enum { M2D_PASS_AUTO, M2D_PASS_WINDOW, M2D_PASS_LAYER } m2d_pass_mode;
+
 typedef struct {
     const char *backend;     /* registered backend name (NULL: "cpu"); see m2d_backend_list() */
     int n_threads;           /* host threads of the backend (<= 0: m2d_default_threads()) */
     m2d_precision precision; /* of every GEMM (0: FP32, exact); AUTO: the backend's fastest (CPU: bf16
                               * where the CPU has native bf16, else fp32); else one the backend supports */
+    /* passes over many windows (m2d_engine_logprobs_windows): see m2d_engine_plan_pass */
+    m2d_pass_mode pass;      /* AUTO (0): layer-major when the weights do not fit MEM_BUDGET */
+    size_t mem_budget;       /* bytes a pass may hold (0: m2d_default_mem_budget(), 80 % of RAM) */
+    const char *spill_dir;   /* layer-major residual streams beyond the budget go to a file there
+                              * (NULL: $TMPDIR, else /tmp) */
 } m2d_engine_opts;
 
 /* An engine on a new backend object it owns. The model must outlive the engine. */
@@ -133,6 +140,42 @@ int m2d_engine_set_route_topk(m2d_engine *e, int k);
  * in row blocks so [n x vocab] is never materialised. */
 int m2d_engine_logprobs(m2d_engine *e, const int32_t *tokens, int n, const int32_t *targets,
                         int first, double *lp);
+
+/* ---- passes over many windows: calibration and perplexity (issue 25) ----
+ * Window w is TOKENS[w][0 .. LENS[w]) from position 0, with log-probs as m2d_engine_logprobs:
+ * LP[w][t - FIRST[w]] = log p(TARGETS[w][t] | tokens[0..t]) for t in [FIRST[w], LENS[w]). */
+typedef struct {
+    int n;
+    const int32_t *const *tokens;
+    const int *lens;
+    const int32_t *const *targets;
+    const int *first;
+    double *const *lp;
+} m2d_window_set;
+typedef struct {
+    /* 0: window-major, each window through every layer (m2d_engine_logprobs per window);
+     * 1: layer-major, every window through layer 0, then layer 1, ...: each layer's weights are
+     * read once per pass (read ahead before the layer, dropped from the process after it), so a
+     * checkpoint larger than memory is read once instead of once per window. Same results, bit
+     * for bit, in every precision, and the same hook and probe calls (a layer's windows in order). */
+    int layer_major;
+    size_t act_budget;      /* layer-major: bytes of residual streams (fp32) kept in memory; beyond,
+                             * they go to a spill file (engine/actstore.h) */
+    const char *spill_dir;  /* where the spill file is made (NULL: $TMPDIR, else /tmp) */
+} m2d_pass_opts;
+/* The windows through the engine as its pass says (m2d_engine_opts; m2d_engine_pass), with a
+ * progress line labelled PROGRESS (base/util.h m2d_progress; NULL: silent). */
+int m2d_engine_logprobs_windows(m2d_engine *e, const m2d_window_set *windows, const char *progress);
+const m2d_pass_opts *m2d_engine_pass(const m2d_engine *e);
+
+/* How a pass on M runs within MEM_BUDGET bytes (weights and residual streams). M2D_PASS_AUTO:
+ * window-major while the weights fit the budget, else layer-major; the others force one. Layer-major keeps the residual streams in
+ * memory up to what the largest layer and the LM head leave of the budget. */
+m2d_pass_opts m2d_engine_plan_pass(const m2d_model *m, size_t mem_budget, m2d_pass_mode mode);
+/* "auto", "window" or "layer" -> *MODE; -1 + m2d_err naming WHAT otherwise */
+int m2d_pass_mode_parse(const char *what, const char *s, m2d_pass_mode *mode);
+/* Bytes of M's weights as stored (every layer, the embedding, the final norm and an untied LM head). */
+size_t m2d_engine_weight_bytes(const m2d_model *m);
 
 /* KV cache for prefix reuse (multiple-choice: a shared context, several continuations). */
 typedef struct m2d_kv m2d_kv;

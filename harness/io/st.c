@@ -501,6 +501,20 @@ int m2d_st_file_count(const m2d_st *st) { return st->n_files; }
 const char *m2d_st_file_path(const m2d_st *st, int i) { return st->files[i].path; }
 size_t m2d_st_file_size(const m2d_st *st, int i) { return st->files[i].size; }
 
+void m2d_st_advise(const m2d_st *st, const void *p, size_t n, m2d_st_advice advice) {
+    const uint8_t *b = p;
+    for (int f = 0; f < st->n_files && n > 0; f++) {
+        const st_file *sf = &st->files[f];
+        if (!sf->mapped || b < sf->base || b + n > sf->base + sf->size) continue;
+        /* whole pages inside [p, p + n) only: a shared edge page may hold a neighbour still in use */
+        uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), lo = ((uintptr_t)b + pg - 1) / pg * pg,
+                  hi = ((uintptr_t)b + n) / pg * pg;
+        if (advice == M2D_ST_WILLNEED) lo = (uintptr_t)b / pg * pg, hi = ((uintptr_t)b + n + pg - 1) / pg * pg;
+        if (hi > lo) madvise((void *)lo, hi - lo, advice == M2D_ST_WILLNEED ? MADV_WILLNEED : MADV_DONTNEED);
+        return;
+    }
+}
+
 /* ---------------------------------------------------------------- hashing */
 
 static void hash_u64(m2d_sha256 *s, uint64_t v) {

@@ -31,6 +31,13 @@ size_t m2d_st_file_size(const m2d_st *st, int i);
 /* Parse a whole safetensors file held in memory (not copied: BUF must outlive the view).
  * LABEL names it in errors. Same validation as m2d_st_open (used by the fuzzer and tests). */
 int m2d_st_open_buffer(const char *label, const void *buf, size_t len, m2d_st **out);
+/* Paging advice for the mapped bytes [P, P + N) of ST: M2D_ST_WILLNEED starts reading them now,
+ * M2D_ST_DONTNEED drops them from this process (a later read faults them in again from the file).
+ * Layer-major passes call it per layer so a checkpoint larger than RAM is read once per pass.
+ * Bytes outside ST's file mappings (owned copies, a caller's buffer) are left alone: the same
+ * advice on anonymous memory would zero it. */
+typedef enum { M2D_ST_WILLNEED, M2D_ST_DONTNEED } m2d_st_advice;
+void m2d_st_advise(const m2d_st *st, const void *p, size_t n, m2d_st_advice advice);
 /* Identity hash of the weights (hex sha256). Every byte is hashed when the tensor data is at
  * most MAX_FULL_BYTES, else a strided sample (see st.c). M2D_ST_HASH_FULL_MAX is the default. */
 #define M2D_ST_HASH_FULL_MAX ((uint64_t)256 << 20)

@@ -447,6 +447,37 @@ static int bind_table(m2d_model *m) {
     return 0;
 }
 
+/* FN on every tensor of LAYER: its roles, its experts' roles, the stored tensors its post_bind claimed */
+static void for_layer_tensor(const m2d_model *m, int layer, void (*fn)(const m2d_model *, const m2d_tensor *, void *),
+                             void *ctx) {
+    const m2d_layer *L = &m->layers[layer];
+    for (int r = 0; r < M2D_T_COUNT; r++)
+        if (L->w[r]) fn(m, L->w[r], ctx);
+    for (int r = 0; r < M2D_X_COUNT && m->cfg.layer_is_moe[layer]; r++)
+        for (int x = 0; L->x[r] && x < m->cfg.num_experts; x++) fn(m, L->x[r][x], ctx);
+    for (int i = 0; i < m->n_claimed; i++)
+        if (m->claimed[i].layer == layer) fn(m, m->claimed[i].t, ctx);
+}
+
+static void add_nbytes(const m2d_model *m, const m2d_tensor *t, void *ctx) {
+    (void)m;
+    *(size_t *)ctx += t->nbytes;
+}
+
+size_t m2d_model_layer_bytes(const m2d_model *m, int layer) {
+    size_t b = 0;
+    for_layer_tensor(m, layer, add_nbytes, &b);
+    return b;
+}
+
+static void advise_tensor(const m2d_model *m, const m2d_tensor *t, void *ctx) {
+    m2d_st_advise(m->st, t->data, t->nbytes, *(const m2d_st_advice *)ctx);
+}
+
+void m2d_model_advise_layer(const m2d_model *m, int layer, m2d_st_advice advice) {
+    if (m->st) for_layer_tensor(m, layer, advise_tensor, &advice);
+}
+
 void m2d_model_close(m2d_model *m) {
     if (!m) return;
     if (m->layers)

@@ -315,6 +315,11 @@ void m2d_config_free(m2d_config *cfg);
 /* Open DIR: config.json + safetensors (mmap) + bind + validate. */
 int m2d_model_open(const char *dir, m2d_model **out);
 void m2d_model_close(m2d_model *m);
+/* Layer LAYER's stored weights (roles, experts and the tensors its post_bind claimed): their
+ * bytes (what a layer-major pass holds at once), and paging advice on the mapped ones (io/st.h
+ * m2d_st_advise: read ahead before the layer runs, dropped from the process after it). */
+size_t m2d_model_layer_bytes(const m2d_model *m, int layer);
+void m2d_model_advise_layer(const m2d_model *m, int layer, m2d_st_advice advice);
 
 /* Parameter counts (elements) of CFG via its adapter: see m2d_param_counts above. */
 m2d_param_counts m2d_model_param_counts(const m2d_config *cfg);

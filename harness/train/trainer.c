@@ -35,7 +35,7 @@ int m2d_trainer_route_topk(const m2d_config *teacher, int topk) {
 static int open_parts(m2d_trainer *t, const m2d_model *teacher) {
     const m2d_trainer_opts *o = &t->o;
     int b = o->micro_batch ? o->micro_batch : o->batch;
-    m2d_engine_opts eo = {o->teacher_backend ? o->teacher_backend : o->backend, o->threads, o->precision};
+    m2d_engine_opts eo = {.backend = o->teacher_backend ? o->teacher_backend : o->backend, .n_threads = o->threads, .precision = o->precision};
     if (m2d_engine_open(teacher, &eo, &t->te)) return -1;
     /* the student's backend also holds the teacher's LM head: prepared for the teacher's precision
      * (the student's own weights are fp32 views, never prepared, and its GEMMs ask for fp32) */
