@@ -59,6 +59,31 @@ static void options_parse_and_reject(void **state) {
     assert_int_equal(v, 12);
 }
 
+/* byte counts (--mem-budget) and directory parts (the spill file's place) */
+static void bytes_and_dirs(void **state) {
+    (void)state;
+    size_t b;
+    const char *ok[] = {"512", "20G", "20GiB", "1.5g", "64M", "64MB", "1T", "3k"};
+    const size_t want[] = {512, (size_t)20 << 30, (size_t)20 << 30, (size_t)3 << 29, (size_t)64 << 20, (size_t)64 << 20,
+                           (size_t)1 << 40, 3072};
+    for (int i = 0; i < 8; i++) {
+        assert_int_equal(m2d_parse_bytes("t", "--mem-budget", ok[i], &b), 0);
+        assert_true(b == want[i]);
+    }
+    const char *bad[] = {"", "G", "-1G", "12X", "1GG", "nan", "1e30"};
+    for (int i = 0; i < 7; i++) {
+        assert_int_equal(m2d_parse_bytes("t", "--mem-budget", bad[i], &b), -1);
+        assert_non_null(strstr(m2d_errmsg(), "t: option --mem-budget:"));
+    }
+    const char *paths[][2] = {{"a/b/c.stats", "a/b"}, {"c.stats", "."}, {"/c", "/"}, {"/x/y", "/x"}};
+    for (int i = 0; i < 4; i++) {
+        char *d = m2d_path_dir(paths[i][0]);
+        assert_string_equal(d, paths[i][1]);
+        free(d);
+    }
+    assert_true(m2d_default_mem_budget() > 0 && m2d_default_mem_budget() <= m2d_physical_ram());
+}
+
 static void atomic_write_roundtrip(void **state) {
     (void)state;
     char *dir = tu_tmpdir();
@@ -184,6 +209,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(sha256_known_vectors),
         cmocka_unit_test(options_parse_and_reject),
+        cmocka_unit_test(bytes_and_dirs),
         cmocka_unit_test(atomic_write_roundtrip),
         cmocka_unit_test(error_prefix_and_stream_read),
         cmocka_unit_test(name_table_sorted),
