@@ -116,6 +116,72 @@ static void mxfp4_checkpoint_errors(void **state) {
     free(cfg), free(dir);
 }
 
+/* m2d_model_open_lazy (issue 25: GPT-OSS calibrates without its experts dequantised all at once):
+ * at every MoE layer of a layer-major pass only that layer's experts hold values; none after it;
+ * the log-probs equal the eagerly opened model's bit for bit; a scale byte 255 in layer 1 is
+ * reported when layer 1 is acquired, naming the tensor. */
+typedef struct { const m2d_model *m; int calls, worst; } held_check;
+static int count_held(void *user, const m2d_moe_event *ev) {
+    held_check *h = user;
+    int held = 0;
+    for (int l = 0; l < h->m->cfg.num_hidden_layers; l++) held += h->m->layer_ready[l];
+    h->worst = held > h->worst ? held : h->worst;
+    h->calls++;
+    assert_int_equal(h->m->layer_ready[ev->layer], 1);
+    return 0;
+}
+
+static void lazy_experts_one_layer_at_a_time(void **state) {
+    (void)state;
+    char *dir = golden_dir_built("gptoss-mxfp4");
+    m2d_model *eager = open_dir(dir), *lazy;
+    if (m2d_model_open_lazy(dir, &lazy) != 0) fail_msg("%s", m2d_errmsg());
+    int L = lazy->cfg.num_hidden_layers;
+    for (int l = 0; l < L; l++) assert_int_equal(lazy->layer_ready[l], 0), assert_int_equal(eager->layer_ready[l], 1);
+    assert_null(lazy->layers[0].x[M2D_X_EXP_GATE][0]->data);
+    enum { N = 24 };
+    int32_t tok[N + 1];
+    for (int i = 0; i <= N; i++) tok[i] = (i * 37 + 5) % 200;
+    double lp_lazy[N], lp_eager[N], *lps[1] = {lp_lazy};
+    const int32_t *toks[1] = {tok}, *tgs[1] = {tok + 1};
+    int lens[1] = {N}, first[1] = {0};
+    m2d_window_set set = {1, toks, lens, tgs, first, lps};
+    m2d_engine *e;
+    /* a layer-major engine keeps no prepared copies (engine.c default_residency) */
+    assert_int_equal(m2d_engine_open(lazy, &(m2d_engine_opts){.n_threads = 1, .pass = M2D_PASS_LAYER}, &e), 0);
+    held_check h = {lazy, 0, 0};
+    m2d_engine_set_moe_hook(e, count_held, &h);
+    if (m2d_engine_logprobs_windows(e, &set, NULL)) fail_msg("%s", m2d_errmsg());
+    m2d_engine_free(e);
+    print_message("lazy MXFP4 experts: %d MoE events, at most %d layer(s) dequantised at once\n", h.calls, h.worst);
+    assert_int_equal(h.calls, L);
+    assert_int_equal(h.worst, 1);
+    for (int l = 0; l < L; l++) assert_int_equal(lazy->layer_ready[l], 0);
+    assert_int_equal(m2d_engine_open(eager, &(m2d_engine_opts){.n_threads = 1}, &e), 0);
+    assert_int_equal(m2d_engine_logprobs(e, tok, N, tok + 1, 0, lp_eager), 0);
+    m2d_engine_free(e);
+    assert_memory_equal(lp_lazy, lp_eager, sizeof lp_lazy); /* the same values, bf16 exact either way */
+    m2d_model_close(lazy), m2d_model_close(eager);
+    free(dir);
+}
+
+/* a bad MXFP4 scale found when its layer is acquired, not at a lazy open */
+static void lazy_experts_bad_scale(void **state) {
+    (void)state;
+    char *dir = golden_dir_built("gptoss-mxfp4");
+    rewrite_st(dir, NULL, scale_255);
+    m2d_model *lazy;
+    if (m2d_model_open_lazy(dir, &lazy) != 0) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(m2d_model_acquire_layer(lazy, 0), 0);
+    assert_int_equal(m2d_model_acquire_layer(lazy, 1), -1);
+    assert_non_null(strstr(m2d_errmsg(), "model.layers.1.mlp.experts.down_proj_scales"));
+    assert_non_null(strstr(m2d_errmsg(), "non-finite"));
+    assert_int_equal(lazy->layer_ready[1], 0);
+    assert_null(lazy->layers[1].x[M2D_X_EXP_DOWN][0]->data); /* nothing half-filled kept */
+    m2d_model_close(lazy);
+    free(dir);
+}
+
 static void checkpoint_errors(void **state) {
     (void)state;
     char *dir = golden_dir_built("gptoss");
@@ -287,6 +353,8 @@ int main(void) {
         cmocka_unit_test(golden_student_moe),
         cmocka_unit_test(engine_matches_reference),
         cmocka_unit_test(mxfp4_checkpoint_errors),
+        cmocka_unit_test(lazy_experts_one_layer_at_a_time),
+        cmocka_unit_test(lazy_experts_bad_scale),
         cmocka_unit_test(checkpoint_errors),
         cmocka_unit_test(config_errors_and_defaults),
         cmocka_unit_test(parameter_counts_of_gptoss_20b),

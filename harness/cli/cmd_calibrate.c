@@ -126,7 +126,7 @@ static int cmd_calibrate_run(int argc, char **argv) {
     m2d_calib_job j = {0};
     int rc = parse_args(argc, argv, &a) ||
              m2d_check_output_path(a.out) || /* refused now, not after the calibration */
-             m2d_model_open(a.model, &m) || m2d_tokenizer_load(a.model, &tk) || calibrate(&a, m, tk, &j);
+             m2d_model_open_lazy(a.model, &m) || m2d_tokenizer_load(a.model, &tk) || calibrate(&a, m, tk, &j);
     if (rc) m2d_cmd_fail("calibrate");
     else print_result(&a, &j, m);
     m2d_calib_job_free(&j);

@@ -145,7 +145,7 @@ static int cmd_ppl_run(int argc, char **argv) {
     m2d_tokenizer *tk = NULL;
     m2d_engine *e = NULL;
     m2d_ppl_result r;
-    int rc = m2d_model_open(model_dir, &m);
+    int rc = m2d_model_open_lazy(model_dir, &m);
     if (rc == 0) rc = m2d_tokenizer_load(model_dir, &tk);
     if (rc == 0)
         rc = m2d_engine_open(m, &(m2d_engine_opts){.backend = device, .n_threads = (int)nt, .precision = prec,

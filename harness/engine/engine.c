@@ -124,6 +124,10 @@ static void keep_within(m2d_engine *e, m2d_weight *w, void *ctx) {
 }
 
 size_t m2d_engine_cache_weights(m2d_engine *e, size_t budget_bytes) {
+    /* prepared copies are made from the values: a lazy model's deferred layers get theirs first
+     * (a layer that cannot is reported by the forward that runs it) */
+    for (int l = 0; l < e->m->cfg.num_hidden_layers; l++)
+        if (m2d_model_acquire_layer(e->m, l)) return e->resident_bytes;
     e->B->enter(e->be);
     for_each_weight(e, 1, keep_within, &budget_bytes);
     e->B->leave(e->be);
@@ -131,13 +135,14 @@ size_t m2d_engine_cache_weights(m2d_engine *e, size_t budget_bytes) {
 }
 
 /* $M2D_WEIGHT_CACHE_MB if set (0 = prepare on use); else everything, if the backend's default
- * budget holds all of it */
+ * budget holds all of it and the passes are window-major (a layer-major engine holds one layer) */
 static void default_residency(m2d_engine *e) {
     const char *env = getenv("M2D_WEIGHT_CACHE_MB");
     if (env) {
         if (atol(env) > 0) m2d_engine_cache_weights(e, (size_t)atol(env) << 20);
         return;
     }
+    if (e->pass.layer_major) return;
     size_t all = 0;
     for_each_weight(e, 0, add_bytes, &all);
     if (all > 0 && all <= e->B->resident_budget(e->be)) m2d_engine_cache_weights(e, all);
@@ -601,7 +606,7 @@ static void embed_rows(m2d_engine *e, const int32_t *tokens, const fwd_ws *w) {
 static int run_layer(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
     int n = w->n, d = e->m->cfg.hidden_size;
     if (l != e->skip_layer) {
-        if (attention_block(e, l, w, p) || ffn_block(e, l, w)) return -1;
+        if (m2d_model_acquire_layer(e->m, l) || attention_block(e, l, w, p) || ffn_block(e, l, w)) return -1;
         if (e->probe && probe_at(e, l, M2D_PROBE_LAYER_OUT, w->x, n, d)) return -1;
     }
     if (p->capture) e->B->download(e->be, p->capture + (size_t)l * n * d, w->x, 0, f32s(n, d));
@@ -780,6 +785,7 @@ static int pass_layer(layer_pass *lp, int l) {
         if (lp->prog) m2d_progress_update(lp->prog, lp->done);
     }
     m2d_model_advise_layer(m, l, M2D_ST_DONTNEED);
+    m2d_model_release_layer(m, l); /* deferred values (MXFP4 experts dequantised) given back */
     return rc;
 }
 
@@ -848,6 +854,7 @@ static int expert_impl(m2d_engine *e, int layer, int expert, const float *x, int
     if (expert < 0 || expert >= c->num_experts)
         return m2d_err("engine: expert %d out of range [0, %d)", expert, c->num_experts);
     if (n <= 0) return m2d_err("engine: expert: n = %d tokens", n);
+    if (m2d_model_acquire_layer(e->m, layer)) return -1;
     int d = c->hidden_size, de = c->moe_intermediate_size;
     const layer_weights *lw = &e->lw[layer];
     m2d_weight *wt[M2D_T_COUNT] = {0};
@@ -892,6 +899,7 @@ static int all_experts_impl(m2d_engine *e, int layer, const float *x, int n, flo
     if (layer < 0 || layer >= c->num_hidden_layers || !c->layer_is_moe[layer])
         return m2d_err("engine: layer %d is not an MoE layer", layer);
     if (n <= 0) return m2d_err("engine: all experts: n = %d tokens", n);
+    if (m2d_model_acquire_layer(e->m, layer)) return -1;
     uint64_t need = M2D_CAP(M2D_CAP_EXPERTS_ALL) | (gram ? M2D_CAP(M2D_CAP_GRAM) : 0);
     int miss = m2d_backend_missing(e->be, need);
     if (miss >= 0)

@@ -9,9 +9,11 @@
  *  - router: logits with a bias, top-k of the logits, gates = softmax over those k;
  *  - storage: the experts unquantised (bf16/f32 as above) or MXFP4 (quantization_config
  *    quant_method "mxfp4": NAME_blocks [E, rows, cols/32, 16] + NAME_scales [E, rows, cols/32] of
- *    each matrix in nn.Linear [out, in] layout, io/mxfp4.h). The post_bind hook splits and
- *    transposes (or dequantises, to bf16: exact) them into per-expert role tensors owned by the
- *    model, costing 2 bytes per expert weight in memory (GPT-OSS-20B: ~38 GB).
+ *    each matrix in nn.Linear [out, in] layout, io/mxfp4.h). The post_bind hook makes per-expert
+ *    role tensors owned by the model, deferred: fill_layer splits and transposes (or dequantises,
+ *    to bf16: exact) one layer's experts into them, 2 bytes per expert weight (GPT-OSS-20B: ~38 GB
+ *    for every layer at once with m2d_model_open; one layer at a time, ~1.6 GB, with
+ *    m2d_model_open_lazy in a layer-major pass).
  * Student (SPEC §4, paper §4.6): a GptOssForCausalLM with one expert of width k·d_e routed top-1.
  * A softmax over one logit is exactly 1, so such a model is the dense FFN it holds: this adapter
  * parses num_local_experts = num_experts_per_tok = 1 as dense layers (the router, zero, is read
@@ -118,17 +120,29 @@ static int gptoss_parse(const void *json, const char *path, m2d_config *c) {
 /* ---- the experts' stored layouts into per-expert role tensors ---- */
 
 typedef struct {
-    m2d_model *m;
+    const m2d_model *m;
     int layer, E, de, d;
     m2d_dtype dt;            /* of the role tensors made */
     m2d_tensor **gate, **up, **down, **bg, **bu, **bd; /* [E] each */
 } experts_out;
 
+/* the stored tensors one layer's experts are read from (NULL where the storage has none) */
+typedef struct {
+    const m2d_tensor *gub, *db;          /* biases: gate_up [E, 2de] interleaved, down [E, d] */
+    const m2d_tensor *gu, *dn;           /* unquantised: gate_up [E, d, 2de], down [E, de, d] */
+    const m2d_tensor *gb, *gs, *dbk, *ds; /* MXFP4 blocks and scales of gate_up and down */
+} experts_src;
+
+static const char *const SRC_NAME[8] = {"gate_up_proj_bias", "down_proj_bias", "gate_up_proj", "down_proj",
+                                        "gate_up_proj_blocks", "gate_up_proj_scales", "down_proj_blocks",
+                                        "down_proj_scales"};
+
 static char *xname(const experts_out *x, int e, const char *what) {
     return m2d_strfmt("model.layers.%d.mlp.experts[%d].%s", x->layer, e, what);
 }
 
-static void make_tensors(experts_out *x, m2d_dtype bias_dt) {
+/* the role tensors, deferred: their values come when the layer is acquired (gptoss_fill_layer) */
+static void make_tensors(m2d_model *m, experts_out *x, m2d_dtype bias_dt) {
     const char *nm[6] = {"gate_proj (from gate_up_proj)", "up_proj (from gate_up_proj)", "down_proj",
                          "gate_proj.bias", "up_proj.bias", "down_proj.bias"};
     m2d_tensor **arr[6] = {x->gate, x->up, x->down, x->bg, x->bu, x->bd};
@@ -136,7 +150,7 @@ static void make_tensors(experts_out *x, m2d_dtype bias_dt) {
     for (int e = 0; e < x->E; e++)
         for (int r = 0; r < 6; r++) {
             char *n = xname(x, e, nm[r]);
-            arr[r][e] = m2d_model_new_tensor(x->m, n, r < 3 ? x->dt : bias_dt, r < 3 ? 2 : 1, shp[r]);
+            arr[r][e] = m2d_model_new_deferred(m, n, r < 3 ? x->dt : bias_dt, r < 3 ? 2 : 1, shp[r], x->layer);
             free(n);
         }
 }
@@ -192,71 +206,113 @@ static void split_biases(experts_out *x, const m2d_tensor *gub, const m2d_tensor
     }
 }
 
-static const m2d_tensor *claim(experts_out *x, const char *what, int ndim, const int64_t *shape, unsigned dtypes) {
-    char *n = m2d_strfmt("model.layers.%d.mlp.%s", x->layer, what);
-    const m2d_tensor *t = m2d_model_claim(x->m, n, x->layer, M2D_PART_FFN, ndim, shape, dtypes);
+static const m2d_tensor *claim(m2d_model *m, int layer, const char *what, int ndim, const int64_t *shape,
+                               unsigned dtypes) {
+    char *n = m2d_strfmt("model.layers.%d.mlp.%s", layer, what);
+    const m2d_tensor *t = m2d_model_claim(m, n, layer, M2D_PART_FFN, ndim, shape, dtypes);
     free(n);
     return t;
 }
 
-/* the stored experts of X->layer into X's role tensors */
-static int read_experts(experts_out *x) {
-    int E = x->E, d = x->d, de = x->de;
-    const m2d_tensor *gub = claim(x, "experts.gate_up_proj_bias", 2, (int64_t[]){E, 2 * de}, 0);
-    const m2d_tensor *db = gub ? claim(x, "experts.down_proj_bias", 2, (int64_t[]){E, d}, 1u << gub->dtype) : NULL;
-    if (!db) return -1;
-    if (!x->m->cfg.quant_method[0]) {
-        const m2d_tensor *gu = claim(x, "experts.gate_up_proj", 3, (int64_t[]){E, d, 2 * de}, 0);
-        const m2d_tensor *dn = gu ? claim(x, "experts.down_proj", 3, (int64_t[]){E, de, d}, 1u << gu->dtype) : NULL;
-        if (!dn) return -1;
+/* the stored experts of X->layer, claimed (shapes and dtypes checked at open); X->dt set */
+static int claim_experts(m2d_model *m, experts_out *x) {
+    int E = x->E, d = x->d, de = x->de, l = x->layer;
+    const m2d_tensor *gub = claim(m, l, "experts.gate_up_proj_bias", 2, (int64_t[]){E, 2 * de}, 0);
+    if (!gub || !claim(m, l, "experts.down_proj_bias", 2, (int64_t[]){E, d}, 1u << gub->dtype)) return -1;
+    if (!m->cfg.quant_method[0]) {
+        const m2d_tensor *gu = claim(m, l, "experts.gate_up_proj", 3, (int64_t[]){E, d, 2 * de}, 0);
+        if (!gu || !claim(m, l, "experts.down_proj", 3, (int64_t[]){E, de, d}, 1u << gu->dtype)) return -1;
         x->dt = gu->dtype;
-        make_tensors(x, gub->dtype);
-        split_unquantised(x, gu, dn);
     } else {
         const unsigned u8 = 1u << M2D_U8;
-        const m2d_tensor *gb = claim(x, "experts.gate_up_proj_blocks", 4, (int64_t[]){E, 2 * de, d / 32, 16}, u8);
-        const m2d_tensor *gs = gb ? claim(x, "experts.gate_up_proj_scales", 3, (int64_t[]){E, 2 * de, d / 32}, u8) : NULL;
-        const m2d_tensor *dbk = gs ? claim(x, "experts.down_proj_blocks", 4, (int64_t[]){E, d, de / 32, 16}, u8) : NULL;
-        const m2d_tensor *ds = dbk ? claim(x, "experts.down_proj_scales", 3, (int64_t[]){E, d, de / 32}, u8) : NULL;
-        if (!ds) return -1;
-        x->dt = M2D_BF16;
-        make_tensors(x, gub->dtype);
-        if (dequant_rows(x, gb, gs, 2 * de, d, x->gate, 0, 2) || dequant_rows(x, gb, gs, 2 * de, d, x->up, 1, 2) ||
-            dequant_rows(x, dbk, ds, d, de, x->down, 0, 1))
+        if (!claim(m, l, "experts.gate_up_proj_blocks", 4, (int64_t[]){E, 2 * de, d / 32, 16}, u8) ||
+            !claim(m, l, "experts.gate_up_proj_scales", 3, (int64_t[]){E, 2 * de, d / 32}, u8) ||
+            !claim(m, l, "experts.down_proj_blocks", 4, (int64_t[]){E, d, de / 32, 16}, u8) ||
+            !claim(m, l, "experts.down_proj_scales", 3, (int64_t[]){E, d, de / 32}, u8))
             return -1;
+        x->dt = M2D_BF16;
     }
-    split_biases(x, gub, db);
+    make_tensors(m, x, gub->dtype);
     return 0;
 }
 
+/* the stored tensors of LAYER's experts, claimed at open (each present for its storage) */
+static experts_src sources_of(const m2d_model *m, int layer) {
+    const m2d_tensor *t[8];
+    for (int i = 0; i < 8; i++) {
+        char *n = m2d_strfmt("model.layers.%d.mlp.experts.%s", layer, SRC_NAME[i]);
+        t[i] = m2d_st_find(m->st, n);
+        free(n);
+    }
+    return (experts_src){t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]};
+}
+
+/* the values of X's role tensors from the stored experts */
+static int fill_experts(experts_out *x, const experts_src *s) {
+    int d = x->d, de = x->de;
+    if (!x->m->cfg.quant_method[0]) split_unquantised(x, s->gu, s->dn);
+    else if (dequant_rows(x, s->gb, s->gs, 2 * de, d, x->gate, 0, 2) || dequant_rows(x, s->gb, s->gs, 2 * de, d, x->up, 1, 2) ||
+             dequant_rows(x, s->dbk, s->ds, d, de, x->down, 0, 1))
+        return -1;
+    split_biases(x, s->gub, s->db);
+    return 0;
+}
+
+/* LAYER's experts (E of them, one for the dense student) as X over the role arrays ARR [6][E] */
+static experts_out layer_experts(const m2d_model *m, int layer, m2d_tensor **arr) {
+    const m2d_config *c = &m->cfg;
+    int moe = c->layer_is_moe[layer], E = moe ? c->num_experts : 1;
+    experts_out x = {m, layer, E, moe ? c->moe_intermediate_size : c->intermediate_size, c->hidden_size, M2D_BF16,
+                     NULL, NULL, NULL, NULL, NULL, NULL};
+    x.gate = arr, x.up = arr + E, x.down = arr + 2 * E, x.bg = arr + 3 * E, x.bu = arr + 4 * E, x.bd = arr + 5 * E;
+    return x;
+}
+
+static const int ROLES[6] = {M2D_X_EXP_GATE, M2D_X_EXP_UP, M2D_X_EXP_DOWN, M2D_X_EXP_GATE_BIAS, M2D_X_EXP_UP_BIAS,
+                             M2D_X_EXP_DOWN_BIAS};
+
+/* The layer's role tensors: made deferred here (the MXFP4 experts are dequantised one layer at a
+ * time when acquired, m2d_model_open_lazy, or every layer at open, m2d_model_open). */
 static int gptoss_post_bind(m2d_model *m) {
     const m2d_config *c = &m->cfg;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         m2d_layer *L = &m->layers[l];
         int moe = c->layer_is_moe[l], E = moe ? c->num_experts : 1;
-        experts_out x = {m, l, E, moe ? c->moe_intermediate_size : c->intermediate_size, c->hidden_size, M2D_BF16,
-                         NULL, NULL, NULL, NULL, NULL, NULL};
         m2d_tensor **arr = m2d_calloc((size_t)6 * E, sizeof *arr);
-        x.gate = arr, x.up = arr + E, x.down = arr + 2 * E, x.bg = arr + 3 * E, x.bu = arr + 4 * E, x.bd = arr + 5 * E;
-        int rc = read_experts(&x);
+        experts_out x = layer_experts(m, l, arr);
+        int rc = claim_experts(m, &x);
         if (rc == 0 && moe) {
-            const int roles[6] = {M2D_X_EXP_GATE, M2D_X_EXP_UP, M2D_X_EXP_DOWN, M2D_X_EXP_GATE_BIAS, M2D_X_EXP_UP_BIAS,
-                                  M2D_X_EXP_DOWN_BIAS};
             for (int r = 0; r < 6; r++) {
-                L->x[roles[r]] = m2d_malloc(sizeof(const m2d_tensor *) * (size_t)E);
-                memcpy(L->x[roles[r]], arr + (size_t)r * E, sizeof(const m2d_tensor *) * (size_t)E);
+                L->x[ROLES[r]] = m2d_malloc(sizeof(const m2d_tensor *) * (size_t)E);
+                memcpy(L->x[ROLES[r]], arr + (size_t)r * E, sizeof(const m2d_tensor *) * (size_t)E);
             }
         } else if (rc == 0) { /* the one-expert student: a dense FFN; its router is read, never used */
             L->gate_proj = x.gate[0], L->up_proj = x.up[0], L->down_proj = x.down[0];
             L->gate_bias = x.bg[0], L->up_bias = x.bu[0], L->down_bias = x.bd[0];
-            rc = claim(&x, "router.weight", 2, (int64_t[]){1, c->hidden_size}, 0) &&
-                         claim(&x, "router.bias", 1, (int64_t[]){1}, 0)
+            rc = claim(m, l, "router.weight", 2, (int64_t[]){1, c->hidden_size}, 0) &&
+                         claim(m, l, "router.bias", 1, (int64_t[]){1}, 0)
                      ? 0 : -1;
         }
         free(arr);
         if (rc) return -1;
     }
     return 0;
+}
+
+/* The values of LAYER's role tensors (model.h fill_layer). They are the model's own deferred
+ * tensors (m2d_model_new_deferred), writable: the casts drop the const of the layer's view. */
+static int gptoss_fill_layer(const m2d_model *m, int layer) {
+    const m2d_layer *L = &m->layers[layer];
+    int moe = m->cfg.layer_is_moe[layer], E = moe ? m->cfg.num_experts : 1;
+    m2d_tensor **arr = m2d_calloc((size_t)6 * E, sizeof *arr);
+    const m2d_tensor *dense[6] = {L->gate_proj, L->up_proj, L->down_proj, L->gate_bias, L->up_bias, L->down_bias};
+    for (int r = 0; r < 6; r++)
+        for (int e = 0; e < E; e++) arr[(size_t)r * E + e] = (m2d_tensor *)(moe ? L->x[ROLES[r]][e] : dense[r]);
+    experts_out x = layer_experts(m, layer, arr);
+    experts_src src = sources_of(m, layer);
+    int rc = fill_experts(&x, &src);
+    free(arr);
+    return rc;
 }
 
 /* ---- the student's FFN block as GPT-OSS stores it ---- */
@@ -403,4 +459,4 @@ M2D_ARCH(gptoss, .name = "GptOssForCausalLM",
          .summary = "GPT-OSS decoder (sinks, sliding/full layers, YaRN, biases, clamped SwiGLU experts, MXFP4)",
          .parse_config = gptoss_parse, .tensors = gptoss_tensors, .student = "GptOssForCausalLM",
          .student_config = gptoss_student_config, .param_counts = gptoss_param_counts,
-         .post_bind = gptoss_post_bind, .write_ffn = gptoss_write_ffn, .family = "GPT-OSS")
+         .post_bind = gptoss_post_bind, .fill_layer = gptoss_fill_layer, .write_ffn = gptoss_write_ffn, .family = "GPT-OSS")

@@ -490,6 +490,8 @@ void m2d_model_close(m2d_model *m) {
         free(m->owned[i]);
     }
     free(m->owned);
+    free(m->owned_layer);
+    free(m->layer_ready);
     free(m->claimed);
     m2d_st_close(m->st);
     m2d_config_free(&m->cfg);
@@ -498,7 +500,7 @@ void m2d_model_close(m2d_model *m) {
     free(m);
 }
 
-int m2d_model_open(const char *dir, m2d_model **out) {
+static int open_model(const char *dir, int lazy, m2d_model **out) {
     *out = NULL;
     m2d_model *m = m2d_calloc(1, sizeof *m);
     m->dir = m2d_strdup(dir);
@@ -515,11 +517,44 @@ int m2d_model_open(const char *dir, m2d_model **out) {
     /* tensors the adapter did not bind would be silently ignored: refuse them */
     if (m2d_model_check_unused(m) != 0) goto fail;
     m2d_st_hash(m->st, M2D_ST_HASH_FULL_MAX, m->weights_hash);
+    for (int l = 0; !lazy && l < m->cfg.num_hidden_layers; l++)
+        if (m2d_model_acquire_layer(m, l) != 0) goto fail;
     *out = m;
     return 0;
 fail:
     m2d_model_close(m);
     return -1;
+}
+
+int m2d_model_open(const char *dir, m2d_model **out) { return open_model(dir, 0, out); }
+int m2d_model_open_lazy(const char *dir, m2d_model **out) { return open_model(dir, 1, out); }
+
+/* the deferred tensors of LAYER get buffers (ALLOC) or lose them. The tensors are the model's own
+ * heap objects (m2d_model_new_deferred), so writing through the const model is writing to them. */
+static void deferred_buffers(const m2d_model *m, int layer, int alloc) {
+    for (int i = 0; i < m->n_owned; i++) {
+        if (m->owned_layer[i] != layer) continue;
+        m2d_tensor *t = m->owned[i];
+        free((void *)t->data);
+        t->data = alloc ? m2d_calloc(t->nbytes ? t->nbytes : 1, 1) : NULL;
+    }
+}
+
+int m2d_model_acquire_layer(const m2d_model *m, int layer) {
+    if (!m->layer_ready || m->layer_ready[layer]) return 0;
+    deferred_buffers(m, layer, 1);
+    if (m->arch->fill_layer(m, layer) != 0) {
+        deferred_buffers(m, layer, 0);
+        return -1;
+    }
+    m->layer_ready[layer] = 1;
+    return 0;
+}
+
+void m2d_model_release_layer(const m2d_model *m, int layer) {
+    if (!m->layer_ready || !m->layer_ready[layer]) return;
+    deferred_buffers(m, layer, 0);
+    m->layer_ready[layer] = 0;
 }
 
 /* Every checkpoint tensor must be one the adapter bound (an extra tensor usually means a
@@ -592,8 +627,20 @@ m2d_tensor *m2d_model_new_tensor(m2d_model *m, const char *name, m2d_dtype dtype
     if (m->n_owned == m->cap_owned) {
         m->cap_owned = m->cap_owned ? 2 * m->cap_owned : 64;
         m->owned = m2d_realloc(m->owned, (size_t)m->cap_owned * sizeof *m->owned);
+        m->owned_layer = m2d_realloc(m->owned_layer, (size_t)m->cap_owned * sizeof *m->owned_layer);
     }
+    m->owned_layer[m->n_owned] = -1;
     m->owned[m->n_owned++] = t;
+    return t;
+}
+
+m2d_tensor *m2d_model_new_deferred(m2d_model *m, const char *name, m2d_dtype dtype, int ndim, const int64_t *shape,
+                                   int layer) {
+    m2d_tensor *t = m2d_model_new_tensor(m, name, dtype, ndim, shape);
+    free((void *)t->data);
+    t->data = NULL;
+    m->owned_layer[m->n_owned - 1] = layer;
+    if (!m->layer_ready) m->layer_ready = m2d_calloc((size_t)m->cfg.num_hidden_layers, 1);
     return t;
 }
 

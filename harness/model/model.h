@@ -246,6 +246,9 @@ typedef struct {
     char weights_hash[65];  /* sha256 over tensor names, shapes, dtypes and bytes (identity for caches) */
     /* made by the adapter's post_bind hook (m2d_model_new_tensor): freed by m2d_model_close */
     m2d_tensor **owned; int n_owned, cap_owned;
+    int *owned_layer;       /* [n_owned] the layer of a deferred tensor (m2d_model_new_deferred), else -1 */
+    unsigned char *layer_ready; /* [num_hidden_layers] 1: the layer's deferred tensors hold their values
+                             * (m2d_model_acquire_layer); NULL: the model has none */
     /* stored tensors post_bind read instead of binding them to a role (m2d_model_claim) */
     struct m2d_claim { const m2d_tensor *t; int layer, part; } *claimed; int n_claimed, cap_claimed;
 } m2d_model;
@@ -283,6 +286,10 @@ struct m2d_arch {
      * makes (m2d_model_new_tensor, dequantised / split / transposed into the roles' layouts) from
      * stored tensors it claims (m2d_model_claim, which the unused-tensor check then accepts). */
     int (*post_bind)(m2d_model *m);
+    /* optional, with post_bind: the values of LAYER's deferred tensors (m2d_model_new_deferred;
+     * their buffers zeroed and allocated by the caller, m2d_model_acquire_layer), e.g. MXFP4
+     * experts dequantised one layer at a time instead of the whole model at open */
+    int (*fill_layer)(const m2d_model *m, int layer);
     /* optional, the inverse for a student written by convert: the FFN block (the roles of part
      * M2D_PART_FFN and the experts) of LAYER of S as S's checkpoint stores it, added to W.
      * NULL: each role tensor under its table name. */
@@ -314,6 +321,16 @@ int m2d_config_parse(const char *text, size_t len, const char *path, m2d_config 
 void m2d_config_free(m2d_config *cfg);
 /* Open DIR: config.json + safetensors (mmap) + bind + validate. */
 int m2d_model_open(const char *dir, m2d_model **out);
+/* The same, leaving the layers' deferred tensors (an adapter's fill_layer: GPT-OSS's MXFP4 experts
+ * dequantised) without values until m2d_model_acquire_layer: for passes that hold one layer at a
+ * time (the engine acquires each layer it runs, and a layer-major pass releases it after). Every
+ * other reader of tensor data opens with m2d_model_open, which acquires every layer. */
+int m2d_model_open_lazy(const char *dir, m2d_model **out);
+/* LAYER's deferred tensors given their values (a no-op when they have them or the model has none;
+ * -1 + m2d_err from the adapter, e.g. an MXFP4 block that dequantises to a non-finite value), and
+ * their memory given back (values gone until the next acquire). */
+int m2d_model_acquire_layer(const m2d_model *m, int layer);
+void m2d_model_release_layer(const m2d_model *m, int layer);
 void m2d_model_close(m2d_model *m);
 /* Layer LAYER's stored weights (roles, experts and the tensors its post_bind claimed): their
  * bytes (what a layer-major pass holds at once), and paging advice on the mapped ones (io/st.h
@@ -373,5 +390,9 @@ const m2d_tensor *m2d_model_claim(m2d_model *m, const char *name, int layer, int
 /* A zero-filled tensor owned by M (freed by m2d_model_close); its data is writable until bound. */
 m2d_tensor *m2d_model_new_tensor(m2d_model *m, const char *name, m2d_dtype dtype, int ndim,
                                  const int64_t *shape);
+/* The same for LAYER with no values yet (data NULL): the adapter's fill_layer writes them when the
+ * layer is acquired (m2d_model_acquire_layer). */
+m2d_tensor *m2d_model_new_deferred(m2d_model *m, const char *name, m2d_dtype dtype, int ndim,
+                                   const int64_t *shape, int layer);
 
 #endif
