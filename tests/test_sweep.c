@@ -918,6 +918,34 @@ static void dry_run_estimates_from_teacher_table(void **state) {
     free_fixture(&fx);
 }
 
+/* A teacher larger than any machine's 80 % budget (a 1.2 TB MoE) is estimated layer-major: the
+ * peak holds its largest layer and LM head, not its weights; a small one is not. */
+static void memory_estimate_layer_major(void **state) {
+    (void)state;
+    m2d_run_shape big = {.vocab = 151936, .hidden = 8192, .layers = 96, .moe_layers = 96, .heads = 64, .kv_heads = 8,
+                         .head_dim = 128, .d_e = 2048, .E = 256, .k = 8, .F = 0, .dtype_bytes = 2, .tied = 0};
+    m2d_run_memory m;
+    m2d_run_memory_estimate(&big, 512, 0, &m);
+    assert_true(m.teacher > 1e12);
+    assert_true(m.layer_major);
+    double d = 8192, attn = d * 128 * (2 * 64 + 2 * 8) + 2 * d + 2 * 128;
+    double layer = 2 * (attn + 256 * (3 * d * 2048 + d) + 151936 * d);
+    assert_true(fabs(m.teacher_layer - layer) <= 1e-9 * layer);
+    assert_true(fabs(m.total - (layer + m.calib + m.student)) <= 1e-9 * m.total);
+    char *out = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&out, &len);
+    m2d_run_memory_print(&m, f);
+    fclose(f);
+    assert_non_null(strstr(out, "teacher one layer at a time"));
+    assert_non_null(strstr(out, "its passes run layer-major"));
+    free(out);
+    m2d_run_shape small = big;
+    small.layers = small.moe_layers = 1, small.hidden = 64, small.vocab = 1000, small.E = 4, small.d_e = 32;
+    m2d_run_memory_estimate(&small, 512, 0, &m);
+    assert_false(m.layer_major);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(grid_expands_resolves_and_trims),
@@ -935,6 +963,7 @@ int main(void) {
         cmocka_unit_test(mc_fill_finds_columns_by_name),
         cmocka_unit_test(shipped_experiments_file_is_valid),
         cmocka_unit_test(dry_run_estimates_from_teacher_table),
+        cmocka_unit_test(memory_estimate_layer_major),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

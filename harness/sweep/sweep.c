@@ -257,6 +257,12 @@ void m2d_run_memory_estimate(const m2d_run_shape *s, int calib_L, int moe_K_max,
     m->calib = calib_bytes(s, calib_L);
     m->student = (double)s->dtype_bytes * (double)m->student_params;
     m->total = m->teacher + m->calib + m->student;
+    /* the largest layer (an MoE layer's experts, router and attention) beside the LM head */
+    int64_t d = s->hidden, attn = d * s->head_dim * (2 * s->heads + 2 * s->kv_heads) + 2 * d + 2 * s->head_dim;
+    int64_t layer = attn + M2D_MAX(s->moe_layers ? s->E * (3 * d * s->d_e + d) : 0, 3 * d * s->F);
+    m->teacher_layer = (double)s->dtype_bytes * (double)(layer + s->vocab * d);
+    m->layer_major = m->total > (double)m2d_default_mem_budget();
+    if (m->layer_major) m->total = m->teacher_layer + m->calib + m->student;
 }
 
 /* BYTES as "%.1f GiB" from 1 GiB up, else "%.1f MiB" */
@@ -269,16 +275,21 @@ static const char *fmt_bytes(double bytes, char *buf, size_t n) {
 
 void m2d_run_memory_print(const m2d_run_memory *m, FILE *f) {
     const double G = 1024.0 * 1024 * 1024;
-    char a[32], b[32], c[32], d[32];
-    fprintf(f, "peak memory: ~%s (teacher %s mapped as stored, calibration %s, student %s; README \"Memory of a "
-               "sweep\")\n", fmt_bytes(m->total, a, sizeof a), fmt_bytes(m->teacher, b, sizeof b),
-            fmt_bytes(m->calib, c, sizeof c), fmt_bytes(m->student, d, sizeof d));
-    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    double ram = pages > 0 && psz > 0 ? (double)pages * (double)psz : INFINITY;
+    char a[32], b[32], c[32], d[32], e[32];
+    if (m->layer_major)
+        fprintf(f, "peak memory: ~%s (teacher one layer at a time: %s of its %s mapped as stored, calibration %s, "
+                   "student %s; README \"Memory of a sweep\")\nthe teacher exceeds the memory budget (80 %% of RAM): "
+                   "its passes run layer-major, each layer read from disk once per pass\n",
+                fmt_bytes(m->total, a, sizeof a), fmt_bytes(m->teacher_layer, e, sizeof e),
+                fmt_bytes(m->teacher, b, sizeof b), fmt_bytes(m->calib, c, sizeof c), fmt_bytes(m->student, d, sizeof d));
+    else
+        fprintf(f, "peak memory: ~%s (teacher %s mapped as stored, calibration %s, student %s; README \"Memory of a "
+                   "sweep\")\n", fmt_bytes(m->total, a, sizeof a), fmt_bytes(m->teacher, b, sizeof b),
+                fmt_bytes(m->calib, c, sizeof c), fmt_bytes(m->student, d, sizeof d));
+    double ram = m2d_physical_ram() ? (double)m2d_physical_ram() : INFINITY;
     if (m->total > ram)
-        fprintf(f, "warning: the estimated peak memory (%.1f GiB) exceeds this machine's RAM (%.1f GiB): the mapped "
-                   "teacher will be re-read from disk each forward (correct, slow) or the run may fail\n",
-                m->total / G, ram / G);
+        fprintf(f, "warning: the estimated peak memory (%.1f GiB) exceeds this machine's RAM (%.1f GiB)%s: the run "
+                   "may fail\n", m->total / G, ram / G, m->layer_major ? " even with layer-major passes" : "");
 }
 
 /* Rough seconds per configuration from FLOPs: 2 * (per-token weights) * scored tokens at an assumed

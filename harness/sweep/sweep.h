@@ -69,12 +69,16 @@ typedef struct {
 typedef struct {
     double teacher, calib, student, total;
     int64_t teacher_params, student_params;
+    /* when teacher + calibration + student exceed the default pass budget (engine.h, 80 % of RAM):
+     * the teacher's passes run layer-major, holding its largest layer and its LM head at a time */
+    int layer_major;
+    double teacher_layer;
 } m2d_run_memory;
 void m2d_run_memory_estimate(const m2d_run_shape *s, int calib_L, int moe_K_max, m2d_run_memory *m);
 /* Fill S from the parsed config.json C. */
 void m2d_run_shape_from_config(const m2d_config *c, m2d_run_shape *s);
-/* One line "peak memory: ~X GiB (teacher .., calibration .., student ..)" to F, and one warning line
- * when it exceeds this machine's RAM (physical pages). */
+/* One line "peak memory: ~X GiB (teacher .., calibration .., student ..)" to F, a line on the
+ * layer-major passes when the teacher does not fit, and a warning when even those exceed RAM. */
 void m2d_run_memory_print(const m2d_run_memory *m, FILE *f);
 
 #endif
