@@ -114,6 +114,19 @@ m2d_lm m2d_lm_recorder(m2d_ll_recording *rec) {
     return (m2d_lm){"recorder", record_ll, NULL, rec};
 }
 
+static int replay_ll(m2d_lm *lm, const m2d_ll_request *reqs, int n, m2d_ll_result *out) {
+    m2d_ll_replay *rp = lm->impl;
+    for (int i = 0; i < n; i++, rp->next++) {
+        const m2d_ll_request *want = rp->next < rp->rec->n ? &rp->rec->reqs[rp->next] : NULL;
+        if (!want || strcmp(want->context, reqs[i].context) || strcmp(want->continuation, reqs[i].continuation))
+            return m2d_err("loglikelihood: request %d differs from the one recorded for the one-pass scoring", rp->next);
+        out[i] = rp->res[rp->next];
+    }
+    return 0;
+}
+
+m2d_lm m2d_lm_replayer(m2d_ll_replay *rp) { return (m2d_lm){"replay", replay_ll, NULL, rp}; }
+
 void m2d_ll_recording_free(m2d_ll_recording *rec) {
     for (int i = 0; i < rec->n; i++) {
         free((char *)rec->reqs[i].context);

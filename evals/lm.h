@@ -72,6 +72,14 @@ typedef struct {
 /* A scorer appending to REC (zero-initialised by the caller); it owns nothing, m2d_lm_free is a no-op. */
 m2d_lm m2d_lm_recorder(m2d_ll_recording *rec);
 void m2d_ll_recording_free(m2d_ll_recording *rec);
+/* A scorer answering the requests of REC, in their order, with RES (scored elsewhere, e.g. by
+ * m2d_lm_engine_score_all): a request other than the recorded one at its place is an error. */
+typedef struct {
+    const m2d_ll_recording *rec;
+    const m2d_ll_result *res;
+    int next;
+} m2d_ll_replay;
+m2d_lm m2d_lm_replayer(m2d_ll_replay *rp);
 
 /* ---- engine-backed scorer ---- */
 
@@ -97,5 +105,10 @@ typedef struct { int64_t requests, tokens_forwarded, tokens_reused; } m2d_lm_sta
 m2d_engine *m2d_lm_engine_of(const m2d_lm *lm);
 int m2d_lm_engine_stats(const m2d_lm *lm, m2d_lm_stats *out);
 void m2d_lm_engine_set_mode(m2d_lm *lm, m2d_lm_mode mode);
+/* Every one of the N requests scored in one pass of the engine scorer LM's engine over all of them
+ * (engine.h m2d_engine_logprobs_windows: layer-major when the engine's pass is, so a model larger
+ * than memory is read once, not once a question): each request its own window from position 0, no
+ * prefix shared (the same log-probs as the cached mode's within its tolerance); is_greedy -1. */
+int m2d_lm_engine_score_all(m2d_lm *lm, const m2d_ll_request *reqs, int n, m2d_ll_result *out);
 
 #endif

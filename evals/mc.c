@@ -540,10 +540,8 @@ static void paper_average(m2d_mc_results *r) {
     r->paper_average = sum / (double)M2D_ARRAY_LEN(paper_tasks);
 }
 
-int m2d_mc_run(m2d_lm *lm, const char *tasks, int shots, int limit, const m2d_mc_config *cfg,
-               m2d_mc_results *out) {
-    m2d_mc_config dflt;
-    if (!cfg) { m2d_mc_config_default(&dflt); cfg = &dflt; }
+static int run_documents(m2d_lm *lm, const char *tasks, int shots, int limit, const m2d_mc_config *cfg,
+                         m2d_mc_results *out) {
     memset(out, 0, sizeof *out);
     out->limit = limit > 0 ? limit : 0;
     out->seed = cfg->seed;
@@ -578,6 +576,36 @@ int m2d_mc_run(m2d_lm *lm, const char *tasks, int shots, int limit, const m2d_mc
     if (rc) { m2d_mc_results_free(out); return -1; }
     paper_average(out);
     return 0;
+}
+
+/* A layer-major engine's evaluation: the requests recorded (a first run, quiet, dumping nothing),
+ * all scored in one pass of the engine (evals/lm.h m2d_lm_engine_score_all), then the evaluation
+ * run again on those scores. */
+static int run_one_pass(m2d_lm *lm, const char *tasks, int shots, int limit, const m2d_mc_config *cfg,
+                        m2d_mc_results *out) {
+    m2d_ll_recording rec = {0};
+    m2d_lm recorder = m2d_lm_recorder(&rec);
+    m2d_mc_config quiet = *cfg;
+    quiet.progress = 0, quiet.dump_requests = NULL;
+    int rc = run_documents(&recorder, tasks, shots, limit, &quiet, out);
+    m2d_mc_results_free(out);
+    m2d_ll_result *res = m2d_calloc((size_t)rec.n + 1, sizeof *res);
+    if (rc == 0) rc = m2d_lm_engine_score_all(lm, rec.reqs, rec.n, res);
+    m2d_ll_replay rp = {&rec, res, 0};
+    m2d_lm replay = m2d_lm_replayer(&rp);
+    if (rc == 0) rc = run_documents(&replay, tasks, shots, limit, cfg, out);
+    free(res);
+    m2d_ll_recording_free(&rec);
+    return rc;
+}
+
+int m2d_mc_run(m2d_lm *lm, const char *tasks, int shots, int limit, const m2d_mc_config *cfg,
+               m2d_mc_results *out) {
+    m2d_mc_config dflt;
+    if (!cfg) { m2d_mc_config_default(&dflt); cfg = &dflt; }
+    m2d_engine *e = m2d_lm_engine_of(lm);
+    if (e && m2d_engine_pass(e)->layer_major) return run_one_pass(lm, tasks, shots, limit, cfg, out);
+    return run_documents(lm, tasks, shots, limit, cfg, out);
 }
 
 void m2d_mc_results_free(m2d_mc_results *r) {

@@ -153,6 +153,32 @@ static void cached_equals_naive(void **state) {
     assert_int_equal(m2d_lm_engine_stats(cached, &st), 0);
     assert_int_equal(st.requests, rec.n);
     assert_true(st.tokens_reused > 0);
+    /* the one-pass scoring of a layer-major engine (every request its own window, all through one
+     * layer at a time) against naive, with the same per-token tolerance */
+    m2d_lm *one = NULL;
+    if (m2d_lm_engine_open(dir, &(m2d_engine_opts){.n_threads = 2, .pass = M2D_PASS_LAYER}, M2D_LM_CACHED, 0, &one))
+        fail_msg("%s", m2d_errmsg());
+    assert_true(m2d_engine_pass(m2d_lm_engine_of(one))->layer_major);
+    assert_int_equal(m2d_lm_engine_score_all(one, rec.reqs, rec.n, a), 0);
+    for (int i = 0; i < rec.n; i++) {
+        double tol = 1e-4 * (double)strlen(rec.reqs[i].continuation);
+        if (fabs(a[i].ll - b[i].ll) > tol) fail_msg("request %d: one pass %.9f naive %.9f (tol %.1g)", i, a[i].ll, b[i].ll, tol);
+    }
+    /* and m2d_mc_run takes that path by itself, with the cached run's accuracies */
+    m2d_mc_config cfg;
+    m2d_mc_config_default(&cfg);
+    cfg.data_dir = getenv("M2D_DATA") ? getenv("M2D_DATA") : "data";
+    m2d_mc_results r1, r2;
+    if (m2d_mc_run(one, "arc_easy,winogrande", 1, 3, &cfg, &r1) || m2d_mc_run(cached, "arc_easy,winogrande", 1, 3, &cfg, &r2))
+        fail_msg("%s", m2d_errmsg());
+    assert_int_equal(r1.n_tasks, r2.n_tasks);
+    assert_int_equal(r1.n_requests, r2.n_requests);
+    for (int t = 0; t < r1.n_tasks; t++) {
+        assert_int_equal(r1.tasks[t].n, r2.tasks[t].n);
+        assert_true(r1.tasks[t].acc == r2.tasks[t].acc); /* a flip needs two choices within 1e-4 nats */
+    }
+    m2d_mc_results_free(&r1), m2d_mc_results_free(&r2);
+    m2d_lm_free(one);
     m2d_lm_free(cached);
     m2d_lm_free(naive);
     m2d_ll_recording_free(&rec);

@@ -35,6 +35,7 @@ static void print_results(const m2d_mc_results *res, int json, m2d_precision use
 static int cmd_eval_run(int argc, char **argv) {
     const char *model = NULL, *tasks = NULL, *shots_s = NULL, *limit_s = NULL, *dump = NULL, *data = NULL;
     const char *threads_s = NULL, *seed_s = NULL, *maxlen_s = NULL, *prec_s = "fp32", *device = "cpu";
+    const char *pass_s = NULL, *budget_s = NULL;
     int json = 0, naive = 0;
     m2d_opt opts[] = {
         {"--model", 1, &model, NULL},       {"--tasks", 1, &tasks, NULL},
@@ -43,7 +44,8 @@ static int cmd_eval_run(int argc, char **argv) {
         {"--data", 1, &data, NULL},         {"--threads", 1, &threads_s, NULL},
         {"--seed", 1, &seed_s, NULL},       {"--max-length", 1, &maxlen_s, NULL},
         {"--naive", 0, NULL, &naive},       {"--precision", 1, &prec_s, NULL},
-        {"--device", 1, &device, NULL},
+        {"--device", 1, &device, NULL},     {"--pass", 1, &pass_s, NULL},
+        {"--mem-budget", 1, &budget_s, NULL},
         {0},
     };
     int npos = 0;
@@ -59,13 +61,18 @@ static int cmd_eval_run(int argc, char **argv) {
     if (maxlen_s && m2d_parse_int("eval", "--max-length", maxlen_s, 2, 1L << 30, &maxlen)) return m2d_cmd_fail("eval");
 
     m2d_precision prec;
-    if (m2d_precision_parse(prec_s, "eval: --precision", &prec) || m2d_device_check(device, "eval: --device"))
+    m2d_pass_mode pass;
+    size_t budget;
+    if (m2d_precision_parse(prec_s, "eval: --precision", &prec) || m2d_device_check(device, "eval: --device") ||
+        m2d_cmd_pass_args("eval", pass_s, budget_s, &pass, &budget))
         return m2d_cmd_fail("eval");
 
     m2d_lm *lm = NULL;
-    m2d_engine_opts eo = {.backend = device, .n_threads = threads ? (int)threads : m2d_default_threads(), .precision = prec};
+    m2d_engine_opts eo = {.backend = device, .n_threads = threads ? (int)threads : m2d_default_threads(), .precision = prec,
+                          .pass = pass, .mem_budget = budget};
     if (m2d_lm_engine_open(model, &eo, naive ? M2D_LM_NAIVE : M2D_LM_CACHED, (int)maxlen, &lm))
         return m2d_cmd_fail("eval");
+    if (!json) m2d_cmd_print_pass("eval", m2d_engine_model(m2d_lm_engine_of(lm)), pass, budget, 0);
     m2d_precision used = m2d_engine_precision(m2d_lm_engine_of(lm));
     m2d_mc_config cfg;
     m2d_mc_config_default(&cfg);
@@ -108,6 +115,9 @@ static const char USAGE_TAIL[] =
     "                       the output records the one used\n"
     "  --device D           where the engine runs: cpu (default), cuda or cuda:N (a `make CUDA=1`\n"
     "                       build and a GPU; an absent device is an error, never a CPU run)\n"
+    "  --pass P, --mem-budget B   as ppl's: layer-major (a model larger than --mem-budget) scores every\n"
+    "                       request in one pass over all of them, each its own window (no shared\n"
+    "                       prefix): the model is read once, not once a question\n"
     "  --naive              one full forward per request instead of the shared-prefix KV cache\n"
     "                       (slower; also computes is_greedy)\n"
     "\n"
