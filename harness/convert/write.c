@@ -212,10 +212,9 @@ static int add_kept_tensor(m2d_st_writer *w, const m2d_model *t, const m2d_model
     return m2d_st_writer_add_ref(w, x->name, y->dtype, y->ndim, y->shape, y->data);
 }
 
-/* W's tensors into DIR: model.safetensors when they fit in one shard of MAX_SHARD bytes, else
- * Hugging Face's shards and index. The weights of an earlier output go first (DIR is marked
- * incomplete meanwhile): a stale model.safetensors would hide a new index from every reader. */
-static int write_checkpoint(m2d_st_writer *w, const char *dir, uint64_t max_shard) {
+/* The weights of an earlier output go first (DIR is marked incomplete meanwhile): a stale
+ * model.safetensors would hide a new index from every reader. */
+int m2d_convert_write_checkpoint(m2d_st_writer *w, const char *dir, uint64_t max_shard) {
     remove_matching(dir, weights_name);
     if (m2d_st_writer_data_bytes(w) > max_shard) return m2d_st_writer_write_sharded(w, dir, (size_t)max_shard, NULL);
     char *p = m2d_path_join(dir, "model.safetensors");
@@ -239,7 +238,7 @@ static int write_weights(const m2d_model *t, const m2d_model *s, const char *dir
         if (replaced[l]) rc = add_layer_tensors(w, s, l);
     free(replaced);
     free(skip);
-    if (rc == 0) rc = write_checkpoint(w, dir, max_shard);
+    if (rc == 0) rc = m2d_convert_write_checkpoint(w, dir, max_shard);
     m2d_st_writer_free(w);
     return rc;
 }

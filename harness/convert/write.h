@@ -23,6 +23,11 @@ int m2d_convert_write_sharded(const m2d_model *teacher, const m2d_model *student
  * what its distillation's output extends). The caller frees it. */
 char *m2d_convert_manifest(const m2d_model *teacher, const m2d_convert_plan *plan, const char *stats_path);
 
+/* W's tensors into DIR (prepared: m2d_convert_prepare_dir) as m2d_convert_write lays them out:
+ * model.safetensors when they are at most MAX_SHARD_BYTES, else shards + index; the weights files
+ * of an earlier output in DIR are removed first. */
+int m2d_convert_write_checkpoint(m2d_st_writer *w, const char *dir, uint64_t max_shard_bytes);
+
 /* The output directory rule of every checkpoint moe2dense writes (convert, distill), for a writer
  * that fills DIR over a long time (distill): DIR is created if absent; a directory with files but
  * neither moe2dense.json nor moe2dense.incomplete is refused; moe2dense.incomplete is written and
