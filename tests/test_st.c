@@ -258,6 +258,12 @@ static void writer_roundtrip_all_dtypes(void **state) {
     free(dir);
 }
 
+static int fill_zero(void *ctx, const char *name, size_t offset, void *buf, size_t n) {
+    (void)ctx, (void)name, (void)offset;
+    memset(buf, 0, n);
+    return 0;
+}
+
 static void writer_rejects(void **state) {
     (void)state;
     m2d_st_writer *w = m2d_st_writer_new();
@@ -271,6 +277,9 @@ static void writer_rejects(void **state) {
     assert_int_equal(m2d_st_writer_add(w, "null", M2D_F32, 1, s, NULL), -1);
     assert_non_null(strstr(m2d_errmsg(), "'null': data is NULL"));
     assert_int_equal(m2d_st_writer_add_ref(w, "null", M2D_F32, 1, s, NULL), -1);
+    assert_int_equal(m2d_st_writer_add_lazy(w, "null", M2D_F32, 1, s, NULL, NULL), -1);
+    assert_non_null(strstr(m2d_errmsg(), "'null': fill callback is NULL"));
+    assert_int_equal(m2d_st_writer_add_lazy(w, "neg", M2D_F32, 1, (int64_t[]){-1}, fill_zero, NULL), -1);
     char *dir = tu_tmpdir(), *p = tmp_path(dir, "dup.safetensors");
     assert_int_equal(m2d_st_writer_write(w, p), -1);
     assert_non_null(strstr(m2d_errmsg(), "'a': added twice"));

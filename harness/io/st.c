@@ -636,18 +636,18 @@ static int writer_push(m2d_st_writer *w, const char *name, m2d_dtype dtype, int 
     return 0;
 }
 
-/* Undo the last push (its data pointer was NULL) and report it. */
-static int writer_pop_err(m2d_st_writer *w, const char *name) {
+/* Undo the last push (its WHAT, data or fill callback, was NULL) and report it. */
+static int writer_pop_err(m2d_st_writer *w, const char *name, const char *what) {
     w->n--;
     free(w->e[w->n].name);
-    return m2d_err1("safetensors writer: tensor '%s': data is NULL", name);
+    return m2d_err1("safetensors writer: tensor '%s': %s is NULL", name, what);
 }
 
 int m2d_st_writer_add(m2d_st_writer *w, const char *name, m2d_dtype dtype, int ndim, const int64_t *shape,
                       const void *data) {
     wr_entry *e;
     if (writer_push(w, name, dtype, ndim, shape, &e) != 0) return -1;
-    if (e->nbytes && !data) return writer_pop_err(w, name);
+    if (e->nbytes && !data) return writer_pop_err(w, name, "data");
     e->owned = m2d_malloc(e->nbytes);
     if (e->nbytes) memcpy(e->owned, data, e->nbytes);
     e->data = e->owned;
@@ -658,7 +658,7 @@ int m2d_st_writer_add_ref(m2d_st_writer *w, const char *name, m2d_dtype dtype, i
                           const void *data) {
     wr_entry *e;
     if (writer_push(w, name, dtype, ndim, shape, &e) != 0) return -1;
-    if (e->nbytes && !data) return writer_pop_err(w, name);
+    if (e->nbytes && !data) return writer_pop_err(w, name, "data");
     e->data = data;
     return 0;
 }
@@ -667,11 +667,7 @@ int m2d_st_writer_add_lazy(m2d_st_writer *w, const char *name, m2d_dtype dtype, 
                            m2d_st_fill_fn fill, void *ctx) {
     wr_entry *e;
     if (writer_push(w, name, dtype, ndim, shape, &e) != 0) return -1;
-    if (!fill) {
-        w->n--;
-        free(w->e[w->n].name);
-        return m2d_err1("safetensors writer: tensor '%s': fill callback is NULL", name);
-    }
+    if (!fill) return writer_pop_err(w, name, "fill callback");
     e->fill = fill;
     e->ctx = ctx;
     return 0;
@@ -689,7 +685,7 @@ int m2d_st_writer_add_f32(m2d_st_writer *w, const char *name, m2d_dtype dtype, i
         return m2d_err1("safetensors writer: tensor '%s': add_f32 stores only F32, F16 or BF16", name);
     wr_entry *e;
     if (writer_push(w, name, dtype, ndim, shape, &e) != 0) return -1;
-    if (e->nbytes && !data) return writer_pop_err(w, name);
+    if (e->nbytes && !data) return writer_pop_err(w, name, "data");
     e->owned = m2d_malloc(e->nbytes);
     m2d_from_f32(dtype, data, (int64_t)(e->nbytes / m2d_dtype_size(dtype)), e->owned);
     e->data = e->owned;
