@@ -8,6 +8,11 @@
  *        bench_engine precision [--quick] (issue 13: each case in fp32 and in bf16, alternated, with
  *            the in-process yardsticks of both precisions: the GEMM module's 2048^3 rate)
  *        bench_engine write DIR real|tiny moe|dense [LAYERS] (a checkpoint to profile; real: 2 layers)
+ *        bench_engine write DIR qwen3-30b [LAYERS] (Qwen3-30B-A3B as released: its config.json with
+ *            LAYERS layers, default 48, random bf16 weights N(0, 0.02), norms 1 + N(0, 0.1), in ~4 GB
+ *            shards model-0000i-of-0000n.safetensors + model.safetensors.index.json; 48 layers are
+ *            61.06 GB of disk, each layer ~1.25 GB. Every tensor is generated while it is written, so
+ *            the writer's memory is one 64 MiB chunk whatever LAYERS is)
  *        bench_engine case DIR LABEL ppl|pp L REPS CACHE PEAK (one measurement; CACHE bit 0: weights
  *            prepared at load, bit 1: experts one at a time, bit 2: bf16) */
 #include <cblas.h>
@@ -157,6 +162,42 @@ static int write_model(const char *dir, int real, int moe, int layers) {
     return 0;
 }
 
+/* Qwen3-30B-A3B's published config.json, NUM_HIDDEN_LAYERS left open */
+static const char QWEN3_30B_CONFIG[] =
+    "{\n  \"architectures\": [\"Qwen3MoeForCausalLM\"],\n  \"attention_bias\": false,\n  \"attention_dropout\": 0.0,\n"
+    "  \"bos_token_id\": 151643,\n  \"decoder_sparse_step\": 1,\n  \"eos_token_id\": 151645,\n  \"head_dim\": 128,\n"
+    "  \"hidden_act\": \"silu\",\n  \"hidden_size\": 2048,\n  \"initializer_range\": 0.02,\n"
+    "  \"intermediate_size\": 6144,\n  \"max_position_embeddings\": 40960,\n  \"max_window_layers\": 48,\n"
+    "  \"mlp_only_layers\": [],\n  \"model_type\": \"qwen3_moe\",\n  \"moe_intermediate_size\": 768,\n"
+    "  \"norm_topk_prob\": true,\n  \"num_attention_heads\": 32,\n  \"num_experts\": 128,\n"
+    "  \"num_experts_per_tok\": 8,\n  \"num_hidden_layers\": %d,\n  \"num_key_value_heads\": 4,\n"
+    "  \"output_router_logits\": false,\n  \"rms_norm_eps\": 1e-06,\n  \"rope_scaling\": null,\n"
+    "  \"rope_theta\": 1000000.0,\n  \"router_aux_loss_coef\": 0.001,\n  \"sliding_window\": null,\n"
+    "  \"tie_word_embeddings\": false,\n  \"torch_dtype\": \"bfloat16\",\n  \"transformers_version\": \"4.51.0\",\n"
+    "  \"use_cache\": true,\n  \"use_sliding_window\": false,\n  \"vocab_size\": 151936\n}\n";
+
+/* Qwen3-30B-A3B with LAYERS layers (the release's 48 when 0), sharded as released: at most 4 GB
+ * (transformers' "4GB", 4 * 10^9 bytes) a shard. */
+static int write_qwen3_30b(const char *dir, int layers) {
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    o.init_std = 0.02f;
+    o.dtype = M2D_BF16;
+    o.vocab_size = 151936; o.hidden_size = 2048; o.num_hidden_layers = layers > 0 ? layers : 48;
+    o.num_attention_heads = 32; o.num_key_value_heads = 4; o.head_dim = 128;
+    o.num_experts = 128; o.num_experts_per_tok = 8; o.moe_intermediate_size = 768; o.intermediate_size = 6144;
+    o.norm_topk_prob = true; o.tie_word_embeddings = false;
+    o.rope_theta = 1e6; o.rms_norm_eps = 1e-6; o.max_position_embeddings = 40960;
+    o.bos_token_id = 151643; o.eos_token_id = 151645;
+    o.shard_bytes = (size_t)4000000000u;
+    char *cfg = m2d_strfmt(QWEN3_30B_CONFIG, o.num_hidden_layers);
+    o.config_json = cfg;
+    int rc = m2d_testmodel_write(dir, &o);
+    free(cfg);
+    if (rc) fprintf(stderr, "bench: %s\n", m2d_errmsg());
+    return rc;
+}
+
 /* the checkpoints of a run (written to /tmp, removed after their cases) */
 static const struct { const char *sub, *label; int real, moe; } models[] = {
     {"tiny-moe", "tiny teacher shape (MoE)", 0, 1},
@@ -232,6 +273,8 @@ static int precision_mode(const char *self, int quick) {
 int main(int argc, char **argv) {
     if (argc == 9 && strcmp(argv[1], "case") == 0)
         return run_case(argv[2], argv[3], argv[4], atoi(argv[5]), atoi(argv[6]), atoi(argv[7]), atof(argv[8]));
+    if ((argc == 4 || argc == 5) && strcmp(argv[1], "write") == 0 && strcmp(argv[3], "qwen3-30b") == 0)
+        return write_qwen3_30b(argv[2], argc == 5 ? atoi(argv[4]) : 0) ? 1 : 0;
     if ((argc == 5 || argc == 6) && strcmp(argv[1], "write") == 0) /* keep a checkpoint for profiling */
         return write_model(argv[2], strcmp(argv[3], "real") == 0, strcmp(argv[4], "moe") == 0,
                            argc == 6 ? atoi(argv[5]) : 0) ? 1 : 0;

@@ -5,6 +5,7 @@
 #include "testutil.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -447,6 +448,67 @@ static void student_logits_written_and_hand_built(void **state) {
     m2d_model_close(w);
     free(hb);
     free(out);
+    m2d_convert_student_free(s);
+    m2d_convert_plan_free(p);
+    free_fixture(&f);
+}
+
+/* The files model-*.safetensors in DIR (shards). */
+static int count_shards(const char *dir) {
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t len = strlen(e->d_name);
+        n += !strncmp(e->d_name, "model-", 6) && len > 12 && !strcmp(e->d_name + len - 12, ".safetensors");
+    }
+    closedir(d);
+    return n;
+}
+
+/* A student larger than the shard size is written as Hugging Face's shards + index, and reads back
+ * with the same tensors as the one-file checkpoint; a rewrite of the other layout into the same
+ * directory leaves none of the earlier weights files (a stale model.safetensors would hide the
+ * index from every reader). */
+static void large_student_is_sharded(void **state) {
+    (void)state;
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    fixture f;
+    make_fixture(&f, &o);
+    m2d_convert_plan *p = plan_or_fail(&f, "do-acp", "oc", "proportional", 6, M2D_TARGET_DENSE);
+    m2d_model *s;
+    assert_int_equal(m2d_convert_build(f.m, p, &s), 0);
+    char *one = m2d_path_join(f.dir, "one"), *sh = m2d_path_join(f.dir, "sharded");
+    char *index = m2d_path_join(sh, "model.safetensors.index.json"), *single = m2d_path_join(sh, "model.safetensors");
+    assert_int_equal(m2d_convert_write(f.m, s, p, "stats.bin", one), 0);
+    assert_int_equal(m2d_convert_write(f.m, s, p, "stats.bin", sh), 0); /* first one file, then shards over it */
+    assert_true(m2d_file_exists(single));
+    assert_int_equal(m2d_convert_write_sharded(f.m, s, p, "stats.bin", sh, 4096), 0);
+    assert_false(m2d_file_exists(single));
+    assert_true(m2d_file_exists(index));
+    assert_true(count_shards(sh) > 2);
+    m2d_model *a, *b;
+    if (m2d_model_open(one, &a) || m2d_model_open(sh, &b)) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(m2d_st_file_count(a->st), 1);
+    assert_true(m2d_st_file_count(b->st) > 2);
+    assert_int_equal(m2d_st_count(a->st), m2d_st_count(b->st));
+    for (int i = 0; i < m2d_st_count(a->st); i++) {
+        const m2d_tensor *x = m2d_st_at(a->st, i), *y = m2d_st_at(b->st, i);
+        assert_string_equal(x->name, y->name);
+        assert_int_equal(x->nbytes, y->nbytes);
+        assert_memory_equal(x->data, y->data, x->nbytes);
+    }
+    m2d_model_close(b);
+    /* and back to one file: no index, no shard left */
+    assert_int_equal(m2d_convert_write(f.m, s, p, "stats.bin", sh), 0);
+    assert_false(m2d_file_exists(index));
+    assert_int_equal(count_shards(sh), 0);
+    if (m2d_model_open(sh, &b)) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(m2d_st_file_count(b->st), 1);
+    m2d_model_close(b);
+    m2d_model_close(a);
+    free(index), free(single), free(one), free(sh);
     m2d_convert_student_free(s);
     m2d_convert_plan_free(p);
     free_fixture(&f);
@@ -1172,6 +1234,7 @@ int main(void) {
         cmocka_unit_test(dense_ffn_equals_alpha_weighted_experts),
         cmocka_unit_test(copied_experts_group_equals_expert),
         cmocka_unit_test(student_logits_written_and_hand_built),
+        cmocka_unit_test(large_student_is_sharded),
         cmocka_unit_test(narrow_dense_layer_is_zero_padded),
         cmocka_unit_test(moe_target_pruned_and_merged),
         cmocka_unit_test(fingerprints_distinguish_students),

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -257,6 +258,12 @@ static void writer_roundtrip_all_dtypes(void **state) {
     free(dir);
 }
 
+static int fill_zero(void *ctx, const char *name, size_t offset, void *buf, size_t n) {
+    (void)ctx, (void)name, (void)offset;
+    memset(buf, 0, n);
+    return 0;
+}
+
 static void writer_rejects(void **state) {
     (void)state;
     m2d_st_writer *w = m2d_st_writer_new();
@@ -270,6 +277,9 @@ static void writer_rejects(void **state) {
     assert_int_equal(m2d_st_writer_add(w, "null", M2D_F32, 1, s, NULL), -1);
     assert_non_null(strstr(m2d_errmsg(), "'null': data is NULL"));
     assert_int_equal(m2d_st_writer_add_ref(w, "null", M2D_F32, 1, s, NULL), -1);
+    assert_int_equal(m2d_st_writer_add_lazy(w, "null", M2D_F32, 1, s, NULL, NULL), -1);
+    assert_non_null(strstr(m2d_errmsg(), "'null': fill callback is NULL"));
+    assert_int_equal(m2d_st_writer_add_lazy(w, "neg", M2D_F32, 1, (int64_t[]){-1}, fill_zero, NULL), -1);
     char *dir = tu_tmpdir(), *p = tmp_path(dir, "dup.safetensors");
     assert_int_equal(m2d_st_writer_write(w, p), -1);
     assert_non_null(strstr(m2d_errmsg(), "'a': added twice"));
@@ -388,7 +398,243 @@ static void sharded_roundtrip(void **state) {
     if (m2d_st_open(idx, &st) != 0) fail_msg("%s", m2d_errmsg());
     assert_int_equal(m2d_st_count(st), 6);
     m2d_st_close(st);
+    /* the index as transformers' save_pretrained prints it (json.dumps(indent=2, sort_keys=True)) */
+    size_t n;
+    char *text = m2d_read_file(idx, &n);
+    assert_string_equal(text, "{\n  \"metadata\": {\n    \"total_size\": 1536\n  },\n  \"weight_map\": {\n"
+                              "    \"t0\": \"model-00001-of-00003.safetensors\",\n"
+                              "    \"t1\": \"model-00001-of-00003.safetensors\",\n"
+                              "    \"t2\": \"model-00002-of-00003.safetensors\",\n"
+                              "    \"t3\": \"model-00002-of-00003.safetensors\",\n"
+                              "    \"t4\": \"model-00003-of-00003.safetensors\",\n"
+                              "    \"t5\": \"model-00003-of-00003.safetensors\"\n  }\n}\n");
+    free(text);
     free(idx);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+/* ---- lazy tensors ---- */
+
+/* fill callback over a tensor held in memory (CTX: its m2d_tensor) */
+static int fill_from_tensor(void *ctx, const char *name, size_t offset, void *buf, size_t n) {
+    const m2d_tensor *t = ctx;
+    assert_string_equal(name, t->name);
+    assert_true(offset + n <= t->nbytes);
+    memcpy(buf, (const uint8_t *)t->data + offset, n);
+    return 0;
+}
+
+/* A writer holding every tensor of ST lazily (fill_from_tensor), with fill_writer's metadata. */
+static m2d_st_writer *lazy_copy_of(const m2d_st *st) {
+    m2d_st_writer *w = m2d_st_writer_new();
+    for (int i = 0; i < m2d_st_count(st); i++) {
+        const m2d_tensor *t = m2d_st_at(st, i);
+        assert_int_equal(m2d_st_writer_add_lazy(w, t->name, t->dtype, t->ndim, t->shape, fill_from_tensor, (void *)t), 0);
+    }
+    m2d_st_writer_metadata(w, "format", "pt");
+    m2d_st_writer_metadata(w, "z", "last");
+    return w;
+}
+
+static void assert_same_file(const char *a, const char *b) {
+    size_t n1, n2;
+    uint8_t *b1 = slurp(a, &n1), *b2 = slurp(b, &n2);
+    if (n1 != n2 || memcmp(b1, b2, n1) != 0) fail_msg("%s and %s differ", a, b);
+    free(b1);
+    free(b2);
+}
+
+/* The same tensors copied at add time and produced at write time: the same bytes, one file or
+ * sharded (every shard and the index). */
+static void lazy_equals_copied(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), *p1 = tmp_path(dir, "copied.safetensors"), *p2 = tmp_path(dir, "lazy.safetensors");
+    char *d1 = tmp_path(dir, "copied"), *d2 = tmp_path(dir, "lazy");
+    assert_int_equal(m2d_mkdir_p(d1), 0);
+    assert_int_equal(m2d_mkdir_p(d2), 0);
+    m2d_st_writer *w = m2d_st_writer_new();
+    fill_writer(w, 0);
+    assert_int_equal(m2d_st_writer_write(w, p1), 0);
+    int ns1, ns2;
+    assert_int_equal(m2d_st_writer_write_sharded(w, d1, 20, &ns1), 0);
+    m2d_st_writer_free(w);
+    m2d_st *st;
+    if (m2d_st_open(p1, &st) != 0) fail_msg("%s", m2d_errmsg());
+    w = lazy_copy_of(st);
+    assert_int_equal(m2d_st_writer_write(w, p2), 0);
+    assert_int_equal(m2d_st_writer_write_sharded(w, d2, 20, &ns2), 0);
+    m2d_st_writer_free(w);
+    assert_same_file(p1, p2);
+    assert_int_equal(ns1, ns2);
+    assert_true(ns1 > 2);
+    for (int s = 1; s <= ns1; s++) {
+        char *name = m2d_strfmt("model-%05d-of-%05d.safetensors", s, ns1);
+        char *a = tmp_path(d1, name), *b = tmp_path(d2, name);
+        assert_same_file(a, b);
+        free(a), free(b), free(name);
+    }
+    char *i1 = tmp_path(d1, "model.safetensors.index.json"), *i2 = tmp_path(d2, "model.safetensors.index.json");
+    assert_same_file(i1, i2);
+    m2d_st *sh;
+    if (m2d_st_open(d2, &sh) != 0) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(m2d_st_count(sh), m2d_st_count(st));
+    for (int i = 0; i < m2d_st_count(st); i++) {
+        const m2d_tensor *x = m2d_st_at(st, i), *y = m2d_st_at(sh, i);
+        assert_string_equal(x->name, y->name);
+        assert_int_equal(x->dtype, y->dtype);
+        assert_int_equal(x->nbytes, y->nbytes);
+        assert_memory_equal(x->data, y->data, x->nbytes);
+    }
+    m2d_st_close(sh);
+    m2d_st_close(st);
+    free(i1), free(i2), free(p1), free(p2), free(d1), free(d2);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+/* Byte i of a tensor of test_chunked (a pattern the file is checked against) */
+static uint8_t pattern_at(size_t i) { return (uint8_t)(i * 2654435761u >> 13); }
+
+typedef struct {
+    int calls;
+    void *buf;           /* the buffer of the first call: every call gets the same one */
+    size_t max_n;
+    size_t heap0;        /* heap in use before the write (0: not measured) */
+    size_t max_heap_growth;
+    int fail_on;         /* fail when asked for this tensor index (-1: never) */
+} fill_probe;
+
+/* Bytes in use on the heap (glibc's count; ASan's allocator is not in it: 0 growth there). */
+static size_t heap_in_use(void) {
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+/* Tensor "t<i>" (U8) filled with pattern_at from its start; records what the writer hands out. */
+static int fill_pattern(void *ctx, const char *name, size_t offset, void *buf, size_t n) {
+    fill_probe *p = ctx;
+    int idx = atoi(name + 1);
+    if (idx == p->fail_on) return m2d_err("generator for %s: out of entropy", name);
+    if (!p->calls++) p->buf = buf;
+    assert_ptr_equal(buf, p->buf);
+    if (n > p->max_n) p->max_n = n;
+    for (size_t i = 0; i < n; i++) ((uint8_t *)buf)[i] = pattern_at(offset + i);
+    size_t heap = heap_in_use();
+    if (p->heap0 && heap > p->heap0 && heap - p->heap0 > p->max_heap_growth) p->max_heap_growth = heap - p->heap0;
+    return 0;
+}
+
+static void add_pattern_tensors(m2d_st_writer *w, fill_probe *p, int n, int64_t bytes) {
+    for (int i = 0; i < n; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "t%03d", i);
+        assert_int_equal(m2d_st_writer_add_lazy(w, name, M2D_U8, 1, &bytes, fill_pattern, p), 0);
+    }
+}
+
+/* A tensor larger than the chunk comes in chunks of M2D_ST_FILL_CHUNK through one buffer. */
+static void lazy_chunked(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), *p = tmp_path(dir, "big.safetensors");
+    m2d_st_writer *w = m2d_st_writer_new();
+    fill_probe probe = {.fail_on = -1};
+    add_pattern_tensors(w, &probe, 1, (int64_t)M2D_ST_FILL_CHUNK + 24);
+    assert_int_equal(m2d_st_writer_write(w, p), 0);
+    m2d_st_writer_free(w);
+    assert_int_equal(probe.calls, 2);
+    assert_int_equal(probe.max_n, M2D_ST_FILL_CHUNK);
+    m2d_st *st;
+    if (m2d_st_open(p, &st) != 0) fail_msg("%s", m2d_errmsg());
+    const m2d_tensor *t = m2d_st_find(st, "t000");
+    assert_int_equal(t->nbytes, M2D_ST_FILL_CHUNK + 24);
+    for (size_t i = 0; i < t->nbytes; i++)
+        if (((const uint8_t *)t->data)[i] != pattern_at(i)) fail_msg("byte %zu differs", i);
+    m2d_st_close(st);
+    free(p);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+/* A writer of many lazy tensors holds one tensor's buffer, not the model: 256 tensors of 256 KiB
+ * (64 MiB) written sharded while the heap grows by less than two tensors (writer bookkeeping,
+ * the index, and one buffer of 256 KiB). */
+static void lazy_memory_is_one_tensor(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    const int64_t bytes = 256 << 10;
+    m2d_st_writer *w = m2d_st_writer_new();
+    fill_probe probe = {.fail_on = -1};
+    add_pattern_tensors(w, &probe, 256, bytes);
+    probe.heap0 = heap_in_use();
+    int ns;
+    assert_int_equal(m2d_st_writer_write_sharded(w, dir, (size_t)8 << 20, &ns), 0);
+    m2d_st_writer_free(w);
+    assert_int_equal(ns, 8);
+    assert_int_equal(probe.calls, 256);
+    assert_int_equal(probe.max_n, bytes);
+    if (probe.max_heap_growth >= 2 * (size_t)bytes)
+        fail_msg("the heap grew by %zu bytes while writing 256 lazy tensors of %lld", probe.max_heap_growth,
+                 (long long)bytes);
+    m2d_st *st;
+    if (m2d_st_open(dir, &st) != 0) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(m2d_st_count(st), 256);
+    const m2d_tensor *t = m2d_st_find(st, "t255");
+    for (size_t i = 0; i < t->nbytes; i++) assert_int_equal(((const uint8_t *)t->data)[i], pattern_at(i));
+    m2d_st_close(st);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+/* Names in DIR other than "." and ".." (one string, sorted, space-separated). */
+static char *dir_listing(const char *dir) {
+    char *cmd = m2d_strfmt("ls -A '%s' | tr '\\n' ' '", dir), *out = NULL;
+    assert_int_equal(tu_run(cmd, &out, NULL), 0);
+    free(cmd);
+    return out ? out : m2d_strdup("");
+}
+
+/* A fill that fails (in the last shard, after the others are complete) leaves no new shard, no
+ * index and no temp file; an earlier complete output in the directory stays as it was. */
+static void lazy_failure_leaves_nothing(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), *single = tmp_path(dir, "one.safetensors");
+    fill_probe probe = {.fail_on = 5};
+    m2d_st_writer *w = m2d_st_writer_new();
+    add_pattern_tensors(w, &probe, 6, 256);
+    assert_int_equal(m2d_st_writer_write_sharded(w, dir, 512, NULL), -1);
+    const char *msg = m2d_errmsg();
+    if (!strstr(msg, "model-00003-of-00003.safetensors: tensor 't005'") || !strstr(msg, "out of entropy") ||
+        strchr(msg, '\n'))
+        fail_msg("unexpected message: %s", msg);
+    char *ls = dir_listing(dir);
+    assert_string_equal(ls, "");
+    free(ls);
+    probe.calls = 0; /* a new write, a new buffer */
+    assert_int_equal(m2d_st_writer_write(w, single), -1);
+    assert_non_null(strstr(m2d_errmsg(), "one.safetensors: tensor 't005'"));
+    ls = dir_listing(dir);
+    assert_string_equal(ls, "");
+    free(ls);
+    m2d_st_writer_free(w);
+    /* over an earlier output of the same layout: it stays whole */
+    int ns;
+    tu_rm_rf(dir);
+    free(dir);
+    dir = sharded_dir(&ns);
+    char *before = dir_listing(dir);
+    w = m2d_st_writer_new();
+    probe = (fill_probe){.fail_on = 5};
+    add_pattern_tensors(w, &probe, 6, 256);
+    assert_int_equal(m2d_st_writer_write_sharded(w, dir, 512, NULL), -1);
+    m2d_st_writer_free(w);
+    char *after = dir_listing(dir);
+    assert_string_equal(before, after);
+    m2d_st *st;
+    if (m2d_st_open(dir, &st) != 0) fail_msg("%s", m2d_errmsg());
+    assert_true(((const float *)m2d_st_find(st, "t4")->data)[63] == 63.0f);
+    m2d_st_close(st);
+    free(before), free(after), free(single);
     tu_rm_rf(dir);
     free(dir);
 }
@@ -652,6 +898,10 @@ int main(void) {
         cmocka_unit_test(writer_rejects),
         cmocka_unit_test(tiny_teacher_roundtrip),
         cmocka_unit_test(sharded_roundtrip),
+        cmocka_unit_test(lazy_equals_copied),
+        cmocka_unit_test(lazy_chunked),
+        cmocka_unit_test(lazy_memory_is_one_tensor),
+        cmocka_unit_test(lazy_failure_leaves_nothing),
         cmocka_unit_test(bad_index),
         cmocka_unit_test(duplicate_across_shards),
         cmocka_unit_test(bad_files_on_disk),

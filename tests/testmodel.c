@@ -66,17 +66,70 @@ void m2d_testmodel_grid(const char *name, uint64_t seed, int64_t n, float *out) 
     for (int64_t i = 0; i < n; i++) out[i] = grid_value(next_u64(&state), is_norm);
 }
 
-static int add_random(m2d_st_writer *w, const m2d_testmodel_opts *o, uint64_t *rng, const char *name, int ndim,
+/* One tensor to generate at write time (the writer's fill callback): its values depend only on its
+ * own start state, so the writer may ask for the tensors in any order and for any chunk. */
+typedef struct tm_tensor {
+    struct tm_tensor *next;
+    m2d_dtype dtype;
+    int is_norm, grid;
+    float init_std;
+    uint64_t state; /* the generator's state before the tensor's first element */
+} tm_tensor;
+
+/* The tensors of one write (freed with tm_free after it). */
+typedef struct {
+    tm_tensor *head;
+    uint64_t draws; /* splitmix64 draws the normal generator has made so far (all tensors before) */
+} tm_gen;
+
+#define TM_GAMMA 0x9E3779B97F4A7C15ull /* splitmix64's increment: state after k draws = start + k * it */
+#define TM_BLOCK 65536                 /* elements generated in fp32 per step of a fill */
+
+/* The state element E starts from: a grid element takes one draw, a normal one two (Box-Muller). */
+static uint64_t tm_state_at(const tm_tensor *t, int64_t e) {
+    return t->state + (uint64_t)e * (t->grid ? 1u : 2u) * TM_GAMMA;
+}
+
+static int tm_fill(void *ctx, const char *name, size_t offset, void *buf, size_t n) {
+    (void)name;
+    const tm_tensor *t = ctx;
+    size_t es = m2d_dtype_size(t->dtype);
+    int64_t first = (int64_t)(offset / es), count = (int64_t)(n / es);
+    float *v = m2d_malloc(sizeof(float) * (size_t)(count < TM_BLOCK ? (count ? count : 1) : TM_BLOCK));
+    for (int64_t b = 0; b < count; b += TM_BLOCK) {
+        int64_t m = count - b < TM_BLOCK ? count - b : TM_BLOCK;
+        uint64_t st = tm_state_at(t, first + b);
+        for (int64_t i = 0; i < m; i++)
+            v[i] = t->grid ? grid_value(next_u64(&st), t->is_norm)
+                           : t->is_norm ? (float)(1.0 + 0.1 * next_normal(&st)) : (float)(t->init_std * next_normal(&st));
+        m2d_from_f32(t->dtype, v, m, (uint8_t *)buf + (size_t)b * es);
+    }
+    free(v);
+    return 0;
+}
+
+static void tm_free(tm_gen *g) {
+    while (g->head) {
+        tm_tensor *t = g->head;
+        g->head = t->next;
+        free(t);
+    }
+}
+
+/* Add tensor NAME of O's dtype to W, generated at write time: from the grid stream of its name, or
+ * (o->grid false) from the one normal stream of the seed continued where the tensor before it ended,
+ * as if all were drawn in the order they are added. */
+static int add_random(m2d_st_writer *w, tm_gen *g, const m2d_testmodel_opts *o, const char *name, int ndim,
                       int64_t d0, int64_t d1, int is_norm) {
     int64_t shape[2] = {d0, d1}, n = ndim == 1 ? d0 : d0 * d1;
-    float *v = m2d_malloc((size_t)n * sizeof(float));
-    uint64_t grid = o->seed ^ fnv1a64(name);
-    for (int64_t i = 0; i < n; i++)
-        v[i] = o->grid ? grid_value(next_u64(&grid), is_norm)
-                       : is_norm ? (float)(1.0 + 0.1 * next_normal(rng)) : (float)(o->init_std * next_normal(rng));
-    int rc = m2d_st_writer_add_f32(w, name, o->dtype, ndim, shape, v);
-    free(v);
-    return rc;
+    tm_tensor *t = m2d_calloc(1, sizeof *t);
+    *t = (tm_tensor){g->head, o->dtype, is_norm, o->grid, o->init_std,
+                     o->grid ? o->seed ^ fnv1a64(name) : o->seed + g->draws * TM_GAMMA};
+    g->head = t;
+    if (!o->grid) g->draws += 2 * (uint64_t)n;
+    if (o->dtype != M2D_F32 && o->dtype != M2D_F16 && o->dtype != M2D_BF16)
+        return m2d_err("testmodel: tensor '%s': dtype must be F32, BF16 or F16", name);
+    return m2d_st_writer_add_lazy(w, name, o->dtype, ndim, shape, tm_fill, t);
 }
 
 static bool layer_is_moe(const m2d_testmodel_opts *o, int l) {
@@ -120,14 +173,13 @@ static char *config_json(const m2d_testmodel_opts *o) {
     return s;
 }
 
-static int add_weights(m2d_st_writer *w, const m2d_testmodel_opts *o) {
-    uint64_t rng = o->seed;
+static int add_weights(m2d_st_writer *w, tm_gen *g, const m2d_testmodel_opts *o) {
     int64_t d = o->hidden_size, V = o->vocab_size, hd = o->head_dim;
     int64_t q = (int64_t)o->num_attention_heads * hd, kv = (int64_t)o->num_key_value_heads * hd;
     int64_t de = o->moe_intermediate_size, di = o->intermediate_size;
     char n[256];
 #define ADD(nd, a, b, norm, ...) \
-    do { snprintf(n, sizeof n, __VA_ARGS__); if (add_random(w, o, &rng, n, nd, a, b, norm) != 0) return -1; } while (0)
+    do { snprintf(n, sizeof n, __VA_ARGS__); if (add_random(w, g, o, n, nd, a, b, norm) != 0) return -1; } while (0)
     ADD(2, V, d, 0, "model.embed_tokens.weight");
     ADD(1, d, 0, 1, "model.norm.weight");
     if (!o->tie_word_embeddings) ADD(2, V, d, 0, "lm_head.weight");
@@ -168,7 +220,8 @@ int m2d_testmodel_write(const char *dir, const m2d_testmodel_opts *o) {
     if (rc != 0) return -1;
     m2d_st_writer *w = m2d_st_writer_new();
     m2d_st_writer_metadata(w, "format", "pt");
-    rc = add_weights(w, o);
+    tm_gen g = {0};
+    rc = add_weights(w, &g, o);
     if (rc == 0) {
         if (o->shard_bytes) rc = m2d_st_writer_write_sharded(w, dir, o->shard_bytes, NULL);
         else {
@@ -178,6 +231,7 @@ int m2d_testmodel_write(const char *dir, const m2d_testmodel_opts *o) {
         }
     }
     m2d_st_writer_free(w);
+    tm_free(&g);
     return rc;
 }
 
@@ -213,15 +267,17 @@ int m2d_testmodel_write_tensors(const char *dir, const char *config_json, uint64
     m2d_testmodel_opts o;
     m2d_testmodel_defaults(&o);
     o.grid = true, o.seed = seed;
+    tm_gen g = {0};
     for (int i = 0; i < n && rc == 0; i++) {
         size_t len = strlen(t[i].name);
         int is_norm = len >= 11 && strcmp(t[i].name + len - 11, "norm.weight") == 0;
         o.dtype = t[i].dtype;
-        rc = add_random(w, &o, NULL, t[i].name, t[i].ndim, t[i].shape[0], t[i].ndim > 1 ? t[i].shape[1] : 0, is_norm);
+        rc = add_random(w, &g, &o, t[i].name, t[i].ndim, t[i].shape[0], t[i].ndim > 1 ? t[i].shape[1] : 0, is_norm);
     }
     char *p = m2d_path_join(dir, "model.safetensors");
     if (rc == 0) rc = m2d_st_writer_write(w, p);
     free(p);
     m2d_st_writer_free(w);
+    tm_free(&g);
     return rc;
 }

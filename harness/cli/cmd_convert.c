@@ -64,8 +64,9 @@ static const char USAGE[] =
     "  --seed S          the baseline's seed (default 0): tensor NAME draws from splitmix64 seeded\n"
     "                    with S XOR FNV-1a-64(NAME), Box-Muller normals; the same S, the same bytes\n"
     "\n"
-    "Writes config.json, model.safetensors (teacher dtype, bf16 round-to-nearest-even), the\n"
-    "tokenizer files and moe2dense.json (configuration, stats hashes, per layer the selected\n"
+    "Writes config.json, model.safetensors (teacher dtype, bf16 round-to-nearest-even; a student\n"
+    "over 5 GB as transformers' shards: model-0000i-of-0000n.safetensors of at most 5 GB and\n"
+    "model.safetensors.index.json), the tokenizer files and moe2dense.json (configuration, stats hashes, per layer the selected\n"
     "experts, groups, merge weights, sources and alpha; written last, so its presence marks a\n"
     "complete output). Prints the student fingerprint: equal fingerprints mean bit-identical students.\n";
 

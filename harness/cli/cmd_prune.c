@@ -42,7 +42,8 @@ static const char USAGE[] =
     "  --device D        cpu (default), cuda or cuda:N\n"
     "\n"
     "Writes config.json (the teacher's, with the new sizes), model.safetensors (teacher dtype, every\n"
-    "value copied from the teacher), the tokenizer files and moe2dense.json (method, shape,\n"
+    "value copied from the teacher; over 5 GB as transformers' shards + model.safetensors.index.json,\n"
+    "as convert does), the tokenizer files and moe2dense.json (method, shape,\n"
     "parameters, importance file sha256, kept indices; last). Prints the shape and parameter count.\n";
 
 typedef struct {

@@ -104,24 +104,38 @@ static axis all_of(void) { return (axis){NULL, 0, 1}; }
 static int64_t axis_len(axis a, int64_t full) { return a.idx ? (int64_t)a.n * a.block : full; }
 static int64_t axis_at(axis a, int64_t i) { return a.idx ? (int64_t)a.idx[i / a.block] * a.block + i % a.block : i; }
 
-/* T's rows R and columns C (a vector: R only) gathered into W under NAME, in T's dtype */
-static int add_cut(m2d_st_writer *w, const char *name, const m2d_tensor *t, axis r, axis c) {
+/* A cut tensor: rows R and columns C of T (a vector: R only), gathered from the teacher's mapped
+ * data while the writer writes it, so the writer holds no copy of the student. */
+typedef struct cut {
+    struct cut *next;
+    const m2d_tensor *t;
+    axis r, c;
+    int64_t nc; /* columns of the cut (1 for a vector) */
+} cut;
+
+static int fill_cut(void *ctx, const char *name, size_t offset, void *buf, size_t n) {
+    (void)name;
+    const cut *x = ctx;
+    const m2d_tensor *t = x->t;
     size_t es = m2d_dtype_size(t->dtype);
-    int64_t rows = t->shape[0], cols = t->ndim == 2 ? t->shape[1] : 1;
-    int64_t nr = axis_len(r, rows), nc = t->ndim == 2 ? axis_len(c, cols) : 1;
-    size_t bytes = (size_t)(nr * nc) * es;
-    char *buf = m2d_malloc(bytes ? bytes : 1);
+    int64_t cols = t->ndim == 2 ? t->shape[1] : 1, e = (int64_t)(offset / es), end = e + (int64_t)(n / es);
     const char *src = t->data;
-    for (int64_t i = 0; i < nr; i++) {
-        int64_t si = axis_at(r, i);
-        for (int64_t j = 0; j < nc; j++)
-            memcpy(buf + (size_t)(i * nc + j) * es, src + (size_t)(si * cols + (t->ndim == 2 ? axis_at(c, j) : 0)) * es,
-                   es);
+    for (char *out = buf; e < end; e++, out += es) {
+        int64_t i = e / x->nc, j = e % x->nc;
+        memcpy(out, src + (size_t)(axis_at(x->r, i) * cols + (t->ndim == 2 ? axis_at(x->c, j) : 0)) * es, es);
     }
-    int64_t shape[2] = {nr, nc};
-    int rc = m2d_st_writer_add(w, name, t->dtype, t->ndim, shape, buf);
-    free(buf);
-    return rc;
+    return 0;
+}
+
+/* T's rows R and columns C (a vector: R only) into W under NAME, in T's dtype (lazy: CUTS keeps
+ * what the writer's fill reads, freed by the caller after the write) */
+static int add_cut(m2d_st_writer *w, cut **cuts, const char *name, const m2d_tensor *t, axis r, axis c) {
+    int64_t rows = t->shape[0], cols = t->ndim == 2 ? t->shape[1] : 1;
+    cut *x = m2d_calloc(1, sizeof *x);
+    *x = (cut){*cuts, t, r, c, t->ndim == 2 ? axis_len(c, cols) : 1};
+    *cuts = x;
+    int64_t shape[2] = {axis_len(r, rows), x->nc};
+    return m2d_st_writer_add_lazy(w, name, t->dtype, t->ndim, shape, fill_cut, x);
 }
 
 /* The axes of layer role ROLE: rows and columns, from the kept channels (C), FFN neurons (F),
@@ -142,7 +156,7 @@ static int role_axes(int role, axis C, axis F, axis Q, axis K, axis *r, axis *c)
 }
 
 /* student layer I (teacher layer k->layers[I]) */
-static int add_layer(m2d_st_writer *w, const m2d_model *t, const prune_keep *k, int i) {
+static int add_layer(m2d_st_writer *w, cut **cuts, const m2d_model *t, const prune_keep *k, int i) {
     const m2d_prune_shape *s = &k->s;
     int hd = t->cfg.head_dim;
     axis C = {k->channels, s->hidden, 1}, F = {k->ffn + (size_t)i * s->ffn, s->ffn, 1};
@@ -154,7 +168,7 @@ static int add_layer(m2d_st_writer *w, const m2d_model *t, const prune_keep *k, 
         char name[256];
         if (role_axes(role, C, F, Q, K, &r, &c) ||
             m2d_arch_tensor_name(t->arch, M2D_SCOPE_DENSE, role, i, -1, name, sizeof name) ||
-            add_cut(w, name, L->w[role], r, c))
+            add_cut(w, cuts, name, L->w[role], r, c))
             return -1;
     }
     return 0;
@@ -164,14 +178,20 @@ static int write_weights(const m2d_model *t, const prune_keep *k, const char *di
     m2d_st_writer *w = m2d_st_writer_new();
     m2d_st_writer_metadata(w, "format", "pt");
     axis C = {k->channels, k->s.hidden, 1};
-    int rc = add_cut(w, t->embed->name, t->embed, all_of(), C) || add_cut(w, t->final_norm->name, t->final_norm, C, C);
-    if (rc == 0 && t->lm_head != t->embed) rc = add_cut(w, t->lm_head->name, t->lm_head, all_of(), C);
-    if (rc == 0 && t->lm_head_stored) rc = add_cut(w, t->lm_head_stored->name, t->lm_head_stored, all_of(), C);
-    for (int i = 0; i < k->s.layers && rc == 0; i++) rc = add_layer(w, t, k, i);
-    char *p = m2d_path_join(dir, "model.safetensors");
-    if (rc == 0) rc = m2d_st_writer_write(w, p);
-    free(p);
+    cut *cuts = NULL;
+    int rc = add_cut(w, &cuts, t->embed->name, t->embed, all_of(), C) ||
+             add_cut(w, &cuts, t->final_norm->name, t->final_norm, C, C);
+    if (rc == 0 && t->lm_head != t->embed) rc = add_cut(w, &cuts, t->lm_head->name, t->lm_head, all_of(), C);
+    if (rc == 0 && t->lm_head_stored)
+        rc = add_cut(w, &cuts, t->lm_head_stored->name, t->lm_head_stored, all_of(), C);
+    for (int i = 0; i < k->s.layers && rc == 0; i++) rc = add_layer(w, &cuts, t, k, i);
+    if (rc == 0) rc = m2d_convert_write_checkpoint(w, dir, M2D_CONVERT_SHARD_BYTES);
     m2d_st_writer_free(w);
+    while (cuts) {
+        cut *x = cuts;
+        cuts = x->next;
+        free(x);
+    }
     return rc;
 }
 

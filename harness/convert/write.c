@@ -19,16 +19,22 @@ static const char *const TOKENIZER_FILES[] = {"tokenizer.json", "tokenizer_confi
 #define MARK_INCOMPLETE "moe2dense.incomplete"
 #define DIR_LOCK ".moe2dense" /* the lock file is DIR/.moe2dense.lock */
 
-/* 1 when NAME is a file this command writes into a student directory */
-static int written_name(const char *name) {
-    if (!strcmp(name, "model.safetensors") || !strcmp(name, "model.safetensors.index.json") ||
-        !strcmp(name, "config.json") || !strcmp(name, MARK_COMPLETE) || !strcmp(name, MARK_INCOMPLETE))
-        return 1;
-    for (size_t i = 0; i < M2D_ARRAY_LEN(TOKENIZER_FILES); i++)
-        if (!strcmp(name, TOKENIZER_FILES[i])) return 1;
+/* 1 when NAME is a file of a checkpoint's weights: model.safetensors, or the index and its shards */
+static int weights_name(const char *name) {
+    if (!strcmp(name, "model.safetensors") || !strcmp(name, "model.safetensors.index.json")) return 1;
     unsigned a, b;
     char tail[32];
     return sscanf(name, "model-%5u-of-%5u.%31s", &a, &b, tail) == 3 && !strcmp(tail, "safetensors");
+}
+
+/* 1 when NAME is a file this command writes into a student directory */
+static int written_name(const char *name) {
+    if (weights_name(name) || !strcmp(name, "config.json") || !strcmp(name, MARK_COMPLETE) ||
+        !strcmp(name, MARK_INCOMPLETE))
+        return 1;
+    for (size_t i = 0; i < M2D_ARRAY_LEN(TOKENIZER_FILES); i++)
+        if (!strcmp(name, TOKENIZER_FILES[i])) return 1;
+    return 0;
 }
 
 /* 1 when NAME is the temp file of a write of one of those names that was killed */
@@ -65,17 +71,20 @@ static int scan_dir(const char *dir, dir_scan *ds) {
     return 0;
 }
 
-/* Remove the temp files of killed writes (only under the directory's lock: none is live). */
-static void remove_leftovers(const char *dir) {
+/* Remove the files of DIR whose names MATCH (only under the directory's lock: none is live). */
+static void remove_matching(const char *dir, int (*match)(const char *name)) {
     DIR *dh = opendir(dir);
     for (struct dirent *de; dh && (de = readdir(dh));) {
-        if (!leftover_name(de->d_name)) continue;
+        if (!match(de->d_name)) continue;
         char *p = m2d_path_join(dir, de->d_name);
         unlink(p);
         free(p);
     }
     if (dh) closedir(dh);
 }
+
+/* Remove the temp files of killed writes. */
+static void remove_leftovers(const char *dir) { remove_matching(dir, leftover_name); }
 
 /* Make DIR ready for a student, under its lock: empty, a student (moe2dense.json), or what a
  * killed convert left (moe2dense.incomplete and/or temp files of our names) -- anything else is
@@ -145,8 +154,10 @@ static int copy_tokenizer_files(const m2d_model *t, const char *dir) {
     return 0;
 }
 
+/* By reference: the student's tensors and the teacher's mapped ones outlive the write, so the
+ * writer holds no copy of the checkpoint it writes. */
 static int add_tensor(m2d_st_writer *w, const m2d_tensor *t) {
-    return m2d_st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data);
+    return m2d_st_writer_add_ref(w, t->name, t->dtype, t->ndim, t->shape, t->data);
 }
 
 /* The FFN block of a student layer: its FFN roles (dense gate/up/down, router), then each expert's;
@@ -198,10 +209,21 @@ static const m2d_tensor *student_twin(const m2d_model *t, const m2d_model *s, co
 static int add_kept_tensor(m2d_st_writer *w, const m2d_model *t, const m2d_model *s, const m2d_tensor *x, int twins) {
     const m2d_tensor *y = twins ? student_twin(t, s, x) : x;
     if (!y) y = x;
-    return m2d_st_writer_add(w, x->name, y->dtype, y->ndim, y->shape, y->data);
+    return m2d_st_writer_add_ref(w, x->name, y->dtype, y->ndim, y->shape, y->data);
 }
 
-static int write_weights(const m2d_model *t, const m2d_model *s, const char *dir, int twins) {
+/* The weights of an earlier output go first (DIR is marked incomplete meanwhile): a stale
+ * model.safetensors would hide a new index from every reader. */
+int m2d_convert_write_checkpoint(m2d_st_writer *w, const char *dir, uint64_t max_shard) {
+    remove_matching(dir, weights_name);
+    if (m2d_st_writer_data_bytes(w) > max_shard) return m2d_st_writer_write_sharded(w, dir, (size_t)max_shard, NULL);
+    char *p = m2d_path_join(dir, "model.safetensors");
+    int rc = m2d_st_writer_write(w, p);
+    free(p);
+    return rc;
+}
+
+static int write_weights(const m2d_model *t, const m2d_model *s, const char *dir, int twins, uint64_t max_shard) {
     m2d_st_writer *w = m2d_st_writer_new();
     m2d_st_writer_metadata(w, "format", "pt");
     int rc = 0, n = m2d_st_count(t->st);
@@ -216,9 +238,7 @@ static int write_weights(const m2d_model *t, const m2d_model *s, const char *dir
         if (replaced[l]) rc = add_layer_tensors(w, s, l);
     free(replaced);
     free(skip);
-    char *p = m2d_path_join(dir, "model.safetensors");
-    if (rc == 0) rc = m2d_st_writer_write(w, p);
-    free(p);
+    if (rc == 0) rc = m2d_convert_write_checkpoint(w, dir, max_shard);
     m2d_st_writer_free(w);
     return rc;
 }
@@ -309,10 +329,17 @@ char *m2d_convert_manifest(const m2d_model *t, const m2d_convert_plan *p, const 
 
 int m2d_convert_write(const m2d_model *t, const m2d_model *s, const m2d_convert_plan *plan, const char *stats_path,
                       const char *dir) {
+    return m2d_convert_write_sharded(t, s, plan, stats_path, dir, M2D_CONVERT_SHARD_BYTES);
+}
+
+int m2d_convert_write_sharded(const m2d_model *t, const m2d_model *s, const m2d_convert_plan *plan,
+                              const char *stats_path, const char *dir, uint64_t max_shard_bytes) {
     if (!t->st) return m2d_err("convert: the teacher %s has no safetensors to copy from", t->dir);
+    if (max_shard_bytes == 0) return m2d_err("convert: %s: the shard size must be positive", dir);
     m2d_lock lock;
     if (prepare_dir(dir, &lock)) return -1;
-    int rc = write_weights(t, s, dir, plan->baseline == M2D_BASELINE_RANDOM_INIT) || write_config(s, dir) || copy_tokenizer_files(t, dir) ||
+    int rc = write_weights(t, s, dir, plan->baseline == M2D_BASELINE_RANDOM_INIT, max_shard_bytes) ||
+                     write_config(s, dir) || copy_tokenizer_files(t, dir) ||
              write_json(dir, "moe2dense.json", manifest_json(t, plan, stats_path)) ? -1 : 0;
     if (rc == 0) { /* complete: moe2dense.json is in place, the marker of an unfinished write goes */
         char *mark = m2d_path_join(dir, MARK_INCOMPLETE);

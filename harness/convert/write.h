@@ -6,14 +6,27 @@
 #include "base/outfile.h"
 #include "convert/plan.h"
 
-/* Write the student as a Hugging Face checkpoint into DIR (created if needed): config.json,
- * model.safetensors (teacher dtype), tokenizer files, moe2dense.json (written last: its
- * presence marks a complete output). DIR must be absent, empty or an earlier moe2dense output. */
+/* Write the student as a Hugging Face checkpoint into DIR (created if needed): config.json, its
+ * weights (teacher dtype), tokenizer files, moe2dense.json (written last: its presence marks a
+ * complete output). DIR must be absent, empty or an earlier moe2dense output. The weights are
+ * model.safetensors when they are at most M2D_CONVERT_SHARD_BYTES, else shards of at most that
+ * (model-0000i-of-0000n.safetensors + model.safetensors.index.json, io/st.h), as transformers'
+ * save_pretrained lays them out at its default max_shard_size "5GB". The writer references the
+ * student's and the teacher's tensors (no copy): the memory of a write is the student's own. */
+#define M2D_CONVERT_SHARD_BYTES ((uint64_t)5000000000u)
 int m2d_convert_write(const m2d_model *teacher, const m2d_model *student, const m2d_convert_plan *plan,
                       const char *stats_path, const char *dir);
+/* The same with another shard size (tests; a disk that wants smaller files). */
+int m2d_convert_write_sharded(const m2d_model *teacher, const m2d_model *student, const m2d_convert_plan *plan,
+                              const char *stats_path, const char *dir, uint64_t max_shard_bytes);
 /* The text of the moe2dense.json m2d_convert_write writes for PLAN (a student kept in memory:
  * what its distillation's output extends). The caller frees it. */
 char *m2d_convert_manifest(const m2d_model *teacher, const m2d_convert_plan *plan, const char *stats_path);
+
+/* W's tensors into DIR (prepared: m2d_convert_prepare_dir) as m2d_convert_write lays them out:
+ * model.safetensors when they are at most MAX_SHARD_BYTES, else shards + index; the weights files
+ * of an earlier output in DIR are removed first. */
+int m2d_convert_write_checkpoint(m2d_st_writer *w, const char *dir, uint64_t max_shard_bytes);
 
 /* The output directory rule of every checkpoint moe2dense writes (convert, distill), for a writer
  * that fills DIR over a long time (distill): DIR is created if absent; a directory with files but

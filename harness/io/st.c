@@ -610,6 +610,8 @@ typedef struct {
     const void *data;
     void *owned;
     size_t nbytes;
+    m2d_st_fill_fn fill;   /* lazy: the bytes come from fill(ctx, ...) at write time */
+    void *ctx;
 } wr_entry;
 
 struct m2d_st_writer {
@@ -648,18 +650,18 @@ static int writer_push(m2d_st_writer *w, const char *name, m2d_dtype dtype, int 
     return 0;
 }
 
-/* Undo the last push (its data pointer was NULL) and report it. */
-static int writer_pop_err(m2d_st_writer *w, const char *name) {
+/* Undo the last push (its WHAT, data or fill callback, was NULL) and report it. */
+static int writer_pop_err(m2d_st_writer *w, const char *name, const char *what) {
     w->n--;
     free(w->e[w->n].name);
-    return m2d_err1("safetensors writer: tensor '%s': data is NULL", name);
+    return m2d_err1("safetensors writer: tensor '%s': %s is NULL", name, what);
 }
 
 int m2d_st_writer_add(m2d_st_writer *w, const char *name, m2d_dtype dtype, int ndim, const int64_t *shape,
                       const void *data) {
     wr_entry *e;
     if (writer_push(w, name, dtype, ndim, shape, &e) != 0) return -1;
-    if (e->nbytes && !data) return writer_pop_err(w, name);
+    if (e->nbytes && !data) return writer_pop_err(w, name, "data");
     e->owned = m2d_malloc(e->nbytes);
     if (e->nbytes) memcpy(e->owned, data, e->nbytes);
     e->data = e->owned;
@@ -670,9 +672,25 @@ int m2d_st_writer_add_ref(m2d_st_writer *w, const char *name, m2d_dtype dtype, i
                           const void *data) {
     wr_entry *e;
     if (writer_push(w, name, dtype, ndim, shape, &e) != 0) return -1;
-    if (e->nbytes && !data) return writer_pop_err(w, name);
+    if (e->nbytes && !data) return writer_pop_err(w, name, "data");
     e->data = data;
     return 0;
+}
+
+int m2d_st_writer_add_lazy(m2d_st_writer *w, const char *name, m2d_dtype dtype, int ndim, const int64_t *shape,
+                           m2d_st_fill_fn fill, void *ctx) {
+    wr_entry *e;
+    if (writer_push(w, name, dtype, ndim, shape, &e) != 0) return -1;
+    if (!fill) return writer_pop_err(w, name, "fill callback");
+    e->fill = fill;
+    e->ctx = ctx;
+    return 0;
+}
+
+uint64_t m2d_st_writer_data_bytes(const m2d_st_writer *w) {
+    uint64_t total = 0;
+    for (int i = 0; i < w->n; i++) total += w->e[i].nbytes;
+    return total;
 }
 
 int m2d_st_writer_add_f32(m2d_st_writer *w, const char *name, m2d_dtype dtype, int ndim, const int64_t *shape,
@@ -681,7 +699,7 @@ int m2d_st_writer_add_f32(m2d_st_writer *w, const char *name, m2d_dtype dtype, i
         return m2d_err1("safetensors writer: tensor '%s': add_f32 stores only F32, F16 or BF16", name);
     wr_entry *e;
     if (writer_push(w, name, dtype, ndim, shape, &e) != 0) return -1;
-    if (e->nbytes && !data) return writer_pop_err(w, name);
+    if (e->nbytes && !data) return writer_pop_err(w, name, "data");
     e->owned = m2d_malloc(e->nbytes);
     m2d_from_f32(dtype, data, (int64_t)(e->nbytes / m2d_dtype_size(dtype)), e->owned);
     e->data = e->owned;
@@ -825,22 +843,46 @@ static char *build_header(const m2d_st_writer *w, int from, int to, size_t *len)
     return b.s;
 }
 
-/* Streamed atomic write of entries [from, to) (base/outfile.h: exclusive temp file, fsync, rename). */
-static int write_range(const m2d_st_writer *w, int from, int to, const char *path) {
+/* The data of lazy entry E into F, chunk by chunk through BUF (CAP bytes, a multiple of 8). */
+static int write_lazy(m2d_atomic_file *f, const wr_entry *e, uint8_t *buf, size_t cap) {
+    for (size_t off = 0; off < e->nbytes && !f->failed; off += cap) {
+        size_t n = e->nbytes - off < cap ? e->nbytes - off : cap;
+        if (e->fill(e->ctx, e->name, off, buf, n) != 0) {
+            char *why = m2d_strdup(m2d_errmsg());
+            m2d_err1("%s: tensor '%s': its data could not be produced: %s", f->path, e->name, why);
+            free(why);
+            return -1;
+        }
+        m2d_atomic_write(f, buf, n);
+    }
+    return f->failed ? -1 : 0;
+}
+
+/* Entries [from, to) as one safetensors file into the open F (BUF/CAP: the lazy entries' chunk).
+ * -1 + m2d_err when a write or a fill fails (the caller aborts F). */
+static int write_body(const m2d_st_writer *w, int from, int to, m2d_atomic_file *f, uint8_t *buf, size_t cap) {
     size_t hlen;
     char *hdr = build_header(w, from, to, &hlen);
-    m2d_atomic_file f;
-    int rc = m2d_atomic_open(&f, path);
-    if (rc == 0) {
-        uint8_t pre[8];
-        for (int i = 0; i < 8; i++) pre[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
-        m2d_atomic_write(&f, pre, 8);
-        m2d_atomic_write(&f, hdr, hlen);
-        for (int i = from; i < to && !f.failed; i++) m2d_atomic_write(&f, w->e[i].data, w->e[i].nbytes);
-        rc = m2d_atomic_commit(&f);
-    }
+    uint8_t pre[8];
+    for (int i = 0; i < 8; i++) pre[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+    m2d_atomic_write(f, pre, 8);
+    m2d_atomic_write(f, hdr, hlen);
     free(hdr);
+    int rc = f->failed ? -1 : 0;
+    for (int i = from; i < to && rc == 0; i++) {
+        const wr_entry *e = &w->e[i];
+        rc = e->fill ? write_lazy(f, e, buf, cap) : m2d_atomic_write(f, e->data, e->nbytes);
+    }
     return rc;
+}
+
+/* The one chunk buffer of a write: the largest lazy tensor, at most M2D_ST_FILL_CHUNK bytes. */
+static uint8_t *chunk_buffer(const m2d_st_writer *w, size_t *cap) {
+    size_t c = 0;
+    for (int i = 0; i < w->n; i++)
+        if (w->e[i].fill && w->e[i].nbytes > c) c = w->e[i].nbytes;
+    *cap = c < M2D_ST_FILL_CHUNK ? c : M2D_ST_FILL_CHUNK;
+    return *cap ? m2d_malloc(*cap) : NULL;
 }
 
 static int writer_sort(m2d_st_writer *w) {
@@ -851,19 +893,27 @@ static int writer_sort(m2d_st_writer *w) {
     return 0;
 }
 
+/* Atomic write to PATH (base/outfile.h: exclusive temp file, fsync, rename). */
 int m2d_st_writer_write(m2d_st_writer *w, const char *path) {
     if (writer_sort(w) != 0) return -1;
-    return write_range(w, 0, w->n, path);
+    m2d_atomic_file f;
+    if (m2d_atomic_open(&f, path) != 0) return -1;
+    size_t cap;
+    uint8_t *buf = chunk_buffer(w, &cap);
+    int rc = write_body(w, 0, w->n, &f, buf, cap);
+    free(buf);
+    if (rc == 0) return m2d_atomic_commit(&f);
+    m2d_atomic_abort(&f);
+    return -1;
 }
 
-int m2d_st_writer_write_sharded(m2d_st_writer *w, const char *dir, size_t max_shard_bytes, int *n_shards) {
-    if (writer_sort(w) != 0) return -1;
-    /* greedy split in write order (dtype, then name); a tensor larger than the limit gets a shard of its own */
-    int *start = m2d_malloc((size_t)(w->n + 2) * sizeof(int));
+/* START[0..ns]: the first entry of each shard, greedy in write order (dtype, then name); a tensor
+ * larger than MAX gets a shard of its own. Returns ns (at least 1). */
+static int split_shards(const m2d_st_writer *w, size_t max, int *start) {
     int ns = 0;
     size_t fill = 0;
     for (int i = 0; i < w->n; i++) {
-        if (ns == 0 || (fill > 0 && fill + w->e[i].nbytes > max_shard_bytes)) {
+        if (ns == 0 || (fill > 0 && fill + w->e[i].nbytes > max)) {
             start[ns++] = i;
             fill = 0;
         }
@@ -871,34 +921,88 @@ int m2d_st_writer_write_sharded(m2d_st_writer *w, const char *dir, size_t max_sh
     }
     if (ns == 0) start[ns++] = 0;
     start[ns] = w->n;
-    int rc = 0;
-    sbuf idx = {0};
-    uint64_t total = 0;
-    for (int i = 0; i < w->n; i++) total += w->e[i].nbytes;
-    sb_str(&idx, "{\n  \"metadata\": {\"total_size\": ");
-    sb_fmt_u64(&idx, total);
-    sb_str(&idx, "},\n  \"weight_map\": {");
-    for (int s = 0; s < ns && rc == 0; s++) {
-        char *fname = m2d_strfmt("model-%05d-of-%05d.safetensors", s + 1, ns);
-        char *p = m2d_path_join(dir, fname);
-        rc = write_range(w, start[s], start[s + 1], p);
-        for (int i = start[s]; i < start[s + 1]; i++) {
-            sb_str(&idx, i ? ",\n    " : "\n    ");
-            sb_json_string(&idx, w->e[i].name);
-            sb_str(&idx, ": ");
-            sb_json_string(&idx, fname);
+    return ns;
+}
+
+static int cmp_name_of(const void *a, const void *b) {
+    const wr_entry *x = *(const wr_entry *const *)a, *y = *(const wr_entry *const *)b;
+    return strcmp(x->name, y->name);
+}
+
+/* The index as transformers writes it: json.dumps(index, indent=2, sort_keys=True) + "\n". SHARD_OF[i]:
+ * entry i's shard number (1-based), of NS. */
+static char *build_index(const m2d_st_writer *w, const int *shard_of, int ns, size_t *len) {
+    const wr_entry **by_name = m2d_malloc((size_t)(w->n ? w->n : 1) * sizeof *by_name);
+    for (int i = 0; i < w->n; i++) by_name[i] = &w->e[i];
+    if (w->n > 1) qsort(by_name, (size_t)w->n, sizeof *by_name, cmp_name_of);
+    sbuf b = {0};
+    sb_str(&b, "{\n  \"metadata\": {\n    \"total_size\": ");
+    sb_fmt_u64(&b, m2d_st_writer_data_bytes(w));
+    sb_str(&b, "\n  },\n  \"weight_map\": {");
+    for (int i = 0; i < w->n; i++) {
+        char fname[64];
+        snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", shard_of[by_name[i] - w->e], ns);
+        sb_str(&b, i ? ",\n    " : "\n    ");
+        sb_json_string(&b, by_name[i]->name);
+        sb_str(&b, ": ");
+        sb_json_string(&b, fname);
+    }
+    sb_str(&b, w->n ? "\n  }\n}\n" : "}\n}\n");
+    free(by_name);
+    *len = b.n;
+    return b.s;
+}
+
+/* Rename the NS complete temp files F into place, the index last (an older one removed first, so
+ * no index ever names a shard of another write). On a failure the shards already moved are
+ * removed and the others aborted. */
+static int commit_shards(m2d_atomic_file *f, int ns, const char *dir, const char *index, size_t index_len) {
+    char *ip = m2d_path_join(dir, "model.safetensors.index.json");
+    int rc = m2d_check_output_path(ip);
+    if (rc == 0 && unlink(ip) != 0 && errno != ENOENT)
+        rc = m2d_err1("%s: cannot remove the old index: %s", ip, strerror(errno));
+    int done = 0;
+    for (; done < ns && rc == 0; done++) rc = m2d_atomic_commit(&f[done]); /* a failed one counts as done */
+    if (rc == 0) rc = m2d_write_file_atomic(ip, index, index_len);
+    for (int s = 0; s < ns && rc != 0; s++) {
+        if (s >= done) m2d_atomic_abort(&f[s]);
+        else {
+            char *fname = m2d_strfmt("model-%05d-of-%05d.safetensors", s + 1, ns), *p = m2d_path_join(dir, fname);
+            unlink(p);
+            free(p);
+            free(fname);
         }
+    }
+    free(ip);
+    return rc;
+}
+
+int m2d_st_writer_write_sharded(m2d_st_writer *w, const char *dir, size_t max_shard_bytes, int *n_shards) {
+    if (writer_sort(w) != 0) return -1;
+    int *start = m2d_malloc((size_t)(w->n + 2) * sizeof(int)), *shard_of = m2d_calloc((size_t)w->n + 1, sizeof(int));
+    int ns = split_shards(w, max_shard_bytes, start), opened = 0, rc = 0;
+    m2d_atomic_file *f = m2d_calloc((size_t)ns, sizeof *f);
+    size_t cap;
+    uint8_t *buf = chunk_buffer(w, &cap);
+    for (int s = 0; s < ns && rc == 0; s++) {
+        char *fname = m2d_strfmt("model-%05d-of-%05d.safetensors", s + 1, ns), *p = m2d_path_join(dir, fname);
+        rc = m2d_atomic_open(&f[s], p);
+        if (rc == 0) opened++, rc = write_body(w, start[s], start[s + 1], &f[s], buf, cap);
+        for (int i = start[s]; i < start[s + 1]; i++) shard_of[i] = s + 1;
         free(p);
         free(fname);
     }
-    sb_str(&idx, "\n  }\n}\n");
+    free(buf);
     if (rc == 0) {
-        char *ip = m2d_path_join(dir, "model.safetensors.index.json");
-        rc = m2d_write_file_atomic(ip, idx.s, idx.n);
-        free(ip);
-    }
+        size_t ilen;
+        char *index = build_index(w, shard_of, ns, &ilen);
+        rc = commit_shards(f, ns, dir, index, ilen);
+        free(index);
+    } else
+        for (int s = 0; s < opened; s++) m2d_atomic_abort(&f[s]);
     if (n_shards) *n_shards = ns;
-    free(idx.s);
+    free(f);
+    free(shard_of);
     free(start);
     return rc;
 }

@@ -43,8 +43,11 @@ void m2d_st_advise(const m2d_st *st, const void *p, size_t n, m2d_st_advice advi
 #define M2D_ST_HASH_FULL_MAX ((uint64_t)256 << 20)
 void m2d_st_hash(const m2d_st *st, uint64_t max_full_bytes, char out[65]);
 
-/* Writer: tensors are written sorted by name (deterministic), header padded with spaces
- * to a multiple of 8 bytes, data contiguous in that order. Data is copied at add time. */
+/* Writer: tensors are written sorted by dtype then name (deterministic, the reference writer's
+ * order), header padded with spaces to a multiple of 8 bytes, data contiguous in that order.
+ * add copies the data at add time, add_ref keeps a pointer, add_lazy a callback that produces the
+ * bytes at write time: the header needs only names, dtypes and shapes, so a writer of lazy (or
+ * referenced) tensors holds at most one chunk of tensor data, whatever the model's size. */
 typedef struct m2d_st_writer m2d_st_writer;
 m2d_st_writer *m2d_st_writer_new(void);
 int m2d_st_writer_add(m2d_st_writer *w, const char *name, m2d_dtype dtype, int ndim,
@@ -55,11 +58,27 @@ int m2d_st_writer_add_f32(m2d_st_writer *w, const char *name, m2d_dtype dtype, i
 /* Like add, without copying: DATA must stay valid until write/free (for large outputs). */
 int m2d_st_writer_add_ref(m2d_st_writer *w, const char *name, m2d_dtype dtype, int ndim,
                           const int64_t *shape, const void *data);
+/* Bytes [OFFSET, OFFSET + N) of tensor NAME's data (row-major, its dtype) into BUF, a buffer the
+ * writer owns and reuses. The writer asks for each lazy tensor once per write, in order, in chunks
+ * of at most M2D_ST_FILL_CHUNK bytes (OFFSET and N multiples of 8 bytes or the tensor's end, so
+ * always of the element size). Returns 0, or -1 + m2d_err: the write then fails and leaves
+ * nothing behind. */
+typedef int (*m2d_st_fill_fn)(void *ctx, const char *name, size_t offset, void *buf, size_t n);
+#define M2D_ST_FILL_CHUNK ((size_t)64 << 20)
+int m2d_st_writer_add_lazy(m2d_st_writer *w, const char *name, m2d_dtype dtype, int ndim,
+                           const int64_t *shape, m2d_st_fill_fn fill, void *ctx);
 void m2d_st_writer_metadata(m2d_st_writer *w, const char *key, const char *value);
 int m2d_st_writer_write(m2d_st_writer *w, const char *path); /* atomic: temp + rename */
-/* Sharded: DIR/model-0000i-of-0000n.safetensors (split in name order at MAX_SHARD_BYTES,
- * a larger tensor gets its own shard) + DIR/model.safetensors.index.json. */
+/* Sharded, Hugging Face's layout: DIR/model-0000i-of-0000n.safetensors (split in write order at
+ * MAX_SHARD_BYTES, a larger tensor gets its own shard) + DIR/model.safetensors.index.json
+ * ({"metadata": {"total_size": data bytes}, "weight_map": {name: shard}}, as transformers'
+ * save_pretrained prints it: json.dumps(indent=2, sort_keys=True) + newline). Every shard goes to
+ * a temp file first; only when all are complete are they renamed into place (an older index is
+ * removed before, the new one written last), so a failure leaves no new shard and no index that
+ * names a missing or partial one. */
 int m2d_st_writer_write_sharded(m2d_st_writer *w, const char *dir, size_t max_shard_bytes, int *n_shards);
+/* Total data bytes of the tensors added so far (what a sharding decision needs). */
+uint64_t m2d_st_writer_data_bytes(const m2d_st_writer *w);
 void m2d_st_writer_free(m2d_st_writer *w);
 
 /* 0 when every value of every F32/BF16/F16 tensor of ST is finite; else -1 + m2d_err naming the
