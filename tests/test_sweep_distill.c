@@ -308,6 +308,39 @@ static void distill_checked_before_work(void **state) {
     tu_sweep_fixture_free(&fx);
 }
 
+/* Issue 24: a [distill] block whose dense student the training engine cannot train (DeepSeek-V2's
+ * latent attention, params.h m2d_train_unsupported) is refused by the dry run and the run before
+ * any work, in one line naming the feature and where the block is; nothing is written. */
+static void untrainable_student_refused(void **state) {
+    (void)state;
+    const char *json = "{\"architectures\": [\"DeepseekV2ForCausalLM\"], \"first_k_dense_replace\": 1, \"head_dim\": 8,"
+                       " \"hidden_size\": 64, \"intermediate_size\": 48, \"kv_lora_rank\": 32,"
+                       " \"max_position_embeddings\": 64, \"moe_intermediate_size\": 16, \"n_routed_experts\": 8,"
+                       " \"n_shared_experts\": 2, \"norm_topk_prob\": false, \"num_attention_heads\": 4,"
+                       " \"num_experts_per_tok\": 2, \"num_hidden_layers\": 3, \"num_key_value_heads\": 4,"
+                       " \"q_lora_rank\": null, \"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 12,"
+                       " \"topk_method\": \"greedy\", \"vocab_size\": 320}";
+    tu_sweep_fixture fx = tu_sweep_fixture_make(json, EXPERIMENTS);
+    char *train = m2d_path_join(fx.dir, "train.txt");
+    tu_write(train, "the training text of the fake backend\n", 38);
+    free(train);
+    m2d_experiment x;
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", NULL, 0, &x), 0);
+    m2d_sweep_opts o = {.out = fx.csv, .jobs = 1};
+    m2d_sweep_summary s;
+    FILE *devnull = fopen("/dev/null", "w");
+    int dry = m2d_sweep_dry_run(&x, &o, devnull);
+    fclose(devnull);
+    const char *want = "the training engine does not implement latent attention (MLA)";
+    if (dry != -1 || !strstr(m2d_errmsg(), want) || !strstr(m2d_errmsg(), "experiments.toml"))
+        fail_msg("dry run %d: expected '%s', got '%s'", dry, want, m2d_errmsg());
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), -1);
+    assert_non_null(strstr(m2d_errmsg(), want));
+    assert_false(m2d_file_exists(fx.csv));
+    m2d_experiment_free(&x);
+    tu_sweep_fixture_free(&fx);
+}
+
 /* Issue 27 (4, 5): a sidecar that holds no distilled student (every row failed) does not block a
  * rerun with fixed settings: it is started afresh (also with --retry-failed); one that holds a
  * result is still refused (best_per_pair_distills_scores_and_resumes). */
@@ -547,6 +580,7 @@ int main(void) {
         cmocka_unit_test(distill_table_errors),
         cmocka_unit_test(validation_data_is_held_out),
         cmocka_unit_test(dry_run_describes_the_stage),
+        cmocka_unit_test(untrainable_student_refused),
         cmocka_unit_test(distill_checked_before_work),
         cmocka_unit_test(failed_sidecar_does_not_block_a_rerun),
         cmocka_unit_test(ablation_rows_and_tables),
