@@ -466,6 +466,35 @@ static void teacher_route_override(void **state) {
     free(a), free(b), free(c);
 }
 
+/* Eq. 6 on GPT-OSS's router (top-k of the logits, gates a softmax over those k): its own gates are
+ * renormalised (they differ from the full softmax p), the override's are p itself, K' of them in
+ * descending order (engine.h m2d_engine_set_route_topk) */
+static void teacher_route_override_gptoss(void **state) {
+    (void)state;
+    char *cfg = tu_family_edited_config("gptoss", NULL, NULL), *dir = m2d_path_join(g_dir, "gptoss-teacher");
+    if (tu_family_checkpoint(dir, cfg, 7)) fail_msg("%s", m2d_errmsg());
+    m2d_model *m = open_dir(dir);
+    free(cfg);
+    int k = m->cfg.num_experts_per_tok;
+    assert_true(m->cfg.ops.router == M2D_ROUTER_TOPK_SOFTMAX && k + 1 <= m->cfg.num_experts);
+    m2d_engine *e;
+    assert_int_equal(m2d_engine_new(m, 1, &e), 0);
+    int32_t tok[L];
+    tokens(3, tok, L);
+    float *z = malloc(sizeof(float) * L * m->cfg.vocab_size);
+    route_seen own = {0, 0, 1}, wide = {0, 0, 1};
+    m2d_engine_set_moe_hook(e, route_hook, &own);
+    assert_int_equal(m2d_engine_logits(e, tok, L, z), 0);
+    assert_true(own.calls > 0 && own.k == k && !own.ok); /* the model's own gates: renormalised */
+    assert_int_equal(m2d_engine_set_route_topk(e, k + 1), 0);
+    m2d_engine_set_moe_hook(e, route_hook, &wide);
+    assert_int_equal(m2d_engine_logits(e, tok, L, z), 0);
+    assert_true(wide.calls == own.calls && wide.k == k + 1 && wide.ok); /* exactly p (the same fp32 values) */
+    m2d_engine_free(e);
+    m2d_model_close(m);
+    free(z);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(training_logits_equal_engine),
@@ -476,6 +505,7 @@ int main(void) {
         cmocka_unit_test(lr_schedule),
         cmocka_unit_test(decay_only_on_matrices),
         cmocka_unit_test(teacher_route_override),
+        cmocka_unit_test(teacher_route_override_gptoss),
         cmocka_unit_test(teacher_topk_k_is_own_routing),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
