@@ -1,5 +1,5 @@
 /* distill: moe2dense's distillation steps against an independent reference — the same steps done
- * by transformers' Qwen3 modelling with torch autograd, torch.optim.AdamW and clip_grad_norm_
+ * by transformers' Qwen3 modelling (and, issue 24, GPT-OSS's and OLMoE's dense students) with torch autograd, torch.optim.AdamW and clip_grad_norm_
  * (tools/distill_ref.py; committed numbers in tests/golden/distill/, or $M2D_DISTILL_GOLDEN, which
  * `make verify-distill` makes afresh). Per case: the same teacher and student checkpoints (rebuilt
  * here byte for byte from the grid generator), the same token windows in file order, the same

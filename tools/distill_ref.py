@@ -1,5 +1,5 @@
 """An independent reference of `moe2dense distill`: the same knowledge-distillation steps done with
-Hugging Face transformers' own Qwen3 / Qwen3-MoE modelling and torch (autograd, torch.optim.AdamW,
+Hugging Face transformers' own Qwen3 / Qwen3-MoE modelling (and GPT-OSS's and OLMoE's: FAMILIES) and torch (autograd, torch.optim.AdamW,
 torch.nn.utils.clip_grad_norm_), for tests/test_distill.c. Runs in tests/ref/.venv-hf.
 
 usage: distill_ref.py --out DIR                 write the goldens (tests/golden/distill/, make distill-goldens)
@@ -10,7 +10,8 @@ Per case (CASES below):
  1. teacher (Qwen3MoeForCausalLM) and dense student (Qwen3ForCausalLM, intermediate = k * d_e) from
     the grid generator of tests/testmodel.h (tools/hf_goldens.py), saved with save_pretrained; the
     golden keeps both config.json texts and the sha256 of both model.safetensors, which
-    tests/test_distill.c rebuilds byte for byte with moe2dense's writer;
+    tests/test_distill.c rebuilds byte for byte with moe2dense's writer (OLMoE from the tensor list
+    the golden keeps, GPT-OSS with tests/familyckpt.c);
  2. data: a text encoded by the byte-level tokenizer of hf_goldens.py, cut into consecutive windows
     of L tokens taken in file order (--order sequential: step s uses windows (s-1)B .. sB-1);
  3. S optimizer steps in float32: teacher logits (full vocabulary; with teacher_topk the routers
@@ -23,7 +24,8 @@ Per case (CASES below):
     (betas 0.9/0.95, eps 1e-8, weight decay on tensors of 2+ dimensions only), the learning rate
     of SPEC §7 set before each step;
  4. per step: loss (before the update), grad_norm, lr; at the end the L2 norm of each tensor's
-    total update (final - initial weights).
+    total update (final - initial weights), named as moe2dense names the checkpoint's tensors
+    (update_norms: transformers fuses a one-expert student's experts).
 """
 import argparse
 import hashlib
@@ -75,7 +77,11 @@ CASES = {
 # class, config): GPT-OSS (q/k/v/o and gate/up/down biases, sinks, a window of 5 cutting into 16
 # positions, YaRN over an original context of 16, the clamped SwiGLU with limit 0.6 so that the
 # clamps are reached) and OLMoE (the whole-projection q/k norm, clip_qkv 1.5 clamping a good part of
-# q, k, v; attention biases); students of one expert routed top-1, as the converter writes them
+# q, k, v; attention biases); students of one expert routed top-1, as the converter writes them.
+# The clamps are kinks: a case must not have a value within fp32 rounding of one after a step, or
+# two exact implementations part by more than the C test's tolerances (measured: at limit 0.5, torch
+# against itself with the initial weights perturbed by 1e-7 relative moves the step-2 gradient norm
+# by 5.7e-5; at 0.6 by 1.2e-7, as the Qwen3 cases).
 GPTOSS_T = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=5,
                 layer_types=["sliding_attention", "full_attention"], swiglu_limit=0.6, max_position_embeddings=128,
