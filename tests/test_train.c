@@ -27,7 +27,7 @@ enum { L = 8, NSEQ = 2, V = 64 };
 static char *g_dir;
 static m2d_model *g_teacher, *g_student, *g_tied;
 /* the families' dense students (tests/golden/hf, vocabulary 320) and a teacher of their vocabulary */
-static m2d_model *g_teacher320, *g_gptoss, *g_olmoe;
+static m2d_model *g_teacher320, *g_gptoss, *g_olmoe, *g_qwen2, *g_mistral;
 
 static m2d_model *open_dir(char *dir) {
     m2d_model *m;
@@ -66,13 +66,47 @@ static m2d_model *gptoss_student(void) {
     return open_dir(dir);
 }
 
-/* OLMoE's dense student (the q/k norm over the whole projection, clip_qkv 1.5: the normed q and
- * k are ~N(0, 1), so about one in eight values is clamped) */
-static m2d_model *olmoe_student(void) {
-    cJSON *g = hf_load_golden("olmoe-student"); /* a converted student's golden: its tensors, no seed */
-    cJSON_AddNumberToObject(g, "seed", 6);
+/* a converted student's golden (its config and tensor list, no seed) with the grid's weights */
+static m2d_model *listed_student(const char *golden, uint64_t seed) {
+    cJSON *g = hf_load_golden(golden);
+    cJSON_AddNumberToObject(g, "seed", (double)seed);
     char *dir = hf_build_listed(g, g_dir);
     cJSON_Delete(g);
+    return open_dir(dir);
+}
+
+/* OLMoE's dense student (the q/k norm over the whole projection, clip_qkv 1.5: the normed q and
+ * k are ~N(0, 1), so about one in eight values is clamped) */
+static m2d_model *olmoe_student(void) { return listed_student("olmoe-student", 6); }
+
+/* Mixtral's dense student MistralForCausalLM (no q/k norm, a sliding window: 3 here, cutting into
+ * L = 8), its Llama layout written from its config */
+static m2d_model *mistral_student(void) {
+    char *cfg = tu_family_edited_config("mixtral-student", "{\"sliding_window\": 3}", NULL);
+    m2d_config c;
+    if (m2d_config_parse(cfg, strlen(cfg), "config.json", &c, NULL)) fail_msg("%s", m2d_errmsg());
+    int64_t d = c.hidden_size, q = (int64_t)c.num_attention_heads * c.head_dim, F = c.intermediate_size;
+    int64_t kv = (int64_t)c.num_key_value_heads * c.head_dim;
+    const char *lname[] = {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
+                           "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                           "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
+    int64_t lshape[][2] = {{d, 0}, {d, 0}, {q, d}, {kv, d}, {kv, d}, {d, q}, {F, d}, {F, d}, {d, F}};
+    int n = 3 + 9 * c.num_hidden_layers;
+    m2d_testmodel_tensor *t = calloc((size_t)n, sizeof *t);
+    char **names = calloc((size_t)n, sizeof *names);
+    t[0] = (m2d_testmodel_tensor){"model.embed_tokens.weight", M2D_BF16, 2, {c.vocab_size, d}};
+    t[1] = (m2d_testmodel_tensor){"model.norm.weight", M2D_BF16, 1, {d, 0}};
+    t[2] = (m2d_testmodel_tensor){"lm_head.weight", M2D_BF16, 2, {c.vocab_size, d}};
+    for (int l = 0, i = 3; l < c.num_hidden_layers; l++)
+        for (int r = 0; r < 9; r++, i++) {
+            names[i] = m2d_strfmt("model.layers.%d.%s", l, lname[r]);
+            t[i] = (m2d_testmodel_tensor){names[i], M2D_BF16, lshape[r][1] ? 2 : 1, {lshape[r][0], lshape[r][1]}};
+        }
+    char *dir = m2d_path_join(g_dir, "mistral-student");
+    if (m2d_testmodel_write_tensors(dir, cfg, 8, t, n)) fail_msg("%s", m2d_errmsg());
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names), free(t), free(cfg);
+    m2d_config_free(&c);
     return open_dir(dir);
 }
 
@@ -85,6 +119,8 @@ static int setup(void **state) {
     g_teacher320 = write_open_vocab("teacher320", 1, 0, 4, 320);
     g_gptoss = gptoss_student();
     g_olmoe = olmoe_student();
+    g_qwen2 = listed_student("qwen2moe-student", 9); /* Qwen2-MoE's: Qwen2ForCausalLM, q/k/v biases */
+    g_mistral = mistral_student();
     return 0;
 }
 
@@ -92,6 +128,7 @@ static int teardown(void **state) {
     (void)state;
     m2d_model_close(g_teacher), m2d_model_close(g_student), m2d_model_close(g_tied);
     m2d_model_close(g_teacher320), m2d_model_close(g_gptoss), m2d_model_close(g_olmoe);
+    m2d_model_close(g_qwen2), m2d_model_close(g_mistral);
     tu_rm_rf(g_dir);
     free(g_dir);
     return 0;
@@ -122,12 +159,12 @@ static void training_logits_equal_engine(void **state) {
     tokens(5, tok, NSEQ * L);
     /* the families' students: every op of theirs (biases, sinks, windows, YaRN, clamped SwiGLU,
      * clip_qkv, the whole q/k norm) as the engine runs it */
-    m2d_model *students[4] = {g_student, g_tied, g_gptoss, g_olmoe}, *teachers[4] = {g_teacher, g_teacher, g_teacher320,
-                                                                                       g_teacher320};
-    for (int s = 0; s < 4; s++) {
+    m2d_model *students[] = {g_student, g_tied, g_gptoss, g_olmoe, g_qwen2, g_mistral};
+    for (int s = 0; s < (int)M2D_ARRAY_LEN(students); s++) {
+        m2d_model *teacher = s < 2 ? g_teacher : g_teacher320;
         m2d_trainer *t;
         m2d_trainer_opts o = topts(2);
-        if (m2d_trainer_new(teachers[s], students[s], &o, &t)) fail_msg("%s", m2d_errmsg());
+        if (m2d_trainer_new(teacher, students[s], &o, &t)) fail_msg("%s", m2d_errmsg());
         int V = students[s]->cfg.vocab_size;
         float *got = malloc(sizeof(float) * NSEQ * L * V), *want = malloc(sizeof(float) * L * V);
         float *one = malloc(sizeof(float) * L * V);
@@ -283,12 +320,15 @@ static void whole_model_gradient(void **state) {
     gradient_case(g_teacher, g_tied, M2D_LOSS_FKL, M2D_MSE_SUM); /* tied embeddings: both uses add into one gradient */
 }
 
-/* Issue 24: the families' dense students, every feature of theirs in the gradient (biases, sinks,
- * a window cutting in, YaRN, the clamped SwiGLU; clip_qkv and the whole q/k norm) */
+/* Issue 24: the families' dense students, every feature of theirs in the gradient (GPT-OSS: biases,
+ * sinks, a window cutting in, YaRN, the clamped SwiGLU; OLMoE: clip_qkv and the whole q/k norm;
+ * Qwen2: q/k/v biases; Mistral: a window) */
 static void family_students_gradient(void **state) {
     (void)state;
     gradient_case(g_teacher320, g_gptoss, M2D_LOSS_FKL, M2D_MSE_SUM);
     gradient_case(g_teacher320, g_olmoe, M2D_LOSS_RKL, M2D_MSE_SUM);
+    gradient_case(g_teacher320, g_qwen2, M2D_LOSS_FKL, M2D_MSE_SUM);
+    gradient_case(g_teacher320, g_mistral, M2D_LOSS_FKL, M2D_MSE_SUM);
 }
 
 /* ---- properties of a step ---- */
