@@ -619,6 +619,48 @@ static void bias_backward_on(const char *backend) {
 }
 EACH_BACKEND(bias_backward)
 
+/* ================= MLA's shared rotated key: one vector given to every head ================= */
+typedef struct { int R, H, stride, C; const float *r; } bcast_ctx; /* r: the cotangent [R, H * stride] */
+
+/* phi = sum r * k, k[i, h * stride + j] = x[i, j] for every head h (the other columns not x's) */
+static double bcast_phi(void *vc, const double *x) {
+    const bcast_ctx *c = vc;
+    double s = 0;
+    for (int i = 0; i < c->R; i++)
+        for (int h = 0; h < c->H; h++)
+            for (int j = 0; j < c->C; j++) s += c->r[(size_t)i * c->H * c->stride + h * c->stride + j] * x[i * c->C + j];
+    return s;
+}
+
+/* head_sum of r's rope columns (offset 5 of heads of 8, as MLA's nope | rope) is phi's gradient,
+ * written (beta 0, over a NaN-filled y) or added to what y holds (beta 1). Tolerance: each element
+ * is a float64 sum of H = 6 fp32 values rounded once (<= u = 6e-8 relative to the sum's
+ * magnitude, against the gradient's scale), far inside TOL; adding y is one more fp32 rounding. */
+static void head_sum_backward_on(const char *backend) {
+    uint64_t st = 49;
+    enum { R = 70, H = 6, S = 8, OFF = 5, C = 3 };
+    float r[R * H * S], y0[R * C], got[R * C], x0[R * C];
+    fill(&st, r, R * H * S, 1), fill(&st, y0, R * C, 1), fill(&st, x0, R * C, 1);
+    bcast_ctx c = {R, H, S, C, r + OFF};
+    double *x = to_double(x0, R * C), *want = m2d_malloc(sizeof(double) * R * C);
+    fd_grad(bcast_phi, &c, x, R * C, want);
+    m2d_backend *be = new_backend(backend, 2);
+    for (int beta = 0; beta <= 1; beta++) {
+        float init[R * C];
+        for (int i = 0; i < R * C; i++) init[i] = beta ? y0[i] : NAN;
+        m2d_buf *rb = up(be, r, sizeof r), *yb = up(be, init, sizeof init);
+        m2d_mat X = m2d_mat_of(rb, OFF, R, C, H * S), Y = mat(yb, R, C);
+        be->ops->train->head_sum(be, &X, H, S, &Y, (float)beta);
+        down(be, got, yb, sizeof got);
+        for (int i = 0; beta && i < R * C; i++) got[i] -= y0[i];
+        check_grad(beta ? "head_sum (beta 1)" : "head_sum", got, want, R * C);
+        be->ops->release(be, rb), be->ops->release(be, yb);
+    }
+    m2d_backend_free(be);
+    free(x), free(want);
+}
+EACH_BACKEND(head_sum_backward)
+
 /* ================= embedding: scatter-add, repeated tokens add up ================= */
 static void embed_backward_on(const char *backend) {
     uint64_t st = 51;
@@ -814,6 +856,7 @@ int main(void) {
         cmocka_unit_test(glu_clamp_backward),
         cmocka_unit_test(clamp_backward),
         cmocka_unit_test(bias_backward),
+        cmocka_unit_test(head_sum_backward),
         cmocka_unit_test(embed_backward),
         cmocka_unit_test(kd_losses),
         cmocka_unit_test(kd_loss_zero_at_match),

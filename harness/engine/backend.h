@@ -313,6 +313,10 @@ typedef struct m2d_backend_train_ops {
     /* add_bias's backward: db (1 x cols) += the sum over the rows of dy (in row order per fixed
      * chunk, the chunks added in order) */
     void (*bias_bwd)(m2d_backend *be, const m2d_mat *dy, m2d_mat *db);
+    /* The backward of one vector given to n_heads heads (MLA's shared rotated key): y[r, j] =
+     * the sum over h = 0 .. n_heads-1 (in order, fp64) of x[r, h * stride + j], + beta y[r, j];
+     * X is the first head's window (x.cols = y.cols <= stride, the heads at columns h * stride) */
+    void (*head_sum)(m2d_backend *be, const m2d_mat *x, int n_heads, int stride, m2d_mat *y, float beta);
     /* embed's backward: dtable row tokens[i] += dx row i, for i = 0 .. dx.rows-1 in order */
     void (*embed_bwd)(m2d_backend *be, const m2d_buf *tokens, const m2d_mat *dx, m2d_mat *dtable);
     /* Distillation loss per row of logits (temperature 1, natural log): row_loss[i] (fp64) = the

@@ -320,6 +320,20 @@ static void cpu_bias_bwd(m2d_backend *be, const m2d_mat *dy, m2d_mat *db) {
     free(s);
 }
 
+/* per row: the heads' blocks added in head order in fp64, rounded once */
+static void cpu_head_sum(m2d_backend *be, const m2d_mat *x, int n_heads, int stride, m2d_mat *y, float beta) {
+    (void)be;
+    for (int r = 0; r < y->rows; r++) {
+        const float *xr = F(x) + (size_t)r * x->ld;
+        float *yr = F(y) + (size_t)r * y->ld;
+        for (int j = 0; j < y->cols; j++) {
+            double s = 0;
+            for (int h = 0; h < n_heads; h++) s += xr[(size_t)h * stride + j];
+            yr[j] = (float)s + (beta != 0.0f ? beta * yr[j] : 0.0f);
+        }
+    }
+}
+
 static void cpu_embed_bwd(m2d_backend *be, const m2d_buf *tokens, const m2d_mat *dx, m2d_mat *dtable) {
     (void)be;
     const int32_t *tok = m2d_cpu_ptr(tokens);
@@ -479,6 +493,7 @@ const m2d_backend_train_ops m2d_cpu_train_ops = {
     .glu_clamp_bwd = cpu_glu_clamp_bwd,
     .clamp_bwd = cpu_clamp_bwd,
     .bias_bwd = cpu_bias_bwd,
+    .head_sum = cpu_head_sum,
     .embed_bwd = cpu_embed_bwd,
     .kd_loss = cpu_kd_loss,
     .mse = cpu_mse,
