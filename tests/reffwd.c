@@ -186,7 +186,7 @@ static void ref_attention_layer(const m2d_model *m, const m2d_layer *L, ref_stat
 
 /* DeepSeek-V2's softmax scale: head^-1/2, times yarn_get_mscale(factor, mscale_all_dim)^2 when the
  * RoPE is YaRN-scaled and mscale_all_dim is set (transformers' yarn_apply_mscale) */
-static double ref_mla_scale(const m2d_config *c, int head) {
+double tu_ref_mla_scale(const m2d_config *c, int head) {
     const m2d_rope_scaling *s = &c->rope_scaling;
     double m = 1;
     if (s->kind == M2D_ROPE_SCALING_YARN && s->mscale_all_dim && s->factor > 1) m = 0.1 * s->mscale_all_dim * log(s->factor) + 1;
@@ -230,7 +230,7 @@ static void ref_mla_layer(const m2d_model *m, int l, ref_state *s) {
     const m2d_tensor *o = m2d_st_find(m->st, name); /* the stored one, not the engine's padded copy */
     free(name);
     double *att = malloc(sizeof(double) * H * vd), *y = malloc(sizeof(double) * d), *sc = malloc(sizeof(double) * s->n);
-    double scale = ref_mla_scale(c, hd);
+    double scale = tu_ref_mla_scale(c, hd);
     for (int t = 0; t < s->n; t++) {
         for (int a = 0; a < H; a++) {
             double mx = -INFINITY, z = 0;

@@ -56,29 +56,69 @@ static void qk(const ctx *c, double *v, int heads, const double *norm, int64_t n
     for (int h = 0; h < heads; h++) tu_ref_rope(v + h * hd, cf->rope_dim ? cf->rope_dim : hd, pos, cf, 0);
 }
 
+/* q, k, v of token T (its normed input XN) of a GQA layer: projections, biases, clip_qkv, q/k norm, RoPE */
+static void gqa_token(const ctx *c, int l, const double *xn, int t, double *q, double *k, double *v) {
+    const m2d_config *cf = c->pb->cfg;
+    const m2d_train_params *lay = c->pb->layout;
+    int d = c->d, qd = c->qd, kvd = c->kvd, qn = lay->layer[l][M2D_T_Q_NORM], kn = lay->layer[l][M2D_T_K_NORM];
+    linear(P(c, l, M2D_T_Q), xn, d, qd, q);
+    linear(P(c, l, M2D_T_K), xn, d, kvd, k);
+    linear(P(c, l, M2D_T_V), xn, d, kvd, v);
+    add(q, P(c, l, M2D_T_Q_BIAS), qd);
+    add(k, P(c, l, M2D_T_K_BIAS), kvd);
+    add(v, P(c, l, M2D_T_V_BIAS), kvd);
+    clip(v, kvd, cf->clip_qkv);
+    qk(c, q, c->H, qn >= 0 ? P(c, l, M2D_T_Q_NORM) : NULL, qn >= 0 ? (int64_t)lay->p[qn].n : 0, t);
+    qk(c, k, c->KV, kn >= 0 ? P(c, l, M2D_T_K_NORM) : NULL, kn >= 0 ? (int64_t)lay->p[kn].n : 0, t);
+}
+
+/* DeepSeek-V2's latent attention for token T as tests/reffwd.c ref_mla_layer (modeling_deepseek_v2.py):
+ * q (q_proj, or q_b(norm(q_a xn))), the latent c = norm(kv_a xn)[:kv_lora], per head k = [kv_b c
+ * (nope) | the one rotated k_pe], v = kv_b c (v part); interleaved RoPE on the rope dims. V's heads
+ * are laid out head_dim apart with zeros after v_head_dim: the trainer's o_proj parameter is the
+ * loader's padded one, whose zero columns meet those zeros */
+static void mla_token(const ctx *c, int l, const double *xn, int t, double *q, double *k, double *v) {
+    const m2d_config *cf = c->pb->cfg;
+    int d = c->d, H = c->H, hd = c->hd, nope = cf->qk_nope_head_dim, rope = cf->rope_dim, vd = cf->v_head_dim;
+    int kr = cf->kv_lora_rank, qr = cf->q_lora_rank, w = nope + vd;
+    double *qa = malloc(sizeof(double) * (qr + 1)), *kva = malloc(sizeof(double) * (kr + rope));
+    double *kvb = malloc(sizeof(double) * H * w);
+    if (qr) {
+        linear(P(c, l, M2D_T_Q_A), xn, d, qr, qa);
+        rms(qa, qr, P(c, l, M2D_T_Q_A_NORM), cf->rms_norm_eps);
+        linear(P(c, l, M2D_T_Q_B), qa, qr, H * hd, q);
+    } else {
+        linear(P(c, l, M2D_T_Q), xn, d, H * hd, q);
+    }
+    linear(P(c, l, M2D_T_KV_A), xn, d, kr + rope, kva);
+    rms(kva, kr, P(c, l, M2D_T_KV_A_NORM), cf->rms_norm_eps);
+    linear(P(c, l, M2D_T_KV_B), kva, kr, H * w, kvb);
+    tu_ref_rope(kva + kr, rope, t, cf, 1);
+    for (int a = 0; a < H; a++) {
+        tu_ref_rope(q + a * hd + nope, rope, t, cf, 1);
+        memcpy(k + a * hd, kvb + a * w, sizeof(double) * nope);
+        memcpy(k + a * hd + nope, kva + kr, sizeof(double) * rope);
+        memcpy(v + a * hd, kvb + a * w + nope, sizeof(double) * vd);
+        memset(v + a * hd + vd, 0, sizeof(double) * (hd - vd));
+    }
+    free(qa), free(kva), free(kvb);
+}
+
 /* one window's attention block, x [L, d] updated in place */
 static void attention(const ctx *c, int l, double *x) {
     const m2d_config *cf = c->pb->cfg;
-    int L = c->pb->L, d = c->d, qd = c->qd, kvd = c->kvd, hd = c->hd;
-    const m2d_train_params *lay = c->pb->layout;
+    int L = c->pb->L, d = c->d, qd = c->qd, kvd = c->kvd, hd = c->hd, mla = cf->ops.attn == M2D_ATTN_MLA;
     double *q = calloc((size_t)L * qd, 8), *k = calloc((size_t)L * kvd, 8), *v = calloc((size_t)L * kvd, 8);
     double *xn = malloc(sizeof(double) * d), *att = calloc((size_t)L * qd, 8), *o = malloc(sizeof(double) * d);
-    int qn = lay->layer[l][M2D_T_Q_NORM], kn = lay->layer[l][M2D_T_K_NORM];
     for (int t = 0; t < L; t++) {
         memcpy(xn, x + t * d, sizeof(double) * d);
         rms(xn, d, P(c, l, M2D_T_ATTN_NORM), cf->rms_norm_eps);
-        linear(P(c, l, M2D_T_Q), xn, d, qd, q + t * qd);
-        linear(P(c, l, M2D_T_K), xn, d, kvd, k + t * kvd);
-        linear(P(c, l, M2D_T_V), xn, d, kvd, v + t * kvd);
-        add(q + t * qd, P(c, l, M2D_T_Q_BIAS), qd);
-        add(k + t * kvd, P(c, l, M2D_T_K_BIAS), kvd);
-        add(v + t * kvd, P(c, l, M2D_T_V_BIAS), kvd);
-        clip(v + t * kvd, kvd, cf->clip_qkv);
-        qk(c, q + t * qd, c->H, qn >= 0 ? P(c, l, M2D_T_Q_NORM) : NULL, qn >= 0 ? (int64_t)lay->p[qn].n : 0, t);
-        qk(c, k + t * kvd, c->KV, kn >= 0 ? P(c, l, M2D_T_K_NORM) : NULL, kn >= 0 ? (int64_t)lay->p[kn].n : 0, t);
+        (mla ? mla_token : gqa_token)(c, l, xn, t, q + t * qd, k + t * kvd, v + t * kvd);
     }
-    /* keys i - window < t <= i (window 0: all t <= i); a sink logit per head in the denominator */
+    /* keys i - window < t <= i (window 0: all t <= i); a sink logit per head in the denominator;
+     * MLA's scale from the RoPE scaling (YaRN's mscale squared), not from the config reader's */
     double *p = malloc(sizeof(double) * L), scale = cf->attn_scale != 0 ? cf->attn_scale : 1 / sqrt((double)hd);
+    if (mla) scale = tu_ref_mla_scale(cf, hd);
     const double *sinks = P(c, l, M2D_T_SINKS);
     int window = cf->layer_window ? cf->layer_window[l] : 0;
     for (int h = 0; h < c->H; h++) {

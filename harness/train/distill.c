@@ -422,8 +422,11 @@ static int write_weights(run_t *r, m2d_dtype dt) {
     int rc = 0;
     for (int i = 0; i < p->n && rc == 0; i++) {
         const m2d_tparam *q = &p->p[i];
-        int64_t shape[2] = {q->rows, q->cols};
-        rc = m2d_st_writer_add_f32(w, q->name, dt, q->ndim, shape, r->host + q->off);
+        int64_t shape[2] = {q->rows, m2d_tparam_stored_cols(q)};
+        float *stored = q->group ? m2d_malloc(sizeof(float) * (size_t)(q->rows * shape[1])) : NULL;
+        if (stored) m2d_tparam_stored(q, r->host, stored); /* without the loader's padding (MLA's o_proj) */
+        rc = m2d_st_writer_add_f32(w, q->name, dt, q->ndim, shape, stored ? stored : r->host + q->off);
+        free(stored);
     }
     const m2d_tensor *stored = r->student->lm_head_stored; /* tied, but the checkpoint also has lm_head */
     if (rc == 0 && stored) {

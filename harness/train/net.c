@@ -8,14 +8,16 @@
 #include "engine/engine_check.h"
 #include "model/rope.h"
 
-/* what one layer keeps (X0, its input, is net->x[l]); qc, kc, vc: q, k, v before clip_qkv's clamp */
+/* what one layer keeps (X0, its input, is net->x[l]); qc, kc, vc: q, k, v before clip_qkv's clamp;
+ * MLA: the q latent before and after its norm (qa, qan), the kv latent likewise (ckv, cn) */
 typedef struct {
-    m2d_buf *xn1, *qp, *kp, *q, *k, *v, *att, *x1, *xn2, *g, *u, *hh, *qc, *kc, *vc;
+    m2d_buf *xn1, *qp, *kp, *q, *k, *v, *att, *x1, *xn2, *g, *u, *hh, *qc, *kc, *vc, *qa, *qan, *ckv, *cn;
 } layer_acts;
 
-/* the backward's buffers, one set */
+/* the backward's buffers, one set; MLA: dL/d the q latent (dqa), dL/d kv_a_proj_with_mqa's output
+ * (dkva: [the kv latent | the shared rotated key]), dL/d kv_b_proj's output (dpk: per head k_nope | v) */
 typedef struct {
-    m2d_buf *dx, *dxn, *datt, *dq, *dk, *dv, *dhh, *du;
+    m2d_buf *dx, *dxn, *datt, *dq, *dk, *dv, *dhh, *du, *dqa, *dkva, *dpk;
 } grad_bufs;
 
 struct m2d_net {
@@ -26,7 +28,8 @@ struct m2d_net {
     const m2d_backend_train_ops *T;
     int L, max_seqs, n_seq, rows;
     int d, qd, kvd, F;
-    bool recompute, qk_norm, clip;
+    int qr, kr, kva, kvb;   /* MLA: q and kv latent ranks, kv_a_proj_with_mqa's and kv_b_proj's outputs */
+    bool recompute, qk_norm, clip, mla;
     m2d_rope_args rope;     /* the engine's (engine.c m2d_engine_open): frequencies, YaRN factor, rotated dims */
     double *inv_freq;
     layer_acts *acts;       /* [layers], or [1] reused when recomputing */
@@ -51,30 +54,37 @@ static int alloc_all(m2d_net *n, m2d_buf **const *list, const size_t *bytes, int
 
 static int acts_alloc(m2d_net *n, layer_acts *a) {
     int R = n->max_seqs * n->L;
-    m2d_buf **const list[] = {&a->xn1, &a->qp, &a->kp, &a->q, &a->k, &a->v, &a->att, &a->x1,
-                              &a->xn2, &a->g, &a->u, &a->hh, &a->qc, &a->kc, &a->vc};
+    m2d_buf **const list[] = {&a->xn1, &a->qp, &a->kp, &a->q, &a->k, &a->v, &a->att, &a->x1, &a->xn2, &a->g,
+                              &a->u, &a->hh, &a->qc, &a->kc, &a->vc, &a->qa, &a->qan, &a->ckv, &a->cn};
     size_t bytes[] = {f32s(R, n->d), f32s(R, n->qd), f32s(R, n->kvd), f32s(R, n->qd), f32s(R, n->kvd), f32s(R, n->kvd),
                       f32s(R, n->qd), f32s(R, n->d), f32s(R, n->d), f32s(R, n->F), f32s(R, n->F), f32s(R, n->F),
-                      f32s(R, n->qd), f32s(R, n->kvd), f32s(R, n->kvd)};
+                      f32s(R, n->qd), f32s(R, n->kvd), f32s(R, n->kvd), f32s(R, n->qr), f32s(R, n->qr),
+                      f32s(R, n->kr), f32s(R, n->kr)};
     int count = (int)M2D_ARRAY_LEN(list);
     if (!n->qk_norm) { /* no q/k norm: q and k come straight out of their GEMMs, qp/kp unused */
         bytes[1] = bytes[2] = 0;
     }
     if (!n->clip) bytes[12] = bytes[13] = bytes[14] = 0; /* no clip_qkv: nothing before a clamp to keep */
-    return alloc_all(n, list, bytes, count);
+    if (alloc_all(n, list, bytes, count)) return -1;
+    /* MLA: the values' padding (head_dim - v_head_dim per head) stays zero, as the engine's: only
+     * the v slots are written (so the attention output's padding and o_proj's gradient there are 0) */
+    if (n->mla) n->T->fill(n->be, a->v, 0, (size_t)R * n->kvd, 0.0f);
+    return 0;
 }
 
 static void acts_free(m2d_net *n, layer_acts *a) {
-    m2d_buf *all[] = {a->xn1, a->qp, a->kp, a->q, a->k, a->v, a->att, a->x1, a->xn2, a->g, a->u, a->hh, a->qc, a->kc, a->vc};
+    m2d_buf *all[] = {a->xn1, a->qp, a->kp, a->q,  a->k,  a->v,  a->att, a->x1,  a->xn2, a->g,
+                      a->u,   a->hh, a->qc, a->kc, a->vc, a->qa, a->qan, a->ckv, a->cn};
     for (size_t i = 0; i < M2D_ARRAY_LEN(all); i++) n->B->release(n->be, all[i]);
 }
 
 static int grads_alloc(m2d_net *n) {
     int R = n->max_seqs * n->L;
     grad_bufs *g = &n->gb;
-    m2d_buf **const list[] = {&g->dx, &g->dxn, &g->datt, &g->dq, &g->dk, &g->dv, &g->dhh, &g->du};
+    m2d_buf **const list[] = {&g->dx, &g->dxn, &g->datt, &g->dq, &g->dk, &g->dv, &g->dhh, &g->du, &g->dqa,
+                              &g->dkva, &g->dpk};
     size_t bytes[] = {f32s(R, n->d), f32s(R, n->d), f32s(R, n->qd), f32s(R, n->qd), f32s(R, n->kvd), f32s(R, n->kvd),
-                      f32s(R, n->F), f32s(R, n->F)};
+                      f32s(R, n->F), f32s(R, n->F), f32s(R, n->qr), f32s(R, n->kva), f32s(R, n->kvb)};
     return alloc_all(n, list, bytes, (int)M2D_ARRAY_LEN(list));
 }
 
@@ -112,6 +122,11 @@ int m2d_net_new(const m2d_config *c, m2d_train_params *p, const m2d_net_opts *o,
     n->F = dense_width(c);
     n->qk_norm = c->ops.qk_norm != M2D_QK_NORM_NONE;
     n->clip = c->clip_qkv > 0;
+    n->mla = c->ops.attn == M2D_ATTN_MLA;
+    if (n->mla) {
+        n->qr = c->q_lora_rank, n->kr = c->kv_lora_rank, n->kva = c->kv_lora_rank + c->rope_dim;
+        n->kvb = c->num_attention_heads * (c->qk_nope_head_dim + c->v_head_dim);
+    }
     int rot = m2d_engine_rope_dim(c);
     n->inv_freq = m2d_malloc(sizeof(double) * (size_t)(rot / 2 ? rot / 2 : 1));
     m2d_rope_inv_freq(&c->rope_scaling, c->rope_theta, rot, n->inv_freq);
@@ -131,7 +146,7 @@ void m2d_net_free(m2d_net *n) {
     for (int a = 0; n->acts && a < na; a++) acts_free(n, &n->acts[a]);
     for (int l = 0; n->x && l <= nl; l++) n->B->release(n->be, n->x[l]);
     m2d_buf *all[] = {n->h, n->dh, n->tok, n->pos, n->negpos, n->gb.dx, n->gb.dxn, n->gb.datt, n->gb.dq, n->gb.dk,
-                      n->gb.dv, n->gb.dhh, n->gb.du};
+                      n->gb.dv, n->gb.dhh, n->gb.du, n->gb.dqa, n->gb.dkva, n->gb.dpk};
     for (size_t i = 0; i < M2D_ARRAY_LEN(all); i++) n->B->release(n->be, all[i]);
     free(n->acts);
     free(n->x);
@@ -169,7 +184,7 @@ static void clip(m2d_net *n, m2d_mat *x, m2d_buf *keep) {
 }
 
 /* q, k, v as the engine's gqa_qkv: projections (+ biases), q/k norm, clip_qkv, RoPE */
-static void qkv_fwd(m2d_net *n, int l, layer_acts *a) {
+static void gqa_qkv_fwd(m2d_net *n, int l, layer_acts *a) {
     const m2d_config *c = n->c;
     const m2d_backend_ops *B = n->B;
     int H = c->num_attention_heads, KV = c->num_key_value_heads, hd = c->head_dim;
@@ -195,12 +210,53 @@ static void qkv_fwd(m2d_net *n, int l, layer_acts *a) {
     B->rope(n->be, &K, KV, hd, n->pos, &n->rope);
 }
 
+/* MLA's q as the engine's mla_qkv: q_proj, or q_a_proj, its norm (kept before and after) and q_b_proj */
+static void mla_q_fwd(m2d_net *n, int l, layer_acts *a) {
+    const m2d_backend_ops *B = n->B;
+    m2d_mat XN = M(n, a->xn1, n->d), Q = M(n, a->q, n->qd);
+    if (!n->qr) {
+        B->gemm(n->be, &XN, W(n, l, M2D_T_Q), 0, &Q, 0.0f, M2D_PREC_FP32);
+        return;
+    }
+    m2d_mat QA = M(n, a->qa, n->qr), QAN = M(n, a->qan, n->qr);
+    B->gemm(n->be, &XN, W(n, l, M2D_T_Q_A), 0, &QA, 0.0f, M2D_PREC_FP32);
+    B->rmsnorm(n->be, &QA, W(n, l, M2D_T_Q_A_NORM), n->c->rms_norm_eps, &QAN);
+    B->gemm(n->be, &QAN, W(n, l, M2D_T_Q_B), 0, &Q, 0.0f, M2D_PREC_FP32);
+}
+
+/* MLA (model.h M2D_ATTN_MLA) as the engine's mla_qkv, op for op: the kv latent (kept before and
+ * after its norm), kv_b_proj's rows of each head ([k_nope | v]) and the shared rotated key (the
+ * last rope rows of kv_a_proj_with_mqa) into heads of head_dim, values zero-padded; RoPE on each
+ * head's rope part */
+static void mla_qkv_fwd(m2d_net *n, int l, layer_acts *a) {
+    const m2d_config *c = n->c;
+    const m2d_backend_ops *B = n->B;
+    int H = c->num_attention_heads, hd = c->head_dim, nope = c->qk_nope_head_dim, rope = c->rope_dim;
+    int vd = c->v_head_dim, qd = n->qd, R = n->rows;
+    mla_q_fwd(n, l, a);
+    m2d_mat XN = M(n, a->xn1, n->d), CKV = M(n, a->ckv, n->kr), CN = M(n, a->cn, n->kr);
+    B->gemm(n->be, &XN, W(n, l, M2D_T_KV_A), 0, &CKV, 0.0f, M2D_PREC_FP32);
+    B->rmsnorm(n->be, &CKV, W(n, l, M2D_T_KV_A_NORM), c->rms_norm_eps, &CN);
+    for (int h = 0; h < H; h++) {
+        size_t o = (size_t)h * hd;
+        m2d_mat KN = m2d_mat_of(a->k, o, R, nope, qd), KR = m2d_mat_of(a->k, o + nope, R, rope, qd);
+        m2d_mat V = m2d_mat_of(a->v, o, R, vd, qd);
+        B->gemm(n->be, &CN, W(n, l, M2D_T_KV_B), h * (nope + vd), &KN, 0.0f, M2D_PREC_FP32);
+        B->gemm(n->be, &CN, W(n, l, M2D_T_KV_B), h * (nope + vd) + nope, &V, 0.0f, M2D_PREC_FP32);
+        B->gemm(n->be, &XN, W(n, l, M2D_T_KV_A), n->kr, &KR, 0.0f, M2D_PREC_FP32);
+    }
+    m2d_mat QR = m2d_mat_of(a->q, nope, R, qd - nope, qd), KR = m2d_mat_of(a->k, nope, R, qd - nope, qd);
+    B->rope(n->be, &QR, H, hd, n->pos, &n->rope);
+    B->rope(n->be, &KR, H, hd, n->pos, &n->rope);
+}
+
 static void attention_fwd(m2d_net *n, int l, layer_acts *a) {
     const m2d_config *c = n->c;
     const m2d_backend_ops *B = n->B;
     m2d_mat X0 = M(n, n->x[l], n->d), XN = M(n, a->xn1, n->d);
     B->rmsnorm(n->be, &X0, W(n, l, M2D_T_ATTN_NORM), c->rms_norm_eps, &XN);
-    qkv_fwd(n, l, a);
+    if (n->mla) mla_qkv_fwd(n, l, a);
+    else gqa_qkv_fwd(n, l, a);
     for (int s = 0; s < n->n_seq; s++) {
         size_t r0 = (size_t)s * n->L;
         m2d_attn_args at = {.q = m2d_mat_of(a->q, r0 * n->qd, n->L, n->qd, n->qd),
@@ -319,8 +375,8 @@ static void attention_core_bwd(m2d_net *n, int l, layer_acts *a, m2d_buf *datt) 
 }
 
 /* DQ, DK, DV hold dL/d(q, k, v as attention read them); back through RoPE, clip_qkv, the q/k
- * norm and the biases to dL/d(the projections' outputs) */
-static void qkv_bwd(m2d_net *n, int l, layer_acts *a) {
+ * norm, the biases and the projections: dL/d(the normed input) into DXN */
+static void gqa_qkv_bwd(m2d_net *n, int l, layer_acts *a) {
     const m2d_config *c = n->c;
     const m2d_backend_train_ops *T = n->T;
     int H = c->num_attention_heads, KV = c->num_key_value_heads, hd = c->head_dim;
@@ -342,6 +398,72 @@ static void qkv_bwd(m2d_net *n, int l, layer_acts *a) {
     bias_bwd(n, l, M2D_T_Q_BIAS, &DQ);
     bias_bwd(n, l, M2D_T_K_BIAS, &DK);
     bias_bwd(n, l, M2D_T_V_BIAS, &DV);
+    m2d_mat XN = M(n, a->xn1, n->d), DXN = M(n, n->gb.dxn, n->d);
+    m2d_mat gq = G_(n, l, M2D_T_Q), gk = G_(n, l, M2D_T_K), gv = G_(n, l, M2D_T_V);
+    T->gemm_dx(n->be, &DQ, W(n, l, M2D_T_Q), &DXN, 0.0f);
+    T->gemm_dx(n->be, &DK, W(n, l, M2D_T_K), &DXN, 1.0f);
+    T->gemm_dx(n->be, &DV, W(n, l, M2D_T_V), &DXN, 1.0f);
+    T->gemm_dw(n->be, &DQ, &XN, &gq, 1.0f);
+    T->gemm_dw(n->be, &DK, &XN, &gk, 1.0f);
+    T->gemm_dw(n->be, &DV, &XN, &gv, 1.0f);
+}
+
+/* MLA's q path backward: DQ (dL/dq before RoPE) through q_proj, or q_b_proj, the q latent's norm
+ * and q_a_proj; dL/d(the normed input) added to DXN */
+static void mla_q_bwd(m2d_net *n, int l, layer_acts *a) {
+    const m2d_backend_train_ops *T = n->T;
+    m2d_mat DQ = M(n, n->gb.dq, n->qd), XN = M(n, a->xn1, n->d), DXN = M(n, n->gb.dxn, n->d);
+    if (!n->qr) {
+        m2d_mat gq = G_(n, l, M2D_T_Q);
+        T->gemm_dw(n->be, &DQ, &XN, &gq, 1.0f);
+        T->gemm_dx(n->be, &DQ, W(n, l, M2D_T_Q), &DXN, 1.0f);
+        return;
+    }
+    m2d_mat QA = M(n, a->qa, n->qr), QAN = M(n, a->qan, n->qr), DQA = M(n, n->gb.dqa, n->qr);
+    m2d_mat gb = G_(n, l, M2D_T_Q_B), gnorm = G_(n, l, M2D_T_Q_A_NORM), ga = G_(n, l, M2D_T_Q_A);
+    T->gemm_dw(n->be, &DQ, &QAN, &gb, 1.0f);
+    T->gemm_dx(n->be, &DQ, W(n, l, M2D_T_Q_B), &DQA, 0.0f);
+    T->rmsnorm_bwd(n->be, &QA, W(n, l, M2D_T_Q_A_NORM), n->c->rms_norm_eps, &DQA, &DQA, 0.0f, &gnorm);
+    T->gemm_dw(n->be, &DQA, &XN, &ga, 1.0f);
+    T->gemm_dx(n->be, &DQA, W(n, l, M2D_T_Q_A), &DXN, 1.0f);
+}
+
+/* dL/d kv_b_proj's output, all heads' rows at once: each head's [dk_nope | dv] packed as its rows */
+static void mla_pack_kv(m2d_net *n) {
+    const m2d_config *c = n->c;
+    int nope = c->qk_nope_head_dim, vd = c->v_head_dim, hd = c->head_dim, w = nope + vd, R = n->rows;
+    for (int h = 0; h < c->num_attention_heads; h++) {
+        m2d_mat kn = m2d_mat_of(n->gb.dk, (size_t)h * hd, R, nope, n->qd), v = m2d_mat_of(n->gb.dv, (size_t)h * hd, R, vd, n->qd);
+        m2d_mat pk = m2d_mat_of(n->gb.dpk, (size_t)h * w, R, nope, n->kvb);
+        m2d_mat pv = m2d_mat_of(n->gb.dpk, (size_t)h * w + nope, R, vd, n->kvb);
+        n->T->copy(n->be, &pk, &kn);
+        n->T->copy(n->be, &pv, &v);
+    }
+}
+
+/* MLA's backward from DQ, DK, DV (dL/d q, k, v as attention read them): RoPE, kv_b_proj, the kv
+ * latent's norm, kv_a_proj_with_mqa (dkva: [the latent's gradient | the shared rotated key's,
+ * summed over the heads it was given to]) and the q path: dL/d(the normed input) into DXN */
+static void mla_qkv_bwd(m2d_net *n, int l, layer_acts *a) {
+    const m2d_config *c = n->c;
+    const m2d_backend_train_ops *T = n->T;
+    int H = c->num_attention_heads, hd = c->head_dim, nope = c->qk_nope_head_dim, R = n->rows, qd = n->qd;
+    m2d_mat DQR = m2d_mat_of(n->gb.dq, nope, R, qd - nope, qd), DKR = m2d_mat_of(n->gb.dk, nope, R, qd - nope, qd);
+    n->B->rope(n->be, &DQR, H, hd, n->negpos, &n->rope);
+    n->B->rope(n->be, &DKR, H, hd, n->negpos, &n->rope);
+    mla_pack_kv(n);
+    m2d_mat DPK = M(n, n->gb.dpk, n->kvb), CN = M(n, a->cn, n->kr), CKV = M(n, a->ckv, n->kr);
+    m2d_mat DKVA = M(n, n->gb.dkva, n->kva), DC = m2d_mat_of(n->gb.dkva, 0, R, n->kr, n->kva);
+    m2d_mat DROT = m2d_mat_of(n->gb.dkva, n->kr, R, c->rope_dim, n->kva), DK0 = m2d_mat_of(n->gb.dk, nope, R, c->rope_dim, qd);
+    m2d_mat gb = G_(n, l, M2D_T_KV_B), gnorm = G_(n, l, M2D_T_KV_A_NORM), ga = G_(n, l, M2D_T_KV_A);
+    m2d_mat XN = M(n, a->xn1, n->d), DXN = M(n, n->gb.dxn, n->d);
+    T->gemm_dw(n->be, &DPK, &CN, &gb, 1.0f);
+    T->gemm_dx(n->be, &DPK, W(n, l, M2D_T_KV_B), &DC, 0.0f);
+    T->rmsnorm_bwd(n->be, &CKV, W(n, l, M2D_T_KV_A_NORM), c->rms_norm_eps, &DC, &DC, 0.0f, &gnorm);
+    T->head_sum(n->be, &DK0, H, hd, &DROT, 0.0f);
+    T->gemm_dw(n->be, &DKVA, &XN, &ga, 1.0f);
+    T->gemm_dx(n->be, &DKVA, W(n, l, M2D_T_KV_A), &DXN, 0.0f);
+    mla_q_bwd(n, l, a);
 }
 
 /* dX holds dL/d x1; adds the attention block's gradients and leaves dL/d x[l] in dX */
@@ -349,21 +471,14 @@ static void attention_bwd(m2d_net *n, int l, layer_acts *a) {
     const m2d_config *c = n->c;
     const m2d_backend_train_ops *T = n->T;
     m2d_mat DX = M(n, n->gb.dx, n->d), DXN = M(n, n->gb.dxn, n->d), DATT = M(n, n->gb.datt, n->qd);
-    m2d_mat DQ = M(n, n->gb.dq, n->qd), DK = M(n, n->gb.dk, n->kvd), DV = M(n, n->gb.dv, n->kvd);
-    m2d_mat ATT = M(n, a->att, n->qd), XN = M(n, a->xn1, n->d), X0 = M(n, n->x[l], n->d);
-    m2d_mat go = G_(n, l, M2D_T_O);
+    m2d_mat ATT = M(n, a->att, n->qd), X0 = M(n, n->x[l], n->d);
+    m2d_mat go = G_(n, l, M2D_T_O), gn = G_(n, l, M2D_T_ATTN_NORM);
     bias_bwd(n, l, M2D_T_O_BIAS, &DX);
     T->gemm_dx(n->be, &DX, W(n, l, M2D_T_O), &DATT, 0.0f);
     T->gemm_dw(n->be, &DX, &ATT, &go, 1.0f);
     attention_core_bwd(n, l, a, n->gb.datt);
-    qkv_bwd(n, l, a);
-    m2d_mat gq = G_(n, l, M2D_T_Q), gk = G_(n, l, M2D_T_K), gv = G_(n, l, M2D_T_V), gn = G_(n, l, M2D_T_ATTN_NORM);
-    T->gemm_dx(n->be, &DQ, W(n, l, M2D_T_Q), &DXN, 0.0f);
-    T->gemm_dx(n->be, &DK, W(n, l, M2D_T_K), &DXN, 1.0f);
-    T->gemm_dx(n->be, &DV, W(n, l, M2D_T_V), &DXN, 1.0f);
-    T->gemm_dw(n->be, &DQ, &XN, &gq, 1.0f);
-    T->gemm_dw(n->be, &DK, &XN, &gk, 1.0f);
-    T->gemm_dw(n->be, &DV, &XN, &gv, 1.0f);
+    if (n->mla) mla_qkv_bwd(n, l, a);
+    else gqa_qkv_bwd(n, l, a);
     T->rmsnorm_bwd(n->be, &X0, W(n, l, M2D_T_ATTN_NORM), c->rms_norm_eps, &DXN, &DX, 1.0f, &gn);
 }
 
@@ -391,10 +506,14 @@ void m2d_net_activation_bytes(const m2d_config *c, int rows, int seq_len, int th
     size_t d = (size_t)c->hidden_size, qd = (size_t)c->num_attention_heads * c->head_dim;
     size_t kvd = (size_t)c->num_key_value_heads * c->head_dim, F = (size_t)dense_width(c), R = (size_t)rows;
     size_t nl = (size_t)c->num_hidden_layers, qk = c->ops.qk_norm != M2D_QK_NORM_NONE, cl = c->clip_qkv > 0;
-    size_t layer = R * (3 * d + (2 + qk + cl) * qd + (2 + qk + 2 * cl) * kvd + 3 * F) * sizeof(float);
+    bool mla = c->ops.attn == M2D_ATTN_MLA; /* the q and kv latents, kept and in the backward */
+    size_t qr = mla ? (size_t)c->q_lora_rank : 0, kr = mla ? (size_t)c->kv_lora_rank : 0;
+    size_t kva = mla ? kr + (size_t)c->rope_dim : 0;
+    size_t kvb = mla ? (size_t)c->num_attention_heads * (c->qk_nope_head_dim + c->v_head_dim) : 0;
+    size_t layer = R * (3 * d + (2 + qk + cl) * qd + (2 + qk + 2 * cl) * kvd + 3 * F + 2 * qr + 2 * kr) * sizeof(float);
     size_t inputs = (nl + 1) * R * d * sizeof(float) + 2 * R * d * sizeof(float); /* x[], hidden, dhidden */
     *saved = inputs + (recompute ? 0 : nl * layer);
-    size_t grads = R * (2 * d + 2 * qd + 2 * kvd + 2 * F) * sizeof(float);
+    size_t grads = R * (2 * d + 2 * qd + 2 * kvd + 2 * F + qr + kva + kvb) * sizeof(float);
     size_t att = (size_t)M2D_MAX(threads, 1) * 2 * (size_t)seq_len * seq_len * sizeof(float) +
                  2 * (size_t)c->num_attention_heads * seq_len * c->head_dim * sizeof(float);
     *scratch = grads + att + (recompute ? layer : 0);

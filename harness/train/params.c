@@ -8,7 +8,7 @@
 #include "base/util.h"
 
 const char *m2d_train_unsupported(const m2d_config *c) {
-    if (c->ops.attn != M2D_ATTN_GQA) return "latent attention (MLA)";
+    if (c->ops.attn != M2D_ATTN_GQA && c->ops.attn != M2D_ATTN_MLA) return "this attention kind";
     return NULL;
 }
 
@@ -20,8 +20,7 @@ static int check_student(const m2d_model *s, m2d_backend *be) {
             return m2d_err("%s: layer %d is an MoE layer: only dense students are trained", s->dir, l);
     const char *why = m2d_train_unsupported(&s->cfg);
     if (why)
-        return m2d_err("%s: the training engine does not implement %s (%s): only dense students with GQA attention "
-                       "are trained", s->dir, why, s->cfg.arch);
+        return m2d_err("%s: the training engine does not implement %s (%s)", s->dir, why, s->cfg.arch);
     return 0;
 }
 
@@ -42,16 +41,33 @@ static int add_param(m2d_train_params *p, const m2d_tensor *t, const m2d_tensor 
     return p->n++;
 }
 
-static void collect(m2d_train_params *p, const m2d_model *s, const m2d_tensor **src) {
+/* MLA's o_proj as the loader binds it (arch_deepseekv2.c post_bind: [d, heads * head_dim], zero
+ * columns after each head's v_head_dim, under a name of its own): the parameter keeps that layout,
+ * which the forward ops read, under the checkpoint's name, with the columns it writes */
+static int padded_o(m2d_tparam *q, const m2d_model *s, int layer) {
     const m2d_config *c = &s->cfg;
+    char name[256];
+    if (m2d_arch_tensor_name(s->arch, M2D_SCOPE_LAYER, M2D_T_O, layer, 0, name, sizeof name)) return -1;
+    q->name = q->owned_name = m2d_strdup(name);
+    q->group = c->head_dim;
+    q->keep = c->v_head_dim;
+    return 0;
+}
+
+static int collect(m2d_train_params *p, const m2d_model *s, const m2d_tensor **src) {
+    const m2d_config *c = &s->cfg;
+    bool pad_o = c->ops.attn == M2D_ATTN_MLA && c->v_head_dim < c->head_dim;
     p->n_layers = c->num_hidden_layers;
     p->layer = m2d_malloc(sizeof *p->layer * (size_t)(p->n_layers ? p->n_layers : 1));
     p->embed = add_param(p, s->embed, src);
     for (int l = 0; l < p->n_layers; l++)
-        for (int r = 0; r < M2D_T_COUNT; r++)
+        for (int r = 0; r < M2D_T_COUNT; r++) {
             p->layer[l][r] = s->layers[l].w[r] ? add_param(p, s->layers[l].w[r], src) : -1;
+            if (r == M2D_T_O && pad_o && padded_o(&p->p[p->layer[l][r]], s, l)) return -1;
+        }
     p->final_norm = add_param(p, s->final_norm, src);
     p->lm_head = add_param(p, s->lm_head, src); /* == embed when tied */
+    return 0;
 }
 
 /* master weights from the checkpoint, gradients and moments zero */
@@ -72,7 +88,11 @@ int m2d_train_params_new(const m2d_model *s, m2d_backend *be, m2d_train_params *
     int cap = 3 + M2D_T_COUNT * s->cfg.num_hidden_layers;
     p->p = m2d_calloc((size_t)cap, sizeof *p->p);
     const m2d_tensor **src = m2d_calloc((size_t)cap, sizeof *src);
-    collect(p, s, src);
+    if (collect(p, s, src)) {
+        free(src);
+        m2d_train_params_free(p);
+        return -1;
+    }
     for (int b = 0; b < M2D_PBUF_COUNT; b++)
         if (!(p->buf[b] = be->ops->alloc(be, sizeof(float) * (p->total ? p->total : 1)))) {
             free(src);
@@ -89,8 +109,10 @@ int m2d_train_params_new(const m2d_model *s, m2d_backend *be, m2d_train_params *
 
 void m2d_train_params_free(m2d_train_params *p) {
     if (!p) return;
-    for (int i = 0; i < p->n; i++)
+    for (int i = 0; i < p->n; i++) {
         if (p->p[i].w) p->be->ops->weight_free(p->be, p->p[i].w);
+        free(p->p[i].owned_name);
+    }
     for (int b = 0; b < M2D_PBUF_COUNT; b++) p->be->ops->release(p->be, p->buf[b]);
     free(p->p);
     free(p->layer);
@@ -111,6 +133,20 @@ m2d_mat m2d_train_params_grad(const m2d_train_params *p, int i) {
     const m2d_tparam *q = &p->p[i];
     if (q->ndim == 1) return m2d_mat_of(p->buf[M2D_PBUF_GRADS], q->off, 1, (int)q->rows, (int)q->rows);
     return m2d_mat_of(p->buf[M2D_PBUF_GRADS], q->off, (int)q->rows, (int)q->cols, (int)q->cols);
+}
+
+int64_t m2d_tparam_stored_cols(const m2d_tparam *q) { return q->group ? q->cols / q->group * q->keep : q->cols; }
+
+void m2d_tparam_stored(const m2d_tparam *q, const float *host, float *out) {
+    const float *w = host + q->off;
+    if (!q->group) {
+        memcpy(out, w, sizeof(float) * q->n);
+        return;
+    }
+    int64_t groups = q->cols / q->group;
+    for (int64_t r = 0; r < q->rows; r++)
+        for (int64_t g = 0; g < groups; g++)
+            memcpy(out + (r * groups + g) * q->keep, w + r * q->cols + g * q->group, sizeof(float) * (size_t)q->keep);
 }
 
 /* ---- the model view over host memory ---- */

@@ -23,6 +23,12 @@ typedef struct {
     size_t off, n;          /* elements in the buffers */
     bool decay;             /* weight decay applies */
     m2d_weight *w;          /* view of the master weights */
+    /* group > 0: of each group of GROUP columns only the first KEEP are the checkpoint's, the rest
+     * the loader's zero padding (MLA's o_proj: the engine's values are padded to head_dim). Their
+     * gradient is exactly zero (the padded values are), so AdamW leaves them zero (decay of 0 is 0);
+     * the output holds only the kept columns (m2d_tparam_stored). */
+    int64_t group, keep;
+    char *owned_name;       /* NAME when the parameter owns it (the padded o_proj's checkpoint name) */
 } m2d_tparam;
 
 typedef enum { M2D_PBUF_WEIGHTS, M2D_PBUF_GRADS, M2D_PBUF_ADAM_M, M2D_PBUF_ADAM_V, M2D_PBUF_COUNT } m2d_pbuf;
@@ -40,11 +46,13 @@ typedef struct {
 } m2d_train_params;
 
 /* The first feature of config C that the training forward/backward (net.c) does not implement,
- * or NULL. It implements every dense-layer op of the engine but latent attention: GQA with or
- * without a q/k norm (per head or whole), q/k/v/o biases, clip_qkv, RoPE of every scaling and
- * rotated width, attention sinks, sliding windows, any attention scale, SwiGLU and GPT-OSS's
- * clamped SwiGLU with gate/up/down biases. C may be a teacher's: its dense student keeps its
- * attention, RoPE and activation (the sweep's dry run refuses with it before any work). */
+ * or NULL. It implements every dense-layer op of the engine: GQA with or without a q/k norm (per
+ * head or whole), q/k/v/o biases, clip_qkv, RoPE of every scaling and rotated width, attention
+ * sinks, sliding windows, any attention scale, SwiGLU and GPT-OSS's clamped SwiGLU with
+ * gate/up/down biases, and DeepSeek-V2's latent attention (MLA, with or without q LoRA); so today
+ * it refuses only an attention kind added to model.h without its training ops. C may be a
+ * teacher's: its dense student keeps its attention, RoPE and activation (the sweep's dry run
+ * refuses with it before any work). */
 const char *m2d_train_unsupported(const m2d_config *c);
 /* The parameters of dense STUDENT on backend BE (which must have training ops), initialised from
  * its tensors; gradients and moments zero. -1 + m2d_err for a model with MoE layers, one with a
@@ -57,6 +65,10 @@ void m2d_train_params_free(m2d_train_params *p);
 void m2d_train_params_download(m2d_train_params *p, m2d_pbuf which, float *host);
 void m2d_train_params_upload(m2d_train_params *p, m2d_pbuf which, const float *host);
 void m2d_train_params_zero(m2d_train_params *p, m2d_pbuf which);
+/* Columns of parameter Q in the checkpoint (its padding left out), and its values in that
+ * layout: rows x m2d_tparam_stored_cols floats from HOST (laid out as the buffers) into OUT. */
+int64_t m2d_tparam_stored_cols(const m2d_tparam *q);
+void m2d_tparam_stored(const m2d_tparam *q, const float *host, float *out);
 /* Gradient window of parameter I: [rows, cols] (a norm's: 1 x rows). */
 m2d_mat m2d_train_params_grad(const m2d_train_params *p, int i);
 
