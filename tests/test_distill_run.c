@@ -2,7 +2,8 @@
  * exact (the same losses and the same output, bit for bit, after a stop and a resume, even with
  * another thread count; with the teacher in fp32 and in bf16), the log, the output checkpoint and
  * its manifest, --precision (the KD targets in bf16 against fp32, what is recorded where, a resume
- * in another precision refused), and the one-line errors for bad input. */
+ * in another precision refused), DeepSeek-V2's student written in its checkpoint's shapes, and the
+ * one-line errors for bad input. */
 #include "testutil.h"
 #include "hfcheck.h"
 #include "distill_fixture.h"
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "base/util.h"
+#include "io/st.h"
 #include "model/model.h"
 #include "testmodel.h"
 #include "train/distill.h"
@@ -468,9 +470,20 @@ static void moe_student_refused(void **state) {
     free(out);
 }
 
-/* a dense student with a feature the training engine does not implement is refused by name
- * (DeepSeek-V2's latent attention: its golden dense student, every layer dense), before any step */
-static void unsupported_student_refused(void **state) {
+/* the stored tensors of checkpoint DIR (model.safetensors) */
+static m2d_st *stored(const char *dir) {
+    char *path = m2d_path_join(dir, "model.safetensors");
+    m2d_st *st;
+    if (m2d_st_open(path, &st)) fail_msg("%s", m2d_errmsg());
+    free(path);
+    return st;
+}
+
+/* DeepSeek-V2's dense student (latent attention; its golden: every layer dense, values of 12 in
+ * heads of 24, so the loader pads o_proj) distills, and the output holds the checkpoint's tensors
+ * under their names and shapes -- o_proj [d, heads * v_head_dim] as stored, not the loader's
+ * padded copy -- trained (o_proj moved), and loads again */
+static void deepseek_student_distilled(void **state) {
     (void)state;
     char *out = path_in("f");
     cJSON *g = hf_load_golden("deepseekv2-student"); /* a converted student's golden: its tensors, no seed */
@@ -481,11 +494,30 @@ static void unsupported_student_refused(void **state) {
     tu_copy_file(from, to);
     m2d_distill_result r;
     m2d_distill_opts o = base_opts(out, NULL);
-    o.student = dir;
-    assert_int_equal(m2d_distill_run(&o, &r), -1);
-    if (!strstr(m2d_errmsg(), "the training engine does not implement latent attention (MLA)"))
-        fail_msg("%s", m2d_errmsg());
-    free(from), free(to), free(dir), free(out);
+    o.student = dir, o.fp32 = true, o.save_every = 0;
+    o.train.optim.steps = 2;
+    if (m2d_distill_run(&o, &r)) fail_msg("%s", m2d_errmsg());
+    m2d_st *in = stored(dir), *got = stored(out);
+    assert_int_equal(m2d_st_count(got), m2d_st_count(in));
+    for (int i = 0; i < m2d_st_count(in); i++) {
+        const m2d_tensor *a = m2d_st_at(in, i), *b = m2d_st_find(got, a->name);
+        if (!b) fail_msg("%s: not in the output", a->name);
+        assert_int_equal(b->ndim, a->ndim);
+        assert_memory_equal(b->shape, a->shape, sizeof(int64_t) * (size_t)a->ndim);
+    }
+    const m2d_tensor *op = m2d_st_find(got, "model.layers.0.self_attn.o_proj.weight");
+    assert_true(op->shape[0] == 64 && op->shape[1] == 4 * 12);
+    float *w1 = malloc(sizeof(float) * 64 * 48), *w0 = malloc(sizeof(float) * 64 * 48);
+    m2d_to_f32(op->dtype, op->data, 0, 64 * 48, w1);
+    op = m2d_st_find(in, op->name);
+    m2d_to_f32(op->dtype, op->data, 0, 64 * 48, w0);
+    assert_true(memcmp(w0, w1, sizeof(float) * 64 * 48) != 0);
+    m2d_model *m;
+    if (m2d_model_open(out, &m)) fail_msg("%s", m2d_errmsg());
+    assert_string_equal(m->cfg.arch, "DeepseekV2ForCausalLM");
+    m2d_model_close(m);
+    m2d_st_close(in), m2d_st_close(got);
+    free(w0), free(w1), free(from), free(to), free(dir), free(out);
 }
 
 int main(void) {
@@ -499,7 +531,7 @@ int main(void) {
         cmocka_unit_test(command_errors),
         cmocka_unit_test(command_precision_auto),
         cmocka_unit_test(moe_student_refused),
-        cmocka_unit_test(unsupported_student_refused),
+        cmocka_unit_test(deepseek_student_distilled),
         cmocka_unit_test(log_symlink_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
