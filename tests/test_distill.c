@@ -1,5 +1,5 @@
 /* distill: moe2dense's distillation steps against an independent reference — the same steps done
- * by transformers' Qwen3 modelling (and, issue 24, GPT-OSS's and OLMoE's dense students) with torch autograd, torch.optim.AdamW and clip_grad_norm_
+ * by transformers' Qwen3 modelling (and, issue 24, GPT-OSS's, OLMoE's and DeepSeek-V2's dense students) with torch autograd, torch.optim.AdamW and clip_grad_norm_
  * (tools/distill_ref.py; committed numbers in tests/golden/distill/, or $M2D_DISTILL_GOLDEN, which
  * `make verify-distill` makes afresh). Per case: the same teacher and student checkpoints (rebuilt
  * here byte for byte from the grid generator), the same token windows in file order, the same
@@ -63,7 +63,7 @@ static const cJSON *item(const cJSON *o, const char *key) {
 static double num(const cJSON *o, const char *key) { return item(o, key)->valuedouble; }
 
 /* DIR: golden part P's checkpoint from the grid generator, in the layout of its architecture: from
- * its tensor list when it has one (OLMoE), GPT-OSS's and Mixtral's (tests/familyckpt.h), or Qwen3's */
+ * its tensor list when it has one (OLMoE, DeepSeek-V2), GPT-OSS's and Mixtral's (tests/familyckpt.h), or Qwen3's */
 static void write_part(const cJSON *p, const char *dir) {
     const char *cfg = item(p, "config_json")->valuestring;
     uint64_t seed = (uint64_t)num(p, "seed");
@@ -265,6 +265,9 @@ static void fkl_mse_minitron(void **state) { (void)state; check_case("fkl-mse-mi
  * GptOssForCausalLM and OlmoeForCausalLM */
 static void gptoss_fkl(void **state) { (void)state; check_case("gptoss-fkl"); }
 static void olmoe_rkl(void **state) { (void)state; check_case("olmoe-rkl"); }
+/* DeepSeek-V2's dense student (latent attention with q LoRA, values narrower than the heads: o_proj's
+ * padding, YaRN's attention factor and softmax mscale) against transformers' DeepseekV2ForCausalLM */
+static void deepseekv2_fkl(void **state) { (void)state; check_case("deepseekv2-fkl"); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
@@ -274,6 +277,7 @@ int main(void) {
         cmocka_unit_test(fkl_mse_minitron),
         cmocka_unit_test(gptoss_fkl),
         cmocka_unit_test(olmoe_rkl),
+        cmocka_unit_test(deepseekv2_fkl),
         cmocka_unit_test(thread_count_independent),
     };
     return cmocka_run_group_tests(tests, tu_work_setup, tu_work_teardown);

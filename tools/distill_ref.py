@@ -1,8 +1,9 @@
 """An independent reference of `moe2dense distill`: the same knowledge-distillation steps done with
-Hugging Face transformers' own Qwen3 / Qwen3-MoE modelling (and GPT-OSS's and OLMoE's: FAMILIES) and torch (autograd, torch.optim.AdamW,
+Hugging Face transformers' own Qwen3 / Qwen3-MoE modelling (and GPT-OSS's, OLMoE's and DeepSeek-V2's: FAMILIES) and torch (autograd, torch.optim.AdamW,
 torch.nn.utils.clip_grad_norm_), for tests/test_distill.c. Runs in tests/ref/.venv-hf.
 
-usage: distill_ref.py --out DIR                 write the goldens (tests/golden/distill/, make distill-goldens)
+usage: distill_ref.py --out DIR [--only NAMES]  write the goldens (tests/golden/distill/, make distill-goldens;
+                                                 --only: those cases, comma-separated)
        distill_ref.py --compare NEW_DIR OLD_DIR  the goldens made now against the committed ones
        distill_ref.py --bench ...                time the same step as bench/bench_train.c (BENCHMARKS.md)
 
@@ -93,17 +94,34 @@ OLMOE_T = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_exper
                attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                rms_norm_eps=1e-5, max_position_embeddings=128, tie_word_embeddings=False, eos_token_id=256,
                pad_token_id=1)
+# DeepSeek-V2 (multi-head latent attention): q LoRA, values narrower than the heads (12 of 8 + 8: the
+# loader pads o_proj, whose padding must never train nor be written), YaRN with mscale !=
+# mscale_all_dim (a RoPE attention factor and a softmax mscale), a first dense layer, a shared
+# expert; its dense student (every layer dense, width (k + shared) * d_e, MLA unchanged)
+DEEPSEEK_T = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=48, moe_intermediate_size=16, n_routed_experts=8,
+                  n_shared_experts=1, num_experts_per_tok=2, first_k_dense_replace=1, topk_method="greedy",
+                  routed_scaling_factor=1.0, norm_topk_prob=False, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+                  v_head_dim=12, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                  "original_max_position_embeddings": 16, "beta_fast": 32,
+                                                  "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.5},
+                  rms_norm_eps=1e-6, max_position_embeddings=64, tie_word_embeddings=False, eos_token_id=256)
 FAMILIES = {
     "gptoss": ("GptOssForCausalLM", GPTOSS_T, "GptOssForCausalLM",
                dict(GPTOSS_T, num_local_experts=1, num_experts_per_tok=1, intermediate_size=64)),
     "olmoe": ("OlmoeForCausalLM", OLMOE_T, "OlmoeForCausalLM",
               dict(OLMOE_T, num_experts=1, num_experts_per_tok=1, intermediate_size=64)),
+    "deepseekv2": ("DeepseekV2ForCausalLM", DEEPSEEK_T, "DeepseekV2ForCausalLM",
+                   dict(DEEPSEEK_T, first_k_dense_replace=2, intermediate_size=48)),
 }
 CASES.update({
     "gptoss-fkl": dict(seq_len=16, batch=2, micro_batch=1, steps=4, warmup=1, lr=2e-3, min_lr=2e-4, weight_decay=0.01,
                        clip=1.0, loss="fkl", mse_weight=0.0, teacher_topk=0, family="gptoss"),
     "olmoe-rkl": dict(seq_len=16, batch=2, micro_batch=2, steps=4, warmup=1, lr=2e-3, min_lr=2e-4, weight_decay=0.01,
                       clip=1.0, loss="rkl", mse_weight=0.0, teacher_topk=0, family="olmoe"),
+    "deepseekv2-fkl": dict(seq_len=16, batch=2, micro_batch=1, steps=4, warmup=1, lr=2e-3, min_lr=2e-4,
+                           weight_decay=0.01, clip=1.0, loss="fkl", mse_weight=0.0, teacher_topk=0,
+                           family="deepseekv2"),
 })
 WORDS = ["the", "expert", "router", "dense", "of", "and", "model", "token", "layer", "a", "merge", "group",
          "student", "teacher", "distill", "loss"]
@@ -119,7 +137,8 @@ def lr_at(c, s):
 
 
 def load(cls_name, d):
-    kw = {"experts_implementation": "eager"} if "Moe" in cls_name or cls_name in ("GptOssForCausalLM",) else {}
+    kw = ({"experts_implementation": "eager"}
+          if "Moe" in cls_name or cls_name in ("GptOssForCausalLM", "DeepseekV2ForCausalLM") else {})
     m = getattr(transformers, cls_name).from_pretrained(d, dtype=torch.float32, attn_implementation="eager", **kw)
     return m
 
@@ -242,7 +261,7 @@ def make_case(name, c, work, tok_json, text):
     for part, d, seed in (("teacher", t_dir, 11), ("student", s_dir, 12)):
         parts[part] = {"seed": seed, "config_json": read_text(f"{d}/config.json"),
                        "safetensors_sha256": sha256(f"{d}/model.safetensors")}
-        if c.get("family") == "olmoe":  # the C test writes it from its tensor list (testmodel.h)
+        if c.get("family") in ("olmoe", "deepseekv2"):  # the C test writes it from its tensor list (testmodel.h)
             parts[part].update(name=f"{name}-{part}", tensors=tensor_list(d))
     return {"name": name, "settings": c,
             "versions": {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0]},
@@ -253,7 +272,7 @@ def make_case(name, c, work, tok_json, text):
             "update_norms": {k: float(f"{v:.9g}") for k, v in sorted(updates.items())}}
 
 
-def make_all(out):
+def make_all(out, only=None):
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(0)
     torch.set_num_threads(1)  # the reference numbers do not depend on a thread count
@@ -263,6 +282,8 @@ def make_all(out):
         tok_json = f"{out}/tokenizer.json"  # the byte-level tokenizer the test encodes the text with
         byte_tokenizer(tok_json)
         for name, c in CASES.items():
+            if only and name not in only:
+                continue
             g = make_case(name, c, work, tok_json, text)
             with open(f"{out}/{name}.json", "w", encoding="utf-8") as f:
                 json.dump(g, f, indent=1)
@@ -325,6 +346,7 @@ def bench(a):
 def main():
     ap = argparse.ArgumentParser(usage=__doc__)
     ap.add_argument("--out")
+    ap.add_argument("--only", help="comma-separated case names (default: every case)")
     ap.add_argument("--compare", nargs=2, metavar=("NEW_DIR", "OLD_DIR"))
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--teacher")
@@ -345,7 +367,10 @@ def main():
         sys.exit(1 if bad else 0)
     if not a.out:
         ap.error("--out, --compare or --bench is required")
-    make_all(a.out)
+    only = set(a.only.split(",")) if a.only else None
+    if only and only - set(CASES):
+        ap.error(f"--only: unknown cases {sorted(only - set(CASES))}")
+    make_all(a.out, only)
 
 
 if __name__ == "__main__":
