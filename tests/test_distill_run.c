@@ -482,7 +482,9 @@ static m2d_st *stored(const char *dir) {
 /* DeepSeek-V2's dense student (latent attention; its golden: every layer dense, values of 12 in
  * heads of 24, so the loader pads o_proj) distills, and the output holds the checkpoint's tensors
  * under their names and shapes -- o_proj [d, heads * v_head_dim] as stored, not the loader's
- * padded copy -- trained (o_proj moved), and loads again */
+ * padded copy -- trained (o_proj moved), and is the trained student: loaded again (the loader
+ * pads it again), its perplexity before a second run's first step equals the first run's final
+ * validation, bit for bit (the same engine on the same fp32 weights and shapes) */
 static void deepseek_student_distilled(void **state) {
     (void)state;
     char *out = path_in("f");
@@ -494,9 +496,16 @@ static void deepseek_student_distilled(void **state) {
     tu_copy_file(from, to);
     m2d_distill_result r;
     m2d_distill_opts o = base_opts(out, NULL);
-    o.student = dir, o.fp32 = true, o.save_every = 0;
+    o.student = dir, o.fp32 = true, o.save_every = 0, o.eval_data = g_data, o.eval_windows = 2;
     o.train.optim.steps = 2;
     if (m2d_distill_run(&o, &r)) fail_msg("%s", m2d_errmsg());
+    char *again = path_in("f2");
+    m2d_distill_result r2;
+    m2d_distill_opts o2 = o;
+    o2.student = out, o2.out = again, o2.train.optim.steps = 1;
+    if (m2d_distill_run(&o2, &r2)) fail_msg("%s", m2d_errmsg());
+    assert_true(isfinite(r.post_ppl) && r.post_ppl != r.pre_ppl);
+    assert_true(r2.pre_ppl == r.post_ppl);
     m2d_st *in = stored(dir), *got = stored(out);
     assert_int_equal(m2d_st_count(got), m2d_st_count(in));
     for (int i = 0; i < m2d_st_count(in); i++) {
@@ -517,7 +526,7 @@ static void deepseek_student_distilled(void **state) {
     assert_string_equal(m->cfg.arch, "DeepseekV2ForCausalLM");
     m2d_model_close(m);
     m2d_st_close(in), m2d_st_close(got);
-    free(w0), free(w1), free(from), free(to), free(dir), free(out);
+    free(w0), free(w1), free(from), free(to), free(dir), free(out), free(again);
 }
 
 int main(void) {
