@@ -224,6 +224,16 @@ static char *table_of(const char *csv, int table, m2d_report_format fmt, int *rc
 
 static char *report_of(const char *csv, m2d_report_format fmt, int *rc) { return table_of(csv, 3, fmt, rc); }
 
+/* each of LINES in TEXT, in this order */
+static void lines_in_order(const char *text, const char *const *lines, size_t n) {
+    const char *prev = text;
+    for (size_t i = 0; i < n; i++) {
+        const char *at = strstr(prev, lines[i]);
+        if (!at) fail_msg("missing or out of order: %s\n%s", lines[i], text);
+        prev = at;
+    }
+}
+
 static void table3_and_table13_layout(void **state) {
     (void)state;
     int rc;
@@ -247,12 +257,7 @@ static void table3_and_table13_layout(void **state) {
         "| **L4-H192-F576-A6/2** | width + depth | 4,868,032 | **987.4** | yes |",
         "| L3-H208-F608-A6/2 | width + depth |  | – |  |",
     };
-    const char *prev = md;
-    for (size_t i = 0; i < M2D_ARRAY_LEN(lines); i++) {
-        const char *at = strstr(prev, lines[i]);
-        if (!at) fail_msg("missing or out of order: %s", lines[i]);
-        prev = at;
-    }
+    lines_in_order(md, lines, M2D_ARRAY_LEN(lines));
     free(md);
     char *csv = report_of(HAND_CSV, M2D_REPORT_CSV, &rc);
     assert_int_equal(rc, 0);
@@ -290,12 +295,7 @@ static void table6_lists_every_distilled_student(void **state) {
         "| Random FFN + teacher attn | MoE |",
         "| **L4-H192-F576-A6/2** | width + depth | 4,868,032 | **987.4** | yes |",
     };
-    const char *prev = md;
-    for (size_t i = 0; i < M2D_ARRAY_LEN(lines); i++) {
-        const char *at = strstr(prev, lines[i]);
-        if (!at) fail_msg("missing or out of order: %s\n%s", lines[i], md);
-        prev = at;
-    }
+    lines_in_order(md, lines, M2D_ARRAY_LEN(lines));
     assert_null(strstr(md, "best of the grid"));
     assert_null(strstr(md, m2d_report_display_name("sf")));
     free(md), free(acp);
@@ -311,12 +311,7 @@ static void table6_lists_every_distilled_student(void **state) {
     char *sf = m2d_strfmt("| %s, K = 16 (wc/uniform) | MoE | 6,000,000 | 1,000 | 270.0 |", m2d_report_display_name("sf"));
     const char *more[] = {"distillation tokens per student: 2,097,152.", "| MoE-to-dense DO-ACP, K = k | MoE |", sf,
                           "| D2D pruning (L4-H192-F576-A6/2) | dense |"};
-    prev = md;
-    for (size_t i = 0; i < M2D_ARRAY_LEN(more); i++) {
-        const char *at = strstr(prev, more[i]);
-        if (!at) fail_msg("missing or out of order: %s\n%s", more[i], md);
-        prev = at;
-    }
+    lines_in_order(md, more, M2D_ARRAY_LEN(more));
     assert_null(strstr(md, "D-Optimal + ACP, K"));
     free(sf), free(md);
 }

@@ -67,6 +67,14 @@ static int distinct_fingerprints(const m2d_results *r, const int *sel, int n) {
     return d;
 }
 
+/* X loaded from the fixture's grid with the one --set SET and run into its CSV (JOBS jobs) */
+static void load_and_run(const tu_sweep_fixture *fx, char *set, int jobs, m2d_experiment *x, m2d_sweep_summary *s) {
+    char *sets[] = {set};
+    assert_int_equal(m2d_experiment_load(fx->toml, "grid", sets, 1, x), 0);
+    m2d_sweep_opts o = {.out = fx->csv, .jobs = jobs};
+    assert_int_equal(m2d_sweep_run(x, &o, s), 0);
+}
+
 /* best-per-pair (pre-distillation PPL) with MC tasks: every selected student distilled once; its
  * rows get distill_ppl (half the fake's PPL), the tokens of ceil(1000 / 16) steps, and MC values
  * of the distilled student (mc_student = distilled); the plain MC stage does not run; a resume
@@ -148,11 +156,8 @@ static void best_per_scoring_K_distills_the_selection(void **state) {
     (void)state;
     tu_sweep_fixture fx = make_fixture();
     m2d_experiment x;
-    char *sets[] = {"distill.configs='best-per-scoring-K'"};
-    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 1, &x), 0);
-    m2d_sweep_opts o = {.out = fx.csv, .jobs = 2};
     m2d_sweep_summary s;
-    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    load_and_run(&fx, "distill.configs='best-per-scoring-K'", 2, &x, &s);
     m2d_results r;
     assert_int_equal(m2d_results_read(fx.csv, &r), 0);
     int *sel, n = m2d_report_best_per_scoring_K(&r, &sel);
@@ -197,11 +202,9 @@ static void all_and_list_with_failures(void **state) {
     (void)state;
     tu_sweep_fixture fx = make_fixture();
     m2d_experiment x;
-    char *sets[] = {"distill.configs=all"};
-    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 1, &x), 0);
-    m2d_sweep_opts o = {.out = fx.csv, .jobs = 1};
     m2d_sweep_summary s;
-    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    load_and_run(&fx, "distill.configs=all", 1, &x, &s);
+    m2d_sweep_opts o = {.out = fx.csv, .jobs = 1}; /* the resumes below */
     m2d_results r, side;
     assert_int_equal(m2d_results_read(fx.csv, &r), 0);
     char *sp = m2d_strfmt("%s.distill.csv", fx.csv);
