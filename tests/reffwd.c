@@ -100,8 +100,7 @@ static double ref_rope_gain(const m2d_config *c) {
 #undef MS
 }
 
-/* rotate the first ROT dims of one head: pairs (i, i + rot/2), or (2i, 2i + 1) when INTERLEAVED */
-static void ref_rope_n(double *v, int rot, int pos, const m2d_config *c, int interleaved) {
+void tu_ref_rope(double *v, int rot, int pos, const m2d_config *c, int interleaved) {
     double gain = ref_rope_gain(c);
     for (int i = 0; i < rot / 2; i++) {
         double f = pos * ref_freq(c, i, rot);
@@ -111,7 +110,7 @@ static void ref_rope_n(double *v, int rot, int pos, const m2d_config *c, int int
     }
 }
 
-static void ref_rope(double *v, int hd, int pos, const m2d_config *c) { ref_rope_n(v, hd, pos, c, 0); }
+static void ref_rope(double *v, int hd, int pos, const m2d_config *c) { tu_ref_rope(v, hd, pos, c, 0); }
 
 /* q/k norm of one token's heads: per head ([head_dim] weight, Qwen3) or over the whole projection
  * (OLMoE), told apart by the weight's length; then RoPE per head */
@@ -219,9 +218,9 @@ static void ref_mla_layer(const m2d_model *m, int l, ref_state *s) {
         ref_linear(L->kv_a_proj, h, d, kr + rope, kva);
         ref_rms(kva, kr, L->kv_a_norm, c->rms_norm_eps);
         ref_linear(L->kv_b_proj, kva, kr, H * (nope + vd), kvb);
-        ref_rope_n(kva + kr, rope, t, c, 1);
+        tu_ref_rope(kva + kr, rope, t, c, 1);
         for (int a = 0; a < H; a++) {
-            ref_rope_n(q + a * hd + nope, rope, t, c, 1);
+            tu_ref_rope(q + a * hd + nope, rope, t, c, 1);
             memcpy(k + a * hd, kvb + a * (nope + vd), sizeof(double) * nope);
             memcpy(k + a * hd + nope, kva + kr, sizeof(double) * rope);
             memcpy(V + ((size_t)t * H + a) * vd, kvb + a * (nope + vd) + nope, sizeof(double) * vd);

@@ -19,6 +19,9 @@
 /* logits [n, vocab] in double for tokens tok[0..n) from position 0 */
 /* T's elements as float64 (malloc'd) */
 double *tu_ref_tensor_f64(const m2d_tensor *t);
+/* RoPE of one head's first ROT dims at position POS, as config C says (theta, linear or YaRN
+ * frequencies, YaRN's gain on cos and sin): pairs (i, i + rot/2), or (2i, 2i + 1) when INTERLEAVED */
+void tu_ref_rope(double *v, int rot, int pos, const m2d_config *c, int interleaved);
 void tu_ref_forward(const m2d_model *m, const int32_t *tok, int n, double *logits);
 /* Same, with the q/k norms skipped (a deliberately wrong model: tests show their tolerance is
  * far below the difference it makes). */

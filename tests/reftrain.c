@@ -5,14 +5,28 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "reffwd.h"
+
 typedef struct {
     const tu_kd_problem *pb;
     const double *w;
     int d, H, KV, hd, F, V, qd, kvd, n;
 } ctx;
 
+/* the layer's parameter of ROLE, or NULL when it has none (biases, sinks, q/k norms) */
 static const double *P(const ctx *c, int l, int role) {
-    return c->w + c->pb->layout->p[c->pb->layout->layer[l][role]].off;
+    int i = c->pb->layout->layer[l][role];
+    return i >= 0 ? c->w + c->pb->layout->p[i].off : NULL;
+}
+
+/* y += b when the layer has the bias */
+static void add(double *y, const double *b, int n) {
+    for (int i = 0; b && i < n; i++) y[i] += b[i];
+}
+
+/* OLMoE's clip_qkv: [-lim, lim] (0: off) */
+static void clip(double *v, int n, double lim) {
+    for (int i = 0; lim > 0 && i < n; i++) v[i] = fmin(fmax(v[i], -lim), lim);
 }
 
 static void rms(double *x, int d, const double *w, double eps) {
@@ -30,20 +44,16 @@ static void linear(const double *w, const double *x, int in, int out, double *y)
     }
 }
 
-/* q/k norm (per head, or over the whole projection when the weight covers it), then RoPE */
+/* q/k norm (per head, or over the whole projection when the weight covers it), clip_qkv, then
+ * RoPE of each head's first rope_dim (0: all) dims (tests/reffwd.c's, from the config) */
 static void qk(const ctx *c, double *v, int heads, const double *norm, int64_t norm_len, int pos) {
     const m2d_config *cf = c->pb->cfg;
     int hd = c->hd;
     if (norm && norm_len == (int64_t)heads * hd && heads > 1) rms(v, heads * hd, norm, cf->rms_norm_eps);
-    for (int h = 0; h < heads; h++) {
-        double *x = v + h * hd;
-        if (norm && norm_len == hd) rms(x, hd, norm, cf->rms_norm_eps);
-        for (int i = 0; i < hd / 2; i++) {
-            double f = pos * pow(cf->rope_theta, -2.0 * i / hd), a = x[i], b = x[i + hd / 2];
-            x[i] = a * cos(f) - b * sin(f);
-            x[i + hd / 2] = b * cos(f) + a * sin(f);
-        }
-    }
+    for (int h = 0; h < heads; h++)
+        if (norm && norm_len == hd) rms(v + h * hd, hd, norm, cf->rms_norm_eps);
+    clip(v, heads * hd, cf->clip_qkv);
+    for (int h = 0; h < heads; h++) tu_ref_rope(v + h * hd, cf->rope_dim ? cf->rope_dim : hd, pos, cf, 0);
 }
 
 /* one window's attention block, x [L, d] updated in place */
@@ -60,33 +70,50 @@ static void attention(const ctx *c, int l, double *x) {
         linear(P(c, l, M2D_T_Q), xn, d, qd, q + t * qd);
         linear(P(c, l, M2D_T_K), xn, d, kvd, k + t * kvd);
         linear(P(c, l, M2D_T_V), xn, d, kvd, v + t * kvd);
+        add(q + t * qd, P(c, l, M2D_T_Q_BIAS), qd);
+        add(k + t * kvd, P(c, l, M2D_T_K_BIAS), kvd);
+        add(v + t * kvd, P(c, l, M2D_T_V_BIAS), kvd);
+        clip(v + t * kvd, kvd, cf->clip_qkv);
         qk(c, q + t * qd, c->H, qn >= 0 ? P(c, l, M2D_T_Q_NORM) : NULL, qn >= 0 ? (int64_t)lay->p[qn].n : 0, t);
         qk(c, k + t * kvd, c->KV, kn >= 0 ? P(c, l, M2D_T_K_NORM) : NULL, kn >= 0 ? (int64_t)lay->p[kn].n : 0, t);
     }
-    double *p = malloc(sizeof(double) * L);
+    /* keys i - window < t <= i (window 0: all t <= i); a sink logit per head in the denominator */
+    double *p = malloc(sizeof(double) * L), scale = cf->attn_scale != 0 ? cf->attn_scale : 1 / sqrt((double)hd);
+    const double *sinks = P(c, l, M2D_T_SINKS);
+    int window = cf->layer_window ? cf->layer_window[l] : 0;
     for (int h = 0; h < c->H; h++) {
         int g = h / (c->H / c->KV);
         for (int i = 0; i < L; i++) {
-            double m = -INFINITY, s = 0;
-            for (int t = 0; t <= i; t++) {
+            int lo = window > 0 && i + 1 > window ? i + 1 - window : 0;
+            double m = sinks ? sinks[h] : -INFINITY, s = 0;
+            for (int t = lo; t <= i; t++) {
                 double dd = 0;
                 for (int j = 0; j < hd; j++) dd += q[i * qd + h * hd + j] * k[t * kvd + g * hd + j];
-                p[t] = dd / sqrt((double)hd);
+                p[t] = dd * scale;
                 m = fmax(m, p[t]);
             }
-            for (int t = 0; t <= i; t++) s += (p[t] = exp(p[t] - m));
+            for (int t = lo; t <= i; t++) s += (p[t] = exp(p[t] - m));
+            if (sinks) s += exp(sinks[h] - m);
             for (int j = 0; j < hd; j++) {
                 double a = 0;
-                for (int t = 0; t <= i; t++) a += p[t] / s * v[t * kvd + g * hd + j];
+                for (int t = lo; t <= i; t++) a += p[t] / s * v[t * kvd + g * hd + j];
                 att[i * qd + h * hd + j] = a;
             }
         }
     }
     for (int t = 0; t < L; t++) {
         linear(P(c, l, M2D_T_O), att + t * qd, qd, d, o);
+        add(o, P(c, l, M2D_T_O_BIAS), d);
         for (int i = 0; i < d; i++) x[t * d + i] += o[i];
     }
     free(q), free(k), free(v), free(xn), free(att), free(o), free(p);
+}
+
+/* SwiGLU silu(g) u, or GPT-OSS's (u' + 1) g' sigmoid(alpha g'), g' = min(g, limit), u' = u clamped */
+static double act(const m2d_config *cf, double g, double u) {
+    if (cf->ops.ffn_act != M2D_ACT_SWIGLU_CLAMP) return g / (1 + exp(-g)) * u;
+    double lim = cf->ops.act_limit, gc = fmin(g, lim), uc = fmin(fmax(u, -lim), lim);
+    return (uc + 1) * gc / (1 + exp(-cf->ops.act_alpha * gc));
 }
 
 static void ffn(const ctx *c, int l, double *x) {
@@ -98,8 +125,11 @@ static void ffn(const ctx *c, int l, double *x) {
         rms(xn, d, P(c, l, M2D_T_FFN_NORM), c->pb->cfg->rms_norm_eps);
         linear(P(c, l, M2D_T_GATE), xn, d, F, g);
         linear(P(c, l, M2D_T_UP), xn, d, F, u);
-        for (int i = 0; i < F; i++) g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+        add(g, P(c, l, M2D_T_GATE_BIAS), F);
+        add(u, P(c, l, M2D_T_UP_BIAS), F);
+        for (int i = 0; i < F; i++) g[i] = act(c->pb->cfg, g[i], u[i]);
         linear(P(c, l, M2D_T_DOWN), g, F, d, o);
+        add(o, P(c, l, M2D_T_DOWN_BIAS), d);
         for (int i = 0; i < d; i++) x[t * d + i] += o[i];
     }
     free(xn), free(g), free(u), free(o);

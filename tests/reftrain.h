@@ -1,5 +1,7 @@
 /* reftrain — the float64 reference of the distillation loss of a dense student as a function of
- * its parameters (straight loops over the Hugging Face Qwen3 definition, as tests/reffwd.c, but
+ * its parameters (straight loops over the Hugging Face definitions of the dense students: Qwen3,
+ * with the q/k/v/o and FFN biases, clip_qkv, the whole-projection q/k norm, GPT-OSS's sinks,
+ * sliding windows and clamped SwiGLU, and RoPE as tests/reffwd.c rotates it, but
  * on a flat double vector laid out as the trainer's parameter buffers, m2d_train_params), so that
  * finite differences of it give the exact gradient the trainer's fp32 backward must match. */
 #ifndef M2D_REFTRAIN_H

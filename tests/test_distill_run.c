@@ -4,6 +4,7 @@
  * its manifest, --precision (the KD targets in bf16 against fp32, what is recorded where, a resume
  * in another precision refused), and the one-line errors for bad input. */
 #include "testutil.h"
+#include "hfcheck.h"
 #include "distill_fixture.h"
 
 #include <cjson/cJSON.h>
@@ -468,41 +469,23 @@ static void moe_student_refused(void **state) {
 }
 
 /* a dense student with a feature the training engine does not implement is refused by name
- * (here linear RoPE scaling), before any step */
+ * (DeepSeek-V2's latent attention: its golden dense student, every layer dense), before any step */
 static void unsupported_student_refused(void **state) {
     (void)state;
-    char *dir = path_in("scaled"), *out = path_in("f");
-    assert_int_equal(m2d_mkdir_p(dir), 0);
-    const char *files[] = {"model.safetensors", "tokenizer.json"};
-    for (int i = 0; i < 2; i++) {
-        char *from = m2d_path_join(g_student, files[i]), *to = m2d_path_join(dir, files[i]);
-        size_t n;
-        char *data = m2d_read_file(from, &n);
-        assert_non_null(data);
-        tu_write(to, data, n);
-        free(data), free(from), free(to);
-    }
-    char *cfg_from = m2d_path_join(g_student, "config.json"), *cfg_to = m2d_path_join(dir, "config.json");
-    char *cfg_text = m2d_read_file(cfg_from, NULL);
-    assert_non_null(cfg_text);
-    cJSON *j = cJSON_Parse(cfg_text);
-    free(cfg_text);
-    assert_non_null(j);
-    cJSON_DeleteItemFromObjectCaseSensitive(j, "rope_scaling");
-    cJSON_DeleteItemFromObjectCaseSensitive(j, "rope_parameters");
-    cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
-    cJSON_AddStringToObject(rs, "rope_type", "linear");
-    cJSON_AddNumberToObject(rs, "factor", 2.0);
-    cJSON_AddNumberToObject(j, "rope_theta", 10000.0);
-    char *text = cJSON_Print(j);
-    tu_write(cfg_to, text, strlen(text));
+    char *out = path_in("f");
+    cJSON *g = hf_load_golden("deepseekv2-student"); /* a converted student's golden: its tensors, no seed */
+    cJSON_AddNumberToObject(g, "seed", 3);
+    char *dir = hf_build_listed(g, g_dir);
+    cJSON_Delete(g);
+    char *from = m2d_path_join(g_student, "tokenizer.json"), *to = m2d_path_join(dir, "tokenizer.json");
+    tu_copy_file(from, to);
     m2d_distill_result r;
     m2d_distill_opts o = base_opts(out, NULL);
     o.student = dir;
     assert_int_equal(m2d_distill_run(&o, &r), -1);
-    if (!strstr(m2d_errmsg(), "the training engine does not implement rope_scaling")) fail_msg("%s", m2d_errmsg());
-    cJSON_Delete(j);
-    free(text), free(cfg_from), free(cfg_to), free(dir), free(out);
+    if (!strstr(m2d_errmsg(), "the training engine does not implement latent attention (MLA)"))
+        fail_msg("%s", m2d_errmsg());
+    free(from), free(to), free(dir), free(out);
 }
 
 int main(void) {

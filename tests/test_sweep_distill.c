@@ -40,16 +40,35 @@ static const char *EXPERIMENTS =
     "batch = 2\n"
     "lr = 1e-3\n";
 
-static tu_sweep_fixture make_fixture(void) {
-    const char *json = "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"num_experts\": 64, \"num_experts_per_tok\": 8,"
-                       " \"moe_intermediate_size\": 72, \"hidden_size\": 192, \"num_hidden_layers\": 4,"
-                       " \"vocab_size\": 8192, \"num_attention_heads\": 6, \"num_key_value_heads\": 2, \"head_dim\": 32,"
-                       " \"max_position_embeddings\": 512}";
+/* the grid over a teacher of config JSON, with its training text */
+static tu_sweep_fixture fixture_of(const char *json) {
     tu_sweep_fixture fx = tu_sweep_fixture_make(json, EXPERIMENTS);
     char *train = m2d_path_join(fx.dir, "train.txt"); /* checked before any work: it must be training text */
     tu_write(train, "the training text of the fake backend\n", 38);
     free(train);
     return fx;
+}
+
+static tu_sweep_fixture make_fixture(void) {
+    return fixture_of("{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"num_experts\": 64, \"num_experts_per_tok\": 8,"
+                      " \"moe_intermediate_size\": 72, \"hidden_size\": 192, \"num_hidden_layers\": 4,"
+                      " \"vocab_size\": 8192, \"num_attention_heads\": 6, \"num_key_value_heads\": 2, \"head_dim\": 32,"
+                      " \"max_position_embeddings\": 512}");
+}
+
+/* X is refused by the dry run (an error holding WANT and naming experiments.toml) and by the run
+ * (holding WANT), before any work: no CSV (WHAT names the case) */
+static void refused_before_work(m2d_experiment *x, const tu_sweep_fixture *fx, const char *what, const char *want) {
+    m2d_sweep_opts o = {.out = fx->csv, .jobs = 1};
+    m2d_sweep_summary s;
+    FILE *devnull = fopen("/dev/null", "w");
+    int dry = m2d_sweep_dry_run(x, &o, devnull);
+    fclose(devnull);
+    if (dry != -1 || !strstr(m2d_errmsg(), want) || !strstr(m2d_errmsg(), "experiments.toml"))
+        fail_msg("%s: dry run %d: expected '%s', got '%s'", what, dry, want, m2d_errmsg());
+    assert_int_equal(m2d_sweep_run(x, &o, &s), -1);
+    if (!strstr(m2d_errmsg(), want)) fail_msg("%s: run: got '%s'", what, m2d_errmsg());
+    assert_false(m2d_file_exists(fx->csv));
 }
 
 static double num(const m2d_results *r, int i, const char *col) { return strtod(m2d_results_get(r, i, col), NULL); }
@@ -345,21 +364,31 @@ static void distill_checked_before_work(void **state) {
         m2d_experiment x;
         char *sets[] = {cases[i].set};
         assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 1, &x), 0);
-        m2d_sweep_opts o = {.out = fx.csv, .jobs = 1};
-        m2d_sweep_summary s;
-        FILE *devnull = fopen("/dev/null", "w");
-        int dry = m2d_sweep_dry_run(&x, &o, devnull);
-        fclose(devnull);
-        if (dry != -1 || !strstr(m2d_errmsg(), cases[i].want) || !strstr(m2d_errmsg(), "experiments.toml"))
-            fail_msg("%s: dry run %d: expected '%s', got '%s'", cases[i].set, dry, cases[i].want, m2d_errmsg());
-        assert_int_equal(m2d_sweep_run(&x, &o, &s), -1);
-        if (!strstr(m2d_errmsg(), cases[i].want)) fail_msg("%s: run: got '%s'", cases[i].set, m2d_errmsg());
-        assert_false(m2d_file_exists(fx.csv));
+        refused_before_work(&x, &fx, cases[i].set, cases[i].want);
         assert_false(m2d_file_exists(side));
         m2d_experiment_free(&x);
         free(cases[i].set);
     }
     free(side), free(tok);
+    tu_sweep_fixture_free(&fx);
+}
+
+/* Issue 24: a [distill] block whose dense student the training engine cannot train (DeepSeek-V2's
+ * latent attention, params.h m2d_train_unsupported) is refused by the dry run and the run before
+ * any work, in one line naming the feature and where the block is; nothing is written. */
+static void untrainable_student_refused(void **state) {
+    (void)state;
+    tu_sweep_fixture fx = fixture_of(
+        "{\"architectures\": [\"DeepseekV2ForCausalLM\"], \"first_k_dense_replace\": 1, \"head_dim\": 8,"
+        " \"hidden_size\": 64, \"intermediate_size\": 48, \"kv_lora_rank\": 32, \"max_position_embeddings\": 64,"
+        " \"moe_intermediate_size\": 16, \"n_routed_experts\": 8, \"n_shared_experts\": 2, \"norm_topk_prob\": false,"
+        " \"num_attention_heads\": 4, \"num_experts_per_tok\": 2, \"num_hidden_layers\": 3,"
+        " \"num_key_value_heads\": 4, \"q_lora_rank\": null, \"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8,"
+        " \"v_head_dim\": 12, \"topk_method\": \"greedy\", \"vocab_size\": 320}");
+    m2d_experiment x;
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", NULL, 0, &x), 0);
+    refused_before_work(&x, &fx, "DeepSeek-V2", "the training engine does not implement latent attention (MLA)");
+    m2d_experiment_free(&x);
     tu_sweep_fixture_free(&fx);
 }
 
@@ -603,6 +632,7 @@ int main(void) {
         cmocka_unit_test(distill_table_errors),
         cmocka_unit_test(validation_data_is_held_out),
         cmocka_unit_test(dry_run_describes_the_stage),
+        cmocka_unit_test(untrainable_student_refused),
         cmocka_unit_test(distill_checked_before_work),
         cmocka_unit_test(failed_sidecar_does_not_block_a_rerun),
         cmocka_unit_test(ablation_rows_and_tables),

@@ -12,6 +12,8 @@
 
 #include "base/util.h"
 #include "engine/engine.h"
+#include "familyckpt.h"
+#include "hfcheck.h"
 #include "reftrain.h"
 #include "testmodel.h"
 #include "train/kd.h"
@@ -24,10 +26,20 @@ enum { L = 8, NSEQ = 2, V = 64 };
 
 static char *g_dir;
 static m2d_model *g_teacher, *g_student, *g_tied;
+/* the families' dense students (tests/golden/hf, vocabulary 320) and a teacher of their vocabulary */
+static m2d_model *g_teacher320, *g_gptoss, *g_olmoe, *g_qwen2, *g_mistral;
 
-static m2d_model *write_open(const char *name, int moe, int tied, uint64_t seed) {
+static m2d_model *open_dir(char *dir) {
+    m2d_model *m;
+    if (m2d_model_open(dir, &m)) fail_msg("%s", m2d_errmsg());
+    free(dir);
+    return m;
+}
+
+static m2d_model *write_open_vocab(const char *name, int moe, int tied, uint64_t seed, int vocab) {
     m2d_testmodel_opts o;
     m2d_testmodel_defaults(&o);
+    o.vocab_size = vocab;
     o.moe = moe;
     o.tie_word_embeddings = tied;
     o.seed = seed;
@@ -35,10 +47,67 @@ static m2d_model *write_open(const char *name, int moe, int tied, uint64_t seed)
     o.init_std = 0.3f;                   /* weights large enough that every term of the loss matters */
     char *dir = m2d_path_join(g_dir, name);
     if (m2d_testmodel_write(dir, &o)) fail_msg("%s", m2d_errmsg());
-    m2d_model *m;
-    if (m2d_model_open(dir, &m)) fail_msg("%s", m2d_errmsg());
-    free(dir);
-    return m;
+    return open_dir(dir);
+}
+
+static m2d_model *write_open(const char *name, int moe, int tied, uint64_t seed) {
+    return write_open_vocab(name, moe, tied, seed, V);
+}
+
+/* GPT-OSS's dense student (q/k/v/o and gate/up/down biases, sinks, YaRN, the clamped SwiGLU),
+ * edited so that every feature acts within L = 8 positions and the grid's small weights: a
+ * window of 3 on its sliding layer, swiglu_limit 0.5 (about a third of the gates and up values
+ * clamped) */
+static m2d_model *gptoss_student(void) {
+    char *cfg = tu_family_edited_config("gptoss-student", "{\"sliding_window\": 3, \"swiglu_limit\": 0.5}", NULL);
+    char *dir = m2d_path_join(g_dir, "gptoss-student");
+    if (tu_family_checkpoint(dir, cfg, 5)) fail_msg("%s", m2d_errmsg());
+    free(cfg);
+    return open_dir(dir);
+}
+
+/* a converted student's golden (its config and tensor list, no seed) with the grid's weights */
+static m2d_model *listed_student(const char *golden, uint64_t seed) {
+    cJSON *g = hf_load_golden(golden);
+    cJSON_AddNumberToObject(g, "seed", (double)seed);
+    char *dir = hf_build_listed(g, g_dir);
+    cJSON_Delete(g);
+    return open_dir(dir);
+}
+
+/* OLMoE's dense student (the q/k norm over the whole projection, clip_qkv 1.5: the normed q and
+ * k are ~N(0, 1), so about one in eight values is clamped) */
+static m2d_model *olmoe_student(void) { return listed_student("olmoe-student", 6); }
+
+/* Mixtral's dense student MistralForCausalLM (no q/k norm, a sliding window: 3 here, cutting into
+ * L = 8), its Llama layout written from its config */
+static m2d_model *mistral_student(void) {
+    char *cfg = tu_family_edited_config("mixtral-student", "{\"sliding_window\": 3}", NULL);
+    m2d_config c;
+    if (m2d_config_parse(cfg, strlen(cfg), "config.json", &c, NULL)) fail_msg("%s", m2d_errmsg());
+    int64_t d = c.hidden_size, q = (int64_t)c.num_attention_heads * c.head_dim, F = c.intermediate_size;
+    int64_t kv = (int64_t)c.num_key_value_heads * c.head_dim;
+    const char *lname[] = {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
+                           "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                           "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"};
+    int64_t lshape[][2] = {{d, 0}, {d, 0}, {q, d}, {kv, d}, {kv, d}, {d, q}, {F, d}, {F, d}, {d, F}};
+    int n = 3 + 9 * c.num_hidden_layers;
+    m2d_testmodel_tensor *t = calloc((size_t)n, sizeof *t);
+    char **names = calloc((size_t)n, sizeof *names);
+    t[0] = (m2d_testmodel_tensor){"model.embed_tokens.weight", M2D_BF16, 2, {c.vocab_size, d}};
+    t[1] = (m2d_testmodel_tensor){"model.norm.weight", M2D_BF16, 1, {d, 0}};
+    t[2] = (m2d_testmodel_tensor){"lm_head.weight", M2D_BF16, 2, {c.vocab_size, d}};
+    for (int l = 0, i = 3; l < c.num_hidden_layers; l++)
+        for (int r = 0; r < 9; r++, i++) {
+            names[i] = m2d_strfmt("model.layers.%d.%s", l, lname[r]);
+            t[i] = (m2d_testmodel_tensor){names[i], M2D_BF16, lshape[r][1] ? 2 : 1, {lshape[r][0], lshape[r][1]}};
+        }
+    char *dir = m2d_path_join(g_dir, "mistral-student");
+    if (m2d_testmodel_write_tensors(dir, cfg, 8, t, n)) fail_msg("%s", m2d_errmsg());
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names), free(t), free(cfg);
+    m2d_config_free(&c);
+    return open_dir(dir);
 }
 
 static int setup(void **state) {
@@ -47,12 +116,19 @@ static int setup(void **state) {
     g_teacher = write_open("teacher", 1, 0, 1);
     g_student = write_open("student", 0, 0, 2);
     g_tied = write_open("tied", 0, 1, 3);
+    g_teacher320 = write_open_vocab("teacher320", 1, 0, 4, 320);
+    g_gptoss = gptoss_student();
+    g_olmoe = olmoe_student();
+    g_qwen2 = listed_student("qwen2moe-student", 9); /* Qwen2-MoE's: Qwen2ForCausalLM, q/k/v biases */
+    g_mistral = mistral_student();
     return 0;
 }
 
 static int teardown(void **state) {
     (void)state;
     m2d_model_close(g_teacher), m2d_model_close(g_student), m2d_model_close(g_tied);
+    m2d_model_close(g_teacher320), m2d_model_close(g_gptoss), m2d_model_close(g_olmoe);
+    m2d_model_close(g_qwen2), m2d_model_close(g_mistral);
     tu_rm_rf(g_dir);
     free(g_dir);
     return 0;
@@ -81,11 +157,15 @@ static void training_logits_equal_engine(void **state) {
     (void)state;
     int32_t tok[NSEQ * L];
     tokens(5, tok, NSEQ * L);
-    m2d_model *students[2] = {g_student, g_tied};
-    for (int s = 0; s < 2; s++) {
+    /* the families' students: every op of theirs (biases, sinks, windows, YaRN, clamped SwiGLU,
+     * clip_qkv, the whole q/k norm) as the engine runs it */
+    m2d_model *students[] = {g_student, g_tied, g_gptoss, g_olmoe, g_qwen2, g_mistral};
+    for (int s = 0; s < (int)M2D_ARRAY_LEN(students); s++) {
+        m2d_model *teacher = s < 2 ? g_teacher : g_teacher320;
         m2d_trainer *t;
         m2d_trainer_opts o = topts(2);
-        if (m2d_trainer_new(g_teacher, students[s], &o, &t)) fail_msg("%s", m2d_errmsg());
+        if (m2d_trainer_new(teacher, students[s], &o, &t)) fail_msg("%s", m2d_errmsg());
+        int V = students[s]->cfg.vocab_size;
         float *got = malloc(sizeof(float) * NSEQ * L * V), *want = malloc(sizeof(float) * L * V);
         float *one = malloc(sizeof(float) * L * V);
         m2d_engine *e;
@@ -118,14 +198,14 @@ typedef struct {
     m2d_kd *kd;
 } parts;
 
-static void parts_open(parts *x, m2d_model *student, m2d_loss_kind kind, m2d_mse_norm norm) {
+static void parts_open(parts *x, m2d_model *teacher, m2d_model *student, m2d_loss_kind kind, m2d_mse_norm norm) {
     m2d_backend_opts bo = {.n_threads = 2};
-    if (m2d_backend_new("cpu", &bo, &x->be) || m2d_engine_new(g_teacher, 2, &x->te) ||
+    if (m2d_backend_new("cpu", &bo, &x->be) || m2d_engine_new(teacher, 2, &x->te) ||
         m2d_train_params_new(student, x->be, &x->p))
         fail_msg("%s", m2d_errmsg());
     m2d_net_opts no = {L, NSEQ, false};
     if (m2d_net_new(&student->cfg, x->p, &no, &x->net) ||
-        m2d_kd_new(g_teacher, x->te, &student->cfg, x->net, x->p, NSEQ * L, kind, 0.7, norm, &x->kd))
+        m2d_kd_new(teacher, x->te, &student->cfg, x->net, x->p, NSEQ * L, kind, 0.7, norm, &x->kd))
         fail_msg("%s", m2d_errmsg());
 }
 
@@ -136,7 +216,8 @@ static void parts_close(parts *x) {
 
 /* the teacher's logits (and layer outputs) as float64 constants of the reference problem */
 static void teacher_outputs(m2d_engine *te, const int32_t *tok, double *logits, double *layers) {
-    int d = g_teacher->cfg.hidden_size, nl = g_teacher->cfg.num_hidden_layers;
+    const m2d_config *c = &m2d_engine_model(te)->cfg;
+    int d = c->hidden_size, nl = c->num_hidden_layers, V = c->vocab_size;
     float *z = malloc(sizeof(float) * L * V), *h = malloc(sizeof(float) * L * d), *ly = malloc(sizeof(float) * nl * L * d);
     for (int s = 0; s < NSEQ; s++) {
         assert_int_equal(m2d_engine_logits(te, tok + s * L, L, z), 0);
@@ -148,6 +229,13 @@ static void teacher_outputs(m2d_engine *te, const int32_t *tok, double *logits, 
     free(z), free(h), free(ly);
 }
 
+/* parameter I is a dense layer's router (OLMoE's and GPT-OSS's dense students keep one) */
+static int unused_router(const m2d_train_params *p, int i) {
+    for (int l = 0; l < p->n_layers; l++)
+        if (p->layer[l][M2D_T_ROUTER] == i || p->layer[l][M2D_T_ROUTER_BIAS] == i) return 1;
+    return 0;
+}
+
 /* The fp32 gradient of every parameter against central differences of the float64 loss on a
  * sample of entries (entry 0 and five random ones per tensor). Tolerance: the fp32 backward
  * chains ~12 stages per layer (GEMMs over <= 64 terms, norms, softmax), each within ~K^1.5 u =
@@ -156,9 +244,10 @@ static void teacher_outputs(m2d_engine *te, const int32_t *tok, double *logits, 
  * NORM "minitron" (fkl+mse): the MSE part equals 0.7 x the divergence (the balance), and the
  * gradient is that of the "sum" loss whose weight gives the same value (the ratio is detached:
  * Minitron / NeMo's balancer scale the MSE's gradient, they do not differentiate the ratio). */
-static void gradient_case(m2d_model *student, m2d_loss_kind kind, m2d_mse_norm norm) {
+static void gradient_case(m2d_model *teacher, m2d_model *student, m2d_loss_kind kind, m2d_mse_norm norm) {
     parts x;
-    parts_open(&x, student, kind, norm);
+    parts_open(&x, teacher, student, kind, norm);
+    int V = student->cfg.vocab_size;
     int32_t tok[NSEQ * L];
     tokens(7, tok, NSEQ * L);
     double scale = 1.0 / (NSEQ * L), div = 0, mse = 0;
@@ -172,7 +261,7 @@ static void gradient_case(m2d_model *student, m2d_loss_kind kind, m2d_mse_norm n
     float *w32 = malloc(sizeof(float) * T), *g32 = malloc(sizeof(float) * T);
     m2d_train_params_download(x.p, M2D_PBUF_WEIGHTS, w32);
     m2d_train_params_download(x.p, M2D_PBUF_GRADS, g32);
-    int d = student->cfg.hidden_size, nl = student->cfg.num_hidden_layers;
+    int d = teacher->cfg.hidden_size, nl = teacher->cfg.num_hidden_layers; /* = the student's for the MSE */
     double *tl = malloc(sizeof(double) * NSEQ * L * V), *tly = malloc(sizeof(double) * nl * NSEQ * L * d);
     teacher_outputs(x.te, tok, tl, tly);
     tu_kd_problem pb = {&student->cfg, x.p, NSEQ, L, tok, tl, tly, kind == M2D_LOSS_RKL, scale,
@@ -197,7 +286,11 @@ static void gradient_case(m2d_model *student, m2d_loss_kind kind, m2d_mse_norm n
         const m2d_tparam *q = &x.p->p[i];
         double gmax = 0;
         for (size_t j = 0; j < q->n; j++) gmax = fmax(gmax, fabs(g32[q->off + j]));
-        assert_true(gmax > 0); /* every parameter receives a gradient */
+        if (unused_router(x.p, i)) { /* a one-expert router the dense forward never reads: no gradient */
+            assert_true(gmax == 0);
+            continue;
+        }
+        assert_true(gmax > 0); /* every other parameter receives a gradient */
         for (int k = 0; k < 6; k++) {
             size_t j = k ? (size_t)(tu_rand_u64(&st) % q->n) : 0, at = q->off + j;
             double h = 1e-5 * fmax(1, fabs(w[at])), keep = w[at];
@@ -212,18 +305,29 @@ static void gradient_case(m2d_model *student, m2d_loss_kind kind, m2d_mse_norm n
                                       m2d_loss_name(kind), q->name, j, g32[at], fd, e);
         }
     }
-    if (getenv("M2D_SHOW_ERR")) print_message("%s: worst relative gradient error %.3g\n", m2d_loss_name(kind), worst);
+    if (getenv("M2D_SHOW_ERR"))
+        print_message("%s %s: worst relative gradient error %.3g\n", student->cfg.arch, m2d_loss_name(kind), worst);
     parts_close(&x);
     free(w32), free(g32), free(tl), free(tly), free(w);
 }
 
 static void whole_model_gradient(void **state) {
     (void)state;
-    gradient_case(g_student, M2D_LOSS_FKL, M2D_MSE_SUM);
-    gradient_case(g_student, M2D_LOSS_RKL, M2D_MSE_SUM);
-    gradient_case(g_student, M2D_LOSS_FKL_MSE, M2D_MSE_SUM);
-    gradient_case(g_student, M2D_LOSS_FKL_MSE, M2D_MSE_MINITRON);
-    gradient_case(g_tied, M2D_LOSS_FKL, M2D_MSE_SUM); /* tied embeddings: both uses add into one gradient */
+    gradient_case(g_teacher, g_student, M2D_LOSS_FKL, M2D_MSE_SUM);
+    gradient_case(g_teacher, g_student, M2D_LOSS_RKL, M2D_MSE_SUM);
+    gradient_case(g_teacher, g_student, M2D_LOSS_FKL_MSE, M2D_MSE_SUM);
+    gradient_case(g_teacher, g_student, M2D_LOSS_FKL_MSE, M2D_MSE_MINITRON);
+    gradient_case(g_teacher, g_tied, M2D_LOSS_FKL, M2D_MSE_SUM); /* tied embeddings: both uses add into one gradient */
+}
+
+/* Issue 24: the families' dense students, every feature of theirs in the gradient (GPT-OSS: biases,
+ * sinks, a window cutting in, YaRN, the clamped SwiGLU; OLMoE: clip_qkv and the whole q/k norm;
+ * Qwen2: q/k/v biases; Mistral: a window) */
+static void family_students_gradient(void **state) {
+    (void)state;
+    m2d_model *students[] = {g_gptoss, g_olmoe, g_qwen2, g_mistral};
+    for (int i = 0; i < (int)M2D_ARRAY_LEN(students); i++) /* OLMoE's with reverse KL, the others forward */
+        gradient_case(g_teacher320, students[i], students[i] == g_olmoe ? M2D_LOSS_RKL : M2D_LOSS_FKL, M2D_MSE_SUM);
 }
 
 /* ---- properties of a step ---- */
@@ -401,15 +505,46 @@ static void teacher_route_override(void **state) {
     free(a), free(b), free(c);
 }
 
+/* Eq. 6 on GPT-OSS's router (top-k of the logits, gates a softmax over those k): its own gates are
+ * renormalised (they differ from the full softmax p), the override's are p itself, K' of them in
+ * descending order (engine.h m2d_engine_set_route_topk) */
+static void teacher_route_override_gptoss(void **state) {
+    (void)state;
+    char *cfg = tu_family_edited_config("gptoss", NULL, NULL), *dir = m2d_path_join(g_dir, "gptoss-teacher");
+    if (tu_family_checkpoint(dir, cfg, 7)) fail_msg("%s", m2d_errmsg());
+    m2d_model *m = open_dir(dir);
+    free(cfg);
+    int k = m->cfg.num_experts_per_tok;
+    assert_true(m->cfg.ops.router == M2D_ROUTER_TOPK_SOFTMAX && k + 1 <= m->cfg.num_experts);
+    m2d_engine *e;
+    assert_int_equal(m2d_engine_new(m, 1, &e), 0);
+    int32_t tok[L];
+    tokens(3, tok, L);
+    float *z = malloc(sizeof(float) * L * m->cfg.vocab_size);
+    route_seen own = {0, 0, 1}, wide = {0, 0, 1};
+    m2d_engine_set_moe_hook(e, route_hook, &own);
+    assert_int_equal(m2d_engine_logits(e, tok, L, z), 0);
+    assert_true(own.calls > 0 && own.k == k && !own.ok); /* the model's own gates: renormalised */
+    assert_int_equal(m2d_engine_set_route_topk(e, k + 1), 0);
+    m2d_engine_set_moe_hook(e, route_hook, &wide);
+    assert_int_equal(m2d_engine_logits(e, tok, L, z), 0);
+    assert_true(wide.calls == own.calls && wide.k == k + 1 && wide.ok); /* exactly p (the same fp32 values) */
+    m2d_engine_free(e);
+    m2d_model_close(m);
+    free(z);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(training_logits_equal_engine),
         cmocka_unit_test(whole_model_gradient),
+        cmocka_unit_test(family_students_gradient),
         cmocka_unit_test(steps_independent_of_threads_and_recompute),
         cmocka_unit_test(micro_batches_sum_to_the_batch),
         cmocka_unit_test(lr_schedule),
         cmocka_unit_test(decay_only_on_matrices),
         cmocka_unit_test(teacher_route_override),
+        cmocka_unit_test(teacher_route_override_gptoss),
         cmocka_unit_test(teacher_topk_k_is_own_routing),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

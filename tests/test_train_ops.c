@@ -24,6 +24,7 @@
 
 #include "base/util.h"
 #include "engine/backend.h"
+#include "model/rope.h"
 
 #define TOL 1e-4
 #define FD_H 1e-5
@@ -327,25 +328,29 @@ static void rmsnorm_backward_accumulates_on(const char *backend) {
 EACH_BACKEND(rmsnorm_backward_accumulates)
 
 /* ================= RoPE: backward = forward at negated positions ================= */
-typedef struct { int rows, heads, hd; const int32_t *pos; double theta; const float *r; } rope_ctx;
+/* pair i of the first ROT dims of each head turns by pos * freq[i], cos and sin times GAIN */
+typedef struct { int rows, heads, hd, rot; const int32_t *pos; const double *freq; double gain; const float *r; } rope_ctx;
 
 static double rope_phi(void *vc, const double *x) {
     const rope_ctx *c = vc;
-    int half = c->hd / 2;
+    int half = c->rot / 2;
     double s = 0;
     for (int t = 0; t < c->rows; t++)
         for (int h = 0; h < c->heads; h++) {
             const double *v = x + ((size_t)t * c->heads + h) * c->hd;
             const float *r = c->r + ((size_t)t * c->heads + h) * c->hd;
             for (int i = 0; i < half; i++) {
-                double f = c->pos[t] * pow(c->theta, -2.0 * i / c->hd);
-                s += r[i] * (v[i] * cos(f) - v[i + half] * sin(f)) + r[i + half] * (v[i + half] * cos(f) + v[i] * sin(f));
+                double f = c->pos[t] * c->freq[i];
+                s += c->gain * (r[i] * (v[i] * cos(f) - v[i + half] * sin(f)) +
+                                r[i + half] * (v[i + half] * cos(f) + v[i] * sin(f)));
             }
+            for (int i = c->rot; i < c->hd; i++) s += r[i] * v[i]; /* not rotated */
         }
     return s;
 }
 
-static void rope_backward_on(const char *backend) {
+/* the backward (rope at -pos with the same arguments) against finite differences */
+static void rope_case(const char *backend, const m2d_rope_args *ra, const double *freq, double gain, int rot) {
     uint64_t st = 21;
     enum { T = 9, H = 3, HD = 8, N = T * H * HD };
     int32_t pos[T], neg[T];
@@ -355,39 +360,59 @@ static void rope_backward_on(const char *backend) {
     m2d_backend *be = new_backend(backend, 2);
     m2d_buf *rb = up(be, r, sizeof r), *pb = up(be, neg, sizeof neg);
     m2d_mat R = mat(rb, T, H * HD);
-    m2d_rope_args ra = {.kind = M2D_ROPE_NEOX, .theta = 10000.0};
-    be->ops->rope(be, &R, H, HD, pb, &ra);
+    be->ops->rope(be, &R, H, HD, pb, ra);
     down(be, dx, rb, sizeof dx);
     be->ops->release(be, rb), be->ops->release(be, pb);
     m2d_backend_free(be);
     double *v = to_double(x, N), g[N];
-    rope_ctx c = {T, H, HD, pos, 10000.0, r};
+    rope_ctx c = {T, H, HD, rot, pos, freq, gain, r};
     fd_grad(rope_phi, &c, v, N, g);
-    check_grad("rope dx", dx, g, N);
+    check_grad(rot < HD ? "rope dx (YaRN, partial)" : "rope dx", dx, g, N);
     free(v);
+}
+
+static void rope_backward_on(const char *backend) {
+    double freq[4];
+    for (int i = 0; i < 4; i++) freq[i] = pow(10000.0, -2.0 * i / 8);
+    m2d_rope_args plain = {.kind = M2D_ROPE_NEOX, .theta = 10000.0};
+    rope_case(backend, &plain, freq, 1.0, 8);
+    /* YaRN (an inv_freq table, attn_factor on cos and sin) on the first 4 of 8 dims: the rest pass
+     * through; R(p)^T = R(-p) holds with the gain, which is linear */
+    m2d_rope_scaling y = {.kind = M2D_ROPE_SCALING_YARN, .factor = 4, .original_max_position_embeddings = 16};
+    double inv[2];
+    m2d_rope_inv_freq(&y, 10000.0, 4, inv);
+    double gain = m2d_rope_attention_factor(&y);
+    assert_true(gain > 1.1); /* 0.1 ln 4 + 1 */
+    m2d_rope_args yarn = {.kind = M2D_ROPE_NEOX, .theta = 10000.0, .inv_freq = inv, .attn_factor = gain, .rot_dim = 4};
+    rope_case(backend, &yarn, inv, gain, 4);
 }
 EACH_BACKEND(rope_backward)
 
 /* ================= attention ================= */
-typedef struct { int n, H, KV, hd; const float *r; } att_ctx; /* q [n, H hd], k [n, KV hd], v [n, KV hd] */
+/* q [n, H hd], k [n, KV hd], v [n, KV hd], then (with SINKS) the H sink logits; WINDOW 0: causal;
+ * SCALE 0: 1/sqrt(hd) */
+typedef struct { int n, H, KV, hd; const float *r; int window, sinks; double scale; } att_ctx;
 
-static void att_ref(const att_ctx *c, const double *q, const double *k, const double *v, double *out) {
+static void att_ref(const att_ctx *c, const double *q, const double *k, const double *v, const double *sink,
+                    double *out) {
     int n = c->n, H = c->H, KV = c->KV, hd = c->hd, qd = H * hd, kvd = KV * hd;
-    double *p = m2d_malloc(sizeof(double) * (size_t)n);
+    double *p = m2d_malloc(sizeof(double) * (size_t)n), scale = c->scale != 0 ? c->scale : 1 / sqrt((double)hd);
     for (int h = 0; h < H; h++) {
         int g = h / (H / KV);
         for (int i = 0; i < n; i++) {
-            double m = -INFINITY, s = 0;
-            for (int t = 0; t <= i; t++) {
+            int lo = c->window > 0 && i + 1 > c->window ? i + 1 - c->window : 0;
+            double m = sink ? sink[h] : -INFINITY, s = 0;
+            for (int t = lo; t <= i; t++) {
                 double d = 0;
                 for (int j = 0; j < hd; j++) d += q[i * qd + h * hd + j] * k[t * kvd + g * hd + j];
-                p[t] = d / sqrt((double)hd);
+                p[t] = d * scale;
                 m = fmax(m, p[t]);
             }
-            for (int t = 0; t <= i; t++) s += (p[t] = exp(p[t] - m));
+            for (int t = lo; t <= i; t++) s += (p[t] = exp(p[t] - m));
+            if (sink) s += exp(sink[h] - m);
             for (int j = 0; j < hd; j++) {
                 double o = 0;
-                for (int t = 0; t <= i; t++) o += p[t] / s * v[t * kvd + g * hd + j];
+                for (int t = lo; t <= i; t++) o += p[t] / s * v[t * kvd + g * hd + j];
                 out[i * qd + h * hd + j] = o;
             }
         }
@@ -399,15 +424,16 @@ static double att_phi(void *vc, const double *x) {
     const att_ctx *c = vc;
     int n = c->n, qd = c->H * c->hd, kvd = c->KV * c->hd;
     double *out = m2d_malloc(sizeof(double) * (size_t)n * qd), s = 0;
-    att_ref(c, x, x + n * qd, x + n * qd + n * kvd, out);
+    att_ref(c, x, x + n * qd, x + n * qd + n * kvd, c->sinks ? x + n * qd + 2 * n * kvd : NULL, out);
     for (int i = 0; i < n * qd; i++) s += c->r[i] * out[i];
     free(out);
     return s;
 }
 
-/* forward (the backend's attention op) and backward of one segment, threads T */
+/* forward (the backend's attention op) and backward of one segment, threads T; SINK / DSINK [H]
+ * when c->sinks */
 static void att_grads(const char *backend, int T, const att_ctx *c, const float *q, const float *k, const float *v,
-                      float *dq, float *dk, float *dv) {
+                      const float *sink, float *dq, float *dk, float *dv, float *dsink) {
     int n = c->n, qd = c->H * c->hd, kvd = c->KV * c->hd;
     m2d_backend *be = new_backend(backend, T);
     const m2d_backend_train_ops *tr = be->ops->train;
@@ -415,39 +441,57 @@ static void att_grads(const char *backend, int T, const att_ctx *c, const float 
     m2d_buf *vb = up(be, v, sizeof(float) * n * kvd), *ob = be->ops->alloc(be, sizeof(float) * n * qd);
     m2d_buf *rb = up(be, c->r, sizeof(float) * n * qd), *dqb = be->ops->alloc(be, sizeof(float) * n * qd);
     m2d_buf *dkb = be->ops->alloc(be, sizeof(float) * n * kvd), *dvb = be->ops->alloc(be, sizeof(float) * n * kvd);
+    float zero[64] = {0};
+    m2d_buf *sb = up(be, c->sinks ? sink : zero, sizeof(float) * c->H), *dsb = up(be, zero, sizeof(float) * c->H);
+    m2d_weight *sw = c->sinks ? tr->weight_view(be, sb, 0, c->H, 1) : NULL;
     m2d_attn_args a = {.q = mat(qb, n, qd), .k = mat(kb, n, kvd), .v = mat(vb, n, kvd), .n_heads = c->H,
-                       .n_kv = c->KV, .head_dim = c->hd, .out = mat(ob, n, qd)};
+                       .n_kv = c->KV, .head_dim = c->hd, .out = mat(ob, n, qd), .window = c->window, .sinks = sw,
+                       .scale = (float)c->scale};
     be->ops->attention(be, &a);
     m2d_attn_bwd_args b = {.q = a.q, .k = a.k, .v = a.v, .out = a.out, .dout = mat(rb, n, qd), .dq = mat(dqb, n, qd),
                            .dk = mat(dkb, n, kvd), .dv = mat(dvb, n, kvd), .n_heads = c->H, .n_kv = c->KV,
-                           .head_dim = c->hd};
+                           .head_dim = c->hd, .window = c->window, .sinks = sw, .dsinks = mat(dsb, 1, c->H),
+                           .scale = (float)c->scale};
     tr->attention_bwd(be, &b);
     down(be, dq, dqb, sizeof(float) * n * qd), down(be, dk, dkb, sizeof(float) * n * kvd);
-    down(be, dv, dvb, sizeof(float) * n * kvd);
-    m2d_buf *all[] = {qb, kb, vb, ob, rb, dqb, dkb, dvb};
-    for (int i = 0; i < 8; i++) be->ops->release(be, all[i]);
+    down(be, dv, dvb, sizeof(float) * n * kvd), down(be, dsink, dsb, sizeof(float) * c->H);
+    if (sw) be->ops->weight_free(be, sw);
+    m2d_buf *all[] = {qb, kb, vb, ob, rb, dqb, dkb, dvb, sb, dsb};
+    for (int i = 0; i < 10; i++) be->ops->release(be, all[i]);
     m2d_backend_free(be);
 }
 
-static void attention_backward_on(const char *backend) {
+static void attention_case(const char *backend, int window, int sinks, double scale) {
     uint64_t st = 31;
     enum { NQ = 13, H = 4, KV = 2, HD = 8, QD = H * HD, KVD = KV * HD };
-    float q[NQ * QD], k[NQ * KVD], v[NQ * KVD], r[NQ * QD];
+    float q[NQ * QD], k[NQ * KVD], v[NQ * KVD], r[NQ * QD], sink[H];
     fill(&st, q, NQ * QD, 1), fill(&st, k, NQ * KVD, 1), fill(&st, v, NQ * KVD, 1), fill(&st, r, NQ * QD, 1);
-    att_ctx c = {NQ, H, KV, HD, r};
-    float dq[NQ * QD], dk[NQ * KVD], dv[NQ * KVD], dq3[NQ * QD], dk3[NQ * KVD], dv3[NQ * KVD];
-    att_grads(backend, 1, &c, q, k, v, dq, dk, dv);
-    att_grads(backend, 3, &c, q, k, v, dq3, dk3, dv3);
+    fill(&st, sink, H, 1);
+    att_ctx c = {NQ, H, KV, HD, r, window, sinks, scale};
+    float dq[NQ * QD], dk[NQ * KVD], dv[NQ * KVD], dq3[NQ * QD], dk3[NQ * KVD], dv3[NQ * KVD], ds[H], ds3[H];
+    att_grads(backend, 1, &c, q, k, v, sink, dq, dk, dv, ds);
+    att_grads(backend, 3, &c, q, k, v, sink, dq3, dk3, dv3, ds3);
     assert_memory_equal(dq, dq3, sizeof dq), assert_memory_equal(dk, dk3, sizeof dk), assert_memory_equal(dv, dv3, sizeof dv);
-    int nv = NQ * QD + 2 * NQ * KVD;
+    assert_memory_equal(ds, ds3, sizeof ds);
+    int nv = NQ * QD + 2 * NQ * KVD + (sinks ? H : 0);
     double *x = malloc(sizeof(double) * nv), *g = malloc(sizeof(double) * nv);
     for (int i = 0; i < NQ * QD; i++) x[i] = q[i];
     for (int i = 0; i < NQ * KVD; i++) x[NQ * QD + i] = k[i], x[NQ * QD + NQ * KVD + i] = v[i];
+    for (int i = 0; sinks && i < H; i++) x[NQ * QD + 2 * NQ * KVD + i] = sink[i];
     fd_grad(att_phi, &c, x, nv, g);
     check_grad("attention dq", dq, g, NQ * QD);
     check_grad("attention dk", dk, g + NQ * QD, NQ * KVD);
     check_grad("attention dv", dv, g + NQ * QD + NQ * KVD, NQ * KVD);
+    if (sinks) check_grad("attention dsinks", ds, g + NQ * QD + 2 * NQ * KVD, H);
+    else for (int i = 0; i < H; i++) assert_true(ds[i] == 0.0f); /* no sinks: dsinks untouched (exact) */
     free(x), free(g);
+}
+
+static void attention_backward_on(const char *backend) {
+    attention_case(backend, 0, 0, 0);
+    /* GPT-OSS's: a window of 5 of 13 rows (the mask cuts in from row 5), sinks, and a scale
+     * other than 1/sqrt(hd) (DeepSeek's kind) */
+    attention_case(backend, 5, 1, 0.21);
 }
 EACH_BACKEND(attention_backward)
 
@@ -483,6 +527,97 @@ static void glu_backward_on(const char *backend) {
     check_grad("swiglu du", du, gr + N, N);
 }
 EACH_BACKEND(glu_backward)
+
+/* ================= GPT-OSS's clamped SwiGLU ================= */
+typedef struct { int n; const float *r; double alpha, limit; } gluc_ctx; /* g then u */
+
+static double gluc_phi(void *vc, const double *x) {
+    const gluc_ctx *c = vc;
+    double s = 0;
+    for (int i = 0; i < c->n; i++) {
+        double g = fmin(x[i], c->limit), u = fmin(fmax(x[c->n + i], -c->limit), c->limit);
+        s += c->r[i] * (u + 1) * g / (1 + exp(-c->alpha * g));
+    }
+    return s;
+}
+
+static void glu_clamp_grads(const char *backend, const float *g, const float *u, const float *r, int R, int C,
+                            float alpha, float limit, float *dg, float *du) {
+    size_t bytes = sizeof(float) * (size_t)R * C;
+    m2d_backend *be = new_backend(backend, 2);
+    m2d_buf *gb = up(be, g, bytes), *ub = up(be, u, bytes), *db = up(be, r, bytes), *dub = be->ops->alloc(be, bytes);
+    m2d_mat G = mat(gb, R, C), U = mat(ub, R, C), DG = mat(db, R, C), DU = mat(dub, R, C);
+    be->ops->train->glu_clamp_bwd(be, &G, &U, alpha, limit, &DG, &DU);
+    down(be, dg, db, bytes), down(be, du, dub, bytes);
+    m2d_buf *all[] = {gb, ub, db, dub};
+    for (int i = 0; i < 4; i++) be->ops->release(be, all[i]);
+    m2d_backend_free(be);
+}
+
+/* limit 1.5 against inputs of scale 2: about half the gates and up values are clamped (gradient 0);
+ * at the boundary itself torch's clamp passes the gradient (g == limit, u == +-limit: the
+ * one-sided derivative from inside) */
+static void glu_clamp_backward_on(const char *backend) {
+    uint64_t st = 43;
+    enum { R = 6, C = 11, N = R * C };
+    const float alpha = 1.702f, limit = 1.5f;
+    float g[N], u[N], r[N], dg[N], du[N];
+    fill(&st, g, N, 2), fill(&st, u, N, 2), fill(&st, r, N, 1);
+    glu_clamp_grads(backend, g, u, r, R, C, alpha, limit, dg, du);
+    double x[2 * N], gr[2 * N];
+    int clamped = 0;
+    for (int i = 0; i < N; i++) x[i] = g[i], x[N + i] = u[i], clamped += g[i] > limit || fabsf(u[i]) > limit;
+    assert_true(clamped > N / 4);
+    gluc_ctx c = {N, r, alpha, limit};
+    fd_grad(gluc_phi, &c, x, 2 * N, gr);
+    check_grad("clamped swiglu dg", dg, gr, N);
+    check_grad("clamped swiglu du", du, gr + N, N);
+    float gb[3] = {limit, 0.5f, 0.5f}, ub[3] = {0.25f, limit, -limit}, rb[3] = {1, 1, 1}, dgb[3], dub[3];
+    glu_clamp_grads(backend, gb, ub, rb, 1, 3, alpha, limit, dgb, dub);
+    float s = 1.0f / (1.0f + expf(-alpha * limit));
+    assert_true(dgb[0] == (0.25f + 1.0f) * s * (1.0f + alpha * limit * (1.0f - s))); /* the op's own fp32 formula */
+    assert_true(dub[1] == 0.5f * (1.0f / (1.0f + expf(-alpha * 0.5f))) && dub[2] == dub[1]);
+}
+EACH_BACKEND(glu_clamp_backward)
+
+/* ================= clip_qkv's clamp and the biases ================= */
+
+/* torch.clamp's gradient: dy passes where -limit <= x <= limit (the boundary included), else 0 */
+static void clamp_backward_on(const char *backend) {
+    float x[6] = {-2.0f, -1.5f, -0.3f, 0.0f, 1.5f, 1.5000001f}, dy[6] = {1, 2, 3, 4, 5, 6};
+    float want[6] = {0, 2, 3, 4, 5, 0};
+    m2d_backend *be = new_backend(backend, 1);
+    m2d_buf *xb = up(be, x, sizeof x), *db = up(be, dy, sizeof dy);
+    m2d_mat X = mat(xb, 2, 3), D = mat(db, 2, 3);
+    be->ops->train->clamp_bwd(be, &X, 1.5f, &D);
+    down(be, dy, db, sizeof dy);
+    assert_memory_equal(dy, want, sizeof want); /* selection only: exact */
+    be->ops->release(be, xb), be->ops->release(be, db);
+    m2d_backend_free(be);
+}
+EACH_BACKEND(clamp_backward)
+
+/* add_bias's backward: db += the column sums of dy (150 rows, added to what db held) */
+static void bias_backward_on(const char *backend) {
+    uint64_t st = 47;
+    enum { R = 150, C = 7 };
+    float dy[R * C], db[C], got[C];
+    fill(&st, dy, R * C, 1), fill(&st, db, C, 1);
+    m2d_backend *be = new_backend(backend, 2);
+    m2d_buf *yb = up(be, dy, sizeof dy), *bb = up(be, db, sizeof db);
+    m2d_mat Y = mat(yb, R, C), B = mat(bb, 1, C);
+    be->ops->train->bias_bwd(be, &Y, &B);
+    down(be, got, bb, sizeof got);
+    for (int i = 0; i < C; i++) {
+        double s = 0;
+        for (int r = 0; r < R; r++) s += dy[r * C + i];
+        /* a float64 sum of 150 fp32 values (exact to ~1e-16 relative) rounded once, plus one fp32 add */
+        assert_true(fabs(got[i] - ((double)db[i] + (float)s)) <= 2 * 6e-8 * (fabs(db[i]) + fabs(s)));
+    }
+    be->ops->release(be, yb), be->ops->release(be, bb);
+    m2d_backend_free(be);
+}
+EACH_BACKEND(bias_backward)
 
 /* ================= embedding: scatter-add, repeated tokens add up ================= */
 static void embed_backward_on(const char *backend) {
@@ -676,6 +811,9 @@ int main(void) {
         cmocka_unit_test(rope_backward),
         cmocka_unit_test(attention_backward),
         cmocka_unit_test(glu_backward),
+        cmocka_unit_test(glu_clamp_backward),
+        cmocka_unit_test(clamp_backward),
+        cmocka_unit_test(bias_backward),
         cmocka_unit_test(embed_backward),
         cmocka_unit_test(kd_losses),
         cmocka_unit_test(kd_loss_zero_at_match),

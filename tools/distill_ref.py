@@ -1,5 +1,5 @@
 """An independent reference of `moe2dense distill`: the same knowledge-distillation steps done with
-Hugging Face transformers' own Qwen3 / Qwen3-MoE modelling and torch (autograd, torch.optim.AdamW,
+Hugging Face transformers' own Qwen3 / Qwen3-MoE modelling (and GPT-OSS's and OLMoE's: FAMILIES) and torch (autograd, torch.optim.AdamW,
 torch.nn.utils.clip_grad_norm_), for tests/test_distill.c. Runs in tests/ref/.venv-hf.
 
 usage: distill_ref.py --out DIR                 write the goldens (tests/golden/distill/, make distill-goldens)
@@ -10,7 +10,8 @@ Per case (CASES below):
  1. teacher (Qwen3MoeForCausalLM) and dense student (Qwen3ForCausalLM, intermediate = k * d_e) from
     the grid generator of tests/testmodel.h (tools/hf_goldens.py), saved with save_pretrained; the
     golden keeps both config.json texts and the sha256 of both model.safetensors, which
-    tests/test_distill.c rebuilds byte for byte with moe2dense's writer;
+    tests/test_distill.c rebuilds byte for byte with moe2dense's writer (OLMoE from the tensor list
+    the golden keeps, GPT-OSS with tests/familyckpt.c);
  2. data: a text encoded by the byte-level tokenizer of hf_goldens.py, cut into consecutive windows
     of L tokens taken in file order (--order sequential: step s uses windows (s-1)B .. sB-1);
  3. S optimizer steps in float32: teacher logits (full vocabulary; with teacher_topk the routers
@@ -23,7 +24,8 @@ Per case (CASES below):
     (betas 0.9/0.95, eps 1e-8, weight decay on tensors of 2+ dimensions only), the learning rate
     of SPEC §7 set before each step;
  4. per step: loss (before the update), grad_norm, lr; at the end the L2 norm of each tensor's
-    total update (final - initial weights).
+    total update (final - initial weights), named as moe2dense names the checkpoint's tensors
+    (update_norms: transformers fuses a one-expert student's experts).
 """
 import argparse
 import hashlib
@@ -45,7 +47,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
-from hf_goldens import byte_tokenizer, checkpoint, sha256, read_text  # noqa: E402
+from hf_goldens import byte_tokenizer, checkpoint, sha256, read_text, tensor_list  # noqa: E402
 
 VOCAB = 320
 TEACHER = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=48, moe_intermediate_size=32, num_experts=8,
@@ -71,6 +73,38 @@ CASES = {
                              weight_decay=0.01, clip=1.0, loss="fkl+mse", mse_weight=0.5, teacher_topk=0,
                              mse_norm="minitron"),
 }
+# Issue 24: the other families' dense students train too. name -> (teacher class, config; student
+# class, config): GPT-OSS (q/k/v/o and gate/up/down biases, sinks, a window of 5 cutting into 16
+# positions, YaRN over an original context of 16, the clamped SwiGLU with limit 0.6 so that the
+# clamps are reached) and OLMoE (the whole-projection q/k norm, clip_qkv 1.5 clamping a good part of
+# q, k, v; attention biases); students of one expert routed top-1, as the converter writes them.
+# The clamps are kinks: a case must not have a value within fp32 rounding of one after a step, or
+# two exact implementations part by more than the C test's tolerances (measured: at limit 0.5, torch
+# against itself with the initial weights perturbed by 1e-7 relative moves the step-2 gradient norm
+# by 5.7e-5; at 0.6 by 1.2e-7, as the Qwen3 cases).
+GPTOSS_T = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=5,
+                layer_types=["sliding_attention", "full_attention"], swiglu_limit=0.6, max_position_embeddings=128,
+                eos_token_id=256, pad_token_id=None,
+                rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                                 "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 16})
+OLMOE_T = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+               norm_topk_prob=False, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, clip_qkv=1.5,
+               attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+               rms_norm_eps=1e-5, max_position_embeddings=128, tie_word_embeddings=False, eos_token_id=256,
+               pad_token_id=1)
+FAMILIES = {
+    "gptoss": ("GptOssForCausalLM", GPTOSS_T, "GptOssForCausalLM",
+               dict(GPTOSS_T, num_local_experts=1, num_experts_per_tok=1, intermediate_size=64)),
+    "olmoe": ("OlmoeForCausalLM", OLMOE_T, "OlmoeForCausalLM",
+              dict(OLMOE_T, num_experts=1, num_experts_per_tok=1, intermediate_size=64)),
+}
+CASES.update({
+    "gptoss-fkl": dict(seq_len=16, batch=2, micro_batch=1, steps=4, warmup=1, lr=2e-3, min_lr=2e-4, weight_decay=0.01,
+                       clip=1.0, loss="fkl", mse_weight=0.0, teacher_topk=0, family="gptoss"),
+    "olmoe-rkl": dict(seq_len=16, batch=2, micro_batch=2, steps=4, warmup=1, lr=2e-3, min_lr=2e-4, weight_decay=0.01,
+                      clip=1.0, loss="rkl", mse_weight=0.0, teacher_topk=0, family="olmoe"),
+})
 WORDS = ["the", "expert", "router", "dense", "of", "and", "model", "token", "layer", "a", "merge", "group",
          "student", "teacher", "distill", "loss"]
 
@@ -85,7 +119,7 @@ def lr_at(c, s):
 
 
 def load(cls_name, d):
-    kw = {"experts_implementation": "eager"} if "Moe" in cls_name else {}
+    kw = {"experts_implementation": "eager"} if "Moe" in cls_name or cls_name in ("GptOssForCausalLM",) else {}
     m = getattr(transformers, cls_name).from_pretrained(d, dtype=torch.float32, attn_implementation="eager", **kw)
     return m
 
@@ -119,8 +153,12 @@ def run_case(c, teacher, student, ids):
         set_route_topk(teacher, c["teacher_topk"])
     t_outs, s_outs = layer_outputs(teacher), layer_outputs(student)
     named = list(student.named_parameters())
-    decay = [p for n, p in named if p.dim() >= 2]
-    no_decay = [p for n, p in named if p.dim() < 2]
+    # weight decay on tensors of 2+ dimensions, as moe2dense: not on norms, biases and sinks, nor on
+    # GPT-OSS's fused expert biases ([E, n]: one bias vector per expert, 1-D tensors in moe2dense)
+    def decays(n, p):
+        return p.dim() >= 2 and not n.endswith("_bias")
+    decay = [p for n, p in named if decays(n, p)]
+    no_decay = [p for n, p in named if not decays(n, p)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": c["weight_decay"]},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=c["lr"], betas=(0.9, 0.95), eps=1e-8)
@@ -158,26 +196,57 @@ def run_case(c, teacher, student, ids):
             norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])).item()
         opt.step()
         steps.append({"step": s, "loss": total, "grad_norm": norm, "lr": lr})
-    updates = {n: float(torch.linalg.vector_norm((p.detach() - initial[n]).double())) for n, p in named}
+    updates = {}
+    for n, p in named:
+        updates.update(update_norms(n, (p.detach() - initial[n]).double(), c.get("family")))
     return steps, updates
+
+
+def update_norms(name, delta, family):
+    """{tensor name: L2 norm of its update} in the checkpoint's tensors as moe2dense reads them:
+    transformers fuses a one-expert student's experts into gate_up_proj and down_proj; OLMoE's
+    gate_up is [E, 2 d_e, d] (gate rows, then up rows: experts.0.{gate,up,down}_proj.weight), GPT-OSS's
+    [E, d, 2 d_e] (columns 2j gate, 2j + 1 up) with biases, split and named as arch_gptoss.c does"""
+    stem, _, leaf = name.rpartition(".")
+    if not stem.endswith("mlp.experts"):
+        return {name: float(torch.linalg.vector_norm(delta))}
+    assert delta.shape[0] == 1, f"{name}: one expert expected"
+    d = delta[0]
+    if family == "olmoe":
+        if leaf == "down_proj":
+            return {f"{stem}.0.down_proj.weight": float(torch.linalg.vector_norm(d))}
+        h = d.shape[0] // 2
+        return {f"{stem}.0.gate_proj.weight": float(torch.linalg.vector_norm(d[:h])),
+                f"{stem}.0.up_proj.weight": float(torch.linalg.vector_norm(d[h:]))}
+    bias = leaf.endswith("_bias")
+    if leaf.startswith("down_proj"):
+        return {f"{stem}[0].down_proj" + (".bias" if bias else ""): float(torch.linalg.vector_norm(d))}
+    suffix = ".bias" if bias else " (from gate_up_proj)"
+    return {f"{stem}[0].gate_proj{suffix}": float(torch.linalg.vector_norm(d[..., 0::2])),
+            f"{stem}[0].up_proj{suffix}": float(torch.linalg.vector_norm(d[..., 1::2]))}
 
 
 def make_case(name, c, work, tok_json, text):
     t_dir, s_dir = f"{work}/{name}-teacher", f"{work}/{name}-student"
-    checkpoint("Qwen3MoeForCausalLM", TEACHER, torch.bfloat16, 11, t_dir)
-    checkpoint("Qwen3ForCausalLM", STUDENT, torch.bfloat16, 12, s_dir)
+    t_cls, t_cfg, s_cls, s_cfg = FAMILIES.get(c.get("family"), ("Qwen3MoeForCausalLM", TEACHER, "Qwen3ForCausalLM",
+                                                                 STUDENT))
+    checkpoint(t_cls, t_cfg, torch.bfloat16, 11, t_dir)
+    checkpoint(s_cls, s_cfg, torch.bfloat16, 12, s_dir)
     ids = Tokenizer.from_file(tok_json).encode(text, add_special_tokens=False).ids
     need = c["steps"] * c["batch"] * c["seq_len"]
     assert len(ids) >= need, f"{name}: {len(ids)} tokens < {need}"
-    teacher, student = load("Qwen3MoeForCausalLM", t_dir), load("Qwen3ForCausalLM", s_dir)
+    teacher, student = load(t_cls, t_dir), load(s_cls, s_dir)
     teacher.eval(), student.train()
     steps, updates = run_case(c, teacher, student, ids)
+    parts = {}
+    for part, d, seed in (("teacher", t_dir, 11), ("student", s_dir, 12)):
+        parts[part] = {"seed": seed, "config_json": read_text(f"{d}/config.json"),
+                       "safetensors_sha256": sha256(f"{d}/model.safetensors")}
+        if c.get("family") == "olmoe":  # the C test writes it from its tensor list (testmodel.h)
+            parts[part].update(name=f"{name}-{part}", tensors=tensor_list(d))
     return {"name": name, "settings": c,
             "versions": {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0]},
-            "teacher": {"seed": 11, "config_json": read_text(f"{t_dir}/config.json"),
-                        "safetensors_sha256": sha256(f"{t_dir}/model.safetensors")},
-            "student": {"seed": 12, "config_json": read_text(f"{s_dir}/config.json"),
-                        "safetensors_sha256": sha256(f"{s_dir}/model.safetensors")},
+            "teacher": parts["teacher"], "student": parts["student"],
             "text": text, "tokens_sha256": hashlib.sha256(np.array(ids, dtype="<i4").tobytes()).hexdigest(),
             "n_tokens": len(ids),
             "steps": [{k: (float(f"{v:.12g}") if isinstance(v, float) else v) for k, v in st.items()} for st in steps],

@@ -383,9 +383,14 @@ def goldens(name, cls_name, model_dir, tokens, extra):
                       "calib_stats": stats[l]}
                      for l in sorted(routing)]}
     if not cls_name.startswith("Qwen3"):  # rebuilt by tests/test_hf.c from this list (grid generator)
-        with safe_open(f"{model_dir}/model.safetensors", "pt") as f:
-            g["tensors"] = [[k, str(f.get_slice(k).get_dtype()), f.get_slice(k).get_shape()] for k in sorted(f.keys())]
+        g["tensors"] = tensor_list(model_dir)
     return g
+
+
+def tensor_list(model_dir):
+    """[name, dtype, shape] of every tensor of the checkpoint (tests/hfcheck.c hf_build_listed)"""
+    with safe_open(f"{model_dir}/model.safetensors", "pt") as f:
+        return [[k, str(f.get_slice(k).get_dtype()), f.get_slice(k).get_shape()] for k in sorted(f.keys())]
 
 
 def student_plan(student_dir):

@@ -260,12 +260,18 @@ typedef struct {
  * gradient checks in tests/test_train_ops.c would catch a variant where it is not). */
 
 /* Backward of causal GQA attention over one segment of n rows with no cached prefix (training
- * windows): the forward's operands and output, and dL/d out; dq, dk, dv are overwritten. */
+ * windows): the forward's operands and output, and dL/d out; dq, dk, dv are overwritten. Window,
+ * sinks and scale as the forward's (m2d_attn_args); with sinks, dsinks (1 x n_heads) receives
+ * dL/d sink added to what it holds: the sink's probability P_s of each row times -(o . dout). */
 typedef struct {
     m2d_mat q, k, v, out;   /* as m2d_attn_args (q [n, heads*hd], k/v [n, kv*hd]) */
     m2d_mat dout;           /* [n, heads*hd] */
     m2d_mat dq, dk, dv;     /* shapes of q, k, v */
     int n_heads, n_kv, head_dim;
+    int window;             /* 0: full causal */
+    const m2d_weight *sinks; /* [n_heads] or NULL */
+    m2d_mat dsinks;         /* 1 x n_heads (used only with sinks) */
+    float scale;            /* 0: 1/sqrt(head_dim) */
 } m2d_attn_bwd_args;
 
 typedef enum {
@@ -298,6 +304,15 @@ typedef struct m2d_backend_train_ops {
     void (*attention_bwd)(m2d_backend *be, const m2d_attn_bwd_args *a);
     /* glu's backward: h = act(g, u); dh comes in DG and is replaced by dL/dg; du is overwritten */
     void (*glu_bwd)(m2d_backend *be, m2d_ffn_act act, const m2d_mat *g, const m2d_mat *u, m2d_mat *dg, m2d_mat *du);
+    /* glu_clamp's backward, as glu_bwd; torch's clamp gradients: min(g, limit) passes dL where
+     * g <= limit, clamp(u, -limit, limit) where -limit <= u <= limit (the boundary passes) */
+    void (*glu_clamp_bwd)(m2d_backend *be, const m2d_mat *g, const m2d_mat *u, float alpha, float limit, m2d_mat *dg,
+                          m2d_mat *du);
+    /* clamp's backward (torch.clamp's): dy zeroed where the clamp's input x is outside [-limit, limit] */
+    void (*clamp_bwd)(m2d_backend *be, const m2d_mat *x, float limit, m2d_mat *dy);
+    /* add_bias's backward: db (1 x cols) += the sum over the rows of dy (in row order per fixed
+     * chunk, the chunks added in order) */
+    void (*bias_bwd)(m2d_backend *be, const m2d_mat *dy, m2d_mat *db);
     /* embed's backward: dtable row tokens[i] += dx row i, for i = 0 .. dx.rows-1 in order */
     void (*embed_bwd)(m2d_backend *be, const m2d_buf *tokens, const m2d_mat *dx, m2d_mat *dtable);
     /* Distillation loss per row of logits (temperature 1, natural log): row_loss[i] (fp64) = the

@@ -168,55 +168,66 @@ static void cpu_rmsnorm_bwd(m2d_backend *be, const m2d_mat *x, const m2d_weight 
 
 typedef struct {
     const m2d_attn_bwd_args *a;
-    const float *q, *k, *v, *o, *dout;
+    const float *q, *k, *v, *o, *dout, *sinks; /* sinks: [n_heads] or NULL */
     float *dq, *dk_part, *dv_part; /* parts: [n_heads][n][hd] */
+    double *dsink;                 /* [n_heads]: dL/d sink of each head */
+    float scale;
 } attb_job;
 
-/* causal softmax of S [n, n] rows (scores already scaled), in place; the masked part zeroed */
-static void causal_softmax(float *S, int n) {
+/* softmax of the score rows S [n, n] (already scaled), in place, over the keys row i sees
+ * (i - window < t <= i, or t <= i without a window; the others zeroed), exp(*SINK) joining the
+ * denominator when SINK is given; psink[i] = the sink's probability (0 without) */
+static void causal_softmax(float *S, int n, int window, const float *sink, float *psink) {
     for (int i = 0; i < n; i++) {
-        float *row = S + (size_t)i * n, m = -INFINITY;
-        for (int t = 0; t <= i; t++) m = row[t] > m ? row[t] : m;
-        double s = 0;
-        for (int t = 0; t <= i; t++) {
+        int lo = window > 0 ? M2D_MAX(0, i + 1 - window) : 0;
+        float *row = S + (size_t)i * n, m = sink ? *sink : -INFINITY;
+        for (int t = lo; t <= i; t++) m = row[t] > m ? row[t] : m;
+        double s = sink ? expf(*sink - m) : 0;
+        for (int t = lo; t <= i; t++) {
             row[t] = expf(row[t] - m);
             s += row[t];
         }
         float inv = (float)(1.0 / s);
-        for (int t = 0; t <= i; t++) row[t] *= inv;
+        for (int t = lo; t <= i; t++) row[t] *= inv;
+        psink[i] = sink ? expf(*sink - m) * inv : 0.0f;
+        memset(row, 0, sizeof(float) * (size_t)lo);
         memset(row + i + 1, 0, sizeof(float) * (size_t)(n - i - 1));
     }
 }
 
-/* one query head: P = softmax(s Q K^T), dP = dO V^T, dS = P (dP - rowsum(dO o O)),
- * dQ = s dS K, dK_h = s dS^T Q, dV_h = P^T dO */
+/* one query head: P = softmax(s Q K^T) (masked, with the sink), dP = dO V^T, D_i = o_i . dO_i,
+ * dS = P (dP - D), dQ = s dS K, dK_h = s dS^T Q, dV_h = P^T dO; the sink (a logit whose value row
+ * is zero): dL/d sink = -sum_i P_sink,i D_i */
 static void attb_item(void *ctx, int h) {
     const attb_job *j = ctx;
     const m2d_attn_bwd_args *a = j->a;
     int n = a->q.rows, hd = a->head_dim, g = h / (a->n_heads / a->n_kv);
-    float scale = 1.0f / sqrtf((float)hd);
     const float *qh = j->q + (size_t)h * hd, *kg = j->k + (size_t)g * hd, *vg = j->v + (size_t)g * hd;
     const float *oh = j->o + (size_t)h * hd, *doh = j->dout + (size_t)h * hd;
     float *P = m2d_malloc(sizeof(float) * (size_t)n * n), *dS = m2d_malloc(sizeof(float) * (size_t)n * n);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, hd, scale, qh, a->q.ld, kg, a->k.ld, 0.0f, P, n);
-    causal_softmax(P, n);
+    float *psink = m2d_malloc(sizeof(float) * (size_t)n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, hd, j->scale, qh, a->q.ld, kg, a->k.ld, 0.0f, P, n);
+    causal_softmax(P, n, a->window, j->sinks ? j->sinks + h : NULL, psink);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, hd, 1.0f, doh, a->dout.ld, vg, a->v.ld, 0.0f, dS, n);
+    double dsink = 0;
     for (int i = 0; i < n; i++) {
         const float *oi = oh + (size_t)i * a->out.ld, *di = doh + (size_t)i * a->dout.ld;
         double D = 0;
         for (int c = 0; c < hd; c++) D += (double)oi[c] * di[c];
+        dsink -= psink[i] * D;
         float *ds = dS + (size_t)i * n;
         const float *p = P + (size_t)i * n;
-        for (int t = 0; t <= i; t++) ds[t] = p[t] * (ds[t] - (float)D);
-        memset(ds + i + 1, 0, sizeof(float) * (size_t)(n - i - 1));
+        for (int t = 0; t < n; t++) ds[t] = p[t] == 0.0f ? 0.0f : p[t] * (ds[t] - (float)D); /* masked: 0 */
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, n, scale, dS, n, kg, a->k.ld, 0.0f,
+    j->dsink[h] = dsink;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, n, j->scale, dS, n, kg, a->k.ld, 0.0f,
                 j->dq + (size_t)h * hd, a->dq.ld);
     float *dk = j->dk_part + (size_t)h * n * hd, *dv = j->dv_part + (size_t)h * n * hd;
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, hd, n, scale, dS, n, qh, a->q.ld, 0.0f, dk, hd);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, hd, n, j->scale, dS, n, qh, a->q.ld, 0.0f, dk, hd);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, hd, n, 1.0f, P, n, doh, a->dout.ld, 0.0f, dv, hd);
     free(P);
     free(dS);
+    free(psink);
 }
 
 /* the heads of kv group g, added in head order into dk/dv */
@@ -234,15 +245,24 @@ static void sum_group(const float *part, int n, int hd, int h0, int per, float *
 static void cpu_attention_bwd(m2d_backend *be, const m2d_attn_bwd_args *a) {
     int n = a->q.rows, H = a->n_heads, KV = a->n_kv, hd = a->head_dim, per = H / KV;
     if (n <= 0) return;
-    attb_job j = {a, F(&a->q), F(&a->k), F(&a->v), F(&a->out), F(&a->dout), F(&a->dq),
-                  m2d_malloc(sizeof(float) * (size_t)H * n * hd), m2d_malloc(sizeof(float) * (size_t)H * n * hd)};
+    float *sinks = NULL;
+    if (a->sinks) {
+        sinks = m2d_malloc(sizeof(float) * (size_t)H);
+        memcpy(sinks, m2d_cpu_weight_rows(be, a->sinks, 0, H), sizeof(float) * (size_t)H);
+    }
+    attb_job j = {a, F(&a->q), F(&a->k), F(&a->v), F(&a->out), F(&a->dout), sinks, F(&a->dq),
+                  m2d_malloc(sizeof(float) * (size_t)H * n * hd), m2d_malloc(sizeof(float) * (size_t)H * n * hd),
+                  m2d_calloc((size_t)H, sizeof(double)), a->scale != 0 ? a->scale : 1.0f / sqrtf((float)hd)};
     m2d_cpu_parallel_for(be, H, attb_item, &j);
     for (int g = 0; g < KV; g++) {
         sum_group(j.dk_part, n, hd, g * per, per, F(&a->dk) + (size_t)g * hd, a->dk.ld);
         sum_group(j.dv_part, n, hd, g * per, per, F(&a->dv) + (size_t)g * hd, a->dv.ld);
     }
+    for (int h = 0; sinks && h < H; h++) F(&a->dsinks)[h] += (float)j.dsink[h];
     free(j.dk_part);
     free(j.dv_part);
+    free(j.dsink);
+    free(sinks);
 }
 
 /* ---- SwiGLU, embedding ---- */
@@ -261,6 +281,43 @@ static void cpu_glu_bwd(m2d_backend *be, m2d_ffn_act act, const m2d_mat *g, cons
             dgr[i] = dh * ur[i] * s * (1.0f + gr[i] * (1.0f - s));
         }
     }
+}
+
+/* h = (uc + 1) gc s(alpha gc), gc = min(g, limit), uc = clamp(u, -limit, limit):
+ * dg = dh (uc + 1) s (1 + alpha gc (1 - s)) where g <= limit, du = dh gc s where |u| <= limit */
+static void cpu_glu_clamp_bwd(m2d_backend *be, const m2d_mat *g, const m2d_mat *u, float alpha, float limit,
+                              m2d_mat *dg, m2d_mat *du) {
+    (void)be;
+    for (int r = 0; r < g->rows; r++) {
+        const float *gr = F(g) + (size_t)r * g->ld, *ur = F(u) + (size_t)r * u->ld;
+        float *dgr = F(dg) + (size_t)r * dg->ld, *dur = F(du) + (size_t)r * du->ld;
+        for (int i = 0; i < g->cols; i++) {
+            float gc = fminf(gr[i], limit), uc = fminf(fmaxf(ur[i], -limit), limit);
+            float s = 1.0f / (1.0f + expf(-alpha * gc)), dh = dgr[i];
+            dur[i] = ur[i] >= -limit && ur[i] <= limit ? dh * gc * s : 0.0f;
+            dgr[i] = gr[i] <= limit ? dh * (uc + 1.0f) * s * (1.0f + alpha * gc * (1.0f - s)) : 0.0f;
+        }
+    }
+}
+
+static void cpu_clamp_bwd(m2d_backend *be, const m2d_mat *x, float limit, m2d_mat *dy) {
+    (void)be;
+    for (int r = 0; r < x->rows; r++) {
+        const float *xr = F(x) + (size_t)r * x->ld;
+        float *d = F(dy) + (size_t)r * dy->ld;
+        for (int i = 0; i < x->cols; i++)
+            if (!(xr[i] >= -limit && xr[i] <= limit)) d[i] = 0.0f;
+    }
+}
+
+/* column sums over the rows in order, in fp64 (one thread: schedule-independent) */
+static void cpu_bias_bwd(m2d_backend *be, const m2d_mat *dy, m2d_mat *db) {
+    (void)be;
+    double *s = m2d_calloc((size_t)dy->cols, sizeof(double));
+    for (int r = 0; r < dy->rows; r++)
+        for (int i = 0; i < dy->cols; i++) s[i] += F(dy)[(size_t)r * dy->ld + i];
+    for (int i = 0; i < dy->cols; i++) F(db)[i] += (float)s[i];
+    free(s);
 }
 
 static void cpu_embed_bwd(m2d_backend *be, const m2d_buf *tokens, const m2d_mat *dx, m2d_mat *dtable) {
@@ -419,6 +476,9 @@ const m2d_backend_train_ops m2d_cpu_train_ops = {
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
     .attention_bwd = cpu_attention_bwd,
     .glu_bwd = cpu_glu_bwd,
+    .glu_clamp_bwd = cpu_glu_clamp_bwd,
+    .clamp_bwd = cpu_clamp_bwd,
+    .bias_bwd = cpu_bias_bwd,
     .embed_bwd = cpu_embed_bwd,
     .kd_loss = cpu_kd_loss,
     .mse = cpu_mse,

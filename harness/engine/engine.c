@@ -508,8 +508,12 @@ static int moe_block(m2d_engine *e, int l, const fwd_ws *w) {
     m2d_mat XN = m2d_mat_of(w->xn, 0, n, d, d), P = m2d_mat_of(w->probs, 0, n, E, E);
     e->B->gemm(e->be, &XN, lw->w[M2D_T_ROUTER], 0, &P, 0.0f, e->prec);
     bias(e, &P, lw->w[M2D_T_ROUTER_BIAS]);
-    /* the Eq. 6 override weights the K' experts by their raw probabilities (never renormalised) */
-    m2d_route_args r = {.kind = c->ops.router, .renorm = c->ops.router_renorm && e->route_topk <= 0, .k = k,
+    /* the Eq. 6 override weights the K' experts by their raw probabilities (never renormalised);
+     * for GPT-OSS's router (its gates a softmax over its top-k logits) those are the full softmax
+     * over all E logits, whose top K' are the K' largest logits (softmax is monotone) */
+    m2d_router_kind kind = c->ops.router;
+    if (e->route_topk > 0 && kind == M2D_ROUTER_TOPK_SOFTMAX) kind = M2D_ROUTER_SOFTMAX_TOPK;
+    m2d_route_args r = {.kind = kind, .renorm = c->ops.router_renorm && e->route_topk <= 0, .k = k,
                         .n_group = c->n_group, .topk_group = c->topk_group, .scale = (float)c->routed_scaling_factor};
     e->B->route(e->be, &P, &r, w->topk, w->gates);
     int routed_set = 0; /* the hook supplied the routed output (ffo) */

@@ -133,7 +133,11 @@ int m2d_engine_logits(m2d_engine *e, const int32_t *tokens, int n, float *logits
 int m2d_engine_hidden(m2d_engine *e, const int32_t *tokens, int n, float *hidden, float *layers);
 /* Routing override for distillation (paper Eq. 6, SPEC §7): every MoE layer routes each token to
  * its K highest-probability experts, weighted by their raw softmax probabilities (not
- * renormalised, whatever the model's norm_topk_prob). 0 restores the model's own routing.
+ * renormalised, whatever the model's norm_topk_prob). The probabilities are the softmax over all
+ * E router logits for every router kind: GPT-OSS's router, whose own gates are a softmax over its
+ * top-k logits only (renormalised by construction), takes the top K of that full softmax under the
+ * override (the K largest logits, up to fp32 ties of p: lower index first). 0 restores the
+ * model's own routing.
  * -1 + m2d_err when K is outside [1, num_experts]. */
 int m2d_engine_set_route_topk(m2d_engine *e, int k);
 /* Streaming: lp[t - first] = log p(targets[t] | tokens[0..t]) for t in [first, n), computed

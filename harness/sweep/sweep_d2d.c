@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "base/util.h"
+#include "train/params.h"
 #include "io/toml.h"
 #include "calib/importance.h"
 #include "convert/prune.h"
@@ -105,6 +106,12 @@ static const m2d_distill_names TOML_NAMES = {"distill.seq_len", "distill.batch",
  * PARAMS parameters, whose hidden size and depth are the candidate's) */
 static int check_distill(const m2d_experiment *x, const m2d_config *t, const m2d_config *s, int64_t params,
                          const char *spec) {
+    const char *why = m2d_train_unsupported(s);
+    if (why) {
+        m2d_err("the training engine does not implement %s: D2D candidate '%s' (%s) cannot be distilled", why, spec,
+                s->arch);
+        return err_at(x, "distill", NULL);
+    }
     m2d_distill_opts o = x->distill;
     o.train.teacher_topk = 0; /* the dense teacher's own forward */
     if (x->distill.eval_every > 0) o.eval_seq_len = x->ppl_seq_len;

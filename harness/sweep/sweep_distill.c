@@ -11,6 +11,7 @@
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 #include "train/data.h"
+#include "train/params.h"
 #include "sweep/sweep_mc.h"
 #include "train/state.h"
 
@@ -40,6 +41,10 @@ static const m2d_distill_names TOML_NAMES = {"distill.seq_len", "distill.batch",
  * memory of the largest student (a dense one of width k d_e + shared: every K gives the same size);
  * AT: where the failing value is */
 static int check_against_teacher(const m2d_experiment *x, m2d_distill_opts *o, const m2d_config *t, char *at, size_t n) {
+    const char *why = m2d_train_unsupported(t); /* the dense student keeps the teacher's attention */
+    if (why)
+        return m2d_err("the training engine does not implement %s: the dense student of %s (%s) cannot be distilled",
+                       why, x->model, t->arch);
     m2d_config s = *t; /* the student's shape, for the estimate only (not freed) */
     s.intermediate_size = t->num_experts_per_tok * t->moe_intermediate_size + t->shared_expert_intermediate_size;
     s.num_experts = 0;

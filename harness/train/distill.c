@@ -106,8 +106,9 @@ void m2d_distill_memory_estimate(const m2d_config *t, const m2d_config *s, int64
     double dt = t->hidden_size, copy = o->precision == M2D_PREC_BF16 ? 2 : 4;
     m->student = 16 * P + 4 * P; /* weights, gradients, AdamW m and v; the host copy */
     m->teacher = M2D_MIN(ram / 8, copy * (double)m2d_model_param_counts(t).total) + 4 * V * dt;
-    m->activations = o->recompute ? 4 * R * (n * d + 8 * d + 5 * q + 5 * kv + 5 * F + dt)
-                                  : 4 * R * (n * (4 * d + 3 * q + 3 * kv + 3 * F) + 5 * d + 2 * q + 2 * kv + 2 * F + dt);
+    double clip = s->clip_qkv > 0 ? q + 2 * kv : 0; /* clip_qkv (OLMoE): q, k, v before the clamp, per layer */
+    m->activations = o->recompute ? 4 * R * (n * d + 8 * d + 5 * q + 5 * kv + 5 * F + dt + clip)
+                                  : 4 * R * (n * (4 * d + 3 * q + 3 * kv + 3 * F + clip) + 5 * d + 2 * q + 2 * kv + 2 * F + dt);
     if (o->loss == M2D_LOSS_FKL_MSE) m->activations += 4 * R * n * dt;
     m->logits = 2 * M2D_MIN(R, 128.0 * 1024 * 1024 / (4 * V)) * 4 * V;
     m->total = m->student + m->teacher + m->activations + m->logits;

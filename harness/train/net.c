@@ -5,10 +5,12 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "engine/engine_check.h"
+#include "model/rope.h"
 
-/* what one layer keeps (X0, its input, is net->x[l]) */
+/* what one layer keeps (X0, its input, is net->x[l]); qc, kc, vc: q, k, v before clip_qkv's clamp */
 typedef struct {
-    m2d_buf *xn1, *qp, *kp, *q, *k, *v, *att, *x1, *xn2, *g, *u, *hh;
+    m2d_buf *xn1, *qp, *kp, *q, *k, *v, *att, *x1, *xn2, *g, *u, *hh, *qc, *kc, *vc;
 } layer_acts;
 
 /* the backward's buffers, one set */
@@ -24,7 +26,9 @@ struct m2d_net {
     const m2d_backend_train_ops *T;
     int L, max_seqs, n_seq, rows;
     int d, qd, kvd, F;
-    bool recompute, qk_norm;
+    bool recompute, qk_norm, clip;
+    m2d_rope_args rope;     /* the engine's (engine.c m2d_engine_open): frequencies, YaRN factor, rotated dims */
+    double *inv_freq;
     layer_acts *acts;       /* [layers], or [1] reused when recomputing */
     m2d_buf **x;            /* [layers + 1]: each layer's input; x[layers] the last layer's output */
     m2d_buf *h, *dh;        /* final-normed hidden and its gradient */
@@ -47,18 +51,21 @@ static int alloc_all(m2d_net *n, m2d_buf **const *list, const size_t *bytes, int
 
 static int acts_alloc(m2d_net *n, layer_acts *a) {
     int R = n->max_seqs * n->L;
-    m2d_buf **const list[] = {&a->xn1, &a->qp, &a->kp, &a->q, &a->k, &a->v, &a->att, &a->x1, &a->xn2, &a->g, &a->u, &a->hh};
+    m2d_buf **const list[] = {&a->xn1, &a->qp, &a->kp, &a->q, &a->k, &a->v, &a->att, &a->x1,
+                              &a->xn2, &a->g, &a->u, &a->hh, &a->qc, &a->kc, &a->vc};
     size_t bytes[] = {f32s(R, n->d), f32s(R, n->qd), f32s(R, n->kvd), f32s(R, n->qd), f32s(R, n->kvd), f32s(R, n->kvd),
-                      f32s(R, n->qd), f32s(R, n->d), f32s(R, n->d), f32s(R, n->F), f32s(R, n->F), f32s(R, n->F)};
+                      f32s(R, n->qd), f32s(R, n->d), f32s(R, n->d), f32s(R, n->F), f32s(R, n->F), f32s(R, n->F),
+                      f32s(R, n->qd), f32s(R, n->kvd), f32s(R, n->kvd)};
     int count = (int)M2D_ARRAY_LEN(list);
     if (!n->qk_norm) { /* no q/k norm: q and k come straight out of their GEMMs, qp/kp unused */
         bytes[1] = bytes[2] = 0;
     }
+    if (!n->clip) bytes[12] = bytes[13] = bytes[14] = 0; /* no clip_qkv: nothing before a clamp to keep */
     return alloc_all(n, list, bytes, count);
 }
 
 static void acts_free(m2d_net *n, layer_acts *a) {
-    m2d_buf *all[] = {a->xn1, a->qp, a->kp, a->q, a->k, a->v, a->att, a->x1, a->xn2, a->g, a->u, a->hh};
+    m2d_buf *all[] = {a->xn1, a->qp, a->kp, a->q, a->k, a->v, a->att, a->x1, a->xn2, a->g, a->u, a->hh, a->qc, a->kc, a->vc};
     for (size_t i = 0; i < M2D_ARRAY_LEN(all); i++) n->B->release(n->be, all[i]);
 }
 
@@ -104,6 +111,12 @@ int m2d_net_new(const m2d_config *c, m2d_train_params *p, const m2d_net_opts *o,
     n->d = c->hidden_size, n->qd = c->num_attention_heads * c->head_dim, n->kvd = c->num_key_value_heads * c->head_dim;
     n->F = dense_width(c);
     n->qk_norm = c->ops.qk_norm != M2D_QK_NORM_NONE;
+    n->clip = c->clip_qkv > 0;
+    int rot = m2d_engine_rope_dim(c);
+    n->inv_freq = m2d_malloc(sizeof(double) * (size_t)(rot / 2 ? rot / 2 : 1));
+    m2d_rope_inv_freq(&c->rope_scaling, c->rope_theta, rot, n->inv_freq);
+    n->rope = (m2d_rope_args){.kind = c->ops.rope, .theta = c->rope_theta, .inv_freq = n->inv_freq,
+                              .attn_factor = m2d_rope_attention_factor(&c->rope_scaling), .rot_dim = rot};
     if (net_alloc(n)) {
         m2d_net_free(n);
         return -1;
@@ -122,14 +135,24 @@ void m2d_net_free(m2d_net *n) {
     for (size_t i = 0; i < M2D_ARRAY_LEN(all); i++) n->B->release(n->be, all[i]);
     free(n->acts);
     free(n->x);
+    free(n->inv_freq);
     free(n);
 }
 
 /* ---- forward ---- */
 
 static m2d_mat M(const m2d_net *n, m2d_buf *b, int cols) { return m2d_mat_of(b, 0, n->rows, cols, cols); }
-static m2d_weight *W(const m2d_net *n, int l, int role) { return n->p->p[n->p->layer[l][role]].w; }
+/* the layer's tensor of ROLE, or NULL when the layer has none (an optional role: biases, sinks) */
+static m2d_weight *W(const m2d_net *n, int l, int role) {
+    int i = n->p->layer[l][role];
+    return i >= 0 ? n->p->p[i].w : NULL;
+}
 static layer_acts *slot(m2d_net *n, int l) { return &n->acts[n->recompute ? 0 : l]; }
+
+/* y[r] += the layer's bias of ROLE, when it has one */
+static void bias(m2d_net *n, int l, int role, m2d_mat *y) {
+    if (W(n, l, role)) n->B->add_bias(n->be, y, W(n, l, role));
+}
 
 /* the q/k norm's matrix views: each head's vector (per head) or the whole projection */
 static m2d_mat heads(const m2d_net *n, m2d_buf *b, int n_heads) {
@@ -138,50 +161,79 @@ static m2d_mat heads(const m2d_net *n, m2d_buf *b, int n_heads) {
     return m2d_mat_of(b, 0, n->rows * n_heads, hd, hd);
 }
 
-static void attention_fwd(m2d_net *n, int l, layer_acts *a) {
+/* clip_qkv (OLMoE): X's values before the clamp into KEEP, then X clamped */
+static void clip(m2d_net *n, m2d_mat *x, m2d_buf *keep) {
+    m2d_mat K = M(n, keep, x->cols);
+    n->T->copy(n->be, &K, x);
+    n->B->clamp(n->be, x, (float)n->c->clip_qkv);
+}
+
+/* q, k, v as the engine's gqa_qkv: projections (+ biases), q/k norm, clip_qkv, RoPE */
+static void qkv_fwd(m2d_net *n, int l, layer_acts *a) {
     const m2d_config *c = n->c;
     const m2d_backend_ops *B = n->B;
     int H = c->num_attention_heads, KV = c->num_key_value_heads, hd = c->head_dim;
-    m2d_mat X0 = M(n, n->x[l], n->d), XN = M(n, a->xn1, n->d), Q = M(n, a->q, n->qd), K = M(n, a->k, n->kvd);
-    m2d_mat V = M(n, a->v, n->kvd);
-    B->rmsnorm(n->be, &X0, n->p->p[n->p->layer[l][M2D_T_ATTN_NORM]].w, c->rms_norm_eps, &XN);
+    m2d_mat XN = M(n, a->xn1, n->d), Q = M(n, a->q, n->qd), K = M(n, a->k, n->kvd), V = M(n, a->v, n->kvd);
     m2d_mat QP = n->qk_norm ? M(n, a->qp, n->qd) : Q, KP = n->qk_norm ? M(n, a->kp, n->kvd) : K;
     B->gemm(n->be, &XN, W(n, l, M2D_T_Q), 0, &QP, 0.0f, M2D_PREC_FP32);
     B->gemm(n->be, &XN, W(n, l, M2D_T_K), 0, &KP, 0.0f, M2D_PREC_FP32);
     B->gemm(n->be, &XN, W(n, l, M2D_T_V), 0, &V, 0.0f, M2D_PREC_FP32);
+    bias(n, l, M2D_T_Q_BIAS, &QP);
+    bias(n, l, M2D_T_K_BIAS, &KP);
+    bias(n, l, M2D_T_V_BIAS, &V);
     if (n->qk_norm) {
         m2d_mat qi = heads(n, a->qp, H), qo = heads(n, a->q, H), ki = heads(n, a->kp, KV), ko = heads(n, a->k, KV);
         B->rmsnorm(n->be, &qi, W(n, l, M2D_T_Q_NORM), c->rms_norm_eps, &qo);
         B->rmsnorm(n->be, &ki, W(n, l, M2D_T_K_NORM), c->rms_norm_eps, &ko);
     }
-    m2d_rope_args rope = {.kind = c->ops.rope, .theta = c->rope_theta};
-    B->rope(n->be, &Q, H, hd, n->pos, &rope);
-    B->rope(n->be, &K, KV, hd, n->pos, &rope);
+    if (n->clip) {
+        clip(n, &Q, a->qc);
+        clip(n, &K, a->kc);
+        clip(n, &V, a->vc);
+    }
+    B->rope(n->be, &Q, H, hd, n->pos, &n->rope);
+    B->rope(n->be, &K, KV, hd, n->pos, &n->rope);
+}
+
+static void attention_fwd(m2d_net *n, int l, layer_acts *a) {
+    const m2d_config *c = n->c;
+    const m2d_backend_ops *B = n->B;
+    m2d_mat X0 = M(n, n->x[l], n->d), XN = M(n, a->xn1, n->d);
+    B->rmsnorm(n->be, &X0, W(n, l, M2D_T_ATTN_NORM), c->rms_norm_eps, &XN);
+    qkv_fwd(n, l, a);
     for (int s = 0; s < n->n_seq; s++) {
         size_t r0 = (size_t)s * n->L;
         m2d_attn_args at = {.q = m2d_mat_of(a->q, r0 * n->qd, n->L, n->qd, n->qd),
                             .k = m2d_mat_of(a->k, r0 * n->kvd, n->L, n->kvd, n->kvd),
                             .v = m2d_mat_of(a->v, r0 * n->kvd, n->L, n->kvd, n->kvd),
-                            .n_heads = H, .n_kv = KV, .head_dim = hd,
-                            .out = m2d_mat_of(a->att, r0 * n->qd, n->L, n->qd, n->qd)};
+                            .n_heads = c->num_attention_heads, .n_kv = c->num_key_value_heads, .head_dim = c->head_dim,
+                            .out = m2d_mat_of(a->att, r0 * n->qd, n->L, n->qd, n->qd),
+                            .window = c->layer_window ? c->layer_window[l] : 0, .sinks = W(n, l, M2D_T_SINKS),
+                            .scale = (float)c->attn_scale};
         B->attention(n->be, &at);
     }
     m2d_mat ATT = M(n, a->att, n->qd), X1 = M(n, a->x1, n->d);
     n->T->copy(n->be, &X1, &X0);
     B->gemm(n->be, &ATT, W(n, l, M2D_T_O), 0, &X1, 1.0f, M2D_PREC_FP32); /* residual add, as the engine */
+    bias(n, l, M2D_T_O_BIAS, &X1);
 }
 
 static void ffn_fwd(m2d_net *n, int l, layer_acts *a) {
     const m2d_backend_ops *B = n->B;
+    const m2d_layer_ops *ops = &n->c->ops;
     m2d_mat X1 = M(n, a->x1, n->d), XN = M(n, a->xn2, n->d), G = M(n, a->g, n->F), U = M(n, a->u, n->F);
     m2d_mat HH = M(n, a->hh, n->F), X2 = M(n, n->x[l + 1], n->d);
     B->rmsnorm(n->be, &X1, W(n, l, M2D_T_FFN_NORM), n->c->rms_norm_eps, &XN);
     B->gemm(n->be, &XN, W(n, l, M2D_T_GATE), 0, &G, 0.0f, M2D_PREC_FP32);
     B->gemm(n->be, &XN, W(n, l, M2D_T_UP), 0, &U, 0.0f, M2D_PREC_FP32);
+    bias(n, l, M2D_T_GATE_BIAS, &G);
+    bias(n, l, M2D_T_UP_BIAS, &U);
     n->T->copy(n->be, &HH, &G);
-    B->glu(n->be, n->c->ops.ffn_act, &HH, &U);
+    if (ops->ffn_act == M2D_ACT_SWIGLU_CLAMP) B->glu_clamp(n->be, &HH, &U, ops->act_alpha, ops->act_limit);
+    else B->glu(n->be, ops->ffn_act, &HH, &U);
     n->T->copy(n->be, &X2, &X1);
     B->gemm(n->be, &HH, W(n, l, M2D_T_DOWN), 0, &X2, 1.0f, M2D_PREC_FP32);
+    bias(n, l, M2D_T_DOWN_BIAS, &X2);
 }
 
 static void layer_fwd(m2d_net *n, int l) {
@@ -216,16 +268,28 @@ m2d_mat m2d_net_layer_out(const m2d_net *n, int layer) { return M(n, n->x[layer 
 
 static m2d_mat G_(const m2d_net *n, int l, int role) { return m2d_train_params_grad(n->p, n->p->layer[l][role]); }
 
+/* the gradient of the layer's bias of ROLE (when it has one) from DY, the gradient of what it is added to */
+static void bias_bwd(m2d_net *n, int l, int role, const m2d_mat *dy) {
+    if (!W(n, l, role)) return;
+    m2d_mat g = G_(n, l, role);
+    n->T->bias_bwd(n->be, dy, &g);
+}
+
 /* dX (n->gb.dx) holds dL/d x[l+1]; adds the FFN block's gradients and leaves dL/d x1 in dX */
 static void ffn_bwd(m2d_net *n, int l, layer_acts *a) {
     const m2d_backend_train_ops *T = n->T;
+    const m2d_layer_ops *ops = &n->c->ops;
     m2d_mat DX = M(n, n->gb.dx, n->d), DXN = M(n, n->gb.dxn, n->d), DG = M(n, n->gb.dhh, n->F), DU = M(n, n->gb.du, n->F);
     m2d_mat HH = M(n, a->hh, n->F), G = M(n, a->g, n->F), U = M(n, a->u, n->F), XN = M(n, a->xn2, n->d);
     m2d_mat X1 = M(n, a->x1, n->d);
     m2d_mat gd = G_(n, l, M2D_T_DOWN), gg = G_(n, l, M2D_T_GATE), gu = G_(n, l, M2D_T_UP), gn = G_(n, l, M2D_T_FFN_NORM);
+    bias_bwd(n, l, M2D_T_DOWN_BIAS, &DX);
     T->gemm_dx(n->be, &DX, W(n, l, M2D_T_DOWN), &DG, 0.0f);
     T->gemm_dw(n->be, &DX, &HH, &gd, 1.0f);
-    T->glu_bwd(n->be, n->c->ops.ffn_act, &G, &U, &DG, &DU);
+    if (ops->ffn_act == M2D_ACT_SWIGLU_CLAMP) T->glu_clamp_bwd(n->be, &G, &U, ops->act_alpha, ops->act_limit, &DG, &DU);
+    else T->glu_bwd(n->be, ops->ffn_act, &G, &U, &DG, &DU);
+    bias_bwd(n, l, M2D_T_GATE_BIAS, &DG);
+    bias_bwd(n, l, M2D_T_UP_BIAS, &DU);
     T->gemm_dx(n->be, &DG, W(n, l, M2D_T_GATE), &DXN, 0.0f);
     T->gemm_dx(n->be, &DU, W(n, l, M2D_T_UP), &DXN, 1.0f);
     T->gemm_dw(n->be, &DG, &XN, &gg, 1.0f);
@@ -233,8 +297,9 @@ static void ffn_bwd(m2d_net *n, int l, layer_acts *a) {
     T->rmsnorm_bwd(n->be, &X1, W(n, l, M2D_T_FFN_NORM), n->c->rms_norm_eps, &DXN, &DX, 1.0f, &gn);
 }
 
-static void attention_core_bwd(m2d_net *n, layer_acts *a, m2d_buf *datt) {
+static void attention_core_bwd(m2d_net *n, int l, layer_acts *a, m2d_buf *datt) {
     const m2d_config *c = n->c;
+    m2d_weight *sinks = W(n, l, M2D_T_SINKS);
     for (int s = 0; s < n->n_seq; s++) {
         size_t r0 = (size_t)s * n->L;
         m2d_attn_bwd_args b = {.q = m2d_mat_of(a->q, r0 * n->qd, n->L, n->qd, n->qd),
@@ -246,32 +311,52 @@ static void attention_core_bwd(m2d_net *n, layer_acts *a, m2d_buf *datt) {
                                .dk = m2d_mat_of(n->gb.dk, r0 * n->kvd, n->L, n->kvd, n->kvd),
                                .dv = m2d_mat_of(n->gb.dv, r0 * n->kvd, n->L, n->kvd, n->kvd),
                                .n_heads = c->num_attention_heads, .n_kv = c->num_key_value_heads,
-                               .head_dim = c->head_dim};
+                               .head_dim = c->head_dim, .window = c->layer_window ? c->layer_window[l] : 0,
+                               .sinks = sinks, .scale = (float)c->attn_scale};
+        if (sinks) b.dsinks = G_(n, l, M2D_T_SINKS);
         n->T->attention_bwd(n->be, &b);
     }
 }
 
-/* dX holds dL/d x1; adds the attention block's gradients and leaves dL/d x[l] in dX */
-static void attention_bwd(m2d_net *n, int l, layer_acts *a) {
+/* DQ, DK, DV hold dL/d(q, k, v as attention read them); back through RoPE, clip_qkv, the q/k
+ * norm and the biases to dL/d(the projections' outputs) */
+static void qkv_bwd(m2d_net *n, int l, layer_acts *a) {
     const m2d_config *c = n->c;
     const m2d_backend_train_ops *T = n->T;
     int H = c->num_attention_heads, KV = c->num_key_value_heads, hd = c->head_dim;
-    m2d_mat DX = M(n, n->gb.dx, n->d), DXN = M(n, n->gb.dxn, n->d), DATT = M(n, n->gb.datt, n->qd);
     m2d_mat DQ = M(n, n->gb.dq, n->qd), DK = M(n, n->gb.dk, n->kvd), DV = M(n, n->gb.dv, n->kvd);
-    m2d_mat ATT = M(n, a->att, n->qd), XN = M(n, a->xn1, n->d), X0 = M(n, n->x[l], n->d);
-    m2d_mat go = G_(n, l, M2D_T_O);
-    T->gemm_dx(n->be, &DX, W(n, l, M2D_T_O), &DATT, 0.0f);
-    T->gemm_dw(n->be, &DX, &ATT, &go, 1.0f);
-    attention_core_bwd(n, a, n->gb.datt);
-    m2d_rope_args rope = {.kind = c->ops.rope, .theta = c->rope_theta};
-    n->B->rope(n->be, &DQ, H, hd, n->negpos, &rope);
-    n->B->rope(n->be, &DK, KV, hd, n->negpos, &rope);
+    n->B->rope(n->be, &DQ, H, hd, n->negpos, &n->rope);
+    n->B->rope(n->be, &DK, KV, hd, n->negpos, &n->rope);
+    if (n->clip) {
+        m2d_mat QC = M(n, a->qc, n->qd), KC = M(n, a->kc, n->kvd), VC = M(n, a->vc, n->kvd);
+        T->clamp_bwd(n->be, &QC, (float)c->clip_qkv, &DQ);
+        T->clamp_bwd(n->be, &KC, (float)c->clip_qkv, &DK);
+        T->clamp_bwd(n->be, &VC, (float)c->clip_qkv, &DV);
+    }
     if (n->qk_norm) { /* in place: dL/d(q before its norm) replaces dL/dq */
         m2d_mat qi = heads(n, a->qp, H), dq = heads(n, n->gb.dq, H), ki = heads(n, a->kp, KV), dk = heads(n, n->gb.dk, KV);
         m2d_mat gq = G_(n, l, M2D_T_Q_NORM), gk = G_(n, l, M2D_T_K_NORM);
         T->rmsnorm_bwd(n->be, &qi, W(n, l, M2D_T_Q_NORM), c->rms_norm_eps, &dq, &dq, 0.0f, &gq);
         T->rmsnorm_bwd(n->be, &ki, W(n, l, M2D_T_K_NORM), c->rms_norm_eps, &dk, &dk, 0.0f, &gk);
     }
+    bias_bwd(n, l, M2D_T_Q_BIAS, &DQ);
+    bias_bwd(n, l, M2D_T_K_BIAS, &DK);
+    bias_bwd(n, l, M2D_T_V_BIAS, &DV);
+}
+
+/* dX holds dL/d x1; adds the attention block's gradients and leaves dL/d x[l] in dX */
+static void attention_bwd(m2d_net *n, int l, layer_acts *a) {
+    const m2d_config *c = n->c;
+    const m2d_backend_train_ops *T = n->T;
+    m2d_mat DX = M(n, n->gb.dx, n->d), DXN = M(n, n->gb.dxn, n->d), DATT = M(n, n->gb.datt, n->qd);
+    m2d_mat DQ = M(n, n->gb.dq, n->qd), DK = M(n, n->gb.dk, n->kvd), DV = M(n, n->gb.dv, n->kvd);
+    m2d_mat ATT = M(n, a->att, n->qd), XN = M(n, a->xn1, n->d), X0 = M(n, n->x[l], n->d);
+    m2d_mat go = G_(n, l, M2D_T_O);
+    bias_bwd(n, l, M2D_T_O_BIAS, &DX);
+    T->gemm_dx(n->be, &DX, W(n, l, M2D_T_O), &DATT, 0.0f);
+    T->gemm_dw(n->be, &DX, &ATT, &go, 1.0f);
+    attention_core_bwd(n, l, a, n->gb.datt);
+    qkv_bwd(n, l, a);
     m2d_mat gq = G_(n, l, M2D_T_Q), gk = G_(n, l, M2D_T_K), gv = G_(n, l, M2D_T_V), gn = G_(n, l, M2D_T_ATTN_NORM);
     T->gemm_dx(n->be, &DQ, W(n, l, M2D_T_Q), &DXN, 0.0f);
     T->gemm_dx(n->be, &DK, W(n, l, M2D_T_K), &DXN, 1.0f);
@@ -305,8 +390,8 @@ void m2d_net_activation_bytes(const m2d_config *c, int rows, int seq_len, int th
                               size_t *scratch) {
     size_t d = (size_t)c->hidden_size, qd = (size_t)c->num_attention_heads * c->head_dim;
     size_t kvd = (size_t)c->num_key_value_heads * c->head_dim, F = (size_t)dense_width(c), R = (size_t)rows;
-    size_t nl = (size_t)c->num_hidden_layers, qk = c->ops.qk_norm != M2D_QK_NORM_NONE;
-    size_t layer = R * (3 * d + (2 + qk) * qd + (2 + qk) * kvd + 3 * F) * sizeof(float);
+    size_t nl = (size_t)c->num_hidden_layers, qk = c->ops.qk_norm != M2D_QK_NORM_NONE, cl = c->clip_qkv > 0;
+    size_t layer = R * (3 * d + (2 + qk + cl) * qd + (2 + qk + 2 * cl) * kvd + 3 * F) * sizeof(float);
     size_t inputs = (nl + 1) * R * d * sizeof(float) + 2 * R * d * sizeof(float); /* x[], hidden, dhidden */
     *saved = inputs + (recompute ? 0 : nl * layer);
     size_t grads = R * (2 * d + 2 * qd + 2 * kvd + 2 * F) * sizeof(float);

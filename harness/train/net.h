@@ -1,11 +1,15 @@
 /* net — forward and backward of a dense student (every op of cfg.ops that the engine implements
- * for dense layers: RMSNorm, q/k norm per head or whole, RoPE, causal GQA attention, SwiGLU,
- * residuals, final norm) on its training parameters, through the backend's ops.
+ * for dense GQA layers: RMSNorm, q/k/v/o biases, q/k norm per head or whole, clip_qkv, RoPE with
+ * the engine's frequencies (linear / YaRN scaling, rotated width), causal GQA attention with
+ * sliding windows, sinks and a softmax scale, SwiGLU or GPT-OSS's clamped SwiGLU with gate/up/down
+ * biases, residuals, final norm; not MLA: params.h m2d_train_unsupported) on its training
+ * parameters, through the backend's ops.
  *
  * The forward is the engine's, op for op (engine.c forward_hidden: the same backend ops on the
- * same fp32 values, so the student's logits here equal the engine's on the same weights; tested),
- * except that it keeps what the backward needs. Per layer it saves its input, both norms'
- * outputs, q/k before and after norm+RoPE, v, the attention output, the gate (before the
+ * same fp32 values, so the student's logits here equal the engine's on the same weights; tested
+ * for Qwen3, Qwen2, Mistral, OLMoE and GPT-OSS students), except that it keeps what the backward
+ * needs. Per layer it saves its input, both norms' outputs, q/k before and after norm+RoPE, v
+ * (with clip_qkv also q, k, v before the clamp), the attention output, the gate (before the
  * activation), up and the activation's output; with recompute (activation checkpointing) only
  * the layer inputs are kept and a layer's forward is run again, into one scratch set, just
  * before its backward (same ops, same inputs: the same bits).

@@ -7,23 +7,8 @@
 
 #include "base/util.h"
 
-/* The first feature of C the training forward/backward (net.c: GQA attention with optional q/k
- * norm, plain RoPE, SwiGLU, no biases, sinks or sliding windows) does not implement, or NULL. */
-static const char *unsupported_feature(const m2d_model *s) {
-    const m2d_config *c = &s->cfg;
+const char *m2d_train_unsupported(const m2d_config *c) {
     if (c->ops.attn != M2D_ATTN_GQA) return "latent attention (MLA)";
-    if (c->ops.ffn_act != M2D_ACT_SWIGLU) return "clamped SwiGLU";
-    if (c->rope_scaling.kind != M2D_ROPE_SCALING_NONE) return "rope_scaling";
-    if (c->rope_dim && c->rope_dim != c->head_dim) return "partial RoPE (rope_dim)";
-    if (c->attn_scale != 0 && fabs(c->attn_scale - 1 / sqrt((double)c->head_dim)) > 1e-12)
-        return "an attention scale other than 1/sqrt(head_dim)";
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        if (c->layer_window && c->layer_window[l]) return "sliding-window attention";
-        static const int extra[] = {M2D_T_Q_BIAS, M2D_T_K_BIAS, M2D_T_V_BIAS, M2D_T_O_BIAS, M2D_T_SINKS,
-                                    M2D_T_GATE_BIAS, M2D_T_UP_BIAS, M2D_T_DOWN_BIAS};
-        for (size_t i = 0; i < M2D_ARRAY_LEN(extra); i++)
-            if (s->layers[l].w[extra[i]]) return "attention / FFN biases or attention sinks";
-    }
     return NULL;
 }
 
@@ -33,10 +18,10 @@ static int check_student(const m2d_model *s, m2d_backend *be) {
     for (int l = 0; l < s->cfg.num_hidden_layers; l++)
         if (s->cfg.layer_is_moe[l])
             return m2d_err("%s: layer %d is an MoE layer: only dense students are trained", s->dir, l);
-    const char *why = unsupported_feature(s);
+    const char *why = m2d_train_unsupported(&s->cfg);
     if (why)
-        return m2d_err("%s: the training engine does not implement %s (%s): only Qwen3-style dense students are "
-                       "trained", s->dir, why, s->cfg.arch);
+        return m2d_err("%s: the training engine does not implement %s (%s): only dense students with GQA attention "
+                       "are trained", s->dir, why, s->cfg.arch);
     return 0;
 }
 

@@ -39,9 +39,18 @@ typedef struct {
     int (*layer)[M2D_T_COUNT];      /* [layer][role] -> parameter index, -1 when absent */
 } m2d_train_params;
 
+/* The first feature of config C that the training forward/backward (net.c) does not implement,
+ * or NULL. It implements every dense-layer op of the engine but latent attention: GQA with or
+ * without a q/k norm (per head or whole), q/k/v/o biases, clip_qkv, RoPE of every scaling and
+ * rotated width, attention sinks, sliding windows, any attention scale, SwiGLU and GPT-OSS's
+ * clamped SwiGLU with gate/up/down biases. C may be a teacher's: its dense student keeps its
+ * attention, RoPE and activation (the sweep's dry run refuses with it before any work). */
+const char *m2d_train_unsupported(const m2d_config *c);
 /* The parameters of dense STUDENT on backend BE (which must have training ops), initialised from
- * its tensors; gradients and moments zero. -1 + m2d_err for a model with MoE layers or a backend
- * that cannot train. */
+ * its tensors; gradients and moments zero. -1 + m2d_err for a model with MoE layers, one with a
+ * feature m2d_train_unsupported names, or a backend that cannot train. A dense student's unused
+ * router row (OLMoE, GPT-OSS: their dense students keep a one-expert router the forward never
+ * reads) is a parameter whose gradient is zero: AdamW leaves it as it is, up to weight decay. */
 int m2d_train_params_new(const m2d_model *student, m2d_backend *be, m2d_train_params **out);
 void m2d_train_params_free(m2d_train_params *p);
 /* Buffer WHICH to or from host memory of p->total floats. */
