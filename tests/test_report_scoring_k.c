@@ -235,6 +235,10 @@ static void figure7_table_and_plot_data(void **state) {
     assert_int_equal(m2d_mkdir_p(dir), 0);
     assert_int_equal(m2d_report_figure7_plot_data(&r, dir), 0);
     assert_false(m2d_file_exists(dat));
+    md = render(&r, fig7, 0, M2D_REPORT_MD); /* nothing distilled: empty cells, no baseline average */
+    a = m2d_strfmt("| %s |  |  |\n", sf);
+    if (!strstr(md, a) || !strstr(md, "(the dashed line): not measured\n")) fail_msg("figure 7 without accuracies:\n%s", md);
+    free(a), free(md);
     m2d_results_free(&r);
     free(dat), free(txt);
     tu_rm_rf(dir);

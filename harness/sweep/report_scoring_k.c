@@ -319,9 +319,9 @@ static void fig7_table(const m2d_results *r, const int *rows, int n, int k, m2d_
     if (csv) m2d_report_cells(&o, rc, 3, NULL);
     m2d_report_end(&o);
     if (!csv)
-        fprintf(f, fmt == M2D_REPORT_MD ? "\nRandom FFN + teacher attn (the dashed line): %s %%\n"
-                                        : "%% Random FFN + teacher attn (the dashed line): %s %%\n",
-                *v[0] ? v[0] : "not measured");
+        fprintf(f, fmt == M2D_REPORT_MD ? "\nRandom FFN + teacher attn (the dashed line): %s%s\n"
+                                        : "%% Random FFN + teacher attn (the dashed line): %s%s\n",
+                *v[0] ? v[0] : "not measured", *v[0] ? " %" : "");
     free(sc);
 }
 
