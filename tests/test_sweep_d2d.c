@@ -209,17 +209,29 @@ static const char *HAND_CSV =
     "000000000007,d2d,none,none,k,8,shape=L4-H192-F576-A6/2,4868032,987.4,0.22,280.0,5.5,1.5,ok,,\n"
     "000000000008,d2d,none,none,k,8,shape=L3-H208-F608-A6/2,,,,,,,failed: out of memory,,\n";
 
-static char *report_of(const char *csv, m2d_report_format fmt, int *rc) {
+static char *table_of(const char *csv, int table, m2d_report_format fmt, int *rc) {
     m2d_results r;
     assert_int_equal(m2d_results_parse("hand.csv", csv, strlen(csv), &r), 0);
     assert_int_equal(m2d_results_validate(&r, "hand.csv"), 0);
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    *rc = m2d_report_d2d_write(&r, fmt, f);
+    *rc = m2d_report_d2d_write(&r, table, fmt, f);
     fclose(f);
     m2d_results_free(&r);
     return buf;
+}
+
+static char *report_of(const char *csv, m2d_report_format fmt, int *rc) { return table_of(csv, 3, fmt, rc); }
+
+/* each of LINES in TEXT, in this order */
+static void lines_in_order(const char *text, const char *const *lines, size_t n) {
+    const char *prev = text;
+    for (size_t i = 0; i < n; i++) {
+        const char *at = strstr(prev, lines[i]);
+        if (!at) fail_msg("missing or out of order: %s\n%s", lines[i], text);
+        prev = at;
+    }
 }
 
 static void table3_and_table13_layout(void **state) {
@@ -245,12 +257,7 @@ static void table3_and_table13_layout(void **state) {
         "| **L4-H192-F576-A6/2** | width + depth | 4,868,032 | **987.4** | yes |",
         "| L3-H208-F608-A6/2 | width + depth |  | – |  |",
     };
-    const char *prev = md;
-    for (size_t i = 0; i < M2D_ARRAY_LEN(lines); i++) {
-        const char *at = strstr(prev, lines[i]);
-        if (!at) fail_msg("missing or out of order: %s", lines[i]);
-        prev = at;
-    }
+    lines_in_order(md, lines, M2D_ARRAY_LEN(lines));
     free(md);
     char *csv = report_of(HAND_CSV, M2D_REPORT_CSV, &rc);
     assert_int_equal(rc, 0);
@@ -267,6 +274,46 @@ static void table3_and_table13_layout(void **state) {
     assert_int_equal(rc, -1);
     assert_non_null(strstr(m2d_errmsg(), "no D2D candidates"));
     free(none);
+}
+
+/* Table 6 (extended training): Table 3's students, but every distilled converted one in place of
+ * "best of the grid" (acp here; sf was not distilled: not a row), the tokens per student above it
+ * (from distill_tokens; "(not recorded)" without), then Table 13 as with --table 3. */
+static void table6_lists_every_distilled_student(void **state) {
+    (void)state;
+    int rc;
+    char *md = table_of(HAND_CSV, 6, M2D_REPORT_MD, &rc);
+    assert_int_equal(rc, 0);
+    char *acp = m2d_strfmt("| %s, K = 8 (oc/proportional) | MoE | 4,868,032 | 1,920 | 272.5 | 30.00 | 4.40 | 0.60 |",
+                           m2d_report_display_name("acp"));
+    const char *lines[] = {
+        "Paper Table 6 (extended training, ~4B tokens there): the Table 3 comparison; distillation tokens per "
+        "student: (not recorded).",
+        "| MoE-to-dense DO-ACP, K = k | MoE | 4,868,032 | 1,596 | 275.1 | 25.00 | 4.50 | 0.50 |",
+        acp,
+        "| D2D pruning (L4-H192-F576-A6/2) | dense | 4,868,032 | 987.4 | 280.0 | 22.00 | 5.50 | 1.50 |",
+        "| Random FFN + teacher attn | MoE |",
+        "| **L4-H192-F576-A6/2** | width + depth | 4,868,032 | **987.4** | yes |",
+    };
+    lines_in_order(md, lines, M2D_ARRAY_LEN(lines));
+    assert_null(strstr(md, "best of the grid"));
+    assert_null(strstr(md, m2d_report_display_name("sf")));
+    free(md), free(acp);
+    /* with distill_tokens: the budget above the table; the DO-ACP student once, SF K = 2k beside it */
+    const char *csv = "# moe2dense-results=1\n"
+                      "config_id,scoring,grouping,scaling,K_expr,K,params,n_params,ppl,distill_ppl,distill_tokens,status,"
+                      "dedup_of,fingerprint\n"
+                      "000000000001,do-acp,oc,proportional,k,8,,4868032,1596.4,275.1,2097152,ok,,\n"
+                      "000000000002,sf,wc,uniform,2k,16,,6000000,1000.0,270.0,2097152,ok,,\n"
+                      "000000000006,d2d,none,none,k,8,shape=L4-H192-F576-A6/2,4868032,987.4,280.0,2097152,ok,,\n";
+    md = table_of(csv, 6, M2D_REPORT_MD, &rc);
+    assert_int_equal(rc, 0);
+    char *sf = m2d_strfmt("| %s, K = 16 (wc/uniform) | MoE | 6,000,000 | 1,000 | 270.0 |", m2d_report_display_name("sf"));
+    const char *more[] = {"distillation tokens per student: 2,097,152.", "| MoE-to-dense DO-ACP, K = k | MoE |", sf,
+                          "| D2D pruning (L4-H192-F576-A6/2) | dense |"};
+    lines_in_order(md, more, M2D_ARRAY_LEN(more));
+    assert_null(strstr(md, "D-Optimal + ACP, K"));
+    free(sf), free(md);
 }
 
 static void figure1_plot_data(void **state) {
@@ -500,7 +547,7 @@ static void tiny_sweep_end_to_end(void **state) {
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    assert_int_equal(m2d_report_d2d_write(&r, M2D_REPORT_MD, f), 0);
+    assert_int_equal(m2d_report_d2d_write(&r, 3, M2D_REPORT_MD, f), 0);
     fclose(f);
     char want[96];
     snprintf(want, sizeof want, "| D2D pruning (%s) | dense |", m2d_d2d_spec(m2d_results_get(&r, best, "params")));
@@ -564,6 +611,7 @@ int main(void) {
         cmocka_unit_test(table3_and_table13_layout),
         cmocka_unit_test(figure1_plot_data),
         cmocka_unit_test(dry_run_counts_candidates),
+        cmocka_unit_test(table6_lists_every_distilled_student),
         cmocka_unit_test(refused_before_any_work),
         cmocka_unit_test(tiny_sweep_end_to_end),
         cmocka_unit_test(distill_dense_teacher_narrower_student),

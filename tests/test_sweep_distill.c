@@ -18,6 +18,7 @@
 #include "sweep/grid.h"
 #include "sweep/report.h"
 #include "sweep/report_distill.h"
+#include "sweep/report_scoring_k.h"
 #include "sweep/sweep.h"
 
 static const char *EXPERIMENTS =
@@ -83,6 +84,14 @@ static int distinct_fingerprints(const m2d_results *r, const int *sel, int n) {
     int d = 0;
     for (int s = 0; s < n; s++) d += !same_student_as_any(r, sel[s], sel, s);
     return d;
+}
+
+/* X loaded from the fixture's grid with the one --set SET and run into its CSV (JOBS jobs) */
+static void load_and_run(const tu_sweep_fixture *fx, char *set, int jobs, m2d_experiment *x, m2d_sweep_summary *s) {
+    char *sets[] = {set};
+    assert_int_equal(m2d_experiment_load(fx->toml, "grid", sets, 1, x), 0);
+    m2d_sweep_opts o = {.out = fx->csv, .jobs = jobs};
+    assert_int_equal(m2d_sweep_run(x, &o, s), 0);
 }
 
 /* best-per-pair (pre-distillation PPL) with MC tasks: every selected student distilled once; its
@@ -158,17 +167,63 @@ static void best_per_pair_distills_scores_and_resumes(void **state) {
     tu_sweep_fixture_free(&fx);
 }
 
+/* configs = "best-per-scoring-K" (paper Tables 8, 16, 17): per scoring the lowest pre-distillation
+ * PPL at K = k and at K = 2k, over groupings, scalings and params: 3 scorings x 2 = 6 rows
+ * (m2d_report_best_per_scoring_K of the results), each distilled (unless its params make the fake
+ * fail) and nothing else (K = E never); the dry run on the finished file lists exactly those rows. */
+static void best_per_scoring_K_distills_the_selection(void **state) {
+    (void)state;
+    tu_sweep_fixture fx = make_fixture();
+    m2d_experiment x;
+    m2d_sweep_summary s;
+    load_and_run(&fx, "distill.configs='best-per-scoring-K'", 2, &x, &s);
+    m2d_results r;
+    assert_int_equal(m2d_results_read(fx.csv, &r), 0);
+    int *sel, n = m2d_report_best_per_scoring_K(&r, &sel);
+    assert_int_equal(n, 3 * 2);
+    assert_int_equal(s.distill_selected, n);
+    for (int q = 0; q < n; q++) {
+        int K = atoi(m2d_results_get(&r, sel[q], "K"));
+        assert_int_equal(K, q % 2 ? 16 : 8); /* k, then 2k, per scoring */
+        for (int i = 0; i < r.n_rows; i++) /* the lowest PPL of its scoring at its K */
+            if (!strcmp(m2d_results_get(&r, i, "scoring"), m2d_results_get(&r, sel[q], "scoring")) &&
+                atoi(m2d_results_get(&r, i, "K")) == K && !strcmp(m2d_results_get(&r, i, "status"), "ok"))
+                assert_true(num(&r, sel[q], "ppl") <= num(&r, i, "ppl"));
+        if (strcmp(m2d_results_get(&r, sel[q], "params"), "distill-fail"))
+            assert_true(fabs(num(&r, sel[q], "distill_ppl") - num(&r, sel[q], "ppl") / 2) < 1e-4);
+    }
+    for (int i = 0; i < r.n_rows; i++)
+        if (!same_student_as_any(&r, i, sel, n)) assert_string_equal(m2d_results_get(&r, i, "distill_ppl"), "");
+    char *out = NULL, *err = NULL;
+    char *c = m2d_strfmt("%s sweep %s --experiment grid --dry-run --out %s --set \"distill.configs='best-per-scoring-K'\"",
+                         tu_test_bin(), fx.toml, fx.csv);
+    assert_int_equal(tu_run(c, &out, &err), 0);
+    const char *head = "distillation selection: per scoring the lowest pre-distillation PPL at K = k = 8 and at K = 2k = 16 "
+                       "(at most 6 students)\nselected now from the PPLs in the results file (6):\n";
+    const char *at = strstr(out, head);
+    if (!at) fail_msg("dry run: %s", out);
+    at += strlen(head);
+    for (int q = 0; q < n; q++) {
+        char *line = m2d_strfmt("%s %s ", m2d_results_get(&r, sel[q], "config_id"), m2d_results_get(&r, sel[q], "scoring"));
+        if (strncmp(at, line, strlen(line))) fail_msg("dry run line %d: want '%s...' in:\n%s", q, line, out);
+        at = strchr(at, '\n') + 1;
+        free(line);
+    }
+    free(c), free(out), free(err), free(sel);
+    m2d_results_free(&r);
+    m2d_experiment_free(&x);
+    tu_sweep_fixture_free(&fx);
+}
+
 /* configs = "all": every evaluated student; a failed distillation is a failed sidecar row and
  * leaves the main row's distillation columns empty; a list of ids distills exactly those. */
 static void all_and_list_with_failures(void **state) {
     (void)state;
     tu_sweep_fixture fx = make_fixture();
     m2d_experiment x;
-    char *sets[] = {"distill.configs=all"};
-    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 1, &x), 0);
-    m2d_sweep_opts o = {.out = fx.csv, .jobs = 1};
     m2d_sweep_summary s;
-    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    load_and_run(&fx, "distill.configs=all", 1, &x, &s);
+    m2d_sweep_opts o = {.out = fx.csv, .jobs = 1}; /* the resumes below */
     m2d_results r, side;
     assert_int_equal(m2d_results_read(fx.csv, &r), 0);
     char *sp = m2d_strfmt("%s.distill.csv", fx.csv);
@@ -249,7 +304,7 @@ static void distill_table_errors(void **state) {
         {"distill.steps=10", "[distill] needs exactly one of 'tokens' and 'steps'"},
         {"distill.loss='kl'", "'distill.loss' must be \"fkl\", \"rkl\" or \"fkl+mse\""},
         {"distill.order='random'", "'distill.order' must be \"shuffle\" or \"sequential\""},
-        {"distill.configs='best'", "'distill.configs' must be \"all\", \"best-per-pair\" or an array of config ids"},
+        {"distill.configs='best'", "'distill.configs' must be \"all\", \"best-per-pair\", \"best-per-scoring-K\" or an array of config ids"},
         {"distill.configs=['0123456789ab']", "distill.configs: '0123456789ab' is not a config id of the grid"},
         {"distill.lr='high'", "'distill.lr' must be a number"},
         {"distill.lr=0", "'distill.lr' must be a positive number"},
@@ -576,6 +631,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(best_per_pair_distills_scores_and_resumes),
         cmocka_unit_test(all_and_list_with_failures),
+        cmocka_unit_test(best_per_scoring_K_distills_the_selection),
         cmocka_unit_test(precision_flows_into_the_stage),
         cmocka_unit_test(distill_table_errors),
         cmocka_unit_test(validation_data_is_held_out),

@@ -3,7 +3,8 @@
 #   RESULTS  sweep CSV (default results/demo.csv)        -> heatmap_<scoring>, marginal, distill
 #            (distill: when the sweep had a distillation stage), figure4 (when its distilled
 #            students have MC accuracies: report --figure 4), figure1 (when it had D2D
-#            candidates: the MoE-to-dense vs dense-to-dense comparison, report --table 3)
+#            candidates: the MoE-to-dense vs dense-to-dense comparison, report --table 3), figure7
+#            (when its per-scoring K = k / 2k students were distilled and scored: report --figure 7)
 #   ANALYZE  `moe2dense analyze --csv` output (default results/demo-analyze.csv, optional)
 #            -> overlap, erank; lorenz and pearson (paper 001) when the file has their rows;
 #            pearson_matrix with `analyze --pearson-matrix`
@@ -87,6 +88,12 @@ if [ -f "$data/distill_curves.txt" ]; then # the sweep had a distillation stage
 fi
 if [ -f "$data/figure4_scoring.dat" ]; then # post-distillation accuracies: report --figure 4
   render figure4.gp figure4 "datadir='$data'"
+fi
+if [ -f "$data/figure7.dat" ]; then # per scoring at K = k and 2k, distilled and scored: report --figure 7
+  read -r kk k2 haverandom randomacc < "$data/figure7.txt"
+  is_int "$kk" && is_int "$k2" && is_int "$haverandom" && is_number "$randomacc" \
+    || die "$data/figure7.txt: not K 2K HAVE_RANDOM RANDOM_AVG"
+  render figure7.gp figure7 "datadir='$data'; kk=$kk; k2=$k2; haverandom=$haverandom; randomacc=$randomacc"
 fi
 if [ -f "$data/figure1.dat" ]; then # the sweep had D2D candidates ([d2d]): report --table 3
   render figure1.gp figure1 "datadir='$data'"

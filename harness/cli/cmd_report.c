@@ -7,12 +7,14 @@
 #include "sweep/report.h"
 #include "sweep/report_d2d.h"
 #include "sweep/report_distill.h"
+#include "sweep/report_scoring_k.h"
 #include "io/results.h"
 #include "base/util.h"
 
 static const char USAGE[] =
     "usage: moe2dense report RESULTS.csv [--format md|tex|csv] [--out FILE] [--plot-data DIR]\n"
-    "                        [--analyze ANALYZE.csv] [--best-per-pair] [--table 3|4|5] [--figure 4]\n"
+    "                        [--analyze ANALYZE.csv] [--best-per-pair] [--table 3|4|5|6|8|16|17]\n"
+    "                        [--figure 4|7]\n"
     "\n"
     "Table in the layout of the paper's Tables 10/11: one row per scoring x grouping x scaling, one\n"
     "column per K; the best K of each row in bold; '–' for failed configurations (e.g. NaN PPL);\n"
@@ -50,6 +52,23 @@ static const char USAGE[] =
     "                    loss at k' = k), per distilled student, from the distillation ablation's\n"
     "                    sidecar RESULTS.csv.distill.csv (a [distill] loss or teacher_topk list): PPL,\n"
     "                    accuracies, average and the differences to the reference row (md, tex, csv)\n"
+    "  --table 6         Table 3's comparison in the layout of the paper's Table 6 (extended training:\n"
+    "                    the same students at a larger distill.tokens, e.g. experiment extended-distill):\n"
+    "                    every distilled converted student (the paper: DO-ACP K = k and SF K = 2k) in\n"
+    "                    place of the best of the grid, and the tokens per student above it\n"
+    "  --table 8|16|17   per scoring the configuration with the lowest pre-distillation PPL at K = k\n"
+    "                    (pure pruning) and at K = 2k (merging) -- what distill.configs =\n"
+    "                    \"best-per-scoring-K\" distills -- after distillation: K, PPL before and after,\n"
+    "                    each paper benchmark the file has and the average; the random-ffn and\n"
+    "                    random-init baselines below. 8: the paper's Table 8 (base teacher, bold: the\n"
+    "                    better K per scoring; experiment base-distill); 16, 17: its Tables 16 and 17\n"
+    "                    (cross-model validation, DeepSeek-V2-Lite and GPT-OSS-20B there; this file's\n"
+    "                    teacher is named in the caption; bold: best per column; a teacher row;\n"
+    "                    experiment cross-model-distill). md, tex, csv\n"
+    "  --figure 7        only the paper's Figure 7 as a table: the MC average after distillation per\n"
+    "                    scoring at K = k and at K = 2k (the --table 16 students) and the random-FFN\n"
+    "                    baseline; with --plot-data, figure7.dat and figure7.txt are written with every\n"
+    "                    report whose selected students have one (plots/figure7.gp: bars, dashed line)\n"
     "  --figure 4        only the paper's Figure 4 as tables (md, tex, csv): per value of scoring and\n"
     "                    grouping (scaling and K when they vary), the mean, min and max of the MC\n"
     "                    average after distillation over Table 12's students (the pairs' selected\n"
@@ -61,9 +80,33 @@ static const char USAGE[] =
     "  --best-per-pair   list the configurations the paper evaluates on multiple-choice tasks: per\n"
     "                    scoring x grouping, the (K, scaling) with the lowest PPL (config ids)\n"
     "\n"
+    "Figure 6 (MMLU chain-of-thought error distribution) is not produced: it classifies free-form\n"
+    "generations (sampling, up to 2,048 tokens, an LLM judge); this harness scores log-likelihoods only.\n"
+    "\n"
     "Every row is validated first (numbers parse and lie in range, the status is known, config ids\n"
     "are unique): a bad row is an error naming FILE:LINE:COLUMN and the field. A torn last line (a\n"
     "sweep still writing, or killed) is ignored with a note.\n";
+
+static const char *const TABLES[] = {"3", "4", "5", "6", "8", "16", "17", NULL}, *const FIGURES[] = {"4", "7", NULL};
+
+static int one_of(const char *v, const char *const *list) {
+    for (; *list; list++)
+        if (!strcmp(v, *list)) return 1;
+    return 0;
+}
+
+/* the one section asked for (--best-per-pair, --table N, --figure N), else the whole report */
+static int write_section(const char *path, const m2d_results *r, int best, const char *table, const char *figure,
+                         m2d_report_format fmt, FILE *f) {
+    int t = table ? atoi(table) : 0;
+    if (best) return m2d_report_write_best_per_pair(r, f);
+    if (t == 3 || t == 6) return m2d_report_d2d_write(r, t, fmt, f);
+    if (t == 4 || t == 5) return m2d_report_ablation_write(path, r, t, fmt, f);
+    if (t) return m2d_report_scoring_k_write(r, t, fmt, f);
+    if (figure && !strcmp(figure, "7")) return m2d_report_figure7_write(r, fmt, f);
+    if (figure) return m2d_report_write_figure4(r, fmt, f);
+    return m2d_report_write(r, fmt, f);
+}
 
 static int cmd_report_run(int argc, char **argv) {
     const char *format = "md", *out = NULL, *plot = NULL, *analyze = NULL, *table = NULL, *figure = NULL;
@@ -86,16 +129,17 @@ static int cmd_report_run(int argc, char **argv) {
         m2d_err("report: --format: '%s' is not md, tex or csv", format);
         return m2d_cmd_fail("report");
     }
-    if (table && strcmp(table, "3") && strcmp(table, "4") && strcmp(table, "5")) {
-        m2d_err("report: --table: '%s' is not 3, 4 or 5", table);
+    if (table && !one_of(table, TABLES)) {
+        m2d_err("report: --table: '%s' is not 3, 4, 5, 6, 8, 16 or 17", table);
         return m2d_cmd_fail("report");
     }
-    if (figure && strcmp(figure, "4")) {
-        m2d_err("report: --figure: '%s' is not 4 (Figure 1: --table 3)", figure);
+    if (figure && !one_of(figure, FIGURES)) {
+        m2d_err("report: --figure: '%s' is not 4 or 7 (Figure 1: --table 3; Figure 6: not produced, see 'moe2dense "
+                "help report')", figure);
         return m2d_cmd_fail("report");
     }
     if (figure && (table || best)) {
-        m2d_err("report: --figure 4 goes without %s", table ? "--table" : "--best-per-pair");
+        m2d_err("report: --figure %s goes without %s", figure, table ? "--table" : "--best-per-pair");
         return m2d_cmd_fail("report");
     }
     if (analyze && !plot) {
@@ -117,15 +161,12 @@ static int cmd_report_run(int argc, char **argv) {
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    int rc = best    ? m2d_report_write_best_per_pair(&r, f)
-             : table && !strcmp(table, "3") ? m2d_report_d2d_write(&r, fmt, f)
-             : table ? m2d_report_ablation_write(pos[0], &r, atoi(table), fmt, f)
-             : figure ? m2d_report_write_figure4(&r, fmt, f)
-                     : m2d_report_write(&r, fmt, f);
+    int rc = write_section(pos[0], &r, best, table, figure, fmt, f);
     fclose(f);
     if (rc == 0 && plot) rc = m2d_report_plot_data(&r, plot);
     if (rc == 0 && plot) rc = m2d_report_distill_plot_data(pos[0], &r, plot);
     if (rc == 0 && plot) rc = m2d_report_d2d_plot_data(&r, plot);
+    if (rc == 0 && plot) rc = m2d_report_figure7_plot_data(&r, plot);
     if (rc == 0 && analyze) rc = m2d_report_analyze_plot_data(&an, plot);
     if (rc == 0) {
         if (out) rc = m2d_write_file_atomic(out, buf, len);

@@ -67,7 +67,7 @@ typedef struct {
     /* distillation stage ([distill]; sweep_distill.h): which configurations, the training text and
        the settings (distill.teacher, .student, .out, .data are filled per configuration) */
     int has_distill;
-    char *distill_configs;       /* "best-per-pair" | "all" | "list" (distill_ids) */
+    char *distill_configs;       /* "best-per-pair" | "best-per-scoring-K" | "all" | "list" (distill_ids) */
     char **distill_ids;          /* configs = ["<config_id>", ...] */
     int n_distill_ids;
     char *distill_data;

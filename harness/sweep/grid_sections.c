@@ -39,7 +39,7 @@ int m2d_grid_read_mc(const ctx *c, m2d_experiment *x) {
     return 0;
 }
 
-/* distill.configs: "best-per-pair" | "all" | an array of config ids (checked against the grid later) */
+/* distill.configs: "best-per-pair" | "best-per-scoring-K" | "all" | an array of config ids (checked against the grid later) */
 static int read_distill_configs(const ctx *c, const m2d_toml *d, m2d_experiment *x) {
     const m2d_toml *v = m2d_toml_get(d, "configs");
     if (v && v->type == M2D_TOML_ARRAY) {
@@ -53,8 +53,10 @@ static int read_distill_configs(const ctx *c, const m2d_toml *d, m2d_experiment 
         return 0;
     }
     if (m2d_grid_get_str(c, x->table, "distill.configs", "best-per-pair", &x->distill_configs)) return -1;
-    if (strcmp(x->distill_configs, "all") && strcmp(x->distill_configs, "best-per-pair"))
-        return m2d_grid_key_err(c, v, "distill.configs", "\"all\", \"best-per-pair\" or an array of config ids");
+    if (strcmp(x->distill_configs, "all") && strcmp(x->distill_configs, "best-per-pair") &&
+        strcmp(x->distill_configs, "best-per-scoring-K"))
+        return m2d_grid_key_err(c, v, "distill.configs",
+                                "\"all\", \"best-per-pair\", \"best-per-scoring-K\" or an array of config ids");
     return 0;
 }
 

@@ -138,14 +138,7 @@ static int best_k(const grid *g, const char *sc, const char *gr, const char *sl,
     return best;
 }
 
-/* The teacher's E and k from the run header ("teacher=E=64 k=8"); 0 when the file has none. */
-static int header_teacher(const m2d_results *r, int *k) {
-    const char *t = m2d_results_meta(r, "teacher");
-    int E = 0;
-    *k = 0;
-    if (!t || sscanf(t, "E=%d k=%d", &E, k) != 2 || E <= 0 || *k <= 0) E = *k = 0;
-    return E;
-}
+static int header_teacher(const m2d_results *r, int *k) { return m2d_report_teacher_shape(r, k); }
 
 /* " (= E)" after the K that is the teacher's expert count (every expert selected), else "" */
 static const char *k_is_E(const m2d_results *r, int K) {

@@ -18,7 +18,6 @@ typedef struct {
     int is_teacher;         /* a teacher row: an absent MC average shows as an em dash */
 } t3_row;
 
-#define MAX_T3 7
 
 static double num(const m2d_results *r, int i, const char *col) {
     const char *v = m2d_results_get(r, i, col);
@@ -85,12 +84,37 @@ static int teacher_row(const m2d_results *r, const char *key, const char *mc_key
     return 1;
 }
 
-/* Table 3's rows of R into T; returns the count */
-static int t3_rows(const m2d_results *r, t3_row *t) {
-    int n = 0, i;
-    if ((i = find_scoring(r, "do-acp", 1)) >= 0)
+/* what makes rows one student: the fingerprint, else (a file without one) the config id */
+static const char *student_key(const m2d_results *r, int i) {
+    const char *fp = m2d_results_get(r, i, "fingerprint");
+    return *fp ? fp : m2d_results_get(r, i, "config_id");
+}
+
+/* Table 6's converted students besides DO-ACP at K = k (row SKIP): every distilled one, one row per
+ * student (fingerprint), labelled with its configuration */
+static int t6_converted(const m2d_results *r, int skip, t3_row *t) {
+    int n = 0;
+    for (int i = 0; i < r->n_rows; i++) {
+        if (!converted_row(r, i) || !isfinite(num(r, i, "distill_ppl"))) continue;
+        int seen = skip >= 0 && !strcmp(student_key(r, i), student_key(r, skip));
+        for (int j = 0; j < i && !seen; j++)
+            seen = converted_row(r, j) && isfinite(num(r, j, "distill_ppl")) && !strcmp(student_key(r, i), student_key(r, j));
+        if (seen) continue;
+        snprintf(t[n].label, sizeof t[n].label, "%s, K = %s (%s/%s)", m2d_report_display_name(m2d_results_get(r, i, "scoring")),
+                 m2d_results_get(r, i, "K"), m2d_results_get(r, i, "grouping"), m2d_results_get(r, i, "scaling"));
+        from_row(r, i, "MoE", &t[n++]);
+    }
+    return n;
+}
+
+/* The rows of Table TABLE (3 or 6) of R into T (room for n_rows + 5); returns the count. Table 6
+ * lists every distilled converted student where Table 3 has the best of the grid. */
+static int t3_rows(const m2d_results *r, int table, t3_row *t) {
+    int n = 0, i, doacp;
+    if ((i = doacp = find_scoring(r, "do-acp", 1)) >= 0)
         snprintf(t[n].label, sizeof t[n].label, "MoE-to-dense DO-ACP, K = k"), from_row(r, i, "MoE", &t[n++]);
-    if ((i = best_of_grid(r)) >= 0) {
+    if (table == 6) n += t6_converted(r, doacp, t + n);
+    else if ((i = best_of_grid(r)) >= 0) {
         snprintf(t[n].label, sizeof t[n].label, "MoE-to-dense, best of the grid (%s/%s/%s, K = %s)",
                  m2d_results_get(r, i, "scoring"), m2d_results_get(r, i, "grouping"), m2d_results_get(r, i, "scaling"),
                  m2d_results_get(r, i, "K"));
@@ -149,6 +173,19 @@ static int t3_cells(const t3_row *t, int with_mc, m2d_report_format fmt, char ce
     fmt_fixed(t->tstep, raw ? "%.4f" : "%.2f", cells[j++], 64);
     for (int i = 1; i < j; i++) p[i] = cells[i];
     return j;
+}
+
+/* Table 6's line above Table 3's: the extended budget, from the distilled rows' distill_tokens */
+static void t6_caption(const m2d_results *r, m2d_report_format fmt, FILE *f) {
+    long long tokens = 0;
+    for (int i = 0; i < r->n_rows && !tokens; i++) tokens = atoll(m2d_results_get(r, i, "distill_tokens"));
+    char t[32] = "(not recorded)";
+    if (tokens > 0) m2d_report_thousands(tokens, t, sizeof t);
+    fprintf(f, fmt == M2D_REPORT_MD ? "Paper Table 6 (extended training, ~4B tokens there): the Table 3 comparison; "
+                                      "distillation tokens per student: %s.\n\n"
+                                    : "%% Paper Table 6 (extended training): the Table 3 comparison; tokens per "
+                                      "student: %s\n",
+            t);
 }
 
 static void write_t3(const m2d_results *r, const t3_row *t, int n, m2d_report_format fmt, FILE *f) {
@@ -224,14 +261,16 @@ static int has_d2d(const m2d_results *r) {
     return 0;
 }
 
-int m2d_report_d2d_write(const m2d_results *r, m2d_report_format fmt, FILE *f) {
+int m2d_report_d2d_write(const m2d_results *r, int table, m2d_report_format fmt, FILE *f) {
     if (!has_d2d(r))
-        return m2d_err("report --table 3: the file has no D2D candidates (scoring \"d2d\": an experiment with a [d2d] "
-                       "block)");
-    t3_row t[MAX_T3];
-    int n = t3_rows(r, t);
+        return m2d_err("report --table %d: the file has no D2D candidates (scoring \"d2d\": an experiment with a "
+                       "[d2d] block)", table);
+    t3_row *t = m2d_calloc((size_t)r->n_rows + 5, sizeof *t);
+    int n = t3_rows(r, table, t);
+    if (table == 6 && fmt != M2D_REPORT_CSV) t6_caption(r, fmt, f);
     write_t3(r, t, n, fmt, f);
     if (fmt != M2D_REPORT_CSV) write_t13(r, fmt, f);
+    free(t);
     return 0;
 }
 
@@ -243,8 +282,8 @@ static void put_num(FILE *f, double v) {
 
 int m2d_report_d2d_plot_data(const m2d_results *r, const char *dir) {
     if (!has_d2d(r)) return 0;
-    t3_row t[MAX_T3];
-    int n = t3_rows(r, t);
+    t3_row *t = m2d_calloc((size_t)r->n_rows + 5, sizeof *t);
+    int n = t3_rows(r, 3, t);
     m2d_report_file pf;
     FILE *f = m2d_report_file_open(&pf, dir, "figure1.dat");
     fprintf(f, "# label params ppl_before ppl_after mc_avg step_s\n");
@@ -256,5 +295,6 @@ int m2d_report_d2d_plot_data(const m2d_results *r, const char *dir) {
         for (int k = 0; k < 5; k++) put_num(f, v[k]);
         fprintf(f, "\n");
     }
+    free(t);
     return m2d_report_file_close(&pf);
 }

@@ -13,6 +13,10 @@
  *    student was distilled from, parameters, PPL before and after distillation, the MC average
  *    (percent; when the file has mc_avg or a teacher's), seconds per optimizer step and of its teacher forward
  *    (distill_step_s, distill_teacher_s: measured in the same run on the same machine).
+ *  - Table 6 (`--table 6`, extended training: the same comparison at a larger token budget): Table
+ *    3's rows, but in place of "best of the grid" every other distilled converted student (one row
+ *    per student), labelled with its scoring, K, grouping and scaling (the paper: "SF, K = 16" with
+ *    Weight Cluster beside DO-ACP, K = 8); a line above it gives the tokens per student.
  *  - Table 13 rows: every D2D candidate (evaluated or failed): shape, strategy (width-only when it
  *    keeps the dense teacher's layers, else width + depth), parameters, PPL before distillation,
  *    the selected one marked.
@@ -27,9 +31,9 @@
 #include "io/results.h"
 #include "sweep/report_table.h"
 
-/* Tables 3 and 13 of R (md, tex or csv; csv: Table 3 only, raw numbers). -1 + m2d_err when R has
- * no D2D candidates. */
-int m2d_report_d2d_write(const m2d_results *r, m2d_report_format fmt, FILE *f);
+/* Tables 3 (TABLE 3) or 6 (TABLE 6) and 13 of R (md, tex or csv; csv: Table 3 or 6 only, raw
+ * numbers). -1 + m2d_err when R has no D2D candidates. */
+int m2d_report_d2d_write(const m2d_results *r, int table, m2d_report_format fmt, FILE *f);
 /* figure1.dat into DIR; nothing (0) when R has no D2D candidates. */
 int m2d_report_d2d_plot_data(const m2d_results *r, const char *dir);
 

@@ -86,11 +86,28 @@ double m2d_report_distilled_mc_avg(const m2d_results *r, int i) {
     return mc_of_distilled(r, i) ? cell_num(r, i, "mc_avg") : NAN;
 }
 
+int m2d_report_acc_heads(const m2d_results *r, const char **head) {
+    int n = 0;
+    for (int b = 0; b < N_BENCH; b++)
+        if (has_bench(r, b)) head[n++] = BENCH[b].head;
+    if (m2d_results_col(r, "mc_avg") >= 0) head[n++] = "Avg";
+    return n;
+}
+
+int m2d_report_acc_values(const m2d_results *r, int i, double *v) {
+    int n = 0, mc = i < 0 || mc_of_distilled(r, i);
+    for (int b = 0; b < N_BENCH; b++)
+        if (has_bench(r, b)) v[n++] = mc ? bench_acc(r, i, BENCH[b].task) : NAN;
+    if (m2d_results_col(r, "mc_avg") >= 0) v[n++] = mc ? mc_num(r, i, "mc_avg") : NAN;
+    return n;
+}
+
 /* One Table 12 line: row I (or the teacher, I < 0, with PPL TEACHER and the accuracies of the
  * header's teacher_mc) into CELLS (malloc'd strings). */
 static int t12_cells(const m2d_results *r, int i, double teacher, m2d_report_format fmt, char **cells) {
-    int j = 0, mc = i < 0 || mc_of_distilled(r, i);
+    int j = 0;
     char pre[32], post[32];
+    double v[M2D_REPORT_MAX_ACC];
     m2d_report_format_ppl(i >= 0 ? cell_num(r, i, "ppl") : teacher, pre, sizeof pre);
     m2d_report_format_ppl(i >= 0 ? cell_num(r, i, "distill_ppl") : NAN, post, sizeof post);
     cells[j++] = m2d_strdup(i >= 0 ? m2d_report_display_name(m2d_results_get(r, i, "scoring")) : "Teacher (MoE)");
@@ -99,9 +116,8 @@ static int t12_cells(const m2d_results *r, int i, double teacher, m2d_report_for
     cells[j++] = m2d_strdup(i >= 0 ? m2d_results_get(r, i, "K") : "");
     cells[j++] = m2d_strdup(pre);
     cells[j++] = m2d_strdup(i >= 0 ? post : "");
-    for (int b = 0; b < N_BENCH; b++)
-        if (has_bench(r, b)) cells[j++] = acc_cell(mc ? bench_acc(r, i, BENCH[b].task) : NAN, i, fmt);
-    if (m2d_results_col(r, "mc_avg") >= 0) cells[j++] = acc_cell(mc ? mc_num(r, i, "mc_avg") : NAN, i, fmt);
+    int n = m2d_report_acc_values(r, i, v);
+    for (int q = 0; q < n; q++) cells[j++] = acc_cell(v[q], i, fmt);
     return j;
 }
 
@@ -114,11 +130,8 @@ static int t12_cells(const m2d_results *r, int i, double teacher, m2d_report_for
 static void table12(const m2d_results *r, const int *rows, int n, const m2d_report_out *o) {
     int nc = 0, windows;
     if (n < 0) return;
-    const char *head[6 + N_BENCH + 1] = {"Scoring", "Grouping", "Scaling", "K", "Pre", "Post"};
-    nc = 6;
-    for (int b = 0; b < N_BENCH; b++)
-        if (has_bench(r, b)) head[nc++] = BENCH[b].head;
-    if (m2d_results_col(r, "mc_avg") >= 0) head[nc++] = "Avg";
+    const char *head[6 + M2D_REPORT_MAX_ACC] = {"Scoring", "Grouping", "Scaling", "K", "Pre", "Post"};
+    nc = 6 + m2d_report_acc_heads(r, head + 6);
     fprintf(o->f, o->fmt == M2D_REPORT_MD ? "\n%s\n\n" : "\n%% %s\n",
             "Table 12: per scoring x grouping the student the paper selects (the (K, scaling) with the lowest "
             "pre-distillation PPL), after distillation. Pre/Post: WikiText-2 PPL before/after; accuracy in %, "
@@ -287,12 +300,7 @@ static int loss_rank(const char *name) {
 
 static double axis_key(const ablation_spec *sp, const char *v) { return sp == &TABLE4 ? strtod(v, NULL) : loss_rank(v); }
 
-/* the teacher's experts E and top-k from the header's teacher=E=.. k=.. (0 when absent) */
-static void teacher_shape(const m2d_results *r, int *E, int *k) {
-    const char *t = m2d_results_meta(r, "teacher");
-    *E = *k = 0;
-    if (t) sscanf(t, "E=%d k=%d", E, k);
-}
+static void teacher_shape(const m2d_results *r, int *E, int *k) { *E = m2d_report_teacher_shape(r, k); }
 
 /* the reference value of COL: fkl, or the teacher's k */
 static void reference_of(const m2d_results *r, const char *col, char *buf, size_t n) {

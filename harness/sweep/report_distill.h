@@ -29,6 +29,14 @@ int m2d_report_distilled_rows(const m2d_results *r, int one_per_student, int **r
 /* Row I's MC average measured on its distilled student (distill_ppl finite and, where the file
  * has mc_student, "distilled"; else the cells are the converted student's), NAN when none. */
 double m2d_report_distilled_mc_avg(const m2d_results *r, int i);
+/* The paper's benchmarks R has (Wino, Hella, ARC-E, ARC-C, MMLU: those with a TASK_acc column) and
+ * "Avg" when it has mc_avg: their headings -> HEAD (at most M2D_REPORT_MAX_ACC); returns the count. */
+#define M2D_REPORT_MAX_ACC 6
+int m2d_report_acc_heads(const m2d_results *r, const char **head);
+/* Row I's values of those columns (fractions; I < 0: the MoE teacher's, from the header's
+ * teacher_mc), each task in its paper metric, measured on the distilled student (NaN where the
+ * cells are not the distilled student's) -> V; returns the count. */
+int m2d_report_acc_values(const m2d_results *r, int i, double *v);
 /* The distillation section (md or tex); nothing when R has no distilled student. BEST, N_BEST:
  * Table 12's students, m2d_report_best_per_pair of R (the caller's; N_BEST < 0: no Table 12). */
 int m2d_report_distill_write(const m2d_results *r, const int *best, int n_best, m2d_report_format fmt, FILE *f);

@@ -112,6 +112,14 @@ int m2d_report_teacher_ppl(const m2d_results *r, double *ppl, int *windows) {
     return t && sscanf(t, "%lf windows=%d", ppl, windows) == 2;
 }
 
+int m2d_report_teacher_shape(const m2d_results *r, int *k) {
+    const char *t = m2d_results_meta(r, "teacher");
+    int E = 0;
+    *k = 0;
+    if (!t || sscanf(t, "E=%d k=%d", &E, k) != 2 || E <= 0 || *k <= 0) E = *k = 0;
+    return E;
+}
+
 double m2d_report_teacher_mc(const m2d_results *r, const char *key, const char *col) {
     const char *v = m2d_results_meta(r, key);
     size_t n = strlen(col);

@@ -42,6 +42,10 @@ void m2d_report_tex_escape(FILE *f, const char *s);
  * 0 when the file has none. */
 int m2d_report_teacher_ppl(const m2d_results *r, double *ppl, int *windows);
 
+/* The teacher's expert count E (returned) and top-k (*K) from the run header ("teacher=E=64 k=8");
+ * both 0 when the file has none. */
+int m2d_report_teacher_shape(const m2d_results *r, int *k);
+
 /* A teacher's MC value COL (a results MC column name: "arc_easy_acc", "mc_avg") from the run
  * header KEY ("teacher_mc" or "d2d_teacher_mc": "arc_easy_acc:0.412300,...,mc_avg:0.456000",
  * sweep_mc.h); NaN when the header or the column is absent or the value is not a number. */

@@ -19,6 +19,7 @@
 #include "sweep/sweep_distill.h"
 #include "sweep/sweep_mc.h"
 #include "sweep/sweep_pool.h"
+#include "sweep/report_scoring_k.h"
 
 /* sweep — the two entry points: a run (backend by name, threads, prepare, the CSV opened or
  * resumed, the worker pool, the multiple-choice stage) and the dry run (plan and estimate). */
@@ -417,6 +418,30 @@ static void print_ablation(const m2d_experiment *x, FILE *f) {
 }
 
 /* Calibration and PPL sizes, and the run time of the TO_RUN configurations still to evaluate. */
+/* distill.configs = "best-per-scoring-K": how many students at most (distinct scoring x K in {k, 2k}
+ * of the dense students) and, from an existing results file, the rows it selects now */
+static void print_scoring_k(const m2d_experiment *x, const m2d_results *existing, FILE *f) {
+    int n = 0;
+    for (int c = 0; c < x->n_configs; c++) {
+        const m2d_grid_config *g = &x->configs[c];
+        if (strcmp(g->target, "dense") || m2d_d2d_is_config(g) || (g->K != x->k && g->K != 2 * x->k)) continue;
+        int seen = 0;
+        for (int d = 0; d < c && !seen; d++)
+            seen = !strcmp(x->configs[d].scoring, g->scoring) && x->configs[d].K == g->K &&
+                   !strcmp(x->configs[d].target, "dense") && !m2d_d2d_is_config(&x->configs[d]);
+        n += !seen;
+    }
+    fprintf(f, "distillation selection: per scoring the lowest pre-distillation PPL at K = k = %d and at K = 2k = %d "
+               "(at most %d students)\n", x->k, 2 * x->k, n);
+    int *rows = NULL, m = existing ? m2d_report_best_per_scoring_K(existing, &rows) : 0;
+    if (m < 0) m2d_err_clear();
+    if (m > 0) {
+        fprintf(f, "selected now from the PPLs in the results file (%d):\n", m);
+        m2d_report_write_rows(existing, rows, m, f);
+    }
+    free(rows);
+}
+
 static void print_estimate(const m2d_experiment *x, const int *idx, int n_idx, const m2d_results *existing,
                            int to_run, FILE *f) {
     shape sh;
@@ -495,6 +520,8 @@ int m2d_sweep_dry_run(const m2d_experiment *x, const m2d_sweep_opts *o, FILE *f)
                 x->n_distill_ids ? listed : x->distill_configs, x->distill.tokens ? "tokens" : "steps",
                 x->distill.tokens ? (long long)x->distill.tokens : (long long)x->distill.train.optim.steps,
                 x->distill.train.seq_len, x->distill.train.batch, m2d_loss_name(x->distill.train.loss), out);
+    if (x->has_distill && !strcmp(x->distill_configs, "best-per-scoring-K"))
+        print_scoring_k(x, have_csv ? &existing : NULL, f);
     if (x->has_distill && x->distill_ablation) print_ablation(x, f);
     m2d_d2d_dry_run(x, f);
     if (x->has_distill && x->distill_val_data && x->distill.eval_every > 0)

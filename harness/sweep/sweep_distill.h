@@ -2,8 +2,9 @@
  * distilled from the teacher before the downstream evaluation).
  *
  * After the perplexity pass, the configurations chosen by [distill].configs ("best-per-pair": for
- * each scoring x grouping, the (K, scaling) with the lowest pre-distillation PPL, as the paper;
- * "all": every evaluated student; or a list of config ids) are distilled one after another with
+ * each scoring x grouping, the (K, scaling) with the lowest pre-distillation PPL, as the paper's
+ * Table 12; "best-per-scoring-K": per scoring the lowest pre-distillation PPL at K = k and at K = 2k,
+ * as its Tables 8, 16 and 17; "all": every evaluated student; or a list of config ids) are distilled one after another with
  * the backend's distill hook into OUT.distill/<config_id>/ (a Hugging Face checkpoint, its
  * training log next to it as <config_id>.jsonl). Each distilled student is then scored with the
  * experiment's own perplexity protocol (distill_ppl, comparable with ppl) and, when the

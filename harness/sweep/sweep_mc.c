@@ -7,6 +7,7 @@
 
 #include "base/util.h"
 #include "sweep/report.h"
+#include "sweep/report_scoring_k.h"
 #include "sweep/sweep_d2d.h"
 
 int m2d_sweep_find_config(const m2d_experiment *x, const char *id) {
@@ -20,6 +21,7 @@ int m2d_sweep_select_rows(const m2d_results *r, const char *mode, char *const *i
         int n = m2d_report_best_per_pair(r, rows);
         return n < 0 ? n : m2d_d2d_keep_best(r, *rows, n);
     }
+    if (strcmp(mode, "best-per-scoring-K") == 0) return m2d_report_best_per_scoring_K(r, rows); /* no D2D rows */
     *rows = m2d_malloc((size_t)(r->n_rows + 1) * sizeof **rows);
     int n = 0;
     for (int i = 0; i < r->n_rows; i++) {

@@ -40,7 +40,8 @@ int m2d_sweep_mc_fill(const char *out, const char *side, char *const *mc_cols, i
 int m2d_sweep_mc_fill_where(const char *out, const char *side, char *const *mc_cols, int n_mc,
                             char *const *where_cols, char *const *where_vals, int n_where);
 
-/* Rows of R a stage works on: MODE "best-per-pair" (m2d_report_best_per_pair), "all" (every row
+/* Rows of R a stage works on: MODE "best-per-pair" (m2d_report_best_per_pair), "best-per-scoring-K"
+ * (m2d_report_best_per_scoring_K: per scoring the lowest PPL at K = k and at K = 2k), "all" (every row
  * with status ok that is not a dedup_of), "list" (the rows with status ok whose config_id is one
  * of IDS). Of the D2D candidates (sweep_d2d.h) "best-per-pair" and "all" keep only the selected
  * one (the lowest pre-distillation PPL). Row indices -> *rows (malloc'd); returns the count. */
