@@ -36,6 +36,7 @@ static void tiny_teacher_text(void **state) {
     /* README "Memory of a sweep": the teacher is its 14,206,912 bf16 parameters, 27.1 MiB */
     assert_non_null(strstr(out, "sweep memory   peak memory: ~"));
     assert_non_null(strstr(out, "(teacher 27.1 MiB mapped as stored"));
+    assert_non_null(strstr(out, "calibrate time ~"));
     assert_string_equal(err, "");
     free(out); free(err); free(args); free(dir);
 }

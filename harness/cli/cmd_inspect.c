@@ -270,10 +270,14 @@ static void print_text(const m2d_model *m) {
         m2d_run_shape rs;
         m2d_run_memory mem;
         m2d_run_shape_from_config(c, &rs);
-        m2d_run_memory_estimate(&rs, M2D_MIN(2048, c->max_position_embeddings > 0 ? c->max_position_embeddings : 2048),
-                                0, &mem);
+        int L = M2D_MIN(2048, c->max_position_embeddings > 0 ? c->max_position_embeddings : 2048);
+        m2d_run_memory_estimate(&rs, L, 0, &mem);
         printf("sweep memory   ");
         m2d_run_memory_print(&mem, stdout);
+        char t[32];
+        m2d_fmt_duration(m2d_run_calib_seconds(&rs, 32.0 * L), t, sizeof t);
+        printf("calibrate time ~%s for calibrate's default 32 x %d tokens (FLOP estimate at 20 GFLOP/s per core, "
+               "every expert on every token; rough)%s\n", t, L, mem.layer_major ? ", plus one read of the weights" : "");
     }
     printf("torch_dtype    %s (stored tensors: see dtypes)\n", m2d_dtype_name(c->torch_dtype));
     printf("parameters     total %s\n", commas(p.total, b1, sizeof b1));

@@ -25,6 +25,7 @@
 #include "engine/actstore.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -778,9 +779,21 @@ static int pass_embed(layer_pass *lp) {
 }
 
 /* decoder layer L over every window; its weights read ahead before, dropped after */
+typedef struct { const m2d_model *m; int layer; } prefetch_job;
+static void *prefetch_main(void *arg) {
+    const prefetch_job *j = arg;
+    m2d_model_advise_layer(j->m, j->layer, M2D_ST_WILLNEED);
+    return NULL;
+}
+
 static int pass_layer(layer_pass *lp, int l) {
     const m2d_model *m = lp->e->m;
-    if (l + 1 < m->cfg.num_hidden_layers) m2d_model_advise_layer(m, l + 1, M2D_ST_WILLNEED);
+    /* the next layer's read ahead on its own thread: madvise(WILLNEED) of a GB-sized range waits
+     * while the disk's queue is full, which on the calling thread serialised reading and compute
+     * (measured on the 61 GB checkpoint, BENCHMARKS.md "Layer-major passes") */
+    prefetch_job job = {m, l + 1};
+    pthread_t th;
+    int prefetching = l + 1 < m->cfg.num_hidden_layers && pthread_create(&th, NULL, prefetch_main, &job) == 0;
     int zero = 0, rc = 0;
     for (int w = 0; w < lp->s->n && rc == 0; w++) {
         seg_plan p = window_plan(&zero, &lp->s->lens[w]);
@@ -788,6 +801,7 @@ static int pass_layer(layer_pass *lp, int l) {
         lp->done += lp->s->lens[w];
         if (lp->prog) m2d_progress_update(lp->prog, lp->done);
     }
+    if (prefetching) pthread_join(th, NULL);
     m2d_model_advise_layer(m, l, M2D_ST_DONTNEED);
     m2d_model_release_layer(m, l); /* deferred values (MXFP4 experts dequantised) given back */
     return rc;

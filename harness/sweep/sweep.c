@@ -316,16 +316,19 @@ static double estimate_config_seconds(const m2d_experiment *x, const shape *sh, 
     return 2.0 * (double)per_token * (double)*ppl_tokens / (ASSUMED_FLOPS_PER_CORE * m2d_default_threads());
 }
 
-static double calibration_seconds(const m2d_experiment *x, const shape *sh) {
+double m2d_run_calib_seconds(const m2d_run_shape *sh, double tokens) {
     /* the teacher runs every expert on every token (the Gram matrix needs all f_e) */
     int64_t attn = sh->hidden * sh->head_dim * (2 * sh->heads + 2 * sh->kv_heads);
     int64_t experts = 3 * sh->hidden * sh->E * sh->d_e;
     int64_t per_token = sh->layers * (attn + experts) + sh->vocab * sh->hidden;
-    double tokens = (double)x->calib_samples * x->calib_seq_len;
     return 2.0 * (double)per_token * tokens / (ASSUMED_FLOPS_PER_CORE * m2d_default_threads());
 }
 
-static void fmt_duration(double s, char *buf, size_t n) {
+static double calibration_seconds(const m2d_experiment *x, const shape *sh) {
+    return m2d_run_calib_seconds(sh, (double)x->calib_samples * x->calib_seq_len);
+}
+
+void m2d_fmt_duration(double s, char *buf, size_t n) {
     if (s < 10) snprintf(buf, n, "%.1f s", s);
     else if (s < 120) snprintf(buf, n, "%.0f s", s);
     else if (s < 7200) snprintf(buf, n, "%.1f min", s / 60);
@@ -459,7 +462,7 @@ static void print_estimate(const m2d_experiment *x, const int *idx, int n_idx, c
             how = "FLOP estimate at 20 GFLOP/s per core; rough";
         }
         char a[32];
-        fmt_duration(calibration_seconds(x, &sh), a, sizeof a);
+        m2d_fmt_duration(calibration_seconds(x, &sh), a, sizeof a);
         fprintf(f, "calibration: %d x %d tokens, ~%s once (cached in %s)\n", x->calib_samples, x->calib_seq_len, a,
                 x->cache_dir);
         fprintf(f, "perplexity: %s on %lld tokens per configuration (L = %d)\n", x->ppl_protocol,
@@ -471,8 +474,8 @@ static void print_estimate(const m2d_experiment *x, const int *idx, int n_idx, c
         return;
     }
     char a[32], c2[32];
-    fmt_duration(per, a, sizeof a);
-    fmt_duration(per * to_run, c2, sizeof c2);
+    m2d_fmt_duration(per, a, sizeof a);
+    m2d_fmt_duration(per * to_run, c2, sizeof c2);
     fprintf(f, "estimated run time: ~%s per configuration (%s) -> ~%s for %d to run\n", a, how, c2, to_run);
     if (!have_shape) return;
     int moe_K_max = 0; /* the largest smaller-MoE student; a dense one's width does not grow with K */

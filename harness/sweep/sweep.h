@@ -75,6 +75,10 @@ typedef struct {
     double teacher_layer;
 } m2d_run_memory;
 void m2d_run_memory_estimate(const m2d_run_shape *s, int calib_L, int moe_K_max, m2d_run_memory *m);
+/* Rough seconds of a calibration of TOKENS tokens on S (every expert on every token) at an assumed
+ * 20 GFLOP/s per core; "12.5 s", "3.4 min", "2.1 h" into BUF. */
+double m2d_run_calib_seconds(const m2d_run_shape *s, double tokens);
+void m2d_fmt_duration(double s, char *buf, size_t n);
 /* Fill S from the parsed config.json C. */
 void m2d_run_shape_from_config(const m2d_config *c, m2d_run_shape *s);
 /* One line "peak memory: ~X GiB (teacher .., calibration .., student ..)" to F, a line on the
