@@ -7,6 +7,7 @@
 #include "testutil.h"
 #include "hfcheck.h"
 #include "distill_fixture.h"
+#include "familyckpt.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -529,6 +530,48 @@ static void deepseek_student_distilled(void **state) {
     free(w0), free(w1), free(from), free(to), free(dir), free(out), free(again);
 }
 
+/* GPT-OSS's dense student (one expert of width k d_e routed top-1, biases, sinks) distills, and the
+ * output is written in GPT-OSS's own layout (model.h write_ffn: the fused, interleaved gate_up with
+ * its biases, a zero one-expert router): the same tensor names and shapes as the input, the FFN
+ * moved, and loaded again it is the trained student -- its perplexity before a second run's first
+ * step equals the first run's final validation, bit for bit (fp32 output). */
+static void gptoss_student_distilled(void **state) {
+    (void)state;
+    char *out = path_in("g");
+    cJSON *g = hf_load_golden("gptoss-student"); /* a converted student's golden: its tensors, no seed */
+    cJSON_AddNumberToObject(g, "seed", 3);
+    char *dir = tu_family_build(g, g_dir);
+    cJSON_Delete(g);
+    m2d_distill_result r, r2;
+    m2d_distill_opts o = base_opts(out, NULL);
+    o.student = dir, o.fp32 = true, o.save_every = 0, o.eval_data = g_data, o.eval_windows = 2;
+    o.train.optim.steps = 2;
+    if (m2d_distill_run(&o, &r)) fail_msg("%s", m2d_errmsg());
+    char *again = path_in("g2");
+    m2d_distill_opts o2 = o;
+    o2.student = out, o2.out = again, o2.train.optim.steps = 1;
+    if (m2d_distill_run(&o2, &r2)) fail_msg("%s", m2d_errmsg());
+    assert_true(isfinite(r.post_ppl) && r.post_ppl != r.pre_ppl);
+    assert_true(r2.pre_ppl == r.post_ppl);
+    m2d_st *in = stored(dir), *got = stored(out);
+    assert_int_equal(m2d_st_count(got), m2d_st_count(in));
+    for (int i = 0; i < m2d_st_count(in); i++) {
+        const m2d_tensor *a = m2d_st_at(in, i), *b = m2d_st_find(got, a->name);
+        if (!b) fail_msg("%s: not in the output", a->name);
+        assert_int_equal(b->ndim, a->ndim);
+        assert_memory_equal(b->shape, a->shape, sizeof(int64_t) * (size_t)a->ndim);
+    }
+    const m2d_tensor *gu_in = m2d_st_find(in, "model.layers.0.mlp.experts.gate_up_proj"),
+                     *gu_out = m2d_st_find(got, "model.layers.0.mlp.experts.gate_up_proj");
+    size_t n = (size_t)m2d_tensor_numel(gu_in);
+    float *w0 = malloc(sizeof(float) * n), *w1 = malloc(sizeof(float) * n);
+    m2d_to_f32(gu_in->dtype, gu_in->data, 0, (int64_t)n, w0);
+    m2d_to_f32(gu_out->dtype, gu_out->data, 0, (int64_t)n, w1);
+    assert_true(memcmp(w0, w1, sizeof(float) * n) != 0); /* trained */
+    m2d_st_close(in), m2d_st_close(got);
+    free(w0), free(w1), free(dir), free(out), free(again);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(resume_is_exact),
@@ -541,6 +584,7 @@ int main(void) {
         cmocka_unit_test(command_precision_auto),
         cmocka_unit_test(moe_student_refused),
         cmocka_unit_test(deepseek_student_distilled),
+        cmocka_unit_test(gptoss_student_distilled),
         cmocka_unit_test(log_symlink_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -415,13 +415,55 @@ static char *output_config(const m2d_model *s, m2d_dtype dt) {
     return text;
 }
 
+/* the parameter trained from tensor T, or -1 */
+static int param_of(const m2d_train_params *p, const m2d_tensor *t) {
+    for (int i = 0; i < p->n; i++)
+        if (p->p[i].name == t->name) return i;
+    return -1;
+}
+
+/* A student whose architecture stores its FFN block in a layout of its own (model.h write_ffn:
+ * GPT-OSS's fused, interleaved experts) gets it written that way, from a view of the student whose
+ * FFN roles hold the trained values in DT; those parameters are marked in DONE. */
+static int write_ffn_blocks(run_t *r, m2d_dtype dt, m2d_st_writer *w, char *done) {
+    const m2d_model *s = r->student;
+    const m2d_train_params *p = m2d_trainer_params(r->tr);
+    int L = s->cfg.num_hidden_layers, rc = 0;
+    m2d_model view = *s;
+    view.layers = m2d_malloc(sizeof(m2d_layer) * (size_t)L);
+    memcpy(view.layers, s->layers, sizeof(m2d_layer) * (size_t)L);
+    m2d_tensor *made = m2d_calloc((size_t)L * M2D_T_COUNT, sizeof *made);
+    for (int l = 0; l < L && rc == 0; l++) {
+        for (int role = 0; role < M2D_T_COUNT; role++) {
+            const m2d_tensor *t = s->layers[l].w[role];
+            int i = t && m2d_layer_role_is_ffn(role) ? param_of(p, t) : -1;
+            if (i < 0) continue;
+            m2d_tensor *x = &made[(size_t)l * M2D_T_COUNT + role];
+            *x = *t;
+            x->dtype = dt;
+            x->nbytes = (size_t)m2d_tensor_numel(t) * m2d_dtype_size(dt);
+            x->data = m2d_malloc(x->nbytes);
+            m2d_from_f32(dt, r->host + p->p[i].off, m2d_tensor_numel(t), (void *)x->data);
+            view.layers[l].w[role] = x;
+            done[i] = 1;
+        }
+        rc = s->arch->write_ffn(&view, l, w);
+    }
+    for (size_t k = 0; k < (size_t)L * M2D_T_COUNT; k++) free((void *)made[k].data);
+    free(made);
+    free(view.layers);
+    return rc;
+}
+
 static int write_weights(run_t *r, m2d_dtype dt) {
     const m2d_train_params *p = m2d_trainer_params(r->tr);
     m2d_st_writer *w = m2d_st_writer_new();
     m2d_st_writer_metadata(w, "format", "pt");
-    int rc = 0;
+    char *done = m2d_calloc((size_t)p->n + 1, 1);
+    int rc = r->student->arch->write_ffn ? write_ffn_blocks(r, dt, w, done) : 0;
     for (int i = 0; i < p->n && rc == 0; i++) {
         const m2d_tparam *q = &p->p[i];
+        if (done[i]) continue;
         int64_t shape[2] = {q->rows, m2d_tparam_stored_cols(q)};
         float *stored = q->group ? m2d_malloc(sizeof(float) * (size_t)(q->rows * shape[1])) : NULL;
         if (stored) m2d_tparam_stored(q, r->host, stored); /* without the loader's padding (MLA's o_proj) */
@@ -437,6 +479,7 @@ static int write_weights(run_t *r, m2d_dtype dt) {
     char *path = m2d_path_join(r->o->out, "model.safetensors");
     if (rc == 0) rc = m2d_st_writer_write(w, path);
     free(path);
+    free(done);
     m2d_st_writer_free(w);
     return rc;
 }
