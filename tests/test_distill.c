@@ -1,5 +1,6 @@
 /* distill: moe2dense's distillation steps against an independent reference — the same steps done
- * by transformers' Qwen3 modelling (and, issue 24, GPT-OSS's, OLMoE's and DeepSeek-V2's dense students) with torch autograd, torch.optim.AdamW and clip_grad_norm_
+ * by transformers' Qwen3 modelling (and, issue 24, GPT-OSS's, OLMoE's, DeepSeek-V2's and Mixtral's
+ * dense students) with torch autograd, torch.optim.AdamW and clip_grad_norm_
  * (tools/distill_ref.py; committed numbers in tests/golden/distill/, or $M2D_DISTILL_GOLDEN, which
  * `make verify-distill` makes afresh). Per case: the same teacher and student checkpoints (rebuilt
  * here byte for byte from the grid generator), the same token windows in file order, the same
@@ -63,7 +64,8 @@ static const cJSON *item(const cJSON *o, const char *key) {
 static double num(const cJSON *o, const char *key) { return item(o, key)->valuedouble; }
 
 /* DIR: golden part P's checkpoint from the grid generator, in the layout of its architecture: from
- * its tensor list when it has one (OLMoE, DeepSeek-V2), GPT-OSS's and Mixtral's (tests/familyckpt.h), or Qwen3's */
+ * its tensor list when it has one (OLMoE, DeepSeek-V2, Mixtral's Mistral student), GPT-OSS's and
+ * Mixtral's (tests/familyckpt.h), or Qwen3's */
 static void write_part(const cJSON *p, const char *dir) {
     const char *cfg = item(p, "config_json")->valuestring;
     uint64_t seed = (uint64_t)num(p, "seed");
@@ -268,6 +270,9 @@ static void olmoe_rkl(void **state) { (void)state; check_case("olmoe-rkl"); }
 /* DeepSeek-V2's dense student (latent attention with q LoRA, values narrower than the heads: o_proj's
  * padding, YaRN's attention factor and softmax mscale) against transformers' DeepseekV2ForCausalLM */
 static void deepseekv2_fkl(void **state) { (void)state; check_case("deepseekv2-fkl"); }
+/* Mixtral's dense student MistralForCausalLM (a window of 5 cutting into 16 positions, head_dim 24
+ * wider than hidden / heads, no q/k norm) taught by transformers' MixtralForCausalLM */
+static void mixtral_fkl(void **state) { (void)state; check_case("mixtral-fkl"); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
@@ -278,6 +283,7 @@ int main(void) {
         cmocka_unit_test(gptoss_fkl),
         cmocka_unit_test(olmoe_rkl),
         cmocka_unit_test(deepseekv2_fkl),
+        cmocka_unit_test(mixtral_fkl),
         cmocka_unit_test(thread_count_independent),
     };
     return cmocka_run_group_tests(tests, tu_work_setup, tu_work_teardown);

@@ -1,5 +1,5 @@
 """An independent reference of `moe2dense distill`: the same knowledge-distillation steps done with
-Hugging Face transformers' own Qwen3 / Qwen3-MoE modelling (and GPT-OSS's, OLMoE's and DeepSeek-V2's: FAMILIES) and torch (autograd, torch.optim.AdamW,
+Hugging Face transformers' own Qwen3 / Qwen3-MoE modelling (and GPT-OSS's, OLMoE's, DeepSeek-V2's and Mixtral's: FAMILIES) and torch (autograd, torch.optim.AdamW,
 torch.nn.utils.clip_grad_norm_), for tests/test_distill.c. Runs in tests/ref/.venv-hf.
 
 usage: distill_ref.py --out DIR [--only NAMES]  write the goldens (tests/golden/distill/, make distill-goldens;
@@ -11,8 +11,8 @@ Per case (CASES below):
  1. teacher (Qwen3MoeForCausalLM) and dense student (Qwen3ForCausalLM, intermediate = k * d_e) from
     the grid generator of tests/testmodel.h (tools/hf_goldens.py), saved with save_pretrained; the
     golden keeps both config.json texts and the sha256 of both model.safetensors, which
-    tests/test_distill.c rebuilds byte for byte with moe2dense's writer (OLMoE from the tensor list
-    the golden keeps, GPT-OSS with tests/familyckpt.c);
+    tests/test_distill.c rebuilds byte for byte with moe2dense's writer (OLMoE, DeepSeek-V2 and Mixtral's
+    Mistral student from the tensor list the golden keeps, GPT-OSS and Mixtral with tests/familyckpt.c);
  2. data: a text encoded by the byte-level tokenizer of hf_goldens.py, cut into consecutive windows
     of L tokens taken in file order (--order sequential: step s uses windows (s-1)B .. sB-1);
  3. S optimizer steps in float32: teacher logits (full vocabulary; with teacher_topk the routers
@@ -106,6 +106,13 @@ DEEPSEEK_T = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=48, moe_in
                                                   "original_max_position_embeddings": 16, "beta_fast": 32,
                                                   "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.5},
                   rms_norm_eps=1e-6, max_position_embeddings=64, tie_word_embeddings=False, eos_token_id=256)
+# Mixtral (the golden teacher of tests/golden/hf/mixtral.json: head_dim 24 wider than hidden / heads,
+# rope_theta 1e6, renormalised top-2 of 8; its window narrowed from 16 to 5 to cut into 16 positions)
+# and its dense student MistralForCausalLM (intermediate k * d_e, the window and head_dim kept)
+MIXTRAL_T = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2,
+                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=24, sliding_window=5,
+                 rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-5,
+                 max_position_embeddings=256, tie_word_embeddings=False, eos_token_id=256, pad_token_id=None)
 FAMILIES = {
     "gptoss": ("GptOssForCausalLM", GPTOSS_T, "GptOssForCausalLM",
                dict(GPTOSS_T, num_local_experts=1, num_experts_per_tok=1, intermediate_size=64)),
@@ -113,6 +120,9 @@ FAMILIES = {
               dict(OLMOE_T, num_experts=1, num_experts_per_tok=1, intermediate_size=64)),
     "deepseekv2": ("DeepseekV2ForCausalLM", DEEPSEEK_T, "DeepseekV2ForCausalLM",
                    dict(DEEPSEEK_T, first_k_dense_replace=2, intermediate_size=48)),
+    "mixtral": ("MixtralForCausalLM", MIXTRAL_T, "MistralForCausalLM",
+                dict({k: v for k, v in MIXTRAL_T.items() if k not in ("num_local_experts", "num_experts_per_tok")},
+                     intermediate_size=64)),
 }
 CASES.update({
     "gptoss-fkl": dict(seq_len=16, batch=2, micro_batch=1, steps=4, warmup=1, lr=2e-3, min_lr=2e-4, weight_decay=0.01,
@@ -122,6 +132,8 @@ CASES.update({
     "deepseekv2-fkl": dict(seq_len=16, batch=2, micro_batch=1, steps=4, warmup=1, lr=2e-3, min_lr=2e-4,
                            weight_decay=0.01, clip=1.0, loss="fkl", mse_weight=0.0, teacher_topk=0,
                            family="deepseekv2"),
+    "mixtral-fkl": dict(seq_len=16, batch=2, micro_batch=1, steps=4, warmup=1, lr=2e-3, min_lr=2e-4, weight_decay=0.01,
+                        clip=1.0, loss="fkl", mse_weight=0.0, teacher_topk=0, family="mixtral"),
 })
 WORDS = ["the", "expert", "router", "dense", "of", "and", "model", "token", "layer", "a", "merge", "group",
          "student", "teacher", "distill", "loss"]
@@ -138,7 +150,8 @@ def lr_at(c, s):
 
 def load(cls_name, d):
     kw = ({"experts_implementation": "eager"}
-          if "Moe" in cls_name or cls_name in ("GptOssForCausalLM", "DeepseekV2ForCausalLM") else {})
+          if "Moe" in cls_name or cls_name in ("GptOssForCausalLM", "DeepseekV2ForCausalLM", "MixtralForCausalLM")
+          else {})
     m = getattr(transformers, cls_name).from_pretrained(d, dtype=torch.float32, attn_implementation="eager", **kw)
     return m
 
@@ -261,7 +274,8 @@ def make_case(name, c, work, tok_json, text):
     for part, d, seed in (("teacher", t_dir, 11), ("student", s_dir, 12)):
         parts[part] = {"seed": seed, "config_json": read_text(f"{d}/config.json"),
                        "safetensors_sha256": sha256(f"{d}/model.safetensors")}
-        if c.get("family") in ("olmoe", "deepseekv2"):  # the C test writes it from its tensor list (testmodel.h)
+        # the C test writes it from its tensor list (testmodel.h): no writer of its own for the layout
+        if c.get("family") in ("olmoe", "deepseekv2") or (c.get("family") == "mixtral" and part == "student"):
             parts[part].update(name=f"{name}-{part}", tensors=tensor_list(d))
     return {"name": name, "settings": c,
             "versions": {"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0]},
