@@ -480,96 +480,83 @@ static m2d_st *stored(const char *dir) {
     return st;
 }
 
+/* Student DIR distilled 2 steps into OUT (fp32), then OUT distilled 1 step into AGAIN: the output
+ * is the trained student -- loaded again, its perplexity before the second run's first step equals
+ * the first run's final validation, bit for bit (the same engine on the same fp32 weights) -- and
+ * holds DIR's tensors under their names and shapes. Returns DIR's and OUT's stored tensors. */
+static void distill_twice(const char *dir, const char *out, const char *again, m2d_st **in, m2d_st **got) {
+    m2d_distill_result r, r2;
+    m2d_distill_opts o = base_opts(out, NULL);
+    o.student = dir, o.fp32 = true, o.save_every = 0, o.eval_data = g_data, o.eval_windows = 2;
+    o.train.optim.steps = 2;
+    if (m2d_distill_run(&o, &r)) fail_msg("%s", m2d_errmsg());
+    m2d_distill_opts o2 = o;
+    o2.student = out, o2.out = again, o2.train.optim.steps = 1;
+    if (m2d_distill_run(&o2, &r2)) fail_msg("%s", m2d_errmsg());
+    assert_true(isfinite(r.post_ppl) && r.post_ppl != r.pre_ppl);
+    assert_true(r2.pre_ppl == r.post_ppl);
+    *in = stored(dir), *got = stored(out);
+    assert_int_equal(m2d_st_count(*got), m2d_st_count(*in));
+    for (int i = 0; i < m2d_st_count(*in); i++) {
+        const m2d_tensor *a = m2d_st_at(*in, i), *b = m2d_st_find(*got, a->name);
+        if (!b) fail_msg("%s: not in the output", a->name);
+        assert_int_equal(b->ndim, a->ndim);
+        assert_memory_equal(b->shape, a->shape, sizeof(int64_t) * (size_t)a->ndim);
+    }
+}
+
+/* tensor NAME differs between IN and GOT (trained) */
+static void assert_moved(const m2d_st *in, const m2d_st *got, const char *name) {
+    const m2d_tensor *a = m2d_st_find(in, name), *b = m2d_st_find(got, name);
+    assert_non_null(a), assert_non_null(b);
+    size_t n = (size_t)m2d_tensor_numel(a);
+    float *w0 = malloc(sizeof(float) * n), *w1 = malloc(sizeof(float) * n);
+    m2d_to_f32(a->dtype, a->data, 0, (int64_t)n, w0);
+    m2d_to_f32(b->dtype, b->data, 0, (int64_t)n, w1);
+    assert_true(memcmp(w0, w1, sizeof(float) * n) != 0);
+    free(w0), free(w1);
+}
+
 /* DeepSeek-V2's dense student (latent attention; its golden: every layer dense, values of 12 in
- * heads of 24, so the loader pads o_proj) distills, and the output holds the checkpoint's tensors
- * under their names and shapes -- o_proj [d, heads * v_head_dim] as stored, not the loader's
- * padded copy -- trained (o_proj moved), and is the trained student: loaded again (the loader
- * pads it again), its perplexity before a second run's first step equals the first run's final
- * validation, bit for bit (the same engine on the same fp32 weights and shapes) */
+ * heads of 24, so the loader pads o_proj) distills (distill_twice), and the output holds o_proj
+ * [d, heads * v_head_dim] as stored, not the loader's padded copy, trained */
 static void deepseek_student_distilled(void **state) {
     (void)state;
-    char *out = path_in("f");
+    char *out = path_in("f"), *again = path_in("f2");
     cJSON *g = hf_load_golden("deepseekv2-student"); /* a converted student's golden: its tensors, no seed */
     cJSON_AddNumberToObject(g, "seed", 3);
     char *dir = hf_build_listed(g, g_dir);
     cJSON_Delete(g);
     char *from = m2d_path_join(g_student, "tokenizer.json"), *to = m2d_path_join(dir, "tokenizer.json");
     tu_copy_file(from, to);
-    m2d_distill_result r;
-    m2d_distill_opts o = base_opts(out, NULL);
-    o.student = dir, o.fp32 = true, o.save_every = 0, o.eval_data = g_data, o.eval_windows = 2;
-    o.train.optim.steps = 2;
-    if (m2d_distill_run(&o, &r)) fail_msg("%s", m2d_errmsg());
-    char *again = path_in("f2");
-    m2d_distill_result r2;
-    m2d_distill_opts o2 = o;
-    o2.student = out, o2.out = again, o2.train.optim.steps = 1;
-    if (m2d_distill_run(&o2, &r2)) fail_msg("%s", m2d_errmsg());
-    assert_true(isfinite(r.post_ppl) && r.post_ppl != r.pre_ppl);
-    assert_true(r2.pre_ppl == r.post_ppl);
-    m2d_st *in = stored(dir), *got = stored(out);
-    assert_int_equal(m2d_st_count(got), m2d_st_count(in));
-    for (int i = 0; i < m2d_st_count(in); i++) {
-        const m2d_tensor *a = m2d_st_at(in, i), *b = m2d_st_find(got, a->name);
-        if (!b) fail_msg("%s: not in the output", a->name);
-        assert_int_equal(b->ndim, a->ndim);
-        assert_memory_equal(b->shape, a->shape, sizeof(int64_t) * (size_t)a->ndim);
-    }
+    m2d_st *in, *got;
+    distill_twice(dir, out, again, &in, &got);
     const m2d_tensor *op = m2d_st_find(got, "model.layers.0.self_attn.o_proj.weight");
     assert_true(op->shape[0] == 64 && op->shape[1] == 4 * 12);
-    float *w1 = malloc(sizeof(float) * 64 * 48), *w0 = malloc(sizeof(float) * 64 * 48);
-    m2d_to_f32(op->dtype, op->data, 0, 64 * 48, w1);
-    op = m2d_st_find(in, op->name);
-    m2d_to_f32(op->dtype, op->data, 0, 64 * 48, w0);
-    assert_true(memcmp(w0, w1, sizeof(float) * 64 * 48) != 0);
+    assert_moved(in, got, op->name);
     m2d_model *m;
     if (m2d_model_open(out, &m)) fail_msg("%s", m2d_errmsg());
     assert_string_equal(m->cfg.arch, "DeepseekV2ForCausalLM");
     m2d_model_close(m);
     m2d_st_close(in), m2d_st_close(got);
-    free(w0), free(w1), free(from), free(to), free(dir), free(out), free(again);
+    free(from), free(to), free(dir), free(out), free(again);
 }
 
-/* GPT-OSS's dense student (one expert of width k d_e routed top-1, biases, sinks) distills, and the
- * output is written in GPT-OSS's own layout (model.h write_ffn: the fused, interleaved gate_up with
- * its biases, a zero one-expert router): the same tensor names and shapes as the input, the FFN
- * moved, and loaded again it is the trained student -- its perplexity before a second run's first
- * step equals the first run's final validation, bit for bit (fp32 output). */
+/* GPT-OSS's dense student (one expert of width k d_e routed top-1, biases, sinks) distills
+ * (distill_twice) and is written in GPT-OSS's own layout (model.h write_ffn: the fused, interleaved
+ * gate_up with its biases, a zero one-expert router), the FFN trained */
 static void gptoss_student_distilled(void **state) {
     (void)state;
-    char *out = path_in("g");
+    char *out = path_in("g"), *again = path_in("g2");
     cJSON *g = hf_load_golden("gptoss-student"); /* a converted student's golden: its tensors, no seed */
     cJSON_AddNumberToObject(g, "seed", 3);
     char *dir = tu_family_build(g, g_dir);
     cJSON_Delete(g);
-    m2d_distill_result r, r2;
-    m2d_distill_opts o = base_opts(out, NULL);
-    o.student = dir, o.fp32 = true, o.save_every = 0, o.eval_data = g_data, o.eval_windows = 2;
-    o.train.optim.steps = 2;
-    if (m2d_distill_run(&o, &r)) fail_msg("%s", m2d_errmsg());
-    char *again = path_in("g2");
-    m2d_distill_opts o2 = o;
-    o2.student = out, o2.out = again, o2.train.optim.steps = 1;
-    if (m2d_distill_run(&o2, &r2)) fail_msg("%s", m2d_errmsg());
-    assert_true(isfinite(r.post_ppl) && r.post_ppl != r.pre_ppl);
-    assert_true(r2.pre_ppl == r.post_ppl);
-    m2d_st *in = stored(dir), *got = stored(out);
-    assert_int_equal(m2d_st_count(got), m2d_st_count(in));
-    for (int i = 0; i < m2d_st_count(in); i++) {
-        const m2d_tensor *a = m2d_st_at(in, i), *b = m2d_st_find(got, a->name);
-        if (!b) fail_msg("%s: not in the output", a->name);
-        assert_int_equal(b->ndim, a->ndim);
-        assert_memory_equal(b->shape, a->shape, sizeof(int64_t) * (size_t)a->ndim);
-    }
-    const m2d_tensor *gu_in = m2d_st_find(in, "model.layers.0.mlp.experts.gate_up_proj"),
-                     *gu_out = m2d_st_find(got, "model.layers.0.mlp.experts.gate_up_proj");
-    size_t n = (size_t)m2d_tensor_numel(gu_in);
-    float *w0 = malloc(sizeof(float) * n), *w1 = malloc(sizeof(float) * n);
-    m2d_to_f32(gu_in->dtype, gu_in->data, 0, (int64_t)n, w0);
-    m2d_to_f32(gu_out->dtype, gu_out->data, 0, (int64_t)n, w1);
-    assert_true(memcmp(w0, w1, sizeof(float) * n) != 0); /* trained */
+    m2d_st *in, *got;
+    distill_twice(dir, out, again, &in, &got);
+    assert_moved(in, got, "model.layers.0.mlp.experts.gate_up_proj");
     m2d_st_close(in), m2d_st_close(got);
-    free(w0), free(w1), free(dir), free(out), free(again);
+    free(dir), free(out), free(again);
 }
 
 int main(void) {
