@@ -215,9 +215,10 @@ static void routed_substitution(const m2d_model *m, const int32_t *tok, int n, i
 
 /* the three windows' log-probs LP [3][n] through an engine with pass MODE in MEM_BUDGET bytes */
 static void windows_logprobs(const m2d_model *m, const int32_t *tok, const int32_t *tg, int n, m2d_pass_mode mode,
-                             size_t mem_budget, const char *spill_dir, m2d_precision p, double *lp) {
+                             size_t mem_budget, const char *spill_dir, m2d_act_mode act, m2d_precision p, double *lp) {
     m2d_engine *e;
-    m2d_engine_opts o = {.n_threads = 2, .precision = p, .pass = mode, .mem_budget = mem_budget, .spill_dir = spill_dir};
+    m2d_engine_opts o = {.n_threads = 2, .precision = p, .pass = mode, .mem_budget = mem_budget, .spill_dir = spill_dir,
+                         .act = act};
     if (m2d_engine_open(m, &o, &e)) fail_msg("%s", m2d_errmsg());
     assert_int_equal(m2d_engine_pass(e)->layer_major, mode == M2D_PASS_LAYER);
     if (mem_budget == 1) assert_int_equal(m2d_engine_pass(e)->act_budget, 0); /* every window spills */
@@ -225,21 +226,24 @@ static void windows_logprobs(const m2d_model *m, const int32_t *tok, const int32
     int lens[3] = {n, n - 1, n / 2}, first[3] = {0, 1, n / 4};
     double *lps[3] = {lp, lp + n, lp + 2 * n};
     m2d_window_set set = {3, toks, lens, tgs, first, lps};
+    if (act == M2D_ACT_GROUPS) assert_int_equal(m2d_engine_layer_major_groups(e, &set), 3); /* one window each */
     if (m2d_engine_logprobs_windows(e, &set, NULL)) fail_msg("%s", m2d_errmsg());
     m2d_engine_free(e);
 }
 
 void tu_layer_major_check(const m2d_model *m, const int32_t *tok, const int32_t *tg, int n, const char *spill_dir,
                           m2d_precision p) {
-    double *wm = m2d_calloc((size_t)n * 9, sizeof(double)), *lm = wm + 3 * n, *sp = wm + 6 * n;
-    windows_logprobs(m, tok, tg, n, M2D_PASS_WINDOW, 0, NULL, p, wm);
-    windows_logprobs(m, tok, tg, n, M2D_PASS_LAYER, SIZE_MAX / 2, NULL, p, lm);
-    windows_logprobs(m, tok, tg, n, M2D_PASS_LAYER, 1, spill_dir, p, sp);
+    double *wm = m2d_calloc((size_t)n * 12, sizeof(double)), *lm = wm + 3 * n, *sp = wm + 6 * n, *gr = wm + 9 * n;
+    windows_logprobs(m, tok, tg, n, M2D_PASS_WINDOW, 0, NULL, M2D_ACT_AUTO, p, wm);
+    windows_logprobs(m, tok, tg, n, M2D_PASS_LAYER, SIZE_MAX / 2, NULL, M2D_ACT_AUTO, p, lm);
+    windows_logprobs(m, tok, tg, n, M2D_PASS_LAYER, 1, spill_dir, M2D_ACT_SPILL, p, sp);
+    windows_logprobs(m, tok, tg, n, M2D_PASS_LAYER, 1, spill_dir, M2D_ACT_GROUPS, p, gr);
     /* exact on every machine by construction: both orders run the same ops on the same rows of each
      * window (only the order of windows and layers differs; no op mixes windows), and the residual
      * stream is stored in fp32, the engine's own format between layers */
     assert_memory_equal(wm, lm, sizeof(double) * (size_t)n * 3);
     assert_memory_equal(wm, sp, sizeof(double) * (size_t)n * 3);
+    assert_memory_equal(wm, gr, sizeof(double) * (size_t)n * 3);
     free(wm);
 }
 

@@ -33,8 +33,9 @@ void tu_family_config_error(const char *golden, const char *set, const char *del
  * model's sliding window so that the window cuts into the cached keys. */
 void tu_family_engine_check(const char *golden, const char *work, int n, int split, int trunc);
 /* The log-probs of three windows of TOK (N tokens, targets TG; lengths N, N - 1 and N / 2, scored
- * from 0, 1 and N / 4) through m2d_engine_logprobs_windows: layer-major in memory and layer-major
- * spilled to a file in SPILL_DIR equal the window-major ones bit for bit, in precision P. */
+ * from 0, 1 and N / 4) through m2d_engine_logprobs_windows: layer-major in memory, layer-major
+ * spilled to a file in SPILL_DIR and layer-major in groups of one window equal the window-major
+ * ones bit for bit, in precision P. */
 void tu_layer_major_check(const m2d_model *m, const int32_t *tok, const int32_t *tg, int n, const char *spill_dir,
                           m2d_precision p);
 /* experiments.toml's "cross-model" experiment (paper section 4.6) run by `moe2dense sweep` on golden

@@ -1278,10 +1278,35 @@ static void layer_major_pass(void **state) {
     rand_tokens(&st, tok, N + 1, m->cfg.vocab_size);
     tu_layer_major_check(m, tok, tok + 1, N, tmp, M2D_PREC_FP32);
     tu_layer_major_check(m, tok, tok + 1, N, tmp, M2D_PREC_BF16);
+    /* over the budget: groups of windows when re-reading the weights moves fewer bytes than spilling
+     * (200 windows of 48 tokens, 7.03 MiB of residual streams, a budget of half of them: 2 groups
+     * read the 27.1 MiB of weights once more; a spill writes and reads back the other 3.52 MiB at
+     * each of 4 layers, 28.1 MiB), else one spilled pass; forced either way */
+    {
+        enum { NW = 200 };
+        const int32_t *tk[NW], *tg[NW];
+        int ln[NW], fs[NW];
+        double *lpw[NW], one[N];
+        for (int w = 0; w < NW; w++) tk[w] = tok, tg[w] = tok + 1, ln[w] = N, fs[w] = N - 1, lpw[w] = one;
+        m2d_window_set many = {NW, tk, ln, tg, fs, lpw};
+        size_t layer = 0, acts = (size_t)NW * N * m->cfg.hidden_size * sizeof(float);
+        for (int l = 0; l < m->cfg.num_hidden_layers; l++) layer = M2D_MAX(layer, m2d_model_layer_bytes(m, l));
+        const m2d_act_mode acts_mode[3] = {M2D_ACT_AUTO, M2D_ACT_SPILL, M2D_ACT_GROUPS};
+        const int want[3] = {2, 1, 2};
+        for (int i = 0; i < 3; i++) {
+            m2d_engine *g;
+            m2d_engine_opts go = {.n_threads = 1, .pass = M2D_PASS_LAYER, .act = acts_mode[i],
+                                  .mem_budget = layer + m->lm_head->nbytes + acts / 2};
+            assert_int_equal(m2d_engine_open(m, &go, &g), 0);
+            assert_int_equal(m2d_engine_layer_major_groups(g, &many), want[i]);
+            m2d_engine_free(g);
+        }
+    }
     /* a spill directory that cannot take the file: one line naming it, no crash */
     m2d_engine *e;
     char *missing = m2d_strfmt("%s/no-such-dir", tmp);
-    m2d_engine_opts eo = {.n_threads = 1, .pass = M2D_PASS_LAYER, .mem_budget = 1, .spill_dir = missing};
+    m2d_engine_opts eo = {.n_threads = 1, .pass = M2D_PASS_LAYER, .mem_budget = 1, .spill_dir = missing,
+                          .act = M2D_ACT_SPILL};
     assert_int_equal(m2d_engine_open(m, &eo, &e), 0);
     double lp[N], *lps[1] = {lp};
     const int32_t *toks[1] = {tok}, *tgs[1] = {tok + 1};

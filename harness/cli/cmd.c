@@ -117,10 +117,10 @@ void m2d_cmd_print_pass(const char *cmd, const m2d_model *m, m2d_pass_mode mode,
                 mode == M2D_PASS_WINDOW ? ", as asked" : "");
         return;
     }
-    char where[96] = "";
+    char where[128] = "";
     if (tokens > 0)
         snprintf(where, sizeof where, "; activations %.2f GiB %s", acts,
-                 acts * G <= (double)o.act_budget ? "in memory" : "spilled to a file");
+                 acts * G <= (double)o.act_budget ? "in memory" : "over the budget: in groups of windows or spilled");
     fprintf(stderr, "moe2dense %s: layer-major pass (weights %.2f GiB, budget %.2f GiB%s): each layer's weights read "
             "once%s\n", cmd, wb, budget / G, mode == M2D_PASS_LAYER ? ", as asked" : "", where);
 }

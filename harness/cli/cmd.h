@@ -63,7 +63,8 @@ double m2d_cmd_peak_rss_mib(void);
     "                 weights are read from disk once per pass (a checkpoint larger than RAM);\n"       \
     "                 window: each window through every layer. Same results either way\n"             \
     "  --mem-budget B bytes the pass may hold, e.g. 20G (default 80 % of RAM): layer-major keeps one\n" \
-    "                 layer and the activations of all windows; beyond it they spill to a file\n"
+    "                 layer and the activations of all windows; beyond it, groups of windows\n"      \
+    "                 (the weights read once a group) or a spill file, whichever moves fewer bytes\n"
 int m2d_cmd_pass_args(const char *cmd, const char *pass_s, const char *budget_s, m2d_pass_mode *mode, size_t *budget);
 /* One line on stderr saying how CMD's pass over M runs (which order, why, and where the
  * activations of TOKENS tokens go; TOKENS <= 0: not known yet). */

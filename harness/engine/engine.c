@@ -26,6 +26,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -189,6 +190,7 @@ int m2d_engine_open(const m2d_model *m, const m2d_engine_opts *o, m2d_engine **o
     e->skip_layer = -1;
     e->pass = m2d_engine_plan_pass(m, o->mem_budget ? o->mem_budget : m2d_default_mem_budget(), o->pass);
     e->pass.spill_dir = o->spill_dir;
+    e->pass.act = o->act;
     int rot = m2d_engine_rope_dim(&m->cfg);
     e->inv_freq = m2d_malloc(sizeof(double) * (size_t)(rot / 2));
     m2d_rope_inv_freq(&m->cfg.rope_scaling, m->cfg.rope_theta, rot, e->inv_freq);
@@ -824,32 +826,67 @@ static int pass_head(layer_pass *lp) {
     return rc;
 }
 
-static int layer_major_impl(m2d_engine *e, const m2d_window_set *s, const char *progress) {
-    const m2d_pass_opts *o = &e->pass;
+/* Windows S through every layer, layer after layer, their residual streams in a store of at most
+ * BUDGET bytes in memory (beyond: the spill file); progress into PROG (may be NULL) from *DONE. */
+static int layer_major_group(m2d_engine *e, const m2d_window_set *s, size_t budget, m2d_progress *prog, double *done) {
     int d = e->m->cfg.hidden_size, L = e->m->cfg.num_hidden_layers, max_n = 1;
-    layer_pass lp = {.e = e, .s = s};
+    layer_pass lp = {.e = e, .s = s, .prog = prog, .done = *done};
     lp.row0 = m2d_malloc(sizeof(size_t) * ((size_t)s->n + 1));
     lp.row0[0] = 0;
     for (int w = 0; w < s->n; w++) {
         lp.row0[w + 1] = lp.row0[w] + (size_t)s->lens[w];
         max_n = M2D_MAX(max_n, s->lens[w]);
     }
-    lp.store = m2d_actstore_open(lp.row0[s->n], (size_t)d, o->act_budget, o->spill_dir);
+    lp.store = m2d_actstore_open(lp.row0[s->n], (size_t)d, budget, e->pass.spill_dir);
     int rc = lp.store && ws_alloc(e, max_n, &lp.w) == 0 ? 0 : -1;
     lp.x = rc == 0 ? m2d_malloc(f32s(max_n, d)) : NULL;
-    m2d_progress prog;
-    if (rc == 0 && progress) {
-        m2d_progress_start(&prog, progress, (double)lp.row0[s->n] * L);
-        lp.prog = &prog;
-    }
     if (rc == 0) rc = pass_embed(&lp);
     for (int l = 0; l < L && rc == 0; l++) rc = pass_layer(&lp, l);
     if (rc == 0) rc = pass_head(&lp);
-    if (lp.prog) m2d_progress_end(lp.prog);
     if (lp.x) ws_free(e, &lp.w);
     free(lp.x);
     free(lp.row0);
     m2d_actstore_free(lp.store);
+    *done = lp.done;
+    return rc;
+}
+
+/* the windows from W0 on whose residual streams fit BUDGET bytes together (at least one) */
+static int group_end(const m2d_window_set *s, int w0, size_t row_bytes, size_t budget) {
+    size_t used = (size_t)s->lens[w0] * row_bytes;
+    int w = w0 + 1;
+    while (w < s->n && used + (size_t)s->lens[w] * row_bytes <= budget) used += (size_t)s->lens[w++] * row_bytes;
+    return w;
+}
+
+/* Residual streams over the budget go either to groups of windows that each fit (each group reads
+ * the weights again) or to a spill file for one pass (every layer writes and reads back what
+ * exceeds the budget): whichever moves fewer bytes (engine.h m2d_act_mode), unless forced. */
+int m2d_engine_layer_major_groups(const m2d_engine *e, const m2d_window_set *s) {
+    size_t row_bytes = (size_t)e->m->cfg.hidden_size * sizeof(float), B = e->pass.act_budget, A = 0;
+    for (int w = 0; w < s->n; w++) A += (size_t)s->lens[w] * row_bytes;
+    int groups = 0;
+    for (int w = 0; w < s->n; w = group_end(s, w, row_bytes, B)) groups++;
+    if (A <= B || e->pass.act == M2D_ACT_SPILL) return 1;
+    if (e->pass.act == M2D_ACT_GROUPS) return groups;
+    double reread = (double)(groups - 1) * (double)m2d_engine_weight_bytes(e->m),
+           spill = 2.0 * e->m->cfg.num_hidden_layers * (double)(A - B);
+    return reread <= spill ? groups : 1;
+}
+
+static int layer_major_impl(m2d_engine *e, const m2d_window_set *s, const char *progress) {
+    size_t row_bytes = (size_t)e->m->cfg.hidden_size * sizeof(float), rows = 0;
+    for (int w = 0; w < s->n; w++) rows += (size_t)s->lens[w];
+    m2d_progress prog;
+    if (progress) m2d_progress_start(&prog, progress, (double)rows * e->m->cfg.num_hidden_layers);
+    double done = 0;
+    int rc = 0, grouped = m2d_engine_layer_major_groups(e, s) > 1;
+    for (int w0 = 0, w1; w0 < s->n && rc == 0; w0 = w1) {
+        w1 = grouped ? group_end(s, w0, row_bytes, e->pass.act_budget) : s->n;
+        m2d_window_set g = {w1 - w0, s->tokens + w0, s->lens + w0, s->targets + w0, s->first + w0, s->lp + w0};
+        rc = layer_major_group(e, &g, grouped ? SIZE_MAX : e->pass.act_budget, progress ? &prog : NULL, &done);
+    }
+    if (progress) m2d_progress_end(&prog);
     return rc;
 }
 

@@ -20,6 +20,10 @@
 typedef struct m2d_engine m2d_engine;
 
 typedef enum { M2D_PASS_AUTO, M2D_PASS_WINDOW, M2D_PASS_LAYER } m2d_pass_mode;
+/* Where a layer-major pass keeps residual streams that exceed its budget: AUTO: whichever moves fewer
+ * bytes, GROUPS of windows that each fit (the weights read once per group: (groups - 1) x weights
+ * more) or a SPILL file (each layer writes and reads back the excess: 2 x layers x excess). */
+typedef enum { M2D_ACT_AUTO, M2D_ACT_GROUPS, M2D_ACT_SPILL } m2d_act_mode;
 
 typedef struct {
     const char *backend;     /* registered backend name (NULL: "cpu"); see m2d_backend_list() */
@@ -31,6 +35,7 @@ typedef struct {
     size_t mem_budget;       /* bytes a pass may hold (0: m2d_default_mem_budget(), 80 % of RAM) */
     const char *spill_dir;   /* layer-major residual streams beyond the budget go to a file there
                               * (NULL: $TMPDIR, else /tmp) */
+    m2d_act_mode act;        /* how they exceed it (AUTO: the cheaper) */
 } m2d_engine_opts;
 
 /* An engine on a new backend object it owns. The model must outlive the engine. */
@@ -164,13 +169,17 @@ typedef struct {
      * for bit, in every precision, and the same hook and probe calls (a layer's windows in order). */
     int layer_major;
     size_t act_budget;      /* layer-major: bytes of residual streams (fp32) kept in memory; beyond,
-                             * they go to a spill file (engine/actstore.h) */
+                             * groups of windows or a spill file (engine/actstore.h), see act */
     const char *spill_dir;  /* where the spill file is made (NULL: $TMPDIR, else /tmp) */
+    m2d_act_mode act;       /* residual streams over act_budget: groups of windows or a spill file */
 } m2d_pass_opts;
 /* The windows through the engine as its pass says (m2d_engine_opts; m2d_engine_pass), with a
  * progress line labelled PROGRESS (base/util.h m2d_progress; NULL: silent). */
 int m2d_engine_logprobs_windows(m2d_engine *e, const m2d_window_set *windows, const char *progress);
 const m2d_pass_opts *m2d_engine_pass(const m2d_engine *e);
+/* How many groups of windows a layer-major pass over WINDOWS runs in (1: one pass, the residual
+ * streams in memory or, beyond the budget, spilled); the choice m2d_act_mode describes. */
+int m2d_engine_layer_major_groups(const m2d_engine *e, const m2d_window_set *windows);
 
 /* How a pass on M runs within MEM_BUDGET bytes (weights and residual streams). M2D_PASS_AUTO:
  * window-major while the weights fit the budget, else layer-major; the others force one. Layer-major keeps the residual streams in
