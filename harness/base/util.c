@@ -458,13 +458,12 @@ int m2d_parse_bytes(const char *cmd, const char *opt, const char *s, size_t *out
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (end == s) return m2d_err("%s: option %s: '%s' is not a byte count (e.g. 20G, 512M)", cmd, opt, s);
-    int shift = 0;
-    const char *units = "KMGT", *u = *end ? strchr(units, toupper((unsigned char)*end)) : NULL;
+    int shift = 0, number = end != s;
+    const char *units = "KMGT", *u = number && *end ? strchr(units, toupper((unsigned char)*end)) : NULL;
     if (u) shift = 10 * (int)(u - units + 1), end++;
     if (u && *end == 'i') end++;
-    if (*end == 'B' || *end == 'b') end++;
-    if (*end || errno || !(v >= 0) || ldexp(v, shift) >= 0x1p63)
+    if (number && (*end == 'B' || *end == 'b')) end++;
+    if (!number || *end || errno || !(v >= 0) || ldexp(v, shift) >= 0x1p63)
         return m2d_err("%s: option %s: '%s' is not a byte count (e.g. 20G, 512M)", cmd, opt, s);
     *out = (size_t)ldexp(v, shift);
     return 0;

@@ -119,8 +119,7 @@ static int cpu_make_resident(m2d_backend *be, m2d_weight *wh) {
  * measured on tiny models, while big checkpoints stay mmapped in their stored dtype */
 static size_t cpu_resident_budget(m2d_backend *be) {
     (void)be;
-    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    size_t eighth = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz / 8 : 0;
+    size_t eighth = m2d_physical_ram() / 8;
     /* and at most 1 GiB: a prepared bf16 copy is as big as the mmapped checkpoint it duplicates
      * (a 30B-shaped 2-layer slice: 3.1 GB of anonymous memory next to 3.5 GB mapped, for a few
      * per cent per GEMM), so realistic checkpoints stay as stored in either precision */

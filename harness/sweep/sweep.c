@@ -230,8 +230,14 @@ static int read_shape(const m2d_experiment *x, shape *sh, const char **source) {
 /* Parameters of the teacher (MOE_K 0, DENSE 0); of a smaller-MoE student of MOE_K experts (each
  * with its router row); of the dense student (DENSE 1: one SwiGLU FFN of the k groups' width k d_e
  * per MoE layer, no router, whatever K was: K experts are merged into k groups). */
+/* one layer's attention: q, k, v, o and the two norms (and the q/k norms' head_dim each) */
+static int64_t attn_params(const shape *s) {
+    int64_t d = s->hidden;
+    return d * s->head_dim * (2 * s->heads + 2 * s->kv_heads) + 2 * d + 2 * s->head_dim;
+}
+
 static int64_t shape_params(const shape *s, int64_t moe_K, int dense_student) {
-    int64_t d = s->hidden, attn = d * s->head_dim * (2 * s->heads + 2 * s->kv_heads) + 2 * d + 2 * s->head_dim;
+    int64_t d = s->hidden, attn = attn_params(s);
     int64_t n_exp = moe_K > 0 ? moe_K : s->E;
     int64_t moe = dense_student ? 3 * d * s->d_e * s->k : n_exp * (3 * d * s->d_e + d), dense = 3 * d * s->F;
     return s->vocab * d * (s->tied ? 1 : 2) + d + s->layers * attn + s->moe_layers * moe +
@@ -259,8 +265,7 @@ void m2d_run_memory_estimate(const m2d_run_shape *s, int calib_L, int moe_K_max,
     m->student = (double)s->dtype_bytes * (double)m->student_params;
     m->total = m->teacher + m->calib + m->student;
     /* the largest layer (an MoE layer's experts, router and attention) beside the LM head */
-    int64_t d = s->hidden, attn = d * s->head_dim * (2 * s->heads + 2 * s->kv_heads) + 2 * d + 2 * s->head_dim;
-    int64_t layer = attn + M2D_MAX(s->moe_layers ? s->E * (3 * d * s->d_e + d) : 0, 3 * d * s->F);
+    int64_t d = s->hidden, layer = attn_params(s) + M2D_MAX(s->moe_layers ? s->E * (3 * d * s->d_e + d) : 0, 3 * d * s->F);
     m->teacher_layer = (double)s->dtype_bytes * (double)(layer + s->vocab * d);
     m->layer_major = m->total > (double)m2d_default_mem_budget();
     if (m->layer_major) m->total = m->teacher_layer + m->calib + m->student;

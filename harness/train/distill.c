@@ -115,8 +115,8 @@ void m2d_distill_memory_estimate(const m2d_config *t, const m2d_config *s, int64
 }
 
 double m2d_distill_ram_bytes(void) {
-    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
-    return pages > 0 && size > 0 ? (double)pages * (double)size : INFINITY;
+    size_t ram = m2d_physical_ram();
+    return ram ? (double)ram : INFINITY;
 }
 
 int m2d_distill_check_memory(const m2d_config *t, const m2d_config *s, int64_t student_params,
