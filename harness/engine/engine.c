@@ -752,14 +752,14 @@ typedef struct {
     double done;
 } layer_pass;
 
-/* window W's residual stream from the store onto lp->w (its rows and positions set) */
-static int pass_load(layer_pass *lp, int w, const seg_plan *p) {
+/* window W's residual stream from the store onto lp->w (its rows set; every window's positions are
+ * 0, 1, ..., uploaded once for the longest, layer_major_group) */
+static int pass_load(layer_pass *lp, int w) {
     m2d_engine *e = lp->e;
     size_t n = (size_t)lp->s->lens[w], d = (size_t)e->m->cfg.hidden_size;
     lp->w.n = (int)n;
     if (m2d_actstore_get(lp->store, lp->row0[w], n, lp->x)) return -1;
     e->B->upload(e->be, lp->w.x, 0, lp->x, n * d * sizeof(float));
-    upload_positions(e, p, &lp->w);
     return 0;
 }
 
@@ -780,7 +780,6 @@ static int pass_embed(layer_pass *lp) {
     return 0;
 }
 
-/* decoder layer L over every window; its weights read ahead before, dropped after */
 typedef struct { const m2d_model *m; int layer; } prefetch_job;
 static void *prefetch_main(void *arg) {
     const prefetch_job *j = arg;
@@ -788,18 +787,19 @@ static void *prefetch_main(void *arg) {
     return NULL;
 }
 
+/* decoder layer L over every window; its weights read ahead before, dropped after */
 static int pass_layer(layer_pass *lp, int l) {
     const m2d_model *m = lp->e->m;
     /* the next layer's read ahead on its own thread: madvise(WILLNEED) of a GB-sized range waits
      * while the disk's queue is full, which on the calling thread serialised reading and compute
-     * (measured on the 61 GB checkpoint, BENCHMARKS.md "Layer-major passes") */
+     * (measured on the 61 GB checkpoint, BENCHMARKS.md "A checkpoint of Qwen3-30B-A3B's full shape") */
     prefetch_job job = {m, l + 1};
     pthread_t th;
     int prefetching = l + 1 < m->cfg.num_hidden_layers && pthread_create(&th, NULL, prefetch_main, &job) == 0;
     int zero = 0, rc = 0;
     for (int w = 0; w < lp->s->n && rc == 0; w++) {
         seg_plan p = window_plan(&zero, &lp->s->lens[w]);
-        rc = pass_load(lp, w, &p) || run_layer(lp->e, l, &lp->w, &p) || pass_save(lp, w) ? -1 : 0;
+        rc = pass_load(lp, w) || run_layer(lp->e, l, &lp->w, &p) || pass_save(lp, w) ? -1 : 0;
         lp->done += lp->s->lens[w];
         if (lp->prog) m2d_progress_update(lp->prog, lp->done);
     }
@@ -813,12 +813,11 @@ static int pass_layer(layer_pass *lp, int l) {
 static int pass_head(layer_pass *lp) {
     m2d_engine *e = lp->e;
     const m2d_window_set *s = lp->s;
-    int zero = 0, rc = 0;
+    int rc = 0;
     for (int w = 0; w < s->n && rc == 0; w++) {
         int n = s->lens[w], first = s->first[w];
-        seg_plan p = window_plan(&zero, &n);
         m2d_buf *hid = hidden_buf(e, n);
-        rc = hid ? pass_load(lp, w, &p) : -1;
+        rc = hid ? pass_load(lp, w) : -1;
         if (rc == 0) final_norm(e, &lp->w, hid);
         if (rc == 0 && first < n) rc = lm_head_logprobs(e, hid, first, n - first, s->targets[w] + first, s->lp[w]);
         e->B->release(e->be, hid);
@@ -838,8 +837,10 @@ static int layer_major_group(m2d_engine *e, const m2d_window_set *s, size_t budg
         max_n = M2D_MAX(max_n, s->lens[w]);
     }
     lp.store = m2d_actstore_open(lp.row0[s->n], (size_t)d, budget, e->pass.spill_dir);
-    int rc = lp.store && ws_alloc(e, max_n, &lp.w) == 0 ? 0 : -1;
+    int rc = lp.store && ws_alloc(e, max_n, &lp.w) == 0 ? 0 : -1, zero = 0;
     lp.x = rc == 0 ? m2d_malloc(f32s(max_n, d)) : NULL;
+    seg_plan longest = window_plan(&zero, &max_n);
+    if (rc == 0) upload_positions(e, &longest, &lp.w);
     if (rc == 0) rc = pass_embed(&lp);
     for (int l = 0; l < L && rc == 0; l++) rc = pass_layer(&lp, l);
     if (rc == 0) rc = pass_head(&lp);
