@@ -181,34 +181,31 @@ static int engine_loglikelihood(m2d_lm *lm, const m2d_ll_request *reqs, int n, m
 int m2d_lm_engine_score_all(m2d_lm *lm, const m2d_ll_request *reqs, int n, m2d_ll_result *out) {
     engine_lm *E = lm->impl;
     m2d_ll_tokens *t = m2d_calloc((size_t)n + 1, sizeof *t);
-    const int32_t **toks = m2d_calloc((size_t)n + 1, sizeof *toks);
-    int *lens = m2d_calloc((size_t)n + 1, sizeof(int)), *first = m2d_calloc((size_t)n + 1, sizeof(int)), nw = 0;
-    int *which = m2d_calloc((size_t)n + 1, sizeof(int));
-    double **lps = m2d_calloc((size_t)n + 1, sizeof *lps);
-    int rc = 0;
+    int *which = m2d_calloc((size_t)n + 1, sizeof(int)), nw = 0, rc = 0; /* window -> request */
+    m2d_window_arrays a;
+    m2d_window_arrays_init(&a, n);
     for (int r = 0; r < n && !rc; r++) {
         rc = m2d_ll_tokenize(encode, (void *)E->tok, E->prefix_token, E->max_length, &reqs[r], &t[r]);
         out[r] = (m2d_ll_result){0, 1}; /* an empty continuation scores 0 and is trivially greedy */
         if (rc || !t[r].n_cont) continue;
-        toks[nw] = t[r].tokens, lens[nw] = t[r].n - 1, first[nw] = t[r].n - 1 - t[r].n_cont;
-        lps[nw] = m2d_malloc(sizeof(double) * (size_t)t[r].n_cont);
+        /* the window is the request's input; its targets, the same tokens shifted by one */
+        a.tokens[nw] = t[r].tokens, a.targets[nw] = t[r].tokens + 1;
+        a.lens[nw] = t[r].n - 1, a.first[nw] = t[r].n - 1 - t[r].n_cont;
+        a.lp[nw] = m2d_malloc(sizeof(double) * (size_t)t[r].n_cont);
         which[nw++] = r;
         E->stats.tokens_forwarded += t[r].n - 1;
     }
-    /* targets: the window's own tokens shifted by one */
-    const int32_t **tgts = m2d_calloc((size_t)nw + 1, sizeof *tgts);
-    for (int w = 0; w < nw; w++) tgts[w] = toks[w] + 1;
-    m2d_window_set set = {nw, toks, lens, tgts, first, lps};
-    if (!rc) rc = m2d_engine_logprobs_windows(E->eng, &set, "multiple choice (one pass)");
+    a.set.n = nw;
+    if (!rc) rc = m2d_engine_logprobs_windows(E->eng, &a.set, "multiple choice (one pass)");
     for (int w = 0; w < nw && !rc; w++) {
         double ll = 0;
-        for (int i = 0; i < lens[w] - first[w]; i++) ll += lps[w][i];
+        for (int i = 0; i < a.lens[w] - a.first[w]; i++) ll += a.lp[w][i];
         out[which[w]] = (m2d_ll_result){ll, -1};
     }
     if (!rc) E->stats.requests += n;
     for (int r = 0; r < n; r++) m2d_ll_tokens_free(&t[r]);
-    for (int w = 0; w < nw; w++) free(lps[w]);
-    free(t), free(toks), free(tgts), free(lens), free(first), free(which), free(lps);
+    m2d_window_arrays_free(&a);
+    free(t), free(which);
     return rc;
 }
 

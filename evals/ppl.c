@@ -269,45 +269,24 @@ static int start(m2d_engine *e, const char *protocol, const char *text, size_t l
     return m2d_ppl_seq_len(e, protocol, seq_len, L);
 }
 
-/* A window set's arrays for N windows (m2d_window_set), filled by the caller. */
-typedef struct {
-    const int32_t **tok, **tg;
-    int *len, *first;
-    double **lp;
-} window_arrays;
-
-static m2d_window_set arrays_new(window_arrays *a, int n) {
-    a->tok = m2d_calloc((size_t)n + 1, sizeof *a->tok);
-    a->tg = m2d_calloc((size_t)n + 1, sizeof *a->tg);
-    a->len = m2d_calloc((size_t)n + 1, sizeof(int));
-    a->first = m2d_calloc((size_t)n + 1, sizeof(int));
-    a->lp = m2d_calloc((size_t)n + 1, sizeof *a->lp);
-    return (m2d_window_set){n, a->tok, a->len, a->tg, a->first, a->lp};
-}
-
-static void arrays_free(window_arrays *a, int n) {
-    for (int w = 0; w < n; w++) free(a->lp[w]);
-    free(a->tok); free(a->tg); free(a->len); free(a->first); free(a->lp);
-}
-
 int m2d_ppl_gptq_tokens(m2d_engine *e, const int32_t *ids, size_t n, int L, int max_windows,
                         const char *progress_label, m2d_ppl_result *out) {
     int nw = (int)(n / (size_t)L);
     if (max_windows > 0) nw = M2D_MIN(nw, max_windows);
     if (nw == 0) return m2d_err("ppl: gptq: %zu tokens is less than one window of %d", n, L);
-    window_arrays a;
-    m2d_window_set set = arrays_new(&a, nw);
+    m2d_window_arrays a;
+    m2d_window_arrays_init(&a, nw);
     for (int w = 0; w < nw; w++) { /* positions 0..L-2 predict tokens 1..L-1 (the last predicts nothing) */
-        a.tok[w] = ids + (size_t)w * L;
-        a.tg[w] = a.tok[w] + 1;
-        a.len[w] = L - 1;
+        a.tokens[w] = ids + (size_t)w * L;
+        a.targets[w] = a.tokens[w] + 1;
+        a.lens[w] = L - 1;
         a.lp[w] = m2d_malloc(sizeof(double) * (size_t)L);
     }
-    int rc = m2d_engine_logprobs_windows(e, &set, progress_label);
+    int rc = m2d_engine_logprobs_windows(e, &a.set, progress_label);
     double nll = 0;
     for (int w = 0; rc == 0 && w < nw; w++)
         for (int i = 0; i < L - 1; i++) nll -= a.lp[w][i];
-    arrays_free(&a, nw);
+    m2d_window_arrays_free(&a);
     if (rc) return -1;
     out->seq_len = L;
     out->windows = nw;
@@ -344,21 +323,13 @@ static int encode_page(const m2d_tokenizer *tk, const char *page, int32_t **ids,
     return rc;
 }
 
-static int rolling_count(int n, int L) {
-    m2d_ppl_window *win;
-    int nw;
-    m2d_ppl_rolling_windows(n, L, &win, &nw);
-    free(win);
-    return nw;
-}
-
 /* window W of A: s = [P] + t (s[j] = j ? t[j-1] : P), input s[a, a+m), targets s[a+1 .. a+m], the
  * last r positions scored */
-static void rolling_input(window_arrays *A, int w, const m2d_ppl_window *win, const int32_t *t, int32_t P) {
+static void rolling_input(m2d_window_arrays *A, int w, const m2d_ppl_window *win, const int32_t *t, int32_t P) {
     int a = win->in_start, m = win->in_len, r = win->score_len;
     int32_t *in = m2d_malloc(sizeof(int32_t) * (size_t)(m + 1));
     for (int j = 0; j <= m; j++) in[j] = a + j == 0 ? P : t[a + j - 1];
-    A->tok[w] = in, A->tg[w] = in + 1, A->len[w] = m, A->first[w] = m - r;
+    A->tokens[w] = in, A->targets[w] = in + 1, A->lens[w] = m, A->first[w] = m - r;
     A->lp[w] = m2d_malloc(sizeof(double) * (size_t)M2D_MAX(r, 1));
 }
 
@@ -379,50 +350,44 @@ int m2d_ppl_lmeval(m2d_engine *e, const m2d_tokenizer *tk, const char *text, siz
      * tokenized when it is reached, so the work stays bounded by the budget, not by the file) */
     int32_t **toks = m2d_calloc((size_t)n_pages, sizeof(int32_t *));
     size_t *ntok = m2d_calloc((size_t)n_pages, sizeof(size_t));
+    m2d_ppl_window **win = m2d_calloc((size_t)n_pages, sizeof *win); /* each document's rolling windows */
+    int *dw = m2d_calloc((size_t)n_pages, sizeof(int));
     int rc = 0, docs = 0, nw = 0;
     for (int d = 0; d < n_pages && rc == 0; d++, docs++) {
         if ((rc = encode_page(tk, pages[d], &toks[d], &ntok[d]))) break;
-        int dw = rolling_count((int)ntok[d], L);
-        if (max_windows > 0 && nw + dw > max_windows) {
+        m2d_ppl_rolling_windows((int)ntok[d], L, &win[d], &dw[d]);
+        if (max_windows > 0 && nw + dw[d] > max_windows) {
             if (docs == 0)
                 rc = m2d_err("ppl: lm-eval: --max-windows %d: the first document alone needs %d windows of %d tokens, and "
                              "this protocol scores whole documents only (raise --max-windows, or use --protocol gptq)",
-                             max_windows, dw, L);
+                             max_windows, dw[d], L);
             break;
         }
-        nw += dw;
+        nw += dw[d];
     }
     /* then every window of those documents in one pass */
-    window_arrays a;
-    m2d_window_set set = arrays_new(&a, nw);
-    int *doc_end = m2d_malloc(sizeof(int) * (size_t)(docs + 1)); /* one past each document's last window */
-    for (int d = 0, w = 0; d < docs && rc == 0; d++) {
-        m2d_ppl_window *win;
-        int dw;
-        m2d_ppl_rolling_windows((int)ntok[d], L, &win, &dw);
-        for (int i = 0; i < dw; i++, w++) rolling_input(&a, w, &win[i], toks[d], P);
-        free(win);
-        doc_end[d] = w;
-    }
-    if (rc == 0) rc = m2d_engine_logprobs_windows(e, &set, "ppl lm-eval");
+    m2d_window_arrays a;
+    m2d_window_arrays_init(&a, nw);
+    for (int d = 0, w = 0; d < docs && rc == 0; d++)
+        for (int i = 0; i < dw[d]; i++, w++) rolling_input(&a, w, &win[d][i], toks[d], P);
+    if (rc == 0) rc = m2d_engine_logprobs_windows(e, &a.set, "ppl lm-eval");
     double loglik = 0;
     for (int d = 0, w = 0; rc == 0 && d < docs; d++) {
         double doc_ll = 0; /* summed per document first, as lm-eval does */
-        for (; w < doc_end[d]; w++) {
-            for (int i = 0; i < a.len[w] - a.first[w]; i++) doc_ll += a.lp[w][i];
-            out->tokens_scored += a.len[w] - a.first[w];
+        for (int i = 0; i < dw[d]; i++, w++) {
+            for (int j = 0; j < a.lens[w] - a.first[w]; j++) doc_ll += a.lp[w][j];
+            out->tokens_scored += a.lens[w] - a.first[w];
         }
         loglik += doc_ll;
         out->words += m2d_ppl_count_words(pages[d]);
         out->bytes += (int64_t)strlen(pages[d]);
     }
-    free(doc_end);
     out->docs = docs;
     out->windows = nw;
-    for (int w = 0; w < nw; w++) free((void *)a.tok[w]);
-    arrays_free(&a, nw);
-    for (int d = 0; d < n_pages; d++) free(toks[d]);
-    free(toks); free(ntok);
+    for (int w = 0; w < nw; w++) free((void *)a.tokens[w]);
+    m2d_window_arrays_free(&a);
+    for (int d = 0; d < n_pages; d++) free(toks[d]), free(win[d]);
+    free(toks); free(ntok); free(win); free(dw);
     m2d_ppl_free_pages(pages, n_pages);
     if (rc) return -1;
     out->seq_len = L;

@@ -510,20 +510,17 @@ static void ctx_free(calib_ctx *c) {
 /* Every window through the teacher, window- or layer-major as the options and the budget say; only
  * each window's last log-prob is asked for: the forward (and its hook) is the point. */
 static int forward_windows(calib_ctx *c, const m2d_stats *st, const int32_t *ids, int L) {
-    int nw = st->n_windows;
-    const int32_t **tok = m2d_malloc(sizeof *tok * (size_t)nw);
-    int *lens = m2d_malloc(sizeof(int) * (size_t)nw), *first = m2d_malloc(sizeof(int) * (size_t)nw);
-    double *lp = m2d_malloc(sizeof(double) * (size_t)nw), **lpw = m2d_malloc(sizeof *lpw * (size_t)nw);
-    for (int w = 0; w < nw; w++) {
-        tok[w] = ids + st->window_starts[w];
-        lens[w] = st->window_lens ? st->window_lens[w] : L;
-        first[w] = lens[w] - 1;
-        lpw[w] = lp + w;
+    m2d_window_arrays a;
+    m2d_window_arrays_init(&a, st->n_windows);
+    for (int w = 0; w < st->n_windows; w++) {
+        a.tokens[w] = a.targets[w] = ids + st->window_starts[w];
+        a.lens[w] = st->window_lens ? st->window_lens[w] : L;
+        a.first[w] = a.lens[w] - 1;
+        a.lp[w] = m2d_malloc(sizeof(double));
     }
-    m2d_window_set set = {nw, tok, lens, tok, first, lpw};
-    int rc = m2d_engine_logprobs_windows(c->eng, &set, NULL);
+    int rc = m2d_engine_logprobs_windows(c->eng, &a.set, NULL);
     if (rc && c->err[0]) m2d_err("%s", c->err);
-    free(tok); free(lens); free(first); free(lp); free(lpw);
+    m2d_window_arrays_free(&a);
     return rc;
 }
 

@@ -1132,6 +1132,19 @@ int m2d_engine_logprobs_windows(m2d_engine *e, const m2d_window_set *s, const ch
 
 const m2d_pass_opts *m2d_engine_pass(const m2d_engine *e) { return &e->pass; }
 
+void m2d_window_arrays_init(m2d_window_arrays *a, int n) {
+    size_t k = (size_t)n + 1; /* never a zero-sized allocation */
+    a->tokens = m2d_calloc(k, sizeof *a->tokens), a->targets = m2d_calloc(k, sizeof *a->targets);
+    a->lens = m2d_calloc(k, sizeof(int)), a->first = m2d_calloc(k, sizeof(int));
+    a->lp = m2d_calloc(k, sizeof *a->lp);
+    a->set = (m2d_window_set){n, a->tokens, a->lens, a->targets, a->first, a->lp};
+}
+
+void m2d_window_arrays_free(m2d_window_arrays *a) {
+    for (int w = 0; w < a->set.n; w++) free(a->lp[w]);
+    free(a->tokens), free(a->targets), free(a->lens), free(a->first), free(a->lp);
+}
+
 size_t m2d_engine_weight_bytes(const m2d_model *m) {
     size_t b = m->embed->nbytes + m->final_norm->nbytes + (m->lm_head != m->embed ? m->lm_head->nbytes : 0);
     for (int l = 0; l < m->cfg.num_hidden_layers; l++) b += m2d_model_layer_bytes(m, l);

@@ -173,6 +173,16 @@ typedef struct {
     const char *spill_dir;  /* where the spill file is made (NULL: $TMPDIR, else /tmp) */
     m2d_act_mode act;       /* residual streams over act_budget: groups of windows or a spill file */
 } m2d_pass_opts;
+/* A window set's own arrays for N windows, zeroed, for the caller to fill; SET spans them. lp[w] is
+ * the caller's malloc'd buffer, freed with the arrays (tokens and targets are not). */
+typedef struct {
+    const int32_t **tokens, **targets;
+    int *lens, *first;
+    double **lp;
+    m2d_window_set set;
+} m2d_window_arrays;
+void m2d_window_arrays_init(m2d_window_arrays *a, int n);
+void m2d_window_arrays_free(m2d_window_arrays *a);
 /* The windows through the engine as its pass says (m2d_engine_opts; m2d_engine_pass), with a
  * progress line labelled PROGRESS (base/util.h m2d_progress; NULL: silent). */
 int m2d_engine_logprobs_windows(m2d_engine *e, const m2d_window_set *windows, const char *progress);
