@@ -149,13 +149,24 @@ static double dnnl_peak(int n, dnnl_data_type_t t, char *impl, size_t cap) {
 
 /* ---------------------------------------------------------------- the module on one shape */
 
-typedef enum { V_FP32, V_FP32_PREP, V_FP32_DNNL, V_FP32_DNNL_PREP, V_BF16, V_BF16_PREP, V_BF16_SGEMM,
-               N_VARIANTS } variant;
+typedef enum { V_FP32, V_FP32_PREP, V_FP32_DNNL, V_FP32_DNNL_PREP, V_BF16, V_BF16_PREP, V_BF16_SGEMM, V_OWN,
+               V_OWN_PREP, N_VARIANTS } variant;
 static const char *VNAME[N_VARIANTS] = {"fp32 sgemm as stored", "fp32 sgemm prepared", "fp32 oneDNN as stored",
-                                        "fp32 oneDNN prepared", "bf16 as stored", "bf16 prepared",
-                                        "bf16 via sgemm"};
+                                        "fp32 oneDNN prepared", "bf16 oneDNN as stored", "bf16 oneDNN prepared",
+                                        "bf16 via sgemm", "bf16 own kernel as stored", "bf16 own kernel prepared"};
 static int is_fp32(variant v) { return v <= V_FP32_DNNL_PREP; }
-static int is_prepared(variant v) { return v == V_FP32_PREP || v == V_FP32_DNNL_PREP || v == V_BF16_PREP; }
+static int is_prepared(variant v) {
+    return v == V_FP32_PREP || v == V_FP32_DNNL_PREP || v == V_BF16_PREP || v == V_OWN_PREP;
+}
+static m2d_gemm_kernel kernel_of(variant v) {
+    if (v == V_BF16_SGEMM || v == V_FP32 || v == V_FP32_PREP) return M2D_GEMM_SGEMM;
+    return v == V_OWN || v == V_OWN_PREP ? M2D_GEMM_OWN : M2D_GEMM_ONEDNN;
+}
+/* Whether variant V runs on this CPU for inner dimension IN (the own kernel: where it gives oneDNN's bits). */
+static int variant_runs(variant v, int in) {
+    if (v == V_OWN || v == V_OWN_PREP) return m2d_gemm_own_eligible(in) > 0;
+    return !(v >= V_BF16 && v != V_BF16_SGEMM && !m2d_gemm_bf16_native());
+}
 
 typedef struct {
     m2d_gemm_ctx *g;
@@ -175,7 +186,7 @@ static void call_run(void *p) {
 static m2d_gemm_ctx *ctx_for(variant v) {
     m2d_gemm_ctx *g;
     if (m2d_gemm_ctx_new(is_fp32(v) ? M2D_PREC_FP32 : M2D_PREC_BF16, pool, &g)) exit(1);
-    m2d_gemm_set_kernel(g, v == V_BF16_SGEMM || v == V_FP32 || v == V_FP32_PREP ? M2D_GEMM_SGEMM : M2D_GEMM_ONEDNN);
+    m2d_gemm_set_kernel(g, kernel_of(v));
     return g;
 }
 
@@ -213,9 +224,7 @@ static void shape_measure(const bench_shape *s, double gf[N_VARIANTS]) {
     for (int i = 0; i < s->n_w; i++) w[i] = rand_bf16(wn);
     float *x = rand_f32((size_t)s->m * s->in), *y = m2d_malloc(sizeof(float) * (size_t)s->m * s->out * s->groups);
     for (int v = 0; v < N_VARIANTS; v++)
-        gf[v] = v >= V_BF16 && v != V_BF16_SGEMM && !m2d_gemm_bf16_native()
-                    ? 0
-                    : run_variant((variant)v, w, s->n_w, s->groups, s->m, s->out, s->in, x, y);
+        gf[v] = variant_runs((variant)v, s->in) ? run_variant((variant)v, w, s->n_w, s->groups, s->m, s->out, s->in, x, y) : 0;
     for (int i = 0; i < s->n_w; i++) free(w[i]);
     free(w); free(x); free(y);
 }
@@ -425,7 +434,8 @@ int main(int argc, char **argv) {
     printf("Yardsticks (best of the start and the end of this run): OpenBLAS sgemm n=2048, %d threads (kernels for "
            "%s): %.1f GFLOP/s; oneDNN bf16 matmul 2048^3 (%s, its OpenMP team of %d): %.1f GFLOP/s\n", THREADS,
            openblas_get_corename(), ys.sgemm, ys.dnnl16 > 0 ? ys.impl16 : "no native bf16", THREADS, ys.dnnl16);
-    printf("For comparison, oneDNN's fp32 matmul 2048^3 (%s): %.1f GFLOP/s\n\n", ys.impl32, ys.dnnl32);
+    printf("For comparison, oneDNN's fp32 matmul 2048^3 (%s): %.1f GFLOP/s\n", ys.impl32, ys.dnnl32);
+    printf("bf16 kernel in oneDNN's place (chosen at first use): %s\n\n", m2d_gemm_bf16_choice(NULL));
     double p16 = ys.dnnl16 > 0 ? ys.dnnl16 : ys.sgemm;
     printf("| shape | m | out | in |");
     for (int v = 0; v < N_VARIANTS; v++) printf(" %s GFLOP/s (of peak) |", VNAME[v]);

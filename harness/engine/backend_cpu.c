@@ -252,7 +252,7 @@ static int cpu_tune(m2d_backend *be, const char *knob, int value) {
     if (strcmp(knob, "threads") == 0 && value > 0) m2d_pool_set_threads(c->pool, c->threads = value);
     else if (strcmp(knob, "expert_parallel") == 0 && (value == 0 || value == 1)) c->expert_parallel = value;
     else if (strcmp(knob, "attention_gemm_min_rows") == 0 && value > 0) c->attn_gemm_min_rows = value;
-    else if (strcmp(knob, "gemm_kernel") == 0 && value >= M2D_GEMM_AUTO && value <= M2D_GEMM_ONEDNN)
+    else if (strcmp(knob, "gemm_kernel") == 0 && value >= M2D_GEMM_AUTO && value <= M2D_GEMM_OWN)
         for (int p = 0; p < 2; p++) m2d_gemm_set_kernel(c->gemm[p], (m2d_gemm_kernel)value);
     else return m2d_err("backend cpu: knob '%s' = %d: unknown knob or bad value (threads >= 1, expert_parallel 0|1, "
                         "attention_gemm_min_rows >= 1, gemm_kernel 0 auto|1 sgemm|2 onednn)", knob, value);

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "engine/dpbf16.h"
 
 #define CACHE_CAP 512 /* primitives kept (LRU); ~90 KB each for brgemm */
 
@@ -278,7 +279,7 @@ struct m2d_gemm_ctx {
     m2d_gemm_kernel kernel;  /* AUTO: by weight size and ISA (see wants_dnnl) */
     prim_cache cache;
     scratch_pool scratch;
-    atomic_long n_sgemm, n_dnnl, n_created, n_hits;
+    atomic_long n_sgemm, n_dnnl, n_own, n_created, n_hits;
 };
 
 static size_t key_hash(const prim_key *k) {
@@ -395,8 +396,8 @@ static void cache_free(prim_cache *c) {
 
 typedef struct {
     int n0, n;               /* output columns of this slice */
-    dnnl_memory_desc_t md;   /* oneDNN's blocked layout of Wᵀ[:, n0:n0+n] */
-    void *data;
+    dnnl_memory_desc_t md;   /* oneDNN's blocked layout of Wᵀ[:, n0:n0+n] (unused for the own kernel) */
+    void *data;              /* in that layout, or the own kernel's (m2d_dpbf16_pack) */
 } packed_slice;
 
 struct m2d_gemm_packed {
@@ -406,6 +407,7 @@ struct m2d_gemm_packed {
     float *f32;              /* fp32 precision: W as fp32 [out, in] */
     packed_slice *slice;     /* bf16 precision: one per M2D_GEMM_SLICE columns */
     int n_slices;
+    int own_kc;              /* > 0: slices packed for the own kernel, k chunks of own_kc */
 };
 
 /* ------------------------------------------------------------------ one GEMM */
@@ -413,7 +415,8 @@ struct m2d_gemm_packed {
 typedef struct {
     m2d_gemm_ctx *g;
     m2d_gemm_group c;    /* the call: X, W, Y, beta */
-    int use_dnnl;
+    int use_dnnl;        /* oneDNN's path (oneDNN, or the own kernel in its place when own_kc > 0) */
+    int own_kc;
     const void *xd;      /* oneDNN: X as dense [m, in], bf16 (or fp32 in fp32 precision) */
     void *x_copy;        /* xd when it is a scratch copy */
     const float *xr;     /* sgemm: X (bf16-rounded in bf16 precision) and its row stride */
@@ -451,7 +454,8 @@ static int dnnl_exec(m2d_gemm_ctx *g, prim_entry *e, const void *x, const void *
     return 0;
 }
 
-/* Output columns [n0, n0+n) through oneDNN. Its operands are always dense: oneDNN 2.6 takes its
+/* Output columns [n0, n0+n) through oneDNN (or the own kernel in its place: the same operands, the
+ * same store). Its operands are always dense: oneDNN 2.6 takes its
  * brgemm kernels only for a dense Y and a dense Wᵀ and otherwise falls back to an older gemm
  * with another summation order (measured), so a slice is computed into scratch and then stored
  * (+ beta·Y), and W rows are read in place only when stored BF16 with ld == in (else copied or
@@ -483,12 +487,20 @@ static int dnnl_slice(gemm_job *j, int item) {
         wp = conv;
     }
     float *acc = scratch_get(sp, sizeof(float) * (size_t)m * n);
-    prim_key k = {m, n, w->in, ps != NULL, f32};
-    prim_entry *e = prim_acquire(j->g, &k, ps ? &ps->md : NULL);
     const char *xr = (const char *)j->xd + (size_t)r0 * w->in * (f32 ? sizeof(float) : sizeof(uint16_t));
-    int rc = e ? dnnl_exec(j->g, e, xr, wp, acc) : -1;
-    if (e) prim_release(j->g, e);
-    for (int i = 0; rc == 0 && i < m; i++) {
+    int rc = 0;
+    if (j->own_kc) {
+        uint16_t *pk = ps ? NULL : scratch_get(sp, m2d_dpbf16_packed_bytes(n, w->in));
+        if (pk) m2d_dpbf16_pack(wp, w->in, n, w->in, pk);
+        m2d_dpbf16_gemm((const uint16_t *)xr, w->in, m, pk ? pk : wp, n, w->in, j->own_kc, acc, n, 0);
+        scratch_put(sp, pk);
+    } else {
+        prim_key k = {m, n, w->in, ps != NULL, f32};
+        prim_entry *e = prim_acquire(j->g, &k, ps ? &ps->md : NULL);
+        rc = e ? dnnl_exec(j->g, e, xr, wp, acc) : -1;
+        if (e) prim_release(j->g, e);
+    }
+    for (int i = 0; rc == 0 && i < m; i++) { /* both kernels store alike: the same bits for the same sums */
         float *yr = j->c.y + (size_t)(r0 + i) * j->c.ldy + n0;
         const float *ar = acc + (size_t)i * n;
         if (j->c.beta == 0.0f) memcpy(yr, ar, sizeof(float) * (size_t)n);
@@ -497,7 +509,7 @@ static int dnnl_slice(gemm_job *j, int item) {
     }
     scratch_put(sp, acc);
     scratch_put(sp, conv);
-    atomic_fetch_add(&j->g->n_dnnl, 1);
+    atomic_fetch_add(j->own_kc ? &j->g->n_own : &j->g->n_dnnl, 1);
     return rc;
 }
 
@@ -569,7 +581,8 @@ static int wants_dnnl(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
     if (w->packed) return w->packed->slice != NULL;
     if (g->kernel == M2D_GEMM_SGEMM) return 0;
     if (!(g->prec == M2D_PREC_FP32 ? m2d_gemm_fp32_onednn_native() : m2d_gemm_bf16_native())) return 0;
-    return g->kernel == M2D_GEMM_ONEDNN || (w->whole ? w->whole : (int64_t)w->out * w->in) >= M2D_GEMM_DNNL_MIN_WEIGHT;
+    return g->kernel == M2D_GEMM_ONEDNN || g->kernel == M2D_GEMM_OWN ||
+           (w->whole ? w->whole : (int64_t)w->out * w->in) >= M2D_GEMM_DNNL_MIN_WEIGHT;
 }
 
 /* ------------------------------------------------------------------ row independence */
@@ -631,8 +644,168 @@ int m2d_gemm_onednn_rows_independent(m2d_precision p) {
     return rows_indep[b];
 }
 
+/* ------------------------------------------------------------------ the own bf16 kernel */
+
+/* Where the own kernel may stand in for oneDNN at all: a CPU with AVX512-BF16 and oneDNN on its
+ * avx512_core_bf16 brgemm (AMX's tiles sum in another order: never its bits). */
+static int own_cpu_ok(void) {
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa(), amx = (unsigned)dnnl_cpu_isa_avx512_core_amx;
+    return m2d_dpbf16_cpu() && m2d_gemm_bf16_native() && (isa & amx) != amx;
+}
+
+#define CHECK_ROWS 8
+#define CHECK_COLS M2D_GEMM_SLICE
+
+static int scale_exponent(uint64_t *st) { return (int)(fabs(m2d_rand_normal(st)) * 5.0) % 13 - 6; }
+
+/* X [CHECK_ROWS, k] and W [CHECK_COLS, k] (bf16) of normals scaled by 2^-6..2^6, so that nearly every
+ * output element rounds differently under another order of its sums. */
+static void check_operands(int k, float *x, uint16_t *w) {
+    uint64_t st = 0x5eed0000u + (uint64_t)k;
+    float *wf = m2d_malloc(sizeof(float) * (size_t)k);
+    for (size_t i = 0; i < (size_t)CHECK_ROWS * k; i++)
+        x[i] = (float)(m2d_rand_normal(&st) * ldexp(1.0, scale_exponent(&st)));
+    for (int r = 0; r < CHECK_COLS; r++) {
+        for (int i = 0; i < k; i++) wf[i] = (float)(m2d_rand_normal(&st) * ldexp(1.0, scale_exponent(&st)));
+        to_bf16(wf, k, 1, k, w + (size_t)r * k);
+    }
+    free(wf);
+}
+
+/* The k chunk (see dpbf16.h) with which the own kernel gives oneDNN's bits for inner dimension K:
+ * oneDNN's result on the check operands against the own kernel's for a few chunk lengths (whole,
+ * then the block sizes oneDNN uses); 0 when none matches. */
+static int find_chunk(int k) {
+    static const int kcs[] = {512, 1024, 256, 2048, 128, 4096, 64, 8192};
+    m2d_gemm_ctx *g;
+    if (m2d_gemm_ctx_new(M2D_PREC_BF16, NULL, &g)) return 0;
+    m2d_gemm_set_kernel(g, M2D_GEMM_ONEDNN);
+    float *x = m2d_malloc(sizeof(float) * (size_t)CHECK_ROWS * k);
+    uint16_t *w = m2d_malloc(sizeof(uint16_t) * (size_t)CHECK_COLS * k), *xb = m2d_malloc(sizeof(uint16_t) * (size_t)CHECK_ROWS * k);
+    uint16_t *pk = alloc64(m2d_dpbf16_packed_bytes(CHECK_COLS, k));
+    float *ref = m2d_malloc(sizeof(float) * CHECK_ROWS * CHECK_COLS), *own = m2d_malloc(sizeof(float) * CHECK_ROWS * CHECK_COLS);
+    check_operands(k, x, w);
+    to_bf16(x, k, CHECK_ROWS, k, xb);
+    m2d_dpbf16_pack(w, k, CHECK_COLS, k, pk);
+    m2d_gemm_w wv = m2d_gemm_weight(M2D_BF16, w, CHECK_COLS, k, k);
+    int found = 0;
+    if (m2d_gemm(g, x, k, CHECK_ROWS, &wv, ref, CHECK_COLS, 0.0f) == 0) {
+        for (int i = -1; i < (int)M2D_ARRAY_LEN(kcs) && !found; i++) {
+            int kc = i < 0 ? k + (k & 1) : kcs[i];
+            if (i >= 0 && kc >= k) continue;
+            m2d_dpbf16_gemm(xb, k, CHECK_ROWS, pk, CHECK_COLS, k, kc, own, CHECK_COLS, 0);
+            if (memcmp(own, ref, sizeof(float) * CHECK_ROWS * CHECK_COLS) == 0) found = kc;
+        }
+    }
+    free(x), free(w), free(xb), free(pk), free(ref), free(own);
+    m2d_gemm_ctx_free(g);
+    return found;
+}
+
+/* find_chunk's answers, per k (the engine meets a handful of k). */
+static struct {
+    pthread_mutex_t mu;
+    int n, cap;
+    int (*kc)[2]; /* {k, chunk or 0} */
+} chunks = {PTHREAD_MUTEX_INITIALIZER, 0, 0, NULL};
+
+static pthread_once_t own_cpu_once = PTHREAD_ONCE_INIT;
+static int own_cpu;
+static void own_cpu_probe(void) { own_cpu = own_cpu_ok(); }
+
+int m2d_gemm_own_eligible(int k) {
+    pthread_once(&own_cpu_once, own_cpu_probe);
+    if (!own_cpu || k <= 0) return 0;
+    pthread_mutex_lock(&chunks.mu); /* held while checking a new k: the first caller checks it */
+    int kc = -1;
+    for (int i = 0; i < chunks.n && kc < 0; i++)
+        if (chunks.kc[i][0] == k) kc = chunks.kc[i][1];
+    if (kc < 0) {
+        kc = find_chunk(k);
+        if (chunks.n == chunks.cap) {
+            chunks.cap = chunks.cap ? 2 * chunks.cap : 16;
+            chunks.kc = m2d_realloc(chunks.kc, sizeof *chunks.kc * (size_t)chunks.cap);
+        }
+        chunks.kc[chunks.n][0] = k;
+        chunks.kc[chunks.n++][1] = kc;
+    }
+    pthread_mutex_unlock(&chunks.mu);
+    return kc;
+}
+
+/* The probe behind m2d_gemm_bf16_choice: as-stored bf16 weights [256, 2048] on 32 and 256 rows,
+ * each kernel best of 3 after a warm-up, on one thread. */
+static double probe_ms(m2d_gemm_kernel kern, const float *x, const m2d_gemm_w *w, float *y) {
+    static const int rows[] = {32, 256};
+    m2d_gemm_ctx *g;
+    if (m2d_gemm_ctx_new(M2D_PREC_BF16, NULL, &g)) return HUGE_VAL;
+    m2d_gemm_set_kernel(g, kern);
+    double total = 0;
+    for (size_t r = 0; r < M2D_ARRAY_LEN(rows); r++) {
+        double best = HUGE_VAL;
+        for (int rep = 0; rep < 4; rep++) {
+            double t0 = m2d_now();
+            if (m2d_gemm(g, x, w->in, rows[r], w, y, w->out, 0.0f)) best = HUGE_VAL, rep = 4;
+            else if (rep > 0) best = M2D_MIN(best, m2d_now() - t0);
+        }
+        total += best;
+    }
+    m2d_gemm_ctx_free(g);
+    return total * 1e3;
+}
+
+static struct {
+    pthread_once_t once;
+    int own;
+    char line[160];
+} choice = {PTHREAD_ONCE_INIT, 0, ""};
+
+static void choose_bf16_kernel(void) {
+    const char *force = getenv("M2D_GEMM_BF16");
+    if (!m2d_gemm_own_eligible(2048)) {
+        snprintf(choice.line, sizeof choice.line, "oneDNN (%s; own vdpbf16ps kernel not eligible: %s)", m2d_gemm_isa_name(),
+                 !m2d_dpbf16_cpu() ? "no AVX512-BF16" : own_cpu ? "not oneDNN's bits" : "oneDNN not on avx512_core_bf16");
+        return;
+    }
+    if (force && (strcmp(force, "own") == 0 || strcmp(force, "onednn") == 0)) {
+        choice.own = strcmp(force, "own") == 0;
+        snprintf(choice.line, sizeof choice.line, "%s (M2D_GEMM_BF16=%s)", choice.own ? "own vdpbf16ps kernel" : "oneDNN", force);
+        return;
+    }
+    enum { K = 2048, N = M2D_GEMM_SLICE, M = 256 };
+    uint64_t st = 41;
+    float *x = m2d_malloc(sizeof(float) * M * K), *y = m2d_malloc(sizeof(float) * M * N), *wf = m2d_malloc(sizeof(float) * N * K);
+    uint16_t *wb = m2d_malloc(sizeof(uint16_t) * N * K);
+    for (int i = 0; i < M * K; i++) x[i] = (float)m2d_rand_normal(&st);
+    for (int i = 0; i < N * K; i++) wf[i] = (float)m2d_rand_normal(&st);
+    to_bf16(wf, K, N, K, wb);
+    m2d_gemm_w w = m2d_gemm_weight(M2D_BF16, wb, N, K, K);
+    double t_dnnl = probe_ms(M2D_GEMM_ONEDNN, x, &w, y), t_own = probe_ms(M2D_GEMM_OWN, x, &w, y);
+    choice.own = t_own < t_dnnl;
+    snprintf(choice.line, sizeof choice.line, "%s (probe: own %.2f ms, oneDNN %s %.2f ms)",
+             choice.own ? "own vdpbf16ps kernel" : "oneDNN", t_own, m2d_gemm_isa_name(), t_dnnl);
+    free(x), free(y), free(wf), free(wb);
+}
+
+const char *m2d_gemm_bf16_choice(int *own) {
+    pthread_once(&choice.once, choose_bf16_kernel);
+    if (own) *own = choice.own;
+    return choice.line;
+}
+
+/* The chunk for W's k when the own kernel takes W in a bf16 context, else 0 (oneDNN or sgemm). */
+static int own_chunk(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
+    if (w->packed) return w->packed->own_kc;
+    if (g->prec != M2D_PREC_BF16 || !wants_dnnl(g, w) || g->kernel == M2D_GEMM_ONEDNN) return 0;
+    int own = g->kernel == M2D_GEMM_OWN;
+    if (g->kernel == M2D_GEMM_AUTO) m2d_gemm_bf16_choice(&own);
+    return own ? m2d_gemm_own_eligible(w->in) : 0;
+}
+
+/* The own kernel's result for a row does not depend on the other rows (no blocking over k changes
+ * with m), so it holds wherever the own kernel takes W. */
 int m2d_gemm_rows_independent(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
-    return wants_dnnl(g, w) && m2d_gemm_onednn_rows_independent(g->prec);
+    return wants_dnnl(g, w) && (own_chunk(g, w) > 0 || m2d_gemm_onednn_rows_independent(g->prec));
 }
 
 /* Rows per oneDNN tile: all of X, unless the column slices alone give fewer than 4 work items for
@@ -680,6 +853,7 @@ static void gemm_plan(gemm_job *j, int parallel) {
     m2d_gemm_ctx *g = j->g;
     int K = j->c.w->in;
     j->use_dnnl = wants_dnnl(g, j->c.w);
+    j->own_kc = j->use_dnnl ? own_chunk(g, j->c.w) : 0;
     j->n_items = n_slices(j->c.w->out);
     j->rows = j->c.m;
     if (j->use_dnnl) {
@@ -878,6 +1052,21 @@ typedef struct {
     atomic_int status; /* first oneDNN failure, 0 when none */
 } prep_job;
 
+/* A slice in the own kernel's layout: from the stored bf16 rows, or from rows rounded to bf16. */
+static void prep_own_slice(const m2d_gemm_w *w, packed_slice *ps) {
+    ps->data = alloc64(m2d_dpbf16_packed_bytes(ps->n, w->in));
+    if (w->dtype == M2D_BF16) {
+        m2d_dpbf16_pack((const uint16_t *)w->data + (int64_t)ps->n0 * w->ld, w->ld, ps->n, w->in, ps->data);
+        return;
+    }
+    uint16_t *b = m2d_malloc(sizeof(uint16_t) * (size_t)ps->n * w->in);
+    float *tmp = m2d_malloc(sizeof(float) * (size_t)w->in);
+    weight_rows_bf16(w, ps->n0, ps->n, tmp, b);
+    m2d_dpbf16_pack(b, w->in, ps->n, w->in, ps->data);
+    free(b);
+    free(tmp);
+}
+
 static void prep_item(void *ctx, int i) {
     prep_job *j = ctx;
     const m2d_gemm_w *w = j->w;
@@ -885,6 +1074,10 @@ static void prep_item(void *ctx, int i) {
     ps->n0 = i * M2D_GEMM_SLICE;
     ps->n = M2D_MIN(M2D_GEMM_SLICE, w->out - ps->n0);
     int f32 = j->g->prec == M2D_PREC_FP32;
+    if (j->p->own_kc) {
+        prep_own_slice(w, ps);
+        return;
+    }
     dnnl_status_t s = blocked_md(ps->n, w->in, f32, &ps->md);
     if (s == dnnl_success) ps->data = alloc64(dnnl_memory_desc_get_size(&ps->md));
     size_t es = m2d_dtype_size(w->dtype);
@@ -931,13 +1124,15 @@ int m2d_gemm_prepare(m2d_gemm_ctx *g, const m2d_gemm_w *w, m2d_gemm_packed **out
     }
     p->n_slices = n_slices(w->out);
     p->slice = m2d_calloc((size_t)p->n_slices, sizeof *p->slice);
+    p->own_kc = own_chunk(g, w);
     prep_job j = {g, w, p, 0};
     m2d_pool_for(g->pool, p->n_slices, prep_item, &j);
     if (atomic_load(&j.status)) {
         m2d_gemm_packed_free(p);
         return m2d_err("gemm: prepare [%d, %d] for oneDNN: status %d", w->out, w->in, atomic_load(&j.status));
     }
-    for (int i = 0; i < p->n_slices; i++) p->bytes += dnnl_memory_desc_get_size(&p->slice[i].md);
+    for (int i = 0; i < p->n_slices; i++)
+        p->bytes += p->own_kc ? m2d_dpbf16_packed_bytes(p->slice[i].n, w->in) : dnnl_memory_desc_get_size(&p->slice[i].md);
     *out = p;
     return 0;
 }
@@ -951,6 +1146,12 @@ m2d_gemm_w m2d_gemm_packed_rows(const m2d_gemm_packed *p, int r0, int n) {
 size_t m2d_gemm_prepare_bytes(m2d_gemm_ctx *g, const m2d_gemm_w *w) {
     if (check_weight(g, w) || w->packed) return 0;
     if (!wants_dnnl(g, w)) return sizeof(float) * (size_t)w->out * w->in;
+    if (own_chunk(g, w)) {
+        size_t bytes = 0;
+        for (int n0 = 0; n0 < w->out; n0 += M2D_GEMM_SLICE)
+            bytes += m2d_dpbf16_packed_bytes(M2D_MIN(M2D_GEMM_SLICE, w->out - n0), w->in);
+        return bytes;
+    }
     /* every slice is M2D_GEMM_SLICE wide but the last: two layouts to ask oneDNN for */
     int full = w->out / M2D_GEMM_SLICE, rest = w->out % M2D_GEMM_SLICE, f32 = g->prec == M2D_PREC_FP32;
     dnnl_memory_desc_t md;
@@ -997,6 +1198,6 @@ void m2d_gemm_set_cache_capacity(m2d_gemm_ctx *g, int n) {
 }
 
 m2d_gemm_stats m2d_gemm_get_stats(const m2d_gemm_ctx *g) {
-    return (m2d_gemm_stats){atomic_load(&g->n_sgemm), atomic_load(&g->n_dnnl), atomic_load(&g->n_created),
-                            atomic_load(&g->n_hits)};
+    return (m2d_gemm_stats){atomic_load(&g->n_sgemm), atomic_load(&g->n_dnnl), atomic_load(&g->n_own),
+                            atomic_load(&g->n_created), atomic_load(&g->n_hits)};
 }

@@ -129,9 +129,11 @@ void m2d_gemm_packed_free(m2d_gemm_packed *p);
  * weights of at least M2D_GEMM_DNNL_MIN_WEIGHT elements where oneDNN has a native kernel for the
  * precision (bf16: avx512_core_bf16 or AMX; fp32: avx512_core, its brgemm), sgemm for smaller
  * weights and elsewhere. By weight, not by batch size, so a weight always meets the same kernel.
- * SGEMM / ONEDNN force one (ONEDNN: any size, still only where native); set before preparing
- * weights. Tests and benches compare the kernels with it. */
-typedef enum { M2D_GEMM_AUTO, M2D_GEMM_SGEMM, M2D_GEMM_ONEDNN } m2d_gemm_kernel;
+ * In bf16 the own kernel (engine/dpbf16.h) takes oneDNN's place where it gives oneDNN's bits (see
+ * m2d_gemm_bf16_choice) and the probe found it faster. SGEMM / ONEDNN / OWN force one (ONEDNN: any
+ * size, still only where native; OWN: where the own kernel is eligible, else as ONEDNN); set before
+ * preparing weights. Tests and benches compare the kernels with it. */
+typedef enum { M2D_GEMM_AUTO, M2D_GEMM_SGEMM, M2D_GEMM_ONEDNN, M2D_GEMM_OWN } m2d_gemm_kernel;
 /* Measured (bench_gemm's crossover table, BENCHMARKS.md): oneDNN's per-call cost (primitive lookup,
  * memory objects, packing) loses to sgemm on bf16-rounded operands only for weights of at most
  * ~64 x 64; from 64 x 64 up oneDNN wins at every batch size m >= 16 and ties below. The rule
@@ -140,13 +142,26 @@ typedef enum { M2D_GEMM_AUTO, M2D_GEMM_SGEMM, M2D_GEMM_ONEDNN } m2d_gemm_kernel;
 #define M2D_GEMM_DNNL_MIN_WEIGHT 4096
 void m2d_gemm_set_kernel(m2d_gemm_ctx *g, m2d_gemm_kernel k);
 
+/* The bf16 kernel in oneDNN's place, chosen once per process by measurement (dispatch by what this
+ * CPU does, not by its vendor): where the CPU has AVX512-BF16 and oneDNN runs its avx512_core_bf16
+ * brgemm (no AMX), a probe of a few milliseconds times both on as-stored slices of 32 and 256 rows
+ * x 2048 x 256 and keeps the faster; the own kernel is only a candidate because it gives oneDNN's
+ * bits (its k chunks are matched to oneDNN's per k at first use and checked on random data; a k
+ * whose bits differ stays on oneDNN), so the choice changes the speed, never a result.
+ * M2D_GEMM_BF16=own|onednn overrides the probe (benches). Returns a line for logs and benches,
+ * e.g. "own vdpbf16ps kernel (probe: own 1.21 ms, oneDNN 1.40 ms)". 1 in *OWN when it won. */
+const char *m2d_gemm_bf16_choice(int *own);
+/* 1 when the own kernel may run for inner dimension K here (eligible CPU and oneDNN, and its k
+ * chunks reproduce oneDNN's bits for K); the first call per K runs the check. */
+int m2d_gemm_own_eligible(int k);
+
 /* Primitives kept in the context's cache (LRU; default 512, ~90 KB each). Tests shrink it to
  * exercise eviction while other threads still run an evicted primitive. */
 void m2d_gemm_set_cache_capacity(m2d_gemm_ctx *g, int n);
 
 /* What ran (for tests and benches): counts of GEMM slices by kernel, and primitives created. */
 typedef struct {
-    long sgemm, dnnl, primitives_created, cache_hits;
+    long sgemm, dnnl, own, primitives_created, cache_hits;
 } m2d_gemm_stats;
 m2d_gemm_stats m2d_gemm_get_stats(const m2d_gemm_ctx *g);
 
