@@ -255,7 +255,7 @@ static int cpu_tune(m2d_backend *be, const char *knob, int value) {
     else if (strcmp(knob, "gemm_kernel") == 0 && value >= M2D_GEMM_AUTO && value <= M2D_GEMM_OWN)
         for (int p = 0; p < 2; p++) m2d_gemm_set_kernel(c->gemm[p], (m2d_gemm_kernel)value);
     else return m2d_err("backend cpu: knob '%s' = %d: unknown knob or bad value (threads >= 1, expert_parallel 0|1, "
-                        "attention_gemm_min_rows >= 1, gemm_kernel 0 auto|1 sgemm|2 onednn)", knob, value);
+                        "attention_gemm_min_rows >= 1, gemm_kernel 0 auto|1 sgemm|2 onednn|3 own)", knob, value);
     return 0;
 }
 
