@@ -454,6 +454,8 @@ static int dnnl_exec(m2d_gemm_ctx *g, prim_entry *e, const void *x, const void *
     return 0;
 }
 
+static int own_tile_rows(void); /* the own kernel's micro-tile height, measured once (below) */
+
 /* Output columns [n0, n0+n) through oneDNN (or the own kernel in its place: the same operands, the
  * same store). Its operands are always dense: oneDNN 2.6 takes its
  * brgemm kernels only for a dense Y and a dense Wᵀ and otherwise falls back to an older gemm
@@ -492,7 +494,7 @@ static int dnnl_slice(gemm_job *j, int item) {
     if (j->own_kc) {
         uint16_t *pk = ps ? NULL : scratch_get(sp, m2d_dpbf16_packed_bytes(n, w->in));
         if (pk) m2d_dpbf16_pack(wp, w->in, n, w->in, pk);
-        m2d_dpbf16_gemm((const uint16_t *)xr, w->in, m, pk ? pk : wp, n, w->in, j->own_kc, acc, n, 0);
+        m2d_dpbf16_gemm((const uint16_t *)xr, w->in, m, pk ? pk : wp, n, w->in, j->own_kc, acc, n, own_tile_rows());
         scratch_put(sp, pk);
     } else {
         prim_key k = {m, n, w->in, ps != NULL, f32};
@@ -733,6 +735,43 @@ int m2d_gemm_own_eligible(int k) {
     return kc;
 }
 
+/* The own kernel's micro-tile height, measured once: the fastest of a few on a prepared 256 x 2048 x
+ * 256 product (every height gives the same bits, dpbf16.h). */
+static struct {
+    pthread_once_t once;
+    int rows;
+    double ms[3];
+} tile = {PTHREAD_ONCE_INIT, 0, {0}};
+static const int tile_heights[3] = {4, 8, M2D_DPBF16_MR};
+
+static void choose_tile(void) {
+    enum { M = 256, K = 2048, N = M2D_GEMM_SLICE };
+    uint64_t st = 43;
+    float *xf = m2d_malloc(sizeof(float) * M * K), *c = m2d_malloc(sizeof(float) * M * N);
+    uint16_t *x = m2d_malloc(sizeof(uint16_t) * M * K), *w = m2d_malloc(sizeof(uint16_t) * N * K);
+    uint16_t *pk = alloc64(m2d_dpbf16_packed_bytes(N, K));
+    for (int i = 0; i < M * K; i++) xf[i] = (float)m2d_rand_normal(&st);
+    to_bf16(xf, K, M, K, x);
+    memcpy(w, x, sizeof(uint16_t) * N * K); /* any bf16 values will do for timing */
+    m2d_dpbf16_pack(w, K, N, K, pk);
+    for (int h = 0; h < 3; h++) {
+        tile.ms[h] = HUGE_VAL;
+        for (int rep = 0; rep < 3; rep++) {
+            double t0 = m2d_now();
+            m2d_dpbf16_gemm(x, K, M, pk, N, K, K, c, N, tile_heights[h]);
+            tile.ms[h] = M2D_MIN(tile.ms[h], (m2d_now() - t0) * 1e3);
+        }
+        if (tile.ms[h] < tile.ms[tile.rows]) tile.rows = h;
+    }
+    tile.rows = tile_heights[tile.rows];
+    free(xf), free(c), free(x), free(w), free(pk);
+}
+
+static int own_tile_rows(void) {
+    pthread_once(&tile.once, choose_tile);
+    return tile.rows;
+}
+
 /* The probe behind m2d_gemm_bf16_choice: as-stored bf16 weights [256, 2048] on 32 and 256 rows,
  * each kernel best of 3 after a warm-up, on one thread. */
 static double probe_ms(m2d_gemm_kernel kern, const float *x, const m2d_gemm_w *w, float *y) {
@@ -757,7 +796,7 @@ static double probe_ms(m2d_gemm_kernel kern, const float *x, const m2d_gemm_w *w
 static struct {
     pthread_once_t once;
     int own;
-    char line[160];
+    char line[256];
 } choice = {PTHREAD_ONCE_INIT, 0, ""};
 
 static void choose_bf16_kernel(void) {
@@ -782,8 +821,8 @@ static void choose_bf16_kernel(void) {
     m2d_gemm_w w = m2d_gemm_weight(M2D_BF16, wb, N, K, K);
     double t_dnnl = probe_ms(M2D_GEMM_ONEDNN, x, &w, y), t_own = probe_ms(M2D_GEMM_OWN, x, &w, y);
     choice.own = t_own < t_dnnl;
-    snprintf(choice.line, sizeof choice.line, "%s (probe: own %.2f ms, oneDNN %s %.2f ms)",
-             choice.own ? "own vdpbf16ps kernel" : "oneDNN", t_own, m2d_gemm_isa_name(), t_dnnl);
+    snprintf(choice.line, sizeof choice.line, "%s (probe: own %.2f ms with %d-row tiles, oneDNN %s %.2f ms; tiles of 4/8/12 rows %.2f/%.2f/%.2f ms)",
+             choice.own ? "own vdpbf16ps kernel" : "oneDNN", t_own, own_tile_rows(), m2d_gemm_isa_name(), t_dnnl, tile.ms[0], tile.ms[1], tile.ms[2]);
     free(x), free(y), free(wf), free(wb);
 }
 

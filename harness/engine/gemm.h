@@ -145,11 +145,13 @@ void m2d_gemm_set_kernel(m2d_gemm_ctx *g, m2d_gemm_kernel k);
 /* The bf16 kernel in oneDNN's place, chosen once per process by measurement (dispatch by what this
  * CPU does, not by its vendor): where the CPU has AVX512-BF16 and oneDNN runs its avx512_core_bf16
  * brgemm (no AMX), a probe of a few milliseconds times both on as-stored slices of 32 and 256 rows
- * x 2048 x 256 and keeps the faster; the own kernel is only a candidate because it gives oneDNN's
+ * x 2048 x 256 and keeps the faster (the own kernel with the micro-tile height, 4, 8 or 12 rows, that
+ * was fastest on a prepared 256 x 2048 x 256 product); the own kernel is only a candidate because it gives oneDNN's
  * bits (its k chunks are matched to oneDNN's per k at first use and checked on random data; a k
  * whose bits differ stays on oneDNN), so the choice changes the speed, never a result.
  * M2D_GEMM_BF16=own|onednn overrides the probe (benches). Returns a line for logs and benches,
- * e.g. "own vdpbf16ps kernel (probe: own 1.21 ms, oneDNN 1.40 ms)". 1 in *OWN when it won. */
+ * e.g. "own vdpbf16ps kernel (probe: own 1.21 ms with 12-row tiles, oneDNN 1.40 ms; ...)". 1 in
+ * *OWN when it won. */
 const char *m2d_gemm_bf16_choice(int *own);
 /* 1 when the own kernel may run for inner dimension K here (eligible CPU and oneDNN, and its k
  * chunks reproduce oneDNN's bits for K); the first call per K runs the check. */
