@@ -6,6 +6,7 @@
 #                                       from the index pip is configured with (sha256 checked),
 #                                       build its vendored llama.cpp's llama-bench and
 #                                       llama-perplexity (CPU only, Release, GGML_NATIVE) in build/peer
+#                                       (PEER_ISA=avx2: the AVX2 llama.cpp and moe2dense for x86-64-v3)
 #   sh bench/peer_llamacpp.sh convert   write both slices (bench_engine write) to $PEER_TMP and convert
 #                                       them to GGUF bf16 with the vendored convert_hf_to_gguf.py
 #   sh bench/peer_llamacpp.sh run       build + convert, then the measurements, interleaved (`make bench-peer`)
@@ -21,6 +22,20 @@
 # process's repetitions (llama-bench's avg_ts, bench_engine's mean), PPL the whole-process wall time
 # with one window per batch on both sides (llama-perplexity -b 512, as moe2dense ppl), and beside it
 # the scored tokens per second (llama-perplexity scores the second half of each window only).
+#
+# PEER_ISA (issue 28: measure on every CPU you get, emulate the others) picks the CPU the run stands for:
+#   native            (default) both sides as built for this CPU
+#   avx512_core_bf16  a Zen 4's kernel choice: every moe2dense process under DNNL_MAX_CPU_ISA=AVX512_CORE_BF16
+#                     (oneDNN's AVX512-BF16 brgemm, no AMX); llama.cpp the native build, whose bf16 matmuls
+#                     use no AMX tiles on an AMX CPU either (ggml-cpu's AMX path, amx/common.h
+#                     qtype_has_amx_kernels, serves Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K/IQ4_XS only, and nothing
+#                     in ggml issues AMX-BF16 instructions: its bf16 dot products are AVX512-BF16)
+#   avx2              an AVX2-only CPU: moe2dense built with -march=x86-64-v3 in $BUILD/x86-64-v3, run
+#                     under DNNL_MAX_CPU_ISA=AVX2 and OPENBLAS_CORETYPE=Haswell (the kernels OpenBLAS picks
+#                     on an AVX2 CPU; its fp32 path runs there); llama.cpp built a second time, GGML_NATIVE
+#                     off and x86-64-v3's AVX/AVX2/FMA/F16C/BMI2 only, in build/peer/llama.cpp-build-avx2
+# The yardsticks (bench_gemm) run under the same emulation. An emulation picks kernels only: the memory
+# system, the clocks and the execution ports stay this CPU's.
 set -eu
 
 LLAMA_CPP_PYTHON_VERSION=0.3.36 # vendors ggml-org/llama.cpp@0c1e57098 (its CHANGELOG.md)
@@ -32,7 +47,6 @@ BUILD=${BUILD:-build}
 peer="$root/$BUILD/peer"
 src="$peer/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION"
 lcpp="$src/vendor/llama.cpp"
-lbuild="$peer/llama.cpp-build"
 tmp=${PEER_TMP:-/tmp/m2d-peer}
 tokdir=${PEER_TOKENIZER:-$root/../shared/models/qwen3-tokenizer}
 wiki="$root/data/wikitext-2-raw/wikitext-2-raw/wiki.test.raw"
@@ -41,6 +55,32 @@ jobs=${PEER_JOBS:-2}
 die() { echo "peer_llamacpp: $*" >&2; exit 1; }
 need() { command -v "$1" >/dev/null 2>&1 || die "$1 is not installed ($2)"; }
 log() { echo "peer_llamacpp: $*" >&2; }
+
+# the emulation: moe2dense's binaries ($m2d), their environment ($isa_env), llama.cpp's build ($lbuild)
+isa=${PEER_ISA:-native}
+m2d="$root/$BUILD"; isa_env=""; lsfx=""
+case "$isa" in
+  native) ;;
+  avx512_core_bf16) isa_env="DNNL_MAX_CPU_ISA=AVX512_CORE_BF16" ;;
+  avx2) m2d="$root/$BUILD/x86-64-v3"; isa_env="DNNL_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell"; lsfx="-avx2" ;;
+  *) die "PEER_ISA=$isa is not native, avx512_core_bf16 or avx2" ;;
+esac
+lbuild="$peer/llama.cpp-build$lsfx"
+
+cpu() {
+  echo "$(lscpu | sed -n 's/^Model name: *//p'), family $(lscpu | sed -n 's/^CPU family: *//p')" \
+    "model $(lscpu | sed -n 's/^Model: *//p')"
+}
+
+emulation() {
+  case "$isa" in
+    native) echo "PEER_ISA=native: both sides as built for $(cpu)" ;;
+    avx512_core_bf16) echo "PEER_ISA=avx512_core_bf16, emulated: Zen-4-like kernel choice (moe2dense under" \
+      "DNNL_MAX_CPU_ISA=AVX512_CORE_BF16, no AMX; llama.cpp the native build, no AMX in its bf16 matmuls) on $(cpu)" ;;
+    avx2) echo "PEER_ISA=avx2, emulated: AVX2-only (moe2dense -march=x86-64-v3 under DNNL_MAX_CPU_ISA=AVX2" \
+      "OPENBLAS_CORETYPE=Haswell, llama.cpp AVX2 build: GGML_NATIVE=OFF, AVX/AVX2/FMA/F16C/BMI2) on $(cpu)" ;;
+  esac
+}
 
 # a Python with pip: $PEER_PIP_PYTHON, python3, or the test references' venv (tests/ref/setup.sh light)
 pip_python() {
@@ -90,15 +130,33 @@ build() {
   rm -rf "$lbuild"
   need cmake "apt-get install cmake"
   need g++ "apt-get install g++"
-  log "building llama.cpp (llama-bench, llama-perplexity; CPU, Release, GGML_NATIVE) with -j$jobs"
-  cmake -S "$lcpp" -B "$lbuild" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CUDA=OFF \
+  # avx2: the instruction sets of x86-64-v3 (moe2dense's -march there), none of AVX-512, AVX-VNNI, AMX
+  isa_flags="-DGGML_NATIVE=ON"
+  [ "$isa" = avx2 ] && isa_flags="-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON \
+-DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF \
+-DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+  log "building llama.cpp (llama-bench, llama-perplexity; CPU, Release, $isa_flags) in $lbuild with -j$jobs"
+  # shellcheck disable=SC2086 # isa_flags: one word per option
+  cmake -S "$lcpp" -B "$lbuild" -DCMAKE_BUILD_TYPE=Release $isa_flags -DGGML_CUDA=OFF \
     -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-    -DLLAMA_BUILD_APP=OFF > "$peer/cmake-configure.log" 2>&1 ||
-    die "cmake configure failed: $(grep -m1 -i error "$peer/cmake-configure.log") (log: $peer/cmake-configure.log)"
+    -DLLAMA_BUILD_APP=OFF > "$peer/cmake-configure$lsfx.log" 2>&1 ||
+    die "cmake configure failed: $(grep -m1 -i error "$peer/cmake-configure$lsfx.log") (log: $peer/cmake-configure$lsfx.log)"
   cmake --build "$lbuild" --config Release -j "$jobs" --target llama-bench llama-perplexity \
-    > "$peer/cmake-build.log" 2>&1 ||
-    die "llama.cpp build failed: $(grep -m1 -i error "$peer/cmake-build.log") (log: $peer/cmake-build.log)"
+    > "$peer/cmake-build$lsfx.log" 2>&1 ||
+    die "llama.cpp build failed: $(grep -m1 -i error "$peer/cmake-build$lsfx.log") (log: $peer/cmake-build$lsfx.log)"
   echo "$LLAMA_CPP_PYTHON_SHA256" > "$stamp"
+}
+
+# avx2: moe2dense's own C without AVX-512 in its own build folder (make is incremental; the parent make's
+# MAKEFLAGS, e.g. its BUILD, are not passed on)
+build_m2d() {
+  [ "$isa" = avx2 ] || return 0
+  log "building moe2dense for x86-64-v3 (AVX2, no AVX-512) in $m2d with -j$jobs"
+  mkdir -p "$peer"
+  MAKEFLAGS='' make -C "$root" -j"$jobs" BUILD="$BUILD/x86-64-v3" CFLAGS="-O2 -march=x86-64-v3 -g" \
+    "$BUILD/x86-64-v3/moe2dense" "$BUILD/x86-64-v3/bench/bench_engine" "$BUILD/x86-64-v3/bench/bench_gemm" \
+    > "$peer/m2d-x86-64-v3-build.log" 2>&1 ||
+    die "make BUILD=$BUILD/x86-64-v3 failed: $(grep -m1 -i error "$peer/m2d-x86-64-v3-build.log") (log: $peer/m2d-x86-64-v3-build.log)"
 }
 
 # $tmp is ours: in /tmp by default, so a planted symlink or someone else's directory is refused
@@ -178,7 +236,8 @@ llama_pp() {
 m2d_pp() { # KIND PREC(bf16|fp32) ROUND
   rec="$logs/m2d-pp-$1-$2-$3.rec"
   cache=0; [ "$2" = bf16 ] && cache=4
-  M2D_BENCH_RECORD="$rec" "$root/$BUILD/bench/bench_engine" case "$tmp/$1" "$1" pp 512 3 "$cache" 1 ||
+  # shellcheck disable=SC2086 # isa_env: VAR=value words for env
+  M2D_BENCH_RECORD="$rec" env $isa_env "$m2d/bench/bench_engine" case "$tmp/$1" "$1" pp 512 3 "$cache" 1 ||
     die "bench_engine case $tmp/$1 pp failed"
   best=$(cut -d' ' -f1 "$rec"); mean=$(cut -d' ' -f3 "$rec")
   [ -n "$mean" ] || die "bench_engine case wrote no mean to $rec"
@@ -209,7 +268,8 @@ llama_ppl() {
 
 m2d_ppl() { # KIND PREC ROUND
   lg="$logs/m2d-ppl-$1-$2-$3.log"
-  s=$(timed "$lg" "$root/$BUILD/moe2dense" ppl --model "$tmp/$1" --data "$wiki" --seq-len 512 --max-windows 4 \
+  # shellcheck disable=SC2086
+  s=$(timed "$lg" env $isa_env "$m2d/moe2dense" ppl --model "$tmp/$1" --data "$wiki" --seq-len 512 --max-windows 4 \
     --precision "$2" --threads 2)
   n=$(awk '$1 == "tokens_scored" && NF == 2 {print $2}' "$lg")
   [ -n "$n" ] || die "no tokens_scored in $lg"
@@ -219,27 +279,30 @@ m2d_ppl() { # KIND PREC ROUND
     "($n tokens scored)"
 }
 
-# --quick: the same yardsticks (measured at the start and the end of bench_gemm), fewer shapes between
-# (the oneDNN bf16 2048^3 rate is kept in $logs/yardstick-WHEN for steady())
+# --quick: the same yardsticks (measured at the start and the end of bench_gemm), fewer shapes between,
+# under the emulation's environment; the rate steady() compares is kept in $logs/yardstick-WHEN: the oneDNN
+# bf16 2048^3 matmul, or where oneDNN has no native bf16 (avx2) the OpenBLAS sgemm the fp32 path runs on
 yardsticks() {
-  echo "yardsticks ($1): $BUILD/bench/bench_gemm --quick | head -5"
-  "$root/$BUILD/bench/bench_gemm" --quick 2>/dev/null | head -5 > "$logs/bench_gemm-$1.txt" || true
+  echo "yardsticks ($1): $isa_env ${m2d#"$root"/}/bench/bench_gemm --quick | head -5"
+  # shellcheck disable=SC2086
+  env $isa_env "$m2d/bench/bench_gemm" --quick 2>/dev/null | head -5 > "$logs/bench_gemm-$1.txt" || true
   cat "$logs/bench_gemm-$1.txt"
-  sed -n 's/.*oneDNN bf16 matmul 2048^3 ([^)]*): \([0-9.]*\) GFLOP\/s.*/\1/p' "$logs/bench_gemm-$1.txt" > "$logs/yardstick-$1"
+  pat='oneDNN bf16 matmul 2048^3 ([^)]*)'; [ "$isa" = avx2 ] && pat='OpenBLAS sgemm n=2048, [^)]*)'
+  sed -n "s/.*$pat: \([0-9.]*\) GFLOP\/s.*/\1/p" "$logs/bench_gemm-$1.txt" > "$logs/yardstick-$1"
 }
 
-# the ratios mean something only if the load stayed the same: the bf16 yardstick at the start and the end
+# the ratios mean something only if the load stayed the same: the yardstick at the start and the end
 steady() {
-  awk -v a="$(cat "$logs/yardstick-start")" -v b="$(cat "$logs/yardstick-end")" 'BEGIN {
-    if (a <= 0 || b <= 0) { print "WARNING: no bf16 yardstick read; the load during the run is unknown"; exit }
+  y=bf16; [ "$isa" = avx2 ] && y="fp32 (sgemm)"
+  awk -v y="$y" -v a="$(cat "$logs/yardstick-start")" -v b="$(cat "$logs/yardstick-end")" 'BEGIN {
+    if (a <= 0 || b <= 0) { printf "WARNING: no %s yardstick read; the load during the run is unknown\n", y; exit }
     r = a < b ? a / b : b / a
-    if (r < 0.85) printf "WARNING: the bf16 yardstick moved from %.0f to %.0f GFLOP/s: the load changed during the run, its ratios are unreliable\n", a, b
-    else printf "bf16 yardstick steady: %.0f at the start, %.0f at the end (GFLOP/s)\n", a, b }'
+    if (r < 0.85) printf "WARNING: the %s yardstick moved from %.0f to %.0f GFLOP/s: the load changed during the run, its ratios are unreliable\n", y, a, b
+    else printf "%s yardstick steady: %.0f at the start, %.0f at the end (GFLOP/s)\n", y, a, b }'
 }
 
 system_info() {
-  echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), family $(lscpu | sed -n 's/^CPU family: *//p')" \
-    "model $(lscpu | sed -n 's/^Model: *//p'), $(nproc) CPUs;" \
+  echo "CPU: $(cpu), $(nproc) CPUs;" \
     "flags: $(grep -o -w -E 'avx512f|avx512bw|avx512vl|avx512_bf16|avx512_vnni|amx_bf16|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')" \
     "$(grep -q -w amx_bf16 /proc/cpuinfo || echo '(no AMX)')"
   echo "llama.cpp: llama-cpp-python $LLAMA_CPP_PYTHON_VERSION sdist (sha256 $LLAMA_CPP_PYTHON_SHA256)," \
@@ -278,10 +341,12 @@ summary() {
   echo "is the mean of each process's 3 repetitions on both sides; logs in $logs."
   echo "Work differs in PPL: llama-perplexity (-b 512, one window per batch as moe2dense) computes logits for"
   echo "the second half of each window only (4 x 255 tokens scored); moe2dense ppl scores all of it (4 x 511)."
+  emulation
 }
 
 run() {
   build
+  build_m2d
   convert
   [ -f "$wiki" ] || die "$wiki is missing (make data)"
   [ -x /usr/bin/time ] || die "/usr/bin/time is missing (apt-get install time)"
@@ -289,6 +354,7 @@ run() {
   logs="$tmp/logs"; res="$logs/results.txt"
   rm -rf "$logs"; mkdir -p "$logs"
   echo "# moe2dense vs llama.cpp (CPU), issues 13 and 28 — $(date -u +%Y-%m-%dT%H:%MZ)"
+  emulation
   system_info
   yardsticks start
   round=0 # round 0 warms the page cache and the CPU up and is not recorded (record())
@@ -307,7 +373,7 @@ run() {
 }
 
 case "${1:-run}" in
-  build) build ;;
+  build) build; build_m2d ;;
   convert) convert ;;
   run) run ;;
   clean) [ -L "$tmp" ] || rm -rf "$tmp" ;;
