@@ -279,7 +279,7 @@ struct m2d_gemm_ctx {
     m2d_gemm_kernel kernel;  /* AUTO: by weight size and ISA (see wants_dnnl) */
     prim_cache cache;
     scratch_pool scratch;
-    atomic_long n_sgemm, n_dnnl, n_own, n_created, n_hits;
+    atomic_long n_sgemm, n_dnnl, n_own, n_gemv, n_created, n_hits;
 };
 
 static size_t key_hash(const prim_key *k) {
@@ -515,6 +515,93 @@ static int dnnl_slice(gemm_job *j, int item) {
     return rc;
 }
 
+/* ------------------------------------------------------------------ few rows: a dot product per element */
+
+/* At most this many rows, the sgemm path computes each element as one dot product over W's row as
+ * stored instead of calling sgemm: sgemm packs (and, for bf16 weights, the caller converts) a whole
+ * 256-row slice of W per call, which at m = 1 costs ~30x the product (bench_gemm, AVX2: 2.6
+ * GFLOP/s at 1 x 2048 x 2048 as stored against ~80 at m >= 32): the LM head of a pp run, and
+ * experts that got one token. sgemm's own order already depends on m (rows are not independent on
+ * this path), so a row's bits change with the batch here as before. */
+#define GEMV_MAX_ROWS 2
+
+typedef float v8f __attribute__((vector_size(32)));
+typedef uint16_t v8u16 __attribute__((vector_size(16)));
+typedef uint32_t v8u32 __attribute__((vector_size(32)));
+
+/* 8 weights from W's row at element k, as fp32: BF16 widened exactly, or F32 as stored. */
+static inline v8f load8(const void *w, int bf16, int k) {
+    v8f v;
+    if (bf16) {
+        v8u16 h;
+        memcpy(&h, (const uint16_t *)w + k, sizeof h);
+        v8u32 u = __builtin_convertvector(h, v8u32) << 16;
+        memcpy(&v, &u, sizeof v);
+    } else {
+        memcpy(&v, (const float *)w + k, sizeof v);
+    }
+    return v;
+}
+
+/* Σ_k x[k] w[k] in fp32 in a fixed order given k: four 8-lane partial sums over 32 k at a time,
+ * combined pairwise, the lanes summed pairwise, then the tail in order. */
+static float dot_row(const float *x, const void *w, int bf16, int k) {
+    v8f a[4] = {{0}, {0}, {0}, {0}};
+    int k0 = 0;
+    for (; k0 + 32 <= k; k0 += 32)
+        for (int i = 0; i < 4; i++) {
+            v8f xv;
+            memcpy(&xv, x + k0 + 8 * i, sizeof xv);
+            a[i] += xv * load8(w, bf16, k0 + 8 * i);
+        }
+    v8f s = (a[0] + a[1]) + (a[2] + a[3]);
+    float t = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    for (; k0 < k; k0++) {
+        float wk;
+        if (bf16) {
+            uint32_t u = (uint32_t)((const uint16_t *)w)[k0] << 16;
+            memcpy(&wk, &u, sizeof wk);
+        } else {
+            wk = ((const float *)w)[k0];
+        }
+        t += x[k0] * wk;
+    }
+    return t;
+}
+
+/* Output columns [n0, n0+n) of the sgemm path for few rows: W's rows read where they are when stored
+ * BF16 (exact in fp32, and already bf16 in bf16 precision) or F32 in fp32 precision, or prepared;
+ * other dtypes through the same conversion as sgemm's. */
+static void gemv_slice(gemm_job *j, int slice) {
+    const m2d_gemm_w *w = j->c.w;
+    int n0 = slice * M2D_GEMM_SLICE, n = M2D_MIN(M2D_GEMM_SLICE, w->out - n0), K = w->in, bf16 = 0;
+    float *conv = NULL;
+    const void *wd;
+    int64_t ld = K;
+    if (w->packed) {
+        wd = w->packed->f32 + (size_t)(w->p0 + n0) * K;
+    } else if (w->dtype == M2D_BF16 || (w->dtype == M2D_F32 && j->g->prec == M2D_PREC_FP32)) {
+        bf16 = w->dtype == M2D_BF16;
+        wd = (const char *)w->data + (size_t)n0 * w->ld * m2d_dtype_size(w->dtype);
+        ld = w->ld;
+    } else {
+        conv = scratch_get(&j->g->scratch, sizeof(float) * (size_t)n * K);
+        weight_rows_f32(w, n0, n, j->g->prec == M2D_PREC_BF16, conv);
+        wd = conv;
+    }
+    size_t es = bf16 ? sizeof(uint16_t) : sizeof(float);
+    for (int i = 0; i < j->c.m; i++) {
+        const float *xi = j->xr + (size_t)i * j->ldxr;
+        float *yi = j->c.y + (size_t)i * j->c.ldy + n0;
+        for (int c = 0; c < n; c++) {
+            float d = dot_row(xi, (const char *)wd + (size_t)c * ld * es, bf16, K);
+            yi[c] = j->c.beta == 0.0f ? d : d + j->c.beta * yi[c];
+        }
+    }
+    scratch_put(&j->g->scratch, conv);
+    atomic_fetch_add(&j->g->n_gemv, 1);
+}
+
 /* Output columns [n0, n0+n) through sgemm: fp32 W rows in place (F32 in fp32 precision), from the
  * prepared copy, or converted into scratch (bf16-rounded in bf16 precision). */
 static void sgemm_slice(gemm_job *j, int slice) {
@@ -545,7 +632,8 @@ static void gemm_item(void *ctx, int item) {
         if (dnnl_slice(j, item) && atomic_exchange(&j->failed, 1) == 0)
             snprintf(j->err, sizeof j->err, "%s", m2d_errmsg());
     } else {
-        sgemm_slice(j, item);
+        if (j->c.m <= GEMV_MAX_ROWS) gemv_slice(j, item);
+        else sgemm_slice(j, item);
     }
 }
 
@@ -1238,5 +1326,5 @@ void m2d_gemm_set_cache_capacity(m2d_gemm_ctx *g, int n) {
 
 m2d_gemm_stats m2d_gemm_get_stats(const m2d_gemm_ctx *g) {
     return (m2d_gemm_stats){atomic_load(&g->n_sgemm), atomic_load(&g->n_dnnl), atomic_load(&g->n_own),
-                            atomic_load(&g->n_created), atomic_load(&g->n_hits)};
+                            atomic_load(&g->n_gemv), atomic_load(&g->n_created), atomic_load(&g->n_hits)};
 }

@@ -163,7 +163,7 @@ void m2d_gemm_set_cache_capacity(m2d_gemm_ctx *g, int n);
 
 /* What ran (for tests and benches): counts of GEMM slices by kernel, and primitives created. */
 typedef struct {
-    long sgemm, dnnl, own, primitives_created, cache_hits;
+    long sgemm, dnnl, own, gemv, primitives_created, cache_hits; /* gemv: the sgemm path's few-row dot products */
 } m2d_gemm_stats;
 m2d_gemm_stats m2d_gemm_get_stats(const m2d_gemm_ctx *g);
 
