@@ -269,6 +269,8 @@ typedef struct {
 
 typedef struct {
     int n;
+    int r0; /* rows [r0, n) go on past the attention (see live_rows); 0 but in the last layer of a
+             * forward whose caller reads only those rows */
     m2d_buf *x, *xn, *ffo, *q, *att, *k, *v, *g, *u; /* fp32 activations */
     m2d_buf *tok, *pos;                              /* int32 [n] */
     m2d_buf *probs, *topk, *gates;                   /* routing [n, E], [n, k] (MoE models) */
@@ -330,6 +332,14 @@ static void bias(m2d_engine *e, m2d_mat *y, const m2d_weight *b) {
 }
 
 /* per ops.qk_norm: each head's vector ([n*heads, head_dim] rows) or the whole projection ([n, heads*head_dim]) */
+/* Rows [r0, n) of a per-row buffer of COLS columns: what a layer computes after its attention. Every
+ * row, but in the last layer of a forward whose caller reads only the rows from r0 on (the log-probs
+ * of a continuation, the last token of a prompt): their keys, values and attention need every row
+ * before them, the rest of the layer only themselves (llama.cpp does the same with its output ids). */
+static m2d_mat live_rows(const fwd_ws *w, m2d_buf *b, int cols) {
+    return m2d_mat_of(b, (size_t)w->r0 * cols, w->n - w->r0, cols, cols);
+}
+
 static void qk_norm(m2d_engine *e, const layer_weights *lw, const fwd_ws *w) {
     const m2d_config *c = &e->m->cfg;
     int n = w->n, H = c->num_attention_heads, KV = c->num_key_value_heads, hd = c->head_dim;
@@ -436,7 +446,7 @@ static int attend(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
         B->kv_append(be, kv->k, kv->v, (size_t)l * KV * kv->cap * hd, (size_t)kv->cap * hd, kv->len, &K, &V, KV, hd);
     }
     if (e->probe && probe_at(e, l, M2D_PROBE_HEADS, w->att, n, qd)) return -1;
-    m2d_mat X = m2d_mat_of(w->x, 0, n, d, d), ATT = m2d_mat_of(w->att, 0, n, qd, qd);
+    m2d_mat X = live_rows(w, w->x, d), ATT = live_rows(w, w->att, qd);
     B->gemm(be, &ATT, lw->w[M2D_T_O], 0, &X, 1.0f, e->prec); /* residual add */
     bias(e, &X, lw->w[M2D_T_O_BIAS]);
     return 0;
@@ -507,8 +517,8 @@ static int call_hook(m2d_engine *e, int layer, const fwd_ws *w, int *routed_set)
 static int moe_block(m2d_engine *e, int l, const fwd_ws *w) {
     const m2d_config *c = &e->m->cfg;
     const layer_weights *lw = &e->lw[l];
-    int n = w->n, d = c->hidden_size, E = c->num_experts, k = route_k(e);
-    m2d_mat XN = m2d_mat_of(w->xn, 0, n, d, d), P = m2d_mat_of(w->probs, 0, n, E, E);
+    int d = c->hidden_size, E = c->num_experts, k = route_k(e);
+    m2d_mat XN = live_rows(w, w->xn, d), P = live_rows(w, w->probs, E); /* topk, gates: P's rows from 0 */
     e->B->gemm(e->be, &XN, lw->w[M2D_T_ROUTER], 0, &P, 0.0f, e->prec);
     bias(e, &P, lw->w[M2D_T_ROUTER_BIAS]);
     /* the Eq. 6 override weights the K' experts by their raw probabilities (never renormalised);
@@ -522,7 +532,7 @@ static int moe_block(m2d_engine *e, int l, const fwd_ws *w) {
     int routed_set = 0; /* the hook supplied the routed output (ffo) */
     if (e->hook && call_hook(e, l, w, &routed_set)) return -1;
     if (routed_set) return 0;
-    m2d_moe_args a = experts_of(e, l, XN, m2d_mat_of(w->ffo, 0, n, d, d));
+    m2d_moe_args a = experts_of(e, l, XN, live_rows(w, w->ffo, d));
     a.topk = w->topk, a.gates = w->gates, a.k = k;
     e->B->moe(e->be, &a);
     return 0;
@@ -552,17 +562,17 @@ static void shared_experts(m2d_engine *e, int l, const fwd_ws *w) {
     const layer_weights *lw = &e->lw[l];
     if (!lw->w[M2D_T_SHARED_GATE]) return;
     const m2d_config *c = &e->m->cfg;
-    int n = w->n, d = c->hidden_size, width = c->shared_expert_intermediate_size;
+    int d = c->hidden_size, width = c->shared_expert_intermediate_size;
     m2d_weight *wt[M2D_T_COUNT] = {0};
     wt[M2D_T_GATE] = lw->w[M2D_T_SHARED_GATE];
     wt[M2D_T_UP] = lw->w[M2D_T_SHARED_UP];
     wt[M2D_T_DOWN] = lw->w[M2D_T_SHARED_DOWN];
-    m2d_mat XN = m2d_mat_of(w->xn, 0, n, d, d), FFO = m2d_mat_of(w->ffo, 0, n, d, d);
+    m2d_mat XN = live_rows(w, w->xn, d), FFO = live_rows(w, w->ffo, d);
     if (!lw->w[M2D_T_SHARED_EXPERT_GATE]) {
         dense_ffn(e, wt, &XN, width, w->g, w->u, &FFO, 1.0f, -1);
         return;
     }
-    m2d_mat S = m2d_mat_of(w->sh, 0, n, d, d), G = m2d_mat_of(w->shl, 0, n, 1, 1);
+    m2d_mat S = live_rows(w, w->sh, d), G = live_rows(w, w->shl, 1);
     dense_ffn(e, wt, &XN, width, w->g, w->u, &S, 0.0f, -1);
     e->B->gemm(e->be, &XN, lw->w[M2D_T_SHARED_EXPERT_GATE], 0, &G, 0.0f, e->prec);
     e->B->sigmoid_scale(e->be, &S, &G);
@@ -572,14 +582,14 @@ static void shared_experts(m2d_engine *e, int l, const fwd_ws *w) {
 static int ffn_block(m2d_engine *e, int l, const fwd_ws *w) {
     const m2d_config *c = &e->m->cfg;
     int n = w->n, d = c->hidden_size;
-    m2d_mat X = m2d_mat_of(w->x, 0, n, d, d), XN = m2d_mat_of(w->xn, 0, n, d, d);
+    m2d_mat X = live_rows(w, w->x, d), XN = live_rows(w, w->xn, d);
     e->B->rmsnorm(e->be, &X, e->lw[l].w[M2D_T_FFN_NORM], c->rms_norm_eps, &XN);
     if (e->probe && probe_at(e, l, M2D_PROBE_FFN_NORM, w->xn, n, d)) return -1;
     if (!c->layer_is_moe[l]) /* residual add */
         return dense_ffn(e, e->lw[l].w, &XN, c->intermediate_size, w->g, w->u, &X, 1.0f, l);
     if (moe_block(e, l, w)) return -1;
     shared_experts(e, l, w);
-    m2d_mat FFO = m2d_mat_of(w->ffo, 0, n, d, d);
+    m2d_mat FFO = live_rows(w, w->ffo, d);
     e->B->add(e->be, &X, &FFO);
     return 0;
 }
@@ -622,18 +632,28 @@ static int run_layer(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
 
 static void final_norm(m2d_engine *e, const fwd_ws *w, m2d_buf *hid) {
     int d = e->m->cfg.hidden_size;
-    m2d_mat X = m2d_mat_of(w->x, 0, w->n, d, d), H = m2d_mat_of(hid, 0, w->n, d, d);
+    m2d_mat X = live_rows(w, w->x, d), H = live_rows(w, hid, d);
     e->B->rmsnorm(e->be, &X, e->final_norm, e->m->cfg.rms_norm_eps, &H);
 }
 
-/* Final-normed hidden states hid [n, d] (a backend buffer) for the rows of the plan. */
-static int forward_hidden(m2d_engine *e, const int32_t *tokens, int n, const seg_plan *p, m2d_buf *hid) {
+/* Whether the last layer may stop after the attention for rows before FIRST (live_rows): nothing
+ * reads them (no hook, probe or capture sees the layer's rows, one segment). */
+static int last_layer_rows_from(const m2d_engine *e, const seg_plan *p, int first, int n) {
+    return first > 0 && first < n && !e->hook && !e->probe && !p->capture && p->n_seg == 1 ? first : 0;
+}
+
+/* Final-normed hidden states hid [n, d] (a backend buffer) for the rows of the plan; only rows
+ * [first, n) are needed (0: all). */
+static int forward_hidden(m2d_engine *e, const int32_t *tokens, int n, const seg_plan *p, int first, m2d_buf *hid) {
     fwd_ws w;
     if (ws_alloc(e, n, &w)) return -1;
     upload_positions(e, p, &w);
     embed_rows(e, tokens, &w);
-    int rc = 0;
-    for (int l = 0; l < e->m->cfg.num_hidden_layers && rc == 0; l++) rc = run_layer(e, l, &w, p);
+    int rc = 0, L = e->m->cfg.num_hidden_layers;
+    for (int l = 0; l < L && rc == 0; l++) {
+        if (l == L - 1) w.r0 = last_layer_rows_from(e, p, first, n);
+        rc = run_layer(e, l, &w, p);
+    }
     if (rc == 0) final_norm(e, &w, hid);
     ws_free(e, &w);
     return rc;
@@ -695,7 +715,7 @@ static int logits_impl(m2d_engine *e, const int32_t *tokens, int n, float *logit
     int off = 0;
     seg_plan p = {1, &off, &n, NULL, 0, NULL, NULL};
     m2d_buf *hid = hidden_buf(e, n);
-    int rc = hid ? forward_hidden(e, tokens, n, &p, hid) : -1;
+    int rc = hid ? forward_hidden(e, tokens, n, &p, 0, hid) : -1;
     if (rc == 0) rc = lm_head_logits(e, hid, n, logits);
     e->B->release(e->be, hid);
     return rc;
@@ -706,7 +726,7 @@ static int hidden_impl(m2d_engine *e, const int32_t *tokens, int n, float *hidde
     int off = 0;
     seg_plan p = {1, &off, &n, NULL, 0, NULL, layers};
     m2d_buf *hid = hidden_buf(e, n);
-    int rc = hid ? forward_hidden(e, tokens, n, &p, hid) : -1;
+    int rc = hid ? forward_hidden(e, tokens, n, &p, 0, hid) : -1;
     if (rc == 0) e->B->download(e->be, hidden, hid, 0, f32s(n, e->m->cfg.hidden_size));
     e->B->release(e->be, hid);
     return rc;
@@ -719,7 +739,7 @@ static int logprobs_impl(m2d_engine *e, const int32_t *tokens, int n, const int3
     int off = 0;
     seg_plan p = {1, &off, &n, NULL, 0, NULL, NULL};
     m2d_buf *hid = hidden_buf(e, n);
-    int rc = hid ? forward_hidden(e, tokens, n, &p, hid) : -1;
+    int rc = hid ? forward_hidden(e, tokens, n, &p, first, hid) : -1;
     if (rc == 0 && first < n) rc = lm_head_logprobs(e, hid, first, n - first, targets + first, lp);
     e->B->release(e->be, hid);
     return rc;
@@ -796,10 +816,12 @@ static int pass_layer(layer_pass *lp, int l) {
     prefetch_job job = {m, l + 1};
     pthread_t th;
     int prefetching = l + 1 < m->cfg.num_hidden_layers && pthread_create(&th, NULL, prefetch_main, &job) == 0;
-    int zero = 0, rc = 0;
+    int zero = 0, rc = 0, last = l == m->cfg.num_hidden_layers - 1;
     for (int w = 0; w < lp->s->n && rc == 0; w++) {
         seg_plan p = window_plan(&zero, &lp->s->lens[w]);
-        rc = pass_load(lp, w) || run_layer(lp->e, l, &lp->w, &p) || pass_save(lp, w) ? -1 : 0;
+        rc = pass_load(lp, w) ? -1 : 0; /* the rows the last layer finishes: as forward_hidden's */
+        lp->w.r0 = last ? last_layer_rows_from(lp->e, &p, lp->s->first[w], lp->s->lens[w]) : 0;
+        rc = rc || run_layer(lp->e, l, &lp->w, &p) || pass_save(lp, w) ? -1 : 0;
         lp->done += lp->s->lens[w];
         if (lp->prog) m2d_progress_update(lp->prog, lp->done);
     }
@@ -815,9 +837,11 @@ static int pass_head(layer_pass *lp) {
     const m2d_window_set *s = lp->s;
     int rc = 0;
     for (int w = 0; w < s->n && rc == 0; w++) {
-        int n = s->lens[w], first = s->first[w];
+        int n = s->lens[w], first = s->first[w], zero = 0;
         m2d_buf *hid = hidden_buf(e, n);
+        seg_plan p = window_plan(&zero, &s->lens[w]);
         rc = hid ? pass_load(lp, w) : -1;
+        lp->w.r0 = last_layer_rows_from(e, &p, first, n);
         if (rc == 0) final_norm(e, &lp->w, hid);
         if (rc == 0 && first < n) rc = lm_head_logprobs(e, hid, first, n - first, s->targets[w] + first, s->lp[w]);
         e->B->release(e->be, hid);
@@ -1022,7 +1046,7 @@ static int extend_impl(m2d_engine *e, m2d_kv *kv, const int32_t *tokens, int n, 
     int off = 0;
     seg_plan p = {1, &off, &n, kv->len ? kv : NULL, kv->len, kv, NULL};
     m2d_buf *hid = hidden_buf(e, n);
-    int rc = hid ? forward_hidden(e, tokens, n, &p, hid) : -1;
+    int rc = hid ? forward_hidden(e, tokens, n, &p, 0, hid) : -1;
     if (rc == 0) {
         kv->len += n;
         if (lp) rc = lm_head_logprobs(e, hid, 0, n, targets, lp);
@@ -1061,7 +1085,7 @@ static int branches_impl(m2d_engine *e, const m2d_kv *prefix, int n_branches, co
     }
     seg_plan p = {n_branches, off, lens, np ? prefix : NULL, np, NULL, NULL};
     m2d_buf *hid = hidden_buf(e, total);
-    int rc = hid ? forward_hidden(e, all, total, &p, hid) : -1;
+    int rc = hid ? forward_hidden(e, all, total, &p, 0, hid) : -1;
     if (rc == 0 && lp) {
         double *tmp = m2d_malloc(sizeof(double) * (size_t)total);
         rc = lm_head_logprobs(e, hid, 0, total, alltg, tmp);
