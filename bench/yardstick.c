@@ -29,23 +29,32 @@ double yardstick_gemm_peak(m2d_precision p) {
     return 2.0 * N * N * (double)N / best / 1e9;
 }
 
-/* attention projections, the attention itself and the router of every layer over n tokens */
-static double attention_router_flops(const m2d_config *c, int n) {
+/* Layer L's attention projections, the attention itself and its router over n tokens, of which
+ * ROWS go on past the attention (o_proj, router: engine.c live_rows) */
+static double layer_attention_router_flops(const m2d_config *c, int l, int n, int rows) {
     double d = c->hidden_size, qd = (double)c->num_attention_heads * c->head_dim,
-           kvd = (double)c->num_key_value_heads * c->head_dim, f = 0;
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        f += 2.0 * n * (d * qd + 2 * d * kvd + qd * d);
-        f += 2.0 * 2.0 * c->head_dim * c->num_attention_heads * ((double)n * (n + 1) / 2);
-        if (c->layer_is_moe[l]) f += 2.0 * n * d * c->num_experts;
-    }
+           kvd = (double)c->num_key_value_heads * c->head_dim;
+    double f = 2.0 * n * (d * qd + 2 * d * kvd) + 2.0 * rows * qd * d;
+    f += 2.0 * 2.0 * c->head_dim * c->num_attention_heads * ((double)n * (n + 1) / 2);
+    return c->layer_is_moe[l] ? f + 2.0 * rows * d * c->num_experts : f;
+}
+
+static double attention_router_flops(const m2d_config *c, int n) {
+    double f = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) f += layer_attention_router_flops(c, l, n, n);
     return f;
 }
 
+/* The engine's work: every layer on all n rows, but the last one past its attention only on the
+ * SCORED rows (the ones the LM head scores; engine.c live_rows). */
 double yardstick_forward_flops(const m2d_config *c, int n, int scored) {
-    double d = c->hidden_size, f = attention_router_flops(c, n);
-    for (int l = 0; l < c->num_hidden_layers; l++)
-        f += c->layer_is_moe[l] ? 2.0 * n * c->num_experts_per_tok * 3 * d * c->moe_intermediate_size
-                                : 2.0 * n * 3 * d * c->intermediate_size;
+    double d = c->hidden_size, f = 0;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        int rows = l == c->num_hidden_layers - 1 ? scored : n;
+        f += layer_attention_router_flops(c, l, n, rows);
+        f += c->layer_is_moe[l] ? 2.0 * rows * c->num_experts_per_tok * 3 * d * c->moe_intermediate_size
+                                : 2.0 * rows * 3 * d * c->intermediate_size;
+    }
     return f + 2.0 * scored * d * c->vocab_size;
 }
 

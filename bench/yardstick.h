@@ -11,7 +11,8 @@
 double yardstick_gemm_peak(m2d_precision p);
 
 /* FLOPs of a forward over n tokens from position 0 (causal attention; the top-k experts of MoE
- * layers) and the LM head on SCORED rows. */
+ * layers) and the LM head on SCORED rows, as the engine computes it: the last layer goes on past its
+ * attention only for the scored rows. */
 double yardstick_forward_flops(const m2d_config *c, int n, int scored);
 
 /* FLOPs calibration needs for N_WINDOWS windows of L tokens (SPEC §1): the forward without its
