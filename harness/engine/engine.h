@@ -146,7 +146,10 @@ int m2d_engine_hidden(m2d_engine *e, const int32_t *tokens, int n, float *hidden
  * -1 + m2d_err when K is outside [1, num_experts]. */
 int m2d_engine_set_route_topk(m2d_engine *e, int k);
 /* Streaming: lp[t - first] = log p(targets[t] | tokens[0..t]) for t in [first, n), computed
- * in row blocks so [n x vocab] is never materialised. */
+ * in row blocks so [n x vocab] is never materialised. The last layer computes keys, values and the
+ * attention of every row but goes on (o_proj, FFN/experts, final norm) only for rows [first, n)
+ * (unless a MoE hook or probe watches the layers: they see every row). Where the backend's GEMMs
+ * give a row the same bits whatever the batch this equals the full forward bit for bit. */
 int m2d_engine_logprobs(m2d_engine *e, const int32_t *tokens, int n, const int32_t *targets,
                         int first, double *lp);
 
