@@ -762,11 +762,26 @@ static void check_operands(int k, float *x, uint16_t *w) {
     free(wf);
 }
 
+/* The chunk length to try I-th for inner dimension K: whole, the block sizes oneDNN 2.6 was seen to
+ * use, then every other multiple of 32 below K (its blocking may follow a CPU's cache sizes); 0 at
+ * the end. */
+static int chunk_candidate(int k, int i) {
+    static const int seen[] = {512, 1024, 256, 2048, 128, 4096, 64, 8192};
+    if (i == 0) return k + (k & 1);
+    for (int j = 0; j < (int)M2D_ARRAY_LEN(seen); j++)
+        if (--i == 0) return seen[j] < k ? seen[j] : -1;
+    for (int kc = 32; kc < k; kc += 32) {
+        int known = 0;
+        for (int j = 0; j < (int)M2D_ARRAY_LEN(seen); j++) known |= seen[j] == kc;
+        if (!known && --i == 0) return kc;
+    }
+    return 0;
+}
+
 /* The k chunk (see dpbf16.h) with which the own kernel gives oneDNN's bits for inner dimension K:
- * oneDNN's result on the check operands against the own kernel's for a few chunk lengths (whole,
- * then the block sizes oneDNN uses); 0 when none matches. */
+ * oneDNN's result on the check operands against the own kernel's for each candidate chunk length;
+ * 0 when none matches. */
 static int find_chunk(int k) {
-    static const int kcs[] = {512, 1024, 256, 2048, 128, 4096, 64, 8192};
     m2d_gemm_ctx *g;
     if (m2d_gemm_ctx_new(M2D_PREC_BF16, NULL, &g)) return 0;
     m2d_gemm_set_kernel(g, M2D_GEMM_ONEDNN);
@@ -780,9 +795,8 @@ static int find_chunk(int k) {
     m2d_gemm_w wv = m2d_gemm_weight(M2D_BF16, w, CHECK_COLS, k, k);
     int found = 0;
     if (m2d_gemm(g, x, k, CHECK_ROWS, &wv, ref, CHECK_COLS, 0.0f) == 0) {
-        for (int i = -1; i < (int)M2D_ARRAY_LEN(kcs) && !found; i++) {
-            int kc = i < 0 ? k + (k & 1) : kcs[i];
-            if (i >= 0 && kc >= k) continue;
+        for (int i = 0, kc; !found && (kc = chunk_candidate(k, i)) != 0; i++) {
+            if (kc < 0) continue; /* a seen block size not below k */
             m2d_dpbf16_gemm(xb, k, CHECK_ROWS, pk, CHECK_COLS, k, kc, own, CHECK_COLS, 0);
             if (memcmp(own, ref, sizeof(float) * CHECK_ROWS * CHECK_COLS) == 0) found = kc;
         }
