@@ -529,18 +529,17 @@ typedef float v8f __attribute__((vector_size(32)));
 typedef uint16_t v8u16 __attribute__((vector_size(16)));
 typedef uint32_t v8u32 __attribute__((vector_size(32)));
 
-/* 8 weights from W's row at element k, as fp32: BF16 widened exactly, or F32 as stored. */
-static inline v8f load8(const void *w, int bf16, int k) {
-    v8f v;
+/* 8 weights from W's row at element k into *V, as fp32: BF16 widened exactly, or F32 as stored
+ * (through a pointer: a 32-byte vector return value changes the ABI where AVX is off) */
+static inline void load8(v8f *v, const void *w, int bf16, int k) {
     if (bf16) {
         v8u16 h;
         memcpy(&h, (const uint16_t *)w + k, sizeof h);
         v8u32 u = __builtin_convertvector(h, v8u32) << 16;
-        memcpy(&v, &u, sizeof v);
+        memcpy(v, &u, sizeof *v);
     } else {
-        memcpy(&v, (const float *)w + k, sizeof v);
+        memcpy(v, (const float *)w + k, sizeof *v);
     }
-    return v;
 }
 
 /* Σ_k x[k] w[k] in fp32 in a fixed order given k: four 8-lane partial sums over 32 k at a time,
@@ -550,9 +549,10 @@ static float dot_row(const float *x, const void *w, int bf16, int k) {
     int k0 = 0;
     for (; k0 + 32 <= k; k0 += 32)
         for (int i = 0; i < 4; i++) {
-            v8f xv;
+            v8f xv, wv;
             memcpy(&xv, x + k0 + 8 * i, sizeof xv);
-            a[i] += xv * load8(w, bf16, k0 + 8 * i);
+            load8(&wv, w, bf16, k0 + 8 * i);
+            a[i] += xv * wv;
         }
     v8f s = (a[0] + a[1]) + (a[2] + a[3]);
     float t = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
