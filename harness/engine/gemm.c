@@ -806,12 +806,23 @@ static int find_chunk(int k) {
     return found;
 }
 
-/* find_chunk's answers, per k (the engine meets a handful of k). */
+/* find_chunk's answers, per k (the engine meets a handful of k): append-only, an entry published by
+ * the count after it is written, so that the lookup on every GEMM call takes no lock. A k beyond
+ * the table's capacity is answered 0 (oneDNN: the same bits, only the speed differs). */
+#define CHUNK_KS 64
 static struct {
-    pthread_mutex_t mu;
-    int n, cap;
-    int (*kc)[2]; /* {k, chunk or 0} */
-} chunks = {PTHREAD_MUTEX_INITIALIZER, 0, 0, NULL};
+    pthread_mutex_t mu; /* serialises the checks of new k */
+    atomic_int n;
+    int kc[CHUNK_KS][2]; /* {k, chunk or 0} */
+} chunks = {PTHREAD_MUTEX_INITIALIZER, 0, {{0, 0}}};
+
+/* The published answer for K, or -1. */
+static int chunk_lookup(int k) {
+    int n = atomic_load_explicit(&chunks.n, memory_order_acquire);
+    for (int i = 0; i < n; i++)
+        if (chunks.kc[i][0] == k) return chunks.kc[i][1];
+    return -1;
+}
 
 static pthread_once_t own_cpu_once = PTHREAD_ONCE_INIT;
 static int own_cpu;
@@ -820,21 +831,18 @@ static void own_cpu_probe(void) { own_cpu = own_cpu_ok(); }
 int m2d_gemm_own_eligible(int k) {
     pthread_once(&own_cpu_once, own_cpu_probe);
     if (!own_cpu || k <= 0) return 0;
-    pthread_mutex_lock(&chunks.mu); /* held while checking a new k: the first caller checks it */
-    int kc = -1;
-    for (int i = 0; i < chunks.n && kc < 0; i++)
-        if (chunks.kc[i][0] == k) kc = chunks.kc[i][1];
-    if (kc < 0) {
+    int kc = chunk_lookup(k);
+    if (kc >= 0) return kc;
+    pthread_mutex_lock(&chunks.mu); /* the first caller for a new k checks it */
+    kc = chunk_lookup(k);
+    int n = atomic_load_explicit(&chunks.n, memory_order_relaxed);
+    if (kc < 0 && n < CHUNK_KS) {
         kc = find_chunk(k);
-        if (chunks.n == chunks.cap) {
-            chunks.cap = chunks.cap ? 2 * chunks.cap : 16;
-            chunks.kc = m2d_realloc(chunks.kc, sizeof *chunks.kc * (size_t)chunks.cap);
-        }
-        chunks.kc[chunks.n][0] = k;
-        chunks.kc[chunks.n++][1] = kc;
+        chunks.kc[n][0] = k, chunks.kc[n][1] = kc;
+        atomic_store_explicit(&chunks.n, n + 1, memory_order_release);
     }
     pthread_mutex_unlock(&chunks.mu);
-    return kc;
+    return kc > 0 ? kc : 0;
 }
 
 /* The own kernel's micro-tile height, measured once: the fastest of a few on a prepared 256 x 2048 x
@@ -846,15 +854,26 @@ static struct {
 } tile = {PTHREAD_ONCE_INIT, 0, {0}};
 static const int tile_heights[3] = {4, 8, M2D_DPBF16_MR};
 
+/* The timing probes' operands: X [PROBE_M, PROBE_K] fp32 and W [PROBE_N, PROBE_K] bf16 of normals. */
+enum { PROBE_M = 256, PROBE_K = 2048, PROBE_N = M2D_GEMM_SLICE };
+static void probe_operands(float *x, uint16_t *w) {
+    uint64_t st = 41;
+    float *wf = m2d_malloc(sizeof(float) * PROBE_K);
+    for (int i = 0; i < PROBE_M * PROBE_K; i++) x[i] = (float)m2d_rand_normal(&st);
+    for (int r = 0; r < PROBE_N; r++) {
+        for (int i = 0; i < PROBE_K; i++) wf[i] = (float)m2d_rand_normal(&st);
+        to_bf16(wf, PROBE_K, 1, PROBE_K, w + (size_t)r * PROBE_K);
+    }
+    free(wf);
+}
+
 static void choose_tile(void) {
-    enum { M = 256, K = 2048, N = M2D_GEMM_SLICE };
-    uint64_t st = 43;
+    enum { M = PROBE_M, K = PROBE_K, N = PROBE_N };
     float *xf = m2d_malloc(sizeof(float) * M * K), *c = m2d_malloc(sizeof(float) * M * N);
     uint16_t *x = m2d_malloc(sizeof(uint16_t) * M * K), *w = m2d_malloc(sizeof(uint16_t) * N * K);
     uint16_t *pk = alloc64(m2d_dpbf16_packed_bytes(N, K));
-    for (int i = 0; i < M * K; i++) xf[i] = (float)m2d_rand_normal(&st);
+    probe_operands(xf, w);
     to_bf16(xf, K, M, K, x);
-    memcpy(w, x, sizeof(uint16_t) * N * K); /* any bf16 values will do for timing */
     m2d_dpbf16_pack(w, K, N, K, pk);
     for (int h = 0; h < 3; h++) {
         tile.ms[h] = HUGE_VAL;
@@ -913,25 +932,28 @@ static void choose_bf16_kernel(void) {
         snprintf(choice.line, sizeof choice.line, "%s (M2D_GEMM_BF16=%s)", choice.own ? "own vdpbf16ps kernel" : "oneDNN", force);
         return;
     }
-    enum { K = 2048, N = M2D_GEMM_SLICE, M = 256 };
-    uint64_t st = 41;
-    float *x = m2d_malloc(sizeof(float) * M * K), *y = m2d_malloc(sizeof(float) * M * N), *wf = m2d_malloc(sizeof(float) * N * K);
-    uint16_t *wb = m2d_malloc(sizeof(uint16_t) * N * K);
-    for (int i = 0; i < M * K; i++) x[i] = (float)m2d_rand_normal(&st);
-    for (int i = 0; i < N * K; i++) wf[i] = (float)m2d_rand_normal(&st);
-    to_bf16(wf, K, N, K, wb);
-    m2d_gemm_w w = m2d_gemm_weight(M2D_BF16, wb, N, K, K);
+    float *x = m2d_malloc(sizeof(float) * PROBE_M * PROBE_K), *y = m2d_malloc(sizeof(float) * PROBE_M * PROBE_N);
+    uint16_t *wb = m2d_malloc(sizeof(uint16_t) * PROBE_N * PROBE_K);
+    probe_operands(x, wb);
+    m2d_gemm_w w = m2d_gemm_weight(M2D_BF16, wb, PROBE_N, PROBE_K, PROBE_K);
     double t_dnnl = probe_ms(M2D_GEMM_ONEDNN, x, &w, y), t_own = probe_ms(M2D_GEMM_OWN, x, &w, y);
     choice.own = t_own < t_dnnl;
     snprintf(choice.line, sizeof choice.line, "%s (probe: own %.2f ms with %d-row tiles, oneDNN %s %.2f ms; tiles of 4/8/12 rows %.2f/%.2f/%.2f ms)",
              choice.own ? "own vdpbf16ps kernel" : "oneDNN", t_own, own_tile_rows(), m2d_gemm_isa_name(), t_dnnl, tile.ms[0], tile.ms[1], tile.ms[2]);
-    free(x), free(y), free(wf), free(wb);
+    free(x), free(y), free(wb);
 }
 
 const char *m2d_gemm_bf16_choice(int *own) {
     pthread_once(&choice.once, choose_bf16_kernel);
     if (own) *own = choice.own;
     return choice.line;
+}
+
+/* Bytes of a [out, in] weight packed for the own kernel, slice by slice. */
+static size_t own_packed_bytes(int out, int in) {
+    size_t bytes = 0;
+    for (int n0 = 0; n0 < out; n0 += M2D_GEMM_SLICE) bytes += m2d_dpbf16_packed_bytes(M2D_MIN(M2D_GEMM_SLICE, out - n0), in);
+    return bytes;
 }
 
 /* The chunk for W's k when the own kernel takes W in a bf16 context, else 0 (oneDNN or sgemm). */
@@ -1272,8 +1294,8 @@ int m2d_gemm_prepare(m2d_gemm_ctx *g, const m2d_gemm_w *w, m2d_gemm_packed **out
         m2d_gemm_packed_free(p);
         return m2d_err("gemm: prepare [%d, %d] for oneDNN: status %d", w->out, w->in, atomic_load(&j.status));
     }
-    for (int i = 0; i < p->n_slices; i++)
-        p->bytes += p->own_kc ? m2d_dpbf16_packed_bytes(p->slice[i].n, w->in) : dnnl_memory_desc_get_size(&p->slice[i].md);
+    p->bytes = p->own_kc ? own_packed_bytes(w->out, w->in) : 0;
+    for (int i = 0; i < p->n_slices && !p->own_kc; i++) p->bytes += dnnl_memory_desc_get_size(&p->slice[i].md);
     *out = p;
     return 0;
 }
@@ -1287,12 +1309,7 @@ m2d_gemm_w m2d_gemm_packed_rows(const m2d_gemm_packed *p, int r0, int n) {
 size_t m2d_gemm_prepare_bytes(m2d_gemm_ctx *g, const m2d_gemm_w *w) {
     if (check_weight(g, w) || w->packed) return 0;
     if (!wants_dnnl(g, w)) return sizeof(float) * (size_t)w->out * w->in;
-    if (own_chunk(g, w)) {
-        size_t bytes = 0;
-        for (int n0 = 0; n0 < w->out; n0 += M2D_GEMM_SLICE)
-            bytes += m2d_dpbf16_packed_bytes(M2D_MIN(M2D_GEMM_SLICE, w->out - n0), w->in);
-        return bytes;
-    }
+    if (own_chunk(g, w)) return own_packed_bytes(w->out, w->in);
     /* every slice is M2D_GEMM_SLICE wide but the last: two layouts to ask oneDNN for */
     int full = w->out / M2D_GEMM_SLICE, rest = w->out % M2D_GEMM_SLICE, f32 = g->prec == M2D_PREC_FP32;
     dnnl_memory_desc_t md;
