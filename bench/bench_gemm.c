@@ -203,7 +203,7 @@ static double run_variant(variant v, uint16_t *const *w, int n_w, int groups, in
     }
     m2d_gemm_group *grp = m2d_malloc(sizeof *grp * (size_t)groups);
     for (int i = 0; i < groups; i++)
-        grp[i] = (m2d_gemm_group){x, in, m, &wv[i % n_w], y + (size_t)i * m * out, out, 0.0f};
+        grp[i] = (m2d_gemm_group){x, in, m, &wv[i % n_w], y + (size_t)i * m * out, out, 0.0f, 0};
     call_arg c = {g, grp, groups};
     double flops = 2.0 * m * out * (double)in * groups, t = best_time(call_run, &c, 0.5);
     for (int i = 0; i < n_w; i++) m2d_gemm_packed_free(pk[i]);

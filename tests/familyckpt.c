@@ -184,15 +184,18 @@ static void cache_paths(m2d_engine *e, const int32_t *tok, const int32_t *tg, in
     free(ext);
 }
 
-/* With the weights read as stored and oneDNN's kernels forced, where oneDNN's rows are independent
- * of their batch at the precision (m2d_gemm_onednn_rows_independent: fp32 on avx512_core and up,
- * bf16 on avx512_core_bf16 without AMX), the engine offers a calibration hook the routed output of
- * every MoE layer (engine.h), and the forward continuing from the hook's own computation gives the
- * hookless logits bit for bit, in fp32 and in bf16: shared experts, biases, clamped activations,
- * scaled gates included (exact on every CPU: the same expert outputs, bit for bit, added in the
- * same order). Elsewhere nothing is offered and nothing changes (the same computation twice). */
+/* With oneDNN's kernels forced, where oneDNN's rows are independent of their batch at the precision
+ * (m2d_gemm_onednn_rows_independent: fp32 on avx512_core and up, bf16 on avx512_core_bf16 without
+ * AMX) or an exact-rows plan makes them so (AMX bf16: calls padded, k split; gemm.h), the engine
+ * offers a calibration hook the routed output of every MoE layer (engine.h), and the forward
+ * continuing from the hook's own computation gives the logits of the same hooked forward that
+ * runs the routed experts itself bit for bit, in fp32 and in bf16: shared experts, biases,
+ * clamped activations, scaled gates included (exact on every CPU: the same expert outputs, bit for
+ * bit, added in the same order). Where no plan was needed, those are the hookless logits too.
+ * Elsewhere nothing is offered and nothing changes (the same computation twice). */
 static void routed_substitution(const m2d_model *m, const int32_t *tok, int n, int V) {
     float *a = m2d_malloc(sizeof(float) * (size_t)n * V), *b = m2d_malloc(sizeof(float) * (size_t)n * V);
+    float *c = m2d_malloc(sizeof(float) * (size_t)n * V);
     m2d_precision precs[] = {M2D_PREC_FP32, M2D_PREC_BF16};
     for (int p = 0; p < 2; p++) {
         m2d_engine *e;
@@ -202,15 +205,19 @@ static void routed_substitution(const m2d_model *m, const int32_t *tok, int n, i
         if (rc) fail_msg("%s", m2d_errmsg());
         assert_int_equal(m2d_engine_tune(e, "gemm_kernel", M2D_GEMM_ONEDNN), 0);
         assert_int_equal(m2d_engine_logits(e, tok, n, a), 0);
-        tu_routed_hook_state h = {e, 0, 0, 0};
+        tu_routed_hook_state h = {e, 0, 0, 0, 0};
         m2d_engine_set_moe_hook(e, tu_routed_hook, &h);
         assert_int_equal(m2d_engine_logits(e, tok, n, b), 0);
         assert_true(h.calls > 0);
-        assert_int_equal(h.offered, m2d_gemm_onednn_rows_independent(precs[p]) ? h.calls : 0);
-        assert_memory_equal(a, b, sizeof(float) * (size_t)n * V);
+        assert_int_equal(h.offered, tu_routed_offered_on_onednn(precs[p]) ? h.calls : 0);
+        h.decline = 1;
+        assert_int_equal(m2d_engine_logits(e, tok, n, c), 0);
+        assert_memory_equal(c, b, sizeof(float) * (size_t)n * V);
+        int rows, kc;
+        if (!m2d_gemm_exact_plan(precs[p], &rows, &kc)) assert_memory_equal(a, b, sizeof(float) * (size_t)n * V);
         m2d_engine_free(e);
     }
-    free(a), free(b);
+    free(a), free(b), free(c);
 }
 
 /* the three windows' log-probs LP [3][n] through an engine with pass MODE in MEM_BUDGET bytes */

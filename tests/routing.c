@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "engine/gemm.h"
 
 void tu_routing_init(tu_routing *r, int n_layers, int n, int k) {
     r->n = n, r->k = k;
@@ -28,12 +29,18 @@ int tu_routing_hook(void *user, const m2d_moe_event *ev) {
     return 0;
 }
 
+int tu_routed_offered_on_onednn(m2d_precision p) {
+    int native = p == M2D_PREC_FP32 ? m2d_gemm_fp32_onednn_native() : m2d_gemm_bf16_native(), rows, kc;
+    return native && (m2d_gemm_onednn_rows_independent(p) || m2d_gemm_exact_plan(p, &rows, &kc));
+}
+
 int tu_routed_hook(void *user, const m2d_moe_event *ev) {
     tu_routed_hook_state *h = user;
     h->calls++;
     if ((ev->routed == NULL) != (ev->routed_set == NULL)) return m2d_err("routed hook: routed and routed_set disagree");
     if (!ev->routed) return 0;
     h->offered++;
+    if (h->decline) return 0;
     int n = ev->n_tokens, E = ev->n_experts, d = ev->hidden, k = ev->top_k;
     float *F = m2d_malloc(sizeof(float) * (size_t)n * E * d);
     int rc = m2d_engine_all_experts(h->e, ev->layer, ev->x, n, F, NULL);

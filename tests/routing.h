@@ -26,7 +26,11 @@ typedef struct {
     m2d_engine *e;
     int zeros;          /* hand back zeros instead (the substitution must then move the logits) */
     int calls, offered; /* MoE layers seen, and those where the engine offered the substitution */
+    int decline;        /* count the offer but let the engine run the routed experts itself */
 } tu_routed_hook_state;
+/* Whether the engine offers the substitution at precision P on weights that take oneDNN (forced):
+ * where oneDNN's rows are independent of the batch, or an exact-rows plan makes them so (gemm.h). */
+int tu_routed_offered_on_onednn(m2d_precision p);
 int tu_routed_hook(void *user, const m2d_moe_event *ev);
 
 #endif

@@ -319,6 +319,79 @@ static void onednn_rows_independent(void **state) {
     free_w(&w);
 }
 
+/* Y = X Wᵀ + beta Y for M rows of X from row R0 as one group with exact_rows */
+static void exact_call(m2d_gemm_ctx *g, const float *x, int r0, int m, const m2d_gemm_w *w, float *y, float beta) {
+    m2d_gemm_group q = {x + (size_t)r0 * w->in, w->in, m, w, y, w->out, beta, 1};
+    assert_int_equal(m2d_gemm_grouped(g, &q, 1), 0);
+}
+
+/* Y (M rows, beta over Y0) against the double reference of G's precision: within γ_K Σ|x̃ w| (+ the
+ * beta term), as any fp32 sum of the K products: the exact-rows plan adds chunk sums in order, which
+ * is one order of the same K additions (Higham §3.1). */
+static void exact_within_bound(m2d_gemm_ctx *g, const float *x, int m, const test_w *w, const float *y0, float beta,
+                               const float *y) {
+    size_t n = (size_t)m * w->out;
+    double *ref = m2d_malloc(sizeof(double) * n), *mag = m2d_malloc(sizeof(double) * n);
+    reference(x, w->in, m, w, y0, w->out, beta, m2d_gemm_precision(g) == M2D_PREC_BF16, ref, mag);
+    cmp_result r = compare(y, w->out, m, w->out, ref, mag, gamma_k(w->in + (beta != 0)));
+    assert_true(r.max_excess <= 1);
+    free(ref), free(mag);
+}
+
+/* exact_rows (gemm.h m2d_gemm_rows_independent_exact): wherever the module claims it, a row is the
+ * same bits in a call of any size and at any offset (AMX bf16: the probe's plan pads calls and
+ * splits k, here 2100 = two chunks of 1024 and a tail; where oneDNN's rows are independent, the
+ * plain call), and the result stays within the fp32 bound of the double reference (first 64 rows). A plan forced
+ * on every CPU (17 rows, chunks of 96) runs the padding and the chunked sums everywhere oneDNN runs,
+ * checked the same way (beta 1 too); where oneDNN's rows are independent the chunks keep them so. */
+static void exact_rows_in_calls_of_any_size(void **state) {
+    (void)state;
+    uint64_t st = 29;
+    int M = 1100, out = 300, in = 2100; /* AMX's blocking over k changes with the rows up to 1024 */
+    test_w w = make_w(&st, M2D_BF16, out, in, in);
+    float *x = m2d_malloc(sizeof(float) * (size_t)M * in), *yref = m2d_malloc(sizeof(float) * (size_t)M * out);
+    float *y = m2d_malloc(sizeof(float) * (size_t)M * out), *y0 = m2d_malloc(sizeof(float) * (size_t)M * out);
+    fill_normal(&st, x, (size_t)M * in, 1);
+    fill_normal(&st, y0, (size_t)M * out, 1);
+    static const int calls[][2] = {{0, 1}, {5, 1}, {0, 2}, {3, 7}, {0, 17}, {20, 33}, {64, 64}, {0, 300}, {600, 500}, {1099, 1}};
+    for (int p = M2D_PREC_FP32; p <= M2D_PREC_BF16; p++) {
+        m2d_gemm_ctx *g = ctx_new((m2d_precision)p, 2);
+        m2d_gemm_set_kernel(g, M2D_GEMM_ONEDNN);
+        m2d_gemm_w wv = view(&w);
+        exact_call(g, x, 0, M, &wv, yref, 0.0f);
+        exact_within_bound(g, x, 64, &w, NULL, 0.0f, yref);
+        int claim = m2d_gemm_rows_independent_exact(g, &wv), rows = 0, kc = 0;
+        m2d_gemm_exact_plan((m2d_precision)p, &rows, &kc);
+        assert_true(claim >= m2d_gemm_rows_independent(g, &wv));
+        size_t differ = 0;
+        for (size_t c = 0; c < M2D_ARRAY_LEN(calls); c++) {
+            int r0 = calls[c][0], m = calls[c][1];
+            exact_call(g, x, r0, m, &wv, y, 0.0f);
+            differ += memcmp(y, yref + (size_t)r0 * out, sizeof(float) * (size_t)m * out) != 0;
+        }
+        print_message("%s on %s: exact rows %d (plan: %d rows, k chunks of %d), %zu of %zu calls differ from the "
+                      "1100-row call\n", m2d_precision_name((m2d_precision)p), m2d_gemm_isa_name(), claim, rows, kc,
+                      differ, M2D_ARRAY_LEN(calls));
+        if (claim) assert_int_equal(differ, 0);
+        m2d_gemm_force_exact_plan(g, 17, 96);
+        int natural = m2d_gemm_onednn_rows_independent((m2d_precision)p);
+        for (int beta = 0; beta <= 1; beta++) {
+            exact_call(g, x, 0, 40, &wv, yref, 0.0f);
+            memcpy(y, y0, sizeof(float) * (size_t)40 * out);
+            exact_call(g, x, 0, 40, &wv, y, (float)beta);
+            exact_within_bound(g, x, 40, &w, y0, (float)beta, y);
+            for (int r = 0; r < 40; r += 13) {
+                exact_call(g, x, r, 1, &wv, y, 0.0f);
+                exact_within_bound(g, x + (size_t)r * in, 1, &w, NULL, 0.0f, y);
+                if (natural) assert_memory_equal(y, yref + (size_t)r * out, sizeof(float) * out);
+            }
+        }
+        m2d_gemm_ctx_free(g);
+    }
+    free(x), free(yref), free(y), free(y0);
+    free_w(&w);
+}
+
 /* MoE-style groups (one weight per expert, its own rows) and calibration-style groups (every
  * weight on the same rows, whose operand copy for oneDNN is made once for all; also with gaps
  * between the rows) give the bits of one call per group, on the pool or serially. */
@@ -348,7 +421,7 @@ static void grouped_equals_single_calls(void **state) {
             int ldx = same_rows == 2 ? LDX : D;
             for (int e = 0; e < E; e++) {
                 int m = same_rows ? 64 : rows[e];
-                grp[e] = (m2d_gemm_group){x + (same_rows ? 0 : e % 2), ldx, m, &wv[e], ya + (size_t)e * 64 * F, F, 0.0f};
+                grp[e] = (m2d_gemm_group){x + (same_rows ? 0 : e % 2), ldx, m, &wv[e], ya + (size_t)e * 64 * F, F, 0.0f, 0};
                 assert_int_equal(m2d_gemm(g, grp[e].x, ldx, m, &wv[e], yb + (size_t)e * 64 * F, F, 0.0f), 0);
             }
             assert_int_equal(m2d_gemm_grouped(g, grp, E), 0);
@@ -509,7 +582,7 @@ static void bad_arguments(void **state) {
     m2d_gemm_w ws = m2d_gemm_weight(M2D_F32, x, 2, 4, 3); /* row stride < in */
     assert_int_equal(m2d_gemm(g, x, 4, 2, &ws, y, 2, 0.0f), -1);
     assert_int_equal(m2d_gemm(g, x, 4, 0, &w, y, 2, 0.0f), 0); /* no rows: nothing to do */
-    m2d_gemm_group grp[2] = {{x, 4, 2, &w, y, 2, 0.0f}, {x, 4, 2, &wb, y, 2, 0.0f}};
+    m2d_gemm_group grp[2] = {{x, 4, 2, &w, y, 2, 0.0f, 0}, {x, 4, 2, &wb, y, 2, 0.0f, 0}};
     assert_int_equal(m2d_gemm_grouped(g, grp, 2), -1);
     assert_non_null(strstr(m2d_errmsg(), "group 1"));
     m2d_gemm_ctx_free(g);
@@ -661,6 +734,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(lm_head_width),
         cmocka_unit_test(results_independent_of_threads_and_preparation),
         cmocka_unit_test(onednn_rows_independent),
+        cmocka_unit_test(exact_rows_in_calls_of_any_size),
         cmocka_unit_test(grouped_equals_single_calls),
         cmocka_unit_test(primitive_cache_concurrent),
         cmocka_unit_test(prepared_weights),

@@ -111,6 +111,8 @@ typedef struct {
     m2d_mat out;            /* [n, d] */
     m2d_weight *const *gate_bias, *const *up_bias, *const *down_bias; /* [n_experts] each, or NULL */
     float act_alpha, act_limit; /* M2D_ACT_SWIGLU_CLAMP's parameters */
+    int exact_rows;         /* each token's expert outputs independent of its batch where the backend
+                             * can make them so at some cost (experts_rows_exact); 0: fastest */
 } m2d_moe_args;
 
 /* RoPE of each head's first rot_dim dimensions (the rest unchanged): pair i turns by pos * f_i,
@@ -235,8 +237,9 @@ typedef struct {
      * t's output of expert e at columns e*d .. e*d + d (topk, gates and k are unused) */
     void (*experts_all)(m2d_backend *be, const m2d_moe_args *a);
     /* 1 when an expert's output for a token does not depend on which other tokens share its
-     * batch, for every expert of A: experts_all then reproduces moe's expert outputs bit for bit
-     * (the engine lets a calibration hook supply the routed output only then). NULL: never. */
+     * batch, for every expert of A (with A's exact_rows): experts_all then reproduces moe's expert
+     * outputs bit for bit (the engine lets a calibration hook supply the routed output only then).
+     * NULL: never. */
     int (*experts_rows_exact)(m2d_backend *be, const m2d_moe_args *a);
     /* g (fp64 [E, E] row-major; only the upper triangle i <= j is updated) += sum over the rows t
      * of f ([n, E * d]) of F_t F_t^T, F_t = row t as [E, d]. FP32: every product and sum in fp64

@@ -18,6 +18,7 @@
 #include "engine/backend_cpu.h"
 #include "engine/gemm.h"
 #include "engine/pool.h"
+#include "engine/vexp.h"
 
 /* rows of one pool item in row-parallel elementwise loops */
 #define ROW_BLOCK 16
@@ -135,9 +136,7 @@ static inline void softmax_sink(float *x, int n, const float *sink) {
 
 static inline void softmax_row(float *x, int n) { softmax_sink(x, n, NULL); }
 
-static inline void swiglu(const float *g, const float *u, int64_t n, float *h) {
-    for (int64_t i = 0; i < n; i++) h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-}
+static inline void swiglu(const float *g, const float *u, int64_t n, float *h) { m2d_vexp_swiglu(g, u, n, h); }
 
 /* GPT-OSS's clamped SwiGLU (modelling_gpt_oss.py GptOssExperts._apply_gate), h may be g */
 static inline void swiglu_clamp(const float *g, const float *u, int64_t n, float alpha, float limit, float *h) {

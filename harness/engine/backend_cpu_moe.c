@@ -103,6 +103,14 @@ static void buckets_free(buckets *b) {
     free(b->pos);
 }
 
+/* Expert weight W ([n, in]) as the GEMMs of A read it: its prepared copy when there is one, except
+ * under A's exact_rows where the module makes rows exact by padding calls and splitting k (gemm.h:
+ * a prepared copy holds all of k in one layout): then as stored, in moe and experts_all alike. */
+static m2d_gemm_w expert_view(const cpu_be *c, const m2d_moe_args *a, const m2d_weight *w, int n) {
+    if (a->exact_rows && !m2d_gemm_onednn_rows_independent(a->prec)) return m2d_gemm_tensor_rows(W(w)->t, 0, n);
+    return gemm_view(c, w, 0, n, a->prec);
+}
+
 /* Grouped GEMMs: spread over the pool one GEMM per item (expert_parallel), or one after another,
  * each split over the pool; same bits either way (the module's tiles are fixed). */
 static void run_groups(cpu_be *c, m2d_precision prec, const m2d_gemm_group *g, int n) {
@@ -111,8 +119,8 @@ static void run_groups(cpu_be *c, m2d_precision prec, const m2d_gemm_group *g, i
         if (m2d_gemm_grouped(ctx, g, n)) fail(c);
         return;
     }
-    for (int i = 0; i < n && !c->failed; i++)
-        if (m2d_gemm(ctx, g[i].x, g[i].ldx, g[i].m, g[i].w, g[i].y, g[i].ldy, g[i].beta)) fail(c);
+    for (int i = 0; i < n && !c->failed; i++) /* a group of one: split over the pool, exact_rows kept */
+        if (m2d_gemm_grouped(ctx, &g[i], 1)) fail(c);
 }
 
 
@@ -208,12 +216,12 @@ void m2d_cpu_moe(m2d_backend *be, const m2d_moe_args *a) {
     for (int ex = 0; ex < E; ex++) {
         int m0 = b.count[ex], mn = b.count[ex + 1] - m0;
         if (mn == 0) continue;
-        wv[3 * na] = gemm_view(c, a->gate[ex], 0, de, a->prec);
-        wv[3 * na + 1] = gemm_view(c, a->up[ex], 0, de, a->prec);
-        wv[3 * na + 2] = gemm_view(c, a->down[ex], 0, d, a->prec);
+        wv[3 * na] = expert_view(c, a, a->gate[ex], de);
+        wv[3 * na + 1] = expert_view(c, a, a->up[ex], de);
+        wv[3 * na + 2] = expert_view(c, a, a->down[ex], d);
         const float *x = xs + (size_t)m0 * d;
-        grp[2 * na] = (m2d_gemm_group){x, d, mn, &wv[3 * na], g + (size_t)m0 * de, de, 0.0f};
-        grp[2 * na + 1] = (m2d_gemm_group){x, d, mn, &wv[3 * na + 1], u + (size_t)m0 * de, de, 0.0f};
+        grp[2 * na] = (m2d_gemm_group){x, d, mn, &wv[3 * na], g + (size_t)m0 * de, de, 0.0f, a->exact_rows};
+        grp[2 * na + 1] = (m2d_gemm_group){x, d, mn, &wv[3 * na + 1], u + (size_t)m0 * de, de, 0.0f, a->exact_rows};
         na++;
     }
     run_groups(c, a->prec, grp, 2 * na);
@@ -227,7 +235,8 @@ void m2d_cpu_moe(m2d_backend *be, const m2d_moe_args *a) {
     for (int i = 0, ex = 0; i < na; i++, ex++) {
         while (b.count[ex + 1] == b.count[ex]) ex++;
         int m0 = b.count[ex];
-        grp[i] = (m2d_gemm_group){g + (size_t)m0 * de, de, b.count[ex + 1] - m0, &wv[3 * i + 2], Y + (size_t)m0 * d, d, 0.0f};
+        grp[i] = (m2d_gemm_group){g + (size_t)m0 * de, de, b.count[ex + 1] - m0, &wv[3 * i + 2], Y + (size_t)m0 * d, d, 0.0f,
+                                  a->exact_rows};
     }
     run_groups(c, a->prec, grp, na);
     for (int r = 0; bd && r < nk; r++) add_rows(Y + (size_t)r * d, d, 1, d, bd + (size_t)rexp[r] * d);
@@ -258,18 +267,19 @@ void m2d_cpu_experts_all(m2d_backend *be, const m2d_moe_args *a) {
     for (int e0 = 0; e0 < E && !c->failed; e0 += chunk) {
         int ne = M2D_MIN(chunk, E - e0);
         for (int i = 0; i < ne; i++) {
-            wv[3 * i] = gemm_view(c, a->gate[e0 + i], 0, de, a->prec);
-            wv[3 * i + 1] = gemm_view(c, a->up[e0 + i], 0, de, a->prec);
-            wv[3 * i + 2] = gemm_view(c, a->down[e0 + i], 0, d, a->prec);
-            grp[2 * i] = (m2d_gemm_group){F(&a->x), a->x.ld, n, &wv[3 * i], g + (size_t)i * n * de, de, 0.0f};
-            grp[2 * i + 1] = (m2d_gemm_group){F(&a->x), a->x.ld, n, &wv[3 * i + 1], u + (size_t)i * n * de, de, 0.0f};
+            wv[3 * i] = expert_view(c, a, a->gate[e0 + i], de);
+            wv[3 * i + 1] = expert_view(c, a, a->up[e0 + i], de);
+            wv[3 * i + 2] = expert_view(c, a, a->down[e0 + i], d);
+            grp[2 * i] = (m2d_gemm_group){F(&a->x), a->x.ld, n, &wv[3 * i], g + (size_t)i * n * de, de, 0.0f, a->exact_rows};
+            grp[2 * i + 1] = (m2d_gemm_group){F(&a->x), a->x.ld, n, &wv[3 * i + 1], u + (size_t)i * n * de, de, 0.0f,
+                                              a->exact_rows};
         }
         run_groups(c, a->prec, grp, 2 * ne);
         rows_job sj = {.g = g, .u = u, .n = ne * n, .d = de, .a = a, .bg = bg, .bu = bu, .e0 = e0, .per = n};
         parallel_for(c, row_blocks(ne * n), act_item, &sj);
         for (int i = 0; i < ne; i++)
             grp[i] = (m2d_gemm_group){g + (size_t)i * n * de, de, n, &wv[3 * i + 2], F(&a->out) + (size_t)(e0 + i) * d,
-                                      a->out.ld, 0.0f};
+                                      a->out.ld, 0.0f, a->exact_rows};
         run_groups(c, a->prec, grp, ne);
         for (int t = 0; bd && t < n; t++) /* expert e0 + i's columns of token t: its down bias */
             for (int i = 0; i < ne; i++)
@@ -278,15 +288,17 @@ void m2d_cpu_experts_all(m2d_backend *be, const m2d_moe_args *a) {
     free(wv); free(grp); free(bg); free(bu); free(bd);
 }
 
-/* Every expert weight of A takes oneDNN (rows computed independently of the batch, gemm.h). */
+/* Every expert weight of A takes oneDNN with rows computed independently of the batch (gemm.h; with
+ * A's exact_rows also where the module pads and splits the calls to make them so). */
 int m2d_cpu_experts_rows_exact(m2d_backend *be, const m2d_moe_args *a) {
     cpu_be *c = CPU(be);
     m2d_gemm_ctx *g = gemm_ctx(c, a->prec);
     for (int e = 0; e < a->n_experts; e++) {
-        m2d_gemm_w w[3] = {gemm_view(c, a->gate[e], 0, a->d_ff, a->prec), gemm_view(c, a->up[e], 0, a->d_ff, a->prec),
-                           gemm_view(c, a->down[e], 0, a->x.cols, a->prec)};
+        m2d_gemm_w w[3] = {expert_view(c, a, a->gate[e], a->d_ff), expert_view(c, a, a->up[e], a->d_ff),
+                           expert_view(c, a, a->down[e], a->x.cols)};
         for (int i = 0; i < 3; i++)
-            if (!m2d_gemm_rows_independent(g, &w[i])) return 0;
+            if (!(a->exact_rows ? m2d_gemm_rows_independent_exact(g, &w[i]) : m2d_gemm_rows_independent(g, &w[i])))
+                return 0;
     }
     return 1;
 }

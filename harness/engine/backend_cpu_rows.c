@@ -2,7 +2,7 @@
  * and adds, clamps, embedding, KV-cache append, and the LM head's log-probabilities (streaming
  * log-sum-exp over vocabulary chunks). See backend_cpu.c for the backend's conventions. */
 #include "engine/backend_cpu_impl.h"
-#include "engine/lse.h"
+#include "engine/vexp.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -57,19 +57,32 @@ void m2d_cpu_rope(m2d_backend *be, m2d_mat *xm, int n_heads, int hd, const m2d_b
 
 
 
-void m2d_cpu_glu(m2d_backend *be, m2d_ffn_act act, m2d_mat *g, const m2d_mat *u) {
-    (void)be;
-    (void)act; /* M2D_ACT_SWIGLU is the only activation */
-    for (int r = 0; r < g->rows; r++)
-        swiglu(F(g) + (size_t)r * g->ld, F(u) + (size_t)r * u->ld, g->cols, F(g) + (size_t)r * g->ld);
+typedef struct {
+    m2d_mat *g;
+    const m2d_mat *u;
+    int clamp;
+    float alpha, limit;
+} glu_job;
+
+static void glu_item(void *ctx, int item) {
+    const glu_job *j = ctx;
+    for (int r = item * ROW_BLOCK; r < M2D_MIN(j->g->rows, (item + 1) * ROW_BLOCK); r++) {
+        float *g = F(j->g) + (size_t)r * j->g->ld;
+        const float *u = F(j->u) + (size_t)r * j->u->ld;
+        if (j->clamp) swiglu_clamp(g, u, j->g->cols, j->alpha, j->limit, g);
+        else swiglu(g, u, j->g->cols, g);
+    }
 }
 
+void m2d_cpu_glu(m2d_backend *be, m2d_ffn_act act, m2d_mat *g, const m2d_mat *u) {
+    (void)act; /* M2D_ACT_SWIGLU is the only activation */
+    glu_job j = {g, u, 0, 0.0f, 0.0f};
+    parallel_for(CPU(be), row_blocks(g->rows), glu_item, &j);
+}
 
 void m2d_cpu_glu_clamp(m2d_backend *be, m2d_mat *g, const m2d_mat *u, float alpha, float limit) {
-    (void)be;
-    for (int r = 0; r < g->rows; r++)
-        swiglu_clamp(F(g) + (size_t)r * g->ld, F(u) + (size_t)r * u->ld, g->cols, alpha, limit,
-                     F(g) + (size_t)r * g->ld);
+    glu_job j = {g, u, 1, alpha, limit};
+    parallel_for(CPU(be), row_blocks(g->rows), glu_item, &j);
 }
 
 
@@ -126,8 +139,8 @@ void m2d_cpu_kv_append(m2d_backend *be, m2d_buf *kc, m2d_buf *vc, size_t off, si
 
 /* running max / sum of exponentials (double) of row i over one chunk z[nv] of logits at v0 */
 static void lse_update(const float *z, int nv, int v0, int target, double *mx, double *sum, double *tgt) {
-    float cm = m2d_lse_max(z, nv);
-    double s = m2d_lse_sum_exp(z, nv, cm); /* float terms (<= 2.4e-7 relative), double sum: lse.h */
+    float cm = m2d_vexp_max(z, nv);
+    double s = m2d_vexp_sum_exp(z, nv, cm); /* float terms (<= 2.4e-7 relative), double sum: vexp.h */
     if (cm > *mx) {
         *sum = *sum * exp(*mx - cm) + s;
         *mx = cm;

@@ -481,7 +481,8 @@ static m2d_moe_args experts_of(const m2d_engine *e, int layer, m2d_mat x, m2d_ma
                           .up_bias = lw->x[M2D_X_EXP_UP_BIAS],
                           .down_bias = lw->x[M2D_X_EXP_DOWN_BIAS],
                           .act_alpha = c->ops.act_alpha,
-                          .act_limit = c->ops.act_limit};
+                          .act_limit = c->ops.act_limit,
+                          .exact_rows = e->hook != NULL}; /* so that a hook may hand outputs back */
 }
 
 /* The hook's host view of one MoE layer's routing (downloaded only because a hook is set). */
@@ -991,6 +992,7 @@ static int all_experts_impl(m2d_engine *e, int layer, const float *x, int n, flo
     int rc = X && Fb && (G || !gram) ? 0 : -1;
     if (rc == 0) {
         m2d_moe_args a = experts_of(e, layer, m2d_mat_of(X, 0, n, d, d), m2d_mat_of(Fb, 0, n, E * d, E * d));
+        a.exact_rows = 1; /* the outputs a hook hands back as the routed output (call_hook) */
         e->B->experts_all(e->be, &a);
         if (G) e->B->gram(e->be, &a.out, E, G, e->prec);
     }

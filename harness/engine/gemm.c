@@ -279,6 +279,7 @@ struct m2d_gemm_ctx {
     m2d_gemm_kernel kernel;  /* AUTO: by weight size and ISA (see wants_dnnl) */
     prim_cache cache;
     scratch_pool scratch;
+    int force_rows, force_kc; /* m2d_gemm_force_exact_plan (0: the probe's plan) */
     atomic_long n_sgemm, n_dnnl, n_own, n_gemv, n_created, n_hits;
 };
 
@@ -421,6 +422,9 @@ typedef struct {
     void *x_copy;        /* xd when it is a scratch copy */
     const float *xr;     /* sgemm: X (bf16-rounded in bf16 precision) and its row stride */
     int ldxr;
+    int ex_rows, ex_kc;  /* exact_rows: pad calls to ex_rows rows, k in chunks of ex_kc (0: as is) */
+    void *xc;            /* then X chunk-major: chunk c's [xc_rows, kn] at xc_rows * k0 elements */
+    int xc_rows;         /* max(m, ex_rows); rows past m repeat row 0 (their results are dropped) */
     int n_items;         /* tiles: row blocks x column slices */
     int rows;            /* rows per tile (oneDNN; sgemm: all m) */
     atomic_int failed;
@@ -456,51 +460,96 @@ static int dnnl_exec(m2d_gemm_ctx *g, prim_entry *e, const void *x, const void *
 
 static int own_tile_rows(void); /* the own kernel's micro-tile height, measured once (below) */
 
+/* Columns [k0, k0+kn) of rows [n0, n0+n) of W as the slice's kernel reads them: the prepared
+ * slice, W in place (stored in the precision's type, dense, all of k), else a dense copy into
+ * scratch (*CONV, to give back; oneDNN 2.6 takes its brgemm kernels only for a dense Wᵀ, see
+ * dnnl_slice). */
+static const void *slice_weight(gemm_job *j, const packed_slice *ps, int n0, int n, int k0, int kn, void **conv) {
+    const m2d_gemm_w *w = j->c.w;
+    scratch_pool *sp = &j->g->scratch;
+    int f32 = j->g->prec == M2D_PREC_FP32, dense = k0 == 0 && kn == w->in && w->ld == w->in;
+    *conv = NULL;
+    if (ps) return ps->data;
+    if (dense && !f32 && w->dtype == M2D_BF16) return (const uint16_t *)w->data + (int64_t)n0 * w->ld;
+    if (dense && f32 && w->dtype == M2D_F32 && ((uintptr_t)w->data & 3) == 0) return (const float *)w->data + (int64_t)n0 * w->ld;
+    m2d_gemm_w part = *w; /* columns k0.. of W's rows */
+    part.data = (const char *)w->data + (size_t)k0 * m2d_dtype_size(w->dtype);
+    part.in = kn;
+    if (f32) {
+        *conv = scratch_get(sp, sizeof(float) * (size_t)n * kn);
+        weight_rows_f32(&part, n0, n, 0, *conv);
+    } else {
+        *conv = scratch_get(sp, sizeof(uint16_t) * (size_t)n * kn);
+        float *tmp = scratch_get(sp, sizeof(float) * (size_t)kn);
+        weight_rows_bf16(&part, n0, n, tmp, *conv);
+        scratch_put(sp, tmp);
+    }
+    return *conv;
+}
+
+/* ACC [m, n] = X [m, kn] (dense, the precision's type) · Wᵀ of the slice WP [n, kn], on this thread:
+ * oneDNN, or the own kernel in its place (the same operands) */
+static int slice_product(gemm_job *j, const packed_slice *ps, int m, int n, int kn, const void *x, const void *wp,
+                         float *acc) {
+    scratch_pool *sp = &j->g->scratch;
+    if (j->own_kc) {
+        uint16_t *pk = ps ? NULL : scratch_get(sp, m2d_dpbf16_packed_bytes(n, kn));
+        if (pk) m2d_dpbf16_pack(wp, kn, n, kn, pk);
+        m2d_dpbf16_gemm(x, kn, m, pk ? pk : wp, n, kn, j->own_kc, acc, n, own_tile_rows());
+        scratch_put(sp, pk);
+        return 0;
+    }
+    prim_key k = {m, n, kn, ps != NULL, j->g->prec == M2D_PREC_FP32};
+    prim_entry *e = prim_acquire(j->g, &k, ps ? &ps->md : NULL);
+    int rc = e ? dnnl_exec(j->g, e, x, wp, acc) : -1;
+    if (e) prim_release(j->g, e);
+    return rc;
+}
+
+/* Rows [r0, r0+m) of the slice under the exact-rows plan (gemm.h, m2d_gemm_rows_independent_exact):
+ * k in chunks of ex_kc whose products are added in order, X from the job's chunk-major copy (padded
+ * to ex_rows rows: plan_x_chunks). ACC holds max(m, ex_rows) rows. */
+static int slice_exact(gemm_job *j, int n0, int n, int r0, int m, float *acc) {
+    scratch_pool *sp = &j->g->scratch;
+    int K = j->c.w->in, kc = j->ex_kc, mp = M2D_MAX(m, j->ex_rows);
+    size_t es = j->g->prec == M2D_PREC_FP32 ? sizeof(float) : sizeof(uint16_t);
+    float *part = K > kc ? scratch_get(sp, sizeof(float) * (size_t)mp * n) : NULL;
+    int rc = 0;
+    for (int k0 = 0; k0 < K && rc == 0; k0 += kc) {
+        int kn = M2D_MIN(kc, K - k0);
+        const char *x = (const char *)j->xc + ((size_t)j->xc_rows * k0 + (size_t)r0 * kn) * es;
+        void *conv;
+        const void *wp = slice_weight(j, NULL, n0, n, k0, kn, &conv);
+        rc = slice_product(j, NULL, mp, n, kn, x, wp, k0 ? part : acc);
+        scratch_put(sp, conv);
+        for (size_t i = 0; k0 && rc == 0 && i < (size_t)m * n; i++) acc[i] += part[i];
+    }
+    scratch_put(sp, part);
+    return rc;
+}
+
 /* Output columns [n0, n0+n) through oneDNN (or the own kernel in its place: the same operands, the
  * same store). Its operands are always dense: oneDNN 2.6 takes its
  * brgemm kernels only for a dense Y and a dense Wᵀ and otherwise falls back to an older gemm
  * with another summation order (measured), so a slice is computed into scratch and then stored
- * (+ beta·Y), and W rows are read in place only when stored BF16 with ld == in (else copied or
- * converted to bf16), or from the prepared slice. */
+ * (+ beta·Y), and W rows are read in place only when stored in the precision's type with
+ * ld == in (else copied or converted), or from the prepared slice. */
 static int dnnl_slice(gemm_job *j, int item) {
     const m2d_gemm_w *w = j->c.w;
     int slice = item % n_slices(w->out), r0 = item / n_slices(w->out) * j->rows;
     int n0 = slice * M2D_GEMM_SLICE, n = M2D_MIN(M2D_GEMM_SLICE, w->out - n0), m = M2D_MIN(j->rows, j->c.m - r0);
     const packed_slice *ps = w->packed ? &w->packed->slice[w->p0 / M2D_GEMM_SLICE + slice] : NULL;
     scratch_pool *sp = &j->g->scratch;
-    int f32 = j->g->prec == M2D_PREC_FP32;
-    const void *wp;
-    void *conv = NULL;
-    if (ps) {
-        wp = ps->data;
-    } else if (!f32 && w->dtype == M2D_BF16 && w->ld == w->in) {
-        wp = (const uint16_t *)w->data + (int64_t)n0 * w->ld;
-    } else if (f32 && w->dtype == M2D_F32 && w->ld == w->in && ((uintptr_t)w->data & 3) == 0) {
-        wp = (const float *)w->data + (int64_t)n0 * w->ld;
-    } else if (f32) {
-        conv = scratch_get(sp, sizeof(float) * (size_t)n * w->in);
-        weight_rows_f32(w, n0, n, 0, conv);
-        wp = conv;
+    int exact = j->xc != NULL, rc;
+    float *acc = scratch_get(sp, sizeof(float) * (size_t)(exact ? M2D_MAX(m, j->ex_rows) : m) * n);
+    if (exact) {
+        rc = slice_exact(j, n0, n, r0, m, acc);
     } else {
-        conv = scratch_get(sp, sizeof(uint16_t) * (size_t)n * w->in);
-        float *tmp = scratch_get(sp, sizeof(float) * (size_t)w->in);
-        weight_rows_bf16(w, n0, n, tmp, conv);
-        scratch_put(sp, tmp);
-        wp = conv;
-    }
-    float *acc = scratch_get(sp, sizeof(float) * (size_t)m * n);
-    const char *xr = (const char *)j->xd + (size_t)r0 * w->in * (f32 ? sizeof(float) : sizeof(uint16_t));
-    int rc = 0;
-    if (j->own_kc) {
-        uint16_t *pk = ps ? NULL : scratch_get(sp, m2d_dpbf16_packed_bytes(n, w->in));
-        if (pk) m2d_dpbf16_pack(wp, w->in, n, w->in, pk);
-        m2d_dpbf16_gemm((const uint16_t *)xr, w->in, m, pk ? pk : wp, n, w->in, j->own_kc, acc, n, own_tile_rows());
-        scratch_put(sp, pk);
-    } else {
-        prim_key k = {m, n, w->in, ps != NULL, f32};
-        prim_entry *e = prim_acquire(j->g, &k, ps ? &ps->md : NULL);
-        rc = e ? dnnl_exec(j->g, e, xr, wp, acc) : -1;
-        if (e) prim_release(j->g, e);
+        size_t es = j->g->prec == M2D_PREC_FP32 ? sizeof(float) : sizeof(uint16_t);
+        void *conv;
+        const void *wp = slice_weight(j, ps, n0, n, 0, w->in, &conv);
+        rc = slice_product(j, ps, m, n, w->in, (const char *)j->xd + (size_t)r0 * w->in * es, wp, acc);
+        scratch_put(sp, conv);
     }
     for (int i = 0; rc == 0 && i < m; i++) { /* both kernels store alike: the same bits for the same sums */
         float *yr = j->c.y + (size_t)(r0 + i) * j->c.ldy + n0;
@@ -510,7 +559,6 @@ static int dnnl_slice(gemm_job *j, int item) {
             for (int c = 0; c < n; c++) yr[c] = ar[c] + j->c.beta * yr[c];
     }
     scratch_put(sp, acc);
-    scratch_put(sp, conv);
     atomic_fetch_add(j->own_kc ? &j->g->n_own : &j->g->n_dnnl, 1);
     return rc;
 }
@@ -679,29 +727,60 @@ static int wants_dnnl(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
 
 /* Probe shapes [out, in] and batch sizes: where oneDNN switches kernels by the number of rows (AMX's
  * brgemm: measured on a Xeon model 207, a bf16 row computed in a call of 1-2 rows differs from the
- * same row in one of >= 3 at 128 x 2048, 1-4 vs >= 7 at 64 x 32, 1-16 vs >= 17 at 16 x 64), some
- * row of a batch differs from that row computed alone. */
+ * same row in one of >= 3 at 128 x 2048, 1-4 vs >= 7 at 64 x 32, 1-16 vs >= 17 at 16 x 64; and at
+ * k > 1024 its blocking over k changes with the rows, at any number of them), some row of a batch
+ * differs from that row computed alone or in another batch. The first shape's k is 2 kc + 64
+ * under an exact-rows plan (two chunks and a tail). */
 static const int probe_shape[][2] = {{128, 2048}, {64, 32}, {16, 64}};
-static const int probe_m[] = {2, 3, 5, 8, 17, 33};
-#define PROBE_ROWS 33
+static const int probe_m[] = {2, 3, 5, 8, 17, 33, 64, 300};
+#define PROBE_ROWS 1100 /* the reference batch: AMX's blocking over k changes again above 1024 rows */
+#define PROBE_SINGLE 33 /* rows also computed alone */
 
-/* Every row of one oneDNN call on [m, in] X (each m of probe_m) equals, bit for bit, the row
- * computed alone, on one probe shape. */
-static int probe_shape_rows(m2d_gemm_ctx *g, int out, int in, uint64_t *st) {
+/* X·Wᵀ for M rows as one group (EXACT: its exact_rows) */
+static int probe_call(m2d_gemm_ctx *g, const float *x, int in, int m, const m2d_gemm_w *w, float *y, int exact) {
+    m2d_gemm_group q = {x, in, m, w, y, w->out, 0.0f, exact};
+    return m2d_gemm_grouped(g, &q, 1);
+}
+
+/* Rows [r0, r0+m) of X in one call equal, bit for bit, those rows of the reference YREF */
+static int probe_rows_match(m2d_gemm_ctx *g, const float *x, int in, int r0, int m, const m2d_gemm_w *w,
+                            const float *yref, float *y, int exact) {
+    return !probe_call(g, x + (size_t)r0 * in, in, m, w, y, exact) &&
+           memcmp(y, yref + (size_t)r0 * w->out, sizeof(float) * (size_t)m * w->out) == 0;
+}
+
+/* Every row of the reference batch of PROBE_ROWS equals that row computed alone (the first
+ * PROBE_SINGLE), in each batch of probe_m from row 0, and in the batch of rows 300 on, on one shape. */
+static int probe_shape_rows(m2d_gemm_ctx *g, int out, int in, uint64_t *st, int exact) {
     m2d_dtype dt = g->prec == M2D_PREC_BF16 ? M2D_BF16 : M2D_F32;
     float *wv = m2d_malloc(sizeof(float) * (size_t)out * in), *x = m2d_malloc(sizeof(float) * (size_t)PROBE_ROWS * in);
-    float *y1 = m2d_malloc(sizeof(float) * (size_t)PROBE_ROWS * out), *ym = m2d_malloc(sizeof(float) * (size_t)PROBE_ROWS * out);
+    float *yref = m2d_malloc(sizeof(float) * (size_t)PROBE_ROWS * out), *y = m2d_malloc(sizeof(float) * (size_t)PROBE_ROWS * out);
     void *wd = m2d_malloc(m2d_dtype_size(dt) * (size_t)out * in);
     for (size_t i = 0; i < (size_t)out * in; i++) wv[i] = (float)m2d_rand_normal(st);
     for (size_t i = 0; i < (size_t)PROBE_ROWS * in; i++) x[i] = (float)m2d_rand_normal(st);
     m2d_from_f32(dt, wv, (int64_t)out * in, wd);
     m2d_gemm_w w = m2d_gemm_weight(dt, wd, out, in, in);
-    int same = 1;
-    for (int r = 0; r < PROBE_ROWS && same; r++) same = !m2d_gemm(g, x + (size_t)r * in, in, 1, &w, y1 + (size_t)r * out, out, 0.0f);
+    int same = !probe_call(g, x, in, PROBE_ROWS, &w, yref, exact);
+    for (int r = 0; r < PROBE_SINGLE && same; r++) same = probe_rows_match(g, x, in, r, 1, &w, yref, y, exact);
     for (size_t i = 0; i < M2D_ARRAY_LEN(probe_m) && same; i++)
-        same = !m2d_gemm(g, x, in, probe_m[i], &w, ym, out, 0.0f) &&
-               memcmp(ym, y1, sizeof(float) * (size_t)probe_m[i] * out) == 0;
-    free(wv), free(x), free(y1), free(ym), free(wd);
+        same = probe_rows_match(g, x, in, 0, probe_m[i], &w, yref, y, exact);
+    if (same) same = probe_rows_match(g, x, in, 300, PROBE_ROWS - 300, &w, yref, y, exact);
+    free(wv), free(x), free(yref), free(y), free(wd);
+    return same;
+}
+
+/* Whether rows are independent at precision P on oneDNN's kernels, as they are (KC 0) or under the
+ * exact-rows plan (MIN_ROWS, KC), on every probe shape. */
+static int probe_rows(m2d_precision p, int min_rows, int kc) {
+    m2d_gemm_ctx *g;
+    if (m2d_gemm_ctx_new(p, NULL, &g)) return 0;
+    m2d_gemm_set_kernel(g, M2D_GEMM_ONEDNN);
+    m2d_gemm_force_exact_plan(g, min_rows, kc);
+    uint64_t st = 30;
+    int same = 1;
+    for (size_t i = 0; i < M2D_ARRAY_LEN(probe_shape) && same; i++)
+        same = probe_shape_rows(g, probe_shape[i][0], i == 0 && kc ? 2 * kc + 64 : probe_shape[i][1], &st, kc > 0);
+    m2d_gemm_ctx_free(g);
     return same;
 }
 
@@ -712,26 +791,58 @@ static int probe_shape_rows(m2d_gemm_ctx *g, int out, int in, uint64_t *st) {
 static int onednn_rows_independent(m2d_precision p) {
     unsigned isa = (unsigned)dnnl_get_effective_cpu_isa(), amx = (unsigned)dnnl_cpu_isa_avx512_core_amx;
     int isa_ok = p == M2D_PREC_FP32 ? m2d_gemm_fp32_onednn_native() : m2d_gemm_bf16_native() && (isa & amx) != amx;
-    m2d_gemm_ctx *g;
-    if (!isa_ok || m2d_gemm_ctx_new(p, NULL, &g)) return 0;
-    m2d_gemm_set_kernel(g, M2D_GEMM_ONEDNN);
-    uint64_t st = 30;
-    int same = 1;
-    for (size_t i = 0; i < M2D_ARRAY_LEN(probe_shape) && same; i++)
-        same = probe_shape_rows(g, probe_shape[i][0], probe_shape[i][1], &st);
-    m2d_gemm_ctx_free(g);
-    return same;
+    return isa_ok && probe_rows(p, 0, 0);
 }
 
-static pthread_once_t rows_once[2] = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT};
-static int rows_indep[2];
-static void rows_probe_fp32(void) { rows_indep[0] = onednn_rows_independent(M2D_PREC_FP32); }
-static void rows_probe_bf16(void) { rows_indep[1] = onednn_rows_independent(M2D_PREC_BF16); }
+/* Exact-rows plans tried in order, cheapest first. Measured on a Xeon model 207 (oneDNN 2.6.3,
+ * AMX bf16): with k <= 1024 every row of a call of >= 17 rows is the same bits as in any other such
+ * call (16 to 2048 columns, up to 512 rows); k = 1536 or 2048 and calls of 1-16 rows differ. */
+static const int exact_candidates[][2] = {{17, 1024}, {33, 1024}, {17, 512}, {65, 512}, {65, 256}};
 
-int m2d_gemm_onednn_rows_independent(m2d_precision p) {
+typedef struct {
+    int indep;          /* rows independent as they are */
+    int min_rows, kc;   /* else the exact-rows plan that makes them so (0: none) */
+} rows_fact;
+
+static pthread_once_t rows_once[2] = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT};
+static rows_fact rows_facts[2];
+
+static void rows_probe(m2d_precision p, rows_fact *f) {
+    f->indep = onednn_rows_independent(p);
+    int native = p == M2D_PREC_FP32 ? m2d_gemm_fp32_onednn_native() : m2d_gemm_bf16_native();
+    for (size_t i = 0; native && !f->indep && !f->kc && i < M2D_ARRAY_LEN(exact_candidates); i++)
+        if (probe_rows(p, exact_candidates[i][0], exact_candidates[i][1]))
+            f->min_rows = exact_candidates[i][0], f->kc = exact_candidates[i][1];
+}
+static void rows_probe_fp32(void) { rows_probe(M2D_PREC_FP32, &rows_facts[0]); }
+static void rows_probe_bf16(void) { rows_probe(M2D_PREC_BF16, &rows_facts[1]); }
+
+static const rows_fact *rows_fact_of(m2d_precision p) {
     int b = m2d_gemm_resolve(p) == M2D_PREC_BF16;
     pthread_once(&rows_once[b], b ? rows_probe_bf16 : rows_probe_fp32);
-    return rows_indep[b];
+    return &rows_facts[b];
+}
+
+int m2d_gemm_onednn_rows_independent(m2d_precision p) { return rows_fact_of(p)->indep; }
+
+int m2d_gemm_exact_plan(m2d_precision p, int *min_rows, int *kc) {
+    const rows_fact *f = rows_fact_of(p);
+    *min_rows = f->min_rows, *kc = f->kc;
+    return f->kc > 0;
+}
+
+void m2d_gemm_force_exact_plan(m2d_gemm_ctx *g, int min_rows, int kc) {
+    g->force_rows = kc > 0 ? M2D_MAX(min_rows, 1) : 0;
+    g->force_kc = kc > 0 ? kc : 0;
+}
+
+/* The plan exact_rows follows on this context (forced, else the probe's); 0 when none applies */
+static int exact_plan_of(const m2d_gemm_ctx *g, int *min_rows, int *kc) {
+    if (g->force_kc) {
+        *min_rows = g->force_rows, *kc = g->force_kc;
+        return 1;
+    }
+    return m2d_gemm_exact_plan(g->prec, min_rows, kc);
 }
 
 /* ------------------------------------------------------------------ the own bf16 kernel */
@@ -971,6 +1082,11 @@ int m2d_gemm_rows_independent(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
     return wants_dnnl(g, w) && (own_chunk(g, w) > 0 || m2d_gemm_onednn_rows_independent(g->prec));
 }
 
+int m2d_gemm_rows_independent_exact(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
+    int min_rows, kc;
+    return m2d_gemm_rows_independent(g, w) || (wants_dnnl(g, w) && !w->packed && exact_plan_of(g, &min_rows, &kc));
+}
+
 /* Rows per oneDNN tile: all of X, unless the column slices alone give fewer than 4 work items for
  * a GEMM worth splitting (>= 64 MFLOP; the router, K/V projections): then blocks of >= 64 rows
  * (measured: router 512x128x2048 from 430 to 680 GFLOP/s). The blocks are a function of the shape
@@ -1010,6 +1126,22 @@ static void plan_x(gemm_job *j) {
     j->xd = j->x_copy = xd;
 }
 
+/* The exact-rows plan's X: chunk-major from oneDNN's dense copy, each chunk [xc_rows, kn] (rows
+ * past m repeat row 0) */
+static void plan_x_chunks(gemm_job *j) {
+    int K = j->c.w->in, m = j->c.m;
+    size_t es = j->g->prec == M2D_PREC_FP32 ? sizeof(float) : sizeof(uint16_t);
+    j->xc_rows = M2D_MAX(m, j->ex_rows);
+    char *xc = scratch_get(&j->g->scratch, es * (size_t)j->xc_rows * K);
+    for (int k0 = 0; k0 < K; k0 += j->ex_kc) {
+        int kn = M2D_MIN(j->ex_kc, K - k0);
+        for (int r = 0; r < j->xc_rows; r++)
+            memcpy(xc + ((size_t)j->xc_rows * k0 + (size_t)r * kn) * es,
+                   (const char *)j->xd + ((size_t)(r < m ? r : 0) * K + k0) * es, es * kn);
+    }
+    j->xc = xc;
+}
+
 /* Choose the kernel and make the operand copies it reads; the work items are tiles of fixed
  * column slices (and, for oneDNN, row blocks). */
 static void gemm_plan(gemm_job *j, int parallel) {
@@ -1017,13 +1149,17 @@ static void gemm_plan(gemm_job *j, int parallel) {
     int K = j->c.w->in;
     j->use_dnnl = wants_dnnl(g, j->c.w);
     j->own_kc = j->use_dnnl ? own_chunk(g, j->c.w) : 0;
+    if (j->use_dnnl && !j->own_kc && j->c.exact_rows && !j->c.w->packed && !exact_plan_of(g, &j->ex_rows, &j->ex_kc))
+        j->ex_rows = j->ex_kc = 0;
     j->n_items = n_slices(j->c.w->out);
     j->rows = j->c.m;
     if (j->use_dnnl) {
         /* a group of a grouped call runs on one thread: no row blocks (each would repack W's slice) */
         j->rows = parallel ? tile_rows(j->c.m, j->c.w->out, K) : j->c.m;
+        if (j->ex_rows && j->rows < j->ex_rows) j->rows = j->c.m; /* a padded tile is the whole call */
         j->n_items *= (j->c.m + j->rows - 1) / j->rows;
         if (!j->xd) plan_x(j); /* else the caller's shared copy (m2d_gemm_grouped) */
+        if (j->ex_rows && (j->c.m < j->ex_rows || K > j->ex_kc)) plan_x_chunks(j);
         return;
     }
     j->xr = j->c.x;
@@ -1038,6 +1174,7 @@ static void gemm_plan(gemm_job *j, int parallel) {
 
 static void gemm_done(gemm_job *j) {
     scratch_put(&j->g->scratch, j->x_copy);
+    scratch_put(&j->g->scratch, j->xc);
     if (j->xr != j->c.x) scratch_put(&j->g->scratch, (void *)j->xr);
 }
 
@@ -1059,12 +1196,17 @@ static int gemm_run(gemm_job *j, int parallel) {
     return atomic_load(&j->failed) ? m2d_err("%s", j->err) : 0;
 }
 
+/* One checked call, split over the pool */
+static int gemm_call(m2d_gemm_ctx *g, const m2d_gemm_group *call) {
+    if (call->m == 0) return 0;
+    gemm_job j = job_for(g, call);
+    return gemm_run(&j, 1);
+}
+
 int m2d_gemm(m2d_gemm_ctx *g, const float *x, int ldx, int m, const m2d_gemm_w *w, float *y, int ldy, float beta) {
     if (check_call(g, x, ldx, m, w, y, ldy)) return -1;
-    if (m == 0) return 0;
-    m2d_gemm_group call = {x, ldx, m, w, y, ldy, beta};
-    gemm_job j = job_for(g, &call);
-    return gemm_run(&j, 1);
+    m2d_gemm_group call = {x, ldx, m, w, y, ldy, beta, 0};
+    return gemm_call(g, &call);
 }
 
 typedef struct {
@@ -1140,9 +1282,7 @@ int m2d_gemm_grouped(m2d_gemm_ctx *g, const m2d_gemm_group *groups, int n_groups
     int nt = m2d_pool_threads(g->pool);
     if (nt > 1 && n_groups < 2 * nt) { /* few groups: split each one instead */
         for (int i = 0; i < n_groups; i++)
-            if (m2d_gemm(g, groups[i].x, groups[i].ldx, groups[i].m, groups[i].w, groups[i].y, groups[i].ldy,
-                         groups[i].beta))
-                return -1;
+            if (gemm_call(g, &groups[i])) return -1;
         return 0;
     }
     const void **xd = m2d_malloc(sizeof *xd * (size_t)n_groups);

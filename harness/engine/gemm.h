@@ -97,7 +97,9 @@ int m2d_gemm(m2d_gemm_ctx *g, const float *x, int ldx, int m, const m2d_gemm_w *
              float beta);
 
 /* Independent GEMMs (e.g. one per MoE expert on its gathered rows, or every expert on the same
- * rows for calibration) spread over the pool as one batch of work items. */
+ * rows for calibration) spread over the pool as one batch of work items. EXACT_ROWS: compute
+ * every row independently of the other rows of its call wherever m2d_gemm_rows_independent_exact
+ * says the module can, at some cost where oneDNN's kernels would not (see there). */
 typedef struct {
     const float *x;
     int ldx, m;
@@ -105,6 +107,7 @@ typedef struct {
     float *y;
     int ldy;
     float beta;
+    int exact_rows;
 } m2d_gemm_group;
 int m2d_gemm_grouped(m2d_gemm_ctx *g, const m2d_gemm_group *groups, int n_groups);
 
@@ -116,6 +119,18 @@ int m2d_gemm_onednn_rows_independent(m2d_precision p);
 /* 1 when a row of X·Wᵀ does not depend on the other rows of its call: W takes oneDNN here and
  * m2d_gemm_onednn_rows_independent holds (tested in test_gemm). sgemm's blocking depends on m, so 0. */
 int m2d_gemm_rows_independent(const m2d_gemm_ctx *g, const m2d_gemm_w *w);
+/* The same for a group with exact_rows set: also where oneDNN's kernels depend on the number of
+ * rows (AMX bf16) but a probe at first use found that they do not once every call has at least
+ * min_rows rows and at most kc terms per sum: such a call's rows are padded to min_rows and its
+ * k split into chunks of kc whose products are added in order (bit for bit the same row in a
+ * call of any size; tested in test_gemm). Not for prepared weights (their layout holds all of k). */
+int m2d_gemm_rows_independent_exact(const m2d_gemm_ctx *g, const m2d_gemm_w *w);
+/* What the probe found for the precision: 1 and *MIN_ROWS, *KC when exact_rows pads and splits
+ * (0 where rows are independent without it, or where no padding and chunking makes them so). */
+int m2d_gemm_exact_plan(m2d_precision p, int *min_rows, int *kc);
+/* Tests: make exact_rows pad and split with MIN_ROWS and KC on this context whatever the CPU (0, 0:
+ * the probe's plan again), so that the chunked path runs and is checked on every machine. */
+void m2d_gemm_force_exact_plan(m2d_gemm_ctx *g, int min_rows, int kc);
 
 /* Prepare W for this context's precision (see above); the handle is independent of the stored
  * data afterwards. Free with m2d_gemm_packed_free (before the context). */

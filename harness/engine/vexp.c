@@ -1,4 +1,4 @@
-#include "engine/lse.h"
+#include "engine/vexp.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -12,7 +12,7 @@ typedef double vd __attribute__((vector_size(LANES * sizeof(double))));
 #define splat(x) ((vf){0} + (x)) /* every lane x (macros: no vector crosses a call) */
 #define load(v, p) memcpy(&(v), (p), sizeof(vf))
 
-/* exp(x) for x <= 0 (see lse.h): every lane's operations in the source's order */
+/* exp(x) for x <= 0 (see vexp.h): every lane's operations in the source's order */
 /* (in place: a vector passed by value gets a GCC ABI note on CPUs without AVX-512) */
 static inline void exp_nonpositive(vf *v) {
     vf x = *v;
@@ -32,7 +32,7 @@ static inline void exp_nonpositive(vf *v) {
     *v = p * (vf)e;
 }
 
-float m2d_lse_max(const float *z, int n) {
+float m2d_vexp_max(const float *z, int n) {
     float m = z[0];
     int j = 0;
     if (n >= LANES) {
@@ -49,7 +49,7 @@ float m2d_lse_max(const float *z, int n) {
     return m;
 }
 
-double m2d_lse_sum_exp(const float *z, int n, float m) {
+double m2d_vexp_sum_exp(const float *z, int n, float m) {
     vd acc = {0};
     int j = 0;
     for (; j + LANES <= n; j += LANES) {
@@ -72,8 +72,42 @@ double m2d_lse_sum_exp(const float *z, int n, float m) {
     return s;
 }
 
-double m2d_lse_sum_exp_ref(const float *z, int n, float m) {
+double m2d_vexp_sum_exp_ref(const float *z, int n, float m) {
     double s = 0;
     for (int j = 0; j < n; j++) s += exp((double)z[j] - m);
     return s;
+}
+
+/* one vector of SwiGLU: *X = silu(*X) * *Y (see vexp.h) */
+static inline void swiglu_lanes(vf *x, const vf *y) {
+    vf g = *x, e = (vf)((vi)g | ((vi){0} + INT32_MIN)); /* -|g|: the sign bit set */
+    exp_nonpositive(&e);
+    vi neg = g < splat(0.0f);
+    vf num = (vf)(((vi)e & neg) | ((vi)splat(1.0f) & ~neg));
+    *x = g * (num / (splat(1.0f) + e)) * *y;
+}
+
+void m2d_vexp_swiglu(const float *g, const float *u, int64_t n, float *h) {
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        vf x, y;
+        load(x, g + i);
+        load(y, u + i);
+        swiglu_lanes(&x, &y);
+        memcpy(h + i, &x, sizeof x);
+    }
+    if (i < n) { /* the tail through the same lanes */
+        float a[LANES] = {0}, b[LANES] = {0};
+        memcpy(a, g + i, sizeof(float) * (size_t)(n - i));
+        memcpy(b, u + i, sizeof(float) * (size_t)(n - i));
+        vf x, y;
+        load(x, a);
+        load(y, b);
+        swiglu_lanes(&x, &y);
+        memcpy(h + i, &x, sizeof(float) * (size_t)(n - i));
+    }
+}
+
+void m2d_vexp_swiglu_ref(const float *g, const float *u, int64_t n, float *h) {
+    for (int64_t i = 0; i < n; i++) h[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
