@@ -337,14 +337,23 @@ static void gram_block_f64(const gram_job *j, int t0, int nt, double *part) {
     cblas_dsyrk(CblasRowMajor, CblasUpper, CblasNoTrans, E, nt * d, 1.0, A, nt * d, 0.0, part, E);
 }
 
+/* gt's upper triangle (and some of the lower) = F_t F_tᵀ, F_t = FT as [E, d]: rows [0, h) against every
+ * expert, rows [h, E) against experts [h, E) only: 3/4 of the full product's work */
+static int token_gram_upper(cpu_be *c, const float *ft, int E, int d, float *gt) {
+    int h = E / 2;
+    m2d_gemm_ctx *g = gemm_ctx(c, M2D_PREC_FP32);
+    m2d_gemm_w all = m2d_gemm_weight(M2D_F32, ft, E, d, d), low = m2d_gemm_weight(M2D_F32, ft + (size_t)h * d, E - h, d, d);
+    return (h > 0 && m2d_gemm(g, ft, d, h, &all, gt, E, 0.0f)) ||
+           m2d_gemm(g, ft + (size_t)h * d, d, E - h, &low, gt + (size_t)h * E + h, E, 0.0f);
+}
+
 static void gram_block_f32(const gram_job *j, int t0, int nt, double *part) {
     int E = j->E, d = j->d;
     float *gt = j->gt[m2d_pool_worker()];
     memset(part, 0, sizeof(double) * (size_t)E * E);
     for (int t = 0; t < nt; t++) {
         const float *ft = F(j->f) + (size_t)(t0 + t) * j->f->ld;
-        m2d_gemm_w w = m2d_gemm_weight(M2D_F32, ft, E, d, d);
-        if (m2d_gemm(gemm_ctx(j->c, M2D_PREC_FP32), ft, d, E, &w, gt, E, 0.0f)) {
+        if (token_gram_upper(j->c, ft, E, d, gt)) {
             fail(j->c); /* nested in a pool item: the first failure is kept */
             return;
         }
