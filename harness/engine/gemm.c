@@ -419,11 +419,11 @@ typedef struct {
     int use_dnnl;        /* oneDNN's path (oneDNN, or the own kernel in its place when own_kc > 0) */
     int own_kc;
     const void *xd;      /* oneDNN: X as dense [m, in], bf16 (or fp32 in fp32 precision) */
-    void *x_copy;        /* xd when it is a scratch copy */
+    void *x_copy;        /* xd or xc when it is this job's own scratch copy */
     const float *xr;     /* sgemm: X (bf16-rounded in bf16 precision) and its row stride */
     int ldxr;
-    int ex_rows, ex_kc;  /* exact_rows: pad calls to ex_rows rows, k in chunks of ex_kc (0: as is) */
-    void *xc;            /* then X chunk-major: chunk c's [xc_rows, kn] at xc_rows * k0 elements */
+    int ex_rows, ex_kc;  /* exact_rows' plan where it pads or splits this call (x_layout; else 0) */
+    const void *xc;      /* then X chunk-major: chunk c's [xc_rows, kn] at xc_rows * k0 elements */
     int xc_rows;         /* max(m, ex_rows); rows past m repeat row 0 (their results are dropped) */
     int n_items;         /* tiles: row blocks x column slices */
     int rows;            /* rows per tile (oneDNN; sgemm: all m) */
@@ -511,7 +511,7 @@ static int slice_product(gemm_job *j, const packed_slice *ps, int m, int n, int 
  * to ex_rows rows: plan_x_chunks). ACC holds max(m, ex_rows) rows. */
 static int slice_exact(gemm_job *j, int n0, int n, int r0, int m, float *acc) {
     scratch_pool *sp = &j->g->scratch;
-    int K = j->c.w->in, kc = j->ex_kc, mp = M2D_MAX(m, j->ex_rows);
+    int K = j->c.w->in, kc = j->ex_kc, mp = m + (j->xc_rows - j->c.m); /* a padded call is one tile */
     size_t es = j->g->prec == M2D_PREC_FP32 ? sizeof(float) : sizeof(uint16_t);
     float *part = K > kc ? scratch_get(sp, sizeof(float) * (size_t)mp * n) : NULL;
     int rc = 0;
@@ -540,8 +540,8 @@ static int dnnl_slice(gemm_job *j, int item) {
     int n0 = slice * M2D_GEMM_SLICE, n = M2D_MIN(M2D_GEMM_SLICE, w->out - n0), m = M2D_MIN(j->rows, j->c.m - r0);
     const packed_slice *ps = w->packed ? &w->packed->slice[w->p0 / M2D_GEMM_SLICE + slice] : NULL;
     scratch_pool *sp = &j->g->scratch;
-    int exact = j->xc != NULL, rc;
-    float *acc = scratch_get(sp, sizeof(float) * (size_t)(exact ? M2D_MAX(m, j->ex_rows) : m) * n);
+    int exact = j->ex_kc > 0, rc;
+    float *acc = scratch_get(sp, sizeof(float) * (size_t)(m + (exact ? j->xc_rows - j->c.m : 0)) * n);
     if (exact) {
         rc = slice_exact(j, n0, n, r0, m, acc);
     } else {
@@ -1126,20 +1126,26 @@ static void plan_x(gemm_job *j) {
     j->xd = j->x_copy = xd;
 }
 
-/* The exact-rows plan's X: chunk-major from oneDNN's dense copy, each chunk [xc_rows, kn] (rows
- * past m repeat row 0) */
-static void plan_x_chunks(gemm_job *j) {
-    int K = j->c.w->in, m = j->c.m;
-    size_t es = j->g->prec == M2D_PREC_FP32 ? sizeof(float) : sizeof(uint16_t);
-    j->xc_rows = M2D_MAX(m, j->ex_rows);
-    char *xc = scratch_get(&j->g->scratch, es * (size_t)j->xc_rows * K);
-    for (int k0 = 0; k0 < K; k0 += j->ex_kc) {
-        int kn = M2D_MIN(j->ex_kc, K - k0);
-        for (int r = 0; r < j->xc_rows; r++)
-            memcpy(xc + ((size_t)j->xc_rows * k0 + (size_t)r * kn) * es,
-                   (const char *)j->xd + ((size_t)(r < m ? r : 0) * K + k0) * es, es * kn);
+/* How oneDNN reads group Q's X: dense [m, K] (*KC 0), or, where an exact-rows plan pads or splits
+ * the call (gemm.h), chunk-major: per chunk of *KC columns [*ROWS, kn], *ROWS = max(m, the plan's) */
+static void x_layout(const m2d_gemm_ctx *g, const m2d_gemm_group *q, int *rows, int *kc) {
+    int r, c;
+    *rows = q->m, *kc = 0;
+    if (q->exact_rows && wants_dnnl(g, q->w) && !q->w->packed && !own_chunk(g, q->w) && exact_plan_of(g, &r, &c) &&
+        (q->m < r || q->w->in > c))
+        *rows = M2D_MAX(q->m, r), *kc = c;
+}
+
+/* Rows [r0, r1) of X in the chunk-major layout (ROWS rows, chunks of KC; rows past m repeat row 0) */
+static void copy_x_chunks(const m2d_gemm_group *q, int rows, int kc, int bf16, int r0, int r1, void *out) {
+    int K = q->w->in;
+    size_t es = bf16 ? sizeof(uint16_t) : sizeof(float);
+    for (int k0 = 0; k0 < K; k0 += kc) {
+        int kn = M2D_MIN(kc, K - k0);
+        for (int r = r0; r < r1; r++)
+            copy_x_rows(q->x + (size_t)(r < q->m ? r : 0) * q->ldx + k0, q->ldx, 1, kn, bf16,
+                        (char *)out + ((size_t)rows * k0 + (size_t)r * kn) * es);
     }
-    j->xc = xc;
 }
 
 /* Choose the kernel and make the operand copies it reads; the work items are tiles of fixed
@@ -1149,8 +1155,8 @@ static void gemm_plan(gemm_job *j, int parallel) {
     int K = j->c.w->in;
     j->use_dnnl = wants_dnnl(g, j->c.w);
     j->own_kc = j->use_dnnl ? own_chunk(g, j->c.w) : 0;
-    if (j->use_dnnl && !j->own_kc && j->c.exact_rows && !j->c.w->packed && !exact_plan_of(g, &j->ex_rows, &j->ex_kc))
-        j->ex_rows = j->ex_kc = 0;
+    x_layout(g, &j->c, &j->xc_rows, &j->ex_kc);
+    if (j->ex_kc) exact_plan_of(g, &j->ex_rows, &j->ex_kc);
     j->n_items = n_slices(j->c.w->out);
     j->rows = j->c.m;
     if (j->use_dnnl) {
@@ -1158,8 +1164,13 @@ static void gemm_plan(gemm_job *j, int parallel) {
         j->rows = parallel ? tile_rows(j->c.m, j->c.w->out, K) : j->c.m;
         if (j->ex_rows && j->rows < j->ex_rows) j->rows = j->c.m; /* a padded tile is the whole call */
         j->n_items *= (j->c.m + j->rows - 1) / j->rows;
-        if (!j->xd) plan_x(j); /* else the caller's shared copy (m2d_gemm_grouped) */
-        if (j->ex_rows && (j->c.m < j->ex_rows || K > j->ex_kc)) plan_x_chunks(j);
+        if (j->ex_kc && !j->xc) { /* else the caller's shared copies (m2d_gemm_grouped) */
+            int bf16 = g->prec == M2D_PREC_BF16;
+            j->xc = j->x_copy = scratch_get(&g->scratch, x_copy_bytes(j->xc_rows, K, bf16));
+            copy_x_chunks(&j->c, j->xc_rows, j->ex_kc, bf16, 0, j->xc_rows, j->x_copy);
+        } else if (!j->ex_kc && !j->xd) {
+            plan_x(j);
+        }
         return;
     }
     j->xr = j->c.x;
@@ -1174,7 +1185,6 @@ static void gemm_plan(gemm_job *j, int parallel) {
 
 static void gemm_done(gemm_job *j) {
     scratch_put(&j->g->scratch, j->x_copy);
-    scratch_put(&j->g->scratch, j->xc);
     if (j->xr != j->c.x) scratch_put(&j->g->scratch, (void *)j->xr);
 }
 
@@ -1212,7 +1222,8 @@ int m2d_gemm(m2d_gemm_ctx *g, const float *x, int ldx, int m, const m2d_gemm_w *
 typedef struct {
     m2d_gemm_ctx *g;
     const m2d_gemm_group *grp;
-    const void **xd; /* [n_groups] oneDNN's copy of the group's X made once for a run of groups, or NULL */
+    const void **xd; /* [n_groups] oneDNN's copy of the group's X made once for a run of groups, or NULL
+                      * (in the group's x_layout) */
     atomic_int failed;
     char err[256];
 } group_job;
@@ -1222,7 +1233,10 @@ static void group_item(void *ctx, int item) {
     const m2d_gemm_group *q = &gj->grp[item];
     if (q->m == 0) return;
     gemm_job j = job_for(gj->g, q);
-    j.xd = gj->xd[item];
+    int rows, kc;
+    x_layout(gj->g, q, &rows, &kc);
+    if (kc) j.xc = gj->xd[item];
+    else j.xd = gj->xd[item];
     if (gemm_run(&j, 0) && atomic_exchange(&gj->failed, 1) == 0)
         snprintf(gj->err, sizeof gj->err, "group %d: %s", item, m2d_errmsg());
 }
@@ -1232,23 +1246,27 @@ static int needs_x_copy(const m2d_gemm_ctx *g, const m2d_gemm_group *q) {
     return q->m > 0 && wants_dnnl(g, q->w) && (g->prec == M2D_PREC_BF16 || q->ldx != q->w->in);
 }
 
-static int same_x(const m2d_gemm_group *a, const m2d_gemm_group *b) {
-    return a->x == b->x && a->ldx == b->ldx && a->m == b->m && a->w->in == b->w->in;
+/* The same X in the same layout (x_layout) */
+static int same_x(const m2d_gemm_ctx *g, const m2d_gemm_group *a, const m2d_gemm_group *b) {
+    int ra, ka, rb, kb;
+    x_layout(g, a, &ra, &ka);
+    x_layout(g, b, &rb, &kb);
+    return a->x == b->x && a->ldx == b->ldx && a->m == b->m && a->w->in == b->w->in && ra == rb && ka == kb;
 }
 
 typedef struct {
     const m2d_gemm_group *q;
     void *out;
-    int bf16;
+    int bf16, rows, kc; /* the layout (x_layout) */
 } xcopy_job;
 
 #define XCOPY_ROWS 32
 
 static void xcopy_item(void *ctx, int item) {
     const xcopy_job *j = ctx;
-    int r0 = item * XCOPY_ROWS, n = M2D_MIN(XCOPY_ROWS, j->q->m - r0), K = j->q->w->in;
-    copy_x_rows(j->q->x + (size_t)r0 * j->q->ldx, j->q->ldx, n, K, j->bf16,
-                (char *)j->out + x_copy_bytes(r0, K, j->bf16));
+    int r0 = item * XCOPY_ROWS, n = M2D_MIN(XCOPY_ROWS, j->rows - r0), K = j->q->w->in;
+    if (j->kc) copy_x_chunks(j->q, j->rows, j->kc, j->bf16, r0, r0 + n, j->out);
+    else copy_x_rows(j->q->x + (size_t)r0 * j->q->ldx, j->q->ldx, n, K, j->bf16, (char *)j->out + x_copy_bytes(r0, K, j->bf16));
 }
 
 /* X shared by consecutive groups (calibration: every expert's gate and up read the same rows) is
@@ -1259,14 +1277,15 @@ static void share_x_copies(m2d_gemm_ctx *g, const m2d_gemm_group *grp, int n, co
     for (int i = 0; i < n; i++) {
         xd[i] = NULL;
         if (!needs_x_copy(g, &grp[i])) continue;
-        if (i > 0 && xd[i - 1] && same_x(&grp[i - 1], &grp[i])) {
+        if (i > 0 && xd[i - 1] && same_x(g, &grp[i - 1], &grp[i])) {
             xd[i] = xd[i - 1];
             continue;
         }
-        if (i + 1 >= n || !needs_x_copy(g, &grp[i + 1]) || !same_x(&grp[i], &grp[i + 1])) continue; /* its own */
-        int bf16 = g->prec == M2D_PREC_BF16;
-        xcopy_job j = {&grp[i], scratch_get(&g->scratch, x_copy_bytes(grp[i].m, grp[i].w->in, bf16)), bf16};
-        m2d_pool_for(g->pool, (grp[i].m + XCOPY_ROWS - 1) / XCOPY_ROWS, xcopy_item, &j);
+        if (i + 1 >= n || !needs_x_copy(g, &grp[i + 1]) || !same_x(g, &grp[i], &grp[i + 1])) continue; /* its own */
+        int bf16 = g->prec == M2D_PREC_BF16, rows, kc;
+        x_layout(g, &grp[i], &rows, &kc);
+        xcopy_job j = {&grp[i], scratch_get(&g->scratch, x_copy_bytes(rows, grp[i].w->in, bf16)), bf16, rows, kc};
+        m2d_pool_for(g->pool, (rows + XCOPY_ROWS - 1) / XCOPY_ROWS, xcopy_item, &j);
         xd[i] = copies[nc++] = j.out;
     }
     copies[nc] = NULL;
