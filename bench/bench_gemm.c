@@ -435,7 +435,15 @@ int main(int argc, char **argv) {
            "%s): %.1f GFLOP/s; oneDNN bf16 matmul 2048^3 (%s, its OpenMP team of %d): %.1f GFLOP/s\n", THREADS,
            openblas_get_corename(), ys.sgemm, ys.dnnl16 > 0 ? ys.impl16 : "no native bf16", THREADS, ys.dnnl16);
     printf("For comparison, oneDNN's fp32 matmul 2048^3 (%s): %.1f GFLOP/s\n", ys.impl32, ys.dnnl32);
-    printf("bf16 kernel in oneDNN's place (chosen at first use): %s\n\n", m2d_gemm_bf16_choice(NULL));
+    printf("bf16 kernel in oneDNN's place (chosen at first use): %s\n", m2d_gemm_bf16_choice(NULL));
+    for (int p = M2D_PREC_FP32; p <= M2D_PREC_BF16; p++) { /* what a calibration hook's experts run under */
+        int rows, kc, plan = m2d_gemm_exact_plan((m2d_precision)p, &rows, &kc);
+        printf("%s rows independent of the batch on oneDNN: %s\n", m2d_precision_name((m2d_precision)p),
+               m2d_gemm_onednn_rows_independent((m2d_precision)p) ? "yes"
+               : plan ? "with exact rows (calls padded, k split; the probe's plan below)" : "no");
+        if (plan) printf("  exact-rows plan: calls of >= %d rows, k in chunks of %d\n", rows, kc);
+    }
+    printf("\n");
     double p16 = ys.dnnl16 > 0 ? ys.dnnl16 : ys.sgemm;
     printf("| shape | m | out | in |");
     for (int v = 0; v < N_VARIANTS; v++) printf(" %s GFLOP/s (of peak) |", VNAME[v]);

@@ -79,7 +79,11 @@ uint64_t m2d_engine_required_caps(const m2d_model *m);
  * and sets *routed_set = 1. The engine offers this (routed non-NULL) only where the backend
  * computes an expert's output for a token independently of the other tokens in its batch
  * (backend.h experts_rows_exact; CPU: oneDNN's kernels), so the forward continues from exactly
- * the values it would have computed itself. */
+ * the values it would have computed itself. With a hook set, the experts (here and in
+ * m2d_engine_all_experts) are computed with the backend's exact rows (m2d_moe_args.exact_rows;
+ * CPU: where oneDNN's rows depend on the batch, as with AMX, calls are padded and k is split so
+ * that they do not, gemm.h): on such a CPU a hooked forward may differ from a hookless one in the
+ * last bits, and the substitution is offered there too. */
 typedef struct {
     int layer, n_tokens, hidden, n_experts, top_k;
     const float *x;       /* [n, d] FFN input (after the post-attention RMSNorm) */
