@@ -139,7 +139,8 @@ static void tiles_and_reference_same_bits(void **state) {
     }
 }
 
-/* Y of X·Wᵀ (+ Y when BETA) through m2d_gemm with kernel KERN, W stored as DT, optionally prepared. */
+/* Y of X·Wᵀ (+ Y when BETA) through m2d_gemm with kernel KERN, W stored as DT, optionally prepared
+ * (computed into a Y with gaps between its rows, returned dense). */
 static float *run_gemm(m2d_gemm_kernel kern, int nt, m2d_dtype dt, const float *wf, const float *x, const float *y0,
                        int m, int n, int k, int prepared, float beta, m2d_gemm_stats *stats) {
     static m2d_pool *pool;
@@ -156,9 +157,18 @@ static float *run_gemm(m2d_gemm_kernel kern, int nt, m2d_dtype dt, const float *
         assert_int_equal(m2d_gemm_packed_bytes(pk), m2d_gemm_prepare_bytes(g, &w));
         w = m2d_gemm_packed_rows(pk, 0, n);
     }
-    float *y = m2d_malloc(sizeof(float) * (size_t)m * n);
-    memcpy(y, y0, sizeof(float) * (size_t)m * n);
-    assert_int_equal(m2d_gemm(g, x, k, m, &w, y, n, beta), 0);
+    int ldy = n + 3; /* Y with gaps between its rows (the own kernel stores into Y itself at beta 0) */
+    float *yp = m2d_malloc(sizeof(float) * (size_t)m * ldy), *y = m2d_malloc(sizeof(float) * (size_t)m * n);
+    for (int r = 0; r < m; r++) {
+        memcpy(yp + (size_t)r * ldy, y0 + (size_t)r * n, sizeof(float) * (size_t)n);
+        for (int c = n; c < ldy; c++) yp[(size_t)r * ldy + c] = -12345.0f;
+    }
+    assert_int_equal(m2d_gemm(g, x, k, m, &w, yp, ldy, beta), 0);
+    for (int r = 0; r < m; r++) {
+        memcpy(y + (size_t)r * n, yp + (size_t)r * ldy, sizeof(float) * (size_t)n);
+        for (int c = n; c < ldy; c++) assert_true(yp[(size_t)r * ldy + c] == -12345.0f); /* the gaps untouched */
+    }
+    free(yp);
     *stats = m2d_gemm_get_stats(g);
     m2d_gemm_packed_free(pk);
     m2d_gemm_ctx_free(g);

@@ -487,15 +487,16 @@ static const void *slice_weight(gemm_job *j, const packed_slice *ps, int n0, int
     return *conv;
 }
 
-/* ACC [m, n] = X [m, kn] (dense, the precision's type) · Wᵀ of the slice WP [n, kn], on this thread:
- * oneDNN, or the own kernel in its place (the same operands) */
+/* ACC [m, n] (row stride LDACC: n for oneDNN, which needs a dense Y) = X [m, kn] (dense, the
+ * precision's type) · Wᵀ of the slice WP [n, kn], on this thread: oneDNN, or the own kernel in its
+ * place (the same operands) */
 static int slice_product(gemm_job *j, const packed_slice *ps, int m, int n, int kn, const void *x, const void *wp,
-                         float *acc) {
+                         float *acc, int ldacc) {
     scratch_pool *sp = &j->g->scratch;
     if (j->own_kc) {
         uint16_t *pk = ps ? NULL : scratch_get(sp, m2d_dpbf16_packed_bytes(n, kn));
         if (pk) m2d_dpbf16_pack(wp, kn, n, kn, pk);
-        m2d_dpbf16_gemm(x, kn, m, pk ? pk : wp, n, kn, j->own_kc, acc, n, own_tile_rows());
+        m2d_dpbf16_gemm(x, kn, m, pk ? pk : wp, n, kn, j->own_kc, acc, ldacc, own_tile_rows());
         scratch_put(sp, pk);
         return 0;
     }
@@ -520,7 +521,7 @@ static int slice_exact(gemm_job *j, int n0, int n, int r0, int m, float *acc) {
         const char *x = (const char *)j->xc + ((size_t)j->xc_rows * k0 + (size_t)r0 * kn) * es;
         void *conv;
         const void *wp = slice_weight(j, NULL, n0, n, k0, kn, &conv);
-        rc = slice_product(j, NULL, mp, n, kn, x, wp, k0 ? part : acc);
+        rc = slice_product(j, NULL, mp, n, kn, x, wp, k0 ? part : acc, n);
         scratch_put(sp, conv);
         for (size_t i = 0; k0 && rc == 0 && i < (size_t)m * n; i++) acc[i] += part[i];
     }
@@ -541,17 +542,20 @@ static int dnnl_slice(gemm_job *j, int item) {
     const packed_slice *ps = w->packed ? &w->packed->slice[w->p0 / M2D_GEMM_SLICE + slice] : NULL;
     scratch_pool *sp = &j->g->scratch;
     int exact = j->ex_kc > 0, rc;
-    float *acc = scratch_get(sp, sizeof(float) * (size_t)(m + (exact ? j->xc_rows - j->c.m : 0)) * n);
+    /* the own kernel stores into Y itself where nothing is added (oneDNN needs a dense Y: scratch) */
+    float *yd = j->own_kc && !exact && j->c.beta == 0.0f ? j->c.y + (size_t)r0 * j->c.ldy + n0 : NULL;
+    float *acc = yd ? NULL : scratch_get(sp, sizeof(float) * (size_t)(m + (exact ? j->xc_rows - j->c.m : 0)) * n);
     if (exact) {
         rc = slice_exact(j, n0, n, r0, m, acc);
     } else {
         size_t es = j->g->prec == M2D_PREC_FP32 ? sizeof(float) : sizeof(uint16_t);
         void *conv;
         const void *wp = slice_weight(j, ps, n0, n, 0, w->in, &conv);
-        rc = slice_product(j, ps, m, n, w->in, (const char *)j->xd + (size_t)r0 * w->in * es, wp, acc);
+        rc = slice_product(j, ps, m, n, w->in, (const char *)j->xd + (size_t)r0 * w->in * es, wp, yd ? yd : acc,
+                           yd ? j->c.ldy : n);
         scratch_put(sp, conv);
     }
-    for (int i = 0; rc == 0 && i < m; i++) { /* both kernels store alike: the same bits for the same sums */
+    for (int i = 0; rc == 0 && acc && i < m; i++) { /* both kernels store alike: the same bits for the same sums */
         float *yr = j->c.y + (size_t)(r0 + i) * j->c.ldy + n0;
         const float *ar = acc + (size_t)i * n;
         if (j->c.beta == 0.0f) memcpy(yr, ar, sizeof(float) * (size_t)n);
