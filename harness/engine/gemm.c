@@ -508,8 +508,8 @@ static int slice_product(gemm_job *j, const packed_slice *ps, int m, int n, int 
 }
 
 /* Rows [r0, r0+m) of the slice under the exact-rows plan (gemm.h, m2d_gemm_rows_independent_exact):
- * k in chunks of ex_kc whose products are added in order, X from the job's chunk-major copy (padded
- * to ex_rows rows: plan_x_chunks). ACC holds max(m, ex_rows) rows. */
+ * k in chunks of ex_kc whose products are added in order, X from the chunk-major copy (padded to
+ * xc_rows rows: copy_x_chunks). ACC holds m rows plus the padding. */
 static int slice_exact(gemm_job *j, int n0, int n, int r0, int m, float *acc) {
     scratch_pool *sp = &j->g->scratch;
     int K = j->c.w->in, kc = j->ex_kc, mp = m + (j->xc_rows - j->c.m); /* a padded call is one tile */
@@ -530,11 +530,11 @@ static int slice_exact(gemm_job *j, int n0, int n, int r0, int m, float *acc) {
 }
 
 /* Output columns [n0, n0+n) through oneDNN (or the own kernel in its place: the same operands, the
- * same store). Its operands are always dense: oneDNN 2.6 takes its
- * brgemm kernels only for a dense Y and a dense Wᵀ and otherwise falls back to an older gemm
- * with another summation order (measured), so a slice is computed into scratch and then stored
- * (+ beta·Y), and W rows are read in place only when stored in the precision's type with
- * ld == in (else copied or converted), or from the prepared slice. */
+ * same sums). oneDNN's operands are always dense: oneDNN 2.6 takes its brgemm kernels only for a
+ * dense Y and a dense Wᵀ and otherwise falls back to an older gemm with another summation order
+ * (measured; a strided X too), so a slice is computed into scratch and then stored (+ beta·Y; the
+ * own kernel stores into Y itself at beta 0), and W rows are read in place only when stored in the
+ * precision's type with ld == in (else copied or converted), or from the prepared slice. */
 static int dnnl_slice(gemm_job *j, int item) {
     const m2d_gemm_w *w = j->c.w;
     int slice = item % n_slices(w->out), r0 = item / n_slices(w->out) * j->rows;
