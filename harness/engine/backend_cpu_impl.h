@@ -136,9 +136,7 @@ static inline void softmax_sink(float *x, int n, const float *sink) {
 
 static inline void softmax_row(float *x, int n) { softmax_sink(x, n, NULL); }
 
-static inline void swiglu(const float *g, const float *u, int64_t n, float *h) { m2d_vexp_swiglu(g, u, n, h); }
-
-/* GPT-OSS's clamped SwiGLU (modelling_gpt_oss.py GptOssExperts._apply_gate), h may be g */
+/* SwiGLU itself: m2d_vexp_swiglu (vexp.h). GPT-OSS's clamped SwiGLU (modelling_gpt_oss.py GptOssExperts._apply_gate), h may be g */
 static inline void swiglu_clamp(const float *g, const float *u, int64_t n, float alpha, float limit, float *h) {
     for (int64_t i = 0; i < n; i++) {
         float a = fminf(g[i], limit), b = fminf(fmaxf(u[i], -limit), limit);

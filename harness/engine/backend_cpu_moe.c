@@ -104,10 +104,11 @@ static void buckets_free(buckets *b) {
 }
 
 /* Expert weight W ([n, in]) as the GEMMs of A read it: its prepared copy when there is one, except
- * under A's exact_rows where the module makes rows exact by padding calls and splitting k (gemm.h:
+ * under A's exact_rows where the module has an exact-rows plan that pads calls and splits k (gemm.h:
  * a prepared copy holds all of k in one layout): then as stored, in moe and experts_all alike. */
 static m2d_gemm_w expert_view(const cpu_be *c, const m2d_moe_args *a, const m2d_weight *w, int n) {
-    if (a->exact_rows && !m2d_gemm_onednn_rows_independent(a->prec)) return m2d_gemm_tensor_rows(W(w)->t, 0, n);
+    int rows, kc;
+    if (a->exact_rows && m2d_gemm_exact_plan(a->prec, &rows, &kc)) return m2d_gemm_tensor_rows(W(w)->t, 0, n);
     return gemm_view(c, w, 0, n, a->prec);
 }
 
@@ -153,7 +154,7 @@ static void act_item(void *ctx, int item) {
         if (j->bg) add_rows(g, d, 1, d, j->bg + ex * d);
         if (j->bu) add_rows(u, d, 1, d, j->bu + ex * d);
         if (j->a->act == M2D_ACT_SWIGLU_CLAMP) swiglu_clamp(g, u, d, j->a->act_alpha, j->a->act_limit, g);
-        else swiglu(g, u, d, g);
+        else m2d_vexp_swiglu(g, u, d, g);
     }
 }
 

@@ -70,7 +70,7 @@ static void glu_item(void *ctx, int item) {
         float *g = F(j->g) + (size_t)r * j->g->ld;
         const float *u = F(j->u) + (size_t)r * j->u->ld;
         if (j->clamp) swiglu_clamp(g, u, j->g->cols, j->alpha, j->limit, g);
-        else swiglu(g, u, j->g->cols, g);
+        else m2d_vexp_swiglu(g, u, j->g->cols, g);
     }
 }
 

@@ -413,18 +413,23 @@ struct m2d_gemm_packed {
 
 /* ------------------------------------------------------------------ one GEMM */
 
+/* How oneDNN reads a call's X: dense [m, K] (kc 0), or, where an exact-rows plan pads or splits the
+ * call (gemm.h), chunk-major: per chunk of kc columns [rows, kn] at rows * k0 elements, rows =
+ * max(m, min_rows), the rows past m repeating row 0 (their results are dropped). */
+typedef struct {
+    int rows, kc, min_rows;
+} x_layout_t;
+
 typedef struct {
     m2d_gemm_ctx *g;
     m2d_gemm_group c;    /* the call: X, W, Y, beta */
     int use_dnnl;        /* oneDNN's path (oneDNN, or the own kernel in its place when own_kc > 0) */
     int own_kc;
-    const void *xd;      /* oneDNN: X as dense [m, in], bf16 (or fp32 in fp32 precision) */
-    void *x_copy;        /* xd or xc when it is this job's own scratch copy */
+    const void *xd;      /* oneDNN: X as it reads it (bf16, or fp32 in fp32 precision), laid out as xl says */
+    void *x_copy;        /* xd when it is this job's own scratch copy */
     const float *xr;     /* sgemm: X (bf16-rounded in bf16 precision) and its row stride */
     int ldxr;
-    int ex_rows, ex_kc;  /* exact_rows' plan where it pads or splits this call (x_layout; else 0) */
-    const void *xc;      /* then X chunk-major: chunk c's [xc_rows, kn] at xc_rows * k0 elements */
-    int xc_rows;         /* max(m, ex_rows); rows past m repeat row 0 (their results are dropped) */
+    x_layout_t xl;       /* xd's layout: dense, or chunk-major under an exact-rows plan */
     int n_items;         /* tiles: row blocks x column slices */
     int rows;            /* rows per tile (oneDNN; sgemm: all m) */
     atomic_int failed;
@@ -459,6 +464,9 @@ static int dnnl_exec(m2d_gemm_ctx *g, prim_entry *e, const void *x, const void *
 }
 
 static int own_tile_rows(void); /* the own kernel's micro-tile height, measured once (below) */
+
+/* Bytes of an element of X as oneDNN reads it: bf16 bit patterns, or fp32 in fp32 precision */
+static size_t x_elem_size(const m2d_gemm_ctx *g) { return g->prec == M2D_PREC_FP32 ? sizeof(float) : sizeof(uint16_t); }
 
 /* Columns [k0, k0+kn) of rows [n0, n0+n) of W as the slice's kernel reads them: the prepared
  * slice, W in place (stored in the precision's type, dense, all of k), else a dense copy into
@@ -523,17 +531,17 @@ static void add_floats(float *a, const float *b, size_t n) {
 }
 
 /* Rows [r0, r0+m) of the slice under the exact-rows plan (gemm.h, m2d_gemm_rows_independent_exact):
- * k in chunks of ex_kc whose products are added in order, X from the chunk-major copy (padded to
- * xc_rows rows: copy_x_chunks). ACC holds m rows plus the padding. */
+ * k in chunks of xl.kc whose products are added in order, X from the chunk-major copy (padded to
+ * xl.rows rows: copy_x_chunks). ACC holds m rows plus the padding. */
 static int slice_exact(gemm_job *j, int n0, int n, int r0, int m, float *acc) {
     scratch_pool *sp = &j->g->scratch;
-    int K = j->c.w->in, kc = j->ex_kc, mp = m + (j->xc_rows - j->c.m); /* a padded call is one tile */
-    size_t es = j->g->prec == M2D_PREC_FP32 ? sizeof(float) : sizeof(uint16_t);
+    int K = j->c.w->in, kc = j->xl.kc, mp = m + (j->xl.rows - j->c.m); /* a padded call is one tile */
+    size_t es = x_elem_size(j->g);
     float *part = K > kc ? scratch_get(sp, sizeof(float) * (size_t)mp * n) : NULL;
     int rc = 0;
     for (int k0 = 0; k0 < K && rc == 0; k0 += kc) {
         int kn = M2D_MIN(kc, K - k0);
-        const char *x = (const char *)j->xc + ((size_t)j->xc_rows * k0 + (size_t)r0 * kn) * es;
+        const char *x = (const char *)j->xd + ((size_t)j->xl.rows * k0 + (size_t)r0 * kn) * es;
         void *conv;
         const void *wp = slice_weight(j, NULL, n0, n, k0, kn, &conv);
         rc = slice_product(j, NULL, mp, n, kn, x, wp, k0 ? part : acc, n);
@@ -556,18 +564,17 @@ static int dnnl_slice(gemm_job *j, int item) {
     int n0 = slice * M2D_GEMM_SLICE, n = M2D_MIN(M2D_GEMM_SLICE, w->out - n0), m = M2D_MIN(j->rows, j->c.m - r0);
     const packed_slice *ps = w->packed ? &w->packed->slice[w->p0 / M2D_GEMM_SLICE + slice] : NULL;
     scratch_pool *sp = &j->g->scratch;
-    int exact = j->ex_kc > 0, rc;
+    int exact = j->xl.kc > 0, rc;
     /* the own kernel stores into Y itself where nothing is added (oneDNN needs a dense Y: scratch) */
     float *yd = j->own_kc && !exact && j->c.beta == 0.0f ? j->c.y + (size_t)r0 * j->c.ldy + n0 : NULL;
-    float *acc = yd ? NULL : scratch_get(sp, sizeof(float) * (size_t)(m + (exact ? j->xc_rows - j->c.m : 0)) * n);
+    float *acc = yd ? NULL : scratch_get(sp, sizeof(float) * (size_t)(m + (j->xl.rows - j->c.m)) * n);
     if (exact) {
         rc = slice_exact(j, n0, n, r0, m, acc);
     } else {
-        size_t es = j->g->prec == M2D_PREC_FP32 ? sizeof(float) : sizeof(uint16_t);
         void *conv;
         const void *wp = slice_weight(j, ps, n0, n, 0, w->in, &conv);
-        rc = slice_product(j, ps, m, n, w->in, (const char *)j->xd + (size_t)r0 * w->in * es, wp, yd ? yd : acc,
-                           yd ? j->c.ldy : n);
+        const char *x = (const char *)j->xd + (size_t)r0 * w->in * x_elem_size(j->g);
+        rc = slice_product(j, ps, m, n, w->in, x, wp, yd ? yd : acc, yd ? j->c.ldy : n);
         scratch_put(sp, conv);
     }
     for (int i = 0; rc == 0 && acc && i < m; i++) { /* both kernels store alike: the same bits for the same sums */
@@ -815,7 +822,7 @@ static int onednn_rows_independent(m2d_precision p) {
 
 /* Exact-rows plans tried in order, cheapest first. Measured on a Xeon model 207 (oneDNN 2.6.3,
  * AMX bf16): with k <= 1024 every row of a call of >= 17 rows is the same bits as in any other such
- * call (16 to 2048 columns, up to 512 rows); k = 1536 or 2048 and calls of 1-16 rows differ. */
+ * call (16 to 2048 columns, up to 4096 rows); k = 1536 or 2048 and calls of 1-16 rows differ. */
 static const int exact_candidates[][2] = {{17, 1024}, {33, 1024}, {17, 512}, {65, 512}, {65, 256}};
 
 typedef struct {
@@ -1145,25 +1152,25 @@ static void plan_x(gemm_job *j) {
     j->xd = j->x_copy = xd;
 }
 
-/* How oneDNN reads group Q's X: dense [m, K] (*KC 0), or, where an exact-rows plan pads or splits
- * the call (gemm.h), chunk-major: per chunk of *KC columns [*ROWS, kn], *ROWS = max(m, the plan's) */
-static void x_layout(const m2d_gemm_ctx *g, const m2d_gemm_group *q, int *rows, int *kc) {
+/* Group Q's x_layout_t on G */
+static x_layout_t x_layout(const m2d_gemm_ctx *g, const m2d_gemm_group *q) {
+    x_layout_t l = {q->m, 0, 0};
     int r, c;
-    *rows = q->m, *kc = 0;
     if (q->exact_rows && wants_dnnl(g, q->w) && !q->w->packed && !own_chunk(g, q->w) && exact_plan_of(g, &r, &c) &&
         (q->m < r || q->w->in > c))
-        *rows = M2D_MAX(q->m, r), *kc = c;
+        l = (x_layout_t){M2D_MAX(q->m, r), c, r};
+    return l;
 }
 
-/* Rows [r0, r1) of X in the chunk-major layout (ROWS rows, chunks of KC; rows past m repeat row 0) */
-static void copy_x_chunks(const m2d_gemm_group *q, int rows, int kc, int bf16, int r0, int r1, void *out) {
+/* Rows [r0, r1) of X in the chunk-major layout L */
+static void copy_x_chunks(const m2d_gemm_group *q, x_layout_t l, int bf16, int r0, int r1, void *out) {
     int K = q->w->in;
     size_t es = bf16 ? sizeof(uint16_t) : sizeof(float);
-    for (int k0 = 0; k0 < K; k0 += kc) {
-        int kn = M2D_MIN(kc, K - k0);
+    for (int k0 = 0; k0 < K; k0 += l.kc) {
+        int kn = M2D_MIN(l.kc, K - k0);
         for (int r = r0; r < r1; r++)
             copy_x_rows(q->x + (size_t)(r < q->m ? r : 0) * q->ldx + k0, q->ldx, 1, kn, bf16,
-                        (char *)out + ((size_t)rows * k0 + (size_t)r * kn) * es);
+                        (char *)out + ((size_t)l.rows * k0 + (size_t)r * kn) * es);
     }
 }
 
@@ -1174,22 +1181,22 @@ static void gemm_plan(gemm_job *j, int parallel) {
     int K = j->c.w->in;
     j->use_dnnl = wants_dnnl(g, j->c.w);
     j->own_kc = j->use_dnnl ? own_chunk(g, j->c.w) : 0;
-    x_layout(g, &j->c, &j->xc_rows, &j->ex_kc);
-    if (j->ex_kc) exact_plan_of(g, &j->ex_rows, &j->ex_kc);
+    j->xl = x_layout(g, &j->c);
     j->n_items = n_slices(j->c.w->out);
     j->rows = j->c.m;
     if (j->use_dnnl) {
         /* a group of a grouped call runs on one thread: no row blocks (each would repack W's slice) */
         j->rows = parallel ? tile_rows(j->c.m, j->c.w->out, K) : j->c.m;
-        if (j->ex_rows && j->rows < j->ex_rows) j->rows = j->c.m; /* a padded tile is the whole call */
+        if (j->rows < j->xl.min_rows) j->rows = j->c.m; /* a padded tile is the whole call */
         j->n_items *= (j->c.m + j->rows - 1) / j->rows;
-        if (j->ex_kc && !j->xc) { /* else the caller's shared copies (m2d_gemm_grouped) */
-            int bf16 = g->prec == M2D_PREC_BF16;
-            j->xc = j->x_copy = scratch_get(&g->scratch, x_copy_bytes(j->xc_rows, K, bf16));
-            copy_x_chunks(&j->c, j->xc_rows, j->ex_kc, bf16, 0, j->xc_rows, j->x_copy);
-        } else if (!j->ex_kc && !j->xd) {
+        if (j->xd) return; /* the caller's shared copy (m2d_gemm_grouped) */
+        if (!j->xl.kc) {
             plan_x(j);
+            return;
         }
+        int bf16 = g->prec == M2D_PREC_BF16;
+        j->xd = j->x_copy = scratch_get(&g->scratch, x_copy_bytes(j->xl.rows, K, bf16));
+        copy_x_chunks(&j->c, j->xl, bf16, 0, j->xl.rows, j->x_copy);
         return;
     }
     j->xr = j->c.x;
@@ -1252,10 +1259,7 @@ static void group_item(void *ctx, int item) {
     const m2d_gemm_group *q = &gj->grp[item];
     if (q->m == 0) return;
     gemm_job j = job_for(gj->g, q);
-    int rows, kc;
-    x_layout(gj->g, q, &rows, &kc);
-    if (kc) j.xc = gj->xd[item];
-    else j.xd = gj->xd[item];
+    j.xd = gj->xd[item];
     if (gemm_run(&j, 0) && atomic_exchange(&gj->failed, 1) == 0)
         snprintf(gj->err, sizeof gj->err, "group %d: %s", item, m2d_errmsg());
 }
@@ -1267,24 +1271,24 @@ static int needs_x_copy(const m2d_gemm_ctx *g, const m2d_gemm_group *q) {
 
 /* The same X in the same layout (x_layout) */
 static int same_x(const m2d_gemm_ctx *g, const m2d_gemm_group *a, const m2d_gemm_group *b) {
-    int ra, ka, rb, kb;
-    x_layout(g, a, &ra, &ka);
-    x_layout(g, b, &rb, &kb);
-    return a->x == b->x && a->ldx == b->ldx && a->m == b->m && a->w->in == b->w->in && ra == rb && ka == kb;
+    x_layout_t la = x_layout(g, a), lb = x_layout(g, b);
+    return a->x == b->x && a->ldx == b->ldx && a->m == b->m && a->w->in == b->w->in && la.rows == lb.rows &&
+           la.kc == lb.kc;
 }
 
 typedef struct {
     const m2d_gemm_group *q;
     void *out;
-    int bf16, rows, kc; /* the layout (x_layout) */
+    int bf16;
+    x_layout_t l;
 } xcopy_job;
 
 #define XCOPY_ROWS 32
 
 static void xcopy_item(void *ctx, int item) {
     const xcopy_job *j = ctx;
-    int r0 = item * XCOPY_ROWS, n = M2D_MIN(XCOPY_ROWS, j->rows - r0), K = j->q->w->in;
-    if (j->kc) copy_x_chunks(j->q, j->rows, j->kc, j->bf16, r0, r0 + n, j->out);
+    int r0 = item * XCOPY_ROWS, n = M2D_MIN(XCOPY_ROWS, j->l.rows - r0), K = j->q->w->in;
+    if (j->l.kc) copy_x_chunks(j->q, j->l, j->bf16, r0, r0 + n, j->out);
     else copy_x_rows(j->q->x + (size_t)r0 * j->q->ldx, j->q->ldx, n, K, j->bf16, (char *)j->out + x_copy_bytes(r0, K, j->bf16));
 }
 
@@ -1301,10 +1305,10 @@ static void share_x_copies(m2d_gemm_ctx *g, const m2d_gemm_group *grp, int n, co
             continue;
         }
         if (i + 1 >= n || !needs_x_copy(g, &grp[i + 1]) || !same_x(g, &grp[i], &grp[i + 1])) continue; /* its own */
-        int bf16 = g->prec == M2D_PREC_BF16, rows, kc;
-        x_layout(g, &grp[i], &rows, &kc);
-        xcopy_job j = {&grp[i], scratch_get(&g->scratch, x_copy_bytes(rows, grp[i].w->in, bf16)), bf16, rows, kc};
-        m2d_pool_for(g->pool, (rows + XCOPY_ROWS - 1) / XCOPY_ROWS, xcopy_item, &j);
+        int bf16 = g->prec == M2D_PREC_BF16;
+        x_layout_t l = x_layout(g, &grp[i]);
+        xcopy_job j = {&grp[i], scratch_get(&g->scratch, x_copy_bytes(l.rows, grp[i].w->in, bf16)), bf16, l};
+        m2d_pool_for(g->pool, (l.rows + XCOPY_ROWS - 1) / XCOPY_ROWS, xcopy_item, &j);
         xd[i] = copies[nc++] = j.out;
     }
     copies[nc] = NULL;
