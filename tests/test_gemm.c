@@ -432,6 +432,48 @@ static void grouped_equals_single_calls(void **state) {
     for (int e = 0; e < E; e++) free_w(&w[e]);
 }
 
+/* Groups wider than one column slice: a group of a grouped call runs on one thread, where oneDNN
+ * takes all of W's columns in one call (writing a dense Y where it is) wherever a row's bits are
+ * fixed (rows independent, or an exact-rows plan); that gives the bits of the slice-by-slice call
+ * on the pool, with Y dense or with gaps between its rows, with and without a plan (forced: calls
+ * padded to 17 rows, k in chunks of 512; k = 1100 has three), for 1 to 100 rows. */
+static void wide_groups_equal_sliced_calls(void **state) {
+    (void)state;
+    uint64_t st = 12;
+    enum { E = 6, D = 1100, F = 600 }; /* F: slices of 256, 256 and 88 columns */
+    int rows[E] = {5, 64, 1, 33, 17, 100};
+    test_w w[E];
+    m2d_gemm_w wv[E];
+    for (int e = 0; e < E; e++) {
+        w[e] = make_w(&st, e % 2 ? M2D_BF16 : M2D_F32, F, D, D);
+        wv[e] = view(&w[e]);
+    }
+    float *x = m2d_malloc(sizeof(float) * 100 * D);
+    fill_normal(&st, x, 100 * D, 1);
+    size_t ny = (size_t)E * 100 * (F + 3);
+    float *ya = m2d_calloc(ny, sizeof(float)), *yb = m2d_calloc(ny, sizeof(float));
+    m2d_precision precs[2] = {M2D_PREC_FP32, M2D_PREC_BF16};
+    for (int p = 0; p < 2; p++)
+        for (int exact = 0; exact <= 1; exact++)
+            for (int gap = 0; gap <= 3; gap += 3) {
+                m2d_gemm_ctx *g = ctx_new(precs[p], 2);
+                m2d_gemm_set_kernel(g, M2D_GEMM_ONEDNN);
+                if (exact) m2d_gemm_force_exact_plan(g, 17, 512);
+                m2d_gemm_group grp[E], one;
+                for (int e = 0; e < E; e++) {
+                    grp[e] = (m2d_gemm_group){x, D, rows[e], &wv[e], ya + (size_t)e * 100 * (F + 3), F + gap, 0.0f, exact};
+                    one = grp[e];
+                    one.y = yb + (size_t)e * 100 * (F + 3);
+                    assert_int_equal(m2d_gemm_grouped(g, &one, 1), 0); /* one group: split over the pool */
+                }
+                assert_int_equal(m2d_gemm_grouped(g, grp, E), 0); /* six: one thread each */
+                assert_true(bits_equal(ya, yb, ny));
+                m2d_gemm_ctx_free(g);
+            }
+    free(x); free(ya); free(yb);
+    for (int e = 0; e < E; e++) free_w(&w[e]);
+}
+
 /* ---- the primitive cache under concurrency: many threads, many shapes, a cache of 3 ---- */
 enum { CC_SHAPES = 12, CC_THREADS = 6, CC_ITERS = 30, CC_D = 128, CC_F = 96 };
 typedef struct {
@@ -736,6 +778,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(onednn_rows_independent),
         cmocka_unit_test(exact_rows_in_calls_of_any_size),
         cmocka_unit_test(grouped_equals_single_calls),
+        cmocka_unit_test(wide_groups_equal_sliced_calls),
         cmocka_unit_test(primitive_cache_concurrent),
         cmocka_unit_test(prepared_weights),
         cmocka_unit_test(tensor_rows_view),
