@@ -432,11 +432,12 @@ static void grouped_equals_single_calls(void **state) {
     for (int e = 0; e < E; e++) free_w(&w[e]);
 }
 
-/* Groups wider than one column slice: a group of a grouped call runs on one thread, where oneDNN
- * takes all of W's columns in one call (writing a dense Y where it is) wherever a row's bits are
- * fixed (rows independent, or an exact-rows plan); that gives the bits of the slice-by-slice call
- * on the pool, with Y dense or with gaps between its rows, with and without a plan (forced: calls
- * padded to 17 rows, k in chunks of 512; k = 1100 has three), for 1 to 100 rows. */
+/* Groups wider than one column slice (three slices, the last narrower) with and without an
+ * exact-rows plan (forced: calls padded to 17 rows, k in chunks of 512; k = 1100 has three), Y
+ * dense or with gaps between its rows, 1 to 100 rows: one thread per group gives the bits of each
+ * group split over the pool. (One oneDNN call over all of a group's columns, writing a dense Y in
+ * place, gave these bits too except AMX's 1-2-row kernels, but was 5-14 % slower on AMX: not used;
+ * BENCHMARKS.md, "Tried and not adopted".) */
 static void wide_groups_equal_sliced_calls(void **state) {
     (void)state;
     uint64_t st = 12;

@@ -431,7 +431,6 @@ typedef struct {
     int ldxr;
     x_layout_t xl;       /* xd's layout: dense, or chunk-major under an exact-rows plan */
     int n_items;         /* tiles: row blocks x column slices */
-    int wide;            /* one tile of all of W's columns (oneDNN on one thread; see gemm_plan) */
     int rows;            /* rows per tile (oneDNN; sgemm: all m) */
     atomic_int failed;
     char err[256];       /* the first failing item's message (errors are per thread) */
@@ -563,17 +562,14 @@ static int dnnl_slice(gemm_job *j, int item) {
     const m2d_gemm_w *w = j->c.w;
     int slice = item % n_slices(w->out), r0 = item / n_slices(w->out) * j->rows;
     int n0 = slice * M2D_GEMM_SLICE, n = M2D_MIN(M2D_GEMM_SLICE, w->out - n0), m = M2D_MIN(j->rows, j->c.m - r0);
-    if (j->wide) n = w->out; /* item 0: every column */
     const packed_slice *ps = w->packed ? &w->packed->slice[w->p0 / M2D_GEMM_SLICE + slice] : NULL;
     scratch_pool *sp = &j->g->scratch;
     int exact = j->xl.kc > 0, rc;
-    /* Y itself where nothing is added to it: the own kernel stores into any Y (not under a plan),
-     * oneDNN only into a dense one (a tile as wide as Y's rows, and no padding rows); else scratch */
-    int direct = j->c.beta == 0.0f && (j->own_kc ? !exact : j->c.ldy == n && j->xl.rows == j->c.m);
-    float *yd = direct ? j->c.y + (size_t)r0 * j->c.ldy + n0 : NULL;
+    /* the own kernel stores into Y itself where nothing is added (oneDNN needs a dense Y: scratch) */
+    float *yd = j->own_kc && !exact && j->c.beta == 0.0f ? j->c.y + (size_t)r0 * j->c.ldy + n0 : NULL;
     float *acc = yd ? NULL : scratch_get(sp, sizeof(float) * (size_t)(m + (j->xl.rows - j->c.m)) * n);
     if (exact) {
-        rc = slice_exact(j, n0, n, r0, m, yd ? yd : acc);
+        rc = slice_exact(j, n0, n, r0, m, acc);
     } else {
         void *conv;
         const void *wp = slice_weight(j, ps, n0, n, 0, w->in, &conv);
@@ -1193,17 +1189,6 @@ static void gemm_plan(gemm_job *j, int parallel) {
         j->rows = parallel ? tile_rows(j->c.m, j->c.w->out, K) : j->c.m;
         if (j->rows < j->xl.min_rows) j->rows = j->c.m; /* a padded tile is the whole call */
         j->n_items *= (j->c.m + j->rows - 1) / j->rows;
-        /* On one thread (a group of a grouped call), oneDNN takes all of W's columns in one call:
-         * one primitive call instead of one per slice, and a Y as wide as the call is written
-         * where it is instead of through scratch. Only where the probe fixed a row's bits (rows
-         * independent, or an exact-rows plan padding every call): there a column's bits do not
-         * depend on the call's width either (measured on AMX, AVX512-BF16 and AVX-512 fp32 kernels,
-         * test_gemm wide_groups_equal_sliced_calls), while AMX's kernels for 1-2 rows give other
-         * bits in a wider call. A prepared weight is stored slice by slice; the own kernel stores
-         * into Y already. */
-        j->wide = !parallel && !j->c.w->packed && !j->own_kc && j->n_items > 1 && j->rows == j->c.m &&
-                  (j->xl.kc > 0 || m2d_gemm_onednn_rows_independent(g->prec));
-        if (j->wide) j->n_items = 1;
         if (j->xd) return; /* the caller's shared copy (m2d_gemm_grouped) */
         if (!j->xl.kc) {
             plan_x(j);
