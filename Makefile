@@ -147,7 +147,7 @@ test: layering data $(TEST_RUN) $(BUILD)/moe2dense $(TEST_CLI)
 # default AVX2: no AVX-512, no AMX): other kernels, other summation orders, the same tolerances.
 # OpenBLAS keeps the core it detects. .ci/run runs it; ISA=AVX512_CORE etc. picks another level.
 ISA ?= AVX2
-ISA_TESTS := test_hf test_families test_engine test_calib test_convert test_prune test_gemm test_dpbf16 test_distill test_distill_run \
+ISA_TESTS := test_hf test_families test_engine test_calib test_convert test_prune test_gemm test_dpbf16 test_fma32 test_distill test_distill_run \
              test_gptoss test_mixtral test_train test_train_ops
 test-isa:
 	@echo "== make test TESTS=\"$(ISA_TESTS)\" under DNNL_MAX_CPU_ISA=$(ISA) =="

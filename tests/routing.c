@@ -31,7 +31,8 @@ int tu_routing_hook(void *user, const m2d_moe_event *ev) {
 
 int tu_routed_offered_on_onednn(m2d_precision p) {
     int native = p == M2D_PREC_FP32 ? m2d_gemm_fp32_onednn_native() : m2d_gemm_bf16_native(), rows, kc;
-    return native && (m2d_gemm_onednn_rows_independent(p) || m2d_gemm_exact_plan(p, &rows, &kc));
+    if (!native) return m2d_gemm_fp32_own(); /* oneDNN forced but absent: the sgemm path */
+    return m2d_gemm_onednn_rows_independent(p) || m2d_gemm_exact_plan(p, &rows, &kc);
 }
 
 int tu_routed_hook(void *user, const m2d_moe_event *ev) {

@@ -28,8 +28,10 @@ typedef struct {
     int calls, offered; /* MoE layers seen, and those where the engine offered the substitution */
     int decline;        /* count the offer but let the engine run the routed experts itself */
 } tu_routed_hook_state;
-/* Whether the engine offers the substitution at precision P on weights that take oneDNN (forced):
- * where oneDNN's rows are independent of the batch, or an exact-rows plan makes them so (gemm.h). */
+/* Whether the engine offers the substitution at precision P with oneDNN's kernel forced: where
+ * oneDNN's rows are independent of the batch, or an exact-rows plan makes them so (gemm.h); where
+ * oneDNN has no native kernel the weights take the sgemm path, whose own fp32 kernel (AVX2 + FMA)
+ * computes every row on its own. */
 int tu_routed_offered_on_onednn(m2d_precision p);
 int tu_routed_hook(void *user, const m2d_moe_event *ev);
 

@@ -1122,9 +1122,10 @@ static void hook_sees_routing_and_can_abort_on(const char *backend) {
 EACH_BACKEND(hook_sees_routing_and_can_abort)
 
 /* The engine offers the substitution only where the backend's expert outputs do not depend on
- * the batch: not with sgemm (this model's small experts by default), yes with oneDNN forced
- * where its fp32 rows are independent of the batch (m2d_gemm_onednn_rows_independent) or an
- * exact-rows plan makes them so (tu_routed_offered_on_onednn). Then the forward continues from the
+ * the batch: on the sgemm path (this model's small experts by default) where its own fp32 kernel
+ * runs (m2d_gemm_fp32_own: AVX2 + FMA; not with OpenBLAS), with oneDNN forced where its fp32 rows
+ * are independent of the batch (m2d_gemm_onednn_rows_independent) or an exact-rows plan makes them
+ * so (tu_routed_offered_on_onednn). Then the forward continues from the
  * hook's output and the logits are the hookless forward's bit for bit where no plan was needed
  * (exact on every CPU: the same expert outputs added in the same order); a hook returning zeros
  * moves them (the substitution is really used). */
@@ -1145,7 +1146,8 @@ static void hook_can_supply_the_routed_output(void **state) {
         m2d_engine_set_moe_hook(e, tu_routed_hook, &h);
         assert_int_equal(m2d_engine_logits(e, tok, 24, got), 0);
         assert_int_equal(h.calls, 2);
-        assert_int_equal(h.offered, onednn && tu_routed_offered_on_onednn(M2D_PREC_FP32) ? 2 : 0);
+        int offered = onednn ? tu_routed_offered_on_onednn(M2D_PREC_FP32) : m2d_gemm_fp32_own();
+        assert_int_equal(h.offered, offered ? 2 : 0);
         int rows, kc;
         if (!m2d_gemm_exact_plan(M2D_PREC_FP32, &rows, &kc)) assert_memory_equal(got, ref, sizeof(float) * nl);
         h.zeros = 1;

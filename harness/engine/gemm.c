@@ -27,6 +27,7 @@
 
 #include "base/util.h"
 #include "engine/dpbf16.h"
+#include "engine/fma32.h"
 
 #define CACHE_CAP 512 /* primitives kept (LRU); ~90 KB each for brgemm */
 
@@ -280,7 +281,7 @@ struct m2d_gemm_ctx {
     prim_cache cache;
     scratch_pool scratch;
     int force_rows, force_kc; /* m2d_gemm_force_exact_plan (0: the probe's plan) */
-    atomic_long n_sgemm, n_dnnl, n_own, n_gemv, n_created, n_hits;
+    atomic_long n_sgemm, n_fma32, n_dnnl, n_own, n_gemv, n_created, n_hits;
 };
 
 static size_t key_hash(const prim_key *k) {
@@ -591,12 +592,13 @@ static int dnnl_slice(gemm_job *j, int item) {
 
 /* ------------------------------------------------------------------ few rows: a dot product per element */
 
-/* At most this many rows, the sgemm path computes each element as one dot product over W's row as
- * stored instead of calling sgemm: sgemm packs (and, for bf16 weights, the caller converts) a whole
- * 256-row slice of W per call, which at m = 1 costs ~30x the product (bench_gemm, AVX2: 2.6
- * GFLOP/s at 1 x 2048 x 2048 as stored against ~80 at m >= 32): the LM head of a pp run, and
- * experts that got one token. sgemm's own order already depends on m (rows are not independent on
- * this path), so a row's bits change with the batch here as before. */
+/* With OpenBLAS (no FMA, or M2D_GEMM_FP32=openblas), at most this many rows the sgemm path computes
+ * each element as one dot product over W's row as stored instead of calling sgemm: sgemm packs
+ * (and, for bf16 weights, the caller converts) a whole 256-row slice of W per call, which at m = 1
+ * costs ~30x the product (bench_gemm, AVX2: 2.6 GFLOP/s at 1 x 2048 x 2048 as stored against ~80 at
+ * m >= 32): the LM head of a pp run, and experts that got one token. sgemm's own order depends on m
+ * anyway. The own fp32 kernel takes these rows too, at ~2/3 of the dot products' speed (10 against
+ * 15.5 GFLOP/s at 1 x 2048 x 2048, AVX2), so that a row's bits never depend on the batch. */
 #define GEMV_MAX_ROWS 2
 
 typedef float v8f __attribute__((vector_size(32)));
@@ -643,61 +645,84 @@ static float dot_row(const float *x, const void *w, int bf16, int k) {
     return t;
 }
 
-/* Output columns [n0, n0+n) of the sgemm path for few rows: W's rows read where they are when stored
- * BF16 (exact in fp32, and already bf16 in bf16 precision) or F32 in fp32 precision, or prepared;
- * other dtypes through the same conversion as sgemm's. */
-static void gemv_slice(gemm_job *j, int slice) {
+/* W's rows [n0, n0+n) as a kernel of the sgemm path reads them: where they are when stored BF16 and
+ * the kernel reads bf16 (BF16_OK; exact in fp32, and already bf16 in bf16 precision) or F32 in
+ * fp32 precision (aligned: read as floats), from the prepared fp32 copy, else converted into
+ * scratch (bf16-rounded in bf16 precision; *CONV, to be put back). */
+typedef struct {
+    const void *w;
+    int bf16;
+    int64_t ld;
+    float *conv;
+} slice_rows_t;
+
+static slice_rows_t slice_rows(gemm_job *j, int n0, int n, int bf16_ok) {
     const m2d_gemm_w *w = j->c.w;
-    int n0 = slice * M2D_GEMM_SLICE, n = M2D_MIN(M2D_GEMM_SLICE, w->out - n0), K = w->in, bf16 = 0;
-    float *conv = NULL;
-    const void *wd;
-    int64_t ld = K;
-    if (w->packed) {
-        wd = w->packed->f32 + (size_t)(w->p0 + n0) * K;
-    } else if (w->dtype == M2D_BF16 || (w->dtype == M2D_F32 && j->g->prec == M2D_PREC_FP32)) {
-        bf16 = w->dtype == M2D_BF16;
-        wd = (const char *)w->data + (size_t)n0 * w->ld * m2d_dtype_size(w->dtype);
-        ld = w->ld;
-    } else {
-        conv = scratch_get(&j->g->scratch, sizeof(float) * (size_t)n * K);
-        weight_rows_f32(w, n0, n, j->g->prec == M2D_PREC_BF16, conv);
-        wd = conv;
-    }
-    size_t es = bf16 ? sizeof(uint16_t) : sizeof(float);
+    int K = w->in, fp32 = j->g->prec == M2D_PREC_FP32;
+    if (w->packed) return (slice_rows_t){w->packed->f32 + (size_t)(w->p0 + n0) * K, 0, K, NULL};
+    size_t es = m2d_dtype_size(w->dtype);
+    const char *at = (const char *)w->data + (size_t)n0 * w->ld * es;
+    if (w->dtype == M2D_BF16 && bf16_ok) return (slice_rows_t){at, 1, w->ld, NULL};
+    if (w->dtype == M2D_F32 && fp32 && ((uintptr_t)w->data & 3) == 0) return (slice_rows_t){at, 0, w->ld, NULL};
+    float *conv = scratch_get(&j->g->scratch, sizeof(float) * (size_t)n * K);
+    weight_rows_f32(w, n0, n, !fp32, conv);
+    return (slice_rows_t){conv, 0, K, conv};
+}
+
+/* Output columns [n0, n0+n) of the sgemm path for few rows, by dot products */
+static void gemv_slice(gemm_job *j, int slice) {
+    int n0 = slice * M2D_GEMM_SLICE, n = M2D_MIN(M2D_GEMM_SLICE, j->c.w->out - n0), K = j->c.w->in;
+    slice_rows_t src = slice_rows(j, n0, n, 1);
+    size_t es = src.bf16 ? sizeof(uint16_t) : sizeof(float);
     for (int i = 0; i < j->c.m; i++) {
         const float *xi = j->xr + (size_t)i * j->ldxr;
         float *yi = j->c.y + (size_t)i * j->c.ldy + n0;
         for (int c = 0; c < n; c++) {
-            float d = dot_row(xi, (const char *)wd + (size_t)c * ld * es, bf16, K);
+            float d = dot_row(xi, (const char *)src.w + (size_t)c * src.ld * es, src.bf16, K);
             yi[c] = j->c.beta == 0.0f ? d : d + j->c.beta * yi[c];
         }
     }
-    scratch_put(&j->g->scratch, conv);
+    scratch_put(&j->g->scratch, src.conv);
     atomic_fetch_add(&j->g->n_gemv, 1);
 }
 
-/* Output columns [n0, n0+n) through sgemm: fp32 W rows in place (F32 in fp32 precision), from the
- * prepared copy, or converted into scratch (bf16-rounded in bf16 precision). */
+/* The sgemm path's kernel (gemm.h m2d_gemm_fp32_own): fixed by the instruction set, once per process */
+static pthread_once_t fma32_once = PTHREAD_ONCE_INIT;
+static int fma32_on;
+static void fma32_choose(void) {
+    const char *e = getenv("M2D_GEMM_FP32");
+    fma32_on = m2d_fma32_cpu() && !(e && strcmp(e, "openblas") == 0);
+}
+int m2d_gemm_fp32_own(void) {
+    pthread_once(&fma32_once, fma32_choose);
+    return fma32_on;
+}
+
+/* Y[:, n0:n0+n] = acc + beta Y (beta != 0 only) */
+static void add_scaled(float *y, int ldy, const float *acc, int m, int n, float beta) {
+    for (int i = 0; i < m; i++)
+        for (int c = 0; c < n; c++) y[(size_t)i * ldy + c] = acc[(size_t)i * n + c] + beta * y[(size_t)i * ldy + c];
+}
+
+/* Output columns [n0, n0+n) through the own fp32 kernel or sgemm */
 static void sgemm_slice(gemm_job *j, int slice) {
-    const m2d_gemm_w *w = j->c.w;
-    int n0 = slice * M2D_GEMM_SLICE, n = M2D_MIN(M2D_GEMM_SLICE, w->out - n0), K = w->in;
-    float *conv = NULL;
-    const float *wf;
-    int ldw = K;
-    if (w->packed) {
-        wf = w->packed->f32 + (size_t)(w->p0 + n0) * K;
-    } else if (w->dtype == M2D_F32 && j->g->prec == M2D_PREC_FP32 && ((uintptr_t)w->data & 3) == 0) {
-        wf = (const float *)w->data + (size_t)n0 * w->ld;
-        ldw = (int)w->ld;
-    } else {
-        conv = scratch_get(&j->g->scratch, sizeof(float) * (size_t)n * K);
-        weight_rows_f32(w, n0, n, j->g->prec == M2D_PREC_BF16, conv);
-        wf = conv;
+    int n0 = slice * M2D_GEMM_SLICE, n = M2D_MIN(M2D_GEMM_SLICE, j->c.w->out - n0), K = j->c.w->in, m = j->c.m;
+    int own = m2d_gemm_fp32_own();
+    slice_rows_t src = slice_rows(j, n0, n, own);
+    float *y = j->c.y + n0;
+    if (!own) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, K, 1.0f, j->xr, j->ldxr, src.w, (int)src.ld,
+                    j->c.beta, y, j->c.ldy);
+    } else if (j->c.beta == 0.0f) {
+        m2d_fma32_gemm(j->xr, j->ldxr, m, src.w, src.bf16, src.ld, n, K, y, j->c.ldy);
+    } else { /* the chains pause in Y, so they run in scratch and beta Y is added once at the end */
+        float *acc = scratch_get(&j->g->scratch, sizeof(float) * (size_t)m * n);
+        m2d_fma32_gemm(j->xr, j->ldxr, m, src.w, src.bf16, src.ld, n, K, acc, n);
+        add_scaled(y, j->c.ldy, acc, m, n, j->c.beta);
+        scratch_put(&j->g->scratch, acc);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->c.m, n, K, 1.0f, j->xr, j->ldxr, wf, ldw, j->c.beta, j->c.y + n0,
-                j->c.ldy);
-    scratch_put(&j->g->scratch, conv);
-    atomic_fetch_add(&j->g->n_sgemm, 1);
+    scratch_put(&j->g->scratch, src.conv);
+    atomic_fetch_add(own ? &j->g->n_fma32 : &j->g->n_sgemm, 1);
 }
 
 static void gemm_item(void *ctx, int item) {
@@ -706,7 +731,7 @@ static void gemm_item(void *ctx, int item) {
         if (dnnl_slice(j, item) && atomic_exchange(&j->failed, 1) == 0)
             snprintf(j->err, sizeof j->err, "%s", m2d_errmsg());
     } else {
-        if (j->c.m <= GEMV_MAX_ROWS) gemv_slice(j, item);
+        if (j->c.m <= GEMV_MAX_ROWS && !m2d_gemm_fp32_own()) gemv_slice(j, item);
         else sgemm_slice(j, item);
     }
 }
@@ -1102,10 +1127,12 @@ static int own_chunk(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
     return own ? m2d_gemm_own_eligible(w->in) : 0;
 }
 
-/* The own kernel's result for a row does not depend on the other rows (no blocking over k changes
- * with m), so it holds wherever the own kernel takes W. */
+/* The own kernels' result for a row does not depend on the other rows (no blocking over k changes
+ * with m), so it holds wherever one of them takes W: the bf16 one in oneDNN's place, the fp32 one
+ * on the sgemm path. */
 int m2d_gemm_rows_independent(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
-    return wants_dnnl(g, w) && (own_chunk(g, w) > 0 || m2d_gemm_onednn_rows_independent(g->prec));
+    if (!wants_dnnl(g, w)) return m2d_gemm_fp32_own();
+    return own_chunk(g, w) > 0 || m2d_gemm_onednn_rows_independent(g->prec);
 }
 
 int m2d_gemm_rows_independent_exact(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
@@ -1538,6 +1565,6 @@ void m2d_gemm_set_cache_capacity(m2d_gemm_ctx *g, int n) {
 }
 
 m2d_gemm_stats m2d_gemm_get_stats(const m2d_gemm_ctx *g) {
-    return (m2d_gemm_stats){atomic_load(&g->n_sgemm), atomic_load(&g->n_dnnl), atomic_load(&g->n_own),
-                            atomic_load(&g->n_gemv), atomic_load(&g->n_created), atomic_load(&g->n_hits)};
+    return (m2d_gemm_stats){atomic_load(&g->n_sgemm), atomic_load(&g->n_fma32), atomic_load(&g->n_dnnl),
+                            atomic_load(&g->n_own), atomic_load(&g->n_gemv), atomic_load(&g->n_created), atomic_load(&g->n_hits)};
 }

@@ -1,4 +1,5 @@
-/* gemm — Y = X·Wᵀ (+ beta·Y) for the CPU backend, in fp32 (OpenBLAS sgemm) or bf16 (oneDNN matmul).
+/* gemm — Y = X·Wᵀ (+ beta·Y) for the CPU backend, in fp32 (the own AVX2 kernel, or OpenBLAS sgemm,
+ * where oneDNN has no native fp32 kernel or the weight is small) or bf16 (oneDNN matmul).
  *
  * Convention (the engine's, an nn.Linear): X [m, in] fp32 row-major with row stride ldx, W [out, in]
  * row-major with row stride ld (as stored in the checkpoint: F32 or BF16, also F16/F64), Y [m, out]
@@ -117,7 +118,9 @@ int m2d_gemm_grouped(m2d_gemm_ctx *g, const m2d_gemm_group *groups, int n_groups
  * probe at first use (cached); 0 where oneDNN lacks the precision's native kernels. */
 int m2d_gemm_onednn_rows_independent(m2d_precision p);
 /* 1 when a row of X·Wᵀ does not depend on the other rows of its call: W takes oneDNN here and
- * m2d_gemm_onednn_rows_independent holds (tested in test_gemm). sgemm's blocking depends on m, so 0. */
+ * m2d_gemm_onednn_rows_independent holds, or an own kernel takes W (the bf16 one in oneDNN's place;
+ * on the sgemm path the fp32 one, m2d_gemm_fp32_own); tested in test_gemm. OpenBLAS's blocking
+ * depends on m, so 0 there. */
 int m2d_gemm_rows_independent(const m2d_gemm_ctx *g, const m2d_gemm_w *w);
 /* The same for a group with exact_rows set: also where oneDNN's kernels depend on the number of
  * rows (AMX bf16) but a probe at first use found that they do not once every call has at least
@@ -172,13 +175,22 @@ const char *m2d_gemm_bf16_choice(int *own);
  * chunks reproduce oneDNN's bits for K); the first call per K runs the check. */
 int m2d_gemm_own_eligible(int k);
 
+/* The sgemm path's kernel: 1 when it is the own fp32 kernel (engine/fma32.h: each element one chain
+ * of fused multiply-adds over k in order, so a row's bits depend neither on the other rows nor on
+ * the slice), for every number of rows, chosen by the instruction set (AVX2 and FMA) unless
+ * M2D_GEMM_FP32=openblas; 0: OpenBLAS's sgemm, with dot products for 1-2 rows (stats.gemv). The
+ * two give other bits, so the choice is never a measurement: it is fixed per CPU. */
+int m2d_gemm_fp32_own(void);
+
 /* Primitives kept in the context's cache (LRU; default 512, ~90 KB each). Tests shrink it to
  * exercise eviction while other threads still run an evicted primitive. */
 void m2d_gemm_set_cache_capacity(m2d_gemm_ctx *g, int n);
 
 /* What ran (for tests and benches): counts of GEMM slices by kernel, and primitives created. */
 typedef struct {
-    long sgemm, dnnl, own, gemv, primitives_created, cache_hits; /* gemv: the sgemm path's few-row dot products */
+    long sgemm, fma32, dnnl, own, gemv, primitives_created, cache_hits; /* sgemm: OpenBLAS; fma32: the own fp32
+                                                                          * kernel; gemv: the sgemm path's few-row
+                                                                          * dot products */
 } m2d_gemm_stats;
 m2d_gemm_stats m2d_gemm_get_stats(const m2d_gemm_ctx *g);
 
