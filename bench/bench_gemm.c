@@ -436,6 +436,9 @@ int main(int argc, char **argv) {
            openblas_get_corename(), ys.sgemm, ys.dnnl16 > 0 ? ys.impl16 : "no native bf16", THREADS, ys.dnnl16);
     printf("For comparison, oneDNN's fp32 matmul 2048^3 (%s): %.1f GFLOP/s\n", ys.impl32, ys.dnnl32);
     printf("bf16 kernel in oneDNN's place (chosen at first use): %s\n", m2d_gemm_bf16_choice(NULL));
+    printf("fp32 kernel of the sgemm path (AVX2 CPUs, tiny weights; by instruction set): %s\n",
+           m2d_gemm_fp32_own() ? "own fma32 (AVX2 + FMA; rows independent of the batch)"
+                               : "OpenBLAS sgemm (no FMA, or M2D_GEMM_FP32=openblas)");
     for (int p = M2D_PREC_FP32; p <= M2D_PREC_BF16; p++) { /* what a calibration hook's experts run under */
         int rows, kc, plan = m2d_gemm_exact_plan((m2d_precision)p, &rows, &kc);
         printf("%s rows independent of the batch on oneDNN: %s\n", m2d_precision_name((m2d_precision)p),
