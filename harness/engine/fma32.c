@@ -43,16 +43,19 @@ static inline __attribute__((always_inline)) TARGET __m256 load_row8(const void 
 /* 8 x 8 floats transposed in registers: R[i] lane q becomes R[q] lane i. */
 static inline __attribute__((always_inline)) TARGET void transpose8(__m256 r[8]) {
     __m256 t[8], s[8];
+#pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
         t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
         t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
     }
+#pragma GCC unroll 2
     for (int h = 0; h < 2; h++) { /* rows 4h..4h+3 */
         s[4 * h] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
         s[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0xEE);
         s[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
         s[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
     }
+#pragma GCC unroll 4
     for (int i = 0; i < 4; i++) {
         r[i] = _mm256_permute2f128_ps(s[i], s[4 + i], 0x20);
         r[4 + i] = _mm256_permute2f128_ps(s[i], s[4 + i], 0x31);
@@ -65,8 +68,10 @@ TARGET static void pack16(const void *w, int bf16, int64_t ldw, int j0, int k0, 
     for (int bl = 0; bl < blocks; bl++)
         for (int h = 0; h < 2; h++) {
             __m256 r[8];
+#pragma GCC unroll 8
             for (int i = 0; i < 8; i++) r[i] = load_row8(w, bf16, (int64_t)(j0 + 8 * h + i) * ldw + k0 + 8 * bl);
             transpose8(r);
+#pragma GCC unroll 8
             for (int q = 0; q < 8; q++) _mm256_store_ps(b + (size_t)(8 * bl + q) * NR + 8 * h, r[q]);
         }
 }
@@ -163,8 +168,10 @@ TARGET static void few_rows(const float *x, int64_t ldx, int m, const void *w, i
         int k0 = 0;
         for (; k0 + 8 <= k; k0 += 8) {
             __m256 r[8];
+#pragma GCC unroll 8
             for (int i = 0; i < 8; i++) r[i] = load_row8(w, bf16, (int64_t)(j0 + i) * ldw + k0);
             transpose8(r);
+#pragma GCC unroll 8
             for (int q = 0; q < 8; q++) {
                 a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(x + k0 + q), r[q], a0);
                 if (m > 1) a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(x + ldx + k0 + q), r[q], a1);

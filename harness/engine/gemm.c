@@ -597,8 +597,9 @@ static int dnnl_slice(gemm_job *j, int item) {
  * (and, for bf16 weights, the caller converts) a whole 256-row slice of W per call, which at m = 1
  * costs ~30x the product (bench_gemm, AVX2: 2.6 GFLOP/s at 1 x 2048 x 2048 as stored against ~80 at
  * m >= 32): the LM head of a pp run, and experts that got one token. sgemm's own order depends on m
- * anyway. The own fp32 kernel takes these rows too, at ~2/3 of the dot products' speed (10 against
- * 15.5 GFLOP/s at 1 x 2048 x 2048, AVX2), so that a row's bits never depend on the batch. */
+ * anyway. The own fp32 kernel takes these rows too (unpacked, transposing W's rows in registers:
+ * as fast as the dot products, faster on a streamed LM head; BENCHMARKS.md), so that a row's bits
+ * never depend on the batch. */
 #define GEMV_MAX_ROWS 2
 
 typedef float v8f __attribute__((vector_size(32)));
