@@ -553,6 +553,18 @@ static int slice_exact(gemm_job *j, int n0, int n, int r0, int m, float *acc) {
     return rc;
 }
 
+/* Y [m, n] (row stride LDY) = ACC (dense [m, n]) + beta·Y: a kernel's sums computed into scratch,
+ * stored the same way whichever kernel made them (the same bits for the same sums) */
+static void store_rows(float *y, int ldy, const float *acc, int m, int n, float beta) {
+    for (int i = 0; i < m; i++) {
+        float *yr = y + (size_t)i * ldy;
+        const float *ar = acc + (size_t)i * n;
+        if (beta == 0.0f) memcpy(yr, ar, sizeof(float) * (size_t)n);
+        else
+            for (int c = 0; c < n; c++) yr[c] = ar[c] + beta * yr[c];
+    }
+}
+
 /* Output columns [n0, n0+n) through oneDNN (or the own kernel in its place: the same operands, the
  * same sums). oneDNN's operands are always dense: oneDNN 2.6 takes its brgemm kernels only for a
  * dense Y and a dense Wᵀ and otherwise falls back to an older gemm with another summation order
@@ -578,13 +590,7 @@ static int dnnl_slice(gemm_job *j, int item) {
         rc = slice_product(j, ps, m, n, w->in, x, wp, yd ? yd : acc, yd ? j->c.ldy : n);
         scratch_put(sp, conv);
     }
-    for (int i = 0; rc == 0 && acc && i < m; i++) { /* both kernels store alike: the same bits for the same sums */
-        float *yr = j->c.y + (size_t)(r0 + i) * j->c.ldy + n0;
-        const float *ar = acc + (size_t)i * n;
-        if (j->c.beta == 0.0f) memcpy(yr, ar, sizeof(float) * (size_t)n);
-        else
-            for (int c = 0; c < n; c++) yr[c] = ar[c] + j->c.beta * yr[c];
-    }
+    if (rc == 0 && acc) store_rows(j->c.y + (size_t)r0 * j->c.ldy + n0, j->c.ldy, acc, m, n, j->c.beta);
     scratch_put(sp, acc);
     atomic_fetch_add(j->own_kc ? &j->g->n_own : &j->g->n_dnnl, 1);
     return rc;
@@ -699,12 +705,6 @@ int m2d_gemm_fp32_own(void) {
     return fma32_on;
 }
 
-/* Y[:, n0:n0+n] = acc + beta Y (beta != 0 only) */
-static void add_scaled(float *y, int ldy, const float *acc, int m, int n, float beta) {
-    for (int i = 0; i < m; i++)
-        for (int c = 0; c < n; c++) y[(size_t)i * ldy + c] = acc[(size_t)i * n + c] + beta * y[(size_t)i * ldy + c];
-}
-
 /* Output columns [n0, n0+n) through the own fp32 kernel or sgemm */
 static void sgemm_slice(gemm_job *j, int slice) {
     int n0 = slice * M2D_GEMM_SLICE, n = M2D_MIN(M2D_GEMM_SLICE, j->c.w->out - n0), K = j->c.w->in, m = j->c.m;
@@ -719,7 +719,7 @@ static void sgemm_slice(gemm_job *j, int slice) {
     } else { /* the chains pause in Y, so they run in scratch and beta Y is added once at the end */
         float *acc = scratch_get(&j->g->scratch, sizeof(float) * (size_t)m * n);
         m2d_fma32_gemm(j->xr, j->ldxr, m, src.w, src.bf16, src.ld, n, K, acc, n);
-        add_scaled(y, j->c.ldy, acc, m, n, j->c.beta);
+        store_rows(y, j->c.ldy, acc, m, n, j->c.beta);
         scratch_put(&j->g->scratch, acc);
     }
     scratch_put(&j->g->scratch, src.conv);
