@@ -93,7 +93,7 @@ static void kernel_matches_float64(void **state) {
     for (size_t s = 0; s < M2D_ARRAY_LEN(shapes); s++) {
         problem p = problem_new(&st, shapes[s][0], shapes[s][1], shapes[s][2]);
         m2d_dpbf16_gemm(p.x, p.k, p.m, p.packed, p.n, p.k, 512, p.y, p.n, 0);
-        double gamma = p.k * 0x1p-24 / (1 - p.k * 0x1p-24);
+        double gamma = tu_gamma_f32(p.k);
         for (int i = 0; i < p.m; i++)
             for (int j = 0; j < p.n; j++) {
                 double sum = 0, abs_sum = 0;

@@ -29,7 +29,6 @@
 #include "engine/gemm.h"
 #include "base/util.h"
 
-#define U32 (1.0 / 16777216.0)
 #define UBF (1.0 / 256.0)
 
 /* a pool of NT threads, made once per count and kept for the process (contexts borrow it) */
@@ -52,7 +51,6 @@ static void fill_normal(uint64_t *st, float *x, size_t n, double scale) {
 
 static double bf(double v) { return m2d_bf16_to_f32(m2d_f32_to_bf16((float)v)); }
 
-static double gamma_k(int k) { return k * U32 / (1 - k * U32); }
 
 /* A stored weight of DTYPE from fp32 values (BF16: values rounded; F32/F16 as given/rounded). */
 typedef struct {
@@ -140,7 +138,7 @@ static void check_shape(m2d_gemm_ctx *g, const shape *s, uint64_t seed, int chec
     double *refe = m2d_malloc(sizeof(double) * n), *mage = m2d_malloc(sizeof(double) * n);
     int bf16 = m2d_gemm_precision(g) == M2D_PREC_BF16, kk = s->in + (s->beta != 0);
     reference(x, s->ldx, s->m, &w, y0, s->ldy, s->beta, bf16, ref, mag);
-    cmp_result tight = compare(y, s->ldy, s->m, s->out, ref, mag, gamma_k(kk));
+    cmp_result tight = compare(y, s->ldy, s->m, s->out, ref, mag, tu_gamma_f32(kk));
     if (tight.max_excess > 1)
         print_message("%dx%dx%d %s: |y - ref| reaches %.3g x the fp32 bound\n", s->m, s->out, s->in,
                       m2d_precision_name(m2d_gemm_precision(g)), tight.max_excess);
@@ -148,7 +146,7 @@ static void check_shape(m2d_gemm_ctx *g, const shape *s, uint64_t seed, int chec
     if (bf16) { /* the user-facing bound against exact operands, and that rounding really happened */
         reference(x, s->ldx, s->m, &w, y0, s->ldy, s->beta, 0, refe, mage);
         double rb = (1 + UBF) * (1 + UBF) - 1;
-        cmp_result exact = compare(y, s->ldy, s->m, s->out, refe, mage, rb + gamma_k(kk) * (1 + rb));
+        cmp_result exact = compare(y, s->ldy, s->m, s->out, refe, mage, rb + tu_gamma_f32(kk) * (1 + rb));
         assert_true(exact.max_excess <= 1);
         if (check_tracking) {
             cmp_result ref_vs_exact = {0, 0};
@@ -276,7 +274,7 @@ static size_t within_two_orders(const float *ya, const float *yb, const float *x
                 mag += fabs((bf16 ? bf(xv) : xv) * w->val[(size_t)o * w->ld + k]);
             }
             size_t i = (size_t)r * w->out + o;
-            assert_true(fabs((double)ya[i] - yb[i]) <= 2 * gamma_k(w->in) * mag);
+            assert_true(fabs((double)ya[i] - yb[i]) <= 2 * tu_gamma_f32(w->in) * mag);
             differ += memcmp(&ya[i], &yb[i], sizeof(float)) != 0;
         }
     return differ;
@@ -338,7 +336,7 @@ static void exact_within_bound(m2d_gemm_ctx *g, const float *x, int m, const tes
     size_t n = (size_t)m * w->out;
     double *ref = m2d_malloc(sizeof(double) * n), *mag = m2d_malloc(sizeof(double) * n);
     reference(x, w->in, m, w, y0, w->out, beta, m2d_gemm_precision(g) == M2D_PREC_BF16, ref, mag);
-    cmp_result r = compare(y, w->out, m, w->out, ref, mag, gamma_k(w->in + (beta != 0)));
+    cmp_result r = compare(y, w->out, m, w->out, ref, mag, tu_gamma_f32(w->in + (beta != 0)));
     assert_true(r.max_excess <= 1);
     free(ref), free(mag);
 }
@@ -739,7 +737,7 @@ static int isa_child(void) {
     m2d_gemm_w wv = view(&w);
     int rc = m2d_gemm(g, x, 300, 3, &wv, y, 130, 0.0f);
     reference(x, 300, 3, &w, NULL, 130, 0.0f, 1, ref, mag);
-    cmp_result r = compare(y, 130, 3, 130, ref, mag, gamma_k(300));
+    cmp_result r = compare(y, 130, 3, 130, ref, mag, tu_gamma_f32(300));
     m2d_gemm_stats s = m2d_gemm_get_stats(g);
     printf("rc=%d excess=%.3f sgemm=%ld dnnl=%ld\n", rc, r.max_excess, s.sgemm, s.dnnl);
     m2d_gemm_ctx_free(g);

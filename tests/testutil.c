@@ -137,6 +137,8 @@ uint64_t tu_rand_u64(uint64_t *s) {
     return z ^ (z >> 31);
 }
 
+double tu_gamma_f32(int k) { return k * 0x1p-24 / (1 - k * 0x1p-24); }
+
 double tu_rand_uniform(uint64_t *s) { return (double)(tu_rand_u64(s) >> 11) * 0x1.0p-53; }
 
 double tu_rand_normal(uint64_t *s) {
