@@ -1,12 +1,16 @@
 /* fma32 — see fma32.h for the layout and the reduction order.
  *
- * Loop nest: per block of up to MC_MAX rows, per chunk of KC k, per panel of 16 columns: the
- * panel's chunk is packed ([k][16] fp32, 16 KiB: L1) from W's rows, then per block of up to MR rows
- * one micro-tile: MR x 16 fp32 accumulators (12 ymm registers) that start from C (or zero on the
- * first chunk) and take the chunk's k in order, each k two loads of the packed chunk and one
- * broadcast of X per row. X's block of rows x KC stays in L2 across the panels. Packing just in
- * time keeps the packed copy in L1: W is read once per block of rows, written nowhere else. */
+ * Loop nest: per block of NC columns, per chunk of KC k, per block of up to MC_MAX rows, per panel
+ * of 16 columns: for the first block of rows the panel's chunk is packed ([k][16] fp32, 16 KiB: L1)
+ * from W's rows just before it is used, into a per-thread buffer of NC x KC (256 KiB: L2) that the
+ * later blocks of rows read again; then per block of up to MR rows one micro-tile: MR x 16 fp32
+ * accumulators (12 ymm registers) that start from C (or zero on the first chunk) and take the
+ * chunk's k in order, each k two loads of the packed chunk and one broadcast of X per row. X's
+ * block of rows x KC stays in L2 across the panels. So W is read and packed once per call (it was
+ * once per block of rows: three times for a 511-row LM head slice). */
 #include "engine/fma32.h"
+
+#include "base/util.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -15,6 +19,7 @@
 #define NR M2D_FMA32_NR
 #define MR M2D_FMA32_MR
 #define KC 256
+#define NC 256 /* columns whose packed chunks are kept for the later blocks of rows */
 #define MC_MAX (40 * MR) /* X's block of rows: 240 x KC fp32 is 240 KiB, within L2 */
 #define TARGET __attribute__((target("avx2,fma")))
 
@@ -108,8 +113,7 @@ static inline __attribute__((always_inline)) TARGET void micro(const float *x, i
                                                                const float *b, int kn, float *c, int64_t ldc,
                                                                int nc, int resume) {
     __m256 a0[MR], a1[MR];
-    __m256i m0 = half_mask(nc, 0), m1 = half_mask(nc, 1);
-    int whole = nc == NR;
+    int whole = nc == NR; /* the masks are made where used: live across the k loop they spill an accumulator */
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++) {
         const float *cr = c + r * ldc;
@@ -119,10 +123,11 @@ static inline __attribute__((always_inline)) TARGET void micro(const float *x, i
             a0[r] = _mm256_loadu_ps(cr);
             a1[r] = _mm256_loadu_ps(cr + 8);
         } else {
-            a0[r] = _mm256_maskload_ps(cr, m0);
-            a1[r] = _mm256_maskload_ps(cr + 8, m1);
+            a0[r] = _mm256_maskload_ps(cr, half_mask(nc, 0));
+            a1[r] = _mm256_maskload_ps(cr + 8, half_mask(nc, 1));
         }
     }
+#pragma GCC unroll 4 /* the loop's own adds and compares, a quarter as often */
     for (int p = 0; p < kn; p++) {
         __m256 b0 = _mm256_load_ps(b + (size_t)p * NR), b1 = _mm256_load_ps(b + (size_t)p * NR + 8);
 #pragma GCC unroll 6
@@ -139,8 +144,8 @@ static inline __attribute__((always_inline)) TARGET void micro(const float *x, i
             _mm256_storeu_ps(cr, a0[r]);
             _mm256_storeu_ps(cr + 8, a1[r]);
         } else {
-            _mm256_maskstore_ps(cr, m0, a0[r]);
-            _mm256_maskstore_ps(cr + 8, m1, a1[r]);
+            _mm256_maskstore_ps(cr, half_mask(nc, 0), a0[r]);
+            _mm256_maskstore_ps(cr + 8, half_mask(nc, 1), a1[r]);
         }
     }
 }
@@ -211,20 +216,27 @@ void m2d_fma32_gemm(const float *x, int64_t ldx, int m, const void *w, int bf16,
         few_rows(x, ldx, m, w, bf16, ldw, n, k, c, ldc);
         return;
     }
-    float b[KC * NR] __attribute__((aligned(32)));
+    static _Thread_local float packed[NC * KC] __attribute__((aligned(64)));
     int mc = block_rows(m);
-    for (int m0 = 0; m0 < m; m0 += mc) {
-        int m1 = m - m0 < mc ? m : m0 + mc;
+    for (int j0 = 0; j0 < n; j0 += NC) {
+        int jn = n - j0 < NC ? n - j0 : NC, np = n_panels(jn);
+        const void *wj = bf16 ? (const void *)((const uint16_t *)w + j0 * ldw) : (const void *)((const float *)w + j0 * ldw);
         for (int k0 = 0; k0 < k; k0 += KC) {
             int kn = k - k0 < KC ? k - k0 : KC;
-            for (int pn = 0; pn < n_panels(n); pn++) {
-                int nc = n - pn * NR < NR ? n - pn * NR : NR;
-                pack_chunk(w, bf16, ldw, n, pn, k0, kn, b);
-                if (pn + 1 < n_panels(n)) prefetch_chunk(w, bf16, ldw, n, pn + 1, k0, kn);
-                else if (k0 + KC < k) prefetch_chunk(w, bf16, ldw, n, 0, k0 + KC, k - k0 - KC < KC ? k - k0 - KC : KC);
-                for (int r0 = m0; r0 < m1; r0 += MR)
-                    tile(x + (int64_t)r0 * ldx + k0, ldx, m1 - r0 < MR ? m1 - r0 : MR, b, kn,
-                         c + (int64_t)r0 * ldc + pn * NR, ldc, nc, k0 > 0);
+            for (int m0 = 0; m0 < m; m0 += mc) {
+                int m1 = m - m0 < mc ? m : m0 + mc;
+                for (int pn = 0; pn < np; pn++) {
+                    float *b = packed + (size_t)pn * KC * NR;
+                    if (m0 == 0) { /* packed just in time for the first block of rows, kept for the rest */
+                        pack_chunk(wj, bf16, ldw, jn, pn, k0, kn, b);
+                        if (pn + 1 < np) prefetch_chunk(wj, bf16, ldw, jn, pn + 1, k0, kn);
+                        else if (k0 + KC < k) prefetch_chunk(wj, bf16, ldw, jn, 0, k0 + KC, M2D_MIN(KC, k - k0 - KC));
+                    }
+                    int nc = M2D_MIN(NR, jn - pn * NR);
+                    for (int r0 = m0; r0 < m1; r0 += MR)
+                        tile(x + (int64_t)r0 * ldx + k0, ldx, M2D_MIN(MR, m1 - r0), b, kn,
+                             c + (int64_t)r0 * ldc + j0 + pn * NR, ldc, nc, k0 > 0);
+                }
             }
         }
     }
