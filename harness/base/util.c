@@ -46,6 +46,12 @@ void *m2d_malloc(size_t n) {
     return p;
 }
 
+void *m2d_malloc64(size_t n) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? n : 1) != 0) oom(n);
+    return p;
+}
+
 void *m2d_calloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size ? size : 1);
     if (!p) oom(n * size);

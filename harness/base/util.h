@@ -23,6 +23,7 @@ void m2d_err_clear(void);
 /* Allocation that aborts with a message on out-of-memory (the only fatal path). */
 void *m2d_malloc(size_t n);
 void *m2d_calloc(size_t n, size_t size);
+void *m2d_malloc64(size_t n); /* 64-byte aligned (a cache line, an AVX-512 vector); free() releases it */
 void *m2d_realloc(void *p, size_t n);
 char *m2d_strdup(const char *s);
 char *m2d_strfmt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

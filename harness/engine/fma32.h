@@ -2,7 +2,8 @@
  *
  * C[m, n] = X[m, k] · Wᵀ, X fp32 and W fp32 or bf16, both row-major as stored, fp32 C. W is
  * packed inside, a panel of M2D_FMA32_NR output columns by a chunk of k at a time (each k's NR
- * weights side by side, fp32), just before the row tiles that read it.
+ * weights side by side, fp32), just before the first block of rows reads it, and kept (per thread,
+ * up to 256 columns) for the later blocks of rows.
  *
  * The reduction order is the contract: every element of C is ONE chain of fused multiply-adds
  * over k in order, starting from zero:
@@ -18,8 +19,8 @@
  * computed token by token (calibration's fast path against its reference in test_calib, on CPUs
  * where oneDNN has no native kernel) and the engine could not hand a MoE hook its own routed
  * outputs there. Here it is as fast as OpenBLAS from 3 rows up (BENCHMARKS.md, "An own fp32 kernel
- * for AVX2"), and it packs W in L1-sized pieces straight from BF16 or F32 (no conversion pass) and
- * reads X where it is; 1-2 rows take a path without packing, as fast as OpenBLAS's dot products.
+ * for AVX2"), and it packs W in L1-sized pieces straight from BF16 or F32 (no conversion pass), once
+ * per call, and reads X where it is; 1-2 rows take a path without packing, as fast as OpenBLAS's dot products.
  *
  * The kernel needs AVX2 and FMA (m2d_fma32_cpu); it is compiled for them with function
  * attributes, so the rest of the project builds for any x86-64. */

@@ -113,13 +113,6 @@ static void restore_omp_threads(int saved) {
 
 /* ------------------------------------------------------------------ scratch pool */
 
-/* 64-byte aligned (full AVX-512 lines for oneDNN's loads); out of memory aborts as m2d_malloc does */
-static void *alloc64(size_t n) {
-    void *p = NULL;
-    if (posix_memalign(&p, 64, n ? n : 1) != 0) p = m2d_malloc(n);
-    return p;
-}
-
 typedef struct {
     void *p;
     size_t cap;
@@ -151,7 +144,7 @@ static void *scratch_get(scratch_pool *s, size_t bytes) {
     }
     if (s->b[i].cap < bytes) {
         free(s->b[i].p);
-        s->b[i].p = alloc64(bytes);
+        s->b[i].p = m2d_malloc64(bytes);
         s->b[i].cap = bytes;
     }
     s->b[i].busy = 1;
@@ -950,7 +943,7 @@ static int find_chunk(int k) {
     m2d_gemm_set_kernel(g, M2D_GEMM_ONEDNN);
     float *x = m2d_malloc(sizeof(float) * (size_t)CHECK_ROWS * k);
     uint16_t *w = m2d_malloc(sizeof(uint16_t) * (size_t)CHECK_COLS * k), *xb = m2d_malloc(sizeof(uint16_t) * (size_t)CHECK_ROWS * k);
-    uint16_t *pk = alloc64(m2d_dpbf16_packed_bytes(CHECK_COLS, k));
+    uint16_t *pk = m2d_malloc64(m2d_dpbf16_packed_bytes(CHECK_COLS, k));
     float *ref = m2d_malloc(sizeof(float) * CHECK_ROWS * CHECK_COLS), *own = m2d_malloc(sizeof(float) * CHECK_ROWS * CHECK_COLS);
     check_operands(k, x, w);
     to_bf16(x, k, CHECK_ROWS, k, xb);
@@ -1034,7 +1027,7 @@ static void choose_tile(void) {
     enum { M = PROBE_M, K = PROBE_K, N = PROBE_N };
     float *xf = m2d_malloc(sizeof(float) * M * K), *c = m2d_malloc(sizeof(float) * M * N);
     uint16_t *x = m2d_malloc(sizeof(uint16_t) * M * K), *w = m2d_malloc(sizeof(uint16_t) * N * K);
-    uint16_t *pk = alloc64(m2d_dpbf16_packed_bytes(N, K));
+    uint16_t *pk = m2d_malloc64(m2d_dpbf16_packed_bytes(N, K));
     probe_operands(xf, w);
     to_bf16(xf, K, M, K, x);
     m2d_dpbf16_pack(w, K, N, K, pk);
@@ -1427,7 +1420,7 @@ typedef struct {
 
 /* A slice in the own kernel's layout: from the stored bf16 rows, or from rows rounded to bf16. */
 static void prep_own_slice(const m2d_gemm_w *w, packed_slice *ps) {
-    ps->data = alloc64(m2d_dpbf16_packed_bytes(ps->n, w->in));
+    ps->data = m2d_malloc64(m2d_dpbf16_packed_bytes(ps->n, w->in));
     if (w->dtype == M2D_BF16) {
         m2d_dpbf16_pack((const uint16_t *)w->data + (int64_t)ps->n0 * w->ld, w->ld, ps->n, w->in, ps->data);
         return;
@@ -1452,7 +1445,7 @@ static void prep_item(void *ctx, int i) {
         return;
     }
     dnnl_status_t s = blocked_md(ps->n, w->in, f32, &ps->md);
-    if (s == dnnl_success) ps->data = alloc64(dnnl_memory_desc_get_size(&ps->md));
+    if (s == dnnl_success) ps->data = m2d_malloc64(dnnl_memory_desc_get_size(&ps->md));
     size_t es = m2d_dtype_size(w->dtype);
     if (s == dnnl_success && w->dtype == (f32 ? M2D_F32 : M2D_BF16)) { /* the stored rows as they are */
         s = reorder_slice((const char *)w->data + (size_t)(ps->n0 * w->ld) * es, w->ld, ps->n, w->in, f32, ps);
@@ -1489,7 +1482,7 @@ int m2d_gemm_prepare(m2d_gemm_ctx *g, const m2d_gemm_w *w, m2d_gemm_packed **out
     p->out = w->out;
     p->in = w->in;
     if (!wants_dnnl(g, w)) { /* sgemm reads fp32 (bf16-rounded in bf16 precision) */
-        p->f32 = alloc64(sizeof(float) * (size_t)w->out * w->in);
+        p->f32 = m2d_malloc64(sizeof(float) * (size_t)w->out * w->in);
         weight_rows_f32(w, 0, w->out, g->prec == M2D_PREC_BF16, p->f32);
         p->bytes = sizeof(float) * (size_t)w->out * w->in;
         *out = p;
