@@ -94,7 +94,7 @@ static void equals_the_fma_chain(void **state) {
     /* rows: every tile height and several blocks of rows; columns: narrower and wider than a panel,
      * a last panel narrower than 16, and (300) two blocks of kept chunks, the second partial, which
      * the later blocks of rows read again; k: below, at and past a chunk of 256, and none */
-    const int ms[] = {1, 2, 3, 5, 6, 7, 13, 250};
+    const int ms[] = {1, 2, 3, 4, 5, 6, 7, 13, 250};
     const int ns[] = {1, 5, 16, 17, 40, 300};
     const int ks[] = {0, 1, 7, 8, 9, 255, 256, 257, 600};
     for (int bf16 = 0; bf16 <= 1; bf16++)

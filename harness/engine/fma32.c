@@ -163,42 +163,57 @@ TARGET static void tile(const float *x, int64_t ldx, int R, const float *b, int 
 #undef CASE
 }
 
-/* One or two rows, eight columns at a time, without packing: per 8 k, W's 8 rows are transposed in
- * registers and the 8 k are taken in order by the two chains of each column (lanes: columns).
- * Packing would store and reload every weight for a product that uses it once or twice. */
-TARGET static void few_rows(const float *x, int64_t ldx, int m, const void *w, int bf16, int64_t ldw, int n, int k,
-                            float *c, int64_t ldc) {
+/* R (constant: 1..MR) rows, eight columns at a time, without packing: per 8 k, W's 8 rows are
+ * transposed in registers and the 8 k are taken in order by the R chains of each column (lanes:
+ * columns). Up to MR rows this beats packing, which stores and reloads every weight for a product
+ * that uses it a few times (BENCHMARKS.md, "The own fp32 kernel packs W once per call"). */
+static inline __attribute__((always_inline)) TARGET void few_rows_r(const float *x, int64_t ldx, const int R,
+                                                                    const void *w, int bf16, int64_t ldw, int n,
+                                                                    int k, float *c, int64_t ldc) {
     int j0 = 0;
     for (; j0 + 8 <= n; j0 += 8) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        __m256 a[MR];
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) a[r] = _mm256_setzero_ps();
         int k0 = 0;
         for (; k0 + 8 <= k; k0 += 8) {
-            __m256 r[8];
+            __m256 t[8];
 #pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) r[i] = load_row8(w, bf16, (int64_t)(j0 + i) * ldw + k0);
-            transpose8(r);
+            for (int i = 0; i < 8; i++) t[i] = load_row8(w, bf16, (int64_t)(j0 + i) * ldw + k0);
+            transpose8(t);
 #pragma GCC unroll 8
-            for (int q = 0; q < 8; q++) {
-                a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(x + k0 + q), r[q], a0);
-                if (m > 1) a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(x + ldx + k0 + q), r[q], a1);
-            }
+            for (int q = 0; q < 8; q++)
+#pragma GCC unroll 6
+                for (int r = 0; r < R; r++) a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + r * ldx + k0 + q), t[q], a[r]);
         }
         for (; k0 < k; k0++) { /* the last k % 8, one k at a time */
             float v[8];
             for (int i = 0; i < 8; i++) v[i] = widen(w, bf16, (int64_t)(j0 + i) * ldw + k0);
             __m256 wk = _mm256_loadu_ps(v);
-            a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(x + k0), wk, a0);
-            if (m > 1) a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(x + ldx + k0), wk, a1);
+#pragma GCC unroll 6
+            for (int r = 0; r < R; r++) a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + r * ldx + k0), wk, a[r]);
         }
-        _mm256_storeu_ps(c + j0, a0);
-        if (m > 1) _mm256_storeu_ps(c + ldc + j0, a1);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; r++) _mm256_storeu_ps(c + r * ldc + j0, a[r]);
     }
     for (; j0 < n; j0++) /* the last n % 8 columns, one chain each */
-        for (int r = 0; r < m; r++) {
+        for (int r = 0; r < R; r++) {
             float acc = 0.0f;
             for (int kk = 0; kk < k; kk++) acc = fmaf(x[r * ldx + kk], widen(w, bf16, (int64_t)j0 * ldw + kk), acc);
             c[r * ldc + j0] = acc;
         }
+}
+
+/* 1..MR rows, each count a specialisation with R constant (the accumulators stay in registers) */
+TARGET static void few_rows(const float *x, int64_t ldx, int m, const void *w, int bf16, int64_t ldw, int n, int k,
+                            float *c, int64_t ldc) {
+#define CASE(r) \
+    case r: few_rows_r(x, ldx, r, w, bf16, ldw, n, k, c, ldc); break;
+    switch (m) {
+        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6)
+    default: break;
+    }
+#undef CASE
 }
 
 /* Rows per outer block: as many as fit MC_MAX, the blocks equal in size (a multiple of MR) */
@@ -213,7 +228,7 @@ void m2d_fma32_gemm(const float *x, int64_t ldx, int m, const void *w, int bf16,
         for (int r = 0; r < m; r++) memset(c + (int64_t)r * ldc, 0, sizeof(float) * (size_t)n);
         return;
     }
-    if (m <= 2) {
+    if (m <= MR) {
         few_rows(x, ldx, m, w, bf16, ldw, n, k, c, ldc);
         return;
     }

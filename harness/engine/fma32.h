@@ -20,7 +20,8 @@
  * where oneDNN has no native kernel) and the engine could not hand a MoE hook its own routed
  * outputs there. Here it is as fast as OpenBLAS from 3 rows up (BENCHMARKS.md, "An own fp32 kernel
  * for AVX2"), and it packs W in L1-sized pieces straight from BF16 or F32 (no conversion pass), once
- * per call, and reads X where it is; 1-2 rows take a path without packing, as fast as OpenBLAS's dot products.
+ * per call, and reads X where it is; up to 6 rows take a path without packing (1-2 rows: as fast as
+ * OpenBLAS's dot products).
  *
  * The kernel needs AVX2 and FMA (m2d_fma32_cpu); it is compiled for them with function
  * attributes, so the rest of the project builds for any x86-64. */
