@@ -235,7 +235,8 @@ void m2d_fma32_gemm(const float *x, int64_t ldx, int m, const void *w, int bf16,
     int mc = block_rows(m);
     /* one block of rows: one panel's chunk at a time, in L1; more: every chunk of NC columns kept */
     float chunk[KC * NR] __attribute__((aligned(32)));
-    float *kept = mc < m ? m2d_malloc64(sizeof(float) * (size_t)(n_panels(M2D_MIN(n, NC)) * NR * M2D_MIN(k, KC))) : NULL;
+    int kc = M2D_MIN(k, KC); /* the longest chunk: the stride of the kept panels */
+    float *kept = mc < m ? m2d_malloc64(sizeof(float) * (size_t)n_panels(M2D_MIN(n, NC)) * NR * kc) : NULL;
     for (int j0 = 0; j0 < n; j0 += NC) {
         int jn = M2D_MIN(NC, n - j0), np = n_panels(jn);
         const void *wj = bf16 ? (const void *)((const uint16_t *)w + j0 * ldw) : (const void *)((const float *)w + j0 * ldw);
@@ -244,7 +245,7 @@ void m2d_fma32_gemm(const float *x, int64_t ldx, int m, const void *w, int bf16,
             for (int m0 = 0; m0 < m; m0 += mc) {
                 int m1 = m - m0 < mc ? m : m0 + mc;
                 for (int pn = 0; pn < np; pn++) {
-                    float *b = kept ? kept + (size_t)pn * KC * NR : chunk;
+                    float *b = kept ? kept + (size_t)pn * kc * NR : chunk;
                     if (m0 == 0) { /* packed just in time for the first block of rows, kept for the rest */
                         pack_chunk(wj, bf16, ldw, jn, pn, k0, kn, b);
                         if (pn + 1 < np) prefetch_chunk(wj, bf16, ldw, jn, pn + 1, k0, kn);
