@@ -2,12 +2,12 @@
  *
  * Loop nest: per block of NC columns, per chunk of KC k, per block of up to MC_MAX rows, per panel
  * of 16 columns: for the first block of rows the panel's chunk is packed ([k][16] fp32, 16 KiB: L1)
- * from W's rows just before it is used, into a per-thread buffer of NC x KC (256 KiB: L2) that the
- * later blocks of rows read again; then per block of up to MR rows one micro-tile: MR x 16 fp32
- * accumulators (12 ymm registers) that start from C (or zero on the first chunk) and take the
- * chunk's k in order, each k two loads of the packed chunk and one broadcast of X per row. X's
- * block of rows x KC stays in L2 across the panels. So W is read and packed once per call (it was
- * once per block of rows: three times for a 511-row LM head slice). */
+ * from W's rows just before it is used and, when there are later blocks of rows, kept for them in
+ * a buffer of up to NC x KC (256 KiB: L2, one per call); then per block of up to MR rows one
+ * micro-tile: MR x 16 fp32 accumulators (12 ymm registers) that start from C (or zero on the first
+ * chunk) and take the chunk's k in order, each k two loads of the packed chunk and one broadcast
+ * of X per row. X's block of rows x KC stays in L2 across the panels. So W is read and packed once
+ * per call (it was once per block of rows: three times for a 511-row LM head slice). */
 #include "engine/fma32.h"
 
 #include "base/util.h"
@@ -241,9 +241,9 @@ void m2d_fma32_gemm(const float *x, int64_t ldx, int m, const void *w, int bf16,
         int jn = M2D_MIN(NC, n - j0), np = n_panels(jn);
         const void *wj = bf16 ? (const void *)((const uint16_t *)w + j0 * ldw) : (const void *)((const float *)w + j0 * ldw);
         for (int k0 = 0; k0 < k; k0 += KC) {
-            int kn = k - k0 < KC ? k - k0 : KC;
+            int kn = M2D_MIN(KC, k - k0);
             for (int m0 = 0; m0 < m; m0 += mc) {
-                int m1 = m - m0 < mc ? m : m0 + mc;
+                int m1 = M2D_MIN(m, m0 + mc);
                 for (int pn = 0; pn < np; pn++) {
                     float *b = kept ? kept + (size_t)pn * kc * NR : chunk;
                     if (m0 == 0) { /* packed just in time for the first block of rows, kept for the rest */
