@@ -184,7 +184,8 @@ static inline __attribute__((always_inline)) TARGET void few_rows_r(const float 
 #pragma GCC unroll 8
             for (int q = 0; q < 8; q++)
 #pragma GCC unroll 6
-                for (int r = 0; r < R; r++) a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + r * ldx + k0 + q), t[q], a[r]);
+                for (int r = 0; r < R; r++)
+                    a[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(x + r * ldx + k0 + q), t[q], a[r]);
         }
         for (; k0 < k; k0++) { /* the last k % 8, one k at a time */
             float v[8];
@@ -239,7 +240,8 @@ void m2d_fma32_gemm(const float *x, int64_t ldx, int m, const void *w, int bf16,
     float *kept = mc < m ? m2d_malloc64(sizeof(float) * (size_t)n_panels(M2D_MIN(n, NC)) * NR * kc) : NULL;
     for (int j0 = 0; j0 < n; j0 += NC) {
         int jn = M2D_MIN(NC, n - j0), np = n_panels(jn);
-        const void *wj = bf16 ? (const void *)((const uint16_t *)w + j0 * ldw) : (const void *)((const float *)w + j0 * ldw);
+        const void *wj = bf16 ? (const void *)((const uint16_t *)w + j0 * ldw)
+                              : (const void *)((const float *)w + j0 * ldw);
         for (int k0 = 0; k0 < k; k0 += KC) {
             int kn = M2D_MIN(KC, k - k0);
             for (int m0 = 0; m0 < m; m0 += mc) {
