@@ -10,6 +10,7 @@
  * per call (it was once per block of rows: three times for a 511-row LM head slice). */
 #include "engine/fma32.h"
 
+#include "base/tensor.h"
 #include "base/util.h"
 
 #include <immintrin.h>
@@ -32,11 +33,7 @@ int m2d_fma32_cpu(void) {
 static int n_panels(int n) { return (n + NR - 1) / NR; }
 
 static inline float widen(const void *w, int bf16, int64_t i) {
-    if (!bf16) return ((const float *)w)[i];
-    uint32_t u = (uint32_t)((const uint16_t *)w)[i] << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
+    return bf16 ? m2d_bf16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
 }
 
 /* 8 values of row R from element KK, as fp32 */

@@ -633,13 +633,7 @@ static float dot_row(const float *x, const void *w, int bf16, int k) {
     v8f s = (a[0] + a[1]) + (a[2] + a[3]);
     float t = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
     for (; k0 < k; k0++) {
-        float wk;
-        if (bf16) {
-            uint32_t u = (uint32_t)((const uint16_t *)w)[k0] << 16;
-            memcpy(&wk, &u, sizeof wk);
-        } else {
-            wk = ((const float *)w)[k0];
-        }
+        float wk = bf16 ? m2d_bf16_to_f32(((const uint16_t *)w)[k0]) : ((const float *)w)[k0];
         t += x[k0] * wk;
     }
     return t;
