@@ -3,7 +3,7 @@
  * prompt-processing (pp512) tokens/s of the engine on 2-layer slices with the real Qwen3-30B-A3B
  * dimensions (the MoE and its K=8 dense student), weights resident, at bf16 and fp32.
  *
- * Usage: bench_cuda [DIR]   (checkpoints are written to DIR, default a fresh folder in /tmp; the
+ * Usage: [BENCH_ONLY=moe] bench_cuda [DIR]   (checkpoints are written to DIR, default a fresh folder in /tmp; the
  *        transformers comparison, tools/bench_hf_gpu.py, reads the same checkpoints)
  * Without a cuda backend in the build, or without a GPU, it says so in one line and exits 0 (so
  * `make bench` runs everywhere); M2D_REQUIRE_GPU=1 (tools/gpu_check.sh) makes that exit 1.
@@ -143,25 +143,52 @@ static void calib_row(m2d_engine *e, const m2d_model *m, double peak) {
     free(x), free(f), free(g);
 }
 
+/* the backend's fast kernels (grouped MoE, tiled attention) on or off: the reference kernels'
+ * row is the A/B of the two paths on the same GPU in the same run */
+static int set_fast(m2d_engine *e, int on) {
+    m2d_backend *be = m2d_engine_backend(e);
+    return be->ops->tune(be, "moe_grouped", on) || be->ops->tune(be, "attn_tiled", on);
+}
+
+/* where one pp512 and one ppl-2048 call spend their device time, op by op (the backend's knob
+ * profile: CUDA events around each op; its table goes to stderr) */
+static void op_times(m2d_engine *e, int V) {
+    m2d_backend *be = m2d_engine_backend(e);
+    for (int pp = 1; pp >= 0; pp--) {
+        printf("op times, one %s call:\n", pp ? "pp512" : "ppl-2048");
+        fflush(stdout);
+        if (be->ops->tune(be, "profile", 1)) return; /* a backend without the knob */
+        time_forward(e, V, pp ? 512 : 2048, pp, 1);
+        be->ops->tune(be, "profile", 0);
+        fflush(stderr);
+    }
+}
+
 static void model_rows(const char *dir, const char *label, double peak) {
     m2d_model *m;
     if (m2d_model_open(dir, &m)) {
         fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
         return;
     }
-    for (int p = 1; p >= 0; p--) { /* bf16, then fp32 */
-        m2d_precision prec = p ? M2D_PREC_BF16 : M2D_PREC_FP32;
+    /* bf16, bf16 with the reference kernels, fp32 */
+    const struct { m2d_precision prec; int fast; const char *note; } runs[] = {
+        {M2D_PREC_BF16, 1, ""}, {M2D_PREC_BF16, 0, " (reference kernels)"}, {M2D_PREC_FP32, 1, ""}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         m2d_engine *e;
-        if (m2d_engine_open(m, &(m2d_engine_opts){.backend = "cuda", .precision = prec}, &e)) {
+        if (m2d_engine_open(m, &(m2d_engine_opts){.backend = "cuda", .precision = runs[i].prec}, &e)) {
             fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
             continue;
         }
+        if (set_fast(e, runs[i].fast)) fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
         size_t res = m2d_engine_cache_weights(e, m2d_engine_backend(e)->ops->resident_budget(m2d_engine_backend(e)));
         double tp = time_forward(e, m->cfg.vocab_size, 512, 1, 5), tl = time_forward(e, m->cfg.vocab_size, 2048, 0, 3);
-        printf("| %-22s | %s | %6.2f GB | %10.0f | %10.0f |\n", label, m2d_precision_name(prec), res / 1e9,
+        char lab[64];
+        snprintf(lab, sizeof lab, "%s%s", label, runs[i].note);
+        printf("| %-42s | %s | %6.2f GB | %10.0f | %10.0f |\n", lab, m2d_precision_name(runs[i].prec), res / 1e9,
                tp > 0 ? 512 / tp : 0, tl > 0 ? 2047 / tl : 0);
         fflush(stdout);
-        if (m->cfg.num_experts > 0) calib_row(e, m, peak);
+        if (runs[i].prec == M2D_PREC_BF16 && runs[i].fast) op_times(e, m->cfg.vocab_size);
+        if (m->cfg.num_experts > 0 && runs[i].prec == M2D_PREC_BF16) calib_row(e, m, peak);
         m2d_engine_free(e);
     }
     m2d_model_close(m);
@@ -181,9 +208,10 @@ int main(int argc, char **argv) {
     char *root = argc > 1 ? m2d_strdup(argv[1]) : m2d_strfmt("/tmp/m2d-bench-cuda-%d", (int)getpid());
     char *moe = m2d_path_join(root, "qwen3-30b-a3b-2l"), *dense = m2d_path_join(root, "qwen3-30b-a3b-2l-dense-k8");
     m2d_mkdir_p(root);
-    printf("| model (2-layer slice)  | prec | resident | pp512 tok/s | ppl-2048 tok/s |\n|---|---|---|---|---|\n");
+    printf("| model (2-layer slice)                      | prec | resident | pp512 tok/s | ppl-2048 tok/s |\n|---|---|---|---|---|\n");
     if (write_slice(moe, 1) == 0) model_rows(moe, "Qwen3-30B-A3B MoE", peak);
-    if (write_slice(dense, 0) == 0) model_rows(dense, "dense student K=8", peak);
+    const char *only = getenv("BENCH_ONLY"); /* "moe": the MoE slice alone (a short GPU call) */
+    if (!(only && strcmp(only, "moe") == 0) && write_slice(dense, 0) == 0) model_rows(dense, "dense student K=8", peak);
     printf("\ncheckpoints: %s (tools/bench_hf_gpu.py %s %s)\n", root, moe, dense);
     free(moe);
     free(dense);

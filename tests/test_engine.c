@@ -779,6 +779,101 @@ static void op_moe_biases_clamp_on(const char *backend) {
     end_backend(be);
 }
 
+static float bf16_round(float v) { return m2d_bf16_to_f32(m2d_f32_to_bf16(v)); }
+
+/* The MoE op at BF16 with bf16 weights made resident (the cuda backend's grouped path: the plan on
+ * the device, WMMA GEMMs; its per-expert path under moe_grouped = 0) against float64 loops on the
+ * operands the BF16 contract rounds: x and the activation h to bf16, weights bf16 already, biases
+ * fp32. Bound per output: fp32 accumulation (K terms, |err| <= ~K u sum|terms|: 1e-5 of the
+ * magnitude is > 10x that for K <= 136) plus one bf16 ulp (2^-8 relative) of every h_i, since h
+ * is rounded from an fp32 value where the reference rounds the float64 one and the two can fall
+ * either side of a rounding boundary. A wrong expert, bias, transpose or tile edge is O(1) off. */
+static void moe_bf16_case(const char *backend, int N, int D, int DE, int E, int K, int biases, int clamp_act) {
+    uint64_t st = 1000 + (uint64_t)N;
+    float *x = malloc(sizeof(float) * N * D), *w = malloc(sizeof(float) * 3 * E * DE * D);
+    float *bias = malloc(sizeof(float) * 3 * E * D), *gates = malloc(sizeof(float) * N * K);
+    float *y = malloc(sizeof(float) * N * D), *ref = calloc((size_t)N * D, sizeof(float));
+    double *bound = calloc((size_t)N * D, sizeof(double)), *h = malloc(sizeof(double) * DE);
+    uint16_t *wb = malloc(sizeof(uint16_t) * 3 * E * DE * D);
+    int32_t *topk = malloc(sizeof(int32_t) * N * K);
+    fill_normal(&st, x, (size_t)N * D, 1), fill_normal(&st, w, (size_t)3 * E * DE * D, 0.3);
+    fill_normal(&st, bias, (size_t)3 * E * D, 0.5);
+    for (size_t i = 0; i < (size_t)3 * E * DE * D; i++) wb[i] = m2d_f32_to_bf16(w[i]), w[i] = m2d_bf16_to_f32(wb[i]);
+    for (int t = 0; t < N; t++) /* K distinct experts per token, unevenly loaded */
+        for (int j = 0; j < K; j++) topk[t * K + j] = (t * t % 7 + j * (E / K)) % E, gates[t * K + j] = 0.2f + 0.3f * j;
+    const float limit = 1.5f, alpha = 1.702f;
+    for (int t = 0; t < N; t++)
+        for (int j = 0; j < K; j++) {
+            int e = topk[t * K + j];
+            const float *wg = w + (size_t)e * DE * D, *wu = w + ((size_t)E + e) * DE * D, *wd = w + ((size_t)2 * E + e) * D * DE;
+            for (int i = 0; i < DE; i++) {
+                double a = biases ? bias[e * D + i] : 0, b = biases ? bias[(E + e) * D + i] : 0;
+                for (int c = 0; c < D; c++) {
+                    double xc = bf16_round(x[t * D + c]);
+                    a += (double)wg[i * D + c] * xc, b += (double)wu[i * D + c] * xc;
+                }
+                if (clamp_act) a = fmin(a, limit), b = fmin(fmax(b, -limit), limit);
+                double v = clamp_act ? (b + 1) * a / (1 + exp(-alpha * a)) : a / (1 + exp(-a)) * b;
+                h[i] = bf16_round((float)v);
+            }
+            for (int o = 0; o < D; o++) {
+                double s = biases ? bias[(2 * E + e) * D + o] : 0, mag = 0;
+                for (int i = 0; i < DE; i++) s += (double)wd[o * DE + i] * h[i], mag += fabs(wd[o * DE + i] * h[i]);
+                ref[t * D + o] += (float)(gates[t * K + j] * s);
+                bound[t * D + o] += gates[t * K + j] * (ldexp(mag, -8) + 1e-5 * (1 + mag + fabs(s)));
+            }
+        }
+    m2d_backend *be = new_backend(backend, 2);
+    m2d_tensor *tt = malloc(sizeof(m2d_tensor) * 6 * E);
+    m2d_weight **wh = malloc(sizeof(m2d_weight *) * 6 * E);
+    for (int m = 0; m < 3; m++)
+        for (int e = 0; e < E; e++) {
+            int o = m * E + e;
+            wh[o] = weight_of(be, &tt[o], M2D_BF16, wb + (size_t)o * DE * D, m == 2 ? D : DE, m == 2 ? DE : D);
+            wh[3 * E + o] = weight_of(be, &tt[3 * E + o], M2D_F32, bias + (size_t)o * D, m == 2 ? D : DE, 0);
+        }
+    for (int i = 0; i < 6 * E && be->ops->make_resident; i++) assert_int_equal(be->ops->make_resident(be, wh[i]), 0);
+    m2d_buf *xb = upload(be, x, sizeof(float) * N * D), *ib = upload(be, topk, sizeof(int32_t) * N * K);
+    m2d_buf *gb = upload(be, gates, sizeof(float) * N * K), *yb = be->ops->alloc(be, sizeof(float) * N * D);
+    for (int grouped = 2; grouped >= 0; grouped--) { /* cuda: 2, 1 grouped (with op timing on), 0 per expert */
+        if (be->ops->tune(be, "moe_grouped", grouped) != 0 && grouped < 2) break; /* one path only */
+        int timed = grouped == 1 && be->ops->tune(be, "profile", 1) == 0;
+        m2d_moe_args a = {.x = m2d_mat_of(xb, 0, N, D, D), .topk = ib, .gates = gb, .k = K, .n_experts = E, .d_ff = DE,
+                          .gate = wh, .up = wh + E, .down = wh + 2 * E, .prec = M2D_PREC_BF16,
+                          .act = clamp_act ? M2D_ACT_SWIGLU_CLAMP : M2D_ACT_SWIGLU, .out = m2d_mat_of(yb, 0, N, D, D),
+                          .gate_bias = biases ? wh + 3 * E : NULL, .up_bias = biases ? wh + 4 * E : NULL,
+                          .down_bias = biases ? wh + 5 * E : NULL, .act_alpha = alpha, .act_limit = limit};
+        be->ops->moe(be, &a);
+        download(be, y, yb, sizeof(float) * N * D);
+        if (timed) assert_int_equal(be->ops->tune(be, "profile", 0), 0); /* its table on stderr */
+        double worst = 0;
+        for (int i = 0; i < N * D; i++) {
+            worst = fmax(worst, fabs(y[i] - ref[i]) / bound[i]);
+            if (!(fabs(y[i] - ref[i]) <= bound[i]))
+                fail_msg("%s moe bf16 (grouped knob %d) N=%d: out[%d][%d] = %.7g, reference %.7g, bound %.3g", backend,
+                         grouped, N, i / D, i % D, y[i], ref[i], bound[i]);
+        }
+        print_message("%s: moe bf16 %dx%d, %d experts (grouped knob %d): worst |d| / bound = %.3f\n", backend, N, D, E,
+                      grouped, worst);
+    }
+    m2d_buf *all[] = {xb, ib, gb, yb};
+    for (int i = 0; i < 4; i++) be->ops->release(be, all[i]);
+    for (int i = 0; i < 6 * E; i++) be->ops->weight_free(be, wh[i]);
+    end_backend(be);
+    free(x), free(w), free(bias), free(gates), free(y), free(ref), free(bound), free(h), free(wb), free(topk), free(tt),
+        free(wh);
+}
+
+/* small and odd (D = 12: no 16-byte rows, tails everywhere) with biases and the clamped
+ * activation; larger (several tiles per expert, column and inner tails) with SwiGLU */
+static void op_moe_bf16_resident_on(const char *backend) {
+    if (lacks(backend, M2D_CAP(M2D_CAP_MOE_BIAS) | M2D_CAP(M2D_CAP_GLU_CLAMP))) return;
+    moe_bf16_case(backend, 9, 12, 8, 4, 2, 1, 1);
+    moe_bf16_case(backend, 300, 136, 72, 16, 4, 0, 0);
+    moe_bf16_case(backend, 70, 64, 200, 8, 3, 1, 0);
+}
+
+EACH_BACKEND(op_moe_bf16_resident)
 EACH_BACKEND(op_attention_window_sinks)
 EACH_BACKEND(op_attention_scale)
 EACH_BACKEND(op_attention_gemm_blocks)
@@ -1821,27 +1916,40 @@ static void calibration_ops_match_float64_on(const char *backend) {
     build_random_moe(&mm, M2D_F32);
     int n = 37, d = 32, E = 8, layer = 1;
     float *x = malloc(sizeof(float) * n * d), *f = malloc(sizeof(float) * n * E * d);
-    double *g = malloc(sizeof(double) * E * E), xd[32], yd[32];
+    double *g = malloc(sizeof(double) * E * E), xd[32], yd[32], md[2] = {0, 0};
     uint64_t st = 19;
     fill_normal(&st, x, (size_t)n * d, 1);
-    m2d_engine *e;
-    m2d_engine_opts o = {.backend = backend, .n_threads = 2, .precision = M2D_PREC_FP32};
-    if (m2d_engine_open(&mm.m, &o, &e)) fail_msg("%s", m2d_errmsg());
-    for (int i = 0; i < E * E; i++) g[i] = i % E >= i / E ? 1.0 : -7.0;
-    assert_int_equal(m2d_engine_all_experts(e, layer, x, n, f, g), 0);
-    double md = 0;
-    for (int t = 0; t < n; t++)
-        for (int ex = 0; ex < E; ex++) {
-            for (int k = 0; k < d; k++) xd[k] = x[(size_t)t * d + k];
-            tu_ref_ffn(&mm.m, layer, ex, xd, yd);
-            for (int k = 0; k < d; k++) md = fmax(md, fabs(f[((size_t)t * E + ex) * d + k] - yd[k]));
+    for (int p = 0; p < 2; p++) { /* FP32, then BF16 (cuda: the grouped tensor-core kernels) */
+        m2d_engine *e;
+        m2d_engine_opts o = {.backend = backend, .n_threads = 2, .precision = p ? M2D_PREC_BF16 : M2D_PREC_FP32};
+        if (m2d_engine_open(&mm.m, &o, &e)) fail_msg("%s", m2d_errmsg());
+        if (p && m2d_engine_precision(e) != M2D_PREC_BF16) { /* a backend without BF16 */
+            m2d_engine_free(e);
+            break;
         }
-    /* fp32 GEMMs over 32 and 12 terms of O(1) values, outputs O(1): ~1e-6 at worst */
-    assert_true(md < 1e-5);
-    /* both sums in fp64 over n*d = 1184 products of exact fp32 values: |err| <= 1184 * 2^-53 * mag */
-    double gd = check_gram(g, f, n, E, d, 1e-12);
-    print_message("%s: experts_all max |d| vs float64 %.3g; gram max relative |d| %.3g\n", backend, md, gd);
-    m2d_engine_free(e);
+        if (p) m2d_engine_cache_weights(e, (size_t)1 << 30); /* resident: what the grouped kernels take */
+        for (int i = 0; i < E * E; i++) g[i] = i % E >= i / E ? 1.0 : -7.0;
+        assert_int_equal(m2d_engine_all_experts(e, layer, x, n, f, g), 0);
+        for (int t = 0; t < n; t++)
+            for (int ex = 0; ex < E; ex++) {
+                for (int k = 0; k < d; k++) xd[k] = x[(size_t)t * d + k];
+                tu_ref_ffn(&mm.m, layer, ex, xd, yd);
+                for (int k = 0; k < d; k++) md[p] = fmax(md[p], fabs(f[((size_t)t * E + ex) * d + k] - yd[k]));
+            }
+        /* FP32: GEMMs over 32 and 12 terms of O(1) values, outputs O(1): ~1e-6 at worst. BF16: x, W
+         * and h rounded to bf16 (2^-9 relative each), the same O(1) terms: a few 2^-8 of the outputs'
+         * O(1) magnitudes; 2^-4 as engine_bf16_tracks_reference. Not vacuous: BF16 must sit > 10x
+         * farther from float64 than FP32, and a wrong expert, row or column is O(1) off. */
+        assert_true(md[p] < (p ? 0.0625 : 1e-5));
+        /* both sums in fp64 over n*d = 1184 products of exact fp32 values: |err| <= 1184 * 2^-53 * mag
+         * (BF16 may form each token's products in fp32 over d terms: gamma_d, backend.h) */
+        const double u = ldexp(1, -24), gd = d * u / (1 - d * u);
+        double gw = check_gram(g, f, n, E, d, (p ? gd : 0) + 1e-12);
+        print_message("%s: experts_all (%s) max |d| vs float64 %.3g; gram max relative |d| %.3g\n", backend,
+                      p ? "bf16" : "fp32", md[p], gw);
+        m2d_engine_free(e);
+    }
+    if (md[1] > 0) assert_true(md[1] > 10 * md[0]);
     free(x); free(f); free(g);
     mm_free(&mm);
 }
@@ -1936,6 +2044,7 @@ int main(void) {
         cmocka_unit_test(op_bias_and_clamped_swiglu),
         cmocka_unit_test(op_route_topk_softmax),
         cmocka_unit_test(op_moe_biases_clamp),
+        cmocka_unit_test(op_moe_bf16_resident),
         cmocka_unit_test(dense_equals_moe),
         cmocka_unit_test(streaming_logprobs_match_logits),
         cmocka_unit_test(extend_and_branches_match_full_forward),

@@ -8,7 +8,8 @@
 #     lib/      the shared libraries they load that are not glibc's, the C++ runtime's or the
 #               GPU's own (OpenBLAS, oneDNN, cJSON, ... from `ldd`); cudart is bundled too
 #     models/   tiny-qwen3moe (config, weights, tokenizer, golden) from $MODELS
-#     data/     the WikiText-2 files the tests read, the demo's calibration text (+ experiments.toml)
+#     data/     the WikiText-2 files the tests read, ARC-Easy (test_ppl's eval), the demo's
+#               calibration text (+ experiments.toml)
 #     run.sh, tests/run.sh, bench_hf_gpu.py
 #
 # On the GPU machine: tools/gpu_run.sh unpacks it and runs everything (tests with the GPU required,
@@ -51,6 +52,10 @@ cp -L "$wiki/wiki.test.raw" "$wiki/wiki.valid.raw" "$stage/data/wikitext-2-raw/w
 mkdir -p "$stage/data/train-text/wikitext-103-train-prefix"
 cp -L "$DATA/train-text/wikitext-103-train-prefix/wiki.train.tokens" "$stage/data/train-text/wikitext-103-train-prefix/"
 cp experiments.toml "$stage/"
+# ARC-Easy: test_ppl's `eval --device cuda` next to the CPU
+arc=arc/ARC-V1-Feb2018-2/ARC-Easy
+mkdir -p "$stage/data/$arc"
+cp -L "$DATA/$arc"/*.jsonl "$stage/data/$arc/"
 cp tests/run.sh "$stage/tests/"
 cp tools/bench_hf_gpu.py tools/gpu_run.sh tools/gpu_e2e.sh "$stage/"
 git rev-parse --short HEAD > "$stage/COMMIT" 2>/dev/null || echo unknown > "$stage/COMMIT"

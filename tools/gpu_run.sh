@@ -4,13 +4,17 @@
 #   sh tools/gpu_run.sh [gpu-bundle/bundle.tar.xz]
 # 1. the GPU, driver and libraries (every bundled binary's libraries resolve)
 # 2. the GPU tests with the GPU required (M2D_REQUIRE_GPU=1: "no GPU" fails instead of skipping),
-#    every case run, one line per case with its measured difference
+#    every case run, one line per case with its measured difference; then test_engine and
+#    test_calib again under M2D_CUDA_FAST=0 (the reference kernels: per-expert MoE through cuBLASLt,
+#    warp-per-row attention), their output in test_reference.log
 # 3. one configuration end to end on both devices (tools/gpu_e2e.sh)
 # 4. bench_cuda (GEMM yardstick; pp512 / PPL-eval tokens/s on Qwen3-30B-A3B-shaped slices), then
 #    transformers on the same checkpoints when python3 has torch + transformers
 # Logs go to $OUT (default /tmp/m2d-gpu-out): gpu-run.log (everything), test_*.log (each binary's
 # whole output), bench.log. Each stage has a time limit (STAGE_S, default 240 s) so that one hung
-# stage cannot eat the machine's time; SKIP_HF=1 leaves transformers out, SKIP_BENCH=1 both benchmarks. Exit status: non-zero if
+# stage cannot eat the machine's time (BENCH_S, default 300 s, for bench_cuda: it writes 5 GB of
+# checkpoints first); SKIP_E2E=1 leaves stage 3 out, SKIP_HF=1 transformers, SKIP_BENCH=1 both
+# benchmarks, BENCH_ONLY=moe the dense student's slice. Exit status: non-zero if
 # a test failed.
 set -u
 bundle=${1:-gpu-bundle/bundle.tar.xz}
@@ -54,25 +58,41 @@ done
 step "GPU tests (M2D_REQUIRE_GPU=1)"
 export M2D_REQUIRE_GPU=1 M2D_BIN="$B/bin/moe2dense" M2D_DATA="$B/data" M2D_MODELS="$B/models" M2D_BUILD=/tmp/m2d-gpu-build
 mkdir -p "$M2D_BUILD"
+cd "$B" || return 1 # the tests' relative paths (experiments.toml and its data/) are the bundle's
 tests_rc=0
+# one line per case, with the measured differences the tests print
+cases() { grep -E '^\[ *(OK|FAILED|SKIPPED|ERROR) *\]|^\[ *LINE|max|nll|NLL|differ|error|skip|worst' "$1" | grep -v '^\[==' | head -150; }
 for t in "$B"/bin/test_*; do
   name=$(basename "$t")
   timeout "$STAGE_S" "$t" > "$out/$name.log" 2>&1; rc=$?
   [ "$rc" -ne 0 ] && tests_rc=1
-  # one line per case, with the measured differences the tests print
-  grep -E '^\[ *(OK|FAILED|SKIPPED|ERROR) *\]|^\[ *LINE|max|nll|NLL|differ|error|skip' "$out/$name.log" | grep -v '^\[==' | head -150
+  cases "$out/$name.log"
   echo "$name: exit $rc$( [ "$rc" = 124 ] && echo ' (timed out)')"
 done
 
-step "one configuration end to end, cpu next to cuda (tools/gpu_e2e.sh)"
-M2D_BUNDLE_ROOT=$B timeout "$STAGE_S" bash "$B/gpu_e2e.sh" 2>&1 | tee "$out/e2e.log"
+step "the engine and calibration tests again with the reference kernels (M2D_CUDA_FAST=0)"
+: > "$out/test_reference.log"
+for name in test_engine test_calib; do
+  M2D_CUDA_FAST=0 timeout "$STAGE_S" "$B/bin/$name" > "$M2D_BUILD/ref.log" 2>&1; rc=$?
+  [ "$rc" -ne 0 ] && tests_rc=1
+  cat "$M2D_BUILD/ref.log" >> "$out/test_reference.log"
+  cases "$M2D_BUILD/ref.log" | grep -v '^\[ *OK'
+  echo "$name (M2D_CUDA_FAST=0): exit $rc$( [ "$rc" = 124 ] && echo ' (timed out)')"
+done
+
+if [ "${SKIP_E2E:-0}" = 1 ]; then
+  step "end to end: skipped (SKIP_E2E=1)"
+else
+  step "one configuration end to end, cpu next to cuda (tools/gpu_e2e.sh)"
+  M2D_BUNDLE_ROOT=$B timeout "$STAGE_S" bash "$B/gpu_e2e.sh" 2>&1 | tee "$out/e2e.log"
+fi
 
 BENCH_DIR=/tmp/m2d-gpu-bench
 if [ "${SKIP_BENCH:-0}" = 1 ]; then
   step "bench_cuda: skipped (SKIP_BENCH=1)"; SKIP_HF=1
 else
   step "bench_cuda"
-  timeout "$STAGE_S" "$B/bin/bench_cuda" "$BENCH_DIR" 2>&1 | tee "$out/bench.log"
+  timeout "${BENCH_S:-300}" "$B/bin/bench_cuda" "$BENCH_DIR" 2>&1 | tee "$out/bench.log"
 fi
 
 step "transformers on the same GPU and checkpoints"

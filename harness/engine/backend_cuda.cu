@@ -29,6 +29,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
+#include <mma.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,6 +63,7 @@ enum {
     SLOT_MOE_U,  /* expert up outputs [n*k, d_ff] */
     SLOT_MOE_Y,  /* expert outputs [n*k, d] */
     SLOT_MOE_IDX, /* pair order and per-token rows, int32 [2, n*k] */
+    SLOT_MOE_PLAN, /* the grouped path's device plan (gm_plan) */
     SLOT_LM,     /* a block of LM-head logits */
     SLOT_LM_ST,  /* running max / sum / target logit per row, fp64 [3, n] */
     SLOT_ROPE,   /* RoPE frequencies, fp64 [rot/2] */
@@ -71,6 +73,19 @@ enum {
 };
 
 #define ALGO_CACHE 256
+#define PROF_MAX 8192  /* timed op calls between two leave()s (more are counted as untimed) */
+#define PROF_KINDS 16
+
+/* op timing (knob profile, M2D_CUDA_PROFILE=1): CUDA events around each op call, summed per op
+ * at leave(), when the device has synchronised */
+struct cu_prof {
+    int on, n, untimed;
+    cudaEvent_t (*ev)[2];     /* [PROF_MAX] start, end; created at the first use */
+    const char **what;        /* [PROF_MAX] the op of each pair */
+    const char *name[PROF_KINDS];
+    double ms[PROF_KINDS];
+    long calls[PROF_KINDS];
+};
 
 struct algo_key {
     int type, n, in, out, ldw, ldx, ldy;
@@ -99,6 +114,13 @@ struct cu_be {
     char why[512];
     int streamed_note;    /* the streaming note was printed */
     int gemm_naive;       /* knob: every GEMM through k_gemm_naive */
+    int moe_grouped;      /* knob: MoE and calibration at BF16 by the grouped kernels (default 1;
+                           * 2: their loads not overlapped with the MMAs; 0: the per-expert path) */
+    int attn_tiled;       /* knob: attention by k_attention_tiled where it applies (default 1) */
+    int *dev_err;         /* device int: set by a kernel that met bad input (checked at leave) */
+    double rope_freq[M2D_MAX_HEAD_DIM / 2]; /* the RoPE frequencies in SLOT_ROPE (rope_half of them) */
+    cu_prof prof;
+    int rope_half;
 };
 
 static cu_be *CU(m2d_backend *be) { return (cu_be *)be; }
@@ -574,8 +596,14 @@ static void cu_rope(m2d_backend *be, m2d_mat *x, int n_heads, int hd, const m2d_
     double f[M2D_MAX_HEAD_DIM / 2];
     for (int i = 0; i < half; i++) f[i] = r->inv_freq ? r->inv_freq[i] : pow(r->theta, -2.0 * i / rot);
     double *fd = (double *)scratch(c, SLOT_ROPE, sizeof(double) * (size_t)half);
-    if (!fd || !cuda_ok(c, cudaMemcpy(fd, f, sizeof(double) * (size_t)half, cudaMemcpyHostToDevice), "rope freqs"))
-        return;
+    if (!fd) return;
+    /* every layer has the same frequencies: upload them once (a copy from pageable memory waits for
+     * the device, which would stall the host's launches twice a layer) */
+    if (half != c->rope_half || memcmp(f, c->rope_freq, sizeof(double) * (size_t)half) != 0) {
+        if (!cuda_ok(c, cudaMemcpy(fd, f, sizeof(double) * (size_t)half, cudaMemcpyHostToDevice), "rope freqs")) return;
+        memcpy(c->rope_freq, f, sizeof(double) * (size_t)half);
+        c->rope_half = half;
+    }
     k_rope<<<blocks_for(n, 256), 256>>>(F(x), x->ld, x->rows, n_heads, hd, (const int32_t *)P(pos), fd, half,
                                         r->kind == M2D_ROPE_INTERLEAVED, r->attn_factor != 0 ? r->attn_factor : 1.0);
     launched(c, "k_rope");
@@ -993,6 +1021,86 @@ __global__ static void k_attention(attn_dev a) {
         if (lane + 32 * j < hd) o[lane + 32 * j] = (float)(acc[j] / l);
 }
 
+/* ---- attention, tiled: 8 query rows of one head a block, keys staged 32 at a time ----
+ * The warp-per-row kernel above walks the keys one by one (a warp reduction and an fp64 exp per
+ * key). Here the block's 8 rows (a warp each) share each tile of 32 keys and values in shared
+ * memory; lane l scores key l of the tile (its whole dot product), the warp folds the tile into
+ * its running max, sum and weighted values (online softmax, fp32 as backend.h specifies), lane l
+ * owning value dimensions l, l + 32, ... Same masks as k_attention: causal, the window, the sink
+ * logit starting the running max and sum. For head_dim <= AT_MAX_HD, a multiple of 4. */
+#define AT_ROWS 8   /* query rows (warps) per block */
+#define AT_KEYS 32  /* keys per tile: one per lane */
+#define AT_MAX_HD 128
+
+template <int PER>
+__global__ static void __launch_bounds__(AT_ROWS * 32) k_attention_tiled(attn_dev a) {
+    __shared__ __align__(16) float Ks[AT_KEYS][AT_MAX_HD + 4], Vs[AT_KEYS][AT_MAX_HD], Qs[AT_ROWS][AT_MAX_HD];
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, hd = a.hd, h = blockIdx.y;
+    int g = h / (a.n_heads / a.n_kv), i0 = blockIdx.x * AT_ROWS, i = i0 + w, live = i < a.nq;
+    int last = a.np + M2D_MIN(i0 + AT_ROWS, a.nq) - 1; /* the block's last query position */
+    int lo_blk = a.window > 0 ? max(0, a.np + i0 + 1 - a.window) : 0;
+    int p = a.np + i, lo = a.window > 0 ? max(0, p + 1 - a.window) : 0; /* this warp's keys: lo .. p */
+    for (int j = lane; j < hd; j += 32) Qs[w][j] = live ? a.q[(size_t)i * a.ldq + (size_t)h * hd + j] : 0.0f;
+    float m = a.sinks ? a.sinks[h] : -INFINITY, l = a.sinks ? 1.0f : 0.0f, acc[PER];
+#pragma unroll
+    for (int j = 0; j < PER; j++) acc[j] = 0.0f;
+    for (int t0 = lo_blk; t0 <= last; t0 += AT_KEYS) {
+        __syncthreads(); /* the previous tile is consumed (and Qs written, the first time) */
+        for (int q = threadIdx.x; q < AT_KEYS * hd; q += blockDim.x) {
+            int kk = q / hd, j = q % hd, t = t0 + kk;
+            float kv = 0.0f, vv = 0.0f;
+            if (t <= last) {
+                const float *kr, *vr;
+                if (t < a.np) kr = a.kp + g * a.head_stride + (size_t)t * hd, vr = a.vp + g * a.head_stride + (size_t)t * hd;
+                else kr = a.ks + (size_t)(t - a.np) * a.ldk + (size_t)g * hd, vr = a.vs + (size_t)(t - a.np) * a.ldv + (size_t)g * hd;
+                kv = kr[j], vv = vr[j];
+            }
+            Ks[kk][j] = kv, Vs[kk][j] = vv;
+        }
+        __syncthreads();
+        if (!live || t0 > p || t0 + AT_KEYS <= lo) continue; /* nothing of this tile for this row (warp-uniform) */
+        int t = t0 + lane;
+        float s = -INFINITY;
+        if (t >= lo && t <= p) {
+            float dot = 0.0f;
+            for (int j = 0; j < hd; j += 4) {
+                float4 qv = *(const float4 *)&Qs[w][j], kv = *(const float4 *)&Ks[lane][j];
+                dot = fmaf(qv.x, kv.x, dot), dot = fmaf(qv.y, kv.y, dot);
+                dot = fmaf(qv.z, kv.z, dot), dot = fmaf(qv.w, kv.w, dot);
+            }
+            s = dot * a.scale;
+        }
+        float mn = fmaxf(m, warp_max_f(s)); /* finite: the tile holds at least one key of this row */
+        float r = expf(m - mn), pr = expf(s - mn); /* exp(-inf) = 0: no earlier keys, a masked key */
+        l = l * r + warp_sum_f(pr);
+#pragma unroll
+        for (int j = 0; j < PER; j++) acc[j] *= r;
+        for (int kk = 0; kk < AT_KEYS; kk++) {
+            float pk = __shfl_sync(0xffffffffu, pr, kk);
+#pragma unroll
+            for (int j = 0; j < PER; j++)
+                if (lane + 32 * j < hd) acc[j] = fmaf(pk, Vs[kk][lane + 32 * j], acc[j]);
+        }
+        m = mn;
+    }
+    if (!live) return;
+    float *o = a.out + (size_t)i * a.ldo + (size_t)h * hd;
+#pragma unroll
+    for (int j = 0; j < PER; j++)
+        if (lane + 32 * j < hd) o[lane + 32 * j] = acc[j] / l;
+}
+
+/* 0 when the tiled kernel ran, -1 when it does not take this head size */
+static int attention_tiled(cu_be *c, const attn_dev *d) {
+    if (d->hd > AT_MAX_HD || d->hd % 4 || !c->attn_tiled) return -1;
+    dim3 grid((unsigned)((d->nq + AT_ROWS - 1) / AT_ROWS), (unsigned)d->n_heads);
+    if (d->hd <= 32) k_attention_tiled<1><<<grid, AT_ROWS * 32>>>(*d);
+    else if (d->hd <= 64) k_attention_tiled<2><<<grid, AT_ROWS * 32>>>(*d);
+    else k_attention_tiled<4><<<grid, AT_ROWS * 32>>>(*d);
+    launched(c, "k_attention_tiled");
+    return 0;
+}
+
 static void cu_attention(m2d_backend *be, const m2d_attn_args *a) {
     cu_be *c = CU(be);
     int nq = a->q.rows;
@@ -1006,6 +1114,7 @@ static void cu_attention(m2d_backend *be, const m2d_attn_args *a) {
         d.kp = (const float *)P(a->k_cache) + a->cache_off;
         d.vp = (const float *)P(a->v_cache) + a->cache_off;
     }
+    if (attention_tiled(c, &d) == 0) return;
     int64_t threads = (int64_t)nq * a->n_heads * 32;
     unsigned blocks = blocks_for(threads, 128);
     int hd = a->head_dim;
@@ -1038,6 +1147,7 @@ __global__ static void k_scatter(const float *Y, const int32_t *pair, const int3
     float acc = 0.0f;
     for (int s = 0; s < k; s++) {
         int r = tok_rows[(size_t)t * k + s];
+        if (r < 0) continue; /* the grouped path's pair with an expert id out of range (reported) */
         acc = __fadd_rn(acc, __fmul_rn(gates[pair[r]], Y[(size_t)r * d + j])); /* the CPU's o += g*y */
     }
     out[(size_t)t * ldo + j] = acc;
@@ -1100,10 +1210,414 @@ static void moe_experts(cu_be *c, const m2d_moe_args *a, const moe_plan *p, cons
     }
 }
 
+/* ---- MoE at BF16 without the host: the plan on the device, grouped tensor-core GEMMs ----
+ *
+ * The per-expert path above copies the top-k ids to the host (a device sync) and launches ~7
+ * kernels and 3 cuBLASLt calls per active expert: ~900 launches a layer at 128 experts, bound by
+ * the host. Here one MoE layer is 5 launches and no sync (issue 23):
+ *   k_moe_plan      one block: the bucket plan (stable counting sort of the pairs by expert, token
+ *                   order within a bucket, as moe_plan_make), the tile list, each token's rows;
+ *   k_gather_bf16   the bucket rows of x, rounded to bf16 (x_operand's rounding);
+ *   k_grouped<2>    gate and up of every tile's expert (WMMA bf16 x bf16 -> fp32), their biases,
+ *                   the activation, H rounded to bf16 (the down GEMM's operand rounding);
+ *   k_grouped<1>    down, its bias, fp32 rows;
+ *   k_scatter       the gate-weighted sum per token in expert-id order (as the per-expert path).
+ * The grid of the grouped kernels is sized by the bound nk/BM + E on the tile count (the exact
+ * count is on the device; spare blocks exit at once). The per-expert path stays: fp32, weights
+ * not resident, more than GM_MAX_E experts, and the knob moe_grouped = 0 (tests compare both). */
+#define GM_BM 32   /* rows of a tile (one expert's bucket rows) */
+#define GM_BN 64   /* output columns of a tile: 4 warps of 16 */
+#define GM_BK 64   /* inner-dimension step */
+#define GM_LDS (GM_BK + 8) /* smem row stride of the bf16 operand tiles (a multiple of 8, 16-byte rows) */
+#define GM_LDC (GM_BN + 4) /* smem row stride of the fp32 result tile */
+#define GM_MAX_E 256
+#define GM_MAX_K 32
+
+struct gm_plan { /* int32 arrays in SLOT_MOE_PLAN */
+    int32_t *start;   /* [E + 1] bucket starts; start[E] = the rows in use */
+    int32_t *pair;    /* [nk] the pair (t*k + j) of each bucket row */
+    int32_t *row_of;  /* [nk] the bucket row of each pair, -1: expert id out of range */
+    int32_t *tok_rows; /* [nk] each token's rows ascending (expert-id order), -1 padded */
+    int32_t *tile_e, *tile_r0; /* [max_tiles] each tile's expert and first row */
+    int32_t *n_tiles; /* [1] */
+    int32_t *err;     /* [1] set to 1 by an expert id out of range */
+};
+
+static int gm_max_tiles(int nk, int E) { return nk / GM_BM + M2D_MIN(E, nk) + 1; }
+
+static size_t gm_plan_ints(int nk, int E) { return (size_t)E + 1 + 4 * (size_t)nk + 2 * (size_t)gm_max_tiles(nk, E) + 2; }
+
+static gm_plan gm_plan_at(int32_t *base, int nk, int E) {
+    gm_plan p;
+    int mt = gm_max_tiles(nk, E);
+    p.start = base, p.pair = p.start + E + 1, p.row_of = p.pair + nk, p.tok_rows = p.row_of + nk;
+    p.tile_e = p.tok_rows + nk, p.tile_r0 = p.tile_e + mt, p.n_tiles = p.tile_r0 + mt, p.err = p.n_tiles + 1;
+    return p;
+}
+
+/* one block of 1024 threads (32 full warps): counts, bucket starts and tiles (thread 0, E <=
+ * GM_MAX_E), then the pairs placed chunk by chunk: a pair's row = its bucket's running base + the
+ * same-expert pairs of lower warps in the chunk + its rank among its warp's (match_any): stable,
+ * and the same on every run. Last, each token's rows sorted ascending. */
+__global__ static void __launch_bounds__(1024) k_moe_plan(const int32_t *topk, int n, int k, int E, gm_plan p) {
+    __shared__ int cnt[GM_MAX_E], base[GM_MAX_E], wc[32][GM_MAX_E];
+    int tid = threadIdx.x, nk = n * k, lane = tid & 31, wid = tid >> 5;
+    for (int e = tid; e < E; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int i = tid; i < nk; i += blockDim.x) {
+        int e = topk[i];
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1); /* integer counts: order-independent */
+        else *p.err = 1;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int s = 0, nt = 0;
+        for (int e = 0; e < E; e++) {
+            p.start[e] = base[e] = s;
+            for (int r = s; r < s + cnt[e]; r += GM_BM) p.tile_e[nt] = e, p.tile_r0[nt] = r, nt++;
+            s += cnt[e];
+        }
+        p.start[E] = s;
+        *p.n_tiles = nt;
+    }
+    __syncthreads();
+    for (int c0 = 0; c0 < nk; c0 += blockDim.x) {
+        for (int q = tid; q < 32 * E; q += blockDim.x) wc[q / E][q % E] = 0;
+        __syncthreads();
+        int i = c0 + tid, e = i < nk ? topk[i] : -1, ok = e >= 0 && e < E;
+        unsigned peers = __match_any_sync(0xffffffffu, ok ? e : -1);
+        int rank = __popc(peers & ((1u << lane) - 1u));
+        if (ok && rank == 0) wc[wid][e] = __popc(peers);
+        __syncthreads();
+        if (i < nk) {
+            int pos = -1;
+            if (ok) {
+                pos = base[e] + rank;
+                for (int w = 0; w < wid; w++) pos += wc[w][e];
+                p.pair[pos] = i;
+            }
+            p.row_of[i] = pos;
+        }
+        __syncthreads();
+        for (int q = tid; q < E; q += blockDim.x) {
+            int s = 0;
+            for (int w = 0; w < 32; w++) s += wc[w][q];
+            base[q] += s;
+        }
+        __syncthreads();
+    }
+    for (int t = tid; t < n; t += blockDim.x) { /* insertion sort of the token's k rows; -1 last */
+        int32_t *o = p.tok_rows + (size_t)t * k, m = 0;
+        for (int j = 0; j < k; j++) {
+            int r = p.row_of[(size_t)t * k + j];
+            if (r < 0) continue;
+            int q = m++;
+            while (q > 0 && o[q - 1] > r) o[q] = o[q - 1], q--;
+            o[q] = r;
+        }
+        for (int j = m; j < k; j++) o[j] = -1;
+    }
+}
+
+/* xs[r] = bf16(x[token of pair[r]]) for the rows in use (*rows) */
+__global__ static void k_gather_bf16(const float *x, int ldx, const int32_t *pair, const int32_t *rows, int k, int d,
+                                     int64_t cap, __nv_bfloat16 *xs) {
+    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= cap) return;
+    int r = (int)(id / d), j = (int)(id % d);
+    if (r >= *rows) return;
+    xs[id] = __float2bfloat16_rn(x[(size_t)(pair[r] / k) * ldx + j]);
+}
+
+/* the weights of the grouped GEMM: NB matrices [N, K] per expert (gate and up, or down), their
+ * biases (NULL: none), all of one dtype each (kernel parameters: 8 KiB, under CUDA's 32 KiB) */
+struct gm_ptrs {
+    const void *w[2][GM_MAX_E];
+    const void *b[2][GM_MAX_E];
+};
+
+struct gm_args {
+    const __nv_bfloat16 *a; /* operand rows: expert e's row r at a + e*a_es + r*lda */
+    int lda;
+    int64_t a_es;
+    int K, N;               /* inner dimension, output columns (weight rows) */
+    const int32_t *tile_e, *tile_r0, *n_tiles, *start; /* tiles; bucket e ends at start[e + 1] */
+    int rows_const;         /* > 0: every expert's rows are [0, rows_const) (start unused) */
+    void *c;                /* result: expert e's row r at c + e*c_es + r*ldc (bf16 H or fp32 Y) */
+    int ldc;
+    int64_t c_es;
+    int b_bf16;             /* biases stored bf16 (else fp32) */
+    int clamp;              /* GLU: the clamped SwiGLU (alpha, limit) instead of SwiGLU */
+    float alpha, limit;
+};
+
+/* 8 consecutive operand values from SRC as packed bf16 (VALID of them in range, the rest 0) */
+__device__ static uint4 gm_get8(const __nv_bfloat16 *src, int valid) {
+    if (valid >= 8 && ((uintptr_t)src & 15) == 0) return *(const uint4 *)src;
+    union { uint4 v; unsigned short s[8]; } u;
+    for (int j = 0; j < 8; j++) u.s[j] = j < valid ? ((const unsigned short *)src)[j] : 0;
+    return u.v;
+}
+
+__device__ static uint4 gm_get8(const float *src, int valid) { /* rounded as k_f32_to_bf16 */
+    float f[8];
+    if (valid >= 8 && ((uintptr_t)src & 15) == 0) {
+        float4 x = ((const float4 *)src)[0], y = ((const float4 *)src)[1];
+        f[0] = x.x, f[1] = x.y, f[2] = x.z, f[3] = x.w, f[4] = y.x, f[5] = y.y, f[6] = y.z, f[7] = y.w;
+    } else {
+        for (int j = 0; j < 8; j++) f[j] = j < valid ? src[j] : 0.0f;
+    }
+    union { uint4 v; unsigned short s[8]; } u;
+    for (int j = 0; j < 8; j++) u.s[j] = __bfloat16_as_ushort(__float2bfloat16_rn(f[j]));
+    return u.v;
+}
+
+#define GM_T 128 /* threads of a k_grouped block */
+#define GM_CA (GM_BM * GM_BK / 8 / GM_T) /* 8-value chunks of the A tile per thread */
+#define GM_CB (GM_BN * GM_BK / 8 / GM_T) /* ... of one weight tile per thread */
+
+/* this thread's chunks of the A tile (rows r0 .. r1) and the NB weight tiles (columns n0 ..) at k0,
+ * into registers */
+template <int NB, typename TW>
+__device__ static void gm_fetch(const gm_args &g, const gm_ptrs &p, int e, const __nv_bfloat16 *A, int r0, int r1,
+                                int n0, int k0, uint4 (&ra)[GM_CA], uint4 (&rb)[NB * GM_CB]) {
+    int kv = g.K - k0; /* valid inner columns from k0 */
+#pragma unroll
+    for (int i = 0; i < GM_CA; i++) {
+        int q = threadIdx.x + i * GM_T, m = q / (GM_BK / 8), kc = q % (GM_BK / 8) * 8, r = r0 + m;
+        ra[i] = gm_get8(A + (size_t)(r < r1 ? r : r0) * g.lda + k0 + kc, r < r1 ? kv - kc : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < NB * GM_CB; i++) {
+        int q = threadIdx.x + i * GM_T, b = q / (GM_BN * GM_BK / 8), qq = q % (GM_BN * GM_BK / 8);
+        int nn = qq / (GM_BK / 8), kc = qq % (GM_BK / 8) * 8, col = n0 + nn;
+        rb[i] = gm_get8((const TW *)p.w[b][e] + (size_t)(col < g.N ? col : 0) * g.K + k0 + kc, col < g.N ? kv - kc : 0);
+    }
+}
+
+/* the fetched chunks into the shared tiles (the same index map as gm_fetch) */
+template <int NB>
+__device__ static void gm_stash(__nv_bfloat16 *As, __nv_bfloat16 *Bs, const uint4 (&ra)[GM_CA],
+                                const uint4 (&rb)[NB * GM_CB]) {
+#pragma unroll
+    for (int i = 0; i < GM_CA; i++) {
+        int q = threadIdx.x + i * GM_T;
+        *(uint4 *)(As + q / (GM_BK / 8) * GM_LDS + q % (GM_BK / 8) * 8) = ra[i];
+    }
+#pragma unroll
+    for (int i = 0; i < NB * GM_CB; i++) {
+        int q = threadIdx.x + i * GM_T, b = q / (GM_BN * GM_BK / 8), qq = q % (GM_BN * GM_BK / 8);
+        *(uint4 *)(Bs + (b * GM_BN + qq / (GM_BK / 8)) * GM_LDS + qq % (GM_BK / 8) * 8) = rb[i];
+    }
+}
+
+__device__ static float gm_bias(const void *b, int bf16, int j) {
+    if (!b) return 0.0f;
+    return bf16 ? __bfloat162float(((const __nv_bfloat16 *)b)[j]) : ((const float *)b)[j];
+}
+
+/* One block per (tile, 64 output columns), 4 warps, warp w owning columns 16w..16w+15 of the
+ * tile's 32 rows. NB = 2: gate and up into fp32, + biases, the activation, H in bf16; NB = 1: down
+ * + bias into fp32. TW: the weights' dtype (fp32 weights are rounded to bf16 as they are staged,
+ * as wtyped does). Accumulation fp32 (WMMA), as cuBLASLt's CUBLAS_COMPUTE_32F. PRE: the next k
+ * step's global loads are issued before this step's MMAs (in flight while they run); without it
+ * each step loads, then computes (the knob moe_grouped = 2; the same results). */
+template <int NB, typename TW, bool PRE>
+__global__ static void __launch_bounds__(GM_T) k_grouped(gm_args g, gm_ptrs p) {
+    int tile = blockIdx.x, e, r0, r1, n0 = blockIdx.y * GM_BN;
+    if (g.rows_const > 0) { /* every expert on rows [0, rows_const): the grid is exact */
+        int per = (g.rows_const + GM_BM - 1) / GM_BM;
+        e = tile / per, r0 = tile % per * GM_BM, r1 = M2D_MIN(r0 + GM_BM, g.rows_const);
+    } else {
+        if (tile >= *g.n_tiles) return;
+        e = g.tile_e[tile], r0 = g.tile_r0[tile], r1 = M2D_MIN(r0 + GM_BM, g.start[e + 1]);
+    }
+    const __nv_bfloat16 *A = g.a + e * g.a_es;
+    __shared__ __align__(128) unsigned char sm[M2D_MAX((GM_BM + NB * GM_BN) * GM_LDS * 2, NB * GM_BM * GM_LDC * 4)];
+    __nv_bfloat16 *As = (__nv_bfloat16 *)sm, *Bs = As + GM_BM * GM_LDS;
+    int tid = threadIdx.x, w = tid >> 5;
+    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc[NB][2];
+    for (int b = 0; b < NB; b++)
+        for (int i = 0; i < 2; i++) nvcuda::wmma::fill_fragment(acc[b][i], 0.0f);
+    uint4 ra[GM_CA], rb[NB * GM_CB];
+    if (PRE) gm_fetch<NB, TW>(g, p, e, A, r0, r1, n0, 0, ra, rb);
+    for (int k0 = 0; k0 < g.K; k0 += GM_BK) {
+        if (!PRE) gm_fetch<NB, TW>(g, p, e, A, r0, r1, n0, k0, ra, rb);
+        gm_stash<NB>(As, Bs, ra, rb);
+        __syncthreads();
+        if (PRE && k0 + GM_BK < g.K) gm_fetch<NB, TW>(g, p, e, A, r0, r1, n0, k0 + GM_BK, ra, rb);
+#pragma unroll
+        for (int kk = 0; kk < GM_BK; kk += 16) {
+            nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::row_major> fa[2];
+            nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::col_major> fb;
+            for (int i = 0; i < 2; i++) nvcuda::wmma::load_matrix_sync(fa[i], As + 16 * i * GM_LDS + kk, GM_LDS);
+            for (int b = 0; b < NB; b++) {
+                /* B (k, n) = W[n0 + n][k0 + k]: the staged rows of W are B's columns */
+                nvcuda::wmma::load_matrix_sync(fb, Bs + (b * GM_BN + 16 * w) * GM_LDS + kk, GM_LDS);
+                for (int i = 0; i < 2; i++) nvcuda::wmma::mma_sync(acc[b][i], fa[i], fb, acc[b][i]);
+            }
+        }
+        __syncthreads();
+    }
+    float *C = (float *)sm; /* the operand tiles are dead: the results go through the same smem */
+    for (int b = 0; b < NB; b++)
+        for (int i = 0; i < 2; i++)
+            nvcuda::wmma::store_matrix_sync(C + (b * GM_BM + 16 * i) * GM_LDC + 16 * w, acc[b][i], GM_LDC,
+                                            nvcuda::wmma::mem_row_major);
+    __syncthreads();
+    for (int q = tid; q < GM_BM * GM_BN; q += blockDim.x) {
+        int m = q / GM_BN, j = q % GM_BN, r = r0 + m, col = n0 + j;
+        if (r >= r1 || col >= g.N) continue;
+        float v = __fadd_rn(C[m * GM_LDC + j], gm_bias(p.b[0][e], g.b_bf16, col));
+        size_t o = (size_t)e * g.c_es + (size_t)r * g.ldc + col;
+        if (NB == 1) {
+            ((float *)g.c)[o] = v;
+            continue;
+        }
+        float u = __fadd_rn(C[(GM_BM + m) * GM_LDC + j], gm_bias(p.b[1][e], g.b_bf16, col));
+        float h = g.clamp ? swiglu_clamp1(v, u, g.alpha, g.limit) : __fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, expf(-v))), u);
+        ((__nv_bfloat16 *)g.c)[o] = __float2bfloat16_rn(h);
+    }
+}
+
+/* a resident device pointer of W, or NULL (streamed); *dt its dtype */
+static const void *resident(const m2d_weight *w, m2d_dtype *dt) {
+    if (!w || !W(w)->dev) return NULL;
+    *dt = W(w)->dt;
+    return W(w)->dev;
+}
+
+/* the pointer table of NB weight arrays (and their biases) of E experts: 0, or -1 where one is
+ * not resident or the dtypes differ (the per-expert path then runs) */
+static int gm_table(m2d_weight *const *const ws[2], m2d_weight *const *const bs[2], int NB, int E, gm_ptrs *p,
+                    m2d_dtype *wdt, int *b_bf16) {
+    memset(p, 0, sizeof *p);
+    int bdt = -1;
+    for (int b = 0; b < NB; b++)
+        for (int e = 0; e < E; e++) {
+            m2d_dtype dt;
+            if (!(p->w[b][e] = resident(ws[b][e], &dt)) || (b + e > 0 && dt != *wdt)) return -1;
+            *wdt = dt;
+            if (!bs[b]) continue;
+            if (!(p->b[b][e] = resident(bs[b][e], &dt)) || (bdt >= 0 && (int)dt != bdt)) return -1;
+            bdt = (int)dt;
+        }
+    *b_bf16 = bdt == M2D_BF16;
+    return 0;
+}
+
+/* the experts' weights as the grouped kernels take them: gate and up, then down */
+struct gm_weights {
+    gm_ptrs gu, dn;
+    m2d_dtype wdt[2];
+    int b_bf16[2];
+};
+
+/* 0, or -1 where the grouped path does not apply: not BF16, too many experts, a weight not
+ * resident, mixed dtypes, or the knob moe_grouped = 0 */
+static int gm_weights_of(cu_be *c, const m2d_moe_args *a, gm_weights *gw) {
+    if (!c->moe_grouped || resolve(a->prec) != M2D_PREC_BF16 || a->n_experts > GM_MAX_E) return -1;
+    m2d_weight *const *const w2[2] = {a->gate, a->up}, *const *const b2[2] = {a->gate_bias, a->up_bias};
+    m2d_weight *const *const w1[2] = {a->down, NULL}, *const *const b1[2] = {a->down_bias, NULL};
+    if (gm_table(w2, b2, 2, a->n_experts, &gw->gu, &gw->wdt[0], &gw->b_bf16[0])) return -1;
+    return gm_table(w1, b1, 1, a->n_experts, &gw->dn, &gw->wdt[1], &gw->b_bf16[1]);
+}
+
+template <bool PRE>
+static void gm_launch_pre(int NB, m2d_dtype wdt, dim3 grid, const gm_args *g, const gm_ptrs *p) {
+    if (NB == 2 && wdt == M2D_BF16) k_grouped<2, __nv_bfloat16, PRE><<<grid, GM_T>>>(*g, *p);
+    else if (NB == 2) k_grouped<2, float, PRE><<<grid, GM_T>>>(*g, *p);
+    else if (wdt == M2D_BF16) k_grouped<1, __nv_bfloat16, PRE><<<grid, GM_T>>>(*g, *p);
+    else k_grouped<1, float, PRE><<<grid, GM_T>>>(*g, *p);
+}
+
+static void gm_launch(cu_be *c, int NB, m2d_dtype wdt, int tiles, const gm_args *g, const gm_ptrs *p) {
+    dim3 grid((unsigned)tiles, (unsigned)((g->N + GM_BN - 1) / GM_BN));
+    if (c->moe_grouped == 2) gm_launch_pre<false>(NB, wdt, grid, g, p);
+    else gm_launch_pre<true>(NB, wdt, grid, g, p);
+    launched(c, "k_grouped");
+}
+
+/* where the grouped GEMMs read and write: tiles from a plan (MoE) or every expert on the same
+ * rows_const rows (calibration); XS the bf16 operand rows (expert e's at xs + e*xs_es), H the bf16
+ * activations, Y the fp32 outputs (expert e's row r at y + e*y_es + r*ldy) */
+struct gm_io {
+    const int32_t *tile_e, *tile_r0, *n_tiles, *start;
+    int tiles, rows_const;
+    const __nv_bfloat16 *xs;
+    int64_t xs_es;
+    __nv_bfloat16 *h;
+    int64_t h_es;
+    float *y;
+    int ldy;
+    int64_t y_es;
+};
+
+/* H = act(gate, up) of every tile's expert, then Y = down(H) */
+static void gm_experts(cu_be *c, const m2d_moe_args *a, const gm_weights *gw, const gm_io *io) {
+    int d = a->x.cols, de = a->d_ff;
+    gm_args g = {io->xs, d, io->xs_es, d, de, io->tile_e, io->tile_r0, io->n_tiles, io->start, io->rows_const,
+                 io->h, de, io->h_es, gw->b_bf16[0], a->act == M2D_ACT_SWIGLU_CLAMP, a->act_alpha, a->act_limit};
+    gm_launch(c, 2, gw->wdt[0], io->tiles, &g, &gw->gu);
+    gm_args g2 = {io->h, de, io->h_es, de, d, io->tile_e, io->tile_r0, io->n_tiles, io->start, io->rows_const,
+                  io->y, io->ldy, io->y_es, gw->b_bf16[1], 0, 0.0f, 0.0f};
+    gm_launch(c, 1, gw->wdt[1], io->tiles, &g2, &gw->dn);
+}
+
+/* cu_moe's grouped path; -1 where it does not apply (nothing launched) */
+static int moe_grouped(cu_be *c, const m2d_moe_args *a) {
+    int n = a->x.rows, d = a->x.cols, k = a->k, de = a->d_ff, E = a->n_experts, nk = n * k;
+    gm_weights *gw = (gm_weights *)m2d_malloc(sizeof *gw); /* 16 KiB: not on the stack */
+    if (k > GM_MAX_K || gm_weights_of(c, a, gw)) {
+        free(gw);
+        return -1;
+    }
+    int32_t *ints = (int32_t *)scratch(c, SLOT_MOE_PLAN, sizeof(int32_t) * gm_plan_ints(nk, E));
+    __nv_bfloat16 *xs = (__nv_bfloat16 *)scratch(c, SLOT_XCONV, 2 * (size_t)nk * d);
+    __nv_bfloat16 *H = (__nv_bfloat16 *)scratch(c, SLOT_MOE_G, 2 * (size_t)nk * de);
+    float *Y = (float *)scratch(c, SLOT_MOE_Y, sizeof(float) * (size_t)nk * d);
+    if (ints && xs && H && Y) { /* else the sticky error is set */
+        gm_plan pl = gm_plan_at(ints, nk, E);
+        pl.err = c->dev_err;
+        k_moe_plan<<<1, 1024>>>((const int32_t *)P(a->topk), n, k, E, pl);
+        launched(c, "k_moe_plan");
+        k_gather_bf16<<<blocks_for((int64_t)nk * d, 256), 256>>>(F(&a->x), a->x.ld, pl.pair, pl.start + E, k, d,
+                                                                  (int64_t)nk * d, xs);
+        launched(c, "k_gather_bf16");
+        gm_io io = {pl.tile_e, pl.tile_r0, pl.n_tiles, pl.start, gm_max_tiles(nk, E), 0, xs, 0, H, 0, Y, d, 0};
+        gm_experts(c, a, gw, &io);
+        k_scatter<<<blocks_for((int64_t)n * d, 256), 256>>>(Y, pl.pair, pl.tok_rows, (const float *)P(a->gates), n,
+                                                            k, d, F(&a->out), a->out.ld);
+        launched(c, "k_scatter");
+    }
+    free(gw);
+    return 0;
+}
+
+/* cu_experts_all's grouped path: every expert on the same n rows, out's columns e*d .. e*d + d;
+ * -1 where it does not apply */
+static int experts_all_grouped(cu_be *c, const m2d_moe_args *a) {
+    int n = a->x.rows, d = a->x.cols, de = a->d_ff, E = a->n_experts, ldx;
+    gm_weights *gw = (gm_weights *)m2d_malloc(sizeof *gw);
+    if (gm_weights_of(c, a, gw)) {
+        free(gw);
+        return -1;
+    }
+    __nv_bfloat16 *H = (__nv_bfloat16 *)scratch(c, SLOT_MOE_G, 2 * (size_t)E * n * de);
+    const void *xs = H ? x_operand(c, F(&a->x), a->x.ld, n, d, M2D_PREC_BF16, &ldx) : NULL; /* compact: ldx = d */
+    if (xs) {
+        gm_io io = {NULL, NULL, NULL, NULL, E * ((n + GM_BM - 1) / GM_BM), n, (const __nv_bfloat16 *)xs, 0,
+                    H, (int64_t)n * de, F(&a->out), a->out.ld, d};
+        gm_experts(c, a, gw, &io);
+    }
+    free(gw);
+    return 0;
+}
+
 static void cu_moe(m2d_backend *be, const m2d_moe_args *a) {
     cu_be *c = CU(be);
     int n = a->x.rows, d = a->x.cols, k = a->k, de = a->d_ff, nk = n * k;
-    if (c->failed || n <= 0) return;
+    if (c->failed || n <= 0 || moe_grouped(c, a) == 0) return;
     int32_t *topk = (int32_t *)m2d_malloc(sizeof(int32_t) * (size_t)nk);
     moe_plan p = {NULL, NULL};
     /* the bucket sizes decide the GEMM shapes, which the host launches: the ids come down */
@@ -1137,7 +1651,7 @@ static void cu_moe(m2d_backend *be, const m2d_moe_args *a) {
 static void cu_experts_all(m2d_backend *be, const m2d_moe_args *a) {
     cu_be *c = CU(be);
     int n = a->x.rows, d = a->x.cols, de = a->d_ff;
-    if (c->failed || n <= 0) return;
+    if (c->failed || n <= 0 || experts_all_grouped(c, a) == 0) return;
     float *G = (float *)scratch(c, SLOT_MOE_G, sizeof(float) * (size_t)n * de);
     float *U = (float *)scratch(c, SLOT_MOE_U, sizeof(float) * (size_t)n * de);
     for (int e = 0; e < a->n_experts && G && U && !c->failed; e++)
@@ -1218,7 +1732,7 @@ __global__ static void k_lse_chunk(const float *z, int nv, int v0, const int32_t
     for (int j = threadIdx.x; j < nv; j += blockDim.x) cm = fmaxf(cm, zr[j]);
     cm = block_max_f(cm);
     double s = 0;
-    for (int j = threadIdx.x; j < nv; j += blockDim.x) s += exp((double)zr[j] - cm);
+    for (int j = threadIdx.x; j < nv; j += blockDim.x) s += expf(zr[j] - cm); /* float terms, double sum: as the CPU */
     s = block_sum_d(s);
     if (threadIdx.x != 0) return;
     double *mx = st + i, *sum = st + n + i, *tgt = st + 2 * n + i;
@@ -1266,6 +1780,93 @@ static void cu_logprobs(m2d_backend *be, const m2d_mat *hid, const m2d_weight *h
     launched(c, "k_lse_final");
 }
 
+/* ---- op timing (knob profile) ---- */
+
+static int prof_begin(cu_be *c, const char *what) {
+    cu_prof *p = &c->prof;
+    if (!p->on || c->failed) return -1;
+    if (!p->ev) {
+        p->ev = (cudaEvent_t(*)[2])m2d_calloc(PROF_MAX, sizeof *p->ev);
+        p->what = (const char **)m2d_calloc(PROF_MAX, sizeof *p->what);
+        for (int i = 0; i < PROF_MAX; i++) cudaEventCreate(&p->ev[i][0]), cudaEventCreate(&p->ev[i][1]);
+    }
+    if (p->n >= PROF_MAX) {
+        p->untimed++;
+        return -1;
+    }
+    cudaEventRecord(p->ev[p->n][0], 0);
+    p->what[p->n] = what;
+    return p->n++;
+}
+
+static void prof_end(cu_be *c, int i) {
+    if (i >= 0) cudaEventRecord(c->prof.ev[i][1], 0);
+}
+
+/* after the device synchronised: the recorded pairs into the per-op sums */
+static void prof_collect(cu_be *c) {
+    cu_prof *p = &c->prof;
+    for (int i = 0; i < p->n; i++) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, p->ev[i][0], p->ev[i][1]) != cudaSuccess) continue;
+        int k = 0;
+        while (k < PROF_KINDS && p->name[k] && p->name[k] != p->what[i]) k++;
+        if (k == PROF_KINDS) continue;
+        p->name[k] = p->what[i], p->ms[k] += ms, p->calls[k]++;
+    }
+    p->n = 0;
+}
+
+/* the sums on stderr, largest first, then cleared */
+static void prof_report(cu_be *c) {
+    cu_prof *p = &c->prof;
+    double tot = 0;
+    for (int k = 0; k < PROF_KINDS && p->name[k]; k++) tot += p->ms[k];
+    fprintf(stderr, "cuda profile (device %d): %.3f ms in ops%s\n", c->device, tot,
+            p->untimed ? " (some calls untimed: more than PROF_MAX between syncs)" : "");
+    for (;;) {
+        int best = -1;
+        for (int k = 0; k < PROF_KINDS && p->name[k]; k++)
+            if (p->calls[k] > 0 && (best < 0 || p->ms[k] > p->ms[best])) best = k;
+        if (best < 0) break;
+        fprintf(stderr, "  %-12s %7ld calls %10.3f ms %5.1f %%\n", p->name[best], p->calls[best], p->ms[best],
+                tot > 0 ? 100 * p->ms[best] / tot : 0);
+        p->calls[best] = 0;
+    }
+    memset(p->name, 0, sizeof p->name), memset(p->ms, 0, sizeof p->ms), memset(p->calls, 0, sizeof p->calls);
+    p->untimed = 0;
+}
+
+/* OP with its events around it, under the name WHAT */
+#define TIMED(op, what, params, args)          \
+    static void op##_timed params {            \
+        int i_ = prof_begin(CU(be), what);     \
+        op args;                               \
+        prof_end(CU(be), i_);                  \
+    }
+
+TIMED(cu_gemm, "gemm", (m2d_backend *be, const m2d_mat *x, const m2d_weight *w, int w_row0, m2d_mat *y, float beta,
+      m2d_precision prec), (be, x, w, w_row0, y, beta, prec))
+TIMED(cu_rmsnorm, "rmsnorm", (m2d_backend *be, const m2d_mat *x, const m2d_weight *w, double eps, m2d_mat *y),
+      (be, x, w, eps, y))
+TIMED(cu_rope, "rope", (m2d_backend *be, m2d_mat *x, int n_heads, int hd, const m2d_buf *pos, const m2d_rope_args *r),
+      (be, x, n_heads, hd, pos, r))
+TIMED(cu_attention, "attention", (m2d_backend *be, const m2d_attn_args *a), (be, a))
+TIMED(cu_kv_append, "kv_append", (m2d_backend *be, m2d_buf *kc, m2d_buf *vc, size_t off, size_t head_stride, int pos0,
+      const m2d_mat *k, const m2d_mat *v, int n_kv, int hd), (be, kc, vc, off, head_stride, pos0, k, v, n_kv, hd))
+TIMED(cu_glu, "glu", (m2d_backend *be, m2d_ffn_act act, m2d_mat *g, const m2d_mat *u), (be, act, g, u))
+TIMED(cu_add, "add", (m2d_backend *be, m2d_mat *y, const m2d_mat *x), (be, y, x))
+TIMED(cu_route, "route", (m2d_backend *be, m2d_mat *logits, const m2d_route_args *r, m2d_buf *topk, m2d_buf *gates),
+      (be, logits, r, topk, gates))
+TIMED(cu_moe, "moe", (m2d_backend *be, const m2d_moe_args *a), (be, a))
+TIMED(cu_logprobs, "logprobs", (m2d_backend *be, const m2d_mat *hid, const m2d_weight *head, int V,
+      const m2d_buf *targets, m2d_buf *lpb, m2d_precision prec), (be, hid, head, V, targets, lpb, prec))
+TIMED(cu_embed, "embed", (m2d_backend *be, const m2d_weight *table, const m2d_buf *tokens, int n, m2d_mat *x),
+      (be, table, tokens, n, x))
+TIMED(cu_experts_all, "experts_all", (m2d_backend *be, const m2d_moe_args *a), (be, a))
+TIMED(cu_gram, "gram", (m2d_backend *be, const m2d_mat *f, int E, m2d_buf *gb, m2d_precision prec),
+      (be, f, E, gb, prec))
+
 /* ---- lifecycle ---- */
 
 static void cu_enter(m2d_backend *be) {
@@ -1278,6 +1879,12 @@ static int cu_leave(m2d_backend *be) {
     cu_be *c = CU(be);
     if (c->depth > 0 && --c->depth > 0) return 0;
     cuda_ok(c, cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    if (c->prof.n) prof_collect(c);
+    int bad = 0;
+    if (!c->failed && cuda_ok(c, cudaMemcpy(&bad, c->dev_err, sizeof bad, cudaMemcpyDeviceToHost), "error flag") && bad) {
+        cudaMemset(c->dev_err, 0, sizeof bad);
+        fail(c, "moe: an expert id outside [0, n_experts) in topk");
+    }
     if (!c->failed) return 0;
     c->failed = 0;
     cudaGetLastError(); /* a non-sticky error is cleared; a sticky one will fail the next op again */
@@ -1285,17 +1892,28 @@ static int cu_leave(m2d_backend *be) {
 }
 
 static int cu_tune(m2d_backend *be, const char *knob, int value) {
-    if (strcmp(knob, "gemm_naive") == 0 && (value == 0 || value == 1)) {
-        CU(be)->gemm_naive = value;
+    int *at = strcmp(knob, "gemm_naive") == 0 ? &CU(be)->gemm_naive
+              : strcmp(knob, "moe_grouped") == 0 ? &CU(be)->moe_grouped
+              : strcmp(knob, "attn_tiled") == 0  ? &CU(be)->attn_tiled
+              : strcmp(knob, "profile") == 0     ? &CU(be)->prof.on : NULL;
+    if (at == &CU(be)->prof.on && value == 0 && *at) prof_report(CU(be)); /* profile 0: report, stop */
+    if (at && (value == 0 || value == 1 || (value == 2 && at == &CU(be)->moe_grouped))) {
+        *at = value;
         return 0;
     }
-    return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive 0|1)", knob, value);
+    return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, attn_tiled, profile: 0|1; moe_grouped: 0|1|2)", knob,
+                   value);
 }
 
 static void cu_destroy(m2d_backend *be) {
     cu_be *c = CU(be);
+    if (c->prof.on) prof_report(c);
+    for (int i = 0; c->prof.ev && i < PROF_MAX; i++) cudaEventDestroy(c->prof.ev[i][0]), cudaEventDestroy(c->prof.ev[i][1]);
+    free(c->prof.ev);
+    free(c->prof.what);
     for (int s = 0; s < SLOT_COUNT; s++) cudaFree(c->slot[s]);
     cudaFree(c->ws);
+    cudaFree(c->dev_err);
     if (c->lt) cublasLtDestroy(c->lt);
     free(c);
 }
@@ -1310,11 +1928,11 @@ static m2d_backend_ops make_ops(void) {
     o.download_mat = cu_download_mat;
     o.weight_new = cu_weight_new, o.weight_free = cu_weight_free, o.resident_bytes = cu_resident_bytes;
     o.make_resident = cu_make_resident, o.resident_budget = cu_resident_budget, o.weight_f32 = cu_weight_f32;
-    o.embed = cu_embed, o.gemm = cu_gemm, o.rmsnorm = cu_rmsnorm, o.rope = cu_rope, o.attention = cu_attention;
-    o.kv_append = cu_kv_append, o.glu = cu_glu, o.add = cu_add, o.route = cu_route, o.moe = cu_moe;
-    o.logprobs = cu_logprobs;
+    o.embed = cu_embed_timed, o.gemm = cu_gemm_timed, o.rmsnorm = cu_rmsnorm_timed, o.rope = cu_rope_timed;
+    o.attention = cu_attention_timed, o.kv_append = cu_kv_append_timed, o.glu = cu_glu_timed, o.add = cu_add_timed;
+    o.route = cu_route_timed, o.moe = cu_moe_timed, o.logprobs = cu_logprobs_timed;
     o.glu_clamp = cu_glu_clamp, o.add_bias = cu_add_bias, o.clamp = cu_clamp, o.sigmoid_scale = cu_sigmoid_scale;
-    o.experts_all = cu_experts_all, o.gram = cu_gram, o.auto_precision = cu_auto_precision;
+    o.experts_all = cu_experts_all_timed, o.gram = cu_gram_timed, o.auto_precision = cu_auto_precision;
     o.caps = M2D_CAPS_ALL & ~M2D_CAP(M2D_CAP_TRAIN); /* every forward and calibration op; no training yet */
     return o;
 }
@@ -1335,9 +1953,18 @@ static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
     c->base.ops = &cuda_ops;
     c->device = dev;
     c->ws_bytes = WORKSPACE_BYTES;
+    /* M2D_CUDA_FAST=0: the reference kernels (per-expert MoE, warp-per-row attention): the GPU
+     * runner's A/B of the two paths in one call */
+    const char *fast = getenv("M2D_CUDA_FAST");
+    c->moe_grouped = c->attn_tiled = !(fast && strcmp(fast, "0") == 0);
+    const char *prof = getenv("M2D_CUDA_PROFILE"); /* 1: op times on stderr when the backend is freed */
+    c->prof.on = prof && strcmp(prof, "1") == 0;
     cublasStatus_t s = cublasLtCreate(&c->lt);
-    if (s != CUBLAS_STATUS_SUCCESS || (e = cudaMalloc(&c->ws, c->ws_bytes)) != cudaSuccess) {
+    if (s != CUBLAS_STATUS_SUCCESS || (e = cudaMalloc(&c->ws, c->ws_bytes)) != cudaSuccess ||
+        (e = cudaMalloc(&c->dev_err, sizeof(int))) != cudaSuccess || (e = cudaMemset(c->dev_err, 0, sizeof(int))) != cudaSuccess) {
         if (s == CUBLAS_STATUS_SUCCESS) cublasLtDestroy(c->lt);
+        cudaFree(c->ws);
+        cudaFree(c->dev_err);
         free(c);
         return s != CUBLAS_STATUS_SUCCESS ? m2d_err("cuda: cublasLtCreate: status %d", (int)s)
                                           : m2d_err("cuda: workspace: %s", cudaGetErrorString(e));
