@@ -47,7 +47,7 @@ static void each_backend(void (*fn)(const char *backend)) {
     int absent = 0;
     for (int i = 0; i < m2d_backend_count(); i++) {
         const char *name = m2d_backend_kind_at(i)->name;
-        if (strcmp(name, "capless") == 0) continue; /* a fixture for the capability refusals, not a backend */
+        if (strcmp(name, "capless") == 0 || strcmp(name, "embedres") == 0) continue; /* fixtures, not backends */
         if (device_absent(name)) absent = 1;
         else fn(name);
     }
@@ -1861,6 +1861,47 @@ static int capless_create(const m2d_backend_opts *o, m2d_backend **out) {
 
 M2D_BACKEND(capless, "capless", "test fixture: the cpu backend with no optional capability", capless_create)
 
+/* A fixture: the CPU backend whose lookups ask for a resident embedding, as a GPU's do */
+static m2d_backend_ops embedres_ops;
+
+static int embedres_create(const m2d_backend_opts *o, m2d_backend **out) {
+    if (m2d_backend_new("cpu", o, out)) return -1;
+    embedres_ops = *(*out)->ops;
+    embedres_ops.name = "embedres";
+    embedres_ops.resident_embedding = 1;
+    (*out)->ops = &embedres_ops;
+    return 0;
+}
+
+M2D_BACKEND(embedres, "embedres", "test fixture: the cpu backend with resident_embedding", embedres_create)
+
+/* The residency policy makes an untied embedding resident where the backend's lookups want it
+ * (the cuda backend: a streamed lookup is a host round trip a forward), and not on the CPU; the
+ * lookups give the same values either way (bit for bit: the same fp32 rows). */
+static void embedding_resident_where_the_backend_wants_it(void **state) {
+    (void)state;
+    mem_model mm = {0};
+    build_random_moe(&mm, M2D_BF16);
+    assert_true(mm.m.lm_head != mm.m.embed); /* untied: the embedding is its own weight */
+    m2d_engine *a, *b;
+    engine_on("cpu", &mm.m, 1, &a);
+    engine_on("embedres", &mm.m, 1, &b);
+    size_t ra = m2d_engine_cache_weights(a, (size_t)1 << 30), rb = m2d_engine_cache_weights(b, (size_t)1 << 30);
+    const m2d_config *c = &mm.m.cfg;
+    assert_true(rb > ra); /* the embedding's prepared copy on top of everything else */
+    assert_true(rb - ra >= (size_t)c->vocab_size * c->hidden_size * 2);
+    int32_t tok[12];
+    uint64_t st = 5;
+    rand_tokens(&st, tok, 12, c->vocab_size);
+    float *la = malloc(sizeof(float) * 12 * c->vocab_size), *lb = malloc(sizeof(float) * 12 * c->vocab_size);
+    assert_int_equal(m2d_engine_logits(a, tok, 12, la), 0);
+    assert_int_equal(m2d_engine_logits(b, tok, 12, lb), 0);
+    assert_memory_equal(la, lb, sizeof(float) * 12 * c->vocab_size);
+    free(la), free(lb);
+    m2d_engine_free(a), m2d_engine_free(b);
+    mm_free(&mm);
+}
+
 /* a capability a backend lists is an op it has (the engine and the tests rely on it) */
 static void caps_promise_their_ops_on(const char *backend) {
     m2d_backend *be = new_backend(backend, 1);
@@ -2061,6 +2102,7 @@ int main(void) {
         cmocka_unit_test(all_experts_and_gram_match_naive),
         cmocka_unit_test(caps_promise_their_ops),
         cmocka_unit_test(engine_refuses_a_model_the_backend_cannot_run),
+        cmocka_unit_test(embedding_resident_where_the_backend_wants_it),
         cmocka_unit_test(calibration_ops_match_float64),
         cmocka_unit_test(last_layer_finishes_only_needed_rows),
         cmocka_unit_test(device_names_and_missing_devices),

@@ -4,6 +4,7 @@
 #include "tiny_teacher.h"
 
 #include <math.h>
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -407,10 +408,15 @@ static void device_flag_on_every_engine_command(void **state) {
         for (int d = 0; d < 2; d++) {
             char *cmd = m2d_strfmt("%s %s --json --device %s", tu_bin(), base[1], d ? "cuda" : "cpu");
             assert_int_equal(tu_run(cmd, &out, &err), 0);
-            assert_non_null(strstr(out, d ? "\"device\":\"cuda\"" : "\"device\":\"cpu\""));
-            char *p = strstr(out, "\"acc\":");
-            assert_non_null(p);
-            acc[d] = m2d_strfmt("%.24s", p);
+            cJSON *j = cJSON_Parse(out); /* eval prints its JSON indented */
+            assert_non_null(j);
+            const cJSON *dev = cJSON_GetObjectItemCaseSensitive(j, "device");
+            assert_true(cJSON_IsString(dev) && strcmp(dev->valuestring, d ? "cuda" : "cpu") == 0);
+            const cJSON *a = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(
+                cJSON_GetObjectItemCaseSensitive(j, "results"), "arc_easy"), "acc");
+            assert_true(cJSON_IsNumber(a));
+            acc[d] = m2d_strfmt("%.17g", a->valuedouble);
+            cJSON_Delete(j);
             free(cmd), free(out), free(err);
         }
         print_message("eval arc_easy: cpu %s | cuda %s\n", acc[0], acc[1]);

@@ -7,13 +7,14 @@
 #    every case run, one line per case with its measured difference; then test_engine and
 #    test_calib again under M2D_CUDA_FAST=0 (the reference kernels: per-expert MoE through cuBLASLt,
 #    warp-per-row attention), their output in test_reference.log
-# 3. one configuration end to end on both devices (tools/gpu_e2e.sh)
-# 4. bench_cuda (GEMM yardstick; pp512 / PPL-eval tokens/s on Qwen3-30B-A3B-shaped slices), then
-#    transformers on the same checkpoints when python3 has torch + transformers
+# 3. bench_cuda (GEMM yardstick; pp512 / PPL-eval tokens/s on Qwen3-30B-A3B-shaped slices, the
+#    reference kernels' row, op times), then transformers on the same checkpoints when python3 has
+#    torch + transformers
+# 4. one configuration end to end on both devices (tools/gpu_e2e.sh)
 # Logs go to $OUT (default /tmp/m2d-gpu-out): gpu-run.log (everything), test_*.log (each binary's
 # whole output), bench.log. Each stage has a time limit (STAGE_S, default 240 s) so that one hung
 # stage cannot eat the machine's time (BENCH_S, default 300 s, for bench_cuda: it writes 5 GB of
-# checkpoints first); SKIP_E2E=1 leaves stage 3 out, SKIP_HF=1 transformers, SKIP_BENCH=1 both
+# checkpoints first); SKIP_E2E=1 leaves stage 4 out, SKIP_HF=1 transformers, SKIP_BENCH=1 both
 # benchmarks, BENCH_ONLY=moe the dense student's slice. Exit status: non-zero if
 # a test failed.
 set -u
@@ -80,12 +81,6 @@ for name in test_engine test_calib; do
   echo "$name (M2D_CUDA_FAST=0): exit $rc$( [ "$rc" = 124 ] && echo ' (timed out)')"
 done
 
-if [ "${SKIP_E2E:-0}" = 1 ]; then
-  step "end to end: skipped (SKIP_E2E=1)"
-else
-  step "one configuration end to end, cpu next to cuda (tools/gpu_e2e.sh)"
-  M2D_BUNDLE_ROOT=$B timeout "$STAGE_S" bash "$B/gpu_e2e.sh" 2>&1 | tee "$out/e2e.log"
-fi
 
 BENCH_DIR=/tmp/m2d-gpu-bench
 if [ "${SKIP_BENCH:-0}" = 1 ]; then
@@ -101,6 +96,14 @@ if [ "${SKIP_HF:-0}" != 1 ] && python3 -c 'import torch, transformers; assert to
     grep -v "Loading weights" | tee -a "$out/bench.log"
 else
   echo "skipped (SKIP_HF=1, or python3 lacks torch/transformers with CUDA)"
+fi
+
+# last: its CPU half (make demo's grid on 16 threads) is the longest stage
+if [ "${SKIP_E2E:-0}" = 1 ]; then
+  step "end to end: skipped (SKIP_E2E=1)"
+else
+  step "one configuration end to end, cpu next to cuda (tools/gpu_e2e.sh)"
+  M2D_BUNDLE_ROOT=$B timeout "$STAGE_S" bash "$B/gpu_e2e.sh" 2>&1 | tee "$out/e2e.log"
 fi
 
 step "done"

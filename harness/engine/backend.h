@@ -167,6 +167,9 @@ typedef struct {
     const char *name;       /* "cpu" */
     unsigned precisions;    /* bit (1u << m2d_precision) for each supported precision */
     uint64_t caps;          /* M2D_CAP(c) for each capability implemented (above) */
+    int resident_embedding; /* embedding lookups want the table resident (a device's memory: a
+                             * streamed lookup is a round trip through the host); 0: they convert
+                             * just the rows they read (the CPU) */
 
     void (*destroy)(m2d_backend *be);
     /* backend-specific knobs (CPU: "threads", "expert_parallel", "attention_gemm_min_rows");

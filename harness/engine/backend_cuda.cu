@@ -13,15 +13,21 @@
  * results do not depend on residency.
  *
  * Numerics follow backend_cpu.c: RMSNorm sums squares in fp64; RoPE angles in fp64; routing
- * softmax with max subtraction and an fp64 sum, top-k ties to the lower index; attention scores in
- * fp32, softmax weights and the weighted sum of values in fp64 (online softmax, one pass over the
- * keys); the LM head's log-sum-exp in fp64 over vocabulary chunks; MoE outputs summed per token in
- * expert-id order. Sums run in a fixed order (no atomics), so results do not depend on timing.
+ * softmax with max subtraction and an fp64 sum, top-k ties to the lower index; attention in fp32
+ * with max subtraction (backend.h), online softmax over tiles of 32 keys (k_attention_tiled; the
+ * warp-per-row reference kernel keeps its weights and sums in fp64); the LM head's log-sum-exp as
+ * the CPU's: fp32 exponential terms, fp64 sums over vocabulary chunks; MoE outputs summed per token
+ * in expert-id order. Sums run in a fixed order (no atomics), so results do not depend on timing.
+ *
+ * Fast paths and the reference next to them (knobs; M2D_CUDA_FAST=0 turns the fast ones off):
+ * MoE at BF16 by a device-side plan and grouped WMMA GEMMs (moe_grouped; 0: per-expert cuBLASLt
+ * with the plan on the host), attention by tiles (attn_tiled), every GEMM through cuBLASLt or the
+ * one-thread-per-output kernel (gemm_naive). The tests run both sides; knob profile times the ops.
  *
  * Errors: ops do not return them. The first CUDA/cuBLASLt failure is kept (sticky), later ops are
  * skipped, and leave() reports it with m2d_err after synchronising the device.
  *
- * Kept whole (~1350 lines): one nvcc translation unit, host code and kernels together, so the
+ * Kept whole (~2000 lines): one nvcc translation unit, host code and kernels together, so the
  * device helpers, the kernels and their launchers link without relocatable device code (-rdc);
  * and only a GPU runs its tests (make gpu-check), so a split could be checked there and not by the
  * CPU build. The op families are its sections (---- ... ----). */
@@ -966,6 +972,7 @@ struct attn_dev {
     int window;          /* 0: full causal; else the keys p - window < t <= p */
     const float *sinks;  /* [n_heads] sink logits, or NULL */
     float scale;
+    int vec;             /* k/v rows 16-byte aligned (k_attention_tiled stages them as float4) */
 };
 
 /* PER = elements of the head vector per lane (hd <= 32 * PER) */
@@ -1046,16 +1053,20 @@ __global__ static void __launch_bounds__(AT_ROWS * 32) k_attention_tiled(attn_de
     for (int j = 0; j < PER; j++) acc[j] = 0.0f;
     for (int t0 = lo_blk; t0 <= last; t0 += AT_KEYS) {
         __syncthreads(); /* the previous tile is consumed (and Qs written, the first time) */
-        for (int q = threadIdx.x; q < AT_KEYS * hd; q += blockDim.x) {
-            int kk = q / hd, j = q % hd, t = t0 + kk;
-            float kv = 0.0f, vv = 0.0f;
-            if (t <= last) {
-                const float *kr, *vr;
-                if (t < a.np) kr = a.kp + g * a.head_stride + (size_t)t * hd, vr = a.vp + g * a.head_stride + (size_t)t * hd;
-                else kr = a.ks + (size_t)(t - a.np) * a.ldk + (size_t)g * hd, vr = a.vs + (size_t)(t - a.np) * a.ldv + (size_t)g * hd;
-                kv = kr[j], vv = vr[j];
+        for (int rr = 0; rr < AT_KEYS / AT_ROWS; rr++) { /* warp w stages 4 keys, its lanes along each row */
+            int kk = w * (AT_KEYS / AT_ROWS) + rr, t = t0 + kk;
+            const float *kr = NULL, *vr = NULL; /* NULL: past the block's last key, zeros */
+            if (t <= last && t < a.np) kr = a.kp + g * a.head_stride + (size_t)t * hd, vr = a.vp + g * a.head_stride + (size_t)t * hd;
+            else if (t <= last) kr = a.ks + (size_t)(t - a.np) * a.ldk + (size_t)g * hd, vr = a.vs + (size_t)(t - a.np) * a.ldv + (size_t)g * hd;
+            if (a.vec) {
+                for (int j = 4 * lane; j < hd; j += 128) {
+                    float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    *(float4 *)&Ks[kk][j] = kr ? *(const float4 *)(kr + j) : z;
+                    *(float4 *)&Vs[kk][j] = vr ? *(const float4 *)(vr + j) : z;
+                }
+            } else {
+                for (int j = lane; j < hd; j += 32) Ks[kk][j] = kr ? kr[j] : 0.0f, Vs[kk][j] = vr ? vr[j] : 0.0f;
             }
-            Ks[kk][j] = kv, Vs[kk][j] = vv;
         }
         __syncthreads();
         if (!live || t0 > p || t0 + AT_KEYS <= lo) continue; /* nothing of this tile for this row (warp-uniform) */
@@ -1091,8 +1102,11 @@ __global__ static void __launch_bounds__(AT_ROWS * 32) k_attention_tiled(attn_de
 }
 
 /* 0 when the tiled kernel ran, -1 when it does not take this head size */
-static int attention_tiled(cu_be *c, const attn_dev *d) {
+static int attention_tiled(cu_be *c, attn_dev *d) {
     if (d->hd > AT_MAX_HD || d->hd % 4 || !c->attn_tiled) return -1;
+    const float *rows[4] = {d->ks, d->vs, d->kp, d->vp};
+    d->vec = d->ldk % 4 == 0 && d->ldv % 4 == 0 && d->head_stride % 4 == 0;
+    for (int i = 0; i < 4; i++) d->vec = d->vec && (uintptr_t)rows[i] % 16 == 0; /* NULL (no prefix) is aligned */
     dim3 grid((unsigned)((d->nq + AT_ROWS - 1) / AT_ROWS), (unsigned)d->n_heads);
     if (d->hd <= 32) k_attention_tiled<1><<<grid, AT_ROWS * 32>>>(*d);
     else if (d->hd <= 64) k_attention_tiled<2><<<grid, AT_ROWS * 32>>>(*d);
@@ -1109,7 +1123,7 @@ static void cu_attention(m2d_backend *be, const m2d_attn_args *a) {
     if (c->failed) return;
     attn_dev d = {F(&a->q), F(&a->k), F(&a->v), NULL, NULL, a->q.ld, a->k.ld, a->v.ld, nq, a->np, a->n_heads,
                   a->n_kv, a->head_dim, a->out.ld, a->head_stride, F(&a->out), a->window, sinks,
-                  a->scale != 0 ? a->scale : 1.0f / sqrtf((float)a->head_dim)};
+                  a->scale != 0 ? a->scale : 1.0f / sqrtf((float)a->head_dim), 0};
     if (a->np) {
         d.kp = (const float *)P(a->k_cache) + a->cache_off;
         d.vp = (const float *)P(a->v_cache) + a->cache_off;
@@ -1595,9 +1609,12 @@ static int moe_grouped(cu_be *c, const m2d_moe_args *a) {
 }
 
 /* cu_experts_all's grouped path: every expert on the same n rows, out's columns e*d .. e*d + d;
- * -1 where it does not apply */
+ * -1 where it does not apply. Only for few rows (launch-bound per expert): at 512 rows cuBLASLt's
+ * per-expert GEMMs ran faster than the WMMA kernel on an H200 (calibration 60 against 76 ms a layer). */
+#define GM_ALL_MAX_ROWS 64
 static int experts_all_grouped(cu_be *c, const m2d_moe_args *a) {
     int n = a->x.rows, d = a->x.cols, de = a->d_ff, E = a->n_experts, ldx;
+    if (n > GM_ALL_MAX_ROWS) return -1;
     gm_weights *gw = (gm_weights *)m2d_malloc(sizeof *gw);
     if (gm_weights_of(c, a, gw)) {
         free(gw);
@@ -1717,7 +1734,7 @@ static void cu_gram(m2d_backend *be, const m2d_mat *f, int E, m2d_buf *gb, m2d_p
 
 /* ---- LM head log-probabilities: chunks of the vocabulary, running log-sum-exp in fp64 ---- */
 #define LM_CHUNK 16384 /* vocabulary rows per GEMM */
-#define LM_ROWS 512    /* hidden rows per GEMM: at most 32 MiB of logits at once */
+#define LM_ROWS 2048   /* hidden rows per GEMM (the larger, the nearer cuBLASLt's peak): <= 128 MiB of logits */
 
 __global__ static void k_lse_init(double *st, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -1934,6 +1951,7 @@ static m2d_backend_ops make_ops(void) {
     o.glu_clamp = cu_glu_clamp, o.add_bias = cu_add_bias, o.clamp = cu_clamp, o.sigmoid_scale = cu_sigmoid_scale;
     o.experts_all = cu_experts_all_timed, o.gram = cu_gram_timed, o.auto_precision = cu_auto_precision;
     o.caps = M2D_CAPS_ALL & ~M2D_CAP(M2D_CAP_TRAIN); /* every forward and calibration op; no training yet */
+    o.resident_embedding = 1; /* a streamed lookup syncs, converts on the host and uploads n x d floats */
     return o;
 }
 

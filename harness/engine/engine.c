@@ -101,9 +101,10 @@ static void weights_free(m2d_engine *e) {
 }
 
 /* Visit every weight in residency order: small and hot first (each layer's norms, attention,
- * router and dense FFN, then the final norm), then the experts, the LM head last. The embedding
- * is visited only as the tied LM head, and only when TIED_HEAD: lookups convert just the rows
- * they read, and the default policy does not count a tied head. */
+ * router and dense FFN, then the final norm), then the experts, the LM head, the embedding last.
+ * On a backend whose lookups convert just the rows they read (the CPU), the embedding is visited
+ * only as the tied LM head, and only when TIED_HEAD (the default policy does not count a tied
+ * head); where lookups want it resident (a GPU: resident_embedding), always. */
 static void for_each_weight(m2d_engine *e, int tied_head, void (*fn)(m2d_engine *, m2d_weight *, void *), void *ctx) {
     const m2d_config *c = &e->m->cfg;
     for (int l = 0; l < c->num_hidden_layers; l++)
@@ -114,7 +115,9 @@ static void for_each_weight(m2d_engine *e, int tied_head, void (*fn)(m2d_engine 
         for (int x = 0; e->lw[l].x[0] && x < c->num_experts; x++)
             for (int r = 0; r < M2D_X_COUNT; r++)
                 if (e->lw[l].x[r]) fn(e, e->lw[l].x[r][x], ctx);
-    if (e->lm_head != e->embed || tied_head) fn(e, e->lm_head, ctx);
+    int dev = e->B->resident_embedding;
+    if (e->lm_head != e->embed || tied_head || dev) fn(e, e->lm_head, ctx);
+    if (e->lm_head != e->embed && dev) fn(e, e->embed, ctx);
 }
 
 static void add_bytes(m2d_engine *e, m2d_weight *w, void *ctx) { *(size_t *)ctx += e->B->resident_bytes(e->be, w); }
