@@ -175,6 +175,7 @@ static void model_rows(const char *dir, const char *label, double peak) {
         {M2D_PREC_BF16, 1, 1, ""}, {M2D_PREC_BF16, 2, 1, " (grouped, loads not overlapped)"},
         {M2D_PREC_BF16, 0, 0, " (reference kernels)"}, {M2D_PREC_FP32, 1, 1, ""}};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        if (m->cfg.num_experts == 0 && runs[i].prec == M2D_PREC_BF16 && i > 0) continue; /* MoE A/Bs only */
         m2d_engine *e;
         if (m2d_engine_open(m, &(m2d_engine_opts){.backend = "cuda", .precision = runs[i].prec}, &e)) {
             fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
