@@ -1846,30 +1846,33 @@ static void all_experts_and_gram_match_naive(void **state) {
 
 /* ---------------- capabilities (backend.h M2D_CAPS) ---------------- */
 
-/* A fixture backend of this test binary only: the CPU backend under the name "capless", listing
- * none of the optional capabilities, so that the engine's refusal can be seen. */
+/* Fixture backends of this test binary only: the CPU backend under another name with OPS, a copy of
+ * its ops table, changed after creation (each_backend skips them) */
+static int cpu_fixture(const m2d_backend_opts *o, m2d_backend **out, m2d_backend_ops *ops, const char *name) {
+    if (m2d_backend_new("cpu", o, out)) return -1;
+    *ops = *(*out)->ops;
+    ops->name = name;
+    (*out)->ops = ops;
+    return 0;
+}
+
+/* "capless": none of the optional capabilities, so that the engine's refusal can be seen */
 static m2d_backend_ops capless_ops;
 
 static int capless_create(const m2d_backend_opts *o, m2d_backend **out) {
-    if (m2d_backend_new("cpu", o, out)) return -1;
-    capless_ops = *(*out)->ops;
-    capless_ops.name = "capless";
+    if (cpu_fixture(o, out, &capless_ops, "capless")) return -1;
     capless_ops.caps = 0;
-    (*out)->ops = &capless_ops;
     return 0;
 }
 
 M2D_BACKEND(capless, "capless", "test fixture: the cpu backend with no optional capability", capless_create)
 
-/* A fixture: the CPU backend whose lookups ask for a resident embedding, as a GPU's do */
+/* "embedres": lookups ask for a resident embedding, as a GPU's do */
 static m2d_backend_ops embedres_ops;
 
 static int embedres_create(const m2d_backend_opts *o, m2d_backend **out) {
-    if (m2d_backend_new("cpu", o, out)) return -1;
-    embedres_ops = *(*out)->ops;
-    embedres_ops.name = "embedres";
+    if (cpu_fixture(o, out, &embedres_ops, "embedres")) return -1;
     embedres_ops.resident_embedding = 1;
-    (*out)->ops = &embedres_ops;
     return 0;
 }
 
