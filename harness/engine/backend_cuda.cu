@@ -317,6 +317,7 @@ static int cu_make_resident(m2d_backend *be, m2d_weight *wh) {
     if (w->dev) return 0;
     int64_t n = m2d_tensor_numel(w->t);
     size_t bytes = (size_t)n * m2d_dtype_size(w->dt);
+    cudaSetDevice(c->device); /* as cu_alloc */
     cudaError_t e = cudaMalloc(&w->dev, bytes ? bytes : 1);
     if (e != cudaSuccess) {
         w->dev = NULL;
@@ -364,8 +365,8 @@ static void cu_weight_f32(m2d_backend *be, const m2d_weight *wh, int64_t first, 
 /* ---- memory ---- */
 
 static m2d_buf *cu_alloc(m2d_backend *be, size_t bytes) {
-    (void)be;
     void *p = NULL;
+    cudaSetDevice(CU(be)->device); /* a caller's thread may have another current device (cuda:N) */
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
         cudaGetLastError();
