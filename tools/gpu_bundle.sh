@@ -17,6 +17,7 @@
 # on this machine runs the same script (its GPU tests then fail with "no GPU", as they must).
 set -eu
 cd "$(dirname "$0")/.."
+root=$(pwd)
 MODELS=${M2D_MODELS:-../shared/models}
 DATA=${M2D_DATA:-data}
 NVCC=${NVCC:-${CUDA_HOME:-/usr/local/cuda}/bin/nvcc}
@@ -57,6 +58,17 @@ arc=arc/ARC-V1-Feb2018-2/ARC-Easy
 mkdir -p "$stage/data/$arc"
 cp -L "$DATA/$arc"/*.jsonl "$stage/data/$arc/"
 cp tests/run.sh "$stage/tests/"
+# make demo's grid on this machine's CPU (fp32; ~1 min on 2 cores): tools/gpu_e2e.sh compares the
+# GPU's grid against it instead of spending the GPU machine's minutes on the CPU half
+echo "gpu-bundle: make demo's grid on the CPU for the end-to-end check"
+tmp=$(mktemp -d)
+(cd "$stage" && "$root/build-cuda/moe2dense" sweep experiments.toml --experiment demo \
+   --set model=models/tiny-qwen3moe --out "$tmp/demo-cpu.csv" --device cpu > "$tmp/log" 2>&1) ||
+  { tail -3 "$tmp/log"; rm -rf "$tmp"; echo "gpu-bundle: the CPU's demo grid failed"; exit 1; }
+mkdir -p "$stage/e2e"
+cp "$tmp/demo-cpu.csv" "$stage/e2e/"
+echo "$(lscpu | sed -n 's/^Model name: *//p'), commit $(git rev-parse --short HEAD 2>/dev/null)" > "$stage/e2e/made-on.txt"
+rm -rf "$tmp" "$stage/results" # its cache: the GPU grid must calibrate on the GPU, not reuse it
 cp tools/bench_hf_gpu.py tools/gpu_run.sh tools/gpu_e2e.sh "$stage/"
 git rev-parse --short HEAD > "$stage/COMMIT" 2>/dev/null || echo unknown > "$stage/COMMIT"
 
