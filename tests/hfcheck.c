@@ -499,7 +499,7 @@ static void check_ulp(const char *name, const char *what, double got, double ref
     if (fabs(got - ref) > bf16_ulp(ref))
         fail_msg("%s: %s: %.9g is more than one bf16 ulp from the float64 reference %.9g", name, what, got, ref);
     u->n++;
-    u->differ += got != m2d_bf16_to_f32(m2d_f32_to_bf16((float)ref));
+    u->differ += got != tu_bf16(ref);
 }
 
 /* element (r, c) of 2-D tensor T as fp64 */

@@ -151,8 +151,7 @@ static void matmul_check(const char *backend, int naive) {
             for (int o = 0; o < out; o++) {
                 double s = 0;
                 for (int k = 0; k < in; k++)
-                    s += (double)m2d_bf16_to_f32(m2d_f32_to_bf16(x[i * in + k])) *
-                         m2d_bf16_to_f32(m2d_f32_to_bf16(w[o * in + k]));
+                    s += tu_bf16(x[i * in + k]) * tu_bf16(w[o * in + k]);
                 /* bf16 x bf16 products are exact in fp32: only the fp32 accumulation errs, as above */
                 assert_true(fabs(s - y[i * out + o]) < 1e-4);
             }
@@ -779,8 +778,6 @@ static void op_moe_biases_clamp_on(const char *backend) {
     end_backend(be);
 }
 
-static float bf16_round(float v) { return m2d_bf16_to_f32(m2d_f32_to_bf16(v)); }
-
 /* The MoE op at BF16 with bf16 weights made resident (the cuda backend's grouped path: the plan on
  * the device, WMMA GEMMs; its per-expert path under moe_grouped = 0) against float64 loops on the
  * operands the BF16 contract rounds: x and the activation h to bf16, weights bf16 already, biases
@@ -809,12 +806,12 @@ static void moe_bf16_case(const char *backend, int N, int D, int DE, int E, int 
             for (int i = 0; i < DE; i++) {
                 double a = biases ? bias[e * D + i] : 0, b = biases ? bias[(E + e) * D + i] : 0;
                 for (int c = 0; c < D; c++) {
-                    double xc = bf16_round(x[t * D + c]);
+                    double xc = tu_bf16(x[t * D + c]);
                     a += (double)wg[i * D + c] * xc, b += (double)wu[i * D + c] * xc;
                 }
                 if (clamp_act) a = fmin(a, limit), b = fmin(fmax(b, -limit), limit);
                 double v = clamp_act ? (b + 1) * a / (1 + exp(-alpha * a)) : a / (1 + exp(-a)) * b;
-                h[i] = bf16_round((float)v);
+                h[i] = tu_bf16(v);
             }
             for (int o = 0; o < D; o++) {
                 double s = biases ? bias[(2 * E + e) * D + o] : 0, mag = 0;
@@ -1671,8 +1668,6 @@ static void device_names_and_missing_devices(void **state) {
 
 /* ---------------- bf16 (precision BF16: operands rounded to bf16, fp32 accumulation) ---------------- */
 
-static double bf(double v) { return m2d_bf16_to_f32(m2d_f32_to_bf16((float)v)); }
-
 /* Backend GEMM in BF16 against float64 references, with u_b = 2^-8 (bf16's unit roundoff: 8
  * significant bits) and gamma_K = K u / (1 - K u), u = 2^-24:
  *  - against the reference on bf16-rounded operands: products of bf16 values are exact in fp32, so
@@ -1707,7 +1702,7 @@ static void op_matmul_bf16_on(const char *backend) {
             double s = 0, sr = 0, mag = 0, magr = 0;
             for (int k = 0; k < IN; k++) {
                 double xv = x[i * IN + k], wv = w[o * IN + k];
-                s += xv * wv, sr += bf(xv) * bf(wv), mag += fabs(xv * wv), magr += fabs(bf(xv) * bf(wv));
+                s += xv * wv, sr += tu_bf16(xv) * tu_bf16(wv), mag += fabs(xv * wv), magr += fabs(tu_bf16(xv) * tu_bf16(wv));
             }
             double yv = y[i * OUT + o];
             assert_true(fabs(yv - sr) <= gk * magr);

@@ -49,7 +49,6 @@ static void fill_normal(uint64_t *st, float *x, size_t n, double scale) {
     for (size_t i = 0; i < n; i++) x[i] = (float)(tu_rand_normal(st) * scale);
 }
 
-static double bf(double v) { return m2d_bf16_to_f32(m2d_f32_to_bf16((float)v)); }
 
 
 /* A stored weight of DTYPE from fp32 values (BF16: values rounded; F32/F16 as given/rounded). */
@@ -84,7 +83,7 @@ static void reference(const float *x, int ldx, int m, const test_w *w, const flo
             double s = 0, a = 0;
             for (int k = 0; k < w->in; k++) {
                 double xv = x[(size_t)i * ldx + k], wv = w->val[(size_t)o * w->ld + k];
-                if (round) xv = bf(xv), wv = bf(wv);
+                if (round) xv = tu_bf16(xv), wv = tu_bf16(wv);
                 s += xv * wv;
                 a += fabs(xv * wv);
             }
@@ -271,7 +270,7 @@ static size_t within_two_orders(const float *ya, const float *yb, const float *x
             double mag = 0;
             for (int k = 0; k < w->in; k++) {
                 double xv = x[(size_t)r * w->in + k];
-                mag += fabs((bf16 ? bf(xv) : xv) * w->val[(size_t)o * w->ld + k]);
+                mag += fabs((bf16 ? tu_bf16(xv) : xv) * w->val[(size_t)o * w->ld + k]);
             }
             size_t i = (size_t)r * w->out + o;
             assert_true(fabs((double)ya[i] - yb[i]) <= 2 * tu_gamma_f32(w->in) * mag);

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/tensor.h"
 #include "base/util.h"
 
 const char *tu_models_dir(void) {
@@ -138,6 +139,8 @@ uint64_t tu_rand_u64(uint64_t *s) {
 }
 
 double tu_gamma_f32(int k) { return k * 0x1p-24 / (1 - k * 0x1p-24); }
+
+double tu_bf16(double v) { return m2d_bf16_to_f32(m2d_f32_to_bf16((float)v)); }
 
 double tu_rand_uniform(uint64_t *s) { return (double)(tu_rand_u64(s) >> 11) * 0x1.0p-53; }
 

@@ -52,6 +52,8 @@ double tu_rand_normal(uint64_t *state);    /* N(0, 1) */
 /* γ_K = K u / (1 - K u), u = 2^-24: the bound of a recursive fp32 sum of K terms (or a chain of K
  * fmas), |computed - exact| <= γ_K Σ|terms| (Higham §3.1), for the GEMM kernels' tests. */
 double tu_gamma_f32(int k);
+/* V rounded to bf16 (through fp32, nearest even: the BF16 precision's operand rounding), as a double */
+double tu_bf16(double v);
 /* The python3 of the test references' virtual environment (tests/ref/.venv: HF tokenizers,
  * lm-eval), made by tests/ref/setup.sh. `make test` runs that setup once, before any test, and
  * tests/run.sh counts a failed install once ("ref-setup"); this only reads the recorded outcome:
