@@ -125,8 +125,10 @@ struct cu_be {
     int attn_tiled;       /* knob: attention by k_attention_tiled where it applies (default 1) */
     int *dev_err;         /* device int: set by a kernel that met bad input (checked at leave) */
     double rope_freq[M2D_MAX_HEAD_DIM / 2]; /* the RoPE frequencies in SLOT_ROPE (rope_half of them) */
-    cu_prof prof;
     int rope_half;
+    int err_armed;        /* a kernel that may set dev_err ran since the last leave() */
+    struct gm_weights *gw; /* the grouped MoE's pointer tables (16 KiB), refilled per call */
+    cu_prof prof;
 };
 
 static cu_be *CU(m2d_backend *be) { return (cu_be *)be; }
@@ -616,12 +618,14 @@ static void cu_rope(m2d_backend *be, m2d_mat *x, int n_heads, int hd, const m2d_
     launched(c, "k_rope");
 }
 
+/* silu(g) * u of one element (k_glu and the grouped MoE's epilogue) */
+__device__ static float swiglu1(float g, float u) { return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u); }
+
 __global__ static void k_glu(float *g, int ldg, const float *u, int ldu, int rows, int cols) {
     int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (id >= (int64_t)rows * cols) return;
     int r = (int)(id / cols), j = (int)(id % cols);
-    float a = g[(size_t)r * ldg + j];
-    g[(size_t)r * ldg + j] = __fmul_rn(__fdiv_rn(a, __fadd_rn(1.0f, expf(-a))), u[(size_t)r * ldu + j]);
+    g[(size_t)r * ldg + j] = swiglu1(g[(size_t)r * ldg + j], u[(size_t)r * ldu + j]);
 }
 
 static void glu_rows(cu_be *c, float *g, int ldg, const float *u, int ldu, int rows, int cols) {
@@ -1490,7 +1494,7 @@ __global__ static void __launch_bounds__(GM_T) k_grouped(gm_args g, gm_ptrs p) {
             continue;
         }
         float u = __fadd_rn(C[(GM_BM + m) * GM_LDC + j], gm_bias(p.b[1][e], g.b_bf16, col));
-        float h = g.clamp ? swiglu_clamp1(v, u, g.alpha, g.limit) : __fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, expf(-v))), u);
+        float h = g.clamp ? swiglu_clamp1(v, u, g.alpha, g.limit) : swiglu1(v, u);
         ((__nv_bfloat16 *)g.c)[o] = __float2bfloat16_rn(h);
     }
 }
@@ -1528,14 +1532,18 @@ struct gm_weights {
     int b_bf16[2];
 };
 
-/* 0, or -1 where the grouped path does not apply: not BF16, too many experts, a weight not
- * resident, mixed dtypes, or the knob moe_grouped = 0 */
-static int gm_weights_of(cu_be *c, const m2d_moe_args *a, gm_weights *gw) {
-    if (!c->moe_grouped || resolve(a->prec) != M2D_PREC_BF16 || a->n_experts > GM_MAX_E) return -1;
+/* A's expert weights in the backend's tables, or NULL where the grouped path does not apply: not
+ * BF16, too many experts, a weight not resident, mixed dtypes, or the knob moe_grouped = 0 */
+static const gm_weights *gm_weights_of(cu_be *c, const m2d_moe_args *a) {
+    if (!c->moe_grouped || resolve(a->prec) != M2D_PREC_BF16 || a->n_experts > GM_MAX_E) return NULL;
+    if (!c->gw) c->gw = (gm_weights *)m2d_malloc(sizeof *c->gw);
+    gm_weights *gw = c->gw;
     m2d_weight *const *const w2[2] = {a->gate, a->up}, *const *const b2[2] = {a->gate_bias, a->up_bias};
     m2d_weight *const *const w1[2] = {a->down, NULL}, *const *const b1[2] = {a->down_bias, NULL};
-    if (gm_table(w2, b2, 2, a->n_experts, &gw->gu, &gw->wdt[0], &gw->b_bf16[0])) return -1;
-    return gm_table(w1, b1, 1, a->n_experts, &gw->dn, &gw->wdt[1], &gw->b_bf16[1]);
+    if (gm_table(w2, b2, 2, a->n_experts, &gw->gu, &gw->wdt[0], &gw->b_bf16[0]) ||
+        gm_table(w1, b1, 1, a->n_experts, &gw->dn, &gw->wdt[1], &gw->b_bf16[1]))
+        return NULL;
+    return gw;
 }
 
 template <bool PRE>
@@ -1582,11 +1590,8 @@ static void gm_experts(cu_be *c, const m2d_moe_args *a, const gm_weights *gw, co
 /* cu_moe's grouped path; -1 where it does not apply (nothing launched) */
 static int moe_grouped(cu_be *c, const m2d_moe_args *a) {
     int n = a->x.rows, d = a->x.cols, k = a->k, de = a->d_ff, E = a->n_experts, nk = n * k;
-    gm_weights *gw = (gm_weights *)m2d_malloc(sizeof *gw); /* 16 KiB: not on the stack */
-    if (k > GM_MAX_K || gm_weights_of(c, a, gw)) {
-        free(gw);
-        return -1;
-    }
+    const gm_weights *gw = k > GM_MAX_K ? NULL : gm_weights_of(c, a);
+    if (!gw) return -1;
     int32_t *ints = (int32_t *)scratch(c, SLOT_MOE_PLAN, sizeof(int32_t) * gm_plan_ints(nk, E));
     __nv_bfloat16 *xs = (__nv_bfloat16 *)scratch(c, SLOT_XCONV, 2 * (size_t)nk * d);
     __nv_bfloat16 *H = (__nv_bfloat16 *)scratch(c, SLOT_MOE_G, 2 * (size_t)nk * de);
@@ -1594,6 +1599,7 @@ static int moe_grouped(cu_be *c, const m2d_moe_args *a) {
     if (ints && xs && H && Y) { /* else the sticky error is set */
         gm_plan pl = gm_plan_at(ints, nk, E);
         pl.err = c->dev_err;
+        c->err_armed = 1;
         k_moe_plan<<<1, 1024>>>((const int32_t *)P(a->topk), n, k, E, pl);
         launched(c, "k_moe_plan");
         k_gather_bf16<<<blocks_for((int64_t)nk * d, 256), 256>>>(F(&a->x), a->x.ld, pl.pair, pl.start + E, k, d,
@@ -1605,7 +1611,6 @@ static int moe_grouped(cu_be *c, const m2d_moe_args *a) {
                                                             k, d, F(&a->out), a->out.ld);
         launched(c, "k_scatter");
     }
-    free(gw);
     return 0;
 }
 
@@ -1615,12 +1620,8 @@ static int moe_grouped(cu_be *c, const m2d_moe_args *a) {
 #define GM_ALL_MAX_ROWS 64
 static int experts_all_grouped(cu_be *c, const m2d_moe_args *a) {
     int n = a->x.rows, d = a->x.cols, de = a->d_ff, E = a->n_experts, ldx;
-    if (n > GM_ALL_MAX_ROWS) return -1;
-    gm_weights *gw = (gm_weights *)m2d_malloc(sizeof *gw);
-    if (gm_weights_of(c, a, gw)) {
-        free(gw);
-        return -1;
-    }
+    const gm_weights *gw = n > GM_ALL_MAX_ROWS ? NULL : gm_weights_of(c, a);
+    if (!gw) return -1;
     __nv_bfloat16 *H = (__nv_bfloat16 *)scratch(c, SLOT_MOE_G, 2 * (size_t)E * n * de);
     const void *xs = H ? x_operand(c, F(&a->x), a->x.ld, n, d, M2D_PREC_BF16, &ldx) : NULL; /* compact: ldx = d */
     if (xs) {
@@ -1628,7 +1629,6 @@ static int experts_all_grouped(cu_be *c, const m2d_moe_args *a) {
                     H, (int64_t)n * de, F(&a->out), a->out.ld, d};
         gm_experts(c, a, gw, &io);
     }
-    free(gw);
     return 0;
 }
 
@@ -1898,10 +1898,13 @@ static int cu_leave(m2d_backend *be) {
     if (c->depth > 0 && --c->depth > 0) return 0;
     cuda_ok(c, cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     if (c->prof.n) prof_collect(c);
-    int bad = 0;
-    if (!c->failed && cuda_ok(c, cudaMemcpy(&bad, c->dev_err, sizeof bad, cudaMemcpyDeviceToHost), "error flag") && bad) {
-        cudaMemset(c->dev_err, 0, sizeof bad);
-        fail(c, "moe: an expert id outside [0, n_experts) in topk");
+    if (c->err_armed && !c->failed) { /* the flag comes back only after a kernel that may set it */
+        int bad = 0;
+        c->err_armed = 0;
+        if (cuda_ok(c, cudaMemcpy(&bad, c->dev_err, sizeof bad, cudaMemcpyDeviceToHost), "error flag") && bad) {
+            cudaMemset(c->dev_err, 0, sizeof bad);
+            fail(c, "moe: an expert id outside [0, n_experts) in topk");
+        }
     }
     if (!c->failed) return 0;
     c->failed = 0;
@@ -1933,6 +1936,7 @@ static void cu_destroy(m2d_backend *be) {
     cudaFree(c->ws);
     cudaFree(c->dev_err);
     if (c->lt) cublasLtDestroy(c->lt);
+    free(c->gw);
     free(c);
 }
 
@@ -1986,7 +1990,7 @@ static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
         cudaFree(c->dev_err);
         free(c);
         return s != CUBLAS_STATUS_SUCCESS ? m2d_err("cuda: cublasLtCreate: status %d", (int)s)
-                                          : m2d_err("cuda: workspace: %s", cudaGetErrorString(e));
+                                          : m2d_err("cuda: workspace or error flag: %s", cudaGetErrorString(e));
     }
     *out = &c->base;
     return 0;
