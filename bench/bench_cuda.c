@@ -3,8 +3,9 @@
  * prompt-processing (pp512) tokens/s of the engine on 2-layer slices with the real Qwen3-30B-A3B
  * dimensions (the MoE and its K=8 dense student), weights resident, at bf16 and fp32.
  *
- * Usage: [BENCH_ONLY=moe] bench_cuda [DIR]   (checkpoints are written to DIR, default a fresh folder in /tmp; the
- *        transformers comparison, tools/bench_hf_gpu.py, reads the same checkpoints)
+ * Usage: [BENCH_ONLY=moe] bench_cuda [DIR]   (checkpoints are written to DIR, default a fresh folder
+ *        in /tmp; the transformers comparison, tools/bench_hf_gpu.py, reads the same checkpoints;
+ *        BENCH_ONLY=moe leaves the dense student's slice out)
  * Without a cuda backend in the build, or without a GPU, it says so in one line and exits 0 (so
  * `make bench` runs everywhere); M2D_REQUIRE_GPU=1 (tools/gpu_check.sh) makes that exit 1.
  * Each timing is the best of several runs after a warm-up; leave() synchronises the device, so

@@ -81,7 +81,6 @@ for name in test_engine test_calib; do
   echo "$name (M2D_CUDA_FAST=0): exit $rc$( [ "$rc" = 124 ] && echo ' (timed out)')"
 done
 
-
 BENCH_DIR=/tmp/m2d-gpu-bench
 if [ "${SKIP_BENCH:-0}" = 1 ]; then
   step "bench_cuda: skipped (SKIP_BENCH=1)"; SKIP_HF=1
@@ -98,7 +97,7 @@ else
   echo "skipped (SKIP_HF=1, or python3 lacks torch/transformers with CUDA)"
 fi
 
-# last: its CPU half (make demo's grid on 16 threads) is the longest stage
+# last: the least needed of the stages (the bundle carries its CPU half, so it is ~30 s of GPU work)
 if [ "${SKIP_E2E:-0}" = 1 ]; then
   step "end to end: skipped (SKIP_E2E=1)"
 else
