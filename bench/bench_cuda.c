@@ -144,11 +144,12 @@ static void calib_row(m2d_engine *e, const m2d_model *m, double peak) {
     free(x), free(f), free(g);
 }
 
-/* the backend's fast kernels (moe_grouped 1 or 2, attn_tiled 1) or its reference kernels (0, 0):
- * the rows are A/Bs of the paths on the same GPU in the same run */
-static int set_kernels(m2d_engine *e, int moe_grouped, int attn_tiled) {
+/* the backend's kernels: moe_grouped 1 or 2 (0: per-expert reference), attn_kernel 2 (tensor
+ * cores), 1 (tiles on the CUDA cores) or 0 (reference): the rows are A/Bs of the paths on the same
+ * GPU in the same run */
+static int set_kernels(m2d_engine *e, int moe_grouped, int attn_kernel) {
     m2d_backend *be = m2d_engine_backend(e);
-    return be->ops->tune(be, "moe_grouped", moe_grouped) || be->ops->tune(be, "attn_tiled", attn_tiled);
+    return be->ops->tune(be, "moe_grouped", moe_grouped) || be->ops->tune(be, "attn_kernel", attn_kernel);
 }
 
 /* where one pp512 and one ppl-2048 call spend their device time, op by op (the backend's knob
@@ -171,12 +172,14 @@ static void model_rows(const char *dir, const char *label, double peak) {
         fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
         return;
     }
-    /* bf16; its grouped MoE without overlapped loads; the reference kernels; fp32 */
-    const struct { m2d_precision prec; int moe, attn; const char *note; } runs[] = {
-        {M2D_PREC_BF16, 1, 1, ""}, {M2D_PREC_BF16, 2, 1, " (grouped, loads not overlapped)"},
-        {M2D_PREC_BF16, 0, 0, " (reference kernels)"}, {M2D_PREC_FP32, 1, 1, ""}};
+    /* bf16; its attention on the CUDA cores; its grouped MoE without overlapped loads; the
+     * reference kernels; fp32 */
+    const struct { m2d_precision prec; int moe, attn, moe_only; const char *note; } runs[] = {
+        {M2D_PREC_BF16, 1, 2, 0, ""}, {M2D_PREC_BF16, 1, 1, 0, " (attention by SIMT tiles)"},
+        {M2D_PREC_BF16, 2, 2, 1, " (grouped, loads not overlapped)"}, {M2D_PREC_BF16, 0, 0, 1, " (reference kernels)"},
+        {M2D_PREC_FP32, 1, 2, 0, ""}};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
-        if (m->cfg.num_experts == 0 && runs[i].prec == M2D_PREC_BF16 && i > 0) continue; /* MoE A/Bs only */
+        if (m->cfg.num_experts == 0 && runs[i].moe_only) continue;
         m2d_engine *e;
         if (m2d_engine_open(m, &(m2d_engine_opts){.backend = "cuda", .precision = runs[i].prec}, &e)) {
             fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());

@@ -425,6 +425,17 @@ static void prefix_as_cache(const float *k, const float *v, int np, int KV, int 
         }
 }
 
+/* Select the backend's attention kernel number PATH (0, 1, ...): cpu's knob attention_gemm_min_rows
+ * (0: the dot-product kernel, 1: GEMM blocks), cuda's attn_kernel (0: tensor cores, 1: tiles on
+ * the CUDA cores, 2: the warp-per-row reference). false when the backend has no such kernel; path
+ * 0 always runs (a backend with one kernel has neither knob). */
+static bool attention_path(m2d_backend *be, int path) {
+    static const int cpu_min_rows[2] = {1 << 30, 1};
+    if (path < 2 && be->ops->tune(be, "attention_gemm_min_rows", cpu_min_rows[path]) == 0) return true;
+    if (path < 3 && be->ops->tune(be, "attn_kernel", 2 - path) == 0) return true;
+    return path == 0;
+}
+
 /* attention inputs: q [nq][H * hd], k and v [np + nq][KV * hd] of N(0,1) values (drawn in that
  * order from SEED), and the first np rows of k and v as a cache (kp, vp) */
 typedef struct {
@@ -466,10 +477,7 @@ static void op_attention_causal_gqa_on(const char *backend) {
           *q2 = malloc(sizeof(float) * T * H * hd);
     fill_normal(&st, q2, (size_t)T * H * hd, 1);
     attention_naive(q2, k, v, 0, T, H, KV, hd, r2);
-    int mins[2] = {1 << 30, 1}; /* the dot-product kernel, then the GEMM formulation */
-    for (int path = 0; path < 2; path++) {
-        /* a backend with one attention kernel has no such knob: its one path is tested once */
-        if (be->ops->tune(be, "attention_gemm_min_rows", mins[path]) != 0 && path > 0) break;
+    for (int path = 0; attention_path(be, path); path++) {
         attention_host(be, q, k + np * KV * hd, v + np * KV * hd, nq, kp, vp, np, H, KV, hd, o);
         /* scores are dots of 20 N(0,1) pairs (|s| ~ 5): fp32 error ~ 20 * 6e-8 * 20; weights and
          * outputs are convex combinations of N(0,1) values: 1e-5 leaves a wide margin */
@@ -525,11 +533,10 @@ static void op_attention_window_sinks_on(const char *backend) {
     float *o = malloc(sizeof(float) * nq * H * hd), *r = malloc(sizeof(float) * nq * H * hd),
           sinks[4] = {0.5f, -3.0f, 4.0f, 0.0f};
     m2d_backend *be = new_backend(backend, 2);
-    int windows[4] = {0, 1, 5, 40}, mins[2] = {1 << 30, 1};
+    int windows[4] = {0, 1, 5, 40};
     for (int wi = 0; wi < 4; wi++)
         for (int sk = 0; sk < 2; sk++)
-            for (int path = 0; path < 2; path++) {
-                if (be->ops->tune(be, "attention_gemm_min_rows", mins[path]) != 0 && path > 0) break;
+            for (int path = 0; attention_path(be, path); path++) {
                 const float *sn = sk ? sinks : NULL;
                 attention_naive_ws(q, k, v, np, nq, H, KV, hd, windows[wi], sn, r);
                 attention_host_ws(be, q, k + np * KV * hd, v + np * KV * hd, nq, kp, vp, np, H, KV, hd, windows[wi], sn, o);
@@ -551,22 +558,23 @@ static void op_attention_window_sinks_on(const char *backend) {
     free(o); free(r);
 }
 
-/* The GEMM attention at sizes where the GEMM module takes its oneDNN kernel (K and Vᵀ of >= 4096
- * elements): query rows in several blocks and a partial last one (300 rows), a cached prefix, a
- * window cutting through blocks and the prefix, sinks; against the float64 loops and against the
- * dot-product kernel. Tolerance as op_attention_causal_gqa: scores are 64-term dots of N(0,1)
- * pairs (fp32 error ~ 64 * 6e-8 * 8 before the 1/8 scale); an output is a convex combination of up
- * to 337 N(0,1) values (|v| < 5), summed by both kernels in blocks of <= 64 terms: ~64 * 6e-8 * 5
- * = 2e-5 at worst, ~1e-6 typical (measured 7e-7); 1e-5 everywhere. */
-static void op_attention_gemm_blocks_on(const char *backend) {
-    if (lacks(backend, M2D_CAP(M2D_CAP_ATTN_WINDOW) | M2D_CAP(M2D_CAP_ATTN_SINKS))) return;
-    int H = 4, KV = 2, hd = 64, np = 37, nq = 300;
+/* Attention at sizes where the kernels work in blocks: query rows in several blocks and a partial
+ * last one, a cached prefix, a window cutting through blocks and the prefix, sinks; every kernel
+ * of the backend (attention_path) against the float64 loops and against its first kernel.
+ * Sizes: head_dim 64, 300 rows (the CPU's GEMM attention takes its oneDNN kernel: K and Vᵀ of >=
+ * 4096 elements); head_dim 128, 200 rows (the largest head of cuda's tensor-core kernel).
+ * Tolerance: a score is a dot of hd N(0,1) pairs (sum of |q_j k_j| ~ 0.64 hd), each product
+ * rounded to fp32 (cuda's 3xTF32: within ~2^-22 of it) and summed in fp32: a random-walk error of
+ * ~sqrt(hd) * 6e-8 * 1 ~ 7e-7 at hd = 128, 6e-8 after the 1/sqrt(hd) scale; an output is a convex
+ * combination of up to 370 N(0,1) values (|v| < 5) summed in fp32 in blocks of <= 64 terms, ~1e-6
+ * typical (measured 7e-7 at hd = 64 on the CPU). 1e-5 everywhere; the worst is printed. */
+static double attention_blocks_check(m2d_backend *be, int hd, int np, int nq, const int windows[3]) {
+    int H = 4, KV = 2;
     attn_inputs in = attn_inputs_new(77, np, nq, H, KV, hd);
     const float *q = in.q, *k = in.k, *v = in.v, *kp = in.kp, *vp = in.vp;
-    float *o = malloc(sizeof(float) * nq * H * hd), *od = malloc(sizeof(float) * nq * H * hd),
-          *r = malloc(sizeof(float) * nq * H * hd), sinks[4] = {1.0f, -2.0f, 3.0f, 0.0f};
-    m2d_backend *be = new_backend(backend, 2);
-    int windows[3] = {0, 50, 200}, mins[2] = {1 << 30, 1}; /* the dot-product kernel, then the GEMM one */
+    size_t n = (size_t)nq * H * hd;
+    float *o = malloc(sizeof(float) * n), *o0 = malloc(sizeof(float) * n), *r = malloc(sizeof(float) * n),
+          sinks[4] = {1.0f, -2.0f, 3.0f, 0.0f};
     double worst = 0;
     for (int wi = 0; wi < 3; wi++)
         for (int pre = 0; pre < 2; pre++) {
@@ -574,22 +582,26 @@ static void op_attention_gemm_blocks_on(const char *backend) {
             const float *ks = k + (size_t)np * KV * hd, *vs = v + (size_t)np * KV * hd; /* the segment */
             if (pre) attention_naive_ws(q, k, v, np, nq, H, KV, hd, windows[wi], sn, r);
             else attention_naive_ws(q, ks, vs, 0, nq, H, KV, hd, windows[wi], sn, r);
-            for (int path = 0; path < 2; path++) {
-                if (be->ops->tune(be, "attention_gemm_min_rows", mins[path]) != 0 && path > 0) {
-                    memcpy(o, od, sizeof(float) * nq * H * hd); /* one attention kernel: it is both */
-                    break;
-                }
-                attention_host_ws(be, q, ks, vs, nq, kp, vp, pre ? np : 0, H, KV, hd, windows[wi], sn, path ? o : od);
+            for (int path = 0; attention_path(be, path); path++) {
+                attention_host_ws(be, q, ks, vs, nq, kp, vp, pre ? np : 0, H, KV, hd, windows[wi], sn, path ? o : o0);
+                worst = fmax(worst, max_abs_diff(path ? o : o0, r, n));
+                assert_true(max_abs_diff(path ? o : o0, r, n) < 1e-5);
+                if (path) assert_true(max_abs_diff(o, o0, n) < 1e-5);
             }
-            worst = fmax(worst, max_abs_diff(o, r, (size_t)nq * H * hd));
-            assert_true(max_abs_diff(o, r, (size_t)nq * H * hd) < 1e-5);
-            assert_true(max_abs_diff(od, r, (size_t)nq * H * hd) < 1e-5);
-            assert_true(max_abs_diff(o, od, (size_t)nq * H * hd) < 1e-5);
         }
-    printf("%s: attention, 300 rows in blocks: max |d| vs float64 = %.2g\n", backend, worst);
-    end_backend(be);
     attn_inputs_free(&in);
-    free(o); free(od); free(r);
+    free(o); free(o0); free(r);
+    return worst;
+}
+
+static void op_attention_gemm_blocks_on(const char *backend) {
+    if (lacks(backend, M2D_CAP(M2D_CAP_ATTN_WINDOW) | M2D_CAP(M2D_CAP_ATTN_SINKS))) return;
+    m2d_backend *be = new_backend(backend, 2);
+    const int w64[3] = {0, 50, 200}, w128[3] = {0, 100, 9};
+    double d64 = attention_blocks_check(be, 64, 37, 300, w64), d128 = attention_blocks_check(be, 128, 70, 200, w128);
+    printf("%s: attention in blocks, every kernel: max |d| vs float64 = %.2g (hd 64, 300 rows), %.2g (hd 128, 200 rows)\n",
+           backend, d64, d128);
+    end_backend(be);
 }
 
 /* a given softmax scale (MLA's mscale) on both attention paths, with a cached prefix, against the
@@ -613,9 +625,7 @@ static void op_attention_scale_on(const char *backend) {
             }
     m2d_backend *be = new_backend(backend, 1);
     g_attn_scale = 0.37f;
-    int mins[2] = {1 << 30, 1};
-    for (int path = 0; path < 2; path++) {
-        if (be->ops->tune(be, "attention_gemm_min_rows", mins[path]) != 0 && path > 0) break;
+    for (int path = 0; attention_path(be, path); path++) {
         attention_naive_ws(q, k, v, np, nq, H, KV, hd, 0, NULL, r);
         attention_host_ws(be, q, k + np * KV * hd, v + np * KV * hd, nq, kp, vp, np, H, KV, hd, 0, NULL, o);
         assert_true(max_abs_diff(o, r, (size_t)nq * H * hd) < 1e-5);

@@ -1,6 +1,8 @@
 /* backend_cuda — the "cuda" backend (built only by `make CUDA=1`): every op of backend.h on one
  * NVIDIA GPU. GEMMs go through cuBLASLt with fp32 accumulation (CUBLAS_COMPUTE_32F: never TF32),
- * fp32 or bf16 operands by the op's precision; the rest are this file's kernels.
+ * fp32 or bf16 operands by the op's precision; the rest are this file's kernels. The one use of
+ * tensor cores on fp32 operands is attention's 3xTF32 (each operand split in two TF32 parts, three
+ * products: fp32-level accuracy, see k_attention_tc).
  *
  * Everything runs in order on the legacy default stream, so scratch buffers are reused without
  * events: cudaMemcpy from pageable host memory waits for the stream's earlier work before it
@@ -14,14 +16,16 @@
  *
  * Numerics follow backend_cpu.c: RMSNorm sums squares in fp64; RoPE angles in fp64; routing
  * softmax with max subtraction and an fp64 sum, top-k ties to the lower index; attention in fp32
- * with max subtraction (backend.h), online softmax over tiles of 32 keys (k_attention_tiled; the
- * warp-per-row reference kernel keeps its weights and sums in fp64); the LM head's log-sum-exp as
+ * with max subtraction (backend.h), online softmax over tiles of 32 keys (k_attention_tc on tensor
+ * cores, k_attention_tiled on the CUDA cores; the warp-per-row reference kernel keeps its weights
+ * and sums in fp64); the LM head's log-sum-exp as
  * the CPU's: fp32 exponential terms, fp64 sums over vocabulary chunks; MoE outputs summed per token
  * in expert-id order. Sums run in a fixed order (no atomics), so results do not depend on timing.
  *
  * Fast paths and the reference next to them (knobs; M2D_CUDA_FAST=0 turns the fast ones off):
  * MoE at BF16 by a device-side plan and grouped WMMA GEMMs (moe_grouped; 0: per-expert cuBLASLt
- * with the plan on the host), attention by tiles (attn_tiled), every GEMM through cuBLASLt or the
+ * with the plan on the host), attention on tensor cores or by tiles (attn_kernel 2, 1; 0: one warp
+ * a row), every GEMM through cuBLASLt or the
  * one-thread-per-output kernel (gemm_naive). The tests run both sides; knob profile times the ops.
  *
  * Errors: ops do not return them. The first CUDA/cuBLASLt failure is kept (sticky), later ops are
@@ -122,7 +126,9 @@ struct cu_be {
     int gemm_naive;       /* knob: every GEMM through k_gemm_naive */
     int moe_grouped;      /* knob: MoE and calibration at BF16 by the grouped kernels (default 1;
                            * 2: their loads not overlapped with the MMAs; 0: the per-expert path) */
-    int attn_tiled;       /* knob: attention by k_attention_tiled where it applies (default 1) */
+    int attn_kernel;      /* knob: attention by k_attention_tc (2, the default), k_attention_tiled (1)
+                           * where they apply, or the warp-per-row reference k_attention (0) */
+    unsigned attn_smem_set; /* k_attention_tc<32, 64, 128> allowed their shared memory on this device */
     int *dev_err;         /* device int: set by a kernel that met bad input (checked at leave) */
     double rope_freq[M2D_MAX_HEAD_DIM / 2]; /* the RoPE frequencies in SLOT_ROPE (rope_half of them) */
     int rope_half;
@@ -977,7 +983,7 @@ struct attn_dev {
     int window;          /* 0: full causal; else the keys p - window < t <= p */
     const float *sinks;  /* [n_heads] sink logits, or NULL */
     float scale;
-    int vec;             /* k/v rows 16-byte aligned (k_attention_tiled stages them as float4) */
+    int vec;             /* hd % 4 == 0 and k/v rows 16-byte aligned: staged as float4s */
 };
 
 /* PER = elements of the head vector per lane (hd <= 32 * PER) */
@@ -1106,12 +1112,220 @@ __global__ static void __launch_bounds__(AT_ROWS * 32) k_attention_tiled(attn_de
         if (lane + 32 * j < hd) o[lane + 32 * j] = acc[j] / l;
 }
 
+/* ---- attention on tensor cores: flash attention in 3xTF32 ----
+ * The tiled kernel above computes every score and weighted value on the CUDA cores (~8 TFLOP/s at
+ * 2,048 tokens). Here both products run as mma.sync m16n8k8 TF32 with fp32 accumulation, each
+ * operand x split as x = big + small (big = x rounded to TF32, 11 significant bits; small = the
+ * rest rounded to TF32), and a*b = big*big + big*small + small*big: the dropped small*small and the
+ * second rounding leave ~2^-22 of |a*b| per product, within a few fp32 roundings (backend.h asks
+ * fp32 scores; the same split as CUTLASS's 3xTF32 GEMMs). The softmax is online, fp32, per row:
+ * max, expf, sum, as k_attention_tiled.
+ * A block is 64 query rows of one head (4 warps x 16 rows); keys and values are staged 32 at a
+ * time. Per warp, S = Q K^T is a 16 x 32 tile in registers (the accumulator layout: lane = 4 g +
+ * c holds rows g and g + 8, columns 2c and 2c + 1 of each 8-column slab); the weights P go through
+ * shared memory into the A-operand layout for O += P V; O stays in registers, rescaled per row.
+ * Head dimensions up to 128, padded with zeros to TC_HD (32, 64 or 128). */
+#define TC_WARPS 4
+#define TC_ROWS (16 * TC_WARPS) /* query rows a block */
+#define TC_KEYS 32              /* keys a tile */
+
+__device__ static __forceinline__ uint32_t tf32_of(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+__device__ static __forceinline__ void tf32_split(float x, uint32_t &big, uint32_t &small) {
+    big = tf32_of(x);
+    small = tf32_of(x - __uint_as_float(big));
+}
+
+__device__ static __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* d += a b for an A fragment already split (ab + as) and B's two values (split here): the small
+ * terms first, so they are not lost against the big one */
+__device__ static __forceinline__ void mma_3xtf32(float (&d)[4], const uint32_t (&ab)[4], const uint32_t (&as)[4],
+                                                  float b0, float b1) {
+    uint32_t bb0, bs0, bb1, bs1;
+    tf32_split(b0, bb0, bs0);
+    tf32_split(b1, bb1, bs1);
+    mma_tf32(d, as, bb0, bb1);
+    mma_tf32(d, ab, bs0, bs1);
+    mma_tf32(d, ab, bb0, bb1);
+}
+
+/* the A fragment (16 x 8, rows g and g + 8, columns c and c + 4) of a row-major tile, split */
+__device__ static __forceinline__ void a_frag(const float *t, int ld, int g, int c, uint32_t (&ab)[4], uint32_t (&as)[4]) {
+    tf32_split(t[g * ld + c], ab[0], as[0]);
+    tf32_split(t[(g + 8) * ld + c], ab[1], as[1]);
+    tf32_split(t[g * ld + c + 4], ab[2], as[2]);
+    tf32_split(t[(g + 8) * ld + c + 4], ab[3], as[3]);
+}
+
+/* keys and values t0 .. t0 + TC_KEYS - 1 of kv head g into shared memory, zeros past `last` and
+ * past hd (zero keys add nothing to a score; zero value columns are never written out) */
+template <int HD>
+__device__ static void tc_stage(const attn_dev &a, int g, int t0, int last, float (*Ks)[HD + 4], float (*Vs)[HD + 8]) {
+    for (int e = threadIdx.x; e < TC_KEYS * HD / 4; e += TC_WARPS * 32) {
+        int kk = e / (HD / 4), j = 4 * (e % (HD / 4)), t = t0 + kk;
+        const float *kr = NULL, *vr = NULL;
+        if (t <= last && t < a.np) kr = a.kp + g * a.head_stride + (size_t)t * a.hd, vr = a.vp + g * a.head_stride + (size_t)t * a.hd;
+        else if (t <= last) kr = a.ks + (size_t)(t - a.np) * a.ldk + (size_t)g * a.hd, vr = a.vs + (size_t)(t - a.np) * a.ldv + (size_t)g * a.hd;
+        float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
+        if (kr && a.vec && j < a.hd) { /* hd % 4 == 0 with vec: a float4 is whole or past hd */
+            kv = *(const float4 *)(kr + j), vv = *(const float4 *)(vr + j);
+        } else if (kr) {
+            float kx[4], vx[4];
+            for (int u = 0; u < 4; u++) kx[u] = j + u < a.hd ? kr[j + u] : 0.0f, vx[u] = j + u < a.hd ? vr[j + u] : 0.0f;
+            kv = make_float4(kx[0], kx[1], kx[2], kx[3]), vv = make_float4(vx[0], vx[1], vx[2], vx[3]);
+        }
+        *(float4 *)&Ks[kk][j] = kv; /* rows of HD + 4 and HD + 8 floats: 16-byte aligned */
+        *(float4 *)&Vs[kk][j] = vv;
+    }
+}
+
+/* the block's shared memory, carved from one dynamic allocation (over 48 KiB at HD = 128). Row
+ * strides are padded so that a fragment's 32 loads fall in 32 banks: Q, K and P are read as (row
+ * g, column c), hence strides of 4 mod 32; V is read as (row c, column g), hence 8 mod 32. */
+template <int HD>
+struct tc_smem {
+    float q[TC_ROWS][HD + 4];
+    float k[TC_KEYS][HD + 4];
+    float v[TC_KEYS][HD + 8];
+    float p[TC_WARPS][16][TC_KEYS + 4];
+};
+
+template <int HD>
+__global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev a) {
+    extern __shared__ __align__(16) unsigned char tc_raw[];
+    tc_smem<HD> &sm = *(tc_smem<HD> *)tc_raw;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, h = blockIdx.y;
+    int kvh = h / (a.n_heads / a.n_kv), i0 = blockIdx.x * TC_ROWS, iw = i0 + 16 * w;
+    int last = a.np + M2D_MIN(i0 + TC_ROWS, a.nq) - 1; /* the block's last query position */
+    int lo_blk = a.window > 0 ? max(0, a.np + i0 + 1 - a.window) : 0;
+    /* this thread's two rows, iw + g and iw + g + 8: position, first key, live */
+    int pr[2], lr[2], live[2];
+    for (int r = 0; r < 2; r++) {
+        int i = iw + g + 8 * r;
+        live[r] = i < a.nq;
+        pr[r] = a.np + i;
+        lr[r] = a.window > 0 ? max(0, pr[r] + 1 - a.window) : 0;
+    }
+    int warp_last = a.np + M2D_MIN(iw + 15, a.nq - 1), warp_lo = a.window > 0 ? max(0, a.np + iw + 1 - a.window) : 0;
+    for (int e = threadIdx.x; e < TC_ROWS * HD; e += TC_WARPS * 32) { /* Q, zeros past nq and hd */
+        int i = i0 + e / HD, j = e % HD;
+        sm.q[e / HD][j] = i < a.nq && j < a.hd ? a.q[(size_t)i * a.ldq + (size_t)h * a.hd + j] : 0.0f;
+    }
+    float o[HD / 8][4], m[2], l[2]; /* l: this thread's share of each row's sum (the quad adds them at the end) */
+    for (int nt = 0; nt < HD / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    for (int r = 0; r < 2; r++) m[r] = a.sinks ? a.sinks[h] : -INFINITY, l[r] = a.sinks && c == 0 ? 1.0f : 0.0f;
+    for (int t0 = lo_blk; t0 <= last; t0 += TC_KEYS) {
+        __syncthreads(); /* the previous tile is consumed (and Q written, the first time) */
+        tc_stage<HD>(a, kvh, t0, last, sm.k, sm.v);
+        __syncthreads();
+        if (iw >= a.nq || t0 > warp_last || t0 + TC_KEYS <= warp_lo) continue; /* warp-uniform: nothing here */
+        float s[TC_KEYS / 8][4];
+        for (int nt = 0; nt < TC_KEYS / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll 4
+        for (int ks = 0; ks < HD / 8; ks++) {
+            uint32_t ab[4], as[4];
+            a_frag(&sm.q[16 * w][8 * ks], HD + 4, g, c, ab, as);
+#pragma unroll
+            for (int nt = 0; nt < TC_KEYS / 8; nt++) /* B = K^T: (k = c, n = g) is K[key g][dim c] */
+                mma_3xtf32(s[nt], ab, as, sm.k[8 * nt + g][8 * ks + c], sm.k[8 * nt + g][8 * ks + c + 4]);
+        }
+        /* online softmax: entry u of slab nt is row g + 8 (u >> 1), key t0 + 8 nt + 2c + (u & 1) */
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < TC_KEYS / 8; nt++)
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int r = u >> 1, t = t0 + 8 * nt + 2 * c + (u & 1);
+                s[nt][u] = live[r] && t >= lr[r] && t <= pr[r] ? s[nt][u] * a.scale : -INFINITY;
+                mx[r] = fmaxf(mx[r], s[nt][u]);
+            }
+        float rs[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            float mn = fmaxf(m[r], mx[r]);
+            /* mn = -inf: no key of this row yet (and no sink); its weights stay 0 */
+            rs[r] = mn == -INFINITY ? 1.0f : expf(m[r] - mn);
+            m[r] = mn;
+            l[r] *= rs[r];
+        }
+#pragma unroll
+        for (int nt = 0; nt < TC_KEYS / 8; nt++)
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int r = u >> 1;
+                float p = m[r] == -INFINITY ? 0.0f : expf(s[nt][u] - m[r]);
+                l[r] += p;
+                sm.p[w][g + 8 * r][8 * nt + 2 * c + (u & 1)] = p;
+            }
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; nt++)
+            o[nt][0] *= rs[0], o[nt][1] *= rs[0], o[nt][2] *= rs[1], o[nt][3] *= rs[1];
+        __syncwarp();
+#pragma unroll
+        for (int ks = 0; ks < TC_KEYS / 8; ks++) {
+            uint32_t ab[4], as[4];
+            a_frag(&sm.p[w][0][8 * ks], TC_KEYS + 4, g, c, ab, as);
+#pragma unroll
+            for (int nt = 0; nt < HD / 8; nt++) /* B = V: (k = c, n = g) is V[key c][dim g] */
+                mma_3xtf32(o[nt], ab, as, sm.v[8 * ks + c][8 * nt + g], sm.v[8 * ks + c + 4][8 * nt + g]);
+        }
+        __syncwarp(); /* P is read before the next tile writes it */
+    }
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    for (int r = 0; r < 2; r++) {
+        if (!live[r]) continue;
+        float *orow = a.out + (size_t)(iw + g + 8 * r) * a.ldo + (size_t)h * a.hd;
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; nt++)
+            for (int e = 0; e < 2; e++) {
+                int j = 8 * nt + 2 * c + e;
+                if (j < a.hd) orow[j] = o[nt][2 * r + e] / l[r];
+            }
+    }
+}
+
+/* k_attention_tc<HD> over the query rows and heads, its dynamic shared memory allowed once */
+template <int HD>
+static void launch_attention_tc(cu_be *c, const attn_dev *d) {
+    size_t bytes = sizeof(tc_smem<HD>);
+    unsigned bit = 1u << (HD / 64); /* HD 32, 64, 128: bits 0, 1, 2 */
+    if (!(c->attn_smem_set & bit) &&
+        !cuda_ok(c, cudaFuncSetAttribute(k_attention_tc<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
+                 "attention shared memory"))
+        return;
+    c->attn_smem_set |= bit;
+    dim3 grid((unsigned)((d->nq + TC_ROWS - 1) / TC_ROWS), (unsigned)d->n_heads);
+    k_attention_tc<HD><<<grid, TC_WARPS * 32, bytes>>>(*d);
+    launched(c, "k_attention_tc");
+}
+
+/* 0 when the tensor-core kernel ran, -1 when it does not take this head size */
+static int attention_tc(cu_be *c, attn_dev *d) {
+    if (d->hd > 128 || c->attn_kernel < 2) return -1;
+    if (d->hd <= 32) launch_attention_tc<32>(c, d);
+    else if (d->hd <= 64) launch_attention_tc<64>(c, d);
+    else launch_attention_tc<128>(c, d);
+    return 0;
+}
+
 /* 0 when the tiled kernel ran, -1 when it does not take this head size */
 static int attention_tiled(cu_be *c, attn_dev *d) {
-    if (d->hd > AT_MAX_HD || d->hd % 4 || !c->attn_tiled) return -1;
-    const float *rows[4] = {d->ks, d->vs, d->kp, d->vp};
-    d->vec = d->ldk % 4 == 0 && d->ldv % 4 == 0 && d->head_stride % 4 == 0;
-    for (int i = 0; i < 4; i++) d->vec = d->vec && (uintptr_t)rows[i] % 16 == 0; /* NULL (no prefix) is aligned */
+    if (d->hd > AT_MAX_HD || d->hd % 4 || c->attn_kernel < 1) return -1;
     dim3 grid((unsigned)((d->nq + AT_ROWS - 1) / AT_ROWS), (unsigned)d->n_heads);
     if (d->hd <= 32) k_attention_tiled<1><<<grid, AT_ROWS * 32>>>(*d);
     else if (d->hd <= 64) k_attention_tiled<2><<<grid, AT_ROWS * 32>>>(*d);
@@ -1133,7 +1347,11 @@ static void cu_attention(m2d_backend *be, const m2d_attn_args *a) {
         d.kp = (const float *)P(a->k_cache) + a->cache_off;
         d.vp = (const float *)P(a->v_cache) + a->cache_off;
     }
-    if (attention_tiled(c, &d) == 0) return;
+    /* k/v rows as float4s where every row start is 16-byte aligned (NULL, no prefix, is) */
+    const float *rows[4] = {d.ks, d.vs, d.kp, d.vp};
+    d.vec = a->head_dim % 4 == 0 && d.ldk % 4 == 0 && d.ldv % 4 == 0 && d.head_stride % 4 == 0;
+    for (int i = 0; i < 4; i++) d.vec = d.vec && (uintptr_t)rows[i] % 16 == 0;
+    if (attention_tc(c, &d) == 0 || attention_tiled(c, &d) == 0) return;
     int64_t threads = (int64_t)nq * a->n_heads * 32;
     unsigned blocks = blocks_for(threads, 128);
     int hd = a->head_dim;
@@ -1915,14 +2133,15 @@ static int cu_leave(m2d_backend *be) {
 static int cu_tune(m2d_backend *be, const char *knob, int value) {
     int *at = strcmp(knob, "gemm_naive") == 0 ? &CU(be)->gemm_naive
               : strcmp(knob, "moe_grouped") == 0 ? &CU(be)->moe_grouped
-              : strcmp(knob, "attn_tiled") == 0  ? &CU(be)->attn_tiled
+              : strcmp(knob, "attn_kernel") == 0 ? &CU(be)->attn_kernel
               : strcmp(knob, "profile") == 0     ? &CU(be)->prof.on : NULL;
     if (at == &CU(be)->prof.on && value == 0 && *at) prof_report(CU(be)); /* profile 0: report, stop */
-    if (at && (value == 0 || value == 1 || (value == 2 && at == &CU(be)->moe_grouped))) {
+    int three = at == &CU(be)->moe_grouped || at == &CU(be)->attn_kernel; /* knobs of 0|1|2 */
+    if (at && (value == 0 || value == 1 || (value == 2 && three))) {
         *at = value;
         return 0;
     }
-    return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, attn_tiled, profile: 0|1; moe_grouped: 0|1|2)", knob,
+    return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile: 0|1; moe_grouped, attn_kernel: 0|1|2)", knob,
                    value);
 }
 
@@ -1979,7 +2198,9 @@ static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
     /* M2D_CUDA_FAST=0: the reference kernels (per-expert MoE, warp-per-row attention): the GPU
      * runner's A/B of the two paths in one call */
     const char *fast = getenv("M2D_CUDA_FAST");
-    c->moe_grouped = c->attn_tiled = !(fast && strcmp(fast, "0") == 0);
+    int ref = fast && strcmp(fast, "0") == 0;
+    c->moe_grouped = !ref;
+    c->attn_kernel = ref ? 0 : 2;
     const char *prof = getenv("M2D_CUDA_PROFILE"); /* 1: op times on stderr when the backend is freed */
     c->prof.on = prof && strcmp(prof, "1") == 0;
     cublasStatus_t s = cublasLtCreate(&c->lt);
