@@ -1932,7 +1932,7 @@ static void caps_promise_their_ops_on(const char *backend) {
         {M2D_CAP_BIAS, (const void *)B->add_bias},           {M2D_CAP_CLAMP, (const void *)B->clamp},
         {M2D_CAP_SIGMOID_SCALE, (const void *)B->sigmoid_scale}, {M2D_CAP_GLU_CLAMP, (const void *)B->glu_clamp},
         {M2D_CAP_EXPERTS_ALL, (const void *)B->experts_all}, {M2D_CAP_GRAM, (const void *)B->gram},
-        {M2D_CAP_TRAIN, (const void *)B->train},
+        {M2D_CAP_EXPERTS_REDUCE, (const void *)B->experts_reduce}, {M2D_CAP_TRAIN, (const void *)B->train},
     };
     for (size_t i = 0; i < M2D_ARRAY_LEN(need); i++)
         if (m2d_backend_supports(be, need[i].cap) && !need[i].op)
@@ -1971,10 +1971,55 @@ static void engine_refuses_a_model_the_backend_cannot_run(void **state) {
     mm_free(&mm);
 }
 
+/* m2d_engine_all_experts_reduced against the outputs F [n, E * d] and Gram G the unreduced pass
+ * gave for the same tokens (the same op on the same rows: the same bits): the chosen rows are F's
+ * (zeros for -1), the Gram G again (exact: the gram op adds rows in order), sum_f the host's fp64
+ * sum over the tokens in order onto its start (exact: fp64 additions of fp32 values in one order,
+ * backend.h), norm2 within d * 2^-53 of the host's (fp64, another order; 1e-13 relative); a bad
+ * expert id refused in one line. */
+static void reduced_matches_outputs(m2d_engine *e, int layer, const float *x, int n, int E, int d, const float *F,
+                                    const double *G) {
+    enum { K1 = 3 };
+    int32_t *ids = malloc(sizeof(int32_t) * n * K1);
+    float *sel = malloc(sizeof(float) * n * K1 * d);
+    double *sum = malloc(sizeof(double) * E * d), *want = malloc(sizeof(double) * E * d),
+           *n2 = malloc(sizeof(double) * E * n), *g = malloc(sizeof(double) * E * E);
+    uint64_t st = 23;
+    for (int i = 0; i < n * K1; i++) ids[i] = (int)(tu_rand_u64(&st) % (E + 1)) - 1; /* -1 .. E-1 */
+    for (int i = 0; i < E * d; i++) sum[i] = want[i] = (double)(i % 7) - 3.25;
+    for (int i = 0; i < E * E; i++) g[i] = i % E >= i / E ? 1.0 : -7.0; /* as the unreduced call's start */
+    assert_int_equal(m2d_engine_all_experts_reduced(e, layer, x, n, ids, K1, sel, sum, n2, g, NULL), 0);
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < K1; r++) {
+            int ex = ids[t * K1 + r];
+            for (int k = 0; k < d; k++) {
+                float w = ex < 0 ? 0.0f : F[((size_t)t * E + ex) * d + k];
+                assert_memory_equal(&sel[((size_t)t * K1 + r) * d + k], &w, sizeof w);
+            }
+        }
+    assert_memory_equal(g, G, sizeof(double) * E * E);
+    for (int ex = 0; ex < E; ex++)
+        for (int t = 0; t < n; t++) {
+            double q = 0;
+            for (int k = 0; k < d; k++) {
+                double v = F[((size_t)t * E + ex) * d + k];
+                want[(size_t)ex * d + k] += v;
+                q += v * v;
+            }
+            assert_true(fabs(n2[(size_t)ex * n + t] - q) <= 1e-13 * q);
+        }
+    assert_memory_equal(sum, want, sizeof(double) * E * d);
+    ids[5] = E;
+    assert_int_equal(m2d_engine_all_experts_reduced(e, layer, x, n, ids, K1, sel, sum, n2, NULL, NULL), -1);
+    assert_non_null(strstr(m2d_errmsg(), "expert id 8 (token 1) outside [-1, 8)"));
+    free(ids); free(sel); free(sum); free(want); free(n2); free(g);
+}
+
 /* Calibration's ops on every backend: every expert on every token against the float64 reference
- * FFN, and the Gram (fp64, upper triangle) against the fp64 sum of the outputs it was given. */
+ * FFN, and the Gram (fp64, upper triangle) against the fp64 sum of the outputs it was given; the
+ * reduced pass against them (reduced_matches_outputs). */
 static void calibration_ops_match_float64_on(const char *backend) {
-    if (lacks(backend, M2D_CAP(M2D_CAP_EXPERTS_ALL) | M2D_CAP(M2D_CAP_GRAM))) return;
+    if (lacks(backend, M2D_CAP(M2D_CAP_EXPERTS_ALL) | M2D_CAP(M2D_CAP_GRAM) | M2D_CAP(M2D_CAP_EXPERTS_REDUCE))) return;
     mem_model mm = {0};
     build_random_moe(&mm, M2D_F32);
     int n = 37, d = 32, E = 8, layer = 1;
@@ -2010,6 +2055,7 @@ static void calibration_ops_match_float64_on(const char *backend) {
         double gw = check_gram(g, f, n, E, d, (p ? gd : 0) + 1e-12);
         print_message("%s: experts_all (%s) max |d| vs float64 %.3g; gram max relative |d| %.3g\n", backend,
                       p ? "bf16" : "fp32", md[p], gw);
+        reduced_matches_outputs(e, layer, x, n, E, d, f, g);
         m2d_engine_free(e);
     }
     if (md[1] > 0) assert_true(md[1] > 10 * md[0]);

@@ -294,28 +294,9 @@ static void tiny_hand_computed(void **state) {
     m2d_layer_stats_free(&s);
 }
 
-/* ---------------- blocksum: the fast path's vectorised sums against scalar loops ---------------- */
+/* ---------------- blocksum: the fast path's vectorised damage against the scalar loops ---------------- */
 
 static float rand_float(uint64_t *st) { return (float)((double)(tu_rand_u64(st) >> 11) / 9007199254740992.0 * 4 - 2); }
-
-/* The element-wise sum: the scalar loop's bits; the norm: 8 partial sums instead of one, so fp64
- * rounding in another order: |Δ| <= d·2⁻⁵³·Σf² (d = 37 here), far inside 1e-13 relative. Odd d:
- * 4 full lanes of 8 and a tail of 5. */
-static void blocksum_sums_match_scalar_loops(void **state) {
-    (void)state;
-    enum { DD = 37 };
-    uint64_t st = 3;
-    float f[DD];
-    double a[DD], b[DD];
-    for (int j = 0; j < DD; j++) a[j] = b[j] = rand_float(&st);
-    for (int rep = 0; rep < 3; rep++) {
-        for (int j = 0; j < DD; j++) f[j] = rand_float(&st) * (rep + 1);
-        double q = m2d_blocksum_add_norm2(a, f, DD), want = 0;
-        for (int j = 0; j < DD; j++) b[j] += f[j], want += (double)f[j] * f[j];
-        assert_memory_equal(a, b, sizeof a); /* the same fp64 adds, element by element: exact */
-        assert_true(fabs(q - want) <= 1e-13 * want);
-    }
-}
 
 /* A token's top-KK of EE experts by p (ties -> lower index) and its softmax-like p */
 static void random_routing(uint64_t *st, int EE, int KK, float *p, int32_t *topk) {
@@ -331,15 +312,25 @@ static void random_routing(uint64_t *st, int EE, int KK, float *p, int32_t *topk
     }
 }
 
+/* token rows by rank (what calibration's fast path reads): f_{topk[r]} for r < KK, then the
+ * replacement NX's (zeros when none), rows of DD floats out of F [EE][DD] */
+static void rows_by_rank(const float *F, const int32_t *topk, int KK, int nx, int DD, float *rows) {
+    for (int r = 0; r <= KK; r++) {
+        int e = r < KK ? topk[r] : nx;
+        for (int c = 0; c < DD; c++) rows[(size_t)r * DD + c] = e >= 0 ? F[(size_t)e * DD + c] : 0.0f;
+    }
+}
+
 /* The vectorised damage against stats.c's reference formula (itself checked against the brute
  * force above): the same coefficients, only the Σ_c delta² order differs, so 1e-12 relative
- * (d = 37 terms of fp64 rounding). Cases: routing with a replacement expert, k = E (no
+ * (d = 37 terms of fp64 rounding); the reference from rows by rank gives the reference's bits
+ * (the same loops over the same values). Cases: routing with a replacement expert, k = E (no
  * replacement), top-k probabilities all 0 (nothing added), k above the kernel's limit (-1). */
 static void blocksum_damage_matches_reference(void **state) {
     (void)state;
     enum { EE = 12, DD = 37 };
     uint64_t st = 11;
-    float p[EE], F[EE * DD + 3];
+    float p[EE], F[EE * DD], R[(EE + 1) * DD + 3];
     int32_t topk[EE];
     double out[EE];
     int ks[] = {1, 4, EE};
@@ -347,24 +338,31 @@ static void blocksum_damage_matches_reference(void **state) {
         for (int t = 0; t < 20; t++) {
             int KK = ks[c];
             random_routing(&st, EE, KK, p, topk);
-            for (int i = 0; i < EE * DD + 3; i++) F[i] = rand_float(&st);
-            m2d_layer_stats ref;
+            for (int i = 0; i < EE * DD; i++) F[i] = rand_float(&st);
+            int nx = m2d_layer_stats_next_expert(p, topk, KK, EE);
+            assert_true(KK == EE ? nx == -1 : nx >= 0);
+            rows_by_rank(F, topk, KK, nx, DD, R + 3); /* + 3: rows not 32-byte aligned */
+            m2d_layer_stats ref, by_rank;
             m2d_layer_stats_alloc(&ref, 0, EE, KK, DD);
-            m2d_layer_stats_add_damage(&ref, p, topk, F + 3, DD); /* + 3: rows not 32-byte aligned */
-            assert_int_equal(m2d_blocksum_damage(p, topk, KK, EE, DD, F + 3, DD, out), 0);
+            m2d_layer_stats_alloc(&by_rank, 0, EE, KK, DD);
+            m2d_layer_stats_add_damage(&ref, p, topk, F, DD);
+            m2d_layer_stats_add_damage_rows(&by_rank, p, topk, nx, R + 3, DD);
+            assert_memory_equal(ref.damage, by_rank.damage, sizeof(double) * EE);
+            assert_int_equal(m2d_blocksum_damage(p, topk, KK, nx, DD, R + 3, DD, out), 0);
             for (int r = 0; r < KK; r++) {
                 double want = ref.damage[topk[r]];
                 assert_true(want > 0);
                 assert_true(fabs(out[r] - want) <= 1e-12 * want);
             }
             m2d_layer_stats_free(&ref);
+            m2d_layer_stats_free(&by_rank);
         }
     for (int e = 0; e < EE; e++) p[e] = e < 4 ? 0.0f : 0.125f; /* top-4 by id order among equal p... */
     int32_t zero_top[4] = {0, 1, 2, 3};                        /* ...forced onto experts with p = 0 */
-    assert_int_equal(m2d_blocksum_damage(p, zero_top, 4, EE, DD, F, DD, out), 0);
+    assert_int_equal(m2d_blocksum_damage(p, zero_top, 4, 4, DD, R, DD, out), 0);
     for (int r = 0; r < 4; r++) assert_true(out[r] == 0); /* p = 0: exact zeros */
     int32_t big[33] = {0};
-    assert_int_equal(m2d_blocksum_damage(p, big, 33, 64, DD, F, DD, out), -1);
+    assert_int_equal(m2d_blocksum_damage(p, big, 33, -1, DD, R, DD, out), -1);
 }
 
 int main(void) {
@@ -372,7 +370,6 @@ int main(void) {
         cmocka_unit_test(accumulator_matches_definitions),
         cmocka_unit_test(merge_of_shards_equals_whole),
         cmocka_unit_test(tiny_hand_computed),
-        cmocka_unit_test(blocksum_sums_match_scalar_loops),
         cmocka_unit_test(blocksum_damage_matches_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -5,7 +5,6 @@
 #include <string.h>
 
 #include "base/util.h"
-#include "calib/stats.h"
 
 typedef double v8d __attribute__((vector_size(64)));
 typedef float v8f __attribute__((vector_size(32)));
@@ -26,25 +25,6 @@ typedef float v8f __attribute__((vector_size(32)));
 static double hsum(const v8d *v) {
     double s = 0;
     for (int i = 0; i < LANES; i++) s += (*v)[i];
-    return s;
-}
-
-double m2d_blocksum_add_norm2(double *acc, const float *f, int d) {
-    v8d q = {0};
-    int j = 0;
-    for (; j + LANES <= d; j += LANES) {
-        v8d x, a;
-        LOAD8(x, f + j);
-        memcpy(&a, acc + j, sizeof a);
-        a += x;
-        memcpy(acc + j, &a, sizeof a);
-        q += x * x;
-    }
-    double s = hsum(&q);
-    for (; j < d; j++) {
-        acc[j] += f[j];
-        s += (double)f[j] * f[j];
-    }
     return s;
 }
 
@@ -86,19 +66,17 @@ static void damage_norms(const float *const *rows, int k, int has_nx, int d, dou
     }
 }
 
-int m2d_blocksum_damage(const float *p, const int32_t *topk, int k, int E, int d, const float *F, size_t stride,
+int m2d_blocksum_damage(const float *p, const int32_t *topk, int k, int nx, int d, const float *f, size_t stride,
                         double *out) {
     if (k > DAMAGE_MAX_K) return -1;
     for (int j = 0; j < k; j++) out[j] = 0;
-    int nx = m2d_layer_stats_next_expert(p, topk, k, E);
     double psel = 0;
     for (int r = 0; r < k; r++) psel += p[topk[r]];
     if (psel <= 0) return 0;
     double coef[DAMAGE_MAX_K][DAMAGE_MAX_K + 1], sq[DAMAGE_MAX_K];
     damage_coefs(p, topk, k, nx, psel, coef);
     const float *rows[DAMAGE_MAX_K + 1];
-    for (int r = 0; r < k; r++) rows[r] = F + (size_t)topk[r] * stride;
-    if (nx >= 0) rows[k] = F + (size_t)nx * stride;
+    for (int r = 0; r <= k; r++) rows[r] = f + (size_t)r * stride;
     damage_norms(rows, k, nx >= 0, d, coef, sq);
     for (int j = 0; j < k; j++) out[j] = sqrt(sq[j]);
     return 0;

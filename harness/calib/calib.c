@@ -226,8 +226,11 @@ typedef struct {
     m2d_engine *eng;
     const m2d_model *m;
     m2d_layer_stats **acc; /* indexed by model layer (NULL for dense layers) */
-    float *F;             /* [nb, E, d] expert outputs of one token block (reference: [E, d]) */
-    double *norms;        /* [E, nb] ‖f_e(t)‖ */
+    float *F;             /* [nb, E, d] expert outputs of one token block, where the backend computes
+                           * them on the host (reference: [E, d]) */
+    int32_t *ids;         /* [nb, k + 1] each token's top-k experts and its replacement (or -1) */
+    float *sel;           /* [nb, k + 1, d] their outputs (the rows the statistics read) */
+    double *norms;        /* [E, nb] ‖f_e(t)‖² */
     double **router;      /* [n_layers] fp64 router rows [E, d] of each MoE layer (made on first use) */
     double *Xd, *Z;       /* [nb, d] fp64 FFN input, [nb, E] router logits of one token block */
     double *dmg;          /* [nb, k] each token's pruning damage of its top-k experts */
@@ -238,14 +241,29 @@ typedef struct {
     char err[1024];       /* the hook's own error (the engine reports only that the hook aborted) */
 } calib_ctx;
 
-/* f_e for all E experts on tokens [t0, t0+nb) of the event, into ctx->F as [nb, E, d], and the
- * Gram G += sum_t F_t F_t^T (upper triangle; finalize_gram mirrors it), both on the engine's
- * backend (m2d_engine_all_experts: grouped GEMMs over the experts; the Gram in fp64 in fp32
- * precision, SPEC §1: the only error is fp64 rounding; in bf16 each token's F_t F_t^T in fp32, see
- * backend.h). Gram cost: E²·nb·d flops against 6·E·nb·d·d_e for the experts, a ratio of
- * E/(6·d_e) (15% for the tiny teacher, 3% for Qwen3-30B). */
+/* f_e for all E experts on tokens [t0, t0+nb) of the event, reduced where they are computed
+ * (m2d_engine_all_experts_reduced): sum_f_all += Σ_t f_e(t) (the same bits on every backend),
+ * norms [E, nb] = ‖f_e(t)‖², and into ctx->sel the rows the statistics read: each token's top-k
+ * experts, in its top-k order, and its replacement for the damage (paper 004 Eq. 7; zeros when
+ * k = E). The Gram G += sum_t F_t F_t^T (upper triangle; finalize_gram mirrors it) on the
+ * backend too (fp64 in fp32 precision, SPEC §1: the only error is fp64 rounding; in bf16 each
+ * token's F_t F_t^T in fp32, see backend.h). Gram cost: E²·nb·d flops against 6·E·nb·d·d_e for
+ * the experts, a ratio of E/(6·d_e) (15% for the tiny teacher, 3% for Qwen3-30B). */
 static int run_all_experts(calib_ctx *c, const m2d_moe_event *ev, int t0, int nb, m2d_layer_stats *s) {
-    return m2d_engine_all_experts(c->eng, ev->layer, ev->x + (size_t)t0 * ev->hidden, nb, c->F, s->gram);
+    int E = ev->n_experts, k = ev->top_k;
+    for (int t = 0; t < nb; t++) {
+        const int32_t *topk = ev->topk + (size_t)(t0 + t) * k;
+        int32_t *id = c->ids + (size_t)t * (k + 1);
+        memcpy(id, topk, sizeof *id * (size_t)k);
+        id[k] = m2d_layer_stats_next_expert(ev->probs + (size_t)(t0 + t) * E, topk, k, E);
+    }
+    return m2d_engine_all_experts_reduced(c->eng, ev->layer, ev->x + (size_t)t0 * ev->hidden, nb, c->ids, k + 1, c->sel,
+                                          s->sum_f_all, c->norms, s->gram, c->F);
+}
+
+/* token t's row r of the block (r < k: its r-th top-k expert; r = k: the replacement) */
+static const float *sel_row(const calib_ctx *c, const m2d_moe_event *ev, int t, int r) {
+    return c->sel + ((size_t)t * (ev->top_k + 1) + r) * ev->hidden;
 }
 
 static void finalize_gram(m2d_layer_stats *s) {
@@ -288,40 +306,26 @@ typedef struct {
     int t0, nb;
 } block_job;
 
-/* expert e over the block: sum_f_all[e] += f_e(t), norms[e][t] = ‖f_e(t)‖² */
-static void expert_sums_item(void *ctx, int e) {
-    const block_job *j = ctx;
-    int E = j->ev->n_experts, d = j->ev->hidden, nb = j->nb;
-    double *sf = j->s->sum_f_all + (size_t)e * d;
-    for (int t = 0; t < nb; t++)
-        j->c->norms[(size_t)e * nb + t] = m2d_blocksum_add_norm2(sf, j->c->F + ((size_t)t * E + e) * d, d);
-}
-
 /* token t's pruning damage of each of its top-k experts into dmg[t][k] (-1 in dmg[t][0]: k too
  * large for the fast kernel; the caller adds the reference's) */
 static void damage_item(void *ctx, int t) {
     const block_job *j = ctx;
     int E = j->ev->n_experts, k = j->ev->top_k, tt = j->t0 + t;
     double *out = j->c->dmg + (size_t)t * k;
-    if (m2d_blocksum_damage(j->ev->probs + (size_t)tt * E, j->ev->topk + (size_t)tt * k, k, E, j->ev->hidden,
-                            j->c->F + (size_t)t * E * j->ev->hidden, (size_t)j->ev->hidden, out))
+    if (m2d_blocksum_damage(j->ev->probs + (size_t)tt * E, j->ev->topk + (size_t)tt * k, k,
+                            j->c->ids[(size_t)t * (k + 1) + k], j->ev->hidden, sel_row(j->c, j->ev, t, 0),
+                            (size_t)j->ev->hidden, out))
         out[0] = -1;
 }
 
-static void block_item(void *ctx, int item) {
-    const block_job *j = ctx;
-    if (item < j->ev->n_experts) expert_sums_item(ctx, item);
-    else damage_item(ctx, item - j->ev->n_experts);
-}
-
-/* Everything but the Gram for a block of tokens, in the raw sums of stats.h (the same sums
- * m2d_layer_stats_add_token keeps; finalize derives means/variances from them). The per-expert
- * sums and the per-token damages in parallel (each item writes only its own entries: the same
- * sums on any thread count), then the routed sums token by token. */
+/* Everything but the Gram and the per-expert sums for a block of tokens, in the raw sums of
+ * stats.h (the same sums m2d_layer_stats_add_token keeps; finalize derives means/variances from
+ * them). The per-token damages in parallel (each item writes only its own entries: the same sums
+ * on any thread count), then the routed sums token by token. */
 static void token_stats_block(calib_ctx *c, m2d_layer_stats *s, const m2d_moe_event *ev, int t0, int nb) {
     int E = ev->n_experts, k = ev->top_k, d = ev->hidden;
     block_job job = {c, ev, s, t0, nb};
-    m2d_pool_for(c->pool, E + nb, block_item, &job);
+    m2d_pool_for(c->pool, nb, damage_item, &job);
     for (int t = 0; t < nb; t++) {
         int tt = t0 + t;
         const float *p = ev->probs + (size_t)tt * E;
@@ -332,10 +336,11 @@ static void token_stats_block(calib_ctx *c, m2d_layer_stats *s, const m2d_moe_ev
         for (int r = 0; r < k; r++) {
             int e = topk[r];
             m2d_layer_stats_add_routed(s, e, p[e], ev->gates[(size_t)tt * k + r], psel > 0 ? p[e] / psel : 0,
-                                       c->F + ((size_t)t * E + e) * d, c->norms[(size_t)e * nb + t]);
+                                       sel_row(c, ev, t, r), c->norms[(size_t)e * nb + t]);
         }
         const double *dmg = c->dmg + (size_t)t * k;
-        if (dmg[0] < 0) m2d_layer_stats_add_damage(s, p, topk, c->F + (size_t)t * E * d, (size_t)d);
+        if (dmg[0] < 0)
+            m2d_layer_stats_add_damage_rows(s, p, topk, c->ids[(size_t)t * (k + 1) + k], sel_row(c, ev, t, 0), (size_t)d);
         else
             for (int r = 0; r < k; r++) s->damage[topk[r]] += dmg[r];
     }
@@ -352,7 +357,7 @@ typedef struct {
 /* routed[t] = Σ_r gate_r · f_{topk[r]}(t), the terms in increasing expert id (engine.h) */
 static void routed_item(void *ctx, int t) {
     const routed_job *j = ctx;
-    int E = j->ev->n_experts, k = j->ev->top_k, d = j->ev->hidden, tt = j->t0 + t;
+    int k = j->ev->top_k, d = j->ev->hidden, tt = j->t0 + t;
     const int32_t *topk = j->ev->topk + (size_t)tt * k;
     const float *gates = j->ev->gates + (size_t)tt * k;
     float *o = j->ev->routed + (size_t)tt * d;
@@ -362,7 +367,7 @@ static void routed_item(void *ctx, int t) {
         for (int q = 0; q < k; q++)
             if (topk[q] > last && (r < 0 || topk[q] < topk[r])) r = q;
         last = topk[r];
-        const float *f = j->c->F + ((size_t)t * E + last) * d;
+        const float *f = sel_row(j->c, j->ev, t, r);
         for (int i = 0; i < d; i++) o[i] += gates[r] * f[i];
     }
 }
@@ -493,6 +498,9 @@ static void ctx_init(calib_ctx *c, const m2d_model *m, m2d_stats *st, int L, int
     c->block_tokens = reference ? 1 : (int)M2D_MAX((size_t)1, M2D_MIN((size_t)L, ((size_t)512 << 20) / per_tok));
     c->F = m2d_malloc((size_t)E * c->block_tokens * d * sizeof(float));
     c->norms = m2d_malloc((size_t)E * c->block_tokens * sizeof(double));
+    int k1 = cfg->num_experts_per_tok + 1;
+    c->ids = m2d_malloc((size_t)c->block_tokens * k1 * sizeof(int32_t));
+    c->sel = m2d_malloc((size_t)c->block_tokens * k1 * d * sizeof(float));
     c->router = m2d_calloc((size_t)cfg->num_hidden_layers, sizeof *c->router);
     c->Xd = m2d_malloc((size_t)c->block_tokens * d * sizeof(double));
     c->Z = m2d_malloc((size_t)c->block_tokens * E * sizeof(double));
@@ -504,7 +512,7 @@ static void ctx_free(calib_ctx *c) {
     for (int l = 0; l < c->m->cfg.num_hidden_layers; l++) free(c->router[l]);
     free(c->router); free(c->Xd); free(c->Z); free(c->dmg);
     m2d_pool_free(c->pool);
-    free(c->acc); free(c->F); free(c->norms);
+    free(c->acc); free(c->F); free(c->norms); free(c->ids); free(c->sel);
 }
 
 /* Every window through the teacher, window- or layer-major as the options and the budget say; only

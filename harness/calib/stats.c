@@ -146,13 +146,15 @@ int m2d_layer_stats_next_expert(const float *p, const int32_t *topk, int k, int 
     return best;
 }
 
-void m2d_layer_stats_add_damage(m2d_layer_stats *s, const float *p, const int32_t *topk, const float *F,
-                                size_t stride) {
+/* damage[topk[j]] += ‖y − y^(−j)‖ for each j; f_{topk[r]} at BASE + (BY_RANK ? r : topk[r]) * STRIDE,
+ * the replacement NX's at BASE + (BY_RANK ? k : NX) * STRIDE */
+static void add_damage(m2d_layer_stats *s, const float *p, const int32_t *topk, int nx, const float *base,
+                       size_t stride, int by_rank) {
     const int k = s->k, d = s->d;
-    int nx = m2d_layer_stats_next_expert(p, topk, k, s->E);
     double psel = 0;
     for (int r = 0; r < k; r++) psel += p[topk[r]];
     if (psel <= 0) return;
+    const float *fx = nx >= 0 ? base + (size_t)(by_rank ? k : nx) * stride : NULL;
     for (int j = 0; j < k; j++) {
         /* y − y^(−j) = Σ_{i∈S} (r_i − r'_i) f_i − r'_x f_x with r'_i = 0 for i = j */
         double den = psel - p[topk[j]] + (nx >= 0 ? p[nx] : 0), sq = 0;
@@ -160,13 +162,23 @@ void m2d_layer_stats_add_damage(m2d_layer_stats *s, const float *p, const int32_
             double delta = 0;
             for (int r = 0; r < k; r++) {
                 double rr = p[topk[r]] / psel, rn = r == j || den <= 0 ? 0 : p[topk[r]] / den;
-                delta += (rr - rn) * F[(size_t)topk[r] * stride + c];
+                delta += (rr - rn) * base[(size_t)(by_rank ? r : topk[r]) * stride + c];
             }
-            if (nx >= 0 && den > 0) delta -= p[nx] / den * F[(size_t)nx * stride + c];
+            if (fx && den > 0) delta -= p[nx] / den * fx[c];
             sq += delta * delta;
         }
         s->damage[topk[j]] += sqrt(sq);
     }
+}
+
+void m2d_layer_stats_add_damage(m2d_layer_stats *s, const float *p, const int32_t *topk, const float *F,
+                                size_t stride) {
+    add_damage(s, p, topk, m2d_layer_stats_next_expert(p, topk, s->k, s->E), F, stride, 0);
+}
+
+void m2d_layer_stats_add_damage_rows(m2d_layer_stats *s, const float *p, const int32_t *topk, int nx, const float *rows,
+                                     size_t stride) {
+    add_damage(s, p, topk, nx, rows, stride, 1);
 }
 
 void m2d_layer_stats_add_logits(m2d_layer_stats *s, const double *z) {

@@ -90,6 +90,10 @@ void m2d_layer_stats_add_routed(m2d_layer_stats *s, int e, double p_e, double g,
  * highest p outside the top-k (ties -> lower index); none when k = E. */
 void m2d_layer_stats_add_damage(m2d_layer_stats *s, const float *p, const int32_t *topk, const float *F,
                                 size_t stride);
+/* The same from rows by rank: f_{topk[r]} at ROWS + r * STRIDE for r < k, and the replacement NX's
+ * (m2d_layer_stats_next_expert) at ROWS + k * STRIDE (not read when NX is -1). */
+void m2d_layer_stats_add_damage_rows(m2d_layer_stats *s, const float *p, const int32_t *topk, int nx, const float *rows,
+                                     size_t stride);
 /* That replacement: the expert with the highest P outside TOPK[K] (ties -> lower index), -1 when
  * every one of the E experts is routed. */
 int m2d_layer_stats_next_expert(const float *p, const int32_t *topk, int k, int E);

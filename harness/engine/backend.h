@@ -149,6 +149,7 @@ typedef struct {
     X(MOE_BIAS, "expert-biases")                /* expert gate/up/down biases (GPT-OSS) */         \
     X(EXPERTS_ALL, "experts_all")               /* calibration: every expert on every token */     \
     X(GRAM, "gram")                             /* calibration: the Gram of the expert outputs */  \
+    X(EXPERTS_REDUCE, "experts_reduce")         /* calibration: sums and chosen rows of them */    \
     X(TRAIN, "train")                           /* the training ops (m2d_backend_train_ops) */
 
 typedef enum {
@@ -249,6 +250,15 @@ typedef struct {
      * (SPEC §1); BF16: each token's F_t F_t^T in fp32 (d terms), added into fp64 (the error
      * analysis is in backend_cpu.c). Rows in order: the same result on any thread count. */
     void (*gram)(m2d_backend *be, const m2d_mat *f, int n_experts, m2d_buf *g, m2d_precision prec);
+    /* Calibration's reductions of f ([n, E * d], experts_all's layout) where f lies, so that only
+     * what the statistics read leaves the backend (a GPU's f is 1 MiB a token on Qwen3-30B-A3B):
+     *   sum_f (fp64 [E, d]) += Σ_t f_e(t), each element summed over t = 0 .. n-1 in order onto
+     *     its value: fp64 additions of fp32 values, so the same bits on every backend;
+     *   norm2 (fp64 [E, n]) = ‖f_e(t)‖², summed in fp64 in any order;
+     *   sel (fp32 [n, k1, d]): row (t, r) = f_{ids[t * k1 + r]}(t), zeros where that id is -1
+     *     (ids int32 [n, k1], each -1 or in [0, E)). */
+    void (*experts_reduce)(m2d_backend *be, const m2d_mat *f, int n_experts, const m2d_buf *ids, int k1, m2d_buf *sel,
+                           m2d_buf *sum_f, m2d_buf *norm2);
     /* what AUTO means on this backend (FP32 and BF16 are returned unchanged) */
     m2d_precision (*auto_precision)(m2d_backend *be, m2d_precision p);
 

@@ -306,6 +306,7 @@ static const m2d_backend_ops cpu_ops = {
     .experts_all = m2d_cpu_experts_all,
     .experts_rows_exact = m2d_cpu_experts_rows_exact,
     .gram = m2d_cpu_gram,
+    .experts_reduce = m2d_cpu_experts_reduce,
     .auto_precision = cpu_auto_precision,
     .train = &m2d_cpu_train_ops,
 };

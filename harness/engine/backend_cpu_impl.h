@@ -182,6 +182,8 @@ void m2d_cpu_attention(m2d_backend *be, const m2d_attn_args *a);
 void m2d_cpu_experts_all(m2d_backend *be, const m2d_moe_args *a);
 int m2d_cpu_experts_rows_exact(m2d_backend *be, const m2d_moe_args *a);
 void m2d_cpu_gram(m2d_backend *be, const m2d_mat *f, int E, m2d_buf *gb, m2d_precision prec);
+void m2d_cpu_experts_reduce(m2d_backend *be, const m2d_mat *f, int E, const m2d_buf *ids, int k1, m2d_buf *sel,
+                            m2d_buf *sum_f, m2d_buf *norm2);
 void m2d_cpu_moe(m2d_backend *be, const m2d_moe_args *a);
 void m2d_cpu_route(m2d_backend *be, m2d_mat *logits, const m2d_route_args *r, m2d_buf *topkb, m2d_buf *gatesb);
 

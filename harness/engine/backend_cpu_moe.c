@@ -1,7 +1,7 @@
 /* backend_cpu_moe — the "cpu" backend's MoE ops: routing (softmax / sigmoid, top-k, group-limited
  * top-k), the routed experts as grouped GEMMs (bucket tokens by expert, gate/up, activation,
- * down, scatter-add in expert-id order), and calibration's every-expert pass and the Gram of the
- * expert outputs in fp64. See backend_cpu.c for the conventions. */
+ * down, scatter-add in expert-id order), and calibration's every-expert pass, the Gram of the
+ * expert outputs in fp64 and their reductions (experts_reduce). See backend_cpu.c for the conventions. */
 #include "engine/backend_cpu_impl.h"
 
 #include <cblas.h>
@@ -391,4 +391,71 @@ void m2d_cpu_gram(m2d_backend *be, const m2d_mat *f, int E, m2d_buf *gb, m2d_pre
         free(j.gt[w]);
     }
     free(j.tmp); free(j.gt); free(j.part);
+}
+
+/* ---- calibration's reductions of the expert outputs (backend.h experts_reduce) ---- */
+
+typedef double v8d __attribute__((vector_size(64)));
+typedef float v8f __attribute__((vector_size(32)));
+
+/* acc[j] += f[j] (element by element: the scalar loop's bits) and the return Σ_j f[j]² (8
+ * partial sums added in a fixed order, then the tail). The 64-byte vectors stay inside this
+ * function: passing one by value would depend on the ISA the file is compiled for. */
+static double add_norm2(double *acc, const float *f, int d) {
+    v8d q = {0};
+    int j = 0;
+    for (; j + 8 <= d; j += 8) {
+        v8f x4;
+        v8d x, a;
+        memcpy(&x4, f + j, sizeof x4);
+        x = __builtin_convertvector(x4, v8d);
+        memcpy(&a, acc + j, sizeof a);
+        a += x;
+        memcpy(acc + j, &a, sizeof a);
+        q += x * x;
+    }
+    double s = 0;
+    for (int i = 0; i < 8; i++) s += q[i];
+    for (; j < d; j++) {
+        acc[j] += f[j];
+        s += (double)f[j] * f[j];
+    }
+    return s;
+}
+
+typedef struct {
+    cpu_be *c;
+    const m2d_mat *f;
+    int E, d, k1;
+    const int32_t *ids;
+    float *sel;
+    double *sum_f, *norm2;
+} reduce_job;
+
+/* items 0 .. E-1: expert e's sums over the tokens in order; then one item a token: its chosen rows */
+static void reduce_item(void *ctx, int item) {
+    const reduce_job *j = ctx;
+    int n = j->f->rows, E = j->E, d = j->d;
+    const float *f = F(j->f);
+    if (item < E) {
+        for (int t = 0; t < n; t++)
+            j->norm2[(size_t)item * n + t] = add_norm2(j->sum_f + (size_t)item * d, f + (size_t)t * j->f->ld + (size_t)item * d, d);
+        return;
+    }
+    int t = item - E;
+    for (int r = 0; r < j->k1; r++) {
+        int e = j->ids[(size_t)t * j->k1 + r];
+        float *o = j->sel + ((size_t)t * j->k1 + r) * d;
+        if (e < 0) memset(o, 0, sizeof(float) * d);
+        else memcpy(o, f + (size_t)t * j->f->ld + (size_t)e * d, sizeof(float) * d);
+    }
+}
+
+void m2d_cpu_experts_reduce(m2d_backend *be, const m2d_mat *f, int E, const m2d_buf *ids, int k1, m2d_buf *sel,
+                            m2d_buf *sum_f, m2d_buf *norm2) {
+    cpu_be *c = CPU(be);
+    int n = f->rows;
+    if (c->failed || n <= 0) return;
+    reduce_job j = {c, f, E, f->cols / E, k1, B(ids), B(sel), B(sum_f), B(norm2)};
+    parallel_for(c, E + n, reduce_item, &j);
 }

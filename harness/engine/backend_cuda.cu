@@ -1951,6 +1951,56 @@ static void cu_gram(m2d_backend *be, const m2d_mat *f, int E, m2d_buf *gb, m2d_p
     launched(c, "k_gram_add");
 }
 
+/* ---- calibration's reductions of the expert outputs (backend.h experts_reduce) ----
+ * f stays on the device; what leaves it is E x d sums, E x n norms and k1 rows a token (on
+ * Qwen3-30B-A3B 9 of 128 experts' rows instead of all). */
+
+/* sum_f[e, j] += f_e(t)[j] over t = 0 .. n-1 in order, one thread an element: fp64 additions of
+ * fp32 values in the CPU's order, so the CPU's bits */
+__global__ static void k_reduce_sums(const float *f, int ld, int n, int E, int d, double *sum_f) {
+    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (int64_t)E * d) return;
+    double acc = sum_f[id];
+    for (int t = 0; t < n; t++) acc += (double)f[(size_t)t * ld + id]; /* expert e's row at e*d: id = e*d + j */
+    sum_f[id] = acc;
+}
+
+/* norm2[e, t] = ‖f_e(t)‖², one warp a (token, expert): lane sums, then the warp's (fp64) */
+__global__ static void k_reduce_norms(const float *f, int ld, int n, int E, int d, double *norm2) {
+    int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (w >= (int64_t)E * n) return; /* whole warps: blockDim a multiple of 32 */
+    int e = (int)(w / n), t = (int)(w % n);
+    const float *row = f + (size_t)t * ld + (size_t)e * d;
+    double q = 0;
+    for (int j = lane; j < d; j += 32) q += (double)row[j] * row[j];
+    q = warp_sum_d(q);
+    if (lane == 0) norm2[(size_t)e * n + t] = q;
+}
+
+/* sel[t, r, :] = f_{ids[t, r]}(t), zeros for id -1 */
+__global__ static void k_reduce_select(const float *f, int ld, int n, int d, const int32_t *ids, int k1, float *sel) {
+    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (int64_t)n * k1 * d) return;
+    int64_t tr = id / d;
+    int j = (int)(id % d), t = (int)(tr / k1), ex = ids[tr];
+    sel[id] = ex < 0 ? 0.0f : f[(size_t)t * ld + (size_t)ex * d + j];
+}
+
+static void cu_experts_reduce(m2d_backend *be, const m2d_mat *f, int E, const m2d_buf *ids, int k1, m2d_buf *sel,
+                              m2d_buf *sum_f, m2d_buf *norm2) {
+    cu_be *c = CU(be);
+    int n = f->rows, d = f->cols / E;
+    if (c->failed || n <= 0) return;
+    k_reduce_sums<<<blocks_for((int64_t)E * d, 256), 256>>>(F(f), f->ld, n, E, d, (double *)P(sum_f));
+    launched(c, "k_reduce_sums");
+    k_reduce_norms<<<blocks_for((int64_t)E * n * 32, 256), 256>>>(F(f), f->ld, n, E, d, (double *)P(norm2));
+    launched(c, "k_reduce_norms");
+    k_reduce_select<<<blocks_for((int64_t)n * k1 * d, 256), 256>>>(F(f), f->ld, n, d, (const int32_t *)P(ids), k1,
+                                                                   (float *)P(sel));
+    launched(c, "k_reduce_select");
+}
+
 /* ---- LM head log-probabilities: chunks of the vocabulary, running log-sum-exp in fp64 ---- */
 #define LM_CHUNK 16384 /* vocabulary rows per GEMM */
 #define LM_ROWS 2048   /* hidden rows per GEMM (the larger, the nearer cuBLASLt's peak): <= 128 MiB of logits */
@@ -2102,6 +2152,9 @@ TIMED(cu_embed, "embed", (m2d_backend *be, const m2d_weight *table, const m2d_bu
 TIMED(cu_experts_all, "experts_all", (m2d_backend *be, const m2d_moe_args *a), (be, a))
 TIMED(cu_gram, "gram", (m2d_backend *be, const m2d_mat *f, int E, m2d_buf *gb, m2d_precision prec),
       (be, f, E, gb, prec))
+TIMED(cu_experts_reduce, "experts_reduce",
+      (m2d_backend *be, const m2d_mat *f, int E, const m2d_buf *ids, int k1, m2d_buf *sel, m2d_buf *sum_f, m2d_buf *norm2),
+      (be, f, E, ids, k1, sel, sum_f, norm2))
 
 /* ---- lifecycle ---- */
 
@@ -2173,7 +2226,8 @@ static m2d_backend_ops make_ops(void) {
     o.attention = cu_attention_timed, o.kv_append = cu_kv_append_timed, o.glu = cu_glu_timed, o.add = cu_add_timed;
     o.route = cu_route_timed, o.moe = cu_moe_timed, o.logprobs = cu_logprobs_timed;
     o.glu_clamp = cu_glu_clamp, o.add_bias = cu_add_bias, o.clamp = cu_clamp, o.sigmoid_scale = cu_sigmoid_scale;
-    o.experts_all = cu_experts_all_timed, o.gram = cu_gram_timed, o.auto_precision = cu_auto_precision;
+    o.experts_all = cu_experts_all_timed, o.gram = cu_gram_timed, o.experts_reduce = cu_experts_reduce_timed;
+    o.auto_precision = cu_auto_precision;
     o.caps = M2D_CAPS_ALL & ~M2D_CAP(M2D_CAP_TRAIN); /* every forward and calibration op; no training yet */
     o.resident_embedding = 1; /* a streamed lookup syncs, converts on the host and uploads n x d floats */
     return o;

@@ -978,29 +978,65 @@ static void host_done(m2d_engine *e, m2d_buf *b, void *p, size_t bytes, int copy
     e->B->release(e->be, b);
 }
 
-static int all_experts_impl(m2d_engine *e, int layer, const float *x, int n, float *f, double *gram) {
+/* calibration's reductions of all_experts' outputs (m2d_engine_all_experts_reduced); sel NULL: none */
+typedef struct {
+    const int32_t *ids;
+    int k1;
+    float *sel;
+    double *sum_f, *norm2;
+} reduce_req;
+
+/* the reductions of F (on the backend, [n, E * d]) into the request's host arrays */
+static int reduce_outputs(m2d_engine *e, const m2d_mat *F, int E, const reduce_req *rq) {
+    int n = F->rows, d = F->cols / E;
+    size_t ib = sizeof(int32_t) * (size_t)n * rq->k1, sb = f32s(n, (int64_t)rq->k1 * d),
+           fb = sizeof(double) * (size_t)E * d, nb = sizeof(double) * (size_t)E * n;
+    m2d_buf *I = host_buf(e, (void *)rq->ids, ib, 1), *S = host_buf(e, rq->sel, sb, 0),
+            *SF = host_buf(e, rq->sum_f, fb, 1), *N2 = host_buf(e, rq->norm2, nb, 0);
+    int rc = I && S && SF && N2 ? 0 : -1;
+    if (rc == 0) e->B->experts_reduce(e->be, F, E, I, rq->k1, S, SF, N2);
+    host_done(e, I, (void *)rq->ids, ib, 0);
+    host_done(e, S, rq->sel, sb, rc == 0);
+    host_done(e, SF, rq->sum_f, fb, rc == 0);
+    host_done(e, N2, rq->norm2, nb, rc == 0);
+    return rc;
+}
+
+static int all_experts_impl(m2d_engine *e, int layer, const float *x, int n, float *f, double *gram,
+                            const reduce_req *rq) {
     const m2d_config *c = &e->m->cfg;
     if (layer < 0 || layer >= c->num_hidden_layers || !c->layer_is_moe[layer])
         return m2d_err("engine: layer %d is not an MoE layer", layer);
     if (n <= 0) return m2d_err("engine: all experts: n = %d tokens", n);
+    if (rq && (rq->k1 <= 0 || !rq->ids || !rq->sel || !rq->sum_f || !rq->norm2))
+        return m2d_err("engine: all experts reduced: k1 = %d or an output missing", rq->k1);
+    for (size_t i = 0; rq && i < (size_t)n * rq->k1; i++)
+        if (rq->ids[i] < -1 || rq->ids[i] >= c->num_experts)
+            return m2d_err("engine: all experts reduced: expert id %d (token %zu) outside [-1, %d)", rq->ids[i],
+                           i / (size_t)rq->k1, c->num_experts);
     if (m2d_model_acquire_layer(e->m, layer)) return -1;
-    uint64_t need = M2D_CAP(M2D_CAP_EXPERTS_ALL) | (gram ? M2D_CAP(M2D_CAP_GRAM) : 0);
+    uint64_t need = M2D_CAP(M2D_CAP_EXPERTS_ALL) | (gram ? M2D_CAP(M2D_CAP_GRAM) : 0) |
+                    (rq ? M2D_CAP(M2D_CAP_EXPERTS_REDUCE) : 0);
     int miss = m2d_backend_missing(e->be, need);
     if (miss >= 0)
         return m2d_err("engine: calibration needs '%s', which backend %s does not implement", m2d_cap_name((m2d_cap)miss),
                        e->B->name);
     int d = c->hidden_size, E = c->num_experts;
     size_t xb = f32s(n, d), fb = f32s(n, (int64_t)E * d), gb = sizeof(double) * (size_t)E * E;
-    m2d_buf *X = host_buf(e, (void *)x, xb, 1), *Fb = host_buf(e, f, fb, 0), *G = gram ? host_buf(e, gram, gb, 1) : NULL;
+    /* without F on the host (reduced, no WORK): the backend's own buffer */
+    m2d_buf *X = host_buf(e, (void *)x, xb, 1), *Fb = f ? host_buf(e, f, fb, 0) : e->B->alloc(e->be, fb);
+    m2d_buf *G = gram ? host_buf(e, gram, gb, 1) : NULL;
     int rc = X && Fb && (G || !gram) ? 0 : -1;
     if (rc == 0) {
         m2d_moe_args a = experts_of(e, layer, m2d_mat_of(X, 0, n, d, d), m2d_mat_of(Fb, 0, n, E * d, E * d));
         a.exact_rows = 1; /* the outputs a hook hands back as the routed output (call_hook) */
         e->B->experts_all(e->be, &a);
         if (G) e->B->gram(e->be, &a.out, E, G, e->prec);
+        if (rq) rc = reduce_outputs(e, &a.out, E, rq);
     }
     host_done(e, X, (void *)x, xb, 0);
-    host_done(e, Fb, f, fb, rc == 0);
+    if (f) host_done(e, Fb, f, fb, rc == 0 && !rq); /* reduced: the outputs stay where they are */
+    else e->B->release(e->be, Fb);
     if (G) host_done(e, G, gram, gb, rc == 0);
     return rc;
 }
@@ -1115,8 +1151,16 @@ int m2d_engine_expert(m2d_engine *e, int layer, int expert, const float *x, int 
 }
 
 int m2d_engine_all_experts(m2d_engine *e, int layer, const float *x, int n, float *f, double *gram) {
+    if (!f) return m2d_err("engine: all experts: no output array");
     e->B->enter(e->be);
-    return leave(e, all_experts_impl(e, layer, x, n, f, gram));
+    return leave(e, all_experts_impl(e, layer, x, n, f, gram, NULL));
+}
+
+int m2d_engine_all_experts_reduced(m2d_engine *e, int layer, const float *x, int n, const int32_t *ids, int k1,
+                                   float *sel, double *sum_f, double *norm2, double *gram, float *work) {
+    reduce_req rq = {ids, k1, sel, sum_f, norm2};
+    e->B->enter(e->be);
+    return leave(e, all_experts_impl(e, layer, x, n, work, gram, &rq));
 }
 
 int m2d_engine_logits(m2d_engine *e, const int32_t *tokens, int n, float *logits) {

@@ -132,6 +132,14 @@ int m2d_engine_expert(m2d_engine *e, int layer, int expert, const float *x, int 
  * tokens of F_t F_t^T (F_t: token t's [E, d] block), accumulated as the backend's gram op says
  * (fp64 in fp32 precision). Host arrays are used in place where the backend can (CPU). */
 int m2d_engine_all_experts(m2d_engine *e, int layer, const float *x, int n, float *f, double *gram);
+/* The same pass with calibration's reductions made where the outputs lie (backend.h
+ * experts_reduce), so that they never cross to the host whole (1 MiB a token on Qwen3-30B-A3B):
+ * sum_f [E, d] += Σ_t f_e(x_t) (fp64, tokens in order: the same bits on every backend); norm2
+ * [E, n] = ‖f_e(x_t)‖² (fp64); sel [n, k1, d] = the outputs of the k1 experts ids [n, k1] names
+ * for each token (-1: zeros); GRAM as above. WORK: host memory of [n, E * d] floats that a backend
+ * computing on the host uses for the outputs in place (the CPU), or NULL. */
+int m2d_engine_all_experts_reduced(m2d_engine *e, int layer, const float *x, int n, const int32_t *ids, int k1,
+                                   float *sel, double *sum_f, double *norm2, double *gram, float *work);
 
 /* Full window from position 0: logits [n, vocab] (fp32). */
 int m2d_engine_logits(m2d_engine *e, const int32_t *tokens, int n, float *logits);
