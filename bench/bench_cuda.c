@@ -153,6 +153,16 @@ static void calib_row(m2d_engine *e, const m2d_model *m, double peak) {
                    best * 1e3, fl / best / 1e12, peak > 0 ? best / (fl / (peak * 1e12)) : 0,
                    reduced ? "the device-side reductions (what calibration runs)" : "the host copy of f");
     }
+    /* where the reduced pass spends its device time: experts_all, gram, experts_reduce */
+    m2d_backend *be = m2d_engine_backend(e);
+    printf("op times, one reduced calibration pass:\n");
+    fflush(stdout);
+    if (be->ops->tune(be, "profile", 1) == 0) {
+        if (m2d_engine_all_experts_reduced(e, 0, x, n, ids, k1, sel, sum, n2, g, NULL))
+            fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
+        be->ops->tune(be, "profile", 0);
+        fflush(stderr);
+    }
     free(x), free(f), free(g), free(sel), free(ids), free(sum), free(n2);
 }
 
