@@ -6,7 +6,9 @@
  *
  * Everything runs in order on the legacy default stream, so scratch buffers are reused without
  * events: cudaMemcpy from pageable host memory waits for the stream's earlier work before it
- * writes, and cudaFree (when a scratch buffer grows) synchronises the device.
+ * writes, and cudaFree (when a scratch buffer grows) synchronises the device. Released buffers
+ * are kept for reuse (cu_alloc), as the CPU backend keeps them: no cudaFree, so no device sync,
+ * between a forward's calls.
  *
  * Buffers are device memory. A weight is the checkpoint's tensor on the host; make_resident copies
  * it to the device in its stored dtype (BF16 and F32 as they are; other dtypes as fp32, exactly).
@@ -55,6 +57,21 @@ extern "C" {
 struct cu_buf {
     void *p;
     size_t bytes;
+    size_t cap; /* bytes of the device allocation (>= bytes: a reused one may be larger) */
+};
+
+/* Released buffers kept for a later alloc they fit (at most twice its size): a forward allocates
+ * the same workspace every call, and cudaFree synchronises the device (the host stops launching
+ * until the GPU idles) while cudaMalloc costs tens of microseconds. Safe on one stream: a reused
+ * buffer's next writer is ordered after every earlier reader. */
+#define BUF_CACHE_SLOTS 64
+#define BUF_CACHE_MAX ((size_t)1 << 30)     /* bytes kept in all */
+#define BUF_CACHE_MAX_BUF ((size_t)256 << 20) /* larger buffers are freed */
+
+struct cu_buf_cache {
+    void *p[BUF_CACHE_SLOTS];
+    size_t cap[BUF_CACHE_SLOTS], bytes;
+    int n;
 };
 
 struct cu_weight {
@@ -134,6 +151,7 @@ struct cu_be {
     int rope_half;
     int err_armed;        /* a kernel that may set dev_err ran since the last leave() */
     struct gm_weights *gw; /* the grouped MoE's pointer tables (16 KiB), refilled per call */
+    cu_buf_cache cache;   /* released buffers kept for reuse (cu_alloc, cu_release) */
     cu_prof prof;
 };
 
@@ -170,6 +188,35 @@ static void launched(cu_be *c, const char *kernel) { cuda_ok(c, cudaGetLastError
 
 static unsigned blocks_for(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 
+/* the smallest cached buffer of BYTES to 2 x BYTES (taken out of the cache), or NULL */
+static void *cache_take(cu_buf_cache *k, size_t bytes, size_t *cap) {
+    int best = -1;
+    for (int i = 0; i < k->n; i++)
+        if (k->cap[i] >= bytes && k->cap[i] <= 2 * bytes && (best < 0 || k->cap[i] < k->cap[best])) best = i;
+    if (best < 0) return NULL;
+    void *p = k->p[best];
+    *cap = k->cap[best];
+    k->bytes -= *cap;
+    k->p[best] = k->p[--k->n], k->cap[best] = k->cap[k->n];
+    return p;
+}
+
+static void cache_flush(cu_buf_cache *k) {
+    for (int i = 0; i < k->n; i++) cudaFree(k->p[i]);
+    k->n = 0, k->bytes = 0;
+}
+
+/* cudaMalloc; when the device is out of memory, the cache given back and one more try */
+static cudaError_t dev_malloc(cu_be *c, void **p, size_t bytes) {
+    cudaError_t e = cudaMalloc(p, bytes);
+    if (e == cudaErrorMemoryAllocation && c->cache.n) {
+        cudaGetLastError();
+        cache_flush(&c->cache);
+        e = cudaMalloc(p, bytes);
+    }
+    return e;
+}
+
 /* scratch slot S with at least BYTES (contents not kept when it grows); NULL after a failure */
 static void *scratch(cu_be *c, int s, size_t bytes) {
     if (c->failed) return NULL;
@@ -178,7 +225,7 @@ static void *scratch(cu_be *c, int s, size_t bytes) {
         c->slot[s] = NULL;
         c->slot_cap[s] = 0;
         size_t want = bytes + bytes / 4; /* some headroom: shapes vary from op to op */
-        if (!cuda_ok(c, cudaMalloc(&c->slot[s], want), "cudaMalloc (scratch)")) return NULL;
+        if (!cuda_ok(c, dev_malloc(c, &c->slot[s], want), "cudaMalloc (scratch)")) return NULL;
         c->slot_cap[s] = want;
     }
     return c->slot[s];
@@ -326,7 +373,7 @@ static int cu_make_resident(m2d_backend *be, m2d_weight *wh) {
     int64_t n = m2d_tensor_numel(w->t);
     size_t bytes = (size_t)n * m2d_dtype_size(w->dt);
     cudaSetDevice(c->device); /* as cu_alloc */
-    cudaError_t e = cudaMalloc(&w->dev, bytes ? bytes : 1);
+    cudaError_t e = dev_malloc(c, &w->dev, bytes ? bytes : 1);
     if (e != cudaSuccess) {
         w->dev = NULL;
         cudaGetLastError(); /* an allocation failure is not sticky: the weight stays streamed */
@@ -373,9 +420,11 @@ static void cu_weight_f32(m2d_backend *be, const m2d_weight *wh, int64_t first, 
 /* ---- memory ---- */
 
 static m2d_buf *cu_alloc(m2d_backend *be, size_t bytes) {
-    void *p = NULL;
-    cudaSetDevice(CU(be)->device); /* a caller's thread may have another current device (cuda:N) */
-    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    cu_be *c = CU(be);
+    size_t want = bytes ? bytes : 1, cap = want;
+    cudaSetDevice(c->device); /* a caller's thread may have another current device (cuda:N) */
+    void *p = cache_take(&c->cache, want, &cap);
+    cudaError_t e = p ? cudaSuccess : dev_malloc(c, &p, want);
     if (e != cudaSuccess) {
         cudaGetLastError();
         m2d_err("cuda: out of device memory allocating %zu bytes: %s", bytes, cudaGetErrorString(e));
@@ -384,13 +433,21 @@ static m2d_buf *cu_alloc(m2d_backend *be, size_t bytes) {
     cu_buf *b = (cu_buf *)m2d_calloc(1, sizeof *b);
     b->p = p;
     b->bytes = bytes;
+    b->cap = cap;
     return (m2d_buf *)b;
 }
 
-static void cu_release(m2d_backend *be, m2d_buf *b) {
-    (void)be;
+static void cu_release(m2d_backend *be, m2d_buf *mb) {
+    cu_be *c = CU(be);
+    cu_buf *b = (cu_buf *)mb;
     if (!b) return;
-    cudaFree(P(b));
+    cu_buf_cache *k = &c->cache;
+    if (b->cap <= BUF_CACHE_MAX_BUF && k->n < BUF_CACHE_SLOTS && k->bytes + b->cap <= BUF_CACHE_MAX) {
+        k->p[k->n] = b->p, k->cap[k->n++] = b->cap;
+        k->bytes += b->cap;
+    } else {
+        cudaFree(b->p);
+    }
     free(b);
 }
 
@@ -2205,6 +2262,7 @@ static void cu_destroy(m2d_backend *be) {
     free(c->prof.ev);
     free(c->prof.what);
     for (int s = 0; s < SLOT_COUNT; s++) cudaFree(c->slot[s]);
+    cache_flush(&c->cache);
     cudaFree(c->ws);
     cudaFree(c->dev_err);
     if (c->lt) cublasLtDestroy(c->lt);
