@@ -1,0 +1,215 @@
+/* attention_tc — the cuda backend's attention on tensor cores (k_attention_tc) and the argument
+ * block of its attention kernels (attn_dev). Part of backend_cuda.cu, kept in this header so that
+ * the same kernel source also runs on the CPU: tests/test_attention_tc.cc compiles it with
+ * M2D_TC_EMULATED defined (the two PTX instructions, cvt.rna.tf32 and mma.sync, then come from
+ * its emulation of a warp), so its index arithmetic, masks and online softmax are checked against
+ * float64 on every machine, with or without a GPU. Included once, by backend_cuda.cu. */
+#ifndef M2D_ATTENTION_TC_CUH
+#define M2D_ATTENTION_TC_CUH
+
+struct attn_dev {
+    const float *q, *ks, *vs, *kp, *vp; /* segment q/k/v, prefix cache of this layer (may be NULL) */
+    int ldq, ldk, ldv, nq, np, n_heads, n_kv, hd, ldo;
+    size_t head_stride;
+    float *out;
+    int window;          /* 0: full causal; else the keys p - window < t <= p */
+    const float *sinks;  /* [n_heads] sink logits, or NULL */
+    float scale;
+    int vec;             /* hd % 4 == 0 and k/v rows 16-byte aligned: staged as float4s */
+};
+
+/* ---- attention on tensor cores: flash attention in 3xTF32 ----
+ * backend_cuda.cu's k_attention_tiled computes every score and weighted value on the CUDA cores
+ * (~8 TFLOP/s at 2,048 tokens). Here both products run as mma.sync m16n8k8 TF32 with fp32
+ * accumulation, each operand x split as x = big + small (big = x rounded to TF32, 11 significant
+ * bits; small = the rest rounded to TF32), and a*b = big*big + big*small + small*big: the dropped small*small and the
+ * second rounding leave ~2^-22 of |a*b| per product, within a few fp32 roundings (backend.h asks
+ * fp32 scores; the same split as CUTLASS's 3xTF32 GEMMs). The softmax is online, fp32, per row:
+ * max, expf, sum, as k_attention_tiled.
+ * A block is 64 query rows of one head (4 warps x 16 rows); keys and values are staged 32 at a
+ * time. Per warp, S = Q K^T is a 16 x 32 tile in registers (the accumulator layout: lane = 4 g +
+ * c holds rows g and g + 8, columns 2c and 2c + 1 of each 8-column slab); the weights P go through
+ * shared memory into the A-operand layout for O += P V; O stays in registers, rescaled per row.
+ * Head dimensions up to 128, padded with zeros to HD (32, 64 or 128). */
+#define TC_WARPS 4
+#define TC_ROWS (16 * TC_WARPS) /* query rows a block */
+#define TC_KEYS 32              /* keys a tile */
+
+#ifndef M2D_TC_EMULATED
+__device__ static __forceinline__ uint32_t tf32_of(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+__device__ static __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#else /* the CPU emulation's (tests/test_attention_tc.cc): the same operations, a warp's lanes as coroutines */
+__device__ static __forceinline__ uint32_t tf32_of(float x) { return m2d_emu_tf32(x); }
+__device__ static __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    m2d_emu_mma(d, a, b0, b1);
+}
+#endif
+
+__device__ static __forceinline__ void tf32_split(float x, uint32_t &big, uint32_t &small) {
+    big = tf32_of(x);
+    small = tf32_of(x - __uint_as_float(big));
+}
+
+/* d += a b for an A fragment already split (ab + as) and B's two values (split here): the small
+ * terms first, so they are not lost against the big one */
+__device__ static __forceinline__ void mma_3xtf32(float (&d)[4], const uint32_t (&ab)[4], const uint32_t (&as)[4],
+                                                  float b0, float b1) {
+    uint32_t bb0, bs0, bb1, bs1;
+    tf32_split(b0, bb0, bs0);
+    tf32_split(b1, bb1, bs1);
+    mma_tf32(d, as, bb0, bb1);
+    mma_tf32(d, ab, bs0, bs1);
+    mma_tf32(d, ab, bb0, bb1);
+}
+
+/* the A fragment (16 x 8, rows g and g + 8, columns c and c + 4) of a row-major tile, split */
+__device__ static __forceinline__ void a_frag(const float *t, int ld, int g, int c, uint32_t (&ab)[4], uint32_t (&as)[4]) {
+    tf32_split(t[g * ld + c], ab[0], as[0]);
+    tf32_split(t[(g + 8) * ld + c], ab[1], as[1]);
+    tf32_split(t[g * ld + c + 4], ab[2], as[2]);
+    tf32_split(t[(g + 8) * ld + c + 4], ab[3], as[3]);
+}
+
+/* keys and values t0 .. t0 + TC_KEYS - 1 of kv head g into shared memory, zeros past `last` and
+ * past hd (zero keys add nothing to a score; zero value columns are never written out) */
+template <int HD>
+__device__ static void tc_stage(const attn_dev &a, int g, int t0, int last, float (*Ks)[HD + 4], float (*Vs)[HD + 8]) {
+    for (int e = threadIdx.x; e < TC_KEYS * HD / 4; e += TC_WARPS * 32) {
+        int kk = e / (HD / 4), j = 4 * (e % (HD / 4)), t = t0 + kk;
+        const float *kr = NULL, *vr = NULL;
+        if (t <= last && t < a.np) kr = a.kp + g * a.head_stride + (size_t)t * a.hd, vr = a.vp + g * a.head_stride + (size_t)t * a.hd;
+        else if (t <= last) kr = a.ks + (size_t)(t - a.np) * a.ldk + (size_t)g * a.hd, vr = a.vs + (size_t)(t - a.np) * a.ldv + (size_t)g * a.hd;
+        float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
+        if (kr && a.vec && j < a.hd) { /* hd % 4 == 0 with vec: a float4 is whole or past hd */
+            kv = *(const float4 *)(kr + j), vv = *(const float4 *)(vr + j);
+        } else if (kr) {
+            float kx[4], vx[4];
+            for (int u = 0; u < 4; u++) kx[u] = j + u < a.hd ? kr[j + u] : 0.0f, vx[u] = j + u < a.hd ? vr[j + u] : 0.0f;
+            kv = make_float4(kx[0], kx[1], kx[2], kx[3]), vv = make_float4(vx[0], vx[1], vx[2], vx[3]);
+        }
+        *(float4 *)&Ks[kk][j] = kv; /* rows of HD + 4 and HD + 8 floats: 16-byte aligned */
+        *(float4 *)&Vs[kk][j] = vv;
+    }
+}
+
+/* the block's shared memory, carved from one dynamic allocation (over 48 KiB at HD = 128). Row
+ * strides are padded so that a fragment's 32 loads fall in 32 banks: Q, K and P are read as (row
+ * g, column c), hence strides of 4 mod 32; V is read as (row c, column g), hence 8 mod 32. */
+template <int HD>
+struct tc_smem {
+    float q[TC_ROWS][HD + 4];
+    float k[TC_KEYS][HD + 4];
+    float v[TC_KEYS][HD + 8];
+    float p[TC_WARPS][16][TC_KEYS + 4];
+};
+
+template <int HD>
+__global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev a) {
+    extern __shared__ __align__(16) unsigned char tc_raw[];
+    tc_smem<HD> &sm = *(tc_smem<HD> *)tc_raw;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, h = blockIdx.y;
+    int kvh = h / (a.n_heads / a.n_kv), i0 = blockIdx.x * TC_ROWS, iw = i0 + 16 * w;
+    int last = a.np + M2D_MIN(i0 + TC_ROWS, a.nq) - 1; /* the block's last query position */
+    int lo_blk = a.window > 0 ? max(0, a.np + i0 + 1 - a.window) : 0;
+    /* this thread's two rows, iw + g and iw + g + 8: position, first key, live */
+    int pr[2], lr[2], live[2];
+    for (int r = 0; r < 2; r++) {
+        int i = iw + g + 8 * r;
+        live[r] = i < a.nq;
+        pr[r] = a.np + i;
+        lr[r] = a.window > 0 ? max(0, pr[r] + 1 - a.window) : 0;
+    }
+    int warp_last = a.np + M2D_MIN(iw + 15, a.nq - 1), warp_lo = a.window > 0 ? max(0, a.np + iw + 1 - a.window) : 0;
+    for (int e = threadIdx.x; e < TC_ROWS * HD; e += TC_WARPS * 32) { /* Q, zeros past nq and hd */
+        int i = i0 + e / HD, j = e % HD;
+        sm.q[e / HD][j] = i < a.nq && j < a.hd ? a.q[(size_t)i * a.ldq + (size_t)h * a.hd + j] : 0.0f;
+    }
+    float o[HD / 8][4], m[2], l[2]; /* l: this thread's share of each row's sum (the quad adds them at the end) */
+    for (int nt = 0; nt < HD / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    for (int r = 0; r < 2; r++) m[r] = a.sinks ? a.sinks[h] : -INFINITY, l[r] = a.sinks && c == 0 ? 1.0f : 0.0f;
+    for (int t0 = lo_blk; t0 <= last; t0 += TC_KEYS) {
+        __syncthreads(); /* the previous tile is consumed (and Q written, the first time) */
+        tc_stage<HD>(a, kvh, t0, last, sm.k, sm.v);
+        __syncthreads();
+        if (iw >= a.nq || t0 > warp_last || t0 + TC_KEYS <= warp_lo) continue; /* warp-uniform: nothing here */
+        float s[TC_KEYS / 8][4];
+        for (int nt = 0; nt < TC_KEYS / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll 4
+        for (int ks = 0; ks < HD / 8; ks++) {
+            uint32_t ab[4], as[4];
+            a_frag(&sm.q[16 * w][8 * ks], HD + 4, g, c, ab, as);
+#pragma unroll
+            for (int nt = 0; nt < TC_KEYS / 8; nt++) /* B = K^T: (k = c, n = g) is K[key g][dim c] */
+                mma_3xtf32(s[nt], ab, as, sm.k[8 * nt + g][8 * ks + c], sm.k[8 * nt + g][8 * ks + c + 4]);
+        }
+        /* online softmax: entry u of slab nt is row g + 8 (u >> 1), key t0 + 8 nt + 2c + (u & 1) */
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < TC_KEYS / 8; nt++)
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int r = u >> 1, t = t0 + 8 * nt + 2 * c + (u & 1);
+                s[nt][u] = live[r] && t >= lr[r] && t <= pr[r] ? s[nt][u] * a.scale : -INFINITY;
+                mx[r] = fmaxf(mx[r], s[nt][u]);
+            }
+        float rs[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            float mn = fmaxf(m[r], mx[r]);
+            /* mn = -inf: no key of this row yet (and no sink); its weights stay 0 */
+            rs[r] = mn == -INFINITY ? 1.0f : expf(m[r] - mn);
+            m[r] = mn;
+            l[r] *= rs[r];
+        }
+#pragma unroll
+        for (int nt = 0; nt < TC_KEYS / 8; nt++)
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int r = u >> 1;
+                float p = m[r] == -INFINITY ? 0.0f : expf(s[nt][u] - m[r]);
+                l[r] += p;
+                sm.p[w][g + 8 * r][8 * nt + 2 * c + (u & 1)] = p;
+            }
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; nt++)
+            o[nt][0] *= rs[0], o[nt][1] *= rs[0], o[nt][2] *= rs[1], o[nt][3] *= rs[1];
+        __syncwarp();
+#pragma unroll
+        for (int ks = 0; ks < TC_KEYS / 8; ks++) {
+            uint32_t ab[4], as[4];
+            a_frag(&sm.p[w][0][8 * ks], TC_KEYS + 4, g, c, ab, as);
+#pragma unroll
+            for (int nt = 0; nt < HD / 8; nt++) /* B = V: (k = c, n = g) is V[key c][dim g] */
+                mma_3xtf32(o[nt], ab, as, sm.v[8 * ks + c][8 * nt + g], sm.v[8 * ks + c + 4][8 * nt + g]);
+        }
+        __syncwarp(); /* P is read before the next tile writes it */
+    }
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    for (int r = 0; r < 2; r++) {
+        if (!live[r]) continue;
+        float *orow = a.out + (size_t)(iw + g + 8 * r) * a.ldo + (size_t)h * a.hd;
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; nt++)
+            for (int e = 0; e < 2; e++) {
+                int j = 8 * nt + 2 * c + e;
+                if (j < a.hd) orow[j] = o[nt][2 * r + e] / l[r];
+            }
+    }
+}
+
+#endif

@@ -1,0 +1,362 @@
+/* attention_tc: the cuda backend's tensor-core attention kernel (harness/engine/attention_tc.cuh,
+ * k_attention_tc) run on the CPU, against float64 loops, on every machine — with or without a GPU.
+ *
+ * The kernel's own source is compiled here as C++ with M2D_TC_EMULATED: a block's 128 threads run
+ * as coroutines (ucontext), __syncthreads waits for all of them, and the warp collectives —
+ * __syncwarp, __shfl_xor_sync and mma.sync.m16n8k8 TF32 — wait for the warp's 32 lanes, then act on
+ * their registers as the PTX ISA defines them: fragment layouts of mma.m16n8k8 .tf32 (A: a0 (g, c),
+ * a1 (g + 8, c), a2 (g, c + 4), a3 (g + 8, c + 4); B: b0 (k = c, n = g), b1 (k = c + 4, n = g); C/D:
+ * (g, 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1); g = lane / 4, c = lane % 4), operands that must
+ * be TF32 (low 13 bits zero: the kernel rounds every one with cvt.rna.tf32.f32, emulated as round to
+ * nearest, ties away from zero), products exact in fp32 and summed in fp32. So what runs here is the
+ * kernel's index arithmetic, masks (causal, window, prefix), sinks, online softmax and 3xTF32 split;
+ * what only a GPU can check (tensor cores' own summation order, the real layouts, timing) is
+ * test_engine's on the cuda backend (tools/gpu_run.sh).
+ *
+ * Tolerance 1e-5 on outputs of N(0,1) inputs, as test_engine's attention cases (derived there:
+ * fp32 scores of hd-term dots, convex combinations of values); the 3xTF32 split leaves ~2^-22 of
+ * each product, within that; one product per term (1xTF32) would be ~1e-3 off and fails. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+extern "C" { /* cmocka's header declares its C functions without C linkage for C++ */
+#include <cmocka.h>
+}
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+
+#include <algorithm>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define FIBER_START(save, bottom, size) __sanitizer_start_switch_fiber(save, bottom, size)
+#define FIBER_FINISH(save, bottom, size) __sanitizer_finish_switch_fiber(save, bottom, size)
+#else
+#define FIBER_START(save, bottom, size) ((void)(save), (void)(bottom), (void)(size))
+#define FIBER_FINISH(save, bottom, size) ((void)(save), (void)(bottom), (void)(size))
+#endif
+
+/* ---- what nvcc provides, for host C++ ---- */
+#define M2D_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(x)
+#define __align__(n) __attribute__((aligned(n)))
+#define __shared__
+using std::max;
+struct float4 {
+    float x, y, z, w;
+};
+static float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+static float __uint_as_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* ---- one block of threads as coroutines ---- */
+enum { NT = 128, STACK = 1 << 17 };
+enum wait_op { RUN, DONE, BLOCK_BARRIER, SYNCWARP, SHFL, MMA };
+
+typedef struct {
+    ucontext_t ctx;
+    char *stack;
+    void *fake_stack; /* ASan's, across a switch */
+    wait_op op;
+    float fv;         /* shfl: the value given, then the value received */
+    int lane_xor;
+    float *d;         /* mma: the accumulator fragment (in and out) and the operands */
+    uint32_t a[4], b[2];
+} emu_thread;
+
+static emu_thread T[NT];
+static ucontext_t sched;
+static const void *sched_bottom;
+static size_t sched_size;
+static int cur;
+static struct {
+    unsigned x, y, z;
+} blockIdx;
+struct tid_t {
+    unsigned x;
+};
+static tid_t emu_tid(void) { return tid_t{(unsigned)cur}; }
+#define threadIdx (emu_tid())
+alignas(16) unsigned char tc_raw[80 * 1024]; /* the block's dynamic shared memory */
+
+/* the running thread waits at OP; the scheduler resumes it when the op completes */
+static void wait_at(wait_op op) {
+    T[cur].op = op;
+    FIBER_START(&T[cur].fake_stack, sched_bottom, sched_size);
+    swapcontext(&T[cur].ctx, &sched);
+    FIBER_FINISH(T[cur].fake_stack, &sched_bottom, &sched_size);
+}
+
+static void __syncthreads(void) { wait_at(BLOCK_BARRIER); }
+static void __syncwarp(void) { wait_at(SYNCWARP); }
+static float __shfl_xor_sync(unsigned mask, float v, int lane_xor) {
+    assert_true(mask == 0xffffffffu);
+    T[cur].fv = v, T[cur].lane_xor = lane_xor;
+    wait_at(SHFL);
+    return T[cur].fv;
+}
+
+static int tf32_violations;
+static uint32_t m2d_emu_tf32(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7f800000u) != 0x7f800000u) u += 0x1000u; /* to nearest on the magnitude: ties away from zero */
+    return u & 0xffffe000u;
+}
+static void m2d_emu_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    T[cur].d = d;
+    memcpy(T[cur].a, a, sizeof T[cur].a);
+    T[cur].b[0] = b0, T[cur].b[1] = b1;
+    wait_at(MMA);
+}
+
+#define M2D_TC_EMULATED 1
+#include "engine/attention_tc.cuh"
+
+/* D = A B + C of one warp's fragments (layouts in the header comment) */
+static void warp_mma(emu_thread *L) {
+    float A[16][8], B[8][8], D[16][8];
+    for (int l = 0; l < 32; l++) {
+        int g = l >> 2, c = l & 3;
+        for (int q = 0; q < 4; q++) tf32_violations += (L[l].a[q] & 0x1fffu) != 0;
+        for (int q = 0; q < 2; q++) tf32_violations += (L[l].b[q] & 0x1fffu) != 0;
+        A[g][c] = __uint_as_float(L[l].a[0]), A[g + 8][c] = __uint_as_float(L[l].a[1]);
+        A[g][c + 4] = __uint_as_float(L[l].a[2]), A[g + 8][c + 4] = __uint_as_float(L[l].a[3]);
+        B[c][g] = __uint_as_float(L[l].b[0]), B[c + 4][g] = __uint_as_float(L[l].b[1]);
+        D[g][2 * c] = L[l].d[0], D[g][2 * c + 1] = L[l].d[1], D[g + 8][2 * c] = L[l].d[2], D[g + 8][2 * c + 1] = L[l].d[3];
+    }
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 8; j++)
+            for (int k = 0; k < 8; k++) D[i][j] += A[i][k] * B[k][j]; /* TF32 x TF32 is exact in fp32 */
+    for (int l = 0; l < 32; l++) {
+        int g = l >> 2, c = l & 3;
+        L[l].d[0] = D[g][2 * c], L[l].d[1] = D[g][2 * c + 1], L[l].d[2] = D[g + 8][2 * c], L[l].d[3] = D[g + 8][2 * c + 1];
+    }
+}
+
+/* complete warp W's collective if all its lanes wait at the same one; 1 when it did */
+static int warp_step(int w) {
+    emu_thread *L = T + 32 * w;
+    wait_op op = L[0].op;
+    if (op != SYNCWARP && op != SHFL && op != MMA) return 0;
+    for (int l = 1; l < 32; l++)
+        if (L[l].op != op) return 0;
+    if (op == SHFL) {
+        float v[32];
+        for (int l = 0; l < 32; l++) v[l] = L[l].fv;
+        for (int l = 0; l < 32; l++) L[l].fv = v[l ^ L[l].lane_xor];
+    } else if (op == MMA) {
+        warp_mma(L);
+    }
+    for (int l = 0; l < 32; l++) L[l].op = RUN;
+    return 1;
+}
+
+static attn_dev g_args;
+static void (*g_kernel)(attn_dev);
+
+static void thread_main(void) {
+    FIBER_FINISH(NULL, &sched_bottom, &sched_size);
+    g_kernel(g_args);
+    T[cur].op = DONE;
+    FIBER_START(NULL, sched_bottom, sched_size); /* this fiber ends */
+    swapcontext(&T[cur].ctx, &sched);
+}
+
+/* the context switches live in functions of their own: getcontext and swapcontext return twice,
+ * and a caller's loop variables would be at the mercy of that (-Wclobbered) */
+static __attribute__((noinline)) void thread_start(int t) {
+    getcontext(&T[t].ctx);
+    T[t].ctx.uc_stack.ss_sp = T[t].stack;
+    T[t].ctx.uc_stack.ss_size = STACK;
+    T[t].ctx.uc_link = NULL;
+    makecontext(&T[t].ctx, thread_main, 0);
+    T[t].op = RUN;
+}
+
+static __attribute__((noinline)) void thread_resume(int t) {
+    void *fake = NULL;
+    cur = t;
+    FIBER_START(&fake, T[t].stack, STACK);
+    swapcontext(&sched, &T[t].ctx);
+    FIBER_FINISH(fake, NULL, NULL);
+}
+
+/* one block to the end: run every runnable thread until it waits, then complete what can be */
+static void run_block(unsigned bx, unsigned by) {
+    blockIdx.x = bx, blockIdx.y = by, blockIdx.z = 0;
+    for (int t = 0; t < NT; t++) thread_start(t);
+    for (;;) {
+        int ran = 0, done = 0, at_barrier = 0, stepped = 0;
+        for (int t = 0; t < NT; t++)
+            if (T[t].op == RUN) thread_resume(t), ran = 1;
+        if (ran) continue;
+        for (int t = 0; t < NT; t++) done += T[t].op == DONE, at_barrier += T[t].op == BLOCK_BARRIER;
+        if (done == NT) return;
+        for (int w = 0; w < NT / 32; w++) stepped |= warp_step(w);
+        if (stepped) continue;
+        if (at_barrier != NT) fail_msg("deadlock: %d threads done, %d at __syncthreads, the rest at warp collectives that do not match", done, at_barrier);
+        for (int t = 0; t < NT; t++) T[t].op = RUN;
+    }
+}
+
+/* the kernel over its grid, as attention_tc in backend_cuda.cu launches it */
+static void launch(const attn_dev &a) {
+    g_args = a;
+    if (a.hd <= 32) g_kernel = k_attention_tc<32>;
+    else if (a.hd <= 64) g_kernel = k_attention_tc<64>;
+    else g_kernel = k_attention_tc<128>;
+    assert_true(sizeof(tc_smem<128>) <= sizeof tc_raw);
+    for (unsigned y = 0; y < (unsigned)a.n_heads; y++)
+        for (unsigned x = 0; x < (unsigned)((a.nq + TC_ROWS - 1) / TC_ROWS); x++) run_block(x, y);
+}
+
+/* ---- the reference and the cases ---- */
+
+static uint64_t rng = 88172645463325252ull;
+static double normal(void) { /* Irwin-Hall: 12 uniforms, mean 0, variance 1 */
+    double u = 0;
+    for (int i = 0; i < 12; i++) {
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        u += (double)(rng >> 11) / 9007199254740992.0;
+    }
+    return u - 6;
+}
+
+/* float64 attention: q [nq][H*hd]; k, v [np + nq][KV*hd] (the first np rows the prefix); key t
+ * seen from position p iff p - window < t <= p (window 0: all t <= p); a sink joins head h's
+ * denominator as exp(sinks[h]) */
+static void attention_f64(const float *q, const float *k, const float *v, int np, int nq, int H, int KV, int hd,
+                          int window, const float *sinks, double scale, float *out) {
+    std::vector<double> s((size_t)(np + nq));
+    for (int i = 0; i < nq; i++)
+        for (int h = 0; h < H; h++) {
+            int g = h / (H / KV), nk = np + i + 1, lo = window > 0 && nk > window ? nk - window : 0;
+            double m = sinks ? sinks[h] : -INFINITY, z = 0;
+            for (int t = lo; t < nk; t++) {
+                double dot = 0;
+                for (int c = 0; c < hd; c++) dot += (double)q[(size_t)i * H * hd + h * hd + c] * k[(size_t)t * KV * hd + g * hd + c];
+                s[t] = dot * scale;
+                m = fmax(m, s[t]);
+            }
+            for (int t = lo; t < nk; t++) z += (s[t] = exp(s[t] - m));
+            if (sinks) z += exp(sinks[h] - m);
+            for (int c = 0; c < hd; c++) {
+                double acc = 0;
+                for (int t = lo; t < nk; t++) acc += s[t] * v[(size_t)t * KV * hd + g * hd + c];
+                out[(size_t)i * H * hd + h * hd + c] = (float)(acc / z);
+            }
+        }
+}
+
+typedef struct {
+    int H, KV, hd, np, nq, window, sinks, prefix;
+    float scale; /* 0: 1/sqrt(hd) */
+} attn_case;
+
+/* max |kernel - float64| over the outputs of one case; the prefix as a cache ([KV][np][hd], the
+ * m2d_kv layout), or the whole sequence as one segment */
+static double run_case(const attn_case &c) {
+    int T_ = c.np + c.nq;
+    std::vector<float> q((size_t)c.nq * c.H * c.hd), k((size_t)T_ * c.KV * c.hd), v(k.size()), o(q.size(), NAN), r(q.size()),
+        kp((size_t)c.KV * c.np * c.hd + 1), vp(kp.size());
+    for (float &x : q) x = (float)normal();
+    for (float &x : k) x = (float)normal();
+    for (float &x : v) x = (float)normal();
+    for (int g = 0; g < c.KV; g++)
+        for (int t = 0; t < c.np; t++)
+            for (int j = 0; j < c.hd; j++) {
+                kp[((size_t)g * c.np + t) * c.hd + j] = k[(size_t)t * c.KV * c.hd + g * c.hd + j];
+                vp[((size_t)g * c.np + t) * c.hd + j] = v[(size_t)t * c.KV * c.hd + g * c.hd + j];
+            }
+    const float sinks[4] = {1.0f, -2.0f, 3.0f, 0.0f};
+    float scale = c.scale != 0 ? c.scale : 1.0f / sqrtf((float)c.hd);
+    const float *ks = k.data() + (size_t)c.np * c.KV * c.hd, *vs = v.data() + (size_t)c.np * c.KV * c.hd;
+    if (c.prefix) attention_f64(q.data(), k.data(), v.data(), c.np, c.nq, c.H, c.KV, c.hd, c.window, c.sinks ? sinks : NULL, scale, r.data());
+    else attention_f64(q.data(), ks, vs, 0, c.nq, c.H, c.KV, c.hd, c.window, c.sinks ? sinks : NULL, scale, r.data());
+    attn_dev a = {q.data(), ks, vs, c.prefix ? kp.data() : NULL, c.prefix ? vp.data() : NULL, c.H * c.hd, c.KV * c.hd,
+                  c.KV * c.hd, c.nq, c.prefix ? c.np : 0, c.H, c.KV, c.hd, c.H * c.hd, (size_t)c.np * c.hd, o.data(),
+                  c.window, c.sinks ? sinks : NULL, scale, 0};
+    /* as cu_attention: float4 staging where hd % 4 == 0 and every row start is 16-byte aligned */
+    const float *rows[4] = {a.ks, a.vs, a.kp, a.vp};
+    a.vec = c.hd % 4 == 0 && a.ldk % 4 == 0 && a.ldv % 4 == 0 && a.head_stride % 4 == 0;
+    for (int i = 0; i < 4; i++) a.vec = a.vec && (uintptr_t)rows[i] % 16 == 0;
+    tf32_violations = 0;
+    launch(a);
+    assert_int_equal(tf32_violations, 0); /* every mma operand rounded to TF32 first */
+    double worst = 0;
+    for (size_t i = 0; i < o.size(); i++) worst = fmax(worst, fabs((double)o[i] - r[i])); /* NaN: unwritten */
+    for (size_t i = 0; i < o.size(); i++) assert_false(isnan(o[i]));
+    print_message("H %d KV %d hd %d np %d nq %d window %d sinks %d scale %g %s: max |d| vs float64 = %.3g\n", c.H, c.KV, c.hd,
+                  c.np, c.nq, c.window, c.sinks, c.scale, c.prefix ? "cached prefix" : "one segment", worst);
+    assert_true(worst < 1e-5);
+    return worst;
+}
+
+/* test_engine's op_attention_causal_gqa: hd 20 (not a multiple of 8: the padding), 70 rows (two
+ * blocks, the second partial), GQA 4 heads on 2 */
+static void causal_gqa(void **state) {
+    (void)state;
+    for (int pre = 0; pre < 2; pre++) run_case({4, 2, 20, 5, 70, 0, 0, pre, 0});
+}
+
+/* op_attention_window_sinks: windows of 1, 5 and 40 (cutting into the prefix), sinks */
+static void window_and_sinks(void **state) {
+    (void)state;
+    const int windows[4] = {0, 1, 5, 40};
+    for (int wi = 0; wi < 4; wi++)
+        for (int sk = 0; sk < 2; sk++)
+            for (int pre = 0; pre < 2; pre++) run_case({4, 2, 16, 9, 70, windows[wi], sk, pre, 0});
+}
+
+/* a given scale (MLA's mscale); hd 18 and 2 kv heads of 18 floats: rows not 16-byte aligned, so
+ * K and V are staged element by element */
+static void scale_and_unaligned_rows(void **state) {
+    (void)state;
+    run_case({2, 2, 24, 4, 40, 0, 0, 1, 0.37f});
+    run_case({4, 2, 18, 3, 33, 0, 0, 1, 0});
+}
+
+/* op_attention_gemm_blocks' sizes: hd 64 over 300 rows, hd 128 (the largest head) over 200 rows,
+ * windows cutting through blocks and tiles, sinks */
+static void blocks_64_and_128(void **state) {
+    (void)state;
+    run_case({4, 2, 64, 37, 300, 50, 1, 1, 0});
+    run_case({4, 2, 64, 37, 300, 200, 0, 0, 0});
+    run_case({4, 2, 128, 70, 200, 9, 0, 1, 0});
+    run_case({4, 2, 128, 70, 200, 0, 1, 0, 0});
+}
+
+static int setup(void **state) {
+    (void)state;
+    for (int t = 0; t < NT; t++) T[t].stack = (char *)malloc(STACK);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    for (int t = 0; t < NT; t++) free(T[t].stack);
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(causal_gqa),
+        cmocka_unit_test(window_and_sinks),
+        cmocka_unit_test(scale_and_unaligned_rows),
+        cmocka_unit_test(blocks_64_and_128),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
