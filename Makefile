@@ -40,8 +40,8 @@ ifeq ($(CUDA),1)
   LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcudart -lstdc++
 endif
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
-# C++ tests: tests/test_attention_tc.cc runs the cuda backend's tensor-core attention kernel
-# (harness/engine/attention_tc.cuh) on the CPU; host C++ only, no nvcc
+# C++ tests: tests/test_cuda_kernels.cc runs kernels of the cuda backend (harness/engine/cuda_kernels.cuh:
+# the tensor-core attention, calibration's Gram) on the CPU; host C++ only, no nvcc
 TEST_CXX_SRC := $(sort $(wildcard tests/test_*.cc))
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%) $(TEST_CXX_SRC:tests/%.cc=$(BUILD)/tests/%)
 CXXFLAGS := $(filter-out -std=c11,$(CFLAGS)) -std=c++17 -Wno-unknown-pragmas # nvcc's #pragma unroll
@@ -113,7 +113,7 @@ $(BUILD)/tests/%: tests/%.c $(LIB_OBJ) $(TEST_LIB_OBJ)
 	$(call say,LD,$@)
 	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB_OBJ) $(TEST_LIB_OBJ) $(LDLIBS) -lcmocka
 
-$(BUILD)/tests/%: tests/%.cc harness/engine/attention_tc.cuh
+$(BUILD)/tests/%: tests/%.cc harness/engine/cuda_kernels.cuh
 	@mkdir -p $(dir $@)
 	$(call say,CXX,$<)
 	$(Q)$(CXX) $(CPPFLAGS) -Itests $(CXXFLAGS) $(LDFLAGS) -o $@ $< -lcmocka

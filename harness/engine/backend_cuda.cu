@@ -1032,7 +1032,7 @@ static void cu_route(m2d_backend *be, m2d_mat *logits, const m2d_route_args *r, 
 
 /* ---- attention: one warp per (query row, head), one pass over the keys (online softmax) ---- */
 
-#include "engine/attention_tc.cuh" /* struct attn_dev and k_attention_tc, the tensor-core kernel */
+#include "engine/cuda_kernels.cuh" /* struct attn_dev and k_attention_tc, the tensor-core kernel */
 
 /* PER = elements of the head vector per lane (hd <= 32 * PER) */
 template <int PER>
@@ -1755,49 +1755,7 @@ static void cu_experts_all(m2d_backend *be, const m2d_moe_args *a) {
         expert_rows(c, a, e, F(&a->x), a->x.ld, n, G, U, F(&a->out) + (size_t)e * d, a->out.ld);
 }
 
-/* The Gram g[i][j] += sum over rows t, columns c of F[t, i*d + c] F[t, j*d + c], every product and
- * sum in fp64 (SPEC §1) at either precision (more accurate than backend.h promises for BF16).
- * Tiles of GT x GT experts, one thread per (i, j); the rows split into SLICES fixed slices, each
- * block's partial sums in a fixed order (t, then c), then the slices added in slice order: the
- * same bits on every run. */
-#define GT 16
-#define GC 32
-#define GRAM_SLICES 16
-
-__global__ static void k_gram_tile(const float *f, int ld, int n, int E, int d, double *part) {
-    __shared__ double A[GT][GC + 1], Bt[GT][GC + 1];
-    int i0 = blockIdx.y * GT, j0 = blockIdx.x * GT, s = blockIdx.z;
-    if (i0 > j0 + GT - 1) return; /* wholly below the diagonal: not needed */
-    int ti = threadIdx.x / GT, tj = threadIdx.x % GT, i = i0 + ti, j = j0 + tj;
-    int t0 = (int)((int64_t)n * s / GRAM_SLICES), t1 = (int)((int64_t)n * (s + 1) / GRAM_SLICES);
-    double acc = 0;
-    for (int t = t0; t < t1; t++) {
-        const float *row = f + (size_t)t * ld;
-        for (int c0 = 0; c0 < d; c0 += GC) {
-            for (int q = threadIdx.x; q < GT * GC; q += blockDim.x) {
-                int r = q / GC, cc = q % GC, col = c0 + cc;
-                A[r][cc] = i0 + r < E && col < d ? (double)row[(size_t)(i0 + r) * d + col] : 0.0;
-                Bt[r][cc] = j0 + r < E && col < d ? (double)row[(size_t)(j0 + r) * d + col] : 0.0;
-            }
-            __syncthreads();
-#pragma unroll 8
-            for (int cc = 0; cc < GC; cc++) acc = fma(A[ti][cc], Bt[tj][cc], acc);
-            __syncthreads();
-        }
-    }
-    if (i < E && j < E) part[((size_t)s * E + i) * E + j] = acc;
-}
-
-__global__ static void k_gram_add(const double *part, int E, double *g) {
-    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (id >= (int64_t)E * E) return;
-    int i = (int)(id / E), j = (int)(id % E);
-    if (i > j) return; /* the upper triangle only, as backend.h says */
-    double s = 0;
-    for (int q = 0; q < GRAM_SLICES; q++) s += part[(size_t)q * E * E + id];
-    g[id] += s;
-}
-
+/* The Gram: k_gram_tile and k_gram_add (cuda_kernels.cuh) */
 static void cu_gram(m2d_backend *be, const m2d_mat *f, int E, m2d_buf *gb, m2d_precision prec) {
     (void)prec;
     cu_be *c = CU(be);
@@ -1805,8 +1763,8 @@ static void cu_gram(m2d_backend *be, const m2d_mat *f, int E, m2d_buf *gb, m2d_p
     if (c->failed || n <= 0) return;
     double *part = (double *)scratch(c, SLOT_GRAM, sizeof(double) * GRAM_SLICES * (size_t)E * E);
     if (!part) return;
-    int tiles = (E + GT - 1) / GT;
-    k_gram_tile<<<dim3(tiles, tiles, GRAM_SLICES), GT * GT>>>(F(f), f->ld, n, E, d, part);
+    int tiles = (E + GRAM_TILE - 1) / GRAM_TILE;
+    k_gram_tile<<<dim3(tiles, tiles, GRAM_SLICES), GRAM_THREADS>>>(F(f), f->ld, n, E, d, part);
     launched(c, "k_gram_tile");
     k_gram_add<<<blocks_for((int64_t)E * E, 256), 256>>>(part, E, (double *)P(gb));
     launched(c, "k_gram_add");

@@ -1,11 +1,13 @@
-/* attention_tc — the cuda backend's attention on tensor cores (k_attention_tc) and the argument
- * block of its attention kernels (attn_dev). Part of backend_cuda.cu, kept in this header so that
- * the same kernel source also runs on the CPU: tests/test_attention_tc.cc compiles it with
- * M2D_TC_EMULATED defined (the two PTX instructions, cvt.rna.tf32 and mma.sync, then come from
- * its emulation of a warp), so its index arithmetic, masks and online softmax are checked against
- * float64 on every machine, with or without a GPU. Included once, by backend_cuda.cu. */
-#ifndef M2D_ATTENTION_TC_CUH
-#define M2D_ATTENTION_TC_CUH
+/* cuda_kernels — kernels of the cuda backend that also run on the CPU: the attention on tensor
+ * cores (k_attention_tc, with the argument block of the attention kernels, attn_dev) and
+ * calibration's Gram (k_gram_tile, k_gram_add). Part of backend_cuda.cu, kept in this header so
+ * that tests/test_cuda_kernels.cc compiles the same source as host C++ with M2D_TC_EMULATED
+ * defined (the two PTX instructions, cvt.rna.tf32 and mma.sync, then come from its emulation of a
+ * warp; threads, barriers and shuffles from its coroutines): their index arithmetic, masks, tiling
+ * and sums are checked against float64 on every machine, with or without a GPU. Included once, by
+ * backend_cuda.cu. */
+#ifndef M2D_CUDA_KERNELS_CUH
+#define M2D_CUDA_KERNELS_CUH
 
 struct attn_dev {
     const float *q, *ks, *vs, *kp, *vp; /* segment q/k/v, prefix cache of this layer (may be NULL) */
@@ -48,7 +50,7 @@ __device__ static __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-#else /* the CPU emulation's (tests/test_attention_tc.cc): the same operations, a warp's lanes as coroutines */
+#else /* the CPU emulation's (tests/test_cuda_kernels.cc): the same operations, a warp's lanes as coroutines */
 __device__ static __forceinline__ uint32_t tf32_of(float x) { return m2d_emu_tf32(x); }
 __device__ static __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     m2d_emu_mma(d, a, b0, b1);
@@ -115,7 +117,9 @@ struct tc_smem {
 
 template <int HD>
 __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev a) {
+#ifndef M2D_TC_EMULATED /* the CPU emulation defines tc_raw itself (a global: no extern __shared__ there) */
     extern __shared__ __align__(16) unsigned char tc_raw[];
+#endif
     tc_smem<HD> &sm = *(tc_smem<HD> *)tc_raw;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, h = blockIdx.y;
     int kvh = h / (a.n_heads / a.n_kv), i0 = blockIdx.x * TC_ROWS, iw = i0 + 16 * w;
@@ -210,6 +214,65 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev 
                 if (j < a.hd) orow[j] = o[nt][2 * r + e] / l[r];
             }
     }
+}
+
+/* ---- calibration's Gram: g[i][j] += Σ_t Σ_c F[t, i*d + c] F[t, j*d + c] ----
+ * Every product and sum in fp64 (SPEC §1) at either precision (more accurate than backend.h
+ * promises for BF16). A block: a 64 x 64 tile of (i, j) over one of GRAM_SLICES fixed slices of
+ * the rows; each thread 4 x 4 entries (rows ty + 16 r, columns tx + 16 q), so each pair of
+ * staged values feeds 4 FMAs (the one-entry-a-thread tiles read shared memory twice per FMA and
+ * were bound by it); each entry sums its slice in a fixed order (t, then c), then k_gram_add adds
+ * the slices in order: the same bits on every run. Tiles wholly below the diagonal are skipped. */
+#define GRAM_TILE 64    /* experts a side of a block's tile */
+#define GRAM_CC 16      /* columns staged at a time */
+#define GRAM_SLICES 64  /* fixed slices of the rows (blocks along z) */
+#define GRAM_THREADS 256
+
+__global__ static void __launch_bounds__(GRAM_THREADS) k_gram_tile(const float *f, int ld, int n, int E, int d, double *part) {
+    /* stride GRAM_CC + 1 doubles: tx's 16 rows of B read in one column fall in distinct banks */
+    __shared__ double A[GRAM_TILE][GRAM_CC + 1], B[GRAM_TILE][GRAM_CC + 1];
+    int i0 = blockIdx.y * GRAM_TILE, j0 = blockIdx.x * GRAM_TILE, s = blockIdx.z;
+    if (i0 > j0 + GRAM_TILE - 1) return; /* wholly below the diagonal: not needed (the whole block) */
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    int t0 = (int)((int64_t)n * s / GRAM_SLICES), t1 = (int)((int64_t)n * (s + 1) / GRAM_SLICES);
+    double acc[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int q = 0; q < 4; q++) acc[r][q] = 0.0;
+    for (int t = t0; t < t1; t++) {
+        const float *row = f + (size_t)t * ld;
+        for (int c0 = 0; c0 < d; c0 += GRAM_CC) {
+            for (int e = threadIdx.x; e < GRAM_TILE * GRAM_CC; e += GRAM_THREADS) {
+                int r = e / GRAM_CC, cc = e % GRAM_CC, col = c0 + cc;
+                A[r][cc] = i0 + r < E && col < d ? (double)row[(size_t)(i0 + r) * d + col] : 0.0;
+                B[r][cc] = j0 + r < E && col < d ? (double)row[(size_t)(j0 + r) * d + col] : 0.0;
+            }
+            __syncthreads();
+#pragma unroll 4
+            for (int cc = 0; cc < GRAM_CC; cc++) {
+                double a[4], b[4];
+                for (int r = 0; r < 4; r++) a[r] = A[ty + 16 * r][cc], b[r] = B[tx + 16 * r][cc];
+                for (int r = 0; r < 4; r++)
+                    for (int q = 0; q < 4; q++) acc[r][q] = fma(a[r], b[q], acc[r][q]);
+            }
+            __syncthreads();
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        for (int q = 0; q < 4; q++) {
+            int i = i0 + ty + 16 * r, j = j0 + tx + 16 * q;
+            if (i < E && j < E) part[((size_t)s * E + i) * E + j] = acc[r][q];
+        }
+}
+
+/* g[i][j] += the slices' partial sums, in slice order, for i <= j (backend.h: the upper triangle) */
+__global__ static void k_gram_add(const double *part, int E, double *g) {
+    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (int64_t)E * E) return;
+    int i = (int)(id / E), j = (int)(id % E);
+    if (i > j) return;
+    double s = 0;
+    for (int q = 0; q < GRAM_SLICES; q++) s += part[(size_t)q * E * E + id];
+    g[id] += s;
 }
 
 #endif

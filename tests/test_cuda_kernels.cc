@@ -1,5 +1,6 @@
-/* attention_tc: the cuda backend's tensor-core attention kernel (harness/engine/attention_tc.cuh,
- * k_attention_tc) run on the CPU, against float64 loops, on every machine — with or without a GPU.
+/* cuda_kernels: kernels of the cuda backend (harness/engine/cuda_kernels.cuh: the tensor-core
+ * attention k_attention_tc, calibration's Gram) run on the CPU, against float64 loops, on every
+ * machine — with or without a GPU.
  *
  * The kernel's own source is compiled here as C++ with M2D_TC_EMULATED: a block's 128 threads run
  * as coroutines (ucontext), __syncthreads waits for all of them, and the warp collectives —
@@ -31,6 +32,7 @@ extern "C" { /* cmocka's header declares its C functions without C linkage for C
 #include <ucontext.h>
 
 #include <algorithm>
+#include <functional>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -49,7 +51,7 @@ extern "C" { /* cmocka's header declares its C functions without C linkage for C
 #define __forceinline__ inline
 #define __launch_bounds__(x)
 #define __align__(n) __attribute__((aligned(n)))
-#define __shared__
+#define __shared__ static /* one array for the block's coroutines (blocks run one at a time) */
 using std::max;
 struct float4 {
     float x, y, z, w;
@@ -62,7 +64,7 @@ static float __uint_as_float(uint32_t u) {
 }
 
 /* ---- one block of threads as coroutines ---- */
-enum { NT = 128, STACK = 1 << 17 };
+enum { NT_MAX = 256, STACK = 1 << 17 };
 enum wait_op { RUN, DONE, BLOCK_BARRIER, SYNCWARP, SHFL, MMA };
 
 typedef struct {
@@ -76,7 +78,8 @@ typedef struct {
     uint32_t a[4], b[2];
 } emu_thread;
 
-static emu_thread T[NT];
+static emu_thread T[NT_MAX];
+static int NT; /* the running block's threads */
 static ucontext_t sched;
 static const void *sched_bottom;
 static size_t sched_size;
@@ -89,6 +92,7 @@ struct tid_t {
 };
 static tid_t emu_tid(void) { return tid_t{(unsigned)cur}; }
 #define threadIdx (emu_tid())
+#define blockDim (tid_t{(unsigned)NT})
 alignas(16) unsigned char tc_raw[80 * 1024]; /* the block's dynamic shared memory */
 
 /* the running thread waits at OP; the scheduler resumes it when the op completes */
@@ -123,7 +127,7 @@ static void m2d_emu_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint
 }
 
 #define M2D_TC_EMULATED 1
-#include "engine/attention_tc.cuh"
+#include "engine/cuda_kernels.cuh"
 
 /* D = A B + C of one warp's fragments (layouts in the header comment) */
 static void warp_mma(emu_thread *L) {
@@ -164,12 +168,11 @@ static int warp_step(int w) {
     return 1;
 }
 
-static attn_dev g_args;
-static void (*g_kernel)(attn_dev);
+static std::function<void()> g_kernel; /* the kernel call every thread of a block makes */
 
 static void thread_main(void) {
     FIBER_FINISH(NULL, &sched_bottom, &sched_size);
-    g_kernel(g_args);
+    g_kernel();
     T[cur].op = DONE;
     FIBER_START(NULL, sched_bottom, sched_size); /* this fiber ends */
     swapcontext(&T[cur].ctx, &sched);
@@ -195,8 +198,8 @@ static __attribute__((noinline)) void thread_resume(int t) {
 }
 
 /* one block to the end: run every runnable thread until it waits, then complete what can be */
-static void run_block(unsigned bx, unsigned by) {
-    blockIdx.x = bx, blockIdx.y = by, blockIdx.z = 0;
+static void run_block(unsigned bx, unsigned by, unsigned bz) {
+    blockIdx.x = bx, blockIdx.y = by, blockIdx.z = bz;
     for (int t = 0; t < NT; t++) thread_start(t);
     for (;;) {
         int ran = 0, done = 0, at_barrier = 0, stepped = 0;
@@ -212,15 +215,22 @@ static void run_block(unsigned bx, unsigned by) {
     }
 }
 
-/* the kernel over its grid, as attention_tc in backend_cuda.cu launches it */
+/* KERNEL over a grid of GX x GY x GZ blocks of THREADS threads, block after block */
+static void run_grid(unsigned gx, unsigned gy, unsigned gz, int threads, std::function<void()> kernel) {
+    assert_true(threads % 32 == 0 && threads <= NT_MAX);
+    NT = threads, g_kernel = kernel;
+    for (unsigned z = 0; z < gz; z++)
+        for (unsigned y = 0; y < gy; y++)
+            for (unsigned x = 0; x < gx; x++) run_block(x, y, z);
+}
+
+/* the attention kernel over its grid, as attention_tc in backend_cuda.cu launches it */
 static void launch(const attn_dev &a) {
-    g_args = a;
-    if (a.hd <= 32) g_kernel = k_attention_tc<32>;
-    else if (a.hd <= 64) g_kernel = k_attention_tc<64>;
-    else g_kernel = k_attention_tc<128>;
     assert_true(sizeof(tc_smem<128>) <= sizeof tc_raw);
-    for (unsigned y = 0; y < (unsigned)a.n_heads; y++)
-        for (unsigned x = 0; x < (unsigned)((a.nq + TC_ROWS - 1) / TC_ROWS); x++) run_block(x, y);
+    unsigned gx = (unsigned)((a.nq + TC_ROWS - 1) / TC_ROWS);
+    if (a.hd <= 32) run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { k_attention_tc<32>(a); });
+    else if (a.hd <= 64) run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { k_attention_tc<64>(a); });
+    else run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { k_attention_tc<128>(a); });
 }
 
 /* ---- the reference and the cases ---- */
@@ -339,15 +349,55 @@ static void blocks_64_and_128(void **state) {
     run_case({4, 2, 128, 70, 200, 0, 1, 0, 0});
 }
 
+/* calibration's Gram (k_gram_tile, k_gram_add, as cu_gram launches them) against the fp64 sum over
+ * tokens and columns: E = 70 (a second, partial tile of 64), d = 40 (columns in chunks of 16, the
+ * last partial), n = 37 rows (fewer than the 64 slices: empty slices add zeros), rows with padding
+ * (ld > E d). Both sum the same fp64 products of fp32 values, in other orders: |Δ| <= γ_{n d}
+ * Σ|F_i F_j| with γ_m = m u / (1 - m u), u = 2^-53 (Higham §3.1). Only the upper triangle moves: the
+ * lower one keeps its start (-7). */
+static void gram_matches_float64(void **state) {
+    (void)state;
+    const int n = 37, E = 70, d = 40, ld = E * d + 3;
+    std::vector<float> f((size_t)n * ld);
+    for (float &x : f) x = (float)normal();
+    std::vector<double> part((size_t)GRAM_SLICES * E * E, NAN), g((size_t)E * E);
+    for (int i = 0; i < E * E; i++) g[i] = i % E >= i / E ? 0.5 : -7.0;
+    int tiles = (E + GRAM_TILE - 1) / GRAM_TILE;
+    const float *fp = f.data();
+    double *pp = part.data(), *gp = g.data();
+    run_grid(tiles, tiles, GRAM_SLICES, GRAM_THREADS, [=] { k_gram_tile(fp, ld, n, E, d, pp); });
+    run_grid((E * E + 255) / 256, 1, 1, 256, [=] { k_gram_add(pp, E, gp); });
+    const double u = ldexp(1, -53), gamma = n * d * u / (1 - n * d * u);
+    double worst = 0;
+    for (int i = 0; i < E; i++)
+        for (int j = 0; j < E; j++) {
+            if (i > j) {
+                assert_true(g[(size_t)i * E + j] == -7.0);
+                continue;
+            }
+            double want = 0.5, mag = 0;
+            for (int t = 0; t < n; t++)
+                for (int c = 0; c < d; c++) {
+                    double p = (double)f[(size_t)t * ld + i * d + c] * f[(size_t)t * ld + j * d + c];
+                    want += p, mag += fabs(p);
+                }
+            double diff = fabs(g[(size_t)i * E + j] - want);
+            worst = fmax(worst, diff / mag);
+            if (!(diff <= gamma * mag + 2 * u)) print_message("(%d, %d): %.17g against %.17g\n", i, j, g[(size_t)i * E + j], want);
+            assert_true(diff <= gamma * mag + 2 * u); /* + the 0.5 start's rounding */
+        }
+    print_message("gram: E %d, d %d, %d rows: max |d| / sum|products| = %.3g (bound %.3g)\n", E, d, n, worst, gamma);
+}
+
 static int setup(void **state) {
     (void)state;
-    for (int t = 0; t < NT; t++) T[t].stack = (char *)malloc(STACK);
+    for (int t = 0; t < NT_MAX; t++) T[t].stack = (char *)malloc(STACK);
     return 0;
 }
 
 static int teardown(void **state) {
     (void)state;
-    for (int t = 0; t < NT; t++) free(T[t].stack);
+    for (int t = 0; t < NT_MAX; t++) free(T[t].stack);
     return 0;
 }
 
@@ -357,6 +407,7 @@ int main(void) {
         cmocka_unit_test(window_and_sinks),
         cmocka_unit_test(scale_and_unaligned_rows),
         cmocka_unit_test(blocks_64_and_128),
+        cmocka_unit_test(gram_matches_float64),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
