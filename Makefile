@@ -41,7 +41,7 @@ ifeq ($(CUDA),1)
 endif
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 # C++ tests: tests/test_cuda_kernels.cc runs kernels of the cuda backend (harness/engine/cuda_kernels.cuh:
-# the tensor-core attention, calibration's Gram) on the CPU; host C++ only, no nvcc
+# the tensor-core attention, calibration's Gram and reductions) on the CPU; host C++ only, no nvcc
 TEST_CXX_SRC := $(sort $(wildcard tests/test_*.cc))
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%) $(TEST_CXX_SRC:tests/%.cc=$(BUILD)/tests/%)
 CXXFLAGS := $(filter-out -std=c11,$(CFLAGS)) -std=c++17 -Wno-unknown-pragmas # nvcc's #pragma unroll

@@ -1,5 +1,5 @@
 /* cuda_kernels: kernels of the cuda backend (harness/engine/cuda_kernels.cuh: the tensor-core
- * attention k_attention_tc, calibration's Gram) run on the CPU, against float64 loops, on every
+ * attention k_attention_tc, calibration's Gram and reductions) run on the CPU, against float64 loops, on every
  * machine — with or without a GPU.
  *
  * The kernel's own source is compiled here as C++ with M2D_TC_EMULATED: a block's 128 threads run
@@ -72,7 +72,7 @@ typedef struct {
     char *stack;
     void *fake_stack; /* ASan's, across a switch */
     wait_op op;
-    float fv;         /* shfl: the value given, then the value received */
+    double fv;        /* shfl: the value given, then the value received (a float's exactly) */
     int lane_xor;
     float *d;         /* mma: the accumulator fragment (in and out) and the operands */
     uint32_t a[4], b[2];
@@ -105,12 +105,14 @@ static void wait_at(wait_op op) {
 
 static void __syncthreads(void) { wait_at(BLOCK_BARRIER); }
 static void __syncwarp(void) { wait_at(SYNCWARP); }
-static float __shfl_xor_sync(unsigned mask, float v, int lane_xor) {
+static double shfl_xor(unsigned mask, double v, int lane_xor) {
     assert_true(mask == 0xffffffffu);
     T[cur].fv = v, T[cur].lane_xor = lane_xor;
     wait_at(SHFL);
     return T[cur].fv;
 }
+static float __shfl_xor_sync(unsigned mask, float v, int lane_xor) { return (float)shfl_xor(mask, v, lane_xor); }
+static double __shfl_xor_sync(unsigned mask, double v, int lane_xor) { return shfl_xor(mask, v, lane_xor); }
 
 static int tf32_violations;
 static uint32_t m2d_emu_tf32(float x) {
@@ -158,7 +160,7 @@ static int warp_step(int w) {
     for (int l = 1; l < 32; l++)
         if (L[l].op != op) return 0;
     if (op == SHFL) {
-        float v[32];
+        double v[32];
         for (int l = 0; l < 32; l++) v[l] = L[l].fv;
         for (int l = 0; l < 32; l++) L[l].fv = v[l ^ L[l].lane_xor];
     } else if (op == MMA) {
@@ -389,6 +391,47 @@ static void gram_matches_float64(void **state) {
     print_message("gram: E %d, d %d, %d rows: max |d| / sum|products| = %.3g (bound %.3g)\n", E, d, n, worst, gamma);
 }
 
+/* calibration's reductions (k_reduce_sums, k_reduce_norms, k_reduce_select, as cu_experts_reduce
+ * launches them) against the host: the sums onto a start, tokens in order, are the host's own fp64
+ * additions (exact: backend.h's contract, the CPU's bits); the norms are a warp's butterfly sum of
+ * d fp64 squares, within γ_d of the host's ordered sum (Higham §3.1); the chosen rows are copies
+ * (exact), zeros for id -1. E = 5, d = 45 (lanes with 1 or 2 columns), 33 rows padded (ld > E d). */
+static void reductions_match_host(void **state) {
+    (void)state;
+    const int n = 33, E = 5, d = 45, ld = E * d + 7, k1 = 3;
+    std::vector<float> f((size_t)n * ld), sel((size_t)n * k1 * d, NAN);
+    std::vector<int32_t> ids((size_t)n * k1);
+    std::vector<double> sum((size_t)E * d), want((size_t)E * d), n2((size_t)E * n, NAN);
+    for (float &x : f) x = (float)normal();
+    for (size_t i = 0; i < ids.size(); i++) ids[i] = (int32_t)(i * 7 % (E + 1)) - 1; /* -1 .. E-1 */
+    for (size_t i = 0; i < sum.size(); i++) sum[i] = want[i] = 0.25 * (double)(i % 9) - 1;
+    const float *fp = f.data();
+    const int32_t *ip = ids.data();
+    float *sp = sel.data();
+    double *sump = sum.data(), *n2p = n2.data();
+    run_grid((E * d + 255) / 256, 1, 1, 256, [=] { k_reduce_sums(fp, ld, n, E, d, sump); });
+    run_grid((E * n * 32 + 255) / 256, 1, 1, 256, [=] { k_reduce_norms(fp, ld, n, E, d, n2p); });
+    run_grid((n * k1 * d + 255) / 256, 1, 1, 256, [=] { k_reduce_select(fp, ld, n, d, ip, k1, sp); });
+    const double u = ldexp(1, -53), gamma = d * u / (1 - d * u);
+    for (int e = 0; e < E; e++)
+        for (int t = 0; t < n; t++) {
+            double q = 0;
+            for (int j = 0; j < d; j++) {
+                double v = f[(size_t)t * ld + e * d + j];
+                want[(size_t)e * d + j] += v, q += v * v;
+            }
+            assert_true(fabs(n2[(size_t)e * n + t] - q) <= gamma * q);
+        }
+    assert_memory_equal(sum.data(), want.data(), sizeof(double) * sum.size());
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < k1; r++)
+            for (int j = 0; j < d; j++) {
+                int e = ids[(size_t)t * k1 + r];
+                float w = e < 0 ? 0.0f : f[(size_t)t * ld + e * d + j];
+                assert_memory_equal(&sel[((size_t)t * k1 + r) * d + j], &w, sizeof w);
+            }
+}
+
 static int setup(void **state) {
     (void)state;
     for (int t = 0; t < NT_MAX; t++) T[t].stack = (char *)malloc(STACK);
@@ -408,6 +451,7 @@ int main(void) {
         cmocka_unit_test(scale_and_unaligned_rows),
         cmocka_unit_test(blocks_64_and_128),
         cmocka_unit_test(gram_matches_float64),
+        cmocka_unit_test(reductions_match_host),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

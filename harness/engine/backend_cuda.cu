@@ -1770,41 +1770,8 @@ static void cu_gram(m2d_backend *be, const m2d_mat *f, int E, m2d_buf *gb, m2d_p
     launched(c, "k_gram_add");
 }
 
-/* ---- calibration's reductions of the expert outputs (backend.h experts_reduce) ----
- * f stays on the device; what leaves it is E x d sums, E x n norms and k1 rows a token (on
- * Qwen3-30B-A3B 9 of 128 experts' rows instead of all). */
-
-/* sum_f[e, j] += f_e(t)[j] over t = 0 .. n-1 in order, one thread an element: fp64 additions of
- * fp32 values in the CPU's order, so the CPU's bits */
-__global__ static void k_reduce_sums(const float *f, int ld, int n, int E, int d, double *sum_f) {
-    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (id >= (int64_t)E * d) return;
-    double acc = sum_f[id];
-    for (int t = 0; t < n; t++) acc += (double)f[(size_t)t * ld + id]; /* expert e's row at e*d: id = e*d + j */
-    sum_f[id] = acc;
-}
-
-/* norm2[e, t] = ‖f_e(t)‖², one warp a (token, expert): lane sums, then the warp's (fp64) */
-__global__ static void k_reduce_norms(const float *f, int ld, int n, int E, int d, double *norm2) {
-    int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    int lane = threadIdx.x & 31;
-    if (w >= (int64_t)E * n) return; /* whole warps: blockDim a multiple of 32 */
-    int e = (int)(w / n), t = (int)(w % n);
-    const float *row = f + (size_t)t * ld + (size_t)e * d;
-    double q = 0;
-    for (int j = lane; j < d; j += 32) q += (double)row[j] * row[j];
-    q = warp_sum_d(q);
-    if (lane == 0) norm2[(size_t)e * n + t] = q;
-}
-
-/* sel[t, r, :] = f_{ids[t, r]}(t), zeros for id -1 */
-__global__ static void k_reduce_select(const float *f, int ld, int n, int d, const int32_t *ids, int k1, float *sel) {
-    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (id >= (int64_t)n * k1 * d) return;
-    int64_t tr = id / d;
-    int j = (int)(id % d), t = (int)(tr / k1), ex = ids[tr];
-    sel[id] = ex < 0 ? 0.0f : f[(size_t)t * ld + (size_t)ex * d + j];
-}
+/* ---- calibration's reductions of the expert outputs (backend.h experts_reduce): the kernels in
+ * cuda_kernels.cuh ---- */
 
 static void cu_experts_reduce(m2d_backend *be, const m2d_mat *f, int E, const m2d_buf *ids, int k1, m2d_buf *sel,
                               m2d_buf *sum_f, m2d_buf *norm2) {

@@ -1,6 +1,7 @@
 /* cuda_kernels — kernels of the cuda backend that also run on the CPU: the attention on tensor
  * cores (k_attention_tc, with the argument block of the attention kernels, attn_dev) and
- * calibration's Gram (k_gram_tile, k_gram_add). Part of backend_cuda.cu, kept in this header so
+ * calibration's Gram (k_gram_tile, k_gram_add) and reductions (k_reduce_sums, k_reduce_norms,
+ * k_reduce_select). Part of backend_cuda.cu, kept in this header so
  * that tests/test_cuda_kernels.cc compiles the same source as host C++ with M2D_TC_EMULATED
  * defined (the two PTX instructions, cvt.rna.tf32 and mma.sync, then come from its emulation of a
  * warp; threads, barriers and shuffles from its coroutines): their index arithmetic, masks, tiling
@@ -273,6 +274,42 @@ __global__ static void k_gram_add(const double *part, int E, double *g) {
     double s = 0;
     for (int q = 0; q < GRAM_SLICES; q++) s += part[(size_t)q * E * E + id];
     g[id] += s;
+}
+
+/* ---- calibration's reductions of the expert outputs (backend.h experts_reduce) ----
+ * f stays on the device; what leaves it is E x d sums, E x n norms and k1 rows a token (on
+ * Qwen3-30B-A3B 9 of 128 experts' rows instead of all). */
+
+/* sum_f[e, j] += f_e(t)[j] over t = 0 .. n-1 in order, one thread an element: fp64 additions of
+ * fp32 values in the CPU's order, so the CPU's bits */
+__global__ static void k_reduce_sums(const float *f, int ld, int n, int E, int d, double *sum_f) {
+    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (int64_t)E * d) return;
+    double acc = sum_f[id];
+    for (int t = 0; t < n; t++) acc += (double)f[(size_t)t * ld + id]; /* expert e's row at e*d: id = e*d + j */
+    sum_f[id] = acc;
+}
+
+/* norm2[e, t] = ‖f_e(t)‖², one warp a (token, expert): lane sums, then the warp's (fp64) */
+__global__ static void k_reduce_norms(const float *f, int ld, int n, int E, int d, double *norm2) {
+    int64_t w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (w >= (int64_t)E * n) return; /* whole warps: blockDim a multiple of 32 */
+    int e = (int)(w / n), t = (int)(w % n);
+    const float *row = f + (size_t)t * ld + (size_t)e * d;
+    double q = 0;
+    for (int j = lane; j < d; j += 32) q += (double)row[j] * row[j];
+    for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+    if (lane == 0) norm2[(size_t)e * n + t] = q;
+}
+
+/* sel[t, r, :] = f_{ids[t, r]}(t), zeros for id -1 */
+__global__ static void k_reduce_select(const float *f, int ld, int n, int d, const int32_t *ids, int k1, float *sel) {
+    int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (int64_t)n * k1 * d) return;
+    int64_t tr = id / d;
+    int j = (int)(id % d), t = (int)(tr / k1), ex = ids[tr];
+    sel[id] = ex < 0 ? 0.0f : f[(size_t)t * ld + (size_t)ex * d + j];
 }
 
 #endif
