@@ -35,6 +35,8 @@ extern "C" { /* cmocka's header declares its C functions without C linkage for C
 #include <functional>
 #include <vector>
 
+#include "attn_ref.h"
+
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/common_interface_defs.h>
 #define FIBER_START(save, bottom, size) __sanitizer_start_switch_fiber(save, bottom, size)
@@ -245,32 +247,6 @@ static double normal(void) { /* Irwin-Hall: 12 uniforms, mean 0, variance 1 */
         u += (double)(rng >> 11) / 9007199254740992.0;
     }
     return u - 6;
-}
-
-/* float64 attention: q [nq][H*hd]; k, v [np + nq][KV*hd] (the first np rows the prefix); key t
- * seen from position p iff p - window < t <= p (window 0: all t <= p); a sink joins head h's
- * denominator as exp(sinks[h]) */
-static void attention_f64(const float *q, const float *k, const float *v, int np, int nq, int H, int KV, int hd,
-                          int window, const float *sinks, double scale, float *out) {
-    std::vector<double> s((size_t)(np + nq));
-    for (int i = 0; i < nq; i++)
-        for (int h = 0; h < H; h++) {
-            int g = h / (H / KV), nk = np + i + 1, lo = window > 0 && nk > window ? nk - window : 0;
-            double m = sinks ? sinks[h] : -INFINITY, z = 0;
-            for (int t = lo; t < nk; t++) {
-                double dot = 0;
-                for (int c = 0; c < hd; c++) dot += (double)q[(size_t)i * H * hd + h * hd + c] * k[(size_t)t * KV * hd + g * hd + c];
-                s[t] = dot * scale;
-                m = fmax(m, s[t]);
-            }
-            for (int t = lo; t < nk; t++) z += (s[t] = exp(s[t] - m));
-            if (sinks) z += exp(sinks[h] - m);
-            for (int c = 0; c < hd; c++) {
-                double acc = 0;
-                for (int t = lo; t < nk; t++) acc += s[t] * v[(size_t)t * KV * hd + g * hd + c];
-                out[(size_t)i * H * hd + h * hd + c] = (float)(acc / z);
-            }
-        }
 }
 
 typedef struct {

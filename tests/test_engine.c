@@ -1,6 +1,7 @@
 /* engine + backend: every op against naive loops, the whole forward against the float64
  * golden outputs of the tiny Qwen3-MoE, and the engine's entry points against each other. */
 #include "testutil.h"
+#include "attn_ref.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -364,26 +365,7 @@ static float g_attn_scale;
 
 static void attention_naive_ws(const float *q, const float *k, const float *v, int np, int nq, int H, int KV, int hd,
                                int window, const float *sinks, float *out) {
-    double *s = malloc(sizeof(double) * (size_t)(np + nq));
-    for (int i = 0; i < nq; i++)
-        for (int h = 0; h < H; h++) {
-            int g = h / (H / KV), nk = np + i + 1, lo = window > 0 && nk > window ? nk - window : 0;
-            double m = sinks ? sinks[h] : -INFINITY, z = 0;
-            for (int t = lo; t < nk; t++) {
-                double d = 0;
-                for (int c = 0; c < hd; c++) d += (double)q[(size_t)i * H * hd + h * hd + c] * k[(size_t)t * KV * hd + g * hd + c];
-                s[t] = g_attn_scale != 0 ? d * g_attn_scale : d / sqrt(hd);
-                m = fmax(m, s[t]);
-            }
-            for (int t = lo; t < nk; t++) z += (s[t] = exp(s[t] - m));
-            if (sinks) z += exp(sinks[h] - m);
-            for (int c = 0; c < hd; c++) {
-                double a = 0;
-                for (int t = lo; t < nk; t++) a += s[t] * v[(size_t)t * KV * hd + g * hd + c];
-                out[(size_t)i * H * hd + h * hd + c] = (float)(a / z);
-            }
-        }
-    free(s);
+    attention_f64(q, k, v, np, nq, H, KV, hd, window, sinks, g_attn_scale != 0 ? g_attn_scale : 1 / sqrt(hd), out);
 }
 
 static void attention_naive(const float *q, const float *k, const float *v, int np, int nq, int H, int KV, int hd,
