@@ -2,7 +2,7 @@
  * attention k_attention_tc, calibration's Gram and reductions) run on the CPU, against float64 loops, on every
  * machine — with or without a GPU.
  *
- * The kernel's own source is compiled here as C++ with M2D_TC_EMULATED: a block's 128 threads run
+ * The kernel's own source is compiled here as C++ with M2D_CUDA_EMULATED: a block's 128 threads run
  * as coroutines (ucontext), __syncthreads waits for all of them, and the warp collectives —
  * __syncwarp, __shfl_xor_sync and mma.sync.m16n8k8 TF32 — wait for the warp's 32 lanes, then act on
  * their registers as the PTX ISA defines them: fragment layouts of mma.m16n8k8 .tf32 (A: a0 (g, c),
@@ -130,7 +130,7 @@ static void m2d_emu_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint
     wait_at(MMA);
 }
 
-#define M2D_TC_EMULATED 1
+#define M2D_CUDA_EMULATED 1
 #include "engine/cuda_kernels.cuh"
 
 /* D = A B + C of one warp's fragments (layouts in the header comment) */

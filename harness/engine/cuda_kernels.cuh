@@ -1,12 +1,11 @@
 /* cuda_kernels — kernels of the cuda backend that also run on the CPU: the attention on tensor
  * cores (k_attention_tc, with the argument block of the attention kernels, attn_dev) and
  * calibration's Gram (k_gram_tile, k_gram_add) and reductions (k_reduce_sums, k_reduce_norms,
- * k_reduce_select). Part of backend_cuda.cu, kept in this header so
- * that tests/test_cuda_kernels.cc compiles the same source as host C++ with M2D_TC_EMULATED
- * defined (the two PTX instructions, cvt.rna.tf32 and mma.sync, then come from its emulation of a
- * warp; threads, barriers and shuffles from its coroutines): their index arithmetic, masks, tiling
- * and sums are checked against float64 on every machine, with or without a GPU. Included once, by
- * backend_cuda.cu. */
+ * k_reduce_select). Part of backend_cuda.cu, kept in this header so that tests/test_cuda_kernels.cc
+ * compiles the same source as host C++ with M2D_CUDA_EMULATED defined (the two PTX instructions,
+ * cvt.rna.tf32 and mma.sync, then come from its emulation of a warp; threads, barriers and shuffles
+ * from its coroutines): their index arithmetic, masks, tiling and sums are checked against float64
+ * on every machine, with or without a GPU. Included once, by backend_cuda.cu. */
 #ifndef M2D_CUDA_KERNELS_CUH
 #define M2D_CUDA_KERNELS_CUH
 
@@ -38,7 +37,7 @@ struct attn_dev {
 #define TC_ROWS (16 * TC_WARPS) /* query rows a block */
 #define TC_KEYS 32              /* keys a tile */
 
-#ifndef M2D_TC_EMULATED
+#ifndef M2D_CUDA_EMULATED
 __device__ static __forceinline__ uint32_t tf32_of(float x) {
     uint32_t r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
@@ -118,7 +117,7 @@ struct tc_smem {
 
 template <int HD>
 __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev a) {
-#ifndef M2D_TC_EMULATED /* the CPU emulation defines tc_raw itself (a global: no extern __shared__ there) */
+#ifndef M2D_CUDA_EMULATED /* the CPU emulation defines tc_raw itself (a global: no extern __shared__ there) */
     extern __shared__ __align__(16) unsigned char tc_raw[];
 #endif
     tc_smem<HD> &sm = *(tc_smem<HD> *)tc_raw;
