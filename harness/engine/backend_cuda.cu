@@ -146,6 +146,7 @@ struct cu_be {
     int attn_kernel;      /* knob: attention by k_attention_tc (2, the default), k_attention_tiled (1)
                            * where they apply, or the warp-per-row reference k_attention (0) */
     unsigned attn_smem_set; /* k_attention_tc<32, 64, 128> allowed their shared memory on this device */
+    int all_grouped_rows; /* knob: experts_all takes the grouped kernels up to this many rows (default 64) */
     int *dev_err;         /* device int: set by a kernel that met bad input (checked at leave) */
     double rope_freq[M2D_MAX_HEAD_DIM / 2]; /* the RoPE frequencies in SLOT_ROPE (rope_half of them) */
     int rope_half;
@@ -1694,12 +1695,12 @@ static int moe_grouped(cu_be *c, const m2d_moe_args *a) {
 }
 
 /* cu_experts_all's grouped path: every expert on the same n rows, out's columns e*d .. e*d + d;
- * -1 where it does not apply. Only for few rows (launch-bound per expert): at 512 rows cuBLASLt's
- * per-expert GEMMs ran faster than the WMMA kernel on an H200 (calibration 60 against 76 ms a layer). */
-#define GM_ALL_MAX_ROWS 64
+ * -1 where it does not apply. Only up to the knob all_grouped_rows (default 64) rows: at 512 rows
+ * cuBLASLt's per-expert GEMMs ran faster than the WMMA kernel on an H200 (calibration 60 against
+ * 76 ms a layer, both with the host copy of f; bench_cuda times both sides again). */
 static int experts_all_grouped(cu_be *c, const m2d_moe_args *a) {
     int n = a->x.rows, d = a->x.cols, de = a->d_ff, E = a->n_experts, ldx;
-    const gm_weights *gw = n > GM_ALL_MAX_ROWS ? NULL : gm_weights_of(c, a);
+    const gm_weights *gw = n > c->all_grouped_rows ? NULL : gm_weights_of(c, a);
     if (!gw) return -1;
     __nv_bfloat16 *H = (__nv_bfloat16 *)scratch(c, SLOT_MOE_G, 2 * (size_t)E * n * de);
     const void *xs = H ? x_operand(c, F(&a->x), a->x.ld, n, d, M2D_PREC_BF16, &ldx) : NULL; /* compact: ldx = d */
@@ -1970,6 +1971,10 @@ static int cu_leave(m2d_backend *be) {
 }
 
 static int cu_tune(m2d_backend *be, const char *knob, int value) {
+    if (strcmp(knob, "all_grouped_rows") == 0 && value >= 0) {
+        CU(be)->all_grouped_rows = value;
+        return 0;
+    }
     int *at = strcmp(knob, "gemm_naive") == 0 ? &CU(be)->gemm_naive
               : strcmp(knob, "moe_grouped") == 0 ? &CU(be)->moe_grouped
               : strcmp(knob, "attn_kernel") == 0 ? &CU(be)->attn_kernel
@@ -1980,7 +1985,7 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
         *at = value;
         return 0;
     }
-    return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile: 0|1; moe_grouped, attn_kernel: 0|1|2)", knob,
+    return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile: 0|1; moe_grouped, attn_kernel: 0|1|2; all_grouped_rows: >= 0)", knob,
                    value);
 }
 
@@ -2041,6 +2046,7 @@ static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
     const char *fast = getenv("M2D_CUDA_FAST");
     int ref = fast && strcmp(fast, "0") == 0;
     c->moe_grouped = !ref;
+    c->all_grouped_rows = 64;
     c->attn_kernel = ref ? 0 : 2;
     const char *prof = getenv("M2D_CUDA_PROFILE"); /* 1: op times on stderr when the backend is freed */
     c->prof.on = prof && strcmp(prof, "1") == 0;
