@@ -266,6 +266,11 @@ static const float *sel_row(const calib_ctx *c, const m2d_moe_event *ev, int t, 
     return c->sel + ((size_t)t * (ev->top_k + 1) + r) * ev->hidden;
 }
 
+/* token t's replacement expert for the damage (-1: none, k = E) */
+static int replacement(const calib_ctx *c, const m2d_moe_event *ev, int t) {
+    return c->ids[(size_t)t * (ev->top_k + 1) + ev->top_k];
+}
+
 static void finalize_gram(m2d_layer_stats *s) {
     for (int i = 0; i < s->E; i++)
         for (int j = 0; j < i; j++) {
@@ -299,10 +304,10 @@ static void logits_block(calib_ctx *c, m2d_layer_stats *s, const m2d_moe_event *
     cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, E, nb, 1.0, c->Z, E, 1.0, s->logit_gram, E);
 }
 
+/* one token block of an event, for the per-token pool items (damage, routed output) */
 typedef struct {
-    calib_ctx *c;
+    const calib_ctx *c;
     const m2d_moe_event *ev;
-    m2d_layer_stats *s;
     int t0, nb;
 } block_job;
 
@@ -313,7 +318,7 @@ static void damage_item(void *ctx, int t) {
     int E = j->ev->n_experts, k = j->ev->top_k, tt = j->t0 + t;
     double *out = j->c->dmg + (size_t)t * k;
     if (m2d_blocksum_damage(j->ev->probs + (size_t)tt * E, j->ev->topk + (size_t)tt * k, k,
-                            j->c->ids[(size_t)t * (k + 1) + k], j->ev->hidden, sel_row(j->c, j->ev, t, 0),
+                            replacement(j->c, j->ev, t), j->ev->hidden, sel_row(j->c, j->ev, t, 0),
                             (size_t)j->ev->hidden, out))
         out[0] = -1;
 }
@@ -324,7 +329,7 @@ static void damage_item(void *ctx, int t) {
  * on any thread count), then the routed sums token by token. */
 static void token_stats_block(calib_ctx *c, m2d_layer_stats *s, const m2d_moe_event *ev, int t0, int nb) {
     int E = ev->n_experts, k = ev->top_k, d = ev->hidden;
-    block_job job = {c, ev, s, t0, nb};
+    block_job job = {c, ev, t0, nb};
     m2d_pool_for(c->pool, nb, damage_item, &job);
     for (int t = 0; t < nb; t++) {
         int tt = t0 + t;
@@ -340,7 +345,7 @@ static void token_stats_block(calib_ctx *c, m2d_layer_stats *s, const m2d_moe_ev
         }
         const double *dmg = c->dmg + (size_t)t * k;
         if (dmg[0] < 0)
-            m2d_layer_stats_add_damage_rows(s, p, topk, c->ids[(size_t)t * (k + 1) + k], sel_row(c, ev, t, 0), (size_t)d);
+            m2d_layer_stats_add_damage_rows(s, p, topk, replacement(c, ev, t), sel_row(c, ev, t, 0), (size_t)d);
         else
             for (int r = 0; r < k; r++) s->damage[topk[r]] += dmg[r];
     }
@@ -348,15 +353,9 @@ static void token_stats_block(calib_ctx *c, m2d_layer_stats *s, const m2d_moe_ev
     s->cur_len += nb;
 }
 
-typedef struct {
-    const calib_ctx *c;
-    const m2d_moe_event *ev;
-    int t0, nb;
-} routed_job;
-
 /* routed[t] = Σ_r gate_r · f_{topk[r]}(t), the terms in increasing expert id (engine.h) */
 static void routed_item(void *ctx, int t) {
-    const routed_job *j = ctx;
+    const block_job *j = ctx;
     int k = j->ev->top_k, d = j->ev->hidden, tt = j->t0 + t;
     const int32_t *topk = j->ev->topk + (size_t)tt * k;
     const float *gates = j->ev->gates + (size_t)tt * k;
@@ -375,7 +374,7 @@ static void routed_item(void *ctx, int t) {
 /* The block's rows of the layer's routed output, from the experts' outputs already at hand: the
  * engine then skips running the top-k experts again (engine.h, m2d_moe_event.routed). */
 static void routed_block(calib_ctx *c, const m2d_moe_event *ev, int t0, int nb) {
-    routed_job j = {c, ev, t0, nb};
+    block_job j = {c, ev, t0, nb};
     m2d_pool_for(c->pool, nb, routed_item, &j);
 }
 
