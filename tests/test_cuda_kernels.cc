@@ -59,10 +59,19 @@ struct float4 {
     float x, y, z, w;
 };
 static float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+struct uint2 {
+    uint32_t x, y;
+};
+static uint2 make_uint2(uint32_t a, uint32_t b) { return {a, b}; }
 static float __uint_as_float(uint32_t u) {
     float f;
     memcpy(&f, &u, sizeof f);
     return f;
+}
+static uint32_t __float_as_uint(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
 }
 
 /* ---- one block of threads as coroutines ---- */
@@ -88,14 +97,14 @@ static size_t sched_size;
 static int cur;
 static struct {
     unsigned x, y, z;
-} blockIdx;
+} blockIdx, gridDim;
 struct tid_t {
     unsigned x;
 };
 static tid_t emu_tid(void) { return tid_t{(unsigned)cur}; }
 #define threadIdx (emu_tid())
 #define blockDim (tid_t{(unsigned)NT})
-alignas(16) unsigned char tc_raw[80 * 1024]; /* the block's dynamic shared memory */
+alignas(16) unsigned char tc_raw[112 * 1024]; /* the block's dynamic shared memory */
 
 /* the running thread waits at OP; the scheduler resumes it when the op completes */
 static void wait_at(wait_op op) {
@@ -223,18 +232,26 @@ static void run_block(unsigned bx, unsigned by, unsigned bz) {
 static void run_grid(unsigned gx, unsigned gy, unsigned gz, int threads, std::function<void()> kernel) {
     assert_true(threads % 32 == 0 && threads <= NT_MAX);
     NT = threads, g_kernel = kernel;
+    gridDim.x = gx, gridDim.y = gy, gridDim.z = gz;
     for (unsigned z = 0; z < gz; z++)
         for (unsigned y = 0; y < gy; y++)
             for (unsigned x = 0; x < gx; x++) run_block(x, y, z);
 }
 
-/* the attention kernel over its grid, as attention_tc in backend_cuda.cu launches it */
-static void launch(const attn_dev &a) {
-    assert_true(sizeof(tc_smem<128>) <= sizeof tc_raw);
+/* tensor-core attention kernel V (2: k_attention_tc, 3: its first version k_attention_tc_v1, as
+ * the knob attn_kernel numbers them) over its grid, as attention_tc in backend_cuda.cu launches it */
+template <int HD>
+static void launch_hd(const attn_dev &a, int version) {
     unsigned gx = (unsigned)((a.nq + TC_ROWS - 1) / TC_ROWS);
-    if (a.hd <= 32) run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { k_attention_tc<32>(a); });
-    else if (a.hd <= 64) run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { k_attention_tc<64>(a); });
-    else run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { k_attention_tc<128>(a); });
+    assert_true(sizeof(tc_smem<HD>) <= sizeof tc_raw && sizeof(tc_smem_v1<HD>) <= sizeof tc_raw);
+    if (version == 3) run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { k_attention_tc_v1<HD>(a); });
+    else run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { k_attention_tc<HD>(a); });
+}
+
+static void launch(const attn_dev &a, int version) {
+    if (a.hd <= 32) launch_hd<32>(a, version);
+    else if (a.hd <= 64) launch_hd<64>(a, version);
+    else launch_hd<128>(a, version);
 }
 
 /* ---- the reference and the cases ---- */
@@ -281,15 +298,21 @@ static double run_case(const attn_case &c) {
     const float *rows[4] = {a.ks, a.vs, a.kp, a.vp};
     a.vec = c.hd % 4 == 0 && a.ldk % 4 == 0 && a.ldv % 4 == 0 && a.head_stride % 4 == 0;
     for (int i = 0; i < 4; i++) a.vec = a.vec && (uintptr_t)rows[i] % 16 == 0;
-    tf32_violations = 0;
-    launch(a);
-    assert_int_equal(tf32_violations, 0); /* every mma operand rounded to TF32 first */
     double worst = 0;
-    for (size_t i = 0; i < o.size(); i++) worst = fmax(worst, fabs((double)o[i] - r[i])); /* NaN: unwritten */
-    for (size_t i = 0; i < o.size(); i++) assert_false(isnan(o[i]));
-    print_message("H %d KV %d hd %d np %d nq %d window %d sinks %d scale %g %s: max |d| vs float64 = %.3g\n", c.H, c.KV, c.hd,
-                  c.np, c.nq, c.window, c.sinks, c.scale, c.prefix ? "cached prefix" : "one segment", worst);
-    assert_true(worst < 1e-5);
+    for (int version = 2; version <= 3; version++) {
+        std::fill(o.begin(), o.end(), NAN);
+        tf32_violations = 0;
+        launch(a, version);
+        assert_int_equal(tf32_violations, 0); /* every mma operand rounded to TF32 first */
+        double d = 0;
+        for (size_t i = 0; i < o.size(); i++) d = fmax(d, fabs((double)o[i] - r[i])); /* NaN: unwritten */
+        for (size_t i = 0; i < o.size(); i++) assert_false(isnan(o[i]));
+        print_message("kernel %d, H %d KV %d hd %d np %d nq %d window %d sinks %d scale %g %s: max |d| vs float64 = %.3g\n",
+                      version, c.H, c.KV, c.hd, c.np, c.nq, c.window, c.sinks, c.scale,
+                      c.prefix ? "cached prefix" : "one segment", d);
+        assert_true(d < 1e-5);
+        worst = fmax(worst, d);
+    }
     return worst;
 }
 
@@ -325,6 +348,44 @@ static void blocks_64_and_128(void **state) {
     run_case({4, 2, 64, 37, 300, 200, 0, 0, 0});
     run_case({4, 2, 128, 70, 200, 9, 0, 1, 0});
     run_case({4, 2, 128, 70, 200, 0, 1, 0, 0});
+}
+
+/* tf32_rna, k_attention_tc's integer rounding to TF32, against rounding in float64: to a multiple
+ * of 2^(e - 10) (e: the binade, at least -126: subnormals keep the same spacing), to nearest, ties
+ * away from zero — cvt.rna.tf32.f32's rounding as the PTX ISA defines it — on finite values: random
+ * bit patterns, exact ties, subnormals, carries into the next binade and to infinity. tf32_pair's
+ * two parts are TF32 and sum to x within 2^-22 |x| (the rest is at most half a TF32 ulp of the
+ * small part, itself at most half a TF32 ulp of x; near underflow, half TF32's subnormal spacing). */
+static float tf32_by_float64(float x) {
+    if (x == 0) return x;
+    double q = ldexp(1.0, std::max(ilogb(x), -126) - 10);
+    return (float)copysign(floor(fabs((double)x) / q + 0.5) * q, (double)x); /* past FLT_MAX: inf */
+}
+
+static void tf32_rounding_matches_float64(void **state) {
+    (void)state;
+    std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x00001000u, 0x00000fffu, 0x00001fffu, 0x807ff000u,
+                                  0x3f800fffu, 0x3f801000u, 0xbf803000u, 0x3fffffffu, 0x7f7ff000u, 0x7f7fefffu, 0xff7fffffu};
+    for (int i = 0; i < 200000; i++) {
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        uint32_t u = (uint32_t)(rng >> 16);
+        if ((u & 0x7f800000u) == 0x7f800000u) continue; /* infinities and NaNs: not the kernel's operands */
+        bits.push_back(u);
+        bits.push_back((u & ~0x1fffu) | 0x1000u); /* a tie */
+    }
+    for (uint32_t u : bits) {
+        float x = __uint_as_float(u), want = tf32_by_float64(x);
+        uint32_t got = tf32_rna(x);
+        if (got != __float_as_uint(want)) print_message("x %08x: %08x against %08x\n", u, got, __float_as_uint(want));
+        assert_int_equal(got, __float_as_uint(want));
+        if (!isfinite(want)) continue;
+        uint2 p = tf32_pair(x);
+        assert_int_equal(p.x & 0x1fffu, 0);
+        assert_int_equal(p.y & 0x1fffu, 0);
+        double rest = fabs((double)x - __uint_as_float(p.x) - __uint_as_float(p.y));
+        /* below ~2^-104 the small part is subnormal, where TF32's spacing is 2^-136 */
+        assert_true(rest <= fmax(ldexp(fabs((double)x), -22), ldexp(1.0, -137)));
+    }
 }
 
 /* calibration's Gram (k_gram_tile, k_gram_add, as cu_gram launches them) against the fp64 sum over
@@ -426,6 +487,7 @@ int main(void) {
         cmocka_unit_test(window_and_sinks),
         cmocka_unit_test(scale_and_unaligned_rows),
         cmocka_unit_test(blocks_64_and_128),
+        cmocka_unit_test(tf32_rounding_matches_float64),
         cmocka_unit_test(gram_matches_float64),
         cmocka_unit_test(reductions_match_host),
     };

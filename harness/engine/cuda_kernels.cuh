@@ -82,23 +82,29 @@ __device__ static __forceinline__ void a_frag(const float *t, int ld, int g, int
     tf32_split(t[(g + 8) * ld + c + 4], ab[3], as[3]);
 }
 
-/* keys and values t0 .. t0 + TC_KEYS - 1 of kv head g into shared memory, zeros past `last` and
- * past hd (zero keys add nothing to a score; zero value columns are never written out) */
+/* key and value t of kv head g, columns j .. j + 3 (zeros past `last` and past hd: zero keys add
+ * nothing to a score; zero value columns are never written out) */
+__device__ static __forceinline__ void tc_kv4(const attn_dev &a, int g, int t, int j, int last, float4 &kv, float4 &vv) {
+    const float *kr = NULL, *vr = NULL;
+    if (t <= last && t < a.np) kr = a.kp + g * a.head_stride + (size_t)t * a.hd, vr = a.vp + g * a.head_stride + (size_t)t * a.hd;
+    else if (t <= last) kr = a.ks + (size_t)(t - a.np) * a.ldk + (size_t)g * a.hd, vr = a.vs + (size_t)(t - a.np) * a.ldv + (size_t)g * a.hd;
+    kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
+    if (kr && a.vec && j < a.hd) { /* hd % 4 == 0 with vec: a float4 is whole or past hd */
+        kv = *(const float4 *)(kr + j), vv = *(const float4 *)(vr + j);
+    } else if (kr) {
+        float kx[4], vx[4];
+        for (int u = 0; u < 4; u++) kx[u] = j + u < a.hd ? kr[j + u] : 0.0f, vx[u] = j + u < a.hd ? vr[j + u] : 0.0f;
+        kv = make_float4(kx[0], kx[1], kx[2], kx[3]), vv = make_float4(vx[0], vx[1], vx[2], vx[3]);
+    }
+}
+
+/* keys and values t0 .. t0 + TC_KEYS - 1 of kv head g into shared memory as floats */
 template <int HD>
 __device__ static void tc_stage(const attn_dev &a, int g, int t0, int last, float (*Ks)[HD + 4], float (*Vs)[HD + 8]) {
     for (int e = threadIdx.x; e < TC_KEYS * HD / 4; e += TC_WARPS * 32) {
-        int kk = e / (HD / 4), j = 4 * (e % (HD / 4)), t = t0 + kk;
-        const float *kr = NULL, *vr = NULL;
-        if (t <= last && t < a.np) kr = a.kp + g * a.head_stride + (size_t)t * a.hd, vr = a.vp + g * a.head_stride + (size_t)t * a.hd;
-        else if (t <= last) kr = a.ks + (size_t)(t - a.np) * a.ldk + (size_t)g * a.hd, vr = a.vs + (size_t)(t - a.np) * a.ldv + (size_t)g * a.hd;
-        float4 kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
-        if (kr && a.vec && j < a.hd) { /* hd % 4 == 0 with vec: a float4 is whole or past hd */
-            kv = *(const float4 *)(kr + j), vv = *(const float4 *)(vr + j);
-        } else if (kr) {
-            float kx[4], vx[4];
-            for (int u = 0; u < 4; u++) kx[u] = j + u < a.hd ? kr[j + u] : 0.0f, vx[u] = j + u < a.hd ? vr[j + u] : 0.0f;
-            kv = make_float4(kx[0], kx[1], kx[2], kx[3]), vv = make_float4(vx[0], vx[1], vx[2], vx[3]);
-        }
+        int kk = e / (HD / 4), j = 4 * (e % (HD / 4));
+        float4 kv, vv;
+        tc_kv4(a, g, t0 + kk, j, last, kv, vv);
         *(float4 *)&Ks[kk][j] = kv; /* rows of HD + 4 and HD + 8 floats: 16-byte aligned */
         *(float4 *)&Vs[kk][j] = vv;
     }
@@ -108,36 +114,108 @@ __device__ static void tc_stage(const attn_dev &a, int g, int t0, int last, floa
  * strides are padded so that a fragment's 32 loads fall in 32 banks: Q, K and P are read as (row
  * g, column c), hence strides of 4 mod 32; V is read as (row c, column g), hence 8 mod 32. */
 template <int HD>
-struct tc_smem {
+struct tc_smem_v1 {
     float q[TC_ROWS][HD + 4];
     float k[TC_KEYS][HD + 4];
     float v[TC_KEYS][HD + 8];
     float p[TC_WARPS][16][TC_KEYS + 4];
 };
 
+/* a thread's two query rows (g and g + 8 of its warp's 16): position, first key, live */
+struct tc_rows {
+    int pr[2], lr[2], live[2];
+};
+
+__device__ static __forceinline__ tc_rows tc_rows_of(const attn_dev &a, int iw, int g) {
+    tc_rows r;
+    for (int u = 0; u < 2; u++) {
+        int i = iw + g + 8 * u;
+        r.live[u] = i < a.nq;
+        r.pr[u] = a.np + i;
+        r.lr[u] = a.window > 0 ? max(0, r.pr[u] + 1 - a.window) : 0;
+    }
+    return r;
+}
+
+/* one tile of the online softmax: the warp's 16 x TC_KEYS scores s (entry u of slab nt is row
+ * g + 8 (u >> 1), key t0 + 8 nt + 2c + (u & 1)) scaled and masked, the row maxima m and this
+ * thread's share of the sums l updated, the weights into P (the warp's [16][TC_KEYS + 4]) and the
+ * rescaling of O returned per row */
+__device__ static __forceinline__ void tc_softmax(const attn_dev &a, const tc_rows &R, int t0, int g, int c,
+                                                  float (&s)[TC_KEYS / 8][4], float (&m)[2], float (&l)[2],
+                                                  float (*P)[TC_KEYS + 4], float (&rs)[2]) {
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < TC_KEYS / 8; nt++)
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int r = u >> 1, t = t0 + 8 * nt + 2 * c + (u & 1);
+            s[nt][u] = R.live[r] && t >= R.lr[r] && t <= R.pr[r] ? s[nt][u] * a.scale : -INFINITY;
+            mx[r] = fmaxf(mx[r], s[nt][u]);
+        }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        float mn = fmaxf(m[r], mx[r]);
+        /* mn = -inf: no key of this row yet (and no sink); its weights stay 0 */
+        rs[r] = mn == -INFINITY ? 1.0f : expf(m[r] - mn);
+        m[r] = mn;
+        l[r] *= rs[r];
+    }
+#pragma unroll
+    for (int nt = 0; nt < TC_KEYS / 8; nt++)
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int r = u >> 1;
+            float p = m[r] == -INFINITY ? 0.0f : expf(s[nt][u] - m[r]);
+            l[r] += p;
+            P[g + 8 * r][8 * nt + 2 * c + (u & 1)] = p;
+        }
+}
+
+/* the rows' outputs O / l (the quad's shares of l summed first) */
 template <int HD>
-__global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev a) {
+__device__ static __forceinline__ void tc_store(const attn_dev &a, const tc_rows &R, int iw, int g, int c, int h,
+                                                const float (&o)[HD / 8][4], float (&l)[2]) {
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    for (int r = 0; r < 2; r++) {
+        if (!R.live[r]) continue;
+        float *orow = a.out + (size_t)(iw + g + 8 * r) * a.ldo + (size_t)h * a.hd;
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; nt++)
+            for (int e = 0; e < 2; e++) {
+                int j = 8 * nt + 2 * c + e;
+                if (j < a.hd) orow[j] = o[nt][2 * r + e] / l[r];
+            }
+    }
+}
+
+/* Q's rows i0 .. i0 + TC_ROWS - 1 of head h into shared memory, zeros past nq and hd */
+template <int HD>
+__device__ static void tc_load_q(const attn_dev &a, int i0, int h, float (*q)[HD + 4]) {
+    for (int e = threadIdx.x; e < TC_ROWS * HD; e += TC_WARPS * 32) {
+        int i = i0 + e / HD, j = e % HD;
+        q[e / HD][j] = i < a.nq && j < a.hd ? a.q[(size_t)i * a.ldq + (size_t)h * a.hd + j] : 0.0f;
+    }
+}
+
+template <int HD>
+__global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc_v1(attn_dev a) {
 #ifndef M2D_CUDA_EMULATED /* the CPU emulation defines tc_raw itself (a global: no extern __shared__ there) */
     extern __shared__ __align__(16) unsigned char tc_raw[];
 #endif
-    tc_smem<HD> &sm = *(tc_smem<HD> *)tc_raw;
+    tc_smem_v1<HD> &sm = *(tc_smem_v1<HD> *)tc_raw;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, h = blockIdx.y;
     int kvh = h / (a.n_heads / a.n_kv), i0 = blockIdx.x * TC_ROWS, iw = i0 + 16 * w;
     int last = a.np + M2D_MIN(i0 + TC_ROWS, a.nq) - 1; /* the block's last query position */
     int lo_blk = a.window > 0 ? max(0, a.np + i0 + 1 - a.window) : 0;
-    /* this thread's two rows, iw + g and iw + g + 8: position, first key, live */
-    int pr[2], lr[2], live[2];
-    for (int r = 0; r < 2; r++) {
-        int i = iw + g + 8 * r;
-        live[r] = i < a.nq;
-        pr[r] = a.np + i;
-        lr[r] = a.window > 0 ? max(0, pr[r] + 1 - a.window) : 0;
-    }
+    tc_rows R = tc_rows_of(a, iw, g);
     int warp_last = a.np + M2D_MIN(iw + 15, a.nq - 1), warp_lo = a.window > 0 ? max(0, a.np + iw + 1 - a.window) : 0;
-    for (int e = threadIdx.x; e < TC_ROWS * HD; e += TC_WARPS * 32) { /* Q, zeros past nq and hd */
-        int i = i0 + e / HD, j = e % HD;
-        sm.q[e / HD][j] = i < a.nq && j < a.hd ? a.q[(size_t)i * a.ldq + (size_t)h * a.hd + j] : 0.0f;
-    }
+    tc_load_q<HD>(a, i0, h, sm.q);
     float o[HD / 8][4], m[2], l[2]; /* l: this thread's share of each row's sum (the quad adds them at the end) */
     for (int nt = 0; nt < HD / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
     for (int r = 0; r < 2; r++) m[r] = a.sinks ? a.sinks[h] : -INFINITY, l[r] = a.sinks && c == 0 ? 1.0f : 0.0f;
@@ -156,36 +234,8 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev 
             for (int nt = 0; nt < TC_KEYS / 8; nt++) /* B = K^T: (k = c, n = g) is K[key g][dim c] */
                 mma_3xtf32(s[nt], ab, as, sm.k[8 * nt + g][8 * ks + c], sm.k[8 * nt + g][8 * ks + c + 4]);
         }
-        /* online softmax: entry u of slab nt is row g + 8 (u >> 1), key t0 + 8 nt + 2c + (u & 1) */
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int nt = 0; nt < TC_KEYS / 8; nt++)
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                int r = u >> 1, t = t0 + 8 * nt + 2 * c + (u & 1);
-                s[nt][u] = live[r] && t >= lr[r] && t <= pr[r] ? s[nt][u] * a.scale : -INFINITY;
-                mx[r] = fmaxf(mx[r], s[nt][u]);
-            }
         float rs[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            float mn = fmaxf(m[r], mx[r]);
-            /* mn = -inf: no key of this row yet (and no sink); its weights stay 0 */
-            rs[r] = mn == -INFINITY ? 1.0f : expf(m[r] - mn);
-            m[r] = mn;
-            l[r] *= rs[r];
-        }
-#pragma unroll
-        for (int nt = 0; nt < TC_KEYS / 8; nt++)
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                int r = u >> 1;
-                float p = m[r] == -INFINITY ? 0.0f : expf(s[nt][u] - m[r]);
-                l[r] += p;
-                sm.p[w][g + 8 * r][8 * nt + 2 * c + (u & 1)] = p;
-            }
+        tc_softmax(a, R, t0, g, c, s, m, l, sm.p[w], rs);
 #pragma unroll
         for (int nt = 0; nt < HD / 8; nt++)
             o[nt][0] *= rs[0], o[nt][1] *= rs[0], o[nt][2] *= rs[1], o[nt][3] *= rs[1];
@@ -200,20 +250,134 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev 
         }
         __syncwarp(); /* P is read before the next tile writes it */
     }
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    tc_store<HD>(a, R, iw, g, c, h, o, l);
+}
+
+/* ---- the same attention with the operands split once (k_attention_tc, attn_kernel 2) ----
+ * What k_attention_tc_v1 spent beside its MMAs: every warp split each key and value it read
+ * (4 warps a block: 4x the splits), and cvt.rna.tf32.f32, which ptxas expands with tests for
+ * infinities and NaNs, cost ~3 instructions a split more than the rounding itself. Here:
+ * - keys and values are split as they are staged, once a block, into TF32 planes (big, small)
+ *   laid out so that a B operand's two values are one 8-byte load (tc_smem);
+ * - the rounding is integer arithmetic (tf32_rna), the same bits as cvt.rna for finite values;
+ * - Q Kᵀ accumulates the big x big products and the two small terms in separate registers, so
+ *   each accumulator's chain of dependent MMAs is a third and two thirds as long;
+ * - the row blocks run last block first: under the causal mask the last rows have the most keys,
+ *   and starting them first shortens the tail of the grid.
+ */
+__device__ static __forceinline__ uint32_t tf32_rna(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+
+/* x = big + small, both TF32: |x - big - small| <= 2^-22 |x| */
+__device__ static __forceinline__ uint2 tf32_pair(float x) {
+    uint32_t big = tf32_rna(x);
+    return make_uint2(big, tf32_rna(x - __uint_as_float(big)));
+}
+
+/* the A fragment of a row-major float tile (as a_frag), split by tf32_pair */
+__device__ static __forceinline__ void a_frag_pair(const float *t, int ld, int g, int c, uint32_t (&ab)[4], uint32_t (&as)[4]) {
+    const float x[4] = {t[g * ld + c], t[(g + 8) * ld + c], t[g * ld + c + 4], t[(g + 8) * ld + c + 4]};
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        uint2 s = tf32_pair(x[u]);
+        ab[u] = s.x, as[u] = s.y;
     }
-    for (int r = 0; r < 2; r++) {
-        if (!live[r]) continue;
-        float *orow = a.out + (size_t)(iw + g + 8 * r) * a.ldo + (size_t)h * a.hd;
+}
+
+/* Keys and values as TF32 planes (big, small) in the order a lane reads its two B values, so
+ * that one 8-byte load gives the pair the MMA takes in consecutive registers:
+ * - K, read as (key 8 nt + g; dims 8 ks + c and + c + 4): within each 8 dims, dims c and c + 4
+ *   side by side (kb[key][8 ks + 2c + {0, 1}]); rows of HD + 8 words (8 mod 32: a half-warp's 16
+ *   loads, (g, c) at 8g + 2c, fall in 32 banks);
+ * - V, read as (keys 8 ks + c and + c + 4; dim 8 nt + g): those two keys side by side
+ *   (vb[4 ks + c][dim] is a uint2); rows of HD + 4 pairs (2 HD + 8 words, 8 mod 32).
+ * 111.6 KB at HD 128: two blocks an SM (228 KB, 1 KB each reserved). */
+template <int HD>
+struct tc_smem {
+    float q[TC_ROWS][HD + 4];
+    uint32_t kb[TC_KEYS][HD + 8], ks[TC_KEYS][HD + 8];
+    uint2 vb[TC_KEYS / 2][HD + 4], vs[TC_KEYS / 2][HD + 4];
+    float p[TC_WARPS][16][TC_KEYS + 4];
+};
+
+/* keys and values t0 .. t0 + TC_KEYS - 1 of kv head g into shared memory, split into the planes */
+template <int HD>
+__device__ static void tc_stage_pairs(const attn_dev &a, int g, int t0, int last, tc_smem<HD> &sm) {
+    for (int e = threadIdx.x; e < TC_KEYS * HD / 4; e += TC_WARPS * 32) {
+        int kk = e / (HD / 4), j = 4 * (e % (HD / 4));
+        float4 kv, vv;
+        tc_kv4(a, g, t0 + kk, j, last, kv, vv);
+        const float kx[4] = {kv.x, kv.y, kv.z, kv.w}, vx[4] = {vv.x, vv.y, vv.z, vv.w};
+        int vrow = 4 * (kk / 8) + kk % 4, vhalf = kk % 8 / 4; /* keys c and c + 4 of 8 share a row */
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int col = j + u, at = (col & ~7) + 2 * (col & 3) + ((col & 4) >> 2); /* dims c, c + 4 side by side */
+            uint2 kp = tf32_pair(kx[u]), vp = tf32_pair(vx[u]);
+            sm.kb[kk][at] = kp.x, sm.ks[kk][at] = kp.y;
+            (vhalf ? sm.vb[vrow][col].y : sm.vb[vrow][col].x) = vp.x;
+            (vhalf ? sm.vs[vrow][col].y : sm.vs[vrow][col].x) = vp.y;
+        }
+    }
+}
+
+template <int HD>
+__global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev a) {
+#ifndef M2D_CUDA_EMULATED /* the CPU emulation defines tc_raw itself (a global: no extern __shared__ there) */
+    extern __shared__ __align__(16) unsigned char tc_raw[];
+#endif
+    tc_smem<HD> &sm = *(tc_smem<HD> *)tc_raw;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, h = blockIdx.y;
+    int kvh = h / (a.n_heads / a.n_kv), i0 = (int)(gridDim.x - 1 - blockIdx.x) * TC_ROWS, iw = i0 + 16 * w;
+    int last = a.np + M2D_MIN(i0 + TC_ROWS, a.nq) - 1; /* the block's last query position */
+    int lo_blk = a.window > 0 ? max(0, a.np + i0 + 1 - a.window) : 0;
+    tc_rows R = tc_rows_of(a, iw, g);
+    int warp_last = a.np + M2D_MIN(iw + 15, a.nq - 1), warp_lo = a.window > 0 ? max(0, a.np + iw + 1 - a.window) : 0;
+    tc_load_q<HD>(a, i0, h, sm.q);
+    float o[HD / 8][4], m[2], l[2]; /* l: this thread's share of each row's sum (the quad adds them at the end) */
+    for (int nt = 0; nt < HD / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    for (int r = 0; r < 2; r++) m[r] = a.sinks ? a.sinks[h] : -INFINITY, l[r] = a.sinks && c == 0 ? 1.0f : 0.0f;
+    for (int t0 = lo_blk; t0 <= last; t0 += TC_KEYS) {
+        __syncthreads(); /* the previous tile is consumed (and Q written, the first time) */
+        tc_stage_pairs<HD>(a, kvh, t0, last, sm);
+        __syncthreads();
+        if (iw >= a.nq || t0 > warp_last || t0 + TC_KEYS <= warp_lo) continue; /* warp-uniform: nothing here */
+        float s[TC_KEYS / 8][4], sl[TC_KEYS / 8][4]; /* big x big; the small terms */
+        for (int nt = 0; nt < TC_KEYS / 8; nt++)
+            for (int u = 0; u < 4; u++) s[nt][u] = sl[nt][u] = 0.0f;
+#pragma unroll 4
+        for (int ks = 0; ks < HD / 8; ks++) {
+            uint32_t ab[4], as[4];
+            a_frag_pair(&sm.q[16 * w][8 * ks], HD + 4, g, c, ab, as);
+#pragma unroll
+            for (int nt = 0; nt < TC_KEYS / 8; nt++) { /* B = K^T: (k = c, n = g) is K[key g][dim c] */
+                uint2 bb = *(const uint2 *)&sm.kb[8 * nt + g][8 * ks + 2 * c], bs = *(const uint2 *)&sm.ks[8 * nt + g][8 * ks + 2 * c];
+                mma_tf32(sl[nt], as, bb.x, bb.y);
+                mma_tf32(sl[nt], ab, bs.x, bs.y);
+                mma_tf32(s[nt], ab, bb.x, bb.y);
+            }
+        }
+        for (int nt = 0; nt < TC_KEYS / 8; nt++)
+            for (int u = 0; u < 4; u++) s[nt][u] += sl[nt][u];
+        float rs[2];
+        tc_softmax(a, R, t0, g, c, s, m, l, sm.p[w], rs);
 #pragma unroll
         for (int nt = 0; nt < HD / 8; nt++)
-            for (int e = 0; e < 2; e++) {
-                int j = 8 * nt + 2 * c + e;
-                if (j < a.hd) orow[j] = o[nt][2 * r + e] / l[r];
+            o[nt][0] *= rs[0], o[nt][1] *= rs[0], o[nt][2] *= rs[1], o[nt][3] *= rs[1];
+        __syncwarp();
+#pragma unroll
+        for (int ks = 0; ks < TC_KEYS / 8; ks++) {
+            uint32_t ab[4], as[4];
+            a_frag_pair(&sm.p[w][0][8 * ks], TC_KEYS + 4, g, c, ab, as);
+#pragma unroll
+            for (int nt = 0; nt < HD / 8; nt++) { /* B = V: (k = c, n = g) is V[key c][dim g]; small terms first */
+                uint2 bb = sm.vb[4 * ks + c][8 * nt + g], bs = sm.vs[4 * ks + c][8 * nt + g];
+                mma_tf32(o[nt], as, bb.x, bb.y);
+                mma_tf32(o[nt], ab, bs.x, bs.y);
+                mma_tf32(o[nt], ab, bb.x, bb.y);
             }
+        }
+        __syncwarp(); /* P is read before the next tile writes it */
     }
+    tc_store<HD>(a, R, iw, g, c, h, o, l);
 }
 
 /* ---- calibration's Gram: g[i][j] += Σ_t Σ_c F[t, i*d + c] F[t, j*d + c] ----
