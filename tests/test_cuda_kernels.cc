@@ -238,14 +238,16 @@ static void run_grid(unsigned gx, unsigned gy, unsigned gz, int threads, std::fu
             for (unsigned x = 0; x < gx; x++) run_block(x, y, z);
 }
 
-/* tensor-core attention kernel V (2: k_attention_tc, 3: its first version k_attention_tc_v1, as
- * the knob attn_kernel numbers them) over its grid, as attention_tc in backend_cuda.cu launches it */
+/* tensor-core attention kernel V (2: k_attention_tc, 4: with its prefetch, 3: its first version
+ * k_attention_tc_v1, as the knob attn_kernel numbers them) over its grid, as attention_tc in
+ * backend_cuda.cu launches it */
 template <int HD>
 static void launch_hd(const attn_dev &a, int version) {
     unsigned gx = (unsigned)((a.nq + TC_ROWS - 1) / TC_ROWS);
     assert_true(sizeof(tc_smem<HD>) <= sizeof tc_raw && sizeof(tc_smem_v1<HD>) <= sizeof tc_raw);
     if (version == 3) run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { k_attention_tc_v1<HD>(a); });
-    else run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { k_attention_tc<HD>(a); });
+    else if (version == 4) run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { k_attention_tc<HD, true>(a); });
+    else run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { k_attention_tc<HD, false>(a); });
 }
 
 static void launch(const attn_dev &a, int version) {
@@ -299,7 +301,7 @@ static double run_case(const attn_case &c) {
     a.vec = c.hd % 4 == 0 && a.ldk % 4 == 0 && a.ldv % 4 == 0 && a.head_stride % 4 == 0;
     for (int i = 0; i < 4; i++) a.vec = a.vec && (uintptr_t)rows[i] % 16 == 0;
     double worst = 0;
-    for (int version = 2; version <= 3; version++) {
+    for (int version = 2; version <= 4; version++) {
         std::fill(o.begin(), o.end(), NAN);
         tf32_violations = 0;
         launch(a, version);

@@ -299,27 +299,52 @@ struct tc_smem {
     float p[TC_WARPS][16][TC_KEYS + 4];
 };
 
-/* keys and values t0 .. t0 + TC_KEYS - 1 of kv head g into shared memory, split into the planes */
+/* a thread's share of a tile's keys and values (float4 i: key (tid + 128 i) / (HD / 4), columns
+ * 4 ((tid + 128 i) % (HD / 4)) ..) */
+#define TC_PER_THREAD (TC_KEYS * HD / 4 / (TC_WARPS * 32))
+
+/* keys and values t0 .. t0 + TC_KEYS - 1 of kv head g into registers */
 template <int HD>
-__device__ static void tc_stage_pairs(const attn_dev &a, int g, int t0, int last, tc_smem<HD> &sm) {
-    for (int e = threadIdx.x; e < TC_KEYS * HD / 4; e += TC_WARPS * 32) {
-        int kk = e / (HD / 4), j = 4 * (e % (HD / 4));
-        float4 kv, vv;
-        tc_kv4(a, g, t0 + kk, j, last, kv, vv);
-        const float kx[4] = {kv.x, kv.y, kv.z, kv.w}, vx[4] = {vv.x, vv.y, vv.z, vv.w};
-        int vrow = 4 * (kk / 8) + kk % 4, vhalf = kk % 8 / 4; /* keys c and c + 4 of 8 share a row */
+__device__ static __forceinline__ void tc_fetch(const attn_dev &a, int g, int t0, int last, float4 (&kr)[TC_PER_THREAD],
+                                                float4 (&vr)[TC_PER_THREAD]) {
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int col = j + u, at = (col & ~7) + 2 * (col & 3) + ((col & 4) >> 2); /* dims c, c + 4 side by side */
-            uint2 kp = tf32_pair(kx[u]), vp = tf32_pair(vx[u]);
-            sm.kb[kk][at] = kp.x, sm.ks[kk][at] = kp.y;
-            (vhalf ? sm.vb[vrow][col].y : sm.vb[vrow][col].x) = vp.x;
-            (vhalf ? sm.vs[vrow][col].y : sm.vs[vrow][col].x) = vp.y;
-        }
+    for (int i = 0; i < TC_PER_THREAD; i++) {
+        int e = threadIdx.x + i * TC_WARPS * 32;
+        tc_kv4(a, g, t0 + e / (HD / 4), 4 * (e % (HD / 4)), last, kr[i], vr[i]);
     }
 }
 
+/* float4 E of a tile's keys and values (key E / (HD / 4), columns 4 (E % (HD / 4)) ..) into
+ * shared memory, split into the planes */
 template <int HD>
+__device__ static __forceinline__ void tc_put(tc_smem<HD> &sm, int e, float4 kv, float4 vv) {
+    int kk = e / (HD / 4), j = 4 * (e % (HD / 4));
+    const float kx[4] = {kv.x, kv.y, kv.z, kv.w}, vx[4] = {vv.x, vv.y, vv.z, vv.w};
+    int vrow = 4 * (kk / 8) + kk % 4, vhalf = kk % 8 / 4; /* keys c and c + 4 of 8 share a row */
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        int col = j + u, at = (col & ~7) + 2 * (col & 3) + ((col & 4) >> 2); /* dims c, c + 4 side by side */
+        uint2 kp = tf32_pair(kx[u]), vp = tf32_pair(vx[u]);
+        sm.kb[kk][at] = kp.x, sm.ks[kk][at] = kp.y;
+        (vhalf ? sm.vb[vrow][col].y : sm.vb[vrow][col].x) = vp.x;
+        (vhalf ? sm.vs[vrow][col].y : sm.vs[vrow][col].x) = vp.y;
+    }
+}
+
+/* keys and values t0 .. t0 + TC_KEYS - 1 of kv head g into shared memory, split (no registers
+ * held across the tile's MMAs) */
+template <int HD>
+__device__ static void tc_stage_pairs(const attn_dev &a, int g, int t0, int last, tc_smem<HD> &sm) {
+    for (int e = threadIdx.x; e < TC_KEYS * HD / 4; e += TC_WARPS * 32) {
+        float4 kv, vv;
+        tc_kv4(a, g, t0 + e / (HD / 4), 4 * (e % (HD / 4)), last, kv, vv);
+        tc_put<HD>(sm, e, kv, vv);
+    }
+}
+
+/* PREFETCH: the next tile's keys and values are read into registers before this tile's MMAs, so
+ * their latency hides behind them (+64 registers at HD 128) */
+template <int HD, bool PREFETCH>
 __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev a) {
 #ifndef M2D_CUDA_EMULATED /* the CPU emulation defines tc_raw itself (a global: no extern __shared__ there) */
     extern __shared__ __align__(16) unsigned char tc_raw[];
@@ -335,10 +360,18 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev 
     float o[HD / 8][4], m[2], l[2]; /* l: this thread's share of each row's sum (the quad adds them at the end) */
     for (int nt = 0; nt < HD / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
     for (int r = 0; r < 2; r++) m[r] = a.sinks ? a.sinks[h] : -INFINITY, l[r] = a.sinks && c == 0 ? 1.0f : 0.0f;
+    float4 kr[TC_PER_THREAD], vr[TC_PER_THREAD];
+    if (PREFETCH) tc_fetch<HD>(a, kvh, lo_blk, last, kr, vr);
     for (int t0 = lo_blk; t0 <= last; t0 += TC_KEYS) {
         __syncthreads(); /* the previous tile is consumed (and Q written, the first time) */
-        tc_stage_pairs<HD>(a, kvh, t0, last, sm);
+        if (PREFETCH) {
+#pragma unroll
+            for (int i = 0; i < TC_PER_THREAD; i++) tc_put<HD>(sm, threadIdx.x + i * TC_WARPS * 32, kr[i], vr[i]);
+        } else {
+            tc_stage_pairs<HD>(a, kvh, t0, last, sm);
+        }
         __syncthreads();
+        if (PREFETCH && t0 + TC_KEYS <= last) tc_fetch<HD>(a, kvh, t0 + TC_KEYS, last, kr, vr);
         if (iw >= a.nq || t0 > warp_last || t0 + TC_KEYS <= warp_lo) continue; /* warp-uniform: nothing here */
         float s[TC_KEYS / 8][4], sl[TC_KEYS / 8][4]; /* big x big; the small terms */
         for (int nt = 0; nt < TC_KEYS / 8; nt++)
