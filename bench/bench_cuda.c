@@ -159,16 +159,21 @@ static void calib_row(m2d_engine *e, const m2d_model *m, double peak) {
                    : reduced ? "the device-side reductions (what calibration runs)" : "the host copy of f");
     }
     /* where the reduced pass spends its device time (experts_all, gram, experts_reduce), with the
-     * experts expert by expert (the default at 512 rows) and by the grouped kernels */
-    for (int grouped = 0; grouped < 2; grouped++) {
-        printf("op times, one reduced calibration pass, experts %s:\n", grouped ? "grouped" : "one by one");
+     * experts expert by expert (the default at 512 rows), by the grouped kernels, and with the Gram
+     * by FMA tiles (gram_kernel 0) instead of the fp64 tensor cores */
+    static const char *pass[3] = {"experts one by one", "experts grouped", "experts one by one, the Gram by FMA tiles"};
+    for (int p = 0; p < 3; p++) {
+        printf("op times, one reduced calibration pass, %s:\n", pass[p]);
         fflush(stdout);
-        if (be->ops->tune(be, "all_grouped_rows", grouped ? n : 64) || be->ops->tune(be, "profile", 1)) break;
+        if (be->ops->tune(be, "all_grouped_rows", p == 1 ? n : 64) || be->ops->tune(be, "gram_kernel", p < 2) ||
+            be->ops->tune(be, "profile", 1))
+            break;
         if (m2d_engine_all_experts_reduced(e, 0, x, n, ids, k1, sel, sum, n2, g, NULL))
             fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
         be->ops->tune(be, "profile", 0);
         fflush(stderr);
     }
+    be->ops->tune(be, "gram_kernel", 1);
     be->ops->tune(be, "all_grouped_rows", 64);
     free(x), free(f), free(g), free(sel), free(ids), free(sum), free(n2);
 }

@@ -1,5 +1,5 @@
 /* cuda_kernels: kernels of the cuda backend (harness/engine/cuda_kernels.cuh: the tensor-core
- * attention k_attention_tc, calibration's Gram and reductions) run on the CPU, against float64 loops, on every
+ * attention k_attention_tc, calibration's Gram (FMA tiles and fp64 MMA) and reductions) run on the CPU, against float64 loops, on every
  * machine — with or without a GPU.
  *
  * The kernel's own source is compiled here as C++ with M2D_CUDA_EMULATED: a block's 128 threads run
@@ -76,7 +76,7 @@ static uint32_t __float_as_uint(float f) {
 
 /* ---- one block of threads as coroutines ---- */
 enum { NT_MAX = 256, STACK = 1 << 17 };
-enum wait_op { RUN, DONE, BLOCK_BARRIER, SYNCWARP, SHFL, MMA };
+enum wait_op { RUN, DONE, BLOCK_BARRIER, SYNCWARP, SHFL, MMA, DMMA };
 
 typedef struct {
     ucontext_t ctx;
@@ -87,6 +87,7 @@ typedef struct {
     int lane_xor;
     float *d;         /* mma: the accumulator fragment (in and out) and the operands */
     uint32_t a[4], b[2];
+    double *dd, da, db; /* dmma: the accumulator pair and the operands */
 } emu_thread;
 
 static emu_thread T[NT_MAX];
@@ -139,6 +140,11 @@ static void m2d_emu_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint
     wait_at(MMA);
 }
 
+static void m2d_emu_dmma(double (&d)[2], double a, double b) {
+    T[cur].dd = d, T[cur].da = a, T[cur].db = b;
+    wait_at(DMMA);
+}
+
 #define M2D_CUDA_EMULATED 1
 #include "engine/cuda_kernels.cuh"
 
@@ -163,11 +169,29 @@ static void warp_mma(emu_thread *L) {
     }
 }
 
+/* D = A B + C of mma.m8n8k4 .f64 (A a0 (g, c); B b0 (k = c, n = g); C/D (g, 2c), (g, 2c + 1)), the
+ * four products summed in k order in fp64 */
+static void warp_dmma(emu_thread *L) {
+    double A[8][4], B[4][8], D[8][8];
+    for (int l = 0; l < 32; l++) {
+        int g = l >> 2, c = l & 3;
+        A[g][c] = L[l].da, B[c][g] = L[l].db;
+        D[g][2 * c] = L[l].dd[0], D[g][2 * c + 1] = L[l].dd[1];
+    }
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 8; j++)
+            for (int k = 0; k < 4; k++) D[i][j] = fma(A[i][k], B[k][j], D[i][j]);
+    for (int l = 0; l < 32; l++) {
+        int g = l >> 2, c = l & 3;
+        L[l].dd[0] = D[g][2 * c], L[l].dd[1] = D[g][2 * c + 1];
+    }
+}
+
 /* complete warp W's collective if all its lanes wait at the same one; 1 when it did */
 static int warp_step(int w) {
     emu_thread *L = T + 32 * w;
     wait_op op = L[0].op;
-    if (op != SYNCWARP && op != SHFL && op != MMA) return 0;
+    if (op != SYNCWARP && op != SHFL && op != MMA && op != DMMA) return 0;
     for (int l = 1; l < 32; l++)
         if (L[l].op != op) return 0;
     if (op == SHFL) {
@@ -176,6 +200,8 @@ static int warp_step(int w) {
         for (int l = 0; l < 32; l++) L[l].fv = v[l ^ L[l].lane_xor];
     } else if (op == MMA) {
         warp_mma(L);
+    } else if (op == DMMA) {
+        warp_dmma(L);
     }
     for (int l = 0; l < 32; l++) L[l].op = RUN;
     return 1;
@@ -390,24 +416,24 @@ static void tf32_rounding_matches_float64(void **state) {
     }
 }
 
-/* calibration's Gram (k_gram_tile, k_gram_add, as cu_gram launches them) against the fp64 sum over
- * tokens and columns: E = 70 (a second, partial tile of 64), d = 40 (columns in chunks of 16, the
- * last partial), n = 37 rows (fewer than the 64 slices: empty slices add zeros), rows with padding
- * (ld > E d). Both sum the same fp64 products of fp32 values, in other orders: |Δ| <= γ_{n d}
- * Σ|F_i F_j| with γ_m = m u / (1 - m u), u = 2^-53 (Higham §3.1). Only the upper triangle moves: the
- * lower one keeps its start (-7). */
-static void gram_matches_float64(void **state) {
-    (void)state;
-    const int n = 37, E = 70, d = 40, ld = E * d + 3;
+/* calibration's Gram (k_gram_mma or k_gram_tile, then k_gram_add, as cu_gram launches them) against
+ * the fp64 sum over tokens and columns: E = 70 (a second, partial tile of 64), d = 40 (columns in
+ * chunks of 16, the last partial), n = 37 rows (fewer than the slices: empty slices add zeros) and
+ * 150 (slices of one and two rows), rows with padding (ld > E d). Both sum the same fp64 products
+ * of fp32 values, in other orders: |Δ| <= γ_{n d} Σ|F_i F_j| with γ_m = m u / (1 - m u), u = 2^-53
+ * (Higham §3.1). Only the upper triangle moves: the lower one keeps its start (-7). */
+static void gram_case(int n, bool mma) {
+    const int E = 70, d = 40, ld = E * d + 3, slices = mma ? GRAM_MMA_SLICES : GRAM_SLICES;
     std::vector<float> f((size_t)n * ld);
     for (float &x : f) x = (float)normal();
-    std::vector<double> part((size_t)GRAM_SLICES * E * E, NAN), g((size_t)E * E);
+    std::vector<double> part((size_t)slices * E * E, NAN), g((size_t)E * E);
     for (int i = 0; i < E * E; i++) g[i] = i % E >= i / E ? 0.5 : -7.0;
     int tiles = (E + GRAM_TILE - 1) / GRAM_TILE;
     const float *fp = f.data();
     double *pp = part.data(), *gp = g.data();
-    run_grid(tiles, tiles, GRAM_SLICES, GRAM_THREADS, [=] { k_gram_tile(fp, ld, n, E, d, pp); });
-    run_grid((E * E + 255) / 256, 1, 1, 256, [=] { k_gram_add(pp, E, gp); });
+    if (mma) run_grid(tiles, tiles, slices, GRAM_MMA_THREADS, [=] { k_gram_mma(fp, ld, n, E, d, pp); });
+    else run_grid(tiles, tiles, slices, GRAM_THREADS, [=] { k_gram_tile(fp, ld, n, E, d, pp); });
+    run_grid((E * E + 255) / 256, 1, 1, 256, [=] { k_gram_add(pp, slices, E, gp); });
     const double u = ldexp(1, -53), gamma = n * d * u / (1 - n * d * u);
     double worst = 0;
     for (int i = 0; i < E; i++)
@@ -427,7 +453,16 @@ static void gram_matches_float64(void **state) {
             if (!(diff <= gamma * mag + 2 * u)) print_message("(%d, %d): %.17g against %.17g\n", i, j, g[(size_t)i * E + j], want);
             assert_true(diff <= gamma * mag + 2 * u); /* + the 0.5 start's rounding */
         }
-    print_message("gram: E %d, d %d, %d rows: max |d| / sum|products| = %.3g (bound %.3g)\n", E, d, n, worst, gamma);
+    print_message("gram (%s): E %d, d %d, %d rows: max |d| / sum|products| = %.3g (bound %.3g)\n", mma ? "k_gram_mma" : "k_gram_tile",
+                  E, d, n, worst, gamma);
+}
+
+static void gram_matches_float64(void **state) {
+    (void)state;
+    for (int mma = 0; mma < 2; mma++) {
+        gram_case(37, mma);
+        gram_case(150, mma);
+    }
 }
 
 /* calibration's reductions (k_reduce_sums, k_reduce_norms, k_reduce_select, as cu_experts_reduce

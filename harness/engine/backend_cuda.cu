@@ -27,8 +27,8 @@
  * Fast paths and the reference next to them (knobs; M2D_CUDA_FAST=0 turns the fast ones off):
  * MoE at BF16 by a device-side plan and grouped WMMA GEMMs (moe_grouped; 0: per-expert cuBLASLt
  * with the plan on the host), attention on tensor cores or by tiles (attn_kernel 2, 1; 0: one warp
- * a row), every GEMM through cuBLASLt or the
- * one-thread-per-output kernel (gemm_naive). The tests run both sides; knob profile times the ops.
+ * a row), calibration's Gram on the fp64 tensor cores or by FMA tiles (gram_kernel 1, 0), every
+ * GEMM through cuBLASLt or the one-thread-per-output kernel (gemm_naive). The tests run both sides; knob profile times the ops.
  *
  * Errors: ops do not return them. The first CUDA/cuBLASLt failure is kept (sticky), later ops are
  * skipped, and leave() reports it with m2d_err after synchronising the device.
@@ -149,6 +149,8 @@ struct cu_be {
                            * k_attention (0) */
     unsigned attn_smem_set; /* k_attention_tc<32, 64, 128> allowed their shared memory on this device */
     int all_grouped_rows; /* knob: experts_all takes the grouped kernels up to this many rows (default 64) */
+    int gram_kernel;      /* knob: calibration's Gram on the fp64 tensor cores (1, the default) or by
+                           * FMA tiles (0) */
     int *dev_err;         /* device int: set by a kernel that met bad input (checked at leave) */
     double rope_freq[M2D_MAX_HEAD_DIM / 2]; /* the RoPE frequencies in SLOT_ROPE (rope_half of them) */
     int rope_half;
@@ -1766,18 +1768,20 @@ static void cu_experts_all(m2d_backend *be, const m2d_moe_args *a) {
         expert_rows(c, a, e, F(&a->x), a->x.ld, n, G, U, F(&a->out) + (size_t)e * d, a->out.ld);
 }
 
-/* The Gram: k_gram_tile and k_gram_add (cuda_kernels.cuh) */
+/* The Gram: k_gram_mma (gram_kernel 1) or k_gram_tile (0) over fixed slices of the rows, then
+ * k_gram_add (cuda_kernels.cuh) */
 static void cu_gram(m2d_backend *be, const m2d_mat *f, int E, m2d_buf *gb, m2d_precision prec) {
     (void)prec;
     cu_be *c = CU(be);
-    int n = f->rows, d = f->cols / E;
+    int n = f->rows, d = f->cols / E, slices = c->gram_kernel ? GRAM_MMA_SLICES : GRAM_SLICES;
     if (c->failed || n <= 0) return;
-    double *part = (double *)scratch(c, SLOT_GRAM, sizeof(double) * GRAM_SLICES * (size_t)E * E);
+    double *part = (double *)scratch(c, SLOT_GRAM, sizeof(double) * slices * (size_t)E * E);
     if (!part) return;
-    int tiles = (E + GRAM_TILE - 1) / GRAM_TILE;
-    k_gram_tile<<<dim3(tiles, tiles, GRAM_SLICES), GRAM_THREADS>>>(F(f), f->ld, n, E, d, part);
-    launched(c, "k_gram_tile");
-    k_gram_add<<<blocks_for((int64_t)E * E, 256), 256>>>(part, E, (double *)P(gb));
+    dim3 grid((E + GRAM_TILE - 1) / GRAM_TILE, (E + GRAM_TILE - 1) / GRAM_TILE, slices);
+    if (c->gram_kernel) k_gram_mma<<<grid, GRAM_MMA_THREADS>>>(F(f), f->ld, n, E, d, part);
+    else k_gram_tile<<<grid, GRAM_THREADS>>>(F(f), f->ld, n, E, d, part);
+    launched(c, c->gram_kernel ? "k_gram_mma" : "k_gram_tile");
+    k_gram_add<<<blocks_for((int64_t)E * E, 256), 256>>>(part, slices, E, (double *)P(gb));
     launched(c, "k_gram_add");
 }
 
@@ -1988,6 +1992,7 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
     int *at = strcmp(knob, "gemm_naive") == 0 ? &CU(be)->gemm_naive
               : strcmp(knob, "moe_grouped") == 0 ? &CU(be)->moe_grouped
               : strcmp(knob, "attn_kernel") == 0 ? &CU(be)->attn_kernel
+              : strcmp(knob, "gram_kernel") == 0 ? &CU(be)->gram_kernel
               : strcmp(knob, "profile") == 0     ? &CU(be)->prof.on : NULL;
     if (at == &CU(be)->prof.on && value == 0 && *at) prof_report(CU(be)); /* profile 0: report, stop */
     int three = at == &CU(be)->moe_grouped || at == &CU(be)->attn_kernel; /* knobs of 0|1|2 */
@@ -1995,7 +2000,7 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
         *at = value;
         return 0;
     }
-    return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile: 0|1; moe_grouped: 0|1|2; attn_kernel: 0|1|2|3|4; all_grouped_rows: >= 0)", knob,
+    return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile, gram_kernel: 0|1; moe_grouped: 0|1|2; attn_kernel: 0|1|2|3|4; all_grouped_rows: >= 0)", knob,
                    value);
 }
 
@@ -2058,6 +2063,7 @@ static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
     c->moe_grouped = !ref;
     c->all_grouped_rows = 64;
     c->attn_kernel = ref ? 0 : 2;
+    c->gram_kernel = !ref;
     const char *prof = getenv("M2D_CUDA_PROFILE"); /* 1: op times on stderr when the backend is freed */
     c->prof.on = prof && strcmp(prof, "1") == 0;
     cublasStatus_t s = cublasLtCreate(&c->lt);

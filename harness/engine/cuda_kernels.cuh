@@ -1,9 +1,9 @@
 /* cuda_kernels — kernels of the cuda backend that also run on the CPU: the attention on tensor
  * cores (k_attention_tc, with the argument block of the attention kernels, attn_dev) and
- * calibration's Gram (k_gram_tile, k_gram_add) and reductions (k_reduce_sums, k_reduce_norms,
+ * calibration's Gram (k_gram_mma, k_gram_tile, k_gram_add) and reductions (k_reduce_sums, k_reduce_norms,
  * k_reduce_select). Part of backend_cuda.cu, kept in this header so that tests/test_cuda_kernels.cc
- * compiles the same source as host C++ with M2D_CUDA_EMULATED defined (the two PTX instructions,
- * cvt.rna.tf32 and mma.sync, then come from its emulation of a warp; threads, barriers and shuffles
+ * compiles the same source as host C++ with M2D_CUDA_EMULATED defined (the PTX instructions,
+ * cvt.rna.tf32 and mma.sync (TF32 and f64), then come from its emulation of a warp; threads, barriers and shuffles
  * from its coroutines): their index arithmetic, masks, tiling and sums are checked against float64
  * on every machine, with or without a GPU. Included once, by backend_cuda.cu. */
 #ifndef M2D_CUDA_KERNELS_CUH
@@ -461,14 +461,77 @@ __global__ static void __launch_bounds__(GRAM_THREADS) k_gram_tile(const float *
         }
 }
 
-/* g[i][j] += the slices' partial sums, in slice order, for i <= j (backend.h: the upper triangle) */
-__global__ static void k_gram_add(const double *part, int E, double *g) {
+/* ---- the same Gram on the fp64 tensor cores (k_gram_mma, knob gram_kernel 1, the default) ----
+ * k_gram_tile's FMAs read two staged doubles for four FMAs, and shared memory bounds them; here
+ * mma.sync m8n8k4 f64 (DMMA) multiplies 8 x 4 by 4 x 8 tiles in the tensor cores: per k-step a
+ * lane loads 8 doubles for 16 MMAs (4096 FMAs a warp). Every product and sum stays fp64 (the
+ * products of fp32 values are exact; the MMA's sums are fp64 roundings: the same bound as
+ * k_gram_tile's). A block: a 64 x 64 tile of (i, j) over one of GRAM_MMA_SLICES slices of the rows,
+ * 4 warps of 32 x 32 (4 x 4 MMA tiles of 8 x 8). Fragments (PTX ISA, m8n8k4 .f64; g = lane / 4,
+ * c = lane % 4): A a0 = (row g, k c), B b0 = (k c, column g), C/D = (row g, columns 2c, 2c + 1).
+ * Staged rows of GRAM_CC + 4 doubles (40 words, 8 mod 32): a half-warp's 16 loads of (row g,
+ * column c), at words 8g + 2c, fall in 32 distinct banks. */
+#define GRAM_MMA_SLICES 128 /* fixed slices of the rows: 3 x 128 blocks for E = 128 */
+#define GRAM_MMA_THREADS 128
+
+#ifndef M2D_CUDA_EMULATED
+__device__ static __forceinline__ void mma_f64(double (&d)[2], double a, double b) {
+    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};"
+                 : "+d"(d[0]), "+d"(d[1])
+                 : "d"(a), "d"(b));
+}
+#else
+__device__ static __forceinline__ void mma_f64(double (&d)[2], double a, double b) { m2d_emu_dmma(d, a, b); }
+#endif
+
+__global__ static void __launch_bounds__(GRAM_MMA_THREADS) k_gram_mma(const float *f, int ld, int n, int E, int d, double *part) {
+    __shared__ __align__(16) double A[GRAM_TILE][GRAM_CC + 4], B[GRAM_TILE][GRAM_CC + 4];
+    int i0 = blockIdx.y * GRAM_TILE, j0 = blockIdx.x * GRAM_TILE, s = blockIdx.z;
+    if (i0 > j0 + GRAM_TILE - 1) return; /* wholly below the diagonal: not needed (the whole block) */
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    int wi = 32 * (w >> 1), wj = 32 * (w & 1); /* the warp's quarter of the tile */
+    int t0 = (int)((int64_t)n * s / GRAM_MMA_SLICES), t1 = (int)((int64_t)n * (s + 1) / GRAM_MMA_SLICES);
+    double acc[4][4][2];
+    for (int mi = 0; mi < 4; mi++)
+        for (int nj = 0; nj < 4; nj++) acc[mi][nj][0] = acc[mi][nj][1] = 0.0;
+    for (int t = t0; t < t1; t++) {
+        const float *row = f + (size_t)t * ld;
+        for (int c0 = 0; c0 < d; c0 += GRAM_CC) {
+            for (int e = threadIdx.x; e < GRAM_TILE * GRAM_CC; e += GRAM_MMA_THREADS) {
+                int r = e / GRAM_CC, cc = e % GRAM_CC, col = c0 + cc;
+                A[r][cc] = i0 + r < E && col < d ? (double)row[(size_t)(i0 + r) * d + col] : 0.0;
+                B[r][cc] = j0 + r < E && col < d ? (double)row[(size_t)(j0 + r) * d + col] : 0.0;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int k0 = 0; k0 < GRAM_CC; k0 += 4) {
+                double a[4], b[4];
+#pragma unroll
+                for (int q = 0; q < 4; q++) a[q] = A[wi + 8 * q + g][k0 + c], b[q] = B[wj + 8 * q + g][k0 + c];
+#pragma unroll
+                for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+                    for (int nj = 0; nj < 4; nj++) mma_f64(acc[mi][nj], a[mi], b[nj]);
+            }
+            __syncthreads();
+        }
+    }
+    for (int mi = 0; mi < 4; mi++)
+        for (int nj = 0; nj < 4; nj++)
+            for (int u = 0; u < 2; u++) {
+                int i = i0 + wi + 8 * mi + g, j = j0 + wj + 8 * nj + 2 * c + u;
+                if (i < E && j < E) part[((size_t)s * E + i) * E + j] = acc[mi][nj][u];
+            }
+}
+
+/* g[i][j] += the SLICES partial sums, in slice order, for i <= j (backend.h: the upper triangle) */
+__global__ static void k_gram_add(const double *part, int slices, int E, double *g) {
     int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (id >= (int64_t)E * E) return;
     int i = (int)(id / E), j = (int)(id % E);
     if (i > j) return;
     double s = 0;
-    for (int q = 0; q < GRAM_SLICES; q++) s += part[(size_t)q * E * E + id];
+    for (int q = 0; q < slices; q++) s += part[(size_t)q * E * E + id];
     g[id] += s;
 }
 
