@@ -1958,8 +1958,8 @@ static void engine_refuses_a_model_the_backend_cannot_run(void **state) {
  * gave for the same tokens (the same op on the same rows: the same bits): the chosen rows are F's
  * (zeros for -1), the Gram G again (exact: the gram op adds rows in order), sum_f the host's fp64
  * sum over the tokens in order onto its start (exact: fp64 additions of fp32 values in one order,
- * backend.h), norm2 within d * 2^-53 of the host's (fp64, another order; 1e-13 relative); a bad
- * expert id refused in one line. */
+ * backend.h), norm2 within d * 2^-53 of the host's (fp64, another order; 1e-13 relative); the
+ * same bits into page-locked arrays; a bad expert id refused in one line. */
 static void reduced_matches_outputs(m2d_engine *e, int layer, const float *x, int n, int E, int d, const float *F,
                                     const double *G) {
     enum { K1 = 3 };
@@ -1992,6 +1992,21 @@ static void reduced_matches_outputs(m2d_engine *e, int layer, const float *x, in
             assert_true(fabs(n2[(size_t)ex * n + t] - q) <= 1e-13 * q);
         }
     assert_memory_equal(sum, want, sizeof(double) * E * d);
+    /* again into page-locked arrays (m2d_engine_pin; pinning a range twice fails quietly): the
+     * same bits */
+    float *sel2 = malloc(sizeof(float) * n * K1 * d);
+    double *sum2 = malloc(sizeof(double) * E * d), *n22 = malloc(sizeof(double) * E * n);
+    for (int i = 0; i < E * d; i++) sum2[i] = (double)(i % 7) - 3.25;
+    m2d_engine_pin(e, sel2, sizeof(float) * n * K1 * d);
+    m2d_engine_pin(e, sel2, sizeof(float) * n * K1 * d);
+    m2d_engine_pin(e, n22, sizeof(double) * E * n);
+    assert_int_equal(m2d_engine_all_experts_reduced(e, layer, x, n, ids, K1, sel2, sum2, n22, NULL, NULL), 0);
+    assert_memory_equal(sel2, sel, sizeof(float) * n * K1 * d);
+    assert_memory_equal(sum2, want, sizeof(double) * E * d);
+    assert_memory_equal(n22, n2, sizeof(double) * E * n);
+    m2d_engine_unpin(e, sel2);
+    m2d_engine_unpin(e, n22);
+    free(sel2); free(sum2); free(n22);
     ids[5] = E;
     assert_int_equal(m2d_engine_all_experts_reduced(e, layer, x, n, ids, K1, sel, sum, n2, NULL, NULL), -1);
     assert_non_null(strstr(m2d_errmsg(), "expert id 8 (token 1) outside [-1, 8)"));

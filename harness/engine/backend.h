@@ -190,6 +190,12 @@ typedef struct {
      * upload/download (release frees the handle, not P); NULL op or NULL result: not possible
      * (device memory): the caller allocates and copies instead. */
     m2d_buf *(*host_view)(m2d_backend *be, void *p, size_t bytes);
+    /* Host memory P (bytes) page-locked for the copies to and from it (a device's DMA reads and
+     * writes it directly: several times the rate of pageable memory); unpin undoes it, and destroy
+     * undoes what is left. Best effort: -1 (no m2d_err) leaves P pageable, copies as before. NULL
+     * ops: nothing to gain (host memory). */
+    int (*pin)(m2d_backend *be, void *p, size_t bytes);
+    void (*unpin)(m2d_backend *be, void *p);
 
     /* ---- weights ---- */
     m2d_weight *(*weight_new)(m2d_backend *be, const m2d_tensor *t); /* t must outlive the handle */

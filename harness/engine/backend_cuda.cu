@@ -126,6 +126,8 @@ struct algo_entry {
     int used, none; /* none: cuBLASLt has no algorithm, the naive kernel runs */
 };
 
+#define PIN_SLOTS 16 /* host buffers page-locked at once (calibration pins four) */
+
 struct cu_be {
     m2d_backend base;
     int device;
@@ -151,6 +153,7 @@ struct cu_be {
     int all_grouped_rows; /* knob: experts_all takes the grouped kernels up to this many rows (default 64) */
     int gram_kernel;      /* knob: calibration's Gram on the fp64 tensor cores (1, the default) or by
                            * FMA tiles (0) */
+    void *pinned[PIN_SLOTS]; /* host ranges page-locked by cu_pin (NULL: free slot) */
     int *dev_err;         /* device int: set by a kernel that met bad input (checked at leave) */
     double rope_freq[M2D_MAX_HEAD_DIM / 2]; /* the RoPE frequencies in SLOT_ROPE (rope_half of them) */
     int rope_half;
@@ -466,6 +469,30 @@ static void cu_download(m2d_backend *be, void *dst, const m2d_buf *src, size_t o
     cu_be *c = CU(be);
     if (bytes && !c->failed)
         cuda_ok(c, cudaMemcpy(dst, (const char *)P(src) + off, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (download)");
+}
+
+/* P page-locked (cudaHostRegister): the copies to and from it run by DMA at the link's rate
+ * instead of through the driver's pageable staging. A failure (a range overlapping one already
+ * locked, no slot left, too little lockable memory) leaves P pageable and is not an error. */
+static int cu_pin(m2d_backend *be, void *p, size_t bytes) {
+    cu_be *c = CU(be);
+    int slot = 0;
+    while (slot < PIN_SLOTS && c->pinned[slot]) slot++;
+    if (slot == PIN_SLOTS || cudaHostRegister(p, bytes, cudaHostRegisterDefault) != cudaSuccess) {
+        cudaGetLastError(); /* not sticky: the copies work on pageable memory */
+        return -1;
+    }
+    c->pinned[slot] = p;
+    return 0;
+}
+
+static void cu_unpin(m2d_backend *be, void *p) {
+    cu_be *c = CU(be);
+    for (int slot = 0; slot < PIN_SLOTS; slot++)
+        if (c->pinned[slot] == p) {
+            cudaHostUnregister(p);
+            c->pinned[slot] = NULL;
+        }
 }
 
 static void cu_download_mat(m2d_backend *be, float *dst, int ld_dst, const m2d_mat *src) {
@@ -2010,6 +2037,8 @@ static void cu_destroy(m2d_backend *be) {
     for (int i = 0; c->prof.ev && i < PROF_MAX; i++) cudaEventDestroy(c->prof.ev[i][0]), cudaEventDestroy(c->prof.ev[i][1]);
     free(c->prof.ev);
     free(c->prof.what);
+    for (int s = 0; s < PIN_SLOTS; s++)
+        if (c->pinned[s]) cudaHostUnregister(c->pinned[s]);
     for (int s = 0; s < SLOT_COUNT; s++) cudaFree(c->slot[s]);
     cache_flush(&c->cache);
     cudaFree(c->ws);
@@ -2026,7 +2055,7 @@ static m2d_backend_ops make_ops(void) {
     o.precisions = (1u << M2D_PREC_FP32) | (1u << M2D_PREC_BF16);
     o.destroy = cu_destroy, o.tune = cu_tune, o.enter = cu_enter, o.leave = cu_leave;
     o.alloc = cu_alloc, o.release = cu_release, o.upload = cu_upload, o.download = cu_download;
-    o.download_mat = cu_download_mat;
+    o.download_mat = cu_download_mat, o.pin = cu_pin, o.unpin = cu_unpin;
     o.weight_new = cu_weight_new, o.weight_free = cu_weight_free, o.resident_bytes = cu_resident_bytes;
     o.make_resident = cu_make_resident, o.resident_budget = cu_resident_budget, o.weight_f32 = cu_weight_f32;
     o.embed = cu_embed_timed, o.gemm = cu_gemm_timed, o.rmsnorm = cu_rmsnorm_timed, o.rope = cu_rope_timed;

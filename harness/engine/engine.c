@@ -1163,6 +1163,14 @@ int m2d_engine_all_experts_reduced(m2d_engine *e, int layer, const float *x, int
     return leave(e, all_experts_impl(e, layer, x, n, work, gram, &rq));
 }
 
+void m2d_engine_pin(m2d_engine *e, void *p, size_t bytes) {
+    if (e->B->pin && p && bytes) e->B->pin(e->be, p, bytes);
+}
+
+void m2d_engine_unpin(m2d_engine *e, void *p) {
+    if (e->B->unpin && p) e->B->unpin(e->be, p);
+}
+
 int m2d_engine_logits(m2d_engine *e, const int32_t *tokens, int n, float *logits) {
     e->B->enter(e->be);
     return leave(e, logits_impl(e, tokens, n, logits));

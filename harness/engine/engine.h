@@ -141,6 +141,12 @@ int m2d_engine_all_experts(m2d_engine *e, int layer, const float *x, int n, floa
 int m2d_engine_all_experts_reduced(m2d_engine *e, int layer, const float *x, int n, const int32_t *ids, int k1,
                                    float *sel, double *sum_f, double *norm2, double *gram, float *work);
 
+/* Host buffers that cross to and from the backend often (calibration's per-block arrays) made
+ * faster to copy where the backend can (cuda: page-locked); a no-op elsewhere or on failure.
+ * Unpin before freeing P while the engine lives; m2d_engine_free unpins what is left. */
+void m2d_engine_pin(m2d_engine *e, void *p, size_t bytes);
+void m2d_engine_unpin(m2d_engine *e, void *p);
+
 /* Full window from position 0: logits [n, vocab] (fp32). */
 int m2d_engine_logits(m2d_engine *e, const int32_t *tokens, int n, float *logits);
 /* Full window from position 0: the final-normed hidden states hidden [n, d] (what the LM head
