@@ -118,13 +118,33 @@ static double time_forward(m2d_engine *e, int V, int L, int pp, int reps) {
     return best;
 }
 
-/* Calibration's device work on one MoE layer of M: every expert on 512 tokens plus the fp64 Gram,
- * with the outputs copied to the host whole (m2d_engine_all_experts); reduced on the device
- * (m2d_engine_all_experts_reduced: sums, norms and 9 rows a token) into pageable host arrays;
- * the same into page-locked ones (m2d_engine_pin), as calibration runs it; and that with the
- * experts by the grouped kernels (knob all_grouped_rows: the A/B for its default). Seconds of the
- * best of 3 after a warm-up; its FLOPs (3 GEMMs per expert) against PEAK give the fraction of the
- * yardstick (issue 23: within 1.5x of the bound). */
+/* Calibration's device work on one MoE layer of M: every expert on 512 tokens plus the fp64 Gram.
+ * Timed (best of 3 after a warm-up): the outputs copied to the host whole (m2d_engine_all_experts);
+ * reduced on the device (m2d_engine_all_experts_reduced: sums, norms and 9 rows a token) into
+ * pageable host arrays; the same into page-locked ones (m2d_engine_pin), as calibration runs it;
+ * and that with the experts expert by expert (knob all_batched 0) and by the grouped kernels
+ * (all_grouped_rows 512): the A/Bs of the defaults. Its FLOPs (3 GEMMs per expert) against PEAK
+ * give the fraction of the yardstick (issue 23: within 1.5x of the bound). Then the op times of
+ * the reduced pass on each path, and with the Gram by FMA tiles (gram_kernel 0). */
+typedef struct {
+    int reduced, pinned, grouped_rows, batched, gram;
+    const char *what;
+} calib_run;
+
+static const calib_run calib_runs[] = {
+    {0, 0, 64, 1, 1, "the host copy of f"},
+    {1, 0, 64, 1, 1, "the device-side reductions into pageable memory"},
+    {1, 1, 64, 1, 1, "the device-side reductions (what calibration runs)"},
+    {1, 1, 64, 0, 1, "the device-side reductions, experts one by one"},
+    {1, 1, 512, 1, 1, "the device-side reductions, experts by the grouped kernels"},
+    {1, 1, 64, 1, 0, "the device-side reductions, the Gram by FMA tiles"},
+};
+
+static int calib_knobs(m2d_backend *be, const calib_run *r) {
+    return be->ops->tune(be, "all_grouped_rows", r->grouped_rows) || be->ops->tune(be, "all_batched", r->batched) ||
+           be->ops->tune(be, "gram_kernel", r->gram);
+}
+
 static void calib_row(m2d_engine *e, const m2d_model *m, double peak) {
     const m2d_config *c = &m->cfg;
     int n = 512, d = c->hidden_size, E = c->num_experts, k1 = c->num_experts_per_tok + 1;
@@ -137,50 +157,42 @@ static void calib_row(m2d_engine *e, const m2d_model *m, double peak) {
     for (int i = 0; i < n * k1; i++) ids[i] = (i / k1 + 17 * (i % k1)) % E; /* distinct experts a token */
     double fl = 2.0 * 3 * n * (double)d * c->moe_intermediate_size * E;
     m2d_backend *be = m2d_engine_backend(e);
-    static const char *what[4] = {"the host copy of f", "the device-side reductions into pageable memory",
-                                  "the device-side reductions (what calibration runs)",
-                                  "the device-side reductions, experts by the grouped kernels"};
-    for (int run = 0; run < 4; run++) {
-        int reduced = run > 0;
-        if (be->ops->tune(be, "all_grouped_rows", run == 3 ? n : 64)) break; /* a backend without the knob */
-        if (run == 2) {
+    int nr = (int)(sizeof calib_runs / sizeof calib_runs[0]);
+    for (int run = 0; run < nr; run++) {
+        const calib_run *r = &calib_runs[run];
+        if (calib_knobs(be, r)) break; /* a backend without the knobs */
+        if (r->pinned && !calib_runs[run - 1].pinned) {
             m2d_engine_pin(e, sel, sizeof(float) * (size_t)n * k1 * d);
             m2d_engine_pin(e, n2, sizeof(double) * (size_t)E * n);
         }
         double best = 1e30;
-        for (int r = 0; r <= 3; r++) {
+        for (int rep = 0; rep <= 3; rep++) {
             double t0 = m2d_now();
-            int rc = reduced ? m2d_engine_all_experts_reduced(e, 0, x, n, ids, k1, sel, sum, n2, g, NULL)
-                             : m2d_engine_all_experts(e, 0, x, n, f, g);
+            int rc = r->reduced ? m2d_engine_all_experts_reduced(e, 0, x, n, ids, k1, sel, sum, n2, g, NULL)
+                                : m2d_engine_all_experts(e, 0, x, n, f, g);
             if (rc) {
                 fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
                 best = 0;
                 break;
             }
-            if (r) best = M2D_MIN(best, m2d_now() - t0);
+            if (rep) best = M2D_MIN(best, m2d_now() - t0);
         }
         if (best > 0)
             printf("calibration, 1 layer x %d tokens (%s): %.1f ms, %.1f TFLOP/s in experts, %.2fx the bound at the "
                    "bf16 yardstick (the Gram and %s included)\n", n, m2d_precision_name(m2d_engine_precision(e)),
-                   best * 1e3, fl / best / 1e12, peak > 0 ? best / (fl / (peak * 1e12)) : 0, what[run]);
+                   best * 1e3, fl / best / 1e12, peak > 0 ? best / (fl / (peak * 1e12)) : 0, r->what);
     }
-    /* where the reduced pass spends its device time (experts_all, gram, experts_reduce), with the
-     * experts expert by expert (the default at 512 rows), by the grouped kernels, and with the Gram
-     * by FMA tiles (gram_kernel 0) instead of the fp64 tensor cores */
-    static const char *pass[3] = {"experts one by one", "experts grouped", "experts one by one, the Gram by FMA tiles"};
-    for (int p = 0; p < 3; p++) {
-        printf("op times, one reduced calibration pass, %s:\n", pass[p]);
+    /* where the reduced pass spends its device time (experts_all, gram, experts_reduce), per path */
+    for (int run = 2; run < nr; run++) {
+        printf("op times, one pass: %s:\n", calib_runs[run].what);
         fflush(stdout);
-        if (be->ops->tune(be, "all_grouped_rows", p == 1 ? n : 64) || be->ops->tune(be, "gram_kernel", p < 2) ||
-            be->ops->tune(be, "profile", 1))
-            break;
+        if (calib_knobs(be, &calib_runs[run]) || be->ops->tune(be, "profile", 1)) break;
         if (m2d_engine_all_experts_reduced(e, 0, x, n, ids, k1, sel, sum, n2, g, NULL))
             fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
         be->ops->tune(be, "profile", 0);
         fflush(stderr);
     }
-    be->ops->tune(be, "gram_kernel", 1);
-    be->ops->tune(be, "all_grouped_rows", 64);
+    calib_knobs(be, &calib_runs[2]); /* the defaults */
     m2d_engine_unpin(e, sel);
     m2d_engine_unpin(e, n2);
     free(x), free(f), free(g), free(sel), free(ids), free(sum), free(n2);

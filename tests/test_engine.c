@@ -2013,52 +2013,70 @@ static void reduced_matches_outputs(m2d_engine *e, int layer, const float *x, in
     free(ids); free(sel); free(sum); free(want); free(n2); free(g);
 }
 
+/* calibration's experts path PATH at BF16 (cuda: 0 the grouped kernels, the default at few rows;
+ * 1 batched GEMMs, required (knob all_batched 2: an error, not the per-expert path, where they do
+ * not apply); 2 expert by expert); false when the backend has no such path (0 always runs) */
+static bool experts_path(m2d_engine *e, int path) {
+    m2d_backend *be = m2d_engine_backend(e);
+    if (path == 0) return true;
+    if (path > 2 || be->ops->tune(be, "all_grouped_rows", 0)) return false;
+    return be->ops->tune(be, "all_batched", path == 1 ? 2 : 0) == 0;
+}
+
 /* Calibration's ops on every backend: every expert on every token against the float64 reference
- * FFN, and the Gram (fp64, upper triangle) against the fp64 sum of the outputs it was given; the
- * reduced pass against them (reduced_matches_outputs). */
+ * FFN, on each of the backend's paths, and the Gram (fp64, upper triangle) against the fp64 sum of
+ * the outputs it was given; the reduced pass against them (reduced_matches_outputs). */
 static void calibration_ops_match_float64_on(const char *backend) {
     if (lacks(backend, M2D_CAP(M2D_CAP_EXPERTS_ALL) | M2D_CAP(M2D_CAP_GRAM) | M2D_CAP(M2D_CAP_EXPERTS_REDUCE))) return;
-    mem_model mm = {0};
-    build_random_moe(&mm, M2D_F32);
+    mem_model mms[2]; /* fp32 weights; bf16 weights (a real checkpoint's: cuda's batched path) */
+    memset(mms, 0, sizeof mms);
+    build_random_moe(&mms[0], M2D_F32);
+    build_random_moe(&mms[1], M2D_BF16);
     int n = 37, d = 32, E = 8, layer = 1;
     float *x = malloc(sizeof(float) * n * d), *f = malloc(sizeof(float) * n * E * d);
     double *g = malloc(sizeof(double) * E * E), xd[32], yd[32], md[2] = {0, 0};
     uint64_t st = 19;
     fill_normal(&st, x, (size_t)n * d, 1);
     for (int p = 0; p < 2; p++) { /* FP32, then BF16 (cuda: the grouped tensor-core kernels) */
+        mem_model *mm = &mms[p];
         m2d_engine *e;
         m2d_engine_opts o = {.backend = backend, .n_threads = 2, .precision = p ? M2D_PREC_BF16 : M2D_PREC_FP32};
-        if (m2d_engine_open(&mm.m, &o, &e)) fail_msg("%s", m2d_errmsg());
+        if (m2d_engine_open(&mm->m, &o, &e)) fail_msg("%s", m2d_errmsg());
         if (p && m2d_engine_precision(e) != M2D_PREC_BF16) { /* a backend without BF16 */
             m2d_engine_free(e);
             break;
         }
         if (p) m2d_engine_cache_weights(e, (size_t)1 << 30); /* resident: what the grouped kernels take */
-        for (int i = 0; i < E * E; i++) g[i] = i % E >= i / E ? 1.0 : -7.0;
-        assert_int_equal(m2d_engine_all_experts(e, layer, x, n, f, g), 0);
-        for (int t = 0; t < n; t++)
-            for (int ex = 0; ex < E; ex++) {
-                for (int k = 0; k < d; k++) xd[k] = x[(size_t)t * d + k];
-                tu_ref_ffn(&mm.m, layer, ex, xd, yd);
-                for (int k = 0; k < d; k++) md[p] = fmax(md[p], fabs(f[((size_t)t * E + ex) * d + k] - yd[k]));
-            }
-        /* FP32: GEMMs over 32 and 12 terms of O(1) values, outputs O(1): ~1e-6 at worst. BF16: x, W
-         * and h rounded to bf16 (2^-9 relative each), the same O(1) terms: a few 2^-8 of the outputs'
-         * O(1) magnitudes; 2^-4 as engine_bf16_tracks_reference. Not vacuous: BF16 must sit > 10x
-         * farther from float64 than FP32, and a wrong expert, row or column is O(1) off. */
-        assert_true(md[p] < (p ? 0.0625 : 1e-5));
-        /* both sums in fp64 over n*d = 1184 products of exact fp32 values: |err| <= 1184 * 2^-53 * mag
-         * (BF16 may form each token's products in fp32 over d terms: gamma_d, backend.h) */
-        const double u = ldexp(1, -24), gd = d * u / (1 - d * u);
-        double gw = check_gram(g, f, n, E, d, (p ? gd : 0) + 1e-12);
-        print_message("%s: experts_all (%s) max |d| vs float64 %.3g; gram max relative |d| %.3g\n", backend,
-                      p ? "bf16" : "fp32", md[p], gw);
-        reduced_matches_outputs(e, layer, x, n, E, d, f, g);
+        for (int path = 0; path == 0 || (p && experts_path(e, path)); path++) {
+            for (int i = 0; i < E * E; i++) g[i] = i % E >= i / E ? 1.0 : -7.0;
+            assert_int_equal(m2d_engine_all_experts(e, layer, x, n, f, g), 0);
+            double mp = 0;
+            for (int t = 0; t < n; t++)
+                for (int ex = 0; ex < E; ex++) {
+                    for (int k = 0; k < d; k++) xd[k] = x[(size_t)t * d + k];
+                    tu_ref_ffn(&mm->m, layer, ex, xd, yd);
+                    for (int k = 0; k < d; k++) mp = fmax(mp, fabs(f[((size_t)t * E + ex) * d + k] - yd[k]));
+                }
+            /* FP32: GEMMs over 32 and 12 terms of O(1) values, outputs O(1): ~1e-6 at worst. BF16: x,
+             * W and h rounded to bf16 (2^-9 relative each), the same O(1) terms: a few 2^-8 of the
+             * outputs' O(1) magnitudes; 2^-4 as engine_bf16_tracks_reference. Not vacuous: BF16 must
+             * sit > 10x farther from float64 than FP32, and a wrong expert, row or column is O(1) off. */
+            assert_true(mp < (p ? 0.0625 : 1e-5));
+            md[p] = fmax(md[p], mp);
+            /* both sums in fp64 over n*d = 1184 products of exact fp32 values: |err| <= 1184 * 2^-53 *
+             * mag (BF16 may form each token's products in fp32 over d terms: gamma_d, backend.h) */
+            const double u = ldexp(1, -24), gd = d * u / (1 - d * u);
+            double gw = check_gram(g, f, n, E, d, (p ? gd : 0) + 1e-12);
+            print_message("%s: experts_all (%s, path %d) max |d| vs float64 %.3g; gram max relative |d| %.3g\n",
+                          backend, p ? "bf16" : "fp32", path, mp, gw);
+            reduced_matches_outputs(e, layer, x, n, E, d, f, g);
+        }
         m2d_engine_free(e);
     }
     if (md[1] > 0) assert_true(md[1] > 10 * md[0]);
     free(x); free(f); free(g);
-    mm_free(&mm);
+    mm_free(&mms[0]);
+    mm_free(&mms[1]);
 }
 EACH_BACKEND(calibration_ops_match_float64)
 

@@ -153,6 +153,9 @@ struct cu_be {
     int all_grouped_rows; /* knob: experts_all takes the grouped kernels up to this many rows (default 64) */
     int gram_kernel;      /* knob: calibration's Gram on the fp64 tensor cores (1, the default) or by
                            * FMA tiles (0) */
+    int all_batched;      /* knob: experts_all past all_grouped_rows as batched GEMMs where they
+                           * apply (1, the default; 2: an error where they do not, for the tests) or
+                           * expert by expert (0) */
     void *pinned[PIN_SLOTS]; /* host ranges page-locked by cu_pin (NULL: free slot) */
     int *dev_err;         /* device int: set by a kernel that met bad input (checked at leave) */
     double rope_freq[M2D_MAX_HEAD_DIM / 2]; /* the RoPE frequencies in SLOT_ROPE (rope_half of them) */
@@ -1784,11 +1787,153 @@ static void cu_moe(m2d_backend *be, const m2d_moe_args *a) {
 
 /* ---- calibration: every expert on every token, the Gram of their outputs ---- */
 
+/* ---- calibration's experts as three batched GEMMs (knob all_batched, default 1) ----
+ * Expert by expert, every expert costs ~7 launches (three cuBLASLt calls with their descriptors,
+ * the conversions of x and H to bf16, the activation): ~900 a layer at 128 experts, which bound a
+ * 512-token block by the host (5.3 ms for 0.6 TFLOP on an H200). Here x is rounded to bf16 once,
+ * gate and up are one pointer-array batched cuBLASLt call each over all experts (x shared), the
+ * activation and H's rounding one launch each over all of them, and down one more batched call
+ * writing each expert's columns of the output. The roundings are the per-expert path's (x, H
+ * to bf16; fp32 accumulation, fp32 gate/up outputs): only cuBLASLt's summation order differs. */
+#define ALL_BATCH_BYTES ((size_t)1 << 30) /* gate, up (fp32) and H (bf16) of the experts of a batch */
+
+/* y_i = x_i · w_i^T for i < batch, the pointer arrays W, X, Y on the device (every pointer ALIGN
+ * bytes aligned); bf16 operands, fp32 output and accumulation. -1 (nothing launched, no error)
+ * where cuBLASLt offers no algorithm; DRY: only that answer */
+static int lt_gemm_batched(cu_be *c, const void *const *w, int ldw, const void *const *x, int ldx, int n, int in,
+                           int out, float *const *y, int ldy, int batch, unsigned align, int dry) {
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t l[3] = {NULL, NULL, NULL};
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasOperation_t ta = CUBLAS_OP_T;
+    uint32_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY;
+    int32_t count = batch;
+    cublasLtMatmulHeuristicResult_t r;
+    int got = 0, rc = -1;
+    const uint64_t rows[3] = {(uint64_t)in, (uint64_t)in, (uint64_t)out}, cols[3] = {(uint64_t)out, (uint64_t)n, (uint64_t)n};
+    const int64_t ld[3] = {ldw, ldx, ldy};
+    const cudaDataType_t ty[3] = {CUDA_R_16BF, CUDA_R_16BF, CUDA_R_32F};
+    int ok = lt_ok(c, cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate") &&
+             lt_ok(c, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "TRANSA") &&
+             lt_ok(c, cublasLtMatmulPreferenceCreate(&pref), "preference");
+    for (int i = 0; i < 3 && ok; i++)
+        ok = lt_ok(c, cublasLtMatrixLayoutCreate(&l[i], ty[i], rows[i], cols[i], ld[i]), "layout") &&
+             lt_ok(c, cublasLtMatrixLayoutSetAttribute(l[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count), "batch") &&
+             lt_ok(c, cublasLtMatrixLayoutSetAttribute(l[i], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode), "batch mode");
+    if (ok) {
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c->ws_bytes, sizeof c->ws_bytes);
+        const cublasLtMatmulPreferenceAttributes_t aligns[4] = {
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+        for (int i = 0; i < 4; i++) cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align, sizeof align);
+        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->lt, op, l[0], l[1], l[2], l[2], pref, 1, &r, &got);
+        float alpha = 1.0f, beta = 0.0f;
+        rc = s == CUBLAS_STATUS_SUCCESS && got > 0 ? 0 : -1;
+        if (rc == 0 && !dry) {
+            lt_ok(c, cublasLtMatmul(c->lt, op, &alpha, w, l[0], x, l[1], &beta, y, l[2], (void *)y, l[2], &r.algo, c->ws,
+                                    r.workspaceSize, 0), "cublasLtMatmul (batched)");
+        }
+    }
+    for (int i = 0; i < 3; i++)
+        if (l[i]) cublasLtMatrixLayoutDestroy(l[i]);
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (op) cublasLtMatmulDescDestroy(op);
+    return rc;
+}
+
+/* the pointer arrays of experts e0 .. e0 + eb - 1 into device memory D: gate, up and down weights,
+ * x (shared), G, U, H and the output columns; al[g] the alignment of every pointer of GEMM g (gate,
+ * up, down) */
+enum { BP_WG, BP_WU, BP_WD, BP_X, BP_G, BP_U, BP_H, BP_Y, BP_COUNT };
+
+/* elements from one expert's G, U or H to the next: n de rounded up to 8, so that every expert's
+ * rows start 16-byte aligned in fp32 and bf16 */
+static size_t batch_stride(int n, int de) { return ((size_t)n * de + 7) & ~(size_t)7; }
+
+static int experts_batch_ptrs(cu_be *c, const m2d_moe_args *a, const gm_weights *gw, int e0, int eb, const void *xs,
+                              float *G, float *U, __nv_bfloat16 *H, const void **D, unsigned al[3]) {
+    int n = a->x.rows, d = a->x.cols, de = a->d_ff;
+    static const int gemm_of[BP_COUNT][3] = {{1, 0, 0}, {0, 1, 0}, {0, 0, 1}, {1, 1, 0},
+                                             {1, 0, 0}, {0, 1, 0}, {0, 0, 1}, {0, 0, 1}};
+    const void **hp = (const void **)m2d_malloc(sizeof(void *) * BP_COUNT * (size_t)eb);
+    al[0] = al[1] = al[2] = 256;
+    for (int i = 0; i < eb; i++) {
+        const void *v[BP_COUNT] = {gw->gu.w[0][e0 + i], gw->gu.w[1][e0 + i], gw->dn.w[0][e0 + i], xs,
+                                   G + (size_t)i * batch_stride(n, de), U + (size_t)i * batch_stride(n, de),
+                                   H + (size_t)i * batch_stride(n, de), F(&a->out) + (size_t)(e0 + i) * d};
+        for (int b = 0; b < BP_COUNT; b++) {
+            hp[(size_t)b * eb + i] = v[b];
+            for (int g = 0; g < 3; g++)
+                if (gemm_of[b][g]) al[g] = M2D_MIN(al[g], ptr_align(v[b]));
+        }
+    }
+    int ok = cuda_ok(c, cudaMemcpy(D, hp, sizeof(void *) * BP_COUNT * (size_t)eb, cudaMemcpyHostToDevice), "batch pointers");
+    free(hp);
+    return ok ? 0 : -1;
+}
+
+/* the three batched GEMMs of experts P[.. m] (experts_batch_ptrs), or with DRY whether cuBLASLt
+ * has algorithms for all three (-1: no; nothing launched) */
+static int experts_batch_gemms(cu_be *c, const m2d_moe_args *a, const void *const *P, int m, const unsigned al[3],
+                               float *G, float *U, __nv_bfloat16 *H, int dry) {
+    int n = a->x.rows, d = a->x.cols, de = a->d_ff;
+    if (lt_gemm_batched(c, P + BP_WG * m, d, P + BP_X * m, d, n, d, de, (float *const *)(P + BP_G * m), de, m, al[0], dry) ||
+        lt_gemm_batched(c, P + BP_WU * m, d, P + BP_X * m, d, n, d, de, (float *const *)(P + BP_U * m), de, m, al[1], dry))
+        return -1;
+    int64_t bs = (int64_t)batch_stride(n, de);
+    int parts = bs == (int64_t)n * de ? 1 : m, rows = parts == 1 ? m * n : n; /* padded: expert by expert */
+    for (int i = 0; i < parts && !dry; i++) {
+        act_rows(c, a, G + i * bs, de, U + i * bs, de, rows, de);
+        k_mat_to_bf16<<<blocks_for((int64_t)rows * de, 256), 256>>>(G + i * bs, de, rows, de, H + i * bs);
+        launched(c, "k_mat_to_bf16");
+    }
+    return lt_gemm_batched(c, P + BP_WD * m, de, P + BP_H * m, de, n, de, d, (float *const *)(P + BP_Y * m), a->out.ld,
+                           m, al[2], dry);
+}
+
+/* cu_experts_all's batched path; -1 where it does not apply (fp32, biases, weights not resident
+ * bf16, no pointer-array algorithm for these shapes and alignments, the knob off): the per-expert
+ * path then runs */
+static int experts_all_batched(cu_be *c, const m2d_moe_args *a) {
+    int n = a->x.rows, d = a->x.cols, de = a->d_ff, E = a->n_experts, ldx;
+    if (!c->all_batched) return -1;
+    const gm_weights *gw = a->gate_bias || a->up_bias || a->down_bias ? NULL : gm_weights_of(c, a);
+    if (!gw || gw->wdt[0] != M2D_BF16 || gw->wdt[1] != M2D_BF16) {
+        if (c->all_batched != 2) return -1;
+        fail(c, "experts_all: the batched path (knob all_batched 2) does not apply: biases, or weights not resident bf16");
+        return 0;
+    }
+    size_t bs = batch_stride(n, de);
+    int eb = (int)M2D_MAX((size_t)1, M2D_MIN((size_t)E, ALL_BATCH_BYTES / (bs * 10)));
+    float *G = (float *)scratch(c, SLOT_MOE_G, sizeof(float) * (size_t)eb * bs);
+    float *U = (float *)scratch(c, SLOT_MOE_U, sizeof(float) * (size_t)eb * bs);
+    __nv_bfloat16 *H = (__nv_bfloat16 *)scratch(c, SLOT_MOE_Y, 2 * (size_t)eb * bs);
+    const void **D = (const void **)scratch(c, SLOT_MOE_IDX, sizeof(void *) * BP_COUNT * (size_t)eb);
+    const void *xs = G && U && H && D ? x_operand(c, F(&a->x), a->x.ld, n, d, M2D_PREC_BF16, &ldx) : NULL; /* ldx = d */
+    if (!xs) return 0; /* the sticky error is set */
+    for (int e0 = 0; e0 < E && !c->failed; e0 += eb) {
+        int m = M2D_MIN(eb, E - e0);
+        unsigned al[3];
+        if (experts_batch_ptrs(c, a, gw, e0, m, xs, G, U, H, D, al)) return 0;
+        if (e0 == 0 && experts_batch_gemms(c, a, D, m, al, G, U, H, 1)) { /* nothing written yet */
+            if (c->all_batched != 2) return -1;
+            fail(c, "experts_all: no batched cuBLASLt algorithm (alignments %u, %u, %u; knob all_batched 2)", al[0],
+                 al[1], al[2]);
+            return 0;
+        }
+        if (experts_batch_gemms(c, a, D, m, al, G, U, H, 0)) {
+            fail(c, "cuBLASLt: no batched algorithm for experts %d.. (%d at a time)", e0, m);
+            return 0;
+        }
+    }
+    return 0;
+}
+
 /* f_e(x) of every expert on all n rows, expert by expert, into out's columns e*d .. e*d + d */
 static void cu_experts_all(m2d_backend *be, const m2d_moe_args *a) {
     cu_be *c = CU(be);
     int n = a->x.rows, d = a->x.cols, de = a->d_ff;
-    if (c->failed || n <= 0 || experts_all_grouped(c, a) == 0) return;
+    if (c->failed || n <= 0 || experts_all_grouped(c, a) == 0 || experts_all_batched(c, a) == 0) return;
     float *G = (float *)scratch(c, SLOT_MOE_G, sizeof(float) * (size_t)n * de);
     float *U = (float *)scratch(c, SLOT_MOE_U, sizeof(float) * (size_t)n * de);
     for (int e = 0; e < a->n_experts && G && U && !c->failed; e++)
@@ -2020,14 +2165,15 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
               : strcmp(knob, "moe_grouped") == 0 ? &CU(be)->moe_grouped
               : strcmp(knob, "attn_kernel") == 0 ? &CU(be)->attn_kernel
               : strcmp(knob, "gram_kernel") == 0 ? &CU(be)->gram_kernel
+              : strcmp(knob, "all_batched") == 0 ? &CU(be)->all_batched
               : strcmp(knob, "profile") == 0     ? &CU(be)->prof.on : NULL;
     if (at == &CU(be)->prof.on && value == 0 && *at) prof_report(CU(be)); /* profile 0: report, stop */
-    int three = at == &CU(be)->moe_grouped || at == &CU(be)->attn_kernel; /* knobs of 0|1|2 */
+    int three = at == &CU(be)->moe_grouped || at == &CU(be)->attn_kernel || at == &CU(be)->all_batched; /* 0|1|2 */
     if (at && (value == 0 || value == 1 || (value == 2 && three) || ((value == 3 || value == 4) && at == &CU(be)->attn_kernel))) {
         *at = value;
         return 0;
     }
-    return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile, gram_kernel: 0|1; moe_grouped: 0|1|2; attn_kernel: 0|1|2|3|4; all_grouped_rows: >= 0)", knob,
+    return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile, gram_kernel: 0|1; moe_grouped, all_batched: 0|1|2; attn_kernel: 0|1|2|3|4; all_grouped_rows: >= 0)", knob,
                    value);
 }
 
@@ -2093,6 +2239,7 @@ static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
     c->all_grouped_rows = 64;
     c->attn_kernel = ref ? 0 : 2;
     c->gram_kernel = !ref;
+    c->all_batched = !ref;
     const char *prof = getenv("M2D_CUDA_PROFILE"); /* 1: op times on stderr when the backend is freed */
     c->prof.on = prof && strcmp(prof, "1") == 0;
     cublasStatus_t s = cublasLtCreate(&c->lt);
