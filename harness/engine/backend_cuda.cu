@@ -1656,8 +1656,15 @@ struct gm_weights {
 
 /* A's expert weights in the backend's tables, or NULL where the grouped path does not apply: not
  * BF16, too many experts, a weight not resident, mixed dtypes, or the knob moe_grouped = 0 */
+static const gm_weights *gm_weights_table(cu_be *c, const m2d_moe_args *a);
+
 static const gm_weights *gm_weights_of(cu_be *c, const m2d_moe_args *a) {
-    if (!c->moe_grouped || resolve(a->prec) != M2D_PREC_BF16 || a->n_experts > GM_MAX_E) return NULL;
+    return c->moe_grouped ? gm_weights_table(c, a) : NULL;
+}
+
+/* the same without the knob (NULL: not BF16, too many experts, not resident, mixed dtypes) */
+static const gm_weights *gm_weights_table(cu_be *c, const m2d_moe_args *a) {
+    if (resolve(a->prec) != M2D_PREC_BF16 || a->n_experts > GM_MAX_E) return NULL;
     if (!c->gw) c->gw = (gm_weights *)m2d_malloc(sizeof *c->gw);
     gm_weights *gw = c->gw;
     m2d_weight *const *const w2[2] = {a->gate, a->up}, *const *const b2[2] = {a->gate_bias, a->up_bias};
@@ -1897,7 +1904,7 @@ static int experts_batch_gemms(cu_be *c, const m2d_moe_args *a, const void *cons
 static int experts_all_batched(cu_be *c, const m2d_moe_args *a) {
     int n = a->x.rows, d = a->x.cols, de = a->d_ff, E = a->n_experts, ldx;
     if (!c->all_batched) return -1;
-    const gm_weights *gw = a->gate_bias || a->up_bias || a->down_bias ? NULL : gm_weights_of(c, a);
+    const gm_weights *gw = a->gate_bias || a->up_bias || a->down_bias ? NULL : gm_weights_table(c, a);
     if (!gw || gw->wdt[0] != M2D_BF16 || gw->wdt[1] != M2D_BF16) {
         if (c->all_batched != 2) return -1;
         fail(c, "experts_all: the batched path (knob all_batched 2) does not apply: biases, or weights not resident bf16");
