@@ -1654,15 +1654,8 @@ struct gm_weights {
     int b_bf16[2];
 };
 
-/* A's expert weights in the backend's tables, or NULL where the grouped path does not apply: not
- * BF16, too many experts, a weight not resident, mixed dtypes, or the knob moe_grouped = 0 */
-static const gm_weights *gm_weights_table(cu_be *c, const m2d_moe_args *a);
-
-static const gm_weights *gm_weights_of(cu_be *c, const m2d_moe_args *a) {
-    return c->moe_grouped ? gm_weights_table(c, a) : NULL;
-}
-
-/* the same without the knob (NULL: not BF16, too many experts, not resident, mixed dtypes) */
+/* A's expert weights in the backend's tables, or NULL: not BF16, too many experts, a weight not
+ * resident, mixed dtypes */
 static const gm_weights *gm_weights_table(cu_be *c, const m2d_moe_args *a) {
     if (resolve(a->prec) != M2D_PREC_BF16 || a->n_experts > GM_MAX_E) return NULL;
     if (!c->gw) c->gw = (gm_weights *)m2d_malloc(sizeof *c->gw);
@@ -1673,6 +1666,11 @@ static const gm_weights *gm_weights_table(cu_be *c, const m2d_moe_args *a) {
         gm_table(w1, b1, 1, a->n_experts, &gw->dn, &gw->wdt[1], &gw->b_bf16[1]))
         return NULL;
     return gw;
+}
+
+/* the same for the grouped kernels: NULL also with the knob moe_grouped = 0 */
+static const gm_weights *gm_weights_of(cu_be *c, const m2d_moe_args *a) {
+    return c->moe_grouped ? gm_weights_table(c, a) : NULL;
 }
 
 template <bool PRE>
