@@ -199,7 +199,7 @@ static void calib_row(m2d_engine *e, const m2d_model *m, double peak) {
 }
 
 /* the backend's kernels: moe_grouped 1 or 2 (0: per-expert reference), attn_kernel 2 (tensor
- * cores; 4: prefetching; 3: their first version), 1 (tiles on the CUDA cores) or 0 (reference): the rows are A/Bs
+ * cores), 1 (tiles on the CUDA cores) or 0 (reference): the rows are A/Bs
  * of the paths on the same GPU in the same run */
 static int set_kernels(m2d_engine *e, int moe_grouped, int attn_kernel) {
     m2d_backend *be = m2d_engine_backend(e);
@@ -226,12 +226,10 @@ static void model_rows(const char *dir, const char *label, double peak) {
         fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
         return;
     }
-    /* bf16; its attention prefetching, by the first tensor-core kernel and on the CUDA cores; its
-     * grouped MoE without overlapped loads; the reference kernels; fp32 */
+    /* bf16; its attention on the CUDA cores; its grouped MoE without overlapped loads; the
+     * reference kernels; fp32 */
     const struct { m2d_precision prec; int moe, attn, moe_only; const char *note; } runs[] = {
-        {M2D_PREC_BF16, 1, 2, 0, ""}, {M2D_PREC_BF16, 1, 4, 0, " (attention prefetching)"},
-        {M2D_PREC_BF16, 1, 3, 0, " (attention: first tensor-core kernel)"},
-        {M2D_PREC_BF16, 1, 1, 0, " (attention by SIMT tiles)"},
+        {M2D_PREC_BF16, 1, 2, 0, ""}, {M2D_PREC_BF16, 1, 1, 0, " (attention by SIMT tiles)"},
         {M2D_PREC_BF16, 2, 2, 1, " (grouped, loads not overlapped)"}, {M2D_PREC_BF16, 0, 0, 1, " (reference kernels)"},
         {M2D_PREC_FP32, 1, 2, 0, ""}};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {

@@ -8,8 +8,8 @@
  * their registers as the PTX ISA defines them: fragment layouts of mma.m16n8k8 .tf32 (A: a0 (g, c),
  * a1 (g + 8, c), a2 (g, c + 4), a3 (g + 8, c + 4); B: b0 (k = c, n = g), b1 (k = c + 4, n = g); C/D:
  * (g, 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1); g = lane / 4, c = lane % 4), operands that must
- * be TF32 (low 13 bits zero: the kernel rounds every one with cvt.rna.tf32.f32, emulated as round to
- * nearest, ties away from zero), products exact in fp32 and summed in fp32. So what runs here is the
+ * be TF32 (low 13 bits zero: the kernel rounds every one, tf32_rna, itself checked against float64
+ * rounding here), products exact in fp32 and summed in fp32; and mma.sync.m8n8k4 f64 for the Gram. So what runs here is the
  * kernel's index arithmetic, masks (causal, window, prefix), sinks, online softmax and 3xTF32 split;
  * what only a GPU can check (tensor cores' own summation order, the real layouts, timing) is
  * test_engine's on the cuda backend (tools/gpu_run.sh).
@@ -127,12 +127,6 @@ static float __shfl_xor_sync(unsigned mask, float v, int lane_xor) { return (flo
 static double __shfl_xor_sync(unsigned mask, double v, int lane_xor) { return shfl_xor(mask, v, lane_xor); }
 
 static int tf32_violations;
-static uint32_t m2d_emu_tf32(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    if ((u & 0x7f800000u) != 0x7f800000u) u += 0x1000u; /* to nearest on the magnitude: ties away from zero */
-    return u & 0xffffe000u;
-}
 static void m2d_emu_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     T[cur].d = d;
     memcpy(T[cur].a, a, sizeof T[cur].a);
@@ -264,22 +258,13 @@ static void run_grid(unsigned gx, unsigned gy, unsigned gz, int threads, std::fu
             for (unsigned x = 0; x < gx; x++) run_block(x, y, z);
 }
 
-/* tensor-core attention kernel V (2: k_attention_tc, 4: with its prefetch, 3: its first version
- * k_attention_tc_v1, as the knob attn_kernel numbers them) over its grid, as attention_tc in
- * backend_cuda.cu launches it */
-template <int HD>
-static void launch_hd(const attn_dev &a, int version) {
+/* the attention kernel over its grid, as attention_tc in backend_cuda.cu launches it */
+static void launch(const attn_dev &a) {
+    assert_true(sizeof(tc_smem<128>) <= sizeof tc_raw);
     unsigned gx = (unsigned)((a.nq + TC_ROWS - 1) / TC_ROWS);
-    assert_true(sizeof(tc_smem<HD>) <= sizeof tc_raw && sizeof(tc_smem_v1<HD>) <= sizeof tc_raw);
-    if (version == 3) run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { k_attention_tc_v1<HD>(a); });
-    else if (version == 4) run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { k_attention_tc<HD, true>(a); });
-    else run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { k_attention_tc<HD, false>(a); });
-}
-
-static void launch(const attn_dev &a, int version) {
-    if (a.hd <= 32) launch_hd<32>(a, version);
-    else if (a.hd <= 64) launch_hd<64>(a, version);
-    else launch_hd<128>(a, version);
+    if (a.hd <= 32) run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { k_attention_tc<32>(a); });
+    else if (a.hd <= 64) run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { k_attention_tc<64>(a); });
+    else run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { k_attention_tc<128>(a); });
 }
 
 /* ---- the reference and the cases ---- */
@@ -326,21 +311,15 @@ static double run_case(const attn_case &c) {
     const float *rows[4] = {a.ks, a.vs, a.kp, a.vp};
     a.vec = c.hd % 4 == 0 && a.ldk % 4 == 0 && a.ldv % 4 == 0 && a.head_stride % 4 == 0;
     for (int i = 0; i < 4; i++) a.vec = a.vec && (uintptr_t)rows[i] % 16 == 0;
+    tf32_violations = 0;
+    launch(a);
+    assert_int_equal(tf32_violations, 0); /* every mma operand rounded to TF32 first */
     double worst = 0;
-    for (int version = 2; version <= 4; version++) {
-        std::fill(o.begin(), o.end(), NAN);
-        tf32_violations = 0;
-        launch(a, version);
-        assert_int_equal(tf32_violations, 0); /* every mma operand rounded to TF32 first */
-        double d = 0;
-        for (size_t i = 0; i < o.size(); i++) d = fmax(d, fabs((double)o[i] - r[i])); /* NaN: unwritten */
-        for (size_t i = 0; i < o.size(); i++) assert_false(isnan(o[i]));
-        print_message("kernel %d, H %d KV %d hd %d np %d nq %d window %d sinks %d scale %g %s: max |d| vs float64 = %.3g\n",
-                      version, c.H, c.KV, c.hd, c.np, c.nq, c.window, c.sinks, c.scale,
-                      c.prefix ? "cached prefix" : "one segment", d);
-        assert_true(d < 1e-5);
-        worst = fmax(worst, d);
-    }
+    for (size_t i = 0; i < o.size(); i++) worst = fmax(worst, fabs((double)o[i] - r[i])); /* NaN: unwritten */
+    for (size_t i = 0; i < o.size(); i++) assert_false(isnan(o[i]));
+    print_message("H %d KV %d hd %d np %d nq %d window %d sinks %d scale %g %s: max |d| vs float64 = %.3g\n", c.H, c.KV, c.hd,
+                  c.np, c.nq, c.window, c.sinks, c.scale, c.prefix ? "cached prefix" : "one segment", worst);
+    assert_true(worst < 1e-5);
     return worst;
 }
 

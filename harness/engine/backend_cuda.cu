@@ -145,10 +145,8 @@ struct cu_be {
     int gemm_naive;       /* knob: every GEMM through k_gemm_naive */
     int moe_grouped;      /* knob: MoE and calibration at BF16 by the grouped kernels (default 1;
                            * 2: their loads not overlapped with the MMAs; 0: the per-expert path) */
-    int attn_kernel;      /* knob: attention by k_attention_tc (2, the default; 4: with the next
-                           * tile prefetched), its first version k_attention_tc_v1 (3),
-                           * k_attention_tiled (1) where they apply, or the warp-per-row reference
-                           * k_attention (0) */
+    int attn_kernel;      /* knob: attention by k_attention_tc (2, the default), k_attention_tiled (1)
+                           * where they apply, or the warp-per-row reference k_attention (0) */
     unsigned attn_smem_set; /* k_attention_tc<32, 64, 128> allowed their shared memory on this device */
     int all_grouped_rows; /* knob: experts_all takes the grouped kernels up to this many rows (default 64) */
     int gram_kernel;      /* knob: calibration's Gram on the fp64 tensor cores (1, the default) or by
@@ -1195,35 +1193,27 @@ __global__ static void __launch_bounds__(AT_ROWS * 32) k_attention_tiled(attn_de
         if (lane + 32 * j < hd) o[lane + 32 * j] = acc[j] / l;
 }
 
-/* a tensor-core attention kernel (K<HD>, its shared memory SMEM bytes) over the query rows and
- * heads, its dynamic shared memory allowed once (bit BIT of attn_smem_set) */
-static void launch_attention_tc(cu_be *c, const attn_dev *d, void (*kernel)(attn_dev), size_t smem, unsigned bit,
-                                const char *name) {
+/* k_attention_tc<HD> over the query rows and heads, its dynamic shared memory allowed once */
+template <int HD>
+static void launch_attention_tc(cu_be *c, const attn_dev *d) {
+    size_t bytes = sizeof(tc_smem<HD>);
+    unsigned bit = 1u << (HD / 64); /* HD 32, 64, 128: bits 0, 1, 2 */
     if (!(c->attn_smem_set & bit) &&
-        !cuda_ok(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+        !cuda_ok(c, cudaFuncSetAttribute(k_attention_tc<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
                  "attention shared memory"))
         return;
     c->attn_smem_set |= bit;
     dim3 grid((unsigned)((d->nq + TC_ROWS - 1) / TC_ROWS), (unsigned)d->n_heads);
-    kernel<<<grid, TC_WARPS * 32, smem>>>(*d);
-    launched(c, name);
+    k_attention_tc<HD><<<grid, TC_WARPS * 32, bytes>>>(*d);
+    launched(c, "k_attention_tc");
 }
 
-template <int HD>
-static void attention_tc_hd(cu_be *c, const attn_dev *d) {
-    unsigned bit = 1u << (HD / 64); /* HD 32, 64, 128: bits 0, 1, 2; the other kernels' 3 and 6 bits up */
-    if (c->attn_kernel == 3) launch_attention_tc(c, d, k_attention_tc_v1<HD>, sizeof(tc_smem_v1<HD>), bit << 3, "k_attention_tc_v1");
-    else if (c->attn_kernel == 4) launch_attention_tc(c, d, k_attention_tc<HD, true>, sizeof(tc_smem<HD>), bit << 6, "k_attention_tc (prefetch)");
-    else launch_attention_tc(c, d, k_attention_tc<HD, false>, sizeof(tc_smem<HD>), bit, "k_attention_tc");
-}
-
-/* 0 when a tensor-core kernel ran (attn_kernel 2; 4: prefetching; 3: the first version), -1
- * when none takes this head size */
+/* 0 when the tensor-core kernel ran, -1 when it does not take this head size */
 static int attention_tc(cu_be *c, attn_dev *d) {
     if (d->hd > 128 || c->attn_kernel < 2) return -1;
-    if (d->hd <= 32) attention_tc_hd<32>(c, d);
-    else if (d->hd <= 64) attention_tc_hd<64>(c, d);
-    else attention_tc_hd<128>(c, d);
+    if (d->hd <= 32) launch_attention_tc<32>(c, d);
+    else if (d->hd <= 64) launch_attention_tc<64>(c, d);
+    else launch_attention_tc<128>(c, d);
     return 0;
 }
 
@@ -2174,11 +2164,11 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
               : strcmp(knob, "profile") == 0     ? &CU(be)->prof.on : NULL;
     if (at == &CU(be)->prof.on && value == 0 && *at) prof_report(CU(be)); /* profile 0: report, stop */
     int three = at == &CU(be)->moe_grouped || at == &CU(be)->attn_kernel || at == &CU(be)->all_batched; /* 0|1|2 */
-    if (at && (value == 0 || value == 1 || (value == 2 && three) || ((value == 3 || value == 4) && at == &CU(be)->attn_kernel))) {
+    if (at && (value == 0 || value == 1 || (value == 2 && three))) {
         *at = value;
         return 0;
     }
-    return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile, gram_kernel: 0|1; moe_grouped, all_batched: 0|1|2; attn_kernel: 0|1|2|3|4; all_grouped_rows: >= 0)", knob,
+    return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile, gram_kernel: 0|1; moe_grouped, all_batched, attn_kernel: 0|1|2; all_grouped_rows: >= 0)", knob,
                    value);
 }
 

@@ -1,10 +1,9 @@
 /* cuda_kernels — kernels of the cuda backend that also run on the CPU: the attention on tensor
  * cores (k_attention_tc, with the argument block of the attention kernels, attn_dev) and
- * calibration's Gram (k_gram_mma, k_gram_tile, k_gram_add) and reductions (k_reduce_sums, k_reduce_norms,
- * k_reduce_select). Part of backend_cuda.cu, kept in this header so that tests/test_cuda_kernels.cc
- * compiles the same source as host C++ with M2D_CUDA_EMULATED defined (the PTX instructions,
- * cvt.rna.tf32 and mma.sync (TF32 and f64), then come from its emulation of a warp; threads, barriers and shuffles
- * from its coroutines): their index arithmetic, masks, tiling and sums are checked against float64
+ * calibration's Gram (k_gram_mma, k_gram_tile, k_gram_add) and reductions (k_reduce_sums,
+ * k_reduce_norms, k_reduce_select). Part of backend_cuda.cu, kept in this header so that tests/test_cuda_kernels.cc
+ * compiles the same source as host C++ with M2D_CUDA_EMULATED defined (mma.sync, TF32 and f64, then
+ * comes from its emulation of a warp; threads, barriers and shuffles from its coroutines): their index arithmetic, masks, tiling and sums are checked against float64
  * on every machine, with or without a GPU. Included once, by backend_cuda.cu. */
 #ifndef M2D_CUDA_KERNELS_CUH
 #define M2D_CUDA_KERNELS_CUH
@@ -20,66 +19,66 @@ struct attn_dev {
     int vec;             /* hd % 4 == 0 and k/v rows 16-byte aligned: staged as float4s */
 };
 
-/* ---- attention on tensor cores: flash attention in 3xTF32 ----
- * backend_cuda.cu's k_attention_tiled computes every score and weighted value on the CUDA cores
- * (~8 TFLOP/s at 2,048 tokens). Here both products run as mma.sync m16n8k8 TF32 with fp32
- * accumulation, each operand x split as x = big + small (big = x rounded to TF32, 11 significant
- * bits; small = the rest rounded to TF32), and a*b = big*big + big*small + small*big: the dropped small*small and the
- * second rounding leave ~2^-22 of |a*b| per product, within a few fp32 roundings (backend.h asks
- * fp32 scores; the same split as CUTLASS's 3xTF32 GEMMs). The softmax is online, fp32, per row:
- * max, expf, sum, as k_attention_tiled.
- * A block is 64 query rows of one head (4 warps x 16 rows); keys and values are staged 32 at a
- * time. Per warp, S = Q K^T is a 16 x 32 tile in registers (the accumulator layout: lane = 4 g +
- * c holds rows g and g + 8, columns 2c and 2c + 1 of each 8-column slab); the weights P go through
- * shared memory into the A-operand layout for O += P V; O stays in registers, rescaled per row.
- * Head dimensions up to 128, padded with zeros to HD (32, 64 or 128). */
+/* ---- attention on tensor cores: flash attention in 3xTF32 (k_attention_tc) ----
+ * backend_cuda.cu's k_attention_tiled computes every score and weighted value on the CUDA cores.
+ * Here both products run as mma.sync m16n8k8 TF32 with fp32 accumulation, each operand x split as
+ * x = big + small (big = x rounded to TF32, 11 significant bits; small = the rest rounded to
+ * TF32), and a*b = big*big + big*small + small*big: the dropped small*small and the second
+ * rounding leave ~2^-22 of |a*b| per product, within a few fp32 roundings (backend.h asks fp32
+ * scores; the same split as CUTLASS's 3xTF32 GEMMs). The softmax is online, fp32, per row: max,
+ * expf, sum, as k_attention_tiled.
+ * A block is 64 query rows of one head (4 warps x 16 rows); keys and values come 32 at a time.
+ * Per warp, S = Q K^T is a 16 x 32 tile in registers (the accumulator layout: lane = 4 g + c holds
+ * rows g and g + 8, columns 2c and 2c + 1 of each 8-column slab); the weights P go through shared
+ * memory into the A-operand layout for O += P V; O stays in registers, rescaled per row. Head
+ * dimensions up to 128, padded with zeros to HD (32, 64 or 128).
+ * Beside the MMAs (each step measured on an H200, BENCHMARKS.md):
+ * - keys and values are split once a block as they are staged, into TF32 planes laid out so that
+ *   a B operand's two values are one 8-byte load (tc_smem); a first version split them in every
+ *   warp, 4x over, with cvt.rna.tf32.f32 (which ptxas expands with tests for infinities and NaNs):
+ *   2,232 instructions around a tile's 240 MMAs at HD 128 against 1,037 here;
+ * - the rounding is integer arithmetic (tf32_rna), cvt.rna's bits for finite values;
+ * - Q K^T keeps the big x big products and the two small terms in separate accumulators, so each
+ *   chain of dependent MMAs is a third and two thirds as long;
+ * - the next tile's keys and values are read into registers before this tile's MMAs (their
+ *   latency hides behind them: 250 registers at HD 128, two blocks an SM);
+ * - the row blocks run last block first: under the causal mask the last rows have the most keys,
+ *   and starting them first shortens the grid's tail. */
 #define TC_WARPS 4
 #define TC_ROWS (16 * TC_WARPS) /* query rows a block */
 #define TC_KEYS 32              /* keys a tile */
 
 #ifndef M2D_CUDA_EMULATED
-__device__ static __forceinline__ uint32_t tf32_of(float x) {
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-}
-
 __device__ static __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-#else /* the CPU emulation's (tests/test_cuda_kernels.cc): the same operations, a warp's lanes as coroutines */
-__device__ static __forceinline__ uint32_t tf32_of(float x) { return m2d_emu_tf32(x); }
+#else /* the CPU emulation's (tests/test_cuda_kernels.cc): the same operation, a warp's lanes as coroutines */
 __device__ static __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     m2d_emu_mma(d, a, b0, b1);
 }
 #endif
 
-__device__ static __forceinline__ void tf32_split(float x, uint32_t &big, uint32_t &small) {
-    big = tf32_of(x);
-    small = tf32_of(x - __uint_as_float(big));
+/* x rounded to TF32 (to nearest on the magnitude, ties away from zero: cvt.rna.tf32.f32's
+ * rounding) by integer operations: half a TF32 ulp added to the bits, the low 13 dropped */
+__device__ static __forceinline__ uint32_t tf32_rna(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+
+/* x = big + small, both TF32: |x - big - small| <= 2^-22 |x| */
+__device__ static __forceinline__ uint2 tf32_pair(float x) {
+    uint32_t big = tf32_rna(x);
+    return make_uint2(big, tf32_rna(x - __uint_as_float(big)));
 }
 
-/* d += a b for an A fragment already split (ab + as) and B's two values (split here): the small
- * terms first, so they are not lost against the big one */
-__device__ static __forceinline__ void mma_3xtf32(float (&d)[4], const uint32_t (&ab)[4], const uint32_t (&as)[4],
-                                                  float b0, float b1) {
-    uint32_t bb0, bs0, bb1, bs1;
-    tf32_split(b0, bb0, bs0);
-    tf32_split(b1, bb1, bs1);
-    mma_tf32(d, as, bb0, bb1);
-    mma_tf32(d, ab, bs0, bs1);
-    mma_tf32(d, ab, bb0, bb1);
-}
-
-/* the A fragment (16 x 8, rows g and g + 8, columns c and c + 4) of a row-major tile, split */
-__device__ static __forceinline__ void a_frag(const float *t, int ld, int g, int c, uint32_t (&ab)[4], uint32_t (&as)[4]) {
-    tf32_split(t[g * ld + c], ab[0], as[0]);
-    tf32_split(t[(g + 8) * ld + c], ab[1], as[1]);
-    tf32_split(t[g * ld + c + 4], ab[2], as[2]);
-    tf32_split(t[(g + 8) * ld + c + 4], ab[3], as[3]);
+/* the A fragment (16 x 8: rows g and g + 8, columns c and c + 4) of a row-major float tile, split */
+__device__ static __forceinline__ void a_frag_pair(const float *t, int ld, int g, int c, uint32_t (&ab)[4], uint32_t (&as)[4]) {
+    const float x[4] = {t[g * ld + c], t[(g + 8) * ld + c], t[g * ld + c + 4], t[(g + 8) * ld + c + 4]};
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        uint2 s = tf32_pair(x[u]);
+        ab[u] = s.x, as[u] = s.y;
+    }
 }
 
 /* key and value t of kv head g, columns j .. j + 3 (zeros past `last` and past hd: zero keys add
@@ -97,29 +96,6 @@ __device__ static __forceinline__ void tc_kv4(const attn_dev &a, int g, int t, i
         kv = make_float4(kx[0], kx[1], kx[2], kx[3]), vv = make_float4(vx[0], vx[1], vx[2], vx[3]);
     }
 }
-
-/* keys and values t0 .. t0 + TC_KEYS - 1 of kv head g into shared memory as floats */
-template <int HD>
-__device__ static void tc_stage(const attn_dev &a, int g, int t0, int last, float (*Ks)[HD + 4], float (*Vs)[HD + 8]) {
-    for (int e = threadIdx.x; e < TC_KEYS * HD / 4; e += TC_WARPS * 32) {
-        int kk = e / (HD / 4), j = 4 * (e % (HD / 4));
-        float4 kv, vv;
-        tc_kv4(a, g, t0 + kk, j, last, kv, vv);
-        *(float4 *)&Ks[kk][j] = kv; /* rows of HD + 4 and HD + 8 floats: 16-byte aligned */
-        *(float4 *)&Vs[kk][j] = vv;
-    }
-}
-
-/* the block's shared memory, carved from one dynamic allocation (over 48 KiB at HD = 128). Row
- * strides are padded so that a fragment's 32 loads fall in 32 banks: Q, K and P are read as (row
- * g, column c), hence strides of 4 mod 32; V is read as (row c, column g), hence 8 mod 32. */
-template <int HD>
-struct tc_smem_v1 {
-    float q[TC_ROWS][HD + 4];
-    float k[TC_KEYS][HD + 4];
-    float v[TC_KEYS][HD + 8];
-    float p[TC_WARPS][16][TC_KEYS + 4];
-};
 
 /* a thread's two query rows (g and g + 8 of its warp's 16): position, first key, live */
 struct tc_rows {
@@ -203,86 +179,6 @@ __device__ static void tc_load_q(const attn_dev &a, int i0, int h, float (*q)[HD
     }
 }
 
-template <int HD>
-__global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc_v1(attn_dev a) {
-#ifndef M2D_CUDA_EMULATED /* the CPU emulation defines tc_raw itself (a global: no extern __shared__ there) */
-    extern __shared__ __align__(16) unsigned char tc_raw[];
-#endif
-    tc_smem_v1<HD> &sm = *(tc_smem_v1<HD> *)tc_raw;
-    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, h = blockIdx.y;
-    int kvh = h / (a.n_heads / a.n_kv), i0 = blockIdx.x * TC_ROWS, iw = i0 + 16 * w;
-    int last = a.np + M2D_MIN(i0 + TC_ROWS, a.nq) - 1; /* the block's last query position */
-    int lo_blk = a.window > 0 ? max(0, a.np + i0 + 1 - a.window) : 0;
-    tc_rows R = tc_rows_of(a, iw, g);
-    int warp_last = a.np + M2D_MIN(iw + 15, a.nq - 1), warp_lo = a.window > 0 ? max(0, a.np + iw + 1 - a.window) : 0;
-    tc_load_q<HD>(a, i0, h, sm.q);
-    float o[HD / 8][4], m[2], l[2]; /* l: this thread's share of each row's sum (the quad adds them at the end) */
-    for (int nt = 0; nt < HD / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-    for (int r = 0; r < 2; r++) m[r] = a.sinks ? a.sinks[h] : -INFINITY, l[r] = a.sinks && c == 0 ? 1.0f : 0.0f;
-    for (int t0 = lo_blk; t0 <= last; t0 += TC_KEYS) {
-        __syncthreads(); /* the previous tile is consumed (and Q written, the first time) */
-        tc_stage<HD>(a, kvh, t0, last, sm.k, sm.v);
-        __syncthreads();
-        if (iw >= a.nq || t0 > warp_last || t0 + TC_KEYS <= warp_lo) continue; /* warp-uniform: nothing here */
-        float s[TC_KEYS / 8][4];
-        for (int nt = 0; nt < TC_KEYS / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll 4
-        for (int ks = 0; ks < HD / 8; ks++) {
-            uint32_t ab[4], as[4];
-            a_frag(&sm.q[16 * w][8 * ks], HD + 4, g, c, ab, as);
-#pragma unroll
-            for (int nt = 0; nt < TC_KEYS / 8; nt++) /* B = K^T: (k = c, n = g) is K[key g][dim c] */
-                mma_3xtf32(s[nt], ab, as, sm.k[8 * nt + g][8 * ks + c], sm.k[8 * nt + g][8 * ks + c + 4]);
-        }
-        float rs[2];
-        tc_softmax(a, R, t0, g, c, s, m, l, sm.p[w], rs);
-#pragma unroll
-        for (int nt = 0; nt < HD / 8; nt++)
-            o[nt][0] *= rs[0], o[nt][1] *= rs[0], o[nt][2] *= rs[1], o[nt][3] *= rs[1];
-        __syncwarp();
-#pragma unroll
-        for (int ks = 0; ks < TC_KEYS / 8; ks++) {
-            uint32_t ab[4], as[4];
-            a_frag(&sm.p[w][0][8 * ks], TC_KEYS + 4, g, c, ab, as);
-#pragma unroll
-            for (int nt = 0; nt < HD / 8; nt++) /* B = V: (k = c, n = g) is V[key c][dim g] */
-                mma_3xtf32(o[nt], ab, as, sm.v[8 * ks + c][8 * nt + g], sm.v[8 * ks + c + 4][8 * nt + g]);
-        }
-        __syncwarp(); /* P is read before the next tile writes it */
-    }
-    tc_store<HD>(a, R, iw, g, c, h, o, l);
-}
-
-/* ---- the same attention with the operands split once (k_attention_tc, attn_kernel 2) ----
- * What k_attention_tc_v1 spent beside its MMAs: every warp split each key and value it read
- * (4 warps a block: 4x the splits), and cvt.rna.tf32.f32, which ptxas expands with tests for
- * infinities and NaNs, cost ~3 instructions a split more than the rounding itself. Here:
- * - keys and values are split as they are staged, once a block, into TF32 planes (big, small)
- *   laid out so that a B operand's two values are one 8-byte load (tc_smem);
- * - the rounding is integer arithmetic (tf32_rna), the same bits as cvt.rna for finite values;
- * - Q Kᵀ accumulates the big x big products and the two small terms in separate registers, so
- *   each accumulator's chain of dependent MMAs is a third and two thirds as long;
- * - the row blocks run last block first: under the causal mask the last rows have the most keys,
- *   and starting them first shortens the tail of the grid.
- */
-__device__ static __forceinline__ uint32_t tf32_rna(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
-
-/* x = big + small, both TF32: |x - big - small| <= 2^-22 |x| */
-__device__ static __forceinline__ uint2 tf32_pair(float x) {
-    uint32_t big = tf32_rna(x);
-    return make_uint2(big, tf32_rna(x - __uint_as_float(big)));
-}
-
-/* the A fragment of a row-major float tile (as a_frag), split by tf32_pair */
-__device__ static __forceinline__ void a_frag_pair(const float *t, int ld, int g, int c, uint32_t (&ab)[4], uint32_t (&as)[4]) {
-    const float x[4] = {t[g * ld + c], t[(g + 8) * ld + c], t[g * ld + c + 4], t[(g + 8) * ld + c + 4]};
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-        uint2 s = tf32_pair(x[u]);
-        ab[u] = s.x, as[u] = s.y;
-    }
-}
-
 /* Keys and values as TF32 planes (big, small) in the order a lane reads its two B values, so
  * that one 8-byte load gives the pair the MMA takes in consecutive registers:
  * - K, read as (key 8 nt + g; dims 8 ks + c and + c + 4): within each 8 dims, dims c and c + 4
@@ -331,20 +227,7 @@ __device__ static __forceinline__ void tc_put(tc_smem<HD> &sm, int e, float4 kv,
     }
 }
 
-/* keys and values t0 .. t0 + TC_KEYS - 1 of kv head g into shared memory, split (no registers
- * held across the tile's MMAs) */
 template <int HD>
-__device__ static void tc_stage_pairs(const attn_dev &a, int g, int t0, int last, tc_smem<HD> &sm) {
-    for (int e = threadIdx.x; e < TC_KEYS * HD / 4; e += TC_WARPS * 32) {
-        float4 kv, vv;
-        tc_kv4(a, g, t0 + e / (HD / 4), 4 * (e % (HD / 4)), last, kv, vv);
-        tc_put<HD>(sm, e, kv, vv);
-    }
-}
-
-/* PREFETCH: the next tile's keys and values are read into registers before this tile's MMAs, so
- * their latency hides behind them (+64 registers at HD 128) */
-template <int HD, bool PREFETCH>
 __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev a) {
 #ifndef M2D_CUDA_EMULATED /* the CPU emulation defines tc_raw itself (a global: no extern __shared__ there) */
     extern __shared__ __align__(16) unsigned char tc_raw[];
@@ -360,18 +243,14 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev 
     float o[HD / 8][4], m[2], l[2]; /* l: this thread's share of each row's sum (the quad adds them at the end) */
     for (int nt = 0; nt < HD / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
     for (int r = 0; r < 2; r++) m[r] = a.sinks ? a.sinks[h] : -INFINITY, l[r] = a.sinks && c == 0 ? 1.0f : 0.0f;
-    float4 kr[TC_PER_THREAD], vr[TC_PER_THREAD];
-    if (PREFETCH) tc_fetch<HD>(a, kvh, lo_blk, last, kr, vr);
+    float4 kr[TC_PER_THREAD], vr[TC_PER_THREAD]; /* the next tile's keys and values */
+    tc_fetch<HD>(a, kvh, lo_blk, last, kr, vr);
     for (int t0 = lo_blk; t0 <= last; t0 += TC_KEYS) {
         __syncthreads(); /* the previous tile is consumed (and Q written, the first time) */
-        if (PREFETCH) {
 #pragma unroll
-            for (int i = 0; i < TC_PER_THREAD; i++) tc_put<HD>(sm, threadIdx.x + i * TC_WARPS * 32, kr[i], vr[i]);
-        } else {
-            tc_stage_pairs<HD>(a, kvh, t0, last, sm);
-        }
+        for (int i = 0; i < TC_PER_THREAD; i++) tc_put<HD>(sm, threadIdx.x + i * TC_WARPS * 32, kr[i], vr[i]);
         __syncthreads();
-        if (PREFETCH && t0 + TC_KEYS <= last) tc_fetch<HD>(a, kvh, t0 + TC_KEYS, last, kr, vr);
+        if (t0 + TC_KEYS <= last) tc_fetch<HD>(a, kvh, t0 + TC_KEYS, last, kr, vr); /* in flight over the MMAs */
         if (iw >= a.nq || t0 > warp_last || t0 + TC_KEYS <= warp_lo) continue; /* warp-uniform: nothing here */
         float s[TC_KEYS / 8][4], sl[TC_KEYS / 8][4]; /* big x big; the small terms */
         for (int nt = 0; nt < TC_KEYS / 8; nt++)
