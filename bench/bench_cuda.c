@@ -121,7 +121,7 @@ static double time_forward(m2d_engine *e, int V, int L, int pp, int reps) {
 /* Calibration's device work on one MoE layer of M: every expert on 512 tokens plus the fp64 Gram.
  * Timed (best of 3 after a warm-up): the outputs copied to the host whole (m2d_engine_all_experts);
  * reduced on the device (m2d_engine_all_experts_reduced: sums, norms and 9 rows a token) into
- * pageable host arrays; the same into page-locked ones (m2d_engine_pin), as calibration runs it;
+ * pageable host arrays; the same with page-locked ones (m2d_engine_pin), as calibration runs it;
  * and that with the experts expert by expert (knob all_batched 0) and by the grouped kernels
  * (all_grouped_rows 512): the A/Bs of the defaults. Its FLOPs (3 GEMMs per expert) against PEAK
  * give the fraction of the yardstick (issue 23: within 1.5x of the bound). Then the op times of
@@ -161,9 +161,10 @@ static void calib_row(m2d_engine *e, const m2d_model *m, double peak) {
     for (int run = 0; run < nr; run++) {
         const calib_run *r = &calib_runs[run];
         if (calib_knobs(be, r)) break; /* a backend without the knobs */
-        if (r->pinned && !calib_runs[run - 1].pinned) {
+        if (r->pinned && !calib_runs[run - 1].pinned) { /* as calibrate: its block arrays, the engine's x */
             m2d_engine_pin(e, sel, sizeof(float) * (size_t)n * k1 * d);
             m2d_engine_pin(e, n2, sizeof(double) * (size_t)E * n);
+            m2d_engine_pin(e, x, sizeof(float) * (size_t)n * d);
         }
         double best = 1e30;
         for (int rep = 0; rep <= 3; rep++) {
@@ -195,12 +196,13 @@ static void calib_row(m2d_engine *e, const m2d_model *m, double peak) {
     calib_knobs(be, &calib_runs[2]); /* the defaults */
     m2d_engine_unpin(e, sel);
     m2d_engine_unpin(e, n2);
+    m2d_engine_unpin(e, x);
     free(x), free(f), free(g), free(sel), free(ids), free(sum), free(n2);
 }
 
 /* the backend's kernels: moe_grouped 1 or 2 (0: per-expert reference), attn_kernel 2 (tensor
- * cores), 1 (tiles on the CUDA cores) or 0 (reference): the rows are A/Bs
- * of the paths on the same GPU in the same run */
+ * cores), 1 (tiles on the CUDA cores) or 0 (reference): the rows are A/Bs of the paths on the
+ * same GPU in the same run */
 static int set_kernels(m2d_engine *e, int moe_grouped, int attn_kernel) {
     m2d_backend *be = m2d_engine_backend(e);
     return be->ops->tune(be, "moe_grouped", moe_grouped) || be->ops->tune(be, "attn_kernel", attn_kernel);

@@ -47,6 +47,8 @@ struct m2d_engine {
     m2d_precision prec;
     m2d_moe_hook hook;
     void *hook_user;
+    float *hook_x;        /* the hook's host copy of x, kept across calls and pinned (hook_x_buf) */
+    size_t hook_x_cap;    /* its bytes */
     m2d_probe_hook probe;                     /* analyses of activations (m2d_engine_set_probe) */
     void *probe_user;
     unsigned probe_points;
@@ -213,7 +215,9 @@ int m2d_engine_new(const m2d_model *m, int n_threads, m2d_engine **out) {
 void m2d_engine_free(m2d_engine *e) {
     if (!e) return;
     weights_free(e);
+    m2d_engine_unpin(e, e->hook_x);
     m2d_backend_free(e->be);
+    free(e->hook_x);
     free(e->inv_freq);
     free(e);
 }
@@ -488,11 +492,25 @@ static m2d_moe_args experts_of(const m2d_engine *e, int layer, m2d_mat x, m2d_ma
                           .exact_rows = e->hook != NULL}; /* so that a hook may hand outputs back */
 }
 
+/* the hook's host copy of x, kept and page-locked across calls: a device copies it down for the
+ * hook every MoE layer, and calibration's expert pass up again (4 MB a 512-token block on
+ * Qwen3-30B-A3B) */
+static float *hook_x_buf(m2d_engine *e, size_t bytes) {
+    if (bytes > e->hook_x_cap) {
+        m2d_engine_unpin(e, e->hook_x);
+        free(e->hook_x);
+        e->hook_x = m2d_malloc(bytes);
+        e->hook_x_cap = bytes;
+        m2d_engine_pin(e, e->hook_x, bytes);
+    }
+    return e->hook_x;
+}
+
 /* The hook's host view of one MoE layer's routing (downloaded only because a hook is set). */
 static int call_hook(m2d_engine *e, int layer, const fwd_ws *w, int *routed_set) {
     const m2d_config *c = &e->m->cfg;
     int n = w->n, d = c->hidden_size, E = c->num_experts, k = route_k(e);
-    float *x = m2d_malloc(f32s(n, d)), *probs = m2d_malloc(f32s(n, E)), *gates = m2d_malloc(f32s(n, k));
+    float *x = hook_x_buf(e, f32s(n, d)), *probs = m2d_malloc(f32s(n, E)), *gates = m2d_malloc(f32s(n, k));
     int32_t *topk = m2d_malloc(sizeof(int32_t) * (size_t)n * k);
     e->B->download(e->be, x, w->xn, 0, f32s(n, d));
     e->B->download(e->be, probs, w->probs, 0, f32s(n, E));
@@ -513,7 +531,7 @@ static int call_hook(m2d_engine *e, int layer, const fwd_ws *w, int *routed_set)
                     : m2d_err("engine: MoE hook aborted the forward at layer %d", layer);
     }
     if (rc == 0 && *routed_set) e->B->upload(e->be, w->ffo, 0, routed, f32s(n, d));
-    free(x); free(probs); free(topk); free(gates); free(routed);
+    free(probs); free(topk); free(gates); free(routed);
     return rc;
 }
 
