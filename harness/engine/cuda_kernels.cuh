@@ -304,6 +304,18 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev 
 #define GRAM_SLICES 64  /* fixed slices of the rows (blocks along z) */
 #define GRAM_THREADS 256
 
+/* columns c0 .. c0 + GRAM_CC - 1 of experts i0 .. and j0 .. (GRAM_TILE each) of one row of F into
+ * the staged tiles A and B as fp64, zeros past E and d; THREADS threads share the copy */
+template <int LD>
+__device__ static __forceinline__ void gram_stage(const float *row, int i0, int j0, int E, int d, int c0, int threads,
+                                                  double (*A)[LD], double (*B)[LD]) {
+    for (int e = threadIdx.x; e < GRAM_TILE * GRAM_CC; e += threads) {
+        int r = e / GRAM_CC, cc = e % GRAM_CC, col = c0 + cc;
+        A[r][cc] = i0 + r < E && col < d ? (double)row[(size_t)(i0 + r) * d + col] : 0.0;
+        B[r][cc] = j0 + r < E && col < d ? (double)row[(size_t)(j0 + r) * d + col] : 0.0;
+    }
+}
+
 __global__ static void __launch_bounds__(GRAM_THREADS) k_gram_tile(const float *f, int ld, int n, int E, int d, double *part) {
     /* stride GRAM_CC + 1 doubles: tx's 16 rows of B read in one column fall in distinct banks */
     __shared__ double A[GRAM_TILE][GRAM_CC + 1], B[GRAM_TILE][GRAM_CC + 1];
@@ -317,11 +329,7 @@ __global__ static void __launch_bounds__(GRAM_THREADS) k_gram_tile(const float *
     for (int t = t0; t < t1; t++) {
         const float *row = f + (size_t)t * ld;
         for (int c0 = 0; c0 < d; c0 += GRAM_CC) {
-            for (int e = threadIdx.x; e < GRAM_TILE * GRAM_CC; e += GRAM_THREADS) {
-                int r = e / GRAM_CC, cc = e % GRAM_CC, col = c0 + cc;
-                A[r][cc] = i0 + r < E && col < d ? (double)row[(size_t)(i0 + r) * d + col] : 0.0;
-                B[r][cc] = j0 + r < E && col < d ? (double)row[(size_t)(j0 + r) * d + col] : 0.0;
-            }
+            gram_stage(row, i0, j0, E, d, c0, GRAM_THREADS, A, B);
             __syncthreads();
 #pragma unroll 4
             for (int cc = 0; cc < GRAM_CC; cc++) {
@@ -376,11 +384,7 @@ __global__ static void __launch_bounds__(GRAM_MMA_THREADS) k_gram_mma(const floa
     for (int t = t0; t < t1; t++) {
         const float *row = f + (size_t)t * ld;
         for (int c0 = 0; c0 < d; c0 += GRAM_CC) {
-            for (int e = threadIdx.x; e < GRAM_TILE * GRAM_CC; e += GRAM_MMA_THREADS) {
-                int r = e / GRAM_CC, cc = e % GRAM_CC, col = c0 + cc;
-                A[r][cc] = i0 + r < E && col < d ? (double)row[(size_t)(i0 + r) * d + col] : 0.0;
-                B[r][cc] = j0 + r < E && col < d ? (double)row[(size_t)(j0 + r) * d + col] : 0.0;
-            }
+            gram_stage(row, i0, j0, E, d, c0, GRAM_MMA_THREADS, A, B);
             __syncthreads();
 #pragma unroll
             for (int k0 = 0; k0 < GRAM_CC; k0 += 4) {
