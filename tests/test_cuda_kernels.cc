@@ -1,6 +1,6 @@
 /* cuda_kernels: kernels of the cuda backend (harness/engine/cuda_kernels.cuh: the tensor-core
- * attention k_attention_tc, calibration's Gram (FMA tiles and fp64 MMA) and reductions) run on the CPU, against float64 loops, on every
- * machine — with or without a GPU.
+ * attention k_attention_tc, calibration's Gram (FMA tiles and fp64 MMA) and reductions) run on the
+ * CPU, against float64 loops, on every machine — with or without a GPU.
  *
  * The kernel's own source is compiled here as C++ with M2D_CUDA_EMULATED: a block's 128 threads run
  * as coroutines (ucontext), __syncthreads waits for all of them, and the warp collectives —
@@ -9,8 +9,8 @@
  * a1 (g + 8, c), a2 (g, c + 4), a3 (g + 8, c + 4); B: b0 (k = c, n = g), b1 (k = c + 4, n = g); C/D:
  * (g, 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1); g = lane / 4, c = lane % 4), operands that must
  * be TF32 (low 13 bits zero: the kernel rounds every one, tf32_rna, itself checked against float64
- * rounding here), products exact in fp32 and summed in fp32; and mma.sync.m8n8k4 f64 for the Gram. So what runs here is the
- * kernel's index arithmetic, masks (causal, window, prefix), sinks, online softmax and 3xTF32 split;
+ * rounding here), products exact in fp32 and summed in fp32; and mma.sync.m8n8k4 f64 for the
+ * Gram. So what runs here is the kernel's index arithmetic, masks (causal, window, prefix), sinks, online softmax and 3xTF32 split;
  * what only a GPU can check (tensor cores' own summation order, the real layouts, timing) is
  * test_engine's on the cuda backend (tools/gpu_run.sh).
  *
@@ -371,8 +371,9 @@ static float tf32_by_float64(float x) {
 
 static void tf32_rounding_matches_float64(void **state) {
     (void)state;
-    std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x00001000u, 0x00000fffu, 0x00001fffu, 0x807ff000u,
-                                  0x3f800fffu, 0x3f801000u, 0xbf803000u, 0x3fffffffu, 0x7f7ff000u, 0x7f7fefffu, 0xff7fffffu};
+    std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x00001000u, 0x00000fffu, 0x00001fffu,
+                                  0x807ff000u, 0x3f800fffu, 0x3f801000u, 0xbf803000u, 0x3fffffffu,
+                                  0x7f7ff000u, 0x7f7fefffu, 0xff7fffffu};
     for (int i = 0; i < 200000; i++) {
         rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
         uint32_t u = (uint32_t)(rng >> 16);
@@ -432,8 +433,8 @@ static void gram_case(int n, bool mma) {
             if (!(diff <= gamma * mag + 2 * u)) print_message("(%d, %d): %.17g against %.17g\n", i, j, g[(size_t)i * E + j], want);
             assert_true(diff <= gamma * mag + 2 * u); /* + the 0.5 start's rounding */
         }
-    print_message("gram (%s): E %d, d %d, %d rows: max |d| / sum|products| = %.3g (bound %.3g)\n", mma ? "k_gram_mma" : "k_gram_tile",
-                  E, d, n, worst, gamma);
+    print_message("gram (%s): E %d, d %d, %d rows: max |d| / sum|products| = %.3g (bound %.3g)\n",
+                  mma ? "k_gram_mma" : "k_gram_tile", E, d, n, worst, gamma);
 }
 
 static void gram_matches_float64(void **state) {

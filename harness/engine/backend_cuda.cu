@@ -27,8 +27,9 @@
  * Fast paths and the reference next to them (knobs; M2D_CUDA_FAST=0 turns the fast ones off):
  * MoE at BF16 by a device-side plan and grouped WMMA GEMMs (moe_grouped; 0: per-expert cuBLASLt
  * with the plan on the host), attention on tensor cores or by tiles (attn_kernel 2, 1; 0: one warp
- * a row), calibration's Gram on the fp64 tensor cores or by FMA tiles (gram_kernel 1, 0), every
- * GEMM through cuBLASLt or the one-thread-per-output kernel (gemm_naive). The tests run both sides; knob profile times the ops.
+ * a row), calibration's experts batched or one by one (all_batched 1, 0) and its Gram on the fp64
+ * tensor cores or by FMA tiles (gram_kernel 1, 0), every GEMM through cuBLASLt or the
+ * one-thread-per-output kernel (gemm_naive). The tests run both sides; knob profile times the ops.
  *
  * Errors: ops do not return them. The first CUDA/cuBLASLt failure is kept (sticky), later ops are
  * skipped, and leave() reports it with m2d_err after synchronising the device.
@@ -1806,7 +1807,8 @@ static int lt_gemm_batched(cu_be *c, const void *const *w, int ldw, const void *
     int32_t count = batch;
     cublasLtMatmulHeuristicResult_t r;
     int got = 0, rc = -1;
-    const uint64_t rows[3] = {(uint64_t)in, (uint64_t)in, (uint64_t)out}, cols[3] = {(uint64_t)out, (uint64_t)n, (uint64_t)n};
+    const uint64_t rows[3] = {(uint64_t)in, (uint64_t)in, (uint64_t)out};
+    const uint64_t cols[3] = {(uint64_t)out, (uint64_t)n, (uint64_t)n};
     const int64_t ld[3] = {ldw, ldx, ldy};
     const cudaDataType_t ty[3] = {CUDA_R_16BF, CUDA_R_16BF, CUDA_R_32F};
     int ok = lt_ok(c, cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate") &&
@@ -1814,10 +1816,13 @@ static int lt_gemm_batched(cu_be *c, const void *const *w, int ldw, const void *
              lt_ok(c, cublasLtMatmulPreferenceCreate(&pref), "preference");
     for (int i = 0; i < 3 && ok; i++)
         ok = lt_ok(c, cublasLtMatrixLayoutCreate(&l[i], ty[i], rows[i], cols[i], ld[i]), "layout") &&
-             lt_ok(c, cublasLtMatrixLayoutSetAttribute(l[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count), "batch") &&
-             lt_ok(c, cublasLtMatrixLayoutSetAttribute(l[i], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode), "batch mode");
+             lt_ok(c, cublasLtMatrixLayoutSetAttribute(l[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count),
+                   "batch") &&
+             lt_ok(c, cublasLtMatrixLayoutSetAttribute(l[i], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode),
+                   "batch mode");
     if (ok) {
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c->ws_bytes, sizeof c->ws_bytes);
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c->ws_bytes,
+                                             sizeof c->ws_bytes);
         const cublasLtMatmulPreferenceAttributes_t aligns[4] = {
             CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
             CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
@@ -1863,7 +1868,8 @@ static int experts_batch_ptrs(cu_be *c, const m2d_moe_args *a, const gm_weights 
                 if (gemm_of[b][g]) al[g] = M2D_MIN(al[g], ptr_align(v[b]));
         }
     }
-    int ok = cuda_ok(c, cudaMemcpy(D, hp, sizeof(void *) * BP_COUNT * (size_t)eb, cudaMemcpyHostToDevice), "batch pointers");
+    int ok = cuda_ok(c, cudaMemcpy(D, hp, sizeof(void *) * BP_COUNT * (size_t)eb, cudaMemcpyHostToDevice),
+                     "batch pointers");
     free(hp);
     return ok ? 0 : -1;
 }
@@ -1873,8 +1879,9 @@ static int experts_batch_ptrs(cu_be *c, const m2d_moe_args *a, const gm_weights 
 static int experts_batch_gemms(cu_be *c, const m2d_moe_args *a, const void *const *P, int m, const unsigned al[3],
                                float *G, float *U, __nv_bfloat16 *H, int dry) {
     int n = a->x.rows, d = a->x.cols, de = a->d_ff;
-    if (lt_gemm_batched(c, P + BP_WG * m, d, P + BP_X * m, d, n, d, de, (float *const *)(P + BP_G * m), de, m, al[0], dry) ||
-        lt_gemm_batched(c, P + BP_WU * m, d, P + BP_X * m, d, n, d, de, (float *const *)(P + BP_U * m), de, m, al[1], dry))
+    float *const *g = (float *const *)(P + BP_G * m), *const *u = (float *const *)(P + BP_U * m);
+    if (lt_gemm_batched(c, P + BP_WG * m, d, P + BP_X * m, d, n, d, de, g, de, m, al[0], dry) ||
+        lt_gemm_batched(c, P + BP_WU * m, d, P + BP_X * m, d, n, d, de, u, de, m, al[1], dry))
         return -1;
     int64_t bs = (int64_t)batch_stride(n, de);
     int parts = bs == (int64_t)n * de ? 1 : m, rows = parts == 1 ? m * n : n; /* padded: expert by expert */
@@ -1896,7 +1903,8 @@ static int experts_all_batched(cu_be *c, const m2d_moe_args *a) {
     const gm_weights *gw = a->gate_bias || a->up_bias || a->down_bias ? NULL : gm_weights_table(c, a);
     if (!gw || gw->wdt[0] != M2D_BF16 || gw->wdt[1] != M2D_BF16) {
         if (c->all_batched != 2) return -1;
-        fail(c, "experts_all: the batched path (knob all_batched 2) does not apply: biases, or weights not resident bf16");
+        fail(c, "experts_all: the batched path (knob all_batched 2) does not apply: biases, or weights not "
+                "resident bf16");
         return 0;
     }
     size_t bs = batch_stride(n, de);
@@ -2169,8 +2177,9 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
         *at = value;
         return 0;
     }
-    return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile, gram_kernel: 0|1; moe_grouped, all_batched, attn_kernel: 0|1|2; all_grouped_rows: >= 0)", knob,
-                   value);
+    return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile, gram_kernel: "
+                   "0|1; moe_grouped, all_batched, attn_kernel: 0|1|2; all_grouped_rows: >= 0)",
+                   knob, value);
 }
 
 static void cu_destroy(m2d_backend *be) {

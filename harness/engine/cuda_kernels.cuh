@@ -1,9 +1,10 @@
 /* cuda_kernels — kernels of the cuda backend that also run on the CPU: the attention on tensor
  * cores (k_attention_tc, with the argument block of the attention kernels, attn_dev) and
  * calibration's Gram (k_gram_mma, k_gram_tile, k_gram_add) and reductions (k_reduce_sums,
- * k_reduce_norms, k_reduce_select). Part of backend_cuda.cu, kept in this header so that tests/test_cuda_kernels.cc
- * compiles the same source as host C++ with M2D_CUDA_EMULATED defined (mma.sync, TF32 and f64, then
- * comes from its emulation of a warp; threads, barriers and shuffles from its coroutines): their index arithmetic, masks, tiling and sums are checked against float64
+ * k_reduce_norms, k_reduce_select). Part of backend_cuda.cu, kept in this header so that
+ * tests/test_cuda_kernels.cc compiles the same source as host C++ with M2D_CUDA_EMULATED defined
+ * (mma.sync, TF32 and f64, then comes from its emulation of a warp; threads, barriers and shuffles
+ * from its coroutines): their index arithmetic, masks, tiling and sums are checked against float64
  * on every machine, with or without a GPU. Included once, by backend_cuda.cu. */
 #ifndef M2D_CUDA_KERNELS_CUH
 #define M2D_CUDA_KERNELS_CUH
@@ -72,7 +73,8 @@ __device__ static __forceinline__ uint2 tf32_pair(float x) {
 }
 
 /* the A fragment (16 x 8: rows g and g + 8, columns c and c + 4) of a row-major float tile, split */
-__device__ static __forceinline__ void a_frag_pair(const float *t, int ld, int g, int c, uint32_t (&ab)[4], uint32_t (&as)[4]) {
+__device__ static __forceinline__ void a_frag_pair(const float *t, int ld, int g, int c, uint32_t (&ab)[4],
+                                                   uint32_t (&as)[4]) {
     const float x[4] = {t[g * ld + c], t[(g + 8) * ld + c], t[g * ld + c + 4], t[(g + 8) * ld + c + 4]};
 #pragma unroll
     for (int u = 0; u < 4; u++) {
@@ -261,7 +263,8 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev 
             a_frag_pair(&sm.q[16 * w][8 * ks], HD + 4, g, c, ab, as);
 #pragma unroll
             for (int nt = 0; nt < TC_KEYS / 8; nt++) { /* B = K^T: (k = c, n = g) is K[key g][dim c] */
-                uint2 bb = *(const uint2 *)&sm.kb[8 * nt + g][8 * ks + 2 * c], bs = *(const uint2 *)&sm.ks[8 * nt + g][8 * ks + 2 * c];
+                uint2 bb = *(const uint2 *)&sm.kb[8 * nt + g][8 * ks + 2 * c];
+                uint2 bs = *(const uint2 *)&sm.ks[8 * nt + g][8 * ks + 2 * c];
                 mma_tf32(sl[nt], as, bb.x, bb.y);
                 mma_tf32(sl[nt], ab, bs.x, bs.y);
                 mma_tf32(s[nt], ab, bb.x, bb.y);
@@ -371,7 +374,8 @@ __device__ static __forceinline__ void mma_f64(double (&d)[2], double a, double 
 __device__ static __forceinline__ void mma_f64(double (&d)[2], double a, double b) { m2d_emu_dmma(d, a, b); }
 #endif
 
-__global__ static void __launch_bounds__(GRAM_MMA_THREADS) k_gram_mma(const float *f, int ld, int n, int E, int d, double *part) {
+__global__ static void __launch_bounds__(GRAM_MMA_THREADS) k_gram_mma(const float *f, int ld, int n, int E, int d,
+                                                                       double *part) {
     __shared__ __align__(16) double A[GRAM_TILE][GRAM_CC + 4], B[GRAM_TILE][GRAM_CC + 4];
     int i0 = blockIdx.y * GRAM_TILE, j0 = blockIdx.x * GRAM_TILE, s = blockIdx.z;
     if (i0 > j0 + GRAM_TILE - 1) return; /* wholly below the diagonal: not needed (the whole block) */
