@@ -482,6 +482,14 @@ static m2d_stats *new_stats(const m2d_model *m, const int32_t *ids, int64_t *sta
 
 static int calib_threads(const m2d_calib_opts *o) { return o->n_threads > 0 ? o->n_threads : m2d_default_threads(); }
 
+/* bytes of a block's arrays that a device fills: the chosen rows [nb, k + 1, d] (sel) and the
+ * norms [E, nb] */
+static size_t sel_bytes(const m2d_config *cfg, int nb) {
+    return (size_t)nb * (cfg->num_experts_per_tok + 1) * cfg->hidden_size * sizeof(float);
+}
+
+static size_t norms_bytes(const m2d_config *cfg, int nb) { return (size_t)cfg->num_experts * nb * sizeof(double); }
+
 /* Accumulator buffers. Token block: expert outputs [nb, E, d] fp32 capped at 512 MiB (a large nb
  * keeps the expert GEMMs efficient: a whole 512-token window of Qwen3-30B-A3B, whose expert
  * GEMMs ran at 800 GFLOP/s with m = 512 against 720 with m = 256 on the bf16 machine of
@@ -496,10 +504,9 @@ static void ctx_init(calib_ctx *c, const m2d_model *m, m2d_stats *st, int L, int
     size_t per_tok = (size_t)E * d * sizeof(float);
     c->block_tokens = reference ? 1 : (int)M2D_MAX((size_t)1, M2D_MIN((size_t)L, ((size_t)512 << 20) / per_tok));
     c->F = m2d_malloc((size_t)E * c->block_tokens * d * sizeof(float));
-    c->norms = m2d_malloc((size_t)E * c->block_tokens * sizeof(double));
-    int k1 = cfg->num_experts_per_tok + 1;
-    c->ids = m2d_malloc((size_t)c->block_tokens * k1 * sizeof(int32_t));
-    c->sel = m2d_malloc((size_t)c->block_tokens * k1 * d * sizeof(float));
+    c->norms = m2d_malloc(norms_bytes(cfg, c->block_tokens));
+    c->ids = m2d_malloc((size_t)c->block_tokens * (cfg->num_experts_per_tok + 1) * sizeof(int32_t));
+    c->sel = m2d_malloc(sel_bytes(cfg, c->block_tokens));
     c->router = m2d_calloc((size_t)cfg->num_hidden_layers, sizeof *c->router);
     c->Xd = m2d_malloc((size_t)c->block_tokens * d * sizeof(double));
     c->Z = m2d_malloc((size_t)c->block_tokens * E * sizeof(double));
@@ -536,11 +543,9 @@ static int forward_windows(calib_ctx *c, const m2d_stats *st, const int32_t *ids
  * a 512-token block) and the norms. */
 static void pin_block_arrays(calib_ctx *c, int pin) {
     const m2d_config *cfg = &c->m->cfg;
-    size_t sel = (size_t)c->block_tokens * (cfg->num_experts_per_tok + 1) * cfg->hidden_size * sizeof(float);
-    size_t norms = (size_t)cfg->num_experts * c->block_tokens * sizeof(double);
     if (pin) {
-        m2d_engine_pin(c->eng, c->sel, sel);
-        m2d_engine_pin(c->eng, c->norms, norms);
+        m2d_engine_pin(c->eng, c->sel, sel_bytes(cfg, c->block_tokens));
+        m2d_engine_pin(c->eng, c->norms, norms_bytes(cfg, c->block_tokens));
     } else {
         m2d_engine_unpin(c->eng, c->sel);
         m2d_engine_unpin(c->eng, c->norms);

@@ -119,13 +119,15 @@ struct cu_prof {
 struct algo_key {
     int type, n, in, out, ldw, ldx, ldy;
     unsigned align; /* min alignment of the pointers, bytes */
+    int batch;      /* pointer-array batch count (lt_gemm_batched); 0: one GEMM */
 };
 
 struct algo_entry {
     algo_key key;
     cublasLtMatmulAlgo_t algo;
     size_t ws;
-    int used, none; /* none: cuBLASLt has no algorithm, the naive kernel runs */
+    int used, none; /* none: cuBLASLt has no algorithm, the naive kernel runs (batched: the
+                     * per-expert path) */
 };
 
 #define PIN_SLOTS 16 /* host buffers page-locked at once (calibration pins four) */
@@ -602,7 +604,7 @@ static void lt_gemm(cu_be *c, cudaDataType_t type, const void *w, int ldw, const
         lt_ok(c, cublasLtMatrixLayoutCreate(&lb, type, (uint64_t)in, (uint64_t)n, ldx), "layout B") &&
         lt_ok(c, cublasLtMatrixLayoutCreate(&ly, CUDA_R_32F, (uint64_t)out, (uint64_t)n, ldy), "layout C")) {
         algo_key k = {(int)type, n, in, out, ldw, ldx, ldy,
-                      M2D_MIN(M2D_MIN(ptr_align(w), ptr_align(x)), ptr_align(y))};
+                      M2D_MIN(M2D_MIN(ptr_align(w), ptr_align(x)), ptr_align(y)), 0};
         const algo_entry *e = find_algo(c, &k, op, la, lb, ly);
         float alpha = 1.0f;
         if (e && e->none) naive_gemm(c, type, w, ldw, x, ldx, n, in, out, y, ldy, beta);
@@ -1795,25 +1797,22 @@ static void cu_moe(m2d_backend *be, const m2d_moe_args *a) {
 #define ALL_BATCH_BYTES ((size_t)1 << 30) /* gate, up (fp32) and H (bf16) of the experts of a batch */
 
 /* y_i = x_i · w_i^T for i < batch, the pointer arrays W, X, Y on the device (every pointer ALIGN
- * bytes aligned); bf16 operands, fp32 output and accumulation. -1 (nothing launched, no error)
- * where cuBLASLt offers no algorithm; DRY: only that answer */
+ * bytes aligned); bf16 operands, fp32 output and accumulation; the algorithm from find_algo's
+ * cache. -1 (nothing launched, no error) where cuBLASLt offers no algorithm; DRY: only that answer */
 static int lt_gemm_batched(cu_be *c, const void *const *w, int ldw, const void *const *x, int ldx, int n, int in,
                            int out, float *const *y, int ldy, int batch, unsigned align, int dry) {
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t l[3] = {NULL, NULL, NULL};
-    cublasLtMatmulPreference_t pref = NULL;
     cublasOperation_t ta = CUBLAS_OP_T;
     uint32_t mode = CUBLASLT_BATCH_MODE_POINTER_ARRAY;
     int32_t count = batch;
-    cublasLtMatmulHeuristicResult_t r;
-    int got = 0, rc = -1;
+    int rc = -1;
     const uint64_t rows[3] = {(uint64_t)in, (uint64_t)in, (uint64_t)out};
     const uint64_t cols[3] = {(uint64_t)out, (uint64_t)n, (uint64_t)n};
     const int64_t ld[3] = {ldw, ldx, ldy};
     const cudaDataType_t ty[3] = {CUDA_R_16BF, CUDA_R_16BF, CUDA_R_32F};
     int ok = lt_ok(c, cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate") &&
-             lt_ok(c, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "TRANSA") &&
-             lt_ok(c, cublasLtMatmulPreferenceCreate(&pref), "preference");
+             lt_ok(c, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "TRANSA");
     for (int i = 0; i < 3 && ok; i++)
         ok = lt_ok(c, cublasLtMatrixLayoutCreate(&l[i], ty[i], rows[i], cols[i], ld[i]), "layout") &&
              lt_ok(c, cublasLtMatrixLayoutSetAttribute(l[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count),
@@ -1821,36 +1820,30 @@ static int lt_gemm_batched(cu_be *c, const void *const *w, int ldw, const void *
              lt_ok(c, cublasLtMatrixLayoutSetAttribute(l[i], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode),
                    "batch mode");
     if (ok) {
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &c->ws_bytes,
-                                             sizeof c->ws_bytes);
-        const cublasLtMatmulPreferenceAttributes_t aligns[4] = {
-            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-        for (int i = 0; i < 4; i++) cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align, sizeof align);
-        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(c->lt, op, l[0], l[1], l[2], l[2], pref, 1, &r, &got);
+        algo_key k = {(int)CUDA_R_16BF, n, in, out, ldw, ldx, ldy, align, batch};
+        const algo_entry *e = find_algo(c, &k, op, l[0], l[1], l[2]);
         float alpha = 1.0f, beta = 0.0f;
-        rc = s == CUBLAS_STATUS_SUCCESS && got > 0 ? 0 : -1;
-        if (rc == 0 && !dry) {
-            lt_ok(c, cublasLtMatmul(c->lt, op, &alpha, w, l[0], x, l[1], &beta, y, l[2], (void *)y, l[2], &r.algo, c->ws,
-                                    r.workspaceSize, 0), "cublasLtMatmul (batched)");
-        }
+        rc = e && !e->none ? 0 : -1;
+        if (rc == 0 && !dry)
+            lt_ok(c, cublasLtMatmul(c->lt, op, &alpha, w, l[0], x, l[1], &beta, y, l[2], (void *)y, l[2], &e->algo, c->ws,
+                                    e->ws, 0), "cublasLtMatmul (batched)");
     }
     for (int i = 0; i < 3; i++)
         if (l[i]) cublasLtMatrixLayoutDestroy(l[i]);
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (op) cublasLtMatmulDescDestroy(op);
     return rc;
 }
 
-/* the pointer arrays of experts e0 .. e0 + eb - 1 into device memory D: gate, up and down weights,
- * x (shared), G, U, H and the output columns; al[g] the alignment of every pointer of GEMM g (gate,
- * up, down) */
+/* the pointer arrays of a batch of experts, kind by kind (gate, up and down weights, x, G, U, H,
+ * the output columns) */
 enum { BP_WG, BP_WU, BP_WD, BP_X, BP_G, BP_U, BP_H, BP_Y, BP_COUNT };
 
 /* elements from one expert's G, U or H to the next: n de rounded up to 8, so that every expert's
  * rows start 16-byte aligned in fp32 and bf16 */
 static size_t batch_stride(int n, int de) { return ((size_t)n * de + 7) & ~(size_t)7; }
 
+/* the pointer arrays of experts e0 .. e0 + eb - 1 into device memory D; al[g] the alignment of
+ * every pointer of GEMM g (gate, up, down) */
 static int experts_batch_ptrs(cu_be *c, const m2d_moe_args *a, const gm_weights *gw, int e0, int eb, const void *xs,
                               float *G, float *U, __nv_bfloat16 *H, const void **D, unsigned al[3]) {
     int n = a->x.rows, d = a->x.cols, de = a->d_ff;
