@@ -63,6 +63,10 @@ struct uint2 {
     uint32_t x, y;
 };
 static uint2 make_uint2(uint32_t a, uint32_t b) { return {a, b}; }
+struct float2 {
+    float x, y;
+};
+static float2 make_float2(float a, float b) { return {a, b}; }
 static float __uint_as_float(uint32_t u) {
     float f;
     memcpy(&f, &u, sizeof f);
@@ -76,7 +80,7 @@ static uint32_t __float_as_uint(float f) {
 
 /* ---- one block of threads as coroutines ---- */
 enum { NT_MAX = 256, STACK = 1 << 17 };
-enum wait_op { RUN, DONE, BLOCK_BARRIER, SYNCWARP, SHFL, MMA, DMMA };
+enum wait_op { RUN, DONE, BLOCK_BARRIER, SYNCWARP, SHFL, MMA, MMA16, DMMA };
 
 typedef struct {
     ucontext_t ctx;
@@ -124,6 +128,13 @@ static double shfl_xor(unsigned mask, double v, int lane_xor) {
     return T[cur].fv;
 }
 static float __shfl_xor_sync(unsigned mask, float v, int lane_xor) { return (float)shfl_xor(mask, v, lane_xor); }
+static uint32_t __shfl_xor_sync(unsigned mask, uint32_t v, int lane_xor) { return (uint32_t)shfl_xor(mask, v, lane_xor); }
+/* blocks run one at a time and threads switch only at collectives: a plain update is atomic */
+static uint32_t atomicMax(uint32_t *p, uint32_t v) {
+    uint32_t old = *p;
+    *p = std::max(old, v);
+    return old;
+}
 static double __shfl_xor_sync(unsigned mask, double v, int lane_xor) { return shfl_xor(mask, v, lane_xor); }
 
 static int tf32_violations;
@@ -132,6 +143,36 @@ static void m2d_emu_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint
     memcpy(T[cur].a, a, sizeof T[cur].a);
     T[cur].b[0] = b0, T[cur].b[1] = b1;
     wait_at(MMA);
+}
+
+static void m2d_emu_mma16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    T[cur].d = d;
+    memcpy(T[cur].a, a, sizeof T[cur].a);
+    T[cur].b[0] = b0, T[cur].b[1] = b1;
+    wait_at(MMA16);
+}
+
+/* fp32 -> fp16 bits, to nearest even (what __floats2half2_rn does): overflow to infinity,
+ * subnormals by the spacing 2^-24 */
+static uint16_t m2d_emu_f2h(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    x &= 0x7fffffffu;
+    if (x > 0x7f800000u) return sign | 0x7e00u;       /* NaN */
+    if (x >= 0x477ff000u) return sign | 0x7c00u;      /* >= 65520: infinity (65504 + half an ulp, to even) */
+    if (x < 0x38800000u) {                            /* below 2^-14: a multiple of 2^-24 (exact scaling) */
+        float a = fabsf(f) * 16777216.0f;
+        return sign | (uint16_t)nearbyintf(a);        /* 1024: the smallest normal, by its bits */
+    }
+    uint32_t r = (x + 0xfffu + ((x >> 13) & 1u)) >> 13; /* the 13 dropped bits, to even (may carry) */
+    return sign | (uint16_t)(r - ((127u - 15u) << 10));
+}
+
+static float m2d_emu_h2f(uint32_t h) {
+    int e = (h >> 10) & 31, m = h & 1023;
+    float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexpf((float)(1024 + m), e - 25);
+    return h & 0x8000u ? -v : v;
 }
 
 static void m2d_emu_dmma(double (&d)[2], double a, double b) {
@@ -163,6 +204,32 @@ static void warp_mma(emu_thread *L) {
     }
 }
 
+/* D = A B + C of mma.m16n8k16 .f16 with fp32 accumulation (layouts at k_attention_h16): products
+ * of fp16 values, exact in fp32, summed in k order in fp32; every operand finite */
+static int h16_violations, h16_mmas, tf32_mmas;
+static void warp_mma16(emu_thread *L) {
+    float A[16][16], B[16][8], D[16][8];
+    for (int l = 0; l < 32; l++) {
+        int g = l >> 2, c = l & 3;
+        for (int h = 0; h < 2; h++) {
+            A[g][2 * c + h] = m2d_emu_h2f(L[l].a[0] >> 16 * h), A[g + 8][2 * c + h] = m2d_emu_h2f(L[l].a[1] >> 16 * h);
+            A[g][2 * c + 8 + h] = m2d_emu_h2f(L[l].a[2] >> 16 * h), A[g + 8][2 * c + 8 + h] = m2d_emu_h2f(L[l].a[3] >> 16 * h);
+            B[2 * c + h][g] = m2d_emu_h2f(L[l].b[0] >> 16 * h), B[2 * c + 8 + h][g] = m2d_emu_h2f(L[l].b[1] >> 16 * h);
+        }
+        D[g][2 * c] = L[l].d[0], D[g][2 * c + 1] = L[l].d[1], D[g + 8][2 * c] = L[l].d[2], D[g + 8][2 * c + 1] = L[l].d[3];
+    }
+    for (int i = 0; i < 16; i++)
+        for (int k = 0; k < 16; k++) h16_violations += !isfinite(A[i][k]) + (i < 8 ? !isfinite(B[k][i]) : 0);
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 8; j++)
+            for (int k = 0; k < 16; k++) D[i][j] += A[i][k] * B[k][j]; /* fp16 x fp16 is exact in fp32 */
+    for (int l = 0; l < 32; l++) {
+        int g = l >> 2, c = l & 3;
+        L[l].d[0] = D[g][2 * c], L[l].d[1] = D[g][2 * c + 1], L[l].d[2] = D[g + 8][2 * c], L[l].d[3] = D[g + 8][2 * c + 1];
+    }
+    h16_mmas++;
+}
+
 /* D = A B + C of mma.m8n8k4 .f64 (A a0 (g, c); B b0 (k = c, n = g); C/D (g, 2c), (g, 2c + 1)), the
  * four products summed in k order in fp64 */
 static void warp_dmma(emu_thread *L) {
@@ -185,7 +252,7 @@ static void warp_dmma(emu_thread *L) {
 static int warp_step(int w) {
     emu_thread *L = T + 32 * w;
     wait_op op = L[0].op;
-    if (op != SYNCWARP && op != SHFL && op != MMA && op != DMMA) return 0;
+    if (op != SYNCWARP && op != SHFL && op != MMA && op != MMA16 && op != DMMA) return 0;
     for (int l = 1; l < 32; l++)
         if (L[l].op != op) return 0;
     if (op == SHFL) {
@@ -193,7 +260,9 @@ static int warp_step(int w) {
         for (int l = 0; l < 32; l++) v[l] = L[l].fv;
         for (int l = 0; l < 32; l++) L[l].fv = v[l ^ L[l].lane_xor];
     } else if (op == MMA) {
-        warp_mma(L);
+        warp_mma(L), tf32_mmas++;
+    } else if (op == MMA16) {
+        warp_mma16(L);
     } else if (op == DMMA) {
         warp_dmma(L);
     }
@@ -258,13 +327,29 @@ static void run_grid(unsigned gx, unsigned gy, unsigned gz, int threads, std::fu
             for (unsigned x = 0; x < gx; x++) run_block(x, y, z);
 }
 
-/* the attention kernel over its grid, as attention_tc in backend_cuda.cu launches it */
-static void launch(const attn_dev &a) {
-    assert_true(sizeof(tc_smem<128>) <= sizeof tc_raw);
+/* KERNEL<HD> (k_attention_tc or k_attention_h16) over its grid */
+template <template <int> class K>
+static void launch_kernel(const attn_dev &a) {
     unsigned gx = (unsigned)((a.nq + TC_ROWS - 1) / TC_ROWS);
-    if (a.hd <= 32) run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { k_attention_tc<32>(a); });
-    else if (a.hd <= 64) run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { k_attention_tc<64>(a); });
-    else run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { k_attention_tc<128>(a); });
+    if (a.hd <= 32) run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { K<32>::run(a); });
+    else if (a.hd <= 64) run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { K<64>::run(a); });
+    else run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { K<128>::run(a); });
+}
+template <int HD> struct tc_kernel { static void run(attn_dev a) { k_attention_tc<HD>(a); } };
+template <int HD> struct h16_kernel { static void run(attn_dev a) { k_attention_h16<HD>(a); } };
+
+/* attention as attention_tc in backend_cuda.cu launches it: attn_kernel 2, k_attention_tc; 3, the
+ * heads' maxima, then k_attention_h16 and k_attention_tc (each skipping the other's heads) */
+static void launch(attn_dev a, int kernel) {
+    static_assert(sizeof(tc_smem<128>) <= sizeof tc_raw && sizeof(h16_smem<128>) <= sizeof tc_raw, "shared memory");
+    std::vector<uint32_t> mx((size_t)(a.n_heads + 2 * a.n_kv), 0u);
+    if (kernel == 3) {
+        uint32_t *mp = mx.data();
+        run_grid((unsigned)((a.np + a.nq + H16_ROWS - 1) / H16_ROWS), (unsigned)mx.size(), 1, 256, [a, mp] { k_h16_absmax(a, mp); });
+        a.absmax = mp;
+        launch_kernel<h16_kernel>(a);
+    }
+    launch_kernel<tc_kernel>(a);
 }
 
 /* ---- the reference and the cases ---- */
@@ -281,18 +366,23 @@ static double normal(void) { /* Irwin-Hall: 12 uniforms, mean 0, variance 1 */
 
 typedef struct {
     int H, KV, hd, np, nq, window, sinks, prefix;
-    float scale; /* 0: 1/sqrt(hd) */
+    float scale;  /* 0: 1/sqrt(hd) */
+    int qk_exp;   /* q times 2^qk_exp, k times 2^-qk_exp: the same scores */
+    int v_exp[2]; /* kv head g's values times 2^v_exp[g] (its outputs too) */
 } attn_case;
 
 /* max |kernel - float64| over the outputs of one case; the prefix as a cache ([KV][np][hd], the
  * m2d_kv layout), or the whole sequence as one segment */
-static double run_case(const attn_case &c) {
+static double run_case(const attn_case &c, int kernel) {
     int T_ = c.np + c.nq;
     std::vector<float> q((size_t)c.nq * c.H * c.hd), k((size_t)T_ * c.KV * c.hd), v(k.size()), o(q.size(), NAN), r(q.size()),
         kp((size_t)c.KV * c.np * c.hd + 1), vp(kp.size());
     for (float &x : q) x = (float)normal();
     for (float &x : k) x = (float)normal();
     for (float &x : v) x = (float)normal();
+    for (float &x : q) x = ldexpf(x, c.qk_exp);
+    for (float &x : k) x = ldexpf(x, -c.qk_exp);
+    for (size_t i = 0; i < v.size(); i++) v[i] = ldexpf(v[i], c.v_exp[std::min(1, (int)(i / c.hd % c.KV))]);
     for (int g = 0; g < c.KV; g++)
         for (int t = 0; t < c.np; t++)
             for (int j = 0; j < c.hd; j++) {
@@ -306,28 +396,57 @@ static double run_case(const attn_case &c) {
     else attention_f64(q.data(), ks, vs, 0, c.nq, c.H, c.KV, c.hd, c.window, c.sinks ? sinks : NULL, scale, r.data());
     attn_dev a = {q.data(), ks, vs, c.prefix ? kp.data() : NULL, c.prefix ? vp.data() : NULL, c.H * c.hd, c.KV * c.hd,
                   c.KV * c.hd, c.nq, c.prefix ? c.np : 0, c.H, c.KV, c.hd, c.H * c.hd, (size_t)c.np * c.hd, o.data(),
-                  c.window, c.sinks ? sinks : NULL, scale, 0};
+                  c.window, c.sinks ? sinks : NULL, scale, 0, NULL};
     /* as cu_attention: float4 staging where hd % 4 == 0 and every row start is 16-byte aligned */
     const float *rows[4] = {a.ks, a.vs, a.kp, a.vp};
     a.vec = c.hd % 4 == 0 && a.ldk % 4 == 0 && a.ldv % 4 == 0 && a.head_stride % 4 == 0;
     for (int i = 0; i < 4; i++) a.vec = a.vec && (uintptr_t)rows[i] % 16 == 0;
-    tf32_violations = 0;
-    launch(a);
+    tf32_violations = h16_violations = h16_mmas = tf32_mmas = 0;
+    launch(a, kernel);
     assert_int_equal(tf32_violations, 0); /* every mma operand rounded to TF32 first */
-    double worst = 0;
-    for (size_t i = 0; i < o.size(); i++) worst = fmax(worst, fabs((double)o[i] - r[i])); /* NaN: unwritten */
-    for (size_t i = 0; i < o.size(); i++) assert_false(isnan(o[i]));
-    print_message("H %d KV %d hd %d np %d nq %d window %d sinks %d scale %g %s: max |d| vs float64 = %.3g\n", c.H, c.KV, c.hd,
-                  c.np, c.nq, c.window, c.sinks, c.scale, c.prefix ? "cached prefix" : "one segment", worst);
+    assert_int_equal(h16_violations, 0);  /* every fp16 operand finite: the scaling kept it in range */
+    /* which kernel ran: with attn_kernel 3, k_attention_h16 for the heads whose largest |q|, |k|
+     * and |v| lie in [2^-27, 2^54) (or are 0), k_attention_tc for the others */
+    int h16_heads = 0;
+    for (int h = 0; h < c.H; h++) {
+        int g = h / (c.H / c.KV);
+        double mq = 0, mk = 0, mv = 0;
+        for (int i = 0; i < c.nq; i++)
+            for (int j = 0; j < c.hd; j++) mq = fmax(mq, fabs(q[(size_t)i * c.H * c.hd + h * c.hd + j]));
+        for (int t = c.prefix ? 0 : c.np; t < T_; t++)
+            for (int j = 0; j < c.hd; j++) {
+                mk = fmax(mk, fabs(k[(size_t)t * c.KV * c.hd + g * c.hd + j]));
+                mv = fmax(mv, fabs(v[(size_t)t * c.KV * c.hd + g * c.hd + j]));
+            }
+        auto fits = [](double m) { return m == 0 || (m >= ldexp(1, -27) && m < ldexp(1, 54)); };
+        h16_heads += fits(mq) && fits(mk) && fits(mv);
+    }
+    assert_true(kernel == 3 && h16_heads > 0 ? h16_mmas > 0 : h16_mmas == 0);
+    assert_true(kernel == 3 && h16_heads == c.H ? tf32_mmas == 0 : tf32_mmas > 0);
+    double worst = 0; /* relative to the head's value scale (the outputs' scale) */
+    for (size_t i = 0; i < o.size(); i++) {
+        int g = (int)(i / c.hd % c.H) / (c.H / c.KV);
+        worst = fmax(worst, fabs((double)o[i] - r[i]) / ldexp(1.0, c.v_exp[std::min(1, g)])); /* NaN: unwritten */
+        assert_false(isnan(o[i]));
+    }
+    print_message("kernel %d: H %d KV %d hd %d np %d nq %d window %d sinks %d scale %g 2^%d 2^%d,%d %s: max |d| vs float64 = %.3g\n",
+                  kernel, c.H, c.KV, c.hd, c.np, c.nq, c.window, c.sinks, c.scale, c.qk_exp, c.v_exp[0], c.v_exp[1],
+                  c.prefix ? "cached prefix" : "one segment", worst);
     assert_true(worst < 1e-5);
     return worst;
+}
+
+/* the case on k_attention_tc (attn_kernel 2) and on k_attention_h16 (3) */
+static void run_kernels(const attn_case &c) {
+    run_case(c, 2);
+    run_case(c, 3);
 }
 
 /* test_engine's op_attention_causal_gqa: hd 20 (not a multiple of 8: the padding), 70 rows (two
  * blocks, the second partial), GQA 4 heads on 2 */
 static void causal_gqa(void **state) {
     (void)state;
-    for (int pre = 0; pre < 2; pre++) run_case({4, 2, 20, 5, 70, 0, 0, pre, 0});
+    for (int pre = 0; pre < 2; pre++) run_kernels({4, 2, 20, 5, 70, 0, 0, pre, 0, 0, {0, 0}});
 }
 
 /* op_attention_window_sinks: windows of 1, 5 and 40 (cutting into the prefix), sinks */
@@ -336,25 +455,78 @@ static void window_and_sinks(void **state) {
     const int windows[4] = {0, 1, 5, 40};
     for (int wi = 0; wi < 4; wi++)
         for (int sk = 0; sk < 2; sk++)
-            for (int pre = 0; pre < 2; pre++) run_case({4, 2, 16, 9, 70, windows[wi], sk, pre, 0});
+            for (int pre = 0; pre < 2; pre++) run_kernels({4, 2, 16, 9, 70, windows[wi], sk, pre, 0, 0, {0, 0}});
 }
 
 /* a given scale (MLA's mscale); hd 18 and 2 kv heads of 18 floats: rows not 16-byte aligned, so
  * K and V are staged element by element */
 static void scale_and_unaligned_rows(void **state) {
     (void)state;
-    run_case({2, 2, 24, 4, 40, 0, 0, 1, 0.37f});
-    run_case({4, 2, 18, 3, 33, 0, 0, 1, 0});
+    run_kernels({2, 2, 24, 4, 40, 0, 0, 1, 0.37f, 0, {0, 0}});
+    run_kernels({4, 2, 18, 3, 33, 0, 0, 1, 0, 0, {0, 0}});
 }
 
 /* op_attention_gemm_blocks' sizes: hd 64 over 300 rows, hd 128 (the largest head) over 200 rows,
  * windows cutting through blocks and tiles, sinks */
 static void blocks_64_and_128(void **state) {
     (void)state;
-    run_case({4, 2, 64, 37, 300, 50, 1, 1, 0});
-    run_case({4, 2, 64, 37, 300, 200, 0, 0, 0});
-    run_case({4, 2, 128, 70, 200, 9, 0, 1, 0});
-    run_case({4, 2, 128, 70, 200, 0, 1, 0, 0});
+    run_kernels({4, 2, 64, 37, 300, 50, 1, 1, 0, 0, {0, 0}});
+    run_kernels({4, 2, 64, 37, 300, 200, 0, 0, 0, 0, {0, 0}});
+    run_kernels({4, 2, 128, 70, 200, 9, 0, 1, 0, 0, {0, 0}});
+    run_kernels({4, 2, 128, 70, 200, 0, 1, 0, 0, 0, {0, 0}});
+}
+
+/* k_attention_h16's scaling: q and k moved by 2^20 (the same scores), the kv heads' values by 2^-20
+ * and 2^30 (in range: every head on fp16); values of 2^60 and 2^-40 (beyond: that kv head's q heads
+ * on k_attention_tc, the others on fp16); q at 2^-30 (every head beyond). Differences relative to
+ * the head's value scale. */
+static void h16_scaling_and_fallback(void **state) {
+    (void)state;
+    run_kernels({4, 2, 64, 10, 100, 0, 1, 1, 0, 20, {-20, 30}});
+    run_kernels({4, 2, 64, 10, 100, 0, 0, 0, 0, 0, {60, 0}});
+    run_kernels({4, 2, 32, 0, 70, 0, 0, 0, 0, 0, {0, -40}});
+    run_kernels({4, 2, 32, 0, 70, 0, 0, 0, 0, -30, {0, 0}});
+}
+
+/* The emulation's fp32 -> fp16 rounding (m2d_emu_f2h, standing for __floats2half2_rn) against the
+ * compiler's _Float16 conversion, on random bit patterns, ties, subnormals, overflow; fp16 -> fp32
+ * (m2d_emu_h2f) on all 65,536 halves. h16_pair's parts sum to x within 2^-22 |x| where the lo part
+ * is normal (|x| >= 2^-3), within 2^-25 below (fp16's subnormal spacing 2^-24, halved). */
+static uint16_t f16_bits(_Float16 h) {
+    uint16_t u;
+    memcpy(&u, &h, 2);
+    return u;
+}
+
+static void fp16_rounding_matches_compiler(void **state) {
+    (void)state;
+    for (uint32_t u = 0; u < 65536; u++) {
+        uint16_t b = (uint16_t)u;
+        _Float16 h;
+        memcpy(&h, &b, 2);
+        float want = (float)h, got = m2d_emu_h2f(u);
+        assert_true(isnan(want) ? isnan(got) : memcmp(&want, &got, 4) == 0);
+    }
+    std::vector<uint32_t> bits = {0x477fe000u, 0x477fefffu, 0x477ff000u, 0x38800000u, 0x387fffffu, 0x33000000u,
+                                  0x33000001u, 0x32ffffffu, 0x3f801000u, 0x3f803000u, 0x7f800000u, 0x80000000u};
+    for (int i = 0; i < 400000; i++) {
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        uint32_t u = (uint32_t)(rng >> 16);
+        u = (u & 0x80ffffffu) | ((0x30u + (u >> 24) % 0x1c) << 24 & 0x7f000000u); /* mostly near fp16's range */
+        bits.push_back(u);
+        bits.push_back((u & ~0x1fffu) | 0x1000u); /* a tie */
+    }
+    for (uint32_t u : bits) {
+        float x = __uint_as_float(u);
+        uint16_t want = f16_bits((_Float16)x), got = m2d_emu_f2h(x);
+        if (got != want) print_message("x %08x: %04x against %04x\n", u, got, want);
+        assert_int_equal(got, want);
+        if (fabsf(x) > 16384.0f) continue; /* h16_pair's operands are scaled below 2^14 */
+        uint2 p = h16_pair(x, -x);
+        double rest = fabs((double)x - m2d_emu_h2f(p.x & 0xffffu) - m2d_emu_h2f(p.y & 0xffffu));
+        assert_true(rest <= fmax(ldexp(fabs((double)x), -22), ldexp(1.0, -25)));
+        assert_true(m2d_emu_h2f(p.x >> 16) == -m2d_emu_h2f(p.x & 0xffffu)); /* the high half is x1's */
+    }
 }
 
 /* tf32_rna, k_attention_tc's integer rounding to TF32, against rounding in float64: to a multiple
@@ -504,7 +676,9 @@ int main(void) {
         cmocka_unit_test(window_and_sinks),
         cmocka_unit_test(scale_and_unaligned_rows),
         cmocka_unit_test(blocks_64_and_128),
+        cmocka_unit_test(h16_scaling_and_fallback),
         cmocka_unit_test(tf32_rounding_matches_float64),
+        cmocka_unit_test(fp16_rounding_matches_compiler),
         cmocka_unit_test(gram_matches_float64),
         cmocka_unit_test(reductions_match_host),
     };

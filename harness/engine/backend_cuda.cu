@@ -2,7 +2,8 @@
  * NVIDIA GPU. GEMMs go through cuBLASLt with fp32 accumulation (CUBLAS_COMPUTE_32F: never TF32),
  * fp32 or bf16 operands by the op's precision; the rest are this file's kernels. The one use of
  * tensor cores on fp32 operands is attention's 3xTF32 (each operand split in two TF32 parts, three
- * products: fp32-level accuracy, see k_attention_tc).
+ * products: fp32-level accuracy, see k_attention_tc) and its 3xFP16 twin (k_attention_h16: the same
+ * split with fp16 parts of power-of-two-scaled operands).
  *
  * Everything runs in order on the legacy default stream, so scratch buffers are reused without
  * events: cudaMemcpy from pageable host memory waits for the stream's earlier work before it
@@ -22,12 +23,13 @@
  * cores, k_attention_tiled on the CUDA cores; the warp-per-row reference kernel keeps its weights
  * and sums in fp64); the LM head's log-sum-exp as
  * the CPU's: fp32 exponential terms, fp64 sums over vocabulary chunks; MoE outputs summed per token
- * in expert-id order. Sums run in a fixed order (no atomics), so results do not depend on timing.
+ * in expert-id order. Sums run in a fixed order (no atomics but attention's order-free maxima), so
+ * results do not depend on timing.
  *
  * Fast paths and the reference next to them (knobs; M2D_CUDA_FAST=0 turns the fast ones off):
  * MoE at BF16 by a device-side plan and grouped WMMA GEMMs (moe_grouped; 0: per-expert cuBLASLt
- * with the plan on the host), attention on tensor cores or by tiles (attn_kernel 2, 1; 0: one warp
- * a row), calibration's experts batched or one by one (all_batched 1, 0) and its Gram on the fp64
+ * with the plan on the host), attention on tensor cores or by tiles (attn_kernel 3: 3xFP16, 2:
+ * 3xTF32, 1: tiles; 0: one warp a row), calibration's experts batched or one by one (all_batched 1, 0) and its Gram on the fp64
  * tensor cores or by FMA tiles (gram_kernel 1, 0), every GEMM through cuBLASLt or the
  * one-thread-per-output kernel (gemm_naive). The tests run both sides; knob profile times the ops.
  *
@@ -40,6 +42,7 @@
  * CPU build. The op families are its sections (---- ... ----). */
 #include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <mma.h>
@@ -98,6 +101,7 @@ enum {
     SLOT_ROPE,   /* RoPE frequencies, fp64 [rot/2] */
     SLOT_BIAS,   /* a bias (or sink) vector as fp32 */
     SLOT_GRAM,   /* the Gram's per-slice partial sums, fp64 [slices, E, E] */
+    SLOT_ATTN_MAX, /* attention's max |q|, |k|, |v| per head (k_h16_absmax), uint32 [H + 2 KV] */
     SLOT_COUNT
 };
 
@@ -149,9 +153,11 @@ struct cu_be {
     int gemm_naive;       /* knob: every GEMM through k_gemm_naive */
     int moe_grouped;      /* knob: MoE and calibration at BF16 by the grouped kernels (default 1;
                            * 2: their loads not overlapped with the MMAs; 0: the per-expert path) */
-    int attn_kernel;      /* knob: attention by k_attention_tc (2, the default), k_attention_tiled (1)
-                           * where they apply, or the warp-per-row reference k_attention (0) */
-    unsigned attn_smem_set; /* k_attention_tc<32, 64, 128> allowed their shared memory on this device */
+    int attn_kernel;      /* knob: attention by k_attention_h16 (3; k_attention_tc for heads beyond
+                           * its range), k_attention_tc (2, the default), k_attention_tiled (1) where
+                           * they apply, or the warp-per-row reference k_attention (0) */
+    unsigned attn_smem_set; /* k_attention_tc<32, 64, 128> (bits 0-2) and k_attention_h16 (bits 3-5)
+                           * allowed their shared memory on this device */
     int all_grouped_rows; /* knob: experts_all takes the grouped kernels up to this many rows (default 64) */
     int gram_kernel;      /* knob: calibration's Gram on the fp64 tensor cores (1, the default) or by
                            * FMA tiles (0) */
@@ -1197,22 +1203,39 @@ __global__ static void __launch_bounds__(AT_ROWS * 32) k_attention_tiled(attn_de
         if (lane + 32 * j < hd) o[lane + 32 * j] = acc[j] / l;
 }
 
-/* k_attention_tc<HD> over the query rows and heads, its dynamic shared memory allowed once */
-template <int HD>
-static void launch_attention_tc(cu_be *c, const attn_dev *d) {
-    size_t bytes = sizeof(tc_smem<HD>);
-    unsigned bit = 1u << (HD / 64); /* HD 32, 64, 128: bits 0, 1, 2 */
+/* KERNEL<HD> (k_attention_tc or k_attention_h16, SMEM bytes of shared memory, allowed once: bit
+ * BIT of attn_smem_set) over the query rows and heads */
+static void launch_tc_kernel(cu_be *c, const attn_dev *d, void (*kernel)(attn_dev), size_t smem, unsigned bit,
+                             const char *name) {
     if (!(c->attn_smem_set & bit) &&
-        !cuda_ok(c, cudaFuncSetAttribute(k_attention_tc<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
+        !cuda_ok(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                  "attention shared memory"))
         return;
     c->attn_smem_set |= bit;
     dim3 grid((unsigned)((d->nq + TC_ROWS - 1) / TC_ROWS), (unsigned)d->n_heads);
-    k_attention_tc<HD><<<grid, TC_WARPS * 32, bytes>>>(*d);
-    launched(c, "k_attention_tc");
+    kernel<<<grid, TC_WARPS * 32, smem>>>(*d);
+    launched(c, name);
 }
 
-/* 0 when the tensor-core kernel ran, -1 when it does not take this head size */
+/* attn_kernel 3: the heads' maxima (k_h16_absmax), then k_attention_h16 for the heads in its range
+ * and k_attention_tc for the others (each skips the other's heads) */
+template <int HD>
+static void launch_attention_tc(cu_be *c, attn_dev *d) {
+    unsigned bit = 1u << (HD / 64); /* HD 32, 64, 128: bits 0, 1, 2 (3, 4, 5 for h16) */
+    if (c->attn_kernel >= 3) {
+        int heads = d->n_heads + 2 * d->n_kv;
+        uint32_t *mx = (uint32_t *)scratch(c, SLOT_ATTN_MAX, sizeof(uint32_t) * (size_t)heads);
+        if (!mx || !cuda_ok(c, cudaMemsetAsync(mx, 0, sizeof(uint32_t) * (size_t)heads), "cudaMemsetAsync")) return;
+        dim3 grid((unsigned)((d->np + d->nq + H16_ROWS - 1) / H16_ROWS), (unsigned)heads);
+        k_h16_absmax<<<grid, 256>>>(*d, mx);
+        launched(c, "k_h16_absmax");
+        d->absmax = mx;
+        launch_tc_kernel(c, d, k_attention_h16<HD>, sizeof(h16_smem<HD>), bit << 3, "k_attention_h16");
+    }
+    launch_tc_kernel(c, d, k_attention_tc<HD>, sizeof(tc_smem<HD>), bit, "k_attention_tc");
+}
+
+/* 0 when the tensor-core kernels ran, -1 when they do not take this head size */
 static int attention_tc(cu_be *c, attn_dev *d) {
     if (d->hd > 128 || c->attn_kernel < 2) return -1;
     if (d->hd <= 32) launch_attention_tc<32>(c, d);
@@ -1240,7 +1263,7 @@ static void cu_attention(m2d_backend *be, const m2d_attn_args *a) {
     if (c->failed) return;
     attn_dev d = {F(&a->q), F(&a->k), F(&a->v), NULL, NULL, a->q.ld, a->k.ld, a->v.ld, nq, a->np, a->n_heads,
                   a->n_kv, a->head_dim, a->out.ld, a->head_stride, F(&a->out), a->window, sinks,
-                  a->scale != 0 ? a->scale : 1.0f / sqrtf((float)a->head_dim), 0};
+                  a->scale != 0 ? a->scale : 1.0f / sqrtf((float)a->head_dim), 0, NULL};
     if (a->np) {
         d.kp = (const float *)P(a->k_cache) + a->cache_off;
         d.vp = (const float *)P(a->v_cache) + a->cache_off;
@@ -2166,12 +2189,12 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
               : strcmp(knob, "profile") == 0     ? &CU(be)->prof.on : NULL;
     if (at == &CU(be)->prof.on && value == 0 && *at) prof_report(CU(be)); /* profile 0: report, stop */
     int three = at == &CU(be)->moe_grouped || at == &CU(be)->attn_kernel || at == &CU(be)->all_batched; /* 0|1|2 */
-    if (at && (value == 0 || value == 1 || (value == 2 && three))) {
+    if (at && (value == 0 || value == 1 || (value == 2 && three) || (value == 3 && at == &CU(be)->attn_kernel))) {
         *at = value;
         return 0;
     }
     return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile, gram_kernel: "
-                   "0|1; moe_grouped, all_batched, attn_kernel: 0|1|2; all_grouped_rows: >= 0)",
+                   "0|1; moe_grouped, all_batched: 0|1|2; attn_kernel: 0|1|2|3; all_grouped_rows: >= 0)",
                    knob, value);
 }
 

@@ -18,6 +18,8 @@ struct attn_dev {
     const float *sinks;  /* [n_heads] sink logits, or NULL */
     float scale;
     int vec;             /* hd % 4 == 0 and k/v rows 16-byte aligned: staged as float4s */
+    const uint32_t *absmax; /* attn_kernel 3: max |x| bits per q head, k head, v head (k_h16_absmax),
+                             * or NULL */
 };
 
 /* ---- attention on tensor cores: flash attention in 3xTF32 (k_attention_tc) ----
@@ -116,19 +118,18 @@ __device__ static __forceinline__ tc_rows tc_rows_of(const attn_dev &a, int iw, 
 }
 
 /* one tile of the online softmax: the warp's 16 x TC_KEYS scores s (entry u of slab nt is row
- * g + 8 (u >> 1), key t0 + 8 nt + 2c + (u & 1)) scaled and masked, the row maxima m and this
- * thread's share of the sums l updated, the weights into P (the warp's [16][TC_KEYS + 4]) and the
- * rescaling of O returned per row */
-__device__ static __forceinline__ void tc_softmax(const attn_dev &a, const tc_rows &R, int t0, int g, int c,
-                                                  float (&s)[TC_KEYS / 8][4], float (&m)[2], float (&l)[2],
-                                                  float (*P)[TC_KEYS + 4], float (&rs)[2]) {
+ * g + 8 (u >> 1), key t0 + 8 nt + 2c + (u & 1)) times SC and masked, the row maxima m and this
+ * thread's share of the sums l updated, s replaced by the weights p, and the rescaling of O
+ * returned per row */
+__device__ static __forceinline__ void tc_softmax(const tc_rows &R, int t0, int c, float sc, float (&s)[TC_KEYS / 8][4],
+                                                  float (&m)[2], float (&l)[2], float (&rs)[2]) {
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < TC_KEYS / 8; nt++)
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             int r = u >> 1, t = t0 + 8 * nt + 2 * c + (u & 1);
-            s[nt][u] = R.live[r] && t >= R.lr[r] && t <= R.pr[r] ? s[nt][u] * a.scale : -INFINITY;
+            s[nt][u] = R.live[r] && t >= R.lr[r] && t <= R.pr[r] ? s[nt][u] * sc : -INFINITY;
             mx[r] = fmaxf(mx[r], s[nt][u]);
         }
 #pragma unroll
@@ -148,14 +149,14 @@ __device__ static __forceinline__ void tc_softmax(const attn_dev &a, const tc_ro
             int r = u >> 1;
             float p = m[r] == -INFINITY ? 0.0f : expf(s[nt][u] - m[r]);
             l[r] += p;
-            P[g + 8 * r][8 * nt + 2 * c + (u & 1)] = p;
+            s[nt][u] = p;
         }
 }
 
-/* the rows' outputs O / l (the quad's shares of l summed first) */
+/* the rows' outputs O OSCALE / l (the quad's shares of l summed first; OSCALE a power of two) */
 template <int HD>
 __device__ static __forceinline__ void tc_store(const attn_dev &a, const tc_rows &R, int iw, int g, int c, int h,
-                                                const float (&o)[HD / 8][4], float (&l)[2]) {
+                                                const float (&o)[HD / 8][4], float (&l)[2], float oscale) {
     for (int r = 0; r < 2; r++) {
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
@@ -167,7 +168,7 @@ __device__ static __forceinline__ void tc_store(const attn_dev &a, const tc_rows
         for (int nt = 0; nt < HD / 8; nt++)
             for (int e = 0; e < 2; e++) {
                 int j = 8 * nt + 2 * c + e;
-                if (j < a.hd) orow[j] = o[nt][2 * r + e] / l[r];
+                if (j < a.hd) orow[j] = o[nt][2 * r + e] * oscale / l[r];
             }
     }
 }
@@ -229,6 +230,34 @@ __device__ static __forceinline__ void tc_put(tc_smem<HD> &sm, int e, float4 kv,
     }
 }
 
+/* ---- the scales of the 3xFP16 kernel (k_attention_h16, below), read by both kernels ----
+ * fp16 has TF32's 11 significant bits but 5 exponent bits (normal from 2^-14 to 65504), so each
+ * head's q, k and v are scaled by a power of two (exact) that brings its largest |x| into
+ * [2^13, 2^14): k_h16_absmax finds the maxima (as float bits: an order-free max, the same on every
+ * run), h16_fit the shifts. A head whose maxima are not finite or need a shift beyond
+ * +-H16_SHIFT_MAX (|x| past 2^53 or below 2^-27) stays with k_attention_tc, which skips the heads
+ * k_attention_h16 takes: both are launched, each head runs once, decided on the device. */
+#define H16_SHIFT_MAX 40
+#define H16_ROWS 64 /* rows a block of k_h16_absmax */
+
+struct h16_shifts {
+    int q, k, v;
+};
+
+/* the shift e with max 2^e in [2^13, 2^14) (0 for max 0); false when max is not finite or e is
+ * beyond +-H16_SHIFT_MAX */
+__device__ static __forceinline__ bool h16_shift(uint32_t maxbits, int &e) {
+    uint32_t ex = maxbits >> 23; /* |x|'s bits: no sign */
+    e = maxbits == 0 ? 0 : 140 - (int)ex; /* max in [2^(ex-127), 2^(ex-126)); subnormals: ex 0, e 140 */
+    return ex < 255 && e >= -H16_SHIFT_MAX && e <= H16_SHIFT_MAX;
+}
+
+/* head h (kv head kvh): whether k_attention_h16 runs it, and its shifts */
+__device__ static __forceinline__ bool h16_fit(const attn_dev &a, int h, int kvh, h16_shifts &sh) {
+    return h16_shift(a.absmax[h], sh.q) && h16_shift(a.absmax[a.n_heads + kvh], sh.k) &&
+           h16_shift(a.absmax[a.n_heads + a.n_kv + kvh], sh.v);
+}
+
 template <int HD>
 __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev a) {
 #ifndef M2D_CUDA_EMULATED /* the CPU emulation defines tc_raw itself (a global: no extern __shared__ there) */
@@ -237,6 +266,8 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev 
     tc_smem<HD> &sm = *(tc_smem<HD> *)tc_raw;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, h = blockIdx.y;
     int kvh = h / (a.n_heads / a.n_kv), i0 = (int)(gridDim.x - 1 - blockIdx.x) * TC_ROWS, iw = i0 + 16 * w;
+    h16_shifts sh;
+    if (a.absmax && h16_fit(a, h, kvh, sh)) return; /* k_attention_h16 took this head */
     int last = a.np + M2D_MIN(i0 + TC_ROWS, a.nq) - 1; /* the block's last query position */
     int lo_blk = a.window > 0 ? max(0, a.np + i0 + 1 - a.window) : 0;
     tc_rows R = tc_rows_of(a, iw, g);
@@ -273,7 +304,11 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev 
         for (int nt = 0; nt < TC_KEYS / 8; nt++)
             for (int u = 0; u < 4; u++) s[nt][u] += sl[nt][u];
         float rs[2];
-        tc_softmax(a, R, t0, g, c, s, m, l, sm.p[w], rs);
+        tc_softmax(R, t0, c, a.scale, s, m, l, rs);
+#pragma unroll
+        for (int nt = 0; nt < TC_KEYS / 8; nt++)
+#pragma unroll
+            for (int u = 0; u < 4; u++) sm.p[w][g + 8 * (u >> 1)][8 * nt + 2 * c + (u & 1)] = s[nt][u];
 #pragma unroll
         for (int nt = 0; nt < HD / 8; nt++)
             o[nt][0] *= rs[0], o[nt][1] *= rs[0], o[nt][2] *= rs[1], o[nt][3] *= rs[1];
@@ -292,7 +327,199 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev 
         }
         __syncwarp(); /* P is read before the next tile writes it */
     }
-    tc_store<HD>(a, R, iw, g, c, h, o, l);
+    tc_store<HD>(a, R, iw, g, c, h, o, l, 1.0f);
+}
+
+/* ---- attention on tensor cores in 3xFP16 (k_attention_h16, attn_kernel 3) ----
+ * k_attention_tc's algorithm with mma.sync m16n8k16 FP16 (fp32 accumulation) instead of m16n8k8
+ * TF32: the same 11 significant bits an operand part, twice the work an instruction. Each head's
+ * q, k and v are scaled by powers of two into fp16's range (h16_fit, above); x = hi + lo, both fp16
+ * (h16_pair): |x - hi - lo| <= 2^-22 |x|, k_attention_tc's bound, where lo is normal (|x| >=
+ * 2^-3 after the scaling), else 2^-25 absolute: at most 2^-38 of the head's largest |x|. The
+ * products are exact in fp32 (11 x 11 bits), so the scores and outputs carry k_attention_tc's
+ * error; the shifts come off exactly (powers of two) before the softmax and at the store. What
+ * changes besides the instruction:
+ * - the weights P stay in registers: m16n8k16's A fragment (rows g, g + 8; columns 2c, 2c + 1 and
+ *   2c + 8, 2c + 9) is the accumulator layout of two adjacent 8-key slabs of S (no shared memory
+ *   round trip, no __syncwarp); P is scaled by 2^14 before its split, so that lo is normal down to
+ *   p = 2^-17 (below, 2^-39 absolute against a row sum >= 1);
+ * - Q is split and scaled once a block (k_attention_tc splits it in every tile);
+ * - shared memory holds halves: 72 KB at HD 128 against 112 KB.
+ * Fragments (PTX ISA, mma.m16n8k16 .f16; each register two halves, the lower index low): A a0 =
+ * (row g, k 2c, 2c + 1), a1 = (row g + 8, k 2c ..), a2 = (row g, k 2c + 8, 2c + 9), a3 = (row
+ * g + 8, k 2c + 8 ..); B b0 = (k 2c, 2c + 1; n g), b1 = (k 2c + 8, 2c + 9; n g); C as m16n8k8. */
+#ifndef M2D_CUDA_EMULATED
+__device__ static __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* (x0, x1) rounded to fp16 (to nearest even), x0 in the low half */
+__device__ static __forceinline__ uint32_t h2_rn(float x0, float x1) {
+    __half2 h = __floats2half2_rn(x0, x1);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+__device__ static __forceinline__ float2 h2_float(uint32_t u) { return __half22float2(*reinterpret_cast<__half2 *>(&u)); }
+#else
+__device__ static __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    m2d_emu_mma16(d, a, b0, b1);
+}
+__device__ static __forceinline__ uint32_t h2_rn(float x0, float x1) { return m2d_emu_f2h(x0) | (uint32_t)m2d_emu_f2h(x1) << 16; }
+__device__ static __forceinline__ float2 h2_float(uint32_t u) { return make_float2(m2d_emu_h2f(u & 0xffffu), m2d_emu_h2f(u >> 16)); }
+#endif
+
+/* (x0, x1) = hi + lo, each a pair of fp16 values */
+__device__ static __forceinline__ uint2 h16_pair(float x0, float x1) {
+    uint32_t hi = h2_rn(x0, x1);
+    float2 b = h2_float(hi);
+    return make_uint2(hi, h2_rn(x0 - b.x, x1 - b.y));
+}
+
+/* where the pair of dims (2j, 2j + 1) of a row goes: within each 16 dims, (2c, 2c + 1) and
+ * (2c + 8, 2c + 9) side by side, so that a lane's A or B pair for one k step is one 8-byte load */
+__device__ static __forceinline__ int h16_word(int j) { return (j & ~7) + 2 * (j & 3) + ((j & 4) >> 2); }
+
+/* Shared memory: Q, K as rows of HD / 2 + 8 words of half pairs (8 mod 32 for HD 64 and 128, 24
+ * for 32: a half-warp's 8-byte loads at (row g, word 2c) fall in 32 banks); V as (keys 16 ks + 2c,
+ * + 1 | keys 16 ks + 8 + 2c, + 1) for one dim, four halves, in rows 4 ks + c of HD + 4 (vh[row][dim]
+ * read as one uint2). 72 KB at HD 128. */
+template <int HD>
+struct h16_smem {
+    uint32_t qh[TC_ROWS][HD / 2 + 8], ql[TC_ROWS][HD / 2 + 8];
+    uint32_t kh[TC_KEYS][HD / 2 + 8], kl[TC_KEYS][HD / 2 + 8];
+    uint16_t vh[TC_KEYS / 4][HD + 4][4], vl[TC_KEYS / 4][HD + 4][4];
+};
+
+/* Q's rows i0 .. i0 + TC_ROWS - 1 of head h, times 2^shift, split into the planes (zeros past nq and hd) */
+template <int HD>
+__device__ static void h16_load_q(const attn_dev &a, int i0, int h, float sc, h16_smem<HD> &sm) {
+    for (int e = threadIdx.x; e < TC_ROWS * HD / 2; e += TC_WARPS * 32) {
+        int r = e / (HD / 2), j = e % (HD / 2), i = i0 + r;
+        const float *q = a.q + (size_t)i * a.ldq + (size_t)h * a.hd;
+        float x0 = i < a.nq && 2 * j < a.hd ? q[2 * j] * sc : 0.0f, x1 = i < a.nq && 2 * j + 1 < a.hd ? q[2 * j + 1] * sc : 0.0f;
+        uint2 p = h16_pair(x0, x1);
+        sm.qh[r][h16_word(j)] = p.x, sm.ql[r][h16_word(j)] = p.y;
+    }
+}
+
+/* float4 E of a tile's keys and values (key E / (HD / 4), dims 4 (E % (HD / 4)) ..), times 2^shift,
+ * split into the planes */
+template <int HD>
+__device__ static __forceinline__ void h16_put(h16_smem<HD> &sm, int e, float4 kv, float4 vv, float sk, float sv) {
+    int kk = e / (HD / 4), j = 4 * (e % (HD / 4));
+    uint2 k01 = h16_pair(kv.x * sk, kv.y * sk), k23 = h16_pair(kv.z * sk, kv.w * sk);
+    sm.kh[kk][h16_word(j / 2)] = k01.x, sm.kl[kk][h16_word(j / 2)] = k01.y;
+    sm.kh[kk][h16_word(j / 2 + 1)] = k23.x, sm.kl[kk][h16_word(j / 2 + 1)] = k23.y;
+    int r = kk % 16, row = 4 * (kk / 16) + (r & 7) / 2, slot = 2 * (r >> 3) + (r & 1);
+    uint2 v01 = h16_pair(vv.x * sv, vv.y * sv), v23 = h16_pair(vv.z * sv, vv.w * sv);
+    const uint32_t hi[2] = {v01.x, v23.x}, lo[2] = {v01.y, v23.y};
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        sm.vh[row][j + u][slot] = (uint16_t)(hi[u >> 1] >> (16 * (u & 1)));
+        sm.vl[row][j + u][slot] = (uint16_t)(lo[u >> 1] >> (16 * (u & 1)));
+    }
+}
+
+/* the P fragments (hi, lo) of keys 16 ks .. 16 ks + 15 from the weights p (slabs 2 ks, 2 ks + 1),
+ * times 2^14 */
+__device__ static __forceinline__ void h16_p_frag(const float (&p)[TC_KEYS / 8][4], int ks, uint32_t (&ah)[4],
+                                                  uint32_t (&al)[4]) {
+    const float two14 = 16384.0f;
+#pragma unroll
+    for (int q = 0; q < 4; q++) { /* a_q: slab 2 ks + (q >> 1), row half q & 1 */
+        const float *s = p[2 * ks + (q >> 1)] + 2 * (q & 1);
+        uint2 x = h16_pair(s[0] * two14, s[1] * two14);
+        ah[q] = x.x, al[q] = x.y;
+    }
+}
+
+template <int HD>
+__global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_h16(attn_dev a) {
+#ifndef M2D_CUDA_EMULATED
+    extern __shared__ __align__(16) unsigned char tc_raw[];
+#endif
+    h16_smem<HD> &sm = *(h16_smem<HD> *)tc_raw;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, h = blockIdx.y;
+    int kvh = h / (a.n_heads / a.n_kv), i0 = (int)(gridDim.x - 1 - blockIdx.x) * TC_ROWS, iw = i0 + 16 * w;
+    h16_shifts sh;
+    if (!h16_fit(a, h, kvh, sh)) return; /* k_attention_tc takes this head */
+    int last = a.np + M2D_MIN(i0 + TC_ROWS, a.nq) - 1;
+    int lo_blk = a.window > 0 ? max(0, a.np + i0 + 1 - a.window) : 0;
+    tc_rows R = tc_rows_of(a, iw, g);
+    int warp_last = a.np + M2D_MIN(iw + 15, a.nq - 1), warp_lo = a.window > 0 ? max(0, a.np + iw + 1 - a.window) : 0;
+    float sk = ldexpf(1.0f, sh.k), sv = ldexpf(1.0f, sh.v);
+    float sc = ldexpf(a.scale, -sh.q - sh.k), oscale = ldexpf(1.0f, -14 - sh.v); /* the shifts off */
+    h16_load_q<HD>(a, i0, h, ldexpf(1.0f, sh.q), sm);
+    float o[HD / 8][4], m[2], l[2];
+    for (int nt = 0; nt < HD / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    for (int r = 0; r < 2; r++) m[r] = a.sinks ? a.sinks[h] : -INFINITY, l[r] = a.sinks && c == 0 ? 1.0f : 0.0f;
+    float4 kr[TC_PER_THREAD], vr[TC_PER_THREAD];
+    tc_fetch<HD>(a, kvh, lo_blk, last, kr, vr);
+    for (int t0 = lo_blk; t0 <= last; t0 += TC_KEYS) {
+        __syncthreads(); /* the previous tile is consumed (and Q written, the first time) */
+#pragma unroll
+        for (int i = 0; i < TC_PER_THREAD; i++) h16_put<HD>(sm, threadIdx.x + i * TC_WARPS * 32, kr[i], vr[i], sk, sv);
+        __syncthreads();
+        if (t0 + TC_KEYS <= last) tc_fetch<HD>(a, kvh, t0 + TC_KEYS, last, kr, vr);
+        if (iw >= a.nq || t0 > warp_last || t0 + TC_KEYS <= warp_lo) continue;
+        float s[TC_KEYS / 8][4], sl[TC_KEYS / 8][4]; /* hi x hi; the lo terms */
+        for (int nt = 0; nt < TC_KEYS / 8; nt++)
+            for (int u = 0; u < 4; u++) s[nt][u] = sl[nt][u] = 0.0f;
+#pragma unroll 4
+        for (int ks = 0; ks < HD / 16; ks++) {
+            uint2 q0 = *(const uint2 *)&sm.qh[16 * w + g][8 * ks + 2 * c], q1 = *(const uint2 *)&sm.qh[16 * w + g + 8][8 * ks + 2 * c];
+            uint2 r0 = *(const uint2 *)&sm.ql[16 * w + g][8 * ks + 2 * c], r1 = *(const uint2 *)&sm.ql[16 * w + g + 8][8 * ks + 2 * c];
+            const uint32_t ah[4] = {q0.x, q1.x, q0.y, q1.y}, al[4] = {r0.x, r1.x, r0.y, r1.y};
+#pragma unroll
+            for (int nt = 0; nt < TC_KEYS / 8; nt++) { /* B = K^T: (k = 2c, n = g) is K[key g][dim 2c] */
+                uint2 bh = *(const uint2 *)&sm.kh[8 * nt + g][8 * ks + 2 * c];
+                uint2 bl = *(const uint2 *)&sm.kl[8 * nt + g][8 * ks + 2 * c];
+                mma_f16(sl[nt], al, bh.x, bh.y);
+                mma_f16(sl[nt], ah, bl.x, bl.y);
+                mma_f16(s[nt], ah, bh.x, bh.y);
+            }
+        }
+        for (int nt = 0; nt < TC_KEYS / 8; nt++)
+            for (int u = 0; u < 4; u++) s[nt][u] += sl[nt][u];
+        float rs[2];
+        tc_softmax(R, t0, c, sc, s, m, l, rs);
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; nt++)
+            o[nt][0] *= rs[0], o[nt][1] *= rs[0], o[nt][2] *= rs[1], o[nt][3] *= rs[1];
+#pragma unroll
+        for (int ks = 0; ks < TC_KEYS / 16; ks++) {
+            uint32_t ah[4], al[4];
+            h16_p_frag(s, ks, ah, al);
+#pragma unroll
+            for (int nt = 0; nt < HD / 8; nt++) { /* B = V: (k = 2c, n = g) is V[key 2c][dim g]; lo terms first */
+                uint2 bh = *(const uint2 *)sm.vh[4 * ks + c][8 * nt + g], bl = *(const uint2 *)sm.vl[4 * ks + c][8 * nt + g];
+                mma_f16(o[nt], al, bh.x, bh.y);
+                mma_f16(o[nt], ah, bl.x, bl.y);
+                mma_f16(o[nt], ah, bh.x, bh.y);
+            }
+        }
+    }
+    tc_store<HD>(a, R, iw, g, c, h, o, l, oscale);
+}
+
+/* absmax[y] = max |x| (as float bits, NaN above infinity) over head y's values: q heads, then k
+ * heads, then v heads (segment rows and the cached prefix); absmax zeroed before. A block: rows
+ * H16_ROWS x blockIdx.x .. of one head (blockIdx.y), a warp's maximum by shuffles, then atomicMax. */
+__global__ static void k_h16_absmax(attn_dev a, uint32_t *absmax) {
+    int y = blockIdx.y, isq = y < a.n_heads, g = isq ? y : (y - a.n_heads) % a.n_kv, isv = y >= a.n_heads + a.n_kv;
+    int rows = isq ? a.nq : a.np + a.nq, r0 = blockIdx.x * H16_ROWS, r1 = M2D_MIN(r0 + H16_ROWS, rows);
+    uint32_t mx = 0;
+    for (int64_t e = threadIdx.x; e < (int64_t)(r1 - r0) * a.hd; e += blockDim.x) {
+        int t = r0 + (int)(e / a.hd), j = (int)(e % a.hd);
+        const float *x;
+        if (isq) x = a.q + (size_t)t * a.ldq + (size_t)y * a.hd;
+        else if (t < a.np) x = (isv ? a.vp : a.kp) + g * a.head_stride + (size_t)t * a.hd;
+        else x = isv ? a.vs + (size_t)(t - a.np) * a.ldv + (size_t)g * a.hd : a.ks + (size_t)(t - a.np) * a.ldk + (size_t)g * a.hd;
+        mx = max(mx, __float_as_uint(x[j]) & 0x7fffffffu);
+    }
+    for (int o = 16; o > 0; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if ((threadIdx.x & 31) == 0 && mx) atomicMax(&absmax[y], mx);
 }
 
 /* ---- calibration's Gram: g[i][j] += Σ_t Σ_c F[t, i*d + c] F[t, j*d + c] ----
