@@ -142,13 +142,15 @@ __device__ static __forceinline__ void tc_softmax(const tc_rows &R, int t0, int 
         m[r] = mn;
         l[r] *= rs[r];
     }
+    /* a row with no key yet has m = -inf and every s = -inf: exp(-inf - 0) = 0 without a branch
+     * around each exponential */
+    const float m0[2] = {m[0] == -INFINITY ? 0.0f : m[0], m[1] == -INFINITY ? 0.0f : m[1]};
 #pragma unroll
     for (int nt = 0; nt < TC_KEYS / 8; nt++)
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            int r = u >> 1;
-            float p = m[r] == -INFINITY ? 0.0f : expf(s[nt][u] - m[r]);
-            l[r] += p;
+            float p = expf(s[nt][u] - m0[u >> 1]);
+            l[u >> 1] += p;
             s[nt][u] = p;
         }
 }
@@ -235,8 +237,9 @@ __device__ static __forceinline__ void tc_put(tc_smem<HD> &sm, int e, float4 kv,
  * head's q, k and v are scaled by a power of two (exact) that brings its largest |x| into
  * [2^13, 2^14): k_h16_absmax finds the maxima (as float bits: an order-free max, the same on every
  * run), h16_fit the shifts. A head whose maxima are not finite or need a shift beyond
- * +-H16_SHIFT_MAX (|x| past 2^53 or below 2^-27) stays with k_attention_tc, which skips the heads
- * k_attention_h16 takes: both are launched, each head runs once, decided on the device. */
+ * +-H16_SHIFT_MAX (a largest |x| at or past 2^54, or below 2^-27) stays with k_attention_tc, which
+ * skips the heads k_attention_h16 takes: both are launched, each head runs once, decided on the
+ * device. */
 #define H16_SHIFT_MAX 40
 #define H16_ROWS 64 /* rows a block of k_h16_absmax */
 
@@ -244,12 +247,12 @@ struct h16_shifts {
     int q, k, v;
 };
 
-/* the shift e with max 2^e in [2^13, 2^14) (0 for max 0); false when max is not finite or e is
- * beyond +-H16_SHIFT_MAX */
+/* the shift e with max 2^e in [2^13, 2^14) (0 for max 0); false when e is beyond +-H16_SHIFT_MAX
+ * (infinities and NaNs, exponent field 255, give e = -115: beyond) */
 __device__ static __forceinline__ bool h16_shift(uint32_t maxbits, int &e) {
-    uint32_t ex = maxbits >> 23; /* |x|'s bits: no sign */
-    e = maxbits == 0 ? 0 : 140 - (int)ex; /* max in [2^(ex-127), 2^(ex-126)); subnormals: ex 0, e 140 */
-    return ex < 255 && e >= -H16_SHIFT_MAX && e <= H16_SHIFT_MAX;
+    int ex = (int)(maxbits >> 23); /* |x|'s bits: no sign */
+    e = maxbits == 0 ? 0 : 140 - ex; /* max in [2^(ex-127), 2^(ex-126)); subnormals: ex 0, e 140 */
+    return e >= -H16_SHIFT_MAX && e <= H16_SHIFT_MAX;
 }
 
 /* head h (kv head kvh): whether k_attention_h16 runs it, and its shifts */
