@@ -1,4 +1,4 @@
-#!/bin/sh
+#!/bin/bash
 # One configuration end to end on the GPU next to the CPU, through the CLI (issue 23): calibrate
 # the tiny teacher on both devices, convert a DO-ACP x WC student from each stats file, and compare
 # what a user sees: the selected experts and groups (moe2dense.json), the students' PPL on both
@@ -29,12 +29,20 @@ a,b=[json.load(open(p))["layers"] for p in sys.argv[1:3]]
 r=max(abs(x-y)/max(abs(y),1e-300) for la,lb in zip(a,b) for x,y in zip(la["scores"],lb["scores"]))
 print("DO-ACP scores, cuda vs cpu stats: max relative difference %.3g" % r)' "$w/cuda.student/moe2dense.json" "$w/cpu.student/moe2dense.json"
 fi
-for dev in cpu cuda; do
-  for m in "$teacher" "$w/cpu.student"; do
-    if out=$("$bin" ppl --model "$m" --data "$wiki/wiki.test.raw" --seq-len 512 --max-windows 8 --device "$dev" --json 2>&1); then
-      printf '%s' "$out" | python3 -c 'import json,sys; d=json.loads(sys.stdin.read()); print("ppl --device %-4s %-40s %.6f" % (sys.argv[1], sys.argv[2][-40:], d["ppl"]))' "$dev" "$m"
+# each model's PPL on the cpu, on cuda, and on cuda with the 3xFP16 attention kernel (attn_kernel
+# 3, not the default until a GPU has timed it): the cuda ones within 1e-4 of the cpu's
+for m in "$teacher" "$w/cpu.student"; do
+  ref=
+  for run in cpu cuda cuda-attn3; do
+    dev=${run%%-*}; attn=; [ "$run" = cuda-attn3 ] && attn=3
+    if out=$(env ${attn:+M2D_CUDA_ATTN=$attn} "$bin" ppl --model "$m" --data "$wiki/wiki.test.raw" --seq-len 512 \
+               --max-windows 8 --device "$dev" --json 2>&1); then
+      p=$(printf '%s' "$out" | python3 -c 'import json,sys; print("%.9g" % json.loads(sys.stdin.read())["ppl"])')
+      [ -z "$ref" ] && ref=$p
+      printf 'ppl %-10s %-40s %s' "$run" "$(printf '%s' "$m" | tail -c 40)" "$p"
+      python3 -c 'import sys; d=abs(float(sys.argv[1])/float(sys.argv[2])-1); print("  (vs cpu %.3g)" % d); sys.exit(d >= 1e-4)' "$p" "$ref" || rc=1
     else
-      echo "ppl --device $dev $m failed: $out"; rc=1
+      echo "ppl $run $m failed: $out"; rc=1
     fi
   done
 done

@@ -2248,6 +2248,15 @@ static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
     if (n == 0) return m2d_err("cuda: no CUDA device (cudaGetDeviceCount: 0 devices)");
     if (dev < 0 || dev >= n) return m2d_err("cuda: device %d does not exist (%d CUDA devices: 0..%d)", dev, n, n - 1);
     if ((e = cudaSetDevice(dev)) != cudaSuccess) return m2d_err("cuda: cudaSetDevice(%d): %s", dev, cudaGetErrorString(e));
+    /* M2D_CUDA_ATTN=0..3: the attention kernel (knob attn_kernel) for a whole process, so that the
+     * GPU runner can put a kernel that is not the default through the CLI */
+    const char *attn = getenv("M2D_CUDA_ATTN");
+    int attn_kernel = 2;
+    if (attn) {
+        if (strlen(attn) != 1 || attn[0] < '0' || attn[0] > '3')
+            return m2d_err("cuda: M2D_CUDA_ATTN=%s: expected 0, 1, 2 or 3 (the knob attn_kernel)", attn);
+        attn_kernel = attn[0] - '0';
+    }
     cu_be *c = (cu_be *)m2d_calloc(1, sizeof *c);
     c->base.ops = &cuda_ops;
     c->device = dev;
@@ -2258,7 +2267,7 @@ static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
     int ref = fast && strcmp(fast, "0") == 0;
     c->moe_grouped = !ref;
     c->all_grouped_rows = 64;
-    c->attn_kernel = ref ? 0 : 2;
+    c->attn_kernel = ref ? 0 : attn_kernel;
     c->gram_kernel = !ref;
     c->all_batched = !ref;
     const char *prof = getenv("M2D_CUDA_PROFILE"); /* 1: op times on stderr when the backend is freed */
