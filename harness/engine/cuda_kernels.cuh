@@ -117,10 +117,18 @@ __device__ static __forceinline__ tc_rows tc_rows_of(const attn_dev &a, int iw, 
     return r;
 }
 
+/* exp(x), or 2^x in the log2 domain (EXP2: scores and maxima times log2 e, as flash attention
+ * does: one MUFU.EX2 and a scaling instead of expf's range reduction) */
+template <bool EXP2>
+__device__ static __forceinline__ float tc_exp(float x) {
+    return EXP2 ? exp2f(x) : expf(x);
+}
+
 /* one tile of the online softmax: the warp's 16 x TC_KEYS scores s (entry u of slab nt is row
  * g + 8 (u >> 1), key t0 + 8 nt + 2c + (u & 1)) times SC and masked, the row maxima m and this
  * thread's share of the sums l updated, s replaced by the weights p, and the rescaling of O
- * returned per row */
+ * returned per row; with EXP2, SC and m carry the factor log2 e */
+template <bool EXP2>
 __device__ static __forceinline__ void tc_softmax(const tc_rows &R, int t0, int c, float sc, float (&s)[TC_KEYS / 8][4],
                                                   float (&m)[2], float (&l)[2], float (&rs)[2]) {
     float mx[2] = {-INFINITY, -INFINITY};
@@ -138,7 +146,7 @@ __device__ static __forceinline__ void tc_softmax(const tc_rows &R, int t0, int 
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
         float mn = fmaxf(m[r], mx[r]);
         /* mn = -inf: no key of this row yet (and no sink); its weights stay 0 */
-        rs[r] = mn == -INFINITY ? 1.0f : expf(m[r] - mn);
+        rs[r] = mn == -INFINITY ? 1.0f : tc_exp<EXP2>(m[r] - mn);
         m[r] = mn;
         l[r] *= rs[r];
     }
@@ -149,7 +157,7 @@ __device__ static __forceinline__ void tc_softmax(const tc_rows &R, int t0, int 
     for (int nt = 0; nt < TC_KEYS / 8; nt++)
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            float p = expf(s[nt][u] - m0[u >> 1]);
+            float p = tc_exp<EXP2>(s[nt][u] - m0[u >> 1]);
             l[u >> 1] += p;
             s[nt][u] = p;
         }
@@ -307,7 +315,7 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev 
         for (int nt = 0; nt < TC_KEYS / 8; nt++)
             for (int u = 0; u < 4; u++) s[nt][u] += sl[nt][u];
         float rs[2];
-        tc_softmax(R, t0, c, a.scale, s, m, l, rs);
+        tc_softmax<false>(R, t0, c, a.scale, s, m, l, rs);
 #pragma unroll
         for (int nt = 0; nt < TC_KEYS / 8; nt++)
 #pragma unroll
@@ -347,6 +355,8 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev 
  *   round trip, no __syncwarp); P is scaled by 2^14 before its split, so that lo is normal down to
  *   p = 2^-17 (below, 2^-39 absolute against a row sum >= 1);
  * - Q is split and scaled once a block (k_attention_tc splits it in every tile);
+ * - the softmax in the log2 domain (tc_softmax<true>: exp2f, one MUFU.EX2, for expf's range
+ *   reduction; one more fp32 rounding of the exponent's argument);
  * - shared memory holds halves: 72 KB at HD 128 against 112 KB.
  * Fragments (PTX ISA, mma.m16n8k16 .f16; each register two halves, the lower index low): A a0 =
  * (row g, k 2c, 2c + 1), a1 = (row g + 8, k 2c ..), a2 = (row g, k 2c + 8, 2c + 9), a3 = (row
@@ -452,11 +462,13 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_h16(attn_dev
     tc_rows R = tc_rows_of(a, iw, g);
     int warp_last = a.np + M2D_MIN(iw + 15, a.nq - 1), warp_lo = a.window > 0 ? max(0, a.np + iw + 1 - a.window) : 0;
     float sk = ldexpf(1.0f, sh.k), sv = ldexpf(1.0f, sh.v);
-    float sc = ldexpf(a.scale, -sh.q - sh.k), oscale = ldexpf(1.0f, -14 - sh.v); /* the shifts off */
+    /* the shifts off, and the softmax in the log2 domain */
+    const float log2e = 1.4426950408889634f;
+    float sc = ldexpf(a.scale, -sh.q - sh.k) * log2e, oscale = ldexpf(1.0f, -14 - sh.v);
     h16_load_q<HD>(a, i0, h, ldexpf(1.0f, sh.q), sm);
     float o[HD / 8][4], m[2], l[2];
     for (int nt = 0; nt < HD / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-    for (int r = 0; r < 2; r++) m[r] = a.sinks ? a.sinks[h] : -INFINITY, l[r] = a.sinks && c == 0 ? 1.0f : 0.0f;
+    for (int r = 0; r < 2; r++) m[r] = a.sinks ? a.sinks[h] * log2e : -INFINITY, l[r] = a.sinks && c == 0 ? 1.0f : 0.0f;
     float4 kr[TC_PER_THREAD], vr[TC_PER_THREAD];
     tc_fetch<HD>(a, kvh, lo_blk, last, kr, vr);
     for (int t0 = lo_blk; t0 <= last; t0 += TC_KEYS) {
@@ -486,7 +498,7 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_h16(attn_dev
         for (int nt = 0; nt < TC_KEYS / 8; nt++)
             for (int u = 0; u < 4; u++) s[nt][u] += sl[nt][u];
         float rs[2];
-        tc_softmax(R, t0, c, sc, s, m, l, rs);
+        tc_softmax<true>(R, t0, c, sc, s, m, l, rs);
 #pragma unroll
         for (int nt = 0; nt < HD / 8; nt++)
             o[nt][0] *= rs[0], o[nt][1] *= rs[0], o[nt][2] *= rs[1], o[nt][3] *= rs[1];
