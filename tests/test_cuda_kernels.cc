@@ -63,6 +63,10 @@ struct uint2 {
     uint32_t x, y;
 };
 static uint2 make_uint2(uint32_t a, uint32_t b) { return {a, b}; }
+struct uint4 {
+    uint32_t x, y, z, w;
+};
+static uint4 make_uint4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) { return {a, b, c, d}; }
 struct float2 {
     float x, y;
 };

@@ -354,7 +354,8 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev 
  *   2c + 8, 2c + 9) is the accumulator layout of two adjacent 8-key slabs of S (no shared memory
  *   round trip, no __syncwarp); P is scaled by 2^14 before its split, so that lo is normal down to
  *   p = 2^-17 (below, 2^-39 absolute against a row sum >= 1);
- * - Q is split and scaled once a block (k_attention_tc splits it in every tile);
+ * - Q is split and scaled once a block (k_attention_tc splits it in every tile), into whole A
+ *   fragments: one 16-byte load a lane (as rows, two 8-byte loads cost four moves an MMA);
  * - the softmax in the log2 domain (tc_softmax<true>: exp2f, one MUFU.EX2, for expf's range
  *   reduction; one more fp32 rounding of the exponent's argument);
  * - shared memory holds halves: 72 KB at HD 128 against 112 KB.
@@ -393,26 +394,38 @@ __device__ static __forceinline__ uint2 h16_pair(float x0, float x1) {
  * (2c + 8, 2c + 9) side by side, so that a lane's A or B pair for one k step is one 8-byte load */
 __device__ static __forceinline__ int h16_word(int j) { return (j & ~7) + 2 * (j & 3) + ((j & 4) >> 2); }
 
-/* Shared memory: Q, K as rows of HD / 2 + 8 words of half pairs (8 mod 32 for HD 64 and 128, 24
- * for 32: a half-warp's 8-byte loads at (row g, word 2c) fall in 32 banks); V as (keys 16 ks + 2c,
- * + 1 | keys 16 ks + 8 + 2c, + 1) for one dim, four halves, in rows 4 ks + c of HD + 4 (vh[row][dim]
- * read as one uint2). 72 KB at HD 128. */
+/* Shared memory: Q as whole A fragments, a lane's four registers one 16-byte load (qh[8 w + g][4 ks
+ * + c]: rows 16 w + g and + 8 of warp w, k step ks; rows of HD / 4 + 4 uint4s, 4 mod 8: a
+ * quarter-warp's loads, (g, c) at 4 c + 16 g words, fall in 32 banks); K as rows of HD / 2 + 8
+ * words of half pairs (8 mod 32 for HD 64 and 128, 24 for 32: a half-warp's 8-byte loads at (row
+ * g, word 2c) fall in 32 banks); V as (keys 16 ks + 2c, + 1 | keys 16 ks + 8 + 2c, + 1) for one
+ * dim, four halves, in rows 4 ks + c of HD + 4 (vh[row][dim] read as one uint2). 72 KB at HD 128. */
 template <int HD>
 struct h16_smem {
-    uint32_t qh[TC_ROWS][HD / 2 + 8], ql[TC_ROWS][HD / 2 + 8];
+    uint4 qh[TC_ROWS / 2][HD / 4 + 4], ql[TC_ROWS / 2][HD / 4 + 4];
     uint32_t kh[TC_KEYS][HD / 2 + 8], kl[TC_KEYS][HD / 2 + 8];
     uint16_t vh[TC_KEYS / 4][HD + 4][4], vl[TC_KEYS / 4][HD + 4][4];
 };
 
-/* Q's rows i0 .. i0 + TC_ROWS - 1 of head h, times 2^shift, split into the planes (zeros past nq and hd) */
+/* q[i][j] of head h times SC (zero past nq and hd) */
+__device__ static __forceinline__ float h16_q(const attn_dev &a, int i, int h, int j, float sc) {
+    return i < a.nq && j < a.hd ? a.q[(size_t)i * a.ldq + (size_t)h * a.hd + j] * sc : 0.0f;
+}
+
+/* Q's rows i0 .. i0 + TC_ROWS - 1 of head h, times SC, split into the A-fragment planes */
 template <int HD>
 __device__ static void h16_load_q(const attn_dev &a, int i0, int h, float sc, h16_smem<HD> &sm) {
-    for (int e = threadIdx.x; e < TC_ROWS * HD / 2; e += TC_WARPS * 32) {
-        int r = e / (HD / 2), j = e % (HD / 2), i = i0 + r;
-        const float *q = a.q + (size_t)i * a.ldq + (size_t)h * a.hd;
-        float x0 = i < a.nq && 2 * j < a.hd ? q[2 * j] * sc : 0.0f, x1 = i < a.nq && 2 * j + 1 < a.hd ? q[2 * j + 1] * sc : 0.0f;
-        uint2 p = h16_pair(x0, x1);
-        sm.qh[r][h16_word(j)] = p.x, sm.ql[r][h16_word(j)] = p.y;
+    for (int e = threadIdx.x; e < TC_ROWS / 2 * HD / 4; e += TC_WARPS * 32) {
+        int rp = e / (HD / 4), f = e % (HD / 4), ks = f / 4, c = f % 4; /* row pair rp: warp rp / 8, g = rp % 8 */
+        int r0 = i0 + 16 * (rp / 8) + rp % 8, j = 16 * ks + 2 * c;
+        uint2 p[4]; /* a0 .. a3: (row g, k 2c, + 1), (row g + 8, ..), (row g, k 2c + 8, + 9), (row g + 8, ..) */
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int i = r0 + 8 * (u & 1), jj = j + 8 * (u >> 1);
+            p[u] = h16_pair(h16_q(a, i, h, jj, sc), h16_q(a, i, h, jj + 1, sc));
+        }
+        sm.qh[rp][f] = make_uint4(p[0].x, p[1].x, p[2].x, p[3].x);
+        sm.ql[rp][f] = make_uint4(p[0].y, p[1].y, p[2].y, p[3].y);
     }
 }
 
@@ -483,9 +496,8 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_h16(attn_dev
             for (int u = 0; u < 4; u++) s[nt][u] = sl[nt][u] = 0.0f;
 #pragma unroll 4
         for (int ks = 0; ks < HD / 16; ks++) {
-            uint2 q0 = *(const uint2 *)&sm.qh[16 * w + g][8 * ks + 2 * c], q1 = *(const uint2 *)&sm.qh[16 * w + g + 8][8 * ks + 2 * c];
-            uint2 r0 = *(const uint2 *)&sm.ql[16 * w + g][8 * ks + 2 * c], r1 = *(const uint2 *)&sm.ql[16 * w + g + 8][8 * ks + 2 * c];
-            const uint32_t ah[4] = {q0.x, q1.x, q0.y, q1.y}, al[4] = {r0.x, r1.x, r0.y, r1.y};
+            uint4 qh = sm.qh[8 * w + g][4 * ks + c], ql = sm.ql[8 * w + g][4 * ks + c];
+            const uint32_t ah[4] = {qh.x, qh.y, qh.z, qh.w}, al[4] = {ql.x, ql.y, ql.z, ql.w};
 #pragma unroll
             for (int nt = 0; nt < TC_KEYS / 8; nt++) { /* B = K^T: (k = 2c, n = g) is K[key g][dim 2c] */
                 uint2 bh = *(const uint2 *)&sm.kh[8 * nt + g][8 * ks + 2 * c];
