@@ -480,6 +480,15 @@ static void blocks_64_and_128(void **state) {
     run_kernels({4, 2, 128, 70, 200, 0, 1, 0, 0, 0, {0, 0}});
 }
 
+/* k_attention_h16's tiles that skip the masks (tc_unmasked) at their edges: a prefix of 14 puts a
+ * tile's last key one past a warp's first row (a tile of 32 keys from 0, warps of 16 rows from 14 +
+ * 16 w); a window of 47 puts a tile's first key one before the last row's window */
+static void unmasked_tile_edges(void **state) {
+    (void)state;
+    run_kernels({4, 2, 64, 14, 150, 0, 0, 1, 0, 0, {0, 0}});
+    run_kernels({4, 2, 32, 0, 100, 47, 0, 0, 0, 0, {0, 0}});
+}
+
 /* k_attention_h16's scaling: q and k moved by 2^20 (the same scores), the kv heads' values by 2^-20
  * and 2^30 (in range: every head on fp16); values of 2^60 and 2^-40 (beyond: that kv head's q heads
  * on k_attention_tc, the others on fp16); q at 2^-30 (every head beyond). Differences relative to
@@ -680,6 +689,7 @@ int main(void) {
         cmocka_unit_test(window_and_sinks),
         cmocka_unit_test(scale_and_unaligned_rows),
         cmocka_unit_test(blocks_64_and_128),
+        cmocka_unit_test(unmasked_tile_edges),
         cmocka_unit_test(h16_scaling_and_fallback),
         cmocka_unit_test(tf32_rounding_matches_float64),
         cmocka_unit_test(fp16_rounding_matches_compiler),

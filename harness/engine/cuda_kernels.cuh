@@ -127,8 +127,9 @@ __device__ static __forceinline__ float tc_exp(float x) {
 /* one tile of the online softmax: the warp's 16 x TC_KEYS scores s (entry u of slab nt is row
  * g + 8 (u >> 1), key t0 + 8 nt + 2c + (u & 1)) times SC and masked, the row maxima m and this
  * thread's share of the sums l updated, s replaced by the weights p, and the rescaling of O
- * returned per row; with EXP2, SC and m carry the factor log2 e */
-template <bool EXP2>
+ * returned per row; with EXP2, SC and m carry the factor log2 e; MASK false: the caller knows every
+ * key of the tile visible to every row (tc_unmasked) */
+template <bool EXP2, bool MASK = true>
 __device__ static __forceinline__ void tc_softmax(const tc_rows &R, int t0, int c, float sc, float (&s)[TC_KEYS / 8][4],
                                                   float (&m)[2], float (&l)[2], float (&rs)[2]) {
     float mx[2] = {-INFINITY, -INFINITY};
@@ -137,7 +138,7 @@ __device__ static __forceinline__ void tc_softmax(const tc_rows &R, int t0, int 
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             int r = u >> 1, t = t0 + 8 * nt + 2 * c + (u & 1);
-            s[nt][u] = R.live[r] && t >= R.lr[r] && t <= R.pr[r] ? s[nt][u] * sc : -INFINITY;
+            s[nt][u] = !MASK || (R.live[r] && t >= R.lr[r] && t <= R.pr[r]) ? s[nt][u] * sc : -INFINITY;
             mx[r] = fmaxf(mx[r], s[nt][u]);
         }
 #pragma unroll
@@ -161,6 +162,14 @@ __device__ static __forceinline__ void tc_softmax(const tc_rows &R, int t0, int 
             l[u >> 1] += p;
             s[nt][u] = p;
         }
+}
+
+/* whether keys t0 .. t0 + TC_KEYS - 1 are all visible to all 16 rows iw .. of a warp (the last key
+ * at or before the first row's position, the first key inside the last row's window): most tiles
+ * of a long causal window, whose softmax then skips the masks (rows past nq are never stored, so
+ * what they compute does not matter) */
+__device__ static __forceinline__ bool tc_unmasked(const attn_dev &a, int iw, int t0) {
+    return t0 + TC_KEYS - 1 <= a.np + iw && (a.window <= 0 || t0 >= a.np + iw + 16 - a.window);
 }
 
 /* the rows' outputs O OSCALE / l (the quad's shares of l summed first; OSCALE a power of two) */
@@ -510,7 +519,8 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_h16(attn_dev
         for (int nt = 0; nt < TC_KEYS / 8; nt++)
             for (int u = 0; u < 4; u++) s[nt][u] += sl[nt][u];
         float rs[2];
-        tc_softmax<true>(R, t0, c, sc, s, m, l, rs);
+        if (tc_unmasked(a, iw, t0)) tc_softmax<true, false>(R, t0, c, sc, s, m, l, rs);
+        else tc_softmax<true>(R, t0, c, sc, s, m, l, rs);
 #pragma unroll
         for (int nt = 0; nt < HD / 8; nt++)
             o[nt][0] *= rs[0], o[nt][1] *= rs[0], o[nt][2] *= rs[1], o[nt][3] *= rs[1];
