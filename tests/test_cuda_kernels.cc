@@ -347,10 +347,15 @@ template <int HD> struct h16_kernel { static void run(attn_dev a) { k_attention_
 static void launch(attn_dev a, int kernel) {
     static_assert(sizeof(tc_smem<128>) <= sizeof tc_raw && sizeof(h16_smem<128>) <= sizeof tc_raw, "shared memory");
     std::vector<uint32_t> mx((size_t)(a.n_heads + 2 * a.n_kv), 0u);
+    int tiles = (a.np + a.nq + TC_KEYS - 1) / TC_KEYS;
+    std::vector<h16_tile<128>> kv((size_t)tiles * a.n_kv); /* the largest tile: room for any HD */
     if (kernel == 3) {
         uint32_t *mp = mx.data();
         run_grid((unsigned)((a.np + a.nq + H16_ROWS - 1) / H16_ROWS), (unsigned)mx.size(), 1, 256, [a, mp] { k_h16_absmax(a, mp); });
-        a.absmax = mp;
+        a.absmax = mp, a.h16_tiles = kv.data(), a.h16_ntiles = tiles;
+        if (a.hd <= 32) run_grid(tiles, a.n_kv, 1, TC_WARPS * 32, [a] { k_h16_prep<32>(a); });
+        else if (a.hd <= 64) run_grid(tiles, a.n_kv, 1, TC_WARPS * 32, [a] { k_h16_prep<64>(a); });
+        else run_grid(tiles, a.n_kv, 1, TC_WARPS * 32, [a] { k_h16_prep<128>(a); });
         launch_kernel<h16_kernel>(a);
     }
     launch_kernel<tc_kernel>(a);
@@ -400,7 +405,7 @@ static double run_case(const attn_case &c, int kernel) {
     else attention_f64(q.data(), ks, vs, 0, c.nq, c.H, c.KV, c.hd, c.window, c.sinks ? sinks : NULL, scale, r.data());
     attn_dev a = {q.data(), ks, vs, c.prefix ? kp.data() : NULL, c.prefix ? vp.data() : NULL, c.H * c.hd, c.KV * c.hd,
                   c.KV * c.hd, c.nq, c.prefix ? c.np : 0, c.H, c.KV, c.hd, c.H * c.hd, (size_t)c.np * c.hd, o.data(),
-                  c.window, c.sinks ? sinks : NULL, scale, 0, NULL};
+                  c.window, c.sinks ? sinks : NULL, scale, 0, NULL, NULL, 0};
     /* as cu_attention: float4 staging where hd % 4 == 0 and every row start is 16-byte aligned */
     const float *rows[4] = {a.ks, a.vs, a.kp, a.vp};
     a.vec = c.hd % 4 == 0 && a.ldk % 4 == 0 && a.ldv % 4 == 0 && a.head_stride % 4 == 0;

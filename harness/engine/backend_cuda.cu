@@ -102,6 +102,7 @@ enum {
     SLOT_BIAS,   /* a bias (or sink) vector as fp32 */
     SLOT_GRAM,   /* the Gram's per-slice partial sums, fp64 [slices, E, E] */
     SLOT_ATTN_MAX, /* attention's max |q|, |k|, |v| per head (k_h16_absmax), uint32 [H + 2 KV] */
+    SLOT_ATTN_KV,  /* attention's keys and values as k_h16_prep's tiles [KV][tiles] */
     SLOT_COUNT
 };
 
@@ -1217,19 +1218,22 @@ static void launch_tc_kernel(cu_be *c, const attn_dev *d, void (*kernel)(attn_de
     launched(c, name);
 }
 
-/* attn_kernel 3: the heads' maxima (k_h16_absmax), then k_attention_h16 for the heads in its range
- * and k_attention_tc for the others (each skips the other's heads) */
+/* attn_kernel 3: the heads' maxima (k_h16_absmax), the keys and values as tiles (k_h16_prep), then
+ * k_attention_h16 for the heads in its range and k_attention_tc for the others (each skips the
+ * other's heads) */
 template <int HD>
 static void launch_attention_tc(cu_be *c, attn_dev *d) {
     unsigned bit = 1u << (HD / 64); /* HD 32, 64, 128: bits 0, 1, 2 (3, 4, 5 for h16) */
     if (c->attn_kernel >= 3) {
-        int heads = d->n_heads + 2 * d->n_kv;
+        int heads = d->n_heads + 2 * d->n_kv, tiles = (d->np + d->nq + TC_KEYS - 1) / TC_KEYS;
         uint32_t *mx = (uint32_t *)scratch(c, SLOT_ATTN_MAX, sizeof(uint32_t) * (size_t)heads);
-        if (!mx || !cuda_ok(c, cudaMemsetAsync(mx, 0, sizeof(uint32_t) * (size_t)heads), "cudaMemsetAsync")) return;
-        dim3 grid((unsigned)((d->np + d->nq + H16_ROWS - 1) / H16_ROWS), (unsigned)heads);
-        k_h16_absmax<<<grid, 256>>>(*d, mx);
+        void *kv = scratch(c, SLOT_ATTN_KV, sizeof(h16_tile<HD>) * (size_t)tiles * d->n_kv);
+        if (!mx || !kv || !cuda_ok(c, cudaMemsetAsync(mx, 0, sizeof(uint32_t) * (size_t)heads), "cudaMemsetAsync")) return;
+        k_h16_absmax<<<dim3((unsigned)((d->np + d->nq + H16_ROWS - 1) / H16_ROWS), (unsigned)heads), 256>>>(*d, mx);
         launched(c, "k_h16_absmax");
-        d->absmax = mx;
+        d->absmax = mx, d->h16_tiles = kv, d->h16_ntiles = tiles;
+        k_h16_prep<HD><<<dim3((unsigned)tiles, (unsigned)d->n_kv), TC_WARPS * 32>>>(*d);
+        launched(c, "k_h16_prep");
         launch_tc_kernel(c, d, k_attention_h16<HD>, sizeof(h16_smem<HD>), bit << 3, "k_attention_h16");
     }
     launch_tc_kernel(c, d, k_attention_tc<HD>, sizeof(tc_smem<HD>), bit, "k_attention_tc");
@@ -1263,7 +1267,7 @@ static void cu_attention(m2d_backend *be, const m2d_attn_args *a) {
     if (c->failed) return;
     attn_dev d = {F(&a->q), F(&a->k), F(&a->v), NULL, NULL, a->q.ld, a->k.ld, a->v.ld, nq, a->np, a->n_heads,
                   a->n_kv, a->head_dim, a->out.ld, a->head_stride, F(&a->out), a->window, sinks,
-                  a->scale != 0 ? a->scale : 1.0f / sqrtf((float)a->head_dim), 0, NULL};
+                  a->scale != 0 ? a->scale : 1.0f / sqrtf((float)a->head_dim), 0, NULL, NULL, 0};
     if (a->np) {
         d.kp = (const float *)P(a->k_cache) + a->cache_off;
         d.vp = (const float *)P(a->v_cache) + a->cache_off;

@@ -20,6 +20,8 @@ struct attn_dev {
     int vec;             /* hd % 4 == 0 and k/v rows 16-byte aligned: staged as float4s */
     const uint32_t *absmax; /* attn_kernel 3: max |x| bits per q head, k head, v head (k_h16_absmax),
                              * or NULL */
+    const void *h16_tiles;  /* attn_kernel 3: keys and values as k_h16_prep made them */
+    int h16_ntiles;         /* tiles a kv head: (np + nq) / TC_KEYS rounded up */
 };
 
 /* ---- attention on tensor cores: flash attention in 3xTF32 (k_attention_tc) ----
@@ -367,7 +369,9 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev 
  *   fragments: one 16-byte load a lane (as rows, two 8-byte loads cost four moves an MMA);
  * - the softmax in the log2 domain (tc_softmax<true>: exp2f, one MUFU.EX2, for expf's range
  *   reduction; one more fp32 rounding of the exponent's argument);
- * - shared memory holds halves: 72 KB at HD 128 against 112 KB.
+ * - keys and values are split and scaled once a layer (k_h16_prep, into device memory in the
+ *   shared-memory layout), not once a block, and a block copies each tile with cp.async while it
+ *   computes on the previous one (double buffered: 107 KB at HD 128, two blocks an SM).
  * Fragments (PTX ISA, mma.m16n8k16 .f16; each register two halves, the lower index low): A a0 =
  * (row g, k 2c, 2c + 1), a1 = (row g + 8, k 2c ..), a2 = (row g, k 2c + 8, 2c + 9), a3 = (row
  * g + 8, k 2c + 8 ..); B b0 = (k 2c, 2c + 1; n g), b1 = (k 2c + 8, 2c + 9; n g); C as m16n8k8. */
@@ -403,17 +407,26 @@ __device__ static __forceinline__ uint2 h16_pair(float x0, float x1) {
  * (2c + 8, 2c + 9) side by side, so that a lane's A or B pair for one k step is one 8-byte load */
 __device__ static __forceinline__ int h16_word(int j) { return (j & ~7) + 2 * (j & 3) + ((j & 4) >> 2); }
 
+/* One tile of TC_KEYS keys of a kv head, split and scaled, as k_attention_h16 reads it in shared
+ * memory (k_h16_prep writes them all to device memory first, padding included, so a block copies a
+ * tile as it is): K as rows of HD / 2 + 8 words of half pairs (8 mod 32 for HD 64 and 128, 24 for
+ * 32: a half-warp's 8-byte loads at (row g, word 2c) fall in 32 banks); V as (keys 16 ks + 2c, + 1
+ * | keys 16 ks + 8 + 2c, + 1) for one dim, four halves, in rows 4 ks + c of HD + 4 (vh[row][dim]
+ * read as one uint2). 35 KB at HD 128. */
+template <int HD>
+struct h16_tile {
+    uint32_t kh[TC_KEYS][HD / 2 + 8], kl[TC_KEYS][HD / 2 + 8];
+    uint16_t vh[TC_KEYS / 4][HD + 4][4], vl[TC_KEYS / 4][HD + 4][4];
+};
+
 /* Shared memory: Q as whole A fragments, a lane's four registers one 16-byte load (qh[8 w + g][4 ks
  * + c]: rows 16 w + g and + 8 of warp w, k step ks; rows of HD / 4 + 4 uint4s, 4 mod 8: a
- * quarter-warp's loads, (g, c) at 4 c + 16 g words, fall in 32 banks); K as rows of HD / 2 + 8
- * words of half pairs (8 mod 32 for HD 64 and 128, 24 for 32: a half-warp's 8-byte loads at (row
- * g, word 2c) fall in 32 banks); V as (keys 16 ks + 2c, + 1 | keys 16 ks + 8 + 2c, + 1) for one
- * dim, four halves, in rows 4 ks + c of HD + 4 (vh[row][dim] read as one uint2). 72 KB at HD 128. */
+ * quarter-warp's loads, (g, c) at 4 c + 16 g words, fall in 32 banks); two tiles of keys and values
+ * (the next one copied while this one is used). 107 KB at HD 128: two blocks an SM. */
 template <int HD>
 struct h16_smem {
     uint4 qh[TC_ROWS / 2][HD / 4 + 4], ql[TC_ROWS / 2][HD / 4 + 4];
-    uint32_t kh[TC_KEYS][HD / 2 + 8], kl[TC_KEYS][HD / 2 + 8];
-    uint16_t vh[TC_KEYS / 4][HD + 4][4], vl[TC_KEYS / 4][HD + 4][4];
+    h16_tile<HD> kv[2];
 };
 
 /* q[i][j] of head h times SC (zero past nq and hd) */
@@ -438,10 +451,10 @@ __device__ static void h16_load_q(const attn_dev &a, int i0, int h, float sc, h1
     }
 }
 
-/* float4 E of a tile's keys and values (key E / (HD / 4), dims 4 (E % (HD / 4)) ..), times 2^shift,
- * split into the planes */
+/* float4 E of a tile's keys and values (key E / (HD / 4), dims 4 (E % (HD / 4)) ..), times SK and
+ * SV, split into the planes */
 template <int HD>
-__device__ static __forceinline__ void h16_put(h16_smem<HD> &sm, int e, float4 kv, float4 vv, float sk, float sv) {
+__device__ static __forceinline__ void h16_put(h16_tile<HD> &sm, int e, float4 kv, float4 vv, float sk, float sv) {
     int kk = e / (HD / 4), j = 4 * (e % (HD / 4));
     uint2 k01 = h16_pair(kv.x * sk, kv.y * sk), k23 = h16_pair(kv.z * sk, kv.w * sk);
     sm.kh[kk][h16_word(j / 2)] = k01.x, sm.kl[kk][h16_word(j / 2)] = k01.y;
@@ -469,6 +482,89 @@ __device__ static __forceinline__ void h16_p_frag(const float (&p)[TC_KEYS / 8][
     }
 }
 
+/* 16 bytes from device to shared memory without the registers (cp.async), and the waits for them:
+ * a block copies the next tile while it computes on this one */
+#ifndef M2D_CUDA_EMULATED
+__device__ static __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(smem)), "l"(gmem));
+}
+__device__ static __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+/* every group but the latest N complete */
+template <int N>
+__device__ static __forceinline__ void cp_async_wait(void) { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+#else /* the emulation copies at once */
+__device__ static __forceinline__ void cp_async16(void *smem, const void *gmem) { memcpy(smem, gmem, 16); }
+__device__ static __forceinline__ void cp_async_commit(void) {}
+template <int N>
+__device__ static __forceinline__ void cp_async_wait(void) {}
+#endif
+
+/* tile T of kv head g (k_h16_prep's) into shared memory, its copies committed as one group */
+template <int HD>
+__device__ static __forceinline__ void h16_copy_tile(const attn_dev &a, int g, int T, h16_tile<HD> &dst) {
+    const uint4 *src = (const uint4 *)((const h16_tile<HD> *)a.h16_tiles + (size_t)g * a.h16_ntiles + T);
+    uint4 *d = (uint4 *)&dst;
+    for (int e = threadIdx.x; e < (int)(sizeof(h16_tile<HD>) / 16); e += TC_WARPS * 32) cp_async16(d + e, src + e);
+    cp_async_commit();
+}
+
+/* keys and values of every kv head in range (h16_shift) as tiles: block (T, g) makes tile T of kv
+ * head g, zeros past the sequence (np + nq keys) and past hd */
+template <int HD>
+__global__ static void __launch_bounds__(TC_WARPS * 32) k_h16_prep(attn_dev a) {
+    int T = blockIdx.x, g = blockIdx.y, ek, ev;
+    if (!h16_shift(a.absmax[a.n_heads + g], ek) || !h16_shift(a.absmax[a.n_heads + a.n_kv + g], ev)) return;
+    h16_tile<HD> &t = ((h16_tile<HD> *)a.h16_tiles)[(size_t)g * a.h16_ntiles + T];
+    float sk = ldexpf(1.0f, ek), sv = ldexpf(1.0f, ev);
+    for (int e = threadIdx.x; e < TC_KEYS * HD / 4; e += TC_WARPS * 32) {
+        float4 kv, vv;
+        tc_kv4(a, g, TC_KEYS * T + e / (HD / 4), 4 * (e % (HD / 4)), a.np + a.nq - 1, kv, vv);
+        h16_put<HD>(t, e, kv, vv, sk, sv);
+    }
+}
+
+/* a warp's 16 x TC_KEYS scores of tile KV: hi x hi in s, the lo terms in sl, then added */
+template <int HD>
+__device__ static __forceinline__ void h16_scores(const h16_smem<HD> &sm, const h16_tile<HD> &kv, int w, int g, int c,
+                                                  float (&s)[TC_KEYS / 8][4]) {
+    float sl[TC_KEYS / 8][4];
+    for (int nt = 0; nt < TC_KEYS / 8; nt++)
+        for (int u = 0; u < 4; u++) s[nt][u] = sl[nt][u] = 0.0f;
+#pragma unroll 4
+    for (int ks = 0; ks < HD / 16; ks++) {
+        uint4 qh = sm.qh[8 * w + g][4 * ks + c], ql = sm.ql[8 * w + g][4 * ks + c];
+        const uint32_t ah[4] = {qh.x, qh.y, qh.z, qh.w}, al[4] = {ql.x, ql.y, ql.z, ql.w};
+#pragma unroll
+        for (int nt = 0; nt < TC_KEYS / 8; nt++) { /* B = K^T: (k = 2c, n = g) is K[key g][dim 2c] */
+            uint2 bh = *(const uint2 *)&kv.kh[8 * nt + g][8 * ks + 2 * c];
+            uint2 bl = *(const uint2 *)&kv.kl[8 * nt + g][8 * ks + 2 * c];
+            mma_f16(sl[nt], al, bh.x, bh.y);
+            mma_f16(sl[nt], ah, bl.x, bl.y);
+            mma_f16(s[nt], ah, bh.x, bh.y);
+        }
+    }
+    for (int nt = 0; nt < TC_KEYS / 8; nt++)
+        for (int u = 0; u < 4; u++) s[nt][u] += sl[nt][u];
+}
+
+/* O += P V of tile KV, the weights P from the registers; lo terms first */
+template <int HD>
+__device__ static __forceinline__ void h16_pv(const h16_tile<HD> &kv, int g, int c, const float (&p)[TC_KEYS / 8][4],
+                                              float (&o)[HD / 8][4]) {
+#pragma unroll
+    for (int ks = 0; ks < TC_KEYS / 16; ks++) {
+        uint32_t ah[4], al[4];
+        h16_p_frag(p, ks, ah, al);
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; nt++) { /* B = V: (k = 2c, n = g) is V[key 2c][dim g] */
+            uint2 bh = *(const uint2 *)kv.vh[4 * ks + c][8 * nt + g], bl = *(const uint2 *)kv.vl[4 * ks + c][8 * nt + g];
+            mma_f16(o[nt], al, bh.x, bh.y);
+            mma_f16(o[nt], ah, bl.x, bl.y);
+            mma_f16(o[nt], ah, bh.x, bh.y);
+        }
+    }
+}
+
 template <int HD>
 __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_h16(attn_dev a) {
 #ifndef M2D_CUDA_EMULATED
@@ -480,62 +576,34 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_h16(attn_dev
     h16_shifts sh;
     if (!h16_fit(a, h, kvh, sh)) return; /* k_attention_tc takes this head */
     int last = a.np + M2D_MIN(i0 + TC_ROWS, a.nq) - 1;
-    int lo_blk = a.window > 0 ? max(0, a.np + i0 + 1 - a.window) : 0;
+    /* tiles start at multiples of TC_KEYS (k_h16_prep's); keys before a row's window are masked */
+    int lo_blk = (a.window > 0 ? max(0, a.np + i0 + 1 - a.window) : 0) / TC_KEYS * TC_KEYS;
     tc_rows R = tc_rows_of(a, iw, g);
     int warp_last = a.np + M2D_MIN(iw + 15, a.nq - 1), warp_lo = a.window > 0 ? max(0, a.np + iw + 1 - a.window) : 0;
-    float sk = ldexpf(1.0f, sh.k), sv = ldexpf(1.0f, sh.v);
     /* the shifts off, and the softmax in the log2 domain */
     const float log2e = 1.4426950408889634f;
     float sc = ldexpf(a.scale, -sh.q - sh.k) * log2e, oscale = ldexpf(1.0f, -14 - sh.v);
+    h16_copy_tile<HD>(a, kvh, lo_blk / TC_KEYS, sm.kv[0]);
     h16_load_q<HD>(a, i0, h, ldexpf(1.0f, sh.q), sm);
     float o[HD / 8][4], m[2], l[2];
     for (int nt = 0; nt < HD / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
     for (int r = 0; r < 2; r++) m[r] = a.sinks ? a.sinks[h] * log2e : -INFINITY, l[r] = a.sinks && c == 0 ? 1.0f : 0.0f;
-    float4 kr[TC_PER_THREAD], vr[TC_PER_THREAD];
-    tc_fetch<HD>(a, kvh, lo_blk, last, kr, vr);
-    for (int t0 = lo_blk; t0 <= last; t0 += TC_KEYS) {
-        __syncthreads(); /* the previous tile is consumed (and Q written, the first time) */
+    for (int t0 = lo_blk, buf = 0; t0 <= last; t0 += TC_KEYS, buf ^= 1) {
+        if (t0 + TC_KEYS <= last) h16_copy_tile<HD>(a, kvh, t0 / TC_KEYS + 1, sm.kv[buf ^ 1]);
+        else cp_async_commit(); /* an empty group: the wait below counts the same */
+        cp_async_wait<1>();     /* this tile's copies are done (the next one's may not be) */
+        __syncthreads();        /* ... everyone's, and Q written, the first time */
+        if (iw < a.nq && t0 <= warp_last && t0 + TC_KEYS > warp_lo) { /* warp-uniform: keys for these rows */
+            float s[TC_KEYS / 8][4], rs[2];
+            h16_scores<HD>(sm, sm.kv[buf], w, g, c, s);
+            if (tc_unmasked(a, iw, t0)) tc_softmax<true, false>(R, t0, c, sc, s, m, l, rs);
+            else tc_softmax<true>(R, t0, c, sc, s, m, l, rs);
 #pragma unroll
-        for (int i = 0; i < TC_PER_THREAD; i++) h16_put<HD>(sm, threadIdx.x + i * TC_WARPS * 32, kr[i], vr[i], sk, sv);
-        __syncthreads();
-        if (t0 + TC_KEYS <= last) tc_fetch<HD>(a, kvh, t0 + TC_KEYS, last, kr, vr);
-        if (iw >= a.nq || t0 > warp_last || t0 + TC_KEYS <= warp_lo) continue;
-        float s[TC_KEYS / 8][4], sl[TC_KEYS / 8][4]; /* hi x hi; the lo terms */
-        for (int nt = 0; nt < TC_KEYS / 8; nt++)
-            for (int u = 0; u < 4; u++) s[nt][u] = sl[nt][u] = 0.0f;
-#pragma unroll 4
-        for (int ks = 0; ks < HD / 16; ks++) {
-            uint4 qh = sm.qh[8 * w + g][4 * ks + c], ql = sm.ql[8 * w + g][4 * ks + c];
-            const uint32_t ah[4] = {qh.x, qh.y, qh.z, qh.w}, al[4] = {ql.x, ql.y, ql.z, ql.w};
-#pragma unroll
-            for (int nt = 0; nt < TC_KEYS / 8; nt++) { /* B = K^T: (k = 2c, n = g) is K[key g][dim 2c] */
-                uint2 bh = *(const uint2 *)&sm.kh[8 * nt + g][8 * ks + 2 * c];
-                uint2 bl = *(const uint2 *)&sm.kl[8 * nt + g][8 * ks + 2 * c];
-                mma_f16(sl[nt], al, bh.x, bh.y);
-                mma_f16(sl[nt], ah, bl.x, bl.y);
-                mma_f16(s[nt], ah, bh.x, bh.y);
-            }
+            for (int nt = 0; nt < HD / 8; nt++)
+                o[nt][0] *= rs[0], o[nt][1] *= rs[0], o[nt][2] *= rs[1], o[nt][3] *= rs[1];
+            h16_pv<HD>(sm.kv[buf], g, c, s, o);
         }
-        for (int nt = 0; nt < TC_KEYS / 8; nt++)
-            for (int u = 0; u < 4; u++) s[nt][u] += sl[nt][u];
-        float rs[2];
-        if (tc_unmasked(a, iw, t0)) tc_softmax<true, false>(R, t0, c, sc, s, m, l, rs);
-        else tc_softmax<true>(R, t0, c, sc, s, m, l, rs);
-#pragma unroll
-        for (int nt = 0; nt < HD / 8; nt++)
-            o[nt][0] *= rs[0], o[nt][1] *= rs[0], o[nt][2] *= rs[1], o[nt][3] *= rs[1];
-#pragma unroll
-        for (int ks = 0; ks < TC_KEYS / 16; ks++) {
-            uint32_t ah[4], al[4];
-            h16_p_frag(s, ks, ah, al);
-#pragma unroll
-            for (int nt = 0; nt < HD / 8; nt++) { /* B = V: (k = 2c, n = g) is V[key 2c][dim g]; lo terms first */
-                uint2 bh = *(const uint2 *)sm.vh[4 * ks + c][8 * nt + g], bl = *(const uint2 *)sm.vl[4 * ks + c][8 * nt + g];
-                mma_f16(o[nt], al, bh.x, bh.y);
-                mma_f16(o[nt], ah, bl.x, bl.y);
-                mma_f16(o[nt], ah, bh.x, bh.y);
-            }
-        }
+        __syncthreads(); /* this tile is consumed before the next iteration copies over it */
     }
     tc_store<HD>(a, R, iw, g, c, h, o, l, oscale);
 }
