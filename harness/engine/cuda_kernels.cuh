@@ -166,6 +166,22 @@ __device__ static __forceinline__ void tc_softmax(const tc_rows &R, int t0, int 
         }
 }
 
+/* a warp's rows before their first tile: O = 0, the maxima at the sink (times MSC: log2 e in the
+ * log2 domain) or -inf, this thread's share of the sums 1 for a sink (lane c = 0 holds it) */
+template <int HD>
+__device__ static __forceinline__ void tc_begin(const attn_dev &a, int h, int c, float msc, float (&o)[HD / 8][4],
+                                                float (&m)[2], float (&l)[2]) {
+    for (int nt = 0; nt < HD / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    for (int r = 0; r < 2; r++) m[r] = a.sinks ? a.sinks[h] * msc : -INFINITY, l[r] = a.sinks && c == 0 ? 1.0f : 0.0f;
+}
+
+/* O's rows rescaled by the softmax's new maxima (rs: row g, row g + 8) */
+template <int HD>
+__device__ static __forceinline__ void tc_rescale(float (&o)[HD / 8][4], const float (&rs)[2]) {
+#pragma unroll
+    for (int nt = 0; nt < HD / 8; nt++) o[nt][0] *= rs[0], o[nt][1] *= rs[0], o[nt][2] *= rs[1], o[nt][3] *= rs[1];
+}
+
 /* whether keys t0 .. t0 + TC_KEYS - 1 are all visible to all 16 rows iw .. of a warp (the last key
  * at or before the first row's position, the first key inside the last row's window): most tiles
  * of a long causal window, whose softmax then skips the masks (rows past nq are never stored, so
@@ -296,8 +312,7 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev 
     int warp_last = a.np + M2D_MIN(iw + 15, a.nq - 1), warp_lo = a.window > 0 ? max(0, a.np + iw + 1 - a.window) : 0;
     tc_load_q<HD>(a, i0, h, sm.q);
     float o[HD / 8][4], m[2], l[2]; /* l: this thread's share of each row's sum (the quad adds them at the end) */
-    for (int nt = 0; nt < HD / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-    for (int r = 0; r < 2; r++) m[r] = a.sinks ? a.sinks[h] : -INFINITY, l[r] = a.sinks && c == 0 ? 1.0f : 0.0f;
+    tc_begin<HD>(a, h, c, 1.0f, o, m, l);
     float4 kr[TC_PER_THREAD], vr[TC_PER_THREAD]; /* the next tile's keys and values */
     tc_fetch<HD>(a, kvh, lo_blk, last, kr, vr);
     for (int t0 = lo_blk; t0 <= last; t0 += TC_KEYS) {
@@ -331,9 +346,7 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev 
         for (int nt = 0; nt < TC_KEYS / 8; nt++)
 #pragma unroll
             for (int u = 0; u < 4; u++) sm.p[w][g + 8 * (u >> 1)][8 * nt + 2 * c + (u & 1)] = s[nt][u];
-#pragma unroll
-        for (int nt = 0; nt < HD / 8; nt++)
-            o[nt][0] *= rs[0], o[nt][1] *= rs[0], o[nt][2] *= rs[1], o[nt][3] *= rs[1];
+        tc_rescale<HD>(o, rs);
         __syncwarp();
 #pragma unroll
         for (int ks = 0; ks < TC_KEYS / 8; ks++) {
@@ -586,8 +599,7 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_h16(attn_dev
     h16_copy_tile<HD>(a, kvh, lo_blk / TC_KEYS, sm.kv[0]);
     h16_load_q<HD>(a, i0, h, ldexpf(1.0f, sh.q), sm);
     float o[HD / 8][4], m[2], l[2];
-    for (int nt = 0; nt < HD / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-    for (int r = 0; r < 2; r++) m[r] = a.sinks ? a.sinks[h] * log2e : -INFINITY, l[r] = a.sinks && c == 0 ? 1.0f : 0.0f;
+    tc_begin<HD>(a, h, c, log2e, o, m, l);
     for (int t0 = lo_blk, buf = 0; t0 <= last; t0 += TC_KEYS, buf ^= 1) {
         if (t0 + TC_KEYS <= last) h16_copy_tile<HD>(a, kvh, t0 / TC_KEYS + 1, sm.kv[buf ^ 1]);
         else cp_async_commit(); /* an empty group: the wait below counts the same */
@@ -598,9 +610,7 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_h16(attn_dev
             h16_scores<HD>(sm, sm.kv[buf], w, g, c, s);
             if (tc_unmasked(a, iw, t0)) tc_softmax<true, false>(R, t0, c, sc, s, m, l, rs);
             else tc_softmax<true>(R, t0, c, sc, s, m, l, rs);
-#pragma unroll
-            for (int nt = 0; nt < HD / 8; nt++)
-                o[nt][0] *= rs[0], o[nt][1] *= rs[0], o[nt][2] *= rs[1], o[nt][3] *= rs[1];
+            tc_rescale<HD>(o, rs);
             h16_pv<HD>(sm.kv[buf], g, c, s, o);
         }
         __syncthreads(); /* this tile is consumed before the next iteration copies over it */
