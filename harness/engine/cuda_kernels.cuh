@@ -1,11 +1,12 @@
 /* cuda_kernels — kernels of the cuda backend that also run on the CPU: the attention on tensor
- * cores (k_attention_tc, with the argument block of the attention kernels, attn_dev) and
- * calibration's Gram (k_gram_mma, k_gram_tile, k_gram_add) and reductions (k_reduce_sums,
- * k_reduce_norms, k_reduce_select). Part of backend_cuda.cu, kept in this header so that
- * tests/test_cuda_kernels.cc compiles the same source as host C++ with M2D_CUDA_EMULATED defined
- * (mma.sync, TF32 and f64, then comes from its emulation of a warp; threads, barriers and shuffles
- * from its coroutines): their index arithmetic, masks, tiling and sums are checked against float64
- * on every machine, with or without a GPU. Included once, by backend_cuda.cu. */
+ * cores (k_attention_tc in 3xTF32; k_attention_h16 in 3xFP16 with k_h16_absmax and k_h16_prep;
+ * the argument block of the attention kernels, attn_dev) and calibration's Gram (k_gram_mma,
+ * k_gram_tile, k_gram_add) and reductions (k_reduce_sums, k_reduce_norms, k_reduce_select). Part
+ * of backend_cuda.cu, kept in this header so that tests/test_cuda_kernels.cc compiles the same
+ * source as host C++ with M2D_CUDA_EMULATED defined (mma.sync, TF32, FP16 and f64, fp16
+ * conversions and cp.async then come from its emulation of a warp; threads, barriers and
+ * shuffles from its coroutines): their index arithmetic, masks, tiling and sums are checked
+ * against float64 on every machine, with or without a GPU. Included once, by backend_cuda.cu. */
 #ifndef M2D_CUDA_KERNELS_CUH
 #define M2D_CUDA_KERNELS_CUH
 
