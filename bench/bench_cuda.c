@@ -200,8 +200,8 @@ static void calib_row(m2d_engine *e, const m2d_model *m, double peak) {
     free(x), free(f), free(g), free(sel), free(ids), free(sum), free(n2);
 }
 
-/* the backend's kernels: moe_grouped 1 or 2 (0: per-expert reference), attn_kernel 3 (tensor
- * cores, 3xFP16), 2 (tensor cores, 3xTF32), 1 (tiles on the CUDA cores) or 0 (reference): the rows
+/* the backend's kernels: moe_grouped 1 or 2 (0: per-expert reference), attn_kernel 3 or 4 (tensor
+ * cores, 3xFP16, one or two row tiles a warp), 2 (tensor cores, 3xTF32), 1 (tiles on the CUDA cores) or 0 (reference): the rows
  * are A/Bs of the paths on the same GPU in the same run */
 static int set_kernels(m2d_engine *e, int moe_grouped, int attn_kernel) {
     m2d_backend *be = m2d_engine_backend(e);
@@ -228,10 +228,12 @@ static void model_rows(const char *dir, const char *label, double peak) {
         fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
         return;
     }
-    /* bf16; its attention in 3xFP16 (A/B against the default 3xTF32, op times too), on the CUDA
-     * cores; its grouped MoE without overlapped loads; the reference kernels; fp32 */
+    /* bf16; its attention in 3xFP16, one and two row tiles a warp (A/Bs against the default 3xTF32,
+     * op times too), on the CUDA cores; its grouped MoE without overlapped loads; the reference
+     * kernels; fp32 */
     const struct { m2d_precision prec; int moe, attn, moe_only; const char *note; } runs[] = {
         {M2D_PREC_BF16, 1, 2, 0, ""}, {M2D_PREC_BF16, 1, 3, 0, " (attention 3xFP16)"},
+        {M2D_PREC_BF16, 1, 4, 0, " (attention 3xFP16, 2 row tiles)"},
         {M2D_PREC_BF16, 1, 1, 0, " (attention by SIMT tiles)"},
         {M2D_PREC_BF16, 2, 2, 1, " (grouped, loads not overlapped)"}, {M2D_PREC_BF16, 0, 0, 1, " (reference kernels)"},
         {M2D_PREC_FP32, 1, 2, 0, ""}};
@@ -250,7 +252,7 @@ static void model_rows(const char *dir, const char *label, double peak) {
         printf("| %-42s | %s | %6.2f GB | %10.0f | %10.0f |\n", lab, m2d_precision_name(runs[i].prec), res / 1e9,
                tp > 0 ? 512 / tp : 0, tl > 0 ? 2047 / tl : 0);
         fflush(stdout);
-        if (i <= 1) op_times(e, m->cfg.vocab_size);
+        if (i <= 2) op_times(e, m->cfg.vocab_size);
         if (m->cfg.num_experts > 0 && i == 0) calib_row(e, m, peak);
         m2d_engine_free(e);
     }

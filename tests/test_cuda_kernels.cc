@@ -333,34 +333,39 @@ static void run_grid(unsigned gx, unsigned gy, unsigned gz, int threads, std::fu
             for (unsigned x = 0; x < gx; x++) run_block(x, y, z);
 }
 
-/* KERNEL<HD> (k_attention_tc or k_attention_h16) over its grid */
+/* KERNEL<HD> (k_attention_tc or k_attention_h16) over its grid of ROWS query rows a block */
 template <template <int> class K>
-static void launch_kernel(const attn_dev &a) {
-    unsigned gx = (unsigned)((a.nq + TC_ROWS - 1) / TC_ROWS);
+static void launch_kernel(const attn_dev &a, int rows) {
+    unsigned gx = (unsigned)((a.nq + rows - 1) / rows);
     if (a.hd <= 32) run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { K<32>::run(a); });
     else if (a.hd <= 64) run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { K<64>::run(a); });
     else run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { K<128>::run(a); });
 }
 template <int HD> struct tc_kernel { static void run(attn_dev a) { k_attention_tc<HD>(a); } };
-template <int HD> struct h16_kernel { static void run(attn_dev a) { k_attention_h16<HD>(a); } };
+template <int HD> struct h16_kernel { static void run(attn_dev a) { k_attention_h16<HD, 1>(a); } };
+template <int HD> struct h16x2_kernel { static void run(attn_dev a) { k_attention_h16<HD, 2>(a); } };
 
-/* attention as attention_tc in backend_cuda.cu launches it: attn_kernel 2, k_attention_tc; 3, the
- * heads' maxima, then k_attention_h16 and k_attention_tc (each skipping the other's heads) */
+/* attention as attention_tc in backend_cuda.cu launches it: attn_kernel 2, k_attention_tc; 3 and 4,
+ * the heads' maxima and the tiles, then k_attention_h16 (one or two row tiles a warp) and
+ * k_attention_tc (each skipping the other's heads) */
 static void launch(attn_dev a, int kernel) {
-    static_assert(sizeof(tc_smem<128>) <= sizeof tc_raw && sizeof(h16_smem<128>) <= sizeof tc_raw, "shared memory");
+    static_assert(sizeof(tc_smem<128>) <= sizeof tc_raw && sizeof(h16_smem<128, 1>) <= sizeof tc_raw &&
+                      sizeof(h16_smem<128, 2>) <= sizeof tc_raw,
+                  "shared memory");
     std::vector<uint32_t> mx((size_t)(a.n_heads + 2 * a.n_kv), 0u);
     int tiles = (a.np + a.nq + TC_KEYS - 1) / TC_KEYS;
     std::vector<h16_tile<128>> kv((size_t)tiles * a.n_kv); /* the largest tile: room for any HD */
-    if (kernel == 3) {
+    if (kernel >= 3) {
         uint32_t *mp = mx.data();
         run_grid((unsigned)((a.np + a.nq + H16_ROWS - 1) / H16_ROWS), (unsigned)mx.size(), 1, 256, [a, mp] { k_h16_absmax(a, mp); });
         a.absmax = mp, a.h16_tiles = kv.data(), a.h16_ntiles = tiles;
         if (a.hd <= 32) run_grid(tiles, a.n_kv, 1, TC_WARPS * 32, [a] { k_h16_prep<32>(a); });
         else if (a.hd <= 64) run_grid(tiles, a.n_kv, 1, TC_WARPS * 32, [a] { k_h16_prep<64>(a); });
         else run_grid(tiles, a.n_kv, 1, TC_WARPS * 32, [a] { k_h16_prep<128>(a); });
-        launch_kernel<h16_kernel>(a);
+        if (kernel == 3) launch_kernel<h16_kernel>(a, H16_ROWS_BLK(1));
+        else launch_kernel<h16x2_kernel>(a, H16_ROWS_BLK(2));
     }
-    launch_kernel<tc_kernel>(a);
+    launch_kernel<tc_kernel>(a, TC_ROWS);
 }
 
 /* ---- the reference and the cases ---- */
@@ -416,7 +421,7 @@ static double run_case(const attn_case &c, int kernel) {
     launch(a, kernel);
     assert_int_equal(tf32_violations, 0); /* every mma operand rounded to TF32 first */
     assert_int_equal(h16_violations, 0);  /* every fp16 operand finite: the scaling kept it in range */
-    /* which kernel ran: with attn_kernel 3, k_attention_h16 for the heads whose largest |q|, |k|
+    /* which kernel ran: with attn_kernel 3 or 4, k_attention_h16 for the heads whose largest |q|, |k|
      * and |v| lie in [2^-27, 2^54) (or are 0), k_attention_tc for the others */
     int h16_heads = 0;
     for (int h = 0; h < c.H; h++) {
@@ -432,8 +437,8 @@ static double run_case(const attn_case &c, int kernel) {
         auto fits = [](double m) { return m == 0 || (m >= ldexp(1, -27) && m < ldexp(1, 54)); };
         h16_heads += fits(mq) && fits(mk) && fits(mv);
     }
-    assert_true(kernel == 3 && h16_heads > 0 ? h16_mmas > 0 : h16_mmas == 0);
-    assert_true(kernel == 3 && h16_heads == c.H ? tf32_mmas == 0 : tf32_mmas > 0);
+    assert_true(kernel >= 3 && h16_heads > 0 ? h16_mmas > 0 : h16_mmas == 0);
+    assert_true(kernel >= 3 && h16_heads == c.H ? tf32_mmas == 0 : tf32_mmas > 0);
     double worst = 0; /* relative to the head's value scale (the outputs' scale) */
     for (size_t i = 0; i < o.size(); i++) {
         int g = (int)(i / c.hd % c.H) / (c.H / c.KV);
@@ -447,10 +452,9 @@ static double run_case(const attn_case &c, int kernel) {
     return worst;
 }
 
-/* the case on k_attention_tc (attn_kernel 2) and on k_attention_h16 (3) */
+/* the case on k_attention_tc (attn_kernel 2) and on k_attention_h16 (3: a row tile a warp; 4: two) */
 static void run_kernels(const attn_case &c) {
-    run_case(c, 2);
-    run_case(c, 3);
+    for (int kernel = 2; kernel <= 4; kernel++) run_case(c, kernel);
 }
 
 /* test_engine's op_attention_causal_gqa: hd 20 (not a multiple of 8: the padding), 70 rows (two

@@ -409,12 +409,13 @@ static void prefix_as_cache(const float *k, const float *v, int np, int KV, int 
 
 /* Select the backend's attention kernel number PATH (0, 1, ...): cpu's knob attention_gemm_min_rows
  * (0: the dot-product kernel, 1: GEMM blocks), cuda's attn_kernel (0: tensor cores in 3xTF32, the
- * default; 1: in 3xFP16; 2: tiles on the CUDA cores, 3: the warp-per-row reference). false when the
- * backend has no such kernel; path 0 always runs (a backend with one kernel has neither knob). */
+ * default; 1 and 2: in 3xFP16, one and two row tiles a warp; 3: tiles on the CUDA cores, 4: the
+ * warp-per-row reference). false when the backend has no such kernel; path 0 always runs (a
+ * backend with one kernel has neither knob). */
 static bool attention_path(m2d_backend *be, int path) {
-    static const int cpu_min_rows[2] = {1 << 30, 1}, cuda_kernel[4] = {2, 3, 1, 0};
+    static const int cpu_min_rows[2] = {1 << 30, 1}, cuda_kernel[5] = {2, 3, 4, 1, 0};
     if (path < 2 && be->ops->tune(be, "attention_gemm_min_rows", cpu_min_rows[path]) == 0) return true;
-    if (path < 4 && be->ops->tune(be, "attn_kernel", cuda_kernel[path]) == 0) return true;
+    if (path < 5 && be->ops->tune(be, "attn_kernel", cuda_kernel[path]) == 0) return true;
     return path == 0;
 }
 

@@ -29,12 +29,12 @@ a,b=[json.load(open(p))["layers"] for p in sys.argv[1:3]]
 r=max(abs(x-y)/max(abs(y),1e-300) for la,lb in zip(a,b) for x,y in zip(la["scores"],lb["scores"]))
 print("DO-ACP scores, cuda vs cpu stats: max relative difference %.3g" % r)' "$w/cuda.student/moe2dense.json" "$w/cpu.student/moe2dense.json"
 fi
-# each model's PPL on the cpu, on cuda, and on cuda with the 3xFP16 attention kernel (attn_kernel
-# 3, not the default until a GPU has timed it): the cuda ones within 1e-4 of the cpu's
+# each model's PPL on the cpu, on cuda, and on cuda with the 3xFP16 attention kernels (attn_kernel
+# 3 and 4, not the default until a GPU has timed them): the cuda ones within 1e-4 of the cpu's
 for m in "$teacher" "$w/cpu.student"; do
   ref=
-  for run in cpu cuda cuda-attn3; do
-    dev=${run%%-*}; attn=; [ "$run" = cuda-attn3 ] && attn=3
+  for run in cpu cuda cuda-attn3 cuda-attn4; do
+    dev=${run%%-*}; attn=${run#cuda-attn}; [ "$attn" = "$run" ] && attn=
     if out=$(env ${attn:+M2D_CUDA_ATTN=$attn} "$bin" ppl --model "$m" --data "$wiki/wiki.test.raw" --seq-len 512 \
                --max-windows 8 --device "$dev" --json 2>&1); then
       p=$(printf '%s' "$out" | python3 -c 'import json,sys; print("%.9g" % json.loads(sys.stdin.read())["ppl"])')

@@ -28,7 +28,7 @@
  *
  * Fast paths and the reference next to them (knobs; M2D_CUDA_FAST=0 turns the fast ones off):
  * MoE at BF16 by a device-side plan and grouped WMMA GEMMs (moe_grouped; 0: per-expert cuBLASLt
- * with the plan on the host), attention on tensor cores or by tiles (attn_kernel 3: 3xFP16, 2:
+ * with the plan on the host), attention on tensor cores or by tiles (attn_kernel 3, 4: 3xFP16, 2:
  * 3xTF32, 1: tiles; 0: one warp a row), calibration's experts batched or one by one (all_batched 1, 0) and its Gram on the fp64
  * tensor cores or by FMA tiles (gram_kernel 1, 0), every GEMM through cuBLASLt or the
  * one-thread-per-output kernel (gemm_naive). The tests run both sides; knob profile times the ops.
@@ -154,11 +154,12 @@ struct cu_be {
     int gemm_naive;       /* knob: every GEMM through k_gemm_naive */
     int moe_grouped;      /* knob: MoE and calibration at BF16 by the grouped kernels (default 1;
                            * 2: their loads not overlapped with the MMAs; 0: the per-expert path) */
-    int attn_kernel;      /* knob: attention by k_attention_h16 (3; k_attention_tc for heads beyond
-                           * its range), k_attention_tc (2, the default), k_attention_tiled (1) where
-                           * they apply, or the warp-per-row reference k_attention (0) */
-    unsigned attn_smem_set; /* k_attention_tc<32, 64, 128> (bits 0-2) and k_attention_h16 (bits 3-5)
-                           * allowed their shared memory on this device */
+    int attn_kernel;      /* knob: attention by k_attention_h16 (3: a row tile a warp, 4: two;
+                           * k_attention_tc for heads beyond its range), k_attention_tc (2, the
+                           * default), k_attention_tiled (1) where they apply, or the warp-per-row
+                           * reference k_attention (0) */
+    unsigned attn_smem_set; /* k_attention_tc<32, 64, 128> (bits 0-2), k_attention_h16 (bits 3-5 and
+                           * 6-8) allowed their shared memory on this device */
     int all_grouped_rows; /* knob: experts_all takes the grouped kernels up to this many rows (default 64) */
     int gram_kernel;      /* knob: calibration's Gram on the fp64 tensor cores (1, the default) or by
                            * FMA tiles (0) */
@@ -1204,26 +1205,26 @@ __global__ static void __launch_bounds__(AT_ROWS * 32) k_attention_tiled(attn_de
         if (lane + 32 * j < hd) o[lane + 32 * j] = acc[j] / l;
 }
 
-/* KERNEL<HD> (k_attention_tc or k_attention_h16, SMEM bytes of shared memory, allowed once: bit
- * BIT of attn_smem_set) over the query rows and heads */
-static void launch_tc_kernel(cu_be *c, const attn_dev *d, void (*kernel)(attn_dev), size_t smem, unsigned bit,
-                             const char *name) {
+/* KERNEL<HD> (k_attention_tc or k_attention_h16, ROWS query rows a block, SMEM bytes of shared
+ * memory, allowed once: bit BIT of attn_smem_set) over the query rows and heads */
+static void launch_tc_kernel(cu_be *c, const attn_dev *d, void (*kernel)(attn_dev), int rows, size_t smem,
+                             unsigned bit, const char *name) {
     if (!(c->attn_smem_set & bit) &&
         !cuda_ok(c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                  "attention shared memory"))
         return;
     c->attn_smem_set |= bit;
-    dim3 grid((unsigned)((d->nq + TC_ROWS - 1) / TC_ROWS), (unsigned)d->n_heads);
+    dim3 grid((unsigned)((d->nq + rows - 1) / rows), (unsigned)d->n_heads);
     kernel<<<grid, TC_WARPS * 32, smem>>>(*d);
     launched(c, name);
 }
 
-/* attn_kernel 3: the heads' maxima (k_h16_absmax), the keys and values as tiles (k_h16_prep), then
- * k_attention_h16 for the heads in its range and k_attention_tc for the others (each skips the
- * other's heads) */
+/* attn_kernel 3 and 4: the heads' maxima (k_h16_absmax), the keys and values as tiles
+ * (k_h16_prep), then k_attention_h16 (one row tile a warp, or two) for the heads in its range and
+ * k_attention_tc for the others (each skips the other's heads) */
 template <int HD>
 static void launch_attention_tc(cu_be *c, attn_dev *d) {
-    unsigned bit = 1u << (HD / 64); /* HD 32, 64, 128: bits 0, 1, 2 (3, 4, 5 for h16) */
+    unsigned bit = 1u << (HD / 64); /* HD 32, 64, 128: bits 0, 1, 2 (<< 3 for h16 RT 1, << 6 for RT 2) */
     if (c->attn_kernel >= 3) {
         int heads = d->n_heads + 2 * d->n_kv, tiles = (d->np + d->nq + TC_KEYS - 1) / TC_KEYS;
         uint32_t *mx = (uint32_t *)scratch(c, SLOT_ATTN_MAX, sizeof(uint32_t) * (size_t)heads);
@@ -1234,9 +1235,14 @@ static void launch_attention_tc(cu_be *c, attn_dev *d) {
         d->absmax = mx, d->h16_tiles = kv, d->h16_ntiles = tiles;
         k_h16_prep<HD><<<dim3((unsigned)tiles, (unsigned)d->n_kv), TC_WARPS * 32>>>(*d);
         launched(c, "k_h16_prep");
-        launch_tc_kernel(c, d, k_attention_h16<HD>, sizeof(h16_smem<HD>), bit << 3, "k_attention_h16");
+        if (c->attn_kernel == 3)
+            launch_tc_kernel(c, d, k_attention_h16<HD, 1>, H16_ROWS_BLK(1), sizeof(h16_smem<HD, 1>), bit << 3,
+                             "k_attention_h16");
+        else
+            launch_tc_kernel(c, d, k_attention_h16<HD, 2>, H16_ROWS_BLK(2), sizeof(h16_smem<HD, 2>), bit << 6,
+                             "k_attention_h16 (2 row tiles a warp)");
     }
-    launch_tc_kernel(c, d, k_attention_tc<HD>, sizeof(tc_smem<HD>), bit, "k_attention_tc");
+    launch_tc_kernel(c, d, k_attention_tc<HD>, TC_ROWS, sizeof(tc_smem<HD>), bit, "k_attention_tc");
 }
 
 /* 0 when the tensor-core kernels ran, -1 when they do not take this head size */
@@ -2193,12 +2199,12 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
               : strcmp(knob, "profile") == 0     ? &CU(be)->prof.on : NULL;
     if (at == &CU(be)->prof.on && value == 0 && *at) prof_report(CU(be)); /* profile 0: report, stop */
     int three = at == &CU(be)->moe_grouped || at == &CU(be)->attn_kernel || at == &CU(be)->all_batched; /* 0|1|2 */
-    if (at && (value == 0 || value == 1 || (value == 2 && three) || (value == 3 && at == &CU(be)->attn_kernel))) {
+    if (at && (value == 0 || value == 1 || (value == 2 && three) || ((value == 3 || value == 4) && at == &CU(be)->attn_kernel))) {
         *at = value;
         return 0;
     }
     return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile, gram_kernel: "
-                   "0|1; moe_grouped, all_batched: 0|1|2; attn_kernel: 0|1|2|3; all_grouped_rows: >= 0)",
+                   "0|1; moe_grouped, all_batched: 0|1|2; attn_kernel: 0..4; all_grouped_rows: >= 0)",
                    knob, value);
 }
 
@@ -2252,13 +2258,13 @@ static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
     if (n == 0) return m2d_err("cuda: no CUDA device (cudaGetDeviceCount: 0 devices)");
     if (dev < 0 || dev >= n) return m2d_err("cuda: device %d does not exist (%d CUDA devices: 0..%d)", dev, n, n - 1);
     if ((e = cudaSetDevice(dev)) != cudaSuccess) return m2d_err("cuda: cudaSetDevice(%d): %s", dev, cudaGetErrorString(e));
-    /* M2D_CUDA_ATTN=0..3: the attention kernel (knob attn_kernel) for a whole process, so that the
+    /* M2D_CUDA_ATTN=0..4: the attention kernel (knob attn_kernel) for a whole process, so that the
      * GPU runner can put a kernel that is not the default through the CLI */
     const char *attn = getenv("M2D_CUDA_ATTN");
     int attn_kernel = 2;
     if (attn) {
-        if (strlen(attn) != 1 || attn[0] < '0' || attn[0] > '3')
-            return m2d_err("cuda: M2D_CUDA_ATTN=%s: expected 0, 1, 2 or 3 (the knob attn_kernel)", attn);
+        if (strlen(attn) != 1 || attn[0] < '0' || attn[0] > '4')
+            return m2d_err("cuda: M2D_CUDA_ATTN=%s: expected 0 to 4 (the knob attn_kernel)", attn);
         attn_kernel = attn[0] - '0';
     }
     cu_be *c = (cu_be *)m2d_calloc(1, sizeof *c);

@@ -433,14 +433,21 @@ struct h16_tile {
     uint16_t vh[TC_KEYS / 4][HD + 4][4], vl[TC_KEYS / 4][HD + 4][4];
 };
 
-/* Shared memory: Q as whole A fragments, a lane's four registers one 16-byte load (qh[8 w + g][4 ks
- * + c]: rows 16 w + g and + 8 of warp w, k step ks; rows of HD / 4 + 4 uint4s, 4 mod 8: a
- * quarter-warp's loads, (g, c) at 4 c + 16 g words, fall in 32 banks); two tiles of keys and values
- * (the next one copied while this one is used). 107 KB at HD 128: two blocks an SM. */
-template <int HD>
+/* k_attention_h16<HD, RT>: each warp takes RT row tiles of 16 (a block TC_WARPS x 16 RT rows).
+ * RT 1 (attn_kernel 3): two tile buffers, the next tile copied during this one; RT 2 (attn_kernel
+ * 4): every K and V fragment loaded from shared memory feeds two MMAs, half the shared-memory
+ * and L2 traffic per MMA, one tile buffer (the other block on the SM overlaps the copies). */
+#define H16_ROWS_BLK(RT) (TC_WARPS * 16 * (RT))
+#define H16_NBUF(RT) ((RT) == 1 ? 2 : 1)
+
+/* Shared memory: Q as whole A fragments, a lane's four registers one 16-byte load (qh[8 t + g][4 ks
+ * + c]: rows 16 t + g and + 8 of the block's row tile t (warp w's are w RT ..), k step ks; rows of
+ * HD / 4 + 4 uint4s, 4 mod 8: a quarter-warp's loads, (g, c) at 4 c + 16 g words, fall in 32
+ * banks); the tile buffers. At HD 128: 107 KB (RT 1), 109 KB (RT 2): two blocks an SM. */
+template <int HD, int RT>
 struct h16_smem {
-    uint4 qh[TC_ROWS / 2][HD / 4 + 4], ql[TC_ROWS / 2][HD / 4 + 4];
-    h16_tile<HD> kv[2];
+    uint4 qh[H16_ROWS_BLK(RT) / 2][HD / 4 + 4], ql[H16_ROWS_BLK(RT) / 2][HD / 4 + 4];
+    h16_tile<HD> kv[H16_NBUF(RT)];
 };
 
 /* q[i][j] of head h times SC (zero past nq and hd) */
@@ -448,11 +455,11 @@ __device__ static __forceinline__ float h16_q(const attn_dev &a, int i, int h, i
     return i < a.nq && j < a.hd ? a.q[(size_t)i * a.ldq + (size_t)h * a.hd + j] * sc : 0.0f;
 }
 
-/* Q's rows i0 .. i0 + TC_ROWS - 1 of head h, times SC, split into the A-fragment planes */
-template <int HD>
-__device__ static void h16_load_q(const attn_dev &a, int i0, int h, float sc, h16_smem<HD> &sm) {
-    for (int e = threadIdx.x; e < TC_ROWS / 2 * HD / 4; e += TC_WARPS * 32) {
-        int rp = e / (HD / 4), f = e % (HD / 4), ks = f / 4, c = f % 4; /* row pair rp: warp rp / 8, g = rp % 8 */
+/* Q's rows i0 .. of the block, head h, times SC, split into the A-fragment planes */
+template <int HD, int RT>
+__device__ static void h16_load_q(const attn_dev &a, int i0, int h, float sc, h16_smem<HD, RT> &sm) {
+    for (int e = threadIdx.x; e < H16_ROWS_BLK(RT) / 2 * HD / 4; e += TC_WARPS * 32) {
+        int rp = e / (HD / 4), f = e % (HD / 4), ks = f / 4, c = f % 4; /* row pair rp: tile rp / 8, g = rp % 8 */
         int r0 = i0 + 16 * (rp / 8) + rp % 8, j = 16 * ks + 2 * c;
         uint2 p[4]; /* a0 .. a3: (row g, k 2c, + 1), (row g + 8, ..), (row g, k 2c + 8, + 9), (row g + 8, ..) */
 #pragma unroll
@@ -537,86 +544,129 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_h16_prep(attn_dev a) {
     }
 }
 
-/* a warp's 16 x TC_KEYS scores of tile KV: hi x hi in s, the lo terms in sl, then added */
-template <int HD>
-__device__ static __forceinline__ void h16_scores(const h16_smem<HD> &sm, const h16_tile<HD> &kv, int w, int g, int c,
-                                                  float (&s)[TC_KEYS / 8][4]) {
+/* a warp's RT x 16 x TC_KEYS scores of tile KV (its row tiles t = w RT + rt). RT 1: hi x hi in s,
+ * the lo terms in sl (two chains of dependent MMAs, not one), then added; RT 2: one accumulator a
+ * row tile (the two row tiles' chains interleave), lo terms first. */
+template <int HD, int RT>
+__device__ static __forceinline__ void h16_scores(const h16_smem<HD, RT> &sm, const h16_tile<HD> &kv, int w, int g,
+                                                  int c, float (&s)[RT][TC_KEYS / 8][4]) {
     float sl[TC_KEYS / 8][4];
     for (int nt = 0; nt < TC_KEYS / 8; nt++)
-        for (int u = 0; u < 4; u++) s[nt][u] = sl[nt][u] = 0.0f;
+        for (int u = 0; u < 4; u++) {
+            sl[nt][u] = 0.0f;
+            for (int rt = 0; rt < RT; rt++) s[rt][nt][u] = 0.0f;
+        }
 #pragma unroll 4
     for (int ks = 0; ks < HD / 16; ks++) {
-        uint4 qh = sm.qh[8 * w + g][4 * ks + c], ql = sm.ql[8 * w + g][4 * ks + c];
-        const uint32_t ah[4] = {qh.x, qh.y, qh.z, qh.w}, al[4] = {ql.x, ql.y, ql.z, ql.w};
+        uint32_t ah[RT][4], al[RT][4];
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++) {
+            uint4 qh = sm.qh[8 * (w * RT + rt) + g][4 * ks + c], ql = sm.ql[8 * (w * RT + rt) + g][4 * ks + c];
+            ah[rt][0] = qh.x, ah[rt][1] = qh.y, ah[rt][2] = qh.z, ah[rt][3] = qh.w;
+            al[rt][0] = ql.x, al[rt][1] = ql.y, al[rt][2] = ql.z, al[rt][3] = ql.w;
+        }
 #pragma unroll
         for (int nt = 0; nt < TC_KEYS / 8; nt++) { /* B = K^T: (k = 2c, n = g) is K[key g][dim 2c] */
             uint2 bh = *(const uint2 *)&kv.kh[8 * nt + g][8 * ks + 2 * c];
             uint2 bl = *(const uint2 *)&kv.kl[8 * nt + g][8 * ks + 2 * c];
-            mma_f16(sl[nt], al, bh.x, bh.y);
-            mma_f16(sl[nt], ah, bl.x, bl.y);
-            mma_f16(s[nt], ah, bh.x, bh.y);
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++) {
+                float (&lo)[4] = RT == 1 ? sl[nt] : s[rt][nt];
+                mma_f16(lo, al[rt], bh.x, bh.y);
+                mma_f16(lo, ah[rt], bl.x, bl.y);
+                mma_f16(s[rt][nt], ah[rt], bh.x, bh.y);
+            }
         }
     }
-    for (int nt = 0; nt < TC_KEYS / 8; nt++)
-        for (int u = 0; u < 4; u++) s[nt][u] += sl[nt][u];
+    if (RT == 1)
+        for (int nt = 0; nt < TC_KEYS / 8; nt++)
+            for (int u = 0; u < 4; u++) s[0][nt][u] += sl[nt][u];
 }
 
-/* O += P V of tile KV, the weights P from the registers; lo terms first */
-template <int HD>
-__device__ static __forceinline__ void h16_pv(const h16_tile<HD> &kv, int g, int c, const float (&p)[TC_KEYS / 8][4],
-                                              float (&o)[HD / 8][4]) {
+/* O += P V of tile KV for the warp's RT row tiles, the weights P from the registers; lo terms first */
+template <int HD, int RT>
+__device__ static __forceinline__ void h16_pv(const h16_tile<HD> &kv, int g, int c, const float (&p)[RT][TC_KEYS / 8][4],
+                                              float (&o)[RT][HD / 8][4]) {
 #pragma unroll
     for (int ks = 0; ks < TC_KEYS / 16; ks++) {
-        uint32_t ah[4], al[4];
-        h16_p_frag(p, ks, ah, al);
+        uint32_t ah[RT][4], al[RT][4];
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++) h16_p_frag(p[rt], ks, ah[rt], al[rt]);
 #pragma unroll
         for (int nt = 0; nt < HD / 8; nt++) { /* B = V: (k = 2c, n = g) is V[key 2c][dim g] */
             uint2 bh = *(const uint2 *)kv.vh[4 * ks + c][8 * nt + g], bl = *(const uint2 *)kv.vl[4 * ks + c][8 * nt + g];
-            mma_f16(o[nt], al, bh.x, bh.y);
-            mma_f16(o[nt], ah, bl.x, bl.y);
-            mma_f16(o[nt], ah, bh.x, bh.y);
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++) {
+                mma_f16(o[rt][nt], al[rt], bh.x, bh.y);
+                mma_f16(o[rt][nt], ah[rt], bl.x, bl.y);
+                mma_f16(o[rt][nt], ah[rt], bh.x, bh.y);
+            }
         }
     }
 }
 
-template <int HD>
+/* this tile of keys and values in shared memory, ready for every warp: with two buffers the next
+ * tile's copies start first and only this one's are waited for (an empty group where there is no
+ * next tile keeps the count); with one, this tile is copied and waited for. The buffer's index. */
+template <int HD, int RT>
+__device__ static __forceinline__ int h16_tile_ready(const attn_dev &a, int kvh, int t0, int last, int buf,
+                                                     h16_smem<HD, RT> &sm) {
+    if (H16_NBUF(RT) == 2) {
+        if (t0 + TC_KEYS <= last) h16_copy_tile<HD>(a, kvh, t0 / TC_KEYS + 1, sm.kv[(buf ^ 1) % H16_NBUF(RT)]);
+        else cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        h16_copy_tile<HD>(a, kvh, t0 / TC_KEYS, sm.kv[0]);
+        cp_async_wait<0>();
+        buf = 0;
+    }
+    __syncthreads(); /* every thread's copies, and Q written, the first time */
+    return buf;
+}
+
+template <int HD, int RT>
 __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_h16(attn_dev a) {
 #ifndef M2D_CUDA_EMULATED
     extern __shared__ __align__(16) unsigned char tc_raw[];
 #endif
-    h16_smem<HD> &sm = *(h16_smem<HD> *)tc_raw;
+    h16_smem<HD, RT> &sm = *(h16_smem<HD, RT> *)tc_raw;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, h = blockIdx.y;
-    int kvh = h / (a.n_heads / a.n_kv), i0 = (int)(gridDim.x - 1 - blockIdx.x) * TC_ROWS, iw = i0 + 16 * w;
+    int kvh = h / (a.n_heads / a.n_kv), i0 = (int)(gridDim.x - 1 - blockIdx.x) * H16_ROWS_BLK(RT);
+    int iw = i0 + 16 * RT * w; /* the warp's first row; its row tile rt starts at iw + 16 rt */
     h16_shifts sh;
     if (!h16_fit(a, h, kvh, sh)) return; /* k_attention_tc takes this head */
-    int last = a.np + M2D_MIN(i0 + TC_ROWS, a.nq) - 1;
+    int last = a.np + M2D_MIN(i0 + H16_ROWS_BLK(RT), a.nq) - 1;
     /* tiles start at multiples of TC_KEYS (k_h16_prep's); keys before a row's window are masked */
     int lo_blk = (a.window > 0 ? max(0, a.np + i0 + 1 - a.window) : 0) / TC_KEYS * TC_KEYS;
-    tc_rows R = tc_rows_of(a, iw, g);
-    int warp_last = a.np + M2D_MIN(iw + 15, a.nq - 1), warp_lo = a.window > 0 ? max(0, a.np + iw + 1 - a.window) : 0;
+    tc_rows R[RT];
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++) R[rt] = tc_rows_of(a, iw + 16 * rt, g);
+    int warp_last = a.np + M2D_MIN(iw + 16 * RT - 1, a.nq - 1), warp_lo = a.window > 0 ? max(0, a.np + iw + 1 - a.window) : 0;
     /* the shifts off, and the softmax in the log2 domain */
     const float log2e = 1.4426950408889634f;
     float sc = ldexpf(a.scale, -sh.q - sh.k) * log2e, oscale = ldexpf(1.0f, -14 - sh.v);
-    h16_copy_tile<HD>(a, kvh, lo_blk / TC_KEYS, sm.kv[0]);
-    h16_load_q<HD>(a, i0, h, ldexpf(1.0f, sh.q), sm);
-    float o[HD / 8][4], m[2], l[2];
-    tc_begin<HD>(a, h, c, log2e, o, m, l);
+    if (H16_NBUF(RT) == 2) h16_copy_tile<HD>(a, kvh, lo_blk / TC_KEYS, sm.kv[0]);
+    h16_load_q<HD, RT>(a, i0, h, ldexpf(1.0f, sh.q), sm);
+    float o[RT][HD / 8][4], m[RT][2], l[RT][2]; /* registers: every index below is unrolled */
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++) tc_begin<HD>(a, h, c, log2e, o[rt], m[rt], l[rt]);
     for (int t0 = lo_blk, buf = 0; t0 <= last; t0 += TC_KEYS, buf ^= 1) {
-        if (t0 + TC_KEYS <= last) h16_copy_tile<HD>(a, kvh, t0 / TC_KEYS + 1, sm.kv[buf ^ 1]);
-        else cp_async_commit(); /* an empty group: the wait below counts the same */
-        cp_async_wait<1>();     /* this tile's copies are done (the next one's may not be) */
-        __syncthreads();        /* ... everyone's, and Q written, the first time */
+        int cur = h16_tile_ready<HD, RT>(a, kvh, t0, last, buf, sm);
         if (iw < a.nq && t0 <= warp_last && t0 + TC_KEYS > warp_lo) { /* warp-uniform: keys for these rows */
-            float s[TC_KEYS / 8][4], rs[2];
-            h16_scores<HD>(sm, sm.kv[buf], w, g, c, s);
-            if (tc_unmasked(a, iw, t0)) tc_softmax<true, false>(R, t0, c, sc, s, m, l, rs);
-            else tc_softmax<true>(R, t0, c, sc, s, m, l, rs);
-            tc_rescale<HD>(o, rs);
-            h16_pv<HD>(sm.kv[buf], g, c, s, o);
+            float s[RT][TC_KEYS / 8][4], rs[2];
+            h16_scores<HD, RT>(sm, sm.kv[cur], w, g, c, s);
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++) {
+                if (tc_unmasked(a, iw + 16 * rt, t0)) tc_softmax<true, false>(R[rt], t0, c, sc, s[rt], m[rt], l[rt], rs);
+                else tc_softmax<true>(R[rt], t0, c, sc, s[rt], m[rt], l[rt], rs);
+                tc_rescale<HD>(o[rt], rs);
+            }
+            h16_pv<HD, RT>(sm.kv[cur], g, c, s, o);
         }
-        __syncthreads(); /* this tile is consumed before the next iteration copies over it */
+        __syncthreads(); /* this tile is consumed before a later copy overwrites it */
     }
-    tc_store<HD>(a, R, iw, g, c, h, o, l, oscale);
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++) tc_store<HD>(a, R[rt], iw + 16 * rt, g, c, h, o[rt], l[rt], oscale);
 }
 
 /* absmax[y] = max |x| (as float bits, NaN above infinity) over head y's values: q heads, then k
