@@ -366,7 +366,7 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev 
     tc_store<HD>(a, R, iw, g, c, h, o, l, 1.0f);
 }
 
-/* ---- attention on tensor cores in 3xFP16 (k_attention_h16, attn_kernel 3) ----
+/* ---- attention on tensor cores in 3xFP16 (k_attention_h16, attn_kernel 3 and 4) ----
  * k_attention_tc's algorithm with mma.sync m16n8k16 FP16 (fp32 accumulation) instead of m16n8k8
  * TF32: the same 11 significant bits an operand part, twice the work an instruction. Each head's
  * q, k and v are scaled by powers of two into fp16's range (h16_fit, above); x = hi + lo, both fp16
@@ -384,8 +384,8 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev 
  * - the softmax in the log2 domain (tc_softmax<true>: exp2f, one MUFU.EX2, for expf's range
  *   reduction; one more fp32 rounding of the exponent's argument);
  * - keys and values are split and scaled once a layer (k_h16_prep, into device memory in the
- *   shared-memory layout), not once a block, and a block copies each tile with cp.async while it
- *   computes on the previous one (double buffered: 107 KB at HD 128, two blocks an SM).
+ *   shared-memory layout), not once a block, and a block copies each tile with cp.async (with two
+ *   buffers, while it computes on the previous one; see H16_ROWS_BLK for the two variants).
  * Fragments (PTX ISA, mma.m16n8k16 .f16; each register two halves, the lower index low): A a0 =
  * (row g, k 2c, 2c + 1), a1 = (row g + 8, k 2c ..), a2 = (row g, k 2c + 8, 2c + 9), a3 = (row
  * g + 8, k 2c + 8 ..); B b0 = (k 2c, 2c + 1; n g), b1 = (k 2c + 8, 2c + 9; n g); C as m16n8k8. */
