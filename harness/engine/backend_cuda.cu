@@ -2198,8 +2198,10 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
               : strcmp(knob, "all_batched") == 0 ? &CU(be)->all_batched
               : strcmp(knob, "profile") == 0     ? &CU(be)->prof.on : NULL;
     if (at == &CU(be)->prof.on && value == 0 && *at) prof_report(CU(be)); /* profile 0: report, stop */
-    int three = at == &CU(be)->moe_grouped || at == &CU(be)->attn_kernel || at == &CU(be)->all_batched; /* 0|1|2 */
-    if (at && (value == 0 || value == 1 || (value == 2 && three) || ((value == 3 || value == 4) && at == &CU(be)->attn_kernel))) {
+    int top = at == &CU(be)->attn_kernel                                        ? 4
+              : at == &CU(be)->moe_grouped || at == &CU(be)->all_batched ? 2
+                                                                          : 1; /* the knob's largest value */
+    if (at && value >= 0 && value <= top) {
         *at = value;
         return 0;
     }

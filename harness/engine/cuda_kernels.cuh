@@ -88,12 +88,22 @@ __device__ static __forceinline__ void a_frag_pair(const float *t, int ld, int g
     }
 }
 
+/* the rows of key and value t of kv head g: the cached prefix's (t < np) or the segment's */
+__device__ static __forceinline__ void tc_kv_rows(const attn_dev &a, int g, int t, const float *&kr, const float *&vr) {
+    if (t < a.np) kr = a.kp + g * a.head_stride + (size_t)t * a.hd, vr = a.vp + g * a.head_stride + (size_t)t * a.hd;
+    else kr = a.ks + (size_t)(t - a.np) * a.ldk + (size_t)g * a.hd, vr = a.vs + (size_t)(t - a.np) * a.ldv + (size_t)g * a.hd;
+}
+
+/* where element j of a row goes so that, within each 8, j and j + 4 sit side by side (j & 3 = c:
+ * c at 2c, c + 4 at 2c + 1): a lane's two B values (k = c, c + 4 in m16n8k8 TF32; the half pairs
+ * 2c, 2c + 8 in m16n8k16 FP16) become one 8-byte load */
+__device__ static __forceinline__ int tc_interleave4(int j) { return (j & ~7) + 2 * (j & 3) + ((j & 4) >> 2); }
+
 /* key and value t of kv head g, columns j .. j + 3 (zeros past `last` and past hd: zero keys add
  * nothing to a score; zero value columns are never written out) */
 __device__ static __forceinline__ void tc_kv4(const attn_dev &a, int g, int t, int j, int last, float4 &kv, float4 &vv) {
     const float *kr = NULL, *vr = NULL;
-    if (t <= last && t < a.np) kr = a.kp + g * a.head_stride + (size_t)t * a.hd, vr = a.vp + g * a.head_stride + (size_t)t * a.hd;
-    else if (t <= last) kr = a.ks + (size_t)(t - a.np) * a.ldk + (size_t)g * a.hd, vr = a.vs + (size_t)(t - a.np) * a.ldv + (size_t)g * a.hd;
+    if (t <= last) tc_kv_rows(a, g, t, kr, vr);
     kv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vv = kv;
     if (kr && a.vec && j < a.hd) { /* hd % 4 == 0 with vec: a float4 is whole or past hd */
         kv = *(const float4 *)(kr + j), vv = *(const float4 *)(vr + j);
@@ -260,7 +270,7 @@ __device__ static __forceinline__ void tc_put(tc_smem<HD> &sm, int e, float4 kv,
     int vrow = 4 * (kk / 8) + kk % 4, vhalf = kk % 8 / 4; /* keys c and c + 4 of 8 share a row */
 #pragma unroll
     for (int u = 0; u < 4; u++) {
-        int col = j + u, at = (col & ~7) + 2 * (col & 3) + ((col & 4) >> 2); /* dims c, c + 4 side by side */
+        int col = j + u, at = tc_interleave4(col); /* dims c, c + 4 side by side */
         uint2 kp = tf32_pair(kx[u]), vp = tf32_pair(vx[u]);
         sm.kb[kk][at] = kp.x, sm.ks[kk][at] = kp.y;
         (vhalf ? sm.vb[vrow][col].y : sm.vb[vrow][col].x) = vp.x;
@@ -417,10 +427,6 @@ __device__ static __forceinline__ uint2 h16_pair(float x0, float x1) {
     return make_uint2(hi, h2_rn(x0 - b.x, x1 - b.y));
 }
 
-/* where the pair of dims (2j, 2j + 1) of a row goes: within each 16 dims, (2c, 2c + 1) and
- * (2c + 8, 2c + 9) side by side, so that a lane's A or B pair for one k step is one 8-byte load */
-__device__ static __forceinline__ int h16_word(int j) { return (j & ~7) + 2 * (j & 3) + ((j & 4) >> 2); }
-
 /* One tile of TC_KEYS keys of a kv head, split and scaled, as k_attention_h16 reads it in shared
  * memory (k_h16_prep writes them all to device memory first, padding included, so a block copies a
  * tile as it is): K as rows of HD / 2 + 8 words of half pairs (8 mod 32 for HD 64 and 128, 24 for
@@ -478,8 +484,9 @@ template <int HD>
 __device__ static __forceinline__ void h16_put(h16_tile<HD> &sm, int e, float4 kv, float4 vv, float sk, float sv) {
     int kk = e / (HD / 4), j = 4 * (e % (HD / 4));
     uint2 k01 = h16_pair(kv.x * sk, kv.y * sk), k23 = h16_pair(kv.z * sk, kv.w * sk);
-    sm.kh[kk][h16_word(j / 2)] = k01.x, sm.kl[kk][h16_word(j / 2)] = k01.y;
-    sm.kh[kk][h16_word(j / 2 + 1)] = k23.x, sm.kl[kk][h16_word(j / 2 + 1)] = k23.y;
+    /* the words of dim pairs j / 2 and j / 2 + 1: pairs (2c, 2c + 1) and (2c + 8, 2c + 9) side by side */
+    sm.kh[kk][tc_interleave4(j / 2)] = k01.x, sm.kl[kk][tc_interleave4(j / 2)] = k01.y;
+    sm.kh[kk][tc_interleave4(j / 2 + 1)] = k23.x, sm.kl[kk][tc_interleave4(j / 2 + 1)] = k23.y;
     int r = kk % 16, row = 4 * (kk / 16) + (r & 7) / 2, slot = 2 * (r >> 3) + (r & 1);
     uint2 v01 = h16_pair(vv.x * sv, vv.y * sv), v23 = h16_pair(vv.z * sv, vv.w * sv);
     const uint32_t hi[2] = {v01.x, v23.x}, lo[2] = {v01.y, v23.y};
@@ -678,10 +685,9 @@ __global__ static void k_h16_absmax(attn_dev a, uint32_t *absmax) {
     uint32_t mx = 0;
     for (int64_t e = threadIdx.x; e < (int64_t)(r1 - r0) * a.hd; e += blockDim.x) {
         int t = r0 + (int)(e / a.hd), j = (int)(e % a.hd);
-        const float *x;
+        const float *x, *kr, *vr;
         if (isq) x = a.q + (size_t)t * a.ldq + (size_t)y * a.hd;
-        else if (t < a.np) x = (isv ? a.vp : a.kp) + g * a.head_stride + (size_t)t * a.hd;
-        else x = isv ? a.vs + (size_t)(t - a.np) * a.ldv + (size_t)g * a.hd : a.ks + (size_t)(t - a.np) * a.ldk + (size_t)g * a.hd;
+        else tc_kv_rows(a, g, t, kr, vr), x = isv ? vr : kr;
         mx = max(mx, __float_as_uint(x[j]) & 0x7fffffffu);
     }
     for (int o = 16; o > 0; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
