@@ -333,15 +333,21 @@ static void run_grid(unsigned gx, unsigned gy, unsigned gz, int threads, std::fu
             for (unsigned x = 0; x < gx; x++) run_block(x, y, z);
 }
 
-/* KERNEL<HD> (k_attention_tc or k_attention_h16) over its grid of ROWS query rows a block */
+/* KERNEL<HD> (HD 32, 64 or 128 for a.hd) over a grid of GX x GY blocks of TC_WARPS warps */
 template <template <int> class K>
-static void launch_kernel(const attn_dev &a, int rows) {
-    unsigned gx = (unsigned)((a.nq + rows - 1) / rows);
-    if (a.hd <= 32) run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { K<32>::run(a); });
-    else if (a.hd <= 64) run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { K<64>::run(a); });
-    else run_grid(gx, a.n_heads, 1, TC_WARPS * 32, [a] { K<128>::run(a); });
+static void launch_kernel(const attn_dev &a, unsigned gx, unsigned gy) {
+    if (a.hd <= 32) run_grid(gx, gy, 1, TC_WARPS * 32, [a] { K<32>::run(a); });
+    else if (a.hd <= 64) run_grid(gx, gy, 1, TC_WARPS * 32, [a] { K<64>::run(a); });
+    else run_grid(gx, gy, 1, TC_WARPS * 32, [a] { K<128>::run(a); });
+}
+
+/* an attention kernel over the query rows (ROWS a block) and heads */
+template <template <int> class K>
+static void launch_rows(const attn_dev &a, int rows) {
+    launch_kernel<K>(a, (unsigned)((a.nq + rows - 1) / rows), (unsigned)a.n_heads);
 }
 template <int HD> struct tc_kernel { static void run(attn_dev a) { k_attention_tc<HD>(a); } };
+template <int HD> struct prep_kernel { static void run(attn_dev a) { k_h16_prep<HD>(a); } };
 template <int HD> struct h16_kernel { static void run(attn_dev a) { k_attention_h16<HD, 1>(a); } };
 template <int HD> struct h16x2_kernel { static void run(attn_dev a) { k_attention_h16<HD, 2>(a); } };
 
@@ -359,13 +365,11 @@ static void launch(attn_dev a, int kernel) {
         uint32_t *mp = mx.data();
         run_grid((unsigned)((a.np + a.nq + H16_ROWS - 1) / H16_ROWS), (unsigned)mx.size(), 1, 256, [a, mp] { k_h16_absmax(a, mp); });
         a.absmax = mp, a.h16_tiles = kv.data(), a.h16_ntiles = tiles;
-        if (a.hd <= 32) run_grid(tiles, a.n_kv, 1, TC_WARPS * 32, [a] { k_h16_prep<32>(a); });
-        else if (a.hd <= 64) run_grid(tiles, a.n_kv, 1, TC_WARPS * 32, [a] { k_h16_prep<64>(a); });
-        else run_grid(tiles, a.n_kv, 1, TC_WARPS * 32, [a] { k_h16_prep<128>(a); });
-        if (kernel == 3) launch_kernel<h16_kernel>(a, H16_ROWS_BLK(1));
-        else launch_kernel<h16x2_kernel>(a, H16_ROWS_BLK(2));
+        launch_kernel<prep_kernel>(a, (unsigned)tiles, (unsigned)a.n_kv);
+        if (kernel == 3) launch_rows<h16_kernel>(a, H16_ROWS_BLK(1));
+        else launch_rows<h16x2_kernel>(a, H16_ROWS_BLK(2));
     }
-    launch_kernel<tc_kernel>(a, TC_ROWS);
+    launch_rows<tc_kernel>(a, TC_ROWS);
 }
 
 /* ---- the reference and the cases ---- */
