@@ -1652,6 +1652,15 @@ static void device_names_and_missing_devices(void **state) {
     }
     assert_int_equal(m2d_device_check("cuda", "--device"), 0);
     assert_int_equal(m2d_device_check("cuda:3", "--device"), 0);
+    /* a bad M2D_CUDA_ATTN (the attention kernel for a process) is one line naming it, GPU or not */
+    const char *bad_attn[] = {"5", "x", "33", "", "-1"};
+    for (size_t i = 0; i < sizeof bad_attn / sizeof *bad_attn; i++) {
+        setenv("M2D_CUDA_ATTN", bad_attn[i], 1);
+        assert_int_equal(m2d_backend_new("cuda", NULL, &be), -1);
+        assert_non_null(strstr(m2d_errmsg(), "M2D_CUDA_ATTN="));
+        assert_null(strchr(m2d_errmsg(), '\n'));
+    }
+    unsetenv("M2D_CUDA_ATTN");
     const char *bad[] = {"cuda:", "cuda:x", "cuda:-1", "cuda:1x"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         assert_int_equal(m2d_device_check(bad[i], "--device"), -1);

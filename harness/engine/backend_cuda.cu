@@ -2254,14 +2254,9 @@ static const m2d_backend_ops cuda_ops = make_ops();
 
 static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
     *out = NULL;
-    int n = 0, dev = o->device;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) return m2d_err("cuda: no CUDA device (cudaGetDeviceCount: %s)", cudaGetErrorString(e));
-    if (n == 0) return m2d_err("cuda: no CUDA device (cudaGetDeviceCount: 0 devices)");
-    if (dev < 0 || dev >= n) return m2d_err("cuda: device %d does not exist (%d CUDA devices: 0..%d)", dev, n, n - 1);
-    if ((e = cudaSetDevice(dev)) != cudaSuccess) return m2d_err("cuda: cudaSetDevice(%d): %s", dev, cudaGetErrorString(e));
     /* M2D_CUDA_ATTN=0..4: the attention kernel (knob attn_kernel) for a whole process, so that the
-     * GPU runner can put a kernel that is not the default through the CLI */
+     * GPU runner can put a kernel that is not the default through the CLI; checked first, so that
+     * a bad value is named with or without a GPU */
     const char *attn = getenv("M2D_CUDA_ATTN");
     int attn_kernel = 2;
     if (attn) {
@@ -2269,6 +2264,12 @@ static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
             return m2d_err("cuda: M2D_CUDA_ATTN=%s: expected 0 to 4 (the knob attn_kernel)", attn);
         attn_kernel = attn[0] - '0';
     }
+    int n = 0, dev = o->device;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) return m2d_err("cuda: no CUDA device (cudaGetDeviceCount: %s)", cudaGetErrorString(e));
+    if (n == 0) return m2d_err("cuda: no CUDA device (cudaGetDeviceCount: 0 devices)");
+    if (dev < 0 || dev >= n) return m2d_err("cuda: device %d does not exist (%d CUDA devices: 0..%d)", dev, n, n - 1);
+    if ((e = cudaSetDevice(dev)) != cudaSuccess) return m2d_err("cuda: cudaSetDevice(%d): %s", dev, cudaGetErrorString(e));
     cu_be *c = (cu_be *)m2d_calloc(1, sizeof *c);
     c->base.ops = &cuda_ops;
     c->device = dev;
