@@ -136,7 +136,7 @@ static const calib_run calib_runs[] = {
     {1, 0, 64, 1, 1, "the device-side reductions into pageable memory"},
     {1, 1, 64, 1, 1, "the device-side reductions (what calibration runs)"},
     {1, 1, 64, 0, 1, "the device-side reductions, experts one by one"},
-    {1, 1, 512, 1, 1, "the device-side reductions, experts by the grouped kernels"},
+    {1, 1, 512, 1, 1, "the device-side reductions, experts by the grouped kernels (k_gx)"},
     {1, 1, 64, 1, 0, "the device-side reductions, the Gram by FMA tiles"},
 };
 
@@ -200,9 +200,9 @@ static void calib_row(m2d_engine *e, const m2d_model *m, double peak) {
     free(x), free(f), free(g), free(sel), free(ids), free(sum), free(n2);
 }
 
-/* the backend's kernels: moe_grouped 1 or 2 (0: per-expert reference), attn_kernel 3 or 4 (tensor
- * cores, 3xFP16, one or two row tiles a warp), 2 (tensor cores, 3xTF32), 1 (tiles on the CUDA cores) or 0 (reference): the rows
- * are A/Bs of the paths on the same GPU in the same run */
+/* the backend's kernels: moe_grouped 3 (mma.sync, k_gx), 1 (WMMA) or 0 (per-expert reference),
+ * attn_kernel 3 (tensor cores, 3xFP16), 2 (tensor cores, 3xTF32), 1 (tiles on the CUDA cores) or 0
+ * (reference): the rows are A/Bs of the paths on the same GPU in the same run */
 static int set_kernels(m2d_engine *e, int moe_grouped, int attn_kernel) {
     m2d_backend *be = m2d_engine_backend(e);
     return be->ops->tune(be, "moe_grouped", moe_grouped) || be->ops->tune(be, "attn_kernel", attn_kernel);
@@ -228,15 +228,12 @@ static void model_rows(const char *dir, const char *label, double peak) {
         fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
         return;
     }
-    /* bf16; its attention in 3xFP16, one and two row tiles a warp (A/Bs against the default 3xTF32,
-     * op times too), on the CUDA cores; its grouped MoE without overlapped loads; the reference
-     * kernels; fp32 */
+    /* bf16 with the default kernels; its MoE by the WMMA grouped kernel (op times of both); its
+     * attention in 3xTF32 and on the CUDA cores; the reference kernels; fp32 */
     const struct { m2d_precision prec; int moe, attn, moe_only; const char *note; } runs[] = {
-        {M2D_PREC_BF16, 1, 2, 0, ""}, {M2D_PREC_BF16, 1, 3, 0, " (attention 3xFP16)"},
-        {M2D_PREC_BF16, 1, 4, 0, " (attention 3xFP16, 2 row tiles)"},
-        {M2D_PREC_BF16, 1, 1, 0, " (attention by SIMT tiles)"},
-        {M2D_PREC_BF16, 2, 2, 1, " (grouped, loads not overlapped)"}, {M2D_PREC_BF16, 0, 0, 1, " (reference kernels)"},
-        {M2D_PREC_FP32, 1, 2, 0, ""}};
+        {M2D_PREC_BF16, 3, 3, 0, ""}, {M2D_PREC_BF16, 1, 3, 1, " (MoE by WMMA tiles)"},
+        {M2D_PREC_BF16, 3, 2, 0, " (attention 3xTF32)"}, {M2D_PREC_BF16, 3, 1, 0, " (attention by SIMT tiles)"},
+        {M2D_PREC_BF16, 0, 0, 1, " (reference kernels)"}, {M2D_PREC_FP32, 3, 3, 0, ""}};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         if (m->cfg.num_experts == 0 && runs[i].moe_only) continue;
         m2d_engine *e;
@@ -252,7 +249,7 @@ static void model_rows(const char *dir, const char *label, double peak) {
         printf("| %-42s | %s | %6.2f GB | %10.0f | %10.0f |\n", lab, m2d_precision_name(runs[i].prec), res / 1e9,
                tp > 0 ? 512 / tp : 0, tl > 0 ? 2047 / tl : 0);
         fflush(stdout);
-        if (i <= 2) op_times(e, m->cfg.vocab_size);
+        if (i <= 1 && !(i == 1 && m->cfg.num_experts == 0)) op_times(e, m->cfg.vocab_size);
         if (m->cfg.num_experts > 0 && i == 0) calib_row(e, m, peak);
         m2d_engine_free(e);
     }

@@ -97,6 +97,7 @@ typedef struct {
     int lane_xor;
     float *d;         /* mma: the accumulator fragment (in and out) and the operands */
     uint32_t a[4], b[2];
+    bool bf16;        /* m16n8k16: the operands bf16 (else fp16) */
     double *dd, da, db; /* dmma: the accumulator pair and the operands */
 } emu_thread;
 
@@ -151,12 +152,34 @@ static void m2d_emu_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint
     wait_at(MMA);
 }
 
-static void m2d_emu_mma16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+static void m2d_emu_mma16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, bool bf16 = false) {
     T[cur].d = d;
     memcpy(T[cur].a, a, sizeof T[cur].a);
-    T[cur].b[0] = b0, T[cur].b[1] = b1;
+    T[cur].b[0] = b0, T[cur].b[1] = b1, T[cur].bf16 = bf16;
     wait_at(MMA16);
 }
+
+static void m2d_emu_mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    m2d_emu_mma16(d, a, b0, b1, true);
+}
+
+/* bf16 as nvcc's cuda_bf16.h has it, for the MoE kernels' epilogue: the bits, rounding to nearest
+ * even (NaN kept quiet) */
+struct __nv_bfloat16 {
+    uint16_t x;
+};
+static uint16_t bf16_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16{bf16_bits(f)}; }
+static float bf16_float(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
+static float __bfloat162float(__nv_bfloat16 b) { return bf16_float(b.x); }
+static float __fadd_rn(float a, float b) { return a + b; }
+static float __fmul_rn(float a, float b) { return a * b; }
+static float __fdiv_rn(float a, float b) { return a / b; }
 
 /* fp32 -> fp16 bits, to nearest even (what __floats2half2_rn does): overflow to infinity,
  * subnormals by the spacing 2^-24 */
@@ -212,15 +235,16 @@ static void warp_mma(emu_thread *L) {
 
 /* D = A B + C of mma.m16n8k16 .f16 with fp32 accumulation (layouts at k_attention_h16): products
  * of fp16 values, exact in fp32, summed in k order in fp32; every operand finite */
-static int h16_violations, h16_mmas, tf32_mmas;
+static int h16_violations, h16_mmas, tf32_mmas, bf16_mmas;
 static void warp_mma16(emu_thread *L) {
     float A[16][16], B[16][8], D[16][8];
     for (int l = 0; l < 32; l++) {
         int g = l >> 2, c = l & 3;
         for (int h = 0; h < 2; h++) {
-            A[g][2 * c + h] = m2d_emu_h2f(L[l].a[0] >> 16 * h), A[g + 8][2 * c + h] = m2d_emu_h2f(L[l].a[1] >> 16 * h);
-            A[g][2 * c + 8 + h] = m2d_emu_h2f(L[l].a[2] >> 16 * h), A[g + 8][2 * c + 8 + h] = m2d_emu_h2f(L[l].a[3] >> 16 * h);
-            B[2 * c + h][g] = m2d_emu_h2f(L[l].b[0] >> 16 * h), B[2 * c + 8 + h][g] = m2d_emu_h2f(L[l].b[1] >> 16 * h);
+            auto v = [&](uint32_t r) { return L[l].bf16 ? bf16_float((uint16_t)(r >> 16 * h)) : m2d_emu_h2f((r >> 16 * h) & 0xffffu); };
+            A[g][2 * c + h] = v(L[l].a[0]), A[g + 8][2 * c + h] = v(L[l].a[1]);
+            A[g][2 * c + 8 + h] = v(L[l].a[2]), A[g + 8][2 * c + 8 + h] = v(L[l].a[3]);
+            B[2 * c + h][g] = v(L[l].b[0]), B[2 * c + 8 + h][g] = v(L[l].b[1]);
         }
         D[g][2 * c] = L[l].d[0], D[g][2 * c + 1] = L[l].d[1], D[g + 8][2 * c] = L[l].d[2], D[g + 8][2 * c + 1] = L[l].d[3];
     }
@@ -228,12 +252,12 @@ static void warp_mma16(emu_thread *L) {
         for (int k = 0; k < 16; k++) h16_violations += !isfinite(A[i][k]) + (i < 8 ? !isfinite(B[k][i]) : 0);
     for (int i = 0; i < 16; i++)
         for (int j = 0; j < 8; j++)
-            for (int k = 0; k < 16; k++) D[i][j] += A[i][k] * B[k][j]; /* fp16 x fp16 is exact in fp32 */
+            for (int k = 0; k < 16; k++) D[i][j] += A[i][k] * B[k][j]; /* fp16 or bf16 products are exact in fp32 */
     for (int l = 0; l < 32; l++) {
         int g = l >> 2, c = l & 3;
         L[l].d[0] = D[g][2 * c], L[l].d[1] = D[g][2 * c + 1], L[l].d[2] = D[g + 8][2 * c], L[l].d[3] = D[g + 8][2 * c + 1];
     }
-    h16_mmas++;
+    (L[0].bf16 ? bf16_mmas : h16_mmas)++;
 }
 
 /* D = A B + C of mma.m8n8k4 .f64 (A a0 (g, c); B b0 (k = c, n = g); C/D (g, 2c), (g, 2c + 1)), the
@@ -348,26 +372,22 @@ static void launch_rows(const attn_dev &a, int rows) {
 }
 template <int HD> struct tc_kernel { static void run(attn_dev a) { k_attention_tc<HD>(a); } };
 template <int HD> struct prep_kernel { static void run(attn_dev a) { k_h16_prep<HD>(a); } };
-template <int HD> struct h16_kernel { static void run(attn_dev a) { k_attention_h16<HD, 1>(a); } };
-template <int HD> struct h16x2_kernel { static void run(attn_dev a) { k_attention_h16<HD, 2>(a); } };
+template <int HD> struct h16_kernel { static void run(attn_dev a) { k_attention_h16<HD>(a); } };
 
-/* attention as attention_tc in backend_cuda.cu launches it: attn_kernel 2, k_attention_tc; 3 and 4,
- * the heads' maxima and the tiles, then k_attention_h16 (one or two row tiles a warp) and
+/* attention as attention_tc in backend_cuda.cu launches it: attn_kernel 2, k_attention_tc; 3,
+ * the heads' maxima and the tiles, then k_attention_h16 and
  * k_attention_tc (each skipping the other's heads) */
 static void launch(attn_dev a, int kernel) {
-    static_assert(sizeof(tc_smem<128>) <= sizeof tc_raw && sizeof(h16_smem<128, 1>) <= sizeof tc_raw &&
-                      sizeof(h16_smem<128, 2>) <= sizeof tc_raw,
-                  "shared memory");
+    static_assert(sizeof(tc_smem<128>) <= sizeof tc_raw && sizeof(h16_smem<128>) <= sizeof tc_raw, "shared memory");
     std::vector<uint32_t> mx((size_t)(a.n_heads + 2 * a.n_kv), 0u);
     int tiles = (a.np + a.nq + TC_KEYS - 1) / TC_KEYS;
     std::vector<h16_tile<128>> kv((size_t)tiles * a.n_kv); /* the largest tile: room for any HD */
-    if (kernel >= 3) {
+    if (kernel == 3) {
         uint32_t *mp = mx.data();
         run_grid((unsigned)((a.np + a.nq + H16_ROWS - 1) / H16_ROWS), (unsigned)mx.size(), 1, 256, [a, mp] { k_h16_absmax(a, mp); });
         a.absmax = mp, a.h16_tiles = kv.data(), a.h16_ntiles = tiles;
         launch_kernel<prep_kernel>(a, (unsigned)tiles, (unsigned)a.n_kv);
-        if (kernel == 3) launch_rows<h16_kernel>(a, H16_ROWS_BLK(1));
-        else launch_rows<h16x2_kernel>(a, H16_ROWS_BLK(2));
+        launch_rows<h16_kernel>(a, H16_ROWS_BLK);
     }
     launch_rows<tc_kernel>(a, TC_ROWS);
 }
@@ -425,7 +445,7 @@ static double run_case(const attn_case &c, int kernel) {
     launch(a, kernel);
     assert_int_equal(tf32_violations, 0); /* every mma operand rounded to TF32 first */
     assert_int_equal(h16_violations, 0);  /* every fp16 operand finite: the scaling kept it in range */
-    /* which kernel ran: with attn_kernel 3 or 4, k_attention_h16 for the heads whose largest |q|, |k|
+    /* which kernel ran: with attn_kernel 3, k_attention_h16 for the heads whose largest |q|, |k|
      * and |v| lie in [2^-27, 2^54) (or are 0), k_attention_tc for the others */
     int h16_heads = 0;
     for (int h = 0; h < c.H; h++) {
@@ -441,8 +461,8 @@ static double run_case(const attn_case &c, int kernel) {
         auto fits = [](double m) { return m == 0 || (m >= ldexp(1, -27) && m < ldexp(1, 54)); };
         h16_heads += fits(mq) && fits(mk) && fits(mv);
     }
-    assert_true(kernel >= 3 && h16_heads > 0 ? h16_mmas > 0 : h16_mmas == 0);
-    assert_true(kernel >= 3 && h16_heads == c.H ? tf32_mmas == 0 : tf32_mmas > 0);
+    assert_true(kernel == 3 && h16_heads > 0 ? h16_mmas > 0 : h16_mmas == 0);
+    assert_true(kernel == 3 && h16_heads == c.H ? tf32_mmas == 0 : tf32_mmas > 0);
     double worst = 0; /* relative to the head's value scale (the outputs' scale) */
     for (size_t i = 0; i < o.size(); i++) {
         int g = (int)(i / c.hd % c.H) / (c.H / c.KV);
@@ -456,9 +476,9 @@ static double run_case(const attn_case &c, int kernel) {
     return worst;
 }
 
-/* the case on k_attention_tc (attn_kernel 2) and on k_attention_h16 (3: a row tile a warp; 4: two) */
+/* the case on k_attention_tc (attn_kernel 2) and on k_attention_h16 (3) */
 static void run_kernels(const attn_case &c) {
-    for (int kernel = 2; kernel <= 4; kernel++) run_case(c, kernel);
+    for (int kernel = 2; kernel <= 3; kernel++) run_case(c, kernel);
 }
 
 /* test_engine's op_attention_causal_gqa: hd 20 (not a multiple of 8: the padding), 70 rows (two
@@ -686,6 +706,122 @@ static void reductions_match_host(void **state) {
             }
 }
 
+/* ---- the MoE's grouped GEMMs on mma.sync (k_gx) ---- */
+
+static uint16_t bf16_normal(double sd) { return bf16_bits((float)(normal() * sd)); }
+
+/* k_gx<NB, BM> as gm_launch launches it, over TILES tiles (spare blocks past the plan's included) */
+template <int NB, int BM>
+static void gx_run(const gm_args &g, const gm_ptrs &p, int tiles) {
+    const gm_args *gp = &g;
+    const gm_ptrs *pp = &p;
+    run_grid((unsigned)tiles, (unsigned)((g.N + GX_BN / NB - 1) / (GX_BN / NB)), 1, GX_T, [gp, pp] { k_gx<NB, BM>(*gp, *pp); });
+}
+
+/* One MoE layer's experts through k_gx<2, BM> (gate, up, the activation, H in bf16) and k_gx<1, BM>
+ * (down) against float64, bucket rows from a plan (tiles of BM rows: buckets of 0, 1, BM - 1, BM + 7
+ * and 2 BM + 3 rows) or every expert on ROWS_CONST rows. d = 72 and d_ff = 104 leave an inner tail
+ * (not multiples of GX_BK) and output columns past the last full block; the outputs have padding
+ * columns (ldc > N) that must stay untouched. Bounds (Higham §3.1, u = 2^-24): the bf16 products
+ * are exact in fp32 and a K-term fp32 sum is within γ_K Σ|terms| (γ_K = K u / (1 - K u)), + u of
+ * the bias add; through the activation (|∂h/∂g| <= 1.5 |u + 1|, |∂h/∂u| <= |g| + 1, SwiGLU's and
+ * the clamped one's), the activation's own fp32 roundings (expf, a division, products: 8 u
+ * allowed) and H's rounding to bf16 (half an ulp: at most 2^-8 relative).
+ * Down reads the kernel's own H, so its operands are the reference's exactly. */
+template <int BM>
+static void gx_case(int rows_const, bool bf16_bias, bool clamp) {
+    const int E = 5, d = 72, de = 104, bucket[E] = {0, 1, BM - 1, BM + 7, 2 * BM + 3}, ldh = de + 5, ldy = d + 3;
+    std::vector<int32_t> start(E + 1), tile_e, tile_r0;
+    for (int e = 0; e < E; e++) start[e + 1] = start[e] + (rows_const ? 0 : bucket[e]);
+    for (int e = 0; e < E && !rows_const; e++)
+        for (int r = start[e]; r < start[e + 1]; r += BM) tile_e.push_back(e), tile_r0.push_back(r);
+    int n_tiles = (int)tile_e.size(), rows = rows_const ? rows_const : start[E];
+    int64_t a_es = rows_const ? (int64_t)rows_const * d : 0, h_es = rows_const ? (int64_t)rows_const * ldh : 0,
+            y_es = rows_const ? (int64_t)rows_const * ldy : 0;
+    size_t all_rows = rows_const ? (size_t)E * rows_const : (size_t)rows;
+    std::vector<uint16_t> x(all_rows * d), wg((size_t)E * de * d), wu(wg.size()), wd((size_t)E * d * de);
+    std::vector<uint16_t> h(all_rows * ldh, 0xffffu); /* a NaN: unwritten */
+    std::vector<float> y(all_rows * ldy, NAN), bias32(3 * E * d + 3 * E * de);
+    std::vector<uint16_t> bias16(bias32.size());
+    for (uint16_t &v : x) v = bf16_normal(1);
+    for (auto *w : {&wg, &wu, &wd})
+        for (uint16_t &v : *w) v = bf16_normal(0.2);
+    for (size_t i = 0; i < bias32.size(); i++) bias16[i] = bf16_normal(0.5), bias32[i] = bf16_float(bias16[i]);
+    gm_ptrs pg, pd;
+    memset(&pg, 0, sizeof pg), memset(&pd, 0, sizeof pd);
+    const void *bias = bf16_bias ? (const void *)bias16.data() : (const void *)bias32.data();
+    size_t bsz = bf16_bias ? 2 : 4;
+    for (int e = 0; e < E; e++) {
+        pg.w[0][e] = wg.data() + (size_t)e * de * d, pg.w[1][e] = wu.data() + (size_t)e * de * d;
+        pd.w[0][e] = wd.data() + (size_t)e * d * de;
+        pg.b[0][e] = (const char *)bias + bsz * e * de, pg.b[1][e] = (const char *)bias + bsz * (E + e) * de;
+        pd.b[0][e] = (const char *)bias + bsz * (2 * E * de + e * d);
+    }
+    int32_t nt = n_tiles;
+    const float alpha = 1.702f, limit = 1.5f;
+    gm_args g1 = {(const __nv_bfloat16 *)x.data(), d, a_es, d, de, tile_e.data(), tile_r0.data(), &nt, start.data(),
+                  rows_const, h.data(), ldh, h_es, bf16_bias, clamp, alpha, limit};
+    gm_args g2 = {(const __nv_bfloat16 *)h.data(), ldh, h_es, de, d, tile_e.data(), tile_r0.data(), &nt, start.data(),
+                  rows_const, y.data(), ldy, y_es, bf16_bias, 0, 0.0f, 0.0f};
+    int tiles = rows_const ? E * ((rows_const + BM - 1) / BM) : n_tiles + 2;
+    bf16_mmas = 0;
+    gx_run<2, BM>(g1, pg, tiles);
+    gx_run<1, BM>(g2, pd, tiles);
+    assert_true(bf16_mmas > 0);
+    const double u = ldexp(1, -24);
+    double worst_h = 0, worst_y = 0;
+    for (int e = 0; e < E; e++) {
+        int r0 = rows_const ? 0 : start[e], r1 = rows_const ? rows_const : start[e + 1];
+        for (int r = r0; r < r1; r++) {
+            size_t row = rows_const ? (size_t)e * rows_const + r : (size_t)r;
+            const uint16_t *xr = &x[row * d], *hr = &h[row * ldh];
+            for (int j = 0; j < de; j++) { /* H */
+                double gs = bias32[e * de + j], us = bias32[(E + e) * de + j], mg = fabs(gs), mu = fabs(us);
+                for (int k = 0; k < d; k++) {
+                    double a = bf16_float(xr[k]), pg_ = a * bf16_float(wg[((size_t)e * de + j) * d + k]),
+                           pu = a * bf16_float(wu[((size_t)e * de + j) * d + k]);
+                    gs += pg_, us += pu, mg += fabs(pg_), mu += fabs(pu);
+                }
+                double want;
+                if (clamp) {
+                    double a = fmin(gs, limit), b = fmin(fmax(us, -limit), limit);
+                    want = (b + 1) * a / (1 + exp(-alpha * a));
+                } else {
+                    want = gs / (1 + exp(-gs)) * us;
+                }
+                double gam = (d + 1) * u / (1 - (d + 1) * u), eg = gam * mg, eu = gam * mu;
+                double tol = (ldexp(1, -8) + 8 * u) * fabs(want) + 1.5 * (fabs(us) + 1 + eu) * eg + (fabs(gs) + 1 + eg) * eu + 1e-30;
+                double diff = fabs(bf16_float(hr[j]) - want);
+                worst_h = fmax(worst_h, diff / tol);
+                if (!(diff <= tol)) fail_msg("k_gx<2, %d>: h[%zu][%d] = %.7g, float64 %.7g, bound %.3g", BM, row, j, bf16_float(hr[j]), want, tol);
+            }
+            for (int j = de; j < ldh; j++) assert_int_equal(hr[j], 0xffffu); /* padding untouched */
+            for (int o = 0; o < d; o++) { /* Y from the kernel's H */
+                double s = bias32[2 * E * de + e * d + o], mag = fabs(s);
+                for (int k = 0; k < de; k++) {
+                    double p = (double)bf16_float(hr[k]) * bf16_float(wd[((size_t)e * d + o) * de + k]);
+                    s += p, mag += fabs(p);
+                }
+                double gam = (de + 1) * u / (1 - (de + 1) * u), diff = fabs(y[row * ldy + o] - s);
+                worst_y = fmax(worst_y, diff / (gam * mag));
+                if (!(diff <= gam * mag)) fail_msg("k_gx<1, %d>: y[%zu][%d] = %.9g, float64 %.9g, bound %.3g", BM, row, o, y[row * ldy + o], s, gam * mag);
+            }
+            for (int o = d; o < ldy; o++) assert_true(isnan(y[row * ldy + o]));
+        }
+    }
+    print_message("k_gx BM %d, %s, biases %s%s: worst |d| / bound: h %.3f, y %.3f\n", BM,
+                  rows_const ? "every expert on the same rows" : "plan's tiles", bf16_bias ? "bf16" : "fp32",
+                  clamp ? ", clamped SwiGLU" : "", worst_h, worst_y);
+}
+
+static void gx_matches_float64(void **state) {
+    (void)state;
+    gx_case<32>(0, false, false);
+    gx_case<64>(0, true, true);
+    gx_case<32>(40, true, false);
+    gx_case<64>(40, false, true);
+}
+
 static int setup(void **state) {
     (void)state;
     for (int t = 0; t < NT_MAX; t++) T[t].stack = (char *)malloc(STACK);
@@ -710,6 +846,7 @@ int main(void) {
         cmocka_unit_test(fp16_rounding_matches_compiler),
         cmocka_unit_test(gram_matches_float64),
         cmocka_unit_test(reductions_match_host),
+        cmocka_unit_test(gx_matches_float64),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

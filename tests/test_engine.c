@@ -408,14 +408,13 @@ static void prefix_as_cache(const float *k, const float *v, int np, int KV, int 
 }
 
 /* Select the backend's attention kernel number PATH (0, 1, ...): cpu's knob attention_gemm_min_rows
- * (0: the dot-product kernel, 1: GEMM blocks), cuda's attn_kernel (0: tensor cores in 3xTF32, the
- * default; 1 and 2: in 3xFP16, one and two row tiles a warp; 3: tiles on the CUDA cores, 4: the
- * warp-per-row reference). false when the backend has no such kernel; path 0 always runs (a
- * backend with one kernel has neither knob). */
+ * (0: the dot-product kernel, 1: GEMM blocks), cuda's attn_kernel (0: tensor cores in 3xFP16, the
+ * default; 1: in 3xTF32; 2: tiles on the CUDA cores, 3: the warp-per-row reference). false when
+ * the backend has no such kernel; path 0 always runs (a backend with one kernel has neither knob). */
 static bool attention_path(m2d_backend *be, int path) {
-    static const int cpu_min_rows[2] = {1 << 30, 1}, cuda_kernel[5] = {2, 3, 4, 1, 0};
+    static const int cpu_min_rows[2] = {1 << 30, 1}, cuda_kernel[4] = {3, 2, 1, 0};
     if (path < 2 && be->ops->tune(be, "attention_gemm_min_rows", cpu_min_rows[path]) == 0) return true;
-    if (path < 5 && be->ops->tune(be, "attn_kernel", cuda_kernel[path]) == 0) return true;
+    if (path < 4 && be->ops->tune(be, "attn_kernel", cuda_kernel[path]) == 0) return true;
     return path == 0;
 }
 
@@ -782,8 +781,8 @@ static void op_moe_biases_clamp_on(const char *backend) {
     end_backend(be);
 }
 
-/* The MoE op at BF16 with bf16 weights made resident (the cuda backend's grouped path: the plan on
- * the device, WMMA GEMMs; its per-expert path under moe_grouped = 0) against float64 loops on the
+/* The MoE op at BF16 with bf16 weights made resident (the cuda backend's grouped paths: the plan on
+ * the device, mma.sync (k_gx) or WMMA (k_grouped) GEMMs; its per-expert path under moe_grouped = 0) against float64 loops on the
  * operands the BF16 contract rounds: x and the activation h to bf16, weights bf16 already, biases
  * fp32. Bound per output: fp32 accumulation (K terms, |err| <= ~K u sum|terms|: 1e-5 of the
  * magnitude is > 10x that for K <= 136) plus one bf16 ulp (2^-8 relative) of every h_i, since h
@@ -836,12 +835,13 @@ static void moe_bf16_case(const char *backend, int N, int D, int DE, int E, int 
     for (int i = 0; i < 6 * E && be->ops->make_resident; i++) assert_int_equal(be->ops->make_resident(be, wh[i]), 0);
     m2d_buf *xb = upload(be, x, sizeof(float) * N * D), *ib = upload(be, topk, sizeof(int32_t) * N * K);
     m2d_buf *gb = upload(be, gates, sizeof(float) * N * K), *yb = be->ops->alloc(be, sizeof(float) * N * D);
-    for (int grouped = 2; grouped >= 0; grouped--) { /* cuda: 2, 1 grouped (with op timing on), 0 per expert */
+    for (int grouped = 3; grouped >= 0; grouped--) { /* cuda: 3 mma.sync, 2, 1 WMMA (op timing on), 0 per expert */
         int knob = be->ops->tune(be, "moe_grouped", grouped) == 0;
-        if (!knob && grouped < 2) break; /* a backend with one path runs it once */
-        const char *path = !knob ? "its one path" : grouped == 2 ? "grouped, loads not overlapped"
-                                                  : grouped ? "grouped" : "per expert";
-        int timed = grouped == 1 && be->ops->tune(be, "profile", 1) == 0;
+        if (!knob && grouped < 3) break; /* a backend with one path runs it once */
+        static const char *paths[] = {"per expert", "grouped WMMA", "grouped WMMA, loads not overlapped",
+                                      "grouped mma.sync where it applies"};
+        const char *path = knob ? paths[grouped] : "its one path";
+        int timed = (grouped == 1 || grouped == 3) && be->ops->tune(be, "profile", 1) == 0;
         m2d_moe_args a = {.x = m2d_mat_of(xb, 0, N, D, D), .topk = ib, .gates = gb, .k = K, .n_experts = E, .d_ff = DE,
                           .gate = wh, .up = wh + E, .down = wh + 2 * E, .prec = M2D_PREC_BF16,
                           .act = clamp_act ? M2D_ACT_SWIGLU_CLAMP : M2D_ACT_SWIGLU, .out = m2d_mat_of(yb, 0, N, D, D),
@@ -1652,15 +1652,17 @@ static void device_names_and_missing_devices(void **state) {
     }
     assert_int_equal(m2d_device_check("cuda", "--device"), 0);
     assert_int_equal(m2d_device_check("cuda:3", "--device"), 0);
-    /* a bad M2D_CUDA_ATTN (the attention kernel for a process) is one line naming it, GPU or not */
-    const char *bad_attn[] = {"5", "x", "33", "", "-1"};
-    for (size_t i = 0; i < sizeof bad_attn / sizeof *bad_attn; i++) {
-        setenv("M2D_CUDA_ATTN", bad_attn[i], 1);
-        assert_int_equal(m2d_backend_new("cuda", NULL, &be), -1);
-        assert_non_null(strstr(m2d_errmsg(), "M2D_CUDA_ATTN="));
-        assert_null(strchr(m2d_errmsg(), '\n'));
+    /* a bad M2D_CUDA_ATTN or M2D_CUDA_MOE (a kernel for a process) is one line naming it, GPU or not */
+    const char *bad_knob[] = {"4", "x", "33", "", "-1"}, *knob_env[] = {"M2D_CUDA_ATTN", "M2D_CUDA_MOE"};
+    for (size_t v = 0; v < 2; v++) {
+        for (size_t i = 0; i < sizeof bad_knob / sizeof *bad_knob; i++) {
+            setenv(knob_env[v], bad_knob[i], 1);
+            assert_int_equal(m2d_backend_new("cuda", NULL, &be), -1);
+            assert_non_null(strstr(m2d_errmsg(), knob_env[v]));
+            assert_null(strchr(m2d_errmsg(), '\n'));
+        }
+        unsetenv(knob_env[v]);
     }
-    unsetenv("M2D_CUDA_ATTN");
     const char *bad[] = {"cuda:", "cuda:x", "cuda:-1", "cuda:1x"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         assert_int_equal(m2d_device_check(bad[i], "--device"), -1);
@@ -2022,13 +2024,15 @@ static void reduced_matches_outputs(m2d_engine *e, int layer, const float *x, in
     free(ids); free(sel); free(sum); free(want); free(n2); free(g);
 }
 
-/* calibration's experts path PATH at BF16 (cuda: 0 the grouped kernels, the default at few rows;
- * 1 batched GEMMs, required (knob all_batched 2: an error, not the per-expert path, where they do
- * not apply); 2 expert by expert); false when the backend has no such path (0 always runs) */
+/* calibration's experts path PATH at BF16 (cuda: 0 the grouped kernels, the default at few rows
+ * (k_gx where it applies); 1 batched GEMMs, required (knob all_batched 2: an error, not the
+ * per-expert path, where they do not apply); 2 expert by expert; 3 the WMMA grouped kernel);
+ * false when the backend has no such path (0 always runs) */
 static bool experts_path(m2d_engine *e, int path) {
     m2d_backend *be = m2d_engine_backend(e);
     if (path == 0) return true;
-    if (path > 2 || be->ops->tune(be, "all_grouped_rows", 0)) return false;
+    if (path > 3 || be->ops->tune(be, "all_grouped_rows", path == 3 ? 64 : 0)) return false;
+    if (path == 3) return be->ops->tune(be, "all_batched", 1) == 0 && be->ops->tune(be, "moe_grouped", 1) == 0;
     return be->ops->tune(be, "all_batched", path == 1 ? 2 : 0) == 0;
 }
 

@@ -28,7 +28,7 @@
  *
  * Fast paths and the reference next to them (knobs; M2D_CUDA_FAST=0 turns the fast ones off):
  * MoE at BF16 by a device-side plan and grouped WMMA GEMMs (moe_grouped; 0: per-expert cuBLASLt
- * with the plan on the host), attention on tensor cores or by tiles (attn_kernel 3, 4: 3xFP16, 2:
+ * with the plan on the host), attention on tensor cores or by tiles (attn_kernel 3: 3xFP16, 2:
  * 3xTF32, 1: tiles; 0: one warp a row), calibration's experts batched or one by one (all_batched 1, 0) and its Gram on the fp64
  * tensor cores or by FMA tiles (gram_kernel 1, 0), every GEMM through cuBLASLt or the
  * one-thread-per-output kernel (gemm_naive). The tests run both sides; knob profile times the ops.
@@ -55,6 +55,8 @@ extern "C" {
 #include "engine/backend.h"
 #include "base/util.h"
 }
+
+#include "engine/cuda_kernels.cuh" /* the kernels the CPU emulation checks too */
 
 /* ---- objects ---- */
 
@@ -152,14 +154,14 @@ struct cu_be {
     char why[512];
     int streamed_note;    /* the streaming note was printed */
     int gemm_naive;       /* knob: every GEMM through k_gemm_naive */
-    int moe_grouped;      /* knob: MoE and calibration at BF16 by the grouped kernels (default 1;
-                           * 2: their loads not overlapped with the MMAs; 0: the per-expert path) */
-    int attn_kernel;      /* knob: attention by k_attention_h16 (3: a row tile a warp, 4: two;
-                           * k_attention_tc for heads beyond its range), k_attention_tc (2, the
-                           * default), k_attention_tiled (1) where they apply, or the warp-per-row
-                           * reference k_attention (0) */
-    unsigned attn_smem_set; /* k_attention_tc<32, 64, 128> (bits 0-2), k_attention_h16 (bits 3-5 and
-                           * 6-8) allowed their shared memory on this device */
+    int moe_grouped;      /* knob: MoE and calibration at BF16 by the grouped kernels: k_gx where it
+                           * applies, else k_grouped (3, the default); k_grouped (1; 2: its loads
+                           * not overlapped with the MMAs); 0: the per-expert path */
+    int attn_kernel;      /* knob: attention by k_attention_h16 (3, the default; k_attention_tc for
+                           * heads beyond its range), k_attention_tc (2), k_attention_tiled (1)
+                           * where they apply, or the warp-per-row reference k_attention (0) */
+    unsigned attn_smem_set; /* k_attention_tc<32, 64, 128> (bits 0-2), k_attention_h16 (bits 3-5)
+                           * allowed their shared memory on this device */
     int all_grouped_rows; /* knob: experts_all takes the grouped kernels up to this many rows (default 64) */
     int gram_kernel;      /* knob: calibration's Gram on the fp64 tensor cores (1, the default) or by
                            * FMA tiles (0) */
@@ -726,9 +728,6 @@ static void cu_rope(m2d_backend *be, m2d_mat *x, int n_heads, int hd, const m2d_
     launched(c, "k_rope");
 }
 
-/* silu(g) * u of one element (k_glu and the grouped MoE's epilogue) */
-__device__ static float swiglu1(float g, float u) { return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u); }
-
 __global__ static void k_glu(float *g, int ldg, const float *u, int ldu, int rows, int cols) {
     int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (id >= (int64_t)rows * cols) return;
@@ -761,12 +760,6 @@ static void cu_add(m2d_backend *be, m2d_mat *y, const m2d_mat *x) {
     if (c->failed || n <= 0) return;
     k_add<<<blocks_for(n, 256), 256>>>(F(y), y->ld, F(x), x->ld, y->rows, y->cols);
     launched(c, "k_add");
-}
-
-/* GPT-OSS's clamped SwiGLU (backend_cpu.c swiglu_clamp), g = act(g, u) in place */
-__device__ static float swiglu_clamp1(float g, float u, float alpha, float limit) {
-    float a = fminf(g, limit), b = fminf(fmaxf(u, -limit), limit);
-    return __fmul_rn(__fadd_rn(b, 1.0f), __fdiv_rn(a, __fadd_rn(1.0f, expf(__fmul_rn(-alpha, a)))));
 }
 
 __global__ static void k_glu_clamp(float *g, int ldg, const float *u, int ldu, int rows, int cols, float alpha,
@@ -1077,8 +1070,6 @@ static void cu_route(m2d_backend *be, m2d_mat *logits, const m2d_route_args *r, 
 
 /* ---- attention: one warp per (query row, head), one pass over the keys (online softmax) ---- */
 
-#include "engine/cuda_kernels.cuh" /* struct attn_dev and k_attention_tc, the tensor-core kernel */
-
 /* PER = elements of the head vector per lane (hd <= 32 * PER) */
 template <int PER>
 __device__ static void attn_key(const float (&q)[PER], const float *kr, const float *vr, int hd, float scale,
@@ -1219,12 +1210,12 @@ static void launch_tc_kernel(cu_be *c, const attn_dev *d, void (*kernel)(attn_de
     launched(c, name);
 }
 
-/* attn_kernel 3 and 4: the heads' maxima (k_h16_absmax), the keys and values as tiles
- * (k_h16_prep), then k_attention_h16 (one row tile a warp, or two) for the heads in its range and
- * k_attention_tc for the others (each skips the other's heads) */
+/* attn_kernel 3: the heads' maxima (k_h16_absmax), the keys and values as tiles (k_h16_prep),
+ * then k_attention_h16 for the heads in its range and k_attention_tc for the others (each skips
+ * the other's heads) */
 template <int HD>
 static void launch_attention_tc(cu_be *c, attn_dev *d) {
-    unsigned bit = 1u << (HD / 64); /* HD 32, 64, 128: bits 0, 1, 2 (<< 3 for h16 RT 1, << 6 for RT 2) */
+    unsigned bit = 1u << (HD / 64); /* HD 32, 64, 128: bits 0, 1, 2 (<< 3 for k_attention_h16) */
     if (c->attn_kernel >= 3) {
         int heads = d->n_heads + 2 * d->n_kv, tiles = (d->np + d->nq + TC_KEYS - 1) / TC_KEYS;
         uint32_t *mx = (uint32_t *)scratch(c, SLOT_ATTN_MAX, sizeof(uint32_t) * (size_t)heads);
@@ -1235,12 +1226,7 @@ static void launch_attention_tc(cu_be *c, attn_dev *d) {
         d->absmax = mx, d->h16_tiles = kv, d->h16_ntiles = tiles;
         k_h16_prep<HD><<<dim3((unsigned)tiles, (unsigned)d->n_kv), TC_WARPS * 32>>>(*d);
         launched(c, "k_h16_prep");
-        if (c->attn_kernel == 3)
-            launch_tc_kernel(c, d, k_attention_h16<HD, 1>, H16_ROWS_BLK(1), sizeof(h16_smem<HD, 1>), bit << 3,
-                             "k_attention_h16");
-        else
-            launch_tc_kernel(c, d, k_attention_h16<HD, 2>, H16_ROWS_BLK(2), sizeof(h16_smem<HD, 2>), bit << 6,
-                             "k_attention_h16 (2 row tiles a warp)");
+        launch_tc_kernel(c, d, k_attention_h16<HD>, H16_ROWS_BLK, sizeof(h16_smem<HD>), bit << 3, "k_attention_h16");
     }
     launch_tc_kernel(c, d, k_attention_tc<HD>, TC_ROWS, sizeof(tc_smem<HD>), bit, "k_attention_tc");
 }
@@ -1397,8 +1383,7 @@ static void moe_experts(cu_be *c, const m2d_moe_args *a, const moe_plan *p, cons
 #define GM_BN 64   /* output columns of a tile: 4 warps of 16 */
 #define GM_BK 64   /* inner-dimension step */
 #define GM_LDS (GM_BK + 8) /* smem row stride of the bf16 operand tiles (a multiple of 8, 16-byte rows) */
-#define GM_LDC (GM_BN + 4) /* smem row stride of the fp32 result tile */
-#define GM_MAX_E 256
+#define GM_LDC (2 * GM_BN + 4) /* smem row stride of the fp32 result tile (gate, then up) */
 #define GM_MAX_K 32
 
 struct gm_plan { /* int32 arrays in SLOT_MOE_PLAN */
@@ -1411,13 +1396,16 @@ struct gm_plan { /* int32 arrays in SLOT_MOE_PLAN */
     int32_t *err;     /* [1] set to 1 by an expert id out of range */
 };
 
-static int gm_max_tiles(int nk, int E) { return nk / GM_BM + M2D_MIN(E, nk) + 1; }
+/* tiles of BM rows: at most nk / BM full ones and one partial a used expert */
+static int gm_max_tiles(int nk, int E, int bm) { return nk / bm + M2D_MIN(E, nk) + 1; }
 
-static size_t gm_plan_ints(int nk, int E) { return (size_t)E + 1 + 4 * (size_t)nk + 2 * (size_t)gm_max_tiles(nk, E) + 2; }
+static size_t gm_plan_ints(int nk, int E, int bm) {
+    return (size_t)E + 1 + 4 * (size_t)nk + 2 * (size_t)gm_max_tiles(nk, E, bm) + 2;
+}
 
-static gm_plan gm_plan_at(int32_t *base, int nk, int E) {
+static gm_plan gm_plan_at(int32_t *base, int nk, int E, int bm) {
     gm_plan p;
-    int mt = gm_max_tiles(nk, E);
+    int mt = gm_max_tiles(nk, E, bm);
     p.start = base, p.pair = p.start + E + 1, p.row_of = p.pair + nk, p.tok_rows = p.row_of + nk;
     p.tile_e = p.tok_rows + nk, p.tile_r0 = p.tile_e + mt, p.n_tiles = p.tile_r0 + mt, p.err = p.n_tiles + 1;
     return p;
@@ -1427,7 +1415,7 @@ static gm_plan gm_plan_at(int32_t *base, int nk, int E) {
  * GM_MAX_E), then the pairs placed chunk by chunk: a pair's row = its bucket's running base + the
  * same-expert pairs of lower warps in the chunk + its rank among its warp's (match_any): stable,
  * and the same on every run. Last, each token's rows sorted ascending. */
-__global__ static void __launch_bounds__(1024) k_moe_plan(const int32_t *topk, int n, int k, int E, gm_plan p) {
+__global__ static void __launch_bounds__(1024) k_moe_plan(const int32_t *topk, int n, int k, int E, int bm, gm_plan p) {
     __shared__ int cnt[GM_MAX_E], base[GM_MAX_E], wc[32][GM_MAX_E];
     int tid = threadIdx.x, nk = n * k, lane = tid & 31, wid = tid >> 5;
     for (int e = tid; e < E; e += blockDim.x) cnt[e] = 0;
@@ -1442,7 +1430,7 @@ __global__ static void __launch_bounds__(1024) k_moe_plan(const int32_t *topk, i
         int s = 0, nt = 0;
         for (int e = 0; e < E; e++) {
             p.start[e] = base[e] = s;
-            for (int r = s; r < s + cnt[e]; r += GM_BM) p.tile_e[nt] = e, p.tile_r0[nt] = r, nt++;
+            for (int r = s; r < s + cnt[e]; r += bm) p.tile_e[nt] = e, p.tile_r0[nt] = r, nt++;
             s += cnt[e];
         }
         p.start[E] = s;
@@ -1496,28 +1484,6 @@ __global__ static void k_gather_bf16(const float *x, int ldx, const int32_t *pai
     if (r >= *rows) return;
     xs[id] = __float2bfloat16_rn(x[(size_t)(pair[r] / k) * ldx + j]);
 }
-
-/* the weights of the grouped GEMM: NB matrices [N, K] per expert (gate and up, or down), their
- * biases (NULL: none), all of one dtype each (kernel parameters: 8 KiB, under CUDA's 32 KiB) */
-struct gm_ptrs {
-    const void *w[2][GM_MAX_E];
-    const void *b[2][GM_MAX_E];
-};
-
-struct gm_args {
-    const __nv_bfloat16 *a; /* operand rows: expert e's row r at a + e*a_es + r*lda */
-    int lda;
-    int64_t a_es;
-    int K, N;               /* inner dimension, output columns (weight rows) */
-    const int32_t *tile_e, *tile_r0, *n_tiles, *start; /* tiles; bucket e ends at start[e + 1] */
-    int rows_const;         /* > 0: every expert's rows are [0, rows_const) (start unused) */
-    void *c;                /* result: expert e's row r at c + e*c_es + r*ldc (bf16 H or fp32 Y) */
-    int ldc;
-    int64_t c_es;
-    int b_bf16;             /* biases stored bf16 (else fp32) */
-    int clamp;              /* GLU: the clamped SwiGLU (alpha, limit) instead of SwiGLU */
-    float alpha, limit;
-};
 
 /* 8 consecutive operand values from SRC as packed bf16 (VALID of them in range, the rest 0) */
 __device__ static uint4 gm_get8(const __nv_bfloat16 *src, int valid) {
@@ -1579,11 +1545,6 @@ __device__ static void gm_stash(__nv_bfloat16 *As, __nv_bfloat16 *Bs, const uint
     }
 }
 
-__device__ static float gm_bias(const void *b, int bf16, int j) {
-    if (!b) return 0.0f;
-    return bf16 ? __bfloat162float(((const __nv_bfloat16 *)b)[j]) : ((const float *)b)[j];
-}
-
 /* One block per (tile, 64 output columns), 4 warps, warp w owning columns 16w..16w+15 of the
  * tile's 32 rows. NB = 2: gate and up into fp32, + biases, the activation, H in bf16; NB = 1: down
  * + bias into fp32. TW: the weights' dtype (fp32 weights are rounded to bf16 as they are staged,
@@ -1592,16 +1553,10 @@ __device__ static float gm_bias(const void *b, int bf16, int j) {
  * each step loads, then computes (the knob moe_grouped = 2; the same results). */
 template <int NB, typename TW, bool PRE>
 __global__ static void __launch_bounds__(GM_T) k_grouped(gm_args g, gm_ptrs p) {
-    int tile = blockIdx.x, e, r0, r1, n0 = blockIdx.y * GM_BN;
-    if (g.rows_const > 0) { /* every expert on rows [0, rows_const): the grid is exact */
-        int per = (g.rows_const + GM_BM - 1) / GM_BM;
-        e = tile / per, r0 = tile % per * GM_BM, r1 = M2D_MIN(r0 + GM_BM, g.rows_const);
-    } else {
-        if (tile >= *g.n_tiles) return;
-        e = g.tile_e[tile], r0 = g.tile_r0[tile], r1 = M2D_MIN(r0 + GM_BM, g.start[e + 1]);
-    }
+    int e, r0, r1, n0 = blockIdx.y * GM_BN;
+    if (!gm_tile<GM_BM>(g, blockIdx.x, e, r0, r1)) return;
     const __nv_bfloat16 *A = g.a + e * g.a_es;
-    __shared__ __align__(128) unsigned char sm[M2D_MAX((GM_BM + NB * GM_BN) * GM_LDS * 2, NB * GM_BM * GM_LDC * 4)];
+    __shared__ __align__(128) unsigned char sm[M2D_MAX((GM_BM + NB * GM_BN) * GM_LDS * 2, GM_BM * GM_LDC * 4)];
     __nv_bfloat16 *As = (__nv_bfloat16 *)sm, *Bs = As + GM_BM * GM_LDS;
     int tid = threadIdx.x, w = tid >> 5;
     nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> acc[NB][2];
@@ -1630,22 +1585,10 @@ __global__ static void __launch_bounds__(GM_T) k_grouped(gm_args g, gm_ptrs p) {
     float *C = (float *)sm; /* the operand tiles are dead: the results go through the same smem */
     for (int b = 0; b < NB; b++)
         for (int i = 0; i < 2; i++)
-            nvcuda::wmma::store_matrix_sync(C + (b * GM_BM + 16 * i) * GM_LDC + 16 * w, acc[b][i], GM_LDC,
+            nvcuda::wmma::store_matrix_sync(C + 16 * i * GM_LDC + b * GM_BN + 16 * w, acc[b][i], GM_LDC,
                                             nvcuda::wmma::mem_row_major);
     __syncthreads();
-    for (int q = tid; q < GM_BM * GM_BN; q += blockDim.x) {
-        int m = q / GM_BN, j = q % GM_BN, r = r0 + m, col = n0 + j;
-        if (r >= r1 || col >= g.N) continue;
-        float v = __fadd_rn(C[m * GM_LDC + j], gm_bias(p.b[0][e], g.b_bf16, col));
-        size_t o = (size_t)e * g.c_es + (size_t)r * g.ldc + col;
-        if (NB == 1) {
-            ((float *)g.c)[o] = v;
-            continue;
-        }
-        float u = __fadd_rn(C[(GM_BM + m) * GM_LDC + j], gm_bias(p.b[1][e], g.b_bf16, col));
-        float h = g.clamp ? swiglu_clamp1(v, u, g.alpha, g.limit) : swiglu1(v, u);
-        ((__nv_bfloat16 *)g.c)[o] = __float2bfloat16_rn(h);
-    }
+    gm_epilogue<NB, GM_BM, GM_LDC>(g, p, e, r0, r1, n0, GM_BN, C);
 }
 
 /* a resident device pointer of W, or NULL (streamed); *dt its dtype */
@@ -1658,13 +1601,14 @@ static const void *resident(const m2d_weight *w, m2d_dtype *dt) {
 /* the pointer table of NB weight arrays (and their biases) of E experts: 0, or -1 where one is
  * not resident or the dtypes differ (the per-expert path then runs) */
 static int gm_table(m2d_weight *const *const ws[2], m2d_weight *const *const bs[2], int NB, int E, gm_ptrs *p,
-                    m2d_dtype *wdt, int *b_bf16) {
+                    m2d_dtype *wdt, int *b_bf16, int *aligned16) {
     memset(p, 0, sizeof *p);
     int bdt = -1;
     for (int b = 0; b < NB; b++)
         for (int e = 0; e < E; e++) {
             m2d_dtype dt;
             if (!(p->w[b][e] = resident(ws[b][e], &dt)) || (b + e > 0 && dt != *wdt)) return -1;
+            *aligned16 &= ((uintptr_t)p->w[b][e] & 15) == 0;
             *wdt = dt;
             if (!bs[b]) continue;
             if (!(p->b[b][e] = resident(bs[b][e], &dt)) || (bdt >= 0 && (int)dt != bdt)) return -1;
@@ -1679,6 +1623,7 @@ struct gm_weights {
     gm_ptrs gu, dn;
     m2d_dtype wdt[2];
     int b_bf16[2];
+    int aligned16; /* every weight pointer 16-byte aligned (k_gx's cp.async) */
 };
 
 /* A's expert weights in the backend's tables, or NULL: not BF16, too many experts, a weight not
@@ -1689,8 +1634,9 @@ static const gm_weights *gm_weights_table(cu_be *c, const m2d_moe_args *a) {
     gm_weights *gw = c->gw;
     m2d_weight *const *const w2[2] = {a->gate, a->up}, *const *const b2[2] = {a->gate_bias, a->up_bias};
     m2d_weight *const *const w1[2] = {a->down, NULL}, *const *const b1[2] = {a->down_bias, NULL};
-    if (gm_table(w2, b2, 2, a->n_experts, &gw->gu, &gw->wdt[0], &gw->b_bf16[0]) ||
-        gm_table(w1, b1, 1, a->n_experts, &gw->dn, &gw->wdt[1], &gw->b_bf16[1]))
+    gw->aligned16 = 1;
+    if (gm_table(w2, b2, 2, a->n_experts, &gw->gu, &gw->wdt[0], &gw->b_bf16[0], &gw->aligned16) ||
+        gm_table(w1, b1, 1, a->n_experts, &gw->dn, &gw->wdt[1], &gw->b_bf16[1], &gw->aligned16))
         return NULL;
     return gw;
 }
@@ -1708,11 +1654,30 @@ static void gm_launch_pre(int NB, m2d_dtype wdt, dim3 grid, const gm_args *g, co
     else k_grouped<1, float, PRE><<<grid, GM_T>>>(*g, *p);
 }
 
-static void gm_launch(cu_be *c, int NB, m2d_dtype wdt, int tiles, const gm_args *g, const gm_ptrs *p) {
-    dim3 grid((unsigned)tiles, (unsigned)((g->N + GM_BN - 1) / GM_BN));
-    if (c->moe_grouped == 2) gm_launch_pre<false>(NB, wdt, grid, g, p);
+template <int BM>
+static void gx_launch(int NB, dim3 grid, const gm_args *g, const gm_ptrs *p) {
+    if (NB == 2) k_gx<2, BM><<<grid, GX_T>>>(*g, *p);
+    else k_gx<1, BM><<<grid, GX_T>>>(*g, *p);
+}
+
+/* the grouped GEMM of NB weight matrices over TILES tiles of BM rows: k_gx (BM 32 or 64; its
+ * blocks take GX_BN / NB output columns) or k_grouped (BM 0: GM_BM-row tiles, GM_BN columns) */
+static void gm_launch(cu_be *c, int NB, m2d_dtype wdt, int bm, int tiles, const gm_args *g, const gm_ptrs *p) {
+    int cols = bm ? GX_BN / NB : GM_BN;
+    dim3 grid((unsigned)tiles, (unsigned)((g->N + cols - 1) / cols));
+    if (bm == 64) gx_launch<64>(NB, grid, g, p);
+    else if (bm == 32) gx_launch<32>(NB, grid, g, p);
+    else if (c->moe_grouped == 2) gm_launch_pre<false>(NB, wdt, grid, g, p);
     else gm_launch_pre<true>(NB, wdt, grid, g, p);
-    launched(c, "k_grouped");
+    launched(c, bm ? "k_gx" : "k_grouped");
+}
+
+/* k_gx's tile rows for buckets of ROWS rows on average (knob moe_grouped 3), or 0: k_grouped (the
+ * other knob values; fp32 weights, inner dimensions not multiples of 8, unaligned weights) */
+static int gx_bm(const cu_be *c, const gm_weights *gw, int d, int de, int rows) {
+    if (c->moe_grouped != 3 || gw->wdt[0] != M2D_BF16 || gw->wdt[1] != M2D_BF16 || !gw->aligned16 || d % 8 || de % 8)
+        return 0;
+    return rows >= 64 ? 64 : 32;
 }
 
 /* where the grouped GEMMs read and write: tiles from a plan (MoE) or every expert on the same
@@ -1720,7 +1685,7 @@ static void gm_launch(cu_be *c, int NB, m2d_dtype wdt, int tiles, const gm_args 
  * activations, Y the fp32 outputs (expert e's row r at y + e*y_es + r*ldy) */
 struct gm_io {
     const int32_t *tile_e, *tile_r0, *n_tiles, *start;
-    int tiles, rows_const;
+    int bm, tiles, rows_const; /* bm: gm_launch's */
     const __nv_bfloat16 *xs;
     int64_t xs_es;
     __nv_bfloat16 *h;
@@ -1735,10 +1700,10 @@ static void gm_experts(cu_be *c, const m2d_moe_args *a, const gm_weights *gw, co
     int d = a->x.cols, de = a->d_ff;
     gm_args g = {io->xs, d, io->xs_es, d, de, io->tile_e, io->tile_r0, io->n_tiles, io->start, io->rows_const,
                  io->h, de, io->h_es, gw->b_bf16[0], a->act == M2D_ACT_SWIGLU_CLAMP, a->act_alpha, a->act_limit};
-    gm_launch(c, 2, gw->wdt[0], io->tiles, &g, &gw->gu);
+    gm_launch(c, 2, gw->wdt[0], io->bm, io->tiles, &g, &gw->gu);
     gm_args g2 = {io->h, de, io->h_es, de, d, io->tile_e, io->tile_r0, io->n_tiles, io->start, io->rows_const,
                   io->y, io->ldy, io->y_es, gw->b_bf16[1], 0, 0.0f, 0.0f};
-    gm_launch(c, 1, gw->wdt[1], io->tiles, &g2, &gw->dn);
+    gm_launch(c, 1, gw->wdt[1], io->bm, io->tiles, &g2, &gw->dn);
 }
 
 /* cu_moe's grouped path; -1 where it does not apply (nothing launched) */
@@ -1746,20 +1711,21 @@ static int moe_grouped(cu_be *c, const m2d_moe_args *a) {
     int n = a->x.rows, d = a->x.cols, k = a->k, de = a->d_ff, E = a->n_experts, nk = n * k;
     const gm_weights *gw = k > GM_MAX_K ? NULL : gm_weights_of(c, a);
     if (!gw) return -1;
-    int32_t *ints = (int32_t *)scratch(c, SLOT_MOE_PLAN, sizeof(int32_t) * gm_plan_ints(nk, E));
+    int bm = gx_bm(c, gw, d, de, nk / E), tile_rows = bm ? bm : GM_BM;
+    int32_t *ints = (int32_t *)scratch(c, SLOT_MOE_PLAN, sizeof(int32_t) * gm_plan_ints(nk, E, tile_rows));
     __nv_bfloat16 *xs = (__nv_bfloat16 *)scratch(c, SLOT_XCONV, 2 * (size_t)nk * d);
     __nv_bfloat16 *H = (__nv_bfloat16 *)scratch(c, SLOT_MOE_G, 2 * (size_t)nk * de);
     float *Y = (float *)scratch(c, SLOT_MOE_Y, sizeof(float) * (size_t)nk * d);
     if (ints && xs && H && Y) { /* else the sticky error is set */
-        gm_plan pl = gm_plan_at(ints, nk, E);
+        gm_plan pl = gm_plan_at(ints, nk, E, tile_rows);
         pl.err = c->dev_err;
         c->err_armed = 1;
-        k_moe_plan<<<1, 1024>>>((const int32_t *)P(a->topk), n, k, E, pl);
+        k_moe_plan<<<1, 1024>>>((const int32_t *)P(a->topk), n, k, E, tile_rows, pl);
         launched(c, "k_moe_plan");
         k_gather_bf16<<<blocks_for((int64_t)nk * d, 256), 256>>>(F(&a->x), a->x.ld, pl.pair, pl.start + E, k, d,
                                                                   (int64_t)nk * d, xs);
         launched(c, "k_gather_bf16");
-        gm_io io = {pl.tile_e, pl.tile_r0, pl.n_tiles, pl.start, gm_max_tiles(nk, E), 0, xs, 0, H, 0, Y, d, 0};
+        gm_io io = {pl.tile_e, pl.tile_r0, pl.n_tiles, pl.start, bm, gm_max_tiles(nk, E, tile_rows), 0, xs, 0, H, 0, Y, d, 0};
         gm_experts(c, a, gw, &io);
         k_scatter<<<blocks_for((int64_t)n * d, 256), 256>>>(Y, pl.pair, pl.tok_rows, (const float *)P(a->gates), n,
                                                             k, d, F(&a->out), a->out.ld);
@@ -1779,7 +1745,8 @@ static int experts_all_grouped(cu_be *c, const m2d_moe_args *a) {
     __nv_bfloat16 *H = (__nv_bfloat16 *)scratch(c, SLOT_MOE_G, 2 * (size_t)E * n * de);
     const void *xs = H ? x_operand(c, F(&a->x), a->x.ld, n, d, M2D_PREC_BF16, &ldx) : NULL; /* compact: ldx = d */
     if (xs) {
-        gm_io io = {NULL, NULL, NULL, NULL, E * ((n + GM_BM - 1) / GM_BM), n, (const __nv_bfloat16 *)xs, 0,
+        int bm = gx_bm(c, gw, d, de, n), tile_rows = bm ? bm : GM_BM;
+        gm_io io = {NULL, NULL, NULL, NULL, bm, E * ((n + tile_rows - 1) / tile_rows), n, (const __nv_bfloat16 *)xs, 0,
                     H, (int64_t)n * de, F(&a->out), a->out.ld, d};
         gm_experts(c, a, gw, &io);
     }
@@ -2198,15 +2165,15 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
               : strcmp(knob, "all_batched") == 0 ? &CU(be)->all_batched
               : strcmp(knob, "profile") == 0     ? &CU(be)->prof.on : NULL;
     if (at == &CU(be)->prof.on && value == 0 && *at) prof_report(CU(be)); /* profile 0: report, stop */
-    int top = at == &CU(be)->attn_kernel                                        ? 4
-              : at == &CU(be)->moe_grouped || at == &CU(be)->all_batched ? 2
-                                                                          : 1; /* the knob's largest value */
+    int top = at == &CU(be)->attn_kernel || at == &CU(be)->moe_grouped ? 3
+              : at == &CU(be)->all_batched                                   ? 2
+                                                                             : 1; /* the knob's largest value */
     if (at && value >= 0 && value <= top) {
         *at = value;
         return 0;
     }
     return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile, gram_kernel: "
-                   "0|1; moe_grouped, all_batched: 0|1|2; attn_kernel: 0..4; all_grouped_rows: >= 0)",
+                   "0|1; moe_grouped, attn_kernel: 0..3; all_batched: 0|1|2; all_grouped_rows: >= 0)",
                    knob, value);
 }
 
@@ -2252,18 +2219,23 @@ static const m2d_backend_ops cuda_ops = make_ops();
 
 #define WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLAS's recommendation for Hopper */
 
+/* *value from the environment variable NAME (one digit 0..3), if set; -1 with an error naming it */
+static int env_knob(const char *name, const char *knob, int *value) {
+    const char *v = getenv(name);
+    if (!v) return 0;
+    if (strlen(v) != 1 || v[0] < '0' || v[0] > '3') return m2d_err("cuda: %s=%s: expected 0 to 3 (the knob %s)", name, v, knob);
+    *value = v[0] - '0';
+    return 0;
+}
+
 static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
     *out = NULL;
-    /* M2D_CUDA_ATTN=0..4: the attention kernel (knob attn_kernel) for a whole process, so that the
-     * GPU runner can put a kernel that is not the default through the CLI; checked first, so that
-     * a bad value is named with or without a GPU */
-    const char *attn = getenv("M2D_CUDA_ATTN");
-    int attn_kernel = 2;
-    if (attn) {
-        if (strlen(attn) != 1 || attn[0] < '0' || attn[0] > '4')
-            return m2d_err("cuda: M2D_CUDA_ATTN=%s: expected 0 to 4 (the knob attn_kernel)", attn);
-        attn_kernel = attn[0] - '0';
-    }
+    /* M2D_CUDA_ATTN, M2D_CUDA_MOE=0..3: the knobs attn_kernel and moe_grouped for a whole process,
+     * so that the GPU runner can put a kernel that is not the default through the CLI; checked
+     * first, so that a bad value is named with or without a GPU */
+    int attn_kernel = 3, moe_kernel = 3;
+    if (env_knob("M2D_CUDA_ATTN", "attn_kernel", &attn_kernel) || env_knob("M2D_CUDA_MOE", "moe_grouped", &moe_kernel))
+        return -1;
     int n = 0, dev = o->device;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) return m2d_err("cuda: no CUDA device (cudaGetDeviceCount: %s)", cudaGetErrorString(e));
@@ -2278,7 +2250,7 @@ static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
      * runner's A/B of the two paths in one call */
     const char *fast = getenv("M2D_CUDA_FAST");
     int ref = fast && strcmp(fast, "0") == 0;
-    c->moe_grouped = !ref;
+    c->moe_grouped = ref ? 0 : moe_kernel;
     c->all_grouped_rows = 64;
     c->attn_kernel = ref ? 0 : attn_kernel;
     c->gram_kernel = !ref;

@@ -376,7 +376,7 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev 
     tc_store<HD>(a, R, iw, g, c, h, o, l, 1.0f);
 }
 
-/* ---- attention on tensor cores in 3xFP16 (k_attention_h16, attn_kernel 3 and 4) ----
+/* ---- attention on tensor cores in 3xFP16 (k_attention_h16, attn_kernel 3) ----
  * k_attention_tc's algorithm with mma.sync m16n8k16 FP16 (fp32 accumulation) instead of m16n8k8
  * TF32: the same 11 significant bits an operand part, twice the work an instruction. Each head's
  * q, k and v are scaled by powers of two into fp16's range (h16_fit, above); x = hi + lo, both fp16
@@ -395,7 +395,7 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev 
  *   reduction; one more fp32 rounding of the exponent's argument);
  * - keys and values are split and scaled once a layer (k_h16_prep, into device memory in the
  *   shared-memory layout), not once a block, and a block copies each tile with cp.async (with two
- *   buffers, while it computes on the previous one; see H16_ROWS_BLK for the two variants).
+ *   buffers, while it computes on the previous one).
  * Fragments (PTX ISA, mma.m16n8k16 .f16; each register two halves, the lower index low): A a0 =
  * (row g, k 2c, 2c + 1), a1 = (row g + 8, k 2c ..), a2 = (row g, k 2c + 8, 2c + 9), a3 = (row
  * g + 8, k 2c + 8 ..); B b0 = (k 2c, 2c + 1; n g), b1 = (k 2c + 8, 2c + 9; n g); C as m16n8k8. */
@@ -439,21 +439,19 @@ struct h16_tile {
     uint16_t vh[TC_KEYS / 4][HD + 4][4], vl[TC_KEYS / 4][HD + 4][4];
 };
 
-/* k_attention_h16<HD, RT>: each warp takes RT row tiles of 16 (a block TC_WARPS x 16 RT rows).
- * RT 1 (attn_kernel 3): two tile buffers, the next tile copied during this one; RT 2 (attn_kernel
- * 4): every K and V fragment loaded from shared memory feeds two MMAs, half the shared-memory
- * and L2 traffic per MMA, one tile buffer (the other block on the SM overlaps the copies). */
-#define H16_ROWS_BLK(RT) (TC_WARPS * 16 * (RT))
-#define H16_NBUF(RT) ((RT) == 1 ? 2 : 1)
+/* k_attention_h16<HD>: each warp takes a row tile of 16, a block TC_WARPS of them; two tile
+ * buffers, the next tile copied during this one. (A variant with two row tiles a warp and one
+ * buffer, each K and V fragment feeding two MMAs, ran no faster on an H200: BENCHMARKS.md.) */
+#define H16_ROWS_BLK (TC_WARPS * 16)
 
-/* Shared memory: Q as whole A fragments, a lane's four registers one 16-byte load (qh[8 t + g][4 ks
- * + c]: rows 16 t + g and + 8 of the block's row tile t (warp w's are w RT ..), k step ks; rows of
- * HD / 4 + 4 uint4s, 4 mod 8: a quarter-warp's loads, (g, c) at 4 c + 16 g words, fall in 32
- * banks); the tile buffers. At HD 128: 107 KB (RT 1), 109 KB (RT 2): two blocks an SM. */
-template <int HD, int RT>
+/* Shared memory: Q as whole A fragments, a lane's four registers one 16-byte load (qh[8 w + g][4 ks
+ * + c]: rows 16 w + g and + 8 of warp w's row tile, k step ks; rows of HD / 4 + 4 uint4s, 4 mod
+ * 8: a quarter-warp's loads, (g, c) at 4 c + 16 g words, fall in 32 banks); the two tile
+ * buffers. At HD 128: 107 KB, two blocks an SM. */
+template <int HD>
 struct h16_smem {
-    uint4 qh[H16_ROWS_BLK(RT) / 2][HD / 4 + 4], ql[H16_ROWS_BLK(RT) / 2][HD / 4 + 4];
-    h16_tile<HD> kv[H16_NBUF(RT)];
+    uint4 qh[H16_ROWS_BLK / 2][HD / 4 + 4], ql[H16_ROWS_BLK / 2][HD / 4 + 4];
+    h16_tile<HD> kv[2];
 };
 
 /* q[i][j] of head h times SC (zero past nq and hd) */
@@ -462,9 +460,9 @@ __device__ static __forceinline__ float h16_q(const attn_dev &a, int i, int h, i
 }
 
 /* Q's rows i0 .. of the block, head h, times SC, split into the A-fragment planes */
-template <int HD, int RT>
-__device__ static void h16_load_q(const attn_dev &a, int i0, int h, float sc, h16_smem<HD, RT> &sm) {
-    for (int e = threadIdx.x; e < H16_ROWS_BLK(RT) / 2 * HD / 4; e += TC_WARPS * 32) {
+template <int HD>
+__device__ static void h16_load_q(const attn_dev &a, int i0, int h, float sc, h16_smem<HD> &sm) {
+    for (int e = threadIdx.x; e < H16_ROWS_BLK / 2 * HD / 4; e += TC_WARPS * 32) {
         int rp = e / (HD / 4), f = e % (HD / 4), ks = f / 4, c = f % 4; /* row pair rp: tile rp / 8, g = rp % 8 */
         int r0 = i0 + 16 * (rp / 8) + rp % 8, j = 16 * ks + 2 * c;
         uint2 p[4]; /* a0 .. a3: (row g, k 2c, + 1), (row g + 8, ..), (row g, k 2c + 8, + 9), (row g + 8, ..) */
@@ -551,129 +549,96 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_h16_prep(attn_dev a) {
     }
 }
 
-/* a warp's RT x 16 x TC_KEYS scores of tile KV (its row tiles t = w RT + rt). RT 1: hi x hi in s,
- * the lo terms in sl (two chains of dependent MMAs, not one), then added; RT 2: one accumulator a
- * row tile (the two row tiles' chains interleave), lo terms first. */
-template <int HD, int RT>
-__device__ static __forceinline__ void h16_scores(const h16_smem<HD, RT> &sm, const h16_tile<HD> &kv, int w, int g,
-                                                  int c, float (&s)[RT][TC_KEYS / 8][4]) {
+/* a warp's 16 x TC_KEYS scores of tile KV: hi x hi in s, the lo terms in sl (two chains of
+ * dependent MMAs, not one), then added */
+template <int HD>
+__device__ static __forceinline__ void h16_scores(const h16_smem<HD> &sm, const h16_tile<HD> &kv, int w, int g, int c,
+                                                  float (&s)[TC_KEYS / 8][4]) {
     float sl[TC_KEYS / 8][4];
     for (int nt = 0; nt < TC_KEYS / 8; nt++)
-        for (int u = 0; u < 4; u++) {
-            sl[nt][u] = 0.0f;
-            for (int rt = 0; rt < RT; rt++) s[rt][nt][u] = 0.0f;
-        }
+        for (int u = 0; u < 4; u++) sl[nt][u] = s[nt][u] = 0.0f;
 #pragma unroll 4
     for (int ks = 0; ks < HD / 16; ks++) {
-        uint32_t ah[RT][4], al[RT][4];
-#pragma unroll
-        for (int rt = 0; rt < RT; rt++) {
-            uint4 qh = sm.qh[8 * (w * RT + rt) + g][4 * ks + c], ql = sm.ql[8 * (w * RT + rt) + g][4 * ks + c];
-            ah[rt][0] = qh.x, ah[rt][1] = qh.y, ah[rt][2] = qh.z, ah[rt][3] = qh.w;
-            al[rt][0] = ql.x, al[rt][1] = ql.y, al[rt][2] = ql.z, al[rt][3] = ql.w;
-        }
+        uint4 qh = sm.qh[8 * w + g][4 * ks + c], ql = sm.ql[8 * w + g][4 * ks + c];
+        const uint32_t ah[4] = {qh.x, qh.y, qh.z, qh.w}, al[4] = {ql.x, ql.y, ql.z, ql.w};
 #pragma unroll
         for (int nt = 0; nt < TC_KEYS / 8; nt++) { /* B = K^T: (k = 2c, n = g) is K[key g][dim 2c] */
             uint2 bh = *(const uint2 *)&kv.kh[8 * nt + g][8 * ks + 2 * c];
             uint2 bl = *(const uint2 *)&kv.kl[8 * nt + g][8 * ks + 2 * c];
-#pragma unroll
-            for (int rt = 0; rt < RT; rt++) {
-                float (&lo)[4] = RT == 1 ? sl[nt] : s[rt][nt];
-                mma_f16(lo, al[rt], bh.x, bh.y);
-                mma_f16(lo, ah[rt], bl.x, bl.y);
-                mma_f16(s[rt][nt], ah[rt], bh.x, bh.y);
-            }
+            mma_f16(sl[nt], al, bh.x, bh.y);
+            mma_f16(sl[nt], ah, bl.x, bl.y);
+            mma_f16(s[nt], ah, bh.x, bh.y);
         }
     }
-    if (RT == 1)
-        for (int nt = 0; nt < TC_KEYS / 8; nt++)
-            for (int u = 0; u < 4; u++) s[0][nt][u] += sl[nt][u];
+    for (int nt = 0; nt < TC_KEYS / 8; nt++)
+        for (int u = 0; u < 4; u++) s[nt][u] += sl[nt][u];
 }
 
-/* O += P V of tile KV for the warp's RT row tiles, the weights P from the registers; lo terms first */
-template <int HD, int RT>
-__device__ static __forceinline__ void h16_pv(const h16_tile<HD> &kv, int g, int c, const float (&p)[RT][TC_KEYS / 8][4],
-                                              float (&o)[RT][HD / 8][4]) {
+/* O += P V of tile KV, the weights P from the registers; lo terms first */
+template <int HD>
+__device__ static __forceinline__ void h16_pv(const h16_tile<HD> &kv, int g, int c, const float (&p)[TC_KEYS / 8][4],
+                                              float (&o)[HD / 8][4]) {
 #pragma unroll
     for (int ks = 0; ks < TC_KEYS / 16; ks++) {
-        uint32_t ah[RT][4], al[RT][4];
-#pragma unroll
-        for (int rt = 0; rt < RT; rt++) h16_p_frag(p[rt], ks, ah[rt], al[rt]);
+        uint32_t ah[4], al[4];
+        h16_p_frag(p, ks, ah, al);
 #pragma unroll
         for (int nt = 0; nt < HD / 8; nt++) { /* B = V: (k = 2c, n = g) is V[key 2c][dim g] */
             uint2 bh = *(const uint2 *)kv.vh[4 * ks + c][8 * nt + g], bl = *(const uint2 *)kv.vl[4 * ks + c][8 * nt + g];
-#pragma unroll
-            for (int rt = 0; rt < RT; rt++) {
-                mma_f16(o[rt][nt], al[rt], bh.x, bh.y);
-                mma_f16(o[rt][nt], ah[rt], bl.x, bl.y);
-                mma_f16(o[rt][nt], ah[rt], bh.x, bh.y);
-            }
+            mma_f16(o[nt], al, bh.x, bh.y);
+            mma_f16(o[nt], ah, bl.x, bl.y);
+            mma_f16(o[nt], ah, bh.x, bh.y);
         }
     }
 }
 
-/* this tile of keys and values in shared memory, ready for every warp: with two buffers the next
- * tile's copies start first and only this one's are waited for (an empty group where there is no
- * next tile keeps the count); with one, this tile is copied and waited for. The buffer's index. */
-template <int HD, int RT>
-__device__ static __forceinline__ int h16_tile_ready(const attn_dev &a, int kvh, int t0, int last, int buf,
-                                                     h16_smem<HD, RT> &sm) {
-    if (H16_NBUF(RT) == 2) {
-        if (t0 + TC_KEYS <= last) h16_copy_tile<HD>(a, kvh, t0 / TC_KEYS + 1, sm.kv[(buf ^ 1) % H16_NBUF(RT)]);
-        else cp_async_commit();
-        cp_async_wait<1>();
-    } else {
-        h16_copy_tile<HD>(a, kvh, t0 / TC_KEYS, sm.kv[0]);
-        cp_async_wait<0>();
-        buf = 0;
-    }
+/* this tile of keys and values in shared memory, ready for every warp: the next tile's copies
+ * start first and only this one's are waited for (an empty group where there is no next tile
+ * keeps the count) */
+template <int HD>
+__device__ static __forceinline__ void h16_tile_ready(const attn_dev &a, int kvh, int t0, int last, int buf,
+                                                      h16_smem<HD> &sm) {
+    if (t0 + TC_KEYS <= last) h16_copy_tile<HD>(a, kvh, t0 / TC_KEYS + 1, sm.kv[buf ^ 1]);
+    else cp_async_commit();
+    cp_async_wait<1>();
     __syncthreads(); /* every thread's copies, and Q written, the first time */
-    return buf;
 }
 
-template <int HD, int RT>
+template <int HD>
 __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_h16(attn_dev a) {
 #ifndef M2D_CUDA_EMULATED
     extern __shared__ __align__(16) unsigned char tc_raw[];
 #endif
-    h16_smem<HD, RT> &sm = *(h16_smem<HD, RT> *)tc_raw;
+    h16_smem<HD> &sm = *(h16_smem<HD> *)tc_raw;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, h = blockIdx.y;
-    int kvh = h / (a.n_heads / a.n_kv), i0 = (int)(gridDim.x - 1 - blockIdx.x) * H16_ROWS_BLK(RT);
-    int iw = i0 + 16 * RT * w; /* the warp's first row; its row tile rt starts at iw + 16 rt */
+    int kvh = h / (a.n_heads / a.n_kv), i0 = (int)(gridDim.x - 1 - blockIdx.x) * H16_ROWS_BLK, iw = i0 + 16 * w;
     h16_shifts sh;
     if (!h16_fit(a, h, kvh, sh)) return; /* k_attention_tc takes this head */
-    int last = a.np + M2D_MIN(i0 + H16_ROWS_BLK(RT), a.nq) - 1;
+    int last = a.np + M2D_MIN(i0 + H16_ROWS_BLK, a.nq) - 1;
     /* tiles start at multiples of TC_KEYS (k_h16_prep's); keys before a row's window are masked */
     int lo_blk = (a.window > 0 ? max(0, a.np + i0 + 1 - a.window) : 0) / TC_KEYS * TC_KEYS;
-    tc_rows R[RT];
-#pragma unroll
-    for (int rt = 0; rt < RT; rt++) R[rt] = tc_rows_of(a, iw + 16 * rt, g);
-    int warp_last = a.np + M2D_MIN(iw + 16 * RT - 1, a.nq - 1), warp_lo = a.window > 0 ? max(0, a.np + iw + 1 - a.window) : 0;
+    tc_rows R = tc_rows_of(a, iw, g);
+    int warp_last = a.np + M2D_MIN(iw + 15, a.nq - 1), warp_lo = a.window > 0 ? max(0, a.np + iw + 1 - a.window) : 0;
     /* the shifts off, and the softmax in the log2 domain */
     const float log2e = 1.4426950408889634f;
     float sc = ldexpf(a.scale, -sh.q - sh.k) * log2e, oscale = ldexpf(1.0f, -14 - sh.v);
-    if (H16_NBUF(RT) == 2) h16_copy_tile<HD>(a, kvh, lo_blk / TC_KEYS, sm.kv[0]);
-    h16_load_q<HD, RT>(a, i0, h, ldexpf(1.0f, sh.q), sm);
-    float o[RT][HD / 8][4], m[RT][2], l[RT][2]; /* registers: every index below is unrolled */
-#pragma unroll
-    for (int rt = 0; rt < RT; rt++) tc_begin<HD>(a, h, c, log2e, o[rt], m[rt], l[rt]);
+    h16_copy_tile<HD>(a, kvh, lo_blk / TC_KEYS, sm.kv[0]);
+    h16_load_q<HD>(a, i0, h, ldexpf(1.0f, sh.q), sm);
+    float o[HD / 8][4], m[2], l[2]; /* registers: every index below is unrolled */
+    tc_begin<HD>(a, h, c, log2e, o, m, l);
     for (int t0 = lo_blk, buf = 0; t0 <= last; t0 += TC_KEYS, buf ^= 1) {
-        int cur = h16_tile_ready<HD, RT>(a, kvh, t0, last, buf, sm);
+        h16_tile_ready<HD>(a, kvh, t0, last, buf, sm);
         if (iw < a.nq && t0 <= warp_last && t0 + TC_KEYS > warp_lo) { /* warp-uniform: keys for these rows */
-            float s[RT][TC_KEYS / 8][4], rs[2];
-            h16_scores<HD, RT>(sm, sm.kv[cur], w, g, c, s);
-#pragma unroll
-            for (int rt = 0; rt < RT; rt++) {
-                if (tc_unmasked(a, iw + 16 * rt, t0)) tc_softmax<true, false>(R[rt], t0, c, sc, s[rt], m[rt], l[rt], rs);
-                else tc_softmax<true>(R[rt], t0, c, sc, s[rt], m[rt], l[rt], rs);
-                tc_rescale<HD>(o[rt], rs);
-            }
-            h16_pv<HD, RT>(sm.kv[cur], g, c, s, o);
+            float s[TC_KEYS / 8][4], rs[2];
+            h16_scores<HD>(sm, sm.kv[buf], w, g, c, s);
+            if (tc_unmasked(a, iw, t0)) tc_softmax<true, false>(R, t0, c, sc, s, m, l, rs);
+            else tc_softmax<true>(R, t0, c, sc, s, m, l, rs);
+            tc_rescale<HD>(o, rs);
+            h16_pv<HD>(sm.kv[buf], g, c, s, o);
         }
         __syncthreads(); /* this tile is consumed before a later copy overwrites it */
     }
-#pragma unroll
-    for (int rt = 0; rt < RT; rt++) tc_store<HD>(a, R[rt], iw + 16 * rt, g, c, h, o[rt], l[rt], oscale);
+    tc_store<HD>(a, R, iw, g, c, h, o, l, oscale);
 }
 
 /* absmax[y] = max |x| (as float bits, NaN above infinity) over head y's values: q heads, then k
@@ -855,6 +820,223 @@ __global__ static void k_reduce_select(const float *f, int ld, int n, int d, con
     int64_t tr = id / d;
     int j = (int)(id % d), t = (int)(tr / k1), ex = ids[tr];
     sel[id] = ex < 0 ? 0.0f : f[(size_t)t * ld + (size_t)ex * d + j];
+}
+
+/* ---- the MoE's grouped expert GEMMs on mma.sync (k_gx: knob moe_grouped 3) ----
+ * backend_cuda.cu's k_grouped (WMMA, 32 x 64 tiles, a k step's loads through the registers) ran
+ * the Qwen3-30B-A3B slice's experts at ~77 TFLOP/s on an H200 (2 ms a layer of 2,048 tokens for
+ * 155 GFLOP). Here a block computes BM (32 or 64) bucket rows x GX_BN weight rows with mma.sync
+ * m16n8k16 BF16 (fp32 accumulation, as CUBLAS_COMPUTE_32F): each warp 32 rows x GX_BN / WN
+ * weight rows (BM 64: 2 x 2 warps, 32 x 64, 16 MMAs a k16 step for 10 fragment loads), the
+ * operand tiles copied by cp.async into GX_STAGES shared-memory stages (the copy of step k + 2
+ * in flight while step k computes). NB 2 (gate and up): the block's weight rows are 64 gate
+ * and 64 up rows of the same 64 output columns, so the epilogue has both for SwiGLU; NB 1
+ * (down): 128 rows of one matrix. The epilogue is k_grouped's: the accumulators through shared
+ * memory, the biases, the activation, H rounded to bf16 or fp32 outputs. Operands bf16 only,
+ * K a multiple of 8 and 16-byte aligned rows (gx_fits); k_grouped takes the rest.
+ * Fragments as m16n8k16 .f16 (k_attention_h16's comment): A a0 = (row g, k 2c, 2c + 1), a1 =
+ * (row g + 8, ..), a2 = (row g, k 2c + 8, + 9), a3 = (row g + 8, ..); B b0 = (k 2c, 2c + 1; n g),
+ * b1 = (k 2c + 8, + 9; n g): a weight row n holds B's column n, so both are 32-bit loads of
+ * (row, k pair) from row-major tiles; rows of GX_LDS = 40 halves (20 words): the 8 rows g of a
+ * load, at words 20 g + c, fall in 32 distinct banks. */
+#define GM_MAX_E 256
+#define GX_BK 32        /* inner-dimension step */
+#define GX_STAGES 3
+#define GX_LDS (GX_BK + 8)
+#define GX_BN 128       /* weight rows a block */
+#define GX_T 128        /* threads a block: 4 warps */
+
+/* the weights of the grouped GEMM: NB matrices [N, K] per expert (gate and up, or down), their
+ * biases (NULL: none), all of one dtype each (kernel parameters: 8 KiB, under CUDA's 32 KiB) */
+struct gm_ptrs {
+    const void *w[2][GM_MAX_E];
+    const void *b[2][GM_MAX_E];
+};
+
+struct gm_args {
+    const __nv_bfloat16 *a; /* operand rows: expert e's row r at a + e*a_es + r*lda */
+    int lda;
+    int64_t a_es;
+    int K, N;               /* inner dimension, output columns (weight rows) */
+    const int32_t *tile_e, *tile_r0, *n_tiles, *start; /* tiles; bucket e ends at start[e + 1] */
+    int rows_const;         /* > 0: every expert's rows are [0, rows_const) (start unused) */
+    void *c;                /* result: expert e's row r at c + e*c_es + r*ldc (bf16 H or fp32 Y) */
+    int ldc;
+    int64_t c_es;
+    int b_bf16;             /* biases stored bf16 (else fp32) */
+    int clamp;              /* GLU: the clamped SwiGLU (alpha, limit) instead of SwiGLU */
+    float alpha, limit;
+};
+
+/* silu(g) * u of one element (k_glu and the grouped MoE's epilogues) */
+__device__ static float swiglu1(float g, float u) { return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u); }
+
+/* GPT-OSS's clamped SwiGLU (backend_cpu.c swiglu_clamp) */
+__device__ static float swiglu_clamp1(float g, float u, float alpha, float limit) {
+    float a = fminf(g, limit), b = fminf(fmaxf(u, -limit), limit);
+    return __fmul_rn(__fadd_rn(b, 1.0f), __fdiv_rn(a, __fadd_rn(1.0f, expf(__fmul_rn(-alpha, a)))));
+}
+
+__device__ static float gm_bias(const void *b, int bf16, int j) {
+    if (!b) return 0.0f;
+    return bf16 ? __bfloat162float(((const __nv_bfloat16 *)b)[j]) : ((const float *)b)[j];
+}
+
+/* tile TILE's expert and rows [r0, r1): from the plan, or every expert on [0, rows_const) (the
+ * grid then exact); false for a spare block past the plan's tiles */
+template <int BM>
+__device__ static __forceinline__ bool gm_tile(const gm_args &g, int tile, int &e, int &r0, int &r1) {
+    if (g.rows_const > 0) {
+        int per = (g.rows_const + BM - 1) / BM;
+        e = tile / per, r0 = tile % per * BM, r1 = M2D_MIN(r0 + BM, g.rows_const);
+        return true;
+    }
+    if (tile >= *g.n_tiles) return false;
+    e = g.tile_e[tile], r0 = g.tile_r0[tile], r1 = M2D_MIN(r0 + BM, g.start[e + 1]);
+    return true;
+}
+
+/* the bias-added result C (the tile's BM x GX_BN accumulators) written out: NB 2, act(gate, up)
+ * rounded to bf16 (columns j of gate and GX_BN / 2 + j of up); NB 1, fp32 */
+template <int NB, int BM, int LDC>
+__device__ static void gm_epilogue(const gm_args &g, const gm_ptrs &p, int e, int r0, int r1, int n0, int cols,
+                                   const float *C) {
+    for (int q = threadIdx.x; q < BM * cols; q += blockDim.x) {
+        int m = q / cols, j = q % cols, r = r0 + m, col = n0 + j;
+        if (r >= r1 || col >= g.N) continue;
+        float v = __fadd_rn(C[m * LDC + j], gm_bias(p.b[0][e], g.b_bf16, col));
+        size_t o = (size_t)e * g.c_es + (size_t)r * g.ldc + col;
+        if (NB == 1) {
+            ((float *)g.c)[o] = v;
+            continue;
+        }
+        float u = __fadd_rn(C[m * LDC + cols + j], gm_bias(p.b[1][e], g.b_bf16, col));
+        float h = g.clamp ? swiglu_clamp1(v, u, g.alpha, g.limit) : swiglu1(v, u);
+        ((__nv_bfloat16 *)g.c)[o] = __float2bfloat16_rn(h);
+    }
+}
+
+#ifndef M2D_CUDA_EMULATED
+__device__ static __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* BYTES (16 or 0) of 16 from device memory, the rest zeros */
+__device__ static __forceinline__ void cp_async16_fill(void *smem, const void *gmem, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((unsigned)__cvta_generic_to_shared(smem)),
+                 "l"(gmem), "r"(bytes));
+}
+#else
+__device__ static __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    m2d_emu_mma_bf16(d, a, b0, b1);
+}
+__device__ static __forceinline__ void cp_async16_fill(void *smem, const void *gmem, int bytes) {
+    memset(smem, 0, 16);
+    memcpy(smem, gmem, (size_t)bytes);
+}
+#endif
+
+template <int BM>
+struct gx_smem {
+    union {
+        struct {
+            uint16_t a[GX_STAGES][BM][GX_LDS], b[GX_STAGES][GX_BN][GX_LDS];
+        } in;
+        float c[BM][GX_BN + 4]; /* the accumulators, for the epilogue */
+    };
+};
+
+/* inner step KT's operand tiles into stage S, as one cp.async group: the bucket rows r0 .. r1 of
+ * A (rows past r1 copy row r0: computed, never stored) and the block's weight rows (past N, row 0;
+ * NB 2: gate rows n0 .. n0 + 63, then up's); chunks past K are zeros */
+template <int NB, int BM>
+__device__ static __forceinline__ void gx_load(const gm_args &g, const gm_ptrs &p, int e, const __nv_bfloat16 *A,
+                                               int r0, int r1, int n0, int kt, gx_smem<BM> &sm) {
+    int s = kt % GX_STAGES, k0 = kt * GX_BK;
+#pragma unroll
+    for (int i = 0; i < BM * (GX_BK / 8) / GX_T; i++) {
+        int q = threadIdx.x + i * GX_T, m = q / (GX_BK / 8), kc = k0 + q % (GX_BK / 8) * 8, r = r0 + m < r1 ? r0 + m : r0;
+        bool in = kc < g.K;
+        cp_async16_fill(&sm.in.a[s][m][kc - k0], A + (size_t)r * g.lda + (in ? kc : 0), in ? 16 : 0);
+    }
+#pragma unroll
+    for (int i = 0; i < GX_BN * (GX_BK / 8) / GX_T; i++) {
+        int q = threadIdx.x + i * GX_T, row = q / (GX_BK / 8), kc = k0 + q % (GX_BK / 8) * 8;
+        int b = NB == 2 ? row / (GX_BN / 2) : 0, n = n0 + (NB == 2 ? row % (GX_BN / 2) : row);
+        bool in = kc < g.K;
+        const __nv_bfloat16 *w = (const __nv_bfloat16 *)p.w[b][e] + (size_t)(n < g.N ? n : 0) * g.K;
+        cp_async16_fill(&sm.in.b[s][row][kc - k0], w + (in ? kc : 0), in ? 16 : 0);
+    }
+    cp_async_commit();
+}
+
+/* the 32-bit word of halves (k, k + 1) of a tile row */
+__device__ static __forceinline__ uint32_t gx_word(const uint16_t *row, int k) { return *(const uint32_t *)(row + k); }
+
+/* one stage's MMAs of warp (wm, wn): rows 32 wm .., weight rows GX_BN / WN wn .. */
+template <int BM, int NF>
+__device__ static __forceinline__ void gx_mma(const gx_smem<BM> &sm, int s, int wm, int wn, int g, int c,
+                                              float (&acc)[2][NF][4]) {
+#pragma unroll
+    for (int ks = 0; ks < GX_BK; ks += 16) {
+        uint32_t af[2][4];
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++) {
+            const uint16_t *r = sm.in.a[s][32 * wm + 16 * mi + g], *r8 = sm.in.a[s][32 * wm + 16 * mi + g + 8];
+            af[mi][0] = gx_word(r, ks + 2 * c), af[mi][1] = gx_word(r8, ks + 2 * c);
+            af[mi][2] = gx_word(r, ks + 2 * c + 8), af[mi][3] = gx_word(r8, ks + 2 * c + 8);
+        }
+#pragma unroll
+        for (int ni = 0; ni < NF; ni++) {
+            const uint16_t *w = sm.in.b[s][NF * 8 * wn + 8 * ni + g];
+            uint32_t b0 = gx_word(w, ks + 2 * c), b1 = gx_word(w, ks + 2 * c + 8);
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++) mma_bf16(acc[mi][ni], af[mi], b0, b1);
+        }
+    }
+}
+
+/* one block per (tile, GX_BN / NB output columns) */
+template <int NB, int BM>
+__global__ static void __launch_bounds__(GX_T) k_gx(gm_args g, gm_ptrs p) {
+    constexpr int WM = BM / 32, WN = 4 / WM, NF = GX_BN / WN / 8, COLS = GX_BN / NB;
+    __shared__ __align__(16) gx_smem<BM> sm;
+    int e, r0, r1, n0 = blockIdx.y * COLS;
+    if (!gm_tile<BM>(g, blockIdx.x, e, r0, r1)) return;
+    const __nv_bfloat16 *A = g.a + e * g.a_es;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = w / WN, wn = w % WN, gq = lane >> 2, c = lane & 3;
+    float acc[2][NF][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NF; ni++)
+            for (int u = 0; u < 4; u++) acc[mi][ni][u] = 0.0f;
+    int KT = (g.K + GX_BK - 1) / GX_BK;
+    for (int kt = 0; kt < GX_STAGES - 1; kt++) {
+        if (kt < KT) gx_load<NB, BM>(g, p, e, A, r0, r1, n0, kt, sm);
+        else cp_async_commit(); /* empty groups keep the count */
+    }
+    for (int kt = 0; kt < KT; kt++) {
+        cp_async_wait<GX_STAGES - 2>(); /* step kt's copies (this thread's) done */
+        __syncthreads();                /* everyone's; and step kt - 1's stage free to refill */
+        if (kt + GX_STAGES - 1 < KT) gx_load<NB, BM>(g, p, e, A, r0, r1, n0, kt + GX_STAGES - 1, sm);
+        else cp_async_commit();
+        gx_mma<BM, NF>(sm, kt % GX_STAGES, wm, wn, gq, c, acc);
+    }
+    cp_async_wait<0>();
+    __syncthreads(); /* the stages are dead: the accumulators go through the same shared memory */
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NF; ni++)
+            for (int h = 0; h < 2; h++) {
+                float *o = &sm.c[32 * wm + 16 * mi + gq + 8 * h][NF * 8 * wn + 8 * ni + 2 * c];
+                o[0] = acc[mi][ni][2 * h], o[1] = acc[mi][ni][2 * h + 1];
+            }
+    __syncthreads();
+    gm_epilogue<NB, BM, GX_BN + 4>(g, p, e, r0, r1, n0, COLS, &sm.c[0][0]);
 }
 
 #endif
