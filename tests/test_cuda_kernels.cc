@@ -1,13 +1,14 @@
 /* cuda_kernels: kernels of the cuda backend (harness/engine/cuda_kernels.cuh: the tensor-core
- * attention k_attention_tc, calibration's Gram (FMA tiles and fp64 MMA) and reductions) run on the
+ * attention k_attention_tc and k_attention_h16, the MoE's grouped GEMMs k_gx, calibration's Gram
+ * (FMA tiles and fp64 MMA) and reductions) run on the
  * CPU, against float64 loops, on every machine — with or without a GPU.
  *
  * The kernel's own source is compiled here as C++ with M2D_CUDA_EMULATED: a block's 128 threads run
  * as coroutines (ucontext), __syncthreads waits for all of them, and the warp collectives —
- * __syncwarp, __shfl_xor_sync, mma.sync.m16n8k8 TF32 and m16n8k16 FP16 — wait for the warp's 32
+ * __syncwarp, __shfl_xor_sync, mma.sync.m16n8k8 TF32 and m16n8k16 FP16 and BF16 — wait for the warp's 32
  * lanes, then act on their registers as the PTX ISA defines them (m16n8k16's layouts at
  * k_attention_h16; fp16 rounding to nearest even, checked against the compiler's _Float16;
- * cp.async as an immediate copy): fragment layouts of mma.m16n8k8 .tf32 (A: a0 (g, c),
+ * cp.async as an immediate copy, its zero fill too): fragment layouts of mma.m16n8k8 .tf32 (A: a0 (g, c),
  * a1 (g + 8, c), a2 (g, c + 4), a3 (g + 8, c + 4); B: b0 (k = c, n = g), b1 (k = c + 4, n = g); C/D:
  * (g, 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1); g = lane / 4, c = lane % 4), operands that must
  * be TF32 (low 13 bits zero: the kernel rounds every one, tf32_rna, itself checked against float64

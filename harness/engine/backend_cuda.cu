@@ -27,8 +27,8 @@
  * results do not depend on timing.
  *
  * Fast paths and the reference next to them (knobs; M2D_CUDA_FAST=0 turns the fast ones off):
- * MoE at BF16 by a device-side plan and grouped WMMA GEMMs (moe_grouped; 0: per-expert cuBLASLt
- * with the plan on the host), attention on tensor cores or by tiles (attn_kernel 3: 3xFP16, 2:
+ * MoE at BF16 by a device-side plan and grouped GEMMs (moe_grouped 3: mma.sync, 1: WMMA; 0:
+ * per-expert cuBLASLt with the plan on the host), attention on tensor cores or by tiles (attn_kernel 3: 3xFP16, 2:
  * 3xTF32, 1: tiles; 0: one warp a row), calibration's experts batched or one by one (all_batched 1, 0) and its Gram on the fp64
  * tensor cores or by FMA tiles (gram_kernel 1, 0), every GEMM through cuBLASLt or the
  * one-thread-per-output kernel (gemm_naive). The tests run both sides; knob profile times the ops.
@@ -1372,9 +1372,10 @@ static void moe_experts(cu_be *c, const m2d_moe_args *a, const moe_plan *p, cons
  *   k_moe_plan      one block: the bucket plan (stable counting sort of the pairs by expert, token
  *                   order within a bucket, as moe_plan_make), the tile list, each token's rows;
  *   k_gather_bf16   the bucket rows of x, rounded to bf16 (x_operand's rounding);
- *   k_grouped<2>    gate and up of every tile's expert (WMMA bf16 x bf16 -> fp32), their biases,
- *                   the activation, H rounded to bf16 (the down GEMM's operand rounding);
- *   k_grouped<1>    down, its bias, fp32 rows;
+ *   k_gx<2, BM>     gate and up of every tile's expert (mma.sync bf16 x bf16 -> fp32; cuda_kernels.cuh),
+ *                   their biases, the activation, H rounded to bf16 (the down GEMM's operand
+ *                   rounding); k_grouped<2> (WMMA) where k_gx does not apply or by the knob;
+ *   k_gx<1, BM>     down, its bias, fp32 rows (or k_grouped<1>);
  *   k_scatter       the gate-weighted sum per token in expert-id order (as the per-expert path).
  * The grid of the grouped kernels is sized by the bound nk/BM + E on the tile count (the exact
  * count is on the device; spare blocks exit at once). The per-expert path stays: fp32, weights
