@@ -202,10 +202,12 @@ static void calib_row(m2d_engine *e, const m2d_model *m, double peak) {
 
 /* the backend's kernels: moe_grouped 3 (mma.sync, k_gx), 1 (WMMA) or 0 (per-expert reference),
  * attn_kernel 3 (tensor cores, 3xFP16), 2 (tensor cores, 3xTF32), 1 (tiles on the CUDA cores) or 0
- * (reference): the rows are A/Bs of the paths on the same GPU in the same run */
-static int set_kernels(m2d_engine *e, int moe_grouped, int attn_kernel) {
+ * (reference), lse_kernel 1 (the LM head's log-sum-exp in one pass) or 0 (two), lm_rows (its
+ * rows a GEMM; 0: the default): the rows are A/Bs of the paths on the same GPU in the same run */
+static int set_kernels(m2d_engine *e, int moe_grouped, int attn_kernel, int lse_kernel, int lm_rows) {
     m2d_backend *be = m2d_engine_backend(e);
-    return be->ops->tune(be, "moe_grouped", moe_grouped) || be->ops->tune(be, "attn_kernel", attn_kernel);
+    return be->ops->tune(be, "moe_grouped", moe_grouped) || be->ops->tune(be, "attn_kernel", attn_kernel) ||
+           be->ops->tune(be, "lse_kernel", lse_kernel) || (lm_rows && be->ops->tune(be, "lm_rows", lm_rows));
 }
 
 /* where one pp512 and one ppl-2048 call spend their device time, op by op (the backend's knob
@@ -228,12 +230,18 @@ static void model_rows(const char *dir, const char *label, double peak) {
         fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
         return;
     }
-    /* bf16 with the default kernels; its MoE by the WMMA grouped kernel (op times of both); its
-     * attention in 3xTF32 and on the CUDA cores; the reference kernels; fp32 */
-    const struct { m2d_precision prec; int moe, attn, moe_only; const char *note; } runs[] = {
-        {M2D_PREC_BF16, 3, 3, 0, ""}, {M2D_PREC_BF16, 1, 3, 1, " (MoE by WMMA tiles)"},
-        {M2D_PREC_BF16, 3, 2, 0, " (attention 3xTF32)"}, {M2D_PREC_BF16, 3, 1, 0, " (attention by SIMT tiles)"},
-        {M2D_PREC_BF16, 0, 0, 1, " (reference kernels)"}, {M2D_PREC_FP32, 3, 3, 0, ""}};
+    /* bf16 with the default kernels; its log-sum-exp in one pass, then also over 512-row GEMMs
+     * (33.5 MB of logits a chunk: L2-sized); its MoE by the WMMA grouped kernel (op times of these
+     * four); its attention in 3xTF32 and on the CUDA cores; the reference kernels; fp32 */
+    const struct { m2d_precision prec; int moe, attn, lse, lm_rows, moe_only; const char *note; } runs[] = {
+        {M2D_PREC_BF16, 3, 3, 0, 0, 0, ""},
+        {M2D_PREC_BF16, 3, 3, 1, 0, 0, " (log-sum-exp in one pass)"},
+        {M2D_PREC_BF16, 3, 3, 1, 512, 0, " (one-pass log-sum-exp, 512-row GEMMs)"},
+        {M2D_PREC_BF16, 1, 3, 0, 0, 1, " (MoE by WMMA tiles)"},
+        {M2D_PREC_BF16, 3, 2, 0, 0, 0, " (attention 3xTF32)"},
+        {M2D_PREC_BF16, 3, 1, 0, 0, 0, " (attention by SIMT tiles)"},
+        {M2D_PREC_BF16, 0, 0, 0, 0, 1, " (reference kernels)"},
+        {M2D_PREC_FP32, 3, 3, 0, 0, 0, ""}};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         if (m->cfg.num_experts == 0 && runs[i].moe_only) continue;
         m2d_engine *e;
@@ -241,7 +249,8 @@ static void model_rows(const char *dir, const char *label, double peak) {
             fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
             continue;
         }
-        if (set_kernels(e, runs[i].moe, runs[i].attn)) fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
+        if (set_kernels(e, runs[i].moe, runs[i].attn, runs[i].lse, runs[i].lm_rows))
+            fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
         size_t res = m2d_engine_cache_weights(e, m2d_engine_backend(e)->ops->resident_budget(m2d_engine_backend(e)));
         double tp = time_forward(e, m->cfg.vocab_size, 512, 1, 5), tl = time_forward(e, m->cfg.vocab_size, 2048, 0, 3);
         char lab[64];
@@ -249,7 +258,7 @@ static void model_rows(const char *dir, const char *label, double peak) {
         printf("| %-42s | %s | %6.2f GB | %10.0f | %10.0f |\n", lab, m2d_precision_name(runs[i].prec), res / 1e9,
                tp > 0 ? 512 / tp : 0, tl > 0 ? 2047 / tl : 0);
         fflush(stdout);
-        if (i <= 1 && !(i == 1 && m->cfg.num_experts == 0)) op_times(e, m->cfg.vocab_size);
+        if (i <= 2 || (i == 3 && m->cfg.num_experts > 0)) op_times(e, m->cfg.vocab_size);
         if (m->cfg.num_experts > 0 && i == 0) calib_row(e, m, peak);
         m2d_engine_free(e);
     }

@@ -823,6 +823,57 @@ static void gx_matches_float64(void **state) {
     gx_case<64>(40, false, true);
 }
 
+/* ---- the LM head's one-pass log-sum-exp (k_lse_rows) ---- */
+
+/* Two chunks of logits folded into the state as cu_logprobs does (the first 1,000 wide, float4
+ * loads; the second 37, not a multiple of 4: scalar loads), for 6 rows: N(0, 3) logits, one row
+ * shifted by 80 (the running maxima rescale), one whose largest logit is in the second chunk, one
+ * with -inf logits (masked: add nothing; a thread's first value among them), targets in either
+ * chunk and at both chunks' first logit; and a row with a NaN first (a NaN log-prob, as the
+ * two-pass kernel gives). Against float64 log-softmax:
+ * each term is an fp32 expf (within 2 ulps on a GPU) of z - m, rounded (u |z - m| relative),
+ * scaled and summed in fp64, so the sum is within (2 + max_i (t_i |d_i|) V / S) u relative of
+ * float64's; |d| e^-|d| <= 1/e, so with V = 1,037 terms and S >= 1 that is <= (2 + 382) u, and
+ * the log-prob (target - max - log S; the first two exact) as far off: 384 u = 2.3e-5 (with the
+ * host's expf, correctly rounded, far less: the printout); a lost term, a wrong rescaling or
+ * target is >= 1e-3 off. */
+static void lse_rows_match_float64(void **state) {
+    (void)state;
+    const int n = 6, nv[2] = {1000, 37}, V = nv[0] + nv[1];
+    std::vector<float> z0((size_t)n * nv[0] + 4), z1((size_t)n * nv[1]), full((size_t)n * V);
+    for (int r = 0; r < n; r++)
+        for (int v = 0; v < V; v++) {
+            float x = (float)(3 * normal()) + (r == 1 ? 80.0f : 0.0f) + (r == 2 && v == V - 5 ? 20.0f : 0.0f);
+            if (r == 3 && v % 7 == 0) x = -INFINITY;
+            if (r == 5 && v == 0) x = NAN;
+            full[(size_t)r * V + v] = x;
+            if (v < nv[0]) z0[(size_t)r * nv[0] + v] = x;
+            else z1[(size_t)r * nv[1] + v - nv[0]] = x;
+        }
+    std::vector<int32_t> tg = {0, 1010, V - 5, 6, 1000, 999};
+    std::vector<double> st(3 * n);
+    for (int r = 0; r < n; r++) st[r] = -INFINITY, st[n + r] = 0, st[2 * n + r] = 0;
+    double *sp = st.data();
+    const int32_t *tp = tg.data();
+    float *zp0 = (float *)(((uintptr_t)z0.data() + 15) & ~(uintptr_t)15), *zp1 = z1.data();
+    memcpy(zp0, z0.data(), sizeof(float) * n * nv[0]);
+    run_grid(n, 1, 1, LSE_T, [=] { k_lse_rows(zp0, nv[0], 0, tp, sp, n, 0, 1); });
+    run_grid(n, 1, 1, LSE_T, [=] { k_lse_rows(zp1, nv[1], nv[0], tp, sp, n, 0, 0); });
+    const double u = ldexp(1, -24);
+    double worst = 0;
+    assert_true(isnan(st[2 * n + 5] - st[5] - log(st[n + 5])));
+    for (int r = 0; r < n - 1; r++) {
+        const float *x = &full[(size_t)r * V];
+        double mx = -INFINITY, sum = 0;
+        for (int v = 0; v < V; v++) mx = fmax(mx, x[v]);
+        for (int v = 0; v < V; v++) sum += exp(x[v] - mx);
+        double want = x[tg[r]] - mx - log(sum), got = st[2 * n + r] - st[r] - log(st[n + r]);
+        worst = fmax(worst, fabs(got - want));
+        if (!(fabs(got - want) <= 384 * u)) fail_msg("row %d: log-prob %.12g, float64 %.12g", r, got, want);
+    }
+    print_message("k_lse_rows: worst |log-prob - float64| = %.3g (%.1f u)\n", worst, worst / u);
+}
+
 static int setup(void **state) {
     (void)state;
     for (int t = 0; t < NT_MAX; t++) T[t].stack = (char *)malloc(STACK);
@@ -848,6 +899,7 @@ int main(void) {
         cmocka_unit_test(gram_matches_float64),
         cmocka_unit_test(reductions_match_host),
         cmocka_unit_test(gx_matches_float64),
+        cmocka_unit_test(lse_rows_match_float64),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -29,17 +29,19 @@ a,b=[json.load(open(p))["layers"] for p in sys.argv[1:3]]
 r=max(abs(x-y)/max(abs(y),1e-300) for la,lb in zip(a,b) for x,y in zip(la["scores"],lb["scores"]))
 print("DO-ACP scores, cuda vs cpu stats: max relative difference %.3g" % r)' "$w/cuda.student/moe2dense.json" "$w/cpu.student/moe2dense.json"
 fi
-# each model's PPL in fp32 on the cpu, on cuda (its default kernels) and on cuda with the 3xTF32
-# attention (attn_kernel 2, the default before the 3xFP16 one): within 1e-4 of the cpu's (what
+# each model's PPL in fp32 on the cpu, on cuda (its default kernels), on cuda with the 3xTF32
+# attention (attn_kernel 2, the default before the 3xFP16 one) and with the one-pass log-sum-exp
+# (M2D_CUDA_LSE=1, not the default until a GPU has timed it): within 1e-4 of the cpu's (what
 # test_ppl allows the two devices); then in bf16 on the cpu, on cuda (the MoE's experts by k_gx)
 # and on cuda with the WMMA grouped kernel (M2D_CUDA_MOE=1): within 1e-3 of the cpu's bf16 PPL
 # (each side rounds activations to bf16 after sums in another order: test_engine's golden puts
 # bf16 within 8.6e-5 of fp32 in mean NLL, so two bf16 runs within ~2e-4 of it, ~1e-3 of the PPL)
 for m in "$teacher" "$w/cpu.student"; do
-  for run in cpu cuda cuda-attn2 cpu-bf16 cuda-bf16 cuda-bf16-moe1; do
+  for run in cpu cuda cuda-attn2 cuda-lse1 cpu-bf16 cuda-bf16 cuda-bf16-moe1; do
     dev=${run%%-*} prec=fp32 env=
     case $run in
       *-attn2) env=M2D_CUDA_ATTN=2 ;;
+      *-lse1) env=M2D_CUDA_LSE=1 ;;
       *-bf16-moe1) prec=bf16 env=M2D_CUDA_MOE=1 ;;
       *-bf16) prec=bf16 ;;
     esac

@@ -165,6 +165,9 @@ struct cu_be {
     int all_grouped_rows; /* knob: experts_all takes the grouped kernels up to this many rows (default 64) */
     int gram_kernel;      /* knob: calibration's Gram on the fp64 tensor cores (1, the default) or by
                            * FMA tiles (0) */
+    int lm_rows;          /* knob: the LM head's rows per GEMM (LM_ROWS by default; 1 .. LM_ROWS) */
+    int lse_kernel;       /* knob: the LM head's log-sum-exp in one pass (k_lse_rows, 1) or two
+                           * (k_lse_chunk, 0, the default until a GPU has timed both) */
     int all_batched;      /* knob: experts_all past all_grouped_rows as batched GEMMs where they
                            * apply (1, the default; 2: an error where they do not, for the tests) or
                            * expert by expert (0) */
@@ -254,44 +257,10 @@ static void *scratch(cu_be *c, int s, size_t bytes) {
     return c->slot[s];
 }
 
-/* ---- small device helpers ---- */
-
+/* a warp's sum (the reductions of cuda_kernels.cuh are its others) */
 __device__ static float warp_sum_f(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v; /* butterfly: every lane ends with the same bits (a + b == b + a) */
-}
-
-__device__ static double warp_sum_d(double v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-__device__ static float warp_max_f(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-/* block-wide sum / max (blockDim.x a multiple of 32, <= 1024); every thread gets the result */
-__device__ static double block_sum_d(double v) {
-    __shared__ double part[32];
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum_d(v);
-    __syncthreads(); /* part[] may still be read by a previous call */
-    if (lane == 0) part[wid] = v;
-    __syncthreads();
-    v = lane < nw ? part[lane] : 0.0;
-    return warp_sum_d(v);
-}
-
-__device__ static float block_max_f(float v) {
-    __shared__ float part[32];
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_max_f(v);
-    __syncthreads();
-    if (lane == 0) part[wid] = v;
-    __syncthreads();
-    v = lane < nw ? part[lane] : -INFINITY;
-    return warp_max_f(v);
 }
 
 /* ---- dtype kernels ---- */
@@ -1974,7 +1943,9 @@ static void cu_experts_reduce(m2d_backend *be, const m2d_mat *f, int E, const m2
 
 /* ---- LM head log-probabilities: chunks of the vocabulary, running log-sum-exp in fp64 ---- */
 #define LM_CHUNK 16384 /* vocabulary rows per GEMM */
-#define LM_ROWS 2048   /* hidden rows per GEMM (the larger, the nearer cuBLASLt's peak): <= 128 MiB of logits */
+#define LM_ROWS 2048   /* hidden rows per GEMM (the larger, the nearer cuBLASLt's peak): <= 128 MiB of logits;
+                        * the knob lm_rows sets it (fewer: the chunk's logits may stay in L2 for
+                        * the log-sum-exp that reads them) */
 
 __global__ static void k_lse_init(double *st, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -2016,7 +1987,7 @@ static void cu_logprobs(m2d_backend *be, const m2d_mat *hid, const m2d_weight *h
     prec = resolve(prec);
     int bf = prec == M2D_PREC_BF16;
     double *st = (double *)scratch(c, SLOT_LM_ST, sizeof(double) * 3 * (size_t)n);
-    float *z = (float *)scratch(c, SLOT_LM, sizeof(float) * (size_t)M2D_MIN(n, LM_ROWS) * M2D_MIN(V, LM_CHUNK));
+    float *z = (float *)scratch(c, SLOT_LM, sizeof(float) * (size_t)M2D_MIN(n, c->lm_rows) * M2D_MIN(V, LM_CHUNK));
     const void *x = st && z ? x_operand(c, F(hid), hid->ld, n, d, prec, &ldb) : NULL; /* rounded once */
     if (!x) return;
     k_lse_init<<<blocks_for(n, 256), 256>>>(st, n);
@@ -2025,12 +1996,17 @@ static void cu_logprobs(m2d_backend *be, const m2d_mat *hid, const m2d_weight *h
     for (int v0 = 0; v0 < V && !c->failed; v0 += LM_CHUNK) {
         int nv = M2D_MIN(LM_CHUNK, V - v0);
         const void *w = wtyped(c, W(head), (int64_t)v0 * d, (int64_t)nv * d, bf ? M2D_BF16 : M2D_F32);
-        for (int r0 = 0; w && r0 < n && !c->failed; r0 += LM_ROWS) {
-            int nr = M2D_MIN(LM_ROWS, n - r0);
+        for (int r0 = 0; w && r0 < n && !c->failed; r0 += c->lm_rows) {
+            int nr = M2D_MIN(c->lm_rows, n - r0);
             const char *xr = (const char *)x + (size_t)r0 * ldb * (bf ? 2 : 4);
             lt_gemm(c, bf ? CUDA_R_16BF : CUDA_R_32F, w, d, xr, ldb, nr, d, nv, z, nv, 0.0f);
-            k_lse_chunk<<<nr, 256>>>(z, nv, v0, tg, st, n, r0);
-            launched(c, "k_lse_chunk");
+            if (c->lse_kernel) {
+                k_lse_rows<<<nr, LSE_T>>>(z, nv, v0, tg, st, n, r0, nv % 4 == 0 && ((uintptr_t)z & 15) == 0);
+                launched(c, "k_lse_rows");
+            } else {
+                k_lse_chunk<<<nr, 256>>>(z, nv, v0, tg, st, n, r0);
+                launched(c, "k_lse_chunk");
+            }
         }
     }
     k_lse_final<<<blocks_for(n, 256), 256>>>(st, n, (double *)P(lpb));
@@ -2159,11 +2135,16 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
         CU(be)->all_grouped_rows = value;
         return 0;
     }
+    if (strcmp(knob, "lm_rows") == 0 && value >= 1 && value <= LM_ROWS) {
+        CU(be)->lm_rows = value;
+        return 0;
+    }
     int *at = strcmp(knob, "gemm_naive") == 0 ? &CU(be)->gemm_naive
               : strcmp(knob, "moe_grouped") == 0 ? &CU(be)->moe_grouped
               : strcmp(knob, "attn_kernel") == 0 ? &CU(be)->attn_kernel
               : strcmp(knob, "gram_kernel") == 0 ? &CU(be)->gram_kernel
               : strcmp(knob, "all_batched") == 0 ? &CU(be)->all_batched
+              : strcmp(knob, "lse_kernel") == 0  ? &CU(be)->lse_kernel
               : strcmp(knob, "profile") == 0     ? &CU(be)->prof.on : NULL;
     if (at == &CU(be)->prof.on && value == 0 && *at) prof_report(CU(be)); /* profile 0: report, stop */
     int top = at == &CU(be)->attn_kernel || at == &CU(be)->moe_grouped ? 3
@@ -2173,8 +2154,9 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
         *at = value;
         return 0;
     }
-    return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile, gram_kernel: "
-                   "0|1; moe_grouped, attn_kernel: 0..3; all_batched: 0|1|2; all_grouped_rows: >= 0)",
+    return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile, gram_kernel, "
+                   "lse_kernel: 0|1; moe_grouped, attn_kernel: 0..3; all_batched: 0|1|2; all_grouped_rows: >= 0; "
+                   "lm_rows: 1..2048)",
                    knob, value);
 }
 
@@ -2220,22 +2202,24 @@ static const m2d_backend_ops cuda_ops = make_ops();
 
 #define WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLAS's recommendation for Hopper */
 
-/* *value from the environment variable NAME (one digit 0..3), if set; -1 with an error naming it */
-static int env_knob(const char *name, const char *knob, int *value) {
+/* *value from the environment variable NAME (one digit 0..TOP), if set; -1 with an error naming it */
+static int env_knob(const char *name, const char *knob, int top, int *value) {
     const char *v = getenv(name);
     if (!v) return 0;
-    if (strlen(v) != 1 || v[0] < '0' || v[0] > '3') return m2d_err("cuda: %s=%s: expected 0 to 3 (the knob %s)", name, v, knob);
+    if (strlen(v) != 1 || v[0] < '0' || v[0] > '0' + top)
+        return m2d_err("cuda: %s=%s: expected 0 to %d (the knob %s)", name, v, top, knob);
     *value = v[0] - '0';
     return 0;
 }
 
 static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
     *out = NULL;
-    /* M2D_CUDA_ATTN, M2D_CUDA_MOE=0..3: the knobs attn_kernel and moe_grouped for a whole process,
-     * so that the GPU runner can put a kernel that is not the default through the CLI; checked
-     * first, so that a bad value is named with or without a GPU */
-    int attn_kernel = 3, moe_kernel = 3;
-    if (env_knob("M2D_CUDA_ATTN", "attn_kernel", &attn_kernel) || env_knob("M2D_CUDA_MOE", "moe_grouped", &moe_kernel))
+    /* M2D_CUDA_ATTN, M2D_CUDA_MOE=0..3, M2D_CUDA_LSE=0|1: the knobs attn_kernel, moe_grouped and
+     * lse_kernel for a whole process, so that the GPU runner can put a kernel that is not the
+     * default through the CLI; checked first, so that a bad value is named with or without a GPU */
+    int attn_kernel = 3, moe_kernel = 3, lse_kernel = 0;
+    if (env_knob("M2D_CUDA_ATTN", "attn_kernel", 3, &attn_kernel) ||
+        env_knob("M2D_CUDA_MOE", "moe_grouped", 3, &moe_kernel) || env_knob("M2D_CUDA_LSE", "lse_kernel", 1, &lse_kernel))
         return -1;
     int n = 0, dev = o->device;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -2253,9 +2237,11 @@ static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
     int ref = fast && strcmp(fast, "0") == 0;
     c->moe_grouped = ref ? 0 : moe_kernel;
     c->all_grouped_rows = 64;
+    c->lm_rows = LM_ROWS;
     c->attn_kernel = ref ? 0 : attn_kernel;
     c->gram_kernel = !ref;
     c->all_batched = !ref;
+    c->lse_kernel = ref ? 0 : lse_kernel;
     const char *prof = getenv("M2D_CUDA_PROFILE"); /* 1: op times on stderr when the backend is freed */
     c->prof.on = prof && strcmp(prof, "1") == 0;
     cublasStatus_t s = cublasLtCreate(&c->lt);

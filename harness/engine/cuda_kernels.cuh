@@ -1,6 +1,7 @@
 /* cuda_kernels — kernels of the cuda backend that also run on the CPU: the attention on tensor
  * cores (k_attention_tc in 3xTF32; k_attention_h16 in 3xFP16 with k_h16_absmax and k_h16_prep;
- * the argument block of the attention kernels, attn_dev) and calibration's Gram (k_gram_mma,
+ * the argument block of the attention kernels, attn_dev), the MoE's grouped expert GEMMs (k_gx),
+ * the LM head's one-pass log-sum-exp (k_lse_rows) and calibration's Gram (k_gram_mma,
  * k_gram_tile, k_gram_add) and reductions (k_reduce_sums, k_reduce_norms, k_reduce_select). Part
  * of backend_cuda.cu, kept in this header so that tests/test_cuda_kernels.cc compiles the same
  * source as host C++ with M2D_CUDA_EMULATED defined (mma.sync, TF32, FP16 and f64, fp16
@@ -9,6 +10,41 @@
  * against float64 on every machine, with or without a GPU. Included once, by backend_cuda.cu. */
 #ifndef M2D_CUDA_KERNELS_CUH
 #define M2D_CUDA_KERNELS_CUH
+
+/* ---- small device helpers: warp and block reductions ---- */
+
+__device__ static double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ static float warp_max_f(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* block-wide sum / max (blockDim.x a multiple of 32, <= 1024); every thread gets the result */
+__device__ static double block_sum_d(double v) {
+    __shared__ double part[32];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum_d(v);
+    __syncthreads(); /* part[] may still be read by a previous call */
+    if (lane == 0) part[wid] = v;
+    __syncthreads();
+    v = lane < nw ? part[lane] : 0.0;
+    return warp_sum_d(v);
+}
+
+__device__ static float block_max_f(float v) {
+    __shared__ float part[32];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max_f(v);
+    __syncthreads();
+    if (lane == 0) part[wid] = v;
+    __syncthreads();
+    v = lane < nw ? part[lane] : -INFINITY;
+    return warp_max_f(v);
+}
 
 struct attn_dev {
     const float *q, *ks, *vs, *kp, *vp; /* segment q/k/v, prefix cache of this layer (may be NULL) */
@@ -1037,6 +1073,67 @@ __global__ static void __launch_bounds__(GX_T) k_gx(gm_args g, gm_ptrs p) {
             }
     __syncthreads();
     gm_epilogue<NB, BM, GX_BN + 4>(g, p, e, r0, r1, n0, COLS, &sm.c[0][0]);
+}
+
+/* ---- the LM head's log-sum-exp in one pass over the logits (k_lse_rows: knob lse_kernel 1) ----
+ * backend_cuda.cu's k_lse_chunk reads a chunk's logits twice (the row's maximum, then the sum of
+ * expf(z - max)); at 2,048 rows x 16,384 logits a chunk is 134 MB, beyond L2, so both passes come
+ * from DRAM, and for one row (a prompt's last token) its 256 threads walk 64 values each, one load
+ * at a time, twice. Here each thread keeps a running maximum m and sum s (fp32 terms
+ * expf(z - m), the sum in fp64, rescaled by exp(m_old - m) in fp64 when m grows), reading
+ * LSE_UNROLL float4s before folding them (four loads in flight a thread); the block then takes
+ * M = max m and S = sum s exp(m - M) in fp64. Each term is the same fp32 expf as k_lse_chunk's,
+ * only of z - m for m <= M, then scaled in fp64: the sum agrees with the two-pass one to a few
+ * fp32 ulps of its largest terms. The state st ([3][n]: max, sum, target logit, fp64) is folded
+ * as k_lse_chunk does. */
+#define LSE_T 256
+#define LSE_UNROLL 4
+
+/* x into the running (m, s) */
+__device__ static __forceinline__ void lse_fold(float x, float &m, double &s) {
+    if (x > m) {
+        s *= exp((double)m - (double)x); /* m = -inf: 0 (or NaN, a NaN seen: it stays) */
+        m = x;
+    }
+    if (x != -INFINITY) s += (double)expf(x - m); /* -inf adds nothing (m may be -inf still); NaN stays */
+}
+
+/* one block per row r of z [rows, nv] (row r0 + r of the state): the chunk at vocabulary offset
+ * v0 folded into st; VEC: nv a multiple of 4 and z 16-byte aligned (float4 loads) */
+__global__ static void __launch_bounds__(LSE_T) k_lse_rows(const float *z, int nv, int v0, const int32_t *targets,
+                                                           double *st, int n, int r0, int vec) {
+    int r = blockIdx.x, i = r0 + r;
+    const float *zr = z + (size_t)r * nv;
+    float m = -INFINITY;
+    double s = 0.0;
+    if (vec) {
+        const float4 *z4 = (const float4 *)zr;
+        int n4 = nv / 4;
+        for (int j0 = threadIdx.x; j0 < n4; j0 += LSE_T * LSE_UNROLL) {
+            float4 v[LSE_UNROLL];
+#pragma unroll
+            for (int u = 0; u < LSE_UNROLL; u++) {
+                int j = j0 + u * LSE_T;
+                v[u] = j < n4 ? z4[j] : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+            }
+#pragma unroll
+            for (int u = 0; u < LSE_UNROLL; u++) lse_fold(v[u].x, m, s), lse_fold(v[u].y, m, s), lse_fold(v[u].z, m, s), lse_fold(v[u].w, m, s);
+        }
+    } else {
+        for (int j = threadIdx.x; j < nv; j += LSE_T) lse_fold(zr[j], m, s);
+    }
+    float M = block_max_f(m);
+    double S = block_sum_d(m == -INFINITY ? 0.0 : s * exp((double)m - (double)M));
+    if (threadIdx.x != 0) return;
+    double *mx = st + i, *sum = st + n + i, *tgt = st + 2 * n + i;
+    if (M > *mx) {
+        *sum = *sum * exp(*mx - M) + S;
+        *mx = M;
+    } else {
+        *sum += S * exp(M - *mx);
+    }
+    int t = targets[i];
+    if (t >= v0 && t < v0 + nv) *tgt = zr[t - v0];
 }
 
 #endif
