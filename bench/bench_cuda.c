@@ -200,14 +200,24 @@ static void calib_row(m2d_engine *e, const m2d_model *m, double peak) {
     free(x), free(f), free(g), free(sel), free(ids), free(sum), free(n2);
 }
 
-/* the backend's kernels: moe_grouped 3 (mma.sync, k_gx), 1 (WMMA) or 0 (per-expert reference),
- * attn_kernel 3 (tensor cores, 3xFP16), 2 (tensor cores, 3xTF32), 1 (tiles on the CUDA cores) or 0
- * (reference), lse_kernel 1 (the LM head's log-sum-exp in one pass) or 0 (two), lm_rows (its
- * rows a GEMM; 0: the default): the rows are A/Bs of the paths on the same GPU in the same run */
-static int set_kernels(m2d_engine *e, int moe_grouped, int attn_kernel, int lse_kernel, int lm_rows) {
+/* one row's kernels: moe_grouped 3 (mma.sync, k_gx), 1 (WMMA) or 0 (per-expert reference); attn_kernel
+ * 3 (tensor cores, 3xFP16), 2 (tensor cores, 3xTF32), 1 (tiles on the CUDA cores) or 0 (reference);
+ * lse_kernel 1 (the LM head's log-sum-exp in one pass) or 0 (two); lm_rows (its rows a GEMM; 0:
+ * the default); moe_plan 1 (the MoE's plan on many blocks) or 0 (one). The rows are A/Bs of the
+ * paths on the same GPU in the same run. */
+typedef struct {
+    m2d_precision prec;
+    int moe, attn, lse, lm_rows, plan;
+    int moe_only; /* a row for the MoE slice alone */
+    int op_times; /* where its device time goes, too */
+    const char *note;
+} kernel_run;
+
+static int set_kernels(m2d_engine *e, const kernel_run *r) {
     m2d_backend *be = m2d_engine_backend(e);
-    return be->ops->tune(be, "moe_grouped", moe_grouped) || be->ops->tune(be, "attn_kernel", attn_kernel) ||
-           be->ops->tune(be, "lse_kernel", lse_kernel) || (lm_rows && be->ops->tune(be, "lm_rows", lm_rows));
+    return be->ops->tune(be, "moe_grouped", r->moe) || be->ops->tune(be, "attn_kernel", r->attn) ||
+           be->ops->tune(be, "lse_kernel", r->lse) || be->ops->tune(be, "moe_plan", r->plan) ||
+           (r->lm_rows && be->ops->tune(be, "lm_rows", r->lm_rows));
 }
 
 /* where one pp512 and one ppl-2048 call spend their device time, op by op (the backend's knob
@@ -231,17 +241,20 @@ static void model_rows(const char *dir, const char *label, double peak) {
         return;
     }
     /* bf16 with the default kernels; its log-sum-exp in one pass, then also over 512-row GEMMs
-     * (33.5 MB of logits a chunk: L2-sized); its MoE by the WMMA grouped kernel (op times of these
-     * four); its attention in 3xTF32 and on the CUDA cores; the reference kernels; fp32 */
-    const struct { m2d_precision prec; int moe, attn, lse, lm_rows, moe_only; const char *note; } runs[] = {
-        {M2D_PREC_BF16, 3, 3, 0, 0, 0, ""},
-        {M2D_PREC_BF16, 3, 3, 1, 0, 0, " (log-sum-exp in one pass)"},
-        {M2D_PREC_BF16, 3, 3, 1, 512, 0, " (one-pass log-sum-exp, 512-row GEMMs)"},
-        {M2D_PREC_BF16, 1, 3, 0, 0, 1, " (MoE by WMMA tiles)"},
-        {M2D_PREC_BF16, 3, 2, 0, 0, 0, " (attention 3xTF32)"},
-        {M2D_PREC_BF16, 3, 1, 0, 0, 0, " (attention by SIMT tiles)"},
-        {M2D_PREC_BF16, 0, 0, 0, 0, 1, " (reference kernels)"},
-        {M2D_PREC_FP32, 3, 3, 0, 0, 0, ""}};
+     * (33.5 MB of logits a chunk: L2-sized); its MoE's plan on many blocks; its MoE by the WMMA
+     * grouped kernel; its attention in 3xTF32 and on the CUDA cores; the reference kernels; fp32 */
+    const m2d_precision bf = M2D_PREC_BF16;
+    const kernel_run runs[] = {
+        {.prec = bf, .moe = 3, .attn = 3, .op_times = 1, .note = ""},
+        {.prec = bf, .moe = 3, .attn = 3, .lse = 1, .op_times = 1, .note = " (log-sum-exp in one pass)"},
+        {.prec = bf, .moe = 3, .attn = 3, .lse = 1, .lm_rows = 512, .op_times = 1,
+         .note = " (one-pass log-sum-exp, 512-row GEMMs)"},
+        {.prec = bf, .moe = 3, .attn = 3, .plan = 1, .moe_only = 1, .op_times = 1, .note = " (the MoE's plan on many blocks)"},
+        {.prec = bf, .moe = 1, .attn = 3, .moe_only = 1, .op_times = 1, .note = " (MoE by WMMA tiles)"},
+        {.prec = bf, .moe = 3, .attn = 2, .note = " (attention 3xTF32)"},
+        {.prec = bf, .moe = 3, .attn = 1, .note = " (attention by SIMT tiles)"},
+        {.prec = bf, .moe_only = 1, .note = " (reference kernels)"},
+        {.prec = M2D_PREC_FP32, .moe = 3, .attn = 3, .note = ""}};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         if (m->cfg.num_experts == 0 && runs[i].moe_only) continue;
         m2d_engine *e;
@@ -249,7 +262,7 @@ static void model_rows(const char *dir, const char *label, double peak) {
             fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
             continue;
         }
-        if (set_kernels(e, runs[i].moe, runs[i].attn, runs[i].lse, runs[i].lm_rows))
+        if (set_kernels(e, &runs[i]))
             fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
         size_t res = m2d_engine_cache_weights(e, m2d_engine_backend(e)->ops->resident_budget(m2d_engine_backend(e)));
         double tp = time_forward(e, m->cfg.vocab_size, 512, 1, 5), tl = time_forward(e, m->cfg.vocab_size, 2048, 0, 3);
@@ -258,7 +271,7 @@ static void model_rows(const char *dir, const char *label, double peak) {
         printf("| %-42s | %s | %6.2f GB | %10.0f | %10.0f |\n", lab, m2d_precision_name(runs[i].prec), res / 1e9,
                tp > 0 ? 512 / tp : 0, tl > 0 ? 2047 / tl : 0);
         fflush(stdout);
-        if (i <= 2 || (i == 3 && m->cfg.num_experts > 0)) op_times(e, m->cfg.vocab_size);
+        if (runs[i].op_times) op_times(e, m->cfg.vocab_size);
         if (m->cfg.num_experts > 0 && i == 0) calib_row(e, m, peak);
         m2d_engine_free(e);
     }

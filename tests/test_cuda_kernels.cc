@@ -53,6 +53,7 @@ extern "C" { /* cmocka's header declares its C functions without C linkage for C
 #define M2D_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define __global__
 #define __device__
+#define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(x)
 #define __align__(n) __attribute__((aligned(n)))
@@ -144,6 +145,11 @@ static uint32_t atomicMax(uint32_t *p, uint32_t v) {
     return old;
 }
 static double __shfl_xor_sync(unsigned mask, double v, int lane_xor) { return shfl_xor(mask, v, lane_xor); }
+static int atomicAdd(int *p, int v) {
+    int old = *p;
+    *p += v;
+    return old;
+}
 
 static int tf32_violations;
 static void m2d_emu_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -874,6 +880,63 @@ static void lse_rows_match_float64(void **state) {
     print_message("k_lse_rows: worst |log-prob - float64| = %.3g (%.1f u)\n", worst, worst / u);
 }
 
+/* ---- the MoE's plan on many blocks (k_plan_count, k_plan_scan, k_plan_place) ---- */
+
+/* The plan against the host's stable counting sort (what backend_cuda.cu's moe_plan_make and
+ * k_moe_plan compute): bucket starts, each bucket's pairs in token order, each pair's row (-1 for
+ * an id out of range, and the error flag), each token's rows ascending (-1 last), the tiles of BM
+ * rows in expert order. Exact: integers. Several chunks (the last partial), one chunk, k = 32 (8
+ * tokens a chunk), ids out of range. */
+static void plan_case(int n, int k, int E, int bm, bool bad_ids) {
+    int nk = n * k, chunks = plan_chunks(n, k), mt = nk / bm + std::min(E, nk) + 1;
+    std::vector<int32_t> topk(nk);
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < k; j++) topk[(size_t)t * k + j] = (int32_t)((t * 7 + j * (E / k + 1) + (t * t) % 5) % E);
+    if (bad_ids) topk[5] = -1, topk[nk - 1] = E;
+    std::vector<int32_t> start(E + 1, -9), pair(nk, -9), row_of(nk, -9), tok_rows(nk, -9), tile_e(mt, -9), tile_r0(mt, -9),
+        base((size_t)chunks * E, -9);
+    int32_t n_tiles = -9, err = 0;
+    gm_plan p = {start.data(), pair.data(), row_of.data(), tok_rows.data(), tile_e.data(), tile_r0.data(), &n_tiles, &err, base.data()};
+    const int32_t *tp = topk.data();
+    run_grid(chunks, 1, 1, PLAN_T, [=] { k_plan_count(tp, n, k, E, p); });
+    run_grid(1, 1, 1, PLAN_T, [=] { k_plan_scan(chunks, E, bm, p); });
+    run_grid(chunks, 1, 1, PLAN_T, [=] { k_plan_place(tp, n, k, E, p); });
+    /* the host's plan */
+    std::vector<int32_t> w_start(E + 1, 0), w_pair, w_row(nk, -1), w_tile_e, w_tile_r0;
+    for (int e = 0; e < E; e++) {
+        w_start[e] = (int32_t)w_pair.size();
+        for (int i = 0; i < nk; i++)
+            if (topk[i] == e) w_row[i] = (int32_t)w_pair.size(), w_pair.push_back(i);
+        for (int r = w_start[e]; r < (int)w_pair.size(); r += bm) w_tile_e.push_back(e), w_tile_r0.push_back(r);
+    }
+    w_start[E] = (int32_t)w_pair.size();
+    assert_int_equal(err, bad_ids ? 1 : 0);
+    assert_true(std::equal(w_start.begin(), w_start.end(), start.begin()));
+    assert_true(std::equal(w_pair.begin(), w_pair.end(), pair.begin()));
+    assert_true(w_row == row_of);
+    assert_int_equal(n_tiles, (int)w_tile_e.size());
+    assert_true(std::equal(w_tile_e.begin(), w_tile_e.end(), tile_e.begin()));
+    assert_true(std::equal(w_tile_r0.begin(), w_tile_r0.end(), tile_r0.begin()));
+    for (int t = 0; t < n; t++) {
+        std::vector<int32_t> rows;
+        for (int j = 0; j < k; j++)
+            if (w_row[(size_t)t * k + j] >= 0) rows.push_back(w_row[(size_t)t * k + j]);
+        std::sort(rows.begin(), rows.end());
+        rows.resize(k, -1);
+        assert_true(std::equal(rows.begin(), rows.end(), tok_rows.begin() + (ptrdiff_t)t * k));
+    }
+}
+
+static void plan_matches_host(void **state) {
+    (void)state;
+    plan_case(100, 8, 16, 32, false); /* 32 tokens a chunk: 4 chunks, the last partial */
+    plan_case(100, 8, 16, 64, true);
+    plan_case(200, 8, 8, 64, false);  /* ~200 rows an expert: several tiles of 64 */
+    plan_case(37, 3, 5, 32, false);   /* one chunk */
+    plan_case(300, 6, 128, 64, true);
+    plan_case(20, 32, 256, 32, false); /* 8 tokens a chunk; E = PLAN_T */
+}
+
 static int setup(void **state) {
     (void)state;
     for (int t = 0; t < NT_MAX; t++) T[t].stack = (char *)malloc(STACK);
@@ -900,6 +963,7 @@ int main(void) {
         cmocka_unit_test(reductions_match_host),
         cmocka_unit_test(gx_matches_float64),
         cmocka_unit_test(lse_rows_match_float64),
+        cmocka_unit_test(plan_matches_host),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -165,6 +165,8 @@ struct cu_be {
     int all_grouped_rows; /* knob: experts_all takes the grouped kernels up to this many rows (default 64) */
     int gram_kernel;      /* knob: calibration's Gram on the fp64 tensor cores (1, the default) or by
                            * FMA tiles (0) */
+    int moe_plan;         /* knob: the grouped MoE's plan on one block (k_moe_plan, 0, the default
+                           * until a GPU times both) or many (k_plan_count/scan/place, 1) */
     int lm_rows;          /* knob: the LM head's rows per GEMM (LM_ROWS by default; 1 .. LM_ROWS) */
     int lse_kernel;       /* knob: the LM head's log-sum-exp in one pass (k_lse_rows, 1) or two
                            * (k_lse_chunk, 0, the default until a GPU has timed both) */
@@ -1354,30 +1356,22 @@ static void moe_experts(cu_be *c, const m2d_moe_args *a, const moe_plan *p, cons
 #define GM_BK 64   /* inner-dimension step */
 #define GM_LDS (GM_BK + 8) /* smem row stride of the bf16 operand tiles (a multiple of 8, 16-byte rows) */
 #define GM_LDC (2 * GM_BN + 4) /* smem row stride of the fp32 result tile (gate, then up) */
-#define GM_MAX_K 32
 
-struct gm_plan { /* int32 arrays in SLOT_MOE_PLAN */
-    int32_t *start;   /* [E + 1] bucket starts; start[E] = the rows in use */
-    int32_t *pair;    /* [nk] the pair (t*k + j) of each bucket row */
-    int32_t *row_of;  /* [nk] the bucket row of each pair, -1: expert id out of range */
-    int32_t *tok_rows; /* [nk] each token's rows ascending (expert-id order), -1 padded */
-    int32_t *tile_e, *tile_r0; /* [max_tiles] each tile's expert and first row */
-    int32_t *n_tiles; /* [1] */
-    int32_t *err;     /* [1] set to 1 by an expert id out of range */
-};
 
 /* tiles of BM rows: at most nk / BM full ones and one partial a used expert */
 static int gm_max_tiles(int nk, int E, int bm) { return nk / bm + M2D_MIN(E, nk) + 1; }
 
-static size_t gm_plan_ints(int nk, int E, int bm) {
-    return (size_t)E + 1 + 4 * (size_t)nk + 2 * (size_t)gm_max_tiles(nk, E, bm) + 2;
+static size_t gm_plan_ints(int n, int k, int E, int bm) {
+    size_t nk = (size_t)n * k;
+    return (size_t)E + 1 + 4 * nk + 2 * (size_t)gm_max_tiles((int)nk, E, bm) + 2 + (size_t)plan_chunks(n, k) * E;
 }
 
-static gm_plan gm_plan_at(int32_t *base, int nk, int E, int bm) {
+static gm_plan gm_plan_at(int32_t *base, int n, int k, int E, int bm) {
     gm_plan p;
-    int mt = gm_max_tiles(nk, E, bm);
+    int nk = n * k, mt = gm_max_tiles(nk, E, bm);
     p.start = base, p.pair = p.start + E + 1, p.row_of = p.pair + nk, p.tok_rows = p.row_of + nk;
     p.tile_e = p.tok_rows + nk, p.tile_r0 = p.tile_e + mt, p.n_tiles = p.tile_r0 + mt, p.err = p.n_tiles + 1;
+    p.base = p.err + 1;
     return p;
 }
 
@@ -1443,6 +1437,20 @@ __global__ static void __launch_bounds__(1024) k_moe_plan(const int32_t *topk, i
         }
         for (int j = m; j < k; j++) o[j] = -1;
     }
+}
+
+/* the plan: one block (k_moe_plan) or many (k_plan_count, k_plan_scan, k_plan_place; knob moe_plan 1) */
+static void gm_plan_make(cu_be *c, const int32_t *topk, int n, int k, int E, int bm, const gm_plan &pl) {
+    if (c->moe_plan) {
+        int ch = plan_chunks(n, k);
+        k_plan_count<<<ch, PLAN_T>>>(topk, n, k, E, pl);
+        k_plan_scan<<<1, PLAN_T>>>(ch, E, bm, pl);
+        k_plan_place<<<ch, PLAN_T>>>(topk, n, k, E, pl);
+        launched(c, "k_plan_place");
+        return;
+    }
+    k_moe_plan<<<1, 1024>>>(topk, n, k, E, bm, pl);
+    launched(c, "k_moe_plan");
 }
 
 /* xs[r] = bf16(x[token of pair[r]]) for the rows in use (*rows) */
@@ -1682,16 +1690,15 @@ static int moe_grouped(cu_be *c, const m2d_moe_args *a) {
     const gm_weights *gw = k > GM_MAX_K ? NULL : gm_weights_of(c, a);
     if (!gw) return -1;
     int bm = gx_bm(c, gw, d, de, nk / E), tile_rows = bm ? bm : GM_BM;
-    int32_t *ints = (int32_t *)scratch(c, SLOT_MOE_PLAN, sizeof(int32_t) * gm_plan_ints(nk, E, tile_rows));
+    int32_t *ints = (int32_t *)scratch(c, SLOT_MOE_PLAN, sizeof(int32_t) * gm_plan_ints(n, k, E, tile_rows));
     __nv_bfloat16 *xs = (__nv_bfloat16 *)scratch(c, SLOT_XCONV, 2 * (size_t)nk * d);
     __nv_bfloat16 *H = (__nv_bfloat16 *)scratch(c, SLOT_MOE_G, 2 * (size_t)nk * de);
     float *Y = (float *)scratch(c, SLOT_MOE_Y, sizeof(float) * (size_t)nk * d);
     if (ints && xs && H && Y) { /* else the sticky error is set */
-        gm_plan pl = gm_plan_at(ints, nk, E, tile_rows);
+        gm_plan pl = gm_plan_at(ints, n, k, E, tile_rows);
         pl.err = c->dev_err;
         c->err_armed = 1;
-        k_moe_plan<<<1, 1024>>>((const int32_t *)P(a->topk), n, k, E, tile_rows, pl);
-        launched(c, "k_moe_plan");
+        gm_plan_make(c, (const int32_t *)P(a->topk), n, k, E, tile_rows, pl);
         k_gather_bf16<<<blocks_for((int64_t)nk * d, 256), 256>>>(F(&a->x), a->x.ld, pl.pair, pl.start + E, k, d,
                                                                   (int64_t)nk * d, xs);
         launched(c, "k_gather_bf16");
@@ -2145,6 +2152,7 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
               : strcmp(knob, "gram_kernel") == 0 ? &CU(be)->gram_kernel
               : strcmp(knob, "all_batched") == 0 ? &CU(be)->all_batched
               : strcmp(knob, "lse_kernel") == 0  ? &CU(be)->lse_kernel
+              : strcmp(knob, "moe_plan") == 0    ? &CU(be)->moe_plan
               : strcmp(knob, "profile") == 0     ? &CU(be)->prof.on : NULL;
     if (at == &CU(be)->prof.on && value == 0 && *at) prof_report(CU(be)); /* profile 0: report, stop */
     int top = at == &CU(be)->attn_kernel || at == &CU(be)->moe_grouped ? 3
@@ -2155,7 +2163,7 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
         return 0;
     }
     return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile, gram_kernel, "
-                   "lse_kernel: 0|1; moe_grouped, attn_kernel: 0..3; all_batched: 0|1|2; all_grouped_rows: >= 0; "
+                   "lse_kernel, moe_plan: 0|1; moe_grouped, attn_kernel: 0..3; all_batched: 0|1|2; all_grouped_rows: >= 0; "
                    "lm_rows: 1..2048)",
                    knob, value);
 }

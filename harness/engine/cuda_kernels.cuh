@@ -876,11 +876,129 @@ __global__ static void k_reduce_select(const float *f, int ld, int n, int d, con
  * (row, k pair) from row-major tiles; rows of GX_LDS = 40 halves (20 words): the 8 rows g of a
  * load, at words 20 g + c, fall in 32 distinct banks. */
 #define GM_MAX_E 256
+#define GM_MAX_K 32 /* top-k at most (k_moe_plan, plan_tokens) */
 #define GX_BK 32        /* inner-dimension step */
 #define GX_STAGES 3
 #define GX_LDS (GX_BK + 8)
 #define GX_BN 128       /* weight rows a block */
 #define GX_T 128        /* threads a block: 4 warps */
+
+/* ---- the MoE's bucket plan on many blocks (k_plan_count, k_plan_scan, k_plan_place: knob
+ * moe_plan 1) ----
+ * backend_cuda.cu's k_moe_plan builds the plan in one block of 1,024 threads, chunk after chunk:
+ * 147 µs a layer at 2,048 tokens x 8 experts on an H200 (ncu), a tenth of the MoE op. Here the
+ * pairs (t k + j) come in chunks of whole tokens, at most PLAN_T pairs, one block each:
+ *   k_plan_count  a chunk's pairs per expert (shared-memory counts) into base[chunk][E];
+ *   k_plan_scan   one block, a thread an expert: its rows in earlier chunks, the bucket starts
+ *                 (start), so base[chunk][e] = the first row of chunk's pairs of expert e; the
+ *                 tiles of BM rows in expert order;
+ *   k_plan_place  a pair's row = base[chunk][e] + the pairs of e before it in the chunk (counted
+ *                 in shared memory: < PLAN_T compares); then each of the chunk's tokens' rows
+ *                 sorted ascending.
+ * The plan is k_moe_plan's, value for value: the same stable counting sort (token order within a
+ * bucket), the same tiles, the same sorted rows, -1 and the error flag for ids out of range. */
+#define PLAN_T 256
+
+struct gm_plan { /* int32 arrays in SLOT_MOE_PLAN */
+    int32_t *start;   /* [E + 1] bucket starts; start[E] = the rows in use */
+    int32_t *pair;    /* [nk] the pair (t*k + j) of each bucket row */
+    int32_t *row_of;  /* [nk] the bucket row of each pair, -1: expert id out of range */
+    int32_t *tok_rows; /* [nk] each token's rows ascending (expert-id order), -1 padded */
+    int32_t *tile_e, *tile_r0; /* [max_tiles] each tile's expert and first row */
+    int32_t *n_tiles; /* [1] */
+    int32_t *err;     /* [1] set to 1 by an expert id out of range */
+    int32_t *base;    /* [chunks][E] (knob moe_plan 1): chunk counts, then each chunk's first rows */
+};
+
+/* tokens a chunk (k <= GM_MAX_K), and the chunks of n tokens */
+__host__ __device__ static inline int plan_tokens(int k) { return PLAN_T / k; }
+__host__ __device__ static inline int plan_chunks(int n, int k) { return (n + plan_tokens(k) - 1) / plan_tokens(k); }
+
+/* this block's chunk: pairs [i0, i1) */
+__device__ static __forceinline__ void plan_chunk(int n, int k, int &i0, int &i1) {
+    i0 = blockIdx.x * plan_tokens(k) * k;
+    i1 = M2D_MIN(i0 + plan_tokens(k) * k, n * k);
+}
+
+__global__ static void __launch_bounds__(PLAN_T) k_plan_count(const int32_t *topk, int n, int k, int E, gm_plan p) {
+    __shared__ int cnt[GM_MAX_E];
+    int i0, i1;
+    plan_chunk(n, k, i0, i1);
+    for (int e = threadIdx.x; e < E; e += PLAN_T) cnt[e] = 0;
+    __syncthreads();
+    int i = i0 + (int)threadIdx.x;
+    if (i < i1) {
+        int e = topk[i];
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1); /* integer counts: order-independent */
+        else *p.err = 1;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += PLAN_T) p.base[(size_t)blockIdx.x * E + e] = cnt[e];
+}
+
+/* one block of PLAN_T >= E threads */
+__global__ static void __launch_bounds__(PLAN_T) k_plan_scan(int chunks, int E, int bm, gm_plan p) {
+    __shared__ int tot[GM_MAX_E], tile0[GM_MAX_E + 1];
+    int e = threadIdx.x;
+    if (e < E) { /* expert e's rows before each chunk */
+        int s = 0;
+        for (int c = 0; c < chunks; c++) {
+            int v = p.base[(size_t)c * E + e];
+            p.base[(size_t)c * E + e] = s;
+            s += v;
+        }
+        tot[e] = s;
+    }
+    __syncthreads();
+    if (e == 0) {
+        int s = 0;
+        tile0[0] = 0;
+        for (int q = 0; q < E; q++) {
+            p.start[q] = s;
+            s += tot[q];
+            tile0[q + 1] = tile0[q] + (tot[q] + bm - 1) / bm;
+        }
+        p.start[E] = s;
+        *p.n_tiles = tile0[E];
+    }
+    __syncthreads();
+    if (e < E) {
+        int s0 = p.start[e];
+        for (int c = 0; c < chunks; c++) p.base[(size_t)c * E + e] += s0;
+        for (int q = tile0[e]; q < tile0[e + 1]; q++) p.tile_e[q] = e, p.tile_r0[q] = s0 + (q - tile0[e]) * bm;
+    }
+}
+
+__global__ static void __launch_bounds__(PLAN_T) k_plan_place(const int32_t *topk, int n, int k, int E, gm_plan p) {
+    __shared__ int ex[PLAN_T], row[PLAN_T];
+    int i0, i1, tid = threadIdx.x;
+    plan_chunk(n, k, i0, i1);
+    int i = i0 + tid, e = i < i1 ? topk[i] : -1;
+    ex[tid] = e >= 0 && e < E ? e : -1;
+    __syncthreads();
+    if (i < i1) {
+        int pos = -1;
+        if (ex[tid] >= 0) {
+            pos = p.base[(size_t)blockIdx.x * E + e];
+            for (int j = 0; j < tid; j++) pos += ex[j] == e;
+            p.pair[pos] = i;
+        }
+        p.row_of[i] = pos, row[tid] = pos;
+    }
+    __syncthreads();
+    int t = i0 / k + tid;
+    if (tid < plan_tokens(k) && t < n) { /* insertion sort of the token's k rows; -1 last */
+        int32_t *o = p.tok_rows + (size_t)t * k, m = 0;
+        for (int j = 0; j < k; j++) {
+            int r = row[tid * k + j];
+            if (r < 0) continue;
+            int q = m++;
+            while (q > 0 && o[q - 1] > r) o[q] = o[q - 1], q--;
+            o[q] = r;
+        }
+        for (int j = m; j < k; j++) o[j] = -1;
+    }
+}
 
 /* the weights of the grouped GEMM: NB matrices [N, K] per expert (gate and up, or down), their
  * biases (NULL: none), all of one dtype each (kernel parameters: 8 KiB, under CUDA's 32 KiB) */
