@@ -717,17 +717,18 @@ static void reductions_match_host(void **state) {
 
 static uint16_t bf16_normal(double sd) { return bf16_bits((float)(normal() * sd)); }
 
-/* k_gx<NB, BM> as gm_launch launches it, over TILES tiles (spare blocks past the plan's included) */
-template <int NB, int BM>
+/* k_gx<NB, BM, ST> as gm_launch launches it, over TILES tiles (spare blocks past the plan's included) */
+template <int NB, int BM, int ST>
 static void gx_run(const gm_args &g, const gm_ptrs &p, int tiles) {
+    static_assert(sizeof(gx_smem<BM, ST>) <= sizeof tc_raw, "shared memory");
     const gm_args *gp = &g;
     const gm_ptrs *pp = &p;
-    run_grid((unsigned)tiles, (unsigned)((g.N + GX_BN / NB - 1) / (GX_BN / NB)), 1, GX_T, [gp, pp] { k_gx<NB, BM>(*gp, *pp); });
+    run_grid((unsigned)tiles, (unsigned)((g.N + GX_BN / NB - 1) / (GX_BN / NB)), 1, GX_T, [gp, pp] { k_gx<NB, BM, ST>(*gp, *pp); });
 }
 
 /* One MoE layer's experts through k_gx<2, BM> (gate, up, the activation, H in bf16) and k_gx<1, BM>
  * (down) against float64, bucket rows from a plan (tiles of BM rows: buckets of 0, 1, BM - 1, BM + 7
- * and 2 BM + 3 rows) or every expert on ROWS_CONST rows. d = 72 and d_ff = 104 leave an inner tail
+ * and 2 BM + 3 rows) or every expert on ROWS_CONST rows. d = 72 and d_ff = 104 (or D and DE) leave an inner tail
  * (not multiples of GX_BK) and output columns past the last full block; the outputs have padding
  * columns (ldc > N) that must stay untouched. Bounds (Higham §3.1, u = 2^-24): the bf16 products
  * are exact in fp32 and a K-term fp32 sum is within γ_K Σ|terms| (γ_K = K u / (1 - K u)), + u of
@@ -735,9 +736,9 @@ static void gx_run(const gm_args &g, const gm_ptrs &p, int tiles) {
  * the clamped one's), the activation's own fp32 roundings (expf, a division, products: 8 u
  * allowed) and H's rounding to bf16 (half an ulp: at most 2^-8 relative).
  * Down reads the kernel's own H, so its operands are the reference's exactly. */
-template <int BM>
-static void gx_case(int rows_const, bool bf16_bias, bool clamp) {
-    const int E = 5, d = 72, de = 104, bucket[E] = {0, 1, BM - 1, BM + 7, 2 * BM + 3}, ldh = de + 5, ldy = d + 3;
+template <int BM, int ST>
+static void gx_case(int rows_const, bool bf16_bias, bool clamp, int d = 72, int de = 104) {
+    const int E = 5, bucket[E] = {0, 1, BM - 1, BM + 7, 2 * BM + 3}, ldh = de + 5, ldy = d + 3;
     std::vector<int32_t> start(E + 1), tile_e, tile_r0;
     for (int e = 0; e < E; e++) start[e + 1] = start[e] + (rows_const ? 0 : bucket[e]);
     for (int e = 0; e < E && !rows_const; e++)
@@ -772,8 +773,8 @@ static void gx_case(int rows_const, bool bf16_bias, bool clamp) {
                   rows_const, y.data(), ldy, y_es, bf16_bias, 0, 0.0f, 0.0f};
     int tiles = rows_const ? E * ((rows_const + BM - 1) / BM) : n_tiles + 2;
     bf16_mmas = 0;
-    gx_run<2, BM>(g1, pg, tiles);
-    gx_run<1, BM>(g2, pd, tiles);
+    gx_run<2, BM, ST>(g1, pg, tiles);
+    gx_run<1, BM, ST>(g2, pd, tiles);
     assert_true(bf16_mmas > 0);
     const double u = ldexp(1, -24);
     double worst_h = 0, worst_y = 0;
@@ -816,17 +817,20 @@ static void gx_case(int rows_const, bool bf16_bias, bool clamp) {
             for (int o = d; o < ldy; o++) assert_true(isnan(y[row * ldy + o]));
         }
     }
-    print_message("k_gx BM %d, %s, biases %s%s: worst |d| / bound: h %.3f, y %.3f\n", BM,
+    print_message("k_gx BM %d, %d stages, %s, biases %s%s: worst |d| / bound: h %.3f, y %.3f\n", BM, ST,
                   rows_const ? "every expert on the same rows" : "plan's tiles", bf16_bias ? "bf16" : "fp32",
                   clamp ? ", clamped SwiGLU" : "", worst_h, worst_y);
 }
 
 static void gx_matches_float64(void **state) {
     (void)state;
-    gx_case<32>(0, false, false);
-    gx_case<64>(0, true, true);
-    gx_case<32>(40, true, false);
-    gx_case<64>(40, false, true);
+    gx_case<32, GX_STAGES>(0, false, false);
+    gx_case<64, GX_STAGES>(0, true, true);
+    gx_case<32, GX_STAGES>(40, true, false);
+    gx_case<64, GX_STAGES>(40, false, true);
+    gx_case<64, GX_STAGES_DEEP>(0, false, false); /* d = 72: 3 inner steps, fewer than the stages */
+    gx_case<32, GX_STAGES_DEEP>(40, true, true, 232, 200); /* 8 and 7 inner steps: the stages wrap */
+    gx_case<64, GX_STAGES>(0, true, false, 232, 200);
 }
 
 /* ---- the LM head's one-pass log-sum-exp (k_lse_rows) ---- */

@@ -165,6 +165,9 @@ struct cu_be {
     int all_grouped_rows; /* knob: experts_all takes the grouped kernels up to this many rows (default 64) */
     int gram_kernel;      /* knob: calibration's Gram on the fp64 tensor cores (1, the default) or by
                            * FMA tiles (0) */
+    int gx_stages;        /* knob: k_gx's cp.async stages, GX_STAGES (3, the default until a GPU times
+                           * both) or GX_STAGES_DEEP (6) */
+    unsigned gx_smem_set; /* k_gx instantiations allowed their shared memory (gx_launch's bits) */
     int moe_plan;         /* knob: the grouped MoE's plan on one block (k_moe_plan, 0, the default
                            * until a GPU times both) or many (k_plan_count/scan/place, 1) */
     int lm_rows;          /* knob: the LM head's rows per GEMM (LM_ROWS by default; 1 .. LM_ROWS) */
@@ -1632,10 +1635,30 @@ static void gm_launch_pre(int NB, m2d_dtype wdt, dim3 grid, const gm_args *g, co
     else k_grouped<1, float, PRE><<<grid, GM_T>>>(*g, *p);
 }
 
+/* k_gx<NB, BM, ST> with its dynamic shared memory (allowed past 48 KB once per instantiation: bit
+ * BIT of gx_smem_set) */
+template <int NB, int BM, int ST>
+static void gx_launch_st(cu_be *c, unsigned bit, dim3 grid, const gm_args *g, const gm_ptrs *p) {
+    size_t smem = sizeof(gx_smem<BM, ST>);
+    if (!(c->gx_smem_set & bit)) {
+        if (!cuda_ok(c, cudaFuncSetAttribute(k_gx<NB, BM, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                     "k_gx shared memory"))
+            return;
+        c->gx_smem_set |= bit;
+    }
+    k_gx<NB, BM, ST><<<grid, GX_T, smem>>>(*g, *p);
+}
+
 template <int BM>
-static void gx_launch(int NB, dim3 grid, const gm_args *g, const gm_ptrs *p) {
-    if (NB == 2) k_gx<2, BM><<<grid, GX_T>>>(*g, *p);
-    else k_gx<1, BM><<<grid, GX_T>>>(*g, *p);
+static void gx_launch(cu_be *c, int NB, dim3 grid, const gm_args *g, const gm_ptrs *p) {
+    unsigned bit = 1u << ((NB - 1) + 2 * (BM == 64) + 4 * (c->gx_stages == GX_STAGES_DEEP));
+    if (c->gx_stages == GX_STAGES_DEEP) {
+        if (NB == 2) gx_launch_st<2, BM, GX_STAGES_DEEP>(c, bit, grid, g, p);
+        else gx_launch_st<1, BM, GX_STAGES_DEEP>(c, bit, grid, g, p);
+    } else {
+        if (NB == 2) gx_launch_st<2, BM, GX_STAGES>(c, bit, grid, g, p);
+        else gx_launch_st<1, BM, GX_STAGES>(c, bit, grid, g, p);
+    }
 }
 
 /* the grouped GEMM of NB weight matrices over TILES tiles of BM rows: k_gx (BM 32 or 64; its
@@ -1643,8 +1666,8 @@ static void gx_launch(int NB, dim3 grid, const gm_args *g, const gm_ptrs *p) {
 static void gm_launch(cu_be *c, int NB, m2d_dtype wdt, int bm, int tiles, const gm_args *g, const gm_ptrs *p) {
     int cols = bm ? GX_BN / NB : GM_BN;
     dim3 grid((unsigned)tiles, (unsigned)((g->N + cols - 1) / cols));
-    if (bm == 64) gx_launch<64>(NB, grid, g, p);
-    else if (bm == 32) gx_launch<32>(NB, grid, g, p);
+    if (bm == 64) gx_launch<64>(c, NB, grid, g, p);
+    else if (bm == 32) gx_launch<32>(c, NB, grid, g, p);
     else if (c->moe_grouped == 2) gm_launch_pre<false>(NB, wdt, grid, g, p);
     else gm_launch_pre<true>(NB, wdt, grid, g, p);
     launched(c, bm ? "k_gx" : "k_grouped");
@@ -1702,7 +1725,8 @@ static int moe_grouped(cu_be *c, const m2d_moe_args *a) {
         k_gather_bf16<<<blocks_for((int64_t)nk * d, 256), 256>>>(F(&a->x), a->x.ld, pl.pair, pl.start + E, k, d,
                                                                   (int64_t)nk * d, xs);
         launched(c, "k_gather_bf16");
-        gm_io io = {pl.tile_e, pl.tile_r0, pl.n_tiles, pl.start, bm, gm_max_tiles(nk, E, tile_rows), 0, xs, 0, H, 0, Y, d, 0};
+        gm_io io = {pl.tile_e, pl.tile_r0, pl.n_tiles, pl.start, bm, gm_max_tiles(nk, E, tile_rows), 0, xs, 0, H, 0,
+                    Y, d, 0};
         gm_experts(c, a, gw, &io);
         k_scatter<<<blocks_for((int64_t)n * d, 256), 256>>>(Y, pl.pair, pl.tok_rows, (const float *)P(a->gates), n,
                                                             k, d, F(&a->out), a->out.ld);
@@ -2146,6 +2170,10 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
         CU(be)->lm_rows = value;
         return 0;
     }
+    if (strcmp(knob, "gx_stages") == 0 && (value == GX_STAGES || value == GX_STAGES_DEEP)) {
+        CU(be)->gx_stages = value;
+        return 0;
+    }
     int *at = strcmp(knob, "gemm_naive") == 0 ? &CU(be)->gemm_naive
               : strcmp(knob, "moe_grouped") == 0 ? &CU(be)->moe_grouped
               : strcmp(knob, "attn_kernel") == 0 ? &CU(be)->attn_kernel
@@ -2164,7 +2192,7 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
     }
     return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile, gram_kernel, "
                    "lse_kernel, moe_plan: 0|1; moe_grouped, attn_kernel: 0..3; all_batched: 0|1|2; all_grouped_rows: >= 0; "
-                   "lm_rows: 1..2048)",
+                   "lm_rows: 1..2048; gx_stages: 3|6)",
                    knob, value);
 }
 
@@ -2246,6 +2274,7 @@ static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
     c->moe_grouped = ref ? 0 : moe_kernel;
     c->all_grouped_rows = 64;
     c->lm_rows = LM_ROWS;
+    c->gx_stages = GX_STAGES;
     c->attn_kernel = ref ? 0 : attn_kernel;
     c->gram_kernel = !ref;
     c->all_batched = !ref;

@@ -864,8 +864,10 @@ __global__ static void k_reduce_select(const float *f, int ld, int n, int d, con
  * 155 GFLOP). Here a block computes BM (32 or 64) bucket rows x GX_BN weight rows with mma.sync
  * m16n8k16 BF16 (fp32 accumulation, as CUBLAS_COMPUTE_32F): each warp 32 rows x GX_BN / WN
  * weight rows (BM 64: 2 x 2 warps, 32 x 64, 16 MMAs a k16 step for 10 fragment loads), the
- * operand tiles copied by cp.async into GX_STAGES shared-memory stages (the copy of step k + 2
- * in flight while step k computes). NB 2 (gate and up): the block's weight rows are 64 gate
+ * operand tiles copied by cp.async into ST shared-memory stages (the copies of steps k + 1 ..
+ * k + ST - 1 in flight while step k computes; ST 3, or 6 by the knob gx_stages: at pp512 ncu
+ * found k_gx at 39-46 % of the DRAM bandwidth and 35 % of the SMs' throughput, bound by the
+ * latency of each step's copies, which a deeper pipeline hides). NB 2 (gate and up): the block's weight rows are 64 gate
  * and 64 up rows of the same 64 output columns, so the epilogue has both for SwiGLU; NB 1
  * (down): 128 rows of one matrix. The epilogue is k_grouped's: the accumulators through shared
  * memory, the biases, the activation, H rounded to bf16 or fp32 outputs. Operands bf16 only,
@@ -878,7 +880,8 @@ __global__ static void k_reduce_select(const float *f, int ld, int n, int d, con
 #define GM_MAX_E 256
 #define GM_MAX_K 32 /* top-k at most (k_moe_plan, plan_tokens) */
 #define GX_BK 32        /* inner-dimension step */
-#define GX_STAGES 3
+#define GX_STAGES 3       /* cp.async stages (the default; knob gx_stages 6 for a deeper pipeline) */
+#define GX_STAGES_DEEP 6
 #define GX_LDS (GX_BK + 8)
 #define GX_BN 128       /* weight rows a block */
 #define GX_T 128        /* threads a block: 4 warps */
@@ -1092,11 +1095,11 @@ __device__ static __forceinline__ void cp_async16_fill(void *smem, const void *g
 }
 #endif
 
-template <int BM>
+template <int BM, int ST>
 struct gx_smem {
     union {
         struct {
-            uint16_t a[GX_STAGES][BM][GX_LDS], b[GX_STAGES][GX_BN][GX_LDS];
+            uint16_t a[ST][BM][GX_LDS], b[ST][GX_BN][GX_LDS];
         } in;
         float c[BM][GX_BN + 4]; /* the accumulators, for the epilogue */
     };
@@ -1105,10 +1108,10 @@ struct gx_smem {
 /* inner step KT's operand tiles into stage S, as one cp.async group: the bucket rows r0 .. r1 of
  * A (rows past r1 copy row r0: computed, never stored) and the block's weight rows (past N, row 0;
  * NB 2: gate rows n0 .. n0 + 63, then up's); chunks past K are zeros */
-template <int NB, int BM>
+template <int NB, int BM, int ST>
 __device__ static __forceinline__ void gx_load(const gm_args &g, const gm_ptrs &p, int e, const __nv_bfloat16 *A,
-                                               int r0, int r1, int n0, int kt, gx_smem<BM> &sm) {
-    int s = kt % GX_STAGES, k0 = kt * GX_BK;
+                                               int r0, int r1, int n0, int kt, gx_smem<BM, ST> &sm) {
+    int s = kt % ST, k0 = kt * GX_BK;
 #pragma unroll
     for (int i = 0; i < BM * (GX_BK / 8) / GX_T; i++) {
         int q = threadIdx.x + i * GX_T, m = q / (GX_BK / 8), kc = k0 + q % (GX_BK / 8) * 8, r = r0 + m < r1 ? r0 + m : r0;
@@ -1130,8 +1133,8 @@ __device__ static __forceinline__ void gx_load(const gm_args &g, const gm_ptrs &
 __device__ static __forceinline__ uint32_t gx_word(const uint16_t *row, int k) { return *(const uint32_t *)(row + k); }
 
 /* one stage's MMAs of warp (wm, wn): rows 32 wm .., weight rows GX_BN / WN wn .. */
-template <int BM, int NF>
-__device__ static __forceinline__ void gx_mma(const gx_smem<BM> &sm, int s, int wm, int wn, int g, int c,
+template <int BM, int ST, int NF>
+__device__ static __forceinline__ void gx_mma(const gx_smem<BM, ST> &sm, int s, int wm, int wn, int g, int c,
                                               float (&acc)[2][NF][4]) {
 #pragma unroll
     for (int ks = 0; ks < GX_BK; ks += 16) {
@@ -1152,11 +1155,14 @@ __device__ static __forceinline__ void gx_mma(const gx_smem<BM> &sm, int s, int 
     }
 }
 
-/* one block per (tile, GX_BN / NB output columns) */
-template <int NB, int BM>
+/* one block per (tile, GX_BN / NB output columns); shared memory sizeof(gx_smem<BM, ST>), dynamic */
+template <int NB, int BM, int ST>
 __global__ static void __launch_bounds__(GX_T) k_gx(gm_args g, gm_ptrs p) {
     constexpr int WM = BM / 32, WN = 4 / WM, NF = GX_BN / WN / 8, COLS = GX_BN / NB;
-    __shared__ __align__(16) gx_smem<BM> sm;
+#ifndef M2D_CUDA_EMULATED
+    extern __shared__ __align__(16) unsigned char tc_raw[];
+#endif
+    gx_smem<BM, ST> &sm = *(gx_smem<BM, ST> *)tc_raw;
     int e, r0, r1, n0 = blockIdx.y * COLS;
     if (!gm_tile<BM>(g, blockIdx.x, e, r0, r1)) return;
     const __nv_bfloat16 *A = g.a + e * g.a_es;
@@ -1168,16 +1174,16 @@ __global__ static void __launch_bounds__(GX_T) k_gx(gm_args g, gm_ptrs p) {
         for (int ni = 0; ni < NF; ni++)
             for (int u = 0; u < 4; u++) acc[mi][ni][u] = 0.0f;
     int KT = (g.K + GX_BK - 1) / GX_BK;
-    for (int kt = 0; kt < GX_STAGES - 1; kt++) {
-        if (kt < KT) gx_load<NB, BM>(g, p, e, A, r0, r1, n0, kt, sm);
+    for (int kt = 0; kt < ST - 1; kt++) {
+        if (kt < KT) gx_load<NB, BM, ST>(g, p, e, A, r0, r1, n0, kt, sm);
         else cp_async_commit(); /* empty groups keep the count */
     }
     for (int kt = 0; kt < KT; kt++) {
-        cp_async_wait<GX_STAGES - 2>(); /* step kt's copies (this thread's) done */
-        __syncthreads();                /* everyone's; and step kt - 1's stage free to refill */
-        if (kt + GX_STAGES - 1 < KT) gx_load<NB, BM>(g, p, e, A, r0, r1, n0, kt + GX_STAGES - 1, sm);
+        cp_async_wait<ST - 2>(); /* step kt's copies (this thread's) done */
+        __syncthreads();         /* everyone's; and step kt - 1's stage free to refill */
+        if (kt + ST - 1 < KT) gx_load<NB, BM, ST>(g, p, e, A, r0, r1, n0, kt + ST - 1, sm);
         else cp_async_commit();
-        gx_mma<BM, NF>(sm, kt % GX_STAGES, wm, wn, gq, c, acc);
+        gx_mma<BM, ST, NF>(sm, kt % ST, wm, wn, gq, c, acc);
     }
     cp_async_wait<0>();
     __syncthreads(); /* the stages are dead: the accumulators go through the same shared memory */
