@@ -1993,16 +1993,7 @@ __global__ static void k_lse_chunk(const float *z, int nv, int v0, const int32_t
     double s = 0;
     for (int j = threadIdx.x; j < nv; j += blockDim.x) s += expf(zr[j] - cm); /* float terms, double sum: as the CPU */
     s = block_sum_d(s);
-    if (threadIdx.x != 0) return;
-    double *mx = st + i, *sum = st + n + i, *tgt = st + 2 * n + i;
-    if (cm > *mx) {
-        *sum = *sum * exp(*mx - cm) + s;
-        *mx = cm;
-    } else {
-        *sum += s * exp(cm - *mx);
-    }
-    int t = targets[i];
-    if (t >= v0 && t < v0 + nv) *tgt = zr[t - v0];
+    if (threadIdx.x == 0) lse_state_fold(st, n, i, cm, s, zr, v0, nv, targets[i]);
 }
 
 __global__ static void k_lse_final(const double *st, int n, double *lp) {

@@ -1213,6 +1213,20 @@ __global__ static void __launch_bounds__(GX_T) k_gx(gm_args g, gm_ptrs p) {
 #define LSE_T 256
 #define LSE_UNROLL 4
 
+/* row i's state (st [3][n]: max, sum, target logit) with a chunk's maximum M and sum S of exp(z -
+ * M) over its logits zr (vocabulary v0 .. v0 + nv - 1), and its target logit if it holds it */
+__device__ static void lse_state_fold(double *st, int n, int i, float M, double S, const float *zr, int v0, int nv,
+                                      int target) {
+    double *mx = st + i, *sum = st + n + i, *tgt = st + 2 * n + i;
+    if (M > *mx) {
+        *sum = *sum * exp(*mx - M) + S;
+        *mx = M;
+    } else {
+        *sum += S * exp(M - *mx);
+    }
+    if (target >= v0 && target < v0 + nv) *tgt = zr[target - v0];
+}
+
 /* x into the running (m, s) */
 __device__ static __forceinline__ void lse_fold(float x, float &m, double &s) {
     if (x > m) {
@@ -1248,16 +1262,7 @@ __global__ static void __launch_bounds__(LSE_T) k_lse_rows(const float *z, int n
     }
     float M = block_max_f(m);
     double S = block_sum_d(m == -INFINITY ? 0.0 : s * exp((double)m - (double)M));
-    if (threadIdx.x != 0) return;
-    double *mx = st + i, *sum = st + n + i, *tgt = st + 2 * n + i;
-    if (M > *mx) {
-        *sum = *sum * exp(*mx - M) + S;
-        *mx = M;
-    } else {
-        *sum += S * exp(M - *mx);
-    }
-    int t = targets[i];
-    if (t >= v0 && t < v0 + nv) *tgt = zr[t - v0];
+    if (threadIdx.x == 0) lse_state_fold(st, n, i, M, S, zr, v0, nv, targets[i]);
 }
 
 #endif
