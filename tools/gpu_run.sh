@@ -62,7 +62,7 @@ mkdir -p "$M2D_BUILD"
 cd "$B" || return 1 # the tests' relative paths (experiments.toml and its data/) are the bundle's
 tests_rc=0
 # one line per case, with the measured differences the tests print
-cases() { grep -E '^\[ *(OK|FAILED|SKIPPED|ERROR) *\]|^\[ *LINE|max|nll|NLL|differ|error|skip|worst' "$1" | grep -v '^\[==' | head -150; }
+cases() { grep -E '^\[ *(OK|FAILED|SKIPPED|ERROR) *\]|^\[ *LINE|max|nll|NLL|differ|error|skip|worst|same bits' "$1" | grep -v '^\[==' | head -150; }
 for t in "$B"/bin/test_*; do
   name=$(basename "$t")
   timeout "$STAGE_S" "$t" > "$out/$name.log" 2>&1; rc=$?

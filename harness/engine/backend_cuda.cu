@@ -28,10 +28,12 @@
  *
  * Fast paths and the reference next to them (knobs; M2D_CUDA_FAST=0 turns the fast ones off):
  * MoE at BF16 by a device-side plan and grouped GEMMs (moe_grouped 3: mma.sync, 1: WMMA; 0:
- * per-expert cuBLASLt with the plan on the host), attention on tensor cores or by tiles (attn_kernel 3: 3xFP16, 2:
- * 3xTF32, 1: tiles; 0: one warp a row), calibration's experts batched or one by one (all_batched 1, 0) and its Gram on the fp64
- * tensor cores or by FMA tiles (gram_kernel 1, 0), every GEMM through cuBLASLt or the
- * one-thread-per-output kernel (gemm_naive). The tests run both sides; knob profile times the ops.
+ * per-expert cuBLASLt with the plan on the host), attention on tensor cores or by tiles
+ * (attn_kernel 3: 3xFP16, 2: 3xTF32, 1: tiles; 0: one warp a row), calibration's experts batched
+ * or one by one (all_batched 1, 0) and its Gram on the fp64 tensor cores or by FMA tiles
+ * (gram_kernel 1, 0), every GEMM through cuBLASLt or the one-thread-per-output kernel
+ * (gemm_naive). The tests run both sides; knob profile times the ops. Kernels not yet timed on a
+ * GPU wait behind knobs whose default is the measured path (moe_plan, gx_stages, lse_kernel).
  *
  * Errors: ops do not return them. The first CUDA/cuBLASLt failure is kept (sticky), later ops are
  * skipped, and leave() reports it with m2d_err after synchronising the device.
@@ -1359,7 +1361,6 @@ static void moe_experts(cu_be *c, const m2d_moe_args *a, const moe_plan *p, cons
 #define GM_BK 64   /* inner-dimension step */
 #define GM_LDS (GM_BK + 8) /* smem row stride of the bf16 operand tiles (a multiple of 8, 16-byte rows) */
 #define GM_LDC (2 * GM_BN + 4) /* smem row stride of the fp32 result tile (gate, then up) */
-
 
 /* tiles of BM rows: at most nk / BM full ones and one partial a used expert */
 static int gm_max_tiles(int nk, int E, int bm) { return nk / bm + M2D_MIN(E, nk) + 1; }
