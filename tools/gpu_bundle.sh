@@ -4,12 +4,14 @@
 # not Debian, no apt, no network; see README "GPU").
 #
 #   gpu-bundle/bundle.tar.xz   (git-ignored; under 64 MiB) holding
-#     bin/      moe2dense, test_engine, test_ppl, bench_cuda (CUDA=1 build, stripped)
+#     bin/      moe2dense, test_engine, test_ppl, test_calib, test_hf, bench_cuda (CUDA=1 build,
+#               stripped)
 #     lib/      the shared libraries they load that are not glibc's, the C++ runtime's or the
 #               GPU's own (OpenBLAS, oneDNN, cJSON, ... from `ldd`); cudart is bundled too
 #     models/   tiny-qwen3moe (config, weights, tokenizer, golden) from $MODELS
 #     data/     the WikiText-2 files the tests read, ARC-Easy (test_ppl's eval), the demo's
 #               calibration text (+ experiments.toml)
+#     tests/golden/hf/  transformers' goldens (test_hf)
 #     run.sh, tests/run.sh, bench_hf_gpu.py
 #
 # On the GPU machine: tools/gpu_run.sh unpacks it and runs everything (tests with the GPU required,
@@ -23,7 +25,7 @@ DATA=${M2D_DATA:-data}
 NVCC=${NVCC:-${CUDA_HOME:-/usr/local/cuda}/bin/nvcc}
 dest=gpu-bundle
 stage=build-cuda/bundle-stage
-bins="moe2dense tests/test_engine tests/test_ppl tests/test_calib bench/bench_cuda"
+bins="moe2dense tests/test_engine tests/test_ppl tests/test_calib tests/test_hf bench/bench_cuda"
 
 [ -x "$NVCC" ] || { echo "gpu-bundle: no nvcc at $NVCC (set CUDA_HOME or NVCC)"; exit 1; }
 [ -f "$MODELS/tiny-qwen3moe/model.safetensors" ] || { echo "gpu-bundle: $MODELS/tiny-qwen3moe missing"; exit 1; }
@@ -58,6 +60,9 @@ arc=arc/ARC-V1-Feb2018-2/ARC-Easy
 mkdir -p "$stage/data/$arc"
 cp -L "$DATA/$arc"/*.jsonl "$stage/data/$arc/"
 cp tests/run.sh "$stage/tests/"
+# transformers' goldens of every family (test_hf runs each forward on cuda next to the CPU)
+mkdir -p "$stage/tests/golden"
+cp -r tests/golden/hf "$stage/tests/golden/"
 # make demo's grid on this machine's CPU (fp32; ~1 min on 2 cores): tools/gpu_e2e.sh compares the
 # GPU's grid against it instead of spending the GPU machine's minutes on the CPU half
 echo "gpu-bundle: make demo's grid on the CPU for the end-to-end check"
