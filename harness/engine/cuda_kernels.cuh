@@ -103,6 +103,18 @@ __device__ static __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&
 }
 #endif
 
+/* the three products of operands split in two (a = ah + al, b = bh + bl; MMA: mma_tf32 or
+ * mma_f16): LO += al bh + ah bl, then HI += ah bh. LO and HI may be one accumulator (the small
+ * terms first) or two (two shorter chains of dependent MMAs, added by the caller). */
+typedef void (*mma_fn)(float (&)[4], const uint32_t (&)[4], uint32_t, uint32_t);
+template <mma_fn MMA>
+__device__ static __forceinline__ void mma_split3(float (&lo)[4], float (&hi)[4], const uint32_t (&ah)[4],
+                                                  const uint32_t (&al)[4], uint2 bh, uint2 bl) {
+    MMA(lo, al, bh.x, bh.y);
+    MMA(lo, ah, bl.x, bl.y);
+    MMA(hi, ah, bh.x, bh.y);
+}
+
 /* x rounded to TF32 (to nearest on the magnitude, ties away from zero: cvt.rna.tf32.f32's
  * rounding) by integer operations: half a TF32 ulp added to the bits, the low 13 dropped */
 __device__ static __forceinline__ uint32_t tf32_rna(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
@@ -380,9 +392,7 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev 
             for (int nt = 0; nt < TC_KEYS / 8; nt++) { /* B = K^T: (k = c, n = g) is K[key g][dim c] */
                 uint2 bb = *(const uint2 *)&sm.kb[8 * nt + g][8 * ks + 2 * c];
                 uint2 bs = *(const uint2 *)&sm.ks[8 * nt + g][8 * ks + 2 * c];
-                mma_tf32(sl[nt], as, bb.x, bb.y);
-                mma_tf32(sl[nt], ab, bs.x, bs.y);
-                mma_tf32(s[nt], ab, bb.x, bb.y);
+                mma_split3<mma_tf32>(sl[nt], s[nt], ab, as, bb, bs);
             }
         }
         for (int nt = 0; nt < TC_KEYS / 8; nt++)
@@ -402,9 +412,7 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_tc(attn_dev 
 #pragma unroll
             for (int nt = 0; nt < HD / 8; nt++) { /* B = V: (k = c, n = g) is V[key c][dim g]; small terms first */
                 uint2 bb = sm.vb[4 * ks + c][8 * nt + g], bs = sm.vs[4 * ks + c][8 * nt + g];
-                mma_tf32(o[nt], as, bb.x, bb.y);
-                mma_tf32(o[nt], ab, bs.x, bs.y);
-                mma_tf32(o[nt], ab, bb.x, bb.y);
+                mma_split3<mma_tf32>(o[nt], o[nt], ab, as, bb, bs);
             }
         }
         __syncwarp(); /* P is read before the next tile writes it */
@@ -601,9 +609,7 @@ __device__ static __forceinline__ void h16_scores(const h16_smem<HD> &sm, const 
         for (int nt = 0; nt < TC_KEYS / 8; nt++) { /* B = K^T: (k = 2c, n = g) is K[key g][dim 2c] */
             uint2 bh = *(const uint2 *)&kv.kh[8 * nt + g][8 * ks + 2 * c];
             uint2 bl = *(const uint2 *)&kv.kl[8 * nt + g][8 * ks + 2 * c];
-            mma_f16(sl[nt], al, bh.x, bh.y);
-            mma_f16(sl[nt], ah, bl.x, bl.y);
-            mma_f16(s[nt], ah, bh.x, bh.y);
+            mma_split3<mma_f16>(sl[nt], s[nt], ah, al, bh, bl);
         }
     }
     for (int nt = 0; nt < TC_KEYS / 8; nt++)
@@ -621,9 +627,7 @@ __device__ static __forceinline__ void h16_pv(const h16_tile<HD> &kv, int g, int
 #pragma unroll
         for (int nt = 0; nt < HD / 8; nt++) { /* B = V: (k = 2c, n = g) is V[key 2c][dim g] */
             uint2 bh = *(const uint2 *)kv.vh[4 * ks + c][8 * nt + g], bl = *(const uint2 *)kv.vl[4 * ks + c][8 * nt + g];
-            mma_f16(o[nt], al, bh.x, bh.y);
-            mma_f16(o[nt], ah, bl.x, bl.y);
-            mma_f16(o[nt], ah, bh.x, bh.y);
+            mma_split3<mma_f16>(o[nt], o[nt], ah, al, bh, bl);
         }
     }
 }
