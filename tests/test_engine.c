@@ -852,16 +852,18 @@ static void moe_bf16_case(const char *backend, int N, int D, int DE, int E, int 
         if (timed) assert_int_equal(be->ops->tune(be, "profile", 0), 0); /* its table on stderr */
         /* cuda: the plan on many blocks, and k_gx in 6 stages: the same plan, the same MMAs in the
          * same order, so the same bits */
-        static const char *same_bits[][2] = {{"moe_plan", "the plan on many blocks"}, {"gx_stages", "k_gx in 6 stages"}};
-        for (int v = 0; knob && grouped == 3 && v < 2; v++) {
-            const char *kn = same_bits[v][0];
-            if (be->ops->tune(be, kn, v == 0 ? 1 : 6)) break;
+        static const struct {
+            const char *knob, *what;
+            int on, off;
+        } same_bits[] = {{"moe_plan", "the plan on many blocks", 1, 0}, {"gx_stages", "k_gx in 6 stages", 6, 3}};
+        for (size_t v = 0; knob && grouped == 3 && v < sizeof same_bits / sizeof *same_bits; v++) {
+            if (be->ops->tune(be, same_bits[v].knob, same_bits[v].on)) break;
             float *y2 = malloc(sizeof(float) * N * D);
             be->ops->moe(be, &a);
             download(be, y2, yb, sizeof(float) * N * D);
-            assert_int_equal(be->ops->tune(be, kn, v == 0 ? 0 : 3), 0);
+            assert_int_equal(be->ops->tune(be, same_bits[v].knob, same_bits[v].off), 0);
             assert_memory_equal(y2, y, sizeof(float) * N * D);
-            print_message("%s: moe bf16 %dx%d, %d experts: %s gives the same bits\n", backend, N, D, E, same_bits[v][1]);
+            print_message("%s: moe bf16 %dx%d, %d experts: %s gives the same bits\n", backend, N, D, E, same_bits[v].what);
             free(y2);
         }
         double worst = 0;
