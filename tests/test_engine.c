@@ -360,8 +360,10 @@ static void op_topk_ties_to_lower_index_on(const char *backend) {
 /* naive causal GQA over one sequence of length np + nq where the first np are the prefix; with a
  * window w > 0 query position p sees keys p - w < t <= p; with sinks, exp(sinks[h]) joins head h's
  * denominator */
-/* the attention scale both helpers below use (0: 1/sqrt(head_dim), the op's default) */
+/* the attention scale both helpers below use (0: 1/sqrt(head_dim), the op's default), and the
+ * precision attention_host_ws asks for (m2d_attn_args.prec) */
 static float g_attn_scale;
+static m2d_precision g_attn_prec;
 
 static void attention_naive_ws(const float *q, const float *k, const float *v, int np, int nq, int H, int KV, int hd,
                                int window, const float *sinks, float *out) {
@@ -385,7 +387,8 @@ static void attention_host_ws(m2d_backend *be, const float *q, const float *k, c
     m2d_attn_args a = {.q = m2d_mat_of(Qb, 0, nq, H * hd, H * hd), .k = m2d_mat_of(Kb, 0, nq, KV * hd, KV * hd),
                        .v = m2d_mat_of(Vb, 0, nq, KV * hd, KV * hd), .k_cache = KP, .v_cache = VP, .cache_off = 0,
                        .head_stride = (size_t)np * hd, .np = np, .n_heads = H, .n_kv = KV, .head_dim = hd,
-                       .out = m2d_mat_of(Ob, 0, nq, H * hd, H * hd), .window = window, .sinks = sw, .scale = g_attn_scale};
+                       .out = m2d_mat_of(Ob, 0, nq, H * hd, H * hd), .window = window, .sinks = sw, .scale = g_attn_scale,
+                       .prec = g_attn_prec};
     be->ops->attention(be, &a);
     download(be, o, Ob, qb);
     m2d_buf *all[] = {Qb, Kb, Vb, Ob, KP, VP};
@@ -629,6 +632,94 @@ static void op_attention_scale_on(const char *backend) {
     end_backend(be);
     free(q); free(k); free(v); free(o); free(r); free(kp); free(vp);
 }
+
+/* bf16 copies of x's n values, as floats */
+static float *bf16_copy(const float *x, size_t n) {
+    float *r = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) r[i] = m2d_bf16_to_f32(m2d_f32_to_bf16(x[i]));
+    return r;
+}
+
+static double mean_abs_diff(const float *a, const float *b, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += fabs((double)a[i] - b[i]);
+    return s / (double)n;
+}
+
+/* The float64 loops (attn_ref.h) with the softmax's numerators rounded to bf16 before P·V, as
+ * m2d_attn_args.prec BF16 does (the denominator sums them unrounded); q, k, v as given */
+static void attention_f64_bf16_numerators(const float *q, const float *k, const float *v, int np, int nq, int H, int KV,
+                                          int hd, int window, const float *sinks, float *out) {
+    double scale = 1 / sqrt(hd), *s = malloc(sizeof(double) * (size_t)(np + nq));
+    for (int i = 0; i < nq; i++)
+        for (int h = 0; h < H; h++) {
+            int g = h / (H / KV), nk = np + i + 1, lo = window > 0 && nk > window ? nk - window : 0;
+            double m = sinks ? sinks[h] : -INFINITY, z = 0;
+            for (int t = lo; t < nk; t++) {
+                double dot = 0;
+                for (int c = 0; c < hd; c++) dot += (double)q[(size_t)i * H * hd + h * hd + c] * k[(size_t)t * KV * hd + g * hd + c];
+                m = fmax(m, s[t] = dot * scale);
+            }
+            for (int t = lo; t < nk; t++) z += (s[t] = exp(s[t] - m));
+            if (sinks) z += exp(sinks[h] - m);
+            for (int c = 0; c < hd; c++) {
+                double acc = 0;
+                for (int t = lo; t < nk; t++)
+                    acc += (double)m2d_bf16_to_f32(m2d_f32_to_bf16((float)s[t])) * v[(size_t)t * KV * hd + g * hd + c];
+                out[(size_t)i * H * hd + h * hd + c] = (float)(acc / z);
+            }
+        }
+    free(s);
+}
+
+/* Attention on bf16 operands (m2d_attn_args.prec BF16), every kernel of the backend, with a
+ * cached prefix, a window and sinks, against float64 on the bf16-rounded q, k, v:
+ * - within 2^-9 max|v| + 1e-5 of the float64 result with unrounded numerators: rounding a
+ *   numerator p to bf16 moves it by at most 2^-9 p, and the output is Σ p v / Σ p, so by at most
+ *   2^-9 max|v|; the rest is op_attention_gemm_blocks' fp32 error (< 1e-5) — scores of bf16
+ *   operands are exact products summed in fp32;
+ * - nearer to the float64 result whose numerators are rounded (the kernel's rule) than to the
+ *   unrounded one, on average over the outputs, by 4x: the kernel's numerators differ from the
+ *   float64 ones by fp32 roundings (~1e-7 relative), so they round to the same bf16 but for the
+ *   few within that of a rounding boundary (~1e-7 / 2^-9 ~ 1e-4 of them), while unrounded ones are
+ *   2^-9-relative away (measured on the CPU: a mean > 1,000x nearer);
+ * - and not the fp32 op: q, k, v's rounding moves the outputs by ~2^-9 relative (> 1e-4). */
+static void op_attention_bf16_on(const char *backend) {
+    if (lacks(backend, M2D_CAP(M2D_CAP_ATTN_BF16) | M2D_CAP(M2D_CAP_ATTN_WINDOW) | M2D_CAP(M2D_CAP_ATTN_SINKS))) return;
+    int H = 4, KV = 2, hd = 64, np = 37, nq = 150;
+    attn_inputs in = attn_inputs_new(41, np, nq, H, KV, hd);
+    size_t n = (size_t)nq * H * hd, nkv = (size_t)(np + nq) * KV * hd;
+    float *qb = bf16_copy(in.q, n), *kb = bf16_copy(in.k, nkv), *vb = bf16_copy(in.v, nkv);
+    float *o = malloc(sizeof(float) * n), *o32 = malloc(sizeof(float) * n), *r = malloc(sizeof(float) * n),
+          *rr = malloc(sizeof(float) * n), sinks[4] = {1.0f, -2.0f, 3.0f, 0.0f};
+    double vmax = 0;
+    for (size_t i = 0; i < nkv; i++) vmax = fmax(vmax, fabs(vb[i]));
+    m2d_backend *be = new_backend(backend, 2);
+    const int windows[2] = {0, 50};
+    for (int wi = 0; wi < 2; wi++) {
+        const float *sn = wi ? sinks : NULL;
+        attention_f64(qb, kb, vb, np, nq, H, KV, hd, windows[wi], sn, 1 / sqrt(hd), r);
+        attention_f64_bf16_numerators(qb, kb, vb, np, nq, H, KV, hd, windows[wi], sn, rr);
+        for (int path = 0; attention_path(be, path); path++) {
+            g_attn_prec = M2D_PREC_BF16;
+            attention_host_ws(be, in.q, in.k + (size_t)np * KV * hd, in.v + (size_t)np * KV * hd, nq, in.kp, in.vp, np,
+                              H, KV, hd, windows[wi], sn, o);
+            g_attn_prec = M2D_PREC_FP32;
+            attention_host_ws(be, in.q, in.k + (size_t)np * KV * hd, in.v + (size_t)np * KV * hd, nq, in.kp, in.vp, np,
+                              H, KV, hd, windows[wi], sn, o32);
+            attention_close(o, r, n, ldexp(vmax, -9) + 1e-5, path, "bf16 operands");
+            double to_rounded = mean_abs_diff(o, rr, n), to_unrounded = mean_abs_diff(o, r, n);
+            printf("%s: attention kernel %d in bf16, window %d: mean |d| %.2g to rounded numerators, %.2g to unrounded; "
+                   "max |d| to fp32 %.2g\n", backend, path, windows[wi], to_rounded, to_unrounded, max_abs_diff(o, o32, n));
+            assert_true(to_rounded * 4 < to_unrounded);
+            assert_true(max_abs_diff(o, o32, n) > 1e-4);
+        }
+    }
+    end_backend(be);
+    attn_inputs_free(&in);
+    free(qb); free(kb); free(vb); free(o); free(o32); free(r); free(rr);
+}
+EACH_BACKEND(op_attention_bf16)
 
 /* group-limited top-k (DeepSeek's group_limited_greedy) and the gate factor, against a float64
  * brute force: 4 groups of 3, the best 2 groups by their best p, top 3 among their experts */
@@ -1773,6 +1864,58 @@ static void precision_auto_and_bad_value(void **state) {
     mm_free(&mm);
 }
 
+/* m2d_engine_opts.attention BF16 reaches the attention op: the whole forward with bf16 GEMMs and
+ * bf16 attention against the float64 reference, as engine_bf16_tracks_reference (below) derives
+ * for the GEMMs (5 roundings of 2^-8 relative a path: 0.045 worst case) plus each attention's
+ * three roundings (q and k: 2^-8 of the scores' Σ|q k|; the numerators and v: 2^-9 each) in 2
+ * layers, 6 more terms of <= 2^-8 x 2.3: 0.1 worst case; bound 2^-3. It moves the logits (the op
+ * saw BF16), the engine reports it, and a backend without attention-bf16 or a value other than
+ * fp32/bf16 is refused at open in one line. */
+static void engine_attention_bf16_tracks_reference(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir();
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    o.seed = 103;
+    o.init_std = 0.1f;
+    assert_int_equal(m2d_testmodel_write(dir, &o), 0);
+    m2d_model *m;
+    assert_int_equal(m2d_model_open(dir, &m), 0);
+    m2d_engine *eb = engine_at(m, 2, M2D_PREC_BF16), *ea;
+    m2d_engine_opts oa = {.backend = "cpu", .n_threads = 2, .precision = M2D_PREC_BF16, .attention = M2D_PREC_BF16};
+    if (m2d_engine_open(m, &oa, &ea)) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(m2d_engine_attention_precision(ea), M2D_PREC_BF16);
+    assert_int_equal(m2d_engine_attention_precision(eb), M2D_PREC_FP32);
+    int n = 24, V = m->cfg.vocab_size;
+    int32_t tok[24];
+    uint64_t st = 83;
+    rand_tokens(&st, tok, n, V);
+    float *lb = malloc(sizeof(float) * n * V), *la = malloc(sizeof(float) * n * V);
+    double *rl = malloc(sizeof(double) * n * V);
+    assert_int_equal(m2d_engine_logits(eb, tok, n, lb), 0);
+    assert_int_equal(m2d_engine_logits(ea, tok, n, la), 0);
+    tu_ref_forward(m, tok, n, rl);
+    double da = 0;
+    for (size_t i = 0; i < (size_t)n * V; i++) da = fmax(da, fabs(la[i] - rl[i]));
+    print_message("bf16 GEMMs and attention: max |dlogit| vs float64 = %.3g (bf16 GEMMs only: moved by %.3g)\n", da,
+                  max_abs_diff(la, lb, (size_t)n * V));
+    assert_true(da < 0.125);
+    assert_true(max_abs_diff(la, lb, (size_t)n * V) > 0);
+    m2d_engine *e = NULL;
+    oa.backend = "capless";
+    assert_int_equal(m2d_engine_open(m, &oa, &e), -1);
+    assert_null(e);
+    assert_non_null(strstr(m2d_errmsg(), "attention in bf16 needs 'attention-bf16', which backend capless does not implement"));
+    oa.backend = "cpu", oa.attention = M2D_PREC_AUTO;
+    assert_int_equal(m2d_engine_open(m, &oa, &e), -1);
+    assert_non_null(strstr(m2d_errmsg(), "attention precision auto: fp32 or bf16"));
+    free(lb); free(la); free(rl);
+    m2d_engine_free(eb);
+    m2d_engine_free(ea);
+    m2d_model_close(m);
+    tu_rm_rf(dir);
+}
+
 /* The whole forward in BF16 against the float64 reference (same bf16 weights, exact operands).
  * The weights are bf16 already, so each GEMM rounds only its activations: per dot at most
  * (u_b + gamma_K) sum|x w| (op_matmul_bf16), 2^-8 = 3.9e-3 relative in the worst case, less in
@@ -2194,7 +2337,7 @@ int main(void) {
         cmocka_unit_test(swiglu_matches_double),
         cmocka_unit_test(op_rmsnorm_analytic),
         cmocka_unit_test(op_rope_rotate_half), cmocka_unit_test(op_rope_variants), cmocka_unit_test(op_bias_and_clamp),
-        cmocka_unit_test(op_sigmoid_scale), cmocka_unit_test(op_attention_scale),
+        cmocka_unit_test(op_sigmoid_scale), cmocka_unit_test(op_attention_scale), cmocka_unit_test(op_attention_bf16),
         cmocka_unit_test(op_route_group_limited),
         cmocka_unit_test(op_softmax_and_swiglu),
         cmocka_unit_test(op_topk_ties_to_lower_index),
@@ -2217,7 +2360,7 @@ int main(void) {
         cmocka_unit_test(engine_matches_naive_reference_on_checkpoints),
         cmocka_unit_test(op_matmul_bf16),
         cmocka_unit_test(precision_auto_and_bad_value),
-        cmocka_unit_test(engine_bf16_tracks_reference),
+        cmocka_unit_test(engine_bf16_tracks_reference), cmocka_unit_test(engine_attention_bf16_tracks_reference),
         cmocka_unit_test(all_experts_and_gram_match_naive),
         cmocka_unit_test(caps_promise_their_ops),
         cmocka_unit_test(engine_refuses_a_model_the_backend_cannot_run),

@@ -260,6 +260,7 @@ static void eval_command_smoke(void **state) {
     assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "paper_average"))); /* needs all five tasks */
     assert_string_equal(cJSON_GetObjectItem(j, "precision")->valuestring, "fp32"); /* the default, recorded */
     assert_string_equal(cJSON_GetObjectItem(j, "precision_requested")->valuestring, "fp32");
+    assert_string_equal(cJSON_GetObjectItem(j, "attention")->valuestring, "fp32");
     /* 1-shot: text variant and its missing train split; winogrande's train_l pool */
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(res, "hellaswag"), "deviations")), 2);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(res, "winogrande"), "deviations")), 1);
@@ -296,11 +297,15 @@ static void eval_command_smoke(void **state) {
     assert_int_not_equal(tu_run(cmd, NULL, &err), 0);
     assert_non_null(strstr(err, "eval: --precision: 'fp8' is not a precision (auto, fp32, bf16)"));
     free(err); free(cmd);
-    /* bf16 on one document: the precision used is recorded in the text output */
-    cmd = m2d_strfmt("%s eval --model '%s' --data '%s' --tasks arc_easy --limit 1 --threads 2 --precision bf16", tu_bin(),
-                     dir, data);
+    cmd = m2d_strfmt("%s eval --model '%s' --tasks arc_easy --attention auto", tu_bin(), dir);
+    assert_int_not_equal(tu_run(cmd, NULL, &err), 0);
+    assert_non_null(strstr(err, "eval: option --attention: 'auto' is not fp32 or bf16"));
+    free(err); free(cmd);
+    /* bf16 GEMMs and attention on one document: the precisions used are recorded in the text output */
+    cmd = m2d_strfmt("%s eval --model '%s' --data '%s' --tasks arc_easy --limit 1 --threads 2 --precision bf16 "
+                     "--attention bf16", tu_bin(), dir, data);
     assert_int_equal(tu_run(cmd, &out, &err), 0);
-    assert_non_null(strstr(out, "precision bf16 (requested bf16)"));
+    assert_non_null(strstr(out, "precision bf16 (requested bf16)\nattention bf16\n"));
     free(out); free(err); free(cmd);
     tu_rm_rf(tmp);
     free(dump); free(tmp); free(dir);

@@ -319,7 +319,7 @@ static void cli_json_and_errors(void **state) {
     assert_non_null(strstr(out, "\"tokens_scored\":254"));
     assert_non_null(strstr(out, "\"ppl\":"));
     assert_true(strtod(strstr(out, "\"peak_rss_mib\":") + 15, NULL) > 1); /* the process's peak, recorded */
-    assert_non_null(strstr(out, "\"precision\":\"fp32\",\"precision_requested\":\"fp32\"")); /* the default */
+    assert_non_null(strstr(out, "\"precision\":\"fp32\",\"precision_requested\":\"fp32\",\"attention\":\"fp32\"")); /* the defaults */
     double ppl32 = strtod(strstr(out, "\"ppl\":") + 6, NULL);
     assert_non_null(strstr(out, "\"device\":\"cpu\""));
     int gpu;
@@ -335,6 +335,16 @@ static void cli_json_and_errors(void **state) {
     double ppl16 = strtod(strstr(out, "\"ppl\":") + 6, NULL);
     print_message("ppl fp32 %.6f bf16 %.6f (relative %.3g)\n", ppl32, ppl16, fabs(ppl16 / ppl32 - 1));
     assert_true(ppl16 != ppl32 && fabs(ppl16 / ppl32 - 1) < 5e-3);
+    free(cmd); free(out); free(err);
+    /* bf16 attention: recorded, fp32 the default, and within bf16's effect as above (the GEMMs stay
+     * fp32; test_engine bounds the attention's roundings like the GEMMs'; measured ~0.01 %) */
+    cmd = m2d_strfmt("%s ppl --model %s --data %s --seq-len 128 --max-windows 2 --json --threads 2 --attention bf16",
+                     tu_bin(), dir, wiki);
+    assert_int_equal(tu_run(cmd, &out, &err), 0);
+    assert_non_null(strstr(out, "\"precision\":\"fp32\",\"precision_requested\":\"fp32\",\"attention\":\"bf16\""));
+    double ppla = json_number(out, "ppl");
+    print_message("ppl fp32 %.6f, bf16 attention %.6f (relative %.3g)\n", ppl32, ppla, fabs(ppla / ppl32 - 1));
+    assert_true(ppla != ppl32 && fabs(ppla / ppl32 - 1) < 5e-3);
     free(cmd); free(out); free(err);
     cmd = m2d_strfmt("%s ppl --model %s --data %s --seq-len 128 --max-windows 1 --precision auto", tu_bin(), dir, wiki);
     assert_int_equal(tu_run(cmd, &out, &err), 0);
@@ -352,6 +362,7 @@ static void cli_json_and_errors(void **state) {
         {m2d_strfmt("--model %s --data %s --protocol foo", dir, wiki), "gptq or lm-eval"},
         {m2d_strfmt("--data %s", wiki), "--model"},
         {m2d_strfmt("--model %s --data %s --precision fp16", dir, wiki), "ppl: --precision: 'fp16' is not a precision (auto, fp32, bf16)"},
+        {m2d_strfmt("--model %s --data %s --attention fp16", dir, wiki), "ppl: option --attention: 'fp16' is not fp32 or bf16"},
         {m2d_strfmt("--model %s --data %s --device tpu", dir, wiki), "ppl: --device 'tpu': unknown device"},
         {m2d_strfmt("--model %s --data %s --device cpu:1", dir, wiki), "no device index"},
         /* default build: no cuda backend; CUDA=1 build: the backend's own error, GPU or not */

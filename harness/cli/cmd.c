@@ -107,6 +107,13 @@ int m2d_cmd_pass_args(const char *cmd, const char *pass_s, const char *budget_s,
     return 0;
 }
 
+int m2d_cmd_attention_arg(const char *cmd, const char *s, m2d_precision *out) {
+    *out = M2D_PREC_FP32;
+    if (!s || strcmp(s, "fp32") == 0) return 0;
+    if (strcmp(s, "bf16") == 0) return *out = M2D_PREC_BF16, 0;
+    return m2d_err("%s: option --attention: '%s' is not fp32 or bf16", cmd, s);
+}
+
 void m2d_cmd_print_pass(const char *cmd, const m2d_model *m, m2d_pass_mode mode, size_t budget, int64_t tokens) {
     const double G = 1024.0 * 1024 * 1024;
     if (!budget) budget = m2d_default_mem_budget();

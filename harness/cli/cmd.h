@@ -66,6 +66,15 @@ double m2d_cmd_peak_rss_mib(void);
     "                 layer and the activations of all windows; beyond it, groups of windows\n"      \
     "                 (the weights read once a group) or a spill file, whichever moves fewer bytes\n"
 int m2d_cmd_pass_args(const char *cmd, const char *pass_s, const char *budget_s, m2d_pass_mode *mode, size_t *budget);
+
+/* --attention fp32|bf16 (m2d_engine_opts.attention) of the commands that evaluate */
+#define M2D_CMD_ATTENTION_USAGE                                                                          \
+    "  --attention A  precision of attention's operands, whatever --precision: fp32 (default;\n"        \
+    "                 exact) or bf16 (q, k, v and the softmax's numerators rounded to bf16, fp32\n"       \
+    "                 sums: transformers' bf16 SDPA; faster on CPUs with native bf16). Recorded\n"      \
+    "                 in the output; a device without it refuses\n"
+/* Parse CMD's --attention value S (NULL: fp32) into *OUT; one line naming CMD otherwise. */
+int m2d_cmd_attention_arg(const char *cmd, const char *s, m2d_precision *out);
 /* One line on stderr saying how CMD's pass over M runs (which order, why, and where the
  * activations of TOKENS tokens go; TOKENS <= 0: not known yet). */
 void m2d_cmd_print_pass(const char *cmd, const m2d_model *m, m2d_pass_mode mode, size_t budget, int64_t tokens);

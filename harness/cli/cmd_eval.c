@@ -12,13 +12,14 @@
 
 /* the scores, as text or JSON, with the precision used and the device */
 static void print_results(const m2d_mc_results *res, int json, m2d_precision used, m2d_precision prec,
-                          const char *device, double t0) {
+                          m2d_precision attn, const char *device, double t0) {
     if (json) {
         char *s = m2d_mc_results_json(res);
         cJSON *o = cJSON_Parse(s);
         free(s);
         cJSON_AddStringToObject(o, "precision", m2d_precision_name(used));
         cJSON_AddStringToObject(o, "precision_requested", m2d_precision_name(prec));
+        cJSON_AddStringToObject(o, "attention", m2d_precision_name(attn));
         cJSON_AddStringToObject(o, "device", device);
         cJSON_AddNumberToObject(o, "peak_rss_mib", m2d_cmd_peak_rss_mib());
         s = cJSON_Print(o);
@@ -26,7 +27,8 @@ static void print_results(const m2d_mc_results *res, int json, m2d_precision use
         free(s);
         cJSON_Delete(o);
     } else {
-        printf("precision %s (requested %s)\ndevice %s\n", m2d_precision_name(used), m2d_precision_name(prec), device);
+        printf("precision %s (requested %s)\nattention %s\ndevice %s\n", m2d_precision_name(used), m2d_precision_name(prec),
+               m2d_precision_name(attn), device);
         m2d_mc_results_print(res, stdout);
         fprintf(stdout, "%lld requests in %.1f s\n", (long long)res->n_requests, m2d_now() - t0);
     }
@@ -35,7 +37,7 @@ static void print_results(const m2d_mc_results *res, int json, m2d_precision use
 static int cmd_eval_run(int argc, char **argv) {
     const char *model = NULL, *tasks = NULL, *shots_s = NULL, *limit_s = NULL, *dump = NULL, *data = NULL;
     const char *threads_s = NULL, *seed_s = NULL, *maxlen_s = NULL, *prec_s = "fp32", *device = "cpu";
-    const char *pass_s = NULL, *budget_s = NULL;
+    const char *pass_s = NULL, *budget_s = NULL, *attn_s = NULL;
     int json = 0, naive = 0;
     m2d_opt opts[] = {
         {"--model", 1, &model, NULL},       {"--tasks", 1, &tasks, NULL},
@@ -45,7 +47,7 @@ static int cmd_eval_run(int argc, char **argv) {
         {"--seed", 1, &seed_s, NULL},       {"--max-length", 1, &maxlen_s, NULL},
         {"--naive", 0, NULL, &naive},       {"--precision", 1, &prec_s, NULL},
         {"--device", 1, &device, NULL},     {"--pass", 1, &pass_s, NULL},
-        {"--mem-budget", 1, &budget_s, NULL},
+        {"--mem-budget", 1, &budget_s, NULL}, {"--attention", 1, &attn_s, NULL},
         {0},
     };
     int npos = 0;
@@ -60,16 +62,17 @@ static int cmd_eval_run(int argc, char **argv) {
     if (seed_s && m2d_parse_int("eval", "--seed", seed_s, -(1L << 62), 1L << 62, &seed)) return m2d_cmd_fail("eval");
     if (maxlen_s && m2d_parse_int("eval", "--max-length", maxlen_s, 2, 1L << 30, &maxlen)) return m2d_cmd_fail("eval");
 
-    m2d_precision prec;
+    m2d_precision prec, attn;
     m2d_pass_mode pass;
     size_t budget;
     if (m2d_precision_parse(prec_s, "eval: --precision", &prec) || m2d_device_check(device, "eval: --device") ||
+        m2d_cmd_attention_arg("eval", attn_s, &attn) ||
         m2d_cmd_pass_args("eval", pass_s, budget_s, &pass, &budget))
         return m2d_cmd_fail("eval");
 
     m2d_lm *lm = NULL;
     m2d_engine_opts eo = {.backend = device, .n_threads = threads ? (int)threads : m2d_default_threads(), .precision = prec,
-                          .pass = pass, .mem_budget = budget};
+                          .pass = pass, .mem_budget = budget, .attention = attn};
     if (m2d_lm_engine_open(model, &eo, naive ? M2D_LM_NAIVE : M2D_LM_CACHED, (int)maxlen, &lm))
         return m2d_cmd_fail("eval");
     if (!json) m2d_cmd_print_pass("eval", m2d_engine_model(m2d_lm_engine_of(lm)), pass, budget, 0);
@@ -85,7 +88,7 @@ static int cmd_eval_run(int argc, char **argv) {
     int rc = m2d_mc_run(lm, tasks, (int)shots, (int)limit, &cfg, &res);
     m2d_lm_free(lm);
     if (rc) return m2d_cmd_fail("eval");
-    print_results(&res, json, used, prec, device, t0);
+    print_results(&res, json, used, prec, attn, device, t0);
     m2d_mc_results_free(&res);
     return 0;
 }
@@ -115,6 +118,7 @@ static const char USAGE_TAIL[] =
     "                       the output records the one used\n"
     "  --device D           where the engine runs: cpu (default), cuda or cuda:N (a `make CUDA=1`\n"
     "                       build and a GPU; an absent device is an error, never a CPU run)\n"
+    "  --attention A        as ppl's: fp32 (default; exact) or bf16 attention operands\n"
     "  --pass P, --mem-budget B   as ppl's: layer-major (a model larger than --mem-budget) scores every\n"
     "                       request in one pass over all of them, each its own window (no shared\n"
     "                       prefix): the model is read once, not once a question\n"

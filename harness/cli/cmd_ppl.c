@@ -14,7 +14,7 @@
 static const char ppl_usage[] =
     "usage: moe2dense ppl --model DIR --data FILE [--protocol gptq|lm-eval] [--seq-len L]\n"
     "                     [--max-windows N] [--threads N] [--precision P] [--device cpu|cuda[:N]]\n"
-    "                     [--pass auto|window|layer] [--mem-budget BYTES] [--json]\n"
+    "                     [--attention fp32|bf16] [--pass auto|window|layer] [--mem-budget BYTES] [--json]\n"
     "\n"
     "Perplexity of the checkpoint in DIR (config.json, *.safetensors, tokenizer.json) on a raw\n"
     "WikiText file (e.g. data/wikitext-2-raw/wikitext-2-raw/wiki.test.raw).\n"
@@ -37,6 +37,7 @@ static const char ppl_usage[] =
     "                      `make CUDA=1` build and a GPU: an absent device is an error, never a\n"
     "                      fallback to the CPU)\n"
     "  --json              print one JSON object instead of text\n"
+    M2D_CMD_ATTENTION_USAGE
     M2D_CMD_PASS_USAGE
     "                 (the spill file goes to $TMPDIR, unlinked at once)\n"
     "\n"
@@ -54,6 +55,7 @@ static void print_result(const m2d_ppl_result *r, const char *model, const char 
         cJSON_AddStringToObject(o, "protocol", r->protocol);
         cJSON_AddStringToObject(o, "precision", m2d_precision_name(used));
         cJSON_AddStringToObject(o, "precision_requested", m2d_precision_name(asked));
+        cJSON_AddStringToObject(o, "attention", m2d_precision_name(m2d_engine_attention_precision(e)));
         cJSON_AddStringToObject(o, "device", device);
         cJSON_AddStringToObject(o, "pass", pass);
         cJSON_AddStringToObject(o, "model", model);
@@ -82,6 +84,7 @@ static void print_result(const m2d_ppl_result *r, const char *model, const char 
     }
     printf("protocol       %s\n", r->protocol);
     printf("precision      %s (requested %s)\n", m2d_precision_name(used), m2d_precision_name(asked));
+    printf("attention      %s\n", m2d_precision_name(m2d_engine_attention_precision(e)));
     printf("device         %s\n", device);
     printf("pass           %s\n", pass);
     printf("seq_len        %d\n", r->seq_len);
@@ -101,14 +104,14 @@ static void print_result(const m2d_ppl_result *r, const char *model, const char 
 static int cmd_ppl_run(int argc, char **argv) {
     const char *model_dir = NULL, *data = NULL, *protocol = "gptq", *seq = NULL, *maxw = NULL, *threads = NULL,
                *device = "cpu";
-    const char *prec_s = "fp32", *pass_s = NULL, *budget_s = NULL;
+    const char *prec_s = "fp32", *pass_s = NULL, *budget_s = NULL, *attn_s = NULL;
     int json = 0, npos = 0;
     m2d_opt opts[] = {{"--model", 1, &model_dir, NULL},   {"--data", 1, &data, NULL},
                       {"--protocol", 1, &protocol, NULL}, {"--seq-len", 1, &seq, NULL},
                       {"--max-windows", 1, &maxw, NULL},  {"--threads", 1, &threads, NULL},
                       {"--precision", 1, &prec_s, NULL},  {"--device", 1, &device, NULL},
                       {"--json", 0, NULL, &json},         {"--pass", 1, &pass_s, NULL},
-                      {"--mem-budget", 1, &budget_s, NULL},
+                      {"--mem-budget", 1, &budget_s, NULL}, {"--attention", 1, &attn_s, NULL},
                       {0}};
     if (m2d_parse_opts("ppl", argc, argv, opts, NULL, 0, &npos)) return m2d_cmd_fail("ppl");
     if (!model_dir || !data) {
@@ -120,10 +123,11 @@ static int cmd_ppl_run(int argc, char **argv) {
         return m2d_cmd_fail("ppl");
     }
     long L = 0, mw = 0, nt = 0;
-    m2d_precision prec;
+    m2d_precision prec, attn;
     m2d_pass_mode pass;
     size_t budget;
     if (m2d_precision_parse(prec_s, "ppl: --precision", &prec) || m2d_device_check(device, "ppl: --device") ||
+        m2d_cmd_attention_arg("ppl", attn_s, &attn) ||
         m2d_cmd_pass_args("ppl", pass_s, budget_s, &pass, &budget) ||
         (seq && m2d_parse_int("ppl", "--seq-len", seq, 2, 1 << 24, &L)) ||
         (maxw && m2d_parse_int("ppl", "--max-windows", maxw, 1, 1L << 30, &mw)) ||
@@ -149,7 +153,7 @@ static int cmd_ppl_run(int argc, char **argv) {
     if (rc == 0) rc = m2d_tokenizer_load(model_dir, &tk);
     if (rc == 0)
         rc = m2d_engine_open(m, &(m2d_engine_opts){.backend = device, .n_threads = (int)nt, .precision = prec,
-                                                    .pass = pass, .mem_budget = budget}, &e);
+                                                    .pass = pass, .mem_budget = budget, .attention = attn}, &e);
     if (rc == 0 && !json) m2d_cmd_print_pass("ppl", m, pass, budget, 0);
     if (rc == 0) {
         int Lu;

@@ -83,6 +83,10 @@ typedef struct {
     int window;             /* 0: full causal attention */
     const m2d_weight *sinks; /* [n_heads] or NULL */
     float scale;            /* scores = q.k * scale (0: 1/sqrt(head_dim)) */
+    m2d_precision prec;     /* FP32 (0): fp32 operands. BF16 (capability attention-bf16): q, k, v and
+                             * the softmax's numerators exp(s - max) rounded to bf16 (nearest even)
+                             * before their products, which are exact, summed in fp32; the
+                             * denominator sums the unrounded numerators (as a flash kernel does) */
 } m2d_attn_args;
 
 /* Routing of n tokens: logits [n, E] in, probabilities out (in place), top-k ids and gate weights. */
@@ -139,6 +143,7 @@ typedef struct {
     X(ATTN_WINDOW, "attention-window")          /* sliding-window attention */                     \
     X(ATTN_SINKS, "attention-sinks")            /* GPT-OSS's sink logits */                        \
     X(ATTN_SCALE, "attention-scale")            /* a softmax scale other than 1/sqrt(head_dim) */  \
+    X(ATTN_BF16, "attention-bf16")              /* attention on bf16 operands (m2d_attn_args.prec) */ \
     X(BIAS, "add_bias")                         /* the add_bias op (attention and router biases) */ \
     X(CLAMP, "clamp")                           /* the clamp op (OLMoE's clip_qkv) */              \
     X(SIGMOID_SCALE, "sigmoid_scale")           /* the sigmoid_scale op (Qwen2-MoE's shared gate) */ \

@@ -1,6 +1,7 @@
 /* backend_cpu_attn — the "cpu" backend's attention: a row-by-row path (one query row per item,
  * fp32 dot products) and a GEMM path for long segments (blocks of query rows per kv head through
- * the GEMM module); window, sinks and scale in both. See backend_cpu.c for the conventions. */
+ * the GEMM module); window, sinks, scale and bf16 operands (m2d_attn_args.prec) in both. See
+ * backend_cpu.c for the conventions. */
 #include "engine/backend_cpu_impl.h"
 
 #include <math.h>
@@ -42,7 +43,11 @@ typedef struct {
     int window;          /* 0: full causal */
     const float *sinks;  /* [n_heads] or NULL */
     float scale;         /* of the scores */
+    int bf16;            /* m2d_attn_args.prec BF16: operands and numerators rounded to bf16 */
 } attn_host;
+
+/* x rounded to bf16 (nearest even), as a float */
+static inline float bf16_round(float x) { return m2d_bf16_to_f32(m2d_f32_to_bf16(x)); }
 
 typedef struct {
     const attn_host *a;
@@ -80,6 +85,8 @@ static void attn_item(void *ctx, int item) {
             s += sc[t];
         }
         memset(acc, 0, sizeof(float) * (size_t)hd);
+        if (j->bf16) /* the numerators' products with v as bf16 operands; s summed them unrounded */
+            for (int t = lo; t < nk; t++) sc[t] = bf16_round(sc[t]);
         for (int t = lo; t < j->np; t++) axpy(sc[t], vp + (size_t)t * hd, acc, hd);
         for (int t = M2D_MAX(lo - j->np, 0); t <= i; t++)
             axpy(sc[j->np + t], j->vs + (size_t)t * j->ldk + (size_t)g * hd, acc, hd);
@@ -91,8 +98,8 @@ static void attn_item(void *ctx, int item) {
     free(sc);
 }
 
-/* The GEMM formulation, in fp32 through the GEMM module whatever the engine precision (scores and
- * values are activations: no bf16 rounding). One work item: a kv head g and a block of query rows
+/* The GEMM formulation, through the GEMM module in the call's attention precision (fp32 unless
+ * m2d_attn_args.prec asks for bf16 operands; the engine's GEMM precision does not enter). One work item: a kv head g and a block of query rows
  * [r0, r1), the G query heads sharing g stacked as rows (i, head) of one GEMM, ~ATTG_ROWS rows.
  * The block needs keys [lo, np + r1) only (lo: where its first row's window starts), so the
  * causal part beyond the block, and with a window the part before it, is never computed (about
@@ -107,22 +114,30 @@ typedef struct {
     const attn_host *a;
     cpu_be *c;
     int nk, group, block, n_blocks; /* query heads per kv head, query rows per item */
-    float *kc, *vt;                 /* [n_kv][nk][hd] keys, [n_kv][hd][nk] values transposed */
+    void *kc, *vt;                  /* [n_kv][nk][hd] keys, [n_kv][hd][nk] values transposed: fp32,
+                                     * or bf16 bit patterns when a->bf16 */
     float *work;                    /* per worker: stacked Q rows, scores, outputs, 1/sums */
     size_t work_per;
 } attg_job;
 
-/* kv head g: its keys dense and its values transposed, prefix (the cache) then segment */
+/* kv head g: its keys dense and its values transposed, prefix (the cache) then segment; as bf16
+ * when the call's operands are (the GEMM module then reads them as stored) */
 static void attg_gather(void *ctx, int g) {
     const attg_job *jb = ctx;
     const attn_host *j = jb->a;
     int hd = j->hd, np = j->np, nk = jb->nk;
-    float *kc = jb->kc + (size_t)g * nk * hd, *vt = jb->vt + (size_t)g * hd * nk;
+    size_t at = (size_t)g * nk * hd; /* the head's first element, in both arrays */
     for (int t = 0; t < nk; t++) {
         const float *k = t < np ? j->kp + g * j->p_head_stride + (size_t)t * hd : j->ks + (size_t)(t - np) * j->ldk + (size_t)g * hd;
         const float *v = t < np ? j->vp + g * j->p_head_stride + (size_t)t * hd : j->vs + (size_t)(t - np) * j->ldk + (size_t)g * hd;
-        memcpy(kc + (size_t)t * hd, k, sizeof(float) * (size_t)hd);
-        for (int d = 0; d < hd; d++) vt[(size_t)d * nk + t] = v[d];
+        if (j->bf16) {
+            uint16_t *kc = (uint16_t *)jb->kc + at + (size_t)t * hd, *vt = (uint16_t *)jb->vt + at + t;
+            for (int d = 0; d < hd; d++) kc[d] = m2d_f32_to_bf16(k[d]), vt[(size_t)d * nk] = m2d_f32_to_bf16(v[d]);
+        } else {
+            float *kc = (float *)jb->kc + at + (size_t)t * hd, *vt = (float *)jb->vt + at + t;
+            memcpy(kc, k, sizeof(float) * (size_t)hd);
+            for (int d = 0; d < hd; d++) vt[(size_t)d * nk] = v[d];
+        }
     }
 }
 
@@ -200,11 +215,14 @@ static void attg_item(void *ctx, int item) {
     float *inv = S + (size_t)rows * nk;
     for (int i = r0; i < r1; i++) /* rows (i, head): G heads are adjacent in a row of Q */
         memcpy(Q + (size_t)(i - r0) * G * hd, j->q + (size_t)i * j->ldq + (size_t)g * G * hd, sizeof(float) * (size_t)G * hd);
-    /* every view of this call's K and Vᵀ meets one kernel: the one for the whole */
-    m2d_gemm_w wk = m2d_gemm_weight(M2D_F32, jb->kc + ((size_t)g * nk + lo) * hd, nkeys, hd, hd);
-    m2d_gemm_w wv = m2d_gemm_weight(M2D_F32, jb->vt + (size_t)g * hd * nk + lo, hd, nkeys, nk);
+    /* every view of this call's K and Vᵀ meets one kernel: the one for the whole. In bf16 the
+     * module rounds Q, and the numerators in S, as it reads them (gemm.h) */
+    m2d_dtype wt = j->bf16 ? M2D_BF16 : M2D_F32;
+    size_t es = j->bf16 ? sizeof(uint16_t) : sizeof(float), head = (size_t)g * nk * hd;
+    m2d_gemm_w wk = m2d_gemm_weight(wt, (const char *)jb->kc + (head + (size_t)lo * hd) * es, nkeys, hd, hd);
+    m2d_gemm_w wv = m2d_gemm_weight(wt, (const char *)jb->vt + (head + (size_t)lo) * es, hd, nkeys, nk);
     wk.whole = wv.whole = (int64_t)nk * hd;
-    m2d_gemm_ctx *gc = gemm_ctx(jb->c, M2D_PREC_FP32);
+    m2d_gemm_ctx *gc = gemm_ctx(jb->c, j->bf16 ? M2D_PREC_BF16 : M2D_PREC_FP32);
     if (m2d_gemm(gc, Q, hd, rows, &wk, S, nkeys, 0.0f)) {
         fail(jb->c); /* nested in a pool item: the first failure is kept */
         return;
@@ -220,13 +238,38 @@ static void attg_item(void *ctx, int item) {
     }
 }
 
+/* rows x cols of X (row stride LD) rounded to bf16, into DST (dense) */
+static void round_rows(const float *x, int rows, int cols, size_t ld, float *dst) {
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) dst[(size_t)r * cols + c] = bf16_round(x[r * ld + c]);
+}
+
+/* The row path's operands in bf16: q, the segment's and the prefix's keys and values rounded
+ * once into one allocation (returned, to free after the call), H re-pointed at them, dense */
+static float *round_operands(attn_host *h) {
+    int qd = h->n_heads * h->hd, kvd = h->n_kv * h->hd;
+    size_t nqe = (size_t)h->nq * qd, nse = (size_t)h->nq * kvd, npe = (size_t)h->np * kvd;
+    float *all = m2d_malloc(sizeof(float) * (nqe + 2 * nse + 2 * npe + 1)), *q = all, *ks = q + nqe, *vs = ks + nse;
+    float *kp = vs + nse, *vp = kp + npe;
+    round_rows(h->q, h->nq, qd, (size_t)h->ldq, q);
+    round_rows(h->ks, h->nq, kvd, (size_t)h->ldk, ks);
+    round_rows(h->vs, h->nq, kvd, (size_t)h->ldk, vs);
+    for (int g = 0; g < h->n_kv && h->np; g++) { /* kv head g's np cache rows: [np, hd] */
+        round_rows(h->kp + g * h->p_head_stride, h->np, h->hd, (size_t)h->hd, kp + (size_t)g * h->np * h->hd);
+        round_rows(h->vp + g * h->p_head_stride, h->np, h->hd, (size_t)h->hd, vp + (size_t)g * h->np * h->hd);
+    }
+    h->q = q, h->ks = ks, h->vs = vs, h->kp = kp, h->vp = vp;
+    h->ldq = qd, h->ldk = kvd, h->p_head_stride = (size_t)h->np * h->hd;
+    return all;
+}
+
 void m2d_cpu_attention(m2d_backend *be, const m2d_attn_args *a) {
     cpu_be *c = CPU(be);
     int nq = a->q.rows;
     if (nq <= 0) return;
     attn_host h = {F(&a->q), F(&a->k), F(&a->v), NULL, NULL, a->q.ld, a->k.ld, nq, a->np, a->n_heads, a->n_kv,
                    a->head_dim, a->out.ld, a->head_stride, F(&a->out), a->window, NULL,
-                   a->scale != 0 ? a->scale : 1.0f / sqrtf((float)a->head_dim)};
+                   a->scale != 0 ? a->scale : 1.0f / sqrtf((float)a->head_dim), a->prec == M2D_PREC_BF16};
     float *sinks = NULL;
     if (a->sinks) {
         sinks = m2d_malloc(sizeof(float) * (size_t)a->n_heads);
@@ -245,8 +288,9 @@ void m2d_cpu_attention(m2d_backend *be, const m2d_attn_args *a) {
         j.n_blocks = (nq + j.block - 1) / j.block;
         size_t rows = (size_t)j.block * j.group;
         j.work_per = rows * (2 * (size_t)a->head_dim + (size_t)nk + 1) + 16; /* Q, O, S, 1/sums */
-        j.kc = m2d_malloc(sizeof(float) * kv);
-        j.vt = m2d_malloc(sizeof(float) * kv);
+        size_t es = h.bf16 ? sizeof(uint16_t) : sizeof(float);
+        j.kc = m2d_malloc(es * kv);
+        j.vt = m2d_malloc(es * kv);
         j.work = m2d_malloc(sizeof(float) * j.work_per * (size_t)nw);
         parallel_for(c, a->n_kv, attg_gather, &j);
         parallel_for(c, a->n_kv * j.n_blocks, attg_item, &j);
@@ -257,8 +301,10 @@ void m2d_cpu_attention(m2d_backend *be, const m2d_attn_args *a) {
         /* row blocks give the threads work when there are few heads; causal rows grow in cost, and
          * the dynamic hand-out balances that */
         int row_block = nq < 64 ? nq : 64;
+        float *rounded = h.bf16 ? round_operands(&h) : NULL;
         attn_job j = {&h, row_block, (nq + row_block - 1) / row_block};
         parallel_for(c, a->n_heads * j.n_blocks, attn_item, &j);
+        free(rounded);
     }
     free(sinks);
 }

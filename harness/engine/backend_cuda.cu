@@ -1231,6 +1231,8 @@ static void cu_attention(m2d_backend *be, const m2d_attn_args *a) {
     cu_be *c = CU(be);
     int nq = a->q.rows;
     if (c->failed || nq <= 0) return;
+    if (a->prec != M2D_PREC_FP32) /* the engine refuses it at open (no capability attention-bf16) */
+        return fail(c, "backend cuda: attention in %s is not implemented", m2d_precision_name(a->prec));
     const float *sinks = a->sinks ? (const float *)wtyped(c, W(a->sinks), 0, a->n_heads, M2D_F32) : NULL;
     if (c->failed) return;
     attn_dev d = {F(&a->q), F(&a->k), F(&a->v), NULL, NULL, a->q.ld, a->k.ld, a->v.ld, nq, a->np, a->n_heads,
@@ -2222,7 +2224,8 @@ static m2d_backend_ops make_ops(void) {
     o.glu_clamp = cu_glu_clamp, o.add_bias = cu_add_bias, o.clamp = cu_clamp, o.sigmoid_scale = cu_sigmoid_scale;
     o.experts_all = cu_experts_all_timed, o.gram = cu_gram_timed, o.experts_reduce = cu_experts_reduce_timed;
     o.auto_precision = cu_auto_precision;
-    o.caps = M2D_CAPS_ALL & ~M2D_CAP(M2D_CAP_TRAIN); /* every forward and calibration op; no training yet */
+    /* every forward and calibration op; no training, no bf16 attention yet */
+    o.caps = M2D_CAPS_ALL & ~(M2D_CAP(M2D_CAP_TRAIN) | M2D_CAP(M2D_CAP_ATTN_BF16));
     o.resident_embedding = 1; /* a streamed lookup syncs, converts on the host and uploads n x d floats */
     return o;
 }

@@ -45,6 +45,7 @@ struct m2d_engine {
     m2d_backend *be;
     const m2d_backend_ops *B;
     m2d_precision prec;
+    m2d_precision attn_prec; /* of attention's operands (m2d_engine_opts.attention) */
     m2d_moe_hook hook;
     void *hook_user;
     float *hook_x;        /* the hook's host copy of x, kept across calls and pinned (hook_x_buf) */
@@ -175,6 +176,16 @@ int m2d_engine_resolve_precision(const char *backend, m2d_precision p, m2d_preci
     return rc;
 }
 
+/* fp32, or bf16 where the backend has the capability attention-bf16 */
+static int check_attention(const m2d_backend *be, m2d_precision p) {
+    if (p != M2D_PREC_FP32 && p != M2D_PREC_BF16)
+        return m2d_err("engine: attention precision %s: fp32 or bf16", m2d_precision_name(p));
+    if (p == M2D_PREC_BF16 && m2d_backend_missing(be, M2D_CAP(M2D_CAP_ATTN_BF16)) >= 0)
+        return m2d_err("engine: attention in bf16 needs '%s', which backend %s does not implement",
+                       m2d_cap_name(M2D_CAP_ATTN_BF16), be->ops->name);
+    return 0;
+}
+
 int m2d_engine_open(const m2d_model *m, const m2d_engine_opts *o, m2d_engine **out) {
     *out = NULL;
     if (m2d_engine_check_model(m)) return -1;
@@ -183,7 +194,7 @@ int m2d_engine_open(const m2d_model *m, const m2d_engine_opts *o, m2d_engine **o
     m2d_backend *be;
     if (m2d_backend_new(o->backend ? o->backend : "cpu", &bo, &be)) return -1;
     m2d_precision p;
-    if (m2d_engine_check_caps(m, be) || resolve_on(be, o->precision, &p)) {
+    if (m2d_engine_check_caps(m, be) || resolve_on(be, o->precision, &p) || check_attention(be, o->attention)) {
         m2d_backend_free(be);
         return -1;
     }
@@ -192,6 +203,7 @@ int m2d_engine_open(const m2d_model *m, const m2d_engine_opts *o, m2d_engine **o
     e->be = be;
     e->B = be->ops;
     e->prec = p;
+    e->attn_prec = o->attention;
     e->skip_layer = -1;
     e->pass = m2d_engine_plan_pass(m, o->mem_budget ? o->mem_budget : m2d_default_mem_budget(), o->pass);
     e->pass.spill_dir = o->spill_dir;
@@ -224,6 +236,7 @@ void m2d_engine_free(m2d_engine *e) {
 
 const m2d_model *m2d_engine_model(const m2d_engine *e) { return e->m; }
 m2d_precision m2d_engine_precision(const m2d_engine *e) { return e->prec; }
+m2d_precision m2d_engine_attention_precision(const m2d_engine *e) { return e->attn_prec; }
 m2d_backend *m2d_engine_backend(m2d_engine *e) { return e->be; }
 int m2d_engine_tune(m2d_engine *e, const char *knob, int value) { return e->B->tune(e->be, knob, value); }
 void m2d_engine_set_expert_parallel(m2d_engine *e, int on) { e->B->tune(e->be, "expert_parallel", on ? 1 : 0); }
@@ -444,7 +457,8 @@ static int attend(m2d_engine *e, int l, const fwd_ws *w, const seg_plan *p) {
                            .out = m2d_mat_of(w->att, o * qd, ns, qd, qd),
                            .window = c->layer_window ? c->layer_window[l] : 0,
                            .sinks = lw->w[M2D_T_SINKS],
-                           .scale = (float)c->attn_scale};
+                           .scale = (float)c->attn_scale,
+                           .prec = e->attn_prec};
         B->attention(be, &a);
     }
     if (p->append) {

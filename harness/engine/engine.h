@@ -36,6 +36,10 @@ typedef struct {
     const char *spill_dir;   /* layer-major residual streams beyond the budget go to a file there
                               * (NULL: $TMPDIR, else /tmp) */
     m2d_act_mode act;        /* how they exceed it (AUTO: the cheaper) */
+    m2d_precision attention; /* of attention's operands, whatever PRECISION: FP32 (0: the default,
+                              * exact) or BF16 (q, k, v and the softmax's numerators rounded to bf16,
+                              * as transformers' bf16 SDPA does; backend.h m2d_attn_args.prec), where
+                              * the backend has the capability attention-bf16 (else refused) */
 } m2d_engine_opts;
 
 /* An engine on a new backend object it owns. The model must outlive the engine. */
@@ -61,6 +65,8 @@ void m2d_engine_set_expert_parallel(m2d_engine *e, int on);
 const m2d_model *m2d_engine_model(const m2d_engine *e);
 /* the precision the engine's GEMMs run in (AUTO resolved): what outputs record */
 m2d_precision m2d_engine_precision(const m2d_engine *e);
+/* the precision of attention's operands (m2d_engine_opts.attention): what outputs record */
+m2d_precision m2d_engine_attention_precision(const m2d_engine *e);
 /* What P would resolve to on BACKEND (NULL: "cpu") without opening an engine (for identities
  * decided before a run: cache names, headers); -1 with m2d_err when the backend lacks it. */
 int m2d_engine_resolve_precision(const char *backend, m2d_precision p, m2d_precision *out);
