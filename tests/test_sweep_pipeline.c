@@ -397,6 +397,41 @@ static void calibration_header_records_windows_used(void **state) {
     sweep_fx_free(&fx);
 }
 
+/* --attention bf16 reaches the evaluation: the header records it beside the GEMM precision, the
+ * teacher's perplexity there is `ppl --attention bf16`'s (same engine calls; 1e-6 as
+ * teacher_ppl_in_header) and not the fp32 attention's, and a resume with another attention is
+ * refused (rows of both would mix). */
+static void attention_bf16_reaches_the_evaluation(void **state) {
+    (void)state;
+    sweep_fx fx;
+    if (sweep_fx_make(2, "[experiment.t.axes]\nscoring = ['sf']\ngrouping = ['rr']\nscaling = ['uniform']\nK = ['k']\n",
+                      &fx))
+        TU_SKIP("../shared/models/tiny-qwen3moe or the data not found (run 'make data')");
+    char *c = m2d_strfmt("%s sweep %s --experiment t --attention bf16 --out %s", tu_bin(), fx.toml, fx.csv);
+    char *out = NULL, *err = NULL;
+    if (tu_run(c, &out, &err)) fail_msg("%s", err);
+    free(c), free(out), free(err);
+    m2d_results r;
+    if (m2d_results_read_checked(fx.csv, &r)) fail_msg("%s", m2d_errmsg());
+    assert_string_equal(m2d_results_meta(&r, "precision"), "fp32 attention=bf16");
+    double got = strtod(m2d_results_meta(&r, "teacher_ppl"), NULL), want[2];
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        c = m2d_strfmt("%s ppl --model %s --data %s --seq-len 64 --max-windows 2 --json --attention %s", tu_bin(),
+                       fx.model, wiki_test(), bf16 ? "bf16" : "fp32");
+        assert_int_equal(tu_run(c, &out, &err), 0);
+        want[bf16] = strtod(strstr(out, "\"ppl\":") + 6, NULL);
+        free(c), free(out), free(err);
+    }
+    if (fabs(got - want[1]) > 1e-6 * want[1]) fail_msg("teacher_ppl %.6f vs ppl --attention bf16 %.6f", got, want[1]);
+    assert_true(want[0] != want[1]);
+    m2d_results_free(&r);
+    c = m2d_strfmt("%s sweep %s --experiment t --out %s", tu_bin(), fx.toml, fx.csv);
+    assert_int_not_equal(tu_run(c, &out, &err), 0);
+    assert_non_null(strstr(err, "header 'precision' is 'fp32 attention=bf16' but this run has 'fp32': refusing to mix"));
+    free(c), free(out), free(err);
+    sweep_fx_free(&fx);
+}
+
 /* What the run would refuse, the dry run refuses first, in one line naming where the value is
  * (FILE:LINE:COL, or --set), with exit status 1; neither writes a CSV or calibrates. */
 static void dry_run_refuses_what_the_run_refuses(void **state) {
@@ -608,7 +643,7 @@ int main(void) {
         cmocka_unit_test(ppl_on_tokens_matches_library_gptq),
         cmocka_unit_test(small_sweep_dedups_caches_and_matches_convert_then_ppl),
         cmocka_unit_test(moe_target_rows_match_convert_then_ppl),
-        cmocka_unit_test(calibration_header_records_windows_used),
+        cmocka_unit_test(calibration_header_records_windows_used), cmocka_unit_test(attention_bf16_reaches_the_evaluation),
         cmocka_unit_test(baselines_in_the_scoring_axis),
         cmocka_unit_test(dry_run_refuses_what_the_run_refuses),
         cmocka_unit_test(killed_pipeline_sweep_resumes_to_the_same_rows),

@@ -48,6 +48,11 @@ static const char USAGE[] =
     "                      auto (bf16 where the CPU computes it natively); recorded in the CSV\n"
     "                      headers (precision=), which must match to resume; bf16 calibration is\n"
     "                      cached separately\n"
+    "  --attention A       attention's operands when students and teachers are evaluated (PPL,\n"
+    "                      MC): fp32 (default; exact) or bf16 (q, k, v and the softmax's numerators\n"
+    "                      rounded to bf16, as transformers' bf16 SDPA; faster on CPUs with native\n"
+    "                      bf16); calibration and distillation stay fp32. Recorded in the CSV\n"
+    "                      headers (precision=P attention=bf16), which must match to resume\n"
     "  --device D          where those engines run: cpu (default), cuda or cuda:N (a `make CUDA=1`\n"
     "                      build and a GPU; an absent device is an error, never a CPU run); off the\n"
     "                      CPU recorded in the CSV headers (device=), which must match to resume;\n"
@@ -74,7 +79,7 @@ static const char USAGE[] =
 
 /* the command line, as given */
 typedef struct {
-    const char *exp, *shard, *out, *jobs, *threads, *max_configs, *prec_s, *device;
+    const char *exp, *shard, *out, *jobs, *threads, *max_configs, *prec_s, *device, *attn_s;
     int dry, retry, no_resume;
     char *pos[1];
 } sweep_args;
@@ -86,7 +91,7 @@ static int parse_args(int argc, char **argv, sweep_args *a) {
                       {"--threads", 1, &a->threads, NULL}, {"--dry-run", 0, NULL, &a->dry},
                       {"--retry-failed", 0, NULL, &a->retry}, {"--no-resume", 0, NULL, &a->no_resume},
                       {"--max-configs", 1, &a->max_configs, NULL}, {"--precision", 1, &a->prec_s, NULL},
-                      {"--device", 1, &a->device, NULL}, {0}};
+                      {"--device", 1, &a->device, NULL}, {"--attention", 1, &a->attn_s, NULL}, {0}};
     int npos = 0;
     if (m2d_parse_opts("sweep", argc, argv, opts, a->pos, 1, &npos)) return -1;
     if (npos != 1) return m2d_err("sweep: expected EXPERIMENTS.toml (see 'moe2dense help sweep')");
@@ -105,7 +110,9 @@ static int sweep_options(const sweep_args *a, m2d_sweep_opts *o) {
     if (a->threads && m2d_parse_int("sweep", "--threads", a->threads, 1, 1024, &v)) return -1;
     if (a->threads) o->threads = (int)v;
     if (a->shard && m2d_parse_shard(a->shard, &o->shard_i, &o->shard_n)) return -1;
-    if (m2d_precision_parse(a->prec_s, "sweep: --precision", &o->precision)) return -1;
+    if (m2d_precision_parse(a->prec_s, "sweep: --precision", &o->precision) ||
+        m2d_cmd_attention_arg("sweep", a->attn_s, &o->attention))
+        return -1;
     if (a->device && m2d_device_check(a->device, "sweep: --device")) return -1;
     o->device = a->device;
     if (a->max_configs) {

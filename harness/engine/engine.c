@@ -186,6 +186,15 @@ static int check_attention(const m2d_backend *be, m2d_precision p) {
     return 0;
 }
 
+int m2d_engine_check_attention(const char *backend, m2d_precision p) {
+    if (p == M2D_PREC_FP32) return 0;
+    m2d_backend *be;
+    if (m2d_backend_new(backend ? backend : "cpu", &(m2d_backend_opts){.n_threads = 1}, &be)) return -1;
+    int rc = check_attention(be, p);
+    m2d_backend_free(be);
+    return rc;
+}
+
 int m2d_engine_open(const m2d_model *m, const m2d_engine_opts *o, m2d_engine **out) {
     *out = NULL;
     if (m2d_engine_check_model(m)) return -1;

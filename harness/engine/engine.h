@@ -70,6 +70,9 @@ m2d_precision m2d_engine_attention_precision(const m2d_engine *e);
 /* What P would resolve to on BACKEND (NULL: "cpu") without opening an engine (for identities
  * decided before a run: cache names, headers); -1 with m2d_err when the backend lacks it. */
 int m2d_engine_resolve_precision(const char *backend, m2d_precision p, m2d_precision *out);
+/* Whether an engine on BACKEND (NULL: "cpu") takes attention precision P (m2d_engine_opts.attention),
+ * without opening one (a sweep checks before any work); -1 with m2d_err naming why not. */
+int m2d_engine_check_attention(const char *backend, m2d_precision p);
 /* The backend capabilities (backend.h, M2D_CAP) a forward of M needs; m2d_engine_open refuses a
  * backend that lacks one, naming it. */
 uint64_t m2d_engine_required_caps(const m2d_model *m);

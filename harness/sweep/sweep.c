@@ -100,7 +100,10 @@ static int run_with_backend(const m2d_experiment *x, const m2d_sweep_opts *o, co
     double t_prep = m2d_now();
     if (b->prepare(b, x, model_hash, calib_hash)) return -1;
     m2d_sweep_meta meta = {0};
-    m2d_sweep_meta_build(x, o->shard_i, o->shard_n, model_hash, calib_hash, m2d_precision_name(b->precision), &meta);
+    char precision[48]; /* the identity key: GEMMs, and attention where it is not fp32 (CSVs before it have none) */
+    snprintf(precision, sizeof precision, "%s%s", m2d_precision_name(b->precision),
+             b->attention == M2D_PREC_BF16 ? " attention=bf16" : "");
+    m2d_sweep_meta_build(x, o->shard_i, o->shard_n, model_hash, calib_hash, precision, &meta);
     if (b->calibration[0]) m2d_sweep_meta_add(&meta, m2d_strfmt("calibration=%s", b->calibration));
     /* an identity key written only off the CPU: CSVs from before it (and every CPU run) have none */
     if (strcmp(b->device, "cpu") != 0) m2d_sweep_meta_add(&meta, m2d_strfmt("device=%s", b->device));
@@ -177,7 +180,9 @@ int m2d_sweep_run(const m2d_experiment *x, const m2d_sweep_opts *o, m2d_sweep_su
     choose_threads(o, n_idx, &jobs, &threads);
     b.threads = threads;
     b.device = o->device ? o->device : "cpu";
-    if (m2d_device_check(b.device, "sweep: --device") || m2d_engine_resolve_precision(b.device, o->precision, &b.precision)) {
+    b.attention = o->attention;
+    if (m2d_device_check(b.device, "sweep: --device") || m2d_engine_resolve_precision(b.device, o->precision, &b.precision) ||
+        m2d_engine_check_attention(b.device, o->attention)) {
         free(idx);
         m2d_sweep_backend_close(&b);
         return -1;

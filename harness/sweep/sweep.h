@@ -27,6 +27,10 @@ typedef struct {
     int no_resume;          /* refuse to run when the CSV exists */
     m2d_precision precision;/* of the engine's GEMMs (calibration, evaluation, the distillation's teacher); 0: FP32 */
     const char *device;     /* where those engines run: "cpu" (NULL), "cuda", "cuda:N" */
+    m2d_precision attention;/* of attention's operands when students and teachers are evaluated (PPL,
+                             * MC; m2d_engine_opts.attention): FP32 (0) or BF16; calibration and the
+                             * distillation stay fp32. Recorded in the CSV header as "precision=P
+                             * attention=bf16" (fp32: "precision=P", as before), so a resume matches it */
 } m2d_sweep_opts;
 
 typedef struct {

@@ -44,6 +44,7 @@ struct m2d_sweep_backend {
                              * also the distill hook's teacher precision (o->train.precision) */
     const char *device;     /* where the engines run (calibration, evaluation, MC, the distill hook's
                              * teacher): "cpu", "cuda", "cuda:N"; set with threads */
+    m2d_precision attention;/* of attention's operands in evaluation (PPL, MC): m2d_sweep_opts.attention */
     /* optional: the state for experiment X (cheap: the work is in prepare); NULL + m2d_err on
      * failure; and destroy, which frees it */
     void *(*open)(const m2d_experiment *x);

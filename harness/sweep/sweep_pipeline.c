@@ -216,7 +216,9 @@ static int model_ppl(m2d_sweep_backend *b, const m2d_model *model, m2d_sweep_res
     pipe_t *p = b->self;
     const m2d_experiment *x = p->x;
     m2d_engine *e = NULL;
-    if (m2d_engine_open(model, &(m2d_engine_opts){.backend = b->device, .n_threads = b->threads, .precision = b->precision}, &e)) return -1;
+    if (m2d_engine_open(model, &(m2d_engine_opts){.backend = b->device, .n_threads = b->threads, .precision = b->precision,
+                                                  .attention = b->attention}, &e))
+        return -1;
     int rc;
     m2d_ppl_result r;
     memset(&r, 0, sizeof r);
@@ -261,7 +263,8 @@ static int model_mc(m2d_sweep_backend *b, const m2d_model *model, m2d_sweep_resu
     const m2d_experiment *x = p->x;
     m2d_engine *e = NULL;
     m2d_lm *lm = NULL;
-    int rc = m2d_engine_open(model, &(m2d_engine_opts){.backend = b->device, .n_threads = b->threads, .precision = b->precision}, &e) ||
+    int rc = m2d_engine_open(model, &(m2d_engine_opts){.backend = b->device, .n_threads = b->threads, .precision = b->precision,
+                                                        .attention = b->attention}, &e) ||
              m2d_lm_engine_wrap(e, p->tk, M2D_LM_CACHED, 0, &lm);
     m2d_mc_config cfg;
     m2d_mc_config_default(&cfg);
