@@ -288,15 +288,12 @@ void m2d_cpu_attention(m2d_backend *be, const m2d_attn_args *a) {
         j.n_blocks = (nq + j.block - 1) / j.block;
         size_t rows = (size_t)j.block * j.group;
         j.work_per = rows * (2 * (size_t)a->head_dim + (size_t)nk + 1) + 16; /* Q, O, S, 1/sums */
-        size_t es = h.bf16 ? sizeof(uint16_t) : sizeof(float);
-        j.kc = m2d_malloc(es * kv);
-        j.vt = m2d_malloc(es * kv);
-        j.work = m2d_malloc(sizeof(float) * j.work_per * (size_t)nw);
+        /* keys, values (bf16 takes half of their floats) and the workers' buffers in one reused slot */
+        size_t kv_floats = h.bf16 ? (kv + 1) / 2 : kv, all = 2 * kv_floats + j.work_per * (size_t)nw;
+        float *slot = work(c, WORK_ATTN, all);
+        j.kc = slot, j.vt = slot + kv_floats, j.work = slot + 2 * kv_floats;
         parallel_for(c, a->n_kv, attg_gather, &j);
         parallel_for(c, a->n_kv * j.n_blocks, attg_item, &j);
-        free(j.kc);
-        free(j.vt);
-        free(j.work);
     } else {
         /* row blocks give the threads work when there are few heads; causal rows grow in cost, and
          * the dynamic hand-out balances that */

@@ -54,7 +54,7 @@ typedef struct {
 /* The op-sized buffers an op reuses from the last one (in floats): fresh 10–100 MB mallocs would be
  * new mappings each time, and their page faults and zeroing were ~6 % of calibration time. One op
  * runs at a time per backend, so each slot has one user; the MoE hook runs between ops. */
-enum { WORK_WEIGHT, WORK_ROWS, WORK_OUT, WORK_GATE, WORK_UP, N_WORK };
+enum { WORK_WEIGHT, WORK_ROWS, WORK_OUT, WORK_GATE, WORK_UP, WORK_ATTN, N_WORK };
 
 typedef struct {
     m2d_backend base;
