@@ -204,9 +204,11 @@ static void calib_row(m2d_engine *e, const m2d_model *m, double peak) {
  * 3 (tensor cores, 3xFP16), 2 (tensor cores, 3xTF32), 1 (tiles on the CUDA cores) or 0 (reference);
  * lse_kernel 1 (the LM head's log-sum-exp in one pass) or 0 (two); lm_rows (its rows a GEMM; 0:
  * the default); moe_plan 1 (the MoE's plan on many blocks) or 0 (one); gx_stages (k_gx's cp.async
- * stages; 0: the default). The rows are A/Bs of the paths on the same GPU in the same run. */
+ * stages; 0: the default); attention: the precision of attention's operands (m2d_engine_opts.attention:
+ * bf16 is transformers' SDPA's arithmetic, the like-for-like row against it). The rows are A/Bs of
+ * the paths on the same GPU in the same run. */
 typedef struct {
-    m2d_precision prec;
+    m2d_precision prec, attention;
     int moe, attn, lse, lm_rows, plan, stages;
     int moe_only; /* a row for the MoE slice alone */
     int op_times; /* where its device time goes, too */
@@ -241,13 +243,16 @@ static void model_rows(const char *dir, const char *label, double peak) {
         fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
         return;
     }
-    /* bf16 with the default kernels; its log-sum-exp in one pass, then also over 512-row GEMMs
+    /* bf16 with the default kernels; attention on bf16 operands (k_attention_b16), alone and with
+     * the one-pass log-sum-exp; its log-sum-exp in one pass, then also over 512-row GEMMs
      * (33.5 MB of logits a chunk: L2-sized); its MoE's plan on many blocks; k_gx in 6 stages; its
      * MoE by the WMMA grouped kernel; its attention in 3xTF32 and on the CUDA cores; the
      * reference kernels; fp32 */
     const m2d_precision bf = M2D_PREC_BF16;
     const kernel_run runs[] = {
         {.prec = bf, .moe = 3, .attn = 3, .op_times = 1, .note = ""},
+        {.prec = bf, .attention = bf, .moe = 3, .attn = 3, .op_times = 1, .note = " (attention in bf16)"},
+        {.prec = bf, .attention = bf, .moe = 3, .attn = 3, .lse = 1, .note = " (bf16 attention, one-pass LSE)"},
         {.prec = bf, .moe = 3, .attn = 3, .lse = 1, .op_times = 1, .note = " (log-sum-exp in one pass)"},
         {.prec = bf, .moe = 3, .attn = 3, .lse = 1, .lm_rows = 512, .op_times = 1,
          .note = " (one-pass log-sum-exp, 512-row GEMMs)"},
@@ -262,7 +267,8 @@ static void model_rows(const char *dir, const char *label, double peak) {
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         if (m->cfg.num_experts == 0 && runs[i].moe_only) continue;
         m2d_engine *e;
-        if (m2d_engine_open(m, &(m2d_engine_opts){.backend = "cuda", .precision = runs[i].prec}, &e)) {
+        if (m2d_engine_open(m, &(m2d_engine_opts){.backend = "cuda", .precision = runs[i].prec,
+                                                  .attention = runs[i].attention}, &e)) {
             fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
             continue;
         }

@@ -380,15 +380,25 @@ static void launch_rows(const attn_dev &a, int rows) {
 template <int HD> struct tc_kernel { static void run(attn_dev a) { k_attention_tc<HD>(a); } };
 template <int HD> struct prep_kernel { static void run(attn_dev a) { k_h16_prep<HD>(a); } };
 template <int HD> struct h16_kernel { static void run(attn_dev a) { k_attention_h16<HD>(a); } };
+template <int HD> struct b16_prep_kernel { static void run(attn_dev a) { k_b16_prep<HD>(a); } };
+template <int HD> struct b16_kernel { static void run(attn_dev a) { k_attention_b16<HD>(a); } };
 
 /* attention as attention_tc in backend_cuda.cu launches it: attn_kernel 2, k_attention_tc; 3,
  * the heads' maxima and the tiles, then k_attention_h16 and
- * k_attention_tc (each skipping the other's heads) */
+ * k_attention_tc (each skipping the other's heads); 4 (bf16 operands, attention_b16): the bf16
+ * tiles, then k_attention_b16 */
 static void launch(attn_dev a, int kernel) {
-    static_assert(sizeof(tc_smem<128>) <= sizeof tc_raw && sizeof(h16_smem<128>) <= sizeof tc_raw, "shared memory");
+    static_assert(sizeof(tc_smem<128>) <= sizeof tc_raw && sizeof(h16_smem<128>) <= sizeof tc_raw &&
+                      sizeof(b16_smem<128>) <= sizeof tc_raw, "shared memory");
     std::vector<uint32_t> mx((size_t)(a.n_heads + 2 * a.n_kv), 0u);
     int tiles = (a.np + a.nq + TC_KEYS - 1) / TC_KEYS;
     std::vector<h16_tile<128>> kv((size_t)tiles * a.n_kv); /* the largest tile: room for any HD */
+    if (kernel == 4) {
+        a.h16_tiles = kv.data(), a.h16_ntiles = tiles;
+        launch_kernel<b16_prep_kernel>(a, (unsigned)tiles, (unsigned)a.n_kv);
+        launch_rows<b16_kernel>(a, H16_ROWS_BLK);
+        return;
+    }
     if (kernel == 3) {
         uint32_t *mp = mx.data();
         run_grid((unsigned)((a.np + a.nq + H16_ROWS - 1) / H16_ROWS), (unsigned)mx.size(), 1, 256, [a, mp] { k_h16_absmax(a, mp); });
@@ -418,52 +428,80 @@ typedef struct {
     int v_exp[2]; /* kv head g's values times 2^v_exp[g] (its outputs too) */
 } attn_case;
 
-/* max |kernel - float64| over the outputs of one case; the prefix as a cache ([KV][np][hd], the
- * m2d_kv layout), or the whole sequence as one segment */
-static double run_case(const attn_case &c, int kernel) {
+/* One case's inputs: q [nq][H hd], k and v [np + nq][KV hd] of N(0,1) values (q times 2^qk_exp, k
+ * times 2^-qk_exp, kv head g's values times 2^v_exp[g]), the prefix as a cache ([KV][np][hd], the
+ * m2d_kv layout), and the kernels' argument block over them (the whole sequence as one segment
+ * without c.prefix) */
+struct attn_data {
+    std::vector<float> q, k, v, kp, vp, o;
+    float sinks[4] = {1.0f, -2.0f, 3.0f, 0.0f};
+    float scale;
+    attn_dev a;
+};
+
+static void case_data(const attn_case &c, attn_data &d) {
     int T_ = c.np + c.nq;
-    std::vector<float> q((size_t)c.nq * c.H * c.hd), k((size_t)T_ * c.KV * c.hd), v(k.size()), o(q.size(), NAN), r(q.size()),
-        kp((size_t)c.KV * c.np * c.hd + 1), vp(kp.size());
-    for (float &x : q) x = (float)normal();
-    for (float &x : k) x = (float)normal();
-    for (float &x : v) x = (float)normal();
-    for (float &x : q) x = ldexpf(x, c.qk_exp);
-    for (float &x : k) x = ldexpf(x, -c.qk_exp);
-    for (size_t i = 0; i < v.size(); i++) v[i] = ldexpf(v[i], c.v_exp[std::min(1, (int)(i / c.hd % c.KV))]);
+    d.q.resize((size_t)c.nq * c.H * c.hd), d.k.resize((size_t)T_ * c.KV * c.hd), d.v.resize(d.k.size());
+    d.o.assign(d.q.size(), NAN), d.kp.resize((size_t)c.KV * c.np * c.hd + 1), d.vp.resize(d.kp.size());
+    for (float &x : d.q) x = (float)normal();
+    for (float &x : d.k) x = (float)normal();
+    for (float &x : d.v) x = (float)normal();
+    for (float &x : d.q) x = ldexpf(x, c.qk_exp);
+    for (float &x : d.k) x = ldexpf(x, -c.qk_exp);
+    for (size_t i = 0; i < d.v.size(); i++) d.v[i] = ldexpf(d.v[i], c.v_exp[std::min(1, (int)(i / c.hd % c.KV))]);
     for (int g = 0; g < c.KV; g++)
         for (int t = 0; t < c.np; t++)
             for (int j = 0; j < c.hd; j++) {
-                kp[((size_t)g * c.np + t) * c.hd + j] = k[(size_t)t * c.KV * c.hd + g * c.hd + j];
-                vp[((size_t)g * c.np + t) * c.hd + j] = v[(size_t)t * c.KV * c.hd + g * c.hd + j];
+                d.kp[((size_t)g * c.np + t) * c.hd + j] = d.k[(size_t)t * c.KV * c.hd + g * c.hd + j];
+                d.vp[((size_t)g * c.np + t) * c.hd + j] = d.v[(size_t)t * c.KV * c.hd + g * c.hd + j];
             }
-    const float sinks[4] = {1.0f, -2.0f, 3.0f, 0.0f};
-    float scale = c.scale != 0 ? c.scale : 1.0f / sqrtf((float)c.hd);
-    const float *ks = k.data() + (size_t)c.np * c.KV * c.hd, *vs = v.data() + (size_t)c.np * c.KV * c.hd;
-    if (c.prefix) attention_f64(q.data(), k.data(), v.data(), c.np, c.nq, c.H, c.KV, c.hd, c.window, c.sinks ? sinks : NULL, scale, r.data());
-    else attention_f64(q.data(), ks, vs, 0, c.nq, c.H, c.KV, c.hd, c.window, c.sinks ? sinks : NULL, scale, r.data());
-    attn_dev a = {q.data(), ks, vs, c.prefix ? kp.data() : NULL, c.prefix ? vp.data() : NULL, c.H * c.hd, c.KV * c.hd,
-                  c.KV * c.hd, c.nq, c.prefix ? c.np : 0, c.H, c.KV, c.hd, c.H * c.hd, (size_t)c.np * c.hd, o.data(),
-                  c.window, c.sinks ? sinks : NULL, scale, 0, NULL, NULL, 0};
+    d.scale = c.scale != 0 ? c.scale : 1.0f / sqrtf((float)c.hd);
+    const float *ks = d.k.data() + (size_t)c.np * c.KV * c.hd, *vs = d.v.data() + (size_t)c.np * c.KV * c.hd;
+    d.a = {d.q.data(), ks, vs, c.prefix ? d.kp.data() : NULL, c.prefix ? d.vp.data() : NULL, c.H * c.hd, c.KV * c.hd,
+           c.KV * c.hd, c.nq, c.prefix ? c.np : 0, c.H, c.KV, c.hd, c.H * c.hd, (size_t)c.np * c.hd, d.o.data(),
+           c.window, c.sinks ? d.sinks : NULL, d.scale, 0, NULL, NULL, 0};
     /* as cu_attention: float4 staging where hd % 4 == 0 and every row start is 16-byte aligned */
-    const float *rows[4] = {a.ks, a.vs, a.kp, a.vp};
-    a.vec = c.hd % 4 == 0 && a.ldk % 4 == 0 && a.ldv % 4 == 0 && a.head_stride % 4 == 0;
-    for (int i = 0; i < 4; i++) a.vec = a.vec && (uintptr_t)rows[i] % 16 == 0;
+    const float *rows[4] = {d.a.ks, d.a.vs, d.a.kp, d.a.vp};
+    d.a.vec = c.hd % 4 == 0 && d.a.ldk % 4 == 0 && d.a.ldv % 4 == 0 && d.a.head_stride % 4 == 0;
+    for (int i = 0; i < 4; i++) d.a.vec = d.a.vec && (uintptr_t)rows[i] % 16 == 0;
+}
+
+/* the float64 reference of a case (ROUND_P: attention_f64_p's bf16 numerators) on Q, K, V */
+static void case_reference(const attn_case &c, const attn_data &d, const float *q, const float *k, const float *v,
+                           int round_p, float *r) {
+    size_t seg = (size_t)c.np * c.KV * c.hd; /* without the prefix: the segment alone */
+    attention_f64_p(q, c.prefix ? k : k + seg, c.prefix ? v : v + seg, c.prefix ? c.np : 0, c.nq, c.H, c.KV, c.hd,
+                    c.window, c.sinks ? d.sinks : NULL, d.scale, round_p, r);
+}
+
+static void print_case(const attn_case &c, int kernel, const char *what, double d) {
+    print_message("kernel %d: H %d KV %d hd %d np %d nq %d window %d sinks %d scale %g 2^%d 2^%d,%d %s: %s %.3g\n", kernel,
+                  c.H, c.KV, c.hd, c.np, c.nq, c.window, c.sinks, c.scale, c.qk_exp, c.v_exp[0], c.v_exp[1],
+                  c.prefix ? "cached prefix" : "one segment", what, d);
+}
+
+/* max |kernel - float64| over the outputs of one case, relative to the head's value scale */
+static double run_case(const attn_case &c, int kernel) {
+    attn_data d;
+    case_data(c, d);
+    std::vector<float> r(d.q.size());
+    case_reference(c, d, d.q.data(), d.k.data(), d.v.data(), 0, r.data());
     tf32_violations = h16_violations = h16_mmas = tf32_mmas = 0;
-    launch(a, kernel);
+    launch(d.a, kernel);
     assert_int_equal(tf32_violations, 0); /* every mma operand rounded to TF32 first */
     assert_int_equal(h16_violations, 0);  /* every fp16 operand finite: the scaling kept it in range */
     /* which kernel ran: with attn_kernel 3, k_attention_h16 for the heads whose largest |q|, |k|
      * and |v| lie in [2^-27, 2^54) (or are 0), k_attention_tc for the others */
-    int h16_heads = 0;
+    int h16_heads = 0, T_ = c.np + c.nq;
     for (int h = 0; h < c.H; h++) {
         int g = h / (c.H / c.KV);
         double mq = 0, mk = 0, mv = 0;
         for (int i = 0; i < c.nq; i++)
-            for (int j = 0; j < c.hd; j++) mq = fmax(mq, fabs(q[(size_t)i * c.H * c.hd + h * c.hd + j]));
+            for (int j = 0; j < c.hd; j++) mq = fmax(mq, fabs(d.q[(size_t)i * c.H * c.hd + h * c.hd + j]));
         for (int t = c.prefix ? 0 : c.np; t < T_; t++)
             for (int j = 0; j < c.hd; j++) {
-                mk = fmax(mk, fabs(k[(size_t)t * c.KV * c.hd + g * c.hd + j]));
-                mv = fmax(mv, fabs(v[(size_t)t * c.KV * c.hd + g * c.hd + j]));
+                mk = fmax(mk, fabs(d.k[(size_t)t * c.KV * c.hd + g * c.hd + j]));
+                mv = fmax(mv, fabs(d.v[(size_t)t * c.KV * c.hd + g * c.hd + j]));
             }
         auto fits = [](double m) { return m == 0 || (m >= ldexp(1, -27) && m < ldexp(1, 54)); };
         h16_heads += fits(mq) && fits(mk) && fits(mv);
@@ -471,21 +509,57 @@ static double run_case(const attn_case &c, int kernel) {
     assert_true(kernel == 3 && h16_heads > 0 ? h16_mmas > 0 : h16_mmas == 0);
     assert_true(kernel == 3 && h16_heads == c.H ? tf32_mmas == 0 : tf32_mmas > 0);
     double worst = 0; /* relative to the head's value scale (the outputs' scale) */
-    for (size_t i = 0; i < o.size(); i++) {
+    for (size_t i = 0; i < d.o.size(); i++) {
         int g = (int)(i / c.hd % c.H) / (c.H / c.KV);
-        worst = fmax(worst, fabs((double)o[i] - r[i]) / ldexp(1.0, c.v_exp[std::min(1, g)])); /* NaN: unwritten */
-        assert_false(isnan(o[i]));
+        worst = fmax(worst, fabs((double)d.o[i] - r[i]) / ldexp(1.0, c.v_exp[std::min(1, g)])); /* NaN: unwritten */
+        assert_false(isnan(d.o[i]));
     }
-    print_message("kernel %d: H %d KV %d hd %d np %d nq %d window %d sinks %d scale %g 2^%d 2^%d,%d %s: max |d| vs float64 = %.3g\n",
-                  kernel, c.H, c.KV, c.hd, c.np, c.nq, c.window, c.sinks, c.scale, c.qk_exp, c.v_exp[0], c.v_exp[1],
-                  c.prefix ? "cached prefix" : "one segment", worst);
+    print_case(c, kernel, "max |d| vs float64 =", worst);
     assert_true(worst < 1e-5);
     return worst;
 }
 
-/* the case on k_attention_tc (attn_kernel 2) and on k_attention_h16 (3) */
+/* k_attention_b16 (attention on bf16 operands) on a case, against float64 on the bf16-rounded q,
+ * k, v, as test_engine's op_attention_bf16 checks the backends (its bounds, derived there): within
+ * 2^-9 max|v| + 1e-5 of the unrounded numerators' result (rounding a numerator moves the output,
+ * a convex combination of v, by at most 2^-9 max|v|), and on average 4x nearer to the result with
+ * rounded numerators (attention_f64_p) than that result is to the unrounded one: the kernel rounds
+ * the same numerators, but for the few that fp32's exp2 and score roundings put across a bf16
+ * rounding boundary (measured: 1,000x nearer and more). Values
+ * scaled per kv head (v_exp) count relative to their scale. */
+static void run_case_b16(const attn_case &c) {
+    attn_data d;
+    case_data(c, d);
+    std::vector<float> qb(d.q), kb(d.k), vb(d.v), r(d.q.size()), rr(d.q.size());
+    for (std::vector<float> *x : {&qb, &kb, &vb})
+        for (float &e : *x) e = attn_ref_bf16(e);
+    case_reference(c, d, qb.data(), kb.data(), vb.data(), 0, r.data());
+    case_reference(c, d, qb.data(), kb.data(), vb.data(), 1, rr.data());
+    double vmax = 0;
+    for (size_t i = 0; i < vb.size(); i++) vmax = fmax(vmax, fabs(vb[i]) / ldexp(1.0, c.v_exp[std::min(1, (int)(i / c.hd % c.KV))]));
+    tf32_violations = h16_violations = h16_mmas = tf32_mmas = bf16_mmas = 0;
+    launch(d.a, 4);
+    assert_true(bf16_mmas > 0 && h16_mmas == 0 && tf32_mmas == 0); /* k_attention_b16 alone */
+    double worst = 0, to_rounded = 0, gap = 0;
+    for (size_t i = 0; i < d.o.size(); i++) {
+        double sc = ldexp(1.0, c.v_exp[std::min(1, (int)(i / c.hd % c.H) / (c.H / c.KV))]);
+        assert_false(isnan(d.o[i])); /* unwritten */
+        worst = fmax(worst, fabs((double)d.o[i] - r[i]) / sc);
+        to_rounded += fabs((double)d.o[i] - rr[i]) / sc / (double)d.o.size();
+        gap += fabs((double)rr[i] - r[i]) / sc / (double)d.o.size();
+    }
+    print_case(c, 4, "mean |d| to rounded numerators", to_rounded);
+    print_case(c, 4, "mean |d| between the references", gap);
+    assert_true(worst < ldexp(vmax, -9) + 1e-5);
+    /* a window of 1 has one numerator a row, exp(0) = 1 exactly: no rounding to see */
+    if (gap > 1e-6) assert_true(to_rounded * 4 < gap);
+}
+
+/* the case on k_attention_tc (attn_kernel 2), on k_attention_h16 (3) and on bf16 operands
+ * (k_attention_b16) */
 static void run_kernels(const attn_case &c) {
     for (int kernel = 2; kernel <= 3; kernel++) run_case(c, kernel);
+    run_case_b16(c);
 }
 
 /* test_engine's op_attention_causal_gqa: hd 20 (not a multiple of 8: the padding), 70 rows (two

@@ -646,32 +646,6 @@ static double mean_abs_diff(const float *a, const float *b, size_t n) {
     return s / (double)n;
 }
 
-/* The float64 loops (attn_ref.h) with the softmax's numerators rounded to bf16 before P·V, as
- * m2d_attn_args.prec BF16 does (the denominator sums them unrounded); q, k, v as given */
-static void attention_f64_bf16_numerators(const float *q, const float *k, const float *v, int np, int nq, int H, int KV,
-                                          int hd, int window, const float *sinks, float *out) {
-    double scale = 1 / sqrt(hd), *s = malloc(sizeof(double) * (size_t)(np + nq));
-    for (int i = 0; i < nq; i++)
-        for (int h = 0; h < H; h++) {
-            int g = h / (H / KV), nk = np + i + 1, lo = window > 0 && nk > window ? nk - window : 0;
-            double m = sinks ? sinks[h] : -INFINITY, z = 0;
-            for (int t = lo; t < nk; t++) {
-                double dot = 0;
-                for (int c = 0; c < hd; c++) dot += (double)q[(size_t)i * H * hd + h * hd + c] * k[(size_t)t * KV * hd + g * hd + c];
-                m = fmax(m, s[t] = dot * scale);
-            }
-            for (int t = lo; t < nk; t++) z += (s[t] = exp(s[t] - m));
-            if (sinks) z += exp(sinks[h] - m);
-            for (int c = 0; c < hd; c++) {
-                double acc = 0;
-                for (int t = lo; t < nk; t++)
-                    acc += (double)m2d_bf16_to_f32(m2d_f32_to_bf16((float)s[t])) * v[(size_t)t * KV * hd + g * hd + c];
-                out[(size_t)i * H * hd + h * hd + c] = (float)(acc / z);
-            }
-        }
-    free(s);
-}
-
 /* Attention on bf16 operands (m2d_attn_args.prec BF16), every kernel of the backend, with a
  * cached prefix, a window and sinks, against float64 on the bf16-rounded q, k, v:
  * - within 2^-9 max|v| + 1e-5 of the float64 result with unrounded numerators: rounding a
@@ -699,7 +673,7 @@ static void op_attention_bf16_on(const char *backend) {
     for (int wi = 0; wi < 2; wi++) {
         const float *sn = wi ? sinks : NULL;
         attention_f64(qb, kb, vb, np, nq, H, KV, hd, windows[wi], sn, 1 / sqrt(hd), r);
-        attention_f64_bf16_numerators(qb, kb, vb, np, nq, H, KV, hd, windows[wi], sn, rr);
+        attention_f64_p(qb, kb, vb, np, nq, H, KV, hd, windows[wi], sn, 1 / sqrt(hd), 1, rr);
         for (int path = 0; attention_path(be, path); path++) {
             g_attn_prec = M2D_PREC_BF16;
             attention_host_ws(be, in.q, in.k + (size_t)np * KV * hd, in.v + (size_t)np * KV * hd, nq, in.kp, in.vp, np,

@@ -289,17 +289,19 @@ static double json_number(const char *out, const char *key) {
     return v;
 }
 
-/* with a GPU: the same perplexity on the cuda backend (fp32) */
-static void ppl_on_gpu_matches_cpu(const char *dir, const char *wiki, double cpu_ppl) {
+/* with a GPU: the same perplexity on the cuda backend (fp32 GEMMs; attention ATTN, fp32 or bf16) */
+static void ppl_on_gpu_matches_cpu(const char *dir, const char *wiki, const char *attn, double cpu_ppl) {
     char *out = NULL, *err = NULL;
     char *cmd = m2d_strfmt("%s ppl --model %s --data %s --protocol gptq --seq-len 128 --max-windows 2 --json "
-                           "--device cuda:0", tu_bin(), dir, wiki);
+                           "--device cuda:0 --attention %s", tu_bin(), dir, wiki, attn);
     assert_int_equal(tu_run(cmd, &out, &err), 0);
     assert_non_null(strstr(out, "\"device\":\"cuda:0\""));
     double g = json_number(out, "ppl");
-    print_message("ppl cpu %.9g, cuda %.9g\n", cpu_ppl, g);
+    print_message("ppl (attention %s) cpu %.9g, cuda %.9g\n", attn, cpu_ppl, g);
     /* fp32 on both sides, different summation orders: the golden logits agree to 1e-4 (test_engine),
-     * so mean NLL to ~1e-5 and ppl to ~1e-5 relative; 1e-4 leaves a margin */
+     * so mean NLL to ~1e-5 and ppl to ~1e-5 relative; 1e-4 leaves a margin. With bf16 attention
+     * both round the same operands and numerators (op_attention_bf16), but for the few numerators
+     * that the sides' fp32 roundings put across a bf16 boundary: the same margin */
     assert_true(fabs(g - cpu_ppl) < 1e-4 * cpu_ppl);
     free(cmd); free(out); free(err);
 }
@@ -324,7 +326,7 @@ static void cli_json_and_errors(void **state) {
     assert_non_null(strstr(out, "\"device\":\"cpu\""));
     int gpu;
     const char *cuda_error = cuda_expectation(&gpu);
-    if (gpu) ppl_on_gpu_matches_cpu(dir, wiki, ppl32);
+    if (gpu) ppl_on_gpu_matches_cpu(dir, wiki, "fp32", ppl32);
     free(cmd); free(out); free(err);
     /* bf16: recorded, and the perplexity within bf16's effect on the tiny teacher (test_engine:
      * mean NLL moves by <= ~1e-3 relative; NLL ~ 5.4, so ppl by <= ~0.5 %; measured ~0.05 %) */
@@ -345,6 +347,7 @@ static void cli_json_and_errors(void **state) {
     double ppla = json_number(out, "ppl");
     print_message("ppl fp32 %.6f, bf16 attention %.6f (relative %.3g)\n", ppl32, ppla, fabs(ppla / ppl32 - 1));
     assert_true(ppla != ppl32 && fabs(ppla / ppl32 - 1) < 5e-3);
+    if (gpu) ppl_on_gpu_matches_cpu(dir, wiki, "bf16", ppla);
     free(cmd); free(out); free(err);
     cmd = m2d_strfmt("%s ppl --model %s --data %s --seq-len 128 --max-windows 1 --precision auto", tu_bin(), dir, wiki);
     assert_int_equal(tu_run(cmd, &out, &err), 0);

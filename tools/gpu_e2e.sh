@@ -35,25 +35,28 @@ fi
 # test_ppl allows the two devices); then in bf16 on the cpu, on cuda (the MoE's experts by k_gx)
 # and on cuda with the WMMA grouped kernel (M2D_CUDA_MOE=1): within 1e-3 of the cpu's bf16 PPL
 # (each side rounds activations to bf16 after sums in another order: test_engine's golden puts
-# bf16 within 8.6e-5 of fp32 in mean NLL, so two bf16 runs within ~2e-4 of it, ~1e-3 of the PPL)
+# bf16 within 8.6e-5 of fp32 in mean NLL, so two bf16 runs within ~2e-4 of it, ~1e-3 of the PPL);
+# then bf16 GEMMs with attention on bf16 operands (--attention bf16: k_attention_b16 on cuda)
+# likewise within 1e-3 of the cpu's (both round the same operands and numerators)
 for m in "$teacher" "$w/cpu.student"; do
-  for run in cpu cuda cuda-attn2 cuda-lse1 cpu-bf16 cuda-bf16 cuda-bf16-moe1; do
-    dev=${run%%-*} prec=fp32 env=
+  for run in cpu cuda cuda-attn2 cuda-lse1 cpu-bf16 cuda-bf16 cuda-bf16-moe1 cpu-bf16a cuda-bf16a; do
+    dev=${run%%-*} prec=fp32 env= attn=fp32
     case $run in
+      *-bf16a) prec=bf16 attn=bf16 ;;
       *-attn2) env=M2D_CUDA_ATTN=2 ;;
       *-lse1) env=M2D_CUDA_LSE=1 ;;
       *-bf16-moe1) prec=bf16 env=M2D_CUDA_MOE=1 ;;
       *-bf16) prec=bf16 ;;
     esac
     [ "$run" = cpu ] && ref= tol=1e-4
-    [ "$run" = cpu-bf16 ] && ref= tol=1e-3
+    [ "$run" = cpu-bf16 ] || [ "$run" = cpu-bf16a ] && ref= tol=1e-3
     if out=$(env $env "$bin" ppl --model "$m" --data "$wiki/wiki.test.raw" --seq-len 512 --max-windows 8 \
-               --device "$dev" --precision "$prec" --json 2>&1); then
+               --device "$dev" --precision "$prec" --attention "$attn" --json 2>&1); then
       p=$(printf '%s' "$out" | python3 -c 'import json,sys; print("%.9g" % json.loads(sys.stdin.read())["ppl"])')
       [ -z "$ref" ] && ref=$p
       printf 'ppl %-14s %-40s %s' "$run" "$(printf '%s' "$m" | tail -c 40)" "$p"
       python3 -c 'import sys; d=abs(float(sys.argv[1])/float(sys.argv[2])-1); print("  (vs %s %.3g)" % (sys.argv[4], d)); sys.exit(d >= float(sys.argv[3]))' \
-        "$p" "$ref" "$tol" "$( [ "$prec" = bf16 ] && echo cpu-bf16 || echo cpu)" || rc=1
+        "$p" "$ref" "$tol" "$(case $prec$attn in bf16bf16) echo cpu-bf16a ;; bf16*) echo cpu-bf16 ;; *) echo cpu ;; esac)" || rc=1
     else
       echo "ppl $run $m failed: $out"; rc=1
     fi

@@ -162,8 +162,8 @@ struct cu_be {
     int attn_kernel;      /* knob: attention by k_attention_h16 (3, the default; k_attention_tc for
                            * heads beyond its range), k_attention_tc (2), k_attention_tiled (1)
                            * where they apply, or the warp-per-row reference k_attention (0) */
-    unsigned attn_smem_set; /* k_attention_tc<32, 64, 128> (bits 0-2), k_attention_h16 (bits 3-5)
-                           * allowed their shared memory on this device */
+    unsigned attn_smem_set; /* k_attention_tc<32, 64, 128> (bits 0-2), k_attention_h16 (bits 3-5),
+                           * k_attention_b16 (bits 6-8) allowed their shared memory on this device */
     int all_grouped_rows; /* knob: experts_all takes the grouped kernels up to this many rows (default 64) */
     int gram_kernel;      /* knob: calibration's Gram on the fp64 tensor cores (1, the default) or by
                            * FMA tiles (0) */
@@ -1099,6 +1099,63 @@ __global__ static void k_attention(attn_dev a) {
         if (lane + 32 * j < hd) o[lane + 32 * j] = (float)(acc[j] / l);
 }
 
+/* ---- attention on bf16 operands, the reference: one warp a (query row, head), two passes ----
+ * m2d_attn_args.prec BF16 where k_attention_b16 does not run (head_dim > 128, attn_kernel < 2):
+ * q, k, v rounded to bf16, the scores (exact products, fp32 sums) and the row's maximum in a
+ * first pass, then p = exp(s - max) in fp64, summed unrounded, rounded to bf16 for P V (fp64
+ * sums), as the CPU backend's rule (backend.h) */
+__device__ static __forceinline__ float bf16r(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+/* the score of key row KR (rounded as it is read) against the rounded Q, scaled */
+template <int PER>
+__device__ static __forceinline__ float b16_ref_score(const float (&q)[PER], const float *kr, int hd, float scale) {
+    int lane = threadIdx.x & 31;
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PER; j++)
+        if (lane + 32 * j < hd) s += q[j] * bf16r(kr[lane + 32 * j]);
+    return warp_sum_f(s) * scale;
+}
+
+template <int PER>
+__global__ static void k_attention_b16_ref(attn_dev a) {
+    int w = (int)(((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+    if (w >= a.nq * a.n_heads) return; /* whole warps */
+    int i = w / a.n_heads, h = w % a.n_heads, g = h / (a.n_heads / a.n_kv), hd = a.hd;
+    float q[PER];
+    double acc[PER];
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        q[j] = lane + 32 * j < hd ? bf16r(a.q[(size_t)i * a.ldq + (size_t)h * hd + lane + 32 * j]) : 0.0f;
+        acc[j] = 0.0;
+    }
+    int lo = a.window > 0 ? max(0, a.np + i + 1 - a.window) : 0, nk = a.np + i + 1;
+    float m = a.sinks ? a.sinks[h] : -INFINITY;
+    for (int pass = 0; pass < 2; pass++) {
+        double l = pass && a.sinks ? exp((double)a.sinks[h] - m) : 0.0;
+        for (int t = lo; t < nk; t++) {
+            const float *kr, *vr;
+            tc_kv_rows(a, g, t, kr, vr);
+            float s = b16_ref_score<PER>(q, kr, hd, a.scale);
+            if (pass == 0) {
+                m = fmaxf(m, s);
+                continue;
+            }
+            double p = exp((double)s - m);
+            l += p;
+            float pb = bf16r((float)p);
+#pragma unroll
+            for (int j = 0; j < PER; j++)
+                if (lane + 32 * j < hd) acc[j] += (double)pb * bf16r(vr[lane + 32 * j]);
+        }
+        if (pass == 0) continue;
+        float *o = a.out + (size_t)i * a.ldo + (size_t)h * hd;
+#pragma unroll
+        for (int j = 0; j < PER; j++)
+            if (lane + 32 * j < hd) o[lane + 32 * j] = (float)(acc[j] / l);
+    }
+}
+
 /* ---- attention, tiled: 8 query rows of one head a block, keys staged 32 at a time ----
  * The warp-per-row kernel above walks the keys one by one (a warp reduction and an fp64 exp per
  * key). Here the block's 8 rows (a warp each) share each tile of 32 keys and values in shared
@@ -1207,6 +1264,38 @@ static void launch_attention_tc(cu_be *c, attn_dev *d) {
     launch_tc_kernel(c, d, k_attention_tc<HD>, TC_ROWS, sizeof(tc_smem<HD>), bit, "k_attention_tc");
 }
 
+/* bf16 operands: the keys and values rounded into tiles (k_b16_prep), then k_attention_b16 */
+template <int HD>
+static void launch_attention_b16(cu_be *c, attn_dev *d) {
+    int tiles = (d->np + d->nq + TC_KEYS - 1) / TC_KEYS;
+    void *kv = scratch(c, SLOT_ATTN_KV, sizeof(b16_tile<HD>) * (size_t)tiles * d->n_kv);
+    if (!kv) return;
+    d->h16_tiles = kv, d->h16_ntiles = tiles;
+    k_b16_prep<HD><<<dim3((unsigned)tiles, (unsigned)d->n_kv), TC_WARPS * 32>>>(*d);
+    launched(c, "k_b16_prep");
+    launch_tc_kernel(c, d, k_attention_b16<HD>, H16_ROWS_BLK, sizeof(b16_smem<HD>), 1u << (HD / 64) << 6,
+                     "k_attention_b16");
+}
+
+/* attention on bf16 operands (m2d_attn_args.prec BF16): k_attention_b16 where the tensor-core
+ * kernels run (head_dim <= 128, attn_kernel >= 2), else the two-pass reference */
+static void attention_b16(cu_be *c, attn_dev *d) {
+    if (d->hd <= 128 && c->attn_kernel >= 2) {
+        if (d->hd <= 32) launch_attention_b16<32>(c, d);
+        else if (d->hd <= 64) launch_attention_b16<64>(c, d);
+        else launch_attention_b16<128>(c, d);
+        return;
+    }
+    unsigned blocks = blocks_for((int64_t)d->nq * d->n_heads * 32, 128);
+    if (d->hd <= 32) k_attention_b16_ref<1><<<blocks, 128>>>(*d);
+    else if (d->hd <= 64) k_attention_b16_ref<2><<<blocks, 128>>>(*d);
+    else if (d->hd <= 128) k_attention_b16_ref<4><<<blocks, 128>>>(*d);
+    else if (d->hd <= 256) k_attention_b16_ref<8><<<blocks, 128>>>(*d);
+    else if (d->hd <= 512) k_attention_b16_ref<16><<<blocks, 128>>>(*d);
+    else k_attention_b16_ref<32><<<blocks, 128>>>(*d); /* M2D_MAX_HEAD_DIM = 1024 */
+    launched(c, "k_attention_b16_ref");
+}
+
 /* 0 when the tensor-core kernels ran, -1 when they do not take this head size */
 static int attention_tc(cu_be *c, attn_dev *d) {
     if (d->hd > 128 || c->attn_kernel < 2) return -1;
@@ -1231,8 +1320,6 @@ static void cu_attention(m2d_backend *be, const m2d_attn_args *a) {
     cu_be *c = CU(be);
     int nq = a->q.rows;
     if (c->failed || nq <= 0) return;
-    if (a->prec != M2D_PREC_FP32) /* the engine refuses it at open (no capability attention-bf16) */
-        return fail(c, "backend cuda: attention in %s is not implemented", m2d_precision_name(a->prec));
     const float *sinks = a->sinks ? (const float *)wtyped(c, W(a->sinks), 0, a->n_heads, M2D_F32) : NULL;
     if (c->failed) return;
     attn_dev d = {F(&a->q), F(&a->k), F(&a->v), NULL, NULL, a->q.ld, a->k.ld, a->v.ld, nq, a->np, a->n_heads,
@@ -1246,6 +1333,7 @@ static void cu_attention(m2d_backend *be, const m2d_attn_args *a) {
     const float *rows[4] = {d.ks, d.vs, d.kp, d.vp};
     d.vec = a->head_dim % 4 == 0 && d.ldk % 4 == 0 && d.ldv % 4 == 0 && d.head_stride % 4 == 0;
     for (int i = 0; i < 4; i++) d.vec = d.vec && (uintptr_t)rows[i] % 16 == 0;
+    if (a->prec == M2D_PREC_BF16) return attention_b16(c, &d);
     if (attention_tc(c, &d) == 0 || attention_tiled(c, &d) == 0) return;
     int64_t threads = (int64_t)nq * a->n_heads * 32;
     unsigned blocks = blocks_for(threads, 128);
@@ -2224,8 +2312,7 @@ static m2d_backend_ops make_ops(void) {
     o.glu_clamp = cu_glu_clamp, o.add_bias = cu_add_bias, o.clamp = cu_clamp, o.sigmoid_scale = cu_sigmoid_scale;
     o.experts_all = cu_experts_all_timed, o.gram = cu_gram_timed, o.experts_reduce = cu_experts_reduce_timed;
     o.auto_precision = cu_auto_precision;
-    /* every forward and calibration op; no training, no bf16 attention yet */
-    o.caps = M2D_CAPS_ALL & ~(M2D_CAP(M2D_CAP_TRAIN) | M2D_CAP(M2D_CAP_ATTN_BF16));
+    o.caps = M2D_CAPS_ALL & ~M2D_CAP(M2D_CAP_TRAIN); /* every forward and calibration op; no training yet */
     o.resident_embedding = 1; /* a streamed lookup syncs, converts on the host and uploads n x d floats */
     return o;
 }

@@ -456,12 +456,22 @@ __device__ static __forceinline__ uint32_t h2_rn(float x0, float x1) {
     return *reinterpret_cast<uint32_t *>(&h);
 }
 __device__ static __forceinline__ float2 h2_float(uint32_t u) { return __half22float2(*reinterpret_cast<__half2 *>(&u)); }
+/* the same MMA on bf16 operands (the layouts of mma_f16) */
+__device__ static __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 #else
 __device__ static __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     m2d_emu_mma16(d, a, b0, b1);
 }
 __device__ static __forceinline__ uint32_t h2_rn(float x0, float x1) { return m2d_emu_f2h(x0) | (uint32_t)m2d_emu_f2h(x1) << 16; }
 __device__ static __forceinline__ float2 h2_float(uint32_t u) { return make_float2(m2d_emu_h2f(u & 0xffffu), m2d_emu_h2f(u >> 16)); }
+__device__ static __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    m2d_emu_mma_bf16(d, a, b0, b1);
+}
 #endif
 
 /* (x0, x1) = hi + lo, each a pair of fp16 values */
@@ -520,6 +530,12 @@ __device__ static void h16_load_q(const attn_dev &a, int i0, int h, float sc, h1
     }
 }
 
+/* where a tile's key KK goes in the V planes (h16_tile): row 4 (KK / 16) + ..., slot of four */
+__device__ static __forceinline__ void tc_v_place(int kk, int &row, int &slot) {
+    int r = kk % 16;
+    row = 4 * (kk / 16) + (r & 7) / 2, slot = 2 * (r >> 3) + (r & 1);
+}
+
 /* float4 E of a tile's keys and values (key E / (HD / 4), dims 4 (E % (HD / 4)) ..), times SK and
  * SV, split into the planes */
 template <int HD>
@@ -529,7 +545,8 @@ __device__ static __forceinline__ void h16_put(h16_tile<HD> &sm, int e, float4 k
     /* the words of dim pairs j / 2 and j / 2 + 1: pairs (2c, 2c + 1) and (2c + 8, 2c + 9) side by side */
     sm.kh[kk][tc_interleave4(j / 2)] = k01.x, sm.kl[kk][tc_interleave4(j / 2)] = k01.y;
     sm.kh[kk][tc_interleave4(j / 2 + 1)] = k23.x, sm.kl[kk][tc_interleave4(j / 2 + 1)] = k23.y;
-    int r = kk % 16, row = 4 * (kk / 16) + (r & 7) / 2, slot = 2 * (r >> 3) + (r & 1);
+    int row, slot;
+    tc_v_place(kk, row, slot);
     uint2 v01 = h16_pair(vv.x * sv, vv.y * sv), v23 = h16_pair(vv.z * sv, vv.w * sv);
     const uint32_t hi[2] = {v01.x, v23.x}, lo[2] = {v01.y, v23.y};
 #pragma unroll
@@ -569,12 +586,13 @@ template <int N>
 __device__ static __forceinline__ void cp_async_wait(void) {}
 #endif
 
-/* tile T of kv head g (k_h16_prep's) into shared memory, its copies committed as one group */
-template <int HD>
-__device__ static __forceinline__ void h16_copy_tile(const attn_dev &a, int g, int T, h16_tile<HD> &dst) {
-    const uint4 *src = (const uint4 *)((const h16_tile<HD> *)a.h16_tiles + (size_t)g * a.h16_ntiles + T);
+/* tile T of kv head g (k_h16_prep's or k_b16_prep's: TILE) into shared memory, its copies
+ * committed as one group */
+template <class TILE>
+__device__ static __forceinline__ void tc_copy_tile(const attn_dev &a, int g, int T, TILE &dst) {
+    const uint4 *src = (const uint4 *)((const TILE *)a.h16_tiles + (size_t)g * a.h16_ntiles + T);
     uint4 *d = (uint4 *)&dst;
-    for (int e = threadIdx.x; e < (int)(sizeof(h16_tile<HD>) / 16); e += TC_WARPS * 32) cp_async16(d + e, src + e);
+    for (int e = threadIdx.x; e < (int)(sizeof(TILE) / 16); e += TC_WARPS * 32) cp_async16(d + e, src + e);
     cp_async_commit();
 }
 
@@ -632,13 +650,12 @@ __device__ static __forceinline__ void h16_pv(const h16_tile<HD> &kv, int g, int
     }
 }
 
-/* this tile of keys and values in shared memory, ready for every warp: the next tile's copies
- * start first and only this one's are waited for (an empty group where there is no next tile
- * keeps the count) */
-template <int HD>
-__device__ static __forceinline__ void h16_tile_ready(const attn_dev &a, int kvh, int t0, int last, int buf,
-                                                      h16_smem<HD> &sm) {
-    if (t0 + TC_KEYS <= last) h16_copy_tile<HD>(a, kvh, t0 / TC_KEYS + 1, sm.kv[buf ^ 1]);
+/* this tile of keys and values in shared memory (SMEM's two buffers kv), ready for every warp: the
+ * next tile's copies start first and only this one's are waited for (an empty group where there is
+ * no next tile keeps the count) */
+template <class SMEM>
+__device__ static __forceinline__ void tc_tile_ready(const attn_dev &a, int kvh, int t0, int last, int buf, SMEM &sm) {
+    if (t0 + TC_KEYS <= last) tc_copy_tile(a, kvh, t0 / TC_KEYS + 1, sm.kv[buf ^ 1]);
     else cp_async_commit();
     cp_async_wait<1>();
     __syncthreads(); /* every thread's copies, and Q written, the first time */
@@ -662,12 +679,12 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_h16(attn_dev
     /* the shifts off, and the softmax in the log2 domain */
     const float log2e = 1.4426950408889634f;
     float sc = ldexpf(a.scale, -sh.q - sh.k) * log2e, oscale = ldexpf(1.0f, -14 - sh.v);
-    h16_copy_tile<HD>(a, kvh, lo_blk / TC_KEYS, sm.kv[0]);
+    tc_copy_tile(a, kvh, lo_blk / TC_KEYS, sm.kv[0]);
     h16_load_q<HD>(a, i0, h, ldexpf(1.0f, sh.q), sm);
     float o[HD / 8][4], m[2], l[2]; /* registers: every index below is unrolled */
     tc_begin<HD>(a, h, c, log2e, o, m, l);
     for (int t0 = lo_blk, buf = 0; t0 <= last; t0 += TC_KEYS, buf ^= 1) {
-        h16_tile_ready<HD>(a, kvh, t0, last, buf, sm);
+        tc_tile_ready(a, kvh, t0, last, buf, sm);
         if (iw < a.nq && t0 <= warp_last && t0 + TC_KEYS > warp_lo) { /* warp-uniform: keys for these rows */
             float s[TC_KEYS / 8][4], rs[2];
             h16_scores<HD>(sm, sm.kv[buf], w, g, c, s);
@@ -679,6 +696,191 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_h16(attn_dev
         __syncthreads(); /* this tile is consumed before a later copy overwrites it */
     }
     tc_store<HD>(a, R, iw, g, c, h, o, l, oscale);
+}
+
+/* ---- attention on bf16 operands (m2d_attn_args.prec BF16; k_attention_b16) ----
+ * What the CPU backend computes for BF16 (backend_cpu_attn.c), on tensor cores: q, k, v rounded to
+ * bf16 (nearest even), their products exact in fp32 (mma.sync m16n8k16 BF16, fp32 accumulation),
+ * and the softmax's numerators p = exp(s - m) rounded to bf16 before P V, with m the row's maximum
+ * over all its keys (and its sink): a flash kernel would round p against a running maximum and
+ * rescale, another rounding than the CPU's. So two passes over the keys: the maxima first (Q K^T
+ * alone), then the scores again, the weights against the final maxima (no rescaling), their sum
+ * unrounded in fp32, and O += P V. One MMA a product where k_attention_h16 takes three, and half
+ * its shared memory a tile: keys and values are rounded once a layer (k_b16_prep), in
+ * k_attention_h16's layout without the lo planes and without scaling (bf16 has fp32's range). */
+__device__ static __forceinline__ uint32_t b2_rn(float x0, float x1) {
+    __nv_bfloat16 b[2] = {__float2bfloat16_rn(x0), __float2bfloat16_rn(x1)};
+    uint32_t u;
+    memcpy(&u, b, sizeof u);
+    return u;
+}
+
+template <int HD>
+struct b16_tile {
+    uint32_t kh[TC_KEYS][HD / 2 + 8];
+    uint16_t vh[TC_KEYS / 4][HD + 4][4];
+};
+
+template <int HD>
+struct b16_smem {
+    uint4 qh[H16_ROWS_BLK / 2][HD / 4 + 4];
+    b16_tile<HD> kv[2];
+};
+
+/* Q's rows i0 .. of the block, head h, in bf16 A fragments (h16_load_q's layout) */
+template <int HD>
+__device__ static void b16_load_q(const attn_dev &a, int i0, int h, b16_smem<HD> &sm) {
+    for (int e = threadIdx.x; e < H16_ROWS_BLK / 2 * HD / 4; e += TC_WARPS * 32) {
+        int rp = e / (HD / 4), f = e % (HD / 4), ks = f / 4, c = f % 4;
+        int r0 = i0 + 16 * (rp / 8) + rp % 8, j = 16 * ks + 2 * c;
+        uint32_t p[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int i = r0 + 8 * (u & 1), jj = j + 8 * (u >> 1);
+            p[u] = b2_rn(h16_q(a, i, h, jj, 1.0f), h16_q(a, i, h, jj + 1, 1.0f));
+        }
+        sm.qh[rp][f] = make_uint4(p[0], p[1], p[2], p[3]);
+    }
+}
+
+/* keys and values of every kv head as bf16 tiles: block (T, g) makes tile T of kv head g, zeros
+ * past the sequence and past hd */
+template <int HD>
+__global__ static void __launch_bounds__(TC_WARPS * 32) k_b16_prep(attn_dev a) {
+    int T = blockIdx.x, g = blockIdx.y;
+    b16_tile<HD> &t = ((b16_tile<HD> *)a.h16_tiles)[(size_t)g * a.h16_ntiles + T];
+    for (int e = threadIdx.x; e < TC_KEYS * HD / 4; e += TC_WARPS * 32) {
+        float4 kv, vv;
+        tc_kv4(a, g, TC_KEYS * T + e / (HD / 4), 4 * (e % (HD / 4)), a.np + a.nq - 1, kv, vv);
+        int kk = e / (HD / 4), j = 4 * (e % (HD / 4)), row, slot;
+        t.kh[kk][tc_interleave4(j / 2)] = b2_rn(kv.x, kv.y), t.kh[kk][tc_interleave4(j / 2 + 1)] = b2_rn(kv.z, kv.w);
+        tc_v_place(kk, row, slot);
+        const uint32_t v[2] = {b2_rn(vv.x, vv.y), b2_rn(vv.z, vv.w)};
+#pragma unroll
+        for (int u = 0; u < 4; u++) t.vh[row][j + u][slot] = (uint16_t)(v[u >> 1] >> (16 * (u & 1)));
+    }
+}
+
+/* a warp's 16 x TC_KEYS scores of tile KV */
+template <int HD>
+__device__ static __forceinline__ void b16_scores(const b16_smem<HD> &sm, const b16_tile<HD> &kv, int w, int g, int c,
+                                                  float (&s)[TC_KEYS / 8][4]) {
+    for (int nt = 0; nt < TC_KEYS / 8; nt++)
+        for (int u = 0; u < 4; u++) s[nt][u] = 0.0f;
+#pragma unroll 4
+    for (int ks = 0; ks < HD / 16; ks++) {
+        uint4 q = sm.qh[8 * w + g][4 * ks + c];
+        const uint32_t af[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int nt = 0; nt < TC_KEYS / 8; nt++) {
+            uint2 b = *(const uint2 *)&kv.kh[8 * nt + g][8 * ks + 2 * c];
+            mma_bf16(s[nt], af, b.x, b.y);
+        }
+    }
+}
+
+/* entry u of slab nt (row g + 8 (u >> 1), key t0 + 8 nt + 2c + (u & 1)) visible to its row */
+template <bool MASK>
+__device__ static __forceinline__ bool b16_sees(const tc_rows &R, int t0, int c, int nt, int u) {
+    int r = u >> 1, t = t0 + 8 * nt + 2 * c + (u & 1);
+    return !MASK || (R.live[r] && t >= R.lr[r] && t <= R.pr[r]);
+}
+
+/* pass 1: the rows' maxima m of the scores times SC (log2 domain), over the quad */
+template <bool MASK>
+__device__ static __forceinline__ void b16_max(const tc_rows &R, int t0, int c, float sc, const float (&s)[TC_KEYS / 8][4],
+                                               float (&m)[2]) {
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < TC_KEYS / 8; nt++)
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (b16_sees<MASK>(R, t0, c, nt, u)) mx[u >> 1] = fmaxf(mx[u >> 1], s[nt][u] * sc);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        m[r] = fmaxf(m[r], mx[r]);
+    }
+}
+
+/* pass 2: s replaced by the weights 2^(s sc - m) (0 where masked), this thread's share of the sums
+ * l added unrounded */
+template <bool MASK>
+__device__ static __forceinline__ void b16_weights(const tc_rows &R, int t0, int c, float sc, float (&s)[TC_KEYS / 8][4],
+                                                   const float (&m0)[2], float (&l)[2]) {
+#pragma unroll
+    for (int nt = 0; nt < TC_KEYS / 8; nt++)
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            float p = b16_sees<MASK>(R, t0, c, nt, u) ? exp2f(s[nt][u] * sc - m0[u >> 1]) : 0.0f;
+            l[u >> 1] += p;
+            s[nt][u] = p;
+        }
+}
+
+/* O += P V of tile KV, the weights P from the registers, rounded to bf16 (h16_p_frag's layout) */
+template <int HD>
+__device__ static __forceinline__ void b16_pv(const b16_tile<HD> &kv, int g, int c, const float (&p)[TC_KEYS / 8][4],
+                                              float (&o)[HD / 8][4]) {
+#pragma unroll
+    for (int ks = 0; ks < TC_KEYS / 16; ks++) {
+        uint32_t af[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const float *x = p[2 * ks + (q >> 1)] + 2 * (q & 1);
+            af[q] = b2_rn(x[0], x[1]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < HD / 8; nt++) {
+            uint2 b = *(const uint2 *)kv.vh[4 * ks + c][8 * nt + g];
+            mma_bf16(o[nt], af, b.x, b.y);
+        }
+    }
+}
+
+template <int HD>
+__global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_b16(attn_dev a) {
+#ifndef M2D_CUDA_EMULATED
+    extern __shared__ __align__(16) unsigned char tc_raw[];
+#endif
+    b16_smem<HD> &sm = *(b16_smem<HD> *)tc_raw;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, h = blockIdx.y;
+    int kvh = h / (a.n_heads / a.n_kv), i0 = (int)(gridDim.x - 1 - blockIdx.x) * H16_ROWS_BLK, iw = i0 + 16 * w;
+    int last = a.np + M2D_MIN(i0 + H16_ROWS_BLK, a.nq) - 1;
+    int lo_blk = (a.window > 0 ? max(0, a.np + i0 + 1 - a.window) : 0) / TC_KEYS * TC_KEYS;
+    tc_rows R = tc_rows_of(a, iw, g);
+    int warp_last = a.np + M2D_MIN(iw + 15, a.nq - 1), warp_lo = a.window > 0 ? max(0, a.np + iw + 1 - a.window) : 0;
+    const float log2e = 1.4426950408889634f, sc = a.scale * log2e;
+    float m[2], l[2], o[HD / 8][4], s[TC_KEYS / 8][4];
+    for (int r = 0; r < 2; r++) m[r] = a.sinks ? a.sinks[h] * log2e : -INFINITY;
+    tc_copy_tile(a, kvh, lo_blk / TC_KEYS, sm.kv[0]);
+    b16_load_q<HD>(a, i0, h, sm);
+    for (int t0 = lo_blk, buf = 0; t0 <= last; t0 += TC_KEYS, buf ^= 1) { /* pass 1: the maxima */
+        tc_tile_ready(a, kvh, t0, last, buf, sm);
+        if (iw < a.nq && t0 <= warp_last && t0 + TC_KEYS > warp_lo) { /* warp-uniform: keys for these rows */
+            b16_scores<HD>(sm, sm.kv[buf], w, g, c, s);
+            if (tc_unmasked(a, iw, t0)) b16_max<false>(R, t0, c, sc, s, m);
+            else b16_max<true>(R, t0, c, sc, s, m);
+        }
+        __syncthreads(); /* this tile is consumed before a later copy overwrites it */
+    }
+    /* a row with no key (past nq) keeps m = -inf: its weights are 0 against 0 */
+    const float m0[2] = {m[0] == -INFINITY ? 0.0f : m[0], m[1] == -INFINITY ? 0.0f : m[1]};
+    for (int r = 0; r < 2; r++) l[r] = a.sinks && c == 0 ? exp2f(a.sinks[h] * log2e - m0[r]) : 0.0f;
+    for (int nt = 0; nt < HD / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    tc_copy_tile(a, kvh, lo_blk / TC_KEYS, sm.kv[0]);
+    for (int t0 = lo_blk, buf = 0; t0 <= last; t0 += TC_KEYS, buf ^= 1) { /* pass 2: the weights and P V */
+        tc_tile_ready(a, kvh, t0, last, buf, sm);
+        if (iw < a.nq && t0 <= warp_last && t0 + TC_KEYS > warp_lo) {
+            b16_scores<HD>(sm, sm.kv[buf], w, g, c, s);
+            if (tc_unmasked(a, iw, t0)) b16_weights<false>(R, t0, c, sc, s, m0, l);
+            else b16_weights<true>(R, t0, c, sc, s, m0, l);
+            b16_pv<HD>(sm.kv[buf], g, c, s, o);
+        }
+        __syncthreads();
+    }
+    tc_store<HD>(a, R, iw, g, c, h, o, l, 1.0f);
 }
 
 /* absmax[y] = max |x| (as float bits, NaN above infinity) over head y's values: q heads, then k
@@ -1078,21 +1280,12 @@ __device__ static void gm_epilogue(const gm_args &g, const gm_ptrs &p, int e, in
 }
 
 #ifndef M2D_CUDA_EMULATED
-__device__ static __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 /* BYTES (16 or 0) of 16 from device memory, the rest zeros */
 __device__ static __forceinline__ void cp_async16_fill(void *smem, const void *gmem, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((unsigned)__cvta_generic_to_shared(smem)),
                  "l"(gmem), "r"(bytes));
 }
 #else
-__device__ static __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    m2d_emu_mma_bf16(d, a, b0, b1);
-}
 __device__ static __forceinline__ void cp_async16_fill(void *smem, const void *gmem, int bytes) {
     memset(smem, 0, 16);
     memcpy(smem, gmem, (size_t)bytes);
