@@ -1838,65 +1838,17 @@ static void precision_auto_and_bad_value(void **state) {
     mm_free(&mm);
 }
 
-/* m2d_engine_opts.attention BF16 reaches the attention op: the whole forward with bf16 GEMMs and
- * bf16 attention against the float64 reference, as engine_bf16_tracks_reference (below) derives
- * for the GEMMs (5 roundings of 2^-8 relative a path: 0.045 worst case) plus each attention's
- * three roundings (q and k: 2^-8 of the scores' Σ|q k|; the numerators and v: 2^-9 each) in 2
- * layers, 6 more terms of <= 2^-8 x 2.3: 0.1 worst case; bound 2^-3. It moves the logits (the op
- * saw BF16), the engine reports it, and a backend without attention-bf16 or a value other than
- * fp32/bf16 is refused at open in one line. */
-static void engine_attention_bf16_tracks_reference(void **state) {
-    (void)state;
-    char *dir = tu_tmpdir();
-    m2d_testmodel_opts o;
-    m2d_testmodel_defaults(&o);
-    o.seed = 103;
-    o.init_std = 0.1f;
-    assert_int_equal(m2d_testmodel_write(dir, &o), 0);
-    m2d_model *m;
-    assert_int_equal(m2d_model_open(dir, &m), 0);
-    m2d_engine *eb = engine_at(m, 2, M2D_PREC_BF16), *ea;
-    m2d_engine_opts oa = {.backend = "cpu", .n_threads = 2, .precision = M2D_PREC_BF16, .attention = M2D_PREC_BF16};
-    if (m2d_engine_open(m, &oa, &ea)) fail_msg("%s", m2d_errmsg());
-    assert_int_equal(m2d_engine_attention_precision(ea), M2D_PREC_BF16);
-    assert_int_equal(m2d_engine_attention_precision(eb), M2D_PREC_FP32);
-    int n = 24, V = m->cfg.vocab_size;
-    int32_t tok[24];
-    uint64_t st = 83;
-    rand_tokens(&st, tok, n, V);
-    float *lb = malloc(sizeof(float) * n * V), *la = malloc(sizeof(float) * n * V);
-    double *rl = malloc(sizeof(double) * n * V);
-    assert_int_equal(m2d_engine_logits(eb, tok, n, lb), 0);
-    assert_int_equal(m2d_engine_logits(ea, tok, n, la), 0);
-    tu_ref_forward(m, tok, n, rl);
-    double da = 0;
-    for (size_t i = 0; i < (size_t)n * V; i++) da = fmax(da, fabs(la[i] - rl[i]));
-    print_message("bf16 GEMMs and attention: max |dlogit| vs float64 = %.3g (bf16 GEMMs only: moved by %.3g)\n", da,
-                  max_abs_diff(la, lb, (size_t)n * V));
-    assert_true(da < 0.125);
-    assert_true(max_abs_diff(la, lb, (size_t)n * V) > 0);
-    m2d_engine *e = NULL;
-    oa.backend = "capless";
-    assert_int_equal(m2d_engine_open(m, &oa, &e), -1);
-    assert_null(e);
-    assert_non_null(strstr(m2d_errmsg(), "attention in bf16 needs 'attention-bf16', which backend capless does not implement"));
-    oa.backend = "cpu", oa.attention = M2D_PREC_AUTO;
-    assert_int_equal(m2d_engine_open(m, &oa, &e), -1);
-    assert_non_null(strstr(m2d_errmsg(), "attention precision auto: fp32 or bf16"));
-    free(lb); free(la); free(rl);
-    m2d_engine_free(eb);
-    m2d_engine_free(ea);
-    m2d_model_close(m);
-    tu_rm_rf(dir);
-}
-
 /* The whole forward in BF16 against the float64 reference (same bf16 weights, exact operands).
  * The weights are bf16 already, so each GEMM rounds only its activations: per dot at most
  * (u_b + gamma_K) sum|x w| (op_matmul_bf16), 2^-8 = 3.9e-3 relative in the worst case, less in
  * practice (independent zero-mean roundings partly cancel). Logits here are |z| <= ~2.3; 2 layers
  * (4 sublayers) + the LM head compound at most ~5 such relative errors of O(1) terms: ~5 x 3.9e-3
  * x 2.3 = 0.045 worst case. Bound 2^-4 = 0.0625 (measured 0.008). Not vacuous: the fp32 engine
- * must sit 100x closer to the reference than the bf16 one, so BF16 really changed the arithmetic. */
+ * must sit 100x closer to the reference than the bf16 one, so BF16 really changed the arithmetic.
+ * With attention on bf16 operands too (m2d_engine_opts.attention), each attention adds three
+ * roundings (q and k: 2^-8 of the scores' sum |q k|; the numerators and v: 2^-9 each), 6 more
+ * terms of <= 2^-8 x 2.3 in 2 layers: 0.1 worst case, bound 2^-3 (measured 0.009); it moves the
+ * logits (the op saw BF16), and the engine reports it. */
 static void engine_bf16_tracks_reference(void **state) {
     (void)state;
     char *dir = tu_tmpdir();
@@ -1908,34 +1860,44 @@ static void engine_bf16_tracks_reference(void **state) {
     assert_int_equal(m2d_testmodel_write(dir, &o), 0);
     m2d_model *m;
     assert_int_equal(m2d_model_open(dir, &m), 0);
-    m2d_engine *eb = engine_at(m, 2, M2D_PREC_BF16), *ef = engine_at(m, 2, M2D_PREC_FP32);
+    m2d_engine *eb = engine_at(m, 2, M2D_PREC_BF16), *ef = engine_at(m, 2, M2D_PREC_FP32), *ea;
+    m2d_engine_opts oa = {.backend = "cpu", .n_threads = 2, .precision = M2D_PREC_BF16, .attention = M2D_PREC_BF16};
+    if (m2d_engine_open(m, &oa, &ea)) fail_msg("%s", m2d_errmsg());
+    assert_int_equal(m2d_engine_attention_precision(ea), M2D_PREC_BF16);
+    assert_int_equal(m2d_engine_attention_precision(eb), M2D_PREC_FP32);
     int n = 24, V = m->cfg.vocab_size;
     int32_t tok[24];
     uint64_t st = 79;
     rand_tokens(&st, tok, n, V);
-    float *lb = malloc(sizeof(float) * n * V), *lf = malloc(sizeof(float) * n * V);
+    float *lb = malloc(sizeof(float) * n * V), *lf = malloc(sizeof(float) * n * V), *la = malloc(sizeof(float) * n * V);
     double *rl = malloc(sizeof(double) * n * V);
     assert_int_equal(m2d_engine_logits(eb, tok, n, lb), 0);
     assert_int_equal(m2d_engine_logits(ef, tok, n, lf), 0);
+    assert_int_equal(m2d_engine_logits(ea, tok, n, la), 0);
     tu_ref_forward(m, tok, n, rl);
-    double db = 0, df = 0, zmax = 0;
+    double db = 0, df = 0, da = 0, zmax = 0;
     for (size_t i = 0; i < (size_t)n * V; i++) {
         db = fmax(db, fabs(lb[i] - rl[i]));
         df = fmax(df, fabs(lf[i] - rl[i]));
+        da = fmax(da, fabs(la[i] - rl[i]));
         zmax = fmax(zmax, fabs(rl[i]));
     }
-    print_message("bf16 engine: max |dlogit| vs float64 = %.3g (fp32: %.3g, max |logit| %.2f)\n", db, df, zmax);
+    print_message("bf16 engine: max |dlogit| vs float64 = %.3g (fp32: %.3g; bf16 attention too: %.3g, moved by %.3g; "
+                  "max |logit| %.2f)\n", db, df, da, max_abs_diff(la, lb, (size_t)n * V), zmax);
     assert_true(db < 0.0625);
     assert_true(df * 100 < db);
+    assert_true(da < 0.125);
+    assert_true(max_abs_diff(la, lb, (size_t)n * V) > 0);
     /* streaming log-probabilities in bf16 equal log-softmax of the bf16 logits (same GEMM tiles) */
     int32_t tg[24];
     rand_tokens(&st, tg, n, V);
     double lp[24];
     assert_int_equal(m2d_engine_logprobs(eb, tok, n, tg, 0, lp), 0);
     for (int t = 0; t < n; t++) assert_true(fabs(lp[t] - lsm(lb + (size_t)t * V, V, tg[t])) < 1e-4);
-    free(lb); free(lf); free(rl);
+    free(lb); free(lf); free(la); free(rl);
     m2d_engine_free(eb);
     m2d_engine_free(ef);
+    m2d_engine_free(ea);
     m2d_model_close(m);
     tu_rm_rf(dir);
     free(dir);
@@ -2090,6 +2052,14 @@ static void engine_refuses_a_model_the_backend_cannot_run(void **state) {
     assert_int_equal(m2d_engine_all_experts(e, 1, x, 1, f, g), -1); /* calibration: refused, not a NULL call */
     assert_non_null(strstr(m2d_errmsg(), "calibration needs 'experts_all', which backend capless does not implement"));
     m2d_engine_free(e);
+    /* attention on bf16 operands: a capability too; and only fp32 or bf16 */
+    m2d_engine_opts oa = {.backend = "capless", .n_threads = 1, .attention = M2D_PREC_BF16};
+    assert_int_equal(m2d_engine_open(&mm.m, &oa, &e), -1);
+    assert_null(e);
+    assert_non_null(strstr(m2d_errmsg(), "attention in bf16 needs 'attention-bf16', which backend capless does not implement"));
+    oa.backend = "cpu", oa.attention = M2D_PREC_AUTO;
+    assert_int_equal(m2d_engine_open(&mm.m, &oa, &e), -1);
+    assert_non_null(strstr(m2d_errmsg(), "attention precision auto: fp32 or bf16"));
     mm.m.cfg.attn_scale = 0.1;
     assert_true(m2d_engine_required_caps(&mm.m) == M2D_CAP(M2D_CAP_ATTN_SCALE));
     mm.m.cfg.n_group = 4, mm.m.cfg.topk_group = 2, mm.m.cfg.ops.rope = M2D_ROPE_INTERLEAVED;
@@ -2334,7 +2304,7 @@ int main(void) {
         cmocka_unit_test(engine_matches_naive_reference_on_checkpoints),
         cmocka_unit_test(op_matmul_bf16),
         cmocka_unit_test(precision_auto_and_bad_value),
-        cmocka_unit_test(engine_bf16_tracks_reference), cmocka_unit_test(engine_attention_bf16_tracks_reference),
+        cmocka_unit_test(engine_bf16_tracks_reference),
         cmocka_unit_test(all_experts_and_gram_match_naive),
         cmocka_unit_test(caps_promise_their_ops),
         cmocka_unit_test(engine_refuses_a_model_the_backend_cannot_run),

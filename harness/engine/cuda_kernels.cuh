@@ -839,29 +839,50 @@ __device__ static __forceinline__ void b16_pv(const b16_tile<HD> &kv, int g, int
     }
 }
 
+/* a thread's place in k_attention_b16: warp w, the lane's (g, c), head h, its kv head, the block's
+ * rows i0 .. (last block first) with its last key and first tile, the warp's rows iw .. and their
+ * keys. (k_attention_h16 computes the same inline: its measured code is left as it was timed.) */
+struct b16_place {
+    int w, g, c, h, kvh, i0, iw, last, lo_blk, warp_last, warp_lo;
+    tc_rows R;
+};
+
+__device__ static __forceinline__ b16_place b16_place_of(const attn_dev &a) {
+    b16_place p;
+    int lane = threadIdx.x & 31;
+    p.w = threadIdx.x >> 5, p.g = lane >> 2, p.c = lane & 3, p.h = blockIdx.y, p.kvh = p.h / (a.n_heads / a.n_kv);
+    p.i0 = (int)(gridDim.x - 1 - blockIdx.x) * H16_ROWS_BLK, p.iw = p.i0 + 16 * p.w;
+    p.last = a.np + M2D_MIN(p.i0 + H16_ROWS_BLK, a.nq) - 1;
+    p.lo_blk = (a.window > 0 ? max(0, a.np + p.i0 + 1 - a.window) : 0) / TC_KEYS * TC_KEYS;
+    p.R = tc_rows_of(a, p.iw, p.g);
+    p.warp_last = a.np + M2D_MIN(p.iw + 15, a.nq - 1), p.warp_lo = a.window > 0 ? max(0, a.np + p.iw + 1 - a.window) : 0;
+    return p;
+}
+
+/* whether tile t0 holds keys of the warp's rows (warp-uniform) */
+__device__ static __forceinline__ bool b16_warp_sees(const attn_dev &a, const b16_place &p, int t0) {
+    return p.iw < a.nq && t0 <= p.warp_last && t0 + TC_KEYS > p.warp_lo;
+}
+
 template <int HD>
 __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_b16(attn_dev a) {
 #ifndef M2D_CUDA_EMULATED
     extern __shared__ __align__(16) unsigned char tc_raw[];
 #endif
     b16_smem<HD> &sm = *(b16_smem<HD> *)tc_raw;
-    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3, h = blockIdx.y;
-    int kvh = h / (a.n_heads / a.n_kv), i0 = (int)(gridDim.x - 1 - blockIdx.x) * H16_ROWS_BLK, iw = i0 + 16 * w;
-    int last = a.np + M2D_MIN(i0 + H16_ROWS_BLK, a.nq) - 1;
-    int lo_blk = (a.window > 0 ? max(0, a.np + i0 + 1 - a.window) : 0) / TC_KEYS * TC_KEYS;
-    tc_rows R = tc_rows_of(a, iw, g);
-    int warp_last = a.np + M2D_MIN(iw + 15, a.nq - 1), warp_lo = a.window > 0 ? max(0, a.np + iw + 1 - a.window) : 0;
+    const b16_place P = b16_place_of(a);
+    const int w = P.w, g = P.g, c = P.c, h = P.h, kvh = P.kvh, iw = P.iw, last = P.last, lo_blk = P.lo_blk;
     const float log2e = 1.4426950408889634f, sc = a.scale * log2e;
     float m[2], l[2], o[HD / 8][4], s[TC_KEYS / 8][4];
     for (int r = 0; r < 2; r++) m[r] = a.sinks ? a.sinks[h] * log2e : -INFINITY;
     tc_copy_tile(a, kvh, lo_blk / TC_KEYS, sm.kv[0]);
-    b16_load_q<HD>(a, i0, h, sm);
+    b16_load_q<HD>(a, P.i0, h, sm);
     for (int t0 = lo_blk, buf = 0; t0 <= last; t0 += TC_KEYS, buf ^= 1) { /* pass 1: the maxima */
         tc_tile_ready(a, kvh, t0, last, buf, sm);
-        if (iw < a.nq && t0 <= warp_last && t0 + TC_KEYS > warp_lo) { /* warp-uniform: keys for these rows */
+        if (b16_warp_sees(a, P, t0)) {
             b16_scores<HD>(sm, sm.kv[buf], w, g, c, s);
-            if (tc_unmasked(a, iw, t0)) b16_max<false>(R, t0, c, sc, s, m);
-            else b16_max<true>(R, t0, c, sc, s, m);
+            if (tc_unmasked(a, iw, t0)) b16_max<false>(P.R, t0, c, sc, s, m);
+            else b16_max<true>(P.R, t0, c, sc, s, m);
         }
         __syncthreads(); /* this tile is consumed before a later copy overwrites it */
     }
@@ -872,15 +893,15 @@ __global__ static void __launch_bounds__(TC_WARPS * 32) k_attention_b16(attn_dev
     tc_copy_tile(a, kvh, lo_blk / TC_KEYS, sm.kv[0]);
     for (int t0 = lo_blk, buf = 0; t0 <= last; t0 += TC_KEYS, buf ^= 1) { /* pass 2: the weights and P V */
         tc_tile_ready(a, kvh, t0, last, buf, sm);
-        if (iw < a.nq && t0 <= warp_last && t0 + TC_KEYS > warp_lo) {
+        if (b16_warp_sees(a, P, t0)) {
             b16_scores<HD>(sm, sm.kv[buf], w, g, c, s);
-            if (tc_unmasked(a, iw, t0)) b16_weights<false>(R, t0, c, sc, s, m0, l);
-            else b16_weights<true>(R, t0, c, sc, s, m0, l);
+            if (tc_unmasked(a, iw, t0)) b16_weights<false>(P.R, t0, c, sc, s, m0, l);
+            else b16_weights<true>(P.R, t0, c, sc, s, m0, l);
             b16_pv<HD>(sm.kv[buf], g, c, s, o);
         }
         __syncthreads();
     }
-    tc_store<HD>(a, R, iw, g, c, h, o, l, 1.0f);
+    tc_store<HD>(a, P.R, iw, g, c, h, o, l, 1.0f);
 }
 
 /* absmax[y] = max |x| (as float bits, NaN above infinity) over head y's values: q heads, then k
