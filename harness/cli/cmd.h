@@ -71,8 +71,8 @@ int m2d_cmd_pass_args(const char *cmd, const char *pass_s, const char *budget_s,
 #define M2D_CMD_ATTENTION_USAGE                                                                          \
     "  --attention A  precision of attention's operands, whatever --precision: fp32 (default;\n"        \
     "                 exact) or bf16 (q, k, v and the softmax's numerators rounded to bf16, fp32\n"       \
-    "                 sums: transformers' bf16 SDPA; faster on CPUs with native bf16). Recorded\n"      \
-    "                 in the output; a device without it refuses\n"
+    "                 sums: transformers' bf16 SDPA; faster where bf16 outruns fp32, e.g. AMX, GPUs).\n" \
+    "                 Recorded in the output; a device without it refuses\n"
 /* Parse CMD's --attention value S (NULL: fp32) into *OUT; one line naming CMD otherwise. */
 int m2d_cmd_attention_arg(const char *cmd, const char *s, m2d_precision *out);
 /* One line on stderr saying how CMD's pass over M runs (which order, why, and where the
