@@ -250,11 +250,11 @@ static void round_rows(const float *x, int rows, int cols, size_t ld, float *dst
 }
 
 /* The row path's operands in bf16: q, the segment's and the prefix's keys and values rounded
- * once into one allocation (returned, to free after the call), H re-pointed at them, dense */
-static float *round_operands(attn_host *h) {
+ * once into the backend's attention slot, H re-pointed at them, dense */
+static void round_operands(cpu_be *c, attn_host *h) {
     int qd = h->n_heads * h->hd, kvd = h->n_kv * h->hd;
     size_t nqe = (size_t)h->nq * qd, nse = (size_t)h->nq * kvd, npe = (size_t)h->np * kvd;
-    float *all = m2d_malloc(sizeof(float) * (nqe + 2 * nse + 2 * npe + 1)), *q = all, *ks = q + nqe, *vs = ks + nse;
+    float *q = work(c, WORK_ATTN, nqe + 2 * nse + 2 * npe + 1), *ks = q + nqe, *vs = ks + nse;
     float *kp = vs + nse, *vp = kp + npe;
     round_rows(h->q, h->nq, qd, (size_t)h->ldq, q);
     round_rows(h->ks, h->nq, kvd, (size_t)h->ldk, ks);
@@ -265,7 +265,6 @@ static float *round_operands(attn_host *h) {
     }
     h->q = q, h->ks = ks, h->vs = vs, h->kp = kp, h->vp = vp;
     h->ldq = qd, h->ldk = kvd, h->p_head_stride = (size_t)h->np * h->hd;
-    return all;
 }
 
 void m2d_cpu_attention(m2d_backend *be, const m2d_attn_args *a) {
@@ -303,10 +302,9 @@ void m2d_cpu_attention(m2d_backend *be, const m2d_attn_args *a) {
         /* row blocks give the threads work when there are few heads; causal rows grow in cost, and
          * the dynamic hand-out balances that */
         int row_block = nq < 64 ? nq : 64;
-        float *rounded = h.bf16 ? round_operands(&h) : NULL;
+        if (h.bf16) round_operands(c, &h);
         attn_job j = {&h, row_block, (nq + row_block - 1) / row_block};
         parallel_for(c, a->n_heads * j.n_blocks, attn_item, &j);
-        free(rounded);
     }
     free(sinks);
 }
