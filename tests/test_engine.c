@@ -633,10 +633,10 @@ static void op_attention_scale_on(const char *backend) {
     free(q); free(k); free(v); free(o); free(r); free(kp); free(vp);
 }
 
-/* bf16 copies of x's n values, as floats */
+/* bf16 copies of x's n values, as floats, by the reference's own rounding (attn_ref.h) */
 static float *bf16_copy(const float *x, size_t n) {
     float *r = malloc(sizeof(float) * n);
-    for (size_t i = 0; i < n; i++) r[i] = m2d_bf16_to_f32(m2d_f32_to_bf16(x[i]));
+    for (size_t i = 0; i < n; i++) r[i] = attn_ref_bf16(x[i]);
     return r;
 }
 

@@ -51,9 +51,6 @@ typedef struct {
     int bf16;            /* m2d_attn_args.prec BF16: operands and numerators rounded to bf16 */
 } attn_host;
 
-/* x rounded to bf16 (nearest even), as a float */
-static inline float bf16_round(float x) { return m2d_bf16_to_f32(m2d_f32_to_bf16(x)); }
-
 typedef struct {
     const attn_host *a;
     int row_block, n_blocks;
@@ -91,7 +88,7 @@ static void attn_item(void *ctx, int item) {
         }
         memset(acc, 0, sizeof(float) * (size_t)hd);
         if (j->bf16) /* the numerators' products with v as bf16 operands; s summed them unrounded */
-            for (int t = lo; t < nk; t++) sc[t] = bf16_round(sc[t]);
+            m2d_bf16_rows_f32(sc + lo, nk - lo, 1, nk - lo, sc + lo);
         for (int t = lo; t < j->np; t++) axpy(sc[t], vp + (size_t)t * hd, acc, hd);
         for (int t = M2D_MAX(lo - j->np, 0); t <= i; t++)
             axpy(sc[j->np + t], j->vs + (size_t)t * j->ldk + (size_t)g * hd, acc, hd);
@@ -136,8 +133,9 @@ static void attg_gather(void *ctx, int g) {
         const float *k = t < np ? j->kp + g * j->p_head_stride + (size_t)t * hd : j->ks + (size_t)(t - np) * j->ldk + (size_t)g * hd;
         const float *v = t < np ? j->vp + g * j->p_head_stride + (size_t)t * hd : j->vs + (size_t)(t - np) * j->ldk + (size_t)g * hd;
         if (j->bf16) {
-            uint16_t *kc = (uint16_t *)jb->kc + at + (size_t)t * hd, *vt = (uint16_t *)jb->vt + at + t;
-            for (int d = 0; d < hd; d++) kc[d] = m2d_f32_to_bf16(k[d]), vt[(size_t)d * nk] = m2d_f32_to_bf16(v[d]);
+            uint16_t *vt = (uint16_t *)jb->vt + at + t;
+            m2d_bf16_rows(k, hd, 1, hd, (uint16_t *)jb->kc + at + (size_t)t * hd);
+            for (int d = 0; d < hd; d++) vt[(size_t)d * nk] = m2d_f32_to_bf16(v[d]);
         } else {
             float *kc = (float *)jb->kc + at + (size_t)t * hd, *vt = (float *)jb->vt + at + t;
             memcpy(kc, k, sizeof(float) * (size_t)hd);
@@ -243,12 +241,6 @@ static void attg_item(void *ctx, int item) {
     }
 }
 
-/* rows x cols of X (row stride LD) rounded to bf16, into DST (dense) */
-static void round_rows(const float *x, int rows, int cols, size_t ld, float *dst) {
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) dst[(size_t)r * cols + c] = bf16_round(x[r * ld + c]);
-}
-
 /* The row path's operands in bf16: q, the segment's and the prefix's keys and values rounded
  * once into the backend's attention slot, H re-pointed at them, dense */
 static void round_operands(cpu_be *c, attn_host *h) {
@@ -256,12 +248,12 @@ static void round_operands(cpu_be *c, attn_host *h) {
     size_t nqe = (size_t)h->nq * qd, nse = (size_t)h->nq * kvd, npe = (size_t)h->np * kvd;
     float *q = work(c, WORK_ATTN, nqe + 2 * nse + 2 * npe + 1), *ks = q + nqe, *vs = ks + nse;
     float *kp = vs + nse, *vp = kp + npe;
-    round_rows(h->q, h->nq, qd, (size_t)h->ldq, q);
-    round_rows(h->ks, h->nq, kvd, (size_t)h->ldk, ks);
-    round_rows(h->vs, h->nq, kvd, (size_t)h->ldk, vs);
+    m2d_bf16_rows_f32(h->q, h->ldq, h->nq, qd, q);
+    m2d_bf16_rows_f32(h->ks, h->ldk, h->nq, kvd, ks);
+    m2d_bf16_rows_f32(h->vs, h->ldk, h->nq, kvd, vs);
     for (int g = 0; g < h->n_kv && h->np; g++) { /* kv head g's np cache rows: [np, hd] */
-        round_rows(h->kp + g * h->p_head_stride, h->np, h->hd, (size_t)h->hd, kp + (size_t)g * h->np * h->hd);
-        round_rows(h->vp + g * h->p_head_stride, h->np, h->hd, (size_t)h->hd, vp + (size_t)g * h->np * h->hd);
+        m2d_bf16_rows_f32(h->kp + g * h->p_head_stride, h->hd, h->np, h->hd, kp + (size_t)g * h->np * h->hd);
+        m2d_bf16_rows_f32(h->vp + g * h->p_head_stride, h->hd, h->np, h->hd, vp + (size_t)g * h->np * h->hd);
     }
     h->q = q, h->ks = ks, h->vs = vs, h->kp = kp, h->vp = vp;
     h->ldq = qd, h->ldk = kvd, h->p_head_stride = (size_t)h->np * h->hd;

@@ -211,20 +211,16 @@ static void round_rows(const float *x, int ldx, int rows, int cols, void *out, i
     }
 }
 
-static void to_bf16(const float *x, int ldx, int rows, int cols, uint16_t *out) {
-    round_rows(x, ldx, rows, cols, out, 0);
-}
+void m2d_bf16_rows(const float *x, int ldx, int rows, int cols, uint16_t *out) { round_rows(x, ldx, rows, cols, out, 0); }
 
-static void round_bf16_f32(const float *x, int ldx, int rows, int cols, float *out) {
-    round_rows(x, ldx, rows, cols, out, 1);
-}
+void m2d_bf16_rows_f32(const float *x, int ldx, int rows, int cols, float *out) { round_rows(x, ldx, rows, cols, out, 1); }
 
 /* Rows [r0, r0+nr) of W as fp32 [nr, in] (bf16-rounded when ROUND), into out. */
 static void weight_rows_f32(const m2d_gemm_w *w, int r0, int nr, int round, float *out) {
     for (int r = 0; r < nr; r++) {
         float *o = out + (size_t)r * w->in;
         m2d_to_f32(w->dtype, w->data, (int64_t)(r0 + r) * w->ld, w->in, o);
-        if (round && w->dtype != M2D_BF16) round_bf16_f32(o, w->in, 1, w->in, o);
+        if (round && w->dtype != M2D_BF16) m2d_bf16_rows_f32(o, w->in, 1, w->in, o);
     }
 }
 
@@ -236,7 +232,7 @@ static void weight_rows_bf16(const m2d_gemm_w *w, int r0, int nr, float *tmp, ui
                    sizeof(uint16_t) * (size_t)w->in);
         } else {
             m2d_to_f32(w->dtype, w->data, (int64_t)(r0 + r) * w->ld, w->in, tmp);
-            to_bf16(tmp, w->in, 1, w->in, out + (size_t)r * w->in);
+            m2d_bf16_rows(tmp, w->in, 1, w->in, out + (size_t)r * w->in);
         }
     }
 }
@@ -907,7 +903,7 @@ static void check_operands(int k, float *x, uint16_t *w) {
         x[i] = (float)(m2d_rand_normal(&st) * ldexp(1.0, scale_exponent(&st)));
     for (int r = 0; r < CHECK_COLS; r++) {
         for (int i = 0; i < k; i++) wf[i] = (float)(m2d_rand_normal(&st) * ldexp(1.0, scale_exponent(&st)));
-        to_bf16(wf, k, 1, k, w + (size_t)r * k);
+        m2d_bf16_rows(wf, k, 1, k, w + (size_t)r * k);
     }
     free(wf);
 }
@@ -940,7 +936,7 @@ static int find_chunk(int k) {
     uint16_t *pk = m2d_malloc64(m2d_dpbf16_packed_bytes(CHECK_COLS, k));
     float *ref = m2d_malloc(sizeof(float) * CHECK_ROWS * CHECK_COLS), *own = m2d_malloc(sizeof(float) * CHECK_ROWS * CHECK_COLS);
     check_operands(k, x, w);
-    to_bf16(x, k, CHECK_ROWS, k, xb);
+    m2d_bf16_rows(x, k, CHECK_ROWS, k, xb);
     m2d_dpbf16_pack(w, k, CHECK_COLS, k, pk);
     m2d_gemm_w wv = m2d_gemm_weight(M2D_BF16, w, CHECK_COLS, k, k);
     int found = 0;
@@ -1012,7 +1008,7 @@ static void probe_operands(float *x, uint16_t *w) {
     for (int i = 0; i < PROBE_M * PROBE_K; i++) x[i] = (float)m2d_rand_normal(&st);
     for (int r = 0; r < PROBE_N; r++) {
         for (int i = 0; i < PROBE_K; i++) wf[i] = (float)m2d_rand_normal(&st);
-        to_bf16(wf, PROBE_K, 1, PROBE_K, w + (size_t)r * PROBE_K);
+        m2d_bf16_rows(wf, PROBE_K, 1, PROBE_K, w + (size_t)r * PROBE_K);
     }
     free(wf);
 }
@@ -1023,7 +1019,7 @@ static void choose_tile(void) {
     uint16_t *x = m2d_malloc(sizeof(uint16_t) * M * K), *w = m2d_malloc(sizeof(uint16_t) * N * K);
     uint16_t *pk = m2d_malloc64(m2d_dpbf16_packed_bytes(N, K));
     probe_operands(xf, w);
-    to_bf16(xf, K, M, K, x);
+    m2d_bf16_rows(xf, K, M, K, x);
     m2d_dpbf16_pack(w, K, N, K, pk);
     for (int h = 0; h < 3; h++) {
         tile.ms[h] = HUGE_VAL;
@@ -1149,7 +1145,7 @@ static size_t x_copy_bytes(int rows, int K, int bf16) {
 /* ROWS x K of X (row stride LDX) as oneDNN reads it: dense, rounded to bf16 when BF16 */
 static void copy_x_rows(const float *x, int ldx, int rows, int K, int bf16, void *out) {
     if (bf16) {
-        to_bf16(x, ldx, rows, K, out);
+        m2d_bf16_rows(x, ldx, rows, K, out);
         return;
     }
     for (int r = 0; r < rows; r++) memcpy((float *)out + (size_t)r * K, x + (size_t)r * ldx, sizeof(float) * (size_t)K);
@@ -1218,7 +1214,7 @@ static void gemm_plan(gemm_job *j, int parallel) {
     j->ldxr = j->c.ldx;
     if (g->prec == M2D_PREC_BF16) {
         float *xr = scratch_get(&g->scratch, sizeof(float) * (size_t)j->c.m * K);
-        round_bf16_f32(j->c.x, j->c.ldx, j->c.m, K, xr);
+        m2d_bf16_rows_f32(j->c.x, j->c.ldx, j->c.m, K, xr);
         j->xr = xr;
         j->ldxr = K;
     }

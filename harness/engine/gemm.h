@@ -58,6 +58,12 @@ int m2d_gemm_fp32_onednn_native(void);
 /* auto -> bf16 or fp32 as above; fp32 and bf16 are returned unchanged. */
 m2d_precision m2d_gemm_resolve(m2d_precision p);
 
+/* Rows x cols of X (row stride LDX) rounded to bf16 (nearest even, NaN kept quiet: the bits of
+ * m2d_f32_to_bf16), 16 lanes at a time, into a dense [rows, cols] OUT: the bf16 bit patterns, or
+ * (_f32) the rounded values as fp32; OUT may be X itself when LDX == cols. What "bf16 operands"
+ * means here, for the GEMMs and for the CPU backend's attention. */
+void m2d_bf16_rows(const float *x, int ldx, int rows, int cols, uint16_t *out);
+void m2d_bf16_rows_f32(const float *x, int ldx, int rows, int cols, float *out);
 /* Output columns per work item (a multiple of 64, oneDNN's column block; see Threads above). */
 #define M2D_GEMM_SLICE 256
 
