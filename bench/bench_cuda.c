@@ -202,14 +202,13 @@ static void calib_row(m2d_engine *e, const m2d_model *m, double peak) {
 
 /* one row's kernels: moe_grouped 3 (mma.sync, k_gx), 1 (WMMA) or 0 (per-expert reference); attn_kernel
  * 3 (tensor cores, 3xFP16), 2 (tensor cores, 3xTF32), 1 (tiles on the CUDA cores) or 0 (reference);
- * lse_kernel 1 (the LM head's log-sum-exp in one pass) or 0 (two); lm_rows (its rows a GEMM; 0:
- * the default); moe_plan 1 (the MoE's plan on many blocks) or 0 (one); gx_stages (k_gx's cp.async
- * stages; 0: the default); attention: the precision of attention's operands (m2d_engine_opts.attention:
- * bf16 is transformers' SDPA's arithmetic, the like-for-like row against it). The rows are A/Bs of
- * the paths on the same GPU in the same run. */
+ * lse_two_pass: the LM head's log-sum-exp in two passes (lse_kernel 0, the reference) instead of
+ * one; attention: the precision of attention's operands (m2d_engine_opts.attention: bf16 is
+ * transformers' SDPA's arithmetic, the like-for-like row against it). The rows are A/Bs of the
+ * paths on the same GPU in the same run. */
 typedef struct {
     m2d_precision prec, attention;
-    int moe, attn, lse, lm_rows, plan, stages;
+    int moe, attn, lse_two_pass;
     int moe_only; /* a row for the MoE slice alone */
     int op_times; /* where its device time goes, too */
     const char *note;
@@ -218,9 +217,7 @@ typedef struct {
 static int set_kernels(m2d_engine *e, const kernel_run *r) {
     m2d_backend *be = m2d_engine_backend(e);
     return be->ops->tune(be, "moe_grouped", r->moe) || be->ops->tune(be, "attn_kernel", r->attn) ||
-           be->ops->tune(be, "lse_kernel", r->lse) || be->ops->tune(be, "moe_plan", r->plan) ||
-           (r->lm_rows && be->ops->tune(be, "lm_rows", r->lm_rows)) ||
-           (r->stages && be->ops->tune(be, "gx_stages", r->stages));
+           be->ops->tune(be, "lse_kernel", !r->lse_two_pass);
 }
 
 /* where one pp512 and one ppl-2048 call spend their device time, op by op (the backend's knob
@@ -243,26 +240,18 @@ static void model_rows(const char *dir, const char *label, double peak) {
         fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
         return;
     }
-    /* bf16 with the default kernels; attention on bf16 operands (k_attention_b16), alone and with
-     * the one-pass log-sum-exp; its log-sum-exp in one pass, then also over 512-row GEMMs
-     * (33.5 MB of logits a chunk: L2-sized); its MoE's plan on many blocks; k_gx in 6 stages; its
-     * MoE by the WMMA grouped kernel; its attention in 3xTF32 and on the CUDA cores; the
-     * reference kernels; fp32 */
+    /* bf16 with the default kernels; attention on bf16 operands (k_attention_b16); the
+     * log-sum-exp in two passes; the MoE by the WMMA grouped kernel; attention in 3xTF32 and on the
+     * CUDA cores; the reference kernels; fp32 */
     const m2d_precision bf = M2D_PREC_BF16;
     const kernel_run runs[] = {
         {.prec = bf, .moe = 3, .attn = 3, .op_times = 1, .note = ""},
         {.prec = bf, .attention = bf, .moe = 3, .attn = 3, .op_times = 1, .note = " (attention in bf16)"},
-        {.prec = bf, .attention = bf, .moe = 3, .attn = 3, .lse = 1, .note = " (bf16 attention, one-pass LSE)"},
-        {.prec = bf, .moe = 3, .attn = 3, .lse = 1, .op_times = 1, .note = " (log-sum-exp in one pass)"},
-        {.prec = bf, .moe = 3, .attn = 3, .lse = 1, .lm_rows = 512, .op_times = 1,
-         .note = " (one-pass log-sum-exp, 512-row GEMMs)"},
-        {.prec = bf, .moe = 3, .attn = 3, .plan = 1, .moe_only = 1, .op_times = 1,
-         .note = " (the MoE's plan on many blocks)"},
-        {.prec = bf, .moe = 3, .attn = 3, .stages = 6, .moe_only = 1, .op_times = 1, .note = " (k_gx in 6 stages)"},
+        {.prec = bf, .moe = 3, .attn = 3, .lse_two_pass = 1, .note = " (log-sum-exp in two passes)"},
         {.prec = bf, .moe = 1, .attn = 3, .moe_only = 1, .op_times = 1, .note = " (MoE by WMMA tiles)"},
         {.prec = bf, .moe = 3, .attn = 2, .note = " (attention 3xTF32)"},
         {.prec = bf, .moe = 3, .attn = 1, .note = " (attention by SIMT tiles)"},
-        {.prec = bf, .moe_only = 1, .note = " (reference kernels)"},
+        {.prec = bf, .lse_two_pass = 1, .moe_only = 1, .note = " (reference kernels)"},
         {.prec = M2D_PREC_FP32, .moe = 3, .attn = 3, .note = ""}};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         if (m->cfg.num_experts == 0 && runs[i].moe_only) continue;

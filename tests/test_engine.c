@@ -915,22 +915,6 @@ static void moe_bf16_case(const char *backend, int N, int D, int DE, int E, int 
         be->ops->moe(be, &a);
         download(be, y, yb, sizeof(float) * N * D);
         if (timed) assert_int_equal(be->ops->tune(be, "profile", 0), 0); /* its table on stderr */
-        /* cuda: the plan on many blocks, and k_gx in 6 stages: the same plan, the same MMAs in the
-         * same order, so the same bits */
-        static const struct {
-            const char *knob, *what;
-            int on, off;
-        } same_bits[] = {{"moe_plan", "the plan on many blocks", 1, 0}, {"gx_stages", "k_gx in 6 stages", 6, 3}};
-        for (size_t v = 0; knob && grouped == 3 && v < sizeof same_bits / sizeof *same_bits; v++) {
-            if (be->ops->tune(be, same_bits[v].knob, same_bits[v].on)) break;
-            float *y2 = malloc(sizeof(float) * N * D);
-            be->ops->moe(be, &a);
-            download(be, y2, yb, sizeof(float) * N * D);
-            assert_int_equal(be->ops->tune(be, same_bits[v].knob, same_bits[v].off), 0);
-            assert_memory_equal(y2, y, sizeof(float) * N * D);
-            print_message("%s: moe bf16 %dx%d, %d experts: %s gives the same bits\n", backend, N, D, E, same_bits[v].what);
-            free(y2);
-        }
         double worst = 0;
         for (int i = 0; i < N * D; i++) {
             worst = fmax(worst, fabs(y[i] - ref[i]) / bound[i]);
@@ -1157,10 +1141,12 @@ static void streaming_logprobs_match_logits_on(const char *backend) {
     float *lg = malloc(sizeof(float) * n * V);
     double lp[50];
     assert_int_equal(m2d_engine_logits(e, tok, n, lg), 0);
-    /* cuda: its log-sum-exp in two passes (lse_kernel 0), in one (1), and in one over GEMMs of 16
-     * rows (lm_rows: three row blocks); other backends, their one way */
+    /* cuda: its log-sum-exp in one pass (lse_kernel 1, the default), in two (0), and in one over
+     * GEMMs of 16 rows (lm_rows: three row blocks); other backends, their one way */
     for (int run = 0; run < 3; run++) {
-        if (run > 0 && (m2d_engine_tune(e, "lse_kernel", 1) || (run == 2 && m2d_engine_tune(e, "lm_rows", 16)))) break;
+        if (run > 0 && (m2d_engine_tune(e, "lse_kernel", run == 1 ? 0 : 1) ||
+                        (run == 2 && m2d_engine_tune(e, "lm_rows", 16))))
+            break;
         assert_int_equal(m2d_engine_logprobs(e, tok, n, tg, 3, lp), 0);
         /* identical hidden states and GEMMs; only the log-sum-exp order differs (double) */
         for (int t = 3; t < n; t++) assert_true(fabs(lp[t - 3] - lsm(lg + (size_t)t * V, V, tg[t])) < 1e-5);

@@ -32,8 +32,10 @@
  * (attn_kernel 3: 3xFP16, 2: 3xTF32, 1: tiles; 0: one warp a row), calibration's experts batched
  * or one by one (all_batched 1, 0) and its Gram on the fp64 tensor cores or by FMA tiles
  * (gram_kernel 1, 0), every GEMM through cuBLASLt or the one-thread-per-output kernel
- * (gemm_naive). The tests run both sides; knob profile times the ops. Kernels not yet timed on a
- * GPU wait behind knobs whose default is the measured path (moe_plan, gx_stages, lse_kernel).
+ * (gemm_naive), the LM head's log-sum-exp in one pass or two (lse_kernel 1, 0). The tests run
+ * both sides; knob profile times the ops. A kernel not yet timed on a GPU waits behind a knob whose
+ * default is the measured path; once timed, the faster becomes the default and the other goes
+ * (BENCHMARKS.md, run 11: the plan on one block and k_gx's 6-stage pipeline went).
  *
  * Errors: ops do not return them. The first CUDA/cuBLASLt failure is kept (sticky), later ops are
  * skipped, and leave() reports it with m2d_err after synchronising the device.
@@ -167,14 +169,11 @@ struct cu_be {
     int all_grouped_rows; /* knob: experts_all takes the grouped kernels up to this many rows (default 64) */
     int gram_kernel;      /* knob: calibration's Gram on the fp64 tensor cores (1, the default) or by
                            * FMA tiles (0) */
-    int gx_stages;        /* knob: k_gx's cp.async stages, GX_STAGES (3, the default until a GPU times
-                           * both) or GX_STAGES_DEEP (6) */
     unsigned gx_smem_set; /* k_gx instantiations allowed their shared memory (gx_launch's bits) */
-    int moe_plan;         /* knob: the grouped MoE's plan on one block (k_moe_plan, 0, the default
-                           * until a GPU times both) or many (k_plan_count/scan/place, 1) */
     int lm_rows;          /* knob: the LM head's rows per GEMM (LM_ROWS by default; 1 .. LM_ROWS) */
-    int lse_kernel;       /* knob: the LM head's log-sum-exp in one pass (k_lse_rows, 1) or two
-                           * (k_lse_chunk, 0, the default until a GPU has timed both) */
+    int lse_kernel;       /* knob: the LM head's log-sum-exp in one pass (k_lse_rows, 1, the default:
+                           * 6-7 % more PPL-eval tokens/s on an H200) or two (k_lse_chunk, 0, the
+                           * reference) */
     int all_batched;      /* knob: experts_all past all_grouped_rows as batched GEMMs where they
                            * apply (1, the default; 2: an error where they do not, for the tests) or
                            * expert by expert (0) */
@@ -1434,9 +1433,10 @@ static void moe_experts(cu_be *c, const m2d_moe_args *a, const moe_plan *p, cons
  *
  * The per-expert path above copies the top-k ids to the host (a device sync) and launches ~7
  * kernels and 3 cuBLASLt calls per active expert: ~900 launches a layer at 128 experts, bound by
- * the host. Here one MoE layer is 5 launches and no sync (issue 23):
- *   k_moe_plan      one block: the bucket plan (stable counting sort of the pairs by expert, token
- *                   order within a bucket, as moe_plan_make), the tile list, each token's rows;
+ * the host. Here one MoE layer is 7 launches and no sync (issue 23):
+ *   k_plan_*        the bucket plan (stable counting sort of the pairs by expert, token order
+ *                   within a bucket, as moe_plan_make), the tile list, each token's rows: three
+ *                   launches over chunks of tokens (cuda_kernels.cuh);
  *   k_gather_bf16   the bucket rows of x, rounded to bf16 (x_operand's rounding);
  *   k_gx<2, BM>     gate and up of every tile's expert (mma.sync bf16 x bf16 -> fp32; cuda_kernels.cuh),
  *                   their biases, the activation, H rounded to bf16 (the down GEMM's operand
@@ -1469,82 +1469,13 @@ static gm_plan gm_plan_at(int32_t *base, int n, int k, int E, int bm) {
     return p;
 }
 
-/* one block of 1024 threads (32 full warps): counts, bucket starts and tiles (thread 0, E <=
- * GM_MAX_E), then the pairs placed chunk by chunk: a pair's row = its bucket's running base + the
- * same-expert pairs of lower warps in the chunk + its rank among its warp's (match_any): stable,
- * and the same on every run. Last, each token's rows sorted ascending. */
-__global__ static void __launch_bounds__(1024) k_moe_plan(const int32_t *topk, int n, int k, int E, int bm, gm_plan p) {
-    __shared__ int cnt[GM_MAX_E], base[GM_MAX_E], wc[32][GM_MAX_E];
-    int tid = threadIdx.x, nk = n * k, lane = tid & 31, wid = tid >> 5;
-    for (int e = tid; e < E; e += blockDim.x) cnt[e] = 0;
-    __syncthreads();
-    for (int i = tid; i < nk; i += blockDim.x) {
-        int e = topk[i];
-        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1); /* integer counts: order-independent */
-        else *p.err = 1;
-    }
-    __syncthreads();
-    if (tid == 0) {
-        int s = 0, nt = 0;
-        for (int e = 0; e < E; e++) {
-            p.start[e] = base[e] = s;
-            for (int r = s; r < s + cnt[e]; r += bm) p.tile_e[nt] = e, p.tile_r0[nt] = r, nt++;
-            s += cnt[e];
-        }
-        p.start[E] = s;
-        *p.n_tiles = nt;
-    }
-    __syncthreads();
-    for (int c0 = 0; c0 < nk; c0 += blockDim.x) {
-        for (int q = tid; q < 32 * E; q += blockDim.x) wc[q / E][q % E] = 0;
-        __syncthreads();
-        int i = c0 + tid, e = i < nk ? topk[i] : -1, ok = e >= 0 && e < E;
-        unsigned peers = __match_any_sync(0xffffffffu, ok ? e : -1);
-        int rank = __popc(peers & ((1u << lane) - 1u));
-        if (ok && rank == 0) wc[wid][e] = __popc(peers);
-        __syncthreads();
-        if (i < nk) {
-            int pos = -1;
-            if (ok) {
-                pos = base[e] + rank;
-                for (int w = 0; w < wid; w++) pos += wc[w][e];
-                p.pair[pos] = i;
-            }
-            p.row_of[i] = pos;
-        }
-        __syncthreads();
-        for (int q = tid; q < E; q += blockDim.x) {
-            int s = 0;
-            for (int w = 0; w < 32; w++) s += wc[w][q];
-            base[q] += s;
-        }
-        __syncthreads();
-    }
-    for (int t = tid; t < n; t += blockDim.x) { /* insertion sort of the token's k rows; -1 last */
-        int32_t *o = p.tok_rows + (size_t)t * k, m = 0;
-        for (int j = 0; j < k; j++) {
-            int r = p.row_of[(size_t)t * k + j];
-            if (r < 0) continue;
-            int q = m++;
-            while (q > 0 && o[q - 1] > r) o[q] = o[q - 1], q--;
-            o[q] = r;
-        }
-        for (int j = m; j < k; j++) o[j] = -1;
-    }
-}
-
-/* the plan: one block (k_moe_plan) or many (k_plan_count, k_plan_scan, k_plan_place; knob moe_plan 1) */
+/* the bucket plan on many blocks (cuda_kernels.cuh: k_plan_count, k_plan_scan, k_plan_place) */
 static void gm_plan_make(cu_be *c, const int32_t *topk, int n, int k, int E, int bm, const gm_plan &pl) {
-    if (c->moe_plan) {
-        int ch = plan_chunks(n, k);
-        k_plan_count<<<ch, PLAN_T>>>(topk, n, k, E, pl);
-        k_plan_scan<<<1, PLAN_T>>>(ch, E, bm, pl);
-        k_plan_place<<<ch, PLAN_T>>>(topk, n, k, E, pl);
-        launched(c, "k_plan_place");
-        return;
-    }
-    k_moe_plan<<<1, 1024>>>(topk, n, k, E, bm, pl);
-    launched(c, "k_moe_plan");
+    int ch = plan_chunks(n, k);
+    k_plan_count<<<ch, PLAN_T>>>(topk, n, k, E, pl);
+    k_plan_scan<<<1, PLAN_T>>>(ch, E, bm, pl);
+    k_plan_place<<<ch, PLAN_T>>>(topk, n, k, E, pl);
+    launched(c, "k_plan_place");
 }
 
 /* xs[r] = bf16(x[token of pair[r]]) for the rows in use (*rows) */
@@ -1742,14 +1673,9 @@ static void gx_launch_st(cu_be *c, unsigned bit, dim3 grid, const gm_args *g, co
 
 template <int BM>
 static void gx_launch(cu_be *c, int NB, dim3 grid, const gm_args *g, const gm_ptrs *p) {
-    unsigned bit = 1u << ((NB - 1) + 2 * (BM == 64) + 4 * (c->gx_stages == GX_STAGES_DEEP));
-    if (c->gx_stages == GX_STAGES_DEEP) {
-        if (NB == 2) gx_launch_st<2, BM, GX_STAGES_DEEP>(c, bit, grid, g, p);
-        else gx_launch_st<1, BM, GX_STAGES_DEEP>(c, bit, grid, g, p);
-    } else {
-        if (NB == 2) gx_launch_st<2, BM, GX_STAGES>(c, bit, grid, g, p);
-        else gx_launch_st<1, BM, GX_STAGES>(c, bit, grid, g, p);
-    }
+    unsigned bit = 1u << ((NB - 1) + 2 * (BM == 64));
+    if (NB == 2) gx_launch_st<2, BM, GX_STAGES>(c, bit, grid, g, p);
+    else gx_launch_st<1, BM, GX_STAGES>(c, bit, grid, g, p);
 }
 
 /* the grouped GEMM of NB weight matrices over TILES tiles of BM rows: k_gx (BM 32 or 64; its
@@ -2253,17 +2179,12 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
         CU(be)->lm_rows = value;
         return 0;
     }
-    if (strcmp(knob, "gx_stages") == 0 && (value == GX_STAGES || value == GX_STAGES_DEEP)) {
-        CU(be)->gx_stages = value;
-        return 0;
-    }
     int *at = strcmp(knob, "gemm_naive") == 0 ? &CU(be)->gemm_naive
               : strcmp(knob, "moe_grouped") == 0 ? &CU(be)->moe_grouped
               : strcmp(knob, "attn_kernel") == 0 ? &CU(be)->attn_kernel
               : strcmp(knob, "gram_kernel") == 0 ? &CU(be)->gram_kernel
               : strcmp(knob, "all_batched") == 0 ? &CU(be)->all_batched
               : strcmp(knob, "lse_kernel") == 0  ? &CU(be)->lse_kernel
-              : strcmp(knob, "moe_plan") == 0    ? &CU(be)->moe_plan
               : strcmp(knob, "profile") == 0     ? &CU(be)->prof.on : NULL;
     if (at == &CU(be)->prof.on && value == 0 && *at) prof_report(CU(be)); /* profile 0: report, stop */
     int top = at == &CU(be)->attn_kernel || at == &CU(be)->moe_grouped ? 3
@@ -2274,8 +2195,8 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
         return 0;
     }
     return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile, gram_kernel, "
-                   "lse_kernel, moe_plan: 0|1; moe_grouped, attn_kernel: 0..3; all_batched: 0|1|2; all_grouped_rows: >= 0; "
-                   "lm_rows: 1..2048; gx_stages: 3|6)",
+                   "lse_kernel: 0|1; moe_grouped, attn_kernel: 0..3; all_batched: 0|1|2; all_grouped_rows: >= 0; "
+                   "lm_rows: 1..2048)",
                    knob, value);
 }
 
@@ -2336,7 +2257,7 @@ static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
     /* M2D_CUDA_ATTN, M2D_CUDA_MOE=0..3, M2D_CUDA_LSE=0|1: the knobs attn_kernel, moe_grouped and
      * lse_kernel for a whole process, so that the GPU runner can put a kernel that is not the
      * default through the CLI; checked first, so that a bad value is named with or without a GPU */
-    int attn_kernel = 3, moe_kernel = 3, lse_kernel = 0;
+    int attn_kernel = 3, moe_kernel = 3, lse_kernel = 1;
     if (env_knob("M2D_CUDA_ATTN", "attn_kernel", 3, &attn_kernel) ||
         env_knob("M2D_CUDA_MOE", "moe_grouped", 3, &moe_kernel) || env_knob("M2D_CUDA_LSE", "lse_kernel", 1, &lse_kernel))
         return -1;
@@ -2350,14 +2271,13 @@ static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
     c->base.ops = &cuda_ops;
     c->device = dev;
     c->ws_bytes = WORKSPACE_BYTES;
-    /* M2D_CUDA_FAST=0: the reference kernels (per-expert MoE, warp-per-row attention): the GPU
-     * runner's A/B of the two paths in one call */
+    /* M2D_CUDA_FAST=0: the reference kernels (per-expert MoE, warp-per-row attention, the two-pass
+     * log-sum-exp): the GPU runner's A/B of the two paths in one call */
     const char *fast = getenv("M2D_CUDA_FAST");
     int ref = fast && strcmp(fast, "0") == 0;
     c->moe_grouped = ref ? 0 : moe_kernel;
     c->all_grouped_rows = 64;
     c->lm_rows = LM_ROWS;
-    c->gx_stages = GX_STAGES;
     c->attn_kernel = ref ? 0 : attn_kernel;
     c->gram_kernel = !ref;
     c->all_batched = !ref;

@@ -1092,9 +1092,9 @@ __global__ static void k_reduce_select(const float *f, int ld, int n, int d, con
  * m16n8k16 BF16 (fp32 accumulation, as CUBLAS_COMPUTE_32F): each warp 32 rows x GX_BN / WN
  * weight rows (BM 64: 2 x 2 warps, 32 x 64, 16 MMAs a k16 step for 10 fragment loads), the
  * operand tiles copied by cp.async into ST shared-memory stages (the copies of steps k + 1 ..
- * k + ST - 1 in flight while step k computes; ST 3, or 6 by the knob gx_stages: at pp512 ncu
- * found k_gx at 39-46 % of the DRAM bandwidth and 35 % of the SMs' throughput, bound by the
- * latency of each step's copies, which a deeper pipeline hides). NB 2 (gate and up): the block's weight rows are 64 gate
+ * k + ST - 1 in flight while step k computes; ST = GX_STAGES: at pp512 ncu found k_gx at 39-46 %
+ * of the DRAM bandwidth and 35 % of the SMs' throughput, latency-bound, yet 6 stages timed no
+ * faster than 3 on an H200, BENCHMARKS.md run 11). NB 2 (gate and up): the block's weight rows are 64 gate
  * and 64 up rows of the same 64 output columns, so the epilogue has both for SwiGLU; NB 1
  * (down): 128 rows of one matrix. The epilogue is k_grouped's: the accumulators through shared
  * memory, the biases, the activation, H rounded to bf16 or fp32 outputs. Operands bf16 only,
@@ -1105,19 +1105,18 @@ __global__ static void k_reduce_select(const float *f, int ld, int n, int d, con
  * (row, k pair) from row-major tiles; rows of GX_LDS = 40 halves (20 words): the 8 rows g of a
  * load, at words 20 g + c, fall in 32 distinct banks. */
 #define GM_MAX_E 256
-#define GM_MAX_K 32 /* top-k at most (k_moe_plan, plan_tokens) */
+#define GM_MAX_K 32 /* top-k at most (plan_tokens) */
 #define GX_BK 32        /* inner-dimension step */
-#define GX_STAGES 3       /* cp.async stages (the default; knob gx_stages 6 for a deeper pipeline) */
-#define GX_STAGES_DEEP 6
+#define GX_STAGES 3       /* cp.async stages */
 #define GX_LDS (GX_BK + 8)
 #define GX_BN 128       /* weight rows a block */
 #define GX_T 128        /* threads a block: 4 warps */
 
-/* ---- the MoE's bucket plan on many blocks (k_plan_count, k_plan_scan, k_plan_place: knob
- * moe_plan 1) ----
- * backend_cuda.cu's k_moe_plan builds the plan in one block of 1,024 threads, chunk after chunk:
- * 147 µs a layer at 2,048 tokens x 8 experts on an H200 (ncu), a tenth of the MoE op. Here the
- * pairs (t k + j) come in chunks of whole tokens, at most PLAN_T pairs, one block each:
+/* ---- the MoE's bucket plan on many blocks (k_plan_count, k_plan_scan, k_plan_place) ----
+ * The first plan kernel was one block of 1,024 threads, chunk after chunk: 147 µs a layer at 2,048
+ * tokens x 8 experts on an H200 (ncu), a tenth of the MoE op; these three gave 3 % more tokens/s
+ * on the Qwen3-30B-A3B slice and the same bits (BENCHMARKS.md, run 11). The pairs (t k + j) come
+ * in chunks of whole tokens, at most PLAN_T pairs, one block each:
  *   k_plan_count  a chunk's pairs per expert (shared-memory counts) into base[chunk][E];
  *   k_plan_scan   one block, a thread an expert: its rows in earlier chunks, the bucket starts
  *                 (start), so base[chunk][e] = the first row of chunk's pairs of expert e; the
@@ -1125,8 +1124,8 @@ __global__ static void k_reduce_select(const float *f, int ld, int n, int d, con
  *   k_plan_place  a pair's row = base[chunk][e] + the pairs of e before it in the chunk (counted
  *                 in shared memory: < PLAN_T compares); then each of the chunk's tokens' rows
  *                 sorted ascending.
- * The plan is k_moe_plan's, value for value: the same stable counting sort (token order within a
- * bucket), the same tiles, the same sorted rows, -1 and the error flag for ids out of range. */
+ * The plan is the host's moe_plan_make's, value for value: a stable counting sort (token order
+ * within a bucket), the tiles, each token's rows sorted, -1 and the error flag for ids out of range. */
 #define PLAN_T 256
 
 struct gm_plan { /* int32 arrays in SLOT_MOE_PLAN */
@@ -1137,7 +1136,7 @@ struct gm_plan { /* int32 arrays in SLOT_MOE_PLAN */
     int32_t *tile_e, *tile_r0; /* [max_tiles] each tile's expert and first row */
     int32_t *n_tiles; /* [1] */
     int32_t *err;     /* [1] set to 1 by an expert id out of range */
-    int32_t *base;    /* [chunks][E] (knob moe_plan 1): chunk counts, then each chunk's first rows */
+    int32_t *base;    /* [chunks][E] chunk counts, then each chunk's first rows */
 };
 
 /* tokens a chunk (k <= GM_MAX_K), and the chunks of n tokens */
@@ -1417,7 +1416,7 @@ __global__ static void __launch_bounds__(GX_T) k_gx(gm_args g, gm_ptrs p) {
     gm_epilogue<NB, BM, GX_BN + 4>(g, p, e, r0, r1, n0, COLS, &sm.c[0][0]);
 }
 
-/* ---- the LM head's log-sum-exp in one pass over the logits (k_lse_rows: knob lse_kernel 1) ----
+/* ---- the LM head's log-sum-exp in one pass over the logits (k_lse_rows: knob lse_kernel 1, the default) ----
  * backend_cuda.cu's k_lse_chunk reads a chunk's logits twice (the row's maximum, then the sum of
  * expf(z - max)); at 2,048 rows x 16,384 logits a chunk is 134 MB, beyond L2, so both passes come
  * from DRAM, and for one row (a prompt's last token) its 256 threads walk 64 values each, one load
