@@ -88,7 +88,7 @@ static uint32_t __float_as_uint(float f) {
 
 /* ---- one block of threads as coroutines ---- */
 enum { NT_MAX = 256, STACK = 1 << 17 };
-enum wait_op { RUN, DONE, BLOCK_BARRIER, SYNCWARP, SHFL, MMA, MMA16, DMMA };
+enum wait_op { RUN, DONE, BLOCK_BARRIER, SYNCWARP, SHFL, MMA, MMA16, DMMA, LDSM };
 
 typedef struct {
     ucontext_t ctx;
@@ -101,6 +101,8 @@ typedef struct {
     uint32_t a[4], b[2];
     bool bf16;        /* m16n8k16: the operands bf16 (else fp16) */
     double *dd, da, db; /* dmma: the accumulator pair and the operands */
+    const uint16_t *row; /* ldmatrix: the 16-byte row this lane gives */
+    uint32_t *r;         /* ldmatrix: the four registers it receives */
 } emu_thread;
 
 static emu_thread T[NT_MAX];
@@ -216,6 +218,12 @@ static void m2d_emu_dmma(double (&d)[2], double a, double b) {
     wait_at(DMMA);
 }
 
+static int ldsm_misaligned, ldsm_loads;
+static void m2d_emu_ldsm_x4(uint32_t (&r)[4], const uint16_t *row) {
+    T[cur].row = row, T[cur].r = r;
+    wait_at(LDSM);
+}
+
 #define M2D_CUDA_EMULATED 1
 #include "engine/cuda_kernels.cuh"
 
@@ -285,11 +293,26 @@ static void warp_dmma(emu_thread *L) {
     }
 }
 
+/* ldmatrix .x4: lanes 8 j .. 8 j + 7 give the rows of matrix j (16 bytes each, 16-byte aligned);
+ * lane l receives in r[j] the word l % 4 of matrix j's row l / 4 (PTX ISA). All rows are read
+ * before any register is written, as the hardware's one collective load. */
+static void warp_ldsm(emu_thread *L) {
+    uint32_t got[32][4];
+    for (int l = 0; l < 32; l++)
+        for (int j = 0; j < 4; j++) {
+            const uint16_t *row = L[8 * j + l / 4].row;
+            ldsm_misaligned += ((uintptr_t)row & 15) != 0;
+            memcpy(&got[l][j], row + 2 * (l % 4), 4);
+        }
+    for (int l = 0; l < 32; l++) memcpy(L[l].r, got[l], sizeof got[l]);
+    ldsm_loads++;
+}
+
 /* complete warp W's collective if all its lanes wait at the same one; 1 when it did */
 static int warp_step(int w) {
     emu_thread *L = T + 32 * w;
     wait_op op = L[0].op;
-    if (op != SYNCWARP && op != SHFL && op != MMA && op != MMA16 && op != DMMA) return 0;
+    if (op != SYNCWARP && op != SHFL && op != MMA && op != MMA16 && op != DMMA && op != LDSM) return 0;
     for (int l = 1; l < 32; l++)
         if (L[l].op != op) return 0;
     if (op == SHFL) {
@@ -302,6 +325,8 @@ static int warp_step(int w) {
         warp_mma16(L);
     } else if (op == DMMA) {
         warp_dmma(L);
+    } else if (op == LDSM) {
+        warp_ldsm(L);
     }
     for (int l = 0; l < 32; l++) L[l].op = RUN;
     return 1;
@@ -791,13 +816,13 @@ static void reductions_match_host(void **state) {
 
 static uint16_t bf16_normal(double sd) { return bf16_bits((float)(normal() * sd)); }
 
-/* k_gx<NB, BM, ST> as gm_launch launches it, over TILES tiles (spare blocks past the plan's included) */
-template <int NB, int BM, int ST>
+/* k_gx<NB, BM, LDSM> as gm_launch launches it, over TILES tiles (spare blocks past the plan's included) */
+template <int NB, int BM, bool LDSM>
 static void gx_run(const gm_args &g, const gm_ptrs &p, int tiles) {
-    static_assert(sizeof(gx_smem<BM, ST>) <= sizeof tc_raw, "shared memory");
+    static_assert(sizeof(gx_smem<BM>) <= sizeof tc_raw, "shared memory");
     const gm_args *gp = &g;
     const gm_ptrs *pp = &p;
-    run_grid((unsigned)tiles, (unsigned)((g.N + GX_BN / NB - 1) / (GX_BN / NB)), 1, GX_T, [gp, pp] { k_gx<NB, BM, ST>(*gp, *pp); });
+    run_grid((unsigned)tiles, (unsigned)((g.N + GX_BN / NB - 1) / (GX_BN / NB)), 1, GX_T, [gp, pp] { k_gx<NB, BM, LDSM>(*gp, *pp); });
 }
 
 /* One MoE layer's experts through k_gx<2, BM> (gate, up, the activation, H in bf16) and k_gx<1, BM>
@@ -810,8 +835,12 @@ static void gx_run(const gm_args &g, const gm_ptrs &p, int tiles) {
  * the clamped one's), the activation's own fp32 roundings (expf, a division, products: 8 u
  * allowed) and H's rounding to bf16 (half an ulp: at most 2^-8 relative).
  * Down reads the kernel's own H, so its operands are the reference's exactly. */
-template <int BM, int ST>
+static std::vector<uint16_t> gx_last_h; /* the last case's H and Y, for the variants' bits */
+static std::vector<float> gx_last_y;
+
+template <int BM, bool LDSM>
 static void gx_case(int rows_const, bool bf16_bias, bool clamp, int d = 72, int de = 104) {
+    rng = 0x9e3779b97f4a7c15ull; /* the same operands for every variant of a case */
     const int E = 5, bucket[E] = {0, 1, BM - 1, BM + 7, 2 * BM + 3}, ldh = de + 5, ldy = d + 3;
     std::vector<int32_t> start(E + 1), tile_e, tile_r0;
     for (int e = 0; e < E; e++) start[e + 1] = start[e] + (rows_const ? 0 : bucket[e]);
@@ -846,10 +875,12 @@ static void gx_case(int rows_const, bool bf16_bias, bool clamp, int d = 72, int 
     gm_args g2 = {(const __nv_bfloat16 *)h.data(), ldh, h_es, de, d, tile_e.data(), tile_r0.data(), &nt, start.data(),
                   rows_const, y.data(), ldy, y_es, bf16_bias, 0, 0.0f, 0.0f};
     int tiles = rows_const ? E * ((rows_const + BM - 1) / BM) : n_tiles + 2;
-    bf16_mmas = 0;
-    gx_run<2, BM, ST>(g1, pg, tiles);
-    gx_run<1, BM, ST>(g2, pd, tiles);
+    bf16_mmas = 0, ldsm_loads = 0, ldsm_misaligned = 0;
+    gx_run<2, BM, LDSM>(g1, pg, tiles);
+    gx_run<1, BM, LDSM>(g2, pd, tiles);
     assert_true(bf16_mmas > 0);
+    assert_int_equal(ldsm_loads > 0, LDSM); /* the variant asked for ran */
+    assert_int_equal(ldsm_misaligned, 0);
     const double u = ldexp(1, -24);
     double worst_h = 0, worst_y = 0;
     for (int e = 0; e < E; e++) {
@@ -891,19 +922,32 @@ static void gx_case(int rows_const, bool bf16_bias, bool clamp, int d = 72, int 
             for (int o = d; o < ldy; o++) assert_true(isnan(y[row * ldy + o]));
         }
     }
-    print_message("k_gx BM %d, %d stages, %s, biases %s%s: worst |d| / bound: h %.3f, y %.3f\n", BM, ST,
+    gx_last_h = h, gx_last_y = y;
+    print_message("k_gx BM %d%s, %s, biases %s%s: worst |d| / bound: h %.3f, y %.3f\n", BM, LDSM ? ", ldmatrix" : "",
                   rows_const ? "every expert on the same rows" : "plan's tiles", bf16_bias ? "bf16" : "fp32",
                   clamp ? ", clamped SwiGLU" : "", worst_h, worst_y);
 }
 
+/* a case by 32-bit fragment loads, then by ldmatrix (knob gx_ldsm): both against float64, and
+ * the same bits (the same values in the same MMAs in the same order: exact by construction) */
+template <int BM>
+static void gx_both(int rows_const, bool bf16_bias, bool clamp, int d = 72, int de = 104) {
+    gx_case<BM, false>(rows_const, bf16_bias, clamp, d, de);
+    std::vector<uint16_t> h = gx_last_h;
+    std::vector<float> y = gx_last_y;
+    gx_case<BM, true>(rows_const, bf16_bias, clamp, d, de);
+    assert_true(h == gx_last_h);
+    assert_memory_equal(y.data(), gx_last_y.data(), sizeof(float) * y.size()); /* NaN padding included */
+}
+
 static void gx_matches_float64(void **state) {
     (void)state;
-    gx_case<32, GX_STAGES>(0, false, false);
-    gx_case<64, GX_STAGES>(0, true, true);
-    gx_case<32, GX_STAGES>(40, true, false);
-    gx_case<64, GX_STAGES>(40, false, true);
-    gx_case<64, GX_STAGES>(0, true, false, 232, 200); /* 8 and 7 inner steps: the stages wrap */
-    gx_case<32, GX_STAGES>(40, true, true, 232, 200);
+    gx_both<32>(0, false, false);
+    gx_both<64>(0, true, true);
+    gx_both<32>(40, true, false);
+    gx_both<64>(40, false, true);
+    gx_both<64>(0, true, false, 232, 200); /* 8 and 7 inner steps: the stages wrap */
+    gx_both<32>(40, true, true, 232, 200);
 }
 
 /* ---- the LM head's one-pass log-sum-exp (k_lse_rows) ---- */

@@ -1091,8 +1091,8 @@ __global__ static void k_reduce_select(const float *f, int ld, int n, int d, con
  * 155 GFLOP). Here a block computes BM (32 or 64) bucket rows x GX_BN weight rows with mma.sync
  * m16n8k16 BF16 (fp32 accumulation, as CUBLAS_COMPUTE_32F): each warp 32 rows x GX_BN / WN
  * weight rows (BM 64: 2 x 2 warps, 32 x 64, 16 MMAs a k16 step for 10 fragment loads), the
- * operand tiles copied by cp.async into ST shared-memory stages (the copies of steps k + 1 ..
- * k + ST - 1 in flight while step k computes; ST = GX_STAGES: at pp512 ncu found k_gx at 39-46 %
+ * operand tiles copied by cp.async into GX_STAGES shared-memory stages (the copies of steps k + 1 ..
+ * k + GX_STAGES - 1 in flight while step k computes: at pp512 ncu found k_gx at 39-46 %
  * of the DRAM bandwidth and 35 % of the SMs' throughput, latency-bound, yet 6 stages timed no
  * faster than 3 on an H200, BENCHMARKS.md run 11). NB 2 (gate and up): the block's weight rows are 64 gate
  * and 64 up rows of the same 64 output columns, so the epilogue has both for SwiGLU; NB 1
@@ -1312,11 +1312,24 @@ __device__ static __forceinline__ void cp_async16_fill(void *smem, const void *g
 }
 #endif
 
-template <int BM, int ST>
+/* ldmatrix .x4 (PTX ISA, "warp-level matrix load"): four 8 x 8 matrices of 16-bit values from
+ * shared memory, lanes 8 j .. 8 j + 7 giving the 16-byte rows of matrix j (ROW: this lane's row);
+ * lane l receives in r[j] the 32-bit word l % 4 of matrix j's row l / 4 */
+#ifndef M2D_CUDA_EMULATED
+__device__ static __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t *row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(row)));
+}
+#else
+__device__ static __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t *row) { m2d_emu_ldsm_x4(r, row); }
+#endif
+
+template <int BM>
 struct gx_smem {
     union {
         struct {
-            uint16_t a[ST][BM][GX_LDS], b[ST][GX_BN][GX_LDS];
+            uint16_t a[GX_STAGES][BM][GX_LDS], b[GX_STAGES][GX_BN][GX_LDS];
         } in;
         float c[BM][GX_BN + 4]; /* the accumulators, for the epilogue */
     };
@@ -1325,10 +1338,10 @@ struct gx_smem {
 /* inner step KT's operand tiles into stage S, as one cp.async group: the bucket rows r0 .. r1 of
  * A (rows past r1 copy row r0: computed, never stored) and the block's weight rows (past N, row 0;
  * NB 2: gate rows n0 .. n0 + 63, then up's); chunks past K are zeros */
-template <int NB, int BM, int ST>
+template <int NB, int BM>
 __device__ static __forceinline__ void gx_load(const gm_args &g, const gm_ptrs &p, int e, const __nv_bfloat16 *A,
-                                               int r0, int r1, int n0, int kt, gx_smem<BM, ST> &sm) {
-    int s = kt % ST, k0 = kt * GX_BK;
+                                               int r0, int r1, int n0, int kt, gx_smem<BM> &sm) {
+    int s = kt % GX_STAGES, k0 = kt * GX_BK;
 #pragma unroll
     for (int i = 0; i < BM * (GX_BK / 8) / GX_T; i++) {
         int q = threadIdx.x + i * GX_T, m = q / (GX_BK / 8), kc = k0 + q % (GX_BK / 8) * 8, r = r0 + m < r1 ? r0 + m : r0;
@@ -1349,37 +1362,57 @@ __device__ static __forceinline__ void gx_load(const gm_args &g, const gm_ptrs &
 /* the 32-bit word of halves (k, k + 1) of a tile row */
 __device__ static __forceinline__ uint32_t gx_word(const uint16_t *row, int k) { return *(const uint32_t *)(row + k); }
 
-/* one stage's MMAs of warp (wm, wn): rows 32 wm .., weight rows GX_BN / WN wn .. */
-template <int BM, int ST, int NF>
-__device__ static __forceinline__ void gx_mma(const gx_smem<BM, ST> &sm, int s, int wm, int wn, int g, int c,
+/* one stage's MMAs of warp (wm, wn): rows 32 wm .., weight rows GX_BN / WN wn .. (fragment loads
+ * of 32-bit words, or LDSM: ldmatrix, a quarter of the load instructions; the same values, so the
+ * same MMAs in the same order and the same bits) */
+template <int BM, int NF, bool LDSM>
+__device__ static __forceinline__ void gx_mma(const gx_smem<BM> &sm, int s, int wm, int wn, int lane,
                                               float (&acc)[2][NF][4]) {
+    int g = lane >> 2, c = lane & 3;
 #pragma unroll
     for (int ks = 0; ks < GX_BK; ks += 16) {
         uint32_t af[2][4];
 #pragma unroll
         for (int mi = 0; mi < 2; mi++) {
-            const uint16_t *r = sm.in.a[s][32 * wm + 16 * mi + g], *r8 = sm.in.a[s][32 * wm + 16 * mi + g + 8];
-            af[mi][0] = gx_word(r, ks + 2 * c), af[mi][1] = gx_word(r8, ks + 2 * c);
-            af[mi][2] = gx_word(r, ks + 2 * c + 8), af[mi][3] = gx_word(r8, ks + 2 * c + 8);
+            if (LDSM) { /* matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15): a0 .. a3 */
+                ldsm_x4(af[mi], &sm.in.a[s][32 * wm + 16 * mi + (lane & 15)][ks + (lane >> 4) * 8]);
+            } else {
+                const uint16_t *r = sm.in.a[s][32 * wm + 16 * mi + g], *r8 = sm.in.a[s][32 * wm + 16 * mi + g + 8];
+                af[mi][0] = gx_word(r, ks + 2 * c), af[mi][1] = gx_word(r8, ks + 2 * c);
+                af[mi][2] = gx_word(r, ks + 2 * c + 8), af[mi][3] = gx_word(r8, ks + 2 * c + 8);
+            }
         }
+        if (!LDSM) {
 #pragma unroll
-        for (int ni = 0; ni < NF; ni++) {
-            const uint16_t *w = sm.in.b[s][NF * 8 * wn + 8 * ni + g];
-            uint32_t b0 = gx_word(w, ks + 2 * c), b1 = gx_word(w, ks + 2 * c + 8);
+            for (int ni = 0; ni < NF; ni++) {
+                const uint16_t *w = sm.in.b[s][NF * 8 * wn + 8 * ni + g];
+                uint32_t b0 = gx_word(w, ks + 2 * c), b1 = gx_word(w, ks + 2 * c + 8);
 #pragma unroll
-            for (int mi = 0; mi < 2; mi++) mma_bf16(acc[mi][ni], af[mi], b0, b1);
+                for (int mi = 0; mi < 2; mi++) mma_bf16(acc[mi][ni], af[mi], b0, b1);
+            }
+        } else {
+#pragma unroll
+            for (int ni = 0; ni < NF; ni += 2) { /* matrices (ni's rows, k 0-7), (ni, 8-15), (ni + 1, 0-7), (ni + 1, 8-15) */
+                uint32_t b[4];
+                ldsm_x4(b, sm.in.b[s][NF * 8 * wn + 8 * (ni + (lane >> 4)) + (lane & 7)] + ks + ((lane >> 3) & 1) * 8);
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int mi = 0; mi < 2; mi++) mma_bf16(acc[mi][ni + h], af[mi], b[2 * h], b[2 * h + 1]);
+            }
         }
     }
 }
 
-/* one block per (tile, GX_BN / NB output columns); shared memory sizeof(gx_smem<BM, ST>), dynamic */
-template <int NB, int BM, int ST>
+/* one block per (tile, GX_BN / NB output columns); shared memory sizeof(gx_smem<BM>), dynamic;
+ * LDSM: the fragments by ldmatrix (knob gx_ldsm 1) */
+template <int NB, int BM, bool LDSM>
 __global__ static void __launch_bounds__(GX_T) k_gx(gm_args g, gm_ptrs p) {
     constexpr int WM = BM / 32, WN = 4 / WM, NF = GX_BN / WN / 8, COLS = GX_BN / NB;
 #ifndef M2D_CUDA_EMULATED
     extern __shared__ __align__(16) unsigned char tc_raw[];
 #endif
-    gx_smem<BM, ST> &sm = *(gx_smem<BM, ST> *)tc_raw;
+    gx_smem<BM> &sm = *(gx_smem<BM> *)tc_raw;
     int e, r0, r1, n0 = blockIdx.y * COLS;
     if (!gm_tile<BM>(g, blockIdx.x, e, r0, r1)) return;
     const __nv_bfloat16 *A = g.a + e * g.a_es;
@@ -1391,16 +1424,16 @@ __global__ static void __launch_bounds__(GX_T) k_gx(gm_args g, gm_ptrs p) {
         for (int ni = 0; ni < NF; ni++)
             for (int u = 0; u < 4; u++) acc[mi][ni][u] = 0.0f;
     int KT = (g.K + GX_BK - 1) / GX_BK;
-    for (int kt = 0; kt < ST - 1; kt++) {
-        if (kt < KT) gx_load<NB, BM, ST>(g, p, e, A, r0, r1, n0, kt, sm);
+    for (int kt = 0; kt < GX_STAGES - 1; kt++) {
+        if (kt < KT) gx_load<NB, BM>(g, p, e, A, r0, r1, n0, kt, sm);
         else cp_async_commit(); /* empty groups keep the count */
     }
     for (int kt = 0; kt < KT; kt++) {
-        cp_async_wait<ST - 2>(); /* step kt's copies (this thread's) done */
-        __syncthreads();         /* everyone's; and step kt - 1's stage free to refill */
-        if (kt + ST - 1 < KT) gx_load<NB, BM, ST>(g, p, e, A, r0, r1, n0, kt + ST - 1, sm);
+        cp_async_wait<GX_STAGES - 2>(); /* step kt's copies (this thread's) done */
+        __syncthreads();                /* everyone's; and step kt - 1's stage free to refill */
+        if (kt + GX_STAGES - 1 < KT) gx_load<NB, BM>(g, p, e, A, r0, r1, n0, kt + GX_STAGES - 1, sm);
         else cp_async_commit();
-        gx_mma<BM, ST, NF>(sm, kt % ST, wm, wn, gq, c, acc);
+        gx_mma<BM, NF, LDSM>(sm, kt % GX_STAGES, wm, wn, lane, acc);
     }
     cp_async_wait<0>();
     __syncthreads(); /* the stages are dead: the accumulators go through the same shared memory */
