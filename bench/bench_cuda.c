@@ -6,6 +6,9 @@
  * Usage: [BENCH_ONLY=moe] bench_cuda [DIR]   (checkpoints are written to DIR, default a fresh folder
  *        in /tmp; the transformers comparison, tools/bench_hf_gpu.py, reads the same checkpoints;
  *        BENCH_ONLY=moe leaves the dense student's slice out)
+ *        BENCH_PROFILE=knob=value[,knob=value] bench_cuda DIR: one ppl-2048 forward of the MoE
+ *        slice, bf16, with those backend knobs, and nothing else: the target of an ncu run
+ *        (tools/gpu_run.sh)
  * Without a cuda backend in the build, or without a GPU, it says so in one line and exits 0 (so
  * `make bench` runs everywhere); M2D_REQUIRE_GPU=1 (tools/gpu_check.sh) makes that exit 1.
  * Each timing is the best of several runs after a warm-up; leave() synchronises the device, so
@@ -278,9 +281,46 @@ static void model_rows(const char *dir, const char *label, double peak) {
     m2d_model_close(m);
 }
 
+/* one ppl-2048 forward of the MoE slice in DIR at bf16, with the backend knobs of KNOBS
+ * ("name=value,name=value"); 0 when it ran */
+static int profile_forward(const char *dir, const char *knobs) {
+    m2d_model *m;
+    m2d_engine *e = NULL;
+    if (write_slice(dir, 1) || m2d_model_open(dir, &m)) return -1;
+    int rc = m2d_engine_open(m, &(m2d_engine_opts){.backend = "cuda", .precision = M2D_PREC_BF16}, &e);
+    m2d_backend *be = rc ? NULL : m2d_engine_backend(e);
+    char *list = m2d_strdup(knobs), *save = NULL;
+    for (char *kv = strtok_r(list, ",", &save); rc == 0 && kv; kv = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(kv, '=');
+        if (!eq) rc = m2d_err("BENCH_PROFILE: '%s': expected knob=value", kv);
+        else *eq = 0, rc = be->ops->tune(be, kv, atoi(eq + 1));
+    }
+    free(list);
+    if (rc == 0) {
+        m2d_engine_cache_weights(e, be->ops->resident_budget(be));
+        rc = time_forward(e, m->cfg.vocab_size, 2048, 0, 0) > 0 ? 0 : -1;
+    }
+    if (be) m2d_engine_free(e);
+    m2d_model_close(m);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     int strict = getenv("M2D_REQUIRE_GPU") != NULL;
     m2d_backend *be;
+    const char *prof = getenv("BENCH_PROFILE");
+    if (prof) { /* the GPU first: no 3.7 GB slice written for a machine without one */
+        if (!have_cuda() || m2d_backend_new("cuda", NULL, &be)) {
+            fprintf(stderr, "bench_cuda: BENCH_PROFILE: %s\n", have_cuda() ? m2d_errmsg() : "no cuda backend in this build");
+            return 1;
+        }
+        m2d_backend_free(be);
+        char *dir = m2d_path_join(argc > 1 ? argv[1] : "/tmp/m2d-bench-cuda-profile", "qwen3-30b-a3b-2l");
+        int rc = profile_forward(dir, prof);
+        if (rc) fprintf(stderr, "bench_cuda: %s\n", m2d_errmsg());
+        free(dir);
+        return rc ? 1 : 0;
+    }
     if (!have_cuda() || m2d_backend_new("cuda", NULL, &be)) {
         printf("bench_cuda: skipped: %s\n", have_cuda() ? m2d_errmsg() : "no cuda backend in this build (make CUDA=1)");
         return strict;

@@ -10,12 +10,14 @@
 # 3. bench_cuda (GEMM yardstick; pp512 / PPL-eval tokens/s on Qwen3-30B-A3B-shaped slices, the
 #    reference kernels' row, op times), then transformers on the same checkpoints when python3 has
 #    torch + transformers
-# 4. one configuration end to end on both devices (tools/gpu_e2e.sh)
+# 4. ncu (Nsight Compute, when the machine has it) on k_gx in one ppl-2048 forward of the MoE slice,
+#    with each value of the knob gx_ldsm: its throughputs, occupancy and warp stalls
+# 5. one configuration end to end on both devices (tools/gpu_e2e.sh)
 # Logs go to $OUT (default /tmp/m2d-gpu-out): gpu-run.log (everything), test_*.log (each binary's
 # whole output), bench.log. Each stage has a time limit (STAGE_S, default 240 s) so that one hung
 # stage cannot eat the machine's time (BENCH_S, default 300 s, for bench_cuda: it writes 5 GB of
-# checkpoints first); SKIP_E2E=1 leaves stage 4 out, SKIP_HF=1 transformers, SKIP_BENCH=1 both
-# benchmarks, BENCH_ONLY=moe the dense student's slice. Exit status: non-zero if
+# checkpoints first); SKIP_E2E=1 leaves stage 5 out, SKIP_NCU=1 stage 4, SKIP_HF=1 transformers,
+# SKIP_BENCH=1 both benchmarks and ncu, BENCH_ONLY=moe the dense student's slice. Exit status: non-zero if
 # a test failed.
 set -u
 bundle=${1:-gpu-bundle/bundle.tar.xz}
@@ -95,6 +97,21 @@ if [ "${SKIP_HF:-0}" != 1 ] && python3 -c 'import torch, transformers; assert to
     grep -v "Loading weights" | tee -a "$out/bench.log"
 else
   echo "skipped (SKIP_HF=1, or python3 lacks torch/transformers with CUDA)"
+fi
+
+ncu=$(command -v ncu || ls "${CUDA_HOME:-/usr/local/cuda}/bin/ncu" 2>/dev/null)
+if [ "${SKIP_NCU:-0}" = 1 ] || [ "${SKIP_BENCH:-0}" = 1 ] || [ -z "$ncu" ]; then
+  step "ncu: skipped (SKIP_NCU=1, SKIP_BENCH=1, or no ncu)"
+else
+  step "ncu: k_gx in one ppl-2048 forward of the MoE slice, each gx_ldsm (ncu locks the clocks: compare shares)"
+  for v in 0 1; do
+    BENCH_PROFILE=gx_ldsm=$v timeout 150 "$ncu" --kernel-name regex:k_gx --launch-count 4 --section SpeedOfLight \
+      --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+      "$B/bin/bench_cuda" "$BENCH_DIR" > "$out/ncu-gx_ldsm$v.txt" 2>&1
+    echo "gx_ldsm=$v: exit $? (whole report: ncu-gx_ldsm$v.txt)"
+    grep -E 'k_gx|Duration|Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Warp Cycles Per Issued' \
+      "$out/ncu-gx_ldsm$v.txt" | head -60
+  done
 fi
 
 # last: the least needed of the stages (the bundle carries its CPU half, so it is ~30 s of GPU work)
