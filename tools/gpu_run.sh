@@ -6,7 +6,8 @@
 # 2. the GPU tests with the GPU required (M2D_REQUIRE_GPU=1: "no GPU" fails instead of skipping),
 #    every case run, one line per case with its measured difference; then test_engine and
 #    test_calib again under M2D_CUDA_FAST=0 (the reference kernels: per-expert MoE through cuBLASLt,
-#    warp-per-row attention), their output in test_reference.log
+#    warp-per-row attention, the two-pass log-sum-exp, calibration's experts one by one and its
+#    Gram by FMA tiles), their output in test_reference.log
 # 3. bench_cuda (GEMM yardstick; pp512 / PPL-eval tokens/s on Qwen3-30B-A3B-shaped slices, the
 #    reference kernels' row, op times), then transformers on the same checkpoints when python3 has
 #    torch + transformers
