@@ -206,12 +206,12 @@ static void calib_row(m2d_engine *e, const m2d_model *m, double peak) {
 /* one row's kernels: moe_grouped 3 (mma.sync, k_gx), 1 (WMMA) or 0 (per-expert reference); attn_kernel
  * 3 (tensor cores, 3xFP16), 2 (tensor cores, 3xTF32), 1 (tiles on the CUDA cores) or 0 (reference);
  * lse_two_pass: the LM head's log-sum-exp in two passes (lse_kernel 0, the reference) instead of
- * one; ldsm: k_gx's fragments by ldmatrix (knob gx_ldsm); attention: the precision of attention's operands (m2d_engine_opts.attention: bf16 is
+ * one; ldsm: k_gx's fragments by ldmatrix (knob gx_ldsm); wide: its wide blocks (gx_wide); attention: the precision of attention's operands (m2d_engine_opts.attention: bf16 is
  * transformers' SDPA's arithmetic, the like-for-like row against it). The rows are A/Bs of the
  * paths on the same GPU in the same run. */
 typedef struct {
     m2d_precision prec, attention;
-    int moe, attn, lse_two_pass, ldsm;
+    int moe, attn, lse_two_pass, ldsm, wide;
     int moe_only; /* a row for the MoE slice alone */
     int op_times; /* where its device time goes, too */
     const char *note;
@@ -220,7 +220,8 @@ typedef struct {
 static int set_kernels(m2d_engine *e, const kernel_run *r) {
     m2d_backend *be = m2d_engine_backend(e);
     return be->ops->tune(be, "moe_grouped", r->moe) || be->ops->tune(be, "attn_kernel", r->attn) ||
-           be->ops->tune(be, "lse_kernel", !r->lse_two_pass) || be->ops->tune(be, "gx_ldsm", r->ldsm);
+           be->ops->tune(be, "lse_kernel", !r->lse_two_pass) || be->ops->tune(be, "gx_ldsm", r->ldsm) ||
+           be->ops->tune(be, "gx_wide", r->wide);
 }
 
 /* where one pp512 and one ppl-2048 call spend their device time, op by op (the backend's knob
@@ -244,7 +245,7 @@ static void model_rows(const char *dir, const char *label, double peak) {
         return;
     }
     /* bf16 with the default kernels; attention on bf16 operands (k_attention_b16); the
-     * log-sum-exp in two passes; k_gx by ldmatrix; the MoE by the WMMA grouped kernel; attention in 3xTF32 and on the
+     * log-sum-exp in two passes; k_gx by ldmatrix, in wide blocks, both; the MoE by the WMMA grouped kernel; attention in 3xTF32 and on the
      * CUDA cores; the reference kernels; fp32 */
     const m2d_precision bf = M2D_PREC_BF16;
     const kernel_run runs[] = {
@@ -252,6 +253,9 @@ static void model_rows(const char *dir, const char *label, double peak) {
         {.prec = bf, .attention = bf, .moe = 3, .attn = 3, .op_times = 1, .note = " (attention in bf16)"},
         {.prec = bf, .moe = 3, .attn = 3, .lse_two_pass = 1, .note = " (log-sum-exp in two passes)"},
         {.prec = bf, .moe = 3, .attn = 3, .ldsm = 1, .moe_only = 1, .op_times = 1, .note = " (k_gx by ldmatrix)"},
+        {.prec = bf, .moe = 3, .attn = 3, .wide = 1, .moe_only = 1, .op_times = 1, .note = " (k_gx in wide blocks)"},
+        {.prec = bf, .moe = 3, .attn = 3, .ldsm = 1, .wide = 1, .moe_only = 1, .op_times = 1,
+         .note = " (k_gx wide, by ldmatrix)"},
         {.prec = bf, .moe = 1, .attn = 3, .moe_only = 1, .op_times = 1, .note = " (MoE by WMMA tiles)"},
         {.prec = bf, .moe = 3, .attn = 2, .note = " (attention 3xTF32)"},
         {.prec = bf, .moe = 3, .attn = 1, .note = " (attention by SIMT tiles)"},

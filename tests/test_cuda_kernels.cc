@@ -816,13 +816,13 @@ static void reductions_match_host(void **state) {
 
 static uint16_t bf16_normal(double sd) { return bf16_bits((float)(normal() * sd)); }
 
-/* k_gx<NB, BM, LDSM> as gm_launch launches it, over TILES tiles (spare blocks past the plan's included) */
-template <int NB, int BM, bool LDSM>
+/* k_gx<NB, BM, BN, LDSM> as gm_launch launches it, over TILES tiles (spare blocks past the plan's included) */
+template <int NB, int BM, int BN, bool LDSM>
 static void gx_run(const gm_args &g, const gm_ptrs &p, int tiles) {
-    static_assert(sizeof(gx_smem<BM>) <= sizeof tc_raw, "shared memory");
+    static_assert(sizeof(gx_smem<BM, BN>) <= sizeof tc_raw, "shared memory");
     const gm_args *gp = &g;
     const gm_ptrs *pp = &p;
-    run_grid((unsigned)tiles, (unsigned)((g.N + GX_BN / NB - 1) / (GX_BN / NB)), 1, GX_T, [gp, pp] { k_gx<NB, BM, LDSM>(*gp, *pp); });
+    run_grid((unsigned)tiles, (unsigned)((g.N + BN / NB - 1) / (BN / NB)), 1, GX_T, [gp, pp] { k_gx<NB, BM, BN, LDSM>(*gp, *pp); });
 }
 
 /* One MoE layer's experts through k_gx<2, BM> (gate, up, the activation, H in bf16) and k_gx<1, BM>
@@ -838,7 +838,7 @@ static void gx_run(const gm_args &g, const gm_ptrs &p, int tiles) {
 static std::vector<uint16_t> gx_last_h; /* the last case's H and Y, for the variants' bits */
 static std::vector<float> gx_last_y;
 
-template <int BM, bool LDSM>
+template <int BM, int BN, bool LDSM>
 static void gx_case(int rows_const, bool bf16_bias, bool clamp, int d = 72, int de = 104) {
     rng = 0x9e3779b97f4a7c15ull; /* the same operands for every variant of a case */
     const int E = 5, bucket[E] = {0, 1, BM - 1, BM + 7, 2 * BM + 3}, ldh = de + 5, ldy = d + 3;
@@ -876,8 +876,8 @@ static void gx_case(int rows_const, bool bf16_bias, bool clamp, int d = 72, int 
                   rows_const, y.data(), ldy, y_es, bf16_bias, 0, 0.0f, 0.0f};
     int tiles = rows_const ? E * ((rows_const + BM - 1) / BM) : n_tiles + 2;
     bf16_mmas = 0, ldsm_loads = 0, ldsm_misaligned = 0;
-    gx_run<2, BM, LDSM>(g1, pg, tiles);
-    gx_run<1, BM, LDSM>(g2, pd, tiles);
+    gx_run<2, BM, BN, LDSM>(g1, pg, tiles);
+    gx_run<1, BM, BN, LDSM>(g2, pd, tiles);
     assert_true(bf16_mmas > 0);
     assert_int_equal(ldsm_loads > 0, LDSM); /* the variant asked for ran */
     assert_int_equal(ldsm_misaligned, 0);
@@ -923,31 +923,37 @@ static void gx_case(int rows_const, bool bf16_bias, bool clamp, int d = 72, int 
         }
     }
     gx_last_h = h, gx_last_y = y;
-    print_message("k_gx BM %d%s, %s, biases %s%s: worst |d| / bound: h %.3f, y %.3f\n", BM, LDSM ? ", ldmatrix" : "",
+    print_message("k_gx BM %d, BN %d%s, %s, biases %s%s: worst |d| / bound: h %.3f, y %.3f\n", BM, BN, LDSM ? ", ldmatrix" : "",
                   rows_const ? "every expert on the same rows" : "plan's tiles", bf16_bias ? "bf16" : "fp32",
                   clamp ? ", clamped SwiGLU" : "", worst_h, worst_y);
 }
 
-/* a case by 32-bit fragment loads, then by ldmatrix (knob gx_ldsm): both against float64, and
- * the same bits (the same values in the same MMAs in the same order: exact by construction) */
+/* a case by 32-bit fragment loads, then by ldmatrix (knob gx_ldsm), then in the wide blocks (knob
+ * gx_wide; by ldmatrix on odd cases): each against float64, and all with the same bits (the same
+ * values in the same MMAs in the same order: exact by construction) */
 template <int BM>
-static void gx_both(int rows_const, bool bf16_bias, bool clamp, int d = 72, int de = 104) {
-    gx_case<BM, false>(rows_const, bf16_bias, clamp, d, de);
+static void gx_variants(int rows_const, bool bf16_bias, bool clamp, int d = 72, int de = 104) {
+    gx_case<BM, GX_BN, false>(rows_const, bf16_bias, clamp, d, de);
     std::vector<uint16_t> h = gx_last_h;
     std::vector<float> y = gx_last_y;
-    gx_case<BM, true>(rows_const, bf16_bias, clamp, d, de);
-    assert_true(h == gx_last_h);
-    assert_memory_equal(y.data(), gx_last_y.data(), sizeof(float) * y.size()); /* NaN padding included */
+    for (int v = 0; v < 2; v++) {
+        if (v == 0) gx_case<BM, GX_BN, true>(rows_const, bf16_bias, clamp, d, de);
+        else if (rows_const % 2 == 0) gx_case<BM, GX_BN_WIDE, false>(rows_const, bf16_bias, clamp, d, de);
+        else gx_case<BM, GX_BN_WIDE, true>(rows_const, bf16_bias, clamp, d, de);
+        assert_true(h == gx_last_h);
+        assert_memory_equal(y.data(), gx_last_y.data(), sizeof(float) * y.size()); /* NaN padding included */
+    }
 }
 
 static void gx_matches_float64(void **state) {
     (void)state;
-    gx_both<32>(0, false, false);
-    gx_both<64>(0, true, true);
-    gx_both<32>(40, true, false);
-    gx_both<64>(40, false, true);
-    gx_both<64>(0, true, false, 232, 200); /* 8 and 7 inner steps: the stages wrap */
-    gx_both<32>(40, true, true, 232, 200);
+    gx_variants<32>(0, false, false);
+    gx_variants<64>(0, true, true);
+    gx_variants<32>(41, true, false);
+    gx_variants<64>(40, false, true);
+    gx_variants<64>(0, true, false, 232, 200); /* 8 and 7 inner steps: the stages wrap */
+    gx_variants<32>(41, true, true, 232, 200);
+    gx_variants<64>(0, false, false, 72, 296); /* gate/up 296 columns: a wide block's 128 and a tail */
 }
 
 /* ---- the LM head's one-pass log-sum-exp (k_lse_rows) ---- */

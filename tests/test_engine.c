@@ -915,14 +915,16 @@ static void moe_bf16_case(const char *backend, int N, int D, int DE, int E, int 
         be->ops->moe(be, &a);
         download(be, y, yb, sizeof(float) * N * D);
         if (timed) assert_int_equal(be->ops->tune(be, "profile", 0), 0); /* its table on stderr */
-        /* cuda: k_gx's fragments by ldmatrix: the same values in the same MMAs, so the same bits */
-        if (knob && grouped == 3 && be->ops->tune(be, "gx_ldsm", 1) == 0) {
+        /* cuda: k_gx's fragments by ldmatrix, and its wide blocks: the same values in the same MMAs
+         * in the same order, so the same bits */
+        static const char *const same_bits[][2] = {{"gx_ldsm", "k_gx by ldmatrix"}, {"gx_wide", "k_gx in wide blocks"}};
+        for (int v = 0; knob && grouped == 3 && v < 2 && be->ops->tune(be, same_bits[v][0], 1) == 0; v++) {
             float *y2 = malloc(sizeof(float) * N * D);
             be->ops->moe(be, &a);
             download(be, y2, yb, sizeof(float) * N * D);
-            assert_int_equal(be->ops->tune(be, "gx_ldsm", 0), 0);
+            assert_int_equal(be->ops->tune(be, same_bits[v][0], 0), 0);
             assert_memory_equal(y2, y, sizeof(float) * N * D);
-            print_message("%s: moe bf16 %dx%d, %d experts: k_gx by ldmatrix gives the same bits\n", backend, N, D, E);
+            print_message("%s: moe bf16 %dx%d, %d experts: %s gives the same bits\n", backend, N, D, E, same_bits[v][1]);
             free(y2);
         }
         double worst = 0;

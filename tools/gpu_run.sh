@@ -12,7 +12,7 @@
 #    reference kernels' row, op times), then transformers on the same checkpoints when python3 has
 #    torch + transformers
 # 4. ncu (Nsight Compute, when the machine has it) on k_gx in one ppl-2048 forward of the MoE slice,
-#    with each value of the knob gx_ldsm: its throughputs, occupancy and warp stalls
+#    with the knobs gx_ldsm and gx_wide off and on: its throughputs, occupancy and warp stalls
 # 5. one configuration end to end on both devices (tools/gpu_e2e.sh)
 # Logs go to $OUT (default /tmp/m2d-gpu-out): gpu-run.log (everything), test_*.log (each binary's
 # whole output), bench.log. Each stage has a time limit (STAGE_S, default 240 s) so that one hung
@@ -104,14 +104,14 @@ ncu=$(command -v ncu || ls "${CUDA_HOME:-/usr/local/cuda}/bin/ncu" 2>/dev/null)
 if [ "${SKIP_NCU:-0}" = 1 ] || [ "${SKIP_BENCH:-0}" = 1 ] || [ -z "$ncu" ]; then
   step "ncu: skipped (SKIP_NCU=1, SKIP_BENCH=1, or no ncu)"
 else
-  step "ncu: k_gx in one ppl-2048 forward of the MoE slice, each gx_ldsm (ncu locks the clocks: compare shares)"
-  for v in 0 1; do
-    BENCH_PROFILE=gx_ldsm=$v timeout 150 "$ncu" --kernel-name regex:k_gx --launch-count 4 --section SpeedOfLight \
+  step "ncu: k_gx in one ppl-2048 forward of the MoE slice, its variants (ncu locks the clocks: compare shares)"
+  for v in gx_ldsm=0 gx_ldsm=1 gx_wide=1 gx_ldsm=1,gx_wide=1; do
+    rep="$out/ncu-$(echo "$v" | tr ',=' '_-').txt"
+    BENCH_PROFILE=$v timeout 120 "$ncu" --kernel-name regex:k_gx --launch-count 4 --section SpeedOfLight \
       --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-      "$B/bin/bench_cuda" "$BENCH_DIR" > "$out/ncu-gx_ldsm$v.txt" 2>&1
-    echo "gx_ldsm=$v: exit $? (whole report: ncu-gx_ldsm$v.txt)"
-    grep -E 'k_gx|Duration|Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Warp Cycles Per Issued' \
-      "$out/ncu-gx_ldsm$v.txt" | head -60
+      "$B/bin/bench_cuda" "$BENCH_DIR" > "$rep" 2>&1
+    echo "$v: exit $? (whole report: $(basename "$rep"))"
+    grep -E 'k_gx|Duration|Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Warp Cycles Per Issued' "$rep" | head -40
   done
 fi
 

@@ -34,9 +34,9 @@
  * (gram_kernel 1, 0), every GEMM through cuBLASLt or the one-thread-per-output kernel
  * (gemm_naive), the LM head's log-sum-exp in one pass or two (lse_kernel 1, 0). The tests run
  * both sides; knob profile times the ops. A kernel not yet timed on a GPU waits behind a knob
- * whose default is the measured path (gx_ldsm: k_gx's fragments by ldmatrix); once timed, the
- * faster becomes the default and the other goes (BENCHMARKS.md, run 11: the plan on one block and
- * k_gx's 6-stage pipeline went).
+ * whose default is the measured path (gx_ldsm: k_gx's fragments by ldmatrix; gx_wide: its wider
+ * blocks); once timed, the faster becomes the default and the other goes (BENCHMARKS.md, run 11:
+ * the plan on one block and k_gx's 6-stage pipeline went).
  *
  * Errors: ops do not return them. The first CUDA/cuBLASLt failure is kept (sticky), later ops are
  * skipped, and leave() reports it with m2d_err after synchronising the device.
@@ -173,6 +173,8 @@ struct cu_be {
     unsigned gx_smem_set; /* k_gx instantiations allowed their shared memory (gx_launch_as's bits) */
     int gx_ldsm;          /* knob: k_gx's fragments by ldmatrix (1) or 32-bit shared loads (0, the
                            * default until a GPU has timed both; the same bits) */
+    int gx_wide;          /* knob: k_gx's blocks of GX_BN_WIDE weight rows, warps of BM x 64 (1), or
+                           * GX_BN (0, the default until a GPU has timed both; the same bits) */
     int lm_rows;          /* knob: the LM head's rows per GEMM (LM_ROWS by default; 1 .. LM_ROWS) */
     int lse_kernel;       /* knob: the LM head's log-sum-exp in one pass (k_lse_rows, 1, the default:
                            * 6-7 % more PPL-eval tokens/s on an H200) or two (k_lse_chunk, 0, the
@@ -1660,31 +1662,42 @@ static void gm_launch_pre(int NB, m2d_dtype wdt, dim3 grid, const gm_args *g, co
     else k_grouped<1, float, PRE><<<grid, GM_T>>>(*g, *p);
 }
 
-/* k_gx<NB, BM, LDSM> with its dynamic shared memory (allowed past 48 KB once per instantiation: bit
- * BIT of gx_smem_set) */
-template <int NB, int BM, bool LDSM>
+/* k_gx<NB, BM, BN, LDSM> with its dynamic shared memory (allowed past 48 KB once per
+ * instantiation: bit BIT of gx_smem_set) */
+template <int NB, int BM, int BN, bool LDSM>
 static void gx_launch_as(cu_be *c, dim3 grid, const gm_args *g, const gm_ptrs *p) {
-    unsigned bit = 1u << ((NB - 1) + 2 * (BM == 64) + 4 * LDSM);
-    size_t smem = sizeof(gx_smem<BM>);
+    unsigned bit = 1u << ((NB - 1) + 2 * (BM == 64) + 4 * LDSM + 8 * (BN == GX_BN_WIDE));
+    size_t smem = sizeof(gx_smem<BM, BN>);
     if (!(c->gx_smem_set & bit)) {
-        if (!cuda_ok(c, cudaFuncSetAttribute(k_gx<NB, BM, LDSM>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+        if (!cuda_ok(c, cudaFuncSetAttribute(k_gx<NB, BM, BN, LDSM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)smem),
                      "k_gx shared memory"))
             return;
         c->gx_smem_set |= bit;
     }
-    k_gx<NB, BM, LDSM><<<grid, GX_T, smem>>>(*g, *p);
+    k_gx<NB, BM, BN, LDSM><<<grid, GX_T, smem>>>(*g, *p);
+}
+
+/* the knobs gx_ldsm and gx_wide: the instantiation */
+template <int NB, int BM>
+static void gx_launch_nb(cu_be *c, dim3 grid, const gm_args *g, const gm_ptrs *p) {
+    if (c->gx_wide && c->gx_ldsm) gx_launch_as<NB, BM, GX_BN_WIDE, true>(c, grid, g, p);
+    else if (c->gx_wide) gx_launch_as<NB, BM, GX_BN_WIDE, false>(c, grid, g, p);
+    else if (c->gx_ldsm) gx_launch_as<NB, BM, GX_BN, true>(c, grid, g, p);
+    else gx_launch_as<NB, BM, GX_BN, false>(c, grid, g, p);
 }
 
 template <int BM>
 static void gx_launch(cu_be *c, int NB, dim3 grid, const gm_args *g, const gm_ptrs *p) {
-    if (NB == 2) c->gx_ldsm ? gx_launch_as<2, BM, true>(c, grid, g, p) : gx_launch_as<2, BM, false>(c, grid, g, p);
-    else c->gx_ldsm ? gx_launch_as<1, BM, true>(c, grid, g, p) : gx_launch_as<1, BM, false>(c, grid, g, p);
+    if (NB == 2) gx_launch_nb<2, BM>(c, grid, g, p);
+    else gx_launch_nb<1, BM>(c, grid, g, p);
 }
 
 /* the grouped GEMM of NB weight matrices over TILES tiles of BM rows: k_gx (BM 32 or 64; its
- * blocks take GX_BN / NB output columns) or k_grouped (BM 0: GM_BM-row tiles, GM_BN columns) */
+ * blocks take GX_BN / NB output columns, GX_BN_WIDE / NB with gx_wide) or k_grouped (BM 0:
+ * GM_BM-row tiles, GM_BN columns) */
 static void gm_launch(cu_be *c, int NB, m2d_dtype wdt, int bm, int tiles, const gm_args *g, const gm_ptrs *p) {
-    int cols = bm ? GX_BN / NB : GM_BN;
+    int cols = bm ? (c->gx_wide ? GX_BN_WIDE : GX_BN) / NB : GM_BN;
     dim3 grid((unsigned)tiles, (unsigned)((g->N + cols - 1) / cols));
     if (bm == 64) gx_launch<64>(c, NB, grid, g, p);
     else if (bm == 32) gx_launch<32>(c, NB, grid, g, p);
@@ -2189,6 +2202,7 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
               : strcmp(knob, "all_batched") == 0 ? &CU(be)->all_batched
               : strcmp(knob, "lse_kernel") == 0  ? &CU(be)->lse_kernel
               : strcmp(knob, "gx_ldsm") == 0     ? &CU(be)->gx_ldsm
+              : strcmp(knob, "gx_wide") == 0     ? &CU(be)->gx_wide
               : strcmp(knob, "profile") == 0     ? &CU(be)->prof.on : NULL;
     if (at == &CU(be)->prof.on && value == 0 && *at) prof_report(CU(be)); /* profile 0: report, stop */
     int top = at == &CU(be)->attn_kernel || at == &CU(be)->moe_grouped ? 3
@@ -2199,7 +2213,7 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
         return 0;
     }
     return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile, gram_kernel, "
-                   "lse_kernel, gx_ldsm: 0|1; moe_grouped, attn_kernel: 0..3; all_batched: 0|1|2; all_grouped_rows: >= 0; "
+                   "lse_kernel, gx_ldsm, gx_wide: 0|1; moe_grouped, attn_kernel: 0..3; all_batched: 0|1|2; all_grouped_rows: >= 0; "
                    "lm_rows: 1..2048)",
                    knob, value);
 }

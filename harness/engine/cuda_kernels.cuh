@@ -1109,7 +1109,8 @@ __global__ static void k_reduce_select(const float *f, int ld, int n, int d, con
 #define GX_BK 32        /* inner-dimension step */
 #define GX_STAGES 3       /* cp.async stages */
 #define GX_LDS (GX_BK + 8)
-#define GX_BN 128       /* weight rows a block */
+#define GX_BN 128       /* weight rows a block (GX_BN_WIDE with the knob gx_wide 1) */
+#define GX_BN_WIDE 256
 #define GX_T 128        /* threads a block: 4 warps */
 
 /* ---- the MoE's bucket plan on many blocks (k_plan_count, k_plan_scan, k_plan_place) ----
@@ -1279,8 +1280,8 @@ __device__ static __forceinline__ bool gm_tile(const gm_args &g, int tile, int &
     return true;
 }
 
-/* the bias-added result C (the tile's BM x GX_BN accumulators) written out: NB 2, act(gate, up)
- * rounded to bf16 (columns j of gate and GX_BN / 2 + j of up); NB 1, fp32 */
+/* the bias-added result C (the tile's accumulators, NB x COLS columns) written out: NB 2,
+ * act(gate, up) rounded to bf16 (columns j of gate and COLS + j of up); NB 1, fp32 */
 template <int NB, int BM, int LDC>
 __device__ static void gm_epilogue(const gm_args &g, const gm_ptrs &p, int e, int r0, int r1, int n0, int cols,
                                    const float *C) {
@@ -1325,22 +1326,31 @@ __device__ static __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t 
 __device__ static __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t *row) { m2d_emu_ldsm_x4(r, row); }
 #endif
 
-template <int BM>
+template <int BM, int BN>
 struct gx_smem {
     union {
         struct {
-            uint16_t a[GX_STAGES][BM][GX_LDS], b[GX_STAGES][GX_BN][GX_LDS];
+            uint16_t a[GX_STAGES][BM][GX_LDS], b[GX_STAGES][BN][GX_LDS];
         } in;
-        float c[BM][GX_BN + 4]; /* the accumulators, for the epilogue */
+        float c[BM][BN + 4]; /* the accumulators, for the epilogue */
     };
+};
+
+/* a block's 4 warps over its BM x BN tile: WM x WN warps of WR rows (MI m16 fragments) and
+ * BN / WN weight rows (NF n8 fragments). BN 128: 32-row warps (BM 64: 2 x 2 warps of 32 x 64);
+ * BN 256 (knob gx_wide): one row of 4 warps of BM x 64, twice the MMAs for each fragment loaded
+ * at BM 64, and half the A tiles a weight row is multiplied with. */
+template <int BM, int BN>
+struct gx_warps {
+    static constexpr int WM = BN == GX_BN_WIDE ? 1 : BM / 32, WN = 4 / WM, WR = BM / WM, MI = WR / 16, NF = BN / WN / 8;
 };
 
 /* inner step KT's operand tiles into stage S, as one cp.async group: the bucket rows r0 .. r1 of
  * A (rows past r1 copy row r0: computed, never stored) and the block's weight rows (past N, row 0;
- * NB 2: gate rows n0 .. n0 + 63, then up's); chunks past K are zeros */
-template <int NB, int BM>
+ * NB 2: gate rows n0 .. n0 + BN / 2 - 1, then up's); chunks past K are zeros */
+template <int NB, int BM, int BN>
 __device__ static __forceinline__ void gx_load(const gm_args &g, const gm_ptrs &p, int e, const __nv_bfloat16 *A,
-                                               int r0, int r1, int n0, int kt, gx_smem<BM> &sm) {
+                                               int r0, int r1, int n0, int kt, gx_smem<BM, BN> &sm) {
     int s = kt % GX_STAGES, k0 = kt * GX_BK;
 #pragma unroll
     for (int i = 0; i < BM * (GX_BK / 8) / GX_T; i++) {
@@ -1349,9 +1359,9 @@ __device__ static __forceinline__ void gx_load(const gm_args &g, const gm_ptrs &
         cp_async16_fill(&sm.in.a[s][m][kc - k0], A + (size_t)r * g.lda + (in ? kc : 0), in ? 16 : 0);
     }
 #pragma unroll
-    for (int i = 0; i < GX_BN * (GX_BK / 8) / GX_T; i++) {
+    for (int i = 0; i < BN * (GX_BK / 8) / GX_T; i++) {
         int q = threadIdx.x + i * GX_T, row = q / (GX_BK / 8), kc = k0 + q % (GX_BK / 8) * 8;
-        int b = NB == 2 ? row / (GX_BN / 2) : 0, n = n0 + (NB == 2 ? row % (GX_BN / 2) : row);
+        int b = NB == 2 ? row / (BN / 2) : 0, n = n0 + (NB == 2 ? row % (BN / 2) : row);
         bool in = kc < g.K;
         const __nv_bfloat16 *w = (const __nv_bfloat16 *)p.w[b][e] + (size_t)(n < g.N ? n : 0) * g.K;
         cp_async16_fill(&sm.in.b[s][row][kc - k0], w + (in ? kc : 0), in ? 16 : 0);
@@ -1362,22 +1372,23 @@ __device__ static __forceinline__ void gx_load(const gm_args &g, const gm_ptrs &
 /* the 32-bit word of halves (k, k + 1) of a tile row */
 __device__ static __forceinline__ uint32_t gx_word(const uint16_t *row, int k) { return *(const uint32_t *)(row + k); }
 
-/* one stage's MMAs of warp (wm, wn): rows 32 wm .., weight rows GX_BN / WN wn .. (fragment loads
+/* one stage's MMAs of warp (wm, wn): rows WR wm .., weight rows BN / WN wn .. (fragment loads
  * of 32-bit words, or LDSM: ldmatrix, a quarter of the load instructions; the same values, so the
  * same MMAs in the same order and the same bits) */
-template <int BM, int NF, bool LDSM>
-__device__ static __forceinline__ void gx_mma(const gx_smem<BM> &sm, int s, int wm, int wn, int lane,
-                                              float (&acc)[2][NF][4]) {
+template <int BM, int BN, bool LDSM, int WR = gx_warps<BM, BN>::WR, int MI = gx_warps<BM, BN>::MI,
+          int NF = gx_warps<BM, BN>::NF>
+__device__ static __forceinline__ void gx_mma(const gx_smem<BM, BN> &sm, int s, int wm, int wn, int lane,
+                                              float (&acc)[MI][NF][4]) {
     int g = lane >> 2, c = lane & 3;
 #pragma unroll
     for (int ks = 0; ks < GX_BK; ks += 16) {
-        uint32_t af[2][4];
+        uint32_t af[MI][4];
 #pragma unroll
-        for (int mi = 0; mi < 2; mi++) {
+        for (int mi = 0; mi < MI; mi++) {
             if (LDSM) { /* matrices (rows 0-7, k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15): a0 .. a3 */
-                ldsm_x4(af[mi], &sm.in.a[s][32 * wm + 16 * mi + (lane & 15)][ks + (lane >> 4) * 8]);
+                ldsm_x4(af[mi], &sm.in.a[s][WR * wm + 16 * mi + (lane & 15)][ks + (lane >> 4) * 8]);
             } else {
-                const uint16_t *r = sm.in.a[s][32 * wm + 16 * mi + g], *r8 = sm.in.a[s][32 * wm + 16 * mi + g + 8];
+                const uint16_t *r = sm.in.a[s][WR * wm + 16 * mi + g], *r8 = sm.in.a[s][WR * wm + 16 * mi + g + 8];
                 af[mi][0] = gx_word(r, ks + 2 * c), af[mi][1] = gx_word(r8, ks + 2 * c);
                 af[mi][2] = gx_word(r, ks + 2 * c + 8), af[mi][3] = gx_word(r8, ks + 2 * c + 8);
             }
@@ -1388,7 +1399,7 @@ __device__ static __forceinline__ void gx_mma(const gx_smem<BM> &sm, int s, int 
                 const uint16_t *w = sm.in.b[s][NF * 8 * wn + 8 * ni + g];
                 uint32_t b0 = gx_word(w, ks + 2 * c), b1 = gx_word(w, ks + 2 * c + 8);
 #pragma unroll
-                for (int mi = 0; mi < 2; mi++) mma_bf16(acc[mi][ni], af[mi], b0, b1);
+                for (int mi = 0; mi < MI; mi++) mma_bf16(acc[mi][ni], af[mi], b0, b1);
             }
         } else {
 #pragma unroll
@@ -1398,55 +1409,56 @@ __device__ static __forceinline__ void gx_mma(const gx_smem<BM> &sm, int s, int 
 #pragma unroll
                 for (int h = 0; h < 2; h++)
 #pragma unroll
-                    for (int mi = 0; mi < 2; mi++) mma_bf16(acc[mi][ni + h], af[mi], b[2 * h], b[2 * h + 1]);
+                    for (int mi = 0; mi < MI; mi++) mma_bf16(acc[mi][ni + h], af[mi], b[2 * h], b[2 * h + 1]);
             }
         }
     }
 }
 
-/* one block per (tile, GX_BN / NB output columns); shared memory sizeof(gx_smem<BM>), dynamic;
- * LDSM: the fragments by ldmatrix (knob gx_ldsm 1) */
-template <int NB, int BM, bool LDSM>
+/* one block per (tile, BN / NB output columns); shared memory sizeof(gx_smem<BM, BN>), dynamic;
+ * BN GX_BN or GX_BN_WIDE (knob gx_wide 1); LDSM: the fragments by ldmatrix (knob gx_ldsm 1) */
+template <int NB, int BM, int BN, bool LDSM>
 __global__ static void __launch_bounds__(GX_T) k_gx(gm_args g, gm_ptrs p) {
-    constexpr int WM = BM / 32, WN = 4 / WM, NF = GX_BN / WN / 8, COLS = GX_BN / NB;
+    using W = gx_warps<BM, BN>;
+    constexpr int WN = W::WN, WR = W::WR, MI = W::MI, NF = W::NF, COLS = BN / NB;
 #ifndef M2D_CUDA_EMULATED
     extern __shared__ __align__(16) unsigned char tc_raw[];
 #endif
-    gx_smem<BM> &sm = *(gx_smem<BM> *)tc_raw;
+    gx_smem<BM, BN> &sm = *(gx_smem<BM, BN> *)tc_raw;
     int e, r0, r1, n0 = blockIdx.y * COLS;
     if (!gm_tile<BM>(g, blockIdx.x, e, r0, r1)) return;
     const __nv_bfloat16 *A = g.a + e * g.a_es;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, wm = w / WN, wn = w % WN, gq = lane >> 2, c = lane & 3;
-    float acc[2][NF][4];
+    float acc[MI][NF][4];
 #pragma unroll
-    for (int mi = 0; mi < 2; mi++)
+    for (int mi = 0; mi < MI; mi++)
 #pragma unroll
         for (int ni = 0; ni < NF; ni++)
             for (int u = 0; u < 4; u++) acc[mi][ni][u] = 0.0f;
     int KT = (g.K + GX_BK - 1) / GX_BK;
     for (int kt = 0; kt < GX_STAGES - 1; kt++) {
-        if (kt < KT) gx_load<NB, BM>(g, p, e, A, r0, r1, n0, kt, sm);
+        if (kt < KT) gx_load<NB, BM, BN>(g, p, e, A, r0, r1, n0, kt, sm);
         else cp_async_commit(); /* empty groups keep the count */
     }
     for (int kt = 0; kt < KT; kt++) {
         cp_async_wait<GX_STAGES - 2>(); /* step kt's copies (this thread's) done */
         __syncthreads();                /* everyone's; and step kt - 1's stage free to refill */
-        if (kt + GX_STAGES - 1 < KT) gx_load<NB, BM>(g, p, e, A, r0, r1, n0, kt + GX_STAGES - 1, sm);
+        if (kt + GX_STAGES - 1 < KT) gx_load<NB, BM, BN>(g, p, e, A, r0, r1, n0, kt + GX_STAGES - 1, sm);
         else cp_async_commit();
-        gx_mma<BM, NF, LDSM>(sm, kt % GX_STAGES, wm, wn, lane, acc);
+        gx_mma<BM, BN, LDSM>(sm, kt % GX_STAGES, wm, wn, lane, acc);
     }
     cp_async_wait<0>();
     __syncthreads(); /* the stages are dead: the accumulators go through the same shared memory */
 #pragma unroll
-    for (int mi = 0; mi < 2; mi++)
+    for (int mi = 0; mi < MI; mi++)
 #pragma unroll
         for (int ni = 0; ni < NF; ni++)
             for (int h = 0; h < 2; h++) {
-                float *o = &sm.c[32 * wm + 16 * mi + gq + 8 * h][NF * 8 * wn + 8 * ni + 2 * c];
+                float *o = &sm.c[WR * wm + 16 * mi + gq + 8 * h][NF * 8 * wn + 8 * ni + 2 * c];
                 o[0] = acc[mi][ni][2 * h], o[1] = acc[mi][ni][2 * h + 1];
             }
     __syncthreads();
-    gm_epilogue<NB, BM, GX_BN + 4>(g, p, e, r0, r1, n0, COLS, &sm.c[0][0]);
+    gm_epilogue<NB, BM, BN + 4>(g, p, e, r0, r1, n0, COLS, &sm.c[0][0]);
 }
 
 /* ---- the LM head's log-sum-exp in one pass over the logits (k_lse_rows: knob lse_kernel 1, the default) ----
