@@ -219,6 +219,11 @@ static void m2d_emu_dmma(double (&d)[2], double a, double b) {
 }
 
 static int ldsm_misaligned, ldsm_loads;
+/* cp.async of 16 bytes: both addresses 16-byte aligned (PTX ISA), or the GPU faults */
+static int cp_async_misaligned;
+static void m2d_emu_cp_async_check(const void *smem, const void *gmem) {
+    cp_async_misaligned += (((uintptr_t)smem | (uintptr_t)gmem) & 15) != 0;
+}
 static void m2d_emu_ldsm_x4(uint32_t (&r)[4], const uint16_t *row) {
     T[cur].row = row, T[cur].r = r;
     wait_at(LDSM);
@@ -384,9 +389,11 @@ static void run_grid(unsigned gx, unsigned gy, unsigned gz, int threads, std::fu
     assert_true(threads % 32 == 0 && threads <= NT_MAX);
     NT = threads, g_kernel = kernel;
     gridDim.x = gx, gridDim.y = gy, gridDim.z = gz;
+    cp_async_misaligned = 0;
     for (unsigned z = 0; z < gz; z++)
         for (unsigned y = 0; y < gy; y++)
             for (unsigned x = 0; x < gx; x++) run_block(x, y, z);
+    if (cp_async_misaligned) fail_msg("%d cp.async copies from or to addresses not 16-byte aligned", cp_async_misaligned);
 }
 
 /* KERNEL<HD> (HD 32, 64 or 128 for a.hd) over a grid of GX x GY blocks of TC_WARPS warps */
@@ -841,7 +848,8 @@ static std::vector<float> gx_last_y;
 template <int BM, int BN, bool LDSM>
 static void gx_case(int rows_const, bool bf16_bias, bool clamp, int d = 72, int de = 104) {
     rng = 0x9e3779b97f4a7c15ull; /* the same operands for every variant of a case */
-    const int E = 5, bucket[E] = {0, 1, BM - 1, BM + 7, 2 * BM + 3}, ldh = de + 5, ldy = d + 3;
+    /* H's padded rows stay 16-byte aligned: down's k_gx reads them by cp.async */
+    const int E = 5, bucket[E] = {0, 1, BM - 1, BM + 7, 2 * BM + 3}, ldh = de + 8, ldy = d + 3;
     std::vector<int32_t> start(E + 1), tile_e, tile_r0;
     for (int e = 0; e < E; e++) start[e + 1] = start[e] + (rows_const ? 0 : bucket[e]);
     for (int e = 0; e < E && !rows_const; e++)

@@ -579,8 +579,11 @@ __device__ static __forceinline__ void cp_async_commit(void) { asm volatile("cp.
 /* every group but the latest N complete */
 template <int N>
 __device__ static __forceinline__ void cp_async_wait(void) { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-#else /* the emulation copies at once */
-__device__ static __forceinline__ void cp_async16(void *smem, const void *gmem) { memcpy(smem, gmem, 16); }
+#else /* the emulation copies at once (and counts addresses the hardware would fault on) */
+__device__ static __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    m2d_emu_cp_async_check(smem, gmem);
+    memcpy(smem, gmem, 16);
+}
 __device__ static __forceinline__ void cp_async_commit(void) {}
 template <int N>
 __device__ static __forceinline__ void cp_async_wait(void) {}
@@ -1308,6 +1311,7 @@ __device__ static __forceinline__ void cp_async16_fill(void *smem, const void *g
 }
 #else
 __device__ static __forceinline__ void cp_async16_fill(void *smem, const void *gmem, int bytes) {
+    m2d_emu_cp_async_check(smem, gmem);
     memset(smem, 0, 16);
     memcpy(smem, gmem, (size_t)bytes);
 }
