@@ -1098,7 +1098,7 @@ __global__ static void k_reduce_select(const float *f, int ld, int n, int d, con
  * k + GX_STAGES - 1 in flight while step k computes: at pp512 ncu found k_gx at 39-46 %
  * of the DRAM bandwidth and 35 % of the SMs' throughput, latency-bound, yet 6 stages timed no
  * faster than 3 on an H200, BENCHMARKS.md run 11). NB 2 (gate and up): the block's weight rows are 64 gate
- * and 64 up rows of the same 64 output columns, so the epilogue has both for SwiGLU; NB 1
+ * and 64 up rows of the same 64 output columns (128 and 128 with the knob gx_wide), so the epilogue has both for SwiGLU; NB 1
  * (down): 128 rows of one matrix. The epilogue is k_grouped's: the accumulators through shared
  * memory, the biases, the activation, H rounded to bf16 or fp32 outputs. Operands bf16 only,
  * K a multiple of 8 and 16-byte aligned rows (gx_fits); k_grouped takes the rest.
@@ -1343,7 +1343,7 @@ struct gx_smem {
 /* a block's 4 warps over its BM x BN tile: WM x WN warps of WR rows (MI m16 fragments) and
  * BN / WN weight rows (NF n8 fragments). BN 128: 32-row warps (BM 64: 2 x 2 warps of 32 x 64);
  * BN 256 (knob gx_wide): one row of 4 warps of BM x 64, twice the MMAs for each fragment loaded
- * at BM 64, and half the A tiles a weight row is multiplied with. */
+ * at BM 64, and each A tile copied once for twice the weight rows. */
 template <int BM, int BN>
 struct gx_warps {
     static constexpr int WM = BN == GX_BN_WIDE ? 1 : BM / 32, WN = 4 / WM, WR = BM / WM, MI = WR / 16, NF = BN / WN / 8;
