@@ -141,6 +141,7 @@ static const calib_run calib_runs[] = {
     {1, 1, 64, 0, 1, "the device-side reductions, experts one by one"},
     {1, 1, 512, 1, 1, "the device-side reductions, experts by the grouped kernels (k_gx)"},
     {1, 1, 64, 1, 0, "the device-side reductions, the Gram by FMA tiles"},
+    {1, 1, 64, 1, 2, "the device-side reductions, the Gram's loads prefetched"},
 };
 
 static int calib_knobs(m2d_backend *be, const calib_run *r) {

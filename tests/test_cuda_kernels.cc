@@ -729,22 +729,26 @@ static void tf32_rounding_matches_float64(void **state) {
     }
 }
 
-/* calibration's Gram (k_gram_mma or k_gram_tile, then k_gram_add, as cu_gram launches them) against
+/* calibration's Gram (k_gram_mma, prefetching or not, or k_gram_tile, then k_gram_add, as cu_gram
+ * launches them: KERNEL its gram_kernel) against
  * the fp64 sum over tokens and columns: E = 70 (a second, partial tile of 64), d = 40 (columns in
  * chunks of 16, the last partial), n = 37 rows (fewer than the slices: empty slices add zeros) and
  * 150 (slices of one and two rows), rows with padding (ld > E d). Both sum the same fp64 products
  * of fp32 values, in other orders: |Δ| <= γ_{n d} Σ|F_i F_j| with γ_m = m u / (1 - m u), u = 2^-53
- * (Higham §3.1). Only the upper triangle moves: the lower one keeps its start (-7). */
-static void gram_case(int n, bool mma) {
+ * (Higham §3.1). Only the upper triangle moves: the lower one keeps its start (-7). Returns g. */
+static std::vector<double> gram_case(int n, int kernel) {
+    const bool mma = kernel > 0;
     const int E = 70, d = 40, ld = E * d + 3, slices = mma ? GRAM_MMA_SLICES : GRAM_SLICES;
     std::vector<float> f((size_t)n * ld);
+    rng = 0x2545f4914f6cdd1dull + (uint64_t)n; /* the same F for every kernel of a case */
     for (float &x : f) x = (float)normal();
     std::vector<double> part((size_t)slices * E * E, NAN), g((size_t)E * E);
     for (int i = 0; i < E * E; i++) g[i] = i % E >= i / E ? 0.5 : -7.0;
     int tiles = (E + GRAM_TILE - 1) / GRAM_TILE;
     const float *fp = f.data();
     double *pp = part.data(), *gp = g.data();
-    if (mma) run_grid(tiles, tiles, slices, GRAM_MMA_THREADS, [=] { k_gram_mma(fp, ld, n, E, d, pp); });
+    if (kernel == 2) run_grid(tiles, tiles, slices, GRAM_MMA_THREADS, [=] { k_gram_mma<true>(fp, ld, n, E, d, pp); });
+    else if (mma) run_grid(tiles, tiles, slices, GRAM_MMA_THREADS, [=] { k_gram_mma<false>(fp, ld, n, E, d, pp); });
     else run_grid(tiles, tiles, slices, GRAM_THREADS, [=] { k_gram_tile(fp, ld, n, E, d, pp); });
     run_grid((E * E + 255) / 256, 1, 1, 256, [=] { k_gram_add(pp, slices, E, gp); });
     const double u = ldexp(1, -53), gamma = n * d * u / (1 - n * d * u);
@@ -767,14 +771,16 @@ static void gram_case(int n, bool mma) {
             assert_true(diff <= gamma * mag + 2 * u); /* + the 0.5 start's rounding */
         }
     print_message("gram (%s): E %d, d %d, %d rows: max |d| / sum|products| = %.3g (bound %.3g)\n",
-                  mma ? "k_gram_mma" : "k_gram_tile", E, d, n, worst, gamma);
+                  kernel == 2 ? "k_gram_mma, prefetching" : mma ? "k_gram_mma" : "k_gram_tile", E, d, n, worst, gamma);
+    return g;
 }
 
 static void gram_matches_float64(void **state) {
     (void)state;
-    for (int mma = 0; mma < 2; mma++) {
-        gram_case(37, mma);
-        gram_case(150, mma);
+    for (int n : {37, 150}) {
+        gram_case(n, 0);
+        std::vector<double> g1 = gram_case(n, 1), g2 = gram_case(n, 2);
+        assert_memory_equal(g1.data(), g2.data(), sizeof(double) * g1.size()); /* the same DMMAs in the same order */
     }
 }
 

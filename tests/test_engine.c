@@ -2143,6 +2143,19 @@ static bool experts_path(m2d_engine *e, int path) {
     return be->ops->tune(be, "all_batched", path == 1 ? 2 : 0) == 0;
 }
 
+/* cuda: the Gram with its next chunk prefetched (knob gram_kernel 2) gives G's bits (the same DMMAs
+ * in the same order) from the same start; a backend without the knob, nothing */
+static void gram_prefetch_same_bits(m2d_engine *e, int layer, const float *x, int n, int E, float *f, const double *g) {
+    m2d_backend *be = m2d_engine_backend(e);
+    if (be->ops->tune(be, "gram_kernel", 2)) return;
+    double *g2 = malloc(sizeof(double) * E * E);
+    for (int i = 0; i < E * E; i++) g2[i] = i % E >= i / E ? 1.0 : -7.0;
+    assert_int_equal(m2d_engine_all_experts(e, layer, x, n, f, g2), 0);
+    assert_int_equal(be->ops->tune(be, "gram_kernel", 1), 0);
+    assert_memory_equal(g2, g, sizeof(double) * E * E);
+    free(g2);
+}
+
 /* Calibration's ops on every backend: every expert on every token against the float64 reference
  * FFN, on each of the backend's paths, and the Gram (fp64, upper triangle) against the fp64 sum of
  * the outputs it was given; the reduced pass against them (reduced_matches_outputs). */
@@ -2189,6 +2202,7 @@ static void calibration_ops_match_float64_on(const char *backend) {
             double gw = check_gram(g, f, n, E, d, (p ? gd : 0) + 1e-12);
             print_message("%s: experts_all (%s, path %d) max |d| vs float64 %.3g; gram max relative |d| %.3g\n",
                           backend, p ? "bf16" : "fp32", path, mp, gw);
+            gram_prefetch_same_bits(e, layer, x, n, E, f, g);
             reduced_matches_outputs(e, layer, x, n, E, d, f, g);
         }
         m2d_engine_free(e);

@@ -168,7 +168,8 @@ struct cu_be {
     unsigned attn_smem_set; /* k_attention_tc<32, 64, 128> (bits 0-2), k_attention_h16 (bits 3-5),
                            * k_attention_b16 (bits 6-8) allowed their shared memory on this device */
     int all_grouped_rows; /* knob: experts_all takes the grouped kernels up to this many rows (default 64) */
-    int gram_kernel;      /* knob: calibration's Gram on the fp64 tensor cores (1, the default) or by
+    int gram_kernel;      /* knob: calibration's Gram on the fp64 tensor cores (1, the default; 2: the
+                           * next chunk prefetched, the same bits, until a GPU has timed both) or by
                            * FMA tiles (0) */
     unsigned gx_smem_set; /* k_gx instantiations allowed their shared memory (gx_launch_as's bits) */
     int gx_ldsm;          /* knob: k_gx's fragments by ldmatrix (1) or 32-bit shared loads (0, the
@@ -1972,7 +1973,7 @@ static void cu_experts_all(m2d_backend *be, const m2d_moe_args *a) {
         expert_rows(c, a, e, F(&a->x), a->x.ld, n, G, U, F(&a->out) + (size_t)e * d, a->out.ld);
 }
 
-/* The Gram: k_gram_mma (gram_kernel 1) or k_gram_tile (0) over fixed slices of the rows, then
+/* The Gram: k_gram_mma (gram_kernel 1; 2: prefetching) or k_gram_tile (0) over fixed slices of the rows, then
  * k_gram_add (cuda_kernels.cuh) */
 static void cu_gram(m2d_backend *be, const m2d_mat *f, int E, m2d_buf *gb, m2d_precision prec) {
     (void)prec;
@@ -1982,7 +1983,8 @@ static void cu_gram(m2d_backend *be, const m2d_mat *f, int E, m2d_buf *gb, m2d_p
     double *part = (double *)scratch(c, SLOT_GRAM, sizeof(double) * slices * (size_t)E * E);
     if (!part) return;
     dim3 grid((E + GRAM_TILE - 1) / GRAM_TILE, (E + GRAM_TILE - 1) / GRAM_TILE, slices);
-    if (c->gram_kernel) k_gram_mma<<<grid, GRAM_MMA_THREADS>>>(F(f), f->ld, n, E, d, part);
+    if (c->gram_kernel == 2) k_gram_mma<true><<<grid, GRAM_MMA_THREADS>>>(F(f), f->ld, n, E, d, part);
+    else if (c->gram_kernel) k_gram_mma<false><<<grid, GRAM_MMA_THREADS>>>(F(f), f->ld, n, E, d, part);
     else k_gram_tile<<<grid, GRAM_THREADS>>>(F(f), f->ld, n, E, d, part);
     launched(c, c->gram_kernel ? "k_gram_mma" : "k_gram_tile");
     k_gram_add<<<blocks_for((int64_t)E * E, 256), 256>>>(part, slices, E, (double *)P(gb));
@@ -2206,14 +2208,15 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
               : strcmp(knob, "profile") == 0     ? &CU(be)->prof.on : NULL;
     if (at == &CU(be)->prof.on && value == 0 && *at) prof_report(CU(be)); /* profile 0: report, stop */
     int top = at == &CU(be)->attn_kernel || at == &CU(be)->moe_grouped ? 3
-              : at == &CU(be)->all_batched                                   ? 2
+              : at == &CU(be)->all_batched || at == &CU(be)->gram_kernel   ? 2
                                                                              : 1; /* the knob's largest value */
     if (at && value >= 0 && value <= top) {
         *at = value;
         return 0;
     }
-    return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile, gram_kernel, "
-                   "lse_kernel, gx_ldsm, gx_wide: 0|1; moe_grouped, attn_kernel: 0..3; all_batched: 0|1|2; all_grouped_rows: >= 0; "
+    return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile, "
+                   "lse_kernel, gx_ldsm, gx_wide: 0|1; moe_grouped, attn_kernel: 0..3; all_batched, gram_kernel: 0|1|2; "
+                   "all_grouped_rows: >= 0; "
                    "lm_rows: 1..2048)",
                    knob, value);
 }

@@ -981,7 +981,8 @@ __global__ static void __launch_bounds__(GRAM_THREADS) k_gram_tile(const float *
         }
 }
 
-/* ---- the same Gram on the fp64 tensor cores (k_gram_mma, knob gram_kernel 1, the default) ----
+/* ---- the same Gram on the fp64 tensor cores (k_gram_mma, knob gram_kernel 1, the default; 2 with
+ * the next chunk's loads in flight during this chunk's DMMAs, until a GPU has timed both) ----
  * k_gram_tile's FMAs read two staged doubles for four FMAs, and shared memory bounds them; here
  * mma.sync m8n8k4 f64 (DMMA) multiplies 8 x 4 by 4 x 8 tiles in the tensor cores: per k-step a
  * lane loads 8 doubles for 16 MMAs (4096 FMAs a warp). Every product and sum stays fp64 (the
@@ -1004,6 +1005,48 @@ __device__ static __forceinline__ void mma_f64(double (&d)[2], double a, double 
 __device__ static __forceinline__ void mma_f64(double (&d)[2], double a, double b) { m2d_emu_dmma(d, a, b); }
 #endif
 
+/* gram_stage's copy in two halves, for k_gram_mma's prefetch: this thread's GRAM_PER values of
+ * each tile into registers (gram_fetch: the next stage's loads in flight while this one's MMAs
+ * run), then into the staged tiles as fp64 (gram_put); the same values as gram_stage's */
+#define GRAM_PER (GRAM_TILE * GRAM_CC / GRAM_MMA_THREADS)
+__device__ static __forceinline__ void gram_fetch(const float *row, int i0, int j0, int E, int d, int c0,
+                                                  float (&ra)[GRAM_PER], float (&rb)[GRAM_PER]) {
+#pragma unroll
+    for (int u = 0; u < GRAM_PER; u++) {
+        int e = threadIdx.x + u * GRAM_MMA_THREADS, r = e / GRAM_CC, col = c0 + e % GRAM_CC;
+        ra[u] = i0 + r < E && col < d ? row[(size_t)(i0 + r) * d + col] : 0.0f;
+        rb[u] = j0 + r < E && col < d ? row[(size_t)(j0 + r) * d + col] : 0.0f;
+    }
+}
+template <int LD>
+__device__ static __forceinline__ void gram_put(double (*A)[LD], double (*B)[LD], const float (&ra)[GRAM_PER],
+                                                const float (&rb)[GRAM_PER]) {
+#pragma unroll
+    for (int u = 0; u < GRAM_PER; u++) {
+        int e = threadIdx.x + u * GRAM_MMA_THREADS, r = e / GRAM_CC, cc = e % GRAM_CC;
+        A[r][cc] = (double)ra[u], B[r][cc] = (double)rb[u];
+    }
+}
+
+/* one staged chunk's DMMAs of a warp (its 32 x 32 quarter at wi, wj) */
+template <int LD>
+__device__ static __forceinline__ void gram_mma_chunk(const double (*A)[LD], const double (*B)[LD], int wi, int wj, int g,
+                                                      int c, double (&acc)[4][4][2]) {
+#pragma unroll
+    for (int k0 = 0; k0 < GRAM_CC; k0 += 4) {
+        double a[4], b[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) a[q] = A[wi + 8 * q + g][k0 + c], b[q] = B[wj + 8 * q + g][k0 + c];
+#pragma unroll
+        for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+            for (int nj = 0; nj < 4; nj++) mma_f64(acc[mi][nj], a[mi], b[nj]);
+    }
+}
+
+/* PREFETCH (gram_kernel 2): the next chunk's values fetched into registers before this chunk's
+ * DMMAs (the same chunks, values and DMMAs in the same order: the same bits as without) */
+template <bool PREFETCH>
 __global__ static void __launch_bounds__(GRAM_MMA_THREADS) k_gram_mma(const float *f, int ld, int n, int E, int d,
                                                                        double *part) {
     __shared__ __align__(16) double A[GRAM_TILE][GRAM_CC + 4], B[GRAM_TILE][GRAM_CC + 4];
@@ -1015,22 +1058,27 @@ __global__ static void __launch_bounds__(GRAM_MMA_THREADS) k_gram_mma(const floa
     double acc[4][4][2];
     for (int mi = 0; mi < 4; mi++)
         for (int nj = 0; nj < 4; nj++) acc[mi][nj][0] = acc[mi][nj][1] = 0.0;
-    for (int t = t0; t < t1; t++) {
-        const float *row = f + (size_t)t * ld;
-        for (int c0 = 0; c0 < d; c0 += GRAM_CC) {
-            gram_stage(row, i0, j0, E, d, c0, GRAM_MMA_THREADS, A, B);
+    if (PREFETCH) {
+        int nc = (d + GRAM_CC - 1) / GRAM_CC, Q = (t1 - t0) * nc; /* stages: rows t, then chunks */
+        float ra[GRAM_PER], rb[GRAM_PER];
+        if (Q > 0) gram_fetch(f + (size_t)t0 * ld, i0, j0, E, d, 0, ra, rb);
+        for (int q = 0; q < Q; q++) {
+            gram_put(A, B, ra, rb);
             __syncthreads();
-#pragma unroll
-            for (int k0 = 0; k0 < GRAM_CC; k0 += 4) {
-                double a[4], b[4];
-#pragma unroll
-                for (int q = 0; q < 4; q++) a[q] = A[wi + 8 * q + g][k0 + c], b[q] = B[wj + 8 * q + g][k0 + c];
-#pragma unroll
-                for (int mi = 0; mi < 4; mi++)
-#pragma unroll
-                    for (int nj = 0; nj < 4; nj++) mma_f64(acc[mi][nj], a[mi], b[nj]);
+            if (q + 1 < Q)
+                gram_fetch(f + (size_t)(t0 + (q + 1) / nc) * ld, i0, j0, E, d, (q + 1) % nc * GRAM_CC, ra, rb);
+            gram_mma_chunk(A, B, wi, wj, g, c, acc);
+            __syncthreads();
+        }
+    } else {
+        for (int t = t0; t < t1; t++) {
+            const float *row = f + (size_t)t * ld;
+            for (int c0 = 0; c0 < d; c0 += GRAM_CC) {
+                gram_stage(row, i0, j0, E, d, c0, GRAM_MMA_THREADS, A, B);
+                __syncthreads();
+                gram_mma_chunk(A, B, wi, wj, g, c, acc);
+                __syncthreads();
             }
-            __syncthreads();
         }
     }
     for (int mi = 0; mi < 4; mi++)
