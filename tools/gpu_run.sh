@@ -11,13 +11,13 @@
 # 3. bench_cuda (GEMM yardstick; pp512 / PPL-eval tokens/s on Qwen3-30B-A3B-shaped slices, the
 #    reference kernels' row, op times), then transformers on the same checkpoints when python3 has
 #    torch + transformers
-# 4. ncu (Nsight Compute, when the machine has it) on k_gx in one ppl-2048 forward of the MoE slice,
+# 4. one configuration end to end on both devices (tools/gpu_e2e.sh)
+# 5. ncu (Nsight Compute, when the machine has it) on k_gx in one ppl-2048 forward of the MoE slice,
 #    with the knobs gx_ldsm and gx_wide off and on: its throughputs, occupancy and warp stalls
-# 5. one configuration end to end on both devices (tools/gpu_e2e.sh)
 # Logs go to $OUT (default /tmp/m2d-gpu-out): gpu-run.log (everything), test_*.log (each binary's
 # whole output), bench.log. Each stage has a time limit (STAGE_S, default 240 s) so that one hung
 # stage cannot eat the machine's time (BENCH_S, default 300 s, for bench_cuda: it writes 5 GB of
-# checkpoints first); SKIP_E2E=1 leaves stage 5 out, SKIP_NCU=1 stage 4, SKIP_HF=1 transformers,
+# checkpoints first); SKIP_E2E=1 leaves stage 4 out, SKIP_NCU=1 stage 5, SKIP_HF=1 transformers,
 # SKIP_BENCH=1 both benchmarks and ncu, BENCH_ONLY=moe the dense student's slice. Exit status: non-zero if
 # a test failed.
 set -u
@@ -100,6 +100,15 @@ else
   echo "skipped (SKIP_HF=1, or python3 lacks torch/transformers with CUDA)"
 fi
 
+# then the end-to-end check (the bundle carries its CPU half, so it is ~30 s of GPU work)
+if [ "${SKIP_E2E:-0}" = 1 ]; then
+  step "end to end: skipped (SKIP_E2E=1)"
+else
+  step "one configuration end to end, cpu next to cuda (tools/gpu_e2e.sh)"
+  M2D_BUNDLE_ROOT=$B timeout "$STAGE_S" bash "$B/gpu_e2e.sh" 2>&1 | tee "$out/e2e.log"
+fi
+
+# last: ncu, for the next kernel's design (the runner's outer time limit may cut it)
 ncu=$(command -v ncu || ls "${CUDA_HOME:-/usr/local/cuda}/bin/ncu" 2>/dev/null)
 if [ "${SKIP_NCU:-0}" = 1 ] || [ "${SKIP_BENCH:-0}" = 1 ] || [ -z "$ncu" ]; then
   step "ncu: skipped (SKIP_NCU=1, SKIP_BENCH=1, or no ncu)"
@@ -107,20 +116,12 @@ else
   step "ncu: k_gx in one ppl-2048 forward of the MoE slice, its variants (ncu locks the clocks: compare shares)"
   for v in gx_ldsm=0 gx_ldsm=1 gx_wide=1 gx_ldsm=1,gx_wide=1; do
     rep="$out/ncu-$(echo "$v" | tr ',=' '_-').txt"
-    BENCH_PROFILE=$v timeout 120 "$ncu" --kernel-name regex:k_gx --launch-count 4 --section SpeedOfLight \
+    BENCH_PROFILE=$v timeout 60 "$ncu" --kernel-name regex:k_gx --launch-count 4 --section SpeedOfLight \
       --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
       "$B/bin/bench_cuda" "$BENCH_DIR" > "$rep" 2>&1
     echo "$v: exit $? (whole report: $(basename "$rep"))"
     grep -E 'k_gx|Duration|Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Warp Cycles Per Issued' "$rep" | head -40
   done
-fi
-
-# last: the least needed of the stages (the bundle carries its CPU half, so it is ~30 s of GPU work)
-if [ "${SKIP_E2E:-0}" = 1 ]; then
-  step "end to end: skipped (SKIP_E2E=1)"
-else
-  step "one configuration end to end, cpu next to cuda (tools/gpu_e2e.sh)"
-  M2D_BUNDLE_ROOT=$B timeout "$STAGE_S" bash "$B/gpu_e2e.sh" 2>&1 | tee "$out/e2e.log"
 fi
 
 step "done"
