@@ -942,17 +942,17 @@ static void gx_case(int rows_const, bool bf16_bias, bool clamp, int d = 72, int 
                   clamp ? ", clamped SwiGLU" : "", worst_h, worst_y);
 }
 
-/* a case by 32-bit fragment loads, then by ldmatrix (knob gx_ldsm), then in the wide blocks (knob
- * gx_wide; by ldmatrix on odd cases): each against float64, and all with the same bits (the same
- * values in the same MMAs in the same order: exact by construction) */
+/* a case by 32-bit fragment loads, then by ldmatrix (knob gx_ldsm), in the wide blocks (knob
+ * gx_wide), and both: each against float64, and all with the same bits (the same values in the
+ * same MMAs in the same order: exact by construction) */
 template <int BM>
 static void gx_variants(int rows_const, bool bf16_bias, bool clamp, int d = 72, int de = 104) {
     gx_case<BM, GX_BN, false>(rows_const, bf16_bias, clamp, d, de);
     std::vector<uint16_t> h = gx_last_h;
     std::vector<float> y = gx_last_y;
-    for (int v = 0; v < 2; v++) {
-        if (v == 0) gx_case<BM, GX_BN, true>(rows_const, bf16_bias, clamp, d, de);
-        else if (rows_const % 2 == 0) gx_case<BM, GX_BN_WIDE, false>(rows_const, bf16_bias, clamp, d, de);
+    for (int v = 1; v <= 3; v++) { /* bit 0: ldmatrix, bit 1: wide */
+        if (v == 1) gx_case<BM, GX_BN, true>(rows_const, bf16_bias, clamp, d, de);
+        else if (v == 2) gx_case<BM, GX_BN_WIDE, false>(rows_const, bf16_bias, clamp, d, de);
         else gx_case<BM, GX_BN_WIDE, true>(rows_const, bf16_bias, clamp, d, de);
         assert_true(h == gx_last_h);
         assert_memory_equal(y.data(), gx_last_y.data(), sizeof(float) * y.size()); /* NaN padding included */
