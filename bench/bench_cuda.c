@@ -207,7 +207,8 @@ static void calib_row(m2d_engine *e, const m2d_model *m, double peak) {
 /* one row's kernels: moe_grouped 3 (mma.sync, k_gx), 1 (WMMA) or 0 (per-expert reference); attn_kernel
  * 3 (tensor cores, 3xFP16), 2 (tensor cores, 3xTF32), 1 (tiles on the CUDA cores) or 0 (reference);
  * lse_two_pass: the LM head's log-sum-exp in two passes (lse_kernel 0, the reference) instead of
- * one; ldsm: k_gx's fragments by ldmatrix (knob gx_ldsm); wide: its wide blocks (gx_wide); attention: the precision of attention's operands (m2d_engine_opts.attention: bf16 is
+ * one; ldsm: k_gx's fragments by ldmatrix (knob gx_ldsm); wide: its wide blocks (gx_wide);
+ * attention: the precision of attention's operands (m2d_engine_opts.attention: bf16 is
  * transformers' SDPA's arithmetic, the like-for-like row against it). The rows are A/Bs of the
  * paths on the same GPU in the same run. */
 typedef struct {
@@ -246,8 +247,8 @@ static void model_rows(const char *dir, const char *label, double peak) {
         return;
     }
     /* bf16 with the default kernels; attention on bf16 operands (k_attention_b16); the
-     * log-sum-exp in two passes; k_gx by ldmatrix, in wide blocks, both; the MoE by the WMMA grouped kernel; attention in 3xTF32 and on the
-     * CUDA cores; the reference kernels; fp32 */
+     * log-sum-exp in two passes; k_gx by ldmatrix, in wide blocks, both; the MoE by the WMMA
+     * grouped kernel; attention in 3xTF32 and on the CUDA cores; the reference kernels; fp32 */
     const m2d_precision bf = M2D_PREC_BF16;
     const kernel_run runs[] = {
         {.prec = bf, .moe = 3, .attn = 3, .op_times = 1, .note = ""},

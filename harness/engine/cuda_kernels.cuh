@@ -1142,12 +1142,12 @@ __global__ static void k_reduce_select(const float *f, int ld, int n, int d, con
  * 155 GFLOP). Here a block computes BM (32 or 64) bucket rows x GX_BN weight rows with mma.sync
  * m16n8k16 BF16 (fp32 accumulation, as CUBLAS_COMPUTE_32F): each warp 32 rows x GX_BN / WN
  * weight rows (BM 64: 2 x 2 warps, 32 x 64, 16 MMAs a k16 step for 10 fragment loads), the
- * operand tiles copied by cp.async into GX_STAGES shared-memory stages (the copies of steps k + 1 ..
- * k + GX_STAGES - 1 in flight while step k computes: at pp512 ncu found k_gx at 39-46 %
+ * operand tiles copied by cp.async into GX_STAGES shared-memory stages (the copies of steps
+ * k + 1 .. k + GX_STAGES - 1 in flight while step k computes: at pp512 ncu found k_gx at 39-46 %
  * of the DRAM bandwidth and 35 % of the SMs' throughput, latency-bound, yet 6 stages timed no
- * faster than 3 on an H200, BENCHMARKS.md run 11). NB 2 (gate and up): the block's weight rows are 64 gate
- * and 64 up rows of the same 64 output columns (128 and 128 with the knob gx_wide), so the epilogue has both for SwiGLU; NB 1
- * (down): 128 rows of one matrix. The epilogue is k_grouped's: the accumulators through shared
+ * faster than 3 on an H200, BENCHMARKS.md run 11). NB 2 (gate and up): the block's weight rows
+ * are 64 gate and 64 up rows of the same 64 output columns (128 and 128 with the knob gx_wide),
+ * so the epilogue has both for SwiGLU; NB 1 (down): 128 rows of one matrix. The epilogue is k_grouped's: the accumulators through shared
  * memory, the biases, the activation, H rounded to bf16 or fp32 outputs. Operands bf16 only,
  * K a multiple of 8 and 16-byte aligned rows (gx_fits); k_grouped takes the rest.
  * Fragments as m16n8k16 .f16 (k_attention_h16's comment): A a0 = (row g, k 2c, 2c + 1), a1 =
