@@ -113,7 +113,8 @@ $(BUILD)/tests/%: tests/%.c $(LIB_OBJ) $(TEST_LIB_OBJ)
 	$(call say,LD,$@)
 	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB_OBJ) $(TEST_LIB_OBJ) $(LDLIBS) -lcmocka
 
-$(BUILD)/tests/%: tests/%.cc harness/engine/cuda_kernels.cuh tests/attn_ref.h
+$(BUILD)/tests/%: tests/%.cc harness/engine/cuda_kernels.cuh harness/engine/cuda_train_kernels.cuh \
+                  harness/engine/cuda_reduce.cuh tests/cuda_emu.h tests/attn_ref.h
 	@mkdir -p $(dir $@)
 	$(call say,CXX,$<)
 	$(Q)$(CXX) $(CPPFLAGS) -Itests $(CXXFLAGS) $(LDFLAGS) -o $@ $< -lcmocka

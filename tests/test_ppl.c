@@ -417,6 +417,16 @@ static void device_flag_on_every_engine_command(void **state) {
             free(want), free(cmd), free(out), free(err);
         }
     }
+    for (int d = 0; d < 2; d++) { /* distill's student may go elsewhere: checked the same way */
+        const char *dev[] = {"tpu", "cuda:1000"};
+        char *cmd = m2d_strfmt("%s %s --student-device %s", tu_bin(), base[3], dev[d]);
+        assert_int_not_equal(tu_run(cmd, &out, &err), 0);
+        char *want = d == 0 ? m2d_strdup("distill: --student-device 'tpu': unknown device") : m2d_strdup(cuda_error);
+        if (!strstr(err, want)) print_message("distill --student-device %s: stderr '%s'\n", dev[d], err);
+        assert_non_null(strstr(err, want));
+        assert_true(strchr(err, '\n') == err + strlen(err) - 1); /* one line */
+        free(want), free(cmd), free(out), free(err);
+    }
     if (gpu) { /* the same accuracy on the GPU: 4 documents' choices do not flip by fp32 rounding */
         char *acc[2];
         for (int d = 0; d < 2; d++) {

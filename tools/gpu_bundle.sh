@@ -4,7 +4,7 @@
 # not Debian, no apt, no network; see README "GPU").
 #
 #   gpu-bundle/bundle.tar.xz   (git-ignored; under 64 MiB) holding
-#     bin/      moe2dense, test_engine, test_ppl, test_calib, test_hf, bench_cuda (CUDA=1 build,
+#     bin/      moe2dense, test_engine, test_ppl, test_calib, test_hf, test_train_ops, bench_cuda (CUDA=1 build,
 #               stripped)
 #     lib/      the shared libraries they load that are not glibc's, the C++ runtime's or the
 #               GPU's own (OpenBLAS, oneDNN, cJSON, ... from `ldd`); cudart is bundled too
@@ -25,7 +25,7 @@ DATA=${M2D_DATA:-data}
 NVCC=${NVCC:-${CUDA_HOME:-/usr/local/cuda}/bin/nvcc}
 dest=gpu-bundle
 stage=build-cuda/bundle-stage
-bins="moe2dense tests/test_engine tests/test_ppl tests/test_calib tests/test_hf bench/bench_cuda"
+bins="moe2dense tests/test_engine tests/test_ppl tests/test_calib tests/test_hf tests/test_train_ops bench/bench_cuda"
 
 [ -x "$NVCC" ] || { echo "gpu-bundle: no nvcc at $NVCC (set CUDA_HOME or NVCC)"; exit 1; }
 [ -f "$MODELS/tiny-qwen3moe/model.safetensors" ] || { echo "gpu-bundle: $MODELS/tiny-qwen3moe missing"; exit 1; }

@@ -16,7 +16,7 @@ static const char USAGE[] =
     "           [--order shuffle|sequential] [--seed 0] [--log FILE.jsonl]\n"
     "           [--eval-data FILE [--eval-every N] [--eval-seq-len L] [--eval-windows N]]\n"
     "           [--save-every N] [--stop-after N] [--resume] [--threads T] [--precision P] [--fp32]\n"
-    "           [--device cpu|cuda[:N]]\n"
+    "           [--device cpu|cuda[:N]] [--student-device cpu|cuda[:N]]\n"
     "\n"
     "The teacher (a Hugging Face checkpoint of any family the engine runs: an MoE --\n"
     M2D_CMD_TEACHER_FAMILIES " -- or a dense one, e.g. Qwen3, the\n"
@@ -72,10 +72,13 @@ static const char USAGE[] =
     "                     training (forward, backward, AdamW) is fp32 whatever P is: bf16 training is\n"
     "                     not implemented. The resolved precision is in the log (\"precision\"), the\n"
     "                     checkpoint (a --resume with another one is refused) and moe2dense.json\n"
-    "  --device D         where the TEACHER's forward runs: cpu (default), cuda or cuda:N (a `make\n"
-    "                     CUDA=1` build and a GPU; an absent device is an error, never a CPU run); its\n"
-    "                     hidden states come to the CPU, where the student trains and the teacher's\n"
-    "                     LM head makes the KD targets\n"
+    "  --device D         where the run goes: cpu (default), cuda or cuda:N (a `make CUDA=1` build\n"
+    "                     and a GPU; an absent device is an error, never a CPU run): the teacher's\n"
+    "                     forward, the student's training (forward, backward, AdamW, the teacher's\n"
+    "                     LM head making the KD targets) and the validation perplexity\n"
+    "  --student-device D where the student trains (and is validated) instead: e.g. --device cuda\n"
+    "                     --student-device cpu keeps the student in host memory; the teacher's hidden\n"
+    "                     states cross through the host either way\n"
     "  --fp32             write the output in fp32 (default: the teacher's dtype; not --precision)\n"
     "\n"
     "Output in OUT: config.json, model.safetensors, tokenizer files and moe2dense.json (the\n"
@@ -154,7 +157,8 @@ static int parse(int argc, char **argv, m2d_distill_opts *o) {
         {"--eval-seq-len", 1, &a.eval_L, NULL}, {"--eval-windows", 1, &a.eval_windows, NULL},
         {"--save-every", 1, &a.save_every, NULL}, {"--stop-after", 1, &a.stop_after, NULL},
         {"--resume", 0, NULL, &a.resume}, {"--threads", 1, &a.threads, NULL}, {"--fp32", 0, NULL, &a.fp32},
-        {"--precision", 1, &a.precision, NULL}, {"--device", 1, &o->train.teacher_backend, NULL}, {0}};
+        {"--precision", 1, &a.precision, NULL}, {"--device", 1, &o->train.teacher_backend, NULL},
+        {"--student-device", 1, &o->train.backend, NULL}, {0}};
     if (m2d_parse_opts("distill", argc, argv, opts, NULL, 0, NULL)) return -1;
     if (!o->teacher || !o->student || !o->data || !o->out)
         return m2d_err("distill: --teacher, --student, --data and --out are required (see 'moe2dense help distill')");
@@ -163,6 +167,8 @@ static int parse(int argc, char **argv, m2d_distill_opts *o) {
     if (a.order && m2d_order_parse(a.order, &o->order)) return m2d_err_prefix("distill: --order");
     if (a.precision && m2d_precision_parse(a.precision, "distill: --precision", &o->train.precision)) return -1;
     if (o->train.teacher_backend && m2d_device_check(o->train.teacher_backend, "distill: --device")) return -1;
+    if (o->train.backend && m2d_device_check(o->train.backend, "distill: --student-device")) return -1;
+    if (!o->train.backend) o->train.backend = o->train.teacher_backend; /* --device: the student too */
     if (a.mse_w && o->train.loss != M2D_LOSS_FKL_MSE) return m2d_err("distill: --mse-weight needs --loss fkl+mse");
     if (a.mse_norm && m2d_mse_norm_parse(a.mse_norm, &o->train.mse_norm)) return m2d_err_prefix("distill: --mse-norm");
     if (a.mse_norm && o->train.loss != M2D_LOSS_FKL_MSE) return m2d_err("distill: --mse-norm needs --loss fkl+mse");

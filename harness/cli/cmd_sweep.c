@@ -56,7 +56,7 @@ static const char USAGE[] =
     "  --device D          where those engines run: cpu (default), cuda or cuda:N (a `make CUDA=1`\n"
     "                      build and a GPU; an absent device is an error, never a CPU run); off the\n"
     "                      CPU recorded in the CSV headers (device=), which must match to resume;\n"
-    "                      the [distill] stage's student still trains on the CPU\n"
+    "                      the [distill] stage's teacher and student run there too\n"
     "  --retry-failed      run configurations recorded as failed again (their rows are replaced)\n"
     "  --no-resume         refuse to run if the CSV exists (default: resume, skipping recorded rows)\n"
     "  --max-configs N     refuse a grid of more than N configurations (default " M2D_STR(M2D_GRID_DEFAULT_MAX_CONFIGS)

@@ -41,10 +41,10 @@
  * Errors: ops do not return them. The first CUDA/cuBLASLt failure is kept (sticky), later ops are
  * skipped, and leave() reports it with m2d_err after synchronising the device.
  *
- * Kept whole (~2000 lines): one nvcc translation unit, host code and kernels together, so the
- * device helpers, the kernels and their launchers link without relocatable device code (-rdc);
- * and only a GPU runs its tests (make gpu-check), so a split could be checked there and not by the
- * CPU build. The op families are its sections (---- ... ----). */
+ * The forward and calibration ops are one nvcc translation unit, host code and kernels together,
+ * so the device helpers, the kernels and their launchers link without relocatable device code
+ * (-rdc). The training ops are backend_cuda_train.cu's (their own kernels, this file's buffers,
+ * errors and GEMMs through backend_cuda_impl.cuh). The op families are its sections (---- ... ----). */
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -61,15 +61,10 @@ extern "C" {
 #include "base/util.h"
 }
 
-#include "engine/cuda_kernels.cuh" /* the kernels the CPU emulation checks too */
+#include "engine/backend_cuda_impl.cuh" /* what the training ops (backend_cuda_train.cu) share */
+#include "engine/cuda_kernels.cuh"      /* the kernels the CPU emulation checks too */
 
 /* ---- objects ---- */
-
-struct cu_buf {
-    void *p;
-    size_t bytes;
-    size_t cap; /* bytes of the device allocation (>= bytes: a reused one may be larger) */
-};
 
 /* Released buffers kept for a later alloc they fit (at most twice its size): a forward allocates
  * the same workspace every call, and cudaFree synchronises the device (the host stops launching
@@ -88,8 +83,9 @@ struct cu_buf_cache {
 
 struct cu_weight {
     const m2d_tensor *t;
-    void *dev;      /* resident copy, or NULL (streamed on use) */
+    void *dev;      /* resident copy, or NULL (streamed on use); a view's device values */
     m2d_dtype dt;   /* its dtype: M2D_BF16 or M2D_F32 */
+    m2d_tensor *view; /* a weight view's own tensor (cu_weight_view: DEV is not this weight's) */
 };
 
 /* scratch device buffers, each grown on demand and reused op after op */
@@ -132,6 +128,7 @@ struct algo_key {
     int type, n, in, out, ldw, ldx, ldy;
     unsigned align; /* min alignment of the pointers, bytes */
     int batch;      /* pointer-array batch count (lt_gemm_batched); 0: one GEMM */
+    int trans;      /* cu_sgemm: 1 + (A transposed) + 2 (B transposed); 0: the TN forward GEMMs */
 };
 
 struct algo_entry {
@@ -224,7 +221,11 @@ static int lt_ok(cu_be *c, cublasStatus_t s, const char *what) {
 /* after a kernel launch: launch-configuration errors surface here, faults at leave() */
 static void launched(cu_be *c, const char *kernel) { cuda_ok(c, cudaGetLastError(), kernel); }
 
-static unsigned blocks_for(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+static unsigned blocks_for(int64_t n, int threads) { return cu_blocks(n, threads); }
+
+int cu_failed(m2d_backend *be) { return CU(be)->failed; }
+int cu_check(m2d_backend *be, cudaError_t e, const char *what) { return cuda_ok(CU(be), e, what); }
+void cu_launched(m2d_backend *be, const char *kernel) { launched(CU(be), kernel); }
 
 /* the smallest cached buffer of BYTES to 2 x BYTES (taken out of the cache), or NULL */
 static void *cache_take(cu_buf_cache *k, size_t bytes, size_t *cap) {
@@ -360,8 +361,28 @@ static m2d_weight *cu_weight_new(m2d_backend *be, const m2d_tensor *t) {
 static void cu_weight_free(m2d_backend *be, m2d_weight *wh) {
     (void)be;
     if (!wh) return;
-    cudaFree(((cu_weight *)wh)->dev);
-    free(wh);
+    cu_weight *w = (cu_weight *)wh;
+    if (w->view) free(w->view);
+    else cudaFree(w->dev);
+    free(w);
+}
+
+/* fp32 rows x cols at element OFF of BUF (the trainer's master weights): resident from the start,
+ * so every op reads BUF itself and sees later writes to it */
+m2d_weight *cu_weight_view(m2d_backend *be, m2d_buf *buf, size_t off, int64_t rows, int64_t cols) {
+    (void)be;
+    cu_weight *w = (cu_weight *)m2d_calloc(1, sizeof *w);
+    w->view = (m2d_tensor *)m2d_calloc(1, sizeof *w->view);
+    *w->view = (m2d_tensor){.name = "view", .dtype = M2D_F32, .ndim = 2, .shape = {rows, cols}, .data = NULL,
+                            .nbytes = (size_t)(rows * cols) * sizeof(float)};
+    w->t = w->view;
+    w->dev = (float *)P(buf) + off;
+    w->dt = M2D_F32;
+    return (m2d_weight *)w;
+}
+
+const float *cu_weight_dev_f32(m2d_backend *be, const m2d_weight *w, int64_t first, int64_t n) {
+    return (const float *)wtyped(CU(be), W(w), first, n, M2D_F32);
 }
 
 static size_t cu_resident_bytes(m2d_backend *be, const m2d_weight *wh) {
@@ -595,13 +616,46 @@ static void lt_gemm(cu_be *c, cudaDataType_t type, const void *w, int ldw, const
         lt_ok(c, cublasLtMatrixLayoutCreate(&lb, type, (uint64_t)in, (uint64_t)n, ldx), "layout B") &&
         lt_ok(c, cublasLtMatrixLayoutCreate(&ly, CUDA_R_32F, (uint64_t)out, (uint64_t)n, ldy), "layout C")) {
         algo_key k = {(int)type, n, in, out, ldw, ldx, ldy,
-                      M2D_MIN(M2D_MIN(ptr_align(w), ptr_align(x)), ptr_align(y)), 0};
+                      M2D_MIN(M2D_MIN(ptr_align(w), ptr_align(x)), ptr_align(y)), 0, 0};
         const algo_entry *e = find_algo(c, &k, op, la, lb, ly);
         float alpha = 1.0f;
         if (e && e->none) naive_gemm(c, type, w, ldw, x, ldx, n, in, out, y, ldy, beta);
         else if (e)
             lt_ok(c, cublasLtMatmul(c->lt, op, &alpha, w, la, x, lb, &beta, y, ly, y, ly, &e->algo, c->ws, e->ws, 0),
                   "cublasLtMatmul");
+    }
+    if (ly) cublasLtMatrixLayoutDestroy(ly);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (op) cublasLtMatmulDescDestroy(op);
+}
+
+/* the general fp32 GEMM of the training ops (backend_cuda_impl.cuh): descriptors as lt_gemm's,
+ * with both operations given */
+void cu_sgemm(m2d_backend *be, bool ta, bool tb, int m, int n, int k, float alpha, const float *A, int lda,
+              const float *B, int ldb, float beta, float *C, int ldc) {
+    cu_be *c = CU(be);
+    if (c->failed || m <= 0 || n <= 0) return;
+    if (c->gemm_naive || k <= 0) { /* k = 0: C = beta C, which the naive kernel's empty sum gives */
+        cu_sgemm_naive(be, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, ly = NULL;
+    cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if (lt_ok(c, cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate") &&
+        lt_ok(c, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa), "TRANSA") &&
+        lt_ok(c, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), "TRANSB") &&
+        lt_ok(c, cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, ta ? k : m, ta ? m : k, lda), "layout A") &&
+        lt_ok(c, cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, tb ? n : k, tb ? k : n, ldb), "layout B") &&
+        lt_ok(c, cublasLtMatrixLayoutCreate(&ly, CUDA_R_32F, (uint64_t)m, (uint64_t)n, ldc), "layout C")) {
+        algo_key key = {(int)CUDA_R_32F, n, k, m, lda, ldb, ldc,
+                        M2D_MIN(M2D_MIN(ptr_align(A), ptr_align(B)), ptr_align(C)), 0, 1 + ta + 2 * tb};
+        const algo_entry *e = find_algo(c, &key, op, la, lb, ly);
+        if (e && e->none) cu_sgemm_naive(be, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+        else if (e)
+            lt_ok(c, cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, C, ly, C, ly, &e->algo, c->ws, e->ws, 0),
+                  "cublasLtMatmul (sgemm)");
     }
     if (ly) cublasLtMatrixLayoutDestroy(ly);
     if (lb) cublasLtMatrixLayoutDestroy(lb);
@@ -1856,7 +1910,7 @@ static int lt_gemm_batched(cu_be *c, const void *const *w, int ldw, const void *
              lt_ok(c, cublasLtMatrixLayoutSetAttribute(l[i], CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof mode),
                    "batch mode");
     if (ok) {
-        algo_key k = {(int)CUDA_R_16BF, n, in, out, ldw, ldx, ldy, align, batch};
+        algo_key k = {(int)CUDA_R_16BF, n, in, out, ldw, ldx, ldy, align, batch, 0};
         const algo_entry *e = find_algo(c, &k, op, l[0], l[1], l[2]);
         float alpha = 1.0f, beta = 0.0f;
         rc = e && !e->none ? 0 : -1;
@@ -2254,7 +2308,8 @@ static m2d_backend_ops make_ops(void) {
     o.glu_clamp = cu_glu_clamp, o.add_bias = cu_add_bias, o.clamp = cu_clamp, o.sigmoid_scale = cu_sigmoid_scale;
     o.experts_all = cu_experts_all_timed, o.gram = cu_gram_timed, o.experts_reduce = cu_experts_reduce_timed;
     o.auto_precision = cu_auto_precision;
-    o.caps = M2D_CAPS_ALL & ~M2D_CAP(M2D_CAP_TRAIN); /* every forward and calibration op; no training yet */
+    o.train = &cu_train_ops;
+    o.caps = M2D_CAPS_ALL; /* every forward, calibration and training op */
     o.resident_embedding = 1; /* a streamed lookup syncs, converts on the host and uploads n x d floats */
     return o;
 }

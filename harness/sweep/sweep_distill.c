@@ -169,7 +169,7 @@ static void distill_one(const m2d_experiment *x, m2d_sweep_backend *b, const m2d
     char *dir = m2d_path_join(root, cb->dir), *log = m2d_strfmt("%s.jsonl", dir), *state = m2d_path_join(dir, "train-state");
     o.data = x->distill_data, o.out = dir, o.log = log, o.train.threads = b->threads;
     o.train.precision = b->precision; /* the sweep's: the teacher's KD targets and validation */
-    o.train.teacher_backend = b->device; /* the teacher's forward; the student trains on the CPU */
+    o.train.teacher_backend = o.train.backend = b->device; /* the teacher's forward and the student's training */
     o.resume = m2d_train_state_exists(state);
     if (o.eval_every > 0) /* the validation curve (Figure 5) on held-out text (distill.val_data), PPL's protocol */
         o.eval_data = x->distill_val_data, o.eval_seq_len = x->ppl_seq_len, o.eval_windows = x->ppl_max_windows;

@@ -69,7 +69,8 @@ static int resolve_steps(run_t *r) {
     r->t = o->train;
     r->t.optim.steps = r->S;
     /* resolved once: what the identity, the log and the manifest record is what runs */
-    if (m2d_engine_resolve_precision(r->t.backend, o->train.precision, &r->t.precision))
+    const char *teacher_be = r->t.teacher_backend ? r->t.teacher_backend : r->t.backend; /* the precision is the teacher's */
+    if (m2d_engine_resolve_precision(teacher_be, o->train.precision, &r->t.precision))
         return m2d_err_prefix("distill: --precision");
     r->r->precision = r->t.precision;
     return 0;
@@ -372,7 +373,8 @@ static int eval_setup(run_t *r) {
     r->host = m2d_malloc(sizeof(float) * m2d_trainer_params(r->tr)->total);
     if (m2d_train_params_model(m2d_trainer_params(r->tr), r->student, r->host, &r->view)) return -1;
     if (!o->eval_data) return 0;
-    m2d_engine_opts eo = {.n_threads = r->t.threads, .precision = r->t.precision}; /* the teacher's */
+    m2d_engine_opts eo = {.backend = r->t.backend, .n_threads = r->t.threads, .precision = r->t.precision}; /* the
+                                                                       * student's device, the teacher's precision */
     return m2d_engine_open(r->view, &eo, &r->eval_engine);
 }
 
@@ -519,7 +521,9 @@ static cJSON *settings_json(const run_t *r) {
     cJSON_AddStringToObject(s, "precision", m2d_precision_name(t->precision)); /* teacher + validation */
     cJSON_AddStringToObject(s, "precision_requested", m2d_precision_name(o->train.precision));
     cJSON_AddStringToObject(s, "student_training_precision", "fp32");
-    cJSON_AddStringToObject(s, "teacher_device", o->train.teacher_backend ? o->train.teacher_backend : "cpu");
+    const char *student = o->train.backend ? o->train.backend : "cpu";
+    cJSON_AddStringToObject(s, "teacher_device", o->train.teacher_backend ? o->train.teacher_backend : student);
+    cJSON_AddStringToObject(s, "student_device", student);
     return s;
 }
 
