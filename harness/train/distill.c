@@ -368,14 +368,22 @@ static void log_step(run_t *r, int step, const m2d_step_stats *st, double tok_s,
 
 /* ---- validation ---- */
 
+/* the validation engine over the host copy of the student's weights, on the student's device at
+ * the teacher's precision. Opened anew for every evaluation: a device backend copies the weights
+ * at open (the CPU reads fp32 weights in place), so an engine kept open would see stale ones. */
+static int open_eval_engine(run_t *r) {
+    m2d_engine_free(r->eval_engine);
+    r->eval_engine = NULL;
+    m2d_engine_opts eo = {.backend = r->t.backend, .n_threads = r->t.threads, .precision = r->t.precision};
+    return m2d_engine_open(r->view, &eo, &r->eval_engine);
+}
+
 static int eval_setup(run_t *r) {
     const m2d_distill_opts *o = r->o;
     r->host = m2d_malloc(sizeof(float) * m2d_trainer_params(r->tr)->total);
     if (m2d_train_params_model(m2d_trainer_params(r->tr), r->student, r->host, &r->view)) return -1;
     if (!o->eval_data) return 0;
-    m2d_engine_opts eo = {.backend = r->t.backend, .n_threads = r->t.threads, .precision = r->t.precision}; /* the
-                                                                       * student's device, the teacher's precision */
-    return m2d_engine_open(r->view, &eo, &r->eval_engine);
+    return open_eval_engine(r);
 }
 
 static void download_weights(run_t *r) { m2d_train_params_download(m2d_trainer_params(r->tr), M2D_PBUF_WEIGHTS, r->host); }
@@ -385,6 +393,7 @@ static int evaluate(run_t *r, int step, double *ppl, double *ce) {
     const m2d_distill_opts *o = r->o;
     if (!r->eval_engine) return 0;
     download_weights(r);
+    if (open_eval_engine(r)) return -1;
     m2d_ppl_result res;
     memset(&res, 0, sizeof res);
     int L = o->eval_seq_len ? o->eval_seq_len : r->t.seq_len;
