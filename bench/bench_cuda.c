@@ -1,7 +1,8 @@
 /* bench_cuda — the cuda backend on a GPU: the GEMM peak through the backend's own gemm op (the
  * yardstick: cuBLASLt, bf16 and fp32 operands, fp32 accumulation), then PPL-eval and
  * prompt-processing (pp512) tokens/s of the engine on 2-layer slices with the real Qwen3-30B-A3B
- * dimensions (the MoE and its K=8 dense student), weights resident, at bf16 and fp32.
+ * dimensions (the MoE and its K=8 dense student), weights resident, at bf16 and fp32; and one
+ * distillation step of that student from that teacher (distill --device cuda's work).
  *
  * Usage: [BENCH_ONLY=moe] bench_cuda [DIR]   (checkpoints are written to DIR, default a fresh folder
  *        in /tmp; the transformers comparison, tools/bench_hf_gpu.py, reads the same checkpoints;
@@ -22,6 +23,7 @@
 #include "engine/engine.h"
 #include "testmodel.h"
 #include "base/util.h"
+#include "train/trainer.h"
 
 static int have_cuda(void) {
     for (int i = 0; i < m2d_backend_count(); i++)
@@ -287,6 +289,47 @@ static void model_rows(const char *dir, const char *label, double peak) {
     m2d_model_close(m);
 }
 
+/* Distillation on the GPU: optimizer steps of the dense slice STUDENT from the MoE slice TEACHER
+ * (its forward and LM head at bf16; the student's forward, backward and AdamW in fp32, as distill
+ * runs them), one window of L tokens a step: the mean of 3 steps after a warm-up one (a step is
+ * synchronous: the loss comes back to the host). tools/bench_hf_gpu.py times the same step in
+ * PyTorch. */
+static void distill_row(const char *teacher_dir, const char *student_dir, int L) {
+    m2d_model *t = NULL, *s = NULL;
+    m2d_trainer *tr = NULL;
+    m2d_trainer_opts o = {.seq_len = L, .batch = 1, .loss = M2D_LOSS_FKL, .backend = "cuda",
+                          .precision = M2D_PREC_BF16};
+    m2d_optim_defaults(&o.optim);
+    o.optim.steps = 4;
+    if (m2d_model_open(teacher_dir, &t) || m2d_model_open(student_dir, &s) || m2d_trainer_new(t, s, &o, &tr)) {
+        fprintf(stderr, "bench_cuda: distill: %s\n", m2d_errmsg());
+    } else {
+        int32_t *tok = m2d_malloc(sizeof(int32_t) * (size_t)L);
+        uint64_t r = 777;
+        for (int i = 0; i < L; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            tok[i] = (int32_t)((r >> 33) % (uint64_t)t->cfg.vocab_size);
+        }
+        double t0 = 0, teacher = 0;
+        m2d_step_stats st;
+        int rc = 0;
+        for (int step = 1; step <= 4 && !rc; step++) {
+            if (step == 2) t0 = m2d_now();
+            rc = m2d_trainer_step(tr, step, tok, &st);
+            if (step >= 2) teacher += st.teacher_s;
+        }
+        if (rc) fprintf(stderr, "bench_cuda: distill: %s\n", m2d_errmsg());
+        else
+            printf("\n| distillation step (L = %d, 1 window, teacher bf16, student fp32) | %.1f ms | %.0f tokens/s | "
+                   "teacher forward %.1f ms | peak host RSS %.2f GB |\n",
+                   L, (m2d_now() - t0) / 3 * 1e3, 3 * L / (m2d_now() - t0), teacher / 3 * 1e3, m2d_peak_rss() / 1e9);
+        free(tok);
+    }
+    m2d_trainer_free(tr);
+    m2d_model_close(s);
+    m2d_model_close(t);
+}
+
 /* a ppl-2048 forward of the MoE slice in DIR at bf16, then a timed one, with the backend knobs of
  * KNOBS ("name=value,name=value"): 0 when they ran; -1 an error in m2d_errmsg, -2 one printed */
 static int profile_forward(const char *dir, const char *knobs) {
@@ -344,7 +387,10 @@ int main(int argc, char **argv) {
     printf("| model (2-layer slice)                      | prec | resident | pp512 tok/s | ppl-2048 tok/s |\n|---|---|---|---|---|\n");
     if (write_slice(moe, 1) == 0) model_rows(moe, "Qwen3-30B-A3B MoE", peak);
     const char *only = getenv("BENCH_ONLY"); /* "moe": the MoE slice alone (a short GPU call) */
-    if (!(only && strcmp(only, "moe") == 0) && write_slice(dense, 0) == 0) model_rows(dense, "dense student K=8", peak);
+    if (!(only && strcmp(only, "moe") == 0) && write_slice(dense, 0) == 0) {
+        model_rows(dense, "dense student K=8", peak);
+        distill_row(moe, dense, 512);
+    }
     printf("\ncheckpoints: %s (tools/bench_hf_gpu.py %s %s)\n", root, moe, dense);
     free(moe);
     free(dense);
