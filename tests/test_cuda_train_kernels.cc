@@ -76,7 +76,7 @@ static void rmsnorm_bwd_matches_float64(void **state) {
     float *dxp = dx.data(), *dwp = dw.data();
     double *rrp = rr.data(), *ccp = cc.data(), *pp = part.data();
     run_grid(R, 1, 1, 64, [=] { k_rms_bwd_rows(xp, ld, wp, dyp, ld, D, eps, rrp, ccp); });
-    run_grid(1, 3, 1, TR_THREADS, [=] { k_tr_col_part(dyp, ld, xp, ld, rrp, R, D, pp); });
+    run_grid(3, 1, 1, TR_THREADS, [=] { k_tr_col_part(dyp, ld, xp, ld, rrp, R, D, pp); });
     elementwise((int64_t)R * D, [=] { k_rms_bwd_dx(xp, ld, wp, dyp, ld, rrp, ccp, R, D, dxp, ld, 0.0f); });
     run_grid(1, 1, 1, TR_THREADS, [=] { k_tr_col_finish(pp, 3, D, dwp); });
     std::vector<double> gw(D, 0.0);
@@ -204,14 +204,14 @@ static void glu_and_clamp_match_float64(void **state) {
 /* ---- column sums (bias), head sums, the embedding's scatter-add ---- */
 static void sums_match_float64(void **state) {
     (void)state;
-    const int R = 150, C = 7, ld = 9, chunks = 3;
+    const int R = 150, C = 300, ld = 301, chunks = 3; /* chunks on x, two blocks of columns on y */
     std::vector<float> dy = randn((size_t)R * ld), db = randn(C), db0 = db;
     std::vector<double> part((size_t)chunks * C);
     const float *dyp = dy.data();
     float *dbp = db.data();
     double *pp = part.data();
-    run_grid(1, chunks, 1, TR_THREADS, [=] { k_tr_col_part(dyp, ld, NULL, 0, NULL, R, C, pp); });
-    run_grid(1, 1, 1, TR_THREADS, [=] { k_tr_col_finish(pp, chunks, C, dbp); });
+    run_grid(chunks, 2, 1, TR_THREADS, [=] { k_tr_col_part(dyp, ld, NULL, 0, NULL, R, C, pp); });
+    run_grid(2, 1, 1, TR_THREADS, [=] { k_tr_col_finish(pp, chunks, C, dbp); });
     for (int c = 0; c < C; c++) {
         double s = 0;
         for (int r = 0; r < R; r++) s += dy[(size_t)r * ld + c];

@@ -152,6 +152,7 @@ struct cu_be {
     algo_entry algos[ALGO_CACHE];
     int algo_next;
     int depth;
+    int caller_device;    /* the device current at the outermost enter (restored by its leave), or -1 */
     int failed;           /* sticky: first failure since the last leave() report */
     char why[512];
     int streamed_note;    /* the streaming note was printed */
@@ -2217,15 +2218,28 @@ TIMED(cu_experts_reduce, "experts_reduce",
 
 /* ---- lifecycle ---- */
 
+/* the outermost enter makes this backend's device current and leave gives the caller's back: two
+ * backends on two GPUs nest (the trainer's student backend around its teacher engine's calls) */
 static void cu_enter(m2d_backend *be) {
     cu_be *c = CU(be);
-    if (c->depth++ == 0) cuda_ok(c, cudaSetDevice(c->device), "cudaSetDevice");
+    if (c->depth++ > 0) return;
+    if (cudaGetDevice(&c->caller_device) != cudaSuccess) c->caller_device = -1;
+    cuda_ok(c, cudaSetDevice(c->device), "cudaSetDevice");
 }
 
 /* the outermost leave synchronises, so a kernel fault is reported by the entry point that ran it */
+static int leave_outermost(cu_be *c);
+
 static int cu_leave(m2d_backend *be) {
     cu_be *c = CU(be);
     if (c->depth > 0 && --c->depth > 0) return 0;
+    int rc = leave_outermost(c);
+    if (c->caller_device >= 0 && c->caller_device != c->device) cudaSetDevice(c->caller_device);
+    c->caller_device = -1;
+    return rc;
+}
+
+static int leave_outermost(cu_be *c) {
     cuda_ok(c, cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     if (c->prof.n) prof_collect(c);
     if (c->err_armed && !c->failed) { /* the flag comes back only after a kernel that may set it */
@@ -2346,6 +2360,7 @@ static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
     cu_be *c = (cu_be *)m2d_calloc(1, sizeof *c);
     c->base.ops = &cuda_ops;
     c->device = dev;
+    c->caller_device = -1;
     c->ws_bytes = WORKSPACE_BYTES;
     /* M2D_CUDA_FAST=0: the reference kernels (per-expert MoE, warp-per-row attention, the two-pass
      * log-sum-exp): the GPU runner's A/B of the two paths in one call */

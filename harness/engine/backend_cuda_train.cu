@@ -20,8 +20,14 @@
 #define M2D_MIN(a, b) ((a) < (b) ? (a) : (b))
 #include "engine/cuda_train_kernels.cuh"
 
-/* a temporary device buffer of BYTES (the backend's cache makes it cheap), NULL after a failure */
-static m2d_buf *tmp(m2d_backend *be, size_t bytes) { return cu_failed(be) ? NULL : be->ops->alloc(be, bytes); }
+/* a temporary device buffer of BYTES (the backend's cache makes it cheap); NULL after a failure,
+ * its own included (kept sticky: leave() reports it, and the ops after it are skipped) */
+static m2d_buf *tmp(m2d_backend *be, size_t bytes) {
+    if (cu_failed(be)) return NULL;
+    m2d_buf *b = be->ops->alloc(be, bytes);
+    if (!b) cu_check(be, cudaErrorMemoryAllocation, "a training op's temporary buffer");
+    return b;
+}
 
 static void tmp_free(m2d_backend *be, m2d_buf *b) {
     if (b) be->ops->release(be, b);
@@ -61,8 +67,8 @@ static void tr_copy(m2d_backend *be, m2d_mat *dst, const m2d_mat *src) {
 static void tr_gemm_dx(m2d_backend *be, const m2d_mat *dy, const m2d_weight *w, m2d_mat *dx, float beta) {
     int n = dy->rows, outd = dy->cols, in = dx->cols;
     if (cu_failed(be) || n <= 0 || in <= 0) return;
-    const float *wr = cu_weight_dev_f32(be, w, 0, (int64_t)outd * in);
-    if (wr) cu_sgemm(be, false, false, in, n, outd, 1.0f, wr, in, cu_mat(dy), dy->ld, beta, cu_mat(dx), dx->ld);
+    const float *wr = outd > 0 ? cu_weight_dev_f32(be, w, 0, (int64_t)outd * in) : NULL; /* outd 0: dx = beta dx */
+    if (wr || outd <= 0) cu_sgemm(be, false, false, in, n, outd, 1.0f, wr, in, cu_mat(dy), dy->ld, beta, cu_mat(dx), dx->ld);
 }
 
 /* dw[out, in] = dy^T x + beta dw; column-major: dw^T = x^T dy */
@@ -80,7 +86,7 @@ static void col_sums(m2d_backend *be, const float *a, int lda, const float *b, i
     int chunks = (rows + TR_ROW_CHUNK - 1) / TR_ROW_CHUNK;
     m2d_buf *part = tmp(be, sizeof(double) * (size_t)chunks * cols);
     if (!part) return;
-    dim3 grid(cu_blocks(cols, TR_THREADS), (unsigned)chunks);
+    dim3 grid((unsigned)chunks, cu_blocks(cols, TR_THREADS)); /* chunks on x: up to 2^31 - 1 of them */
     k_tr_col_part<<<grid, TR_THREADS>>>(a, lda, b, ldb, rs, rows, cols, (double *)cu_ptr(part));
     k_tr_col_finish<<<cu_blocks(cols, TR_THREADS), TR_THREADS>>>((const double *)cu_ptr(part), chunks, cols, dst);
     cu_launched(be, "k_tr_col_part/k_tr_col_finish");
@@ -92,7 +98,7 @@ static void col_sums(m2d_backend *be, const float *a, int lda, const float *b, i
 static void tr_rmsnorm_bwd(m2d_backend *be, const m2d_mat *x, const m2d_weight *w, double eps, const m2d_mat *dy,
                            m2d_mat *dx, float beta, m2d_mat *dw) {
     int rows = x->rows, d = x->cols;
-    if (cu_failed(be) || rows <= 0) return;
+    if (cu_failed(be) || rows <= 0 || d <= 0) return;
     m2d_buf *rc = tmp(be, sizeof(double) * 2 * (size_t)rows);
     const float *wv = rc ? cu_weight_dev_f32(be, w, 0, d) : NULL;
     if (wv) {

@@ -27,12 +27,6 @@ __global__ static void k_tr_fill(float *p, int64_t n, float v) {
     if (i < n) p[i] = v;
 }
 
-/* y *= beta over a rows x cols window (a GEMM with an empty inner dimension) */
-__global__ static void k_tr_scale(float *y, int ld, int rows, int cols, float beta) {
-    int64_t i = tr_id();
-    if (i < (int64_t)rows * cols) y[(size_t)(i / cols) * ld + i % cols] *= beta;
-}
-
 /* column-major C[m, n] = alpha op(A) op(B) + beta C as cuBLAS defines it (op: transposed when TA /
  * TB), one thread per element, the inner products in k order by fmaf; beta 0 never reads C */
 __global__ static void k_tr_sgemm(int ta, int tb, int m, int n, int k, float alpha, const float *A, int lda,
@@ -53,10 +47,10 @@ __global__ static void k_tr_sgemm(int ta, int tb, int m, int n, int k, float alp
 /* ---- column sums: fixed chunks of TR_ROW_CHUNK rows, then the chunks in order ---- */
 
 /* part[chunk][j] = sum over the chunk's rows r (in order, fp64) of a[r, j] (* b[r, j]) (* rs[r]);
- * grid (columns / TR_THREADS, chunks) */
+ * grid (chunks, columns / TR_THREADS) */
 __global__ static void k_tr_col_part(const float *a, int lda, const float *b, int ldb, const double *rs, int rows,
                                      int cols, double *part) {
-    int j = (int)(blockIdx.x * blockDim.x + threadIdx.x), chunk = (int)blockIdx.y;
+    int j = (int)(blockIdx.y * blockDim.x + threadIdx.x), chunk = (int)blockIdx.x;
     if (j >= cols) return;
     int r1 = M2D_MIN((chunk + 1) * TR_ROW_CHUNK, rows);
     double s = 0;

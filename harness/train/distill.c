@@ -369,21 +369,29 @@ static void log_step(run_t *r, int step, const m2d_step_stats *st, double tok_s,
 /* ---- validation ---- */
 
 /* the validation engine over the host copy of the student's weights, on the student's device at
- * the teacher's precision. Opened anew for every evaluation: a device backend copies the weights
- * at open (the CPU reads fp32 weights in place), so an engine kept open would see stale ones. */
+ * the teacher's precision. Opened for each evaluation and freed after it: a device backend copies
+ * the weights at open (the CPU reads fp32 weights in place), so an engine kept open would score
+ * stale ones, and a device's memory goes back to training between evaluations. */
 static int open_eval_engine(run_t *r) {
-    m2d_engine_free(r->eval_engine);
-    r->eval_engine = NULL;
     m2d_engine_opts eo = {.backend = r->t.backend, .n_threads = r->t.threads, .precision = r->t.precision};
     return m2d_engine_open(r->view, &eo, &r->eval_engine);
 }
 
+static void close_eval_engine(run_t *r) {
+    m2d_engine_free(r->eval_engine);
+    r->eval_engine = NULL;
+}
+
+/* the host copy and its model view; with validation, its engine opened once (its errors before
+ * any step) and closed */
 static int eval_setup(run_t *r) {
     const m2d_distill_opts *o = r->o;
     r->host = m2d_malloc(sizeof(float) * m2d_trainer_params(r->tr)->total);
     if (m2d_train_params_model(m2d_trainer_params(r->tr), r->student, r->host, &r->view)) return -1;
     if (!o->eval_data) return 0;
-    return open_eval_engine(r);
+    int rc = open_eval_engine(r);
+    close_eval_engine(r);
+    return rc;
 }
 
 static void download_weights(run_t *r) { m2d_train_params_download(m2d_trainer_params(r->tr), M2D_PBUF_WEIGHTS, r->host); }
@@ -391,13 +399,15 @@ static void download_weights(run_t *r) { m2d_train_params_download(m2d_trainer_p
 /* WikiText-2 gptq perplexity and mean cross-entropy of the student's current weights */
 static int evaluate(run_t *r, int step, double *ppl, double *ce) {
     const m2d_distill_opts *o = r->o;
-    if (!r->eval_engine) return 0;
+    if (!o->eval_data) return 0;
     download_weights(r);
     if (open_eval_engine(r)) return -1;
     m2d_ppl_result res;
     memset(&res, 0, sizeof res);
     int L = o->eval_seq_len ? o->eval_seq_len : r->t.seq_len;
-    if (m2d_ppl_gptq_tokens(r->eval_engine, r->eval_ids, r->n_eval, L, o->eval_windows, NULL, &res)) return -1;
+    int rc = m2d_ppl_gptq_tokens(r->eval_engine, r->eval_ids, r->n_eval, L, o->eval_windows, NULL, &res);
+    close_eval_engine(r);
+    if (rc) return -1;
     *ppl = res.ppl;
     *ce = res.nll_sum / (double)res.tokens_scored;
     if (r->log) {
