@@ -168,6 +168,9 @@ static char *check_resume(const char *tag, m2d_precision prec) {
     assert_string_equal(cJSON_GetObjectItemCaseSensitive(s, "precision")->valuestring, name);
     assert_string_equal(cJSON_GetObjectItemCaseSensitive(s, "precision_requested")->valuestring, name);
     assert_string_equal(cJSON_GetObjectItemCaseSensitive(s, "student_training_precision")->valuestring, "fp32");
+    /* where each ran: no --device, so both on the CPU */
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(s, "teacher_device")->valuestring, "cpu");
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(s, "student_device")->valuestring, "cpu");
     cJSON_Delete(j);
     free(tb), free(ha), free(hb), free(marker), free(state_dir);
     free(outa), free(loga), free(outb), free(logb);
