@@ -292,8 +292,8 @@ static void model_rows(const char *dir, const char *label, double peak) {
 /* Distillation on the GPU: optimizer steps of the dense slice STUDENT from the MoE slice TEACHER
  * (its forward and LM head at bf16; the student's forward, backward and AdamW in fp32, as distill
  * runs them), one window of L tokens a step: the mean of 3 steps after a warm-up one (a step is
- * synchronous: the loss comes back to the host). tools/bench_hf_gpu.py times the same step in
- * PyTorch. */
+ * synchronous: the loss comes back to the host). `tools/distill_ref.py --bench --device cuda
+ * --teacher-dtype bf16 --attn sdpa` times the same step in PyTorch (tools/gpu_run.sh). */
 static void distill_row(const char *teacher_dir, const char *student_dir, int L) {
     m2d_model *t = NULL, *s = NULL;
     m2d_trainer *tr = NULL;

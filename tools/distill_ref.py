@@ -5,7 +5,9 @@ torch.nn.utils.clip_grad_norm_), for tests/test_distill.c. Runs in tests/ref/.ve
 usage: distill_ref.py --out DIR [--only NAMES]  write the goldens (tests/golden/distill/, make distill-goldens;
                                                  --only: those cases, comma-separated)
        distill_ref.py --compare NEW_DIR OLD_DIR  the goldens made now against the committed ones
-       distill_ref.py --bench ...                time the same step as bench/bench_train.c (BENCHMARKS.md)
+       distill_ref.py --bench ...                time the same step as bench/bench_train.c (BENCHMARKS.md), or
+                                                 with --device cuda --teacher-dtype bf16 --attn sdpa as
+                                                 bench/bench_cuda.c's distillation row (tools/gpu_run.sh)
 
 Per case (CASES below):
  1. teacher (Qwen3MoeForCausalLM) and dense student (Qwen3ForCausalLM, intermediate = k * d_e) from
@@ -148,11 +150,12 @@ def lr_at(c, s):
     return c["min_lr"] + (c["lr"] - c["min_lr"]) * 0.5 * (1.0 + math.cos(math.pi * t))
 
 
-def load(cls_name, d):
-    kw = ({"experts_implementation": "eager"}
-          if "Moe" in cls_name or cls_name in ("GptOssForCausalLM", "DeepseekV2ForCausalLM", "MixtralForCausalLM")
-          else {})
-    m = getattr(transformers, cls_name).from_pretrained(d, dtype=torch.float32, attn_implementation="eager", **kw)
+def load(cls_name, d, attn="eager"):
+    """fp32, the modelling's eager paths (the goldens' reference), or attention ATTN and the
+    experts' default implementation (a speed comparison)"""
+    moe = "Moe" in cls_name or cls_name in ("GptOssForCausalLM", "DeepseekV2ForCausalLM", "MixtralForCausalLM")
+    kw = {"experts_implementation": "eager"} if moe and attn == "eager" else {}
+    m = getattr(transformers, cls_name).from_pretrained(d, dtype=torch.float32, attn_implementation=attn, **kw)
     return m
 
 
@@ -329,16 +332,19 @@ def compare(new_dir, old_dir):
 
 def bench(a):
     torch.set_num_threads(a.threads)
-    teacher = load("Qwen3MoeForCausalLM", a.teacher)
-    student = load("Qwen3ForCausalLM", a.student)
+    teacher = load("Qwen3MoeForCausalLM", a.teacher, a.attn)
+    student = load("Qwen3ForCausalLM", a.student, a.attn)
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
-    teacher.to(dtype).eval(), student.to(dtype).train()
+    tdtype = torch.bfloat16 if (a.teacher_dtype or a.dtype) == "bf16" else torch.float32
+    teacher.to(a.device, tdtype).eval(), student.to(a.device, dtype).train()
     rng = np.random.default_rng(1)
     V = student.config.vocab_size
     opt = torch.optim.AdamW(student.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
+    sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
     times = []
     for it in range(a.warmup + a.iters):
-        x = torch.tensor(rng.integers(0, V, (a.batch, a.seq_len)))
+        x = torch.tensor(rng.integers(0, V, (a.batch, a.seq_len)), device=a.device)
+        sync()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         with torch.no_grad():
@@ -348,11 +354,13 @@ def bench(a):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
         opt.step()
+        sync()
         if it >= a.warmup:
             times.append(time.perf_counter() - t0)
     tok_s = a.batch * a.seq_len / (sum(times) / len(times))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"impl": "pytorch", "dtype": a.dtype, "threads": a.threads, "tokens_per_s": tok_s,
+    print(json.dumps({"impl": "pytorch", "device": a.device, "dtype": a.dtype, "teacher_dtype": a.teacher_dtype or a.dtype,
+                      "attn": a.attn, "threads": a.threads, "tokens_per_s": tok_s,
                       "step_s": sum(times) / len(times), "peak_rss_bytes": rss,
                       "torch": torch.__version__.split("+")[0]}))
 
@@ -371,6 +379,9 @@ def main():
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--teacher-dtype", choices=["fp32", "bf16"], help="default: --dtype")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--attn", choices=["eager", "sdpa"], default="eager")
     a = ap.parse_args()
     if a.bench:
         return bench(a)

@@ -12,7 +12,7 @@
 #     data/     the WikiText-2 files the tests read, ARC-Easy (test_ppl's eval), the demo's
 #               calibration text (+ experiments.toml)
 #     tests/golden/hf/  transformers' goldens (test_hf)
-#     run.sh, tests/run.sh, bench_hf_gpu.py
+#     run.sh, tests/run.sh, bench_hf_gpu.py, distill_ref.py (+ hf_goldens.py, which it imports)
 #
 # On the GPU machine: tools/gpu_run.sh unpacks it and runs everything (tests with the GPU required,
 # then the benchmarks), writing its logs to $OUT. Nothing here needs a GPU; `sh tools/gpu_run.sh`
@@ -74,7 +74,7 @@ mkdir -p "$stage/e2e"
 cp "$tmp/demo-cpu.csv" "$stage/e2e/"
 echo "$(lscpu | sed -n 's/^Model name: *//p'), commit $(git rev-parse --short HEAD 2>/dev/null)" > "$stage/e2e/made-on.txt"
 rm -rf "$tmp" "$stage/results" # its cache: the GPU grid must calibrate on the GPU, not reuse it
-cp tools/bench_hf_gpu.py tools/gpu_run.sh tools/gpu_e2e.sh "$stage/"
+cp tools/bench_hf_gpu.py tools/distill_ref.py tools/hf_goldens.py tools/gpu_run.sh tools/gpu_e2e.sh "$stage/"
 git rev-parse --short HEAD > "$stage/COMMIT" 2>/dev/null || echo unknown > "$stage/COMMIT"
 
 mkdir -p "$dest"

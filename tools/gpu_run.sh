@@ -96,6 +96,11 @@ step "transformers on the same GPU and checkpoints"
 if [ "${SKIP_HF:-0}" != 1 ] && python3 -c 'import torch, transformers; assert torch.cuda.is_available()' 2>/dev/null; then
   timeout "$STAGE_S" python3 "$B/bench_hf_gpu.py" "$BENCH_DIR/qwen3-30b-a3b-2l" "$BENCH_DIR/qwen3-30b-a3b-2l-dense-k8" 2>&1 |
     grep -v "Loading weights" | tee -a "$out/bench.log"
+  # the distillation step of bench_cuda's last row, in PyTorch (teacher bf16, student fp32, SDPA)
+  echo "distillation step, PyTorch on the GPU (L = 512, 1 window):" | tee -a "$out/bench.log"
+  timeout "$STAGE_S" python3 "$B/distill_ref.py" --bench --teacher "$BENCH_DIR/qwen3-30b-a3b-2l" \
+    --student "$BENCH_DIR/qwen3-30b-a3b-2l-dense-k8" --batch 1 --seq-len 512 --iters 3 --device cuda --teacher-dtype bf16 \
+    --attn sdpa 2>&1 | grep -v "Loading weights" | tail -3 | tee -a "$out/bench.log"
 else
   echo "skipped (SKIP_HF=1, or python3 lacks torch/transformers with CUDA)"
 fi
