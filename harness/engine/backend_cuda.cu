@@ -128,7 +128,7 @@ struct algo_key {
     int type, n, in, out, ldw, ldx, ldy;
     unsigned align; /* min alignment of the pointers, bytes */
     int batch;      /* pointer-array batch count (lt_gemm_batched); 0: one GEMM */
-    int trans;      /* cu_sgemm: 1 + (A transposed) + 2 (B transposed); 0: the TN forward GEMMs */
+    int trans;      /* lt_matmul: 1 + (A transposed) + 2 (B transposed); 0: lt_gemm_batched's (TN) */
 };
 
 struct algo_entry {
@@ -600,68 +600,53 @@ static const algo_entry *find_algo(cu_be *c, const algo_key *k, cublasLtMatmulDe
     return e;
 }
 
-/* y = x · w^T + beta y; x and w of TYPE (CUDA_R_32F or CUDA_R_16BF), y fp32; fp32 accumulation */
-static void lt_gemm(cu_be *c, cudaDataType_t type, const void *w, int ldw, const void *x, int ldx, int n, int in,
-                    int out, float *y, int ldy, float beta) {
-    if (c->failed || n <= 0 || out <= 0) return;
-    if (c->gemm_naive) {
-        naive_gemm(c, type, w, ldw, x, ldx, n, in, out, y, ldy, beta);
-        return;
-    }
+/* One cuBLASLt matmul in cuBLAS's column-major terms: C[m, n] = alpha op(A) op(B) + beta C, A and B
+ * of TYPE (op: transposed when TA / TB; A stored [ta ? k : m, ta ? m : k], B likewise), C fp32,
+ * fp32 accumulation (CUBLAS_COMPUTE_32F). Returns 1 when cuBLASLt has no algorithm for the shape
+ * (the caller's naive kernel runs instead), else 0 (a failure is kept sticky). */
+static int lt_matmul(cu_be *c, cudaDataType_t type, bool ta, bool tb, int m, int n, int k, float alpha, const void *A,
+                     int lda, const void *B, int ldb, float beta, float *C, int ldc) {
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, ly = NULL;
-    cublasOperation_t ta = CUBLAS_OP_T;
+    cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    int none = 0;
     if (lt_ok(c, cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate") &&
-        lt_ok(c, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "TRANSA") &&
-        lt_ok(c, cublasLtMatrixLayoutCreate(&la, type, (uint64_t)in, (uint64_t)out, ldw), "layout A") &&
-        lt_ok(c, cublasLtMatrixLayoutCreate(&lb, type, (uint64_t)in, (uint64_t)n, ldx), "layout B") &&
-        lt_ok(c, cublasLtMatrixLayoutCreate(&ly, CUDA_R_32F, (uint64_t)out, (uint64_t)n, ldy), "layout C")) {
-        algo_key k = {(int)type, n, in, out, ldw, ldx, ldy,
-                      M2D_MIN(M2D_MIN(ptr_align(w), ptr_align(x)), ptr_align(y)), 0, 0};
-        const algo_entry *e = find_algo(c, &k, op, la, lb, ly);
-        float alpha = 1.0f;
-        if (e && e->none) naive_gemm(c, type, w, ldw, x, ldx, n, in, out, y, ldy, beta);
-        else if (e)
-            lt_ok(c, cublasLtMatmul(c->lt, op, &alpha, w, la, x, lb, &beta, y, ly, y, ly, &e->algo, c->ws, e->ws, 0),
+        lt_ok(c, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa), "TRANSA") &&
+        lt_ok(c, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), "TRANSB") &&
+        lt_ok(c, cublasLtMatrixLayoutCreate(&la, type, ta ? k : m, ta ? m : k, lda), "layout A") &&
+        lt_ok(c, cublasLtMatrixLayoutCreate(&lb, type, tb ? n : k, tb ? k : n, ldb), "layout B") &&
+        lt_ok(c, cublasLtMatrixLayoutCreate(&ly, CUDA_R_32F, (uint64_t)m, (uint64_t)n, ldc), "layout C")) {
+        algo_key key = {(int)type, n, k, m, lda, ldb, ldc, M2D_MIN(M2D_MIN(ptr_align(A), ptr_align(B)), ptr_align(C)),
+                        0, 1 + ta + 2 * tb};
+        const algo_entry *e = find_algo(c, &key, op, la, lb, ly);
+        none = e && e->none;
+        if (e && !none)
+            lt_ok(c, cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, C, ly, C, ly, &e->algo, c->ws, e->ws, 0),
                   "cublasLtMatmul");
     }
     if (ly) cublasLtMatrixLayoutDestroy(ly);
     if (lb) cublasLtMatrixLayoutDestroy(lb);
     if (la) cublasLtMatrixLayoutDestroy(la);
     if (op) cublasLtMatmulDescDestroy(op);
+    return none;
 }
 
-/* the general fp32 GEMM of the training ops (backend_cuda_impl.cuh): descriptors as lt_gemm's,
- * with both operations given */
+/* y = x · w^T + beta y; x and w of TYPE (CUDA_R_32F or CUDA_R_16BF), y fp32; fp32 accumulation */
+static void lt_gemm(cu_be *c, cudaDataType_t type, const void *w, int ldw, const void *x, int ldx, int n, int in,
+                    int out, float *y, int ldy, float beta) {
+    if (c->failed || n <= 0 || out <= 0) return;
+    if (c->gemm_naive || lt_matmul(c, type, true, false, out, n, in, 1.0f, w, ldw, x, ldx, beta, y, ldy))
+        naive_gemm(c, type, w, ldw, x, ldx, n, in, out, y, ldy, beta);
+}
+
+/* the general fp32 GEMM of the training ops (backend_cuda_impl.cuh) */
 void cu_sgemm(m2d_backend *be, bool ta, bool tb, int m, int n, int k, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc) {
     cu_be *c = CU(be);
     if (c->failed || m <= 0 || n <= 0) return;
-    if (c->gemm_naive || k <= 0) { /* k = 0: C = beta C, which the naive kernel's empty sum gives */
+    /* k = 0: C = beta C, which the naive kernel's empty sum gives */
+    if (c->gemm_naive || k <= 0 || lt_matmul(c, CUDA_R_32F, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc))
         cu_sgemm_naive(be, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-    cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t la = NULL, lb = NULL, ly = NULL;
-    cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    if (lt_ok(c, cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate") &&
-        lt_ok(c, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa), "TRANSA") &&
-        lt_ok(c, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb), "TRANSB") &&
-        lt_ok(c, cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, ta ? k : m, ta ? m : k, lda), "layout A") &&
-        lt_ok(c, cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, tb ? n : k, tb ? k : n, ldb), "layout B") &&
-        lt_ok(c, cublasLtMatrixLayoutCreate(&ly, CUDA_R_32F, (uint64_t)m, (uint64_t)n, ldc), "layout C")) {
-        algo_key key = {(int)CUDA_R_32F, n, k, m, lda, ldb, ldc,
-                        M2D_MIN(M2D_MIN(ptr_align(A), ptr_align(B)), ptr_align(C)), 0, 1 + ta + 2 * tb};
-        const algo_entry *e = find_algo(c, &key, op, la, lb, ly);
-        if (e && e->none) cu_sgemm_naive(be, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
-        else if (e)
-            lt_ok(c, cublasLtMatmul(c->lt, op, &alpha, A, la, B, lb, &beta, C, ly, C, ly, &e->algo, c->ws, e->ws, 0),
-                  "cublasLtMatmul (sgemm)");
-    }
-    if (ly) cublasLtMatrixLayoutDestroy(ly);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (op) cublasLtMatmulDescDestroy(op);
 }
 
 /* AUTO is bf16 on the GPU: tensor cores, fp32 accumulation (fp32 stays the exactness path) */
