@@ -215,6 +215,27 @@ static void memory_need_refused(void **state) {
     free(args), free(err), free(out);
 }
 
+/* 5b: a student on a GPU keeps its state, activations and KD logits in the GPU's memory: the host
+ * estimate counts only its host copy and the teacher (the formula's other parts, exactly) */
+static void memory_of_a_device_student(void **state) {
+    (void)state;
+    m2d_model *t, *s;
+    if (m2d_model_open(g_teacher, &t) || m2d_model_open(g_student, &s)) fail_msg("%s", m2d_errmsg());
+    int64_t P = m2d_model_param_counts(&s->cfg).total;
+    m2d_trainer_opts o = {.seq_len = 16, .batch = 1000000};
+    m2d_distill_memory host, dev;
+    m2d_distill_memory_estimate(&t->cfg, &s->cfg, P, &o, 1e12, &host);
+    o.backend = "cuda:1";
+    m2d_distill_memory_estimate(&t->cfg, &s->cfg, P, &o, 1e12, &dev);
+    assert_true(host.student == 20.0 * P && dev.student == 4.0 * P);
+    assert_true(host.activations > 0 && host.logits > 0 && dev.activations == 0 && dev.logits == 0);
+    assert_true(dev.teacher == host.teacher && dev.total == dev.student + dev.teacher);
+    o.backend = "cpu"; /* named, the CPU is the host */
+    m2d_distill_memory_estimate(&t->cfg, &s->cfg, P, &o, 1e12, &dev);
+    assert_true(dev.total == host.total);
+    m2d_model_close(s), m2d_model_close(t);
+}
+
 /* 6: a FIFO in place of model.safetensors, config.json or a checkpoint piece is refused at once */
 static void fifos_refused(void **state) {
     (void)state;
@@ -373,6 +394,7 @@ int main(void) {
         cmocka_unit_test(student_with_nan_refused),
         cmocka_unit_test(one_run_per_out),
         cmocka_unit_test(memory_need_refused),
+        cmocka_unit_test(memory_of_a_device_student),
         cmocka_unit_test(fifos_refused),
         cmocka_unit_test(interrupted_save_cleaned),
         cmocka_unit_test(out_is_not_an_input),

@@ -139,10 +139,10 @@ static int run_with_backend(const m2d_experiment *x, const m2d_sweep_opts *o, co
     return rc;
 }
 
-/* The backend of X, made and checked (nothing has been written when this fails). */
-static int backend_checked(const m2d_experiment *x, m2d_sweep_backend *b) {
+/* The backend of X, made and checked for a run on DEVICE (nothing has been written when this fails). */
+static int backend_checked(const m2d_experiment *x, const char *device, m2d_sweep_backend *b) {
     if (m2d_sweep_backend_make(x, b)) return -1;
-    if ((!b->check || b->check(b, x) == 0) && m2d_sweep_distill_check(x) == 0) return 0;
+    if ((!b->check || b->check(b, x) == 0) && m2d_sweep_distill_check(x, device) == 0) return 0;
     m2d_sweep_backend_close(b);
     return -1;
 }
@@ -168,7 +168,7 @@ int m2d_sweep_run(const m2d_experiment *x, const m2d_sweep_opts *o, m2d_sweep_su
     double t_start = m2d_now();
     const char *out = o->out ? o->out : x->out;
     m2d_sweep_backend b;
-    if (backend_checked(x, &b)) return -1;
+    if (backend_checked(x, o->device, &b)) return -1;
     m2d_lock lock;
     if (lock_output(out, o, &lock)) {
         m2d_sweep_backend_close(&b);
@@ -499,7 +499,7 @@ static void print_estimate(const m2d_experiment *x, const int *idx, int n_idx, c
 int m2d_sweep_dry_run(const m2d_experiment *x, const m2d_sweep_opts *o, FILE *f) {
     const char *out = o->out ? o->out : x->out;
     m2d_sweep_backend b;
-    if (backend_checked(x, &b)) return -1; /* what the run would refuse, the dry run refuses */
+    if (backend_checked(x, o->device, &b)) return -1; /* what the run would refuse, the dry run refuses */
     m2d_sweep_backend_close(&b);
     m2d_results existing = {0};
     int have_csv = m2d_file_exists(out);

@@ -93,9 +93,10 @@ static int check_data(const m2d_experiment *x, const m2d_distill_opts *o) {
     return rc;
 }
 
-int m2d_sweep_distill_check(const m2d_experiment *x) {
+int m2d_sweep_distill_check(const m2d_experiment *x, const char *device) {
     if (!x->has_distill) return 0;
     m2d_distill_opts o = x->distill;
+    o.train.backend = device; /* where the student trains: its memory is the device's, not the host's */
     o.data = x->distill_data;
     if (o.eval_every > 0) o.eval_data = x->ppl_data, o.eval_seq_len = x->ppl_seq_len;
     m2d_config t;

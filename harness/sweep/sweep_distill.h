@@ -32,10 +32,11 @@
 
 /* [distill] checked before any work, by the run and the dry run alike: its settings against the
  * teacher's config.json (micro_batch divides batch, seq_len fits, each teacher_topk <= E; without it
- * against the [teacher] hints), the memory the
- * students' training needs against this machine's RAM, and distill.data (training text of at least
- * one window). -1 + m2d_err naming the experiment's file and table. */
-int m2d_sweep_distill_check(const m2d_experiment *x);
+ * against the [teacher] hints), the host memory the
+ * students' training on DEVICE ("cpu" or NULL: all of it; a GPU holds the student's state) needs
+ * against this machine's RAM, and distill.data (training text of at least one window). -1 +
+ * m2d_err naming the experiment's file and table. */
+int m2d_sweep_distill_check(const m2d_experiment *x, const char *device);
 /* Run the stage for the results file OUT of experiment X (whose header is META); sets
  * sum->distill_selected and sum->distill_evaluated. B must have distill. */
 int m2d_sweep_distill_stage(const m2d_experiment *x, m2d_sweep_backend *b, const char *out, const m2d_sweep_meta *meta,

@@ -105,13 +105,17 @@ void m2d_distill_memory_estimate(const m2d_config *t, const m2d_config *s, int64
     double d = s->hidden_size, q = (double)s->num_attention_heads * s->head_dim, F = s->intermediate_size;
     double kv = (double)s->num_key_value_heads * s->head_dim, n = s->num_hidden_layers, V = s->vocab_size;
     double dt = t->hidden_size, copy = o->precision == M2D_PREC_BF16 ? 2 : 4;
-    m->student = 16 * P + 4 * P; /* weights, gradients, AdamW m and v; the host copy */
+    /* a student on a device holds its state, activations and KD logits in the device's memory
+     * (an allocation there that fails is its own one-line error): the host keeps its copy */
+    int on_host = !o->backend || strcmp(o->backend, "cpu") == 0;
+    m->student = (on_host ? 16 * P : 0) + 4 * P; /* weights, gradients, AdamW m and v; the host copy */
     m->teacher = M2D_MIN(ram / 8, copy * (double)m2d_model_param_counts(t).total) + 4 * V * dt;
     double clip = s->clip_qkv > 0 ? q + 2 * kv : 0; /* clip_qkv (OLMoE): q, k, v before the clamp, per layer */
     m->activations = o->recompute ? 4 * R * (n * d + 8 * d + 5 * q + 5 * kv + 5 * F + dt + clip)
                                   : 4 * R * (n * (4 * d + 3 * q + 3 * kv + 3 * F + clip) + 5 * d + 2 * q + 2 * kv + 2 * F + dt);
     if (o->loss == M2D_LOSS_FKL_MSE) m->activations += 4 * R * n * dt;
     m->logits = 2 * M2D_MIN(R, 128.0 * 1024 * 1024 / (4 * V)) * 4 * V;
+    if (!on_host) m->activations = m->logits = 0;
     m->total = m->student + m->teacher + m->activations + m->logits;
 }
 
