@@ -5,7 +5,9 @@
  * `make verify-distill` makes afresh). Per case: the same teacher and student checkpoints (rebuilt
  * here byte for byte from the grid generator), the same token windows in file order, the same
  * schedule, micro-batches, loss, clipping and AdamW; per step the loss before the update, the
- * gradient norm before clipping and the learning rate must agree; and each tensor's total update. */
+ * gradient norm before clipping and the learning rate must agree; and each tensor's total update.
+ * Every case runs on each backend that trains: the CPU, and a GPU where the machine has one (the
+ * teacher's forward and the student's training both there; tools/gpu_run.sh). */
 #include "testutil.h"
 
 #include <cjson/cJSON.h>
@@ -15,6 +17,7 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "engine/backend.h"
 #include "model/model.h"
 #include "familyckpt.h"
 #include "hfcheck.h"
@@ -165,11 +168,13 @@ typedef struct {
     int32_t *tok;
 } case_fx;
 
-static void case_open(const char *name, int threads, case_fx *c) {
+/* ... on BACKEND (the teacher's forward and the student's training) */
+static void case_open(const char *name, int threads, const char *backend, case_fx *c) {
     c->path = m2d_strfmt("%s/%s.json", golden_dir(), name);
     c->g = load_json(c->path);
     c->teacher = build(c->g, name, "teacher"), c->student = build(c->g, name, "student");
     c->o = settings(item(c->g, "settings"));
+    c->o.backend = c->o.teacher_backend = backend;
     if (threads) c->o.threads = threads;
     windows_of(c->g, c->o.seq_len, &c->w);
     if (m2d_trainer_new(c->teacher, c->student, &c->o, &c->t)) fail_msg("%s", m2d_errmsg());
@@ -190,9 +195,9 @@ static void case_close(case_fx *c) {
     free(c->path);
 }
 
-static void check_case(const char *name) {
+static void check_case_on(const char *name, const char *backend) {
     case_fx c;
-    case_open(name, 0, &c);
+    case_open(name, 0, backend, &c);
     m2d_train_params *p = m2d_trainer_params(c.t);
     float *w0 = malloc(sizeof(float) * p->total);
     m2d_train_params_download(p, M2D_PBUF_WEIGHTS, w0);
@@ -208,18 +213,27 @@ static void check_case(const char *name) {
             print_message("%s step %d: loss %.9g (ref %.9g) grad_norm %.9g (ref %.9g) lr %.9g\n", name, s, st.loss,
                           num(ref, "loss"), st.grad_norm, num(ref, "grad_norm"), st.lr);
     }
-    print_message("%s: worst relative difference loss %.2g, grad_norm %.2g, lr %.2g\n", name, worst[0], worst[1], worst[2]);
-    /* tolerances: see the top of this file */
+    print_message("%s on %s: worst relative difference loss %.2g, grad_norm %.2g, lr %.2g\n", name, backend, worst[0],
+                  worst[1], worst[2]);
+    /* tolerances: see the top of this file (a GPU's fp32 sums run in yet another order) */
     assert_true(worst[0] < LOSS_TOL && worst[1] < NORM_TOL && worst[2] < 1e-11);
-    check_updates(c.t, w0, item(c.g, "update_norms"), name);
+    char *what = m2d_strfmt("%s on %s", name, backend);
+    check_updates(c.t, w0, item(c.g, "update_norms"), what);
+    free(what);
     free(w0);
     case_close(&c);
+}
+
+/* golden case NAME on every backend that trains: the CPU, and the GPU where there is one */
+static void check_case(const char *name) {
+    for (int i = 0; i < m2d_backend_count(); i++)
+        if (tu_backend_trains(m2d_backend_kind_at(i)->name)) check_case_on(name, m2d_backend_kind_at(i)->name);
 }
 
 /* Steps of golden case NAME at T threads: per-step loss and gradient norm, final fp32 weights. */
 static float *run_threads(const char *name, int threads, double *loss, double *norm, size_t *n_w) {
     case_fx c;
-    case_open(name, threads, &c);
+    case_open(name, threads, "cpu", &c);
     for (int s = 1; s <= c.o.optim.steps && s <= 8; s++) {
         m2d_step_stats st;
         case_step(&c, s, &st);

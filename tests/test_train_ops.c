@@ -41,28 +41,14 @@ static m2d_backend *new_backend(const char *name, int threads) {
     return be;
 }
 
-/* a registered backend these checks run on: one that lists the capability "train" (backend.h);
- * the CPU always does (its create cannot fail), so every check runs somewhere. A device this
- * machine lacks is skipped, and says so; under M2D_REQUIRE_GPU (the GPU runner) it fails. */
-static int trains(const char *name) {
-    m2d_backend *be;
-    if (m2d_backend_new(name, NULL, &be)) {
-        if (getenv("M2D_REQUIRE_GPU")) fail_msg("M2D_REQUIRE_GPU is set, but: %s", m2d_errmsg());
-        print_message("backend %s: %s: skipped: no GPU\n", name, m2d_errmsg());
-        return 0;
-    }
-    int t = m2d_backend_supports(be, M2D_CAP_TRAIN);
-    m2d_backend_free(be);
-    if (!t) print_message("backend %s lacks the capability 'train': not run\n", name);
-    return t;
-}
-
+/* TEST_on(backend) on every registered backend that trains (tu_backend_trains: the CPU always, a
+ * device where this machine has one) */
 #define EACH_BACKEND(test)                                                                      \
     static void test(void **state) {                                                            \
         (void)state;                                                                            \
         for (int i = 0; i < m2d_backend_count(); i++)                                          \
-            if (trains(m2d_backend_kind_at(i)->name))                                           \
-                on_backend = m2d_backend_kind_at(i)->name, test##_on(on_backend);                \
+            if (tu_backend_trains(m2d_backend_kind_at(i)->name))                               \
+                on_backend = m2d_backend_kind_at(i)->name, test##_on(on_backend);              \
     }
 
 static m2d_buf *up(m2d_backend *be, const void *src, size_t bytes) {

@@ -11,6 +11,7 @@
 
 #include "base/tensor.h"
 #include "base/util.h"
+#include "engine/backend.h"
 
 const char *tu_models_dir(void) {
     const char *d = getenv("M2D_MODELS");
@@ -199,4 +200,17 @@ void tu_copy_file(const char *from, const char *to) {
     if (!data) fail_msg("%s", m2d_errmsg());
     tu_write(to, data, n);
     free(data);
+}
+
+int tu_backend_trains(const char *name) {
+    m2d_backend *be;
+    if (m2d_backend_new(name, NULL, &be)) { /* a device this machine lacks */
+        if (getenv("M2D_REQUIRE_GPU")) fail_msg("M2D_REQUIRE_GPU is set, but: %s", m2d_errmsg());
+        print_message("backend %s: %s: skipped: no GPU\n", name, m2d_errmsg());
+        return 0;
+    }
+    int t = m2d_backend_supports(be, M2D_CAP_TRAIN);
+    m2d_backend_free(be);
+    if (!t) print_message("backend %s lacks the capability 'train': not run\n", name);
+    return t;
 }

@@ -4,14 +4,15 @@
 # not Debian, no apt, no network; see README "GPU").
 #
 #   gpu-bundle/bundle.tar.xz   (git-ignored; under 64 MiB) holding
-#     bin/      moe2dense, test_engine, test_ppl, test_calib, test_hf, test_train_ops, bench_cuda (CUDA=1 build,
+#     bin/      moe2dense, test_engine, test_ppl, test_calib, test_hf, test_train_ops, test_distill, bench_cuda (CUDA=1 build,
 #               stripped)
 #     lib/      the shared libraries they load that are not glibc's, the C++ runtime's or the
 #               GPU's own (OpenBLAS, oneDNN, cJSON, ... from `ldd`); cudart is bundled too
 #     models/   tiny-qwen3moe (config, weights, tokenizer, golden) from $MODELS
 #     data/     the WikiText-2 files the tests read, ARC-Easy (test_ppl's eval), the demo's
 #               calibration text (+ experiments.toml)
-#     tests/golden/hf/  transformers' goldens (test_hf)
+#     tests/golden/hf/  transformers' goldens (test_hf); tests/golden/distill/ PyTorch's distillation
+#               steps (test_distill: the trainer on cuda next to the CPU)
 #     run.sh, tests/run.sh, bench_hf_gpu.py, distill_ref.py (+ hf_goldens.py, which it imports)
 #
 # On the GPU machine: tools/gpu_run.sh unpacks it and runs everything (tests with the GPU required,
@@ -25,7 +26,7 @@ DATA=${M2D_DATA:-data}
 NVCC=${NVCC:-${CUDA_HOME:-/usr/local/cuda}/bin/nvcc}
 dest=gpu-bundle
 stage=build-cuda/bundle-stage
-bins="moe2dense tests/test_engine tests/test_ppl tests/test_calib tests/test_hf tests/test_train_ops bench/bench_cuda"
+bins="moe2dense tests/test_engine tests/test_ppl tests/test_calib tests/test_hf tests/test_train_ops tests/test_distill bench/bench_cuda"
 
 [ -x "$NVCC" ] || { echo "gpu-bundle: no nvcc at $NVCC (set CUDA_HOME or NVCC)"; exit 1; }
 [ -f "$MODELS/tiny-qwen3moe/model.safetensors" ] || { echo "gpu-bundle: $MODELS/tiny-qwen3moe missing"; exit 1; }
@@ -62,7 +63,7 @@ cp -L "$DATA/$arc"/*.jsonl "$stage/data/$arc/"
 cp tests/run.sh "$stage/tests/"
 # transformers' goldens of every family (test_hf runs each forward on cuda next to the CPU)
 mkdir -p "$stage/tests/golden"
-cp -r tests/golden/hf "$stage/tests/golden/"
+cp -r tests/golden/hf tests/golden/distill "$stage/tests/golden/"
 # make demo's grid on this machine's CPU (fp32; ~1 min on 2 cores): tools/gpu_e2e.sh compares the
 # GPU's grid against it instead of spending the GPU machine's minutes on the CPU half
 echo "gpu-bundle: make demo's grid on the CPU for the end-to-end check"
