@@ -132,23 +132,24 @@ static double time_forward(m2d_engine *e, int V, int L, int pp, int reps) {
  * give the fraction of the yardstick (issue 23: within 1.5x of the bound). Then the op times of
  * the reduced pass on each path, and with the Gram by FMA tiles (gram_kernel 0). */
 typedef struct {
-    int reduced, pinned, grouped_rows, batched, gram;
+    int reduced, pinned, grouped_rows, batched, gram, overlap;
     const char *what;
 } calib_run;
 
 static const calib_run calib_runs[] = {
-    {0, 0, 64, 1, 1, "the host copy of f"},
-    {1, 0, 64, 1, 1, "the device-side reductions into pageable memory"},
-    {1, 1, 64, 1, 1, "the device-side reductions (what calibration runs)"},
-    {1, 1, 64, 0, 1, "the device-side reductions, experts one by one"},
-    {1, 1, 512, 1, 1, "the device-side reductions, experts by the grouped kernels (k_gx)"},
-    {1, 1, 64, 1, 0, "the device-side reductions, the Gram by FMA tiles"},
-    {1, 1, 64, 1, 2, "the device-side reductions, the Gram's loads prefetched"},
+    {0, 0, 64, 1, 1, 0, "the host copy of f"},
+    {1, 0, 64, 1, 1, 0, "the device-side reductions into pageable memory"},
+    {1, 1, 64, 1, 1, 0, "the device-side reductions (what calibration runs)"},
+    {1, 1, 64, 0, 1, 0, "the device-side reductions, experts one by one"},
+    {1, 1, 512, 1, 1, 0, "the device-side reductions, experts by the grouped kernels (k_gx)"},
+    {1, 1, 64, 1, 0, 0, "the device-side reductions, the Gram by FMA tiles"},
+    {1, 1, 64, 1, 2, 0, "the device-side reductions, the Gram's loads prefetched"},
+    {1, 1, 64, 1, 1, 1, "the device-side reductions, the selected rows copied during the Gram"},
 };
 
 static int calib_knobs(m2d_backend *be, const calib_run *r) {
     return be->ops->tune(be, "all_grouped_rows", r->grouped_rows) || be->ops->tune(be, "all_batched", r->batched) ||
-           be->ops->tune(be, "gram_kernel", r->gram);
+           be->ops->tune(be, "gram_kernel", r->gram) || be->ops->tune(be, "calib_overlap", r->overlap);
 }
 
 static void calib_row(m2d_engine *e, const m2d_model *m, double peak) {

@@ -2213,6 +2213,13 @@ static void calibration_ops_match_float64_on(const char *backend) {
                           backend, p ? "bf16" : "fp32", path, mp, gw);
             if (path == 0) gram_prefetch_same_bits(e, layer, x, n, E, f); /* the Gram's path is not the experts' */
             reduced_matches_outputs(e, layer, x, n, E, d, f, g);
+            m2d_backend *be = m2d_engine_backend(e);
+            if (path == 0 && be->ops->tune(be, "calib_overlap", 1) == 0) { /* cuda: the selected rows copied */
+                reduced_matches_outputs(e, layer, x, n, E, d, f, g);     /* while the Gram runs: the same bytes */
+                print_message("%s: the reduced pass with the selected rows copied during the Gram: the same bytes\n",
+                              backend);
+                assert_int_equal(be->ops->tune(be, "calib_overlap", 0), 0);
+            }
         }
         m2d_engine_free(e);
     }

@@ -181,6 +181,12 @@ struct cu_be {
     int all_batched;      /* knob: experts_all past all_grouped_rows as batched GEMMs where they
                            * apply (1, the default; 2: an error where they do not, for the tests) or
                            * expert by expert (0) */
+    int calib_overlap;    /* knob: calibration's selected rows copied to the host on a copy stream while
+                           * the Gram runs (1), or after it (0, the default until a GPU has timed both;
+                           * the same bytes) */
+    cudaStream_t copy_stream;  /* non-blocking: its copies wait only for the events they are given */
+    cudaEvent_t copy_ready;    /* recorded after the kernel that wrote copy_buf */
+    const m2d_buf *copy_buf;   /* the buffer whose next download may run on copy_stream, or NULL */
     void *pinned[PIN_SLOTS]; /* host ranges page-locked by cu_pin (NULL: free slot) */
     int *dev_err;         /* device int: set by a kernel that met bad input (checked at leave) */
     double rope_freq[M2D_MAX_HEAD_DIM / 2]; /* the RoPE frequencies in SLOT_ROPE (rope_half of them) */
@@ -467,6 +473,7 @@ static void cu_release(m2d_backend *be, m2d_buf *mb) {
     cu_be *c = CU(be);
     cu_buf *b = (cu_buf *)mb;
     if (!b) return;
+    if (mb == c->copy_buf) c->copy_buf = NULL; /* never downloaded: the next download is an ordinary one */
     cu_buf_cache *k = &c->cache;
     if (b->cap <= BUF_CACHE_MAX_BUF && k->n < BUF_CACHE_SLOTS && k->bytes + b->cap <= BUF_CACHE_MAX) {
         k->p[k->n] = b->p, k->cap[k->n++] = b->cap;
@@ -483,10 +490,29 @@ static void cu_upload(m2d_backend *be, m2d_buf *dst, size_t off, const void *src
         cuda_ok(c, cudaMemcpy((char *)P(dst) + off, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy (upload)");
 }
 
+/* After the kernels that write B: its next download waits for them only, not for what the default
+ * stream runs after them (the knob calib_overlap: the Gram), and runs on the copy stream. */
+static void copy_early(cu_be *c, const m2d_buf *b) {
+    if (!c->copy_stream && !cuda_ok(c, cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking), "copy stream"))
+        return;
+    if (!c->copy_ready && !cuda_ok(c, cudaEventCreateWithFlags(&c->copy_ready, cudaEventDisableTiming), "copy event"))
+        return;
+    if (cuda_ok(c, cudaEventRecord(c->copy_ready, 0), "cudaEventRecord")) c->copy_buf = b;
+}
+
+/* synchronous for the caller either way: the bytes are on the host when it returns */
 static void cu_download(m2d_backend *be, void *dst, const m2d_buf *src, size_t off, size_t bytes) {
     cu_be *c = CU(be);
-    if (bytes && !c->failed)
-        cuda_ok(c, cudaMemcpy(dst, (const char *)P(src) + off, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (download)");
+    if (!bytes || c->failed) return;
+    const void *from = (const char *)P(src) + off;
+    if (src != c->copy_buf) {
+        cuda_ok(c, cudaMemcpy(dst, from, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (download)");
+        return;
+    }
+    c->copy_buf = NULL;
+    if (cuda_ok(c, cudaStreamWaitEvent(c->copy_stream, c->copy_ready, 0), "cudaStreamWaitEvent"))
+        cuda_ok(c, cudaMemcpyAsync(dst, from, bytes, cudaMemcpyDeviceToHost, c->copy_stream), "cudaMemcpyAsync (download)");
+    cuda_ok(c, cudaStreamSynchronize(c->copy_stream), "cudaStreamSynchronize (download)");
 }
 
 /* P page-locked (cudaHostRegister): the copies to and from it run by DMA at the link's rate
@@ -2046,6 +2072,7 @@ static void cu_experts_reduce(m2d_backend *be, const m2d_mat *f, int E, const m2
     k_reduce_select<<<blocks_for((int64_t)n * k1 * d, 256), 256>>>(F(f), f->ld, n, d, (const int32_t *)P(ids), k1,
                                                                    (float *)P(sel));
     launched(c, "k_reduce_select");
+    if (c->calib_overlap) copy_early(c, sel); /* the engine launches the Gram next, then downloads sel */
 }
 
 /* ---- LM head log-probabilities: chunks of the vocabulary, running log-sum-exp in fp64 ---- */
@@ -2258,6 +2285,7 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
               : strcmp(knob, "lse_kernel") == 0  ? &CU(be)->lse_kernel
               : strcmp(knob, "gx_ldsm") == 0     ? &CU(be)->gx_ldsm
               : strcmp(knob, "gx_wide") == 0     ? &CU(be)->gx_wide
+              : strcmp(knob, "calib_overlap") == 0 ? &CU(be)->calib_overlap
               : strcmp(knob, "profile") == 0     ? &CU(be)->prof.on : NULL;
     if (at == &CU(be)->prof.on && value == 0 && *at) prof_report(CU(be)); /* profile 0: report, stop */
     int top = at == &CU(be)->attn_kernel || at == &CU(be)->moe_grouped ? 3
@@ -2268,7 +2296,7 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
         return 0;
     }
     return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile, "
-                   "lse_kernel, gx_ldsm, gx_wide: 0|1; moe_grouped, attn_kernel: 0..3; all_batched, gram_kernel: 0|1|2; "
+                   "lse_kernel, gx_ldsm, gx_wide, calib_overlap: 0|1; moe_grouped, attn_kernel: 0..3; all_batched, gram_kernel: 0|1|2; "
                    "all_grouped_rows: >= 0; "
                    "lm_rows: 1..2048)",
                    knob, value);
@@ -2286,6 +2314,8 @@ static void cu_destroy(m2d_backend *be) {
     cache_flush(&c->cache);
     cudaFree(c->ws);
     cudaFree(c->dev_err);
+    if (c->copy_ready) cudaEventDestroy(c->copy_ready);
+    if (c->copy_stream) cudaStreamDestroy(c->copy_stream);
     if (c->lt) cublasLtDestroy(c->lt);
     free(c->gw);
     free(c);

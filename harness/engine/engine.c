@@ -1027,20 +1027,31 @@ typedef struct {
     double *sum_f, *norm2;
 } reduce_req;
 
-/* the reductions of F (on the backend, [n, E * d]) into the request's host arrays */
-static int reduce_outputs(m2d_engine *e, const m2d_mat *F, int E, const reduce_req *rq) {
+/* the reductions of F (on the backend, [n, E * d]) into the request's host arrays: launched, then
+ * (after the Gram is: a device may copy the selected rows while the Gram runs) brought back */
+typedef struct {
+    m2d_buf *I, *S, *SF, *N2;
+    size_t ib, sb, fb, nb;
+    int rc;
+} reduce_bufs;
+
+static reduce_bufs reduce_launch(m2d_engine *e, const m2d_mat *F, int E, const reduce_req *rq) {
     int n = F->rows, d = F->cols / E;
-    size_t ib = sizeof(int32_t) * (size_t)n * rq->k1, sb = f32s(n, (int64_t)rq->k1 * d),
-           fb = sizeof(double) * (size_t)E * d, nb = sizeof(double) * (size_t)E * n;
-    m2d_buf *I = host_buf(e, (void *)rq->ids, ib, 1), *S = host_buf(e, rq->sel, sb, 0),
-            *SF = host_buf(e, rq->sum_f, fb, 1), *N2 = host_buf(e, rq->norm2, nb, 0);
-    int rc = I && S && SF && N2 ? 0 : -1;
-    if (rc == 0) e->B->experts_reduce(e->be, F, E, I, rq->k1, S, SF, N2);
-    host_done(e, I, (void *)rq->ids, ib, 0);
-    host_done(e, S, rq->sel, sb, rc == 0);
-    host_done(e, SF, rq->sum_f, fb, rc == 0);
-    host_done(e, N2, rq->norm2, nb, rc == 0);
-    return rc;
+    reduce_bufs b = {NULL, NULL, NULL, NULL, sizeof(int32_t) * (size_t)n * rq->k1, f32s(n, (int64_t)rq->k1 * d),
+                     sizeof(double) * (size_t)E * d, sizeof(double) * (size_t)E * n, 0};
+    b.I = host_buf(e, (void *)rq->ids, b.ib, 1), b.S = host_buf(e, rq->sel, b.sb, 0);
+    b.SF = host_buf(e, rq->sum_f, b.fb, 1), b.N2 = host_buf(e, rq->norm2, b.nb, 0);
+    b.rc = b.I && b.S && b.SF && b.N2 ? 0 : -1;
+    if (b.rc == 0) e->B->experts_reduce(e->be, F, E, b.I, rq->k1, b.S, b.SF, b.N2);
+    return b;
+}
+
+static int reduce_finish(m2d_engine *e, const reduce_req *rq, reduce_bufs *b) {
+    host_done(e, b->I, (void *)rq->ids, b->ib, 0);
+    host_done(e, b->S, rq->sel, b->sb, b->rc == 0);
+    host_done(e, b->SF, rq->sum_f, b->fb, b->rc == 0);
+    host_done(e, b->N2, rq->norm2, b->nb, b->rc == 0);
+    return b->rc;
 }
 
 static int all_experts_impl(m2d_engine *e, int layer, const float *x, int n, float *f, double *gram,
@@ -1072,8 +1083,10 @@ static int all_experts_impl(m2d_engine *e, int layer, const float *x, int n, flo
         m2d_moe_args a = experts_of(e, layer, m2d_mat_of(X, 0, n, d, d), m2d_mat_of(Fb, 0, n, E * d, E * d));
         a.exact_rows = 1; /* the outputs a hook hands back as the routed output (call_hook) */
         e->B->experts_all(e->be, &a);
+        reduce_bufs rb = {0};
+        if (rq) rb = reduce_launch(e, &a.out, E, rq);
         if (G) e->B->gram(e->be, &a.out, E, G, e->prec);
-        if (rq) rc = reduce_outputs(e, &a.out, E, rq);
+        if (rq) rc = reduce_finish(e, rq, &rb);
     }
     host_done(e, X, (void *)x, xb, 0);
     if (f) host_done(e, Fb, f, fb, rc == 0 && !rq); /* reduced: the outputs stay where they are */
