@@ -2132,6 +2132,20 @@ static void reduced_matches_outputs(m2d_engine *e, int layer, const float *x, in
     free(ids); free(sel); free(sum); free(want); free(n2); free(g);
 }
 
+/* a reduced pass whose selected rows are all zeros (every id -1), so that the buffer the next pass
+ * reuses for its rows (the backend's cache hands back the same size) holds other bytes than the
+ * rows it must bring: a copy made before the rows are written shows */
+static void poison_selected(m2d_engine *e, int layer, const float *x, int n, int E, int d) {
+    enum { K1 = 3 }; /* reduced_matches_outputs' */
+    int32_t *ids = malloc(sizeof(int32_t) * n * K1);
+    float *sel = malloc(sizeof(float) * n * K1 * d);
+    double *sum = calloc((size_t)E * d, sizeof(double)), *n2 = malloc(sizeof(double) * E * n);
+    for (int i = 0; i < n * K1; i++) ids[i] = -1;
+    assert_int_equal(m2d_engine_all_experts_reduced(e, layer, x, n, ids, K1, sel, sum, n2, NULL, NULL), 0);
+    for (int i = 0; i < n * K1 * d; i++) assert_true(sel[i] == 0.0f);
+    free(ids), free(sel), free(sum), free(n2);
+}
+
 /* calibration's experts path PATH at BF16 (cuda: 0 the grouped kernels, the default at few rows
  * (k_gx where it applies); 1 batched GEMMs, required (knob all_batched 2: an error, not the
  * per-expert path, where they do not apply); 2 expert by expert; 3 the WMMA grouped kernel);
@@ -2215,7 +2229,8 @@ static void calibration_ops_match_float64_on(const char *backend) {
             reduced_matches_outputs(e, layer, x, n, E, d, f, g);
             m2d_backend *be = m2d_engine_backend(e);
             if (path == 0 && be->ops->tune(be, "calib_overlap", 1) == 0) { /* cuda: the selected rows copied */
-                reduced_matches_outputs(e, layer, x, n, E, d, f, g);     /* while the Gram runs: the same bytes */
+                poison_selected(e, layer, x, n, E, d); /* while the Gram runs: the same bytes, not stale ones */
+                reduced_matches_outputs(e, layer, x, n, E, d, f, g);
                 print_message("%s: the reduced pass with the selected rows copied during the Gram: the same bytes\n",
                               backend);
                 assert_int_equal(be->ops->tune(be, "calib_overlap", 0), 0);

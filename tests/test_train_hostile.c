@@ -18,6 +18,7 @@
 
 #include "base/util.h"
 #include "convert/convert.h"
+#include "engine/backend.h"
 #include "io/st.h"
 #include "model/model.h"
 #include "train/distill.h"
@@ -215,8 +216,16 @@ static void memory_need_refused(void **state) {
     free(args), free(err), free(out);
 }
 
+/* a backend with devices in every build (the estimate asks the backend table, not the name) */
+static int no_device(const m2d_backend_opts *o, m2d_backend **out) {
+    (void)o, (void)out;
+    return m2d_err("fakegpu: no device");
+}
+M2D_BACKEND(fakegpu, "fakegpu", "test: a backend with devices and none here", no_device, .has_devices = 1)
+
 /* 5b: a student on a GPU keeps its state, activations and KD logits in the GPU's memory: the host
- * estimate counts only its host copy and the teacher (the formula's other parts, exactly) */
+ * estimate counts its host copy, the teacher and one window's teacher outputs (the formula's other
+ * parts, exactly) */
 static void memory_of_a_device_student(void **state) {
     (void)state;
     m2d_model *t, *s;
@@ -225,14 +234,22 @@ static void memory_of_a_device_student(void **state) {
     m2d_trainer_opts o = {.seq_len = 16, .batch = 1000000};
     m2d_distill_memory host, dev;
     m2d_distill_memory_estimate(&t->cfg, &s->cfg, P, &o, 1e12, &host);
-    o.backend = "cuda:1";
+    o.backend = "fakegpu:1";
     m2d_distill_memory_estimate(&t->cfg, &s->cfg, P, &o, 1e12, &dev);
     assert_true(host.student == 20.0 * P && dev.student == 4.0 * P);
-    assert_true(host.activations > 0 && host.logits > 0 && dev.activations == 0 && dev.logits == 0);
-    assert_true(dev.teacher == host.teacher && dev.total == dev.student + dev.teacher);
-    o.backend = "cpu"; /* named, the CPU is the host */
-    m2d_distill_memory_estimate(&t->cfg, &s->cfg, P, &o, 1e12, &dev);
-    assert_true(dev.total == host.total);
+    assert_true(host.activations > 0 && host.logits > 0 && dev.logits == 0);
+    assert_true(dev.activations == 4.0 * o.seq_len * t->cfg.hidden_size); /* one window's teacher hidden states */
+    assert_true(dev.teacher == host.teacher && dev.total == dev.student + dev.teacher + dev.activations);
+    for (int i = 0; i < 2; i++) { /* the CPU named, and a backend name this build lacks: the host */
+        o.backend = i ? "tpu" : "cpu";
+        m2d_distill_memory_estimate(&t->cfg, &s->cfg, P, &o, 1e12, &dev);
+        assert_true(dev.total == host.total);
+    }
+    /* the refusal names the device and the host's part only (no advice on the batch) */
+    m2d_config tiny = t->cfg;
+    o.backend = "fakegpu";
+    assert_int_equal(m2d_distill_check_memory(&tiny, &s->cfg, (int64_t)1 << 40, &o, &m2d_distill_flag_names), -1);
+    if (!strstr(m2d_errmsg(), "with the student on fakegpu, the host still needs ~")) fail_msg("%s", m2d_errmsg());
     m2d_model_close(s), m2d_model_close(t);
 }
 

@@ -51,6 +51,17 @@ static const m2d_backend_kind *parse_spec(const char *spec, const char *what, in
     return k;
 }
 
+int m2d_backend_spec_has_devices(const char *spec) {
+    if (!spec) return 0;
+    char name[64];
+    size_t len = strcspn(spec, ":");
+    if (len >= sizeof name) return 0;
+    memcpy(name, spec, len);
+    name[len] = 0;
+    const m2d_backend_kind *k = m2d_name_table_find(&backends, name);
+    return k && k->has_devices;
+}
+
 int m2d_device_check(const char *spec, const char *what) {
     int dev;
     return parse_spec(spec ? spec : "", what, &dev) ? 0 : -1;

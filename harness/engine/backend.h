@@ -395,6 +395,9 @@ int m2d_backend_new(const char *name, const m2d_backend_opts *o, m2d_backend **o
  * creating one; a one-line error naming WHAT for anything else. */
 int m2d_device_check(const char *spec, const char *what);
 void m2d_backend_free(m2d_backend *be); /* NULL ok */
+/* 1 when SPEC ("name" or "name:N") names a registered backend with devices (memory of its own,
+ * not the host's); 0 for NULL, "cpu" or a name this build does not register */
+int m2d_backend_spec_has_devices(const char *spec);
 /* 1 when BE implements capability C */
 static inline int m2d_backend_supports(const m2d_backend *be, m2d_cap c) { return (be->ops->caps & M2D_CAP(c)) != 0; }
 /* the first capability of the set CAPS that BE lacks, or -1 when it has them all */

@@ -11,6 +11,7 @@
 
 #include "base/outfile.h"
 #include "base/util.h"
+#include "engine/backend.h"
 #include "convert/convert.h"
 #include "engine/engine.h"
 #include "evals/ppl.h"
@@ -106,8 +107,9 @@ void m2d_distill_memory_estimate(const m2d_config *t, const m2d_config *s, int64
     double kv = (double)s->num_key_value_heads * s->head_dim, n = s->num_hidden_layers, V = s->vocab_size;
     double dt = t->hidden_size, copy = o->precision == M2D_PREC_BF16 ? 2 : 4;
     /* a student on a device holds its state, activations and KD logits in the device's memory
-     * (an allocation there that fails is its own one-line error): the host keeps its copy */
-    int on_host = !o->backend || strcmp(o->backend, "cpu") == 0;
+     * (an allocation there that fails is its own one-line error): the host keeps its copy and one
+     * window's teacher outputs on their way to the device */
+    int on_host = !m2d_backend_spec_has_devices(o->backend);
     m->student = (on_host ? 16 * P : 0) + 4 * P; /* weights, gradients, AdamW m and v; the host copy */
     m->teacher = M2D_MIN(ram / 8, copy * (double)m2d_model_param_counts(t).total) + 4 * V * dt;
     double clip = s->clip_qkv > 0 ? q + 2 * kv : 0; /* clip_qkv (OLMoE): q, k, v before the clamp, per layer */
@@ -115,7 +117,7 @@ void m2d_distill_memory_estimate(const m2d_config *t, const m2d_config *s, int64
                                   : 4 * R * (n * (4 * d + 3 * q + 3 * kv + 3 * F + clip) + 5 * d + 2 * q + 2 * kv + 2 * F + dt);
     if (o->loss == M2D_LOSS_FKL_MSE) m->activations += 4 * R * n * dt;
     m->logits = 2 * M2D_MIN(R, 128.0 * 1024 * 1024 / (4 * V)) * 4 * V;
-    if (!on_host) m->activations = m->logits = 0;
+    if (!on_host) m->activations = 4.0 * o->seq_len * dt * (o->loss == M2D_LOSS_FKL_MSE ? 1 + n : 1), m->logits = 0;
     m->total = m->student + m->teacher + m->activations + m->logits;
 }
 
@@ -130,6 +132,10 @@ int m2d_distill_check_memory(const m2d_config *t, const m2d_config *s, int64_t s
     m2d_distill_memory m;
     m2d_distill_memory_estimate(t, s, student_params, o, ram, &m);
     if (m.total <= ram) return 0;
+    if (m2d_backend_spec_has_devices(o->backend)) /* the batch is the device's business, not the host's */
+        return m2d_err("with the student on %s, the host still needs ~%.1f GiB (the student's host copy %.1f, teacher "
+                       "copies %.1f; README \"Memory of a run\"), more than this machine's %.1f GiB",
+                       o->backend, gib(m.total), gib(m.student), gib(m.teacher + m.activations), gib(ram));
     return m2d_err("%s %d x %s %d needs ~%.1f GiB of memory (student state %.1f, activations %.1f, KD logits %.1f, "
                    "teacher copies %.1f; README \"Memory of a run\"), more than this machine's %.1f GiB: lower them, "
                    "or use %s and %s", nm->batch, o->batch, nm->seq_len, o->seq_len, gib(m.total), gib(m.student),
