@@ -299,10 +299,7 @@ static const char *device_backend(int *absent) {
     for (int i = 0; i < m2d_backend_count(); i++) {
         const char *b = m2d_backend_kind_at(i)->name;
         if (strcmp(b, "cpu") == 0) continue;
-        m2d_backend *be;
-        *absent = m2d_backend_new(b, NULL, &be) != 0;
-        if (!*absent) m2d_backend_free(be);
-        else if (!strstr(m2d_errmsg(), "no CUDA device")) fail_msg("%s", m2d_errmsg());
+        *absent = tu_device_absent(b);
         return b;
     }
     return NULL;

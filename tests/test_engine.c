@@ -30,17 +30,6 @@ static double max_abs_diff(const float *a, const float *b, size_t n) {
 
 /* ---------------- ops vs naive loops (through the backend object) ---------------- */
 
-/* a backend whose device this machine lacks (in CUDA=1 builds on a machine without a GPU) */
-static int device_absent(const char *backend) {
-    m2d_backend *be;
-    if (m2d_backend_new(backend, NULL, &be) == 0) {
-        m2d_backend_free(be);
-        return 0;
-    }
-    if (!strstr(m2d_errmsg(), "no CUDA device")) fail_msg("%s", m2d_errmsg());
-    return 1;
-}
-
 /* fn(backend) on every registered backend; where a device is absent the test reports one line
  * "no GPU" and counts as skipped after the others ran (M2D_REQUIRE_GPU=1, tools/gpu_check.sh:
  * a failure instead) */
@@ -49,7 +38,7 @@ static void each_backend(void (*fn)(const char *backend)) {
     for (int i = 0; i < m2d_backend_count(); i++) {
         const char *name = m2d_backend_kind_at(i)->name;
         if (strcmp(name, "capless") == 0 || strcmp(name, "embedres") == 0) continue; /* fixtures, not backends */
-        if (device_absent(name)) absent = 1;
+        if (tu_device_absent(name)) absent = 1;
         else fn(name);
     }
     if (absent && getenv("M2D_REQUIRE_GPU")) fail_msg("M2D_REQUIRE_GPU is set, but: %s", m2d_errmsg());

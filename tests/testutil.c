@@ -202,9 +202,22 @@ void tu_copy_file(const char *from, const char *to) {
     free(data);
 }
 
+/* after a failed m2d_backend_new: the device is missing (1), or the test fails */
+static int failed_for_no_device(void) {
+    if (!strstr(m2d_errmsg(), "no CUDA device")) fail_msg("%s", m2d_errmsg());
+    return 1;
+}
+
+int tu_device_absent(const char *backend) {
+    m2d_backend *be;
+    if (m2d_backend_new(backend, NULL, &be)) return failed_for_no_device();
+    m2d_backend_free(be);
+    return 0;
+}
+
 int tu_backend_trains(const char *name) {
     m2d_backend *be;
-    if (m2d_backend_new(name, NULL, &be)) { /* a device this machine lacks */
+    if (m2d_backend_new(name, NULL, &be) && failed_for_no_device()) {
         if (getenv("M2D_REQUIRE_GPU")) fail_msg("M2D_REQUIRE_GPU is set, but: %s", m2d_errmsg());
         print_message("backend %s: %s: skipped: no GPU\n", name, m2d_errmsg());
         return 0;

@@ -64,6 +64,9 @@ const char *tu_ref_python(void);
 /* Skip a cmocka test with a printed reason. */
 #define TU_SKIP(why) do { print_message("skipped: %s\n", why); skip(); } while (0)
 
+/* 1 when the registered backend BACKEND's device is missing on this machine (in CUDA=1 builds
+ * without a GPU: "no CUDA device"); 0 when it can be created; any other failure fails the test */
+int tu_device_absent(const char *backend);
 /* 1 when the registered backend NAME can be created here and lists the capability "train" (the
  * CPU always); a device this machine lacks is "skipped: no GPU" (printed), or a failure under
  * M2D_REQUIRE_GPU (the GPU runner); a backend without training says so. */

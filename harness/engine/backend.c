@@ -21,18 +21,21 @@ const char *m2d_backend_list(void) {
     return m2d_name_table_list(&backends, buf, sizeof buf);
 }
 
+/* the registered kind SPEC ("name" or "name:N") names, or NULL */
+static const m2d_backend_kind *kind_of(const char *spec) {
+    char name[64];
+    size_t len = strcspn(spec, ":");
+    if (len >= sizeof name) return NULL;
+    memcpy(name, spec, len);
+    name[len] = 0;
+    return m2d_name_table_find(&backends, name);
+}
+
 /* SPEC = "name" or "name:N": the kind and the device index (-1 + m2d_err naming WHAT if bad) */
 static const m2d_backend_kind *parse_spec(const char *spec, const char *what, int *device) {
-    char name[64];
     const char *colon = strchr(spec, ':');
-    size_t len = colon ? (size_t)(colon - spec) : strlen(spec);
     *device = -1;
-    const m2d_backend_kind *k = NULL;
-    if (len < sizeof name) {
-        memcpy(name, spec, len);
-        name[len] = 0;
-        k = m2d_name_table_find(&backends, name);
-    }
+    const m2d_backend_kind *k = kind_of(spec);
     if (!k) {
         int cuda = strncmp(spec, "cuda", 4) == 0 && (spec[4] == 0 || spec[4] == ':');
         m2d_err("%s '%s': unknown device (this build has: %s%s)", what, spec, m2d_backend_list(),
@@ -52,13 +55,7 @@ static const m2d_backend_kind *parse_spec(const char *spec, const char *what, in
 }
 
 int m2d_backend_spec_has_devices(const char *spec) {
-    if (!spec) return 0;
-    char name[64];
-    size_t len = strcspn(spec, ":");
-    if (len >= sizeof name) return 0;
-    memcpy(name, spec, len);
-    name[len] = 0;
-    const m2d_backend_kind *k = m2d_name_table_find(&backends, name);
+    const m2d_backend_kind *k = spec ? kind_of(spec) : NULL;
     return k && k->has_devices;
 }
 

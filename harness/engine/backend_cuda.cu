@@ -726,14 +726,13 @@ __global__ static void k_rmsnorm(const float *x, int ldx, const float *w, int d,
     for (int i = threadIdx.x; i < d; i += blockDim.x) yr[i] = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
 }
 
-static int row_threads(int d) { return d >= 1024 ? 256 : d >= 256 ? 128 : 64; }
 
 static void cu_rmsnorm(m2d_backend *be, const m2d_mat *x, const m2d_weight *w, double eps, m2d_mat *y) {
     cu_be *c = CU(be);
     if (c->failed || x->rows <= 0) return;
     const float *wv = (const float *)wtyped(c, W(w), 0, x->cols, M2D_F32);
     if (!wv) return;
-    k_rmsnorm<<<x->rows, row_threads(x->cols)>>>(F(x), x->ld, wv, x->cols, eps, F(y), y->ld);
+    k_rmsnorm<<<x->rows, cu_row_threads(x->cols)>>>(F(x), x->ld, wv, x->cols, eps, F(y), y->ld);
     launched(c, "k_rmsnorm");
 }
 

@@ -20,6 +20,8 @@ struct cu_buf {
 static inline void *cu_ptr(const m2d_buf *b) { return ((const cu_buf *)b)->p; }
 static inline float *cu_mat(const m2d_mat *m) { return (float *)cu_ptr(m->buf) + m->off; }
 static inline unsigned cu_blocks(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+/* threads of a one-block-a-row kernel over rows of D values */
+static inline int cu_row_threads(int d) { return d >= 1024 ? 256 : d >= 256 ? 128 : 64; }
 
 /* 1 when an earlier op failed (later ops are skipped until leave() reports it) */
 int cu_failed(m2d_backend *be);

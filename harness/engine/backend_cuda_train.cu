@@ -17,7 +17,9 @@
 
 #include "engine/backend_cuda_impl.cuh"
 
-#define M2D_MIN(a, b) ((a) < (b) ? (a) : (b))
+extern "C" {
+#include "base/util.h" /* M2D_MIN, which the kernels use */
+}
 #include "engine/cuda_train_kernels.cuh"
 
 /* a temporary device buffer of BYTES (the backend's cache makes it cheap); NULL after a failure,
@@ -32,8 +34,6 @@ static m2d_buf *tmp(m2d_backend *be, size_t bytes) {
 static void tmp_free(m2d_backend *be, m2d_buf *b) {
     if (b) be->ops->release(be, b);
 }
-
-static int row_block(int d) { return d >= 1024 ? 256 : d >= 256 ? 128 : 64; }
 
 void cu_sgemm_naive(m2d_backend *be, bool ta, bool tb, int m, int n, int k, float alpha, const float *A, int lda,
                     const float *B, int ldb, float beta, float *C, int ldc) {
@@ -103,7 +103,7 @@ static void tr_rmsnorm_bwd(m2d_backend *be, const m2d_mat *x, const m2d_weight *
     const float *wv = rc ? cu_weight_dev_f32(be, w, 0, d) : NULL;
     if (wv) {
         double *rr = (double *)cu_ptr(rc), *cc = rr + rows;
-        k_rms_bwd_rows<<<rows, row_block(d)>>>(cu_mat(x), x->ld, wv, cu_mat(dy), dy->ld, d, eps, rr, cc);
+        k_rms_bwd_rows<<<rows, cu_row_threads(d)>>>(cu_mat(x), x->ld, wv, cu_mat(dy), dy->ld, d, eps, rr, cc);
         cu_launched(be, "k_rms_bwd_rows");
         col_sums(be, cu_mat(dy), dy->ld, cu_mat(x), x->ld, rr, rows, d, cu_mat(dw)); /* before dx: dx may be dy */
         k_rms_bwd_dx<<<cu_blocks((int64_t)rows * d, TR_THREADS), TR_THREADS>>>(cu_mat(x), x->ld, wv, cu_mat(dy), dy->ld,
@@ -217,8 +217,8 @@ static void tr_kd_loss(m2d_backend *be, m2d_kd_kind kind, const m2d_mat *zt, m2d
 
 static void tr_mse(m2d_backend *be, const m2d_mat *a, const m2d_mat *b, double scale, m2d_mat *da, m2d_buf *row_loss) {
     if (cu_failed(be) || a->rows <= 0) return;
-    k_mse_rows<<<a->rows, row_block(a->cols)>>>(cu_mat(a), a->ld, cu_mat(b), b->ld, a->cols, scale, cu_mat(da), da->ld,
-                                                (double *)cu_ptr(row_loss));
+    k_mse_rows<<<a->rows, cu_row_threads(a->cols)>>>(cu_mat(a), a->ld, cu_mat(b), b->ld, a->cols, scale, cu_mat(da),
+                                                     da->ld, (double *)cu_ptr(row_loss));
     cu_launched(be, "k_mse_rows");
 }
 

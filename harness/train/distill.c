@@ -70,8 +70,7 @@ static int resolve_steps(run_t *r) {
     r->t = o->train;
     r->t.optim.steps = r->S;
     /* resolved once: what the identity, the log and the manifest record is what runs */
-    const char *teacher_be = r->t.teacher_backend ? r->t.teacher_backend : r->t.backend; /* the precision is the teacher's */
-    if (m2d_engine_resolve_precision(teacher_be, o->train.precision, &r->t.precision))
+    if (m2d_engine_resolve_precision(m2d_trainer_teacher_backend(&r->t), o->train.precision, &r->t.precision))
         return m2d_err_prefix("distill: --precision");
     r->r->precision = r->t.precision;
     return 0;
@@ -550,9 +549,9 @@ static cJSON *settings_json(const run_t *r) {
     cJSON_AddStringToObject(s, "precision", m2d_precision_name(t->precision)); /* teacher + validation */
     cJSON_AddStringToObject(s, "precision_requested", m2d_precision_name(o->train.precision));
     cJSON_AddStringToObject(s, "student_training_precision", "fp32");
-    const char *student = o->train.backend ? o->train.backend : "cpu";
-    cJSON_AddStringToObject(s, "teacher_device", o->train.teacher_backend ? o->train.teacher_backend : student);
-    cJSON_AddStringToObject(s, "student_device", student);
+    const char *teacher = m2d_trainer_teacher_backend(&o->train);
+    cJSON_AddStringToObject(s, "teacher_device", teacher ? teacher : "cpu");
+    cJSON_AddStringToObject(s, "student_device", o->train.backend ? o->train.backend : "cpu");
     return s;
 }
 

@@ -32,10 +32,14 @@ int m2d_trainer_route_topk(const m2d_config *teacher, int topk) {
     return topk == teacher->num_experts_per_tok ? 0 : topk;
 }
 
+const char *m2d_trainer_teacher_backend(const m2d_trainer_opts *o) {
+    return o->teacher_backend ? o->teacher_backend : o->backend;
+}
+
 static int open_parts(m2d_trainer *t, const m2d_model *teacher) {
     const m2d_trainer_opts *o = &t->o;
     int b = o->micro_batch ? o->micro_batch : o->batch;
-    m2d_engine_opts eo = {.backend = o->teacher_backend ? o->teacher_backend : o->backend, .n_threads = o->threads, .precision = o->precision};
+    m2d_engine_opts eo = {.backend = m2d_trainer_teacher_backend(o), .n_threads = o->threads, .precision = o->precision};
     if (m2d_engine_open(teacher, &eo, &t->te)) return -1;
     /* the student's backend also holds the teacher's LM head: prepared for the teacher's precision
      * (the student's own weights are fp32 views, never prepared, and its GEMMs ask for fp32) */

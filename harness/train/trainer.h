@@ -55,6 +55,8 @@ void m2d_trainer_free(m2d_trainer *t);
 /* Optimizer step STEP (1-based) on TOKENS: the step's B windows of L tokens, in order. */
 int m2d_trainer_step(m2d_trainer *t, int step, const int32_t *tokens, m2d_step_stats *st);
 m2d_train_params *m2d_trainer_params(m2d_trainer *t);
+/* Where the teacher's forward runs: O's teacher_backend, else the student's backend (NULL: "cpu"). */
+const char *m2d_trainer_teacher_backend(const m2d_trainer_opts *o);
 /* The precision the teacher runs in (AUTO resolved). */
 m2d_precision m2d_trainer_precision(const m2d_trainer *t);
 /* The student's logits [n_seq * L, vocab] on N_SEQ windows through the training forward (tests:
