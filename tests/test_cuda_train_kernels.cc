@@ -36,32 +36,85 @@ static void elementwise(int64_t n, std::function<void()> kernel) {
 }
 
 /* ---- the GEMM fallback: cuBLAS's column-major semantics, all four operations ---- */
-static void sgemm_matches_float64(void **state) {
-    (void)state;
+
+/* the operands of one case: A and B as given (fp32) or rounded by k_tr_round_bf16 (bf16; the
+ * reference then reads the rounded values; the check ties each to its element's bf16_bits) */
+template <typename T> struct gemm_operands;
+template <> struct gemm_operands<float> {
+    std::vector<float> a, b;
+    gemm_operands(const std::vector<float> &A, const std::vector<float> &B, int) : a(A), b(B) {}
+    const float *pa() const { return a.data(); }
+    const float *pb() const { return b.data(); }
+    double va(size_t i) const { return a[i]; }
+    double vb(size_t i) const { return b[i]; }
+};
+template <> struct gemm_operands<__nv_bfloat16> {
+    std::vector<__nv_bfloat16> a, b;
+    static std::vector<__nv_bfloat16> rounded(const std::vector<float> &x, int ld) {
+        int rows = (int)(x.size() / ld);
+        std::vector<__nv_bfloat16> r(x.size());
+        const float *xp = x.data();
+        __nv_bfloat16 *rp = r.data();
+        elementwise((int64_t)x.size(), [=] { k_tr_round_bf16(xp, ld, rows, ld, rp); });
+        for (size_t i = 0; i < x.size(); i++)
+            if (r[i].x != bf16_bits(x[i])) fail_msg("k_tr_round_bf16: element %zu: %04x, want %04x", i, r[i].x, bf16_bits(x[i]));
+        return r;
+    }
+    gemm_operands(const std::vector<float> &A, const std::vector<float> &B, int ld) : a(rounded(A, ld)), b(rounded(B, ld)) {}
+    const __nv_bfloat16 *pa() const { return a.data(); }
+    const __nv_bfloat16 *pb() const { return b.data(); }
+    double va(size_t i) const { return bf16_float(a[i].x); }
+    double vb(size_t i) const { return bf16_float(b[i].x); }
+};
+
+template <typename T> static void gemm_matches_float64(const char *name) {
     const int m = 5, n = 7, k = 9, ld = 12;
     for (int ta = 0; ta <= 1; ta++)
         for (int tb = 0; tb <= 1; tb++)
             for (int kk = 0; kk <= k; kk += k) { /* k = 0: C = beta C */
                 std::vector<float> A = randn((size_t)ld * 12), B = randn((size_t)ld * 12), C = randn((size_t)ld * n), C0 = C;
-                const float *a = A.data(), *b = B.data();
+                gemm_operands<T> op(A, B, ld);
+                const T *a = op.pa(), *b = op.pb();
                 float *c = C.data();
-                elementwise((int64_t)m * n, [=] { k_tr_sgemm(ta, tb, m, n, kk, 0.5f, a, ld, b, ld, 2.0f, c, ld); });
+                elementwise((int64_t)m * n, [=] { k_tr_gemm<T>(ta, tb, m, n, kk, 0.5f, a, ld, b, ld, 2.0f, c, ld); });
                 for (int i = 0; i < m; i++)
                     for (int j = 0; j < n; j++) {
                         double s = 0, mag = 0;
                         for (int l = 0; l < kk; l++) {
-                            double x = ta ? A[l + (size_t)i * ld] : A[i + (size_t)l * ld];
-                            double y = tb ? B[j + (size_t)l * ld] : B[l + (size_t)j * ld];
+                            double x = op.va(ta ? l + (size_t)i * ld : i + (size_t)l * ld);
+                            double y = op.vb(tb ? j + (size_t)l * ld : l + (size_t)j * ld);
                             s += x * y, mag += fabs(x * y);
                         }
                         double want = 0.5 * s + 2.0 * C0[i + (size_t)j * ld];
-                        /* k fma roundings of the sum, then three roundings of the epilogue */
+                        /* k fma roundings of the sum, then three roundings of the epilogue (bf16
+                         * products are exact in fp32, so the same bound holds for them) */
                         double tol = (kk + 4) * U * (0.5 * mag + 2.0 * fabs(C0[i + (size_t)j * ld])) + 1e-30;
                         if (!(fabs(C[i + (size_t)j * ld] - want) <= tol))
-                            fail_msg("sgemm ta %d tb %d k %d: C[%d,%d] %.9g, want %.9g", ta, tb, kk, i, j,
+                            fail_msg("%s ta %d tb %d k %d: C[%d,%d] %.9g, want %.9g", name, ta, tb, kk, i, j,
                                      C[i + (size_t)j * ld], want);
                     }
             }
+}
+
+static void sgemm_matches_float64(void **state) {
+    (void)state;
+    gemm_matches_float64<float>("sgemm");
+}
+
+/* bf16 operands (the training GEMMs at --train-precision bf16): the rounding kernel gives
+ * bf16_bits' patterns, and the product of the rounded values is summed as in fp32 */
+static void bf16_gemm_matches_float64(void **state) {
+    (void)state;
+    gemm_matches_float64<__nv_bfloat16>("bf16 gemm");
+    /* a window of a strided matrix: rows of LD elements, COLS < LD of them, compacted */
+    const int rows = 3, cols = 5, ld = 8;
+    std::vector<float> x = randn((size_t)rows * ld);
+    std::vector<__nv_bfloat16> out((size_t)rows * cols);
+    const float *xp = x.data();
+    __nv_bfloat16 *op = out.data();
+    elementwise((int64_t)rows * cols, [=] { k_tr_round_bf16(xp, ld, rows, cols, op); });
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) assert_int_equal(out[(size_t)r * cols + c].x, bf16_bits(x[(size_t)r * ld + c]));
 }
 
 /* ---- RMSNorm's backward: rows (fp64 sums), dw by chunks of rows, dx, in place ---- */
@@ -339,6 +392,7 @@ static void sumsq_and_adamw_match_float64(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(sgemm_matches_float64),
+        cmocka_unit_test(bf16_gemm_matches_float64),
         cmocka_unit_test(rmsnorm_bwd_matches_float64),
         cmocka_unit_test(attention_pieces_match_float64),
         cmocka_unit_test(glu_and_clamp_match_float64),

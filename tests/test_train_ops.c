@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/tensor.h"
 #include "base/util.h"
 #include "engine/backend.h"
 #include "model/rope.h"
@@ -121,9 +122,9 @@ static double gemm_phi(void *vc, const double *v) {
     return s;
 }
 
-/* dx = r W and dW = r^T x through the ops (beta = 0), with threads T */
-static void gemm_grads(const char *backend, int T, int n, int in, int out, const float *x, const float *w,
-                       const float *r, float *dx, float *dw) {
+/* dx = r W and dW = r^T x through the ops (beta = 0) at PREC, with threads T */
+static void gemm_grads_at(const char *backend, int T, m2d_precision prec, int n, int in, int out, const float *x,
+                          const float *w, const float *r, float *dx, float *dw) {
     m2d_backend *be = new_backend(backend, T);
     const m2d_backend_train_ops *tr = be->ops->train;
     m2d_buf *wb = up(be, w, sizeof(float) * out * in), *xb = up(be, x, sizeof(float) * n * in);
@@ -132,8 +133,8 @@ static void gemm_grads(const char *backend, int T, int n, int in, int out, const
     m2d_weight *wh = tr->weight_view(be, wb, 0, out, in);
     m2d_mat X = mat(xb, n, in), R = mat(rb, n, out), DX = mat(dxb, n, in), DW = mat(dwb, out, in);
     be->ops->enter(be);
-    tr->gemm_dx(be, &R, wh, &DX, 0.0f);
-    tr->gemm_dw(be, &R, &X, &DW, 0.0f);
+    tr->gemm_dx(be, &R, wh, &DX, 0.0f, prec);
+    tr->gemm_dw(be, &R, &X, &DW, 0.0f, prec);
     assert_int_equal(be->ops->leave(be), 0);
     down(be, dx, dxb, sizeof(float) * n * in);
     down(be, dw, dwb, sizeof(float) * out * in);
@@ -141,6 +142,11 @@ static void gemm_grads(const char *backend, int T, int n, int in, int out, const
     m2d_buf *all[] = {wb, xb, rb, dxb, dwb};
     for (int i = 0; i < 5; i++) be->ops->release(be, all[i]);
     m2d_backend_free(be);
+}
+
+static void gemm_grads(const char *backend, int T, int n, int in, int out, const float *x, const float *w,
+                       const float *r, float *dx, float *dw) {
+    gemm_grads_at(backend, T, M2D_PREC_FP32, n, in, out, x, w, r, dx, dw);
 }
 
 static void gemm_case(const char *backend, int n, int in, int out, int with_fd) {
@@ -201,8 +207,8 @@ static void gemm_accumulates_on(const char *backend) {
     m2d_buf *dxb = up(be, dx0, sizeof dx0), *dwb = up(be, dw0, sizeof dw0);
     m2d_weight *wh = tr->weight_view(be, wb, 0, out, in);
     m2d_mat X = mat(xb, n, in), R = mat(rb, n, out), DX = mat(dxb, n, in), DW = mat(dwb, out, in);
-    tr->gemm_dx(be, &R, wh, &DX, 1.0f);
-    tr->gemm_dw(be, &R, &X, &DW, 1.0f);
+    tr->gemm_dx(be, &R, wh, &DX, 1.0f, M2D_PREC_FP32);
+    tr->gemm_dw(be, &R, &X, &DW, 1.0f, M2D_PREC_FP32);
     down(be, dx, dxb, sizeof dx), down(be, dw, dwb, sizeof dw);
     for (int i = 0; i < 20; i++) assert_true(fabsf(dx[i] - (dx0[i] + gx[i])) < 1e-5f);
     for (int i = 0; i < 15; i++) assert_true(fabsf(dw[i] - (dw0[i] + gw[i])) < 1e-5f);
@@ -212,6 +218,61 @@ static void gemm_accumulates_on(const char *backend) {
     m2d_backend_free(be);
 }
 EACH_BACKEND(gemm_accumulates)
+
+/* ================= GEMM backward on bf16 operands (--train-precision bf16) ================= */
+
+static double bf(float v) { return m2d_bf16_to_f32(m2d_f32_to_bf16(v)); }
+
+/* GOT[i, j] = sum over k of A(i, k) B(k, j) for the operands' bf16 values (ROUND) or their own: the
+ * products of bf16 values are exact in fp32 (8 + 8 significant bits), so the only error is the fp32
+ * summation of K of them, at most K u sum|terms| (u = 2^-24) in any order. Returns how many
+ * elements lie outside that bound. */
+static int bf16_sums_outside(const float *got, int rows, int cols, int K, const float *a, int64_t as_i, int64_t as_k,
+                             const float *b, int64_t bs_k, int64_t bs_j, int round) {
+    int outside = 0;
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++) {
+            double s = 0, mag = 0;
+            for (int k = 0; k < K; k++) {
+                float av = a[i * as_i + k * as_k], bv = b[k * bs_k + j * bs_j];
+                double t = round ? bf(av) * bf(bv) : (double)av * bv;
+                s += t, mag += fabs(t);
+            }
+            double tol = K * 0x1p-24 * mag + 1e-30;
+            outside += !(fabs(got[(size_t)i * cols + j] - s) <= tol);
+        }
+    return outside;
+}
+
+static void gemm_bf16_case(const char *backend, int n, int in, int out) {
+    uint64_t st = (uint64_t)(n * 31 + in * 5 + out);
+    float *x = malloc(sizeof(float) * n * in), *w = malloc(sizeof(float) * out * in), *r = malloc(sizeof(float) * n * out);
+    fill(&st, x, (size_t)n * in, 1), fill(&st, w, (size_t)out * in, 1), fill(&st, r, (size_t)n * out, 1);
+    float *dx = malloc(sizeof(float) * n * in), *dw = malloc(sizeof(float) * out * in);
+    float *dx3 = malloc(sizeof(float) * n * in), *dw3 = malloc(sizeof(float) * out * in);
+    gemm_grads_at(backend, 1, M2D_PREC_BF16, n, in, out, x, w, r, dx, dw);
+    gemm_grads_at(backend, 3, M2D_PREC_BF16, n, in, out, x, w, r, dx3, dw3);
+    assert_memory_equal(dx, dx3, sizeof(float) * n * in); /* blocks fixed by the shape, as in fp32 */
+    assert_memory_equal(dw, dw3, sizeof(float) * out * in);
+    /* dx[i, c] = sum_o r[i, o] W[o, c]; dW[o, c] = sum_i r[i, o] x[i, c] */
+    int bad_dx = bf16_sums_outside(dx, n, in, out, r, out, 1, w, in, 1, 1);
+    int bad_dw = bf16_sums_outside(dw, out, in, n, r, 1, out, x, in, 1, 1);
+    if (bad_dx || bad_dw)
+        fail_msg("bf16 gemm backward on %s, %d x %d x %d: %d dx and %d dW elements outside K u sum|terms| of the sums "
+                 "of bf16 operands", backend, n, in, out, bad_dx, bad_dw);
+    /* the operands were rounded: most elements miss the unrounded sums by more than that bound */
+    assert_true(bf16_sums_outside(dx, n, in, out, r, out, 1, w, in, 1, 0) > n * in / 2);
+    assert_true(bf16_sums_outside(dw, out, in, n, r, 1, out, x, in, 1, 0) > out * in / 2);
+    if (strcmp(backend, "cpu") != 0) print_message("bf16 gemm backward on %s, %d x %d x %d: within K u\n", backend, n, in, out);
+    free(x), free(w), free(r), free(dx), free(dw), free(dx3), free(dw3);
+}
+
+static void gemm_bf16_backward_on(const char *backend) {
+    gemm_bf16_case(backend, 5, 7, 6);       /* one call */
+    gemm_bf16_case(backend, 100, 160, 130); /* blocks of dx's columns (W rounded per block), dW's rows */
+    gemm_bf16_case(backend, 300, 40, 90);   /* blocks of dx's rows (W rounded whole) */
+}
+EACH_BACKEND(gemm_bf16_backward)
 
 /* ================= RMSNorm ================= */
 typedef struct { int rows, d; double eps; const float *r; int drop_term; } rms_ctx; /* x then w */
@@ -845,6 +906,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(gemm_backward),
         cmocka_unit_test(gemm_accumulates),
+        cmocka_unit_test(gemm_bf16_backward),
         cmocka_unit_test(rmsnorm_backward),
         cmocka_unit_test(rmsnorm_backward_accumulates),
         cmocka_unit_test(rope_backward),

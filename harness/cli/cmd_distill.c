@@ -15,7 +15,8 @@ static const char USAGE[] =
     "           [--loss fkl|rkl|fkl+mse] [--mse-weight 1] [--mse-norm minitron|sum] [--teacher-topk K']\n"
     "           [--order shuffle|sequential] [--seed 0] [--log FILE.jsonl]\n"
     "           [--eval-data FILE [--eval-every N] [--eval-seq-len L] [--eval-windows N]]\n"
-    "           [--save-every N] [--stop-after N] [--resume] [--threads T] [--precision P] [--fp32]\n"
+    "           [--save-every N] [--stop-after N] [--resume] [--threads T] [--precision P]\n"
+    "           [--train-precision fp32|bf16] [--fp32]\n"
     "           [--device cpu|cuda[:N]] [--student-device cpu|cuda[:N]]\n"
     "\n"
     "The teacher (a Hugging Face checkpoint of any family the engine runs: an MoE --\n"
@@ -68,10 +69,16 @@ static const char USAGE[] =
     "  --precision P      GEMM precision of the TEACHER's forward and LM head (the KD targets: its\n"
     "                     logits, and its layer outputs for fkl+mse) and of the validation perplexity:\n"
     "                     fp32 (default; exact), bf16 (operands rounded to bf16, fp32 accumulation) or\n"
-    "                     auto (bf16 where the CPU computes bf16 natively, else fp32). The student's\n"
-    "                     training (forward, backward, AdamW) is fp32 whatever P is: bf16 training is\n"
-    "                     not implemented. The resolved precision is in the log (\"precision\"), the\n"
-    "                     checkpoint (a --resume with another one is refused) and moe2dense.json\n"
+    "                     auto (bf16 where the device computes bf16 natively, else fp32); not the\n"
+    "                     student's (--train-precision). The resolved precision is in the log\n"
+    "                     (\"precision\"), the checkpoint (a --resume with another one is refused) and\n"
+    "                     moe2dense.json\n"
+    "  --train-precision  the student's GEMMs (q/k/v/o, gate/up/down, its LM head), forward and\n"
+    "                     backward: fp32 (default; exact) or bf16 (mixed precision: activations,\n"
+    "                     gradients and the fp32 master weights rounded to bf16 as GEMM operands,\n"
+    "                     fp32 accumulation and results; tensor cores on a GPU, the fast path there).\n"
+    "                     Master weights, AdamW, attention, norms and the loss stay fp32. In the log\n"
+    "                     (\"student_precision\"), the checkpoint and moe2dense.json\n"
     "  --device D         where the run goes: cpu (default), cuda or cuda:N (a `make CUDA=1` build\n"
     "                     and a GPU; an absent device is an error, never a CPU run): the teacher's\n"
     "                     forward, the student's training (forward, backward, AdamW, the teacher's\n"
@@ -95,7 +102,7 @@ static const char USAGE[] =
 
 typedef struct {
     const char *steps, *tokens, *L, *B, *b, *lr, *min_lr, *warmup, *wd, *clip, *loss, *mse_w, *mse_norm, *topk, *order, *seed,
-        *eval_every, *eval_L, *eval_windows, *save_every, *stop_after, *threads, *precision;
+        *eval_every, *eval_L, *eval_windows, *save_every, *stop_after, *threads, *precision, *train_precision;
     int recompute, resume, fp32;
 } raw_opts;
 
@@ -158,7 +165,8 @@ static int parse(int argc, char **argv, m2d_distill_opts *o) {
         {"--eval-seq-len", 1, &a.eval_L, NULL}, {"--eval-windows", 1, &a.eval_windows, NULL},
         {"--save-every", 1, &a.save_every, NULL}, {"--stop-after", 1, &a.stop_after, NULL},
         {"--resume", 0, NULL, &a.resume}, {"--threads", 1, &a.threads, NULL}, {"--fp32", 0, NULL, &a.fp32},
-        {"--precision", 1, &a.precision, NULL}, {"--device", 1, &o->train.teacher_backend, NULL},
+        {"--precision", 1, &a.precision, NULL}, {"--train-precision", 1, &a.train_precision, NULL},
+        {"--device", 1, &o->train.teacher_backend, NULL},
         {"--student-device", 1, &o->train.backend, NULL}, {0}};
     if (m2d_parse_opts("distill", argc, argv, opts, NULL, 0, NULL)) return -1;
     if (!o->teacher || !o->student || !o->data || !o->out)
@@ -167,6 +175,9 @@ static int parse(int argc, char **argv, m2d_distill_opts *o) {
     if (a.loss && m2d_loss_parse(a.loss, &o->train.loss)) return m2d_err_prefix("distill: --loss");
     if (a.order && m2d_order_parse(a.order, &o->order)) return m2d_err_prefix("distill: --order");
     if (a.precision && m2d_precision_parse(a.precision, "distill: --precision", &o->train.precision)) return -1;
+    if (a.train_precision && m2d_train_precision_parse(a.train_precision, "distill: --train-precision",
+                                                       &o->train.train_precision))
+        return -1;
     if (o->train.teacher_backend && m2d_device_check(o->train.teacher_backend, "distill: --device")) return -1;
     if (o->train.backend && m2d_device_check(o->train.backend, "distill: --student-device")) return -1;
     if (!o->train.backend) o->train.backend = o->train.teacher_backend; /* --device: the student too */

@@ -320,10 +320,15 @@ typedef struct m2d_backend_train_ops {
     m2d_weight *(*weight_view)(m2d_backend *be, m2d_buf *buf, size_t off, int64_t rows, int64_t cols);
     void (*fill)(m2d_backend *be, m2d_buf *buf, size_t off, size_t n, float value); /* n floats from OFF */
     void (*copy)(m2d_backend *be, m2d_mat *dst, const m2d_mat *src);
-    /* dx = dy · W + beta dx: gemm's backward for its input (W [out, in] as in gemm, rows from 0) */
-    void (*gemm_dx)(m2d_backend *be, const m2d_mat *dy, const m2d_weight *w, m2d_mat *dx, float beta);
-    /* dw = dy^T · x + beta dw ([out, in]): gemm's backward for its weight */
-    void (*gemm_dw)(m2d_backend *be, const m2d_mat *dy, const m2d_mat *x, m2d_mat *dw, float beta);
+    /* dx = dy · W + beta dx: gemm's backward for its input (W [out, in] as in gemm, rows from 0).
+     * PREC as gemm's (FP32 or BF16, never AUTO): BF16 rounds dy and W to bf16 (nearest even), exact
+     * products, fp32 accumulation and dx. A backend that trains takes every precision it lists. */
+    void (*gemm_dx)(m2d_backend *be, const m2d_mat *dy, const m2d_weight *w, m2d_mat *dx, float beta,
+                    m2d_precision prec);
+    /* dw = dy^T · x + beta dw ([out, in]): gemm's backward for its weight (PREC as gemm_dx: BF16
+     * rounds dy and x; dw stays fp32) */
+    void (*gemm_dw)(m2d_backend *be, const m2d_mat *dy, const m2d_mat *x, m2d_mat *dw, float beta,
+                    m2d_precision prec);
     /* rmsnorm's backward (per row over x.cols): dx = J^T dy + beta dx; dw (1 x cols) += sum over
      * rows of dy * x / rms (rows summed in order). dx may be dy (with beta 0). */
     void (*rmsnorm_bwd)(m2d_backend *be, const m2d_mat *x, const m2d_weight *w, double eps, const m2d_mat *dy,

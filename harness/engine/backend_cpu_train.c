@@ -16,6 +16,7 @@
 #include "base/util.h"
 #include "engine/backend.h"
 #include "engine/backend_cpu.h"
+#include "engine/gemm.h"
 
 #define F m2d_cpu_mat
 #define GEMM_SERIAL_FLOPS 2e6 /* below this a GEMM runs as one call */
@@ -49,11 +50,34 @@ static int fixed_block(int n) {
     return M2D_MAX(64, (b + 63) / 64 * 64);
 }
 
+/* ---- bf16 operands: rounded copies (what the GEMM module's sgemm path does for bf16) ---- */
+
+typedef struct {
+    const float *src;
+    float *dst;
+    int ld, rows, cols;
+} round_job;
+
+static void round_item(void *ctx, int item) {
+    const round_job *j = ctx;
+    int r0 = item * ROW_CHUNK, nr = M2D_MIN(ROW_CHUNK, j->rows - r0);
+    m2d_bf16_rows_f32(j->src + (size_t)r0 * j->ld, j->ld, nr, j->cols, j->dst + (size_t)r0 * j->cols);
+}
+
+/* rows x cols of SRC (row stride LD) rounded to bf16 values, as a new dense [rows, cols] fp32 array */
+static float *rounded_copy(m2d_backend *be, const float *src, int ld, int rows, int cols) {
+    float *dst = m2d_malloc(sizeof(float) * ((size_t)rows * cols + 1));
+    round_job j = {src, dst, ld, rows, cols};
+    m2d_cpu_parallel_for(be, (rows + ROW_CHUNK - 1) / ROW_CHUNK, round_item, &j);
+    return dst;
+}
+
 typedef struct {
     const float *dy, *w, *x;
     float *out;
     float beta;
-    int n, in, outd, lddy, ldx, ldo, blk, by_cols;
+    int n, in, outd, lddy, ldw, ldx, ldo, blk, by_cols;
+    int round_w_cols; /* bf16 with W too large to round whole: each column block rounds its own */
 } bwd_gemm;
 
 /* dx[n, in] = dy[n, out] · W[out, in] + beta dx, one block of columns of dx or of rows */
@@ -62,29 +86,49 @@ static void dx_item(void *ctx, int item) {
     int a = item * j->blk;
     if (j->by_cols) {
         int nc = M2D_MIN(j->blk, j->in - a);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, j->n, nc, j->outd, 1.0f, j->dy, j->lddy, j->w + a,
-                    j->in, j->beta, j->out + a, j->ldo);
+        const float *w = j->w + a;
+        int ldw = j->ldw;
+        float *own = NULL;
+        if (j->round_w_cols) {
+            own = m2d_malloc(sizeof(float) * (size_t)j->outd * nc);
+            m2d_bf16_rows_f32(w, ldw, j->outd, nc, own);
+            w = own, ldw = nc;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, j->n, nc, j->outd, 1.0f, j->dy, j->lddy, w, ldw,
+                    j->beta, j->out + a, j->ldo);
+        free(own);
     } else {
         int nr = M2D_MIN(j->blk, j->n - a);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, j->in, j->outd, 1.0f, j->dy + (size_t)a * j->lddy,
-                    j->lddy, j->w, j->in, j->beta, j->out + (size_t)a * j->ldo, j->ldo);
+                    j->lddy, j->w, j->ldw, j->beta, j->out + (size_t)a * j->ldo, j->ldo);
     }
 }
 
-static void cpu_gemm_dx(m2d_backend *be, const m2d_mat *dy, const m2d_weight *w, m2d_mat *dx, float beta) {
-    int n = dy->rows, outd = dy->cols, in = dx->cols;
+/* BF16: dy rounded once; W rounded once when it is split by rows (small: in < 128) or not split,
+ * else per column block (the LM head's whole rounded copy would be as large as the head) */
+static void cpu_gemm_dx(m2d_backend *be, const m2d_mat *dy, const m2d_weight *w, m2d_mat *dx, float beta,
+                        m2d_precision prec) {
+    int n = dy->rows, outd = dy->cols, in = dx->cols, bf = prec == M2D_PREC_BF16;
     if (n <= 0 || in <= 0) return;
     const float *wr = m2d_cpu_weight_rows(be, w, 0, (int64_t)outd * in);
-    bwd_gemm j = {F(dy), wr, NULL, F(dx), beta, n, in, outd, dy->ld, 0, dx->ld, 0, 0};
-    if (2.0 * n * outd * in < GEMM_SERIAL_FLOPS) {
+    bwd_gemm j = {F(dy), wr, NULL, F(dx), beta, n, in, outd, dy->ld, in, 0, dx->ld, 0, 0, 0};
+    int serial = 2.0 * n * outd * in < GEMM_SERIAL_FLOPS;
+    if (!serial) {
+        j.by_cols = in >= 128;
+        j.blk = fixed_block(j.by_cols ? in : n);
+    } else {
         j.blk = n;
-        dx_item(&j, 0);
-        return;
     }
-    j.by_cols = in >= 128;
-    j.blk = fixed_block(j.by_cols ? in : n);
-    int total = j.by_cols ? in : n;
-    m2d_cpu_parallel_for(be, (total + j.blk - 1) / j.blk, dx_item, &j);
+    float *dyr = NULL, *wround = NULL;
+    if (bf) {
+        j.dy = dyr = rounded_copy(be, F(dy), dy->ld, n, outd), j.lddy = outd;
+        if (j.by_cols) j.round_w_cols = 1;
+        else j.w = wround = rounded_copy(be, wr, in, outd, in);
+    }
+    if (serial) dx_item(&j, 0);
+    else m2d_cpu_parallel_for(be, ((j.by_cols ? in : n) + j.blk - 1) / j.blk, dx_item, &j);
+    free(dyr);
+    free(wround);
 }
 
 /* dw[out, in] = dy^T · x + beta dw, one block of rows of dw */
@@ -95,7 +139,9 @@ static void dw_item(void *ctx, int item) {
                 j->beta, j->out + (size_t)a * j->ldo, j->ldo);
 }
 
-static void cpu_gemm_dw(m2d_backend *be, const m2d_mat *dy, const m2d_mat *x, m2d_mat *dw, float beta) {
+/* BF16: dy and x rounded once */
+static void cpu_gemm_dw(m2d_backend *be, const m2d_mat *dy, const m2d_mat *x, m2d_mat *dw, float beta,
+                        m2d_precision prec) {
     int n = dy->rows, outd = dy->cols, in = x->cols;
     if (outd <= 0 || in <= 0) return;
     if (n <= 0) { /* no rows: dw = beta dw */
@@ -103,9 +149,16 @@ static void cpu_gemm_dw(m2d_backend *be, const m2d_mat *dy, const m2d_mat *x, m2
             for (int c = 0; c < in; c++) F(dw)[(size_t)r * dw->ld + c] *= beta;
         return;
     }
-    bwd_gemm j = {F(dy), NULL, F(x), F(dw), beta, n, in, outd, dy->ld, x->ld, dw->ld, outd, 0};
+    bwd_gemm j = {F(dy), NULL, F(x), F(dw), beta, n, in, outd, dy->ld, 0, x->ld, dw->ld, outd, 0, 0};
+    float *dyr = NULL, *xr = NULL;
+    if (prec == M2D_PREC_BF16) {
+        j.dy = dyr = rounded_copy(be, F(dy), dy->ld, n, outd), j.lddy = outd;
+        j.x = xr = rounded_copy(be, F(x), x->ld, n, in), j.ldx = in;
+    }
     if (2.0 * n * outd * in >= GEMM_SERIAL_FLOPS) j.blk = fixed_block(outd);
     m2d_cpu_parallel_for(be, (outd + j.blk - 1) / j.blk, dw_item, &j);
+    free(dyr);
+    free(xr);
 }
 
 /* ---- RMSNorm ---- */

@@ -665,14 +665,20 @@ static void lt_gemm(cu_be *c, cudaDataType_t type, const void *w, int ldw, const
         naive_gemm(c, type, w, ldw, x, ldx, n, in, out, y, ldy, beta);
 }
 
-/* the general fp32 GEMM of the training ops (backend_cuda_impl.cuh) */
-void cu_sgemm(m2d_backend *be, bool ta, bool tb, int m, int n, int k, float alpha, const float *A, int lda,
-              const float *B, int ldb, float beta, float *C, int ldc) {
+/* the general GEMM of the training ops (backend_cuda_impl.cuh) */
+void cu_gemm(m2d_backend *be, m2d_precision prec, bool ta, bool tb, int m, int n, int k, float alpha, const void *A,
+             int lda, const void *B, int ldb, float beta, float *C, int ldc) {
     cu_be *c = CU(be);
     if (c->failed || m <= 0 || n <= 0) return;
+    cudaDataType_t type = prec == M2D_PREC_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     /* k = 0: C = beta C, which the naive kernel's empty sum gives */
-    if (c->gemm_naive || k <= 0 || lt_matmul(c, CUDA_R_32F, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc))
-        cu_sgemm_naive(be, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (c->gemm_naive || k <= 0 || lt_matmul(c, type, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc))
+        cu_gemm_naive(be, prec, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void cu_sgemm(m2d_backend *be, bool ta, bool tb, int m, int n, int k, float alpha, const float *A, int lda,
+              const float *B, int ldb, float beta, float *C, int ldc) {
+    cu_gemm(be, M2D_PREC_FP32, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* AUTO is bf16 on the GPU: tensor cores, fp32 accumulation (fp32 stays the exactness path) */

@@ -32,14 +32,18 @@ void cu_launched(m2d_backend *be, const char *kernel);
 /* elements [first, first + n) of W as fp32 on the device (a scratch copy when W is streamed or
  * bf16: valid until the next op), or NULL after a failure */
 const float *cu_weight_dev_f32(m2d_backend *be, const m2d_weight *w, int64_t first, int64_t n);
-/* column-major C[m, n] = alpha op(A) op(B) + beta C in fp32 as cublasSgemm defines it (op(X) = X^T
- * when TX), through cuBLASLt (CUBLAS_COMPUTE_32F, never TF32), k_tr_sgemm where it has no
- * algorithm or under the knob gemm_naive; k = 0 scales C by beta */
+/* column-major C[m, n] = alpha op(A) op(B) + beta C as cublasSgemm defines it (op(X) = X^T when
+ * TX), fp32 C and accumulation; A and B fp32 (PREC FP32) or bf16 (BF16: exact products), through
+ * cuBLASLt (CUBLAS_COMPUTE_32F, never TF32), k_tr_gemm where it has no algorithm or under the
+ * knob gemm_naive; k = 0 scales C by beta */
+void cu_gemm(m2d_backend *be, m2d_precision prec, bool ta, bool tb, int m, int n, int k, float alpha, const void *A,
+             int lda, const void *B, int ldb, float beta, float *C, int ldc);
+/* cu_gemm in fp32 */
 void cu_sgemm(m2d_backend *be, bool ta, bool tb, int m, int n, int k, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc);
-/* the naive kernel cu_sgemm falls back to (backend_cuda_train.cu) */
-void cu_sgemm_naive(m2d_backend *be, bool ta, bool tb, int m, int n, int k, float alpha, const float *A, int lda,
-                    const float *B, int ldb, float beta, float *C, int ldc);
+/* the naive kernel cu_gemm falls back to (backend_cuda_train.cu) */
+void cu_gemm_naive(m2d_backend *be, m2d_precision prec, bool ta, bool tb, int m, int n, int k, float alpha,
+                   const void *A, int lda, const void *B, int ldb, float beta, float *C, int ldc);
 
 /* weight_view: fp32 rows x cols at element OFF of BUF, read in place by every op (backend_cuda.cu) */
 m2d_weight *cu_weight_view(m2d_backend *be, m2d_buf *buf, size_t off, int64_t rows, int64_t cols);

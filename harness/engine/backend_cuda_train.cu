@@ -2,7 +2,8 @@
  * backward of each forward op, the distillation losses and AdamW on the GPU, so that `distill
  * --device cuda` trains the student there. The arithmetic is backend_cpu_train.c's (kernels in
  * cuda_train_kernels.cuh, checked on the CPU by tests/test_cuda_train_kernels.cc); the GEMMs are
- * cuBLASLt's fp32 (cu_sgemm: never TF32). Every reduction runs in a fixed order (block trees, fixed
+ * cuBLASLt's, fp32 (cu_sgemm: never TF32) or, for the projections at --train-precision bf16, on
+ * operands rounded to bf16 (tensor cores, fp32 accumulation). Every reduction runs in a fixed order (block trees, fixed
  * chunks added in order, GEMMs accumulated head after head), so a step's bits do not depend on
  * timing; tests/test_train_ops.c checks each op against float64 and finite differences on every
  * backend that lists the capability "train".
@@ -10,6 +11,7 @@
  * Attention's backward materialises one head's scores at a time, P and dS [n, n] (n = a training
  * window: 32 MiB for both at 2,048 rows), as the CPU's does: five GEMMs and three small kernels a
  * head. A flash-style backward is the lever when training time matters more than simplicity. */
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -35,11 +37,16 @@ static void tmp_free(m2d_backend *be, m2d_buf *b) {
     if (b) be->ops->release(be, b);
 }
 
-void cu_sgemm_naive(m2d_backend *be, bool ta, bool tb, int m, int n, int k, float alpha, const float *A, int lda,
-                    const float *B, int ldb, float beta, float *C, int ldc) {
-    k_tr_sgemm<<<cu_blocks((int64_t)m * n, TR_THREADS), TR_THREADS>>>(ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C,
-                                                                       ldc);
-    cu_launched(be, "k_tr_sgemm");
+void cu_gemm_naive(m2d_backend *be, m2d_precision prec, bool ta, bool tb, int m, int n, int k, float alpha,
+                   const void *A, int lda, const void *B, int ldb, float beta, float *C, int ldc) {
+    unsigned blocks = cu_blocks((int64_t)m * n, TR_THREADS);
+    if (prec == M2D_PREC_BF16)
+        k_tr_gemm<<<blocks, TR_THREADS>>>(ta, tb, m, n, k, alpha, (const __nv_bfloat16 *)A, lda,
+                                          (const __nv_bfloat16 *)B, ldb, beta, C, ldc);
+    else
+        k_tr_gemm<<<blocks, TR_THREADS>>>(ta, tb, m, n, k, alpha, (const float *)A, lda, (const float *)B, ldb, beta,
+                                          C, ldc);
+    cu_launched(be, "k_tr_gemm");
 }
 
 static void tr_fill(m2d_backend *be, m2d_buf *buf, size_t off, size_t n, float value) {
@@ -63,19 +70,53 @@ static void tr_copy(m2d_backend *be, m2d_mat *dst, const m2d_mat *src) {
 
 /* ---- GEMMs (row-major windows as column-major transposes: see each) ---- */
 
+/* rows x cols of X (row stride LD) rounded to bf16 into a temporary buffer, compact (stride
+ * cols); NULL after a failure */
+static m2d_buf *bf16_copy(m2d_backend *be, const float *x, int ld, int rows, int cols) {
+    int64_t n = (int64_t)rows * cols;
+    m2d_buf *b = tmp(be, sizeof(__nv_bfloat16) * (size_t)(n ? n : 1));
+    if (!b || n == 0) return b;
+    k_tr_round_bf16<<<cu_blocks(n, TR_THREADS), TR_THREADS>>>(x, ld, rows, cols, (__nv_bfloat16 *)cu_ptr(b));
+    cu_launched(be, "k_tr_round_bf16");
+    return b;
+}
+
+/* column-major C[m, n] = op(A) op(B) + beta C at PREC, A and B fp32 [.. rows of LDA / LDB]: as
+ * they are (FP32), or rounded to bf16 first (BF16: A's AR x AC and B's BR x BC row-major windows
+ * copied compact, so their strides become AC and BC) */
+static void gemm_at(m2d_backend *be, m2d_precision prec, bool ta, bool tb, int m, int n, int k, const float *A,
+                    int lda, int ar, int ac, const float *B, int ldb, int br, int bc, float beta, float *C, int ldc) {
+    if (prec != M2D_PREC_BF16) {
+        cu_sgemm(be, ta, tb, m, n, k, 1.0f, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    m2d_buf *a = bf16_copy(be, A, lda, ar, ac), *b = a ? bf16_copy(be, B, ldb, br, bc) : NULL;
+    if (b) cu_gemm(be, prec, ta, tb, m, n, k, 1.0f, cu_ptr(a), ac, cu_ptr(b), bc, beta, C, ldc);
+    tmp_free(be, b);
+    tmp_free(be, a);
+}
+
 /* dx[n, in] = dy[n, out] W[out, in] + beta dx; column-major: dx^T = W^T dy^T */
-static void tr_gemm_dx(m2d_backend *be, const m2d_mat *dy, const m2d_weight *w, m2d_mat *dx, float beta) {
+static void tr_gemm_dx(m2d_backend *be, const m2d_mat *dy, const m2d_weight *w, m2d_mat *dx, float beta,
+                       m2d_precision prec) {
     int n = dy->rows, outd = dy->cols, in = dx->cols;
     if (cu_failed(be) || n <= 0 || in <= 0) return;
-    const float *wr = outd > 0 ? cu_weight_dev_f32(be, w, 0, (int64_t)outd * in) : NULL; /* outd 0: dx = beta dx */
-    if (wr || outd <= 0) cu_sgemm(be, false, false, in, n, outd, 1.0f, wr, in, cu_mat(dy), dy->ld, beta, cu_mat(dx), dx->ld);
+    if (outd <= 0) { /* dx = beta dx */
+        cu_sgemm(be, false, false, in, n, 0, 1.0f, NULL, in, cu_mat(dy), dy->ld, beta, cu_mat(dx), dx->ld);
+        return;
+    }
+    const float *wr = cu_weight_dev_f32(be, w, 0, (int64_t)outd * in);
+    if (wr) gemm_at(be, prec, false, false, in, n, outd, wr, in, outd, in, cu_mat(dy), dy->ld, n, outd, beta, cu_mat(dx), dx->ld);
 }
 
 /* dw[out, in] = dy^T x + beta dw; column-major: dw^T = x^T dy */
-static void tr_gemm_dw(m2d_backend *be, const m2d_mat *dy, const m2d_mat *x, m2d_mat *dw, float beta) {
+static void tr_gemm_dw(m2d_backend *be, const m2d_mat *dy, const m2d_mat *x, m2d_mat *dw, float beta,
+                       m2d_precision prec) {
     int n = dy->rows, outd = dy->cols, in = x->cols;
     if (outd <= 0 || in <= 0) return;
-    cu_sgemm(be, false, true, in, outd, n, 1.0f, cu_mat(x), x->ld, cu_mat(dy), dy->ld, beta, cu_mat(dw), dw->ld);
+    if (n <= 0) prec = M2D_PREC_FP32; /* k = 0: dw = beta dw, nothing to round */
+    gemm_at(be, prec, false, true, in, outd, n, cu_mat(x), x->ld, n, in, cu_mat(dy), dy->ld, n, outd, beta, cu_mat(dw),
+            dw->ld);
 }
 
 /* ---- column sums over rows: fixed chunks, then in chunk order ---- */

@@ -4,7 +4,7 @@
  * ISO C (no FMA contraction) rounds each operation; sums in a fixed order (block trees, column
  * sums over fixed chunks of rows added in order, sequential loops where the CPU's result must be
  * matched bit for bit: the embedding's scatter-add), never atomics, so a step's bits do not depend
- * on timing. The GEMMs are cuBLASLt's (backend_cuda.cu, cu_sgemm); k_tr_sgemm is its fallback and
+ * on timing. The GEMMs are cuBLASLt's (backend_cuda.cu, cu_gemm); k_tr_gemm is its fallback and
  * the gemm_naive knob's.
  *
  * Kept in this header so that tests/test_cuda_train_kernels.cc runs the same source on the CPU
@@ -27,21 +27,35 @@ __global__ static void k_tr_fill(float *p, int64_t n, float v) {
     if (i < n) p[i] = v;
 }
 
+/* an operand's value: fp32 as stored, or bf16 bits widened (exact) */
+__device__ static __forceinline__ float tr_val(float x) { return x; }
+__device__ static __forceinline__ float tr_val(__nv_bfloat16 x) { return __bfloat162float(x); }
+
 /* column-major C[m, n] = alpha op(A) op(B) + beta C as cuBLAS defines it (op: transposed when TA /
- * TB), one thread per element, the inner products in k order by fmaf; beta 0 never reads C */
-__global__ static void k_tr_sgemm(int ta, int tb, int m, int n, int k, float alpha, const float *A, int lda,
-                                  const float *B, int ldb, float beta, float *C, int ldc) {
+ * TB), one thread per element, the inner products in k order by fmaf; beta 0 never reads C. T:
+ * float, or __nv_bfloat16 operands (exact products, fp32 sums) */
+template <typename T>
+__global__ static void k_tr_gemm(int ta, int tb, int m, int n, int k, float alpha, const T *A, int lda, const T *B,
+                                 int ldb, float beta, float *C, int ldc) {
     int64_t id = tr_id();
     if (id >= (int64_t)m * n) return;
     int i = (int)(id % m), j = (int)(id / m);
     float s = 0.0f;
     for (int l = 0; l < k; l++) {
-        float a = ta ? A[l + (size_t)i * lda] : A[i + (size_t)l * lda];
-        float b = tb ? B[j + (size_t)l * ldb] : B[l + (size_t)j * ldb];
+        float a = tr_val(ta ? A[l + (size_t)i * lda] : A[i + (size_t)l * lda]);
+        float b = tr_val(tb ? B[j + (size_t)l * ldb] : B[l + (size_t)j * ldb]);
         s = fmaf(a, b, s);
     }
     float *c = C + i + (size_t)j * ldc;
     *c = beta == 0.0f ? __fmul_rn(alpha, s) : __fadd_rn(__fmul_rn(alpha, s), __fmul_rn(beta, *c));
+}
+
+/* rows x cols of X (row stride LDX) rounded to bf16 (nearest even) into a dense [rows, cols] OUT:
+ * the bf16 operands of the training GEMMs (m2d_bf16_rows' rounding) */
+__global__ static void k_tr_round_bf16(const float *x, int ldx, int rows, int cols, __nv_bfloat16 *out) {
+    int64_t i = tr_id();
+    if (i >= (int64_t)rows * cols) return;
+    out[i] = __float2bfloat16_rn(x[(size_t)(i / cols) * ldx + i % cols]);
 }
 
 /* ---- column sums: fixed chunks of TR_ROW_CHUNK rows, then the chunks in order ---- */

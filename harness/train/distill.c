@@ -289,6 +289,7 @@ static void build_identity(run_t *r) {
     m2d_run_identity_add(id, "clip", "%.17g", t->optim.clip);
     m2d_run_identity_add(id, "backend", "%s", t->backend ? t->backend : "cpu");
     m2d_run_identity_add(id, "precision", "%s", m2d_precision_name(t->precision));
+    m2d_run_identity_add(id, "train_precision", "%s", m2d_precision_name(t->train_precision));
 }
 
 /* OUT for a fresh run (checked and prepared) or a resumed one (its checkpoint must be there) */
@@ -369,9 +370,9 @@ static void log_step(run_t *r, int step, const m2d_step_stats *st, double tok_s,
     fprintf(r->log,
             "{\"step\": %d, \"tokens\": %lld, \"loss\": %.17g, \"div\": %.17g, \"mse\": %.17g%s, \"grad_norm\": %.17g, "
             "\"lr\": %.17g, \"tokens_per_s\": %.1f, \"elapsed_s\": %.3f, \"teacher_s\": %.4f, \"precision\": \"%s\", "
-            "\"student_precision\": \"fp32\"}\n",
+            "\"student_precision\": \"%s\"}\n",
             step, (long long)tokens, st->loss, st->div, st->mse, mse, st->grad_norm, st->lr, tok_s, elapsed,
-            st->teacher_s, m2d_precision_name(r->t.precision));
+            st->teacher_s, m2d_precision_name(r->t.precision), m2d_precision_name(r->t.train_precision));
     fflush(r->log);
 }
 
@@ -548,7 +549,7 @@ static cJSON *settings_json(const run_t *r) {
     cJSON_AddNumberToObject(s, "temperature", 1);
     cJSON_AddStringToObject(s, "precision", m2d_precision_name(t->precision)); /* teacher + validation */
     cJSON_AddStringToObject(s, "precision_requested", m2d_precision_name(o->train.precision));
-    cJSON_AddStringToObject(s, "student_training_precision", "fp32");
+    cJSON_AddStringToObject(s, "student_training_precision", m2d_precision_name(o->train.train_precision));
     const char *teacher = m2d_trainer_teacher_backend(&o->train);
     cJSON_AddStringToObject(s, "teacher_device", teacher ? teacher : "cpu");
     cJSON_AddStringToObject(s, "student_device", o->train.backend ? o->train.backend : "cpu");
@@ -681,8 +682,9 @@ static int resume_or_start(run_t *r) {
         if (!r->o->quiet) fprintf(stderr, "moe2dense distill: resuming after step %d of %d\n", r->start, r->S);
     }
     if (!r->o->quiet)
-        fprintf(stderr, "moe2dense distill: teacher forward and validation: %s (requested %s); student training: fp32\n",
-                m2d_precision_name(r->t.precision), m2d_precision_name(r->o->train.precision));
+        fprintf(stderr, "moe2dense distill: teacher forward and validation: %s (requested %s); student training: %s\n",
+                m2d_precision_name(r->t.precision), m2d_precision_name(r->o->train.precision),
+                m2d_precision_name(r->t.train_precision));
     if (open_log(r) || eval_setup(r)) return -1;
     double ce;
     if (r->start == 0 && evaluate(r, 0, &r->r->pre_ppl, &ce)) return -1;

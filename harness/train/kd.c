@@ -171,18 +171,19 @@ void m2d_kd_loss_backward(m2d_kd *k, double scale, double *div, double *mse) {
     m2d_mat gh = m2d_train_params_grad(k->p, k->p->lm_head);
     m2d_kd_kind kind = k->kind == M2D_LOSS_RKL ? M2D_KD_REVERSE_KL : M2D_KD_FORWARD_KL;
     int rows = k->rows, d = k->d, V = k->V;
+    m2d_precision prec = m2d_net_precision(k->net); /* the student's LM head as its other projections */
     double sum = 0;
     for (int r0 = 0; r0 < rows; r0 += k->block) {
         int nr = M2D_MIN(k->block, rows - r0);
         m2d_mat Hb = m2d_mat_of(H.buf, H.off + (size_t)r0 * d, nr, d, d);
         m2d_mat ZS = m2d_mat_of(k->zs, 0, nr, V, V);
         m2d_mat DHb = m2d_mat_of(DH.buf, DH.off + (size_t)r0 * d, nr, d, d);
-        k->B->gemm(k->be, &Hb, head->w, 0, &ZS, 0.0f, M2D_PREC_FP32);
+        k->B->gemm(k->be, &Hb, head->w, 0, &ZS, 0.0f, prec);
         m2d_mat ZT = teacher_block(k, r0, nr);
         k->T->kd_loss(k->be, kind, &ZT, &ZS, scale, k->row_loss);
         sum += sum_rows(k, nr);
-        k->T->gemm_dx(k->be, &ZS, head->w, &DHb, 0.0f);
-        k->T->gemm_dw(k->be, &ZS, &Hb, &gh, 1.0f);
+        k->T->gemm_dx(k->be, &ZS, head->w, &DHb, 0.0f, prec);
+        k->T->gemm_dw(k->be, &ZS, &Hb, &gh, 1.0f, prec);
     }
     *div += scale * sum;
     /* each layer's MSE: mean over positions and hidden dimensions; "sum": summed over layers times

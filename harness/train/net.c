@@ -30,6 +30,7 @@ struct m2d_net {
     int d, qd, kvd, F;
     int qr, kr, kva, kvb;   /* MLA: q and kv latent ranks, kv_a_proj_with_mqa's and kv_b_proj's outputs */
     bool recompute, qk_norm, clip, mla;
+    m2d_precision prec;     /* of the projections' GEMMs, forward and backward (m2d_net_opts) */
     m2d_rope_args rope;     /* the engine's (engine.c m2d_engine_open): frequencies, YaRN factor, rotated dims */
     double *inv_freq;
     layer_acts *acts;       /* [layers], or [1] reused when recomputing */
@@ -111,13 +112,15 @@ static int net_alloc(m2d_net *n) {
 
 int m2d_net_new(const m2d_config *c, m2d_train_params *p, const m2d_net_opts *o, m2d_net **out) {
     *out = NULL;
+    if (o->prec != M2D_PREC_FP32 && o->prec != M2D_PREC_BF16)
+        return m2d_err("training: precision %s: the student trains in fp32 or bf16", m2d_precision_name(o->prec));
     if (o->seq_len < 1 || o->max_seqs < 1) return m2d_err("training: seq_len %d, sequences %d", o->seq_len, o->max_seqs);
     if (o->seq_len > c->max_position_embeddings)
         return m2d_err("training: sequence length %d exceeds max_position_embeddings %d", o->seq_len,
                        c->max_position_embeddings);
     m2d_net *n = m2d_calloc(1, sizeof *n);
     n->c = c, n->p = p, n->be = p->be, n->B = p->be->ops, n->T = p->T;
-    n->L = o->seq_len, n->max_seqs = o->max_seqs, n->recompute = o->recompute;
+    n->L = o->seq_len, n->max_seqs = o->max_seqs, n->recompute = o->recompute, n->prec = o->prec;
     n->d = c->hidden_size, n->qd = c->num_attention_heads * c->head_dim, n->kvd = c->num_key_value_heads * c->head_dim;
     n->F = dense_width(c);
     n->qk_norm = c->ops.qk_norm != M2D_QK_NORM_NONE;
@@ -190,9 +193,9 @@ static void gqa_qkv_fwd(m2d_net *n, int l, layer_acts *a) {
     int H = c->num_attention_heads, KV = c->num_key_value_heads, hd = c->head_dim;
     m2d_mat XN = M(n, a->xn1, n->d), Q = M(n, a->q, n->qd), K = M(n, a->k, n->kvd), V = M(n, a->v, n->kvd);
     m2d_mat QP = n->qk_norm ? M(n, a->qp, n->qd) : Q, KP = n->qk_norm ? M(n, a->kp, n->kvd) : K;
-    B->gemm(n->be, &XN, W(n, l, M2D_T_Q), 0, &QP, 0.0f, M2D_PREC_FP32);
-    B->gemm(n->be, &XN, W(n, l, M2D_T_K), 0, &KP, 0.0f, M2D_PREC_FP32);
-    B->gemm(n->be, &XN, W(n, l, M2D_T_V), 0, &V, 0.0f, M2D_PREC_FP32);
+    B->gemm(n->be, &XN, W(n, l, M2D_T_Q), 0, &QP, 0.0f, n->prec);
+    B->gemm(n->be, &XN, W(n, l, M2D_T_K), 0, &KP, 0.0f, n->prec);
+    B->gemm(n->be, &XN, W(n, l, M2D_T_V), 0, &V, 0.0f, n->prec);
     bias(n, l, M2D_T_Q_BIAS, &QP);
     bias(n, l, M2D_T_K_BIAS, &KP);
     bias(n, l, M2D_T_V_BIAS, &V);
@@ -215,13 +218,13 @@ static void mla_q_fwd(m2d_net *n, int l, layer_acts *a) {
     const m2d_backend_ops *B = n->B;
     m2d_mat XN = M(n, a->xn1, n->d), Q = M(n, a->q, n->qd);
     if (!n->qr) {
-        B->gemm(n->be, &XN, W(n, l, M2D_T_Q), 0, &Q, 0.0f, M2D_PREC_FP32);
+        B->gemm(n->be, &XN, W(n, l, M2D_T_Q), 0, &Q, 0.0f, n->prec);
         return;
     }
     m2d_mat QA = M(n, a->qa, n->qr), QAN = M(n, a->qan, n->qr);
-    B->gemm(n->be, &XN, W(n, l, M2D_T_Q_A), 0, &QA, 0.0f, M2D_PREC_FP32);
+    B->gemm(n->be, &XN, W(n, l, M2D_T_Q_A), 0, &QA, 0.0f, n->prec);
     B->rmsnorm(n->be, &QA, W(n, l, M2D_T_Q_A_NORM), n->c->rms_norm_eps, &QAN);
-    B->gemm(n->be, &QAN, W(n, l, M2D_T_Q_B), 0, &Q, 0.0f, M2D_PREC_FP32);
+    B->gemm(n->be, &QAN, W(n, l, M2D_T_Q_B), 0, &Q, 0.0f, n->prec);
 }
 
 /* MLA (model.h M2D_ATTN_MLA) as the engine's mla_qkv, op for op: the kv latent (kept before and
@@ -235,15 +238,15 @@ static void mla_qkv_fwd(m2d_net *n, int l, layer_acts *a) {
     int vd = c->v_head_dim, qd = n->qd, R = n->rows;
     mla_q_fwd(n, l, a);
     m2d_mat XN = M(n, a->xn1, n->d), CKV = M(n, a->ckv, n->kr), CN = M(n, a->cn, n->kr);
-    B->gemm(n->be, &XN, W(n, l, M2D_T_KV_A), 0, &CKV, 0.0f, M2D_PREC_FP32);
+    B->gemm(n->be, &XN, W(n, l, M2D_T_KV_A), 0, &CKV, 0.0f, n->prec);
     B->rmsnorm(n->be, &CKV, W(n, l, M2D_T_KV_A_NORM), c->rms_norm_eps, &CN);
     for (int h = 0; h < H; h++) {
         size_t o = (size_t)h * hd;
         m2d_mat KN = m2d_mat_of(a->k, o, R, nope, qd), KR = m2d_mat_of(a->k, o + nope, R, rope, qd);
         m2d_mat V = m2d_mat_of(a->v, o, R, vd, qd);
-        B->gemm(n->be, &CN, W(n, l, M2D_T_KV_B), h * (nope + vd), &KN, 0.0f, M2D_PREC_FP32);
-        B->gemm(n->be, &CN, W(n, l, M2D_T_KV_B), h * (nope + vd) + nope, &V, 0.0f, M2D_PREC_FP32);
-        B->gemm(n->be, &XN, W(n, l, M2D_T_KV_A), n->kr, &KR, 0.0f, M2D_PREC_FP32);
+        B->gemm(n->be, &CN, W(n, l, M2D_T_KV_B), h * (nope + vd), &KN, 0.0f, n->prec);
+        B->gemm(n->be, &CN, W(n, l, M2D_T_KV_B), h * (nope + vd) + nope, &V, 0.0f, n->prec);
+        B->gemm(n->be, &XN, W(n, l, M2D_T_KV_A), n->kr, &KR, 0.0f, n->prec);
     }
     m2d_mat QR = m2d_mat_of(a->q, nope, R, qd - nope, qd), KR = m2d_mat_of(a->k, nope, R, qd - nope, qd);
     B->rope(n->be, &QR, H, hd, n->pos, &n->rope);
@@ -270,7 +273,7 @@ static void attention_fwd(m2d_net *n, int l, layer_acts *a) {
     }
     m2d_mat ATT = M(n, a->att, n->qd), X1 = M(n, a->x1, n->d);
     n->T->copy(n->be, &X1, &X0);
-    B->gemm(n->be, &ATT, W(n, l, M2D_T_O), 0, &X1, 1.0f, M2D_PREC_FP32); /* residual add, as the engine */
+    B->gemm(n->be, &ATT, W(n, l, M2D_T_O), 0, &X1, 1.0f, n->prec); /* residual add, as the engine */
     bias(n, l, M2D_T_O_BIAS, &X1);
 }
 
@@ -280,15 +283,15 @@ static void ffn_fwd(m2d_net *n, int l, layer_acts *a) {
     m2d_mat X1 = M(n, a->x1, n->d), XN = M(n, a->xn2, n->d), G = M(n, a->g, n->F), U = M(n, a->u, n->F);
     m2d_mat HH = M(n, a->hh, n->F), X2 = M(n, n->x[l + 1], n->d);
     B->rmsnorm(n->be, &X1, W(n, l, M2D_T_FFN_NORM), n->c->rms_norm_eps, &XN);
-    B->gemm(n->be, &XN, W(n, l, M2D_T_GATE), 0, &G, 0.0f, M2D_PREC_FP32);
-    B->gemm(n->be, &XN, W(n, l, M2D_T_UP), 0, &U, 0.0f, M2D_PREC_FP32);
+    B->gemm(n->be, &XN, W(n, l, M2D_T_GATE), 0, &G, 0.0f, n->prec);
+    B->gemm(n->be, &XN, W(n, l, M2D_T_UP), 0, &U, 0.0f, n->prec);
     bias(n, l, M2D_T_GATE_BIAS, &G);
     bias(n, l, M2D_T_UP_BIAS, &U);
     n->T->copy(n->be, &HH, &G);
     if (ops->ffn_act == M2D_ACT_SWIGLU_CLAMP) B->glu_clamp(n->be, &HH, &U, ops->act_alpha, ops->act_limit);
     else B->glu(n->be, ops->ffn_act, &HH, &U);
     n->T->copy(n->be, &X2, &X1);
-    B->gemm(n->be, &HH, W(n, l, M2D_T_DOWN), 0, &X2, 1.0f, M2D_PREC_FP32);
+    B->gemm(n->be, &HH, W(n, l, M2D_T_DOWN), 0, &X2, 1.0f, n->prec);
     bias(n, l, M2D_T_DOWN_BIAS, &X2);
 }
 
@@ -315,6 +318,7 @@ int m2d_net_forward(m2d_net *n, const int32_t *tokens, int n_seq) {
     return 0;
 }
 
+m2d_precision m2d_net_precision(const m2d_net *n) { return n->prec; }
 int m2d_net_rows(const m2d_net *n) { return n->rows; }
 m2d_mat m2d_net_hidden(const m2d_net *n) { return M(n, n->h, n->d); }
 m2d_mat m2d_net_dhidden(const m2d_net *n) { return M(n, n->dh, n->d); }
@@ -340,16 +344,16 @@ static void ffn_bwd(m2d_net *n, int l, layer_acts *a) {
     m2d_mat X1 = M(n, a->x1, n->d);
     m2d_mat gd = G_(n, l, M2D_T_DOWN), gg = G_(n, l, M2D_T_GATE), gu = G_(n, l, M2D_T_UP), gn = G_(n, l, M2D_T_FFN_NORM);
     bias_bwd(n, l, M2D_T_DOWN_BIAS, &DX);
-    T->gemm_dx(n->be, &DX, W(n, l, M2D_T_DOWN), &DG, 0.0f);
-    T->gemm_dw(n->be, &DX, &HH, &gd, 1.0f);
+    T->gemm_dx(n->be, &DX, W(n, l, M2D_T_DOWN), &DG, 0.0f, n->prec);
+    T->gemm_dw(n->be, &DX, &HH, &gd, 1.0f, n->prec);
     if (ops->ffn_act == M2D_ACT_SWIGLU_CLAMP) T->glu_clamp_bwd(n->be, &G, &U, ops->act_alpha, ops->act_limit, &DG, &DU);
     else T->glu_bwd(n->be, ops->ffn_act, &G, &U, &DG, &DU);
     bias_bwd(n, l, M2D_T_GATE_BIAS, &DG);
     bias_bwd(n, l, M2D_T_UP_BIAS, &DU);
-    T->gemm_dx(n->be, &DG, W(n, l, M2D_T_GATE), &DXN, 0.0f);
-    T->gemm_dx(n->be, &DU, W(n, l, M2D_T_UP), &DXN, 1.0f);
-    T->gemm_dw(n->be, &DG, &XN, &gg, 1.0f);
-    T->gemm_dw(n->be, &DU, &XN, &gu, 1.0f);
+    T->gemm_dx(n->be, &DG, W(n, l, M2D_T_GATE), &DXN, 0.0f, n->prec);
+    T->gemm_dx(n->be, &DU, W(n, l, M2D_T_UP), &DXN, 1.0f, n->prec);
+    T->gemm_dw(n->be, &DG, &XN, &gg, 1.0f, n->prec);
+    T->gemm_dw(n->be, &DU, &XN, &gu, 1.0f, n->prec);
     T->rmsnorm_bwd(n->be, &X1, W(n, l, M2D_T_FFN_NORM), n->c->rms_norm_eps, &DXN, &DX, 1.0f, &gn);
 }
 
@@ -400,12 +404,12 @@ static void gqa_qkv_bwd(m2d_net *n, int l, layer_acts *a) {
     bias_bwd(n, l, M2D_T_V_BIAS, &DV);
     m2d_mat XN = M(n, a->xn1, n->d), DXN = M(n, n->gb.dxn, n->d);
     m2d_mat gq = G_(n, l, M2D_T_Q), gk = G_(n, l, M2D_T_K), gv = G_(n, l, M2D_T_V);
-    T->gemm_dx(n->be, &DQ, W(n, l, M2D_T_Q), &DXN, 0.0f);
-    T->gemm_dx(n->be, &DK, W(n, l, M2D_T_K), &DXN, 1.0f);
-    T->gemm_dx(n->be, &DV, W(n, l, M2D_T_V), &DXN, 1.0f);
-    T->gemm_dw(n->be, &DQ, &XN, &gq, 1.0f);
-    T->gemm_dw(n->be, &DK, &XN, &gk, 1.0f);
-    T->gemm_dw(n->be, &DV, &XN, &gv, 1.0f);
+    T->gemm_dx(n->be, &DQ, W(n, l, M2D_T_Q), &DXN, 0.0f, n->prec);
+    T->gemm_dx(n->be, &DK, W(n, l, M2D_T_K), &DXN, 1.0f, n->prec);
+    T->gemm_dx(n->be, &DV, W(n, l, M2D_T_V), &DXN, 1.0f, n->prec);
+    T->gemm_dw(n->be, &DQ, &XN, &gq, 1.0f, n->prec);
+    T->gemm_dw(n->be, &DK, &XN, &gk, 1.0f, n->prec);
+    T->gemm_dw(n->be, &DV, &XN, &gv, 1.0f, n->prec);
 }
 
 /* MLA's q path backward: DQ (dL/dq before RoPE) through q_proj, or q_b_proj, the q latent's norm
@@ -415,17 +419,17 @@ static void mla_q_bwd(m2d_net *n, int l, layer_acts *a) {
     m2d_mat DQ = M(n, n->gb.dq, n->qd), XN = M(n, a->xn1, n->d), DXN = M(n, n->gb.dxn, n->d);
     if (!n->qr) {
         m2d_mat gq = G_(n, l, M2D_T_Q);
-        T->gemm_dw(n->be, &DQ, &XN, &gq, 1.0f);
-        T->gemm_dx(n->be, &DQ, W(n, l, M2D_T_Q), &DXN, 1.0f);
+        T->gemm_dw(n->be, &DQ, &XN, &gq, 1.0f, n->prec);
+        T->gemm_dx(n->be, &DQ, W(n, l, M2D_T_Q), &DXN, 1.0f, n->prec);
         return;
     }
     m2d_mat QA = M(n, a->qa, n->qr), QAN = M(n, a->qan, n->qr), DQA = M(n, n->gb.dqa, n->qr);
     m2d_mat gb = G_(n, l, M2D_T_Q_B), gnorm = G_(n, l, M2D_T_Q_A_NORM), ga = G_(n, l, M2D_T_Q_A);
-    T->gemm_dw(n->be, &DQ, &QAN, &gb, 1.0f);
-    T->gemm_dx(n->be, &DQ, W(n, l, M2D_T_Q_B), &DQA, 0.0f);
+    T->gemm_dw(n->be, &DQ, &QAN, &gb, 1.0f, n->prec);
+    T->gemm_dx(n->be, &DQ, W(n, l, M2D_T_Q_B), &DQA, 0.0f, n->prec);
     T->rmsnorm_bwd(n->be, &QA, W(n, l, M2D_T_Q_A_NORM), n->c->rms_norm_eps, &DQA, &DQA, 0.0f, &gnorm);
-    T->gemm_dw(n->be, &DQA, &XN, &ga, 1.0f);
-    T->gemm_dx(n->be, &DQA, W(n, l, M2D_T_Q_A), &DXN, 1.0f);
+    T->gemm_dw(n->be, &DQA, &XN, &ga, 1.0f, n->prec);
+    T->gemm_dx(n->be, &DQA, W(n, l, M2D_T_Q_A), &DXN, 1.0f, n->prec);
 }
 
 /* dL/d kv_b_proj's output, all heads' rows at once: each head's [dk_nope | dv] packed as its rows */
@@ -457,12 +461,12 @@ static void mla_qkv_bwd(m2d_net *n, int l, layer_acts *a) {
     m2d_mat DROT = m2d_mat_of(n->gb.dkva, n->kr, R, c->rope_dim, n->kva), DK0 = m2d_mat_of(n->gb.dk, nope, R, c->rope_dim, qd);
     m2d_mat gb = G_(n, l, M2D_T_KV_B), gnorm = G_(n, l, M2D_T_KV_A_NORM), ga = G_(n, l, M2D_T_KV_A);
     m2d_mat XN = M(n, a->xn1, n->d), DXN = M(n, n->gb.dxn, n->d);
-    T->gemm_dw(n->be, &DPK, &CN, &gb, 1.0f);
-    T->gemm_dx(n->be, &DPK, W(n, l, M2D_T_KV_B), &DC, 0.0f);
+    T->gemm_dw(n->be, &DPK, &CN, &gb, 1.0f, n->prec);
+    T->gemm_dx(n->be, &DPK, W(n, l, M2D_T_KV_B), &DC, 0.0f, n->prec);
     T->rmsnorm_bwd(n->be, &CKV, W(n, l, M2D_T_KV_A_NORM), c->rms_norm_eps, &DC, &DC, 0.0f, &gnorm);
     T->head_sum(n->be, &DK0, H, hd, &DROT, 0.0f);
-    T->gemm_dw(n->be, &DKVA, &XN, &ga, 1.0f);
-    T->gemm_dx(n->be, &DKVA, W(n, l, M2D_T_KV_A), &DXN, 0.0f);
+    T->gemm_dw(n->be, &DKVA, &XN, &ga, 1.0f, n->prec);
+    T->gemm_dx(n->be, &DKVA, W(n, l, M2D_T_KV_A), &DXN, 0.0f, n->prec);
     mla_q_bwd(n, l, a);
 }
 
@@ -474,8 +478,8 @@ static void attention_bwd(m2d_net *n, int l, layer_acts *a) {
     m2d_mat ATT = M(n, a->att, n->qd), X0 = M(n, n->x[l], n->d);
     m2d_mat go = G_(n, l, M2D_T_O), gn = G_(n, l, M2D_T_ATTN_NORM);
     bias_bwd(n, l, M2D_T_O_BIAS, &DX);
-    T->gemm_dx(n->be, &DX, W(n, l, M2D_T_O), &DATT, 0.0f);
-    T->gemm_dw(n->be, &DX, &ATT, &go, 1.0f);
+    T->gemm_dx(n->be, &DX, W(n, l, M2D_T_O), &DATT, 0.0f, n->prec);
+    T->gemm_dw(n->be, &DX, &ATT, &go, 1.0f, n->prec);
     attention_core_bwd(n, l, a, n->gb.datt);
     if (n->mla) mla_qkv_bwd(n, l, a);
     else gqa_qkv_bwd(n, l, a);

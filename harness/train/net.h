@@ -34,6 +34,12 @@ typedef struct {
     int seq_len;            /* L */
     int max_seqs;           /* windows per micro-batch (b) */
     bool recompute;         /* activation checkpointing */
+    m2d_precision prec;     /* the projections' GEMMs (q/k/v/o, the MLA latents, gate/up/down, and
+                             * the LM head in the loss), forward and backward: FP32 (0), or BF16 —
+                             * their operands (activations, fp32 master weights, incoming
+                             * gradients) rounded to bf16, fp32 accumulation and results, as
+                             * PyTorch's bf16 autocast without its bf16 outputs; attention, norms,
+                             * activations, the loss and AdamW stay fp32 */
 } m2d_net_opts;
 
 /* A network over the parameters P of a model with config CFG (both must outlive it). */
@@ -44,6 +50,7 @@ void m2d_net_free(m2d_net *n);
  * hidden states are m2d_net_hidden; the residual stream after layer l is m2d_net_layer_out. */
 int m2d_net_forward(m2d_net *n, const int32_t *tokens, int n_seq);
 int m2d_net_rows(const m2d_net *n);
+m2d_precision m2d_net_precision(const m2d_net *n);
 m2d_mat m2d_net_hidden(const m2d_net *n);
 m2d_mat m2d_net_layer_out(const m2d_net *n, int layer);
 /* Where the loss writes dL/d hidden (same shape as m2d_net_hidden) before the backward. */

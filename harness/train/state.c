@@ -122,8 +122,10 @@ int m2d_train_state_save(const char *dir, m2d_train_params *p, int step, const m
 }
 
 /* Keys added to the identity after checkpoints were first written: a checkpoint without one was
- * made by a run that had this value (the teacher always ran in fp32 before --precision). */
-static const struct { const char *key, *absent_means; } LATER_KEYS[] = {{"precision", "fp32"}};
+ * made by a run that had this value (the teacher always ran in fp32 before --precision, the
+ * student before --train-precision). */
+static const struct { const char *key, *absent_means; } LATER_KEYS[] = {{"precision", "fp32"},
+                                                                      {"train_precision", "fp32"}};
 
 static const char *absent_value(const char *key) {
     for (size_t i = 0; i < M2D_ARRAY_LEN(LATER_KEYS); i++)

@@ -25,6 +25,16 @@ static int check_opts(const m2d_trainer_opts *o) {
     if (b < 1 || o->batch % b)
         return m2d_err("distill: --micro-batch %d must divide --batch %d", o->micro_batch, o->batch);
     if (o->optim.steps < 1) return m2d_err("distill: %d steps: need at least 1", o->optim.steps);
+    if (o->train_precision != M2D_PREC_FP32 && o->train_precision != M2D_PREC_BF16)
+        return m2d_err("distill: --train-precision %s: fp32 or bf16", m2d_precision_name(o->train_precision));
+    return 0;
+}
+
+int m2d_train_precision_parse(const char *s, const char *what, m2d_precision *out) {
+    m2d_precision p;
+    if (m2d_precision_parse(s, what, &p)) return -1;
+    if (p != M2D_PREC_FP32 && p != M2D_PREC_BF16) return m2d_err("%s %s: the student trains in fp32 or bf16", what, s);
+    *out = p;
     return 0;
 }
 
@@ -45,10 +55,13 @@ static int open_parts(m2d_trainer *t, const m2d_model *teacher) {
      * (the student's own weights are fp32 views, never prepared, and its GEMMs ask for fp32) */
     m2d_backend_opts bo = {.n_threads = o->threads, .precision = m2d_engine_precision(t->te)};
     if (m2d_backend_new(o->backend ? o->backend : "cpu", &bo, &t->be)) return -1;
+    if (!(t->be->ops->precisions & (1u << o->train_precision)))
+        return m2d_err("distill: --train-precision %s: backend %s has no such GEMMs", m2d_precision_name(o->train_precision),
+                       t->be->ops->name);
     int route = m2d_trainer_route_topk(&teacher->cfg, o->teacher_topk);
     if (route && m2d_engine_set_route_topk(t->te, route)) return -1;
     if (m2d_train_params_new(t->student, t->be, &t->p)) return -1;
-    m2d_net_opts no = {o->seq_len, b, o->recompute};
+    m2d_net_opts no = {o->seq_len, b, o->recompute, o->train_precision};
     if (m2d_net_new(&t->student->cfg, t->p, &no, &t->net)) return -1;
     return m2d_kd_new(teacher, t->te, &t->student->cfg, t->net, t->p, b * o->seq_len, o->loss, o->mse_weight, o->mse_norm,
                       &t->kd);
@@ -120,7 +133,7 @@ int m2d_trainer_logits(m2d_trainer *t, const int32_t *tokens, int n_seq, float *
         m2d_mat H = m2d_net_hidden(t->net);
         m2d_buf *z = B->alloc(t->be, sizeof(float) * (size_t)H.rows * V);
         m2d_mat Z = m2d_mat_of(z, 0, H.rows, V, V);
-        B->gemm(t->be, &H, t->p->p[t->p->lm_head].w, 0, &Z, 0.0f, M2D_PREC_FP32);
+        B->gemm(t->be, &H, t->p->p[t->p->lm_head].w, 0, &Z, 0.0f, m2d_net_precision(t->net));
         B->download(t->be, logits, z, 0, sizeof(float) * (size_t)H.rows * V);
         B->release(t->be, z);
     }

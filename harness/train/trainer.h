@@ -33,8 +33,11 @@ typedef struct {
     const char *teacher_backend; /* the teacher's forward (its hidden states reach the student's
                                   * backend through the host); NULL: backend */
     m2d_precision precision;/* of the TEACHER's forward and LM head (the KD targets; 0: FP32; AUTO is
-                             * resolved by the engine: m2d_trainer_precision). The student's forward,
-                             * backward and AdamW are fp32 whatever this says (no bf16 training). */
+                             * resolved by the engine: m2d_trainer_precision); the student's GEMMs
+                             * follow train_precision, whatever this says. */
+    m2d_precision train_precision; /* the student's projection GEMMs, forward and backward (m2d_net_opts
+                                    * prec): FP32 (0) or BF16 operands; its master weights, AdamW,
+                                    * attention, norms and loss stay fp32 either way */
 } m2d_trainer_opts;
 
 typedef struct {
@@ -67,6 +70,10 @@ int m2d_trainer_logits(m2d_trainer *t, const int32_t *tokens, int n_seq, float *
 int m2d_trainer_teacher_logits(m2d_trainer *t, const int32_t *tokens, int n_seq, float *logits);
 /* Peak resident set of the process so far (bytes; getrusage). */
 size_t m2d_peak_rss(void);
+
+/* Parse a --train-precision value (fp32 or bf16; AUTO is refused: the student's precision is a
+ * choice of the experiment, not of the machine); error naming WHAT. */
+int m2d_train_precision_parse(const char *s, const char *what, m2d_precision *out);
 
 /* The K' the teacher's routing is overridden with (Eq. 6: its K' most probable experts weighted
  * by their raw softmax probabilities) for TOPK: 0, the teacher's own routing, when TOPK is 0 or
