@@ -137,6 +137,8 @@ CASES.update({
     "mixtral-fkl": dict(seq_len=16, batch=2, micro_batch=1, steps=4, warmup=1, lr=2e-3, min_lr=2e-4, weight_decay=0.01,
                         clip=1.0, loss="fkl", mse_weight=0.0, teacher_topk=0, family="mixtral"),
 })
+# --train-precision bf16: the student's projections and LM head on bf16 operands (bf16_linear)
+CASES["fkl-bf16"] = dict(CASES["fkl"], train_precision="bf16")
 WORDS = ["the", "expert", "router", "dense", "of", "and", "model", "token", "layer", "a", "merge", "group",
          "student", "teacher", "distill", "loss"]
 
@@ -180,6 +182,40 @@ def divergence(zt, zs, kind):
     if kind == "rkl":
         return (ls.exp() * (ls - lt)).sum(-1)
     return (lt.exp() * (lt - ls)).sum(-1)
+
+
+def bf16_values(t):
+    """T rounded to bf16 (nearest even), as float32 values"""
+    return t.to(torch.bfloat16).to(torch.float32)
+
+
+class Bf16Linear(torch.autograd.Function):
+    """y = x W^T + b with x and W rounded to bf16 and float32 sums; the backward rounds dy, W and x
+    the same way (dx = bf(dy) bf(W), dW = bf(dy)^T bf(x)), the bias's gradient from dy as it is:
+    moe2dense's --train-precision bf16 (PyTorch's autocast would also round y to bf16)"""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        y = bf16_values(x) @ bf16_values(w).T
+        return y + b if b is not None else y
+
+    @staticmethod
+    def backward(ctx, gy):
+        x, w = ctx.saved_tensors
+        g = bf16_values(gy)
+        gx = g @ bf16_values(w)
+        gw = g.reshape(-1, g.shape[-1]).T @ bf16_values(x).reshape(-1, x.shape[-1])
+        gb = gy.reshape(-1, gy.shape[-1]).sum(0) if ctx.has_bias else None
+        return gx, gw, gb
+
+
+def bf16_linears(model):
+    """every nn.Linear of MODEL (its projections and LM head) through Bf16Linear"""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.forward = (lambda mod: lambda x: Bf16Linear.apply(x, mod.weight, mod.bias))(m)
 
 
 def run_case(c, teacher, student, ids):
@@ -272,6 +308,8 @@ def make_case(name, c, work, tok_json, text):
     assert len(ids) >= need, f"{name}: {len(ids)} tokens < {need}"
     teacher, student = load(t_cls, t_dir), load(s_cls, s_dir)
     teacher.eval(), student.train()
+    if c.get("train_precision") == "bf16":
+        bf16_linears(student)
     steps, updates = run_case(c, teacher, student, ids)
     parts = {}
     for part, d, seed in (("teacher", t_dir, 11), ("student", s_dir, 12)):
