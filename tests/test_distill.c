@@ -281,12 +281,12 @@ static float *run_threads(const char *name, int threads, double *loss, double *n
 }
 
 /* Training does not depend on the thread count: every case (fkl with micro-batches and clipping,
- * rkl with Eq. 6 routing, fkl+mse) gives bit-identical losses, gradient norms and weights at 1, 2
+ * rkl with Eq. 6 routing, fkl+mse, fkl with the student's GEMMs in bf16) gives bit-identical losses, gradient norms and weights at 1, 2
  * and 3 threads (the forward and backward ops split rows/columns by thread, never a reduction). */
 static void thread_count_independent(void **state) {
     (void)state;
-    const char *cases[] = {"fkl", "rkl-topk", "fkl-mse"};
-    for (int c = 0; c < 3; c++) {
+    const char *cases[] = {"fkl", "rkl-topk", "fkl-mse", "fkl-bf16"};
+    for (int c = 0; c < (int)M2D_ARRAY_LEN(cases); c++) {
         double l1[8] = {0}, n1[8] = {0};
         size_t n_1;
         float *w1 = run_threads(cases[c], 1, l1, n1, &n_1);

@@ -116,28 +116,31 @@ static void check_log_precision(const char *log, const char *want) {
 }
 
 /* Run A straight through and B stopped after step 3 then resumed (at another thread count) with
- * teacher precision PREC (named TAG); the same trajectory and output bit for bit, and PREC recorded
- * in the log, the checkpoint and the manifest. Returns A's trajectory. */
-static char *check_resume(const char *tag, m2d_precision prec) {
+ * teacher precision PREC and the student's STUDENT (named TAG); the same trajectory and output bit
+ * for bit, and both precisions recorded in the log, the checkpoint and the manifest. Returns A's
+ * trajectory. */
+static char *check_resume(const char *tag, m2d_precision prec, m2d_precision student) {
     char *outa = m2d_strfmt("%s/%s-a", g_dir, tag), *loga = m2d_strfmt("%s/%s-a.jsonl", g_dir, tag);
     char *outb = m2d_strfmt("%s/%s-b", g_dir, tag), *logb = m2d_strfmt("%s/%s-b.jsonl", g_dir, tag);
     const char *name = m2d_precision_name(prec);
     m2d_distill_result r;
     m2d_distill_opts o = base_opts(outa, loga);
-    o.train.precision = prec;
+    o.train.precision = prec, o.train.train_precision = student;
     if (m2d_distill_run(&o, &r)) fail_msg("%s", m2d_errmsg());
     assert_true(r.finished);
     assert_int_equal(r.tokens, 6 * 4 * 16);
     assert_int_equal(r.precision, prec);
     /* B: stops after step 3 (checkpoint), then a line of a step 4 that a crash interrupted */
     o = base_opts(outb, logb);
-    o.train.precision = prec;
+    o.train.precision = prec, o.train.train_precision = student;
     o.stop_after = 3;
     if (m2d_distill_run(&o, &r)) fail_msg("%s", m2d_errmsg());
     cJSON *st = read_json(outb, "train-state/state.json");
     const cJSON *idp = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(st, "identity"), "precision");
     assert_true(cJSON_IsString(idp));
     assert_string_equal(idp->valuestring, name);
+    idp = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(st, "identity"), "train_precision");
+    assert_string_equal(idp->valuestring, m2d_precision_name(student));
     cJSON_Delete(st);
     assert_false(r.finished);
     assert_int_equal(r.steps_done, 3);
@@ -147,7 +150,7 @@ static char *check_resume(const char *tag, m2d_precision prec) {
     fputs("{\"step\": 4, \"tokens\": 256, \"loss\": 123, \"grad_norm\": 1, \"lr\": 1}\n", f);
     fclose(f);
     o = base_opts(outb, logb);
-    o.train.precision = prec;
+    o.train.precision = prec, o.train.train_precision = student;
     o.resume = true;
     o.train.threads = 1; /* results do not depend on the thread count */
     if (m2d_distill_run(&o, &r)) fail_msg("%s", m2d_errmsg());
@@ -167,7 +170,8 @@ static char *check_resume(const char *tag, m2d_precision prec) {
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "distill"), "settings");
     assert_string_equal(cJSON_GetObjectItemCaseSensitive(s, "precision")->valuestring, name);
     assert_string_equal(cJSON_GetObjectItemCaseSensitive(s, "precision_requested")->valuestring, name);
-    assert_string_equal(cJSON_GetObjectItemCaseSensitive(s, "student_training_precision")->valuestring, "fp32");
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(s, "student_training_precision")->valuestring,
+                        m2d_precision_name(student));
     /* where each ran: no --device, so both on the CPU */
     assert_string_equal(cJSON_GetObjectItemCaseSensitive(s, "teacher_device")->valuestring, "cpu");
     assert_string_equal(cJSON_GetObjectItemCaseSensitive(s, "student_device")->valuestring, "cpu");
@@ -179,14 +183,23 @@ static char *check_resume(const char *tag, m2d_precision prec) {
 
 static void resume_is_exact(void **state) {
     (void)state;
-    free(check_resume("fp32", M2D_PREC_FP32));
+    free(check_resume("fp32", M2D_PREC_FP32, M2D_PREC_FP32));
 }
 
 /* The same with the teacher in bf16 (on any CPU: explicit bf16 rounds the operands where the CPU
  * has no native bf16); its trajectory is not fp32's (the KD targets changed), so bf16 did run. */
 static void resume_is_exact_bf16(void **state) {
     (void)state;
-    char *t32 = check_resume("p32", M2D_PREC_FP32), *t16 = check_resume("p16", M2D_PREC_BF16);
+    char *t32 = check_resume("p32", M2D_PREC_FP32, M2D_PREC_FP32), *t16 = check_resume("p16", M2D_PREC_BF16, M2D_PREC_FP32);
+    assert_string_not_equal(t32, t16);
+    free(t32), free(t16);
+}
+
+/* The same with the student trained on bf16 operands (--train-precision bf16): exact resumes, and a
+ * trajectory of its own (the student's GEMMs did round) */
+static void resume_is_exact_student_bf16(void **state) {
+    (void)state;
+    char *t32 = check_resume("s32", M2D_PREC_FP32, M2D_PREC_FP32), *t16 = check_resume("s16", M2D_PREC_FP32, M2D_PREC_BF16);
     assert_string_not_equal(t32, t16);
     free(t32), free(t16);
 }
@@ -212,6 +225,12 @@ static void resume_refuses_another_run(void **state) {
     o.train.precision = M2D_PREC_BF16;
     assert_int_equal(m2d_distill_run(&o, &r), -1);
     if (!strstr(m2d_errmsg(), "field 'identity.precision': the checkpoint's run had fp32, this run has bf16"))
+        fail_msg("%s", m2d_errmsg());
+    o = base_opts(out, NULL); /* the student in another precision */
+    o.resume = true;
+    o.train.train_precision = M2D_PREC_BF16;
+    assert_int_equal(m2d_distill_run(&o, &r), -1);
+    if (!strstr(m2d_errmsg(), "field 'identity.train_precision': the checkpoint's run had fp32, this run has bf16"))
         fail_msg("%s", m2d_errmsg());
     o = base_opts(out, NULL); /* a fresh run into an unfinished one */
     assert_int_equal(m2d_distill_run(&o, &r), -1);
@@ -274,8 +293,9 @@ static void output_checkpoint_and_manifest(void **state) {
     free(text), free(out), free(log);
 }
 
-/* A checkpoint written before runs recorded their precision (no identity.precision) was made with
- * the teacher in fp32: it resumes in fp32 and is refused in bf16. */
+/* A checkpoint written before runs recorded their precisions (no identity.precision, no
+ * identity.train_precision) was made with the teacher and the student in fp32: it resumes in fp32
+ * and is refused in bf16, the teacher's or the student's. */
 static void legacy_checkpoint_means_fp32(void **state) {
     (void)state;
     char *out = stopped_run("legacy");
@@ -283,6 +303,7 @@ static void legacy_checkpoint_means_fp32(void **state) {
     m2d_distill_opts o;
     cJSON *st = read_json(out, "train-state/state.json");
     cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(st, "identity"), "precision");
+    cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(st, "identity"), "train_precision");
     char *text = cJSON_Print(st), *path = m2d_path_join(out, "train-state/state.json");
     tu_write(path, text, strlen(text));
     o = base_opts(out, NULL);
@@ -291,7 +312,14 @@ static void legacy_checkpoint_means_fp32(void **state) {
     assert_int_equal(m2d_distill_run(&o, &r), -1);
     if (!strstr(m2d_errmsg(), "field 'identity.precision': the checkpoint's run had fp32, this run has bf16"))
         fail_msg("%s", m2d_errmsg());
-    o.train.precision = M2D_PREC_FP32;
+    o = base_opts(out, NULL); /* the student in another precision */
+    o.resume = true;
+    o.train.train_precision = M2D_PREC_BF16;
+    assert_int_equal(m2d_distill_run(&o, &r), -1);
+    if (!strstr(m2d_errmsg(), "field 'identity.train_precision': the checkpoint's run had fp32, this run has bf16"))
+        fail_msg("%s", m2d_errmsg());
+    o = base_opts(out, NULL);
+    o.resume = true;
     if (m2d_distill_run(&o, &r)) fail_msg("%s", m2d_errmsg());
     assert_true(r.finished);
     cJSON_Delete(st);
@@ -405,6 +433,8 @@ static void command_errors(void **state) {
         {"--steps 2 --eval-every 3", "--eval-data"},
         {"--steps 2 --lr -1", "--lr"},
         {"--steps 2 --precision fp16", "distill: --precision: 'fp16' is not a precision (auto, fp32, bf16)"},
+        {"--steps 2 --train-precision auto", "distill: --train-precision auto: the student trains in fp32 or bf16"},
+        {"--steps 2 --train-precision fp16", "distill: --train-precision: 'fp16' is not a precision"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char *out = m2d_strfmt("%s/err%zu", g_dir, i);
@@ -445,6 +475,24 @@ static void command_precision_auto(void **state) {
     print_message("distill --precision auto ran as %s on this CPU\n", name);
     cJSON_Delete(j);
     free(line), free(tail), free(o), free(err), free(cmd), free(out);
+}
+
+/* the command with --train-precision bf16: named on stderr, in the log and in moe2dense.json */
+static void command_train_precision(void **state) {
+    (void)state;
+    char *out = path_in("cli-train-bf16"), *log = path_in("cli-train-bf16.jsonl");
+    char *cmd = m2d_strfmt("%s distill --teacher %s --student %s --data %s --out %s --log %s --seq-len 16 --batch 2 "
+                           "--steps 2 --threads 2 --train-precision bf16", tu_bin(), g_teacher, g_student, g_data, out, log);
+    char *o = NULL, *err = NULL;
+    if (tu_run(cmd, &o, &err)) fail_msg("%s: %s", cmd, err);
+    if (!strstr(err, "; student training: bf16\n")) fail_msg("stderr lacks the student's precision: %s", err);
+    cJSON *j = read_json(out, "moe2dense.json");
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "distill"), "settings");
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(st, "student_training_precision")->valuestring, "bf16");
+    cJSON_Delete(j);
+    char *text = m2d_read_file(log, NULL);
+    assert_non_null(strstr(text, "\"student_precision\": \"bf16\""));
+    free(text), free(o), free(err), free(cmd), free(out), free(log);
 }
 
 /* a log path that is a symbolic link is refused, not followed (the target stays as it was) */
@@ -566,12 +614,14 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(resume_is_exact),
         cmocka_unit_test(resume_is_exact_bf16),
+        cmocka_unit_test(resume_is_exact_student_bf16),
         cmocka_unit_test(legacy_checkpoint_means_fp32),
         cmocka_unit_test(teacher_targets_in_bf16),
         cmocka_unit_test(resume_refuses_another_run),
         cmocka_unit_test(output_checkpoint_and_manifest),
         cmocka_unit_test(command_errors),
         cmocka_unit_test(command_precision_auto),
+        cmocka_unit_test(command_train_precision),
         cmocka_unit_test(moe_student_refused),
         cmocka_unit_test(deepseek_student_distilled),
         cmocka_unit_test(gptoss_student_distilled),

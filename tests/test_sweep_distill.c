@@ -289,7 +289,26 @@ static void precision_flows_into_the_stage(void **state) {
     assert_true(ok > 0);
     char *text = m2d_read_file(sp, NULL);
     assert_non_null(strstr(text, "precision=bf16"));
-    free(text), free(sp);
+    assert_null(strstr(text, "train_precision")); /* fp32 students: the header as before the key */
+    free(text);
+    m2d_results_free(&side);
+    m2d_experiment_free(&x);
+    free(sp);
+    /* distill.train_precision: the students' GEMMs, a setting of the stage's header (a sidecar of
+     * fp32 students refuses it: another --out) */
+    char *sets_bf16[] = {"distill.configs=all", "distill.train_precision='bf16'"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets_bf16, 2, &x), 0);
+    assert_int_equal(x.distill.train.train_precision, M2D_PREC_BF16);
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), -1);
+    assert_non_null(strstr(m2d_errmsg(), "refusing to mix results"));
+    char *out2 = m2d_path_join(fx.dir, "bf16.csv");
+    o.out = out2;
+    if (m2d_sweep_run(&x, &o, &s)) fail_msg("%s", m2d_errmsg());
+    sp = m2d_strfmt("%s.distill.csv", out2);
+    text = m2d_read_file(sp, NULL);
+    assert_non_null(strstr(text, "train_precision=bf16"));
+    free(text), free(sp), free(out2);
+    assert_int_equal(m2d_results_read(fx.csv, &side), 0); /* for the free below */
     m2d_results_free(&side);
     m2d_experiment_free(&x);
     tu_sweep_fixture_free(&fx);
@@ -310,6 +329,7 @@ static void distill_table_errors(void **state) {
         {"distill.lr=0", "'distill.lr' must be a positive number"},
         {"distill.recompute=1", "'distill.recompute' must be true or false"},
         {"distill.mse_norm='mean'", "'distill.mse_norm' must be \"minitron\" or \"sum\""},
+        {"distill.train_precision='auto'", "'distill.train_precision' must be \"fp32\" or \"bf16\""},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         m2d_experiment x;

@@ -182,12 +182,12 @@ int m2d_grid_read_distill(const ctx *c, m2d_experiment *x) {
     static const char *const keys[] = {"configs", "data", "tokens", "steps", "seq_len", "batch", "micro_batch",
                                        "recompute", "lr", "min_lr", "warmup", "weight_decay", "clip", "loss",
                                        "mse_weight", "teacher_topk", "order", "seed", "eval_every", "save_every",
-                                       "fp32", "val_data", "mse_norm"};
+                                       "fp32", "val_data", "mse_norm", "train_precision"};
     if (m2d_grid_check_keys(c, d, "[distill]", keys, M2D_ARRAY_LEN(keys))) return -1;
     x->has_distill = 1;
     m2d_distill_defaults(&x->distill);
     x->distill.quiet = true;
-    char *order = NULL, *norm = NULL;
+    char *order = NULL, *norm = NULL, *tprec = NULL;
     int rc = read_distill_configs(c, d, x);
     if (rc == 0) rc = m2d_grid_get_str(c, x->table, "distill.data", NULL, &x->distill_data);
     if (rc == 0) rc = read_distill_numbers(c, x->table, &x->distill);
@@ -199,7 +199,10 @@ int m2d_grid_read_distill(const ctx *c, m2d_experiment *x) {
     if (rc == 0) rc = m2d_grid_get_str(c, x->table, "distill.mse_norm", "minitron", &norm);
     if (rc == 0 && m2d_mse_norm_parse(norm, &x->distill.train.mse_norm))
         rc = m2d_grid_key_err(c, m2d_toml_get(d, "mse_norm"), "distill.mse_norm", "\"minitron\" or \"sum\"");
-    free(order), free(norm);
+    if (rc == 0) rc = m2d_grid_get_str(c, x->table, "distill.train_precision", "fp32", &tprec);
+    if (rc == 0 && m2d_train_precision_parse(tprec, "distill.train_precision", &x->distill.train.train_precision))
+        rc = m2d_grid_key_err(c, m2d_toml_get(d, "train_precision"), "distill.train_precision", "\"fp32\" or \"bf16\"");
+    free(order), free(norm), free(tprec);
     return rc;
 }
 

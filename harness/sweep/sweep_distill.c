@@ -15,7 +15,8 @@
 #include "sweep/sweep_mc.h"
 #include "train/state.h"
 
-/* The settings that change a distilled student, as one header value of the sidecar. */
+/* The settings that change a distilled student, as one header value of the sidecar (the student's
+ * training precision only when it is not fp32: sidecars written before it stay valid). */
 static char *settings_text(const m2d_experiment *x) {
     const m2d_distill_opts *o = &x->distill;
     const m2d_trainer_opts *t = &o->train;
@@ -24,12 +25,13 @@ static char *settings_text(const m2d_experiment *x) {
     const char *loss = x->distill_ablation ? "per-row" : m2d_loss_name(t->loss), *k = x->distill_ablation ? "per-row" : topk;
     return m2d_strfmt("distill=data=%s val_data=%s tokens=%lld steps=%d L=%d B=%d b=%d lr=%.9g min_lr=%.9g warmup=%d "
                       "weight_decay=%.9g clip=%.9g loss=%s mse_weight=%.9g mse_norm=%s teacher_topk=%s order=%s seed=%llu "
-                      "fp32=%d",
+                      "fp32=%d%s",
                       x->distill_data, x->distill_val_data ? x->distill_val_data : "none", (long long)o->tokens, t->optim.steps, t->seq_len, t->batch,
                       t->micro_batch ? t->micro_batch : t->batch, t->optim.lr, t->optim.min_lr, t->optim.warmup,
                       t->optim.weight_decay, t->optim.clip, loss, t->mse_weight,
                       m2d_mse_norm_name(t->mse_norm), k,
-                      m2d_order_name(o->order), (unsigned long long)o->seed, (int)o->fp32);
+                      m2d_order_name(o->order), (unsigned long long)o->seed, (int)o->fp32,
+                      t->train_precision == M2D_PREC_BF16 ? " train_precision=bf16" : "");
 }
 
 /* ---- checks before any work (the run and the dry run) ---- */
