@@ -6,7 +6,8 @@
  * 2), forward KL, AdamW; timed after one warm-up step, median of BENCH_STEPS (default 3) steps.
  * FLOPs counted per token: the teacher's forward (attention projections, the k routed experts,
  * the router, causal attention) and its LM head (the KD loss computes the teacher's logits), and
- * 3x the student's forward (forward + backward) including its LM head and causal attention.
+ * 3x the student's forward (forward + backward) including its LM head and causal attention. Rows:
+ * the step, with --recompute, and with the student's GEMMs on bf16 operands (--train-precision).
  * Env: M2D_MODELS (default ../shared/models), BENCH_STEPS, BENCH_THREADS (default: all cores). */
 #include <cblas.h>
 #include <stdio.h>
@@ -128,8 +129,10 @@ int main(void) {
            o.micro_batch, threads, steps);
     printf("%-36s %10.1f GFLOP/s\n", "sgemm 1024^3 (in-run peak)", peak);
     printf("%-36s %10.3f GFLOP\n", "FLOPs per token (teacher + 3x student)", fpt * 1e-9);
-    for (int rcmp = 0; rcmp < 2; rcmp++) {
-        o.recompute = rcmp;
+    const char *rows[] = {"step", "step, --recompute", "step, --train-precision bf16"};
+    for (int row = 0; row < 3; row++) {
+        o.recompute = row == 1;
+        o.train_precision = row == 2 ? M2D_PREC_BF16 : M2D_PREC_FP32;
         double sec = time_steps(t, s, o, steps, tok);
         if (sec < 0) {
             fprintf(stderr, "bench_train: %s\n", m2d_errmsg());
@@ -137,7 +140,7 @@ int main(void) {
         }
         double gf = fpt * tokens / sec * 1e-9;
         printf("%-36s %10.3f s/step %8.0f tokens/s %7.1f GFLOP/s (%4.1f%% of peak)\n",
-               rcmp ? "step, --recompute" : "step", sec, tokens / sec, gf, 100 * gf / peak);
+               rows[row], sec, tokens / sec, gf, 100 * gf / peak);
     }
     printf("%-36s %10.1f MB\n", "peak RSS (process)", m2d_peak_rss() / 1048576.0);
     free(tok);

@@ -274,6 +274,45 @@ static void gemm_bf16_backward_on(const char *backend) {
 }
 EACH_BACKEND(gemm_bf16_backward)
 
+/* A backend may keep derived copies of a weight between ops (the CPU: its bf16 transpose, for a
+ * step's micro-batches): AdamW's change of the weights within one enter/leave bracket, and a write
+ * between brackets, must reach the next dx. Each dx equals a fresh backend's on the current weights
+ * (bit for bit: the same computation). */
+static void bf16_dx_follows_the_weights_on(const char *backend) {
+    enum { n = 40, in = 96, out = 80 };
+    uint64_t st = 5;
+    float w[out * in], r[n * out], g[out * in], zero[out * in], dx[n * in], want[n * in], wnow[out * in];
+    fill(&st, w, out * in, 1), fill(&st, r, n * out, 1), fill(&st, g, out * in, 1);
+    memset(zero, 0, sizeof zero);
+    m2d_backend *be = new_backend(backend, 2);
+    const m2d_backend_train_ops *tr = be->ops->train;
+    m2d_buf *wb = up(be, w, sizeof w), *rb = up(be, r, sizeof r), *gb = up(be, g, sizeof g);
+    m2d_buf *mb = up(be, zero, sizeof zero), *vb = up(be, zero, sizeof zero), *dxb = be->ops->alloc(be, sizeof dx);
+    m2d_weight *wh = tr->weight_view(be, wb, 0, out, in);
+    m2d_mat R = mat(rb, n, out), DX = mat(dxb, n, in);
+    m2d_adamw_args a = {0.05, 0.9, 0.95, 1e-8, 0.0, 1, 1.0f};
+    for (int round = 0; round < 3; round++) {
+        be->ops->enter(be);
+        tr->gemm_dx(be, &R, wh, &DX, 0.0f, M2D_PREC_BF16);
+        if (round < 2) tr->adamw(be, wb, gb, mb, vb, 0, out * in, &a); /* inside the bracket */
+        if (round < 2) tr->gemm_dx(be, &R, wh, &DX, 0.0f, M2D_PREC_BF16);
+        assert_int_equal(be->ops->leave(be), 0);
+        down(be, dx, dxb, sizeof dx), down(be, wnow, wb, sizeof wnow);
+        float no_dw[out * in];
+        gemm_grads_at(backend, 2, M2D_PREC_BF16, n, in, out, zero, wnow, r, want, no_dw);
+        assert_memory_equal(dx, want, sizeof dx);
+        if (round == 1) { /* between brackets: new weights written directly */
+            fill(&st, w, out * in, 1);
+            be->ops->upload(be, wb, 0, w, sizeof w);
+        }
+    }
+    be->ops->weight_free(be, wh);
+    m2d_buf *all[] = {wb, rb, gb, mb, vb, dxb};
+    for (int i = 0; i < 6; i++) be->ops->release(be, all[i]);
+    m2d_backend_free(be);
+}
+EACH_BACKEND(bf16_dx_follows_the_weights)
+
 /* ================= RMSNorm ================= */
 typedef struct { int rows, d; double eps; const float *r; int drop_term; } rms_ctx; /* x then w */
 
@@ -907,6 +946,7 @@ int main(void) {
         cmocka_unit_test(gemm_backward),
         cmocka_unit_test(gemm_accumulates),
         cmocka_unit_test(gemm_bf16_backward),
+        cmocka_unit_test(bf16_dx_follows_the_weights),
         cmocka_unit_test(rmsnorm_backward),
         cmocka_unit_test(rmsnorm_backward_accumulates),
         cmocka_unit_test(rope_backward),

@@ -238,7 +238,12 @@ static void cpu_enter(m2d_backend *be) {
 
 static int cpu_leave(m2d_backend *be) {
     cpu_be *c = CPU(be);
-    if (--c->depth > 0) return 0;
+    if (c->depth > 1) {
+        c->depth--;
+        return 0;
+    }
+    m2d_cpu_train_state_free(be); /* derived from weights that may change before the next enter */
+    c->depth = 0;
     if (c->blas_saved != 1) openblas_set_num_threads(c->blas_saved);
     if (!c->failed) return 0;
     c->failed = 0;
@@ -259,8 +264,15 @@ static int cpu_tune(m2d_backend *be, const char *knob, int value) {
     return 0;
 }
 
+void **m2d_cpu_train_state(m2d_backend *be) { return CPU(be)->depth > 0 ? &CPU(be)->train_state : NULL; }
+struct m2d_gemm_ctx *m2d_cpu_gemm(m2d_backend *be, m2d_precision p) { return gemm_ctx(CPU(be), p); }
+void m2d_cpu_fail(m2d_backend *be) { fail(CPU(be)); }
+int m2d_cpu_failed(m2d_backend *be) { return CPU(be)->failed; }
+
 static void cpu_destroy(m2d_backend *be) {
     cpu_be *c = CPU(be);
+    if (c->depth == 0) c->depth = 1; /* freed inside a bracket or not, the state goes */
+    m2d_cpu_train_state_free(be);
     for (int i = 0; i < N_WORK; i++) free(c->work[i]);
     cache_free(&c->cache);
     for (int p = 0; p < 2; p++) m2d_gemm_ctx_free(c->gemm[p]);

@@ -18,6 +18,17 @@ const float *m2d_cpu_weight_rows(m2d_backend *be, const m2d_weight *w, int64_t f
 /* a weight handle over host fp32 memory DATA (rows x cols); freed by the backend's weight_free */
 m2d_weight *m2d_cpu_weight_over(const float *data, int64_t rows, int64_t cols);
 
+/* the GEMM module's context for precision P (FP32 or BF16) on the backend's threads */
+struct m2d_gemm_ctx *m2d_cpu_gemm(m2d_backend *be, m2d_precision p);
+/* keep the failure m2d_err just set: the outermost leave reports it, later ops are skipped */
+void m2d_cpu_fail(m2d_backend *be);
+int m2d_cpu_failed(m2d_backend *be);
+
 extern const m2d_backend_train_ops m2d_cpu_train_ops; /* backend_cpu_train.c */
+/* The training ops' state kept between ops (backend_cpu_train.c: bf16 transposed weights): its
+ * slot in the backend, NULL outside an enter/leave bracket (nothing may be kept there), and its
+ * release, at the outermost leave and when the backend is freed. */
+void **m2d_cpu_train_state(m2d_backend *be);
+void m2d_cpu_train_state_free(m2d_backend *be);
 
 #endif

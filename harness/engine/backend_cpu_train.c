@@ -1,6 +1,8 @@
 /* backend_cpu_train — the "cpu" backend's training ops (m2d_backend_train_ops, backend.h): the
- * backward of each forward op, the distillation losses and AdamW, on the same threads and the
- * same OpenBLAS sgemm as the forward ops (backend_cpu.c).
+ * backward of each forward op, the distillation losses and AdamW, on the same threads as the
+ * forward ops (backend_cpu.c): the backward GEMMs in fp32 through OpenBLAS sgemm, or on bf16
+ * operands (--train-precision bf16) through the GEMM module (engine/gemm.h: oneDNN's bf16 kernels,
+ * AMX or AVX512-BF16, where the CPU has them) on transposed operands.
  *
  * Determinism: every reduction runs in a fixed order whatever the thread count. GEMMs are split
  * into blocks whose sizes depend on the shapes only (never on the thread count), along output
@@ -13,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/tensor.h"
 #include "base/util.h"
 #include "engine/backend.h"
 #include "engine/backend_cpu.h"
@@ -42,7 +45,7 @@ static void cpu_copy(m2d_backend *be, m2d_mat *dst, const m2d_mat *src) {
         memcpy(F(dst) + (size_t)r * dst->ld, F(src) + (size_t)r * src->ld, sizeof(float) * (size_t)src->cols);
 }
 
-/* ---- GEMMs: blocks of a size fixed by the shape ---- */
+/* ---- GEMMs in fp32: blocks of a size fixed by the shape ---- */
 
 /* block size along a dimension of N: about N/16, rounded up to a multiple of 64 (at least 64) */
 static int fixed_block(int n) {
@@ -50,34 +53,11 @@ static int fixed_block(int n) {
     return M2D_MAX(64, (b + 63) / 64 * 64);
 }
 
-/* ---- bf16 operands: rounded copies (what the GEMM module's sgemm path does for bf16) ---- */
-
-typedef struct {
-    const float *src;
-    float *dst;
-    int ld, rows, cols;
-} round_job;
-
-static void round_item(void *ctx, int item) {
-    const round_job *j = ctx;
-    int r0 = item * ROW_CHUNK, nr = M2D_MIN(ROW_CHUNK, j->rows - r0);
-    m2d_bf16_rows_f32(j->src + (size_t)r0 * j->ld, j->ld, nr, j->cols, j->dst + (size_t)r0 * j->cols);
-}
-
-/* rows x cols of SRC (row stride LD) rounded to bf16 values, as a new dense [rows, cols] fp32 array */
-static float *rounded_copy(m2d_backend *be, const float *src, int ld, int rows, int cols) {
-    float *dst = m2d_malloc(sizeof(float) * ((size_t)rows * cols + 1));
-    round_job j = {src, dst, ld, rows, cols};
-    m2d_cpu_parallel_for(be, (rows + ROW_CHUNK - 1) / ROW_CHUNK, round_item, &j);
-    return dst;
-}
-
 typedef struct {
     const float *dy, *w, *x;
     float *out;
     float beta;
-    int n, in, outd, lddy, ldw, ldx, ldo, blk, by_cols;
-    int round_w_cols; /* bf16 with W too large to round whole: each column block rounds its own */
+    int n, in, outd, lddy, ldx, ldo, blk, by_cols;
 } bwd_gemm;
 
 /* dx[n, in] = dy[n, out] · W[out, in] + beta dx, one block of columns of dx or of rows */
@@ -86,49 +66,27 @@ static void dx_item(void *ctx, int item) {
     int a = item * j->blk;
     if (j->by_cols) {
         int nc = M2D_MIN(j->blk, j->in - a);
-        const float *w = j->w + a;
-        int ldw = j->ldw;
-        float *own = NULL;
-        if (j->round_w_cols) {
-            own = m2d_malloc(sizeof(float) * (size_t)j->outd * nc);
-            m2d_bf16_rows_f32(w, ldw, j->outd, nc, own);
-            w = own, ldw = nc;
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, j->n, nc, j->outd, 1.0f, j->dy, j->lddy, w, ldw,
-                    j->beta, j->out + a, j->ldo);
-        free(own);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, j->n, nc, j->outd, 1.0f, j->dy, j->lddy, j->w + a,
+                    j->in, j->beta, j->out + a, j->ldo);
     } else {
         int nr = M2D_MIN(j->blk, j->n - a);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nr, j->in, j->outd, 1.0f, j->dy + (size_t)a * j->lddy,
-                    j->lddy, j->w, j->ldw, j->beta, j->out + (size_t)a * j->ldo, j->ldo);
+                    j->lddy, j->w, j->in, j->beta, j->out + (size_t)a * j->ldo, j->ldo);
     }
 }
 
-/* BF16: dy rounded once; W rounded once when it is split by rows (small: in < 128) or not split,
- * else per column block (the LM head's whole rounded copy would be as large as the head) */
-static void cpu_gemm_dx(m2d_backend *be, const m2d_mat *dy, const m2d_weight *w, m2d_mat *dx, float beta,
-                        m2d_precision prec) {
-    int n = dy->rows, outd = dy->cols, in = dx->cols, bf = prec == M2D_PREC_BF16;
-    if (n <= 0 || in <= 0) return;
-    const float *wr = m2d_cpu_weight_rows(be, w, 0, (int64_t)outd * in);
-    bwd_gemm j = {F(dy), wr, NULL, F(dx), beta, n, in, outd, dy->ld, in, 0, dx->ld, 0, 0, 0};
-    int serial = 2.0 * n * outd * in < GEMM_SERIAL_FLOPS;
-    if (!serial) {
-        j.by_cols = in >= 128;
-        j.blk = fixed_block(j.by_cols ? in : n);
-    } else {
+static void dx_fp32(m2d_backend *be, const m2d_mat *dy, const float *wr, m2d_mat *dx, float beta) {
+    int n = dy->rows, outd = dy->cols, in = dx->cols;
+    bwd_gemm j = {F(dy), wr, NULL, F(dx), beta, n, in, outd, dy->ld, 0, dx->ld, 0, 0};
+    if (2.0 * n * outd * in < GEMM_SERIAL_FLOPS) {
         j.blk = n;
+        dx_item(&j, 0);
+        return;
     }
-    float *dyr = NULL, *wround = NULL;
-    if (bf) {
-        j.dy = dyr = rounded_copy(be, F(dy), dy->ld, n, outd), j.lddy = outd;
-        if (j.by_cols) j.round_w_cols = 1;
-        else j.w = wround = rounded_copy(be, wr, in, outd, in);
-    }
-    if (serial) dx_item(&j, 0);
-    else m2d_cpu_parallel_for(be, ((j.by_cols ? in : n) + j.blk - 1) / j.blk, dx_item, &j);
-    free(dyr);
-    free(wround);
+    j.by_cols = in >= 128;
+    j.blk = fixed_block(j.by_cols ? in : n);
+    int total = j.by_cols ? in : n;
+    m2d_cpu_parallel_for(be, (total + j.blk - 1) / j.blk, dx_item, &j);
 }
 
 /* dw[out, in] = dy^T · x + beta dw, one block of rows of dw */
@@ -139,26 +97,135 @@ static void dw_item(void *ctx, int item) {
                 j->beta, j->out + (size_t)a * j->ldo, j->ldo);
 }
 
-/* BF16: dy and x rounded once */
+static void dw_fp32(m2d_backend *be, const m2d_mat *dy, const m2d_mat *x, m2d_mat *dw, float beta) {
+    int n = dy->rows, outd = dy->cols, in = x->cols;
+    bwd_gemm j = {F(dy), NULL, F(x), F(dw), beta, n, in, outd, dy->ld, x->ld, dw->ld, outd, 0};
+    if (2.0 * n * outd * in >= GEMM_SERIAL_FLOPS) j.blk = fixed_block(outd);
+    m2d_cpu_parallel_for(be, (outd + j.blk - 1) / j.blk, dw_item, &j);
+}
+
+/* ---- GEMMs on bf16 operands: the GEMM module's Y = X·Wᵀ (oneDNN where the CPU has native bf16)
+ * on transposed operands. It rounds X and W to bf16 itself (W as stored when already bf16); its
+ * slices are fixed by the shape, so the results do not depend on the thread count. ---- */
+
+#define T_TILE 32 /* square tiles of a transpose: rows and columns of one pool item */
+
+typedef struct {
+    const float *x;
+    int ld, rows, cols;
+    float *f32;     /* out [cols, rows]: fp32 */
+    uint16_t *bf16; /* or bf16 bits (rounded to nearest even) */
+} transpose_job;
+
+static void transpose_item(void *ctx, int item) {
+    const transpose_job *j = ctx;
+    int tiles_c = (j->cols + T_TILE - 1) / T_TILE;
+    int r0 = item / tiles_c * T_TILE, c0 = item % tiles_c * T_TILE;
+    int r1 = M2D_MIN(r0 + T_TILE, j->rows), c1 = M2D_MIN(c0 + T_TILE, j->cols);
+    for (int c = c0; c < c1; c++)
+        for (int r = r0; r < r1; r++) {
+            float v = j->x[(size_t)r * j->ld + c];
+            size_t at = (size_t)c * j->rows + r;
+            if (j->bf16) j->bf16[at] = m2d_f32_to_bf16(v);
+            else j->f32[at] = v;
+        }
+}
+
+/* X's rows x cols window (stride LD) transposed into OUT [cols, rows]: fp32 (F32) or bf16 (BF16) */
+static void transpose(m2d_backend *be, const float *x, int ld, int rows, int cols, float *f32, uint16_t *bf16) {
+    transpose_job j = {x, ld, rows, cols, f32, bf16};
+    int items = ((rows + T_TILE - 1) / T_TILE) * ((cols + T_TILE - 1) / T_TILE);
+    m2d_cpu_parallel_for(be, items, transpose_item, &j);
+}
+
+/* The weights' bf16 transposes (Wᵀ [in, out], dx's operand), made at a weight's first dx of a
+ * step and kept until AdamW changes the weights or the step's enter/leave bracket ends (no write to
+ * a weight happens between: m2d_cpu_train_state_free): one transpose a step serves every
+ * micro-batch and every row block of the LM head. Outside a bracket nothing is kept. */
+typedef struct {
+    const m2d_weight *w;
+    uint16_t *t;
+} wt_entry;
+
+typedef struct {
+    wt_entry *e;
+    int n, cap;
+} wt_cache;
+
+void m2d_cpu_train_state_free(m2d_backend *be) {
+    void **slot = m2d_cpu_train_state(be);
+    wt_cache *c = slot ? *slot : NULL;
+    if (!c) return;
+    for (int i = 0; i < c->n; i++) free(c->e[i].t);
+    free(c->e);
+    free(c);
+    *slot = NULL;
+}
+
+/* Wᵀ in bf16 for W's OUT x IN fp32 rows WR; *OWNED: the caller frees it (outside a bracket) */
+static const uint16_t *weight_t_bf16(m2d_backend *be, const m2d_weight *w, const float *wr, int outd, int in,
+                                     uint16_t **owned) {
+    wt_cache **slot = (wt_cache **)m2d_cpu_train_state(be);
+    if (slot && !*slot) *slot = m2d_calloc(1, sizeof **slot);
+    wt_cache *c = slot ? *slot : NULL;
+    for (int i = 0; c && i < c->n; i++)
+        if (c->e[i].w == w) return c->e[i].t;
+    uint16_t *t = m2d_malloc(sizeof(uint16_t) * (size_t)outd * in);
+    transpose(be, wr, in, outd, in, NULL, t);
+    if (!c) return *owned = t;
+    if (c->n == c->cap) c->e = m2d_realloc(c->e, sizeof *c->e * (size_t)(c->cap = c->cap ? 2 * c->cap : 64));
+    c->e[c->n++] = (wt_entry){w, t};
+    return t;
+}
+
+/* dx = dy · W = dy · (Wᵀ)ᵀ: X = dy, the module's weight Wᵀ [in, out] */
+static void dx_bf16(m2d_backend *be, const m2d_mat *dy, const m2d_weight *w, const float *wr, m2d_mat *dx, float beta) {
+    int n = dy->rows, outd = dy->cols, in = dx->cols;
+    uint16_t *owned = NULL;
+    m2d_gemm_w wt = m2d_gemm_weight(M2D_BF16, weight_t_bf16(be, w, wr, outd, in, &owned), in, outd, outd);
+    if (m2d_gemm(m2d_cpu_gemm(be, M2D_PREC_BF16), F(dy), dy->ld, n, &wt, F(dx), dx->ld, beta)) m2d_cpu_fail(be);
+    free(owned);
+}
+
+/* dW = dyᵀ · x: X = dyᵀ [out, n], the module's weight xᵀ [in, n] */
+static void dw_bf16(m2d_backend *be, const m2d_mat *dy, const m2d_mat *x, m2d_mat *dw, float beta) {
+    int n = dy->rows, outd = dy->cols, in = x->cols;
+    float *dyt = m2d_malloc(sizeof(float) * (size_t)outd * n);
+    uint16_t *xt = m2d_malloc(sizeof(uint16_t) * (size_t)in * n);
+    transpose(be, F(dy), dy->ld, n, outd, dyt, NULL);
+    transpose(be, F(x), x->ld, n, in, NULL, xt);
+    m2d_gemm_w wt = m2d_gemm_weight(M2D_BF16, xt, in, n, n);
+    if (m2d_gemm(m2d_cpu_gemm(be, M2D_PREC_BF16), dyt, n, outd, &wt, F(dw), dw->ld, beta)) m2d_cpu_fail(be);
+    free(dyt);
+    free(xt);
+}
+
+/* dx = beta dx or dw = beta dw when the product has no terms */
+static void scale_mat(m2d_mat *y, float beta) {
+    for (int r = 0; r < y->rows; r++)
+        for (int c = 0; c < y->cols; c++) F(y)[(size_t)r * y->ld + c] *= beta;
+}
+
+static void cpu_gemm_dx(m2d_backend *be, const m2d_mat *dy, const m2d_weight *w, m2d_mat *dx, float beta,
+                        m2d_precision prec) {
+    int n = dy->rows, outd = dy->cols, in = dx->cols;
+    if (n <= 0 || in <= 0 || m2d_cpu_failed(be)) return;
+    if (outd <= 0) {
+        scale_mat(dx, beta);
+        return;
+    }
+    const float *wr = m2d_cpu_weight_rows(be, w, 0, (int64_t)outd * in);
+    if (prec == M2D_PREC_BF16) dx_bf16(be, dy, w, wr, dx, beta);
+    else dx_fp32(be, dy, wr, dx, beta);
+}
+
 static void cpu_gemm_dw(m2d_backend *be, const m2d_mat *dy, const m2d_mat *x, m2d_mat *dw, float beta,
                         m2d_precision prec) {
     int n = dy->rows, outd = dy->cols, in = x->cols;
-    if (outd <= 0 || in <= 0) return;
-    if (n <= 0) { /* no rows: dw = beta dw */
-        for (int r = 0; r < outd; r++)
-            for (int c = 0; c < in; c++) F(dw)[(size_t)r * dw->ld + c] *= beta;
-        return;
-    }
-    bwd_gemm j = {F(dy), NULL, F(x), F(dw), beta, n, in, outd, dy->ld, 0, x->ld, dw->ld, outd, 0, 0};
-    float *dyr = NULL, *xr = NULL;
-    if (prec == M2D_PREC_BF16) {
-        j.dy = dyr = rounded_copy(be, F(dy), dy->ld, n, outd), j.lddy = outd;
-        j.x = xr = rounded_copy(be, F(x), x->ld, n, in), j.ldx = in;
-    }
-    if (2.0 * n * outd * in >= GEMM_SERIAL_FLOPS) j.blk = fixed_block(outd);
-    m2d_cpu_parallel_for(be, (outd + j.blk - 1) / j.blk, dw_item, &j);
-    free(dyr);
-    free(xr);
+    if (outd <= 0 || in <= 0 || m2d_cpu_failed(be)) return;
+    if (n <= 0) scale_mat(dw, beta);
+    else if (prec == M2D_PREC_BF16) dw_bf16(be, dy, x, dw, beta);
+    else dw_fp32(be, dy, x, dw, beta);
 }
 
 /* ---- RMSNorm ---- */
@@ -526,6 +593,7 @@ static void adamw_item(void *ctx, int item) {
 
 static void cpu_adamw(m2d_backend *be, m2d_buf *p, const m2d_buf *g, m2d_buf *m, m2d_buf *v, size_t off, size_t n,
                       const m2d_adamw_args *a) {
+    m2d_cpu_train_state_free(be); /* the weights change: their bf16 transposes are stale */
     double bc1 = 1.0 - pow(a->beta1, a->step), bc2 = 1.0 - pow(a->beta2, a->step);
     adamw_job j = {(float *)m2d_cpu_ptr(p) + off, (float *)m2d_cpu_ptr(m) + off, (float *)m2d_cpu_ptr(v) + off,
                    (const float *)m2d_cpu_ptr(g) + off, n,
