@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "engine/backend.h"
+#include "engine/blas_core.h"
 #include "engine/engine.h"
 #include "engine/gemm.h"
 #include "engine/pool.h"
@@ -229,7 +230,7 @@ static double spawn_rate(const char *self, const char *dir, const char *mode, in
 static int precision_mode(const char *self, int quick) {
     double y32 = yardstick_gemm_peak(M2D_PREC_FP32), y16 = yardstick_gemm_peak(M2D_PREC_BF16);
     printf("yardsticks (GEMM module, 2048^3, W bf16, 2 threads, %s): fp32 %.0f GFLOP/s, bf16 %.0f GFLOP/s "
-           "(OpenBLAS sgemm %.0f)\n\n", m2d_gemm_isa_name(), y32, y16, sgemm_peak(2048, 2));
+           "(OpenBLAS sgemm %.0f, %s kernels)\n\n", m2d_gemm_isa_name(), y32, y16, sgemm_peak(2048, 2), m2d_blas_core());
     printf("| model | mode | fp32 tok/s | bf16 tok/s | bf16 / fp32 | fp32 of its yardstick now | bf16 of its yardstick now | "
            "RSS MB fp32 / bf16 |\n|---|---|---:|---:|---:|---:|---:|---:|\n");
     fflush(stdout);

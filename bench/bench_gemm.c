@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "engine/backend.h"
+#include "engine/blas_core.h"
 #include "engine/gemm.h"
 #include "base/util.h"
 
@@ -385,9 +386,10 @@ static void cpu_line(void) {
     char *c = strchr(line, ':');
     printf("CPU: %s", c ? c + 2 : line);
     const dnnl_version_t *v = dnnl_version();
-    printf("oneDNN %d.%d.%d (CPU runtime %s), effective ISA %s, bf16 native: %s; %d threads\n\n", v->major, v->minor,
-           v->patch, v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : v->cpu_runtime == DNNL_RUNTIME_TBB ? "TBB" : "other",
-           m2d_gemm_isa_name(), m2d_gemm_bf16_native() ? "yes" : "no", THREADS);
+    printf("oneDNN %d.%d.%d (CPU runtime %s), effective ISA %s, bf16 native: %s; OpenBLAS kernels %s; %d threads\n\n",
+           v->major, v->minor, v->patch,
+           v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : v->cpu_runtime == DNNL_RUNTIME_TBB ? "TBB" : "other",
+           m2d_gemm_isa_name(), m2d_gemm_bf16_native() ? "yes" : "no", m2d_blas_core(), THREADS);
 }
 
 static const bench_shape shapes[] = {
