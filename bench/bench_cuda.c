@@ -291,15 +291,15 @@ static void model_rows(const char *dir, const char *label, double peak) {
 }
 
 /* Distillation on the GPU: optimizer steps of the dense slice STUDENT from the MoE slice TEACHER
- * (its forward and LM head at bf16; the student's forward, backward and AdamW in fp32, as distill
- * runs them), one window of L tokens a step: the mean of 3 steps after a warm-up one (a step is
- * synchronous: the loss comes back to the host). `tools/distill_ref.py --bench --device cuda
- * --teacher-dtype bf16 --attn sdpa` times the same step in PyTorch (tools/gpu_run.sh). */
-static void distill_row(const char *teacher_dir, const char *student_dir, int L) {
+ * (its forward and LM head at bf16; the student's GEMMs at STUDENT_PREC, its AdamW in fp32, as
+ * distill runs them), one window of L tokens a step: the mean of 3 steps after a warm-up one (a
+ * step is synchronous: the loss comes back to the host). `tools/distill_ref.py --bench --device
+ * cuda --teacher-dtype bf16 --attn sdpa` times the same step in PyTorch (tools/gpu_run.sh). */
+static void distill_row(const char *teacher_dir, const char *student_dir, int L, m2d_precision student_prec) {
     m2d_model *t = NULL, *s = NULL;
     m2d_trainer *tr = NULL;
     m2d_trainer_opts o = {.seq_len = L, .batch = 1, .loss = M2D_LOSS_FKL, .backend = "cuda",
-                          .precision = M2D_PREC_BF16};
+                          .precision = M2D_PREC_BF16, .train_precision = student_prec};
     m2d_optim_defaults(&o.optim);
     o.optim.steps = 4;
     if (m2d_model_open(teacher_dir, &t) || m2d_model_open(student_dir, &s) || m2d_trainer_new(t, s, &o, &tr)) {
@@ -321,9 +321,9 @@ static void distill_row(const char *teacher_dir, const char *student_dir, int L)
         }
         if (rc) fprintf(stderr, "bench_cuda: distill: %s\n", m2d_errmsg());
         else
-            printf("\n| distillation step (L = %d, 1 window, teacher bf16, student fp32) | %.1f ms | %.0f tokens/s | "
+            printf("\n| distillation step (L = %d, 1 window, teacher bf16, student %s) | %.1f ms | %.0f tokens/s | "
                    "teacher forward %.1f ms | peak host RSS %.2f GB |\n",
-                   L, (m2d_now() - t0) / 3 * 1e3, 3 * L / (m2d_now() - t0), teacher / 3 * 1e3, m2d_peak_rss() / 1e9);
+                   L, m2d_precision_name(student_prec), (m2d_now() - t0) / 3 * 1e3, 3 * L / (m2d_now() - t0), teacher / 3 * 1e3, m2d_peak_rss() / 1e9);
         free(tok);
     }
     m2d_trainer_free(tr);
@@ -390,7 +390,8 @@ int main(int argc, char **argv) {
     const char *only = getenv("BENCH_ONLY"); /* "moe": the MoE slice alone (a short GPU call) */
     if (!(only && strcmp(only, "moe") == 0) && write_slice(dense, 0) == 0) {
         model_rows(dense, "dense student K=8", peak);
-        distill_row(moe, dense, 512);
+        distill_row(moe, dense, 512, M2D_PREC_FP32);
+        distill_row(moe, dense, 512, M2D_PREC_BF16); /* --train-precision bf16: tensor cores */
     }
     printf("\ncheckpoints: %s (tools/bench_hf_gpu.py %s %s)\n", root, moe, dense);
     free(moe);

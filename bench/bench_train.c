@@ -7,7 +7,8 @@
  * FLOPs counted per token: the teacher's forward (attention projections, the k routed experts,
  * the router, causal attention) and its LM head (the KD loss computes the teacher's logits), and
  * 3x the student's forward (forward + backward) including its LM head and causal attention. Rows:
- * the step, with --recompute, and with the student's GEMMs on bf16 operands (--train-precision).
+ * the step, with --recompute, and with the student's GEMMs on bf16 operands (--train-precision);
+ * then the training GEMMs alone at a real student's shapes, fp32 against bf16.
  * Env: M2D_MODELS (default ../shared/models), BENCH_STEPS, BENCH_THREADS (default: all cores). */
 #include <cblas.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@
 #include "base/util.h"
 #include "calib/calib.h"
 #include "convert/convert.h"
+#include "engine/backend.h"
 #include "model/model.h"
 #include "train/trainer.h"
 
@@ -96,6 +98,63 @@ static double time_steps(const m2d_model *t, const m2d_model *s, m2d_trainer_opt
     return med;
 }
 
+/* best of 3 seconds of each of a projection's three training GEMMs (forward y = x W^T, dx, dW) for
+ * N rows of IN -> OUT at PREC, on the backend's ops (weights: a training view) */
+static void gemm_times(m2d_backend *be, int n, int in, int out, m2d_precision prec, double best[3]) {
+    const m2d_backend_train_ops *tr = be->ops->train;
+    size_t nw = (size_t)out * in, nx = (size_t)n * in, ny = (size_t)n * out, big = M2D_MAX(nw, M2D_MAX(nx, ny));
+    float *h = m2d_malloc(sizeof(float) * big);
+    uint64_t st = 3;
+    for (size_t i = 0; i < big; i++) h[i] = (float)m2d_rand_normal(&st) * 0.05f;
+    m2d_buf *wb = be->ops->alloc(be, nw * 4), *xb = be->ops->alloc(be, nx * 4), *yb = be->ops->alloc(be, ny * 4);
+    m2d_buf *dxb = be->ops->alloc(be, nx * 4), *dwb = be->ops->alloc(be, nw * 4);
+    be->ops->upload(be, wb, 0, h, nw * 4), be->ops->upload(be, xb, 0, h, nx * 4), be->ops->upload(be, yb, 0, h, ny * 4);
+    m2d_weight *w = tr->weight_view(be, wb, 0, out, in);
+    m2d_mat X = m2d_mat_of(xb, 0, n, in, in), Y = m2d_mat_of(yb, 0, n, out, out);
+    m2d_mat DX = m2d_mat_of(dxb, 0, n, in, in), DW = m2d_mat_of(dwb, 0, out, in, in);
+    best[0] = best[1] = best[2] = 1e300;
+    for (int rep = 0; rep < 3; rep++) {
+        be->ops->enter(be); /* one step's bracket: a bf16 weight's transpose is made in it, as in a step */
+        double t[4];
+        t[0] = m2d_now();
+        be->ops->gemm(be, &X, w, 0, &Y, 0.0f, prec);
+        t[1] = m2d_now();
+        tr->gemm_dx(be, &Y, w, &DX, 0.0f, prec);
+        t[2] = m2d_now();
+        tr->gemm_dw(be, &Y, &X, &DW, 1.0f, prec);
+        t[3] = m2d_now();
+        if (be->ops->leave(be)) fprintf(stderr, "bench_train: %s\n", m2d_errmsg());
+        for (int k = 0; k < 3; k++) best[k] = M2D_MIN(best[k], t[k + 1] - t[k]);
+    }
+    be->ops->weight_free(be, w);
+    m2d_buf *all[] = {wb, xb, yb, dxb, dwb};
+    for (int i = 0; i < 5; i++) be->ops->release(be, all[i]);
+    free(h);
+}
+
+/* The student's training GEMMs at Qwen3-30B-A3B's K = 8 shapes (d = 2048, F = 6144; 2,048 rows: a
+ * micro-batch of 4 x 512), fp32 against bf16 operands, in GFLOP/s (a step does each once per
+ * micro-batch and projection; the dx of bf16 includes the weight's transpose, made once a step) */
+static void train_gemms(int threads) {
+    m2d_backend_opts bo = {.n_threads = threads};
+    m2d_backend *be;
+    if (m2d_backend_new("cpu", &bo, &be)) return;
+    const int shapes[][2] = {{2048, 6144}, {6144, 2048}, {2048, 4096}};
+    printf("\ntraining GEMMs, 2048 rows (GFLOP/s; forward y = x W^T, dx = dy W, dW += dy^T x):\n");
+    printf("| in -> out | fp32 forward | fp32 dx | fp32 dW | bf16 forward | bf16 dx | bf16 dW | bf16 / fp32 (all three) |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        int in = shapes[i][0], out = shapes[i][1], n = 2048;
+        double f = 2.0 * n * in * out * 1e-9, t32[3], t16[3];
+        gemm_times(be, n, in, out, M2D_PREC_FP32, t32);
+        gemm_times(be, n, in, out, M2D_PREC_BF16, t16);
+        printf("| %d -> %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.2fx |\n", in, out, f / t32[0], f / t32[1],
+               f / t32[2], f / t16[0], f / t16[1], f / t16[2], (t32[0] + t32[1] + t32[2]) / (t16[0] + t16[1] + t16[2]));
+        fflush(stdout);
+    }
+    m2d_backend_free(be);
+}
+
 int main(void) {
     const char *models = getenv("M2D_MODELS") ? getenv("M2D_MODELS") : "../shared/models";
     int steps = getenv("BENCH_STEPS") ? atoi(getenv("BENCH_STEPS")) : 3;
@@ -143,6 +202,7 @@ int main(void) {
                rows[row], sec, tokens / sec, gf, 100 * gf / peak);
     }
     printf("%-36s %10.1f MB\n", "peak RSS (process)", m2d_peak_rss() / 1048576.0);
+    train_gemms(threads);
     free(tok);
     m2d_convert_student_free(s);
     m2d_model_close(t);

@@ -211,6 +211,23 @@ static char *stopped_run(const char *name) {
     return out;
 }
 
+/* A --resume of OUT, a checkpoint of an fp32 run, with the teacher (other KD targets) or the
+ * student in bf16 is refused, naming the identity's field. */
+static void precisions_refused(const char *out) {
+    for (int student = 0; student < 2; student++) {
+        m2d_distill_result r;
+        m2d_distill_opts o = base_opts(out, NULL);
+        o.resume = true;
+        if (student) o.train.train_precision = M2D_PREC_BF16;
+        else o.train.precision = M2D_PREC_BF16;
+        assert_int_equal(m2d_distill_run(&o, &r), -1);
+        char *want = m2d_strfmt("field 'identity.%s': the checkpoint's run had fp32, this run has bf16",
+                                student ? "train_precision" : "precision");
+        if (!strstr(m2d_errmsg(), want)) fail_msg("%s", m2d_errmsg());
+        free(want);
+    }
+}
+
 static void resume_refuses_another_run(void **state) {
     (void)state;
     char *out = stopped_run("c");
@@ -220,18 +237,7 @@ static void resume_refuses_another_run(void **state) {
     o.train.optim.lr = 1e-3;
     assert_int_equal(m2d_distill_run(&o, &r), -1);
     assert_non_null(strstr(m2d_errmsg(), "identity.lr"));
-    o = base_opts(out, NULL); /* the teacher in another precision: other KD targets */
-    o.resume = true;
-    o.train.precision = M2D_PREC_BF16;
-    assert_int_equal(m2d_distill_run(&o, &r), -1);
-    if (!strstr(m2d_errmsg(), "field 'identity.precision': the checkpoint's run had fp32, this run has bf16"))
-        fail_msg("%s", m2d_errmsg());
-    o = base_opts(out, NULL); /* the student in another precision */
-    o.resume = true;
-    o.train.train_precision = M2D_PREC_BF16;
-    assert_int_equal(m2d_distill_run(&o, &r), -1);
-    if (!strstr(m2d_errmsg(), "field 'identity.train_precision': the checkpoint's run had fp32, this run has bf16"))
-        fail_msg("%s", m2d_errmsg());
+    precisions_refused(out); /* the teacher's or the student's precision changed */
     o = base_opts(out, NULL); /* a fresh run into an unfinished one */
     assert_int_equal(m2d_distill_run(&o, &r), -1);
     assert_non_null(strstr(m2d_errmsg(), "--resume"));
@@ -306,18 +312,7 @@ static void legacy_checkpoint_means_fp32(void **state) {
     cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(st, "identity"), "train_precision");
     char *text = cJSON_Print(st), *path = m2d_path_join(out, "train-state/state.json");
     tu_write(path, text, strlen(text));
-    o = base_opts(out, NULL);
-    o.resume = true;
-    o.train.precision = M2D_PREC_BF16;
-    assert_int_equal(m2d_distill_run(&o, &r), -1);
-    if (!strstr(m2d_errmsg(), "field 'identity.precision': the checkpoint's run had fp32, this run has bf16"))
-        fail_msg("%s", m2d_errmsg());
-    o = base_opts(out, NULL); /* the student in another precision */
-    o.resume = true;
-    o.train.train_precision = M2D_PREC_BF16;
-    assert_int_equal(m2d_distill_run(&o, &r), -1);
-    if (!strstr(m2d_errmsg(), "field 'identity.train_precision': the checkpoint's run had fp32, this run has bf16"))
-        fail_msg("%s", m2d_errmsg());
+    precisions_refused(out);
     o = base_opts(out, NULL);
     o.resume = true;
     if (m2d_distill_run(&o, &r)) fail_msg("%s", m2d_errmsg());

@@ -241,7 +241,7 @@ static void parts_open(parts *x, m2d_model *teacher, m2d_model *student, m2d_los
     if (m2d_backend_new("cpu", &bo, &x->be) || m2d_engine_new(teacher, 2, &x->te) ||
         m2d_train_params_new(student, x->be, &x->p))
         fail_msg("%s", m2d_errmsg());
-    m2d_net_opts no = {L, NSEQ, false};
+    m2d_net_opts no = {.seq_len = L, .max_seqs = NSEQ};
     if (m2d_net_new(&student->cfg, x->p, &no, &x->net) ||
         m2d_kd_new(teacher, x->te, &student->cfg, x->net, x->p, NSEQ * L, kind, 0.7, norm, &x->kd))
         fail_msg("%s", m2d_errmsg());

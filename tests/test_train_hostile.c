@@ -240,19 +240,19 @@ static void memory_of_a_device_student(void **state) {
     assert_true(host.activations > 0 && host.logits > 0 && dev.logits == 0);
     assert_true(dev.activations == 4.0 * o.seq_len * t->cfg.hidden_size); /* one window's teacher hidden states */
     assert_true(dev.teacher == host.teacher && dev.total == dev.student + dev.teacher + dev.activations);
-    /* --train-precision bf16 on the host: the rounded GEMM operands (a logit block, one GEMM's x and
-     * dy, a 128-column LM head block per thread) beside the KD logits; none on the device */
+    /* --train-precision bf16 on the host: the weights' bf16 transposes (2 bytes a parameter) and one
+     * GEMM's transposed operands (an LM head block or a layer's); none of it on the device */
     m2d_trainer_opts ob = o;
-    ob.backend = NULL, ob.train_precision = M2D_PREC_BF16, ob.threads = 3;
+    ob.backend = NULL, ob.train_precision = M2D_PREC_BF16;
     m2d_distill_memory hb;
     m2d_distill_memory_estimate(&t->cfg, &s->cfg, P, &ob, 1e12, &hb);
-    double R = (double)o.batch * o.seq_len, V = s->cfg.vocab_size;
-    double extra = fmin(R, 128.0 * 1024 * 1024 / (4 * V)) * 4 * V + 4 * R * (s->cfg.hidden_size + s->cfg.intermediate_size) +
-                   3 * 4.0 * V * 128;
+    double R = (double)o.batch * o.seq_len, V = s->cfg.vocab_size, w = fmax(s->cfg.hidden_size, s->cfg.intermediate_size);
+    double extra = 6 * fmax(fmin(R, 128.0 * 1024 * 1024 / (4 * V)) * V, R * w) + 2 * R * w;
+    assert_true(hb.student == host.student + 2.0 * P);
     assert_true(fabs(hb.logits - host.logits - extra) <= 1e-12 * hb.logits);
     ob.backend = "fakegpu:1";
     m2d_distill_memory_estimate(&t->cfg, &s->cfg, P, &ob, 1e12, &hb);
-    assert_true(hb.logits == 0);
+    assert_true(hb.logits == 0 && hb.student == dev.student);
     for (int i = 0; i < 2; i++) { /* the CPU named, and a backend name this build lacks: the host */
         o.backend = i ? "tpu" : "cpu";
         m2d_distill_memory_estimate(&t->cfg, &s->cfg, P, &o, 1e12, &dev);

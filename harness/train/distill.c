@@ -116,10 +116,14 @@ void m2d_distill_memory_estimate(const m2d_config *t, const m2d_config *s, int64
                                   : 4 * R * (n * (4 * d + 3 * q + 3 * kv + 3 * F + clip) + 5 * d + 2 * q + 2 * kv + 2 * F + dt);
     if (o->loss == M2D_LOSS_FKL_MSE) m->activations += 4 * R * n * dt;
     m->logits = 2 * M2D_MIN(R, 128.0 * 1024 * 1024 / (4 * V)) * 4 * V;
-    if (o->train_precision == M2D_PREC_BF16) /* the rounded copies of a GEMM's operands (backend_cpu_train.c):
-                                              * a logit block, one GEMM's x and dy, a thread's head block */
-        m->logits += M2D_MIN(R, 128.0 * 1024 * 1024 / (4 * V)) * 4 * V + 4 * R * (d + F) +
-                     (o->threads > 0 ? o->threads : m2d_default_threads()) * 4.0 * V * 128;
+    /* a bf16 student on the host (backend_cpu_train.c): the weights' bf16 transposes (kept for a step), one
+     * GEMM's transposed dy (fp32, and its bf16 copy in the GEMM module) and x (bf16): an LM head block or a
+     * layer's */
+    if (o->train_precision == M2D_PREC_BF16 && on_host) {
+        double w = M2D_MAX(d, F), rows = M2D_MIN(R, 128.0 * 1024 * 1024 / (4 * V));
+        m->student += 2 * P;
+        m->logits += 6 * M2D_MAX(rows * V, R * w) + 2 * R * w;
+    }
     if (!on_host) m->activations = 4.0 * o->seq_len * dt * (o->loss == M2D_LOSS_FKL_MSE ? 1 + n : 1), m->logits = 0;
     m->total = m->student + m->teacher + m->activations + m->logits;
 }
