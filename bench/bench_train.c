@@ -98,9 +98,12 @@ static double time_steps(const m2d_model *t, const m2d_model *s, m2d_trainer_opt
     return med;
 }
 
-/* best of 3 seconds of each of a projection's three training GEMMs (forward y = x W^T, dx, dW) for
- * N rows of IN -> OUT at PREC, on the backend's ops (weights: a training view) */
-static void gemm_times(m2d_backend *be, int n, int in, int out, m2d_precision prec, double best[3]) {
+/* best of 3 seconds of each of a projection's training GEMMs for N rows of IN -> OUT at PREC, on the
+ * backend's ops (weights: a training view), each round in one enter/leave bracket as a step is:
+ * [0] forward y = x W^T, [1] dx = dy W (the bracket's first: a bf16 weight's transpose is made in
+ * it), [2] dW += dy^T x, [3] dx again (the transpose kept: every later micro-batch and LM head
+ * block of a step) */
+static void gemm_times(m2d_backend *be, int n, int in, int out, m2d_precision prec, double best[4]) {
     const m2d_backend_train_ops *tr = be->ops->train;
     size_t nw = (size_t)out * in, nx = (size_t)n * in, ny = (size_t)n * out, big = M2D_MAX(nw, M2D_MAX(nx, ny));
     float *h = m2d_malloc(sizeof(float) * big);
@@ -109,13 +112,14 @@ static void gemm_times(m2d_backend *be, int n, int in, int out, m2d_precision pr
     m2d_buf *wb = be->ops->alloc(be, nw * 4), *xb = be->ops->alloc(be, nx * 4), *yb = be->ops->alloc(be, ny * 4);
     m2d_buf *dxb = be->ops->alloc(be, nx * 4), *dwb = be->ops->alloc(be, nw * 4);
     be->ops->upload(be, wb, 0, h, nw * 4), be->ops->upload(be, xb, 0, h, nx * 4), be->ops->upload(be, yb, 0, h, ny * 4);
+    be->ops->upload(be, dwb, 0, h, nw * 4);
     m2d_weight *w = tr->weight_view(be, wb, 0, out, in);
     m2d_mat X = m2d_mat_of(xb, 0, n, in, in), Y = m2d_mat_of(yb, 0, n, out, out);
     m2d_mat DX = m2d_mat_of(dxb, 0, n, in, in), DW = m2d_mat_of(dwb, 0, out, in, in);
-    best[0] = best[1] = best[2] = 1e300;
+    best[0] = best[1] = best[2] = best[3] = 1e300;
     for (int rep = 0; rep < 3; rep++) {
-        be->ops->enter(be); /* one step's bracket: a bf16 weight's transpose is made in it, as in a step */
-        double t[4];
+        be->ops->enter(be);
+        double t[5];
         t[0] = m2d_now();
         be->ops->gemm(be, &X, w, 0, &Y, 0.0f, prec);
         t[1] = m2d_now();
@@ -123,8 +127,10 @@ static void gemm_times(m2d_backend *be, int n, int in, int out, m2d_precision pr
         t[2] = m2d_now();
         tr->gemm_dw(be, &Y, &X, &DW, 1.0f, prec);
         t[3] = m2d_now();
+        tr->gemm_dx(be, &Y, w, &DX, 0.0f, prec);
+        t[4] = m2d_now();
         if (be->ops->leave(be)) fprintf(stderr, "bench_train: %s\n", m2d_errmsg());
-        for (int k = 0; k < 3; k++) best[k] = M2D_MIN(best[k], t[k + 1] - t[k]);
+        for (int k = 0; k < 4; k++) best[k] = M2D_MIN(best[k], t[k + 1] - t[k]);
     }
     be->ops->weight_free(be, w);
     m2d_buf *all[] = {wb, xb, yb, dxb, dwb};
@@ -133,23 +139,24 @@ static void gemm_times(m2d_backend *be, int n, int in, int out, m2d_precision pr
 }
 
 /* The student's training GEMMs at Qwen3-30B-A3B's K = 8 shapes (d = 2048, F = 6144; 2,048 rows: a
- * micro-batch of 4 x 512), fp32 against bf16 operands, in GFLOP/s (a step does each once per
- * micro-batch and projection; the dx of bf16 includes the weight's transpose, made once a step) */
+ * micro-batch of 4 x 512; the LM head in the KD loss's row blocks of 128 MiB of logits: 220 rows of
+ * 151,936), fp32 against bf16 operands, in GFLOP/s; dx is the steady one (bf16: the weight's
+ * transpose made once a step, its time beside) */
 static void train_gemms(int threads) {
     m2d_backend_opts bo = {.n_threads = threads};
     m2d_backend *be;
     if (m2d_backend_new("cpu", &bo, &be)) return;
-    const int shapes[][2] = {{2048, 6144}, {6144, 2048}, {2048, 4096}};
-    printf("\ntraining GEMMs, 2048 rows (GFLOP/s; forward y = x W^T, dx = dy W, dW += dy^T x):\n");
-    printf("| in -> out | fp32 forward | fp32 dx | fp32 dW | bf16 forward | bf16 dx | bf16 dW | bf16 / fp32 (all three) |\n");
-    printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    const int shapes[][3] = {{2048, 2048, 6144}, {2048, 6144, 2048}, {2048, 2048, 4096}, {220, 2048, 151936}};
+    printf("\ntraining GEMMs (GFLOP/s; forward y = x W^T, dx = dy W, dW += dy^T x):\n");
+    printf("| rows x in -> out | fp32 forward | fp32 dx | fp32 dW | bf16 forward | bf16 dx | bf16 dW | bf16 W^T (once a step) "
+           "| bf16 / fp32 (the three) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
-        int in = shapes[i][0], out = shapes[i][1], n = 2048;
-        double f = 2.0 * n * in * out * 1e-9, t32[3], t16[3];
-        gemm_times(be, n, in, out, M2D_PREC_FP32, t32);
-        gemm_times(be, n, in, out, M2D_PREC_BF16, t16);
-        printf("| %d -> %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.2fx |\n", in, out, f / t32[0], f / t32[1],
-               f / t32[2], f / t16[0], f / t16[1], f / t16[2], (t32[0] + t32[1] + t32[2]) / (t16[0] + t16[1] + t16[2]));
+        int n = shapes[i][0], in = shapes[i][1], out = shapes[i][2];
+        double f = 2.0 * n * in * out * 1e-9, a[4], b[4];
+        gemm_times(be, n, in, out, M2D_PREC_FP32, a);
+        gemm_times(be, n, in, out, M2D_PREC_BF16, b);
+        printf("| %d x %d -> %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.1f ms | %.2fx |\n", n, in, out, f / a[0],
+               f / a[3], f / a[2], f / b[0], f / b[3], f / b[2], (b[1] - b[3]) * 1e3, (a[0] + a[3] + a[2]) / (b[0] + b[3] + b[2]));
         fflush(stdout);
     }
     m2d_backend_free(be);

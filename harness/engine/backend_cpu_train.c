@@ -117,18 +117,27 @@ typedef struct {
     uint16_t *bf16; /* or bf16 bits (rounded to nearest even) */
 } transpose_job;
 
+/* one T_TILE x T_TILE tile: its rows read (and rounded, 16 lanes at a time) into a local tile, then
+ * written down its columns, each a contiguous run of the output */
 static void transpose_item(void *ctx, int item) {
     const transpose_job *j = ctx;
     int tiles_c = (j->cols + T_TILE - 1) / T_TILE;
     int r0 = item / tiles_c * T_TILE, c0 = item % tiles_c * T_TILE;
-    int r1 = M2D_MIN(r0 + T_TILE, j->rows), c1 = M2D_MIN(c0 + T_TILE, j->cols);
-    for (int c = c0; c < c1; c++)
-        for (int r = r0; r < r1; r++) {
-            float v = j->x[(size_t)r * j->ld + c];
-            size_t at = (size_t)c * j->rows + r;
-            if (j->bf16) j->bf16[at] = m2d_f32_to_bf16(v);
-            else j->f32[at] = v;
+    int nr = M2D_MIN(T_TILE, j->rows - r0), nc = M2D_MIN(T_TILE, j->cols - c0);
+    const float *x = j->x + (size_t)r0 * j->ld + c0;
+    if (j->bf16) {
+        uint16_t t[T_TILE * T_TILE];
+        m2d_bf16_rows(x, j->ld, nr, nc, t);
+        for (int c = 0; c < nc; c++) {
+            uint16_t *o = j->bf16 + (size_t)(c0 + c) * j->rows + r0;
+            for (int r = 0; r < nr; r++) o[r] = t[r * nc + c];
         }
+    } else {
+        for (int c = 0; c < nc; c++) {
+            float *o = j->f32 + (size_t)(c0 + c) * j->rows + r0;
+            for (int r = 0; r < nr; r++) o[r] = x[(size_t)r * j->ld + c];
+        }
+    }
 }
 
 /* X's rows x cols window (stride LD) transposed into OUT [cols, rows]: fp32 (F32) or bf16 (BF16) */
