@@ -276,8 +276,8 @@ EACH_BACKEND(gemm_bf16_backward)
 
 /* A backend may keep derived copies of a weight between ops (the CPU: its bf16 transpose, for a
  * step's micro-batches): AdamW's change of the weights within one enter/leave bracket, and a write
- * between brackets, must reach the next dx. Each dx equals a fresh backend's on the current weights
- * (bit for bit: the same computation). */
+ * between brackets, must reach the next dx; outside a bracket nothing may be kept. Each result
+ * equals a fresh backend's on the current weights (bit for bit: the same computation). */
 static void bf16_dx_follows_the_weights_on(const char *backend) {
     enum { n = 40, in = 96, out = 80 };
     uint64_t st = 5;
@@ -306,6 +306,18 @@ static void bf16_dx_follows_the_weights_on(const char *backend) {
             be->ops->upload(be, wb, 0, w, sizeof w);
         }
     }
+    /* outside any bracket (nothing kept): the same bits as inside one, dx and dW */
+    float x[n * in], dw[out * in], want_dw[out * in];
+    fill(&st, x, n * in, 1);
+    m2d_buf *xb = up(be, x, sizeof x), *dwb = be->ops->alloc(be, sizeof dw);
+    m2d_mat X = mat(xb, n, in), DW = mat(dwb, out, in);
+    tr->gemm_dx(be, &R, wh, &DX, 0.0f, M2D_PREC_BF16);
+    tr->gemm_dw(be, &R, &X, &DW, 0.0f, M2D_PREC_BF16);
+    down(be, dx, dxb, sizeof dx), down(be, dw, dwb, sizeof dw), down(be, wnow, wb, sizeof wnow);
+    gemm_grads_at(backend, 2, M2D_PREC_BF16, n, in, out, x, wnow, r, want, want_dw);
+    assert_memory_equal(dx, want, sizeof dx);
+    assert_memory_equal(dw, want_dw, sizeof dw);
+    be->ops->release(be, xb), be->ops->release(be, dwb);
     be->ops->weight_free(be, wh);
     m2d_buf *all[] = {wb, rb, gb, mb, vb, dxb};
     for (int i = 0; i < 6; i++) be->ops->release(be, all[i]);

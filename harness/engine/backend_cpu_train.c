@@ -147,36 +147,63 @@ static void transpose(m2d_backend *be, const float *x, int ld, int rows, int col
     m2d_cpu_parallel_for(be, items, transpose_item, &j);
 }
 
-/* The weights' bf16 transposes (Wᵀ [in, out], dx's operand), made at a weight's first dx of a
- * step and kept until AdamW changes the weights or the step's enter/leave bracket ends (no write to
- * a weight happens between: m2d_cpu_train_state_free): one transpose a step serves every
- * micro-batch and every row block of the LM head. Outside a bracket nothing is kept. */
+/* The training state of a step (m2d_cpu_train_state), kept from an op to the next until AdamW
+ * changes the weights or the step's enter/leave bracket ends (no write to a weight happens between:
+ * m2d_cpu_train_state_free). Outside a bracket nothing is kept.
+ * - The weights' bf16 transposes (Wᵀ [in, out], dx's operand), made at a weight's first dx: one
+ *   transpose a step serves every micro-batch and every row block of the LM head.
+ * - dW's transposed operands, grow-only: an LM head block's dyᵀ is 128 MiB, whose fresh pages
+ *   would be faulted in at every block. */
 typedef struct {
     const m2d_weight *w;
     uint16_t *t;
 } wt_entry;
 
 typedef struct {
+    void *p;
+    size_t cap; /* bytes */
+} grow_buf;
+
+typedef struct {
     wt_entry *e;
     int n, cap;
-} wt_cache;
+    grow_buf dyt, xt;
+} train_state;
 
 void m2d_cpu_train_state_free(m2d_backend *be) {
     void **slot = m2d_cpu_train_state(be);
-    wt_cache *c = slot ? *slot : NULL;
+    train_state *c = slot ? *slot : NULL;
     if (!c) return;
     for (int i = 0; i < c->n; i++) free(c->e[i].t);
     free(c->e);
+    free(c->dyt.p);
+    free(c->xt.p);
     free(c);
     *slot = NULL;
+}
+
+/* the step's state, or NULL outside a bracket */
+static train_state *state_of(m2d_backend *be) {
+    train_state **slot = (train_state **)m2d_cpu_train_state(be);
+    if (slot && !*slot) *slot = m2d_calloc(1, sizeof **slot);
+    return slot ? *slot : NULL;
+}
+
+/* BYTES of scratch: the step's grow-only B, or (no step: B NULL) a new buffer in *OWNED */
+static void *step_buffer(grow_buf *b, size_t bytes, void **owned) {
+    if (!b) return *owned = m2d_malloc(bytes ? bytes : 1);
+    if (bytes > b->cap) {
+        free(b->p);
+        b->p = m2d_malloc(bytes);
+        b->cap = bytes;
+    }
+    return b->p;
 }
 
 /* Wᵀ in bf16 for W's OUT x IN fp32 rows WR; *OWNED: the caller frees it (outside a bracket) */
 static const uint16_t *weight_t_bf16(m2d_backend *be, const m2d_weight *w, const float *wr, int outd, int in,
                                      uint16_t **owned) {
-    wt_cache **slot = (wt_cache **)m2d_cpu_train_state(be);
-    if (slot && !*slot) *slot = m2d_calloc(1, sizeof **slot);
-    wt_cache *c = slot ? *slot : NULL;
+    train_state *c = state_of(be);
     for (int i = 0; c && i < c->n; i++)
         if (c->e[i].w == w) return c->e[i].t;
     uint16_t *t = m2d_malloc(sizeof(uint16_t) * (size_t)outd * in);
@@ -199,14 +226,16 @@ static void dx_bf16(m2d_backend *be, const m2d_mat *dy, const m2d_weight *w, con
 /* dW = dyᵀ · x: X = dyᵀ [out, n], the module's weight xᵀ [in, n] */
 static void dw_bf16(m2d_backend *be, const m2d_mat *dy, const m2d_mat *x, m2d_mat *dw, float beta) {
     int n = dy->rows, outd = dy->cols, in = x->cols;
-    float *dyt = m2d_malloc(sizeof(float) * (size_t)outd * n);
-    uint16_t *xt = m2d_malloc(sizeof(uint16_t) * (size_t)in * n);
+    train_state *c = state_of(be);
+    void *own_dyt = NULL, *own_xt = NULL;
+    float *dyt = step_buffer(c ? &c->dyt : NULL, sizeof(float) * (size_t)outd * n, &own_dyt);
+    uint16_t *xt = step_buffer(c ? &c->xt : NULL, sizeof(uint16_t) * (size_t)in * n, &own_xt);
     transpose(be, F(dy), dy->ld, n, outd, dyt, NULL);
     transpose(be, F(x), x->ld, n, in, NULL, xt);
     m2d_gemm_w wt = m2d_gemm_weight(M2D_BF16, xt, in, n, n);
     if (m2d_gemm(m2d_cpu_gemm(be, M2D_PREC_BF16), dyt, n, outd, &wt, F(dw), dw->ld, beta)) m2d_cpu_fail(be);
-    free(dyt);
-    free(xt);
+    free(own_dyt);
+    free(own_xt);
 }
 
 /* dx = beta dx or dw = beta dw when the product has no terms */
