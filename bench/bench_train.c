@@ -9,6 +9,7 @@
  * 3x the student's forward (forward + backward) including its LM head and causal attention. Rows:
  * the step, with --recompute, and with the student's GEMMs on bf16 operands (--train-precision);
  * then the training GEMMs alone at a real student's shapes, fp32 against bf16.
+ * `bench_train wide`: a whole step at a real student's widths instead (wide_step below).
  * Env: M2D_MODELS (default ../shared/models), BENCH_STEPS, BENCH_THREADS (default: all cores). */
 #include <cblas.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@
 #include "convert/convert.h"
 #include "engine/backend.h"
 #include "model/model.h"
+#include "testmodel.h"
 #include "train/trainer.h"
 
 static double sgemm_gflops(int n) {
@@ -162,10 +164,68 @@ static void train_gemms(int threads) {
     m2d_backend_free(be);
 }
 
-int main(void) {
+/* A whole KD step at a real student's widths (Qwen3-30B-A3B's K = 8 student: d = 2048, F = 6144,
+ * 32 q / 4 kv heads of 128) with 4 layers and an 8,192-token vocabulary (so that teacher, student
+ * and their training state fit a 24 GB machine: 260 M parameters, 4.2 GB of state), distilled from
+ * itself (a dense teacher: the step's teacher part is one forward of the same model); B = 4 x L =
+ * 512, micro-batches of 2; fp32 against the student's GEMMs in bf16, and the teacher's too; median
+ * of 3 steps after one warm-up. bench_train wide [DIR] (default /tmp/m2d-bench-train-wide, written if absent). */
+static int wide_step(const char *dir, int threads) {
+    if (!m2d_file_exists(dir)) {
+        m2d_testmodel_opts mo;
+        m2d_testmodel_defaults(&mo);
+        mo.moe = false, mo.init_std = 0.02f, mo.dtype = M2D_BF16;
+        mo.vocab_size = 8192, mo.hidden_size = 2048, mo.num_hidden_layers = 4;
+        mo.num_attention_heads = 32, mo.num_key_value_heads = 4, mo.head_dim = 128;
+        mo.intermediate_size = 6144, mo.rope_theta = 1e6, mo.max_position_embeddings = 4096, mo.eos_token_id = 8189;
+        if (m2d_testmodel_write(dir, &mo)) return -1;
+    }
+    m2d_model *t, *s;
+    if (m2d_model_open(dir, &t) || m2d_model_open(dir, &s)) return -1;
+    m2d_trainer_opts o = {.seq_len = 512, .batch = 4, .micro_batch = 2, .loss = M2D_LOSS_FKL, .threads = threads};
+    m2d_optim_defaults(&o.optim);
+    o.optim.steps = 4;
+    int32_t *tok = m2d_malloc(sizeof(int32_t) * 2 * (size_t)o.batch * o.seq_len);
+    uint64_t st = 5;
+    for (int i = 0; i < 2 * o.batch * o.seq_len; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        tok[i] = (int32_t)((st >> 33) % (uint64_t)s->cfg.vocab_size);
+    }
+    /* FLOPs a token: the teacher's forward once and the student's three times, as above */
+    double fpt = 4 * layer_flops(&s->cfg, 3.0 * s->cfg.hidden_size * s->cfg.intermediate_size, o.seq_len) +
+                 4 * 2.0 * s->cfg.vocab_size * s->cfg.hidden_size;
+    double tokens = (double)o.batch * o.seq_len, sec[3];
+    printf("\nwhole KD step at a real student's widths (%s: d %d, F %d, 4 layers, vocab %d; B = %d x L = %d, "
+           "micro-batch %d; %d threads; median of 3):\n", dir, s->cfg.hidden_size, s->cfg.intermediate_size,
+           s->cfg.vocab_size, o.batch, o.seq_len, o.micro_batch, threads);
+    int rc = 0;
+    const char *rows[] = {"step, fp32", "step, --train-precision bf16", "the same, teacher --precision bf16"};
+    for (int p = 0; p < 3 && rc == 0; p++) {
+        o.train_precision = p ? M2D_PREC_BF16 : M2D_PREC_FP32;
+        o.precision = p == 2 ? M2D_PREC_BF16 : M2D_PREC_FP32;
+        sec[p] = time_steps(t, s, o, 3, tok);
+        if (sec[p] < 0) rc = -1;
+        else printf("%-36s %10.3f s/step %8.0f tokens/s %7.1f GFLOP/s\n", rows[p], sec[p], tokens / sec[p],
+                    fpt * tokens / sec[p] * 1e-9);
+    }
+    if (rc == 0)
+        printf("against fp32: %.2fx, %.2fx; peak RSS %.1f MB\n", sec[0] / sec[1], sec[0] / sec[2],
+               m2d_peak_rss() / 1048576.0);
+    free(tok);
+    m2d_model_close(s);
+    m2d_model_close(t);
+    return rc;
+}
+
+int main(int argc, char **argv) {
     const char *models = getenv("M2D_MODELS") ? getenv("M2D_MODELS") : "../shared/models";
     int steps = getenv("BENCH_STEPS") ? atoi(getenv("BENCH_STEPS")) : 3;
     int threads = getenv("BENCH_THREADS") ? atoi(getenv("BENCH_THREADS")) : m2d_default_threads();
+    if (argc > 1 && strcmp(argv[1], "wide") == 0) {
+        if (wide_step(argc > 2 ? argv[2] : "/tmp/m2d-bench-train-wide", threads) == 0) return 0;
+        fprintf(stderr, "bench_train: %s\n", m2d_errmsg());
+        return 1;
+    }
     char *dir = m2d_path_join(models, "tiny-qwen3moe");
     m2d_model *t, *s = NULL;
     if (m2d_model_open(dir, &t)) {

@@ -242,7 +242,7 @@ static int cpu_leave(m2d_backend *be) {
         c->depth--;
         return 0;
     }
-    m2d_cpu_train_state_free(be); /* derived from weights that may change before the next enter */
+    m2d_cpu_train_state_stale(c->train_state); /* the weights may change before the next enter */
     c->depth = 0;
     if (c->blas_saved != 1) openblas_set_num_threads(c->blas_saved);
     if (!c->failed) return 0;
@@ -271,8 +271,7 @@ int m2d_cpu_failed(m2d_backend *be) { return CPU(be)->failed; }
 
 static void cpu_destroy(m2d_backend *be) {
     cpu_be *c = CPU(be);
-    if (c->depth == 0) c->depth = 1; /* freed inside a bracket or not, the state goes */
-    m2d_cpu_train_state_free(be);
+    m2d_cpu_train_state_free(c->train_state);
     for (int i = 0; i < N_WORK; i++) free(c->work[i]);
     cache_free(&c->cache);
     for (int p = 0; p < 2; p++) m2d_gemm_ctx_free(c->gemm[p]);

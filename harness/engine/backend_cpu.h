@@ -25,10 +25,12 @@ void m2d_cpu_fail(m2d_backend *be);
 int m2d_cpu_failed(m2d_backend *be);
 
 extern const m2d_backend_train_ops m2d_cpu_train_ops; /* backend_cpu_train.c */
-/* The training ops' state kept between ops (backend_cpu_train.c: bf16 transposed weights): its
- * slot in the backend, NULL outside an enter/leave bracket (nothing may be kept there), and its
- * release, at the outermost leave and when the backend is freed. */
+/* The training ops' state kept between ops (backend_cpu_train.c: bf16 transposed weights and
+ * scratch): its slot in the backend, NULL outside an enter/leave bracket (nothing derived from the
+ * weights may be used there); marked stale (its memory kept for the next step) at the outermost
+ * leave, and freed with the backend. */
 void **m2d_cpu_train_state(m2d_backend *be);
-void m2d_cpu_train_state_free(m2d_backend *be);
+void m2d_cpu_train_state_stale(void *state);
+void m2d_cpu_train_state_free(void *state);
 
 #endif

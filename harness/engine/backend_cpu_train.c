@@ -147,16 +147,18 @@ static void transpose(m2d_backend *be, const float *x, int ld, int rows, int col
     m2d_cpu_parallel_for(be, items, transpose_item, &j);
 }
 
-/* The training state of a step (m2d_cpu_train_state), kept from an op to the next until AdamW
- * changes the weights or the step's enter/leave bracket ends (no write to a weight happens between:
- * m2d_cpu_train_state_free). Outside a bracket nothing is kept.
- * - The weights' bf16 transposes (Wᵀ [in, out], dx's operand), made at a weight's first dx: one
- *   transpose a step serves every micro-batch and every row block of the LM head.
- * - dW's transposed operands, grow-only: an LM head block's dyᵀ is 128 MiB, whose fresh pages
- *   would be faulted in at every block. */
+/* The training state (m2d_cpu_train_state), used inside enter/leave brackets only.
+ * - The weights' bf16 transposes (Wᵀ [in, out], dx's operand), made at a weight's first dx of a
+ *   step: one transpose serves every micro-batch and every row block of the LM head. They are
+ *   marked stale when AdamW changes the weights and at the outermost leave (a weight may be written
+ *   between brackets), and made again into the same memory at the next use: a step's 2 bytes a
+ *   parameter are allocated once, not faulted in afresh every step.
+ * - dW's transposed operands, grow-only: an LM head block's dyᵀ is 128 MiB. */
 typedef struct {
     const m2d_weight *w;
     uint16_t *t;
+    int64_t n;  /* elements of t */
+    int fresh;  /* t is the current weights' transpose */
 } wt_entry;
 
 typedef struct {
@@ -170,26 +172,29 @@ typedef struct {
     grow_buf dyt, xt;
 } train_state;
 
-void m2d_cpu_train_state_free(m2d_backend *be) {
-    void **slot = m2d_cpu_train_state(be);
-    train_state *c = slot ? *slot : NULL;
+void m2d_cpu_train_state_stale(void *state) {
+    train_state *c = state;
+    for (int i = 0; c && i < c->n; i++) c->e[i].fresh = 0;
+}
+
+void m2d_cpu_train_state_free(void *state) {
+    train_state *c = state;
     if (!c) return;
     for (int i = 0; i < c->n; i++) free(c->e[i].t);
     free(c->e);
     free(c->dyt.p);
     free(c->xt.p);
     free(c);
-    *slot = NULL;
 }
 
-/* the step's state, or NULL outside a bracket */
+/* the state, or NULL outside a bracket */
 static train_state *state_of(m2d_backend *be) {
     train_state **slot = (train_state **)m2d_cpu_train_state(be);
     if (slot && !*slot) *slot = m2d_calloc(1, sizeof **slot);
     return slot ? *slot : NULL;
 }
 
-/* BYTES of scratch: the step's grow-only B, or (no step: B NULL) a new buffer in *OWNED */
+/* BYTES of scratch: the state's grow-only B, or (no state: B NULL) a new buffer in *OWNED */
 static void *step_buffer(grow_buf *b, size_t bytes, void **owned) {
     if (!b) return *owned = m2d_malloc(bytes ? bytes : 1);
     if (bytes > b->cap) {
@@ -200,18 +205,35 @@ static void *step_buffer(grow_buf *b, size_t bytes, void **owned) {
     return b->p;
 }
 
+/* W's entry in the state C (a new one when W has none) */
+static wt_entry *entry_of(train_state *c, const m2d_weight *w) {
+    for (int i = 0; i < c->n; i++)
+        if (c->e[i].w == w) return &c->e[i];
+    if (c->n == c->cap) c->e = m2d_realloc(c->e, sizeof *c->e * (size_t)(c->cap = c->cap ? 2 * c->cap : 64));
+    c->e[c->n] = (wt_entry){w, NULL, 0, 0};
+    return &c->e[c->n++];
+}
+
 /* Wᵀ in bf16 for W's OUT x IN fp32 rows WR; *OWNED: the caller frees it (outside a bracket) */
 static const uint16_t *weight_t_bf16(m2d_backend *be, const m2d_weight *w, const float *wr, int outd, int in,
                                      uint16_t **owned) {
     train_state *c = state_of(be);
-    for (int i = 0; c && i < c->n; i++)
-        if (c->e[i].w == w) return c->e[i].t;
-    uint16_t *t = m2d_malloc(sizeof(uint16_t) * (size_t)outd * in);
-    transpose(be, wr, in, outd, in, NULL, t);
-    if (!c) return *owned = t;
-    if (c->n == c->cap) c->e = m2d_realloc(c->e, sizeof *c->e * (size_t)(c->cap = c->cap ? 2 * c->cap : 64));
-    c->e[c->n++] = (wt_entry){w, t};
-    return t;
+    int64_t n = (int64_t)outd * in;
+    if (!c) {
+        *owned = m2d_malloc(sizeof(uint16_t) * (size_t)n);
+        transpose(be, wr, in, outd, in, NULL, *owned);
+        return *owned;
+    }
+    wt_entry *e = entry_of(c, w);
+    if (e->fresh && e->n == n) return e->t;
+    if (e->n != n) { /* a new weight (or another at a freed one's address) */
+        free(e->t);
+        e->t = m2d_malloc(sizeof(uint16_t) * (size_t)n);
+        e->n = n;
+    }
+    transpose(be, wr, in, outd, in, NULL, e->t);
+    e->fresh = 1;
+    return e->t;
 }
 
 /* dx = dy · W = dy · (Wᵀ)ᵀ: X = dy, the module's weight Wᵀ [in, out] */
@@ -631,7 +653,8 @@ static void adamw_item(void *ctx, int item) {
 
 static void cpu_adamw(m2d_backend *be, m2d_buf *p, const m2d_buf *g, m2d_buf *m, m2d_buf *v, size_t off, size_t n,
                       const m2d_adamw_args *a) {
-    m2d_cpu_train_state_free(be); /* the weights change: their bf16 transposes are stale */
+    void **state = m2d_cpu_train_state(be); /* the weights change: their bf16 transposes are stale */
+    if (state) m2d_cpu_train_state_stale(*state);
     double bc1 = 1.0 - pow(a->beta1, a->step), bc2 = 1.0 - pow(a->beta2, a->step);
     adamw_job j = {(float *)m2d_cpu_ptr(p) + off, (float *)m2d_cpu_ptr(m) + off, (float *)m2d_cpu_ptr(v) + off,
                    (const float *)m2d_cpu_ptr(g) + off, n,
