@@ -116,7 +116,7 @@ void m2d_distill_memory_estimate(const m2d_config *t, const m2d_config *s, int64
                                   : 4 * R * (n * (4 * d + 3 * q + 3 * kv + 3 * F + clip) + 5 * d + 2 * q + 2 * kv + 2 * F + dt);
     if (o->loss == M2D_LOSS_FKL_MSE) m->activations += 4 * R * n * dt;
     m->logits = 2 * M2D_MIN(R, 128.0 * 1024 * 1024 / (4 * V)) * 4 * V;
-    /* a bf16 student on the host (backend_cpu_train.c): the weights' bf16 transposes (kept for a step), one
+    /* a bf16 student on the host (backend_cpu_train.c): the weights' bf16 transposes (made once a step), one
      * GEMM's transposed dy (fp32, and its bf16 copy in the GEMM module) and x (bf16): an LM head block or a
      * layer's */
     if (o->train_precision == M2D_PREC_BF16 && on_host) {
