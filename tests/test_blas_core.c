@@ -12,7 +12,7 @@
 
 static const char *self; /* this test binary */
 
-/* Only the generic sets are replaced, and only by a set this CPU can run. */
+/* Only the generic set ("Prescott") is replaced, and only by a set this CPU can run. */
 static void better_only_for_generic(void **state) {
     (void)state;
     const char *named[] = {"SkylakeX", "Haswell", "Zen", "SapphireRapids", "Cooperlake"};

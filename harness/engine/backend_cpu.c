@@ -238,12 +238,8 @@ static void cpu_enter(m2d_backend *be) {
 
 static int cpu_leave(m2d_backend *be) {
     cpu_be *c = CPU(be);
-    if (c->depth > 1) {
-        c->depth--;
-        return 0;
-    }
+    if (--c->depth > 0) return 0;
     m2d_cpu_train_state_stale(c->train_state); /* the weights may change before the next enter */
-    c->depth = 0;
     if (c->blas_saved != 1) openblas_set_num_threads(c->blas_saved);
     if (!c->failed) return 0;
     c->failed = 0;

@@ -68,7 +68,8 @@ typedef struct {
     m2d_pool *pool;         /* the threads of every op (threads == its size) */
     m2d_gemm_ctx *gemm[2];  /* by precision (FP32, BF16), on the pool */
     m2d_precision resident; /* the precision make_resident prepares matrices for */
-    void *train_state;      /* the training ops' (m2d_cpu_train_state), valid inside one enter/leave */
+    void *train_state;      /* the training ops' (m2d_cpu_train_state): read inside enter/leave only,
+                             * marked stale at the outermost leave */
     int failed;             /* an op failed since the outermost enter: err holds its message */
     char err[512];
 } cpu_be;

@@ -8,16 +8,10 @@
 
 const char *m2d_blas_core(void) { return openblas_get_corename(); }
 
-/* OpenBLAS's fallbacks for a CPU it does not know: Intel's, and its oldest named ones */
-static int generic(const char *core) {
-    static const char *const names[] = {"Prescott", "Core2", "Katmai", "Coppermine", "Northwood", "Banias"};
-    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
-        if (strcmp(core, names[i]) == 0) return 1;
-    return 0;
-}
-
+/* "Prescott" is the set OpenBLAS's DYNAMIC_ARCH falls back to for any CPU it does not know ("Falling
+ * back to Prescott core"); a real Prescott-era CPU has no AVX2, so nothing better is asked for there */
 const char *m2d_blas_core_better(const char *core) {
-    if (!core || !generic(core)) return NULL;
+    if (!core || strcmp(core, "Prescott") != 0) return NULL;
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512cd"))

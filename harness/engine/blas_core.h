@@ -16,8 +16,8 @@
 
 /* The kernel set OpenBLAS runs ("SkylakeX", "Haswell", "Prescott", ...). */
 const char *m2d_blas_core(void);
-/* The set to ask for instead of CORE on this CPU, or NULL when CORE is fine (not the generic one, or
- * no better set here). */
+/* The set to ask for instead of CORE on this CPU, or NULL when CORE is fine (not the generic
+ * "Prescott", or no better set here). */
 const char *m2d_blas_core_better(const char *core);
 
 #endif
