@@ -375,6 +375,51 @@ static void slicing_cost(void) {
     free(s.a); free(s.b); free(s.c);
 }
 
+/* The module's bf16 2048³ (as stored, on the pool) against oneDNN's own matmul (its team, weights in
+ * its own layout), alternated call by call: this shared machine's AMX rate moves by 2x within minutes,
+ * so the table's fractions (the yardsticks measured at the start and the end) can read half where the
+ * two are at par; this ratio is measured under one load. */
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void module_vs_team(void) {
+    enum { N = 2048, ROUNDS = 5 };
+    float *x = rand_f32((size_t)N * N), *y = m2d_malloc(sizeof(float) * N * N);
+    uint16_t *w = rand_bf16((size_t)N * N);
+    m2d_gemm_ctx *g = ctx_for(V_BF16);
+    m2d_gemm_w wv = m2d_gemm_weight(M2D_BF16, w, N, N, N);
+    m2d_gemm_group grp = {x, N, N, &wv, y, N, 0.0f, 0};
+    call_arg c = {g, &grp, 1};
+    dnnl_engine_t eng;
+    dnnl_engine_create(&eng, dnnl_cpu, 0);
+    dn_arg r;
+    char impl[128];
+    dn_team(eng, N, N, N, dnnl_bf16, dnnl_format_tag_any, NULL, NULL, NULL, &r, impl, sizeof impl);
+    double ratio[ROUNDS], flops = 2.0 * N * N * (double)N;
+    printf("\nbf16 2048^3, the module (as stored, pool of %d) / oneDNN's own team of %d (%s), alternated:", THREADS,
+           THREADS, impl);
+    for (int i = 0; i < ROUNDS && r.p; i++) {
+        double tm = best_time(call_run, &c, 0.3);
+        omp_set_num_threads(THREADS);
+        double tt = best_time(dn_run, &r, 0.3);
+        omp_set_num_threads(1);
+        ratio[i] = tt / tm;
+        printf(" %.0f/%.0f", flops / tm / 1e9, flops / tt / 1e9);
+    }
+    if (r.p) {
+        qsort(ratio, ROUNDS, sizeof *ratio, cmp_double);
+        printf(" GFLOP/s; median ratio %.2f\n", ratio[ROUNDS / 2]);
+        dn_free(&r);
+    } else {
+        printf(" oneDNN has no bf16 matmul here\n");
+    }
+    dnnl_engine_destroy(eng);
+    m2d_gemm_ctx_free(g);
+    free(x); free(y); free(w);
+}
+
 /* ---------------------------------------------------------------- main */
 
 static void cpu_line(void) {
@@ -462,6 +507,7 @@ int main(int argc, char **argv) {
            "Groups: one grouped call over distinct weights (cold: the weights exceed the caches), x shared.\n");
     slicing_cost();
     if (m2d_gemm_bf16_native()) {
+        module_vs_team();
         crossover_table();
         omp_interference();
     }
