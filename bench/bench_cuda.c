@@ -321,9 +321,10 @@ static void distill_row(const char *teacher_dir, const char *student_dir, int L,
         }
         if (rc) fprintf(stderr, "bench_cuda: distill: %s\n", m2d_errmsg());
         else
-            printf("\n| distillation step (L = %d, 1 window, teacher bf16, student %s) | %.1f ms | %.0f tokens/s | "
+            printf("\n| distillation step (L = %d, 1 window, teacher bf16, student %s%s) | %.1f ms | %.0f tokens/s | "
                    "teacher forward %.1f ms | peak host RSS %.2f GB |\n",
-                   L, m2d_precision_name(student_prec), (m2d_now() - t0) / 3 * 1e3, 3 * L / (m2d_now() - t0), teacher / 3 * 1e3, m2d_peak_rss() / 1e9);
+                   L, m2d_precision_name(student_prec),
+                   getenv("M2D_CUDA_WCACHE") ? ", weights rounded at every GEMM" : "", (m2d_now() - t0) / 3 * 1e3, 3 * L / (m2d_now() - t0), teacher / 3 * 1e3, m2d_peak_rss() / 1e9);
         free(tok);
     }
     m2d_trainer_free(tr);
@@ -392,6 +393,9 @@ int main(int argc, char **argv) {
         model_rows(dense, "dense student K=8", peak);
         distill_row(moe, dense, 512, M2D_PREC_FP32);
         distill_row(moe, dense, 512, M2D_PREC_BF16); /* --train-precision bf16: tensor cores */
+        setenv("M2D_CUDA_WCACHE", "0", 1); /* the same, each weight rounded at every GEMM (knob bf16_wcache 0) */
+        distill_row(moe, dense, 512, M2D_PREC_BF16);
+        unsetenv("M2D_CUDA_WCACHE");
     }
     printf("\ncheckpoints: %s (tools/bench_hf_gpu.py %s %s)\n", root, moe, dense);
     free(moe);

@@ -158,14 +158,15 @@ static void m2d_emu_mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
 }
 
 /* bf16 as nvcc's cuda_bf16.h has it, for the MoE kernels' epilogue: the bits, rounding to nearest
- * even (NaN kept quiet) */
+ * even; a NaN becomes the canonical 0x7fff (cuda_bf16.hpp's host path; the device's cvt.rn.bf16.f32
+ * gives it too), where the CPU's m2d_f32_to_bf16 keeps the sign and payload */
 struct __nv_bfloat16 {
     uint16_t x;
 };
 static uint16_t bf16_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 static __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16{bf16_bits(f)}; }

@@ -117,6 +117,37 @@ static void bf16_gemm_matches_float64(void **state) {
         for (int c = 0; c < cols; c++) assert_int_equal(out[(size_t)r * cols + c].x, bf16_bits(x[(size_t)r * ld + c]));
 }
 
+/* the emulated rounding the kernels' checks rest on, on the values random data never meets: exact
+ * halves (to the even neighbour), the carry into the exponent, overflow to infinity, signed zero,
+ * subnormals, infinities and NaN (0x7fff, cuda_bf16.hpp's canonical NaN) — each expected bit
+ * pattern worked out by hand from the fp32 bits */
+static void bf16_rounding_special_values(void **state) {
+    (void)state;
+    static const struct { uint32_t f; uint16_t want; } cases[] = {
+        {0x3f808000u, 0x3f80u}, /* 1 + 2^-8: halfway between 1 and 1 + 2^-7, to the even 1 */
+        {0x3f818000u, 0x3f82u}, /* 1 + 3 * 2^-8: halfway, to the even 1 + 2^-6 */
+        {0x3f808001u, 0x3f81u}, /* just above halfway: up */
+        {0x3f807fffu, 0x3f80u}, /* just below: down */
+        {0x3fff8000u, 0x4000u}, /* halfway at the top of the binade: the carry makes 2 */
+        {0x7f7fffffu, 0x7f80u}, /* FLT_MAX rounds to infinity */
+        {0x80000000u, 0x8000u}, /* -0 */
+        {0x00010000u, 0x0001u}, /* a subnormal, exact */
+        {0x00008000u, 0x0000u}, /* a subnormal halfway to zero: the even 0 */
+        {0xff800000u, 0xff80u}, /* -infinity */
+        {0x7fc00001u, 0x7fffu}, /* a quiet NaN with a payload */
+        {0xff800001u, 0x7fffu}, /* a negative signalling NaN */
+    };
+    std::vector<float> x(sizeof cases / sizeof cases[0]);
+    for (size_t i = 0; i < x.size(); i++) x[i] = __uint_as_float(cases[i].f);
+    std::vector<__nv_bfloat16> r(x.size());
+    const float *xp = x.data();
+    __nv_bfloat16 *rp = r.data();
+    int n = (int)x.size();
+    elementwise(n, [=] { k_tr_round_bf16(xp, n, 1, n, rp); });
+    for (size_t i = 0; i < x.size(); i++)
+        if (r[i].x != cases[i].want) fail_msg("bf16 of %08x: %04x, want %04x", cases[i].f, r[i].x, cases[i].want);
+}
+
 /* ---- RMSNorm's backward: rows (fp64 sums), dw by chunks of rows, dx, in place ---- */
 static void rmsnorm_bwd_matches_float64(void **state) {
     (void)state;
@@ -393,6 +424,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(sgemm_matches_float64),
         cmocka_unit_test(bf16_gemm_matches_float64),
+        cmocka_unit_test(bf16_rounding_special_values),
         cmocka_unit_test(rmsnorm_bwd_matches_float64),
         cmocka_unit_test(attention_pieces_match_float64),
         cmocka_unit_test(glu_and_clamp_match_float64),

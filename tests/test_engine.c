@@ -1726,12 +1726,13 @@ static void device_names_and_missing_devices(void **state) {
     }
     assert_int_equal(m2d_device_check("cuda", "--device"), 0);
     assert_int_equal(m2d_device_check("cuda:3", "--device"), 0);
-    /* a bad M2D_CUDA_ATTN, M2D_CUDA_MOE or M2D_CUDA_LSE (a kernel for a process) is one line naming
-     * it, GPU or not; each one's bad values start past its largest */
-    const char *bad_knob[] = {"4", "x", "33", "", "-1"}, *knob_env[] = {"M2D_CUDA_ATTN", "M2D_CUDA_MOE", "M2D_CUDA_LSE"};
-    for (size_t v = 0; v < 3; v++) {
+    /* a bad M2D_CUDA_ATTN, M2D_CUDA_MOE, M2D_CUDA_LSE or M2D_CUDA_WCACHE (a kernel for a process) is
+     * one line naming it, GPU or not; each one's bad values start past its largest */
+    const char *bad_knob[] = {"4", "x", "33", "", "-1"},
+               *knob_env[] = {"M2D_CUDA_ATTN", "M2D_CUDA_MOE", "M2D_CUDA_LSE", "M2D_CUDA_WCACHE"};
+    for (size_t v = 0; v < 4; v++) {
         for (size_t i = 0; i < sizeof bad_knob / sizeof *bad_knob; i++) {
-            setenv(knob_env[v], v == 2 && i == 0 ? "2" : bad_knob[i], 1);
+            setenv(knob_env[v], v >= 2 && i == 0 ? "2" : bad_knob[i], 1);
             assert_int_equal(m2d_backend_new("cuda", NULL, &be), -1);
             assert_non_null(strstr(m2d_errmsg(), knob_env[v]));
             assert_null(strchr(m2d_errmsg(), '\n'));

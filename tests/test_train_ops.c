@@ -274,10 +274,83 @@ static void gemm_bf16_backward_on(const char *backend) {
 }
 EACH_BACKEND(gemm_bf16_backward)
 
+/* dx = dy W + dx and dW = dy^T x + dW (beta 1, as the trainer's accumulations) at bf16 on windows of
+ * wider rows (ld > cols, at an offset, as the trainer's slices of its activations): each element
+ * within the bound of bf16_sums_outside for the sum plus one more rounding for the add of the old
+ * value, (K + 1) u (sum|terms| + |old|); every element past a window's columns untouched. */
+static int windows_outside(const float *got, const float *old, int rows, int cols, int ld, int K, const float *a,
+                           int64_t as_i, int64_t as_k, const float *b, int64_t bs_k, int64_t bs_j) {
+    int outside = 0;
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++) {
+            double s = old[(size_t)i * ld + j], mag = fabs(s);
+            for (int k = 0; k < K; k++) {
+                double t = bf(a[i * as_i + k * as_k]) * bf(b[k * bs_k + j * bs_j]);
+                s += t, mag += fabs(t);
+            }
+            outside += !(fabs(got[(size_t)i * ld + j] - s) <= (K + 1) * 0x1p-24 * mag + 1e-30);
+        }
+    return outside;
+}
+
+static void gemm_bf16_windows_accumulate_on(const char *backend) {
+    enum { n = 37, in = 70, out = 50, off = 3, ldx = in + 5, ldy = out + 7, ldd = in + 3, ldw = in + 1 };
+    uint64_t st = 11;
+    static float x[off + n * ldx], r[off + n * ldy], w[out * in], dx0[off + n * ldd], dw0[off + out * ldw];
+    static float dx[off + n * ldd], dw[off + out * ldw];
+    fill(&st, x, off + n * ldx, 1), fill(&st, r, off + n * ldy, 1), fill(&st, w, out * in, 1);
+    fill(&st, dx0, off + n * ldd, 1), fill(&st, dw0, off + out * ldw, 1);
+    m2d_backend *be = new_backend(backend, 2);
+    const m2d_backend_train_ops *tr = be->ops->train;
+    m2d_buf *xb = up(be, x, sizeof x), *rb = up(be, r, sizeof r), *wb = up(be, w, sizeof w);
+    m2d_buf *dxb = up(be, dx0, sizeof dx0), *dwb = up(be, dw0, sizeof dw0);
+    m2d_weight *wh = tr->weight_view(be, wb, 0, out, in);
+    m2d_mat X = m2d_mat_of(xb, off, n, in, ldx), R = m2d_mat_of(rb, off, n, out, ldy);
+    m2d_mat DX = m2d_mat_of(dxb, off, n, in, ldd), DW = m2d_mat_of(dwb, off, out, in, ldw);
+    be->ops->enter(be);
+    tr->gemm_dx(be, &R, wh, &DX, 1.0f, M2D_PREC_BF16);
+    tr->gemm_dw(be, &R, &X, &DW, 1.0f, M2D_PREC_BF16);
+    assert_int_equal(be->ops->leave(be), 0);
+    down(be, dx, dxb, sizeof dx), down(be, dw, dwb, sizeof dw);
+    int bad_dx = windows_outside(dx + off, dx0 + off, n, in, ldd, out, r + off, ldy, 1, w, in, 1);
+    int bad_dw = windows_outside(dw + off, dw0 + off, out, in, ldw, n, r + off, 1, ldy, x + off, ldx, 1);
+    if (bad_dx || bad_dw)
+        fail_msg("bf16 gemm backward on %s, windows with beta 1: %d dx and %d dW elements outside (K + 1) u", backend,
+                 bad_dx, bad_dw);
+    for (int i = 0; i < off; i++) assert_true(dx[i] == dx0[i] && dw[i] == dw0[i]);
+    for (int i = 0; i < n; i++)
+        for (int j = in; j < ldd; j++) assert_true(dx[off + i * ldd + j] == dx0[off + i * ldd + j]);
+    for (int o = 0; o < out; o++)
+        for (int j = in; j < ldw; j++) assert_true(dw[off + o * ldw + j] == dw0[off + o * ldw + j]);
+    be->ops->weight_free(be, wh);
+    m2d_buf *all[] = {xb, rb, wb, dxb, dwb};
+    for (int i = 0; i < 5; i++) be->ops->release(be, all[i]);
+    m2d_backend_free(be);
+}
+EACH_BACKEND(gemm_bf16_windows_accumulate)
+
+/* y = x W^T at PREC on a fresh backend (the reference of bf16_dx_follows_the_weights) */
+static void forward_fresh(const char *backend, m2d_precision prec, int n, int in, int out, const float *x, const float *w,
+                          float *y) {
+    m2d_backend *be = new_backend(backend, 2);
+    m2d_buf *xb = up(be, x, sizeof(float) * n * in), *wb = up(be, w, sizeof(float) * out * in);
+    m2d_buf *yb = be->ops->alloc(be, sizeof(float) * n * out);
+    m2d_weight *wh = be->ops->train->weight_view(be, wb, 0, out, in);
+    m2d_mat X = mat(xb, n, in), Y = mat(yb, n, out);
+    be->ops->enter(be);
+    be->ops->gemm(be, &X, wh, 0, &Y, 0.0f, prec);
+    assert_int_equal(be->ops->leave(be), 0);
+    down(be, y, yb, sizeof(float) * n * out);
+    be->ops->weight_free(be, wh);
+    be->ops->release(be, xb), be->ops->release(be, wb), be->ops->release(be, yb);
+    m2d_backend_free(be);
+}
+
 /* A backend may keep derived copies of a weight between ops (the CPU: its bf16 transpose, for a
- * step's micro-batches): AdamW's change of the weights within one enter/leave bracket, and a write
- * between brackets, must reach the next dx; outside a bracket nothing may be kept. Each result
- * equals a fresh backend's on the current weights (bit for bit: the same computation). */
+ * step's micro-batches; cuda: its bf16 values, for the forward and dx): AdamW's change of the
+ * weights within one enter/leave bracket, and a write between brackets, must reach the next dx and
+ * forward; outside a bracket nothing may be kept. Each result equals a fresh backend's on the
+ * current weights (bit for bit: the same computation). */
 static void bf16_dx_follows_the_weights_on(const char *backend) {
     enum { n = 40, in = 96, out = 80 };
     uint64_t st = 5;
@@ -290,17 +363,25 @@ static void bf16_dx_follows_the_weights_on(const char *backend) {
     m2d_buf *mb = up(be, zero, sizeof zero), *vb = up(be, zero, sizeof zero), *dxb = be->ops->alloc(be, sizeof dx);
     m2d_weight *wh = tr->weight_view(be, wb, 0, out, in);
     m2d_mat R = mat(rb, n, out), DX = mat(dxb, n, in);
+    float xf[n * in], y[n * out], want_y[n * out];
+    fill(&st, xf, n * in, 1);
+    m2d_buf *xfb = up(be, xf, sizeof xf), *yb = be->ops->alloc(be, sizeof y);
+    m2d_mat XF = mat(xfb, n, in), Y = mat(yb, n, out);
     m2d_adamw_args a = {0.05, 0.9, 0.95, 1e-8, 0.0, 1, 1.0f};
     for (int round = 0; round < 3; round++) {
         be->ops->enter(be);
+        be->ops->gemm(be, &XF, wh, 0, &Y, 0.0f, M2D_PREC_BF16);
         tr->gemm_dx(be, &R, wh, &DX, 0.0f, M2D_PREC_BF16);
         if (round < 2) tr->adamw(be, wb, gb, mb, vb, 0, out * in, &a); /* inside the bracket */
         if (round < 2) tr->gemm_dx(be, &R, wh, &DX, 0.0f, M2D_PREC_BF16);
+        if (round < 2) be->ops->gemm(be, &XF, wh, 0, &Y, 0.0f, M2D_PREC_BF16);
         assert_int_equal(be->ops->leave(be), 0);
-        down(be, dx, dxb, sizeof dx), down(be, wnow, wb, sizeof wnow);
+        down(be, dx, dxb, sizeof dx), down(be, wnow, wb, sizeof wnow), down(be, y, yb, sizeof y);
         float no_dw[out * in];
         gemm_grads_at(backend, 2, M2D_PREC_BF16, n, in, out, zero, wnow, r, want, no_dw);
         assert_memory_equal(dx, want, sizeof dx);
+        forward_fresh(backend, M2D_PREC_BF16, n, in, out, xf, wnow, want_y);
+        assert_memory_equal(y, want_y, sizeof y);
         if (round == 1) { /* between brackets: new weights written directly */
             fill(&st, w, out * in, 1);
             be->ops->upload(be, wb, 0, w, sizeof w);
@@ -317,7 +398,7 @@ static void bf16_dx_follows_the_weights_on(const char *backend) {
     gemm_grads_at(backend, 2, M2D_PREC_BF16, n, in, out, x, wnow, r, want, want_dw);
     assert_memory_equal(dx, want, sizeof dx);
     assert_memory_equal(dw, want_dw, sizeof dw);
-    be->ops->release(be, xb), be->ops->release(be, dwb);
+    be->ops->release(be, xb), be->ops->release(be, dwb), be->ops->release(be, xfb), be->ops->release(be, yb);
     be->ops->weight_free(be, wh);
     m2d_buf *all[] = {wb, rb, gb, mb, vb, dxb};
     for (int i = 0; i < 6; i++) be->ops->release(be, all[i]);
@@ -958,6 +1039,7 @@ int main(void) {
         cmocka_unit_test(gemm_backward),
         cmocka_unit_test(gemm_accumulates),
         cmocka_unit_test(gemm_bf16_backward),
+        cmocka_unit_test(gemm_bf16_windows_accumulate),
         cmocka_unit_test(bf16_dx_follows_the_weights),
         cmocka_unit_test(rmsnorm_backward),
         cmocka_unit_test(rmsnorm_backward_accumulates),

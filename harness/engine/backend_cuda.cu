@@ -86,6 +86,8 @@ struct cu_weight {
     void *dev;      /* resident copy, or NULL (streamed on use); a view's device values */
     m2d_dtype dt;   /* its dtype: M2D_BF16 or M2D_F32 */
     m2d_tensor *view; /* a weight view's own tensor (cu_weight_view: DEV is not this weight's) */
+    void *bf16;       /* a view's values rounded to bf16 (view_bf16), or NULL */
+    unsigned bf16_gen; /* the weights' generation (cu_be.wgen) BF16 was made in; 0: never */
 };
 
 /* scratch device buffers, each grown on demand and reused op after op */
@@ -181,6 +183,10 @@ struct cu_be {
     int all_batched;      /* knob: experts_all past all_grouped_rows as batched GEMMs where they
                            * apply (1, the default; 2: an error where they do not, for the tests) or
                            * expert by expert (0) */
+    int bf16_wcache;      /* knob: a weight view's bf16 copy kept within a bracket until the weights
+                           * change (1, the default: view_bf16) or made again at every GEMM (0; the
+                           * same bits) */
+    unsigned wgen;        /* the weights' generation: AdamW and the outermost leave start a new one */
     int calib_overlap;    /* knob: calibration's selected rows copied to the host on a copy stream while
                            * the Gram runs (1), or after it (0, the default until a GPU has timed both;
                            * the same bytes) */
@@ -344,8 +350,34 @@ static const void *wdev(cu_be *c, const cu_weight *w, int64_t first, int64_t n, 
     return c->failed ? NULL : d;
 }
 
+/* A weight view's values (the trainer's fp32 master weights) rounded to bf16, kept: a bf16 step
+ * rounds each weight for its forward GEMM and again for its dx, per micro-batch (an LM head of
+ * 151,936 x 2,048 twice per block of rows), while the weights change only by AdamW inside a
+ * bracket, or between brackets (backend.h weight_view). So the copy is made at the first use in a
+ * weights' generation and kept until AdamW or the outermost leave starts the next; the same
+ * rounding as a conversion per call, so the same bits. Its memory (2 bytes a weight) stays with
+ * the view. */
+static const void *view_bf16(cu_be *c, const cu_weight *cw) {
+    cu_weight *w = (cu_weight *)cw; /* the handle's cache, not its value */
+    int64_t n = m2d_tensor_numel(w->view);
+    if (!w->bf16 && !cuda_ok(c, cudaMalloc(&w->bf16, sizeof(__nv_bfloat16) * (size_t)n), "cudaMalloc (a weight's bf16 copy)")) {
+        w->bf16 = NULL;
+        return NULL;
+    }
+    if (w->bf16_gen != c->wgen) {
+        k_f32_to_bf16<<<blocks_for(n, 256), 256>>>((const float *)w->dev, n, (__nv_bfloat16 *)w->bf16);
+        launched(c, "weight conversion (kept)");
+        w->bf16_gen = c->wgen;
+    }
+    return c->failed ? NULL : w->bf16;
+}
+
 /* elements [first, first+n) of W as WANT (M2D_F32 or M2D_BF16) on the device */
 static const void *wtyped(cu_be *c, const cu_weight *w, int64_t first, int64_t n, m2d_dtype want) {
+    if (want == M2D_BF16 && w->view && c->bf16_wcache && c->depth > 0) {
+        const void *b = view_bf16(c, w);
+        return b ? (const void *)((const __nv_bfloat16 *)b + first) : NULL;
+    }
     m2d_dtype dt;
     const void *p = wdev(c, w, first, n, &dt);
     if (!p || dt == want) return p;
@@ -371,6 +403,7 @@ static void cu_weight_free(m2d_backend *be, m2d_weight *wh) {
     cu_weight *w = (cu_weight *)wh;
     if (w->view) free(w->view);
     else cudaFree(w->dev);
+    cudaFree(w->bf16);
     free(w);
 }
 
@@ -391,6 +424,12 @@ m2d_weight *cu_weight_view(m2d_backend *be, m2d_buf *buf, size_t off, int64_t ro
 const float *cu_weight_dev_f32(m2d_backend *be, const m2d_weight *w, int64_t first, int64_t n) {
     return (const float *)wtyped(CU(be), W(w), first, n, M2D_F32);
 }
+
+const void *cu_weight_dev_bf16(m2d_backend *be, const m2d_weight *w, int64_t first, int64_t n) {
+    return wtyped(CU(be), W(w), first, n, M2D_BF16);
+}
+
+void cu_weights_changed(m2d_backend *be) { CU(be)->wgen++; }
 
 static size_t cu_resident_bytes(m2d_backend *be, const m2d_weight *wh) {
     (void)be;
@@ -2257,6 +2296,7 @@ static int cu_leave(m2d_backend *be) {
 }
 
 static int leave_outermost(cu_be *c) {
+    c->wgen++; /* the weights may change before the next enter (view_bf16) */
     cuda_ok(c, cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     if (c->prof.n) prof_collect(c);
     if (c->err_armed && !c->failed) { /* the flag comes back only after a kernel that may set it */
@@ -2291,6 +2331,7 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
               : strcmp(knob, "gx_ldsm") == 0     ? &CU(be)->gx_ldsm
               : strcmp(knob, "gx_wide") == 0     ? &CU(be)->gx_wide
               : strcmp(knob, "calib_overlap") == 0 ? &CU(be)->calib_overlap
+              : strcmp(knob, "bf16_wcache") == 0 ? &CU(be)->bf16_wcache
               : strcmp(knob, "profile") == 0     ? &CU(be)->prof.on : NULL;
     if (at == &CU(be)->prof.on && value == 0 && *at) prof_report(CU(be)); /* profile 0: report, stop */
     int top = at == &CU(be)->attn_kernel || at == &CU(be)->moe_grouped ? 3
@@ -2301,7 +2342,7 @@ static int cu_tune(m2d_backend *be, const char *knob, int value) {
         return 0;
     }
     return m2d_err("backend cuda: knob '%s' = %d: unknown knob or bad value (gemm_naive, profile, "
-                   "lse_kernel, gx_ldsm, gx_wide, calib_overlap: 0|1; moe_grouped, attn_kernel: 0..3; all_batched, gram_kernel: 0|1|2; "
+                   "lse_kernel, gx_ldsm, gx_wide, calib_overlap, bf16_wcache: 0|1; moe_grouped, attn_kernel: 0..3; all_batched, gram_kernel: 0|1|2; "
                    "all_grouped_rows: >= 0; "
                    "lm_rows: 1..2048)",
                    knob, value);
@@ -2364,12 +2405,14 @@ static int env_knob(const char *name, const char *knob, int top, int *value) {
 
 static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
     *out = NULL;
-    /* M2D_CUDA_ATTN, M2D_CUDA_MOE=0..3, M2D_CUDA_LSE=0|1: the knobs attn_kernel, moe_grouped and
-     * lse_kernel for a whole process, so that the GPU runner can put a kernel that is not the
-     * default through the CLI; checked first, so that a bad value is named with or without a GPU */
-    int attn_kernel = 3, moe_kernel = 3, lse_kernel = 1;
+    /* M2D_CUDA_ATTN, M2D_CUDA_MOE=0..3, M2D_CUDA_LSE, M2D_CUDA_WCACHE=0|1: the knobs attn_kernel,
+     * moe_grouped, lse_kernel and bf16_wcache for a whole process, so that the GPU runner can put a
+     * kernel that is not the default through the CLI (and a bench through a trainer's backends);
+     * checked first, so that a bad value is named with or without a GPU */
+    int attn_kernel = 3, moe_kernel = 3, lse_kernel = 1, wcache = 1;
     if (env_knob("M2D_CUDA_ATTN", "attn_kernel", 3, &attn_kernel) ||
-        env_knob("M2D_CUDA_MOE", "moe_grouped", 3, &moe_kernel) || env_knob("M2D_CUDA_LSE", "lse_kernel", 1, &lse_kernel))
+        env_knob("M2D_CUDA_MOE", "moe_grouped", 3, &moe_kernel) || env_knob("M2D_CUDA_LSE", "lse_kernel", 1, &lse_kernel) ||
+        env_knob("M2D_CUDA_WCACHE", "bf16_wcache", 1, &wcache))
         return -1;
     int n = 0, dev = o->device;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -2383,7 +2426,8 @@ static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
     c->caller_device = -1;
     c->ws_bytes = WORKSPACE_BYTES;
     /* M2D_CUDA_FAST=0: the reference kernels (per-expert MoE, warp-per-row attention, the two-pass
-     * log-sum-exp): the GPU runner's A/B of the two paths in one call */
+     * log-sum-exp, weights rounded at every bf16 GEMM): the GPU runner's A/B of the two paths in one
+     * call */
     const char *fast = getenv("M2D_CUDA_FAST");
     int ref = fast && strcmp(fast, "0") == 0;
     c->moe_grouped = ref ? 0 : moe_kernel;
@@ -2393,6 +2437,8 @@ static int cu_create(const m2d_backend_opts *o, m2d_backend **out) {
     c->gram_kernel = !ref;
     c->all_batched = !ref;
     c->lse_kernel = ref ? 0 : lse_kernel;
+    c->bf16_wcache = ref ? 0 : wcache;
+    c->wgen = 1;
     const char *prof = getenv("M2D_CUDA_PROFILE"); /* 1: op times on stderr when the backend is freed */
     c->prof.on = prof && strcmp(prof, "1") == 0;
     cublasStatus_t s = cublasLtCreate(&c->lt);

@@ -32,6 +32,10 @@ void cu_launched(m2d_backend *be, const char *kernel);
 /* elements [first, first + n) of W as fp32 on the device (a scratch copy when W is streamed or
  * bf16: valid until the next op), or NULL after a failure */
 const float *cu_weight_dev_f32(m2d_backend *be, const m2d_weight *w, int64_t first, int64_t n);
+/* the same as bf16 (a weight view's kept copy inside a bracket, backend_cuda.cu view_bf16) */
+const void *cu_weight_dev_bf16(m2d_backend *be, const m2d_weight *w, int64_t first, int64_t n);
+/* the weights (views) have changed: their kept bf16 copies are stale (AdamW) */
+void cu_weights_changed(m2d_backend *be);
 /* column-major C[m, n] = alpha op(A) op(B) + beta C as cublasSgemm defines it (op(X) = X^T when
  * TX), fp32 C and accumulation; A and B fp32 (PREC FP32) or bf16 (BF16: exact products), through
  * cuBLASLt (CUBLAS_COMPUTE_32F, never TF32), k_tr_gemm where it has no algorithm or under the

@@ -105,8 +105,15 @@ static void tr_gemm_dx(m2d_backend *be, const m2d_mat *dy, const m2d_weight *w, 
         cu_sgemm(be, false, false, in, n, 0, 1.0f, NULL, in, cu_mat(dy), dy->ld, beta, cu_mat(dx), dx->ld);
         return;
     }
+    if (prec == M2D_PREC_BF16) { /* W as the forward's GEMM reads it (kept within a bracket), dy rounded */
+        const void *wb = cu_weight_dev_bf16(be, w, 0, (int64_t)outd * in);
+        m2d_buf *b = wb ? bf16_copy(be, cu_mat(dy), dy->ld, n, outd) : NULL;
+        if (b) cu_gemm(be, prec, false, false, in, n, outd, 1.0f, wb, in, cu_ptr(b), outd, beta, cu_mat(dx), dx->ld);
+        tmp_free(be, b);
+        return;
+    }
     const float *wr = cu_weight_dev_f32(be, w, 0, (int64_t)outd * in);
-    if (wr) gemm_at(be, prec, false, false, in, n, outd, wr, in, outd, in, cu_mat(dy), dy->ld, n, outd, beta, cu_mat(dx), dx->ld);
+    if (wr) cu_sgemm(be, false, false, in, n, outd, 1.0f, wr, in, cu_mat(dy), dy->ld, beta, cu_mat(dx), dx->ld);
 }
 
 /* dw[out, in] = dy^T x + beta dw; column-major: dw^T = x^T dy */
@@ -285,6 +292,7 @@ static void tr_adamw(m2d_backend *be, m2d_buf *p, const m2d_buf *g, m2d_buf *m, 
     float *pf = (float *)cu_ptr(p) + off, *mf = (float *)cu_ptr(m) + off, *vf = (float *)cu_ptr(v) + off;
     k_adamw<<<cu_blocks((int64_t)n, TR_THREADS), TR_THREADS>>>(pf, (const float *)cu_ptr(g) + off, mf, vf, (int64_t)n, k);
     cu_launched(be, "k_adamw");
+    cu_weights_changed(be); /* the kept bf16 copies of the weights are stale */
 }
 
 const m2d_backend_train_ops cu_train_ops = {
