@@ -11,7 +11,10 @@
  * calibration (or a PPL-style evaluation) of WINDOWS x 512 random tokens on the checkpoint DIR in
  * that precision (default fp32; calibration also prints its expert GFLOP/s) (e.g. the 2- and 4-layer
  * 30B-shaped slices of `bench_engine write DIR real moe LAYERS`), split into anonymous memory and
- * mapped weight pages (/proc/self/status sampled every 20 ms). */
+ * mapped weight pages (/proc/self/status sampled every 20 ms).
+ *
+ * bench_calib bound DIR WINDOWS fp32|bf16 ROUNDS — calibration against its FLOP bound, each round
+ * between two yardstick measurements (see bound_run): the ratio measured under one load. */
 #include <cblas.h>
 #include <dirent.h>
 #include <math.h>
@@ -206,9 +209,57 @@ static int rss_run(const char *dir, const char *mode, int windows, const char *p
     return rc;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* bound mode: ROUNDS calibrations of WINDOWS x 512 random tokens on DIR at PREC, each between two
+ * measurements of the bf16/fp32 yardstick (the GEMM module's 2048³), so that every round's ratio
+ * to its FLOP bound is taken under the load of its own minutes: this shared machine's AMX rate
+ * moves by 2x within an hour, and a run's "best of before and after" pairs one round's time with
+ * another moment's rate. Per round: the ratio against the mean of the two yardsticks around it
+ * and against the higher one (the conservative reading); then the medians. */
+static int bound_run(const char *dir, int windows, const char *prec_s, int rounds) {
+    m2d_precision prec;
+    m2d_model *m;
+    if (m2d_precision_parse(prec_s, "bench_calib bound", &prec) || rounds < 1 || m2d_model_open(dir, &m)) {
+        fprintf(stderr, "bench_calib bound: %s\n", rounds < 1 ? "ROUNDS must be >= 1" : m2d_errmsg());
+        return 1;
+    }
+    int L = 512;
+    int64_t n = (int64_t)windows * L;
+    int32_t *ids = m2d_malloc(sizeof(int32_t) * (size_t)n);
+    uint64_t st = 1;
+    for (int64_t i = 0; i < n; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int32_t)((st >> 33) % (uint64_t)m->cfg.vocab_size);
+    }
+    calib_arg a = {m, ids, n, {.seq_len = L, .n_samples = windows, .precision = (int)prec}};
+    double fl = yardstick_calib_flops(&m->cfg, windows, L), *mean = m2d_malloc(sizeof(double) * (size_t)rounds);
+    double *high = m2d_malloc(sizeof(double) * (size_t)rounds), before = yardstick_gemm_peak(prec);
+    printf("%s: calibration of %d x %d tokens in %s, %.3f TFLOP; per round: yardstick before, time, yardstick "
+           "after, x the bound at their mean / at the higher\n", dir, windows, L, prec_s, fl * 1e-12);
+    for (int r = 0; r < rounds; r++) {
+        double tc = run_calib(&a), after = yardstick_gemm_peak(prec);
+        mean[r] = tc / (fl / ((before + after) / 2 * 1e9));
+        high[r] = tc / (fl / (fmax(before, after) * 1e9));
+        printf("round %d: %.0f GFLOP/s, %.2f s, %.0f GFLOP/s: %.2fx / %.2fx\n", r + 1, before, tc, after, mean[r], high[r]);
+        before = after;
+    }
+    qsort(mean, (size_t)rounds, sizeof *mean, cmp_double);
+    qsort(high, (size_t)rounds, sizeof *high, cmp_double);
+    printf("median of %d rounds: %.2fx the FLOP bound at the yardsticks' mean (%.2fx at the higher); range %.2f-%.2fx\n",
+           rounds, mean[rounds / 2], high[rounds / 2], mean[0], mean[rounds - 1]);
+    free(mean); free(high); free(ids);
+    m2d_model_close(m);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if ((argc == 5 || argc == 6) && strcmp(argv[1], "rss") == 0)
         return rss_run(argv[2], argv[3], atoi(argv[4]), argc == 6 ? argv[5] : "fp32");
+    if (argc == 6 && strcmp(argv[1], "bound") == 0) return bound_run(argv[2], atoi(argv[3]), argv[4], atoi(argv[5]));
     const char *models = getenv("M2D_MODELS");
     if (!models) models = "../shared/models";
     char *dir = m2d_path_join(models, "tiny-qwen3moe");
