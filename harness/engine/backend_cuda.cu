@@ -746,6 +746,10 @@ static const void *x_operand(cu_be *c, const float *x, int ldx, int rows, int co
 static void gemm_rows(cu_be *c, const float *x, int ldx, int n, int in, const cu_weight *w, int64_t row0, int out,
                       float *y, int ldy, float beta, m2d_precision prec) {
     if (c->failed || n <= 0 || out <= 0) return;
+    if (in <= 0) { /* no terms: y = beta y (an empty weight has nothing to convert) */
+        cu_sgemm(&c->base, false, false, out, n, 0, 1.0f, NULL, 1, NULL, 1, beta, y, ldy);
+        return;
+    }
     prec = resolve(prec);
     int bf = prec == M2D_PREC_BF16, ldb;
     const void *wp = wtyped(c, w, row0 * in, (int64_t)out * in, bf ? M2D_BF16 : M2D_F32);
