@@ -571,6 +571,42 @@ static void prepared_weights(void **state) {
     free_w(&w);
 }
 
+/* Where m2d_gemm_prepare_exact says a prepared copy keeps the bits, it does on row counts and shapes
+ * the probe did not use (3, 300 and 1,100 rows; 300 columns, a narrower last slice); where it says
+ * not (oneDNN's AMX kernels at k > 1,024), nothing is asserted about the bits, and the CPU backend
+ * keeps such weights as stored (test_engine op_resident_weights_keep_bits). The answers are printed
+ * for the log. */
+static void prepare_exact_holds_where_said(void **state) {
+    (void)state;
+    static const int ks[] = {96, 1000, 2100, 6144}, ms[] = {3, 200, 700, 1100};
+    uint64_t st = 21;
+    float *x = malloc(sizeof(float) * 1100 * 6144), *y = malloc(sizeof(float) * 1100 * 300),
+          *yp = malloc(sizeof(float) * 1100 * 300);
+    fill_normal(&st, x, (size_t)1100 * 6144, 1);
+    for (int p = M2D_PREC_FP32; p <= M2D_PREC_BF16; p++) {
+        m2d_gemm_ctx *g = ctx_new((m2d_precision)p, 2);
+        for (size_t i = 0; i < sizeof ks / sizeof *ks; i++) {
+            test_w w = make_w(&st, M2D_BF16, 300, ks[i], ks[i]);
+            m2d_gemm_w wv = view(&w), pv = wv;
+            int exact = m2d_gemm_prepare_exact(g, &wv);
+            print_message("%s, k = %d: prepared copies %s\n", m2d_precision_name((m2d_precision)p), ks[i],
+                          exact ? "keep the bits" : "give other bits: kept as stored");
+            m2d_gemm_packed *pk;
+            assert_int_equal(m2d_gemm_prepare(g, &wv, &pk), 0);
+            pv.packed = pk;
+            for (size_t j = 0; j < sizeof ms / sizeof *ms && exact; j++) {
+                assert_int_equal(m2d_gemm(g, x, ks[i], ms[j], &wv, y, 300, 0.0f), 0);
+                assert_int_equal(m2d_gemm(g, x, ks[i], ms[j], &pv, yp, 300, 0.0f), 0);
+                assert_true(bits_equal(y, yp, (size_t)ms[j] * 300));
+            }
+            m2d_gemm_packed_free(pk);
+            free_w(&w);
+        }
+        m2d_gemm_ctx_free(g);
+    }
+    free(x), free(y), free(yp);
+}
+
 /* a vocab chunk of a tensor (starting on a slice boundary, as the engine's 4096-row LM head chunks
  * do) gives the bits of the same rows of the whole; both views are big enough for oneDNN (the
  * kernel is chosen per view, by its size) */
@@ -791,6 +827,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(prepared_weights),
         cmocka_unit_test(tensor_rows_view),
         cmocka_unit_test(bad_arguments),
+        cmocka_unit_test(prepare_exact_holds_where_said),
         cmocka_unit_test(auto_dispatch),
         cmocka_unit_test(no_openmp_team),
         cmocka_unit_test(auto_is_fp32_without_native_bf16),

@@ -95,7 +95,8 @@ static size_t cpu_resident_bytes(m2d_backend *be, const m2d_weight *wh) {
     if (in_place(w->t)) return 0; /* F32: read where it is (it may be a live view, e.g. a trainer's weights) */
     if (is_matrix(w->t)) {
         m2d_gemm_w v = m2d_gemm_tensor_rows(w->t, 0, (int)w->t->shape[0]);
-        return w->packed ? 0 : m2d_gemm_prepare_bytes(gemm_ctx(c, c->resident), &v);
+        m2d_gemm_ctx *g = gemm_ctx(c, c->resident);
+        return w->packed || !m2d_gemm_prepare_exact(g, &v) ? 0 : m2d_gemm_prepare_bytes(g, &v);
     }
     return in_place(w->t) || w->f32 ? 0 : (size_t)m2d_tensor_numel(w->t) * sizeof(float);
 }
@@ -104,9 +105,10 @@ static int cpu_make_resident(m2d_backend *be, m2d_weight *wh) {
     cpu_be *c = CPU(be);
     cpu_weight *w = (cpu_weight *)wh;
     if (in_place(w->t)) return 0;
-    if (is_matrix(w->t)) {
+    if (is_matrix(w->t)) { /* prepared only where that keeps the bits (as stored otherwise) */
         m2d_gemm_w v = m2d_gemm_tensor_rows(w->t, 0, (int)w->t->shape[0]);
-        return w->packed ? 0 : m2d_gemm_prepare(gemm_ctx(c, c->resident), &v, &w->packed);
+        m2d_gemm_ctx *g = gemm_ctx(c, c->resident);
+        return w->packed || !m2d_gemm_prepare_exact(g, &v) ? 0 : m2d_gemm_prepare(g, &v, &w->packed);
     }
     if (in_place(w->t) || w->f32) return 0;
     int64_t n = m2d_tensor_numel(w->t);

@@ -1499,6 +1499,72 @@ m2d_gemm_w m2d_gemm_packed_rows(const m2d_gemm_packed *p, int r0, int n) {
     return (m2d_gemm_w){M2D_F32, NULL, n, p->in, p->in, p, r0, 0};
 }
 
+/* ------------------------------------------------------------------ prepared == as stored */
+
+/* Whether a prepared copy gives the as-stored bits, per precision, kernel and inner dimension k,
+ * found at first use: a [300, k] bf16 weight of normals (a whole and a narrower slice) on 300, 1,100,
+ * 512, 150, 64, 17 and 1 rows of normals, prepared and as stored, on one thread (the row blocks are
+ * chosen by the shape alone). oneDNN 2.6's AMX kernels pick their k blocks by the problem's size
+ * and layout: past k = 1,024 a prepared copy gives other bits at some row counts and not at others
+ * (measured at k = 2,100: 3 and 1,100 rows agree, 300 do not), so the probe tries the row counts
+ * the engine runs, those most often different first. oneDNN's AVX512-BF16 and fp32 kernels, the
+ * own kernels and sgemm gave the same bits at every k tried. */
+enum { EXACT_FACTS = 64 };
+typedef struct {
+    m2d_precision prec;
+    m2d_gemm_kernel kernel;
+    int k, exact;
+} exact_fact;
+static struct {
+    pthread_mutex_t mu;
+    int n;
+    exact_fact f[EXACT_FACTS];
+} exact_facts = {PTHREAD_MUTEX_INITIALIZER, 0, {{0, 0, 0, 0}}};
+
+static int prepare_probe(m2d_precision prec, m2d_gemm_kernel kernel, int k) {
+    static const int rows[] = {300, 1100, 512, 150, 64, 17, 1};
+    enum { N = 300, M = 1100 };
+    m2d_gemm_ctx *g;
+    if (m2d_gemm_ctx_new(prec, NULL, &g)) return 0;
+    m2d_gemm_set_kernel(g, kernel);
+    uint64_t st = 97;
+    float *x = m2d_malloc(sizeof(float) * M * k), *wf = m2d_malloc(sizeof(float) * k);
+    float *y1 = m2d_malloc(sizeof(float) * M * N), *y2 = m2d_malloc(sizeof(float) * M * N);
+    uint16_t *wb = m2d_malloc(sizeof(uint16_t) * N * k);
+    for (size_t i = 0; i < (size_t)M * k; i++) x[i] = (float)m2d_rand_normal(&st);
+    for (int r = 0; r < N; r++) {
+        for (int i = 0; i < k; i++) wf[i] = (float)m2d_rand_normal(&st);
+        m2d_bf16_rows(wf, k, 1, k, wb + (size_t)r * k);
+    }
+    m2d_gemm_w w = m2d_gemm_weight(M2D_BF16, wb, N, k, k), wp = w;
+    m2d_gemm_packed *pk = NULL;
+    int same = m2d_gemm_prepare(g, &w, &pk) == 0;
+    wp.packed = pk;
+    for (size_t i = 0; i < M2D_ARRAY_LEN(rows) && same; i++)
+        same = !m2d_gemm(g, x, k, rows[i], &w, y1, N, 0.0f) && !m2d_gemm(g, x, k, rows[i], &wp, y2, N, 0.0f) &&
+               memcmp(y1, y2, sizeof(float) * (size_t)rows[i] * N) == 0;
+    m2d_gemm_packed_free(pk);
+    m2d_gemm_ctx_free(g);
+    free(x), free(wf), free(y1), free(y2), free(wb);
+    return same;
+}
+
+int m2d_gemm_prepare_exact(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
+    if (check_weight(g, w) || !wants_dnnl(g, w) || own_chunk(g, w)) return 1; /* sgemm's fp32 copy, the own layout */
+    pthread_mutex_lock(&exact_facts.mu); /* held through a probe: each (precision, k) is probed once */
+    int exact = -1;
+    for (int i = 0; i < exact_facts.n && exact < 0; i++) {
+        const exact_fact *f = &exact_facts.f[i];
+        if (f->prec == g->prec && f->kernel == g->kernel && f->k == w->in) exact = f->exact;
+    }
+    if (exact < 0) {
+        exact = prepare_probe(g->prec, g->kernel, w->in);
+        if (exact_facts.n < EXACT_FACTS) exact_facts.f[exact_facts.n++] = (exact_fact){g->prec, g->kernel, w->in, exact};
+    }
+    pthread_mutex_unlock(&exact_facts.mu);
+    return exact;
+}
+
 size_t m2d_gemm_prepare_bytes(m2d_gemm_ctx *g, const m2d_gemm_w *w) {
     if (check_weight(g, w) || w->packed) return 0;
     if (!wants_dnnl(g, w)) return sizeof(float) * (size_t)w->out * w->in;

@@ -21,7 +21,8 @@
  * on the thread count, so neither do the results: both kernels' per-element summation order
  * depends on where a call's columns start and end (measured for OpenBLAS 0.3.21: splitting
  * 37x700x320 at column 384 changes 4 % of the elements), and fixed slices make it the same on 1
- * or 16 threads, nested or not, grouped or single, prepared or as stored (tested bit for bit).
+ * or 16 threads, nested or not, grouped or single (tested bit for bit); prepared or as stored too
+ * where m2d_gemm_prepare_exact says so.
  * A view of some of W's rows (m2d_gemm_tensor_rows) that starts on a slice boundary gives the
  * whole matrix's bits for those rows when both views take oneDNN (the kernel is chosen per view,
  * by its size; oneDNN's result for a column does not depend on how many follow it in the slice).
@@ -145,6 +146,11 @@ void m2d_gemm_force_exact_plan(m2d_gemm_ctx *g, int min_rows, int kc);
  * data afterwards. Free with m2d_gemm_packed_free (before the context). */
 int m2d_gemm_prepare(m2d_gemm_ctx *g, const m2d_gemm_w *w, m2d_gemm_packed **out);
 size_t m2d_gemm_packed_bytes(const m2d_gemm_packed *p);
+/* 1 when W's prepared copy gives the bits W gives as stored (found per precision, kernel and k at
+ * first use by a probe of a few milliseconds, cached): everywhere but oneDNN's AMX bf16 kernels for
+ * k > 1,024, which sum k in other chunks for their blocked layout. The CPU backend prepares only
+ * such weights, so that results never depend on what was made resident (backend.h). */
+int m2d_gemm_prepare_exact(const m2d_gemm_ctx *g, const m2d_gemm_w *w);
 /* What m2d_gemm_prepare(g, w) would take, without preparing (0 for a bad or prepared weight). */
 size_t m2d_gemm_prepare_bytes(m2d_gemm_ctx *g, const m2d_gemm_w *w);
 void m2d_gemm_packed_free(m2d_gemm_packed *p);
