@@ -420,6 +420,26 @@ static void module_vs_team(void) {
     free(x); free(y); free(w);
 }
 
+/* which weights the CPU backend prepares (m2d_gemm_prepare_exact: where a prepared copy keeps the
+ * as-stored bits, probed per precision and k at first use) */
+static void prepare_exact_line(void) {
+    static const int ks[] = {768, 2048, 4096, 6144};
+    uint16_t *w = m2d_calloc((size_t)M2D_GEMM_SLICE * 6144, sizeof *w);
+    printf("prepared copies keep the as-stored bits (the backend prepares only these), k = 768/2048/4096/6144:");
+    for (int p = M2D_PREC_FP32; p <= M2D_PREC_BF16; p++) {
+        m2d_gemm_ctx *g;
+        if (m2d_gemm_ctx_new((m2d_precision)p, NULL, &g)) break;
+        printf(" %s", m2d_precision_name((m2d_precision)p));
+        for (size_t i = 0; i < M2D_ARRAY_LEN(ks); i++) {
+            m2d_gemm_w v = m2d_gemm_weight(M2D_BF16, w, M2D_GEMM_SLICE, ks[i], ks[i]);
+            printf("%s%s", i ? "/" : " ", m2d_gemm_prepare_exact(g, &v) ? "yes" : "no");
+        }
+        m2d_gemm_ctx_free(g);
+    }
+    printf("\n");
+    free(w);
+}
+
 /* ---------------------------------------------------------------- main */
 
 static void cpu_line(void) {
@@ -493,6 +513,7 @@ int main(int argc, char **argv) {
                : plan ? "with exact rows (calls padded, k split; the probe's plan below)" : "no");
         if (plan) printf("  exact-rows plan: calls of >= %d rows, k in chunks of %d\n", rows, kc);
     }
+    prepare_exact_line();
     printf("\n");
     double p16 = ys.dnnl16 > 0 ? ys.dnnl16 : ys.sgemm;
     printf("| shape | m | out | in |");
