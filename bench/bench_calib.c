@@ -154,6 +154,17 @@ static double checkpoint_bytes(const char *dir) {
     return b;
 }
 
+/* N token ids uniform over the vocabulary V, the same sequence every run (malloc'd) */
+static int32_t *random_tokens(int64_t n, int V) {
+    int32_t *ids = m2d_malloc(sizeof(int32_t) * (size_t)n);
+    uint64_t st = 1;
+    for (int64_t i = 0; i < n; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int32_t)((st >> 33) % (uint64_t)V);
+    }
+    return ids;
+}
+
 static int rss_run(const char *dir, const char *mode, int windows, const char *prec_s) {
     m2d_precision prec;
     if (m2d_precision_parse(prec_s, "bench_calib rss", &prec)) {
@@ -167,12 +178,7 @@ static int rss_run(const char *dir, const char *mode, int windows, const char *p
     }
     int L = 512, calib = strcmp(mode, "calib") == 0;
     int64_t n = (int64_t)windows * L;
-    int32_t *ids = m2d_malloc(sizeof(int32_t) * (size_t)n);
-    uint64_t st = 1;
-    for (int64_t i = 0; i < n; i++) {
-        st = st * 6364136223846793005ull + 1442695040888963407ull;
-        ids[i] = (int32_t)((st >> 33) % (uint64_t)m->cfg.vocab_size);
-    }
+    int32_t *ids = random_tokens(n, m->cfg.vocab_size);
     double peak = calib ? yardstick_gemm_peak(prec) : 0; /* the bound's yardstick, before and after the run */
     pthread_t tid;
     pthread_create(&tid, NULL, rss_sampler, NULL);
@@ -229,12 +235,7 @@ static int bound_run(const char *dir, int windows, const char *prec_s, int round
     }
     int L = 512;
     int64_t n = (int64_t)windows * L;
-    int32_t *ids = m2d_malloc(sizeof(int32_t) * (size_t)n);
-    uint64_t st = 1;
-    for (int64_t i = 0; i < n; i++) {
-        st = st * 6364136223846793005ull + 1442695040888963407ull;
-        ids[i] = (int32_t)((st >> 33) % (uint64_t)m->cfg.vocab_size);
-    }
+    int32_t *ids = random_tokens(n, m->cfg.vocab_size);
     calib_arg a = {m, ids, n, {.seq_len = L, .n_samples = windows, .precision = (int)prec}};
     double fl = yardstick_calib_flops(&m->cfg, windows, L), *mean = m2d_malloc(sizeof(double) * (size_t)rounds);
     double *high = m2d_malloc(sizeof(double) * (size_t)rounds), before = yardstick_gemm_peak(prec);
