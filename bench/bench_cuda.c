@@ -295,6 +295,12 @@ static void model_rows(const char *dir, const char *label, double peak) {
  * distill runs them), one window of L tokens a step: the mean of 3 steps after a warm-up one (a
  * step is synchronous: the loss comes back to the host). `tools/distill_ref.py --bench --device
  * cuda --teacher-dtype bf16 --attn sdpa` times the same step in PyTorch (tools/gpu_run.sh). */
+/* the student's bf16 weights rounded at every GEMM: M2D_CUDA_WCACHE=0, or the reference kernels */
+static int wcache_off(void) {
+    const char *w = getenv("M2D_CUDA_WCACHE"), *f = getenv("M2D_CUDA_FAST");
+    return (w && strcmp(w, "0") == 0) || (f && strcmp(f, "0") == 0);
+}
+
 static void distill_row(const char *teacher_dir, const char *student_dir, int L, m2d_precision student_prec) {
     m2d_model *t = NULL, *s = NULL;
     m2d_trainer *tr = NULL;
@@ -324,7 +330,7 @@ static void distill_row(const char *teacher_dir, const char *student_dir, int L,
             printf("\n| distillation step (L = %d, 1 window, teacher bf16, student %s%s) | %.1f ms | %.0f tokens/s | "
                    "teacher forward %.1f ms | peak host RSS %.2f GB |\n",
                    L, m2d_precision_name(student_prec),
-                   getenv("M2D_CUDA_WCACHE") ? ", weights rounded at every GEMM" : "", (m2d_now() - t0) / 3 * 1e3, 3 * L / (m2d_now() - t0), teacher / 3 * 1e3, m2d_peak_rss() / 1e9);
+                   wcache_off() ? ", weights rounded at every GEMM" : "", (m2d_now() - t0) / 3 * 1e3, 3 * L / (m2d_now() - t0), teacher / 3 * 1e3, m2d_peak_rss() / 1e9);
         free(tok);
     }
     m2d_trainer_free(tr);
@@ -393,9 +399,12 @@ int main(int argc, char **argv) {
         model_rows(dense, "dense student K=8", peak);
         distill_row(moe, dense, 512, M2D_PREC_FP32);
         distill_row(moe, dense, 512, M2D_PREC_BF16); /* --train-precision bf16: tensor cores */
+        char *user = getenv("M2D_CUDA_WCACHE") ? m2d_strdup(getenv("M2D_CUDA_WCACHE")) : NULL;
         setenv("M2D_CUDA_WCACHE", "0", 1); /* the same, each weight rounded at every GEMM (knob bf16_wcache 0) */
         distill_row(moe, dense, 512, M2D_PREC_BF16);
-        unsetenv("M2D_CUDA_WCACHE");
+        if (user) setenv("M2D_CUDA_WCACHE", user, 1);
+        else unsetenv("M2D_CUDA_WCACHE");
+        free(user);
     }
     printf("\ncheckpoints: %s (tools/bench_hf_gpu.py %s %s)\n", root, moe, dense);
     free(moe);

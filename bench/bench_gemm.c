@@ -395,7 +395,7 @@ static void module_vs_team(void) {
     dnnl_engine_t eng;
     dnnl_engine_create(&eng, dnnl_cpu, 0);
     dn_arg r;
-    char impl[128];
+    char impl[128] = "none";
     dn_team(eng, N, N, N, dnnl_bf16, dnnl_format_tag_any, NULL, NULL, NULL, &r, impl, sizeof impl);
     double ratio[ROUNDS], flops = 2.0 * N * N * (double)N;
     printf("\nbf16 2048^3, the module (as stored, pool of %d) / oneDNN's own team of %d (%s), alternated:", THREADS,

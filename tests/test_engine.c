@@ -473,12 +473,12 @@ static void op_attention_causal_gqa_on(const char *backend) {
 }
 
 /* backend.h: a weight made resident (the CPU: prepared in its kernel's layout; a GPU: uploaded)
- * gives the bits it gave as stored, in every precision. In bf16 with inner dimensions past 1,024,
- * oneDNN's AMX kernels sum k in other chunks for a prepared weight than for one as stored (measured:
- * every K of 2,048 to 8,192 differs), so the CPU backend keeps such weights as stored there. Exact:
- * one machine, one kernel, the same operands. */
+ * gives the bits it gave as stored, in every precision. In bf16 at many inner dimensions past 768,
+ * oneDNN's AMX kernels sum k in other blocks for a prepared weight than for one as stored (gemm.c
+ * m2d_gemm_prepare_exact; measured: k = 999 and 6,144 at 512 rows), so the CPU backend keeps such
+ * weights as stored there. Exact: one machine, one kernel, the same operands. */
 static void resident_same_bits(const char *backend, m2d_precision prec, int in) {
-    enum { M = 64, OUT = 300 };
+    enum { M = 512, OUT = 300 };
     uint64_t st = (uint64_t)in;
     float *x = malloc(sizeof(float) * M * in), *y1 = malloc(sizeof(float) * M * OUT), *y2 = malloc(sizeof(float) * M * OUT);
     uint16_t *w = malloc(sizeof(uint16_t) * OUT * in);
@@ -509,7 +509,7 @@ static void resident_same_bits(const char *backend, m2d_precision prec, int in) 
 }
 
 static void op_resident_weights_keep_bits_on(const char *backend) {
-    static const int ins[] = {96, 1000, 2100, 6144};
+    static const int ins[] = {96, 999, 2100, 6144};
     for (size_t i = 0; i < sizeof ins / sizeof *ins; i++) {
         resident_same_bits(backend, M2D_PREC_FP32, ins[i]);
         resident_same_bits(backend, M2D_PREC_BF16, ins[i]);

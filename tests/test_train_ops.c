@@ -276,8 +276,11 @@ EACH_BACKEND(gemm_bf16_backward)
 
 /* dx = dy W + dx and dW = dy^T x + dW (beta 1, as the trainer's accumulations) at bf16 on windows of
  * wider rows (ld > cols, at an offset, as the trainer's slices of its activations): each element
- * within the bound of bf16_sums_outside for the sum plus one more rounding for the add of the old
- * value, (K + 1) u (sum|terms| + |old|); every element past a window's columns untouched. */
+ * within 2 (K + 1) u (sum|terms| + |old|) of the exact sum: K terms and the old value take K
+ * additions, at most K u (sum|terms| + |old|) off in any order with round-to-nearest (gamma_K <=
+ * (K + 1) u), doubled for tensor cores, whose accumulation truncates (up to ~2 K u in published
+ * models of A100/H100); a skipped beta or a wrong window is off by O(1). Every element past a
+ * window's columns untouched. */
 static int windows_outside(const float *got, const float *old, int rows, int cols, int ld, int K, const float *a,
                            int64_t as_i, int64_t as_k, const float *b, int64_t bs_k, int64_t bs_j) {
     int outside = 0;
@@ -288,7 +291,7 @@ static int windows_outside(const float *got, const float *old, int rows, int col
                 double t = bf(a[i * as_i + k * as_k]) * bf(b[k * bs_k + j * bs_j]);
                 s += t, mag += fabs(t);
             }
-            outside += !(fabs(got[(size_t)i * ld + j] - s) <= (K + 1) * 0x1p-24 * mag + 1e-30);
+            outside += !(fabs(got[(size_t)i * ld + j] - s) <= 2 * (K + 1) * 0x1p-24 * mag + 1e-30);
         }
     return outside;
 }
@@ -315,7 +318,7 @@ static void gemm_bf16_windows_accumulate_on(const char *backend) {
     int bad_dx = windows_outside(dx + off, dx0 + off, n, in, ldd, out, r + off, ldy, 1, w, in, 1);
     int bad_dw = windows_outside(dw + off, dw0 + off, out, in, ldw, n, r + off, 1, ldy, x + off, ldx, 1);
     if (bad_dx || bad_dw)
-        fail_msg("bf16 gemm backward on %s, windows with beta 1: %d dx and %d dW elements outside (K + 1) u", backend,
+        fail_msg("bf16 gemm backward on %s, windows with beta 1: %d dx and %d dW elements outside 2 (K + 1) u", backend,
                  bad_dx, bad_dw);
     for (int i = 0; i < off; i++) assert_true(dx[i] == dx0[i] && dw[i] == dw0[i]);
     for (int i = 0; i < n; i++)

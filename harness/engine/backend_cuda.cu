@@ -87,7 +87,8 @@ struct cu_weight {
     m2d_dtype dt;   /* its dtype: M2D_BF16 or M2D_F32 */
     m2d_tensor *view; /* a weight view's own tensor (cu_weight_view: DEV is not this weight's) */
     void *bf16;       /* a view's values rounded to bf16 (view_bf16), or NULL */
-    unsigned bf16_gen; /* the weights' generation (cu_be.wgen) BF16 was made in; 0: never */
+    uint64_t bf16_gen; /* the weights' generation (cu_be.wgen) BF16 was made in; 0: never */
+    int bf16_none;    /* no device memory was left for BF16: rounded per GEMM instead */
 };
 
 /* scratch device buffers, each grown on demand and reused op after op */
@@ -186,7 +187,8 @@ struct cu_be {
     int bf16_wcache;      /* knob: a weight view's bf16 copy kept within a bracket until the weights
                            * change (1, the default: view_bf16) or made again at every GEMM (0; the
                            * same bits) */
-    unsigned wgen;        /* the weights' generation: AdamW and the outermost leave start a new one */
+    uint64_t wgen;        /* the weights' generation: AdamW and the outermost leave start a new one */
+    int wcache_note;      /* the note that a bf16 copy found no device memory was printed */
     int calib_overlap;    /* knob: calibration's selected rows copied to the host on a copy stream while
                            * the Gram runs (1), or after it (0, the default until a GPU has timed both;
                            * the same bytes) */
@@ -360,8 +362,17 @@ static const void *wdev(cu_be *c, const cu_weight *w, int64_t first, int64_t n, 
 static const void *view_bf16(cu_be *c, const cu_weight *cw) {
     cu_weight *w = (cu_weight *)cw; /* the handle's cache, not its value */
     int64_t n = m2d_tensor_numel(w->view);
-    if (!w->bf16 && !cuda_ok(c, cudaMalloc(&w->bf16, sizeof(__nv_bfloat16) * (size_t)n), "cudaMalloc (a weight's bf16 copy)")) {
+    if (!w->bf16 && dev_malloc(c, &w->bf16, sizeof(__nv_bfloat16) * (size_t)n) != cudaSuccess) {
+        cudaGetLastError(); /* not sticky: this view is rounded per GEMM instead, as without the copy */
         w->bf16 = NULL;
+        w->bf16_none = 1;
+        if (!c->wcache_note) {
+            size_t fr = 0, tot = 0;
+            cudaMemGetInfo(&fr, &tot);
+            fprintf(stderr, "cuda: note: no device memory for a weight's bf16 copy (%zu of %zu MiB free): weights "
+                            "without one are rounded at every GEMM (slower, the same results)\n", fr >> 20, tot >> 20);
+            c->wcache_note = 1;
+        }
         return NULL;
     }
     if (w->bf16_gen != c->wgen) {
@@ -374,9 +385,10 @@ static const void *view_bf16(cu_be *c, const cu_weight *cw) {
 
 /* elements [first, first+n) of W as WANT (M2D_F32 or M2D_BF16) on the device */
 static const void *wtyped(cu_be *c, const cu_weight *w, int64_t first, int64_t n, m2d_dtype want) {
-    if (want == M2D_BF16 && w->view && c->bf16_wcache && c->depth > 0) {
+    if (want == M2D_BF16 && w->view && !w->bf16_none && c->bf16_wcache && c->depth > 0) {
         const void *b = view_bf16(c, w);
-        return b ? (const void *)((const __nv_bfloat16 *)b + first) : NULL;
+        if (b) return (const void *)((const __nv_bfloat16 *)b + first);
+        if (c->failed) return NULL; /* else: no memory for the copy, converted below */
     }
     m2d_dtype dt;
     const void *p = wdev(c, w, first, n, &dt);

@@ -1501,25 +1501,26 @@ m2d_gemm_w m2d_gemm_packed_rows(const m2d_gemm_packed *p, int r0, int n) {
 
 /* ------------------------------------------------------------------ prepared == as stored */
 
-/* Whether a prepared copy gives the as-stored bits, per precision, kernel and inner dimension k,
- * found at first use: a [300, k] bf16 weight of uniform values (a whole and a narrower slice) on 300,
- * 1,100, 512, 150, 64, 17 and 1 rows of them, prepared and as stored, on one thread (the row blocks are
- * chosen by the shape alone). oneDNN 2.6's AMX kernels pick their k blocks by the problem's size
- * and layout: past k = 1,024 a prepared copy gives other bits at some row counts and not at others
- * (measured at k = 2,100: 3 and 1,100 rows agree, 300 do not), so the probe tries the row counts
- * the engine runs, those most often different first. oneDNN's AVX512-BF16 and fp32 kernels, the
- * own kernels and sgemm gave the same bits at every k tried. */
-enum { EXACT_FACTS = 64 };
+/* Whether oneDNN's result for a prepared copy has the as-stored bits, per precision and inner
+ * dimension k, found at first use: a [300, k] bf16 weight of uniform values (a whole and a narrower
+ * slice) on 300, 512, 150, 64, 17 and 1 rows of them, prepared and as stored, on one thread,
+ * each row count both as one call (split into row blocks by its shape, as a single GEMM of a weight
+ * of fewer than 4 slices is) and whole (as grouped calls and wider weights run). oneDNN 2.6's AMX
+ * kernels pick their k blocks by the problem's size and layout, so a prepared copy gives other bits
+ * at some k and row counts and not at others (measured: k <= 768 the same everywhere; odd k from
+ * 999 and even k from 1,216 differ at some row counts; at k = 2,100, 3 and 1,100 rows agree and
+ * 300 do not): the probe tries the row counts the engine runs, those most often different first.
+ * oneDNN's AVX512-BF16 and fp32 kernels gave the same bits at every k tried. */
+enum { EXACT_FACTS = 256 };
 typedef struct {
     m2d_precision prec;
-    m2d_gemm_kernel kernel;
     int k, exact;
 } exact_fact;
 static struct {
     pthread_mutex_t mu;
     int n;
     exact_fact f[EXACT_FACTS];
-} exact_facts = {PTHREAD_MUTEX_INITIALIZER, 0, {{0, 0, 0, 0}}};
+} exact_facts = {PTHREAD_MUTEX_INITIALIZER, 0, {{0, 0, 0}}};
 
 /* uniform in [-1, 1) with 24 random bits, from a 64-bit LCG */
 static float uniform_pm1(uint64_t *st) {
@@ -1527,17 +1528,24 @@ static float uniform_pm1(uint64_t *st) {
     return (float)(*st >> 40) * 0x1p-23f - 1.0f;
 }
 
-static int prepare_probe(m2d_precision prec, m2d_gemm_kernel kernel, int k) {
-    static const int rows[] = {300, 1100, 512, 150, 64, 17, 1};
-    enum { N = 300, M = 1100 };
+/* Y for the first M rows of X by W (as stored or prepared), as one call (WHOLE 0) or as a group of
+ * one, whose rows stay whole; 0 on success */
+static int probe_product(m2d_gemm_ctx *g, const float *x, int k, int m, const m2d_gemm_w *w, float *y, int whole) {
+    m2d_gemm_group one = {x, k, m, w, y, w->out, 0.0f, 0};
+    return whole ? m2d_gemm_grouped(g, &one, 1) : m2d_gemm(g, x, k, m, w, y, w->out, 0.0f);
+}
+
+static int prepare_probe(m2d_precision prec, int k) {
+    static const int rows[] = {300, 512, 150, 64, 17, 1};
+    enum { N = 300, M = 512 };
     m2d_gemm_ctx *g;
     if (m2d_gemm_ctx_new(prec, NULL, &g)) return 0;
-    m2d_gemm_set_kernel(g, kernel);
+    m2d_gemm_set_kernel(g, M2D_GEMM_ONEDNN); /* the caller's weight takes oneDNN, whatever this one's size */
     uint64_t st = 97;
     float *x = m2d_malloc(sizeof(float) * M * k), *wf = m2d_malloc(sizeof(float) * k);
     float *y1 = m2d_malloc(sizeof(float) * M * N), *y2 = m2d_malloc(sizeof(float) * M * N);
     uint16_t *wb = m2d_malloc(sizeof(uint16_t) * N * k);
-    for (size_t i = 0; i < (size_t)M * k; i++) x[i] = uniform_pm1(&st); /* cheap: 7 M of them at k = 6,144 */
+    for (size_t i = 0; i < (size_t)M * k; i++) x[i] = uniform_pm1(&st); /* cheap: 3 M of them at k = 6,144 */
     for (int r = 0; r < N; r++) {
         for (int i = 0; i < k; i++) wf[i] = uniform_pm1(&st);
         m2d_bf16_rows(wf, k, 1, k, wb + (size_t)r * k);
@@ -1546,9 +1554,11 @@ static int prepare_probe(m2d_precision prec, m2d_gemm_kernel kernel, int k) {
     m2d_gemm_packed *pk = NULL;
     int same = m2d_gemm_prepare(g, &w, &pk) == 0;
     wp.packed = pk;
-    for (size_t i = 0; i < M2D_ARRAY_LEN(rows) && same; i++)
-        same = !m2d_gemm(g, x, k, rows[i], &w, y1, N, 0.0f) && !m2d_gemm(g, x, k, rows[i], &wp, y2, N, 0.0f) &&
-               memcmp(y1, y2, sizeof(float) * (size_t)rows[i] * N) == 0;
+    for (size_t i = 0; i < 2 * M2D_ARRAY_LEN(rows) && same; i++) {
+        int m = rows[i / 2], whole = (int)(i % 2);
+        same = !probe_product(g, x, k, m, &w, y1, whole) && !probe_product(g, x, k, m, &wp, y2, whole) &&
+               memcmp(y1, y2, sizeof(float) * (size_t)m * N) == 0;
+    }
     m2d_gemm_packed_free(pk);
     m2d_gemm_ctx_free(g);
     free(x), free(wf), free(y1), free(y2), free(wb);
@@ -1559,16 +1569,14 @@ int m2d_gemm_prepare_exact(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
     if (check_weight(g, w) || !wants_dnnl(g, w) || own_chunk(g, w)) return 1; /* sgemm's fp32 copy, the own layout */
     pthread_mutex_lock(&exact_facts.mu); /* held through a probe: each (precision, k) is probed once */
     int exact = -1;
-    for (int i = 0; i < exact_facts.n && exact < 0; i++) {
-        const exact_fact *f = &exact_facts.f[i];
-        if (f->prec == g->prec && f->kernel == g->kernel && f->k == w->in) exact = f->exact;
-    }
-    if (exact < 0) {
-        exact = prepare_probe(g->prec, g->kernel, w->in);
-        if (exact_facts.n < EXACT_FACTS) exact_facts.f[exact_facts.n++] = (exact_fact){g->prec, g->kernel, w->in, exact};
+    for (int i = 0; i < exact_facts.n && exact < 0; i++)
+        if (exact_facts.f[i].prec == g->prec && exact_facts.f[i].k == w->in) exact = exact_facts.f[i].exact;
+    if (exact < 0 && exact_facts.n < EXACT_FACTS) {
+        exact = prepare_probe(g->prec, w->in);
+        exact_facts.f[exact_facts.n++] = (exact_fact){g->prec, w->in, exact};
     }
     pthread_mutex_unlock(&exact_facts.mu);
-    return exact;
+    return exact > 0; /* a full table: as stored, which is always right */
 }
 
 size_t m2d_gemm_prepare_bytes(m2d_gemm_ctx *g, const m2d_gemm_w *w) {

@@ -146,10 +146,11 @@ void m2d_gemm_force_exact_plan(m2d_gemm_ctx *g, int min_rows, int kc);
  * data afterwards. Free with m2d_gemm_packed_free (before the context). */
 int m2d_gemm_prepare(m2d_gemm_ctx *g, const m2d_gemm_w *w, m2d_gemm_packed **out);
 size_t m2d_gemm_packed_bytes(const m2d_gemm_packed *p);
-/* 1 when W's prepared copy gives the bits W gives as stored (found per precision, kernel and k at
- * first use by a probe of a few milliseconds, cached): everywhere but oneDNN's AMX bf16 kernels for
- * k > 1,024, which sum k in other chunks for their blocked layout. The CPU backend prepares only
- * such weights, so that results never depend on what was made resident (backend.h). */
+/* 1 when W's prepared copy gives the bits W gives as stored (found per precision and k at first use
+ * by a probe of a few tens of milliseconds, cached): everywhere measured but oneDNN's AMX bf16
+ * kernels, which block k otherwise for their own layout at many k past 768 (gemm.c). The CPU
+ * backend prepares only such weights, so that results never depend on what was made resident
+ * (backend.h). */
 int m2d_gemm_prepare_exact(const m2d_gemm_ctx *g, const m2d_gemm_w *w);
 /* What m2d_gemm_prepare(g, w) would take, without preparing (0 for a bad or prepared weight). */
 size_t m2d_gemm_prepare_bytes(m2d_gemm_ctx *g, const m2d_gemm_w *w);
