@@ -223,25 +223,32 @@ EACH_BACKEND(gemm_accumulates)
 
 static double bf(float v) { return m2d_bf16_to_f32(m2d_f32_to_bf16(v)); }
 
-/* GOT[i, j] = sum over k of A(i, k) B(k, j) for the operands' bf16 values (ROUND) or their own: the
- * products of bf16 values are exact in fp32 (8 + 8 significant bits), so the only error is the fp32
- * summation of K of them, at most K u sum|terms| (u = 2^-24) in any order. Returns how many
- * elements lie outside that bound. */
-static int bf16_sums_outside(const float *got, int rows, int cols, int K, const float *a, int64_t as_i, int64_t as_k,
-                             const float *b, int64_t bs_k, int64_t bs_j, int round) {
+/* A GEMM's result GOT [rows, cols] (row stride LD) against OLD[i, j] (NULL: 0) + sum over k of
+ * A(i, k) B(k, j), for the operands' bf16 values (ROUND) or their own, summed in float64; an
+ * element is outside when it misses that by more than SLACK u (|old| + sum|terms|), u = 2^-24.
+ * Returns how many are. */
+static int sums_outside(const float *got, const float *old, int rows, int cols, int ld, int K, const float *a,
+                        int64_t as_i, int64_t as_k, const float *b, int64_t bs_k, int64_t bs_j, int round, double slack) {
     int outside = 0;
     for (int i = 0; i < rows; i++)
         for (int j = 0; j < cols; j++) {
-            double s = 0, mag = 0;
+            double s = old ? old[(size_t)i * ld + j] : 0, mag = fabs(s);
             for (int k = 0; k < K; k++) {
                 float av = a[i * as_i + k * as_k], bv = b[k * bs_k + j * bs_j];
                 double t = round ? bf(av) * bf(bv) : (double)av * bv;
                 s += t, mag += fabs(t);
             }
-            double tol = K * 0x1p-24 * mag + 1e-30;
-            outside += !(fabs(got[(size_t)i * cols + j] - s) <= tol);
+            outside += !(fabs(got[(size_t)i * ld + j] - s) <= slack * 0x1p-24 * mag + 1e-30);
         }
     return outside;
+}
+
+/* A dense GOT [rows, cols] against sums of K products: the products of bf16 values are exact in
+ * fp32 (8 + 8 significant bits), so the only error is the fp32 summation of K of them, at most
+ * K u sum|terms| in any order. */
+static int bf16_sums_outside(const float *got, int rows, int cols, int K, const float *a, int64_t as_i, int64_t as_k,
+                             const float *b, int64_t bs_k, int64_t bs_j, int round) {
+    return sums_outside(got, NULL, rows, cols, cols, K, a, as_i, as_k, b, bs_k, bs_j, round, K);
 }
 
 static void gemm_bf16_case(const char *backend, int n, int in, int out) {
@@ -281,21 +288,6 @@ EACH_BACKEND(gemm_bf16_backward)
  * (K + 1) u), doubled for tensor cores, whose accumulation truncates (up to ~2 K u in published
  * models of A100/H100); a skipped beta or a wrong window is off by O(1). Every element past a
  * window's columns untouched. */
-static int windows_outside(const float *got, const float *old, int rows, int cols, int ld, int K, const float *a,
-                           int64_t as_i, int64_t as_k, const float *b, int64_t bs_k, int64_t bs_j) {
-    int outside = 0;
-    for (int i = 0; i < rows; i++)
-        for (int j = 0; j < cols; j++) {
-            double s = old[(size_t)i * ld + j], mag = fabs(s);
-            for (int k = 0; k < K; k++) {
-                double t = bf(a[i * as_i + k * as_k]) * bf(b[k * bs_k + j * bs_j]);
-                s += t, mag += fabs(t);
-            }
-            outside += !(fabs(got[(size_t)i * ld + j] - s) <= 2 * (K + 1) * 0x1p-24 * mag + 1e-30);
-        }
-    return outside;
-}
-
 static void gemm_bf16_windows_accumulate_on(const char *backend) {
     enum { n = 37, in = 70, out = 50, off = 3, ldx = in + 5, ldy = out + 7, ldd = in + 3, ldw = in + 1 };
     uint64_t st = 11;
@@ -315,8 +307,8 @@ static void gemm_bf16_windows_accumulate_on(const char *backend) {
     tr->gemm_dw(be, &R, &X, &DW, 1.0f, M2D_PREC_BF16);
     assert_int_equal(be->ops->leave(be), 0);
     down(be, dx, dxb, sizeof dx), down(be, dw, dwb, sizeof dw);
-    int bad_dx = windows_outside(dx + off, dx0 + off, n, in, ldd, out, r + off, ldy, 1, w, in, 1);
-    int bad_dw = windows_outside(dw + off, dw0 + off, out, in, ldw, n, r + off, 1, ldy, x + off, ldx, 1);
+    int bad_dx = sums_outside(dx + off, dx0 + off, n, in, ldd, out, r + off, ldy, 1, w, in, 1, 1, 2.0 * (out + 1));
+    int bad_dw = sums_outside(dw + off, dw0 + off, out, in, ldw, n, r + off, 1, ldy, x + off, ldx, 1, 1, 2.0 * (n + 1));
     if (bad_dx || bad_dw)
         fail_msg("bf16 gemm backward on %s, windows with beta 1: %d dx and %d dW elements outside 2 (K + 1) u", backend,
                  bad_dx, bad_dw);
