@@ -215,11 +215,6 @@ static int rss_run(const char *dir, const char *mode, int windows, const char *p
     return rc;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* bound mode: ROUNDS calibrations of WINDOWS x 512 random tokens on DIR at PREC, each between two
  * measurements of the bf16/fp32 yardstick (the GEMM module's 2048³), so that every round's ratio
  * to its FLOP bound is taken under the load of its own minutes: this shared machine's AMX rate
@@ -248,8 +243,8 @@ static int bound_run(const char *dir, int windows, const char *prec_s, int round
         printf("round %d: %.0f GFLOP/s, %.2f s, %.0f GFLOP/s: %.2fx / %.2fx\n", r + 1, before, tc, after, mean[r], high[r]);
         before = after;
     }
-    qsort(mean, (size_t)rounds, sizeof *mean, cmp_double);
-    qsort(high, (size_t)rounds, sizeof *high, cmp_double);
+    qsort(mean, (size_t)rounds, sizeof *mean, bench_cmp_double);
+    qsort(high, (size_t)rounds, sizeof *high, bench_cmp_double);
     printf("median of %d rounds: %.2fx the FLOP bound at the yardsticks' mean (%.2fx at the higher); range %.2f-%.2fx\n",
            rounds, mean[rounds / 2], high[rounds / 2], mean[0], mean[rounds - 1]);
     free(mean); free(high); free(ids);

@@ -18,13 +18,9 @@
 #include "model/model.h"
 #include "train/net.h"
 #include "train/params.h"
+#include "yardstick.h"
 
 enum { L = 512, B = 2 };
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 /* the best seconds of REPS calls of FN after one warm-up; -1 on failure */
 static double best(int reps, int (*fn)(void *), void *ctx) {
@@ -35,7 +31,7 @@ static double best(int reps, int (*fn)(void *), void *ctx) {
         rc = fn(ctx);
         dt[i] = m2d_now() - t0;
     }
-    qsort(dt, (size_t)reps, sizeof *dt, cmp_double);
+    qsort(dt, (size_t)reps, sizeof *dt, bench_cmp_double);
     double min = rc ? -1 : dt[0];
     free(dt);
     return min;

@@ -20,6 +20,7 @@
 #include "engine/blas_core.h"
 #include "engine/gemm.h"
 #include "base/util.h"
+#include "yardstick.h"
 
 #define THREADS 2
 
@@ -379,11 +380,6 @@ static void slicing_cost(void) {
  * its own layout), alternated call by call: this shared machine's AMX rate moves by 2x within minutes,
  * so the table's fractions (the yardsticks measured at the start and the end) can read half where the
  * two are at par; this ratio is measured under one load. */
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static void module_vs_team(void) {
     enum { N = 2048, ROUNDS = 5 };
     float *x = rand_f32((size_t)N * N), *y = m2d_malloc(sizeof(float) * N * N);
@@ -409,7 +405,7 @@ static void module_vs_team(void) {
         printf(" %.0f/%.0f", flops / tm / 1e9, flops / tt / 1e9);
     }
     if (r.p) {
-        qsort(ratio, ROUNDS, sizeof *ratio, cmp_double);
+        qsort(ratio, ROUNDS, sizeof *ratio, bench_cmp_double);
         printf(" GFLOP/s; median ratio %.2f\n", ratio[ROUNDS / 2]);
         dn_free(&r);
     } else {

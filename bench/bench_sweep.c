@@ -12,11 +12,7 @@
 #include "io/results.h"
 #include "sweep/sweep.h"
 #include "base/util.h"
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#include "yardstick.h"
 
 int main(void) {
     enum { R = 5 };
@@ -63,10 +59,10 @@ int main(void) {
         m2d_experiment_free(&x);
         free(csv);
     }
-    qsort(t_load, R, sizeof(double), cmp_d);
-    qsort(t_sweep, R, sizeof(double), cmp_d);
-    qsort(t_read, R, sizeof(double), cmp_d);
-    qsort(t_report, R, sizeof(double), cmp_d);
+    qsort(t_load, R, sizeof(double), bench_cmp_double);
+    qsort(t_sweep, R, sizeof(double), bench_cmp_double);
+    qsort(t_read, R, sizeof(double), bench_cmp_double);
+    qsort(t_report, R, sizeof(double), bench_cmp_double);
     printf("paper grid, %d configurations, fake backend (no model), median of %d\n", n, R);
     printf("  load experiments.toml + expand grid   %8.2f ms\n", 1e3 * t_load[R / 2]);
     printf("  sweep (dedup + fsync'd row each)      %8.2f ms  (%.2f ms per configuration)\n", 1e3 * t_sweep[R / 2],

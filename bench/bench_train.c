@@ -23,6 +23,7 @@
 #include "model/model.h"
 #include "testmodel.h"
 #include "train/trainer.h"
+#include "yardstick.h"
 
 static double sgemm_gflops(int n) {
     float *a = m2d_malloc((size_t)n * n * 4), *b = m2d_malloc((size_t)n * n * 4), *c = m2d_malloc((size_t)n * n * 4);
@@ -76,11 +77,6 @@ static int build_student(const m2d_model *t, m2d_model **student) {
     return rc;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* median seconds per step of N steps after one warm-up */
 static double time_steps(const m2d_model *t, const m2d_model *s, m2d_trainer_opts o, int n, const int32_t *tok) {
     m2d_trainer *tr;
@@ -93,7 +89,7 @@ static double time_steps(const m2d_model *t, const m2d_model *s, m2d_trainer_opt
         rc = m2d_trainer_step(tr, i + 2, tok + (size_t)(i % 2) * o.batch * o.seq_len, &st);
         dt[i] = m2d_now() - t0;
     }
-    qsort(dt, (size_t)n, sizeof *dt, cmp_double);
+    qsort(dt, (size_t)n, sizeof *dt, bench_cmp_double);
     double med = rc ? -1 : dt[n / 2];
     free(dt);
     m2d_trainer_free(tr);

@@ -71,3 +71,8 @@ double yardstick_calib_flops(const m2d_config *c, int n_windows, int L) {
     }
     return n_windows * (attention_router_flops(c, L) + f + 2.0 * d * c->vocab_size);
 }
+
+int bench_cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}

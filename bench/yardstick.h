@@ -21,4 +21,7 @@ double yardstick_forward_flops(const m2d_config *c, int n, int scored);
  * router-logit Gram. */
 double yardstick_calib_flops(const m2d_config *c, int n_windows, int L);
 
+/* qsort's order of doubles, ascending (the benches' medians) */
+int bench_cmp_double(const void *a, const void *b);
+
 #endif
