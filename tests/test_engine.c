@@ -476,44 +476,103 @@ static void op_attention_causal_gqa_on(const char *backend) {
  * gives the bits it gave as stored, in every precision. In bf16 at many inner dimensions past 768,
  * oneDNN's AMX kernels sum k in other blocks for a prepared weight than for one as stored (gemm.c
  * m2d_gemm_prepare_exact; measured: k = 999 and 6,144 at 512 rows), so the CPU backend keeps such
- * weights as stored there. Exact: one machine, one kernel, the same operands. */
-static void resident_same_bits(const char *backend, m2d_precision prec, int in) {
-    enum { M = 512, OUT = 300 };
+ * weights as stored there. The shapes are none the probe tries (700 and 1,300 rows; last slices 8
+ * and 88 columns wide after one and two full ones). Exact: one machine, one kernel, the same
+ * operands. Returns whether the weight had anything to make resident. */
+static int resident_same_bits(const char *backend, m2d_precision prec, int m, int out, int in) {
     uint64_t st = (uint64_t)in;
-    float *x = malloc(sizeof(float) * M * in), *y1 = malloc(sizeof(float) * M * OUT), *y2 = malloc(sizeof(float) * M * OUT);
-    uint16_t *w = malloc(sizeof(uint16_t) * OUT * in);
-    fill_normal(&st, x, (size_t)M * in, 1);
-    for (size_t i = 0; i < (size_t)OUT * in; i++) w[i] = m2d_f32_to_bf16((float)tu_rand_normal(&st));
+    float *x = malloc(sizeof(float) * m * in), *y1 = malloc(sizeof(float) * m * out), *y2 = malloc(sizeof(float) * m * out);
+    uint16_t *w = malloc(sizeof(uint16_t) * out * in);
+    fill_normal(&st, x, (size_t)m * in, 1);
+    for (size_t i = 0; i < (size_t)out * in; i++) w[i] = m2d_f32_to_bf16((float)tu_rand_normal(&st));
     m2d_backend_opts o = {.n_threads = 2, .precision = prec};
     m2d_backend *be;
     if (m2d_backend_new(backend, &o, &be)) fail_msg("%s", m2d_errmsg());
     be->ops->enter(be);
     m2d_tensor t;
-    m2d_weight *wh = weight_of(be, &t, M2D_BF16, w, OUT, in);
-    m2d_buf *xb = upload(be, x, sizeof(float) * M * in), *yb = be->ops->alloc(be, sizeof(float) * M * OUT);
-    m2d_mat X = m2d_mat_of(xb, 0, M, in, in), Y = m2d_mat_of(yb, 0, M, OUT, OUT);
+    m2d_weight *wh = weight_of(be, &t, M2D_BF16, w, out, in);
+    m2d_buf *xb = upload(be, x, sizeof(float) * m * in), *yb = be->ops->alloc(be, sizeof(float) * m * out);
+    m2d_mat X = m2d_mat_of(xb, 0, m, in, in), Y = m2d_mat_of(yb, 0, m, out, out);
     be->ops->gemm(be, &X, wh, 0, &Y, 0.0f, prec);
-    download(be, y1, yb, sizeof(float) * M * OUT);
+    download(be, y1, yb, sizeof(float) * m * out);
+    int resident = be->ops->resident_bytes && be->ops->resident_bytes(be, wh) > 0;
     if (be->ops->make_resident) assert_int_equal(be->ops->make_resident(be, wh), 0);
     be->ops->gemm(be, &X, wh, 0, &Y, 0.0f, prec);
-    download(be, y2, yb, sizeof(float) * M * OUT);
+    download(be, y2, yb, sizeof(float) * m * out);
     size_t differ = 0;
-    for (size_t i = 0; i < (size_t)M * OUT; i++) differ += memcmp(&y1[i], &y2[i], sizeof(float)) != 0;
+    for (size_t i = 0; i < (size_t)m * out; i++) differ += memcmp(&y1[i], &y2[i], sizeof(float)) != 0;
     if (differ)
         fail_msg("%s, %s, %d x %d x %d: %zu of %d results change when the weight is made resident", backend,
-                 m2d_precision_name(prec), M, OUT, in, differ, M * OUT);
+                 m2d_precision_name(prec), m, out, in, differ, m * out);
     be->ops->release(be, xb), be->ops->release(be, yb);
     be->ops->weight_free(be, wh);
     end_backend(be);
     free(x), free(y1), free(y2), free(w);
+    return resident;
 }
 
+/* k = 8, 264 columns: a weight under M2D_GEMM_DNNL_MIN_WEIGHT takes sgemm and its fp32 copy on the CPU (uploaded on
+ * a GPU), so something is made resident there on every machine and the check is not vacuous; at the
+ * other k whether a copy is made is the probe's answer on this CPU (printed). */
 static void op_resident_weights_keep_bits_on(const char *backend) {
-    static const int ins[] = {96, 999, 2100, 6144};
-    for (size_t i = 0; i < sizeof ins / sizeof *ins; i++) {
-        resident_same_bits(backend, M2D_PREC_FP32, ins[i]);
-        resident_same_bits(backend, M2D_PREC_BF16, ins[i]);
-    }
+    static const int ins[] = {8, 96, 999, 2100, 6144}, shapes[][2] = {{700, 264}, {1300, 600}};
+    for (size_t i = 0; i < sizeof ins / sizeof *ins; i++)
+        for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+            for (int p = M2D_PREC_FP32; p <= M2D_PREC_BF16; p++) {
+                int m = shapes[s][0], out = shapes[s][1];
+                int resident = resident_same_bits(backend, (m2d_precision)p, m, out, ins[i]);
+                if (ins[i] == 8 && s == 0) assert_true(resident);
+                else if (s == 0)
+                    print_message("%s, %s, k = %d: %s\n", backend, m2d_precision_name((m2d_precision)p), ins[i],
+                                  resident ? "made resident" : "kept as stored");
+            }
+}
+
+/* One product X·Wᵀ on the cpu backend with the gemm_kernel knob at KERNEL, W as stored or (RESIDENT)
+ * made resident before the knob is set: a prepared copy is in the layout of the kernel of its day. */
+static void cpu_product(m2d_precision prec, int kernel, int resident, const float *x, int m, const uint16_t *w, int out,
+                        int in, float *y) {
+    m2d_backend_opts o = {.n_threads = 2, .precision = prec};
+    m2d_backend *be;
+    if (m2d_backend_new("cpu", &o, &be)) fail_msg("%s", m2d_errmsg());
+    be->ops->enter(be);
+    m2d_tensor t;
+    m2d_weight *wh = weight_of(be, &t, M2D_BF16, w, out, in);
+    if (resident) assert_int_equal(be->ops->make_resident(be, wh), 0);
+    assert_int_equal(be->ops->tune(be, "gemm_kernel", kernel), 0);
+    m2d_buf *xb = upload(be, x, sizeof(float) * m * in), *yb = be->ops->alloc(be, sizeof(float) * m * out);
+    m2d_mat X = m2d_mat_of(xb, 0, m, in, in), Y = m2d_mat_of(yb, 0, m, out, out);
+    be->ops->gemm(be, &X, wh, 0, &Y, 0.0f, prec);
+    download(be, y, yb, sizeof(float) * m * out);
+    be->ops->release(be, xb), be->ops->release(be, yb);
+    be->ops->weight_free(be, wh);
+    end_backend(be);
+}
+
+/* A kernel chosen after weights were made resident (gemm_kernel 1 sgemm, 2 onednn, 3 own) gives the
+ * bits of weights as stored under that kernel: a copy prepared for another kernel is not read (it
+ * would sum in the old kernel's order). 2,112 elements take sgemm's fp32 copy under auto, 312,000
+ * oneDNN's layout where it has a native kernel. Exact: one machine, the same kernel, the same operands. */
+static void cpu_resident_weights_follow_a_later_kernel(void **state) {
+    (void)state;
+    static const int shapes[][3] = {{37, 264, 8}, {300, 600, 520}}; /* m, out, in */
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int p = M2D_PREC_FP32; p <= M2D_PREC_BF16; p++)
+            for (int kernel = 1; kernel <= 3; kernel++) {
+                int m = shapes[s][0], out = shapes[s][1], in = shapes[s][2];
+                uint64_t st = 5;
+                float *x = malloc(sizeof(float) * m * in), *y1 = malloc(sizeof(float) * m * out),
+                      *y2 = malloc(sizeof(float) * m * out);
+                uint16_t *w = malloc(sizeof(uint16_t) * out * in);
+                fill_normal(&st, x, (size_t)m * in, 1);
+                for (size_t i = 0; i < (size_t)out * in; i++) w[i] = m2d_f32_to_bf16((float)tu_rand_normal(&st));
+                cpu_product((m2d_precision)p, kernel, 0, x, m, w, out, in, y1);
+                cpu_product((m2d_precision)p, kernel, 1, x, m, w, out, in, y2);
+                if (memcmp(y1, y2, sizeof(float) * (size_t)m * out) != 0)
+                    fail_msg("%s, %d x %d x %d, gemm_kernel %d set after make_resident: other bits than as stored",
+                             m2d_precision_name((m2d_precision)p), m, out, in, kernel);
+                free(x), free(y1), free(y2), free(w);
+            }
 }
 
 static void op_convert_parallel_on(const char *backend) {
@@ -2356,6 +2415,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(op_matmul_matches_loops),
         cmocka_unit_test(op_resident_weights_keep_bits),
+        cmocka_unit_test(cpu_resident_weights_follow_a_later_kernel),
         cmocka_unit_test(lse_sum_exp_matches_double),
         cmocka_unit_test(swiglu_matches_double),
         cmocka_unit_test(op_rmsnorm_analytic),

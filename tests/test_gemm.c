@@ -571,44 +571,54 @@ static void prepared_weights(void **state) {
     free_w(&w);
 }
 
-/* Where m2d_gemm_prepare_exact says a prepared copy keeps the bits, it does on row counts and widths
- * the probe did not use (3, 200 and 700 rows; 520 columns, two slices and a narrow third, in row
- * blocks, and 1,100, five slices, rows whole), as single and as grouped calls; where it says not
- * (oneDNN's AMX bf16 kernels at many k past 768), nothing is asserted about the bits, and the CPU
- * backend keeps such weights as stored (test_engine op_resident_weights_keep_bits). The answers are
- * printed for the log. */
+/* Where m2d_gemm_prepare_exact says a prepared copy keeps the bits, it does on row counts the probe
+ * did not use (3, 200, 700 and 1,300 rows; 520 columns: two slices and a narrow third; 1,100: four and
+ * a narrow fifth), as single calls on two threads (split into row blocks where the shape says so) and
+ * as one of 4 groups on one thread (rows whole); where it says not (oneDNN's AMX bf16 kernels at many
+ * k past 768), nothing is asserted about the bits, and the CPU backend keeps such weights as stored
+ * (test_engine op_resident_weights_keep_bits). The answers are printed for the log. */
 static void prepare_exact_holds_where_said(void **state) {
     (void)state;
-    static const int ks[] = {96, 999, 1000, 2100, 6144}, ms[] = {3, 200, 700}, outs[] = {520, 1100};
+    enum { MMAX = 1300, KMAX = 6144, OMAX = 1100 };
+    static const int ks[] = {96, 999, 1000, 2100, 6144}, ms[] = {3, 200, 700, 1300}, outs[] = {520, 1100};
     uint64_t st = 21;
-    float *x = malloc(sizeof(float) * 700 * 6144), *y = malloc(sizeof(float) * 700 * 1100),
-          *yp = malloc(sizeof(float) * 700 * 1100);
-    fill_normal(&st, x, (size_t)700 * 6144, 1);
+    float *x = malloc(sizeof(float) * MMAX * KMAX), *y = malloc(sizeof(float) * 4 * MMAX * OMAX),
+          *yp = malloc(sizeof(float) * 4 * MMAX * OMAX);
+    fill_normal(&st, x, (size_t)MMAX * KMAX, 1);
     for (int p = M2D_PREC_FP32; p <= M2D_PREC_BF16; p++) {
-        m2d_gemm_ctx *g = ctx_new((m2d_precision)p, 2);
+        m2d_gemm_ctx *g = ctx_new((m2d_precision)p, 2), *g1 = ctx_new((m2d_precision)p, 1);
         for (size_t i = 0; i < sizeof ks / sizeof *ks; i++)
             for (size_t o = 0; o < sizeof outs / sizeof *outs; o++) {
-                test_w w = make_w(&st, M2D_BF16, outs[o], ks[i], ks[i]);
+                int k = ks[i], out = outs[o];
+                test_w w = make_w(&st, M2D_BF16, out, k, k);
                 m2d_gemm_w wv = view(&w), pv = wv;
                 int exact = m2d_gemm_prepare_exact(g, &wv);
                 if (o == 0)
-                    print_message("%s, k = %d: prepared copies %s\n", m2d_precision_name((m2d_precision)p), ks[i],
+                    print_message("%s, k = %d: prepared copies %s\n", m2d_precision_name((m2d_precision)p), k,
                                   exact ? "keep the bits" : "give other bits: kept as stored");
                 m2d_gemm_packed *pk;
                 assert_int_equal(m2d_gemm_prepare(g, &wv, &pk), 0);
                 pv.packed = pk;
-                for (size_t j = 0; j < sizeof ms / sizeof *ms && exact; j++)
-                    for (int grouped = 0; grouped < 2; grouped++) {
-                        m2d_gemm_group a = {x, ks[i], ms[j], &wv, y, outs[o], 0.0f, 0}, b = a;
-                        b.w = &pv, b.y = yp;
-                        assert_int_equal(grouped ? m2d_gemm_grouped(g, &a, 1) : m2d_gemm(g, x, ks[i], ms[j], &wv, y, outs[o], 0.0f), 0);
-                        assert_int_equal(grouped ? m2d_gemm_grouped(g, &b, 1) : m2d_gemm(g, x, ks[i], ms[j], &pv, yp, outs[o], 0.0f), 0);
-                        assert_true(bits_equal(y, yp, (size_t)ms[j] * outs[o]));
+                for (size_t j = 0; j < sizeof ms / sizeof *ms && exact; j++) {
+                    int m = ms[j];
+                    size_t n = (size_t)m * out;
+                    assert_int_equal(m2d_gemm(g, x, k, m, &wv, y, out, 0.0f), 0);
+                    assert_int_equal(m2d_gemm(g, x, k, m, &pv, yp, out, 0.0f), 0);
+                    assert_true(bits_equal(y, yp, n));
+                    m2d_gemm_group a[4], b[4]; /* 4 groups on 1 thread: each group's rows whole */
+                    for (int q = 0; q < 4; q++) {
+                        a[q] = (m2d_gemm_group){x, k, m, &wv, y + q * n, out, 0.0f, 0};
+                        b[q] = (m2d_gemm_group){x, k, m, &pv, yp + q * n, out, 0.0f, 0};
                     }
+                    assert_int_equal(m2d_gemm_grouped(g1, a, 4), 0);
+                    assert_int_equal(m2d_gemm_grouped(g1, b, 4), 0);
+                    assert_true(bits_equal(y, yp, 4 * n));
+                }
                 m2d_gemm_packed_free(pk);
                 free_w(&w);
             }
         m2d_gemm_ctx_free(g);
+        m2d_gemm_ctx_free(g1);
     }
     free(x), free(y), free(yp);
 }

@@ -110,13 +110,16 @@ static inline m2d_gemm_ctx *gemm_ctx(const cpu_be *c, m2d_precision p) { return 
 
 static inline int is_matrix(const m2d_tensor *t) { return t->ndim == 2; }
 
-/* Rows [r0, r0+n) of W for the GEMM module: the prepared copy when it was made for PREC and the
- * rows are a view of it (slice-aligned; same bits as the stored rows), else the stored rows. */
+/* Rows [r0, r0+n) of W for the GEMM module: the prepared copy when it was made for PREC, for the
+ * kernel W takes now (a gemm_kernel knob set after make_resident leaves older copies unused) and
+ * the rows are a view of it (slice-aligned; same bits as the stored rows), else the stored rows. */
 static inline m2d_gemm_w gemm_view(const cpu_be *c, const m2d_weight *wh, int64_t r0, int n, m2d_precision prec) {
     const cpu_weight *w = W(wh);
     if (w->packed && prec == c->resident && r0 % M2D_GEMM_SLICE == 0 &&
-        (n % M2D_GEMM_SLICE == 0 || r0 + n == w->t->shape[0]))
-        return m2d_gemm_packed_rows(w->packed, (int)r0, n);
+        (n % M2D_GEMM_SLICE == 0 || r0 + n == w->t->shape[0])) {
+        m2d_gemm_w whole = m2d_gemm_tensor_rows(w->t, 0, (int)w->t->shape[0]);
+        if (m2d_gemm_packed_current(gemm_ctx(c, prec), w->packed, &whole)) return m2d_gemm_packed_rows(w->packed, (int)r0, n);
+    }
     return m2d_gemm_tensor_rows(w->t, r0, n);
 }
 

@@ -108,7 +108,7 @@ static void buckets_free(buckets *b) {
  * a prepared copy holds all of k in one layout): then as stored, in moe and experts_all alike. */
 static m2d_gemm_w expert_view(const cpu_be *c, const m2d_moe_args *a, const m2d_weight *w, int n) {
     int rows, kc;
-    if (a->exact_rows && m2d_gemm_exact_plan(a->prec, &rows, &kc)) return m2d_gemm_tensor_rows(W(w)->t, 0, n);
+    if (a->exact_rows && m2d_gemm_plan_of(gemm_ctx(c, a->prec), &rows, &kc)) return m2d_gemm_tensor_rows(W(w)->t, 0, n);
     return gemm_view(c, w, 0, n, a->prec);
 }
 

@@ -872,7 +872,7 @@ void m2d_gemm_force_exact_plan(m2d_gemm_ctx *g, int min_rows, int kc) {
 }
 
 /* The plan exact_rows follows on this context (forced, else the probe's); 0 when none applies */
-static int exact_plan_of(const m2d_gemm_ctx *g, int *min_rows, int *kc) {
+int m2d_gemm_plan_of(const m2d_gemm_ctx *g, int *min_rows, int *kc) {
     if (g->force_kc) {
         *min_rows = g->force_rows, *kc = g->force_kc;
         return 1;
@@ -1121,7 +1121,7 @@ int m2d_gemm_rows_independent(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
 
 int m2d_gemm_rows_independent_exact(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
     int min_rows, kc;
-    return m2d_gemm_rows_independent(g, w) || (wants_dnnl(g, w) && !w->packed && exact_plan_of(g, &min_rows, &kc));
+    return m2d_gemm_rows_independent(g, w) || (wants_dnnl(g, w) && !w->packed && m2d_gemm_plan_of(g, &min_rows, &kc));
 }
 
 /* Rows per oneDNN tile: all of X, unless the column slices alone give fewer than 4 work items for
@@ -1167,7 +1167,7 @@ static void plan_x(gemm_job *j) {
 static x_layout_t x_layout(const m2d_gemm_ctx *g, const m2d_gemm_group *q) {
     x_layout_t l = {q->m, 0, 0};
     int r, c;
-    if (q->exact_rows && wants_dnnl(g, q->w) && !q->w->packed && !own_chunk(g, q->w) && exact_plan_of(g, &r, &c) &&
+    if (q->exact_rows && wants_dnnl(g, q->w) && !q->w->packed && !own_chunk(g, q->w) && m2d_gemm_plan_of(g, &r, &c) &&
         (q->m < r || q->w->in > c))
         l = (x_layout_t){M2D_MAX(q->m, r), c, r};
     return l;
@@ -1495,32 +1495,39 @@ int m2d_gemm_prepare(m2d_gemm_ctx *g, const m2d_gemm_w *w, m2d_gemm_packed **out
 
 size_t m2d_gemm_packed_bytes(const m2d_gemm_packed *p) { return p ? p->bytes : 0; }
 
+int m2d_gemm_packed_current(const m2d_gemm_ctx *g, const m2d_gemm_packed *p, const m2d_gemm_w *w) {
+    return p->prec == g->prec && (p->slice != NULL) == wants_dnnl(g, w) && p->own_kc == own_chunk(g, w);
+}
+
 m2d_gemm_w m2d_gemm_packed_rows(const m2d_gemm_packed *p, int r0, int n) {
     return (m2d_gemm_w){M2D_F32, NULL, n, p->in, p->in, p, r0, 0};
 }
 
 /* ------------------------------------------------------------------ prepared == as stored */
 
-/* Whether oneDNN's result for a prepared copy has the as-stored bits, per precision and inner
- * dimension k, found at first use: a [300, k] bf16 weight of uniform values (a whole and a narrower
- * slice) on 300, 512, 150, 64, 17 and 1 rows of them, prepared and as stored, on one thread,
- * each row count both as one call (split into row blocks by its shape, as a single GEMM of a weight
- * of fewer than 4 slices is) and whole (as grouped calls and wider weights run). oneDNN 2.6's AMX
- * kernels pick their k blocks by the problem's size and layout, so a prepared copy gives other bits
- * at some k and row counts and not at others (measured: k <= 768 the same everywhere; odd k from
- * 999 and even k from 1,216 differ at some row counts; at k = 2,100, 3 and 1,100 rows agree and
- * 300 do not): the probe tries the row counts the engine runs, those most often different first.
+/* Whether oneDNN's result for a prepared copy has the as-stored bits, per precision, inner
+ * dimension k and width of the last column slice (out % M2D_GEMM_SLICE: oneDNN picks its blocking
+ * per slice shape), found at first use: a bf16 weight of uniform values, one full slice and one of
+ * that width, on 300, 512, 2,048, 1,100, 150, 777, 64, 37, 17 and 1 rows, prepared and as stored,
+ * on one thread, each row count both as one call (split into row blocks by its shape, as a single
+ * GEMM of a weight of fewer than 4 slices is) and whole (as grouped calls and wider weights run).
+ * oneDNN 2.6's AMX kernels pick their k blocks by the problem's size and layout, so a prepared copy
+ * gives other bits at some k and row counts and not at others (measured: k <= 768 the same
+ * everywhere; odd k from 999 and even k from 1,216 differ at some row counts; at k = 2,100, 3 and
+ * 1,100 rows agree and 300 do not; the blocking changes again past 1,024 rows): the probe tries the
+ * row counts the engine runs (a window's 512 to 2,048, odd MC and expert batches), those most often
+ * different first. A sample, not a proof: it is as good as the row counts it tries.
  * oneDNN's AVX512-BF16 and fp32 kernels gave the same bits at every k tried. */
 enum { EXACT_FACTS = 256 };
 typedef struct {
     m2d_precision prec;
-    int k, exact;
+    int k, rest, exact;
 } exact_fact;
 static struct {
     pthread_mutex_t mu;
     int n;
     exact_fact f[EXACT_FACTS];
-} exact_facts = {PTHREAD_MUTEX_INITIALIZER, 0, {{0, 0, 0}}};
+} exact_facts = {PTHREAD_MUTEX_INITIALIZER, 0, {{0, 0, 0, 0}}};
 
 /* uniform in [-1, 1) with 24 random bits (splitmix64: cheaper than normals, 3 M of them at k = 6,144) */
 static float uniform_pm1(uint64_t *st) { return (float)(m2d_splitmix64(st) >> 40) * 0x1p-23f - 1.0f; }
@@ -1532,9 +1539,10 @@ static int probe_product(m2d_gemm_ctx *g, const float *x, int k, int m, const m2
     return whole ? m2d_gemm_grouped(g, &one, 1) : m2d_gemm(g, x, k, m, w, y, w->out, 0.0f);
 }
 
-static int prepare_probe(m2d_precision prec, int k) {
-    static const int rows[] = {300, 512, 150, 64, 17, 1};
-    enum { N = 300, M = 512 };
+static int prepare_probe(m2d_precision prec, int k, int rest) {
+    static const int rows[] = {300, 512, 2048, 1100, 150, 777, 64, 37, 17, 1};
+    enum { M = 2048 };
+    const int N = M2D_GEMM_SLICE + rest;
     m2d_gemm_ctx *g;
     if (m2d_gemm_ctx_new(prec, NULL, &g)) return 0;
     m2d_gemm_set_kernel(g, M2D_GEMM_ONEDNN); /* the caller's weight takes oneDNN, whatever this one's size */
@@ -1564,13 +1572,16 @@ static int prepare_probe(m2d_precision prec, int k) {
 
 int m2d_gemm_prepare_exact(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
     if (check_weight(g, w) || !wants_dnnl(g, w) || own_chunk(g, w)) return 1; /* sgemm's fp32 copy, the own layout */
-    pthread_mutex_lock(&exact_facts.mu); /* held through a probe: each (precision, k) is probed once */
+    int rest = w->out % M2D_GEMM_SLICE;
+    pthread_mutex_lock(&exact_facts.mu); /* held through a probe: each (precision, k, rest) is probed once */
     int exact = -1;
-    for (int i = 0; i < exact_facts.n && exact < 0; i++)
-        if (exact_facts.f[i].prec == g->prec && exact_facts.f[i].k == w->in) exact = exact_facts.f[i].exact;
+    for (int i = 0; i < exact_facts.n && exact < 0; i++) {
+        const exact_fact *f = &exact_facts.f[i];
+        if (f->prec == g->prec && f->k == w->in && f->rest == rest) exact = f->exact;
+    }
     if (exact < 0 && exact_facts.n < EXACT_FACTS) {
-        exact = prepare_probe(g->prec, w->in);
-        exact_facts.f[exact_facts.n++] = (exact_fact){g->prec, w->in, exact};
+        exact = prepare_probe(g->prec, w->in, rest);
+        exact_facts.f[exact_facts.n++] = (exact_fact){g->prec, w->in, rest, exact};
     }
     pthread_mutex_unlock(&exact_facts.mu);
     return exact > 0; /* a full table: as stored, which is always right */

@@ -138,6 +138,8 @@ int m2d_gemm_rows_independent_exact(const m2d_gemm_ctx *g, const m2d_gemm_w *w);
 /* What the probe found for the precision: 1 and *MIN_ROWS, *KC when exact_rows pads and splits
  * (0 where rows are independent without it, or where no padding and chunking makes them so). */
 int m2d_gemm_exact_plan(m2d_precision p, int *min_rows, int *kc);
+/* The plan exact_rows follows on G: the probe's, or the one forced on G (below) */
+int m2d_gemm_plan_of(const m2d_gemm_ctx *g, int *min_rows, int *kc);
 /* Tests: make exact_rows pad and split with MIN_ROWS and KC on this context whatever the CPU (0, 0:
  * the probe's plan again), so that the chunked path runs and is checked on every machine. */
 void m2d_gemm_force_exact_plan(m2d_gemm_ctx *g, int min_rows, int kc);
@@ -146,12 +148,16 @@ void m2d_gemm_force_exact_plan(m2d_gemm_ctx *g, int min_rows, int kc);
  * data afterwards. Free with m2d_gemm_packed_free (before the context). */
 int m2d_gemm_prepare(m2d_gemm_ctx *g, const m2d_gemm_w *w, m2d_gemm_packed **out);
 size_t m2d_gemm_packed_bytes(const m2d_gemm_packed *p);
-/* 1 when W's prepared copy gives the bits W gives as stored (found per precision and k at first use
- * by a probe of a few tens of milliseconds, cached): everywhere measured but oneDNN's AMX bf16
- * kernels, which block k otherwise for their own layout at many k past 768 (gemm.c). The CPU
- * backend prepares only such weights, so that results never depend on what was made resident
- * (backend.h). */
+/* 1 when W's prepared copy gives the bits W gives as stored (found per precision, k and width of
+ * W's last slice at first use by a probe of tens of milliseconds, cached): everywhere measured but
+ * oneDNN's AMX bf16 kernels, which block k otherwise for their own layout at many k past 768
+ * (gemm.c). The CPU backend prepares only such weights, so that results never depend on what was
+ * made resident (backend.h). */
 int m2d_gemm_prepare_exact(const m2d_gemm_ctx *g, const m2d_gemm_w *w);
+/* 1 when P, a prepared copy of W (W as stored), is in the layout of the kernel W takes in G now;
+ * 0 after a kernel chosen since (m2d_gemm_set_kernel): the copy then no longer gives W's bits, so
+ * the caller reads W as stored. */
+int m2d_gemm_packed_current(const m2d_gemm_ctx *g, const m2d_gemm_packed *p, const m2d_gemm_w *w);
 /* What m2d_gemm_prepare(g, w) would take, without preparing (0 for a bad or prepared weight). */
 size_t m2d_gemm_prepare_bytes(m2d_gemm_ctx *g, const m2d_gemm_w *w);
 void m2d_gemm_packed_free(m2d_gemm_packed *p);
