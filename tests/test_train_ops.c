@@ -401,6 +401,60 @@ static void bf16_dx_follows_the_weights_on(const char *backend) {
 }
 EACH_BACKEND(bf16_dx_follows_the_weights)
 
+/* Forward (rows ROW0.. of each view) and dx (each whole view) at bf16, into Y[v] and DX[v]; in
+ * a nested bracket when BRACKET (where a backend may keep derived copies of the weights) */
+static void views_bf16(m2d_backend *be, m2d_weight *const *wh, int row0, const m2d_mat *X, m2d_mat *Y, const m2d_mat *R,
+                       m2d_mat *DX, int bracket) {
+    if (bracket) be->ops->enter(be), be->ops->enter(be);
+    for (int v = 0; v < 2; v++) be->ops->gemm(be, X, wh[v], row0, &Y[v], 0.0f, M2D_PREC_BF16);
+    if (bracket) assert_int_equal(be->ops->leave(be), 0); /* the inner one: nothing changes */
+    for (int v = 0; v < 2; v++) be->ops->train->gemm_dx(be, R, wh[v], &DX[v], 0.0f, M2D_PREC_BF16);
+    for (int v = 0; v < 2; v++) be->ops->gemm(be, X, wh[v], row0, &Y[v], 0.0f, M2D_PREC_BF16);
+    if (bracket) assert_int_equal(be->ops->leave(be), 0);
+}
+
+/* Two weight views over one buffer at odd element offsets, the forward from row 3 (3 x 96 bf16
+ * elements: 576 bytes in, a 64-byte alignment where a converted copy's start has 256), dx of each
+ * whole view: the same bits with and without the backend's kept copies (outside a bracket, inside a
+ * nested one, and on a device with bf16_wcache 0 and 1, when it has that knob), each the same
+ * computation on the same values. */
+static void bf16_weight_copies_keep_the_bits_on(const char *backend) {
+    enum { n = 24, in = 96, out = 40, row0 = 3, off0 = 7, gap = 5 };
+    size_t wn = off0 + 2 * (size_t)out * in + gap;
+    uint64_t st = 9;
+    float *w = malloc(sizeof(float) * wn), x[n * in], r[n * out];
+    fill(&st, w, wn, 1), fill(&st, x, n * in, 1), fill(&st, r, n * out, 1);
+    m2d_backend *be = new_backend(backend, 2);
+    m2d_buf *wb = up(be, w, sizeof(float) * wn), *xb = up(be, x, sizeof x), *rb = up(be, r, sizeof r);
+    m2d_weight *wh[2] = {be->ops->train->weight_view(be, wb, off0, out, in),
+                         be->ops->train->weight_view(be, wb, off0 + (size_t)out * in + gap, out, in)};
+    m2d_buf *yb[2], *dxb[2];
+    m2d_mat X = mat(xb, n, in), R = mat(rb, n, out), Y[2], DX[2];
+    for (int v = 0; v < 2; v++) {
+        yb[v] = be->ops->alloc(be, sizeof(float) * n * (out - row0)), dxb[v] = be->ops->alloc(be, sizeof(float) * n * in);
+        Y[v] = mat(yb[v], n, out - row0), DX[v] = mat(dxb[v], n, in);
+    }
+    float ref[2][n * (out - row0) + n * in], got[2][n * (out - row0) + n * in];
+    views_bf16(be, wh, row0, &X, Y, &R, DX, 0);
+    for (int v = 0; v < 2; v++) down(be, ref[v], yb[v], sizeof(float) * n * (out - row0)), down(be, ref[v] + n * (out - row0), dxb[v], sizeof(float) * n * in);
+    int has_knob = be->ops->tune(be, "bf16_wcache", 1) == 0;
+    for (int cache = has_knob; cache >= 0; cache--) {
+        if (has_knob) assert_int_equal(be->ops->tune(be, "bf16_wcache", cache), 0);
+        views_bf16(be, wh, row0, &X, Y, &R, DX, 1);
+        for (int v = 0; v < 2; v++) {
+            down(be, got[v], yb[v], sizeof(float) * n * (out - row0)), down(be, got[v] + n * (out - row0), dxb[v], sizeof(float) * n * in);
+            if (memcmp(got[v], ref[v], sizeof ref[v]) != 0)
+                fail_msg("%s, view %d, bf16_wcache %d: other bits inside a bracket than outside", backend, v, cache);
+        }
+        if (!has_knob) break;
+    }
+    for (int v = 0; v < 2; v++) be->ops->weight_free(be, wh[v]), be->ops->release(be, yb[v]), be->ops->release(be, dxb[v]);
+    be->ops->release(be, wb), be->ops->release(be, xb), be->ops->release(be, rb);
+    m2d_backend_free(be);
+    free(w);
+}
+EACH_BACKEND(bf16_weight_copies_keep_the_bits)
+
 /* ================= RMSNorm ================= */
 typedef struct { int rows, d; double eps; const float *r; int drop_term; } rms_ctx; /* x then w */
 
@@ -1036,6 +1090,7 @@ int main(void) {
         cmocka_unit_test(gemm_bf16_backward),
         cmocka_unit_test(gemm_bf16_windows_accumulate),
         cmocka_unit_test(bf16_dx_follows_the_weights),
+        cmocka_unit_test(bf16_weight_copies_keep_the_bits),
         cmocka_unit_test(rmsnorm_backward),
         cmocka_unit_test(rmsnorm_backward_accumulates),
         cmocka_unit_test(rope_backward),

@@ -318,7 +318,9 @@ typedef struct m2d_backend_train_ops {
     /* A weight handle over fp32 rows x cols at element OFF of BUF (the trainer's master weights):
      * the forward ops use it like a checkpoint weight and see later writes to BUF made by adamw or
      * between brackets (enter/leave): inside a bracket a backend may keep what it derives from the
-     * weight (a bf16 copy, a transpose) from its first use until adamw. weight_free. */
+     * weight (a bf16 copy, a transpose) from its first use until adamw, so a write to BUF inside a
+     * bracket by any other op (upload, fill, copy) is not seen by the ops that follow it there.
+     * weight_free. */
     m2d_weight *(*weight_view)(m2d_backend *be, m2d_buf *buf, size_t off, int64_t rows, int64_t cols);
     void (*fill)(m2d_backend *be, m2d_buf *buf, size_t off, size_t n, float value); /* n floats from OFF */
     void (*copy)(m2d_backend *be, m2d_mat *dst, const m2d_mat *src);

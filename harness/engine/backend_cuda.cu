@@ -89,6 +89,7 @@ struct cu_weight {
     void *bf16;       /* a view's values rounded to bf16 (view_bf16), or NULL */
     uint64_t bf16_gen; /* the weights' generation (cu_be.wgen) BF16 was made in; 0: never */
     int bf16_none;    /* no device memory was left for BF16: rounded per GEMM instead */
+    cu_weight *copy_prev, *copy_next; /* the backend's list of views holding BF16 (copies_flush) */
 };
 
 /* scratch device buffers, each grown on demand and reused op after op */
@@ -189,6 +190,8 @@ struct cu_be {
                            * same bits) */
     uint64_t wgen;        /* the weights' generation: AdamW and the outermost leave start a new one */
     int wcache_note;      /* the note that a bf16 copy found no device memory was printed */
+    cu_weight *copies;    /* the views holding a bf16 copy, given back when memory runs out */
+    const cu_weight *copy_live; /* the view whose copy the current op reads (kept by copies_flush) */
     int calib_overlap;    /* knob: calibration's selected rows copied to the host on a copy stream while
                            * the Gram runs (1), or after it (0, the default until a GPU has timed both;
                            * the same bytes) */
@@ -260,16 +263,54 @@ static void cache_flush(cu_buf_cache *k) {
     k->n = 0, k->bytes = 0;
 }
 
-/* cudaMalloc; when the device is out of memory, the cache given back and one more try */
-static cudaError_t dev_malloc(cu_be *c, void **p, size_t bytes) {
+static void copy_link(cu_be *c, cu_weight *w) {
+    w->copy_prev = NULL, w->copy_next = c->copies;
+    if (c->copies) c->copies->copy_prev = w;
+    c->copies = w;
+}
+
+static void copy_unlink(cu_be *c, cu_weight *w) {
+    if (w->copy_prev) w->copy_prev->copy_next = w->copy_next;
+    else if (c->copies == w) c->copies = w->copy_next;
+    if (w->copy_next) w->copy_next->copy_prev = w->copy_prev;
+    w->copy_prev = w->copy_next = NULL;
+    if (c->copy_live == w) c->copy_live = NULL;
+}
+
+/* The views' bf16 copies given back (each is made again at its next use: the same bits), but the
+ * one the current op reads; 1 if any was. cudaFree waits for the kernels still reading them. */
+static int copies_flush(cu_be *c) {
+    int any = 0;
+    for (cu_weight *w = c->copies, *next; w; w = next) {
+        next = w->copy_next;
+        if (w == c->copy_live) continue;
+        cudaFree(w->bf16);
+        w->bf16 = NULL, w->bf16_gen = 0;
+        copy_unlink(c, w);
+        any = 1;
+    }
+    return any;
+}
+
+/* cudaMalloc; when the device is out of memory, the buffer cache given back and one more try, then
+ * (COPIES) the views' bf16 copies, which only save time, and one more: a run that fits without the
+ * copies fits with them. A copy itself asks without COPIES (view_bf16): copies never evict each
+ * other. */
+static cudaError_t dev_malloc_from(cu_be *c, void **p, size_t bytes, int copies) {
     cudaError_t e = cudaMalloc(p, bytes);
     if (e == cudaErrorMemoryAllocation && c->cache.n) {
         cudaGetLastError();
         cache_flush(&c->cache);
         e = cudaMalloc(p, bytes);
     }
+    if (e == cudaErrorMemoryAllocation && copies && copies_flush(c)) {
+        cudaGetLastError();
+        e = cudaMalloc(p, bytes);
+    }
     return e;
 }
+
+static cudaError_t dev_malloc(cu_be *c, void **p, size_t bytes) { return dev_malloc_from(c, p, bytes, 1); }
 
 /* scratch slot S with at least BYTES (contents not kept when it grows); NULL after a failure */
 static void *scratch(cu_be *c, int s, size_t bytes) {
@@ -337,6 +378,16 @@ static void note_streaming(cu_be *c) {
             fr >> 20, tot >> 20);
 }
 
+/* Scratch slot S for N elements of ES bytes that stand at element FIRST of a weight, placed at
+ * FIRST's alignment modulo 256 bytes: where a resident copy (or a view's kept bf16 copy) would have
+ * them. cuBLASLt's algorithm is picked by its operands' alignment (find_algo), so a range streamed
+ * or converted per call must sit as it would in a copy, or the two could sum in other orders. */
+static void *scratch_at(cu_be *c, int s, int64_t first, int64_t n, size_t es) {
+    size_t off = (size_t)first * es % 256;
+    char *d = (char *)scratch(c, s, (size_t)n * es + off);
+    return d ? d + off : NULL;
+}
+
 /* device pointer to elements [first, first+n) of W in its device dtype (*dt): the resident copy,
  * or the range uploaded into SLOT_WRAW */
 static const void *wdev(cu_be *c, const cu_weight *w, int64_t first, int64_t n, m2d_dtype *dt) {
@@ -344,7 +395,7 @@ static const void *wdev(cu_be *c, const cu_weight *w, int64_t first, int64_t n, 
     size_t es = m2d_dtype_size(*dt);
     if (w->dev) return (const char *)w->dev + (size_t)first * es;
     note_streaming(c);
-    void *tmp, *d = scratch(c, SLOT_WRAW, (size_t)n * es);
+    void *tmp, *d = scratch_at(c, SLOT_WRAW, first, n, es);
     if (!d) return NULL;
     const void *src = host_range(w->t, first, n, &tmp);
     cuda_ok(c, cudaMemcpy(d, src, (size_t)n * es, cudaMemcpyHostToDevice), "cudaMemcpy (weight)");
@@ -362,7 +413,14 @@ static const void *wdev(cu_be *c, const cu_weight *w, int64_t first, int64_t n, 
 static const void *view_bf16(cu_be *c, const cu_weight *cw) {
     cu_weight *w = (cu_weight *)cw; /* the handle's cache, not its value */
     int64_t n = m2d_tensor_numel(w->view);
-    if (!w->bf16 && dev_malloc(c, &w->bf16, sizeof(__nv_bfloat16) * (size_t)n) != cudaSuccess) {
+    cudaError_t e = w->bf16 ? cudaSuccess : dev_malloc_from(c, &w->bf16, sizeof(__nv_bfloat16) * (size_t)n, 0);
+    if (e == cudaSuccess && !w->copy_prev && c->copies != w) copy_link(c, w);
+    if (e != cudaSuccess && e != cudaErrorMemoryAllocation) { /* a fault, not a full device: sticky */
+        w->bf16 = NULL;
+        cuda_ok(c, e, "cudaMalloc (a weight's bf16 copy)");
+        return NULL;
+    }
+    if (e != cudaSuccess) {
         cudaGetLastError(); /* not sticky: this view is rounded per GEMM instead, as without the copy */
         w->bf16 = NULL;
         w->bf16_none = 1;
@@ -387,13 +445,14 @@ static const void *view_bf16(cu_be *c, const cu_weight *cw) {
 static const void *wtyped(cu_be *c, const cu_weight *w, int64_t first, int64_t n, m2d_dtype want) {
     if (want == M2D_BF16 && w->view && !w->bf16_none && c->bf16_wcache && c->depth > 0) {
         const void *b = view_bf16(c, w);
+        c->copy_live = w; /* kept if this op's own scratch runs out of memory */
         if (b) return (const void *)((const __nv_bfloat16 *)b + first);
         if (c->failed) return NULL; /* else: no memory for the copy, converted below */
     }
     m2d_dtype dt;
     const void *p = wdev(c, w, first, n, &dt);
     if (!p || dt == want) return p;
-    void *d = scratch(c, SLOT_WCONV, (size_t)n * m2d_dtype_size(want));
+    void *d = scratch_at(c, SLOT_WCONV, first, n, m2d_dtype_size(want));
     if (!d) return NULL;
     if (want == M2D_F32) k_bf16_to_f32<<<blocks_for(n, 256), 256>>>((const uint16_t *)p, n, (float *)d);
     else k_f32_to_bf16<<<blocks_for(n, 256), 256>>>((const float *)p, n, (__nv_bfloat16 *)d);
@@ -410,9 +469,9 @@ static m2d_weight *cu_weight_new(m2d_backend *be, const m2d_tensor *t) {
 }
 
 static void cu_weight_free(m2d_backend *be, m2d_weight *wh) {
-    (void)be;
     if (!wh) return;
     cu_weight *w = (cu_weight *)wh;
+    copy_unlink(CU(be), w);
     if (w->view) free(w->view);
     else cudaFree(w->dev);
     cudaFree(w->bf16);
