@@ -426,10 +426,12 @@ static void prepare_exact_line(void) {
         m2d_gemm_ctx *g;
         if (m2d_gemm_ctx_new((m2d_precision)p, NULL, &g)) break;
         printf(" %s", m2d_precision_name((m2d_precision)p));
+        double t0 = m2d_now();
         for (size_t i = 0; i < M2D_ARRAY_LEN(ks); i++) {
             m2d_gemm_w v = m2d_gemm_weight(M2D_BF16, w, M2D_GEMM_SLICE, ks[i], ks[i]);
             printf("%s%s", i ? "/" : " ", m2d_gemm_prepare_exact(g, &v) ? "yes" : "no");
         }
+        printf(" (probes %.2f s)", m2d_now() - t0);
         m2d_gemm_ctx_free(g);
     }
     printf("\n");

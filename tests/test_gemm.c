@@ -595,7 +595,7 @@ static void prepare_exact_holds_where_said(void **state) {
                 int exact = m2d_gemm_prepare_exact(g, &wv);
                 if (o == 0)
                     print_message("%s, k = %d: prepared copies %s\n", m2d_precision_name((m2d_precision)p), k,
-                                  exact ? "keep the bits" : "give other bits: kept as stored");
+                                  exact ? "keep the bits" : "not trusted (other bits here or at the canaries): kept as stored");
                 m2d_gemm_packed *pk;
                 assert_int_equal(m2d_gemm_prepare(g, &wv, &pk), 0);
                 pv.packed = pk;

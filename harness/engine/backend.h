@@ -205,7 +205,11 @@ typedef struct {
     /* ---- weights ---- */
     m2d_weight *(*weight_new)(m2d_backend *be, const m2d_tensor *t); /* t must outlive the handle */
     void (*weight_free)(m2d_backend *be, m2d_weight *w);
-    size_t (*resident_bytes)(m2d_backend *be, const m2d_weight *w); /* cost of make_resident (0: free/done) */
+    /* the most make_resident may take (0: nothing to do, or done); cheap: the engine asks it of
+     * every weight to see whether a checkpoint fits the budget */
+    size_t (*resident_bytes)(m2d_backend *be, const m2d_weight *w);
+    /* a resident copy of W (the CPU: prepared in its kernel's layout; a device: uploaded), or W kept
+     * as stored where a copy would change a result (it never does: every result keeps its bits) */
     int (*make_resident)(m2d_backend *be, m2d_weight *w);
     size_t (*resident_budget)(m2d_backend *be);       /* bytes of prepared weights affordable by default */
     /* elements [first, first+n) of W as fp32 into host dst (tests, debugging) */

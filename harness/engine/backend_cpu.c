@@ -88,15 +88,16 @@ static void cpu_weight_free(m2d_backend *be, m2d_weight *wh) {
 
 /* matrices: the GEMM module's prepared copy for the backend's precision; vectors: fp32. F32
  * tensors are never copied: a handle may view memory its owner keeps writing (a trainer's master
- * weights, m2d_cpu_weight_over), and a copy would go stale. */
+ * weights, m2d_cpu_weight_over), and a copy would go stale. Without asking whether the copy keeps
+ * the bits (make_resident does: a probe per shape, not worth running for a checkpoint that turns
+ * out not to fit). */
 static size_t cpu_resident_bytes(m2d_backend *be, const m2d_weight *wh) {
     cpu_be *c = CPU(be);
     const cpu_weight *w = W(wh);
     if (in_place(w->t)) return 0; /* F32: read where it is (it may be a live view, e.g. a trainer's weights) */
     if (is_matrix(w->t)) {
         m2d_gemm_w v = m2d_gemm_tensor_rows(w->t, 0, (int)w->t->shape[0]);
-        m2d_gemm_ctx *g = gemm_ctx(c, c->resident);
-        return w->packed || !m2d_gemm_prepare_exact(g, &v) ? 0 : m2d_gemm_prepare_bytes(g, &v);
+        return w->packed || w->as_stored ? 0 : m2d_gemm_prepare_bytes(gemm_ctx(c, c->resident), &v);
     }
     return in_place(w->t) || w->f32 ? 0 : (size_t)m2d_tensor_numel(w->t) * sizeof(float);
 }
@@ -108,7 +109,12 @@ static int cpu_make_resident(m2d_backend *be, m2d_weight *wh) {
     if (is_matrix(w->t)) { /* prepared only where that keeps the bits (as stored otherwise) */
         m2d_gemm_w v = m2d_gemm_tensor_rows(w->t, 0, (int)w->t->shape[0]);
         m2d_gemm_ctx *g = gemm_ctx(c, c->resident);
-        return w->packed || !m2d_gemm_prepare_exact(g, &v) ? 0 : m2d_gemm_prepare(g, &v, &w->packed);
+        if (w->packed || w->as_stored) return 0;
+        if (!m2d_gemm_prepare_exact(g, &v)) { /* as stored, which is always right: asked once */
+            w->as_stored = 1;
+            return 0;
+        }
+        return m2d_gemm_prepare(g, &v, &w->packed);
     }
     if (in_place(w->t) || w->f32) return 0;
     int64_t n = m2d_tensor_numel(w->t);
@@ -264,6 +270,7 @@ static int cpu_tune(m2d_backend *be, const char *knob, int value) {
 
 void **m2d_cpu_train_state(m2d_backend *be) { return CPU(be)->depth > 0 ? &CPU(be)->train_state : NULL; }
 struct m2d_gemm_ctx *m2d_cpu_gemm(m2d_backend *be, m2d_precision p) { return gemm_ctx(CPU(be), p); }
+int m2d_cpu_weight_prepared(const m2d_weight *w) { return W(w)->packed != NULL; }
 void m2d_cpu_fail(m2d_backend *be) { fail(CPU(be)); }
 int m2d_cpu_failed(m2d_backend *be) { return CPU(be)->failed; }
 

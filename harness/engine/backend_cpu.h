@@ -18,6 +18,9 @@ const float *m2d_cpu_weight_rows(m2d_backend *be, const m2d_weight *w, int64_t f
 /* a weight handle over host fp32 memory DATA (rows x cols); freed by the backend's weight_free */
 m2d_weight *m2d_cpu_weight_over(const float *data, int64_t rows, int64_t cols);
 
+/* 1 when make_resident made W a prepared copy (0: as stored; tests) */
+int m2d_cpu_weight_prepared(const m2d_weight *w);
+
 /* the GEMM module's context for precision P (FP32 or BF16) on the backend's threads */
 struct m2d_gemm_ctx *m2d_cpu_gemm(m2d_backend *be, m2d_precision p);
 /* keep the failure m2d_err just set: the outermost leave reports it, later ops are skipped */

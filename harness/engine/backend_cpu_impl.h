@@ -49,6 +49,7 @@ typedef struct {
     const m2d_tensor *t;
     float *f32;              /* resident fp32 copy (vectors: norms), or NULL */
     m2d_gemm_packed *packed; /* resident copy in the GEMM kernel's layout (matrices), or NULL */
+    int as_stored;           /* make_resident kept it as stored: a copy would change its bits */
 } cpu_weight;
 
 /* The op-sized buffers an op reuses from the last one (in floats): fresh 10–100 MB mallocs would be

@@ -1508,15 +1508,18 @@ m2d_gemm_w m2d_gemm_packed_rows(const m2d_gemm_packed *p, int r0, int n) {
 /* Whether oneDNN's result for a prepared copy has the as-stored bits, per precision, inner
  * dimension k and width of the last column slice (out % M2D_GEMM_SLICE: oneDNN picks its blocking
  * per slice shape), found at first use: a bf16 weight of uniform values, one full slice and one of
- * that width, on 300, 512, 2,048, 1,100, 150, 777, 64, 37, 17 and 1 rows, prepared and as stored,
+ * that width, on 300, 512, 1,100, 150, 777, 64, 37, 17 and 1 rows, prepared and as stored,
  * on one thread, each row count both as one call (split into row blocks by its shape, as a single
  * GEMM of a weight of fewer than 4 slices is) and whole (as grouped calls and wider weights run).
  * oneDNN 2.6's AMX kernels pick their k blocks by the problem's size and layout, so a prepared copy
  * gives other bits at some k and row counts and not at others (measured: k <= 768 the same
  * everywhere; odd k from 999 and even k from 1,216 differ at some row counts; at k = 2,100, 3 and
- * 1,100 rows agree and 300 do not; the blocking changes again past 1,024 rows): the probe tries the
- * row counts the engine runs (a window's 512 to 2,048, odd MC and expert batches), those most often
- * different first. A sample, not a proof: it is as good as the row counts it tries.
+ * 1,100 rows agree and 300 do not; the blocking changes again past 1,024 rows): the probe tries
+ * row counts of each kind the engine runs (windows of 512 and past 1,024 rows, odd MC and expert
+ * batches), those most often different first. A sample, not a proof: it is as good as the row counts it tries. So a kernel
+ * found to block k by layout at all is trusted nowhere: before the first answer for a precision,
+ * two canaries (k = 999 and 2,100, 44 columns past a full slice: both differ on AMX) are probed, and
+ * where either differs no weight is prepared in that precision (layout_sensitive).
  * oneDNN's AVX512-BF16 and fp32 kernels gave the same bits at every k tried. */
 enum { EXACT_FACTS = 256 };
 typedef struct {
@@ -1527,7 +1530,8 @@ static struct {
     pthread_mutex_t mu;
     int n;
     exact_fact f[EXACT_FACTS];
-} exact_facts = {PTHREAD_MUTEX_INITIALIZER, 0, {{0, 0, 0, 0}}};
+    int sensitive[2]; /* per precision (index: bf16): -1 not probed yet, 1 the canaries differed */
+} exact_facts = {PTHREAD_MUTEX_INITIALIZER, 0, {{0, 0, 0, 0}}, {-1, -1}};
 
 /* uniform in [-1, 1) with 24 random bits (splitmix64: cheaper than normals, 3 M of them at k = 6,144) */
 static float uniform_pm1(uint64_t *st) { return (float)(m2d_splitmix64(st) >> 40) * 0x1p-23f - 1.0f; }
@@ -1540,8 +1544,8 @@ static int probe_product(m2d_gemm_ctx *g, const float *x, int k, int m, const m2
 }
 
 static int prepare_probe(m2d_precision prec, int k, int rest) {
-    static const int rows[] = {300, 512, 2048, 1100, 150, 777, 64, 37, 17, 1};
-    enum { M = 2048 };
+    static const int rows[] = {300, 512, 1100, 150, 777, 64, 37, 17, 1};
+    enum { M = 1100 };
     const int N = M2D_GEMM_SLICE + rest;
     m2d_gemm_ctx *g;
     if (m2d_gemm_ctx_new(prec, NULL, &g)) return 0;
@@ -1570,6 +1574,14 @@ static int prepare_probe(m2d_precision prec, int k, int rest) {
     return same;
 }
 
+/* 1 when oneDNN's kernel for PREC sums k in other blocks for a prepared copy at the canaries (called
+ * with exact_facts.mu held; probed once) */
+static int layout_sensitive(m2d_precision prec) {
+    int *s = &exact_facts.sensitive[prec == M2D_PREC_BF16];
+    if (*s < 0) *s = !prepare_probe(prec, 999, 44) || !prepare_probe(prec, 2100, 44);
+    return *s;
+}
+
 int m2d_gemm_prepare_exact(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
     if (check_weight(g, w) || !wants_dnnl(g, w) || own_chunk(g, w)) return 1; /* sgemm's fp32 copy, the own layout */
     int rest = w->out % M2D_GEMM_SLICE;
@@ -1580,7 +1592,7 @@ int m2d_gemm_prepare_exact(const m2d_gemm_ctx *g, const m2d_gemm_w *w) {
         if (f->prec == g->prec && f->k == w->in && f->rest == rest) exact = f->exact;
     }
     if (exact < 0 && exact_facts.n < EXACT_FACTS) {
-        exact = prepare_probe(g->prec, w->in, rest);
+        exact = !layout_sensitive(g->prec) && prepare_probe(g->prec, w->in, rest);
         exact_facts.f[exact_facts.n++] = (exact_fact){g->prec, w->in, rest, exact};
     }
     pthread_mutex_unlock(&exact_facts.mu);

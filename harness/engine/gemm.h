@@ -149,10 +149,11 @@ void m2d_gemm_force_exact_plan(m2d_gemm_ctx *g, int min_rows, int kc);
 int m2d_gemm_prepare(m2d_gemm_ctx *g, const m2d_gemm_w *w, m2d_gemm_packed **out);
 size_t m2d_gemm_packed_bytes(const m2d_gemm_packed *p);
 /* 1 when W's prepared copy gives the bits W gives as stored (found per precision, k and width of
- * W's last slice at first use by a probe of tens of milliseconds, cached): everywhere measured but
- * oneDNN's AMX bf16 kernels, which block k otherwise for their own layout at many k past 768
- * (gemm.c). The CPU backend prepares only such weights, so that results never depend on what was
- * made resident (backend.h). */
+ * W's last slice at first use by a probe of tens of milliseconds, cached), and the precision's
+ * kernel kept them at two canary shapes too: everywhere measured but oneDNN's AMX bf16 kernels,
+ * which block k otherwise for their own layout at many k past 768, so no bf16 weight is prepared
+ * for them (gemm.c). The CPU backend prepares only such weights, so that results never depend on
+ * what was made resident (backend.h). */
 int m2d_gemm_prepare_exact(const m2d_gemm_ctx *g, const m2d_gemm_w *w);
 /* 1 when P, a prepared copy of W (W as stored), is in the layout of the kernel W takes in G now;
  * 0 after a kernel chosen since (m2d_gemm_set_kernel): the copy then no longer gives W's bits, so
