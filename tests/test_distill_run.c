@@ -299,9 +299,30 @@ static void output_checkpoint_and_manifest(void **state) {
     free(text), free(out), free(log);
 }
 
+/* The teacher's backend is part of a run (its KD targets' sums depend on the device): a checkpoint
+ * whose teacher ran elsewhere is refused, naming the field. */
+static void resume_refuses_another_teacher_device(void **state) {
+    (void)state;
+    char *out = stopped_run("tb");
+    cJSON *st = read_json(out, "train-state/state.json");
+    cJSON *id = cJSON_GetObjectItemCaseSensitive(st, "identity");
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(id, "teacher_backend")->valuestring, "cpu");
+    cJSON_ReplaceItemInObjectCaseSensitive(id, "teacher_backend", cJSON_CreateString("cuda:0"));
+    char *text = cJSON_Print(st), *path = m2d_path_join(out, "train-state/state.json");
+    tu_write(path, text, strlen(text));
+    m2d_distill_result r;
+    m2d_distill_opts o = base_opts(out, NULL);
+    o.resume = true;
+    assert_int_equal(m2d_distill_run(&o, &r), -1);
+    if (!strstr(m2d_errmsg(), "identity.teacher_backend")) fail_msg("%s", m2d_errmsg());
+    cJSON_Delete(st);
+    free(text), free(path), free(out);
+}
+
 /* A checkpoint written before runs recorded their precisions (no identity.precision, no
  * identity.train_precision) was made with the teacher and the student in fp32: it resumes in fp32
- * and is refused in bf16, the teacher's or the student's. */
+ * and is refused in bf16, the teacher's or the student's. One written before the teacher's backend
+ * was recorded apart (no identity.teacher_backend) had it on the student's: it resumes there. */
 static void legacy_checkpoint_means_fp32(void **state) {
     (void)state;
     char *out = stopped_run("legacy");
@@ -310,6 +331,7 @@ static void legacy_checkpoint_means_fp32(void **state) {
     cJSON *st = read_json(out, "train-state/state.json");
     cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(st, "identity"), "precision");
     cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(st, "identity"), "train_precision");
+    cJSON_DeleteItemFromObjectCaseSensitive(cJSON_GetObjectItemCaseSensitive(st, "identity"), "teacher_backend");
     char *text = cJSON_Print(st), *path = m2d_path_join(out, "train-state/state.json");
     tu_write(path, text, strlen(text));
     precisions_refused(out);
@@ -505,6 +527,33 @@ static void log_symlink_refused(void **state) {
     free(t), free(out), free(target), free(link);
 }
 
+/* OUT/train-state planted as a symbolic link in a finished output that is run again is refused
+ * in one line naming it: saves, leftovers' removal and the final cleanup would all go through it.
+ * The target's files stay as they were. */
+static void state_dir_symlink_refused(void **state) {
+    (void)state;
+    char *out = path_in("h"), *victim = path_in("victim"), *link = m2d_path_join(out, "train-state");
+    assert_int_equal(m2d_mkdir_p(out), 0);
+    assert_int_equal(m2d_mkdir_p(victim), 0);
+    char *keep = m2d_path_join(victim, "step-9.weights.safetensors");
+    tu_write(keep, "keep\n", 5);
+    assert_int_equal(symlink(victim, link), 0);
+    char *marker = m2d_path_join(out, "moe2dense.json"); /* OUT a finished output, run again */
+    tu_write(marker, "{}\n", 3);
+    for (int resume = 0; resume < 2; resume++) {
+        m2d_distill_result r;
+        m2d_distill_opts o = base_opts(out, NULL);
+        o.resume = resume;
+        assert_int_equal(m2d_distill_run(&o, &r), -1);
+        if (!strstr(m2d_errmsg(), "train-state") || !strstr(m2d_errmsg(), "symbolic link")) fail_msg("%s", m2d_errmsg());
+    }
+    char *t = m2d_read_file(keep, NULL);
+    assert_string_equal(t, "keep\n");
+    char *planted = m2d_path_join(victim, "state.json");
+    assert_false(m2d_file_exists(planted));
+    free(t), free(planted), free(keep), free(out), free(victim), free(link), free(marker);
+}
+
 /* a student with MoE layers is refused: only dense students train */
 static void moe_student_refused(void **state) {
     (void)state;
@@ -613,6 +662,7 @@ int main(void) {
         cmocka_unit_test(legacy_checkpoint_means_fp32),
         cmocka_unit_test(teacher_targets_in_bf16),
         cmocka_unit_test(resume_refuses_another_run),
+        cmocka_unit_test(resume_refuses_another_teacher_device),
         cmocka_unit_test(output_checkpoint_and_manifest),
         cmocka_unit_test(command_errors),
         cmocka_unit_test(command_precision_auto),
@@ -621,6 +671,7 @@ int main(void) {
         cmocka_unit_test(deepseek_student_distilled),
         cmocka_unit_test(gptoss_student_distilled),
         cmocka_unit_test(log_symlink_refused),
+        cmocka_unit_test(state_dir_symlink_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

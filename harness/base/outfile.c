@@ -38,6 +38,16 @@ int m2d_check_output_path(const char *path) {
     return 0;
 }
 
+int m2d_check_output_dir(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : m2d_err("%s: %s", path, strerror(errno));
+    if (S_ISLNK(st.st_mode))
+        return m2d_err("%s: is a symbolic link; refusing to write, rename or remove files through it: remove it",
+                       path);
+    if (!S_ISDIR(st.st_mode)) return m2d_err("%s: exists and is not a directory", path);
+    return 0;
+}
+
 /* The directory of PATH ("." when it has none) and its last component (malloc'd both). */
 static int split_path(const char *path, char **dir, char **base) {
     const char *slash = strrchr(path, '/');

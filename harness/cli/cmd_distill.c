@@ -99,7 +99,7 @@ static const char USAGE[] =
     "  moe2dense distill --teacher ../shared/models/tiny-qwen3moe --student students/do-acp-k8 \\\n"
     "      --data data/train-text/wikitext-103-train-prefix/wiki.train.tokens --out distilled/do-acp-k8 \\\n"
     "      --tokens 3000000 --seq-len 512 --batch 8 --lr 1e-3 \\\n"
-    "      --eval-data data/wikitext-2-raw/wikitext-2-raw/wiki.test.raw --eval-every 100 --log distill.jsonl\n"
+    "      --eval-data data/wikitext-2-raw/wikitext-2-raw/wiki.valid.raw --eval-every 100 --log distill.jsonl\n"
     "(the data files are those `make data` links; students/do-acp-k8 is a `moe2dense convert` output)\n";
 
 typedef struct {

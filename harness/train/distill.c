@@ -296,6 +296,8 @@ static void build_identity(run_t *r) {
     m2d_run_identity_add(id, "weight_decay", "%.17g", t->optim.weight_decay);
     m2d_run_identity_add(id, "clip", "%.17g", t->optim.clip);
     m2d_run_identity_add(id, "backend", "%s", t->backend ? t->backend : "cpu");
+    const char *teacher = m2d_trainer_teacher_backend(t); /* its targets' sums differ by device */
+    m2d_run_identity_add(id, "teacher_backend", "%s", teacher ? teacher : "cpu");
     m2d_run_identity_add(id, "precision", "%s", m2d_precision_name(t->precision));
     m2d_run_identity_add(id, "train_precision", "%s", m2d_precision_name(t->train_precision));
 }
@@ -304,6 +306,7 @@ static void build_identity(run_t *r) {
 static int prepare_out(run_t *r) {
     const m2d_distill_opts *o = r->o;
     r->state_dir = m2d_path_join(o->out, "train-state");
+    if (m2d_check_output_dir(r->state_dir)) return m2d_err_prefix("distill");
     int have = m2d_train_state_exists(r->state_dir);
     if (o->resume && !have)
         return m2d_err("distill: --resume: %s holds no checkpoint (state.json)", r->state_dir);

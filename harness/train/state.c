@@ -123,13 +123,18 @@ int m2d_train_state_save(const char *dir, m2d_train_params *p, int step, const m
 
 /* Keys added to the identity after checkpoints were first written: a checkpoint without one was
  * made by a run that had this value (the teacher always ran in fp32 before --precision, the
- * student before --train-precision). */
-static const struct { const char *key, *absent_means; } LATER_KEYS[] = {{"precision", "fp32"},
-                                                                      {"train_precision", "fp32"}};
+ * student before --train-precision), or (SAME_AS) the value of that other key: the teacher's
+ * backend was recorded apart from the student's only later, and is taken to be the student's. */
+static const struct { const char *key, *absent_means, *same_as; } LATER_KEYS[] = {
+    {"precision", "fp32", NULL}, {"train_precision", "fp32", NULL}, {"teacher_backend", NULL, "backend"}};
 
-static const char *absent_value(const char *key) {
-    for (size_t i = 0; i < M2D_ARRAY_LEN(LATER_KEYS); i++)
-        if (!strcmp(key, LATER_KEYS[i].key)) return LATER_KEYS[i].absent_means;
+static const char *absent_value(const cJSON *saved, const char *key) {
+    for (size_t i = 0; i < M2D_ARRAY_LEN(LATER_KEYS); i++) {
+        if (strcmp(key, LATER_KEYS[i].key)) continue;
+        if (!LATER_KEYS[i].same_as) return LATER_KEYS[i].absent_means;
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(saved, LATER_KEYS[i].same_as);
+        return cJSON_IsString(v) ? v->valuestring : NULL;
+    }
     return NULL;
 }
 
@@ -140,7 +145,7 @@ static int check_identity(const char *path, const cJSON *saved, const m2d_run_id
         char *key = m2d_strdup(id->items[i]);
         key[eq - id->items[i]] = 0;
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(saved, key);
-        const char *had = cJSON_IsString(v) ? v->valuestring : v ? NULL : absent_value(key);
+        const char *had = cJSON_IsString(v) ? v->valuestring : v ? NULL : absent_value(saved, key);
         int rc = 0;
         if (v && !cJSON_IsString(v)) rc = m2d_err("%s: field 'identity.%s': not a string", path, key);
         else if (!had) rc = m2d_err("%s: field 'identity.%s': missing", path, key);

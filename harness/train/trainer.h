@@ -3,9 +3,12 @@
  * (gradients accumulate over micro-batches), then clipping and AdamW (optim.h). Everything runs
  * on one backend object of the student's (the teacher's engine has its own); neither the training
  * ops (backend_cpu_train.c) nor the engine's forward depend on the thread count: a step is bit for
- * bit the same at any thread count (tests/test_distill.c thread_count_independent); a step's result does not depend on how the step is split
- * into micro-batches beyond fp32 rounding of the gradient sums (each micro-batch's gradient is
- * added in order). */
+ * bit the same at any thread count (tests/test_distill.c thread_count_independent). How the step
+ * is split into micro-batches changes its result only by the fp32 rounding of the gradient sums
+ * (each micro-batch's gradient is added in order), except under --mse-norm minitron: its detached
+ * ratio L_logits / L_is is taken per micro-batch, as NeMo / Megatron-LM take it per micro-batch
+ * under gradient accumulation, so the micro-batch size is part of the loss there (it is part of a
+ * run's identity, and the manifest records it). */
 #ifndef M2D_TRAIN_TRAINER_H
 #define M2D_TRAIN_TRAINER_H
 
