@@ -39,7 +39,9 @@ static int encode(void *user, const char *text, size_t len, int32_t **ids, size_
 /* lm-eval's per-request scoring from full logits: sum of log-softmax at the continuation
  * positions (in double) and greedy = every target is the first argmax (torch/numpy argmax). */
 static int score_naive(engine_lm *E, const m2d_ll_tokens *t, m2d_ll_result *out) {
-    int n_in = t->n - 1, V = E->model->cfg.vocab_size;
+    int n_in = t->n - 1, V = m2d_engine_model(E->eng)->cfg.vocab_size; /* a wrapped scorer has no E->model */
+    if (t->tokens[t->n - 1] < 0 || t->tokens[t->n - 1] >= V) /* the engine checks the inputs, not the last target */
+        return m2d_err("lm: continuation token %d outside the model's vocabulary [0, %d)", t->tokens[t->n - 1], V);
     float *logits = m2d_malloc(sizeof(float) * (size_t)n_in * (size_t)V);
     if (m2d_engine_logits(E->eng, t->tokens, n_in, logits)) { free(logits); return -1; }
     double ll = 0;

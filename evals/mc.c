@@ -255,18 +255,21 @@ void m2d_mc_requests_free(m2d_ll_request *reqs, int n) {
 
 /* ---------------------------------------------------------------- metrics */
 
+/* numpy's argmax: the first maximum, where a NaN is the maximum (the first NaN wins) */
+static int argmax_np(const double *x, int n) {
+    int best = 0;
+    for (int c = 1; c < n && !isnan(x[best]); c++)
+        if (isnan(x[c]) || x[c] > x[best]) best = c; /* strict: ties keep the lowest index */
+    return best;
+}
+
 void m2d_mc_score(const m2d_mc_doc *d, const double *ll, int *acc, int *acc_norm) {
-    int best = 0, best_norm = 0;
-    double bn = 0;
-    for (int c = 0; c < d->n_choices; c++) {
-        /* lm-eval divides by float(len(choice)); a zero-length choice gives ±inf/nan, as in numpy */
-        double norm = ll[c] / (double)m2d_utf8_codepoints(d->choices[c]);
-        if (c == 0 || ll[c] > ll[best]) best = c;  /* strict: ties keep the lowest index */
-        if (c == 0) bn = norm;
-        else if (norm > bn) { bn = norm; best_norm = c; }
-    }
-    *acc = best == d->gold;
-    *acc_norm = best_norm == d->gold;
+    double *norm = m2d_malloc(sizeof(double) * (size_t)(d->n_choices > 0 ? d->n_choices : 1));
+    for (int c = 0; c < d->n_choices; c++) /* lm-eval divides by float(len(choice)): "" gives ±inf or NaN */
+        norm[c] = ll[c] / (double)m2d_utf8_codepoints(d->choices[c]);
+    *acc = argmax_np(ll, d->n_choices) == d->gold;
+    *acc_norm = argmax_np(norm, d->n_choices) == d->gold;
+    free(norm);
 }
 
 double m2d_mc_stderr(double sum, int n) {

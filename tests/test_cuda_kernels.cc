@@ -649,6 +649,30 @@ static void lse_rows_match_float64(void **state) {
     print_message("k_lse_rows: worst |log-prob - float64| = %.3g (%.1f u)\n", worst, worst / u);
 }
 
+/* Whole chunks masked (-inf): row 0's first chunk (its state's maximum still -inf when the second
+ * comes), row 1's second; the other logits 0, so log p = -log(the unmasked count) within the
+ * 384 u above. A masked chunk had given NaN (0 x exp(-inf - -inf)). */
+static void lse_rows_masked_chunks(void **state) {
+    (void)state;
+    const int n = 2, nv[2] = {8, 4};
+    alignas(16) float z0[n * 8];
+    float z1[n * 4];
+    for (int v = 0; v < n * nv[0]; v++) z0[v] = v < nv[0] ? -INFINITY : 0.0f;
+    for (int v = 0; v < n * nv[1]; v++) z1[v] = v < nv[1] ? 0.0f : -INFINITY;
+    std::vector<int32_t> tg = {nv[0], 0};
+    std::vector<double> st = {-INFINITY, -INFINITY, 0, 0, 0, 0};
+    double *sp = st.data();
+    const int32_t *tp = tg.data();
+    float *a = z0, *b = z1;
+    run_grid(n, 1, 1, LSE_T, [=] { k_lse_rows(a, nv[0], 0, tp, sp, n, 0, 1); });
+    run_grid(n, 1, 1, LSE_T, [=] { k_lse_rows(b, nv[1], nv[0], tp, sp, n, 0, 0); });
+    const double want[2] = {-log(4.0), -log(8.0)}, u = ldexp(1, -24);
+    for (int r = 0; r < n; r++) {
+        double got = st[2 * n + r] - st[r] - log(st[n + r]);
+        if (!(fabs(got - want[r]) <= 384 * u)) fail_msg("row %d: log-prob %.12g, want %.12g", r, got, want[r]);
+    }
+}
+
 /* ---- the MoE's plan on many blocks (k_plan_count, k_plan_scan, k_plan_place) ---- */
 
 /* The plan against the host's stable counting sort (what backend_cuda.cu's moe_plan_make
@@ -720,6 +744,7 @@ int main(void) {
         cmocka_unit_test(reductions_match_host),
         cmocka_unit_test(gx_matches_float64),
         cmocka_unit_test(lse_rows_match_float64),
+        cmocka_unit_test(lse_rows_masked_chunks),
         cmocka_unit_test(plan_matches_host),
     };
     return cmocka_run_group_tests(tests, emu_setup, emu_teardown);

@@ -578,6 +578,44 @@ static void cpu_resident_weights_follow_a_later_kernel(void **state) {
             }
 }
 
+/* log p(target) of one hidden row (1, 0) through an fp32 head [V, 2] whose rows [lo, hi) are (-inf, 0)
+ * (logit -inf: masked) and the others 0 (logit 0) */
+static double masked_logprob(const char *backend, int V, int lo, int hi, int target) {
+    m2d_backend *be = new_backend(backend, 2);
+    float *w = calloc((size_t)V * 2, sizeof(float)), h[2] = {1, 0};
+    for (int v = lo; v < hi; v++) w[2 * v] = -INFINITY;
+    m2d_tensor t;
+    m2d_weight *wh = weight_of(be, &t, M2D_F32, w, V, 2);
+    int32_t tg = target;
+    double lp = 0;
+    m2d_buf *hb = upload(be, h, sizeof h), *tb = upload(be, &tg, sizeof tg), *lb = be->ops->alloc(be, sizeof lp);
+    m2d_mat H = m2d_mat_of(hb, 0, 1, 2, 2);
+    be->ops->logprobs(be, &H, wh, V, tb, lb, M2D_PREC_FP32);
+    download(be, &lp, lb, sizeof lp);
+    be->ops->release(be, hb), be->ops->release(be, tb), be->ops->release(be, lb);
+    be->ops->weight_free(be, wh);
+    end_backend(be);
+    free(w);
+    return lp;
+}
+
+/* The streaming log-sum-exp over vocabulary chunks where a whole chunk is masked (-inf): the first
+ * chunks, the last one, and part of one (V = 2 x 16,384 + 3: whole chunks of the CPU's 4,096 and the
+ * GPU's 16,384 alike). Each unmasked logit is 0, so log p = -log(unmasked rows); every term is
+ * exp(0) within 2 float ulps (vexp.h) and the sum is in fp64: 1e-6 is far outside that and far
+ * inside a wrong count. A masked chunk had made the result NaN (-inf - -inf). */
+static void op_logprobs_masked_chunks_on(const char *backend) {
+    enum { C = 16384, V = 2 * C + 3 };
+    static const int cases[][3] = {{0, C, C}, {2 * C, V, 0}, {0, 16000, C}}; /* lo, hi, target */
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        double lp = masked_logprob(backend, V, cases[i][0], cases[i][1], cases[i][2]);
+        double want = -log((double)(V - (cases[i][1] - cases[i][0])));
+        if (!(fabs(lp - want) < 1e-6))
+            fail_msg("%s: rows [%d, %d) masked: log p = %.9g, want %.9g", backend, cases[i][0], cases[i][1], lp, want);
+    }
+}
+EACH_BACKEND(op_logprobs_masked_chunks)
+
 static void op_convert_parallel_on(const char *backend) {
     size_t n = (1 << 19) + 77;
     uint16_t *b = malloc(n * 2);
@@ -2418,6 +2456,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(op_matmul_matches_loops),
         cmocka_unit_test(op_resident_weights_keep_bits),
+        cmocka_unit_test(op_logprobs_masked_chunks),
         cmocka_unit_test(cpu_resident_weights_follow_a_later_kernel),
         cmocka_unit_test(lse_sum_exp_matches_double),
         cmocka_unit_test(swiglu_matches_double),

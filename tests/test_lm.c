@@ -219,6 +219,9 @@ static void empty_context_uses_eos(void **state) {
     assert_int_equal(m2d_lm_engine_wrap(e, tk, M2D_LM_CACHED, 0, &wrapped), 0);
     assert_int_equal(m2d_lm_loglikelihood(wrapped, r, 2, c), 0);
     for (int i = 0; i < 2; i++) assert_true(c[i].ll == a[i].ll); /* same path, same numbers (one machine) */
+    m2d_lm_engine_set_mode(wrapped, M2D_LM_NAIVE); /* full logits: the vocabulary from the wrapped engine */
+    assert_int_equal(m2d_lm_loglikelihood(wrapped, r, 2, c), 0);
+    for (int i = 0; i < 2; i++) assert_true(c[i].ll == b[i].ll); /* the naive scorer's path: the same numbers */
     m2d_lm_free(wrapped); /* leaves e, tk, m to us */
     m2d_engine_free(e);
     m2d_tokenizer_free(tk);

@@ -528,6 +528,17 @@ static void metrics_acc_and_acc_norm(void **state) {
     assert_int_equal(a, 0);
     assert_int_equal(an, 1);
     assert_int_equal(m2d_utf8_codepoints("\xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x98\x80"), 4);
+    /* NaN, as numpy's argmax takes it: the first NaN is the maximum. An empty choice with ll 0 gives
+     * 0/0 = NaN in acc_norm, so index 2 wins it (not index 1's -0.5); a NaN log-likelihood wins acc */
+    const char *c3[] = {"a", "bb", ""};
+    d = mkdoc(3, c3, 2);
+    m2d_mc_score(&d, (double[]){-5.0, -1.0, 0.0}, &a, &an);
+    assert_int_equal(a, 1);  /* ll: index 2's 0.0 is the highest */
+    assert_int_equal(an, 1); /* norm -5, -0.5, NaN: index 2 */
+    d.gold = 1;
+    m2d_mc_score(&d, (double[]){-5.0, NAN, NAN}, &a, &an);
+    assert_int_equal(a, 1);
+    assert_int_equal(an, 1);
 }
 
 static void metrics_stderr(void **state) {

@@ -140,6 +140,8 @@ void m2d_cpu_kv_append(m2d_backend *be, m2d_buf *kc, m2d_buf *vc, size_t off, si
 /* running max / sum of exponentials (double) of row i over one chunk z[nv] of logits at v0 */
 static void lse_update(const float *z, int nv, int v0, int target, double *mx, double *sum, double *tgt) {
     float cm = m2d_vexp_max(z, nv);
+    if (target >= v0 && target < v0 + nv) *tgt = z[target - v0];
+    if (cm == -INFINITY) return; /* a masked chunk adds nothing (its exp(z - cm) would be NaN) */
     double s = m2d_vexp_sum_exp(z, nv, cm); /* float terms (<= 2.4e-7 relative), double sum: vexp.h */
     if (cm > *mx) {
         *sum = *sum * exp(*mx - cm) + s;
@@ -147,7 +149,6 @@ static void lse_update(const float *z, int nv, int v0, int target, double *mx, d
     } else {
         *sum += s * exp(cm - *mx);
     }
-    if (target >= v0 && target < v0 + nv) *tgt = z[target - v0];
 }
 
 typedef struct {

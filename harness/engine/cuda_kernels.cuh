@@ -1499,13 +1499,14 @@ __global__ static void __launch_bounds__(GX_T) k_gx(gm_args g, gm_ptrs p) {
 __device__ static void lse_state_fold(double *st, int n, int i, float M, double S, const float *zr, int v0, int nv,
                                       int target) {
     double *mx = st + i, *sum = st + n + i, *tgt = st + 2 * n + i;
+    if (target >= v0 && target < v0 + nv) *tgt = zr[target - v0];
+    if (M == -INFINITY) return; /* a masked chunk adds nothing (S may be NaN: -inf - -inf) */
     if (M > *mx) {
         *sum = *sum * exp(*mx - M) + S;
         *mx = M;
     } else {
         *sum += S * exp(M - *mx);
     }
-    if (target >= v0 && target < v0 + nv) *tgt = zr[target - v0];
 }
 
 /* x into the running (m, s) */
