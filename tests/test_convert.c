@@ -42,11 +42,11 @@ static void merge_matrices_weighted_average(void **state) {
     const float *src[2] = {a, b};
     double w[2] = {0.25, 0.75};
     float out[3];
-    m2d_merge_matrices(src, w, 2, 3, 1.0, out);
+    m2d_merge_matrices(src, w, 2, 3, 1.0, M2D_F32, out);
     /* exact on every CPU: dyadic weights and small integers, every fp64 step exact (scalar C,
      * -std=c11: no FMA contraction) */
     assert_true(out[0] == 2.5f && out[1] == 2.0f && out[2] == 0.0f);
-    m2d_merge_matrices(src, w, 2, 3, 0.5, out);
+    m2d_merge_matrices(src, w, 2, 3, 0.5, M2D_F32, out);
     assert_true(out[0] == 1.25f && out[1] == 1.0f && out[2] == 0.0f);
     /* a group of identical copies merges back to the expert, bit for bit, whatever the weights:
      * the fp64 sum Σ w_i c is within 3·2^-53 |c| of the fp32 value c (weights summing to 1 up to
@@ -56,8 +56,54 @@ static void merge_matrices_weighted_average(void **state) {
     for (int i = 0; i < 50; i++) c[i] = (float)tu_rand_normal(&st);
     const float *copies[3] = {c, c, c};
     double w3[3] = {0.2, 0.3, 0.5};
-    m2d_merge_matrices(copies, w3, 3, 50, 1.0, merged);
+    m2d_merge_matrices(copies, w3, 3, 50, 1.0, M2D_F32, merged);
     assert_memory_equal(merged, c, sizeof c);
+    /* the same for bf16 experts: within 3·2^-53 |c| of a bf16 value, far from a bf16 tie */
+    uint16_t cb[50], mb[50];
+    for (int i = 0; i < 50; i++) cb[i] = m2d_f32_to_bf16(c[i]), c[i] = m2d_bf16_to_f32(cb[i]);
+    m2d_merge_matrices(copies, w3, 3, 50, 1.0, M2D_BF16, merged);
+    m2d_from_f32(M2D_BF16, merged, 50, mb);
+    assert_memory_equal(mb, cb, sizeof cb);
+}
+
+/* x rounded to bf16 to nearest even straight from fp64, written independently of the converter:
+ * a normal x is r · 2^(e-7) with r an integer of 8 bits; nearbyint rounds r to nearest even (the
+ * default rounding mode), and the product is exact. The bit pattern is fp32's upper half. */
+static uint16_t bf16_of_double(double x) {
+    int e;
+    frexp(x, &e); /* |x| in [2^(e-1), 2^e) */
+    double ulp = ldexp(1.0, e - 8), v = nearbyint(x / ulp) * ulp;
+    float f = (float)v; /* exact: 8 significant bits */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16);
+}
+
+/* A merged bf16 weight is rounded once from its fp64 value: paper-free arithmetic. The example of a
+ * review: experts 1 and 1 + 2^-7, weights 0.5 -/+ 2^-23, an exact merge 1 + 2^-8 + 2^-30, just past
+ * the bf16 tie 1 + 2^-8: bf16 0x3f81. Rounded to fp32 first (to nearest) it sat on the tie and went
+ * to even, 0x3f80. Then 100,000 values next to bf16 ties (a tie +/- up to 2^-26 relative, both
+ * signs, many binades) against bf16_of_double: exact on every machine (integer and IEEE-exact steps). */
+static void merge_rounds_once_to_bf16(void **state) {
+    (void)state;
+    float a = 1.0f, b = 1.0f + 0x1p-7f, out;
+    const float *src[2] = {&a, &b};
+    double w[2] = {0.5 - 0x1p-23, 0.5 + 0x1p-23};
+    m2d_merge_matrices(src, w, 2, 1, 1.0, M2D_BF16, &out);
+    uint16_t h;
+    m2d_from_f32(M2D_BF16, &out, 1, &h);
+    assert_int_equal(h, 0x3f81);
+    assert_int_equal(bf16_of_double(1.0 + 0x1p-8 + 0x1p-30), 0x3f81);
+    uint64_t st = 77;
+    for (int i = 0; i < 100000; i++) {
+        uint64_t r = tu_rand_u64(&st);
+        double tie = ldexp(1.0 + ((double)(r & 0x7f) + 0.5) / 128.0, (int)((r >> 7) % 200) - 100);
+        double x = tie * (1.0 + ldexp((double)((int)((r >> 20) % 129) - 64), -32)) * ((r >> 40) & 1 ? -1 : 1);
+        uint16_t got;
+        float f = m2d_round_for(x, M2D_BF16);
+        m2d_from_f32(M2D_BF16, &f, 1, &got);
+        if (got != bf16_of_double(x)) fail_msg("x = %.17g: bf16 0x%04x, once-rounded 0x%04x", x, got, bf16_of_double(x));
+    }
 }
 
 static void concat_layout(void **state) {
@@ -314,9 +360,10 @@ static void hand_build(const fixture *f, const m2d_convert_plan *p, const char *
                         ad += lp->merge_w[m] * v;
                     }
                     ad2 = lp->alpha[g] * ad;
-                    gate[(size_t)(g * de + r) * d + j] = (float)ag;
-                    up[(size_t)(g * de + r) * d + j] = (float)au;
-                    down[(size_t)j * W + g * de + r] = (float)ad2;
+                    /* rounded once to bf16 (the converter: fp32 to odd, then to nearest even) */
+                    gate[(size_t)(g * de + r) * d + j] = m2d_bf16_to_f32(bf16_of_double(ag));
+                    up[(size_t)(g * de + r) * d + j] = m2d_bf16_to_f32(bf16_of_double(au));
+                    down[(size_t)j * W + g * de + r] = m2d_bf16_to_f32(bf16_of_double(ad2));
                 }
         char name[128];
         int64_t sgu[2] = {W, d}, sd[2] = {d, W};
@@ -408,8 +455,9 @@ static void student_logits_written_and_hand_built(void **state) {
     if (m2d_model_open(hb, &h)) fail_msg("%s", m2d_errmsg());
     float *hand = logits_of(h, tok, 40);
     /* exact: hand_build merges with the same fp64 operations in the same order as the converter
-     * (scalar C, -std=c11: no FMA contraction, IEEE-exact on every CPU) and rounds the same way (fp32, then bf16),
-     * so the weights are the same bytes; then one machine's same engine */
+     * (scalar C, -std=c11: no FMA contraction, IEEE-exact on every CPU) and rounds each once to bf16
+     * (bf16_of_double, written apart from the converter's rounding to odd), so the weights are the same
+     * bytes; then one machine's same engine */
     assert_memory_equal(hand, disk, 40 * 64 * sizeof(float));
     /* and the student is not the teacher */
     float *teach = logits_of(f.m, tok, 40);
@@ -1230,6 +1278,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(merge_weights_sum_to_one_and_uniform_fallback),
         cmocka_unit_test(merge_matrices_weighted_average),
+        cmocka_unit_test(merge_rounds_once_to_bf16),
         cmocka_unit_test(concat_layout),
         cmocka_unit_test(dense_ffn_equals_alpha_weighted_experts),
         cmocka_unit_test(copied_experts_group_equals_expert),

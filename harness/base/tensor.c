@@ -43,6 +43,17 @@ uint16_t m2d_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+float m2d_f64_to_f32_odd(double x) {
+    float f = (float)x; /* to nearest */
+    if ((double)f == x || isnan(x) || isinf(f)) return f; /* exact; NaN; past FLT_MAX: inf is every rounding's */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if (fabs((double)f) > fabs(x)) u -= 1; /* rounded away from zero: the neighbour toward zero (bit patterns are monotone) */
+    u |= 1;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 float m2d_f16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
     if (exp == 0) {

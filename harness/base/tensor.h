@@ -29,6 +29,11 @@ float m2d_bf16_to_f32(uint16_t h);
 uint16_t m2d_f32_to_bf16(float f);  /* round to nearest even; NaN stays NaN */
 float m2d_f16_to_f32(uint16_t h);
 uint16_t m2d_f32_to_f16(float f);   /* round to nearest even */
+/* X rounded to fp32 to odd (toward zero, the last bit set where inexact): rounding that to bf16 or
+ * fp16 to nearest even (m2d_from_f32) then rounds X once, as a direct fp64 -> bf16/fp16 rounding
+ * would (fp32 keeps more than 2 bits beyond either: Boldo and Melquiond, "When double rounding is
+ * odd"); rounding X to nearest twice could round a tie the wrong way. */
+float m2d_f64_to_f32_odd(double x);
 
 /* Convert n elements of src (dtype t) starting at element offset `first` to fp32. */
 void m2d_to_f32(m2d_dtype t, const void *src, int64_t first, int64_t n, float *dst);

@@ -8,11 +8,14 @@
 
 #include "base/util.h"
 
-void m2d_merge_matrices(const float *const *src, const double *w, int n, size_t numel, double scale, float *out) {
+float m2d_round_for(double v, m2d_dtype target) { return target == M2D_F32 ? (float)v : m2d_f64_to_f32_odd(v); }
+
+void m2d_merge_matrices(const float *const *src, const double *w, int n, size_t numel, double scale, m2d_dtype target,
+                        float *out) {
     for (size_t j = 0; j < numel; j++) {
         double acc = 0;
         for (int i = 0; i < n; i++) acc += w[i] * src[i][j];
-        out[j] = (float)(scale * acc);
+        out[j] = m2d_round_for(scale * acc, target);
     }
 }
 
@@ -166,7 +169,7 @@ static float *group_role(const m2d_model *t, const m2d_layer_plan *lp, int g, in
     float **w = m2d_malloc((size_t)n * sizeof *w), *out = m2d_malloc(numel * sizeof *out);
     double *wt = m2d_malloc((size_t)n * sizeof *wt);
     for (int i = 0; i < n; i++) w[i] = contrib_role(t, &c[i], r), wt[i] = c[i].w;
-    m2d_merge_matrices((const float *const *)w, wt, n, numel, scale, out);
+    m2d_merge_matrices((const float *const *)w, wt, n, numel, scale, t->layers[c[0].layer].x[r][c[0].expert]->dtype, out);
     for (int i = 0; i < n; i++) free(w[i]);
     free(w), free(wt), free(c);
     return out;
@@ -215,7 +218,7 @@ static int build_dense_biases(student_owner *o, const m2d_model *t, const m2d_la
             free(c);
         }
         float *out = m2d_malloc((size_t)n * sizeof(float));
-        for (int j = 0; j < n; j++) out[j] = (float)acc[j];
+        for (int j = 0; j < n; j++) out[j] = m2d_round_for(acc[j], src->x[xr[b]][0]->dtype);
         dst->w[roles[b]] =
             role_tensor(o, o->m.arch, M2D_SCOPE_DENSE, roles[b], lp->layer, 0, src->x[xr[b]][0]->dtype, n, 0, out);
         free(acc);
@@ -288,7 +291,7 @@ static float *moe_router_rows(const m2d_tensor *tr, const m2d_layer_plan *lp, co
         for (int j = 0; j < width && !slot; j++) {
             double acc = 0;
             for (int i = 0; i < n; i++) acc += lp->merge_w[first + i] * router[(size_t)mem[i] * width + j];
-            rows[(size_t)g * width + j] = (float)acc;
+            rows[(size_t)g * width + j] = m2d_round_for(acc, tr->dtype);
         }
     }
     free(router);
