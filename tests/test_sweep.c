@@ -492,6 +492,16 @@ static void sweep_dedups_records_failures_and_resumes(void **state) {
     check_one_row_per_config(&x, &r);
     m2d_results_free(&r);
     m2d_experiment_free(&x);
+    /* --retry-failed with another experiment's file: refused before a failed row is dropped */
+    size_t n_before, n_after;
+    char *before = m2d_read_file(csv2, &n_before);
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", NULL, 0, &x), 0);
+    assert_int_equal(m2d_sweep_run(&x, &o2, &s), -1);
+    assert_non_null(strstr(m2d_errmsg(), "experiment"));
+    char *after = m2d_read_file(csv2, &n_after);
+    assert_true(n_before == n_after && memcmp(before, after, n_before) == 0);
+    free(before), free(after);
+    m2d_experiment_free(&x);
     free(csv2);
     free_fixture(&fx);
 }

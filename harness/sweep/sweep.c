@@ -93,6 +93,26 @@ static int teacher_ppl_meta(m2d_sweep_backend *b, const char *out, m2d_sweep_met
     return 0;
 }
 
+/* --retry-failed: OUT's failed rows dropped, and its sidecars' (failed distillations and MC
+ * evaluations are tried again too), once OUT's identity is this experiment's: another
+ * experiment's file is refused before anything in it changes. */
+static int retry_failed_rows(const m2d_experiment *x, const char *out, char **cols, int n_cols, const m2d_sweep_meta *meta) {
+    m2d_results_writer probe = {0};
+    m2d_results seen = {0};
+    int rc = m2d_results_open(out, (const char *const *)cols, n_cols, (const char *const *)meta->items, meta->n,
+                              m2d_sweep_identity_keys, m2d_sweep_n_identity_keys, &probe, &seen);
+    m2d_results_close(&probe);
+    m2d_results_free(&seen);
+    const char *sides[] = {"", ".distill.csv", ".mc.csv"};
+    for (size_t i = 0; i < M2D_ARRAY_LEN(sides) && rc == 0; i++) {
+        if (i == 1 && !x->has_distill) continue;
+        char *path = m2d_strfmt("%s%s", out, sides[i]);
+        rc = m2d_sweep_drop_failed_rows(path);
+        free(path);
+    }
+    return rc;
+}
+
 /* Everything after the backend is made: prepare it, open (or resume) OUT, the pool, the MC stage. */
 static int run_with_backend(const m2d_experiment *x, const m2d_sweep_opts *o, const char *out, m2d_sweep_backend *b,
                             const int *idx, int n_idx, m2d_sweep_summary *sum) {
@@ -116,12 +136,7 @@ static int run_with_backend(const m2d_experiment *x, const m2d_sweep_opts *o, co
     int n_cols = m2d_sweep_columns(x, &cols);
     m2d_results existing = {0};
     m2d_results_writer w = {0};
-    int rc = o->retry_failed ? m2d_sweep_drop_failed_rows(out) : 0;
-    if (rc == 0 && o->retry_failed && x->has_distill) { /* failed distillations are tried again too */
-        char *side = m2d_strfmt("%s.distill.csv", out);
-        rc = m2d_sweep_drop_failed_rows(side);
-        free(side);
-    }
+    int rc = o->retry_failed ? retry_failed_rows(x, out, cols, n_cols, &meta) : 0;
     if (rc == 0)
         rc = m2d_results_open(out, (const char *const *)cols, n_cols, (const char *const *)meta.items, meta.n,
                               m2d_sweep_identity_keys, m2d_sweep_n_identity_keys, &w, &existing);
@@ -156,10 +171,10 @@ static int lock_output(const char *out, const m2d_sweep_opts *o, m2d_lock *lock)
         m2d_lock_release(lock);
         return m2d_err("sweep: %s exists and --no-resume was given (move it away or drop --no-resume)", out);
     }
-    char *side = m2d_strfmt("%s.mc.csv", out);
-    int n = m2d_atomic_remove_leftovers(out) + m2d_atomic_remove_leftovers(side);
+    char *mc = m2d_strfmt("%s.mc.csv", out), *distill = m2d_strfmt("%s.distill.csv", out);
+    int n = m2d_atomic_remove_leftovers(out) + m2d_atomic_remove_leftovers(mc) + m2d_atomic_remove_leftovers(distill);
     if (n) fprintf(stderr, "moe2dense sweep: removed %d temporary file(s) an interrupted run left next to %s\n", n, out);
-    free(side);
+    free(mc), free(distill);
     return 0;
 }
 

@@ -3,9 +3,12 @@
 #include "sweep/sweep_d2d.h"
 
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/util.h"
@@ -237,18 +240,21 @@ void m2d_d2d_free(m2d_d2d *d) {
     free(d);
 }
 
+/* DIR's files and DIR, never through a symbolic link: DIR opened with O_NOFOLLOW (a link planted at
+ * that name is left alone, and the build refuses the name), its entries unlinked relative to it
+ * (an entry that is a link goes, not its target) */
 void m2d_d2d_remove_dir(const char *dir) {
-    DIR *dd = opendir(dir);
-    if (dd) {
-        struct dirent *e;
-        while ((e = readdir(dd)))
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-                char *f = m2d_path_join(dir, e->d_name);
-                unlink(f);
-                free(f);
-            }
-        closedir(dd);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return;
+    DIR *dd = fdopendir(fd);
+    if (!dd) {
+        close(fd);
+        return;
     }
+    struct dirent *e;
+    while ((e = readdir(dd)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) unlinkat(fd, e->d_name, 0);
+    closedir(dd);
     rmdir(dir);
 }
 
@@ -267,12 +273,21 @@ int m2d_d2d_build(m2d_d2d *d, const m2d_grid_config *c, char **dir, m2d_model **
     if (m2d_prune_shape_parse(m2d_d2d_spec(c->params), &s) || m2d_prune_shape_check(t, &s)) return -1;
     m2d_prune_shape_format(t, &s, canon, sizeof canon);
     fingerprint(d, canon, res->fingerprint);
-    /* a directory of this process's own (shards may share the cache); removed by the caller */
-    char *root = m2d_path_join(d->x->cache_dir, "d2d"), *name = m2d_strfmt("%.16s.%ld", res->fingerprint, (long)getpid());
+    /* a directory of this process's own (shards may share the cache, over NFS too: host and pid);
+     * made new here (mkdir: never an existing one, nor a link planted at its name); removed by the
+     * caller */
+    char host[256] = "host";
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = 0;
+    char *root = m2d_path_join(d->x->cache_dir, "d2d"), *name = m2d_strfmt("%.16s.%s.%ld", res->fingerprint, host, (long)getpid());
     *dir = m2d_path_join(root, name);
     free(name);
-    m2d_d2d_remove_dir(*dir); /* what a killed run of the same pid left */
-    int rc = m2d_mkdir_p(root) || m2d_prune_write(d->teacher, d->imp_path, &s, *dir) || m2d_model_open(*dir, student);
+    m2d_d2d_remove_dir(*dir); /* what a killed run of the same host and pid left */
+    int rc = m2d_mkdir_p(root);
+    if (rc == 0 && mkdir(*dir, 0700) != 0)
+        rc = m2d_err("%s: cannot make the pruned student's directory: %s (a link or a file in the way?)", *dir,
+                     strerror(errno));
+    rc = rc || m2d_prune_write(d->teacher, d->imp_path, &s, *dir) || m2d_model_open(*dir, student);
     free(root);
     if (rc) {
         m2d_d2d_remove_dir(*dir);

@@ -177,7 +177,9 @@ static void distill_one(const m2d_experiment *x, m2d_sweep_backend *b, const m2d
     if (o.eval_every > 0) /* the validation curve (Figure 5) on held-out text (distill.val_data), PPL's protocol */
         o.eval_data = x->distill_val_data, o.eval_seq_len = x->ppl_seq_len, o.eval_windows = x->ppl_max_windows;
     void *student = NULL, *distilled = NULL;
-    int rc = b->build(b, c, &student, &r);
+    /* the students' folder and this one's: real directories, never a link planted there (a write
+     * through it would land, or replace a checkpoint, wherever it points) */
+    int rc = m2d_check_output_dir(root) || m2d_check_output_dir(dir) ? -1 : b->build(b, c, &student, &r);
     if (rc == 0) rc = m2d_mkdir_p(root);
     if (rc == 0) rc = b->distill(b, student, c, &o, &distilled, &d, r.error);
     if (student) b->free_student(b, student);
