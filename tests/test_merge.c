@@ -165,6 +165,25 @@ static void duplicates_and_mismatches_are_errors(void **state) {
     assert_int_equal(merge(&sh, self, 2, 0, 0, &res), -1);
     assert_non_null(strstr(m2d_errmsg(), "is also an input"));
     m2d_shard_merge_result_free(&res);
+    /* the same, the output spelt otherwise (DIR/./sI.csv): the same file, not the same string */
+    char *respelt = m2d_path_join(sh.fx.dir, "./s1.csv");
+    shards alias = sh;
+    alias.out = respelt;
+    assert_int_equal(merge(&alias, sh.shard, 3, 0, 0, &res), -1);
+    assert_non_null(strstr(m2d_errmsg(), "is also an input"));
+    m2d_shard_merge_result_free(&res);
+    free(respelt);
+    /* shards of other precisions are other runs */
+    size_t n;
+    char *text = m2d_read_file(sh.shard[1], &n), *p = strstr(text, "precision=");
+    assert_non_null(p);
+    char *edited = m2d_strfmt("%.*sprecision=other%s", (int)(p - text), text, strchr(p, '\n'));
+    tu_write(sh.shard[1], edited, strlen(edited));
+    assert_int_equal(merge(&sh, sh.shard, 3, 0, 0, &res), -1);
+    assert_non_null(strstr(m2d_errmsg(), "header 'precision'"));
+    m2d_shard_merge_result_free(&res);
+    tu_write(sh.shard[1], text, n);
+    free(text), free(edited);
     /* rows of another run: another experiment's CSV has another identity */
     m2d_experiment other;
     assert_int_equal(m2d_experiment_load(sh.fx.toml, "other", NULL, 0, &other), 0);

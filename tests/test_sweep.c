@@ -686,6 +686,15 @@ static void mc_stage_best_per_pair_fills_columns_and_resumes(void **state) {
     assert_int_equal(x.n_mc, 2);
     assert_int_equal(x.mc_shots[0], 25);
     assert_int_equal(x.mc_shots[1], 0);
+    /* shots of a task not listed (a misspelling would run 0 shots) and a task twice: one line each */
+    m2d_experiment bad;
+    char *misspelt[] = {"mc={tasks = ['arc_easy'], shots = {arc_eazy = 5}}"}, *twice[] = {"mc={tasks = ['arc_easy', 'arc_easy']}"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", misspelt, 1, &bad), -1);
+    if (!strstr(m2d_errmsg(), "mc.shots")) fail_msg("%s", m2d_errmsg());
+    m2d_experiment_free(&bad);
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", twice, 1, &bad), -1);
+    if (!strstr(m2d_errmsg(), "mc.tasks")) fail_msg("%s", m2d_errmsg());
+    m2d_experiment_free(&bad);
     m2d_sweep_opts o = {.out = fx.csv, .jobs = 2};
     m2d_sweep_summary s;
     assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);

@@ -24,11 +24,19 @@ int m2d_grid_read_mc(const ctx *c, m2d_experiment *x) {
     x->mc_shots = m2d_calloc((size_t)tasks->n, sizeof *x->mc_shots);
     for (int i = 0; i < tasks->n; i++) {
         if (tasks->items[i]->type != M2D_TOML_STRING) return m2d_grid_key_err(c, tasks->items[i], "mc.tasks", "strings");
+        for (int j = 0; j < i; j++) /* one column pair per task */
+            if (!strcmp(tasks->items[j]->str, tasks->items[i]->str))
+                return m2d_grid_key_err(c, tasks->items[i], "mc.tasks", "task names, each once");
         x->mc_tasks[x->n_mc] = m2d_strdup(tasks->items[i]->str);
         const m2d_toml *s = m2d_toml_get(shots, tasks->items[i]->str);
         if (s && (s->type != M2D_TOML_INT || s->i < 0 || s->i > 100))
             return m2d_grid_key_err(c, s, "mc.shots", "an integer in [0, 100]");
         x->mc_shots[x->n_mc++] = s ? (int)s->i : 0;
+    }
+    for (int j = 0; shots && j < shots->n; j++) { /* a misspelt task would silently run 0 shots */
+        int listed = 0;
+        for (int i = 0; i < x->n_mc && !listed; i++) listed = !strcmp(shots->keys[j], x->mc_tasks[i]);
+        if (!listed) return m2d_grid_key_err(c, shots->items[j], "mc.shots", "keyed by tasks listed in mc.tasks");
     }
     if (m2d_grid_get_int32(c, mc, "limit", 0, 0, 1 << 30, &x->mc_limit)) return -1;
     free(x->mc_configs);

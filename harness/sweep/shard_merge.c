@@ -10,8 +10,9 @@
 #include "io/results.h"
 #include "sweep/grid.h"
 
-/* header keys that must agree across the shards (the shard, host and start time differ) */
-static const char *const IDENTITY[] = {"experiment", "backend", "model_hash", "calib_hash", "ppl"};
+/* header keys that must agree across the shards: the sweep's identity but the shard (the host and
+ * start time differ too; sweep_csv.c m2d_sweep_identity_keys) */
+static const char *const IDENTITY[] = {"experiment", "backend", "model_hash", "calib_hash", "precision", "ppl", "device"};
 
 typedef struct {
     const m2d_shard_merge_opts *o;
@@ -186,7 +187,8 @@ static int check_opts(const m2d_shard_merge_opts *o) {
     if (o->n_inputs < 1) return m2d_err("merge: expected at least one input CSV");
     if (!o->experiments != !o->experiment) return m2d_err("merge: --experiments and --experiment go together");
     for (int i = 0; i < o->n_inputs; i++)
-        if (strcmp(o->inputs[i], o->out) == 0) return m2d_err("merge: the output %s is also an input", o->out);
+        if (strcmp(o->inputs[i], o->out) == 0 || m2d_same_file(o->inputs[i], o->out))
+            return m2d_err("merge: the output %s is also an input (%s)", o->out, o->inputs[i]);
     return 0;
 }
 
