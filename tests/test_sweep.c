@@ -677,6 +677,35 @@ static void product_binary_has_no_fake_backend(void **state) {
     free_fixture(&fx);
 }
 
+/* A results file resumed with a smaller grid keeps the rows of configurations no longer in it; the
+ * MC stage selects among the grid's own rows only (before, best-per-pair could pick a row of the
+ * old grid, skip it as unknown, and leave the grid's row of that pair without MC). */
+static void mc_stage_selects_within_the_grid(void **state) {
+    (void)state;
+    fixture fx = make_fixture();
+    m2d_experiment x;
+    m2d_sweep_opts o = {.out = fx.csv, .jobs = 1};
+    m2d_sweep_summary s;
+    const char *Ks[] = {"axes.K=['2k']", "axes.K=['k']"};
+    for (int run = 0; run < 2; run++) {
+        char *sets[] = {"axes.scoring=['cp']", "axes.grouping=['rr']", "axes.scaling=['uniform']", (char *)Ks[run],
+                        "mc={tasks = ['arc_easy'], configs = 'best-per-pair'}"};
+        assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 5, &x), 0);
+        assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+        assert_int_equal(s.mc_selected, 1);
+        assert_int_equal(s.mc_evaluated, 1);
+        m2d_results r;
+        assert_int_equal(m2d_results_read(fx.csv, &r), 0);
+        assert_int_equal(r.n_rows, run + 1);
+        for (int i = 0; i < r.n_rows; i++)
+            if (!strcmp(m2d_results_get(&r, i, "config_id"), x.configs[0].id))
+                assert_true(m2d_results_get(&r, i, "arc_easy_acc")[0] != 0);
+        m2d_results_free(&r);
+        m2d_experiment_free(&x);
+    }
+    free_fixture(&fx);
+}
+
 static void mc_stage_best_per_pair_fills_columns_and_resumes(void **state) {
     (void)state;
     fixture fx = make_fixture();
@@ -978,6 +1007,7 @@ int main(void) {
         cmocka_unit_test(cli_dry_run_shards_and_merge),
         cmocka_unit_test(product_binary_has_no_fake_backend),
         cmocka_unit_test(mc_stage_best_per_pair_fills_columns_and_resumes),
+        cmocka_unit_test(mc_stage_selects_within_the_grid),
         cmocka_unit_test(run_header_grows_without_bound),
         cmocka_unit_test(mc_fill_finds_columns_by_name),
         cmocka_unit_test(shipped_experiments_file_is_valid),

@@ -299,6 +299,7 @@ int m2d_sweep_distill_stage(const m2d_experiment *x, m2d_sweep_backend *b, const
                             m2d_sweep_summary *sum) {
     m2d_results main;
     if (m2d_results_read_checked(out, &main)) return -1;
+    m2d_sweep_keep_grid_rows(x, &main, out);
     int *rows = NULL, n_sel = m2d_sweep_select_rows(&main, x->distill_configs, x->distill_ids, x->n_distill_ids, &rows);
     int rc = n_sel < 0 ? -1 : 0;
     if (rc == 0) {

@@ -2,6 +2,7 @@
 #include "sweep/sweep_mc.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,6 +34,24 @@ int m2d_sweep_select_rows(const m2d_results *r, const char *mode, char *const *i
     }
     /* of the D2D candidates only the one the paper's rule selects (a listed id is taken as listed) */
     return strcmp(mode, "list") == 0 ? n : m2d_d2d_keep_best(r, *rows, n);
+}
+
+int m2d_sweep_keep_grid_rows(const m2d_experiment *x, m2d_results *r, const char *path) {
+    int id = m2d_results_col(r, "config_id"), kept = 0, gone = 0;
+    for (int i = 0; i < r->n_rows; i++) {
+        if (id < 0 || m2d_sweep_find_config(x, r->rows[i][id]) >= 0) {
+            r->rows[kept++] = r->rows[i];
+            continue;
+        }
+        for (int c = 0; c < r->n_cols; c++) free(r->rows[i][c]);
+        free(r->rows[i]);
+        gone++;
+    }
+    r->n_rows = kept;
+    if (gone)
+        fprintf(stderr, "moe2dense sweep: %s: %d row(s) of configurations not in this grid (an earlier, larger one?) "
+                        "are kept in the file but not selected\n", path, gone);
+    return gone;
 }
 
 /* Column indices of NAMES in R (file PATH), or -1 + m2d_err naming the file and the column. */
@@ -171,6 +190,7 @@ int m2d_sweep_mc_stage(const m2d_experiment *x, m2d_sweep_backend *b, const char
                        m2d_sweep_summary *sum) {
     m2d_results main;
     if (m2d_results_read_checked(out, &main)) return -1;
+    m2d_sweep_keep_grid_rows(x, &main, out);
     int *rows = NULL, n_sel = m2d_sweep_select_rows(&main, x->mc_configs, NULL, 0, &rows);
     if (n_sel < 0) {
         m2d_results_free(&main);

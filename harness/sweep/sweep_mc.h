@@ -46,6 +46,10 @@ int m2d_sweep_mc_fill_where(const char *out, const char *side, char *const *mc_c
  * of IDS). Of the D2D candidates (sweep_d2d.h) "best-per-pair" and "all" keep only the selected
  * one (the lowest pre-distillation PPL). Row indices -> *rows (malloc'd); returns the count. */
 int m2d_sweep_select_rows(const m2d_results *r, const char *mode, char *const *ids, int n_ids, int **rows);
+/* R (read from PATH) without the rows whose config_id is not in X's grid (a file resumed after the
+ * grid shrank keeps them; a stage must neither select nor report them), said in one line; returns
+ * how many went. */
+int m2d_sweep_keep_grid_rows(const m2d_experiment *x, m2d_results *r, const char *path);
 /* Index of configuration ID in X's grid, or -1. */
 int m2d_sweep_find_config(const m2d_experiment *x, const char *id);
 
