@@ -677,6 +677,46 @@ static void product_binary_has_no_fake_backend(void **state) {
     free_fixture(&fx);
 }
 
+/* A rerun into the same file refuses other inputs than the rows were made from: other bytes of the
+ * PPL text at the same path, other MC settings (header 'inputs'). A file written before that header
+ * existed is resumed as it is. */
+static void resume_refuses_other_inputs(void **state) {
+    (void)state;
+    fixture fx = make_fixture();
+    m2d_experiment x;
+    m2d_sweep_opts o = {.out = fx.csv, .jobs = 1};
+    m2d_sweep_summary s;
+    char *sets[] = {"axes.scoring=['cp']", "axes.grouping=['rr']", "axes.scaling=['uniform']", "axes.K=['k']",
+                    "mc={tasks = ['arc_easy'], configs = 'all'}"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 5, &x), 0);
+    tu_write(x.ppl_data, "one text\n", 9);
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    tu_write(x.ppl_data, "another text\n", 13);
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), -1);
+    if (!strstr(m2d_errmsg(), "header 'inputs'")) fail_msg("%s", m2d_errmsg());
+    tu_write(x.ppl_data, "one text\n", 9);
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    assert_int_equal(s.skipped, s.total);
+    m2d_experiment_free(&x);
+    char *limited[] = {"axes.scoring=['cp']", "axes.grouping=['rr']", "axes.scaling=['uniform']", "axes.K=['k']",
+                       "mc={tasks = ['arc_easy'], configs = 'all', limit = 3}"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", limited, 5, &x), 0);
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), -1);
+    if (!strstr(m2d_errmsg(), "header 'inputs'")) fail_msg("%s", m2d_errmsg());
+    m2d_experiment_free(&x);
+    /* the file without its inputs line (as written before it), the first settings: resumed */
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 5, &x), 0);
+    size_t n;
+    char *text = m2d_read_file(fx.csv, &n), *line = strstr(text, "inputs="), *end = strchr(line, '\n');
+    while (line > text && line[-1] != '\n') line--; /* the line's start (its comment mark) */
+    memmove(line, end + 1, strlen(end + 1) + 1);
+    tu_write(fx.csv, text, strlen(text));
+    free(text);
+    assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
+    m2d_experiment_free(&x);
+    free_fixture(&fx);
+}
+
 /* A results file resumed with a smaller grid keeps the rows of configurations no longer in it; the
  * MC stage selects among the grid's own rows only (before, best-per-pair could pick a row of the
  * old grid, skip it as unknown, and leave the grid's row of that pair without MC). */
@@ -785,7 +825,7 @@ static void run_header_grows_without_bound(void **state) {
     m2d_experiment x;
     assert_int_equal(m2d_experiment_load(fx.toml, "grid", NULL, 0, &x), 0);
     m2d_sweep_meta_build(&x, 2, 3, "mh", "ch", "bf16", &m);
-    assert_int_equal(m.n, 40 + 15);
+    assert_int_equal(m.n, 40 + 16);
     assert_string_equal(m.items[0], "k0=v0");
     assert_string_equal(m.items[39], "k39=v39");
     assert_string_equal(m.items[40], "moe2dense-results=1");
@@ -1008,6 +1048,7 @@ int main(void) {
         cmocka_unit_test(product_binary_has_no_fake_backend),
         cmocka_unit_test(mc_stage_best_per_pair_fills_columns_and_resumes),
         cmocka_unit_test(mc_stage_selects_within_the_grid),
+        cmocka_unit_test(resume_refuses_other_inputs),
         cmocka_unit_test(run_header_grows_without_bound),
         cmocka_unit_test(mc_fill_finds_columns_by_name),
         cmocka_unit_test(shipped_experiments_file_is_valid),

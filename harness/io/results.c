@@ -483,12 +483,13 @@ static int check_compatible(const char *path, const m2d_results *r, const char *
             return m2d_err("%s: column %d is '%s', this run writes '%s' (use another --out)", path, c + 1, r->cols[c],
                            cols[c]);
     for (int i = 0; i < n_identity; i++) {
-        const char *want = meta_value(meta, n_meta, identity[i]);
-        const char *have = m2d_results_meta(r, identity[i]);
+        int later = identity[i][0] == '+';
+        const char *key = identity[i] + later, *want = meta_value(meta, n_meta, key), *have = m2d_results_meta(r, key);
+        if (later && !have) continue; /* a file from before the key was written: taken as it is */
         /* a key absent from both is a match (e.g. device, written only off the CPU) */
         if ((want || have) && (!want || !have || strcmp(want, have) != 0))
             return m2d_err("%s: header '%s' is '%s' but this run has '%s': refusing to mix results (use another "
-                           "--out)", path, identity[i], have ? have : "(absent)", want ? want : "(absent)");
+                           "--out)", path, key, have ? have : "(absent)", want ? want : "(absent)");
     }
     return 0;
 }

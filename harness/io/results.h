@@ -75,7 +75,8 @@ typedef struct {
 
 /* Open PATH for appending rows with columns COLS. A missing file is created with the META lines
  * ("key=value") and the column row. An existing file must have the same columns, the same
- * values for each meta key listed IDENTITY (a key absent from both matches) and valid rows (else: error, nothing written); a torn
+ * values for each meta key listed IDENTITY (a key absent from both matches; "+KEY": a key added later,
+ * which a file without it is not checked for) and valid rows (else: error, nothing written); a torn
  * last line is truncated away. *existing (if not NULL) receives the rows already there. */
 int m2d_results_open(const char *path, const char *const *cols, int n_cols, const char *const *meta, int n_meta,
                      const char *const *identity, int n_identity, m2d_results_writer *w, m2d_results *existing);

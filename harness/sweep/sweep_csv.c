@@ -17,7 +17,7 @@ static const char *const TAIL_COLS[] = {"wall_s", "status", "dedup_of", "fingerp
 #define N_TAIL ((int)M2D_ARRAY_LEN(TAIL_COLS))
 
 const char *const m2d_sweep_identity_keys[] = {"experiment", "backend", "model_hash", "calib_hash", "precision", "ppl",
-                                                  "shard", "device"};
+                                                  "shard", "device", "+inputs"};
 const int m2d_sweep_n_identity_keys = (int)M2D_ARRAY_LEN(m2d_sweep_identity_keys);
 
 static int n_mc_cols(const m2d_experiment *x) { return x->n_mc ? 2 * x->n_mc + 1 : 0; }
@@ -119,6 +119,35 @@ static void utc_now(char *buf, size_t n) {
     strftime(buf, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
+/* SHA-256 (16 hex digits) of the file at PATH, or "none" (absent or unreadable) */
+static void file_sha16(const char *path, char out[17]) {
+    size_t n;
+    char *text = path ? m2d_read_file(path, &n) : NULL, hex[65];
+    snprintf(out, 17, "none");
+    if (!text) return;
+    m2d_sha256_hex(text, n, hex);
+    snprintf(out, 17, "%.16s", hex);
+    free(text);
+}
+
+/* What the rows depend on besides the other identity keys: the bytes of the PPL and distillation
+ * texts (a path may hold other text on a rerun), and the MC settings that change a score (tasks and
+ * shots, the document limit, the task data's folder; not which configurations get MC) */
+static char *inputs_value(const m2d_experiment *x) {
+    char ppl[17], distill[17];
+    file_sha16(x->ppl_data, ppl);
+    file_sha16(x->has_distill ? x->distill_data : NULL, distill);
+    char *mc = m2d_strfmt("limit=%d data=%s tasks=", x->mc_limit, x->n_mc ? x->mc_data_dir : "none");
+    for (int i = 0; i < x->n_mc; i++) {
+        char *next = m2d_strfmt("%s%s%s:%d", mc, i ? "," : "", x->mc_tasks[i], x->mc_shots[i]);
+        free(mc);
+        mc = next;
+    }
+    char *v = m2d_strfmt("inputs=ppl_sha256=%s distill_sha256=%s mc=%s", ppl, distill, mc);
+    free(mc);
+    return v;
+}
+
 void m2d_sweep_meta_build(const m2d_experiment *x, int shard_i, int shard_n, const char *model_hash,
                           const char *calib_hash, const char *precision, m2d_sweep_meta *m) {
     char host[256], now[64];
@@ -136,6 +165,7 @@ void m2d_sweep_meta_build(const m2d_experiment *x, int shard_i, int shard_n, con
     m2d_sweep_meta_add(m, m2d_strfmt("precision=%s", precision));
     m2d_sweep_meta_add(m, m2d_strfmt("ppl=%s L=%d max_windows=%d data=%s", x->ppl_protocol, x->ppl_seq_len,
                                      x->ppl_max_windows, x->ppl_data));
+    m2d_sweep_meta_add(m, inputs_value(x));
     m2d_sweep_meta_add(m, shard_n ? m2d_strfmt("shard=%d/%d", shard_i, shard_n) : m2d_strdup("shard=all"));
     m2d_sweep_meta_add(m, m2d_strfmt("grid_size=%d", x->n_configs));
     m2d_sweep_meta_add(m, m2d_strfmt("host=%s", host));
