@@ -243,6 +243,31 @@ static void rr_rank_order(void **state) {
     m2d_layer_stats_free(&s);
 }
 
+/* AB's two tie rules, exact by construction (router rows of small integers; equal cosines computed
+ * by the same operations): anchors tied in score go lower expert index first (e1 and e4 both 5: e1
+ * ranks first), and an expert as similar to two anchors joins the higher-ranked one (e0 = e1 + e4
+ * and the all-zero e2: with e1, not e4). e3 and e5 lean to e4 and e1. */
+static void ab_ties(void **state) {
+    (void)state;
+    enum { E = 6, D = 4, DE = 2 };
+    float router[E * D] = {1, 1, 0, 0, /* e0 */ 1, 0, 0, 0, /* e1 */ 0, 0, 0, 0, /* e2 */
+                           1, 8, 0, 0, /* e3 */ 0, 1, 0, 0, /* e4 */ 8, 1, 0, 0 /* e5 */};
+    float zeros[E * DE * D] = {0};
+    fx_weights w;
+    fx_make_weights(&w, M2D_F32, E, D, DE, router, zeros, zeros, zeros);
+    m2d_layer_stats s;
+    m2d_layer_stats_alloc(&s, 0, E, 2, D);
+    m2d_layer_view v = fx_view(&s, &w.layer, E, DE, NULL);
+    v.k = 2;
+    int sel[E] = {0, 1, 2, 3, 4, 5}, groups[E];
+    double scores[E] = {1, 5, 3, 1, 5, 1};
+    run_group("ab", &v, sel, scores, groups);
+    int want[E] = {0, 0, 0, 1, 1, 0}; /* {e0, e1, e2, e5} with anchor e1, {e3, e4} with e4 */
+    assert_memory_equal(groups, want, sizeof want);
+    m2d_layer_stats_free(&s);
+    fx_free_weights(&w);
+}
+
 static void ab_anchors_and_router_cosine(void **state) {
     (void)state;
     planted pl;
@@ -503,6 +528,7 @@ int main(void) {
         cmocka_unit_test(oc_zero_norm_rule),
         cmocka_unit_test(rr_rank_order),
         cmocka_unit_test(ab_anchors_and_router_cosine),
+        cmocka_unit_test(ab_ties),
         cmocka_unit_test(every_grouping_is_identity_at_K_equals_k),
         cmocka_unit_test(hc_smoe_is_average_linkage_on_mean_outputs),
         cmocka_unit_test(lsa_matches_brute_force),
