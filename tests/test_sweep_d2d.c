@@ -562,6 +562,17 @@ static void tiny_sweep_end_to_end(void **state) {
     char *cmd = m2d_strfmt("test -z \"$(ls -A '%s')\"", scratch);
     assert_int_equal(system(cmd), 0); /* every pruned scratch checkpoint removed */
     free(cmd), free(scratch);
+    /* the pruned students' inputs are part of the run: resumed as they were, refused when the dense
+     * teacher's importance calibration changes */
+    assert_non_null(m2d_results_meta(&r, "d2d_inputs"));
+    assert_int_equal(m2d_sweep_run(&x, &o, &sum), 0);
+    assert_int_equal(sum.skipped, sum.total);
+    m2d_experiment other;
+    char *sets[] = {"d2d.samples=3"};
+    assert_int_equal(m2d_experiment_load(fx.toml, "t", sets, 1, &other), 0);
+    assert_int_equal(m2d_sweep_run(&other, &o, &sum), -1);
+    if (!strstr(m2d_errmsg(), "header 'd2d_inputs'")) fail_msg("%s", m2d_errmsg());
+    m2d_experiment_free(&other);
     m2d_results_free(&r);
     m2d_experiment_free(&x);
     real_fx_free(&fx);

@@ -127,6 +127,8 @@ static int run_with_backend(const m2d_experiment *x, const m2d_sweep_opts *o, co
     if (b->calibration[0]) m2d_sweep_meta_add(&meta, m2d_strfmt("calibration=%s", b->calibration));
     /* an identity key written only off the CPU: CSVs from before it (and every CPU run) have none */
     if (strcmp(b->device, "cpu") != 0) m2d_sweep_meta_add(&meta, m2d_strfmt("device=%s", b->device));
+    char d2d[65]; /* an identity key where the experiment prunes a dense teacher too */
+    if (b->d2d_inputs && b->d2d_inputs(b, d2d) == 0) m2d_sweep_meta_add(&meta, m2d_strfmt("d2d_inputs=%.16s", d2d));
     if (teacher_ppl_meta(b, out, &meta)) {
         m2d_sweep_meta_free(&meta);
         return -1;

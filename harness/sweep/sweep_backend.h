@@ -63,6 +63,10 @@ struct m2d_sweep_backend {
      * header's d2d_teacher_ppl=, the report's second teacher row); 1 when there is none. Both
      * teacher hooks also fill res->n_params (the teacher's parameters) */
     int (*evaluate_d2d_teacher)(m2d_sweep_backend *b, m2d_sweep_result *res);
+    /* optional, after prepare: the hash of what the [d2d] block's students are made from (the dense
+     * teacher's weights, its importance calibration) into OUT, for the CSV header's identity
+     * (d2d_inputs=); 1 when there is no [d2d] block */
+    int (*d2d_inputs)(m2d_sweep_backend *b, char out[65]);
     /* optional: multiple-choice tasks of the experiment on a built student: res->mc[2t] = acc,
      * res->mc[2t+1] = acc_norm (NaN when the task has none), res->mc[2 n_tasks] = the average of
      * each task's paper metric */

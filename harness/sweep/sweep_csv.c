@@ -17,7 +17,7 @@ static const char *const TAIL_COLS[] = {"wall_s", "status", "dedup_of", "fingerp
 #define N_TAIL ((int)M2D_ARRAY_LEN(TAIL_COLS))
 
 const char *const m2d_sweep_identity_keys[] = {"experiment", "backend", "model_hash", "calib_hash", "precision", "ppl",
-                                                  "shard", "device", "+inputs"};
+                                                  "shard", "device", "+inputs", "+d2d_inputs"};
 const int m2d_sweep_n_identity_keys = (int)M2D_ARRAY_LEN(m2d_sweep_identity_keys);
 
 static int n_mc_cols(const m2d_experiment *x) { return x->n_mc ? 2 * x->n_mc + 1 : 0; }

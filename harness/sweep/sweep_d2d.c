@@ -190,6 +190,12 @@ struct m2d_d2d {
 
 const m2d_model *m2d_d2d_teacher(const m2d_d2d *d) { return d->teacher; }
 
+void m2d_d2d_inputs_hash(const m2d_d2d *d, char out[65]) {
+    char *s = m2d_strfmt("d2d inputs\n%s\n%s\n", d->teacher->weights_hash, d->calib_hash);
+    m2d_sha256_hex(s, strlen(s), out);
+    free(s);
+}
+
 /* cache_dir/<weights hash:16>-imp-<hash of the calibration settings:16>.m2dimp (the file itself
  * records the model and calibration hashes; a stale one is recomputed by m2d_importance_ensure) */
 static char *importance_path(const m2d_experiment *x, const m2d_model *t) {

@@ -63,6 +63,9 @@ typedef struct m2d_d2d m2d_d2d;
 int m2d_d2d_open(const m2d_experiment *x, const char *device, m2d_precision precision, m2d_d2d **out);
 void m2d_d2d_free(m2d_d2d *d);
 const m2d_model *m2d_d2d_teacher(const m2d_d2d *d);
+/* SHA-256 (hex) of the dense teacher's weights and of its importance calibration: what every pruned
+ * student of D is made from (a results file's identity) */
+void m2d_d2d_inputs_hash(const m2d_d2d *d, char out[65]);
 /* Prune candidate C into a fresh directory *DIR (under x->cache_dir/d2d/, malloc'd) and open it as
  * *STUDENT; RES gets the fingerprint, d_dense (the FFN width) and n_params. -1 + m2d_err. */
 int m2d_d2d_build(m2d_d2d *d, const m2d_grid_config *c, char **dir, m2d_model **student, m2d_sweep_result *res);

@@ -255,6 +255,13 @@ static int pipe_evaluate_d2d_teacher(m2d_sweep_backend *b, m2d_sweep_result *res
     return model_ppl(b, t, res);
 }
 
+static int pipe_d2d_inputs(m2d_sweep_backend *b, char out[65]) {
+    pipe_t *p = b->self;
+    if (!p->d2d) return 1;
+    m2d_d2d_inputs_hash(p->d2d, out);
+    return 0;
+}
+
 /* MC tasks: the lm-eval scorer over an engine on MODEL (a student in memory, a distilled one: the
  * checkpoint it was opened from, or a teacher) and the teacher's tokenizer, which the student's
  * checkpoint copies (and the dense teacher shares: sweep_d2d checks it). */
@@ -527,4 +534,5 @@ M2D_SWEEP_BACKEND(pipeline, .name = "pipeline", .open = pipe_open, .destroy = pi
                   .build = pipe_build, .evaluate = pipe_evaluate, .free_student = pipe_free_student,
                   .evaluate_mc = pipe_evaluate_mc, .distill = pipe_distill, .plan_fingerprint = pipe_plan_fingerprint,
                   .evaluate_teacher = pipe_evaluate_teacher, .evaluate_d2d_teacher = pipe_evaluate_d2d_teacher,
+                  .d2d_inputs = pipe_d2d_inputs,
                   .evaluate_teacher_mc = pipe_evaluate_teacher_mc)
