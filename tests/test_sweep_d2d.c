@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/util.h"
 #include "io/results.h"
@@ -133,6 +134,26 @@ static void d2d_block_errors(void **state) {
         tu_sweep_fixture_free(&fx);
         free(text);
     }
+}
+
+/* The pruned students' scratch folders are removed without following links: a link planted at the
+ * folder's name is left (its target's files stay), and a link inside a folder goes, not its target. */
+static void scratch_removal_follows_no_link(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), *victim = m2d_path_join(dir, "victim"), *keep = m2d_path_join(victim, "keep.txt");
+    char *planted = m2d_path_join(dir, "planted"), *real = m2d_path_join(dir, "real"), *inner = m2d_path_join(real, "link");
+    assert_int_equal(m2d_mkdir_p(victim), 0);
+    tu_write(keep, "keep\n", 5);
+    assert_int_equal(symlink(victim, planted), 0);
+    m2d_d2d_remove_dir(planted);
+    assert_true(m2d_file_exists(keep));
+    assert_int_equal(m2d_mkdir_p(real), 0);
+    assert_int_equal(symlink(victim, inner), 0);
+    m2d_d2d_remove_dir(real);
+    assert_true(m2d_file_exists(keep));
+    assert_false(m2d_file_exists(real));
+    tu_rm_rf(dir);
+    free(dir), free(victim), free(keep), free(planted), free(real), free(inner);
 }
 
 static void best_is_the_lowest_finite_ppl(void **state) {
@@ -618,6 +639,7 @@ int main(void) {
         cmocka_unit_test(candidates_join_the_grid),
         cmocka_unit_test(d2d_block_errors),
         cmocka_unit_test(best_is_the_lowest_finite_ppl),
+        cmocka_unit_test(scratch_removal_follows_no_link),
         cmocka_unit_test(stage_distills_only_the_selected_candidate),
         cmocka_unit_test(table3_and_table13_layout),
         cmocka_unit_test(figure1_plot_data),

@@ -167,6 +167,32 @@ static void best_per_pair_distills_scores_and_resumes(void **state) {
     tu_sweep_fixture_free(&fx);
 }
 
+/* OUT.distill planted as a link: no student is written through it (each selected row fails, saying
+ * so), and the link's target stays empty. */
+static void students_folder_link_refused(void **state) {
+    (void)state;
+    tu_sweep_fixture fx = make_fixture();
+    char *victim = m2d_path_join(fx.dir, "victim"), *link = m2d_strfmt("%s.distill", fx.csv);
+    assert_int_equal(m2d_mkdir_p(victim), 0);
+    assert_int_equal(symlink(victim, link), 0);
+    m2d_experiment x;
+    m2d_sweep_summary s;
+    load_and_run(&fx, "distill.configs='best-per-scoring-K'", 1, &x, &s);
+    assert_true(s.distill_selected > 0);
+    char *side = m2d_strfmt("%s.distill.csv", fx.csv);
+    m2d_results r;
+    assert_int_equal(m2d_results_read(side, &r), 0);
+    assert_int_equal(r.n_rows, s.distill_selected);
+    for (int i = 0; i < r.n_rows; i++)
+        if (!strstr(m2d_results_get(&r, i, "status"), "symbolic link")) fail_msg("%s", m2d_results_get(&r, i, "status"));
+    char *cmd = m2d_strfmt("test -z \"$(ls -A '%s')\"", victim);
+    assert_int_equal(system(cmd), 0);
+    m2d_results_free(&r);
+    m2d_experiment_free(&x);
+    free(cmd), free(side), free(victim), free(link);
+    tu_sweep_fixture_free(&fx);
+}
+
 /* configs = "best-per-scoring-K" (paper Tables 8, 16, 17): per scoring the lowest pre-distillation
  * PPL at K = k and at K = 2k, over groupings, scalings and params: 3 scorings x 2 = 6 rows
  * (m2d_report_best_per_scoring_K of the results), each distilled (unless its params make the fake
@@ -652,6 +678,7 @@ int main(void) {
         cmocka_unit_test(best_per_pair_distills_scores_and_resumes),
         cmocka_unit_test(all_and_list_with_failures),
         cmocka_unit_test(best_per_scoring_K_distills_the_selection),
+        cmocka_unit_test(students_folder_link_refused),
         cmocka_unit_test(precision_flows_into_the_stage),
         cmocka_unit_test(distill_table_errors),
         cmocka_unit_test(validation_data_is_held_out),
