@@ -162,6 +162,12 @@ static void do_plugins_end_to_end(void **state) {
             for (int j = 0; j < 8; j++) kern[i * 8 + j] = sqrt(base[i] * base[j]) * s.gram[i * 8 + j] / s.N;
         m2d_dopt_greedy(kern, 8, 4, spec_lambda(kern, 8, 4), want, NULL);
         assert_memory_equal(sel, want, 4 * sizeof(int));
+        /* the plugins' kernel and λ = tr / (K·E) themselves (the selection above did not depend on λ
+         * here): exact, the same fp64 operations in the same order (C11: no FMA contraction) */
+        double kd[64], lambda;
+        m2d_dopt_kernel(&s, base, 4, kd, &lambda);
+        assert_memory_equal(kd, kern, sizeof kern);
+        assert_true(lambda == spec_lambda(kern, 8, 4));
         for (int i = 0; i < 4; i++) assert_int_not_equal(sel[i], 7); /* never routed: I = 0 → never useful */
     }
     m2d_layer_stats_free(&s);
