@@ -686,9 +686,10 @@ static void resume_refuses_other_inputs(void **state) {
     m2d_experiment x;
     m2d_sweep_opts o = {.out = fx.csv, .jobs = 1};
     m2d_sweep_summary s;
+    char *text_path = m2d_strfmt("ppl.data='%s/ppl.txt'", fx.dir); /* in the test's folder, not the working one */
     char *sets[] = {"axes.scoring=['cp']", "axes.grouping=['rr']", "axes.scaling=['uniform']", "axes.K=['k']",
-                    "mc={tasks = ['arc_easy'], configs = 'all'}"};
-    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 5, &x), 0);
+                    "mc={tasks = ['arc_easy'], configs = 'all'}", text_path};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 6, &x), 0);
     tu_write(x.ppl_data, "one text\n", 9);
     assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
     tu_write(x.ppl_data, "another text\n", 13);
@@ -699,13 +700,13 @@ static void resume_refuses_other_inputs(void **state) {
     assert_int_equal(s.skipped, s.total);
     m2d_experiment_free(&x);
     char *limited[] = {"axes.scoring=['cp']", "axes.grouping=['rr']", "axes.scaling=['uniform']", "axes.K=['k']",
-                       "mc={tasks = ['arc_easy'], configs = 'all', limit = 3}"};
-    assert_int_equal(m2d_experiment_load(fx.toml, "grid", limited, 5, &x), 0);
+                       "mc={tasks = ['arc_easy'], configs = 'all', limit = 3}", text_path};
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", limited, 6, &x), 0);
     assert_int_equal(m2d_sweep_run(&x, &o, &s), -1);
     if (!strstr(m2d_errmsg(), "header 'inputs'")) fail_msg("%s", m2d_errmsg());
     m2d_experiment_free(&x);
     /* the file without its inputs line (as written before it), the first settings: resumed */
-    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 5, &x), 0);
+    assert_int_equal(m2d_experiment_load(fx.toml, "grid", sets, 6, &x), 0);
     size_t n;
     char *text = m2d_read_file(fx.csv, &n), *line = strstr(text, "inputs="), *end = strchr(line, '\n');
     while (line > text && line[-1] != '\n') line--; /* the line's start (its comment mark) */
@@ -714,6 +715,7 @@ static void resume_refuses_other_inputs(void **state) {
     free(text);
     assert_int_equal(m2d_sweep_run(&x, &o, &s), 0);
     m2d_experiment_free(&x);
+    free(text_path);
     free_fixture(&fx);
 }
 
