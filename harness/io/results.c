@@ -132,6 +132,25 @@ void m2d_results_free(m2d_results *r) {
     memset(r, 0, sizeof *r);
 }
 
+int m2d_results_keep_rows(m2d_results *r, int (*keep)(const m2d_results *r, int row, void *ctx), void *ctx) {
+    int kept = 0;
+    for (int i = 0; i < r->n_rows; i++) {
+        if (!keep(r, i, ctx)) {
+            for (int c = 0; c < r->n_cols; c++) free(r->rows[i][c]);
+            free(r->rows[i]);
+            continue;
+        }
+        if (r->row_line) r->row_line[kept] = r->row_line[i];
+        if (r->field_col)
+            memmove(r->field_col + (size_t)kept * r->n_cols, r->field_col + (size_t)i * r->n_cols,
+                    sizeof(int) * (size_t)r->n_cols);
+        r->rows[kept++] = r->rows[i];
+    }
+    int gone = r->n_rows - kept;
+    r->n_rows = kept;
+    return gone;
+}
+
 int m2d_results_col(const m2d_results *r, const char *name) {
     for (int c = 0; c < r->n_cols; c++)
         if (strcmp(r->cols[c], name) == 0) return c;

@@ -61,6 +61,9 @@ int m2d_results_is_name(const char *s);
 /* m2d_results_read + m2d_results_validate (R is freed on a validation error). */
 int m2d_results_read_checked(const char *path, m2d_results *r);
 void m2d_results_free(m2d_results *r);
+/* Drop the rows of R for which KEEP(R, row, CTX) is 0 (freed; the others keep their order, line
+ * numbers and field columns); returns how many went. */
+int m2d_results_keep_rows(m2d_results *r, int (*keep)(const m2d_results *r, int row, void *ctx), void *ctx);
 int m2d_results_col(const m2d_results *r, const char *name);  /* -1 when absent */
 const char *m2d_results_get(const m2d_results *r, int row, const char *name); /* "" when absent */
 const char *m2d_results_meta(const m2d_results *r, const char *key);         /* NULL when absent */

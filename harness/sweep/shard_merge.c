@@ -9,10 +9,8 @@
 #include "base/util.h"
 #include "io/results.h"
 #include "sweep/grid.h"
+#include "sweep/sweep_csv.h"
 
-/* header keys that must agree across the shards: the sweep's identity but the shard (the host and
- * start time differ too; sweep_csv.c m2d_sweep_identity_keys) */
-static const char *const IDENTITY[] = {"experiment", "backend", "model_hash", "calib_hash", "precision", "ppl", "device"};
 
 typedef struct {
     const m2d_shard_merge_opts *o;
@@ -45,10 +43,16 @@ static int same_identity(const m2d_results *a, const char *pa, const m2d_results
     for (int c = 0; c < a->n_cols; c++)
         if (strcmp(a->cols[c], b->cols[c]))
             return m2d_err("%s and %s differ in column %d ('%s' vs '%s')", pa, pb, c + 1, a->cols[c], b->cols[c]);
-    for (size_t i = 0; i < M2D_ARRAY_LEN(IDENTITY); i++) {
-        const char *x = m2d_results_meta(a, IDENTITY[i]), *y = m2d_results_meta(b, IDENTITY[i]);
+    /* the sweep's identity but the shard (the host and start time differ too); a key added later
+     * ("+KEY") is compared where both shards have it */
+    for (int i = 0; i < m2d_sweep_n_identity_keys; i++) {
+        int later = m2d_sweep_identity_keys[i][0] == '+';
+        const char *key = m2d_sweep_identity_keys[i] + later;
+        if (!strcmp(key, "shard")) continue;
+        const char *x = m2d_results_meta(a, key), *y = m2d_results_meta(b, key);
+        if (later && (!x || !y)) continue;
         if ((x || y) && (!x || !y || strcmp(x, y)))
-            return m2d_err("%s and %s come from different runs: header '%s' is '%s' vs '%s'", pa, pb, IDENTITY[i],
+            return m2d_err("%s and %s come from different runs: header '%s' is '%s' vs '%s'", pa, pb, key,
                            x ? x : "(absent)", y ? y : "(absent)");
     }
     return 0;

@@ -221,20 +221,17 @@ void m2d_sweep_row_free(char **fields, int n) { m2d_sweep_columns_free(fields, n
 
 char *m2d_sweep_mc_cell(double v) { return fmt_num(v, "%.6f"); }
 
+static int not_failed(const m2d_results *r, int row, void *ctx) {
+    int st = *(const int *)ctx;
+    return st < 0 || strncmp(r->rows[row][st], "failed", 6) != 0;
+}
+
 int m2d_sweep_drop_failed_rows(const char *path) {
     if (!m2d_file_exists(path)) return 0;
     m2d_results r;
     if (m2d_results_read_checked(path, &r)) return -1;
-    int st = m2d_results_col(&r, "status"), kept = 0;
-    for (int i = 0; i < r.n_rows; i++) {
-        if (st >= 0 && strncmp(r.rows[i][st], "failed", 6) == 0) {
-            for (int c = 0; c < r.n_cols; c++) free(r.rows[i][c]);
-            free(r.rows[i]);
-        } else {
-            r.rows[kept++] = r.rows[i];
-        }
-    }
-    r.n_rows = kept;
+    int st = m2d_results_col(&r, "status");
+    m2d_results_keep_rows(&r, not_failed, &st);
     int rc = m2d_results_write(path, &r);
     m2d_results_free(&r);
     return rc;

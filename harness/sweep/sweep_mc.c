@@ -36,18 +36,19 @@ int m2d_sweep_select_rows(const m2d_results *r, const char *mode, char *const *i
     return strcmp(mode, "list") == 0 ? n : m2d_d2d_keep_best(r, *rows, n);
 }
 
+typedef struct {
+    const m2d_experiment *x;
+    int id_col;
+} grid_rows;
+
+static int in_grid(const m2d_results *r, int row, void *ctx) {
+    const grid_rows *g = ctx;
+    return g->id_col < 0 || m2d_sweep_find_config(g->x, r->rows[row][g->id_col]) >= 0;
+}
+
 int m2d_sweep_keep_grid_rows(const m2d_experiment *x, m2d_results *r, const char *path) {
-    int id = m2d_results_col(r, "config_id"), kept = 0, gone = 0;
-    for (int i = 0; i < r->n_rows; i++) {
-        if (id < 0 || m2d_sweep_find_config(x, r->rows[i][id]) >= 0) {
-            r->rows[kept++] = r->rows[i];
-            continue;
-        }
-        for (int c = 0; c < r->n_cols; c++) free(r->rows[i][c]);
-        free(r->rows[i]);
-        gone++;
-    }
-    r->n_rows = kept;
+    grid_rows g = {x, m2d_results_col(r, "config_id")};
+    int gone = m2d_results_keep_rows(r, in_grid, &g);
     if (gone)
         fprintf(stderr, "moe2dense sweep: %s: %d row(s) of configurations not in this grid (an earlier, larger one?) "
                         "are kept in the file but not selected\n", path, gone);
