@@ -413,8 +413,9 @@ static const void *wdev(cu_be *c, const cu_weight *w, int64_t first, int64_t n, 
 static const void *view_bf16(cu_be *c, const cu_weight *cw) {
     cu_weight *w = (cu_weight *)cw; /* the handle's cache, not its value */
     int64_t n = m2d_tensor_numel(w->view);
-    cudaError_t e = w->bf16 ? cudaSuccess : dev_malloc_from(c, &w->bf16, sizeof(__nv_bfloat16) * (size_t)n, 0);
-    if (e == cudaSuccess && !w->copy_prev && c->copies != w) copy_link(c, w);
+    cudaError_t e = cudaSuccess;
+    if (!w->bf16 && (e = dev_malloc_from(c, &w->bf16, sizeof(__nv_bfloat16) * (size_t)n, 0)) == cudaSuccess)
+        copy_link(c, w); /* a new copy joins the list copies_flush gives back */
     if (e != cudaSuccess && e != cudaErrorMemoryAllocation) { /* a fault, not a full device: sticky */
         w->bf16 = NULL;
         cuda_ok(c, e, "cudaMalloc (a weight's bf16 copy)");

@@ -1516,10 +1516,11 @@ m2d_gemm_w m2d_gemm_packed_rows(const m2d_gemm_packed *p, int r0, int n) {
  * everywhere; odd k from 999 and even k from 1,216 differ at some row counts; at k = 2,100, 3 and
  * 1,100 rows agree and 300 do not; the blocking changes again past 1,024 rows): the probe tries
  * row counts of each kind the engine runs (windows of 512 and past 1,024 rows, odd MC and expert
- * batches), those most often different first. A sample, not a proof: it is as good as the row counts it tries. So a kernel
- * found to block k by layout at all is trusted nowhere: before the first answer for a precision,
- * two canaries (k = 999 and 2,100, 44 columns past a full slice: both differ on AMX) are probed, and
- * where either differs no weight is prepared in that precision (layout_sensitive).
+ * batches), those most often different first. A sample, not a proof: it is as good as the row
+ * counts it tries. So a kernel found to block k by layout at all is trusted nowhere: before the
+ * first answer for a precision, two canaries (k = 999 and 2,100, 44 columns past a full slice: both
+ * differ on AMX) are probed, and where either differs no weight is prepared in that precision
+ * (layout_sensitive).
  * oneDNN's AVX512-BF16 and fp32 kernels gave the same bits at every k tried. */
 enum { EXACT_FACTS = 256 };
 typedef struct {
