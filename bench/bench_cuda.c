@@ -42,7 +42,7 @@ static double time_gemm(m2d_backend *be, int m, int n, int k, m2d_precision prec
     m2d_weight *wh = B->weight_new(be, &t);
     m2d_buf *xb = B->alloc(be, sizeof(float) * (size_t)m * k), *yb = B->alloc(be, sizeof(float) * (size_t)m * n);
     double best = 1e30;
-    if (xb && yb && B->make_resident(be, wh) == 0) {
+    if (xb && yb && B->make_resident(be, wh, NULL) == 0) {
         B->upload(be, xb, 0, x, sizeof(float) * (size_t)m * k);
         m2d_mat X = m2d_mat_of(xb, 0, m, k, k), Y = m2d_mat_of(yb, 0, m, n, n);
         for (int r = 0; r <= reps; r++) {

@@ -37,8 +37,9 @@ static double max_abs_diff(const float *a, const float *b, size_t n) {
 static void each_backend(void (*fn)(const char *backend)) {
     int absent = 0;
     for (int i = 0; i < m2d_backend_count(); i++) {
-        const char *name = m2d_backend_kind_at(i)->name;
-        if (strcmp(name, "capless") == 0 || strcmp(name, "embedres") == 0) continue; /* fixtures, not backends */
+        const m2d_backend_kind *k = m2d_backend_kind_at(i);
+        const char *name = k->name;
+        if (strncmp(k->summary, "test fixture:", 13) == 0) continue; /* this binary's fixtures (below), not backends */
         if (tu_device_absent(name)) absent = 1;
         else fn(name);
     }
@@ -497,7 +498,7 @@ static int resident_same_bits(const char *backend, m2d_precision prec, int m, in
     be->ops->gemm(be, &X, wh, 0, &Y, 0.0f, prec);
     download(be, y1, yb, sizeof(float) * m * out);
     int resident = be->ops->resident_bytes && be->ops->resident_bytes(be, wh) > 0;
-    if (be->ops->make_resident) assert_int_equal(be->ops->make_resident(be, wh), 0);
+    if (be->ops->make_resident) assert_int_equal(be->ops->make_resident(be, wh, NULL), 0);
     assert_int_equal(be->ops->resident_bytes(be, wh), 0); /* done, or kept as stored: nothing left to do */
     if (strcmp(backend, "cpu") == 0) resident = m2d_cpu_weight_prepared(wh); /* a device always uploads */
     be->ops->gemm(be, &X, wh, 0, &Y, 0.0f, prec);
@@ -541,7 +542,7 @@ static void cpu_product(m2d_precision prec, int kernel, int resident, const floa
     be->ops->enter(be);
     m2d_tensor t;
     m2d_weight *wh = weight_of(be, &t, M2D_BF16, w, out, in);
-    if (resident) assert_int_equal(be->ops->make_resident(be, wh), 0);
+    if (resident) assert_int_equal(be->ops->make_resident(be, wh, NULL), 0);
     assert_int_equal(be->ops->tune(be, "gemm_kernel", kernel), 0);
     m2d_buf *xb = upload(be, x, sizeof(float) * m * in), *yb = be->ops->alloc(be, sizeof(float) * m * out);
     m2d_mat X = m2d_mat_of(xb, 0, m, in, in), Y = m2d_mat_of(yb, 0, m, out, out);
@@ -1031,7 +1032,7 @@ static void moe_bf16_case(const char *backend, int N, int D, int DE, int E, int 
             wh[o] = weight_of(be, &tt[o], M2D_BF16, wb + (size_t)o * DE * D, m == 2 ? D : DE, m == 2 ? DE : D);
             wh[3 * E + o] = weight_of(be, &tt[3 * E + o], M2D_F32, bias + (size_t)o * D, m == 2 ? D : DE, 0);
         }
-    for (int i = 0; i < 6 * E && be->ops->make_resident; i++) assert_int_equal(be->ops->make_resident(be, wh[i]), 0);
+    for (int i = 0; i < 6 * E && be->ops->make_resident; i++) assert_int_equal(be->ops->make_resident(be, wh[i], NULL), 0);
     m2d_buf *xb = upload(be, x, sizeof(float) * N * D), *ib = upload(be, topk, sizeof(int32_t) * N * K);
     m2d_buf *gb = upload(be, gates, sizeof(float) * N * K), *yb = be->ops->alloc(be, sizeof(float) * N * D);
     for (int grouped = 3; grouped >= 0; grouped--) { /* cuda: 3 mma.sync, 2, 1 WMMA (op timing on), 0 per expert */
@@ -2115,12 +2116,23 @@ static int capless_create(const m2d_backend_opts *o, m2d_backend **out) {
 
 M2D_BACKEND(capless, "capless", "test fixture: the cpu backend with no optional capability", capless_create)
 
-/* "embedres": lookups ask for a resident embedding, as a GPU's do */
+/* "embedres": lookups ask for a resident embedding, and each weight it is asked to keep counts
+ * as kept whole (the CPU may keep a bf16 weight as stored), as a GPU's do */
 static m2d_backend_ops embedres_ops;
+static int (*cpu_make_resident)(m2d_backend *be, m2d_weight *w, size_t *made);
+
+static int embedres_make_resident(m2d_backend *be, m2d_weight *w, size_t *made) {
+    size_t asked = embedres_ops.resident_bytes(be, w);
+    if (cpu_make_resident(be, w, made)) return -1;
+    if (made) *made = asked;
+    return 0;
+}
 
 static int embedres_create(const m2d_backend_opts *o, m2d_backend **out) {
     if (cpu_fixture(o, out, &embedres_ops, "embedres")) return -1;
     embedres_ops.resident_embedding = 1;
+    cpu_make_resident = embedres_ops.make_resident; /* the cpu backend's: cpu_fixture copied its table */
+    embedres_ops.make_resident = embedres_make_resident;
     return 0;
 }
 
@@ -2149,6 +2161,53 @@ static void embedding_resident_where_the_backend_wants_it(void **state) {
     assert_int_equal(m2d_engine_logits(b, tok, 12, lb), 0);
     assert_memory_equal(la, lb, sizeof(float) * 12 * c->vocab_size);
     free(la), free(lb);
+    m2d_engine_free(a), m2d_engine_free(b);
+    mm_free(&mm);
+}
+
+/* "halfres": every other weight it is asked to keep is kept as stored (the CPU's answer where a
+ * copy would change the bits), whatever this CPU's probe says; counts the copies it makes */
+static m2d_backend_ops halfres_ops;
+static int (*halfres_cpu)(m2d_backend *be, m2d_weight *w, size_t *made);
+static int halfres_asked, halfres_copies;
+static size_t halfres_bytes; /* of the copies made */
+
+static int halfres_make_resident(m2d_backend *be, m2d_weight *w, size_t *made) {
+    if (made) *made = 0;
+    if (halfres_asked++ % 2) return 0;
+    if (halfres_cpu(be, w, made)) return -1;
+    halfres_copies += made && *made > 0;
+    halfres_bytes += made ? *made : 0;
+    return 0;
+}
+
+static int halfres_create(const m2d_backend_opts *o, m2d_backend **out) {
+    if (cpu_fixture(o, out, &halfres_ops, "halfres")) return -1;
+    halfres_cpu = halfres_ops.make_resident;
+    halfres_ops.make_resident = halfres_make_resident;
+    return 0;
+}
+
+M2D_BACKEND(halfres, "halfres", "test fixture: the cpu backend keeping every other weight as stored", halfres_create)
+
+/* The weight cache's budget pays for the copies made, not for the weights kept as stored: the
+ * bytes it reports are those of its copies, and a budget of exactly that makes the same copies
+ * again (charging the kept weights' upper bounds stopped it half way). */
+static void weight_cache_charges_only_copies(void **state) {
+    (void)state;
+    mem_model mm = {0};
+    build_random_moe(&mm, M2D_BF16);
+    m2d_engine *a, *b;
+    engine_on("halfres", &mm.m, 1, &a); /* M2D_WEIGHT_CACHE_MB=0 (main): nothing kept at open */
+    engine_on("halfres", &mm.m, 1, &b);
+    halfres_asked = halfres_copies = 0, halfres_bytes = 0;
+    size_t all = m2d_engine_cache_weights(a, (size_t)1 << 30);
+    int copies_all = halfres_copies;
+    assert_true(copies_all > 1);
+    assert_int_equal(all, halfres_bytes);
+    halfres_asked = halfres_copies = 0, halfres_bytes = 0;
+    assert_int_equal(m2d_engine_cache_weights(b, all), all);
+    assert_int_equal(halfres_copies, copies_all);
     m2d_engine_free(a), m2d_engine_free(b);
     mm_free(&mm);
 }
@@ -2490,6 +2549,7 @@ int main(void) {
         cmocka_unit_test(caps_promise_their_ops),
         cmocka_unit_test(engine_refuses_a_model_the_backend_cannot_run),
         cmocka_unit_test(embedding_resident_where_the_backend_wants_it),
+        cmocka_unit_test(weight_cache_charges_only_copies),
         cmocka_unit_test(calibration_ops_match_float64),
         cmocka_unit_test(last_layer_finishes_only_needed_rows),
         cmocka_unit_test(device_names_and_missing_devices),

@@ -209,8 +209,10 @@ typedef struct {
      * every weight to see whether a checkpoint fits the budget */
     size_t (*resident_bytes)(m2d_backend *be, const m2d_weight *w);
     /* a resident copy of W (the CPU: prepared in its kernel's layout; a device: uploaded), or W kept
-     * as stored where a copy would change a result (it never does: every result keeps its bits) */
-    int (*make_resident)(m2d_backend *be, m2d_weight *w);
+     * as stored where a copy would change a result (it never does: every result keeps its bits).
+     * *MADE (may be NULL): the bytes of the copy made now, 0 when none was (already resident, or
+     * kept as stored): what the engine charges to its budget, resident_bytes being an upper bound */
+    int (*make_resident)(m2d_backend *be, m2d_weight *w, size_t *made);
     size_t (*resident_budget)(m2d_backend *be);       /* bytes of prepared weights affordable by default */
     /* elements [first, first+n) of W as fp32 into host dst (tests, debugging) */
     void (*weight_f32)(m2d_backend *be, const m2d_weight *w, int64_t first, int64_t n, float *dst);

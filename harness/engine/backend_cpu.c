@@ -102,9 +102,10 @@ static size_t cpu_resident_bytes(m2d_backend *be, const m2d_weight *wh) {
     return in_place(w->t) || w->f32 ? 0 : (size_t)m2d_tensor_numel(w->t) * sizeof(float);
 }
 
-static int cpu_make_resident(m2d_backend *be, m2d_weight *wh) {
+static int cpu_make_resident(m2d_backend *be, m2d_weight *wh, size_t *made) {
     cpu_be *c = CPU(be);
     cpu_weight *w = (cpu_weight *)wh;
+    if (made) *made = 0;
     if (in_place(w->t)) return 0;
     if (is_matrix(w->t)) { /* prepared only where that keeps the bits (as stored otherwise) */
         m2d_gemm_w v = m2d_gemm_tensor_rows(w->t, 0, (int)w->t->shape[0]);
@@ -114,12 +115,15 @@ static int cpu_make_resident(m2d_backend *be, m2d_weight *wh) {
             w->as_stored = 1;
             return 0;
         }
-        return m2d_gemm_prepare(g, &v, &w->packed);
+        if (m2d_gemm_prepare(g, &v, &w->packed)) return -1;
+        if (made) *made = m2d_gemm_packed_bytes(w->packed);
+        return 0;
     }
     if (in_place(w->t) || w->f32) return 0;
     int64_t n = m2d_tensor_numel(w->t);
     w->f32 = m2d_malloc((size_t)n * sizeof(float));
     convert_par(c, w->t->dtype, w->t->data, 0, n, w->f32);
+    if (made) *made = (size_t)n * sizeof(float);
     return 0;
 }
 

@@ -509,9 +509,10 @@ static size_t cu_resident_bytes(m2d_backend *be, const m2d_weight *wh) {
     return w->dev ? 0 : (size_t)m2d_tensor_numel(w->t) * m2d_dtype_size(w->dt);
 }
 
-static int cu_make_resident(m2d_backend *be, m2d_weight *wh) {
+static int cu_make_resident(m2d_backend *be, m2d_weight *wh, size_t *made) {
     cu_be *c = CU(be);
     cu_weight *w = (cu_weight *)wh;
+    if (made) *made = 0;
     if (w->dev) return 0;
     int64_t n = m2d_tensor_numel(w->t);
     size_t bytes = (size_t)n * m2d_dtype_size(w->dt);
@@ -532,6 +533,7 @@ static int cu_make_resident(m2d_backend *be, m2d_weight *wh) {
         w->dev = NULL;
         return m2d_err("cuda: copying weight '%s' to the device: %s", w->t->name, cudaGetErrorString(e));
     }
+    if (made) *made = bytes;
     return 0;
 }
 

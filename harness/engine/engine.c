@@ -128,7 +128,8 @@ static void add_bytes(m2d_engine *e, m2d_weight *w, void *ctx) { *(size_t *)ctx 
 static void keep_within(m2d_engine *e, m2d_weight *w, void *ctx) {
     size_t b = e->B->resident_bytes(e->be, w);
     if (b == 0 || e->resident_bytes + b > *(const size_t *)ctx) return;
-    if (e->B->make_resident(e->be, w) == 0) e->resident_bytes += b;
+    size_t made;
+    if (e->B->make_resident(e->be, w, &made) == 0) e->resident_bytes += made;
 }
 
 size_t m2d_engine_cache_weights(m2d_engine *e, size_t budget_bytes) {

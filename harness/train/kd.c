@@ -72,7 +72,7 @@ int m2d_kd_new(const m2d_model *teacher, m2d_engine *te, const m2d_config *scfg,
     k->block = (int)M2D_MAX(1, M2D_MIN((size_t)max_rows, KD_BLOCK_BYTES / per_row));
     int td = teacher->cfg.hidden_size, layers = kind == M2D_LOSS_FKL_MSE ? k->n_layers : 0;
     k->teacher_head = k->B->weight_new(k->be, teacher->lm_head);
-    k->B->make_resident(k->be, k->teacher_head);
+    k->B->make_resident(k->be, k->teacher_head, NULL);
     k->ht = k->B->alloc(k->be, sizeof(float) * (size_t)max_rows * td);
     k->tl = layers ? k->B->alloc(k->be, sizeof(float) * (size_t)layers * max_rows * td) : NULL;
     k->zs = k->B->alloc(k->be, per_row * (size_t)k->block);
