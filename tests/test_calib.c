@@ -219,7 +219,7 @@ static void fast_matches_reference_testmodel(void **state) {
     int n;
     m2d_calib_windows(400, 48, 5, 1, 9, w, &n);
     assert_memory_equal(fast->window_starts, w, sizeof w); /* integers */
-    assert_string_equal(fast->model_hash, m->weights_hash); /* a hash of the checkpoint's bytes */
+    assert_string_equal(fast->model_hash, m->model_hash); /* a hash of the checkpoint's config and tensor bytes */
     assert_true(fast->N == 240);
     for (int l = 0; l < fast->n_layers; l++) {
         double tot = 0;
@@ -698,6 +698,17 @@ static void stats_stale_model_detected(void **state) {
     assert_int_equal(m2d_stats_check_model(r, f->path, o), -1);
     assert_non_null(strstr(m2d_errmsg(), "model_hash"));
     assert_non_null(strstr(m2d_errmsg(), f->path));
+    m2d_model_close(o);
+    tu_rm_rf(md);
+    /* the same weights under another rope_theta (the config is part of the model): stale too */
+    m2d_testmodel_opts to;
+    m2d_testmodel_defaults(&to);
+    to.seed = 5, to.dtype = M2D_BF16, to.rope_theta *= 2; /* file_setup's model but for rope_theta */
+    if (m2d_testmodel_write(md, &to)) fail_msg("%s", m2d_errmsg());
+    if (m2d_model_open(md, &o)) fail_msg("%s", m2d_errmsg());
+    assert_string_equal(o->weights_hash, f->m->weights_hash);
+    assert_int_equal(m2d_stats_check_model(r, f->path, o), -1);
+    assert_non_null(strstr(m2d_errmsg(), "model_hash"));
     m2d_model_close(o);
     tu_rm_rf(md);
     free(md);

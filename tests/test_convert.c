@@ -275,7 +275,7 @@ static void copied_experts_group_equals_expert(void **state) {
     plan.K = 4;
     plan.n_groups = 2;
     plan.n_layers = 2;
-    snprintf(plan.teacher_hash, sizeof plan.teacher_hash, "%s", m->weights_hash);
+    snprintf(plan.teacher_hash, sizeof plan.teacher_hash, "%s", m->model_hash);
     m2d_layer_plan lps[2];
     int members[4] = {0, 1, 2, 3}, starts[3] = {0, 2, 4};
     double mw[4] = {0.3, 0.7, 0.6, 0.4}, alpha[2] = {0.25, 0.75};

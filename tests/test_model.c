@@ -152,7 +152,8 @@ static void sparse_step_and_mlp_only(void **state) {
     free(dir);
 }
 
-/* The same weights give the same hash whatever the sharding; one changed byte changes it. */
+/* The same weights give the same hash whatever the sharding; one changed byte changes it. The
+ * model hash (caches, statistics, runs) also changes with the config alone. */
 static void weights_hash_identity(void **state) {
     (void)state;
     m2d_testmodel_opts o;
@@ -169,7 +170,19 @@ static void weights_hash_identity(void **state) {
     open_ok(c, &mc);
     assert_true(m2d_st_file_count(mb->st) > 1);
     assert_string_equal(ma->weights_hash, mb->weights_hash); /* hashes of the same tensor bytes, sharded or not: exact */
+    assert_string_equal(ma->model_hash, mb->model_hash);
     assert_string_not_equal(ma->weights_hash, mc->weights_hash);
+    assert_string_not_equal(ma->model_hash, mc->model_hash);
+    o.seed = 1; /* a's weights (m2d_testmodel_defaults) */
+    o.rms_norm_eps *= 10;
+    char *d = write_model(&o);
+    m2d_model *md;
+    open_ok(d, &md);
+    assert_string_equal(md->weights_hash, ma->weights_hash);
+    assert_string_not_equal(md->model_hash, ma->model_hash);
+    m2d_model_close(md);
+    tu_rm_rf(d);
+    free(d);
     /* sampled mode is deterministic and distinct from full mode */
     char s1[65], s2[65];
     m2d_st_hash(ma->st, 0, s1);

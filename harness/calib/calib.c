@@ -466,7 +466,7 @@ static m2d_stats *new_stats(const m2d_model *m, const int32_t *ids, int64_t *sta
     m2d_stats *st = m2d_calloc(1, sizeof *st);
     st->E = cfg->num_experts; st->k = cfg->num_experts_per_tok; st->d = cfg->hidden_size;
     st->d_e = cfg->moe_intermediate_size;
-    snprintf(st->model_hash, sizeof st->model_hash, "%s", m->weights_hash);
+    snprintf(st->model_hash, sizeof st->model_hash, "%s", m->model_hash);
     snprintf(st->gate_convention, sizeof st->gate_convention, "%s", m2d_calib_gate_convention(cfg));
     m2d_calib_hash_windows(ids, starts, lens, nw, L, st->gate_convention, st->calib_hash);
     st->n_windows = nw; st->seq_len = L; st->window_starts = starts; st->window_lens = lens;

@@ -228,7 +228,7 @@ int m2d_importance_compute(const m2d_model *m, const int32_t *ids, const int64_t
     snprintf(imp->precision, sizeof imp->precision, "%s", m2d_precision_name(m2d_engine_precision(e)));
     acc_free(&a);
     m2d_engine_free(e);
-    snprintf(imp->model_hash, sizeof imp->model_hash, "%s", m->weights_hash);
+    snprintf(imp->model_hash, sizeof imp->model_hash, "%s", m->model_hash);
     m2d_calib_hash(ids, starts, nw, L, m2d_calib_gate_convention(&m->cfg), imp->calib_hash);
     imp->n_windows = nw, imp->seq_len = L;
     imp->window_starts = m2d_malloc(sizeof(int64_t) * (size_t)nw);
@@ -417,9 +417,9 @@ int m2d_importance_parse(const char *path, const char *text, size_t n, m2d_impor
 
 int m2d_importance_check_model(const m2d_importance *imp, const char *path, const m2d_model *m) {
     const m2d_config *c = &m->cfg;
-    if (strcmp(imp->model_hash, m->weights_hash))
+    if (strcmp(imp->model_hash, m->model_hash))
         return m2d_err("%s: field model_hash: %.12s is not the model %s (%.12s)", path, imp->model_hash, m->dir,
-                       m->weights_hash);
+                       m->model_hash);
     const char *names[] = {"n_layers", "hidden", "ffn", "heads", "kv_heads", "head_dim"};
     const int have[] = {imp->n_layers, imp->hidden, imp->ffn, imp->heads, imp->kv_heads, imp->head_dim};
     const int want[] = {c->num_hidden_layers, c->hidden_size, c->intermediate_size, c->num_attention_heads,
@@ -439,7 +439,7 @@ static int cached_importance(const m2d_model *m, const char *hash, const char *p
     if (!m2d_file_exists(path)) return 0;
     m2d_importance *imp = NULL;
     if (m2d_importance_read(path, &imp)) return m2d_err_prefix("importance file (delete it to recompute)");
-    const char *why = strcmp(imp->model_hash, m->weights_hash) ? "another model"
+    const char *why = strcmp(imp->model_hash, m->model_hash) ? "another model"
                       : strcmp(imp->calib_hash, hash)         ? "other calibration windows"
                       : strcmp(imp->precision, precision)     ? "another precision"
                                                               : NULL;

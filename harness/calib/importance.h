@@ -23,7 +23,7 @@
  * group of the student must hold heads / kv_heads of them.
  *
  * The importance file (JSON, written atomically, read back strictly): {"format":
- * "moe2dense-importance-v1", "model_hash" (m2d_model.weights_hash), "calib_hash" (calib.h, gate
+ * "moe2dense-importance-v1", "model_hash" (m2d_model.model_hash), "calib_hash" (calib.h, gate
  * convention of the config), "precision", "data_path", "seq_len", "n_windows", "window_starts",
  * "aggregation", the sizes "n_layers", "hidden", "ffn", "heads", "kv_heads", "head_dim", and the
  * scores "ffn_neuron" [n_layers][ffn], "head" [n_layers][heads], "channel" [hidden], "layer_cos"

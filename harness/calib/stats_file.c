@@ -397,10 +397,10 @@ void m2d_calib_stats_free(m2d_stats *s) {
 
 int m2d_stats_check_model(const m2d_stats *s, const char *stats_path, const m2d_model *m) {
     const m2d_config *c = &m->cfg;
-    if (strcmp(s->model_hash, m->weights_hash))
+    if (strcmp(s->model_hash, m->model_hash))
         return m2d_err("%s: field 'model_hash': the statistics were computed on another model (%.12s..., this model "
                        "%s is %.12s...); recalibrate with 'moe2dense calibrate'", stats_path, s->model_hash, m->dir,
-                       m->weights_hash);
+                       m->model_hash);
     if (s->E != c->num_experts || s->k != c->num_experts_per_tok || s->d != c->hidden_size ||
         s->d_e != c->moe_intermediate_size)
         return m2d_err("%s: field 'E': shapes (E %d, k %d, d %d, d_e %d) do not match %s", stats_path, s->E, s->k, s->d,

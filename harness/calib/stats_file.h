@@ -8,7 +8,7 @@
  *                        so that 16 + H is a multiple of 8)
  *   offset 16  H bytes   JSON header (UTF-8), an object with:
  *       "magic": "moe2dense-stats", "version": 2,
- *       "model_hash": m2d_model.weights_hash of the teacher, "calib_hash": the calibration
+ *       "model_hash": m2d_model.model_hash of the teacher (config.json and tensors), "calib_hash": the calibration
  *       identity hash (calib.h), "gate_convention", "E", "k", "d", "d_e", "n_layers" (MoE
  *       layers), "layers": [model layer index of each MoE layer], "N": calibration tokens, "n_samples", "seq_len",
  *       "windows": [start token offset of each window], "window_lengths": [tokens of each window]

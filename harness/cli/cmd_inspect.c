@@ -224,7 +224,7 @@ static void print_student(const m2d_config *c, const m2d_param_counts *p) {
     }
 }
 
-/* what is stored: dtypes, shards, tensors, the weights' hash */
+/* what is stored: dtypes, shards, tensors, the weights' hash and the model's */
 static void print_storage(const m2d_model *m) {
     int counts[M2D_DTYPE_COUNT];
     dtype_counts(m->st, counts);
@@ -235,6 +235,7 @@ static void print_storage(const m2d_model *m) {
     printf("shards         %d\n", m2d_st_file_count(m->st));
     printf("tensors        %d, all present with expected shapes\n", m2d_st_count(m->st));
     printf("weights_hash   %s\n", m->weights_hash);
+    printf("model_hash     %s   (config.json and tensors: what statistics and runs are keyed by)\n", m->model_hash);
 }
 
 static void print_text(const m2d_model *m) {
@@ -352,6 +353,7 @@ static void print_json(const m2d_model *m, int tensors) {
     cJSON_AddNumberToObject(j, "tensors", m2d_st_count(m->st));
     cJSON_AddBoolToObject(j, "valid", 1);
     cJSON_AddStringToObject(j, "weights_hash", m->weights_hash);
+    cJSON_AddStringToObject(j, "model_hash", m->model_hash);
     if (tensors) cJSON_AddItemToObject(j, "tensor_list", tensor_list_json(m->st));
     char *s = cJSON_Print(j);
     puts(s);

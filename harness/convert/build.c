@@ -470,9 +470,9 @@ int m2d_convert_build(const m2d_model *t, const m2d_convert_plan *plan, m2d_mode
     const m2d_config *c = &t->cfg;
     int L = c->num_hidden_layers, n_moe = 0;
     for (int l = 0; l < L; l++) n_moe += c->layer_is_moe[l] ? 1 : 0;
-    if (plan->n_layers != n_moe || strcmp(plan->teacher_hash, t->weights_hash))
+    if (plan->n_layers != n_moe || strcmp(plan->teacher_hash, t->model_hash))
         return m2d_err("convert: the plan was made for another model (%.12s..., this is %.12s...)", plan->teacher_hash,
-                       t->weights_hash);
+                       t->model_hash);
     student_owner *o = m2d_calloc(1, sizeof *o);
     m2d_model *m = &o->m;
     *m = *t; /* shares st, embeddings, norms, head; dir, config and layers are the student's own */
@@ -489,6 +489,9 @@ int m2d_convert_build(const m2d_model *t, const m2d_convert_plan *plan, m2d_mode
     /* identity of an in-memory student: derived from the teacher and the plan (not a hash of bytes) */
     char *id = m2d_strfmt("student %s %s", t->weights_hash, plan->fingerprint);
     m2d_sha256_hex(id, strlen(id), m->weights_hash);
+    free(id);
+    id = m2d_strfmt("student %s %s", t->model_hash, plan->fingerprint);
+    m2d_sha256_hex(id, strlen(id), m->model_hash);
     free(id);
     if (rc) {
         m2d_convert_student_free(m);

@@ -385,7 +385,7 @@ static m2d_convert_plan *plan_new(const m2d_model *t, const m2d_stats *stats, co
     p->baseline = o->target == M2D_TARGET_DENSE ? o->baseline : M2D_BASELINE_NONE;
     p->baseline_seed = p->baseline ? o->baseline_seed : 0;
     p->init_std = p->baseline ? initializer_range(t) : 0;
-    snprintf(p->teacher_hash, sizeof p->teacher_hash, "%s", t->weights_hash);
+    snprintf(p->teacher_hash, sizeof p->teacher_hash, "%s", t->model_hash);
     snprintf(p->calib_hash, sizeof p->calib_hash, "%s", stats->calib_hash);
     snprintf(p->calib_precision, sizeof p->calib_precision, "%s", stats->precision[0] ? stats->precision : "fp32");
     p->layers = m2d_calloc((size_t)stats->n_layers, sizeof *p->layers);

@@ -500,6 +500,14 @@ void m2d_model_close(m2d_model *m) {
     free(m);
 }
 
+static void model_identity(m2d_model *m, size_t config_len) {
+    char config_hash[65];
+    m2d_sha256_hex(m->config_text, config_len, config_hash);
+    char *id = m2d_strfmt("model\nconfig.json %s\ntensors %s\n", config_hash, m->weights_hash);
+    m2d_sha256_hex(id, strlen(id), m->model_hash);
+    free(id);
+}
+
 static int open_model(const char *dir, int lazy, m2d_model **out) {
     *out = NULL;
     m2d_model *m = m2d_calloc(1, sizeof *m);
@@ -517,6 +525,7 @@ static int open_model(const char *dir, int lazy, m2d_model **out) {
     /* tensors the adapter did not bind would be silently ignored: refuse them */
     if (m2d_model_check_unused(m) != 0) goto fail;
     m2d_st_hash(m->st, M2D_ST_HASH_FULL_MAX, m->weights_hash);
+    model_identity(m, len);
     for (int l = 0; !lazy && l < m->cfg.num_hidden_layers; l++)
         if (m2d_model_acquire_layer(m, l) != 0) goto fail;
     *out = m;

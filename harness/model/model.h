@@ -243,7 +243,10 @@ typedef struct {
     const m2d_tensor *embed, *final_norm, *lm_head; /* lm_head == embed when tied */
     const m2d_tensor *lm_head_stored; /* tied checkpoints that also store an identical lm_head.weight */
     m2d_layer *layers;      /* [num_hidden_layers] */
-    char weights_hash[65];  /* sha256 over tensor names, shapes, dtypes and bytes (identity for caches) */
+    char weights_hash[65];  /* sha256 over tensor names, shapes, dtypes and bytes (provenance) */
+    /* identity for caches, statistics and runs: sha256 over config.json's bytes and weights_hash
+     * (rope, norms, routing, windows live in the config: changing one changes every result) */
+    char model_hash[65];
     /* made by the adapter's post_bind hook (m2d_model_new_tensor): freed by m2d_model_close */
     m2d_tensor **owned; int n_owned, cap_owned;
     int *owned_layer;       /* [n_owned] the layer of a deferred tensor (m2d_model_new_deferred), else -1 */

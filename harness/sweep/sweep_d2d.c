@@ -191,7 +191,7 @@ struct m2d_d2d {
 const m2d_model *m2d_d2d_teacher(const m2d_d2d *d) { return d->teacher; }
 
 void m2d_d2d_inputs_hash(const m2d_d2d *d, char out[65]) {
-    char *s = m2d_strfmt("d2d inputs\n%s\n%s\n", d->teacher->weights_hash, d->calib_hash);
+    char *s = m2d_strfmt("d2d inputs\n%s\n%s\n", d->teacher->model_hash, d->calib_hash);
     m2d_sha256_hex(s, strlen(s), out);
     free(s);
 }
@@ -203,7 +203,7 @@ static char *importance_path(const m2d_experiment *x, const m2d_model *t) {
                            (long long)x->d2d_calib_seed);
     char hex[65];
     m2d_sha256_hex(key, strlen(key), hex);
-    char *name = m2d_strfmt("%.16s-imp-%.16s.m2dimp", t->weights_hash, hex), *path = m2d_path_join(x->cache_dir, name);
+    char *name = m2d_strfmt("%.16s-imp-%.16s.m2dimp", t->model_hash, hex), *path = m2d_path_join(x->cache_dir, name);
     free(key), free(name);
     return path;
 }
@@ -266,7 +266,7 @@ void m2d_d2d_remove_dir(const char *dir) {
 
 /* SHA-256 of "d2d\n<dense weights hash>\n<importance calib hash>\n<canonical shape>\n" */
 static void fingerprint(const m2d_d2d *d, const char *canon, char fp[65]) {
-    char *s = m2d_strfmt("d2d\n%s\n%s\n%s\n", d->teacher->weights_hash, d->calib_hash, canon);
+    char *s = m2d_strfmt("d2d\n%s\n%s\n%s\n", d->teacher->model_hash, d->calib_hash, canon);
     m2d_sha256_hex(s, strlen(s), fp);
     free(s);
 }

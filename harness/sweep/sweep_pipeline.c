@@ -119,7 +119,7 @@ static int cached_statistics(m2d_sweep_backend *b, m2d_calib_job *j, const char 
 static int pipe_prepare(m2d_sweep_backend *b, const m2d_experiment *x, char model_hash[65], char calib_hash[65]) {
     pipe_t *p = b->self;
     if (open_teacher(p)) return -1;
-    memcpy(model_hash, p->teacher->weights_hash, 65);
+    memcpy(model_hash, p->teacher->model_hash, 65);
     m2d_calib_job j = {0};
     int rc = calibration_job(b, p, &j);
     if (rc == 0) {
@@ -396,7 +396,7 @@ static int load_cached_stats(const m2d_sweep_backend *b, pipe_t *p, const m2d_ex
     if (open_teacher(p)) return -1;
     m2d_calib_job j = {0};
     if (calibration_job(b, p, &j) == 0) {
-        char *path = cache_path(b, x, p->teacher->weights_hash, j.hash);
+        char *path = cache_path(b, x, p->teacher->model_hash, j.hash);
         p->stats = m2d_calib_cached(&j, p->teacher, path);
         free(path);
     }

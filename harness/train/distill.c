@@ -277,8 +277,8 @@ static int open_inputs(run_t *r) {
 static void build_identity(run_t *r) {
     const m2d_trainer_opts *t = &r->t;
     m2d_run_identity *id = &r->id;
-    m2d_run_identity_add(id, "teacher", "%s", r->teacher->weights_hash);
-    m2d_run_identity_add(id, "student", "%s", r->student->weights_hash);
+    m2d_run_identity_add(id, "teacher", "%s", r->teacher->model_hash);
+    m2d_run_identity_add(id, "student", "%s", r->student->model_hash);
     m2d_run_identity_add(id, "data", "%s", r->win.ids_hash);
     m2d_run_identity_add(id, "seq_len", "%d", t->seq_len);
     m2d_run_identity_add(id, "batch", "%d", t->batch);
