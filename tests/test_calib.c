@@ -3,6 +3,7 @@
  * every way a stats file can be bad (missing, truncated, garbled, stale). */
 #include "testutil.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -679,6 +680,31 @@ static void stats_payload_values_checked(void **state) {
     expect_payload_error(f, want);
     free(want);
     ls->gram[1 * E + 0] = keep;
+    /* a Gram matrix that is not symmetric, and the router logits' Gram checked the same way */
+    ls->gram[2 * E + 1] = nextafter(ls->gram[2 * E + 1], INFINITY);
+    want = m2d_strfmt("layer %d: field 'gram'[2][1]", layer);
+    expect_payload_error(f, want);
+    free(want);
+    ls->gram[2 * E + 1] = ls->gram[1 * E + 2];
+    keep = ls->logit_gram[3 * E + 3];
+    ls->logit_gram[3 * E + 3] = -1;
+    want = m2d_strfmt("layer %d: field 'logit_gram'[3][3]: negative diagonal", layer);
+    expect_payload_error(f, want);
+    free(want);
+    ls->logit_gram[3 * E + 3] = keep;
+    /* every sum of non-negative values is checked, whatever its place in the file */
+    double *nonneg[] = {ls->sum_rf, ls->sum_rf2, ls->sum_r2f2, ls->damage, ls->es_act_sum, ls->es_mag_sum,
+                        ls->es_magg_sum, ls->sum_f_routed_sq};
+    const char *names[] = {"sum_rf", "sum_rf2", "sum_r2f2", "damage", "es_act_sum", "es_mag_sum", "es_magg_sum",
+                           "sum_f_routed_sq"};
+    for (size_t i = 0; i < sizeof nonneg / sizeof *nonneg; i++) {
+        keep = nonneg[i][1];
+        nonneg[i][1] = -3;
+        want = m2d_strfmt("layer %d: field '%s'[1]: -3 is negative", layer, names[i]);
+        expect_payload_error(f, want);
+        free(want);
+        nonneg[i][1] = keep;
+    }
     /* and restored, it loads */
     char *ok = m2d_path_join(f->dir, "payload.bin");
     if (m2d_stats_write(f->s, ok)) fail_msg("%s", m2d_errmsg());
@@ -686,6 +712,37 @@ static void stats_payload_values_checked(void **state) {
     assert_int_equal(m2d_stats_read(ok, &r), 0);
     m2d_calib_stats_free(r);
     free(ok);
+}
+
+/* A header of a few hundred bytes claiming E = 65536 and d = 2^20 (1.6 TB of sums a layer) with a
+ * matching data_bytes: refused for the missing payload before anything of that size is allocated
+ * (m2d_calloc would abort the process). */
+static void stats_header_size_checked_before_allocation(void **state) {
+    file_fixture *f = *state;
+    size_t n;
+    char *good = m2d_read_file(f->path, &n);
+    uint64_t hl = 0;
+    for (int i = 0; i < 8; i++) hl |= (uint64_t)(unsigned char)good[8 + i] << (8 * i);
+    cJSON *h = cJSON_ParseWithLength(good + 16, (size_t)hl);
+    assert_non_null(h);
+    double E = 65536, d = 1048576, nl = cJSON_GetNumberValue(cJSON_GetObjectItem(h, "n_layers"));
+    /* 21 arrays of E, 2 of E x E, 3 of E x d (stats_file.c ARRAYS), in doubles */
+    double bytes = (21 * E + 2 * E * E + 3 * E * d) * nl * 8;
+    cJSON_SetNumberValue(cJSON_GetObjectItem(h, "E"), E);
+    cJSON_SetNumberValue(cJSON_GetObjectItem(h, "d"), d);
+    cJSON_SetNumberValue(cJSON_GetObjectItem(h, "data_bytes"), bytes);
+    char *js = cJSON_PrintUnformatted(h);
+    cJSON_Delete(h);
+    size_t jl = strlen(js), pad = (8 - (16 + jl) % 8) % 8;
+    char *buf = m2d_calloc(16 + jl + pad + 64, 1); /* 64 payload bytes: far from what it claims */
+    memcpy(buf, good, 8);
+    for (int i = 0; i < 8; i++) buf[8 + i] = (char)(((uint64_t)(jl + pad) >> (8 * i)) & 0xff);
+    memcpy(buf + 16, js, jl);
+    memset(buf + 16 + jl, ' ', pad);
+    char *bad = m2d_path_join(f->dir, "huge.bin");
+    tu_write(bad, buf, 16 + jl + pad + 64);
+    expect_read_error(bad, "field 'data_bytes': the file holds 64 payload bytes");
+    free(bad), free(buf), free(js), free(good);
 }
 
 static void stats_stale_model_detected(void **state) {
@@ -729,6 +786,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(stats_file_roundtrip, file_setup, file_teardown),
         cmocka_unit_test_setup_teardown(stats_file_bad_inputs, file_setup, file_teardown),
         cmocka_unit_test_setup_teardown(stats_payload_values_checked, file_setup, file_teardown),
+        cmocka_unit_test_setup_teardown(stats_header_size_checked_before_allocation, file_setup, file_teardown),
         cmocka_unit_test_setup_teardown(stats_stale_model_detected, file_setup, file_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -970,7 +970,10 @@ static void dry_run_estimates_from_teacher_table(void **state) {
     double teacher = 2 * (2 * V * d + d + n * (attn + E * (3 * d * de + d)));
     double student = 2 * (2 * V * d + d + n * (attn + 3 * d * de * k));
     double nb = L; /* 512 MiB / (4 E d) > L */
-    double calib = 4 * nb * E * d + 8 * nb * (2 * E + d + k) + 4 * 27 * L * d + 8 * (E * E + 3 * E * d) * n;
+    /* the Gram's scratch: 16 tokens of E outputs of d doubles a thread; the statistics: two E x E
+     * Gram matrices, 6 arrays of E x d and 27 of E a layer (calib/stats.c SLOTS) */
+    double gram = 8 * 16 * E * d * m2d_default_threads(), stats = 8 * (2 * E * E + 6 * E * d + 27 * E) * n;
+    double calib = 4 * nb * E * d + 8 * nb * (2 * E + d + k) + 4 * 27 * L * d + gram + stats;
     char *t = gib_or_mib(teacher + calib + student), *tt = gib_or_mib(teacher), *tc = gib_or_mib(calib),
          *ts = gib_or_mib(student);
     char *want = m2d_strfmt("peak memory: ~%s (teacher %s mapped as stored, calibration %s, student %s;", t, tt, tc, ts);

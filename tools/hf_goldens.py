@@ -324,6 +324,7 @@ def calib_stats(layer, x, logits, ids, gates):
             st["sum_g2f2"][e] += g * g * nf * nf
     flat = f.reshape(E, -1)
     st["gram"] = (flat @ flat.T).reshape(-1).tolist()
+    st["logit_gram"] = (logits.double().T @ logits.double()).reshape(-1).tolist()  # the router's, bias included
     st["mu"] = (f.sum(1) / n).reshape(-1).tolist()
     return {k: [float(f"{v:.12g}") for v in vals] for k, vals in st.items()}
 

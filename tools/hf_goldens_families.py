@@ -239,7 +239,8 @@ def calib_stats(experts, x, logits, idx, gates):
     r = routed.double()
     return {"n": r.sum(1).tolist(), "sum_p": P.sum(1).tolist(), "sum_p_sel": (P * r).sum(1).tolist(),
             "sum_g": g.sum(1).tolist(), "sum_f": (norms * r).sum(1).tolist(),
-            "gram": torch.einsum("itd,jtd->ij", f, f).reshape(-1).tolist()}
+            "gram": torch.einsum("itd,jtd->ij", f, f).reshape(-1).tolist(),
+            "logit_gram": (logits.double().T @ logits.double()).reshape(-1).tolist()}
 
 
 def goldens(name, cls_name, model_dir, tokens, extra):

@@ -231,7 +231,8 @@ typedef struct {
     int32_t *ids;         /* [nb, k + 1] each token's top-k experts and its replacement (or -1) */
     float *sel;           /* [nb, k + 1, d] their outputs (the rows the statistics read) */
     double *norms;        /* [E, nb] ‖f_e(t)‖² */
-    double **router;      /* [n_layers] fp64 router rows [E, d] of each MoE layer (made on first use) */
+    double **router;      /* [n_layers] fp64 router rows [E, d] then its bias [E] (0 without one) of each
+                           * MoE layer (made on first use) */
     double *Xd, *Z;       /* [nb, d] fp64 FFN input, [nb, E] router logits of one token block */
     double *dmg;          /* [nb, k] each token's pruning damage of its top-k experts */
     m2d_pool *pool;       /* the statistics' threads (the engine's own count) */
@@ -279,21 +280,31 @@ static void finalize_gram(m2d_layer_stats *s) {
         }
 }
 
-/* The layer's router rows in fp64 (converted once per calibration run). */
+/* The layer's router rows in fp64, then its bias (GPT-OSS routes on W x + b): converted once per
+ * calibration run. */
 static const double *router_rows(calib_ctx *c, int layer) {
     if (!c->router[layer]) {
-        const m2d_tensor *r = c->m->layers[layer].router;
-        int64_t n = m2d_tensor_numel(r);
-        float *f = m2d_tensor_f32(r);
-        c->router[layer] = m2d_malloc((size_t)n * sizeof(double));
-        for (int64_t i = 0; i < n; i++) c->router[layer][i] = f[i];
+        const m2d_layer *ly = &c->m->layers[layer];
+        int64_t n = m2d_tensor_numel(ly->router), E = ly->router->shape[0];
+        double *w = c->router[layer] = m2d_calloc((size_t)(n + E), sizeof(double));
+        float *f = m2d_tensor_f32(ly->router);
+        for (int64_t i = 0; i < n; i++) w[i] = f[i];
         free(f);
+        if (ly->router_bias) {
+            f = m2d_tensor_f32(ly->router_bias);
+            for (int64_t e = 0; e < E; e++) w[n + e] = f[e];
+            free(f);
+        }
     }
     return c->router[layer];
 }
 
-/* Router logits z = W_router x recomputed in fp64 from the FFN input (the engine's own logits are
- * fp32 and already turned into probabilities); logit_gram += Zᵀ Z (upper triangle, mirrored by
+static const double *router_bias(calib_ctx *c, int layer, int E, int d) {
+    return router_rows(c, layer) + (size_t)E * d;
+}
+
+/* Router logits z = W_router x + b recomputed in fp64 from the FFN input (the engine's own logits
+ * are fp32 and already turned into probabilities); logit_gram += Zᵀ Z (upper triangle, mirrored by
  * finalize_gram). Cost E·d·nb, small against the experts' 6·E·d·d_e·nb. */
 static void logits_block(calib_ctx *c, m2d_layer_stats *s, const m2d_moe_event *ev, int t0, int nb) {
     int E = ev->n_experts, d = ev->hidden;
@@ -301,6 +312,9 @@ static void logits_block(calib_ctx *c, m2d_layer_stats *s, const m2d_moe_event *
     for (size_t i = 0; i < (size_t)nb * d; i++) c->Xd[i] = x[i];
     cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, E, d, 1.0, c->Xd, d, router_rows(c, ev->layer), d, 0.0,
                 c->Z, E);
+    const double *b = router_bias(c, ev->layer, E, d);
+    for (int t = 0; t < nb; t++)
+        for (int e = 0; e < E; e++) c->Z[(size_t)t * E + e] += b[e];
     cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, E, nb, 1.0, c->Z, E, 1.0, s->logit_gram, E);
 }
 
@@ -413,7 +427,7 @@ static int hook_reference(void *user, const m2d_moe_event *ev) {
     calib_ctx *c = user;
     if (check_event(c, ev)) return -1;
     int E = ev->n_experts, k = ev->top_k, d = ev->hidden;
-    const double *W = router_rows(c, ev->layer);
+    const double *W = router_rows(c, ev->layer), *b = router_bias(c, ev->layer, E, d);
     for (int t = 0; t < ev->n_tokens; t++) {
         for (int e = 0; e < E; e++)
             if (m2d_engine_expert(c->eng, ev->layer, e, ev->x + (size_t)t * d, 1, c->F + (size_t)e * d)) return -1;
@@ -422,7 +436,7 @@ static int hook_reference(void *user, const m2d_moe_event *ev) {
         for (int e = 0; e < E; e++) { /* router logits, one dot product at a time */
             double z = 0;
             for (int j = 0; j < d; j++) z += W[(size_t)e * d + j] * ev->x[(size_t)t * d + j];
-            c->Z[e] = z;
+            c->Z[e] = z + b[e];
         }
         m2d_layer_stats_add_logits(c->acc[ev->layer], c->Z);
         c->done += 1;

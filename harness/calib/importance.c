@@ -434,7 +434,7 @@ int m2d_importance_check_model(const m2d_importance *imp, const char *path, cons
 /* *OUT = PATH's importance when up to date for (M, HASH, PRECISION); NULL when absent or stale (other
  * model, windows or precision: said on stderr). A damaged file is an error: never overwritten. */
 static int cached_importance(const m2d_model *m, const char *hash, const char *precision, const char *path,
-                             m2d_importance **out) {
+                             const char *cmd, m2d_importance **out) {
     *out = NULL;
     if (!m2d_file_exists(path)) return 0;
     m2d_importance *imp = NULL;
@@ -451,12 +451,13 @@ static int cached_importance(const m2d_model *m, const char *hash, const char *p
         *out = imp;
         return 0;
     }
-    fprintf(stderr, "moe2dense prune: %s is stale (%s): recomputing\n", path, why);
+    fprintf(stderr, "moe2dense %s: %s is stale (%s): recomputing\n", cmd, path, why);
     m2d_importance_free(imp);
     return 0;
 }
 
-static int ensure_with(const m2d_model *m, m2d_calib_job *j, const char *path, m2d_importance **out, int *cached) {
+static int ensure_with(const m2d_model *m, m2d_calib_job *j, const char *path, const char *cmd, m2d_importance **out,
+                       int *cached) {
     int64_t *starts = NULL;
     int *lens = NULL, nw = 0;
     char hash[65];
@@ -465,7 +466,7 @@ static int ensure_with(const m2d_model *m, m2d_calib_job *j, const char *path, m
         m2d_engine_resolve_precision(j->opts.device, (m2d_precision)j->opts.precision, &used))
         return -1;
     int L = j->opts.seq_len > 0 ? j->opts.seq_len : m2d_calib_default_seq_len(&m->cfg);
-    int rc = cached_importance(m, hash, m2d_precision_name(used), path, out);
+    int rc = cached_importance(m, hash, m2d_precision_name(used), path, cmd, out);
     if (cached) *cached = *out != NULL;
     if (rc == 0 && !*out) {
         j->opts.precision = (int)used;
@@ -479,15 +480,21 @@ static int ensure_with(const m2d_model *m, m2d_calib_job *j, const char *path, m
     return rc;
 }
 
-int m2d_importance_ensure(const m2d_model *m, const m2d_calib_opts *opts, const char *path, m2d_importance **out,
-                          int *cached) {
+int m2d_importance_ensure(const m2d_model *m, const m2d_calib_opts *opts, const char *path, const char *cmd,
+                          m2d_importance **out, int *cached) {
     *out = NULL;
     if (m2d_importance_supported(&m->cfg, m->dir)) return -1;
     m2d_tokenizer *tk;
     if (m2d_tokenizer_load(m->dir, &tk)) return -1;
     m2d_calib_job j = {.opts = *opts};
     j.opts.doc_starts = NULL, j.opts.n_docs = 0;
-    int rc = m2d_calib_job_tokens(&j, tk, 0) || ensure_with(m, &j, path, out, cached) ? -1 : 0;
+    m2d_lock lock = {.fd = -1, .path = NULL};
+    int rc = m2d_calib_job_tokens(&j, tk, 0) ||
+                     m2d_lock_acquire(&lock, path, cmd, "computing the importance of a dense teacher", 1) ||
+                     ensure_with(m, &j, path, cmd, out, cached)
+                 ? -1
+                 : 0;
+    m2d_lock_release(&lock);
     m2d_tokenizer_free(tk);
     m2d_calib_job_free(&j);
     if (rc && *out) {

@@ -55,8 +55,9 @@ typedef struct {
  * tokenizer; fixed windows; opts.precision, n_threads, device as in calibration): read from PATH
  * when up to date (*cached = 1; CACHED may be NULL), else computed and written to PATH atomically.
  * A dense teacher only (GQA attention, every layer a dense FFN): anything else is refused in one
- * line. *OUT malloc'd (m2d_importance_free). */
-int m2d_importance_ensure(const m2d_model *model, const m2d_calib_opts *opts, const char *path,
+ * line. *OUT malloc'd (m2d_importance_free). PATH's lock is held meanwhile (concurrent shards
+ * compute it once); CMD ("prune", "sweep") prefixes what is said on stderr. */
+int m2d_importance_ensure(const m2d_model *model, const m2d_calib_opts *opts, const char *path, const char *cmd,
                           m2d_importance **out, int *cached);
 /* The importance of MODEL over the N_WINDOWS windows of SEQ_LEN tokens of IDS starting at STARTS
  * (no file). OPTS gives precision, threads and device. */

@@ -12,13 +12,17 @@
 
 /* Stored arrays: the raw sums of stats.h (so files can be merged later); the derived fields
  * (mu, routed mean/variance, ES-Act/Mag) are recomputed on read by m2d_layer_stats_finalize. */
-typedef struct { const char *name; int per; } array_desc; /* per: 0 = [E], 1 = [E*E], 2 = [E*d] */
+/* per: 0 = [E], 1 = [E*E], 2 = [E*d]; kind: what any real calibration gives (check_payload) */
+enum { SIGNED, NONNEG, GRAM }; /* any finite value; a sum of non-negative values; a Gram matrix */
+typedef struct { const char *name; int per, kind; } array_desc;
 static const array_desc ARRAYS[] = {
-    {"n", 0}, {"sum_p", 0}, {"sum_p_sel", 0}, {"sum_g", 0}, {"sum_g2", 0}, {"sum_f", 0}, {"sum_f2", 0},
-    {"sum_gf", 0}, {"sum_g2f2", 0}, {"sum_gf2", 0}, {"sum_g2f", 0}, {"sum_r", 0}, {"sum_r2", 0}, {"sum_rf", 0},
-    {"sum_rf2", 0}, {"sum_r2f", 0}, {"sum_r2f2", 0}, {"damage", 0}, {"es_act_sum", 0}, {"es_mag_sum", 0},
-    {"es_magg_sum", 0}, {"gram", 1}, {"logit_gram", 1}, {"sum_f_all", 2}, {"sum_f_routed", 2},
-    {"sum_f_routed_sq", 2},
+    {"n", 0, NONNEG}, {"sum_p", 0, NONNEG}, {"sum_p_sel", 0, NONNEG}, {"sum_g", 0, NONNEG},
+    {"sum_g2", 0, NONNEG}, {"sum_f", 0, NONNEG}, {"sum_f2", 0, NONNEG}, {"sum_gf", 0, NONNEG},
+    {"sum_g2f2", 0, NONNEG}, {"sum_gf2", 0, NONNEG}, {"sum_g2f", 0, NONNEG}, {"sum_r", 0, NONNEG},
+    {"sum_r2", 0, NONNEG}, {"sum_rf", 0, NONNEG}, {"sum_rf2", 0, NONNEG}, {"sum_r2f", 0, NONNEG},
+    {"sum_r2f2", 0, NONNEG}, {"damage", 0, NONNEG}, {"es_act_sum", 0, NONNEG}, {"es_mag_sum", 0, NONNEG},
+    {"es_magg_sum", 0, NONNEG}, {"gram", 1, GRAM}, {"logit_gram", 1, GRAM}, {"sum_f_all", 2, SIGNED},
+    {"sum_f_routed", 2, SIGNED}, {"sum_f_routed_sq", 2, NONNEG},
 };
 #define N_ARRAYS ((int)M2D_ARRAY_LEN(ARRAYS))
 
@@ -115,9 +119,9 @@ int m2d_stats_write(const m2d_stats *s, const char *path) {
  * recomputed checksum loads no further than here) ---- */
 
 /* Every value finite; the sums of non-negative quantities (counts, probabilities, gate weights,
- * norms, squares) >= 0. Arrays 0..12 are such sums, 13 is the Gram matrix, 14..16 per dimension. */
+ * norms, squares, damages) >= 0 (ARRAYS[].kind). */
 static int check_array(const char *path, const m2d_layer_stats *ls, int i, const double *a, size_t n) {
-    int nonneg = i <= 12 || i == 16;
+    int nonneg = ARRAYS[i].kind == NONNEG;
     for (size_t j = 0; j < n; j++) {
         if (!isfinite(a[j]))
             return m2d_err("%s: layer %d: field '%s'[%zu]: %g is not finite (corrupted statistics; recalibrate)", path,
@@ -145,18 +149,23 @@ static int check_counts(const char *path, const m2d_stats *s, const m2d_layer_st
     return 0;
 }
 
-/* The Gram matrix is one: a non-negative diagonal and |G_ij| <= sqrt(G_ii G_jj) (Cauchy-Schwarz,
- * with room for rounding). */
-static int check_gram(const char *path, const m2d_stats *s, const m2d_layer_stats *ls) {
+/* A Gram matrix (of the experts' outputs, or of the router logits) is one: symmetric (the writer
+ * mirrors one triangle, so exactly), a non-negative diagonal and |G_ij| <= sqrt(G_ii G_jj)
+ * (Cauchy-Schwarz, with room for rounding). */
+static int check_gram(const char *path, const m2d_stats *s, const m2d_layer_stats *ls, const char *name,
+                      const double *G) {
     int E = s->E;
     for (int i = 0; i < E; i++) {
-        if (ls->gram[(size_t)i * E + i] < 0)
-            return m2d_err("%s: layer %d: field 'gram'[%d][%d]: negative diagonal", path, ls->layer, i, i);
+        if (G[(size_t)i * E + i] < 0)
+            return m2d_err("%s: layer %d: field '%s'[%d][%d]: negative diagonal", path, ls->layer, name, i, i);
         for (int j = 0; j < i; j++) {
-            double bound = sqrt(ls->gram[(size_t)i * E + i] * ls->gram[(size_t)j * E + j]);
-            if (fabs(ls->gram[(size_t)i * E + j]) > bound * (1 + 1e-6) + 1e-300)
-                return m2d_err("%s: layer %d: field 'gram'[%d][%d]: %g exceeds sqrt(G_ii G_jj) = %g (not a Gram matrix)",
-                               path, ls->layer, i, j, ls->gram[(size_t)i * E + j], bound);
+            double gij = G[(size_t)i * E + j], bound = sqrt(G[(size_t)i * E + i] * G[(size_t)j * E + j]);
+            if (gij != G[(size_t)j * E + i])
+                return m2d_err("%s: layer %d: field '%s'[%d][%d]: %g but [%d][%d] is %g (not symmetric)", path,
+                               ls->layer, name, i, j, gij, j, i, G[(size_t)j * E + i]);
+            if (fabs(gij) > bound * (1 + 1e-6) + 1e-300)
+                return m2d_err("%s: layer %d: field '%s'[%d][%d]: %g exceeds sqrt(G_ii G_jj) = %g (not a Gram matrix)",
+                               path, ls->layer, name, i, j, gij, bound);
         }
     }
     return 0;
@@ -165,9 +174,13 @@ static int check_gram(const char *path, const m2d_stats *s, const m2d_layer_stat
 static int check_payload(const char *path, const m2d_stats *s) {
     for (int l = 0; l < s->n_layers; l++) {
         m2d_layer_stats *ls = &s->layers[l];
-        for (int i = 0; i < N_ARRAYS; i++)
-            if (check_array(path, ls, i, *layer_array(ls, i), array_len(ARRAYS[i].per, s->E, s->d))) return -1;
-        if (check_counts(path, s, ls) || check_gram(path, s, ls)) return -1;
+        for (int i = 0; i < N_ARRAYS; i++) {
+            const double *a = *layer_array(ls, i);
+            if (check_array(path, ls, i, a, array_len(ARRAYS[i].per, s->E, s->d)) ||
+                (ARRAYS[i].kind == GRAM && check_gram(path, s, ls, ARRAYS[i].name, a)))
+                return -1;
+        }
+        if (check_counts(path, s, ls)) return -1;
     }
     return 0;
 }
@@ -175,7 +188,8 @@ static int check_payload(const char *path, const m2d_stats *s) {
 /* Header field helpers: each failure names the file and the field. */
 static int hdr_int(const char *path, const cJSON *h, const char *field, long lo, long hi, long *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(h, field);
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long)v->valuedouble || v->valuedouble < lo || v->valuedouble > hi)
+    /* the range first: casting a double outside long's range is undefined */
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi) || v->valuedouble != floor(v->valuedouble))
         return m2d_err("%s: field '%s': missing or not an integer in [%ld, %ld]", path, field, lo, hi);
     *out = (long)v->valuedouble;
     return 0;
@@ -241,7 +255,8 @@ static int parse_windows(const char *path, const cJSON *h, m2d_stats *s, long *n
     s->window_starts = m2d_malloc((size_t)(s->n_windows ? s->n_windows : 1) * sizeof(int64_t));
     int i = 0;
     for (const cJSON *w = win->child; w; w = w->next, i++) {
-        if (!cJSON_IsNumber(w) || w->valuedouble < 0 || w->valuedouble != floor(w->valuedouble))
+        if (!cJSON_IsNumber(w) || !(w->valuedouble >= 0 && w->valuedouble <= 0x1p62) ||
+            w->valuedouble != floor(w->valuedouble))
             return m2d_err("%s: field 'windows': entry %d is not a token offset", path, i);
         s->window_starts[i] = (int64_t)w->valuedouble;
     }
@@ -312,7 +327,10 @@ static int parse_layers(const char *path, const cJSON *layers, m2d_stats *s, lon
     return 0;
 }
 
-static int parse_header(const char *path, const cJSON *h, m2d_stats *s, size_t *pbytes, char sha[65]) {
+/* AVAILABLE: the payload bytes the file holds, checked before the layers' sums are allocated (a
+ * header of a few hundred bytes may claim terabytes) */
+static int parse_header(const char *path, const cJSON *h, size_t available, m2d_stats *s, size_t *pbytes,
+                        char sha[65]) {
     long nl, ns;
     if (parse_identity(path, h, s)) return -1;
     /* s->n_layers is set only once s->layers exists (m2d_stats_free walks it) */
@@ -322,6 +340,9 @@ static int parse_header(const char *path, const cJSON *h, m2d_stats *s, size_t *
     if (!cJSON_IsArray(layers) || cJSON_GetArraySize(layers) != nl)
         return m2d_err("%s: field 'layers': not an array of n_layers (%d) layer indices", path, (int)nl);
     if (parse_payload(path, h, s, nl, pbytes, sha)) return -1;
+    if (available != *pbytes)
+        return m2d_err("%s: field 'data_bytes': the file holds %zu payload bytes, the header says %zu (truncated or "
+                       "padded file)", path, available, *pbytes);
     return parse_layers(path, layers, s, nl, ns);
 }
 
@@ -356,12 +377,7 @@ int m2d_stats_parse(const char *path, const uint8_t *buf, size_t len, m2d_stats 
     }
     size_t pbytes = 0;
     char sha[65];
-    if (parse_header(path, h, s, &pbytes, sha)) goto done;
-    if (len - 16 - hl != pbytes) {
-        m2d_err("%s: field 'data_bytes': the file holds %llu payload bytes, the header says %zu (truncated or "
-                "padded file)", path, (unsigned long long)(len - 16 - hl), pbytes);
-        goto done;
-    }
+    if (parse_header(path, h, len - 16 - (size_t)hl, s, &pbytes, sha)) goto done;
     const uint8_t *q = buf + 16 + hl;
     char got[65];
     m2d_sha256_hex(q, pbytes, got);

@@ -95,6 +95,7 @@ static int calibrate(calib_args *a, const m2d_model *m, const m2d_tokenizer *tk,
                                .progress = 1, .precision = (int)a->used, .device = a->device,
                                .pass = a->pass, .mem_budget = a->budget};
     j->force = a->force;
+    j->cmd = "calibrate"; /* the entry's lock: a sweep's shards may be computing the same file */
     char *spill = m2d_path_dir(a->out);
     j->opts.spill_dir = spill;
     m2d_cmd_print_pass("calibrate", m, a->pass, a->budget, (int64_t)a->L * (a->N ? a->N : M2D_CALIB_DEFAULT_SAMPLES));

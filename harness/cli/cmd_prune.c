@@ -89,7 +89,7 @@ static int cmd_prune_run(int argc, char **argv) {
         m2d_calib_opts o = {.seq_len = (int)a.L, .n_samples = (int)a.N, .seeded = a.seeded, .seed = (uint64_t)a.seed,
                             .n_threads = (int)a.thr, .data_path = a.data, .precision = (int)a.prec,
                             .device = a.device};
-        rc = m2d_importance_ensure(m, &o, imp_path, &imp, &cached) || (!a.only && m2d_prune_write(m, imp_path, &s, a.out));
+        rc = m2d_importance_ensure(m, &o, imp_path, "prune", &imp, &cached) || (!a.only && m2d_prune_write(m, imp_path, &s, a.out));
     }
     if (rc) m2d_cmd_fail("prune");
     else printf("%s %s: %d windows x %d tokens, NLL %.4f\n", cached ? "kept up-to-date" : "wrote", imp_path,

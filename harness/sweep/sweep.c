@@ -269,13 +269,15 @@ static int64_t shape_params(const shape *s, int64_t moe_K, int dense_student) {
 /* Calibration's anonymous memory (BENCHMARKS.md "Memory formula", harness/calib/calib.c ctx_init):
  * the expert-output block [nb, E, d] fp32 (nb = min(L, 512 MiB / (4 E d))) with its fp64 norms,
  * inputs, router logits and gates; one window's forward, ~27 fp32 values per token and hidden unit
- * (the measured 0.66 GB at Qwen3-30B-A3B's shapes, L = 512, less the block); and the statistics,
- * 8 (E^2 + 3 E d) bytes per MoE layer. */
+ * (the measured 0.66 GB at Qwen3-30B-A3B's shapes, L = 512, less the block); the fp64 Gram's
+ * scratch, 16 tokens of every expert's output a thread (backend_cpu_moe.c m2d_cpu_gram); and the
+ * statistics, 8 (2 E^2 + 6 E d + 27 E) bytes per MoE layer (calib/stats.c SLOTS: the two Gram
+ * matrices, three sums and three derived means per dimension, 27 per-expert vectors). */
 static double calib_bytes(const shape *s, int L) {
     double E = (double)s->E, d = (double)s->hidden;
     double nb = fmax(1, fmin(L, floor(512.0 * 1024 * 1024 / (4 * E * d))));
     return 4 * nb * E * d + 8 * nb * (2 * E + d + (double)s->k) + 4 * 27.0 * L * d +
-           8 * (E * E + 3 * E * d) * (double)s->moe_layers;
+           8 * 16 * E * d * m2d_default_threads() + 8 * (2 * E * E + 6 * E * d + 27 * E) * (double)s->moe_layers;
 }
 
 void m2d_run_memory_estimate(const m2d_run_shape *s, int calib_L, int moe_K_max, m2d_run_memory *m) {

@@ -196,14 +196,17 @@ void m2d_d2d_inputs_hash(const m2d_d2d *d, char out[65]) {
     free(s);
 }
 
-/* cache_dir/<weights hash:16>-imp-<hash of the calibration settings:16>.m2dimp (the file itself
- * records the model and calibration hashes; a stale one is recomputed by m2d_importance_ensure) */
-static char *importance_path(const m2d_experiment *x, const m2d_model *t) {
+/* cache_dir/<model hash:16>-imp-<hash of the calibration settings:16>[-bf16].m2dimp, as the
+ * statistics' cache (sweep_pipeline.c), so that fp32 and bf16 runs keep one file each (the file
+ * itself records the model and calibration hashes and the precision; a stale one is recomputed
+ * by m2d_importance_ensure) */
+static char *importance_path(const m2d_experiment *x, const m2d_model *t, m2d_precision precision) {
     char *key = m2d_strfmt("%s\n%d\n%d\n%lld\n", x->d2d_calib_data, x->d2d_calib_seq_len, x->d2d_calib_samples,
                            (long long)x->d2d_calib_seed);
     char hex[65];
     m2d_sha256_hex(key, strlen(key), hex);
-    char *name = m2d_strfmt("%.16s-imp-%.16s.m2dimp", t->model_hash, hex), *path = m2d_path_join(x->cache_dir, name);
+    char *name = m2d_strfmt("%.16s-imp-%.16s%s.m2dimp", t->model_hash, hex, precision == M2D_PREC_BF16 ? "-bf16" : "");
+    char *path = m2d_path_join(x->cache_dir, name);
     free(key), free(name);
     return path;
 }
@@ -215,11 +218,11 @@ static int ensure_importance(m2d_d2d *d, const char *device, m2d_precision preci
     o.seq_len = x->d2d_calib_seq_len, o.n_samples = x->d2d_calib_samples, o.seeded = x->d2d_calib_seed >= 0;
     o.seed = (uint64_t)(x->d2d_calib_seed >= 0 ? x->d2d_calib_seed : 0), o.data_path = x->d2d_calib_data;
     o.n_threads = m2d_default_threads(), o.progress = 1, o.precision = (int)precision, o.device = device;
-    d->imp_path = importance_path(x, d->teacher);
+    d->imp_path = importance_path(x, d->teacher, precision);
     m2d_importance *imp = NULL;
     double t0 = m2d_now();
     int cached = 0;
-    if (m2d_mkdir_p(x->cache_dir) || m2d_importance_ensure(d->teacher, &o, d->imp_path, &imp, &cached)) return -1;
+    if (m2d_mkdir_p(x->cache_dir) || m2d_importance_ensure(d->teacher, &o, d->imp_path, "sweep", &imp, &cached)) return -1;
     memcpy(d->calib_hash, imp->calib_hash, 65);
     fprintf(stderr, "moe2dense sweep: d2d importance of %s (%d windows x %d tokens): %s %s in %.1f s\n", x->d2d_teacher,
             imp->n_windows, imp->seq_len, cached ? "read from" : "computed into", d->imp_path, m2d_now() - t0);
