@@ -595,6 +595,9 @@ static void bad_importance_files(void **state) {
     importance_refused(m, t5, "field nll_full");
     char *t6 = edited(good, "\"n_layers\":2", "\"n_layers\":100000000"); /* hostile: never allocated */
     importance_refused(m, t6, "sizes larger than the file holds");
+    char *t7 = edited(good, "\"window_starts\":[0,", "\"window_starts\":[1e30,"); /* no int64 holds it */
+    importance_refused(m, t7, "field 'window_starts': entry 0 (1e+30) is not a token offset");
+    free(t7);
     free(t1), free(t2), free(t3), free(t4), free(t5), free(t6), free(good);
     m2d_importance_free(imp);
     m2d_model_close(m);

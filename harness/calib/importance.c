@@ -366,7 +366,11 @@ static int read_scores(const cJSON *j, const char *path, m2d_importance *imp) {
                      get_vec(j, path, "layer_nll", L, imp->layer_nll)
                  ? -1
                  : 0;
-    for (int i = 0; i < imp->n_windows; i++) imp->window_starts[i] = (int64_t)ws[i];
+    for (int i = 0; rc == 0 && i < imp->n_windows; i++) {
+        if (!(ws[i] >= 0 && ws[i] <= 0x1p62) || ws[i] != floor(ws[i])) /* the range first: the cast is UB outside */
+            rc = m2d_err("%s: field 'window_starts': entry %d (%g) is not a token offset", path, i, ws[i]);
+        else imp->window_starts[i] = (int64_t)ws[i];
+    }
     free(ws);
     const cJSON *nf = rc ? NULL : field(j, path, "nll_full");
     if (rc == 0 && !nf) rc = -1;
