@@ -287,6 +287,52 @@ static void deepseekv2_gate_factor(void **state) {
     free(dir);
 }
 
+/* A random-init baseline of DeepSeek-V2 (whose o_proj the adapter binds padded, from a stored
+ * tensor it claims): no stored tensor of the checkpoint written holds the teacher's bytes, and the
+ * checkpoint read back is the student kept in memory (the sweep scores that one): the same logits
+ * from the same bytes (fp32 engine, one machine: 1e-6 of the logits' scale allows only an
+ * operand-order difference, far below what one differing weight gives). */
+static void deepseekv2_random_init_written_as_kept(void **state) {
+    (void)state;
+    char *dir = build("deepseekv2");
+    m2d_model *t = open_model(dir);
+    int32_t tok[64];
+    rand_tokens(4, tok, 64, t->cfg.vocab_size);
+    m2d_calib_opts co = {.seq_len = 32, .n_samples = 2, .n_threads = 1, .data_path = "random"};
+    m2d_stats *st;
+    if (m2d_calib_run(t, tok, 64, &co, &st) != 0) fail_msg("%s", m2d_errmsg());
+    m2d_convert_opts o = {.scoring = "acp", .grouping = "rr", .scaling = "uniform", .K = 2 * t->cfg.num_experts_per_tok,
+                          .target = M2D_TARGET_DENSE, .baseline = M2D_BASELINE_RANDOM_INIT, .baseline_seed = 3};
+    m2d_convert_plan *plan;
+    m2d_model *s;
+    if (m2d_convert_plan_build(t, st, &o, &plan) != 0 || m2d_convert_build(t, plan, &s) != 0) fail_msg("%s", m2d_errmsg());
+    char *out = m2d_strfmt("%s-random-init", dir);
+    if (m2d_convert_write(t, s, plan, "stats", out) != 0) fail_msg("%s", m2d_errmsg());
+    m2d_model *w = open_model(out);
+    for (int i = 0; i < m2d_st_count(w->st); i++) {
+        const m2d_tensor *x = m2d_st_at(w->st, i), *y = m2d_st_find(t->st, x->name);
+        if (y && x->nbytes == y->nbytes && x->nbytes > 64 && memcmp(x->data, y->data, x->nbytes) == 0)
+            fail_msg("random-init: '%s' holds the teacher's bytes", x->name);
+    }
+    int n = 24, V = t->cfg.vocab_size;
+    float *la = m2d_malloc(sizeof(float) * (size_t)n * V), *lb = m2d_malloc(sizeof(float) * (size_t)n * V);
+    m2d_engine *ea, *eb;
+    assert_int_equal(m2d_engine_new(s, 1, &ea), 0);
+    assert_int_equal(m2d_engine_new(w, 1, &eb), 0);
+    assert_int_equal(m2d_engine_logits(ea, tok, n, la), 0);
+    assert_int_equal(m2d_engine_logits(eb, tok, n, lb), 0);
+    double scale = 0, worst = 0;
+    for (size_t i = 0; i < (size_t)n * V; i++) scale = fmax(scale, fabs(la[i])), worst = fmax(worst, fabs(la[i] - lb[i]));
+    if (!(worst <= 1e-6 * scale)) fail_msg("random-init: in memory and written differ by %.3g of %.3g", worst, scale);
+    m2d_engine_free(ea), m2d_engine_free(eb);
+    free(la), free(lb), free(out), free(dir);
+    m2d_model_close(w);
+    m2d_convert_student_free(s);
+    m2d_convert_plan_free(plan);
+    m2d_calib_stats_free(st);
+    m2d_model_close(t);
+}
+
 /* experiments.toml's cross-model-deepseek (paper §4.6) end to end on the small DeepSeek-V2 teacher,
  * scaled down with --set: calibrate, 8 configurations converted and scored (PPL, one MC task), the
  * K = 2k DO-ACP / ACP pair may share a student (dedup) */
@@ -373,6 +419,7 @@ int main(void) {
         cmocka_unit_test(deepseekv2),
         cmocka_unit_test(deepseekv2_q),
         cmocka_unit_test(cross_model_sweep),
+        cmocka_unit_test(deepseekv2_random_init_written_as_kept),
         cmocka_unit_test(deepseekv2_gate_factor),
     };
     return cmocka_run_group_tests(tests, tu_work_setup, tu_work_teardown);

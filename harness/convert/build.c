@@ -67,6 +67,7 @@ typedef struct {
     int n_owned, cap_owned;
     const m2d_tensor ***ptr_arrays; /* [n_ptr_arrays] per MoE layer expert pointer arrays (moe target) */
     int n_ptr_arrays;
+    struct m2d_claim *claimed; /* a random-init student's own claims (its draws), else NULL: the teacher's */
 } student_owner;
 
 static void keep_tensor(student_owner *o, m2d_tensor *t, int owns_data) {
@@ -446,10 +447,39 @@ static init_kind role_init(int r, const m2d_tensor *x) {
     return x->ndim == 1 ? INIT_ZEROS : INIT_NORMAL;
 }
 
+/* random-init: each stored tensor the architecture's post_bind claimed outside the FFN (DeepSeek's
+ * o_proj, bound padded) drawn at its stored name and shape, and the role made from it remade from
+ * the draw, so that the checkpoint written (its stored tensors: write.c) and the student in memory
+ * are one model with nothing of the teacher's. */
+static void randomize_claimed(student_owner *o, const m2d_model *t, const m2d_convert_plan *p) {
+    m2d_model *m = &o->m;
+    if (t->n_claimed == 0) return;
+    o->claimed = m2d_malloc((size_t)t->n_claimed * sizeof *o->claimed);
+    memcpy(o->claimed, t->claimed, (size_t)t->n_claimed * sizeof *o->claimed);
+    m->claimed = o->claimed;
+    for (int i = 0; i < t->n_claimed; i++) {
+        struct m2d_claim *c = &o->claimed[i];
+        if (c->part == M2D_PART_FFN) continue; /* the FFN is the student's own (write_ffn) */
+        int role = t->arch->rederive ? t->arch->rederive(t, c->layer, c->t, NULL, NULL) : -1;
+        const m2d_tensor *draw = random_tensor(o, c->t, p, role >= 0 ? role_init(role, c->t) : INIT_NORMAL);
+        if (role >= 0) {
+            const m2d_tensor *like = m->layers[c->layer].w[role];
+            int64_t n = m2d_tensor_numel(like);
+            float *zero = m2d_calloc((size_t)(n ? n : 1), sizeof *zero);
+            m2d_tensor *made = new_tensor(o, like->name, like->dtype, (int)like->shape[0],
+                                          like->ndim == 2 ? (int)like->shape[1] : 0, zero);
+            free(zero);
+            t->arch->rederive(t, c->layer, c->t, draw, (void *)made->data);
+            m->layers[c->layer].w[role] = made;
+        }
+        c->t = draw;
+    }
+}
+
 /* random-ffn: every layer's dense FFN tensors (the one-expert router of a dense layer, where the
  * architecture has one, is kept: its softmax over one expert is 1 whatever it holds);
  * random-init: every tensor of the student. */
-static void randomize_student(student_owner *o, const m2d_convert_plan *p) {
+static void randomize_student(student_owner *o, const m2d_model *t, const m2d_convert_plan *p) {
     m2d_model *m = &o->m;
     int all = p->baseline == M2D_BASELINE_RANDOM_INIT;
     for (int l = 0; l < m->cfg.num_hidden_layers; l++)
@@ -464,6 +494,7 @@ static void randomize_student(student_owner *o, const m2d_convert_plan *p) {
     m->final_norm = random_tensor(o, m->final_norm, p, INIT_ONES);
     m->lm_head = tied ? m->embed : random_tensor(o, m->lm_head, p, INIT_NORMAL);
     if (m->lm_head_stored) m->lm_head_stored = m->lm_head;
+    randomize_claimed(o, t, p);
 }
 
 int m2d_convert_build(const m2d_model *t, const m2d_convert_plan *plan, m2d_model **student) {
@@ -485,7 +516,7 @@ int m2d_convert_build(const m2d_model *t, const m2d_convert_plan *plan, m2d_mode
     o->n_ptr_arrays = n_moe;
     int rc = student_config(o, t, plan);
     if (rc == 0) rc = build_layers(o, t, plan);
-    if (rc == 0 && plan->baseline) randomize_student(o, plan);
+    if (rc == 0 && plan->baseline) randomize_student(o, t, plan);
     /* identity of an in-memory student: derived from the teacher and the plan (not a hash of bytes) */
     char *id = m2d_strfmt("student %s %s", t->weights_hash, plan->fingerprint);
     m2d_sha256_hex(id, strlen(id), m->weights_hash);
@@ -513,6 +544,7 @@ void m2d_convert_student_free(m2d_model *student) {
     free(o->owns_data);
     for (int i = 0; i < o->n_ptr_arrays; i++) free(o->ptr_arrays[i]);
     free(o->ptr_arrays);
+    free(o->claimed);
     free(o->m.layers);
     m2d_config_free(&o->m.cfg);
     free(o->m.config_text);

@@ -193,8 +193,10 @@ static void mark_ffn_block(const m2d_model *t, int l, char *skip) {
 }
 
 /* The student's tensor in the place of the teacher's stored non-FFN tensor X (a random-init
- * baseline replaces them; otherwise it is X itself). */
+ * baseline replaces them, the ones its architecture claimed too; otherwise it is X itself). */
 static const m2d_tensor *student_twin(const m2d_model *t, const m2d_model *s, const m2d_tensor *x) {
+    for (int i = 0; i < t->n_claimed; i++)
+        if (t->claimed[i].t == x) return s->claimed[i].t;
     if (x == t->embed) return s->embed;
     if (x == t->final_norm) return s->final_norm;
     if (x == t->lm_head) return s->lm_head;

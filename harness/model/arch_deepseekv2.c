@@ -155,8 +155,19 @@ static const m2d_tensor_spec deepseekv2_tensors[] = {
 };
 #undef LAYER_
 
-/* o_proj [d, heads * v_head_dim] -> an owned [d, heads * head_dim] with zero columns after each
- * head's v_head_dim (the engine's padded attention output), same dtype, bytes copied */
+/* OUT [d, heads * head_dim] = O [d, heads * v_head_dim] with zero columns after each head's
+ * v_head_dim (OUT zeroed; the same dtype, bytes copied) */
+static void pad_o_proj(const m2d_config *c, const m2d_tensor *o, void *out) {
+    int d = c->hidden_size, H = c->num_attention_heads, vd = c->v_head_dim, hd = c->head_dim;
+    size_t es = m2d_dtype_size(o->dtype);
+    for (int r = 0; r < d; r++)
+        for (int h = 0; h < H; h++)
+            memcpy((char *)out + ((size_t)r * H * hd + (size_t)h * hd) * es,
+                   (const char *)o->data + ((size_t)r * H * vd + (size_t)h * vd) * es, (size_t)vd * es);
+}
+
+/* o_proj [d, heads * v_head_dim] -> an owned [d, heads * head_dim], the engine's padded attention
+ * output (pad_o_proj) */
 static int deepseekv2_post_bind(m2d_model *m) {
     const m2d_config *c = &m->cfg;
     int d = c->hidden_size, H = c->num_attention_heads, vd = c->v_head_dim, hd = c->head_dim;
@@ -165,17 +176,21 @@ static int deepseekv2_post_bind(m2d_model *m) {
         const m2d_tensor *o = m2d_model_claim(m, m->layers[l].o_proj->name, l, M2D_PART_LAYER, 2,
                                               (const int64_t[]){d, (int64_t)H * vd}, 0);
         if (!o) return -1;
-        size_t es = m2d_dtype_size(o->dtype);
         char *name = m2d_strfmt("%s (values padded to %d per head)", o->name, hd);
         m2d_tensor *p = m2d_model_new_tensor(m, name, o->dtype, 2, (const int64_t[]){d, (int64_t)H * hd});
         free(name);
-        for (int r = 0; r < d; r++)
-            for (int h = 0; h < H; h++)
-                memcpy((char *)p->data + ((size_t)r * H * hd + (size_t)h * hd) * es,
-                       (const char *)o->data + ((size_t)r * H * vd + (size_t)h * vd) * es, (size_t)vd * es);
+        pad_o_proj(c, o, (void *)p->data); /* ours until bound (m2d_model_new_tensor) */
         m->layers[l].o_proj = p;
     }
     return 0;
+}
+
+/* the only tensor post_bind claims is each layer's stored o_proj, made into the role O */
+static int deepseekv2_rederive(const m2d_model *m, int layer, const m2d_tensor *stored, const m2d_tensor *from,
+                               void *out) {
+    (void)layer, (void)stored;
+    if (out) pad_o_proj(&m->cfg, from, out);
+    return M2D_T_O;
 }
 
 /* dense: every layer dense of width s->ffn_width; MoE: fewer routed experts (greedy routing only) */
@@ -200,4 +215,4 @@ M2D_ARCH(deepseekv2, .name = "DeepseekV2ForCausalLM",
                     "first dense layers); dense student: every layer dense, MLA unchanged",
          .parse_config = parse_deepseekv2, .tensors = deepseekv2_tensors, .student = "DeepseekV2ForCausalLM",
          .student_config = deepseekv2_student_config, .tensor_present = deepseekv2_tensor_present,
-         .post_bind = deepseekv2_post_bind, .family = "DeepSeek-V2")
+         .post_bind = deepseekv2_post_bind, .rederive = deepseekv2_rederive, .family = "DeepSeek-V2")

@@ -297,6 +297,11 @@ struct m2d_arch {
      * M2D_PART_FFN and the experts) of LAYER of S as S's checkpoint stores it, added to W.
      * NULL: each role tensor under its table name. */
     int (*write_ffn)(const m2d_model *s, int layer, m2d_st_writer *w);
+    /* optional, with post_bind: for a stored tensor STORED that post_bind claimed for LAYER outside
+     * the FFN, the role of LAYER it made from it (-1: none). With OUT, also that role's values made
+     * from FROM (STORED's name, dtype and shape: a random-init student's draw of it) into OUT (the
+     * role tensor's dtype and shape), so that a student's stored and bound tensors agree. */
+    int (*rederive)(const m2d_model *m, int layer, const m2d_tensor *stored, const m2d_tensor *from, void *out);
     /* optional: the family's name when this architecture is a MoE teacher ("Qwen3-MoE"), for
      * the usage texts that list them (NULL: not a teacher family, e.g. a dense architecture) */
     const char *family;
