@@ -175,6 +175,14 @@ static void bac_family_grid(void **state) {
     v = fx_view(&s, NULL, 2, 0, &bad);
     assert_int_equal(m2d_score_and_select(m2d_plugin_find(M2D_SCORING, "bac"), &v, scores, sel), -1);
     assert_non_null(strstr(m2d_errmsg(), "a=3"));
+    /* exponents beyond int are refused before any cast to int (UB; caught by SAN=1's float-cast-overflow) */
+    const double huge[][3] = {{1, 1e300, 1}, {1, 1, -1e300}, {1, 3e9, 1}, {1, 1, -3e9}};
+    for (size_t i = 0; i < M2D_ARRAY_LEN(huge); i++) {
+        m2d_params h = {3, keys, huge[i]};
+        v = fx_view(&s, NULL, 2, 0, &h);
+        assert_int_equal(m2d_score_and_select(m2d_plugin_find(M2D_SCORING, "bac"), &v, scores, sel), -1);
+        assert_non_null(strstr(m2d_errmsg(), "scoring plugin 'bac': layer 0: field 'a'/'c'"));
+    }
     m2d_params typo;
     assert_int_equal(m2d_params_parse("b=1,bb=2", &typo), 0);
     v = fx_view(&s, NULL, 2, 0, &typo);
