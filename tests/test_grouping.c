@@ -465,7 +465,7 @@ static void m_smoe_planted(void **state) {
 
 /* remap's parameters. Usage falls layer by layer (layer 0 most used), so with ρ = 0.5 the top half
  * of a 3-layer pool is layer 0 and half of layer 1, and layer 2's experts all map to another layer's
- * prototype. scope = 3e9 (more than int holds) is the whole model, as scope = L. */
+ * prototype. scope = 3e9 (more than int holds) is the whole model, as scope = L; eps must be > 0. */
 enum { RL = 3, RE = 4, RD = 3, RDE = 2 };
 typedef struct {
     m2d_layer_stats s[RL];
@@ -503,7 +503,7 @@ static int run_remap(remap_fixture *r, const char *params, m2d_layer_groups *out
     return rc;
 }
 
-static void remap_scope_beyond_int(void **state) {
+static void remap_scope_and_eps(void **state) {
     (void)state;
     remap_fixture r;
     make_remap_fixture(&r);
@@ -520,6 +520,13 @@ static void remap_scope_beyond_int(void **state) {
     }
     m2d_layer_groups_free(all, RL);
     m2d_layer_groups_free(huge, RL);
+    const char *bad[] = {"eps=-1", "eps=0", "scope=3,eps=-1e-300"};
+    for (size_t i = 0; i < M2D_ARRAY_LEN(bad); i++) {
+        m2d_layer_groups out[RL];
+        assert_int_equal(run_remap(&r, bad[i], out), -1);
+        if (!strstr(m2d_errmsg(), "grouping plugin 'remap': field 'eps': ") || strchr(m2d_errmsg(), '\n'))
+            fail_msg("%s: %s", bad[i], m2d_errmsg());
+    }
     for (int l = 0; l < RL; l++) m2d_layer_stats_free(&r.s[l]), fx_free_weights(&r.w[l]);
 }
 
@@ -593,7 +600,7 @@ int main(void) {
         cmocka_unit_test(hc_smoe_is_average_linkage_on_mean_outputs),
         cmocka_unit_test(lsa_matches_brute_force),
         cmocka_unit_test(m_smoe_planted),
-        cmocka_unit_test(remap_scope_beyond_int),
+        cmocka_unit_test(remap_scope_and_eps),
         cmocka_unit_test(canonical_ids),
         cmocka_unit_test(scalings),
     };

@@ -355,6 +355,46 @@ static void conmoe_against_brute_force(void **state) {
     fx_free_tokens(&t);
 }
 
+/* ConMoE's ε (conmoe, conmoe-dist here; remap's in test_grouping) must be finite and > 0. On a
+ * degenerate pool (all-zero experts) ε = 0 makes the weight distance 0/0, and ε < 0 passes silently
+ * (with a changed min-max norm): both are one-line errors naming the field. The parser already
+ * refuses nan and inf. */
+static void conmoe_eps_must_be_positive(void **state) {
+    (void)state;
+    enum { CE = 4, CD = 3, DE = 2 };
+    fx_tokens t = fx_make_tokens(CE, 2, CD, 2, lens, -1, 5);
+    m2d_layer_stats s;
+    fx_stats_from_tokens(&t, &s);
+    static const float zr[CE * CD], zw[CE * DE * CD];
+    fx_weights fw;
+    fx_make_weights(&fw, M2D_F32, CE, CD, DE, zr, zw, zw, zw);
+    const char *plugins[] = {"conmoe", "conmoe-dist"}, *bad[] = {"eps=-1", "eps=0", "eps=-0", "eps=-1e-300"};
+    double sc[CE];
+    int sel[CE];
+    for (size_t i = 0; i < M2D_ARRAY_LEN(plugins); i++) {
+        m2d_layer_view ok = fx_view(&s, &fw.layer, 2, DE, NULL);
+        fx_scores(plugins[i], &ok, sc, sel); /* the default ε: every distance 0, every score 0 */
+        for (int e = 0; e < CE; e++) assert_true(sc[e] == 0);
+        char want[64];
+        snprintf(want, sizeof want, "scoring plugin '%s': field 'eps': ", plugins[i]);
+        for (size_t j = 0; j < M2D_ARRAY_LEN(bad); j++) {
+            m2d_params prm;
+            assert_int_equal(m2d_params_parse(bad[j], &prm), 0);
+            m2d_layer_view v = fx_view(&s, &fw.layer, 2, DE, &prm);
+            assert_int_equal(m2d_score_and_select(m2d_plugin_find(M2D_SCORING, plugins[i]), &v, sc, sel), -1);
+            if (!strstr(m2d_errmsg(), want) || strchr(m2d_errmsg(), '\n'))
+                fail_msg("%s %s: %s", plugins[i], bad[j], m2d_errmsg());
+            m2d_params_free(&prm);
+        }
+    }
+    m2d_params none;
+    assert_int_equal(m2d_params_parse("eps=nan", &none), -1);
+    assert_int_equal(m2d_params_parse("eps=inf", &none), -1);
+    fx_free_weights(&fw);
+    m2d_layer_stats_free(&s);
+    fx_free_tokens(&t);
+}
+
 /* A deliberately broken plugin, registered only in this test binary: the runner must reject it. */
 static int negative_score(const m2d_layer_view *v, double *scores) {
     for (int e = 0; e < v->E; e++) scores[e] = e == 1 ? -1 : 1;
@@ -480,6 +520,7 @@ int main(void) {
         cmocka_unit_test(renormalised_gate_default),
         cmocka_unit_test(reap_reference_vectors),
         cmocka_unit_test(conmoe_against_brute_force),
+        cmocka_unit_test(conmoe_eps_must_be_positive),
         cmocka_unit_test(registry_lookup_and_validation),
         cmocka_unit_test(derived_lookup_is_thread_safe),
         cmocka_unit_test(factories_make_plugins_from_registered_bases),

@@ -115,7 +115,7 @@ static int remap_group_model(const m2d_model_view *mv, m2d_layer_groups *out) {
     int scope = 0;
     if (scope_param(mv, &scope) != 0) return -1;
     if (fixed != 0 && fixed != 1) return m2d_err("grouping plugin 'remap': field 'fixed_k': %g is not 0 or 1", fixed);
-    eps = m2d_param(mv->params, "eps", 1e-8);
+    if (m2d_crit_eps_param(mv->params, M2D_GROUPING, "remap", &eps) != 0) return -1;
     const int E = mv->layers[0].E;
     double rho = mv->ratio > 0 ? mv->ratio : 1 - (double)mv->groups / E;
     for (int l = 0; l < mv->n_layers; l++)
