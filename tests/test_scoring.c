@@ -495,6 +495,30 @@ static void factories_make_plugins_from_registered_bases(void **state) {
     assert_string_equal(m2d_plugin_factory_at(M2D_SCORING, 0)->prefix, "do-");
 }
 
+/* do-X keeps X's scoring whole (only the selection is D-optimal): the same score, the same pooling of
+ * a cross-layer scope (score_scope: remap over do-conmoe normalises the scope as conmoe does) and
+ * the same parameters */
+static int registered_scoring(const char *name) {
+    for (int i = 0; i < m2d_plugin_count(M2D_SCORING); i++)
+        if (!strcmp(m2d_plugin_at(M2D_SCORING, i)->name, name)) return 1;
+    return 0;
+}
+
+static void do_family_keeps_base_scoring(void **state) {
+    (void)state;
+    for (int i = 0; i < m2d_plugin_count(M2D_SCORING); i++) {
+        const m2d_plugin *x = m2d_plugin_at(M2D_SCORING, i);
+        char name[64];
+        snprintf(name, sizeof name, "do-%s", x->name);
+        if (x->select || registered_scoring(name)) continue; /* not the factory's (do-cp, do-acp: the paper's own) */
+        const m2d_plugin *d = m2d_plugin_find(M2D_SCORING, name);
+        if (!d || d->score != x->score || d->score_scope != x->score_scope || d->params_default != x->params_default)
+            fail_msg("%s does not keep %s's scoring", name, x->name);
+    }
+    assert_non_null(m2d_plugin_find(M2D_SCORING, "do-conmoe")->score_scope);
+    assert_non_null(m2d_plugin_find(M2D_SCORING, "do-conmoe-dist")->score_scope);
+}
+
 /* do-X plugins are created on first lookup; concurrent first lookups (sweep workers) agree */
 static void *lookup_do_msan(void *arg) {
     *(const m2d_plugin **)arg = m2d_plugin_find(M2D_SCORING, "do-msan");
@@ -524,6 +548,7 @@ int main(void) {
         cmocka_unit_test(registry_lookup_and_validation),
         cmocka_unit_test(derived_lookup_is_thread_safe),
         cmocka_unit_test(factories_make_plugins_from_registered_bases),
+        cmocka_unit_test(do_family_keeps_base_scoring),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
