@@ -17,8 +17,8 @@ LDLIBS   += -lopenblas -ldnnl -lgomp -llapacke -lcjson -lcsv -lpcre2-8 -lutf8pro
 ifeq ($(SAN),1)
   BUILD  := build-san
   CFLAGS := -O1 -g -fno-omit-frame-pointer -std=c11 -Wall -Wextra -Werror -pthread -fno-strict-aliasing \
-            -fsanitize=address,undefined -fno-sanitize-recover=undefined
-  LDFLAGS += -fsanitize=address,undefined
+            -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=undefined,float-cast-overflow
+  LDFLAGS += -fsanitize=address,undefined,float-cast-overflow
 endif
 
 LIB_SRC  := $(sort $(wildcard harness/*/*.c criteria/*.c criteria/*/*.c evals/*.c evals/*/*.c))

@@ -35,6 +35,15 @@ int m2d_crit_renorm_param(const m2d_layer_view *v, const char *plugin, int *reno
     return 0;
 }
 
+int m2d_crit_eps_param(const m2d_params *params, m2d_plugin_kind kind, const char *plugin, double *eps) {
+    double x = m2d_param(params, "eps", 1e-8);
+    if (!(x > 0) || !isfinite(x))
+        return m2d_err("%s plugin '%s': field 'eps': %g is not a finite number > 0 (ε keeps ConMoE's distances and "
+                       "norms of equal or zero experts from dividing by 0)", m2d_plugin_kind_name(kind), plugin, x);
+    *eps = x;
+    return 0;
+}
+
 static int layer_of(const m2d_layer_view *v) { return v->stats ? v->stats->layer : -1; }
 
 int m2d_crit_need_stats(const m2d_layer_view *v, const char *plugin) {

@@ -18,6 +18,10 @@ double m2d_crit_cp(const m2d_layer_stats *s, int e);
 const double *m2d_crit_routed_sum(const m2d_layer_stats *s, int a, int c, int renorm);
 /* The plugin parameter "renorm" (default 1: paper 004 Eq. 1), which must be 0 or 1. */
 int m2d_crit_renorm_param(const m2d_layer_view *v, const char *plugin, int *renorm);
+/* The plugin parameter "eps" (default 1e-8): the ε of ConMoE's min-max norm (max − min + ε) and
+ * weight distance (‖A‖ + ‖B‖ + 2ε). Both denominators are 0 at ε = 0 on degenerate inputs (equal
+ * scores, zero experts) and a negative ε reorders them, so it must be finite and > 0. */
+int m2d_crit_eps_param(const m2d_params *params, m2d_plugin_kind kind, const char *plugin, double *eps);
 
 /* -1 + m2d_err naming the plugin and layer when the view has no statistics / weights */
 int m2d_crit_need_stats(const m2d_layer_view *v, const char *plugin);

@@ -463,6 +463,73 @@ static void m_smoe_planted(void **state) {
     for (int l = 0; l < 2; l++) m2d_layer_stats_free(&s[l]), fx_free_weights(&w[l]);
 }
 
+/* remap's parameters. Usage falls layer by layer (layer 0 most used), so with ρ = 0.5 the top half
+ * of a 3-layer pool is layer 0 and half of layer 1, and layer 2's experts all map to another layer's
+ * prototype. scope = 3e9 (more than int holds) is the whole model, as scope = L; eps must be > 0. */
+enum { RL = 3, RE = 4, RD = 3, RDE = 2 };
+typedef struct {
+    m2d_layer_stats s[RL];
+    fx_weights w[RL];
+    m2d_layer_view views[RL];
+    const int *sel[RL];
+    const double *scores[RL];
+} remap_fixture;
+
+static void make_remap_fixture(remap_fixture *r) {
+    static const int ident[RE] = {0, 1, 2, 3};
+    static const double sc[RE] = {1, 1, 1, 1};
+    uint64_t st = 9;
+    float router[RE * RD], wm[3][RE * RDE * RD];
+    for (int l = 0; l < RL; l++) {
+        m2d_layer_stats_alloc(&r->s[l], l, RE, 2, RD);
+        for (int e = 0; e < RE; e++) r->s[l].n[e] = 100 - 30 * l - e;
+        for (int i = 0; i < RE * RD; i++) router[i] = (float)tu_rand_normal(&st);
+        for (int m = 0; m < 3; m++)
+            for (int i = 0; i < RE * RDE * RD; i++) wm[m][i] = (float)tu_rand_normal(&st);
+        fx_make_weights(&r->w[l], M2D_F32, RE, RD, RDE, router, wm[0], wm[1], wm[2]);
+        r->views[l] = fx_view(&r->s[l], &r->w[l].layer, RE, RDE, NULL);
+        r->views[l].d = RD;
+        r->sel[l] = ident, r->scores[l] = sc;
+    }
+}
+
+static int run_remap(remap_fixture *r, const char *params, m2d_layer_groups *out) {
+    m2d_params prm;
+    if (m2d_params_parse(params, &prm) != 0) fail_msg("%s", m2d_errmsg());
+    m2d_model_view mv = {RL, r->views, r->sel, r->scores, m2d_plugin_find(M2D_SCORING, "freq"), RE / 2, 0.5, &prm};
+    memset(out, 0, RL * sizeof *out);
+    int rc = m2d_group_model_run(m2d_plugin_find(M2D_GROUPING, "remap"), &mv, out);
+    m2d_params_free(&prm);
+    return rc;
+}
+
+static void remap_scope_and_eps(void **state) {
+    (void)state;
+    remap_fixture r;
+    make_remap_fixture(&r);
+    m2d_layer_groups all[RL], huge[RL];
+    assert_int_equal(run_remap(&r, "scope=3", all), 0);
+    for (int g = 0; g < all[2].n_groups; g++) assert_true(all[2].src_layer[all[2].src_start[g]] != 2);
+    assert_int_equal(run_remap(&r, "scope=3e9", huge), 0);
+    for (int l = 0; l < RL; l++) {
+        const int G = all[l].n_groups;
+        assert_int_equal(huge[l].n_groups, G);
+        assert_memory_equal(huge[l].group_of, all[l].group_of, RE * sizeof(int));
+        assert_memory_equal(huge[l].src_layer, all[l].src_layer, (size_t)G * sizeof(int));
+        assert_memory_equal(huge[l].src_expert, all[l].src_expert, (size_t)G * sizeof(int));
+    }
+    m2d_layer_groups_free(all, RL);
+    m2d_layer_groups_free(huge, RL);
+    const char *bad[] = {"eps=-1", "eps=0", "scope=3,eps=-1e-300"};
+    for (size_t i = 0; i < M2D_ARRAY_LEN(bad); i++) {
+        m2d_layer_groups out[RL];
+        assert_int_equal(run_remap(&r, bad[i], out), -1);
+        if (!strstr(m2d_errmsg(), "grouping plugin 'remap': field 'eps': ") || strchr(m2d_errmsg(), '\n'))
+            fail_msg("%s: %s", bad[i], m2d_errmsg());
+    }
+    for (int l = 0; l < RL; l++) m2d_layer_stats_free(&r.s[l]), fx_free_weights(&r.w[l]);
+}
+
 static void canonical_ids(void **state) {
     (void)state;
     int a[6] = {2, 2, 0, 1, 0, 1}, b[6] = {1, 1, 2, 0, 2, 0}, want[6] = {0, 0, 1, 2, 1, 2};
@@ -533,6 +600,7 @@ int main(void) {
         cmocka_unit_test(hc_smoe_is_average_linkage_on_mean_outputs),
         cmocka_unit_test(lsa_matches_brute_force),
         cmocka_unit_test(m_smoe_planted),
+        cmocka_unit_test(remap_scope_and_eps),
         cmocka_unit_test(canonical_ids),
         cmocka_unit_test(scalings),
     };

@@ -67,6 +67,28 @@ static void list_shows_every_plugin(void **state) {
     free(cmd), free(out), free(err);
 }
 
+/* criteria/README.md documents every registered plugin (`name`) with its parameter defaults exactly
+ * as registered (`params_default`, as `moe2dense list` prints them), so the doc cannot drift */
+static void readme_documents_every_plugin(void **state) {
+    (void)state;
+    size_t n;
+    char *md = m2d_read_file("criteria/README.md", &n);
+    assert_non_null(md);
+    for (int k = 0; k < M2D_PLUGIN_KINDS; k++)
+        for (int i = 0; i < m2d_plugin_count((m2d_plugin_kind)k); i++) {
+            const m2d_plugin *p = m2d_plugin_at((m2d_plugin_kind)k, i);
+            if (is_test_only(p->name)) continue;
+            char *name = m2d_strfmt("`%s`", p->name);
+            if (!strstr(md, name)) fail_msg("criteria/README.md has no %s", name);
+            free(name);
+            if (!p->params_default) continue;
+            char *params = m2d_strfmt("`%s`", p->params_default);
+            if (!strstr(md, params)) fail_msg("criteria/README.md does not give %s's defaults %s", p->name, params);
+            free(params);
+        }
+    free(md);
+}
+
 /* The README's example block: the C code between "```c" and "```" after the marker line
  * "<!-- example-plugin: PATH -->". Returns the code and sets *path (both malloc'd). */
 static char *readme_example(char **path) {
@@ -130,6 +152,7 @@ static void new_plugin_file_is_picked_up(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(list_shows_every_plugin),
+        cmocka_unit_test(readme_documents_every_plugin),
         cmocka_unit_test(new_plugin_file_is_picked_up),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -175,6 +175,14 @@ static void bac_family_grid(void **state) {
     v = fx_view(&s, NULL, 2, 0, &bad);
     assert_int_equal(m2d_score_and_select(m2d_plugin_find(M2D_SCORING, "bac"), &v, scores, sel), -1);
     assert_non_null(strstr(m2d_errmsg(), "a=3"));
+    /* exponents beyond int are refused before any cast to int (UB; caught by SAN=1's float-cast-overflow) */
+    const double huge[][3] = {{1, 1e300, 1}, {1, 1, -1e300}, {1, 3e9, 1}, {1, 1, -3e9}};
+    for (size_t i = 0; i < M2D_ARRAY_LEN(huge); i++) {
+        m2d_params h = {3, keys, huge[i]};
+        v = fx_view(&s, NULL, 2, 0, &h);
+        assert_int_equal(m2d_score_and_select(m2d_plugin_find(M2D_SCORING, "bac"), &v, scores, sel), -1);
+        assert_non_null(strstr(m2d_errmsg(), "scoring plugin 'bac': layer 0: field 'a'/'c'"));
+    }
     m2d_params typo;
     assert_int_equal(m2d_params_parse("b=1,bb=2", &typo), 0);
     v = fx_view(&s, NULL, 2, 0, &typo);
@@ -347,6 +355,46 @@ static void conmoe_against_brute_force(void **state) {
     fx_free_tokens(&t);
 }
 
+/* ConMoE's ε (conmoe, conmoe-dist here; remap's in test_grouping) must be finite and > 0. On a
+ * degenerate pool (all-zero experts) ε = 0 makes the weight distance 0/0, and ε < 0 passes silently
+ * (with a changed min-max norm): both are one-line errors naming the field. The parser already
+ * refuses nan and inf. */
+static void conmoe_eps_must_be_positive(void **state) {
+    (void)state;
+    enum { CE = 4, CD = 3, DE = 2 };
+    fx_tokens t = fx_make_tokens(CE, 2, CD, 2, lens, -1, 5);
+    m2d_layer_stats s;
+    fx_stats_from_tokens(&t, &s);
+    static const float zr[CE * CD], zw[CE * DE * CD];
+    fx_weights fw;
+    fx_make_weights(&fw, M2D_F32, CE, CD, DE, zr, zw, zw, zw);
+    const char *plugins[] = {"conmoe", "conmoe-dist"}, *bad[] = {"eps=-1", "eps=0", "eps=-0", "eps=-1e-300"};
+    double sc[CE];
+    int sel[CE];
+    for (size_t i = 0; i < M2D_ARRAY_LEN(plugins); i++) {
+        m2d_layer_view ok = fx_view(&s, &fw.layer, 2, DE, NULL);
+        fx_scores(plugins[i], &ok, sc, sel); /* the default ε: every distance 0, every score 0 */
+        for (int e = 0; e < CE; e++) assert_true(sc[e] == 0);
+        char want[64];
+        snprintf(want, sizeof want, "scoring plugin '%s': field 'eps': ", plugins[i]);
+        for (size_t j = 0; j < M2D_ARRAY_LEN(bad); j++) {
+            m2d_params prm;
+            assert_int_equal(m2d_params_parse(bad[j], &prm), 0);
+            m2d_layer_view v = fx_view(&s, &fw.layer, 2, DE, &prm);
+            assert_int_equal(m2d_score_and_select(m2d_plugin_find(M2D_SCORING, plugins[i]), &v, sc, sel), -1);
+            if (!strstr(m2d_errmsg(), want) || strchr(m2d_errmsg(), '\n'))
+                fail_msg("%s %s: %s", plugins[i], bad[j], m2d_errmsg());
+            m2d_params_free(&prm);
+        }
+    }
+    m2d_params none;
+    assert_int_equal(m2d_params_parse("eps=nan", &none), -1);
+    assert_int_equal(m2d_params_parse("eps=inf", &none), -1);
+    fx_free_weights(&fw);
+    m2d_layer_stats_free(&s);
+    fx_free_tokens(&t);
+}
+
 /* A deliberately broken plugin, registered only in this test binary: the runner must reject it. */
 static int negative_score(const m2d_layer_view *v, double *scores) {
     for (int e = 0; e < v->E; e++) scores[e] = e == 1 ? -1 : 1;
@@ -447,6 +495,30 @@ static void factories_make_plugins_from_registered_bases(void **state) {
     assert_string_equal(m2d_plugin_factory_at(M2D_SCORING, 0)->prefix, "do-");
 }
 
+/* do-X keeps X's scoring whole (only the selection is D-optimal): the same score, the same pooling of
+ * a cross-layer scope (score_scope: remap over do-conmoe normalises the scope as conmoe does) and
+ * the same parameters */
+static int registered_scoring(const char *name) {
+    for (int i = 0; i < m2d_plugin_count(M2D_SCORING); i++)
+        if (!strcmp(m2d_plugin_at(M2D_SCORING, i)->name, name)) return 1;
+    return 0;
+}
+
+static void do_family_keeps_base_scoring(void **state) {
+    (void)state;
+    for (int i = 0; i < m2d_plugin_count(M2D_SCORING); i++) {
+        const m2d_plugin *x = m2d_plugin_at(M2D_SCORING, i);
+        char name[64];
+        snprintf(name, sizeof name, "do-%s", x->name);
+        if (x->select || registered_scoring(name)) continue; /* not the factory's (do-cp, do-acp: the paper's own) */
+        const m2d_plugin *d = m2d_plugin_find(M2D_SCORING, name);
+        if (!d || d->score != x->score || d->score_scope != x->score_scope || d->params_default != x->params_default)
+            fail_msg("%s does not keep %s's scoring", name, x->name);
+    }
+    assert_non_null(m2d_plugin_find(M2D_SCORING, "do-conmoe")->score_scope);
+    assert_non_null(m2d_plugin_find(M2D_SCORING, "do-conmoe-dist")->score_scope);
+}
+
 /* do-X plugins are created on first lookup; concurrent first lookups (sweep workers) agree */
 static void *lookup_do_msan(void *arg) {
     *(const m2d_plugin **)arg = m2d_plugin_find(M2D_SCORING, "do-msan");
@@ -472,9 +544,11 @@ int main(void) {
         cmocka_unit_test(renormalised_gate_default),
         cmocka_unit_test(reap_reference_vectors),
         cmocka_unit_test(conmoe_against_brute_force),
+        cmocka_unit_test(conmoe_eps_must_be_positive),
         cmocka_unit_test(registry_lookup_and_validation),
         cmocka_unit_test(derived_lookup_is_thread_safe),
         cmocka_unit_test(factories_make_plugins_from_registered_bases),
+        cmocka_unit_test(do_family_keeps_base_scoring),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -100,19 +100,30 @@ static int remap_scope(scope_t *sc, int fixed, m2d_layer_groups *out) {
     return rc;
 }
 
+/* layers per scope, clamped to the model's (a scope of L or more layers is the whole model), so
+ * any integral value >= 1 is exact int arithmetic */
+static int scope_param(const m2d_model_view *mv, int *scope) {
+    double s = m2d_param(mv->params, "scope", 1);
+    if (s < 1 || s != floor(s))
+        return m2d_err("grouping plugin 'remap': field 'scope': %g is not a number of layers >= 1", s);
+    *scope = s >= mv->n_layers ? mv->n_layers : (int)s;
+    return 0;
+}
+
 static int remap_group_model(const m2d_model_view *mv, m2d_layer_groups *out) {
-    double scope = m2d_param(mv->params, "scope", 1), fixed = m2d_param(mv->params, "fixed_k", 0);
-    if (scope < 1 || scope != floor(scope))
-        return m2d_err("grouping plugin 'remap': field 'scope': %g is not a number of layers >= 1", scope);
+    double fixed = m2d_param(mv->params, "fixed_k", 0), eps;
+    int scope = 0;
+    if (scope_param(mv, &scope) != 0) return -1;
     if (fixed != 0 && fixed != 1) return m2d_err("grouping plugin 'remap': field 'fixed_k': %g is not 0 or 1", fixed);
+    if (m2d_crit_eps_param(mv->params, M2D_GROUPING, "remap", &eps) != 0) return -1;
     const int E = mv->layers[0].E;
     double rho = mv->ratio > 0 ? mv->ratio : 1 - (double)mv->groups / E;
     for (int l = 0; l < mv->n_layers; l++)
         if (m2d_crit_need_weights(&mv->layers[l], "remap")) return -1;
     int rc = 0;
-    for (int first = 0; first < mv->n_layers && rc == 0; first += (int)scope) {
-        int n = (int)M2D_MIN((double)(mv->n_layers - first), scope);
-        scope_t sc = {mv, first, n, E, n * E, rho, m2d_param(mv->params, "eps", 1e-8), NULL, NULL};
+    for (int first = 0; first < mv->n_layers && rc == 0; first += scope) {
+        int n = M2D_MIN(mv->n_layers - first, scope);
+        scope_t sc = {mv, first, n, E, n * E, rho, eps, NULL, NULL};
         rc = remap_scope(&sc, (int)fixed, out);
     }
     return rc;

@@ -8,15 +8,18 @@
 #include "criteria/crit.h"
 #include "base/util.h"
 
+/* an exponent calibration keeps sums for (0, 1 or 2); checked as a double, before any cast to int */
+static int stored_exponent(double x) { return x == 0 || x == 1 || x == 2; }
+
 static int bac_score(const m2d_layer_view *v, double *scores) {
     int renorm;
     if (m2d_crit_need_stats(v, "bac") != 0 || m2d_crit_renorm_param(v, "bac", &renorm) != 0) return -1;
     const m2d_layer_stats *s = v->stats;
     double b = m2d_param(v->params, "b", 1), a = m2d_param(v->params, "a", 1), c = m2d_param(v->params, "c", 1);
-    const double *sum = a == floor(a) && c == floor(c) ? m2d_crit_routed_sum(s, (int)a, (int)c, renorm) : NULL;
-    if (!sum)
+    if (!stored_exponent(a) || !stored_exponent(c))
         return m2d_err("scoring plugin 'bac': layer %d: field 'a'/'c': (a=%g, c=%g) not available; "
                        "calibration keeps Σ g^a‖f‖^c for a, c in {0,1,2}", s->layer, a, c);
+    const double *sum = m2d_crit_routed_sum(s, (int)a, (int)c, renorm);
     for (int e = 0; e < v->E; e++) scores[e] = s->n[e] > 0 ? sum[e] / pow(s->n[e], b) : 0;
     return 0;
 }

@@ -23,10 +23,11 @@ static void min_max_normalise(double *x, int n, double eps) {
 static int conmoe_scope(const m2d_layer_view *views, int n, double *scores) {
     const int E = views[0].E, P = n * E;
     int renorm;
+    double eps;
     for (int i = 0; i < n; i++)
         if (m2d_crit_need_stats(&views[i], "conmoe") != 0 || m2d_crit_renorm_param(&views[i], "conmoe", &renorm) != 0)
             return -1;
-    double eps = m2d_param(views[0].params, "eps", 1e-8);
+    if (m2d_crit_eps_param(views[0].params, M2D_SCORING, "conmoe", &eps) != 0) return -1;
     double *b = m2d_malloc((size_t)P * sizeof *b);
     if (m2d_crit_pool_nearest(views, n, "conmoe", eps, b) != 0) {
         free(b);

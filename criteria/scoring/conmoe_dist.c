@@ -5,7 +5,9 @@
 #include "base/util.h"
 
 static int dist_scope(const m2d_layer_view *views, int n, double *scores) {
-    return m2d_crit_pool_nearest(views, n, "conmoe-dist", m2d_param(views[0].params, "eps", 1e-8), scores);
+    double eps;
+    if (m2d_crit_eps_param(views[0].params, M2D_SCORING, "conmoe-dist", &eps) != 0) return -1;
+    return m2d_crit_pool_nearest(views, n, "conmoe-dist", eps, scores);
 }
 
 static int dist_score(const m2d_layer_view *v, double *scores) { return dist_scope(v, 1, scores); }

@@ -9,6 +9,7 @@ static int derive_do(const m2d_plugin *base, m2d_plugin *out) {
     if (base->select) return -1; /* a scoring with its own selection has nothing to replace */
     out->summary = m2d_strfmt("D-optimal selection over %s importances (scores stay %s)", base->name, base->name);
     out->score = base->score;
+    out->score_scope = base->score_scope; /* a cross-layer scope pools X's scores as X does */
     out->select = m2d_dopt_select;
     out->params_default = base->params_default;
     return 0;
