@@ -514,6 +514,48 @@ static int count_shards(const char *dir) {
     return n;
 }
 
+/* The teacher's tokenizer files are copied byte for byte (SentencePiece's tokenizer.model and a
+ * chat template too), and a rewrite leaves none the teacher lacks (an earlier student's). */
+static void tokenizer_files_follow_the_teacher(void **state) {
+    (void)state;
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    fixture f;
+    make_fixture(&f, &o);
+    m2d_convert_plan *p = plan_or_fail(&f, "acp", "rr", "uniform", 4, M2D_TARGET_DENSE);
+    m2d_model *s;
+    assert_int_equal(m2d_convert_build(f.m, p, &s), 0);
+    const char *names[] = {"tokenizer.model", "chat_template.jinja"}, *bytes[] = {"\x0a\x01sp\x00model", "{{ x }}\n"};
+    size_t lens[] = {10, 8};
+    for (int i = 0; i < 2; i++) {
+        char *src = m2d_path_join(f.m->dir, names[i]);
+        tu_write(src, bytes[i], lens[i]);
+        free(src);
+    }
+    char *out = m2d_path_join(f.dir, "tok-student");
+    assert_int_equal(m2d_convert_write(f.m, s, p, "stats.bin", out), 0);
+    for (int i = 0; i < 2; i++) {
+        char *dst = m2d_path_join(out, names[i]);
+        size_t n;
+        char *got = m2d_read_file(dst, &n);
+        assert_non_null(got);
+        assert_int_equal(n, lens[i]);
+        assert_memory_equal(got, bytes[i], n);
+        free(got), free(dst);
+    }
+    char *tmpl = m2d_path_join(f.m->dir, names[1]), *stale = m2d_path_join(out, "added_tokens.json");
+    char *copied = m2d_path_join(out, names[1]);
+    unlink(tmpl);
+    tu_write(stale, "{}", 2);
+    assert_int_equal(m2d_convert_write(f.m, s, p, "stats.bin", out), 0);
+    assert_false(m2d_file_exists(stale));
+    assert_false(m2d_file_exists(copied));
+    free(tmpl), free(stale), free(copied), free(out);
+    m2d_convert_student_free(s);
+    m2d_convert_plan_free(p);
+    free_fixture(&f);
+}
+
 /* A student larger than the shard size is written as Hugging Face's shards + index, and reads back
  * with the same tensors as the one-file checkpoint; a rewrite of the other layout into the same
  * directory leaves none of the earlier weights files (a stale model.safetensors would hide the
@@ -1283,6 +1325,7 @@ int main(void) {
         cmocka_unit_test(dense_ffn_equals_alpha_weighted_experts),
         cmocka_unit_test(copied_experts_group_equals_expert),
         cmocka_unit_test(student_logits_written_and_hand_built),
+        cmocka_unit_test(tokenizer_files_follow_the_teacher),
         cmocka_unit_test(large_student_is_sharded),
         cmocka_unit_test(narrow_dense_layer_is_zero_padded),
         cmocka_unit_test(moe_target_pruned_and_merged),

@@ -475,6 +475,12 @@ int m2d_parse_bytes(const char *cmd, const char *opt, const char *s, size_t *out
     return 0;
 }
 
+char *m2d_path_beside(const char *path, const char *suffix) {
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    return m2d_strfmt("%.*s%s", (int)n, path, suffix);
+}
+
 char *m2d_path_dir(const char *path) {
     const char *slash = strrchr(path, '/');
     if (!slash) return m2d_strdup(".");

@@ -46,6 +46,9 @@ int m2d_mkdir_p(const char *path);
 char *m2d_path_join(const char *dir, const char *name);
 /* The directory part of PATH ("." when it has none), malloc'd. */
 char *m2d_path_dir(const char *path);
+/* PATH without its trailing slashes, then SUFFIX (malloc'd): a file beside the directory PATH
+ * ("out/" + ".importance.json" is "out.importance.json", not "out/.importance.json"). */
+char *m2d_path_beside(const char *path, const char *suffix);
 
 /* SHA-256 (FIPS 180-4), used for cache keys and data checks. */
 typedef struct { uint32_t h[8]; uint64_t len; uint8_t buf[64]; size_t fill; } m2d_sha256;

@@ -85,7 +85,7 @@ static int cmd_prune_run(int argc, char **argv) {
     int rc = parse_args(argc, argv, &a) || (!a.only && m2d_prune_shape_parse(a.shape, &s)) ||
              m2d_model_open(a.teacher, &m) || (!a.only && m2d_prune_shape_check(&m->cfg, &s));
     if (!rc) {
-        imp_path = a.imp ? m2d_strdup(a.imp) : m2d_strfmt("%s.importance.json", a.out);
+        imp_path = a.imp ? m2d_strdup(a.imp) : m2d_path_beside(a.out, ".importance.json");
         m2d_calib_opts o = {.seq_len = (int)a.L, .n_samples = (int)a.N, .seeded = a.seeded, .seed = (uint64_t)a.seed,
                             .n_threads = (int)a.thr, .data_path = a.data, .precision = (int)a.prec,
                             .device = a.device};

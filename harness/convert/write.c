@@ -11,8 +11,11 @@
 
 #include "base/util.h"
 
-static const char *const TOKENIZER_FILES[] = {"tokenizer.json", "tokenizer_config.json", "vocab.json",
-                                              "merges.txt", "special_tokens_map.json", "added_tokens.json",
+/* what Hub checkpoints ship beside the weights for their tokenizer, chat template and generation
+ * (tokenizer.model: SentencePiece, e.g. Mixtral's slow tokenizer; chat_template.jinja: GPT-OSS) */
+static const char *const TOKENIZER_FILES[] = {"tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                                              "vocab.json", "merges.txt", "special_tokens_map.json",
+                                              "added_tokens.json", "chat_template.jinja", "chat_template.json",
                                               "generation_config.json"};
 
 #define MARK_COMPLETE "moe2dense.json"
@@ -136,19 +139,22 @@ static int write_config(const m2d_model *s, const char *dir) {
     return rc;
 }
 
+/* The teacher's tokenizer files, and none it lacks: a file an earlier student of another teacher
+ * left in DIR (an added_tokens.json, a chat template) would change what transformers loads. */
 static int copy_tokenizer_files(const m2d_model *t, const char *dir) {
     for (size_t i = 0; i < M2D_ARRAY_LEN(TOKENIZER_FILES); i++) {
-        char *src = m2d_path_join(t->dir, TOKENIZER_FILES[i]);
+        char *src = m2d_path_join(t->dir, TOKENIZER_FILES[i]), *dst = m2d_path_join(dir, TOKENIZER_FILES[i]);
         int rc = 0;
         if (m2d_file_exists(src)) {
             size_t n;
             char *data = m2d_read_file(src, &n);
-            char *dst = m2d_path_join(dir, TOKENIZER_FILES[i]);
             rc = data ? m2d_write_file_atomic(dst, data, n) : -1;
             free(data);
-            free(dst);
+        } else if (unlink(dst) != 0 && errno != ENOENT) {
+            rc = m2d_err("%s: cannot remove %s of an earlier student: %s", dir, TOKENIZER_FILES[i], strerror(errno));
         }
         free(src);
+        free(dst);
         if (rc) return -1;
     }
     return 0;
