@@ -336,6 +336,38 @@ static void dense_student_equals_alpha_weighted_experts(void **state) {
     free(dir);
 }
 
+/* random-init draws the attention sinks as transformers initialises them, normal(0,
+ * initializer_range) (GptOssPreTrainedModel._init_weights), not zeros: each a nonzero draw within
+ * 6 standard deviations */
+static void random_init_draws_the_sinks(void **state) {
+    (void)state;
+    char *dir = golden_dir_built("gptoss");
+    m2d_model *t = open_dir(dir);
+    int32_t tok[48];
+    for (int i = 0; i < 48; i++) tok[i] = (i * 31 + 5) % 257;
+    m2d_calib_opts co = {.seq_len = 48, .n_samples = 1, .n_threads = 2};
+    m2d_stats *st;
+    if (m2d_calib_run(t, tok, 48, &co, &st) != 0) fail_msg("%s", m2d_errmsg());
+    m2d_convert_opts o = {.scoring = "freq", .grouping = "rr", .scaling = "uniform", .K = 2, .target = M2D_TARGET_DENSE,
+                          .baseline = M2D_BASELINE_RANDOM_INIT, .baseline_seed = 9};
+    m2d_convert_plan *p;
+    m2d_model *s;
+    if (m2d_convert_plan_build(t, st, &o, &p) != 0 || m2d_convert_build(t, p, &s) != 0) fail_msg("%s", m2d_errmsg());
+    for (int l = 0; l < s->cfg.num_hidden_layers; l++) {
+        const m2d_tensor *x = s->layers[l].sinks;
+        assert_non_null(x);
+        float *v = m2d_tensor_f32(x);
+        for (int64_t h = 0; h < m2d_tensor_numel(x); h++)
+            if (!(v[h] != 0 && fabs(v[h]) <= 6 * p->init_std)) fail_msg("layer %d: sink %lld = %g", l, (long long)h, v[h]);
+        free(v);
+    }
+    m2d_convert_student_free(s);
+    m2d_convert_plan_free(p);
+    m2d_calib_stats_free(st);
+    m2d_model_close(t);
+    free(dir);
+}
+
 /* calibrate -> convert -> ppl -> eval through the command line */
 static void pipeline_end_to_end(void **state) { (void)state; hf_check_pipeline("gptoss-student", tu_work, tu_family_build); }
 
@@ -350,6 +382,7 @@ int main(void) {
         cmocka_unit_test(pipeline_end_to_end),
         cmocka_unit_test(cross_model_experiment),
         cmocka_unit_test(dense_student_equals_alpha_weighted_experts),
+        cmocka_unit_test(random_init_draws_the_sinks),
         cmocka_unit_test(golden_student_moe),
         cmocka_unit_test(engine_matches_reference),
         cmocka_unit_test(mxfp4_checkpoint_errors),

@@ -441,9 +441,10 @@ static const m2d_tensor *random_tensor(student_owner *o, const m2d_tensor *like,
 }
 
 /* How Hugging Face initialises a tensor of layer role R: RMSNorm weights 1, biases (and other
- * vectors) 0, matrices normal(0, initializer_range). */
+ * vectors) 0, matrices and GPT-OSS's attention sinks normal(0, initializer_range). */
 static init_kind role_init(int r, const m2d_tensor *x) {
     if (strstr(m2d_layer_role_name(r), "norm")) return INIT_ONES;
+    if (r == M2D_T_SINKS) return INIT_NORMAL; /* GptOssPreTrainedModel._init_weights */
     return x->ndim == 1 ? INIT_ZEROS : INIT_NORMAL;
 }
 
