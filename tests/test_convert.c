@@ -723,6 +723,22 @@ static void moe_target_pruned_and_merged(void **state) {
     mo.moe_router = M2D_MOE_ROUTER_SHARED;
     assert_int_equal(m2d_convert_plan_build(f.m, f.s, &mo, &p), 0);
     assert_string_not_equal(p->fingerprint, avg_plan->fingerprint);
+    /* one expert a group: the average of a member's row is its row, the same student, one fingerprint */
+    m2d_convert_opts one = {.scoring = "acp", .grouping = "none", .K = 6, .target = M2D_TARGET_MOE,
+                            .moe_router = M2D_MOE_ROUTER_AVERAGE};
+    m2d_convert_plan *pa, *ps;
+    assert_int_equal(m2d_convert_plan_build(f.m, f.s, &one, &pa), 0);
+    one.moe_router = M2D_MOE_ROUTER_SHARED;
+    assert_int_equal(m2d_convert_plan_build(f.m, f.s, &one, &ps), 0);
+    assert_string_equal(pa->fingerprint, ps->fingerprint);
+    m2d_model *sa, *ss;
+    assert_int_equal(m2d_convert_build(f.m, pa, &sa), 0);
+    assert_int_equal(m2d_convert_build(f.m, ps, &ss), 0);
+    float *la = logits_of(sa, tok, 24), *ls = logits_of(ss, tok, 24);
+    assert_memory_equal(la, ls, 24 * 64 * sizeof(float)); /* the same tensors, one machine's engine: exact */
+    free(la), free(ls);
+    m2d_convert_student_free(sa), m2d_convert_student_free(ss);
+    m2d_convert_plan_free(pa), m2d_convert_plan_free(ps);
     assert_int_equal(m2d_convert_build(f.m, p, &s), 0);
     assert_int_equal(s->cfg.num_experts, 6);
     assert_int_equal(s->cfg.num_experts_per_tok, 2);

@@ -6,9 +6,21 @@
 
 #include "base/util.h"
 
+/* 1 when every group of every layer is one expert of its own layer: then the "average" router (the
+ * members' rows averaged) is the "shared" one (each member's own row), the same student */
+static int singleton_groups(const m2d_convert_plan *p) {
+    for (int i = 0; i < p->n_layers; i++) {
+        const m2d_layer_plan *l = &p->layers[i];
+        if (l->src_start) return 0;
+        for (int g = 0; g < l->n_groups; g++)
+            if (l->group_start[g + 1] - l->group_start[g] != 1) return 0;
+    }
+    return 1;
+}
+
 static const char *target_name(const m2d_convert_plan *p) {
     if (p->target == M2D_TARGET_DENSE) return "dense";
-    return p->moe_router == M2D_MOE_ROUTER_SHARED ? "moe" : "moe-average";
+    return p->moe_router == M2D_MOE_ROUTER_SHARED || singleton_groups(p) ? "moe" : "moe-average";
 }
 
 static void sha_str(m2d_sha256 *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
