@@ -270,6 +270,26 @@ static const char *EXPECTED_MOE_MD =
     "| ConMoE | ConMoE remap | scope=4 | **55.0** |  | – |\n"
     "| freq | HC-SMoE | - |  |  | **25.0** |\n";
 
+/* a parameter list holds commas: one quoted CSV cell, so the K columns stay under their header */
+static void csv_table_quotes_params(void **state) {
+    (void)state;
+    static const char *CSV = "# moe2dense-results=1\n# experiment=p\n"
+                             "config_id,scoring,grouping,scaling,K_expr,K,params,ppl,status,dedup_of\n"
+                             "000000000001,bac,rr,uniform,k,8,\"b=1,a=1,c=2\",100,ok,\n"
+                             "000000000002,bac,rr,uniform,2k,16,\"b=1,a=1,c=2\",90,ok,\n";
+    char *dir = tu_tmpdir(), *p = m2d_path_join(dir, "p.csv");
+    tu_write(p, CSV, strlen(CSV));
+    m2d_results r;
+    assert_int_equal(m2d_results_read_checked(p, &r), 0);
+    char *csv = render(&r, M2D_REPORT_CSV);
+    assert_non_null(strstr(csv, "scoring,grouping,scaling,params,K=8,K=16,best_K\n"));
+    assert_non_null(strstr(csv, "bac,rr,uniform,\"b=1,a=1,c=2\",100.0000,90.0000,16\n"));
+    free(csv);
+    m2d_results_free(&r);
+    tu_rm_rf(dir);
+    free(dir), free(p);
+}
+
 static void moe_students_section(void **state) {
     (void)state;
     char *dir = tu_tmpdir(), *p = m2d_path_join(dir, "m.csv");
@@ -294,6 +314,13 @@ static void moe_students_section(void **state) {
     /* parsed and printed, no arithmetic: exact on every CPU */
     assert_string_equal(csv, "scoring,grouping,scaling,K=8,best_K\nreap,none,uniform,30.0000,8\n");
     free(csv);
+    /* best per pair (MC, distillation, Table 12): a pair's dense student before its smaller MoEs
+     * (REAP x none: the dense 30, not the MoE 12.5); a pair with MoE students only keeps its best */
+    int *best, nb = m2d_report_best_per_pair(&r, &best);
+    assert_int_equal(nb, 3);
+    const char *want[] = {"000000000001", "000000000005", "000000000007"};
+    for (int i = 0; i < nb; i++) assert_string_equal(r.rows[best[i]][0], want[i]);
+    free(best);
     /* heat maps: the dense students only */
     char *pd = m2d_path_join(dir, "pd"), *heat = m2d_path_join(pd, "heat_reap.dat");
     assert_int_equal(m2d_report_plot_data(&r, pd), 0);
@@ -866,6 +893,7 @@ int main(void) {
         cmocka_unit_test(figure4_one_value_and_equal_means),
         cmocka_unit_test(table12_teacher_row_has_teacher_mc),
         cmocka_unit_test(names_and_order_come_from_registrations),
+        cmocka_unit_test(csv_table_quotes_params),
         cmocka_unit_test(moe_students_section),
         cmocka_unit_test(condenser_plot_data),
         cmocka_unit_test(cli_formats_and_errors),

@@ -19,7 +19,7 @@ static int known_order(const char *name) { return m2d_report_name_order(name); }
 
 typedef struct {
     const char *scoring, *grouping, *scaling, *params;
-    int K, failed;
+    int K, failed, moe; /* moe: a smaller-MoE student (report_moe.h) */
     double ppl;
 } entry;
 
@@ -75,6 +75,7 @@ static int grid_load(const m2d_results *r, grid *g, int dense_only) {
         e->scaling = row[c_sl];
         e->params = c_pa >= 0 ? row[c_pa] : "";
         e->K = atoi(row[c_K]);
+        e->moe = m2d_report_is_moe_row(r, i);
         e->failed = strncmp(row[c_st], "ok", 2) != 0;
         e->ppl = !e->failed && row[c_ppl][0] ? strtod(row[c_ppl], NULL) : NAN;
         if (!isfinite(e->ppl)) e->failed = 1;
@@ -124,6 +125,7 @@ static int row_present(const grid *g, const char *sc, const char *gr, const char
 
 static void put_name(FILE *f, m2d_report_format fmt, const char *s) {
     if (fmt == M2D_REPORT_TEX) m2d_report_tex_escape(f, s);
+    else if (fmt == M2D_REPORT_CSV) m2d_report_csv_cell(f, s);
     else fputs(s, f);
 }
 
@@ -416,7 +418,8 @@ int m2d_report_best_per_pair(const m2d_results *r, int **rows) {
             for (int i = 0; i < g.n_e; i++) {
                 const entry *e = &g.e[i];
                 if (e->failed || strcmp(e->scoring, g.sc.v[s]) || strcmp(e->grouping, g.gr.v[gi])) continue;
-                if (best < 0 || e->ppl < g.e[best].ppl) best = i;
+                /* a dense student before any smaller MoE (the paper's pairs are dense conversions) */
+                if (best < 0 || e->moe < g.e[best].moe || (e->moe == g.e[best].moe && e->ppl < g.e[best].ppl)) best = i;
             }
             if (best >= 0) (*rows)[n++] = best; /* entries are in row order */
         }

@@ -35,7 +35,8 @@ int m2d_report_plot_data(const m2d_results *r, const char *dir);
 int m2d_report_analyze_plot_data(const m2d_an_csv *a, const char *dir);
 
 /* Paper-style MC selection: for each scoring x grouping pair, the row (K, scaling) with the
- * lowest finite PPL. Row indices into r -> *rows (malloc'd); returns the count. */
+ * lowest finite PPL among its dense students (its smaller-MoE students only where it has no dense
+ * one: an MoE-only grid). Row indices into r -> *rows (malloc'd); returns the count. */
 int m2d_report_best_per_pair(const m2d_results *r, int **rows);
 /* The paper's Figure 4 as tables (`report --figure 4`, report_figure4.h) over Table 12's students:
  * those rows with a post-distillation MC average. */

@@ -57,8 +57,7 @@ void m2d_report_tex_escape(FILE *f, const char *s) {
 
 /* ---- table rows shared by the report's sections ---- */
 
-/* a CSV cell: quoted (quotes doubled) when it holds a comma, a quote or a line break */
-static void csv_cell(FILE *f, const char *s) {
+void m2d_report_csv_cell(FILE *f, const char *s) {
     if (!strpbrk(s, ",\"\r\n")) return (void)fputs(s, f);
     fputc('"', f);
     for (; *s; s++) fputs(*s == '"' ? "\"\"" : (char[2]){*s, 0}, f);
@@ -67,7 +66,7 @@ static void csv_cell(FILE *f, const char *s) {
 
 void m2d_report_cells(const m2d_report_out *o, const char *const *cells, int n, const unsigned char *bold) {
     if (o->fmt == M2D_REPORT_CSV) {
-        for (int i = 0; i < n; i++) fputs(i ? "," : "", o->f), csv_cell(o->f, cells[i]);
+        for (int i = 0; i < n; i++) fputs(i ? "," : "", o->f), m2d_report_csv_cell(o->f, cells[i]);
         return (void)fputc('\n', o->f);
     }
     for (int i = 0; i < n; i++) {

@@ -37,6 +37,9 @@ void m2d_report_header(const m2d_report_out *o, const char *const *cells, int n,
 void m2d_report_end(const m2d_report_out *o);
 /* S with LaTeX's specials escaped; the one non-ASCII letter the tables use, Δ, as $\\Delta$. */
 void m2d_report_tex_escape(FILE *f, const char *s);
+/* S as one CSV cell: quoted (quotes doubled) when it holds a comma, a quote or a line break
+ * (parameters "b=1,a=1,c=2") */
+void m2d_report_csv_cell(FILE *f, const char *s);
 
 /* The teacher's own PPL and its windows from the run header ("teacher_ppl=812.5 windows=8");
  * 0 when the file has none. */
