@@ -261,11 +261,12 @@ static void table3_and_table13_layout(void **state) {
     char *md = report_of(HAND_CSV, M2D_REPORT_MD, &rc);
     assert_int_equal(rc, 0);
     print_message("%s", md);
-    /* DO-ACP at K = k; the best of the grid by PPL after distillation (acp 272.5 < do-acp 275.1; sf
-     * was not distilled); the D2D candidate with the lowest PPL before (987.4), not the failed one */
+    /* DO-ACP at K = k; the best of the grid by the paper's rule, the lowest PPL before distillation
+     * among the distilled (do-acp 1,596 < acp 1,920, although acp's 272.5 after beats 275.1; sf was
+     * not distilled); the D2D candidate with the lowest PPL before (987.4), not the failed one */
     const char *lines[] = {
         "| MoE-to-dense DO-ACP, K = k | MoE | 4,868,032 | 1,596 | 275.1 | 25.00 | 4.50 | 0.50 |",
-        "| MoE-to-dense, best of the grid (acp/oc/proportional, K = 8) | MoE | 4,868,032 | 1,920 | 272.5 | 30.00 | 4.40 | 0.60 |",
+        "| MoE-to-dense, best of the grid (do-acp/oc/proportional, K = 8) | MoE | 4,868,032 | 1,596 | 275.1 | 25.00 | 4.50 | 0.50 |",
         "| D2D pruning (L4-H192-F576-A6/2) | dense | 4,868,032 | 987.4 | 280.0 | 22.00 | 5.50 | 1.50 |",
         "| Random FFN + teacher attn | MoE | 4,868,032 | 3,533 | 312.8 | 20.00 | 4.30 | 0.50 |",
         "| Random initialization | MoE | 4,868,032 | 8,545 | 646.6 |  | 4.20 | 0.50 |",
@@ -295,6 +296,28 @@ static void table3_and_table13_layout(void **state) {
     assert_int_equal(rc, -1);
     assert_non_null(strstr(m2d_errmsg(), "no D2D candidates"));
     free(none);
+}
+
+/* SPEC §7: a post-distillation table shows the student the rule selected by its PPL before
+ * distillation, never the best after: the grid's K = 8 (100 before) over K = 16 (200 before, 20
+ * after), and of two DO-ACP students at K = k (k from the header, K spelt "8") the one with 5,000
+ * before, not the first in the file. */
+static void table3_selects_before_distillation(void **state) {
+    (void)state;
+    const char *csv = "# moe2dense-results=1\n# teacher=E=64 k=8\n"
+                      "config_id,scoring,grouping,scaling,K_expr,K,params,n_params,ppl,distill_ppl,status,dedup_of\n"
+                      "000000000001,sf,oc,proportional,8,8,,100,100.0,30.0,ok,\n"
+                      "000000000002,sf,oc,proportional,16,16,,200,200.0,20.0,ok,\n"
+                      "000000000003,do-acp,oc,proportional,8,8,,100,9000.0,40.0,ok,\n"
+                      "000000000004,do-acp,oc,uniform,8,8,,100,5000.0,50.0,ok,\n"
+                      "000000000005,d2d,none,none,k,8,shape=L4-H192-F576-A6/2,100,987.4,280.0,ok,\n";
+    int rc;
+    char *md = report_of(csv, M2D_REPORT_MD, &rc);
+    assert_int_equal(rc, 0);
+    const char *lines[] = {"| MoE-to-dense DO-ACP, K = k | MoE | 100 | 5,000 | 50.00 |",
+                           "| MoE-to-dense, best of the grid (sf/oc/proportional, K = 8) | MoE | 100 | 100.0 | 30.00 |"};
+    lines_in_order(md, lines, M2D_ARRAY_LEN(lines));
+    free(md);
 }
 
 /* Table 6 (extended training): Table 3's students, but every distilled converted one in place of
@@ -644,6 +667,7 @@ int main(void) {
         cmocka_unit_test(table3_and_table13_layout),
         cmocka_unit_test(figure1_plot_data),
         cmocka_unit_test(dry_run_counts_candidates),
+        cmocka_unit_test(table3_selects_before_distillation),
         cmocka_unit_test(table6_lists_every_distilled_student),
         cmocka_unit_test(refused_before_any_work),
         cmocka_unit_test(tiny_sweep_end_to_end),

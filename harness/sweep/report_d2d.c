@@ -35,26 +35,37 @@ static int converted_row(const m2d_results *r, int i) {
            (!*target || !strcmp(target, "dense"));
 }
 
-/* the first ok row of SCORING (at K = k when K_ONLY), a distilled one first; -1 when none */
-static int find_scoring(const m2d_results *r, const char *scoring, int k_only) {
-    int first = -1;
-    for (int i = 0; i < r->n_rows; i++) {
-        if (!ok_row(r, i) || strcmp(m2d_results_get(r, i, "scoring"), scoring)) continue;
-        if (k_only && strcmp(m2d_results_get(r, i, "K_expr"), "k")) continue;
-        if (isfinite(num(r, i, "distill_ppl"))) return i;
-        if (first < 0) first = i;
-    }
-    return first;
+/* The paper's rule for the student a post-distillation table shows: a distilled row before one
+ * that was not, then the lowest PPL before distillation (never the best after it: that would pick
+ * the winner on the split it reports). 1 when row I beats row BEST (-1: none yet). */
+static int selected_before(const m2d_results *r, int i, int best) {
+    if (best < 0) return 1;
+    int di = isfinite(num(r, i, "distill_ppl")), db = isfinite(num(r, best, "distill_ppl"));
+    return di != db ? di > db : num(r, i, "ppl") < num(r, best, "ppl");
 }
 
-/* the converted student with the lowest PPL after distillation (before, when none was distilled) */
+/* a row at K = k: the header's k (teacher=... k=), else the K expression "k" */
+static int at_k(const m2d_results *r, int i, int k) {
+    return k > 0 ? atoi(m2d_results_get(r, i, "K")) == k : !strcmp(m2d_results_get(r, i, "K_expr"), "k");
+}
+
+/* the selected ok row of SCORING (at K = k when K_ONLY); -1 when none */
+static int find_scoring(const m2d_results *r, const char *scoring, int k_only) {
+    int best = -1, k = 0;
+    if (k_only) m2d_report_teacher_shape(r, &k);
+    for (int i = 0; i < r->n_rows; i++) {
+        if (!ok_row(r, i) || strcmp(m2d_results_get(r, i, "scoring"), scoring)) continue;
+        if (k_only && !at_k(r, i, k)) continue;
+        if (isfinite(num(r, i, "ppl")) && selected_before(r, i, best)) best = i;
+    }
+    return best;
+}
+
+/* the selected converted student of the grid (distilled first, then the lowest PPL before) */
 static int best_of_grid(const m2d_results *r) {
-    int best = -1, by_post = 0;
-    for (int i = 0; i < r->n_rows && !by_post; i++) by_post = converted_row(r, i) && isfinite(num(r, i, "distill_ppl"));
-    const char *col = by_post ? "distill_ppl" : "ppl";
+    int best = -1;
     for (int i = 0; i < r->n_rows; i++)
-        if (converted_row(r, i) && isfinite(num(r, i, col)) && (best < 0 || num(r, i, col) < num(r, best, col)))
-            best = i;
+        if (converted_row(r, i) && isfinite(num(r, i, "ppl")) && selected_before(r, i, best)) best = i;
     return best;
 }
 
