@@ -1,6 +1,8 @@
 /* model: config.json parsing, architecture adapters, model_open validation, parameter counts. */
 #include "testutil.h"
 
+#include <cjson/cJSON.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,6 +149,38 @@ static void sparse_step_and_mlp_only(void **state) {
     }
     m2d_param_counts p = m2d_model_param_counts(&m->cfg);
     assert_int_equal(p.total, sum_numel(m));
+    m2d_model_close(m);
+    tu_rm_rf(dir);
+    free(dir);
+}
+
+/* A Qwen3-MoE config without head_dim (as transformers 5 saves one: Qwen3MoeConfig has no such
+ * field) reads hidden / heads; its dense student is a Qwen3Config, whose absent head_dim is 128:
+ * the student's config.json states the teacher's head_dim and num_key_value_heads. */
+static void student_config_pins_attention_shape(void **state) {
+    (void)state;
+    m2d_testmodel_opts o;
+    m2d_testmodel_defaults(&o);
+    assert_int_equal(o.head_dim * o.num_attention_heads, o.hidden_size); /* derivable: may be left out */
+    char *dir = write_model(&o), *cp = m2d_path_join(dir, "config.json");
+    size_t n;
+    char *text = m2d_read_file(cp, &n), *line = strstr(text, "\"head_dim\"");
+    assert_non_null(line);
+    char *eol = strchr(line, '\n');
+    memmove(line, eol + 1, strlen(eol + 1) + 1);
+    tu_write(cp, text, strlen(text));
+    m2d_model *m;
+    open_ok(dir, &m);
+    assert_int_equal(m->cfg.head_dim, o.head_dim);
+    char *js;
+    m2d_student_shape sh = {.moe = 0, .ffn_width = 16};
+    assert_int_equal(m2d_arch_student_config(m, &sh, &js), 0);
+    cJSON *j = cJSON_Parse(js);
+    assert_string_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "architectures"), 0)->valuestring, "Qwen3ForCausalLM");
+    assert_int_equal(cJSON_GetObjectItem(j, "head_dim")->valueint, o.head_dim);
+    assert_int_equal(cJSON_GetObjectItem(j, "num_key_value_heads")->valueint, o.num_key_value_heads);
+    cJSON_Delete(j);
+    free(js), free(text), free(cp);
     m2d_model_close(m);
     tu_rm_rf(dir);
     free(dir);
@@ -446,6 +480,7 @@ int main(void) {
         cmocka_unit_test(testmodel_counts_match_tensors),
         cmocka_unit_test(dense_tied_and_sharded),
         cmocka_unit_test(sparse_step_and_mlp_only),
+        cmocka_unit_test(student_config_pins_attention_shape),
         cmocka_unit_test(weights_hash_identity),
         cmocka_unit_test(bad_configs),
         cmocka_unit_test(config_defaults),

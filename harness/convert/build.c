@@ -391,7 +391,7 @@ static int student_width(const m2d_config *c, const m2d_convert_plan *plan) {
  * by construction. The dense student must be the architecture the teacher adapter names. */
 static int student_config(student_owner *o, const m2d_model *t, const m2d_convert_plan *plan) {
     const m2d_config *c = &t->cfg;
-    m2d_student_shape sh = {plan->target == M2D_TARGET_MOE, student_width(c, plan), 0, 0};
+    m2d_student_shape sh = {.moe = plan->target == M2D_TARGET_MOE, .ffn_width = student_width(c, plan)};
     if (sh.moe) {
         sh.n_experts = m2d_convert_moe_experts(plan);
         sh.top_k = plan->top_k;

@@ -59,6 +59,10 @@ int m2d_qwen3moe_student_config(void *json, const m2d_student_shape *s, const ch
     }
     m2d_json_set_arch(j, "Qwen3ForCausalLM", "qwen3");
     m2d_json_set_number(j, "intermediate_size", s->ffn_width);
+    /* Qwen3MoeConfig has no head_dim (transformers 5 saves none: hidden / heads) and defaults
+     * num_key_value_heads to 4, Qwen3Config to 128 and 8: the student states the teacher's */
+    if (!cJSON_HasObjectItem(j, "head_dim")) m2d_json_set_number(j, "head_dim", s->head_dim);
+    if (!cJSON_HasObjectItem(j, "num_key_value_heads")) m2d_json_set_number(j, "num_key_value_heads", s->num_key_value_heads);
     for (size_t i = 0; i < M2D_ARRAY_LEN(MOE_KEYS); i++) cJSON_DeleteItemFromObject(j, MOE_KEYS[i]);
     return 0;
 }

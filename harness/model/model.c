@@ -748,7 +748,9 @@ int m2d_arch_student_config(const m2d_model *t, const m2d_student_shape *s, char
     }
     keep_literals(j, t->config_text);
     char *path = m2d_path_join(t->dir, "config.json");
-    int rc = a->student_config(j, s, path);
+    m2d_student_shape sh = *s;
+    sh.head_dim = t->cfg.head_dim, sh.num_key_value_heads = t->cfg.num_key_value_heads;
+    int rc = a->student_config(j, &sh, path);
     free(path);
     restore_literals(j);
     if (rc == 0) *json_out = cJSON_Print(j);

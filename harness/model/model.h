@@ -262,6 +262,9 @@ typedef struct {
                              * MoE of the teacher's own architecture */
     int ffn_width;          /* dense: the merged FFN width of every layer, k * d_e */
     int n_experts, top_k;   /* moe: experts per MoE layer and experts routed per token */
+    /* the teacher's attention shape as its reader resolved it (set by m2d_arch_student_config), for a
+     * student class whose defaults differ (Qwen3Config: head_dim 128) */
+    int head_dim, num_key_value_heads;
 } m2d_student_shape;
 
 struct m2d_arch {
