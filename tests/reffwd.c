@@ -210,13 +210,13 @@ static void ref_mla_layer(const m2d_model *m, int l, ref_state *s) {
         double *q = Q + (size_t)t * H * hd, *k = K + (size_t)t * H * hd;
         if (qr) {
             ref_linear(L->q_a_proj, h, d, qr, qa);
-            ref_rms(qa, qr, L->q_a_norm, c->rms_norm_eps);
+            ref_rms(qa, qr, L->q_a_norm, 1e-6); /* transformers' DeepseekV2RMSNorm default, not rms_norm_eps */
             ref_linear(L->q_b_proj, qa, qr, H * hd, q);
         } else {
             ref_linear(L->q_proj, h, d, H * hd, q);
         }
         ref_linear(L->kv_a_proj, h, d, kr + rope, kva);
-        ref_rms(kva, kr, L->kv_a_norm, c->rms_norm_eps);
+        ref_rms(kva, kr, L->kv_a_norm, 1e-6);
         ref_linear(L->kv_b_proj, kva, kr, H * (nope + vd), kvb);
         tu_ref_rope(kva + kr, rope, t, c, 1);
         for (int a = 0; a < H; a++) {

@@ -287,6 +287,27 @@ static void deepseekv2_gate_factor(void **state) {
     free(dir);
 }
 
+/* DeepSeek-V2's q and kv latent norms keep transformers' DeepseekV2RMSNorm default eps 1e-6
+ * whatever rms_norm_eps is (modeling_deepseek_v2.py passes it only to the layer and final norms):
+ * with rms_norm_eps 0.5 the engine still matches the float64 reference, which takes 1e-6 there
+ * (0.5 in those two norms moved a tiny model's NLL from 110.91 to 111.54 in transformers) */
+static void deepseekv2_latent_norms_keep_their_eps(void **state) {
+    (void)state;
+    char *dir = build("deepseekv2-q"), *cp = m2d_path_join(dir, "config.json");
+    size_t n;
+    char *text = m2d_read_file(cp, &n), *eps = strstr(text, "\"rms_norm_eps\"");
+    assert_non_null(eps);
+    char *end = strpbrk(eps + 15, ",}");
+    char *edited = m2d_strfmt("%.*s\"rms_norm_eps\": 0.5%s", (int)(eps - text), text, end);
+    tu_write(cp, edited, strlen(edited));
+    m2d_model *m = open_model(dir);
+    assert_true(m->cfg.rms_norm_eps == 0.5 && m->cfg.mla_norm_eps == 1e-6);
+    vs_reference(m, "deepseekv2-q, rms_norm_eps 0.5");
+    m2d_model_close(m);
+    tu_write(cp, text, n); /* the checkpoint as the other tests build it */
+    free(edited), free(text), free(cp), free(dir);
+}
+
 /* A random-init baseline of DeepSeek-V2 (whose o_proj the adapter binds padded, from a stored
  * tensor it claims): no stored tensor of the checkpoint written holds the teacher's bytes, and the
  * checkpoint read back is the student kept in memory (the sweep scores that one): the same logits
@@ -419,6 +440,7 @@ int main(void) {
         cmocka_unit_test(deepseekv2),
         cmocka_unit_test(deepseekv2_q),
         cmocka_unit_test(cross_model_sweep),
+        cmocka_unit_test(deepseekv2_latent_norms_keep_their_eps),
         cmocka_unit_test(deepseekv2_random_init_written_as_kept),
         cmocka_unit_test(deepseekv2_gate_factor),
     };

@@ -418,14 +418,14 @@ static void mla_qkv(m2d_engine *e, int l, const fwd_ws *w) {
     if (qr) {
         m2d_mat QA = m2d_mat_of(w->lat, 0, n, qr, qr);
         B->gemm(e->be, &XN, lw->w[M2D_T_Q_A], 0, &QA, 0.0f, e->prec);
-        B->rmsnorm(e->be, &QA, lw->w[M2D_T_Q_A_NORM], c->rms_norm_eps, &QA);
+        B->rmsnorm(e->be, &QA, lw->w[M2D_T_Q_A_NORM], c->mla_norm_eps, &QA);
         B->gemm(e->be, &QA, lw->w[M2D_T_Q_B], 0, &Q, 0.0f, e->prec);
     } else {
         B->gemm(e->be, &XN, lw->w[M2D_T_Q], 0, &Q, 0.0f, e->prec);
     }
     m2d_mat C = m2d_mat_of(w->lat, 0, n, kr, kr);
     B->gemm(e->be, &XN, lw->w[M2D_T_KV_A], 0, &C, 0.0f, e->prec);
-    B->rmsnorm(e->be, &C, lw->w[M2D_T_KV_A_NORM], c->rms_norm_eps, &C);
+    B->rmsnorm(e->be, &C, lw->w[M2D_T_KV_A_NORM], c->mla_norm_eps, &C);
     for (int h = 0; h < H; h++) { /* kv_b_proj's rows of head h: [k_nope | v]; the shared rotated key */
         size_t o = (size_t)h * hd;
         m2d_mat KN = m2d_mat_of(w->k, o, n, nope, qd), KR = m2d_mat_of(w->k, o + nope, n, rope, qd);

@@ -122,6 +122,7 @@ static int parse_deepseekv2(const void *json, const char *path, m2d_config *c) {
         return -1;
     c->ops.attn = M2D_ATTN_MLA;
     c->ops.rope = M2D_ROPE_INTERLEAVED;
+    c->mla_norm_eps = 1e-6; /* modeling_deepseek_v2.py: DeepseekV2RMSNorm(q_lora_rank), (kv_lora_rank) */
     if (m2d_config_derive_layers(c, path) != 0) return -1;
     return m2d_decoder_check(c, path);
 }

@@ -86,6 +86,8 @@ typedef struct {
     double attn_scale;      /* softmax scale of the attention scores (0: 1/sqrt(head_dim)) */
     /* M2D_ATTN_MLA (DeepSeek-V2): q LoRA rank (0: q_proj), kv latent rank, head parts */
     int q_lora_rank, kv_lora_rank, qk_nope_head_dim, v_head_dim;
+    double mla_norm_eps;    /* of the q and kv latent norms: transformers' DeepseekV2RMSNorm default 1e-6,
+                             * whatever rms_norm_eps says (it is not passed to those two) */
     /* router: group-limited top-k (n_group groups, the top topk_group by their best expert; 0: off)
      * and the factor on the gates (DeepSeek's routed_scaling_factor; 0: 1) */
     int n_group, topk_group;

@@ -223,7 +223,7 @@ static void mla_q_fwd(m2d_net *n, int l, layer_acts *a) {
     }
     m2d_mat QA = M(n, a->qa, n->qr), QAN = M(n, a->qan, n->qr);
     B->gemm(n->be, &XN, W(n, l, M2D_T_Q_A), 0, &QA, 0.0f, n->prec);
-    B->rmsnorm(n->be, &QA, W(n, l, M2D_T_Q_A_NORM), n->c->rms_norm_eps, &QAN);
+    B->rmsnorm(n->be, &QA, W(n, l, M2D_T_Q_A_NORM), n->c->mla_norm_eps, &QAN);
     B->gemm(n->be, &QAN, W(n, l, M2D_T_Q_B), 0, &Q, 0.0f, n->prec);
 }
 
@@ -239,7 +239,7 @@ static void mla_qkv_fwd(m2d_net *n, int l, layer_acts *a) {
     mla_q_fwd(n, l, a);
     m2d_mat XN = M(n, a->xn1, n->d), CKV = M(n, a->ckv, n->kr), CN = M(n, a->cn, n->kr);
     B->gemm(n->be, &XN, W(n, l, M2D_T_KV_A), 0, &CKV, 0.0f, n->prec);
-    B->rmsnorm(n->be, &CKV, W(n, l, M2D_T_KV_A_NORM), c->rms_norm_eps, &CN);
+    B->rmsnorm(n->be, &CKV, W(n, l, M2D_T_KV_A_NORM), c->mla_norm_eps, &CN);
     for (int h = 0; h < H; h++) {
         size_t o = (size_t)h * hd;
         m2d_mat KN = m2d_mat_of(a->k, o, R, nope, qd), KR = m2d_mat_of(a->k, o + nope, R, rope, qd);
@@ -427,7 +427,7 @@ static void mla_q_bwd(m2d_net *n, int l, layer_acts *a) {
     m2d_mat gb = G_(n, l, M2D_T_Q_B), gnorm = G_(n, l, M2D_T_Q_A_NORM), ga = G_(n, l, M2D_T_Q_A);
     T->gemm_dw(n->be, &DQ, &QAN, &gb, 1.0f, n->prec);
     T->gemm_dx(n->be, &DQ, W(n, l, M2D_T_Q_B), &DQA, 0.0f, n->prec);
-    T->rmsnorm_bwd(n->be, &QA, W(n, l, M2D_T_Q_A_NORM), n->c->rms_norm_eps, &DQA, &DQA, 0.0f, &gnorm);
+    T->rmsnorm_bwd(n->be, &QA, W(n, l, M2D_T_Q_A_NORM), n->c->mla_norm_eps, &DQA, &DQA, 0.0f, &gnorm);
     T->gemm_dw(n->be, &DQA, &XN, &ga, 1.0f, n->prec);
     T->gemm_dx(n->be, &DQA, W(n, l, M2D_T_Q_A), &DXN, 1.0f, n->prec);
 }
@@ -463,7 +463,7 @@ static void mla_qkv_bwd(m2d_net *n, int l, layer_acts *a) {
     m2d_mat XN = M(n, a->xn1, n->d), DXN = M(n, n->gb.dxn, n->d);
     T->gemm_dw(n->be, &DPK, &CN, &gb, 1.0f, n->prec);
     T->gemm_dx(n->be, &DPK, W(n, l, M2D_T_KV_B), &DC, 0.0f, n->prec);
-    T->rmsnorm_bwd(n->be, &CKV, W(n, l, M2D_T_KV_A_NORM), c->rms_norm_eps, &DC, &DC, 0.0f, &gnorm);
+    T->rmsnorm_bwd(n->be, &CKV, W(n, l, M2D_T_KV_A_NORM), c->mla_norm_eps, &DC, &DC, 0.0f, &gnorm);
     T->head_sum(n->be, &DK0, H, hd, &DROT, 0.0f);
     T->gemm_dw(n->be, &DKVA, &XN, &ga, 1.0f, n->prec);
     T->gemm_dx(n->be, &DKVA, W(n, l, M2D_T_KV_A), &DXN, 0.0f, n->prec);
