@@ -84,6 +84,24 @@ static void expect_error(const char *json, const char *needle) {
     cJSON_Delete(j);
 }
 
+/* transformers reads `rope_scaling or rope_parameters`: an empty rope_scaling falls back to
+ * rope_parameters (here linear x2); with neither, the plain rotation */
+static void empty_rope_scaling_is_absent(void **state) {
+    (void)state;
+    const char *cases[] = {"{\"rope_scaling\": {}, \"rope_parameters\": {\"rope_type\": \"linear\", \"factor\": 2}}",
+                           "{\"rope_scaling\": {}}"};
+    for (int i = 0; i < 2; i++) {
+        cJSON *j = cJSON_Parse(cases[i]);
+        double theta;
+        m2d_rope_scaling s;
+        assert_int_equal(m2d_rope_parse(j, "config.json", 10000.0, 4096, &theta, &s), 0);
+        assert_int_equal(s.kind, i == 0 ? M2D_ROPE_SCALING_LINEAR : M2D_ROPE_SCALING_NONE);
+        if (i == 0) assert_true(s.factor == 2);
+        assert_int_equal(m2d_rope_scaling_given(j), 0);
+        cJSON_Delete(j);
+    }
+}
+
 static void rope_errors(void **state) {
     (void)state;
     expect_error("{\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2}}", "rope_scaling: field 'rope_type'");
@@ -120,6 +138,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(rope_matches_transformers),
         cmocka_unit_test(rope_errors),
+        cmocka_unit_test(empty_rope_scaling_is_absent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

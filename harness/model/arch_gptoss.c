@@ -55,7 +55,7 @@ static int parse_layer_types(const void *json, const char *path, m2d_config *c) 
 /* RoPE: as config.json says; with neither rope_scaling nor rope_parameters GptOssConfig's default
  * (yarn, factor 32 over 4096 positions, beta_fast 32, beta_slow 1, truncate false) */
 static int parse_rope_default(const void *json, m2d_config *c) {
-    if (m2d_cfg_has(json, "rope_scaling") || m2d_cfg_has(json, "rope_parameters")) return 0;
+    if (m2d_rope_scaling_given(json) || m2d_cfg_has(json, "rope_parameters")) return 0;
     c->rope_scaling = (m2d_rope_scaling){.kind = M2D_ROPE_SCALING_YARN, .factor = 32.0,
                                          .original_max_position_embeddings = 4096, .beta_fast = 32.0,
                                          .beta_slow = 1.0, .truncate = false};

@@ -28,14 +28,20 @@ static int known_key(const char *const *keys, const char *k) {
     return 0;
 }
 
+int m2d_rope_scaling_given(const void *json) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(json, "rope_scaling");
+    return v && !cJSON_IsNull(v) && !(cJSON_IsObject(v) && !v->child);
+}
+
 /* the scaling object: rope_scaling (Hub) wins over rope_parameters (transformers >= 5), as in
- * transformers' convert_rope_params_to_dict; NULL when neither is an object */
+ * transformers' convert_rope_params_to_dict (`rope_scaling or rope_parameters`: an empty
+ * rope_scaling does not count); NULL when neither is an object */
 static int scaling_object(const cJSON *root, const char *path, const cJSON **obj, const char **name) {
     const char *names[2] = {"rope_scaling", "rope_parameters"};
     *obj = NULL;
     for (int i = 0; i < 2; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, names[i]);
-        if (!v || cJSON_IsNull(v)) continue;
+        if (!v || cJSON_IsNull(v) || (i == 0 && !m2d_rope_scaling_given(root))) continue;
         if (!cJSON_IsObject(v)) return m2d_err1("%s: field '%s': must be an object or null", path, names[i]);
         if (!*obj) *obj = v, *name = names[i];
     }

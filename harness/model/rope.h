@@ -44,5 +44,8 @@ double m2d_rope_attention_factor(const m2d_rope_scaling *s);
 double m2d_rope_softmax_mscale(const m2d_rope_scaling *s);
 /* "default", "linear", "yarn" */
 const char *m2d_rope_scaling_name(m2d_rope_scaling_kind k);
+/* 1 when config.json's rope_scaling counts as given: present, not null and not {} (transformers
+ * takes `rope_scaling or rope_parameters`, so an empty one falls back to rope_parameters) */
+int m2d_rope_scaling_given(const void *json);
 
 #endif
