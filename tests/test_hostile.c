@@ -243,6 +243,35 @@ static void analyze_k_line_at_end_of_buffer(void **state) {
     free(buf);
 }
 
+/* Counts are read as int (K, top_k, widths, windows): beyond INT_MAX is refused rather than wrapped
+ * (K=4294967304 read as 8); a parameter total may be an int64. */
+static const char *validate_one_row(const char *cols, const char *row) {
+    char *text = m2d_strfmt("%s\n%s\n", cols, row);
+    m2d_results r;
+    assert_int_equal(m2d_results_parse("r.csv", text, strlen(text), &r), 0);
+    int rc = m2d_results_validate(&r, "r.csv");
+    m2d_results_free(&r);
+    free(text);
+    return rc ? m2d_errmsg() : NULL;
+}
+
+static void counts_bounded_by_their_readers(void **state) {
+    (void)state;
+    const char *cols = "config_id,scoring,grouping,scaling,K_expr,K,params,n_params,ppl,ppl_windows,status,dedup_of";
+    assert_null(validate_one_row(cols, "000000000010,sf,rr,uniform,k,2147483647,,30532122624,12,4,ok,"));
+    assert_null(validate_one_row(cols, "000000000010,sf,rr,uniform,k,8,,999999999999999999,12,4,ok,"));
+    const char *bad[][2] = {
+        {"000000000010,sf,rr,uniform,k,2147483648,,1,12,4,ok,", "field 'K': '2147483648' is out of range"},
+        {"000000000010,sf,rr,uniform,k,99999999999999999999,,1,12,4,ok,", "field 'K': '99999999999999999999' is out of range"},
+        {"000000000010,sf,rr,uniform,k,8,,1,12,4294967297,ok,", "field 'ppl_windows': '4294967297' is out of range"},
+        {"000000000010,sf,rr,uniform,k,8,,1000000000000000000,12,4,ok,", "field 'n_params': '1000000000000000000' is out"},
+    };
+    for (size_t i = 0; i < M2D_ARRAY_LEN(bad); i++) {
+        const char *msg = validate_one_row(cols, bad[i][0]);
+        if (!msg || !strstr(msg, bad[i][1])) fail_msg("%s: %s (want %s)", bad[i][0], msg ? msg : "accepted", bad[i][1]);
+    }
+}
+
 /* ---------------- plots.sh: data only ---------------- */
 
 /* Run tools/plots.sh in DIR on RESULTS and ANALYZE (names inside DIR); its exit status. */
@@ -899,6 +928,7 @@ int main(void) {
         cmocka_unit_test(results_corpus_refused_by_report_and_merge),
         cmocka_unit_test(analyze_corpus_refused_by_report),
         cmocka_unit_test(analyze_k_line_at_end_of_buffer),
+        cmocka_unit_test(counts_bounded_by_their_readers),
         cmocka_unit_test(plots_draw_data_never_code),
         cmocka_unit_test(atomic_write_never_follows_a_link),
         cmocka_unit_test(calibrate_out_through_a_link_refused),
