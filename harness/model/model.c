@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "io/json.h"
 
 /* ---------------------------------------------------------------- registry */
 
@@ -210,8 +211,8 @@ static int check_model_type(const char *path, const m2d_config *cfg) {
 int m2d_config_parse(const char *text, size_t len, const char *path, m2d_config *cfg, const m2d_arch **arch) {
     memset(cfg, 0, sizeof *cfg);
     if (arch) *arch = NULL;
-    cJSON *root = cJSON_ParseWithLength(text, len);
-    if (!root) return m2d_err1("%s: field '(root)': malformed JSON", path);
+    cJSON *root;
+    if (m2d_json_parse(path, "(root)", text, len, &root) != 0) return -1;
     int rc = 0;
     const m2d_arch *a = NULL;
     const cJSON *archs_j = cJSON_GetObjectItemCaseSensitive(root, "architectures");
