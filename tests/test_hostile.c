@@ -218,6 +218,29 @@ static void analyze_corpus_refused_by_report(void **state) {
     free(e);
 }
 
+/* The report's own refusals name the file too, not only the row validator's. */
+static void report_refusals_name_the_file(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), *bin = abs_path(tu_bin());
+    const char *no_scoring = "# experiment=x\nconfig_id,grouping,scaling,K_expr,K,params,ppl,status,dedup_of\n"
+                             "000000000010,rr,uniform,k,8,,12.5,ok,\n";
+    char *p = m2d_path_join(dir, "nocol.csv"), *good = m2d_path_join(dir, "good.csv");
+    tu_write(p, no_scoring, strlen(no_scoring));
+    tu_write(good, GOOD_RESULTS, strlen(GOOD_RESULTS));
+    const char *cases[][2] = {
+        {"nocol.csv", "nocol.csv: field 'scoring': column missing"},
+        {"nocol.csv --table 8", "nocol.csv: field 'scoring': column missing"},
+        {"good.csv --table 3", "good.csv: --table 3: no D2D candidates"},
+    };
+    for (size_t i = 0; i < M2D_ARRAY_LEN(cases); i++) {
+        char *c = m2d_strfmt("'%s' report %s --out table.md", bin, cases[i][0]);
+        expect_refused_in(dir, c, "report", cases[i][1]);
+        free(c);
+    }
+    tu_rm_rf(dir);
+    free(good), free(p), free(bin), free(dir);
+}
+
 /* Found by fuzz_analyze: a "# K=" line of many digits at the very end of an unterminated buffer
  * made strtol read past it (ASan: heap-buffer-overflow); the buffer here is exactly the text. */
 static void analyze_k_line_at_end_of_buffer(void **state) {
@@ -927,6 +950,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(results_corpus_refused_by_report_and_merge),
         cmocka_unit_test(analyze_corpus_refused_by_report),
+        cmocka_unit_test(report_refusals_name_the_file),
         cmocka_unit_test(analyze_k_line_at_end_of_buffer),
         cmocka_unit_test(counts_bounded_by_their_readers),
         cmocka_unit_test(plots_draw_data_never_code),

@@ -101,8 +101,11 @@ static int parse_text(const char *path, const char *text, size_t len, m2d_result
 int m2d_results_parse(const char *path, const char *text, size_t len, m2d_results *r) {
     int rc = parse_text(path, text, len, r);
     if (rc) m2d_results_free(r); /* nothing half-read is handed out */
+    else r->path = m2d_strdup(path);
     return rc;
 }
+
+const char *m2d_results_name(const m2d_results *r) { return r->path ? r->path : "results"; }
 
 int m2d_results_read(const char *path, m2d_results *r) {
     size_t len;
@@ -130,6 +133,7 @@ void m2d_results_free(m2d_results *r) {
     free(r->cols);
     free(r->row_line);
     free(r->field_col);
+    free(r->path);
     memset(r, 0, sizeof *r);
 }
 

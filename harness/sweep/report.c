@@ -61,7 +61,7 @@ static int grid_load(const m2d_results *r, grid *g, int dense_only) {
     memset(g, 0, sizeof *g);
     static const char *const need[] = {"config_id", "scoring", "grouping", "scaling", "K", "ppl", "status"};
     for (size_t i = 0; i < M2D_ARRAY_LEN(need); i++)
-        if (m2d_results_col(r, need[i]) < 0) return m2d_err("results: field '%s': column missing", need[i]);
+        if (m2d_results_col(r, need[i]) < 0) return m2d_err("%s: field '%s': column missing", m2d_results_name(r), need[i]);
     int c_sc = m2d_results_col(r, "scoring"), c_gr = m2d_results_col(r, "grouping"),
         c_sl = m2d_results_col(r, "scaling"), c_pa = m2d_results_col(r, "params"), c_K = m2d_results_col(r, "K"),
         c_ppl = m2d_results_col(r, "ppl"), c_st = m2d_results_col(r, "status");
