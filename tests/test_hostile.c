@@ -643,6 +643,38 @@ static void lock_names_holder_and_waits(void **state) {
     free(dir);
 }
 
+/* A lock file is only ever one this code made: another name of a user's file (a hard link) or a
+ * file of theirs at OUT.lock is refused, not truncated and rewritten (nor removed on release). */
+static void lock_never_clobbers_a_file(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), *target = m2d_path_join(dir, "merged.csv"), *lockfile = m2d_strfmt("%s.lock", target);
+    char *precious = m2d_path_join(dir, "p.txt"), *good = m2d_path_join(dir, "good.csv");
+    tu_write(precious, "precious\n", 9);
+    tu_write(good, GOOD_RESULTS, strlen(GOOD_RESULTS));
+    assert_int_equal(link(precious, lockfile), 0);
+    char *bin = abs_path(tu_bin()), *c = m2d_strfmt("'%s' merge merged.csv good.csv --allow-gaps", bin);
+    expect_refused_in(dir, c, "merge", "merged.csv.lock: has 2 names (a hard link)");
+    m2d_lock l;
+    assert_int_equal(m2d_lock_acquire(&l, target, "test", "x", 0), -1);
+    assert_non_null(strstr(m2d_errmsg(), "merged.csv.lock: has 2 names"));
+    /* a user's own file at the lock path, of one name */
+    assert_int_equal(unlink(precious), 0);
+    expect_refused_in(dir, c, "merge", "merged.csv.lock: does not hold a moe2dense lock (pid=...)");
+    size_t n;
+    char *v = m2d_read_file(lockfile, &n);
+    assert_string_equal(v, "precious\n");
+    free(v);
+    /* a lock file left by a killed holder (or an empty one) is taken */
+    tu_write(lockfile, "pid=1 host=h since=t\n", 21);
+    assert_int_equal(m2d_lock_acquire(&l, target, "test", "x", 0), 0);
+    m2d_lock_release(&l);
+    tu_write(lockfile, "", 0);
+    assert_int_equal(m2d_lock_acquire(&l, target, "test", "x", 0), 0);
+    m2d_lock_release(&l);
+    tu_rm_rf(dir);
+    free(c), free(bin), free(good), free(precious), free(lockfile), free(target), free(dir);
+}
+
 /* ---------------- sweeps on one results file ---------------- */
 
 static const char *EXPERIMENTS =
@@ -959,6 +991,7 @@ int main(void) {
         cmocka_unit_test(full_disk_leaves_old_file_and_no_temp),
         cmocka_unit_test(full_disk_row_append_cut_back),
         cmocka_unit_test(lock_names_holder_and_waits),
+        cmocka_unit_test(lock_never_clobbers_a_file),
         cmocka_unit_test(second_sweep_on_one_csv_refused),
         cmocka_unit_test(resume_refuses_bad_rows),
         cmocka_unit_test(grid_limit_refused_in_one_line),
