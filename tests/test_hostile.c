@@ -502,6 +502,50 @@ static void calibrate_out_through_a_link_refused(void **state) {
     free(model);
 }
 
+/* An output directory planted as a symbolic link is refused, not written through (with or without
+ * a trailing slash): report --plot-data and convert --out, as distill's --out already was. */
+static int dir_is_empty(const char *path) {
+    DIR *d = opendir(path);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n == 0;
+}
+
+static void output_dirs_never_follow_a_link(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), *real = m2d_path_join(dir, "real"), *link = m2d_path_join(dir, "out");
+    char *good = m2d_path_join(dir, "good.csv"), *bin = abs_path(tu_bin());
+    tu_write(good, GOOD_RESULTS, strlen(GOOD_RESULTS));
+    assert_int_equal(mkdir(real, 0755), 0);
+    assert_int_equal(symlink("real", link), 0);
+    const char *forms[] = {"out", "out/"};
+    for (size_t i = 0; i < M2D_ARRAY_LEN(forms); i++) {
+        char *c = m2d_strfmt("'%s' report good.csv --plot-data %s", bin, forms[i]);
+        char *want = m2d_strfmt("%s: is a symbolic link; refusing to write", forms[i]);
+        expect_refused_in(dir, c, "report", want);
+        assert_true(dir_is_empty(real));
+        free(want), free(c);
+    }
+    char *model = tu_model_path("tiny-qwen3moe");
+    const char *data = tu_data_path("train-text/wikitext-103-train-prefix/wiki.train.tokens");
+    if (model && m2d_file_exists(data)) {
+        char *abs_data = abs_path(data), *abs_model = model[0] == '/' ? m2d_strdup(model) : abs_path(model);
+        char *c = m2d_strfmt("cd '%s' && '%s' calibrate --model '%s' --data '%s' --seq-len 8 --samples 1 --out t.stats",
+                             dir, bin, abs_model, abs_data);
+        if (tu_run(c, NULL, NULL) != 0) fail_msg("%s failed", c);
+        free(c);
+        c = m2d_strfmt("'%s' convert --model '%s' --stats t.stats --baseline random-ffn --out out", bin, abs_model);
+        expect_refused_in(dir, c, "convert", "out: is a symbolic link; refusing to write");
+        assert_true(dir_is_empty(real));
+        free(c), free(abs_data), free(abs_model);
+    }
+    free(model);
+    tu_rm_rf(dir);
+    free(bin), free(good), free(link), free(real), free(dir);
+}
+
 /* Disk full, injected: FN(ARG) runs in a child process whose files may not grow beyond LIMIT bytes
  * (RLIMIT_FSIZE: write() fails with EFBIG part way; SIGXFSZ ignored), so the limit does not reach
  * the test runner. FN returns 0 when it failed the way it should. */
@@ -988,6 +1032,7 @@ int main(void) {
         cmocka_unit_test(plots_draw_data_never_code),
         cmocka_unit_test(atomic_write_never_follows_a_link),
         cmocka_unit_test(calibrate_out_through_a_link_refused),
+        cmocka_unit_test(output_dirs_never_follow_a_link),
         cmocka_unit_test(full_disk_leaves_old_file_and_no_temp),
         cmocka_unit_test(full_disk_row_append_cut_back),
         cmocka_unit_test(lock_names_holder_and_waits),

@@ -39,14 +39,21 @@ int m2d_check_output_path(const char *path) {
 }
 
 int m2d_check_output_dir(const char *path) {
+    /* without its trailing slashes: lstat("LINK/") would follow the link */
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    char *bare = m2d_strfmt("%.*s", (int)n, path);
     struct stat st;
-    if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : m2d_err("%s: %s", path, strerror(errno));
-    if (S_ISLNK(st.st_mode))
-        return m2d_err("%s: is a symbolic link; refusing to write, rename or remove files through it: remove it",
-                       path);
-    if (!S_ISDIR(st.st_mode)) return m2d_err("%s: exists and is not a directory", path);
-    return 0;
+    int rc = 0;
+    if (lstat(bare, &st) != 0) rc = errno == ENOENT ? 0 : m2d_err("%s: %s", path, strerror(errno));
+    else if (S_ISLNK(st.st_mode))
+        rc = m2d_err("%s: is a symbolic link; refusing to write, rename or remove files through it: remove it", path);
+    else if (!S_ISDIR(st.st_mode)) rc = m2d_err("%s: exists and is not a directory", path);
+    free(bare);
+    return rc;
 }
+
+int m2d_make_output_dir(const char *path) { return m2d_check_output_dir(path) || m2d_mkdir_p(path) ? -1 : 0; }
 
 /* The directory of PATH ("." when it has none) and its last component (malloc'd both). */
 static int split_path(const char *path, char **dir, char **base) {

@@ -554,7 +554,7 @@ static int write_range(const char *dir, double lo, double hi) {
 int m2d_report_plot_data(const m2d_results *r, const char *dir) {
     grid g;
     if (grid_load(r, &g, 1)) return -1;
-    if (m2d_mkdir_p(dir)) {
+    if (m2d_make_output_dir(dir)) {
         grid_free(&g);
         return -1;
     }
@@ -612,7 +612,7 @@ static double an_mean(const m2d_an_csv *a, m2d_an_metric metric, const char *c, 
 }
 
 int m2d_report_analyze_plot_data(const m2d_an_csv *a, const char *dir) {
-    if (m2d_mkdir_p(dir)) return -1;
+    if (m2d_make_output_dir(dir)) return -1;
     const char **crit = m2d_calloc((size_t)a->n + 1, sizeof *crit);
     int n = an_criteria(a, crit);
     pd_file op, ep, kp;
