@@ -999,6 +999,9 @@ static void small_messages_name_the_value(void **state) {
         {"--set model=", "--set: experiment 'grid': 'model' must be a non-empty path, not an empty string"},
         {"--set ppl.seq_len=abc", "--set: experiment 'grid': 'ppl.seq_len' must be an integer, not string"},
         {"--set 'axes.K=[0]'", "--set: experiment 'grid': axes.K: K '0' = 0 is outside [k, E] = [8, 64]"},
+        /* the value given replaced a table: blamed, not the file's missing key */
+        {"--set ppl=5", "--set: experiment 'grid': 'ppl' must be a table, not integer"},
+        {"--set .=5", "--set .: empty key part"},
     };
     for (size_t i = 0; i < M2D_ARRAY_LEN(cases); i++) {
         char *c = m2d_strfmt("%s sweep %s --experiment grid --dry-run %s", tu_test_bin(), fx.toml, cases[i][0]);
