@@ -7,9 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/util.h"
 #include "evals/mc.h"
+#include "sweep_fixture.h"
 
 /* stdout of `moe2dense ARGS`; its exit status must be WANT_RC */
 static char *cli(const char *args, int want_rc) {
@@ -123,6 +125,53 @@ static void unknown_command(void **state) {
     free(cli("help nosuch", 2));
 }
 
+/* Output that cannot be written (stdout on a full disk) is an error, not exit 0: one line naming
+ * the command and standard output, exit status 1. */
+static void expect_stdout_write_failure(const char *args, const char *cmd) {
+    char *c = m2d_strfmt("%s >/dev/full", args), *out = NULL, *err = NULL;
+    int rc = tu_run(c, &out, &err);
+    char *want = m2d_strfmt("moe2dense %s: standard output: write failed: No space left on device\n", cmd);
+    if (rc != 1 || !err || strcmp(err, want) != 0) fail_msg("%s: exit %d (want 1)\nstderr: %s\nwant:   %s", c, rc, err, want);
+    free(want), free(c), free(out), free(err);
+}
+
+static void stdout_write_failure_is_an_error(void **state) {
+    (void)state;
+    if (access("/dev/full", W_OK) != 0) TU_SKIP("no /dev/full");
+    tu_sweep_fixture fx = tu_sweep_fixture_make(
+        "{\"architectures\": [\"Qwen3MoeForCausalLM\"], \"num_experts\": 8, \"num_experts_per_tok\": 2,"
+        " \"moe_intermediate_size\": 16, \"hidden_size\": 32, \"num_hidden_layers\": 2, \"vocab_size\": 64,"
+        " \"num_attention_heads\": 2, \"num_key_value_heads\": 1, \"head_dim\": 16}",
+        "[experiment.t]\nmodel = 'MODEL'\nbackend = 'fake'\n"
+        "calibration = { data = 'calib.txt', seq_len = 8, samples = 1 }\nppl = { data = 'ppl.txt', seq_len = 8 }\n"
+        "[experiment.t.axes]\nscoring = ['sf']\ngrouping = ['rr']\nscaling = ['uniform']\nK = ['k']\n");
+    const char *csv = "# experiment=t\nconfig_id,scoring,grouping,scaling,K_expr,K,params,ppl,status,dedup_of\n"
+                      "000000000010,sf,rr,uniform,k,2,,38.5,ok,\n";
+    tu_write(fx.csv, csv, strlen(csv));
+    const char *cases[][2] = {
+        {"'%s' list", "list"},
+        {"'%s' help report", "help"},
+        {"'%s' report --help", "report"},
+        {"'%s' report '%s'", "report"},
+        {"'%s' report '%s' --format csv", "report"},
+        {"'%s' sweep '%s' --experiment t --dry-run", "sweep"},
+    };
+    for (size_t i = 0; i < M2D_ARRAY_LEN(cases); i++) {
+        const char *arg = strstr(cases[i][0], "sweep") ? fx.toml : fx.csv;
+        const char *bin = strstr(cases[i][0], "sweep") ? tu_test_bin() : tu_bin();
+        char *args = m2d_strfmt(cases[i][0], bin, arg);
+        expect_stdout_write_failure(args, cases[i][1]);
+        free(args);
+    }
+    char *model = tu_model_path("tiny-qwen3moe");
+    if (model) {
+        char *args = m2d_strfmt("'%s' inspect --model '%s'", tu_bin(), model);
+        expect_stdout_write_failure(args, "inspect");
+        free(args), free(model);
+    }
+    tu_sweep_fixture_free(&fx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_command_has_help_flags),
@@ -130,6 +179,7 @@ int main(void) {
         cmocka_unit_test(teacher_families_named),
         cmocka_unit_test(eval_help_lists_every_task),
         cmocka_unit_test(unknown_command),
+        cmocka_unit_test(stdout_write_failure_is_an_error),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -207,6 +207,10 @@ static void config_errors_and_defaults(void **state) {
     expect_config_error("{\"attention_bias\": false}", NULL, "'attention_bias'");
     expect_config_error("{\"quantization_config\": {\"quant_method\": \"gptq\"}}", NULL, "'quantization_config'");
     expect_config_error("{\"swiglu_limit\": -1.0}", NULL, "'swiglu_limit'");
+    /* used as floats: 1e300 would be inf there */
+    expect_config_error("{\"swiglu_limit\": 1e300}", NULL, "'swiglu_limit'");
+    expect_config_error("{\"swiglu_alpha\": 1e300}", NULL, "'swiglu_alpha'");
+    expect_config_error("{\"swiglu_alpha\": 0}", NULL, "'swiglu_alpha'");
     expect_config_error("{\"num_experts_per_tok\": 5}", NULL, "'num_experts_per_tok'");
     expect_config_error(NULL, "intermediate_size", "'intermediate_size'");
     /* absent: GptOssConfig's defaults (alternating layers from sliding, window 128, YaRN factor 32,

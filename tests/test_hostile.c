@@ -218,6 +218,29 @@ static void analyze_corpus_refused_by_report(void **state) {
     free(e);
 }
 
+/* The report's own refusals name the file too, not only the row validator's. */
+static void report_refusals_name_the_file(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), *bin = abs_path(tu_bin());
+    const char *no_scoring = "# experiment=x\nconfig_id,grouping,scaling,K_expr,K,params,ppl,status,dedup_of\n"
+                             "000000000010,rr,uniform,k,8,,12.5,ok,\n";
+    char *p = m2d_path_join(dir, "nocol.csv"), *good = m2d_path_join(dir, "good.csv");
+    tu_write(p, no_scoring, strlen(no_scoring));
+    tu_write(good, GOOD_RESULTS, strlen(GOOD_RESULTS));
+    const char *cases[][2] = {
+        {"nocol.csv", "nocol.csv: field 'scoring': column missing"},
+        {"nocol.csv --table 8", "nocol.csv: field 'scoring': column missing"},
+        {"good.csv --table 3", "good.csv: --table 3: no D2D candidates"},
+    };
+    for (size_t i = 0; i < M2D_ARRAY_LEN(cases); i++) {
+        char *c = m2d_strfmt("'%s' report %s --out table.md", bin, cases[i][0]);
+        expect_refused_in(dir, c, "report", cases[i][1]);
+        free(c);
+    }
+    tu_rm_rf(dir);
+    free(good), free(p), free(bin), free(dir);
+}
+
 /* Found by fuzz_analyze: a "# K=" line of many digits at the very end of an unterminated buffer
  * made strtol read past it (ASan: heap-buffer-overflow); the buffer here is exactly the text. */
 static void analyze_k_line_at_end_of_buffer(void **state) {
@@ -241,6 +264,35 @@ static void analyze_k_line_at_end_of_buffer(void **state) {
     m2d_results_parse("r.csv", buf, 1, &r); /* an empty file: refused or empty, never out of bounds */
     m2d_results_free(&r);
     free(buf);
+}
+
+/* Counts are read as int (K, top_k, widths, windows): beyond INT_MAX is refused rather than wrapped
+ * (K=4294967304 read as 8); a parameter total may be an int64. */
+static const char *validate_one_row(const char *cols, const char *row) {
+    char *text = m2d_strfmt("%s\n%s\n", cols, row);
+    m2d_results r;
+    assert_int_equal(m2d_results_parse("r.csv", text, strlen(text), &r), 0);
+    int rc = m2d_results_validate(&r, "r.csv");
+    m2d_results_free(&r);
+    free(text);
+    return rc ? m2d_errmsg() : NULL;
+}
+
+static void counts_bounded_by_their_readers(void **state) {
+    (void)state;
+    const char *cols = "config_id,scoring,grouping,scaling,K_expr,K,params,n_params,ppl,ppl_windows,status,dedup_of";
+    assert_null(validate_one_row(cols, "000000000010,sf,rr,uniform,k,2147483647,,30532122624,12,4,ok,"));
+    assert_null(validate_one_row(cols, "000000000010,sf,rr,uniform,k,8,,999999999999999999,12,4,ok,"));
+    const char *bad[][2] = {
+        {"000000000010,sf,rr,uniform,k,2147483648,,1,12,4,ok,", "field 'K': '2147483648' is out of range"},
+        {"000000000010,sf,rr,uniform,k,99999999999999999999,,1,12,4,ok,", "field 'K': '99999999999999999999' is out of range"},
+        {"000000000010,sf,rr,uniform,k,8,,1,12,4294967297,ok,", "field 'ppl_windows': '4294967297' is out of range"},
+        {"000000000010,sf,rr,uniform,k,8,,1000000000000000000,12,4,ok,", "field 'n_params': '1000000000000000000' is out"},
+    };
+    for (size_t i = 0; i < M2D_ARRAY_LEN(bad); i++) {
+        const char *msg = validate_one_row(cols, bad[i][0]);
+        if (!msg || !strstr(msg, bad[i][1])) fail_msg("%s: %s (want %s)", bad[i][0], msg ? msg : "accepted", bad[i][1]);
+    }
 }
 
 /* ---------------- plots.sh: data only ---------------- */
@@ -450,6 +502,50 @@ static void calibrate_out_through_a_link_refused(void **state) {
     free(model);
 }
 
+/* An output directory planted as a symbolic link is refused, not written through (with or without
+ * a trailing slash): report --plot-data and convert --out, as distill's --out already was. */
+static int dir_is_empty(const char *path) {
+    DIR *d = opendir(path);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n == 0;
+}
+
+static void output_dirs_never_follow_a_link(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), *real = m2d_path_join(dir, "real"), *link = m2d_path_join(dir, "out");
+    char *good = m2d_path_join(dir, "good.csv"), *bin = abs_path(tu_bin());
+    tu_write(good, GOOD_RESULTS, strlen(GOOD_RESULTS));
+    assert_int_equal(mkdir(real, 0755), 0);
+    assert_int_equal(symlink("real", link), 0);
+    const char *forms[] = {"out", "out/"};
+    for (size_t i = 0; i < M2D_ARRAY_LEN(forms); i++) {
+        char *c = m2d_strfmt("'%s' report good.csv --plot-data %s", bin, forms[i]);
+        char *want = m2d_strfmt("%s: is a symbolic link; refusing to write", forms[i]);
+        expect_refused_in(dir, c, "report", want);
+        assert_true(dir_is_empty(real));
+        free(want), free(c);
+    }
+    char *model = tu_model_path("tiny-qwen3moe");
+    const char *data = tu_data_path("train-text/wikitext-103-train-prefix/wiki.train.tokens");
+    if (model && m2d_file_exists(data)) {
+        char *abs_data = abs_path(data), *abs_model = model[0] == '/' ? m2d_strdup(model) : abs_path(model);
+        char *c = m2d_strfmt("cd '%s' && '%s' calibrate --model '%s' --data '%s' --seq-len 8 --samples 1 --out t.stats",
+                             dir, bin, abs_model, abs_data);
+        if (tu_run(c, NULL, NULL) != 0) fail_msg("%s failed", c);
+        free(c);
+        c = m2d_strfmt("'%s' convert --model '%s' --stats t.stats --baseline random-ffn --out out", bin, abs_model);
+        expect_refused_in(dir, c, "convert", "out: is a symbolic link; refusing to write");
+        assert_true(dir_is_empty(real));
+        free(c), free(abs_data), free(abs_model);
+    }
+    free(model);
+    tu_rm_rf(dir);
+    free(bin), free(good), free(link), free(real), free(dir);
+}
+
 /* Disk full, injected: FN(ARG) runs in a child process whose files may not grow beyond LIMIT bytes
  * (RLIMIT_FSIZE: write() fails with EFBIG part way; SIGXFSZ ignored), so the limit does not reach
  * the test runner. FN returns 0 when it failed the way it should. */
@@ -589,6 +685,38 @@ static void lock_names_holder_and_waits(void **state) {
     tu_rm_rf(dir);
     free(target);
     free(dir);
+}
+
+/* A lock file is only ever one this code made: another name of a user's file (a hard link) or a
+ * file of theirs at OUT.lock is refused, not truncated and rewritten (nor removed on release). */
+static void lock_never_clobbers_a_file(void **state) {
+    (void)state;
+    char *dir = tu_tmpdir(), *target = m2d_path_join(dir, "merged.csv"), *lockfile = m2d_strfmt("%s.lock", target);
+    char *precious = m2d_path_join(dir, "p.txt"), *good = m2d_path_join(dir, "good.csv");
+    tu_write(precious, "precious\n", 9);
+    tu_write(good, GOOD_RESULTS, strlen(GOOD_RESULTS));
+    assert_int_equal(link(precious, lockfile), 0);
+    char *bin = abs_path(tu_bin()), *c = m2d_strfmt("'%s' merge merged.csv good.csv --allow-gaps", bin);
+    expect_refused_in(dir, c, "merge", "merged.csv.lock: has 2 names (a hard link)");
+    m2d_lock l;
+    assert_int_equal(m2d_lock_acquire(&l, target, "test", "x", 0), -1);
+    assert_non_null(strstr(m2d_errmsg(), "merged.csv.lock: has 2 names"));
+    /* a user's own file at the lock path, of one name */
+    assert_int_equal(unlink(precious), 0);
+    expect_refused_in(dir, c, "merge", "merged.csv.lock: does not hold a moe2dense lock (pid=...)");
+    size_t n;
+    char *v = m2d_read_file(lockfile, &n);
+    assert_string_equal(v, "precious\n");
+    free(v);
+    /* a lock file left by a killed holder (or an empty one) is taken */
+    tu_write(lockfile, "pid=1 host=h since=t\n", 21);
+    assert_int_equal(m2d_lock_acquire(&l, target, "test", "x", 0), 0);
+    m2d_lock_release(&l);
+    tu_write(lockfile, "", 0);
+    assert_int_equal(m2d_lock_acquire(&l, target, "test", "x", 0), 0);
+    m2d_lock_release(&l);
+    tu_rm_rf(dir);
+    free(c), free(bin), free(good), free(precious), free(lockfile), free(target), free(dir);
 }
 
 /* ---------------- sweeps on one results file ---------------- */
@@ -871,6 +999,9 @@ static void small_messages_name_the_value(void **state) {
         {"--set model=", "--set: experiment 'grid': 'model' must be a non-empty path, not an empty string"},
         {"--set ppl.seq_len=abc", "--set: experiment 'grid': 'ppl.seq_len' must be an integer, not string"},
         {"--set 'axes.K=[0]'", "--set: experiment 'grid': axes.K: K '0' = 0 is outside [k, E] = [8, 64]"},
+        /* the value given replaced a table: blamed, not the file's missing key */
+        {"--set ppl=5", "--set: experiment 'grid': 'ppl' must be a table, not integer"},
+        {"--set .=5", "--set .: empty key part"},
     };
     for (size_t i = 0; i < M2D_ARRAY_LEN(cases); i++) {
         char *c = m2d_strfmt("%s sweep %s --experiment grid --dry-run %s", tu_test_bin(), fx.toml, cases[i][0]);
@@ -898,13 +1029,17 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(results_corpus_refused_by_report_and_merge),
         cmocka_unit_test(analyze_corpus_refused_by_report),
+        cmocka_unit_test(report_refusals_name_the_file),
         cmocka_unit_test(analyze_k_line_at_end_of_buffer),
+        cmocka_unit_test(counts_bounded_by_their_readers),
         cmocka_unit_test(plots_draw_data_never_code),
         cmocka_unit_test(atomic_write_never_follows_a_link),
         cmocka_unit_test(calibrate_out_through_a_link_refused),
+        cmocka_unit_test(output_dirs_never_follow_a_link),
         cmocka_unit_test(full_disk_leaves_old_file_and_no_temp),
         cmocka_unit_test(full_disk_row_append_cut_back),
         cmocka_unit_test(lock_names_holder_and_waits),
+        cmocka_unit_test(lock_never_clobbers_a_file),
         cmocka_unit_test(second_sweep_on_one_csv_refused),
         cmocka_unit_test(resume_refuses_bad_rows),
         cmocka_unit_test(grid_limit_refused_in_one_line),

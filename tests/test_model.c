@@ -289,6 +289,21 @@ static void bad_configs(void **state) {
     expect_config_error("\"num_experts\": 8,", "\"num_experts\": 8, \"num_local_experts\": 6,", "'num_local_experts'",
                         "disagrees with num_experts 8");
     expect_config_error("\"num_experts\": 8,", "\"num_local_experts\": 0,", "'num_local_experts'", "positive");
+    /* a list of token ids is range-checked like a single id (3e9 was cast to int: UB, INT_MIN) */
+    expect_config_error("\"eos_token_id\": 63", "\"eos_token_id\": [3e9]", "'eos_token_id'", "out of range");
+    expect_config_error("\"bos_token_id\": null", "\"bos_token_id\": [-3e9]", "'bos_token_id'", "out of range");
+    expect_config_error("\"bos_token_id\": null", "\"bos_token_id\": [-1]", "'bos_token_id'", "token id");
+    /* cJSON reads 1e999 as inf: refused, not used (ppl printed 8192) */
+    expect_config_error("\"rms_norm_eps\": 9.9999999999999995e-07", "\"rms_norm_eps\": 1e999", "'rms_norm_eps'",
+                        "must be a finite number");
+    expect_config_error("\"rope_theta\": 10000,", "\"rope_theta\": -1e999,", "'rope_theta'", "finite");
+    /* read as Python's json reads it, or refused: nothing after the object, no key twice */
+    expect_config_error("\"hidden_size\": 32,", "\"hidden_size\": 32, \"x\": 1}{\"y\": 2,", "field '(root)'",
+                        "unexpected byte 0x7b after the JSON value");
+    expect_config_error("\"rope_theta\": 10000,", "\"rope_theta\": 10000, \"rope_theta\": 500000,",
+                        "field '(root)': duplicate key 'rope_theta'", NULL);
+    expect_config_error("\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 2, \"factor\": 4}",
+                        "field 'rope_scaling': duplicate key 'factor'", NULL);
 }
 
 /* head_dim absent -> hidden / heads (HF default); list-valued eos takes the first id; the spelling

@@ -201,7 +201,7 @@ static void tables16_17_bold_per_column_and_teacher(void **state) {
     /* nothing at K = k or 2k: an error naming the table */
     const char *none = "# teacher=E=64 k=8\nconfig_id,scoring,grouping,scaling,K_expr,K,ppl,status\n000000000001,sf,rr,uniform,E,64,9,ok\n";
     assert_int_equal(m2d_results_parse("none.csv", none, strlen(none), &r), 0);
-    refused(&r, m2d_report_scoring_k_write, 17, "report --table 17: no student at K = k or K = 2k");
+    refused(&r, m2d_report_scoring_k_write, 17, "none.csv: --table 17: no student at K = k or K = 2k");
     m2d_results_free(&r);
 }
 

@@ -111,6 +111,10 @@ static void strict_errors_name_line_and_column(void **state) {
     expect_error("a = 99999999999999999999\n", "out of range");
     expect_error("a = \"bad \\q escape\"\n", "invalid escape");
     expect_error("a = \"\\ud800\"\n", "scalar value");
+    /* values and keys are C strings: NUL would cut them short ("a\0b" read as "a") */
+    expect_error("a = \"x\\u0000y\"\n", "t.toml:1:13: unicode escape of NUL: NUL is not supported");
+    expect_error("a = \"x\\U00000000y\"\n", "t.toml:1:17: unicode escape of NUL");
+    expect_error("\"k\\u0000\" = 1\n", "t.toml:1:9: unicode escape of NUL");
     expect_error("a = [1, 2\n", "expected ',' or ']'");
     expect_error("a = {x = 1,\n y = 2}\n", "single-line");
     expect_error("a = \n", "expected a value");
@@ -144,6 +148,21 @@ static void set_overrides(void **state) {
     assert_int_equal(m2d_toml_path(e, "axes.K")->n, 2);
     assert_int_equal(m2d_toml_set(e, "model.sub", "1"), -1);
     assert_non_null(strstr(m2d_errmsg(), "not a table"));
+    /* a key with an empty part was dropped or read as fewer parts; nothing is set */
+    const char *bad_keys[] = {".", "..", "a..b", ".model", "model."};
+    for (size_t i = 0; i < M2D_ARRAY_LEN(bad_keys); i++) {
+        assert_int_equal(m2d_toml_set(e, bad_keys[i], "5"), -1);
+        char *want = m2d_strfmt("--set %s: empty key part", bad_keys[i]);
+        assert_string_equal(m2d_errmsg(), want);
+        free(want);
+    }
+    assert_null(m2d_toml_get(e, "a"));
+    assert_string_equal(m2d_toml_get(e, "model")->str, "/path/to/Qwen3-30B-A3B");
+    /* a value holding a newline and a second key is refused (its other items leaked) */
+    assert_int_equal(m2d_toml_set(e, "calibration.samples", "5\nw = 3"), -1);
+    assert_string_equal(m2d_errmsg(), "--set calibration.samples: the value is more than one TOML value (a newline in it?)");
+    assert_int_equal(m2d_toml_path(e, "calibration.samples")->i, 512);
+    assert_null(m2d_toml_get(e, "w"));
     m2d_toml_free(t);
 }
 

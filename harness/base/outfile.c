@@ -39,14 +39,21 @@ int m2d_check_output_path(const char *path) {
 }
 
 int m2d_check_output_dir(const char *path) {
+    /* without its trailing slashes: lstat("LINK/") would follow the link */
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    char *bare = m2d_strfmt("%.*s", (int)n, path);
     struct stat st;
-    if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : m2d_err("%s: %s", path, strerror(errno));
-    if (S_ISLNK(st.st_mode))
-        return m2d_err("%s: is a symbolic link; refusing to write, rename or remove files through it: remove it",
-                       path);
-    if (!S_ISDIR(st.st_mode)) return m2d_err("%s: exists and is not a directory", path);
-    return 0;
+    int rc = 0;
+    if (lstat(bare, &st) != 0) rc = errno == ENOENT ? 0 : m2d_err("%s: %s", path, strerror(errno));
+    else if (S_ISLNK(st.st_mode))
+        rc = m2d_err("%s: is a symbolic link; refusing to write, rename or remove files through it: remove it", path);
+    else if (!S_ISDIR(st.st_mode)) rc = m2d_err("%s: exists and is not a directory", path);
+    free(bare);
+    return rc;
 }
+
+int m2d_make_output_dir(const char *path) { return m2d_check_output_dir(path) || m2d_mkdir_p(path) ? -1 : 0; }
 
 /* The directory of PATH ("." when it has none) and its last component (malloc'd both). */
 static int split_path(const char *path, char **dir, char **base) {
@@ -255,6 +262,22 @@ static void record_holder(int fd) {
     /* the owner description is a courtesy for the message of a second process; the lock holds anyway */
 }
 
+/* FD, opened at lock path PATH, is a lock file this code made (or one left by a killed holder): a
+ * regular file of one name, empty or starting "pid=". Anything else there (a hard link to a user's
+ * file, a file of theirs) is refused, since a holder rewrites its lock file and removes it. */
+static int check_lock_file(int fd, const char *path) {
+    struct stat st;
+    char head[4];
+    if (fstat(fd, &st) != 0) return m2d_err("%s: cannot stat: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode)) return m2d_err("%s: is not a regular file, so not a moe2dense lock file", path);
+    if (st.st_nlink > 1)
+        return m2d_err("%s: has %lu names (a hard link), so it is not a moe2dense lock file; refusing to overwrite it",
+                       path, (unsigned long)st.st_nlink);
+    if (st.st_size > 0 && (pread(fd, head, sizeof head, 0) != (ssize_t)sizeof head || memcmp(head, "pid=", 4) != 0))
+        return m2d_err("%s: does not hold a moe2dense lock (pid=...); refusing to overwrite it", path);
+    return 0;
+}
+
 /* 1 when FD is still the file at PATH (a releasing holder unlinks it: then we must retry) */
 static int still_linked(int fd, const char *path) {
     struct stat a, b;
@@ -278,6 +301,10 @@ int m2d_lock_acquire(m2d_lock *l, const char *target, const char *cmd, const cha
         int fd = open(l->path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
         if (fd < 0) {
             m2d_err("%s: cannot open: %s", l->path, errno == ELOOP ? "it is a symbolic link" : strerror(errno));
+            break;
+        }
+        if (check_lock_file(fd, l->path) != 0) {
+            close(fd);
             break;
         }
         if (flock(fd, LOCK_EX | LOCK_NB) != 0) {

@@ -49,6 +49,8 @@ int m2d_check_output_path(const char *path);
 /* The same for a directory an output goes into: absent, or a real directory (not a symbolic link,
  * which every write, rename and removal under it would follow); else one line and -1. */
 int m2d_check_output_dir(const char *path);
+/* The same, then PATH (and its parents) created when absent: the directory outputs go into. */
+int m2d_make_output_dir(const char *path);
 
 /* 1 when NAME (a directory entry) is a temp file this module creates for BASE ("BASE.m2d-tmp.*"),
  * or the "BASE.tmp.PID" of earlier versions: what a killed writer of BASE leaves behind. */

@@ -1,4 +1,5 @@
 /* moe2dense — one binary, many subcommands (each registers itself; see cmd.h). */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,15 +50,23 @@ static int wants_help(int argc, char **argv) {
     return 0;
 }
 
+/* What a command printed must have reached stdout (a full disk, a closed pipe): RC, or 1 with one
+ * line when the flush fails. A command that already failed has said why; its status stands. */
+static int stdout_checked(const char *cmd, int rc) {
+    if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
+    if (rc == 0) fprintf(stderr, "moe2dense %s: standard output: write failed: %s\n", cmd, strerror(errno));
+    return rc ? rc : 1;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         list_commands(stderr);
         return 2;
     }
-    if (!strcmp(argv[1], "help") || is_help_flag(argv[1])) return help(argc, argv);
+    if (!strcmp(argv[1], "help") || is_help_flag(argv[1])) return stdout_checked("help", help(argc, argv));
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
         puts("moe2dense " M2D_VERSION);
-        return 0;
+        return stdout_checked("version", 0);
     }
     const m2d_command *c = m2d_command_find(argv[1]);
     if (!c) {
@@ -66,7 +75,7 @@ int main(int argc, char **argv) {
     }
     if (wants_help(argc, argv)) {
         command_help(c);
-        return 0;
+        return stdout_checked(c->name, 0);
     }
-    return c->run(argc - 1, argv + 1);
+    return stdout_checked(c->name, c->run(argc - 1, argv + 1));
 }

@@ -94,7 +94,7 @@ static void remove_leftovers(const char *dir) { remove_matching(dir, leftover_na
  * refused. The incomplete marker goes first and the complete one is removed, so an interrupted
  * write never looks complete; the temp files of killed writes are removed. */
 static int prepare_dir(const char *dir, m2d_lock *lock) {
-    if (m2d_mkdir_p(dir)) return -1;
+    if (m2d_make_output_dir(dir)) return -1;
     char *lp = m2d_path_join(dir, DIR_LOCK), *mark = m2d_path_join(dir, MARK_INCOMPLETE);
     char *done = m2d_path_join(dir, MARK_COMPLETE);
     dir_scan ds;

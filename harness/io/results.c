@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <math.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,8 +101,11 @@ static int parse_text(const char *path, const char *text, size_t len, m2d_result
 int m2d_results_parse(const char *path, const char *text, size_t len, m2d_results *r) {
     int rc = parse_text(path, text, len, r);
     if (rc) m2d_results_free(r); /* nothing half-read is handed out */
+    else r->path = m2d_strdup(path);
     return rc;
 }
+
+const char *m2d_results_name(const m2d_results *r) { return r->path ? r->path : "results"; }
 
 int m2d_results_read(const char *path, m2d_results *r) {
     size_t len;
@@ -129,6 +133,7 @@ void m2d_results_free(m2d_results *r) {
     free(r->cols);
     free(r->row_line);
     free(r->field_col);
+    free(r->path);
     memset(r, 0, sizeof *r);
 }
 
@@ -183,7 +188,7 @@ const char *m2d_results_meta(const m2d_results *r, const char *key) {
 /* ---- row validation ---- */
 
 typedef enum {
-    V_TEXT, V_ID, V_NAME, V_KEXPR, V_COUNT, V_COUNT_OR_EMPTY, V_PARAMS, V_PPL, V_PROB_OR_EMPTY, V_SECONDS,
+    V_TEXT, V_ID, V_NAME, V_KEXPR, V_COUNT, V_COUNT_OR_EMPTY, V_TOTAL_OR_EMPTY, V_PARAMS, V_PPL, V_PROB_OR_EMPTY, V_SECONDS,
     V_STATUS, V_DEDUP, V_HEX64_OR_EMPTY, V_TARGET, V_RATIO_OR_EMPTY
 } rule;
 
@@ -193,7 +198,7 @@ static const struct {
 } COLUMN_RULES[] = {
     {"config_id", V_ID},        {"scoring", V_NAME},          {"grouping", V_NAME},
     {"scaling", V_NAME},        {"K_expr", V_KEXPR},          {"K", V_COUNT},
-    {"params", V_PARAMS},       {"d_dense", V_COUNT_OR_EMPTY}, {"n_params", V_COUNT_OR_EMPTY},
+    {"params", V_PARAMS},       {"d_dense", V_COUNT_OR_EMPTY}, {"n_params", V_TOTAL_OR_EMPTY},
     {"ppl", V_PPL},             {"ppl_protocol", V_NAME},     {"ppl_seq_len", V_COUNT},
     {"ppl_windows", V_COUNT_OR_EMPTY}, {"mc_avg", V_PROB_OR_EMPTY}, {"wall_s", V_SECONDS},
     {"status", V_STATUS},       {"dedup_of", V_DEDUP},        {"fingerprint", V_HEX64_OR_EMPTY},
@@ -270,10 +275,17 @@ static int decimal(const char *s, double *v) {
     return *end == 0 && errno != ERANGE && isfinite(*v);
 }
 
-static const char *check_count(const char *s, int allow_empty) {
+/* A count >= 1: readers take K, widths and window counts as int; a parameter total (WIDE) is an
+ * int64 of at most 18 digits */
+static const char *check_count(const char *s, int allow_empty, int wide) {
+    static const char *const too_big_int = "is out of range (an integer in [1, 2147483647])",
+                      *const too_big_wide = "is out of range (an integer of at most 18 digits)";
     if (!*s) return allow_empty ? NULL : "is empty (an integer >= 1 is required)";
-    if (!all_digits(s) || strlen(s) > 18) return "is not an integer >= 1";
-    return strtoll(s, NULL, 10) >= 1 ? NULL : "is not an integer >= 1";
+    if (!all_digits(s)) return "is not an integer >= 1";
+    if (strlen(s) > 18) return wide ? too_big_wide : too_big_int;
+    long long v = strtoll(s, NULL, 10);
+    if (v < 1) return "is not an integer >= 1";
+    return wide || v <= INT_MAX ? NULL : too_big_int;
 }
 
 static const char *check_number(const char *s, double lo, double hi, const char *range) {
@@ -298,8 +310,9 @@ static const char *check_field(rule k, const char *s) {
     case V_KEXPR: return is_kexpr(s) ? NULL : "is not a K expression (k, Nk, E, E/N, N or (1-R)E)";
     case V_TARGET: return !strcmp(s, "dense") || !strcmp(s, "moe") ? NULL : "is not dense or moe";
     case V_RATIO_OR_EMPTY: return !*s || is_ratio(s) ? NULL : "is not empty or a fraction in [0, 1)";
-    case V_COUNT: return check_count(s, 0);
-    case V_COUNT_OR_EMPTY: return check_count(s, 1);
+    case V_COUNT: return check_count(s, 0, 0);
+    case V_COUNT_OR_EMPTY: return check_count(s, 1, 0);
+    case V_TOTAL_OR_EMPTY: return check_count(s, 1, 1);
     case V_PARAMS: return check_printable(s, 128);
     case V_PPL: return !*s ? NULL : check_number(s, 1, 1e300, "is out of range (a perplexity is finite and >= 1)");
     case V_PROB_OR_EMPTY: return !*s ? NULL : check_number(s, 0, 1, "is outside [0, 1]");

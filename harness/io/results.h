@@ -22,7 +22,8 @@
  *   target ratio top_k (grids with MoE students)   dense or moe; empty or a fraction in [0, 1);
  *                      empty or an integer >= 1
  *   params             printable text < 128 chars
- *   d_dense n_params ppl_windows   empty or an integer >= 1
+ *   d_dense ppl_windows  empty or an integer >= 1; n_params the same, of at most 18 digits
+ *                      (the other counts, read as int, at most 2147483647)
  *   ppl                empty or a finite number >= 1 (a perplexity); required when status is ok
  *   TASK_acc TASK_acc_norm mc_avg  empty or a number in [0, 1]
  *   wall_s             a finite number >= 0
@@ -45,6 +46,7 @@ typedef struct {
     size_t torn_bytes;              /* bytes after the last newline (a torn row), not part of rows */
     int *row_line;                  /* [n_rows] line of each row in the file (NULL: built in memory) */
     int *field_col;                 /* [n_rows * n_cols] column where each field starts (or NULL) */
+    char *path;                     /* the file it was read from (NULL: built in memory) */
 } m2d_results;
 
 /* Read PATH. A torn last line is skipped (torn_bytes says how long it was); a complete row with
@@ -65,6 +67,8 @@ void m2d_results_free(m2d_results *r);
  * numbers and field columns); returns how many went. */
 int m2d_results_keep_rows(m2d_results *r, int (*keep)(const m2d_results *r, int row, void *ctx), void *ctx);
 int m2d_results_col(const m2d_results *r, const char *name);  /* -1 when absent */
+/* The file R was read from, for messages ("results" when built in memory) */
+const char *m2d_results_name(const m2d_results *r);
 const char *m2d_results_get(const m2d_results *r, int row, const char *name); /* "" when absent */
 const char *m2d_results_meta(const m2d_results *r, const char *key);         /* NULL when absent */
 /* Set header KEY to VALUE (copied): replaced where R has KEY, else appended last. */

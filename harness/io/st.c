@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "base/util.h"
+#include "io/json.h"
 
 /* A header longer than this is rejected before it is parsed (the largest real checkpoints
  * have headers of a few MiB; the cap stops a lying length prefix from allocating GBs). */
@@ -225,22 +226,8 @@ static int parse_file(m2d_st *st, int fi) {
         return m2d_err1("%s: field 'header length': %llu bytes but the file has only %zu bytes after the prefix "
                        "(truncated?)", path, (unsigned long long)hlen, sf->size - 8);
     const char *hdr = (const char *)sf->base + 8;
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(hdr, (size_t)hlen, &end, 0);
-    if (!root) {
-        size_t at = end ? (size_t)(end - hdr) : 0;
-        const char *ep = cJSON_GetErrorPtr();
-        if (ep && ep >= hdr && ep <= hdr + hlen) at = (size_t)(ep - hdr);
-        return m2d_err1("%s: field 'header': malformed JSON near byte %zu of %llu", path, at,
-                       (unsigned long long)hlen);
-    }
-    /* trailing bytes may only be padding whitespace */
-    for (const char *p = end; p && p < hdr + hlen; p++)
-        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
-            cJSON_Delete(root);
-            return m2d_err1("%s: field 'header': unexpected byte 0x%02x after the JSON object at byte %zu", path,
-                           (unsigned char)*p, (size_t)(p - hdr));
-        }
+    cJSON *root;
+    if (m2d_json_parse(path, "header", hdr, (size_t)hlen, &root) != 0) return -1;
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return m2d_err1("%s: field 'header': must be a JSON object", path);
@@ -248,11 +235,10 @@ static int parse_file(m2d_st *st, int fi) {
     uint64_t data_len = sf->size - 8 - hlen;
     const uint8_t *data = sf->base + 8 + hlen;
     sf->data_off = 8 + hlen;
-    int first = st->n, rc = 0, seen_meta = 0;
+    int first = st->n, rc = 0;
     for (const cJSON *j = root->child; j && rc == 0; j = j->next) {
-        if (strcmp(j->string, "__metadata__") == 0) {
-            if (seen_meta++) rc = m2d_err1("%s: field '__metadata__': appears twice", path);
-            else rc = parse_metadata(path, j, sf);
+        if (strcmp(j->string, "__metadata__") == 0) { /* once: m2d_json_parse refuses a key twice */
+            rc = parse_metadata(path, j, sf);
             continue;
         }
         st_entry e;
@@ -348,15 +334,42 @@ static char *dir_of(const char *path) {
     return m2d_strfmt("%.*s", (int)(slash - path), path);
 }
 
+/* Every weight_map entry of INDEX_PATH is in the shard it names, and every tensor of the shards is
+ * listed: each tensor is looked up, whatever the counts (a key given twice once hid an unlisted one). */
+static int check_weight_map(const m2d_st *st, const char *index_path, const char *dir, const cJSON *wm) {
+    char *listed = m2d_calloc((size_t)st->n + 1, 1);
+    int rc = 0;
+    for (const cJSON *kv = wm->child; kv && rc == 0; kv = kv->next) {
+        int i = m2d_st_index_of(st, kv->string);
+        char *sp = m2d_path_join(dir, kv->valuestring);
+        if (i < 0)
+            rc = m2d_err1("%s: field 'weight_map': tensor '%s' is not in shard '%s'", index_path, kv->string,
+                         kv->valuestring);
+        else if (strcmp(st->files[st->entries[i].file].path, sp) != 0)
+            rc = m2d_err1("%s: field 'weight_map': tensor '%s' is mapped to '%s' but stored in %s", index_path,
+                         kv->string, kv->valuestring, st->files[st->entries[i].file].path);
+        else listed[i] = 1;
+        free(sp);
+    }
+    for (int i = 0; i < st->n && rc == 0; i++)
+        if (!listed[i])
+            rc = m2d_err1("%s: field 'weight_map': tensor '%s' in %s is not listed", index_path, st->entries[i].t.name,
+                         st->files[st->entries[i].file].path);
+    free(listed);
+    return rc;
+}
+
 static int open_index(m2d_st *st, const char *index_path) {
     size_t len;
     char *text = m2d_read_file(index_path, &len);
     if (!text) return -1;
-    cJSON *root = cJSON_ParseWithLength(text, len);
+    cJSON *root;
+    int bad = m2d_json_parse(index_path, "(root)", text, len, &root);
     free(text);
-    if (!root || !cJSON_IsObject(root)) {
+    if (bad) return -1;
+    if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return m2d_err1("%s: field 'weight_map': malformed JSON (expected an object with a weight_map)", index_path);
+        return m2d_err1("%s: field '(root)': must be an object with a weight_map", index_path);
     }
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     int rc = 0;
@@ -389,23 +402,7 @@ static int open_index(m2d_st *st, const char *index_path) {
         free(sp);
     }
     if (rc == 0) rc = finish(st);
-    /* every weight_map entry must be in its shard; every shard tensor must be listed */
-    for (const cJSON *kv = wm->child; kv && rc == 0; kv = kv->next) {
-        const m2d_tensor *t = m2d_st_find(st, kv->string);
-        char *sp = m2d_path_join(dir, kv->valuestring);
-        if (!t)
-            rc = m2d_err1("%s: field 'weight_map': tensor '%s' is not in shard '%s'", index_path, kv->string,
-                         kv->valuestring);
-        else if (strcmp(m2d_st_file_of(st, kv->string), sp) != 0)
-            rc = m2d_err1("%s: field 'weight_map': tensor '%s' is mapped to '%s' but stored in %s", index_path,
-                         kv->string, kv->valuestring, m2d_st_file_of(st, kv->string));
-        free(sp);
-    }
-    if (rc == 0 && cJSON_GetArraySize(wm) != st->n)
-        for (int i = 0; i < st->n && rc == 0; i++)
-            if (!cJSON_GetObjectItemCaseSensitive(wm, st->entries[i].t.name))
-                rc = m2d_err1("%s: field 'weight_map': tensor '%s' in %s is not listed", index_path,
-                             st->entries[i].t.name, st->files[st->entries[i].file].path);
+    if (rc == 0) rc = check_weight_map(st, index_path, dir, wm);
 out:
     free(dir);
     cJSON_Delete(root);

@@ -161,6 +161,8 @@ static int parse_unicode_escape(parser *p, int digits, char **b, size_t *n, size
         p->pos++;
     }
     if (!utf8proc_codepoint_valid(cp)) return perr(p, "unicode escape is not a scalar value", NULL);
+    /* values and keys are C strings: a NUL would cut them short */
+    if (cp == 0) return perr(p, "unicode escape of NUL: NUL is not supported", NULL);
     uint8_t enc[4];
     utf8proc_ssize_t k = utf8proc_encode_char(cp, enc);
     buf_put(b, n, cap, (const char *)enc, (size_t)k);
@@ -683,23 +685,46 @@ static void mark_from_command_line(m2d_toml *t) {
         mark_from_command_line(t->items[i]);
 }
 
-int m2d_toml_set(m2d_toml *root, const char *dotted, const char *value) {
+/* DOTTED is parts joined by single dots, none empty (".", "a..b", "a." would be taken apart by
+ * strtok as fewer parts, or none) */
+static int check_set_key(const char *dotted) {
     if (!*dotted) return m2d_err("--set: empty key");
-    /* parse "v = VALUE" as a document; fall back to a plain string */
+    for (const char *p = dotted;; p++) {
+        if (*p == '.' || !*p) {
+            if (p == dotted || p[-1] == '.') return m2d_err("--set %s: empty key part", dotted);
+            if (!*p) return 0;
+        }
+    }
+}
+
+/* VALUE as a TOML value (a plain string when it is not one), or NULL when it is more than one
+ * (a newline and a second key) */
+static m2d_toml *set_value(const char *dotted, const char *value) {
     char *doc = m2d_strfmt("v = %s", value);
     m2d_toml *parsed = m2d_toml_parse(doc, strlen(doc), "--set");
     free(doc);
-    m2d_toml *val;
-    if (parsed) {
-        val = parsed->items[0];
-        free(parsed->keys[0]);
-        parsed->n = 0;
-        m2d_toml_free(parsed);
-    } else {
-        val = node_new(M2D_TOML_STRING, NULL);
-        val->str = m2d_strdup(value);
-    }
     m2d_err_clear();
+    if (!parsed) {
+        m2d_toml *val = node_new(M2D_TOML_STRING, NULL);
+        val->str = m2d_strdup(value);
+        return val;
+    }
+    if (parsed->n != 1) {
+        m2d_toml_free(parsed);
+        m2d_err("--set %s: the value is more than one TOML value (a newline in it?)", dotted);
+        return NULL;
+    }
+    m2d_toml *val = parsed->items[0];
+    free(parsed->keys[0]);
+    parsed->n = 0;
+    m2d_toml_free(parsed);
+    return val;
+}
+
+int m2d_toml_set(m2d_toml *root, const char *dotted, const char *value) {
+    if (check_set_key(dotted)) return -1;
+    m2d_toml *val = set_value(dotted, value);
+    if (!val) return -1;
     mark_from_command_line(val);
     char *copy = m2d_strdup(dotted), *save = NULL;
     m2d_toml *cur = root;

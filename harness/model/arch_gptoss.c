@@ -20,6 +20,8 @@
  * and not used), and writes the dense layers back in that form (write_ffn), experts unquantised in
  * the teacher's expert dtype (bf16 for an MXFP4 teacher), without quantization_config. */
 #include <cjson/cJSON.h>
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -87,7 +89,11 @@ static int parse_experts(const void *json, const char *path, m2d_config *c) {
         m2d_cfg_check_max(path, "intermediate_size", de, 1 << 20) != 0)
         return -1;
     if (k > E) return m2d_err1("%s: field 'num_experts_per_tok': %d exceeds num_local_experts %d", path, k, E);
-    if (!(limit > 0)) return m2d_err1("%s: field 'swiglu_limit': must be positive", path);
+    /* both are used as floats: beyond FLT_MAX they become inf (alpha = inf gives 0 * inf = NaN) */
+    if (!(limit > 0) || !isfinite((float)limit))
+        return m2d_err1("%s: field 'swiglu_limit': must be positive and at most %g", path, FLT_MAX);
+    if (!(alpha > 0) || !isfinite((float)alpha))
+        return m2d_err1("%s: field 'swiglu_alpha': must be positive and at most %g (GPT-OSS: 1.702)", path, FLT_MAX);
     c->ops.act_alpha = (float)alpha, c->ops.act_limit = (float)limit;
     if (E == 1 && k == 1) { /* the dense student: one expert, weight exactly 1 */
         c->intermediate_size = de;

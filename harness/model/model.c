@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/util.h"
+#include "io/json.h"
 
 /* ---------------------------------------------------------------- registry */
 
@@ -39,6 +40,16 @@ int m2d_cfg_has(const void *json, const char *name) {
     return v && !cJSON_IsNull(v);
 }
 
+/* V, field NAME, as an int: an integral number within int's range (the cast is UB beyond it) */
+static int int_value(const cJSON *v, const char *path, const char *name, int *out) {
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
+        return m2d_err1("%s: field '%s': must be an integer", path, name);
+    if (fabs(v->valuedouble) > 2147483647.0)
+        return m2d_err1("%s: field '%s': %.17g is out of range (at most 2147483647)", path, name, v->valuedouble);
+    *out = (int)v->valuedouble;
+    return 0;
+}
+
 int m2d_cfg_int(const void *json, const char *path, const char *name, int required, int dflt, int *out) {
     const cJSON *v = field(json, name);
     if (!v || cJSON_IsNull(v)) {
@@ -46,12 +57,7 @@ int m2d_cfg_int(const void *json, const char *path, const char *name, int requir
         *out = dflt;
         return 0;
     }
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
-        return m2d_err1("%s: field '%s': must be an integer", path, name);
-    if (fabs(v->valuedouble) > 2147483647.0)
-        return m2d_err1("%s: field '%s': %.17g is out of range (at most 2147483647)", path, name, v->valuedouble);
-    *out = (int)v->valuedouble;
-    return 0;
+    return int_value(v, path, name, out);
 }
 
 int m2d_cfg_pos_int(const void *json, const char *path, const char *name, int required, int dflt, int *out) {
@@ -73,10 +79,9 @@ int m2d_cfg_int_or_null(const void *json, const char *path, const char *name, in
             *out = -1;
             return 0;
         }
-        v = v->child;
-        if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0)
-            return m2d_err1("%s: field '%s': must be a token id, a list of ids, or null", path, name);
-        *out = (int)v->valuedouble;
+        if (!cJSON_IsNumber(v->child)) return m2d_err1("%s: field '%s': must be a token id, a list of ids, or null", path, name);
+        if (int_value(v->child, path, name, out) != 0) return -1;
+        if (*out < 0) return m2d_err1("%s: field '%s': must be a token id, a list of ids, or null", path, name);
         return 0;
     }
     if (m2d_cfg_int(json, path, name, 0, -1, out) != 0) return -1;
@@ -92,6 +97,8 @@ int m2d_cfg_double(const void *json, const char *path, const char *name, int req
         return 0;
     }
     if (!cJSON_IsNumber(v)) return m2d_err1("%s: field '%s': must be a number", path, name);
+    /* cJSON reads 1e999 as inf: refused, as Python's json would give inf too and no field means it */
+    if (!isfinite(v->valuedouble)) return m2d_err1("%s: field '%s': must be a finite number", path, name);
     *out = v->valuedouble;
     return 0;
 }
@@ -204,8 +211,8 @@ static int check_model_type(const char *path, const m2d_config *cfg) {
 int m2d_config_parse(const char *text, size_t len, const char *path, m2d_config *cfg, const m2d_arch **arch) {
     memset(cfg, 0, sizeof *cfg);
     if (arch) *arch = NULL;
-    cJSON *root = cJSON_ParseWithLength(text, len);
-    if (!root) return m2d_err1("%s: field '(root)': malformed JSON", path);
+    cJSON *root;
+    if (m2d_json_parse(path, "(root)", text, len, &root) != 0) return -1;
     int rc = 0;
     const m2d_arch *a = NULL;
     const cJSON *archs_j = cJSON_GetObjectItemCaseSensitive(root, "architectures");

@@ -34,10 +34,25 @@ int m2d_grid_key_err(const ctx *c, const m2d_toml *v, const char *key, const cha
     return m2d_err("%s: missing '%s' (%s)", m2d_grid_where(c, NULL, at, sizeof at), key, want);
 }
 
+/* KEY, missing under T: when a table on its path is something else (--set ppl=5), that value is
+ * what is wrong, named where it was given (the file's line, or --set) */
+static int missing_err(const ctx *c, const m2d_toml *t, const char *key, const char *want) {
+    char *prefix = m2d_strdup(key);
+    int rc = 1;
+    for (char *dot = strchr(prefix, '.'); dot && rc == 1; dot = strchr(dot + 1, '.')) {
+        *dot = 0;
+        const m2d_toml *v = m2d_toml_path(t, prefix);
+        if (v && v->type != M2D_TOML_TABLE) rc = m2d_grid_key_err(c, v, prefix, "a table");
+        *dot = '.';
+    }
+    free(prefix);
+    return rc == 1 ? m2d_grid_key_err(c, NULL, key, want) : rc;
+}
+
 int m2d_grid_get_str(const ctx *c, const m2d_toml *t, const char *key, const char *dflt, char **out) {
     const m2d_toml *v = m2d_toml_path(t, key);
     if (!v) {
-        if (!dflt) return m2d_grid_key_err(c, NULL, key, "a string");
+        if (!dflt) return missing_err(c, t, key, "a string");
         *out = m2d_strdup(dflt);
         return 0;
     }

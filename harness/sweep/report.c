@@ -61,7 +61,7 @@ static int grid_load(const m2d_results *r, grid *g, int dense_only) {
     memset(g, 0, sizeof *g);
     static const char *const need[] = {"config_id", "scoring", "grouping", "scaling", "K", "ppl", "status"};
     for (size_t i = 0; i < M2D_ARRAY_LEN(need); i++)
-        if (m2d_results_col(r, need[i]) < 0) return m2d_err("results: field '%s': column missing", need[i]);
+        if (m2d_results_col(r, need[i]) < 0) return m2d_err("%s: field '%s': column missing", m2d_results_name(r), need[i]);
     int c_sc = m2d_results_col(r, "scoring"), c_gr = m2d_results_col(r, "grouping"),
         c_sl = m2d_results_col(r, "scaling"), c_pa = m2d_results_col(r, "params"), c_K = m2d_results_col(r, "K"),
         c_ppl = m2d_results_col(r, "ppl"), c_st = m2d_results_col(r, "status");
@@ -557,7 +557,7 @@ static int write_range(const char *dir, double lo, double hi) {
 int m2d_report_plot_data(const m2d_results *r, const char *dir) {
     grid g;
     if (grid_load(r, &g, 1)) return -1;
-    if (m2d_mkdir_p(dir)) {
+    if (m2d_make_output_dir(dir)) {
         grid_free(&g);
         return -1;
     }
@@ -615,7 +615,7 @@ static double an_mean(const m2d_an_csv *a, m2d_an_metric metric, const char *c, 
 }
 
 int m2d_report_analyze_plot_data(const m2d_an_csv *a, const char *dir) {
-    if (m2d_mkdir_p(dir)) return -1;
+    if (m2d_make_output_dir(dir)) return -1;
     const char **crit = m2d_calloc((size_t)a->n + 1, sizeof *crit);
     int n = an_criteria(a, crit);
     pd_file op, ep, kp;

@@ -274,8 +274,8 @@ static int has_d2d(const m2d_results *r) {
 
 int m2d_report_d2d_write(const m2d_results *r, int table, m2d_report_format fmt, FILE *f) {
     if (!has_d2d(r))
-        return m2d_err("report --table %d: the file has no D2D candidates (scoring \"d2d\": an experiment with a "
-                       "[d2d] block)", table);
+        return m2d_err("%s: --table %d: no D2D candidates (scoring \"d2d\": an experiment with a [d2d] block)",
+                       m2d_results_name(r), table);
     t3_row *t = m2d_calloc((size_t)r->n_rows + 5, sizeof *t);
     int n = t3_rows(r, table, t);
     if (table == 6 && fmt != M2D_REPORT_CSV) t6_caption(r, fmt, f);

@@ -63,7 +63,7 @@ int m2d_report_best_per_scoring_K(const m2d_results *r, int **rows) {
     static const char *const need[] = {"config_id", "scoring", "K", "ppl", "status"};
     *rows = NULL;
     for (size_t i = 0; i < M2D_ARRAY_LEN(need); i++)
-        if (m2d_results_col(r, need[i]) < 0) return m2d_err("results: field '%s': column missing", need[i]);
+        if (m2d_results_col(r, need[i]) < 0) return m2d_err("%s: field '%s': column missing", m2d_results_name(r), need[i]);
     int k;
     m2d_report_teacher_shape(r, &k);
     const char **sc = m2d_calloc((size_t)r->n_rows + 1, sizeof *sc);
@@ -236,7 +236,8 @@ int m2d_report_scoring_k_write(const m2d_results *r, int table, m2d_report_forma
     int *rows, n = m2d_report_best_per_scoring_K(r, &rows);
     if (n <= 0) {
         free(rows);
-        return n < 0 ? -1 : m2d_err("report --table %d: no student at K = k or K = 2k with a finite PPL", table);
+        return n < 0 ? -1 : m2d_err("%s: --table %d: no student at K = k or K = 2k with a finite PPL",
+                                    m2d_results_name(r), table);
     }
     line *l = m2d_calloc((size_t)n + 1, sizeof *l);
     int m = lines_of(r, rows, n, table != 8, l), csv = fmt == M2D_REPORT_CSV;
