@@ -184,6 +184,20 @@ static void duplicates_and_mismatches_are_errors(void **state) {
     m2d_shard_merge_result_free(&res);
     tu_write(sh.shard[1], text, n);
     free(text), free(edited);
+    /* shards of another grid (other --set axes keep every identity key) or of another split */
+    const char *fields[][3] = {{"grid_size=", "grid_size=999", "header 'grid_size'"},
+                               {"shard=", "shard=2/7", "header 'shard' of 3 vs 7 shards"}};
+    for (int f = 0; f < 2; f++) {
+        text = m2d_read_file(sh.shard[1], &n), p = strstr(text, fields[f][0]);
+        assert_non_null(p);
+        edited = m2d_strfmt("%.*s%s%s", (int)(p - text), text, fields[f][1], strchr(p, '\n'));
+        tu_write(sh.shard[1], edited, strlen(edited));
+        assert_int_equal(merge(&sh, sh.shard, 3, 0, 0, &res), -1);
+        if (!strstr(m2d_errmsg(), fields[f][2])) fail_msg("%s", m2d_errmsg());
+        m2d_shard_merge_result_free(&res);
+        tu_write(sh.shard[1], text, n);
+        free(text), free(edited);
+    }
     /* rows of another run: another experiment's CSV has another identity */
     m2d_experiment other;
     assert_int_equal(m2d_experiment_load(sh.fx.toml, "other", NULL, 0, &other), 0);

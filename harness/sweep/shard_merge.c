@@ -58,6 +58,25 @@ static int same_identity(const m2d_results *a, const char *pa, const m2d_results
     return 0;
 }
 
+/* N of a header "shard=I/N" (0: "all" or none) */
+static int shard_count(const m2d_results *r) {
+    const char *v = m2d_results_meta(r, "shard");
+    int i, n;
+    return v && sscanf(v, "%d/%d", &i, &n) == 2 ? n : 0;
+}
+
+/* Shards of one grid: the same grid_size and the same shard count N (other --set axes leave
+ * every identity key as it was, but not these) */
+static int same_grid(const m2d_results *a, const char *pa, const m2d_results *b, const char *pb) {
+    const char *x = m2d_results_meta(a, "grid_size"), *y = m2d_results_meta(b, "grid_size");
+    if (x && y && strcmp(x, y))
+        return m2d_err("%s and %s come from different grids: header 'grid_size' is '%s' vs '%s'", pa, pb, x, y);
+    int na = shard_count(a), nb = shard_count(b);
+    if (na && nb && na != nb)
+        return m2d_err("%s and %s come from different splits: header 'shard' of %d vs %d shards", pa, pb, na, nb);
+    return 0;
+}
+
 /* Read every input; they must be of one run (and of the experiment, when given). */
 static int read_inputs(merge_state *st) {
     const m2d_shard_merge_opts *o = st->o;
@@ -66,7 +85,9 @@ static int read_inputs(merge_state *st) {
         if (m2d_results_read_checked(o->inputs[i], &st->in[i])) return -1;
         if (st->in[i].torn_bytes)
             note(st->res, "%s: ignoring a torn last line (was that shard killed? re-run it to finish)", o->inputs[i]);
-        if (i && same_identity(&st->in[0], o->inputs[0], &st->in[i], o->inputs[i])) return -1;
+        if (i && (same_identity(&st->in[0], o->inputs[0], &st->in[i], o->inputs[i]) ||
+                  same_grid(&st->in[0], o->inputs[0], &st->in[i], o->inputs[i])))
+            return -1;
     }
     const char *exp = m2d_results_meta(&st->in[0], "experiment");
     if (st->have_exp && exp && strcmp(exp, o->experiment))
