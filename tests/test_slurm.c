@@ -243,9 +243,23 @@ static void script_lines_quoting_and_errors(void **state) {
     assert_int_equal(m2d_slurm_write(&o, &job), -1);
     assert_non_null(strstr(m2d_errmsg(), "slurm: --partition: "));
     o.partition = NULL;
-    o.shards = 25;
+    /* as many shards as groups of configurations that share a student: each runs some; one more
+     * would run none (yet load, calibrate and score the teacher) */
+    m2d_experiment x;
+    assert_int_equal(m2d_experiment_load(fx.toml, "tiny", sets, 2, &x), 0);
+    int groups = m2d_grid_shard_groups(&x);
+    assert_true(groups > 3 && groups < x.n_configs); /* K = k configurations share a student */
+    for (int i = 1; i <= groups; i++) {
+        int *idx, n = m2d_grid_shard(&x, i, groups, &idx);
+        assert_true(n > 0);
+        free(idx);
+    }
+    o.shards = groups + 1;
     assert_int_equal(m2d_slurm_write(&o, &job), -1);
-    assert_non_null(strstr(m2d_errmsg(), "--shards 25 exceeds the 24 configurations of experiment 'tiny'"));
+    char *want = m2d_strfmt("--shards %d exceeds the %d group(s) of configurations of experiment 'tiny'", groups + 1, groups);
+    if (!strstr(m2d_errmsg(), want)) fail_msg("%s", m2d_errmsg());
+    free(want);
+    m2d_experiment_free(&x);
     o.shards = 3;
     o.experiment = "tiny;x";
     assert_int_equal(m2d_slurm_write(&o, &job), -1);

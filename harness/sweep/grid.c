@@ -290,9 +290,8 @@ static int cmp_affinity(const void *a, const void *b) {
     return strcmp(((const affinity *)a)->key, ((const affinity *)b)->key);
 }
 
-int m2d_grid_shard(const m2d_experiment *x, int i, int n, int **idx) {
-    affinity *groups = m2d_malloc((size_t)(x->n_configs + 1) * sizeof *groups);
-    int *group_of = m2d_malloc((size_t)(x->n_configs + 1) * sizeof *group_of);
+/* The configurations that can share a student, grouped: GROUPS[n] (returned n), GROUP_OF[config] */
+static int affinity_groups(const m2d_experiment *x, affinity *groups, int *group_of) {
     int n_groups = 0;
     for (int c = 0; c < x->n_configs; c++) {
         char key[65];
@@ -307,6 +306,21 @@ int m2d_grid_shard(const m2d_experiment *x, int i, int n, int **idx) {
         }
         group_of[c] = g;
     }
+    return n_groups;
+}
+
+int m2d_grid_shard_groups(const m2d_experiment *x) {
+    affinity *groups = m2d_malloc((size_t)(x->n_configs + 1) * sizeof *groups);
+    int *group_of = m2d_malloc((size_t)(x->n_configs + 1) * sizeof *group_of);
+    int n = affinity_groups(x, groups, group_of);
+    free(groups), free(group_of);
+    return n;
+}
+
+int m2d_grid_shard(const m2d_experiment *x, int i, int n, int **idx) {
+    affinity *groups = m2d_malloc((size_t)(x->n_configs + 1) * sizeof *groups);
+    int *group_of = m2d_malloc((size_t)(x->n_configs + 1) * sizeof *group_of);
+    int n_groups = affinity_groups(x, groups, group_of);
     affinity *sorted = m2d_malloc((size_t)(n_groups + 1) * sizeof *sorted);
     memcpy(sorted, groups, (size_t)n_groups * sizeof *sorted);
     qsort(sorted, (size_t)n_groups, sizeof *sorted, cmp_affinity);

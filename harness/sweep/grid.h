@@ -130,5 +130,7 @@ int m2d_parse_shard(const char *s, int *i, int *n);
  * stay together; groups are dealt round-robin in hash order so each shard mixes cheap and
  * expensive K. Disjoint, and their union is the grid. Returns the count; *idx malloc'd. */
 int m2d_grid_shard(const m2d_experiment *x, int i, int n, int **idx);
+/* How many shards can hold a configuration: the groups of configurations that share a student. */
+int m2d_grid_shard_groups(const m2d_experiment *x);
 
 #endif

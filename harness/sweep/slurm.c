@@ -199,9 +199,13 @@ int m2d_slurm_write(const m2d_slurm_opts *o, m2d_slurm_job *job) {
     m2d_experiment x = {0};
     char *dir = NULL, *bin = NULL, *sets = NULL, *text = NULL;
     int rc = m2d_experiment_load(o->experiments, o->experiment, o->sets, o->n_sets, &x);
-    if (rc == 0 && o->shards > x.n_configs)
-        rc = m2d_err("slurm: --shards %d exceeds the %d configurations of experiment '%s'", o->shards, x.n_configs,
-                     o->experiment);
+    /* a shard past the groups of configurations that share a student would run none, yet load
+     * the teacher, calibrate and score it on a node of its own */
+    int groups = rc == 0 ? m2d_grid_shard_groups(&x) : 0;
+    if (rc == 0 && o->shards > groups)
+        rc = m2d_err("slurm: --shards %d exceeds the %d group(s) of configurations of experiment '%s' that can run "
+                     "apart (%d configurations; those that share a student stay in one shard)", o->shards, groups,
+                     o->experiment, x.n_configs);
     if (rc == 0) rc = resolve_paths(o, &dir, &job->script_path);
     if (rc == 0 && !(bin = binary_path(o))) rc = -1;
     if (rc == 0 && (check_path("binary", bin) || check_path("results directory", dir) ||
