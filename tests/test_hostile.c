@@ -344,6 +344,22 @@ static void plots_draw_data_never_code(void **state) {
     assert_true(m2d_file_exists(lorenz));
     free(marginal), free(lorenz);
     tu_rm_rf(dir);
+    /* Figure 7 of a grid distilled at K = k only (its K = 2k bars all absent): drawn */
+    const char *k_only = "# experiment=kk\n# teacher=E=64 k=8\n"
+                         "config_id,scoring,grouping,scaling,K_expr,K,params,target,ppl,mc_avg,mc_student,distill_ppl,"
+                         "status,dedup_of\n"
+                         "000000000001,acp,rr,uniform,k,8,,dense,900,0.485,distilled,30,ok,\n"
+                         "000000000002,sf,rr,uniform,k,8,,dense,3000,0.42,distilled,40,ok,\n";
+    assert_int_equal(m2d_mkdir_p(dir), 0);
+    tu_write(good, k_only, strlen(k_only));
+    tu_write(an, GOOD_ANALYZE, strlen(GOOD_ANALYZE));
+    rc = run_plots(dir, "good.csv", "an.csv", &err);
+    if (rc) fail_msg("plots.sh on a grid distilled at K = k only: exit %d: %s", rc, err ? err : "");
+    free(err);
+    char *fig7 = m2d_strfmt("%s/plots/figure7.png", dir);
+    if (!m2d_file_exists(fig7)) fail_msg("plots.sh did not draw %s", fig7);
+    free(fig7);
+    tu_rm_rf(dir);
     free(good);
     free(an);
     free(dir);

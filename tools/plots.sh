@@ -90,10 +90,10 @@ if [ -f "$data/figure4_scoring.dat" ]; then # post-distillation accuracies: repo
   render figure4.gp figure4 "datadir='$data'"
 fi
 if [ -f "$data/figure7.dat" ]; then # per scoring at K = k and 2k, distilled and scored: report --figure 7
-  read -r kk k2 haverandom randomacc < "$data/figure7.txt"
-  is_int "$kk" && is_int "$k2" && is_int "$haverandom" && is_number "$randomacc" \
-    || die "$data/figure7.txt: not K 2K HAVE_RANDOM RANDOM_AVG"
-  render figure7.gp figure7 "datadir='$data'; kk=$kk; k2=$k2; haverandom=$haverandom; randomacc=$randomacc"
+  read -r kk k2 haverandom randomacc lo hi havek have2k < "$data/figure7.txt"
+  is_int "$kk" && is_int "$k2" && is_int "$haverandom" && is_number "$randomacc" && is_number "$lo" && is_number "$hi" \
+    && is_int "$havek" && is_int "$have2k" || die "$data/figure7.txt: not K 2K HAVE_RANDOM RANDOM_AVG LO HI HAVE_K HAVE_2K"
+  render figure7.gp figure7 "datadir='$data'; kk=$kk; k2=$k2; haverandom=$haverandom; randomacc=$randomacc; lo=$lo; hi=$hi; havek=$havek; have2k=$have2k"
 fi
 if [ -f "$data/figure1.dat" ]; then # the sweep had D2D candidates ([d2d]): report --table 3
   render figure1.gp figure1 "datadir='$data'"

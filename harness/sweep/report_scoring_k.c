@@ -368,14 +368,20 @@ int m2d_report_figure7_plot_data(const m2d_results *r, const char *dir) {
         m2d_report_file df, tf;
         FILE *d = m2d_report_file_open(&df, dir, "figure7.dat"), *t = m2d_report_file_open(&tf, dir, "figure7.txt");
         fprintf(d, "# scoring avg_K=k avg_K=2k (MC average after distillation, %%; NaN: absent)\n");
+        double ra = random_avg(r, rows, n, k), lo = isfinite(ra) ? ra : INFINITY, hi = isfinite(ra) ? ra : -INFINITY;
+        int have[2] = {0, 0};
         for (int s = 0; s < m; s++) {
             double a = avg_at(r, rows, n, sc[s], 0, k), b = avg_at(r, rows, n, sc[s], 1, k);
             put_label(d, m2d_report_display_name(sc[s]));
             put_num(d, a), put_num(d, b);
             fputc('\n', d);
+            if (isfinite(a)) lo = fmin(lo, a), hi = fmax(hi, a), have[0] = 1;
+            if (isfinite(b)) lo = fmin(lo, b), hi = fmax(hi, b), have[1] = 1;
         }
-        double ra = random_avg(r, rows, n, k);
-        fprintf(t, "%d %d %d %.6g\n", k, 2 * k, isfinite(ra), isfinite(ra) ? ra : 0.0);
+        /* the y range and the K with bars here: gnuplot stops a script on a column without a
+         * number (every student at K = k only) */
+        fprintf(t, "%d %d %d %.6g %.6g %.6g %d %d\n", k, 2 * k, isfinite(ra), isfinite(ra) ? ra : 0.0, lo, hi, have[0],
+                have[1]);
         rc = m2d_report_file_close(&df);
         if (m2d_report_file_close(&tf)) rc = -1;
     }
