@@ -718,6 +718,15 @@ static void figure4_marginals_of_the_distilled_students(void **state) {
     assert_int_not_equal(tu_run(c, &out, &err), 0);
     assert_non_null(strstr(err, "--figure 4 goes without --table"));
     free(c), free(out), free(err);
+    /* --best-per-pair prints its one list: a table or format beside it would be ignored, so refused */
+    const char *with[][2] = {{"--table 3", "--best-per-pair goes without --table"},
+                             {"--format tex", "--best-per-pair goes without --format"}};
+    for (int i = 0; i < 2; i++) {
+        c = m2d_strfmt("%s report %s --best-per-pair %s", tu_bin(), p, with[i][0]);
+        assert_int_not_equal(tu_run(c, &out, &err), 0);
+        if (!strstr(err, with[i][1])) fail_msg("%s: %s", c, err);
+        free(c), free(out), free(err);
+    }
     tu_rm_rf(dir);
     free(dir), free(p), free(pd);
 }

@@ -110,7 +110,7 @@ static int write_section(const char *path, const m2d_results *r, int best, const
 }
 
 static int cmd_report_run(int argc, char **argv) {
-    const char *format = "md", *out = NULL, *plot = NULL, *analyze = NULL, *table = NULL, *figure = NULL;
+    const char *format = NULL, *out = NULL, *plot = NULL, *analyze = NULL, *table = NULL, *figure = NULL;
     int best = 0;
     m2d_opt opts[] = {{"--format", 1, &format, NULL}, {"--out", 1, &out, NULL}, {"--plot-data", 1, &plot, NULL},
                       {"--analyze", 1, &analyze, NULL}, {"--best-per-pair", 0, NULL, &best}, {"--table", 1, &table, NULL},
@@ -122,8 +122,12 @@ static int cmd_report_run(int argc, char **argv) {
         m2d_err("report: expected RESULTS.csv (see 'moe2dense help report')");
         return m2d_cmd_fail("report");
     }
+    if (best && (table || format)) { /* one plain list of config ids: neither a table nor a format applies */
+        m2d_err("report: --best-per-pair goes without %s", table ? "--table" : "--format");
+        return m2d_cmd_fail("report");
+    }
     m2d_report_format fmt;
-    if (!strcmp(format, "md")) fmt = M2D_REPORT_MD;
+    if (!format || !strcmp(format, "md")) fmt = M2D_REPORT_MD;
     else if (!strcmp(format, "tex")) fmt = M2D_REPORT_TEX;
     else if (!strcmp(format, "csv")) fmt = M2D_REPORT_CSV;
     else {
