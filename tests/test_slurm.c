@@ -212,13 +212,25 @@ static void script_lines_quoting_and_errors(void **state) {
     free(text);
     m2d_slurm_job_free(&job);
     /* GPUs asked for: the tasks get them and their sweeps run on the first one */
-    o.gpus_per_task = "1";
+    o.gpus_per_task = "1", o.mem = "80G";
     assert_int_equal(m2d_slurm_write(&o, &job), 0);
     text = m2d_read_file(job.script_path, NULL);
     assert_non_null(strstr(text, "#SBATCH --gpus-per-task=1\n"));
+    assert_non_null(strstr(text, "#SBATCH --mem=80G\n"));
     assert_non_null(strstr(text, "--set 'ppl.max_windows=2' --device cuda\n"));
-    o.gpus_per_task = NULL;
+    o.mem = NULL;
     free(text);
+    m2d_slurm_job_free(&job);
+    /* a count of no GPU would still ask its sweeps for --device cuda: refused */
+    const char *none[] = {"0", "h100:0", "00"};
+    for (int i = 0; i < 3; i++) {
+        o.gpus_per_task = none[i];
+        assert_int_equal(m2d_slurm_write(&o, &job), -1);
+        assert_non_null(strstr(m2d_errmsg(), "gives no GPU"));
+    }
+    o.gpus_per_task = "h100:2";
+    assert_int_equal(m2d_slurm_write(&o, &job), 0);
+    o.gpus_per_task = NULL;
     free(want_path);
     m2d_slurm_job_free(&job);
     /* a results directory with '"', '%' and '$': escaped for sbatch, single-quoted for the shell */

@@ -17,11 +17,13 @@ static const char USAGE[] =
     "\n"
     "options:\n"
     "  --experiment NAME     experiment to run (required)\n"
-    "  --shards N            array size (required; at most the number of configurations)\n"
+    "  --shards N            array size (required; at most the groups of configurations that can run\n"
+    "                        apart: those sharing a student stay in one shard)\n"
     "  --partition P         #SBATCH --partition\n"
     "  --gpus-per-task G     #SBATCH --gpus-per-task, and each task's sweep runs with --device cuda\n"
     "                        (the first GPU Slurm gives it; needs a `make CUDA=1` binary)\n"
     "  --time T              #SBATCH --time (e.g. 04:00:00)\n"
+    "  --mem M               #SBATCH --mem (e.g. 80G; 'sweep --dry-run' prints the peak memory of a task)\n"
     "  --cpus-per-task C     #SBATCH --cpus-per-task (default 1); the sweep uses C threads\n"
     "  --results-dir DIR     where shard CSVs and logs go (default: results/slurm-NAME)\n"
     "  --script FILE         where to write the script (default: DIR/NAME.sbatch)\n"
@@ -43,6 +45,7 @@ static int cmd_slurm_run(int argc, char **argv) {
     m2d_opt opts[] = {{"--experiment", 1, &exp, NULL},          {"--shards", 1, &shards, NULL},
                       {"--partition", 1, &o.partition, NULL},   {"--gpus-per-task", 1, &o.gpus_per_task, NULL},
                       {"--time", 1, &o.time_limit, NULL},       {"--cpus-per-task", 1, &cpus, NULL},
+                      {"--mem", 1, &o.mem, NULL},
                       {"--results-dir", 1, &o.results_dir, NULL}, {"--script", 1, &o.script, NULL},
                       {"--max-configs", 1, &max_configs, NULL}, {0}};
     char *pos[1];

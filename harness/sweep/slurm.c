@@ -77,8 +77,14 @@ static int check_opts(const m2d_slurm_opts *o) {
     if (o->cpus_per_task < 1) return m2d_err("slurm: --cpus-per-task %d: must be at least 1", o->cpus_per_task);
     if ((o->partition && check_value("--partition", o->partition)) ||
         (o->gpus_per_task && check_value("--gpus-per-task", o->gpus_per_task)) ||
-        (o->time_limit && check_value("--time", o->time_limit)) || check_value("--experiment", o->experiment))
+        (o->time_limit && check_value("--time", o->time_limit)) || (o->mem && check_value("--mem", o->mem)) ||
+        check_value("--experiment", o->experiment))
         return -1;
+    /* a count of 0 ("0", "h100:0") gives the task no GPU, yet its sweep would ask for --device cuda */
+    const char *count = o->gpus_per_task ? strrchr(o->gpus_per_task, ':') : NULL;
+    count = count ? count + 1 : o->gpus_per_task;
+    if (count && strspn(count, "0") == strlen(count))
+        return m2d_err("slurm: --gpus-per-task %s: gives no GPU (leave it out for tasks on CPUs)", o->gpus_per_task);
     return 0;
 }
 
@@ -110,10 +116,10 @@ static char *set_args(const m2d_slurm_opts *o) {
 
 /* the optional #SBATCH lines */
 static char *sbatch_options(const m2d_slurm_opts *o) {
-    const char *p = o->partition, *g = o->gpus_per_task, *t = o->time_limit;
-    return m2d_strfmt("%s%s%s%s%s%s%s%s%s", p ? "#SBATCH --partition=" : "", p ? p : "", p ? "\n" : "",
+    const char *p = o->partition, *g = o->gpus_per_task, *t = o->time_limit, *m = o->mem;
+    return m2d_strfmt("%s%s%s%s%s%s%s%s%s%s%s%s", p ? "#SBATCH --partition=" : "", p ? p : "", p ? "\n" : "",
                       g ? "#SBATCH --gpus-per-task=" : "", g ? g : "", g ? "\n" : "", t ? "#SBATCH --time=" : "",
-                      t ? t : "", t ? "\n" : "");
+                      t ? t : "", t ? "\n" : "", m ? "#SBATCH --mem=" : "", m ? m : "", m ? "\n" : "");
 }
 
 typedef struct {

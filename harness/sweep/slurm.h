@@ -21,6 +21,8 @@ typedef struct {
     const char *partition;        /* #SBATCH --partition (NULL: none) */
     const char *gpus_per_task;    /* #SBATCH --gpus-per-task (NULL: none) */
     const char *time_limit;       /* #SBATCH --time (NULL: none) */
+    const char *mem;              /* #SBATCH --mem (NULL: none, the cluster's default; see sweep --dry-run's
+                                   * peak memory) */
     const char *results_dir;      /* shard CSVs and logs (NULL: results/slurm-NAME) */
     const char *script;           /* the script (NULL: RESULTS_DIR/NAME.sbatch) */
     const char *binary;           /* the moe2dense the tasks run (NULL: this process's executable) */
