@@ -515,16 +515,27 @@ static void command_train_precision(void **state) {
 /* a log path that is a symbolic link is refused, not followed (the target stays as it was) */
 static void log_symlink_refused(void **state) {
     (void)state;
-    char *out = path_in("g"), *target = path_in("target.txt"), *link = path_in("link.jsonl");
+    char *out = path_in("g"), *target = path_in("target.txt"), *link_path = path_in("link.jsonl");
     tu_write(target, "keep\n", 5);
-    assert_int_equal(symlink(target, link), 0);
+    assert_int_equal(symlink(target, link_path), 0);
     m2d_distill_result r;
-    m2d_distill_opts o = base_opts(out, link);
+    m2d_distill_opts o = base_opts(out, link_path);
     assert_int_equal(m2d_distill_run(&o, &r), -1);
     if (!strstr(m2d_errmsg(), "link.jsonl")) fail_msg("%s", m2d_errmsg());
     char *t = m2d_read_file(target, NULL);
     assert_string_equal(t, "keep\n");
-    free(t), free(out), free(target), free(link);
+    free(t), free(out), free(target), free(link_path);
+    /* a hard link to another run's log: that log would be truncated too */
+    char *other = path_in("other.jsonl"), *hard = path_in("hard.jsonl");
+    tu_write(other, "{\"step\": 1}\n", 12);
+    assert_int_equal(link(other, hard), 0);
+    out = path_in("g2");
+    o = base_opts(out, hard);
+    assert_int_equal(m2d_distill_run(&o, &r), -1);
+    if (!strstr(m2d_errmsg(), "hard.jsonl") || !strstr(m2d_errmsg(), "hard link")) fail_msg("%s", m2d_errmsg());
+    t = m2d_read_file(other, NULL);
+    assert_string_equal(t, "{\"step\": 1}\n");
+    free(t), free(out), free(other), free(hard);
 }
 
 /* OUT/train-state planted as a symbolic link in a finished output that is run again is refused

@@ -22,6 +22,15 @@
 
 /* ---- paths ---- */
 
+int m2d_check_inplace_path(const char *path) {
+    struct stat st;
+    if (m2d_check_output_path(path)) return -1;
+    if (lstat(path, &st) == 0 && st.st_nlink > 1)
+        return m2d_err("%s: has %lu names (a hard link); refusing to write another file through it: give a path of "
+                       "its own", path, (unsigned long)st.st_nlink);
+    return 0;
+}
+
 int m2d_check_output_path(const char *path) {
     struct stat st;
     if (!path || !*path) return m2d_err("output path is empty");

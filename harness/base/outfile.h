@@ -46,6 +46,9 @@ int m2d_write_file_atomic(const char *path, const void *data, size_t len);
 /* 0 when PATH may be written (absent, or a regular file); -1 + m2d_err naming PATH (a symbolic
  * link: and its target; a directory, device, fifo, ...). */
 int m2d_check_output_path(const char *path);
+/* The same for a file written in place (appended to, truncated: a log): also refused when it has
+ * other names (a hard link), whose file the write would change too. */
+int m2d_check_inplace_path(const char *path);
 /* The same for a directory an output goes into: absent, or a real directory (not a symbolic link,
  * which every write, rename and removal under it would follow); else one line and -1. */
 int m2d_check_output_dir(const char *path);

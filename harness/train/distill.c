@@ -188,7 +188,7 @@ static int only_log_lines(FILE *f) {
 static int check_log_path(const m2d_distill_opts *o) {
     const char *path = o->log;
     if (!path) return 0;
-    if (m2d_check_output_path(path)) return m2d_err_prefix("distill: --log");
+    if (m2d_check_inplace_path(path)) return m2d_err_prefix("distill: --log");
     const char *inputs[] = {o->data, o->eval_data};
     for (size_t i = 0; i < M2D_ARRAY_LEN(inputs); i++)
         if (m2d_same_file(path, inputs[i]))
@@ -360,7 +360,7 @@ static int trim_log(const char *path, int keep) {
 static int open_log(run_t *r) {
     const char *path = r->o->log;
     if (!path) return 0;
-    if (m2d_check_output_path(path)) return -1;
+    if (m2d_check_inplace_path(path)) return -1;
     if (r->o->resume && trim_log(path, r->start)) return -1;
     int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | (r->o->resume ? O_APPEND : O_TRUNC), 0666);
     r->log = fd >= 0 ? fdopen(fd, "a") : NULL;
