@@ -320,6 +320,32 @@ static void table3_selects_before_distillation(void **state) {
     free(md);
 }
 
+/* Table 3's accuracy columns as the paper's: each benchmark the file has in its paper metric (ARC-E:
+ * acc_norm, Wino: acc), then the average; both teachers' from their header lines, the D2D
+ * teacher's too */
+static void table3_benchmark_columns(void **state) {
+    (void)state;
+    const char *csv = "# moe2dense-results=1\n# teacher=E=64 k=8\n"
+                      "# teacher_ppl=9.5 windows=8 params=100\n"
+                      "# d2d_teacher_ppl=8.5 windows=8 params=90 layers=6 teacher=../dense\n"
+                      "# teacher_mc=winogrande_acc:0.6,arc_easy_acc:0.7,arc_easy_acc_norm:0.71,mc_avg:0.655\n"
+                      "# d2d_teacher_mc=winogrande_acc:0.55,arc_easy_acc:0.6,arc_easy_acc_norm:0.65,mc_avg:0.6\n"
+                      "config_id,scoring,grouping,scaling,K_expr,K,params,n_params,ppl,winogrande_acc,arc_easy_acc,"
+                      "arc_easy_acc_norm,mc_avg,distill_ppl,status,dedup_of\n"
+                      "000000000001,do-acp,oc,proportional,k,8,,100,900,0.52,0.40,0.45,0.485,30,ok,\n"
+                      "000000000002,d2d,none,none,k,8,shape=L4-H192-F576-A6/2,100,987.4,0.51,0.38,0.41,0.46,31,ok,\n";
+    int rc;
+    char *md = report_of(csv, M2D_REPORT_MD, &rc);
+    assert_int_equal(rc, 0);
+    const char *lines[] = {"| Student | Distilled from | Params | PPL before | PPL after | Wino | ARC-E | MC avg (%) |",
+                           "| MoE-to-dense DO-ACP, K = k | MoE | 100 | 900.0 | 30.00 | 52.00 | 45.00 | 48.50 |",
+                           "| D2D pruning (L4-H192-F576-A6/2) | dense | 100 | 987.4 | 31.00 | 51.00 | 41.00 | 46.00 |",
+                           "| Teacher (MoE) |  | 100 | 9.50 |  | 60.00 | 71.00 | 65.50 |",
+                           "| D2D teacher (dense) |  | 90 | 8.50 |  | 55.00 | 65.00 | 60.00 |"};
+    lines_in_order(md, lines, M2D_ARRAY_LEN(lines));
+    free(md);
+}
+
 /* Table 6 (extended training): Table 3's students, but every distilled converted one in place of
  * "best of the grid" (acp here; sf was not distilled: not a row), the tokens per student above it
  * (from distill_tokens; "(not recorded)" without), then Table 13 as with --table 3. */
@@ -374,6 +400,10 @@ static void figure1_plot_data(void **state) {
     /* the teachers' MC averages too (the dense teacher's is not in the header) */
     assert_non_null(strstr(text, "\"Teacher (MoE)\" 1.42069e+07 292.3 NaN 0.3512 NaN\n"));
     assert_non_null(strstr(text, "\"D2D teacher (dense)\" 1.39645e+07 252 NaN NaN NaN\n"));
+    free(text), free(path);
+    path = m2d_path_join(dir, "figure1.txt"); /* an MC average is there: the accuracy panel is drawn */
+    text = m2d_read_file(path, &n);
+    assert_string_equal(text, "1\n");
     free(text), free(path);
     tu_rm_rf(dir);
     free(dir);
@@ -667,6 +697,7 @@ int main(void) {
         cmocka_unit_test(table3_and_table13_layout),
         cmocka_unit_test(figure1_plot_data),
         cmocka_unit_test(dry_run_counts_candidates),
+        cmocka_unit_test(table3_benchmark_columns),
         cmocka_unit_test(table3_selects_before_distillation),
         cmocka_unit_test(table6_lists_every_distilled_student),
         cmocka_unit_test(refused_before_any_work),

@@ -96,7 +96,9 @@ if [ -f "$data/figure7.dat" ]; then # per scoring at K = k and 2k, distilled and
   render figure7.gp figure7 "datadir='$data'; kk=$kk; k2=$k2; haverandom=$haverandom; randomacc=$randomacc; lo=$lo; hi=$hi; havek=$havek; have2k=$have2k"
 fi
 if [ -f "$data/figure1.dat" ]; then # the sweep had D2D candidates ([d2d]): report --table 3
-  render figure1.gp figure1 "datadir='$data'"
+  read -r havemc < "$data/figure1.txt"
+  is_int "$havemc" || die "$data/figure1.txt: not HAVE_MC"
+  render figure1.gp figure1 "datadir='$data'; havemc=$havemc"
 fi
 if [ -f "$analyze" ]; then
   # K: from the analyze file's "# K=N" line (tools/demo.sh writes it) or $ANALYZE_K; else not drawn

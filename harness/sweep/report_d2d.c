@@ -8,14 +8,18 @@
 
 #include "base/util.h"
 #include "convert/prune.h"
+#include "sweep/report_distill.h"
 #include "sweep/sweep_d2d.h"
 
 /* One student (or teacher) of Table 3. */
 typedef struct {
     char label[160];
     const char *teacher;    /* what it was distilled from: "MoE", "dense"; "" for a teacher */
-    double params, pre, post, mc, step, tstep;
-    int is_teacher;         /* a teacher row: an absent MC average shows as an em dash */
+    double params, pre, post, step, tstep;
+    double acc[M2D_REPORT_MAX_ACC]; /* the paper's benchmarks the file has, then the MC average
+                                     * (m2d_report_acc_heads), on the distilled student */
+    int n_acc;
+    int is_teacher;         /* a teacher row: an absent accuracy shows as an em dash */
 } t3_row;
 
 
@@ -73,12 +77,13 @@ static void from_row(const m2d_results *r, int i, const char *teacher, t3_row *t
     t->teacher = teacher;
     t->is_teacher = 0;
     t->params = num(r, i, "n_params"), t->pre = num(r, i, "ppl"), t->post = num(r, i, "distill_ppl");
-    t->mc = num(r, i, "mc_avg"), t->step = num(r, i, "distill_step_s"), t->tstep = num(r, i, "distill_teacher_s");
+    t->n_acc = m2d_report_acc_values(r, i, t->acc);
+    t->step = num(r, i, "distill_step_s"), t->tstep = num(r, i, "distill_teacher_s");
 }
 
 /* the teachers' rows from the run header: "teacher_ppl=P windows=W params=N" and
  * "d2d_teacher_ppl=P windows=W params=N layers=L teacher=DIR" (params absent in older files), their
- * MC averages from MC_KEY (teacher_mc=, d2d_teacher_mc=: "...,mc_avg:A") */
+ * accuracies from MC_KEY (teacher_mc=, d2d_teacher_mc=: "arc_easy_acc_norm:A,...,mc_avg:A") */
 static int teacher_row(const m2d_results *r, const char *key, const char *mc_key, const char *label, t3_row *t) {
     const char *v = m2d_results_meta(r, key);
     double ppl;
@@ -90,7 +95,7 @@ static int teacher_row(const m2d_results *r, const char *key, const char *mc_key
     t->teacher = "";
     t->params = params > 0 ? (double)params : NAN, t->pre = ppl;
     t->post = t->step = t->tstep = NAN;
-    t->mc = m2d_report_teacher_mc(r, mc_key, "mc_avg");
+    t->n_acc = m2d_report_teacher_acc_values(r, mc_key, t->acc);
     t->is_teacher = 1;
     return 1;
 }
@@ -157,14 +162,16 @@ static void fmt_fixed(double v, const char *f, char *buf, size_t n) {
     else snprintf(buf, n, "%s", "");
 }
 
-static int any_mc(const t3_row *t, int n) {
+/* 1 when some row has the accuracy of column A */
+static int any_acc(const t3_row *t, int n, int a) {
     for (int i = 0; i < n; i++)
-        if (isfinite(t[i].mc)) return 1;
+        if (a < t[i].n_acc && isfinite(t[i].acc[a])) return 1;
     return 0;
 }
 
-/* one row's cells (MC only when WITH_MC); CSV: raw numbers */
-static int t3_cells(const t3_row *t, int with_mc, m2d_report_format fmt, char cells[][64], const char **p) {
+/* one row's cells (the accuracies of the columns WITH_ACC marks); CSV: raw numbers */
+static int t3_cells(const t3_row *t, const int *with_acc, int n_acc, m2d_report_format fmt, char cells[][64],
+                    const char **p) {
     int raw = fmt == M2D_REPORT_CSV;
     int j = 0;
     snprintf(cells[j++], 64, "%s", "");
@@ -178,8 +185,12 @@ static int t3_cells(const t3_row *t, int with_mc, m2d_report_format fmt, char ce
         if (isfinite(t->post)) m2d_report_format_ppl(t->post, cells[j++], 64);
         else snprintf(cells[j++], 64, "%s", "");
     }
-    if (with_mc && t->is_teacher && !raw) m2d_report_format_teacher_acc(t->mc, fmt, cells[j++], 64);
-    else if (with_mc) fmt_fixed(raw ? t->mc : 100 * t->mc, raw ? "%.6f" : "%.2f", cells[j++], 64);
+    for (int a = 0; a < n_acc; a++) {
+        if (!with_acc[a]) continue;
+        double v = a < t->n_acc ? t->acc[a] : NAN;
+        if (t->is_teacher && !raw) m2d_report_format_teacher_acc(v, fmt, cells[j++], 64);
+        else fmt_fixed(raw ? v : 100 * v, raw ? "%.6f" : "%.2f", cells[j++], 64);
+    }
     fmt_fixed(t->step, raw ? "%.4f" : "%.2f", cells[j++], 64);
     fmt_fixed(t->tstep, raw ? "%.4f" : "%.2f", cells[j++], 64);
     for (int i = 1; i < j; i++) p[i] = cells[i];
@@ -199,17 +210,24 @@ static void t6_caption(const m2d_results *r, m2d_report_format fmt, FILE *f) {
             t);
 }
 
+enum { T3_COLS = 7 + M2D_REPORT_MAX_ACC };
+
 static void write_t3(const m2d_results *r, const t3_row *t, int n, m2d_report_format fmt, FILE *f) {
     m2d_report_out o = {fmt, f};
-    int with_mc = any_mc(t, n), raw = fmt == M2D_REPORT_CSV;
-    const char *head_md[] = {"Student", "Distilled from", "Params", "PPL before", "PPL after", "MC avg (%)",
-                             "s / step", "teacher s / step"};
-    const char *head_csv[] = {"student", "teacher", "params", "ppl_before", "ppl_after", "mc_avg", "step_s",
-                              "teacher_s"};
-    const char *head[8];
+    int raw = fmt == M2D_REPORT_CSV, with_acc[M2D_REPORT_MAX_ACC];
+    /* the paper's benchmark columns (Wino ... MMLU, Avg) that some row has, as in the paper's Table 3 */
+    const char *acc_head[M2D_REPORT_MAX_ACC];
+    int n_acc = m2d_report_acc_heads(r, acc_head);
+    const char *head_md[] = {"Student", "Distilled from", "Params", "PPL before", "PPL after", "s / step",
+                             "teacher s / step"};
+    const char *head_csv[] = {"student", "teacher", "params", "ppl_before", "ppl_after", "step_s", "teacher_s"};
+    const char *head[T3_COLS];
     int nh = 0;
-    for (int i = 0; i < 8; i++)
-        if (i != 5 || with_mc) head[nh++] = raw ? head_csv[i] : head_md[i];
+    for (int i = 0; i < 5; i++) head[nh++] = raw ? head_csv[i] : head_md[i];
+    for (int a = 0; a < n_acc; a++)
+        if ((with_acc[a] = any_acc(t, n, a)))
+            head[nh++] = !strcmp(acc_head[a], "Avg") ? (raw ? "mc_avg" : "MC avg (%)") : acc_head[a];
+    for (int i = 5; i < 7; i++) head[nh++] = raw ? head_csv[i] : head_md[i];
     if (!raw) {
         const char *exp = m2d_results_meta(r, "experiment"), *ppl = m2d_results_meta(r, "ppl");
         fprintf(f, "## MoE-to-dense vs dense-to-dense (paper Table 3 / Figure 1 layout) — experiment %s — %s\n\n",
@@ -222,9 +240,9 @@ static void write_t3(const m2d_results *r, const t3_row *t, int n, m2d_report_fo
     }
     m2d_report_header(&o, head, nh, 2);
     for (int i = 0; i < n; i++) {
-        char cells[8][64];
-        const char *p[8];
-        int nc = t3_cells(&t[i], with_mc, fmt, cells, p);
+        char cells[T3_COLS][64];
+        const char *p[T3_COLS];
+        int nc = t3_cells(&t[i], with_acc, n_acc, fmt, cells, p);
         m2d_report_cells(&o, p, nc, NULL);
     }
     m2d_report_end(&o);
@@ -295,17 +313,25 @@ int m2d_report_d2d_plot_data(const m2d_results *r, const char *dir) {
     if (!has_d2d(r)) return 0;
     t3_row *t = m2d_calloc((size_t)r->n_rows + 5, sizeof *t);
     int n = t3_rows(r, 3, t);
-    m2d_report_file pf;
+    m2d_report_file pf, hf;
     FILE *f = m2d_report_file_open(&pf, dir, "figure1.dat");
     fprintf(f, "# label params ppl_before ppl_after mc_avg step_s\n");
+    int have_mc = 0;
     for (int i = 0; i < n; i++) {
         fprintf(f, "\"");
         for (const char *c = t[i].label; *c; c++) fputc(*c == '"' || *c == '\\' ? '\'' : *c, f);
         fprintf(f, "\"");
-        const double v[] = {t[i].params, t[i].pre, t[i].post, t[i].mc, t[i].step};
+        double avg = t[i].n_acc > 0 && m2d_results_col(r, "mc_avg") >= 0 ? t[i].acc[t[i].n_acc - 1] : NAN;
+        const double v[] = {t[i].params, t[i].pre, t[i].post, avg, t[i].step};
         for (int k = 0; k < 5; k++) put_num(f, v[k]);
         fprintf(f, "\n");
+        have_mc |= isfinite(avg);
     }
     free(t);
-    return m2d_report_file_close(&pf);
+    /* whether the accuracy panel (the paper's Figure 1, left) has a bar: gnuplot stops on a column
+     * without a number */
+    FILE *h = m2d_report_file_open(&hf, dir, "figure1.txt");
+    fprintf(h, "%d\n", have_mc);
+    int rc = m2d_report_file_close(&pf);
+    return m2d_report_file_close(&hf) ? -1 : rc;
 }

@@ -37,23 +37,23 @@ static const struct {
              {"mmlu", "MMLU"}};
 #define N_BENCH ((int)M2D_ARRAY_LEN(BENCH))
 
-/* MC column COL of row I, or of the MoE teacher (I < 0: the header's teacher_mc) */
-static double mc_num(const m2d_results *r, int i, const char *col) {
-    return i >= 0 ? cell_num(r, i, col) : m2d_report_teacher_mc(r, "teacher_mc", col);
+/* MC column COL of row I, or of a teacher (I < 0: the header's KEY, teacher_mc or d2d_teacher_mc) */
+static double mc_num(const m2d_results *r, int i, const char *key, const char *col) {
+    return i >= 0 ? cell_num(r, i, col) : m2d_report_teacher_mc(r, key, col);
 }
 
-/* TASK's accuracy on row I (I < 0: the teacher) in the task's paper metric (acc_norm where its
- * plugin says so and the cell has one, as the sweep's mc_avg); NAN when none */
-static double bench_acc(const m2d_results *r, int i, const char *task) {
+/* TASK's accuracy on row I (I < 0: the teacher of header KEY) in the task's paper metric
+ * (acc_norm where its plugin says so and the cell has one, as the sweep's mc_avg); NAN when none */
+static double bench_acc(const m2d_results *r, int i, const char *key, const char *task) {
     const m2d_mc_plugin *pl = m2d_mc_plugin_find(task);
     char col[96];
     double v = NAN;
     if (pl && pl->paper_metric && !strcmp(pl->paper_metric, "acc_norm")) {
         snprintf(col, sizeof col, "%s_acc_norm", task);
-        v = mc_num(r, i, col);
+        v = mc_num(r, i, key, col);
     }
     snprintf(col, sizeof col, "%s_acc", task);
-    return isfinite(v) ? v : mc_num(r, i, col);
+    return isfinite(v) ? v : mc_num(r, i, key, col);
 }
 
 
@@ -94,12 +94,19 @@ int m2d_report_acc_heads(const m2d_results *r, const char **head) {
     return n;
 }
 
-int m2d_report_acc_values(const m2d_results *r, int i, double *v) {
+/* row I's values (I < 0: the teacher of header KEY) */
+static int acc_values(const m2d_results *r, int i, const char *key, double *v) {
     int n = 0, mc = i < 0 || mc_of_distilled(r, i);
     for (int b = 0; b < N_BENCH; b++)
-        if (has_bench(r, b)) v[n++] = mc ? bench_acc(r, i, BENCH[b].task) : NAN;
-    if (m2d_results_col(r, "mc_avg") >= 0) v[n++] = mc ? mc_num(r, i, "mc_avg") : NAN;
+        if (has_bench(r, b)) v[n++] = mc ? bench_acc(r, i, key, BENCH[b].task) : NAN;
+    if (m2d_results_col(r, "mc_avg") >= 0) v[n++] = mc ? mc_num(r, i, key, "mc_avg") : NAN;
     return n;
+}
+
+int m2d_report_acc_values(const m2d_results *r, int i, double *v) { return acc_values(r, i, "teacher_mc", v); }
+
+int m2d_report_teacher_acc_values(const m2d_results *r, const char *key, double *v) {
+    return acc_values(r, -1, key, v);
 }
 
 /* One Table 12 line: row I (or the teacher, I < 0, with PPL TEACHER and the accuracies of the
@@ -368,7 +375,7 @@ static int ablation_cells(const m2d_results *s, const m2d_results *r, const abla
     cells[j++] = axis_label(s, r, sp, i);
     cells[j++] = m2d_strdup(ppl);
     for (int b = 0; b < N_BENCH; b++)
-        if (has_bench(s, b)) cells[j++] = pct(bench_acc(s, i, BENCH[b].task));
+        if (has_bench(s, b)) cells[j++] = pct(bench_acc(s, i, "teacher_mc", BENCH[b].task));
     if (mc) cells[j++] = pct(cell_num(s, i, "mc_avg"));
     cells[j++] = delta(cell_num(s, i, "distill_ppl"), cell_num(s, base, "distill_ppl"), i == base, "%+.2f");
     if (mc) cells[j++] = delta(100 * cell_num(s, i, "mc_avg"), 100 * cell_num(s, base, "mc_avg"), i == base, "%+.2f");

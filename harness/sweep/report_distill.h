@@ -37,6 +37,8 @@ int m2d_report_acc_heads(const m2d_results *r, const char **head);
  * teacher_mc), each task in its paper metric, measured on the distilled student (NaN where the
  * cells are not the distilled student's) -> V; returns the count. */
 int m2d_report_acc_values(const m2d_results *r, int i, double *v);
+/* The same for the teacher of header KEY ("teacher_mc", "d2d_teacher_mc"). */
+int m2d_report_teacher_acc_values(const m2d_results *r, const char *key, double *v);
 /* The distillation section (md or tex); nothing when R has no distilled student. BEST, N_BEST:
  * Table 12's students, m2d_report_best_per_pair of R (the caller's; N_BEST < 0: no Table 12). */
 int m2d_report_distill_write(const m2d_results *r, const int *best, int n_best, m2d_report_format fmt, FILE *f);
