@@ -171,11 +171,13 @@ static char *render(const m2d_slurm_opts *o, const script_parts *sp) {
     return text;
 }
 
-/* `moe2dense merge` of the shard CSVs, every word quoted (the glob stays outside the quotes). */
+/* `moe2dense merge` of the shard CSVs, every word quoted (the glob stays outside the quotes); the
+ * experiments file absolute, as in the script (the merge may run from another directory) */
 static char *merge_command(const m2d_slurm_opts *o, const char *bin, const char *dir, const char *sets,
                            const char *limit) {
-    char *out = m2d_strfmt("%s.csv", o->experiment);
-    char *qbin = shq(bin), *qout = shq(out), *qdir = shq(dir), *qname = shq(o->experiment), *qexps = shq(o->experiments);
+    char *out = m2d_strfmt("%s.csv", o->experiment), *exps = absolute(o->experiments);
+    char *qbin = shq(bin), *qout = shq(out), *qdir = shq(dir), *qname = shq(o->experiment), *qexps = shq(exps);
+    free(exps);
     char *cmd = m2d_strfmt("%s merge %s %s/%s.shard-*-of-%d.csv --experiments %s --experiment %s%s%s", qbin, qout, qdir,
                            qname, o->shards, qexps, qname, limit, sets);
     free(out);
