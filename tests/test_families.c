@@ -253,6 +253,7 @@ static void deepseekv2_configs(void **state) {
     expect_config_error("deepseekv2", "\"n_routed_experts\": 8", "\"n_routed_experts\": 8, \"scoring_func\": \"sigmoid\"",
                         "'scoring_func'");
     expect_config_error("deepseekv2", "\"kv_lora_rank\": 32", "\"kv_lora_rank\": 0", "'kv_lora_rank'");
+    expect_config_error("deepseekv2", "\"kv_lora_rank\": 32", "\"kv_lora_rank\": 32, \"mlp_bias\": true", "'mlp_bias'");
     expect_config_error("deepseekv2-q", "\"routed_scaling_factor\": 2.5", "\"routed_scaling_factor\": 0",
                         "'routed_scaling_factor'");
 }

@@ -113,11 +113,19 @@ static int parse_experts(const void *json, const char *path, m2d_config *c) {
     return 0;
 }
 
+/* DeepseekV2Config's mlp_bias adds biases to every FFN projection, which this reader does not hold */
+static int reject_mlp_bias(const void *json, const char *path) {
+    bool b;
+    if (m2d_cfg_bool(json, path, "mlp_bias", 0, false, &b) != 0) return -1;
+    return b ? m2d_err1("%s: field 'mlp_bias': true is not supported (FFN biases)", path) : 0;
+}
+
 static int parse_deepseekv2(const void *json, const char *path, m2d_config *c) {
     static const m2d_decoder_defaults dflt = {.rms_norm_eps = 1e-6, .rope_theta = 10000.0,
                                               .max_position_embeddings = 2048};
     if (m2d_decoder_parse(json, path, &dflt, c) != 0 || m2d_decoder_reject_sliding(json, path) != 0 ||
-        m2d_decoder_reject_attention_bias(json, path, "this DeepSeek-V2 reader") != 0 || parse_mla(json, path, c) != 0 ||
+        m2d_decoder_reject_attention_bias(json, path, "this DeepSeek-V2 reader") != 0 || reject_mlp_bias(json, path) != 0 ||
+        parse_mla(json, path, c) != 0 ||
         parse_experts(json, path, c) != 0 || parse_routing(json, path, c) != 0)
         return -1;
     c->ops.attn = M2D_ATTN_MLA;
