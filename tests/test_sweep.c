@@ -1018,7 +1018,11 @@ static void memory_estimate_layer_major(void **state) {
     m2d_run_shape big = {.vocab = 151936, .hidden = 8192, .layers = 96, .moe_layers = 96, .heads = 64, .kv_heads = 8,
                          .head_dim = 128, .d_e = 2048, .E = 256, .k = 8, .F = 0, .dtype_bytes = 2, .tied = 0};
     m2d_run_memory m;
-    m2d_run_memory_estimate(&big, 512, 0, &m);
+    m2d_run_memory_estimate(&big, 512, 0, 64, &m);
+    double calib64 = m.calib;
+    m2d_run_memory_estimate(&big, 512, 0, 1, &m);
+    /* the fp64 Gram's scratch is a thread's: 16 tokens x E x d doubles each */
+    assert_true(fabs(calib64 - m.calib - 8.0 * 16 * 256 * 8192 * 63) <= 1e-9 * calib64);
     assert_true(m.teacher > 1e12);
     assert_true(m.layer_major);
     double d = 8192, attn = d * 128 * (2 * 64 + 2 * 8) + 2 * d + 2 * 128;
@@ -1035,7 +1039,7 @@ static void memory_estimate_layer_major(void **state) {
     free(out);
     m2d_run_shape small = big;
     small.layers = small.moe_layers = 1, small.hidden = 64, small.vocab = 1000, small.E = 4, small.d_e = 32;
-    m2d_run_memory_estimate(&small, 512, 0, &m);
+    m2d_run_memory_estimate(&small, 512, 0, 1, &m);
     assert_false(m.layer_major);
 }
 

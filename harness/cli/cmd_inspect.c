@@ -272,7 +272,7 @@ static void print_text(const m2d_model *m) {
         m2d_run_memory mem;
         m2d_run_shape_from_config(c, &rs);
         int L = M2D_MIN(2048, c->max_position_embeddings > 0 ? c->max_position_embeddings : 2048);
-        m2d_run_memory_estimate(&rs, L, 0, &mem);
+        m2d_run_memory_estimate(&rs, L, 0, m2d_default_threads(), &mem); /* calibrate's default threads */
         printf("sweep memory   ");
         m2d_run_memory_print(&mem, stdout);
         char t[32];

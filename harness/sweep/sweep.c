@@ -273,19 +273,19 @@ static int64_t shape_params(const shape *s, int64_t moe_K, int dense_student) {
  * scratch, 16 tokens of every expert's output a thread (backend_cpu_moe.c m2d_cpu_gram); and the
  * statistics, 8 (2 E^2 + 6 E d + 27 E) bytes per MoE layer (calib/stats.c SLOTS: the two Gram
  * matrices, three sums and three derived means per dimension, 27 per-expert vectors). */
-static double calib_bytes(const shape *s, int L) {
+static double calib_bytes(const shape *s, int L, int threads) {
     double E = (double)s->E, d = (double)s->hidden;
     double nb = fmax(1, fmin(L, floor(512.0 * 1024 * 1024 / (4 * E * d))));
     return 4 * nb * E * d + 8 * nb * (2 * E + d + (double)s->k) + 4 * 27.0 * L * d +
-           8 * 16 * E * d * m2d_default_threads() + 8 * (2 * E * E + 6 * E * d + 27 * E) * (double)s->moe_layers;
+           8 * 16 * E * d * threads + 8 * (2 * E * E + 6 * E * d + 27 * E) * (double)s->moe_layers;
 }
 
-void m2d_run_memory_estimate(const m2d_run_shape *s, int calib_L, int moe_K_max, m2d_run_memory *m) {
+void m2d_run_memory_estimate(const m2d_run_shape *s, int calib_L, int moe_K_max, int threads, m2d_run_memory *m) {
     m->teacher_params = shape_params(s, 0, 0);
     m->student_params = shape_params(s, 0, 1);
     if (moe_K_max > 0) m->student_params = M2D_MAX(m->student_params, shape_params(s, moe_K_max, 0));
     m->teacher = (double)s->dtype_bytes * (double)m->teacher_params;
-    m->calib = calib_bytes(s, calib_L);
+    m->calib = calib_bytes(s, calib_L, M2D_MAX(1, threads));
     m->student = (double)s->dtype_bytes * (double)m->student_params;
     m->total = m->teacher + m->calib + m->student;
     /* the largest layer (an MoE layer's experts, router and attention) beside the LM head */
@@ -475,7 +475,7 @@ static void print_scoring_k(const m2d_experiment *x, const m2d_results *existing
 }
 
 static void print_estimate(const m2d_experiment *x, const int *idx, int n_idx, const m2d_results *existing,
-                           int to_run, FILE *f) {
+                           int to_run, int threads, FILE *f) {
     shape sh;
     const char *source = NULL;
     double per = measured_seconds(existing);
@@ -511,7 +511,7 @@ static void print_estimate(const m2d_experiment *x, const int *idx, int n_idx, c
     for (int i = 0; i < n_idx; i++)
         if (!strcmp(x->configs[idx[i]].target, "moe")) moe_K_max = M2D_MAX(moe_K_max, x->configs[idx[i]].K);
     m2d_run_memory m;
-    m2d_run_memory_estimate(&sh, x->calib_seq_len, moe_K_max, &m);
+    m2d_run_memory_estimate(&sh, x->calib_seq_len, moe_K_max, threads, &m);
     m2d_run_memory_print(&m, f);
 }
 
@@ -540,7 +540,9 @@ int m2d_sweep_dry_run(const m2d_experiment *x, const m2d_sweep_opts *o, FILE *f)
     m2d_precision prec = M2D_PREC_FP32;
     if (m2d_engine_resolve_precision(NULL, o->precision, &prec)) m2d_err_clear(); /* then: the fp32 cache */
     int students = print_distinct(x, prec, idx, n_idx, f);
-    print_estimate(x, idx, n_idx, have_csv ? &existing : NULL, M2D_MIN(n_idx - done, students), f);
+    int jobs, threads; /* the run's: its calibration's threads each hold a Gram scratch */
+    choose_threads(o, n_idx - done, &jobs, &threads);
+    print_estimate(x, idx, n_idx, have_csv ? &existing : NULL, M2D_MIN(n_idx - done, students), threads, f);
     if (strcmp(x->mc_configs, "none") != 0 && x->n_mc)
         fprintf(f, "multiple choice: %d task(s) on %s%s, and on %s (the header's teacher_mc=)\n", x->n_mc,
                 x->has_distill ? "the distilled students (distillation stage)" : x->mc_configs,

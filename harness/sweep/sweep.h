@@ -78,7 +78,8 @@ typedef struct {
     int layer_major;
     double teacher_layer;
 } m2d_run_memory;
-void m2d_run_memory_estimate(const m2d_run_shape *s, int calib_L, int moe_K_max, m2d_run_memory *m);
+/* THREADS: the calibration's (each holds its own Gram scratch) */
+void m2d_run_memory_estimate(const m2d_run_shape *s, int calib_L, int moe_K_max, int threads, m2d_run_memory *m);
 /* Rough seconds of a calibration of TOKENS tokens on S (every expert on every token) at an assumed
  * 20 GFLOP/s per core; "12.5 s", "3.4 min", "2.1 h" into BUF. */
 double m2d_run_calib_seconds(const m2d_run_shape *s, double tokens);
