@@ -240,6 +240,14 @@ static void figure7_table_and_plot_data(void **state) {
     if (!strstr(md, a) || !strstr(md, "(the dashed line): not measured\n")) fail_msg("figure 7 without accuracies:\n%s", md);
     free(a), free(md);
     m2d_results_free(&r);
+    /* the random FFN distilled and scored, no scoring's student: a line without a bar, no files */
+    const char *only_random = "# teacher=E=64 k=8\nconfig_id,scoring,grouping,scaling,K_expr,K,ppl,mc_avg,distill_ppl,status\n"
+                              "000000000001,acp,rr,uniform,k,8,9,,,ok\n"
+                              "000000000002,random-ffn,rr,uniform,k,8,90,0.3,40,ok\n";
+    assert_int_equal(m2d_results_parse("random.csv", only_random, strlen(only_random), &r), 0);
+    assert_int_equal(m2d_report_figure7_plot_data(&r, dir), 0);
+    assert_false(m2d_file_exists(dat));
+    m2d_results_free(&r);
     free(dat), free(txt);
     tu_rm_rf(dir);
     free(dir);
