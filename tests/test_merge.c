@@ -185,9 +185,10 @@ static void duplicates_and_mismatches_are_errors(void **state) {
     tu_write(sh.shard[1], text, n);
     free(text), free(edited);
     /* shards of another grid (other --set axes keep every identity key) or of another split */
-    const char *fields[][3] = {{"grid_size=", "grid_size=999", "header 'grid_size'"},
+    const char *fields[][3] = {{"grid=", "grid=00ff", "header 'grid'"},
+                               {"grid_size=", "grid_size=999", "header 'grid_size'"},
                                {"shard=", "shard=2/7", "header 'shard' of 3 vs 7 shards"}};
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < 3; f++) {
         text = m2d_read_file(sh.shard[1], &n), p = strstr(text, fields[f][0]);
         assert_non_null(p);
         edited = m2d_strfmt("%.*s%s%s", (int)(p - text), text, fields[f][1], strchr(p, '\n'));

@@ -827,7 +827,7 @@ static void run_header_grows_without_bound(void **state) {
     m2d_experiment x;
     assert_int_equal(m2d_experiment_load(fx.toml, "grid", NULL, 0, &x), 0);
     m2d_sweep_meta_build(&x, 2, 3, "mh", "ch", "bf16", &m);
-    assert_int_equal(m.n, 40 + 16);
+    assert_int_equal(m.n, 40 + 17);
     assert_string_equal(m.items[0], "k0=v0");
     assert_string_equal(m.items[39], "k39=v39");
     assert_string_equal(m.items[40], "moe2dense-results=1");

@@ -65,12 +65,17 @@ static int shard_count(const m2d_results *r) {
     return v && sscanf(v, "%d/%d", &i, &n) == 2 ? n : 0;
 }
 
-/* Shards of one grid: the same grid_size and the same shard count N (other --set axes leave
- * every identity key as it was, but not these) */
+/* Shards of one grid: the same grid (the hash of its config ids; files from before it: the same
+ * grid_size) and the same shard count N (other --set axes leave every identity key as it was,
+ * but not these) */
 static int same_grid(const m2d_results *a, const char *pa, const m2d_results *b, const char *pb) {
-    const char *x = m2d_results_meta(a, "grid_size"), *y = m2d_results_meta(b, "grid_size");
-    if (x && y && strcmp(x, y))
-        return m2d_err("%s and %s come from different grids: header 'grid_size' is '%s' vs '%s'", pa, pb, x, y);
+    static const char *const keys[] = {"grid", "grid_size"};
+    for (int k = 0; k < 2; k++) {
+        const char *x = m2d_results_meta(a, keys[k]), *y = m2d_results_meta(b, keys[k]);
+        if (x && y && strcmp(x, y))
+            return m2d_err("%s and %s come from different grids: header '%s' is '%.16s' vs '%.16s'", pa, pb, keys[k], x,
+                           y);
+    }
     int na = shard_count(a), nb = shard_count(b);
     if (na && nb && na != nb)
         return m2d_err("%s and %s come from different splits: header 'shard' of %d vs %d shards", pa, pb, na, nb);

@@ -148,6 +148,22 @@ static char *inputs_value(const m2d_experiment *x) {
     return v;
 }
 
+/* "grid=" the SHA-256 of the grid's config ids in grid order: shards of one grid have the same
+ * (merge checks it; other --set axes of the same size leave every identity key as it was) */
+static char *grid_value(const m2d_experiment *x) {
+    m2d_sha256 s;
+    m2d_sha256_init(&s);
+    for (int i = 0; i < x->n_configs; i++) {
+        m2d_sha256_update(&s, x->configs[i].id, strlen(x->configs[i].id));
+        m2d_sha256_update(&s, "\n", 1);
+    }
+    uint8_t d[32];
+    char hex[65];
+    m2d_sha256_final(&s, d);
+    m2d_hex(d, 32, hex);
+    return m2d_strfmt("grid=%s", hex);
+}
+
 void m2d_sweep_meta_build(const m2d_experiment *x, int shard_i, int shard_n, const char *model_hash,
                           const char *calib_hash, const char *precision, m2d_sweep_meta *m) {
     char host[256], now[64];
@@ -168,6 +184,7 @@ void m2d_sweep_meta_build(const m2d_experiment *x, int shard_i, int shard_n, con
     m2d_sweep_meta_add(m, inputs_value(x));
     m2d_sweep_meta_add(m, shard_n ? m2d_strfmt("shard=%d/%d", shard_i, shard_n) : m2d_strdup("shard=all"));
     m2d_sweep_meta_add(m, m2d_strfmt("grid_size=%d", x->n_configs));
+    m2d_sweep_meta_add(m, grid_value(x));
     m2d_sweep_meta_add(m, m2d_strfmt("host=%s", host));
     m2d_sweep_meta_add(m, m2d_strfmt("started=%s", now));
 }
