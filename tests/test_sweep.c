@@ -392,6 +392,13 @@ static void results_roundtrip_quoting_and_torn_lines(void **state) {
     const char *cols2[] = {"config_id", "status"};
     assert_int_equal(m2d_results_open(path, cols2, 2, meta, 3, ident, 2, &w, NULL), -1);
     assert_non_null(strstr(m2d_errmsg(), "columns"));
+    /* a results file with another name (a hard link) would be appended to and cut through it too */
+    char *twin = m2d_strfmt("%s.twin", path);
+    assert_int_equal(link(path, twin), 0);
+    assert_int_equal(m2d_results_open(path, cols, 3, meta, 3, ident, 2, &w, NULL), -1);
+    assert_non_null(strstr(m2d_errmsg(), "hard link"));
+    unlink(twin);
+    free(twin);
     /* a complete row with the wrong field count is an error naming the line */
     f = fopen(path, "a");
     fputs("0000000000a4,ok\n", f);

@@ -282,7 +282,10 @@ static int check_lock_file(int fd, const char *path) {
     if (st.st_nlink > 1)
         return m2d_err("%s: has %lu names (a hard link), so it is not a moe2dense lock file; refusing to overwrite it",
                        path, (unsigned long)st.st_nlink);
-    if (st.st_size > 0 && (pread(fd, head, sizeof head, 0) != (ssize_t)sizeof head || memcmp(head, "pid=", 4) != 0))
+    /* a holder that took a stale lock file over truncates it before it writes its pid=: a read of
+     * nothing is that moment, not a foreign file */
+    ssize_t got = st.st_size > 0 ? pread(fd, head, sizeof head, 0) : 0;
+    if (got > 0 && (got < (ssize_t)strlen("pid=") || memcmp(head, "pid=", 4) != 0))
         return m2d_err("%s: does not hold a moe2dense lock (pid=...); refusing to overwrite it", path);
     return 0;
 }

@@ -21,7 +21,8 @@
     "float value is finite (a NaN or infinity is an error naming the tensor), and prints:\n"           \
     "architecture and every config field that changes the computation, which layers are MoE,\n"         \
     "parameter counts (total; active per token incl. embeddings and routers; the dense student's\n"     \
-    "size for K in {k, 2k, 4k, 8k, E}), tensors per dtype, shards, and the weights hash.\n"             \
+    "size for K in {k, 2k, 4k, 8k, E}), tensors per dtype, shards, the weights hash and the model\n"   \
+    "hash (config.json and tensors: what statistics, caches and runs are keyed by).\n"                  \
     "\n"                                                                                                \
     "The dense student merges the K selected experts of each MoE layer into k groups of width\n"        \
     "d_e (+ the layer's shared experts), so its FFN width is k*d_e (+ shared) whatever K is: its\n"   \

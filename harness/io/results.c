@@ -542,7 +542,7 @@ int m2d_results_open(const char *path, const char *const *cols, int n_cols, cons
     memset(w, 0, sizeof *w);
     w->fd = -1;
     if (existing) memset(existing, 0, sizeof *existing);
-    if (m2d_check_output_path(path)) return -1;
+    if (m2d_check_inplace_path(path)) return -1;
     if (!m2d_file_exists(path) && create_file(path, cols, n_cols, meta, n_meta)) return -1;
     /* never through a link (checked above; O_NOFOLLOW closes the window since) */
     int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW);
