@@ -198,13 +198,10 @@ static void check_calib(const char *name, const m2d_model *m, const int32_t *tok
         double wg = worst(ls->gram, hf_item(ref, "gram"), E * E, scale, 1);
         double wm = cJSON_HasObjectItem(ref, "mu") ? worst(ls->mu, hf_item(ref, "mu"), E * d, rms, d) : 0;
         /* the router logits' Gram (bias included: GPT-OSS), on the same scale and the same bound: its
-         * logits are dots of d terms of the same FFN input */
-        double wl = 0;
-        if (cJSON_HasObjectItem(ref, "logit_gram")) {
-            const double *L = ls->logit_gram;
-            for (int a = 0; a < E * E; a++) scale[a] = sqrt(L[(size_t)(a / E) * E + a / E] * L[(size_t)(a % E) * E + a % E]);
-            wl = worst(L, hf_item(ref, "logit_gram"), E * E, scale, 1);
-        }
+         * logits are dots of d terms of the same FFN input; every calibration golden has it */
+        const double *L = ls->logit_gram;
+        for (int a = 0; a < E * E; a++) scale[a] = sqrt(L[(size_t)(a / E) * E + a / E] * L[(size_t)(a % E) * E + a % E]);
+        double wl = worst(L, hf_item(ref, "logit_gram"), E * E, scale, 1);
         if (wg > 2e-5 || wm > 2e-5 || wl > 2e-5)
             fail_msg("%s: layer %d: Gram matrix / mean outputs / router logits' Gram differ by %.3g / %.3g / %.3g "
                      "(relative)", name, ls->layer, wg, wm, wl);
