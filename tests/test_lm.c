@@ -107,6 +107,33 @@ static void collect(m2d_ll_recording *rec, const char *tasks, int shots, int lim
     m2d_mc_results_free(&res);
 }
 
+/* Documents of TASKS (SHOTS, LIMIT) whose best two choices, as LM scores them, are within the
+ * per-token tolerance of cached_equals_naive (1e-4 a scored byte, each side): where another scorer
+ * may choose otherwise */
+static int near_ties(m2d_lm *lm, const char *tasks, int shots, int limit) {
+    m2d_ll_recording rec = {0};
+    collect(&rec, tasks, shots, limit);
+    m2d_ll_result *res = m2d_calloc((size_t)rec.n + 1, sizeof *res);
+    int ties = 0;
+    for (int i = 0; i < rec.n;) {
+        int j = i, best = -1, second = -1;
+        while (j < rec.n && rec.group[j] == rec.group[i]) j++;
+        for (int k = i; k < j; k++) {
+            assert_int_equal(m2d_lm_loglikelihood(lm, rec.reqs + k, 1, res + k), 0);
+            if (best < 0 || res[k].ll > res[best].ll) second = best, best = k;
+            else if (second < 0 || res[k].ll > res[second].ll) second = k;
+        }
+        if (second >= 0) {
+            double tol = 1e-4 * (double)(strlen(rec.reqs[best].continuation) + strlen(rec.reqs[second].continuation));
+            ties += res[best].ll - res[second].ll <= tol;
+        }
+        i = j;
+    }
+    free(res);
+    m2d_ll_recording_free(&rec);
+    return ties;
+}
+
 /* Cached (KV prefix + batched branches) and naive (a full forward per request) give the same
  * log-likelihoods. Tolerance: both run the same fp32 kernels, but on different matrix shapes
  * (one prefix pass + a batch of branches vs one window) and with attention summed over the
@@ -173,9 +200,13 @@ static void cached_equals_naive(void **state) {
         fail_msg("%s", m2d_errmsg());
     assert_int_equal(r1.n_tasks, r2.n_tasks);
     assert_int_equal(r1.n_requests, r2.n_requests);
+    /* the two scorers agree within 1e-4 per token (above), so a document's choice can flip only
+     * where its best two choices are that close: each such near tie may move one document */
+    int ties = near_ties(naive, "arc_easy,winogrande", 1, 3);
     for (int t = 0; t < r1.n_tasks; t++) {
         assert_int_equal(r1.tasks[t].n, r2.tasks[t].n);
-        assert_true(r1.tasks[t].acc == r2.tasks[t].acc); /* a flip needs two choices within 1e-4 nats */
+        double moved = fabs(r1.tasks[t].acc - r2.tasks[t].acc) * r1.tasks[t].n;
+        if (moved > ties + 1e-9) fail_msg("task %d: %.0f documents changed their answer, %d near ties", t, moved, ties);
     }
     m2d_mc_results_free(&r1), m2d_mc_results_free(&r2);
     m2d_lm_free(one);
