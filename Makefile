@@ -159,9 +159,14 @@ test: layering data $(TEST_RUN) $(BUILD)/moe2dense $(TEST_CLI)
 ISA ?= AVX2
 ISA_TESTS := test_hf test_families test_engine test_calib test_convert test_prune test_gemm test_dpbf16 test_fma32 test_distill test_distill_run \
              test_gptoss test_mixtral test_train test_train_ops
+# and the bf16 kernels once more without AMX: where a CPU has it, the own AVX512-BF16 kernel (never
+# chosen beside AMX) and oneDNN's AVX512-BF16 kernels run against each other only this way (on a
+# CPU without AVX512-BF16 the cap changes nothing)
 test-isa:
 	@echo "== make test TESTS=\"$(ISA_TESTS)\" under DNNL_MAX_CPU_ISA=$(ISA) =="
 	@DNNL_MAX_CPU_ISA=$(ISA) $(MAKE) --no-print-directory test TESTS="$(ISA_TESTS)"
+	@echo "== make test TESTS=\"test_dpbf16 test_gemm\" under DNNL_MAX_CPU_ISA=AVX512_CORE_BF16 =="
+	@DNNL_MAX_CPU_ISA=AVX512_CORE_BF16 $(MAKE) --no-print-directory test TESTS="test_dpbf16 test_gemm"
 
 layering:
 	@sh tools/layering.sh
