@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs the Debian packages moe2dense needs (as root), or prints the apt-get line.
 PKGS="build-essential pkg-config libopenblas-dev liblapacke-dev libcjson-dev libcsv-dev libpcre2-dev \
-libutf8proc-dev libdnnl-dev libcmocka-dev gnuplot-nox bzip2 curl unzip clang libclang-rt-14-dev slurm-wlm"
+libutf8proc-dev libdnnl-dev libcmocka-dev gnuplot-nox bzip2 curl unzip clang libclang-rt-14-dev slurm-wlm git"
 # python3 + venv: the tests' references (Hugging Face tokenizers, lm-eval; transformers and torch
 # for make verify-hf) are pip-installed from PyPI into a git-ignored venv (tests/ref/setup.sh);
 # python3 also checks CPython's random
