@@ -11,12 +11,13 @@ MODELS_DIR ?= ../shared/models
 PKGS     := libcjson libpcre2-8 libutf8proc
 CPPFLAGS += -Iharness -I. -I/usr/include/openblas -D_DEFAULT_SOURCE -D_FILE_OFFSET_BITS=64
 CFLAGS   ?= -O2 -march=native -g
-CFLAGS   += -std=c11 -Wall -Wextra -Werror -pthread -fno-strict-aliasing
+# override: a CFLAGS given on the command line (e.g. -march=x86-64-v3, bench/peer_llamacpp.sh) keeps these
+override CFLAGS += -std=c11 -Wall -Wextra -Werror -pthread -fno-strict-aliasing
 LDLIBS   += -lopenblas -ldnnl -lgomp -llapacke -lcjson -lcsv -lpcre2-8 -lutf8proc -lm -pthread
 
 ifeq ($(SAN),1)
   BUILD  := build-san
-  CFLAGS := -O1 -g -fno-omit-frame-pointer -std=c11 -Wall -Wextra -Werror -pthread -fno-strict-aliasing \
+  override CFLAGS := -O1 -g -fno-omit-frame-pointer -std=c11 -Wall -Wextra -Werror -pthread -fno-strict-aliasing \
             -fsanitize=address,undefined,float-cast-overflow -fno-sanitize-recover=undefined,float-cast-overflow
   LDFLAGS += -fsanitize=address,undefined,float-cast-overflow
 endif
@@ -111,7 +112,7 @@ TEST_LIB_OBJ := $(TEST_LIB_SRC:%.c=$(BUILD)/%.o)
 $(BUILD)/tests/%: tests/%.c $(LIB_OBJ) $(TEST_LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)
-	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB_OBJ) $(TEST_LIB_OBJ) $(LDLIBS) -lcmocka
+	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -MMD -MP $(LDFLAGS) -o $@ $< $(LIB_OBJ) $(TEST_LIB_OBJ) $(LDLIBS) -lcmocka
 
 $(BUILD)/tests/%: tests/%.cc harness/engine/cuda_kernels.cuh harness/engine/cuda_train_kernels.cuh \
                   harness/engine/cuda_reduce.cuh tests/cuda_emu.h tests/attn_ref.h
@@ -143,7 +144,7 @@ $(BUILD)/bench/yardstick.o: bench/yardstick.c
 $(BUILD)/bench/%: bench/%.c $(LIB_OBJ) $(BENCH_LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(call say,LD,$@)
-	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB_OBJ) $(BENCH_LIB_OBJ) $(LDLIBS)
+	$(Q)$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -MMD -MP $(LDFLAGS) -o $@ $< $(LIB_OBJ) $(BENCH_LIB_OBJ) $(LDLIBS)
 
 # `make test` prepares what the tests need by itself: the data (`make data`: links from DATA_MIRROR,
 # sha256-checked, or downloads) and, in tests/run.sh (M2D_REF_SETUP=1), the references' venv.
@@ -257,3 +258,5 @@ clean:
 	rm -rf build build-san build-cuda build-san-cuda moe2dense
 
 -include $(LIB_OBJ:.o=.d) $(TEST_LIB_OBJ:.o=.d) $(BUILD)/harness/cli/main.d
+# the test and bench binaries compile their own .c in the link step (-MMD: test_x.d beside them)
+-include $(wildcard $(BUILD)/tests/*.d $(BUILD)/bench/*.d)

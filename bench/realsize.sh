@@ -48,7 +48,7 @@ for pass in layer window; do
     measure calibrate-$pass $pass $BIN calibrate --model "$CKPT" --data "$DATA_CAL" --samples 2 --seq-len 128 \
         --pass $pass --force --out "$WORK/teacher-$pass.stats"
 done
-cmp "$WORK/teacher-layer.stats" "$WORK/teacher-window.stats" && echo "calibration: layer-major stats = window-major, byte for byte"
+cmp "$WORK/teacher-layer.stats" "$WORK/teacher-window.stats" && echo "calibration: layer-major stats = window-major, byte for byte" || { echo "calibration: layer-major stats differ from window-major" >&2; exit 1; }
 measure convert - $BIN convert --model "$CKPT" --stats "$WORK/teacher-layer.stats" --scoring do-acp --grouping oc \
     --scaling proportional -K 8 --out "$WORK/student"
 measure ppl-student auto $BIN ppl --model "$WORK/student" --data "$DATA_PPL" --seq-len 128 --max-windows 2 --json

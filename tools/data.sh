@@ -13,6 +13,8 @@ check_sha() { # file expected
   got=$(sha256sum "$1" | cut -d' ' -f1)
   [ "$got" = "$2" ] || { echo "data: $1: sha256 mismatch (got $got, want $2)" >&2; return 1; }
 }
+# the file or member of an upstream download, placed at DATA_DIR/REL only once its sha256 holds
+# (a file there counts as done on the next run); a download that fails the check is dropped
 fetch_upstream() { # rel sha url
   url=${3%%#*}; member=""
   case "$3" in *#*) member=${3#*#};; esac
@@ -23,16 +25,21 @@ fetch_upstream() { # rel sha url
     echo "data: downloading $url"
     curl -fsSL --retry 3 -o "$cache.part" "$url" && mv "$cache.part" "$cache" || { echo "data: $url: download failed" >&2; return 1; }
   fi
-  if [ -z "$member" ]; then cp "$cache" "$dest/$1"
+  part="$dest/$1.part"; rm -rf "$part"
+  if [ -z "$member" ]; then cp "$cache" "$part" || return 1
   else
     tmp="$dest/.downloads/x"; rm -rf "$tmp"; mkdir -p "$tmp"
     case "$cache" in
       *.zip) unzip -q -o "$cache" "$member*" -d "$tmp" ;;
       *.tar) tar -xf "$cache" -C "$tmp" "$member" ;;
     esac || { echo "data: $cache: member $member missing" >&2; return 1; }
-    rm -rf "$dest/$1"; mv "$tmp/$member" "$dest/$1"
+    mv "$tmp/$member" "$part" || return 1
   fi
-  check_sha "$dest/$1" "$2"
+  if [ -f "$part" ] && ! check_sha "$part" "$2"; then
+    rm -rf "$part" "$cache"
+    return 1
+  fi
+  rm -rf "$dest/$1" && mv "$part" "$dest/$1"
 }
 while IFS='|' read -r rel sha url; do
   case "$rel" in ''|'#'*) continue;; esac
@@ -40,7 +47,8 @@ while IFS='|' read -r rel sha url; do
   if [ $have_mirror = 1 ] && [ -e "$mirror/$rel" ]; then
     mkdir -p "$(dirname "$dest/$rel")"
     if [ -f "$mirror/$rel" ]; then check_sha "$mirror/$rel" "$sha" || { fail=1; continue; }; fi
-    ln -s "$mirror/$rel" "$dest/$rel"
+    # -f: a dangling link of a mirror that moved is replaced (-e above is false for it)
+    ln -sfn "$mirror/$rel" "$dest/$rel" || fail=1
   elif [ $have_mirror = 1 ]; then
     # known gaps of the shared mirror (see its SOURCES.md): note them, don't download
     echo "data: $rel: not in mirror $mirror (documented gap; tasks fall back where they can)"
@@ -50,7 +58,7 @@ while IFS='|' read -r rel sha url; do
 done < "$manifest"
 # docs that tasks consult
 for f in LM_EVAL_TASKS.md SOURCES.md; do
-  [ -e "$dest/$f" ] || { [ $have_mirror = 1 ] && [ -e "$mirror/$f" ] && ln -s "$mirror/$f" "$dest/$f"; }
+  [ -e "$dest/$f" ] || { [ $have_mirror = 1 ] && [ -e "$mirror/$f" ] && { ln -sfn "$mirror/$f" "$dest/$f" || fail=1; }; }
 done
 # HellaSwag text variant ships bz2-compressed; tasks read the decompressed file.
 hs="$dest/hellaswag/derived/klosax-hellaswag_text_data"

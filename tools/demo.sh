@@ -10,10 +10,17 @@ csv=results/demo.csv
 now() { date +%s.%N; }
 t0=$(now)
 mkdir -p results
+# a pipeline's status is its last command's (no pipefail in sh): the sweep's own is kept in a file
+rc=$(mktemp results/.demo-rc.XXXXXX)
+checked() { s=0; "$@" || s=$?; echo "$s" > "$rc"; } # "$@" inside a pipeline, its exit status kept
+status() { s=$(cat "$rc"); [ "$s" = 0 ] || { echo "demo: $1 failed (exit $s)" >&2; rm -f "$rc"; exit 1; }; }
 echo "demo: grid (dry run)"
-"$bin" sweep experiments.toml --experiment demo --dry-run | sed -n '/^configurations/,$p'
+{ checked "$bin" sweep experiments.toml --experiment demo --dry-run; } | sed -n '/^configurations/,$p'
+status "sweep --dry-run"
 echo "demo: sweep (resumes if $csv exists; remove it to start over)"
-"$bin" sweep experiments.toml --experiment demo --out "$csv" ${DEMO_ARGS:-} | tee results/demo-sweep.log
+{ checked "$bin" sweep experiments.toml --experiment demo --out "$csv" ${DEMO_ARGS:-}; } | tee results/demo-sweep.log
+status sweep
+rm -f "$rc"
 t1=$(now)
 "$bin" report "$csv" --out results/demo.md
 "$bin" report "$csv" --format tex --out results/demo.tex

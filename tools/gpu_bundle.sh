@@ -31,7 +31,7 @@ bins="moe2dense tests/test_engine tests/test_ppl tests/test_calib tests/test_hf 
 [ -x "$NVCC" ] || { echo "gpu-bundle: no nvcc at $NVCC (set CUDA_HOME or NVCC)"; exit 1; }
 [ -f "$MODELS/tiny-qwen3moe/model.safetensors" ] || { echo "gpu-bundle: $MODELS/tiny-qwen3moe missing"; exit 1; }
 wiki="$DATA/wikitext-2-raw/wikitext-2-raw"
-[ -f "$wiki/wiki.test.raw" ] || make -s data
+[ -f "$wiki/wiki.test.raw" ] || make -s data DATA_DIR="$DATA"
 
 targets=""
 for b in $bins; do targets="$targets build-cuda/$b"; done
@@ -79,8 +79,9 @@ cp tools/bench_hf_gpu.py tools/distill_ref.py tools/hf_goldens.py tools/gpu_run.
 git rev-parse --short HEAD > "$stage/COMMIT" 2>/dev/null || echo unknown > "$stage/COMMIT"
 
 mkdir -p "$dest"
-tar -C "$stage" -cf - . | xz -T0 -6 > "$dest/bundle.tar.xz.tmp"
+# tar's own status (a pipe would report xz's), and the size checked before the bundle is put in place
+XZ_OPT="-T0 -6" tar -C "$stage" -cJf "$dest/bundle.tar.xz.tmp" . || { rm -f "$dest/bundle.tar.xz.tmp"; echo "gpu-bundle: tar failed"; exit 1; }
+size=$(stat -c %s "$dest/bundle.tar.xz.tmp")
+[ "$size" -lt $((60 * 1048576)) ] || { rm -f "$dest/bundle.tar.xz.tmp"; echo "gpu-bundle: over 60 MiB: the device tool carries 64 MiB in all"; exit 1; }
 mv "$dest/bundle.tar.xz.tmp" "$dest/bundle.tar.xz"
-size=$(stat -c %s "$dest/bundle.tar.xz")
 echo "gpu-bundle: $dest/bundle.tar.xz, $((size / 1048576)) MiB, commit $(cat "$stage/COMMIT")"
-[ "$size" -lt $((60 * 1048576)) ] || { echo "gpu-bundle: over 60 MiB: the device tool carries 64 MiB in all"; exit 1; }

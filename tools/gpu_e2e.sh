@@ -19,7 +19,10 @@ done
 # the selection and grouping the two stats files lead to (exact decisions), and how far the scores moved
 sel() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps([[L["selected"], L["groups"]] for L in d["layers"]]))' "$1"; }
 if [ -f "$w/cpu.student/moe2dense.json" ] && [ -f "$w/cuda.student/moe2dense.json" ]; then
-  if [ "$(sel "$w/cpu.student/moe2dense.json")" = "$(sel "$w/cuda.student/moe2dense.json")" ]; then
+  # each read must succeed: two failed reads would compare equal
+  if ! sc=$(sel "$w/cpu.student/moe2dense.json") || ! sg=$(sel "$w/cuda.student/moe2dense.json") || [ -z "$sc" ]; then
+    echo "selected experts and groups: cannot be read from moe2dense.json"; rc=1
+  elif [ "$sc" = "$sg" ]; then
     echo "selected experts and groups: identical from the cpu and cuda stats"
   else
     echo "selected experts and groups: DIFFER"; rc=1

@@ -25,7 +25,7 @@ bundle=${1:-gpu-bundle/bundle.tar.xz}
 out=${OUT:-/tmp/m2d-gpu-out}
 B=${M2D_BUNDLE_DIR:-/tmp/m2d-bundle}
 STAGE_S=${STAGE_S:-240}
-mkdir -p "$out"
+mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2 # absolute: main runs in the bundle
 LOG=$out/gpu-run.log
 
 step() { echo; echo "== $* == ($(date -u +%H:%M:%SZ))"; }
@@ -110,7 +110,10 @@ if [ "${SKIP_E2E:-0}" = 1 ]; then
   step "end to end: skipped (SKIP_E2E=1)"
 else
   step "one configuration end to end, cpu next to cuda (tools/gpu_e2e.sh)"
-  M2D_BUNDLE_ROOT=$B timeout "$STAGE_S" bash "$B/gpu_e2e.sh" 2>&1 | tee "$out/e2e.log"
+  { M2D_BUNDLE_ROOT=$B timeout "$STAGE_S" bash "$B/gpu_e2e.sh" 2>&1; echo $? > "$out/.e2e-rc"; } | tee "$out/e2e.log"
+  e2e_rc=$(cat "$out/.e2e-rc" 2>/dev/null || echo 1); rm -f "$out/.e2e-rc"
+  echo "end to end: exit $e2e_rc"
+  [ "$e2e_rc" = 0 ] || tests_rc=1
 fi
 
 # last: ncu, for the next kernel's design (the runner's outer time limit may cut it)

@@ -31,7 +31,7 @@ folders=$(printf '%s\n' "$RULES" | awk 'NF { print $1 }')
 files=""
 for f in $folders; do
   [ -d "$f" ] || { echo "layering: $f: folder missing" >&2; exit 2; }
-  files="$files $(find "$f" -name '*.[ch]' -o -name '*.cu' | sort)"
+  files="$files $(find "$f" -name '*.[ch]' -o -name '*.cu' -o -name '*.cuh' | sort)"
 done
 # shellcheck disable=SC2086
 awk -v rules="$RULES" '
