@@ -48,10 +48,7 @@ int m2d_check_output_path(const char *path) {
 }
 
 int m2d_check_output_dir(const char *path) {
-    /* without its trailing slashes: lstat("LINK/") would follow the link */
-    size_t n = strlen(path);
-    while (n > 1 && path[n - 1] == '/') n--;
-    char *bare = m2d_strfmt("%.*s", (int)n, path);
+    char *bare = m2d_path_beside(path, ""); /* without its trailing slashes: lstat("LINK/") follows the link */
     struct stat st;
     int rc = 0;
     if (lstat(bare, &st) != 0) rc = errno == ENOENT ? 0 : m2d_err("%s: %s", path, strerror(errno));

@@ -498,6 +498,13 @@ static void randomize_student(student_owner *o, const m2d_model *t, const m2d_co
     randomize_claimed(o, t, p);
 }
 
+/* OUT: the student's hash of the teacher's TEACHER_HASH (weights or model) and the plan's fingerprint */
+static void student_hash(const char *teacher_hash, const char *fingerprint, char out[65]) {
+    char *id = m2d_strfmt("student %s %s", teacher_hash, fingerprint);
+    m2d_sha256_hex(id, strlen(id), out);
+    free(id);
+}
+
 int m2d_convert_build(const m2d_model *t, const m2d_convert_plan *plan, m2d_model **student) {
     const m2d_config *c = &t->cfg;
     int L = c->num_hidden_layers, n_moe = 0;
@@ -519,12 +526,8 @@ int m2d_convert_build(const m2d_model *t, const m2d_convert_plan *plan, m2d_mode
     if (rc == 0) rc = build_layers(o, t, plan);
     if (rc == 0 && plan->baseline) randomize_student(o, t, plan);
     /* identity of an in-memory student: derived from the teacher and the plan (not a hash of bytes) */
-    char *id = m2d_strfmt("student %s %s", t->weights_hash, plan->fingerprint);
-    m2d_sha256_hex(id, strlen(id), m->weights_hash);
-    free(id);
-    id = m2d_strfmt("student %s %s", t->model_hash, plan->fingerprint);
-    m2d_sha256_hex(id, strlen(id), m->model_hash);
-    free(id);
+    student_hash(t->weights_hash, plan->fingerprint, m->weights_hash);
+    student_hash(t->model_hash, plan->fingerprint, m->model_hash);
     if (rc) {
         m2d_convert_student_free(m);
         return -1;

@@ -67,7 +67,8 @@ static int grid_load(const m2d_results *r, grid *g, int dense_only) {
         c_ppl = m2d_results_col(r, "ppl"), c_st = m2d_results_col(r, "status");
     g->e = m2d_calloc((size_t)r->n_rows + 1, sizeof *g->e);
     for (int i = 0; i < r->n_rows; i++) {
-        if (dense_only && m2d_report_is_moe_row(r, i)) continue;
+        int moe = m2d_report_is_moe_row(r, i);
+        if (dense_only && moe) continue;
         char **row = r->rows[i];
         entry *e = &g->e[g->n_e++];
         e->scoring = row[c_sc];
@@ -75,7 +76,7 @@ static int grid_load(const m2d_results *r, grid *g, int dense_only) {
         e->scaling = row[c_sl];
         e->params = c_pa >= 0 ? row[c_pa] : "";
         e->K = atoi(row[c_K]);
-        e->moe = m2d_report_is_moe_row(r, i);
+        e->moe = moe;
         e->failed = strncmp(row[c_st], "ok", 2) != 0;
         e->ppl = !e->failed && row[c_ppl][0] ? strtod(row[c_ppl], NULL) : NAN;
         if (!isfinite(e->ppl)) e->failed = 1;
